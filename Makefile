@@ -1,0 +1,28 @@
+# dayzero: `make run` serves the built-in tiny checkpoint, `make test` runs lint + tests.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test run bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/ruff check shared services tests bench
+	TRITON_INTERPRET=1 $(BIN)/pytest -q
+
+run: $(STAMP)
+	$(BIN)/dayzero generate --prompt "The quick brown fox" --max-tokens 32 --stats
+
+bench: $(STAMP)
+	$(BIN)/python bench/model.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

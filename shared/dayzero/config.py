@@ -1,0 +1,245 @@
+"""Model hyperparameters: one frozen dataclass built from a DeepSeek-V4 ``config.json``.
+
+Accepts what transformers' ``DeepseekV4Config`` accepts: explicit ``layer_types`` or the
+per-layer ``compress_ratios`` list, ``compress_rates`` or the legacy scalar rates,
+``mlp_layer_types`` or ``num_hash_layers``, and ``rope_parameters`` either nested
+(``main`` / ``compress``) or flat (applied to the compressed layers only).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
+LAYER_TYPES = (SLIDING, CSA, HCA)
+HASH_MOE, MOE = "hash_moe", "moe"
+SCORING_FUNCS = ("sqrtsoftplus", "sigmoid", "softmax")
+ROPE_TYPES = ("default", "yarn")
+_RATIO_TO_TYPE = {0: SLIDING, 4: CSA, 128: HCA}
+
+
+class ConfigError(ValueError):
+    """A config.json dayzero cannot serve; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class RopeConfig:
+    theta: float
+    rope_type: str = "default"
+    factor: float = 1.0
+    original_max_position_embeddings: int = 0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    # embedding / output
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    rms_norm_eps: float
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    max_position_embeddings: int
+    # attention
+    num_heads: int
+    head_dim: int
+    rope_head_dim: int
+    q_lora_rank: int
+    o_groups: int
+    o_lora_rank: int
+    sliding_window: int
+    layer_types: tuple[str, ...]
+    compress_rates: dict[str, int] = field(hash=False)
+    rope_main: RopeConfig = field(default_factory=lambda: RopeConfig(10000.0))
+    rope_compress: RopeConfig = field(default_factory=lambda: RopeConfig(160000.0))
+    # index
+    index_n_heads: int = 64
+    index_head_dim: int = 128
+    index_topk: int = 512
+    # hyper-connections
+    hc_mult: int = 4
+    hc_sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
+    # moe
+    n_routed_experts: int = 256
+    num_experts_per_tok: int = 6
+    moe_intermediate_size: int = 2048
+    mlp_layer_types: tuple[str, ...] = ()
+    scoring_func: str = "sqrtsoftplus"
+    routed_scaling_factor: float = 1.5
+    swiglu_limit: float = 10.0
+    # raw config (kept to write checkpoints and to build references)
+    raw: dict[str, Any] = field(default_factory=dict, hash=False, compare=False, repr=False)
+
+    def compress_rate(self, layer: int) -> int:
+        """Tokens per compressed entry for ``layer``; 0 for sliding-only layers."""
+        kind = self.layer_types[layer]
+        return 0 if kind == SLIDING else self.compress_rates[kind]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        return _parse(raw)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ModelConfig:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.exists():
+            raise ConfigError(f"no config.json at {path}")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
+        return _parse(raw)
+
+
+def _get(raw: dict[str, Any], key: str, default: Any) -> Any:
+    value = raw.get(key, default)
+    return default if value is None else value
+
+
+def _layer_types(raw: dict[str, Any], n: int) -> tuple[str, ...]:
+    types = raw.get("layer_types")
+    if types is None and raw.get("compress_ratios") is not None:
+        ratios = list(raw["compress_ratios"])[:n]
+        bad = [r for r in ratios if r not in _RATIO_TO_TYPE]
+        if bad:
+            raise ConfigError(f"compress_ratios entries must be 0, 4 or 128; got {bad}")
+        types = [_RATIO_TO_TYPE[r] for r in ratios]
+    if types is None:  # transformers' default: 2 HCA bootstrap layers, then CSA / HCA interleaved
+        types = [HCA] * min(n, 2) + [CSA if i % 2 else HCA for i in range(max(n - 2, 0))]
+    types = list(types)[:n]
+    if len(types) != n:
+        raise ConfigError(f"layer_types has {len(types)} entries for num_hidden_layers={n}")
+    bad = [t for t in types if t not in LAYER_TYPES]
+    if bad:
+        raise ConfigError(f"layer_types entries must be one of {LAYER_TYPES}; got {bad}")
+    return tuple(types)
+
+
+def _mlp_layer_types(raw: dict[str, Any], n: int) -> tuple[str, ...]:
+    types = raw.get("mlp_layer_types")
+    if types is None:
+        n_hash = _get(raw, "num_hash_layers", 3)
+        types = [HASH_MOE] * min(n, n_hash) + [MOE] * max(0, n - n_hash)
+    types = list(types)[:n]
+    bad = [t for t in types if t not in (HASH_MOE, MOE)]
+    if bad or len(types) != n:
+        raise ConfigError(f"mlp_layer_types must hold {n} entries of 'hash_moe' / 'moe'; got {types}")
+    return tuple(types)
+
+
+def _rope(params: dict[str, Any], theta: float, max_pos: int) -> RopeConfig:
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ConfigError(f"rope_type {rope_type!r} is not supported (supported: {ROPE_TYPES})")
+    theta = float(params.get("rope_theta", theta))
+    if rope_type == "default":
+        return RopeConfig(theta)
+    if params.get("attention_factor", 1.0) != 1.0:
+        raise ConfigError("yarn attention_factor other than 1.0 is not supported (V4 does not scale cos/sin)")
+    original = int(params["original_max_position_embeddings"])
+    factor = float(params.get("factor") or max_pos / original)
+    return RopeConfig(
+        theta,
+        "yarn",
+        factor,
+        original,
+        float(params.get("beta_fast") or 32),
+        float(params.get("beta_slow") or 1),
+        bool(params.get("truncate", True)),
+    )
+
+
+def _ropes(raw: dict[str, Any], max_pos: int) -> tuple[RopeConfig, RopeConfig]:
+    rp = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    main_theta = float(_get(raw, "rope_theta", 10000.0))
+    compress_theta = float(_get(raw, "compress_rope_theta", 160000.0))
+    if isinstance(rp.get("main"), dict) and isinstance(rp.get("compress"), dict):
+        return _rope(rp["main"], main_theta, max_pos), _rope(rp["compress"], compress_theta, max_pos)
+    flat = {k: v for k, v in rp.items() if k not in ("main", "compress", "rope_theta")}
+    return RopeConfig(main_theta), _rope(flat, compress_theta, max_pos)
+
+
+def _parse(raw: dict[str, Any]) -> ModelConfig:
+    model_type = raw.get("model_type")
+    if model_type != "deepseek_v4":
+        raise ConfigError(f"model_type must be 'deepseek_v4', got {model_type!r}")
+    n = int(_get(raw, "num_hidden_layers", 43))
+    head_dim = int(_get(raw, "head_dim", 512))
+    if raw.get("partial_rotary_factor") is not None:
+        rope_head_dim = int(head_dim * float(raw["partial_rotary_factor"]))
+    elif raw.get("qk_rope_head_dim") is not None:
+        rope_head_dim = int(raw["qk_rope_head_dim"])
+    else:  # transformers' default factor: 64 rope dims of a 512-wide head
+        rope_head_dim = head_dim * 64 // 512
+    rates = dict(_get(raw, "compress_rates", {CSA: 4, HCA: 128}))
+    if raw.get("compress_rate_csa") is not None:
+        rates[CSA] = int(raw["compress_rate_csa"])
+    if raw.get("compress_rate_hca") is not None:
+        rates[HCA] = int(raw["compress_rate_hca"])
+    eos = _get(raw, "eos_token_id", 1)
+    max_pos = int(_get(raw, "max_position_embeddings", 1048576))
+    rope_main, rope_compress = _ropes(raw, max_pos)
+    cfg = ModelConfig(
+        vocab_size=int(_get(raw, "vocab_size", 129280)),
+        hidden_size=int(_get(raw, "hidden_size", 4096)),
+        num_layers=n,
+        rms_norm_eps=float(_get(raw, "rms_norm_eps", 1e-6)),
+        bos_token_id=raw.get("bos_token_id", 0),
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (int(eos),),
+        max_position_embeddings=max_pos,
+        num_heads=int(_get(raw, "num_attention_heads", 64)),
+        head_dim=head_dim,
+        rope_head_dim=rope_head_dim,
+        q_lora_rank=int(_get(raw, "q_lora_rank", 1024)),
+        o_groups=int(_get(raw, "o_groups", 8)),
+        o_lora_rank=int(_get(raw, "o_lora_rank", 1024)),
+        sliding_window=int(_get(raw, "sliding_window", 128)),
+        layer_types=_layer_types(raw, n),
+        compress_rates={CSA: int(rates[CSA]), HCA: int(rates[HCA])},
+        rope_main=rope_main,
+        rope_compress=rope_compress,
+        index_n_heads=int(_get(raw, "index_n_heads", 64)),
+        index_head_dim=int(_get(raw, "index_head_dim", 128)),
+        index_topk=int(_get(raw, "index_topk", 512)),
+        hc_mult=int(_get(raw, "hc_mult", 4)),
+        hc_sinkhorn_iters=int(_get(raw, "hc_sinkhorn_iters", 20)),
+        hc_eps=float(_get(raw, "hc_eps", 1e-6)),
+        n_routed_experts=int(_get(raw, "n_routed_experts", 256)),
+        num_experts_per_tok=int(_get(raw, "num_experts_per_tok", 6)),
+        moe_intermediate_size=int(_get(raw, "moe_intermediate_size", 2048)),
+        mlp_layer_types=_mlp_layer_types(raw, n),
+        scoring_func=str(_get(raw, "scoring_func", "sqrtsoftplus")),
+        routed_scaling_factor=float(_get(raw, "routed_scaling_factor", 1.5)),
+        swiglu_limit=float(_get(raw, "swiglu_limit", 10.0)),
+        raw=dict(raw),
+    )
+    _validate(cfg, raw)
+    return cfg
+
+
+def _validate(cfg: ModelConfig, raw: dict[str, Any]) -> None:
+    checks = [
+        (cfg.scoring_func in SCORING_FUNCS, f"scoring_func {cfg.scoring_func!r} not in {SCORING_FUNCS}"),
+        (int(_get(raw, "num_key_value_heads", 1)) == 1, "only num_key_value_heads=1 (shared-KV MQA) exists in V4"),
+        (int(_get(raw, "n_shared_experts", 1)) == 1, "only n_shared_experts=1 is supported"),
+        (cfg.rope_head_dim % 2 == 0 and 0 < cfg.rope_head_dim <= cfg.head_dim, "rope dim must be even, <= head_dim"),
+        ((cfg.num_heads * cfg.head_dim) % cfg.o_groups == 0, "num_heads*head_dim must divide into o_groups"),
+        (cfg.num_experts_per_tok <= cfg.n_routed_experts, "num_experts_per_tok > n_routed_experts"),
+        (cfg.sliding_window >= 1, "sliding_window must be >= 1"),
+        (min(cfg.compress_rates.values()) >= 1, "compress rates must be >= 1"),
+        (cfg.hc_mult >= 1 and cfg.hc_sinkhorn_iters >= 1, "hc_mult and hc_sinkhorn_iters must be >= 1"),
+        (not raw.get("attention_bias") and not raw.get("mlp_bias"), "attention_bias / mlp_bias are not supported"),
+        (str(_get(raw, "hidden_act", "silu")) == "silu", "only hidden_act='silu' is supported"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)

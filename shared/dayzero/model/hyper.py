@@ -1,0 +1,57 @@
+"""Manifold-constrained hyper-connections: ``hc_mult`` residual streams per token.
+
+Streams are [T, N, D]. Before a block they are collapsed with ``pre`` weights; after it
+the block output is expanded with ``post`` and added to the streams mixed by ``comb``,
+a Sinkhorn-normalised (doubly stochastic) N x N matrix. All of it runs in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .norms import rms_scale
+
+
+@dataclass(frozen=True, slots=True)
+class HyperMix:
+    post: torch.Tensor  # [T, N]
+    comb: torch.Tensor  # [T, N, N]
+
+    def merge(self, streams: torch.Tensor, block_out: torch.Tensor) -> torch.Tensor:
+        """streams [T, N, D], block_out [T, D] -> new streams [T, N, D]."""
+        dtype = streams.dtype
+        mixed = torch.matmul(self.comb.to(dtype).transpose(-1, -2), streams)
+        return self.post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2) + mixed
+
+
+def collapse(
+    streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, eps: float,
+    norm_eps: float,
+) -> tuple[torch.Tensor, HyperMix]:
+    """streams [T, N, D] -> (block input [T, D], the mix to apply after the block)."""
+    n = streams.shape[1]
+    flat = rms_scale(streams.flatten(1).float(), norm_eps)
+    mixes = F.linear(flat, fn.float())  # [T, (2 + N) * N]
+    pre_w, post_w, comb_w = mixes.split([n, n, n * n], dim=-1)
+    pre_b, post_b, comb_b = base.split([n, n, n * n])
+    pre = torch.sigmoid(pre_w * scale[0] + pre_b) + eps
+    post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
+    comb = torch.softmax(comb_w.view(-1, n, n) * scale[2] + comb_b.view(n, n), dim=-1) + eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
+    return collapsed, HyperMix(post, comb)
+
+
+def head_collapse(
+    streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, eps: float, norm_eps: float
+) -> torch.Tensor:
+    """Final collapse of the streams before the output norm: [T, N, D] -> [T, D]."""
+    flat = rms_scale(streams.flatten(1).float(), norm_eps)
+    pre = torch.sigmoid(F.linear(flat, fn.float()) * scale.float() + base.float()) + eps
+    return (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)

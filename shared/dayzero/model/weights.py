@@ -1,0 +1,139 @@
+"""Weight containers named exactly like DeepSeek's published checkpoints.
+
+The module tree mirrors the tensor names (``layers.N.attn.wq_a.weight``,
+``layers.N.attn.indexer.compressor.ape``, ``hc_head_fn`` ...), so loading is a name
+check plus an assignment. Routed experts are stacked at load time into
+``ffn.experts.w1 [E, I, H]``, ``w2 [E, H, I]``, ``w3 [E, I, H]``. The modules hold
+weights only; the forward functions live beside them in this package.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import CSA, HASH_MOE, SLIDING, ModelConfig
+
+# Parameters that stay fp32 whatever the serving dtype (as in the reference).
+FP32_SUFFIXES = ("_fn", "_base", "_scale", "attn_sink", "ape", "gate.bias", "norm.weight")
+
+
+def _param(*shape: int, dtype: torch.dtype = torch.float32) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+def _linear(n_in: int, n_out: int) -> nn.Linear:
+    return nn.Linear(n_in, n_out, bias=False).requires_grad_(False)
+
+
+class Norm(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = _param(dim)
+
+
+class Compressor(nn.Module):
+    """``wkv`` / ``wgate`` project each token to ``width`` (2*dim with overlap, else dim)."""
+
+    def __init__(self, hidden: int, dim: int, rate: int, overlap: bool) -> None:
+        super().__init__()
+        width = 2 * dim if overlap else dim
+        self.wkv = _linear(hidden, width)
+        self.wgate = _linear(hidden, width)
+        self.ape = _param(rate, width)
+        self.norm = Norm(dim)
+
+
+class Indexer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rate: int) -> None:
+        super().__init__()
+        self.wq_b = _linear(cfg.q_lora_rank, cfg.index_n_heads * cfg.index_head_dim)
+        self.weights_proj = _linear(cfg.hidden_size, cfg.index_n_heads)
+        self.compressor = Compressor(cfg.hidden_size, cfg.index_head_dim, rate, overlap=True)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        kind, rate = cfg.layer_types[layer], cfg.compress_rate(layer)
+        self.wq_a = _linear(cfg.hidden_size, cfg.q_lora_rank)
+        self.q_norm = Norm(cfg.q_lora_rank)
+        self.wq_b = _linear(cfg.q_lora_rank, cfg.num_heads * cfg.head_dim)
+        self.wkv = _linear(cfg.hidden_size, cfg.head_dim)
+        self.norm = Norm(cfg.head_dim)
+        self.wo_a = _linear(cfg.num_heads * cfg.head_dim // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank)
+        self.wo_b = _linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size)
+        self.attn_sink = _param(cfg.num_heads)
+        if kind != SLIDING:
+            self.compressor = Compressor(cfg.hidden_size, cfg.head_dim, rate, overlap=kind == CSA)
+        if kind == CSA:
+            self.indexer = Indexer(cfg, rate)
+
+
+class Gate(nn.Module):
+    def __init__(self, cfg: ModelConfig, hashed: bool) -> None:
+        super().__init__()
+        self.weight = _param(cfg.n_routed_experts, cfg.hidden_size)
+        if hashed:
+            self.register_buffer("tid2eid", torch.empty(cfg.vocab_size, cfg.num_experts_per_tok, dtype=torch.long))
+        else:
+            self.bias = _param(cfg.n_routed_experts)
+
+
+class Experts(nn.Module):
+    def __init__(self, n: int, hidden: int, inter: int) -> None:
+        super().__init__()
+        self.w1 = _param(n, inter, hidden)  # gate
+        self.w2 = _param(n, hidden, inter)  # down
+        self.w3 = _param(n, inter, hidden)  # up
+
+
+class SharedExpert(nn.Module):
+    def __init__(self, hidden: int, inter: int) -> None:
+        super().__init__()
+        self.w1 = _linear(hidden, inter)
+        self.w2 = _linear(inter, hidden)
+        self.w3 = _linear(hidden, inter)
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.gate = Gate(cfg, hashed=cfg.mlp_layer_types[layer] == HASH_MOE)
+        self.experts = Experts(cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        self.shared_experts = SharedExpert(cfg.hidden_size, cfg.moe_intermediate_size)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        n_mix, width = (2 + cfg.hc_mult) * cfg.hc_mult, cfg.hc_mult * cfg.hidden_size
+        self.attn = Attention(cfg, layer)
+        self.ffn = MoE(cfg, layer)
+        self.attn_norm = Norm(cfg.hidden_size)
+        self.ffn_norm = Norm(cfg.hidden_size)
+        self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale = _param(n_mix, width), _param(n_mix), _param(3)
+        self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale = _param(n_mix, width), _param(n_mix), _param(3)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size).requires_grad_(False)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.norm = Norm(cfg.hidden_size)
+        self.head = _linear(cfg.hidden_size, cfg.vocab_size)
+        self.hc_head_fn = _param(cfg.hc_mult, cfg.hc_mult * cfg.hidden_size)
+        self.hc_head_base = _param(cfg.hc_mult)
+        self.hc_head_scale = _param(1)
+
+
+def is_fp32_param(name: str) -> bool:
+    return name.endswith(FP32_SUFFIXES)
+
+
+def skeleton(cfg: ModelConfig) -> Transformer:
+    """The module tree on the meta device: names, shapes, no memory."""
+    with torch.device("meta"):
+        return Transformer(cfg)
