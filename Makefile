@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/ruff check shared services tests bench
+	$(BIN)/ruff check shared tests bench
 	TRITON_INTERPRET=1 $(BIN)/pytest -q
 
 run: $(STAMP)

@@ -42,7 +42,10 @@ def _layers(
     for state, (_, n) in zip(states, plan.spans, strict=True):
         state.length += n
     collapsed = head_collapse(streams, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, hc_eps, eps)
-    return rms_norm(collapsed, model.norm.weight, eps)
+    hidden = rms_norm(collapsed, model.norm.weight, eps)
+    if capture is not None:
+        capture.append(hidden)
+    return hidden
 
 
 def _device(model: Transformer) -> torch.device:
@@ -92,6 +95,9 @@ def decode(model: Transformer, tokens: list[int], states: list[SequenceState]) -
 def score(
     model: Transformer, ids: list[int], state: SequenceState, capture: list[torch.Tensor] | None = None
 ) -> torch.Tensor:
-    """Logits at every position of ``ids`` in one pass [L, V]; ``capture`` gets each layer's streams."""
+    """Logits at every position of ``ids`` in one pass [L, V].
+
+    ``capture`` receives each layer's residual streams [L, N, D], then the final hidden [L, D].
+    """
     plan = plan_step(model.cfg, [state.length], [ids], _device(model))
     return F.linear(_layers(model, plan, [state], None, capture), model.head.weight).float()

@@ -1,0 +1,84 @@
+"""Prefill and decode tokens/s: dayzero vs transformers on the built-in tiny checkpoint.
+
+Batch 1, 512 prompt tokens, 64 new tokens (greedy), fp32 on CPU; median of several runs,
+both engines measured side by side in one process. Run: ``python bench/model.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+
+from dayzero.checkpoint import load_model
+from dayzero.demo import write_demo_checkpoint
+from dayzero.model.forward import decode, prefill
+from dayzero.model.state import SequenceState
+
+
+def dayzero_run(model, prompt: list[int], new: int) -> tuple[float, float]:
+    state = SequenceState.new(model.cfg, torch.float32)
+    start = time.perf_counter()
+    logits = prefill(model, [prompt], [state])[0]
+    prefill_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(new):
+        logits = decode(model, [int(logits.argmax())], [state])[0]
+    return prefill_s, time.perf_counter() - start
+
+
+@torch.inference_mode()
+def transformers_run(ref, prompt: list[int], new: int) -> tuple[float, float]:
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=ref.config)
+    start = time.perf_counter()
+    logits = ref(torch.tensor([prompt]), cache=cache, use_cache=True).logits[0, -1]
+    prefill_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(new):
+        logits = ref(torch.tensor([[int(logits.argmax())]]), cache=cache, use_cache=True).logits[0, -1]
+    return prefill_s, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_demo_checkpoint(tmp)
+        from transformers import DeepseekV4ForCausalLM
+
+        ref = DeepseekV4ForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+        ours = load_model(path, progress=False)
+    prompt = torch.randint(2, ours.cfg.vocab_size, (args.prompt_tokens,)).tolist()
+    results = {"dayzero": [], "transformers": []}
+    for _ in range(args.runs + 1):  # first round is warm-up, dropped
+        results["dayzero"].append(dayzero_run(ours, prompt, args.new_tokens))
+        results["transformers"].append(transformers_run(ref, prompt, args.new_tokens))
+    rates = {}
+    for name, runs in results.items():
+        runs = runs[1:]
+        rates[name] = (
+            args.prompt_tokens / statistics.median(r[0] for r in runs),
+            args.new_tokens / statistics.median(r[1] for r in runs),
+        )
+    print(f"tiny demo checkpoint, batch 1, {args.prompt_tokens} prompt + {args.new_tokens} new tokens, "
+          f"fp32 CPU, median of {args.runs} runs, {torch.get_num_threads()} threads")
+    print(f"| {'engine':<13} | {'prefill tok/s':>13} | {'decode tok/s':>12} |")
+    print(f"|{'-' * 15}|{'-' * 15}|{'-' * 14}|")
+    for name, (p, d) in rates.items():
+        print(f"| {name:<13} | {p:13.0f} | {d:12.1f} |")
+    p_ratio = rates["dayzero"][0] / rates["transformers"][0]
+    d_ratio = rates["dayzero"][1] / rates["transformers"][1]
+    print(f"| {'ratio dz/tf':<13} | {p_ratio:12.2f}x | {d_ratio:11.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

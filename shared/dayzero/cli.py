@@ -1,0 +1,152 @@
+"""``dayzero`` command line: demo-checkpoint, generate, align."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+from .checkpoint import CheckpointError
+from .config import ConfigError
+from .settings import Settings
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError as exc:
+        raise SystemExit(f"error: --prompt-ids takes comma-separated integers, got {text!r}") from exc
+    if not ids:
+        raise SystemExit("error: --prompt-ids is empty")
+    return ids
+
+
+def ensure_demo_checkpoint(settings: Settings) -> Path:
+    """The built-in checkpoint, created once under the cache directory."""
+    from .demo import write_demo_checkpoint
+
+    path = settings.demo_checkpoint
+    if not (path / "model.safetensors").exists():
+        print(f"creating the built-in demo checkpoint in {path}", file=sys.stderr)
+        tmp = path.with_name(path.name + ".tmp")
+        write_demo_checkpoint(tmp)
+        tmp.rename(path)
+    return path
+
+
+def _prompt(args: argparse.Namespace, checkpoint: Path) -> list[int]:
+    if args.prompt_ids is not None:
+        return _ids(args.prompt_ids)
+    from .tokenizer import TextCodec
+
+    return TextCodec.from_checkpoint(checkpoint).encode(args.prompt)
+
+
+def cmd_demo_checkpoint(args: argparse.Namespace, settings: Settings) -> int:
+    from .demo import write_demo_checkpoint
+
+    print(write_demo_checkpoint(args.out, seed=args.seed))
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
+    from .checkpoint import load_model
+    from .engine import Timings, generate
+    from .sampling import SamplingParams
+    from .tokenizer import TextCodec
+
+    checkpoint = Path(args.checkpoint) if args.checkpoint else ensure_demo_checkpoint(settings)
+    codec = TextCodec.from_checkpoint(checkpoint)
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        seed=args.seed, stop=tuple(args.stop),
+    )
+    prompt = _prompt(args, checkpoint)
+    model = load_model(checkpoint, DTYPES[settings.dtype])
+    timings = Timings()
+    for step in generate(model, codec, prompt, params, timings, settings.max_context):
+        sys.stdout.write(step.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    if args.stats:
+        print(json.dumps(timings.summary()))
+    return 0
+
+
+def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
+    from .align import align
+
+    checkpoint = Path(args.checkpoint)
+    if args.prompt is None and args.prompt_ids is None:
+        vocab = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
+        prompt = [random.Random(0).randrange(vocab) for _ in range(64)]
+    else:
+        prompt = _prompt(args, checkpoint)
+    report = align(checkpoint, prompt, args.tokens)
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        print(f"prompt tokens      {report.prompt_tokens}")
+        print(f"logits max abs err {report.max_abs_err:.3e}  (tolerance {report.tolerance:.0e})")
+        print(f"logits max rel err {report.max_rel_err:.3e}")
+        for i, err in enumerate(report.layers):
+            print(f"  layer {i:3d} hidden max abs err {err:.3e}")
+        for s in report.steps:
+            print(f"  decode step {s.step:3d} tokens {s.reference_token}/{s.dayzero_token} err {s.max_abs_err:.3e}")
+        print(f"greedy tokens match: {report.greedy_match}  ->  {'OK' if report.ok else 'FAIL'}")
+    return 0 if report.ok else 1
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dayzero", description="Serve DeepSeek-V4-family models from day zero.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo-checkpoint", help="write the tiny random-weight DeepSeek-V4 checkpoint")
+    demo.add_argument("out", help="directory to write (config.json, model.safetensors, tokenizer.json, ...)")
+    demo.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
+    demo.set_defaults(run=cmd_demo_checkpoint)
+
+    def prompt_args(cmd: argparse.ArgumentParser, required: bool) -> None:
+        group = cmd.add_mutually_exclusive_group(required=required)
+        group.add_argument("--prompt", help="prompt text (tokenized with the checkpoint's tokenizer.json)")
+        group.add_argument("--prompt-ids", help="prompt as comma-separated token ids, e.g. 1,2,3")
+
+    gen = sub.add_parser("generate", help="stream a completion to the terminal")
+    gen.add_argument("--checkpoint", help="checkpoint directory (default: the built-in demo checkpoint)")
+    prompt_args(gen, required=True)
+    gen.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate (default 64)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
+    gen.add_argument("--top-k", type=int, default=0, help="sample among the k best tokens (0 = all)")
+    gen.add_argument("--seed", type=int, help="sampling seed, for repeatable samples")
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--stats", action="store_true", help="end with one JSON line of token counts and speeds")
+    gen.set_defaults(run=cmd_generate)
+
+    al = sub.add_parser("align", help="compare logits with transformers' DeepseekV4ForCausalLM (fp32)")
+    al.add_argument("checkpoint", help="checkpoint directory")
+    prompt_args(al, required=False)
+    al.add_argument("--tokens", type=int, default=8, help="greedy decode steps to compare (default 8)")
+    al.add_argument("--json", action="store_true", help="print one JSON object")
+    al.set_defaults(run=cmd_align)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    settings = Settings()
+    try:
+        return args.run(args, settings)
+    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The built-in tiny checkpoint: random weights in DeepSeek-V4's published format.
+
+Built with transformers' ``DeepseekV4ForCausalLM`` (the reference), with every
+parameter the reference initialises to zero (sinks, position biases, mixing biases,
+routing bias, hash table) drawn at random so that each of them matters, then saved
+under DeepSeek's own tensor names. Exercises sliding, CSA and HCA layers, hash and
+top-k MoE, and hc_mult = 4.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from .checkpoint import canonical_name
+
+BOS, EOS = "<|begin▁of▁sentence|>", "<|end▁of▁sentence|>"
+SPECIAL_TOKENS = [BOS, EOS]
+
+DEMO_CONFIG: dict[str, Any] = {
+    "model_type": "deepseek_v4",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "head_dim": 32,
+    "partial_rotary_factor": 0.5,
+    "q_lora_rank": 32,
+    "o_groups": 2,
+    "o_lora_rank": 16,
+    "sliding_window": 16,
+    "layer_types": [
+        "sliding_attention",
+        "compressed_sparse_attention",
+        "heavily_compressed_attention",
+        "compressed_sparse_attention",
+    ],
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
+    "index_n_heads": 16,
+    "index_head_dim": 16,
+    "index_topk": 4,
+    "hc_mult": 4,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"],
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "max_position_embeddings": 65536,
+}
+
+_CORPUS = (
+    "The quick brown fox jumps over the lazy dog. dayzero serves sparse models on the day "
+    "their weights come out: prefill, decode, compressed attention, experts in four bits. "
+    "Hello world! Numbers 0 1 2 3 4 5 6 7 8 9 and punctuation, quotes 'like' \"these\"; "
+)
+
+
+def build_tokenizer(vocab_size: int) -> Tokenizer:
+    """A byte-level BPE trained on a built-in paragraph (deterministic, no downloads)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, 0)])
+    return tok
+
+
+def randomize_zero_inits(model: torch.nn.Module, seed: int) -> None:
+    """Give the reference's zero-initialised parameters random values (in place)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("sinks", "position_bias", ".base", "hc_base", "e_score_correction_bias")):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+        for name, buf in model.named_buffers():
+            if name.endswith("tid2eid"):
+                experts = model.config.n_routed_experts
+                buf.copy_(torch.stack([torch.randperm(experts, generator=gen)[: buf.shape[1]] for _ in buf]))
+
+
+def write_checkpoint(out: str | Path, raw_config: dict[str, Any], seed: int = 0) -> Path:
+    """Random-weight checkpoint from a config dict, saved under DeepSeek's published names."""
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    fields = {k: v for k, v in raw_config.items() if k != "model_type"}
+    reference = DeepseekV4ForCausalLM(DeepseekV4Config(**fields)).eval()
+    randomize_zero_inits(reference, seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        reference.save_pretrained(tmp)
+        tensors = load_file(str(Path(tmp) / "model.safetensors"))
+        (out / "config.json").write_text((Path(tmp) / "config.json").read_text())
+    save_file({canonical_name(k): v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    return out
+
+
+def write_demo_checkpoint(out: str | Path, seed: int = 0) -> Path:
+    """The built-in default checkpoint: weights, config, tokenizer and generation config."""
+    out = write_checkpoint(out, DEMO_CONFIG, seed)
+    build_tokenizer(DEMO_CONFIG["vocab_size"]).save(str(out / "tokenizer.json"))
+    generation = {"bos_token_id": 0, "eos_token_id": 1, "do_sample": False, "max_new_tokens": 64}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    return out

@@ -1,0 +1,70 @@
+"""Shared fixtures: tiny random DeepSeek-V4 checkpoints built with transformers, and its model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dayzero.demo import write_checkpoint
+
+TINY: dict[str, Any] = {
+    "model_type": "deepseek_v4",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "head_dim": 16,
+    "partial_rotary_factor": 0.5,
+    "q_lora_rank": 16,
+    "o_groups": 2,
+    "o_lora_rank": 8,
+    "sliding_window": 8,
+    "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+    # 16 indexer heads: an all-zero ReLU score (a tie whose order topk leaves unspecified) is rare
+    "index_n_heads": 16,
+    "index_head_dim": 8,
+    "index_topk": 3,
+    "hc_mult": 2,
+    "n_routed_experts": 6,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 16,
+    "mlp_layer_types": ["hash_moe", "moe", "moe"],
+    "max_position_embeddings": 8192,
+}
+
+
+def tiny_config(**overrides: Any) -> dict[str, Any]:
+    return {**TINY, **overrides}
+
+
+@pytest.fixture(scope="session")
+def checkpoint_factory(tmp_path_factory: pytest.TempPathFactory):
+    """Build (once per config) a tiny random checkpoint in DeepSeek's published naming."""
+    made: dict[str, Path] = {}
+
+    def make(name: str, seed: int = 0, **overrides: Any) -> Path:
+        if name not in made:
+            made[name] = write_checkpoint(tmp_path_factory.mktemp(name), tiny_config(**overrides), seed)
+        return made[name]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(checkpoint_factory) -> Path:
+    return checkpoint_factory("tiny")
+
+
+def reference_model(path: Path):
+    from transformers import DeepseekV4ForCausalLM
+
+    return DeepseekV4ForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def random_ids(n: int, vocab: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=gen).tolist()

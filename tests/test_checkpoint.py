@@ -1,0 +1,109 @@
+"""Loading: both namings, sharded files, and one clear error per kind of broken checkpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dayzero.checkpoint import CheckpointError, load_model
+from dayzero.config import ConfigError
+from dayzero.model.forward import score
+from dayzero.model.state import SequenceState
+
+from .conftest import random_ids, reference_model
+
+
+def _logits(path: Path, ids: list[int]) -> torch.Tensor:
+    model = load_model(path, progress=False)
+    return score(model, ids, SequenceState.new(model.cfg, torch.float32))
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_published_transformers_and_sharded_namings_load_the_same(tiny_checkpoint, tmp_path):
+    ref = reference_model(tiny_checkpoint)
+    ref.save_pretrained(tmp_path / "hf")  # transformers' naming: model.embed_tokens.weight, ...
+    ref.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    keys = load_file(str(tmp_path / "hf" / "model.safetensors")).keys()
+    assert "model.embed_tokens.weight" in keys and "model.hc_head.hc_fn" in keys
+    assert "embed.weight" in load_file(str(tiny_checkpoint / "model.safetensors"))
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+    ids = random_ids(20, 96, seed=0)
+    published = _logits(tiny_checkpoint, ids)
+    assert torch.equal(published, _logits(tmp_path / "hf", ids))
+    assert torch.equal(published, _logits(tmp_path / "sharded", ids))
+
+
+def test_bfloat16_load_keeps_fp32_parameters(tiny_checkpoint):
+    model = load_model(tiny_checkpoint, dtype=torch.bfloat16, progress=False)
+    assert model.layers[0].attn.wq_a.weight.dtype == torch.bfloat16
+    assert model.layers[0].hc_attn_fn.dtype == torch.float32 and model.norm.weight.dtype == torch.float32
+    logits = score(model, [1, 2, 3], SequenceState.new(model.cfg, torch.bfloat16))
+    assert torch.isfinite(logits).all()
+
+
+def test_missing_directory_and_missing_weights(tmp_path, tiny_checkpoint):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_model(tmp_path / "nowhere")
+    broken = _copy(tiny_checkpoint, tmp_path / "noweights")
+    (broken / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no \\*.safetensors"):
+        load_model(broken)
+    (broken / "config.json").unlink()
+    with pytest.raises(ConfigError, match="no config.json"):
+        load_model(broken)
+
+
+def test_wrong_model_type(tmp_path, tiny_checkpoint):
+    broken = _copy(tiny_checkpoint, tmp_path / "llama")
+    raw = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**raw, "model_type": "llama"}))
+    with pytest.raises(ConfigError, match="model_type must be 'deepseek_v4', got 'llama'"):
+        load_model(broken)
+
+
+def _edit_tensors(src: Path, dst: Path, edit) -> Path:
+    broken = _copy(src, dst)
+    tensors = load_file(str(broken / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(broken / "model.safetensors"))
+    return broken
+
+
+def test_missing_tensor_is_named(tmp_path, tiny_checkpoint):
+    broken = _edit_tensors(tiny_checkpoint, tmp_path / "missing", lambda t: t.pop("layers.1.attn.indexer.wq_b.weight"))
+    with pytest.raises(CheckpointError, match="missing tensor 'layers.1.attn.indexer.wq_b.weight'"):
+        load_model(broken)
+
+
+def test_missing_expert_is_named(tmp_path, tiny_checkpoint):
+    broken = _edit_tensors(tiny_checkpoint, tmp_path / "noexpert", lambda t: t.pop("layers.2.ffn.experts.3.w2.weight"))
+    with pytest.raises(CheckpointError, match="missing tensor layers.2.ffn.experts.3.w2.weight"):
+        load_model(broken)
+
+
+def test_wrong_shape_is_named(tmp_path, tiny_checkpoint):
+    def edit(t):
+        t["layers.0.attn.wkv.weight"] = torch.zeros(15, 32)
+
+    broken = _edit_tensors(tiny_checkpoint, tmp_path / "shape", edit)
+    with pytest.raises(CheckpointError, match=r"'layers.0.attn.wkv.weight' has shape \[15, 32\], expected \[16, 32\]"):
+        load_model(broken)
+
+
+def test_unexpected_tensor_is_named_and_mtp_is_ignored(tmp_path, tiny_checkpoint):
+    def edit(t):
+        t["mtp.0.attn.wq_a.weight"] = torch.zeros(2, 2)
+        t["layers.0.attn.surprise"] = torch.zeros(2)
+
+    broken = _edit_tensors(tiny_checkpoint, tmp_path / "extra", edit)
+    with pytest.raises(CheckpointError, match="unexpected tensor 'layers.0.attn.surprise'"):
+        load_model(broken)

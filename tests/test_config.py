@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import pytest
+
+from dayzero.config import CSA, HCA, SLIDING, ConfigError, ModelConfig
+
+from .conftest import tiny_config
+
+
+def test_compress_ratios_list_form():
+    raw = tiny_config(layer_types=None, compress_ratios=[0, 4, 128])
+    cfg = ModelConfig.from_dict(raw)
+    assert cfg.layer_types == (SLIDING, CSA, HCA)
+    assert cfg.compress_rate(0) == 0 and cfg.compress_rate(1) == 4 and cfg.compress_rate(2) == 8
+
+
+def test_transformers_defaults_are_v4_flash():
+    cfg = ModelConfig.from_dict({"model_type": "deepseek_v4"})
+    assert (cfg.hidden_size, cfg.num_layers, cfg.head_dim, cfg.rope_head_dim) == (4096, 43, 512, 64)
+    assert cfg.layer_types[:2] == (HCA, HCA) and cfg.mlp_layer_types[:4] == ("hash_moe",) * 3 + ("moe",)
+
+
+def test_nested_and_flat_rope_parameters():
+    nested = ModelConfig.from_dict(tiny_config(rope_parameters={
+        "main": {"rope_type": "default", "rope_theta": 500.0},
+        "compress": {"rope_type": "yarn", "rope_theta": 7000.0, "factor": 16, "original_max_position_embeddings": 64},
+    }))
+    assert nested.rope_main.theta == 500.0 and nested.rope_compress.rope_type == "yarn"
+    flat = ModelConfig.from_dict(tiny_config(
+        rope_theta=100.0, compress_rope_theta=900.0,
+        rope_parameters={"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": 32},
+    ))
+    assert flat.rope_main.rope_type == "default" and flat.rope_main.theta == 100.0
+    assert flat.rope_compress.theta == 900.0 and flat.rope_compress.factor == 2.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"model_type": "llama"}, "model_type"),
+        ({"scoring_func": "relu"}, "scoring_func"),
+        ({"layer_types": [SLIDING, "dense_attention", CSA]}, "layer_types"),
+        ({"compress_ratios": [0, 3, 128], "layer_types": None}, "compress_ratios"),
+        ({"rope_parameters": {"rope_type": "longrope"}}, "rope_type"),
+        ({"num_key_value_heads": 2}, "num_key_value_heads"),
+        ({"mlp_layer_types": ["moe"]}, "mlp_layer_types"),
+    ],
+)
+def test_unsupported_values_are_named(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig.from_dict(tiny_config(**overrides))

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dayzero.sampling import SamplingParams, sample
+
+
+def _logits() -> torch.Tensor:
+    return torch.tensor([0.1, 3.0, 2.9, -1.0, 0.5])
+
+
+def test_greedy_takes_argmax():
+    assert sample(_logits(), SamplingParams(), None) == 1
+
+
+def test_seed_repeats_and_top_k_limits_support():
+    params = SamplingParams(temperature=5.0, top_k=2, seed=3)
+    first = [sample(_logits(), params, g) for g in [params.generator()] for _ in range(50)]
+    again = [sample(_logits(), params, g) for g in [params.generator()] for _ in range(50)]
+    assert first == again
+    assert set(first) == {1, 2}  # only the two best tokens, both drawn at a high temperature
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    # softmax of these at T=1: token 1 and 2 hold ~0.45 each; top_p=0.5 keeps both (mass above 2 is 0.46 < 0.5)
+    params = SamplingParams(temperature=1.0, top_p=0.5, seed=0)
+    gen = params.generator()
+    assert {sample(_logits(), params, gen) for _ in range(200)} == {1, 2}
+    narrow = SamplingParams(temperature=1.0, top_p=0.1, seed=0)
+    gen = narrow.generator()
+    assert {sample(_logits(), narrow, gen) for _ in range(50)} == {1}
+
+
+def test_sampling_frequencies_follow_softmax():
+    logits = torch.tensor([0.0, 1.0])
+    params = SamplingParams(temperature=1.0, seed=1)
+    gen = params.generator()
+    ones = sum(sample(logits, params, gen) for _ in range(4000)) / 4000
+    assert abs(ones - torch.sigmoid(torch.tensor(1.0)).item()) < 0.03  # 0.731, ~4 sigma band
+
+
+@pytest.mark.parametrize(
+    "bad", [dict(max_tokens=0), dict(temperature=-1.0), dict(top_p=0.0), dict(top_k=-1), dict(stop=("",))]
+)
+def test_invalid_parameters_are_refused(bad):
+    with pytest.raises(ValueError):
+        SamplingParams(**bad)
