@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+import os
 
-import pytest
 import torch
 
-from dayzero.demo import write_checkpoint
+if not torch.cuda.is_available():  # kernels run in Triton's interpreter on CPU; set before triton loads
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from pathlib import Path  # noqa: E402
+from typing import Any
+
+import pytest  # noqa: E402
+
+from dayzero.demo import write_checkpoint  # noqa: E402
 
 TINY: dict[str, Any] = {
     "model_type": "deepseek_v4",

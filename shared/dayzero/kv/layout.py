@@ -1,0 +1,95 @@
+"""Shapes of the attention-state pools, derived from the model config and a block size.
+
+Pools (one per kind of state; compressed entries split by rate since they grow differently):
+  window          [layers, blocks, block_size, head_dim]     ring of the last raw KV rows
+  compressed_csa  [csa_layers, blocks, block_size, head_dim] CSA compressed entries
+  compressed_hca  [hca_layers, blocks, block_size, head_dim] HCA compressed entries
+  index_keys      [csa_layers, blocks, block_size, index_head_dim]
+  compressor      per-sequence slots holding each compressor's running state
+                  (buffered rows; CSA: the previous window's first series)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+from ..config import CSA, HCA, ModelConfig
+
+GROWING_POOLS = ("compressed_csa", "compressed_hca", "index_keys")
+POOL_KINDS = ("window", *GROWING_POOLS, "compressor")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolLayout:
+    block_size: int
+    num_layers: int
+    head_dim: int
+    index_head_dim: int
+    sliding_window: int
+    csa_layers: tuple[int, ...]
+    hca_layers: tuple[int, ...]
+    csa_rate: int
+    hca_rate: int
+    dtype: str
+
+    @staticmethod
+    def of(cfg: ModelConfig, block_size: int, dtype: str) -> PoolLayout:
+        if block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        return PoolLayout(
+            block_size=block_size,
+            num_layers=cfg.num_layers,
+            head_dim=cfg.head_dim,
+            index_head_dim=cfg.index_head_dim,
+            sliding_window=cfg.sliding_window,
+            csa_layers=tuple(i for i, t in enumerate(cfg.layer_types) if t == CSA),
+            hca_layers=tuple(i for i, t in enumerate(cfg.layer_types) if t == HCA),
+            csa_rate=cfg.compress_rates[CSA],
+            hca_rate=cfg.compress_rates[HCA],
+            dtype=dtype,
+        )
+
+    @property
+    def window_blocks(self) -> int:
+        """Blocks per sequence in the window ring (holds at least sliding_window - 1 rows)."""
+        return max(1, -(-(self.sliding_window - 1) // self.block_size))
+
+    @property
+    def window_capacity(self) -> int:
+        return self.window_blocks * self.block_size
+
+    def rate(self, pool: str) -> int:
+        return self.hca_rate if pool == "compressed_hca" else self.csa_rate
+
+    def entries(self, pool: str, length: int) -> int:
+        """Compressed entries a sequence of ``length`` tokens holds in a growing pool."""
+        layers = self.hca_layers if pool == "compressed_hca" else self.csa_layers
+        return length // self.rate(pool) if layers else 0
+
+    def blocks_for(self, pool: str, length: int) -> int:
+        if pool == "window":
+            return self.window_blocks
+        if pool == "compressor":
+            return 1 if (self.csa_layers or self.hca_layers) else 0
+        return -(-self.entries(pool, length) // self.block_size)
+
+    def row_bytes(self, pool: str, elem: int) -> int:
+        """Bytes of one block-row (all layers) in a pool, or of one compressor slot."""
+        if pool == "window":
+            return self.num_layers * self.head_dim * elem
+        if pool == "index_keys":
+            return len(self.csa_layers) * self.index_head_dim * elem
+        if pool in GROWING_POOLS:
+            layers = self.hca_layers if pool == "compressed_hca" else self.csa_layers
+            return len(layers) * self.head_dim * elem
+        # compressor slot: CSA buffer kv+gate (two series) and overlap kv+gate (one series), the
+        # same for the indexer's compressor; HCA buffer kv+gate
+        csa = self.csa_rate * 6 * (self.head_dim + self.index_head_dim)
+        hca = self.hca_rate * 2 * self.head_dim
+        return (len(self.csa_layers) * csa + len(self.hca_layers) * hca) * elem
+
+    def hash(self) -> str:
+        """Identifies the memory layout: a handoff between different layouts is refused."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]

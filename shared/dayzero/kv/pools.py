@@ -1,0 +1,155 @@
+"""Block pools for all attention state, with per-sequence block tables.
+
+A sequence's state is fully described by its ``length`` and its block ids in each pool:
+window entries = min(length, window - 1) (a ring, slot = position % capacity), compressed
+entries = length // rate, buffered compressor rows = length % rate, and the CSA overlap
+exists once length >= rate.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field
+
+import torch
+
+from .layout import GROWING_POOLS, POOL_KINDS, PoolLayout
+
+
+class OutOfBlocks(RuntimeError):
+    """The pools cannot hold the request now (retry later) or ever (``permanent``)."""
+
+    def __init__(self, message: str, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+class BlockAllocator:
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._free = list(range(total - 1, -1, -1))
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def alloc(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise OutOfBlocks(f"need {n} blocks, {len(self._free)} free")
+        taken = self._free[len(self._free) - n :][::-1]
+        del self._free[len(self._free) - n :]
+        return taken
+
+    def release(self, blocks: list[int]) -> None:
+        self._free.extend(reversed(blocks))
+
+
+@dataclass(slots=True)
+class SequenceBlocks:
+    length: int = 0
+    tables: dict[str, list[int]] = field(default_factory=lambda: {kind: [] for kind in POOL_KINDS})
+
+
+def _compressor_tensors(layout: PoolLayout, slots: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """Running compressor state per slot; rows past ``length % rate`` are stale."""
+    d, di, csa, hca = layout.head_dim, layout.index_head_dim, len(layout.csa_layers), len(layout.hca_layers)
+    r, rh = layout.csa_rate, layout.hca_rate
+    shapes = {
+        "csa_kv": (csa, slots, r, 2 * d), "csa_gate": (csa, slots, r, 2 * d),
+        "csa_overlap_kv": (csa, slots, r, d), "csa_overlap_gate": (csa, slots, r, d),
+        "index_kv": (csa, slots, r, 2 * di), "index_gate": (csa, slots, r, 2 * di),
+        "index_overlap_kv": (csa, slots, r, di), "index_overlap_gate": (csa, slots, r, di),
+        "hca_kv": (hca, slots, rh, d), "hca_gate": (hca, slots, rh, d),
+    }
+    return {name: torch.zeros(shape, dtype=dtype, device=device) for name, shape in shapes.items()}
+
+
+class KVPools:
+    """Storage and allocators of every pool; sequences are keyed by an id of the caller's."""
+
+    def __init__(self, layout: PoolLayout, blocks: dict[str, int], dtype: torch.dtype, device="cpu") -> None:
+        self.layout, self.dtype, self.device = layout, dtype, torch.device(device)
+        self.pool_id = uuid.uuid4().hex
+        bs = layout.block_size
+
+        def storage(layers: int, n: int, width: int) -> torch.Tensor:
+            return torch.zeros(layers, n, bs, width, dtype=dtype, device=self.device)
+
+        self.window = storage(layout.num_layers, blocks["window"], layout.head_dim)
+        self.compressed = {
+            "compressed_csa": storage(len(layout.csa_layers), blocks["compressed_csa"], layout.head_dim),
+            "compressed_hca": storage(len(layout.hca_layers), blocks["compressed_hca"], layout.head_dim),
+            "index_keys": storage(len(layout.csa_layers), blocks["index_keys"], layout.index_head_dim),
+        }
+        self.compressor = _compressor_tensors(layout, blocks["compressor"], dtype, self.device)
+        self.allocators = {kind: BlockAllocator(blocks[kind]) for kind in POOL_KINDS}
+        self.sequences: dict[str, SequenceBlocks] = {}
+
+    @classmethod
+    def from_budget(
+        cls, layout: PoolLayout, budget_bytes: int, max_sequences: int, dtype: torch.dtype, device="cpu"
+    ) -> KVPools:
+        """Window and compressor pools for ``max_sequences``; the rest of the budget to the growing pools."""
+        elem = torch.finfo(dtype).bits // 8
+        per_seq = layout.window_capacity * layout.row_bytes("window", elem) + layout.row_bytes("compressor", elem)
+        growing = budget_bytes - max_sequences * per_seq
+        per_token = sum(layout.row_bytes(p, elem) / layout.rate(p) for p in GROWING_POOLS)
+        if growing <= 0:
+            raise ValueError(f"attention-state budget {budget_bytes} B cannot hold {max_sequences} sequences")
+        tokens = growing / per_token if per_token else 0
+        blocks = {"window": max_sequences * layout.window_blocks, "compressor": max_sequences}
+        for pool in GROWING_POOLS:
+            blocks[pool] = math.ceil(tokens / layout.rate(pool) / layout.block_size)
+        return cls(layout, blocks, dtype, device)
+
+    # -- sequences ---------------------------------------------------------------------------------
+
+    def capacity_tokens(self) -> int:
+        """Longest sequence the growing pools could ever hold."""
+        limits = [
+            self.allocators[p].total * self.layout.block_size * self.layout.rate(p)
+            for p in GROWING_POOLS
+            if self.layout.entries(p, 1 << 40)
+        ]
+        return min(limits, default=1 << 62)
+
+    def missing_blocks(self, seq_id: str | None, total_tokens: int) -> dict[str, int]:
+        held = self.sequences[seq_id].tables if seq_id in self.sequences else {k: [] for k in POOL_KINDS}
+        return {k: max(0, self.layout.blocks_for(k, total_tokens) - len(held[k])) for k in POOL_KINDS}
+
+    def fits(self, total_tokens: int, seq_id: str | None = None) -> bool:
+        """Whether a (new or existing) sequence can grow to ``total_tokens`` now."""
+        need = self.missing_blocks(seq_id, total_tokens)
+        return all(self.allocators[k].free >= n for k, n in need.items())
+
+    def reserve(self, seq_id: str, total_tokens: int) -> None:
+        """Allocate what ``seq_id`` needs to hold ``total_tokens``; all or nothing."""
+        if total_tokens > self.capacity_tokens():
+            raise OutOfBlocks(
+                f"{total_tokens} tokens exceed the attention-state capacity of {self.capacity_tokens()}",
+                permanent=True,
+            )
+        if not self.fits(total_tokens, seq_id):
+            raise OutOfBlocks(f"no free blocks for {total_tokens} tokens now")
+        seq = self.sequences.setdefault(seq_id, SequenceBlocks())
+        for kind, n in self.missing_blocks(seq_id, total_tokens).items():
+            seq.tables[kind].extend(self.allocators[kind].alloc(n))
+
+    def release(self, seq_id: str) -> None:
+        seq = self.sequences.pop(seq_id, None)
+        if seq is not None:
+            for kind, blocks in seq.tables.items():
+                self.allocators[kind].release(blocks)
+
+    def length(self, seq_id: str) -> int:
+        return self.sequences[seq_id].length
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        """(blocks used, blocks total) per pool."""
+        return {k: (a.total - a.free, a.total) for k, a in self.allocators.items()}
+
+    def bytes_per_token(self) -> float:
+        """Attention-state bytes a long sequence adds per token (growing pools only)."""
+        elem = torch.finfo(self.dtype).bits // 8
+        return sum(self.layout.row_bytes(p, elem) / self.layout.rate(p) for p in GROWING_POOLS)
