@@ -80,13 +80,13 @@ def sparse_attention_torch(
 
 
 @triton.jit
-def _online_update(m, l, acc, q, k, valid, scale):
+def _online_update(m, denom, acc, q, k, valid, scale):
     scores = tl.dot(q, tl.trans(k)) * scale
     scores = tl.where(valid[None, :], scores, -1.0e30)
     m_new = tl.maximum(m, tl.max(scores, 1))
     alpha = tl.exp(m - m_new)
     p = tl.where(valid[None, :], tl.exp(scores - m_new[:, None]), 0.0)
-    return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, k)
+    return m_new, denom * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, k)
 
 
 @triton.jit
@@ -136,14 +136,14 @@ def _prefill_kernel(
     d = tl.arange(0, D)
     q = tl.load(q_ptr + (t * H + h)[:, None] * D + d[None, :], mask=(h < H)[:, None], other=0.0).to(tl.float32)
     m = tl.full([BH], -1.0e30, tl.float32)
-    l = tl.zeros([BH], tl.float32)
+    denom = tl.zeros([BH], tl.float32)
     acc = tl.zeros([BH, D], tl.float32)
     lo = tl.maximum(p - window_size + 1, 0)
     for k0 in range(lo, p + 1, BN):
         kp = k0 + tl.arange(0, BN)
         valid = kp <= p
         k = _load_keys(kp, valid, p, start, row0, s, kv_ptr, win_ptr, win_table_ptr, win_blocks, capacity, BS, D)
-        m, l, acc = _online_update(m, l, acc, q, k, valid, scale)
+        m, denom, acc = _online_update(m, denom, acc, q, k, valid, scale)
     if MODE != 0:
         vis = 0
         n_slots = K
@@ -154,12 +154,12 @@ def _prefill_kernel(
             j = j0 + tl.arange(0, BN)
             k, valid = _load_entries(t, j, n_slots, s, idx_ptr, K, vis, comp_ptr, comp_table_ptr, comp_blocks,
                                      MODE, BS, D)
-            m, l, acc = _online_update(m, l, acc, q, k, valid, scale)
+            m, denom, acc = _online_update(m, denom, acc, q, k, valid, scale)
     sink = tl.load(sink_ptr + h, mask=h < H, other=-1.0e30)
     m_new = tl.maximum(m, sink)
     alpha = tl.exp(m - m_new)
-    l = l * alpha + tl.exp(sink - m_new)
-    out = acc * alpha[:, None] / l[:, None]
+    denom = denom * alpha + tl.exp(sink - m_new)
+    out = acc * alpha[:, None] / denom[:, None]
     tl.store(out_ptr + (t * H + h)[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=(h < H)[:, None])
 
 
@@ -192,7 +192,7 @@ def _decode_split_kernel(
     lo = c * keys_per_split
     hi = tl.minimum(lo + keys_per_split, total)
     m = tl.full([BH], -1.0e30, tl.float32)
-    l = tl.zeros([BH], tl.float32)
+    denom = tl.zeros([BH], tl.float32)
     acc = tl.zeros([BH, D], tl.float32)
     for i0 in range(lo, hi, BN):
         i = i0 + tl.arange(0, BN)
@@ -207,10 +207,10 @@ def _decode_split_kernel(
             vc = vc & (j >= 0) & (i < hi)
             k = k + tl.where(vc[:, None], kc, 0.0)
             valid = valid | vc
-        m, l, acc = _online_update(m, l, acc, q, k, valid, scale)
+        m, denom, acc = _online_update(m, denom, acc, q, k, valid, scale)
     base = s * splits + c
     tl.store(m_ptr + base * BH + h, m)
-    tl.store(l_ptr + base * BH + h, l)
+    tl.store(l_ptr + base * BH + h, denom)
     tl.store(acc_ptr + (base * BH + h)[:, None] * D + d[None, :], acc)
 
 
