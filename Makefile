@@ -16,6 +16,7 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check shared tests bench
+	$(BIN)/ruff format --check shared tests bench
 	TRITON_INTERPRET=1 $(BIN)/pytest -q
 
 run: $(STAMP)

@@ -69,8 +69,10 @@ def main() -> None:
             args.prompt_tokens / statistics.median(r[0] for r in runs),
             args.new_tokens / statistics.median(r[1] for r in runs),
         )
-    print(f"tiny demo checkpoint, batch 1, {args.prompt_tokens} prompt + {args.new_tokens} new tokens, "
-          f"fp32 CPU, median of {args.runs} runs, {torch.get_num_threads()} threads")
+    print(
+        f"tiny demo checkpoint, batch 1, {args.prompt_tokens} prompt + {args.new_tokens} new tokens, "
+        f"fp32 CPU, median of {args.runs} runs, {torch.get_num_threads()} threads"
+    )
     print(f"| {'engine':<13} | {'prefill tok/s':>13} | {'decode tok/s':>12} |")
     print(f"|{'-' * 15}|{'-' * 15}|{'-' * 14}|")
     for name, (p, d) in rates.items():

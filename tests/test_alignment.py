@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from dayzero.checkpoint import load_model
+from dayzero.kv.pools import pools_for
 from dayzero.model.forward import prefill, score
-from dayzero.model.state import SequenceState
 
 from .conftest import random_ids, reference_model
 
@@ -39,30 +39,18 @@ def test_prompt_logits_match_reference(checkpoint_factory, name):
     ids = random_ids(70, ours.cfg.vocab_size, seed=1)  # > window (8), > several compression blocks
     with torch.no_grad():
         expected = ref(torch.tensor([ids])).logits[0]
-    got = score(ours, ids, SequenceState.new(ours.cfg, torch.float32))
+    got = score(ours, pools_for(ours.cfg, torch.float32, len(ids)), "s", ids)
     assert got.shape == expected.shape
     assert (got - expected).abs().max().item() < TOL
     assert expected.abs().max().item() > 100 * TOL  # the comparison is not between two near-zero tensors
-
-
-def test_csa_selection_matters(checkpoint_factory):
-    """With top-k smaller than the visible entries, the indexer's choice changes the logits."""
-    path = checkpoint_factory("csa_sparse", **CONFIGS["csa_sparse"])
-    ours = load_model(path, progress=False)
-    ids = random_ids(70, ours.cfg.vocab_size, seed=1)
-    sparse = score(ours, ids, SequenceState.new(ours.cfg, torch.float32))
-    dense_cfg = ours.cfg.__class__.from_dict({**ours.cfg.raw, "index_topk": 1000})
-    ours.cfg = dense_cfg
-    dense = score(ours, ids, SequenceState.new(ours.cfg, torch.float32))
-    assert (sparse - dense).abs().max().item() > 1e-3
 
 
 def test_batch_of_two_prompts_matches_reference_run_separately(checkpoint_factory):
     path = checkpoint_factory("mixed_hc2", **CONFIGS["mixed_hc2"])
     ref, ours = reference_model(path), load_model(path, progress=False)
     prompts = [random_ids(45, ours.cfg.vocab_size, seed=2), random_ids(19, ours.cfg.vocab_size, seed=3)]
-    states = [SequenceState.new(ours.cfg, torch.float32) for _ in prompts]
-    got = prefill(ours, prompts, states, chunk_size=16)  # packed, chunked, ragged
+    pools = pools_for(ours.cfg, torch.float32, 45, max_sequences=2)
+    got = prefill(ours, pools, ["a", "b"], prompts, chunk_size=16)  # packed, chunked, ragged
     for row, ids in enumerate(prompts):
         with torch.no_grad():
             expected = ref(torch.tensor([ids])).logits[0, -1]

@@ -12,15 +12,15 @@ from safetensors.torch import load_file, save_file
 
 from dayzero.checkpoint import CheckpointError, load_model
 from dayzero.config import ConfigError
+from dayzero.kv.pools import pools_for
 from dayzero.model.forward import score
-from dayzero.model.state import SequenceState
 
 from .conftest import random_ids, reference_model
 
 
 def _logits(path: Path, ids: list[int]) -> torch.Tensor:
     model = load_model(path, progress=False)
-    return score(model, ids, SequenceState.new(model.cfg, torch.float32))
+    return score(model, pools_for(model.cfg, torch.float32, len(ids)), "s", ids)
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -46,7 +46,7 @@ def test_bfloat16_load_keeps_fp32_parameters(tiny_checkpoint):
     model = load_model(tiny_checkpoint, dtype=torch.bfloat16, progress=False)
     assert model.layers[0].attn.wq_a.weight.dtype == torch.bfloat16
     assert model.layers[0].hc_attn_fn.dtype == torch.float32 and model.norm.weight.dtype == torch.float32
-    logits = score(model, [1, 2, 3], SequenceState.new(model.cfg, torch.bfloat16))
+    logits = score(model, pools_for(model.cfg, torch.bfloat16, 3), "s", [1, 2, 3])
     assert torch.isfinite(logits).all()
 
 

@@ -9,20 +9,25 @@ import sys
 import torch
 
 from dayzero import cli
-from dayzero.model import attention
+from dayzero.kernels import attention
 
 
 def _dayzero(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dayzero.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "dayzero.cli", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_demo_checkpoint_generate_and_align(tmp_path):
     out = tmp_path / "demo"
     made = _dayzero("demo-checkpoint", str(out), "--seed", "3")
     assert made.returncode == 0, made.stderr
-    assert {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json",
-                                                "generation_config.json"}
+    assert {p.name for p in out.iterdir()} >= {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "generation_config.json",
+    }
     gen = _dayzero("generate", "--checkpoint", str(out), "--prompt-ids", "0,5,6,7", "--max-tokens", "6", "--stats")
     assert gen.returncode == 0, gen.stderr
     stats = json.loads(gen.stdout.strip().splitlines()[-1])
@@ -33,15 +38,16 @@ def test_demo_checkpoint_generate_and_align(tmp_path):
     report = json.loads(al.stdout)
     assert report["greedy_match"] and report["max_abs_err"] < 1e-4 and len(report["steps"]) == 4
     assert len(report["layers"]) == 4 and max(report["layers"]) < 1e-4
+    assert report["sparse_vs_dense_max_abs"] > 0  # demo: top-k 4 < entries of a 64-token prompt
 
 
 def test_align_fails_with_exit_1_when_beyond_tolerance(tiny_checkpoint, monkeypatch, capsys):
-    real = attention.attend
+    real = attention.sparse_attention_torch
 
-    def sinkless(q, kv, allowed, sink):  # a plausible bug: the attention sink forgotten
-        return real(q, kv, allowed, torch.full_like(sink, -1e9))
+    def sinkless(q, kv, batch, window, table, size, sink, compressed):  # a plausible bug: the sink forgotten
+        return real(q, kv, batch, window, table, size, torch.full_like(sink, -1e9), compressed)
 
-    monkeypatch.setattr(attention, "attend", sinkless)
+    monkeypatch.setattr(attention, "sparse_attention_torch", sinkless)
     assert cli.main(["align", str(tiny_checkpoint), "--tokens", "2", "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["ok"] is False
 

@@ -21,15 +21,27 @@ def test_transformers_defaults_are_v4_flash():
 
 
 def test_nested_and_flat_rope_parameters():
-    nested = ModelConfig.from_dict(tiny_config(rope_parameters={
-        "main": {"rope_type": "default", "rope_theta": 500.0},
-        "compress": {"rope_type": "yarn", "rope_theta": 7000.0, "factor": 16, "original_max_position_embeddings": 64},
-    }))
+    nested = ModelConfig.from_dict(
+        tiny_config(
+            rope_parameters={
+                "main": {"rope_type": "default", "rope_theta": 500.0},
+                "compress": {
+                    "rope_type": "yarn",
+                    "rope_theta": 7000.0,
+                    "factor": 16,
+                    "original_max_position_embeddings": 64,
+                },
+            }
+        )
+    )
     assert nested.rope_main.theta == 500.0 and nested.rope_compress.rope_type == "yarn"
-    flat = ModelConfig.from_dict(tiny_config(
-        rope_theta=100.0, compress_rope_theta=900.0,
-        rope_parameters={"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": 32},
-    ))
+    flat = ModelConfig.from_dict(
+        tiny_config(
+            rope_theta=100.0,
+            compress_rope_theta=900.0,
+            rope_parameters={"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": 32},
+        )
+    )
     assert flat.rope_main.rope_type == "default" and flat.rope_main.theta == 100.0
     assert flat.rope_compress.theta == 900.0 and flat.rope_compress.factor == 2.0
 

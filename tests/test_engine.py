@@ -10,10 +10,14 @@ import torch
 from dayzero.checkpoint import load_model
 from dayzero.demo import write_demo_checkpoint
 from dayzero.engine import StopMatcher, Timings, generate
+from dayzero.kv.pools import pools_for
 from dayzero.model.forward import score
-from dayzero.model.state import SequenceState
 from dayzero.sampling import SamplingParams
 from dayzero.tokenizer import TextCodec
+
+
+def _pools(model):
+    return pools_for(model.cfg, torch.float32, 256)
 
 
 @pytest.fixture(scope="module")
@@ -25,21 +29,24 @@ def demo(tmp_path_factory):
 def test_greedy_generation_follows_the_full_forward(demo):
     model, codec = demo
     prompt = codec.encode("The quick brown fox")
-    steps = list(generate(model, codec, prompt, SamplingParams(max_tokens=12, ignore_eos=True)))
+    steps = list(generate(model, codec, _pools(model), prompt, SamplingParams(max_tokens=12, ignore_eos=True)))
     tokens = [s.token for s in steps]
     assert len(tokens) == 12 and steps[-1].finish_reason == "length"
-    logits = score(model, prompt + tokens[:-1], SequenceState.new(model.cfg, torch.float32))
+    ids = prompt + tokens[:-1]
+    logits = score(model, pools_for(model.cfg, torch.float32, len(ids)), "s", ids)
     assert logits[len(prompt) - 1 :].argmax(dim=-1).tolist() == tokens
 
 
 def test_eos_stops_with_reason_stop(demo):
     model, codec = demo
     prompt = codec.encode("Hello")
-    tokens = [s.token for s in generate(model, codec, prompt, SamplingParams(max_tokens=8, ignore_eos=True))]
+    tokens = [
+        s.token for s in generate(model, codec, _pools(model), prompt, SamplingParams(max_tokens=8, ignore_eos=True))
+    ]
     original = model.cfg
     model.cfg = replace(original, eos_token_ids=(tokens[2],))
     try:
-        steps = list(generate(model, codec, prompt, SamplingParams(max_tokens=8)))
+        steps = list(generate(model, codec, _pools(model), prompt, SamplingParams(max_tokens=8)))
     finally:
         model.cfg = original
     assert [s.token for s in steps] == tokens[:3] and steps[-1].finish_reason == "stop"
@@ -48,9 +55,13 @@ def test_eos_stops_with_reason_stop(demo):
 def test_stop_string_cuts_the_text(demo):
     model, codec = demo
     prompt = codec.encode("Hello")
-    free = "".join(s.text for s in generate(model, codec, prompt, SamplingParams(max_tokens=20, ignore_eos=True)))
+    free = "".join(
+        s.text for s in generate(model, codec, _pools(model), prompt, SamplingParams(max_tokens=20, ignore_eos=True))
+    )
     stop = free[5:7]
-    steps = list(generate(model, codec, prompt, SamplingParams(max_tokens=20, stop=(stop,), ignore_eos=True)))
+    steps = list(
+        generate(model, codec, _pools(model), prompt, SamplingParams(max_tokens=20, stop=(stop,), ignore_eos=True))
+    )
     text = "".join(s.text for s in steps)
     assert steps[-1].finish_reason == "stop" and text == free[: free.find(stop)]
 
@@ -59,13 +70,22 @@ def test_context_limit_and_stats(demo):
     model, codec = demo
     prompt = codec.encode("Hello world")
     timings = Timings()
-    steps = list(generate(model, codec, prompt, SamplingParams(max_tokens=50, ignore_eos=True), timings,
-                          max_context=len(prompt) + 4))
+    steps = list(
+        generate(
+            model,
+            codec,
+            _pools(model),
+            prompt,
+            SamplingParams(max_tokens=50, ignore_eos=True),
+            timings,
+            max_context=len(prompt) + 4,
+        )
+    )
     assert steps[-1].finish_reason == "length" and len(steps) == 4
     summary = timings.summary()
     assert summary["prompt_tokens"] == len(prompt) and summary["completion_tokens"] == 4
     with pytest.raises(ValueError, match="context limit"):
-        list(generate(model, codec, prompt, SamplingParams(), max_context=len(prompt)))
+        list(generate(model, codec, _pools(model), prompt, SamplingParams(), max_context=len(prompt)))
 
 
 def test_stop_matcher_holds_back_partial_matches():

@@ -8,8 +8,9 @@ from pathlib import Path
 import torch
 
 from .checkpoint import load_model
+from .kv.pools import pools_for
 from .model.forward import decode, prefill, score
-from .model.state import SequenceState
+from .model.plan import AttentionOptions
 
 # fp32 on both sides, same op order up to reductions: differences are rounding (~1e-6);
 # 1e-4 absolute leaves room for long sequences without hiding a wrong mask or state.
@@ -32,6 +33,7 @@ class AlignReport:
     layers: list[float]  # max abs error of each layer's residual streams (last: final hidden)
     greedy_match: bool
     steps: list[StepReport]
+    sparse_vs_dense_max_abs: float  # how far CSA top-k selection moves the prompt logits (dayzero only)
     tolerance: float = ABS_TOLERANCE
 
     @property
@@ -50,13 +52,19 @@ def _reference(path: Path):
 
 
 @torch.inference_mode()
-def align(path: str | Path, prompt: list[int], tokens: int = 8) -> AlignReport:
+def align(
+    path: str | Path, prompt: list[int], tokens: int = 8, options: AttentionOptions = AttentionOptions()
+) -> AlignReport:
     path = Path(path)
     ref, ours = _reference(path), load_model(path, progress=False)
     ids = torch.tensor([prompt])
     out = ref(ids, output_hidden_states=True)
     capture: list[torch.Tensor] = []
-    logits = score(ours, prompt, SequenceState.new(ours.cfg, torch.float32), capture)
+    pools = pools_for(ours.cfg, torch.float32, len(prompt) + tokens, max_sequences=2)
+    logits = score(ours, pools, "full", prompt, options, capture)
+    dense_options = AttentionOptions(options.backend, sparse=not options.sparse)
+    other = score(ours, pools_for(ours.cfg, torch.float32, len(prompt)), "dense", prompt, dense_options)
+    sparse_shift = (logits - other).abs().max().item()
     diff = (logits - out.logits[0]).abs()
     rel = (diff / out.logits[0].abs().clamp_min(1e-6)).max().item()
     # transformers records the embeddings, each layer's streams but the last, then the final hidden
@@ -68,8 +76,7 @@ def align(path: str | Path, prompt: list[int], tokens: int = 8) -> AlignReport:
     # whole sequence each step (its forward over the full sequence is the spec)
     sequence = list(prompt)
     ref_logits = out.logits[0, -1]
-    state = SequenceState.new(ours.cfg, torch.float32)
-    our_logits = prefill(ours, [prompt], [state])[0]
+    our_logits = prefill(ours, pools, ["steps"], [prompt], options)[0]
     steps, match = [], True
     for step in range(tokens):
         err = (ref_logits - our_logits).abs().max().item()
@@ -80,5 +87,5 @@ def align(path: str | Path, prompt: list[int], tokens: int = 8) -> AlignReport:
             break
         sequence.append(ref_tok)
         ref_logits = ref(torch.tensor([sequence])).logits[0, -1]
-        our_logits = decode(ours, [our_tok], [state])[0]
-    return AlignReport(len(prompt), diff.max().item(), rel, layers, match, steps)
+        our_logits = decode(ours, pools, ["steps"], [our_tok], options)[0]
+    return AlignReport(len(prompt), diff.max().item(), rel, layers, match, steps, sparse_shift)

@@ -139,10 +139,7 @@ def load_model(
             return torch.long
         return torch.float32 if is_fp32_param(name) else dtype
 
-    tensors = {
-        name: torch.empty(shape, dtype=target_dtype(name), device=device)
-        for name, shape in expected.items()
-    }
+    tensors = {name: torch.empty(shape, dtype=target_dtype(name), device=device) for name, shape in expected.items()}
     by_file: dict[Path, list[Entry]] = {}
     for e in entries:
         by_file.setdefault(e.file, []).append(e)

@@ -58,19 +58,25 @@ def cmd_demo_checkpoint(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     from .checkpoint import load_model
     from .engine import Timings, generate
+    from .kv.pools import pools_for
     from .sampling import SamplingParams
     from .tokenizer import TextCodec
 
     checkpoint = Path(args.checkpoint) if args.checkpoint else ensure_demo_checkpoint(settings)
     codec = TextCodec.from_checkpoint(checkpoint)
     params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        seed=args.seed, stop=tuple(args.stop),
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=tuple(args.stop),
     )
     prompt = _prompt(args, checkpoint)
     model = load_model(checkpoint, DTYPES[settings.dtype])
+    pools = pools_for(model.cfg, DTYPES[settings.dtype], min(settings.max_context, model.cfg.max_position_embeddings))
     timings = Timings()
-    for step in generate(model, codec, prompt, params, timings, settings.max_context):
+    for step in generate(model, codec, pools, prompt, params, timings, settings.max_context, settings.attention()):
         sys.stdout.write(step.text)
         sys.stdout.flush()
     sys.stdout.write("\n")
@@ -88,7 +94,7 @@ def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
         prompt = [random.Random(0).randrange(vocab) for _ in range(64)]
     else:
         prompt = _prompt(args, checkpoint)
-    report = align(checkpoint, prompt, args.tokens)
+    report = align(checkpoint, prompt, args.tokens, settings.attention())
     if args.json:
         print(json.dumps(report.to_dict()))
     else:
@@ -99,6 +105,7 @@ def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
             print(f"  layer {i:3d} hidden max abs err {err:.3e}")
         for s in report.steps:
             print(f"  decode step {s.step:3d} tokens {s.reference_token}/{s.dayzero_token} err {s.max_abs_err:.3e}")
+        print(f"sparse vs dense (CSA selection off) logits max abs diff {report.sparse_vs_dense_max_abs:.3e}")
         print(f"greedy tokens match: {report.greedy_match}  ->  {'OK' if report.ok else 'FAIL'}")
     return 0 if report.ok else 1
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from .kv.pools import KVPools
 from .model.forward import decode, prefill
-from .model.state import SequenceState
+from .model.plan import AttentionOptions
 from .model.weights import Transformer
 from .sampling import SamplingParams, sample
 from .tokenizer import StreamDecoder, TextCodec
@@ -65,12 +67,17 @@ class StopMatcher:
 def generate(
     model: Transformer,
     codec: TextCodec,
+    pools: KVPools,
     prompt: list[int],
     params: SamplingParams,
     timings: Timings | None = None,
     max_context: int | None = None,
+    options: AttentionOptions = AttentionOptions(),
 ) -> Iterator[Step]:
-    """Stream the completion of ``prompt``; the last step carries the finish reason."""
+    """Stream the completion of ``prompt``; the last step carries the finish reason.
+
+    The request's attention state lives in ``pools`` while it runs and is released after.
+    """
     cfg = model.cfg
     limit = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
     if not prompt:
@@ -79,10 +86,28 @@ def generate(
         raise ValueError(f"the prompt has {len(prompt)} tokens; the context limit is {limit}")
     timings = timings if timings is not None else Timings()
     timings.prompt_tokens = len(prompt)
-    state = SequenceState.new(cfg, model.head.weight.dtype, model.head.weight.device)
+    seq = [uuid.uuid4().hex]
+    try:
+        yield from _run(model, codec, pools, seq, prompt, params, timings, limit, options)
+    finally:
+        pools.release(seq[0])
+
+
+def _run(
+    model: Transformer,
+    codec: TextCodec,
+    pools: KVPools,
+    seq: list[str],
+    prompt: list[int],
+    params: SamplingParams,
+    timings: Timings,
+    limit: int,
+    options: AttentionOptions,
+) -> Iterator[Step]:
+    cfg = model.cfg
     generator, text, stops = params.generator(), StreamDecoder(codec), StopMatcher(params.stop)
     start = time.perf_counter()
-    logits = prefill(model, [prompt], [state])[0]
+    logits = prefill(model, pools, seq, [prompt], options)[0]
     timings.prefill_seconds = time.perf_counter() - start
     start = time.perf_counter()
     for n in range(1, params.max_tokens + 1):
@@ -95,9 +120,9 @@ def generate(
         if stopped:
             yield Step(token, released, "stop")
             break
-        if n == params.max_tokens or state.length + 1 >= limit:
+        if n == params.max_tokens or pools.length(seq[0]) + 1 >= limit:
             yield Step(token, released + stops.flush(), "length")
             break
         yield Step(token, released)
-        logits = decode(model, [token], [state])[0]
+        logits = decode(model, pools, seq, [token], options)[0]
     timings.decode_seconds = time.perf_counter() - start

@@ -40,9 +40,23 @@ def _ring_positions(start: int, capacity: int, device: torch.device) -> torch.Te
     return start - 1 - torch.remainder(start - 1 - slot, capacity)
 
 
+def _entries(pool: torch.Tensor, table_row: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """Entries ``e`` (any shape) of one sequence from a block pool -> [*e.shape, D] fp32."""
+    if pool.shape[0] == 0:
+        return torch.zeros(*e.shape, pool.shape[-1], device=pool.device)
+    bs = pool.shape[1]
+    return pool[table_row.long()[e // bs], e % bs].float()
+
+
 def sparse_attention_torch(
-    q: torch.Tensor, kv: torch.Tensor, batch: RaggedBatch, window: torch.Tensor, window_table: torch.Tensor,
-    window_size: int, sink: torch.Tensor, compressed: CompressedKeys | None,
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    batch: RaggedBatch,
+    window: torch.Tensor,
+    window_table: torch.Tensor,
+    window_size: int,
+    sink: torch.Tensor,
+    compressed: CompressedKeys | None,
 ) -> torch.Tensor:
     """The spec: one sequence at a time, explicit gathers and masks."""
     out = torch.empty_like(q)
@@ -57,25 +71,28 @@ def sparse_attention_torch(
         allowed = (key_pos[None, :] >= 0) & (delta >= 0) & (delta < window_size)
         logits = torch.einsum("lhd,kd->lhk", q[rows].float(), keys.float())
         logits = logits.masked_fill(~allowed[:, None, :], float("-inf"))
-        values = [keys.float().expand(pos.shape[0], -1, -1)]
-        if compressed is not None:
-            entries = compressed.pool[compressed.table[s].long()].flatten(0, 1).float()
-            if compressed.indices is not None:
-                sel = compressed.indices[rows].long()
-                picked = entries[sel.clamp(min=0)]  # [L, K, D]
-                c_logits = torch.einsum("lhd,lkd->lhk", q[rows].float(), picked)
-                c_logits = c_logits.masked_fill((sel < 0)[:, None, :], float("-inf"))
-                values.append(picked)
-            else:
-                c_logits = torch.einsum("lhd,nd->lhn", q[rows].float(), entries)
-                hidden = torch.arange(entries.shape[0], device=q.device)[None, :] >= compressed.visible[rows, None]
-                c_logits = c_logits.masked_fill(hidden[:, None, :], float("-inf"))
-                values.append(entries.expand(pos.shape[0], -1, -1))
+        c_logits, c_values = None, None
+        if compressed is not None and compressed.indices is not None:
+            sel = compressed.indices[rows].long()  # [L, K], per-query entries
+            c_values = _entries(compressed.pool, compressed.table[s], sel.clamp(min=0))  # [L, K, D]
+            c_logits = torch.einsum("lhd,lkd->lhk", q[rows].float(), c_values)
+            c_logits = c_logits.masked_fill((sel < 0)[:, None, :], float("-inf"))
+        elif compressed is not None:
+            e = torch.arange(int(compressed.visible[rows].max()), device=q.device)  # causal prefix, shared
+            c_values = _entries(compressed.pool, compressed.table[s], e)  # [N, D]
+            c_logits = torch.einsum("lhd,nd->lhn", q[rows].float(), c_values)
+            c_logits = c_logits.masked_fill((e[None, :] >= compressed.visible[rows, None])[:, None, :], float("-inf"))
+        if c_logits is not None:
             logits = torch.cat((logits, c_logits), dim=-1)
         logits = logits * q.shape[-1] ** -0.5
         sinks = sink.float().view(1, -1, 1).expand(logits.shape[0], -1, 1)
         probs = torch.cat((logits, sinks), dim=-1).softmax(dim=-1)[..., :-1]
-        out[rows] = torch.einsum("lhk,lkd->lhd", probs, torch.cat(values, dim=1)).to(q.dtype)
+        result = torch.einsum("lhk,kd->lhd", probs[..., : keys.shape[0]], keys.float())
+        if c_values is not None:
+            c_probs = probs[..., keys.shape[0] :]
+            pattern = "lhk,lkd->lhd" if c_values.dim() == 3 else "lhk,kd->lhd"
+            result = result + torch.einsum(pattern, c_probs, c_values)
+        out[rows] = result.to(q.dtype)
     return out
 
 
@@ -90,8 +107,21 @@ def _online_update(m, denom, acc, q, k, valid, scale):
 
 
 @triton.jit
-def _load_keys(kp, valid, p, start, row0, s, kv_ptr, win_ptr, win_table_ptr, win_blocks, capacity,
-               BS: tl.constexpr, D: tl.constexpr):
+def _load_keys(
+    kp,
+    valid,
+    p,
+    start,
+    row0,
+    s,
+    kv_ptr,
+    win_ptr,
+    win_table_ptr,
+    win_blocks,
+    capacity,
+    BS: tl.constexpr,
+    D: tl.constexpr,
+):
     """Window keys at positions ``kp``: the ring before ``start``, the step's own rows after."""
     d = tl.arange(0, D)
     in_ring = valid & (kp < start)
@@ -104,8 +134,21 @@ def _load_keys(kp, valid, p, start, row0, s, kv_ptr, win_ptr, win_table_ptr, win
 
 
 @triton.jit
-def _load_entries(t, j, n_slots, s, idx_ptr, K, vis, comp_ptr, comp_table_ptr, comp_blocks,
-                  MODE: tl.constexpr, BS: tl.constexpr, D: tl.constexpr):
+def _load_entries(
+    t,
+    j,
+    n_slots,
+    s,
+    idx_ptr,
+    K,
+    vis,
+    comp_ptr,
+    comp_table_ptr,
+    comp_blocks,
+    MODE: tl.constexpr,
+    BS: tl.constexpr,
+    D: tl.constexpr,
+):
     """Compressed keys for slots ``j``: MODE 1 reads entry ids from ``indices``, MODE 2 is e = j < vis."""
     d = tl.arange(0, D)
     if MODE == 1:
@@ -121,11 +164,32 @@ def _load_entries(t, j, n_slots, s, idx_ptr, K, vis, comp_ptr, comp_table_ptr, c
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, kv_ptr, out_ptr, seq_of_ptr, pos_ptr, start_ptr, row0_ptr,
-    win_ptr, win_table_ptr, win_blocks, capacity, window_size,
-    comp_ptr, comp_table_ptr, comp_blocks, idx_ptr, vis_ptr, K,
-    sink_ptr, H, scale,
-    D: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, MODE: tl.constexpr,
+    q_ptr,
+    kv_ptr,
+    out_ptr,
+    seq_of_ptr,
+    pos_ptr,
+    start_ptr,
+    row0_ptr,
+    win_ptr,
+    win_table_ptr,
+    win_blocks,
+    capacity,
+    window_size,
+    comp_ptr,
+    comp_table_ptr,
+    comp_blocks,
+    idx_ptr,
+    vis_ptr,
+    K,
+    sink_ptr,
+    H,
+    scale,
+    D: tl.constexpr,
+    BH: tl.constexpr,
+    BN: tl.constexpr,
+    BS: tl.constexpr,
+    MODE: tl.constexpr,
 ):
     t = tl.program_id(0)
     s = tl.load(seq_of_ptr + t)
@@ -152,8 +216,9 @@ def _prefill_kernel(
             n_slots = vis
         for j0 in range(0, n_slots, BN):
             j = j0 + tl.arange(0, BN)
-            k, valid = _load_entries(t, j, n_slots, s, idx_ptr, K, vis, comp_ptr, comp_table_ptr, comp_blocks,
-                                     MODE, BS, D)
+            k, valid = _load_entries(
+                t, j, n_slots, s, idx_ptr, K, vis, comp_ptr, comp_table_ptr, comp_blocks, MODE, BS, D
+            )
             m, denom, acc = _online_update(m, denom, acc, q, k, valid, scale)
     sink = tl.load(sink_ptr + h, mask=h < H, other=-1.0e30)
     m_new = tl.maximum(m, sink)
@@ -165,11 +230,31 @@ def _prefill_kernel(
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, kv_ptr, m_ptr, l_ptr, acc_ptr, pos_ptr,
-    win_ptr, win_table_ptr, win_blocks, capacity, window_size,
-    comp_ptr, comp_table_ptr, comp_blocks, idx_ptr, vis_ptr, K,
-    H, scale, keys_per_split,
-    D: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, MODE: tl.constexpr,
+    q_ptr,
+    kv_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    pos_ptr,
+    win_ptr,
+    win_table_ptr,
+    win_blocks,
+    capacity,
+    window_size,
+    comp_ptr,
+    comp_table_ptr,
+    comp_blocks,
+    idx_ptr,
+    vis_ptr,
+    K,
+    H,
+    scale,
+    keys_per_split,
+    D: tl.constexpr,
+    BH: tl.constexpr,
+    BN: tl.constexpr,
+    BS: tl.constexpr,
+    MODE: tl.constexpr,
 ):
     """One token per sequence; split ``c`` covers virtual keys [c * kps, (c + 1) * kps):
     first the window (n_win keys ending at p), then the compressed slots."""
@@ -197,13 +282,13 @@ def _decode_split_kernel(
     for i0 in range(lo, hi, BN):
         i = i0 + tl.arange(0, BN)
         in_win = i < tl.minimum(n_win, hi)
-        k = _load_keys(p - n_win + 1 + i, in_win, p, p, s, s, kv_ptr, win_ptr, win_table_ptr, win_blocks,
-                       capacity, BS, D)
+        k = _load_keys(
+            p - n_win + 1 + i, in_win, p, p, s, s, kv_ptr, win_ptr, win_table_ptr, win_blocks, capacity, BS, D
+        )
         valid = in_win
         if MODE != 0:
             j = i - n_win
-            kc, vc = _load_entries(s, j, n_comp, s, idx_ptr, K, vis, comp_ptr, comp_table_ptr, comp_blocks,
-                                   MODE, BS, D)
+            kc, vc = _load_entries(s, j, n_comp, s, idx_ptr, K, vis, comp_ptr, comp_table_ptr, comp_blocks, MODE, BS, D)
             vc = vc & (j >= 0) & (i < hi)
             k = k + tl.where(vc[:, None], kc, 0.0)
             valid = valid | vc
@@ -230,13 +315,28 @@ def _common(q, kv, window, window_table, compressed):
     comp = compressed.pool if compressed is not None else window
     table = compressed.table.to(torch.int32).contiguous() if compressed is not None else window_table
     dummy = torch.zeros(1, dtype=torch.int32, device=q.device)
-    return mode, comp.contiguous(), table, table.shape[1], idx if idx is not None else dummy, \
-        vis if vis is not None else dummy, k, max(16, triton.next_power_of_2(q.shape[1]))
+    return (
+        mode,
+        comp.contiguous(),
+        table,
+        table.shape[1],
+        idx if idx is not None else dummy,
+        vis if vis is not None else dummy,
+        k,
+        max(16, triton.next_power_of_2(q.shape[1])),
+    )
 
 
 def sparse_attention_prefill(
-    q: torch.Tensor, kv: torch.Tensor, batch: RaggedBatch, window: torch.Tensor, window_table: torch.Tensor,
-    window_size: int, sink: torch.Tensor, compressed: CompressedKeys | None, backend: Backend = "torch",
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    batch: RaggedBatch,
+    window: torch.Tensor,
+    window_table: torch.Tensor,
+    window_size: int,
+    sink: torch.Tensor,
+    compressed: CompressedKeys | None,
+    backend: Backend = "torch",
 ) -> torch.Tensor:
     """Any number of new tokens per sequence (prefill chunks); see the module docstring."""
     if backend == "torch":
@@ -246,17 +346,46 @@ def sparse_attention_prefill(
     out = torch.empty_like(q)
     wt = window_table.to(torch.int32).contiguous()
     _prefill_kernel[(q.shape[0],)](
-        q, kv, out, batch.seq_of_token, batch.positions, batch.start, batch.row0,
-        window.contiguous(), wt, wt.shape[1], wt.shape[1] * window.shape[1], window_size,
-        comp, table, comp_blocks, idx, vis, k, sink.float().contiguous(), q.shape[1], q.shape[2] ** -0.5,
-        D=q.shape[2], BH=bh, BN=16, BS=window.shape[1], MODE=mode,
+        q,
+        kv,
+        out,
+        batch.seq_of_token,
+        batch.positions,
+        batch.start,
+        batch.row0,
+        window.contiguous(),
+        wt,
+        wt.shape[1],
+        wt.shape[1] * window.shape[1],
+        window_size,
+        comp,
+        table,
+        comp_blocks,
+        idx,
+        vis,
+        k,
+        sink.float().contiguous(),
+        q.shape[1],
+        q.shape[2] ** -0.5,
+        D=q.shape[2],
+        BH=bh,
+        BN=16,
+        BS=window.shape[1],
+        MODE=mode,
     )
     return out
 
 
 def sparse_attention_decode(
-    q: torch.Tensor, kv: torch.Tensor, batch: RaggedBatch, window: torch.Tensor, window_table: torch.Tensor,
-    window_size: int, sink: torch.Tensor, compressed: CompressedKeys | None, backend: Backend = "torch",
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    batch: RaggedBatch,
+    window: torch.Tensor,
+    window_table: torch.Tensor,
+    window_size: int,
+    sink: torch.Tensor,
+    compressed: CompressedKeys | None,
+    backend: Backend = "torch",
     keys_per_split: int = 256,
 ) -> torch.Tensor:
     """Exactly one new token per sequence; the triton kernel splits the keys (flash-decoding)."""
@@ -273,10 +402,31 @@ def sparse_attention_decode(
     acc = torch.empty(n_seq, splits, bh, dim, dtype=torch.float32, device=q.device)
     wt = window_table.to(torch.int32).contiguous()
     _decode_split_kernel[(n_seq, splits)](
-        q.contiguous(), kv.contiguous(), m, l_sum, acc, batch.positions,
-        window.contiguous(), wt, wt.shape[1], wt.shape[1] * window.shape[1], window_size,
-        comp, table, comp_blocks, idx, vis, k, heads, dim**-0.5, keys_per_split,
-        D=dim, BH=bh, BN=16, BS=window.shape[1], MODE=mode,
+        q.contiguous(),
+        kv.contiguous(),
+        m,
+        l_sum,
+        acc,
+        batch.positions,
+        window.contiguous(),
+        wt,
+        wt.shape[1],
+        wt.shape[1] * window.shape[1],
+        window_size,
+        comp,
+        table,
+        comp_blocks,
+        idx,
+        vis,
+        k,
+        heads,
+        dim**-0.5,
+        keys_per_split,
+        D=dim,
+        BH=bh,
+        BN=16,
+        BS=window.shape[1],
+        MODE=mode,
     )
     m, l_sum, acc = m[:, :, :heads], l_sum[:, :, :heads], acc[:, :, :heads]
     sink = sink.float().view(1, heads)

@@ -40,8 +40,14 @@ class RaggedBatch:
             return torch.tensor(values, dtype=torch.int32, device=device)
 
         return RaggedBatch(
-            seq_of.to(device), positions.to(device), ints(starts), ints(row0s), ints(news),
-            tuple(starts), tuple(row0s), tuple(news),
+            seq_of.to(device),
+            positions.to(device),
+            ints(starts),
+            ints(row0s),
+            ints(news),
+            tuple(starts),
+            tuple(row0s),
+            tuple(news),
         )
 
     @property

@@ -17,8 +17,9 @@ import triton.language as tl
 from .batch import Backend
 
 
-def pool_entries_torch(kv: torch.Tensor, gate: torch.Tensor, norm: torch.Tensor, cos: torch.Tensor,
-                       sin: torch.Tensor, eps: float) -> torch.Tensor:
+def pool_entries_torch(
+    kv: torch.Tensor, gate: torch.Tensor, norm: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
+) -> torch.Tensor:
     """The entries themselves [n, D] fp32 (the spec of the kernel's arithmetic)."""
     pooled = (kv.float() * gate.float().softmax(dim=1)).sum(dim=1)
     pooled = pooled * torch.rsqrt(pooled.square().mean(-1, keepdim=True) + eps) * norm.float()
@@ -47,8 +48,24 @@ def _pool_channels(kv_ptr, gate_ptr, base, channels, row_ok):
 
 
 @triton.jit
-def _compress_kernel(kv_ptr, gate_ptr, norm_ptr, cos_ptr, sin_ptr, pool_ptr, table_ptr, seq_ptr, entry_ptr,
-                     S, table_blocks, eps, D: tl.constexpr, R: tl.constexpr, BR: tl.constexpr, BS: tl.constexpr):
+def _compress_kernel(
+    kv_ptr,
+    gate_ptr,
+    norm_ptr,
+    cos_ptr,
+    sin_ptr,
+    pool_ptr,
+    table_ptr,
+    seq_ptr,
+    entry_ptr,
+    S,
+    table_blocks,
+    eps,
+    D: tl.constexpr,
+    R: tl.constexpr,
+    BR: tl.constexpr,
+    BS: tl.constexpr,
+):
     i = tl.program_id(0)
     r = tl.arange(0, BR)
     j = tl.arange(0, D // 2)  # channel pairs (2j, 2j + 1)
@@ -74,8 +91,17 @@ def _compress_kernel(kv_ptr, gate_ptr, norm_ptr, cos_ptr, sin_ptr, pool_ptr, tab
 
 
 def compress_entries(
-    kv: torch.Tensor, gate: torch.Tensor, norm: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
-    pool: torch.Tensor, table: torch.Tensor, seq: torch.Tensor, entry: torch.Tensor, backend: Backend = "torch",
+    kv: torch.Tensor,
+    gate: torch.Tensor,
+    norm: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    pool: torch.Tensor,
+    table: torch.Tensor,
+    seq: torch.Tensor,
+    entry: torch.Tensor,
+    backend: Backend = "torch",
 ) -> None:
     """In place: append the pooled entries to ``pool``; see the module docstring."""
     n, rows, dim = kv.shape
@@ -87,7 +113,20 @@ def compress_entries(
         compress_entries_torch(kv, gate, norm, cos, sin, eps, pool, table, seq, entry)
         return
     _compress_kernel[(n,)](
-        kv.contiguous(), gate.contiguous(), norm.float().contiguous(), cos.contiguous(), sin.contiguous(), pool,
-        table.to(torch.int32).contiguous(), seq.to(torch.int32).contiguous(), entry.to(torch.int32).contiguous(),
-        rows, table.shape[1], eps, D=dim, R=2 * cos.shape[1], BR=triton.next_power_of_2(rows), BS=pool.shape[1],
+        kv.contiguous(),
+        gate.contiguous(),
+        norm.float().contiguous(),
+        cos.contiguous(),
+        sin.contiguous(),
+        pool,
+        table.to(torch.int32).contiguous(),
+        seq.to(torch.int32).contiguous(),
+        entry.to(torch.int32).contiguous(),
+        rows,
+        table.shape[1],
+        eps,
+        D=dim,
+        R=2 * cos.shape[1],
+        BR=triton.next_power_of_2(rows),
+        BS=pool.shape[1],
     )

@@ -22,8 +22,14 @@ TILE = 4096
 
 
 def indexer_scores_torch(
-    q: torch.Tensor, weights: torch.Tensor, batch: RaggedBatch, keys: torch.Tensor, table: torch.Tensor,
-    visible: torch.Tensor, first: int, count: int,
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    batch: RaggedBatch,
+    keys: torch.Tensor,
+    table: torch.Tensor,
+    visible: torch.Tensor,
+    first: int,
+    count: int,
 ) -> torch.Tensor:
     """Scores of entries [first, first + count) for every query: [T, count] fp32."""
     out = torch.full((q.shape[0], count), float("-inf"), device=q.device)
@@ -43,8 +49,24 @@ def indexer_scores_torch(
 
 
 @triton.jit
-def _scores_kernel(q_ptr, w_ptr, keys_ptr, table_ptr, seq_of_ptr, vis_ptr, out_ptr, H, table_blocks, first, count,
-                   scale, D: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr):
+def _scores_kernel(
+    q_ptr,
+    w_ptr,
+    keys_ptr,
+    table_ptr,
+    seq_of_ptr,
+    vis_ptr,
+    out_ptr,
+    H,
+    table_blocks,
+    first,
+    count,
+    scale,
+    D: tl.constexpr,
+    BH: tl.constexpr,
+    BN: tl.constexpr,
+    BS: tl.constexpr,
+):
     t = tl.program_id(0)
     j = tl.program_id(1) * BN + tl.arange(0, BN)
     s = tl.load(seq_of_ptr + t)
@@ -66,15 +88,36 @@ def _scores_triton(q, weights, batch, keys, table, visible, first, count):
     bh = max(16, triton.next_power_of_2(q.shape[1]))
     grid = (q.shape[0], triton.cdiv(count, 16))
     _scores_kernel[grid](
-        q.contiguous(), weights.contiguous(), keys.contiguous(), table, batch.seq_of_token, visible, out,
-        q.shape[1], table.shape[1], first, count, q.shape[-1] ** -0.5, D=q.shape[-1], BH=bh, BN=16, BS=keys.shape[1],
+        q.contiguous(),
+        weights.contiguous(),
+        keys.contiguous(),
+        table,
+        batch.seq_of_token,
+        visible,
+        out,
+        q.shape[1],
+        table.shape[1],
+        first,
+        count,
+        q.shape[-1] ** -0.5,
+        D=q.shape[-1],
+        BH=bh,
+        BN=16,
+        BS=keys.shape[1],
     )
     return out
 
 
 def indexer_topk(
-    q: torch.Tensor, weights: torch.Tensor, batch: RaggedBatch, keys: torch.Tensor, table: torch.Tensor,
-    visible: torch.Tensor, topk: int, backend: Backend = "torch", tile: int = TILE,
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    batch: RaggedBatch,
+    keys: torch.Tensor,
+    table: torch.Tensor,
+    visible: torch.Tensor,
+    topk: int,
+    backend: Backend = "torch",
+    tile: int = TILE,
 ) -> torch.Tensor:
     """[T, topk] int32 selected entry ids (-1 = none); see the module docstring."""
     if q.dim() != 3 or weights.shape != q.shape[:2] or keys.shape[-1] != q.shape[-1]:

@@ -27,8 +27,19 @@ def write_window_torch(kv: torch.Tensor, batch: RaggedBatch, window: torch.Tenso
 
 
 @triton.jit
-def _write_kernel(kv_ptr, win_ptr, table_ptr, seq_of_ptr, pos_ptr, start_ptr, new_ptr, win_blocks, capacity,
-                  D: tl.constexpr, BS: tl.constexpr):
+def _write_kernel(
+    kv_ptr,
+    win_ptr,
+    table_ptr,
+    seq_of_ptr,
+    pos_ptr,
+    start_ptr,
+    new_ptr,
+    win_blocks,
+    capacity,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+):
     t = tl.program_id(0)
     s = tl.load(seq_of_ptr + t)
     p = tl.load(pos_ptr + t)
@@ -51,6 +62,15 @@ def write_window(
         return
     table = window_table.to(torch.int32).contiguous()
     _write_kernel[(kv.shape[0],)](
-        kv.contiguous(), window, table, batch.seq_of_token, batch.positions, batch.start, batch.new,
-        table.shape[1], table.shape[1] * window.shape[1], D=kv.shape[1], BS=window.shape[1],
+        kv.contiguous(),
+        window,
+        table,
+        batch.seq_of_token,
+        batch.positions,
+        batch.start,
+        batch.new,
+        table.shape[1],
+        table.shape[1] * window.shape[1],
+        D=kv.shape[1],
+        BS=window.shape[1],
     )

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..config import ModelConfig
 from .layout import GROWING_POOLS, POOL_KINDS, PoolLayout
 
 
@@ -51,18 +52,24 @@ class SequenceBlocks:
     tables: dict[str, list[int]] = field(default_factory=lambda: {kind: [] for kind in POOL_KINDS})
 
 
-def _compressor_tensors(layout: PoolLayout, slots: int, dtype: torch.dtype, device: torch.device) -> dict:
-    """Running compressor state per slot; rows past ``length % rate`` are stale."""
+def _compressor_tensors(layout: PoolLayout, slots: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Running compressor state per slot, fp32 (the reference adds the fp32 position bias
+    before keeping the overlap); rows past ``length % rate`` are stale."""
     d, di, csa, hca = layout.head_dim, layout.index_head_dim, len(layout.csa_layers), len(layout.hca_layers)
     r, rh = layout.csa_rate, layout.hca_rate
     shapes = {
-        "csa_kv": (csa, slots, r, 2 * d), "csa_gate": (csa, slots, r, 2 * d),
-        "csa_overlap_kv": (csa, slots, r, d), "csa_overlap_gate": (csa, slots, r, d),
-        "index_kv": (csa, slots, r, 2 * di), "index_gate": (csa, slots, r, 2 * di),
-        "index_overlap_kv": (csa, slots, r, di), "index_overlap_gate": (csa, slots, r, di),
-        "hca_kv": (hca, slots, rh, d), "hca_gate": (hca, slots, rh, d),
+        "csa_kv": (csa, slots, r, 2 * d),
+        "csa_gate": (csa, slots, r, 2 * d),
+        "csa_overlap_kv": (csa, slots, r, d),
+        "csa_overlap_gate": (csa, slots, r, d),
+        "index_kv": (csa, slots, r, 2 * di),
+        "index_gate": (csa, slots, r, 2 * di),
+        "index_overlap_kv": (csa, slots, r, di),
+        "index_overlap_gate": (csa, slots, r, di),
+        "hca_kv": (hca, slots, rh, d),
+        "hca_gate": (hca, slots, rh, d),
     }
-    return {name: torch.zeros(shape, dtype=dtype, device=device) for name, shape in shapes.items()}
+    return {name: torch.zeros(shape, dtype=torch.float32, device=device) for name, shape in shapes.items()}
 
 
 class KVPools:
@@ -82,7 +89,7 @@ class KVPools:
             "compressed_hca": storage(len(layout.hca_layers), blocks["compressed_hca"], layout.head_dim),
             "index_keys": storage(len(layout.csa_layers), blocks["index_keys"], layout.index_head_dim),
         }
-        self.compressor = _compressor_tensors(layout, blocks["compressor"], dtype, self.device)
+        self.compressor = _compressor_tensors(layout, blocks["compressor"], self.device)
         self.allocators = {kind: BlockAllocator(blocks[kind]) for kind in POOL_KINDS}
         self.sequences: dict[str, SequenceBlocks] = {}
 
@@ -92,7 +99,7 @@ class KVPools:
     ) -> KVPools:
         """Window and compressor pools for ``max_sequences``; the rest of the budget to the growing pools."""
         elem = torch.finfo(dtype).bits // 8
-        per_seq = layout.window_capacity * layout.row_bytes("window", elem) + layout.row_bytes("compressor", elem)
+        per_seq = layout.window_capacity * layout.row_bytes("window", elem) + layout.row_bytes("compressor", 4)
         growing = budget_bytes - max_sequences * per_seq
         per_token = sum(layout.row_bytes(p, elem) / layout.rate(p) for p in GROWING_POOLS)
         if growing <= 0:
@@ -103,12 +110,20 @@ class KVPools:
             blocks[pool] = math.ceil(tokens / layout.rate(pool) / layout.block_size)
         return cls(layout, blocks, dtype, device)
 
+    @classmethod
+    def sized(
+        cls, layout: PoolLayout, max_tokens: int, max_sequences: int, dtype: torch.dtype, device="cpu"
+    ) -> KVPools:
+        """Exactly enough blocks for ``max_sequences`` sequences of ``max_tokens`` tokens."""
+        blocks = {kind: max_sequences * layout.blocks_for(kind, max_tokens) for kind in POOL_KINDS}
+        return cls(layout, blocks, dtype, device)
+
     # -- sequences ---------------------------------------------------------------------------------
 
     def capacity_tokens(self) -> int:
         """Longest sequence the growing pools could ever hold."""
-        limits = [
-            self.allocators[p].total * self.layout.block_size * self.layout.rate(p)
+        limits = [  # entries = tokens // rate must fit in the pool's blocks
+            (self.allocators[p].total * self.layout.block_size + 1) * self.layout.rate(p) - 1
             for p in GROWING_POOLS
             if self.layout.entries(p, 1 << 40)
         ]
@@ -153,3 +168,11 @@ class KVPools:
         """Attention-state bytes a long sequence adds per token (growing pools only)."""
         elem = torch.finfo(self.dtype).bits // 8
         return sum(self.layout.row_bytes(p, elem) / self.layout.rate(p) for p in GROWING_POOLS)
+
+
+def pools_for(
+    cfg: ModelConfig, dtype: torch.dtype, max_tokens: int, max_sequences: int = 1, block_size: int = 16, device="cpu"
+) -> KVPools:
+    """Pools for a model, sized for ``max_sequences`` sequences of up to ``max_tokens`` tokens."""
+    layout = PoolLayout.of(cfg, block_size, str(dtype).removeprefix("torch."))
+    return KVPools.sized(layout, max_tokens, max_sequences, dtype, device)

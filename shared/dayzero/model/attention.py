@@ -1,5 +1,5 @@
 """Shared-KV MQA with low-rank query, partial RoPE, attention sink, sliding window and
-compressed (CSA: indexer-selected, HCA: all causal) entries; grouped low-rank output.
+compressed entries (CSA: indexer-selected, HCA: all causal); grouped low-rank output.
 """
 
 from __future__ import annotations
@@ -7,75 +7,104 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..config import CSA, SLIDING, ModelConfig
-from .compressor import compress, index_topk, visible_entries
+from ..config import CSA, HCA, SLIDING, ModelConfig
+from ..kernels import CompressedKeys, indexer_topk, write_window
+from ..kv.pools import KVPools
+from .compressor import CompressorSlots, fold
 from .norms import rms_norm, rms_scale
 from .plan import StepPlan
 from .rope import apply_rope
-from .state import LayerState
 from .weights import Attention
 
 
-def attend(q: torch.Tensor, kv: torch.Tensor, allowed: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
-    """Softmax attention with a per-head sink logit; keys are values (shared KV).
+def _slots(pools: KVPools, prefix: str, index: int, overlap: bool) -> CompressorSlots:
+    c = pools.compressor
+    if not overlap:
+        return CompressorSlots(c[f"{prefix}_kv"][index], c[f"{prefix}_gate"][index])
+    return CompressorSlots(
+        c[f"{prefix}_kv"][index],
+        c[f"{prefix}_gate"][index],
+        c[f"{prefix}_overlap_kv"][index],
+        c[f"{prefix}_overlap_gate"][index],
+    )
 
-    q [L, H, D]; kv [K, D]; allowed [L, K] bool; sink [H] fp32. Returns [L, H, D].
-    """
-    logits = torch.einsum("lhd,kd->lhk", q, kv).float() * q.shape[-1] ** -0.5
-    logits = logits.masked_fill(~allowed[:, None, :], float("-inf"))
-    sinks = sink.float().view(1, -1, 1).expand(logits.shape[0], -1, 1)
-    probs = torch.cat((logits, sinks), dim=-1).softmax(dim=-1)[..., :-1]
-    return torch.einsum("lhk,kd->lhd", probs.to(kv.dtype), kv)
+
+def _compressed_keys(
+    w: Attention, cfg: ModelConfig, layer: int, x: torch.Tensor, q_res: torch.Tensor, plan: StepPlan, pools: KVPools
+) -> CompressedKeys:
+    """Fold the step into the layer's compressed pools, then say which entries each query reads."""
+    kind, eps, layout = cfg.layer_types[layer], cfg.rms_norm_eps, pools.layout
+    pool_name = "compressed_csa" if kind == CSA else "compressed_hca"
+    index = (layout.csa_layers if kind == CSA else layout.hca_layers).index(layer)
+    pool, table = pools.compressed[pool_name][index], plan.tables[pool_name]
+    prefix = "csa" if kind == CSA else "hca"
+    fold(
+        w.compressor,
+        _slots(pools, prefix, index, kind == CSA),
+        w.compressor.wkv(x),
+        w.compressor.wgate(x),
+        plan,
+        pool,
+        table,
+        eps,
+    )
+    visible = torch.div(plan.batch.positions + 1, cfg.compress_rate(layer), rounding_mode="floor")
+    if kind == HCA or not plan.options.sparse:
+        if kind == CSA:  # the indexer's state still advances, so selection can be switched back on
+            _index_keys(w, cfg, index, x, plan, pools)
+        return CompressedKeys(pool, table, visible=visible)
+    keys = _index_keys(w, cfg, index, x, plan, pools)
+    iq = w.indexer.wq_b(q_res).view(x.shape[0], cfg.index_n_heads, cfg.index_head_dim)
+    iq = apply_rope(iq, plan.rope_compress)
+    iw = w.indexer.weights_proj(x) * cfg.index_n_heads**-0.5
+    picked = indexer_topk(
+        iq, iw, plan.batch, keys, plan.tables["index_keys"], visible, cfg.index_topk, plan.options.backend
+    )
+    return CompressedKeys(pool, table, indices=picked)
 
 
-def _window_mask(query_pos: torch.Tensor, first_key_pos: int, n_keys: int, window: int) -> torch.Tensor:
-    key_pos = torch.arange(first_key_pos, first_key_pos + n_keys, device=query_pos.device)
-    delta = query_pos[:, None] - key_pos[None, :]
-    return (delta >= 0) & (delta < window)
+def _index_keys(
+    w: Attention, cfg: ModelConfig, index: int, x: torch.Tensor, plan: StepPlan, pools: KVPools
+) -> torch.Tensor:
+    ix = w.indexer.compressor
+    keys = pools.compressed["index_keys"][index]
+    fold(
+        ix,
+        _slots(pools, "index", index, True),
+        ix.wkv(x),
+        ix.wgate(x),
+        plan,
+        keys,
+        plan.tables["index_keys"],
+        cfg.rms_norm_eps,
+    )
+    return keys
 
 
 def attention(
-    w: Attention, cfg: ModelConfig, layer: int, x: torch.Tensor, plan: StepPlan, states: list[LayerState]
+    w: Attention, cfg: ModelConfig, layer: int, x: torch.Tensor, plan: StepPlan, pools: KVPools
 ) -> torch.Tensor:
-    """x [T, hidden] (packed, normed) -> [T, hidden]; updates each sequence's layer state."""
-    kind, rate, eps = cfg.layer_types[layer], cfg.compress_rate(layer), cfg.rms_norm_eps
+    """x [T, hidden] (packed, normed) -> [T, hidden]; appends the step to the layer's pools."""
+    kind, eps = cfg.layer_types[layer], cfg.rms_norm_eps
     rope = plan.rope_main if kind == SLIDING else plan.rope_compress
     n_tokens = x.shape[0]
     q_res = rms_norm(w.wq_a(x), w.q_norm.weight, eps)
     q = apply_rope(rms_scale(w.wq_b(q_res).view(n_tokens, cfg.num_heads, cfg.head_dim), eps), rope)
     kv = apply_rope(rms_norm(w.wkv(x), w.norm.weight, eps), rope)  # [T, D]
-    if kind != SLIDING:
-        ckv, cgate = w.compressor.wkv(x), w.compressor.wgate(x)
-    if kind == CSA:
-        ix = w.indexer
-        ikv, igate = ix.compressor.wkv(x), ix.compressor.wgate(x)
-        iq = apply_rope(ix.wq_b(q_res).view(n_tokens, cfg.index_n_heads, cfg.index_head_dim), plan.rope_compress)
-        iw = ix.weights_proj(x) * cfg.index_n_heads**-0.5
-
-    out = torch.empty_like(q)
-    for (offset, length), st in zip(plan.spans, states, strict=True):
-        rows = slice(offset, offset + length)
-        pos = plan.positions[rows]
-        keys = torch.cat((st.window, kv[rows]))
-        allowed = _window_mask(pos, int(pos[0]) - st.window.shape[0], keys.shape[0], cfg.sliding_window)
-        st.window = keys[keys.shape[0] - min(keys.shape[0], cfg.sliding_window - 1) :]
-        if kind != SLIDING:
-            first = st.compressed.shape[0]
-            new = compress(w.compressor, st.compressor, ckv[rows], cgate[rows], first, plan.freqs_compress, eps)
-            st.compressed = torch.cat((st.compressed, new))
-            visible = visible_entries(pos, rate)
-            if kind == CSA:
-                new_keys = compress(
-                    ix.compressor, st.index_compressor, ikv[rows], igate[rows], first, plan.freqs_compress, eps
-                )
-                st.index_keys = torch.cat((st.index_keys, new_keys))
-                picked = index_topk(iq[rows], iw[rows], st.index_keys, visible, cfg.index_topk)
-            else:
-                picked = torch.arange(st.compressed.shape[0], device=x.device)[None, :] < visible[:, None]
-            keys = torch.cat((keys, st.compressed))
-            allowed = torch.cat((allowed, picked), dim=1)
-        out[rows] = attend(q[rows], keys, allowed, w.attn_sink)
-
+    compressed = None if kind == SLIDING else _compressed_keys(w, cfg, layer, x, q_res, plan, pools)
+    window = pools.window[layer]
+    out = plan.attend(
+        q,
+        kv,
+        plan.batch,
+        window,
+        plan.window_table,
+        cfg.sliding_window,
+        w.attn_sink,
+        compressed,
+        backend=plan.options.backend,
+    )
+    write_window(kv, plan.batch, window, plan.window_table, plan.options.backend)
     out = apply_rope(out, rope, inverse=True)  # K = V carried RoPE into the output: undo it
     groups = out.view(n_tokens, cfg.o_groups, -1)
     wo_a = w.wo_a.weight.view(cfg.o_groups, cfg.o_lora_rank, -1)

@@ -1,90 +1,101 @@
-"""Compressors (CSA / HCA) and the lightning indexer, over one sequence's new tokens.
+"""Compressor glue: join buffered and new projections into complete windows, keep the rest.
 
-A compressor folds every ``rate`` tokens into one entry: a softmax-gated (per channel)
-sum of the tokens' projections plus a learned position bias, RMS-normed, then roped at
-the entry's first token position. The overlapping (CSA) variant projects each token to
-two series: entry ``w`` pools window ``w-1``'s first series with window ``w``'s second
-(width ``2 * rate``, stride ``rate``).
+A compressor folds every ``rate`` tokens into one entry (kernel: ``compress_entries``).
+The overlapping (CSA) variant projects each token to two series: entry ``w`` pools
+window ``w-1``'s first series with window ``w``'s second (width 2 * rate, stride rate).
+The running state of each sequence sits in the compressor pool: the rows of the
+incomplete window (``length % rate`` of them) and, for CSA, the previous window's
+first series (kv, and gate with the position bias added).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from .norms import rms_norm
-from .rope import RopeTable, apply_rope
-from .state import CompressorState
+from ..kernels import compress_entries
+from .plan import StepPlan
+from .rope import RopeTable
 from .weights import Compressor
 
 
-def compress(
-    weights: Compressor,
-    state: CompressorState,
+@dataclass(frozen=True, slots=True)
+class CompressorSlots:
+    """One layer's compressor state: [slots, rate, width] tensors (overlap: CSA only)."""
+
+    kv: torch.Tensor
+    gate: torch.Tensor
+    overlap_kv: torch.Tensor | None = None
+    overlap_gate: torch.Tensor | None = None
+
+
+def _windows(
+    w: Compressor, state: CompressorSlots, slot: int, kv: torch.Tensor, gate: torch.Tensor, start: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Complete windows of one sequence as [n, rows, dim] kv / gate; updates the slot."""
+    rate, width = w.ape.shape
+    dim = w.norm.weight.shape[0]
+    buffered = start % rate
+    kv = torch.cat((state.kv[slot, :buffered], kv.float()))
+    gate = torch.cat((state.gate[slot, :buffered], gate.float()))
+    n = kv.shape[0] // rate
+    used = n * rate
+    rest = kv.shape[0] - used
+    state.kv[slot, :rest], state.gate[slot, :rest] = kv[used:], gate[used:]
+    if n == 0:
+        return None
+    kv, gate = kv[:used].view(n, rate, width), gate[:used].view(n, rate, width) + w.ape
+    if state.overlap_kv is None:
+        return kv, gate
+    pooled_kv = kv.new_zeros(n, 2 * rate, dim)
+    pooled_gate = gate.new_full((n, 2 * rate, dim), float("-inf"))
+    pooled_kv[:, rate:], pooled_gate[:, rate:] = kv[..., dim:], gate[..., dim:]
+    pooled_kv[1:, :rate], pooled_gate[1:, :rate] = kv[:-1, :, :dim], gate[:-1, :, :dim]
+    if start >= rate:  # the previous window closed in an earlier step
+        pooled_kv[0, :rate], pooled_gate[0, :rate] = state.overlap_kv[slot], state.overlap_gate[slot]
+    state.overlap_kv[slot], state.overlap_gate[slot] = kv[-1, :, :dim], gate[-1, :, :dim]
+    return pooled_kv, pooled_gate
+
+
+def fold(
+    w: Compressor,
+    state: CompressorSlots,
     kv: torch.Tensor,
     gate: torch.Tensor,
-    first_entry: int,
-    freqs: torch.Tensor,
+    plan: StepPlan,
+    pool: torch.Tensor,
+    table: torch.Tensor,
     eps: float,
-) -> torch.Tensor:
-    """Fold ``kv, gate [L, width]`` into the running state; return new entries [n, dim].
-
-    ``first_entry`` is the number of entries this compressor emitted before; entry ``i``
-    covers tokens ``[i * rate, (i + 1) * rate)`` and is roped at position ``i * rate``.
-    """
-    rate, width = weights.ape.shape
-    dim = weights.norm.weight.shape[0]
-    kv = torch.cat((state.buffer_kv, kv))
-    gate = torch.cat((state.buffer_gate, gate))
-    usable = kv.shape[0] // rate * rate
-    state.buffer_kv, state.buffer_gate = kv[usable:], gate[usable:]
-    n = usable // rate
-    if n == 0:
-        return kv.new_empty(0, dim)
-    kv = kv[:usable].view(n, rate, width)
-    gate = gate[:usable].view(n, rate, width) + weights.ape
-    if width == 2 * dim:  # overlapping windows: [previous window's series a | this window's series b]
-        pooled_kv = kv.new_zeros(n, 2 * rate, dim)
-        pooled_gate = gate.new_full((n, 2 * rate, dim), float("-inf"))
-        pooled_kv[:, rate:], pooled_gate[:, rate:] = kv[..., dim:], gate[..., dim:]
-        pooled_kv[1:, :rate], pooled_gate[1:, :rate] = kv[:-1, :, :dim], gate[:-1, :, :dim]
-        if state.overlap_kv is not None:
-            pooled_kv[0, :rate], pooled_gate[0, :rate] = state.overlap_kv, state.overlap_gate
-        state.overlap_kv, state.overlap_gate = kv[-1, :, :dim].clone(), gate[-1, :, :dim].clone()
-        kv, gate = pooled_kv, pooled_gate
-    weights_ = gate.softmax(dim=1, dtype=torch.float32).to(kv.dtype)
-    entries = rms_norm((kv * weights_).sum(dim=1), weights.norm.weight, eps)
-    positions = (torch.arange(n, device=kv.device) + first_entry) * rate
-    return apply_rope(entries, RopeTable.at(freqs, positions))
-
-
-def visible_entries(positions: torch.Tensor, rate: int) -> torch.Tensor:
-    """[L] number of compressed entries a query at each position may see (causality)."""
-    return torch.div(positions + 1, rate, rounding_mode="floor")
-
-
-def index_topk(
-    q: torch.Tensor,
-    head_weights: torch.Tensor,
-    keys: torch.Tensor,
-    visible: torch.Tensor,
-    topk: int,
-) -> torch.Tensor:
-    """Select compressed entries per query: [L, N] bool.
-
-    q [L, Hi, Di] roped indexer queries; head_weights [L, Hi] (already scaled by Hi^-0.5);
-    keys [N, Di]; visible [L]. Score ``sum_h w_h * relu(q_h . k) * Di^-0.5``; the top
-    ``topk`` among the visible entries are selected (fewer when fewer are visible).
-    """
-    n = keys.shape[0]
-    scores = torch.relu(torch.einsum("lhd,nd->lhn", q.float(), keys.float())) * q.shape[-1] ** -0.5
-    scores = (scores * head_weights.float()[..., None]).sum(dim=1)  # [L, N]
-    entry = torch.arange(n, device=keys.device)
-    hidden = entry[None, :] >= visible[:, None]
-    scores = scores.masked_fill(hidden, float("-inf"))
-    # stable sort, not topk: exact ties (all heads' ReLU at 0) go to the earliest entry,
-    # so the choice does not depend on how the sequence was chunked
-    picked = scores.sort(dim=-1, descending=True, stable=True).indices[:, :topk]  # [L, k]
-    picked_ok = picked < visible[:, None]
-    selected = torch.zeros(q.shape[0], n + 1, dtype=torch.bool, device=keys.device)
-    selected.scatter_(1, torch.where(picked_ok, picked, n), True)
-    return selected[:, :n]
+) -> None:
+    """Fold the step's projections ``kv, gate [T, width]`` into entries appended to ``pool``."""
+    rate = w.ape.shape[0]
+    batch = plan.batch
+    parts_kv, parts_gate, seqs, entries = [], [], [], []
+    for s in range(batch.num_seqs):
+        rows, start = batch.rows(s), batch.starts[s]
+        windows = _windows(w, state, plan.slots[s], kv[rows], gate[rows], start)
+        if windows is None:
+            continue
+        parts_kv.append(windows[0])
+        parts_gate.append(windows[1])
+        first = start // rate
+        entries.append(torch.arange(first, first + windows[0].shape[0]))
+        seqs.append(torch.full((windows[0].shape[0],), s))
+    if not parts_kv:
+        return
+    entry = torch.cat(entries).to(kv.device)
+    rope = RopeTable.at(plan.freqs_compress, entry * rate)
+    compress_entries(
+        torch.cat(parts_kv),
+        torch.cat(parts_gate),
+        w.norm.weight,
+        rope.cos,
+        rope.sin,
+        eps,
+        pool,
+        table,
+        torch.cat(seqs).to(kv.device),
+        entry,
+        plan.options.backend,
+    )

@@ -1,7 +1,7 @@
 """The forward passes: ``prefill`` (prompts, chunked) and ``decode`` (one token per sequence).
 
-Both run packed tokens of several sequences through the same layers; every sequence
-carries its own ``SequenceState``, which the pass extends in place.
+Both run packed tokens of several sequences through the same layers; each sequence's
+attention state lives in the block pools under the caller's sequence id and grows in place.
 """
 
 from __future__ import annotations
@@ -9,19 +9,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kv.pools import KVPools
 from .attention import attention
 from .hyper import collapse, head_collapse
 from .moe import moe
 from .norms import rms_norm
-from .plan import StepPlan, plan_step
-from .state import SequenceState
+from .plan import AttentionOptions, StepPlan, plan_step
 from .weights import Transformer
 
 
 def _layers(
     model: Transformer,
     plan: StepPlan,
-    states: list[SequenceState],
+    pools: KVPools,
+    seq_ids: list[str],
     embeds: torch.Tensor | None,
     capture: list[torch.Tensor] | None,
 ) -> torch.Tensor:
@@ -31,16 +32,16 @@ def _layers(
     x = model.embed(plan.token_ids) if embeds is None else embeds
     streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [T, N, D]
     for i, block in enumerate(model.layers):
-        layer_states = [s.layers[i] for s in states]
         h, mix = collapse(streams, block.hc_attn_fn, block.hc_attn_base, block.hc_attn_scale, iters, hc_eps, eps)
-        h = attention(block.attn, cfg, i, rms_norm(h, block.attn_norm.weight, eps), plan, layer_states)
-        streams = mix.merge(streams, h)
+        streams = mix.merge(
+            streams, attention(block.attn, cfg, i, rms_norm(h, block.attn_norm.weight, eps), plan, pools)
+        )
         h, mix = collapse(streams, block.hc_ffn_fn, block.hc_ffn_base, block.hc_ffn_scale, iters, hc_eps, eps)
         streams = mix.merge(streams, moe(block.ffn, cfg, rms_norm(h, block.ffn_norm.weight, eps), plan.token_ids))
         if capture is not None:
             capture.append(streams)
-    for state, (_, n) in zip(states, plan.spans, strict=True):
-        state.length += n
+    for seq_id, n in zip(seq_ids, plan.batch.news, strict=True):
+        pools.sequences[seq_id].length += n
     collapsed = head_collapse(streams, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, hc_eps, eps)
     hidden = rms_norm(collapsed, model.norm.weight, eps)
     if capture is not None:
@@ -48,56 +49,69 @@ def _layers(
     return hidden
 
 
-def _device(model: Transformer) -> torch.device:
-    return model.head.weight.device
-
-
 @torch.inference_mode()
 def prefill(
     model: Transformer,
+    pools: KVPools,
+    seq_ids: list[str],
     prompts: list[list[int]],
-    states: list[SequenceState],
+    options: AttentionOptions = AttentionOptions(),
     chunk_size: int = 2048,
     embeds: list[torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
-    """Feed each prompt (continuing its state) in chunks; -> logits of each last token [B, V].
+    """Feed each prompt (continuing its sequence) in chunks; -> logits of each last token [B, V].
 
     ``embeds[s]`` optionally replaces prompt ``s``'s token embeddings ([len, hidden]).
     """
     if any(not p for p in prompts):
         raise ValueError("prompts must not be empty")
-    last = torch.empty(len(prompts), model.cfg.hidden_size, dtype=model.head.weight.dtype, device=_device(model))
+    device = model.head.weight.device
+    last = torch.empty(len(prompts), model.cfg.hidden_size, dtype=model.head.weight.dtype, device=device)
     for begin in range(0, max(len(p) for p in prompts), chunk_size):
         active = [s for s, p in enumerate(prompts) if len(p) > begin]
         chunks = [prompts[s][begin : begin + chunk_size] for s in active]
-        plan = plan_step(model.cfg, [states[s].length for s in active], chunks, _device(model))
+        ids = [seq_ids[s] for s in active]
+        plan = plan_step(model.cfg, pools, ids, chunks, options)
         chunk_embeds = None
         if embeds is not None and any(embeds[s] is not None for s in active):
-            chunk_embeds = torch.cat([
-                model.embed(plan.token_ids[off : off + n]) if embeds[s] is None else embeds[s][begin : begin + n]
-                for s, (off, n) in zip(active, plan.spans, strict=True)
-            ])
-        hidden = _layers(model, plan, [states[s] for s in active], chunk_embeds, None)
-        for s, row in zip(active, plan.last_rows().tolist(), strict=True):
+            chunk_embeds = torch.cat(
+                [
+                    model.embed(plan.token_ids[row : row + n]) if embeds[s] is None else embeds[s][begin : begin + n]
+                    for s, row, n in zip(active, plan.batch.row0s, plan.batch.news, strict=True)
+                ]
+            )
+        hidden = _layers(model, plan, pools, ids, chunk_embeds, None)
+        for s, row in zip(active, plan.last_rows(), strict=True):
             if len(prompts[s]) <= begin + chunk_size:
                 last[s] = hidden[row]
     return F.linear(last, model.head.weight).float()
 
 
 @torch.inference_mode()
-def decode(model: Transformer, tokens: list[int], states: list[SequenceState]) -> torch.Tensor:
+def decode(
+    model: Transformer,
+    pools: KVPools,
+    seq_ids: list[str],
+    tokens: list[int],
+    options: AttentionOptions = AttentionOptions(),
+) -> torch.Tensor:
     """One new token per sequence -> next-token logits [B, V]."""
-    plan = plan_step(model.cfg, [s.length for s in states], [[t] for t in tokens], _device(model))
-    return F.linear(_layers(model, plan, states, None, None), model.head.weight).float()
+    plan = plan_step(model.cfg, pools, seq_ids, [[t] for t in tokens], options)
+    return F.linear(_layers(model, plan, pools, seq_ids, None, None), model.head.weight).float()
 
 
 @torch.inference_mode()
 def score(
-    model: Transformer, ids: list[int], state: SequenceState, capture: list[torch.Tensor] | None = None
+    model: Transformer,
+    pools: KVPools,
+    seq_id: str,
+    ids: list[int],
+    options: AttentionOptions = AttentionOptions(),
+    capture: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Logits at every position of ``ids`` in one pass [L, V].
 
     ``capture`` receives each layer's residual streams [L, N, D], then the final hidden [L, D].
     """
-    plan = plan_step(model.cfg, [state.length], [ids], _device(model))
-    return F.linear(_layers(model, plan, [state], None, capture), model.head.weight).float()
+    plan = plan_step(model.cfg, pools, [seq_id], [ids], options)
+    return F.linear(_layers(model, plan, pools, [seq_id], None, capture), model.head.weight).float()

@@ -28,7 +28,12 @@ class HyperMix:
 
 
 def collapse(
-    streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, iters: int, eps: float,
+    streams: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    iters: int,
+    eps: float,
     norm_eps: float,
 ) -> tuple[torch.Tensor, HyperMix]:
     """streams [T, N, D] -> (block input [T, D], the mix to apply after the block)."""

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
 from ..config import ModelConfig, RopeConfig
+from ..kernels import Backend, RaggedBatch, sparse_attention_decode, sparse_attention_prefill
+from ..kv.layout import GROWING_POOLS
+from ..kv.pools import KVPools
 from .rope import RopeTable, inv_freq
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionOptions:
+    backend: Backend = "torch"
+    sparse: bool = True  # CSA layers attend to the indexer's top-k; False: to every causal entry
 
 
 @lru_cache(maxsize=16)
@@ -18,40 +28,68 @@ def _freqs(rope: RopeConfig, dim: int) -> torch.Tensor:
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    """Packed tokens of several sequences, sequence ``s`` at rows ``spans[s]``.
+    """Packed tokens of several sequences (``batch``) and where their state lives.
 
-    token_ids [T] long, positions [T] long (absolute positions in each sequence).
-    rope_main / rope_compress: cos/sin at ``positions``; freqs_compress [rope_dim/2]
-    for the compressors' entry positions.
+    token_ids [T]; rope_* cos/sin at the token positions; freqs_compress [rope_dim/2]
+    for compressed-entry positions; window_table [B, wb] and tables[pool] [B, max blocks]
+    int32 block tables; slots [B] compressor-state slot of each sequence.
     """
 
     token_ids: torch.Tensor
-    positions: torch.Tensor
-    spans: tuple[tuple[int, int], ...]
+    batch: RaggedBatch
     rope_main: RopeTable
     rope_compress: RopeTable
     freqs_compress: torch.Tensor
+    window_table: torch.Tensor
+    tables: dict[str, torch.Tensor]
+    slots: tuple[int, ...]
+    options: AttentionOptions
+    attend: Callable[..., torch.Tensor]  # the prefill or the decode variant of sparse attention
 
     @property
     def num_tokens(self) -> int:
         return int(self.token_ids.shape[0])
 
-    def last_rows(self) -> torch.Tensor:
-        """[B] row of each sequence's last token."""
-        return torch.tensor([off + n - 1 for off, n in self.spans], dtype=torch.long)
+    def last_rows(self) -> list[int]:
+        return [r + n - 1 for r, n in zip(self.batch.row0s, self.batch.news, strict=True)]
 
 
-def plan_step(cfg: ModelConfig, starts: list[int], chunks: list[list[int]], device: torch.device) -> StepPlan:
-    """Sequence ``s`` feeds ``chunks[s]`` (non-empty) starting at position ``starts[s]``."""
-    spans, offset, positions = [], 0, []
-    for start, chunk in zip(starts, chunks, strict=True):
-        if not chunk:
-            raise ValueError("every sequence in a step needs at least one token")
-        spans.append((offset, len(chunk)))
-        positions.append(torch.arange(start, start + len(chunk)))
-        offset += len(chunk)
-    pos = torch.cat(positions).to(device)
-    ids = torch.tensor([t for chunk in chunks for t in chunk], dtype=torch.long, device=device)
+def _table(blocks: list[list[int]], device: torch.device) -> torch.Tensor:
+    width = max(1, max(len(b) for b in blocks))
+    return torch.tensor([b + [0] * (width - len(b)) for b in blocks], dtype=torch.int32, device=device)
+
+
+def plan_step(
+    cfg: ModelConfig,
+    pools: KVPools,
+    seq_ids: list[str],
+    chunks: list[list[int]],
+    options: AttentionOptions,
+) -> StepPlan:
+    """Sequence ``seq_ids[s]`` feeds ``chunks[s]`` (non-empty) after its current length.
+
+    Reserves the blocks the step needs (raises ``OutOfBlocks`` if they are not free).
+    """
+    if any(not chunk for chunk in chunks):
+        raise ValueError("every sequence in a step needs at least one token")
+    starts = [pools.length(s) if s in pools.sequences else 0 for s in seq_ids]
+    for seq_id, start, chunk in zip(seq_ids, starts, chunks, strict=True):
+        pools.reserve(seq_id, start + len(chunk))
+    device = pools.device
+    batch = RaggedBatch.build(starts, [len(c) for c in chunks], device)
+    seqs = [pools.sequences[s] for s in seq_ids]
     main = _freqs(cfg.rope_main, cfg.rope_head_dim).to(device)
     compress = _freqs(cfg.rope_compress, cfg.rope_head_dim).to(device)
-    return StepPlan(ids, pos, tuple(spans), RopeTable.at(main, pos), RopeTable.at(compress, pos), compress)
+    decoding = all(len(c) == 1 for c in chunks)
+    return StepPlan(
+        token_ids=torch.tensor([t for c in chunks for t in c], dtype=torch.long, device=device),
+        batch=batch,
+        rope_main=RopeTable.at(main, batch.positions),
+        rope_compress=RopeTable.at(compress, batch.positions),
+        freqs_compress=compress,
+        window_table=_table([s.tables["window"] for s in seqs], device),
+        tables={p: _table([s.tables[p] for s in seqs], device) for p in GROWING_POOLS},
+        slots=tuple(s.tables["compressor"][0] if s.tables["compressor"] else 0 for s in seqs),
+        options=options,
+        attend=sparse_attention_decode if decoding else sparse_attention_prefill,
+    )

@@ -1,0 +1,108 @@
+"""Block pools (allocation, budget, capacity) and the state handoff between pools."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dayzero.checkpoint import load_model
+from dayzero.config import ModelConfig
+from dayzero.kv.handoff import LayoutMismatch, export_state, import_state
+from dayzero.kv.layout import PoolLayout
+from dayzero.kv.pools import KVPools, OutOfBlocks, pools_for
+from dayzero.model.forward import decode, prefill
+
+from .conftest import random_ids, tiny_config
+
+
+def _layout(block_size=4):
+    return PoolLayout.of(ModelConfig.from_dict(tiny_config()), block_size, "float32")
+
+
+def test_reserve_release_and_usage():
+    pools = KVPools.sized(_layout(), max_tokens=64, max_sequences=2, dtype=torch.float32)
+    baseline = pools.usage()
+    assert all(used == 0 for used, _ in baseline.values())
+    pools.reserve("a", 40)
+    used = pools.usage()
+    assert used["window"][0] == 2 and used["compressed_csa"][0] == 3 and used["compressed_hca"][0] == 2
+    assert used["compressor"][0] == 1
+    pools.reserve("a", 64)  # grows in place
+    pools.reserve("b", 64)
+    assert not pools.fits(10)  # a third sequence has no window / compressor slot
+    with pytest.raises(OutOfBlocks) as err:
+        pools.reserve("c", 10)
+    assert not err.value.permanent and "c" not in pools.sequences
+    pools.release("a")
+    pools.release("b")
+    assert pools.usage() == baseline
+
+
+def test_over_long_request_is_a_permanent_error():
+    pools = KVPools.sized(_layout(), max_tokens=64, max_sequences=1, dtype=torch.float32)
+    assert pools.capacity_tokens() >= 64
+    with pytest.raises(OutOfBlocks, match="exceed the attention-state capacity") as err:
+        pools.reserve("a", 10_000)
+    assert err.value.permanent
+
+
+def test_budget_sizes_the_pools():
+    layout = _layout()
+    pools = KVPools.from_budget(layout, budget_bytes=1 << 20, max_sequences=4, dtype=torch.float32)
+    total = sum(
+        t.numel() * t.element_size() for t in [pools.window, *pools.compressed.values(), *pools.compressor.values()]
+    )
+    assert total <= (1 << 20) * 1.01 and pools.capacity_tokens() > 1000
+    with pytest.raises(ValueError, match="cannot hold"):
+        KVPools.from_budget(layout, budget_bytes=1000, max_sequences=4, dtype=torch.float32)
+
+
+KINDS = ["window", "compressed_csa", "compressed_hca", "index_keys", "compressor"]
+
+
+def _forget(pools: KVPools, seq_id: str, kind: str) -> None:
+    """Simulate a handoff that did not carry one kind of state."""
+    tables = pools.sequences[seq_id].tables
+    if kind == "window":
+        pools.window[:, tables["window"]] = 0
+    elif kind == "compressor":
+        for tensor in pools.compressor.values():
+            tensor[:, tables["compressor"][0]] = 0
+    else:
+        pools.compressed[kind][:, tables[kind]] = 0
+
+
+def _continue(model, pools, seq, tokens):
+    """Logits after feeding ``tokens`` one decode step at a time: [steps, V]."""
+    return torch.stack([decode(model, pools, [seq], [t])[0] for t in tokens])
+
+
+@pytest.mark.parametrize("forgotten", [None, *KINDS])
+def test_handoff_moves_every_kind_of_state(tiny_checkpoint, forgotten):
+    model = load_model(tiny_checkpoint, progress=False)
+    prompt = random_ids(43, model.cfg.vocab_size, seed=11)  # 43 % 4 and 43 % 8 leave buffered rows
+    a = pools_for(model.cfg, torch.float32, 80)
+    b = pools_for(model.cfg, torch.float32, 80, max_sequences=2)
+    b.reserve("other", 30)  # so the destination blocks differ from the source's
+    first = prefill(model, a, ["s"], [prompt])[0]
+    handle = export_state(a, "s")
+    import_state(b, a, handle, "moved")
+    if forgotten:
+        _forget(b, "moved", forgotten)
+    follow = [int(first.argmax()), *random_ids(23, model.cfg.vocab_size, seed=12)]  # crosses boundaries
+    moved = _continue(model, b, "moved", follow)
+    stayed = _continue(model, a, "s", follow)
+    if forgotten is None:
+        assert torch.equal(moved, stayed)
+        assert torch.equal(moved.argmax(-1), stayed.argmax(-1))
+    else:  # each kind matters: without it the continuation's logits move
+        assert (moved - stayed).abs().max().item() > 1e-3
+
+
+def test_handoff_refuses_another_layout(tiny_checkpoint):
+    model = load_model(tiny_checkpoint, progress=False)
+    a = pools_for(model.cfg, torch.float32, 40)
+    other = pools_for(model.cfg, torch.float32, 40, block_size=8)
+    prefill(model, a, ["s"], [[1, 2, 3, 4, 5]])
+    with pytest.raises(LayoutMismatch):
+        import_state(other, a, export_state(a, "s"), "s")
