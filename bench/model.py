@@ -15,18 +15,18 @@ import torch
 
 from dayzero.checkpoint import load_model
 from dayzero.demo import write_demo_checkpoint
+from dayzero.kv.pools import pools_for
 from dayzero.model.forward import decode, prefill
-from dayzero.model.state import SequenceState
 
 
 def dayzero_run(model, prompt: list[int], new: int) -> tuple[float, float]:
-    state = SequenceState.new(model.cfg, torch.float32)
+    pools = pools_for(model.cfg, torch.float32, len(prompt) + new)
     start = time.perf_counter()
-    logits = prefill(model, [prompt], [state])[0]
+    logits = prefill(model, pools, ["s"], [prompt])[0]
     prefill_s = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(new):
-        logits = decode(model, [int(logits.argmax())], [state])[0]
+        logits = decode(model, pools, ["s"], [int(logits.argmax())])[0]
     return prefill_s, time.perf_counter() - start
 
 

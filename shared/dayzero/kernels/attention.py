@@ -69,7 +69,7 @@ def sparse_attention_torch(
         key_pos = torch.cat((_ring_positions(start, capacity, q.device), pos))
         delta = pos[:, None] - key_pos[None, :]
         allowed = (key_pos[None, :] >= 0) & (delta >= 0) & (delta < window_size)
-        logits = torch.einsum("lhd,kd->lhk", q[rows].float(), keys.float())
+        logits = torch.matmul(q[rows].float(), keys.float().T)  # [L, H, K]
         logits = logits.masked_fill(~allowed[:, None, :], float("-inf"))
         c_logits, c_values = None, None
         if compressed is not None and compressed.indices is not None:
@@ -80,18 +80,17 @@ def sparse_attention_torch(
         elif compressed is not None:
             e = torch.arange(int(compressed.visible[rows].max()), device=q.device)  # causal prefix, shared
             c_values = _entries(compressed.pool, compressed.table[s], e)  # [N, D]
-            c_logits = torch.einsum("lhd,nd->lhn", q[rows].float(), c_values)
+            c_logits = torch.matmul(q[rows].float(), c_values.T)  # [L, H, N]
             c_logits = c_logits.masked_fill((e[None, :] >= compressed.visible[rows, None])[:, None, :], float("-inf"))
         if c_logits is not None:
             logits = torch.cat((logits, c_logits), dim=-1)
         logits = logits * q.shape[-1] ** -0.5
         sinks = sink.float().view(1, -1, 1).expand(logits.shape[0], -1, 1)
         probs = torch.cat((logits, sinks), dim=-1).softmax(dim=-1)[..., :-1]
-        result = torch.einsum("lhk,kd->lhd", probs[..., : keys.shape[0]], keys.float())
+        result = torch.matmul(probs[..., : keys.shape[0]], keys.float())
         if c_values is not None:
             c_probs = probs[..., keys.shape[0] :]
-            pattern = "lhk,lkd->lhd" if c_values.dim() == 3 else "lhk,kd->lhd"
-            result = result + torch.einsum(pattern, c_probs, c_values)
+            result = result + torch.matmul(c_probs, c_values)  # [L,H,K]@[L,K,D] or [L,H,N]@[N,D]
         out[rows] = result.to(q.dtype)
     return out
 

@@ -45,10 +45,10 @@ def collapse(
     pre = torch.sigmoid(pre_w * scale[0] + pre_b) + eps
     post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
     comb = torch.softmax(comb_w.view(-1, n, n) * scale[2] + comb_b.view(n, n), dim=-1) + eps
-    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
-    for _ in range(iters - 1):
-        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
+    for _ in range(iters - 1):  # in place: this loop is many tiny ops per layer on the decode path
+        comb.div_(comb.sum(dim=-1, keepdim=True).add_(eps))
+        comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
     collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
     return collapsed, HyperMix(post, comb)
 

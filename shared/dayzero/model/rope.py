@@ -61,11 +61,8 @@ def apply_rope(x: torch.Tensor, table: RopeTable, inverse: bool = False) -> torc
     """
     half = table.cos.shape[-1]
     extra = x.dim() - 2  # broadcast over head axes between T and D
-    cos = table.cos.view(table.cos.shape[0], *([1] * extra), half)
-    sin = table.sin.view(table.sin.shape[0], *([1] * extra), half)
-    if inverse:
-        sin = -sin
-    rope = x[..., -2 * half :].float()
-    even, odd = rope[..., 0::2], rope[..., 1::2]
-    rotated = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
+    rotation = torch.complex(table.cos, -table.sin if inverse else table.sin)
+    rotation = rotation.view(rotation.shape[0], *([1] * extra), half)
+    pairs = torch.view_as_complex(x[..., -2 * half :].float().reshape(*x.shape[:-1], half, 2))
+    rotated = torch.view_as_real(pairs * rotation).flatten(-2)
     return torch.cat((x[..., : -2 * half], rotated.to(x.dtype)), dim=-1)

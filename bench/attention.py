@@ -1,0 +1,222 @@
+"""Attention cost vs context: sparse runtime vs dense, and prefill time / peak memory.
+
+1. Decode-step attention of one CSA layer (window 128, rate 4, top-k 512, tiny heads) for
+   contexts 1k-64k: dayzero's indexer + sparse attention (torch backend, CPU) vs dense
+   attention over all raw tokens. Median of several runs.
+2. Attention-state bytes per token for DeepSeek-V4-Flash (bf16) vs a dense bf16 KV cache.
+3. Prefill time and peak RSS, dayzero vs transformers, on a tiny checkpoint, 1k-32k tokens;
+   each run in its own process with a 12 GiB address-space cap, so that transformers'
+   quadratic prefill fails cleanly where it stops fitting.
+Writes bench/attention.png. Run: ``python bench/attention.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from dayzero.config import ModelConfig
+from dayzero.kernels import CompressedKeys, RaggedBatch, indexer_topk, sparse_attention_decode
+from dayzero.kv.layout import GROWING_POOLS, PoolLayout
+
+HEADS, DIM, WINDOW, RATE, TOPK, INDEX_HEADS, INDEX_DIM, BS = 16, 64, 128, 4, 512, 8, 32, 64
+
+
+def _median_ms(fn, runs: int) -> float:
+    fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def decode_step(context: int, runs: int) -> tuple[float, float, float]:
+    """(sparse total ms, of which indexer ms, dense ms) for one query at position ``context - 1``."""
+    gen = torch.Generator().manual_seed(0)
+    entries = context // RATE
+    n_blocks = -(-entries // BS)
+    batch = RaggedBatch.build([context - 1], [1])
+    q, kv = torch.randn(1, HEADS, DIM, generator=gen), torch.randn(1, DIM, generator=gen)
+    window = torch.randn(WINDOW // BS + 1, BS, DIM, generator=gen)
+    window_table = torch.arange(WINDOW // BS + 1, dtype=torch.int32)[None, :2]
+    pool = torch.randn(n_blocks, BS, DIM, generator=gen)
+    keys = torch.randn(n_blocks, BS, INDEX_DIM, generator=gen)
+    table = torch.arange(n_blocks, dtype=torch.int32)[None]
+    iq, iw = torch.randn(1, INDEX_HEADS, INDEX_DIM, generator=gen), torch.randn(1, INDEX_HEADS, generator=gen)
+    visible = torch.tensor([entries], dtype=torch.int32)
+    sink = torch.zeros(HEADS)
+    raw = torch.randn(context, DIM, generator=gen)
+
+    def index():
+        return indexer_topk(iq, iw, batch, keys, table, visible, TOPK)
+
+    picked = index()
+
+    def sparse():
+        chosen = index()
+        return sparse_attention_decode(
+            q, kv, batch, window, window_table, WINDOW, sink, CompressedKeys(pool, table, indices=chosen)
+        )
+
+    def dense():
+        probs = (q[0] @ raw.T * DIM**-0.5).softmax(dim=-1)
+        return probs @ raw
+
+    assert picked.shape == (1, TOPK)
+    return _median_ms(sparse, runs), _median_ms(index, runs), _median_ms(dense, runs)
+
+
+def state_bytes_per_token() -> tuple[float, float]:
+    """(dayzero, dense bf16) attention-state bytes per token, DeepSeek-V4-Flash, all layers."""
+    cfg = ModelConfig.from_dict({"model_type": "deepseek_v4"})
+    layout = PoolLayout.of(cfg, 64, "bfloat16")
+    ours = sum(layout.row_bytes(p, 2) / layout.rate(p) for p in GROWING_POOLS)
+    dense = cfg.num_layers * cfg.head_dim * 2  # one shared K=V head per layer, bf16
+    return ours, dense
+
+
+PREFILL_CHILD = """
+import json, resource, sys, time, torch
+resource.setrlimit(resource.RLIMIT_AS, (12 << 30, 12 << 30))
+engine, path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ids = torch.randint(2, 500, (n,)).tolist()
+try:
+    if engine == "dayzero":
+        from dayzero.checkpoint import load_model
+        from dayzero.kv.pools import pools_for
+        from dayzero.model.forward import prefill
+        model = load_model(path, progress=False)
+        pools = pools_for(model.cfg, torch.float32, n)
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        start = time.perf_counter()
+        prefill(model, pools, ["s"], [ids], chunk_size=2048)
+    else:
+        from transformers import DeepseekV4ForCausalLM
+        model = DeepseekV4ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        start = time.perf_counter()
+        with torch.no_grad():
+            model(torch.tensor([ids]), logits_to_keep=1)
+    seconds = time.perf_counter() - start
+    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+    print(json.dumps({"seconds": seconds, "peak_mib": peak}))
+except (MemoryError, RuntimeError) as exc:
+    print(json.dumps({"error": type(exc).__name__}))
+"""
+
+
+def prefill_run(engine: str, path: Path, tokens: int) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", PREFILL_CHILD, engine, str(path), str(tokens)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else {"error": f"exit {out.returncode}"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and runs")
+    parser.add_argument("--plot", default=str(Path(__file__).with_name("attention.png")))
+    args = parser.parse_args()
+    runs = 3 if args.quick else 7
+    contexts = [1024, 4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768, 65536]
+    print(
+        f"1. decode-step attention, one CSA layer (H={HEADS}, D={DIM}, window {WINDOW}, rate {RATE}, "
+        f"top-k {TOPK}), CPU fp32, median of {runs}"
+    )
+    print("| context | sparse ms | (indexer ms) | dense ms | dense / sparse |")
+    print("|--------:|----------:|-------------:|---------:|---------------:|")
+    decode_rows = []
+    for ctx in contexts:
+        sparse_ms, index_ms, dense_ms = decode_step(ctx, runs)
+        decode_rows.append((ctx, sparse_ms, index_ms, dense_ms))
+        print(f"| {ctx:7d} | {sparse_ms:9.3f} | {index_ms:12.3f} | {dense_ms:8.3f} | {dense_ms / sparse_ms:13.2f}x |")
+
+    ours, dense = state_bytes_per_token()
+    print(
+        f"\n2. attention state per token, DeepSeek-V4-Flash bf16, 43 layers: dayzero {ours:.0f} B "
+        f"(compressed entries + indexer keys; plus a fixed {WINDOW}-token window per layer) vs dense "
+        f"K=V cache {dense:.0f} B -> {dense / ours:.1f}x smaller"
+    )
+
+    from dayzero.demo import DEMO_CONFIG, write_checkpoint
+
+    lengths = [1024, 4096] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
+    print("\n3. prefill on the tiny demo model (fp32 CPU, own process each, 12 GiB cap)")
+    print("| tokens | dayzero s | dayzero peak MiB | transformers s | transformers peak MiB |")
+    print("|-------:|----------:|-----------------:|---------------:|----------------------:|")
+    prefill_rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_checkpoint(tmp, {**DEMO_CONFIG, "sliding_window": 128}, seed=0)
+        ref_failed = False
+        for n in lengths:
+            ours_run = prefill_run("dayzero", path, n)
+            ref_run = (
+                {"error": "skipped (failed at a shorter length)"}
+                if ref_failed
+                else prefill_run("transformers", path, n)
+            )
+            ref_failed = "error" in ref_run
+            prefill_rows.append((n, ours_run, ref_run))
+
+            def cell(run: dict, key: str) -> str:
+                return run["error"] if "error" in run else f"{run[key]:.2f}" if key == "seconds" else f"{run[key]:.0f}"
+
+            print(
+                f"| {n:6d} | {cell(ours_run, 'seconds'):>9} | {cell(ours_run, 'peak_mib'):>16} | "
+                f"{cell(ref_run, 'seconds'):>14} | {cell(ref_run, 'peak_mib'):>21} |"
+            )
+    plot(args.plot, decode_rows, prefill_rows)
+    print(f"\nplot: {args.plot}")
+
+
+def plot(path: str, decode_rows: list, prefill_rows: list) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    ctx = [r[0] for r in decode_rows]
+    left.plot(ctx, [r[1] for r in decode_rows], "o-", label="dayzero sparse (indexer + attention)")
+    left.plot(ctx, [r[2] for r in decode_rows], "o--", label="  of which indexer")
+    left.plot(ctx, [r[3] for r in decode_rows], "s-", label="dense attention")
+    left.set(
+        xscale="log",
+        yscale="log",
+        xlabel="context tokens",
+        ylabel="ms per decode step",
+        title="decode-step attention, one CSA layer",
+    )
+    left.legend()
+    for name, idx, marker in (("dayzero", 1, "o-"), ("transformers", 2, "s-")):
+        pts = [(r[0], r[idx]["peak_mib"]) for r in prefill_rows if "error" not in r[idx]]
+        if pts:
+            right.plot(*zip(*pts, strict=True), marker, label=f"{name} peak MiB")
+    right.set(
+        xscale="log",
+        yscale="log",
+        xlabel="prompt tokens",
+        ylabel="peak RSS increase (MiB)",
+        title="prefill memory, tiny model",
+    )
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
