@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/ruff check shared tests bench
-	$(BIN)/ruff format --check shared tests bench
+	$(BIN)/ruff check shared services tests bench
+	$(BIN)/ruff format --check shared services tests bench
 	TRITON_INTERPRET=1 $(BIN)/pytest -q
 
 run: $(STAMP)

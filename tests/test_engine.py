@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from dayzero.checkpoint import load_model
+from dayzero.completion import StopMatcher
 from dayzero.demo import write_demo_checkpoint
-from dayzero.engine import StopMatcher, Timings, generate
+from dayzero.engine import Timings, generate
 from dayzero.kv.pools import pools_for
 from dayzero.model.forward import score
 from dayzero.sampling import SamplingParams

@@ -16,8 +16,8 @@ def test_greedy_takes_argmax():
 
 def test_seed_repeats_and_top_k_limits_support():
     params = SamplingParams(temperature=5.0, top_k=2, seed=3)
-    first = [sample(_logits(), params, g) for g in [params.generator()] for _ in range(50)]
-    again = [sample(_logits(), params, g) for g in [params.generator()] for _ in range(50)]
+    first = [sample(_logits(), params, g) for g in [torch.Generator().manual_seed(params.seed)] for _ in range(50)]
+    again = [sample(_logits(), params, g) for g in [torch.Generator().manual_seed(params.seed)] for _ in range(50)]
     assert first == again
     assert set(first) == {1, 2}  # only the two best tokens, both drawn at a high temperature
 
@@ -25,17 +25,17 @@ def test_seed_repeats_and_top_k_limits_support():
 def test_top_p_keeps_the_smallest_nucleus():
     # softmax of these at T=1: token 1 and 2 hold ~0.45 each; top_p=0.5 keeps both (mass above 2 is 0.46 < 0.5)
     params = SamplingParams(temperature=1.0, top_p=0.5, seed=0)
-    gen = params.generator()
+    gen = torch.Generator().manual_seed(params.seed)
     assert {sample(_logits(), params, gen) for _ in range(200)} == {1, 2}
     narrow = SamplingParams(temperature=1.0, top_p=0.1, seed=0)
-    gen = narrow.generator()
+    gen = torch.Generator().manual_seed(0)
     assert {sample(_logits(), narrow, gen) for _ in range(50)} == {1}
 
 
 def test_sampling_frequencies_follow_softmax():
     logits = torch.tensor([0.0, 1.0])
     params = SamplingParams(temperature=1.0, seed=1)
-    gen = params.generator()
+    gen = torch.Generator().manual_seed(params.seed)
     ones = sum(sample(logits, params, gen) for _ in range(4000)) / 4000
     assert abs(ones - torch.sigmoid(torch.tensor(1.0)).item()) < 0.03  # 0.731, ~4 sigma band
 

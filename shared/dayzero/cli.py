@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -27,19 +29,6 @@ def _ids(text: str) -> list[int]:
     return ids
 
 
-def ensure_demo_checkpoint(settings: Settings) -> Path:
-    """The built-in checkpoint, created once under the cache directory."""
-    from .demo import write_demo_checkpoint
-
-    path = settings.demo_checkpoint
-    if not (path / "model.safetensors").exists():
-        print(f"creating the built-in demo checkpoint in {path}", file=sys.stderr)
-        tmp = path.with_name(path.name + ".tmp")
-        write_demo_checkpoint(tmp)
-        tmp.rename(path)
-    return path
-
-
 def _prompt(args: argparse.Namespace, checkpoint: Path) -> list[int]:
     if args.prompt_ids is not None:
         return _ids(args.prompt_ids)
@@ -57,12 +46,13 @@ def cmd_demo_checkpoint(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     from .checkpoint import load_model
+    from .demo import ensure_demo_checkpoint
     from .engine import Timings, generate
     from .kv.pools import pools_for
     from .sampling import SamplingParams
     from .tokenizer import TextCodec
 
-    checkpoint = Path(args.checkpoint) if args.checkpoint else ensure_demo_checkpoint(settings)
+    checkpoint = Path(args.checkpoint) if args.checkpoint else ensure_demo_checkpoint(settings.demo_checkpoint)
     codec = TextCodec.from_checkpoint(checkpoint)
     params = SamplingParams(
         max_tokens=args.max_tokens,
@@ -110,6 +100,95 @@ def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_serve(args: argparse.ArgumentParser, settings: Settings) -> int:
+    """One service in the foreground: the entry point of both ``dayzero up`` and docker compose."""
+    if args.service == "gateway":
+        import uvicorn
+
+        from services.gateway.app import create_app
+
+        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+        return 0
+    from .serving.worker import worker_argv
+
+    if args.service == "prefill":
+        from services.prefill.worker import app
+    else:
+        from services.decode.worker import app
+    concurrency = settings.max_batch if args.service == "prefill" else 2 * settings.max_batch
+    app.worker_main(worker_argv(args.service, concurrency, f"{args.name or args.service}@%h"))
+    return 0
+
+
+def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
+    import os
+
+    from .demo import ensure_demo_checkpoint
+    from .stack import Stack
+
+    env = {}
+    if args.checkpoint:
+        env["DAYZERO_CHECKPOINT"] = str(Path(args.checkpoint).resolve())
+    else:
+        ensure_demo_checkpoint(settings.demo_checkpoint)
+
+    def stop_on_term(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop_on_term)  # a SIGTERM stops the services too, like Ctrl-C
+    url = os.environ.get("REDIS_URL")
+    stack = Stack(
+        {"prefill": args.prefill, "decode": args.decode},
+        args.port or settings.port,
+        Path(args.log_dir),
+        env,
+        redis_url=url,
+    )
+    stack.start()
+    try:
+        print(
+            f"starting: redis {stack.redis_url}, gateway, {args.prefill} prefill, {args.decode} decode "
+            f"(logs in {args.log_dir})",
+            file=sys.stderr,
+        )
+        stack.wait_ready()
+        print(
+            f"ready: send OpenAI-style requests to {stack.url}/v1/chat/completions (model "
+            f"{settings.model_name!r}); Ctrl-C stops",
+            file=sys.stderr,
+        )
+        if args.example:
+            _example(stack.url, settings.model_name)
+        while True:
+            for name in stack.supervise():
+                print(f"{name} exited; restarted", file=sys.stderr)
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("stopping", file=sys.stderr)
+    finally:
+        stack.stop()
+    return 0
+
+
+def _example(url: str, model: str) -> None:
+    import httpx
+
+    body = {
+        "model": model,
+        "stream": True,
+        "max_tokens": 32,
+        "messages": [{"role": "user", "content": "The quick brown fox"}],
+    }
+    print("example request: 'The quick brown fox' ->", file=sys.stderr)
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                sys.stdout.write(delta.get("content", ""))
+                sys.stdout.flush()
+    print()
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dayzero", description="Serve DeepSeek-V4-family models from day zero.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -142,6 +221,21 @@ def parser() -> argparse.ArgumentParser:
     al.add_argument("--tokens", type=int, default=8, help="greedy decode steps to compare (default 8)")
     al.add_argument("--json", action="store_true", help="print one JSON object")
     al.set_defaults(run=cmd_align)
+
+    serve = sub.add_parser("serve", help="run one service in the foreground (what each container runs)")
+    serve.add_argument("service", choices=["gateway", "prefill", "decode"])
+    serve.add_argument("--name", help="worker name (default: the service name)")
+    serve.set_defaults(run=cmd_serve)
+
+    up = sub.add_parser("up", help="run Redis, the gateway and the workers on this machine")
+    up.add_argument("--checkpoint", help="checkpoint directory (default: the built-in demo checkpoint)")
+    up.add_argument("--prefill", type=int, default=1, help="prefill workers (default 1)")
+    up.add_argument("--decode", type=int, default=1, help="decode workers (default 1)")
+    up.add_argument("--vision", type=int, default=0, help="vision workers (the demo checkpoint has no tower)")
+    up.add_argument("--port", type=int, help="gateway port (default: DAYZERO_PORT or 8000)")
+    up.add_argument("--log-dir", default="logs", help="where each service writes its log (default ./logs)")
+    up.add_argument("--example", action="store_true", help="once ready, stream one example request")
+    up.set_defaults(run=cmd_up)
     return p
 
 

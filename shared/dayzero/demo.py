@@ -10,6 +10,8 @@ top-k MoE, and hc_mult = 4.
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -116,3 +118,18 @@ def write_demo_checkpoint(out: str | Path, seed: int = 0) -> Path:
     generation = {"bos_token_id": 0, "eos_token_id": 1, "do_sample": False, "max_new_tokens": 64}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
     return out
+
+
+def ensure_demo_checkpoint(path: Path) -> Path:
+    """The built-in checkpoint at ``path``, written once (safe when several processes race)."""
+    if (path / "model.safetensors").exists():
+        return path
+    print(f"creating the built-in demo checkpoint in {path}", file=sys.stderr)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".demo-"))
+    write_demo_checkpoint(tmp)
+    try:
+        tmp.rename(path)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path

@@ -29,9 +29,6 @@ class SamplingParams:
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
 
-    def generator(self) -> torch.Generator | None:
-        return None if self.seed is None else torch.Generator().manual_seed(self.seed)
-
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """logits [V] fp32 -> one token id."""

@@ -21,9 +21,36 @@ class Settings(BaseSettings):
     attention_backend: Literal["torch", "triton"] = Field(default="torch", description="kernel backend")
     sparse_attention: bool = Field(default=True, description="CSA layers read only the indexer's top-k entries")
 
+    # serving
+    checkpoint: Path | None = Field(default=None, description="checkpoint served (default: the demo checkpoint)")
+    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="broker, token streams, leases")
+    model_name: str = Field(default="dayzero-demo", description="the model id the API serves")
+    api_keys: list[str] = Field(default=[], description="accepted Bearer keys; empty: no authentication")
+    host: str = Field(default="127.0.0.1", description="gateway bind address")
+    port: int = Field(default=8000, ge=1, le=65535, description="gateway port")
+    max_queued: int = Field(default=64, ge=1, description="queued requests per stage before 429")
+    max_request_bytes: int = Field(default=8 << 20, ge=1024, description="largest request body")
+    max_tokens_limit: int = Field(default=4096, ge=1, description="most completion tokens a request may ask for")
+    max_batch: int = Field(default=16, ge=1, description="sequences per decode step; concurrent decode tasks")
+    max_prefill_tokens: int = Field(default=8192, ge=1, description="prompt tokens per packed prefill step")
+    kv_budget_mb: int = Field(default=256, ge=1, description="attention-state memory per worker")
+    block_size: int = Field(default=16, ge=1, description="rows per pool block")
+    lease_s: float = Field(default=3.0, gt=0, description="a worker that stops heartbeating loses its requests")
+    handoff_timeout_s: float = Field(default=60.0, gt=0, description="an unclaimed prefill->decode lease expires")
+    handoff: Literal["shm", "redis"] = Field(default="shm", description="KV handoff transport (shm: same host)")
+    disconnect_grace_s: float = Field(default=0.3, ge=0, description="a disconnected stream is cancelled after")
+    keepalive_s: float = Field(default=10.0, gt=0, description="SSE comment interval while waiting")
+    stream_ttl_s: int = Field(default=600, ge=1, description="finished token streams stay resumable this long")
+    task_time_limit_s: int = Field(default=3600, ge=1, description="hard limit of one generation")
+
     def attention(self) -> AttentionOptions:
         return AttentionOptions(self.attention_backend, self.sparse_attention)
 
     @property
     def demo_checkpoint(self) -> Path:
         return self.cache_dir / "demo-checkpoint"
+
+    @property
+    def visibility_timeout_s(self) -> int:
+        """Above the longest allowed generation, so a running task is never redelivered."""
+        return self.task_time_limit_s + 600

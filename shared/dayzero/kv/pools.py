@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -52,7 +53,14 @@ class SequenceBlocks:
     tables: dict[str, list[int]] = field(default_factory=lambda: {kind: [] for kind in POOL_KINDS})
 
 
-def _compressor_tensors(layout: PoolLayout, slots: int, device: torch.device) -> dict[str, torch.Tensor]:
+Allocate = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+
+
+def zeros_on(device: torch.device | str) -> Allocate:
+    return lambda shape, dtype: torch.zeros(shape, dtype=dtype, device=device)
+
+
+def _compressor_tensors(layout: PoolLayout, slots: int, allocate: Allocate) -> dict[str, torch.Tensor]:
     """Running compressor state per slot, fp32 (the reference adds the fp32 position bias
     before keeping the overlap); rows past ``length % rate`` are stale."""
     d, di, csa, hca = layout.head_dim, layout.index_head_dim, len(layout.csa_layers), len(layout.hca_layers)
@@ -69,19 +77,31 @@ def _compressor_tensors(layout: PoolLayout, slots: int, device: torch.device) ->
         "hca_kv": (hca, slots, rh, d),
         "hca_gate": (hca, slots, rh, d),
     }
-    return {name: torch.zeros(shape, dtype=torch.float32, device=device) for name, shape in shapes.items()}
+    return {name: allocate(shape, torch.float32) for name, shape in shapes.items()}
 
 
 class KVPools:
     """Storage and allocators of every pool; sequences are keyed by an id of the caller's."""
 
-    def __init__(self, layout: PoolLayout, blocks: dict[str, int], dtype: torch.dtype, device="cpu") -> None:
+    def __init__(
+        self,
+        layout: PoolLayout,
+        blocks: dict[str, int],
+        dtype: torch.dtype,
+        device="cpu",
+        allocate: Allocate | None = None,
+        pool_id: str | None = None,
+    ) -> None:
+        """``allocate(shape, dtype)`` provides storage (default: zeros on ``device``); tensors are
+        requested in a fixed order, so the same sequence of calls maps a shared segment."""
         self.layout, self.dtype, self.device = layout, dtype, torch.device(device)
-        self.pool_id = uuid.uuid4().hex
+        self.blocks = dict(blocks)
+        self.pool_id = pool_id or uuid.uuid4().hex
+        allocate = allocate or zeros_on(self.device)
         bs = layout.block_size
 
         def storage(layers: int, n: int, width: int) -> torch.Tensor:
-            return torch.zeros(layers, n, bs, width, dtype=dtype, device=self.device)
+            return allocate((layers, n, bs, width), dtype)
 
         self.window = storage(layout.num_layers, blocks["window"], layout.head_dim)
         self.compressed = {
@@ -89,7 +109,7 @@ class KVPools:
             "compressed_hca": storage(len(layout.hca_layers), blocks["compressed_hca"], layout.head_dim),
             "index_keys": storage(len(layout.csa_layers), blocks["index_keys"], layout.index_head_dim),
         }
-        self.compressor = _compressor_tensors(layout, blocks["compressor"], self.device)
+        self.compressor = _compressor_tensors(layout, blocks["compressor"], allocate)
         self.allocators = {kind: BlockAllocator(blocks[kind]) for kind in POOL_KINDS}
         self.sequences: dict[str, SequenceBlocks] = {}
 
@@ -163,6 +183,9 @@ class KVPools:
     def usage(self) -> dict[str, tuple[int, int]]:
         """(blocks used, blocks total) per pool."""
         return {k: (a.total - a.free, a.total) for k, a in self.allocators.items()}
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.window, *self.compressed.values(), *self.compressor.values()]
 
     def bytes_per_token(self) -> float:
         """Attention-state bytes a long sequence adds per token (growing pools only)."""

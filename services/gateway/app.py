@@ -1,0 +1,106 @@
+"""The gateway: FastAPI app factory (REST + SSE) in front of the stage queues."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import redis
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+
+from dayzero.config import ModelConfig
+from dayzero.serving.messages import PrefillJob
+from dayzero.serving.queue import TASKS, make_celery
+from dayzero.serving.reaper import sweep
+from dayzero.serving.runtime import checkpoint_path
+from dayzero.settings import Settings
+from dayzero.tokenizer import TextCodec
+
+from . import errors
+from .bus import Bus
+from .context import Gateway
+from .metrics import GatewayMetrics
+from .routes import router
+
+log = logging.getLogger("dayzero.gateway")
+
+
+async def _reaper(gw: Gateway) -> None:
+    """Re-run requests whose worker stopped heartbeating (see dayzero.serving.reaper)."""
+    celery = gw.bus.celery
+
+    def send(job: PrefillJob) -> None:
+        celery.send_task(TASKS["prefill"], args=[job.model_dump_json()])
+
+    period = gw.settings.lease_s / 2
+    while True:
+        await asyncio.sleep(period)
+        with contextlib.suppress(redis.RedisError):  # Redis down: /ready says so; sweep when it is back
+            await run_in_threadpool(sweep, gw.bus.store, send, gw.settings.visibility_timeout_s, int(period * 900))
+
+
+def create_app(settings: Settings) -> FastAPI:
+    path = checkpoint_path(settings)
+    cfg = ModelConfig.from_file(path)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        gw = Gateway(
+            settings,
+            Bus(settings, make_celery(settings)),
+            TextCodec.from_checkpoint(path),
+            GatewayMetrics(),
+            cfg.max_position_embeddings,
+            cfg.vocab_size,
+        )
+        app.state.gateway = gw
+        if not settings.api_keys:
+            log.warning("no API key configured (DAYZERO_API_KEYS): the gateway accepts every request")
+        reaper = asyncio.create_task(_reaper(gw))
+        yield
+        reaper.cancel()
+        await gw.bus.close()
+
+    app = FastAPI(
+        title="dayzero",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="OpenAI-compatible gateway of the dayzero pipeline",
+    )
+    errors.install(app)
+    app.add_middleware(errors.BodyLimit, limit=settings.max_request_bytes)
+    app.include_router(router)
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        response = await call_next(request)
+        if hasattr(request.app.state, "gateway"):
+            request.app.state.gateway.metrics.responses.labels(str(response.status_code)).inc()
+        return response
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready(request: Request) -> JSONResponse:
+        try:
+            workers = await request.app.state.gateway.bus.ready()
+        except redis.RedisError as exc:
+            return JSONResponse({"ready": False, "reason": f"redis unreachable: {exc}"}, status_code=503)
+        missing = [stage for stage, n in workers.items() if n == 0]
+        body = {"ready": not missing, "workers": workers}
+        if missing:
+            body["reason"] = f"no live worker for {', '.join(missing)}"
+        return JSONResponse(body, status_code=503 if missing else 200)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(request.app.state.gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

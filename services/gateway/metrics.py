@@ -1,0 +1,31 @@
+"""The gateway's Prometheus metrics (names follow the peers' ``*_time_to_first_token_seconds``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(
+            "dayzero_time_to_first_token_seconds",
+            "request accepted -> first token seen",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "dayzero_inter_token_latency_seconds", "gap between consecutive tokens", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.e2e = Histogram(
+            "dayzero_e2e_request_latency_seconds", "request accepted -> finished", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.finished = Counter(
+            "dayzero_requests_finished_total", "requests by finish reason", ["finish_reason"], registry=r
+        )
+        self.responses = Counter("dayzero_http_responses_total", "API responses by status", ["status"], registry=r)
+        self.rejected = Counter("dayzero_requests_rejected_total", "requests refused by admission control", registry=r)
+        self.disconnects = Counter("dayzero_client_disconnects_total", "streams the client left early", registry=r)

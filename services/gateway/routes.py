@@ -1,0 +1,279 @@
+"""OpenAI-compatible routes: validate, submit to the prefill queue, stream the tokens back."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse, ServerSentEvent
+
+from dayzero.serving.messages import GenerationRequest, SamplingSpec
+
+from .bus import Bus, TokenEvent
+from .context import Gateway
+from .errors import APIError
+from .schemas import ChatCompletionRequest, CompletionRequest, Message, Sampling
+
+router = APIRouter()
+
+
+def gateway(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+GatewayDep = Annotated[Gateway, Depends(gateway)]
+
+
+async def authorize(gw: GatewayDep, authorization: Annotated[str | None, Header()] = None) -> None:
+    keys = gw.settings.api_keys
+    if keys and (authorization is None or authorization.removeprefix("Bearer ").strip() not in keys):
+        raise APIError(401, "missing or invalid API key", "authentication_error", code="invalid_api_key")
+
+
+Authorized = Depends(authorize)
+
+
+def render_chat(messages: list[Message]) -> str:
+    """The chat template of the built-in tokenizer: role-tagged turns, then the assistant tag."""
+    turns = []
+    for i, m in enumerate(messages):
+        if isinstance(m.content, str):
+            text = m.content
+        else:
+            if any(part.type == "image_url" for part in m.content):
+                raise APIError(
+                    400,
+                    "this checkpoint has no vision tower: image_url parts are not supported",
+                    param=f"messages.{i}.content",
+                    code="images_unsupported",
+                )
+            text = "".join(part.text for part in m.content)
+        turns.append(f"<|{m.role}|>{text}\n")
+    return "".join(turns) + "<|assistant|>"
+
+
+def _spec(gw: Gateway, body: Sampling, prompt_ids: list[int], max_tokens: int | None) -> SamplingSpec:
+    s = gw.settings
+    if body.model != s.model_name:
+        raise APIError(
+            400,
+            f"unknown model {body.model!r}; this server serves {s.model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
+    limit = min(s.max_context, gw.max_positions)
+    if not prompt_ids:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    if len(prompt_ids) >= limit:
+        raise APIError(
+            400,
+            f"the prompt has {len(prompt_ids)} tokens; the context limit is {limit}",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    if any(t < 0 or t >= gw.vocab_size for t in prompt_ids):
+        raise APIError(400, f"prompt token ids must be in [0, {gw.vocab_size})", param="prompt")
+    if max_tokens is not None and max_tokens > s.max_tokens_limit:
+        raise APIError(400, f"max_tokens {max_tokens} exceeds the limit {s.max_tokens_limit}", param="max_tokens")
+    if max_tokens is not None and len(prompt_ids) + max_tokens > limit:
+        raise APIError(
+            400,
+            f"prompt ({len(prompt_ids)}) + max_tokens ({max_tokens}) exceeds the context limit {limit}",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    default = min(s.max_tokens_limit, limit - len(prompt_ids))
+    return SamplingSpec(
+        max_tokens=max_tokens or default,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+        stop=body.stops(),
+        ignore_eos=body.ignore_eos,
+    )
+
+
+async def _admit(gw: GatewayDep, request: GenerationRequest) -> None:
+    if await gw.bus.queue_depth("prefill") >= gw.settings.max_queued:
+        gw.metrics.rejected.inc()
+        raise APIError(
+            429,
+            "too many queued requests; retry shortly",
+            "rate_limit_error",
+            code="queue_full",
+            headers={"Retry-After": "1"},
+        )
+    await gw.bus.submit(request)
+
+
+class Shape:
+    """The chunk / body format of one endpoint."""
+
+    def __init__(self, request: GenerationRequest, model: str) -> None:
+        self.kind, self.model, self.created = request.kind, model, int(request.created)
+        prefix = "chatcmpl" if request.kind == "chat" else "cmpl"
+        self.id = f"{prefix}-{request.request_id}"
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def chunk(self, text: str | None, finish: str | None, usage: dict | None = None, role: bool = False) -> dict:
+        if self.kind == "chat":
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            body = {
+                **self._head("chat.completion.chunk"),
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+        else:
+            body = {
+                **self._head("text_completion"),
+                "choices": [{"index": 0, "text": text or "", "finish_reason": finish}],
+            }
+        if usage is not None:
+            body["usage"] = usage
+        return body
+
+    def body(self, text: str, finish: str, usage: dict) -> dict:
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+            return {**self._head("chat.completion"), "choices": [choice], "usage": usage}
+        return {
+            **self._head("text_completion"),
+            "choices": [{"index": 0, "text": text, "finish_reason": finish}],
+            "usage": usage,
+        }
+
+
+def _usage(event: TokenEvent) -> dict:
+    u = event.usage or {"prompt_tokens": 0, "completion_tokens": event.index}
+    return {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
+
+
+async def _sse(gw: Gateway, request: GenerationRequest, after: str, first: bool) -> AsyncIterator[ServerSentEvent]:
+    shape, rid, finished = Shape(request, gw.settings.model_name), request.request_id, False
+    last_at = None
+    await gw.bus.watch(rid)
+    try:
+        if first:
+            yield ServerSentEvent(data=json.dumps(shape.chunk(None, None, role=True)))
+        async for event in gw.bus.events(rid, after):
+            if event is None:
+                yield ServerSentEvent(comment="keep-alive")
+                continue
+            now = time.time()
+            if last_at is None and event.index == 0:
+                gw.metrics.ttft.observe(now - request.created)
+            elif last_at is not None:
+                gw.metrics.itl.observe(now - last_at)
+            last_at = now
+            if event.finish_reason == "error":
+                finished = True
+                yield ServerSentEvent(
+                    id=event.entry_id,
+                    data=json.dumps({"error": {"message": event.error or "generation failed", "type": "server_error"}}),
+                )
+                break
+            if event.finish_reason:
+                finished = True
+                gw.metrics.finished.labels(event.finish_reason).inc()
+                gw.metrics.e2e.observe(now - request.created)
+                yield ServerSentEvent(
+                    id=event.entry_id, data=json.dumps(shape.chunk(event.text, event.finish_reason, _usage(event)))
+                )
+                break
+            if event.text:
+                yield ServerSentEvent(id=event.entry_id, data=json.dumps(shape.chunk(event.text, None)))
+        yield ServerSentEvent(data="[DONE]")
+    finally:
+        if not finished:
+            gw.metrics.disconnects.inc()
+        await gw.bus.unwatch(rid, finished)
+
+
+async def _collect(gw: Gateway, request: GenerationRequest, http: Request) -> JSONResponse:
+    shape, rid, parts = Shape(request, gw.settings.model_name), request.request_id, []
+    await gw.bus.watch(rid)
+    finished = False
+    try:
+        async for event in gw.bus.events(rid):
+            if event is None:
+                if await http.is_disconnected():
+                    break
+                continue
+            parts.append(event.text)
+            if event.finish_reason:
+                finished = True
+                if event.finish_reason == "error":
+                    raise APIError(500, event.error or "generation failed", "server_error")
+                gw.metrics.finished.labels(event.finish_reason).inc()
+                gw.metrics.e2e.observe(time.time() - request.created)
+                return JSONResponse(
+                    shape.body("".join(parts), event.finish_reason, _usage(event)), headers={"X-Request-Id": rid}
+                )
+    finally:
+        await gw.bus.unwatch(rid, finished)
+    raise APIError(499, "client disconnected", code="client_closed")
+
+
+async def _respond(gw: Gateway, request: GenerationRequest, stream: bool, http: Request):
+    await _admit(gw, request)
+    if not stream:
+        return await _collect(gw, request, http)
+    return EventSourceResponse(
+        _sse(gw, request, "0-0", first=request.kind == "chat"),
+        ping=gw.settings.keepalive_s,
+        headers={"X-Request-Id": request.request_id},
+    )
+
+
+def _new_request(ids: list[int], spec: SamplingSpec, kind: str) -> GenerationRequest:
+    return GenerationRequest(
+        request_id=uuid.uuid4().hex, kind=kind, prompt_ids=tuple(ids), sampling=spec, created=time.time()
+    )
+
+
+@router.post("/v1/chat/completions", dependencies=[Authorized])
+async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Request):
+    ids = gw.codec.encode(render_chat(body.messages))
+    spec = _spec(gw, body, ids, body.max_completion_tokens or body.max_tokens)
+    return await _respond(gw, _new_request(ids, spec, "chat"), body.stream, http)
+
+
+@router.post("/v1/completions", dependencies=[Authorized])
+async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
+    ids = gw.codec.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
+    spec = _spec(gw, body, ids, body.max_tokens)
+    return await _respond(gw, _new_request(ids, spec, "completion"), body.stream, http)
+
+
+@router.get("/v1/requests/{request_id}/stream", dependencies=[Authorized])
+async def resume(request_id: str, gw: GatewayDep, last_event_id: Annotated[str | None, Header()] = None):
+    request = gw.bus.store.request(request_id) if await gw.bus.known(request_id) else None
+    if request is None:
+        raise APIError(404, f"no request {request_id!r} (unknown or expired)", "not_found_error")
+    after = last_event_id or "0-0"
+    if not Bus.valid_entry_id(after):
+        raise APIError(400, "Last-Event-ID must be a stream entry id like '12-0'", param="Last-Event-ID")
+    first = after == "0-0" and request.kind == "chat"
+    return EventSourceResponse(_sse(gw, request, after, first), ping=gw.settings.keepalive_s)
+
+
+@router.get("/v1/models", dependencies=[Authorized])
+async def models(gw: GatewayDep):
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": gw.settings.model_name,
+                "object": "model",
+                "owned_by": "dayzero",
+                "max_model_len": min(gw.settings.max_context, gw.max_positions),
+            }
+        ],
+    }

@@ -1,0 +1,85 @@
+"""A request's completion: sampling, text deltas, and when it ends (EOS, stop string, length).
+
+Rebuildable from the tokens streamed so far (``generated``), so another worker can take a
+request over after a failure; with a seed, token ``i`` is drawn from its own generator
+(seed, i), so a replayed request samples the same continuation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import ModelConfig
+from .sampling import SamplingParams, sample
+from .tokenizer import StreamDecoder, TextCodec
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One generated token and the text it released (may be empty while held back)."""
+
+    token: int
+    text: str
+    finish_reason: str | None = None  # "stop" (EOS or stop string) | "length" | None
+
+
+class StopMatcher:
+    """Releases text while holding back any suffix that could still become a stop string."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self._stops = stops
+        self._pending = ""
+
+    def feed(self, delta: str) -> tuple[str, bool]:
+        text = self._pending + delta
+        hits = [i for i in (text.find(s) for s in self._stops) if i >= 0]
+        if hits:
+            self._pending = ""
+            return text[: min(hits)], True
+        hold = max((k for s in self._stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        self._pending = text[len(text) - hold :] if hold else ""
+        return text[: len(text) - hold], False
+
+    def flush(self) -> str:
+        text, self._pending = self._pending, ""
+        return text
+
+
+def context_limit(cfg: ModelConfig, max_context: int | None) -> int:
+    return min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
+
+
+class Completion:
+    def __init__(
+        self,
+        codec: TextCodec,
+        params: SamplingParams,
+        eos_ids: tuple[int, ...],
+        prompt_tokens: int,
+        limit: int,
+        generated: tuple[int, ...] = (),
+    ) -> None:
+        self.params, self.eos_ids, self.prompt_tokens, self.limit = params, eos_ids, prompt_tokens, limit
+        self.count = 0
+        self._text, self._stops = StreamDecoder(codec), StopMatcher(params.stop)
+        for token in generated:  # replay: rebuild the text and stop-string state, output discarded
+            self.accept(token)
+
+    def sample(self, logits: torch.Tensor) -> int:
+        generator = None
+        if self.params.seed is not None:
+            generator = torch.Generator().manual_seed(self.params.seed * 1_000_003 + self.count)
+        return sample(logits, self.params, generator)
+
+    def accept(self, token: int) -> Step:
+        self.count += 1
+        if token in self.eos_ids and not self.params.ignore_eos:
+            return Step(token, self._stops.flush(), "stop")
+        released, stopped = self._stops.feed(self._text.push(token))
+        if stopped:
+            return Step(token, released, "stop")
+        if self.count >= self.params.max_tokens or self.prompt_tokens + self.count >= self.limit:
+            return Step(token, released + self._stops.flush(), "length")
+        return Step(token, released)

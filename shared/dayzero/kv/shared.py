@@ -1,0 +1,59 @@
+"""Pools whose storage is a named shared-memory segment, so another process on the host can
+read a sequence's blocks (the prefill -> decode handoff on CPU)."""
+
+from __future__ import annotations
+
+import math
+from multiprocessing import resource_tracker, shared_memory
+
+import torch
+
+from .layout import PoolLayout
+from .pools import KVPools
+
+_ALIGN = 64
+Segment = shared_memory.SharedMemory
+
+
+class _Carver:
+    """Hands out consecutive aligned tensors from one byte buffer (or only counts them)."""
+
+    def __init__(self, buffer: torch.Tensor | None = None) -> None:
+        self.buffer, self.offset = buffer, 0
+
+    def __call__(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        size = math.prod(shape) * (torch.finfo(dtype).bits // 8)
+        start = -(-self.offset // _ALIGN) * _ALIGN
+        self.offset = start + size
+        if self.buffer is None:
+            return torch.empty(shape, dtype=dtype, device="meta")
+        return self.buffer[start : start + size].view(dtype).view(shape)
+
+
+def segment_bytes(layout: PoolLayout, blocks: dict[str, int], dtype: torch.dtype) -> int:
+    counter = _Carver()
+    KVPools(layout, blocks, dtype, allocate=counter)
+    return max(counter.offset, 1)
+
+
+class SharedPools:
+    """Create (owner) or attach to (reader) pools in a shared-memory segment."""
+
+    @staticmethod
+    def create(
+        layout: PoolLayout, blocks: dict[str, int], dtype: torch.dtype
+    ) -> tuple[KVPools, shared_memory.SharedMemory]:
+        shm = shared_memory.SharedMemory(create=True, size=segment_bytes(layout, blocks, dtype))
+        buffer = torch.frombuffer(shm.buf, dtype=torch.uint8)
+        buffer.zero_()
+        return KVPools(layout, blocks, dtype, allocate=_Carver(buffer), pool_id=shm.name), shm
+
+    @staticmethod
+    def attach(
+        name: str, layout: PoolLayout, blocks: dict[str, int], dtype: torch.dtype
+    ) -> tuple[KVPools, shared_memory.SharedMemory]:
+        shm = shared_memory.SharedMemory(name=name)
+        # the creator owns the segment: keep this process's tracker from unlinking it at exit
+        resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001
+        buffer = torch.frombuffer(shm.buf, dtype=torch.uint8)
+        return KVPools(layout, blocks, dtype, allocate=_Carver(buffer), pool_id=name), shm

@@ -1,0 +1,138 @@
+"""The decode stage's continuous-batching loop: one token per active request per step.
+
+Admission copies a request's attention state from prefill (then releases prefill's lease),
+reserves blocks for the whole completion, and rebuilds the completion from the tokens
+already streamed. Each step checks cancel marks, decodes the whole batch, appends each
+token to its request's stream and heartbeats the requests' leases.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+import redis
+
+from ..completion import Completion, context_limit
+from ..kv.handoff import LayoutMismatch
+from ..kv.pools import OutOfBlocks
+from ..model.forward import decode
+from .handoff import Receiver
+from .intake import Intake, Ticket
+from .messages import DecodeJob
+from .runtime import Runtime
+
+log = logging.getLogger("dayzero.decode")
+
+
+@dataclass
+class Active:
+    ticket: Ticket[DecodeJob]
+    completion: Completion
+    next_token: int
+
+
+class DecodeLoop:
+    def __init__(self, runtime: Runtime) -> None:
+        self.r = runtime
+        self.intake: Intake[DecodeJob] = Intake()
+        self.waiting: list[Ticket[DecodeJob]] = []
+        self.active: dict[str, Active] = {}
+        self.receiver = Receiver(runtime.store)
+        self.stop = threading.Event()
+        self.limit = context_limit(runtime.model.cfg, runtime.settings.max_context)
+
+    def run_forever(self) -> None:
+        while not self.stop.is_set():
+            try:
+                idle = not self.active and not self.waiting
+                self.waiting.extend(self.intake.drain(0.05 if idle else 0))
+                self._admit()
+                self._cancel()
+                if self.active:
+                    self._step()
+                self.r.store.heartbeat(list(self.active), self.r.name, self.r.settings.lease_s)
+                self.r.store.worker_alive("decode", self.r.name, self.usage())
+                if self.waiting and not self.active:
+                    self.stop.wait(0.05)  # waiting for blocks or a handoff
+            except redis.RedisError as exc:  # Redis restarting: keep state, retry
+                log.warning("redis unavailable (%s); retrying", exc)
+                self.stop.wait(0.5)
+
+    def usage(self) -> dict:
+        return {"pools": self.r.pools.usage(), "active": len(self.active), "waiting": len(self.waiting)}
+
+    def _settle(self, ticket: Ticket[DecodeJob], reason: str, message: str = "", index: int | None = None) -> None:
+        rid = ticket.job.request.request_id
+        if index is not None:
+            self.r.store.end(rid, index, reason, message)
+        self.r.store.finish(rid, reason)
+        ticket.done.set()
+
+    def _admit(self) -> None:
+        store, still = self.r.store, []
+        for ticket in self.waiting:
+            job = ticket.job
+            rid = job.request.request_id
+            if rid in self.active or job.attempt < store.attempt(rid) or store.done(rid):
+                ticket.done.set()  # duplicate or stale delivery
+                continue
+            total = min(self.limit, len(job.request.prompt_ids) + job.request.sampling.max_tokens)
+            if total > self.r.pools.capacity_tokens():
+                self._settle(ticket, "error", f"{total} tokens exceed the decode pools", len(job.generated))
+                continue
+            if not self.r.pools.fits(total):
+                still.append(ticket)  # retry when blocks free up
+                continue
+            try:
+                self.receiver.receive(job.state, self.r.pools, rid)
+                self.r.pools.reserve(rid, total)
+            except (LookupError, LayoutMismatch, OutOfBlocks) as exc:
+                self.r.pools.release(rid)
+                log.error("request %s: handoff failed: %s", rid, exc)
+                ticket.done.set()  # its lease lapses; the reaper re-runs it
+                continue
+            store.take_handoff(rid)
+            store.claim(rid, self.r.name, self.r.settings.lease_s, force=True)
+            completion = Completion(
+                self.r.codec,
+                job.request.sampling.params(),
+                self.r.model.cfg.eos_token_ids,
+                len(job.request.prompt_ids),
+                self.limit,
+                job.generated,
+            )
+            self.active[rid] = Active(ticket, completion, job.generated[-1])
+        self.waiting = still
+
+    def _finish(self, rid: str, reason: str, index: int | None = None) -> None:
+        active = self.active.pop(rid)
+        self.r.pools.release(rid)
+        self._settle(active.ticket, reason, index=index)
+
+    def _cancel(self) -> None:
+        for rid in self.r.store.cancelled(list(self.active)):
+            self._finish(rid, "cancelled", index=self.active[rid].completion.count)
+        for ticket in list(self.waiting):
+            rid = ticket.job.request.request_id
+            if self.r.store.cancelled([rid]):
+                self.waiting.remove(ticket)
+                self._settle(ticket, "cancelled", index=len(ticket.job.generated))
+
+    def _step(self) -> None:
+        ids = list(self.active)
+        tokens = [self.active[rid].next_token for rid in ids]
+        logits = decode(self.r.model, self.r.pools, ids, tokens, self.r.settings.attention())
+        for i, rid in enumerate(ids):
+            active = self.active[rid]
+            step = active.completion.accept(active.completion.sample(logits[i]))
+            usage = None
+            if step.finish_reason:
+                prompt = len(active.ticket.job.request.prompt_ids)
+                usage = {"prompt_tokens": prompt, "completion_tokens": active.completion.count}
+            self.r.store.append(rid, active.completion.count - 1, step.token, step.text, step.finish_reason, usage)
+            if step.finish_reason:
+                self._finish(rid, step.finish_reason)
+            else:
+                active.next_token = step.token

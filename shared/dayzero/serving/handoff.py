@@ -1,0 +1,87 @@
+"""KV handoff transports behind one interface: ``publish`` on prefill, ``receive`` on decode.
+
+``shm``: the prefill worker's pools live in a shared-memory segment; decode attaches to it
+by name and copies the blocks (same host). ``redis``: prefill packs the sequence's blocks
+into a Redis key with a TTL; decode fetches them (prefill and decode on different hosts).
+Either way the StateRef carries the layout hash; a mismatch is refused, never copied.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+
+import torch
+
+from ..kv.handoff import LayoutMismatch, StateHandle, export_state, import_state
+from ..kv.pools import KVPools
+from ..kv.shared import SharedPools
+from .messages import StateRef
+from .store import P, Store
+
+
+def _pack(pools: KVPools, seq_id: str) -> bytes:
+    """One sequence's state as bytes: a carrier pool holding only its blocks."""
+    handle = export_state(pools, seq_id)
+    carrier = KVPools.sized(pools.layout, max(handle.length, 1), 1, pools.dtype)
+    import_state(carrier, pools, handle, "s")
+    buf = io.BytesIO()
+    torch.save({"blocks": carrier.blocks, "tensors": carrier.tensors(), "handle": export_state(carrier, "s")}, buf)
+    return buf.getvalue()
+
+
+def _unpack(data: bytes, like: KVPools) -> tuple[KVPools, StateHandle]:
+    saved = torch.load(io.BytesIO(data), weights_only=False)
+    tensors = iter(saved["tensors"])
+    carrier = KVPools(
+        like.layout,
+        saved["blocks"],
+        like.dtype,
+        allocate=lambda shape, dtype: next(tensors),
+        pool_id=saved["handle"].pool_id,
+    )
+    return carrier, saved["handle"]
+
+
+def publish(pools: KVPools, seq_id: str, request_id: str, transport: str, store: Store, ttl_s: float) -> StateRef:
+    handle = export_state(pools, seq_id)
+    location = pools.pool_id
+    if transport == "redis":
+        location = f"{P}kvstate:{request_id}"
+        store.r.set(location, _pack(pools, seq_id), px=int(ttl_s * 1000))
+    return StateRef(
+        transport=transport,
+        location=location,
+        host=socket.gethostname(),
+        layout_hash=handle.layout_hash,
+        dtype=str(pools.dtype).removeprefix("torch."),
+        pool_blocks=pools.blocks,
+        length=handle.length,
+        blocks=handle.blocks,
+    )
+
+
+class Receiver:
+    """Decode side: copies a published state into its own pools (caches shm attachments)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._attached: dict[str, tuple[KVPools, object]] = {}
+
+    def receive(self, ref: StateRef, dst: KVPools, seq_id: str) -> None:
+        if ref.layout_hash != dst.layout.hash():
+            raise LayoutMismatch(f"prefill state layout {ref.layout_hash} != decode layout {dst.layout.hash()}")
+        if ref.transport == "redis":
+            data = self.store.r.get(ref.location)
+            if data is None:
+                raise LookupError(f"handoff state {ref.location} expired")
+            src, handle = _unpack(data, dst)
+            self.store.r.delete(ref.location)
+        else:
+            if ref.host != socket.gethostname():
+                raise LookupError(f"shared-memory state lives on host {ref.host}; use handoff=redis across hosts")
+            if ref.location not in self._attached:
+                self._attached[ref.location] = SharedPools.attach(ref.location, dst.layout, ref.pool_blocks, dst.dtype)
+            src = self._attached[ref.location][0]
+            handle = StateHandle(ref.location, ref.layout_hash, ref.length, ref.blocks)
+        import_state(dst, src, handle, seq_id)

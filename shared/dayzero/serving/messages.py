@@ -1,0 +1,62 @@
+"""Messages between the stages: small pydantic models, JSON on the broker."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..sampling import SamplingParams
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SamplingSpec(Frozen):
+    max_tokens: int = Field(default=64, ge=1)
+    temperature: float = Field(default=0.0, ge=0.0, le=100.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(
+            self.max_tokens, self.temperature, self.top_p, self.top_k, self.seed, self.stop, self.ignore_eos
+        )
+
+
+class GenerationRequest(Frozen):
+    request_id: str
+    kind: Literal["chat", "completion"] = "completion"  # the API shape its stream is served in
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingSpec
+    created: float  # unix time the gateway accepted it
+
+
+class StateRef(Frozen):
+    """Where a prefilled sequence's attention state waits for decode (a lease on prefill's blocks)."""
+
+    transport: Literal["shm", "redis"]
+    location: str  # shared-memory segment name, or Redis key
+    host: str
+    layout_hash: str
+    dtype: str
+    pool_blocks: dict[str, int]  # block counts of the source pools (to attach to the segment)
+    length: int
+    blocks: dict[str, tuple[int, ...]]
+
+
+class PrefillJob(Frozen):
+    request: GenerationRequest
+    generated: tuple[int, ...] = ()  # tokens already streamed (a re-prefill after a failure)
+    attempt: int = 0
+
+
+class DecodeJob(Frozen):
+    request: GenerationRequest
+    generated: tuple[int, ...]  # streamed so far; the last one is not yet in the state
+    state: StateRef
+    attempt: int = 0

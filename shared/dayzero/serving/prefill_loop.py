@@ -1,0 +1,166 @@
+"""The prefill stage's loop: pack waiting prompts, run prefill, stream the first token, hand off.
+
+Each prompt is ``prompt + tokens already streamed`` (non-empty only when a request is
+re-run after a worker failure). The first sampled token is appended to the request's
+stream at once (time to first token); unless it ends the request, the attention state is
+published for decode and its blocks stay leased until decode takes them or the lease expires.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import redis
+
+from ..completion import Completion, context_limit
+from ..kv.pools import OutOfBlocks
+from ..model.forward import prefill
+from .handoff import publish
+from .intake import Intake, Ticket
+from .messages import DecodeJob, PrefillJob
+from .runtime import Runtime
+
+log = logging.getLogger("dayzero.prefill")
+
+
+class Heartbeat:
+    """Keeps leases alive while a long forward pass runs."""
+
+    def __init__(self, runtime: Runtime, ids: list[str]) -> None:
+        self._runtime, self._ids, self._stop = runtime, ids, threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self) -> None:
+        r = self._runtime
+        while not self._stop.wait(r.settings.lease_s / 3):
+            try:
+                r.store.heartbeat(self._ids, r.name, r.settings.lease_s)
+            except redis.RedisError:
+                log.warning("heartbeat failed; retrying")
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class PrefillLoop:
+    def __init__(self, runtime: Runtime, send_decode: Callable[[DecodeJob], None]) -> None:
+        self.r, self.send_decode = runtime, send_decode
+        self.intake: Intake[PrefillJob] = Intake()
+        self.pending: list[Ticket[PrefillJob]] = []
+        self.handed_off: set[str] = set()
+        self.stop = threading.Event()
+
+    def run_forever(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.pending.extend(self.intake.drain(0.05 if not self.pending else 0))
+                self._reclaim_handoffs()
+                self.r.store.worker_alive("prefill", self.r.name, self.usage())
+                if self.pending:
+                    self._run(self._take_batch())
+            except redis.RedisError as exc:  # Redis restarting: keep state, retry
+                log.warning("redis unavailable (%s); retrying", exc)
+                self.stop.wait(0.5)
+
+    def usage(self) -> dict:
+        return {"pools": self.r.pools.usage(), "waiting": len(self.pending), "handed_off": len(self.handed_off)}
+
+    def _take_batch(self) -> list[Ticket[PrefillJob]]:
+        batch, tokens = [], 0
+        while self.pending:
+            job = self.pending[0].job
+            size = len(job.request.prompt_ids) + len(job.generated)
+            if batch and tokens + size > self.r.settings.max_prefill_tokens:
+                break
+            batch.append(self.pending.pop(0))
+            tokens += size
+        return batch
+
+    def _reclaim_handoffs(self) -> None:
+        """Release blocks whose handoff decode has taken (or that expired)."""
+        if self.handed_off:
+            still = self.r.store.handoffs_open(sorted(self.handed_off))
+            for rid in self.handed_off - still:
+                self.r.pools.release(rid)
+            self.handed_off = still
+
+    def _admit(self, ticket: Ticket[PrefillJob]) -> bool:
+        """Claim the request and its blocks; False when the ticket is settled without prefill."""
+        store, job = self.r.store, ticket.job
+        rid = job.request.request_id
+        if (
+            job.attempt < store.attempt(rid)
+            or store.done(rid)
+            or not store.claim(rid, self.r.name, self.r.settings.lease_s)
+        ):
+            ticket.done.set()  # stale redelivery, finished, or owned by a live worker
+            return False
+        store.unqueue(rid)
+        if store.cancelled([rid]):
+            store.end(rid, len(job.generated), "cancelled")
+            store.finish(rid, "cancelled")
+            ticket.done.set()
+            return False
+        try:
+            self.r.pools.reserve(rid, len(job.request.prompt_ids) + len(job.generated))
+        except OutOfBlocks as exc:
+            if exc.permanent:
+                store.end(rid, len(job.generated), "error", str(exc))
+                store.finish(rid, "error")
+                ticket.done.set()
+            else:
+                store.mark_queued(rid, self.r.settings.visibility_timeout_s)  # wait for blocks
+                self.pending.append(ticket)
+            return False
+        return True
+
+    def _run(self, batch: list[Ticket[PrefillJob]]) -> None:
+        batch = [t for t in batch if self._admit(t)]
+        if not batch:
+            return
+        ids = [t.job.request.request_id for t in batch]
+        prompts = [list(t.job.request.prompt_ids) + list(t.job.generated) for t in batch]
+        settings, model = self.r.settings, self.r.model
+        with Heartbeat(self.r, ids):
+            logits = prefill(model, self.r.pools, ids, prompts, settings.attention(), settings.prefill_chunk_size)
+        limit = context_limit(model.cfg, settings.max_context)
+        for i, ticket in enumerate(batch):
+            self._emit(ticket, logits[i], limit)
+
+    def _emit(self, ticket: Ticket[PrefillJob], logits, limit: int) -> None:
+        job, store, settings = ticket.job, self.r.store, self.r.settings
+        rid, prompt = job.request.request_id, job.request.prompt_ids
+        completion = Completion(
+            self.r.codec,
+            job.request.sampling.params(),
+            self.r.model.cfg.eos_token_ids,
+            len(prompt),
+            limit,
+            job.generated,
+        )
+        step = completion.accept(completion.sample(logits))
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": completion.count}
+        store.append(
+            rid, completion.count - 1, step.token, step.text, step.finish_reason, usage if step.finish_reason else None
+        )
+        if step.finish_reason:
+            self.r.pools.release(rid)
+            store.finish(rid, step.finish_reason)
+        else:
+            ref = publish(self.r.pools, rid, rid, settings.handoff, store, settings.handoff_timeout_s)
+            store.offer_handoff(rid, settings.handoff_timeout_s)
+            if settings.handoff == "redis":
+                self.r.pools.release(rid)
+            else:
+                self.handed_off.add(rid)
+            self.send_decode(
+                DecodeJob(request=job.request, generated=(*job.generated, step.token), state=ref, attempt=job.attempt)
+            )
+        ticket.done.set()

@@ -1,0 +1,174 @@
+"""Request bookkeeping in Redis: records, leases, cancel marks, token streams, worker heartbeats.
+
+Keys (``dz:`` prefix): ``req:{id}`` the request JSON; ``active`` the set of unfinished ids;
+``lease:{id}`` the worker that owns it (expires unless heartbeated); ``cancel:{id}``;
+``done:{id}`` its finish reason; ``tokens:{id}`` the token stream (entry id ``{index + 1}-0``,
+so Redis itself refuses a duplicate or out-of-order append); ``handoff:{id}`` an unclaimed
+prefill->decode lease; ``workers:{stage}`` worker heartbeats; ``usage:{worker}`` pool usage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+
+import redis
+
+from .messages import GenerationRequest
+
+P = "dz:"
+
+
+def stream_key(request_id: str) -> str:
+    return f"{P}tokens:{request_id}"
+
+
+def entry_id(index: int) -> str:
+    return f"{index + 1}-0"
+
+
+class Store:
+    def __init__(self, client: redis.Redis, stream_ttl_s: int = 600) -> None:
+        self.r = client
+        self.stream_ttl_s = stream_ttl_s
+
+    @classmethod
+    def connect(cls, url: str, stream_ttl_s: int = 600) -> Store:
+        return cls(
+            redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=5), stream_ttl_s
+        )
+
+    # -- requests -------------------------------------------------------------------------------------
+    def register(self, request: GenerationRequest) -> None:
+        pipe = self.r.pipeline()
+        pipe.set(f"{P}req:{request.request_id}", request.model_dump_json(), ex=self.stream_ttl_s * 4)
+        pipe.sadd(f"{P}active", request.request_id)
+        pipe.execute()
+
+    def request(self, request_id: str) -> GenerationRequest | None:
+        raw = self.r.get(f"{P}req:{request_id}")
+        return GenerationRequest.model_validate_json(raw) if raw else None
+
+    def active(self) -> list[str]:
+        return [m.decode() for m in self.r.smembers(f"{P}active")]
+
+    def finish(self, request_id: str, reason: str) -> None:
+        pipe = self.r.pipeline()
+        pipe.set(f"{P}done:{request_id}", reason, ex=self.stream_ttl_s)
+        pipe.srem(f"{P}active", request_id)
+        pipe.delete(f"{P}lease:{request_id}")
+        pipe.execute()
+
+    def done(self, request_id: str) -> str | None:
+        raw = self.r.get(f"{P}done:{request_id}")
+        return raw.decode() if raw else None
+
+    # -- leases and cancellation ------------------------------------------------------------------------
+    def claim(self, request_id: str, owner: str, ttl_s: float, force: bool = False) -> bool:
+        """Own the request unless someone alive does (``force``: take it over, e.g. at handoff)."""
+        return bool(self.r.set(f"{P}lease:{request_id}", owner, px=int(ttl_s * 1000), nx=not force))
+
+    def heartbeat(self, request_ids: list[str], owner: str, ttl_s: float) -> None:
+        if request_ids:
+            pipe = self.r.pipeline()
+            for rid in request_ids:
+                pipe.set(f"{P}lease:{rid}", owner, px=int(ttl_s * 1000))
+            pipe.execute()
+
+    def owner(self, request_id: str) -> str | None:
+        raw = self.r.get(f"{P}lease:{request_id}")
+        return raw.decode() if raw else None
+
+    def attempt(self, request_id: str) -> int:
+        raw = self.r.get(f"{P}attempt:{request_id}")
+        return int(raw) if raw else 0
+
+    def next_attempt(self, request_id: str) -> int:
+        return int(self.r.incr(f"{P}attempt:{request_id}"))
+
+    def mark_queued(self, request_id: str, ttl_s: float) -> None:
+        self.r.set(f"{P}queued:{request_id}", 1, px=int(ttl_s * 1000))
+
+    def unqueue(self, request_id: str) -> None:
+        self.r.delete(f"{P}queued:{request_id}")
+
+    def queued(self, request_id: str) -> bool:
+        return bool(self.r.exists(f"{P}queued:{request_id}"))
+
+    def offer_handoff(self, request_id: str, ttl_s: float) -> None:
+        """Prefill's blocks stay leased to the request until decode takes them (or this expires)."""
+        pipe = self.r.pipeline()
+        pipe.set(f"{P}handoff:{request_id}", 1, px=int(ttl_s * 1000))
+        pipe.set(f"{P}lease:{request_id}", "handoff", px=int(ttl_s * 1000))
+        pipe.execute()
+
+    def take_handoff(self, request_id: str) -> None:
+        self.r.delete(f"{P}handoff:{request_id}")
+
+    def handoffs_open(self, request_ids: list[str]) -> set[str]:
+        if not request_ids:
+            return set()
+        pipe = self.r.pipeline()
+        for rid in request_ids:
+            pipe.exists(f"{P}handoff:{rid}")
+        return {rid for rid, open_ in zip(request_ids, pipe.execute(), strict=True) if open_}
+
+    def cancel(self, request_id: str) -> None:
+        self.r.set(f"{P}cancel:{request_id}", 1, ex=self.stream_ttl_s)
+
+    def uncancel(self, request_id: str) -> None:
+        self.r.delete(f"{P}cancel:{request_id}")
+
+    def cancelled(self, request_ids: list[str]) -> set[str]:
+        if not request_ids:
+            return set()
+        marks = self.r.mget([f"{P}cancel:{rid}" for rid in request_ids])
+        return {rid for rid, mark in zip(request_ids, marks, strict=True) if mark}
+
+    # -- token streams --------------------------------------------------------------------------------
+    def append(
+        self, request_id: str, index: int, token: int, text: str, finish: str | None = None, usage: dict | None = None
+    ) -> bool:
+        """Append token ``index``; False if that index is already in the stream (a replay)."""
+        fields = {"i": index, "t": token, "x": text}
+        if finish:
+            fields["f"] = finish
+        if usage:
+            fields["u"] = json.dumps(usage)
+        try:
+            self.r.xadd(stream_key(request_id), fields, id=entry_id(index))
+        except redis.ResponseError as exc:  # "equal or smaller than the target stream top item"
+            if "equal or smaller" in str(exc):
+                return False
+            raise
+        if finish:
+            self.r.expire(stream_key(request_id), self.stream_ttl_s)
+        return True
+
+    def end(self, request_id: str, index: int, reason: str, message: str = "") -> None:
+        """Close a stream without a token (cancelled, error), at the next index."""
+        fields = {"i": index, "t": -1, "x": "", "f": reason, "e": message}
+        with contextlib.suppress(redis.ResponseError):  # already closed past this index
+            self.r.xadd(stream_key(request_id), fields, id=entry_id(index))
+        self.r.expire(stream_key(request_id), self.stream_ttl_s)
+
+    def streamed_tokens(self, request_id: str) -> list[int]:
+        return [int(f[b"t"]) for _, f in self.r.xrange(stream_key(request_id)) if int(f[b"t"]) >= 0]
+
+    # -- workers --------------------------------------------------------------------------------------
+    def worker_alive(self, stage: str, worker: str, usage: dict | None = None) -> None:
+        pipe = self.r.pipeline()
+        pipe.hset(f"{P}workers:{stage}", worker, time.time())
+        if usage is not None:
+            pipe.set(f"{P}usage:{worker}", json.dumps(usage), ex=60)
+        pipe.execute()
+
+    def live_workers(self, stage: str, within_s: float) -> list[str]:
+        now = time.time()
+        beats = self.r.hgetall(f"{P}workers:{stage}")
+        return [w.decode() for w, t in beats.items() if now - float(t) <= within_s]
+
+    def usage(self, worker: str) -> dict | None:
+        raw = self.r.get(f"{P}usage:{worker}")
+        return json.loads(raw) if raw else None

@@ -1,0 +1,72 @@
+"""Shared wiring of a stage worker: load the runtime when Celery starts, run the loop thread."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery, signals
+
+from ..settings import Settings
+from .runtime import Runtime
+
+log = logging.getLogger("dayzero.worker")
+
+
+class StageWorker:
+    """Holds one stage's runtime and loop for the life of the worker process."""
+
+    def __init__(
+        self,
+        app: Celery,
+        settings: Settings,
+        stage: str,
+        make_loop: Callable[[Runtime, Celery], Any],
+        shared_pools: bool,
+    ) -> None:
+        self.app, self.settings, self.stage = app, settings, stage
+        self._make_loop, self._shared = make_loop, shared_pools
+        self.loop: Any = None
+        self.runtime: Runtime | None = None
+        self._ready = threading.Event()
+        signals.worker_init.connect(self._start, weak=False)
+        signals.worker_shutdown.connect(self._stop, weak=False)
+
+    def _start(self, **_: object) -> None:
+        self.runtime = Runtime.load(self.settings, self.stage, shared=self._shared)
+        self.loop = self._make_loop(self.runtime, self.app)
+        threading.Thread(target=self.loop.run_forever, name=f"{self.stage}-loop", daemon=True).start()
+        self._ready.set()
+        log.info("%s ready", self.runtime.name)
+
+    def _stop(self, **_: object) -> None:
+        if self.loop is not None:
+            self.loop.stop.set()
+        if self.runtime is not None:
+            self.runtime.close()
+
+    def run(self, job: Any) -> None:
+        """Called by the Celery task: admit the job and wait until the loop settles it."""
+        self._ready.wait()
+        self.loop.intake.submit(job).done.wait()
+
+
+def worker_argv(stage: str, concurrency: int, name: str) -> list[str]:
+    return [
+        "worker",
+        "-Q",
+        stage,
+        "-P",
+        "threads",
+        "-c",
+        str(concurrency),
+        "-n",
+        name,
+        "--loglevel",
+        "INFO",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+    ]

