@@ -48,8 +48,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
-        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        found = exc.errors() or [{"msg": "invalid request", "loc": ()}]
+        first = max(found, key=lambda e: len(e.get("loc", ())))  # the deepest: the most specific of a union
+        param = ".".join(str(p) for p in first.get("loc", ()) if _field_part(p)) or None
         return error_response(
             400, f"{param}: {first['msg']}" if param else first["msg"], "invalid_request_error", param
         )
@@ -70,6 +71,17 @@ def install(app: FastAPI) -> None:
     async def internal(_: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error")
         return error_response(500, "internal error", "server_error")
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "body"}
+
+
+def _field_part(part: object) -> bool:
+    """Location parts that name a field or an index (not pydantic's union-member tags)."""
+    if isinstance(part, int):
+        return True
+    text = str(part)
+    return text.isidentifier() and text not in _TYPE_TAGS
 
 
 class BodyLimit:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,8 @@ class Runtime:
     segment: Segment | None = None
 
     @classmethod
-    def load(cls, settings: Settings, stage: str, shared: bool) -> Runtime:
+    def load(cls, settings: Settings, name: str, shared: bool) -> Runtime:
+        """``name`` identifies the worker in leases and heartbeats (unique per process)."""
         path = checkpoint_path(settings)
         dtype = DTYPES[settings.dtype]
         model = load_model(path, dtype, progress=False)
@@ -54,7 +54,7 @@ class Runtime:
             pools, segment = SharedPools.create(layout, sized.blocks, dtype)
         else:
             pools, segment = KVPools(layout, sized.blocks, dtype), None
-        name = f"{stage}-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+        name = f"{name}:{uuid.uuid4().hex[:6]}"
         log.info("%s loaded %s: pools %s", name, path, pools.usage())
         return cls(
             settings,

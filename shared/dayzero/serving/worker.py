@@ -34,8 +34,9 @@ class StageWorker:
         signals.worker_init.connect(self._start, weak=False)
         signals.worker_shutdown.connect(self._stop, weak=False)
 
-    def _start(self, **_: object) -> None:
-        self.runtime = Runtime.load(self.settings, self.stage, shared=self._shared)
+    def _start(self, sender: object = None, **_: object) -> None:
+        name = getattr(sender, "hostname", None) or self.stage  # celery's -n, e.g. "decode0@host"
+        self.runtime = Runtime.load(self.settings, name, shared=self._shared)
         self.loop = self._make_loop(self.runtime, self.app)
         threading.Thread(target=self.loop.run_forever, name=f"{self.stage}-loop", daemon=True).start()
         self._ready.set()

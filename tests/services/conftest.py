@@ -1,0 +1,108 @@
+"""A real stack for the pipeline tests: embedded Redis, the gateway and worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import httpx
+import pytest
+
+from dayzero.demo import write_demo_checkpoint
+from dayzero.stack import Stack, free_port
+
+MODEL = "dayzero-demo"
+SETTINGS_ENV = {
+    "DAYZERO_LEASE_S": "1.0",
+    "DAYZERO_DISCONNECT_GRACE_S": "0.3",
+    "DAYZERO_KEEPALIVE_S": "1.0",
+    "DAYZERO_MAX_BATCH": "16",
+    "DAYZERO_KV_BUDGET_MB": "32",
+    "DAYZERO_MAX_CONTEXT": "4096",
+    "DAYZERO_MAX_TOKENS_LIMIT": "2048",
+    "DAYZERO_MAX_REQUEST_BYTES": "65536",
+}
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory):
+    return write_demo_checkpoint(tmp_path_factory.mktemp("served"))
+
+
+def start_stack(demo_dir, log_dir, counts, extra=None) -> Stack:
+    env = {**SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(demo_dir), **(extra or {})}
+    stack = Stack(counts, free_port(), log_dir, env)
+    stack.start()
+    try:
+        stack.wait_ready(timeout_s=180)
+    except Exception:
+        stack.stop()
+        for log in sorted(log_dir.glob("*.log")):
+            print(f"== {log.name}\n{log.read_text()[-3000:]}")
+        raise
+    return stack
+
+
+@pytest.fixture(scope="module")
+def stack(demo_dir, tmp_path_factory):
+    s = start_stack(demo_dir, tmp_path_factory.mktemp("logs"), {"prefill": 1, "decode": 2})
+    yield s
+    s.stop()
+
+
+def chat(content: str, **kw) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "temperature": 0, **kw}
+
+
+def sse_events(response: httpx.Response):
+    """(event id or None, data) pairs of a streamed response."""
+    event_id = None
+    for line in response.iter_lines():
+        if line.startswith("id:"):
+            event_id = line[3:].strip()
+        elif line.startswith("data:"):
+            data = line[5:].strip()
+            yield event_id, data if data == "[DONE]" else json.loads(data)
+            event_id = None
+
+
+def stream_text(url: str, body: dict, timeout: float = 120) -> tuple[str, list[str], dict]:
+    """Text, event ids and the final chunk of one streamed request."""
+    text, ids, final = [], [], None
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=timeout) as r:
+        assert r.status_code == 200, r.read()
+        for event_id, data in sse_events(r):
+            if data == "[DONE]":
+                break
+            choice = data["choices"][0]
+            text.append(choice.get("text") or choice.get("delta", {}).get("content") or "")
+            if event_id:
+                ids.append(event_id)
+            if choice["finish_reason"]:
+                final = data
+    return "".join(text), ids, final
+
+
+def pool_usage(stack: Stack) -> dict[str, dict]:
+    import redis
+
+    r = redis.Redis.from_url(stack.redis_url)
+    usage = {}
+    for key in r.scan_iter("dz:usage:*"):
+        usage[key.decode().split(":", 2)[2]] = json.loads(r.get(key))
+    return usage
+
+
+def wait_until(predicate, timeout_s: float, step_s: float = 0.05):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step_s)
+    return predicate()
+
+
+def cpu_count() -> int:
+    return os.cpu_count() or 1

@@ -1,0 +1,178 @@
+"""End to end through real HTTP, a real Redis and real worker processes (1 prefill, 2 decode)."""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import json
+
+import httpx
+import pytest
+import torch
+
+from dayzero.checkpoint import load_model
+from dayzero.engine import generate
+from dayzero.kv.pools import pools_for
+from dayzero.sampling import SamplingParams
+from dayzero.tokenizer import TextCodec
+
+from .conftest import MODEL, chat, sse_events, stream_text
+
+
+@pytest.fixture(scope="module")
+def reference(demo_dir):
+    """The same checkpoint run in-process by dayzero's engine (no queue, no handoff)."""
+    model, codec = load_model(demo_dir, progress=False), TextCodec.from_checkpoint(demo_dir)
+
+    def complete(ids: list[int], max_tokens: int) -> str:
+        pools = pools_for(model.cfg, torch.float32, len(ids) + max_tokens)
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        return "".join(step.text for step in generate(model, codec, pools, ids, params))
+
+    return complete
+
+
+def _prompt(i: int) -> list[int]:
+    return [0, *[(7 * i + 3 * k) % 500 + 2 for k in range(5 + 3 * i)]]
+
+
+def test_completion_equals_in_process_engine(stack, reference):
+    ids = _prompt(1)
+    body = {"model": MODEL, "prompt": ids, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["choices"][0]["text"] == reference(ids, 24)
+    assert out["choices"][0]["finish_reason"] == "length"
+    assert out["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 24, "total_tokens": len(ids) + 24}
+
+
+def test_chat_stream_and_body_agree(stack):
+    body = chat("The quick brown fox", max_tokens=16, ignore_eos=True)
+    whole = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=60).json()
+    text, ids, final = stream_text(f"{stack.url}/v1/chat/completions", body)
+    assert whole["object"] == "chat.completion" and whole["choices"][0]["message"]["role"] == "assistant"
+    assert text == whole["choices"][0]["message"]["content"]
+    assert final["object"] == "chat.completion.chunk" and final["usage"]["completion_tokens"] == 16
+    numbers = [int(i.split("-")[0]) for i in ids]
+    assert numbers == sorted(set(numbers)) and numbers[-1] == 16  # ids are token indices + 1
+
+
+def test_sixteen_concurrent_streams_on_two_decode_workers(stack, reference):
+    def one(i: int):
+        body = {"model": MODEL, "prompt": _prompt(i), "max_tokens": 12 + i, "temperature": 0, "ignore_eos": True}
+        return stream_text(f"{stack.url}/v1/completions", body)
+
+    with futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(16)))
+    for i, (text, _, final) in enumerate(results):
+        assert final["usage"]["completion_tokens"] == 12 + i
+        assert text == reference(_prompt(i), 12 + i)
+    import redis
+
+    workers = redis.Redis.from_url(stack.redis_url).hgetall("dz:workers:decode")
+    assert len(workers) == 2
+
+
+def test_resume_with_last_event_id_gives_exactly_the_rest(stack):
+    body = chat("resume me", max_tokens=20, ignore_eos=True, stream=True)
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=60) as r:
+        rid = r.headers["x-request-id"]
+        events = [(i, d) for i, d in sse_events(r)]
+    full = {i: d for i, d in events if i}
+    ids = list(full)
+    cut = ids[len(ids) // 2]
+    resumed = []
+    with httpx.stream("GET", f"{stack.url}/v1/requests/{rid}/stream", headers={"Last-Event-ID": cut}, timeout=60) as r:
+        for event_id, data in sse_events(r):
+            if data == "[DONE]":
+                break
+            resumed.append(event_id)
+            assert data["choices"] == full[event_id]["choices"]
+    assert resumed == ids[ids.index(cut) + 1 :]
+
+
+def test_resume_in_flight_after_a_disconnect(stack):
+    body = chat("keep going", max_tokens=400, ignore_eos=True, stream=True)
+    seen = []
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=60) as r:
+        rid = r.headers["x-request-id"]
+        for event_id, _ in sse_events(r):
+            if event_id:
+                seen.append(event_id)
+            if len(seen) == 3:
+                break  # the client drops the connection mid-stream ...
+    rest = []  # ... and reconnects at once, inside the grace period
+    with httpx.stream(
+        "GET", f"{stack.url}/v1/requests/{rid}/stream", headers={"Last-Event-ID": seen[-1]}, timeout=120
+    ) as r:
+        for event_id, data in sse_events(r):
+            if data == "[DONE]":
+                break
+            rest.append((event_id, data))
+    assert rest[-1][1]["choices"][0]["finish_reason"] == "length"
+    numbers = [int(i.split("-")[0]) for i in seen + [e for e, _ in rest]]
+    assert numbers == sorted(set(numbers))  # no duplicates, in order
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (chat("x", model="other"), 400, "model"),
+        (chat("x", temperature=5), 400, "temperature"),
+        (chat("x", max_tokens=0), 400, "max_tokens"),
+        (chat("x", max_tokens=100_000), 400, "max_tokens"),
+        (chat("x", n=3), 400, "n"),
+        (chat("x", stop=["a"] * 1 + [""]), 400, "stop.1"),
+        ({"model": MODEL, "messages": []}, 400, "messages"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "audio"}]}]}, 400, None),
+        ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, None),
+        ({"model": MODEL, "prompt": [0, 99999]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": "word " * 5000}, 400, "messages"),
+        (
+            {
+                "model": MODEL,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}],
+                    }
+                ],
+            },
+            400,
+            "messages.0.content",
+        ),
+    ],
+)
+def test_bad_requests_get_openai_errors(stack, body, status, param):
+    path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+    r = httpx.post(f"{stack.url}{path}", json=body, timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["message"] and error["type"] == "invalid_request_error"
+    if param:
+        assert error["param"] == param
+
+
+def test_malformed_and_oversized_bodies(stack):
+    r = httpx.post(
+        f"{stack.url}/v1/chat/completions",
+        content=b"{not json",
+        timeout=30,
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400 and "error" in r.json()
+    big = json.dumps(chat("y" * 70_000)).encode()
+    r = httpx.post(
+        f"{stack.url}/v1/chat/completions", content=big, timeout=30, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+
+def test_models_health_ready_metrics_and_openapi(stack):
+    assert httpx.get(f"{stack.url}/v1/models").json()["data"][0]["id"] == MODEL
+    assert httpx.get(f"{stack.url}/health").json() == {"status": "ok"}
+    ready = httpx.get(f"{stack.url}/ready").json()
+    assert ready["ready"] and ready["workers"]["decode"] == 2
+    metrics = httpx.get(f"{stack.url}/metrics").text
+    assert "dayzero_time_to_first_token_seconds_bucket" in metrics
+    assert "/v1/chat/completions" in httpx.get(f"{stack.url}/openapi.json").json()["paths"]
