@@ -8,6 +8,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
@@ -193,7 +194,8 @@ async def _sse(gw: Gateway, request: GenerationRequest, after: str, first: bool)
     finally:
         if not finished:
             gw.metrics.disconnects.inc()
-        await gw.bus.unwatch(rid, finished)
+        with anyio.CancelScope(shield=True):  # the client is gone: the stream task is being cancelled
+            await gw.bus.unwatch(rid, finished)
 
 
 async def _collect(gw: Gateway, request: GenerationRequest, http: Request) -> JSONResponse:
@@ -217,7 +219,8 @@ async def _collect(gw: Gateway, request: GenerationRequest, http: Request) -> JS
                     shape.body("".join(parts), event.finish_reason, _usage(event)), headers={"X-Request-Id": rid}
                 )
     finally:
-        await gw.bus.unwatch(rid, finished)
+        with anyio.CancelScope(shield=True):
+            await gw.bus.unwatch(rid, finished)
     raise APIError(499, "client disconnected", code="client_closed")
 
 
