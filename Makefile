@@ -20,7 +20,7 @@ test: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/pytest -q
 
 run: $(STAMP)
-	$(BIN)/dayzero generate --prompt "The quick brown fox" --max-tokens 32 --stats
+	$(BIN)/dayzero up --example
 
 bench: $(STAMP)
 	$(BIN)/python bench/model.py

@@ -21,6 +21,11 @@ import httpx
 SERVICES = ("gateway", "prefill", "decode")
 
 
+def service_argv(service: str) -> list[str]:
+    """The arguments of ``dayzero`` that run one service; docker-compose.yml runs the same."""
+    return ["serve", service]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -83,7 +88,7 @@ class Stack:
             self._spawn(child)
 
     def _spawn(self, child: Child) -> None:
-        cmd = [sys.executable, "-m", "dayzero.cli", "serve", child.service, "--name", child.name]
+        cmd = [sys.executable, "-m", "dayzero.cli", *service_argv(child.service), "--name", child.name]
         log = (self.log_dir / f"{child.name}.log").open("ab")
         child.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

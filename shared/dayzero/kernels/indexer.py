@@ -127,6 +127,8 @@ def indexer_topk(
     scores_fn = indexer_scores_torch if backend == "torch" else _scores_triton
     best = torch.full((q.shape[0], topk), float("-inf"), device=q.device)
     best_idx = torch.full((q.shape[0], topk), -1, dtype=torch.long, device=q.device)
+    if backend == "torch":  # the twin materialises [T, Hi, tile] scores: keep that near 64 MiB
+        tile = max(128, min(tile, (1 << 24) // max(1, q.shape[0] * q.shape[1])))
     for first in range(0, int(visible.max()) if visible.numel() else 0, tile):
         count = min(tile, int(visible.max()) - first)
         scores = scores_fn(q, weights, batch, keys, table, visible, first, count)

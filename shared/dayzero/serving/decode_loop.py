@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import redis
@@ -22,6 +23,7 @@ from .handoff import Receiver
 from .intake import Intake, Ticket
 from .messages import DecodeJob
 from .runtime import Runtime
+from .store import Token
 
 log = logging.getLogger("dayzero.decode")
 
@@ -42,6 +44,7 @@ class DecodeLoop:
         self.receiver = Receiver(runtime.store)
         self.stop = threading.Event()
         self.limit = context_limit(runtime.model.cfg, runtime.settings.max_context)
+        self._last_beat = 0.0
 
     def run_forever(self) -> None:
         while not self.stop.is_set():
@@ -52,13 +55,20 @@ class DecodeLoop:
                 self._cancel()
                 if self.active:
                     self._step()
-                self.r.store.heartbeat(list(self.active), self.r.name, self.r.settings.lease_s)
-                self.r.store.worker_alive("decode", self.r.name, self.usage())
+                self._beat()
                 if self.waiting and not self.active:
                     self.stop.wait(0.05)  # waiting for blocks or a handoff
             except redis.RedisError as exc:  # Redis restarting: keep state, retry
                 log.warning("redis unavailable (%s); retrying", exc)
                 self.stop.wait(0.5)
+
+    def _beat(self) -> None:
+        """Lease heartbeats and worker liveness, a few times per lease period (not every step)."""
+        now = time.monotonic()
+        if now - self._last_beat >= self.r.settings.lease_s / 4:
+            self._last_beat = now
+            self.r.store.heartbeat(list(self.active), self.r.name, self.r.settings.lease_s)
+            self.r.store.worker_alive("decode", self.r.name, self.usage())
 
     def usage(self) -> dict:
         return {"pools": self.r.pools.usage(), "active": len(self.active), "waiting": len(self.waiting)}
@@ -124,6 +134,7 @@ class DecodeLoop:
         ids = list(self.active)
         tokens = [self.active[rid].next_token for rid in ids]
         logits = decode(self.r.model, self.r.pools, ids, tokens, self.r.settings.attention())
+        out, finished = [], []
         for i, rid in enumerate(ids):
             active = self.active[rid]
             step = active.completion.accept(active.completion.sample(logits[i]))
@@ -131,8 +142,9 @@ class DecodeLoop:
             if step.finish_reason:
                 prompt = len(active.ticket.job.request.prompt_ids)
                 usage = {"prompt_tokens": prompt, "completion_tokens": active.completion.count}
-            self.r.store.append(rid, active.completion.count - 1, step.token, step.text, step.finish_reason, usage)
-            if step.finish_reason:
-                self._finish(rid, step.finish_reason)
-            else:
-                active.next_token = step.token
+                finished.append((rid, step.finish_reason))
+            out.append(Token(rid, active.completion.count - 1, step.token, step.text, step.finish_reason, usage))
+            active.next_token = step.token
+        self.r.store.append(out)  # one round trip for the whole batch
+        for rid, reason in finished:
+            self._finish(rid, reason)

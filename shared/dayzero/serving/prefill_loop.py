@@ -21,6 +21,7 @@ from .handoff import publish
 from .intake import Intake, Ticket
 from .messages import DecodeJob, PrefillJob
 from .runtime import Runtime
+from .store import Token
 
 log = logging.getLogger("dayzero.prefill")
 
@@ -148,7 +149,16 @@ class PrefillLoop:
         step = completion.accept(completion.sample(logits))
         usage = {"prompt_tokens": len(prompt), "completion_tokens": completion.count}
         store.append(
-            rid, completion.count - 1, step.token, step.text, step.finish_reason, usage if step.finish_reason else None
+            [
+                Token(
+                    rid,
+                    completion.count - 1,
+                    step.token,
+                    step.text,
+                    step.finish_reason,
+                    usage if step.finish_reason else None,
+                )
+            ]
         )
         if step.finish_reason:
             self.r.pools.release(rid)

@@ -12,12 +12,26 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from dataclasses import dataclass
 
 import redis
 
 from .messages import GenerationRequest
 
 P = "dz:"
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One stream entry: token ``index`` of a request, the text it released, and on the last one
+    the finish reason and usage."""
+
+    request_id: str
+    index: int
+    token: int
+    text: str
+    finish: str | None = None
+    usage: dict | None = None
 
 
 def stream_key(request_id: str) -> str:
@@ -127,24 +141,28 @@ class Store:
         return {rid for rid, mark in zip(request_ids, marks, strict=True) if mark}
 
     # -- token streams --------------------------------------------------------------------------------
-    def append(
-        self, request_id: str, index: int, token: int, text: str, finish: str | None = None, usage: dict | None = None
-    ) -> bool:
-        """Append token ``index``; False if that index is already in the stream (a replay)."""
-        fields = {"i": index, "t": token, "x": text}
-        if finish:
-            fields["f"] = finish
-        if usage:
-            fields["u"] = json.dumps(usage)
-        try:
-            self.r.xadd(stream_key(request_id), fields, id=entry_id(index))
-        except redis.ResponseError as exc:  # "equal or smaller than the target stream top item"
-            if "equal or smaller" in str(exc):
-                return False
-            raise
-        if finish:
-            self.r.expire(stream_key(request_id), self.stream_ttl_s)
-        return True
+    def append(self, tokens: list[Token]) -> list[bool]:
+        """Append tokens (one round trip); False where that index was already streamed (a replay)."""
+        pipe = self.r.pipeline(transaction=False)
+        for t in tokens:
+            fields = {"i": t.index, "t": t.token, "x": t.text}
+            if t.finish:
+                fields["f"] = t.finish
+            if t.usage:
+                fields["u"] = json.dumps(t.usage)
+            pipe.xadd(stream_key(t.request_id), fields, id=entry_id(t.index))
+            if t.finish:
+                pipe.expire(stream_key(t.request_id), self.stream_ttl_s)
+        replies = iter(pipe.execute(raise_on_error=False))
+        added = []
+        for t in tokens:
+            reply = next(replies)
+            if t.finish:
+                next(replies)
+            if isinstance(reply, redis.ResponseError) and "equal or smaller" not in str(reply):
+                raise reply
+            added.append(not isinstance(reply, Exception))
+        return added
 
     def end(self, request_id: str, index: int, reason: str, message: str = "") -> None:
         """Close a stream without a token (cancelled, error), at the next index."""

@@ -1,0 +1,195 @@
+"""Serving benchmark: streaming clients with Poisson arrivals against the gateway.
+
+Reports TTFT, inter-token latency and end-to-end latency (p50/p90/p99), token throughput
+and failures; then the pipeline's overhead: TTFT through the gateway minus the same
+engine's in-process TTFT on the same prompt, and the KV handoff (shared memory publish +
+attach + copy) in bytes/s against a plain memory copy of the same bytes.
+Starts its own stack (`dayzero up` machinery, demo checkpoint) unless --url is given.
+Run: ``python bench/serve.py [--rate 4] [--requests 64] [--url http://...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+MODEL = "dayzero-demo"
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def one_request(client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int) -> dict:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+    start, stamps = time.perf_counter(), []
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                return {"ok": False, "status": r.status_code}
+            async for line in r.aiter_lines():
+                if line.startswith("id:"):
+                    stamps.append(time.perf_counter())
+                elif line == "data: [DONE]":
+                    break
+    except httpx.HTTPError as exc:
+        return {"ok": False, "status": type(exc).__name__}
+    if not stamps:
+        return {"ok": False, "status": "no tokens"}
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    return {"ok": True, "ttft": stamps[0] - start, "itl": gaps, "e2e": stamps[-1] - start, "tokens": len(stamps)}
+
+
+async def load(url: str, rate: float, n: int, prompt_len: int, max_tokens: int, seed: int) -> tuple[list, float]:
+    rng = random.Random(seed)
+    async with httpx.AsyncClient(timeout=300) as client:
+        tasks, start = [], time.perf_counter()
+        for i in range(n):
+            prompt = [0] + [rng.randrange(2, 500) for _ in range(prompt_len - 1)]
+            tasks.append(asyncio.create_task(one_request(client, url, prompt, max_tokens)))
+            if i < n - 1:
+                await asyncio.sleep(rng.expovariate(rate))
+        results = await asyncio.gather(*tasks)
+    return results, time.perf_counter() - start
+
+
+def in_process_ttft(checkpoint: Path, prompt_len: int, runs: int = 5) -> float:
+    from dayzero.checkpoint import load_model
+    from dayzero.kv.pools import pools_for
+    from dayzero.model.forward import prefill
+
+    model = load_model(checkpoint, progress=False)
+    prompt = [0] + list(range(2, prompt_len + 1))
+    times = []
+    for i in range(runs + 1):
+        pools = pools_for(model.cfg, torch.float32, prompt_len + 1)
+        start = time.perf_counter()
+        int(prefill(model, pools, [f"s{i}"], [prompt])[0].argmax())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def handoff_bandwidth(checkpoint: Path, tokens: int) -> tuple[float, float, int]:
+    """(handoff bytes/s, plain copy bytes/s, bytes moved) for one sequence of ``tokens`` tokens."""
+    from dayzero.checkpoint import load_model
+    from dayzero.kv.handoff import export_state, import_state
+    from dayzero.kv.layout import PoolLayout
+    from dayzero.kv.pools import KVPools
+    from dayzero.kv.shared import SharedPools
+    from dayzero.model.forward import prefill
+
+    model = load_model(checkpoint, progress=False)
+    layout = PoolLayout.of(model.cfg, 16, "float32")
+    blocks = KVPools.sized(layout, tokens, 2, torch.float32, device="meta").blocks
+    src, segment = SharedPools.create(layout, blocks, torch.float32)
+    try:
+        prefill(model, src, ["s"], [[0] + [(k * 7) % 500 + 2 for k in range(tokens - 1)]])
+        handle = export_state(src, "s")
+        times, copies, moved = [], [], 0
+        for i in range(6):
+            view, view_segment = SharedPools.attach(src.pool_id, layout, blocks, torch.float32)
+            dst = KVPools(layout, blocks, torch.float32)
+            start = time.perf_counter()
+            import_state(dst, view, handle, f"d{i}")
+            times.append(time.perf_counter() - start)
+            moved = _state_bytes(dst, f"d{i}")
+            flat, target = torch.ones(moved // 4), torch.empty(moved // 4)
+            start = time.perf_counter()
+            target.copy_(flat)
+            copies.append(time.perf_counter() - start)
+            del view
+            view_segment.close()
+        return moved / statistics.median(times[1:]), moved / statistics.median(copies[1:]), moved
+    finally:
+        segment.close()
+        segment.unlink()
+
+
+def _state_bytes(pools, seq_id: str) -> int:
+    """Bytes of one sequence's state in ``pools`` (its blocks in every pool + its compressor slot)."""
+    tables = pools.sequences[seq_id].tables
+    total = pools.window[:, tables["window"]].numel() * pools.window.element_size()
+    for name, storage in pools.compressed.items():
+        total += storage[:, tables[name]].numel() * storage.element_size()
+    for tensor in pools.compressor.values():
+        total += tensor[:, tables["compressor"]].numel() * tensor.element_size()
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="a running gateway (default: start a stack here)")
+    parser.add_argument("--rate", type=float, default=4.0, help="request arrivals per second (Poisson)")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--decode", type=int, default=1, help="decode workers when starting a stack")
+    args = parser.parse_args()
+
+    from dayzero.demo import write_demo_checkpoint
+    from dayzero.stack import Stack, free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = write_demo_checkpoint(Path(tmp) / "demo")
+        stack = None
+        url = args.url
+        if url is None:
+            stack = Stack(
+                {"prefill": 1, "decode": args.decode},
+                free_port(),
+                Path(tmp) / "logs",
+                {"DAYZERO_CHECKPOINT": str(checkpoint)},
+            )
+            stack.start()
+            stack.wait_ready()
+            url = stack.url
+        try:
+            asyncio.run(load(url, 2.0, 4, args.prompt_tokens, 4, seed=99))  # warm-up
+            results, wall = asyncio.run(load(url, args.rate, args.requests, args.prompt_tokens, args.max_tokens, 0))
+            single, _ = asyncio.run(load(url, 0.5, 5, args.prompt_tokens, 1, seed=1))  # unloaded TTFT
+        finally:
+            if stack is not None:
+                stack.stop()
+        ok = [r for r in results if r["ok"]]
+        ttft, e2e = [r["ttft"] for r in ok], [r["e2e"] for r in ok]
+        itl = [g for r in ok for g in r["itl"]]
+        tokens = sum(r["tokens"] for r in ok)
+        print(
+            f"{args.requests} streaming requests, Poisson {args.rate}/s, prompt {args.prompt_tokens}, "
+            f"{args.max_tokens} new tokens, 1 prefill + {args.decode} decode worker(s), tiny demo model, CPU"
+        )
+        print("| metric | p50 | p90 | p99 |")
+        print("|---|---:|---:|---:|")
+        for name, values in (("TTFT s", ttft), ("ITL s", itl), ("E2E s", e2e)):
+            print(f"| {name} | {pct(values, 0.5):.4f} | {pct(values, 0.9):.4f} | {pct(values, 0.99):.4f} |")
+        print(
+            f"throughput {tokens / wall:.1f} tokens/s, {len(ok) / wall:.2f} requests/s, failed {len(results) - len(ok)}"
+        )
+        gateway_ttft = statistics.median(r["ttft"] for r in single if r["ok"])
+        engine_ttft = in_process_ttft(checkpoint, args.prompt_tokens)
+        print(
+            f"pipeline overhead (unloaded): TTFT via gateway {gateway_ttft * 1e3:.1f} ms - in-process "
+            f"{engine_ttft * 1e3:.1f} ms = {(gateway_ttft - engine_ttft) * 1e3:.1f} ms"
+        )
+        handoff, copy, moved = handoff_bandwidth(checkpoint, 4096)
+        print(
+            f"KV handoff of a 4096-token sequence ({moved / 1e6:.2f} MB): {handoff / 1e9:.2f} GB/s vs plain "
+            f"memory copy {copy / 1e9:.2f} GB/s ({handoff / copy:.2f}x)"
+        )
+        print(json.dumps({"ttft_p50": pct(ttft, 0.5), "itl_p50": pct(itl, 0.5), "failed": len(results) - len(ok)}))
+
+
+if __name__ == "__main__":
+    main()
