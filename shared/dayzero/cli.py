@@ -63,7 +63,7 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         stop=tuple(args.stop),
     )
     prompt = _prompt(args, checkpoint)
-    model = load_model(checkpoint, DTYPES[settings.dtype])
+    model = load_model(checkpoint, DTYPES[settings.dtype], expert_cache_bytes=settings.expert_cache_mb << 20)
     pools = pools_for(model.cfg, DTYPES[settings.dtype], min(settings.max_context, model.cfg.max_position_embeddings))
     timings = Timings()
     for step in generate(model, codec, pools, prompt, params, timings, settings.max_context, settings.attention()):
@@ -189,6 +189,23 @@ def _example(url: str, model: str) -> None:
     print()
 
 
+def cmd_quantize(args: argparse.Namespace, settings: Settings) -> int:
+    from .quant.quantize import quantize_checkpoint
+
+    if args.experts != "fp4" and args.dense != "fp8":
+        raise ValueError("nothing to do: give --experts fp4 and/or --dense fp8")
+    print(quantize_checkpoint(args.input, args.output, experts=args.experts == "fp4", dense=args.dense == "fp8"))
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
+    from .quant.inspect import inspect, render
+
+    report = inspect(args.path, args.batch, args.context, args.devices, args.expert_cache_gib)
+    print(json.dumps(report.to_dict()) if args.json else render(report))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dayzero", description="Serve DeepSeek-V4-family models from day zero.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -221,6 +238,22 @@ def parser() -> argparse.ArgumentParser:
     al.add_argument("--tokens", type=int, default=8, help="greedy decode steps to compare (default 8)")
     al.add_argument("--json", action="store_true", help="print one JSON object")
     al.set_defaults(run=cmd_align)
+
+    quant = sub.add_parser("quantize", help="write an FP4-expert / FP8-dense checkpoint from a float one")
+    quant.add_argument("input", help="float checkpoint directory")
+    quant.add_argument("output", help="directory to write")
+    quant.add_argument("--experts", choices=["fp4", "keep"], default="fp4", help="routed experts (default fp4)")
+    quant.add_argument("--dense", choices=["fp8", "keep"], default="fp8", help="dense projections (default fp8)")
+    quant.set_defaults(run=cmd_quantize)
+
+    insp = sub.add_parser("inspect", help="parameter counts, dtypes and a memory plan (headers + config only)")
+    insp.add_argument("path", help="checkpoint directory or config.json")
+    insp.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
+    insp.add_argument("--context", type=int, default=65536, help="tokens per sequence (default 65536)")
+    insp.add_argument("--devices", type=int, default=1, help="devices the experts are spread over (default 1)")
+    insp.add_argument("--expert-cache-gib", type=float, default=0.0, help="dequantized expert cache budget")
+    insp.add_argument("--json", action="store_true", help="print one JSON object")
+    insp.set_defaults(run=cmd_inspect)
 
     serve = sub.add_parser("serve", help="run one service in the foreground (what each container runs)")
     serve.add_argument("service", choices=["gateway", "prefill", "decode"])

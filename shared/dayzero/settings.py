@@ -18,6 +18,7 @@ class Settings(BaseSettings):
     dtype: str = Field(default="float32", pattern="^(float32|bfloat16)$", description="serving dtype of dense weights")
     prefill_chunk_size: int = Field(default=2048, ge=1, description="prompt tokens per prefill step")
     max_context: int = Field(default=65536, ge=2, description="prompt + completion tokens per request")
+    expert_cache_mb: int = Field(default=256, ge=0, description="dequantized FP4 experts kept hot (0: off)")
     attention_backend: Literal["torch", "triton"] = Field(default="torch", description="kernel backend")
     sparse_attention: bool = Field(default=True, description="CSA layers read only the indexer's top-k entries")
 

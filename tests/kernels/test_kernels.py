@@ -128,3 +128,16 @@ def test_compressor_matches_twin(rows):
     compress_entries(*args, got, table, seq, entry, backend="triton")
     assert (got - want).abs().max().item() < 1e-5
     assert want[7, 5 % BS].abs().sum() > 0  # entry 5 of sequence 0 lands in block table[0][1]
+
+
+def test_grouped_mxfp4_matmul_matches_twin_with_empty_experts():
+    from dayzero.kernels.moe import grouped_mxfp4_matmul
+    from dayzero.quant.formats import quant_mxfp4
+
+    gen = torch.Generator().manual_seed(6)
+    packed, scales = quant_mxfp4(torch.randn(5, 40, 96, generator=gen))
+    offsets = torch.tensor([0, 3, 3, 21, 21, 26], dtype=torch.int32)  # experts 1 and 3 get no tokens
+    x = torch.randn(26, 96, generator=gen)
+    want = grouped_mxfp4_matmul(x, packed, scales, offsets, backend="torch")
+    got = grouped_mxfp4_matmul(x, packed, scales, offsets, backend="triton")
+    assert (got - want).abs().max().item() < 1e-4 * want.abs().max().item()

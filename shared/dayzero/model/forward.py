@@ -37,7 +37,9 @@ def _layers(
             streams, attention(block.attn, cfg, i, rms_norm(h, block.attn_norm.weight, eps), plan, pools)
         )
         h, mix = collapse(streams, block.hc_ffn_fn, block.hc_ffn_base, block.hc_ffn_scale, iters, hc_eps, eps)
-        streams = mix.merge(streams, moe(block.ffn, cfg, rms_norm(h, block.ffn_norm.weight, eps), plan.token_ids))
+        streams = mix.merge(
+            streams, moe(block.ffn, cfg, rms_norm(h, block.ffn_norm.weight, eps), plan.token_ids, plan.options.backend)
+        )
         if capture is not None:
             capture.append(streams)
     for seq_id, n in zip(seq_ids, plan.batch.news, strict=True):

@@ -6,7 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
-from .weights import MoE
+from ..kernels.batch import Backend
+from ..kernels.moe import grouped_mxfp4_matmul
+from ..quant.experts import PackedExperts
+from .weights import Experts, MoE
 
 _SCORE = {
     "sqrtsoftplus": lambda logits: F.softplus(logits).sqrt(),
@@ -36,24 +39,46 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
     return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
 
 
-def moe(w: MoE, cfg: ModelConfig, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+def moe(w: MoE, cfg: ModelConfig, x: torch.Tensor, token_ids: torch.Tensor, backend: Backend = "torch") -> torch.Tensor:
     """x [T, H] -> [T, H]: routed experts (tokens grouped by expert) plus the shared expert."""
     experts, weights = route(w, cfg, x, token_ids)
     flat_experts = experts.flatten()
-    order = flat_experts.argsort(stable=True)
-    counts = torch.bincount(flat_experts, minlength=cfg.n_routed_experts).tolist()
-    token_of = order // experts.shape[1]
-    out = torch.zeros_like(x)
-    start = 0
-    for e, count in enumerate(counts):
-        if count == 0:
-            continue
-        slots = order[start : start + count]
-        tokens = token_of[start : start + count]
-        start += count
-        xe = x[tokens]
-        h = swiglu(F.linear(xe, w.experts.w1[e]), F.linear(xe, w.experts.w3[e]), cfg.swiglu_limit)
-        ye = F.linear(h, w.experts.w2[e]) * weights.flatten()[slots, None].to(x.dtype)
-        out.index_add_(0, tokens, ye)
+    order = flat_experts.argsort(stable=True)  # (token, slot) pairs grouped by expert
+    counts = torch.bincount(flat_experts, minlength=cfg.n_routed_experts)
+    tokens = order // experts.shape[1]  # [T*k] token of each sorted pair
+    pair_weights = weights.flatten()[order, None]
+    if isinstance(w.experts, PackedExperts) and backend == "triton":
+        routed = _fused_mxfp4(w.experts, cfg, x[tokens], counts)
+    else:
+        routed = _per_expert(w.experts, cfg, x[tokens], counts.tolist())
+    out = torch.zeros_like(x).index_add_(0, tokens, (routed * pair_weights).to(x.dtype))
     se = w.shared_experts
     return out + se.w2(swiglu(se.w1(x), se.w3(x), cfg.swiglu_limit))
+
+
+def _per_expert(
+    experts: Experts | PackedExperts, cfg: ModelConfig, xs: torch.Tensor, counts: list[int]
+) -> torch.Tensor:
+    """Sorted rows ``xs`` through their experts' float weights (packed: dequantized on demand)."""
+    hit = [e for e, c in enumerate(counts) if c]
+    if isinstance(experts, PackedExperts):
+        mats = experts.converter.weights(experts, hit)
+    else:
+        mats = {e: (experts.w1[e], experts.w2[e], experts.w3[e]) for e in hit}
+    out, start = torch.empty_like(xs), 0
+    for e in hit:
+        rows = slice(start, start + counts[e])
+        start += counts[e]
+        w1, w2, w3 = mats[e]
+        out[rows] = F.linear(swiglu(F.linear(xs[rows], w1), F.linear(xs[rows], w3), cfg.swiglu_limit), w2)
+    return out
+
+
+def _fused_mxfp4(experts: PackedExperts, cfg: ModelConfig, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The same through the grouped MXFP4 kernel: no dequantized weight is ever materialised."""
+    offsets = torch.zeros(counts.numel() + 1, dtype=torch.int32, device=xs.device)
+    offsets[1:] = counts.cumsum(0)
+    gate = grouped_mxfp4_matmul(xs, experts.w1, experts.w1_scale, offsets, "triton")
+    up = grouped_mxfp4_matmul(xs, experts.w3, experts.w3_scale, offsets, "triton")
+    hidden = swiglu(gate, up, cfg.swiglu_limit)
+    return grouped_mxfp4_matmul(hidden, experts.w2, experts.w2_scale, offsets, "triton").to(xs.dtype)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..config import CSA, HASH_MOE, SLIDING, ModelConfig
+from ..quant.experts import PackedExperts
 
 # Parameters that stay fp32 whatever the serving dtype (as in the reference).
 FP32_SUFFIXES = ("_fn", "_base", "_scale", "attn_sink", "ape", "gate.bias", "norm.weight")
@@ -97,19 +98,20 @@ class SharedExpert(nn.Module):
 
 
 class MoE(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, packed: bool) -> None:
         super().__init__()
         self.gate = Gate(cfg, hashed=cfg.mlp_layer_types[layer] == HASH_MOE)
-        self.experts = Experts(cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        kind = PackedExperts if packed else Experts
+        self.experts = kind(cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size)
         self.shared_experts = SharedExpert(cfg.hidden_size, cfg.moe_intermediate_size)
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, packed: bool) -> None:
         super().__init__()
         n_mix, width = (2 + cfg.hc_mult) * cfg.hc_mult, cfg.hc_mult * cfg.hidden_size
         self.attn = Attention(cfg, layer)
-        self.ffn = MoE(cfg, layer)
+        self.ffn = MoE(cfg, layer, packed)
         self.attn_norm = Norm(cfg.hidden_size)
         self.ffn_norm = Norm(cfg.hidden_size)
         self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale = _param(n_mix, width), _param(n_mix), _param(3)
@@ -117,11 +119,13 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """``packed_experts``: routed experts stay MXFP4 (see dayzero.quant.experts)."""
+
+    def __init__(self, cfg: ModelConfig, packed_experts: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size).requires_grad_(False)
-        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(Block(cfg, i, packed_experts) for i in range(cfg.num_layers))
         self.norm = Norm(cfg.hidden_size)
         self.head = _linear(cfg.hidden_size, cfg.vocab_size)
         self.hc_head_fn = _param(cfg.hc_mult, cfg.hc_mult * cfg.hidden_size)
@@ -133,7 +137,7 @@ def is_fp32_param(name: str) -> bool:
     return name.endswith(FP32_SUFFIXES)
 
 
-def skeleton(cfg: ModelConfig) -> Transformer:
+def skeleton(cfg: ModelConfig, packed_experts: bool = False) -> Transformer:
     """The module tree on the meta device: names, shapes, no memory."""
     with torch.device("meta"):
-        return Transformer(cfg)
+        return Transformer(cfg, packed_experts)

@@ -46,7 +46,7 @@ class Runtime:
         """``name`` identifies the worker in leases and heartbeats (unique per process)."""
         path = checkpoint_path(settings)
         dtype = DTYPES[settings.dtype]
-        model = load_model(path, dtype, progress=False)
+        model = load_model(path, dtype, progress=False, expert_cache_bytes=settings.expert_cache_mb << 20)
         layout = PoolLayout.of(model.cfg, settings.block_size, settings.dtype)
         budget = settings.kv_budget_mb << 20
         sized = KVPools.from_budget(layout, budget, settings.max_batch, dtype, device="meta")

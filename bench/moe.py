@@ -1,0 +1,108 @@
+"""MoE with FP4 experts: online conversion (+ cache) vs experts pre-converted to bf16.
+
+1. One MoE layer's time for a decode batch and a prefill chunk: experts packed (dequantized
+   per call into the workspace; with a warm cache) vs experts held in bf16. Median of runs.
+2. Load time and resident expert memory of an FP4 checkpoint: kept packed vs dequantized to
+   bf16 at load. Run: ``python bench/moe.py``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from dayzero.checkpoint import load_model
+from dayzero.demo import write_checkpoint
+from dayzero.model.moe import moe
+from dayzero.quant.quantize import quantize_checkpoint
+
+CONFIG = {
+    "model_type": "deepseek_v4",
+    "vocab_size": 512,
+    "hidden_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "head_dim": 64,
+    "partial_rotary_factor": 0.25,
+    "q_lora_rank": 128,
+    "o_groups": 2,
+    "o_lora_rank": 128,
+    "sliding_window": 64,
+    "index_n_heads": 8,
+    "index_head_dim": 32,
+    "index_topk": 8,
+    "layer_types": [
+        "sliding_attention",
+        "compressed_sparse_attention",
+        "heavily_compressed_attention",
+        "compressed_sparse_attention",
+    ],
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
+    "hc_mult": 2,
+    "n_routed_experts": 64,
+    "num_experts_per_tok": 6,
+    "moe_intermediate_size": 512,
+    "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"],
+}
+
+
+def median_ms(fn, runs: int = 7) -> float:
+    fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def expert_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for b in model.layers for t in b.ffn.experts.buffers()) + sum(
+        p.numel() * p.element_size() for b in model.layers for p in b.ffn.experts.parameters()
+    )
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = write_checkpoint(Path(tmp) / "float", CONFIG)
+        fp4 = quantize_checkpoint(src, Path(tmp) / "fp4", progress=False)
+        start = time.perf_counter()
+        packed = load_model(fp4, torch.bfloat16, progress=False, expert_cache_bytes=0)
+        packed_load = time.perf_counter() - start
+        start = time.perf_counter()
+        converted = load_model(fp4, torch.bfloat16, progress=False, expert_cache_bytes=0)
+        for block in converted.layers:  # convert everything at load, as a non-packed server would
+            experts = block.ffn.experts
+            experts.converter.weights(experts, list(range(CONFIG["n_routed_experts"])))
+        full_load = time.perf_counter() - start
+        full_bytes = CONFIG["num_hidden_layers"] * CONFIG["n_routed_experts"] * 3 * 512 * 512 * 2
+        cached = load_model(fp4, torch.bfloat16, progress=False, expert_cache_bytes=1 << 30)
+        float_model = load_model(src, torch.bfloat16, progress=False)
+    cfg, layer = packed.cfg, 1
+    print("1. one MoE layer (hidden 512, 64 experts of 512, top-6), bf16 CPU, median of 7")
+    print("| tokens | bf16 experts ms | FP4 online ms | FP4 + warm cache ms | online / bf16 | cached / bf16 |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for tokens in (16, 512):
+        x = torch.randn(tokens, 512, dtype=torch.bfloat16)
+        ids = torch.randint(2, 512, (tokens,))
+        base = median_ms(lambda: moe(float_model.layers[layer].ffn, cfg, x, ids))
+        online = median_ms(lambda: moe(packed.layers[layer].ffn, cfg, x, ids))
+        warm = median_ms(lambda: moe(cached.layers[layer].ffn, cfg, x, ids))
+        print(f"| {tokens} | {base:.2f} | {online:.2f} | {warm:.2f} | {online / base:.2f}x | {warm / base:.2f}x |")
+    c = packed.expert_converter.counters
+    print(f"counters (online model): {c.as_dict()}")
+    print("\n2. load and resident expert memory, 4 layers x 64 experts")
+    print("| experts | load s | resident expert MiB |")
+    print("|---|---:|---:|")
+    print(f"| FP4 packed | {packed_load:.2f} | {expert_bytes(packed) / 2**20:.1f} |")
+    print(f"| converted to bf16 at load | {full_load:.2f} | {full_bytes / 2**20:.1f} |")
+    print(f"packed / bf16 resident: {expert_bytes(packed) / full_bytes:.3f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""`dayzero inspect` on DeepSeek-V4-Flash's shape (transformers' DeepseekV4Config defaults)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import torch
+
+from dayzero.quant.inspect import inspect
+
+
+def test_flash_counts_match_transformers_and_the_published_sizes(tmp_path):
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    config = DeepseekV4Config()
+    config.save_pretrained(tmp_path)
+    with torch.device("meta"):
+        reference = sum(p.numel() for p in DeepseekV4ForCausalLM(config).parameters())
+    report = inspect(tmp_path / "config.json", batch=8, context=65536, devices=8)
+    assert report.total_params == reference  # same counting: buffers (hash table, routing bias) excluded
+    assert abs(report.total_params / 284e9 - 1) < 0.01  # published: 284B
+    # published: 13B active; counting the embedding table as one looked-up row gives 13.26B
+    assert abs(report.active_params_without_embedding / 13e9 - 1) < 0.03
+    assert report.plan["experts"] == "fp4" and report.memory_gib["packed_weights"] > 10
+
+
+def test_quantize_and_inspect_commands(tmp_path, checkpoint_factory):
+    from .test_fp4_model import FP4_CONFIG
+
+    path = tmp_path / "q"
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dayzero.cli",
+            "quantize",
+            str(checkpoint_factory("fp4_src", **FP4_CONFIG)),
+            str(path),
+            "--experts",
+            "fp4",
+            "--dense",
+            "fp8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "dayzero.cli", "inspect", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["tensors_by_dtype"]["I8"] == 3 * 6 * 3 and report["unmapped_tensors"] == []
+    assert set(report["memory_gib"]) == {
+        "packed_weights",
+        "dequant_workspace",
+        "expert_cache",
+        "attention_pools",
+        "hyper_connection_state",
+        "activations",
+    }
