@@ -90,9 +90,10 @@ def main() -> None:
     for tokens in (16, 512):
         x = torch.randn(tokens, 512, dtype=torch.bfloat16)
         ids = torch.randint(2, 512, (tokens,))
-        base = median_ms(lambda: moe(float_model.layers[layer].ffn, cfg, x, ids))
-        online = median_ms(lambda: moe(packed.layers[layer].ffn, cfg, x, ids))
-        warm = median_ms(lambda: moe(cached.layers[layer].ffn, cfg, x, ids))
+        base, online, warm = (
+            median_ms(lambda m=m, x=x, ids=ids: moe(m.layers[layer].ffn, cfg, x, ids))
+            for m in (float_model, packed, cached)
+        )
         print(f"| {tokens} | {base:.2f} | {online:.2f} | {warm:.2f} | {online / base:.2f}x | {warm / base:.2f}x |")
     c = packed.expert_converter.counters
     print(f"counters (online model): {c.as_dict()}")
