@@ -32,7 +32,7 @@ _RENAMES = (
 )
 _EXPERT = re.compile(r"^(layers\.\d+\.ffn\.experts)\.(\d+)\.(w[123])\.(weight|scale|weight_scale_inv)$")
 _SCALE = re.compile(r"^(.+)\.(scale|weight_scale_inv)$")  # a dense weight's block scales
-_IGNORED = re.compile(r"^mtp\.")  # the multi-token-prediction layer is not served
+_IGNORED = re.compile(r"^(mtp|visual)\.")  # the MTP layer is not served; the vision tower loads apart
 
 
 class CheckpointError(ValueError):

@@ -40,7 +40,7 @@ def _prompt(args: argparse.Namespace, checkpoint: Path) -> list[int]:
 def cmd_demo_checkpoint(args: argparse.Namespace, settings: Settings) -> int:
     from .demo import write_demo_checkpoint
 
-    print(write_demo_checkpoint(args.out, seed=args.seed))
+    print(write_demo_checkpoint(args.out, seed=args.seed, vision=args.vision))
     return 0
 
 
@@ -213,6 +213,7 @@ def parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo-checkpoint", help="write the tiny random-weight DeepSeek-V4 checkpoint")
     demo.add_argument("out", help="directory to write (config.json, model.safetensors, tokenizer.json, ...)")
     demo.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
+    demo.add_argument("--vision", action="store_true", help="add a tiny vision tower (visual.*) and <|image|>")
     demo.set_defaults(run=cmd_demo_checkpoint)
 
     def prompt_args(cmd: argparse.ArgumentParser, required: bool) -> None:

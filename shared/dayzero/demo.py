@@ -22,8 +22,21 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from .checkpoint import canonical_name
 
-BOS, EOS = "<|begin▁of▁sentence|>", "<|end▁of▁sentence|>"
-SPECIAL_TOKENS = [BOS, EOS]
+BOS, EOS, IMAGE = "<|begin▁of▁sentence|>", "<|end▁of▁sentence|>", "<|image|>"
+SPECIAL_TOKENS = [BOS, EOS, IMAGE]  # ids 0, 1, 2
+
+DEMO_VISION: dict[str, Any] = {
+    "depth": 4,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "out_hidden_size": 64,
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "window_size": 56,
+    "fullatt_block_indexes": [1, 3],
+}
 
 DEMO_CONFIG: dict[str, Any] = {
     "model_type": "deepseek_v4",
@@ -111,9 +124,30 @@ def write_checkpoint(out: str | Path, raw_config: dict[str, Any], seed: int = 0)
     return out
 
 
-def write_demo_checkpoint(out: str | Path, seed: int = 0) -> Path:
-    """The built-in default checkpoint: weights, config, tokenizer and generation config."""
+def add_vision(out: Path, vision: dict[str, Any], image_token_id: int, seed: int) -> None:
+    """Add a random Qwen2.5-VL vision tower (``visual.*``) to a checkpoint written by ``write_checkpoint``."""
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    torch.manual_seed(seed + 7)
+    tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(Qwen2_5_VLVisionConfig(**vision)).eval()
+    with torch.no_grad():
+        for p in tower.parameters():
+            p.normal_(0.0, 0.05)
+    tensors = load_file(str(out / "model.safetensors"))
+    tensors.update({f"visual.{k}": v.contiguous() for k, v in tower.state_dict().items()})
+    save_file(tensors, str(out / "model.safetensors"))
+    config = json.loads((out / "config.json").read_text())
+    config.update(vision_config={**Qwen2_5_VLVisionConfig(**vision).to_dict(), **vision}, image_token_id=image_token_id)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def write_demo_checkpoint(out: str | Path, seed: int = 0, vision: bool = False) -> Path:
+    """The built-in default checkpoint: weights, config, tokenizer and generation config
+    (``vision``: plus a tiny vision tower and the ``<|image|>`` placeholder)."""
     out = write_checkpoint(out, DEMO_CONFIG, seed)
+    if vision:
+        add_vision(out, DEMO_VISION, SPECIAL_TOKENS.index(IMAGE), seed)
     build_tokenizer(DEMO_CONFIG["vocab_size"]).save(str(out / "tokenizer.json"))
     generation = {"bos_token_id": 0, "eos_token_id": 1, "do_sample": False, "max_new_tokens": 64}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
@@ -127,7 +161,7 @@ def ensure_demo_checkpoint(path: Path) -> Path:
     print(f"creating the built-in demo checkpoint in {path}", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".demo-"))
-    write_demo_checkpoint(tmp)
+    write_demo_checkpoint(tmp, vision=True)
     try:
         tmp.rename(path)
     except OSError:  # another process finished first

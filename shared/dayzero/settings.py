@@ -9,6 +9,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .model.plan import AttentionOptions
+from .vision.preprocess import ImageLimits, PatchSpec
 
 
 class Settings(BaseSettings):
@@ -18,6 +19,12 @@ class Settings(BaseSettings):
     dtype: str = Field(default="float32", pattern="^(float32|bfloat16)$", description="serving dtype of dense weights")
     prefill_chunk_size: int = Field(default=2048, ge=1, description="prompt tokens per prefill step")
     max_context: int = Field(default=65536, ge=2, description="prompt + completion tokens per request")
+    image_max_bytes: int = Field(default=10 << 20, ge=1, description="encoded bytes per image")
+    image_max_pixels: int = Field(default=40_000_000, ge=1, description="decoded pixels per image (bomb guard)")
+    image_max_count: int = Field(default=8, ge=0, description="images per request")
+    image_allowed_hosts: list[str] = Field(default=[], description="hosts remote image URLs may come from")
+    image_resize_max_pixels: int = Field(default=28 * 28 * 256, ge=28 * 28, description="pixels after resize")
+    encoder_cache_mb: int = Field(default=64, ge=0, description="image embeddings kept for repeated images")
     expert_cache_mb: int = Field(default=256, ge=0, description="dequantized FP4 experts kept hot (0: off)")
     attention_backend: Literal["torch", "triton"] = Field(default="torch", description="kernel backend")
     sparse_attention: bool = Field(default=True, description="CSA layers read only the indexer's top-k entries")
@@ -44,12 +51,20 @@ class Settings(BaseSettings):
     stream_ttl_s: int = Field(default=600, ge=1, description="finished token streams stay resumable this long")
     task_time_limit_s: int = Field(default=3600, ge=1, description="hard limit of one generation")
 
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(
+            self.image_max_bytes, self.image_max_pixels, self.image_max_count, tuple(self.image_allowed_hosts)
+        )
+
+    def patch_spec(self) -> PatchSpec:
+        return PatchSpec(max_pixels=self.image_resize_max_pixels)
+
     def attention(self) -> AttentionOptions:
         return AttentionOptions(self.attention_backend, self.sparse_attention)
 
     @property
     def demo_checkpoint(self) -> Path:
-        return self.cache_dir / "demo-checkpoint"
+        return self.cache_dir / "demo-checkpoint-vision"
 
     @property
     def visibility_timeout_s(self) -> int:

@@ -1,0 +1,142 @@
+"""Images -> embeddings for the language model: preprocessing, the tower, an encoder cache,
+and the splice of image embeddings into a prompt's token embeddings.
+
+The prompt carries one placeholder token per image; ``expand`` turns it into one position
+per merged patch (ordinary consecutive positions), and ``splice`` puts the image rows there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from ..checkpoint import CheckpointError, canonical_name
+from .preprocess import ImageLimits, PatchSpec, decode, process
+from .tower import VisionConfig, VisionTower, encode
+
+_VISUAL = re.compile(r"^visual\.")
+
+
+@dataclass(slots=True)
+class CacheCounters:
+    hits: int = 0
+    misses: int = 0
+    tower_calls: int = 0
+    cache_bytes: int = 0
+
+
+class VisionEncoder:
+    """Encodes images with a byte-budgeted cache keyed by the image bytes and preprocessing."""
+
+    def __init__(self, tower: VisionTower, spec: PatchSpec, limits: ImageLimits, cache_bytes: int) -> None:
+        self.tower, self.spec, self.limits, self.budget = tower, spec, limits, cache_bytes
+        self.counters = CacheCounters()
+        self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+
+    def key(self, data: bytes) -> str:
+        return hashlib.sha256(data + repr(asdict(self.spec)).encode()).hexdigest()
+
+    def embeddings(self, images: list[bytes]) -> list[torch.Tensor]:
+        """One [merged patches, hidden] tensor per image; uncached images go through the tower together."""
+        if len(images) > self.limits.max_images:
+            raise ValueError(f"{len(images)} images in one request; the limit is {self.limits.max_images}")
+        keys = [self.key(data) for data in images]
+        missing = [i for i, k in enumerate(keys) if k not in self._cache]
+        self.counters.hits += len(images) - len(missing)
+        self.counters.misses += len(missing)
+        fresh: dict[int, torch.Tensor] = {}
+        if missing:
+            pixels, grid = process([decode(images[i], self.limits) for i in missing], self.spec)
+            merged = encode(self.tower, pixels, grid)
+            self.counters.tower_calls += 1
+            sizes = (grid.prod(dim=1) // self.spec.merge_size**2).tolist()
+            for i, part in zip(missing, merged.split(sizes), strict=True):
+                fresh[i] = part
+                self._remember(keys[i], part)
+        out = []
+        for i, k in enumerate(keys):
+            if i in fresh:
+                out.append(fresh[i])
+            else:
+                self._cache.move_to_end(k)
+                out.append(self._cache[k])
+        return out
+
+    def _remember(self, key: str, value: torch.Tensor) -> None:
+        size = value.numel() * value.element_size()
+        if size > self.budget:
+            return
+        while self.counters.cache_bytes + size > self.budget:
+            _, old = self._cache.popitem(last=False)
+            self.counters.cache_bytes -= old.numel() * old.element_size()
+        self._cache[key] = value.clone()
+        self.counters.cache_bytes += size
+
+
+def expand(ids: list[int], image_token: int, counts: list[int]) -> list[int]:
+    """Each placeholder -> ``counts[i]`` copies (the i-th image's merged patches)."""
+    found = sum(1 for t in ids if t == image_token)
+    if found != len(counts):
+        raise ValueError(f"the prompt has {found} image placeholders for {len(counts)} images")
+    out, images = [], iter(counts)
+    for t in ids:
+        out.extend([t] * next(images) if t == image_token else [t])
+    return out
+
+
+def splice(token_embeds: torch.Tensor, ids: list[int], image_token: int, images: list[torch.Tensor]) -> torch.Tensor:
+    """Token embeddings [L, hidden] with the image rows written at the placeholder positions."""
+    out = token_embeds.clone()
+    rows = torch.tensor([i for i, t in enumerate(ids) if t == image_token], dtype=torch.long)
+    if images:
+        out[rows] = torch.cat(images).to(out.dtype)
+    return out
+
+
+def load_tower(path: str | Path, dtype: torch.dtype = torch.float32) -> VisionTower | None:
+    """The ``visual.*`` tower of a combined checkpoint (None when it has no ``vision_config``)."""
+    import json
+
+    root = Path(path)
+    raw = json.loads((root / "config.json").read_text())
+    if "vision_config" not in raw:
+        return None
+    if raw["vision_config"].get("out_hidden_size") != raw.get("hidden_size"):
+        raise CheckpointError("vision_config.out_hidden_size must equal the language model's hidden_size")
+    tower = VisionTower(VisionConfig.from_dict(raw["vision_config"]))
+    expected = tower.state_dict()
+    tensors = {}
+    for file in sorted(root.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                name = canonical_name(key)
+                if _VISUAL.match(name):
+                    tensors[_VISUAL.sub("", name)] = f.get_tensor(key).to(dtype)
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"vision tower: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    bad = [k for k, t in tensors.items() if t.shape != expected[k].shape]
+    if bad:
+        raise CheckpointError(
+            f"vision tower tensor visual.{bad[0]} has shape {list(tensors[bad[0]].shape)}, "
+            f"expected {list(expected[bad[0]].shape)}"
+        )
+    tower.load_state_dict(tensors, strict=True)
+    return tower.eval()
+
+
+def multimodal_prompt(
+    embed: torch.nn.Embedding, ids: list[int], image_token: int, images: list[torch.Tensor]
+) -> tuple[list[int], torch.Tensor]:
+    """Prompt ids with one placeholder per image -> (expanded ids, input embeddings [L, hidden])."""
+    expanded = expand(ids, image_token, [img.shape[0] for img in images])
+    with torch.inference_mode():
+        tokens = embed(torch.tensor(expanded, dtype=torch.long, device=embed.weight.device))
+    return expanded, splice(tokens, expanded, image_token, images)

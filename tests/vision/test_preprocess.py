@@ -1,0 +1,87 @@
+"""Preprocessing against transformers' Qwen2-VL image processor, and one test per refusal."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+import torch
+from PIL import Image
+
+from dayzero.vision.preprocess import ImageError, ImageLimits, PatchSpec, decode, image_bytes, process
+
+from .conftest import encoded
+
+ODD = [
+    (37, 91, "PNG", "RGB"),
+    (200, 113, "JPEG", "RGB"),
+    (61, 29, "WEBP", "RGB"),
+    (90, 44, "GIF", "L"),
+    (123, 77, "PNG", "RGBA"),
+    (15, 15, "PNG", "L"),
+]
+
+
+def test_pixel_values_match_transformers_processor():
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    datas = [encoded(w, h, fmt, mode, seed=i) for i, (w, h, fmt, mode) in enumerate(ODD)]
+    reference = Qwen2VLImageProcessorPil()(images=[Image.open(io.BytesIO(d)) for d in datas], return_tensors="pt")
+    pixels, grid = process([decode(d, ImageLimits()) for d in datas], PatchSpec())
+    assert torch.equal(grid, reference["image_grid_thw"])
+    assert (pixels - reference["pixel_values"]).abs().max().item() < 1e-5
+
+
+def test_alpha_is_composited_on_white_and_exif_orientation_applied():
+    transparent = encoded(30, 20, "PNG", "RGBA")
+    image = Image.open(io.BytesIO(transparent)).convert("RGBA")
+    image.putalpha(0)
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    assert decode(buf.getvalue(), ImageLimits()).getpixel((3, 4)) == (255, 255, 255)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees on display
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 10), (200, 10, 10)).save(buf, "JPEG", exif=exif)
+    assert decode(buf.getvalue(), ImageLimits()).size == (10, 40)
+
+
+def _bomb() -> bytes:
+    buf = io.BytesIO()
+    Image.new("1", (20000, 20000)).save(buf, "PNG")  # 400 M pixels in a few KB
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("make", "limits", "message"),
+    [
+        (lambda: encoded(64, 64), ImageLimits(max_bytes=100), "larger than 100 bytes"),
+        (_bomb, ImageLimits(), "exceeds the limit"),
+        (lambda: encoded(64, 64)[:200], ImageLimits(), "corrupt or truncated|not a readable"),
+        (lambda: b"definitely not an image", ImageLimits(), "not a readable image"),
+        (lambda: encoded(16, 16, "BMP"), ImageLimits(), "unsupported image format BMP"),
+    ],
+)
+def test_each_refusal_is_a_clear_error(make, limits, message):
+    with pytest.raises(ImageError, match=message):
+        decode(make(), limits)
+
+
+def test_urls_remote_refused_and_data_urls_checked():
+    data = encoded(8, 8)
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    assert image_bytes(url, ImageLimits()) == data
+    with pytest.raises(ImageError, match="remote image URLs are not allowed"):
+        image_bytes("https://example.com/cat.png", ImageLimits())
+    with pytest.raises(ImageError, match="not valid base64"):
+        image_bytes("data:image/png;base64,@@@", ImageLimits())
+    with pytest.raises(ImageError, match="data:image"):
+        image_bytes("data:text/plain;base64,aGk=", ImageLimits())
+    with pytest.raises(ImageError, match="larger than"):
+        image_bytes(url, ImageLimits(max_bytes=10))
+
+
+def test_extreme_aspect_ratio_refused():
+    with pytest.raises(ImageError, match="aspect ratio"):
+        process([Image.new("RGB", (3000, 10))], PatchSpec())

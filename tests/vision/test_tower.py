@@ -1,0 +1,42 @@
+"""The vision tower against transformers' Qwen2_5_VisionTransformerPretrainedModel (fp32, 1e-4)."""
+
+from __future__ import annotations
+
+import torch
+from PIL import Image
+
+from dayzero.vision.preprocess import PatchSpec, process
+from dayzero.vision.tower import VisionConfig, VisionTower, encode
+
+
+def test_several_images_of_different_sizes_match_reference():
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    config = Qwen2_5_VLVisionConfig(
+        depth=4,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=48,
+        window_size=56,
+        fullatt_block_indexes=[1, 3],
+    )
+    torch.manual_seed(0)
+    reference = Qwen2_5_VisionTransformerPretrainedModel._from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.normal_(0, 0.1)
+    tower = VisionTower(VisionConfig.from_dict(config.to_dict()))
+    tower.load_state_dict(reference.state_dict(), strict=True)
+    gen = torch.Generator().manual_seed(1)
+    images = [
+        Image.fromarray(torch.randint(0, 255, (h, w, 3), generator=gen, dtype=torch.uint8).numpy())
+        for w, h in ((37, 91), (200, 113), (120, 300))
+    ]  # windows partly filled, three grids
+    pixels, grid = process(images, PatchSpec(max_pixels=28 * 28 * 64))
+    with torch.no_grad():
+        want = reference(pixels, grid_thw=grid).pooler_output
+    got = encode(tower, pixels, grid)
+    assert got.shape == want.shape == (int(grid.prod(dim=1).sum()) // 4, 48)
+    assert (got - want).abs().max().item() < 1e-4 and want.abs().max().item() > 1e-2
