@@ -34,7 +34,7 @@ def test_every_environment_variable_is_a_known_setting():
 
 def test_workers_have_gpus_replicas_healthchecks_and_shared_memory():
     services = _compose()["services"]
-    for name in ("prefill", "decode"):
+    for name in ("vision", "prefill", "decode"):
         deploy = services[name]["deploy"]
         assert deploy["replicas"] >= 1
         assert deploy["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]

@@ -34,8 +34,8 @@ async def _reaper(gw: Gateway) -> None:
     """Re-run requests whose worker stopped heartbeating (see dayzero.serving.reaper)."""
     celery = gw.bus.celery
 
-    def send(job: PrefillJob) -> None:
-        celery.send_task(TASKS["prefill"], args=[job.model_dump_json()])
+    def send(job: PrefillJob, stage: str) -> None:
+        celery.send_task(TASKS[stage], args=[job.model_dump_json()])
 
     period = gw.settings.lease_s / 2
     while True:
@@ -57,6 +57,7 @@ def create_app(settings: Settings) -> FastAPI:
             GatewayMetrics(),
             cfg.max_position_embeddings,
             cfg.vocab_size,
+            cfg.raw.get("image_token_id") if "vision_config" in cfg.raw else None,
         )
         app.state.gateway = gw
         if not settings.api_keys:
@@ -90,7 +91,8 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/ready")
     async def ready(request: Request) -> JSONResponse:
         try:
-            workers = await request.app.state.gateway.bus.ready()
+            gw = request.app.state.gateway
+            workers = await gw.bus.ready(("vision",) if gw.image_token is not None else ())
         except redis.RedisError as exc:
             return JSONResponse({"ready": False, "reason": f"redis unreachable: {exc}"}, status_code=503)
         missing = [stage for stage, n in workers.items() if n == 0]

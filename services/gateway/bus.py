@@ -38,12 +38,14 @@ class Bus:
     async def queue_depth(self, stage: str) -> int:
         return int(await self.r.llen(stage))
 
-    async def submit(self, request: GenerationRequest) -> None:
+    async def submit(self, request: GenerationRequest, images: list[bytes]) -> None:
+        """Record the request (and its images' bytes) and queue it: vision first when it has images."""
+
         def enqueue() -> None:
-            self.store.register(request)
+            self.store.register(request, images)
             self.store.mark_queued(request.request_id, self.settings.visibility_timeout_s)
             job = PrefillJob(request=request)
-            self.celery.send_task(TASKS["prefill"], args=[job.model_dump_json()])
+            self.celery.send_task(TASKS["vision" if images else "prefill"], args=[job.model_dump_json()])
 
         await run_in_threadpool(enqueue)
 
@@ -100,11 +102,11 @@ class Bus:
             await self.r.set(f"{P}cancel:{request_id}", 1, ex=self.settings.stream_ttl_s)
 
     # -- readiness -------------------------------------------------------------------------------------
-    async def ready(self) -> dict[str, int]:
+    async def ready(self, extra_stages: tuple[str, ...] = ()) -> dict[str, int]:
         await self.r.ping()
         return {
             stage: len(await run_in_threadpool(self.store.live_workers, stage, 3 * self.settings.lease_s + 2))
-            for stage in ("prefill", "decode")
+            for stage in (*extra_stages, "prefill", "decode")
         }
 
     async def close(self) -> None:

@@ -19,3 +19,4 @@ class Gateway:
     metrics: GatewayMetrics
     max_positions: int
     vocab_size: int
+    image_token: int | None  # None: the checkpoint has no vision tower

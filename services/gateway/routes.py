@@ -18,7 +18,8 @@ from dayzero.serving.messages import GenerationRequest, SamplingSpec
 from .bus import Bus, TokenEvent
 from .context import Gateway
 from .errors import APIError
-from .schemas import ChatCompletionRequest, CompletionRequest, Message, Sampling
+from .images import expand_placeholders, render_chat
+from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
 
 router = APIRouter()
 
@@ -37,25 +38,6 @@ async def authorize(gw: GatewayDep, authorization: Annotated[str | None, Header(
 
 
 Authorized = Depends(authorize)
-
-
-def render_chat(messages: list[Message]) -> str:
-    """The chat template of the built-in tokenizer: role-tagged turns, then the assistant tag."""
-    turns = []
-    for i, m in enumerate(messages):
-        if isinstance(m.content, str):
-            text = m.content
-        else:
-            if any(part.type == "image_url" for part in m.content):
-                raise APIError(
-                    400,
-                    "this checkpoint has no vision tower: image_url parts are not supported",
-                    param=f"messages.{i}.content",
-                    code="images_unsupported",
-                )
-            text = "".join(part.text for part in m.content)
-        turns.append(f"<|{m.role}|>{text}\n")
-    return "".join(turns) + "<|assistant|>"
 
 
 def _spec(gw: Gateway, body: Sampling, prompt_ids: list[int], max_tokens: int | None) -> SamplingSpec:
@@ -100,8 +82,9 @@ def _spec(gw: Gateway, body: Sampling, prompt_ids: list[int], max_tokens: int | 
     )
 
 
-async def _admit(gw: GatewayDep, request: GenerationRequest) -> None:
-    if await gw.bus.queue_depth("prefill") >= gw.settings.max_queued:
+async def _admit(gw: GatewayDep, request: GenerationRequest, images: list[bytes]) -> None:
+    stage = "vision" if images else "prefill"
+    if await gw.bus.queue_depth(stage) >= gw.settings.max_queued:
         gw.metrics.rejected.inc()
         raise APIError(
             429,
@@ -110,7 +93,7 @@ async def _admit(gw: GatewayDep, request: GenerationRequest) -> None:
             code="queue_full",
             headers={"Retry-After": "1"},
         )
-    await gw.bus.submit(request)
+    await gw.bus.submit(request, images)
 
 
 class Shape:
@@ -224,8 +207,8 @@ async def _collect(gw: Gateway, request: GenerationRequest, http: Request) -> JS
     raise APIError(499, "client disconnected", code="client_closed")
 
 
-async def _respond(gw: Gateway, request: GenerationRequest, stream: bool, http: Request):
-    await _admit(gw, request)
+async def _respond(gw: Gateway, request: GenerationRequest, stream: bool, http: Request, images: list[bytes] = ()):
+    await _admit(gw, request, list(images))
     if not stream:
         return await _collect(gw, request, http)
     return EventSourceResponse(
@@ -235,17 +218,21 @@ async def _respond(gw: Gateway, request: GenerationRequest, stream: bool, http: 
     )
 
 
-def _new_request(ids: list[int], spec: SamplingSpec, kind: str) -> GenerationRequest:
+def _new_request(ids: list[int], spec: SamplingSpec, kind: str, images: int = 0) -> GenerationRequest:
     return GenerationRequest(
-        request_id=uuid.uuid4().hex, kind=kind, prompt_ids=tuple(ids), sampling=spec, created=time.time()
+        request_id=uuid.uuid4().hex, kind=kind, prompt_ids=tuple(ids), sampling=spec, created=time.time(), images=images
     )
 
 
 @router.post("/v1/chat/completions", dependencies=[Authorized])
 async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Request):
-    ids = gw.codec.encode(render_chat(body.messages))
+    s = gw.settings
+    prompt = render_chat(body.messages, s.image_limits(), s.patch_spec(), gw.image_token is not None)
+    ids = gw.codec.encode(prompt.text)
+    if prompt.images:
+        ids = expand_placeholders(ids, gw.image_token, prompt.patches)
     spec = _spec(gw, body, ids, body.max_completion_tokens or body.max_tokens)
-    return await _respond(gw, _new_request(ids, spec, "chat"), body.stream, http)
+    return await _respond(gw, _new_request(ids, spec, "chat", len(prompt.images)), body.stream, http, prompt.images)
 
 
 @router.post("/v1/completions", dependencies=[Authorized])

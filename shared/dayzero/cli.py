@@ -111,11 +111,13 @@ def cmd_serve(args: argparse.ArgumentParser, settings: Settings) -> int:
         return 0
     from .serving.worker import worker_argv
 
-    if args.service == "prefill":
+    if args.service == "vision":
+        from services.vision.worker import app
+    elif args.service == "prefill":
         from services.prefill.worker import app
     else:
         from services.decode.worker import app
-    concurrency = settings.max_batch if args.service == "prefill" else 2 * settings.max_batch
+    concurrency = {"vision": 1, "prefill": settings.max_batch, "decode": 2 * settings.max_batch}[args.service]
     app.worker_main(worker_argv(args.service, concurrency, f"{args.name or args.service}@%h"))
     return 0
 
@@ -138,7 +140,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     signal.signal(signal.SIGTERM, stop_on_term)  # a SIGTERM stops the services too, like Ctrl-C
     url = os.environ.get("REDIS_URL")
     stack = Stack(
-        {"prefill": args.prefill, "decode": args.decode},
+        {"vision": args.vision, "prefill": args.prefill, "decode": args.decode},
         args.port or settings.port,
         Path(args.log_dir),
         env,
@@ -147,7 +149,8 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     stack.start()
     try:
         print(
-            f"starting: redis {stack.redis_url}, gateway, {args.prefill} prefill, {args.decode} decode "
+            f"starting: redis {stack.redis_url}, gateway, {args.vision} vision, {args.prefill} prefill, "
+            f"{args.decode} decode "
             f"(logs in {args.log_dir})",
             file=sys.stderr,
         )
@@ -257,7 +260,7 @@ def parser() -> argparse.ArgumentParser:
     insp.set_defaults(run=cmd_inspect)
 
     serve = sub.add_parser("serve", help="run one service in the foreground (what each container runs)")
-    serve.add_argument("service", choices=["gateway", "prefill", "decode"])
+    serve.add_argument("service", choices=["gateway", "vision", "prefill", "decode"])
     serve.add_argument("--name", help="worker name (default: the service name)")
     serve.set_defaults(run=cmd_serve)
 
@@ -265,7 +268,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--checkpoint", help="checkpoint directory (default: the built-in demo checkpoint)")
     up.add_argument("--prefill", type=int, default=1, help="prefill workers (default 1)")
     up.add_argument("--decode", type=int, default=1, help="decode workers (default 1)")
-    up.add_argument("--vision", type=int, default=0, help="vision workers (the demo checkpoint has no tower)")
+    up.add_argument("--vision", type=int, default=1, help="vision workers (default 1; 0 for a text-only model)")
     up.add_argument("--port", type=int, help="gateway port (default: DAYZERO_PORT or 8000)")
     up.add_argument("--log-dir", default="logs", help="where each service writes its log (default ./logs)")
     up.add_argument("--example", action="store_true", help="once ready, stream one example request")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-SERVICES = ("gateway", "prefill", "decode")
+SERVICES = ("gateway", "vision", "prefill", "decode")
 
 
 def service_argv(service: str) -> list[str]:
@@ -82,8 +82,10 @@ class Stack:
             self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
         self.env = {**os.environ, **self.env, "DAYZERO_REDIS_URL": self.redis_url, "DAYZERO_PORT": str(self.port)}
         self.children = [Child("gateway", "gateway")]
-        for service in ("prefill", "decode"):
-            self.children += [Child(f"{service}{i}", service) for i in range(self.counts.get(service, 1))]
+        for service in ("vision", "prefill", "decode"):
+            self.children += [
+                Child(f"{service}{i}", service) for i in range(self.counts.get(service, int(service != "vision")))
+            ]
         for child in self.children:
             self._spawn(child)
 

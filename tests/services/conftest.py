@@ -27,7 +27,7 @@ SETTINGS_ENV = {
 
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory):
-    return write_demo_checkpoint(tmp_path_factory.mktemp("served"))
+    return write_demo_checkpoint(tmp_path_factory.mktemp("served"), vision=True)
 
 
 def start_stack(demo_dir, log_dir, counts, extra=None) -> Stack:
@@ -46,7 +46,7 @@ def start_stack(demo_dir, log_dir, counts, extra=None) -> Stack:
 
 @pytest.fixture(scope="module")
 def stack(demo_dir, tmp_path_factory):
-    s = start_stack(demo_dir, tmp_path_factory.mktemp("logs"), {"prefill": 1, "decode": 2})
+    s = start_stack(demo_dir, tmp_path_factory.mktemp("logs"), {"vision": 1, "prefill": 1, "decode": 2})
     yield s
     s.stop()
 

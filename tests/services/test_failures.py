@@ -127,7 +127,7 @@ def test_killed_prefill_worker_request_is_retried(stack):
 
 
 def test_redis_restart_gives_503_then_recovers(demo_dir, tmp_path):
-    stack = start_stack(demo_dir, tmp_path, {"prefill": 1, "decode": 1})
+    stack = start_stack(demo_dir, tmp_path, {"vision": 1, "prefill": 1, "decode": 1})
     try:
         body = chat("before", max_tokens=4)
         assert httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=60).status_code == 200

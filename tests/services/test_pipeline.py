@@ -176,3 +176,70 @@ def test_models_health_ready_metrics_and_openapi(stack):
     metrics = httpx.get(f"{stack.url}/metrics").text
     assert "dayzero_time_to_first_token_seconds_bucket" in metrics
     assert "/v1/chat/completions" in httpx.get(f"{stack.url}/openapi.json").json()["paths"]
+
+
+def _data_url(width: int, height: int, seed: int) -> str:
+    import base64
+
+    from ..vision.conftest import encoded
+
+    return "data:image/png;base64," + base64.b64encode(encoded(width, height, seed=seed)).decode()
+
+
+def test_text_and_image_request_equals_in_process_multimodal_run(stack, demo_dir):
+    from dayzero.completion import Completion
+    from dayzero.model.forward import decode, prefill
+    from dayzero.settings import Settings
+    from dayzero.vision.encoder import VisionEncoder, load_tower, multimodal_prompt
+    from services.gateway.images import render_chat
+    from services.gateway.schemas import ChatCompletionRequest
+
+    content = [
+        {"type": "text", "text": "what is"},
+        {"type": "image_url", "image_url": {"url": _data_url(60, 45, 1)}},
+        {"type": "text", "text": "and"},
+        {"type": "image_url", "image_url": {"url": _data_url(30, 90, 2)}},
+    ]
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 10,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    r = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    served = r.json()
+
+    settings = Settings()
+    model, codec = load_model(demo_dir, progress=False), TextCodec.from_checkpoint(demo_dir)
+    encoder = VisionEncoder(load_tower(demo_dir), settings.patch_spec(), settings.image_limits(), 0)
+    prompt = render_chat(ChatCompletionRequest(**body).messages, settings.image_limits(), settings.patch_spec(), True)
+    ids, embeds = multimodal_prompt(model.embed, codec.encode(prompt.text), 2, encoder.embeddings(prompt.images))
+    assert served["usage"]["prompt_tokens"] == len(ids)  # placeholders expanded to merged patches
+    pools = pools_for(model.cfg, torch.float32, len(ids) + 10)
+    completion = Completion(codec, SamplingParams(max_tokens=10, ignore_eos=True), (1,), len(ids), 10_000)
+    logits, text = prefill(model, pools, ["s"], [ids], embeds=[embeds])[0], []
+    for _ in range(10):
+        step = completion.accept(int(logits.argmax()))
+        text.append(step.text)
+        logits = decode(model, pools, ["s"], [step.token])[0]
+    assert served["choices"][0]["message"]["content"] == "".join(text)
+
+
+def test_bad_images_are_refused_with_400(stack):
+    def ask(url: str) -> httpx.Response:
+        content = [{"type": "image_url", "image_url": {"url": url}}]
+        return httpx.post(
+            f"{stack.url}/v1/chat/completions",
+            timeout=30,
+            json={"model": MODEL, "messages": [{"role": "user", "content": content}]},
+        )
+
+    for url, code in (
+        ("https://example.com/a.png", "invalid_image"),
+        ("data:image/png;base64,AAAA", "invalid_image"),
+        ("data:image/png;base64,@@", "invalid_image"),
+    ):
+        r = ask(url)
+        assert r.status_code == 400 and r.json()["error"]["code"] == code, r.text

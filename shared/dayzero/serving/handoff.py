@@ -9,14 +9,16 @@ Either way the StateRef carries the layout hash; a mismatch is refused, never co
 from __future__ import annotations
 
 import io
+import math
 import socket
+from multiprocessing import resource_tracker, shared_memory
 
 import torch
 
 from ..kv.handoff import LayoutMismatch, StateHandle, export_state, import_state
 from ..kv.pools import KVPools
 from ..kv.shared import SharedPools
-from .messages import StateRef
+from .messages import StateRef, TensorRef
 from .store import P, Store
 
 
@@ -85,3 +87,36 @@ class Receiver:
             src = self._attached[ref.location][0]
             handle = StateHandle(ref.location, ref.layout_hash, ref.length, ref.blocks)
         import_state(dst, src, handle, seq_id)
+
+
+def publish_tensor(tensor: torch.Tensor, key: str, transport: str, store: Store, ttl_s: float) -> TensorRef:
+    """Park an fp32 tensor for another process: a new shared-memory segment, or a Redis key."""
+    data = tensor.detach().float().contiguous()
+    if transport == "redis":
+        location = f"{P}tensor:{key}"
+        store.r.set(location, data.numpy().tobytes(), px=int(ttl_s * 1000))
+    else:
+        segment = shared_memory.SharedMemory(create=True, size=max(1, data.numel() * 4))
+        torch.frombuffer(segment.buf, dtype=torch.float32, count=data.numel()).copy_(data.flatten())
+        location = segment.name
+        resource_tracker.unregister(segment._name, "shared_memory")  # noqa: SLF001 - the reader unlinks it
+        segment.close()
+    return TensorRef(transport=transport, location=location, host=socket.gethostname(), shape=tuple(data.shape))
+
+
+def take_tensor(ref: TensorRef, store: Store) -> torch.Tensor:
+    """Read a parked tensor once and free its storage."""
+    count = math.prod(ref.shape)
+    if ref.transport == "redis":
+        data = store.r.getdel(ref.location)
+        if data is None:
+            raise LookupError(f"parked tensor {ref.location} expired")
+        return torch.frombuffer(bytearray(data), dtype=torch.float32, count=count).view(ref.shape).clone()
+    if ref.host != socket.gethostname():
+        raise LookupError(f"shared-memory tensor lives on host {ref.host}; use handoff=redis across hosts")
+    segment = shared_memory.SharedMemory(name=ref.location)
+    try:
+        return torch.frombuffer(segment.buf, dtype=torch.float32, count=count).view(ref.shape).clone()
+    finally:
+        segment.close()
+        segment.unlink()

@@ -31,9 +31,10 @@ class SamplingSpec(Frozen):
 class GenerationRequest(Frozen):
     request_id: str
     kind: Literal["chat", "completion"] = "completion"  # the API shape its stream is served in
-    prompt_ids: tuple[int, ...]
+    prompt_ids: tuple[int, ...]  # image placeholders already expanded to one position per merged patch
     sampling: SamplingSpec
     created: float  # unix time the gateway accepted it
+    images: int = 0  # images whose embeddings fill the placeholder positions (their bytes wait in Redis)
 
 
 class StateRef(Frozen):
@@ -49,10 +50,20 @@ class StateRef(Frozen):
     blocks: dict[str, tuple[int, ...]]
 
 
+class TensorRef(Frozen):
+    """A tensor parked outside the broker: a shared-memory segment (same host) or a Redis key."""
+
+    transport: Literal["shm", "redis"]
+    location: str
+    host: str
+    shape: tuple[int, ...]
+
+
 class PrefillJob(Frozen):
     request: GenerationRequest
     generated: tuple[int, ...] = ()  # tokens already streamed (a re-prefill after a failure)
     attempt: int = 0
+    embeddings: TensorRef | None = None  # the images' merged-patch embeddings, set by the vision stage
 
 
 class DecodeJob(Frozen):

@@ -13,11 +13,13 @@ import threading
 from collections.abc import Callable
 
 import redis
+import torch
 
 from ..completion import Completion, context_limit
 from ..kv.pools import OutOfBlocks
 from ..model.forward import prefill
-from .handoff import publish
+from ..vision.encoder import splice
+from .handoff import publish, take_tensor
 from .intake import Intake, Ticket
 from .messages import DecodeJob, PrefillJob
 from .runtime import Runtime
@@ -128,12 +130,33 @@ class PrefillLoop:
             return
         ids = [t.job.request.request_id for t in batch]
         prompts = [list(t.job.request.prompt_ids) + list(t.job.generated) for t in batch]
+        embeds = [self._embeddings(t.job) for t in batch]
         settings, model = self.r.settings, self.r.model
         with Heartbeat(self.r, ids):
-            logits = prefill(model, self.r.pools, ids, prompts, settings.attention(), settings.prefill_chunk_size)
+            logits = prefill(
+                model,
+                self.r.pools,
+                ids,
+                prompts,
+                settings.attention(),
+                settings.prefill_chunk_size,
+                embeds if any(e is not None for e in embeds) else None,
+            )
         limit = context_limit(model.cfg, settings.max_context)
         for i, ticket in enumerate(batch):
             self._emit(ticket, logits[i], limit)
+
+    def _embeddings(self, job: PrefillJob) -> torch.Tensor | None:
+        """Input embeddings with the images' rows spliced in (None for a text-only prompt)."""
+        if job.embeddings is None:
+            return None
+        images = take_tensor(job.embeddings, self.r.store)
+        prompt, image_token = list(job.request.prompt_ids), self.r.model.cfg.raw["image_token_id"]
+        embed = self.r.model.embed
+        with torch.inference_mode():
+            rows = splice(embed(torch.tensor(prompt)), prompt, image_token, [images])
+            tail = embed(torch.tensor(list(job.generated), dtype=torch.long))  # a re-run: text only after the prompt
+        return torch.cat((rows, tail))
 
     def _emit(self, ticket: Ticket[PrefillJob], logits, limit: int) -> None:
         job, store, settings = ticket.job, self.r.store, self.r.settings

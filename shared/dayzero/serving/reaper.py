@@ -17,8 +17,11 @@ log = logging.getLogger("dayzero.reaper")
 MAX_ATTEMPTS = 4
 
 
-def sweep(store: Store, send_prefill: Callable[[PrefillJob], None], queued_ttl_s: float, lock_ms: int) -> list[str]:
-    """One pass over the unfinished requests; returns the ids re-enqueued."""
+def sweep(store: Store, send: Callable[[PrefillJob, str], None], queued_ttl_s: float, lock_ms: int) -> list[str]:
+    """One pass over the unfinished requests; returns the ids re-enqueued.
+
+    ``send(job, stage)`` queues a re-run: at the vision stage when the request has images.
+    """
     if not store.r.set(f"{P}reaper", 1, px=lock_ms, nx=True):
         return []  # another gateway swept just now
     rerun = []
@@ -40,6 +43,8 @@ def sweep(store: Store, send_prefill: Callable[[PrefillJob], None], queued_ttl_s
             continue
         log.warning("request %s lost its worker; re-running from token %d (attempt %d)", rid, len(generated), attempt)
         store.mark_queued(rid, queued_ttl_s)
-        send_prefill(PrefillJob(request=request, generated=generated, attempt=attempt))
+        send(
+            PrefillJob(request=request, generated=generated, attempt=attempt), "vision" if request.images else "prefill"
+        )
         rerun.append(rid)
     return rerun

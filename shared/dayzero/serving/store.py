@@ -54,11 +54,17 @@ class Store:
         )
 
     # -- requests -------------------------------------------------------------------------------------
-    def register(self, request: GenerationRequest) -> None:
+    def register(self, request: GenerationRequest, images: list[bytes] = ()) -> None:
         pipe = self.r.pipeline()
         pipe.set(f"{P}req:{request.request_id}", request.model_dump_json(), ex=self.stream_ttl_s * 4)
+        if images:
+            pipe.rpush(f"{P}images:{request.request_id}", *images)
+            pipe.expire(f"{P}images:{request.request_id}", self.stream_ttl_s * 4)
         pipe.sadd(f"{P}active", request.request_id)
         pipe.execute()
+
+    def images(self, request_id: str) -> list[bytes]:
+        return list(self.r.lrange(f"{P}images:{request_id}", 0, -1))
 
     def request(self, request_id: str) -> GenerationRequest | None:
         raw = self.r.get(f"{P}req:{request_id}")

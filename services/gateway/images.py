@@ -1,0 +1,76 @@
+"""Image parts of chat messages: validated and measured in the gateway, encoded by the vision stage.
+
+Each image becomes one ``<|image|>`` placeholder in the rendered prompt; after tokenizing,
+the gateway expands it to one position per merged patch (the count follows from the image
+size alone), so limits on the prompt length hold before any tower runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dayzero.vision.encoder import expand
+from dayzero.vision.preprocess import ImageError, ImageLimits, PatchSpec, decode, image_bytes, target_size
+
+from .errors import APIError
+from .schemas import Message
+
+IMAGE_TAG = "<|image|>"
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    text: str
+    images: list[bytes]
+    patches: list[int]  # merged patches (= prompt positions) of each image
+
+
+def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, vision: bool) -> Prompt:
+    """The built-in chat template: role-tagged turns, then the assistant tag."""
+    turns, images, patches = [], [], []
+    for i, m in enumerate(messages):
+        parts = [m.content] if isinstance(m.content, str) else m.content
+        text = []
+        for part in parts:
+            if isinstance(part, str) or part.type == "text":
+                value = part if isinstance(part, str) else part.text
+                if IMAGE_TAG in value:
+                    raise APIError(400, f"message text must not contain {IMAGE_TAG}", param=f"messages.{i}.content")
+                text.append(value)
+                continue
+            if not vision:
+                raise APIError(
+                    400,
+                    "this checkpoint has no vision tower: image_url parts are not supported",
+                    param=f"messages.{i}.content",
+                    code="images_unsupported",
+                )
+            data, size = _validated(part.image_url.url, limits, f"messages.{i}.content")
+            height, width = target_size(size[1], size[0], spec)
+            images.append(data)
+            patches.append(height * width // (spec.patch_size * spec.merge_size) ** 2)
+            text.append(IMAGE_TAG)
+        turns.append(f"<|{m.role}|>{''.join(text)}\n")
+    if len(images) > limits.max_images:
+        raise APIError(
+            400,
+            f"{len(images)} images in one request; the limit is {limits.max_images}",
+            param="messages",
+            code="too_many_images",
+        )
+    return Prompt("".join(turns) + "<|assistant|>", images, patches)
+
+
+def _validated(url: str, limits: ImageLimits, param: str) -> tuple[bytes, tuple[int, int]]:
+    try:
+        data = image_bytes(url, limits)
+        return data, decode(data, limits).size
+    except ImageError as exc:
+        raise APIError(400, str(exc), param=param, code="invalid_image") from exc
+
+
+def expand_placeholders(ids: list[int], image_token: int, patches: list[int]) -> list[int]:
+    try:
+        return expand(ids, image_token, patches)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="messages") from exc

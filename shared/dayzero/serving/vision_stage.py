@@ -1,0 +1,64 @@
+"""The vision stage: a request's images -> merged-patch embeddings, parked for prefill.
+
+The image bytes wait in Redis (the gateway put them there); the embeddings go to a shared
+memory segment (or a Redis key across hosts), never through the broker. An image the
+encoder refuses ends the request with an error entry in its stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict
+
+import torch
+
+from ..settings import Settings
+from ..vision.encoder import VisionEncoder, load_tower
+from ..vision.preprocess import ImageError
+from .handoff import publish_tensor
+from .messages import PrefillJob
+from .runtime import checkpoint_path
+from .store import Store
+
+log = logging.getLogger("dayzero.vision")
+
+
+class VisionStage:
+    def __init__(self, settings: Settings, name: str, send_prefill: Callable[[PrefillJob], None]) -> None:
+        tower = load_tower(checkpoint_path(settings))
+        if tower is None:
+            raise RuntimeError("the checkpoint has no vision tower (no vision_config in config.json)")
+        self.settings, self.name, self.send_prefill = settings, f"{name}:{uuid.uuid4().hex[:6]}", send_prefill
+        self.encoder = VisionEncoder(
+            tower, settings.patch_spec(), settings.image_limits(), settings.encoder_cache_mb << 20
+        )
+        self.store = Store.connect(settings.redis_url, settings.stream_ttl_s)
+        self._lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def heartbeat_forever(self) -> None:
+        while not self.stop.wait(self.settings.lease_s / 3):
+            try:
+                self.store.worker_alive("vision", self.name, {"encoder_cache": asdict(self.encoder.counters)})
+            except Exception:  # noqa: BLE001 - Redis restarting: the next beat retries
+                log.warning("heartbeat failed")
+
+    def run(self, job: PrefillJob) -> None:
+        rid = job.request.request_id
+        if job.attempt < self.store.attempt(rid) or self.store.done(rid) or self.store.cancelled([rid]):
+            if self.store.cancelled([rid]) and not self.store.done(rid):
+                self.store.end(rid, len(job.generated), "cancelled")
+                self.store.finish(rid, "cancelled")
+            return
+        try:
+            with self._lock:
+                images = self.encoder.embeddings(self.store.images(rid))
+        except (ImageError, ValueError) as exc:
+            self.store.end(rid, len(job.generated), "error", f"image refused: {exc}")
+            self.store.finish(rid, "error")
+            return
+        ref = publish_tensor(torch.cat(images), rid, self.settings.handoff, self.store, self.settings.handoff_timeout_s)
+        self.send_prefill(job.model_copy(update={"embeddings": ref}))
