@@ -182,11 +182,9 @@ def encode(tower: VisionTower, pixel_values: torch.Tensor, grid_thw: torch.Tenso
         h = _rms(x, block.norm1.weight)
         q, k, v = block.attn.qkv(h).view(n, 3, heads, head_dim).unbind(1)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        out = torch.empty_like(q)
-        for seg in segments:  # [heads, len, head_dim] per image or window
-            out[seg] = F.scaled_dot_product_attention(
-                q[seg].transpose(0, 1), k[seg].transpose(0, 1), v[seg].transpose(0, 1)
-            ).transpose(0, 1)
+        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, N, head_dim]
+        out = torch.cat([F.scaled_dot_product_attention(q[:, :, s], k[:, :, s], v[:, :, s]) for s in segments], dim=2)
+        out = out[0].transpose(0, 1)
         x = x + block.attn.proj(out.reshape(n, -1))
         h = _rms(x, block.norm2.weight)
         x = x + block.mlp.down_proj(F.silu(block.mlp.gate_proj(h)) * block.mlp.up_proj(h))

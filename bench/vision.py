@@ -1,0 +1,64 @@
+"""Vision tower throughput: images/s, dayzero vs transformers' Qwen2.5-VL vision model, same weights.
+
+Preprocessing excluded (both take the same pixel_values); fp32 CPU; median of several runs.
+Run: ``python bench/vision.py``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from PIL import Image
+
+from dayzero.vision.preprocess import PatchSpec, process
+from dayzero.vision.tower import VisionConfig, VisionTower, encode
+
+CONFIG = dict(
+    depth=8,
+    hidden_size=256,
+    intermediate_size=512,
+    num_heads=4,
+    out_hidden_size=512,
+    window_size=112,
+    fullatt_block_indexes=[3, 7],
+)
+
+
+def median_s(fn, runs: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    torch.manual_seed(0)
+    config = Qwen2_5_VLVisionConfig(**CONFIG)
+    reference = Qwen2_5_VisionTransformerPretrainedModel._from_config(config).eval()
+    tower = VisionTower(VisionConfig.from_dict(config.to_dict()))
+    tower.load_state_dict(reference.state_dict(), strict=True)
+    print(
+        f"vision tower depth {CONFIG['depth']}, width {CONFIG['hidden_size']}, fp32 CPU, "
+        f"{torch.get_num_threads()} threads, median of 5 (transformers: {reference.config._attn_implementation})"
+    )
+    print("| image | patches | dayzero img/s | transformers img/s | ratio |")
+    print("|---|---:|---:|---:|---:|")
+    for side in (224, 448, 672):
+        image = Image.new("RGB", (side, side), (120, 30, 200))
+        pixels, grid = process([image], PatchSpec(max_pixels=side * side))
+        ours = median_s(lambda pixels=pixels, grid=grid: encode(tower, pixels, grid))
+        with torch.inference_mode():
+            theirs = median_s(lambda pixels=pixels, grid=grid: reference(pixels, grid_thw=grid))
+        print(f"| {side}x{side} | {pixels.shape[0]} | {1 / ours:.2f} | {1 / theirs:.2f} | {theirs / ours:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
