@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import redis
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
@@ -19,6 +20,7 @@ from dayzero.serving.queue import TASKS, make_celery
 from dayzero.serving.reaper import sweep
 from dayzero.serving.runtime import checkpoint_path
 from dayzero.settings import Settings
+from dayzero.telemetry import setup_tracing
 from dayzero.tokenizer import TextCodec
 
 from . import errors
@@ -45,6 +47,7 @@ async def _reaper(gw: Gateway) -> None:
 
 
 def create_app(settings: Settings) -> FastAPI:
+    setup_tracing(settings, "gateway")
     path = checkpoint_path(settings)
     cfg = ModelConfig.from_file(path)
 
@@ -74,6 +77,7 @@ def create_app(settings: Settings) -> FastAPI:
         description="OpenAI-compatible gateway of the dayzero pipeline",
     )
     errors.install(app)
+    FastAPIInstrumentor.instrument_app(app, excluded_urls="health,ready,metrics")
     app.add_middleware(errors.BodyLimit, limit=settings.max_request_bytes)
     app.include_router(router)
 

@@ -15,6 +15,7 @@ from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.queue import TASKS
 from dayzero.serving.store import P, Store, stream_key
 from dayzero.settings import Settings
+from dayzero.telemetry import carrier
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +45,7 @@ class Bus:
         def enqueue() -> None:
             self.store.register(request, images)
             self.store.mark_queued(request.request_id, self.settings.visibility_timeout_s)
-            job = PrefillJob(request=request)
+            job = PrefillJob(request=request, trace=carrier())
             self.celery.send_task(TASKS["vision" if images else "prefill"], args=[job.model_dump_json()])
 
         await run_in_threadpool(enqueue)

@@ -11,9 +11,11 @@ from typing import Annotated
 import anyio
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse
+from opentelemetry import trace
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from dayzero.serving.messages import GenerationRequest, SamplingSpec
+from dayzero.telemetry import tracer
 
 from .bus import Bus, TokenEvent
 from .context import Gateway
@@ -139,7 +141,9 @@ def _usage(event: TokenEvent) -> dict:
     return {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
 
 
-async def _sse(gw: Gateway, request: GenerationRequest, after: str, first: bool) -> AsyncIterator[ServerSentEvent]:
+async def _sse(
+    gw: Gateway, request: GenerationRequest, after: str, first: bool, span: trace.Span | None = None
+) -> AsyncIterator[ServerSentEvent]:
     shape, rid, finished = Shape(request, gw.settings.model_name), request.request_id, False
     last_at = None
     await gw.bus.watch(rid)
@@ -179,6 +183,9 @@ async def _sse(gw: Gateway, request: GenerationRequest, after: str, first: bool)
             gw.metrics.disconnects.inc()
         with anyio.CancelScope(shield=True):  # the client is gone: the stream task is being cancelled
             await gw.bus.unwatch(rid, finished)
+        if span is not None:
+            span.set_attribute("dayzero.finished", finished)
+            span.end()
 
 
 async def _collect(gw: Gateway, request: GenerationRequest, http: Request) -> JSONResponse:
@@ -208,11 +215,29 @@ async def _collect(gw: Gateway, request: GenerationRequest, http: Request) -> JS
 
 
 async def _respond(gw: Gateway, request: GenerationRequest, stream: bool, http: Request, images: list[bytes] = ()):
-    await _admit(gw, request, list(images))
+    """Submit, then answer: the ``gateway.request`` span covers the request until its stream ends."""
+    span = tracer.start_span(
+        "gateway.request",
+        attributes={
+            "dayzero.request_id": request.request_id,
+            "dayzero.prompt_tokens": len(request.prompt_ids),
+            "dayzero.images": request.images,
+            "dayzero.stream": stream,
+        },
+    )
+    try:
+        with trace.use_span(span, end_on_exit=False):
+            await _admit(gw, request, list(images))  # the queued job carries this span's context
+    except Exception:
+        span.end()
+        raise
     if not stream:
-        return await _collect(gw, request, http)
+        try:
+            return await _collect(gw, request, http)
+        finally:
+            span.end()
     return EventSourceResponse(
-        _sse(gw, request, "0-0", first=request.kind == "chat"),
+        _sse(gw, request, "0-0", first=request.kind == "chat", span=span),
         ping=gw.settings.keepalive_s,
         headers={"X-Request-Id": request.request_id},
     )

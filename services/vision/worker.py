@@ -5,11 +5,13 @@ from __future__ import annotations
 import threading
 
 from celery import signals
+from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.queue import TASKS, make_celery
 from dayzero.serving.vision_stage import VisionStage
 from dayzero.settings import Settings
+from dayzero.telemetry import setup_tracing
 
 settings = Settings()
 app = make_celery(settings)
@@ -22,6 +24,8 @@ def _start(sender=None, **_: object) -> None:
     def send_prefill(job: PrefillJob) -> None:
         app.send_task(TASKS["prefill"], args=[job.model_dump_json()])
 
+    setup_tracing(settings, "vision")
+    CeleryInstrumentor().instrument()
     stage = VisionStage(settings, getattr(sender, "hostname", None) or "vision", send_prefill)
     threading.Thread(target=stage.heartbeat_forever, name="vision-heartbeat", daemon=True).start()
     _stage.append(stage)

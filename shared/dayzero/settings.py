@@ -51,6 +51,16 @@ class Settings(BaseSettings):
     stream_ttl_s: int = Field(default=600, ge=1, description="finished token streams stay resumable this long")
     task_time_limit_s: int = Field(default=3600, ge=1, description="hard limit of one generation")
 
+    # observability
+    trace_exporter: Literal["none", "console", "otlp-http", "otlp-grpc"] = Field(
+        default="none", description="where spans go (off by default)"
+    )
+    trace_endpoint: str | None = Field(default=None, description="OTLP endpoint (default: the exporter's)")
+    trace_file: Path | None = Field(
+        default=None, description="console exporter: append JSON spans to this file (a directory: one per process)"
+    )
+    metrics_port: int | None = Field(default=None, ge=1, le=65535, description="workers: serve /metrics here")
+
     def image_limits(self) -> ImageLimits:
         return ImageLimits(
             self.image_max_bytes, self.image_max_pixels, self.image_max_count, tuple(self.image_allowed_hosts)

@@ -14,11 +14,13 @@ import time
 from dataclasses import dataclass
 
 import redis
+from opentelemetry import trace
 
 from ..completion import Completion, context_limit
 from ..kv.handoff import LayoutMismatch
 from ..kv.pools import OutOfBlocks
 from ..model.forward import decode
+from ..telemetry import continued, tracer
 from .handoff import Receiver
 from .intake import Intake, Ticket
 from .messages import DecodeJob
@@ -33,6 +35,8 @@ class Active:
     ticket: Ticket[DecodeJob]
     completion: Completion
     next_token: int
+    span: trace.Span
+    first_seen: bool = False
 
 
 class DecodeLoop:
@@ -96,8 +100,7 @@ class DecodeLoop:
                 still.append(ticket)  # retry when blocks free up
                 continue
             try:
-                self.receiver.receive(job.state, self.r.pools, rid)
-                self.r.pools.reserve(rid, total)
+                self._import(job, total)
             except (LookupError, LayoutMismatch, OutOfBlocks) as exc:
                 self.r.pools.release(rid)
                 log.error("request %s: handoff failed: %s", rid, exc)
@@ -113,12 +116,37 @@ class DecodeLoop:
                 self.limit,
                 job.generated,
             )
-            self.active[rid] = Active(ticket, completion, job.generated[-1])
+            with continued(job.trace):
+                span = tracer.start_span(
+                    "decode.generate",
+                    attributes={
+                        "dayzero.request_id": rid,
+                        "dayzero.prompt_tokens": len(job.request.prompt_ids),
+                        "dayzero.images": job.request.images,
+                    },
+                )
+            self.active[rid] = Active(ticket, completion, job.generated[-1], span)
         self.waiting = still
+
+    def _import(self, job: DecodeJob, total: int) -> None:
+        """Copy the prefilled state into this worker's pools (``decode.admit`` > ``kv.import``)."""
+        rid = job.request.request_id
+        with continued(job.trace), tracer.start_as_current_span("decode.admit", attributes={"dayzero.request_id": rid}):
+            with tracer.start_as_current_span("kv.import", attributes={"dayzero.transport": job.state.transport}):
+                self.receiver.receive(job.state, self.r.pools, rid)
+            self.r.pools.reserve(rid, total)
 
     def _finish(self, rid: str, reason: str, index: int | None = None) -> None:
         active = self.active.pop(rid)
+        length = self.r.pools.length(rid)
         self.r.pools.release(rid)
+        cfg = self.r.model.cfg
+        rate = cfg.compress_rates["compressed_sparse_attention"]
+        active.span.add_event("finish", {"finish_reason": reason, "completion_tokens": active.completion.count})
+        active.span.set_attribute("dayzero.completion_tokens", active.completion.count)
+        active.span.set_attribute("dayzero.csa_selected_entries", min(cfg.index_topk, length // rate))
+        active.span.set_attribute("dayzero.csa_entries", length // rate)
+        active.span.end()
         self._settle(active.ticket, reason, index=index)
 
     def _cancel(self) -> None:
@@ -144,6 +172,9 @@ class DecodeLoop:
                 usage = {"prompt_tokens": prompt, "completion_tokens": active.completion.count}
                 finished.append((rid, step.finish_reason))
             out.append(Token(rid, active.completion.count - 1, step.token, step.text, step.finish_reason, usage))
+            if not active.first_seen:
+                active.span.add_event("first_token", {"index": active.completion.count - 1, "batch_size": len(ids)})
+                active.first_seen = True
             active.next_token = step.token
         self.r.store.append(out)  # one round trip for the whole batch
         for rid, reason in finished:

@@ -64,6 +64,7 @@ class PrefillJob(Frozen):
     generated: tuple[int, ...] = ()  # tokens already streamed (a re-prefill after a failure)
     attempt: int = 0
     embeddings: TensorRef | None = None  # the images' merged-patch embeddings, set by the vision stage
+    trace: dict[str, str] = {}  # W3C trace context of the request's gateway span
 
 
 class DecodeJob(Frozen):
@@ -71,3 +72,4 @@ class DecodeJob(Frozen):
     generated: tuple[int, ...]  # streamed so far; the last one is not yet in the state
     state: StateRef
     attempt: int = 0
+    trace: dict[str, str] = {}

@@ -14,10 +14,12 @@ from collections.abc import Callable
 
 import redis
 import torch
+from opentelemetry import trace
 
 from ..completion import Completion, context_limit
 from ..kv.pools import OutOfBlocks
 from ..model.forward import prefill
+from ..telemetry import continued, tracer
 from ..vision.encoder import splice
 from .handoff import publish, take_tensor
 from .intake import Intake, Ticket
@@ -132,6 +134,7 @@ class PrefillLoop:
         prompts = [list(t.job.request.prompt_ids) + list(t.job.generated) for t in batch]
         embeds = [self._embeddings(t.job) for t in batch]
         settings, model = self.r.settings, self.r.model
+        spans = [self._span(t.job, len(batch)) for t in batch]
         with Heartbeat(self.r, ids):
             logits = prefill(
                 model,
@@ -144,7 +147,22 @@ class PrefillLoop:
             )
         limit = context_limit(model.cfg, settings.max_context)
         for i, ticket in enumerate(batch):
-            self._emit(ticket, logits[i], limit)
+            with trace.use_span(spans[i], end_on_exit=True):
+                self._emit(ticket, logits[i], limit)
+
+    @staticmethod
+    def _span(job: PrefillJob, batch: int) -> trace.Span:
+        with continued(job.trace):
+            return tracer.start_span(
+                "prefill.forward",
+                attributes={
+                    "dayzero.request_id": job.request.request_id,
+                    "dayzero.batch_size": batch,
+                    "dayzero.prompt_tokens": len(job.request.prompt_ids) + len(job.generated),
+                    "dayzero.images": job.request.images,
+                    "dayzero.attempt": job.attempt,
+                },
+            )
 
     def _embeddings(self, job: PrefillJob) -> torch.Tensor | None:
         """Input embeddings with the images' rows spliced in (None for a text-only prompt)."""
@@ -187,13 +205,20 @@ class PrefillLoop:
             self.r.pools.release(rid)
             store.finish(rid, step.finish_reason)
         else:
-            ref = publish(self.r.pools, rid, rid, settings.handoff, store, settings.handoff_timeout_s)
+            with tracer.start_as_current_span("kv.export", attributes={"dayzero.transport": settings.handoff}):
+                ref = publish(self.r.pools, rid, rid, settings.handoff, store, settings.handoff_timeout_s)
             store.offer_handoff(rid, settings.handoff_timeout_s)
             if settings.handoff == "redis":
                 self.r.pools.release(rid)
             else:
                 self.handed_off.add(rid)
             self.send_decode(
-                DecodeJob(request=job.request, generated=(*job.generated, step.token), state=ref, attempt=job.attempt)
+                DecodeJob(
+                    request=job.request,
+                    generated=(*job.generated, step.token),
+                    state=ref,
+                    attempt=job.attempt,
+                    trace=job.trace,
+                )
             )
         ticket.done.set()

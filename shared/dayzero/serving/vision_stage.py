@@ -16,6 +16,7 @@ from dataclasses import asdict
 import torch
 
 from ..settings import Settings
+from ..telemetry import continued
 from ..vision.encoder import VisionEncoder, load_tower
 from ..vision.preprocess import ImageError
 from .handoff import publish_tensor
@@ -54,7 +55,7 @@ class VisionStage:
                 self.store.finish(rid, "cancelled")
             return
         try:
-            with self._lock:
+            with self._lock, continued(job.trace):
                 images = self.encoder.embeddings(self.store.images(rid))
         except (ImageError, ValueError) as exc:
             self.store.end(rid, len(job.generated), "error", f"image refused: {exc}")

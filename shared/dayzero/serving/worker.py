@@ -8,8 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery, signals
+from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
 from ..settings import Settings
+from ..telemetry import setup_tracing
 from .runtime import Runtime
 
 log = logging.getLogger("dayzero.worker")
@@ -36,6 +38,8 @@ class StageWorker:
 
     def _start(self, sender: object = None, **_: object) -> None:
         name = getattr(sender, "hostname", None) or self.stage  # celery's -n, e.g. "decode0@host"
+        setup_tracing(self.settings, self.stage)
+        CeleryInstrumentor().instrument()
         self.runtime = Runtime.load(self.settings, name, shared=self._shared)
         self.loop = self._make_loop(self.runtime, self.app)
         threading.Thread(target=self.loop.run_forever, name=f"{self.stage}-loop", daemon=True).start()

@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 from ..checkpoint import CheckpointError, canonical_name
+from ..telemetry import tracer
 from .preprocess import ImageLimits, PatchSpec, decode, process
 from .tower import VisionConfig, VisionTower, encode
 
@@ -52,8 +53,10 @@ class VisionEncoder:
         self.counters.misses += len(missing)
         fresh: dict[int, torch.Tensor] = {}
         if missing:
-            pixels, grid = process([decode(images[i], self.limits) for i in missing], self.spec)
-            merged = encode(self.tower, pixels, grid)
+            with tracer.start_as_current_span("vision.preprocess", attributes={"dayzero.images": len(missing)}):
+                pixels, grid = process([decode(images[i], self.limits) for i in missing], self.spec)
+            with tracer.start_as_current_span("vision.encode", attributes={"dayzero.patches": int(pixels.shape[0])}):
+                merged = encode(self.tower, pixels, grid)
             self.counters.tower_calls += 1
             sizes = (grid.prod(dim=1) // self.spec.merge_size**2).tolist()
             for i, part in zip(missing, merged.split(sizes), strict=True):

@@ -1,0 +1,62 @@
+"""Tracing: one OpenTelemetry trace per request across the services.
+
+Each process sets up a tracer provider from settings (off by default: the API's no-op
+tracer). The request's context travels inside the stage messages as a W3C ``traceparent``
+carrier (the loops run in their own threads, away from Celery's task context), and the
+official FastAPI and Celery instrumentations add their server and task spans.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from opentelemetry import context, propagate, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+
+from .settings import Settings
+
+tracer = trace.get_tracer("dayzero")
+
+
+def setup_tracing(settings: Settings, service: str) -> None:
+    """Install this process's tracer provider (``trace_exporter`` none: leave tracing off)."""
+    if settings.trace_exporter == "none":
+        return
+    provider = TracerProvider(resource=Resource.create({"service.name": f"dayzero-{service}"}))
+    if settings.trace_exporter == "console":
+        path = settings.trace_file
+        if path is not None and path.is_dir():  # one file per process
+            path = path / f"{service}-{os.getpid()}.jsonl"
+        out = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - open for the process's life
+        exporter = ConsoleSpanExporter(out=out, formatter=lambda span: json.dumps(json.loads(span.to_json())) + "\n")
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    else:
+        if settings.trace_exporter == "otlp-http":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        else:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        exporter = OTLPSpanExporter(endpoint=settings.trace_endpoint) if settings.trace_endpoint else OTLPSpanExporter()
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+
+
+def carrier() -> dict[str, str]:
+    """The current span context as message headers."""
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    return headers
+
+
+@contextmanager
+def continued(headers: dict[str, str] | None) -> Iterator[None]:
+    """Run the block inside the context carried by a message."""
+    token = context.attach(propagate.extract(headers or {}))
+    try:
+        yield
+    finally:
+        context.detach(token)
