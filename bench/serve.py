@@ -104,7 +104,7 @@ def handoff_bandwidth(checkpoint: Path, tokens: int) -> tuple[float, float, int]
             start = time.perf_counter()
             import_state(dst, view, handle, f"d{i}")
             times.append(time.perf_counter() - start)
-            moved = _state_bytes(dst, f"d{i}")
+            moved = dst.sequence_bytes(f"d{i}")
             flat, target = torch.ones(moved // 4), torch.empty(moved // 4)
             start = time.perf_counter()
             target.copy_(flat)
@@ -115,17 +115,6 @@ def handoff_bandwidth(checkpoint: Path, tokens: int) -> tuple[float, float, int]
     finally:
         segment.close()
         segment.unlink()
-
-
-def _state_bytes(pools, seq_id: str) -> int:
-    """Bytes of one sequence's state in ``pools`` (its blocks in every pool + its compressor slot)."""
-    tables = pools.sequences[seq_id].tables
-    total = pools.window[:, tables["window"]].numel() * pools.window.element_size()
-    for name, storage in pools.compressed.items():
-        total += storage[:, tables[name]].numel() * storage.element_size()
-    for tensor in pools.compressor.values():
-        total += tensor[:, tables["compressor"]].numel() * tensor.element_size()
-    return total
 
 
 def main() -> None:

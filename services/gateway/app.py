@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from dayzero.config import ModelConfig
 from dayzero.serving.messages import PrefillJob
+from dayzero.serving.metrics import SnapshotCollector
 from dayzero.serving.queue import TASKS, make_celery
 from dayzero.serving.reaper import sweep
 from dayzero.serving.runtime import checkpoint_path
@@ -63,6 +64,7 @@ def create_app(settings: Settings) -> FastAPI:
             cfg.raw.get("image_token_id") if "vision_config" in cfg.raw else None,
         )
         app.state.gateway = gw
+        gw.metrics.registry.register(SnapshotCollector(gw.bus.store.snapshots))  # the workers, one scrape
         if not settings.api_keys:
             log.warning("no API key configured (DAYZERO_API_KEYS): the gateway accepts every request")
         reaper = asyncio.create_task(_reaper(gw))
@@ -107,6 +109,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
-        return Response(generate_latest(request.app.state.gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        registry = request.app.state.gateway.metrics.registry
+        return Response(await run_in_threadpool(generate_latest, registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -40,7 +40,7 @@ def _prompt(args: argparse.Namespace, checkpoint: Path) -> list[int]:
 def cmd_demo_checkpoint(args: argparse.Namespace, settings: Settings) -> int:
     from .demo import write_demo_checkpoint
 
-    print(write_demo_checkpoint(args.out, seed=args.seed, vision=args.vision))
+    print(write_demo_checkpoint(args.out, seed=args.seed, vision=args.vision, fp4=args.fp4))
     return 0
 
 
@@ -217,6 +217,7 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("out", help="directory to write (config.json, model.safetensors, tokenizer.json, ...)")
     demo.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
     demo.add_argument("--vision", action="store_true", help="add a tiny vision tower (visual.*) and <|image|>")
+    demo.add_argument("--fp4", action="store_true", help="published format: FP4 experts, FP8 dense projections")
     demo.set_defaults(run=cmd_demo_checkpoint)
 
     def prompt_args(cmd: argparse.ArgumentParser, required: bool) -> None:

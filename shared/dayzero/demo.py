@@ -142,12 +142,20 @@ def add_vision(out: Path, vision: dict[str, Any], image_token_id: int, seed: int
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def write_demo_checkpoint(out: str | Path, seed: int = 0, vision: bool = False) -> Path:
+def write_demo_checkpoint(out: str | Path, seed: int = 0, vision: bool = False, fp4: bool = False) -> Path:
     """The built-in default checkpoint: weights, config, tokenizer and generation config
-    (``vision``: plus a tiny vision tower and the ``<|image|>`` placeholder)."""
+    (``vision``: plus a tiny vision tower and the ``<|image|>`` placeholder; ``fp4``: in the
+    published format, FP4 experts and FP8 dense projections)."""
     out = write_checkpoint(out, DEMO_CONFIG, seed)
     if vision:
         add_vision(out, DEMO_VISION, SPECIAL_TOKENS.index(IMAGE), seed)
+    if fp4:
+        from .quant.quantize import quantize_checkpoint
+
+        with tempfile.TemporaryDirectory() as tmp:
+            quantize_checkpoint(out, tmp, progress=False)
+            for name in ("model.safetensors", "config.json"):
+                shutil.move(str(Path(tmp) / name), str(out / name))
     build_tokenizer(DEMO_CONFIG["vocab_size"]).save(str(out / "tokenizer.json"))
     generation = {"bos_token_id": 0, "eos_token_id": 1, "do_sample": False, "max_new_tokens": 64}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
@@ -161,7 +169,7 @@ def ensure_demo_checkpoint(path: Path) -> Path:
     print(f"creating the built-in demo checkpoint in {path}", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".demo-"))
-    write_demo_checkpoint(tmp, vision=True)
+    write_demo_checkpoint(tmp, vision=True, fp4=True)
     try:
         tmp.rename(path)
     except OSError:  # another process finished first

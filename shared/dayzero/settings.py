@@ -74,7 +74,7 @@ class Settings(BaseSettings):
 
     @property
     def demo_checkpoint(self) -> Path:
-        return self.cache_dir / "demo-checkpoint-vision"
+        return self.cache_dir / "demo-checkpoint-vision-fp4"
 
     @property
     def visibility_timeout_s(self) -> int:

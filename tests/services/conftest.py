@@ -27,7 +27,7 @@ SETTINGS_ENV = {
 
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory):
-    return write_demo_checkpoint(tmp_path_factory.mktemp("served"), vision=True)
+    return write_demo_checkpoint(tmp_path_factory.mktemp("served"), vision=True, fp4=True)
 
 
 def start_stack(demo_dir, log_dir, counts, extra=None) -> Stack:

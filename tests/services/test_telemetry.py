@@ -15,8 +15,12 @@ from .test_pipeline import _data_url
 @pytest.fixture(scope="module")
 def traced(demo_dir, tmp_path_factory):
     spans = tmp_path_factory.mktemp("spans")
-    stack = start_stack(demo_dir, tmp_path_factory.mktemp("logs"), {"vision": 1, "prefill": 1, "decode": 1},
-                        {"DAYZERO_TRACE_EXPORTER": "console", "DAYZERO_TRACE_FILE": str(spans)})
+    stack = start_stack(
+        demo_dir,
+        tmp_path_factory.mktemp("logs"),
+        {"vision": 1, "prefill": 1, "decode": 1},
+        {"DAYZERO_TRACE_EXPORTER": "console", "DAYZERO_TRACE_FILE": str(spans)},
+    )
     yield stack, spans
     stack.stop()
 
@@ -35,23 +39,44 @@ def test_image_request_is_one_trace_with_stage_spans_in_order(traced):
     r = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
     rid = r.headers["x-request-id"]
-    names = ("gateway.request", "vision.preprocess", "vision.encode", "prefill.forward", "kv.export", "decode.admit",
-             "kv.import", "decode.generate")
+    names = (
+        "gateway.request",
+        "vision.preprocess",
+        "vision.encode",
+        "prefill.forward",
+        "kv.export",
+        "decode.admit",
+        "kv.import",
+        "decode.generate",
+    )
     deadline, found = time.time() + 10, {}
     while time.time() < deadline and len(found) < len(names):
-        root = next((s for s in _spans(folder) if s["name"] == "gateway.request"
-                     and s["attributes"].get("dayzero.request_id") == rid), None)
+        root = next(
+            (
+                s
+                for s in _spans(folder)
+                if s["name"] == "gateway.request" and s["attributes"].get("dayzero.request_id") == rid
+            ),
+            None,
+        )
         if root:
             trace_id = root["context"]["trace_id"]
-            found = {s["name"]: s for s in _spans(folder) if s["context"]["trace_id"] == trace_id and s["name"] in names}
+            found = {
+                s["name"]: s for s in _spans(folder) if s["context"]["trace_id"] == trace_id and s["name"] in names
+            }
         time.sleep(0.2)
     assert set(found) == set(names), sorted(found)
     span_id = {name: s["context"]["span_id"] for name, s in found.items()}
     parent = {name: s["parent_id"] for name, s in found.items()}
-    for child, expected in (("vision.preprocess", "gateway.request"), ("vision.encode", "gateway.request"),
-                            ("prefill.forward", "gateway.request"), ("kv.export", "prefill.forward"),
-                            ("decode.admit", "gateway.request"), ("kv.import", "decode.admit"),
-                            ("decode.generate", "gateway.request")):
+    for child, expected in (
+        ("vision.preprocess", "gateway.request"),
+        ("vision.encode", "gateway.request"),
+        ("prefill.forward", "gateway.request"),
+        ("kv.export", "prefill.forward"),
+        ("decode.admit", "gateway.request"),
+        ("kv.import", "decode.admit"),
+        ("decode.generate", "gateway.request"),
+    ):
         assert parent[child] == span_id[expected], f"{child} should be a child of {expected}"
     generate = found["decode.generate"]
     assert [e["name"] for e in generate["events"]] == ["first_token", "finish"]
@@ -63,11 +88,13 @@ def test_image_request_is_one_trace_with_stage_spans_in_order(traced):
 
 def test_text_request_takes_no_vision_span(traced):
     stack, folder = traced
-    r = httpx.post(f"{stack.url}/v1/completions", json={"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 2},
-                   timeout=60)
+    r = httpx.post(
+        f"{stack.url}/v1/completions", json={"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 2}, timeout=60
+    )
     rid = r.headers["x-request-id"]
     time.sleep(1)
-    root = next(s for s in _spans(folder) if s["attributes"].get("dayzero.request_id") == rid
-                and s["name"] == "gateway.request")
+    root = next(
+        s for s in _spans(folder) if s["attributes"].get("dayzero.request_id") == rid and s["name"] == "gateway.request"
+    )
     names = {s["name"] for s in _spans(folder) if s["context"]["trace_id"] == root["context"]["trace_id"]}
     assert "prefill.forward" in names and not any(n.startswith("vision.") for n in names)

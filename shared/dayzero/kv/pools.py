@@ -184,6 +184,19 @@ class KVPools:
         """(blocks used, blocks total) per pool."""
         return {k: (a.total - a.free, a.total) for k, a in self.allocators.items()}
 
+    def sequence_bytes(self, seq_id: str) -> int:
+        """Bytes of one sequence's state: its blocks in every pool and its compressor slot."""
+        tables = self.sequences[seq_id].tables
+        total = self.window[:, tables["window"]].numel() * self.window.element_size()
+        for name, storage in self.compressed.items():
+            total += storage[:, tables[name]].numel() * storage.element_size()
+        for tensor in self.compressor.values():
+            total += tensor[:, tables["compressor"]].numel() * tensor.element_size()
+        return total
+
+    def storage_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
     def tensors(self) -> list[torch.Tensor]:
         return [self.window, *self.compressed.values(), *self.compressor.values()]
 

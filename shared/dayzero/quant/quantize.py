@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from ..checkpoint import canonical_name, scan
+from ..checkpoint import CheckpointError, canonical_name
 from .formats import fp8_block, quant_fp8, quant_mxfp4
 
 EXPERT = re.compile(r"^layers\.\d+\.ffn\.experts\.\d+\.w[123]\.weight$")
@@ -44,11 +44,13 @@ def quantize_checkpoint(
     src, dst = Path(src), Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     out: dict[str, torch.Tensor] = {}
-    entries = list(scan(src))
-    handles: dict[Path, object] = {}
-    for e in tqdm(entries, desc="quantizing", unit="t", disable=not progress, leave=False):
-        f = handles.setdefault(e.file, safe_open(str(e.file), framework="pt"))
-        tensor, name = f.get_tensor(e.key), canonical_name(e.key)
+    files = sorted(src.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no *.safetensors files in {src}")
+    handles = [safe_open(str(file), framework="pt") for file in files]
+    keys = [(f, key) for f in handles for key in f.keys()]  # noqa: SIM118 - safe_open is not a mapping
+    for f, key in tqdm(keys, desc="quantizing", unit="t", disable=not progress, leave=False):
+        tensor, name = f.get_tensor(key), canonical_name(key)  # every tensor, vision tower included
         base = name.removesuffix(".weight")
         if experts and EXPERT.match(name):
             out[name], out[f"{base}.scale"] = quant_mxfp4(tensor)

@@ -58,7 +58,12 @@ class DecodeLoop:
                 self._admit()
                 self._cancel()
                 if self.active:
-                    self._step()
+                    try:
+                        self._step()
+                    except redis.RedisError:
+                        raise
+                    except Exception as exc:  # a failed step ends the batch's requests, never the loop
+                        self._fail(exc)
                 self._beat()
                 if self.waiting and not self.active:
                     self.stop.wait(0.05)  # waiting for blocks or a handoff
@@ -72,10 +77,7 @@ class DecodeLoop:
         if now - self._last_beat >= self.r.settings.lease_s / 4:
             self._last_beat = now
             self.r.store.heartbeat(list(self.active), self.r.name, self.r.settings.lease_s)
-            self.r.store.worker_alive("decode", self.r.name, self.usage())
-
-    def usage(self) -> dict:
-        return {"pools": self.r.pools.usage(), "active": len(self.active), "waiting": len(self.waiting)}
+            self.r.store.worker_alive("decode", self.r.name, self.r.snapshot(len(self.active) or 1))
 
     def _settle(self, ticket: Ticket[DecodeJob], reason: str, message: str = "", index: int | None = None) -> None:
         rid = ticket.job.request.request_id
@@ -133,10 +135,26 @@ class DecodeLoop:
         rid = job.request.request_id
         with continued(job.trace), tracer.start_as_current_span("decode.admit", attributes={"dayzero.request_id": rid}):
             with tracer.start_as_current_span("kv.import", attributes={"dayzero.transport": job.state.transport}):
+                start = time.perf_counter()
                 self.receiver.receive(job.state, self.r.pools, rid)
+                self.r.stats.add(
+                    handoff_seconds=time.perf_counter() - start, handoff_bytes=self.r.pools.sequence_bytes(rid)
+                )
             self.r.pools.reserve(rid, total)
+        self.r.stats.add(queued_requests=1, queue_seconds=time.time() - job.request.created)
 
-    def _finish(self, rid: str, reason: str, index: int | None = None) -> None:
+    def _record(self, ids: list[str], seconds: float) -> None:
+        """Step metrics: batch size, tokens/s, and the CSA entries the indexer lets each query read."""
+        cfg, stats = self.r.model.cfg, self.r.stats
+        stats.call("decode")
+        stats.add(steps=1, tokens=len(ids))
+        rate = cfg.compress_rates["compressed_sparse_attention"]
+        entries = [self.r.pools.length(rid) // rate for rid in ids]
+        available = sum(entries)
+        fraction = sum(min(cfg.index_topk, n) for n in entries) / available if available else 1.0
+        stats.set(batch_size=len(ids), tokens_per_s=len(ids) / seconds if seconds else 0.0, selected_fraction=fraction)
+
+    def _finish(self, rid: str, reason: str, index: int | None = None, message: str = "") -> None:
         active = self.active.pop(rid)
         length = self.r.pools.length(rid)
         self.r.pools.release(rid)
@@ -147,7 +165,7 @@ class DecodeLoop:
         active.span.set_attribute("dayzero.csa_selected_entries", min(cfg.index_topk, length // rate))
         active.span.set_attribute("dayzero.csa_entries", length // rate)
         active.span.end()
-        self._settle(active.ticket, reason, index=index)
+        self._settle(active.ticket, reason, message, index=index)
 
     def _cancel(self) -> None:
         for rid in self.r.store.cancelled(list(self.active)):
@@ -158,10 +176,20 @@ class DecodeLoop:
                 self.waiting.remove(ticket)
                 self._settle(ticket, "cancelled", index=len(ticket.job.generated))
 
+    def _fail(self, exc: Exception) -> None:
+        log.exception("decode step failed")
+        self.r.stats.call("decode", failed=True)
+        for rid in list(self.active):
+            self._finish(
+                rid, "error", index=self.active[rid].completion.count, message=f"decode failed: {type(exc).__name__}"
+            )
+
     def _step(self) -> None:
         ids = list(self.active)
         tokens = [self.active[rid].next_token for rid in ids]
+        start = time.perf_counter()
         logits = decode(self.r.model, self.r.pools, ids, tokens, self.r.settings.attention())
+        self._record(ids, time.perf_counter() - start)
         out, finished = [], []
         for i, rid in enumerate(ids):
             active = self.active[rid]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import redis
@@ -67,15 +68,28 @@ class PrefillLoop:
             try:
                 self.pending.extend(self.intake.drain(0.05 if not self.pending else 0))
                 self._reclaim_handoffs()
-                self.r.store.worker_alive("prefill", self.r.name, self.usage())
+                self.r.store.worker_alive("prefill", self.r.name, self.r.snapshot(len(self.pending) or 1))
                 if self.pending:
-                    self._run(self._take_batch())
+                    batch = self._take_batch()
+                    try:
+                        self._run(batch)
+                    except redis.RedisError:
+                        raise
+                    except Exception as exc:  # a failed forward ends its requests, never the loop
+                        self._fail(batch, exc)
             except redis.RedisError as exc:  # Redis restarting: keep state, retry
                 log.warning("redis unavailable (%s); retrying", exc)
                 self.stop.wait(0.5)
 
-    def usage(self) -> dict:
-        return {"pools": self.r.pools.usage(), "waiting": len(self.pending), "handed_off": len(self.handed_off)}
+    def _fail(self, batch: list[Ticket[PrefillJob]], exc: Exception) -> None:
+        log.exception("prefill of %d request(s) failed", len(batch))
+        self.r.stats.call("prefill", failed=True)
+        for ticket in batch:
+            rid = ticket.job.request.request_id
+            self.r.pools.release(rid)
+            self.r.store.end(rid, len(ticket.job.generated), "error", f"prefill failed: {type(exc).__name__}")
+            self.r.store.finish(rid, "error")
+            ticket.done.set()
 
     def _take_batch(self) -> list[Ticket[PrefillJob]]:
         batch, tokens = [], 0
@@ -135,6 +149,15 @@ class PrefillLoop:
         embeds = [self._embeddings(t.job) for t in batch]
         settings, model = self.r.settings, self.r.model
         spans = [self._span(t.job, len(batch)) for t in batch]
+        now = time.time()
+        self.r.stats.add(
+            steps=1,
+            tokens=sum(map(len, prompts)),
+            queued_requests=len(batch),
+            queue_seconds=sum(now - t.job.request.created for t in batch),
+        )
+        self.r.stats.set(batch_size=len(batch))
+        self.r.stats.call("prefill")
         with Heartbeat(self.r, ids):
             logits = prefill(
                 model,
@@ -206,7 +229,9 @@ class PrefillLoop:
             store.finish(rid, step.finish_reason)
         else:
             with tracer.start_as_current_span("kv.export", attributes={"dayzero.transport": settings.handoff}):
+                start = time.perf_counter()
                 ref = publish(self.r.pools, rid, rid, settings.handoff, store, settings.handoff_timeout_s)
+                self.r.stats.add(handoff_seconds=time.perf_counter() - start)
             store.offer_handoff(rid, settings.handoff_timeout_s)
             if settings.handoff == "redis":
                 self.r.pools.release(rid)

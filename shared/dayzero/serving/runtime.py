@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -16,6 +16,7 @@ from ..kv.shared import Segment, SharedPools
 from ..model.weights import Transformer
 from ..settings import Settings
 from ..tokenizer import TextCodec
+from .metrics import WorkerStats
 from .store import Store
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -40,9 +41,10 @@ class Runtime:
     store: Store
     name: str
     segment: Segment | None = None
+    stats: WorkerStats = field(default_factory=lambda: WorkerStats(""))
 
     @classmethod
-    def load(cls, settings: Settings, name: str, shared: bool) -> Runtime:
+    def load(cls, settings: Settings, name: str, stage: str, shared: bool) -> Runtime:
         """``name`` identifies the worker in leases and heartbeats (unique per process)."""
         path = checkpoint_path(settings)
         dtype = DTYPES[settings.dtype]
@@ -56,7 +58,7 @@ class Runtime:
             pools, segment = KVPools(layout, sized.blocks, dtype), None
         name = f"{name}:{uuid.uuid4().hex[:6]}"
         log.info("%s loaded %s: pools %s", name, path, pools.usage())
-        return cls(
+        runtime = cls(
             settings,
             model,
             TextCodec.from_checkpoint(path),
@@ -64,7 +66,39 @@ class Runtime:
             Store.connect(settings.redis_url, settings.stream_ttl_s),
             name,
             segment,
+            WorkerStats(stage),
         )
+        return runtime
+
+    def memory_regions(self, batch: int) -> dict[str, int]:
+        """Resident bytes by region (activations and hyper-connection state: estimates for ``batch``)."""
+        cfg, model = self.model.cfg, self.model
+        weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+        converter = getattr(model, "expert_converter", None)
+        elem = model.head.weight.element_size()
+        rows = self.settings.prefill_chunk_size if self.stats.stage == "prefill" else batch
+        return {
+            "packed_weights": weights,
+            "dequant_workspace": converter.counters.workspace_bytes if converter else 0,
+            "expert_cache": converter.counters.cache_bytes if converter else 0,
+            "attention_pools": self.pools.storage_bytes(),
+            "hyper_connection_state": rows * cfg.hc_mult * cfg.hidden_size * 4 * 2,
+            "activations": rows * cfg.hidden_size * elem * 8,
+        }
+
+    def snapshot(self, batch: int) -> dict:
+        """This worker's metrics, published with its heartbeat (see dayzero.serving.metrics)."""
+        converter = getattr(self.model, "expert_converter", None)
+        if converter is not None:
+            c = converter.counters
+            self.stats.counters.update(
+                expert_conversions=c.conversions, expert_cache_hits=c.cache_hits, expert_cache_misses=c.cache_misses
+            )
+            if c.cache_hits + c.cache_misses:
+                self.stats.set(expert_cache_hit_rate=c.cache_hits / (c.cache_hits + c.cache_misses))
+        self.stats.pools = self.pools.usage()
+        self.stats.memory = self.memory_regions(batch)
+        return self.stats.snapshot()
 
     def close(self) -> None:
         if self.segment is not None:

@@ -193,6 +193,8 @@ class Store:
         beats = self.r.hgetall(f"{P}workers:{stage}")
         return [w.decode() for w, t in beats.items() if now - float(t) <= within_s]
 
-    def usage(self, worker: str) -> dict | None:
-        raw = self.r.get(f"{P}usage:{worker}")
-        return json.loads(raw) if raw else None
+    def snapshots(self) -> dict[str, dict]:
+        """Every live worker's latest metrics snapshot."""
+        keys = list(self.r.scan_iter(f"{P}usage:*"))
+        values = self.r.mget(keys) if keys else []
+        return {k.decode().split(":", 2)[2]: json.loads(v) for k, v in zip(keys, values, strict=True) if v}

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict
 
 import torch
 
@@ -21,6 +21,7 @@ from ..vision.encoder import VisionEncoder, load_tower
 from ..vision.preprocess import ImageError
 from .handoff import publish_tensor
 from .messages import PrefillJob
+from .metrics import WorkerStats
 from .runtime import checkpoint_path
 from .store import Store
 
@@ -37,15 +38,28 @@ class VisionStage:
             tower, settings.patch_spec(), settings.image_limits(), settings.encoder_cache_mb << 20
         )
         self.store = Store.connect(settings.redis_url, settings.stream_ttl_s)
+        self.stats = WorkerStats("vision")
         self._lock = threading.Lock()
         self.stop = threading.Event()
 
     def heartbeat_forever(self) -> None:
         while not self.stop.wait(self.settings.lease_s / 3):
             try:
-                self.store.worker_alive("vision", self.name, {"encoder_cache": asdict(self.encoder.counters)})
+                self.store.worker_alive("vision", self.name, self.snapshot())
             except Exception:  # noqa: BLE001 - Redis restarting: the next beat retries
                 log.warning("heartbeat failed")
+
+    def snapshot(self) -> dict:
+        c = self.encoder.counters
+        self.stats.counters.update(encoder_cache_hits=c.hits, encoder_cache_misses=c.misses)
+        if c.hits + c.misses:
+            self.stats.set(encoder_cache_hit_rate=c.hits / (c.hits + c.misses))
+        tower = self.encoder.tower
+        self.stats.memory = {
+            "packed_weights": sum(p.numel() * p.element_size() for p in tower.parameters()),
+            "encoder_cache": c.cache_bytes,
+        }
+        return self.stats.snapshot()
 
     def run(self, job: PrefillJob) -> None:
         rid = job.request.request_id
@@ -54,10 +68,13 @@ class VisionStage:
                 self.store.end(rid, len(job.generated), "cancelled")
                 self.store.finish(rid, "cancelled")
             return
+        self.stats.add(queued_requests=1, queue_seconds=time.time() - job.request.created)
         try:
             with self._lock, continued(job.trace):
                 images = self.encoder.embeddings(self.store.images(rid))
+            self.stats.call("vision.encode")
         except (ImageError, ValueError) as exc:
+            self.stats.call("vision.encode", failed=True)
             self.store.end(rid, len(job.generated), "error", f"image refused: {exc}")
             self.store.finish(rid, "error")
             return

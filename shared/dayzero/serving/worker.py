@@ -12,6 +12,7 @@ from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
 from ..settings import Settings
 from ..telemetry import setup_tracing
+from .metrics import serve_metrics
 from .runtime import Runtime
 
 log = logging.getLogger("dayzero.worker")
@@ -40,7 +41,9 @@ class StageWorker:
         name = getattr(sender, "hostname", None) or self.stage  # celery's -n, e.g. "decode0@host"
         setup_tracing(self.settings, self.stage)
         CeleryInstrumentor().instrument()
-        self.runtime = Runtime.load(self.settings, name, shared=self._shared)
+        self.runtime = Runtime.load(self.settings, name, self.stage, shared=self._shared)
+        if self.settings.metrics_port:
+            serve_metrics(self.settings.metrics_port, lambda: {self.runtime.name: self.runtime.snapshot(1)})
         self.loop = self._make_loop(self.runtime, self.app)
         threading.Thread(target=self.loop.run_forever, name=f"{self.stage}-loop", daemon=True).start()
         self._ready.set()

@@ -1,0 +1,134 @@
+"""Worker metrics: each worker keeps counters and gauges in a snapshot, publishes it to Redis
+with its heartbeat, and (optionally) serves it on its own port.
+
+One scrape for the whole stack: the gateway's ``/metrics`` renders every worker's latest
+snapshot from Redis (label ``worker``), next to its own request metrics. Under compose,
+each worker can also be scraped directly (``DAYZERO_METRICS_PORT``); both render the same
+snapshot through ``SnapshotCollector``. Names and labels: docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.registry import Collector
+
+COUNTERS = {  # snapshot key -> (metric, help)
+    "tokens": ("dayzero_tokens_total", "tokens produced (prefill: prompt tokens consumed)"),
+    "steps": ("dayzero_steps_total", "batched forward passes"),
+    "expert_conversions": ("dayzero_expert_conversions_total", "FP4 experts dequantized"),
+    "expert_cache_hits": ("dayzero_expert_cache_hits_total", "dequantized experts found in the cache"),
+    "expert_cache_misses": ("dayzero_expert_cache_misses_total", "dequantized experts not in the cache"),
+    "encoder_cache_hits": ("dayzero_encoder_cache_hits_total", "images found in the encoder cache"),
+    "encoder_cache_misses": ("dayzero_encoder_cache_misses_total", "images run through the vision tower"),
+    "handoff_bytes": ("dayzero_handoff_bytes_total", "attention-state bytes moved prefill -> decode"),
+    "handoff_seconds": ("dayzero_handoff_seconds_total", "time spent moving attention state"),
+}
+GAUGES = {
+    "batch_size": ("dayzero_batch_size", "sequences in the last batched step"),
+    "tokens_per_s": ("dayzero_tokens_per_second", "tokens per second over the last few seconds"),
+    "selected_fraction": ("dayzero_indexer_selected_fraction", "CSA entries attended / entries available"),
+    "expert_cache_hit_rate": ("dayzero_expert_cache_hit_rate", "hits / (hits + misses)"),
+    "encoder_cache_hit_rate": ("dayzero_encoder_cache_hit_rate", "hits / (hits + misses)"),
+}
+
+
+class WorkerStats:
+    """Thread-safe counters, gauges, per-op call/failure counts and memory by region."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self._lock = threading.Lock()
+        self.counters: dict[str, float] = defaultdict(float)
+        self.gauges: dict[str, float] = {}
+        self.calls: dict[str, int] = defaultdict(int)
+        self.failures: dict[str, int] = defaultdict(int)
+        self.memory: dict[str, int] = {}
+        self.pools: dict[str, tuple[int, int]] = {}
+
+    def add(self, **values: float) -> None:
+        with self._lock:
+            for key, value in values.items():
+                self.counters[key] += value
+
+    def set(self, **values: float) -> None:
+        with self._lock:
+            self.gauges.update(values)
+
+    def call(self, op: str, failed: bool = False) -> None:
+        with self._lock:
+            self.calls[op] += 1
+            if failed:
+                self.failures[op] += 1
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {
+                "stage": self.stage,
+                "counters": dict(self.counters),
+                "gauges": dict(self.gauges),
+                "calls": dict(self.calls),
+                "failures": dict(self.failures),
+                "memory": dict(self.memory),
+                "pools": {k: list(v) for k, v in self.pools.items()},
+            }
+
+
+class SnapshotCollector(Collector):
+    """Renders worker snapshots ({worker: snapshot}) as Prometheus metric families."""
+
+    def __init__(self, source: Callable[[], dict[str, dict]]) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator:
+        snapshots = self.source()
+        labels = ["worker", "stage"]
+        families = {
+            k: CounterMetricFamily(name.removesuffix("_total"), doc, labels=labels)
+            for k, (name, doc) in COUNTERS.items()
+        }
+        gauges = {k: GaugeMetricFamily(name, doc, labels=labels) for k, (name, doc) in GAUGES.items()}
+        used = GaugeMetricFamily("dayzero_kv_blocks_used", "attention-state blocks in use", labels=[*labels, "pool"])
+        total = GaugeMetricFamily("dayzero_kv_blocks_total", "attention-state blocks", labels=[*labels, "pool"])
+        memory = GaugeMetricFamily("dayzero_memory_bytes", "resident bytes by region", labels=[*labels, "region"])
+        calls = CounterMetricFamily("dayzero_operator_calls", "operator calls", labels=[*labels, "op"])
+        failures = CounterMetricFamily(
+            "dayzero_operator_failures", "operator calls that raised", labels=[*labels, "op"]
+        )
+        queue = SummaryMetricFamily(
+            "dayzero_request_queue_time_seconds", "request accepted -> taken by the stage", labels=labels
+        )
+        for worker, snap in sorted(snapshots.items()):
+            base = [worker, snap.get("stage", "")]
+            counters = snap.get("counters", {})
+            for key, value in counters.items():
+                if key in families:
+                    families[key].add_metric(base, value)
+            if counters.get("queued_requests"):
+                queue.add_metric(base, counters["queued_requests"], counters.get("queue_seconds", 0.0))
+            for key, value in snap.get("gauges", {}).items():
+                if key in gauges:
+                    gauges[key].add_metric(base, value)
+            for pool, (n_used, n_total) in snap.get("pools", {}).items():
+                used.add_metric([*base, pool], n_used)
+                total.add_metric([*base, pool], n_total)
+            for region, value in snap.get("memory", {}).items():
+                memory.add_metric([*base, region], value)
+            for op, value in snap.get("calls", {}).items():
+                calls.add_metric([*base, op], value)
+                failures.add_metric([*base, op], snap.get("failures", {}).get(op, 0))
+        yield from families.values()
+        yield from gauges.values()
+        yield from (used, total, memory, calls, failures, queue)
+
+
+def serve_metrics(port: int, source: Callable[[], dict[str, dict]]) -> None:
+    """This worker's own /metrics endpoint (scraped directly under compose)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(source))
+    start_http_server(port, registry=registry)
