@@ -62,6 +62,7 @@ def create_app(settings: Settings) -> FastAPI:
             cfg.max_position_embeddings,
             cfg.vocab_size,
             cfg.raw.get("image_token_id") if "vision_config" in cfg.raw else None,
+            cfg.eos_token_ids[0],
         )
         app.state.gateway = gw
         gw.metrics.registry.register(SnapshotCollector(gw.bus.store.snapshots))  # the workers, one scrape

@@ -20,3 +20,4 @@ class Gateway:
     max_positions: int
     vocab_size: int
     image_token: int | None  # None: the checkpoint has no vision tower
+    eos_token: int

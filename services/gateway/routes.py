@@ -81,7 +81,15 @@ def _spec(gw: Gateway, body: Sampling, prompt_ids: list[int], max_tokens: int | 
         seed=body.seed,
         stop=body.stops(),
         ignore_eos=body.ignore_eos,
+        logit_bias=_bias(gw, body),
     )
+
+
+def _bias(gw: Gateway, body: Sampling) -> dict[int, float]:
+    bias = body.logit_bias or {}
+    if any(not 0 <= t < gw.vocab_size for t in bias):
+        raise APIError(400, f"logit_bias token ids must be in [0, {gw.vocab_size})", param="logit_bias")
+    return bias
 
 
 async def _admit(gw: GatewayDep, request: GenerationRequest, images: list[bytes]) -> None:
@@ -289,6 +297,8 @@ async def models(gw: GatewayDep):
                 "object": "model",
                 "owned_by": "dayzero",
                 "max_model_len": min(gw.settings.max_context, gw.max_positions),
+                "eos_token_id": gw.eos_token,
+                "images": gw.image_token is not None,
             }
         ],
     }

@@ -54,6 +54,7 @@ class Sampling(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    logit_bias: dict[int, Annotated[float, Field(ge=-100, le=100)]] | None = Field(default=None, max_length=300)
 
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

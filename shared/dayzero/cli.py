@@ -209,6 +209,14 @@ def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
+    from .doctor import Doctor, report
+
+    results = Doctor(args.url, args.api_key).run()
+    print(report(results, args.json))
+    return 0 if all(r.status != "fail" for r in results) else 1
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dayzero", description="Serve DeepSeek-V4-family models from day zero.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -259,6 +267,12 @@ def parser() -> argparse.ArgumentParser:
     insp.add_argument("--expert-cache-gib", type=float, default=0.0, help="dequantized expert cache budget")
     insp.add_argument("--json", action="store_true", help="print one JSON object")
     insp.set_defaults(run=cmd_inspect)
+
+    doctor = sub.add_parser("doctor", help="check a running deployment end to end (exit 1 on any failure)")
+    doctor.add_argument("url", help="the gateway, e.g. http://127.0.0.1:8000")
+    doctor.add_argument("--api-key", help="Bearer key, when the gateway requires one")
+    doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    doctor.set_defaults(run=cmd_doctor)
 
     serve = sub.add_parser("serve", help="run one service in the foreground (what each container runs)")
     serve.add_argument("service", choices=["gateway", "vision", "prefill", "decode"])

@@ -16,8 +16,11 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias added to its logit), as OpenAI's
 
     def __post_init__(self) -> None:
+        if any(not -100.0 <= b <= 100.0 for _, b in self.logit_bias):
+            raise ValueError("logit_bias values must be in [-100, 100]")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         if not 0.0 <= self.temperature <= 100.0:
@@ -32,6 +35,11 @@ class SamplingParams:
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """logits [V] fp32 -> one token id."""
+    if params.logit_bias:
+        logits = logits.clone()
+        for token, bias in params.logit_bias:
+            if 0 <= token < logits.shape[-1]:
+                logits[token] += bias
     if params.temperature == 0.0:
         return int(logits.argmax())
     logits = logits.float() / params.temperature

@@ -21,10 +21,18 @@ class SamplingSpec(Frozen):
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logit_bias: dict[int, float] = {}
 
     def params(self) -> SamplingParams:
         return SamplingParams(
-            self.max_tokens, self.temperature, self.top_p, self.top_k, self.seed, self.stop, self.ignore_eos
+            self.max_tokens,
+            self.temperature,
+            self.top_p,
+            self.top_k,
+            self.seed,
+            self.stop,
+            self.ignore_eos,
+            tuple(sorted(self.logit_bias.items())),
         )
 
 

@@ -1,0 +1,199 @@
+"""``dayzero doctor URL``: check a running deployment the way an operator brings up a new model.
+
+Each check sends real requests through the gateway and reads its answers and ``/metrics``:
+the request is queued, prefill and decode produce tokens, text and image requests take
+different paths, stop strings / EOS / max tokens end requests with the right reason, bad
+input is refused with 400, and a cancelled stream gives its blocks back.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import httpx
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    status: str  # pass | fail | skip
+    seconds: float
+    detail: str = ""
+
+
+class Doctor:
+    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 60) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
+        self.model = ""
+
+    # -- helpers ----------------------------------------------------------------------------------------
+    def complete(self, **body) -> dict:
+        r = self.http.post("/v1/completions", json={"model": self.model, "temperature": 0, **body})
+        if r.status_code != 200:
+            raise AssertionError(f"HTTP {r.status_code}: {r.text[:200]}")
+        return r.json()
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of a metric's samples whose labels include ``labels``."""
+        total = 0.0
+        for line in self.http.get("/metrics").text.splitlines():
+            if not line.startswith(name):
+                continue
+            match = re.match(rf"{re.escape(name)}(\{{(.*)\}})? ([0-9.eE+-]+)$", line)
+            if match and all(f'{k}="{v}"' in (match[2] or "") for k, v in labels.items()):
+                total += float(match[3])
+        return total
+
+    # -- checks -----------------------------------------------------------------------------------------
+    def check_ready(self) -> str:
+        models = self.http.get("/v1/models").json()["data"]
+        self.model = models[0]["id"]
+        ready = self.http.get("/ready")
+        assert ready.status_code == 200, f"/ready answered {ready.status_code}: {ready.text[:200]}"
+        return f"model {self.model}, workers {ready.json().get('workers')}"
+
+    def check_queue_prefill_decode(self) -> str:
+        start, stamps, usage = time.perf_counter(), [], {}
+        body = {
+            "model": self.model,
+            "prompt": "The quick brown fox",
+            "max_tokens": 4,
+            "stream": True,
+            "ignore_eos": True,
+            "temperature": 0,
+        }
+        with self.http.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200, f"HTTP {r.status_code}"
+            assert r.headers.get("x-request-id"), "no request id: the request did not enter the queue"
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    stamps.append(time.perf_counter() - start)
+                    usage = json.loads(line[6:]).get("usage", usage)
+        assert stamps and usage.get("completion_tokens") == 4, f"usage {usage}, expected 4 completion tokens"
+        return f"first token (prefill) {stamps[0] * 1e3:.0f} ms, 4 tokens by {stamps[-1] * 1e3:.0f} ms"
+
+    def check_paths(self) -> str:
+        before = self.metric("dayzero_request_queue_time_seconds_count", stage="vision")
+        self.complete(prompt="text only", max_tokens=1)
+        after_text = self.metric("dayzero_request_queue_time_seconds_count", stage="vision")
+        image = _tiny_png()
+        body = {
+            "model": self.model,
+            "max_tokens": 1,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "describe"},
+                        {"type": "image_url", "image_url": {"url": image}},
+                    ],
+                }
+            ],
+        }
+        r = self.http.post("/v1/chat/completions", json=body)
+        if r.status_code == 400 and r.json()["error"].get("code") == "images_unsupported":
+            raise SkipCheck("the model has no vision tower")
+        assert r.status_code == 200, f"image request: HTTP {r.status_code}: {r.text[:200]}"
+        time.sleep(1.0)  # the vision worker's next heartbeat publishes its counters
+        after_image = self.metric("dayzero_request_queue_time_seconds_count", stage="vision")
+        assert after_text == before, "a text-only request went through the vision stage"
+        assert after_image > after_text, "the image request did not go through the vision stage"
+        return "text skipped the vision stage; the image went through it"
+
+    def check_endings(self) -> str:
+        length = self.complete(prompt="count", max_tokens=3, ignore_eos=True)["choices"][0]
+        assert length["finish_reason"] == "length", f"max_tokens ended with {length['finish_reason']}"
+        eos = self.complete(prompt="stop now", max_tokens=8, logit_bias={str(self._eos()): 100})["choices"][0]
+        assert eos["finish_reason"] == "stop" and eos["text"] == "", f"EOS ended with {eos}"
+        free = self.complete(prompt="a stop string", max_tokens=16, ignore_eos=True)["choices"][0]["text"]
+        stop = next((free[i : i + 2] for i in range(3, len(free) - 1) if free[i : i + 2].strip()), None)
+        assert stop, "the model produced no text to pick a stop string from"
+        cut = self.complete(prompt="a stop string", max_tokens=16, ignore_eos=True, stop=[stop])["choices"][0]
+        assert cut["finish_reason"] == "stop" and cut["text"] == free[: free.find(stop)], f"stop string: {cut}"
+        return "max_tokens -> length, EOS -> stop, stop string -> stop (text cut before it)"
+
+    def _eos(self) -> int:
+        return int(self.http.get("/v1/models").json()["data"][0].get("eos_token_id", 1))
+
+    def check_refusals(self) -> str:
+        cases = {
+            "too-long prompt": {"prompt": "word " * 200_000, "max_tokens": 1},
+            "bad parameters": {"prompt": "x", "temperature": -1},
+        }
+        for what, body in cases.items():
+            r = self.http.post("/v1/completions", json={"model": self.model, **body})
+            assert r.status_code in (400, 413), f"{what}: HTTP {r.status_code}"
+            assert "error" in r.json(), f"{what}: no OpenAI error body"
+        body = {
+            "model": self.model,
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}
+            ],
+        }
+        r = self.http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400, f"bad image: HTTP {r.status_code}"
+        return "too-long prompt, bad parameters, bad image -> 400 with an error body"
+
+    def check_cancel(self) -> str:
+        baseline = self.metric("dayzero_kv_blocks_used", stage="decode")
+        body = {"model": self.model, "prompt": "go on", "max_tokens": 2000, "stream": True, "ignore_eos": True}
+        seen = 0
+        with self.http.stream("POST", "/v1/completions", json=body) as r:
+            for line in r.iter_lines():
+                seen += line.startswith("id:")
+                if seen == 2:
+                    break
+        left = time.perf_counter()
+        while time.perf_counter() - left < 5:
+            time.sleep(0.25)
+            if self.metric("dayzero_kv_blocks_used", stage="decode") <= baseline:
+                return f"blocks back to baseline {time.perf_counter() - left:.1f} s after the disconnect"
+        raise AssertionError("decode blocks did not return to baseline within 5 s of a disconnect")
+
+    def run(self) -> list[Check]:
+        checks: list[tuple[str, Callable[[], str]]] = [
+            ("gateway ready", self.check_ready),
+            ("queue, prefill, decode", self.check_queue_prefill_decode),
+            ("text and image paths", self.check_paths),
+            ("stop, EOS, max tokens", self.check_endings),
+            ("bad input refused", self.check_refusals),
+            ("cancel frees blocks", self.check_cancel),
+        ]
+        results = []
+        for name, fn in checks:
+            start = time.perf_counter()
+            try:
+                detail = fn()
+                results.append(Check(name, "pass", time.perf_counter() - start, detail))
+            except SkipCheck as exc:
+                results.append(Check(name, "skip", time.perf_counter() - start, str(exc)))
+            except (AssertionError, httpx.HTTPError, KeyError, ValueError, json.JSONDecodeError) as exc:
+                results.append(Check(name, "fail", time.perf_counter() - start, f"{type(exc).__name__}: {exc}"))
+            if name == "gateway ready" and results[-1].status == "fail":
+                break  # nothing else can pass
+        return results
+
+
+class SkipCheck(Exception):
+    """The deployment does not have the feature the check needs."""
+
+
+def _tiny_png() -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 60, 20)).save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def report(results: list[Check], as_json: bool) -> str:
+    if as_json:
+        return json.dumps({"ok": all(r.status != "fail" for r in results), "checks": [asdict(r) for r in results]})
+    return "\n".join(f"{r.status.upper():4} {r.name:<24} {r.seconds * 1e3:7.0f} ms  {r.detail}" for r in results)

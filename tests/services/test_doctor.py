@@ -1,0 +1,29 @@
+"""`dayzero doctor` against the real stack, and against nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from dayzero.stack import free_port
+
+
+def _doctor(url: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dayzero.cli", "doctor", url, "--json"], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_doctor_passes_on_a_healthy_stack(stack):
+    out = _doctor(stack.url)
+    report = json.loads(out.stdout)
+    assert out.returncode == 0, [c for c in report["checks"] if c["status"] != "pass"]
+    assert [c["status"] for c in report["checks"]] == ["pass"] * 6
+    assert any("image went through" in c["detail"] for c in report["checks"])
+
+
+def test_doctor_fails_with_exit_1_when_nothing_answers():
+    out = _doctor(f"http://127.0.0.1:{free_port()}")
+    report = json.loads(out.stdout)
+    assert out.returncode == 1 and report["checks"][0]["status"] == "fail"
