@@ -16,8 +16,8 @@ from starlette.concurrency import run_in_threadpool
 
 from dayzero.config import ModelConfig
 from dayzero.serving.messages import PrefillJob
-from dayzero.serving.metrics import SnapshotCollector
-from dayzero.serving.queue import TASKS, make_celery
+from dayzero.serving.metrics import QueueDepthCollector, SnapshotCollector
+from dayzero.serving.queue import STAGES, TASKS, make_celery
 from dayzero.serving.reaper import sweep
 from dayzero.serving.runtime import checkpoint_path
 from dayzero.settings import Settings
@@ -66,6 +66,7 @@ def create_app(settings: Settings) -> FastAPI:
         )
         app.state.gateway = gw
         gw.metrics.registry.register(SnapshotCollector(gw.bus.store.snapshots))  # the workers, one scrape
+        gw.metrics.registry.register(QueueDepthCollector(lambda: gw.bus.store.queue_depths(STAGES)))
         if not settings.api_keys:
             log.warning("no API key configured (DAYZERO_API_KEYS): the gateway accepts every request")
         reaper = asyncio.create_task(_reaper(gw))

@@ -125,6 +125,19 @@ class SnapshotCollector(Collector):
         yield from (used, total, memory, calls, failures, queue)
 
 
+class QueueDepthCollector(Collector):
+    """``dayzero_queue_depth{stage}``: messages waiting per stage, read at scrape time."""
+
+    def __init__(self, source: Callable[[], dict[str, int]]) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator:
+        family = GaugeMetricFamily("dayzero_queue_depth", "requests waiting in each stage's queue", labels=["stage"])
+        for stage, depth in self.source().items():
+            family.add_metric([stage], depth)
+        yield family
+
+
 def serve_metrics(port: int, source: Callable[[], dict[str, dict]]) -> None:
     """This worker's own /metrics endpoint (scraped directly under compose)."""
     from prometheus_client import CollectorRegistry, start_http_server

@@ -193,6 +193,13 @@ class Store:
         beats = self.r.hgetall(f"{P}workers:{stage}")
         return [w.decode() for w, t in beats.items() if now - float(t) <= within_s]
 
+    def queue_depths(self, stages: tuple[str, ...]) -> dict[str, int]:
+        """Messages waiting in each stage's Celery queue (a Redis list named after the queue)."""
+        pipe = self.r.pipeline()
+        for stage in stages:
+            pipe.llen(stage)
+        return dict(zip(stages, pipe.execute(), strict=True))
+
     def snapshots(self) -> dict[str, dict]:
         """Every live worker's latest metrics snapshot."""
         keys = list(self.r.scan_iter(f"{P}usage:*"))
