@@ -65,6 +65,55 @@ async def load(url: str, rate: float, n: int, prompt_len: int, max_tokens: int, 
     return results, time.perf_counter() - start
 
 
+async def closed_loop(url: str, clients: int, per_client: int, prompt_len: int, max_tokens: int) -> float:
+    """Tokens/s with ``clients`` each sending ``per_client`` requests back to back."""
+    async with httpx.AsyncClient(timeout=300) as client:
+
+        async def one_client(c: int) -> int:
+            tokens = 0
+            for i in range(per_client):
+                prompt = [0] + [(c * 31 + i * 7 + k) % 498 + 2 for k in range(prompt_len - 1)]
+                result = await one_request(client, url, prompt, max_tokens)
+                tokens += result.get("tokens", 0)
+            return tokens
+
+        start = time.perf_counter()
+        total = sum(await asyncio.gather(*(one_client(c) for c in range(clients))))
+        return total / (time.perf_counter() - start)
+
+
+def sweep_and_plot(url: str, prompt_len: int, max_tokens: int, folder: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates, rows = (1.0, 2.0, 4.0, 8.0), []
+    for rate in rates:
+        results, _ = asyncio.run(load(url, rate, 16, prompt_len, max_tokens, seed=int(rate)))
+        ok = [r for r in results if r["ok"]]
+        rows.append(([r["ttft"] for r in ok], [g for r in ok for g in r["itl"]]))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, index, title in ((axes[0], 0, "time to first token"), (axes[1], 1, "inter-token latency")):
+        for q in (0.5, 0.9, 0.99):
+            ax.plot(rates, [pct(row[index], q) for row in rows], "o-", label=f"p{int(q * 100)}")
+        ax.set(xlabel="requests / s (Poisson)", ylabel="seconds", title=title)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(folder / "serve_latency.png", dpi=110)
+    concurrency = (1, 2, 4, 8, 16)
+    throughput = [asyncio.run(closed_loop(url, c, 3, prompt_len, max_tokens)) for c in concurrency]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(concurrency, throughput, "o-")
+    ax.set(xlabel="concurrent streaming clients", ylabel="tokens / s", title="throughput vs concurrency")
+    fig.tight_layout()
+    fig.savefig(folder / "serve_throughput.png", dpi=110)
+    print("| concurrency | tokens/s |\n|---:|---:|")
+    for c, t in zip(concurrency, throughput, strict=True):
+        print(f"| {c} | {t:.1f} |")
+    print(f"plots: {folder / 'serve_latency.png'}, {folder / 'serve_throughput.png'}")
+
+
 def in_process_ttft(checkpoint: Path, prompt_len: int, runs: int = 5) -> float:
     from dayzero.checkpoint import load_model
     from dayzero.kv.pools import pools_for
@@ -125,6 +174,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--decode", type=int, default=1, help="decode workers when starting a stack")
+    parser.add_argument("--plot", action="store_true", help="sweep rates and concurrency, write PNG charts")
     args = parser.parse_args()
 
     from dayzero.demo import write_demo_checkpoint
@@ -148,6 +198,8 @@ def main() -> None:
             asyncio.run(load(url, 2.0, 4, args.prompt_tokens, 4, seed=99))  # warm-up
             results, wall = asyncio.run(load(url, args.rate, args.requests, args.prompt_tokens, args.max_tokens, 0))
             single, _ = asyncio.run(load(url, 0.5, 5, args.prompt_tokens, 1, seed=1))  # unloaded TTFT
+            if args.plot:
+                sweep_and_plot(url, args.prompt_tokens, args.max_tokens, Path(__file__).parent)
         finally:
             if stack is not None:
                 stack.stop()
