@@ -85,3 +85,26 @@ def test_urls_remote_refused_and_data_urls_checked():
 def test_extreme_aspect_ratio_refused():
     with pytest.raises(ImageError, match="aspect ratio"):
         process([Image.new("RGB", (3000, 10))], PatchSpec())
+
+
+def test_allowed_hosts_are_fetched_with_limits(tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    (tmp_path / "cat.png").write_bytes(encoded(20, 20))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        allowed = ImageLimits(allowed_hosts=("127.0.0.1",))
+        assert image_bytes(f"{base}/cat.png", allowed) == (tmp_path / "cat.png").read_bytes()
+        with pytest.raises(ImageError, match="HTTP 404"):
+            image_bytes(f"{base}/missing.png", allowed)
+        with pytest.raises(ImageError, match="larger than"):
+            image_bytes(f"{base}/cat.png", ImageLimits(max_bytes=50, allowed_hosts=("127.0.0.1",)))
+        with pytest.raises(ImageError, match="not allowed"):
+            image_bytes(f"{base}/cat.png", ImageLimits())
+    finally:
+        server.shutdown()

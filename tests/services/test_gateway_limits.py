@@ -1,0 +1,65 @@
+"""The gateway on its own (no workers): admission control, API keys, per-request image limits."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from dayzero.stack import Stack, free_port
+
+from .conftest import MODEL, SETTINGS_ENV
+from .test_pipeline import _data_url
+
+
+@pytest.fixture(scope="module")
+def lone_gateway(demo_dir, tmp_path_factory):
+    env = {
+        **SETTINGS_ENV,
+        "DAYZERO_CHECKPOINT": str(demo_dir),
+        "DAYZERO_MAX_QUEUED": "2",
+        "DAYZERO_API_KEYS": '["sesame"]',
+        "DAYZERO_IMAGE_MAX_COUNT": "2",
+    }
+    stack = Stack({"vision": 0, "prefill": 0, "decode": 0}, free_port(), tmp_path_factory.mktemp("logs"), env)
+    stack.start()
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"{stack.url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    yield stack
+    stack.stop()
+
+
+KEY = {"Authorization": "Bearer sesame"}
+
+
+def test_api_key_required_when_configured(lone_gateway):
+    body = {"model": MODEL, "prompt": [0, 5], "max_tokens": 1}
+    r = httpx.post(f"{lone_gateway.url}/v1/completions", json=body, timeout=10)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = httpx.get(f"{lone_gateway.url}/v1/models", headers={"Authorization": "Bearer wrong"}, timeout=10)
+    assert r.status_code == 401
+    assert httpx.get(f"{lone_gateway.url}/v1/models", headers=KEY, timeout=10).status_code == 200
+
+
+def test_full_queue_answers_429_with_retry_after(lone_gateway):
+    body = {"model": MODEL, "prompt": [0, 5], "max_tokens": 1, "stream": True}
+    statuses = []
+    for _ in range(4):  # nothing consumes the prefill queue: two fit, then it is full
+        with httpx.stream("POST", f"{lone_gateway.url}/v1/completions", json=body, headers=KEY, timeout=10) as r:
+            statuses.append((r.status_code, r.headers.get("retry-after")))
+    assert [s for s, _ in statuses] == [200, 200, 429, 429]
+    assert statuses[-1][1] == "1"
+    assert httpx.get(f"{lone_gateway.url}/ready", timeout=10).status_code == 503  # no workers alive
+
+
+def test_too_many_images_in_one_request(lone_gateway):
+    parts = [{"type": "image_url", "image_url": {"url": _data_url(20, 20, i)}} for i in range(3)]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": parts}]}
+    r = httpx.post(f"{lone_gateway.url}/v1/chat/completions", json=body, headers=KEY, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_images"

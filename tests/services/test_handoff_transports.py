@@ -1,0 +1,61 @@
+"""Both KV handoff transports move a prefilled state so that decoding continues identically."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dayzero.checkpoint import load_model
+from dayzero.kv.handoff import LayoutMismatch
+from dayzero.kv.layout import PoolLayout
+from dayzero.kv.pools import KVPools, pools_for
+from dayzero.kv.shared import SharedPools
+from dayzero.model.forward import decode, prefill
+from dayzero.serving.handoff import Receiver, publish, publish_tensor, take_tensor
+from dayzero.serving.store import Store
+from dayzero.stack import free_port, start_redis
+
+from ..conftest import random_ids
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    port = free_port()
+    server = start_redis(port, tmp_path_factory.mktemp("redis") / "redis.log")
+    yield Store.connect(f"redis://127.0.0.1:{port}/0")
+    server.terminate()
+    server.wait()
+
+
+@pytest.mark.parametrize("transport", ["shm", "redis"])
+def test_transport_round_trip_continues_decoding(tiny_checkpoint, store, transport):
+    model = load_model(tiny_checkpoint, progress=False)
+    layout = PoolLayout.of(model.cfg, 16, "float32")
+    blocks = KVPools.sized(layout, 80, 2, torch.float32, device="meta").blocks
+    src, segment = SharedPools.create(layout, blocks, torch.float32)
+    try:
+        prompt = random_ids(37, model.cfg.vocab_size, seed=13)
+        first = prefill(model, src, ["s"], [prompt])[0]
+        ref = publish(src, "s", f"req-{transport}", transport, store, ttl_s=30)
+        assert ref.transport == transport
+        dst = pools_for(model.cfg, torch.float32, 80)
+        Receiver(store).receive(ref, dst, "moved")
+        follow = [int(first.argmax()), *random_ids(12, model.cfg.vocab_size, seed=14)]
+        moved = torch.stack([decode(model, dst, ["moved"], [t])[0] for t in follow])
+        stayed = torch.stack([decode(model, src, ["s"], [t])[0] for t in follow])
+        assert torch.equal(moved, stayed)
+        other = pools_for(model.cfg, torch.float32, 80, block_size=8)
+        with pytest.raises(LayoutMismatch):
+            Receiver(store).receive(ref, other, "x")
+    finally:
+        segment.close()
+        segment.unlink()
+
+
+@pytest.mark.parametrize("transport", ["shm", "redis"])
+def test_parked_image_embeddings_are_read_once(store, transport):
+    tensor = torch.randn(7, 5)
+    ref = publish_tensor(tensor, f"img-{transport}", transport, store, ttl_s=30)
+    assert torch.equal(take_tensor(ref, store), tensor)
+    with pytest.raises((LookupError, FileNotFoundError)):
+        take_tensor(ref, store)
