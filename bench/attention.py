@@ -14,30 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from timing import median_seconds
 
 from dayzero.config import ModelConfig
 from dayzero.kernels import CompressedKeys, RaggedBatch, indexer_topk, sparse_attention_decode
 from dayzero.kv.layout import GROWING_POOLS, PoolLayout
 
 HEADS, DIM, WINDOW, RATE, TOPK, INDEX_HEADS, INDEX_DIM, BS = 16, 64, 128, 4, 512, 8, 32, 64
-
-
-def _median_ms(fn, runs: int) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def decode_step(context: int, runs: int) -> tuple[float, float, float]:
@@ -73,7 +62,7 @@ def decode_step(context: int, runs: int) -> tuple[float, float, float]:
         return probs @ raw
 
     assert picked.shape == (1, TOPK)
-    return _median_ms(sparse, runs), _median_ms(index, runs), _median_ms(dense, runs)
+    return median_seconds(sparse, runs) * 1e3, median_seconds(index, runs) * 1e3, median_seconds(dense, runs) * 1e3
 
 
 def state_bytes_per_token() -> tuple[float, float]:

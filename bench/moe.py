@@ -8,12 +8,12 @@
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from timing import median_seconds
 
 from dayzero.checkpoint import load_model
 from dayzero.demo import write_checkpoint
@@ -50,16 +50,6 @@ CONFIG = {
 }
 
 
-def median_ms(fn, runs: int = 7) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
 def expert_bytes(model) -> int:
     return sum(t.numel() * t.element_size() for b in model.layers for t in b.ffn.experts.buffers()) + sum(
         p.numel() * p.element_size() for b in model.layers for p in b.ffn.experts.parameters()
@@ -91,7 +81,7 @@ def main() -> None:
         x = torch.randn(tokens, 512, dtype=torch.bfloat16)
         ids = torch.randint(2, 512, (tokens,))
         base, online, warm = (
-            median_ms(lambda m=m, x=x, ids=ids: moe(m.layers[layer].ffn, cfg, x, ids))
+            median_seconds(lambda m=m, x=x, ids=ids: moe(m.layers[layer].ffn, cfg, x, ids), runs=7) * 1e3
             for m in (float_model, packed, cached)
         )
         print(f"| {tokens} | {base:.2f} | {online:.2f} | {warm:.2f} | {online / base:.2f}x | {warm / base:.2f}x |")

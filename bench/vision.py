@@ -6,11 +6,9 @@ Run: ``python bench/vision.py``.
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 from PIL import Image
+from timing import median_seconds
 
 from dayzero.vision.preprocess import PatchSpec, process
 from dayzero.vision.tower import VisionConfig, VisionTower, encode
@@ -24,16 +22,6 @@ CONFIG = dict(
     window_size=112,
     fullatt_block_indexes=[3, 7],
 )
-
-
-def median_s(fn, runs: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -54,9 +42,9 @@ def main() -> None:
     for side in (224, 448, 672):
         image = Image.new("RGB", (side, side), (120, 30, 200))
         pixels, grid = process([image], PatchSpec(max_pixels=side * side))
-        ours = median_s(lambda pixels=pixels, grid=grid: encode(tower, pixels, grid))
+        ours = median_seconds(lambda pixels=pixels, grid=grid: encode(tower, pixels, grid))
         with torch.inference_mode():
-            theirs = median_s(lambda pixels=pixels, grid=grid: reference(pixels, grid_thw=grid))
+            theirs = median_seconds(lambda pixels=pixels, grid=grid: reference(pixels, grid_thw=grid))
         print(f"| {side}x{side} | {pixels.shape[0]} | {1 / ours:.2f} | {1 / theirs:.2f} | {theirs / ours:.2f}x |")
 
 
