@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .completion import Completion, Step, context_limit
 from .kv.pools import KVPools
@@ -22,7 +22,6 @@ class Timings:
     completion_tokens: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
-    extra: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> dict[str, float | int]:
         decode_steps = max(self.completion_tokens - 1, 0)  # the first token comes from prefill

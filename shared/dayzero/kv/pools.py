@@ -200,11 +200,6 @@ class KVPools:
     def tensors(self) -> list[torch.Tensor]:
         return [self.window, *self.compressed.values(), *self.compressor.values()]
 
-    def bytes_per_token(self) -> float:
-        """Attention-state bytes a long sequence adds per token (growing pools only)."""
-        elem = torch.finfo(self.dtype).bits // 8
-        return sum(self.layout.row_bytes(p, elem) / self.layout.rate(p) for p in GROWING_POOLS)
-
 
 def pools_for(
     cfg: ModelConfig, dtype: torch.dtype, max_tokens: int, max_sequences: int = 1, block_size: int = 16, device="cpu"

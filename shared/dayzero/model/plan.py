@@ -46,10 +46,6 @@ class StepPlan:
     options: AttentionOptions
     attend: Callable[..., torch.Tensor]  # the prefill or the decode variant of sparse attention
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.token_ids.shape[0])
-
     def last_rows(self) -> list[int]:
         return [r + n - 1 for r, n in zip(self.batch.row0s, self.batch.news, strict=True)]
 

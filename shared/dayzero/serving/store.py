@@ -137,9 +137,6 @@ class Store:
     def cancel(self, request_id: str) -> None:
         self.r.set(f"{P}cancel:{request_id}", 1, ex=self.stream_ttl_s)
 
-    def uncancel(self, request_id: str) -> None:
-        self.r.delete(f"{P}cancel:{request_id}")
-
     def cancelled(self, request_ids: list[str]) -> set[str]:
         if not request_ids:
             return set()
