@@ -48,6 +48,18 @@ def tiny_config(**overrides: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
+def device() -> str:
+    """Where kernel tests run: CUDA (compiled Triton) when present, else CPU (Triton's interpreter)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(scope="session")
+def tol(device) -> float:
+    """Kernel vs twin, fp32: exact maths up to summation order on CPU; TF32 tensor-core dots on GPU."""
+    return 1e-5 if device == "cpu" else 2e-3
+
+
+@pytest.fixture(scope="session")
 def checkpoint_factory(tmp_path_factory: pytest.TempPathFactory):
     """Build (once per config) a tiny random checkpoint in DeepSeek's published naming."""
     made: dict[str, Path] = {}

@@ -68,3 +68,18 @@ def test_sparse_selection_switch(tiny_checkpoint):
     cfg_all = model.cfg.__class__.from_dict({**model.cfg.raw, "index_topk": 1000})
     model.cfg = cfg_all  # top-k covering every entry selects exactly what dense mode reads
     assert (_full(model, ids) - dense).abs().max().item() < TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (compiled Triton kernels)")
+def test_compiled_kernels_match_the_twins_in_the_model(tiny_checkpoint, tol):
+    model = load_model(tiny_checkpoint, device="cuda", progress=False)
+    ids = random_ids(70, model.cfg.vocab_size, seed=15)
+    outputs = {}
+    for backend in ("torch", "triton"):
+        pools = pools_for(model.cfg, torch.float32, 80, device="cuda")
+        options = AttentionOptions(backend=backend)
+        logits = [prefill(model, pools, ["s"], [ids[:50]], options)[0]]
+        logits += [decode(model, pools, ["s"], [t], options)[0] for t in ids[50:]]
+        outputs[backend] = torch.stack(logits)
+    assert (outputs["triton"] - outputs["torch"]).abs().max().item() < 10 * tol

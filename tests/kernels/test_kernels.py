@@ -19,15 +19,14 @@ from dayzero.kernels.indexer import indexer_scores_torch
 BS, D, H, WINDOW = 4, 16, 4, 8
 
 
-def _scenario(starts, news, seed=0, blocks=48):
+def _scenario(device, starts, news, seed=0, blocks=48):
     gen = torch.Generator().manual_seed(seed)
-    batch = RaggedBatch.build(starts, news)
+    batch = RaggedBatch.build(starts, news, device)
     t = sum(news)
     perm = torch.randperm(blocks, generator=gen).to(torch.int32)
     window_table = perm[: 2 * len(news)].view(len(news), 2)  # ring of 8 slots >= window - 1
     comp_table = perm[2 * len(news) : 2 * len(news) + 5 * len(news)].view(len(news), 5)
-    return dict(
-        batch=batch,
+    tensors = dict(
         q=torch.randn(t, H, D, generator=gen),
         kv=torch.randn(t, D, generator=gen),
         window=torch.randn(blocks, BS, D, generator=gen),
@@ -35,8 +34,8 @@ def _scenario(starts, news, seed=0, blocks=48):
         compressed=torch.randn(blocks, BS, D, generator=gen),
         comp_table=comp_table,
         sink=torch.randn(H, generator=gen),
-        gen=gen,
     )
+    return {**{k: v.to(device) for k, v in tensors.items()}, "batch": batch, "gen": gen, "device": device}
 
 
 def _selection(sc, mode, rate=4, k=3):
@@ -46,44 +45,44 @@ def _selection(sc, mode, rate=4, k=3):
     if mode == "visible":
         return CompressedKeys(sc["compressed"], sc["comp_table"], visible=visible)
     rows = []
-    for v in visible.tolist():
+    for v in visible.cpu().tolist():
         choice = torch.randperm(v, generator=sc["gen"])[:k].tolist() if v else []
         rows.append(choice + [-1] * (k - len(choice)))  # fewer visible than k: -1 padding
-    picks = torch.tensor(rows, dtype=torch.int32)
+    picks = torch.tensor(rows, dtype=torch.int32, device=sc["device"])
     return CompressedKeys(sc["compressed"], sc["comp_table"], indices=picks)
 
 
 @pytest.mark.parametrize("mode", ["none", "visible", "indices"])
-def test_prefill_attention_matches_twin(mode):
-    sc = _scenario(starts=[0, 5, 37], news=[6, 1, 9])  # ragged; ring partly filled for the first two
+def test_prefill_attention_matches_twin(mode, device, tol):
+    sc = _scenario(device, starts=[0, 5, 37], news=[6, 1, 9])  # ragged; ring partly filled for the first two
     sel = _selection(sc, mode)
     args = (sc["q"], sc["kv"], sc["batch"], sc["window"], sc["window_table"], WINDOW, sc["sink"], sel)
     want = sparse_attention_prefill(*args, backend="torch")
     got = sparse_attention_prefill(*args, backend="triton")
-    assert (got - want).abs().max().item() < 1e-5
+    assert (got - want).abs().max().item() < tol
 
 
 @pytest.mark.parametrize("mode", ["none", "visible", "indices"])
-def test_decode_attention_matches_twin(mode):
-    sc = _scenario(starts=[0, 3, 40, 17], news=[1, 1, 1, 1], seed=1)
+def test_decode_attention_matches_twin(mode, device, tol):
+    sc = _scenario(device, starts=[0, 3, 40, 17], news=[1, 1, 1, 1], seed=1)
     sel = _selection(sc, mode)
     args = (sc["q"], sc["kv"], sc["batch"], sc["window"], sc["window_table"], WINDOW, sc["sink"], sel)
     want = sparse_attention_decode(*args, backend="torch")
     got = sparse_attention_decode(*args, backend="triton", keys_per_split=5)  # several splits per sequence
-    assert (got - want).abs().max().item() < 1e-5
+    assert (got - want).abs().max().item() < tol
 
 
-def test_decode_and_prefill_twins_agree_on_single_tokens():
-    sc = _scenario(starts=[9, 2], news=[1, 1], seed=2)
+def test_decode_and_prefill_twins_agree_on_single_tokens(device, tol):
+    sc = _scenario(device, starts=[9, 2], news=[1, 1], seed=2)
     sel = _selection(sc, "indices")
     args = (sc["q"], sc["kv"], sc["batch"], sc["window"], sc["window_table"], WINDOW, sc["sink"], sel)
     got = sparse_attention_decode(*args, backend="triton")
     want = sparse_attention_prefill(*args, backend="triton")
-    assert (got - want).abs().max().item() < 1e-5
+    assert (got - want).abs().max().item() < tol
 
 
-def test_window_write_matches_twin_and_keeps_the_last_positions():
-    sc = _scenario(starts=[0, 5, 37], news=[11, 1, 3], seed=3)  # 11 > ring capacity 8: early rows dropped
+def test_window_write_matches_twin_and_keeps_the_last_positions(device):
+    sc = _scenario(device, starts=[0, 5, 37], news=[11, 1, 3], seed=3)  # 11 > ring capacity 8: early rows dropped
     want, got = sc["window"].clone(), sc["window"].clone()
     write_window(sc["kv"], sc["batch"], want, sc["window_table"], backend="torch")
     write_window(sc["kv"], sc["batch"], got, sc["window_table"], backend="triton")
@@ -93,13 +92,13 @@ def test_window_write_matches_twin_and_keeps_the_last_positions():
 
 
 @pytest.mark.parametrize("topk", [2, 8])  # 8 > visible entries for early queries
-def test_indexer_topk_matches_twin_and_full_sort(topk):
+def test_indexer_topk_matches_twin_and_full_sort(topk, device):
     gen = torch.Generator().manual_seed(4)
-    batch = RaggedBatch.build([0, 30, 61], [5, 1, 7])
+    batch = RaggedBatch.build([0, 30, 61], [5, 1, 7], device)
     t, hi, di = 13, 4, 8
-    q, w = torch.randn(t, hi, di, generator=gen), torch.randn(t, hi, generator=gen)
-    keys = torch.randn(40, BS, di, generator=gen)
-    table = torch.randperm(40, generator=gen)[:15].view(3, 5).to(torch.int32)
+    q, w = torch.randn(t, hi, di, generator=gen).to(device), torch.randn(t, hi, generator=gen).to(device)
+    keys = torch.randn(40, BS, di, generator=gen).to(device)
+    table = torch.randperm(40, generator=gen)[:15].view(3, 5).to(torch.int32).to(device)
     visible = torch.div(batch.positions + 1, 4, rounding_mode="floor").to(torch.int32)
     got = indexer_topk(q, w, batch, keys, table, visible, topk, backend="triton", tile=5)  # several tiles
     want = indexer_topk(q, w, batch, keys, table, visible, topk, backend="torch", tile=3)
@@ -112,7 +111,7 @@ def test_indexer_topk_matches_twin_and_full_sort(topk):
 
 
 @pytest.mark.parametrize("rows", [4, 8])  # HCA-like (rate rows) and CSA-like (2 * rate rows)
-def test_compressor_matches_twin(rows):
+def test_compressor_matches_twin(rows, device, tol):
     gen = torch.Generator().manual_seed(5)
     n, dim, rope = 5, 16, 8
     kv, gate = torch.randn(n, rows, dim, generator=gen), torch.randn(n, rows, dim, generator=gen)
@@ -122,15 +121,18 @@ def test_compressor_matches_twin(rows):
     pool = torch.zeros(12, BS, dim)
     table = torch.tensor([[3, 7, 1], [0, 9, 11]], dtype=torch.int32)
     seq, entry = torch.tensor([0, 0, 1, 1, 1]), torch.tensor([2, 5, 0, 4, 7])
+    kv, gate, norm, angles, pool, table, seq, entry = (
+        x.to(device) for x in (kv, gate, norm, angles, pool, table, seq, entry)
+    )
     want, got = pool.clone(), pool.clone()
     args = (kv, gate, norm, angles.cos(), angles.sin(), 1e-6)
     compress_entries(*args, want, table, seq, entry, backend="torch")
     compress_entries(*args, got, table, seq, entry, backend="triton")
-    assert (got - want).abs().max().item() < 1e-5
+    assert (got - want).abs().max().item() < tol
     assert want[7, 5 % BS].abs().sum() > 0  # entry 5 of sequence 0 lands in block table[0][1]
 
 
-def test_grouped_mxfp4_matmul_matches_twin_with_empty_experts():
+def test_grouped_mxfp4_matmul_matches_twin_with_empty_experts(device):
     from dayzero.kernels.moe import grouped_mxfp4_matmul
     from dayzero.quant.formats import quant_mxfp4
 
@@ -138,6 +140,7 @@ def test_grouped_mxfp4_matmul_matches_twin_with_empty_experts():
     packed, scales = quant_mxfp4(torch.randn(5, 40, 96, generator=gen))
     offsets = torch.tensor([0, 3, 3, 21, 21, 26], dtype=torch.int32)  # experts 1 and 3 get no tokens
     x = torch.randn(26, 96, generator=gen)
+    packed, scales, offsets, x = (t.to(device) for t in (packed, scales, offsets, x))
     want = grouped_mxfp4_matmul(x, packed, scales, offsets, backend="torch")
     got = grouped_mxfp4_matmul(x, packed, scales, offsets, backend="triton")
-    assert (got - want).abs().max().item() < 1e-4 * want.abs().max().item()
+    assert (got - want).abs().max().item() < (1e-4 if device == "cpu" else 3e-3) * want.abs().max().item()
