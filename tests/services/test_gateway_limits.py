@@ -63,3 +63,18 @@ def test_too_many_images_in_one_request(lone_gateway):
     body = {"model": MODEL, "messages": [{"role": "user", "content": parts}]}
     r = httpx.post(f"{lone_gateway.url}/v1/chat/completions", json=body, headers=KEY, timeout=10)
     assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_images"
+
+
+def test_waiting_stream_sends_keep_alive_comments(lone_gateway):
+    # an image request waits at the vision stage, which has no worker here (its own queue bound)
+    parts = [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": _data_url(20, 20, 5)}}]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": parts}], "stream": True}
+    comments, start = [], time.time()
+    with httpx.stream("POST", f"{lone_gateway.url}/v1/chat/completions", json=body, headers=KEY, timeout=10) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith(":"):
+                comments.append(line)
+            if len(comments) >= 2 or time.time() - start > 6:
+                break
+    assert len(comments) >= 2  # keep-alive every DAYZERO_KEEPALIVE_S (1 s here) while nothing arrives
