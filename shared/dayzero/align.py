@@ -45,10 +45,19 @@ class AlignReport:
         return {**asdict(self), "ok": self.ok}
 
 
-def _reference(path: Path):
-    from transformers import DeepseekV4ForCausalLM
+def reference_model(path: Path):
+    """transformers' model on the checkpoint, fp32; FP4/FP8 checkpoints dequantized as they load."""
+    import json
 
-    return DeepseekV4ForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    from transformers import DeepseekV4ForCausalLM, FineGrainedFP8Config
+
+    quant = json.loads((path / "config.json").read_text()).get("quantization_config")
+    extra = {}
+    if quant:
+        extra["quantization_config"] = FineGrainedFP8Config(
+            dequantize=True, expert_dtype=quant.get("expert_dtype", "fp8"), scale_fmt=quant.get("scale_fmt", "float")
+        )
+    return DeepseekV4ForCausalLM.from_pretrained(str(path), dtype=torch.float32, **extra).eval()
 
 
 @torch.inference_mode()
@@ -56,7 +65,7 @@ def align(
     path: str | Path, prompt: list[int], tokens: int = 8, options: AttentionOptions = AttentionOptions()
 ) -> AlignReport:
     path = Path(path)
-    ref, ours = _reference(path), load_model(path, progress=False)
+    ref, ours = reference_model(path), load_model(path, progress=False)
     ids = torch.tensor([prompt])
     out = ref(ids, output_hidden_states=True)
     capture: list[torch.Tensor] = []

@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 
+from dayzero.align import align, reference_model
 from dayzero.checkpoint import CheckpointError, load_model
 from dayzero.kv.pools import pools_for
 from dayzero.model.forward import score
@@ -37,17 +38,10 @@ def fp4_checkpoint(checkpoint_factory, tmp_path_factory):
     return src, quantize_checkpoint(src, tmp_path_factory.mktemp("fp4"), progress=False)
 
 
-def _reference(path):
-    from transformers import DeepseekV4ForCausalLM, FineGrainedFP8Config
-
-    config = FineGrainedFP8Config(dequantize=True, expert_dtype="fp4", scale_fmt="ue8m0")
-    return DeepseekV4ForCausalLM.from_pretrained(str(path), dtype=torch.float32, quantization_config=config).eval()
-
-
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_quantized_checkpoint_matches_transformers(fp4_checkpoint, backend):
     _, path = fp4_checkpoint
-    ref, ours = _reference(path), load_model(path, progress=False, expert_cache_bytes=1 << 20)
+    ref, ours = reference_model(path), load_model(path, progress=False, expert_cache_bytes=1 << 20)
     ids = random_ids(40, ours.cfg.vocab_size, seed=3)
     with torch.no_grad():
         expected = ref(torch.tensor([ids])).logits[0]
@@ -93,3 +87,9 @@ def test_unsupported_quantization_is_a_clear_error(fp4_checkpoint, tmp_path):
         )
         with pytest.raises(CheckpointError, match=message):
             load_model(broken, progress=False)
+
+
+def test_align_runs_on_the_quantized_checkpoint(fp4_checkpoint):
+    _, path = fp4_checkpoint
+    report = align(path, [0, 5, 9, 14, 3, 7, 8, 2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49], tokens=3)
+    assert report.ok and report.max_abs_err < 1e-4
