@@ -77,12 +77,6 @@ def tiny_checkpoint(checkpoint_factory) -> Path:
     return checkpoint_factory("tiny")
 
 
-def reference_model(path: Path):
-    from transformers import DeepseekV4ForCausalLM
-
-    return DeepseekV4ForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-
-
 def random_ids(n: int, vocab: int, seed: int) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (n,), generator=gen).tolist()

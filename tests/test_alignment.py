@@ -10,11 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dayzero.align import reference_model
 from dayzero.checkpoint import load_model
 from dayzero.kv.pools import pools_for
 from dayzero.model.forward import prefill, score
 
-from .conftest import random_ids, reference_model
+from .conftest import random_ids
 
 TOL = 1e-4
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"

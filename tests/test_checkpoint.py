@@ -10,12 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from dayzero.align import reference_model
 from dayzero.checkpoint import CheckpointError, load_model
 from dayzero.config import ConfigError
 from dayzero.kv.pools import pools_for
 from dayzero.model.forward import score
 
-from .conftest import random_ids, reference_model
+from .conftest import random_ids
 
 
 def _logits(path: Path, ids: list[int]) -> torch.Tensor:

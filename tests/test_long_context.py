@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dayzero.align import reference_model
 from dayzero.checkpoint import load_model
 from dayzero.kv.pools import pools_for
 from dayzero.model.forward import decode, prefill
 
-from .conftest import random_ids, reference_model
+from .conftest import random_ids
 
 LONG = dict(
     sliding_window=64,
