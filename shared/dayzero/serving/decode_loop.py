@@ -70,6 +70,9 @@ class DecodeLoop:
             except redis.RedisError as exc:  # Redis restarting: keep state, retry
                 log.warning("redis unavailable (%s); retrying", exc)
                 self.stop.wait(0.5)
+            except Exception:  # never let the loop thread die: its tasks would wait forever
+                log.exception("unexpected error in the loop; continuing")
+                self.stop.wait(0.5)
 
     def _beat(self) -> None:
         """Lease heartbeats and worker liveness, a few times per lease period (not every step)."""

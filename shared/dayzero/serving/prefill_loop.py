@@ -80,6 +80,9 @@ class PrefillLoop:
             except redis.RedisError as exc:  # Redis restarting: keep state, retry
                 log.warning("redis unavailable (%s); retrying", exc)
                 self.stop.wait(0.5)
+            except Exception:  # never let the loop thread die: its tasks would wait forever
+                log.exception("unexpected error in the loop; continuing")
+                self.stop.wait(0.5)
 
     def _fail(self, batch: list[Ticket[PrefillJob]], exc: Exception) -> None:
         log.exception("prefill of %d request(s) failed", len(batch))
