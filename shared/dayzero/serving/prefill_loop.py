@@ -24,35 +24,12 @@ from ..telemetry import continued, tracer
 from ..vision.encoder import splice
 from .handoff import publish, take_tensor
 from .intake import Intake, Ticket
+from .lease import Heartbeat
 from .messages import DecodeJob, PrefillJob
 from .runtime import Runtime
 from .store import Token
 
 log = logging.getLogger("dayzero.prefill")
-
-
-class Heartbeat:
-    """Keeps leases alive while a long forward pass runs."""
-
-    def __init__(self, runtime: Runtime, ids: list[str]) -> None:
-        self._runtime, self._ids, self._stop = runtime, ids, threading.Event()
-        self._thread = threading.Thread(target=self._beat, daemon=True)
-
-    def _beat(self) -> None:
-        r = self._runtime
-        while not self._stop.wait(r.settings.lease_s / 3):
-            try:
-                r.store.heartbeat(self._ids, r.name, r.settings.lease_s)
-            except redis.RedisError:
-                log.warning("heartbeat failed; retrying")
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 class PrefillLoop:
@@ -161,7 +138,7 @@ class PrefillLoop:
         )
         self.r.stats.set(batch_size=len(batch))
         self.r.stats.call("prefill")
-        with Heartbeat(self.r, ids):
+        with Heartbeat(self.r.store, ids, self.r.name, settings.lease_s):
             logits = prefill(
                 model,
                 self.r.pools,

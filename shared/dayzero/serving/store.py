@@ -96,6 +96,9 @@ class Store:
                 pipe.set(f"{P}lease:{rid}", owner, px=int(ttl_s * 1000))
             pipe.execute()
 
+    def release_lease(self, request_id: str) -> None:
+        self.r.delete(f"{P}lease:{request_id}")
+
     def owner(self, request_id: str) -> str | None:
         raw = self.r.get(f"{P}lease:{request_id}")
         return raw.decode() if raw else None

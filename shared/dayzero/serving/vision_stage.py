@@ -20,6 +20,7 @@ from ..telemetry import continued
 from ..vision.encoder import VisionEncoder, load_tower
 from ..vision.preprocess import ImageError
 from .handoff import publish_tensor
+from .lease import Heartbeat
 from .messages import PrefillJob
 from .metrics import WorkerStats
 from .runtime import checkpoint_path
@@ -68,9 +69,12 @@ class VisionStage:
                 self.store.end(rid, len(job.generated), "cancelled")
                 self.store.finish(rid, "cancelled")
             return
+        if not self.store.claim(rid, self.name, self.settings.lease_s):
+            return  # a live worker has it
+        self.store.unqueue(rid)
         self.stats.add(queued_requests=1, queue_seconds=time.time() - job.request.created)
         try:
-            with self._lock, continued(job.trace):
+            with self._lock, continued(job.trace), Heartbeat(self.store, [rid], self.name, self.settings.lease_s):
                 images = self.encoder.embeddings(self.store.images(rid))
             self.stats.call("vision.encode")
         except (ImageError, ValueError) as exc:
@@ -79,4 +83,6 @@ class VisionStage:
             self.store.finish(rid, "error")
             return
         ref = publish_tensor(torch.cat(images), rid, self.settings.handoff, self.store, self.settings.handoff_timeout_s)
+        self.store.mark_queued(rid, self.settings.visibility_timeout_s)  # queued for prefill now,
+        self.store.release_lease(rid)  # so prefill can claim it (and the reaper leaves it alone)
         self.send_prefill(job.model_copy(update={"embeddings": ref}))

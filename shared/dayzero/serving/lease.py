@@ -1,0 +1,36 @@
+"""Keeping a request's lease alive while one long piece of work runs."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+
+from .store import Store
+
+log = logging.getLogger("dayzero.lease")
+
+
+class Heartbeat:
+    """Refreshes the leases of ``ids`` (owned by ``owner``) until the block ends."""
+
+    def __init__(self, store: Store, ids: list[str], owner: str, lease_s: float) -> None:
+        self._store, self._ids, self._owner, self._lease_s = store, ids, owner, lease_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._lease_s / 3):
+            try:
+                self._store.heartbeat(self._ids, self._owner, self._lease_s)
+            except redis.RedisError:
+                log.warning("heartbeat failed; retrying")
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -1,0 +1,62 @@
+"""The vision stage's lease and the reaper's routing of image requests (real Redis, in-process)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dayzero.serving.handoff import take_tensor
+from dayzero.serving.messages import GenerationRequest, PrefillJob, SamplingSpec
+from dayzero.serving.reaper import sweep
+from dayzero.serving.store import Store
+from dayzero.serving.vision_stage import VisionStage
+from dayzero.settings import Settings
+from dayzero.stack import free_port, start_redis
+
+from ..vision.conftest import encoded
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    port = free_port()
+    server = start_redis(port, tmp_path_factory.mktemp("redis") / "redis.log")
+    yield f"redis://127.0.0.1:{port}/0"
+    server.terminate()
+    server.wait()
+
+
+def _request(rid: str, images: int) -> GenerationRequest:
+    return GenerationRequest(
+        request_id=rid, prompt_ids=(0, 2, 5), sampling=SamplingSpec(max_tokens=2), created=time.time(), images=images
+    )
+
+
+def test_stage_encodes_then_hands_the_request_to_prefill(demo_dir, redis_url):
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url)
+    sent: list[PrefillJob] = []
+    stage = VisionStage(settings, "vision0@test", sent.append)
+    store = Store.connect(redis_url)
+    request = _request("img-1", 1)
+    store.register(request, [encoded(28, 28, seed=1)])
+    store.mark_queued("img-1", 60)
+    stage.run(PrefillJob(request=request))
+    assert len(sent) == 1 and sent[0].embeddings is not None
+    assert store.owner("img-1") is None and store.queued("img-1")  # prefill may claim it; the reaper waits
+    # a 28x28 image is resized up to min_pixels (56x56): 2x2 merged patches of the LM width
+    assert tuple(take_tensor(sent[0].embeddings, store).shape) == (4, 64)
+
+    store.register(_request("img-2", 1), [encoded(28, 28, seed=2)])
+    store.claim("img-2", "vision1@elsewhere", 30)  # a live worker owns it
+    stage.run(PrefillJob(request=_request("img-2", 1)))
+    assert len(sent) == 1
+
+
+def test_reaper_sends_lost_image_requests_back_to_vision(redis_url):
+    store = Store.connect(redis_url)
+    store.register(_request("lost-img", 1), [b"x"])
+    store.register(_request("lost-text", 0))
+    routed: dict[str, str] = {}
+    store.r.delete("dz:reaper")
+    sweep(store, lambda job, stage: routed.setdefault(job.request.request_id, stage), 60, 100)
+    assert routed["lost-img"] == "vision" and routed["lost-text"] == "prefill"
