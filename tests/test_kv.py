@@ -106,3 +106,18 @@ def test_handoff_refuses_another_layout(tiny_checkpoint):
     prefill(model, a, ["s"], [[1, 2, 3, 4, 5]])
     with pytest.raises(LayoutMismatch):
         import_state(other, a, export_state(a, "s"), "s")
+
+
+def test_segments_of_dead_workers_are_swept(tmp_path):
+    import os
+    import subprocess
+
+    from dayzero.kv.shared import sweep_stale
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that has exited (and been reaped)
+    (tmp_path / f"dz-kv-{dead.pid}-deadbeef").write_bytes(b"x")
+    (tmp_path / f"dz-kv-{os.getpid()}-cafe1234").write_bytes(b"x")  # this process: alive
+    (tmp_path / "unrelated").write_bytes(b"x")
+    assert sweep_stale(tmp_path) == [f"dz-kv-{dead.pid}-deadbeef"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"dz-kv-{os.getpid()}-cafe1234", "unrelated"]

@@ -4,7 +4,10 @@ read a sequence's blocks (the prefill -> decode handoff on CPU)."""
 from __future__ import annotations
 
 import math
+import os
+import uuid
 from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
 
 import torch
 
@@ -12,6 +15,8 @@ from .layout import PoolLayout
 from .pools import KVPools
 
 _ALIGN = 64
+PREFIX = "dz-kv"
+SHM_DIR = Path("/dev/shm")
 Segment = shared_memory.SharedMemory
 
 
@@ -43,7 +48,8 @@ class SharedPools:
     def create(
         layout: PoolLayout, blocks: dict[str, int], dtype: torch.dtype
     ) -> tuple[KVPools, shared_memory.SharedMemory]:
-        shm = shared_memory.SharedMemory(create=True, size=segment_bytes(layout, blocks, dtype))
+        name = f"{PREFIX}-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # the creator's pid: see sweep_stale
+        shm = shared_memory.SharedMemory(name=name, create=True, size=segment_bytes(layout, blocks, dtype))
         buffer = torch.frombuffer(shm.buf, dtype=torch.uint8)
         buffer.zero_()
         return KVPools(layout, blocks, dtype, allocate=_Carver(buffer), pool_id=shm.name), shm
@@ -57,3 +63,25 @@ class SharedPools:
         resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001
         buffer = torch.frombuffer(shm.buf, dtype=torch.uint8)
         return KVPools(layout, blocks, dtype, allocate=_Carver(buffer), pool_id=name), shm
+
+
+def sweep_stale(folder: Path = SHM_DIR) -> list[str]:
+    """Unlink pool segments whose creating process is gone (a worker killed before it could).
+
+    A decode worker already attached keeps its mapping; one not yet attached fails its
+    handoff, and the request is re-run from its prompt by the reaper.
+    """
+    removed = []
+    for path in folder.glob(f"{PREFIX}-*"):
+        try:
+            pid = int(path.name.split("-")[2])
+        except (IndexError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+        except PermissionError:
+            continue  # alive, another user's
+    return removed

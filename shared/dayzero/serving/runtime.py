@@ -12,7 +12,7 @@ import torch
 from ..checkpoint import load_model
 from ..kv.layout import PoolLayout
 from ..kv.pools import KVPools
-from ..kv.shared import Segment, SharedPools
+from ..kv.shared import Segment, SharedPools, sweep_stale
 from ..model.weights import Transformer
 from ..settings import Settings
 from ..tokenizer import TextCodec
@@ -53,6 +53,9 @@ class Runtime:
         budget = settings.kv_budget_mb << 20
         sized = KVPools.from_budget(layout, budget, settings.max_batch, dtype, device="meta")
         if shared:
+            swept = sweep_stale()
+            if swept:
+                log.warning("unlinked %d pool segment(s) left by dead workers: %s", len(swept), swept)
             pools, segment = SharedPools.create(layout, sized.blocks, dtype)
         else:
             pools, segment = KVPools(layout, sized.blocks, dtype), None
