@@ -95,7 +95,18 @@ def sparse_attention_torch(
     return out
 
 
-def _common(q, kv, window, window_table, compressed):
+@dataclass(frozen=True, slots=True)
+class _Launch:
+    """What both Triton kernels take about the keys: the window ring and the compressed entries."""
+
+    key_args: tuple  # window, its table, blocks per row, ring capacity, window size, pool, table, ...
+    constants: dict  # the kernels' constexprs
+    mode: int  # 0: window only, 1: entries by index, 2: a causal prefix of entries
+    slots: int  # indices per query (mode 1)
+    visible: torch.Tensor | None  # per-query prefix lengths (mode 2)
+
+
+def _launch(q, kv, window, window_table, window_size, compressed) -> _Launch:
     if q.dim() != 3 or kv.shape != (q.shape[0], q.shape[2]) or window.shape[-1] != q.shape[2]:
         raise ValueError(f"bad shapes q {tuple(q.shape)} kv {tuple(kv.shape)} window {tuple(window.shape)}")
     if q.shape[2] & (q.shape[2] - 1):
@@ -111,16 +122,22 @@ def _common(q, kv, window, window_table, compressed):
     comp = compressed.pool if compressed is not None else window
     table = compressed.table.to(torch.int32).contiguous() if compressed is not None else window_table
     dummy = torch.zeros(1, dtype=torch.int32, device=q.device)
-    return (
-        mode,
+    wt = window_table.to(torch.int32).contiguous()
+    key_args = (
+        window.contiguous(),
+        wt,
+        wt.shape[1],
+        wt.shape[1] * window.shape[1],
+        window_size,
         comp.contiguous(),
         table,
         table.shape[1],
         idx if idx is not None else dummy,
         vis if vis is not None else dummy,
         k,
-        max(16, triton.next_power_of_2(q.shape[1])),
     )
+    constants = dict(D=q.shape[2], BH=max(16, triton.next_power_of_2(q.shape[1])), BN=16, BS=window.shape[1], MODE=mode)
+    return _Launch(key_args, constants, mode, k, vis)
 
 
 def sparse_attention_prefill(
@@ -137,10 +154,9 @@ def sparse_attention_prefill(
     """Any number of new tokens per sequence (prefill chunks); see the module docstring."""
     if backend == "torch":
         return sparse_attention_torch(q, kv, batch, window, window_table, window_size, sink, compressed)
-    mode, comp, table, comp_blocks, idx, vis, k, bh = _common(q, kv, window, window_table, compressed)
+    launch = _launch(q, kv, window, window_table, window_size, compressed)
     q, kv = q.contiguous(), kv.contiguous()
     out = torch.empty_like(q)
-    wt = window_table.to(torch.int32).contiguous()
     prefill_kernel[(q.shape[0],)](
         q,
         kv,
@@ -149,25 +165,11 @@ def sparse_attention_prefill(
         batch.positions,
         batch.start,
         batch.row0,
-        window.contiguous(),
-        wt,
-        wt.shape[1],
-        wt.shape[1] * window.shape[1],
-        window_size,
-        comp,
-        table,
-        comp_blocks,
-        idx,
-        vis,
-        k,
+        *launch.key_args,
         sink.float().contiguous(),
         q.shape[1],
         q.shape[2] ** -0.5,
-        D=q.shape[2],
-        BH=bh,
-        BN=16,
-        BS=window.shape[1],
-        MODE=mode,
+        **launch.constants,
     )
     return out
 
@@ -189,14 +191,14 @@ def sparse_attention_decode(
         raise ValueError("decode takes exactly one new token per sequence")
     if backend == "torch":
         return sparse_attention_torch(q, kv, batch, window, window_table, window_size, sink, compressed)
-    mode, comp, table, comp_blocks, idx, vis, k, bh = _common(q, kv, window, window_table, compressed)
+    launch = _launch(q, kv, window, window_table, window_size, compressed)
     n_seq, heads, dim = q.shape
-    longest = window_size + (k if mode == 1 else int(vis.max()) if mode == 2 else 0)
-    splits = max(1, triton.cdiv(longest, keys_per_split))
+    extra = {0: 0, 1: launch.slots, 2: int(launch.visible.max()) if launch.visible is not None else 0}[launch.mode]
+    splits = max(1, triton.cdiv(window_size + extra, keys_per_split))
+    bh = launch.constants["BH"]
     m = torch.empty(n_seq, splits, bh, dtype=torch.float32, device=q.device)
     l_sum = torch.empty_like(m)
     acc = torch.empty(n_seq, splits, bh, dim, dtype=torch.float32, device=q.device)
-    wt = window_table.to(torch.int32).contiguous()
     decode_split_kernel[(n_seq, splits)](
         q.contiguous(),
         kv.contiguous(),
@@ -204,25 +206,11 @@ def sparse_attention_decode(
         l_sum,
         acc,
         batch.positions,
-        window.contiguous(),
-        wt,
-        wt.shape[1],
-        wt.shape[1] * window.shape[1],
-        window_size,
-        comp,
-        table,
-        comp_blocks,
-        idx,
-        vis,
-        k,
+        *launch.key_args,
         heads,
         dim**-0.5,
         keys_per_split,
-        D=dim,
-        BH=bh,
-        BN=16,
-        BS=window.shape[1],
-        MODE=mode,
+        **launch.constants,
     )
     m, l_sum, acc = m[:, :, :heads], l_sum[:, :, :heads], acc[:, :, :heads]
     sink = sink.float().view(1, heads)
