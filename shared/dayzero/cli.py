@@ -10,13 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from .checkpoint import CheckpointError
 from .config import ConfigError
 from .settings import Settings
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def _ids(text: str) -> list[int]:
@@ -63,8 +59,8 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         stop=tuple(args.stop),
     )
     prompt = _prompt(args, checkpoint)
-    model = load_model(checkpoint, DTYPES[settings.dtype], expert_cache_bytes=settings.expert_cache_mb << 20)
-    pools = pools_for(model.cfg, DTYPES[settings.dtype], min(settings.max_context, model.cfg.max_position_embeddings))
+    model = load_model(checkpoint, settings.torch_dtype, expert_cache_bytes=settings.expert_cache_mb << 20)
+    pools = pools_for(model.cfg, settings.torch_dtype, min(settings.max_context, model.cfg.max_position_embeddings))
     timings = Timings()
     for step in generate(model, codec, pools, prompt, params, timings, settings.max_context, settings.attention()):
         sys.stdout.write(step.text)

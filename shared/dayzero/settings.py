@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+import torch
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -71,6 +72,10 @@ class Settings(BaseSettings):
 
     def attention(self) -> AttentionOptions:
         return AttentionOptions(self.attention_backend, self.sparse_attention)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
 
     @property
     def demo_checkpoint(self) -> Path:

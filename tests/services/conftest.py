@@ -85,13 +85,10 @@ def stream_text(url: str, body: dict, timeout: float = 120) -> tuple[str, list[s
 
 
 def pool_usage(stack: Stack) -> dict[str, dict]:
-    import redis
+    """Each worker's latest metrics snapshot (its pools' usage among them)."""
+    from dayzero.serving.store import Store
 
-    r = redis.Redis.from_url(stack.redis_url)
-    usage = {}
-    for key in r.scan_iter("dz:usage:*"):
-        usage[key.decode().split(":", 2)[2]] = json.loads(r.get(key))
-    return usage
+    return Store.connect(stack.redis_url).snapshots()
 
 
 def wait_until(predicate, timeout_s: float, step_s: float = 0.05):

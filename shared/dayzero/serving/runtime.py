@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from ..checkpoint import load_model
 from ..kv.layout import PoolLayout
@@ -19,7 +17,6 @@ from ..tokenizer import TextCodec
 from .metrics import WorkerStats
 from .store import Store
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 log = logging.getLogger("dayzero.worker")
 
 
@@ -40,14 +37,14 @@ class Runtime:
     pools: KVPools
     store: Store
     name: str
-    segment: Segment | None = None
-    stats: WorkerStats = field(default_factory=lambda: WorkerStats(""))
+    segment: Segment | None
+    stats: WorkerStats
 
     @classmethod
     def load(cls, settings: Settings, name: str, stage: str, shared: bool) -> Runtime:
         """``name`` identifies the worker in leases and heartbeats (unique per process)."""
         path = checkpoint_path(settings)
-        dtype = DTYPES[settings.dtype]
+        dtype = settings.torch_dtype
         model = load_model(path, dtype, progress=False, expert_cache_bytes=settings.expert_cache_mb << 20)
         layout = PoolLayout.of(model.cfg, settings.block_size, settings.dtype)
         budget = settings.kv_budget_mb << 20
