@@ -171,13 +171,14 @@ class DecodeLoop:
         self._settle(active.ticket, reason, message, index=index)
 
     def _cancel(self) -> None:
-        for rid in self.r.store.cancelled(list(self.active)):
-            self._finish(rid, "cancelled", index=self.active[rid].completion.count)
-        for ticket in list(self.waiting):
-            rid = ticket.job.request.request_id
-            if self.r.store.cancelled([rid]):
-                self.waiting.remove(ticket)
-                self._settle(ticket, "cancelled", index=len(ticket.job.generated))
+        """One round trip for the cancel marks of every active and waiting request."""
+        waiting = {t.job.request.request_id: t for t in self.waiting}
+        for rid in self.r.store.cancelled([*self.active, *waiting]):
+            if rid in self.active:
+                self._finish(rid, "cancelled", index=self.active[rid].completion.count)
+            else:
+                self.waiting.remove(waiting[rid])
+                self._settle(waiting[rid], "cancelled", index=len(waiting[rid].job.generated))
 
     def _fail(self, exc: Exception) -> None:
         log.exception("decode step failed")
