@@ -64,10 +64,11 @@ class VisionStage:
 
     def run(self, job: PrefillJob) -> None:
         rid = job.request.request_id
-        if job.attempt < self.store.attempt(rid) or self.store.done(rid) or self.store.cancelled([rid]):
-            if self.store.cancelled([rid]) and not self.store.done(rid):
-                self.store.end(rid, len(job.generated), "cancelled")
-                self.store.finish(rid, "cancelled")
+        if job.attempt < self.store.attempt(rid) or self.store.done(rid):
+            return  # a stale redelivery, or finished
+        if self.store.cancelled([rid]):
+            self.store.end(rid, len(job.generated), "cancelled")
+            self.store.finish(rid, "cancelled")
             return
         if not self.store.claim(rid, self.name, self.settings.lease_s):
             return  # a live worker has it
