@@ -9,9 +9,9 @@ from dayzero.checkpoint import load_model
 from dayzero.kv.handoff import LayoutMismatch
 from dayzero.kv.layout import PoolLayout
 from dayzero.kv.pools import KVPools, pools_for
-from dayzero.kv.shared import SharedPools
+from dayzero.kv.shared import SHM_DIR, SharedPools
 from dayzero.model.forward import decode, prefill
-from dayzero.serving.handoff import Receiver, publish, publish_tensor, take_tensor
+from dayzero.serving.handoff import Receiver, discard_tensor, publish, publish_tensor, sweep_parked, take_tensor
 from dayzero.serving.store import Store
 from dayzero.stack import free_port, start_redis
 
@@ -59,3 +59,21 @@ def test_parked_image_embeddings_are_read_once(store, transport):
     assert torch.equal(take_tensor(ref, store), tensor)
     with pytest.raises((LookupError, FileNotFoundError)):
         take_tensor(ref, store)
+
+
+@pytest.mark.parametrize("transport", ["shm", "redis"])
+def test_discarded_parked_tensor_is_gone(store, transport):
+    ref = publish_tensor(torch.randn(3, 2), f"drop-{transport}", transport, store, ttl_s=30)
+    discard_tensor(ref, store)
+    discard_tensor(ref, store)  # idempotent: a redelivered job may discard again
+    with pytest.raises((LookupError, FileNotFoundError)):
+        take_tensor(ref, store)
+
+
+def test_sweep_unlinks_only_parked_segments_past_their_deadline(store):
+    expired = publish_tensor(torch.randn(2), "old", "shm", store, ttl_s=-1)
+    alive = publish_tensor(torch.randn(2), "new", "shm", store, ttl_s=30)
+    swept = sweep_parked()
+    assert expired.location in swept and alive.location not in swept
+    assert not (SHM_DIR / expired.location).exists()
+    assert take_tensor(alive, store).shape == (2,)  # still readable

@@ -1,14 +1,19 @@
-"""The vision stage's lease and the reaper's routing of image requests (real Redis, in-process)."""
+"""The vision stage's lease, the reaper's routing of image requests, and the fate of parked
+embeddings whose request ends before prefill reads them (real Redis, in-process stages)."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
+from dayzero.kv.shared import SHM_DIR
 from dayzero.serving.handoff import take_tensor
 from dayzero.serving.messages import GenerationRequest, PrefillJob, SamplingSpec
+from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.reaper import sweep
+from dayzero.serving.runtime import Runtime
 from dayzero.serving.store import Store
 from dayzero.serving.vision_stage import VisionStage
 from dayzero.settings import Settings
@@ -60,3 +65,30 @@ def test_reaper_sends_lost_image_requests_back_to_vision(redis_url):
     store.r.delete("dz:reaper")
     sweep(store, lambda job, stage: routed.setdefault(job.request.request_id, stage), 60, 100)
     assert routed["lost-img"] == "vision" and routed["lost-text"] == "prefill"
+
+
+def test_prefill_frees_the_embeddings_of_a_request_cancelled_in_its_queue(demo_dir, redis_url):
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url)
+    sent: list[PrefillJob] = []
+    VisionStage(settings, "vision0@test", sent.append).run(_register(redis_url, "cancelled-img"))
+    parked = sent[0].embeddings
+    assert (SHM_DIR / parked.location).exists()
+    store = Store.connect(redis_url)
+    store.cancel("cancelled-img")  # the client left while the request waited for prefill
+
+    loop = PrefillLoop(Runtime.load(settings, "prefill0@test", "prefill", shared=False), send_decode=sent.append)
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    try:
+        assert loop.intake.submit(sent[0]).done.wait(30)
+    finally:
+        loop.stop.set()
+    assert store.done("cancelled-img") == "cancelled" and len(sent) == 1
+    assert not (SHM_DIR / parked.location).exists()
+
+
+def _register(redis_url: str, rid: str) -> PrefillJob:
+    store = Store.connect(redis_url)
+    request = _request(rid, 1)
+    store.register(request, [encoded(28, 28, seed=3)])
+    store.mark_queued(rid, 60)
+    return PrefillJob(request=request)

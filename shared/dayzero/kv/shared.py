@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import uuid
+from collections.abc import Callable
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
@@ -65,23 +66,34 @@ class SharedPools:
         return KVPools(layout, blocks, dtype, allocate=_Carver(buffer), pool_id=name), shm
 
 
+def sweep(prefix: str, expired: Callable[[int], bool], folder: Path = SHM_DIR) -> list[str]:
+    """Unlink the segments ``{prefix}-{number}-...`` whose number ``expired`` says is past."""
+    removed = []
+    for path in folder.glob(f"{prefix}-*"):
+        try:
+            number = int(path.name.removeprefix(f"{prefix}-").split("-")[0])
+        except ValueError:
+            continue
+        if expired(number):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
+
+
+def _dead(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, another user's
+    return False
+
+
 def sweep_stale(folder: Path = SHM_DIR) -> list[str]:
     """Unlink pool segments whose creating process is gone (a worker killed before it could).
 
     A decode worker already attached keeps its mapping; one not yet attached fails its
     handoff, and the request is re-run from its prompt by the reaper.
     """
-    removed = []
-    for path in folder.glob(f"{PREFIX}-*"):
-        try:
-            pid = int(path.name.split("-")[2])
-        except (IndexError, ValueError):
-            continue
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            path.unlink(missing_ok=True)
-            removed.append(path.name)
-        except PermissionError:
-            continue  # alive, another user's
-    return removed
+    return sweep(PREFIX, _dead, folder)

@@ -11,15 +11,20 @@ from __future__ import annotations
 import io
 import math
 import socket
+import time
+import uuid
 from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
 
 import torch
 
 from ..kv.handoff import LayoutMismatch, StateHandle, export_state, import_state
 from ..kv.pools import KVPools
-from ..kv.shared import SharedPools
+from ..kv.shared import SHM_DIR, SharedPools, sweep
 from .messages import StateRef, TensorRef
 from .store import P, Store
+
+PARKED = "dz-parked"  # shared-memory segments of parked tensors: dz-parked-<deadline ms>-<id>
 
 
 def _pack(pools: KVPools, seq_id: str) -> bytes:
@@ -90,13 +95,16 @@ class Receiver:
 
 
 def publish_tensor(tensor: torch.Tensor, key: str, transport: str, store: Store, ttl_s: float) -> TensorRef:
-    """Park an fp32 tensor for another process: a new shared-memory segment, or a Redis key."""
+    """Park an fp32 tensor for another process for ``ttl_s``: a new shared-memory segment whose
+    name carries its deadline, or a Redis key with that TTL."""
     data = tensor.detach().float().contiguous()
     if transport == "redis":
         location = f"{P}tensor:{key}"
         store.r.set(location, data.numpy().tobytes(), px=int(ttl_s * 1000))
     else:
-        segment = shared_memory.SharedMemory(create=True, size=max(1, data.numel() * 4))
+        deadline_ms = int((time.time() + ttl_s) * 1000)  # see sweep_parked
+        name = f"{PARKED}-{deadline_ms}-{uuid.uuid4().hex[:12]}"
+        segment = shared_memory.SharedMemory(name=name, create=True, size=max(1, data.numel() * 4))
         torch.frombuffer(segment.buf, dtype=torch.float32, count=data.numel()).copy_(data.flatten())
         location = segment.name
         resource_tracker.unregister(segment._name, "shared_memory")  # noqa: SLF001 - the reader unlinks it
@@ -120,3 +128,17 @@ def take_tensor(ref: TensorRef, store: Store) -> torch.Tensor:
     finally:
         segment.close()
         segment.unlink()
+
+
+def discard_tensor(ref: TensorRef, store: Store) -> None:
+    """Free a parked tensor nobody will read (its request ended before prefill)."""
+    if ref.transport == "redis":
+        store.r.delete(ref.location)
+    elif ref.host == socket.gethostname():
+        (SHM_DIR / ref.location).unlink(missing_ok=True)
+
+
+def sweep_parked(folder: Path = SHM_DIR) -> list[str]:
+    """Unlink parked tensors past their deadline: their reader died, or the request was lost."""
+    now_ms = time.time() * 1000
+    return sweep(PARKED, lambda deadline_ms: deadline_ms < now_ms, folder)

@@ -22,7 +22,7 @@ from ..kv.pools import OutOfBlocks
 from ..model.forward import prefill
 from ..telemetry import continued, tracer
 from ..vision.encoder import splice
-from .handoff import publish, take_tensor
+from .handoff import discard_tensor, publish, take_tensor
 from .intake import Intake, Ticket
 from .lease import Heartbeat
 from .messages import DecodeJob, PrefillJob
@@ -47,10 +47,13 @@ class PrefillLoop:
                 self._reclaim_handoffs()
                 self.r.store.worker_alive("prefill", self.r.name, self.r.snapshot(len(self.pending) or 1))
                 if self.pending:
-                    batch = self._take_batch()
+                    taken = self._take_batch()
+                    batch: list[Ticket[PrefillJob]] = []
                     try:
+                        batch = [t for t in taken if self._admit(t)]
                         self._run(batch)
                     except redis.RedisError:
+                        self._put_back(taken)
                         raise
                     except Exception as exc:  # a failed forward ends its requests, never the loop
                         self._fail(batch, exc)
@@ -65,11 +68,25 @@ class PrefillLoop:
         log.exception("prefill of %d request(s) failed", len(batch))
         self.r.stats.call("prefill", failed=True)
         for ticket in batch:
-            rid = ticket.job.request.request_id
-            self.r.pools.release(rid)
-            self.r.store.end(rid, len(ticket.job.generated), "error", f"prefill failed: {type(exc).__name__}")
-            self.r.store.finish(rid, "error")
-            ticket.done.set()
+            self.r.pools.release(ticket.job.request.request_id)
+            self._settle(ticket, "error", f"prefill failed: {type(exc).__name__}")
+
+    def _put_back(self, taken: list[Ticket[PrefillJob]]) -> None:
+        """Redis failed mid-batch: free the blocks of the unsettled requests and retry them later."""
+        unsettled = [t for t in taken if not t.done.is_set() and t not in self.pending]
+        for ticket in unsettled:
+            self.r.pools.release(ticket.job.request.request_id)
+        self.pending[:0] = unsettled
+
+    def _settle(self, ticket: Ticket[PrefillJob], reason: str, message: str = "") -> None:
+        """End a request without handing it to decode (freeing its parked image embeddings)."""
+        job, store = ticket.job, self.r.store
+        rid = job.request.request_id
+        if job.embeddings is not None:
+            discard_tensor(job.embeddings, store)
+        store.end(rid, len(job.generated), reason, message)
+        store.finish(rid, reason)
+        ticket.done.set()
 
     def _take_batch(self) -> list[Ticket[PrefillJob]]:
         batch, tokens = [], 0
@@ -103,17 +120,13 @@ class PrefillLoop:
             return False
         store.unqueue(rid)
         if store.cancelled([rid]):
-            store.end(rid, len(job.generated), "cancelled")
-            store.finish(rid, "cancelled")
-            ticket.done.set()
+            self._settle(ticket, "cancelled")
             return False
         try:
             self.r.pools.reserve(rid, len(job.request.prompt_ids) + len(job.generated))
         except OutOfBlocks as exc:
             if exc.permanent:
-                store.end(rid, len(job.generated), "error", str(exc))
-                store.finish(rid, "error")
-                ticket.done.set()
+                self._settle(ticket, "error", str(exc))
             else:
                 store.mark_queued(rid, self.r.settings.visibility_timeout_s)  # wait for blocks
                 self.pending.append(ticket)
@@ -121,7 +134,7 @@ class PrefillLoop:
         return True
 
     def _run(self, batch: list[Ticket[PrefillJob]]) -> None:
-        batch = [t for t in batch if self._admit(t)]
+        """Prefill admitted requests together; emit each one's first token and hand it to decode."""
         if not batch:
             return
         ids = [t.job.request.request_id for t in batch]

@@ -19,7 +19,7 @@ from ..settings import Settings
 from ..telemetry import continued
 from ..vision.encoder import VisionEncoder, load_tower
 from ..vision.preprocess import ImageError
-from .handoff import publish_tensor
+from .handoff import publish_tensor, sweep_parked
 from .lease import Heartbeat
 from .messages import PrefillJob
 from .metrics import WorkerStats
@@ -45,6 +45,9 @@ class VisionStage:
 
     def heartbeat_forever(self) -> None:
         while not self.stop.wait(self.settings.lease_s / 3):
+            swept = sweep_parked()
+            if swept:
+                log.warning("unlinked %d parked embedding segment(s) nobody read: %s", len(swept), swept)
             try:
                 self.store.worker_alive("vision", self.name, self.snapshot())
             except Exception:  # noqa: BLE001 - Redis restarting: the next beat retries
@@ -83,7 +86,8 @@ class VisionStage:
             self.store.end(rid, len(job.generated), "error", f"image refused: {exc}")
             self.store.finish(rid, "error")
             return
-        ref = publish_tensor(torch.cat(images), rid, self.settings.handoff, self.store, self.settings.handoff_timeout_s)
+        settings = self.settings
+        ref = publish_tensor(torch.cat(images), rid, settings.handoff, self.store, settings.visibility_timeout_s)
         self.store.mark_queued(rid, self.settings.visibility_timeout_s)  # queued for prefill now,
         self.store.release_lease(rid)  # so prefill can claim it (and the reaper leaves it alone)
         self.send_prefill(job.model_copy(update={"embeddings": ref}))
