@@ -19,7 +19,7 @@ def _loop(runtime, celery):
     return PrefillLoop(runtime, send_decode)
 
 
-stage = StageWorker(app, settings, "prefill", _loop, shared_pools=settings.handoff == "shm")
+stage = StageWorker(app, settings, "prefill", _loop, shared_pools=settings.handoff != "redis")
 
 
 @app.task(name=TASKS["prefill"])

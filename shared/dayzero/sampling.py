@@ -52,4 +52,6 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         before = sorted_probs.cumsum(0) - sorted_probs  # mass strictly above each token
         sorted_probs = sorted_probs.masked_fill(before >= params.top_p, 0.0)
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    if generator is not None:
+        probs = probs.to(generator.device)  # a seed draws the same token wherever the logits live
     return int(torch.multinomial(probs, 1, generator=generator))

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .model.plan import AttentionOptions
@@ -27,6 +27,7 @@ class Settings(BaseSettings):
     image_resize_max_pixels: int = Field(default=28 * 28 * 256, ge=28 * 28, description="pixels after resize")
     encoder_cache_mb: int = Field(default=64, ge=0, description="image embeddings kept for repeated images")
     expert_cache_mb: int = Field(default=256, ge=0, description="dequantized FP4 experts kept hot (0: off)")
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="where weights and pools live")
     attention_backend: Literal["torch", "triton"] = Field(default="torch", description="kernel backend")
     sparse_attention: bool = Field(default=True, description="CSA layers read only the indexer's top-k entries")
 
@@ -46,7 +47,9 @@ class Settings(BaseSettings):
     block_size: int = Field(default=16, ge=1, description="rows per pool block")
     lease_s: float = Field(default=3.0, gt=0, description="a worker that stops heartbeating loses its requests")
     handoff_timeout_s: float = Field(default=60.0, gt=0, description="an unclaimed prefill->decode lease expires")
-    handoff: Literal["shm", "redis"] = Field(default="shm", description="KV handoff transport (shm: same host)")
+    handoff: Literal["shm", "cuda_ipc", "redis"] = Field(
+        default="shm", description="KV handoff transport: shm (CPU, same host), cuda_ipc (same GPU), redis (any)"
+    )
     disconnect_grace_s: float = Field(default=0.3, ge=0, description="a disconnected stream is cancelled after")
     keepalive_s: float = Field(default=10.0, gt=0, description="SSE comment interval while waiting")
     stream_ttl_s: int = Field(default=600, ge=1, description="finished token streams stay resumable this long")
@@ -61,6 +64,15 @@ class Settings(BaseSettings):
         default=None, description="console exporter: append JSON spans to this file (a directory: one per process)"
     )
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description="workers: serve /metrics here")
+
+    @model_validator(mode="after")
+    def _transport_fits_device(self) -> Settings:
+        on_gpu = self.device.startswith("cuda")
+        if self.handoff == "shm" and on_gpu:
+            raise ValueError("handoff=shm moves CPU pools; with device=cuda use cuda_ipc (same GPU) or redis")
+        if self.handoff == "cuda_ipc" and not on_gpu:
+            raise ValueError("handoff=cuda_ipc needs device=cuda")
+        return self
 
     def image_limits(self) -> ImageLimits:
         return ImageLimits(

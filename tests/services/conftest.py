@@ -103,3 +103,36 @@ def wait_until(predicate, timeout_s: float, step_s: float = 0.05):
 
 def cpu_count() -> int:
     return os.cpu_count() or 1
+
+
+def engine_completer(checkpoint, device: str):
+    """Greedy completions of ``checkpoint`` run in-process by dayzero's engine (no queue, no handoff)."""
+    import torch
+
+    from dayzero.checkpoint import load_model
+    from dayzero.engine import generate
+    from dayzero.kv.pools import pools_for
+    from dayzero.sampling import SamplingParams
+    from dayzero.tokenizer import TextCodec
+
+    model, codec = load_model(checkpoint, device=device, progress=False), TextCodec.from_checkpoint(checkpoint)
+
+    def complete(ids: list[int], max_tokens: int) -> str:
+        pools = pools_for(model.cfg, torch.float32, len(ids) + max_tokens, device=device)
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        return "".join(step.text for step in generate(model, codec, pools, ids, params))
+
+    return complete
+
+
+def prompt_ids(i: int) -> list[int]:
+    """The i-th of a family of token prompts of growing length."""
+    return [0, *[(7 * i + 3 * k) % 500 + 2 for k in range(5 + 3 * i)]]
+
+
+def data_url(width: int, height: int, seed: int) -> str:
+    import base64
+
+    from ..vision.conftest import encoded
+
+    return "data:image/png;base64," + base64.b64encode(encoded(width, height, seed=seed)).decode()

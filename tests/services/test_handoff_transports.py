@@ -9,7 +9,7 @@ from dayzero.checkpoint import load_model
 from dayzero.kv.handoff import LayoutMismatch
 from dayzero.kv.layout import PoolLayout
 from dayzero.kv.pools import KVPools, pools_for
-from dayzero.kv.shared import SHM_DIR, SharedPools
+from dayzero.kv.shared import SHM_DIR, CudaSharedPools, SharedPools
 from dayzero.model.forward import decode, prefill
 from dayzero.serving.handoff import Receiver, discard_tensor, publish, publish_tensor, sweep_parked, take_tensor
 from dayzero.serving.store import Store
@@ -52,6 +52,39 @@ def test_transport_round_trip_continues_decoding(tiny_checkpoint, store, transpo
         segment.unlink()
 
 
+def _decode_elsewhere(checkpoint, ref, redis_url, follow, out) -> None:
+    """In a fresh process (CUDA IPC handles cannot be opened by their exporter): receive, decode."""
+    model = load_model(checkpoint, device="cuda", progress=False)
+    dst = pools_for(model.cfg, torch.float32, 80, device="cuda")
+    Receiver(Store.connect(redis_url)).receive(ref, dst, "moved")
+    out.put(torch.stack([decode(model, dst, ["moved"], [t])[0] for t in follow]).cpu())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA IPC)")
+def test_cuda_ipc_round_trip_continues_decoding_in_another_process(tiny_checkpoint, store):
+    import multiprocessing
+
+    model = load_model(tiny_checkpoint, device="cuda", progress=False)
+    layout = PoolLayout.of(model.cfg, 16, "float32")
+    blocks = KVPools.sized(layout, 80, 2, torch.float32, device="meta").blocks
+    src = CudaSharedPools.create(layout, blocks, torch.float32, "cuda")
+    prompt = random_ids(37, model.cfg.vocab_size, seed=13)
+    first = prefill(model, src, ["s"], [prompt])[0]
+    ref = publish(src, "s", "req-cuda", "cuda_ipc", store, ttl_s=30)
+    follow = [int(first.argmax()), *random_ids(12, model.cfg.vocab_size, seed=14)]
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    url = "redis://{host}:{port}/0".format(**store.r.connection_pool.connection_kwargs)
+    child = context.Process(target=_decode_elsewhere, args=(tiny_checkpoint, ref, url, follow, out))
+    child.start()
+    moved = out.get(timeout=300)
+    child.join(60)
+    stayed = torch.stack([decode(model, src, ["s"], [t])[0] for t in follow]).cpu()
+    assert child.exitcode == 0
+    assert torch.equal(moved, stayed)  # same GPU, same kernels: bitwise
+
+
 @pytest.mark.parametrize("transport", ["shm", "redis"])
 def test_parked_image_embeddings_are_read_once(store, transport):
     tensor = torch.randn(7, 5)
@@ -77,3 +110,14 @@ def test_sweep_unlinks_only_parked_segments_past_their_deadline(store):
     assert expired.location in swept and alive.location not in swept
     assert not (SHM_DIR / expired.location).exists()
     assert take_tensor(alive, store).shape == (2,)  # still readable
+
+
+@pytest.mark.parametrize(("device", "transport"), [("cuda", "shm"), ("cpu", "cuda_ipc"), ("cuda:0", "shm")])
+def test_settings_refuse_a_transport_the_device_cannot_use(device, transport):
+    from pydantic import ValidationError
+
+    from dayzero.settings import Settings
+
+    with pytest.raises(ValidationError, match="handoff"):
+        Settings(device=device, handoff=transport)
+    assert Settings(device=device, handoff="redis").device == device  # Redis carries state from anywhere

@@ -10,33 +10,21 @@ import pytest
 import torch
 
 from dayzero.checkpoint import load_model
-from dayzero.engine import generate
 from dayzero.kv.pools import pools_for
 from dayzero.sampling import SamplingParams
 from dayzero.tokenizer import TextCodec
 
-from .conftest import MODEL, chat, sse_events, stream_text
+from .conftest import MODEL, chat, data_url, engine_completer, prompt_ids, sse_events, stream_text
 
 
 @pytest.fixture(scope="module")
 def reference(demo_dir):
     """The same checkpoint run in-process by dayzero's engine (no queue, no handoff)."""
-    model, codec = load_model(demo_dir, progress=False), TextCodec.from_checkpoint(demo_dir)
-
-    def complete(ids: list[int], max_tokens: int) -> str:
-        pools = pools_for(model.cfg, torch.float32, len(ids) + max_tokens)
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        return "".join(step.text for step in generate(model, codec, pools, ids, params))
-
-    return complete
-
-
-def _prompt(i: int) -> list[int]:
-    return [0, *[(7 * i + 3 * k) % 500 + 2 for k in range(5 + 3 * i)]]
+    return engine_completer(demo_dir, "cpu")
 
 
 def test_completion_equals_in_process_engine(stack, reference):
-    ids = _prompt(1)
+    ids = prompt_ids(1)
     body = {"model": MODEL, "prompt": ids, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
     r = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
@@ -59,14 +47,14 @@ def test_chat_stream_and_body_agree(stack):
 
 def test_sixteen_concurrent_streams_on_two_decode_workers(stack, reference):
     def one(i: int):
-        body = {"model": MODEL, "prompt": _prompt(i), "max_tokens": 12 + i, "temperature": 0, "ignore_eos": True}
+        body = {"model": MODEL, "prompt": prompt_ids(i), "max_tokens": 12 + i, "temperature": 0, "ignore_eos": True}
         return stream_text(f"{stack.url}/v1/completions", body)
 
     with futures.ThreadPoolExecutor(16) as pool:
         results = list(pool.map(one, range(16)))
     for i, (text, _, final) in enumerate(results):
         assert final["usage"]["completion_tokens"] == 12 + i
-        assert text == reference(_prompt(i), 12 + i)
+        assert text == reference(prompt_ids(i), 12 + i)
     import redis
 
     workers = redis.Redis.from_url(stack.redis_url).hgetall("dz:workers:decode")
@@ -178,14 +166,6 @@ def test_models_health_ready_metrics_and_openapi(stack):
     assert "/v1/chat/completions" in httpx.get(f"{stack.url}/openapi.json").json()["paths"]
 
 
-def _data_url(width: int, height: int, seed: int) -> str:
-    import base64
-
-    from ..vision.conftest import encoded
-
-    return "data:image/png;base64," + base64.b64encode(encoded(width, height, seed=seed)).decode()
-
-
 def test_text_and_image_request_equals_in_process_multimodal_run(stack, demo_dir):
     from dayzero.completion import Completion
     from dayzero.model.forward import decode, prefill
@@ -196,9 +176,9 @@ def test_text_and_image_request_equals_in_process_multimodal_run(stack, demo_dir
 
     content = [
         {"type": "text", "text": "what is"},
-        {"type": "image_url", "image_url": {"url": _data_url(60, 45, 1)}},
+        {"type": "image_url", "image_url": {"url": data_url(60, 45, 1)}},
         {"type": "text", "text": "and"},
-        {"type": "image_url", "image_url": {"url": _data_url(30, 90, 2)}},
+        {"type": "image_url", "image_url": {"url": data_url(30, 90, 2)}},
     ]
     body = {
         "model": MODEL,

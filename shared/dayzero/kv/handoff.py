@@ -2,7 +2,8 @@
 
 ``export_state`` names the blocks (a small handle: pool id, layout hash, length, block ids);
 ``import_state`` allocates blocks in the destination and copies all four kinds of state:
-window ring, compressed entries (CSA and HCA), indexer keys, compressor running state.
+window ring, compressed entries (CSA and HCA), indexer keys, compressor running state
+(across devices when the two pools live on different ones).
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ def import_state(dst: KVPools, src: KVPools, handle: StateHandle, seq_id: str) -
     seq.length = handle.length
     layout = src.layout
     window_src, window_dst = list(handle.blocks["window"]), seq.tables["window"]
-    dst.window[:, window_dst] = src.window[:, window_src].to(dst.window.dtype)
+    dst.window[:, window_dst] = src.window[:, window_src].to(dst.device, dst.window.dtype)
     for pool in GROWING_POOLS:
         n = layout.blocks_for(pool, handle.length)
         if n:
-            dst.compressed[pool][:, seq.tables[pool][:n]] = src.compressed[pool][:, list(handle.blocks[pool][:n])]
+            blocks = src.compressed[pool][:, list(handle.blocks[pool][:n])]
+            dst.compressed[pool][:, seq.tables[pool][:n]] = blocks.to(dst.device)
     if handle.blocks["compressor"]:
         src_slot, dst_slot = handle.blocks["compressor"][0], seq.tables["compressor"][0]
         for name, tensor in src.compressor.items():
-            dst.compressor[name][:, dst_slot] = tensor[:, src_slot]
+            dst.compressor[name][:, dst_slot] = tensor[:, src_slot].to(dst.device)

@@ -1,8 +1,10 @@
-"""Pools whose storage is a named shared-memory segment, so another process on the host can
-read a sequence's blocks (the prefill -> decode handoff on CPU)."""
+"""Pools whose storage another process can map, so it can read a sequence's blocks: a named
+shared-memory segment (the prefill -> decode handoff on CPU) or a CUDA allocation shared by
+its IPC handle (on one GPU)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import uuid
@@ -11,6 +13,8 @@ from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
 import torch
+from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
+from torch.storage import TypedStorage
 
 from .layout import PoolLayout
 from .pools import KVPools
@@ -64,6 +68,43 @@ class SharedPools:
         resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001
         buffer = torch.frombuffer(shm.buf, dtype=torch.uint8)
         return KVPools(layout, blocks, dtype, allocate=_Carver(buffer), pool_id=name), shm
+
+
+class CudaSharedPools:
+    """Pools in one CUDA allocation whose IPC handle is the pool id: a process on the same GPU
+    attaches by it (CUDA IPC cannot be opened by the process that exported it)."""
+
+    @staticmethod
+    def create(layout: PoolLayout, blocks: dict[str, int], dtype: torch.dtype, device: str) -> KVPools:
+        buffer = torch.zeros(segment_bytes(layout, blocks, dtype), dtype=torch.uint8, device=device)
+        _, args = reduce_tensor(buffer)  # the producer keeps ``buffer`` alive for the worker's life
+        fields = dict(zip(_IPC_FIELDS, args[6:], strict=True))
+        handle = json.dumps({k: v.hex() if isinstance(v, bytes) else v for k, v in fields.items()})
+        return KVPools(layout, blocks, dtype, buffer.device, allocate=_Carver(buffer), pool_id=handle)
+
+    @staticmethod
+    def attach(pool_id: str, layout: PoolLayout, blocks: dict[str, int], dtype: torch.dtype) -> KVPools:
+        fields = {k: bytes.fromhex(v) if isinstance(v, str) else v for k, v in json.loads(pool_id).items()}
+        size = segment_bytes(layout, blocks, dtype)
+        buffer = rebuild_cuda_tensor(
+            torch.Tensor, torch.Size([size]), (1,), 0, TypedStorage, torch.uint8, *(fields[k] for k in _IPC_FIELDS)
+        )
+        return KVPools(layout, blocks, dtype, buffer.device, allocate=_Carver(buffer), pool_id=pool_id)
+
+
+# reduce_tensor's description of a CUDA storage, after the tensor's own class, shape and dtype
+# (bytes travel as hex; the event handle is None when no event sync is needed)
+_IPC_FIELDS = (
+    "device",
+    "handle",
+    "storage_size_bytes",
+    "storage_offset_bytes",
+    "requires_grad",
+    "ref_counter_handle",
+    "ref_counter_offset",
+    "event_handle",
+    "event_sync_required",
+)
 
 
 def sweep(prefix: str, expired: Callable[[int], bool], folder: Path = SHM_DIR) -> list[str]:

@@ -1,9 +1,11 @@
 """KV handoff transports behind one interface: ``publish`` on prefill, ``receive`` on decode.
 
 ``shm``: the prefill worker's pools live in a shared-memory segment; decode attaches to it
-by name and copies the blocks (same host). ``redis``: prefill packs the sequence's blocks
-into a Redis key with a TTL; decode fetches them (prefill and decode on different hosts).
-Either way the StateRef carries the layout hash; a mismatch is refused, never copied.
+by name and copies the blocks (same host). ``cuda_ipc``: the pools live in one CUDA
+allocation; decode opens its IPC handle and copies device to device (same GPU host).
+``redis``: prefill packs the sequence's blocks into a Redis key with a TTL; decode fetches
+them (prefill and decode on different hosts). Whichever, the StateRef carries the layout
+hash; a mismatch is refused, never copied.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 
 from ..kv.handoff import LayoutMismatch, StateHandle, export_state, import_state
 from ..kv.pools import KVPools
-from ..kv.shared import SHM_DIR, SharedPools, sweep
+from ..kv.shared import SHM_DIR, CudaSharedPools, SharedPools, sweep
 from .messages import StateRef, TensorRef
 from .store import P, Store
 
@@ -52,7 +54,9 @@ def _unpack(data: bytes, like: KVPools) -> tuple[KVPools, StateHandle]:
 
 def publish(pools: KVPools, seq_id: str, request_id: str, transport: str, store: Store, ttl_s: float) -> StateRef:
     handle = export_state(pools, seq_id)
-    location = pools.pool_id
+    location = pools.pool_id  # shm: the segment's name; cuda_ipc: the allocation's IPC handle
+    if transport == "cuda_ipc":
+        torch.cuda.synchronize(pools.device)  # decode reads from another process: the writes must have landed
     if transport == "redis":
         location = f"{P}kvstate:{request_id}"
         store.r.set(location, _pack(pools, seq_id), px=int(ttl_s * 1000))
@@ -69,11 +73,12 @@ def publish(pools: KVPools, seq_id: str, request_id: str, transport: str, store:
 
 
 class Receiver:
-    """Decode side: copies a published state into its own pools (caches shm attachments)."""
+    """Decode side: copies a published state into its own pools (caches shm and CUDA attachments)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._attached: dict[str, tuple[KVPools, object]] = {}
+        self._attached: dict[str, KVPools] = {}
+        self._segments: list[shared_memory.SharedMemory] = []
 
     def receive(self, ref: StateRef, dst: KVPools, seq_id: str) -> None:
         if ref.layout_hash != dst.layout.hash():
@@ -86,12 +91,21 @@ class Receiver:
             self.store.r.delete(ref.location)
         else:
             if ref.host != socket.gethostname():
-                raise LookupError(f"shared-memory state lives on host {ref.host}; use handoff=redis across hosts")
+                raise LookupError(f"{ref.transport} state lives on host {ref.host}; use handoff=redis across hosts")
             if ref.location not in self._attached:
-                self._attached[ref.location] = SharedPools.attach(ref.location, dst.layout, ref.pool_blocks, dst.dtype)
-            src = self._attached[ref.location][0]
+                self._attached[ref.location] = self._attach(ref, dst)
+            src = self._attached[ref.location]
             handle = StateHandle(ref.location, ref.layout_hash, ref.length, ref.blocks)
         import_state(dst, src, handle, seq_id)
+        if ref.transport == "cuda_ipc":
+            torch.cuda.synchronize(dst.device)  # prefill may reuse the blocks once the handoff is taken
+
+    def _attach(self, ref: StateRef, dst: KVPools) -> KVPools:
+        if ref.transport == "cuda_ipc":
+            return CudaSharedPools.attach(ref.location, dst.layout, ref.pool_blocks, dst.dtype)
+        pools, segment = SharedPools.attach(ref.location, dst.layout, ref.pool_blocks, dst.dtype)
+        self._segments.append(segment)  # keeps the mapping open
+        return pools
 
 
 def publish_tensor(tensor: torch.Tensor, key: str, transport: str, store: Store, ttl_s: float) -> TensorRef:

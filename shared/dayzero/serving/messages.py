@@ -48,8 +48,8 @@ class GenerationRequest(Frozen):
 class StateRef(Frozen):
     """Where a prefilled sequence's attention state waits for decode (a lease on prefill's blocks)."""
 
-    transport: Literal["shm", "redis"]
-    location: str  # shared-memory segment name, or Redis key
+    transport: Literal["shm", "cuda_ipc", "redis"]
+    location: str  # shared-memory segment name, CUDA IPC handle of the pools, or Redis key
     host: str
     layout_hash: str
     dtype: str

@@ -184,12 +184,13 @@ class PrefillLoop:
         """Input embeddings with the images' rows spliced in (None for a text-only prompt)."""
         if job.embeddings is None:
             return None
-        images = take_tensor(job.embeddings, self.r.store)
         prompt, image_token = list(job.request.prompt_ids), self.r.model.cfg.raw["image_token_id"]
         embed = self.r.model.embed
+        device = embed.weight.device
+        images = take_tensor(job.embeddings, self.r.store).to(device)
         with torch.inference_mode():
-            rows = splice(embed(torch.tensor(prompt)), prompt, image_token, [images])
-            tail = embed(torch.tensor(list(job.generated), dtype=torch.long))  # a re-run: text only after the prompt
+            rows = splice(embed(torch.tensor(prompt, device=device)), prompt, image_token, [images])
+            tail = embed(torch.tensor(list(job.generated), dtype=torch.long, device=device))  # a re-run: text after
         return torch.cat((rows, tail))
 
     def _emit(self, ticket: Ticket[PrefillJob], logits, limit: int) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..checkpoint import load_model
 from ..kv.layout import PoolLayout
 from ..kv.pools import KVPools
-from ..kv.shared import Segment, SharedPools, sweep_stale
+from ..kv.shared import CudaSharedPools, Segment, SharedPools, sweep_stale
 from ..model.weights import Transformer
 from ..settings import Settings
 from ..tokenizer import TextCodec
@@ -42,20 +42,26 @@ class Runtime:
 
     @classmethod
     def load(cls, settings: Settings, name: str, stage: str, shared: bool) -> Runtime:
-        """``name`` identifies the worker in leases and heartbeats (unique per process)."""
+        """``name`` identifies the worker in leases and heartbeats (unique per process); ``shared``:
+        pools another process can read (prefill's, unless the handoff goes through Redis)."""
         path = checkpoint_path(settings)
         dtype = settings.torch_dtype
-        model = load_model(path, dtype, progress=False, expert_cache_bytes=settings.expert_cache_mb << 20)
+        model = load_model(
+            path, dtype, settings.device, progress=False, expert_cache_bytes=settings.expert_cache_mb << 20
+        )
         layout = PoolLayout.of(model.cfg, settings.block_size, settings.dtype)
         budget = settings.kv_budget_mb << 20
         sized = KVPools.from_budget(layout, budget, settings.max_batch, dtype, device="meta")
-        if shared:
+        segment = None
+        if shared and settings.handoff == "shm":
             swept = sweep_stale()
             if swept:
                 log.warning("unlinked %d pool segment(s) left by dead workers: %s", len(swept), swept)
             pools, segment = SharedPools.create(layout, sized.blocks, dtype)
+        elif shared and settings.handoff == "cuda_ipc":
+            pools = CudaSharedPools.create(layout, sized.blocks, dtype, settings.device)
         else:
-            pools, segment = KVPools(layout, sized.blocks, dtype), None
+            pools = KVPools(layout, sized.blocks, dtype, settings.device)
         name = f"{name}:{uuid.uuid4().hex[:6]}"
         log.info("%s loaded %s: pools %s", name, path, pools.usage())
         runtime = cls(

@@ -87,7 +87,8 @@ class VisionStage:
             self.store.finish(rid, "error")
             return
         settings = self.settings
-        ref = publish_tensor(torch.cat(images), rid, settings.handoff, self.store, settings.visibility_timeout_s)
+        transport = "redis" if settings.handoff == "redis" else "shm"  # vision and prefill share a host
+        ref = publish_tensor(torch.cat(images), rid, transport, self.store, settings.visibility_timeout_s)
         self.store.mark_queued(rid, self.settings.visibility_timeout_s)  # queued for prefill now,
         self.store.release_lease(rid)  # so prefill can claim it (and the reaper leaves it alone)
         self.send_prefill(job.model_copy(update={"embeddings": ref}))
