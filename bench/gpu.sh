@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The one prepared run of a GPU session (never part of CI):
+#   1. the kernel tests on CUDA (compiled Triton kernels vs their torch twins, TF32 tolerance);
+#   2. the GPU-only tests: compiled kernels inside the model, the CUDA IPC handoff between two
+#      processes, the whole pipeline with weights and pools on the GPU;
+#   3. bench/kernels.py: compiled kernels vs twins at DeepSeek-V4-Flash shapes.
+# First run bench/gpu_wheels.sh here; then the device tool: carry [".whl"], command
+# `bash bench/gpu.sh`. Logs land in $OUT (the device tool brings them back).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/dayzero-gpu}
+mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
+  exit 1
+export PYTHONPATH=/tmp/site:$PWD/shared:$PWD PYTHONUNBUFFERED=1 DAYZERO_CACHE_DIR=/tmp/dayzero-cache
+unset TRITON_INTERPRET
+status=0
+python3 -c "import torch, triton, transformers as t; print(torch.__version__, triton.__version__, t.__version__,
+torch.cuda.get_device_name())" 2>&1 | tee "$out/gpu.log"
+timeout 420 python3 -m pytest -q -p no:cacheprovider tests/kernels tests/test_forward.py \
+  tests/services/test_handoff_transports.py tests/services/test_gpu_pipeline.py 2>&1 | tee -a "$out/gpu.log" ||
+  status=1
+(cd bench && timeout 240 python3 kernels.py) 2>&1 | tee "$out/kernels.md" || status=1
+exit $status
