@@ -1,6 +1,7 @@
 """Each compiled Triton kernel against its torch twin, side by side on one GPU, at DeepSeek-V4-Flash
-layer shapes (64 heads x 512, window 128, CSA rate 4, top-k 512, 64 indexer heads x 128, MoE
-4096 -> 2 x 2048 with 256 FP4 experts, 6 per token).
+layer shapes (64 heads x 512, window 128, CSA rate 4, top-k 512, 64 indexer heads x 128, 4
+hyper-connection streams of 4096 with 20 Sinkhorn passes, MoE 4096 -> 2 x 2048 with 256 FP4
+experts, 6 per token).
 
 Each row: the twin's and the kernel's median time (CUDA-synchronised, several runs) on the same
 inputs, their ratio, and the largest difference between the two outputs (a wrong kernel shows
@@ -17,6 +18,7 @@ import torch
 from timing import median_seconds
 
 from dayzero.kernels import CompressedKeys, RaggedBatch, indexer_topk, sparse_attention_decode, sparse_attention_prefill
+from dayzero.kernels.hyper import hyper_mix
 from dayzero.kernels.moe import grouped_mxfp4_matmul
 
 FLASH = dict(heads=64, dim=512, window=128, rate=4, topk=512, index_heads=64, index_dim=128, block=64)
@@ -61,6 +63,12 @@ class Inputs:
         q, w = self.randn(t, s["index_heads"], s["index_dim"]), self.randn(t, s["index_heads"])
         return q, w, batch, keys, table, visible, s["topk"]
 
+    def hyper(self, tokens: int, hidden: int, n: int = 4, iters: int = 20) -> tuple:
+        width = (2 + n) * n
+        mixes, base = self.randn(tokens, width, dtype=torch.float32), self.randn(width, dtype=torch.float32)
+        scale = self.randn(3, dtype=torch.float32).abs()
+        return mixes, base, scale, self.randn(tokens, n, hidden), iters, 1e-6
+
 
 def moe_inputs(shape: dict, tokens: int, device: str) -> tuple:
     """Gate+up projection of ``tokens`` routed to ``per_token`` random experts each; the experts
@@ -103,11 +111,14 @@ def cases(smoke: bool, device: str, dtype: torch.dtype) -> list[tuple[str, Calla
     index_decode = make.indexer([4 * ctx - 1] * batch, [1] * batch)
     index_prefill = make.indexer([ctx - chunk], [chunk])
     moe_decode, moe_prefill = moe_inputs(moe_shape, batch, device), moe_inputs(moe_shape, chunk // 4, device)
+    hyper_decode, hyper_prefill = make.hyper(batch, moe_shape["hidden"]), make.hyper(chunk, moe_shape["hidden"])
     return [
         (f"decode attention, {batch} seqs @ {ctx}", lambda b: sparse_attention_decode(*decode_args, backend=b)),
         (f"prefill attention, {chunk} tok @ {ctx}", lambda b: sparse_attention_prefill(*prefill_args, backend=b)),
         (f"indexer top-k, {batch} seqs @ {4 * ctx}", lambda b: indexer_topk(*index_decode, backend=b)),
         (f"indexer top-k, {chunk} tok @ {ctx}", lambda b: indexer_topk(*index_prefill, backend=b)),
+        (f"hyper-connection mix, {batch} tok", lambda b: hyper_mix(*hyper_decode, backend=b)[0]),
+        (f"hyper-connection mix, {chunk} tok", lambda b: hyper_mix(*hyper_prefill, backend=b)[0]),
         (f"MXFP4 experts, {batch} tok", lambda b: grouped_mxfp4_matmul(*moe_decode, backend=b)),
         (f"MXFP4 experts, {chunk // 4} tok", lambda b: grouped_mxfp4_matmul(*moe_prefill, backend=b)),
     ]

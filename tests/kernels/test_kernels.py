@@ -144,3 +144,23 @@ def test_grouped_mxfp4_matmul_matches_twin_with_empty_experts(device):
     want = grouped_mxfp4_matmul(x, packed, scales, offsets, backend="torch")
     got = grouped_mxfp4_matmul(x, packed, scales, offsets, backend="triton")
     assert (got - want).abs().max().item() < (1e-4 if device == "cpu" else 3e-3) * want.abs().max().item()
+
+
+@pytest.mark.parametrize(("n", "d"), [(4, 40), (2, 1030)])  # d not a power of two; d > one 1024 tile
+def test_hyper_mix_matches_twin_and_is_doubly_stochastic(n, d, device, tol):
+    from dayzero.kernels.hyper import hyper_mix
+
+    gen = torch.Generator().manual_seed(7)
+    t, width = 5, (2 + n) * n
+    mixes, base = torch.randn(t, width, generator=gen), torch.randn(width, generator=gen)
+    scale, streams = torch.rand(3, generator=gen) + 0.5, torch.randn(t, n, d, generator=gen)
+    mixes, base, scale, streams = (x.to(device) for x in (mixes, base, scale, streams))
+    want = hyper_mix(mixes, base, scale, streams, 20, 1e-6, backend="torch")
+    got = hyper_mix(mixes, base, scale, streams, 20, 1e-6, backend="triton")
+    for g, w in zip(got, want, strict=True):
+        assert (g - w).abs().max().item() < tol
+    comb = got[2]
+    assert (comb.sum(dim=-1) - 1).abs().max().item() < 1e-3  # Sinkhorn: rows and columns sum to one
+    assert (comb.sum(dim=-2) - 1).abs().max().item() < 1e-5  # (the last pass normalised the columns)
+    pre = torch.sigmoid(mixes[:, :n] * scale[0] + base[:n]) + 1e-6  # by hand: the collapse weights
+    assert (got[0] - (pre[:, :, None] * streams).sum(1)).abs().max().item() < tol

@@ -28,18 +28,19 @@ def _layers(
 ) -> torch.Tensor:
     """Packed tokens -> final normed hidden states [T, hidden]."""
     cfg = model.cfg
-    eps, iters, hc_eps = cfg.rms_norm_eps, cfg.hc_sinkhorn_iters, cfg.hc_eps
+    eps, iters, hc_eps, backend = cfg.rms_norm_eps, cfg.hc_sinkhorn_iters, cfg.hc_eps, plan.options.backend
     x = model.embed(plan.token_ids) if embeds is None else embeds
     streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [T, N, D]
     for i, block in enumerate(model.layers):
-        h, mix = collapse(streams, block.hc_attn_fn, block.hc_attn_base, block.hc_attn_scale, iters, hc_eps, eps)
+        h, mix = collapse(
+            streams, block.hc_attn_fn, block.hc_attn_base, block.hc_attn_scale, iters, hc_eps, eps, backend
+        )
         streams = mix.merge(
             streams, attention(block.attn, cfg, i, rms_norm(h, block.attn_norm.weight, eps), plan, pools)
         )
-        h, mix = collapse(streams, block.hc_ffn_fn, block.hc_ffn_base, block.hc_ffn_scale, iters, hc_eps, eps)
-        streams = mix.merge(
-            streams, moe(block.ffn, cfg, rms_norm(h, block.ffn_norm.weight, eps), plan.token_ids, plan.options.backend)
-        )
+        h, mix = collapse(streams, block.hc_ffn_fn, block.hc_ffn_base, block.hc_ffn_scale, iters, hc_eps, eps, backend)
+        ffn_in = rms_norm(h, block.ffn_norm.weight, eps)
+        streams = mix.merge(streams, moe(block.ffn, cfg, ffn_in, plan.token_ids, backend))
         if capture is not None:
             capture.append(streams)
     for seq_id, n in zip(seq_ids, plan.batch.news, strict=True):

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..kernels.batch import Backend
+from ..kernels.hyper import hyper_mix
 from .norms import rms_scale
 
 
@@ -35,21 +37,12 @@ def collapse(
     iters: int,
     eps: float,
     norm_eps: float,
+    backend: Backend = "torch",
 ) -> tuple[torch.Tensor, HyperMix]:
     """streams [T, N, D] -> (block input [T, D], the mix to apply after the block)."""
-    n = streams.shape[1]
     flat = rms_scale(streams.flatten(1).float(), norm_eps)
     mixes = F.linear(flat, fn.float())  # [T, (2 + N) * N]
-    pre_w, post_w, comb_w = mixes.split([n, n, n * n], dim=-1)
-    pre_b, post_b, comb_b = base.split([n, n, n * n])
-    pre = torch.sigmoid(pre_w * scale[0] + pre_b) + eps
-    post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
-    comb = torch.softmax(comb_w.view(-1, n, n) * scale[2] + comb_b.view(n, n), dim=-1) + eps
-    comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
-    for _ in range(iters - 1):  # in place: this loop is many tiny ops per layer on the decode path
-        comb.div_(comb.sum(dim=-1, keepdim=True).add_(eps))
-        comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
-    collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
+    collapsed, post, comb = hyper_mix(mixes, base, scale, streams, iters, eps, backend)
     return collapsed, HyperMix(post, comb)
 
 

@@ -1,0 +1,112 @@
+"""A hyper-connection's mix, after its projection: N x N Sinkhorn and the collapse, fused.
+
+  mixes    [T, (2 + N) * N]  fp32 projection of the rms-scaled streams (pre | post | comb logits)
+  base     [(2 + N) * N]     fp32 biases; scale [3] fp32 (pre, post, comb)
+  streams  [T, N, D]         the residual streams
+  ->  collapsed [T, D] (streams' dtype) = sum_n pre[t, n] * streams[t, n]
+      post [T, N] fp32, comb [T, N, N] fp32 (doubly stochastic after ``iters`` Sinkhorn passes)
+
+The torch twin is many tiny ops per token (the Sinkhorn loop alone is 4 * iters); the kernel
+keeps one token's N x N matrix in registers and is one launch for the whole step.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .batch import Backend
+
+
+def hyper_mix_torch(
+    mixes: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, streams: torch.Tensor, iters: int, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n = streams.shape[1]
+    pre_w, post_w, comb_w = mixes.split([n, n, n * n], dim=-1)
+    pre_b, post_b, comb_b = base.split([n, n, n * n])
+    pre = torch.sigmoid(pre_w * scale[0] + pre_b) + eps
+    post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
+    comb = torch.softmax(comb_w.view(-1, n, n) * scale[2] + comb_b.view(n, n), dim=-1) + eps
+    comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
+    for _ in range(iters - 1):  # in place: many tiny ops per layer on the decode path
+        comb.div_(comb.sum(dim=-1, keepdim=True).add_(eps))
+        comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
+    collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
+    return collapsed, post, comb
+
+
+@triton.jit
+def _mix_kernel(
+    mix_ptr,
+    base_ptr,
+    scale_ptr,
+    streams_ptr,
+    out_ptr,
+    post_ptr,
+    comb_ptr,
+    D,
+    iters,
+    eps,
+    N: tl.constexpr,
+    BD: tl.constexpr,
+):
+    t = tl.program_id(0)
+    width = (2 + N) * N
+    i = tl.arange(0, N)
+    row, col = i[:, None], i[None, :]
+    s_pre, s_post, s_comb = tl.load(scale_ptr), tl.load(scale_ptr + 1), tl.load(scale_ptr + 2)
+    pre = tl.sigmoid(tl.load(mix_ptr + t * width + i) * s_pre + tl.load(base_ptr + i)) + eps
+    post = 2.0 * tl.sigmoid(tl.load(mix_ptr + t * width + N + i) * s_post + tl.load(base_ptr + N + i))
+    at = 2 * N + row * N + col
+    logits = tl.load(mix_ptr + t * width + at) * s_comb + tl.load(base_ptr + at)
+    e = tl.exp(logits - tl.max(logits, axis=1)[:, None])
+    comb = e / tl.sum(e, axis=1)[:, None] + eps
+    comb = comb / (tl.sum(comb, axis=0)[None, :] + eps)
+    for _ in range(iters - 1):
+        comb = comb / (tl.sum(comb, axis=1)[:, None] + eps)
+        comb = comb / (tl.sum(comb, axis=0)[None, :] + eps)
+    tl.store(post_ptr + t * N + i, post)
+    tl.store(comb_ptr + t * N * N + row * N + col, comb)
+    for d0 in range(0, D, BD):
+        d = d0 + tl.arange(0, BD)
+        ok = d[None, :] < D
+        x = tl.load(streams_ptr + t * N * D + row * D + d[None, :], mask=ok, other=0.0).to(tl.float32)
+        collapsed = tl.sum(pre[:, None] * x, axis=0)
+        tl.store(out_ptr + t * D + d, collapsed.to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+def hyper_mix(
+    mixes: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    streams: torch.Tensor,
+    iters: int,
+    eps: float,
+    backend: Backend = "torch",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(collapsed [T, D], post [T, N], comb [T, N, N]); see the module docstring."""
+    t, n, d = streams.shape
+    if mixes.shape != (t, (2 + n) * n) or base.shape != ((2 + n) * n,) or scale.numel() != 3:
+        raise ValueError(f"bad shapes mixes {tuple(mixes.shape)} base {tuple(base.shape)} streams {(t, n, d)}")
+    if backend == "torch" or n & (n - 1):  # the kernel's N x N tile needs a power of two
+        return hyper_mix_torch(mixes, base, scale, streams, iters, eps)
+    out = torch.empty(t, d, dtype=streams.dtype, device=streams.device)
+    post = torch.empty(t, n, dtype=torch.float32, device=streams.device)
+    comb = torch.empty(t, n, n, dtype=torch.float32, device=streams.device)
+    if t:
+        _mix_kernel[(t,)](
+            mixes.float().contiguous(),
+            base.float().contiguous(),
+            scale.float().contiguous(),
+            streams.contiguous(),
+            out,
+            post,
+            comb,
+            d,
+            iters,
+            eps,
+            N=n,
+            BD=min(1024, triton.next_power_of_2(d)),
+        )
+    return out, post, comb
