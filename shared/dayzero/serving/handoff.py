@@ -111,7 +111,7 @@ class Receiver:
 def publish_tensor(tensor: torch.Tensor, key: str, transport: str, store: Store, ttl_s: float) -> TensorRef:
     """Park an fp32 tensor for another process for ``ttl_s``: a new shared-memory segment whose
     name carries its deadline, or a Redis key with that TTL."""
-    data = tensor.detach().float().contiguous()
+    data = tensor.detach().float().cpu().contiguous()
     if transport == "redis":
         location = f"{P}tensor:{key}"
         store.r.set(location, data.numpy().tobytes(), px=int(ttl_s * 1000))

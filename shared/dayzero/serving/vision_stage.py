@@ -34,6 +34,7 @@ class VisionStage:
         tower = load_tower(checkpoint_path(settings))
         if tower is None:
             raise RuntimeError("the checkpoint has no vision tower (no vision_config in config.json)")
+        tower.to(settings.device)
         self.settings, self.name, self.send_prefill = settings, f"{name}:{uuid.uuid4().hex[:6]}", send_prefill
         self.encoder = VisionEncoder(
             tower, settings.patch_spec(), settings.image_limits(), settings.encoder_cache_mb << 20

@@ -164,16 +164,17 @@ def encode(tower: VisionTower, pixel_values: torch.Tensor, grid_thw: torch.Tenso
     grid = [tuple(int(v) for v in g) for g in grid_thw.tolist()]
     unit = cfg.spatial_merge_size**2
     weight = tower.patch_embed.proj.weight
-    x = F.linear(pixel_values.to(weight.dtype), weight.reshape(cfg.hidden_size, -1))  # [N, hidden]
+    x = F.linear(pixel_values.to(weight.device, weight.dtype), weight.reshape(cfg.hidden_size, -1))  # [N, hidden]
     n, heads = x.shape[0], cfg.num_heads
     order, window_bounds = _windows(grid, cfg)
     patch_order = (order[:, None] * unit + torch.arange(unit)).flatten()
-    x = x[patch_order]
+    x = x[patch_order.to(x.device)]
     head_dim = cfg.hidden_size // heads
     spatial = head_dim // 2
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, spatial, 2, dtype=torch.float32) / spatial))
     angles = (_positions(grid, cfg.spatial_merge_size)[patch_order].float()[..., None] * inv_freq).flatten(1)
-    cos, sin = torch.cat((angles, angles), -1).cos()[:, None], torch.cat((angles, angles), -1).sin()[:, None]
+    angles = torch.cat((angles, angles), -1).to(x.device)
+    cos, sin = angles.cos()[:, None], angles.sin()[:, None]
     full = [0]
     for t, h, w in grid:
         full += [full[-1] + h * w] * t
@@ -191,4 +192,4 @@ def encode(tower: VisionTower, pixel_values: torch.Tensor, grid_thw: torch.Tenso
     merged = _rms(x, tower.merger.ln_q.weight).view(-1, cfg.hidden_size * unit)
     for layer in tower.merger.mlp:
         merged = layer(merged)
-    return merged[torch.argsort(order)]
+    return merged[torch.argsort(order).to(merged.device)]
