@@ -30,6 +30,18 @@ def demo_dir(tmp_path_factory):
     return write_demo_checkpoint(tmp_path_factory.mktemp("served"), vision=True, fp4=True)
 
 
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    """A real Redis of the module's own (for tests that run stages in-process)."""
+    from dayzero.stack import start_redis
+
+    port = free_port()
+    server = start_redis(port, tmp_path_factory.mktemp("redis") / "redis.log")
+    yield f"redis://127.0.0.1:{port}/0"
+    server.terminate()
+    server.wait()
+
+
 def start_stack(demo_dir, log_dir, counts, extra=None) -> Stack:
     env = {**SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(demo_dir), **(extra or {})}
     stack = Stack(counts, free_port(), log_dir, env)

@@ -9,8 +9,7 @@ import pytest
 
 from dayzero.stack import Stack, free_port
 
-from .conftest import MODEL, SETTINGS_ENV
-from .test_pipeline import _data_url
+from .conftest import MODEL, SETTINGS_ENV, data_url
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +58,7 @@ def test_full_queue_answers_429_with_retry_after(lone_gateway):
 
 
 def test_too_many_images_in_one_request(lone_gateway):
-    parts = [{"type": "image_url", "image_url": {"url": _data_url(20, 20, i)}} for i in range(3)]
+    parts = [{"type": "image_url", "image_url": {"url": data_url(20, 20, i)}} for i in range(3)]
     body = {"model": MODEL, "messages": [{"role": "user", "content": parts}]}
     r = httpx.post(f"{lone_gateway.url}/v1/chat/completions", json=body, headers=KEY, timeout=10)
     assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_images"
@@ -67,7 +66,7 @@ def test_too_many_images_in_one_request(lone_gateway):
 
 def test_waiting_stream_sends_keep_alive_comments(lone_gateway):
     # an image request waits at the vision stage, which has no worker here (its own queue bound)
-    parts = [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": _data_url(20, 20, 5)}}]
+    parts = [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": data_url(20, 20, 5)}}]
     body = {"model": MODEL, "messages": [{"role": "user", "content": parts}], "stream": True}
     comments, start = [], time.time()
     with httpx.stream("POST", f"{lone_gateway.url}/v1/chat/completions", json=body, headers=KEY, timeout=10) as r:

@@ -13,18 +13,13 @@ from dayzero.kv.shared import SHM_DIR, CudaSharedPools, SharedPools
 from dayzero.model.forward import decode, prefill
 from dayzero.serving.handoff import Receiver, discard_tensor, publish, publish_tensor, sweep_parked, take_tensor
 from dayzero.serving.store import Store
-from dayzero.stack import free_port, start_redis
 
 from ..conftest import random_ids
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    port = free_port()
-    server = start_redis(port, tmp_path_factory.mktemp("redis") / "redis.log")
-    yield Store.connect(f"redis://127.0.0.1:{port}/0")
-    server.terminate()
-    server.wait()
+def store(redis_url):
+    return Store.connect(redis_url)
 
 
 @pytest.mark.parametrize("transport", ["shm", "redis"])
@@ -62,7 +57,7 @@ def _decode_elsewhere(checkpoint, ref, redis_url, follow, out) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA IPC)")
-def test_cuda_ipc_round_trip_continues_decoding_in_another_process(tiny_checkpoint, store):
+def test_cuda_ipc_round_trip_continues_decoding_in_another_process(tiny_checkpoint, store, redis_url):
     import multiprocessing
 
     model = load_model(tiny_checkpoint, device="cuda", progress=False)
@@ -75,8 +70,7 @@ def test_cuda_ipc_round_trip_continues_decoding_in_another_process(tiny_checkpoi
     follow = [int(first.argmax()), *random_ids(12, model.cfg.vocab_size, seed=14)]
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
-    url = "redis://{host}:{port}/0".format(**store.r.connection_pool.connection_kwargs)
-    child = context.Process(target=_decode_elsewhere, args=(tiny_checkpoint, ref, url, follow, out))
+    child = context.Process(target=_decode_elsewhere, args=(tiny_checkpoint, ref, redis_url, follow, out))
     child.start()
     moved = out.get(timeout=300)
     child.join(60)

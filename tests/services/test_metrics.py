@@ -8,8 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from .conftest import MODEL
-from .test_pipeline import _data_url
+from .conftest import MODEL, data_url
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
@@ -19,7 +18,7 @@ def _documented() -> list[str]:
 
 
 def test_documented_names_are_scraped_from_a_running_stack(stack):
-    content = [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": _data_url(30, 30, 9)}}]
+    content = [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": data_url(30, 30, 9)}}]
     httpx.post(
         f"{stack.url}/v1/chat/completions",
         timeout=60,

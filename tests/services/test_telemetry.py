@@ -8,8 +8,7 @@ import time
 import httpx
 import pytest
 
-from .conftest import MODEL, start_stack
-from .test_pipeline import _data_url
+from .conftest import MODEL, data_url, start_stack
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +33,7 @@ def _spans(folder) -> list[dict]:
 
 def test_image_request_is_one_trace_with_stage_spans_in_order(traced):
     stack, folder = traced
-    content = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": _data_url(40, 40, 3)}}]
+    content = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": data_url(40, 40, 3)}}]
     body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4, "ignore_eos": True}
     r = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text

@@ -6,8 +6,6 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-
 from dayzero.kv.shared import SHM_DIR
 from dayzero.serving.handoff import take_tensor
 from dayzero.serving.messages import GenerationRequest, PrefillJob, SamplingSpec
@@ -17,18 +15,8 @@ from dayzero.serving.runtime import Runtime
 from dayzero.serving.store import Store
 from dayzero.serving.vision_stage import VisionStage
 from dayzero.settings import Settings
-from dayzero.stack import free_port, start_redis
 
 from ..vision.conftest import encoded
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    port = free_port()
-    server = start_redis(port, tmp_path_factory.mktemp("redis") / "redis.log")
-    yield f"redis://127.0.0.1:{port}/0"
-    server.terminate()
-    server.wait()
 
 
 def _request(rid: str, images: int) -> GenerationRequest:

@@ -112,7 +112,8 @@ class PrefillLoop:
         store, job = self.r.store, ticket.job
         rid = job.request.request_id
         if (
-            job.attempt < store.attempt(rid)
+            rid in self.r.pools.sequences  # a duplicate delivery of a request this worker holds
+            or job.attempt < store.attempt(rid)
             or store.done(rid)
             or not store.claim(rid, self.r.name, self.r.settings.lease_s)
         ):

@@ -86,8 +86,11 @@ class Store:
 
     # -- leases and cancellation ------------------------------------------------------------------------
     def claim(self, request_id: str, owner: str, ttl_s: float, force: bool = False) -> bool:
-        """Own the request unless someone alive does (``force``: take it over, e.g. at handoff)."""
-        return bool(self.r.set(f"{P}lease:{request_id}", owner, px=int(ttl_s * 1000), nx=not force))
+        """Own the request unless someone else alive does (``force``: take it over, e.g. at handoff).
+        The owner itself may claim again (a batch it retries after Redis came back)."""
+        if self.r.set(f"{P}lease:{request_id}", owner, px=int(ttl_s * 1000), nx=not force):
+            return True
+        return self.owner(request_id) == owner
 
     def heartbeat(self, request_ids: list[str], owner: str, ttl_s: float) -> None:
         if request_ids:
