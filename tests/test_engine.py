@@ -38,6 +38,21 @@ def test_greedy_generation_follows_the_full_forward(demo):
     assert logits[len(prompt) - 1 :].argmax(dim=-1).tolist() == tokens
 
 
+def test_penalised_greedy_generation_follows_the_full_forward_with_penalties_by_hand(demo):
+    model, codec = demo
+    prompt = codec.encode("The quick brown fox")
+    params = SamplingParams(max_tokens=16, ignore_eos=True, presence_penalty=1.5, frequency_penalty=0.7)
+    tokens = [s.token for s in generate(model, codec, _pools(model), prompt, params)]
+    logits = score(model, pools_for(model.cfg, torch.float32, len(prompt) + 16), "s", prompt + tokens[:-1])
+    plain = logits[len(prompt) - 1 :].argmax(dim=-1).tolist()
+    for i, row in enumerate(logits[len(prompt) - 1 :]):
+        row = row.clone()
+        for t in set(tokens[:i]):
+            row[t] -= 1.5 + 0.7 * tokens[:i].count(t)
+        assert int(row.argmax()) == tokens[i]
+    assert plain != tokens  # the penalties changed the choice somewhere
+
+
 def test_eos_stops_with_reason_stop(demo):
     model, codec = demo
     prompt = codec.encode("Hello")

@@ -46,3 +46,24 @@ def test_sampling_frequencies_follow_softmax():
 def test_invalid_parameters_are_refused(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+@pytest.mark.parametrize(
+    ("counts", "presence", "frequency", "expected"),
+    [
+        ({1: 1}, 0.2, 0.0, 2),  # 3.0 - 0.2 = 2.8 < 2.9
+        ({1: 3, 2: 1}, 0.0, 0.1, 2),  # 3.0 - 0.3 = 2.7 < 2.9 - 0.1 = 2.8
+        ({1: 3, 2: 1}, 0.0, 0.04, 1),  # 3.0 - 0.12 = 2.88 > 2.9 - 0.04 = 2.86
+        ({2: 1}, -0.2, 0.0, 2),  # a negative penalty encourages: 2.9 + 0.2 = 3.1 > 3.0
+        ({}, 2.0, 2.0, 1),  # nothing generated yet: nothing to penalise
+    ],
+)
+def test_penalties_subtract_presence_once_and_frequency_per_occurrence(counts, presence, frequency, expected):
+    params = SamplingParams(presence_penalty=presence, frequency_penalty=frequency)
+    assert sample(_logits(), params, None, counts) == expected
+
+
+@pytest.mark.parametrize("bad", [dict(presence_penalty=2.5), dict(frequency_penalty=-2.1)])
+def test_penalties_out_of_range_are_refused(bad):
+    with pytest.raises(ValueError):
+        SamplingParams(**bad)

@@ -82,6 +82,8 @@ def _spec(gw: Gateway, body: Sampling, prompt_ids: list[int], max_tokens: int | 
         stop=body.stops(),
         ignore_eos=body.ignore_eos,
         logit_bias=_bias(gw, body),
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 MAX_STOP = 4
 MAX_MESSAGES = 256
@@ -55,6 +55,47 @@ class Sampling(_Body):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     logit_bias: dict[int, Annotated[float, Field(ge=-100, le=100)]] | None = Field(default=None, max_length=300)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    # OpenAI parameters this server does not implement: accepted at their defaults, refused
+    # otherwise (a client asking for them must not get a silently different answer)
+    tools: list[dict] | None = Field(default=None, max_length=128)
+    tool_choice: str | dict | None = None
+    functions: list[dict] | None = Field(default=None, max_length=128)
+    response_format: dict | None = None
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    best_of: int | None = None
+    echo: bool = False
+    suffix: str | None = Field(default=None, max_length=MAX_TEXT)
+
+    @field_validator("tools", "functions", "logprobs", "top_logprobs", "echo", "suffix")
+    @classmethod
+    def _unsupported(cls, value: object, info: ValidationInfo) -> object:
+        if value:
+            raise ValueError(f"{info.field_name} is not supported by this server")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, value: object) -> object:
+        if value not in (None, "none"):
+            raise ValueError("tool calling is not supported by this server")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict | None) -> dict | None:
+        if value and value.get("type", "text") != "text":
+            raise ValueError("only response_format {'type': 'text'} is supported by this server")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_candidate(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise ValueError("best_of must be 1 on this server")
+        return value
 
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

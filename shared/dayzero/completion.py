@@ -7,6 +7,7 @@ request over after a failure; with a seed, token ``i`` is drawn from its own gen
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +64,7 @@ class Completion:
     ) -> None:
         self.params, self.eos_ids, self.prompt_tokens, self.limit = params, eos_ids, prompt_tokens, limit
         self.count = 0
+        self.counts: Counter[int] = Counter()  # generated tokens, for the penalties
         self._text, self._stops = StreamDecoder(codec), StopMatcher(params.stop)
         for token in generated:  # replay: rebuild the text and stop-string state, output discarded
             self.accept(token)
@@ -71,10 +73,11 @@ class Completion:
         generator = None
         if self.params.seed is not None:
             generator = torch.Generator().manual_seed(self.params.seed * 1_000_003 + self.count)
-        return sample(logits, self.params, generator)
+        return sample(logits, self.params, generator, self.counts)
 
     def accept(self, token: int) -> Step:
         self.count += 1
+        self.counts[token] += 1
         if token in self.eos_ids and not self.params.ignore_eos:
             return Step(token, self._stops.flush(), "stop")
         released, stopped = self._stops.feed(self._text.push(token))

@@ -1,4 +1,5 @@
-"""Sampling parameters and next-token selection: greedy, temperature, top-k, top-p, seed."""
+"""Sampling parameters and next-token selection: greedy, temperature, top-k, top-p, seed,
+logit bias, presence and frequency penalties (OpenAI's definitions)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias added to its logit), as OpenAI's
+    presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated
+    frequency_penalty: float = 0.0  # subtracted per earlier occurrence of the token in the completion
 
     def __post_init__(self) -> None:
+        if not (-2.0 <= self.presence_penalty <= 2.0 and -2.0 <= self.frequency_penalty <= 2.0):
+            raise ValueError("presence_penalty and frequency_penalty must be in [-2, 2]")
         if any(not -100.0 <= b <= 100.0 for _, b in self.logit_bias):
             raise ValueError("logit_bias values must be in [-100, 100]")
         if self.max_tokens < 1:
@@ -33,13 +38,23 @@ class SamplingParams:
             raise ValueError("stop strings must not be empty")
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """logits [V] fp32 -> one token id."""
+def sample(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    counts: dict[int, int] | None = None,
+) -> int:
+    """logits [V] fp32 -> one token id; ``counts``: how often each token was generated so far."""
     if params.logit_bias:
         logits = logits.clone()
         for token, bias in params.logit_bias:
             if 0 <= token < logits.shape[-1]:
                 logits[token] += bias
+    if counts and (params.presence_penalty or params.frequency_penalty):
+        tokens = torch.tensor(list(counts), device=logits.device)
+        seen = torch.tensor(list(counts.values()), dtype=logits.dtype, device=logits.device)
+        logits = logits.clone()
+        logits[tokens] -= seen * params.frequency_penalty + params.presence_penalty
     if params.temperature == 0.0:
         return int(logits.argmax())
     logits = logits.float() / params.temperature

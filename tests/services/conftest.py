@@ -129,9 +129,9 @@ def engine_completer(checkpoint, device: str):
 
     model, codec = load_model(checkpoint, device=device, progress=False), TextCodec.from_checkpoint(checkpoint)
 
-    def complete(ids: list[int], max_tokens: int) -> str:
+    def complete(ids: list[int], max_tokens: int, **sampling) -> str:
         pools = pools_for(model.cfg, torch.float32, len(ids) + max_tokens, device=device)
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)
         return "".join(step.text for step in generate(model, codec, pools, ids, params))
 
     return complete

@@ -34,6 +34,14 @@ def test_completion_equals_in_process_engine(stack, reference):
     assert out["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 24, "total_tokens": len(ids) + 24}
 
 
+def test_penalties_reach_the_sampler(stack, reference):
+    ids, penalties = prompt_ids(2), {"presence_penalty": 1.5, "frequency_penalty": 0.7}
+    body = {"model": MODEL, "prompt": ids, "max_tokens": 16, "temperature": 0, "ignore_eos": True, **penalties}
+    r = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == reference(ids, 16, **penalties)
+
+
 def test_chat_stream_and_body_agree(stack):
     body = chat("The quick brown fox", max_tokens=16, ignore_eos=True)
     whole = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=60).json()
@@ -115,6 +123,13 @@ def test_resume_in_flight_after_a_disconnect(stack):
         ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "audio"}]}]}, 400, None),
         ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, None),
         ({"model": MODEL, "prompt": [0, 99999]}, 400, "prompt"),
+        (chat("x", tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+        (chat("x", tool_choice="required"), 400, "tool_choice"),
+        (chat("x", response_format={"type": "json_object"}), 400, "response_format"),
+        (chat("x", logprobs=True), 400, "logprobs"),
+        (chat("x", presence_penalty=3), 400, "presence_penalty"),
+        ({"model": MODEL, "prompt": "x", "echo": True}, 400, "echo"),
+        ({"model": MODEL, "prompt": "x", "best_of": 3}, 400, "best_of"),
         ({"model": MODEL, "prompt": "word " * 5000}, 400, "messages"),
         (
             {

@@ -22,6 +22,8 @@ class SamplingSpec(Frozen):
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logit_bias: dict[int, float] = {}
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
 
     def params(self) -> SamplingParams:
         return SamplingParams(
@@ -33,6 +35,8 @@ class SamplingSpec(Frozen):
             self.stop,
             self.ignore_eos,
             tuple(sorted(self.logit_bias.items())),
+            self.presence_penalty,
+            self.frequency_penalty,
         )
 
 
