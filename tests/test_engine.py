@@ -53,6 +53,22 @@ def test_penalised_greedy_generation_follows_the_full_forward_with_penalties_by_
     assert plain != tokens  # the penalties changed the choice somewhere
 
 
+def test_logprobs_are_the_full_forwards_log_softmax(demo):
+    model, codec = demo
+    prompt = codec.encode("The quick brown fox")
+    params = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.8, seed=4, logprobs=3)
+    steps = list(generate(model, codec, _pools(model), prompt, params))
+    ids = prompt + [s.token for s in steps][:-1]
+    logp = torch.log_softmax(score(model, pools_for(model.cfg, torch.float32, len(ids)), "s", ids), dim=-1)
+    for step, row in zip(steps, logp[len(prompt) - 1 :], strict=True):
+        assert abs(step.logprob - row[step.token].item()) < 1e-5
+        best = row.topk(3)
+        assert [t for t, _ in step.top] == best.indices.tolist()
+        assert max(abs(lp - want) for (_, lp), want in zip(step.top, best.values.tolist(), strict=True)) < 1e-5
+    plain = list(generate(model, codec, _pools(model), prompt, replace(params, logprobs=None)))
+    assert [s.token for s in plain] == [s.token for s in steps] and plain[0].logprob is None
+
+
 def test_eos_stops_with_reason_stop(demo):
     model, codec = demo
     prompt = codec.encode("Hello")

@@ -27,6 +27,8 @@ class TokenEvent:
     finish_reason: str | None
     usage: dict | None
     error: str
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()
 
 
 class Bus:
@@ -77,6 +79,8 @@ class Bus:
                     fields[b"f"].decode() if b"f" in fields else None,
                     json.loads(fields[b"u"]) if b"u" in fields else None,
                     fields.get(b"e", b"").decode(),
+                    float(fields[b"l"]) if b"l" in fields else None,
+                    tuple(map(tuple, json.loads(fields[b"k"]))) if b"k" in fields else (),
                 )
                 yield event
                 if event.finish_reason:

@@ -22,6 +22,7 @@ from .context import Gateway
 from .errors import APIError
 from .images import expand_placeholders, render_chat
 from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
+from .shapes import Shape
 
 router = APIRouter()
 
@@ -84,6 +85,7 @@ def _spec(gw: Gateway, body: Sampling, prompt_ids: list[int], max_tokens: int | 
         logit_bias=_bias(gw, body),
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
+        logprobs=body.logprob_count(),
     )
 
 
@@ -108,44 +110,6 @@ async def _admit(gw: GatewayDep, request: GenerationRequest, images: list[bytes]
     await gw.bus.submit(request, images)
 
 
-class Shape:
-    """The chunk / body format of one endpoint."""
-
-    def __init__(self, request: GenerationRequest, model: str) -> None:
-        self.kind, self.model, self.created = request.kind, model, int(request.created)
-        prefix = "chatcmpl" if request.kind == "chat" else "cmpl"
-        self.id = f"{prefix}-{request.request_id}"
-
-    def _head(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-
-    def chunk(self, text: str | None, finish: str | None, usage: dict | None = None, role: bool = False) -> dict:
-        if self.kind == "chat":
-            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-            body = {
-                **self._head("chat.completion.chunk"),
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            }
-        else:
-            body = {
-                **self._head("text_completion"),
-                "choices": [{"index": 0, "text": text or "", "finish_reason": finish}],
-            }
-        if usage is not None:
-            body["usage"] = usage
-        return body
-
-    def body(self, text: str, finish: str, usage: dict) -> dict:
-        if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
-            return {**self._head("chat.completion"), "choices": [choice], "usage": usage}
-        return {
-            **self._head("text_completion"),
-            "choices": [{"index": 0, "text": text, "finish_reason": finish}],
-            "usage": usage,
-        }
-
-
 def _usage(event: TokenEvent) -> dict:
     u = event.usage or {"prompt_tokens": 0, "completion_tokens": event.index}
     return {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
@@ -154,8 +118,8 @@ def _usage(event: TokenEvent) -> dict:
 async def _sse(
     gw: Gateway, request: GenerationRequest, after: str, first: bool, span: trace.Span | None = None
 ) -> AsyncIterator[ServerSentEvent]:
-    shape, rid, finished = Shape(request, gw.settings.model_name), request.request_id, False
-    last_at = None
+    shape, rid, finished = Shape(request, gw.settings.model_name, gw.codec), request.request_id, False
+    last_at, held = None, []  # held: tokens whose text (and logprobs) wait for the next chunk
     await gw.bus.watch(rid)
     try:
         if first:
@@ -181,12 +145,13 @@ async def _sse(
                 finished = True
                 gw.metrics.finished.labels(event.finish_reason).inc()
                 gw.metrics.e2e.observe(now - request.created)
-                yield ServerSentEvent(
-                    id=event.entry_id, data=json.dumps(shape.chunk(event.text, event.finish_reason, _usage(event)))
-                )
+                chunk = shape.chunk(event.text, event.finish_reason, _usage(event), tokens=[*held, event])
+                yield ServerSentEvent(id=event.entry_id, data=json.dumps(chunk))
                 break
+            held.append(event)
             if event.text:
-                yield ServerSentEvent(id=event.entry_id, data=json.dumps(shape.chunk(event.text, None)))
+                yield ServerSentEvent(id=event.entry_id, data=json.dumps(shape.chunk(event.text, None, tokens=held)))
+                held = []
         yield ServerSentEvent(data="[DONE]")
     finally:
         if not finished:
@@ -199,7 +164,7 @@ async def _sse(
 
 
 async def _collect(gw: Gateway, request: GenerationRequest, http: Request) -> JSONResponse:
-    shape, rid, parts = Shape(request, gw.settings.model_name), request.request_id, []
+    shape, rid, events = Shape(request, gw.settings.model_name, gw.codec), request.request_id, []
     await gw.bus.watch(rid)
     finished = False
     try:
@@ -208,16 +173,16 @@ async def _collect(gw: Gateway, request: GenerationRequest, http: Request) -> JS
                 if await http.is_disconnected():
                     break
                 continue
-            parts.append(event.text)
+            events.append(event)
             if event.finish_reason:
                 finished = True
                 if event.finish_reason == "error":
                     raise APIError(500, event.error or "generation failed", "server_error")
                 gw.metrics.finished.labels(event.finish_reason).inc()
                 gw.metrics.e2e.observe(time.time() - request.created)
-                return JSONResponse(
-                    shape.body("".join(parts), event.finish_reason, _usage(event)), headers={"X-Request-Id": rid}
-                )
+                text = "".join(e.text for e in events)
+                body = shape.body(text, event.finish_reason, _usage(event), events)
+                return JSONResponse(body, headers={"X-Request-Id": rid})
     finally:
         with anyio.CancelScope(shield=True):
             await gw.bus.unwatch(rid, finished)

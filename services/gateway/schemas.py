@@ -63,13 +63,11 @@ class Sampling(_Body):
     tool_choice: str | dict | None = None
     functions: list[dict] | None = Field(default=None, max_length=128)
     response_format: dict | None = None
-    logprobs: bool | int | None = None
-    top_logprobs: int | None = None
     best_of: int | None = None
     echo: bool = False
     suffix: str | None = Field(default=None, max_length=MAX_TEXT)
 
-    @field_validator("tools", "functions", "logprobs", "top_logprobs", "echo", "suffix")
+    @field_validator("tools", "functions", "echo", "suffix")
     @classmethod
     def _unsupported(cls, value: object, info: ValidationInfo) -> object:
         if value:
@@ -97,6 +95,10 @@ class Sampling(_Body):
             raise ValueError("best_of must be 1 on this server")
         return value
 
+    def logprob_count(self) -> int | None:
+        """Alternatives per token to report (None: no logprobs); each endpoint spells it its way."""
+        return None
+
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return tuple(stops)
@@ -105,7 +107,24 @@ class Sampling(_Body):
 class ChatCompletionRequest(Sampling):
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs requires logprobs: true")
+        return value
+
+    def logprob_count(self) -> int | None:
+        """Alternatives per token to report (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(Sampling):
     prompt: str | list[int] = Field(max_length=MAX_TEXT)
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs

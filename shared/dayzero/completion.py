@@ -8,12 +8,12 @@ request over after a failure; with a seed, token ``i`` is drawn from its own gen
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from .config import ModelConfig
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, sample, token_logprobs
 from .tokenizer import StreamDecoder, TextCodec
 
 
@@ -24,6 +24,8 @@ class Step:
     token: int
     text: str
     finish_reason: str | None = None  # "stop" (EOS or stop string) | "length" | None
+    logprob: float | None = None  # when the request asked for logprobs
+    top: tuple[tuple[int, float], ...] = ()  # (token, logprob) of the most likely tokens
 
 
 class StopMatcher:
@@ -74,6 +76,14 @@ class Completion:
         if self.params.seed is not None:
             generator = torch.Generator().manual_seed(self.params.seed * 1_000_003 + self.count)
         return sample(logits, self.params, generator, self.counts)
+
+    def next(self, logits: torch.Tensor) -> Step:
+        """Sample from ``logits``, accept the token, and attach its logprobs when asked for."""
+        step = self.accept(self.sample(logits))
+        if self.params.logprobs is None:
+            return step
+        logprob, top = token_logprobs(logits, step.token, self.params.logprobs)
+        return replace(step, logprob=logprob, top=top)
 
     def accept(self, token: int) -> Step:
         self.count += 1

@@ -62,7 +62,7 @@ def generate(
         timings.prefill_seconds = time.perf_counter() - start
         start = time.perf_counter()
         while True:
-            step = completion.accept(completion.sample(logits))
+            step = completion.next(logits)
             timings.completion_tokens = completion.count
             yield step
             if step.finish_reason:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+MAX_LOGPROBS = 20
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -20,10 +22,13 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias added to its logit), as OpenAI's
     presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated
     frequency_penalty: float = 0.0  # subtracted per earlier occurrence of the token in the completion
+    logprobs: int | None = None  # report each token's log-probability and this many top alternatives
 
     def __post_init__(self) -> None:
         if not (-2.0 <= self.presence_penalty <= 2.0 and -2.0 <= self.frequency_penalty <= 2.0):
             raise ValueError("presence_penalty and frequency_penalty must be in [-2, 2]")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}]")
         if any(not -100.0 <= b <= 100.0 for _, b in self.logit_bias):
             raise ValueError("logit_bias values must be in [-100, 100]")
         if self.max_tokens < 1:
@@ -36,6 +41,15 @@ class SamplingParams:
             raise ValueError("top_k must be >= 0")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
+
+
+def token_logprobs(logits: torch.Tensor, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """The model's log-probability of ``token`` and its ``top`` most likely tokens, from the raw
+    logits (before bias, penalties and temperature: what the model itself predicts)."""
+    logp = logits.float().log_softmax(dim=-1)
+    best = logp.topk(top) if top else None
+    alternatives = tuple(zip(best.indices.tolist(), best.values.tolist(), strict=True)) if best is not None else ()
+    return float(logp[token]), alternatives
 
 
 def sample(

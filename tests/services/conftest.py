@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -117,22 +118,34 @@ def cpu_count() -> int:
     return os.cpu_count() or 1
 
 
-def engine_completer(checkpoint, device: str):
-    """Greedy completions of ``checkpoint`` run in-process by dayzero's engine (no queue, no handoff)."""
-    import torch
-
+@functools.cache
+def _loaded(checkpoint, device: str):
     from dayzero.checkpoint import load_model
-    from dayzero.engine import generate
-    from dayzero.kv.pools import pools_for
-    from dayzero.sampling import SamplingParams
     from dayzero.tokenizer import TextCodec
 
-    model, codec = load_model(checkpoint, device=device, progress=False), TextCodec.from_checkpoint(checkpoint)
+    return load_model(checkpoint, device=device, progress=False), TextCodec.from_checkpoint(checkpoint)
+
+
+def engine_steps(checkpoint, ids: list[int], params, device: str = "cpu") -> list:
+    """The steps of ``checkpoint`` completing ``ids``, run in-process by dayzero's engine (no
+    queue, no handoff)."""
+    import torch
+
+    from dayzero.engine import generate
+    from dayzero.kv.pools import pools_for
+
+    model, codec = _loaded(checkpoint, device)
+    pools = pools_for(model.cfg, torch.float32, len(ids) + params.max_tokens, device=device)
+    return list(generate(model, codec, pools, ids, params))
+
+
+def engine_completer(checkpoint, device: str):
+    """Greedy completion texts of ``checkpoint`` from the in-process engine."""
+    from dayzero.sampling import SamplingParams
 
     def complete(ids: list[int], max_tokens: int, **sampling) -> str:
-        pools = pools_for(model.cfg, torch.float32, len(ids) + max_tokens, device=device)
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)
-        return "".join(step.text for step in generate(model, codec, pools, ids, params))
+        return "".join(step.text for step in engine_steps(checkpoint, ids, params, device))
 
     return complete
 

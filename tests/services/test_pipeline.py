@@ -14,7 +14,7 @@ from dayzero.kv.pools import pools_for
 from dayzero.sampling import SamplingParams
 from dayzero.tokenizer import TextCodec
 
-from .conftest import MODEL, chat, data_url, engine_completer, prompt_ids, sse_events, stream_text
+from .conftest import MODEL, chat, data_url, engine_completer, engine_steps, prompt_ids, sse_events, stream_text
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +40,29 @@ def test_penalties_reach_the_sampler(stack, reference):
     r = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["text"] == reference(ids, 16, **penalties)
+
+
+def test_logprobs_in_bodies_and_streams_match_the_engine(stack, demo_dir):
+    ids = prompt_ids(3)
+    steps = engine_steps(demo_dir, ids, SamplingParams(max_tokens=10, ignore_eos=True, logprobs=2))
+    body = {"model": MODEL, "prompt": ids, "max_tokens": 10, "temperature": 0, "ignore_eos": True, "logprobs": 2}
+    served = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60).json()["choices"][0]["logprobs"]
+    assert len(served["token_logprobs"]) == 10 and len(served["top_logprobs"]) == 10
+    assert max(abs(a - s.logprob) for a, s in zip(served["token_logprobs"], steps, strict=True)) < 1e-4
+    assert all(len(top) <= 2 for top in served["top_logprobs"])
+    assert served["text_offset"][0] == 0 and served["text_offset"] == sorted(served["text_offset"])
+
+    chat_body = chat("The quick brown fox", max_tokens=10, ignore_eos=True, logprobs=True, top_logprobs=2)
+    streamed = []
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json={**chat_body, "stream": True}) as r:
+        for _, data in sse_events(r):
+            if data != "[DONE]":
+                streamed += (data["choices"][0].get("logprobs") or {"content": []})["content"]
+    whole = httpx.post(f"{stack.url}/v1/chat/completions", json=chat_body, timeout=60).json()
+    content = whole["choices"][0]["logprobs"]["content"]
+    assert len(content) == whole["usage"]["completion_tokens"] == len(streamed) == 10
+    assert [e["logprob"] for e in streamed] == [e["logprob"] for e in content]  # same greedy run, same numbers
+    assert all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 for e in content)
 
 
 def test_chat_stream_and_body_agree(stack):
@@ -126,7 +149,9 @@ def test_resume_in_flight_after_a_disconnect(stack):
         (chat("x", tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
         (chat("x", tool_choice="required"), 400, "tool_choice"),
         (chat("x", response_format={"type": "json_object"}), 400, "response_format"),
-        (chat("x", logprobs=True), 400, "logprobs"),
+        (chat("x", top_logprobs=3), 400, "top_logprobs"),  # without logprobs: true
+        (chat("x", logprobs=True, top_logprobs=21), 400, "top_logprobs"),
+        ({"model": MODEL, "prompt": "x", "logprobs": 6}, 400, "logprobs"),
         (chat("x", presence_penalty=3), 400, "presence_penalty"),
         ({"model": MODEL, "prompt": "x", "echo": True}, 400, "echo"),
         ({"model": MODEL, "prompt": "x", "best_of": 3}, 400, "best_of"),

@@ -197,13 +197,13 @@ class DecodeLoop:
         out, finished = [], []
         for i, rid in enumerate(ids):
             active = self.active[rid]
-            step = active.completion.accept(active.completion.sample(logits[i]))
+            step = active.completion.next(logits[i])
             usage = None
             if step.finish_reason:
                 prompt = len(active.ticket.job.request.prompt_ids)
                 usage = {"prompt_tokens": prompt, "completion_tokens": active.completion.count}
                 finished.append((rid, step.finish_reason))
-            out.append(Token(rid, active.completion.count - 1, step.token, step.text, step.finish_reason, usage))
+            out.append(Token.of(rid, active.completion.count - 1, step, usage))
             if not active.first_seen:
                 active.span.add_event("first_token", {"index": active.completion.count - 1, "batch_size": len(ids)})
                 active.first_seen = True

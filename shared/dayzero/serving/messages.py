@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..sampling import SamplingParams
+from ..sampling import MAX_LOGPROBS, SamplingParams
 
 
 class Frozen(BaseModel):
@@ -24,6 +24,7 @@ class SamplingSpec(Frozen):
     logit_bias: dict[int, float] = {}
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # top alternatives; None: no logprobs
 
     def params(self) -> SamplingParams:
         return SamplingParams(
@@ -37,6 +38,7 @@ class SamplingSpec(Frozen):
             tuple(sorted(self.logit_bias.items())),
             self.presence_penalty,
             self.frequency_penalty,
+            self.logprobs,
         )
 
 

@@ -205,20 +205,9 @@ class PrefillLoop:
             limit,
             job.generated,
         )
-        step = completion.accept(completion.sample(logits))
+        step = completion.next(logits)
         usage = {"prompt_tokens": len(prompt), "completion_tokens": completion.count}
-        store.append(
-            [
-                Token(
-                    rid,
-                    completion.count - 1,
-                    step.token,
-                    step.text,
-                    step.finish_reason,
-                    usage if step.finish_reason else None,
-                )
-            ]
-        )
+        store.append([Token.of(rid, completion.count - 1, step, usage if step.finish_reason else None)])
         if step.finish_reason:
             self.r.pools.release(rid)
             store.finish(rid, step.finish_reason)

@@ -3,7 +3,8 @@
 Keys (``dz:`` prefix): ``req:{id}`` the request JSON; ``active`` the set of unfinished ids;
 ``lease:{id}`` the worker that owns it (expires unless heartbeated); ``cancel:{id}``;
 ``done:{id}`` its finish reason; ``tokens:{id}`` the token stream (entry id ``{index + 1}-0``,
-so Redis itself refuses a duplicate or out-of-order append); ``handoff:{id}`` an unclaimed
+so Redis itself refuses a duplicate or out-of-order append; fields i index, t token, x text,
+f finish reason, u usage, e error, l logprob, k top alternatives); ``handoff:{id}`` an unclaimed
 prefill->decode lease; ``workers:{stage}`` worker heartbeats; ``usage:{worker}`` pool usage.
 """
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import redis
 
+from ..completion import Step
 from .messages import GenerationRequest
 
 P = "dz:"
@@ -32,6 +34,12 @@ class Token:
     text: str
     finish: str | None = None
     usage: dict | None = None
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()
+
+    @classmethod
+    def of(cls, request_id: str, index: int, step: Step, usage: dict | None = None) -> Token:
+        return cls(request_id, index, step.token, step.text, step.finish_reason, usage, step.logprob, step.top)
 
 
 def stream_key(request_id: str) -> str:
@@ -159,6 +167,9 @@ class Store:
                 fields["f"] = t.finish
             if t.usage:
                 fields["u"] = json.dumps(t.usage)
+            if t.logprob is not None:
+                fields["l"] = repr(t.logprob)
+                fields["k"] = json.dumps(t.top)
             pipe.xadd(stream_key(t.request_id), fields, id=entry_id(t.index))
             if t.finish:
                 pipe.expire(stream_key(t.request_id), self.stream_ttl_s)

@@ -1,0 +1,86 @@
+"""The chunk and body formats of each endpoint (OpenAI's), logprobs included.
+
+Chat: ``choices[0].logprobs = {"content": [{token, logprob, bytes, top_logprobs}]}``.
+Completions: ``choices[0].logprobs = {tokens, token_logprobs, top_logprobs, text_offset}``.
+A token's string is its own decoding (a piece of a multi-byte character shows as U+FFFD);
+logprobs are the model's, before logit bias, penalties and temperature.
+"""
+
+from __future__ import annotations
+
+from dayzero.serving.messages import GenerationRequest
+from dayzero.tokenizer import TextCodec
+
+from .bus import TokenEvent
+
+
+class Shape:
+    """One request's response format; for streams, also where its completion text has reached."""
+
+    def __init__(self, request: GenerationRequest, model: str, codec: TextCodec) -> None:
+        self.kind, self.model, self.created, self.codec = request.kind, model, int(request.created), codec
+        self.id = f"{'chatcmpl' if request.kind == 'chat' else 'cmpl'}-{request.request_id}"
+        self.logprobs = request.sampling.logprobs is not None
+        self.offset = 0  # characters of completion text covered by earlier chunks' logprobs
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def chunk(
+        self,
+        text: str | None,
+        finish: str | None,
+        usage: dict | None = None,
+        role: bool = False,
+        tokens: list[TokenEvent] = (),
+    ) -> dict:
+        if self.kind == "chat":
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            body = {**self._head("chat.completion.chunk"), "choices": [choice]}
+        else:
+            choice = {"index": 0, "text": text or "", "finish_reason": finish}
+            body = {**self._head("text_completion"), "choices": [choice]}
+        if self.logprobs and tokens:
+            choice["logprobs"] = self._logprobs(tokens)
+        if usage is not None:
+            body["usage"] = usage
+        return body
+
+    def body(self, text: str, finish: str, usage: dict, tokens: list[TokenEvent]) -> dict:
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+            body = {**self._head("chat.completion"), "choices": [choice], "usage": usage}
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": finish}
+            body = {**self._head("text_completion"), "choices": [choice], "usage": usage}
+        if self.logprobs:
+            choice["logprobs"] = self._logprobs(tokens)
+        return body
+
+    def _logprobs(self, tokens: list[TokenEvent]) -> dict:
+        tokens = [t for t in tokens if t.logprob is not None]
+        pieces = [self.codec.decode([t.token]) for t in tokens]
+        alternatives = [[(self.codec.decode([tok]), lp) for tok, lp in t.top] for t in tokens]
+        if self.kind == "chat":
+            return {
+                "content": [
+                    {
+                        "token": piece,
+                        "logprob": t.logprob,
+                        "bytes": list(piece.encode()),
+                        "top_logprobs": [{"token": s, "logprob": lp, "bytes": list(s.encode())} for s, lp in alts],
+                    }
+                    for t, piece, alts in zip(tokens, pieces, alternatives, strict=True)
+                ]
+            }
+        offsets = []
+        for piece in pieces:
+            offsets.append(self.offset)
+            self.offset += len(piece)
+        return {
+            "tokens": pieces,
+            "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [dict(alts) for alts in alternatives],
+            "text_offset": offsets,
+        }
