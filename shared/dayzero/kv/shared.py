@@ -64,8 +64,8 @@ class SharedPools:
         name: str, layout: PoolLayout, blocks: dict[str, int], dtype: torch.dtype
     ) -> tuple[KVPools, shared_memory.SharedMemory]:
         shm = shared_memory.SharedMemory(name=name)
-        # the creator owns the segment: keep this process's tracker from unlinking it at exit
-        resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001
+        if not name.startswith(f"{PREFIX}-{os.getpid()}-"):  # the creator (another process) owns it:
+            resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001 - keep ours from unlinking it
         buffer = torch.frombuffer(shm.buf, dtype=torch.uint8)
         return KVPools(layout, blocks, dtype, allocate=_Carver(buffer), pool_id=name), shm
 
