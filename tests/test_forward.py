@@ -83,3 +83,18 @@ def test_compiled_kernels_match_the_twins_in_the_model(tiny_checkpoint, tol):
         logits += [decode(model, pools, ["s"], [t], options)[0] for t in ids[50:]]
         outputs[backend] = torch.stack(logits)
     assert (outputs["triton"] - outputs["torch"]).abs().max().item() < 10 * tol
+
+
+def test_prompt_logprobs_equal_the_full_forwards_log_softmax_across_chunks(tiny_checkpoint):
+    from dayzero.sampling import PromptLogprobs
+
+    model = load_model(tiny_checkpoint, progress=False)
+    ids, other = random_ids(30, model.cfg.vocab_size, seed=11), random_ids(12, model.cfg.vocab_size, seed=12)
+    want = torch.log_softmax(_full(model, ids), dim=-1)[:-1]  # row t predicts token t + 1
+    pools = pools_for(model.cfg, torch.float32, 30, max_sequences=2)
+    scores = {0: PromptLogprobs(top=3)}  # the second prompt asks for none
+    prefill(model, pools, ["a", "b"], [ids, other], chunk_size=7, prompt_logprobs=scores)
+    got = scores[0].scores
+    assert len(got) == len(ids) - 1
+    assert max(abs(lp - want[t, ids[t + 1]].item()) for t, (lp, _) in enumerate(got)) < TOL
+    assert [[tok for tok, _ in top] for _, top in got] == want.topk(3).indices.tolist()

@@ -29,6 +29,7 @@ class TokenEvent:
     error: str
     logprob: float | None = None
     top: tuple[tuple[int, float], ...] = ()
+    prompt: list | None = None  # [(logprob, [(token, logprob), ...]), ...] for prompt tokens 1..
 
 
 class Bus:
@@ -81,6 +82,7 @@ class Bus:
                     fields.get(b"e", b"").decode(),
                     float(fields[b"l"]) if b"l" in fields else None,
                     tuple(map(tuple, json.loads(fields[b"k"]))) if b"k" in fields else (),
+                    json.loads(fields[b"p"]) if b"p" in fields else None,
                 )
                 yield event
                 if event.finish_reason:

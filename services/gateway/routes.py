@@ -25,6 +25,7 @@ from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
 from .shapes import Shape
 
 router = APIRouter()
+MAX_ECHO_LOGPROB_TOKENS = 32768  # the prompt's logprobs travel in one stream entry
 
 
 def gateway(request: Request) -> Gateway:
@@ -118,7 +119,8 @@ def _usage(event: TokenEvent) -> dict:
 async def _sse(
     gw: Gateway, request: GenerationRequest, after: str, first: bool, span: trace.Span | None = None
 ) -> AsyncIterator[ServerSentEvent]:
-    shape, rid, finished = Shape(request, gw.settings.model_name, gw.codec), request.request_id, False
+    shape = Shape(request, gw.settings.model_name, gw.codec, echoed=after != "0-0")  # a resumed stream: echoed
+    rid, finished = request.request_id, False
     last_at, held = None, []  # held: tokens whose text (and logprobs) wait for the next chunk
     await gw.bus.watch(rid)
     try:
@@ -239,7 +241,14 @@ async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Re
 async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
     ids = gw.codec.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
     spec = _spec(gw, body, ids, body.max_tokens)
-    return await _respond(gw, _new_request(ids, spec, "completion"), body.stream, http)
+    scored = body.echo and body.logprobs is not None
+    if scored and len(ids) > MAX_ECHO_LOGPROB_TOKENS:
+        limit = MAX_ECHO_LOGPROB_TOKENS
+        raise APIError(400, f"echo with logprobs takes prompts of up to {limit} tokens", param="prompt")
+    request = _new_request(ids, spec, "completion").model_copy(
+        update={"echo": body.echo, "prompt_logprobs": body.logprobs if scored else None}
+    )
+    return await _respond(gw, request, body.stream, http)
 
 
 @router.get("/v1/requests/{request_id}/stream", dependencies=[Authorized])

@@ -64,10 +64,9 @@ class Sampling(_Body):
     functions: list[dict] | None = Field(default=None, max_length=128)
     response_format: dict | None = None
     best_of: int | None = None
-    echo: bool = False
     suffix: str | None = Field(default=None, max_length=MAX_TEXT)
 
-    @field_validator("tools", "functions", "echo", "suffix")
+    @field_validator("tools", "functions", "suffix")
     @classmethod
     def _unsupported(cls, value: object, info: ValidationInfo) -> object:
         if value:
@@ -109,6 +108,14 @@ class ChatCompletionRequest(Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("echo is a completions parameter; chat completions do not echo")
+        return value
 
     @field_validator("top_logprobs")
     @classmethod
@@ -125,6 +132,7 @@ class ChatCompletionRequest(Sampling):
 class CompletionRequest(Sampling):
     prompt: str | list[int] = Field(max_length=MAX_TEXT)
     logprobs: int | None = Field(default=None, ge=0, le=5)
+    echo: bool = False  # the completion starts with the prompt (and, with logprobs, the prompt's logprobs)
 
     def logprob_count(self) -> int | None:
         return self.logprobs

@@ -1,7 +1,8 @@
 """The chunk and body formats of each endpoint (OpenAI's), logprobs included.
 
 Chat: ``choices[0].logprobs = {"content": [{token, logprob, bytes, top_logprobs}]}``.
-Completions: ``choices[0].logprobs = {tokens, token_logprobs, top_logprobs, text_offset}``.
+Completions: ``choices[0].logprobs = {tokens, token_logprobs, top_logprobs, text_offset}``;
+with ``echo`` the text and the logprobs start with the prompt's (its first token's are null).
 A token's string is its own decoding (a piece of a multi-byte character shows as U+FFFD);
 logprobs are the model's, before logit bias, penalties and temperature.
 """
@@ -17,11 +18,12 @@ from .bus import TokenEvent
 class Shape:
     """One request's response format; for streams, also where its completion text has reached."""
 
-    def __init__(self, request: GenerationRequest, model: str, codec: TextCodec) -> None:
+    def __init__(self, request: GenerationRequest, model: str, codec: TextCodec, echoed: bool = False) -> None:
         self.kind, self.model, self.created, self.codec = request.kind, model, int(request.created), codec
         self.id = f"{'chatcmpl' if request.kind == 'chat' else 'cmpl'}-{request.request_id}"
         self.logprobs = request.sampling.logprobs is not None
-        self.offset = 0  # characters of completion text covered by earlier chunks' logprobs
+        self.prompt = request.prompt_ids if request.echo and not echoed else None  # still to be echoed
+        self.offset = 0  # characters of text covered by earlier chunks' logprobs
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -39,10 +41,11 @@ class Shape:
             choice = {"index": 0, "delta": delta, "finish_reason": finish}
             body = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
-            choice = {"index": 0, "text": text or "", "finish_reason": finish}
+            choice = {"index": 0, "text": self._echo() + (text or ""), "finish_reason": finish}
             body = {**self._head("text_completion"), "choices": [choice]}
         if self.logprobs and tokens:
             choice["logprobs"] = self._logprobs(tokens)
+        self.prompt = None
         if usage is not None:
             body["usage"] = usage
         return body
@@ -52,11 +55,16 @@ class Shape:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
             body = {**self._head("chat.completion"), "choices": [choice], "usage": usage}
         else:
-            choice = {"index": 0, "text": text, "finish_reason": finish}
+            choice = {"index": 0, "text": self._echo() + text, "finish_reason": finish}
             body = {**self._head("text_completion"), "choices": [choice], "usage": usage}
         if self.logprobs:
             choice["logprobs"] = self._logprobs(tokens)
+        self.prompt = None
         return body
+
+    def _echo(self) -> str:
+        """The prompt's text, in the first chunk (or the body) of an echoing completion."""
+        return self.codec.decode(list(self.prompt)) if self.prompt is not None else ""
 
     def _logprobs(self, tokens: list[TokenEvent]) -> dict:
         tokens = [t for t in tokens if t.logprob is not None]
@@ -74,13 +82,15 @@ class Shape:
                     for t, piece, alts in zip(tokens, pieces, alternatives, strict=True)
                 ]
             }
+        logprobs = [t.logprob for t in tokens]
+        tops: list[dict | None] = [dict(alts) for alts in alternatives]
+        first = tokens[0].prompt if tokens and tokens[0].index == 0 else None
+        if self.prompt is not None and first is not None:  # echo: the prompt's tokens come first
+            pieces = [self.codec.decode([t]) for t in self.prompt] + pieces
+            logprobs = [None] + [lp for lp, _ in first] + logprobs  # nothing predicts the first token
+            tops = [None] + [{self.codec.decode([t]): v for t, v in alts} for _, alts in first] + tops
         offsets = []
         for piece in pieces:
             offsets.append(self.offset)
             self.offset += len(piece)
-        return {
-            "tokens": pieces,
-            "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": [dict(alts) for alts in alternatives],
-            "text_offset": offsets,
-        }
+        return {"tokens": pieces, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}

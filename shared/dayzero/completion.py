@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .config import ModelConfig
-from .sampling import SamplingParams, sample, token_logprobs
+from .sampling import SamplingParams, logprobs_of, sample
 from .tokenizer import StreamDecoder, TextCodec
 
 
@@ -82,7 +82,7 @@ class Completion:
         step = self.accept(self.sample(logits))
         if self.params.logprobs is None:
             return step
-        logprob, top = token_logprobs(logits, step.token, self.params.logprobs)
+        (logprob, top), *_ = logprobs_of(logits[None], [step.token], self.params.logprobs)
         return replace(step, logprob=logprob, top=top)
 
     def accept(self, token: int) -> Step:

@@ -3,7 +3,7 @@ logit bias, presence and frequency penalties (OpenAI's definitions)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -43,13 +43,28 @@ class SamplingParams:
             raise ValueError("stop strings must not be empty")
 
 
-def token_logprobs(logits: torch.Tensor, token: int, top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
-    """The model's log-probability of ``token`` and its ``top`` most likely tokens, from the raw
-    logits (before bias, penalties and temperature: what the model itself predicts)."""
+Logprob = tuple[float, tuple[tuple[int, float], ...]]  # a token's log-probability, the top (token, logprob)s
+
+
+def logprobs_of(logits: torch.Tensor, tokens: list[int], top: int) -> list[Logprob]:
+    """Each row's log-probability of its token and the row's ``top`` most likely tokens, from the
+    raw logits [R, V] (before bias, penalties and temperature: what the model itself predicts)."""
     logp = logits.float().log_softmax(dim=-1)
-    best = logp.topk(top) if top else None
-    alternatives = tuple(zip(best.indices.tolist(), best.values.tolist(), strict=True)) if best is not None else ()
-    return float(logp[token]), alternatives
+    chosen = logp.gather(1, torch.tensor(tokens, device=logp.device)[:, None])[:, 0].tolist()
+    if not top:
+        return [(c, ()) for c in chosen]
+    best = logp.topk(top, dim=-1)
+    pairs = [tuple(zip(i, v, strict=True)) for i, v in zip(best.indices.tolist(), best.values.tolist(), strict=True)]
+    return list(zip(chosen, pairs, strict=True))
+
+
+@dataclass
+class PromptLogprobs:
+    """Each prompt token's log-probability given the tokens before it (the first token has
+    none), with ``top`` alternatives; filled chunk by chunk by ``prefill``."""
+
+    top: int
+    scores: list[Logprob] = field(default_factory=list)
 
 
 def sample(

@@ -65,6 +65,26 @@ def test_logprobs_in_bodies_and_streams_match_the_engine(stack, demo_dir):
     assert all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 for e in content)
 
 
+def test_echo_returns_the_prompt_and_its_logprobs(stack, demo_dir):
+    from dayzero.model.forward import score
+
+    model, codec = load_model(demo_dir, progress=False), TextCodec.from_checkpoint(demo_dir)
+    ids = prompt_ids(4)
+    body = {"model": MODEL, "prompt": ids, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1}
+    choice = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    logprobs = choice["logprobs"]
+    assert choice["text"].startswith(codec.decode(ids))
+    assert len(logprobs["tokens"]) == len(ids) + 1 and logprobs["token_logprobs"][0] is None
+    full = torch.log_softmax(score(model, pools_for(model.cfg, torch.float32, len(ids)), "s", ids), dim=-1)
+    want = [full[t, ids[t + 1]].item() for t in range(len(ids) - 1)]  # the full forward, independently
+    assert max(abs(a - b) for a, b in zip(logprobs["token_logprobs"][1 : len(ids)], want, strict=True)) < 1e-4
+    assert logprobs["top_logprobs"][0] is None and all(len(t) == 1 for t in logprobs["top_logprobs"][1:])
+
+    plain = {**body, "logprobs": None, "stream": True}
+    text, _, _ = stream_text(f"{stack.url}/v1/completions", plain)
+    assert text.startswith(codec.decode(ids)) and len(text) > len(codec.decode(ids)) - 1
+
+
 def test_chat_stream_and_body_agree(stack):
     body = chat("The quick brown fox", max_tokens=16, ignore_eos=True)
     whole = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=60).json()
@@ -153,7 +173,7 @@ def test_resume_in_flight_after_a_disconnect(stack):
         (chat("x", logprobs=True, top_logprobs=21), 400, "top_logprobs"),
         ({"model": MODEL, "prompt": "x", "logprobs": 6}, 400, "logprobs"),
         (chat("x", presence_penalty=3), 400, "presence_penalty"),
-        ({"model": MODEL, "prompt": "x", "echo": True}, 400, "echo"),
+        (chat("x", echo=True), 400, "echo"),
         ({"model": MODEL, "prompt": "x", "best_of": 3}, 400, "best_of"),
         ({"model": MODEL, "prompt": "word " * 5000}, 400, "messages"),
         (

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kv.pools import KVPools
+from ..sampling import PromptLogprobs, logprobs_of
 from .attention import attention
 from .hyper import collapse, head_collapse
 from .moe import moe
@@ -61,10 +62,13 @@ def prefill(
     options: AttentionOptions = AttentionOptions(),
     chunk_size: int = 2048,
     embeds: list[torch.Tensor | None] | None = None,
+    prompt_logprobs: dict[int, PromptLogprobs] | None = None,
 ) -> torch.Tensor:
     """Feed each prompt (continuing its sequence) in chunks; -> logits of each last token [B, V].
 
-    ``embeds[s]`` optionally replaces prompt ``s``'s token embeddings ([len, hidden]).
+    ``embeds[s]`` optionally replaces prompt ``s``'s token embeddings ([len, hidden]);
+    ``prompt_logprobs[s]`` receives the log-probability of each of prompt ``s``'s tokens after
+    the first (the echo of a completion request).
     """
     if any(not p for p in prompts):
         raise ValueError("prompts must not be empty")
@@ -84,10 +88,21 @@ def prefill(
                 ]
             )
         hidden = _layers(model, plan, pools, ids, chunk_embeds, None)
+        for s, row, n in zip(active, plan.batch.row0s, plan.batch.news, strict=True):
+            if prompt_logprobs and s in prompt_logprobs:
+                following = prompts[s][begin + 1 : begin + n + 1]  # the prompt token after each row
+                _score(model, hidden[row : row + len(following)], following, prompt_logprobs[s])
         for s, row in zip(active, plan.last_rows(), strict=True):
             if len(prompts[s]) <= begin + chunk_size:
                 last[s] = hidden[row]
     return F.linear(last, model.head.weight).float()
+
+
+def _score(model: Transformer, rows: torch.Tensor, following: list[int], out: PromptLogprobs, slab: int = 512) -> None:
+    """Log-probabilities of ``following`` under each row's logits, a slab of rows at a time."""
+    for begin in range(0, len(following), slab):
+        logits = F.linear(rows[begin : begin + slab], model.head.weight)
+        out.scores += logprobs_of(logits, following[begin : begin + slab], out.top)
 
 
 @torch.inference_mode()

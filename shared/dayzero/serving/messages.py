@@ -49,6 +49,8 @@ class GenerationRequest(Frozen):
     sampling: SamplingSpec
     created: float  # unix time the gateway accepted it
     images: int = 0  # images whose embeddings fill the placeholder positions (their bytes wait in Redis)
+    echo: bool = False  # a completion that starts with its prompt
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # with echo: the prompt's too
 
 
 class StateRef(Frozen):

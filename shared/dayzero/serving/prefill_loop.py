@@ -20,6 +20,7 @@ from opentelemetry import trace
 from ..completion import Completion, context_limit
 from ..kv.pools import OutOfBlocks
 from ..model.forward import prefill
+from ..sampling import Logprob, PromptLogprobs
 from ..telemetry import continued, tracer
 from ..vision.encoder import splice
 from .handoff import discard_tensor, publish, take_tensor
@@ -152,6 +153,11 @@ class PrefillLoop:
         )
         self.r.stats.set(batch_size=len(batch))
         self.r.stats.call("prefill")
+        echo = {  # prompt logprobs, once: a re-run's first token was streamed already
+            i: PromptLogprobs(t.job.request.prompt_logprobs)
+            for i, t in enumerate(batch)
+            if t.job.request.prompt_logprobs is not None and not t.job.generated
+        }
         with Heartbeat(self.r.store, ids, self.r.name, settings.lease_s):
             logits = prefill(
                 model,
@@ -161,11 +167,12 @@ class PrefillLoop:
                 settings.attention(),
                 settings.prefill_chunk_size,
                 embeds if any(e is not None for e in embeds) else None,
+                echo,
             )
         limit = context_limit(model.cfg, settings.max_context)
         for i, ticket in enumerate(batch):
             with trace.use_span(spans[i], end_on_exit=True):
-                self._emit(ticket, logits[i], limit)
+                self._emit(ticket, logits[i], limit, echo[i].scores if i in echo else None)
 
     @staticmethod
     def _span(job: PrefillJob, batch: int) -> trace.Span:
@@ -194,7 +201,7 @@ class PrefillLoop:
             tail = embed(torch.tensor(list(job.generated), dtype=torch.long, device=device))  # a re-run: text after
         return torch.cat((rows, tail))
 
-    def _emit(self, ticket: Ticket[PrefillJob], logits, limit: int) -> None:
+    def _emit(self, ticket: Ticket[PrefillJob], logits, limit: int, prompt_logprobs: list[Logprob] | None) -> None:
         job, store, settings = ticket.job, self.r.store, self.r.settings
         rid, prompt = job.request.request_id, job.request.prompt_ids
         completion = Completion(
@@ -207,7 +214,8 @@ class PrefillLoop:
         )
         step = completion.next(logits)
         usage = {"prompt_tokens": len(prompt), "completion_tokens": completion.count}
-        store.append([Token.of(rid, completion.count - 1, step, usage if step.finish_reason else None)])
+        first = Token.of(rid, completion.count - 1, step, usage if step.finish_reason else None, prompt_logprobs)
+        store.append([first])
         if step.finish_reason:
             self.r.pools.release(rid)
             store.finish(rid, step.finish_reason)

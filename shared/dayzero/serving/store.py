@@ -4,8 +4,9 @@ Keys (``dz:`` prefix): ``req:{id}`` the request JSON; ``active`` the set of unfi
 ``lease:{id}`` the worker that owns it (expires unless heartbeated); ``cancel:{id}``;
 ``done:{id}`` its finish reason; ``tokens:{id}`` the token stream (entry id ``{index + 1}-0``,
 so Redis itself refuses a duplicate or out-of-order append; fields i index, t token, x text,
-f finish reason, u usage, e error, l logprob, k top alternatives); ``handoff:{id}`` an unclaimed
-prefill->decode lease; ``workers:{stage}`` worker heartbeats; ``usage:{worker}`` pool usage.
+f finish reason, u usage, e error, l logprob, k top alternatives, p the prompt's logprobs);
+``handoff:{id}`` an unclaimed prefill->decode lease; ``workers:{stage}`` worker heartbeats;
+``usage:{worker}`` pool usage.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import redis
 
 from ..completion import Step
+from ..sampling import Logprob
 from .messages import GenerationRequest
 
 P = "dz:"
@@ -36,10 +38,13 @@ class Token:
     usage: dict | None = None
     logprob: float | None = None
     top: tuple[tuple[int, float], ...] = ()
+    prompt: list[Logprob] | None = None  # on the first token: the prompt's logprobs, when asked for
 
     @classmethod
-    def of(cls, request_id: str, index: int, step: Step, usage: dict | None = None) -> Token:
-        return cls(request_id, index, step.token, step.text, step.finish_reason, usage, step.logprob, step.top)
+    def of(
+        cls, request_id: str, index: int, step: Step, usage: dict | None = None, prompt: list[Logprob] | None = None
+    ) -> Token:
+        return cls(request_id, index, step.token, step.text, step.finish_reason, usage, step.logprob, step.top, prompt)
 
 
 def stream_key(request_id: str) -> str:
@@ -170,6 +175,8 @@ class Store:
             if t.logprob is not None:
                 fields["l"] = repr(t.logprob)
                 fields["k"] = json.dumps(t.top)
+            if t.prompt is not None:
+                fields["p"] = json.dumps(t.prompt)
             pipe.xadd(stream_key(t.request_id), fields, id=entry_id(t.index))
             if t.finish:
                 pipe.expire(stream_key(t.request_id), self.stream_ttl_s)
