@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 MAX_STOP = 4
 MAX_MESSAGES = 256
 MAX_TEXT = 1 << 20
+MAX_CHOICES = 8  # n
+MAX_PROMPTS = 32  # prompts in one completions request
 
 
 class _Body(BaseModel):
@@ -50,7 +52,7 @@ class Sampling(_Body):
     top_k: int = Field(default=0, ge=0, le=1_000_000)
     seed: int | None = Field(default=None, ge=0, le=2**62)
     stop: str | list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(default=None)
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
@@ -130,9 +132,30 @@ class ChatCompletionRequest(Sampling):
 
 
 class CompletionRequest(Sampling):
-    prompt: str | list[int] = Field(max_length=MAX_TEXT)
+    prompt: str | list[int] | list[Annotated[str, Field(max_length=MAX_TEXT)]] | list[list[int]] = Field(
+        max_length=MAX_TEXT
+    )
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False  # the completion starts with the prompt (and, with logprobs, the prompt's logprobs)
 
     def logprob_count(self) -> int | None:
         return self.logprobs
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_count(cls, value: str | list) -> str | list:
+        if isinstance(value, list) and value and not isinstance(value[0], int) and len(value) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts in one request")
+        return value
+
+    @model_validator(mode="after")
+    def _choice_count(self) -> CompletionRequest:
+        if len(self.prompts()) * self.n > MAX_PROMPTS:
+            raise ValueError(f"prompts x n must be at most {MAX_PROMPTS}")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts: one text or token list, or several."""
+        if isinstance(self.prompt, str) or not self.prompt or isinstance(self.prompt[0], int):
+            return [self.prompt]
+        return list(self.prompt)

@@ -85,6 +85,22 @@ def test_echo_returns_the_prompt_and_its_logprobs(stack, demo_dir):
     assert text.startswith(codec.decode(ids)) and len(text) > len(codec.decode(ids)) - 1
 
 
+def test_several_prompts_and_n_give_one_choice_each_in_order(stack, reference):
+    prompts = [prompt_ids(5), prompt_ids(6)]
+    body = {"model": MODEL, "prompt": prompts, "n": 2, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in out["choices"]] == [reference(p, 6) for p in prompts for _ in range(2)]
+    assert out["usage"]["prompt_tokens"] == sum(map(len, prompts)) and out["usage"]["completion_tokens"] == 24
+    assert len(r.headers["x-request-id"].split(",")) == 4
+
+    sampled = chat("tell me", max_tokens=8, ignore_eos=True, n=3, temperature=1.0, seed=7)
+    choices = httpx.post(f"{stack.url}/v1/chat/completions", json=sampled, timeout=120).json()["choices"]
+    assert len({c["message"]["content"] for c in choices}) > 1  # seeds 7, 8, 9: different draws
+
+
 def test_chat_stream_and_body_agree(stack):
     body = chat("The quick brown fox", max_tokens=16, ignore_eos=True)
     whole = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=60).json()
@@ -160,7 +176,10 @@ def test_resume_in_flight_after_a_disconnect(stack):
         (chat("x", temperature=5), 400, "temperature"),
         (chat("x", max_tokens=0), 400, "max_tokens"),
         (chat("x", max_tokens=100_000), 400, "max_tokens"),
-        (chat("x", n=3), 400, "n"),
+        (chat("x", n=9), 400, "n"),
+        (chat("x", n=2, stream=True), 400, "n"),  # a stream carries one choice
+        ({"model": MODEL, "prompt": ["a", "b"], "stream": True}, 400, "prompt"),
+        ({"model": MODEL, "prompt": ["a"] * 33}, 400, "prompt"),
         (chat("x", stop=["a"] * 1 + [""]), 400, "stop.1"),
         ({"model": MODEL, "messages": []}, 400, "messages"),
         ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "audio"}]}]}, 400, None),
