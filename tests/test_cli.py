@@ -60,3 +60,13 @@ def test_bad_checkpoint_is_a_clear_error(tmp_path, capsys):
 def test_help_explains_each_command():
     out = _dayzero("generate", "--help").stdout
     assert "--prompt-ids" in out and "--stats" in out and "greedy" in out
+
+
+def test_up_and_serve_help_list_every_setting():
+    from dayzero.settings import Settings
+
+    for command in ("up", "serve"):
+        out = _dayzero(command, "--help").stdout
+        missing = [name for name in Settings.model_fields if f"DAYZERO_{name.upper()}" not in out]
+        assert not missing, (command, missing)
+    assert "DAYZERO_DEVICE" in out and "cuda_ipc" in out

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .checkpoint import CheckpointError
 from .config import ConfigError
-from .settings import Settings
+from .settings import Settings, settings_help
 
 
 def _ids(text: str) -> list[int]:
@@ -214,7 +214,11 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dayzero", description="Serve DeepSeek-V4-family models from day zero.")
+    p = argparse.ArgumentParser(
+        prog="dayzero",
+        description="Serve DeepSeek-V4-family models from day zero.",
+        epilog="Settings are environment variables DAYZERO_*: `dayzero up --help` lists them.",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo-checkpoint", help="write the tiny random-weight DeepSeek-V4 checkpoint")
@@ -270,12 +274,13 @@ def parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
     doctor.set_defaults(run=cmd_doctor)
 
-    serve = sub.add_parser("serve", help="run one service in the foreground (what each container runs)")
+    with_settings = {"epilog": settings_help(), "formatter_class": argparse.RawDescriptionHelpFormatter}
+    serve = sub.add_parser("serve", help="run one service in the foreground (as each container does)", **with_settings)
     serve.add_argument("service", choices=["gateway", "vision", "prefill", "decode"])
     serve.add_argument("--name", help="worker name (default: the service name)")
     serve.set_defaults(run=cmd_serve)
 
-    up = sub.add_parser("up", help="run Redis, the gateway and the workers on this machine")
+    up = sub.add_parser("up", help="run Redis, the gateway and the workers on this machine", **with_settings)
     up.add_argument("--checkpoint", help="checkpoint directory (default: the built-in demo checkpoint)")
     up.add_argument("--prefill", type=int, default=1, help="prefill workers (default 1)")
     up.add_argument("--decode", type=int, default=1, help="decode workers (default 1)")

@@ -97,3 +97,12 @@ class Settings(BaseSettings):
     def visibility_timeout_s(self) -> int:
         """Above the longest allowed generation, so a running task is never redelivered."""
         return self.task_time_limit_s + 600
+
+
+def settings_help() -> str:
+    """Every setting as its environment variable, with its meaning and default (for --help)."""
+    lines = ["settings (environment variables):"]
+    for name, field in Settings.model_fields.items():
+        default = "" if field.default is None else f" (default {field.default})"
+        lines.append(f"  DAYZERO_{name.upper():<28} {field.description}{default}")
+    return "\n".join(lines)
