@@ -85,6 +85,24 @@ def test_compiled_kernels_match_the_twins_in_the_model(tiny_checkpoint, tol):
     assert (outputs["triton"] - outputs["torch"]).abs().max().item() < 10 * tol
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (compiled Triton kernels)")
+def test_compiled_kernels_follow_the_twins_in_bfloat16(tiny_checkpoint):
+    """The serving dtype on GPUs: kernels load bf16 and compute in fp32, the twins round more often,
+    so the two agree in direction (cosine), not to the last bit."""
+    model = load_model(tiny_checkpoint, torch.bfloat16, device="cuda", progress=False)
+    ids = random_ids(70, model.cfg.vocab_size, seed=16)
+    outputs = {}
+    for backend in ("torch", "triton"):
+        pools = pools_for(model.cfg, torch.bfloat16, 80, device="cuda")
+        options = AttentionOptions(backend=backend)
+        logits = [prefill(model, pools, ["s"], [ids[:50]], options)[0]]
+        logits += [decode(model, pools, ["s"], [t], options)[0] for t in ids[50:]]
+        outputs[backend] = torch.stack(logits)
+    cosine = torch.nn.functional.cosine_similarity(outputs["triton"], outputs["torch"], dim=-1)
+    assert cosine.min().item() > 0.99
+
+
 def test_prompt_logprobs_equal_the_full_forwards_log_softmax_across_chunks(tiny_checkpoint):
     from dayzero.sampling import PromptLogprobs
 
