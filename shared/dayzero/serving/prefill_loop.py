@@ -49,15 +49,13 @@ class PrefillLoop:
                 self.r.store.worker_alive("prefill", self.r.name, self.r.snapshot(len(self.pending) or 1))
                 if self.pending:
                     taken = self._take_batch()
-                    batch: list[Ticket[PrefillJob]] = []
                     try:
-                        batch = [t for t in taken if self._admit(t)]
-                        self._run(batch)
+                        self._run([t for t in taken if self._admit(t)])
                     except redis.RedisError:
-                        self._put_back(taken)
+                        self._put_back(self._unsettled(taken))
                         raise
                     except Exception as exc:  # a failed forward ends its requests, never the loop
-                        self._fail(batch, exc)
+                        self._fail(self._unsettled(taken), exc)
             except redis.RedisError as exc:  # Redis restarting: keep state, retry
                 log.warning("redis unavailable (%s); retrying", exc)
                 self.stop.wait(0.5)
@@ -72,9 +70,12 @@ class PrefillLoop:
             self.r.pools.release(ticket.job.request.request_id)
             self._settle(ticket, "error", f"prefill failed: {type(exc).__name__}")
 
-    def _put_back(self, taken: list[Ticket[PrefillJob]]) -> None:
-        """Redis failed mid-batch: free the blocks of the unsettled requests and retry them later."""
-        unsettled = [t for t in taken if not t.done.is_set() and t not in self.pending]
+    def _unsettled(self, taken: list[Ticket[PrefillJob]]) -> list[Ticket[PrefillJob]]:
+        """The tickets of a batch neither handed on, nor ended, nor waiting for blocks."""
+        return [t for t in taken if not t.done.is_set() and t not in self.pending]
+
+    def _put_back(self, unsettled: list[Ticket[PrefillJob]]) -> None:
+        """Redis failed mid-batch: free these requests' blocks and retry them later."""
         for ticket in unsettled:
             self.r.pools.release(ticket.job.request.request_id)
         self.pending[:0] = unsettled
