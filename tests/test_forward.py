@@ -48,14 +48,18 @@ def test_chunked_prefill_equals_full_forward(tiny_checkpoint):
 
 
 def test_batched_decode_keeps_sequences_apart(tiny_checkpoint):
+    """Sequences at different phases of their compressor windows (CSA 4, HCA 8; one closes its first),
+    decoded together for 10 steps, each step equal to that sequence's own full forward."""
     model = load_model(tiny_checkpoint, progress=False)
-    a, b = random_ids(30, model.cfg.vocab_size, seed=7), random_ids(11, model.cfg.vocab_size, seed=8)
-    pools = pools_for(model.cfg, torch.float32, 31, max_sequences=2)
-    prefill(model, pools, ["a", "b"], [a, b])
-    batched = decode(model, pools, ["a", "b"], [5, 9])
-    for ids, tok, row in ((a, 5, 0), (b, 9, 1)):
-        alone = _full(model, [*ids, tok])[-1]
-        assert (batched[row] - alone).abs().max().item() < TOL
+    prompts = [random_ids(n, model.cfg.vocab_size, seed=7 + n) for n in (30, 11, 2)]
+    follow = [random_ids(10, model.cfg.vocab_size, seed=20 + i) for i in range(3)]
+    pools = pools_for(model.cfg, torch.float32, 41, max_sequences=3)
+    prefill(model, pools, ["a", "b", "c"], prompts)
+    for step in range(10):
+        batched = decode(model, pools, ["a", "b", "c"], [f[step] for f in follow])
+        for row, (ids, more) in enumerate(zip(prompts, follow, strict=True)):
+            alone = _full(model, [*ids, *more[: step + 1]])[-1]
+            assert (batched[row] - alone).abs().max().item() < TOL, (step, row)
 
 
 def test_sparse_selection_switch(tiny_checkpoint):

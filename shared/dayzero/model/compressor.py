@@ -58,6 +58,43 @@ def _windows(
     return pooled_kv, pooled_gate
 
 
+def _pool_overlap(
+    state: CompressorSlots, slots: torch.Tensor, kv: torch.Tensor, gate: torch.Tensor, first: torch.Tensor, dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CSA: window ``w``'s second series after window ``w - 1``'s first; windows [n, rate, 2 * dim]
+    of the sequences in ``slots``, ``first`` marks those whose previous window is in the state."""
+    n, rate = kv.shape[:2]
+    pooled_kv = kv.new_zeros(n, 2 * rate, dim)
+    pooled_gate = gate.new_full((n, 2 * rate, dim), float("-inf"))
+    pooled_kv[:, rate:], pooled_gate[:, rate:] = kv[..., dim:], gate[..., dim:]
+    prev = first.nonzero()[:, 0]
+    pooled_kv[prev, :rate], pooled_gate[prev, :rate] = state.overlap_kv[slots[prev]], state.overlap_gate[slots[prev]]
+    state.overlap_kv[slots], state.overlap_gate[slots] = kv[:, :, :dim], gate[:, :, :dim]
+    return pooled_kv, pooled_gate
+
+
+def _decode_windows(
+    w: Compressor, state: CompressorSlots, kv: torch.Tensor, gate: torch.Tensor, plan: StepPlan
+) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]] | None:
+    """One new token per sequence, all sequences at once: buffer each row; the sequences whose
+    window it completes -> (kv, gate windows, their sequence indices, their entry indices)."""
+    rate, width = w.ape.shape
+    starts, device = plan.batch.starts, kv.device
+    slots = torch.tensor(plan.slots, device=device)
+    rows = torch.tensor([p % rate for p in starts], device=device)
+    state.kv[slots, rows], state.gate[slots, rows] = kv.float(), gate.float()
+    done = [s for s, p in enumerate(starts) if p % rate == rate - 1]
+    if not done:
+        return None
+    closing = slots[done]
+    windows_kv, windows_gate = state.kv[closing], state.gate[closing] + w.ape
+    entries = [starts[s] // rate for s in done]
+    if state.overlap_kv is not None:
+        first = torch.tensor([e > 0 for e in entries], device=device)
+        windows_kv, windows_gate = _pool_overlap(state, closing, windows_kv, windows_gate, first, width // 2)
+    return windows_kv, windows_gate, done, entries
+
+
 def fold(
     w: Compressor,
     state: CompressorSlots,
@@ -71,31 +108,40 @@ def fold(
     """Fold the step's projections ``kv, gate [T, width]`` into entries appended to ``pool``."""
     rate = w.ape.shape[0]
     batch = plan.batch
-    parts_kv, parts_gate, seqs, entries = [], [], [], []
-    for s in range(batch.num_seqs):
-        rows, start = batch.rows(s), batch.starts[s]
-        windows = _windows(w, state, plan.slots[s], kv[rows], gate[rows], start)
-        if windows is None:
-            continue
-        parts_kv.append(windows[0])
-        parts_gate.append(windows[1])
-        first = start // rate
-        entries.append(torch.arange(first, first + windows[0].shape[0]))
-        seqs.append(torch.full((windows[0].shape[0],), s))
-    if not parts_kv:
-        return
-    entry = torch.cat(entries).to(kv.device)
+    if all(n == 1 for n in batch.news):  # decode: no per-sequence loop
+        found = _decode_windows(w, state, kv, gate, plan)
+        if found is None:
+            return
+        windows_kv, windows_gate, seqs, first_entries = found
+        entry = torch.tensor(first_entries, device=kv.device)
+        seq = torch.tensor(seqs, device=kv.device)
+    else:
+        parts_kv, parts_gate, seqs, entries = [], [], [], []
+        for s in range(batch.num_seqs):
+            rows, start = batch.rows(s), batch.starts[s]
+            windows = _windows(w, state, plan.slots[s], kv[rows], gate[rows], start)
+            if windows is None:
+                continue
+            parts_kv.append(windows[0])
+            parts_gate.append(windows[1])
+            first = start // rate
+            entries.append(torch.arange(first, first + windows[0].shape[0]))
+            seqs.append(torch.full((windows[0].shape[0],), s))
+        if not parts_kv:
+            return
+        windows_kv, windows_gate = torch.cat(parts_kv), torch.cat(parts_gate)
+        entry, seq = torch.cat(entries).to(kv.device), torch.cat(seqs).to(kv.device)
     rope = RopeTable.at(plan.freqs_compress, entry * rate)
     compress_entries(
-        torch.cat(parts_kv),
-        torch.cat(parts_gate),
+        windows_kv,
+        windows_gate,
         w.norm.weight,
         rope.cos,
         rope.sin,
         eps,
         pool,
         table,
-        torch.cat(seqs).to(kv.device),
+        seq,
         entry,
         plan.options.backend,
     )
