@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -45,9 +46,16 @@ def usage(event: TokenEvent) -> dict:
 
 
 async def sse(
-    gw: Gateway, request: GenerationRequest, after: str, first: bool, span: trace.Span | None = None
+    gw: Gateway,
+    request: GenerationRequest,
+    after: str,
+    first: bool,
+    span: trace.Span | None = None,
+    choice: int | None = None,
 ) -> AsyncIterator[ServerSentEvent]:
-    shape = Shape(request, gw.settings.model_name, gw.codec, echoed=after != "0-0")  # a resumed stream: echoed
+    """One request's stream; ``choice``: one of several streams merged (no event ids, no [DONE])."""
+    echoed = after != "0-0"  # a resumed stream has echoed its prompt already
+    shape = Shape(request, gw.settings.model_name, gw.codec, echoed=echoed, choice=choice or 0)
     rid, finished = request.request_id, False
     last_at, held = None, []  # held: tokens whose text (and logprobs) wait for the next chunk
     await gw.bus.watch(rid)
@@ -82,7 +90,8 @@ async def sse(
             if event.text:
                 yield ServerSentEvent(id=event.entry_id, data=json.dumps(shape.chunk(event.text, None, tokens=held)))
                 held = []
-        yield ServerSentEvent(data="[DONE]")
+        if choice is None:
+            yield ServerSentEvent(data="[DONE]")
     finally:
         if not finished:
             gw.metrics.disconnects.inc()
@@ -173,9 +182,41 @@ async def respond(
         finally:
             for span in spans:
                 span.end()
-    (request,) = requests  # streams carry one choice (routes refuse more)
-    return EventSourceResponse(
-        sse(gw, request, "0-0", first=request.kind == "chat", span=spans[0]),
-        ping=gw.settings.keepalive_s,
-        headers={"X-Request-Id": request.request_id},
-    )
+    if len(requests) == 1:
+        events = sse(gw, requests[0], "0-0", first=requests[0].kind == "chat", span=spans[0])
+    else:
+        events = _merged(gw, requests, spans)
+    ids = ",".join(r.request_id for r in requests)
+    return EventSourceResponse(events, ping=gw.settings.keepalive_s, headers={"X-Request-Id": ids})
+
+
+async def _merged(
+    gw: Gateway, requests: list[GenerationRequest], spans: list[trace.Span]
+) -> AsyncIterator[ServerSentEvent]:
+    """Several choices' chunks as they come, each marked with its index; not resumable (no ids).
+    Leaving cancels every choice (each stream's own clean-up unwatches its request)."""
+    queue: asyncio.Queue[ServerSentEvent | None] = asyncio.Queue()
+
+    async def pump(i: int) -> None:
+        try:
+            async for event in sse(gw, requests[i], "0-0", requests[i].kind == "chat", spans[i], choice=i):
+                if event.comment is None:  # keep-alives: the response pings on its own
+                    queue.put_nowait(ServerSentEvent(data=event.data))
+        finally:
+            queue.put_nowait(None)
+
+    pumps = [asyncio.create_task(pump(i)) for i in range(len(requests))]
+    try:
+        running = len(pumps)
+        while running:
+            event = await queue.get()
+            if event is None:
+                running -= 1
+            else:
+                yield event
+        yield ServerSentEvent(data="[DONE]")
+    finally:
+        for task in pumps:
+            task.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(*pumps, return_exceptions=True)

@@ -103,10 +103,8 @@ def _new_request(ids: list[int], spec: SamplingSpec, kind: str, images: int = 0,
     )
 
 
-def _choices(requests: list[GenerationRequest], n: int, stream: bool) -> list[GenerationRequest]:
+def _choices(requests: list[GenerationRequest], n: int) -> list[GenerationRequest]:
     """``n`` requests per prompt (choice ``p * n + j``); a seeded choice ``j`` draws with seed + j."""
-    if stream and len(requests) * n > 1:
-        raise APIError(400, "a stream carries one choice: use n=1 and one prompt", param="n" if n > 1 else "prompt")
     out = []
     for request in requests:
         for j in range(n):
@@ -124,7 +122,7 @@ async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Re
     if prompt.images:
         ids = expand_placeholders(ids, gw.image_token, prompt.patches)
     spec = _spec(gw, body, ids, body.max_completion_tokens or body.max_tokens)
-    requests = _choices([_new_request(ids, spec, "chat", len(prompt.images))], body.n, body.stream)
+    requests = _choices([_new_request(ids, spec, "chat", len(prompt.images))], body.n)
     return await respond(gw, requests, body.stream, http, prompt.images)
 
 
@@ -140,7 +138,7 @@ async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
             raise APIError(400, f"echo with logprobs takes prompts of up to {limit} tokens", param="prompt")
         echo = {"echo": body.echo, "prompt_logprobs": spec.logprobs if scored else None}
         requests.append(_new_request(ids, spec, "completion", **echo))
-    return await respond(gw, _choices(requests, body.n, body.stream), body.stream, http)
+    return await respond(gw, _choices(requests, body.n), body.stream, http)
 
 
 @router.get("/v1/requests/{request_id}/stream", dependencies=[Authorized])

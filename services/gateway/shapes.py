@@ -18,8 +18,11 @@ from .bus import TokenEvent
 class Shape:
     """One request's response format; for streams, also where its completion text has reached."""
 
-    def __init__(self, request: GenerationRequest, model: str, codec: TextCodec, echoed: bool = False) -> None:
+    def __init__(
+        self, request: GenerationRequest, model: str, codec: TextCodec, echoed: bool = False, choice: int = 0
+    ) -> None:
         self.kind, self.model, self.created, self.codec = request.kind, model, int(request.created), codec
+        self.choice = choice  # the choice's index in a response of several
         self.id = f"{'chatcmpl' if request.kind == 'chat' else 'cmpl'}-{request.request_id}"
         self.logprobs = request.sampling.logprobs is not None
         self.prompt = request.prompt_ids if request.echo and not echoed else None  # still to be echoed
@@ -38,10 +41,10 @@ class Shape:
     ) -> dict:
         if self.kind == "chat":
             delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            choice = {"index": self.choice, "delta": delta, "finish_reason": finish}
             body = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
-            choice = {"index": 0, "text": self._echo() + (text or ""), "finish_reason": finish}
+            choice = {"index": self.choice, "text": self._echo() + (text or ""), "finish_reason": finish}
             body = {**self._head("text_completion"), "choices": [choice]}
         if self.logprobs and tokens:
             choice["logprobs"] = self._logprobs(tokens)
@@ -52,10 +55,11 @@ class Shape:
 
     def body(self, text: str, finish: str, usage: dict, tokens: list[TokenEvent]) -> dict:
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}
+            message = {"role": "assistant", "content": text}
+            choice = {"index": self.choice, "message": message, "finish_reason": finish}
             body = {**self._head("chat.completion"), "choices": [choice], "usage": usage}
         else:
-            choice = {"index": 0, "text": self._echo() + text, "finish_reason": finish}
+            choice = {"index": self.choice, "text": self._echo() + text, "finish_reason": finish}
             body = {**self._head("text_completion"), "choices": [choice], "usage": usage}
         if self.logprobs:
             choice["logprobs"] = self._logprobs(tokens)

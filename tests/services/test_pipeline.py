@@ -7,6 +7,7 @@ import json
 
 import httpx
 import pytest
+import redis
 import torch
 
 from dayzero.checkpoint import load_model
@@ -14,7 +15,17 @@ from dayzero.kv.pools import pools_for
 from dayzero.sampling import SamplingParams
 from dayzero.tokenizer import TextCodec
 
-from .conftest import MODEL, chat, data_url, engine_completer, engine_steps, prompt_ids, sse_events, stream_text
+from .conftest import (
+    MODEL,
+    chat,
+    data_url,
+    engine_completer,
+    engine_steps,
+    prompt_ids,
+    sse_events,
+    stream_text,
+    wait_until,
+)
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +112,33 @@ def test_several_prompts_and_n_give_one_choice_each_in_order(stack, reference):
     assert len({c["message"]["content"] for c in choices}) > 1  # seeds 7, 8, 9: different draws
 
 
+def test_several_choices_stream_together_and_leaving_cancels_them_all(stack, reference):
+    prompts = [prompt_ids(7), prompt_ids(8)]
+    body = {"model": MODEL, "prompt": prompts, "n": 2, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    texts, finished = {}, set()
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        events = list(sse_events(r))
+    assert events[-1][1] == "[DONE]" and all(event_id is None for event_id, _ in events)
+    for _, data in events[:-1]:
+        choice = data["choices"][0]
+        texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
+        if choice["finish_reason"]:
+            finished.add(choice["index"])
+    assert finished == {0, 1, 2, 3}
+    assert [texts[i] for i in range(4)] == [reference(p, 6) for p in prompts for _ in range(2)]
+
+    r = redis.Redis.from_url(stack.redis_url)
+    long = chat("go on", max_tokens=2000, ignore_eos=True, n=3, stream=True)
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=long, timeout=60) as response:
+        ids = response.headers["x-request-id"].split(",")
+        for seen, _ in enumerate(sse_events(response)):
+            if seen >= 6:
+                break  # the client leaves
+    assert len(ids) == 3
+    assert wait_until(lambda: all(r.get(f"dz:done:{rid}") == b"cancelled" for rid in ids), 5.0)
+
+
 def test_chat_stream_and_body_agree(stack):
     body = chat("The quick brown fox", max_tokens=16, ignore_eos=True)
     whole = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=60).json()
@@ -177,8 +215,6 @@ def test_resume_in_flight_after_a_disconnect(stack):
         (chat("x", max_tokens=0), 400, "max_tokens"),
         (chat("x", max_tokens=100_000), 400, "max_tokens"),
         (chat("x", n=9), 400, "n"),
-        (chat("x", n=2, stream=True), 400, "n"),  # a stream carries one choice
-        ({"model": MODEL, "prompt": ["a", "b"], "stream": True}, 400, "prompt"),
         ({"model": MODEL, "prompt": ["a"] * 33}, 400, "prompt"),
         (chat("x", stop=["a"] * 1 + [""]), 400, "stop.1"),
         ({"model": MODEL, "messages": []}, 400, "messages"),
