@@ -20,13 +20,13 @@ IMAGE_TAG = "<|image|>"
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    text: str
+    messages: list[dict[str, str]]  # role and text, each image as one placeholder tag
     images: list[bytes]
     patches: list[int]  # merged patches (= prompt positions) of each image
 
 
 def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, vision: bool) -> Prompt:
-    """The built-in chat template: role-tagged turns, then the assistant tag."""
+    """Messages as plain role / text pairs for the chat template, with their images checked."""
     turns, images, patches = [], [], []
     for i, m in enumerate(messages):
         parts = [m.content] if isinstance(m.content, str) else m.content
@@ -50,7 +50,7 @@ def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, v
             images.append(data)
             patches.append(height * width // (spec.patch_size * spec.merge_size) ** 2)
             text.append(IMAGE_TAG)
-        turns.append(f"<|{m.role}|>{''.join(text)}\n")
+        turns.append({"role": m.role, "content": "".join(text)})
     if len(images) > limits.max_images:
         raise APIError(
             400,
@@ -58,7 +58,7 @@ def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, v
             param="messages",
             code="too_many_images",
         )
-    return Prompt("".join(turns) + "<|assistant|>", images, patches)
+    return Prompt(turns, images, patches)
 
 
 def _validated(url: str, limits: ImageLimits, param: str) -> tuple[bytes, tuple[int, int]]:

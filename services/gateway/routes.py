@@ -118,7 +118,7 @@ def _choices(requests: list[GenerationRequest], n: int) -> list[GenerationReques
 async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Request):
     s = gw.settings
     prompt = render_chat(body.messages, s.image_limits(), s.patch_spec(), gw.image_token is not None)
-    ids = gw.codec.encode(prompt.text)
+    ids = gw.codec.chat_ids(prompt.messages)
     if prompt.images:
         ids = expand_placeholders(ids, gw.image_token, prompt.patches)
     spec = _spec(gw, body, ids, body.max_completion_tokens or body.max_tokens)

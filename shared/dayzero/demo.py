@@ -23,7 +23,16 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from .checkpoint import canonical_name
 
 BOS, EOS, IMAGE = "<|begin▁of▁sentence|>", "<|end▁of▁sentence|>", "<|image|>"
-SPECIAL_TOKENS = [BOS, EOS, IMAGE]  # ids 0, 1, 2
+USER, ASSISTANT = "<｜User｜>", "<｜Assistant｜>"
+SPECIAL_TOKENS = [BOS, EOS, IMAGE, USER, ASSISTANT]  # ids 0..4
+# DeepSeek-style turns: BOS, the system text, user turns and assistant turns (each ended by EOS)
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'user' %}" + USER + "{{ message['content'] }}"
+    "{% elif message['role'] == 'assistant' %}" + ASSISTANT + "{{ message['content'] }}{{ eos_token }}"
+    "{% else %}{{ message['content'] }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}" + ASSISTANT + "{% endif %}"
+)
 
 DEMO_VISION: dict[str, Any] = {
     "depth": 4,
@@ -143,7 +152,7 @@ def add_vision(out: Path, vision: dict[str, Any], image_token_id: int, seed: int
 
 
 def write_demo_checkpoint(out: str | Path, seed: int = 0, vision: bool = False, fp4: bool = False) -> Path:
-    """The built-in default checkpoint: weights, config, tokenizer and generation config
+    """The built-in default checkpoint: weights, config, tokenizer (with a chat template) and generation config
     (``vision``: plus a tiny vision tower and the ``<|image|>`` placeholder; ``fp4``: in the
     published format, FP4 experts and FP8 dense projections)."""
     out = write_checkpoint(out, DEMO_CONFIG, seed)
@@ -157,6 +166,13 @@ def write_demo_checkpoint(out: str | Path, seed: int = 0, vision: bool = False, 
             for name in ("model.safetensors", "config.json"):
                 shutil.move(str(Path(tmp) / name), str(out / name))
     build_tokenizer(DEMO_CONFIG["vocab_size"]).save(str(out / "tokenizer.json"))
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False))
     generation = {"bos_token_id": 0, "eos_token_id": 1, "do_sample": False, "max_new_tokens": 64}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
     return out

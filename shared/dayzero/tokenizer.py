@@ -1,24 +1,45 @@
-"""Text <-> token ids through a checkpoint's ``tokenizer.json`` (the ``tokenizers`` library)."""
+"""Text <-> token ids through a checkpoint's ``tokenizer.json`` (the ``tokenizers`` library), and
+chats -> prompt ids through the checkpoint's chat template.
+
+The chat template (``tokenizer_config.json``'s ``chat_template``, or ``chat_template.jinja``)
+is rendered as transformers' ``apply_chat_template`` renders it (its own Jinja renderer), so a
+published checkpoint gets exactly the prompt format its authors ship. Without a template a
+built-in format is used: ``<|role|>content`` lines, then ``<|assistant|>``.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tokenizers import Tokenizer
+
+_TEMPLATE_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
 class TextCodec:
     """Encode prompts and decode completions, streaming-safe."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, chat_template: str | None = None, tokens: dict | None = None) -> None:
         self._tok = tokenizer
+        self.chat_template = chat_template
+        self._tokens = tokens or {}  # special-token strings the template may use (bos_token, ...)
 
     @classmethod
     def from_checkpoint(cls, root: str | Path) -> TextCodec:
-        path = Path(root) / "tokenizer.json"
+        root = Path(root)
+        path = root / "tokenizer.json"
         if not path.exists():
             raise FileNotFoundError(f"no tokenizer.json in {root}")
-        return cls(Tokenizer.from_file(str(path)))
+        config = root / "tokenizer_config.json"
+        settings = json.loads(config.read_text()) if config.exists() else {}
+        template = settings.get("chat_template")
+        if isinstance(template, list):  # named templates: the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        if template is None and (root / "chat_template.jinja").exists():
+            template = (root / "chat_template.jinja").read_text()
+        tokens = {k: _content(settings[k]) for k in _TEMPLATE_TOKENS if settings.get(k) is not None}
+        return cls(Tokenizer.from_file(str(path)), template, tokens)
 
     @property
     def vocab_size(self) -> int:
@@ -32,6 +53,22 @@ class TextCodec:
 
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """A chat (``role`` / ``content`` strings), ready for the assistant's answer, as prompt ids."""
+        if self.chat_template is None:
+            return self.encode("".join(f"<|{m['role']}|>{m['content']}\n" for m in messages) + "<|assistant|>")
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        (text,), _ = render_jinja_template(
+            conversations=[messages], chat_template=self.chat_template, add_generation_prompt=True, **self._tokens
+        )
+        return self._tok.encode(text, add_special_tokens=False).ids  # the template placed its own specials
+
+
+def _content(token: str | dict) -> str:
+    """A special token as tokenizer_config.json spells it: a string or an AddedToken dict."""
+    return token["content"] if isinstance(token, dict) else token
 
 
 class StreamDecoder:
