@@ -64,6 +64,7 @@ def create_app(settings: Settings) -> FastAPI:
             cfg.raw.get("image_token_id") if "vision_config" in cfg.raw else None,
             cfg.eos_token_ids[0],
         )
+        gw.codec.chat_ids([{"role": "user", "content": "hi"}])  # load the template renderer now, fail early
         app.state.gateway = gw
         gw.metrics.registry.register(SnapshotCollector(gw.bus.store.snapshots))  # the workers, one scrape
         gw.metrics.registry.register(QueueDepthCollector(lambda: gw.bus.store.queue_depths(STAGES)))
