@@ -139,6 +139,12 @@ def engine_steps(checkpoint, ids: list[int], params, device: str = "cpu") -> lis
     return list(generate(model, codec, pools, ids, params))
 
 
+@pytest.fixture(scope="module")
+def reference(demo_dir):
+    """The same checkpoint run in-process by dayzero's engine (no queue, no handoff)."""
+    return engine_completer(demo_dir, "cpu")
+
+
 def engine_completer(checkpoint, device: str):
     """Greedy completion texts of ``checkpoint`` from the in-process engine."""
     from dayzero.sampling import SamplingParams

@@ -1,0 +1,108 @@
+"""OpenAI API features through the whole pipeline: penalties, logprobs, echo, several choices."""
+
+from __future__ import annotations
+
+import httpx
+import redis
+import torch
+
+from dayzero.checkpoint import load_model
+from dayzero.kv.pools import pools_for
+from dayzero.sampling import SamplingParams
+from dayzero.tokenizer import TextCodec
+
+from .conftest import MODEL, chat, engine_steps, prompt_ids, sse_events, stream_text, wait_until
+
+
+def test_penalties_reach_the_sampler(stack, reference):
+    ids, penalties = prompt_ids(2), {"presence_penalty": 1.5, "frequency_penalty": 0.7}
+    body = {"model": MODEL, "prompt": ids, "max_tokens": 16, "temperature": 0, "ignore_eos": True, **penalties}
+    r = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == reference(ids, 16, **penalties)
+
+
+def test_logprobs_in_bodies_and_streams_match_the_engine(stack, demo_dir):
+    ids = prompt_ids(3)
+    steps = engine_steps(demo_dir, ids, SamplingParams(max_tokens=10, ignore_eos=True, logprobs=2))
+    body = {"model": MODEL, "prompt": ids, "max_tokens": 10, "temperature": 0, "ignore_eos": True, "logprobs": 2}
+    served = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60).json()["choices"][0]["logprobs"]
+    assert len(served["token_logprobs"]) == 10 and len(served["top_logprobs"]) == 10
+    assert max(abs(a - s.logprob) for a, s in zip(served["token_logprobs"], steps, strict=True)) < 1e-4
+    assert all(len(top) <= 2 for top in served["top_logprobs"])
+    assert served["text_offset"][0] == 0 and served["text_offset"] == sorted(served["text_offset"])
+
+    chat_body = chat("The quick brown fox", max_tokens=10, ignore_eos=True, logprobs=True, top_logprobs=2)
+    streamed = []
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json={**chat_body, "stream": True}) as r:
+        for _, data in sse_events(r):
+            if data != "[DONE]":
+                streamed += (data["choices"][0].get("logprobs") or {"content": []})["content"]
+    whole = httpx.post(f"{stack.url}/v1/chat/completions", json=chat_body, timeout=60).json()
+    content = whole["choices"][0]["logprobs"]["content"]
+    assert len(content) == whole["usage"]["completion_tokens"] == len(streamed) == 10
+    assert [e["logprob"] for e in streamed] == [e["logprob"] for e in content]  # same greedy run, same numbers
+    assert all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 for e in content)
+
+
+def test_echo_returns_the_prompt_and_its_logprobs(stack, demo_dir):
+    from dayzero.model.forward import score
+
+    model, codec = load_model(demo_dir, progress=False), TextCodec.from_checkpoint(demo_dir)
+    ids = prompt_ids(4)
+    body = {"model": MODEL, "prompt": ids, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1}
+    choice = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    logprobs = choice["logprobs"]
+    assert choice["text"].startswith(codec.decode(ids))
+    assert len(logprobs["tokens"]) == len(ids) + 1 and logprobs["token_logprobs"][0] is None
+    full = torch.log_softmax(score(model, pools_for(model.cfg, torch.float32, len(ids)), "s", ids), dim=-1)
+    want = [full[t, ids[t + 1]].item() for t in range(len(ids) - 1)]  # the full forward, independently
+    assert max(abs(a - b) for a, b in zip(logprobs["token_logprobs"][1 : len(ids)], want, strict=True)) < 1e-4
+    assert logprobs["top_logprobs"][0] is None and all(len(t) == 1 for t in logprobs["top_logprobs"][1:])
+
+    plain = {**body, "logprobs": None, "stream": True}
+    text, _, _ = stream_text(f"{stack.url}/v1/completions", plain)
+    assert text.startswith(codec.decode(ids)) and len(text) > len(codec.decode(ids)) - 1
+
+
+def test_several_prompts_and_n_give_one_choice_each_in_order(stack, reference):
+    prompts = [prompt_ids(5), prompt_ids(6)]
+    body = {"model": MODEL, "prompt": prompts, "n": 2, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in out["choices"]] == [reference(p, 6) for p in prompts for _ in range(2)]
+    assert out["usage"]["prompt_tokens"] == sum(map(len, prompts)) and out["usage"]["completion_tokens"] == 24
+    assert len(r.headers["x-request-id"].split(",")) == 4
+
+    sampled = chat("tell me", max_tokens=8, ignore_eos=True, n=3, temperature=1.0, seed=7)
+    choices = httpx.post(f"{stack.url}/v1/chat/completions", json=sampled, timeout=120).json()["choices"]
+    assert len({c["message"]["content"] for c in choices}) > 1  # seeds 7, 8, 9: different draws
+
+
+def test_several_choices_stream_together_and_leaving_cancels_them_all(stack, reference):
+    prompts = [prompt_ids(7), prompt_ids(8)]
+    body = {"model": MODEL, "prompt": prompts, "n": 2, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    texts, finished = {}, set()
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        events = list(sse_events(r))
+    assert events[-1][1] == "[DONE]" and all(event_id is None for event_id, _ in events)
+    for _, data in events[:-1]:
+        choice = data["choices"][0]
+        texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
+        if choice["finish_reason"]:
+            finished.add(choice["index"])
+    assert finished == {0, 1, 2, 3}
+    assert [texts[i] for i in range(4)] == [reference(p, 6) for p in prompts for _ in range(2)]
+
+    r = redis.Redis.from_url(stack.redis_url)
+    long = chat("go on", max_tokens=2000, ignore_eos=True, n=3, stream=True)
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=long, timeout=60) as response:
+        ids = response.headers["x-request-id"].split(",")
+        for seen, _ in enumerate(sse_events(response)):
+            if seen >= 6:
+                break  # the client leaves
+    assert len(ids) == 3
+    assert wait_until(lambda: all(r.get(f"dz:done:{rid}") == b"cancelled" for rid in ids), 5.0)
