@@ -108,3 +108,10 @@ def test_unexpected_tensor_is_named_and_mtp_is_ignored(tmp_path, tiny_checkpoint
     broken = _edit_tensors(tiny_checkpoint, tmp_path / "extra", edit)
     with pytest.raises(CheckpointError, match="unexpected tensor 'layers.0.attn.surprise'"):
         load_model(broken)
+
+
+def test_loading_reports_progress_tensor_by_tensor(tiny_checkpoint):
+    seen: list[tuple[int, int]] = []
+    load_model(tiny_checkpoint, progress=False, on_progress=lambda done, total: seen.append((done, total)))
+    total = seen[-1][1]
+    assert [done for done, _ in seen] == list(range(1, total + 1)) and {t for _, t in seen} == {total}

@@ -108,6 +108,11 @@ def create_app(settings: Settings) -> FastAPI:
         body = {"ready": not missing, "workers": workers}
         if missing:
             body["reason"] = f"no live worker for {', '.join(missing)}"
+            loading = await run_in_threadpool(gw.bus.store.loading_workers)
+            if loading:  # a long start: say how far the workers' weights have come
+                body["loading"] = {worker: p["percent"] for worker, p in loading.items()}
+                progress = ", ".join(f"{w} {percent}%" for w, percent in body["loading"].items())
+                body["reason"] += f" (loading weights: {progress})"
         return JSONResponse(body, status_code=503 if missing else 200)
 
     @app.get("/metrics")

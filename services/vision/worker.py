@@ -10,6 +10,7 @@ from opentelemetry.instrumentation.celery import CeleryInstrumentor
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.queue import TASKS, make_celery
 from dayzero.serving.vision_stage import VisionStage
+from dayzero.serving.worker import exit_on_failure
 from dayzero.settings import Settings
 from dayzero.telemetry import setup_tracing
 
@@ -19,7 +20,6 @@ _ready = threading.Event()
 _stage: list[VisionStage] = []  # set once the worker starts (Celery owns the process)
 
 
-@signals.worker_init.connect(weak=False)
 def _start(sender=None, **_: object) -> None:
     def send_prefill(job: PrefillJob) -> None:
         app.send_task(TASKS["prefill"], args=[job.model_dump_json()])
@@ -30,6 +30,9 @@ def _start(sender=None, **_: object) -> None:
     threading.Thread(target=stage.heartbeat_forever, name="vision-heartbeat", daemon=True).start()
     _stage.append(stage)
     _ready.set()
+
+
+signals.worker_init.connect(exit_on_failure(_start, "vision"), weak=False)
 
 
 @signals.worker_shutdown.connect(weak=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,11 +172,13 @@ def load_model(
     device: str | torch.device = "cpu",
     progress: bool = True,
     expert_cache_bytes: int = 0,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> Transformer:
     """Checkpoint directory -> ready ``Transformer`` (fp32 kept for norms, HC, sinks, biases).
 
     FP8 dense weights are dequantized to ``dtype`` at load; FP4 experts stay packed and are
     converted per call (``expert_cache_bytes`` of hot experts kept dequantized).
+    ``progress``: a progress bar on stderr; ``on_progress(done, total)`` after each tensor.
     """
     root = Path(path)
     if not root.is_dir():
@@ -202,6 +204,7 @@ def load_model(
     for file, file_entries in by_file.items():
         with safe_open(str(file), framework="pt") as f:
             scales.update({e.target: f.get_tensor(e.key) for e in file_entries if e.dense_scale})
+    done = 0
     with tqdm(total=len(entries), desc="loading tensors", unit="t", disable=not progress, leave=False) as bar:
         for file, file_entries in by_file.items():
             with safe_open(str(file), framework="pt") as f:
@@ -211,6 +214,9 @@ def load_model(
                         value = _read(f, e, scales, packed)
                         dest.copy_(value.view(dest.dtype) if value.dtype in (torch.int8, torch.uint8) else value)
                     bar.update()
+                    done += 1
+                    if on_progress is not None:
+                        on_progress(done, len(entries))
     model.load_state_dict(tensors, assign=True, strict=True)
     if packed:
         converter = ExpertConverter(expert_cache_bytes, dtype)

@@ -122,7 +122,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     import os
 
     from .demo import ensure_demo_checkpoint
-    from .stack import Stack
+    from .stack import Stack, StartFailed
 
     env = {}
     if args.checkpoint:
@@ -150,7 +150,8 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
             f"(logs in {args.log_dir})",
             file=sys.stderr,
         )
-        stack.wait_ready()
+        show = lambda body: print(f"waiting: {body.get('reason')}", file=sys.stderr)
+        stack.wait_ready(args.ready_timeout or None, show)
         print(
             f"ready: send OpenAI-style requests to {stack.url}/v1/chat/completions (model "
             f"{settings.model_name!r}); Ctrl-C stops",
@@ -164,6 +165,9 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
             time.sleep(0.5)
     except KeyboardInterrupt:
         print("stopping", file=sys.stderr)
+    except (StartFailed, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         stack.stop()
     return 0
@@ -288,6 +292,9 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, help="gateway port (default: DAYZERO_PORT or 8000)")
     up.add_argument("--log-dir", default="logs", help="where each service writes its log (default ./logs)")
     up.add_argument("--example", action="store_true", help="once ready, stream one example request")
+    up.add_argument(
+        "--ready-timeout", type=float, default=0, help="give up if not ready after this many seconds (0: wait)"
+    )
     up.set_defaults(run=cmd_up)
     return p
 

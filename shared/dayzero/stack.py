@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +64,13 @@ class Child:
     restarts: int = 0
 
 
+MAX_START_EXITS = 3  # exits of one child before the stack is ready: a failed start, not a crash to ride out
+
+
+class StartFailed(RuntimeError):
+    """A service cannot start (a bad checkpoint, a missing dependency, ...)."""
+
+
 @dataclass
 class Stack:
     counts: dict[str, int]
@@ -98,17 +106,36 @@ class Stack:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def wait_ready(self, timeout_s: float = 120) -> None:
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            self.supervise()
+    def wait_ready(
+        self, timeout_s: float | None = 120, on_wait: Callable[[dict], None] | None = None, every_s: float = 10
+    ) -> None:
+        """Until ``/ready`` answers 200 (``timeout_s`` None: no limit). ``on_wait(body)`` gets
+        ``/ready``'s latest answer every ``every_s``; a child that exits ``MAX_START_EXITS`` times
+        first is a failed start (StartFailed, with the end of its log)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        reported, body = time.monotonic(), {}
+        while deadline is None or time.monotonic() < deadline:
+            for name in self.supervise():
+                if self.child(name).restarts >= MAX_START_EXITS:
+                    tail = self.log_tail(name)
+                    raise StartFailed(f"{name} keeps exiting while starting; the end of its log:\n{tail}")
             try:
-                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
+                answer = httpx.get(f"{self.url}/ready", timeout=2)
+                if answer.status_code == 200:
                     return
-            except httpx.HTTPError:
-                pass
+                body = answer.json()
+            except (httpx.HTTPError, ValueError):
+                body = {"reason": "the gateway is starting"}
+            if on_wait is not None and time.monotonic() - reported >= every_s:
+                reported = time.monotonic()
+                on_wait(body)
             time.sleep(0.3)
         raise TimeoutError(f"the stack was not ready within {timeout_s} s (logs in {self.log_dir})")
+
+    def log_tail(self, name: str, lines: int = 15) -> str:
+        path = self.log_dir / f"{name}.log"
+        text = path.read_text(errors="replace").splitlines() if path.exists() else []
+        return "\n".join(text[-lines:]) + f"\n(whole log: {path})"
 
     def supervise(self) -> list[str]:
         """Restart children that exited; returns their names."""

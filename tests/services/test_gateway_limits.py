@@ -77,3 +77,14 @@ def test_waiting_stream_sends_keep_alive_comments(lone_gateway):
             if len(comments) >= 2 or time.time() - start > 6:
                 break
     assert len(comments) >= 2  # keep-alive every DAYZERO_KEEPALIVE_S (1 s here) while nothing arrives
+
+
+def test_ready_shows_how_far_starting_workers_have_loaded(lone_gateway):
+    from dayzero.serving.store import Store
+
+    store = Store.connect(lone_gateway.redis_url)
+    store.loading("prefill0@host:1a2b3c", "prefill", 45)
+    body = httpx.get(f"{lone_gateway.url}/ready", timeout=5).json()
+    assert body["loading"] == {"prefill0@host:1a2b3c": 45} and "prefill0@host:1a2b3c 45%" in body["reason"]
+    store.loading("prefill0@host:1a2b3c", "prefill", None)  # loaded
+    assert "loading" not in httpx.get(f"{lone_gateway.url}/ready", timeout=5).json()

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+import redis
 
 from ..checkpoint import load_model
 from ..kv.layout import PoolLayout
@@ -29,6 +33,29 @@ def checkpoint_path(settings: Settings) -> Path:
     return ensure_demo_checkpoint(settings.demo_checkpoint)
 
 
+class LoadProgress:
+    """Weight loading, reported every few percent to the log and to Redis (``/ready`` shows it)."""
+
+    def __init__(self, store: Store, worker: str, stage: str, step: int = 5) -> None:
+        self.store, self.worker, self.stage, self.step = store, worker, stage, step
+        self.shown, self.started = -step, time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        percent = done * 100 // max(total, 1)
+        if percent >= self.shown + self.step:
+            self.shown = percent
+            log.info("%s loading weights: %d%% (%d/%d tensors)", self.worker, percent, done, total)
+            self._report(percent)
+
+    def done(self) -> None:
+        log.info("%s loaded its weights in %.1f s", self.worker, time.monotonic() - self.started)
+        self._report(None)
+
+    def _report(self, percent: int | None) -> None:
+        with contextlib.suppress(redis.RedisError):  # Redis not up yet: the log still has it
+            self.store.loading(self.worker, self.stage, percent)
+
+
 @dataclass
 class Runtime:
     settings: Settings
@@ -46,9 +73,18 @@ class Runtime:
         pools another process can read (prefill's, unless the handoff goes through Redis)."""
         path = checkpoint_path(settings)
         dtype = settings.torch_dtype
+        name = f"{name}:{uuid.uuid4().hex[:6]}"
+        store = Store.connect(settings.redis_url, settings.stream_ttl_s)
+        progress = LoadProgress(store, name, stage)
         model = load_model(
-            path, dtype, settings.device, progress=False, expert_cache_bytes=settings.expert_cache_mb << 20
+            path,
+            dtype,
+            settings.device,
+            progress=False,
+            expert_cache_bytes=settings.expert_cache_mb << 20,
+            on_progress=progress,
         )
+        progress.done()
         layout = PoolLayout.of(model.cfg, settings.block_size, settings.dtype)
         budget = settings.kv_budget_mb << 20
         sized = KVPools.from_budget(layout, budget, settings.max_batch, dtype, device="meta")
@@ -62,14 +98,13 @@ class Runtime:
             pools = CudaSharedPools.create(layout, sized.blocks, dtype, settings.device)
         else:
             pools = KVPools(layout, sized.blocks, dtype, settings.device)
-        name = f"{name}:{uuid.uuid4().hex[:6]}"
         log.info("%s loaded %s: pools %s", name, path, pools.usage())
         runtime = cls(
             settings,
             model,
             TextCodec.from_checkpoint(path),
             pools,
-            Store.connect(settings.redis_url, settings.stream_ttl_s),
+            store,
             name,
             segment,
             WorkerStats(stage),

@@ -6,7 +6,7 @@ Keys (``dz:`` prefix): ``req:{id}`` the request JSON; ``active`` the set of unfi
 so Redis itself refuses a duplicate or out-of-order append; fields i index, t token, x text,
 f finish reason, u usage, e error, l logprob, k top alternatives, p the prompt's logprobs);
 ``handoff:{id}`` an unclaimed prefill->decode lease; ``workers:{stage}`` worker heartbeats;
-``usage:{worker}`` pool usage.
+``usage:{worker}`` pool usage; ``loading:{worker}`` a starting worker's loading progress.
 """
 
 from __future__ import annotations
@@ -208,6 +208,19 @@ class Store:
         if usage is not None:
             pipe.set(f"{P}usage:{worker}", json.dumps(usage), ex=60)
         pipe.execute()
+
+    def loading(self, worker: str, stage: str, percent: int | None) -> None:
+        """A starting worker's weight-loading progress (None: done); lapses if the worker dies."""
+        if percent is None:
+            self.r.delete(f"{P}loading:{worker}")
+        else:
+            self.r.set(f"{P}loading:{worker}", json.dumps({"stage": stage, "percent": percent}), ex=120)
+
+    def loading_workers(self) -> dict[str, dict]:
+        keys = list(self.r.scan_iter(f"{P}loading:*", count=100))
+        values = self.r.mget(keys) if keys else []
+        prefix = len(f"{P}loading:")
+        return {k.decode()[prefix:]: json.loads(v) for k, v in zip(keys, values, strict=True) if v}
 
     def live_workers(self, stage: str, within_s: float) -> list[str]:
         now = time.time()

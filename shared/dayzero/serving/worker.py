@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,21 @@ from .metrics import serve_metrics
 from .runtime import Runtime
 
 log = logging.getLogger("dayzero.worker")
+
+
+def exit_on_failure(start: Callable[..., None], stage: str) -> Callable[..., None]:
+    """A ``worker_init`` receiver that ends the process when the start fails: Celery would log
+    nothing and serve on without a runtime (a silent hang); ``dayzero up`` reports the exits."""
+
+    def receiver(*args: object, **kwargs: object) -> None:
+        try:
+            start(*args, **kwargs)
+        except Exception:
+            log.exception("the %s worker cannot start", stage)
+            logging.shutdown()
+            os._exit(3)
+
+    return receiver
 
 
 class StageWorker:
@@ -34,7 +50,7 @@ class StageWorker:
         self.loop: Any = None
         self.runtime: Runtime | None = None
         self._ready = threading.Event()
-        signals.worker_init.connect(self._start, weak=False)
+        signals.worker_init.connect(exit_on_failure(self._start, stage), weak=False)
         signals.worker_shutdown.connect(self._stop, weak=False)
 
     def _start(self, sender: object = None, **_: object) -> None:
