@@ -70,3 +70,38 @@ def test_a_failed_forward_ends_its_requests_and_frees_their_blocks(demo_dir, red
     assert runtime.pools.sequences == {}  # its blocks are free again
     (_, last), *_ = store.r.xrevrange("dz:tokens:broken", count=1)
     assert last[b"e"] == b"prefill failed: RuntimeError"
+
+
+def test_identical_prompts_in_a_batch_are_prefilled_once_and_continue_alike(demo_dir, redis_url):
+    import torch
+
+    from dayzero.kv.pools import pools_for
+    from dayzero.model.forward import decode, prefill
+
+    runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill2@test", "prefill", False)
+    sent: list[DecodeJob] = []
+    loop = PrefillLoop(runtime, sent.append)
+    store, same, other = Store.connect(redis_url), (0, 9, 8, 7, 6, 5, 4, 3, 2), (0, 11, 12)
+    tickets = []
+    for rid, prompt in (("n0", same), ("n1", same), ("n2", same), ("solo", other)):
+        request = GenerationRequest(
+            request_id=rid, prompt_ids=prompt, sampling=SamplingSpec(max_tokens=4), created=time.time()
+        )
+        store.register(request)
+        tickets.append(loop.intake.submit(PrefillJob(request=request)))  # queued before the loop runs: one batch
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    try:
+        assert all(t.done.wait(30) for t in tickets)
+    finally:
+        loop.stop.set()
+    assert runtime.stats.counters["tokens"] == len(same) + len(other)  # the three copies ran once
+    firsts = {job.request.request_id: job.generated[0] for job in sent}
+    assert firsts["n0"] == firsts["n1"] == firsts["n2"]
+
+    model = runtime.model
+    alone = pools_for(model.cfg, torch.float32, 16)
+    prefill(model, alone, ["ref"], [list(same)])
+    want = decode(model, alone, ["ref"], [firsts["n0"]])[0]
+    got = [decode(model, runtime.pools, [rid], [firsts[rid]])[0] for rid in ("n0", "n1", "n2")]
+    assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])  # the copies hold the same state
+    assert (got[0] - want).abs().max().item() < 1e-5  # ... that of a prefill of its own (other batch shapes)

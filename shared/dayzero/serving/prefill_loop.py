@@ -18,6 +18,7 @@ import torch
 from opentelemetry import trace
 
 from ..completion import Completion, context_limit
+from ..kv.handoff import export_state, import_state
 from ..kv.pools import OutOfBlocks
 from ..model.forward import prefill
 from ..sampling import Logprob, PromptLogprobs
@@ -148,7 +149,6 @@ class PrefillLoop:
         now = time.time()
         self.r.stats.add(
             steps=1,
-            tokens=sum(map(len, prompts)),
             queued_requests=len(batch),
             queue_seconds=sum(now - t.job.request.created for t in batch),
         )
@@ -160,20 +160,47 @@ class PrefillLoop:
             if t.job.request.prompt_logprobs is not None and not t.job.generated
         }
         with Heartbeat(self.r.store, ids, self.r.name, settings.lease_s):
-            logits = prefill(
-                model,
-                self.r.pools,
-                ids,
-                prompts,
-                settings.attention(),
-                settings.prefill_chunk_size,
-                embeds if any(e is not None for e in embeds) else None,
-                echo,
-            )
+            logits = self._forward(ids, prompts, embeds, echo)
         limit = context_limit(model.cfg, settings.max_context)
         for i, ticket in enumerate(batch):
             with trace.use_span(spans[i], end_on_exit=True):
                 self._emit(ticket, logits[i], limit, echo[i].scores if i in echo else None)
+
+    def _forward(
+        self,
+        ids: list[str],
+        prompts: list[list[int]],
+        embeds: list[torch.Tensor | None],
+        echo: dict[int, PromptLogprobs],
+    ) -> list[torch.Tensor]:
+        """Each request's next-token logits. Identical text prompts (the choices of an ``n`` > 1
+        request) run once; the others copy that state into their own blocks."""
+        first: dict[tuple, int] = {}
+        copy_of = {}
+        for i, prompt in enumerate(prompts):
+            if embeds[i] is None:
+                copy_of[i] = first.setdefault((tuple(prompt), echo[i].top if i in echo else None), i)
+        run = [i for i in range(len(ids)) if copy_of.get(i, i) == i]
+        settings, pools = self.r.settings, self.r.pools
+        computed = prefill(
+            self.r.model,
+            pools,
+            [ids[i] for i in run],
+            [prompts[i] for i in run],
+            settings.attention(),
+            settings.prefill_chunk_size,
+            [embeds[i] for i in run] if any(e is not None for e in embeds) else None,
+            {j: echo[i] for j, i in enumerate(run) if i in echo},
+        )
+        logits = dict(zip(run, computed, strict=True))
+        for i, source in copy_of.items():
+            if source != i:
+                import_state(pools, pools, export_state(pools, ids[source]), ids[i])
+                logits[i] = logits[source]
+                if i in echo:
+                    echo[i].scores = echo[source].scores
+        self.r.stats.add(tokens=sum(len(prompts[i]) for i in run))
+        return [logits[i] for i in range(len(ids))]
 
     @staticmethod
     def _span(job: PrefillJob, batch: int) -> trace.Span:
