@@ -137,7 +137,7 @@ async def collect(gw: Gateway, requests: list[GenerationRequest], http: Request)
         async with anyio.create_task_group() as group:
             for i in range(len(requests)):
                 group.start_soon(run, i)
-    except* APIError as failed:
+    except BaseExceptionGroup as failed:  # the first failure, as the error handlers know it (400s, 503)
         raise failed.exceptions[0] from None
     choices, totals = [], {"prompt_tokens": 0, "completion_tokens": 0}
     prompts = set()
