@@ -32,6 +32,7 @@ class CompressedKeys:
     table: torch.Tensor
     indices: torch.Tensor | None = None
     visible: torch.Tensor | None = None
+    visible_max: int | None = None  # max(visible), when the caller knows it on the host (no device sync)
 
 
 def _ring_positions(start: int, capacity: int, device: torch.device) -> torch.Tensor:
@@ -103,7 +104,7 @@ class _Launch:
     constants: dict  # the kernels' constexprs
     mode: int  # 0: window only, 1: entries by index, 2: a causal prefix of entries
     slots: int  # indices per query (mode 1)
-    visible: torch.Tensor | None  # per-query prefix lengths (mode 2)
+    visible_max: int  # the longest per-query prefix of entries (mode 2)
 
 
 def _launch(q, kv, window, window_table, window_size, compressed) -> _Launch:
@@ -111,7 +112,7 @@ def _launch(q, kv, window, window_table, window_size, compressed) -> _Launch:
         raise ValueError(f"bad shapes q {tuple(q.shape)} kv {tuple(kv.shape)} window {tuple(window.shape)}")
     if q.shape[2] & (q.shape[2] - 1):
         raise ValueError("head_dim must be a power of two for the triton backend")
-    mode, idx, vis, k = 0, None, None, 0
+    mode, idx, vis, k, longest = 0, None, None, 0, 0
     if compressed is not None:
         if (compressed.indices is None) == (compressed.visible is None):
             raise ValueError("give exactly one of indices / visible")
@@ -119,6 +120,8 @@ def _launch(q, kv, window, window_table, window_size, compressed) -> _Launch:
         idx = compressed.indices.to(torch.int32).contiguous() if mode == 1 else None
         vis = compressed.visible.to(torch.int32).contiguous() if mode == 2 else None
         k = idx.shape[1] if mode == 1 else 0
+        if mode == 2:
+            longest = compressed.visible_max if compressed.visible_max is not None else int(vis.max())
     comp = compressed.pool if compressed is not None else window
     table = compressed.table.to(torch.int32).contiguous() if compressed is not None else window_table
     dummy = torch.zeros(1, dtype=torch.int32, device=q.device)
@@ -137,7 +140,7 @@ def _launch(q, kv, window, window_table, window_size, compressed) -> _Launch:
         k,
     )
     constants = dict(D=q.shape[2], BH=max(16, triton.next_power_of_2(q.shape[1])), BN=16, BS=window.shape[1], MODE=mode)
-    return _Launch(key_args, constants, mode, k, vis)
+    return _Launch(key_args, constants, mode, k, longest)
 
 
 def sparse_attention_prefill(
@@ -193,7 +196,7 @@ def sparse_attention_decode(
         return sparse_attention_torch(q, kv, batch, window, window_table, window_size, sink, compressed)
     launch = _launch(q, kv, window, window_table, window_size, compressed)
     n_seq, heads, dim = q.shape
-    extra = {0: 0, 1: launch.slots, 2: int(launch.visible.max()) if launch.visible is not None else 0}[launch.mode]
+    extra = {0: 0, 1: launch.slots, 2: launch.visible_max}[launch.mode]
     splits = max(1, triton.cdiv(window_size + extra, keys_per_split))
     bh = launch.constants["BH"]
     m = torch.empty(n_seq, splits, bh, dtype=torch.float32, device=q.device)

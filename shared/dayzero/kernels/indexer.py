@@ -118,8 +118,10 @@ def indexer_topk(
     topk: int,
     backend: Backend = "torch",
     tile: int = TILE,
+    visible_max: int | None = None,
 ) -> torch.Tensor:
-    """[T, topk] int32 selected entry ids (-1 = none); see the module docstring."""
+    """[T, topk] int32 selected entry ids (-1 = none); see the module docstring. ``visible_max``:
+    max(visible) when the caller knows it on the host (saves a device sync per call)."""
     if q.dim() != 3 or weights.shape != q.shape[:2] or keys.shape[-1] != q.shape[-1]:
         raise ValueError(f"bad shapes q {tuple(q.shape)} weights {tuple(weights.shape)} keys {tuple(keys.shape)}")
     visible = visible.to(torch.int32).contiguous()
@@ -129,8 +131,10 @@ def indexer_topk(
     best_idx = torch.full((q.shape[0], topk), -1, dtype=torch.long, device=q.device)
     if backend == "torch":  # the twin materialises [T, Hi, tile] scores: keep that near 64 MiB
         tile = max(128, min(tile, (1 << 24) // max(1, q.shape[0] * q.shape[1])))
-    for first in range(0, int(visible.max()) if visible.numel() else 0, tile):
-        count = min(tile, int(visible.max()) - first)
+    if visible_max is None:
+        visible_max = int(visible.max()) if visible.numel() else 0
+    for first in range(0, visible_max, tile):
+        count = min(tile, visible_max - first)
         scores = scores_fn(q, weights, batch, keys, table, visible, first, count)
         idx = torch.arange(first, first + count, device=q.device).expand(q.shape[0], -1)
         # running entries come first and have lower indices: a stable sort keeps ties in index order

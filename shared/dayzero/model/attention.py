@@ -48,17 +48,20 @@ def _compressed_keys(
         table,
         eps,
     )
-    visible = torch.div(plan.batch.positions + 1, cfg.compress_rate(layer), rounding_mode="floor")
+    rate, batch = cfg.compress_rate(layer), plan.batch
+    visible = torch.div(batch.positions + 1, rate, rounding_mode="floor")
+    longest = max((s + n) // rate for s, n in zip(batch.starts, batch.news, strict=True))  # host: no sync
     if kind == HCA or not plan.options.sparse:
         if kind == CSA:  # the indexer's state still advances, so selection can be switched back on
             _index_keys(w, cfg, index, x, plan, pools)
-        return CompressedKeys(pool, table, visible=visible)
+        return CompressedKeys(pool, table, visible=visible, visible_max=longest)
     keys = _index_keys(w, cfg, index, x, plan, pools)
     iq = w.indexer.wq_b(q_res).view(x.shape[0], cfg.index_n_heads, cfg.index_head_dim)
     iq = apply_rope(iq, plan.rope_compress)
     iw = w.indexer.weights_proj(x) * cfg.index_n_heads**-0.5
+    options = plan.options
     picked = indexer_topk(
-        iq, iw, plan.batch, keys, plan.tables["index_keys"], visible, cfg.index_topk, plan.options.backend
+        iq, iw, batch, keys, plan.tables["index_keys"], visible, cfg.index_topk, options.backend, visible_max=longest
     )
     return CompressedKeys(pool, table, indices=picked)
 
