@@ -72,6 +72,16 @@ def test_decode_attention_matches_twin(mode, device, tol):
     assert (got - want).abs().max().item() < tol
 
 
+@pytest.mark.parametrize("mode", ["none", "visible", "indices"])
+def test_batched_decode_twin_equals_the_spec(mode, device, tol):
+    from dayzero.kernels.attention import sparse_attention_torch, sparse_decode_torch
+
+    sc = _scenario(device, starts=[0, 3, 40, 17, 2], news=[1, 1, 1, 1, 1], seed=8)  # ring empty, partial, full
+    sel = _selection(sc, mode)
+    args = (sc["q"], sc["kv"], sc["batch"], sc["window"], sc["window_table"], WINDOW, sc["sink"], sel)
+    assert (sparse_decode_torch(*args) - sparse_attention_torch(*args)).abs().max().item() < tol
+
+
 def test_decode_and_prefill_twins_agree_on_single_tokens(device, tol):
     sc = _scenario(device, starts=[9, 2], news=[1, 1], seed=2)
     sel = _selection(sc, "indices")
@@ -164,3 +174,13 @@ def test_hyper_mix_matches_twin_and_is_doubly_stochastic(n, d, device, tol):
     assert (comb.sum(dim=-2) - 1).abs().max().item() < 1e-5  # (the last pass normalised the columns)
     pre = torch.sigmoid(mixes[:, :n] * scale[0] + base[:n]) + 1e-6  # by hand: the collapse weights
     assert (got[0] - (pre[:, :, None] * streams).sum(1)).abs().max().item() < tol
+
+
+def test_window_write_of_a_decode_step_equals_the_spec(device):
+    from dayzero.kernels.kv_write import write_window_torch
+
+    sc = _scenario(device, starts=[0, 5, 37, 8], news=[1, 1, 1, 1], seed=9)  # slots 0, 5, 5 (wrapped), 0
+    want, got = sc["window"].clone(), sc["window"].clone()
+    write_window_torch(sc["kv"], sc["batch"], want, sc["window_table"])
+    write_window(sc["kv"], sc["batch"], got, sc["window_table"], backend="torch")
+    assert torch.equal(got, want)

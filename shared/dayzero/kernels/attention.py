@@ -96,6 +96,51 @@ def sparse_attention_torch(
     return out
 
 
+def sparse_decode_torch(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    batch: RaggedBatch,
+    window: torch.Tensor,
+    window_table: torch.Tensor,
+    window_size: int,
+    sink: torch.Tensor,
+    compressed: CompressedKeys | None,
+) -> torch.Tensor:
+    """``sparse_attention_torch`` for one new token per sequence, every sequence at once (the CPU
+    decode path: no loop over sequences). Tested equal to the spec."""
+    b, _, dim = q.shape
+    capacity = window_table.shape[1] * window.shape[1]
+    pos = batch.positions.long()  # the new token's position = the sequence's start
+    slot = torch.arange(capacity, device=q.device)
+    ring_pos = pos[:, None] - 1 - torch.remainder(pos[:, None] - 1 - slot, capacity)  # [B, C]
+    values = torch.cat((window[window_table.long()].reshape(b, capacity, -1), kv[:, None]), dim=1).float()
+    key_pos = torch.cat((ring_pos, pos[:, None]), dim=1)
+    delta = pos[:, None] - key_pos
+    hidden = (key_pos < 0) | (delta < 0) | (delta >= window_size)  # [B, C + 1]
+    if compressed is not None:
+        if compressed.indices is not None:
+            entries = compressed.indices.long()  # [B, K], -1 = none
+            unseen = entries < 0
+        else:
+            longest = compressed.visible_max if compressed.visible_max is not None else int(compressed.visible.max())
+            entries = torch.arange(longest, device=q.device).expand(b, longest)
+            unseen = entries >= compressed.visible[:, None]
+        values = torch.cat((values, _gather_entries(compressed.pool, compressed.table, entries.clamp(min=0))), dim=1)
+        hidden = torch.cat((hidden, unseen), dim=1)
+    logits = torch.einsum("bhd,bkd->bhk", q.float(), values).masked_fill(hidden[:, None], float("-inf"))
+    logits = logits * dim**-0.5
+    probs = torch.cat((logits, sink.float().view(1, -1, 1).expand(b, -1, 1)), dim=-1).softmax(dim=-1)[..., :-1]
+    return torch.einsum("bhk,bkd->bhd", probs, values).to(q.dtype)
+
+
+def _gather_entries(pool: torch.Tensor, table: torch.Tensor, entries: torch.Tensor) -> torch.Tensor:
+    """Entries [B, K] of each sequence (row ``b`` of ``table``) from a block pool -> [B, K, D] fp32."""
+    if pool.shape[0] == 0:
+        return torch.zeros(*entries.shape, pool.shape[-1], device=pool.device)
+    bs = pool.shape[1]
+    return pool[table.long().gather(1, entries // bs), entries % bs].float()
+
+
 @dataclass(frozen=True, slots=True)
 class _Launch:
     """What both Triton kernels take about the keys: the window ring and the compressed entries."""
@@ -193,7 +238,7 @@ def sparse_attention_decode(
     if any(n != 1 for n in batch.news):
         raise ValueError("decode takes exactly one new token per sequence")
     if backend == "torch":
-        return sparse_attention_torch(q, kv, batch, window, window_table, window_size, sink, compressed)
+        return sparse_decode_torch(q, kv, batch, window, window_table, window_size, sink, compressed)
     launch = _launch(q, kv, window, window_table, window_size, compressed)
     n_seq, heads, dim = q.shape
     extra = {0: 0, 1: launch.slots, 2: launch.visible_max}[launch.mode]

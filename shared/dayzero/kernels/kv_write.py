@@ -57,6 +57,11 @@ def write_window(
     """In place: the ring pool ``window`` receives the rows of ``kv``."""
     if kv.shape[1] != window.shape[2] or kv.dtype != window.dtype or not window.is_contiguous():
         raise ValueError(f"kv {tuple(kv.shape)} {kv.dtype} does not fit window pool {tuple(window.shape)}")
+    if backend == "torch" and all(n == 1 for n in batch.news):  # decode: one row per sequence, at once
+        slot = torch.remainder(batch.positions.long(), window_table.shape[1] * window.shape[1])
+        blocks = window_table.long().gather(1, (slot // window.shape[1])[:, None])[:, 0]
+        window[blocks, slot % window.shape[1]] = kv
+        return
     if backend == "torch":
         write_window_torch(kv, batch, window, window_table)
         return
