@@ -184,3 +184,18 @@ def test_window_write_of_a_decode_step_equals_the_spec(device):
     write_window_torch(sc["kv"], sc["batch"], want, sc["window_table"])
     write_window(sc["kv"], sc["batch"], got, sc["window_table"], backend="torch")
     assert torch.equal(got, want)
+
+
+def test_batched_indexer_scores_of_a_decode_step_equal_the_spec(device):
+    from dayzero.kernels.indexer import indexer_scores_decode_torch
+
+    gen = torch.Generator().manual_seed(10)
+    batch = RaggedBatch.build([3, 30, 61, 0], [1, 1, 1, 1], device)
+    q, w = torch.randn(4, 4, 8, generator=gen).to(device), torch.randn(4, 4, generator=gen).to(device)
+    keys = torch.randn(40, BS, 8, generator=gen).to(device)
+    table = torch.randperm(40, generator=gen)[:20].view(4, 5).to(torch.int32).to(device)
+    visible = torch.div(batch.positions + 1, 4, rounding_mode="floor").to(torch.int32)
+    for first, count in ((0, 20), (3, 7), (16, 10)):  # whole, inside, past the end of the tables
+        want = indexer_scores_torch(q, w, batch, keys, table, visible, first, count)
+        got = indexer_scores_decode_torch(q, w, batch, keys, table, visible, first, count)
+        assert torch.allclose(got, want, atol=1e-6), (first, count)

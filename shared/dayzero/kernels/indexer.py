@@ -48,6 +48,30 @@ def indexer_scores_torch(
     return out
 
 
+def indexer_scores_decode_torch(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    batch: RaggedBatch,
+    keys: torch.Tensor,
+    table: torch.Tensor,
+    visible: torch.Tensor,
+    first: int,
+    count: int,
+) -> torch.Tensor:
+    """``indexer_scores_torch`` for one query per sequence, every sequence at once (the CPU decode
+    path). Tested equal to the spec."""
+    out = torch.full((q.shape[0], count), float("-inf"), device=q.device)
+    pool = keys[table.long()].flatten(1, 2)  # [B, blocks * bs, Di]
+    have = min(first + count, pool.shape[1]) - first
+    if have <= 0:
+        return out
+    scores = torch.relu(torch.einsum("bhd,bnd->bhn", q.float(), pool[:, first : first + have].float()))
+    scores = (scores * q.shape[-1] ** -0.5 * weights.float()[..., None]).sum(dim=1)  # [B, have]
+    entry = torch.arange(first, first + have, device=q.device)
+    out[:, :have] = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))
+    return out
+
+
 @triton.jit
 def _scores_kernel(
     q_ptr,
@@ -126,7 +150,10 @@ def indexer_topk(
         raise ValueError(f"bad shapes q {tuple(q.shape)} weights {tuple(weights.shape)} keys {tuple(keys.shape)}")
     visible = visible.to(torch.int32).contiguous()
     table = table.to(torch.int32).contiguous()
-    scores_fn = indexer_scores_torch if backend == "torch" else _scores_triton
+    scores_fn = _scores_triton
+    if backend == "torch":
+        decoding = all(n == 1 for n in batch.news)
+        scores_fn = indexer_scores_decode_torch if decoding else indexer_scores_torch
     best = torch.full((q.shape[0], topk), float("-inf"), device=q.device)
     best_idx = torch.full((q.shape[0], topk), -1, dtype=torch.long, device=q.device)
     if backend == "torch":  # the twin materialises [T, Hi, tile] scores: keep that near 64 MiB
