@@ -35,18 +35,21 @@ class CompressedKeys:
     visible_max: int | None = None  # max(visible), when the caller knows it on the host (no device sync)
 
 
-def _ring_positions(start: int, capacity: int, device: torch.device) -> torch.Tensor:
-    """Position held by each ring slot just before ``start`` (negative: never written)."""
+def _ring_positions(start: int | torch.Tensor, capacity: int, device: torch.device) -> torch.Tensor:
+    """Position held by each ring slot just before ``start`` (negative: never written); a start
+    per sequence ([B, 1]) gives one row of slots each ([B, capacity])."""
     slot = torch.arange(capacity, device=device)
     return start - 1 - torch.remainder(start - 1 - slot, capacity)
 
 
-def _entries(pool: torch.Tensor, table_row: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """Entries ``e`` (any shape) of one sequence from a block pool -> [*e.shape, D] fp32."""
+def _entries(pool: torch.Tensor, table: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """Entries ``e`` from a block pool -> [*e.shape, D] fp32: of one sequence (``table`` its row,
+    ``e`` any shape) or of every sequence (``table`` [B, cb], ``e`` [B, K])."""
     if pool.shape[0] == 0:
         return torch.zeros(*e.shape, pool.shape[-1], device=pool.device)
-    bs = pool.shape[1]
-    return pool[table_row.long()[e // bs], e % bs].float()
+    bs, table = pool.shape[1], table.long()
+    blocks = table[e // bs] if table.dim() == 1 else table.gather(1, e // bs)
+    return pool[blocks, e % bs].float()
 
 
 def sparse_attention_torch(
@@ -111,8 +114,7 @@ def sparse_decode_torch(
     b, _, dim = q.shape
     capacity = window_table.shape[1] * window.shape[1]
     pos = batch.positions.long()  # the new token's position = the sequence's start
-    slot = torch.arange(capacity, device=q.device)
-    ring_pos = pos[:, None] - 1 - torch.remainder(pos[:, None] - 1 - slot, capacity)  # [B, C]
+    ring_pos = _ring_positions(pos[:, None], capacity, q.device)  # [B, C]
     values = torch.cat((window[window_table.long()].reshape(b, capacity, -1), kv[:, None]), dim=1).float()
     key_pos = torch.cat((ring_pos, pos[:, None]), dim=1)
     delta = pos[:, None] - key_pos
@@ -125,20 +127,12 @@ def sparse_decode_torch(
             longest = compressed.visible_max if compressed.visible_max is not None else int(compressed.visible.max())
             entries = torch.arange(longest, device=q.device).expand(b, longest)
             unseen = entries >= compressed.visible[:, None]
-        values = torch.cat((values, _gather_entries(compressed.pool, compressed.table, entries.clamp(min=0))), dim=1)
+        values = torch.cat((values, _entries(compressed.pool, compressed.table, entries.clamp(min=0))), dim=1)
         hidden = torch.cat((hidden, unseen), dim=1)
     logits = torch.einsum("bhd,bkd->bhk", q.float(), values).masked_fill(hidden[:, None], float("-inf"))
     logits = logits * dim**-0.5
     probs = torch.cat((logits, sink.float().view(1, -1, 1).expand(b, -1, 1)), dim=-1).softmax(dim=-1)[..., :-1]
     return torch.einsum("bhk,bkd->bhd", probs, values).to(q.dtype)
-
-
-def _gather_entries(pool: torch.Tensor, table: torch.Tensor, entries: torch.Tensor) -> torch.Tensor:
-    """Entries [B, K] of each sequence (row ``b`` of ``table``) from a block pool -> [B, K, D] fp32."""
-    if pool.shape[0] == 0:
-        return torch.zeros(*entries.shape, pool.shape[-1], device=pool.device)
-    bs = pool.shape[1]
-    return pool[table.long().gather(1, entries // bs), entries % bs].float()
 
 
 @dataclass(frozen=True, slots=True)
