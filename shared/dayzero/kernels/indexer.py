@@ -21,6 +21,12 @@ from .batch import Backend, RaggedBatch
 TILE = 4096
 
 
+def _weighted_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """sum_h weights[x, h] * relu(q[x, h] . keys[x, n]) * Di^-0.5 -> [X, n] fp32; ``keys`` [X or 1, n, Di]."""
+    scores = torch.relu(torch.matmul(q.float(), keys.float().transpose(-1, -2))) * q.shape[-1] ** -0.5
+    return (scores * weights.float()[..., None]).sum(dim=1)
+
+
 def indexer_scores_torch(
     q: torch.Tensor,
     weights: torch.Tensor,
@@ -40,9 +46,7 @@ def indexer_scores_torch(
         have = min(first + count, pool.shape[0]) - first
         if have <= 0:
             continue
-        k = pool[first : first + have].float()
-        scores = torch.relu(torch.einsum("lhd,nd->lhn", q[rows].float(), k)) * q.shape[-1] ** -0.5
-        scores = (scores * weights[rows].float()[..., None]).sum(dim=1)  # [L, have]
+        scores = _weighted_scores(q[rows], weights[rows], pool[None, first : first + have])  # [L, have]
         hidden = entry[None, :have] >= visible[rows, None]
         out[rows, :have] = scores.masked_fill(hidden, float("-inf"))
     return out
@@ -65,8 +69,7 @@ def indexer_scores_decode_torch(
     have = min(first + count, pool.shape[1]) - first
     if have <= 0:
         return out
-    scores = torch.relu(torch.einsum("bhd,bnd->bhn", q.float(), pool[:, first : first + have].float()))
-    scores = (scores * q.shape[-1] ** -0.5 * weights.float()[..., None]).sum(dim=1)  # [B, have]
+    scores = _weighted_scores(q, weights, pool[:, first : first + have])  # [B, have]
     entry = torch.arange(first, first + have, device=q.device)
     out[:, :have] = scores.masked_fill(entry[None, :] >= visible[:, None], float("-inf"))
     return out
