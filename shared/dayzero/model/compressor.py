@@ -48,28 +48,26 @@ def _windows(
     kv, gate = kv[:used].view(n, rate, width), gate[:used].view(n, rate, width) + w.ape
     if state.overlap_kv is None:
         return kv, gate
-    pooled_kv = kv.new_zeros(n, 2 * rate, dim)
-    pooled_gate = gate.new_full((n, 2 * rate, dim), float("-inf"))
-    pooled_kv[:, rate:], pooled_gate[:, rate:] = kv[..., dim:], gate[..., dim:]
-    pooled_kv[1:, :rate], pooled_gate[1:, :rate] = kv[:-1, :, :dim], gate[:-1, :, :dim]
-    if start >= rate:  # the previous window closed in an earlier step
-        pooled_kv[0, :rate], pooled_gate[0, :rate] = state.overlap_kv[slot], state.overlap_gate[slot]
+    prev_kv = torch.cat((state.overlap_kv[slot][None], kv[:-1, :, :dim]))
+    prev_gate = torch.cat((state.overlap_gate[slot][None], gate[:-1, :, :dim]))
+    has_prev = torch.ones(n, dtype=torch.bool, device=kv.device)
+    has_prev[0] = start >= rate  # the first window's predecessor closed in an earlier step, if any
+    pooled = _pool_overlap(kv, gate, prev_kv, prev_gate, has_prev)
     state.overlap_kv[slot], state.overlap_gate[slot] = kv[-1, :, :dim], gate[-1, :, :dim]
-    return pooled_kv, pooled_gate
+    return pooled
 
 
 def _pool_overlap(
-    state: CompressorSlots, slots: torch.Tensor, kv: torch.Tensor, gate: torch.Tensor, first: torch.Tensor, dim: int
+    kv: torch.Tensor, gate: torch.Tensor, prev_kv: torch.Tensor, prev_gate: torch.Tensor, has_prev: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """CSA: window ``w``'s second series after window ``w - 1``'s first; windows [n, rate, 2 * dim]
-    of the sequences in ``slots``, ``first`` marks those whose previous window is in the state."""
-    n, rate = kv.shape[:2]
+    """CSA: each window's second series after the previous window's first series (``prev_*``, none
+    where ``has_prev`` is false): windows [n, rate, 2 * dim] -> pooled [n, 2 * rate, dim]."""
+    n, rate, width = kv.shape
+    dim = width // 2
     pooled_kv = kv.new_zeros(n, 2 * rate, dim)
     pooled_gate = gate.new_full((n, 2 * rate, dim), float("-inf"))
     pooled_kv[:, rate:], pooled_gate[:, rate:] = kv[..., dim:], gate[..., dim:]
-    prev = first.nonzero()[:, 0]
-    pooled_kv[prev, :rate], pooled_gate[prev, :rate] = state.overlap_kv[slots[prev]], state.overlap_gate[slots[prev]]
-    state.overlap_kv[slots], state.overlap_gate[slots] = kv[:, :, :dim], gate[:, :, :dim]
+    pooled_kv[has_prev, :rate], pooled_gate[has_prev, :rate] = prev_kv[has_prev], prev_gate[has_prev]
     return pooled_kv, pooled_gate
 
 
@@ -90,8 +88,11 @@ def _decode_windows(
     windows_kv, windows_gate = state.kv[closing], state.gate[closing] + w.ape
     entries = [starts[s] // rate for s in done]
     if state.overlap_kv is not None:
-        first = torch.tensor([e > 0 for e in entries], device=device)
-        windows_kv, windows_gate = _pool_overlap(state, closing, windows_kv, windows_gate, first, width // 2)
+        has_prev = torch.tensor([e > 0 for e in entries], device=device)
+        prev_kv, prev_gate = state.overlap_kv[closing], state.overlap_gate[closing]
+        dim = width // 2
+        state.overlap_kv[closing], state.overlap_gate[closing] = windows_kv[:, :, :dim], windows_gate[:, :, :dim]
+        windows_kv, windows_gate = _pool_overlap(windows_kv, windows_gate, prev_kv, prev_gate, has_prev)
     return windows_kv, windows_gate, done, entries
 
 
