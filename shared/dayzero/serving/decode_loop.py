@@ -22,7 +22,7 @@ from ..kv.pools import OutOfBlocks
 from ..model.forward import decode
 from ..telemetry import continued, tracer
 from .handoff import Receiver
-from .intake import Intake, Ticket
+from .intake import Intake, Ticket, run_loop
 from .messages import DecodeJob
 from .runtime import Runtime
 from .store import Token
@@ -51,28 +51,23 @@ class DecodeLoop:
         self._last_beat = 0.0
 
     def run_forever(self) -> None:
-        while not self.stop.is_set():
+        run_loop(self.stop, self._iteration, log)
+
+    def _iteration(self) -> None:
+        idle = not self.active and not self.waiting
+        self.waiting.extend(self.intake.drain(0.05 if idle else 0))
+        self._admit()
+        self._cancel()
+        if self.active:
             try:
-                idle = not self.active and not self.waiting
-                self.waiting.extend(self.intake.drain(0.05 if idle else 0))
-                self._admit()
-                self._cancel()
-                if self.active:
-                    try:
-                        self._step()
-                    except redis.RedisError:
-                        raise
-                    except Exception as exc:  # a failed step ends the batch's requests, never the loop
-                        self._fail(exc)
-                self._beat()
-                if self.waiting and not self.active:
-                    self.stop.wait(0.05)  # waiting for blocks or a handoff
-            except redis.RedisError as exc:  # Redis restarting: keep state, retry
-                log.warning("redis unavailable (%s); retrying", exc)
-                self.stop.wait(0.5)
-            except Exception:  # never let the loop thread die: its tasks would wait forever
-                log.exception("unexpected error in the loop; continuing")
-                self.stop.wait(0.5)
+                self._step()
+            except redis.RedisError:
+                raise
+            except Exception as exc:  # a failed step ends the batch's requests, never the loop
+                self._fail(exc)
+        self._beat()
+        if self.waiting and not self.active:
+            self.stop.wait(0.05)  # waiting for blocks or a handoff
 
     def _beat(self) -> None:
         """Lease heartbeats and worker liveness, a few times per lease period (not every step)."""

@@ -1,15 +1,20 @@
 """Jobs handed from Celery task threads to a stage's loop thread; each task waits for its job.
 
 The task holds its message unacked until the loop sets the job's event, so a worker that
-dies with work in flight leaves the message to be redelivered.
+dies with work in flight leaves the message to be redelivered. The loop thread itself must
+never die: ``run_loop`` keeps it iterating through Redis outages and bugs.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+import redis
 
 Job = TypeVar("Job")
 
@@ -38,3 +43,17 @@ class Intake(Generic[Job]):
                 items.append(self._queue.get_nowait())
         except queue.Empty:
             return items
+
+
+def run_loop(stop: threading.Event, iteration: Callable[[], None], log: logging.Logger) -> None:
+    """Call ``iteration`` until ``stop`` is set. Redis restarting or an unexpected error pauses
+    the loop, never ends it: the tasks waiting on its jobs would wait forever."""
+    while not stop.is_set():
+        try:
+            iteration()
+        except redis.RedisError as exc:  # Redis restarting: keep state, retry
+            log.warning("redis unavailable (%s); retrying", exc)
+            stop.wait(0.5)
+        except Exception:
+            log.exception("unexpected error in the loop; continuing")
+            stop.wait(0.5)

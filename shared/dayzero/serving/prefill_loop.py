@@ -25,7 +25,7 @@ from ..sampling import Logprob, PromptLogprobs
 from ..telemetry import continued, tracer
 from ..vision.encoder import splice
 from .handoff import discard_tensor, publish, take_tensor
-from .intake import Intake, Ticket
+from .intake import Intake, Ticket, run_loop
 from .lease import Heartbeat
 from .messages import DecodeJob, PrefillJob
 from .runtime import Runtime
@@ -43,26 +43,21 @@ class PrefillLoop:
         self.stop = threading.Event()
 
     def run_forever(self) -> None:
-        while not self.stop.is_set():
+        run_loop(self.stop, self._iteration, log)
+
+    def _iteration(self) -> None:
+        self.pending.extend(self.intake.drain(0.05 if not self.pending else 0))
+        self._reclaim_handoffs()
+        self.r.store.worker_alive("prefill", self.r.name, self.r.snapshot(len(self.pending) or 1))
+        if self.pending:
+            taken = self._take_batch()
             try:
-                self.pending.extend(self.intake.drain(0.05 if not self.pending else 0))
-                self._reclaim_handoffs()
-                self.r.store.worker_alive("prefill", self.r.name, self.r.snapshot(len(self.pending) or 1))
-                if self.pending:
-                    taken = self._take_batch()
-                    try:
-                        self._run([t for t in taken if self._admit(t)])
-                    except redis.RedisError:
-                        self._put_back(self._unsettled(taken))
-                        raise
-                    except Exception as exc:  # a failed forward ends its requests, never the loop
-                        self._fail(self._unsettled(taken), exc)
-            except redis.RedisError as exc:  # Redis restarting: keep state, retry
-                log.warning("redis unavailable (%s); retrying", exc)
-                self.stop.wait(0.5)
-            except Exception:  # never let the loop thread die: its tasks would wait forever
-                log.exception("unexpected error in the loop; continuing")
-                self.stop.wait(0.5)
+                self._run([t for t in taken if self._admit(t)])
+            except redis.RedisError:
+                self._put_back(self._unsettled(taken))
+                raise
+            except Exception as exc:  # a failed forward ends its requests, never the loop
+                self._fail(self._unsettled(taken), exc)
 
     def _fail(self, batch: list[Ticket[PrefillJob]], exc: Exception) -> None:
         log.exception("prefill of %d request(s) failed", len(batch))
