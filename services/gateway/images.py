@@ -1,6 +1,6 @@
 """Image parts of chat messages: validated and measured in the gateway, encoded by the vision stage.
 
-Each image becomes one ``<|image|>`` placeholder in the rendered prompt; after tokenizing,
+Each image becomes one ``<｜deepseek_image｜>`` placeholder in the rendered prompt; after tokenizing,
 the gateway expands it to one position per merged patch (the count follows from the image
 size alone), so limits on the prompt length hold before any tower runs.
 """
@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dayzero.chat.tokens import IMAGE
 from dayzero.vision.encoder import expand
 from dayzero.vision.preprocess import ImageError, ImageLimits, PatchSpec, decode, image_bytes, target_size
 
 from .errors import APIError
 from .schemas import Message
 
-IMAGE_TAG = "<|image|>"
+IMAGE_TAG = IMAGE
 
 
 @dataclass(frozen=True, slots=True)

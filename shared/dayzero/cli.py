@@ -228,7 +228,7 @@ def parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo-checkpoint", help="write the tiny random-weight DeepSeek-V4 checkpoint")
     demo.add_argument("out", help="directory to write (config.json, model.safetensors, tokenizer.json, ...)")
     demo.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
-    demo.add_argument("--vision", action="store_true", help="add a tiny vision tower (visual.*) and <|image|>")
+    demo.add_argument("--vision", action="store_true", help="add a tiny vision tower (visual.*) and the image token")
     demo.add_argument("--fp4", action="store_true", help="published format: FP4 experts, FP8 dense projections")
     demo.set_defaults(run=cmd_demo_checkpoint)
 

@@ -20,11 +20,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from .chat.tokens import ASSISTANT, BOS, EOS, IMAGE, SPECIAL_TOKENS, USER
 from .checkpoint import canonical_name
 
-BOS, EOS, IMAGE = "<|begin▁of▁sentence|>", "<|end▁of▁sentence|>", "<|image|>"
-USER, ASSISTANT = "<｜User｜>", "<｜Assistant｜>"
-SPECIAL_TOKENS = [BOS, EOS, IMAGE, USER, ASSISTANT]  # ids 0..4
 # DeepSeek-style turns: BOS, the system text, user turns and assistant turns (each ended by EOS)
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
@@ -93,7 +91,7 @@ def build_tokenizer(vocab_size: int) -> Tokenizer:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -153,7 +151,7 @@ def add_vision(out: Path, vision: dict[str, Any], image_token_id: int, seed: int
 
 def write_demo_checkpoint(out: str | Path, seed: int = 0, vision: bool = False, fp4: bool = False) -> Path:
     """The built-in default checkpoint: weights, config, tokenizer (with a chat template) and generation config
-    (``vision``: plus a tiny vision tower and the ``<|image|>`` placeholder; ``fp4``: in the
+    (``vision``: plus a tiny vision tower and the ``<｜deepseek_image｜>`` placeholder; ``fp4``: in the
     published format, FP4 experts and FP8 dense projections)."""
     out = write_checkpoint(out, DEMO_CONFIG, seed)
     if vision:
