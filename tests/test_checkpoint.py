@@ -100,13 +100,12 @@ def test_wrong_shape_is_named(tmp_path, tiny_checkpoint):
         load_model(broken)
 
 
-def test_unexpected_tensor_is_named_and_mtp_is_ignored(tmp_path, tiny_checkpoint):
+def test_a_partial_mtp_layer_is_named(tmp_path, tiny_checkpoint):
     def edit(t):
-        t["mtp.0.attn.wq_a.weight"] = torch.zeros(2, 2)
-        t["layers.0.attn.surprise"] = torch.zeros(2)
+        t["mtp.0.attn.wq_a.weight"] = torch.zeros(16, 32)
 
     broken = _edit_tensors(tiny_checkpoint, tmp_path / "extra", edit)
-    with pytest.raises(CheckpointError, match="unexpected tensor 'layers.0.attn.surprise'"):
+    with pytest.raises(CheckpointError, match=r"^missing tensor 'mtp.0.hc_attn_fn' \(and \d+ more"):
         load_model(broken)
 
 

@@ -8,10 +8,22 @@ from .conftest import tiny_config
 
 
 def test_compress_ratios_list_form():
-    raw = tiny_config(layer_types=None, compress_ratios=[0, 4, 128])
+    raw = tiny_config(layer_types=None, compress_ratios=[0, 4, 8])  # the tiny config's HCA rate is 8
     cfg = ModelConfig.from_dict(raw)
     assert cfg.layer_types == (SLIDING, CSA, HCA)
     assert cfg.compress_rate(0) == 0 and cfg.compress_rate(1) == 4 and cfg.compress_rate(2) == 8
+
+
+def test_release_compress_ratios_carry_the_mtp_layer_last():
+    # as released: one entry per layer plus the MTP layer's (0: sliding window only)
+    raw = {"model_type": "deepseek_v4", "num_hidden_layers": 4, "compress_ratios": [0, 0, 4, 128, 0]}
+    cfg = ModelConfig.from_dict({**raw, "num_nextn_predict_layers": 1})
+    assert cfg.layer_types == (SLIDING, SLIDING, CSA, HCA) and cfg.mtp_layer_type == SLIDING
+    assert cfg.num_nextn_predict_layers == 1 and cfg.compress_rate(4) == 0
+    with pytest.raises(ConfigError, match="compress_ratios has 6 entries; expected 4"):
+        ModelConfig.from_dict({**raw, "compress_ratios": [0, 0, 4, 128, 0, 0]})
+    with pytest.raises(ConfigError, match=r"must be 0, 4 \(CSA\) or 128 \(HCA\); got \[16\]"):
+        ModelConfig.from_dict({**raw, "compress_ratios": [0, 0, 4, 16]})
 
 
 def test_transformers_defaults_are_v4_flash():

@@ -1,8 +1,16 @@
-"""Compare dayzero with transformers' DeepseekV4ForCausalLM on the same checkpoint (fp32)."""
+"""Compare dayzero with transformers' DeepseekV4ForCausalLM on the same checkpoint (fp32).
+
+Exact ties among indexer scores (every head's ReLU at zero, common on tiny random checkpoints
+with few indexer heads) leave torch's ``topk`` free to pick any of the tied entries, while
+dayzero picks the earliest. Fidelity is therefore judged against the reference with its ties
+broken the same way (``EarliestTies``); the plain reference's error is reported beside it,
+with how many indexer queries had a tie at the top-k boundary.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,7 +42,10 @@ class AlignReport:
     greedy_match: bool
     steps: list[StepReport]
     sparse_vs_dense_max_abs: float  # how far CSA top-k selection moves the prompt logits (dayzero only)
-    tolerance: float = ABS_TOLERANCE
+    plain_max_abs_err: float  # against the reference with torch's own tie order
+    tied_queries: int  # indexer queries (x CSA layers) of the prompt with a tie at the top-k boundary
+    indexer_queries: int
+    tolerance: float = field(default=ABS_TOLERANCE)
 
     @property
     def ok(self) -> bool:
@@ -60,6 +71,42 @@ def reference_model(path: Path):
     return DeepseekV4ForCausalLM.from_pretrained(str(path), dtype=torch.float32, **extra).eval()
 
 
+class EarliestTies:
+    """While the reference's indexers run, ``Tensor.topk`` keeps tied scores in entry order (as
+    dayzero does) and counts the query rows whose k-th and (k+1)-th finite scores tie."""
+
+    def __init__(self, model: torch.nn.Module, enabled: bool = True) -> None:
+        from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4Indexer
+
+        self.indexers = [m for m in model.modules() if isinstance(m, DeepseekV4Indexer)]
+        self.enabled, self.tied, self.rows = enabled, 0, 0
+        self._saved = torch.Tensor.topk
+
+    def _topk(self, scores: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+        ordered, order = torch.sort(scores, dim=dim, descending=largest, stable=True)
+        if k < scores.shape[dim]:
+            kth, next_ = ordered.narrow(dim, k - 1, 1), ordered.narrow(dim, k, 1)
+            self.tied += int(((kth == next_) & torch.isfinite(kth)).sum())
+        self.rows += scores.numel() // max(scores.shape[dim], 1)
+        if not self.enabled:
+            return self._saved(scores, k, dim, largest, sorted)
+        return torch.return_types.topk((ordered.narrow(dim, 0, k), order.narrow(dim, 0, k)))
+
+    def __enter__(self) -> EarliestTies:
+        self._hooks = ExitStack()
+        patched = lambda scores, *args, **kwargs: self._topk(scores, *args, **kwargs)  # binds as a method
+        install = lambda *_: setattr(torch.Tensor, "topk", patched)
+        restore = lambda *_: setattr(torch.Tensor, "topk", self._saved)
+        for m in self.indexers:
+            self._hooks.callback(m.register_forward_pre_hook(install).remove)
+            self._hooks.callback(m.register_forward_hook(restore).remove)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.Tensor.topk = self._saved
+        self._hooks.close()
+
+
 @torch.inference_mode()
 def align(
     path: str | Path, prompt: list[int], tokens: int = 8, options: AttentionOptions = AttentionOptions()
@@ -67,7 +114,10 @@ def align(
     path = Path(path)
     ref, ours = reference_model(path), load_model(path, progress=False)
     ids = torch.tensor([prompt])
-    out = ref(ids, output_hidden_states=True)
+    with EarliestTies(ref, enabled=False) as plain:
+        plain_logits = ref(ids).logits[0]
+    with EarliestTies(ref):
+        out = ref(ids, output_hidden_states=True)
     capture: list[torch.Tensor] = []
     pools = pools_for(ours.cfg, torch.float32, len(prompt) + tokens, max_sequences=2)
     logits = score(ours, pools, "full", prompt, options, capture)
@@ -95,6 +145,10 @@ def align(
             match = False
             break
         sequence.append(ref_tok)
-        ref_logits = ref(torch.tensor([sequence])).logits[0, -1]
+        with EarliestTies(ref):
+            ref_logits = ref(torch.tensor([sequence])).logits[0, -1]
         our_logits = decode(ours, pools, ["steps"], [our_tok], options)[0]
-    return AlignReport(len(prompt), diff.max().item(), rel, layers, match, steps, sparse_shift)
+    plain_err = (logits - plain_logits).abs().max().item()
+    return AlignReport(
+        len(prompt), diff.max().item(), rel, layers, match, steps, sparse_shift, plain_err, plain.tied, plain.rows
+    )

@@ -26,17 +26,22 @@ def _ids(text: str) -> list[int]:
 
 
 def _prompt(args: argparse.Namespace, checkpoint: Path) -> list[int]:
-    if args.prompt_ids is not None:
-        return _ids(args.prompt_ids)
-    from .tokenizer import TextCodec
+    """The prompt's ids, each checked against the checkpoint's vocabulary."""
+    from .config import ModelConfig
+    from .tokenizer import load_codec
 
-    return TextCodec.from_checkpoint(checkpoint).encode(args.prompt)
+    ids = _ids(args.prompt_ids) if args.prompt_ids is not None else load_codec(checkpoint).encode(args.prompt)
+    vocab = ModelConfig.from_file(checkpoint).vocab_size
+    outside = [t for t in ids if not 0 <= t < vocab]
+    if outside:
+        raise SystemExit(f"error: token id {outside[0]} is outside the vocabulary [0, {vocab})")
+    return ids
 
 
 def cmd_demo_checkpoint(args: argparse.Namespace, settings: Settings) -> int:
     from .demo import write_demo_checkpoint
 
-    print(write_demo_checkpoint(args.out, seed=args.seed, vision=args.vision, fp4=args.fp4))
+    print(write_demo_checkpoint(args.out, seed=args.seed, vision=args.vision, fp4=args.fp4, shards=args.shards))
     return 0
 
 
@@ -46,10 +51,12 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     from .engine import Timings, generate
     from .kv.pools import pools_for
     from .sampling import SamplingParams
-    from .tokenizer import TextCodec
+    from .tokenizer import load_codec
 
     checkpoint = Path(args.checkpoint) if args.checkpoint else ensure_demo_checkpoint(settings.demo_checkpoint)
-    codec = TextCodec.from_checkpoint(checkpoint)
+    codec = load_codec(checkpoint)
+    if args.stop and not codec.has_tokenizer:
+        raise SystemExit("error: --stop needs text, and this checkpoint has no tokenizer.json")
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -62,8 +69,9 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     model = load_model(checkpoint, settings.torch_dtype, expert_cache_bytes=settings.expert_cache_mb << 20)
     pools = pools_for(model.cfg, settings.torch_dtype, min(settings.max_context, model.cfg.max_position_embeddings))
     timings = Timings()
-    for step in generate(model, codec, pools, prompt, params, timings, settings.max_context, settings.attention()):
-        sys.stdout.write(step.text)
+    steps = generate(model, codec, pools, prompt, params, timings, settings.max_context, settings.attention())
+    for i, step in enumerate(steps):  # text, or the ids when the checkpoint has no tokenizer
+        sys.stdout.write(step.text if codec.has_tokenizer else f"{',' if i else ''}{step.token}")
         sys.stdout.flush()
     sys.stdout.write("\n")
     if args.stats:
@@ -85,7 +93,14 @@ def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps(report.to_dict()))
     else:
         print(f"prompt tokens      {report.prompt_tokens}")
-        print(f"logits max abs err {report.max_abs_err:.3e}  (tolerance {report.tolerance:.0e})")
+        print(
+            f"logits max abs err {report.max_abs_err:.3e}  (tolerance {report.tolerance:.0e}; reference ties "
+            "broken towards the earliest entry, as dayzero breaks them)"
+        )
+        print(
+            f"  with torch's own tie order {report.plain_max_abs_err:.3e}; "
+            f"{report.tied_queries} of {report.indexer_queries} indexer queries tie at the top-k boundary"
+        )
         print(f"logits max rel err {report.max_rel_err:.3e}")
         for i, err in enumerate(report.layers):
             print(f"  layer {i:3d} hidden max abs err {err:.3e}")
@@ -195,9 +210,7 @@ def _example(url: str, model: str) -> None:
 def cmd_quantize(args: argparse.Namespace, settings: Settings) -> int:
     from .quant.quantize import quantize_checkpoint
 
-    if args.experts != "fp4" and args.dense != "fp8":
-        raise ValueError("nothing to do: give --experts fp4 and/or --dense fp8")
-    print(quantize_checkpoint(args.input, args.output, experts=args.experts == "fp4", dense=args.dense == "fp8"))
+    print(quantize_checkpoint(args.input, args.output, experts=args.experts, shards=args.shards))
     return 0
 
 
@@ -229,7 +242,8 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("out", help="directory to write (config.json, model.safetensors, tokenizer.json, ...)")
     demo.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
     demo.add_argument("--vision", action="store_true", help="add a tiny vision tower (visual.*) and the image token")
-    demo.add_argument("--fp4", action="store_true", help="published format: FP4 experts, FP8 dense projections")
+    demo.add_argument("--fp4", action="store_true", help="the release's formats: FP4 experts, FP8 dense, E8M0 scales")
+    demo.add_argument("--shards", type=int, default=1, help="weights in N files with an index (default 1)")
     demo.set_defaults(run=cmd_demo_checkpoint)
 
     def prompt_args(cmd: argparse.ArgumentParser, required: bool) -> None:
@@ -256,11 +270,16 @@ def parser() -> argparse.ArgumentParser:
     al.add_argument("--json", action="store_true", help="print one JSON object")
     al.set_defaults(run=cmd_align)
 
-    quant = sub.add_parser("quantize", help="write an FP4-expert / FP8-dense checkpoint from a float one")
+    quant = sub.add_parser("quantize", help="write a checkpoint in the release's FP8 / FP4 formats from a float one")
     quant.add_argument("input", help="float checkpoint directory")
     quant.add_argument("output", help="directory to write")
-    quant.add_argument("--experts", choices=["fp4", "keep"], default="fp4", help="routed experts (default fp4)")
-    quant.add_argument("--dense", choices=["fp8", "keep"], default="fp8", help="dense projections (default fp8)")
+    quant.add_argument(
+        "--experts",
+        choices=["fp4", "fp8"],
+        default="fp4",
+        help="routed experts: fp4 (MXFP4, the Instruct releases; default) or fp8 (the Base releases)",
+    )
+    quant.add_argument("--shards", type=int, default=1, help="weights in N files with an index (default 1)")
     quant.set_defaults(run=cmd_quantize)
 
     insp = sub.add_parser("inspect", help="parameter counts, dtypes and a memory plan (headers + config only)")
@@ -299,9 +318,23 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _settings() -> Settings:
+    """The process's settings; a bad DAYZERO_* value ends the command with one line naming it."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = [
+            f"DAYZERO_{'_'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}" if e["loc"] else e["msg"]
+            for e in exc.errors()
+        ]
+        raise SystemExit("error: " + "; ".join(problems)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    settings = Settings()
+    settings = _settings()
     try:
         return args.run(args, settings)
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as exc:

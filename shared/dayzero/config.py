@@ -18,7 +18,6 @@ LAYER_TYPES = (SLIDING, CSA, HCA)
 HASH_MOE, MOE = "hash_moe", "moe"
 SCORING_FUNCS = ("sqrtsoftplus", "sigmoid", "softmax")
 ROPE_TYPES = ("default", "yarn")
-_RATIO_TO_TYPE = {0: SLIDING, 4: CSA, 128: HCA}
 
 
 class ConfigError(ValueError):
@@ -74,13 +73,24 @@ class ModelConfig:
     scoring_func: str = "sqrtsoftplus"
     routed_scaling_factor: float = 1.5
     swiglu_limit: float = 10.0
+    # multi-token prediction (DeepSeek's MTPBlock: one decoder block per predicted token)
+    num_nextn_predict_layers: int = 0
+    mtp_layer_type: str = SLIDING  # the trailing ``compress_ratios`` entry (0 in the releases)
     # raw config (kept to write checkpoints and to build references)
     raw: dict[str, Any] = field(default_factory=dict, hash=False, compare=False, repr=False)
 
     def compress_rate(self, layer: int) -> int:
-        """Tokens per compressed entry for ``layer``; 0 for sliding-only layers."""
-        kind = self.layer_types[layer]
+        """Tokens per compressed entry for ``layer`` (``num_layers`` and above: the MTP layers);
+        0 for sliding-only layers."""
+        kind = self.layer_type(layer)
         return 0 if kind == SLIDING else self.compress_rates[kind]
+
+    def layer_type(self, layer: int) -> str:
+        return self.layer_types[layer] if layer < self.num_layers else self.mtp_layer_type
+
+    def hashed_moe(self, layer: int) -> bool:
+        """Whether ``layer`` routes by token id; the MTP layers never do (they follow the hash layers)."""
+        return layer < self.num_layers and self.mlp_layer_types[layer] == HASH_MOE
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
@@ -105,14 +115,26 @@ def _get(raw: dict[str, Any], key: str, default: Any) -> Any:
     return default if value is None else value
 
 
-def _layer_types(raw: dict[str, Any], n: int) -> tuple[str, ...]:
+def _ratio_types(raw: dict[str, Any], n: int, rates: dict[str, int]) -> list[str] | None:
+    """``compress_ratios`` (each layer's compression rate: 0 sliding, the CSA rate, the HCA rate) as
+    layer types: n entries, or n + 1 with the MTP layer's last (the releases)."""
+    ratios = raw.get("compress_ratios")
+    if ratios is None:
+        return None
+    ratios = list(ratios)
+    if len(ratios) not in (n, n + 1):
+        raise ConfigError(f"compress_ratios has {len(ratios)} entries; expected {n} (+1 for the MTP layer)")
+    by_rate = {0: SLIDING, rates[CSA]: CSA, rates[HCA]: HCA}
+    bad = [r for r in ratios if r not in by_rate]
+    if bad:
+        raise ConfigError(f"compress_ratios entries must be 0, {rates[CSA]} (CSA) or {rates[HCA]} (HCA); got {bad}")
+    return [by_rate[r] for r in ratios]
+
+
+def _layer_types(raw: dict[str, Any], n: int, rates: dict[str, int]) -> tuple[str, ...]:
     types = raw.get("layer_types")
-    if types is None and raw.get("compress_ratios") is not None:
-        ratios = list(raw["compress_ratios"])[:n]
-        bad = [r for r in ratios if r not in _RATIO_TO_TYPE]
-        if bad:
-            raise ConfigError(f"compress_ratios entries must be 0, 4 or 128; got {bad}")
-        types = [_RATIO_TO_TYPE[r] for r in ratios]
+    if types is None and (by_ratio := _ratio_types(raw, n, rates)) is not None:
+        types = by_ratio[:n]
     if types is None:  # transformers' default: 2 HCA bootstrap layers, then CSA / HCA interleaved
         types = [HCA] * min(n, 2) + [CSA if i % 2 else HCA for i in range(max(n - 2, 0))]
     types = list(types)[:n]
@@ -122,6 +144,11 @@ def _layer_types(raw: dict[str, Any], n: int) -> tuple[str, ...]:
     if bad:
         raise ConfigError(f"layer_types entries must be one of {LAYER_TYPES}; got {bad}")
     return tuple(types)
+
+
+def _mtp_layer_type(raw: dict[str, Any], n: int, rates: dict[str, int]) -> str:
+    types = _ratio_types(raw, n, rates)
+    return types[n] if types is not None and len(types) > n else SLIDING
 
 
 def _mlp_layer_types(raw: dict[str, Any], n: int) -> tuple[str, ...]:
@@ -185,6 +212,7 @@ def _parse(raw: dict[str, Any]) -> ModelConfig:
         rates[CSA] = int(raw["compress_rate_csa"])
     if raw.get("compress_rate_hca") is not None:
         rates[HCA] = int(raw["compress_rate_hca"])
+    rates = {CSA: int(rates[CSA]), HCA: int(rates[HCA])}
     eos = _get(raw, "eos_token_id", 1)
     max_pos = int(_get(raw, "max_position_embeddings", 1048576))
     rope_main, rope_compress = _ropes(raw, max_pos)
@@ -203,8 +231,8 @@ def _parse(raw: dict[str, Any]) -> ModelConfig:
         o_groups=int(_get(raw, "o_groups", 8)),
         o_lora_rank=int(_get(raw, "o_lora_rank", 1024)),
         sliding_window=int(_get(raw, "sliding_window", 128)),
-        layer_types=_layer_types(raw, n),
-        compress_rates={CSA: int(rates[CSA]), HCA: int(rates[HCA])},
+        layer_types=_layer_types(raw, n, rates),
+        compress_rates=rates,
         rope_main=rope_main,
         rope_compress=rope_compress,
         index_n_heads=int(_get(raw, "index_n_heads", 64)),
@@ -220,6 +248,8 @@ def _parse(raw: dict[str, Any]) -> ModelConfig:
         scoring_func=str(_get(raw, "scoring_func", "sqrtsoftplus")),
         routed_scaling_factor=float(_get(raw, "routed_scaling_factor", 1.5)),
         swiglu_limit=float(_get(raw, "swiglu_limit", 10.0)),
+        num_nextn_predict_layers=int(_get(raw, "num_nextn_predict_layers", 0)),
+        mtp_layer_type=_mtp_layer_type(raw, n, rates),
         raw=dict(raw),
     )
     _validate(cfg, raw)

@@ -21,7 +21,8 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from .chat.tokens import ASSISTANT, BOS, EOS, IMAGE, SPECIAL_TOKENS, USER
-from .checkpoint import canonical_name
+from .checkpoint_files import canonical_name
+from .quant.shards import write_shards
 
 # DeepSeek-style turns: BOS, the system text, user turns and assistant turns (each ended by EOS)
 CHAT_TEMPLATE = (
@@ -149,20 +150,53 @@ def add_vision(out: Path, vision: dict[str, Any], image_token_id: int, seed: int
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def write_demo_checkpoint(out: str | Path, seed: int = 0, vision: bool = False, fp4: bool = False) -> Path:
-    """The built-in default checkpoint: weights, config, tokenizer (with a chat template) and generation config
-    (``vision``: plus a tiny vision tower and the ``<｜deepseek_image｜>`` placeholder; ``fp4``: in the
-    published format, FP4 experts and FP8 dense projections)."""
+def add_mtp(out: Path, seed: int) -> None:
+    """Add one random MTP layer (``mtp.0.*`` in DeepSeek's MTPBlock layout: e_proj, h_proj, enorm,
+    hnorm, norm, hc_head_*, a sliding-attention block with a score-routed MoE) and the release's
+    ``num_nextn_predict_layers`` and ``compress_ratios`` (each layer's rate, the MTP layer's 0 last)."""
+    from .config import ModelConfig
+    from .model.weights import skeleton
+
+    config = json.loads((out / "config.json").read_text())
+    cfg = ModelConfig.from_dict(config)
+    gen = torch.Generator().manual_seed(seed + 11)
+    tensors = load_file(str(out / "model.safetensors"))
+    for name, t in skeleton(cfg, mtp_layers=1).mtp.state_dict().items():
+        value = torch.randn(t.shape, generator=gen) * (0.02 if t.dim() >= 2 else 0.5)
+        if name.endswith("norm.weight"):
+            value = 1 + 0.1 * torch.randn(t.shape, generator=gen)
+        stem, _, matrix = name.rpartition(".")
+        if stem.endswith("ffn.experts"):  # stacked [E, ...] in the model, one tensor per expert on disk
+            tensors.update({f"mtp.{stem}.{e}.{matrix}.weight": value[e].contiguous() for e in range(t.shape[0])})
+        else:
+            tensors[f"mtp.{name}"] = value
+    save_file(tensors, str(out / "model.safetensors"))
+    ratios = [cfg.compress_rate(i) for i in range(cfg.num_layers)] + [0]
+    config.update(num_nextn_predict_layers=1, compress_ratios=ratios)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def write_demo_checkpoint(
+    out: str | Path, seed: int = 0, vision: bool = False, fp4: bool = False, shards: int = 1
+) -> Path:
+    """The built-in default checkpoint in the release's layout: weights (with an MTP layer), config,
+    tokenizer (V4's special tokens) and generation config. ``vision``: plus a tiny vision tower and
+    the ``<｜deepseek_image｜>`` placeholder; ``fp4``: the release's formats (FP4 experts, FP8 dense
+    projections, float8_e8m0fnu scales); ``shards``: that many files with an index."""
     out = write_checkpoint(out, DEMO_CONFIG, seed)
     if vision:
         add_vision(out, DEMO_VISION, SPECIAL_TOKENS.index(IMAGE), seed)
+    add_mtp(out, seed)
     if fp4:
         from .quant.quantize import quantize_checkpoint
 
         with tempfile.TemporaryDirectory() as tmp:
-            quantize_checkpoint(out, tmp, progress=False)
-            for name in ("model.safetensors", "config.json"):
-                shutil.move(str(Path(tmp) / name), str(out / name))
+            quantize_checkpoint(out, tmp, progress=False, shards=shards)
+            (out / "model.safetensors").unlink()
+            for file in [*Path(tmp).glob("model*.safetensors*"), Path(tmp) / "config.json"]:
+                shutil.move(str(file), str(out / file.name))
+    elif shards > 1:
+        write_shards(load_file(str(out / "model.safetensors")), out, shards)
     build_tokenizer(DEMO_CONFIG["vocab_size"]).save(str(out / "tokenizer.json"))
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",

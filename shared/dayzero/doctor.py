@@ -1,6 +1,7 @@
 """``dayzero doctor URL``: check a running deployment the way an operator brings up a new model.
 
 Each check sends real requests through the gateway and reads its answers and ``/metrics``:
+every worker's start-up check of its quantized weights passed,
 the request is queued, prefill and decode produce tokens, text and image requests take
 different paths, stop strings / EOS / max tokens end requests with the right reason, bad
 input is refused with 400, and a cancelled stream gives its blocks back.
@@ -58,6 +59,12 @@ class Doctor:
         ready = self.http.get("/ready")
         assert ready.status_code == 200, f"/ready answered {ready.status_code}: {ready.text[:200]}"
         return f"model {self.model}, workers {ready.json().get('workers')}"
+
+    def check_weights(self) -> str:
+        counts = {stage: self.metric("dayzero_weights_checked_tensors", stage=stage) for stage in ("prefill", "decode")}
+        missing = [stage for stage, n in counts.items() if n <= 0]
+        assert not missing, f"no {' or '.join(missing)} worker reports a weight check (dayzero_weights_checked_tensors)"
+        return ", ".join(f"{stage}: {int(n)} quantized tensors decoded sanely at start" for stage, n in counts.items())
 
     def check_queue_prefill_decode(self) -> str:
         start, stamps, usage = time.perf_counter(), [], {}
@@ -160,6 +167,7 @@ class Doctor:
     def run(self) -> list[Check]:
         checks: list[tuple[str, Callable[[], str]]] = [
             ("gateway ready", self.check_ready),
+            ("weights checked", self.check_weights),
             ("queue, prefill, decode", self.check_queue_prefill_decode),
             ("text and image paths", self.check_paths),
             ("stop, EOS, max tokens", self.check_endings),

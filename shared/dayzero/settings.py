@@ -91,7 +91,7 @@ class Settings(BaseSettings):
 
     @property
     def demo_checkpoint(self) -> Path:
-        return self.cache_dir / "demo-checkpoint-vision-fp4-chat"
+        return self.cache_dir / "demo-checkpoint-v4-release"
 
     @property
     def visibility_timeout_s(self) -> int:

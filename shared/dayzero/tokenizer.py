@@ -20,6 +20,8 @@ _TEMPLATE_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
 class TextCodec:
     """Encode prompts and decode completions, streaming-safe."""
 
+    has_tokenizer = True
+
     def __init__(self, tokenizer: Tokenizer, chat_template: str | None = None, tokens: dict | None = None) -> None:
         self._tok = tokenizer
         self.chat_template = chat_template
@@ -64,6 +66,35 @@ class TextCodec:
             conversations=[messages], chat_template=self.chat_template, add_generation_prompt=True, **self._tokens
         )
         return self._tok.encode(text, add_special_tokens=False).ids  # the template placed its own specials
+
+
+class NoTokenizerError(ValueError):
+    """Text was given to a checkpoint that ships no tokenizer.json."""
+
+
+class IdsOnlyCodec:
+    """Stands in for ``TextCodec`` when a checkpoint ships no tokenizer.json (as a bare release
+    download may): prompts must be token ids, completions are token ids without text."""
+
+    chat_template = None
+    has_tokenizer = False
+
+    def encode(self, text: str) -> list[int]:
+        raise NoTokenizerError("this checkpoint has no tokenizer.json: send the prompt as token ids")
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        raise NoTokenizerError("this checkpoint has no tokenizer.json: chats need one; send token ids to completions")
+
+    def decode(self, ids: list[int]) -> str:
+        return ""
+
+    def token_id(self, token: str) -> int | None:
+        return None
+
+
+def load_codec(root: str | Path) -> TextCodec | IdsOnlyCodec:
+    """The checkpoint's tokenizer, or token ids only when it ships none."""
+    return TextCodec.from_checkpoint(root) if (Path(root) / "tokenizer.json").exists() else IdsOnlyCodec()
 
 
 def _content(token: str | dict) -> str:

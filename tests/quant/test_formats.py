@@ -12,6 +12,7 @@ from dayzero.quant.formats import (
     dequant_mxfp4,
     quant_fp8,
     quant_mxfp4,
+    ue8m0_bytes,
     ue8m0_to_float,
     unpack_e2m1,
 )
@@ -56,15 +57,46 @@ def test_gpt_oss_blocks_match_transformers_unpacking():
 def test_fp8_block_scales_fp32_and_ue8m0():
     w = torch.randn(64, 256)
     for ue8m0 in (False, True):
-        q, s = quant_fp8(w, (32, 128), ue8m0)
+        q, s = quant_fp8(w, ue8m0, block=(32, 128))
         assert q.dtype == torch.float8_e4m3fn and s.shape == (2, 2)
-        assert (dequant_fp8(q, s) - w).abs().max() < 0.07 * w.abs().max()
+        assert (dequant_fp8(q, s, block=(32, 128)) - w).abs().max() < 0.07 * w.abs().max()
+
+
+def test_e8m0_scales_are_read_by_their_bits_in_every_stored_dtype():
+    # 2^-7 is the byte 120; as float8_e8m0fnu, a value conversion (.to(uint8)) would give 0
+    e8m0 = torch.tensor([120, 127, 130], dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    assert e8m0.to(torch.uint8).tolist() == [0, 1, 8]  # the trap: converting by value
+    assert ue8m0_bytes(e8m0).tolist() == [120, 127, 130]
+    assert ue8m0_bytes(torch.tensor([120, 127, 130], dtype=torch.uint8)).tolist() == [120, 127, 130]
+    assert ue8m0_bytes(torch.tensor([2.0**-7, 1.0, 8.0, 2.0**-127])).tolist() == [120, 127, 130, 0]
+    with pytest.raises(FormatError, match="powers of two.*0.3"):
+        ue8m0_bytes(torch.tensor([1.0, 0.3]), "layers.1.ffn.experts.0.w1.scale")
+    with pytest.raises(FormatError, match="float8_e8m0fnu, uint8 or float32; found torch.bfloat16"):
+        ue8m0_bytes(torch.ones(2, dtype=torch.bfloat16))
+    # one 1.0 E2M1 pair with scale 2^-7 decodes to 2^-7 from either spelling of the scale
+    pair = torch.full((1, 16), 0x22, dtype=torch.uint8)
+    assert dequant_mxfp4(pair, ue8m0_bytes(e8m0[:1].reshape(1, 1))).eq(2.0**-7).all()
+
+
+def test_fp8_partial_blocks_follow_the_ceil_grid():
+    # [200, 130] in 128x128 blocks: a 2x2 grid whose last row and column of blocks are partial
+    w = torch.arange(200 * 130, dtype=torch.float32).reshape(200, 130) % 7 - 3  # exact in e4m3
+    scales = torch.tensor([[1.0, 2.0], [4.0, 0.5]])
+    out = dequant_fp8(w.to(torch.float8_e4m3fn), scales)
+    assert torch.equal(out[:128, :128], w[:128, :128]) and torch.equal(out[:128, 128:], 2 * w[:128, 128:])
+    assert torch.equal(out[128:, :128], 4 * w[128:, :128]) and torch.equal(out[128:, 128:], 0.5 * w[128:, 128:])
+    e8m0 = torch.tensor([[127, 128], [129, 126]], dtype=torch.uint8)  # the same scales as E8M0 bytes
+    assert torch.equal(dequant_fp8(w.to(torch.float8_e4m3fn), e8m0.view(torch.float8_e8m0fnu)), out)
+    with pytest.raises(FormatError, match=r"needs scales \[2, 2\]; found \[1, 2\]"):
+        dequant_fp8(w.to(torch.float8_e4m3fn), scales[:1])
+    q, s = quant_fp8(torch.randn(200, 130), ue8m0=True)
+    assert s.shape == (2, 2) and q.shape == (200, 130)
 
 
 def test_unsupported_formats_are_named():
     with pytest.raises(FormatError, match="layers.0.ffn.experts.1.w1.weight: MXFP4"):
         dequant_mxfp4(torch.zeros(4, 8), torch.zeros(4, 1, dtype=torch.uint8), "layers.0.ffn.experts.1.w1.weight")
-    with pytest.raises(FormatError, match="wq_a.*FP8"):
+    with pytest.raises(FormatError, match="wq_a: FP8 weights must be float8_e4m3fn"):
         dequant_fp8(torch.zeros(4, 8), torch.ones(1, 1), "wq_a")
     with pytest.raises(FormatError, match="divisible by 32"):
         quant_mxfp4(torch.zeros(2, 40))

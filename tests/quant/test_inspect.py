@@ -40,8 +40,6 @@ def test_quantize_and_inspect_commands(tmp_path, checkpoint_factory):
             str(path),
             "--experts",
             "fp4",
-            "--dense",
-            "fp8",
         ],
         capture_output=True,
         text=True,
@@ -56,7 +54,7 @@ def test_quantize_and_inspect_commands(tmp_path, checkpoint_factory):
     )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    assert report["tensors_by_dtype"]["I8"] == 3 * 6 * 3 and report["unmapped_tensors"] == []
+    assert report["tensors_by_dtype"]["int8"] == 3 * 6 * 3 and report["unmapped_tensors"] == []
     assert set(report["memory_gib"]) == {
         "packed_weights",
         "dequant_workspace",

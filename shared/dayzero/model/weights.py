@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import CSA, HASH_MOE, SLIDING, ModelConfig
+from ..config import CSA, SLIDING, ModelConfig
 from ..quant.experts import PackedExperts
 
 # Parameters that stay fp32 whatever the serving dtype (as in the reference).
@@ -56,7 +56,7 @@ class Indexer(nn.Module):
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
-        kind, rate = cfg.layer_types[layer], cfg.compress_rate(layer)
+        kind, rate = cfg.layer_type(layer), cfg.compress_rate(layer)
         self.wq_a = _linear(cfg.hidden_size, cfg.q_lora_rank)
         self.q_norm = Norm(cfg.q_lora_rank)
         self.wq_b = _linear(cfg.q_lora_rank, cfg.num_heads * cfg.head_dim)
@@ -100,7 +100,7 @@ class SharedExpert(nn.Module):
 class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, packed: bool) -> None:
         super().__init__()
-        self.gate = Gate(cfg, hashed=cfg.mlp_layer_types[layer] == HASH_MOE)
+        self.gate = Gate(cfg, hashed=cfg.hashed_moe(layer))
         kind = PackedExperts if packed else Experts
         self.experts = kind(cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size)
         self.shared_experts = SharedExpert(cfg.hidden_size, cfg.moe_intermediate_size)
@@ -118,26 +118,44 @@ class Block(nn.Module):
         self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale = _param(n_mix, width), _param(n_mix), _param(3)
 
 
-class Transformer(nn.Module):
-    """``packed_experts``: routed experts stay MXFP4 (see dayzero.quant.experts)."""
+def _hc_head(cfg: ModelConfig) -> tuple[nn.Parameter, nn.Parameter, nn.Parameter]:
+    """``hc_head_{fn,base,scale}``: collapse the hyper-connection streams before the final norm."""
+    return _param(cfg.hc_mult, cfg.hc_mult * cfg.hidden_size), _param(cfg.hc_mult), _param(1)
 
-    def __init__(self, cfg: ModelConfig, packed_experts: bool = False) -> None:
+
+class MTPBlock(Block):
+    """One multi-token-prediction layer (``mtp.N.*``, DeepSeek's MTPBlock): a decoder block numbered
+    after the main layers (sliding attention, score-routed MoE), fed ``e_proj(enorm(embed(next)))
+    + h_proj(hnorm(h))``, with its own norm and hyper-connection head; embedding and head shared."""
+
+    def __init__(self, cfg: ModelConfig, index: int, packed: bool) -> None:
+        super().__init__(cfg, cfg.num_layers + index, packed)
+        self.e_proj = _linear(cfg.hidden_size, cfg.hidden_size)
+        self.h_proj = _linear(cfg.hidden_size, cfg.hidden_size)
+        self.enorm, self.hnorm, self.norm = Norm(cfg.hidden_size), Norm(cfg.hidden_size), Norm(cfg.hidden_size)
+        self.hc_head_fn, self.hc_head_base, self.hc_head_scale = _hc_head(cfg)
+
+
+class Transformer(nn.Module):
+    """``packed_experts``: routed experts stay MXFP4 (see dayzero.quant.experts); ``mtp_layers``: how
+    many ``mtp.N`` layers the checkpoint ships (loaded for speculative decoding, unused by the forward)."""
+
+    def __init__(self, cfg: ModelConfig, packed_experts: bool = False, mtp_layers: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size).requires_grad_(False)
         self.layers = nn.ModuleList(Block(cfg, i, packed_experts) for i in range(cfg.num_layers))
         self.norm = Norm(cfg.hidden_size)
         self.head = _linear(cfg.hidden_size, cfg.vocab_size)
-        self.hc_head_fn = _param(cfg.hc_mult, cfg.hc_mult * cfg.hidden_size)
-        self.hc_head_base = _param(cfg.hc_mult)
-        self.hc_head_scale = _param(1)
+        self.hc_head_fn, self.hc_head_base, self.hc_head_scale = _hc_head(cfg)
+        self.mtp = nn.ModuleList(MTPBlock(cfg, i, packed_experts) for i in range(mtp_layers))
 
 
 def is_fp32_param(name: str) -> bool:
     return name.endswith(FP32_SUFFIXES)
 
 
-def skeleton(cfg: ModelConfig, packed_experts: bool = False) -> Transformer:
+def skeleton(cfg: ModelConfig, packed_experts: bool = False, mtp_layers: int = 0) -> Transformer:
     """The module tree on the meta device: names, shapes, no memory."""
     with torch.device("meta"):
-        return Transformer(cfg, packed_experts)
+        return Transformer(cfg, packed_experts, mtp_layers)

@@ -2,19 +2,27 @@
 
 MXFP4 (OCP Microscaling): E2M1 elements, two per byte (low nibble = even element), one
 UE8M0 scale (2^(e-127), 0xFF = NaN) per 32 consecutive elements along the input dimension.
-DeepSeek-V4 ships an expert weight [out, in] as int8 [out, in/2] with uint8 scales [out, in/32];
+DeepSeek-V4 ships an expert weight [out, in] as int8 [out, in/2] with scales [out, in/32];
 gpt-oss ships ``*_blocks [..., G, 16]`` with ``*_scales [..., G]`` (G = in/32).
-FP8: e4m3 weights with one scale per (block_m x block_n) tile, fp32 or UE8M0; the block
-size is derived from the scale grid (rows // scale_rows, cols // scale_cols).
+FP8: e4m3 weights with one scale per 128 x 128 tile, the grid [ceil(out/128), ceil(in/128)]
+(the last tiles may be partial).
+
+Scales come as ``float8_e8m0fnu`` (the Instruct releases), ``uint8`` (the same bits) or
+``float32`` (the Base releases). An E8M0 tensor is reinterpreted bit for bit, never converted
+by value: ``.to()`` of 2^-7 through an integer dtype gives 0 and silently zeroes the experts.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 MX_BLOCK = 32
 FP8_MAX = 448.0
+FP8_BLOCK = (128, 128)
+SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8, torch.float32)
 
 
 class FormatError(ValueError):
@@ -27,6 +35,34 @@ def ue8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
         scales = scales.view(torch.uint8)
     out = torch.exp2(scales.to(torch.float32) - 127.0)
     return torch.where(scales == 255, torch.full_like(out, float("nan")), out)
+
+
+def ue8m0_bytes(scales: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+    """A checkpoint's MX scales as uint8 exponents (value 2^(byte-127)).
+
+    float8_e8m0fnu: its bits; uint8: as is; float32: exact powers of two in [2^-127, 2^127]
+    (anything else cannot be an E8M0 scale and is refused).
+    """
+    if scales.dtype == torch.uint8:
+        return scales
+    if scales.dtype == torch.float8_e8m0fnu:
+        return scales.view(torch.uint8)
+    if scales.dtype == torch.float32:
+        mantissa, exponent = torch.frexp(scales)
+        byte = exponent.to(torch.int32) + 126  # x = 0.5 * 2^exponent = 2^(byte - 127)
+        bad = (mantissa != 0.5) | (byte < 0) | (byte > 254)
+        if bad.any():
+            value = scales[bad][0].item()
+            raise FormatError(f"{name}: float32 MX scales must be powers of two in [2^-127, 2^127]; found {value}")
+        return byte.to(torch.uint8)
+    raise FormatError(f"{name}: scales must be float8_e8m0fnu, uint8 or float32; found {scales.dtype}")
+
+
+def block_scales(scales: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+    """FP8 block scales as fp32 multipliers: E8M0 (float8_e8m0fnu / uint8) by their bits, float32 as is."""
+    if scales.dtype == torch.float32:
+        return scales
+    return ue8m0_to_float(ue8m0_bytes(scales, name))
 
 
 def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
@@ -79,35 +115,53 @@ def quant_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed, (exponent + 127).to(torch.uint8)
 
 
-def fp8_block(rows: int, cols: int, block: int = 128) -> tuple[int, int] | None:
-    """The tile of a [rows, cols] weight (whole axis when shorter than ``block``), or None."""
-    bm, bn = min(block, rows), min(block, cols)
-    return (bm, bn) if rows % bm == 0 and cols % bn == 0 else None
+def fp8_aligned(rows: int, cols: int, block: tuple[int, int] = FP8_BLOCK) -> bool:
+    """Whether every FP8 block of a [rows, cols] weight is whole (or the axis is shorter than one block).
+
+    transformers derives the block size from the scale grid (rows // grid rows), which agrees
+    with the 128-block convention only for such shapes.
+    """
+    return all(n % min(b, n) == 0 for n, b in ((rows, block[0]), (cols, block[1])))
 
 
-def quant_fp8(weight: torch.Tensor, tile: tuple[int, int], ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """[out, in] -> (float8_e4m3fn weight, scales [out/bm, in/bn]: fp32, or uint8 UE8M0)."""
+def quant_fp8(
+    weight: torch.Tensor, ue8m0: bool, block: tuple[int, int] = FP8_BLOCK
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] -> (float8_e4m3fn weight, scales [ceil(out/bm), ceil(in/bn)]: fp32, or uint8 UE8M0)."""
     rows, cols = weight.shape
-    bm, bn = tile
-    tiles = weight.float().reshape(rows // bm, bm, cols // bn, bn)
+    (gr, gc), (bm, bn) = fp8_grid(rows, cols, block), block
+    padded = torch.zeros(gr * bm, gc * bn, dtype=torch.float32, device=weight.device)
+    padded[:rows, :cols] = weight.float()
+    tiles = padded.reshape(gr, bm, gc, bn)
     amax = tiles.abs().amax(dim=(1, 3)).clamp(min=torch.finfo(torch.float32).tiny)
     scale = amax / FP8_MAX  # dequant multiplies by it
     if ue8m0:
         scale = torch.exp2(torch.ceil(torch.log2(scale)))
-    q = (tiles / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).reshape(rows, cols).to(torch.float8_e4m3fn)
+    q = (tiles / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).reshape(gr * bm, gc * bn)[:rows, :cols]
     stored = (torch.log2(scale) + 127).round().to(torch.uint8) if ue8m0 else scale
-    return q, stored
+    return q.to(torch.float8_e4m3fn), stored
 
 
-def dequant_fp8(weight: torch.Tensor, scales: torch.Tensor, name: str = "tensor") -> torch.Tensor:
-    """float8_e4m3fn [out, in] + scales [sr, sc] (fp32 or UE8M0) -> fp32 [out, in]."""
+def fp8_grid(rows: int, cols: int, block: tuple[int, int] = FP8_BLOCK) -> tuple[int, int]:
+    """The scale grid of a [rows, cols] FP8 weight: one scale per block, the last ones partial."""
+    return math.ceil(rows / block[0]), math.ceil(cols / block[1])
+
+
+def dequant_fp8(
+    weight: torch.Tensor, scales: torch.Tensor, name: str = "tensor", block: tuple[int, int] = FP8_BLOCK
+) -> torch.Tensor:
+    """float8_e4m3fn [out, in] + scales [ceil(out/bm), ceil(in/bn)] (fp32 or UE8M0) -> fp32 [out, in]."""
     rows, cols = weight.shape
-    sr, sc = scales.shape
-    if weight.dtype != torch.float8_e4m3fn or rows % sr or cols % sc:
+    if weight.dtype != torch.float8_e4m3fn:
+        raise FormatError(f"{name}: FP8 weights must be float8_e4m3fn; found {weight.dtype}")
+    grid = fp8_grid(rows, cols, block)
+    if tuple(scales.shape) != grid:
         raise FormatError(
-            f"{name}: FP8 needs float8_e4m3fn data and a scale grid dividing it; "
-            f"got {weight.dtype} {tuple(weight.shape)} with scales {tuple(scales.shape)}"
+            f"{name}: a [{rows}, {cols}] FP8 weight in {block[0]}x{block[1]} blocks needs scales {list(grid)}; "
+            f"found {list(scales.shape)}"
         )
-    s = ue8m0_to_float(scales) if scales.dtype in (torch.uint8,) or "e8m0" in str(scales.dtype) else scales.float()
-    tiles = weight.float().reshape(sr, rows // sr, sc, cols // sc)
-    return (tiles * s[:, None, :, None]).reshape(rows, cols)
+    s = block_scales(scales, name)
+    if not torch.isfinite(s).all() or (s <= 0).any():
+        raise FormatError(f"{name}: FP8 block scales must be finite and positive")
+    full = s.repeat_interleave(block[0], dim=0)[:rows].repeat_interleave(block[1], dim=1)[:, :cols]
+    return weight.float() * full

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..checkpoint import packed_experts, scan
+from ..checkpoint_files import mtp_layers, place
 from ..config import ModelConfig
 from ..kv.layout import GROWING_POOLS, PoolLayout
 from ..model.weights import skeleton
@@ -90,10 +91,12 @@ def inspect(
     dtypes: Counter[str] = Counter()
     unmapped: list[str] = []
     if path.is_dir() and (any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").exists()):
-        expected = skeleton(cfg, packed_experts(cfg)).state_dict()
-        for entry in scan(path):
-            dtypes[entry.dtype] += 1
-            if entry.target not in expected:
+        entries = list(scan(path))
+        packed = packed_experts(cfg)
+        expected = skeleton(cfg, packed, mtp_layers(entries)).state_dict()
+        for entry in entries:
+            dtypes[entry.dtype_name] += 1
+            if place(entry.name, packed).target not in expected:
                 unmapped.append(entry.key)
     fp4 = packed_experts(cfg) if dtypes else True  # a bare config: plan for the published FP4 experts
     memory = memory_plan(cfg, total, routed, batch, context, devices, expert_cache_gib, fp4)

@@ -33,6 +33,10 @@ GAUGES = {
     "selected_fraction": ("dayzero_indexer_selected_fraction", "CSA entries attended / entries available"),
     "expert_cache_hit_rate": ("dayzero_expert_cache_hit_rate", "hits / (hits + misses)"),
     "encoder_cache_hit_rate": ("dayzero_encoder_cache_hit_rate", "hits / (hits + misses)"),
+    "weights_checked": (
+        "dayzero_weights_checked_tensors",
+        "quantized tensors whose sample decoded sanely at start (finite power-of-two scales, no all-zero expert)",
+    ),
 }
 
 

@@ -17,7 +17,7 @@ from ..kv.pools import KVPools
 from ..kv.shared import CudaSharedPools, Segment, SharedPools, sweep_stale
 from ..model.weights import Transformer
 from ..settings import Settings
-from ..tokenizer import TextCodec
+from ..tokenizer import IdsOnlyCodec, TextCodec, load_codec
 from .metrics import WorkerStats
 from .store import Store
 
@@ -60,7 +60,7 @@ class LoadProgress:
 class Runtime:
     settings: Settings
     model: Transformer
-    codec: TextCodec
+    codec: TextCodec | IdsOnlyCodec
     pools: KVPools
     store: Store
     name: str
@@ -85,6 +85,7 @@ class Runtime:
             on_progress=progress,
         )
         progress.done()
+        log.info("%s weight check: %s", name, model.weight_check.summary())
         layout = PoolLayout.of(model.cfg, settings.block_size, settings.dtype)
         budget = settings.kv_budget_mb << 20
         sized = KVPools.from_budget(layout, budget, settings.max_batch, dtype, device="meta")
@@ -102,13 +103,14 @@ class Runtime:
         runtime = cls(
             settings,
             model,
-            TextCodec.from_checkpoint(path),
+            load_codec(path),
             pools,
             store,
             name,
             segment,
             WorkerStats(stage),
         )
+        runtime.stats.set(weights_checked=model.weight_check.tensors)
         return runtime
 
     def memory_regions(self, batch: int) -> dict[str, int]:

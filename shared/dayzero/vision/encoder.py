@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..checkpoint import CheckpointError, canonical_name
+from ..checkpoint_files import CheckpointError, canonical_name
 from ..telemetry import tracer
 from .preprocess import ImageLimits, PatchSpec, decode, process
 from .tower import VisionConfig, VisionTower, encode
