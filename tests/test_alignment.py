@@ -56,3 +56,27 @@ def test_batch_of_two_prompts_matches_reference_run_separately(checkpoint_factor
         with torch.no_grad():
             expected = ref(torch.tensor([ids])).logits[0, -1]
         assert (got[row] - expected).abs().max().item() < TOL
+
+
+def test_align_tells_indexer_ties_from_errors(checkpoint_factory, monkeypatch):
+    """3 indexer heads: many scores are exactly 0 (every head's ReLU at zero) and torch's topk picks
+    among tied entries in its own order; dayzero picks the earliest. Judged with the reference's ties
+    broken the same way it passes, and reports the ties; a sign flipped in dayzero's indexer still fails."""
+    from dayzero import align as align_module
+
+    path = checkpoint_factory("three_index_heads", seed=2, index_n_heads=3, index_topk=2)
+    prompt = random_ids(48, 96, seed=2)
+    report = align_module.align(path, prompt, tokens=4)
+    assert report.plain_max_abs_err > 1e-3  # torch's own tie order differs from dayzero's here
+    assert report.tied_queries > 0 and report.indexer_queries == 48  # one CSA layer, 48 queries
+    assert report.ok and report.max_abs_err < 1e-5
+
+    def flipped(*args, **kwargs):
+        model = load_model(*args, **kwargs)
+        for block in model.layers:
+            if hasattr(block.attn, "indexer"):
+                block.attn.indexer.weights_proj.weight.neg_()
+        return model
+
+    monkeypatch.setattr(align_module, "load_model", flipped)
+    assert not align_module.align(path, prompt, tokens=4).ok

@@ -70,3 +70,27 @@ def test_up_and_serve_help_list_every_setting():
         missing = [name for name in Settings.model_fields if f"DAYZERO_{name.upper()}" not in out]
         assert not missing, (command, missing)
     assert "DAYZERO_DEVICE" in out and "cuda_ipc" in out
+
+
+def test_demo_checkpoint_carries_the_released_special_tokens(tmp_path):
+    from tokenizers import Tokenizer
+
+    made = _dayzero("demo-checkpoint", str(tmp_path / "d"), "--fp4", "--shards", "2")
+    assert made.returncode == 0, made.stderr
+    assert len(list((tmp_path / "d").glob("model-0000?-of-00002.safetensors"))) == 2
+    tok = Tokenizer.from_file(str(tmp_path / "d" / "tokenizer.json"))
+    released = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>"]
+    released += ["<｜latest_reminder｜>", "<｜deepseek_image｜>", "｜DSML｜"]
+    ids = [tok.token_to_id(t) for t in released]
+    assert None not in ids and ids[:2] == [0, 1]  # BOS 0, EOS 1 as in the release
+    assert tok.token_to_id("<|begin▁of▁sentence|>") is None  # no ASCII look-alikes
+    assert tok.encode("<｜User｜>hi<｜Assistant｜></think>", add_special_tokens=False).ids[0] == ids[2]
+
+
+def test_bad_settings_are_one_line_errors():
+    import os
+
+    env = {**os.environ, "DAYZERO_MAX_BATCH": "many"}
+    out = _dayzero("generate", "--prompt-ids", "1,2", env=env)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert out.stderr.strip().startswith("error: DAYZERO_MAX_BATCH='many'") and len(out.stderr.splitlines()) == 1
