@@ -283,7 +283,9 @@ def parser() -> argparse.ArgumentParser:
     quant.set_defaults(run=cmd_quantize)
 
     insp = sub.add_parser("inspect", help="parameter counts, dtypes and a memory plan (headers + config only)")
-    insp.add_argument("path", help="checkpoint directory or config.json")
+    insp.add_argument(
+        "path", help="checkpoint directory, config.json, or a released config: deepseek-v4-flash, deepseek-v4-pro"
+    )
     insp.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
     insp.add_argument("--context", type=int, default=65536, help="tokens per sequence (default 65536)")
     insp.add_argument("--devices", type=int, default=1, help="devices the experts are spread over (default 1)")

@@ -63,3 +63,21 @@ def test_quantize_and_inspect_commands(tmp_path, checkpoint_factory):
         "hyper_connection_state",
         "activations",
     }
+
+
+def test_released_configs_by_name_say_how_many_h200s_they_need():
+    flash = inspect("deepseek-v4-flash", batch=1, context=65536)
+    assert flash.total_params == 284_325_869_015  # transformers' DeepseekV4Config() count (published 284B)
+    # FP4 experts: 277.03B values x 4.25 bits = 147.2 GB alone, over one H200's 141 GB
+    assert flash.memory_gib["packed_weights"] * (1 << 30) > 141e9
+    assert flash.plan["fits_one_h200"] is False and flash.plan["h200s_needed"] == 2
+    pro = inspect("deepseek-v4-pro", batch=1, context=65536)
+    assert abs(pro.total_params / 1.6e12 - 1) < 0.03  # published 1.6T; unknown Pro fields are Flash's
+    assert pro.plan["h200s_needed"] >= 8  # peers serve Pro on 8 H200
+    out = subprocess.run(
+        [sys.executable, "-m", "dayzero.cli", "inspect", "deepseek-v4-pro", "--context", "1048576"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and "h200s_needed" in out.stdout and "packed_weights" in out.stdout

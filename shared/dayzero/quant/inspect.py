@@ -20,6 +20,31 @@ from ..kv.layout import GROWING_POOLS, PoolLayout
 from ..model.weights import skeleton
 
 GIB = 1 << 30
+H200_BYTES = 141e9  # one H200's HBM, as sold (about 131 GiB)
+
+
+def _pro_ratios(n: int = 61) -> list[int]:
+    return [128, 128] + [4 if i % 2 == 0 else 128 for i in range(n - 2)] + [0]
+
+
+# The released configs by name. Flash is transformers' DeepseekV4Config defaults (284.33B, as
+# published). Pro: the fields known (hidden 7168, 61 layers, 128 heads, 384 experts of 3072,
+# index_topk 1024, compress_ratios [128, 128, 4, 128, ...]); the rest are Flash's, so its counts
+# (1.57T total, 43.8B active) come out within 3% of the published 1.6T but not exactly.
+PRESETS: dict[str, dict] = {
+    "deepseek-v4-flash": {"model_type": "deepseek_v4", "num_nextn_predict_layers": 1},
+    "deepseek-v4-pro": {
+        "model_type": "deepseek_v4",
+        "hidden_size": 7168,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "n_routed_experts": 384,
+        "moe_intermediate_size": 3072,
+        "index_topk": 1024,
+        "compress_ratios": _pro_ratios(),
+        "num_nextn_predict_layers": 1,
+    },
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +107,16 @@ def memory_plan(
     }
 
 
+def _total(cfg: ModelConfig, total: int, routed: int, batch: int, context: int, devices: int, cache: float, fp4: bool):
+    """Bytes one device holds when the experts and sequences are spread over ``devices``."""
+    return sum(memory_plan(cfg, total, routed, batch, context, devices, cache, fp4).values()) * GIB
+
+
 def inspect(
     path: str | Path, batch: int = 1, context: int = 65536, devices: int = 1, expert_cache_gib: float = 0.0
 ) -> Report:
+    cfg = ModelConfig.from_dict(PRESETS[str(path)]) if str(path) in PRESETS else ModelConfig.from_file(path)
     path = Path(path)
-    cfg = ModelConfig.from_file(path)
     total, active, routed = count_params(cfg)
     dtypes: Counter[str] = Counter()
     unmapped: list[str] = []
@@ -100,6 +130,14 @@ def inspect(
                 unmapped.append(entry.key)
     fp4 = packed_experts(cfg) if dtypes else True  # a bare config: plan for the published FP4 experts
     memory = memory_plan(cfg, total, routed, batch, context, devices, expert_cache_gib, fp4)
+    needed = next(
+        (
+            n
+            for n in range(1, 257)
+            if _total(cfg, total, routed, batch, context, n, expert_cache_gib, fp4) <= H200_BYTES
+        ),
+        None,
+    )
     plan = {
         "batch": batch,
         "context": context,
@@ -107,6 +145,8 @@ def inspect(
         "experts": "fp4" if fp4 else "bf16",
         "dense": "bf16 (FP8 dequantized at load)",
         "total_gib": round(sum(memory.values()), 3),
+        "fits_one_h200": sum(memory.values()) * GIB <= H200_BYTES,
+        "h200s_needed": needed or "more than 256",
     }
     embedding = cfg.vocab_size * cfg.hidden_size
     return Report(
@@ -130,7 +170,9 @@ def render(report: Report) -> str:
         "tensors by dtype   " + (", ".join(f"{k}: {v}" for k, v in sorted(report.tensors_by_dtype.items())) or "-"),
         f"unmapped tensors   {len(report.unmapped_tensors)}"
         + "".join(f"\n  {t}" for t in report.unmapped_tensors[:20]),
-        "memory plan (GiB per device, " + ", ".join(f"{k} {v}" for k, v in report.plan.items()) + ")",
+        "memory plan (GiB per device; experts and sequences spread over the devices, the rest on each; "
+        + ", ".join(f"{k} {v}" for k, v in report.plan.items())
+        + ")",
     ]
     lines += [f"  {region:<24} {gib:10.3f}" for region, gib in report.memory_gib.items()]
     return "\n".join(lines)
