@@ -79,7 +79,14 @@ def test_demo_checkpoint_carries_the_released_special_tokens(tmp_path):
     assert made.returncode == 0, made.stderr
     assert len(list((tmp_path / "d").glob("model-0000?-of-00002.safetensors"))) == 2
     tok = Tokenizer.from_file(str(tmp_path / "d" / "tokenizer.json"))
-    released = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<think>", "</think>"]
+    released = [
+        "<｜begin▁of▁sentence｜>",
+        "<｜end▁of▁sentence｜>",
+        "<｜User｜>",
+        "<｜Assistant｜>",
+        "<think>",
+        "</think>",
+    ]
     released += ["<｜latest_reminder｜>", "<｜deepseek_image｜>", "｜DSML｜"]
     ids = [tok.token_to_id(t) for t in released]
     assert None not in ids and ids[:2] == [0, 1]  # BOS 0, EOS 1 as in the release

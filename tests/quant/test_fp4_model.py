@@ -78,7 +78,10 @@ def test_workspace_is_reused_across_layers_and_cache_counts(fp4_checkpoint):
 def test_unsupported_quantization_is_a_clear_error(fp4_checkpoint, tmp_path):
     _, path = fp4_checkpoint
     raw = json.loads((path / "config.json").read_text())
-    for bad, message in ((dict(quant_method="awq"), "quant_method 'awq'"), (dict(expert_dtype="int4"), "expert_dtype 'int4'")):
+    for bad, message in (
+        (dict(quant_method="awq"), "quant_method 'awq'"),
+        (dict(expert_dtype="int4"), "expert_dtype 'int4'"),
+    ):
         broken = tmp_path / bad.get("quant_method", "int4experts")
         broken.mkdir()
         (broken / "model.safetensors").symlink_to(path / "model.safetensors")
