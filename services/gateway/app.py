@@ -22,7 +22,7 @@ from dayzero.serving.reaper import sweep
 from dayzero.serving.runtime import checkpoint_path
 from dayzero.settings import Settings
 from dayzero.telemetry import setup_tracing
-from dayzero.tokenizer import TextCodec
+from dayzero.tokenizer import load_codec
 
 from . import errors
 from .bus import Bus
@@ -57,14 +57,17 @@ def create_app(settings: Settings) -> FastAPI:
         gw = Gateway(
             settings,
             Bus(settings, make_celery(settings)),
-            TextCodec.from_checkpoint(path),
+            load_codec(path),
             GatewayMetrics(),
             cfg.max_position_embeddings,
             cfg.vocab_size,
             cfg.raw.get("image_token_id") if "vision_config" in cfg.raw else None,
             cfg.eos_token_ids[0],
         )
-        gw.codec.chat_ids([{"role": "user", "content": "hi"}])  # load the template renderer now, fail early
+        if gw.codec.has_tokenizer:  # load the template renderer now, fail early
+            gw.codec.chat_ids([{"role": "user", "content": "hi"}])
+        else:
+            log.warning("%s has no tokenizer.json: serving token-id prompts only", path)
         app.state.gateway = gw
         gw.metrics.registry.register(SnapshotCollector(gw.bus.store.snapshots))  # the workers, one scrape
         gw.metrics.registry.register(QueueDepthCollector(lambda: gw.bus.store.queue_depths(STAGES)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dayzero.settings import Settings
-from dayzero.tokenizer import TextCodec
+from dayzero.tokenizer import IdsOnlyCodec, TextCodec
 
 from .bus import Bus
 from .metrics import GatewayMetrics
@@ -15,7 +15,7 @@ from .metrics import GatewayMetrics
 class Gateway:
     settings: Settings
     bus: Bus
-    codec: TextCodec
+    codec: TextCodec | IdsOnlyCodec
     metrics: GatewayMetrics
     max_positions: int
     vocab_size: int

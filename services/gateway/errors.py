@@ -11,6 +11,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dayzero.tokenizer import NoTokenizerError
+
 log = logging.getLogger("dayzero.gateway")
 
 
@@ -59,6 +61,10 @@ def install(app: FastAPI) -> None:
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
         type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return error_response(exc.status_code, str(exc.detail), type_)
+
+    @app.exception_handler(NoTokenizerError)
+    async def no_tokenizer(_: Request, exc: NoTokenizerError) -> JSONResponse:
+        return error_response(400, str(exc), "invalid_request_error", code="no_tokenizer")
 
     @app.exception_handler(redis.RedisError)
     async def unavailable(_: Request, exc: redis.RedisError) -> JSONResponse:

@@ -57,6 +57,8 @@ def _spec(gw: Gateway, body: Sampling, prompt_ids: list[int], max_tokens: int | 
             param="messages",
             code="context_length_exceeded",
         )
+    if body.stops() and not gw.codec.has_tokenizer:
+        raise APIError(400, "stop strings need text; this checkpoint has no tokenizer.json", param="stop")
     if any(t < 0 or t >= gw.vocab_size for t in prompt_ids):
         raise APIError(400, f"prompt token ids must be in [0, {gw.vocab_size})", param="prompt")
     if max_tokens is not None and max_tokens > s.max_tokens_limit:

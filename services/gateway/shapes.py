@@ -10,7 +10,7 @@ logprobs are the model's, before logit bias, penalties and temperature.
 from __future__ import annotations
 
 from dayzero.serving.messages import GenerationRequest
-from dayzero.tokenizer import TextCodec
+from dayzero.tokenizer import IdsOnlyCodec, TextCodec
 
 from .bus import TokenEvent
 
@@ -19,7 +19,7 @@ class Shape:
     """One request's response format; for streams, also where its completion text has reached."""
 
     def __init__(
-        self, request: GenerationRequest, model: str, codec: TextCodec, echoed: bool = False, choice: int = 0
+        self, request: GenerationRequest, model: str, codec: TextCodec | IdsOnlyCodec, echoed: bool = False, choice: int = 0
     ) -> None:
         self.kind, self.model, self.created, self.codec = request.kind, model, int(request.created), codec
         self.choice = choice  # the choice's index in a response of several
@@ -48,6 +48,7 @@ class Shape:
             body = {**self._head("text_completion"), "choices": [choice]}
         if self.logprobs and tokens:
             choice["logprobs"] = self._logprobs(tokens)
+        self._ids_without_text(choice, tokens)
         self.prompt = None
         if usage is not None:
             body["usage"] = usage
@@ -63,8 +64,14 @@ class Shape:
             body = {**self._head("text_completion"), "choices": [choice], "usage": usage}
         if self.logprobs:
             choice["logprobs"] = self._logprobs(tokens)
+        self._ids_without_text(choice, tokens)
         self.prompt = None
         return body
+
+    def _ids_without_text(self, choice: dict, tokens: list[TokenEvent]) -> None:
+        """A checkpoint without a tokenizer has no text to give: the ids themselves (vLLM's ``token_ids``)."""
+        if not self.codec.has_tokenizer:
+            choice["token_ids"] = [t.token for t in tokens]
 
     def _echo(self) -> str:
         """The prompt's text, in the first chunk (or the body) of an echoing completion."""
