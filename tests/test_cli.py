@@ -92,6 +92,8 @@ def test_demo_checkpoint_carries_the_released_special_tokens(tmp_path):
     assert None not in ids and ids[:2] == [0, 1]  # BOS 0, EOS 1 as in the release
     assert tok.token_to_id("<|begin▁of▁sentence|>") is None  # no ASCII look-alikes
     assert tok.encode("<｜User｜>hi<｜Assistant｜></think>", add_special_tokens=False).ids[0] == ids[2]
+    al = _dayzero("align", str(tmp_path / "d"), "--tokens", "2", "--json")  # transformers loads it too
+    assert al.returncode == 0 and json.loads(al.stdout)["ok"], al.stdout + al.stderr
 
 
 def test_bad_settings_are_one_line_errors():

@@ -44,14 +44,22 @@ class StreamOptions(_Body):
     include_usage: bool = True
 
 
+# Floors and bounds that sampling needs: a temperature of 1e-310 divides logits into infinities, and
+# token i of a seeded request draws from seed * 1_000_003 + i, which must fit torch's 64-bit seed.
+MIN_TEMPERATURE = 1e-3
+MIN_TOP_P = 1e-3
+MAX_SEED = 2**44
+StopString = Annotated[str, Field(min_length=1, max_length=256)]
+
+
 class Sampling(_Body):
     model: str = Field(max_length=256)
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)  # 0 (greedy) or at least MIN_TEMPERATURE
+    top_p: float = Field(default=1.0, ge=MIN_TOP_P, le=1.0)
     top_k: int = Field(default=0, ge=0, le=1_000_000)
-    seed: int | None = Field(default=None, ge=0, le=2**62)
-    stop: str | list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(default=None)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    stop: StopString | list[StopString] | None = Field(default=None)
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -67,6 +75,13 @@ class Sampling(_Body):
     response_format: dict | None = None
     best_of: int | None = None
     suffix: str | None = Field(default=None, max_length=MAX_TEXT)
+
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_or_above_floor(cls, value: float) -> float:
+        if 0.0 < value < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}")
+        return value
 
     @field_validator("tools", "functions", "suffix")
     @classmethod

@@ -19,7 +19,12 @@ class Shape:
     """One request's response format; for streams, also where its completion text has reached."""
 
     def __init__(
-        self, request: GenerationRequest, model: str, codec: TextCodec | IdsOnlyCodec, echoed: bool = False, choice: int = 0
+        self,
+        request: GenerationRequest,
+        model: str,
+        codec: TextCodec | IdsOnlyCodec,
+        echoed: bool = False,
+        choice: int = 0,
     ) -> None:
         self.kind, self.model, self.created, self.codec = request.kind, model, int(request.created), codec
         self.choice = choice  # the choice's index in a response of several

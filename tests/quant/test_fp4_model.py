@@ -96,3 +96,15 @@ def test_align_runs_on_the_quantized_checkpoint(fp4_checkpoint):
     _, path = fp4_checkpoint
     report = align(path, [0, 5, 9, 14, 3, 7, 8, 2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49], tokens=3)
     assert report.ok and report.max_abs_err < 1e-4
+
+
+def test_expert_dtype_is_read_from_the_quantization_config_or_the_top_level():
+    from dayzero.quant.spec import QuantConfigError, quant_spec
+
+    q = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}
+    assert quant_spec({"quantization_config": {**q, "expert_dtype": "fp4"}}).packed_experts
+    assert quant_spec({"quantization_config": q, "expert_dtype": "fp4"}).packed_experts  # top level
+    assert quant_spec({"quantization_config": q}).expert_dtype == "fp8"  # transformers' default
+    assert quant_spec({}).expert_dtype is None and not quant_spec({}).packed_experts
+    with pytest.raises(QuantConfigError, match="fmt 'e5m2'"):
+        quant_spec({"quantization_config": {**q, "fmt": "e5m2"}})

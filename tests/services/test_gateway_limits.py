@@ -88,3 +88,14 @@ def test_ready_shows_how_far_starting_workers_have_loaded(lone_gateway):
     assert body["loading"] == {"prefill0@host:1a2b3c": 45} and "prefill0@host:1a2b3c 45%" in body["reason"]
     store.loading("prefill0@host:1a2b3c", "prefill", None)  # loaded
     assert "loading" not in httpx.get(f"{lone_gateway.url}/ready", timeout=5).json()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("stop", ""), ("stop", ["ok", ""]), ("temperature", 1e-310), ("top_p", 1e-310), ("seed", 2**44 + 1)],
+)
+def test_parameters_sampling_cannot_run_are_refused_naming_them(lone_gateway, field, value):
+    body = {"model": MODEL, "prompt": [0, 5], "max_tokens": 1, field: value}
+    r = httpx.post(f"{lone_gateway.url}/v1/completions", json=body, headers=KEY, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].startswith(field), r.json()

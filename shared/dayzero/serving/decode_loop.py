@@ -189,10 +189,15 @@ class DecodeLoop:
         start = time.perf_counter()
         logits = decode(self.r.model, self.r.pools, ids, tokens, self.r.settings.attention())
         self._record(ids, time.perf_counter() - start)
-        out, finished = [], []
+        out, finished, failed = [], [], []
         for i, rid in enumerate(ids):
             active = self.active[rid]
-            step = active.completion.next(logits[i])
+            try:
+                step = active.completion.next(logits[i])
+            except Exception as exc:  # this request's own sampling: it fails alone, the batch goes on
+                log.exception("request %s: sampling failed", rid)
+                failed.append((rid, f"sampling failed: {type(exc).__name__}"))
+                continue
             usage = None
             if step.finish_reason:
                 prompt = len(active.ticket.job.request.prompt_ids)
@@ -206,3 +211,6 @@ class DecodeLoop:
         self.r.store.append(out)  # one round trip for the whole batch
         for rid, reason in finished:
             self._finish(rid, reason)
+        for rid, message in failed:
+            self.r.stats.call("decode", failed=True)
+            self._finish(rid, "error", index=self.active[rid].completion.count, message=message)

@@ -82,7 +82,7 @@ class PrefillLoop:
         rid = job.request.request_id
         if job.embeddings is not None:
             discard_tensor(job.embeddings, store)
-        store.end(rid, len(job.generated), reason, message)
+        store.end(rid, len(store.streamed_tokens(rid)) if reason == "error" else len(job.generated), reason, message)
         store.finish(rid, reason)
         ticket.done.set()
 
@@ -159,7 +159,20 @@ class PrefillLoop:
         limit = context_limit(model.cfg, settings.max_context)
         for i, ticket in enumerate(batch):
             with trace.use_span(spans[i], end_on_exit=True):
-                self._emit(ticket, logits[i], limit, echo[i].scores if i in echo else None)
+                try:
+                    self._emit(ticket, logits[i], limit, echo[i].scores if i in echo else None)
+                except redis.RedisError:
+                    raise
+                except Exception as exc:  # this request's own sampling or handoff: it fails alone
+                    self._fail_one(ticket, exc)
+
+    def _fail_one(self, ticket: Ticket[PrefillJob], exc: Exception) -> None:
+        rid = ticket.job.request.request_id
+        log.exception("request %s failed after its prefill", rid)
+        self.r.stats.call("prefill", failed=True)
+        self.handed_off.discard(rid)
+        self.r.pools.release(rid)
+        self._settle(ticket, "error", f"failed after prefill: {type(exc).__name__}")
 
     def _forward(
         self,
