@@ -19,8 +19,10 @@ def test_doctor_passes_on_a_healthy_stack(stack):
     out = _doctor(stack.url)
     report = json.loads(out.stdout)
     assert out.returncode == 0, [c for c in report["checks"] if c["status"] != "pass"]
-    assert [c["status"] for c in report["checks"]] == ["pass"] * 6
+    assert [c["status"] for c in report["checks"]] == ["pass"] * 7
     assert any("image went through" in c["detail"] for c in report["checks"])
+    weights = next(c for c in report["checks"] if c["name"] == "weights checked")
+    assert "prefill: " in weights["detail"] and "decode: " in weights["detail"]  # every worker's start-up check
 
 
 def test_doctor_fails_with_exit_1_when_nothing_answers():

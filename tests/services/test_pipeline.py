@@ -206,7 +206,10 @@ def test_text_and_image_request_equals_in_process_multimodal_run(stack, demo_dir
     model, codec = load_model(demo_dir, progress=False), TextCodec.from_checkpoint(demo_dir)
     encoder = VisionEncoder(load_tower(demo_dir), settings.patch_spec(), settings.image_limits(), 0)
     prompt = render_chat(ChatCompletionRequest(**body).messages, settings.image_limits(), settings.patch_spec(), True)
-    ids, embeds = multimodal_prompt(model.embed, codec.chat_ids(prompt.messages), 2, encoder.embeddings(prompt.images))
+    image_token = model.cfg.raw["image_token_id"]
+    ids, embeds = multimodal_prompt(
+        model.embed, codec.chat_ids(prompt.messages), image_token, encoder.embeddings(prompt.images)
+    )
     assert served["usage"]["prompt_tokens"] == len(ids)  # placeholders expanded to merged patches
     pools = pools_for(model.cfg, torch.float32, len(ids) + 10)
     completion = Completion(codec, SamplingParams(max_tokens=10, ignore_eos=True), (1,), len(ids), 10_000)
