@@ -47,6 +47,30 @@ def test_transport_round_trip_continues_decoding(tiny_checkpoint, store, transpo
         segment.unlink()
 
 
+class _Exploit:
+    def __reduce__(self):  # what a pickle in Redis could run in decode under torch.load(weights_only=False)
+        import pathlib
+
+        return (pathlib.Path.touch, (pathlib.Path(self.path),))
+
+
+def test_redis_state_is_raw_buffers_and_a_pickle_there_is_refused_unrun(tiny_checkpoint, store, tmp_path):
+    import pickle
+
+    model = load_model(tiny_checkpoint, progress=False)
+    src = pools_for(model.cfg, torch.float32, 40)
+    prefill(model, src, ["s"], [random_ids(20, model.cfg.vocab_size, seed=3)])
+    ref = publish(src, "s", "req-raw", "redis", store, ttl_s=30)
+    data = store.r.get(ref.location)
+    assert b"__metadata__" in data[:4096] and b"dayzero_state" in data[:4096]  # a safetensors header
+    exploit = _Exploit()
+    exploit.path = str(tmp_path / "ran")
+    store.r.set(ref.location, pickle.dumps(exploit))
+    with pytest.raises(LayoutMismatch, match="not a dayzero state"):
+        Receiver(store).receive(ref, pools_for(model.cfg, torch.float32, 40), "x")
+    assert not (tmp_path / "ran").exists()
+
+
 def _decode_elsewhere(checkpoint, ref, redis_url, follow, out) -> None:
     """In a fresh process (CUDA IPC handles cannot be opened by their exporter): receive, decode."""
     model = load_model(checkpoint, device="cuda", progress=False)

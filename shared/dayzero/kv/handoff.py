@@ -29,7 +29,7 @@ class StateHandle:
 def export_state(pools: KVPools, seq_id: str) -> StateHandle:
     seq = pools.sequences[seq_id]
     return StateHandle(
-        pools.pool_id, pools.layout.hash(), seq.length, {kind: tuple(ids) for kind, ids in seq.tables.items()}
+        pools.pool_id, pools.layout_hash, seq.length, {kind: tuple(ids) for kind, ids in seq.tables.items()}
     )
 
 
@@ -37,8 +37,8 @@ def import_state(dst: KVPools, src: KVPools, handle: StateHandle, seq_id: str) -
     """Copy the handle's state from ``src`` into new blocks of ``dst`` under ``seq_id``."""
     if handle.pool_id != src.pool_id:
         raise ValueError(f"handle refers to pool {handle.pool_id}, not {src.pool_id}")
-    if handle.layout_hash != dst.layout.hash() or handle.layout_hash != src.layout.hash():
-        raise LayoutMismatch(f"state layout {handle.layout_hash} does not match the destination's {dst.layout.hash()}")
+    if handle.layout_hash != dst.layout_hash or handle.layout_hash != src.layout_hash:
+        raise LayoutMismatch(f"state layout {handle.layout_hash} does not match the destination's {dst.layout_hash}")
     dst.reserve(seq_id, handle.length)
     seq = dst.sequences[seq_id]
     seq.length = handle.length

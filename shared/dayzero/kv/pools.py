@@ -8,6 +8,8 @@ exists once length >= rate.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import uuid
 from collections.abc import Callable
@@ -97,7 +99,12 @@ class KVPools:
         self.layout, self.dtype, self.device = layout, dtype, torch.device(device)
         self.blocks = dict(blocks)
         self.pool_id = pool_id or uuid.uuid4().hex
-        allocate = allocate or zeros_on(self.device)
+        provide, order = allocate or zeros_on(self.device), []
+
+        def allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            order.append([shape[0], *shape[2:], str(dtype)])  # dim 1 counts blocks: sizes may differ
+            return provide(shape, dtype)
+
         bs = layout.block_size
 
         def storage(layers: int, n: int, width: int) -> torch.Tensor:
@@ -110,6 +117,8 @@ class KVPools:
             "index_keys": storage(len(layout.csa_layers), blocks["index_keys"], layout.index_head_dim),
         }
         self.compressor = _compressor_tensors(layout, blocks["compressor"], allocate)
+        # what a handoff must agree on: the layout and the order and shapes the storage is carved in
+        self.layout_hash = hashlib.sha256(json.dumps([layout.hash(), order]).encode()).hexdigest()[:16]
         self.allocators = {kind: BlockAllocator(blocks[kind]) for kind in POOL_KINDS}
         self.sequences: dict[str, SequenceBlocks] = {}
 

@@ -10,15 +10,18 @@ hash; a mismatch is refused, never copied.
 
 from __future__ import annotations
 
-import io
+import json
 import math
 import socket
+import struct
 import time
 import uuid
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load, save
 
 from ..kv.handoff import LayoutMismatch, StateHandle, export_state, import_state
 from ..kv.pools import KVPools
@@ -30,26 +33,41 @@ PARKED = "dz-parked"  # shared-memory segments of parked tensors: dz-parked-<dea
 
 
 def _pack(pools: KVPools, seq_id: str) -> bytes:
-    """One sequence's state as bytes: a carrier pool holding only its blocks."""
+    """One sequence's state as safetensors bytes (no pickle: whoever can write Redis must not run code
+    in decode): a carrier pool holding only its blocks, its block counts and handle in the metadata."""
     handle = export_state(pools, seq_id)
     carrier = KVPools.sized(pools.layout, max(handle.length, 1), 1, pools.dtype)
     import_state(carrier, pools, handle, "s")
-    buf = io.BytesIO()
-    torch.save({"blocks": carrier.blocks, "tensors": carrier.tensors(), "handle": export_state(carrier, "s")}, buf)
-    return buf.getvalue()
+    own = export_state(carrier, "s")
+    header = {"blocks": carrier.blocks, "pool_id": own.pool_id, "length": own.length, "tables": own.blocks}
+    tensors = {f"t{i}": t.contiguous() for i, t in enumerate(carrier.tensors())}
+    return save(tensors, metadata={"dayzero_state": json.dumps(header), "layout_hash": own.layout_hash})
 
 
 def _unpack(data: bytes, like: KVPools) -> tuple[KVPools, StateHandle]:
-    saved = torch.load(io.BytesIO(data), weights_only=False)
-    tensors = iter(saved["tensors"])
-    carrier = KVPools(
-        like.layout,
-        saved["blocks"],
-        like.dtype,
-        allocate=lambda shape, dtype: next(tensors),
-        pool_id=saved["handle"].pool_id,
-    )
-    return carrier, saved["handle"]
+    try:
+        (size,) = struct.unpack("<Q", data[:8])  # safetensors: header length, JSON header, raw buffers
+        metadata = json.loads(data[8 : 8 + size])["__metadata__"]
+        tensors = load(data)
+        header = json.loads(metadata["dayzero_state"])
+        stored = iter(tensors[f"t{i}"] for i in range(len(tensors)))
+        carrier = KVPools(
+            like.layout,
+            {kind: int(n) for kind, n in header["blocks"].items()},
+            like.dtype,
+            allocate=lambda shape, dtype: _checked(next(stored), shape, dtype),
+            pool_id=header["pool_id"],
+        )
+        tables = {kind: tuple(int(b) for b in ids) for kind, ids in header["tables"].items()}
+        return carrier, StateHandle(header["pool_id"], metadata["layout_hash"], int(header["length"]), tables)
+    except (KeyError, ValueError, TypeError, StopIteration, struct.error, SafetensorError) as exc:
+        raise LayoutMismatch(f"handoff state is not a dayzero state: {exc}") from exc
+
+
+def _checked(tensor: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
+        raise ValueError(f"a pool tensor is {tensor.dtype} {list(tensor.shape)}, expected {dtype} {list(shape)}")
+    return tensor
 
 
 def publish(pools: KVPools, seq_id: str, request_id: str, transport: str, store: Store, ttl_s: float) -> StateRef:
@@ -81,8 +99,8 @@ class Receiver:
         self._segments: list[shared_memory.SharedMemory] = []
 
     def receive(self, ref: StateRef, dst: KVPools, seq_id: str) -> None:
-        if ref.layout_hash != dst.layout.hash():
-            raise LayoutMismatch(f"prefill state layout {ref.layout_hash} != decode layout {dst.layout.hash()}")
+        if ref.layout_hash != dst.layout_hash:
+            raise LayoutMismatch(f"prefill state layout {ref.layout_hash} != decode layout {dst.layout_hash}")
         if ref.transport == "redis":
             data = self.store.r.get(ref.location)
             if data is None:

@@ -14,6 +14,8 @@ def make_celery(settings: Settings) -> Celery:
     app = Celery("dayzero", broker=settings.redis_url)
     app.conf.update(
         task_routes={name: {"queue": stage} for stage, name in TASKS.items()},
+        task_serializer="json",  # messages are data: never a pickle off the broker
+        accept_content=["json"],
         task_acks_late=True,  # a task is acked when its request is finished: a dead worker's work comes back
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
