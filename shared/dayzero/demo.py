@@ -20,17 +20,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from .chat.tokens import ASSISTANT, BOS, EOS, IMAGE, SPECIAL_TOKENS, USER
+from .chat.tokens import BOS, EOS, IMAGE, SPECIAL_TOKENS
 from .checkpoint import canonical_name
-
-# DeepSeek-style turns: BOS, the system text, user turns and assistant turns (each ended by EOS)
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
-    "{% if message['role'] == 'user' %}" + USER + "{{ message['content'] }}"
-    "{% elif message['role'] == 'assistant' %}" + ASSISTANT + "{{ message['content'] }}{{ eos_token }}"
-    "{% else %}{{ message['content'] }}{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}" + ASSISTANT + "{% endif %}"
-)
 
 DEMO_VISION: dict[str, Any] = {
     "depth": 4,
@@ -150,7 +141,8 @@ def add_vision(out: Path, vision: dict[str, Any], image_token_id: int, seed: int
 
 
 def write_demo_checkpoint(out: str | Path, seed: int = 0, vision: bool = False, fp4: bool = False) -> Path:
-    """The built-in default checkpoint: weights, config, tokenizer (with a chat template) and generation config
+    """The built-in default checkpoint: weights, config, tokenizer (no chat template: like the release, it
+    is prompted with DeepSeek-V4's own encoding) and generation config
     (``vision``: plus a tiny vision tower and the ``<｜deepseek_image｜>`` placeholder; ``fp4``: in the
     published format, FP4 experts and FP8 dense projections)."""
     out = write_checkpoint(out, DEMO_CONFIG, seed)
@@ -168,7 +160,6 @@ def write_demo_checkpoint(out: str | Path, seed: int = 0, vision: bool = False, 
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": BOS,
         "eos_token": EOS,
-        "chat_template": CHAT_TEMPLATE,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False))
     generation = {"bos_token_id": 0, "eos_token_id": 1, "do_sample": False, "max_new_tokens": 64}
