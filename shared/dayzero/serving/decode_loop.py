@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import redis
 from opentelemetry import trace
 
-from ..completion import Completion, context_limit
+from ..completion import Completion, context_limit, next_steps
 from ..kv.handoff import LayoutMismatch
 from ..kv.pools import OutOfBlocks
 from ..model.forward import decode
@@ -190,9 +190,9 @@ class DecodeLoop:
         logits = decode(self.r.model, self.r.pools, ids, tokens, self.r.settings.attention())
         self._record(ids, time.perf_counter() - start)
         out, finished = [], []
-        for i, rid in enumerate(ids):
+        steps = next_steps([self.active[rid].completion for rid in ids], logits)
+        for rid, step in zip(ids, steps, strict=True):
             active = self.active[rid]
-            step = active.completion.next(logits[i])
             usage = None
             if step.finish_reason:
                 prompt = len(active.ticket.job.request.prompt_ids)

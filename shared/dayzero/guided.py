@@ -1,0 +1,72 @@
+"""Constrained decoding: a request's grammar (llguidance) decides which tokens may come next.
+
+The grammar travels with the request as Lark text (plain data on the broker); each stage that
+samples rebuilds its matcher and replays the tokens generated so far, so the state follows the
+request across prefill, decode and a re-run after a failure. ``allowed_logits`` masks a whole
+batch in one go: the masks of all constrained rows are computed in parallel (llguidance's
+executor, outside the GIL) into one bitmask [R, ceil(V/32)] int32, then applied by one masked fill.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class Grammar:
+    lark: str
+    after: int | None = None  # the grammar starts after this token (``</think>``: reasoning is free)
+
+
+class Guide:
+    """One request's grammar state, advanced by each accepted token."""
+
+    def __init__(self, tokenizer, grammar: Grammar) -> None:
+        import llguidance
+
+        self.matcher = llguidance.LLMatcher(tokenizer, grammar.lark, log_level=0)
+        self.words = (tokenizer.vocab_size + 31) // 32  # the mask's int32 words: the tokenizer's vocabulary
+        if self.matcher.is_error():
+            raise ValueError(f"invalid grammar: {self.matcher.get_error()}")
+        self._after = grammar.after
+        self.active = grammar.after is None
+
+    def accept(self, token: int) -> None:
+        if self.active:
+            if not self.matcher.is_stopped():
+                self.matcher.consume_token(token)  # a token it refuses leaves it in its error state
+        elif token == self._after:
+            self.active = True
+
+
+@functools.cache
+def _executor():
+    import llguidance
+
+    return llguidance.LLExecutor()
+
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def allowed_logits(logits: torch.Tensor, guides: list[Guide | None], eos: int) -> torch.Tensor:
+    """``logits`` [B, V] with every token a row's grammar forbids at -inf (the same tensor when no
+    row is constrained). A row whose grammar has failed may only end (``eos``)."""
+    rows = [(i, g) for i, g in enumerate(guides) if g is not None and g.active]
+    if not rows:
+        return logits
+    words, vocab = rows[0][1].words, logits.shape[-1]
+    bitmask = torch.empty((len(rows), words), dtype=torch.int32)
+    matchers = [(g.matcher, j) for j, (_, g) in enumerate(rows)]
+    _executor().unsafe_compute_mask_ptr(matchers, bitmask.data_ptr(), words * 4, len(rows))
+    allowed = ((bitmask[:, :, None] >> _BITS) & 1).flatten(1).bool()  # [R, 32 * words]
+    # ids past the tokenizer's vocabulary (a padded embedding) are never allowed
+    allowed = torch.nn.functional.pad(allowed, (0, max(vocab - allowed.shape[1], 0)))[:, :vocab]
+    allowed[:, eos] |= ~allowed.any(dim=1)
+    index = torch.tensor([i for i, _ in rows], device=logits.device)
+    out = logits.clone()
+    out[index] = out[index].masked_fill(~allowed.to(logits.device), float("-inf"))
+    return out
