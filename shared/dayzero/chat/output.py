@@ -15,8 +15,14 @@ class Delta:
     started: list[str] = field(default_factory=list)  # calls begun (their names), in order
     calls: list[ToolCall] = field(default_factory=list)  # calls completed, in order
 
-    def empty(self) -> bool:
-        return not (self.reasoning or self.content or self.started or self.calls)
+    def then(self, later: Delta) -> Delta:
+        """This delta followed by ``later``."""
+        return Delta(
+            self.reasoning + later.reasoning,
+            self.content + later.content,
+            self.started + later.started,
+            self.calls + later.calls,
+        )
 
 
 class AssistantStream:
@@ -41,10 +47,4 @@ def _delta(reasoning: str, parsed: Parsed) -> Delta:
 def parse_message(text: str, thinking: bool) -> Delta:
     """A whole completion's parts."""
     stream = AssistantStream(thinking)
-    first, last = stream.feed(text), stream.finish()
-    return Delta(
-        first.reasoning + last.reasoning,
-        first.content + last.content,
-        first.started + last.started,
-        first.calls + last.calls,
-    )
+    return stream.feed(text).then(stream.finish())

@@ -61,6 +61,8 @@ class GenerationRequest(Frozen):
     images: int = 0  # images whose embeddings fill the placeholder positions (their bytes wait in Redis)
     echo: bool = False  # a completion that starts with its prompt
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # with echo: the prompt's too
+    thinking: bool = False  # a chat in thinking mode: its text opens with the reasoning
+    tool_calls: bool = False  # a chat offered tools: DSML calls in its text are reported as tool_calls
 
 
 class StateRef(Frozen):
