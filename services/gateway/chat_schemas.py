@@ -103,14 +103,15 @@ class ChatPrompt(_Body):
             raise ValueError("tool names must be unique")
         return value
 
-    @model_validator(mode="after")
-    def _choice_names_a_tool(self) -> ChatPrompt:
-        choice, names = self.tool_choice, [t["function"]["name"] for t in self.tools or []]
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_names_a_tool(cls, choice: object, info: ValidationInfo) -> object:
+        names = [t["function"]["name"] for t in info.data.get("tools") or []]
         if choice not in (None, "none", "auto") and not names:
             raise ValueError("tool_choice other than none or auto needs tools")
         if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
             raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among the tools")
-        return self
+        return choice
 
     def thinking(self) -> tuple[bool, str]:
         """Thinking mode and its effort (low | high | max): from chat_template_kwargs (vLLM's

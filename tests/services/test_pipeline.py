@@ -182,8 +182,8 @@ def test_text_and_image_request_equals_in_process_multimodal_run(stack, demo_dir
     from dayzero.model.forward import decode, prefill
     from dayzero.settings import Settings
     from dayzero.vision.encoder import VisionEncoder, load_tower, multimodal_prompt
-    from services.gateway.images import render_chat
     from services.gateway.chat_schemas import ChatCompletionRequest
+    from services.gateway.images import render_chat
 
     content = [
         {"type": "text", "text": "what is"},

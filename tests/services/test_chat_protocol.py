@@ -1,0 +1,128 @@
+"""DeepSeek-V4's chat protocol through the real stack: the prompts it renders (/tokenize), tool
+calls and JSON replies enforced by constrained decoding on the random demo checkpoint, and the
+official ``openai`` client through a tool round trip and a streamed reasoning response."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from .conftest import MODEL
+
+B, E, U, A, D = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "｜DSML｜"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "unit": {"enum": ["c", "f"]},
+            },
+            "required": ["city", "days"],
+        },
+    },
+}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
+    },
+    "required": ["name", "age", "tags"],
+    "additionalProperties": False,
+}
+SEEDS = range(20)
+
+
+def _post(stack, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{stack.url}{path}", json={"model": MODEL, **body}, timeout=300)
+
+
+def _ask(content: str = "Weather in Paris?", **kw) -> dict:
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": 400, **kw}
+
+
+def test_tokenize_renders_v4s_prompt_and_detokenize_keeps_special_tokens(stack):
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    body = {"messages": chat, "chat_template_kwargs": {"thinking": True, "reasoning_effort": "low"}}
+    tokens = _post(stack, "/tokenize", body).json()
+    text = _post(stack, "/detokenize", {"tokens": tokens["tokens"]}).json()["prompt"]
+    assert text == f"{B}Be brief.{U}Hi{A}<think>" and tokens["count"] == len(tokens["tokens"])
+    assert tokens["tokens"][0] == 0 and tokens["tokens"][-2:] == [4, 5]  # V4's specials are single tokens
+    plain = _post(stack, "/tokenize", {"prompt": "Hello"}).json()
+    assert _post(stack, "/detokenize", {"tokens": plain["tokens"]}).json()["prompt"] == f"{B}Hello"
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        (_ask(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
+        (_ask(tool_choice="required"), "tool_choice"),
+        (_ask(tools=[{"type": "function", "function": {"name": "bad name!"}}]), "tools"),
+        (_ask(response_format={"type": "json_schema", "json_schema": {"schema": {"type": "objectx"}}}), None),
+        (_ask(chat_template_kwargs={"thinking": True, "enable_thinking": True}), "chat_template_kwargs"),
+        (_ask(reasoning_effort="extreme"), "reasoning_effort"),
+        ({"prompt": "hi", "tools": [WEATHER]}, "tools"),
+    ],
+)
+def test_bad_protocol_input_is_refused_with_400(stack, body, param):
+    path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+    r = _post(stack, path, body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert param is None or error["param"].startswith(param), error
+    both = _post(stack, "/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "y"}]})
+    assert both.status_code == 400 and "either" in both.json()["error"]["message"]
+
+
+def _valid_person(value) -> bool:
+    return (
+        isinstance(value, dict)
+        and set(value) == {"name", "age", "tags"}
+        and isinstance(value["name"], str)
+        and len(value["name"]) <= 8
+        and type(value["age"]) is int
+        and 0 <= value["age"] <= 120
+        and isinstance(value["tags"], list)
+        and len(value["tags"]) <= 3
+        and all(isinstance(t, bool) for t in value["tags"])
+    )
+
+
+def _many(stack, bodies: list[dict]) -> list[dict]:
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        replies = list(pool.map(lambda b: _post(stack, "/v1/chat/completions", b), bodies))
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies if r.status_code != 200]
+    return [r.json()["choices"][0] for r in replies]
+
+
+def test_json_schema_replies_are_valid_for_20_seeds(stack):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+    choices = _many(stack, [_ask("Who?", response_format=fmt, temperature=1.0, seed=s) for s in SEEDS])
+    for choice in choices:
+        assert choice["finish_reason"] == "stop", choice
+        assert _valid_person(json.loads(choice["message"]["content"])), choice
+
+
+def test_named_tool_calls_are_valid_for_20_seeds(stack):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    choices = _many(stack, [_ask(tools=[WEATHER], tool_choice=named, temperature=1.0, seed=s) for s in SEEDS])
+    for choice in choices:
+        assert choice["finish_reason"] == "tool_calls", choice
+        message = choice["message"]
+        assert message["content"] is None and len(message["tool_calls"]) == 1
+        call = message["tool_calls"][0]
+        assert call["type"] == "function" and call["id"].startswith("call_")
+        args = json.loads(call["function"]["arguments"])
+        assert call["function"]["name"] == "get_weather" and {"city", "days"} <= set(args) <= {"city", "days", "unit"}
+        assert isinstance(args["city"], str) and len(args["city"]) <= 12 and "<" not in args["city"]
+        assert type(args["days"]) is int and 1 <= args["days"] <= 7 and args.get("unit", "c") in ("c", "f")
