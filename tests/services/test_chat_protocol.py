@@ -126,3 +126,78 @@ def test_named_tool_calls_are_valid_for_20_seeds(stack):
         assert call["function"]["name"] == "get_weather" and {"city", "days"} <= set(args) <= {"city", "days", "unit"}
         assert isinstance(args["city"], str) and len(args["city"]) <= 12 and "<" not in args["city"]
         assert type(args["days"]) is int and 1 <= args["days"] <= 7 and args.get("unit", "c") in ("c", "f")
+
+
+def _client(stack):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def _raw(stack, messages: list[dict], max_tokens: int, **kw) -> str:
+    """The greedy continuation of a chat's prompt from the completions endpoint (no parsing)."""
+    chat = {k: kw.pop(k) for k in ("tools", "chat_template_kwargs") if k in kw}
+    ids = _post(stack, "/tokenize", {"messages": messages, **chat}).json()["tokens"]
+    body = {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, **kw}  # kw may sample instead
+    return _post(stack, "/v1/completions", body).json()["choices"][0]["text"]
+
+
+def test_openai_client_tool_round_trip(stack):
+    client = _client(stack)
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    first = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER], tool_choice=named, temperature=1.0, seed=7, max_tokens=400
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and {"city", "days"} <= set(args)
+
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "21 C"},
+    ]
+    ids = _post(stack, "/tokenize", {"messages": messages, "tools": [WEATHER]}).json()["tokens"]
+    prompt = _post(stack, "/detokenize", {"tokens": ids}).json()["prompt"]
+    params = [f'<{D}parameter name="city" string="true">{args["city"]}</{D}parameter>']
+    params.append(f'<{D}parameter name="days" string="false">{args["days"]}</{D}parameter>')
+    if "unit" in args:
+        params.append(f'<{D}parameter name="unit" string="true">{args["unit"]}</{D}parameter>')
+    block = (
+        f'\n\n<{D}tool_calls>\n<{D}invoke name="get_weather">\n'
+        + "\n".join(params)
+        + f"\n</{D}invoke>\n</{D}tool_calls>"
+    )
+    assert prompt.endswith(f"{U}Weather in Paris?{A}</think>{block}{E}{U}<tool_result>21 C</tool_result>{A}</think>")
+
+    no_dsml = {"9": -100}  # the random model must answer, not call again
+    second = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER], temperature=0, max_tokens=12, logit_bias=no_dsml
+    )
+    answer = second.choices[0]
+    assert answer.finish_reason in ("stop", "length") and not answer.message.tool_calls
+    assert answer.message.content == _raw(stack, messages, 12, tools=[WEATHER], logit_bias=no_dsml)
+
+
+def test_openai_client_streams_reasoning(stack):
+    messages = [{"role": "user", "content": "Think first."}]
+    thinking = {"chat_template_kwargs": {"thinking": True}}
+    sampling = {"temperature": 1.0, "logit_bias": {"6": 3, "9": -100}}  # nudged to close its thought, no DSML
+    for seed in range(40):  # a seed with which the random model closes its thought midway
+        text = _raw(stack, messages, 24, seed=seed, **sampling, **thinking)
+        if text.find("</think>") > 0:
+            break
+    else:
+        pytest.fail("no seed made the demo model close its thought")
+    stream = _client(stack).chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=24, seed=seed, stream=True, extra_body=thinking, **sampling
+    )
+    reasoning, content = "", ""
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        reasoning += getattr(delta, "reasoning_content", None) or ""
+        content += delta.content or ""
+    want_reasoning, want_content = text.split("</think>", 1)
+    assert (reasoning, content) == (want_reasoning, want_content) and reasoning and content
