@@ -55,18 +55,29 @@ _BITS = torch.arange(32, dtype=torch.int32)
 def allowed_logits(logits: torch.Tensor, guides: list[Guide | None], eos: int) -> torch.Tensor:
     """``logits`` [B, V] with every token a row's grammar forbids at -inf (the same tensor when no
     row is constrained). A row whose grammar has failed may only end (``eos``)."""
-    rows = [(i, g) for i, g in enumerate(guides) if g is not None and g.active]
+    rows = [i for i, g in enumerate(guides) if g is not None and g.active]
     if not rows:
         return logits
-    words, vocab = rows[0][1].words, logits.shape[-1]
-    bitmask = torch.empty((len(rows), words), dtype=torch.int32)
-    matchers = [(g.matcher, j) for j, (_, g) in enumerate(rows)]
-    _executor().unsafe_compute_mask_ptr(matchers, bitmask.data_ptr(), words * 4, len(rows))
-    allowed = ((bitmask[:, :, None] >> _BITS) & 1).flatten(1).bool()  # [R, 32 * words]
+    return apply_masks(logits, rows, fill_masks([guides[i] for i in rows]), eos)
+
+
+def fill_masks(guides: list[Guide]) -> torch.Tensor:
+    """The guides' next-token masks [R, words] int32 (bit ``t % 32`` of word ``t // 32``: token
+    ``t`` allowed), computed in parallel outside the GIL."""
+    bitmask = torch.empty((len(guides), guides[0].words), dtype=torch.int32)
+    matchers = [(g.matcher, j) for j, g in enumerate(guides)]
+    _executor().unsafe_compute_mask_ptr(matchers, bitmask.data_ptr(), bitmask.shape[1] * 4, len(guides))
+    return bitmask
+
+
+def apply_masks(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor, eos: int) -> torch.Tensor:
+    """A copy of ``logits`` [B, V] with rows ``rows`` masked by ``bitmask`` [len(rows), words]."""
+    vocab = logits.shape[-1]
+    allowed = ((bitmask.to(logits.device)[:, :, None] >> _BITS.to(logits.device)) & 1).flatten(1).bool()
     # ids past the tokenizer's vocabulary (a padded embedding) are never allowed
-    allowed = torch.nn.functional.pad(allowed, (0, max(vocab - allowed.shape[1], 0)))[:, :vocab]
+    allowed = torch.nn.functional.pad(allowed, (0, max(vocab - allowed.shape[1], 0)))[:, :vocab]  # [R, V]
     allowed[:, eos] |= ~allowed.any(dim=1)
-    index = torch.tensor([i for i, _ in rows], device=logits.device)
+    index = torch.tensor(rows, device=logits.device)
     out = logits.clone()
-    out[index] = out[index].masked_fill(~allowed.to(logits.device), float("-inf"))
+    out[index] = out[index].masked_fill(~allowed, float("-inf"))
     return out
