@@ -3,7 +3,7 @@ fill + one masked fill, ``dayzero.guided.allowed_logits``), for a JSON schema an
 DSML tool call, at the demo tokenizer's vocabulary and at V4's (129,280 tokens, a synthetic
 byte-level vocabulary of that size: the released tokenizer is not shipped here).
 
-    .venv/bin/python bench/guided.py [--steps 40]
+    .venv/bin/python bench/guided.py [--steps 40] [--threads 1]
 """
 
 from __future__ import annotations
@@ -88,7 +88,9 @@ def step_ms(codec: TextCodec, grammar: Grammar, batch: int, steps: int) -> tuple
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=1)  # torch's; llguidance's pool is its own
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     eos = {"eos_token": SPECIAL_TOKENS[1]}
     codecs = {
         "demo (415)": TextCodec(build_tokenizer(512), tokens=eos),

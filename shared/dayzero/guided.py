@@ -49,7 +49,8 @@ def _executor():
     return llguidance.LLExecutor()
 
 
-_BITS = torch.arange(32, dtype=torch.int32)
+# byte value -> its 8 bits, lowest first: unpacks a little-endian bitmask by one gather
+_BYTE_BITS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool()  # [256, 8]
 
 
 def allowed_logits(logits: torch.Tensor, guides: list[Guide | None], eos: int) -> torch.Tensor:
@@ -72,12 +73,12 @@ def fill_masks(guides: list[Guide]) -> torch.Tensor:
 
 def apply_masks(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor, eos: int) -> torch.Tensor:
     """A copy of ``logits`` [B, V] with rows ``rows`` masked by ``bitmask`` [len(rows), words]."""
-    vocab = logits.shape[-1]
-    allowed = ((bitmask.to(logits.device)[:, :, None] >> _BITS.to(logits.device)) & 1).flatten(1).bool()
+    vocab, device = logits.shape[-1], logits.device
+    table = _BYTE_BITS.to(device)
+    allowed = table[bitmask.to(device).view(torch.uint8).long()].flatten(1)  # [R, 32 * words]
     # ids past the tokenizer's vocabulary (a padded embedding) are never allowed
     allowed = torch.nn.functional.pad(allowed, (0, max(vocab - allowed.shape[1], 0)))[:, :vocab]  # [R, V]
     allowed[:, eos] |= ~allowed.any(dim=1)
-    index = torch.tensor(rows, device=logits.device)
-    out = logits.clone()
-    out[index] = out[index].masked_fill(~allowed, float("-inf"))
-    return out
+    blocked = torch.zeros(logits.shape, dtype=torch.bool, device=device)
+    blocked[torch.tensor(rows, device=device)] = ~allowed
+    return logits.masked_fill(blocked, float("-inf"))
