@@ -25,7 +25,8 @@ _PARAMETER = re.compile(
 _MARKERS = ("\n\n<" + DSML, "\n\n</" + DSML, "<" + DSML, "</" + DSML, DSML)
 
 
-def _json(value: object) -> str:
+def to_json(value: object) -> str:
+    """JSON as DeepSeek's encoding writes it (", " and ": ", characters unescaped)."""
     return json.dumps(value, ensure_ascii=False)
 
 
@@ -46,7 +47,7 @@ def _render_invoke(name: str, arguments: str) -> str:
         values = {"arguments": arguments}
     params = [
         f'<{DSML}parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">'
-        f"{v if isinstance(v, str) else _json(v)}</{DSML}parameter>"
+        f"{v if isinstance(v, str) else to_json(v)}</{DSML}parameter>"
         for k, v in values.items()
     ]
     return f'<{DSML}invoke name="{name}">\n' + "\n".join(params) + f"\n</{DSML}invoke>"
@@ -66,7 +67,7 @@ def arguments_of(body: str) -> str:
             values[key] = raw if string == "true" else json.loads(raw)
         except json.JSONDecodeError:
             values[key] = raw
-    return _json(values)
+    return to_json(values)
 
 
 def parse_calls(block: str) -> list[ToolCall]:
@@ -112,7 +113,7 @@ class ToolCallStream:
             return self._block_step(out)
         at = self._text.find(DSML)
         if at < 0:
-            hold = _held(self._text)
+            hold = held_suffix(self._text, _MARKERS)
             out.content += self._text[: len(self._text) - hold]
             self._text = self._text[len(self._text) - hold :]
             return False
@@ -137,6 +138,6 @@ class ToolCallStream:
         return True
 
 
-def _held(text: str) -> int:
-    """Length of the longest end of ``text`` that could still grow into a DSML tag."""
-    return max((k for m in _MARKERS for k in range(1, len(m)) if text.endswith(m[:k])), default=0)
+def held_suffix(text: str, markers: tuple[str, ...]) -> int:
+    """Length of the longest end of ``text`` that could still grow into one of ``markers``."""
+    return max((k for m in markers for k in range(1, len(m)) if text.endswith(m[:k])), default=0)

@@ -15,10 +15,9 @@ too); tool results merge into the user turn as ``<tool_result>`` blocks in the c
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
-from .dsml import render_calls
+from .dsml import render_calls, to_json
 from .prompts import EFFORT_PARAGRAPHS, RESPONSE_FORMAT_SECTION, TOOLS_SECTION
 from .tokens import ASSISTANT, BOS, END_THINK, EOS, LATEST_REMINDER, THINK, USER
 
@@ -34,10 +33,6 @@ class ChatOptions:
 
 
 CHAT_MODE = ChatOptions()
-
-
-def to_json(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False)
 
 
 def text_of(content: str | list[str] | None) -> str:

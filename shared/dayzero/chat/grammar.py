@@ -9,9 +9,7 @@ weak model cannot wander off into endless whitespace.
 
 from __future__ import annotations
 
-import json
-
-from .dsml import _json
+from .dsml import to_json
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -21,11 +19,12 @@ def dsml_symbol(token_id: int | None, text: str) -> str:
 
 
 def _literal(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
+    """A Lark string literal (its escapes are JSON's)."""
+    return to_json(text)
 
 
 def _json_rule(schema: dict) -> str:
-    return "%json " + _json({**schema, "x-guidance": JSON_STYLE})
+    return "%json " + to_json({**schema, "x-guidance": JSON_STYLE})
 
 
 def json_grammar(schema: dict | None) -> str:

@@ -7,7 +7,7 @@ thought still gets its calls parsed). Streaming-safe: an end that could still gr
 
 from __future__ import annotations
 
-from .dsml import BLOCK_OPEN
+from .dsml import BLOCK_OPEN, held_suffix
 from .tokens import END_THINK
 
 _ENDS = (END_THINK, "\n\n" + BLOCK_OPEN)
@@ -29,7 +29,7 @@ class ReasoningSplitter:
             self.thinking, self._held = False, ""
             rest = text[at + len(END_THINK) :] if end == END_THINK else text[at:]
             return text[:at], rest
-        hold = max((k for end in _ENDS for k in range(1, len(end)) if text.endswith(end[:k])), default=0)
+        hold = held_suffix(text, _ENDS)
         self._held = text[len(text) - hold :]
         return text[: len(text) - hold], ""
 
