@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from .conftest import MODEL
+from .conftest import MODEL, sse_events
 
 B, E, U, A, D = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "｜DSML｜"
 WEATHER = {
@@ -201,3 +201,40 @@ def test_openai_client_streams_reasoning(stack):
         content += delta.content or ""
     want_reasoning, want_content = text.split("</think>", 1)
     assert (reasoning, content) == (want_reasoning, want_content) and reasoning and content
+
+
+def _accumulate(chunks: list[dict]) -> tuple[dict[int, dict], str | None]:
+    """Streamed tool-call deltas put together as a client does, and the finish reason."""
+    calls, finish = {}, None
+    for chunk in chunks:
+        choice = chunk["choices"][0]
+        finish = choice["finish_reason"] or finish
+        for delta in choice["delta"].get("tool_calls", []):
+            call = calls.setdefault(delta["index"], {"name": "", "arguments": ""})
+            call["name"] += delta.get("function", {}).get("name", "")
+            call["arguments"] += delta.get("function", {}).get("arguments", "")
+        assert D not in (choice["delta"].get("content") or "")
+    return calls, finish
+
+
+def test_a_streamed_tool_call_resumed_midway_equals_the_body(stack):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    body = {"model": MODEL, **_ask(tools=[WEATHER], tool_choice=named, temperature=1.0, seed=11)}
+    (call,) = _post(stack, "/v1/chat/completions", body).json()["choices"][0]["message"]["tool_calls"]
+    seen, last = [], None
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
+        rid = r.headers["x-request-id"]
+        for event_id, data in sse_events(r):
+            seen.append(data)
+            if event_id and "tool_calls" in data["choices"][0]["delta"]:
+                last = event_id  # the call's name has come: leave before its arguments
+                break
+    rest = []
+    with httpx.stream(
+        "GET", f"{stack.url}/v1/requests/{rid}/stream", headers={"Last-Event-ID": last}, timeout=300
+    ) as r:
+        rest = [data for _, data in sse_events(r) if data != "[DONE]"]
+    assert _accumulate(seen)[0] == {0: {"name": "get_weather", "arguments": ""}}  # left inside the call
+    calls, finish = _accumulate(seen + rest)
+    assert finish == "tool_calls" and list(calls) == [0]
+    assert calls[0] == {"name": "get_weather", "arguments": call["function"]["arguments"]}
