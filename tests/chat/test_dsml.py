@@ -96,3 +96,9 @@ def test_calls_render_back_as_they_were_parsed():
         for n, a in CALLS
     ]
     assert render_calls(calls) == ANSWER.removeprefix("Let me check both.")
+
+
+def test_two_blocks_in_one_piece_give_each_call_once():
+    block = ANSWER.removeprefix("Let me check both.")
+    parts = parse_message("One." + block + "Two." + block, thinking=False)
+    assert parts.content == "One.Two." and _calls(parts) == CALLS + CALLS and len(parts.started) == 4

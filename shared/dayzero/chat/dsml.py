@@ -125,13 +125,13 @@ class ToolCallStream:
         return True
 
     def _block_step(self, out: Parsed) -> bool:
-        heads = [m.group(1) for m in _INVOKE_HEAD.finditer(self._text)]
-        out.started.extend(heads[self._started :])
-        self._started = len(heads)
-        calls = parse_calls(self._text)
-        out.calls.extend(calls[self._done :])
-        self._done = len(calls)
         end = self._text.find(BLOCK_CLOSE)
+        block = self._text if end < 0 else self._text[:end]
+        heads = [m.group(1) for m in _INVOKE_HEAD.finditer(block)]
+        out.started.extend(heads[self._started :])
+        calls = parse_calls(block)
+        out.calls.extend(calls[self._done :])
+        self._started, self._done = len(heads), len(calls)
         if end < 0:
             return False
         self._text, self._in_block = self._text[end + len(BLOCK_CLOSE) :].lstrip("\n"), False
