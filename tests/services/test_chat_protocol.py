@@ -113,6 +113,19 @@ def test_json_schema_replies_are_valid_for_20_seeds(stack):
         assert _valid_person(json.loads(choice["message"]["content"])), choice
 
 
+def test_thinking_mode_reasons_freely_then_replies_valid_json(stack):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+    nudge = {"6": 3}  # the random model closes its thought within a few dozen tokens
+    bodies = [
+        _ask("Who?", response_format=fmt, temperature=1.0, seed=s, logit_bias=nudge, reasoning_effort="high")
+        for s in range(4)
+    ]
+    for choice in _many(stack, bodies):
+        message = choice["message"]
+        assert choice["finish_reason"] == "stop" and isinstance(message["reasoning_content"], str), choice
+        assert _valid_person(json.loads(message["content"])), choice
+
+
 def test_named_tool_calls_are_valid_for_20_seeds(stack):
     named = {"type": "function", "function": {"name": "get_weather"}}
     choices = _many(stack, [_ask(tools=[WEATHER], tool_choice=named, temperature=1.0, seed=s) for s in SEEDS])
