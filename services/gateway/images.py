@@ -13,24 +13,25 @@ from dayzero.chat.tokens import IMAGE
 from dayzero.vision.encoder import expand
 from dayzero.vision.preprocess import ImageError, ImageLimits, PatchSpec, decode, image_bytes, target_size
 
+from .chat_schemas import Message
 from .errors import APIError
-from .schemas import Message
 
 IMAGE_TAG = IMAGE
 
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    messages: list[dict[str, str]]  # role and text, each image as one placeholder tag
+    messages: list[dict]  # OpenAI-shaped, each image as one placeholder tag
     images: list[bytes]
     patches: list[int]  # merged patches (= prompt positions) of each image
 
 
 def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, vision: bool) -> Prompt:
-    """Messages as plain role / text pairs for the chat template, with their images checked."""
+    """Messages as plain dicts for the chat encoding (a list content as its part strings, each
+    image one placeholder tag), with their images checked."""
     turns, images, patches = [], [], []
     for i, m in enumerate(messages):
-        parts = [m.content] if isinstance(m.content, str) else m.content
+        parts = m.content if isinstance(m.content, list) else [m.content or ""]
         text = []
         for part in parts:
             if isinstance(part, str) or part.type == "text":
@@ -51,7 +52,8 @@ def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, v
             images.append(data)
             patches.append(height * width // (spec.patch_size * spec.merge_size) ** 2)
             text.append(IMAGE_TAG)
-        turns.append({"role": m.role, "content": "".join(text)})
+        extra = m.model_dump(include={"reasoning_content", "tool_calls", "tool_call_id"}, exclude_none=True)
+        turns.append({"role": m.role, "content": text if isinstance(m.content, list) else text[0], **extra})
     if len(images) > limits.max_images:
         raise APIError(
             400,

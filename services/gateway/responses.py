@@ -60,6 +60,8 @@ async def sse(
     last_at, held = None, []  # held: tokens whose text (and logprobs) wait for the next chunk
     await gw.bus.watch(rid)
     try:
+        if echoed and request.kind == "chat":
+            await _replay(gw, shape, rid, after)
         if first:
             yield ServerSentEvent(data=json.dumps(shape.chunk(None, None, role=True)))
         async for event in gw.bus.events(rid, after):
@@ -87,8 +89,9 @@ async def sse(
                 yield ServerSentEvent(id=event.entry_id, data=json.dumps(chunk))
                 break
             held.append(event)
-            if event.text:
-                yield ServerSentEvent(id=event.entry_id, data=json.dumps(shape.chunk(event.text, None, tokens=held)))
+            chunk = shape.chunk(event.text, None, tokens=held) if event.text else None
+            if chunk is not None:
+                yield ServerSentEvent(id=event.entry_id, data=json.dumps(chunk))
                 held = []
         if choice is None:
             yield ServerSentEvent(data="[DONE]")
@@ -100,6 +103,16 @@ async def sse(
         if span is not None:
             span.set_attribute("dayzero.finished", finished)
             span.end()
+
+
+async def _replay(gw: Gateway, shape: Shape, rid: str, after: str) -> None:
+    """A resumed chat stream's text up to ``after``, so its split picks up where the client's left off."""
+    async for event in gw.bus.events(rid):
+        if event is None:
+            return
+        shape.replay(event.text)
+        if event.entry_id == after:
+            return
 
 
 async def _events(gw: Gateway, request: GenerationRequest, http: Request) -> list[TokenEvent]:

@@ -9,14 +9,15 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request
 from sse_starlette.sse import EventSourceResponse
 
-from dayzero.serving.messages import GenerationRequest, SamplingSpec
+from dayzero.serving.messages import GenerationRequest, GrammarSpec, SamplingSpec
 
 from .bus import Bus
+from .chat import chat_prompt, grammar
+from .chat_schemas import ChatCompletionRequest, TokenizeRequest
 from .context import Gateway
 from .errors import APIError
-from .images import expand_placeholders, render_chat
 from .responses import respond, sse
-from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
+from .schemas import CompletionRequest, DetokenizeRequest, Sampling
 
 router = APIRouter()
 MAX_ECHO_LOGPROB_TOKENS = 32768  # the prompt's logprobs travel in one stream entry
@@ -38,15 +39,21 @@ async def authorize(gw: GatewayDep, authorization: Annotated[str | None, Header(
 Authorized = Depends(authorize)
 
 
-def _spec(gw: Gateway, body: Sampling, prompt_ids: list[int], max_tokens: int | None) -> SamplingSpec:
-    s = gw.settings
-    if body.model != s.model_name:
+def _served(gw: Gateway, model: str) -> None:
+    if model != gw.settings.model_name:
         raise APIError(
             400,
-            f"unknown model {body.model!r}; this server serves {s.model_name!r}",
+            f"unknown model {model!r}; this server serves {gw.settings.model_name!r}",
             param="model",
             code="model_not_found",
         )
+
+
+def _spec(
+    gw: Gateway, body: Sampling, prompt_ids: list[int], max_tokens: int | None, rule: GrammarSpec | None = None
+) -> SamplingSpec:
+    s = gw.settings
+    _served(gw, body.model)
     limit = min(s.max_context, gw.max_positions)
     if not prompt_ids:
         raise APIError(400, "the prompt is empty", param="prompt")
@@ -83,6 +90,7 @@ def _spec(gw: Gateway, body: Sampling, prompt_ids: list[int], max_tokens: int | 
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
         logprobs=body.logprob_count(),
+        grammar=rule,
     )
 
 
@@ -118,13 +126,11 @@ def _choices(requests: list[GenerationRequest], n: int) -> list[GenerationReques
 
 @router.post("/v1/chat/completions", dependencies=[Authorized])
 async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Request):
-    s = gw.settings
-    prompt = render_chat(body.messages, s.image_limits(), s.patch_spec(), gw.image_token is not None)
-    ids = gw.codec.chat_ids(prompt.messages)
-    if prompt.images:
-        ids = expand_placeholders(ids, gw.image_token, prompt.patches)
-    spec = _spec(gw, body, ids, body.max_completion_tokens or body.max_tokens)
-    requests = _choices([_new_request(ids, spec, "chat", len(prompt.images))], body.n)
+    ids, prompt = chat_prompt(gw, body)
+    thinking, _ = body.thinking()
+    spec = _spec(gw, body, ids, body.max_completion_tokens or body.max_tokens, grammar(gw, body, thinking))
+    protocol = {"thinking": thinking, "tool_calls": bool(body.offered_tools())}
+    requests = _choices([_new_request(ids, spec, "chat", len(prompt.images), **protocol)], body.n)
     return await respond(gw, requests, body.stream, http, prompt.images)
 
 
@@ -134,13 +140,30 @@ async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
     requests = []
     for prompt in body.prompts():
         ids = gw.codec.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        spec = _spec(gw, body, ids, body.max_tokens)
+        spec = _spec(gw, body, ids, body.max_tokens, grammar(gw, body))
         if scored and len(ids) > MAX_ECHO_LOGPROB_TOKENS:
             limit = MAX_ECHO_LOGPROB_TOKENS
             raise APIError(400, f"echo with logprobs takes prompts of up to {limit} tokens", param="prompt")
         echo = {"echo": body.echo, "prompt_logprobs": spec.logprobs if scored else None}
         requests.append(_new_request(ids, spec, "completion", **echo))
     return await respond(gw, _choices(requests, body.n), body.stream, http)
+
+
+@router.post("/tokenize", dependencies=[Authorized])
+async def tokenize(body: TokenizeRequest, gw: GatewayDep):
+    """A prompt's ids as the server would feed them (a chat: rendered, images expanded)."""
+    _served(gw, body.model)
+    ids = gw.codec.encode(body.prompt) if body.prompt is not None else chat_prompt(gw, body)[0]
+    return {"tokens": ids, "count": len(ids), "max_model_len": min(gw.settings.max_context, gw.max_positions)}
+
+
+@router.post("/detokenize", dependencies=[Authorized])
+async def detokenize(body: DetokenizeRequest, gw: GatewayDep):
+    """Ids -> text, special tokens kept."""
+    _served(gw, body.model)
+    if any(not 0 <= t < gw.vocab_size for t in body.tokens):
+        raise APIError(400, f"token ids must be in [0, {gw.vocab_size})", param="tokens")
+    return {"prompt": gw.codec.decode_all(body.tokens)}
 
 
 @router.get("/v1/requests/{request_id}/stream", dependencies=[Authorized])

@@ -7,7 +7,6 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 MAX_STOP = 4
-MAX_MESSAGES = 256
 MAX_TEXT = 1 << 20
 MAX_CHOICES = 8  # n
 MAX_PROMPTS = 32  # prompts in one completions request
@@ -17,27 +16,28 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class TextPart(_Body):
-    type: Literal["text"]
-    text: str = Field(max_length=MAX_TEXT)
+class JSONSchemaFormat(_Body):
+    name: str | None = Field(default=None, max_length=64)
+    description: str | None = None
+    json_schema: dict = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
 
 
-class ImageURL(_Body):
-    url: str = Field(max_length=16 << 20)
-    detail: str | None = None
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
 
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema")
+        return self
 
-class ImagePart(_Body):
-    type: Literal["image_url"]
-    image_url: ImageURL
-
-
-Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
-
-
-class Message(_Body):
-    role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[Part] = Field(max_length=MAX_TEXT)
+    def schema_(self) -> dict | None:
+        """The JSON schema the reply must follow (None: free text)."""
+        if self.type == "text":
+            return None
+        return self.json_schema.json_schema if self.json_schema is not None else {"type": "object"}
 
 
 class StreamOptions(_Body):
@@ -67,12 +67,10 @@ class Sampling(_Body):
     logit_bias: dict[int, Annotated[float, Field(ge=-100, le=100)]] | None = Field(default=None, max_length=300)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    response_format: ResponseFormat | None = None  # json_object / json_schema: constrained decoding
     # OpenAI parameters this server does not implement: accepted at their defaults, refused
     # otherwise (a client asking for them must not get a silently different answer)
-    tools: list[dict] | None = Field(default=None, max_length=128)
-    tool_choice: str | dict | None = None
     functions: list[dict] | None = Field(default=None, max_length=128)
-    response_format: dict | None = None
     best_of: int | None = None
     suffix: str | None = Field(default=None, max_length=MAX_TEXT)
 
@@ -83,25 +81,11 @@ class Sampling(_Body):
             raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}")
         return value
 
-    @field_validator("tools", "functions", "suffix")
+    @field_validator("functions", "suffix")
     @classmethod
     def _unsupported(cls, value: object, info: ValidationInfo) -> object:
         if value:
             raise ValueError(f"{info.field_name} is not supported by this server")
-        return value
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, value: object) -> object:
-        if value not in (None, "none"):
-            raise ValueError("tool calling is not supported by this server")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, value: dict | None) -> dict | None:
-        if value and value.get("type", "text") != "text":
-            raise ValueError("only response_format {'type': 'text'} is supported by this server")
         return value
 
     @field_validator("best_of")
@@ -120,33 +104,29 @@ class Sampling(_Body):
         return tuple(stops)
 
 
-class ChatCompletionRequest(Sampling):
-    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool = False
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("echo is a completions parameter; chat completions do not echo")
-        return value
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _top_needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
-        if value and not info.data.get("logprobs"):
-            raise ValueError("top_logprobs requires logprobs: true")
-        return value
-
-    def logprob_count(self) -> int | None:
-        """Alternatives per token to report (None: no logprobs)."""
-        return (self.top_logprobs or 0) if self.logprobs else None
+class DetokenizeRequest(_Body):
+    model: str = Field(max_length=256)
+    tokens: list[int] = Field(max_length=1 << 20)
 
 
 class CompletionRequest(Sampling):
+    tools: list[dict] | None = Field(default=None, max_length=128)
+    tool_choice: str | dict | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _chat_only(cls, value: list[dict] | None) -> list[dict] | None:
+        if value:
+            raise ValueError("tools are a chat completions parameter")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, value: object) -> object:
+        if value not in (None, "none"):
+            raise ValueError("tool_choice is a chat completions parameter")
+        return value
+
     prompt: str | list[int] | list[Annotated[str, Field(max_length=MAX_TEXT)]] | list[list[int]] = Field(
         max_length=MAX_TEXT
     )

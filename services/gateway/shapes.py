@@ -5,10 +5,16 @@ Completions: ``choices[0].logprobs = {tokens, token_logprobs, top_logprobs, text
 with ``echo`` the text and the logprobs start with the prompt's (its first token's are null).
 A token's string is its own decoding (a piece of a multi-byte character shows as U+FFFD);
 logprobs are the model's, before logit bias, penalties and temperature.
+
+A chat's text is split as DeepSeek-V4 writes it (dayzero.chat.output): the reasoning before
+``</think>`` is ``reasoning_content`` (thinking mode), DSML tool calls become ``tool_calls``
+(``delta.tool_calls`` in streams: a call's id and name when its tag is complete, its arguments
+when it closes; ``finish_reason: "tool_calls"``), and no DSML ever reaches ``content``.
 """
 
 from __future__ import annotations
 
+from dayzero.chat.output import AssistantStream, parse_message
 from dayzero.serving.messages import GenerationRequest
 from dayzero.tokenizer import IdsOnlyCodec, TextCodec
 
@@ -32,6 +38,9 @@ class Shape:
         self.logprobs = request.sampling.logprobs is not None
         self.prompt = request.prompt_ids if request.echo and not echoed else None  # still to be echoed
         self.offset = 0  # characters of text covered by earlier chunks' logprobs
+        self.thinking, self.tools, self.rid = request.thinking, request.tool_calls, request.request_id
+        self.parts = AssistantStream(request.thinking)  # a chat stream's text so far, split
+        self.started = self.ended = 0  # tool calls of the stream begun / complete
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -43,10 +52,13 @@ class Shape:
         usage: dict | None = None,
         role: bool = False,
         tokens: list[TokenEvent] = (),
-    ) -> dict:
+    ) -> dict | None:
+        """The next chunk of a stream (None: nothing to say yet, e.g. text that may open a tag)."""
         if self.kind == "chat":
-            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-            choice = {"index": self.choice, "delta": delta, "finish_reason": finish}
+            delta = {"role": "assistant", "content": ""} if role else self._delta(text or "", finish is not None)
+            if not (delta or finish or role or (self.logprobs and tokens)):
+                return None
+            choice = {"index": self.choice, "delta": delta, "finish_reason": self._finish(finish, self.ended)}
             body = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
             choice = {"index": self.choice, "text": self._echo() + (text or ""), "finish_reason": finish}
@@ -59,10 +71,20 @@ class Shape:
             body["usage"] = usage
         return body
 
+    def replay(self, text: str) -> None:
+        """Text a resumed stream sent before: it moves the split on, nothing is emitted."""
+        self._delta(text, False)
+
     def body(self, text: str, finish: str, usage: dict, tokens: list[TokenEvent]) -> dict:
         if self.kind == "chat":
-            message = {"role": "assistant", "content": text}
-            choice = {"index": self.choice, "message": message, "finish_reason": finish}
+            parts = parse_message(text, self.thinking)
+            calls = [self._call(i, c.name, c.arguments) for i, c in enumerate(parts.calls)] if self.tools else []
+            message = {"role": "assistant", "content": parts.content or (None if calls else "")}
+            if self.thinking:
+                message["reasoning_content"] = parts.reasoning
+            if calls:
+                message["tool_calls"] = calls
+            choice = {"index": self.choice, "message": message, "finish_reason": self._finish(finish, len(calls))}
             body = {**self._head("chat.completion"), "choices": [choice], "usage": usage}
         else:
             choice = {"index": self.choice, "text": self._echo() + text, "finish_reason": finish}
@@ -77,6 +99,34 @@ class Shape:
         """A checkpoint without a tokenizer has no text to give: the ids themselves (vLLM's ``token_ids``)."""
         if not self.codec.has_tokenizer:
             choice["token_ids"] = [t.token for t in tokens]
+
+    def _delta(self, text: str, last: bool) -> dict:
+        parts = self.parts.feed(text)
+        if last:
+            parts = parts.then(self.parts.finish())
+        delta: dict = {}
+        if parts.reasoning:
+            delta["reasoning_content"] = parts.reasoning
+        if parts.content:
+            delta["content"] = parts.content
+        calls = [{"index": k, **self._call(k, name)} for k, name in enumerate(parts.started, self.started)]
+        calls += [{"index": self.ended + i, "function": {"arguments": c.arguments}} for i, c in enumerate(parts.calls)]
+        self.started, self.ended = self.started + len(parts.started), self.ended + len(parts.calls)
+        if calls and self.tools:
+            delta["tool_calls"] = calls
+        return delta
+
+    def _call(self, index: int, name: str, arguments: str = "") -> dict:
+        """Call ``index`` of this choice (its id is the same in a resumed stream)."""
+        return {
+            "id": f"call_{self.rid[:16]}_{index}",
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
+
+    def _finish(self, finish: str | None, calls: int) -> str | None:
+        """A chat that ended after calling tools ends with "tool_calls" (OpenAI's reason)."""
+        return "tool_calls" if finish == "stop" and calls and self.tools else finish
 
     def _echo(self) -> str:
         """The prompt's text, in the first chunk (or the body) of an echoing completion."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .config import ModelConfig
+from .guided import Guide, allowed_logits
 from .sampling import SamplingParams, logprobs_of, sample
 from .tokenizer import StreamDecoder, TextCodec
 
@@ -68,6 +69,7 @@ class Completion:
         self.count = 0
         self.counts: Counter[int] = Counter()  # generated tokens, for the penalties
         self._text, self._stops = StreamDecoder(codec), StopMatcher(params.stop)
+        self.guide = Guide(codec.guidance, params.grammar) if params.grammar is not None else None
         for token in generated:  # replay: rebuild the text and stop-string state, output discarded
             self.accept(token)
 
@@ -78,8 +80,16 @@ class Completion:
         return sample(logits, self.params, generator, self.counts)
 
     def next(self, logits: torch.Tensor) -> Step:
-        """Sample from ``logits``, accept the token, and attach its logprobs when asked for."""
-        step = self.accept(self.sample(logits))
+        """Sample from ``logits`` [V] (within the grammar, if any) and accept the token."""
+        step = next_steps([self], logits[None])[0]
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    def take(self, allowed: torch.Tensor, logits: torch.Tensor) -> Step:
+        """Sample from ``allowed`` (the logits with the grammar's mask), accept the token, and attach
+        its logprobs (from the unmasked ``logits``) when asked for."""
+        step = self.accept(self.sample(allowed))
         if self.params.logprobs is None:
             return step
         (logprob, top), *_ = logprobs_of(logits[None], [step.token], self.params.logprobs)
@@ -87,6 +97,8 @@ class Completion:
 
     def accept(self, token: int) -> Step:
         self.count += 1
+        if self.guide is not None:
+            self.guide.accept(token)
         self.counts[token] += 1
         if token in self.eos_ids and not self.params.ignore_eos:
             return Step(token, self._stops.flush(), "stop")
@@ -96,3 +108,18 @@ class Completion:
         if self.count >= self.params.max_tokens or self.prompt_tokens + self.count >= self.limit:
             return Step(token, released + self._stops.flush(), "length")
         return Step(token, released)
+
+
+def next_steps(completions: list[Completion], logits: torch.Tensor) -> list[Step | Exception]:
+    """One step of a batch: ``logits`` [B, V], row ``i`` for ``completions[i]``; the grammars' masks
+    are computed and applied for the whole batch at once. A row whose own sampling raises gives that
+    exception instead of a step: its request fails alone and the rest of the batch goes on."""
+    eos = completions[0].eos_ids[0] if completions[0].eos_ids else 0
+    allowed = allowed_logits(logits, [c.guide for c in completions], eos)
+    steps: list[Step | Exception] = []
+    for i, c in enumerate(completions):
+        try:
+            steps.append(c.take(allowed[i], logits[i]))
+        except Exception as exc:  # noqa: BLE001 - handed to the caller, which settles that request
+            steps.append(exc)
+    return steps

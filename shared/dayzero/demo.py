@@ -20,18 +20,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from .chat.tokens import ASSISTANT, BOS, EOS, IMAGE, SPECIAL_TOKENS, USER
+from .chat.tokens import BOS, EOS, IMAGE, SPECIAL_TOKENS
 from .checkpoint_files import canonical_name
 from .quant.shards import write_shards
-
-# DeepSeek-style turns: BOS, the system text, user turns and assistant turns (each ended by EOS)
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
-    "{% if message['role'] == 'user' %}" + USER + "{{ message['content'] }}"
-    "{% elif message['role'] == 'assistant' %}" + ASSISTANT + "{{ message['content'] }}{{ eos_token }}"
-    "{% else %}{{ message['content'] }}{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}" + ASSISTANT + "{% endif %}"
-)
 
 DEMO_VISION: dict[str, Any] = {
     "depth": 4,
@@ -180,7 +171,8 @@ def write_demo_checkpoint(
     out: str | Path, seed: int = 0, vision: bool = False, fp4: bool = False, shards: int = 1
 ) -> Path:
     """The built-in default checkpoint in the release's layout: weights (with an MTP layer), config,
-    tokenizer (V4's special tokens) and generation config. ``vision``: plus a tiny vision tower and
+    tokenizer (V4's special tokens; no chat template: like the release, it is prompted with
+    DeepSeek-V4's own encoding) and generation config. ``vision``: plus a tiny vision tower and
     the ``<｜deepseek_image｜>`` placeholder; ``fp4``: the release's formats (FP4 experts, FP8 dense
     projections, float8_e8m0fnu scales); ``shards``: that many files with an index."""
     out = write_checkpoint(out, DEMO_CONFIG, seed)
@@ -202,7 +194,6 @@ def write_demo_checkpoint(
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": BOS,
         "eos_token": EOS,
-        "chat_template": CHAT_TEMPLATE,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False))
     generation = {"bos_token_id": 0, "eos_token_id": 1, "do_sample": False, "max_new_tokens": 64}

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .guided import Grammar
+
 MAX_LOGPROBS = 20
 
 
@@ -23,6 +25,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated
     frequency_penalty: float = 0.0  # subtracted per earlier occurrence of the token in the completion
     logprobs: int | None = None  # report each token's log-probability and this many top alternatives
+    grammar: Grammar | None = None  # constrained decoding: only tokens the grammar allows
 
     def __post_init__(self) -> None:
         if not (-2.0 <= self.presence_penalty <= 2.0 and -2.0 <= self.frequency_penalty <= 2.0):

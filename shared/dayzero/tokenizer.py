@@ -1,18 +1,24 @@
 """Text <-> token ids through a checkpoint's ``tokenizer.json`` (the ``tokenizers`` library), and
-chats -> prompt ids through the checkpoint's chat template.
+chats -> prompt ids through the checkpoint's chat template or DeepSeek-V4's own encoding.
 
-The chat template (``tokenizer_config.json``'s ``chat_template``, or ``chat_template.jinja``)
+A chat template (``tokenizer_config.json``'s ``chat_template``, or ``chat_template.jinja``)
 is rendered as transformers' ``apply_chat_template`` renders it (its own Jinja renderer), so a
-published checkpoint gets exactly the prompt format its authors ship. Without a template a
-built-in format is used: ``<|role|>content`` lines, then ``<|assistant|>``.
+checkpoint gets exactly the prompt format its authors ship. A checkpoint without one (as
+DeepSeek-V4 is released) gets V4's encoding (``dayzero.chat.encoding``).
+
+Decoded text keeps special tokens other than BOS / EOS / padding: ``</think>`` and DSML markup
+are how the model structures its answer, and the gateway parses them out.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
 from tokenizers import Tokenizer
+
+from .chat.encoding import CHAT_MODE, ChatOptions, encode_chat
 
 _TEMPLATE_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -26,6 +32,7 @@ class TextCodec:
         self._tok = tokenizer
         self.chat_template = chat_template
         self._tokens = tokens or {}  # special-token strings the template may use (bos_token, ...)
+        self._hidden = {i for t in self._tokens.values() if (i := tokenizer.token_to_id(t)) is not None}
 
     @classmethod
     def from_checkpoint(cls, root: str | Path) -> TextCodec:
@@ -51,21 +58,44 @@ class TextCodec:
         return self._tok.encode(text, add_special_tokens=True).ids
 
     def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
+        """Generated text: special tokens kept, except BOS / EOS / padding."""
+        return self._tok.decode([i for i in ids if i not in self._hidden], skip_special_tokens=False)
+
+    def decode_all(self, ids: list[int]) -> str:
+        """Every token's text, special tokens included (what the model was given)."""
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+    @functools.cached_property
+    def guidance(self):
+        """The tokenizer as llguidance sees it (built on first use; about a second for a large vocabulary)."""
+        import llguidance
+
+        eos = self._tok.token_to_id(self._tokens.get("eos_token", ""))
+        return llguidance.LLTokenizer(self._tok.to_str(), eos_token=eos)
 
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        """A chat (``role`` / ``content`` strings), ready for the assistant's answer, as prompt ids."""
+    def chat_prompt(self, messages: list[dict], options: ChatOptions = CHAT_MODE) -> str:
+        """A chat ready for the assistant's answer, as prompt text (special tokens as text)."""
         if self.chat_template is None:
-            return self.encode("".join(f"<|{m['role']}|>{m['content']}\n" for m in messages) + "<|assistant|>")
+            return encode_chat(messages, options)
         from transformers.utils.chat_template_utils import render_jinja_template
 
+        flat = [{**m, "content": "".join(m["content"])} if isinstance(m.get("content"), list) else m for m in messages]
+        kwargs = {"thinking": options.thinking, "reasoning_effort": options.effort, **self._tokens}
         (text,), _ = render_jinja_template(
-            conversations=[messages], chat_template=self.chat_template, add_generation_prompt=True, **self._tokens
+            conversations=[flat],
+            tools=list(options.tools) or None,
+            chat_template=self.chat_template,
+            add_generation_prompt=True,
+            **kwargs,
         )
-        return self._tok.encode(text, add_special_tokens=False).ids  # the template placed its own specials
+        return text
+
+    def chat_ids(self, messages: list[dict], options: ChatOptions = CHAT_MODE) -> list[int]:
+        """A chat as prompt ids (the prompt text places its own special tokens: none are added)."""
+        return self._tok.encode(self.chat_prompt(messages, options), add_special_tokens=False).ids
 
 
 class NoTokenizerError(ValueError):
@@ -82,11 +112,21 @@ class IdsOnlyCodec:
     def encode(self, text: str) -> list[int]:
         raise NoTokenizerError("this checkpoint has no tokenizer.json: send the prompt as token ids")
 
-    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+    def chat_prompt(self, messages: list[dict], options: ChatOptions = CHAT_MODE) -> str:
         raise NoTokenizerError("this checkpoint has no tokenizer.json: chats need one; send token ids to completions")
+
+    def chat_ids(self, messages: list[dict], options: ChatOptions = CHAT_MODE) -> list[int]:
+        return self.encode(self.chat_prompt(messages, options))
+
+    @property
+    def guidance(self):
+        raise NoTokenizerError("this checkpoint has no tokenizer.json: constrained decoding needs one")
 
     def decode(self, ids: list[int]) -> str:
         return ""
+
+    def decode_all(self, ids: list[int]) -> str:
+        raise NoTokenizerError("this checkpoint has no tokenizer.json: token ids cannot be turned into text")
 
     def token_id(self, token: str) -> int | None:
         return None

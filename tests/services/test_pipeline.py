@@ -117,9 +117,10 @@ def test_resume_in_flight_after_a_disconnect(stack):
         ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "audio"}]}]}, 400, None),
         ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, None),
         ({"model": MODEL, "prompt": [0, 99999]}, 400, "prompt"),
-        (chat("x", tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
-        (chat("x", tool_choice="required"), 400, "tool_choice"),
-        (chat("x", response_format={"type": "json_object"}), 400, "response_format"),
+        ({"model": MODEL, "prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+        (chat("x", tool_choice="required"), 400, "tool_choice"),  # without tools
+        (chat("x", response_format={"type": "json_schema"}), 400, "response_format"),  # without a schema
+        (chat("x", functions=[{"name": "f"}]), 400, "functions"),  # the legacy spelling: use tools
         (chat("x", top_logprobs=3), 400, "top_logprobs"),  # without logprobs: true
         (chat("x", logprobs=True, top_logprobs=21), 400, "top_logprobs"),
         ({"model": MODEL, "prompt": "x", "logprobs": 6}, 400, "logprobs"),
@@ -182,8 +183,8 @@ def test_text_and_image_request_equals_in_process_multimodal_run(stack, demo_dir
     from dayzero.model.forward import decode, prefill
     from dayzero.settings import Settings
     from dayzero.vision.encoder import VisionEncoder, load_tower, multimodal_prompt
+    from services.gateway.chat_schemas import ChatCompletionRequest
     from services.gateway.images import render_chat
-    from services.gateway.schemas import ChatCompletionRequest
 
     content = [
         {"type": "text", "text": "what is"},
@@ -206,9 +207,9 @@ def test_text_and_image_request_equals_in_process_multimodal_run(stack, demo_dir
     model, codec = load_model(demo_dir, progress=False), TextCodec.from_checkpoint(demo_dir)
     encoder = VisionEncoder(load_tower(demo_dir), settings.patch_spec(), settings.image_limits(), 0)
     prompt = render_chat(ChatCompletionRequest(**body).messages, settings.image_limits(), settings.patch_spec(), True)
-    image_token = model.cfg.raw["image_token_id"]
+    image = model.cfg.raw["image_token_id"]
     ids, embeds = multimodal_prompt(
-        model.embed, codec.chat_ids(prompt.messages), image_token, encoder.embeddings(prompt.images)
+        model.embed, codec.chat_ids(prompt.messages), image, encoder.embeddings(prompt.images)
     )
     assert served["usage"]["prompt_tokens"] == len(ids)  # placeholders expanded to merged patches
     pools = pools_for(model.cfg, torch.float32, len(ids) + 10)

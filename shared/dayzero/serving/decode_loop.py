@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import redis
 from opentelemetry import trace
 
-from ..completion import Completion, context_limit
+from ..completion import Completion, context_limit, next_steps
 from ..kv.handoff import LayoutMismatch
 from ..kv.pools import OutOfBlocks
 from ..model.forward import decode
@@ -190,13 +190,12 @@ class DecodeLoop:
         logits = decode(self.r.model, self.r.pools, ids, tokens, self.r.settings.attention())
         self._record(ids, time.perf_counter() - start)
         out, finished, failed = [], [], []
-        for i, rid in enumerate(ids):
+        steps = next_steps([self.active[rid].completion for rid in ids], logits)
+        for rid, step in zip(ids, steps, strict=True):
             active = self.active[rid]
-            try:
-                step = active.completion.next(logits[i])
-            except Exception as exc:  # this request's own sampling: it fails alone, the batch goes on
-                log.exception("request %s: sampling failed", rid)
-                failed.append((rid, f"sampling failed: {type(exc).__name__}"))
+            if isinstance(step, Exception):  # this request's own sampling: it fails alone, the batch goes on
+                log.error("request %s: sampling failed: %r", rid, step)
+                failed.append((rid, f"sampling failed: {type(step).__name__}"))
                 continue
             usage = None
             if step.finish_reason:

@@ -6,11 +6,19 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..guided import Grammar
 from ..sampling import MAX_LOGPROBS, SamplingParams
 
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GrammarSpec(Frozen):
+    """A constrained request's grammar (Lark, llguidance's dialect), rebuilt by every stage that samples."""
+
+    lark: str = Field(max_length=1 << 22)
+    after: int | None = None  # token after which the grammar applies (``</think>`` in thinking mode)
 
 
 class SamplingSpec(Frozen):
@@ -25,6 +33,7 @@ class SamplingSpec(Frozen):
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # top alternatives; None: no logprobs
+    grammar: GrammarSpec | None = None
 
     def params(self) -> SamplingParams:
         return SamplingParams(
@@ -39,6 +48,7 @@ class SamplingSpec(Frozen):
             self.presence_penalty,
             self.frequency_penalty,
             self.logprobs,
+            Grammar(self.grammar.lark, self.grammar.after) if self.grammar else None,
         )
 
 
@@ -51,6 +61,8 @@ class GenerationRequest(Frozen):
     images: int = 0  # images whose embeddings fill the placeholder positions (their bytes wait in Redis)
     echo: bool = False  # a completion that starts with its prompt
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # with echo: the prompt's too
+    thinking: bool = False  # a chat in thinking mode: its text opens with the reasoning
+    tool_calls: bool = False  # a chat offered tools: DSML calls in its text are reported as tool_calls
 
 
 class StateRef(Frozen):

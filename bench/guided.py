@@ -1,0 +1,117 @@
+"""Constrained decoding's cost per decode step: the grammar masks of a whole batch (one parallel
+fill + one masked fill, ``dayzero.guided.allowed_logits``), for a JSON schema and for a named
+DSML tool call, at the demo tokenizer's vocabulary and at V4's (129,280 tokens, a synthetic
+byte-level vocabulary of that size: the released tokenizer is not shipped here).
+
+    .venv/bin/python bench/guided.py [--steps 40] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import string
+import time
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from dayzero.chat.grammar import dsml_symbol, json_grammar, tool_calls_grammar
+from dayzero.chat.tokens import DSML, SPECIAL_TOKENS
+from dayzero.demo import build_tokenizer
+from dayzero.guided import Grammar, Guide, apply_masks, fill_masks
+from dayzero.tokenizer import TextCodec
+
+V4_VOCAB = 129_280
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer"}, "ok": {"type": "boolean"}},
+    "required": ["name", "age", "ok"],
+}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 16}, "days": {"type": "integer"}},
+            "required": ["city", "days"],
+        },
+    },
+}
+
+
+def synthetic_tokenizer(size: int) -> Tokenizer:
+    """A byte-level BPE vocabulary of ``size`` tokens: V4's specials, the 256 bytes, then short
+    pieces of letters, digits and punctuation (with and without a leading space)."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    for piece in sorted(alphabet):
+        vocab.setdefault(piece, len(vocab))
+    chars = string.ascii_letters + string.digits + '{}[]":,_-.'
+    for n in itertools.count(2):
+        for combo in itertools.product(chars, repeat=n):
+            for lead in ("", "\u0120"):
+                vocab.setdefault(lead + "".join(combo), len(vocab))
+                if len(vocab) == size:
+                    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+                    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+                    tok.decoder = decoders.ByteLevel()
+                    tok.add_special_tokens(list(SPECIAL_TOKENS))
+                    return tok
+    raise AssertionError("unreachable")
+
+
+def step_ms(codec: TextCodec, grammar: Grammar, batch: int, steps: int) -> tuple[float, float, float]:
+    """(ms per request to build its matcher, ms per step to compute the batch's masks, ms per step
+    to apply them to the batch's logits)."""
+    start = time.perf_counter()
+    guides = [Guide(codec.guidance, grammar) for _ in range(batch)]
+    build = (time.perf_counter() - start) * 1e3 / batch
+    rng, logits, rows = random.Random(0), torch.zeros(batch, codec.vocab_size), list(range(batch))
+    fill = apply = 0.0
+    for _ in range(steps):
+        start = time.perf_counter()
+        bitmask = fill_masks(guides)
+        middle = time.perf_counter()
+        allowed = apply_masks(logits, rows, bitmask, eos=1)
+        fill, apply = fill + middle - start, apply + time.perf_counter() - middle
+        for row, guide in zip(allowed, guides, strict=True):
+            choices = torch.nonzero(row > float("-inf")).flatten().tolist()
+            token = rng.choice(choices)
+            guide.accept(token if token != 1 else choices[0])
+    return build, fill * 1e3 / steps, apply * 1e3 / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=1)  # torch's; llguidance's pool is its own
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    eos = {"eos_token": SPECIAL_TOKENS[1]}
+    codecs = {
+        "demo (415)": TextCodec(build_tokenizer(512), tokens=eos),
+        f"V4-size ({V4_VOCAB})": TextCodec(synthetic_tokenizer(V4_VOCAB), tokens=eos),
+    }
+    print(f"grammar masks per decode step, CPU, {args.steps} steps, every row constrained")
+    print("| vocabulary | grammar | batch | build ms/request | masks ms/step | apply ms/step |")
+    print("|---|---|--:|--:|--:|--:|")
+    for label, codec in codecs.items():
+        assert codec.guidance is not None  # the tokenizer's trie, built once per process (not counted)
+        grammars = {
+            "json schema": Grammar(json_grammar(SCHEMA)),
+            "named tool call": Grammar(
+                tool_calls_grammar([TOOL], dsml_symbol(codec.token_id(DSML), DSML), "get_weather")
+            ),
+        }
+        for (name, grammar), batch in itertools.product(grammars.items(), (1, 8, 32)):
+            build, fill, apply = step_ms(codec, grammar, batch, args.steps)
+            print(f"| {label} | {name} | {batch} | {build:.2f} | {fill:.2f} | {apply:.2f} |")
+    print(json.dumps({"torch_threads": torch.get_num_threads()}))
+
+
+if __name__ == "__main__":
+    main()

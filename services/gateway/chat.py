@@ -1,0 +1,51 @@
+"""A chat request -> prompt ids and the grammar its answer must follow (DeepSeek-V4's protocol:
+dayzero.chat)."""
+
+from __future__ import annotations
+
+from dayzero.chat.encoding import ChatOptions
+from dayzero.chat.grammar import dsml_symbol, json_grammar, tool_calls_grammar
+from dayzero.chat.tokens import DSML, END_THINK
+from dayzero.serving.messages import GrammarSpec
+
+from .chat_schemas import ChatPrompt, NamedToolChoice
+from .context import Gateway
+from .errors import APIError
+from .images import Prompt, expand_placeholders, render_chat
+from .schemas import Sampling
+
+
+def chat_prompt(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
+    """The chat's prompt ids (each image expanded to its patches) and its rendered messages."""
+    s = gw.settings
+    prompt = render_chat(body.messages, s.image_limits(), s.patch_spec(), gw.image_token is not None)
+    thinking, effort = body.thinking()
+    schema = body.response_format.schema_() if isinstance(body, Sampling) and body.response_format else None
+    options = ChatOptions(thinking, effort, tuple(body.offered_tools()), schema)
+    ids = gw.codec.chat_ids(prompt.messages, options)
+    if prompt.images:
+        ids = expand_placeholders(ids, gw.image_token, prompt.patches)
+    return ids, prompt
+
+
+def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> GrammarSpec | None:
+    """What constrained decoding enforces: a call (tool_choice required or named), else a JSON
+    reply (response_format json_object / json_schema); in thinking mode only after ``</think>``."""
+    choice = getattr(body, "tool_choice", None)
+    schema = body.response_format.schema_() if body.response_format else None
+    if choice == "required" or isinstance(choice, NamedToolChoice):
+        named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        lark, param = tool_calls_grammar(body.tools, dsml_symbol(gw.codec.token_id(DSML), DSML), named), "tools"
+    elif schema is not None:
+        lark, param = json_grammar(schema), "response_format"
+    else:
+        return None
+    after = gw.codec.token_id(END_THINK) if thinking else None
+    if thinking and after is None:
+        raise APIError(400, f"thinking mode with a constrained answer needs {END_THINK} as one token", param=param)
+    import llguidance
+
+    failed, problems = llguidance.LLMatcher.validate_grammar_with_warnings(lark, gw.codec.guidance)
+    if failed:
+        raise APIError(400, f"cannot enforce this schema: {problems[0] if problems else 'invalid'}", param=param)
+    return GrammarSpec(lark=lark, after=after)

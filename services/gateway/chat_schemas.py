@@ -1,0 +1,165 @@
+"""Chat request bodies: messages, tools, tool choice, thinking mode; /tokenize takes the same chat."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
+
+from .schemas import MAX_TEXT, Sampling, _Body
+
+MAX_MESSAGES = 256
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]  # OpenAI's, and V4's max
+_EFFORTS = {"high": "high", "xhigh": "max", "max": "max"}  # OpenAI's lower levels: V4's default (low)
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str = Field(max_length=MAX_TEXT)
+
+
+class ImageURL(_Body):
+    url: str = Field(max_length=16 << 20)
+    detail: str | None = None
+
+
+class ImagePart(_Body):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class FunctionCall(_Body):
+    name: str = Field(max_length=256)
+    arguments: str = Field(default="{}", max_length=MAX_TEXT)  # a JSON object
+
+
+class ToolCall(_Body):
+    id: str | None = Field(default=None, max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(_Body):
+    role: Literal["system", "user", "assistant", "developer", "tool", "latest_reminder"]
+    content: str | list[Part] | None = Field(default=None, max_length=MAX_TEXT)
+    reasoning_content: str | None = Field(default=None, max_length=MAX_TEXT)  # an assistant's (DeepSeek's field)
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=128)
+    tool_call_id: str | None = Field(default=None, max_length=256)
+
+
+class Function(_Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = Field(default=None, max_length=MAX_TEXT)
+    parameters: dict | None = None  # a JSON schema
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: Function
+
+
+_TOOLS = TypeAdapter(list[Tool])
+
+
+class NamedFunction(_Body):
+    name: str = Field(max_length=64)
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class ChatTemplateKwargs(_Body):
+    """vLLM's convention for choosing thinking mode per request."""
+
+    model_config = ConfigDict(extra="forbid")
+    thinking: bool | None = None
+    reasoning_effort: Literal["low", "high", "max"] | None = None
+
+
+class ChatPrompt(_Body):
+    """What a chat's prompt is made of."""
+
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    tools: list[dict] | None = Field(default=None, max_length=128)  # kept as sent: rendered into the prompt
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    chat_template_kwargs: ChatTemplateKwargs | None = None
+    reasoning_effort: Effort | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _tool_definitions(cls, value: list[dict] | None) -> list[dict] | None:
+        try:
+            names = [t.function.name for t in _TOOLS.validate_python(value or [])]
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ValueError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        if len(set(names)) < len(names):
+            raise ValueError("tool names must be unique")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_names_a_tool(cls, choice: object, info: ValidationInfo) -> object:
+        names = [t["function"]["name"] for t in info.data.get("tools") or []]
+        if choice not in (None, "none", "auto") and not names:
+            raise ValueError("tool_choice other than none or auto needs tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among the tools")
+        return choice
+
+    def thinking(self) -> tuple[bool, str]:
+        """Thinking mode and its effort (low | high | max): from chat_template_kwargs (vLLM's
+        convention), else from OpenAI's reasoning_effort; chat mode by default."""
+        kwargs = self.chat_template_kwargs or ChatTemplateKwargs()
+        effort = self.reasoning_effort
+        thinking = kwargs.thinking if kwargs.thinking is not None else effort not in (None, "none")
+        return thinking, kwargs.reasoning_effort or _EFFORTS.get(effort or "", "low")
+
+    def offered_tools(self) -> list[dict]:
+        """The tools the model is told about (none with tool_choice "none")."""
+        return [] if self.tool_choice == "none" else list(self.tools or [])
+
+
+class ChatCompletionRequest(Sampling, ChatPrompt):
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("echo is a completions parameter; chat completions do not echo")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs requires logprobs: true")
+        return value
+
+    def logprob_count(self) -> int | None:
+        """Alternatives per token to report (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class TokenizeRequest(ChatPrompt):
+    """vLLM's /tokenize: a chat (rendered as for chat completions) or a prompt text."""
+
+    model: str = Field(max_length=256)
+    prompt: str | None = Field(default=None, max_length=MAX_TEXT)
+    messages: list[Message] | None = Field(default=None, min_length=1, max_length=MAX_MESSAGES)
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        return self

@@ -1,0 +1,143 @@
+"""DSML, DeepSeek-V4's tool-call markup: rendering calls into a prompt, and parsing the model's
+calls out of its text, also while it streams.
+
+A block is ``<｜DSML｜tool_calls>`` + one ``<｜DSML｜invoke name="NAME">`` per call holding
+``<｜DSML｜parameter name="K" string="true|false">VALUE</｜DSML｜parameter>`` lines (string="true":
+the value as is; false: JSON), each element on its own line. ``ToolCallStream`` splits text into
+content and calls; no DSML ever reaches the content, also when the text stops inside a tag.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from .tokens import DSML
+
+BLOCK_OPEN, BLOCK_CLOSE = f"<{DSML}tool_calls>", f"</{DSML}tool_calls>"
+_INVOKE = re.compile(rf'<{DSML}invoke\s+name="([^"]*)"\s*>(.*?)</{DSML}invoke>', re.DOTALL)
+_INVOKE_HEAD = re.compile(rf'<{DSML}invoke\s+name="([^"]*)"\s*>')
+_PARAMETER = re.compile(
+    rf'<{DSML}parameter\s+name="([^"]*)"\s+string="(true|false)"\s*>(.*?)</{DSML}parameter>', re.DOTALL
+)
+# text that may begin a DSML tag: held back from the content until the next characters decide
+_MARKERS = ("\n\n<" + DSML, "\n\n</" + DSML, "<" + DSML, "</" + DSML, DSML)
+
+
+def to_json(value: object) -> str:
+    """JSON as DeepSeek's encoding writes it (", " and ": ", characters unescaped)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def render_calls(calls: list[dict]) -> str:
+    """OpenAI ``tool_calls`` of an assistant turn as the block that ends its text ("" for none)."""
+    if not calls:
+        return ""
+    invokes = [_render_invoke(c["function"]["name"], c["function"].get("arguments") or "{}") for c in calls]
+    return "\n\n" + BLOCK_OPEN + "\n" + "\n".join(invokes) + "\n" + BLOCK_CLOSE
+
+
+def _render_invoke(name: str, arguments: str) -> str:
+    try:
+        values = json.loads(arguments)
+    except json.JSONDecodeError:
+        values = None
+    if not isinstance(values, dict):
+        values = {"arguments": arguments}
+    params = [
+        f'<{DSML}parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">'
+        f"{v if isinstance(v, str) else to_json(v)}</{DSML}parameter>"
+        for k, v in values.items()
+    ]
+    return f'<{DSML}invoke name="{name}">\n' + "\n".join(params) + f"\n</{DSML}invoke>"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object
+
+
+def arguments_of(body: str) -> str:
+    """An invoke's parameters as a JSON object (a string="false" value that is not JSON stays a string)."""
+    values: dict[str, object] = {}
+    for key, string, raw in _PARAMETER.findall(body):
+        try:
+            values[key] = raw if string == "true" else json.loads(raw)
+        except json.JSONDecodeError:
+            values[key] = raw
+    return to_json(values)
+
+
+def parse_calls(block: str) -> list[ToolCall]:
+    """The complete invokes of a block's text."""
+    return [ToolCall(name, arguments_of(body)) for name, body in _INVOKE.findall(block)]
+
+
+@dataclass(slots=True)
+class Parsed:
+    """What a piece of text released: content, calls completed, and the name of a call begun."""
+
+    content: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)  # names of calls whose invoke tag is complete
+
+
+class ToolCallStream:
+    """Feeds text in any pieces; content comes out as soon as it cannot be the start of a tag."""
+
+    def __init__(self) -> None:
+        self._text = ""  # not yet released: a possible tag start, or an open block
+        self._in_block = False
+        self._done = 0  # invokes of the open block already reported complete
+        self._started = 0  # invokes of the open block whose name was reported
+
+    def feed(self, text: str) -> Parsed:
+        self._text += text
+        out = Parsed()
+        while self._step(out):
+            pass
+        return out
+
+    def finish(self) -> Parsed:
+        """The end of the text: what is held and is no markup becomes content; a cut block is dropped."""
+        out = self.feed("")
+        if not self._in_block and DSML[0] not in self._text:  # a cut "<｜DS..." is markup, a cut "<" is not
+            out.content += self._text
+        self._text, self._in_block = "", False
+        return out
+
+    def _step(self, out: Parsed) -> bool:
+        if self._in_block:
+            return self._block_step(out)
+        at = self._text.find(DSML)
+        if at < 0:
+            hold = held_suffix(self._text, _MARKERS)
+            out.content += self._text[: len(self._text) - hold]
+            self._text = self._text[len(self._text) - hold :]
+            return False
+        prefix = self._text[:at]
+        opener = "</" if prefix.endswith("</") else "<" if prefix.endswith("<") else ""
+        prefix = prefix[: len(prefix) - len(opener)]
+        out.content += prefix.removesuffix("\n\n")
+        self._text, self._in_block, self._done, self._started = self._text[len(prefix) :], True, 0, 0
+        return True
+
+    def _block_step(self, out: Parsed) -> bool:
+        end = self._text.find(BLOCK_CLOSE)
+        block = self._text if end < 0 else self._text[:end]
+        heads = [m.group(1) for m in _INVOKE_HEAD.finditer(block)]
+        out.started.extend(heads[self._started :])
+        calls = parse_calls(block)
+        out.calls.extend(calls[self._done :])
+        self._started, self._done = len(heads), len(calls)
+        if end < 0:
+            return False
+        self._text, self._in_block = self._text[end + len(BLOCK_CLOSE) :].lstrip("\n"), False
+        return True
+
+
+def held_suffix(text: str, markers: tuple[str, ...]) -> int:
+    """Length of the longest end of ``text`` that could still grow into one of ``markers``."""
+    return max((k for m in markers for k in range(1, len(m)) if text.endswith(m[:k])), default=0)

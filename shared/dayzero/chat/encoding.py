@@ -1,0 +1,127 @@
+"""Chats -> prompt text the way DeepSeek-V4 was trained (no Jinja template ships with it).
+
+Messages are OpenAI-shaped dicts: ``role`` (system, developer, user, assistant, tool,
+latest_reminder), ``content`` (a string, or a list of part strings with each image already
+``<｜deepseek_image｜>``; parts are joined by a blank line), and for assistants
+``reasoning_content`` and ``tool_calls``, for tools ``tool_call_id``.
+
+The rules: BOS once; the system text (plus the tools and response-format sections); each user
+turn ``<｜User｜>`` + text, and where the assistant speaks next ``<｜Assistant｜>`` + ``</think>``
+(chat) or ``<think>`` (thinking: for the last user turn, or every turn when tools are defined);
+assistant turns = [reasoning + ``</think>``] + content + [DSML tool calls] + EOS, the reasoning
+kept only after the last user turn unless tools are defined (then old developer turns stay
+too); tool results merge into the user turn as ``<tool_result>`` blocks in the calls' order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .dsml import render_calls, to_json
+from .prompts import EFFORT_PARAGRAPHS, RESPONSE_FORMAT_SECTION, TOOLS_SECTION
+from .tokens import ASSISTANT, BOS, END_THINK, EOS, LATEST_REMINDER, THINK, USER
+
+EFFORTS = tuple(EFFORT_PARAGRAPHS)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatOptions:
+    thinking: bool = False
+    effort: str = "low"  # low | high | max: the paragraph opening a thinking-mode prompt
+    tools: tuple[dict, ...] = ()  # OpenAI tool definitions ({"type": "function", "function": {...}})
+    response_format: dict | None = None  # the JSON schema the reply must follow
+
+
+CHAT_MODE = ChatOptions()
+
+
+def text_of(content: str | list[str] | None) -> str:
+    return "\n\n".join(content) if isinstance(content, list) else content or ""
+
+
+def encode_chat(messages: list[dict], options: ChatOptions = CHAT_MODE) -> str:
+    """The prompt text, ready for the assistant's answer."""
+    turns = _with_system(_merge_tool_results(messages), options)
+    keep_reasoning = bool(options.tools)  # with tools, a whole agent loop stays in view
+    if options.thinking and not keep_reasoning:
+        last = _last_user(turns)
+        turns = [t for i, t in enumerate(turns) if t["role"] != "developer" or i >= last]
+    last = _last_user(turns)
+    prompt = BOS + (EFFORT_PARAGRAPHS[options.effort] if options.thinking else "")
+    for i, turn in enumerate(turns):
+        show_reasoning = options.thinking and (keep_reasoning or i > last)
+        prompt += _render(turn, options, show_reasoning)
+        following = turns[i + 1]["role"] if i + 1 < len(turns) else None
+        if turn["role"] in ("user", "developer") and following in (None, "assistant", "latest_reminder"):
+            open_thinking = options.thinking and (keep_reasoning or i >= last)
+            prompt += ASSISTANT + (THINK if open_thinking else END_THINK)
+    return prompt
+
+
+def _render(turn: dict, options: ChatOptions, show_reasoning: bool) -> str:
+    role = turn["role"]
+    if role == "system":
+        text = text_of(turn.get("content"))
+        if turn.get("tools"):
+            text += "\n\n" + _tools_section(options.tools)
+        if turn.get("response_format"):
+            text += "\n\n" + RESPONSE_FORMAT_SECTION + to_json(options.response_format)
+        return text
+    if role == "user":
+        return USER + "\n\n".join(turn["blocks"])
+    if role == "developer":
+        return USER + text_of(turn.get("content"))
+    if role == "latest_reminder":
+        return LATEST_REMINDER + text_of(turn.get("content"))
+    if role == "assistant":
+        reasoning = (turn.get("reasoning_content") or "") + END_THINK if show_reasoning else ""
+        return reasoning + text_of(turn.get("content")) + render_calls(turn.get("tool_calls") or []) + EOS
+    raise ValueError(f"unknown role {role!r}")
+
+
+def _tools_section(tools: tuple[dict, ...]) -> str:
+    return TOOLS_SECTION.format(schemas="\n".join(to_json(t["function"]) for t in tools))
+
+
+def _with_system(turns: list[dict], options: ChatOptions) -> list[dict]:
+    """Tools and the response format belong to the system turn (an empty one when there is none)."""
+    if not options.tools and options.response_format is None:
+        return turns
+    marks = {"tools": bool(options.tools), "response_format": options.response_format is not None}
+    if turns and turns[0]["role"] == "system":
+        return [{**turns[0], **marks}, *turns[1:]]
+    return [{"role": "system", "content": "", **marks}, *turns]
+
+
+def _merge_tool_results(messages: list[dict]) -> list[dict]:
+    """Runs of user and tool messages become one user turn of blocks; tool results follow the
+    order of the calls in the assistant turn before them."""
+    turns: list[dict] = []
+    order: dict[str, int] = {}  # call id -> its place in the latest assistant turn with calls
+    for m in messages:
+        role = m["role"]
+        if role == "assistant" and m.get("tool_calls"):
+            order = {c.get("id"): i for i, c in enumerate(m["tool_calls"]) if c.get("id")}
+        if role not in ("user", "tool"):
+            turns.append(m)
+            continue
+        if not turns or turns[-1]["role"] != "user":
+            turns.append({"role": "user", "blocks": [], "calls": []})
+        turn = turns[-1]
+        if role == "user":
+            parts = m.get("content")
+            turn["blocks"].extend(parts if isinstance(parts, list) else [parts or ""])
+        else:
+            turn["calls"].append((order.get(m.get("tool_call_id"), 0), len(turn["blocks"])))
+            turn["blocks"].append(f"<tool_result>{text_of(m.get('content'))}</tool_result>")
+    for turn in turns:
+        if turn["role"] == "user" and len(turn.get("calls", ())) > 1:
+            slots = [slot for _, slot in turn["calls"]]
+            ranked = [turn["blocks"][slot] for _, slot in sorted(turn["calls"], key=lambda c: c[0])]
+            for slot, block in zip(slots, ranked, strict=True):
+                turn["blocks"][slot] = block
+    return turns
+
+
+def _last_user(turns: list[dict]) -> int:
+    return max((i for i, t in enumerate(turns) if t["role"] in ("user", "developer")), default=-1)

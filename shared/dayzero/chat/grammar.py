@@ -1,0 +1,73 @@
+"""Lark grammars (llguidance's dialect) for constrained decoding: a JSON reply, or DSML tool calls
+whose arguments follow each tool's JSON schema.
+
+``dsml`` is how the grammar names the DSML marker: ``<[ID]>`` when the tokenizer has it as one
+token (the model then has to emit that token, as it was trained), else the text itself.
+JSON is compact in the style of ``json.dumps`` (", " and ": ", no other whitespace), so even a
+weak model cannot wander off into endless whitespace.
+"""
+
+from __future__ import annotations
+
+from .dsml import to_json
+
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def dsml_symbol(token_id: int | None, text: str) -> str:
+    return f"<[{token_id}]>" if token_id is not None else _literal(text)
+
+
+def _literal(text: str) -> str:
+    """A Lark string literal (its escapes are JSON's)."""
+    return to_json(text)
+
+
+def _json_rule(schema: dict) -> str:
+    return "%json " + to_json({**schema, "x-guidance": JSON_STYLE})
+
+
+def json_grammar(schema: dict | None) -> str:
+    """A JSON value following ``schema`` (None: any JSON object)."""
+    return "start: " + _json_rule(schema if schema is not None else {"type": "object"}) + "\n"
+
+
+def tool_calls_grammar(tools: list[dict], dsml: str, one: str | None = None) -> str:
+    """A DSML block of calls to ``tools`` (OpenAI tool dicts): exactly one call to the function
+    named ``one``, or one or more calls to any of them."""
+    functions = [t["function"] for t in tools if one is None or t["function"]["name"] == one]
+    lines = [
+        f'start: "\\n\\n<" {dsml} "tool_calls>\\n" calls "\\n</" {dsml} "tool_calls>"',
+        "calls: call" if one is not None else 'calls: call ("\\n" call)*',
+        "call: " + " | ".join(f"invoke_{i}" for i in range(len(functions))),
+    ]
+    for i, function in enumerate(functions):
+        lines.extend(_invoke_rules(i, function, dsml))
+    return "\n".join(lines) + "\n"
+
+
+def _invoke_rules(i: int, function: dict, dsml: str) -> list[str]:
+    """``invoke_i``: the call's tag, then each parameter on its own line (declared order; the
+    optional ones may be left out)."""
+    schema = function.get("parameters") or {}
+    props, required = schema.get("properties") or {}, set(schema.get("required") or ())
+    head = _literal(f'invoke name="{function["name"]}">\n')
+    body, rules = [], []
+    for j, (key, prop) in enumerate(props.items()):
+        string = (
+            prop.get("type") == "string" or bool(prop.get("enum")) and all(isinstance(v, str) for v in prop["enum"])
+        )
+        tag = _literal(f'parameter name="{key}" string="{"true" if string else "false"}">')
+        rules.append(f"value_{i}_{j}: " + (_string_rule(prop) if string else _json_rule(prop)))
+        item = f'"<" {dsml} {tag} value_{i}_{j} "</" {dsml} "parameter>\\n"'
+        body.append(f"({item})" if key in required else f"({item})?")
+    params = " ".join(body) if required else ('"\\n"' if not props else "(" + " ".join(body) + ' | "\\n")')
+    return [f'invoke_{i}: "<" {dsml} {head} {params} "</" {dsml} "invoke>"', *rules]
+
+
+def _string_rule(prop: dict) -> str:
+    """A string="true" value: written as is, so it may hold anything but "<" (tags start with it)."""
+    if prop.get("enum"):
+        return " | ".join(_literal(v) for v in prop["enum"] if isinstance(v, str) and "<" not in v)
+    low, high = int(prop.get("minLength", 0)), prop.get("maxLength")
+    return f"/[^<]{{{low},{int(high)}}}/" if high is not None else f"/[^<]{{{low},}}/"

@@ -1,0 +1,50 @@
+"""An assistant's raw text -> OpenAI's message parts: reasoning_content, content, tool calls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .dsml import Parsed, ToolCall, ToolCallStream
+from .reasoning import ReasoningSplitter
+
+
+@dataclass(slots=True)
+class Delta:
+    reasoning: str = ""
+    content: str = ""
+    started: list[str] = field(default_factory=list)  # calls begun (their names), in order
+    calls: list[ToolCall] = field(default_factory=list)  # calls completed, in order
+
+    def then(self, later: Delta) -> Delta:
+        """This delta followed by ``later``."""
+        return Delta(
+            self.reasoning + later.reasoning,
+            self.content + later.content,
+            self.started + later.started,
+            self.calls + later.calls,
+        )
+
+
+class AssistantStream:
+    """Splits text fed in any pieces; ``finish`` at the end (a stream cut anywhere, inside a tag too)."""
+
+    def __init__(self, thinking: bool) -> None:
+        self._reasoning = ReasoningSplitter(thinking)
+        self._calls = ToolCallStream()
+
+    def feed(self, text: str) -> Delta:
+        reasoning, answer = self._reasoning.feed(text)
+        return _delta(reasoning, self._calls.feed(answer))
+
+    def finish(self) -> Delta:
+        return _delta(self._reasoning.finish(), self._calls.finish())
+
+
+def _delta(reasoning: str, parsed: Parsed) -> Delta:
+    return Delta(reasoning, parsed.content, parsed.started, parsed.calls)
+
+
+def parse_message(text: str, thinking: bool) -> Delta:
+    """A whole completion's parts."""
+    stream = AssistantStream(thinking)
+    return stream.feed(text).then(stream.finish())

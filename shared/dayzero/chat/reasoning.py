@@ -1,0 +1,39 @@
+"""Thinking mode's output: the text before ``</think>`` is the reasoning, the rest the answer.
+
+A tool-call block also ends the reasoning (a model that starts calling without closing its
+thought still gets its calls parsed). Streaming-safe: an end that could still grow into
+``</think>`` is held back until the next text decides.
+"""
+
+from __future__ import annotations
+
+from .dsml import BLOCK_OPEN, held_suffix
+from .tokens import END_THINK
+
+_ENDS = (END_THINK, "\n\n" + BLOCK_OPEN)
+
+
+class ReasoningSplitter:
+    def __init__(self, thinking: bool) -> None:
+        self.thinking = thinking  # still inside the reasoning
+        self._held = ""
+
+    def feed(self, text: str) -> tuple[str, str]:
+        """(reasoning, answer) released by ``text``."""
+        if not self.thinking:
+            return "", text
+        text = self._held + text
+        found = [(at, end) for end in _ENDS if (at := text.find(end)) >= 0]
+        if found:
+            at, end = min(found)
+            self.thinking, self._held = False, ""
+            rest = text[at + len(END_THINK) :] if end == END_THINK else text[at:]
+            return text[:at], rest
+        hold = held_suffix(text, _ENDS)
+        self._held = text[len(text) - hold :]
+        return text[: len(text) - hold], ""
+
+    def finish(self) -> str:
+        """Reasoning held at the end of the text (it was cut before ``</think>``)."""
+        held, self._held = self._held, ""
+        return held

@@ -1,0 +1,84 @@
+"""Constrained decoding: a request's grammar (llguidance) decides which tokens may come next.
+
+The grammar travels with the request as Lark text (plain data on the broker); each stage that
+samples rebuilds its matcher and replays the tokens generated so far, so the state follows the
+request across prefill, decode and a re-run after a failure. ``allowed_logits`` masks a whole
+batch in one go: the masks of all constrained rows are computed in parallel (llguidance's
+executor, outside the GIL) into one bitmask [R, ceil(V/32)] int32, then applied by one masked fill.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class Grammar:
+    lark: str
+    after: int | None = None  # the grammar starts after this token (``</think>``: reasoning is free)
+
+
+class Guide:
+    """One request's grammar state, advanced by each accepted token."""
+
+    def __init__(self, tokenizer, grammar: Grammar) -> None:
+        import llguidance
+
+        self.matcher = llguidance.LLMatcher(tokenizer, grammar.lark, log_level=0)
+        self.words = (tokenizer.vocab_size + 31) // 32  # the mask's int32 words: the tokenizer's vocabulary
+        if self.matcher.is_error():
+            raise ValueError(f"invalid grammar: {self.matcher.get_error()}")
+        self._after = grammar.after
+        self.active = grammar.after is None
+
+    def accept(self, token: int) -> None:
+        if self.active:
+            if not self.matcher.is_stopped():
+                self.matcher.consume_token(token)  # a token it refuses leaves it in its error state
+        elif token == self._after:
+            self.active = True
+
+
+@functools.cache
+def _executor():
+    import llguidance
+
+    return llguidance.LLExecutor()
+
+
+# byte value -> its 8 bits, lowest first: unpacks a little-endian bitmask by one gather
+_BYTE_BITS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool()  # [256, 8]
+
+
+def allowed_logits(logits: torch.Tensor, guides: list[Guide | None], eos: int) -> torch.Tensor:
+    """``logits`` [B, V] with every token a row's grammar forbids at -inf (the same tensor when no
+    row is constrained). A row whose grammar has failed may only end (``eos``)."""
+    rows = [i for i, g in enumerate(guides) if g is not None and g.active]
+    if not rows:
+        return logits
+    return apply_masks(logits, rows, fill_masks([guides[i] for i in rows]), eos)
+
+
+def fill_masks(guides: list[Guide]) -> torch.Tensor:
+    """The guides' next-token masks [R, words] int32 (bit ``t % 32`` of word ``t // 32``: token
+    ``t`` allowed), computed in parallel outside the GIL."""
+    bitmask = torch.empty((len(guides), guides[0].words), dtype=torch.int32)
+    matchers = [(g.matcher, j) for j, g in enumerate(guides)]
+    _executor().unsafe_compute_mask_ptr(matchers, bitmask.data_ptr(), bitmask.shape[1] * 4, len(guides))
+    return bitmask
+
+
+def apply_masks(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor, eos: int) -> torch.Tensor:
+    """A copy of ``logits`` [B, V] with rows ``rows`` masked by ``bitmask`` [len(rows), words]."""
+    vocab, device = logits.shape[-1], logits.device
+    table = _BYTE_BITS.to(device)
+    allowed = table[bitmask.to(device).view(torch.uint8).long()].flatten(1)  # [R, 32 * words]
+    # ids past the tokenizer's vocabulary (a padded embedding) are never allowed
+    allowed = torch.nn.functional.pad(allowed, (0, max(vocab - allowed.shape[1], 0)))[:, :vocab]  # [R, V]
+    allowed[:, eos] |= ~allowed.any(dim=1)
+    blocked = torch.zeros(logits.shape, dtype=torch.bool, device=device)
+    blocked[torch.tensor(rows, device=device)] = ~allowed
+    return logits.masked_fill(blocked, float("-inf"))

@@ -1,0 +1,155 @@
+"""DeepSeek-V4's prompt encoding against expected strings written out by hand."""
+
+from __future__ import annotations
+
+from dayzero.chat.encoding import ChatOptions, encode_chat
+
+B, E, U, A = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"
+D = "｜DSML｜"
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+# the tools section as DeepSeek's encoding_dsv4.py writes it (typed here line by line)
+TOOLS_TEXT = "\n".join(
+    [
+        "## Tools",
+        "",
+        "You have access to a set of tools to help answer the user's question. You can invoke tools by "
+        'writing a "<｜DSML｜tool_calls>" block like the following:',
+        "",
+        "<｜DSML｜tool_calls>",
+        '<｜DSML｜invoke name="$TOOL_NAME">',
+        '<｜DSML｜parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</｜DSML｜parameter>',
+        "...",
+        "</｜DSML｜invoke>",
+        '<｜DSML｜invoke name="$TOOL_NAME2">',
+        "...",
+        "</｜DSML｜invoke>",
+        "</｜DSML｜tool_calls>",
+        "",
+        'String parameters should be specified as is and set `string="true"`. For all other types (numbers, '
+        'booleans, arrays, objects), pass the value in JSON format and set `string="false"`.',
+        "",
+        "If thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside "
+        "<think>...</think> BEFORE any tool calls or final response.",
+        "",
+        "Otherwise, output directly after </think> with tool calls or final response.",
+        "",
+        "### Available Tool Schemas",
+        "",
+        '{"name": "get_weather", "description": "Weather of a city", "parameters": {"type": "object", '
+        '"properties": {"city": {"type": "string"}}, "required": ["city"]}}',
+        "",
+        "You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.",
+        "",
+    ]
+)
+TURNS = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello!", "reasoning_content": "greet back"},
+    {"role": "user", "content": "2+2?"},
+]
+
+
+def test_chat_mode_multi_turn():
+    want = f"{B}Be brief.{U}Hi{A}</think>Hello!{E}{U}2+2?{A}</think>"
+    assert encode_chat(TURNS) == want
+
+
+def test_thinking_mode_drops_old_reasoning_and_opens_a_thought():
+    want = f"{B}Be brief.{U}Hi{A}</think>Hello!{E}{U}2+2?{A}<think>"
+    assert encode_chat(TURNS, ChatOptions(thinking=True)) == want
+
+
+def test_thinking_mode_keeps_the_reasoning_after_the_last_user_turn():
+    turns = [*TURNS[:2], {"role": "assistant", "content": "Hello!", "reasoning_content": "greet"}]
+    assert encode_chat(turns, ChatOptions(thinking=True)) == f"{B}Be brief.{U}Hi{A}<think>greet</think>Hello!{E}"
+
+
+def test_reasoning_effort_paragraph_opens_the_prompt():
+    high = (
+        "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
+        "You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the "
+        "root cause, rigorously stress-testing your logic against all potential paths, edge cases, and "
+        "adversarial scenarios.\nExplicitly write out your entire deliberation process, documenting every "
+        "intermediate step, considered alternative, and rejected hypothesis to ensure absolutely no assumption "
+        "is left unchecked.\n\n"
+    )
+    user = [{"role": "user", "content": "Hi"}]
+    assert encode_chat(user, ChatOptions(thinking=True, effort="high")) == f"{B}{high}{U}Hi{A}<think>"
+    assert encode_chat(user, ChatOptions(thinking=True, effort="max")).startswith(
+        B + "Reasoning Effort: Beyond maximum — exhaustive, relentless, and uncompromising.\nYou MUST reason"
+    )
+    assert encode_chat(user, ChatOptions(thinking=True, effort="low")) == f"{B}{U}Hi{A}<think>"
+    assert encode_chat(user, ChatOptions(effort="high")) == f"{B}{U}Hi{A}</think>"  # chat mode: no paragraph
+
+
+def test_tools_go_into_the_system_prompt():
+    user = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Paris?"}]
+    assert encode_chat(user, ChatOptions(tools=(WEATHER,))) == f"{B}Be brief.\n\n{TOOLS_TEXT}{U}Paris?{A}</think>"
+    alone = encode_chat(user[1:], ChatOptions(tools=(WEATHER,)))
+    assert alone == f"{B}\n\n{TOOLS_TEXT}{U}Paris?{A}</think>"  # no system message: an empty one carries them
+
+
+def _tool_round(thinking: bool) -> str:
+    calls = [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+        {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome", "n": 2}'}},
+    ]
+    chat = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "reasoning_content": "two cities", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "c2", "content": "rain"},  # answered out of order
+        {"role": "tool", "tool_call_id": "c1", "content": "sun"},
+    ]
+    return encode_chat(chat, ChatOptions(thinking=thinking, tools=(WEATHER,)))
+
+
+def test_tool_calls_and_results():
+    block = (
+        f"\n\n<{D}tool_calls>\n"
+        f'<{D}invoke name="get_weather">\n<{D}parameter name="city" string="true">Paris</{D}parameter>\n'
+        f"</{D}invoke>\n"
+        f'<{D}invoke name="get_weather">\n<{D}parameter name="city" string="true">Rome</{D}parameter>\n'
+        f'<{D}parameter name="n" string="false">2</{D}parameter>\n</{D}invoke>\n'
+        f"</{D}tool_calls>"
+    )
+    results = f"{U}<tool_result>sun</tool_result>\n\n<tool_result>rain</tool_result>"  # in the calls' order
+    head = f"{B}\n\n{TOOLS_TEXT}{U}Weather?{A}"
+    assert _tool_round(False) == f"{head}</think>{block}{E}{results}{A}</think>"
+    # thinking with tools: the reasoning of the loop stays, every user turn opens a thought
+    assert _tool_round(True) == f"{head}<think>two cities</think>{block}{E}{results}{A}<think>"
+
+
+def test_images_developer_and_latest_reminder():
+    chat = [
+        {"role": "developer", "content": "Answer in French."},
+        {"role": "user", "content": ["What is this?", "<｜deepseek_image｜>"]},
+        {"role": "latest_reminder", "content": "Today is Monday."},
+    ]
+    image = "<｜deepseek_image｜>"
+    want = f"{B}{U}Answer in French.{U}What is this?\n\n{image}{A}</think><｜latest_reminder｜>Today is Monday."
+    assert encode_chat(chat) == want
+    # thinking mode without tools: a developer turn before the last user turn is dropped
+    thinking = encode_chat(
+        [*chat[:2], {"role": "assistant", "content": "Un chat."}, {"role": "user", "content": "Sûr ?"}],
+        ChatOptions(thinking=True),
+    )
+    assert thinking == f"{B}{U}What is this?\n\n<｜deepseek_image｜>{A}</think>Un chat.{E}{U}Sûr ?{A}<think>"
+
+
+def test_response_format_section():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    got = encode_chat([{"role": "user", "content": "Go"}], ChatOptions(response_format=schema))
+    section = (
+        "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n"
+        '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+    )
+    assert got == f"{B}\n\n{section}{U}Go{A}</think>"

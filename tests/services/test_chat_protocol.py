@@ -1,0 +1,253 @@
+"""DeepSeek-V4's chat protocol through the real stack: the prompts it renders (/tokenize), tool
+calls and JSON replies enforced by constrained decoding on the random demo checkpoint, and the
+official ``openai`` client through a tool round trip and a streamed reasoning response."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from .conftest import MODEL, sse_events
+
+B, E, U, A, D = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "｜DSML｜"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                "unit": {"enum": ["c", "f"]},
+            },
+            "required": ["city", "days"],
+        },
+    },
+}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
+    },
+    "required": ["name", "age", "tags"],
+    "additionalProperties": False,
+}
+SEEDS = range(20)
+
+
+def _post(stack, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{stack.url}{path}", json={"model": MODEL, **body}, timeout=300)
+
+
+def _ask(content: str = "Weather in Paris?", **kw) -> dict:
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": 400, **kw}
+
+
+def test_tokenize_renders_v4s_prompt_and_detokenize_keeps_special_tokens(stack):
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    body = {"messages": chat, "chat_template_kwargs": {"thinking": True, "reasoning_effort": "low"}}
+    tokens = _post(stack, "/tokenize", body).json()
+    text = _post(stack, "/detokenize", {"tokens": tokens["tokens"]}).json()["prompt"]
+    assert text == f"{B}Be brief.{U}Hi{A}<think>" and tokens["count"] == len(tokens["tokens"])
+    assert tokens["tokens"][0] == 0 and tokens["tokens"][-2:] == [4, 5]  # V4's specials are single tokens
+    plain = _post(stack, "/tokenize", {"prompt": "Hello"}).json()
+    assert _post(stack, "/detokenize", {"tokens": plain["tokens"]}).json()["prompt"] == f"{B}Hello"
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        (_ask(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
+        (_ask(tool_choice="required"), "tool_choice"),
+        (_ask(tools=[{"type": "function", "function": {"name": "bad name!"}}]), "tools"),
+        (_ask(response_format={"type": "json_schema", "json_schema": {"schema": {"type": "objectx"}}}), None),
+        (_ask(chat_template_kwargs={"thinking": True, "enable_thinking": True}), "chat_template_kwargs"),
+        (_ask(reasoning_effort="extreme"), "reasoning_effort"),
+        ({"prompt": "hi", "tools": [WEATHER]}, "tools"),
+    ],
+)
+def test_bad_protocol_input_is_refused_with_400(stack, body, param):
+    path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+    r = _post(stack, path, body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert param is None or error["param"].startswith(param), error
+    both = _post(stack, "/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "y"}]})
+    assert both.status_code == 400 and "either" in both.json()["error"]["message"]
+
+
+def _valid_person(value) -> bool:
+    return (
+        isinstance(value, dict)
+        and set(value) == {"name", "age", "tags"}
+        and isinstance(value["name"], str)
+        and len(value["name"]) <= 8
+        and type(value["age"]) is int
+        and 0 <= value["age"] <= 120
+        and isinstance(value["tags"], list)
+        and len(value["tags"]) <= 3
+        and all(isinstance(t, bool) for t in value["tags"])
+    )
+
+
+def _many(stack, bodies: list[dict]) -> list[dict]:
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        replies = list(pool.map(lambda b: _post(stack, "/v1/chat/completions", b), bodies))
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies if r.status_code != 200]
+    return [r.json()["choices"][0] for r in replies]
+
+
+def test_json_schema_replies_are_valid_for_20_seeds(stack):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+    choices = _many(stack, [_ask("Who?", response_format=fmt, temperature=1.0, seed=s) for s in SEEDS])
+    for choice in choices:
+        assert choice["finish_reason"] == "stop", choice
+        assert _valid_person(json.loads(choice["message"]["content"])), choice
+
+
+def test_thinking_mode_reasons_freely_then_replies_valid_json(stack):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+    nudge = {"6": 3}  # the random model closes its thought within a few dozen tokens
+    bodies = [
+        _ask("Who?", response_format=fmt, temperature=1.0, seed=s, logit_bias=nudge, reasoning_effort="high")
+        for s in range(4)
+    ]
+    for choice in _many(stack, bodies):
+        message = choice["message"]
+        assert choice["finish_reason"] == "stop" and isinstance(message["reasoning_content"], str), choice
+        assert _valid_person(json.loads(message["content"])), choice
+
+
+def test_named_tool_calls_are_valid_for_20_seeds(stack):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    choices = _many(stack, [_ask(tools=[WEATHER], tool_choice=named, temperature=1.0, seed=s) for s in SEEDS])
+    for choice in choices:
+        assert choice["finish_reason"] == "tool_calls", choice
+        message = choice["message"]
+        assert message["content"] is None and len(message["tool_calls"]) == 1
+        call = message["tool_calls"][0]
+        assert call["type"] == "function" and call["id"].startswith("call_")
+        args = json.loads(call["function"]["arguments"])
+        assert call["function"]["name"] == "get_weather" and {"city", "days"} <= set(args) <= {"city", "days", "unit"}
+        assert isinstance(args["city"], str) and len(args["city"]) <= 12 and "<" not in args["city"]
+        assert type(args["days"]) is int and 1 <= args["days"] <= 7 and args.get("unit", "c") in ("c", "f")
+
+
+def _client(stack):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def _raw(stack, messages: list[dict], max_tokens: int, **kw) -> str:
+    """The greedy continuation of a chat's prompt from the completions endpoint (no parsing)."""
+    chat = {k: kw.pop(k) for k in ("tools", "chat_template_kwargs") if k in kw}
+    ids = _post(stack, "/tokenize", {"messages": messages, **chat}).json()["tokens"]
+    body = {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, **kw}  # kw may sample instead
+    return _post(stack, "/v1/completions", body).json()["choices"][0]["text"]
+
+
+def test_openai_client_tool_round_trip(stack):
+    client = _client(stack)
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    first = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER], tool_choice=named, temperature=1.0, seed=7, max_tokens=400
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and {"city", "days"} <= set(args)
+
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "21 C"},
+    ]
+    ids = _post(stack, "/tokenize", {"messages": messages, "tools": [WEATHER]}).json()["tokens"]
+    prompt = _post(stack, "/detokenize", {"tokens": ids}).json()["prompt"]
+    params = [f'<{D}parameter name="city" string="true">{args["city"]}</{D}parameter>']
+    params.append(f'<{D}parameter name="days" string="false">{args["days"]}</{D}parameter>')
+    if "unit" in args:
+        params.append(f'<{D}parameter name="unit" string="true">{args["unit"]}</{D}parameter>')
+    block = (
+        f'\n\n<{D}tool_calls>\n<{D}invoke name="get_weather">\n'
+        + "\n".join(params)
+        + f"\n</{D}invoke>\n</{D}tool_calls>"
+    )
+    assert prompt.endswith(f"{U}Weather in Paris?{A}</think>{block}{E}{U}<tool_result>21 C</tool_result>{A}</think>")
+
+    no_dsml = {"9": -100}  # the random model must answer, not call again
+    second = client.chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER], temperature=0, max_tokens=12, logit_bias=no_dsml
+    )
+    answer = second.choices[0]
+    assert answer.finish_reason in ("stop", "length") and not answer.message.tool_calls
+    assert answer.message.content == _raw(stack, messages, 12, tools=[WEATHER], logit_bias=no_dsml)
+
+
+def test_openai_client_streams_reasoning(stack):
+    messages = [{"role": "user", "content": "Think first."}]
+    thinking = {"chat_template_kwargs": {"thinking": True}}
+    sampling = {"temperature": 1.0, "logit_bias": {"6": 3, "9": -100}}  # nudged to close its thought, no DSML
+    for seed in range(40):  # a seed with which the random model closes its thought midway
+        text = _raw(stack, messages, 24, seed=seed, **sampling, **thinking)
+        if text.find("</think>") > 0:
+            break
+    else:
+        pytest.fail("no seed made the demo model close its thought")
+    stream = _client(stack).chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=24, seed=seed, stream=True, extra_body=thinking, **sampling
+    )
+    reasoning, content = "", ""
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        reasoning += getattr(delta, "reasoning_content", None) or ""
+        content += delta.content or ""
+    want_reasoning, want_content = text.split("</think>", 1)
+    assert (reasoning, content) == (want_reasoning, want_content) and reasoning and content
+
+
+def _accumulate(chunks: list[dict]) -> tuple[dict[int, dict], str | None]:
+    """Streamed tool-call deltas put together as a client does, and the finish reason."""
+    calls, finish = {}, None
+    for chunk in chunks:
+        choice = chunk["choices"][0]
+        finish = choice["finish_reason"] or finish
+        for delta in choice["delta"].get("tool_calls", []):
+            call = calls.setdefault(delta["index"], {"name": "", "arguments": ""})
+            call["name"] += delta.get("function", {}).get("name", "")
+            call["arguments"] += delta.get("function", {}).get("arguments", "")
+        assert D not in (choice["delta"].get("content") or "")
+    return calls, finish
+
+
+def test_a_streamed_tool_call_resumed_midway_equals_the_body(stack):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    body = {"model": MODEL, **_ask(tools=[WEATHER], tool_choice=named, temperature=1.0, seed=11)}
+    (call,) = _post(stack, "/v1/chat/completions", body).json()["choices"][0]["message"]["tool_calls"]
+    seen, last = [], None
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
+        rid = r.headers["x-request-id"]
+        for event_id, data in sse_events(r):
+            seen.append(data)
+            if event_id and "tool_calls" in data["choices"][0]["delta"]:
+                last = event_id  # the call's name has come: leave before its arguments
+                break
+    rest = []
+    with httpx.stream(
+        "GET", f"{stack.url}/v1/requests/{rid}/stream", headers={"Last-Event-ID": last}, timeout=300
+    ) as r:
+        rest = [data for _, data in sse_events(r) if data != "[DONE]"]
+    assert _accumulate(seen)[0] == {0: {"name": "get_weather", "arguments": ""}}  # left inside the call
+    calls, finish = _accumulate(seen + rest)
+    assert finish == "tool_calls" and list(calls) == [0]
+    assert calls[0] == {"name": "get_weather", "arguments": call["function"]["arguments"]}

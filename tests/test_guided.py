@@ -1,0 +1,59 @@
+"""Constrained decoding masks: one batch call, rows without a grammar untouched, the grammar's
+state following each accepted token (references: the tokenizer's own token strings)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from dayzero.demo import build_tokenizer
+from dayzero.guided import Grammar, Guide, allowed_logits
+from dayzero.tokenizer import TextCodec
+
+VOCAB = 512  # the model's rows (the demo tokenizer has fewer tokens: the rest is padding)
+
+
+@pytest.fixture(scope="module")
+def codec():
+    return TextCodec(build_tokenizer(VOCAB), tokens={"eos_token": "<｜end▁of▁sentence｜>"})
+
+
+def _strings(codec) -> dict[int, str]:
+    return {i: codec.decode_all([i]) for i in range(codec.vocab_size)}
+
+
+def test_a_batch_masks_only_its_constrained_rows(codec):
+    guide = Guide(codec.guidance, Grammar("start: /[a-c][0-9]*/"))
+    logits = torch.randn(3, VOCAB)
+    out = allowed_logits(logits, [None, guide, None], eos=1)
+    assert torch.equal(out[0], logits[0]) and torch.equal(out[2], logits[2])
+    allowed = {i for i in range(VOCAB) if out[1, i] > float("-inf")}
+    want = {i for i, s in _strings(codec).items() if re.fullmatch("[a-c][0-9]*", s)}
+    assert allowed == want and len(want) > 1
+    assert torch.equal(out[1][sorted(allowed)], logits[1][sorted(allowed)])  # allowed logits unchanged
+
+
+def test_the_state_follows_accepted_tokens_and_ends_with_eos(codec):
+    guide = Guide(codec.guidance, Grammar('start: "fox"'))
+    text = ""
+    for _ in range(8):
+        row = allowed_logits(torch.zeros(1, VOCAB), [guide], eos=1)[0]
+        token = int(torch.nonzero(row > float("-inf"))[-1])  # the highest allowed id, a fixed choice
+        if token == 1:
+            break
+        text += codec.decode_all([token])
+        guide.accept(token)
+    assert text == "fox" and token == 1  # the grammar complete: only EOS may follow
+
+
+def test_a_grammar_after_a_token_leaves_the_text_before_it_free(codec):
+    end_think = codec.token_id("</think>")
+    guide = Guide(codec.guidance, Grammar('start: "ok"', after=end_think))
+    logits = torch.randn(1, VOCAB)
+    assert torch.equal(allowed_logits(logits, [guide], eos=1), logits)
+    guide.accept(codec.token_id("The"))
+    guide.accept(end_think)
+    allowed = allowed_logits(logits, [guide], eos=1)[0] > float("-inf")
+    assert {codec.decode_all([int(i)]) for i in torch.nonzero(allowed)} <= {"o", "ok"}
