@@ -69,7 +69,7 @@ def _compare(path, ranks: int, seed: int = 5) -> tuple[dict, dict]:
     return single, split
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_tensor_parallel_equals_one_rank(checkpoint_factory, ranks):
     path = checkpoint_factory("tp4", **TP4)
     single, split = _compare(path, ranks)
@@ -80,6 +80,7 @@ def test_tensor_parallel_equals_one_rank(checkpoint_factory, ranks):
     assert decode_counts == {"all_reduce": STEPS * (1 + 2 * 3 + 1), "all_gather": STEPS}
 
 
+@pytest.mark.slow
 def test_three_ranks_on_six_heads(checkpoint_factory):
     _compare(checkpoint_factory("tp3", **TP3), 3)
 

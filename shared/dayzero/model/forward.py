@@ -80,10 +80,13 @@ def prefill(
         plan = plan_step(model.cfg, pools, ids, chunks, options)
         chunk_embeds = None
         if embeds is not None and any(embeds[s] is not None for s in active):
+            rows = zip(active, plan.batch.row0s, plan.batch.news, strict=True)
             chunk_embeds = torch.cat(
                 [
-                    embed_tokens(model, plan.token_ids[row : row + n]) if embeds[s] is None else embeds[s][begin : begin + n]
-                    for s, row, n in zip(active, plan.batch.row0s, plan.batch.news, strict=True)
+                    embed_tokens(model, plan.token_ids[r : r + n])
+                    if embeds[s] is None
+                    else embeds[s][begin : begin + n]
+                    for s, r, n in rows
                 ]
             )
         hidden = _layers(model, plan, pools, ids, chunk_embeds, None)

@@ -18,7 +18,8 @@ from .config import ParallelConfig
 
 
 class Group:
-    def __init__(self, config: ParallelConfig = ParallelConfig(), process_group: object | None = None) -> None:
+    def __init__(self, config: ParallelConfig | None = None, process_group: object | None = None) -> None:
+        config = config or ParallelConfig()
         if config.world_size > 1 and process_group is None:
             raise ValueError(f"{config.world_size} ranks need a torch.distributed process group")
         self.config, self.process_group = config, process_group
