@@ -60,7 +60,7 @@ def main() -> None:
         src = write_checkpoint(Path(tmp) / "src", CONFIG, seed=0)
         path = quantize_checkpoint(src, Path(tmp) / "fp4", progress=False)
         print(f"decode: batch {BATCH}, {PROMPT}-token prompts, median of {STEPS} steps; bytes of rank 0")
-        print("| ranks | experts MiB | other MiB | collectives / step (/ layer) | step ms | in collectives ms (share) |")
+        print("| ranks | experts MiB | other MiB | collectives / step (/ layer) | step ms | collectives ms (share) |")
         print("|---|---|---|---|---|---|")
         for n in (1, 2):
             r = run_group(n, rank_run, path)
