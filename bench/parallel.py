@@ -5,7 +5,8 @@ ranks (rank 0 here, rank 1 spawned, each with its share of the CPU threads): res
 of rank 0's model (experts and the rest), collectives per layer per decode step (counted by
 dayzero.parallel.Group), and the median decode step with the part of it spent inside
 collectives. Gloo on a shared 2-core machine is slow: the collective share is the figure to
-watch. Run: ``python bench/parallel.py``.
+watch. One rank is timed with all the threads and with one (a rank of two gets one).
+Run: ``python bench/parallel.py``.
 """
 
 from __future__ import annotations
@@ -62,11 +63,13 @@ def main() -> None:
         print(f"decode: batch {BATCH}, {PROMPT}-token prompts, median of {STEPS} steps; bytes of rank 0")
         print("| ranks | experts MiB | other MiB | collectives / step (/ layer) | step ms | collectives ms (share) |")
         print("|---|---|---|---|---|---|")
-        for n in (1, 2):
-            r = run_group(n, rank_run, path)
+        threads = torch.get_num_threads()
+        for n, label in ((1, f"1 ({threads} threads)"), (1, "1 (1 thread)"), (2, "2 (1 thread each)")):
+            torch.set_num_threads(threads if "threads" in label else 1)
+            r = run_group(n, rank_run, path)  # two ranks: run_group gives each its share of the threads
             share = r["comm_ms"] / r["step_ms"]
             print(
-                f"| {n} | {r['experts'] / 2**20:.2f} | {r['other'] / 2**20:.2f} | {r['collectives_per_step']:.0f} "
+                f"| {label} | {r['experts'] / 2**20:.2f} | {r['other'] / 2**20:.2f} | {r['collectives_per_step']:.0f} "
                 f"({r['per_layer']:.2f}) | {r['step_ms']:.1f} | {r['comm_ms']:.1f} ({share:.0%}) |"
             )
 
