@@ -81,7 +81,8 @@ def main() -> None:
         x = torch.randn(tokens, 512, dtype=torch.bfloat16)
         ids = torch.randint(2, 512, (tokens,))
         base, online, warm = (
-            median_seconds(lambda m=m, x=x, ids=ids: moe(m.layers[layer].ffn, cfg, x, ids), runs=7) * 1e3
+            median_seconds(lambda m=m, x=x, ids=ids: moe(m.layers[layer].ffn, cfg, x, ids, "torch", m.comm), runs=7)
+            * 1e3
             for m in (float_model, packed, cached)
         )
         print(f"| {tokens} | {base:.2f} | {online:.2f} | {warm:.2f} | {online / base:.2f}x | {warm / base:.2f}x |")

@@ -19,6 +19,8 @@ from .checkpoint import load_model
 from .kv.pools import pools_for
 from .model.forward import decode, prefill, score
 from .model.plan import AttentionOptions
+from .parallel import Group
+from .parallel.group import run_group
 
 # fp32 on both sides, same op order up to reductions: differences are rounding (~1e-6);
 # 1e-4 absolute leaves room for long sequences without hiding a wrong mask or state.
@@ -107,48 +109,75 @@ class EarliestTies:
         self._hooks.close()
 
 
+@dataclass(slots=True)
+class OurRun:
+    """dayzero's side of a comparison: prompt logits [L, V], each layer's streams, the same with
+    CSA selection switched, and the logits of each greedy decode step (its own tokens fed back)."""
+
+    logits: torch.Tensor
+    capture: list[torch.Tensor]
+    other: torch.Tensor
+    step_logits: list[torch.Tensor]
+
+
 @torch.inference_mode()
-def align(
-    path: str | Path, prompt: list[int], tokens: int = 8, options: AttentionOptions = AttentionOptions()
-) -> AlignReport:
-    path = Path(path)
-    ref, ours = reference_model(path), load_model(path, progress=False)
-    ids = torch.tensor([prompt])
-    with EarliestTies(ref, enabled=False) as plain:
-        plain_logits = ref(ids).logits[0]
-    with EarliestTies(ref):
-        out = ref(ids, output_hidden_states=True)
+def our_run(group: Group, path: Path, prompt: list[int], tokens: int, options: AttentionOptions) -> OurRun:
+    """Run on every rank of ``group`` (dayzero.parallel.group.run_group); rank 0's result is used."""
+    ours = load_model(path, progress=False, group=group)
     capture: list[torch.Tensor] = []
     pools = pools_for(ours.cfg, torch.float32, len(prompt) + tokens, max_sequences=2)
     logits = score(ours, pools, "full", prompt, options, capture)
     dense_options = AttentionOptions(options.backend, sparse=not options.sparse)
     other = score(ours, pools_for(ours.cfg, torch.float32, len(prompt)), "dense", prompt, dense_options)
-    sparse_shift = (logits - other).abs().max().item()
-    diff = (logits - out.logits[0]).abs()
+    steps = [prefill(ours, pools, ["steps"], [prompt], options)[0]]
+    for _ in range(tokens - 1):
+        steps.append(decode(ours, pools, ["steps"], [int(steps[-1].argmax())], options)[0])
+    return OurRun(logits, capture, other, steps[:tokens])
+
+
+@torch.inference_mode()
+def align(
+    path: str | Path,
+    prompt: list[int],
+    tokens: int = 8,
+    options: AttentionOptions = AttentionOptions(),
+    tensor_parallel: int = 1,
+) -> AlignReport:
+    """``tensor_parallel`` > 1: dayzero's side runs on that many local gloo ranks."""
+    path = Path(path)
+    ours = run_group(tensor_parallel, our_run, path, prompt, tokens, options)
+    ref = reference_model(path)
+    ids = torch.tensor([prompt])
+    with EarliestTies(ref, enabled=False) as plain:
+        plain_logits = ref(ids).logits[0]
+    with EarliestTies(ref):
+        out = ref(ids, output_hidden_states=True)
+    sparse_shift = (ours.logits - ours.other).abs().max().item()
+    diff = (ours.logits - out.logits[0]).abs()
     rel = (diff / out.logits[0].abs().clamp_min(1e-6)).max().item()
     # transformers records the embeddings, each layer's streams but the last, then the final hidden
     hidden_ref = [h[0] for h in out.hidden_states[1:]]
-    ours_hidden = [*capture[:-2], capture[-1]]
+    ours_hidden = [*ours.capture[:-2], ours.capture[-1]]
     layers = [(a - b).abs().max().item() for a, b in zip(ours_hidden, hidden_ref, strict=True)]
+    steps, match = _steps(ref, prompt, out.logits[0, -1], ours.step_logits)
+    plain_err = (ours.logits - plain_logits).abs().max().item()
+    return AlignReport(
+        len(prompt), diff.max().item(), rel, layers, match, steps, sparse_shift, plain_err, plain.tied, plain.rows
+    )
 
-    # dayzero decodes incrementally from its attention state; the reference re-runs the
-    # whole sequence each step (its forward over the full sequence is the spec)
-    sequence = list(prompt)
-    ref_logits = out.logits[0, -1]
-    our_logits = prefill(ours, pools, ["steps"], [prompt], options)[0]
-    steps, match = [], True
-    for step in range(tokens):
+
+def _steps(ref, prompt: list[int], ref_logits: torch.Tensor, ours: list[torch.Tensor]) -> tuple[list[StepReport], bool]:
+    """dayzero decodes incrementally from its attention state; the reference re-runs the whole
+    sequence each step (its forward over the full sequence is the spec), until the tokens differ."""
+    sequence, steps = list(prompt), []
+    for step, our_logits in enumerate(ours):
         err = (ref_logits - our_logits).abs().max().item()
         ref_tok, our_tok = int(ref_logits.argmax()), int(our_logits.argmax())
         steps.append(StepReport(step, ref_tok, our_tok, err))
         if ref_tok != our_tok:
-            match = False
-            break
+            return steps, False
         sequence.append(ref_tok)
-        with EarliestTies(ref):
-            ref_logits = ref(torch.tensor([sequence])).logits[0, -1]
-        our_logits = decode(ours, pools, ["steps"], [our_tok], options)[0]
-    plain_err = (logits - plain_logits).abs().max().item()
-    return AlignReport(
-        len(prompt), diff.max().item(), rel, layers, match, steps, sparse_shift, plain_err, plain.tied, plain.rows
-    )
+        if step + 1 < len(ours):
+            with EarliestTies(ref):
+                ref_logits = ref(torch.tensor([sequence])).logits[0, -1]
+    return steps, True

@@ -31,6 +31,8 @@ from tqdm import tqdm
 from .checkpoint_files import CheckpointError, Entry, Placed, mtp_layers, place, scan, unused_patterns
 from .config import ModelConfig
 from .model.weights import Transformer, is_fp32_param, skeleton
+from .parallel import Group, ParallelConfig, check_divisible
+from .parallel.shard import check_blocks, local_index, owns_expert, shard_skeleton, split_dim
 from .quant.experts import ExpertConverter
 from .quant.formats import FormatError, dequant_fp8, ue8m0_bytes
 from .quant.spec import QuantConfigError, QuantSpec, quant_spec
@@ -100,9 +102,10 @@ def _check(placed: list[tuple[Entry, Placed]], expected: dict[str, torch.Tensor]
         raise CheckpointError(problems[0] + more)
 
 
-def _decode(f, e: Entry, p: Placed, scales: dict, block: tuple[int, int]) -> torch.Tensor:
-    """One tensor as the model holds it: MX scales as E8M0 bytes, FP8 dequantized with its block scales."""
-    tensor = f.get_tensor(e.key)
+def _decode(f, e: Entry, p: Placed, scales: dict, block: tuple[int, int], index: tuple) -> torch.Tensor:
+    """This rank's part (``index``) of one tensor as the model holds it: MX scales as E8M0 bytes,
+    FP8 dequantized with its block scales (sliced alike)."""
+    tensor = _part(f, e.key, index)
     try:
         if p.role == "mx_scale":
             return ue8m0_bytes(tensor, e.key)
@@ -116,7 +119,26 @@ def _decode(f, e: Entry, p: Placed, scales: dict, block: tuple[int, int]) -> tor
     return tensor
 
 
-def _layout(root: Path, cfg: ModelConfig, spec: QuantSpec) -> tuple[Transformer, list[tuple[Entry, Placed]]]:
+def _part(f, key: str, index: tuple) -> torch.Tensor:
+    """The stored tensor ``key``, or only its ``index`` part: nothing else is read."""
+    return f.get_slice(key)[index] if index else f.get_tensor(key)
+
+
+def _index(e: Entry, p: Placed, parallel: ParallelConfig, block: tuple[int, int]) -> tuple:
+    """Which part of a stored tensor this rank reads: whole experts (its own), slices of the rest."""
+    if p.expert is not None:
+        return ()
+    if p.role != "block_scale":
+        return local_index(p.target, e.shape, parallel)
+    dim = split_dim(p.target)
+    return local_index(p.target, e.shape, parallel, block[dim] if dim is not None else 1)
+
+
+def _layout(
+    root: Path, cfg: ModelConfig, spec: QuantSpec, parallel: ParallelConfig
+) -> tuple[Transformer, list[tuple[Entry, Placed]]]:
+    """The rank's module tree (local shapes, meta device) and the entries it reads, all checked."""
+    check_divisible(cfg, parallel.world_size)
     entries = list(scan(root))
     n_mtp = mtp_layers(entries)
     if cfg.num_nextn_predict_layers > n_mtp:
@@ -129,7 +151,12 @@ def _layout(root: Path, cfg: ModelConfig, spec: QuantSpec) -> tuple[Transformer,
         log.warning("ignoring %d tensor(s) the model does not use: %s", len(unused), unused_patterns(unused))
     placed = [(e, p) for e, p in placed if p.target in expected]
     _check(placed, expected)
-    return model, placed
+    for e, p in placed:
+        if e.dtype_name == "float8_e4m3fn" and p.expert is None:
+            check_blocks(e.key, e.shape, parallel, spec.block)
+    shard_skeleton(model, parallel)
+    mine = [(e, p) for e, p in placed if p.expert is None or owns_expert(parallel, cfg.n_routed_experts, p.expert)]
+    return model, mine
 
 
 def load_model(
@@ -139,20 +166,24 @@ def load_model(
     progress: bool = True,
     expert_cache_bytes: int = 0,
     on_progress: Callable[[int, int], None] | None = None,
+    group: Group | None = None,
 ) -> Transformer:
     """Checkpoint directory -> ready ``Transformer`` (fp32 kept for norms, HC, sinks, biases).
 
     FP8 weights are dequantized to ``dtype`` at load; FP4 experts stay packed and are
     converted per call (``expert_cache_bytes`` of hot experts kept dequantized).
     ``progress``: a progress bar on stderr; ``on_progress(done, total)`` after each tensor.
-    The weight check's result is ``model.weight_check``; a failing check raises CheckpointError.
+    ``group``: the ranks the model is split over (dayzero.parallel); this rank reads only its
+    own slices and experts. The weight check's result is ``model.weight_check``; a failing
+    check raises CheckpointError.
     """
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(f"checkpoint directory {root} does not exist")
+    group = group or Group()
     cfg = ModelConfig.from_file(root)
     spec = _spec(cfg)
-    model, placed = _layout(root, cfg, spec)
+    model, placed = _layout(root, cfg, spec, group.config)
     layout = model.state_dict()
 
     def target_dtype(name: str) -> torch.dtype:
@@ -161,28 +192,9 @@ def load_model(
         return torch.float32 if is_fp32_param(name) else dtype
 
     tensors = {name: torch.empty(t.shape, dtype=target_dtype(name), device=device) for name, t in layout.items()}
-    by_file: dict[Path, list[tuple[Entry, Placed]]] = {}
-    for e, p in placed:
-        by_file.setdefault(e.file, []).append((e, p))
-    scales: dict[tuple[str, int | None], torch.Tensor] = {}
-    for file, items in by_file.items():
-        with safe_open(str(file), framework="pt") as f:
-            scales.update({(p.target, p.expert): f.get_tensor(e.key) for e, p in items if p.role == "block_scale"})
-    done, fp8 = 0, 0
-    with tqdm(total=len(placed), desc="loading tensors", unit="t", disable=not progress, leave=False) as bar:
-        for file, items in by_file.items():
-            with safe_open(str(file), framework="pt") as f:
-                for e, p in items:
-                    if p.role != "block_scale":
-                        dest = tensors[p.target] if p.expert is None else tensors[p.target][p.expert]
-                        value = _decode(f, e, p, scales, spec.block)
-                        fp8 += e.dtype_name == "float8_e4m3fn"
-                        dest.copy_(value.view(dest.dtype) if value.dtype in (torch.int8, torch.uint8) else value)
-                    bar.update()
-                    done += 1
-                    if on_progress is not None:
-                        on_progress(done, len(placed))
+    fp8 = _read(placed, tensors, spec, group.config, progress, on_progress)
     model.load_state_dict(tensors, assign=True, strict=True)
+    model.comm = group
     try:
         model.weight_check = check_weights(model, fp8)
     except WeightCheckError as exc:
@@ -190,6 +202,51 @@ def load_model(
     if spec.packed_experts:
         _install_converter(model, expert_cache_bytes, dtype)
     return model.eval()
+
+
+def _read(
+    placed: list[tuple[Entry, Placed]],
+    tensors: dict[str, torch.Tensor],
+    spec: QuantSpec,
+    parallel: ParallelConfig,
+    progress: bool,
+    on_progress: Callable[[int, int], None] | None,
+) -> int:
+    """Fill ``tensors`` with this rank's parts, shard by shard; -> how many FP8 weights were decoded."""
+    by_file: dict[Path, list[tuple[Entry, Placed]]] = {}
+    for e, p in placed:
+        by_file.setdefault(e.file, []).append((e, p))
+    scales = _block_scales(by_file, spec, parallel)
+    done, fp8 = 0, 0
+    with tqdm(total=len(placed), desc="loading tensors", unit="t", disable=not progress, leave=False) as bar:
+        for file, items in by_file.items():
+            with safe_open(str(file), framework="pt") as f:
+                for e, p in items:
+                    if p.role != "block_scale":
+                        dest = tensors[p.target]
+                        if p.expert is not None:  # this rank's experts start at rank * its count
+                            dest = dest[p.expert - parallel.rank * dest.shape[0]]
+                        value = _decode(f, e, p, scales, spec.block, _index(e, p, parallel, spec.block))
+                        fp8 += e.dtype_name == "float8_e4m3fn"
+                        dest.copy_(value.view(dest.dtype) if value.dtype in (torch.int8, torch.uint8) else value)
+                    bar.update()
+                    done += 1
+                    if on_progress is not None:
+                        on_progress(done, len(placed))
+    return fp8
+
+
+def _block_scales(
+    by_file: dict[Path, list[tuple[Entry, Placed]]], spec: QuantSpec, parallel: ParallelConfig
+) -> dict[tuple[str, int | None], torch.Tensor]:
+    """Every FP8 weight's block scales (this rank's rows or columns of the grid), keyed like ``Placed``."""
+    scales: dict[tuple[str, int | None], torch.Tensor] = {}
+    for file, items in by_file.items():
+        with safe_open(str(file), framework="pt") as f:
+            for e, p in items:
+                if p.role == "block_scale":
+                    scales[(p.target, p.expert)] = _part(f, e.key, _index(e, p, parallel, spec.block))
+    return scales
 
 
 def _install_converter(model: Transformer, cache_bytes: int, dtype: torch.dtype) -> None:

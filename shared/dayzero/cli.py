@@ -46,37 +46,55 @@ def cmd_demo_checkpoint(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
-    from .checkpoint import load_model
     from .demo import ensure_demo_checkpoint
-    from .engine import Timings, generate
-    from .kv.pools import pools_for
+    from .parallel.group import run_group
     from .sampling import SamplingParams
     from .tokenizer import load_codec
 
     checkpoint = Path(args.checkpoint) if args.checkpoint else ensure_demo_checkpoint(settings.demo_checkpoint)
-    codec = load_codec(checkpoint)
-    if args.stop and not codec.has_tokenizer:
+    if args.stop and not load_codec(checkpoint).has_tokenizer:
         raise SystemExit("error: --stop needs text, and this checkpoint has no tokenizer.json")
+    seed = args.seed
+    if seed is None and args.tensor_parallel > 1:  # every rank samples alike from the same logits
+        seed = random.randrange(1 << 31)
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
-        seed=args.seed,
+        seed=seed,
         stop=tuple(args.stop),
     )
-    prompt = _prompt(args, checkpoint)
-    model = load_model(checkpoint, settings.torch_dtype, expert_cache_bytes=settings.expert_cache_mb << 20)
+    run_group(args.tensor_parallel, _generate_on, checkpoint, _prompt(args, checkpoint), params, settings, args.stats)
+    return 0
+
+
+def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: Settings, stats: bool) -> None:
+    """One rank's generation (all ranks compute the same tokens; rank 0 prints them)."""
+    from .checkpoint import load_model
+    from .engine import Timings, generate
+    from .kv.pools import pools_for
+    from .tokenizer import load_codec
+
+    codec, printing = load_codec(checkpoint), group.config.rank == 0
+    model = load_model(
+        checkpoint,
+        settings.torch_dtype,
+        progress=printing,
+        expert_cache_bytes=settings.expert_cache_mb << 20,
+        group=group,
+    )
     pools = pools_for(model.cfg, settings.torch_dtype, min(settings.max_context, model.cfg.max_position_embeddings))
     timings = Timings()
     steps = generate(model, codec, pools, prompt, params, timings, settings.max_context, settings.attention())
     for i, step in enumerate(steps):  # text, or the ids when the checkpoint has no tokenizer
-        sys.stdout.write(step.text if codec.has_tokenizer else f"{',' if i else ''}{step.token}")
-        sys.stdout.flush()
-    sys.stdout.write("\n")
-    if args.stats:
-        print(json.dumps(timings.summary()))
-    return 0
+        if printing:
+            sys.stdout.write(step.text if codec.has_tokenizer else f"{',' if i else ''}{step.token}")
+            sys.stdout.flush()
+    if printing:
+        sys.stdout.write("\n")
+        if stats:
+            print(json.dumps(timings.summary()))
 
 
 def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
@@ -88,7 +106,7 @@ def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
         prompt = [random.Random(0).randrange(vocab) for _ in range(64)]
     else:
         prompt = _prompt(args, checkpoint)
-    report = align(checkpoint, prompt, args.tokens, settings.attention())
+    report = align(checkpoint, prompt, args.tokens, settings.attention(), args.tensor_parallel)
     if args.json:
         print(json.dumps(report.to_dict()))
     else:
@@ -217,7 +235,7 @@ def cmd_quantize(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
     from .quant.inspect import inspect, render
 
-    report = inspect(args.path, args.batch, args.context, args.devices, args.expert_cache_gib)
+    report = inspect(args.path, args.batch, args.context, args.devices, args.expert_cache_gib, args.tensor_parallel)
     print(json.dumps(report.to_dict()) if args.json else render(report))
     return 0
 
@@ -251,6 +269,9 @@ def parser() -> argparse.ArgumentParser:
         group.add_argument("--prompt", help="prompt text (tokenized with the checkpoint's tokenizer.json)")
         group.add_argument("--prompt-ids", help="prompt as comma-separated token ids, e.g. 1,2,3")
 
+    def tensor_parallel(cmd: argparse.ArgumentParser, what: str) -> None:
+        cmd.add_argument("--tensor-parallel", type=int, default=1, metavar="N", help=f"{what} (default 1)")
+
     gen = sub.add_parser("generate", help="stream a completion to the terminal")
     gen.add_argument("--checkpoint", help="checkpoint directory (default: the built-in demo checkpoint)")
     prompt_args(gen, required=True)
@@ -261,6 +282,7 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, help="sampling seed, for repeatable samples")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--stats", action="store_true", help="end with one JSON line of token counts and speeds")
+    tensor_parallel(gen, "run the model on N local ranks (gloo on CPU), as one group")
     gen.set_defaults(run=cmd_generate)
 
     al = sub.add_parser("align", help="compare logits with transformers' DeepseekV4ForCausalLM (fp32)")
@@ -268,6 +290,7 @@ def parser() -> argparse.ArgumentParser:
     prompt_args(al, required=False)
     al.add_argument("--tokens", type=int, default=8, help="greedy decode steps to compare (default 8)")
     al.add_argument("--json", action="store_true", help="print one JSON object")
+    tensor_parallel(al, "run dayzero's side on N local ranks (gloo on CPU), as one group")
     al.set_defaults(run=cmd_align)
 
     quant = sub.add_parser("quantize", help="write a checkpoint in the release's FP8 / FP4 formats from a float one")
@@ -291,6 +314,7 @@ def parser() -> argparse.ArgumentParser:
     insp.add_argument("--devices", type=int, default=1, help="devices the experts are spread over (default 1)")
     insp.add_argument("--expert-cache-gib", type=float, default=0.0, help="dequantized expert cache budget")
     insp.add_argument("--json", action="store_true", help="print one JSON object")
+    tensor_parallel(insp, "also print the per-rank bytes of an N-rank tensor-parallel group")
     insp.set_defaults(run=cmd_inspect)
 
     doctor = sub.add_parser("doctor", help="check a running deployment end to end (exit 1 on any failure)")

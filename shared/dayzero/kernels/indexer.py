@@ -12,6 +12,8 @@ O(T * (tile + k)) whatever the context. Ties go to the lower entry index. Output
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -146,9 +148,12 @@ def indexer_topk(
     backend: Backend = "torch",
     tile: int = TILE,
     visible_max: int | None = None,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """[T, topk] int32 selected entry ids (-1 = none); see the module docstring. ``visible_max``:
-    max(visible) when the caller knows it on the host (saves a device sync per call)."""
+    max(visible) when the caller knows it on the host (saves a device sync per call).
+    ``reduce``: applied to each tile's scores [T, tile] before the top-k merge (tensor
+    parallel: the sum over the ranks' indexer heads, so every rank selects the same entries)."""
     if q.dim() != 3 or weights.shape != q.shape[:2] or keys.shape[-1] != q.shape[-1]:
         raise ValueError(f"bad shapes q {tuple(q.shape)} weights {tuple(weights.shape)} keys {tuple(keys.shape)}")
     visible = visible.to(torch.int32).contiguous()
@@ -166,6 +171,8 @@ def indexer_topk(
     for first in range(0, visible_max, tile):
         count = min(tile, visible_max - first)
         scores = scores_fn(q, weights, batch, keys, table, visible, first, count)
+        if reduce is not None:
+            scores = reduce(scores)
         idx = torch.arange(first, first + count, device=q.device).expand(q.shape[0], -1)
         # running entries come first and have lower indices: a stable sort keeps ties in index order
         vals, order = torch.cat((best, scores), dim=1).sort(dim=1, descending=True, stable=True)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from ..config import CSA, HCA, SLIDING, ModelConfig
 from ..kernels import CompressedKeys, indexer_topk, write_window
 from ..kv.pools import KVPools
+from ..parallel import Group
 from .compressor import CompressorSlots, fold
 from .norms import rms_norm, rms_scale
 from .plan import StepPlan
@@ -30,9 +31,19 @@ def _slots(pools: KVPools, prefix: str, index: int, overlap: bool) -> Compressor
 
 
 def _compressed_keys(
-    w: Attention, cfg: ModelConfig, layer: int, x: torch.Tensor, q_res: torch.Tensor, plan: StepPlan, pools: KVPools
+    w: Attention,
+    cfg: ModelConfig,
+    layer: int,
+    x: torch.Tensor,
+    q_res: torch.Tensor,
+    plan: StepPlan,
+    pools: KVPools,
+    comm: Group,
 ) -> CompressedKeys:
-    """Fold the step into the layer's compressed pools, then say which entries each query reads."""
+    """Fold the step into the layer's compressed pools, then say which entries each query reads.
+
+    A tensor-parallel rank scores with its own indexer heads; the scores are summed over the
+    ranks before the top-k, so every rank selects the same entries."""
     kind, eps, layout = cfg.layer_types[layer], cfg.rms_norm_eps, pools.layout
     pool_name = "compressed_csa" if kind == CSA else "compressed_hca"
     index = (layout.csa_layers if kind == CSA else layout.hca_layers).index(layer)
@@ -56,12 +67,12 @@ def _compressed_keys(
             _index_keys(w, cfg, index, x, plan, pools)
         return CompressedKeys(pool, table, visible=visible, visible_max=longest)
     keys = _index_keys(w, cfg, index, x, plan, pools)
-    iq = w.indexer.wq_b(q_res).view(x.shape[0], cfg.index_n_heads, cfg.index_head_dim)
-    iq = apply_rope(iq, plan.rope_compress)
+    heads = comm.config.part(cfg.index_n_heads)
+    iq = apply_rope(w.indexer.wq_b(q_res).view(x.shape[0], heads, cfg.index_head_dim), plan.rope_compress)
     iw = w.indexer.weights_proj(x) * cfg.index_n_heads**-0.5
-    options = plan.options
+    table, backend = plan.tables["index_keys"], plan.options.backend
     picked = indexer_topk(
-        iq, iw, batch, keys, plan.tables["index_keys"], visible, cfg.index_topk, options.backend, visible_max=longest
+        iq, iw, batch, keys, table, visible, cfg.index_topk, backend, visible_max=longest, reduce=comm.all_reduce_sum
     )
     return CompressedKeys(pool, table, indices=picked)
 
@@ -85,16 +96,20 @@ def _index_keys(
 
 
 def attention(
-    w: Attention, cfg: ModelConfig, layer: int, x: torch.Tensor, plan: StepPlan, pools: KVPools
+    w: Attention, cfg: ModelConfig, layer: int, x: torch.Tensor, plan: StepPlan, pools: KVPools, comm: Group
 ) -> torch.Tensor:
-    """x [T, hidden] (packed, normed) -> [T, hidden]; appends the step to the layer's pools."""
+    """x [T, hidden] (packed, normed) -> [T, hidden]; appends the step to the layer's pools.
+
+    Over ``comm``'s ranks each holds its own query heads and output groups, the single KV head
+    and every pool whole; ``wo_b``'s partial sums are all-reduced."""
     kind, eps = cfg.layer_types[layer], cfg.rms_norm_eps
     rope = plan.rope_main if kind == SLIDING else plan.rope_compress
     n_tokens = x.shape[0]
     q_res = rms_norm(w.wq_a(x), w.q_norm.weight, eps)
-    q = apply_rope(rms_scale(w.wq_b(q_res).view(n_tokens, cfg.num_heads, cfg.head_dim), eps), rope)
+    heads, groups = comm.config.part(cfg.num_heads), comm.config.part(cfg.o_groups)
+    q = apply_rope(rms_scale(w.wq_b(q_res).view(n_tokens, heads, cfg.head_dim), eps), rope)
     kv = apply_rope(rms_norm(w.wkv(x), w.norm.weight, eps), rope)  # [T, D]
-    compressed = None if kind == SLIDING else _compressed_keys(w, cfg, layer, x, q_res, plan, pools)
+    compressed = None if kind == SLIDING else _compressed_keys(w, cfg, layer, x, q_res, plan, pools, comm)
     window = pools.window[layer]
     out = plan.attend(
         q,
@@ -109,6 +124,6 @@ def attention(
     )
     write_window(kv, plan.batch, window, plan.window_table, plan.options.backend)
     out = apply_rope(out, rope, inverse=True)  # K = V carried RoPE into the output: undo it
-    groups = out.view(n_tokens, cfg.o_groups, -1)
-    wo_a = w.wo_a.weight.view(cfg.o_groups, cfg.o_lora_rank, -1)
-    return F.linear(torch.einsum("tgi,goi->tgo", groups, wo_a).flatten(1), w.wo_b.weight)
+    wo_a = w.wo_a.weight.view(groups, cfg.o_lora_rank, -1)
+    low_rank = torch.einsum("tgi,goi->tgo", out.view(n_tokens, groups, -1), wo_a).flatten(1)
+    return comm.all_reduce_sum(F.linear(low_rank, w.wo_b.weight))

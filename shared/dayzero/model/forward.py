@@ -7,7 +7,6 @@ attention state lives in the block pools under the caller's sequence id and grow
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..kv.pools import KVPools
 from ..sampling import PromptLogprobs, logprobs_of
@@ -16,6 +15,7 @@ from .hyper import collapse, head_collapse
 from .moe import moe
 from .norms import rms_norm
 from .plan import AttentionOptions, StepPlan, plan_step
+from .vocab import embed_tokens, lm_logits
 from .weights import Transformer
 
 
@@ -30,18 +30,17 @@ def _layers(
     """Packed tokens -> final normed hidden states [T, hidden]."""
     cfg = model.cfg
     eps, iters, hc_eps, backend = cfg.rms_norm_eps, cfg.hc_sinkhorn_iters, cfg.hc_eps, plan.options.backend
-    x = model.embed(plan.token_ids) if embeds is None else embeds
+    x = embed_tokens(model, plan.token_ids) if embeds is None else embeds
     streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [T, N, D]
     for i, block in enumerate(model.layers):
         h, mix = collapse(
             streams, block.hc_attn_fn, block.hc_attn_base, block.hc_attn_scale, iters, hc_eps, eps, backend
         )
-        streams = mix.merge(
-            streams, attention(block.attn, cfg, i, rms_norm(h, block.attn_norm.weight, eps), plan, pools)
-        )
+        attn_in = rms_norm(h, block.attn_norm.weight, eps)
+        streams = mix.merge(streams, attention(block.attn, cfg, i, attn_in, plan, pools, model.comm))
         h, mix = collapse(streams, block.hc_ffn_fn, block.hc_ffn_base, block.hc_ffn_scale, iters, hc_eps, eps, backend)
         ffn_in = rms_norm(h, block.ffn_norm.weight, eps)
-        streams = mix.merge(streams, moe(block.ffn, cfg, ffn_in, plan.token_ids, backend))
+        streams = mix.merge(streams, moe(block.ffn, cfg, ffn_in, plan.token_ids, backend, model.comm))
         if capture is not None:
             capture.append(streams)
     for seq_id, n in zip(seq_ids, plan.batch.news, strict=True):
@@ -81,10 +80,13 @@ def prefill(
         plan = plan_step(model.cfg, pools, ids, chunks, options)
         chunk_embeds = None
         if embeds is not None and any(embeds[s] is not None for s in active):
+            rows = zip(active, plan.batch.row0s, plan.batch.news, strict=True)
             chunk_embeds = torch.cat(
                 [
-                    model.embed(plan.token_ids[row : row + n]) if embeds[s] is None else embeds[s][begin : begin + n]
-                    for s, row, n in zip(active, plan.batch.row0s, plan.batch.news, strict=True)
+                    embed_tokens(model, plan.token_ids[r : r + n])
+                    if embeds[s] is None
+                    else embeds[s][begin : begin + n]
+                    for s, r, n in rows
                 ]
             )
         hidden = _layers(model, plan, pools, ids, chunk_embeds, None)
@@ -95,13 +97,13 @@ def prefill(
         for s, row in zip(active, plan.last_rows(), strict=True):
             if len(prompts[s]) <= begin + chunk_size:
                 last[s] = hidden[row]
-    return F.linear(last, model.head.weight).float()
+    return lm_logits(model, last).float()
 
 
 def _score(model: Transformer, rows: torch.Tensor, following: list[int], out: PromptLogprobs, slab: int = 512) -> None:
     """Log-probabilities of ``following`` under each row's logits, a slab of rows at a time."""
     for begin in range(0, len(following), slab):
-        logits = F.linear(rows[begin : begin + slab], model.head.weight)
+        logits = lm_logits(model, rows[begin : begin + slab])
         out.scores += logprobs_of(logits, following[begin : begin + slab], out.top)
 
 
@@ -115,7 +117,7 @@ def decode(
 ) -> torch.Tensor:
     """One new token per sequence -> next-token logits [B, V]."""
     plan = plan_step(model.cfg, pools, seq_ids, [[t] for t in tokens], options)
-    return F.linear(_layers(model, plan, pools, seq_ids, None, None), model.head.weight).float()
+    return lm_logits(model, _layers(model, plan, pools, seq_ids, None, None)).float()
 
 
 @torch.inference_mode()
@@ -132,4 +134,4 @@ def score(
     ``capture`` receives each layer's residual streams [L, N, D], then the final hidden [L, D].
     """
     plan = plan_step(model.cfg, pools, [seq_id], [ids], options)
-    return F.linear(_layers(model, plan, pools, [seq_id], None, capture), model.head.weight).float()
+    return lm_logits(model, _layers(model, plan, pools, [seq_id], None, capture)).float()

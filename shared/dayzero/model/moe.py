@@ -1,4 +1,5 @@
-"""Mixture of experts: hash or top-k routing, clamped SwiGLU experts, one shared expert."""
+"""Mixture of experts: hash or top-k routing, clamped SwiGLU experts, one shared expert (split by
+expert range and shared-expert rows over tensor-parallel ranks)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 from ..config import ModelConfig
 from ..kernels.batch import Backend
 from ..kernels.moe import grouped_mxfp4_matmul
+from ..parallel import Group
 from ..quant.experts import PackedExperts
 from .weights import Experts, MoE
 
@@ -39,13 +41,23 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
     return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
 
 
-def moe(w: MoE, cfg: ModelConfig, x: torch.Tensor, token_ids: torch.Tensor, backend: Backend = "torch") -> torch.Tensor:
-    """x [T, H] -> [T, H]: routed experts (tokens grouped by expert) plus the shared expert."""
+def moe(
+    w: MoE, cfg: ModelConfig, x: torch.Tensor, token_ids: torch.Tensor, backend: Backend, comm: Group
+) -> torch.Tensor:
+    """x [T, H] -> [T, H]: routed experts (tokens grouped by expert) plus the shared expert.
+
+    Over ``comm``'s ranks every rank routes every token (the gate is replicated) and runs the
+    pairs routed to its own experts and its rows of the shared expert; the sum is all-reduced."""
     experts, weights = route(w, cfg, x, token_ids)
-    flat_experts = experts.flatten()
-    order = flat_experts.argsort(stable=True)  # (token, slot) pairs grouped by expert
-    counts = torch.bincount(flat_experts, minlength=cfg.n_routed_experts)
-    tokens = order // experts.shape[1]  # [T*k] token of each sorted pair
+    first, n_local = comm.config.span(cfg.n_routed_experts)[0], comm.config.part(cfg.n_routed_experts)
+    local = experts.flatten() - first
+    if comm.size > 1:  # another rank's pairs go to a last bucket, sorted after this rank's
+        local = torch.where((local >= 0) & (local < n_local), local, n_local)
+    order = local.argsort(stable=True)  # (token, slot) pairs grouped by expert
+    counts = torch.bincount(local, minlength=n_local + 1)[:n_local]
+    if comm.size > 1:
+        order = order[: int(counts.sum())]
+    tokens = order // experts.shape[1]  # [pairs] token of each sorted pair
     pair_weights = weights.flatten()[order, None]
     if isinstance(w.experts, PackedExperts) and backend == "triton":
         routed = _fused_mxfp4(w.experts, cfg, x[tokens], counts)
@@ -53,7 +65,7 @@ def moe(w: MoE, cfg: ModelConfig, x: torch.Tensor, token_ids: torch.Tensor, back
         routed = _per_expert(w.experts, cfg, x[tokens], counts.tolist())
     out = torch.zeros_like(x).index_add_(0, tokens, (routed * pair_weights).to(x.dtype))
     se = w.shared_experts
-    return out + se.w2(swiglu(se.w1(x), se.w3(x), cfg.swiglu_limit))
+    return comm.all_reduce_sum(out + se.w2(swiglu(se.w1(x), se.w3(x), cfg.swiglu_limit)))
 
 
 def _per_expert(

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..config import CSA, SLIDING, ModelConfig
+from ..parallel import Group
 from ..quant.experts import PackedExperts
 
 # Parameters that stay fp32 whatever the serving dtype (as in the reference).
@@ -138,7 +139,8 @@ class MTPBlock(Block):
 
 class Transformer(nn.Module):
     """``packed_experts``: routed experts stay MXFP4 (see dayzero.quant.experts); ``mtp_layers``: how
-    many ``mtp.N`` layers the checkpoint ships (loaded for speculative decoding, unused by the forward)."""
+    many ``mtp.N`` layers the checkpoint ships (loaded for speculative decoding, unused by the forward).
+    A tensor-parallel rank holds its own slices of the split tensors (dayzero.parallel.shard)."""
 
     def __init__(self, cfg: ModelConfig, packed_experts: bool = False, mtp_layers: int = 0) -> None:
         super().__init__()
@@ -149,6 +151,7 @@ class Transformer(nn.Module):
         self.head = _linear(cfg.hidden_size, cfg.vocab_size)
         self.hc_head_fn, self.hc_head_base, self.hc_head_scale = _hc_head(cfg)
         self.mtp = nn.ModuleList(MTPBlock(cfg, i, packed_experts) for i in range(mtp_layers))
+        self.comm = Group()  # one rank; the loader installs the group a split model runs over
 
 
 def is_fp32_param(name: str) -> bool:

@@ -10,7 +10,7 @@ Active parameters per token: everything except the routed experts, plus the
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..checkpoint import packed_experts, scan
@@ -18,6 +18,8 @@ from ..checkpoint_files import mtp_layers, place
 from ..config import ModelConfig
 from ..kv.layout import GROWING_POOLS, PoolLayout
 from ..model.weights import skeleton
+from ..parallel import ParallelError, check_divisible
+from ..parallel.shard import split_dim
 
 GIB = 1 << 30
 H200_BYTES = 141e9  # one H200's HBM, as sold (about 131 GiB)
@@ -57,6 +59,7 @@ class Report:
     unmapped_tensors: list[str]
     memory_gib: dict[str, float]  # per device
     plan: dict[str, float | int | str]
+    tensor_parallel: dict = field(default_factory=dict)  # inspect(..., tensor_parallel=N), N > 1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -87,13 +90,10 @@ def memory_plan(
     fp4: bool,
 ) -> dict[str, float]:
     """GiB per device by region (bf16 serving; experts FP4 when ``fp4``; experts split over devices)."""
-    experts_bytes = routed * (0.5 + 1 / 32) if fp4 else routed * 2
+    experts_bytes = routed * _expert_bytes_per_value(fp4)
     dense_bytes = (total - routed) * 2
-    one_expert = 3 * cfg.moe_intermediate_size * cfg.hidden_size * 2
-    workspace = min(cfg.n_routed_experts, batch * cfg.num_experts_per_tok) * one_expert if fp4 else 0
-    layout = PoolLayout.of(cfg, 64, "bfloat16")
-    per_token = sum(layout.row_bytes(p, 2) / layout.rate(p) for p in GROWING_POOLS)
-    window = layout.window_capacity * layout.row_bytes("window", 2) + layout.row_bytes("compressor", 4)
+    workspace = _workspace(cfg, batch, cfg.n_routed_experts) if fp4 else 0
+    per_token, window = _state_bytes(cfg)
     pools = batch * (context * per_token + window)
     hyper = batch * cfg.hc_mult * cfg.hidden_size * 4 * 2  # residual streams + mixed copy, fp32
     activations = 2048 * cfg.hidden_size * 2 * 8  # one prefill chunk, a few live [T, hidden] buffers
@@ -107,13 +107,84 @@ def memory_plan(
     }
 
 
+def _expert_bytes_per_value(fp4: bool) -> float:
+    return 0.5 + 1 / 32 if fp4 else 2.0  # FP4: half a byte and a 1-byte scale per 32; else bf16
+
+
+def _workspace(cfg: ModelConfig, batch: int, experts: int) -> int:
+    """bf16 dequantized experts of one MoE call: at most the experts a batch routes to."""
+    return min(experts, batch * cfg.num_experts_per_tok) * 3 * cfg.moe_intermediate_size * cfg.hidden_size * 2
+
+
+def _state_bytes(cfg: ModelConfig) -> tuple[float, float]:
+    """Attention state of one sequence (bf16): (bytes per token, fixed bytes: window + compressor)."""
+    layout = PoolLayout.of(cfg, 64, "bfloat16")
+    per_token = sum(layout.row_bytes(p, 2) / layout.rate(p) for p in GROWING_POOLS)
+    return per_token, layout.window_capacity * layout.row_bytes("window", 2) + layout.row_bytes("compressor", 4)
+
+
+def rank_plan(cfg: ModelConfig, ranks: int, batch: int, context: int, fp4: bool) -> dict[str, float]:
+    """Bytes one rank of a ``ranks``-way tensor-parallel group holds, by region (dayzero.parallel.shard):
+    its routed experts, its slices of the split dense weights, the replicated dense weights, the
+    attention state (replicated: every rank holds every sequence's whole state), the dequant
+    workspace, and the hyper-connection state and activations (replicated, as ``memory_plan``)."""
+    regions = {"routed_experts": 0.0, "dense_split": 0.0, "dense_replicated": 0.0}
+    for name, t in skeleton(cfg).state_dict().items():
+        if name.endswith(("tid2eid", "gate.bias")):
+            continue
+        if ".ffn.experts." in name:
+            regions["routed_experts"] += t.numel() * _expert_bytes_per_value(fp4) / ranks
+        elif split_dim(name) is not None:
+            regions["dense_split"] += t.numel() * 2 / ranks
+        else:
+            regions["dense_replicated"] += t.numel() * 2
+    per_token, window = _state_bytes(cfg)
+    regions["attention_state_replicated"] = batch * (context * per_token + window)
+    regions["dequant_workspace"] = _workspace(cfg, batch, cfg.n_routed_experts // ranks) if fp4 else 0
+    regions["hyper_connection_state"] = batch * cfg.hc_mult * cfg.hidden_size * 4 * 2
+    regions["activations"] = 2048 * cfg.hidden_size * 2 * 8
+    return regions
+
+
+def ranks_needed(cfg: ModelConfig, batch: int, context: int, fp4: bool, limit: int = 64) -> int | None:
+    """The smallest tensor-parallel size that splits the config and fits each rank in one H200."""
+    for n in range(1, limit + 1):
+        try:
+            check_divisible(cfg, n)
+        except ParallelError:
+            continue
+        if sum(rank_plan(cfg, n, batch, context, fp4).values()) <= H200_BYTES:
+            return n
+    return None
+
+
+def tensor_parallel_report(cfg: ModelConfig, ranks: int, batch: int, context: int, fp4: bool) -> dict:
+    """What ``inspect --tensor-parallel N`` prints: GiB per rank by region, the attention state per
+    token (replicated on every rank), and the smallest group that fits on H200s."""
+    check_divisible(cfg, ranks)
+    plan = rank_plan(cfg, ranks, batch, context, fp4)
+    return {
+        "ranks": ranks,
+        "gib_per_rank": {k: round(v / GIB, 4) for k, v in plan.items()},
+        "total_gib_per_rank": round(sum(plan.values()) / GIB, 3),
+        "attention_state_bytes_per_token": round(_state_bytes(cfg)[0], 1),
+        "fits_h200": sum(plan.values()) <= H200_BYTES,
+        "smallest_fitting_h200_group": ranks_needed(cfg, batch, context, fp4),
+    }
+
+
 def _total(cfg: ModelConfig, total: int, routed: int, batch: int, context: int, devices: int, cache: float, fp4: bool):
     """Bytes one device holds when the experts and sequences are spread over ``devices``."""
     return sum(memory_plan(cfg, total, routed, batch, context, devices, cache, fp4).values()) * GIB
 
 
 def inspect(
-    path: str | Path, batch: int = 1, context: int = 65536, devices: int = 1, expert_cache_gib: float = 0.0
+    path: str | Path,
+    batch: int = 1,
+    context: int = 65536,
+    devices: int = 1,
+    expert_cache_gib: float = 0.0,
+    tensor_parallel: int = 1,
 ) -> Report:
     cfg = ModelConfig.from_dict(PRESETS[str(path)]) if str(path) in PRESETS else ModelConfig.from_file(path)
     path = Path(path)
@@ -158,6 +229,7 @@ def inspect(
         unmapped,
         {k: round(v, 4) for k, v in memory.items()},
         plan,
+        tensor_parallel_report(cfg, tensor_parallel, batch, context, fp4) if tensor_parallel > 1 else {},
     )
 
 
@@ -175,4 +247,18 @@ def render(report: Report) -> str:
         + ")",
     ]
     lines += [f"  {region:<24} {gib:10.3f}" for region, gib in report.memory_gib.items()]
+    tp = report.tensor_parallel
+    if tp:
+        lines.append(
+            f"tensor parallel {tp['ranks']} (GiB per rank; heads, experts, vocabulary split; the KV head, "
+            f"compressors and hyper-connections replicated; batch {report.plan['batch']}, "
+            f"context {report.plan['context']})"
+        )
+        lines += [f"  {region:<28} {gib:10.3f}" for region, gib in tp["gib_per_rank"].items()]
+        lines.append(f"  {'total per rank':<28} {tp['total_gib_per_rank']:10.3f}  fits one H200: {tp['fits_h200']}")
+        lines.append(
+            f"  attention state {tp['attention_state_bytes_per_token']:,.0f} bytes per token, replicated: "
+            "every rank holds every sequence's whole state"
+        )
+        lines.append(f"  smallest tensor-parallel group that fits on H200s: {tp['smallest_fitting_h200_group']}")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
 import redis
 import torch
@@ -21,6 +22,7 @@ from ..completion import Completion, context_limit
 from ..kv.handoff import export_state, import_state
 from ..kv.pools import OutOfBlocks
 from ..model.forward import prefill
+from ..model.vocab import embed_tokens
 from ..sampling import Logprob, PromptLogprobs
 from ..telemetry import continued, tracer
 from ..vision.encoder import splice
@@ -229,8 +231,9 @@ class PrefillLoop:
         if job.embeddings is None:
             return None
         prompt, image_token = list(job.request.prompt_ids), self.r.model.cfg.raw["image_token_id"]
-        embed = self.r.model.embed
-        device = embed.weight.device
+        model = self.r.model
+        embed = partial(embed_tokens, model)  # vocabulary rows split over a tensor-parallel group
+        device = model.embed.weight.device
         images = take_tensor(job.embeddings, self.r.store).to(device)
         with torch.inference_mode():
             rows = splice(embed(torch.tensor(prompt, device=device)), prompt, image_token, [images])

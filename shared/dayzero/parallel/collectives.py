@@ -1,0 +1,55 @@
+"""The only place the forward talks to the other ranks: ``all_reduce_sum`` and ``all_gather``.
+
+A ``Group`` of one rank returns its input untouched and counts nothing, so the single-rank
+forward is the same code and pays nothing. A larger group reduces in fp32 (as DeepSeek's
+reference reduces its row-parallel outputs) over the torch.distributed group it was given,
+and counts each call and the seconds spent in it (for bench/parallel.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import torch
+import torch.distributed as dist
+
+from .config import ParallelConfig
+
+
+class Group:
+    def __init__(self, config: ParallelConfig | None = None, process_group: object | None = None) -> None:
+        config = config or ParallelConfig()
+        if config.world_size > 1 and process_group is None:
+            raise ValueError(f"{config.world_size} ranks need a torch.distributed process group")
+        self.config, self.process_group = config, process_group
+        self.counts: Counter[str] = Counter()
+        self.seconds = 0.0
+
+    @property
+    def size(self) -> int:
+        return self.config.world_size
+
+    def all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of every rank's ``x`` (same shape on each), in fp32, returned in ``x``'s dtype."""
+        if self.size == 1:
+            return x
+        start = time.perf_counter()
+        total = x.to(torch.float32, copy=True).contiguous()  # the caller's tensor is left as is
+        dist.all_reduce(total, group=self.process_group)
+        self._count("all_reduce", start)
+        return total.to(x.dtype)
+
+    def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """Every rank's ``x`` concatenated along ``dim`` in rank order."""
+        if self.size == 1:
+            return x
+        start = time.perf_counter()
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous(), group=self.process_group)
+        self._count("all_gather", start)
+        return torch.cat(parts, dim=dim)
+
+    def _count(self, name: str, start: float) -> None:
+        self.counts[name] += 1
+        self.seconds += time.perf_counter() - start

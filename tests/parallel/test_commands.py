@@ -1,0 +1,51 @@
+"""``align``, ``generate`` and ``inspect`` with ``--tensor-parallel N``, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dayzero import cli
+from dayzero.parallel import ParallelError
+from dayzero.quant.inspect import inspect
+
+from .test_tensor_parallel import TP4
+
+
+def test_align_on_two_ranks_passes_against_transformers(checkpoint_factory, capsys):
+    path = checkpoint_factory("tp4", **TP4)
+    assert cli.main(["align", str(path), "--tokens", "4", "--json", "--tensor-parallel", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["greedy_match"] and len(report["steps"]) == 4
+    assert report["max_abs_err"] < 1e-4 and max(report["layers"]) < 1e-4
+
+
+def test_generate_on_two_ranks_prints_what_one_rank_prints(checkpoint_factory, capsys):
+    path = checkpoint_factory("tp4", **TP4)
+    args = ["generate", "--checkpoint", str(path), "--prompt-ids", "3,14,15,92,65,35", "--max-tokens", "8"]
+    assert cli.main(args) == 0
+    single = capsys.readouterr().out
+    assert cli.main([*args, "--tensor-parallel", "2"]) == 0
+    assert capsys.readouterr().out == single and len(single.split(",")) == 8
+
+
+def test_inspect_prints_per_rank_bytes_and_the_smallest_group():
+    one = inspect("deepseek-v4-pro", batch=8, context=65536)
+    eight = inspect("deepseek-v4-pro", batch=8, context=65536, tensor_parallel=8)
+    tp = eight.tensor_parallel
+    # the experts split 8 ways; the attention state is every rank's whole (replicated)
+    assert tp["gib_per_rank"]["routed_experts"] * 8 == pytest.approx(one.memory_gib["packed_weights"], rel=0.05)
+    assert tp["gib_per_rank"]["attention_state_replicated"] == pytest.approx(one.memory_gib["attention_pools"])
+    assert tp["fits_h200"] and tp["smallest_fitting_h200_group"] == 8  # peers serve Pro on 8 H200
+    flash = inspect("deepseek-v4-flash", batch=8, context=65536, tensor_parallel=2).tensor_parallel
+    assert flash["smallest_fitting_h200_group"] == 2 and flash["fits_h200"]
+    with pytest.raises(ParallelError, match="cannot be split over 3 ranks"):
+        inspect("deepseek-v4-flash", tensor_parallel=3)
+
+
+def test_inspect_command_says_the_state_is_replicated(capsys):
+    assert cli.main(["inspect", "deepseek-v4-flash", "--tensor-parallel", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "tensor parallel 4" in out and "replicated: every rank holds every sequence's whole state" in out
+    assert "smallest tensor-parallel group that fits on H200s: 2" in out
