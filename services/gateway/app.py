@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 
 import redis
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -28,7 +28,7 @@ from . import errors
 from .bus import Bus
 from .context import Gateway
 from .metrics import GatewayMetrics
-from .routes import router
+from .routes import authorize, router
 
 log = logging.getLogger("dayzero.gateway")
 
@@ -88,8 +88,9 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.middleware("http")
     async def count(request: Request, call_next):
+        """API responses by status (probes such as start-up ``/ready`` polls are not API traffic)."""
         response = await call_next(request)
-        if hasattr(request.app.state, "gateway"):
+        if request.url.path.startswith("/v1/") and hasattr(request.app.state, "gateway"):
             request.app.state.gateway.metrics.responses.labels(str(response.status_code)).inc()
         return response
 
@@ -115,7 +116,7 @@ def create_app(settings: Settings) -> FastAPI:
                 body["reason"] += f" (loading weights: {progress})"
         return JSONResponse(body, status_code=503 if missing else 200)
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[Depends(authorize)] if settings.metrics_auth else [])
     async def metrics(request: Request) -> Response:
         registry = request.app.state.gateway.metrics.registry
         return Response(await run_in_threadpool(generate_latest, registry), media_type=CONTENT_TYPE_LATEST)

@@ -29,6 +29,11 @@ class APIError(Exception):
         self.headers = headers or {}
 
 
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    """OpenAI's error shape (also the data of a stream's error event)."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
 def error_response(
     status: int,
     message: str,
@@ -37,8 +42,7 @@ def error_response(
     code: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(error_body(message, type_, param, code), status_code=status, headers=headers)
 
 
 def install(app: FastAPI) -> None:

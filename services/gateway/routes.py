@@ -7,15 +7,15 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request
-from sse_starlette.sse import EventSourceResponse
 
 from dayzero.serving.messages import GenerationRequest, SamplingSpec
 
+from .access import may_read
 from .bus import Bus
 from .context import Gateway
 from .errors import APIError
 from .images import expand_placeholders, render_chat
-from .responses import respond, sse
+from .responses import event_stream, respond
 from .schemas import ChatCompletionRequest, CompletionRequest, Sampling
 
 router = APIRouter()
@@ -142,15 +142,16 @@ async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
 
 
 @router.get("/v1/requests/{request_id}/stream", dependencies=[Authorized])
-async def resume(request_id: str, gw: GatewayDep, last_event_id: Annotated[str | None, Header()] = None):
-    request = gw.bus.store.request(request_id) if await gw.bus.known(request_id) else None
+async def resume(request_id: str, gw: GatewayDep, http: Request, last_event_id: Annotated[str | None, Header()] = None):
+    """Only the key that created the request (without keys: its resume token) may read it."""
+    readable = await gw.bus.known(request_id) and await may_read(gw, http, request_id)
+    request = gw.bus.store.request(request_id) if readable else None
     if request is None:
         raise APIError(404, f"no request {request_id!r} (unknown or expired)", "not_found_error")
     after = last_event_id or "0-0"
     if not Bus.valid_entry_id(after):
         raise APIError(400, "Last-Event-ID must be a stream entry id like '12-0'", param="Last-Event-ID")
-    first = after == "0-0" and request.kind == "chat"
-    return EventSourceResponse(sse(gw, request, after, first), ping=gw.settings.keepalive_s)
+    return event_stream(gw, [request], after, {"X-Request-Id": request_id})
 
 
 @router.get("/v1/models", dependencies=[Authorized])

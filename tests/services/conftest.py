@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from dayzero.demo import write_demo_checkpoint
-from dayzero.stack import Stack, free_port
+from dayzero.procs import free_port
+from dayzero.stack import Stack
 
 MODEL = "dayzero-demo"
 SETTINGS_ENV = {
@@ -34,7 +35,7 @@ def demo_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
     """A real Redis of the module's own (for tests that run stages in-process)."""
-    from dayzero.stack import start_redis
+    from dayzero.procs import start_redis
 
     port = free_port()
     server = start_redis(port, tmp_path_factory.mktemp("redis") / "redis.log")

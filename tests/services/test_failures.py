@@ -154,7 +154,7 @@ def test_up_with_a_broken_checkpoint_stops_with_the_workers_error(demo_dir, tmp_
     import subprocess
     import sys
 
-    from dayzero.stack import free_port
+    from dayzero.procs import free_port
 
     broken = shutil.copytree(demo_dir, tmp_path / "broken")
     (broken / "model.safetensors").write_bytes(b"\x00" * 1000)

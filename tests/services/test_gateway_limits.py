@@ -7,7 +7,8 @@ import time
 import httpx
 import pytest
 
-from dayzero.stack import Stack, free_port
+from dayzero.procs import free_port
+from dayzero.stack import Stack
 
 from .conftest import MODEL, SETTINGS_ENV, data_url
 
