@@ -176,7 +176,9 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
-        stack.stop()
+        killed = stack.stop()
+        if killed:
+            print(f"stopped; killed {', '.join(killed)} (still running after SIGTERM)", file=sys.stderr)
     return 0
 
 

@@ -47,18 +47,20 @@ def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subpr
         )
 
 
-def terminate(procs: list[subprocess.Popen], timeout_s: float) -> None:
-    """SIGTERM each process group, wait up to ``timeout_s`` in all, SIGKILL what is left."""
+def terminate(procs: list[subprocess.Popen], timeout_s: float) -> list[subprocess.Popen]:
+    """SIGTERM each process group, wait up to ``timeout_s`` in all, SIGKILL what is left (returned)."""
     for proc in procs:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
+    deadline, killed = time.monotonic() + timeout_s, []
     for proc in procs:
         try:
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            killed.append(proc)
+    return killed
 
 
 def free_port() -> int:

@@ -136,8 +136,12 @@ class Stack:
     def child(self, name: str) -> Child:
         return next(c for c in self.children if c.name == name)
 
-    def stop(self) -> None:
-        """Gateway, then workers, then Redis: each group SIGTERMed, SIGKILLed after STOP_TIMEOUT_S."""
+    def stop(self) -> list[str]:
+        """Gateway, then workers, then Redis: each group SIGTERMed, SIGKILLed after STOP_TIMEOUT_S.
+        Returns the names of the children that had to be SIGKILLed."""
+        killed = []
         for group in (("gateway",), ("vision", "prefill", "decode"), ("redis",)):
-            procs = [c.proc for c in self.children if c.service in group and c.proc is not None]
-            terminate(procs, STOP_TIMEOUT_S)
+            members = [c for c in self.children if c.service in group and c.proc is not None]
+            gone = terminate([c.proc for c in members], STOP_TIMEOUT_S)
+            killed += [c.name for c in members if c.proc in gone]
+        return killed
