@@ -102,7 +102,8 @@ async def _chunks(
             continue
         progress.see(event)
         if event.finish_reason:
-            chunk = shape.chunk(event.text, event.finish_reason, usage(event), tokens=[*held, event])
+            counts = usage(event) if request.usage_in_stream else None
+            chunk = shape.chunk(event.text, event.finish_reason, counts, tokens=[*held, event])
             yield ServerSentEvent(id=event.entry_id, data=json.dumps(chunk))
             return
         held.append(event)

@@ -7,6 +7,7 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request
+from starlette.concurrency import run_in_threadpool
 
 from dayzero.serving.messages import GenerationRequest, SamplingSpec
 
@@ -117,12 +118,14 @@ def _choices(requests: list[GenerationRequest], n: int) -> list[GenerationReques
 @router.post("/v1/chat/completions", dependencies=[Authorized])
 async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Request):
     s = gw.settings
-    prompt = render_chat(body.messages, s.image_limits(), s.patch_spec(), gw.image_token is not None)
+    vision = gw.image_token is not None
+    prompt = await run_in_threadpool(render_chat, body.messages, s.image_limits(), s.patch_spec(), vision)
     ids = gw.codec.chat_ids(prompt.messages)
     if prompt.images:
         ids = expand_placeholders(ids, gw.image_token, prompt.patches)
     spec = _spec(gw, body, ids, body.max_completion_tokens or body.max_tokens)
-    requests = _choices([_new_request(ids, spec, "chat", len(prompt.images))], body.n)
+    usage = body.usage_in_stream()
+    requests = _choices([_new_request(ids, spec, "chat", len(prompt.images), usage_in_stream=usage)], body.n)
     return await respond(gw, requests, body.stream, http, prompt.images)
 
 
@@ -137,6 +140,7 @@ async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
             limit = MAX_ECHO_LOGPROB_TOKENS
             raise APIError(400, f"echo with logprobs takes prompts of up to {limit} tokens", param="prompt")
         echo = {"echo": body.echo, "prompt_logprobs": spec.logprobs if scored else None}
+        echo["usage_in_stream"] = body.usage_in_stream()
         requests.append(_new_request(ids, spec, "completion", **echo))
     return await respond(gw, _choices(requests, body.n), body.stream, http)
 

@@ -51,6 +51,7 @@ class GenerationRequest(Frozen):
     images: int = 0  # images whose embeddings fill the placeholder positions (their bytes wait in Redis)
     echo: bool = False  # a completion that starts with its prompt
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # with echo: the prompt's too
+    usage_in_stream: bool = True  # a streamed answer ends with usage (stream_options.include_usage)
 
 
 class StateRef(Frozen):
