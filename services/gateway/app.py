@@ -47,6 +47,21 @@ async def _reaper(gw: Gateway) -> None:
             await run_in_threadpool(sweep, gw.bus.store, send, gw.settings.visibility_timeout_s, int(period * 900))
 
 
+def _name_models_in_schema(app: FastAPI, names: list[str]) -> None:
+    """The OpenAPI schema lists the served model ids (clients and fuzzers see what is valid);
+    validation still answers any other name with 400 model_not_found."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        schema = build()
+        for component in schema.get("components", {}).get("schemas", {}).values():
+            if "model" in component.get("properties", {}):
+                component["properties"]["model"]["enum"] = names
+        return schema
+
+    app.openapi = openapi
+
+
 def create_app(settings: Settings) -> FastAPI:
     setup_tracing(settings, "gateway")
     path = checkpoint_path(settings)
@@ -85,6 +100,7 @@ def create_app(settings: Settings) -> FastAPI:
     FastAPIInstrumentor.instrument_app(app, excluded_urls="health,ready,metrics")
     app.add_middleware(errors.BodyLimit, limit=settings.max_request_bytes)
     app.include_router(router)
+    _name_models_in_schema(app, [settings.model_name])
 
     @app.middleware("http")
     async def count(request: Request, call_next):

@@ -13,7 +13,7 @@ import redis
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from opentelemetry import trace
-from sse_starlette.sse import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import AppStatus, EventSourceResponse, ServerSentEvent
 
 from dayzero.serving.messages import GenerationRequest
 from dayzero.telemetry import tracer
@@ -119,8 +119,10 @@ async def _events(gw: Gateway, request: GenerationRequest, http: Request) -> lis
     try:
         async with gw.bus.hub.subscribe(request.request_id) as sub:
             while True:
-                event = await sub.next(gw.settings.keepalive_s)
+                event = await sub.next(min(gw.settings.keepalive_s, 0.5))
                 if event is None:
+                    if AppStatus.should_exit:  # the server is stopping: answer now, not when cut off
+                        raise Closed
                     if await http.is_disconnected():
                         raise APIError(499, "client disconnected", code="client_closed")
                     continue
@@ -234,6 +236,7 @@ async def _merged(
 
     pumps = [asyncio.create_task(pump(i)) for i in range(len(requests))]
     try:
+        yield ServerSentEvent(retry=gw.settings.sse_retry_ms)
         running = len(pumps)
         while running:
             event = await queue.get()

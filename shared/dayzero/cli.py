@@ -148,7 +148,8 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     else:
         ensure_demo_checkpoint(settings.demo_checkpoint)
     counts = {"vision": args.vision, "prefill": args.prefill, "decode": args.decode}
-    stack = Stack(counts, args.port or settings.port, Path(args.log_dir), env, redis_url=os.environ.get("REDIS_URL"))
+    port, redis_url = args.port or settings.port, os.environ.get("REDIS_URL")
+    stack = Stack(counts, port, Path(args.log_dir), env, redis_url=redis_url, host=settings.host)
     _stop_on_signals()
     try:
         stack.start()

@@ -51,13 +51,13 @@ class Stack:
     log_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     redis_url: str | None = None
+    host: str = "127.0.0.1"  # where the gateway binds (DAYZERO_HOST)
     children: list[Child] = field(default_factory=list)
     redis_port: int | None = None
 
     def start(self) -> None:
-        host = self.env.get("DAYZERO_HOST", os.environ.get("DAYZERO_HOST", "127.0.0.1"))
-        if port_in_use(host, self.port):
-            raise StartFailed(f"port {self.port} is already in use on {host}; stop that process or pass --port")
+        if port_in_use(self.host, self.port):
+            raise StartFailed(f"port {self.port} is already in use on {self.host}; stop that process or pass --port")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.redis_url is None:
             self.redis_port = free_port()

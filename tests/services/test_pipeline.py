@@ -62,6 +62,28 @@ def test_sixteen_concurrent_streams_on_two_decode_workers(stack, reference):
     assert len(workers) == 2
 
 
+def test_256_concurrent_streams_each_complete_or_get_429(stack):
+    import asyncio
+
+    async def one(client: httpx.AsyncClient, i: int) -> str:
+        body = {"model": MODEL, "prompt": prompt_ids(i % 8), "max_tokens": 4, "ignore_eos": True, "stream": True}
+        async with client.stream("POST", f"{stack.url}/v1/completions", json=body) as r:
+            lines = [line async for line in r.aiter_lines()]
+        if r.status_code == 429:
+            return "refused" if r.headers["retry-after"] and '"rate_limit_error"' in "".join(lines) else "?"
+        data = [line for line in lines if line.startswith("data:")]
+        final = json.loads(data[-2][5:])
+        return "completed" if data[-1] == "data: [DONE]" and final["choices"][0]["finish_reason"] else str(final)
+
+    async def run() -> list[str]:
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=300), timeout=300) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(256)))
+
+    outcomes = asyncio.run(run())
+    assert set(outcomes) <= {"completed", "refused"}, [o for o in outcomes if o not in ("completed", "refused")]
+    assert outcomes.count("completed") >= 16
+
+
 def test_resume_with_last_event_id_gives_exactly_the_rest(stack):
     body = chat("resume me", max_tokens=20, ignore_eos=True, stream=True)
     with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=60) as r:
@@ -241,7 +263,10 @@ def test_text_and_image_request_equals_in_process_multimodal_run(stack, demo_dir
     model, codec = load_model(demo_dir, progress=False), TextCodec.from_checkpoint(demo_dir)
     encoder = VisionEncoder(load_tower(demo_dir), settings.patch_spec(), settings.image_limits(), 0)
     prompt = render_chat(ChatCompletionRequest(**body).messages, settings.image_limits(), settings.patch_spec(), True)
-    ids, embeds = multimodal_prompt(model.embed, codec.chat_ids(prompt.messages), 2, encoder.embeddings(prompt.images))
+    image_token = model.cfg.raw["image_token_id"]
+    ids, embeds = multimodal_prompt(
+        model.embed, codec.chat_ids(prompt.messages), image_token, encoder.embeddings(prompt.images)
+    )
     assert served["usage"]["prompt_tokens"] == len(ids)  # placeholders expanded to merged patches
     pools = pools_for(model.cfg, torch.float32, len(ids) + 10)
     completion = Completion(codec, SamplingParams(max_tokens=10, ignore_eos=True), (1,), len(ids), 10_000)
