@@ -94,12 +94,15 @@ def pytest_configure(config):
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
+INTERPRETER_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")  # live as long as we do
+
+
 def _running(allowed: set[int]) -> list[psutil.Process]:
     """Our descendants that run (zombies have ended) and are not under an ``allowed`` pid."""
     out = []
     for proc in psutil.Process().children(recursive=True):
         try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
+            if proc.status() == psutil.STATUS_ZOMBIE or any(h in " ".join(proc.cmdline()) for h in INTERPRETER_HELPERS):
                 continue
             lineage = {proc.pid, *(p.pid for p in proc.parents())}
         except psutil.NoSuchProcess:
