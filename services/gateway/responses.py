@@ -70,7 +70,7 @@ async def sse(
         try:
             await gw.bus.watch(request.request_id)
             async with gw.bus.hub.subscribe(request.request_id, after) as sub, closing(sub, shutdown):
-                async for event in _chunks(gw, request, sub, after, progress):
+                async for event in _chunks(gw, request, sub, after, progress, choice or 0):
                     yield event
         except Exception as exc:  # every failure becomes the stream's error event
             yield ServerSentEvent(data=json.dumps(stream_error(exc)))
@@ -88,10 +88,10 @@ async def sse(
 
 
 async def _chunks(
-    gw: Gateway, request: GenerationRequest, sub: Subscription, after: str, progress: Progress
+    gw: Gateway, request: GenerationRequest, sub: Subscription, after: str, progress: Progress, choice: int
 ) -> AsyncIterator[ServerSentEvent]:
     """The chunks of one stream up to its last (a resumed stream has echoed its prompt already)."""
-    shape = Shape(request, gw.settings.model_name, gw.codec, echoed=after != "0-0", choice=0)
+    shape = Shape(request, gw.settings.model_name, gw.codec, echoed=after != "0-0", choice=choice)
     if after == "0-0" and request.kind == "chat":
         yield ServerSentEvent(data=json.dumps(shape.chunk(None, None, role=True)))
     held: list[TokenEvent] = []  # tokens whose text (and logprobs) wait for the next chunk
