@@ -178,7 +178,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from dayzero.demo import write_demo_checkpoint
-    from dayzero.stack import Stack, free_port
+    from dayzero.procs import free_port
+    from dayzero.stack import Stack
 
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = write_demo_checkpoint(Path(tmp) / "demo")

@@ -9,9 +9,12 @@ import torch
 if not torch.cuda.is_available():  # kernels run in Triton's interpreter on CPU; set before triton loads
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import ctypes  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any
 
+import psutil  # noqa: E402
 import pytest  # noqa: E402
 
 from dayzero.demo import write_checkpoint  # noqa: E402
@@ -80,3 +83,64 @@ def tiny_checkpoint(checkpoint_factory) -> Path:
 def random_ids(n: int, vocab: int, seed: int) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def pytest_configure(config):
+    """Orphans of the processes tests start (a killed supervisor's children) become ours, so the
+    checks below see them instead of init adopting them unseen."""
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+INTERPRETER_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")  # live as long as we do
+
+
+def _running(allowed: set[int]) -> list[psutil.Process]:
+    """Our descendants that run (zombies have ended) and are not under an ``allowed`` pid."""
+    out = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE or any(h in " ".join(proc.cmdline()) for h in INTERPRETER_HELPERS):
+                continue
+            lineage = {proc.pid, *(p.pid for p in proc.parents())}
+        except psutil.NoSuchProcess:
+            continue
+        if not lineage & allowed:
+            out.append(proc)
+    return out
+
+
+def _left_behind(allowed: set[int], timeout_s: float = 15) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while (left := _running(allowed)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    names = []
+    for proc in left:
+        try:
+            names.append(f"{proc.pid} {' '.join(proc.cmdline())[:160]}")
+        except psutil.NoSuchProcess:
+            continue
+    return names
+
+
+def _stack_pids(values: dict) -> set[int]:
+    """The processes of the stacks a test shares with others (module fixtures, checked at the end)."""
+    return {pid for v in values.values() if callable(getattr(v, "pids", None)) for pid in v.pids()}
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_by_the_test(request):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    left = _left_behind(before | _stack_pids(request.node.funcargs))
+    assert not left, f"processes started by this test still run: {left}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_process_left_by_the_module():
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    left = _left_behind(before)
+    assert not left, f"processes started in this module still run: {left}"

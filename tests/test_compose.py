@@ -33,16 +33,71 @@ def test_every_environment_variable_is_a_known_setting():
             assert key in known, f"{name}: {key} is not a dayzero setting"
 
 
-def test_workers_have_gpus_replicas_healthchecks_and_shared_memory():
+def _workers(services: dict) -> dict[str, dict]:
+    """Every container that runs a worker stage (several per stage: one per GPU)."""
+    return {n: svc for n, svc in services.items() if svc.get("command", [""])[-1] in ("vision", "prefill", "decode")}
+
+
+def test_each_worker_computes_on_its_own_gpu_with_a_handoff_that_fits():
     services = _compose()["services"]
-    for name in ("vision", "prefill", "decode"):
-        deploy = services[name]["deploy"]
-        assert deploy["replicas"] >= 1
-        assert deploy["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
-        assert services[name]["ipc"] == "host" and services[name]["shm_size"]
-    for name in ("redis", *SERVICES):
-        assert services[name]["healthcheck"]["test"]
+    workers = _workers(services)
+    assert {svc["command"][-1] for svc in workers.values()} == {"vision", "prefill", "decode"}
+    gpus: dict[str, str] = {}
+    for name, svc in workers.items():
+        env = svc["environment"]
+        assert env["DAYZERO_DEVICE"].startswith("cuda"), f"{name} would compute on CPU"
+        Settings(
+            device=env["DAYZERO_DEVICE"],
+            handoff=env["DAYZERO_HANDOFF"],
+            attention_backend=env["DAYZERO_ATTENTION_BACKEND"],
+        )  # a combination that can start
+        (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert device["capabilities"] == ["gpu"] and "count" not in device
+        (gpu,) = device["device_ids"]  # one GPU each, named
+        gpus.setdefault(gpu, name)
+        assert gpus[gpu] == name or env["DAYZERO_HANDOFF"] == "cuda_ipc", f"{name} shares GPU {gpu} with {gpus[gpu]}"
+        assert svc["ipc"] == "host" and svc["shm_size"]
+    assert sorted(gpus, key=int) == [str(i) for i in range(8)]  # all eight GPUs of the host in use
+    prefill = {_gpu(s) for s in workers.values() if s["command"][-1] == "prefill"}
+    decode = {_gpu(s) for s in workers.values() if s["command"][-1] == "decode"}
+    if prefill != decode or len(prefill) > 1:  # decode may take any prefill's state: CUDA IPC cannot cross GPUs
+        assert {s["environment"]["DAYZERO_HANDOFF"] for s in workers.values()} == {"redis"}
+
+
+def _gpu(service: dict) -> str:
+    return service["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0]
+
+
+def test_restart_policies_and_healthchecks_that_test_their_own_container():
+    services = _compose()["services"]
+    for name in ("redis", "gateway", *_workers(services)):
+        assert services[name]["restart"] in ("unless-stopped", "always"), name
+        assert services[name]["healthcheck"]["test"], name
+    assert "127.0.0.1" in " ".join(services["gateway"]["healthcheck"]["test"])
+    for name, svc in _workers(services).items():
+        check = " ".join(svc["healthcheck"]["test"])
+        assert "inspect ping" in check and f"-d {svc['command'][-1]}@$$(hostname)" in check, name  # its own node
     assert services["gateway"]["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+def test_the_image_carries_a_cuda_build_of_the_pinned_torch():
+    import re
+
+    base = (ROOT / "docker" / "base.Dockerfile").read_text()
+    pin = re.search(r'"torch==([^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert re.search(rf"--index-url https://download.pytorch.org/whl/cu\d+ torch=={re.escape(pin)}", base)
+    assert base.index("download.pytorch.org") < base.index("RUN pip install .")  # before the package's deps
+
+
+def test_the_checkpoint_has_a_documented_way_in():
+    compose = (ROOT / "docker-compose.yml").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for text in (compose, readme):
+        assert "--local-dir ./checkpoint" in text and "dayzero demo-checkpoint ./checkpoint" in text
+    assert all(
+        "${DAYZERO_CHECKPOINT_DIR:-./checkpoint}:/checkpoint:ro" in svc["volumes"]
+        for svc in _workers(_compose()["services"]).values()
+    )
 
 
 def test_observability_profile_dashboard_and_scrape_config_are_valid():
@@ -56,7 +111,7 @@ def test_observability_profile_dashboard_and_scrape_config_are_valid():
             assert (ROOT / volume.split(":")[0]).exists(), volume
     obs = ROOT / "docker" / "observability"
     scrape = yaml.safe_load((obs / "prometheus.yml").read_text())
-    job = next(j for j in scrape["scrape_configs"] if j["job_name"] == "dayzero")
+    (job,) = scrape["scrape_configs"]  # the gateway's scrape carries the workers' metrics: nothing twice
     assert job["static_configs"][0]["targets"] == ["gateway:8000"] and job["metrics_path"] == "/metrics"
     collector = yaml.safe_load((obs / "otel-collector.yaml").read_text())
     pipeline = collector["service"]["pipelines"]["traces"]

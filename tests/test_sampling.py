@@ -67,3 +67,13 @@ def test_penalties_subtract_presence_once_and_frequency_per_occurrence(counts, p
 def test_penalties_out_of_range_are_refused(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+def test_a_top_p_below_float32_resolution_still_keeps_the_best_token():
+    import torch
+
+    from dayzero.sampling import SamplingParams, sample
+
+    logits = torch.tensor([0.0, 3.0, 1.0])
+    params = SamplingParams(max_tokens=1, temperature=1.0, top_p=1.9e-220)  # rounds to 0.0 in float32
+    assert sample(logits, params, torch.Generator().manual_seed(0)) == 1

@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 
 import redis
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -28,7 +28,7 @@ from . import errors
 from .bus import Bus
 from .context import Gateway
 from .metrics import GatewayMetrics
-from .routes import router
+from .routes import authorize, router
 
 log = logging.getLogger("dayzero.gateway")
 
@@ -45,6 +45,21 @@ async def _reaper(gw: Gateway) -> None:
         await asyncio.sleep(period)
         with contextlib.suppress(redis.RedisError):  # Redis down: /ready says so; sweep when it is back
             await run_in_threadpool(sweep, gw.bus.store, send, gw.settings.visibility_timeout_s, int(period * 900))
+
+
+def _name_models_in_schema(app: FastAPI, names: list[str]) -> None:
+    """The OpenAPI schema lists the served model ids (clients and fuzzers see what is valid);
+    validation still answers any other name with 400 model_not_found."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        schema = build()
+        for component in schema.get("components", {}).get("schemas", {}).values():
+            if "model" in component.get("properties", {}):
+                component["properties"]["model"]["enum"] = names
+        return schema
+
+    app.openapi = openapi
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -88,11 +103,13 @@ def create_app(settings: Settings) -> FastAPI:
     FastAPIInstrumentor.instrument_app(app, excluded_urls="health,ready,metrics")
     app.add_middleware(errors.BodyLimit, limit=settings.max_request_bytes)
     app.include_router(router)
+    _name_models_in_schema(app, [settings.model_name])
 
     @app.middleware("http")
     async def count(request: Request, call_next):
+        """API responses by status (probes such as start-up ``/ready`` polls are not API traffic)."""
         response = await call_next(request)
-        if hasattr(request.app.state, "gateway"):
+        if request.url.path.startswith("/v1/") and hasattr(request.app.state, "gateway"):
             request.app.state.gateway.metrics.responses.labels(str(response.status_code)).inc()
         return response
 
@@ -118,7 +135,7 @@ def create_app(settings: Settings) -> FastAPI:
                 body["reason"] += f" (loading weights: {progress})"
         return JSONResponse(body, status_code=503 if missing else 200)
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[Depends(authorize)] if settings.metrics_auth else [])
     async def metrics(request: Request) -> Response:
         registry = request.app.state.gateway.metrics.registry
         return Response(await run_in_threadpool(generate_latest, registry), media_type=CONTENT_TYPE_LATEST)

@@ -3,50 +3,51 @@
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+import contextlib
 
+import redis
 import redis.asyncio as aioredis
 from celery import Celery
 from starlette.concurrency import run_in_threadpool
 
 from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.queue import TASKS
-from dayzero.serving.store import P, Store, stream_key
+from dayzero.serving.store import P, Store
 from dayzero.settings import Settings
 from dayzero.telemetry import carrier
 
+from .streams import StreamHub, TokenEvent
 
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    entry_id: str
-    index: int
-    token: int
-    text: str
-    finish_reason: str | None
-    usage: dict | None
-    error: str
-    logprob: float | None = None
-    top: tuple[tuple[int, float], ...] = ()
-    prompt: list | None = None  # [(logprob, [(token, logprob), ...]), ...] for prompt tokens 1..
+__all__ = ["Bus", "TokenEvent"]
+
+
+def access_key(request_id: str) -> str:
+    """Digest of the API key or resume token that may read the request's stream."""
+    return f"{P}access:{request_id}"
 
 
 class Bus:
     def __init__(self, settings: Settings, celery: Celery) -> None:
         self.settings, self.celery = settings, celery
-        self.r = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=None)
+        # short commands only (token streams go through the hub): a bounded pool that waits, never fails
+        pool = aioredis.BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=64, timeout=10, socket_connect_timeout=2, socket_timeout=10
+        )
+        self.r = aioredis.Redis(connection_pool=pool)
+        self.hub = StreamHub(settings.redis_url, self.r, block_ms=int(settings.keepalive_s * 1000))
         self.store = Store.connect(settings.redis_url, settings.stream_ttl_s)  # sync, for the thread pool
         self._cancels: dict[str, asyncio.Task] = {}
 
     async def queue_depth(self, stage: str) -> int:
         return int(await self.r.llen(stage))
 
-    async def submit(self, request: GenerationRequest, images: list[bytes]) -> None:
-        """Record the request (and its images' bytes) and queue it: vision first when it has images."""
+    async def submit(self, request: GenerationRequest, images: list[bytes], owner: str) -> None:
+        """Record the request (its images' bytes, the digest of who may read its stream) and queue
+        it: vision first when it has images."""
 
         def enqueue() -> None:
             self.store.register(request, images)
+            self.store.r.set(access_key(request.request_id), owner, ex=self.settings.stream_ttl_s * 4)
             self.store.mark_queued(request.request_id, self.settings.visibility_timeout_s)
             job = PrefillJob(request=request, trace=carrier())
             self.celery.send_task(TASKS["vision" if images else "prefill"], args=[job.model_dump_json()])
@@ -60,33 +61,6 @@ class Bus:
 
     async def known(self, request_id: str) -> bool:
         return bool(await self.r.exists(f"{P}req:{request_id}"))
-
-    async def events(self, request_id: str, after: str = "0-0") -> AsyncIterator[TokenEvent | None]:
-        """Stream entries after ``after``; ``None`` each keep-alive interval without one."""
-        last = after
-        block_ms = int(self.settings.keepalive_s * 1000)
-        while True:
-            reply = await self.r.xread({stream_key(request_id): last}, block=block_ms, count=64)
-            if not reply:
-                yield None
-                continue
-            for entry_id, fields in reply[0][1]:
-                last = entry_id.decode()
-                event = TokenEvent(
-                    last,
-                    int(fields[b"i"]),
-                    int(fields[b"t"]),
-                    fields[b"x"].decode(),
-                    fields[b"f"].decode() if b"f" in fields else None,
-                    json.loads(fields[b"u"]) if b"u" in fields else None,
-                    fields.get(b"e", b"").decode(),
-                    float(fields[b"l"]) if b"l" in fields else None,
-                    tuple(map(tuple, json.loads(fields[b"k"]))) if b"k" in fields else (),
-                    json.loads(fields[b"p"]) if b"p" in fields else None,
-                )
-                yield event
-                if event.finish_reason:
-                    return
 
     # -- watchers and cancellation ---------------------------------------------------------------------
     async def watch(self, request_id: str) -> None:
@@ -103,7 +77,8 @@ class Bus:
         task.add_done_callback(lambda _: self._cancels.pop(request_id, None))
 
     async def _cancel_later(self, request_id: str) -> None:
-        await asyncio.sleep(self.settings.disconnect_grace_s)
+        with contextlib.suppress(asyncio.CancelledError):  # cancelled: the gateway stops, decide now
+            await asyncio.sleep(self.settings.disconnect_grace_s)
         watchers = await self.r.get(f"{P}watchers:{request_id}")
         if int(watchers or 0) <= 0 and not await self.r.exists(f"{P}done:{request_id}"):
             await self.r.set(f"{P}cancel:{request_id}", 1, ex=self.settings.stream_ttl_s)
@@ -117,6 +92,11 @@ class Bus:
         }
 
     async def close(self) -> None:
-        for task in list(self._cancels.values()):
-            await task
+        """Stop reading streams; requests nobody watches any more are cancelled at once."""
+        await self.hub.close()
+        pending = list(self._cancels.values())
+        for task in pending:
+            task.cancel()
+        with contextlib.suppress(redis.RedisError):
+            await asyncio.gather(*pending)
         await self.r.aclose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import redis
 from fastapi import FastAPI, Request
@@ -31,6 +32,14 @@ class APIError(Exception):
         self.headers = headers or {}
 
 
+_ADDRESS = re.compile(r" (object )?at 0x[0-9a-fA-F]+")
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    """OpenAI's error shape (also the data of a stream's error event); no memory addresses."""
+    return {"error": {"message": _ADDRESS.sub("", message), "type": type_, "param": param, "code": code}}
+
+
 def error_response(
     status: int,
     message: str,
@@ -39,8 +48,7 @@ def error_response(
     code: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(error_body(message, type_, param, code), status_code=status, headers=headers)
 
 
 def install(app: FastAPI) -> None:
@@ -91,7 +99,8 @@ def _field_part(part: object) -> bool:
 
 
 class BodyLimit:
-    """Refuses request bodies over ``limit`` bytes (declared or streamed) with 413."""
+    """Refuses request bodies over ``limit`` bytes with 413, declared or chunked: the body is
+    read (up to the limit) before the app sees it, so an oversized one never reaches a parser."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app, self.limit = app, limit
@@ -104,17 +113,21 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             await self._refuse(scope, receive, send)
             return
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
+        buffered, seen = [], 0
+        while not buffered or buffered[-1].get("more_body", False):
             message = await receive()
+            buffered.append(message)
+            if message["type"] != "http.request":
+                break  # the client left
             seen += len(message.get("body", b""))
             if seen > self.limit:
-                raise APIError(413, f"request body over {self.limit} bytes", code="body_too_large")
-            return message
+                await self._refuse(scope, receive, send)
+                return
 
-        await self.app(scope, counted, send)
+        async def replay() -> Message:
+            return buffered.pop(0) if buffered else await receive()  # then disconnects, as they come
+
+        await self.app(scope, replay, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = error_response(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from dayzero.chat.tokens import IMAGE
 from dayzero.vision.encoder import expand
-from dayzero.vision.preprocess import ImageError, ImageLimits, PatchSpec, decode, image_bytes, target_size
+from dayzero.vision.preprocess import ImageError, ImageLimits, PatchSpec, decode, image_bytes, probe, target_size
 
 from .chat_schemas import Message
 from .errors import APIError
@@ -28,7 +28,8 @@ class Prompt:
 
 def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, vision: bool) -> Prompt:
     """Messages as plain dicts for the chat encoding (a list content as its part strings, each
-    image one placeholder tag), with their images checked."""
+    image one placeholder tag), with their images checked: the count first, then each image's
+    size from its header, and only then the pixels (call it in a worker thread: decoding is slow)."""
     turns, images, patches = [], [], []
     for i, m in enumerate(messages):
         parts = m.content if isinstance(m.content, list) else [m.content or ""]
@@ -47,10 +48,7 @@ def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, v
                     param=f"messages.{i}.content",
                     code="images_unsupported",
                 )
-            data, size = _validated(part.image_url.url, limits, f"messages.{i}.content")
-            height, width = target_size(size[1], size[0], spec)
-            images.append(data)
-            patches.append(height * width // (spec.patch_size * spec.merge_size) ** 2)
+            images.append((part.image_url.url, f"messages.{i}.content"))
             text.append(IMAGE_TAG)
         extra = m.model_dump(include={"reasoning_content", "tool_calls", "tool_call_id"}, exclude_none=True)
         turns.append({"role": m.role, "content": text if isinstance(m.content, list) else text[0], **extra})
@@ -61,13 +59,28 @@ def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, v
             param="messages",
             code="too_many_images",
         )
-    return Prompt(turns, images, patches)
+    data = [_checked(url, limits, spec, param, patches) for url, param in images]
+    for blob, (_, param) in zip(data, images, strict=True):
+        _image_error(lambda blob=blob: decode(blob, limits), param)  # corrupt pixel data: 400 here
+    return Prompt(turns, data, patches)
 
 
-def _validated(url: str, limits: ImageLimits, param: str) -> tuple[bytes, tuple[int, int]]:
-    try:
+def _checked(url: str, limits: ImageLimits, spec: PatchSpec, param: str, patches: list[int]) -> bytes:
+    """The image's bytes, its limits checked from its header; appends its merged-patch count."""
+
+    def measure() -> bytes:
         data = image_bytes(url, limits)
-        return data, decode(data, limits).size
+        width, height = probe(data, limits)
+        h, w = target_size(height, width, spec)
+        patches.append(h * w // (spec.patch_size * spec.merge_size) ** 2)
+        return data
+
+    return _image_error(measure, param)
+
+
+def _image_error(check, param: str):
+    try:
+        return check()
     except ImageError as exc:
         raise APIError(400, str(exc), param=param, code="invalid_image") from exc
 

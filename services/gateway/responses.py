@@ -4,40 +4,59 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import time
 from collections.abc import AsyncIterator
 
 import anyio
+import redis
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from opentelemetry import trace
-from sse_starlette.sse import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import AppStatus, EventSourceResponse, ServerSentEvent
 
 from dayzero.serving.messages import GenerationRequest
 from dayzero.telemetry import tracer
 
-from .bus import TokenEvent
+from .access import credential
 from .context import Gateway
 from .errors import APIError
+from .outcome import Progress, closing, stream_error
 from .shapes import Shape
+from .streams import Closed, Subscription, TokenEvent
+
+# A keep-alive is a comment line with no blank line after it: the next event's own blank line ends
+# both. A comment followed by a blank line is an empty event to the official openai client once an
+# event id was seen (it keeps last_event_id), and it then fails parsing "" as JSON mid-stream.
+# The same for the reconnect delay: a ``retry:`` line that rides on the first event (alone, with its
+# own blank line, that client would read it as an empty event too).
+KEEP_ALIVE = b": keep-alive\n"
 
 
-async def admit(gw: Gateway, requests: list[GenerationRequest], images: list[bytes], spans: list[trace.Span]) -> None:
+def retry_line(ms: int) -> bytes:
+    return f"retry: {ms}\n".encode()
+
+
+SHUTDOWN_GRACE_S = 2.0  # open streams get this long to send their error event when the server stops
+
+
+async def admit(
+    gw: Gateway, requests: list[GenerationRequest], images: list[bytes], spans: list[trace.Span], owner: str
+) -> None:
     """Queue all of them or none (429 when the stage's queue cannot take them all)."""
     stage = "vision" if images else "prefill"
+    if gw.bus.hub.open + len(requests) > gw.settings.max_streams:
+        _refuse(gw, "too many open streams; retry shortly", "too_many_streams")
     if await gw.bus.queue_depth(stage) + len(requests) > gw.settings.max_queued:
-        gw.metrics.rejected.inc()
-        raise APIError(
-            429,
-            "too many queued requests; retry shortly",
-            "rate_limit_error",
-            code="queue_full",
-            headers={"Retry-After": "1"},
-        )
+        _refuse(gw, "too many queued requests; retry shortly", "queue_full")
     for request, span in zip(requests, spans, strict=True):
         with trace.use_span(span, end_on_exit=False):  # the queued job carries this span's context
-            await gw.bus.submit(request, images)
+            await gw.bus.submit(request, images, owner)
+
+
+def _refuse(gw: Gateway, message: str, code: str) -> None:
+    gw.metrics.rejected.inc()
+    raise APIError(429, message, "rate_limit_error", code=code, headers={"Retry-After": "1"})
 
 
 def usage(event: TokenEvent) -> dict:
@@ -49,97 +68,102 @@ async def sse(
     gw: Gateway,
     request: GenerationRequest,
     after: str,
-    first: bool,
     span: trace.Span | None = None,
     choice: int | None = None,
-) -> AsyncIterator[ServerSentEvent]:
-    """One request's stream; ``choice``: one of several streams merged (no event ids, no [DONE])."""
-    echoed = after != "0-0"  # a resumed stream has echoed its prompt already
-    shape = Shape(request, gw.settings.model_name, gw.codec, echoed=echoed, choice=choice or 0)
-    rid, finished = request.request_id, False
-    last_at, held = None, []  # held: tokens whose text (and logprobs) wait for the next chunk
-    await gw.bus.watch(rid)
+    shutdown: anyio.Event | None = None,
+) -> AsyncIterator[ServerSentEvent | bytes]:
+    """One request's stream; ``choice``: one of several streams merged (no event ids, no [DONE]).
+    Every end but a finish (a failure, a cancel, Redis lost, shutdown) sends an error event in
+    OpenAI's error shape; a single stream then ends with ``[DONE]`` either way."""
+    progress, left = Progress(gw, request), True
     try:
-        if echoed and request.kind == "chat":
-            await _replay(gw, shape, rid, after)
-        if first:
-            yield ServerSentEvent(data=json.dumps(shape.chunk(None, None, role=True)))
-        async for event in gw.bus.events(rid, after):
-            if event is None:
-                yield ServerSentEvent(comment="keep-alive")
-                continue
-            now = time.time()
-            if last_at is None and event.index == 0:
-                gw.metrics.ttft.observe(now - request.created)
-            elif last_at is not None:
-                gw.metrics.itl.observe(now - last_at)
-            last_at = now
-            if event.finish_reason == "error":
-                finished = True
-                yield ServerSentEvent(
-                    id=event.entry_id,
-                    data=json.dumps({"error": {"message": event.error or "generation failed", "type": "server_error"}}),
-                )
-                break
-            if event.finish_reason:
-                finished = True
-                gw.metrics.finished.labels(event.finish_reason).inc()
-                gw.metrics.e2e.observe(now - request.created)
-                chunk = shape.chunk(event.text, event.finish_reason, usage(event), tokens=[*held, event])
-                yield ServerSentEvent(id=event.entry_id, data=json.dumps(chunk))
-                break
-            held.append(event)
-            chunk = shape.chunk(event.text, None, tokens=held) if event.text else None
-            if chunk is not None:
-                yield ServerSentEvent(id=event.entry_id, data=json.dumps(chunk))
-                held = []
+        if choice is None:
+            yield retry_line(gw.settings.sse_retry_ms)
+        try:
+            await gw.bus.watch(request.request_id)
+            async with gw.bus.hub.subscribe(request.request_id, after) as sub, closing(sub, shutdown):
+                async for event in _chunks(gw, request, sub, after, progress, choice or 0):
+                    yield event
+        except Exception as exc:  # every failure becomes the stream's error event
+            yield ServerSentEvent(data=json.dumps(stream_error(exc)))
+        left = False
         if choice is None:
             yield ServerSentEvent(data="[DONE]")
     finally:
-        if not finished:
+        if left:
             gw.metrics.disconnects.inc()
-        with anyio.CancelScope(shield=True):  # the client is gone: the stream task is being cancelled
-            await gw.bus.unwatch(rid, finished)
+        with anyio.CancelScope(shield=True), contextlib.suppress(redis.RedisError):  # the client may be gone
+            await gw.bus.unwatch(request.request_id, progress.over)
         if span is not None:
-            span.set_attribute("dayzero.finished", finished)
+            span.set_attribute("dayzero.finished", progress.over)
             span.end()
 
 
-async def _replay(gw: Gateway, shape: Shape, rid: str, after: str) -> None:
-    """A resumed chat stream's text up to ``after``, so its split picks up where the client's left off."""
-    async for event in gw.bus.events(rid):
+async def _chunks(
+    gw: Gateway, request: GenerationRequest, sub: Subscription, after: str, progress: Progress, choice: int
+) -> AsyncIterator[ServerSentEvent | bytes]:
+    """The chunks of one stream up to its last (a resumed stream has echoed its prompt already)."""
+    shape = Shape(request, gw.settings.model_name, gw.codec, echoed=after != "0-0", choice=choice)
+    if after == "0-0" and request.kind == "chat":
+        yield ServerSentEvent(data=json.dumps(shape.chunk(None, None, role=True)))
+    elif request.kind == "chat":
+        await _replay(gw, shape, request.request_id, after)
+    held: list[TokenEvent] = []  # tokens whose text (and logprobs) wait for the next chunk
+    while True:
+        event = await sub.next(gw.settings.keepalive_s)
         if event is None:
+            yield KEEP_ALIVE
+            continue
+        progress.see(event)
+        if event.finish_reason:
+            counts = usage(event) if request.usage_in_stream else None
+            chunk = shape.chunk(event.text, event.finish_reason, counts, tokens=[*held, event])
+            yield ServerSentEvent(id=event.entry_id, data=json.dumps(chunk))
             return
-        shape.replay(event.text)
-        if event.entry_id == after:
-            return
+        held.append(event)
+        if event.text:
+            yield ServerSentEvent(id=event.entry_id, data=json.dumps(shape.chunk(event.text, None, tokens=held)))
+            held = []
+
+
+async def _replay(gw: Gateway, shape: Shape, rid: str, after: str) -> None:
+    """A resumed chat stream's text up to ``after``, so its split (reasoning, content, tool calls)
+    picks up where the client's left off."""
+    async with gw.bus.hub.subscribe(rid) as sub:
+        while (event := await sub.next(gw.settings.keepalive_s)) is not None:
+            shape.replay(event.text)
+            if event.entry_id == after:
+                return
 
 
 async def _events(gw: Gateway, request: GenerationRequest, http: Request) -> list[TokenEvent]:
     """A request's stream entries up to its last; raises when it fails or the client leaves."""
-    rid, events, finished = request.request_id, [], False
-    await gw.bus.watch(rid)
+    progress, events = Progress(gw, request), []
+    await gw.bus.watch(request.request_id)
     try:
-        async for event in gw.bus.events(rid):
-            if event is None:
-                if await http.is_disconnected():
-                    break
-                continue
-            events.append(event)
-            if event.finish_reason:
-                finished = True
-                if event.finish_reason == "error":
-                    raise APIError(500, event.error or "generation failed", "server_error")
-                gw.metrics.finished.labels(event.finish_reason).inc()
-                gw.metrics.e2e.observe(time.time() - request.created)
-                return events
+        async with gw.bus.hub.subscribe(request.request_id) as sub:
+            while True:
+                event = await sub.next(min(gw.settings.keepalive_s, 0.5))
+                if event is None:
+                    if AppStatus.should_exit:  # the server is stopping: answer now, not when cut off
+                        raise Closed
+                    if await http.is_disconnected():
+                        raise APIError(499, "client disconnected", code="client_closed")
+                    continue
+                progress.see(event)
+                events.append(event)
+                if event.finish_reason:
+                    return events
+    except Closed:
+        raise APIError(503, "the server is shutting down; retry", "service_unavailable", code="shutting_down") from None
     finally:
-        with anyio.CancelScope(shield=True):
-            await gw.bus.unwatch(rid, finished)
-    raise APIError(499, "client disconnected", code="client_closed")
+        with anyio.CancelScope(shield=True), contextlib.suppress(redis.RedisError):
+            await gw.bus.unwatch(request.request_id, progress.over)
 
 
-async def collect(gw: Gateway, requests: list[GenerationRequest], http: Request) -> JSONResponse:
+async def collect(
+    gw: Gateway, requests: list[GenerationRequest], http: Request, headers: dict[str, str]
+) -> JSONResponse:
     """One body; choice ``i`` is request ``i``'s completion. One failure cancels the others."""
     results: list[list[TokenEvent]] = [[] for _ in requests]
 
@@ -164,7 +188,7 @@ async def collect(gw: Gateway, requests: list[GenerationRequest], http: Request)
             prompts.add(request.prompt_ids)
             totals["prompt_tokens"] += body["usage"]["prompt_tokens"]
     body["choices"], body["usage"] = choices, {**totals, "total_tokens": sum(totals.values())}
-    return JSONResponse(body, headers={"X-Request-Id": ",".join(r.request_id for r in requests)})
+    return JSONResponse(body, headers=headers)
 
 
 async def respond(
@@ -183,28 +207,45 @@ async def respond(
         )
         for r in requests
     ]
+    owner, headers = credential(gw, http)
+    headers["X-Request-Id"] = ",".join(r.request_id for r in requests)
     try:
-        await admit(gw, requests, list(images), spans)
+        await admit(gw, requests, list(images), spans, owner)
     except Exception:
         for span in spans:
             span.end()
         raise
     if not stream:
         try:
-            return await collect(gw, requests, http)
+            return await collect(gw, requests, http, headers)
         finally:
             for span in spans:
                 span.end()
+    return event_stream(gw, requests, "0-0", headers, spans)
+
+
+def event_stream(
+    gw: Gateway, requests: list[GenerationRequest], after: str, headers: dict[str, str], spans: list | None = None
+) -> EventSourceResponse:
+    """The SSE response of one request (resumable from ``after``) or of several merged."""
+    shutdown = anyio.Event()  # set by sse-starlette when the server begins to shut down
+    spans = spans or [None] * len(requests)
     if len(requests) == 1:
-        events = sse(gw, requests[0], "0-0", first=requests[0].kind == "chat", span=spans[0])
+        events = sse(gw, requests[0], after, spans[0], shutdown=shutdown)
     else:
-        events = _merged(gw, requests, spans)
-    ids = ",".join(r.request_id for r in requests)
-    return EventSourceResponse(events, ping=gw.settings.keepalive_s, headers={"X-Request-Id": ids})
+        events = _merged(gw, requests, spans, shutdown)
+    return EventSourceResponse(
+        events,
+        ping=gw.settings.keepalive_s,
+        ping_message_factory=lambda: KEEP_ALIVE,
+        headers=headers,
+        shutdown_event=shutdown,
+        shutdown_grace_period=SHUTDOWN_GRACE_S,
+    )
 
 
 async def _merged(
-    gw: Gateway, requests: list[GenerationRequest], spans: list[trace.Span]
+    gw: Gateway, requests: list[GenerationRequest], spans: list, shutdown: anyio.Event
 ) -> AsyncIterator[ServerSentEvent]:
     """Several choices' chunks as they come, each marked with its index; not resumable (no ids).
     Leaving cancels every choice (each stream's own clean-up unwatches its request)."""
@@ -212,14 +253,15 @@ async def _merged(
 
     async def pump(i: int) -> None:
         try:
-            async for event in sse(gw, requests[i], "0-0", requests[i].kind == "chat", spans[i], choice=i):
-                if event.comment is None:  # keep-alives: the response pings on its own
+            async for event in sse(gw, requests[i], "0-0", spans[i], choice=i, shutdown=shutdown):
+                if isinstance(event, ServerSentEvent) and event.data is not None:  # the response pings on its own
                     queue.put_nowait(ServerSentEvent(data=event.data))
         finally:
             queue.put_nowait(None)
 
     pumps = [asyncio.create_task(pump(i)) for i in range(len(requests))]
     try:
+        yield retry_line(gw.settings.sse_retry_ms)
         running = len(pumps)
         while running:
             event = await queue.get()

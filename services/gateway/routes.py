@@ -7,16 +7,17 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request
-from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
 
 from dayzero.serving.messages import GenerationRequest, GrammarSpec, SamplingSpec
 
+from .access import may_read
 from .bus import Bus
 from .chat import chat_prompt, grammar
 from .chat_schemas import ChatCompletionRequest, TokenizeRequest
 from .context import Gateway
 from .errors import APIError
-from .responses import respond, sse
+from .responses import event_stream, respond
 from .schemas import CompletionRequest, DetokenizeRequest, Sampling
 
 router = APIRouter()
@@ -126,10 +127,14 @@ def _choices(requests: list[GenerationRequest], n: int) -> list[GenerationReques
 
 @router.post("/v1/chat/completions", dependencies=[Authorized])
 async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Request):
-    ids, prompt = chat_prompt(gw, body)
+    ids, prompt = await run_in_threadpool(chat_prompt, gw, body)  # images are decoded: off the event loop
     thinking, _ = body.thinking()
     spec = _spec(gw, body, ids, body.max_completion_tokens or body.max_tokens, grammar(gw, body, thinking))
-    protocol = {"thinking": thinking, "tool_calls": bool(body.offered_tools())}
+    protocol = {
+        "thinking": thinking,
+        "tool_calls": bool(body.offered_tools()),
+        "usage_in_stream": body.usage_in_stream(),
+    }
     requests = _choices([_new_request(ids, spec, "chat", len(prompt.images), **protocol)], body.n)
     return await respond(gw, requests, body.stream, http, prompt.images)
 
@@ -145,6 +150,7 @@ async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
             limit = MAX_ECHO_LOGPROB_TOKENS
             raise APIError(400, f"echo with logprobs takes prompts of up to {limit} tokens", param="prompt")
         echo = {"echo": body.echo, "prompt_logprobs": spec.logprobs if scored else None}
+        echo["usage_in_stream"] = body.usage_in_stream()
         requests.append(_new_request(ids, spec, "completion", **echo))
     return await respond(gw, _choices(requests, body.n), body.stream, http)
 
@@ -167,15 +173,16 @@ async def detokenize(body: DetokenizeRequest, gw: GatewayDep):
 
 
 @router.get("/v1/requests/{request_id}/stream", dependencies=[Authorized])
-async def resume(request_id: str, gw: GatewayDep, last_event_id: Annotated[str | None, Header()] = None):
-    request = gw.bus.store.request(request_id) if await gw.bus.known(request_id) else None
+async def resume(request_id: str, gw: GatewayDep, http: Request, last_event_id: Annotated[str | None, Header()] = None):
+    """Only the key that created the request (without keys: its resume token) may read it."""
+    readable = await gw.bus.known(request_id) and await may_read(gw, http, request_id)
+    request = gw.bus.store.request(request_id) if readable else None
     if request is None:
         raise APIError(404, f"no request {request_id!r} (unknown or expired)", "not_found_error")
     after = last_event_id or "0-0"
     if not Bus.valid_entry_id(after):
         raise APIError(400, "Last-Event-ID must be a stream entry id like '12-0'", param="Last-Event-ID")
-    first = after == "0-0" and request.kind == "chat"
-    return EventSourceResponse(sse(gw, request, after, first), ping=gw.settings.keepalive_s)
+    return event_stream(gw, [request], after, {"X-Request-Id": request_id})
 
 
 @router.get("/v1/models", dependencies=[Authorized])

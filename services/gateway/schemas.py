@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
 
 MAX_STOP = 4
 MAX_TEXT = 1 << 20
@@ -13,7 +13,7 @@ MAX_PROMPTS = 32  # prompts in one completions request
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)  # "max_tokens": "4" is refused, not coerced
 
 
 class JSONSchemaFormat(_Body):
@@ -64,7 +64,9 @@ class Sampling(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
-    logit_bias: dict[int, Annotated[float, Field(ge=-100, le=100)]] | None = Field(default=None, max_length=300)
+    logit_bias: dict[Annotated[int, Strict(False)], Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        default=None, max_length=300
+    )
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     response_format: ResponseFormat | None = None  # json_object / json_schema: constrained decoding
@@ -94,6 +96,10 @@ class Sampling(_Body):
         if value not in (None, 1):
             raise ValueError("best_of must be 1 on this server")
         return value
+
+    def usage_in_stream(self) -> bool:
+        """Streams end with usage unless ``stream_options.include_usage`` is false."""
+        return self.stream_options is None or self.stream_options.include_usage
 
     def logprob_count(self) -> int | None:
         """Alternatives per token to report (None: no logprobs); each endpoint spells it its way."""

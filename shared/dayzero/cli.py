@@ -136,7 +136,9 @@ def cmd_serve(args: argparse.ArgumentParser, settings: Settings) -> int:
 
         from services.gateway.app import create_app
 
-        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+        app = create_app(settings)
+        grace = settings.shutdown_grace_s  # open streams end with an error event well within it
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=grace)
         return 0
     from .serving.worker import worker_argv
 
@@ -151,6 +153,22 @@ def cmd_serve(args: argparse.ArgumentParser, settings: Settings) -> int:
     return 0
 
 
+class _Stop(Exception):
+    """SIGINT or SIGTERM reached the supervisor."""
+
+
+def _stop_on_signals() -> None:
+    """Handle SIGINT and SIGTERM explicitly: a background job inherits SIGINT ignored."""
+
+    def stop(*_: object) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # once: the ordered stop is not interrupted
+            signal.signal(sig, signal.SIG_IGN)
+        raise _Stop
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+
+
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     import os
 
@@ -162,25 +180,15 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
         env["DAYZERO_CHECKPOINT"] = str(Path(args.checkpoint).resolve())
     else:
         ensure_demo_checkpoint(settings.demo_checkpoint)
-
-    def stop_on_term(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop_on_term)  # a SIGTERM stops the services too, like Ctrl-C
-    url = os.environ.get("REDIS_URL")
-    stack = Stack(
-        {"vision": args.vision, "prefill": args.prefill, "decode": args.decode},
-        args.port or settings.port,
-        Path(args.log_dir),
-        env,
-        redis_url=url,
-    )
-    stack.start()
+    counts = {"vision": args.vision, "prefill": args.prefill, "decode": args.decode}
+    port, redis_url = args.port or settings.port, os.environ.get("REDIS_URL")
+    stack = Stack(counts, port, Path(args.log_dir), env, redis_url=redis_url, host=settings.host)
+    _stop_on_signals()
     try:
+        stack.start()
         print(
             f"starting: redis {stack.redis_url}, gateway, {args.vision} vision, {args.prefill} prefill, "
-            f"{args.decode} decode "
-            f"(logs in {args.log_dir})",
+            f"{args.decode} decode (logs in {args.log_dir})",
             file=sys.stderr,
         )
         show = lambda body: print(f"waiting: {body.get('reason')}", file=sys.stderr)
@@ -196,13 +204,15 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
             for name in stack.supervise():
                 print(f"{name} exited; restarted", file=sys.stderr)
             time.sleep(0.5)
-    except KeyboardInterrupt:
-        print("stopping", file=sys.stderr)
+    except _Stop:
+        print("stopping: gateway, then workers, then redis", file=sys.stderr)
     except (StartFailed, TimeoutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
-        stack.stop()
+        killed = stack.stop()
+        if killed:
+            print(f"stopped; killed {', '.join(killed)} (still running after SIGTERM)", file=sys.stderr)
     return 0
 
 

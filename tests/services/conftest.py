@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import subprocess
+import sys
 import time
 
 import httpx
 import pytest
 
 from dayzero.demo import write_demo_checkpoint
-from dayzero.stack import Stack, free_port
+from dayzero.procs import free_port
+from dayzero.stack import Stack
 
 MODEL = "dayzero-demo"
 SETTINGS_ENV = {
@@ -34,7 +38,7 @@ def demo_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
     """A real Redis of the module's own (for tests that run stages in-process)."""
-    from dayzero.stack import start_redis
+    from dayzero.procs import start_redis
 
     port = free_port()
     server = start_redis(port, tmp_path_factory.mktemp("redis") / "redis.log")
@@ -167,3 +171,27 @@ def data_url(width: int, height: int, seed: int) -> str:
     from ..vision.conftest import encoded
 
     return "data:image/png;base64," + base64.b64encode(encoded(width, height, seed=seed)).decode()
+
+
+@pytest.fixture(scope="session")
+def text_dir(tmp_path_factory):
+    """A checkpoint without a vision tower: stacks of gateway + prefill + decode only."""
+    return write_demo_checkpoint(tmp_path_factory.mktemp("text"), fp4=True)
+
+
+def up_process(checkpoint, log_dir, port: int, counts: str = "--vision 0", **popen) -> subprocess.Popen:
+    """``dayzero up`` (gateway, 1 prefill, 1 decode unless ``counts``) as a user starts it, in the background."""
+    cmd = [sys.executable, "-m", "dayzero.cli", "up", "--checkpoint", str(checkpoint), *counts.split()]
+    cmd += ["--port", str(port), "--log-dir", str(log_dir)]
+    env = {**os.environ, **SETTINGS_ENV}
+    return subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 180) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and proc.poll() is None:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return
+        time.sleep(0.3)
+    raise AssertionError(f"not ready (exit code {proc.poll()})")

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from dayzero.stack import free_port
+from dayzero.procs import free_port
 
 
 def _doctor(url: str) -> subprocess.CompletedProcess:

@@ -126,8 +126,9 @@ def test_killed_prefill_worker_request_is_retried(stack):
     stack.wait_ready()
 
 
-def test_redis_restart_gives_503_then_recovers(demo_dir, tmp_path):
-    stack = start_stack(demo_dir, tmp_path, {"vision": 1, "prefill": 1, "decode": 1})
+def test_redis_restart_gives_503_then_recovers(text_dir, tmp_path):
+    stack = start_stack(text_dir, tmp_path, {"vision": 0, "prefill": 1, "decode": 1})
+    killed = None
     try:
         body = chat("before", max_tokens=4)
         assert httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=60).status_code == 200
@@ -140,13 +141,16 @@ def test_redis_restart_gives_503_then_recovers(demo_dir, tmp_path):
         assert httpx.get(f"{stack.url}/ready", timeout=10).status_code == 503
         down = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=30)
         assert down.status_code == 503 and down.json()["error"]["type"] == "service_unavailable"
-        stack.restart_redis()
+        assert stack.supervise() == ["redis"]  # restarted on its own port
         stack.wait_ready(timeout_s=60)  # the same processes reconnect
         after = httpx.post(f"{stack.url}/v1/chat/completions", json=chat("after", max_tokens=4), timeout=60)
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
-        assert all(c.restarts == 0 for c in stack.children)
+        assert all(c.restarts == 0 for c in stack.children if c.name != "redis")
+        stack.redis.kill()  # workers must honour SIGTERM while Redis is down
+        stack.redis.wait()
     finally:
-        stack.stop()
+        killed = stack.stop()
+    assert killed == []
 
 
 def test_up_with_a_broken_checkpoint_stops_with_the_workers_error(demo_dir, tmp_path):
@@ -154,7 +158,7 @@ def test_up_with_a_broken_checkpoint_stops_with_the_workers_error(demo_dir, tmp_
     import subprocess
     import sys
 
-    from dayzero.stack import free_port
+    from dayzero.procs import free_port
 
     broken = shutil.copytree(demo_dir, tmp_path / "broken")
     (broken / "model.safetensors").write_bytes(b"\x00" * 1000)

@@ -7,7 +7,8 @@ import time
 import httpx
 import pytest
 
-from dayzero.stack import Stack, free_port
+from dayzero.procs import free_port
+from dayzero.stack import Stack
 
 from .conftest import MODEL, SETTINGS_ENV, data_url
 
@@ -18,7 +19,8 @@ def lone_gateway(demo_dir, tmp_path_factory):
         **SETTINGS_ENV,
         "DAYZERO_CHECKPOINT": str(demo_dir),
         "DAYZERO_MAX_QUEUED": "2",
-        "DAYZERO_API_KEYS": '["sesame"]',
+        "DAYZERO_API_KEYS": "sesame, other",  # a comma-separated list
+        "DAYZERO_METRICS_AUTH": "true",
         "DAYZERO_IMAGE_MAX_COUNT": "2",
     }
     stack = Stack({"vision": 0, "prefill": 0, "decode": 0}, free_port(), tmp_path_factory.mktemp("logs"), env)
@@ -35,6 +37,55 @@ def lone_gateway(demo_dir, tmp_path_factory):
 
 
 KEY = {"Authorization": "Bearer sesame"}
+OTHER = {"Authorization": "Bearer other"}
+
+
+def _image_chat(*urls: str, stream: bool = False) -> dict:
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return {"model": MODEL, "messages": [{"role": "user", "content": parts}], "stream": stream}
+
+
+def test_a_stream_is_readable_only_by_the_key_that_created_it(lone_gateway):
+    url = f"{lone_gateway.url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=_image_chat(data_url(20, 20, 1), stream=True), headers=KEY, timeout=10) as r:
+        assert r.status_code == 200  # waits at the vision stage: no worker here
+        rid = r.headers["x-request-id"]
+    resume = f"{lone_gateway.url}/v1/requests/{rid}/stream"
+    refused = httpx.get(resume, headers={**OTHER, "Last-Event-ID": "0-0"}, timeout=10)
+    assert refused.status_code == 404 and refused.json()["error"]["type"] == "not_found_error"
+    with httpx.stream("GET", resume, headers=KEY, timeout=10) as r:
+        assert r.status_code == 200
+        first = next(line for line in r.iter_lines() if line)
+    assert first == "retry: 1000"  # EventSource's reconnect delay, well inside the cancel grace
+
+
+def _flat_png(width: int, height: int) -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (40, 90, 200)).save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_image_count_and_sizes_are_checked_before_any_decoding(lone_gateway):
+    url = f"{lone_gateway.url}/v1/chat/completions"
+    corrupt = "data:image/png;base64,iVBORw0KGgoAAAAN"  # a PNG signature, then nothing
+    r = httpx.post(url, json=_image_chat(corrupt, corrupt, corrupt), headers=KEY, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_images"
+    r = httpx.post(url, json=_image_chat(_flat_png(10000, 10)), headers=KEY, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image"
+    assert "aspect ratio" in r.json()["error"]["message"]
+
+
+def test_metrics_need_the_key_and_probes_are_not_counted(lone_gateway):
+    assert httpx.get(f"{lone_gateway.url}/ready", timeout=5).status_code == 503  # no workers
+    assert httpx.get(f"{lone_gateway.url}/metrics", timeout=5).status_code == 401
+    text = httpx.get(f"{lone_gateway.url}/metrics", headers=KEY, timeout=5).text
+    assert 'dayzero_http_responses_total{status="404"}' in text  # the API's own answers count
+    assert 'status="503"' not in text
 
 
 def test_api_key_required_when_configured(lone_gateway):

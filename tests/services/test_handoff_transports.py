@@ -71,6 +71,21 @@ def test_redis_state_is_raw_buffers_and_a_pickle_there_is_refused_unrun(tiny_che
     assert not (tmp_path / "ran").exists()
 
 
+def test_a_state_whose_prefill_worker_died_is_a_lookup_error(tiny_checkpoint, store):
+    """Decode skips it (the reaper re-runs the request) instead of failing on it every step."""
+    model = load_model(tiny_checkpoint, progress=False)
+    layout = PoolLayout.of(model.cfg, 16, "float32")
+    src, segment = SharedPools.create(
+        layout, KVPools.sized(layout, 32, 1, torch.float32, device="meta").blocks, torch.float32
+    )
+    prefill(model, src, ["s"], [random_ids(9, model.cfg.vocab_size, seed=3)])
+    ref = publish(src, "s", "req-dead", "shm", store, ttl_s=30)
+    segment.close()
+    segment.unlink()  # the worker died and its segment was swept
+    with pytest.raises(LookupError, match="is gone"):
+        Receiver(store).receive(ref, pools_for(model.cfg, torch.float32, 32), "moved")
+
+
 def _decode_elsewhere(checkpoint, ref, redis_url, follow, out) -> None:
     """In a fresh process (CUDA IPC handles cannot be opened by their exporter): receive, decode."""
     model = load_model(checkpoint, device="cuda", progress=False)

@@ -62,16 +62,43 @@ def test_sixteen_concurrent_streams_on_two_decode_workers(stack, reference):
     assert len(workers) == 2
 
 
+@pytest.mark.slow
+def test_256_concurrent_streams_each_complete_or_get_429(stack):
+    import asyncio
+
+    async def one(client: httpx.AsyncClient, i: int) -> str:
+        body = {"model": MODEL, "prompt": prompt_ids(i % 8), "max_tokens": 4, "ignore_eos": True, "stream": True}
+        async with client.stream("POST", f"{stack.url}/v1/completions", json=body) as r:
+            lines = [line async for line in r.aiter_lines()]
+        if r.status_code == 429:
+            return "refused" if r.headers["retry-after"] and '"rate_limit_error"' in "".join(lines) else "?"
+        data = [line for line in lines if line.startswith("data:")]
+        final = json.loads(data[-2][5:])
+        return "completed" if data[-1] == "data: [DONE]" and final["choices"][0]["finish_reason"] else str(final)
+
+    async def run() -> list[str]:  # bounded: keep-alives would hold a stuck stream open forever
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=300), timeout=300) as client:
+            return await asyncio.wait_for(asyncio.gather(*(one(client, i) for i in range(256))), 240)
+
+    outcomes = asyncio.run(run())
+    assert set(outcomes) <= {"completed", "refused"}, [o for o in outcomes if o not in ("completed", "refused")]
+    assert outcomes.count("completed") >= 16
+
+
 def test_resume_with_last_event_id_gives_exactly_the_rest(stack):
     body = chat("resume me", max_tokens=20, ignore_eos=True, stream=True)
     with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=60) as r:
-        rid = r.headers["x-request-id"]
+        rid, token = r.headers["x-request-id"], r.headers["x-resume-token"]
         events = [(i, d) for i, d in sse_events(r)]
     full = {i: d for i, d in events if i}
     ids = list(full)
     cut = ids[len(ids) // 2]
     resumed = []
-    with httpx.stream("GET", f"{stack.url}/v1/requests/{rid}/stream", headers={"Last-Event-ID": cut}, timeout=60) as r:
+    url = f"{stack.url}/v1/requests/{rid}/stream"
+    for stranger in ({}, {"X-Resume-Token": "guess"}):  # the id alone (it is in every log) reads nothing
+        refused = httpx.get(url, headers={"Last-Event-ID": "0-0", **stranger}, timeout=10)
+        assert refused.status_code == 404 and refused.json()["error"]["type"] == "not_found_error"
+    with httpx.stream("GET", url, headers={"Last-Event-ID": cut, "X-Resume-Token": token}, timeout=60) as r:
         for event_id, data in sse_events(r):
             if data == "[DONE]":
                 break
@@ -84,15 +111,18 @@ def test_resume_in_flight_after_a_disconnect(stack):
     body = chat("keep going", max_tokens=400, ignore_eos=True, stream=True)
     seen = []
     with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=60) as r:
-        rid = r.headers["x-request-id"]
+        rid, token = r.headers["x-request-id"], r.headers["x-resume-token"]
         for event_id, _ in sse_events(r):
             if event_id:
                 seen.append(event_id)
             if len(seen) == 3:
                 break  # the client drops the connection mid-stream ...
-    rest = []  # ... and reconnects at once, inside the grace period
+    rest = []  # ... and reconnects at once, inside the grace period (as EventSource does: token in the query)
     with httpx.stream(
-        "GET", f"{stack.url}/v1/requests/{rid}/stream", headers={"Last-Event-ID": seen[-1]}, timeout=120
+        "GET",
+        f"{stack.url}/v1/requests/{rid}/stream?resume_token={token}",
+        headers={"Last-Event-ID": seen[-1]},
+        timeout=120,
     ) as r:
         for event_id, data in sse_events(r):
             if data == "[DONE]":
@@ -109,6 +139,8 @@ def test_resume_in_flight_after_a_disconnect(stack):
         (chat("x", model="other"), 400, "model"),
         (chat("x", temperature=5), 400, "temperature"),
         (chat("x", max_tokens=0), 400, "max_tokens"),
+        (chat("x", max_tokens="4"), 400, "max_tokens"),  # strict types: no coercion
+        (chat("x", stream="yes"), 400, "stream"),
         (chat("x", max_tokens=100_000), 400, "max_tokens"),
         (chat("x", n=9), 400, "n"),
         ({"model": MODEL, "prompt": ["a"] * 33}, 400, "prompt"),
@@ -166,6 +198,32 @@ def test_malformed_and_oversized_bodies(stack):
         f"{stack.url}/v1/chat/completions", content=big, timeout=30, headers={"content-type": "application/json"}
     )
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    chunked = httpx.post(  # no Content-Length: the limit holds on the bytes as they come
+        f"{stack.url}/v1/chat/completions",
+        content=iter([big[:40_000], big[40_000:]]),
+        timeout=30,
+        headers={"content-type": "application/json"},
+    )
+    assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "body_too_large"
+
+
+def test_stream_usage_follows_stream_options(stack):
+    body = chat("count", max_tokens=3, ignore_eos=True)
+    assert stream_text(f"{stack.url}/v1/chat/completions", body)[2]["usage"]["completion_tokens"] == 3
+    off = {**body, "stream_options": {"include_usage": False}}
+    assert "usage" not in stream_text(f"{stack.url}/v1/chat/completions", off)[2]
+
+
+def test_non_streamed_requests_record_time_to_first_token(stack):
+    def count() -> float:
+        text = httpx.get(f"{stack.url}/metrics").text
+        line = next(x for x in text.splitlines() if x.startswith("dayzero_time_to_first_token_seconds_count"))
+        return float(line.split()[-1])
+
+    before = count()
+    body = chat("time me", max_tokens=3, ignore_eos=True)
+    assert httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+    assert count() == before + 1
 
 
 def test_models_health_ready_metrics_and_openapi(stack):

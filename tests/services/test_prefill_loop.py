@@ -105,3 +105,26 @@ def test_identical_prompts_in_a_batch_are_prefilled_once_and_continue_alike(demo
     got = [decode(model, runtime.pools, [rid], [firsts[rid]])[0] for rid in ("n0", "n1", "n2")]
     assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])  # the copies hold the same state
     assert (got[0] - want).abs().max().item() < 1e-5  # ... that of a prefill of its own (other batch shapes)
+
+
+def test_a_request_cancelled_while_it_waits_for_decode_frees_its_blocks_at_once(demo_dir, redis_url):
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff_timeout_s=600)
+    runtime = Runtime.load(settings, "prefill3@test", "prefill", False)
+    sent: list[DecodeJob] = []
+    loop = PrefillLoop(runtime, sent.append)  # nobody takes the handoff: decode is busy
+    store = Store.connect(redis_url)
+    request = GenerationRequest(
+        request_id="waits", prompt_ids=(0, 5, 6, 7, 8), sampling=SamplingSpec(max_tokens=4), created=time.time()
+    )
+    store.register(request)
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    try:
+        assert loop.intake.submit(PrefillJob(request=request)).done.wait(30)
+        assert len(sent) == 1 and "waits" in runtime.pools.sequences  # leased to decode for up to 600 s
+        store.cancel("waits")  # the client left while the request waited for decode
+        deadline = time.time() + 10
+        while "waits" in runtime.pools.sequences and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        loop.stop.set()
+    assert "waits" not in runtime.pools.sequences

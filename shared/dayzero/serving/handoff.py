@@ -121,7 +121,10 @@ class Receiver:
     def _attach(self, ref: StateRef, dst: KVPools) -> KVPools:
         if ref.transport == "cuda_ipc":
             return CudaSharedPools.attach(ref.location, dst.layout, ref.pool_blocks, dst.dtype)
-        pools, segment = SharedPools.attach(ref.location, dst.layout, ref.pool_blocks, dst.dtype)
+        try:
+            pools, segment = SharedPools.attach(ref.location, dst.layout, ref.pool_blocks, dst.dtype)
+        except FileNotFoundError as exc:  # its prefill worker died (and the segment was swept)
+            raise LookupError(f"prefill's pool segment {ref.location} is gone") from exc
         self._segments.append(segment)  # keeps the mapping open
         return pools
 

@@ -146,12 +146,16 @@ class Store:
         self.r.delete(f"{P}handoff:{request_id}")
 
     def handoffs_open(self, request_ids: list[str]) -> set[str]:
+        """Those whose prefill blocks decode may still take: offered, not taken, not expired, not
+        cancelled (a request cancelled while it waits for decode frees its blocks at once)."""
         if not request_ids:
             return set()
         pipe = self.r.pipeline()
         for rid in request_ids:
             pipe.exists(f"{P}handoff:{rid}")
-        return {rid for rid, open_ in zip(request_ids, pipe.execute(), strict=True) if open_}
+            pipe.exists(f"{P}cancel:{rid}")
+        replies = pipe.execute()
+        return {rid for i, rid in enumerate(request_ids) if replies[2 * i] and not replies[2 * i + 1]}
 
     def cancel(self, request_id: str) -> None:
         self.r.set(f"{P}cancel:{request_id}", 1, ex=self.stream_ttl_s)

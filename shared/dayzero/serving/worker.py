@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +52,7 @@ class StageWorker:
         self.runtime: Runtime | None = None
         self._ready = threading.Event()
         signals.worker_init.connect(exit_on_failure(self._start, stage), weak=False)
+        signals.worker_shutting_down.connect(self._exit_soon, weak=False)
         signals.worker_shutdown.connect(self._stop, weak=False)
 
     def _start(self, sender: object = None, **_: object) -> None:
@@ -64,6 +66,20 @@ class StageWorker:
         threading.Thread(target=self.loop.run_forever, name=f"{self.stage}-loop", daemon=True).start()
         self._ready.set()
         log.info("%s ready", self.runtime.name)
+
+    def _exit_soon(self, **_: object) -> None:
+        """SIGTERM: Celery's warm shutdown waits for running tasks (whole generations) and, with
+        Redis down, for a reconnect that may never come; end the process after the grace period
+        whatever it waits for (unfinished requests' leases lapse and the reaper re-runs them)."""
+
+        def exit_later() -> None:
+            time.sleep(self.settings.shutdown_grace_s)
+            log.warning("%s still stopping after %.0f s; exiting", self.stage, self.settings.shutdown_grace_s)
+            self._stop()
+            logging.shutdown()
+            os._exit(0)
+
+        threading.Thread(target=exit_later, name="exit-watchdog", daemon=True).start()
 
     def _stop(self, **_: object) -> None:
         if self.loop is not None:

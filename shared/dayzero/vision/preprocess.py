@@ -86,21 +86,25 @@ def _fetch(url: str, limits: ImageLimits) -> bytes:
         raise ImageError(f"fetching the image failed: {exc}") from exc
 
 
-def decode(data: bytes, limits: ImageLimits) -> Image.Image:
-    """Bytes -> RGB image: size checked before decoding, EXIF orientation applied, alpha on white."""
+def _open(data: bytes, limits: ImageLimits) -> Image.Image:
+    """Pillow's lazy open: the format and size from the header; no pixel data decoded yet."""
     if len(data) > limits.max_bytes:
         raise ImageError(f"image larger than {limits.max_bytes} bytes")
+    image = Image.open(io.BytesIO(data))
+    if image.format not in FORMATS:
+        raise ImageError(f"unsupported image format {image.format}; use PNG, JPEG, WebP or GIF")
+    width, height = image.size
+    if width * height > limits.max_pixels:
+        raise ImageError(f"image of {width}x{height} pixels exceeds the limit of {limits.max_pixels}")
+    return image
+
+
+def _guarded(read, limits: ImageLimits):
+    """Run ``read`` with every Pillow failure (bombs, corrupt data) as an ImageError."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-            if image.format not in FORMATS:
-                raise ImageError(f"unsupported image format {image.format}; use PNG, JPEG, WebP or GIF")
-            width, height = image.size
-            if width * height > limits.max_pixels:
-                raise ImageError(f"image of {width}x{height} pixels exceeds the limit of {limits.max_pixels}")
-            image.seek(0)  # GIF: the first frame
-            image.load()
+            return read()
     except ImageError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -112,7 +116,23 @@ def decode(data: bytes, limits: ImageLimits) -> Image.Image:
         raise ImageError(f"not a readable image: {exc}") from exc
     except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt data
         raise ImageError(f"corrupt or truncated image: {exc}") from exc
-    image = ImageOps.exif_transpose(image)
+
+
+def probe(data: bytes, limits: ImageLimits) -> tuple[int, int]:
+    """(width, height) from the image's header alone, with the byte, format and pixel limits checked."""
+    return _guarded(lambda: _open(data, limits).size, limits)
+
+
+def decode(data: bytes, limits: ImageLimits) -> Image.Image:
+    """Bytes -> RGB image: size checked before decoding, EXIF orientation applied, alpha on white."""
+
+    def load() -> Image.Image:
+        image = _open(data, limits)
+        image.seek(0)  # GIF: the first frame
+        image.load()
+        return image
+
+    image = ImageOps.exif_transpose(_guarded(load, limits))
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         rgba = image.convert("RGBA")
         return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")

@@ -1,0 +1,44 @@
+"""Who may read a request's stream: the API key that created it, or (without keys) whoever
+holds the resume token handed out with the response (``X-Resume-Token``; a browser's
+EventSource, which cannot send headers, passes it as ``?resume_token=``). Redis keeps only
+a digest of either, under ``dz:access:{id}``."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from fastapi import Request
+
+from .bus import access_key
+from .context import Gateway
+
+TOKEN_HEADER = "X-Resume-Token"
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _bearer(http: Request) -> str:
+    return (http.headers.get("authorization") or "").removeprefix("Bearer ").strip()
+
+
+def credential(gw: Gateway, http: Request) -> tuple[str, dict[str, str]]:
+    """The digest new requests are bound to, and the headers that hand out a fresh token."""
+    if gw.settings.api_keys:
+        return _digest(_bearer(http)), {}
+    token = secrets.token_urlsafe(24)
+    return _digest(token), {TOKEN_HEADER: token}
+
+
+async def may_read(gw: Gateway, http: Request, request_id: str) -> bool:
+    stored = await gw.bus.r.get(access_key(request_id))
+    if stored is None:
+        return False
+    if gw.settings.api_keys:
+        offered = _bearer(http)
+    else:
+        offered = http.headers.get(TOKEN_HEADER) or http.query_params.get("resume_token") or ""
+    return hmac.compare_digest(stored.decode(), _digest(offered))

@@ -1,0 +1,84 @@
+"""How a request's stream ends: latency metrics on the way, and every end that is not a finish
+(a failure, a cancel, Redis lost, the server stopping) as an OpenAI-style error."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import anyio
+import redis
+
+from dayzero.serving.messages import GenerationRequest
+
+from .context import Gateway
+from .errors import APIError, error_body
+from .streams import Closed, Subscription, TokenEvent
+
+log = logging.getLogger("dayzero.gateway")
+
+
+@dataclass
+class Progress:
+    """How far one request's stream has come: latency metrics (streamed or not) and its end."""
+
+    gw: Gateway
+    request: GenerationRequest
+    last_at: float | None = None
+    over: bool = False  # finished, failed or cancelled: nothing left to cancel
+
+    def see(self, event: TokenEvent) -> None:
+        """Record ``event``; an end that is not a finish raises (APIError) after marking it over."""
+        now, metrics = time.time(), self.gw.metrics
+        if event.finish_reason in ("error", "cancelled"):
+            self.over = True
+            raise _failure(event)
+        if self.last_at is None and event.index == 0:
+            metrics.ttft.observe(now - self.request.created)
+        elif self.last_at is not None:
+            metrics.itl.observe(now - self.last_at)
+        self.last_at = now
+        if event.finish_reason:
+            self.over = True
+            metrics.finished.labels(event.finish_reason).inc()
+            metrics.e2e.observe(now - self.request.created)
+
+
+def _failure(event: TokenEvent) -> APIError:
+    if event.finish_reason == "error":
+        return APIError(500, event.error or "generation failed", "server_error", code="generation_failed")
+    message = "the request was cancelled before it finished"
+    return APIError(503, message, "service_unavailable", code="cancelled", headers={"Retry-After": "1"})
+
+
+def stream_error(exc: Exception) -> dict:
+    """The data of the error event that ends a stream abnormally."""
+    if isinstance(exc, APIError):
+        return error_body(exc.message, exc.type, exc.param, exc.code)
+    if isinstance(exc, redis.RedisError):
+        message = "the request queue became unavailable before the request finished; retry"
+        return error_body(message, "service_unavailable", code="queue_unavailable")
+    if isinstance(exc, Closed):
+        return error_body("the server is shutting down; retry", "service_unavailable", code="shutting_down")
+    log.error("stream failed", exc_info=exc)
+    return error_body("internal error", "server_error")
+
+
+@contextlib.asynccontextmanager
+async def closing(sub: Subscription, shutdown: anyio.Event | None) -> AsyncIterator[None]:
+    """End ``sub`` when the server starts shutting down (sse-starlette sets ``shutdown``)."""
+
+    async def relay() -> None:
+        await shutdown.wait()
+        sub.close(Closed())
+
+    task = asyncio.create_task(relay()) if shutdown is not None else None
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()

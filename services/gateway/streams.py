@@ -1,0 +1,153 @@
+"""Every open token stream of this gateway read over one Redis connection.
+
+One reader task issues a single ``XREAD BLOCK`` over all watched streams and hands each entry
+to its subscriber's queue, so open streams cost no connection each (redis-py's pool would run
+out long before the admission bound). A new subscriber wakes the blocked read by appending to
+this gateway's own wake stream, which every read includes. A lost connection ends every open
+subscription with the error (the stream's reader turns it into an error event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import redis
+import redis.asyncio as aioredis
+
+from dayzero.serving.store import P, stream_key
+
+log = logging.getLogger("dayzero.gateway")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    entry_id: str
+    index: int
+    token: int
+    text: str
+    finish_reason: str | None
+    usage: dict | None
+    error: str
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()
+    prompt: list | None = None  # [(logprob, [(token, logprob), ...]), ...] for prompt tokens 1..
+
+
+def parse(entry_id: str, fields: dict[bytes, bytes]) -> TokenEvent:
+    """One stream entry (fields as dayzero.serving.store's ``append`` writes them)."""
+    return TokenEvent(
+        entry_id,
+        int(fields[b"i"]),
+        int(fields[b"t"]),
+        fields[b"x"].decode(),
+        fields[b"f"].decode() if b"f" in fields else None,
+        json.loads(fields[b"u"]) if b"u" in fields else None,
+        fields.get(b"e", b"").decode(),
+        float(fields[b"l"]) if b"l" in fields else None,
+        tuple(map(tuple, json.loads(fields[b"k"]))) if b"k" in fields else (),
+        json.loads(fields[b"p"]) if b"p" in fields else None,
+    )
+
+
+def _order(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class Closed(Exception):
+    """The gateway is shutting down: the subscription ends (the stream says so)."""
+
+
+@dataclass(eq=False)
+class Subscription:
+    key: str
+    last: str  # entries after this id are delivered
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # TokenEvent | BaseException
+
+    async def next(self, timeout_s: float) -> TokenEvent | None:
+        """The next entry; None after ``timeout_s`` without one; raises what ended the stream."""
+        try:
+            item = await asyncio.wait_for(self.queue.get(), timeout_s)
+        except TimeoutError:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self, reason: BaseException) -> None:
+        self.queue.put_nowait(reason)
+
+
+class StreamHub:
+    """``reader``'s one connection blocks in XREAD; ``commands`` (a shared pool) sends the wake-ups."""
+
+    def __init__(self, url: str, commands: aioredis.Redis, block_ms: int = 5000) -> None:
+        self.r = aioredis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=None, max_connections=1)
+        self.commands, self.block_ms = commands, block_ms
+        self.wake_key = f"{P}wake:{uuid.uuid4().hex}"
+        self.subs: set[Subscription] = set()
+        self._reader: asyncio.Task | None = None
+
+    @property
+    def open(self) -> int:
+        return len(self.subs)
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, request_id: str, after: str = "0-0") -> AsyncIterator[Subscription]:
+        sub = Subscription(stream_key(request_id), after)
+        self.subs.add(sub)
+        try:
+            if self._reader is None or self._reader.done():
+                self._reader = asyncio.create_task(self._read_forever())
+            pipe = self.commands.pipeline(transaction=False)
+            pipe.xadd(self.wake_key, {"w": 1}, maxlen=16, approximate=True)  # the blocked read takes sub in
+            pipe.expire(self.wake_key, 3600)
+            await pipe.execute()
+            yield sub
+        finally:
+            self.subs.discard(sub)
+
+    async def _read_forever(self) -> None:
+        while self.subs:
+            try:
+                await self._read_once()
+            except redis.RedisError as exc:
+                log.warning("token streams lost redis: %s", exc)
+                for sub in list(self.subs):
+                    sub.close(exc)
+                self.subs.clear()
+                await self.r.connection_pool.disconnect()
+
+    async def _read_once(self) -> None:
+        wanted: dict[str, str] = {}
+        for sub in self.subs:  # one cursor per stream: the earliest any of its subscribers needs
+            if sub.key not in wanted or _order(sub.last) < _order(wanted[sub.key]):
+                wanted[sub.key] = sub.last
+        readers: dict[str, list[Subscription]] = {}
+        for sub in self.subs:
+            readers.setdefault(sub.key, []).append(sub)
+        reply = await self.r.xread({self.wake_key: "$", **wanted}, block=self.block_ms, count=64)
+        for raw_key, entries in reply or ():
+            for sub in readers.get(raw_key.decode(), ()):
+                for entry_id, fields in entries:
+                    entry = entry_id.decode()
+                    if _order(entry) > _order(sub.last):
+                        sub.last = entry
+                        sub.queue.put_nowait(parse(entry, fields))
+
+    async def close(self) -> None:
+        for sub in list(self.subs):
+            sub.close(Closed())
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, redis.RedisError):
+                await self._reader
+        with contextlib.suppress(redis.RedisError):
+            await self.commands.delete(self.wake_key)
+        await self.r.aclose()

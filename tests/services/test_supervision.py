@@ -1,0 +1,91 @@
+"""``dayzero up`` as an operator meets it: a port in use, a killed supervisor, a Redis crash
+under a stream, SIGINT to a background job. Real processes throughout."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+
+import httpx
+import psutil
+
+from dayzero.procs import free_port
+
+from .conftest import MODEL, up_process, wait_ready
+
+LONG = {"model": MODEL, "prompt": [0, 5, 6, 7], "max_tokens": 2000, "ignore_eos": True, "stream": True}
+
+
+def _data(response: httpx.Response, after=None) -> list:
+    """The ``data:`` payloads of a stream; ``after(n)`` runs once n payloads have come."""
+    out = []
+    for line in response.iter_lines():
+        if line.startswith("data:"):
+            payload = line[5:].strip()
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+            if after is not None:
+                after(len(out))
+    return out
+
+
+def _gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Those of ``procs`` still running after ``timeout_s`` (orphans are reaped: we are subreaper)."""
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_port_in_use_is_refused_at_start_naming_the_port(text_dir, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        up = up_process(text_dir, tmp_path, port)
+        _, err = up.communicate(timeout=60)
+    assert up.returncode == 1
+    assert err.strip().splitlines() == [
+        f"error: port {port} is already in use on 127.0.0.1; stop that process or pass --port"
+    ]
+    assert not (tmp_path / "gateway.log").exists()  # nothing was started
+
+
+def test_a_killed_supervisor_takes_every_child_with_it(text_dir, tmp_path):
+    port = free_port()
+    up = up_process(text_dir, tmp_path, port)
+    wait_ready(f"http://127.0.0.1:{port}", up)
+    children = psutil.Process(up.pid).children(recursive=True)
+    assert {p.name() for p in children} >= {"redis-server"} and len(children) >= 4  # + gateway, prefill, decode
+    up.kill()
+    up.wait()
+    assert _gone(children, 5) == []
+    up.stderr.close()
+
+
+def test_redis_crash_mid_stream_then_sigint_to_a_background_supervisor(text_dir, tmp_path):
+    """A stream that loses Redis ends with an error event and [DONE]; the supervisor restarts
+    Redis and the stack serves again; SIGINT (ignored by inheritance, as in a background job)
+    still stops it in order: the open stream ends with a shutdown error, nothing is killed."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    ignore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731
+    up = up_process(text_dir, tmp_path, port, preexec_fn=ignore_sigint)
+    wait_ready(url, up)
+    redis_server = next(p for p in psutil.Process(up.pid).children() if p.name() == "redis-server")
+    kill_redis = lambda n: n == 3 and redis_server.kill()  # noqa: E731
+    with httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=60) as r:
+        lost = _data(r, kill_redis)
+    assert lost[-1] == "[DONE]" and lost[-2]["error"]["code"] == "queue_unavailable"
+    assert set(lost[-2]["error"]) == {"message", "type", "param", "code"}
+    wait_ready(url, up, 120)  # a new Redis on the same port; the gateway and workers reconnect
+    after = {**LONG, "stream": False, "max_tokens": 4}
+    served = httpx.post(f"{url}/v1/completions", json=after, timeout=120)
+    assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 4
+    children = psutil.Process(up.pid).children(recursive=True)
+    with httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=60) as r:
+        ended = _data(r, lambda n: n == 3 and up.send_signal(signal.SIGINT))
+    assert ended[-1] == "[DONE]" and ended[-2]["error"]["code"] == "shutting_down"
+    _, err = up.communicate(timeout=60)
+    assert up.returncode == 0, err[-2000:]
+    assert "redis exited; restarted" in err and "stopping: gateway, then workers, then redis" in err
+    assert "killed" not in err  # every child honoured SIGTERM
+    assert _gone(children, 5) == []
