@@ -128,3 +128,35 @@ def test_a_request_cancelled_while_it_waits_for_decode_frees_its_blocks_at_once(
     finally:
         loop.stop.set()
     assert "waits" not in runtime.pools.sequences
+
+
+def test_leases_live_until_each_request_of_a_slow_batch_is_handed_on(demo_dir, redis_url, monkeypatch):
+    """A batch whose handoffs take longer than a lease: every request is still leased to this worker
+    when its turn comes (a lapsed lease lets the reaper re-run a request being handed to decode)."""
+    import dayzero.serving.prefill_loop as prefill_loop
+
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, lease_s=0.3)
+    runtime = Runtime.load(settings, "prefill3@test", "prefill", False)
+    store, owners, real_publish = Store.connect(redis_url), {}, prefill_loop.publish
+
+    def slow_publish(pools, seq_id, request_id, *args):
+        owners[request_id] = store.owner(request_id)
+        time.sleep(0.25)  # a slow handoff: six of them outlast the lease several times over
+        return real_publish(pools, seq_id, request_id, *args)
+
+    monkeypatch.setattr(prefill_loop, "publish", slow_publish)
+    loop = PrefillLoop(runtime, lambda job: None)
+    tickets = []
+    for i in range(6):
+        request = GenerationRequest(
+            request_id=f"slow{i}", prompt_ids=(0, 5 + i, 6, 7), sampling=SamplingSpec(max_tokens=4), created=time.time()
+        )
+        store.register(request)
+        tickets.append(loop.intake.submit(PrefillJob(request=request)))
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    try:
+        assert all(t.done.wait(60) for t in tickets)
+    finally:
+        loop.stop.set()
+    assert owners == {f"slow{i}": runtime.name for i in range(6)}
+    assert all(store.owner(f"slow{i}") == "handoff" for i in range(6))  # no late beat overwrote a handoff lease

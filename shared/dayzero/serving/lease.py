@@ -13,19 +13,29 @@ log = logging.getLogger("dayzero.lease")
 
 
 class Heartbeat:
-    """Refreshes the leases of ``ids`` (owned by ``owner``) until the block ends."""
+    """Refreshes the leases of ``ids`` (owned by ``owner``) until the block ends, or until a request
+    is ``release``d from it (its lease is about to change hands)."""
 
     def __init__(self, store: Store, ids: list[str], owner: str, lease_s: float) -> None:
-        self._store, self._ids, self._owner, self._lease_s = store, ids, owner, lease_s
+        self._store, self._ids, self._owner, self._lease_s = store, list(ids), owner, lease_s
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # a beat in flight finishes before a release returns
         self._thread = threading.Thread(target=self._beat, daemon=True)
 
     def _beat(self) -> None:
         while not self._stop.wait(self._lease_s / 3):
-            try:
-                self._store.heartbeat(self._ids, self._owner, self._lease_s)
-            except redis.RedisError:
-                log.warning("heartbeat failed; retrying")
+            with self._lock:
+                try:
+                    self._store.heartbeat(self._ids, self._owner, self._lease_s)
+                except redis.RedisError:
+                    log.warning("heartbeat failed; retrying")
+
+    def release(self, request_id: str) -> None:
+        """No more beats for ``request_id``: none in flight can overwrite what its owner writes next
+        (a handoff lease, its end)."""
+        with self._lock:
+            if request_id in self._ids:
+                self._ids.remove(request_id)
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()

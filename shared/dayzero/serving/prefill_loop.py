@@ -156,17 +156,20 @@ class PrefillLoop:
             for i, t in enumerate(batch)
             if t.job.request.prompt_logprobs is not None and not t.job.generated
         }
-        with Heartbeat(self.r.store, ids, self.r.name, settings.lease_s):
-            logits = self._forward(ids, prompts, embeds, echo)
         limit = context_limit(model.cfg, settings.max_context)
-        for i, ticket in enumerate(batch):
-            with trace.use_span(spans[i], end_on_exit=True):
-                try:
-                    self._emit(ticket, logits[i], limit, echo[i].scores if i in echo else None)
-                except redis.RedisError:
-                    raise
-                except Exception as exc:  # this request's own sampling or handoff: it fails alone
-                    self._fail_one(ticket, exc)
+        # the leases live until each request is handed on: a slow emit of a large batch must not let
+        # the last ones lapse (the reaper would re-run a request that is being handed to decode)
+        with Heartbeat(self.r.store, ids, self.r.name, settings.lease_s) as beat:
+            logits = self._forward(ids, prompts, embeds, echo)
+            for i, ticket in enumerate(batch):
+                beat.release(ids[i])
+                with trace.use_span(spans[i], end_on_exit=True):
+                    try:
+                        self._emit(ticket, logits[i], limit, echo[i].scores if i in echo else None)
+                    except redis.RedisError:
+                        raise
+                    except Exception as exc:  # this request's own sampling or handoff: it fails alone
+                        self._fail_one(ticket, exc)
 
     def _fail_one(self, ticket: Ticket[PrefillJob], exc: Exception) -> None:
         rid = ticket.job.request.request_id
