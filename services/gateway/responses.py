@@ -121,8 +121,9 @@ async def _chunks(
             yield ServerSentEvent(id=event.entry_id, data=json.dumps(chunk))
             return
         held.append(event)
-        if event.text:
-            yield ServerSentEvent(id=event.entry_id, data=json.dumps(shape.chunk(event.text, None, tokens=held)))
+        chunk = shape.chunk(event.text, None, tokens=held) if event.text else None
+        if chunk is not None:  # None: the text is held (inside a tool call, a tag cut midway)
+            yield ServerSentEvent(id=event.entry_id, data=json.dumps(chunk))
             held = []
 
 

@@ -236,7 +236,7 @@ def test_a_streamed_tool_call_resumed_midway_equals_the_body(stack):
     (call,) = _post(stack, "/v1/chat/completions", body).json()["choices"][0]["message"]["tool_calls"]
     seen, last = [], None
     with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
-        rid = r.headers["x-request-id"]
+        rid, token = r.headers["x-request-id"], r.headers["x-resume-token"]
         for event_id, data in sse_events(r):
             seen.append(data)
             if event_id and "tool_calls" in data["choices"][0]["delta"]:
@@ -244,8 +244,12 @@ def test_a_streamed_tool_call_resumed_midway_equals_the_body(stack):
                 break
     rest = []
     with httpx.stream(
-        "GET", f"{stack.url}/v1/requests/{rid}/stream", headers={"Last-Event-ID": last}, timeout=300
+        "GET",
+        f"{stack.url}/v1/requests/{rid}/stream",
+        headers={"Last-Event-ID": last, "X-Resume-Token": token},
+        timeout=300,
     ) as r:
+        assert r.status_code == 200
         rest = [data for _, data in sse_events(r) if data != "[DONE]"]
     assert _accumulate(seen)[0] == {0: {"name": "get_weather", "arguments": ""}}  # left inside the call
     calls, finish = _accumulate(seen + rest)
