@@ -78,13 +78,14 @@ class PrefillLoop:
             self.r.pools.release(ticket.job.request.request_id)
         self.pending[:0] = unsettled
 
-    def _settle(self, ticket: Ticket[PrefillJob], reason: str, message: str = "") -> None:
-        """End a request without handing it to decode (freeing its parked image embeddings)."""
+    def _settle(self, ticket: Ticket[PrefillJob], reason: str, message: str = "", index: int | None = None) -> None:
+        """End a request without handing it to decode (freeing its parked image embeddings); its
+        stream closes at ``index`` (default: after the tokens it came with)."""
         job, store = ticket.job, self.r.store
         rid = job.request.request_id
         if job.embeddings is not None:
             discard_tensor(job.embeddings, store)
-        store.end(rid, len(store.streamed_tokens(rid)) if reason == "error" else len(job.generated), reason, message)
+        store.end(rid, len(job.generated) if index is None else index, reason, message)
         store.finish(rid, reason)
         ticket.done.set()
 
@@ -177,7 +178,8 @@ class PrefillLoop:
         self.r.stats.call("prefill", failed=True)
         self.handed_off.discard(rid)
         self.r.pools.release(rid)
-        self._settle(ticket, "error", f"failed after prefill: {type(exc).__name__}")
+        streamed = len(self.r.store.streamed_tokens(rid))  # its first token may have gone out already
+        self._settle(ticket, "error", f"failed after prefill: {type(exc).__name__}", streamed)
 
     def _forward(
         self,
