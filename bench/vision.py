@@ -10,7 +10,8 @@ import torch
 from PIL import Image
 from timing import median_seconds
 
-from dayzero.vision.preprocess import PatchSpec, process
+from dayzero.vision.images import PatchSpec
+from dayzero.vision.preprocess import process
 from dayzero.vision.tower import VisionConfig, VisionTower, encode
 
 CONFIG = dict(

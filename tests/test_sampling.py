@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dayzero.sampling import SamplingParams, sample
+from dayzero.params import MIN_TOP_P, SamplingParams
+from dayzero.sampling import sample
 
 
 def _logits() -> torch.Tensor:
@@ -41,14 +42,6 @@ def test_sampling_frequencies_follow_softmax():
 
 
 @pytest.mark.parametrize(
-    "bad", [dict(max_tokens=0), dict(temperature=-1.0), dict(top_p=0.0), dict(top_k=-1), dict(stop=("",))]
-)
-def test_invalid_parameters_are_refused(bad):
-    with pytest.raises(ValueError):
-        SamplingParams(**bad)
-
-
-@pytest.mark.parametrize(
     ("counts", "presence", "frequency", "expected"),
     [
         ({1: 1}, 0.2, 0.0, 2),  # 3.0 - 0.2 = 2.8 < 2.9
@@ -63,17 +56,7 @@ def test_penalties_subtract_presence_once_and_frequency_per_occurrence(counts, p
     assert sample(_logits(), params, None, counts) == expected
 
 
-@pytest.mark.parametrize("bad", [dict(presence_penalty=2.5), dict(frequency_penalty=-2.1)])
-def test_penalties_out_of_range_are_refused(bad):
-    with pytest.raises(ValueError):
-        SamplingParams(**bad)
-
-
-def test_a_top_p_below_float32_resolution_still_keeps_the_best_token():
-    import torch
-
-    from dayzero.sampling import SamplingParams, sample
-
+def test_the_smallest_top_p_allowed_keeps_the_best_token():
     logits = torch.tensor([0.0, 3.0, 1.0])
-    params = SamplingParams(max_tokens=1, temperature=1.0, top_p=1.9e-220)  # rounds to 0.0 in float32
+    params = SamplingParams(max_tokens=1, temperature=1.0, top_p=MIN_TOP_P)
     assert sample(logits, params, torch.Generator().manual_seed(0)) == 1

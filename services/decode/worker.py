@@ -3,17 +3,21 @@ its ack until the request finishes, so a dead worker's requests come back."""
 
 from __future__ import annotations
 
+from celery import Celery
+
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.messages import DecodeJob
 from dayzero.serving.queue import TASKS, make_celery
-from dayzero.serving.worker import StageWorker
+from dayzero.serving.worker import StageWorker, loop_stage
 from dayzero.settings import Settings
 
-settings = Settings()
-app = make_celery(settings)
-stage = StageWorker(app, settings, "decode", lambda runtime, _celery: DecodeLoop(runtime), shared_pools=False)
 
+def make_worker(settings: Settings) -> Celery:
+    app = make_celery(settings)
+    stage = StageWorker(settings, "decode", loop_stage("decode", settings, False, DecodeLoop))
 
-@app.task(name=TASKS["decode"])
-def decode(job_json: str) -> None:
-    stage.run(DecodeJob.model_validate_json(job_json))
+    @app.task(name=TASKS["decode"])
+    def decode(job_json: str) -> None:
+        stage.run(DecodeJob.model_validate_json(job_json))
+
+    return app

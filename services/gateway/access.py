@@ -11,7 +11,6 @@ import secrets
 
 from fastapi import Request
 
-from .bus import access_key
 from .context import Gateway
 
 TOKEN_HEADER = "X-Resume-Token"
@@ -34,7 +33,7 @@ def credential(gw: Gateway, http: Request) -> tuple[str, dict[str, str]]:
 
 
 async def may_read(gw: Gateway, http: Request, request_id: str) -> bool:
-    stored = await gw.bus.r.get(access_key(request_id))
+    stored = await gw.bus.watching.reader(request_id)
     if stored is None:
         return False
     if gw.settings.api_keys:

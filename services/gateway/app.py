@@ -19,7 +19,6 @@ from dayzero.serving.messages import PrefillJob
 from dayzero.serving.metrics import QueueDepthCollector, SnapshotCollector
 from dayzero.serving.queue import STAGES, TASKS, make_celery
 from dayzero.serving.reaper import sweep
-from dayzero.serving.runtime import checkpoint_path
 from dayzero.settings import Settings
 from dayzero.telemetry import setup_tracing
 from dayzero.tokenizer import load_codec
@@ -62,9 +61,9 @@ def _name_models_in_schema(app: FastAPI, names: list[str]) -> None:
     app.openapi = openapi
 
 
-def create_app(settings: Settings) -> FastAPI:
+def make_app(settings: Settings) -> FastAPI:
     setup_tracing(settings, "gateway")
-    path = checkpoint_path(settings)
+    path = settings.checkpoint_dir()
     cfg = ModelConfig.from_file(path)
 
     @contextlib.asynccontextmanager
@@ -84,8 +83,8 @@ def create_app(settings: Settings) -> FastAPI:
         else:
             log.warning("%s has no tokenizer.json: serving token-id prompts only", path)
         app.state.gateway = gw
-        gw.metrics.registry.register(SnapshotCollector(gw.bus.store.snapshots))  # the workers, one scrape
-        gw.metrics.registry.register(QueueDepthCollector(lambda: gw.bus.store.queue_depths(STAGES)))
+        gw.metrics.registry.register(SnapshotCollector(gw.bus.registry.snapshots))  # the workers, one scrape
+        gw.metrics.registry.register(QueueDepthCollector(lambda: gw.bus.registry.queue_depths(STAGES)))
         if not settings.api_keys:
             log.warning("no API key configured (DAYZERO_API_KEYS): the gateway accepts every request")
         reaper = asyncio.create_task(_reaper(gw))
@@ -128,7 +127,7 @@ def create_app(settings: Settings) -> FastAPI:
         body = {"ready": not missing, "workers": workers}
         if missing:
             body["reason"] = f"no live worker for {', '.join(missing)}"
-            loading = await run_in_threadpool(gw.bus.store.loading_workers)
+            loading = await run_in_threadpool(gw.bus.registry.loading_workers)
             if loading:  # a long start: say how far the workers' weights have come
                 body["loading"] = {worker: p["percent"] for worker, p in loading.items()}
                 progress = ", ".join(f"{w} {percent}%" for w, percent in body["loading"].items())

@@ -10,20 +10,14 @@ import redis.asyncio as aioredis
 from celery import Celery
 from starlette.concurrency import run_in_threadpool
 
+from dayzero.serving.lifecycle import Lifecycle, Watching
 from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.queue import TASKS
-from dayzero.serving.store import P, Store
+from dayzero.serving.registry import Registry
 from dayzero.settings import Settings
 from dayzero.telemetry import carrier
 
-from .streams import StreamHub, TokenEvent
-
-__all__ = ["Bus", "TokenEvent"]
-
-
-def access_key(request_id: str) -> str:
-    """Digest of the API key or resume token that may read the request's stream."""
-    return f"{P}access:{request_id}"
+from .streams import StreamHub
 
 
 class Bus:
@@ -35,7 +29,9 @@ class Bus:
         )
         self.r = aioredis.Redis(connection_pool=pool)
         self.hub = StreamHub(settings.redis_url, self.r, block_ms=int(settings.keepalive_s * 1000))
-        self.store = Store.connect(settings.redis_url, settings.stream_ttl_s)  # sync, for the thread pool
+        self.watching = Watching(self.r, settings.stream_ttl_s)
+        self.store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)  # sync, for the thread pool
+        self.registry = Registry(self.store.r)
         self._cancels: dict[str, asyncio.Task] = {}
 
     async def queue_depth(self, stage: str) -> int:
@@ -46,9 +42,7 @@ class Bus:
         it: vision first when it has images."""
 
         def enqueue() -> None:
-            self.store.register(request, images)
-            self.store.r.set(access_key(request.request_id), owner, ex=self.settings.stream_ttl_s * 4)
-            self.store.mark_queued(request.request_id, self.settings.visibility_timeout_s)
+            self.store.admit(request, images, owner, self.settings.visibility_timeout_s)
             job = PrefillJob(request=request, trace=carrier())
             self.celery.send_task(TASKS["vision" if images else "prefill"], args=[job.model_dump_json()])
 
@@ -59,17 +53,10 @@ class Bus:
         ms, _, seq = entry.partition("-")
         return ms.isdigit() and seq.isdigit() and len(entry) < 40
 
-    async def known(self, request_id: str) -> bool:
-        return bool(await self.r.exists(f"{P}req:{request_id}"))
-
     # -- watchers and cancellation ---------------------------------------------------------------------
-    async def watch(self, request_id: str) -> None:
-        await self.r.incr(f"{P}watchers:{request_id}")
-        await self.r.expire(f"{P}watchers:{request_id}", self.settings.stream_ttl_s)
-
     async def unwatch(self, request_id: str, finished: bool) -> None:
         """A client went away: cancel after the grace period unless another client is watching."""
-        left = await self.r.decr(f"{P}watchers:{request_id}")
+        left = await self.watching.unwatch(request_id)
         if finished or left > 0:
             return
         task = asyncio.create_task(self._cancel_later(request_id))
@@ -79,15 +66,13 @@ class Bus:
     async def _cancel_later(self, request_id: str) -> None:
         with contextlib.suppress(asyncio.CancelledError):  # cancelled: the gateway stops, decide now
             await asyncio.sleep(self.settings.disconnect_grace_s)
-        watchers = await self.r.get(f"{P}watchers:{request_id}")
-        if int(watchers or 0) <= 0 and not await self.r.exists(f"{P}done:{request_id}"):
-            await self.r.set(f"{P}cancel:{request_id}", 1, ex=self.settings.stream_ttl_s)
+        await self.watching.cancel_unwatched(request_id)
 
     # -- readiness -------------------------------------------------------------------------------------
     async def ready(self, extra_stages: tuple[str, ...] = ()) -> dict[str, int]:
         await self.r.ping()
         return {
-            stage: len(await run_in_threadpool(self.store.live_workers, stage, 3 * self.settings.lease_s + 2))
+            stage: len(await run_in_threadpool(self.registry.live_workers, stage, 3 * self.settings.lease_s + 2))
             for stage in (*extra_stages, "prefill", "decode")
         }
 

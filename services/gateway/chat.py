@@ -6,7 +6,7 @@ from __future__ import annotations
 from dayzero.chat.encoding import ChatOptions
 from dayzero.chat.grammar import dsml_symbol, json_grammar, tool_calls_grammar
 from dayzero.chat.tokens import DSML, END_THINK
-from dayzero.serving.messages import GrammarSpec
+from dayzero.params import Grammar
 
 from .chat_schemas import ChatPrompt, NamedToolChoice
 from .context import Gateway
@@ -28,7 +28,7 @@ def chat_prompt(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
     return ids, prompt
 
 
-def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> GrammarSpec | None:
+def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | None:
     """What constrained decoding enforces: a call (tool_choice required or named), else a JSON
     reply (response_format json_object / json_schema); in thinking mode only after ``</think>``."""
     choice = getattr(body, "tool_choice", None)
@@ -48,4 +48,4 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> GrammarSpec 
     failed, problems = llguidance.LLMatcher.validate_grammar_with_warnings(lark, gw.codec.guidance)
     if failed:
         raise APIError(400, f"cannot enforce this schema: {problems[0] if problems else 'invalid'}", param=param)
-    return GrammarSpec(lark=lark, after=after)
+    return Grammar(lark, after)

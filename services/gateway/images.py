@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dayzero.chat.tokens import IMAGE
-from dayzero.vision.encoder import expand
-from dayzero.vision.preprocess import ImageError, ImageLimits, PatchSpec, decode, image_bytes, probe, target_size
+from dayzero.vision.images import ImageError, ImageLimits, PatchSpec, decode, expand, image_bytes, probe, target_size
 
 from .chat_schemas import Message
 from .errors import APIError

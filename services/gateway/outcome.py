@@ -14,10 +14,11 @@ import anyio
 import redis
 
 from dayzero.serving.messages import GenerationRequest
+from dayzero.serving.records import Token
 
 from .context import Gateway
 from .errors import APIError, error_body
-from .streams import Closed, Subscription, TokenEvent
+from .streams import Closed, Subscription
 
 log = logging.getLogger("dayzero.gateway")
 
@@ -31,7 +32,7 @@ class Progress:
     last_at: float | None = None
     over: bool = False  # finished, failed or cancelled: nothing left to cancel
 
-    def see(self, event: TokenEvent) -> None:
+    def see(self, event: Token) -> None:
         """Record ``event``; an end that is not a finish raises (APIError) after marking it over."""
         now, metrics = time.time(), self.gw.metrics
         if event.finish_reason in ("error", "cancelled"):
@@ -48,7 +49,7 @@ class Progress:
             metrics.e2e.observe(now - self.request.created)
 
 
-def _failure(event: TokenEvent) -> APIError:
+def _failure(event: Token) -> APIError:
     if event.finish_reason == "error":
         return APIError(500, event.error or "generation failed", "server_error", code="generation_failed")
     message = "the request was cancelled before it finished"

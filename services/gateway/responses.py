@@ -16,6 +16,7 @@ from opentelemetry import trace
 from sse_starlette.sse import AppStatus, EventSourceResponse, ServerSentEvent
 
 from dayzero.serving.messages import GenerationRequest
+from dayzero.serving.records import Token
 from dayzero.telemetry import tracer
 
 from .access import credential
@@ -23,7 +24,7 @@ from .context import Gateway
 from .errors import APIError
 from .outcome import Progress, closing, stream_error
 from .shapes import Shape
-from .streams import Closed, Subscription, TokenEvent
+from .streams import Closed, Subscription
 
 # A keep-alive is a comment line with no blank line after it: the next event's own blank line ends
 # both. A comment followed by a blank line is an empty event to the official openai client once an
@@ -59,7 +60,7 @@ def _refuse(gw: Gateway, message: str, code: str) -> None:
     raise APIError(429, message, "rate_limit_error", code=code, headers={"Retry-After": "1"})
 
 
-def usage(event: TokenEvent) -> dict:
+def usage(event: Token) -> dict:
     u = event.usage or {"prompt_tokens": 0, "completion_tokens": event.index}
     return {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
 
@@ -80,7 +81,7 @@ async def sse(
         if choice is None:
             yield retry_line(gw.settings.sse_retry_ms)
         try:
-            await gw.bus.watch(request.request_id)
+            await gw.bus.watching.watch(request.request_id)
             async with gw.bus.hub.subscribe(request.request_id, after) as sub, closing(sub, shutdown):
                 async for event in _chunks(gw, request, sub, after, progress, choice or 0):
                     yield event
@@ -108,7 +109,7 @@ async def _chunks(
         yield ServerSentEvent(data=json.dumps(shape.chunk(None, None, role=True)))
     elif request.kind == "chat":
         await _replay(gw, shape, request.request_id, after)
-    held: list[TokenEvent] = []  # tokens whose text (and logprobs) wait for the next chunk
+    held: list[Token] = []  # tokens whose text (and logprobs) wait for the next chunk
     while True:
         event = await sub.next(gw.settings.keepalive_s)
         if event is None:
@@ -137,10 +138,10 @@ async def _replay(gw: Gateway, shape: Shape, rid: str, after: str) -> None:
                 return
 
 
-async def _events(gw: Gateway, request: GenerationRequest, http: Request) -> list[TokenEvent]:
+async def _events(gw: Gateway, request: GenerationRequest, http: Request) -> list[Token]:
     """A request's stream entries up to its last; raises when it fails or the client leaves."""
     progress, events = Progress(gw, request), []
-    await gw.bus.watch(request.request_id)
+    await gw.bus.watching.watch(request.request_id)
     try:
         async with gw.bus.hub.subscribe(request.request_id) as sub:
             while True:
@@ -166,7 +167,7 @@ async def collect(
     gw: Gateway, requests: list[GenerationRequest], http: Request, headers: dict[str, str]
 ) -> JSONResponse:
     """One body; choice ``i`` is request ``i``'s completion. One failure cancels the others."""
-    results: list[list[TokenEvent]] = [[] for _ in requests]
+    results: list[list[Token]] = [[] for _ in requests]
 
     async def run(i: int) -> None:
         results[i] = await _events(gw, requests[i], http)

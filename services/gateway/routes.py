@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request
 from starlette.concurrency import run_in_threadpool
 
-from dayzero.serving.messages import GenerationRequest, GrammarSpec, SamplingSpec
+from dayzero.params import MAX_SEED, Grammar, SamplingParams
+from dayzero.serving.messages import GenerationRequest
 
 from .access import may_read
 from .bus import Bus
@@ -51,8 +53,8 @@ def _served(gw: Gateway, model: str) -> None:
 
 
 def _spec(
-    gw: Gateway, body: Sampling, prompt_ids: list[int], max_tokens: int | None, rule: GrammarSpec | None = None
-) -> SamplingSpec:
+    gw: Gateway, body: Sampling, prompt_ids: list[int], max_tokens: int | None, rule: Grammar | None = None
+) -> SamplingParams:
     s = gw.settings
     _served(gw, body.model)
     limit = min(s.max_context, gw.max_positions)
@@ -79,7 +81,7 @@ def _spec(
             code="context_length_exceeded",
         )
     default = min(s.max_tokens_limit, limit - len(prompt_ids))
-    return SamplingSpec(
+    return SamplingParams(
         max_tokens=max_tokens or default,
         temperature=body.temperature,
         top_p=body.top_p,
@@ -87,7 +89,7 @@ def _spec(
         seed=body.seed,
         stop=body.stops(),
         ignore_eos=body.ignore_eos,
-        logit_bias=_bias(gw, body),
+        logit_bias=tuple(sorted(_bias(gw, body).items())),
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
         logprobs=body.logprob_count(),
@@ -102,7 +104,7 @@ def _bias(gw: Gateway, body: Sampling) -> dict[int, float]:
     return bias
 
 
-def _new_request(ids: list[int], spec: SamplingSpec, kind: str, images: int = 0, **fields) -> GenerationRequest:
+def _new_request(ids: list[int], spec: SamplingParams, kind: str, images: int = 0, **fields) -> GenerationRequest:
     return GenerationRequest(
         request_id=uuid.uuid4().hex,
         kind=kind,
@@ -115,12 +117,13 @@ def _new_request(ids: list[int], spec: SamplingSpec, kind: str, images: int = 0,
 
 
 def _choices(requests: list[GenerationRequest], n: int) -> list[GenerationRequest]:
-    """``n`` requests per prompt (choice ``p * n + j``); a seeded choice ``j`` draws with seed + j."""
+    """``n`` requests per prompt (choice ``p * n + j``); a seeded choice ``j`` draws with seed + j
+    (wrapping past MAX_SEED)."""
     out = []
     for request in requests:
         for j in range(n):
             seed = request.sampling.seed
-            sampling = request.sampling.model_copy(update={"seed": seed + j if seed is not None else None})
+            sampling = replace(request.sampling, seed=(seed + j) % (MAX_SEED + 1) if seed is not None else None)
             out.append(request.model_copy(update={"request_id": uuid.uuid4().hex, "sampling": sampling}))
     return out
 
@@ -175,7 +178,7 @@ async def detokenize(body: DetokenizeRequest, gw: GatewayDep):
 @router.get("/v1/requests/{request_id}/stream", dependencies=[Authorized])
 async def resume(request_id: str, gw: GatewayDep, http: Request, last_event_id: Annotated[str | None, Header()] = None):
     """Only the key that created the request (without keys: its resume token) may read it."""
-    readable = await gw.bus.known(request_id) and await may_read(gw, http, request_id)
+    readable = await gw.bus.watching.known(request_id) and await may_read(gw, http, request_id)
     request = gw.bus.store.request(request_id) if readable else None
     if request is None:
         raise APIError(404, f"no request {request_id!r} (unknown or expired)", "not_found_error")

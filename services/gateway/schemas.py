@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
 
+from dayzero.params import MAX_BIAS, MAX_PENALTY, MAX_SEED, MIN_TEMPERATURE, MIN_TOP_P
+
 MAX_STOP = 4
 MAX_TEXT = 1 << 20
 MAX_CHOICES = 8  # n
@@ -44,11 +46,6 @@ class StreamOptions(_Body):
     include_usage: bool = True
 
 
-# Floors and bounds that sampling needs: a temperature of 1e-310 divides logits into infinities, and
-# token i of a seeded request draws from seed * 1_000_003 + i, which must fit torch's 64-bit seed.
-MIN_TEMPERATURE = 1e-3
-MIN_TOP_P = 1e-3
-MAX_SEED = 2**44
 StopString = Annotated[str, Field(min_length=1, max_length=256)]
 
 
@@ -64,11 +61,11 @@ class Sampling(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
-    logit_bias: dict[Annotated[int, Strict(False)], Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+    logit_bias: dict[Annotated[int, Strict(False)], Annotated[float, Field(ge=-MAX_BIAS, le=MAX_BIAS)]] | None = Field(
         default=None, max_length=300
     )
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    frequency_penalty: float = Field(default=0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     response_format: ResponseFormat | None = None  # json_object / json_schema: constrained decoding
     # OpenAI parameters this server does not implement: accepted at their defaults, refused
     # otherwise (a client asking for them must not get a silently different answer)

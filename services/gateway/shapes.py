@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from dayzero.chat.output import AssistantStream, parse_message
 from dayzero.serving.messages import GenerationRequest
+from dayzero.serving.records import Token
 from dayzero.tokenizer import IdsOnlyCodec, TextCodec
-
-from .bus import TokenEvent
 
 
 class Shape:
@@ -51,7 +50,7 @@ class Shape:
         finish: str | None,
         usage: dict | None = None,
         role: bool = False,
-        tokens: list[TokenEvent] = (),
+        tokens: list[Token] = (),
     ) -> dict | None:
         """The next chunk of a stream (None: nothing to say yet, e.g. text that may open a tag)."""
         if self.kind == "chat":
@@ -75,7 +74,7 @@ class Shape:
         """Text a resumed stream sent before: it moves the split on, nothing is emitted."""
         self._delta(text, False)
 
-    def body(self, text: str, finish: str, usage: dict, tokens: list[TokenEvent]) -> dict:
+    def body(self, text: str, finish: str, usage: dict, tokens: list[Token]) -> dict:
         if self.kind == "chat":
             parts = parse_message(text, self.thinking)
             calls = [self._call(i, c.name, c.arguments) for i, c in enumerate(parts.calls)] if self.tools else []
@@ -95,7 +94,7 @@ class Shape:
         self.prompt = None
         return body
 
-    def _ids_without_text(self, choice: dict, tokens: list[TokenEvent]) -> None:
+    def _ids_without_text(self, choice: dict, tokens: list[Token]) -> None:
         """A checkpoint without a tokenizer has no text to give: the ids themselves (vLLM's ``token_ids``)."""
         if not self.codec.has_tokenizer:
             choice["token_ids"] = [t.token for t in tokens]
@@ -132,7 +131,7 @@ class Shape:
         """The prompt's text, in the first chunk (or the body) of an echoing completion."""
         return self.codec.decode(list(self.prompt)) if self.prompt is not None else ""
 
-    def _logprobs(self, tokens: list[TokenEvent]) -> dict:
+    def _logprobs(self, tokens: list[Token]) -> dict:
         tokens = [t for t in tokens if t.logprob is not None]
         pieces = [self.codec.decode([t.token]) for t in tokens]
         alternatives = [[(self.codec.decode([tok]), lp) for tok, lp in t.top] for t in tokens]

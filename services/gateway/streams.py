@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -20,39 +19,10 @@ from dataclasses import dataclass, field
 import redis
 import redis.asyncio as aioredis
 
-from dayzero.serving.store import P, stream_key
+from dayzero.serving.lifecycle import key
+from dayzero.serving.records import Token, decode
 
 log = logging.getLogger("dayzero.gateway")
-
-
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    entry_id: str
-    index: int
-    token: int
-    text: str
-    finish_reason: str | None
-    usage: dict | None
-    error: str
-    logprob: float | None = None
-    top: tuple[tuple[int, float], ...] = ()
-    prompt: list | None = None  # [(logprob, [(token, logprob), ...]), ...] for prompt tokens 1..
-
-
-def parse(entry_id: str, fields: dict[bytes, bytes]) -> TokenEvent:
-    """One stream entry (fields as dayzero.serving.store's ``append`` writes them)."""
-    return TokenEvent(
-        entry_id,
-        int(fields[b"i"]),
-        int(fields[b"t"]),
-        fields[b"x"].decode(),
-        fields[b"f"].decode() if b"f" in fields else None,
-        json.loads(fields[b"u"]) if b"u" in fields else None,
-        fields.get(b"e", b"").decode(),
-        float(fields[b"l"]) if b"l" in fields else None,
-        tuple(map(tuple, json.loads(fields[b"k"]))) if b"k" in fields else (),
-        json.loads(fields[b"p"]) if b"p" in fields else None,
-    )
 
 
 def _order(entry_id: str) -> tuple[int, int]:
@@ -66,11 +36,11 @@ class Closed(Exception):
 
 @dataclass(eq=False)
 class Subscription:
-    key: str
+    request_id: str
     last: str  # entries after this id are delivered
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # TokenEvent | BaseException
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # Token | BaseException
 
-    async def next(self, timeout_s: float) -> TokenEvent | None:
+    async def next(self, timeout_s: float) -> Token | None:
         """The next entry; None after ``timeout_s`` without one; raises what ended the stream."""
         try:
             item = await asyncio.wait_for(self.queue.get(), timeout_s)
@@ -90,7 +60,7 @@ class StreamHub:
     def __init__(self, url: str, commands: aioredis.Redis, block_ms: int = 5000) -> None:
         self.r = aioredis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=None, max_connections=1)
         self.commands, self.block_ms = commands, block_ms
-        self.wake_key = f"{P}wake:{uuid.uuid4().hex}"
+        self.wake_key = key("wake", uuid.uuid4().hex)
         self.subs: set[Subscription] = set()
         self._reader: asyncio.Task | None = None
 
@@ -100,7 +70,7 @@ class StreamHub:
 
     @contextlib.asynccontextmanager
     async def subscribe(self, request_id: str, after: str = "0-0") -> AsyncIterator[Subscription]:
-        sub = Subscription(stream_key(request_id), after)
+        sub = Subscription(request_id, after)
         self.subs.add(sub)
         try:
             if self._reader is None or self._reader.done():
@@ -126,12 +96,12 @@ class StreamHub:
 
     async def _read_once(self) -> None:
         wanted: dict[str, str] = {}
-        for sub in self.subs:  # one cursor per stream: the earliest any of its subscribers needs
-            if sub.key not in wanted or _order(sub.last) < _order(wanted[sub.key]):
-                wanted[sub.key] = sub.last
         readers: dict[str, list[Subscription]] = {}
-        for sub in self.subs:
-            readers.setdefault(sub.key, []).append(sub)
+        for sub in self.subs:  # one cursor per stream: the earliest any of its subscribers needs
+            stream = key("tokens", sub.request_id)
+            if stream not in wanted or _order(sub.last) < _order(wanted[stream]):
+                wanted[stream] = sub.last
+            readers.setdefault(stream, []).append(sub)
         reply = await self.r.xread({self.wake_key: "$", **wanted}, block=self.block_ms, count=64)
         for raw_key, entries in reply or ():
             for sub in readers.get(raw_key.decode(), ()):
@@ -139,7 +109,7 @@ class StreamHub:
                     entry = entry_id.decode()
                     if _order(entry) > _order(sub.last):
                         sub.last = entry
-                        sub.queue.put_nowait(parse(entry, fields))
+                        sub.queue.put_nowait(decode(sub.request_id, fields))
 
     async def close(self) -> None:
         for sub in list(self.subs):

@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
+from celery import Celery
+
 from dayzero.serving.messages import DecodeJob, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.queue import TASKS, make_celery
-from dayzero.serving.worker import StageWorker
+from dayzero.serving.worker import StageWorker, loop_stage
 from dayzero.settings import Settings
 
-settings = Settings()
-app = make_celery(settings)
 
+def make_worker(settings: Settings) -> Celery:
+    app = make_celery(settings)
 
-def _loop(runtime, celery):
     def send_decode(job: DecodeJob) -> None:
-        celery.send_task(TASKS["decode"], args=[job.model_dump_json()])
+        app.send_task(TASKS["decode"], args=[job.model_dump_json()])
 
-    return PrefillLoop(runtime, send_decode)
+    shared = settings.handoff != "redis"  # decode reads prefill's pools in place
+    stage = StageWorker(
+        settings, "prefill", loop_stage("prefill", settings, shared, lambda rt: PrefillLoop(rt, send_decode))
+    )
 
+    @app.task(name=TASKS["prefill"])
+    def prefill(job_json: str) -> None:
+        stage.run(PrefillJob.model_validate_json(job_json))
 
-stage = StageWorker(app, settings, "prefill", _loop, shared_pools=settings.handoff != "redis")
-
-
-@app.task(name=TASKS["prefill"])
-def prefill(job_json: str) -> None:
-    stage.run(PrefillJob.model_validate_json(job_json))
+    return app

@@ -74,19 +74,21 @@ def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: S
     from .checkpoint import load_model
     from .engine import Timings, generate
     from .kv.pools import pools_for
+    from .serving.runtime import attention_options, torch_dtype
     from .tokenizer import load_codec
 
     codec, printing = load_codec(checkpoint), group.config.rank == 0
     model = load_model(
         checkpoint,
-        settings.torch_dtype,
+        torch_dtype(settings),
         progress=printing,
         expert_cache_bytes=settings.expert_cache_mb << 20,
         group=group,
     )
-    pools = pools_for(model.cfg, settings.torch_dtype, min(settings.max_context, model.cfg.max_position_embeddings))
+    pools = pools_for(model.cfg, torch_dtype(settings), min(settings.max_context, model.cfg.max_position_embeddings))
     timings = Timings()
-    steps = generate(model, codec, pools, prompt, params, timings, settings.max_context, settings.attention())
+    options = attention_options(settings)
+    steps = generate(model, codec, pools, prompt, params, timings, settings.max_context, options)
     for i, step in enumerate(steps):  # text, or the ids when the checkpoint has no tokenizer
         if printing:
             sys.stdout.write(step.text if codec.has_tokenizer else f"{',' if i else ''}{step.token}")
@@ -99,6 +101,7 @@ def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: S
 
 def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
     from .align import align
+    from .serving.runtime import attention_options
 
     checkpoint = Path(args.checkpoint)
     if args.prompt is None and args.prompt_ids is None:
@@ -106,7 +109,7 @@ def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
         prompt = [random.Random(0).randrange(vocab) for _ in range(64)]
     else:
         prompt = _prompt(args, checkpoint)
-    report = align(checkpoint, prompt, args.tokens, settings.attention(), args.tensor_parallel)
+    report = align(checkpoint, prompt, args.tokens, attention_options(settings), args.tensor_parallel)
     if args.json:
         print(json.dumps(report.to_dict()))
     else:

@@ -18,20 +18,21 @@ def cmd_serve(args: argparse.ArgumentParser, settings: Settings) -> int:
     if args.service == "gateway":
         import uvicorn
 
-        from services.gateway.app import create_app
+        from services.gateway.app import make_app
 
-        app = create_app(settings)
+        app = make_app(settings)
         grace = settings.shutdown_grace_s  # open streams end with an error event well within it
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=grace)
         return 0
     from .serving.worker import worker_argv
 
     if args.service == "vision":
-        from services.vision.worker import app
+        from services.vision.worker import make_worker
     elif args.service == "prefill":
-        from services.prefill.worker import app
+        from services.prefill.worker import make_worker
     else:
-        from services.decode.worker import app
+        from services.decode.worker import make_worker
+    app = make_worker(settings)
     concurrency = {"vision": 1, "prefill": settings.max_batch, "decode": 2 * settings.max_batch}[args.service]
     app.worker_main(worker_argv(args.service, concurrency, f"{args.name or args.service}@%h"))
     return 0

@@ -10,15 +10,10 @@ executor, outside the GIL) into one bitmask [R, ceil(V/32)] int32, then applied 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True, slots=True)
-class Grammar:
-    lark: str
-    after: int | None = None  # the grammar starts after this token (``</think>``: reasoning is free)
+from .params import Grammar
 
 
 class Guide:

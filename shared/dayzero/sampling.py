@@ -1,4 +1,4 @@
-"""Sampling parameters and next-token selection: greedy, temperature, top-k, top-p, seed,
+"""Next-token selection under ``SamplingParams`` (dayzero.params): greedy, temperature, top-k, top-p, seed,
 logit bias, presence and frequency penalties (OpenAI's definitions)."""
 
 from __future__ import annotations
@@ -7,46 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .guided import Grammar
-
-MAX_LOGPROBS = 20
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    max_tokens: int = 64
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = no limit
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias added to its logit), as OpenAI's
-    presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated
-    frequency_penalty: float = 0.0  # subtracted per earlier occurrence of the token in the completion
-    logprobs: int | None = None  # report each token's log-probability and this many top alternatives
-    grammar: Grammar | None = None  # constrained decoding: only tokens the grammar allows
-
-    def __post_init__(self) -> None:
-        if not (-2.0 <= self.presence_penalty <= 2.0 and -2.0 <= self.frequency_penalty <= 2.0):
-            raise ValueError("presence_penalty and frequency_penalty must be in [-2, 2]")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}]")
-        if any(not -100.0 <= b <= 100.0 for _, b in self.logit_bias):
-            raise ValueError("logit_bias values must be in [-100, 100]")
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        if not 0.0 <= self.temperature <= 100.0:
-            raise ValueError("temperature must be in [0, 100]")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError("top_p must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError("top_k must be >= 0")
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must not be empty")
-
-
-Logprob = tuple[float, tuple[tuple[int, float], ...]]  # a token's log-probability, the top (token, logprob)s
+from .params import Logprob, SamplingParams
 
 
 def logprobs_of(logits: torch.Tensor, tokens: list[int], top: int) -> list[Logprob]:

@@ -6,12 +6,10 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-import torch
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from .model.plan import AttentionOptions
-from .vision.preprocess import ImageLimits, PatchSpec
+from .vision.images import ImageLimits, PatchSpec
 
 
 class Settings(BaseSettings):
@@ -101,16 +99,20 @@ class Settings(BaseSettings):
     def patch_spec(self) -> PatchSpec:
         return PatchSpec(max_pixels=self.image_resize_max_pixels)
 
-    def attention(self) -> AttentionOptions:
-        return AttentionOptions(self.attention_backend, self.sparse_attention)
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
-
     @property
     def demo_checkpoint(self) -> Path:
         return self.cache_dir / "demo-checkpoint-v4-release"
+
+    def checkpoint_dir(self) -> Path:
+        """The configured checkpoint, or the built-in demo checkpoint (written by the first process
+        that needs it; only that one imports torch for it)."""
+        if self.checkpoint is not None:
+            return self.checkpoint
+        if not (self.demo_checkpoint / "model.safetensors").exists():
+            from .demo import ensure_demo_checkpoint
+
+            ensure_demo_checkpoint(self.demo_checkpoint)
+        return self.demo_checkpoint
 
     @property
     def visibility_timeout_s(self) -> int:

@@ -103,9 +103,11 @@ def stream_text(url: str, body: dict, timeout: float = 120) -> tuple[str, list[s
 
 def pool_usage(stack: Stack) -> dict[str, dict]:
     """Each worker's latest metrics snapshot (its pools' usage among them)."""
-    from dayzero.serving.store import Store
+    import redis
 
-    return Store.connect(stack.redis_url).snapshots()
+    from dayzero.serving.registry import Registry
+
+    return Registry(redis.Redis.from_url(stack.redis_url)).snapshots()
 
 
 def wait_until(predicate, timeout_s: float, step_s: float = 0.05):

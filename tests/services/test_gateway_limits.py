@@ -131,9 +131,11 @@ def test_waiting_stream_sends_keep_alive_comments(lone_gateway):
 
 
 def test_ready_shows_how_far_starting_workers_have_loaded(lone_gateway):
-    from dayzero.serving.store import Store
+    import redis
 
-    store = Store.connect(lone_gateway.redis_url)
+    from dayzero.serving.registry import Registry
+
+    store = Registry(redis.Redis.from_url(lone_gateway.redis_url))
     store.loading("prefill0@host:1a2b3c", "prefill", 45)
     body = httpx.get(f"{lone_gateway.url}/ready", timeout=5).json()
     assert body["loading"] == {"prefill0@host:1a2b3c": 45} and "prefill0@host:1a2b3c 45%" in body["reason"]

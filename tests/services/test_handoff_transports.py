@@ -12,14 +12,14 @@ from dayzero.kv.pools import KVPools, pools_for
 from dayzero.kv.shared import SHM_DIR, CudaSharedPools, SharedPools
 from dayzero.model.forward import decode, prefill
 from dayzero.serving.handoff import Receiver, discard_tensor, publish, publish_tensor, sweep_parked, take_tensor
-from dayzero.serving.store import Store
+from dayzero.serving.lifecycle import Lifecycle
 
 from ..conftest import random_ids
 
 
 @pytest.fixture(scope="module")
 def store(redis_url):
-    return Store.connect(redis_url)
+    return Lifecycle.connect(redis_url)
 
 
 @pytest.mark.parametrize("transport", ["shm", "redis"])
@@ -90,7 +90,7 @@ def _decode_elsewhere(checkpoint, ref, redis_url, follow, out) -> None:
     """In a fresh process (CUDA IPC handles cannot be opened by their exporter): receive, decode."""
     model = load_model(checkpoint, device="cuda", progress=False)
     dst = pools_for(model.cfg, torch.float32, 80, device="cuda")
-    Receiver(Store.connect(redis_url)).receive(ref, dst, "moved")
+    Receiver(Lifecycle.connect(redis_url)).receive(ref, dst, "moved")
     out.put(torch.stack([decode(model, dst, ["moved"], [t])[0] for t in follow]).cpu())
 
 

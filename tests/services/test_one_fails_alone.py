@@ -2,9 +2,9 @@
 
 The prefill and decode loops run in-process against a real Redis and a real runtime; the
 state crosses from one to the other through the Redis handoff. The poisoned request carries
-a temperature of 1e-310 (its logits divide into infinities), which the gateway refuses but a
-message on the queue can still hold. The six others must stream exactly the tokens dayzero's
-in-process engine produces for them alone.
+a grammar that llguidance refuses: valid by the sampling contract, it fails only when a stage
+builds the request's sampler. The six others must stream exactly the tokens dayzero's in-process
+engine produces for them alone.
 """
 
 from __future__ import annotations
@@ -12,28 +12,28 @@ from __future__ import annotations
 import threading
 import time
 
-from dayzero.sampling import SamplingParams
+from dayzero.params import Grammar, SamplingParams
 from dayzero.serving.decode_loop import DecodeLoop
-from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob, SamplingSpec
+from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
-from dayzero.serving.store import Store
 from dayzero.settings import Settings
 
 from .conftest import engine_steps, prompt_ids
 
 TOKENS = 6
-POISON = SamplingSpec(max_tokens=TOKENS, temperature=1e-310, ignore_eos=True)
+POISON = SamplingParams(max_tokens=TOKENS, ignore_eos=True, grammar=Grammar("start: %%% not lark"))
 
 
-def _requests(store: Store, poisoned: int) -> list[GenerationRequest]:
+def _requests(store: Lifecycle, poisoned: int) -> list[GenerationRequest]:
     out = []
     for i in range(7):
-        sampling = POISON if i == poisoned else SamplingSpec(max_tokens=TOKENS, ignore_eos=True)
+        sampling = POISON if i == poisoned else SamplingParams(max_tokens=TOKENS, ignore_eos=True)
         request = GenerationRequest(
             request_id=f"r{poisoned}-{i}", prompt_ids=tuple(prompt_ids(i)), sampling=sampling, created=time.time()
         )
-        store.register(request)
+        store.admit(request, [], "", 60)
         out.append(request)
     return out
 
@@ -43,7 +43,7 @@ def _expected(demo_dir, request: GenerationRequest) -> list[int]:
     return [s.token for s in engine_steps(demo_dir, list(request.prompt_ids), params)]
 
 
-def _last_error(store: Store, rid: str) -> bytes:
+def _last_error(store: Lifecycle, rid: str) -> bytes:
     (_, last), *_ = store.r.xrevrange(f"dz:tokens:{rid}", count=1)
     return last.get(b"e", b"")
 
@@ -59,7 +59,7 @@ def _run(loop, jobs) -> None:
 
 def test_a_poisoned_request_fails_alone_in_prefill_and_in_decode(demo_dir, redis_url):
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
-    store = Store.connect(redis_url)
+    store = Lifecycle.connect(redis_url)
     prefill_rt = Runtime.load(settings, "prefill9@test", "prefill", False)
     decode_rt = Runtime.load(settings, "decode9@test", "decode", False)
 
@@ -68,7 +68,7 @@ def test_a_poisoned_request_fails_alone_in_prefill_and_in_decode(demo_dir, redis
     batch = _requests(store, poisoned=3)
     _run(PrefillLoop(prefill_rt, sent.append), [PrefillJob(request=r) for r in batch])
     assert sorted(j.request.request_id for j in sent) == sorted(r.request_id for i, r in enumerate(batch) if i != 3)
-    assert store.done("r3-3") == "error" and _last_error(store, "r3-3") == b"failed after prefill: RuntimeError"
+    assert store.done("r3-3") == "error" and _last_error(store, "r3-3") == b"failed after prefill: ValueError"
     assert prefill_rt.pools.sequences == {}  # the redis handoff released the six; the failure freed its own
 
     # decode: the same six plus one whose sampling breaks only now (its first token came from prefill)
@@ -76,7 +76,7 @@ def test_a_poisoned_request_fails_alone_in_prefill_and_in_decode(demo_dir, redis
     spoiled = next(j for j in sent if j.request.request_id == "r3-5")
     spoiled = spoiled.model_copy(update={"request": spoiled.request.model_copy(update={"sampling": POISON})})
     _run(DecodeLoop(decode_rt), [*ok, spoiled])
-    assert store.done("r3-5") == "error" and _last_error(store, "r3-5") == b"sampling failed: RuntimeError"
+    assert store.done("r3-5") == "error" and _last_error(store, "r3-5") == b"sampling failed: ValueError"
     assert len(store.streamed_tokens("r3-5")) == 1  # the prefill token, then the error event
     for job in ok:
         rid = job.request.request_id

@@ -7,10 +7,11 @@ import time
 
 import redis
 
-from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob, SamplingSpec
+from dayzero.params import SamplingParams
+from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
-from dayzero.serving.store import Store
 from dayzero.settings import Settings
 
 
@@ -27,12 +28,11 @@ def test_a_batch_redis_interrupts_is_retried_without_leaking_blocks(demo_dir, re
         return real_append(tokens)
 
     runtime.store.append = append_failing_once
-    store = Store.connect(redis_url)
+    store = Lifecycle.connect(redis_url)
     request = GenerationRequest(
-        request_id="flaky", prompt_ids=(0, 5, 6, 7, 8), sampling=SamplingSpec(max_tokens=4), created=time.time()
+        request_id="flaky", prompt_ids=(0, 5, 6, 7, 8), sampling=SamplingParams(max_tokens=4), created=time.time()
     )
-    store.register(request)
-    store.mark_queued("flaky", 60)
+    store.admit(request, [], "", 60)
     threading.Thread(target=loop.run_forever, daemon=True).start()
     try:
         assert loop.intake.submit(PrefillJob(request=request)).done.wait(30)
@@ -56,11 +56,11 @@ def test_a_failed_forward_ends_its_requests_and_frees_their_blocks(demo_dir, red
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setattr(prefill_loop, "prefill", broken)
-    store = Store.connect(redis_url)
+    store = Lifecycle.connect(redis_url)
     request = GenerationRequest(
-        request_id="broken", prompt_ids=(0, 5, 6), sampling=SamplingSpec(max_tokens=4), created=time.time()
+        request_id="broken", prompt_ids=(0, 5, 6), sampling=SamplingParams(max_tokens=4), created=time.time()
     )
-    store.register(request)
+    store.admit(request, [], "", 60)
     threading.Thread(target=loop.run_forever, daemon=True).start()
     try:
         assert loop.intake.submit(PrefillJob(request=request)).done.wait(30)
@@ -81,13 +81,13 @@ def test_identical_prompts_in_a_batch_are_prefilled_once_and_continue_alike(demo
     runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill2@test", "prefill", False)
     sent: list[DecodeJob] = []
     loop = PrefillLoop(runtime, sent.append)
-    store, same, other = Store.connect(redis_url), (0, 9, 8, 7, 6, 5, 4, 3, 2), (0, 11, 12)
+    store, same, other = Lifecycle.connect(redis_url), (0, 9, 8, 7, 6, 5, 4, 3, 2), (0, 11, 12)
     tickets = []
     for rid, prompt in (("n0", same), ("n1", same), ("n2", same), ("solo", other)):
         request = GenerationRequest(
-            request_id=rid, prompt_ids=prompt, sampling=SamplingSpec(max_tokens=4), created=time.time()
+            request_id=rid, prompt_ids=prompt, sampling=SamplingParams(max_tokens=4), created=time.time()
         )
-        store.register(request)
+        store.admit(request, [], "", 60)
         tickets.append(loop.intake.submit(PrefillJob(request=request)))  # queued before the loop runs: one batch
     threading.Thread(target=loop.run_forever, daemon=True).start()
     try:
@@ -112,11 +112,11 @@ def test_a_request_cancelled_while_it_waits_for_decode_frees_its_blocks_at_once(
     runtime = Runtime.load(settings, "prefill3@test", "prefill", False)
     sent: list[DecodeJob] = []
     loop = PrefillLoop(runtime, sent.append)  # nobody takes the handoff: decode is busy
-    store = Store.connect(redis_url)
+    store = Lifecycle.connect(redis_url)
     request = GenerationRequest(
-        request_id="waits", prompt_ids=(0, 5, 6, 7, 8), sampling=SamplingSpec(max_tokens=4), created=time.time()
+        request_id="waits", prompt_ids=(0, 5, 6, 7, 8), sampling=SamplingParams(max_tokens=4), created=time.time()
     )
-    store.register(request)
+    store.admit(request, [], "", 60)
     threading.Thread(target=loop.run_forever, daemon=True).start()
     try:
         assert loop.intake.submit(PrefillJob(request=request)).done.wait(30)
@@ -137,7 +137,7 @@ def test_leases_live_until_each_request_of_a_slow_batch_is_handed_on(demo_dir, r
 
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, lease_s=0.3)
     runtime = Runtime.load(settings, "prefill3@test", "prefill", False)
-    store, owners, real_publish = Store.connect(redis_url), {}, prefill_loop.publish
+    store, owners, real_publish = Lifecycle.connect(redis_url), {}, prefill_loop.publish
 
     def slow_publish(pools, seq_id, request_id, *args):
         owners[request_id] = store.owner(request_id)
@@ -149,9 +149,12 @@ def test_leases_live_until_each_request_of_a_slow_batch_is_handed_on(demo_dir, r
     tickets = []
     for i in range(6):
         request = GenerationRequest(
-            request_id=f"slow{i}", prompt_ids=(0, 5 + i, 6, 7), sampling=SamplingSpec(max_tokens=4), created=time.time()
+            request_id=f"slow{i}",
+            prompt_ids=(0, 5 + i, 6, 7),
+            sampling=SamplingParams(max_tokens=4),
+            created=time.time(),
         )
-        store.register(request)
+        store.admit(request, [], "", 60)
         tickets.append(loop.intake.submit(PrefillJob(request=request)))
     threading.Thread(target=loop.run_forever, daemon=True).start()
     try:

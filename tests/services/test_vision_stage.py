@@ -7,12 +7,13 @@ import threading
 import time
 
 from dayzero.kv.shared import SHM_DIR
+from dayzero.params import SamplingParams
 from dayzero.serving.handoff import take_tensor
-from dayzero.serving.messages import GenerationRequest, PrefillJob, SamplingSpec
+from dayzero.serving.lifecycle import Lifecycle, key
+from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.reaper import sweep
 from dayzero.serving.runtime import Runtime
-from dayzero.serving.store import Store
 from dayzero.serving.vision_stage import VisionStage
 from dayzero.settings import Settings
 
@@ -21,7 +22,7 @@ from ..vision.conftest import encoded
 
 def _request(rid: str, images: int) -> GenerationRequest:
     return GenerationRequest(
-        request_id=rid, prompt_ids=(0, 2, 5), sampling=SamplingSpec(max_tokens=2), created=time.time(), images=images
+        request_id=rid, prompt_ids=(0, 2, 5), sampling=SamplingParams(max_tokens=2), created=time.time(), images=images
     )
 
 
@@ -29,26 +30,27 @@ def test_stage_encodes_then_hands_the_request_to_prefill(demo_dir, redis_url):
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url)
     sent: list[PrefillJob] = []
     stage = VisionStage(settings, "vision0@test", sent.append)
-    store = Store.connect(redis_url)
+    store = Lifecycle.connect(redis_url)
     request = _request("img-1", 1)
-    store.register(request, [encoded(28, 28, seed=1)])
-    store.mark_queued("img-1", 60)
-    stage.run(PrefillJob(request=request))
+    store.admit(request, [encoded(28, 28, seed=1)], "", 60)
+    stage.handle(PrefillJob(request=request))
     assert len(sent) == 1 and sent[0].embeddings is not None
-    assert store.owner("img-1") is None and store.queued("img-1")  # prefill may claim it; the reaper waits
+    # prefill may claim it; the reaper waits
+    assert store.owner("img-1") is None and store.r.exists(key("queued", "img-1"))
     # a 28x28 image is resized up to min_pixels (56x56): 2x2 merged patches of the LM width
     assert tuple(take_tensor(sent[0].embeddings, store).shape) == (4, 64)
 
-    store.register(_request("img-2", 1), [encoded(28, 28, seed=2)])
+    store.admit(_request("img-2", 1), [encoded(28, 28, seed=2)], "", 60)
     store.claim("img-2", "vision1@elsewhere", 30)  # a live worker owns it
-    stage.run(PrefillJob(request=_request("img-2", 1)))
+    stage.handle(PrefillJob(request=_request("img-2", 1)))
     assert len(sent) == 1
 
 
 def test_reaper_sends_lost_image_requests_back_to_vision(redis_url):
-    store = Store.connect(redis_url)
-    store.register(_request("lost-img", 1), [b"x"])
-    store.register(_request("lost-text", 0))
+    store = Lifecycle.connect(redis_url)
+    store.admit(_request("lost-img", 1), [b"x"], "", 0.001)  # queued; no stage claimed them in time
+    store.admit(_request("lost-text", 0), [], "", 0.001)
+    time.sleep(0.05)
     routed: dict[str, str] = {}
     store.r.delete("dz:reaper")
     sweep(store, lambda job, stage: routed.setdefault(job.request.request_id, stage), 60, 100)
@@ -58,10 +60,10 @@ def test_reaper_sends_lost_image_requests_back_to_vision(redis_url):
 def test_prefill_frees_the_embeddings_of_a_request_cancelled_in_its_queue(demo_dir, redis_url):
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url)
     sent: list[PrefillJob] = []
-    VisionStage(settings, "vision0@test", sent.append).run(_register(redis_url, "cancelled-img"))
+    VisionStage(settings, "vision0@test", sent.append).handle(_register(redis_url, "cancelled-img"))
     parked = sent[0].embeddings
     assert (SHM_DIR / parked.location).exists()
-    store = Store.connect(redis_url)
+    store = Lifecycle.connect(redis_url)
     store.cancel("cancelled-img")  # the client left while the request waited for prefill
 
     loop = PrefillLoop(Runtime.load(settings, "prefill0@test", "prefill", shared=False), send_decode=sent.append)
@@ -75,8 +77,7 @@ def test_prefill_frees_the_embeddings_of_a_request_cancelled_in_its_queue(demo_d
 
 
 def _register(redis_url: str, rid: str) -> PrefillJob:
-    store = Store.connect(redis_url)
+    store = Lifecycle.connect(redis_url)
     request = _request(rid, 1)
-    store.register(request, [encoded(28, 28, seed=3)])
-    store.mark_queued(rid, 60)
+    store.admit(request, [encoded(28, 28, seed=3)], "", 60)
     return PrefillJob(request=request)

@@ -9,8 +9,9 @@ from dayzero.checkpoint import load_model
 from dayzero.kv.pools import pools_for
 from dayzero.model.forward import prefill
 from dayzero.settings import Settings
-from dayzero.vision.encoder import VisionEncoder, expand, load_tower, multimodal_prompt
-from dayzero.vision.preprocess import decode, process
+from dayzero.vision.encoder import VisionEncoder, load_tower, multimodal_prompt
+from dayzero.vision.images import decode, expand
+from dayzero.vision.preprocess import process
 from dayzero.vision.tower import encode
 
 from .conftest import encoded

@@ -9,7 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from dayzero.vision.preprocess import ImageError, ImageLimits, PatchSpec, decode, image_bytes, process
+from dayzero.vision.images import ImageError, ImageLimits, PatchSpec, decode, image_bytes
+from dayzero.vision.preprocess import process
 
 from .conftest import encoded
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from PIL import Image
 
-from dayzero.vision.preprocess import PatchSpec, process
+from dayzero.vision.images import PatchSpec
+from dayzero.vision.preprocess import process
 from dayzero.vision.tower import VisionConfig, VisionTower, encode
 
 

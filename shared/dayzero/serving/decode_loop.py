@@ -24,8 +24,8 @@ from ..telemetry import continued, tracer
 from .handoff import Receiver
 from .intake import Intake, Ticket, run_loop
 from .messages import DecodeJob
+from .records import Token
 from .runtime import Runtime
-from .store import Token
 
 log = logging.getLogger("dayzero.decode")
 
@@ -75,13 +75,10 @@ class DecodeLoop:
         if now - self._last_beat >= self.r.settings.lease_s / 4:
             self._last_beat = now
             self.r.store.heartbeat(list(self.active), self.r.name, self.r.settings.lease_s)
-            self.r.store.worker_alive("decode", self.r.name, self.r.snapshot(len(self.active) or 1))
+            self.r.announce(len(self.active) or 1)
 
     def _settle(self, ticket: Ticket[DecodeJob], reason: str, message: str = "", index: int | None = None) -> None:
-        rid = ticket.job.request.request_id
-        if index is not None:
-            self.r.store.end(rid, index, reason, message)
-        self.r.store.finish(rid, reason)
+        self.r.store.settle(ticket.job.request.request_id, reason, index, message)
         ticket.done.set()
 
     def _admit(self) -> None:
@@ -89,7 +86,7 @@ class DecodeLoop:
         for ticket in self.waiting:
             job = ticket.job
             rid = job.request.request_id
-            if rid in self.active or job.attempt < store.attempt(rid) or store.done(rid):
+            if rid in self.active or store.stale(rid, job.attempt):
                 ticket.done.set()  # duplicate or stale delivery
                 continue
             total = min(self.limit, len(job.request.prompt_ids) + job.request.sampling.max_tokens)
@@ -106,16 +103,21 @@ class DecodeLoop:
                 log.error("request %s: handoff failed: %s", rid, exc)
                 ticket.done.set()  # its lease lapses; the reaper re-runs it
                 continue
-            store.take_handoff(rid)
-            store.claim(rid, self.r.name, self.r.settings.lease_s, force=True)
-            completion = Completion(
-                self.r.codec,
-                job.request.sampling.params(),
-                self.r.model.cfg.eos_token_ids,
-                len(job.request.prompt_ids),
-                self.limit,
-                job.generated,
-            )
+            store.take_handoff(rid, self.r.name, self.r.settings.lease_s)
+            try:
+                completion = Completion(
+                    self.r.codec,
+                    job.request.sampling,
+                    self.r.model.cfg.eos_token_ids,
+                    len(job.request.prompt_ids),
+                    self.limit,
+                    job.generated,
+                )
+            except Exception as exc:  # noqa: BLE001 - its own sampling (a grammar refused): it fails alone
+                self.r.pools.release(rid)
+                log.error("request %s: sampling failed: %r", rid, exc)
+                self._settle(ticket, "error", f"sampling failed: {type(exc).__name__}", len(job.generated))
+                continue
             with continued(job.trace):
                 span = tracer.start_span(
                     "decode.generate",
@@ -187,7 +189,7 @@ class DecodeLoop:
         ids = list(self.active)
         tokens = [self.active[rid].next_token for rid in ids]
         start = time.perf_counter()
-        logits = decode(self.r.model, self.r.pools, ids, tokens, self.r.settings.attention())
+        logits = decode(self.r.model, self.r.pools, ids, tokens, self.r.options)
         self._record(ids, time.perf_counter() - start)
         out, finished, failed = [], [], []
         steps = next_steps([self.active[rid].completion for rid in ids], logits)

@@ -26,8 +26,8 @@ from safetensors.torch import load, save
 from ..kv.handoff import LayoutMismatch, StateHandle, export_state, import_state
 from ..kv.pools import KVPools
 from ..kv.shared import SHM_DIR, CudaSharedPools, SharedPools, sweep
+from .lifecycle import Lifecycle
 from .messages import StateRef, TensorRef
-from .store import P, Store
 
 PARKED = "dz-parked"  # shared-memory segments of parked tensors: dz-parked-<deadline ms>-<id>
 
@@ -70,14 +70,13 @@ def _checked(tensor: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -
     return tensor
 
 
-def publish(pools: KVPools, seq_id: str, request_id: str, transport: str, store: Store, ttl_s: float) -> StateRef:
+def publish(pools: KVPools, seq_id: str, request_id: str, transport: str, store: Lifecycle, ttl_s: float) -> StateRef:
     handle = export_state(pools, seq_id)
     location = pools.pool_id  # shm: the segment's name; cuda_ipc: the allocation's IPC handle
     if transport == "cuda_ipc":
         torch.cuda.synchronize(pools.device)  # decode reads from another process: the writes must have landed
     if transport == "redis":
-        location = f"{P}kvstate:{request_id}"
-        store.r.set(location, _pack(pools, seq_id), px=int(ttl_s * 1000))
+        location = store.park("kvstate", request_id, _pack(pools, seq_id), ttl_s)
     return StateRef(
         transport=transport,
         location=location,
@@ -93,7 +92,7 @@ def publish(pools: KVPools, seq_id: str, request_id: str, transport: str, store:
 class Receiver:
     """Decode side: copies a published state into its own pools (caches shm and CUDA attachments)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Lifecycle) -> None:
         self.store = store
         self._attached: dict[str, KVPools] = {}
         self._segments: list[shared_memory.SharedMemory] = []
@@ -102,11 +101,10 @@ class Receiver:
         if ref.layout_hash != dst.layout_hash:
             raise LayoutMismatch(f"prefill state layout {ref.layout_hash} != decode layout {dst.layout_hash}")
         if ref.transport == "redis":
-            data = self.store.r.get(ref.location)
+            data = self.store.take_parked(ref.location)
             if data is None:
                 raise LookupError(f"handoff state {ref.location} expired")
             src, handle = _unpack(data, dst)
-            self.store.r.delete(ref.location)
         else:
             if ref.host != socket.gethostname():
                 raise LookupError(f"{ref.transport} state lives on host {ref.host}; use handoff=redis across hosts")
@@ -129,13 +127,12 @@ class Receiver:
         return pools
 
 
-def publish_tensor(tensor: torch.Tensor, key: str, transport: str, store: Store, ttl_s: float) -> TensorRef:
+def publish_tensor(tensor: torch.Tensor, key: str, transport: str, store: Lifecycle, ttl_s: float) -> TensorRef:
     """Park an fp32 tensor for another process for ``ttl_s``: a new shared-memory segment whose
     name carries its deadline, or a Redis key with that TTL."""
     data = tensor.detach().float().cpu().contiguous()
     if transport == "redis":
-        location = f"{P}tensor:{key}"
-        store.r.set(location, data.numpy().tobytes(), px=int(ttl_s * 1000))
+        location = store.park("tensor", key, data.numpy().tobytes(), ttl_s)
     else:
         deadline_ms = int((time.time() + ttl_s) * 1000)  # see sweep_parked
         name = f"{PARKED}-{deadline_ms}-{uuid.uuid4().hex[:12]}"
@@ -147,11 +144,11 @@ def publish_tensor(tensor: torch.Tensor, key: str, transport: str, store: Store,
     return TensorRef(transport=transport, location=location, host=socket.gethostname(), shape=tuple(data.shape))
 
 
-def take_tensor(ref: TensorRef, store: Store) -> torch.Tensor:
+def take_tensor(ref: TensorRef, store: Lifecycle) -> torch.Tensor:
     """Read a parked tensor once and free its storage."""
     count = math.prod(ref.shape)
     if ref.transport == "redis":
-        data = store.r.getdel(ref.location)
+        data = store.take_parked(ref.location)
         if data is None:
             raise LookupError(f"parked tensor {ref.location} expired")
         return torch.frombuffer(bytearray(data), dtype=torch.float32, count=count).view(ref.shape).clone()
@@ -165,10 +162,10 @@ def take_tensor(ref: TensorRef, store: Store) -> torch.Tensor:
         segment.unlink()
 
 
-def discard_tensor(ref: TensorRef, store: Store) -> None:
+def discard_tensor(ref: TensorRef, store: Lifecycle) -> None:
     """Free a parked tensor nobody will read (its request ended before prefill)."""
     if ref.transport == "redis":
-        store.r.delete(ref.location)
+        store.drop_parked(ref.location)
     elif ref.host == socket.gethostname():
         (SHM_DIR / ref.location).unlink(missing_ok=True)
 

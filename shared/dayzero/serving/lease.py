@@ -7,7 +7,7 @@ import threading
 
 import redis
 
-from .store import Store
+from .lifecycle import Lifecycle
 
 log = logging.getLogger("dayzero.lease")
 
@@ -16,7 +16,7 @@ class Heartbeat:
     """Refreshes the leases of ``ids`` (owned by ``owner``) until the block ends, or until a request
     is ``release``d from it (its lease is about to change hands)."""
 
-    def __init__(self, store: Store, ids: list[str], owner: str, lease_s: float) -> None:
+    def __init__(self, store: Lifecycle, ids: list[str], owner: str, lease_s: float) -> None:
         self._store, self._ids, self._owner, self._lease_s = store, list(ids), owner, lease_s
         self._stop = threading.Event()
         self._lock = threading.Lock()  # a beat in flight finishes before a release returns

@@ -6,57 +6,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..guided import Grammar
-from ..sampling import MAX_LOGPROBS, SamplingParams
+from ..params import MAX_LOGPROBS, SamplingParams
 
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class GrammarSpec(Frozen):
-    """A constrained request's grammar (Lark, llguidance's dialect), rebuilt by every stage that samples."""
-
-    lark: str = Field(max_length=1 << 22)
-    after: int | None = None  # token after which the grammar applies (``</think>`` in thinking mode)
-
-
-class SamplingSpec(Frozen):
-    max_tokens: int = Field(default=64, ge=1)
-    temperature: float = Field(default=0.0, ge=0.0, le=100.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    logit_bias: dict[int, float] = {}
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # top alternatives; None: no logprobs
-    grammar: GrammarSpec | None = None
-
-    def params(self) -> SamplingParams:
-        return SamplingParams(
-            self.max_tokens,
-            self.temperature,
-            self.top_p,
-            self.top_k,
-            self.seed,
-            self.stop,
-            self.ignore_eos,
-            tuple(sorted(self.logit_bias.items())),
-            self.presence_penalty,
-            self.frequency_penalty,
-            self.logprobs,
-            Grammar(self.grammar.lark, self.grammar.after) if self.grammar else None,
-        )
-
-
 class GenerationRequest(Frozen):
     request_id: str
     kind: Literal["chat", "completion"] = "completion"  # the API shape its stream is served in
     prompt_ids: tuple[int, ...]  # image placeholders already expanded to one position per merged patch
-    sampling: SamplingSpec
+    sampling: SamplingParams  # by field name on the wire; checked again when a stage rebuilds it
     created: float  # unix time the gateway accepted it
     images: int = 0  # images whose embeddings fill the placeholder positions (their bytes wait in Redis)
     echo: bool = False  # a completion that starts with its prompt

@@ -12,26 +12,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
 
 import redis
-import torch
 from opentelemetry import trace
 
 from ..completion import Completion, context_limit
-from ..kv.handoff import export_state, import_state
 from ..kv.pools import OutOfBlocks
-from ..model.forward import prefill
-from ..model.vocab import embed_tokens
-from ..sampling import Logprob, PromptLogprobs
+from ..params import Logprob
 from ..telemetry import continued, tracer
-from ..vision.encoder import splice
 from .handoff import discard_tensor, publish, take_tensor
 from .intake import Intake, Ticket, run_loop
 from .lease import Heartbeat
 from .messages import DecodeJob, PrefillJob
+from .prefill_batch import BatchInput, echo_of, input_embeddings, merged, prefill_batch
+from .records import Token
 from .runtime import Runtime
-from .store import Token
 
 log = logging.getLogger("dayzero.prefill")
 
@@ -50,7 +45,7 @@ class PrefillLoop:
     def _iteration(self) -> None:
         self.pending.extend(self.intake.drain(0.05 if not self.pending else 0))
         self._reclaim_handoffs()
-        self.r.store.worker_alive("prefill", self.r.name, self.r.snapshot(len(self.pending) or 1))
+        self.r.announce(len(self.pending) or 1)
         if self.pending:
             taken = self._take_batch()
             try:
@@ -85,8 +80,7 @@ class PrefillLoop:
         rid = job.request.request_id
         if job.embeddings is not None:
             discard_tensor(job.embeddings, store)
-        store.end(rid, len(job.generated) if index is None else index, reason, message)
-        store.finish(rid, reason)
+        store.settle(rid, reason, len(job.generated) if index is None else index, message)
         ticket.done.set()
 
     def _take_batch(self) -> list[Ticket[PrefillJob]]:
@@ -114,13 +108,11 @@ class PrefillLoop:
         rid = job.request.request_id
         if (
             rid in self.r.pools.sequences  # a duplicate delivery of a request this worker holds
-            or job.attempt < store.attempt(rid)
-            or store.done(rid)
+            or store.stale(rid, job.attempt)
             or not store.claim(rid, self.r.name, self.r.settings.lease_s)
         ):
-            ticket.done.set()  # stale redelivery, finished, or owned by a live worker
+            ticket.done.set()  # stale redelivery, ended, or owned by a live worker
             return False
-        store.unqueue(rid)
         if store.cancelled([rid]):
             self._settle(ticket, "cancelled")
             return False
@@ -130,19 +122,22 @@ class PrefillLoop:
             if exc.permanent:
                 self._settle(ticket, "error", str(exc))
             else:
-                store.mark_queued(rid, self.r.settings.visibility_timeout_s)  # wait for blocks
+                store.requeue(rid, self.r.settings.visibility_timeout_s)  # wait for blocks
                 self.pending.append(ticket)
             return False
         return True
 
     def _run(self, batch: list[Ticket[PrefillJob]]) -> None:
         """Prefill admitted requests together; emit each one's first token and hand it to decode."""
-        if not batch:
+        ready = []
+        for ticket in batch:
+            try:
+                ready.append((ticket, self._input(ticket.job)))
+            except LookupError as exc:  # its image embeddings expired or went with a dead host
+                self._fail_one(ticket, exc)
+        if not ready:
             return
-        ids = [t.job.request.request_id for t in batch]
-        prompts = [list(t.job.request.prompt_ids) + list(t.job.generated) for t in batch]
-        embeds = [self._embeddings(t.job) for t in batch]
-        settings, model = self.r.settings, self.r.model
+        batch, inputs = [t for t, _ in ready], [item for _, item in ready]
         spans = [self._span(t.job, len(batch)) for t in batch]
         now = time.time()
         self.r.stats.add(
@@ -152,25 +147,32 @@ class PrefillLoop:
         )
         self.r.stats.set(batch_size=len(batch))
         self.r.stats.call("prefill")
-        echo = {  # prompt logprobs, once: a re-run's first token was streamed already
-            i: PromptLogprobs(t.job.request.prompt_logprobs)
-            for i, t in enumerate(batch)
-            if t.job.request.prompt_logprobs is not None and not t.job.generated
-        }
-        limit = context_limit(model.cfg, settings.max_context)
+        limit = context_limit(self.r.model.cfg, self.r.settings.max_context)
+        ids = [item.seq_id for item in inputs]
         # the leases live until each request is handed on: a slow emit of a large batch must not let
         # the last ones lapse (the reaper would re-run a request that is being handed to decode)
-        with Heartbeat(self.r.store, ids, self.r.name, settings.lease_s) as beat:
-            logits = self._forward(ids, prompts, embeds, echo)
+        with Heartbeat(self.r.store, ids, self.r.name, self.r.settings.lease_s) as beat:
+            chunk = self.r.settings.prefill_chunk_size
+            logits = prefill_batch(self.r.model, self.r.pools, inputs, self.r.options, chunk)
+            source = merged(inputs)
+            self.r.stats.add(tokens=sum(len(inputs[i].tokens) for i, s in source.items() if s == i))
             for i, ticket in enumerate(batch):
                 beat.release(ids[i])
                 with trace.use_span(spans[i], end_on_exit=True):
                     try:
-                        self._emit(ticket, logits[i], limit, echo[i].scores if i in echo else None)
+                        self._emit(ticket, logits[i], limit, inputs[i].echo.scores if inputs[i].echo else None)
                     except redis.RedisError:
                         raise
                     except Exception as exc:  # this request's own sampling or handoff: it fails alone
                         self._fail_one(ticket, exc)
+
+    def _input(self, job: PrefillJob) -> BatchInput:
+        """The request's tokens, its parked image embeddings spliced in (taken once), its echo."""
+        rid, tokens = job.request.request_id, [*job.request.prompt_ids, *job.generated]
+        embeds = None
+        if job.embeddings is not None:
+            embeds = input_embeddings(self.r.model, job, take_tensor(job.embeddings, self.r.store))
+        return BatchInput(rid, tokens, embeds, echo_of(job))
 
     def _fail_one(self, ticket: Ticket[PrefillJob], exc: Exception) -> None:
         rid = ticket.job.request.request_id
@@ -180,42 +182,6 @@ class PrefillLoop:
         self.r.pools.release(rid)
         streamed = len(self.r.store.streamed_tokens(rid))  # its first token may have gone out already
         self._settle(ticket, "error", f"failed after prefill: {type(exc).__name__}", streamed)
-
-    def _forward(
-        self,
-        ids: list[str],
-        prompts: list[list[int]],
-        embeds: list[torch.Tensor | None],
-        echo: dict[int, PromptLogprobs],
-    ) -> list[torch.Tensor]:
-        """Each request's next-token logits. Identical text prompts (the choices of an ``n`` > 1
-        request) run once; the others copy that state into their own blocks."""
-        first: dict[tuple, int] = {}
-        copy_of = {}
-        for i, prompt in enumerate(prompts):
-            if embeds[i] is None:
-                copy_of[i] = first.setdefault((tuple(prompt), echo[i].top if i in echo else None), i)
-        run = [i for i in range(len(ids)) if copy_of.get(i, i) == i]
-        settings, pools = self.r.settings, self.r.pools
-        computed = prefill(
-            self.r.model,
-            pools,
-            [ids[i] for i in run],
-            [prompts[i] for i in run],
-            settings.attention(),
-            settings.prefill_chunk_size,
-            [embeds[i] for i in run] if any(e is not None for e in embeds) else None,
-            {j: echo[i] for j, i in enumerate(run) if i in echo},
-        )
-        logits = dict(zip(run, computed, strict=True))
-        for i, source in copy_of.items():
-            if source != i:
-                import_state(pools, pools, export_state(pools, ids[source]), ids[i])
-                logits[i] = logits[source]
-                if i in echo:
-                    echo[i].scores = echo[source].scores
-        self.r.stats.add(tokens=sum(len(prompts[i]) for i in run))
-        return [logits[i] for i in range(len(ids))]
 
     @staticmethod
     def _span(job: PrefillJob, batch: int) -> trace.Span:
@@ -231,26 +197,12 @@ class PrefillLoop:
                 },
             )
 
-    def _embeddings(self, job: PrefillJob) -> torch.Tensor | None:
-        """Input embeddings with the images' rows spliced in (None for a text-only prompt)."""
-        if job.embeddings is None:
-            return None
-        prompt, image_token = list(job.request.prompt_ids), self.r.model.cfg.raw["image_token_id"]
-        model = self.r.model
-        embed = partial(embed_tokens, model)  # vocabulary rows split over a tensor-parallel group
-        device = model.embed.weight.device
-        images = take_tensor(job.embeddings, self.r.store).to(device)
-        with torch.inference_mode():
-            rows = splice(embed(torch.tensor(prompt, device=device)), prompt, image_token, [images])
-            tail = embed(torch.tensor(list(job.generated), dtype=torch.long, device=device))  # a re-run: text after
-        return torch.cat((rows, tail))
-
     def _emit(self, ticket: Ticket[PrefillJob], logits, limit: int, prompt_logprobs: list[Logprob] | None) -> None:
         job, store, settings = ticket.job, self.r.store, self.r.settings
         rid, prompt = job.request.request_id, job.request.prompt_ids
         completion = Completion(
             self.r.codec,
-            job.request.sampling.params(),
+            job.request.sampling,
             self.r.model.cfg.eos_token_ids,
             len(prompt),
             limit,
@@ -262,13 +214,13 @@ class PrefillLoop:
         store.append([first])
         if step.finish_reason:
             self.r.pools.release(rid)
-            store.finish(rid, step.finish_reason)
+            store.settle(rid, step.finish_reason)
         else:
             with tracer.start_as_current_span("kv.export", attributes={"dayzero.transport": settings.handoff}):
                 start = time.perf_counter()
                 ref = publish(self.r.pools, rid, rid, settings.handoff, store, settings.handoff_timeout_s)
                 self.r.stats.add(handoff_seconds=time.perf_counter() - start)
-            store.offer_handoff(rid, settings.handoff_timeout_s)
+            store.hand_off(rid, settings.handoff_timeout_s)
             if settings.handoff == "redis":
                 self.r.pools.release(rid)
             else:

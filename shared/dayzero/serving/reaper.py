@@ -10,39 +10,31 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from .lifecycle import Lifecycle
 from .messages import PrefillJob
-from .store import P, Store
 
 log = logging.getLogger("dayzero.reaper")
 MAX_ATTEMPTS = 4
 
 
-def sweep(store: Store, send: Callable[[PrefillJob, str], None], queued_ttl_s: float, lock_ms: int) -> list[str]:
+def sweep(store: Lifecycle, send: Callable[[PrefillJob, str], None], queued_ttl_s: float, lock_ms: int) -> list[str]:
     """One pass over the unfinished requests; returns the ids re-enqueued.
 
     ``send(job, stage)`` queues a re-run: at the vision stage when the request has images.
     """
-    if not store.r.set(f"{P}reaper", 1, px=lock_ms, nx=True):
+    if not store.sweep_lock(lock_ms):
         return []  # another gateway swept just now
     rerun = []
     for rid in store.active():
-        if store.done(rid):
-            store.r.srem(f"{P}active", rid)
-            continue
-        if store.queued(rid) or store.owner(rid):
-            continue
-        request = store.request(rid)
+        request = store.request(rid) if store.orphaned(rid) else None
         if request is None:
-            store.r.srem(f"{P}active", rid)
             continue
-        attempt = store.next_attempt(rid)
+        attempt = store.rerun(rid, queued_ttl_s)
         generated = tuple(store.streamed_tokens(rid))
         if attempt > MAX_ATTEMPTS:
-            store.end(rid, len(generated), "error", "the request failed on several workers")
-            store.finish(rid, "error")
+            store.settle(rid, "error", len(generated), "the request failed on several workers")
             continue
         log.warning("request %s lost its worker; re-running from token %d (attempt %d)", rid, len(generated), attempt)
-        store.mark_queued(rid, queued_ttl_s)
         send(
             PrefillJob(request=request, generated=generated, attempt=attempt), "vision" if request.images else "prefill"
         )

@@ -7,37 +7,38 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 import redis
+import torch
 
 from ..checkpoint import load_model
 from ..kv.layout import PoolLayout
 from ..kv.pools import KVPools
 from ..kv.shared import CudaSharedPools, Segment, SharedPools, sweep_stale
+from ..model.plan import AttentionOptions
 from ..model.weights import Transformer
 from ..settings import Settings
 from ..tokenizer import IdsOnlyCodec, TextCodec, load_codec
+from .lifecycle import Lifecycle
 from .metrics import WorkerStats
-from .store import Store
+from .registry import Registry
 
 log = logging.getLogger("dayzero.worker")
 
 
-def checkpoint_path(settings: Settings) -> Path:
-    """The configured checkpoint, or the built-in demo checkpoint (created once)."""
-    if settings.checkpoint is not None:
-        return settings.checkpoint
-    from ..demo import ensure_demo_checkpoint
+def torch_dtype(settings: Settings) -> torch.dtype:
+    return torch.bfloat16 if settings.dtype == "bfloat16" else torch.float32
 
-    return ensure_demo_checkpoint(settings.demo_checkpoint)
+
+def attention_options(settings: Settings) -> AttentionOptions:
+    return AttentionOptions(settings.attention_backend, settings.sparse_attention)
 
 
 class LoadProgress:
     """Weight loading, reported every few percent to the log and to Redis (``/ready`` shows it)."""
 
-    def __init__(self, store: Store, worker: str, stage: str, step: int = 5) -> None:
-        self.store, self.worker, self.stage, self.step = store, worker, stage, step
+    def __init__(self, registry: Registry, worker: str, stage: str, step: int = 5) -> None:
+        self.registry, self.worker, self.stage, self.step = registry, worker, stage, step
         self.shown, self.started = -step, time.monotonic()
 
     def __call__(self, done: int, total: int) -> None:
@@ -53,7 +54,7 @@ class LoadProgress:
 
     def _report(self, percent: int | None) -> None:
         with contextlib.suppress(redis.RedisError):  # Redis not up yet: the log still has it
-            self.store.loading(self.worker, self.stage, percent)
+            self.registry.loading(self.worker, self.stage, percent)
 
 
 @dataclass
@@ -62,20 +63,24 @@ class Runtime:
     model: Transformer
     codec: TextCodec | IdsOnlyCodec
     pools: KVPools
-    store: Store
+    store: Lifecycle
+    registry: Registry
     name: str
     segment: Segment | None
     stats: WorkerStats
+    options: AttentionOptions
+    weight_bytes: int = 0
+    _announced: float = 0.0  # monotonic time of the last announce
 
     @classmethod
     def load(cls, settings: Settings, name: str, stage: str, shared: bool) -> Runtime:
         """``name`` identifies the worker in leases and heartbeats (unique per process); ``shared``:
         pools another process can read (prefill's, unless the handoff goes through Redis)."""
-        path = checkpoint_path(settings)
-        dtype = settings.torch_dtype
+        path = settings.checkpoint_dir()
+        dtype = torch_dtype(settings)
         name = f"{name}:{uuid.uuid4().hex[:6]}"
-        store = Store.connect(settings.redis_url, settings.stream_ttl_s)
-        progress = LoadProgress(store, name, stage)
+        store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)
+        progress = LoadProgress(Registry(store.r), name, stage)
         model = load_model(
             path,
             dtype,
@@ -106,22 +111,24 @@ class Runtime:
             load_codec(path),
             pools,
             store,
+            Registry(store.r),
             name,
             segment,
             WorkerStats(stage),
+            attention_options(settings),
         )
         runtime.stats.set(weights_checked=model.weight_check.tensors)
+        runtime.weight_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
         return runtime
 
     def memory_regions(self, batch: int) -> dict[str, int]:
         """Resident bytes by region (activations and hyper-connection state: estimates for ``batch``)."""
         cfg, model = self.model.cfg, self.model
-        weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
         converter = getattr(model, "expert_converter", None)
         elem = model.head.weight.element_size()
         rows = self.settings.prefill_chunk_size if self.stats.stage == "prefill" else batch
         return {
-            "packed_weights": weights,
+            "packed_weights": self.weight_bytes,
             "dequant_workspace": converter.counters.workspace_bytes if converter else 0,
             "expert_cache": converter.counters.cache_bytes if converter else 0,
             "attention_pools": self.pools.storage_bytes(),
@@ -142,6 +149,13 @@ class Runtime:
         self.stats.pools = self.pools.usage()
         self.stats.memory = self.memory_regions(batch)
         return self.stats.snapshot()
+
+    def announce(self, batch: int) -> None:
+        """This worker is alive, with its metrics: a few times per lease period, not every step."""
+        now = time.monotonic()
+        if now - self._announced >= self.settings.lease_s / 4:
+            self._announced = now
+            self.registry.alive(self.stats.stage, self.name, self.snapshot(batch))
 
     def close(self) -> None:
         if self.segment is not None:

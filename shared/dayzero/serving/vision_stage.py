@@ -18,20 +18,20 @@ import torch
 from ..settings import Settings
 from ..telemetry import continued
 from ..vision.encoder import VisionEncoder, load_tower
-from ..vision.preprocess import ImageError
+from ..vision.images import ImageError
 from .handoff import publish_tensor, sweep_parked
 from .lease import Heartbeat
+from .lifecycle import Lifecycle
 from .messages import PrefillJob
 from .metrics import WorkerStats
-from .runtime import checkpoint_path
-from .store import Store
+from .registry import Registry
 
 log = logging.getLogger("dayzero.vision")
 
 
 class VisionStage:
     def __init__(self, settings: Settings, name: str, send_prefill: Callable[[PrefillJob], None]) -> None:
-        tower = load_tower(checkpoint_path(settings))
+        tower = load_tower(settings.checkpoint_dir())
         if tower is None:
             raise RuntimeError("the checkpoint has no vision tower (no vision_config in config.json)")
         tower.to(settings.device)
@@ -39,18 +39,20 @@ class VisionStage:
         self.encoder = VisionEncoder(
             tower, settings.patch_spec(), settings.image_limits(), settings.encoder_cache_mb << 20
         )
-        self.store = Store.connect(settings.redis_url, settings.stream_ttl_s)
+        self.store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)
+        self.registry = Registry(self.store.r)
         self.stats = WorkerStats("vision")
         self._lock = threading.Lock()
         self.stop = threading.Event()
 
-    def heartbeat_forever(self) -> None:
+    def run_forever(self) -> None:
+        """Heartbeats (the work itself arrives through ``handle``) and the sweep of parked embeddings."""
         while not self.stop.wait(self.settings.lease_s / 3):
             swept = sweep_parked()
             if swept:
                 log.warning("unlinked %d parked embedding segment(s) nobody read: %s", len(swept), swept)
             try:
-                self.store.worker_alive("vision", self.name, self.snapshot())
+                self.registry.alive("vision", self.name, self.snapshot())
             except Exception:  # noqa: BLE001 - Redis restarting: the next beat retries
                 log.warning("heartbeat failed")
 
@@ -66,17 +68,18 @@ class VisionStage:
         }
         return self.stats.snapshot()
 
-    def run(self, job: PrefillJob) -> None:
+    def close(self) -> None:
+        """Nothing to free: parked embeddings belong to their readers (or the sweep)."""
+
+    def handle(self, job: PrefillJob) -> None:
         rid = job.request.request_id
-        if job.attempt < self.store.attempt(rid) or self.store.done(rid):
-            return  # a stale redelivery, or finished
+        if self.store.stale(rid, job.attempt):
+            return  # a stale redelivery, or ended
         if self.store.cancelled([rid]):
-            self.store.end(rid, len(job.generated), "cancelled")
-            self.store.finish(rid, "cancelled")
+            self.store.settle(rid, "cancelled", len(job.generated))
             return
         if not self.store.claim(rid, self.name, self.settings.lease_s):
             return  # a live worker has it
-        self.store.unqueue(rid)
         self.stats.add(queued_requests=1, queue_seconds=time.time() - job.request.created)
         try:
             with self._lock, continued(job.trace), Heartbeat(self.store, [rid], self.name, self.settings.lease_s):
@@ -84,12 +87,10 @@ class VisionStage:
             self.stats.call("vision.encode")
         except (ImageError, ValueError) as exc:
             self.stats.call("vision.encode", failed=True)
-            self.store.end(rid, len(job.generated), "error", f"image refused: {exc}")
-            self.store.finish(rid, "error")
+            self.store.settle(rid, "error", len(job.generated), f"image refused: {exc}")
             return
         settings = self.settings
         transport = "redis" if settings.handoff == "redis" else "shm"  # vision and prefill share a host
         ref = publish_tensor(torch.cat(images), rid, transport, self.store, settings.visibility_timeout_s)
-        self.store.mark_queued(rid, self.settings.visibility_timeout_s)  # queued for prefill now,
-        self.store.release_lease(rid)  # so prefill can claim it (and the reaper leaves it alone)
+        self.store.requeue(rid, settings.visibility_timeout_s, release=True)  # prefill may claim it now
         self.send_prefill(job.model_copy(update={"embeddings": ref}))

@@ -7,9 +7,10 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from celery import Celery, signals
+from celery import signals
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
 from ..settings import Settings
@@ -35,21 +36,67 @@ def exit_on_failure(start: Callable[..., None], stage: str) -> Callable[..., Non
     return receiver
 
 
-class StageWorker:
-    """Holds one stage's runtime and loop for the life of the worker process."""
+class Stage(Protocol):
+    """What a worker process runs: a loop thread, and the jobs its Celery tasks hand it."""
 
-    def __init__(
-        self,
-        app: Celery,
-        settings: Settings,
-        stage: str,
-        make_loop: Callable[[Runtime, Celery], Any],
-        shared_pools: bool,
-    ) -> None:
-        self.app, self.settings, self.stage = app, settings, stage
-        self._make_loop, self._shared = make_loop, shared_pools
-        self.loop: Any = None
-        self.runtime: Runtime | None = None
+    name: str
+    stop: threading.Event
+
+    def run_forever(self) -> None: ...
+
+    def handle(self, job: Any) -> None:
+        """Admit ``job`` and return once it is settled (the task holds its ack until then)."""
+
+    def snapshot(self) -> dict: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class LoopStage:
+    """A prefill or decode loop over its runtime, as a Stage."""
+
+    runtime: Runtime
+    loop: Any  # PrefillLoop | DecodeLoop: intake, stop, run_forever
+
+    @property
+    def name(self) -> str:
+        return self.runtime.name
+
+    @property
+    def stop(self) -> threading.Event:
+        return self.loop.stop
+
+    def run_forever(self) -> None:
+        self.loop.run_forever()
+
+    def handle(self, job: Any) -> None:
+        self.loop.intake.submit(job).done.wait()
+
+    def snapshot(self) -> dict:
+        return self.runtime.snapshot(1)
+
+    def close(self) -> None:
+        self.runtime.close()
+
+
+def loop_stage(stage: str, settings: Settings, shared_pools: bool, make_loop: Callable[[Runtime], Any]):
+    """The ``build`` of a StageWorker whose stage is a loop over a Runtime (prefill, decode)."""
+
+    def build(name: str) -> LoopStage:
+        runtime = Runtime.load(settings, name, stage, shared=shared_pools)
+        return LoopStage(runtime, make_loop(runtime))
+
+    return build
+
+
+class StageWorker:
+    """One stage for the life of a Celery worker process: ``build(name)`` runs when Celery starts
+    (never at import), its loop on a thread; ``run`` is what the stage's task calls."""
+
+    def __init__(self, settings: Settings, stage: str, build: Callable[[str], Stage]) -> None:
+        self.settings, self.stage, self._build = settings, stage, build
+        self.running: Stage | None = None
         self._ready = threading.Event()
         signals.worker_init.connect(exit_on_failure(self._start, stage), weak=False)
         signals.worker_shutting_down.connect(self._exit_soon, weak=False)
@@ -59,13 +106,12 @@ class StageWorker:
         name = getattr(sender, "hostname", None) or self.stage  # celery's -n, e.g. "decode0@host"
         setup_tracing(self.settings, self.stage)
         CeleryInstrumentor().instrument()
-        self.runtime = Runtime.load(self.settings, name, self.stage, shared=self._shared)
+        running = self.running = self._build(name)
         if self.settings.metrics_port:
-            serve_metrics(self.settings.metrics_port, lambda: {self.runtime.name: self.runtime.snapshot(1)})
-        self.loop = self._make_loop(self.runtime, self.app)
-        threading.Thread(target=self.loop.run_forever, name=f"{self.stage}-loop", daemon=True).start()
+            serve_metrics(self.settings.metrics_port, lambda: {running.name: running.snapshot()})
+        threading.Thread(target=running.run_forever, name=f"{self.stage}-loop", daemon=True).start()
         self._ready.set()
-        log.info("%s ready", self.runtime.name)
+        log.info("%s ready", running.name)
 
     def _exit_soon(self, **_: object) -> None:
         """SIGTERM: Celery's warm shutdown waits for running tasks (whole generations) and, with
@@ -82,15 +128,14 @@ class StageWorker:
         threading.Thread(target=exit_later, name="exit-watchdog", daemon=True).start()
 
     def _stop(self, **_: object) -> None:
-        if self.loop is not None:
-            self.loop.stop.set()
-        if self.runtime is not None:
-            self.runtime.close()
+        if self.running is not None:
+            self.running.stop.set()
+            self.running.close()
 
     def run(self, job: Any) -> None:
-        """Called by the Celery task: admit the job and wait until the loop settles it."""
+        """Called by the Celery task: admit the job and wait until the stage settles it."""
         self._ready.wait()
-        self.loop.intake.submit(job).done.wait()
+        self.running.handle(job)
 
 
 def worker_argv(stage: str, concurrency: int, name: str) -> list[str]:

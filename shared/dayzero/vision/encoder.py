@@ -18,7 +18,8 @@ from safetensors import safe_open
 
 from ..checkpoint_files import CheckpointError, canonical_name
 from ..telemetry import tracer
-from .preprocess import ImageLimits, PatchSpec, decode, process
+from .images import ImageLimits, PatchSpec, decode, expand
+from .preprocess import process
 from .tower import VisionConfig, VisionTower, encode
 
 _VISUAL = re.compile(r"^visual\.")
@@ -80,17 +81,6 @@ class VisionEncoder:
             self.counters.cache_bytes -= old.numel() * old.element_size()
         self._cache[key] = value.clone()
         self.counters.cache_bytes += size
-
-
-def expand(ids: list[int], image_token: int, counts: list[int]) -> list[int]:
-    """Each placeholder -> ``counts[i]`` copies (the i-th image's merged patches)."""
-    found = sum(1 for t in ids if t == image_token)
-    if found != len(counts):
-        raise ValueError(f"the prompt has {found} image placeholders for {len(counts)} images")
-    out, images = [], iter(counts)
-    for t in ids:
-        out.extend([t] * next(images) if t == image_token else [t])
-    return out
 
 
 def splice(token_embeds: torch.Tensor, ids: list[int], image_token: int, images: list[torch.Tensor]) -> torch.Tensor:

@@ -1,158 +1,18 @@
-"""Images in: decode safely with Pillow, then resize / normalise / patchify like transformers'
-Qwen2-VL image processor (PIL backend): sides multiples of patch x merge within
-[min_pixels, max_pixels], bicubic resize, CLIP mean/std, patches laid out merge-block-major.
-
-Accepts base64 ``data:`` URLs and raw bytes; PNG, JPEG, WebP, GIF (first frame). Remote
-``http(s)`` URLs are refused unless their host is allowed. Every limit violation and every
-truncated, corrupt or unsupported input is an ``ImageError`` (the gateway's HTTP 400).
+"""Images to pixel values like transformers' Qwen2-VL image processor (PIL backend): sides
+multiples of patch x merge within [min_pixels, max_pixels] (``target_size``), bicubic resize,
+CLIP mean/std, patches laid out merge-block-major.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
-import math
-import warnings
-from dataclasses import dataclass
-from urllib.parse import urlparse
-
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image
 
-FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
+from .images import PatchSpec, target_size
+
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-
-
-class ImageError(ValueError):
-    """An image the server refuses; the message says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class ImageLimits:
-    max_bytes: int = 10 << 20
-    max_pixels: int = 40_000_000  # decoded width x height, checked before decoding the data
-    max_images: int = 8
-    allowed_hosts: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class PatchSpec:
-    patch_size: int = 14
-    merge_size: int = 2
-    temporal_patch_size: int = 2
-    min_pixels: int = 56 * 56
-    max_pixels: int = 28 * 28 * 1280
-
-
-def image_bytes(url: str, limits: ImageLimits) -> bytes:
-    """The encoded bytes behind an ``image_url`` (a base64 data URL; remote hosts refused by default)."""
-    if url.startswith("data:"):
-        header, _, payload = url.partition(",")
-        if ";base64" not in header or not header.startswith("data:image/"):
-            raise ImageError("image data URLs must look like data:image/<type>;base64,<data>")
-        if len(payload) * 3 // 4 > limits.max_bytes:
-            raise ImageError(f"image larger than {limits.max_bytes} bytes")
-        try:
-            return base64.b64decode(payload, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise ImageError(f"image data URL is not valid base64: {exc}") from exc
-    scheme = urlparse(url).scheme
-    if scheme in ("http", "https"):
-        host = urlparse(url).hostname or ""
-        if host not in limits.allowed_hosts:
-            raise ImageError(f"remote image URLs are not allowed (host {host!r}); send a base64 data URL")
-        return _fetch(url, limits)
-    raise ImageError(f"unsupported image URL scheme {scheme!r}")
-
-
-def _fetch(url: str, limits: ImageLimits) -> bytes:
-    """GET an image from an allowed host: bounded time and bytes, no redirects elsewhere."""
-    import httpx
-
-    try:
-        with httpx.stream("GET", url, timeout=10, follow_redirects=False) as response:
-            if response.status_code != 200:
-                raise ImageError(f"fetching the image failed: HTTP {response.status_code}")
-            data = bytearray()
-            for chunk in response.iter_bytes():
-                data += chunk
-                if len(data) > limits.max_bytes:
-                    raise ImageError(f"image larger than {limits.max_bytes} bytes")
-            return bytes(data)
-    except httpx.HTTPError as exc:
-        raise ImageError(f"fetching the image failed: {exc}") from exc
-
-
-def _open(data: bytes, limits: ImageLimits) -> Image.Image:
-    """Pillow's lazy open: the format and size from the header; no pixel data decoded yet."""
-    if len(data) > limits.max_bytes:
-        raise ImageError(f"image larger than {limits.max_bytes} bytes")
-    image = Image.open(io.BytesIO(data))
-    if image.format not in FORMATS:
-        raise ImageError(f"unsupported image format {image.format}; use PNG, JPEG, WebP or GIF")
-    width, height = image.size
-    if width * height > limits.max_pixels:
-        raise ImageError(f"image of {width}x{height} pixels exceeds the limit of {limits.max_pixels}")
-    return image
-
-
-def _guarded(read, limits: ImageLimits):
-    """Run ``read`` with every Pillow failure (bombs, corrupt data) as an ImageError."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            return read()
-    except ImageError:
-        raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise ImageError(
-            f"image exceeds the limit of {limits.max_pixels} decoded pixels (refused before "
-            "decoding: a decompression bomb)"
-        ) from exc
-    except UnidentifiedImageError as exc:
-        raise ImageError(f"not a readable image: {exc}") from exc
-    except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt data
-        raise ImageError(f"corrupt or truncated image: {exc}") from exc
-
-
-def probe(data: bytes, limits: ImageLimits) -> tuple[int, int]:
-    """(width, height) from the image's header alone, with the byte, format and pixel limits checked."""
-    return _guarded(lambda: _open(data, limits).size, limits)
-
-
-def decode(data: bytes, limits: ImageLimits) -> Image.Image:
-    """Bytes -> RGB image: size checked before decoding, EXIF orientation applied, alpha on white."""
-
-    def load() -> Image.Image:
-        image = _open(data, limits)
-        image.seek(0)  # GIF: the first frame
-        image.load()
-        return image
-
-    image = ImageOps.exif_transpose(_guarded(load, limits))
-    if "A" in image.getbands() or image.info.get("transparency") is not None:
-        rgba = image.convert("RGBA")
-        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
-    return image.convert("RGB")
-
-
-def target_size(height: int, width: int, spec: PatchSpec) -> tuple[int, int]:
-    """Qwen2-VL's smart resize: sides multiples of patch x merge, pixels within [min, max]."""
-    factor = spec.patch_size * spec.merge_size
-    if max(height, width) / min(height, width) > 200:
-        raise ImageError(f"image aspect ratio {max(height, width) / min(height, width):.0f}:1 exceeds 200:1")
-    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
-    if h_bar * w_bar > spec.max_pixels:
-        beta = math.sqrt(height * width / spec.max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < spec.min_pixels:
-        beta = math.sqrt(spec.min_pixels / (height * width))
-        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
 
 
 def patchify(image: Image.Image, spec: PatchSpec) -> tuple[torch.Tensor, tuple[int, int, int]]:

@@ -1,0 +1,71 @@
+"""The sampling contract: one frozen dataclass from the API edge to the sampler.
+
+The gateway validates a request body against these bounds (400 naming the parameter) and builds
+``SamplingParams`` once; it travels on the broker by field name (pydantic serializes the dataclass
+inside ``GenerationRequest``) and is rebuilt, re-checked, in every stage. Plain data, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Floors and bounds that sampling needs: a temperature of 1e-310 divides logits into infinities, and
+# token i of a seeded request draws from seed * 1_000_003 + i, which must fit torch's 64-bit seed.
+MAX_TEMPERATURE = 100.0
+MIN_TEMPERATURE = 1e-3
+MIN_TOP_P = 1e-3
+MAX_SEED = 2**44
+MAX_PENALTY = 2.0
+MAX_BIAS = 100.0
+MAX_LOGPROBS = 20
+
+Logprob = tuple[float, tuple[tuple[int, float], ...]]  # a token's log-probability, the top (token, logprob)s
+
+
+@dataclass(frozen=True, slots=True)
+class Grammar:
+    """A constrained request's grammar (Lark, llguidance's dialect), rebuilt by every stage that samples."""
+
+    lark: str
+    after: int | None = None  # the grammar starts after this token (``</think>``: reasoning is free)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 64
+    temperature: float = 0.0  # 0 = greedy, else at least MIN_TEMPERATURE
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no limit
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias added to its logit), as OpenAI's
+    presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated
+    frequency_penalty: float = 0.0  # subtracted per earlier occurrence of the token in the completion
+    logprobs: int | None = None  # report each token's log-probability and this many top alternatives
+    grammar: Grammar | None = None  # constrained decoding: only tokens the grammar allows
+
+    def __post_init__(self) -> None:
+        problem = next((message for broken, message in _checks(self) if broken), None)
+        if problem:
+            raise ValueError(problem)
+
+
+def _checks(p: SamplingParams) -> list[tuple[bool, str]]:
+    return [
+        (p.max_tokens < 1, "max_tokens must be >= 1"),
+        (
+            not (p.temperature == 0.0 or MIN_TEMPERATURE <= p.temperature <= MAX_TEMPERATURE),
+            f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]",
+        ),
+        (not MIN_TOP_P <= p.top_p <= 1.0, f"top_p must be in [{MIN_TOP_P}, 1]"),
+        (p.top_k < 0, "top_k must be >= 0"),
+        (p.seed is not None and not 0 <= p.seed <= MAX_SEED, f"seed must be in [0, {MAX_SEED}]"),
+        (any(not s for s in p.stop), "stop strings must not be empty"),
+        (any(not -MAX_BIAS <= b <= MAX_BIAS for _, b in p.logit_bias), f"logit_bias values must be in ±{MAX_BIAS}"),
+        (
+            not (abs(p.presence_penalty) <= MAX_PENALTY and abs(p.frequency_penalty) <= MAX_PENALTY),
+            f"presence_penalty and frequency_penalty must be in [-{MAX_PENALTY}, {MAX_PENALTY}]",
+        ),
+        (p.logprobs is not None and not 0 <= p.logprobs <= MAX_LOGPROBS, f"logprobs must be in [0, {MAX_LOGPROBS}]"),
+    ]

@@ -1,0 +1,246 @@
+"""A request's life in Redis: its states, every key that holds them, and the only functions that
+move a request from one state to the next. No other module writes these keys.
+
+    admit ─> queued ─> [vision] ─> prefill ─> handed off ─> decoding ─> finished
+               ^          │           │           │             │     ├─> cancelled
+               │          └───────────┴───────────┴─────────────┴─────┴─> failed
+               └── rerun: a lease lapsed (its worker died); the tokens already streamed go with it
+
+state          keys (prefix ``dz:``)
+queued         req:{id} the request JSON, images:{id} its image bytes, active (the set of unfinished
+               ids), access:{id} who may read it, queued:{id} until a stage claims it (lapses with the
+               broker's visibility timeout)
+vision,        lease:{id} = the worker, kept alive by heartbeats; attempt:{id} the run it is on (an
+prefill,       older delivery is stale)
+decoding
+handed off     handoff:{id} and lease:{id} = "handoff": prefill's blocks wait for decode to take them;
+               kvstate:{id} the state itself when it travels through Redis
+ended          done:{id} = finished (stop, length) | cancelled | error; tokens:{id} closed
+any            tokens:{id} the token stream (dayzero.serving.records), cancel:{id} a cancel request,
+               watchers:{id} clients reading the stream
+
+Worker keys (not a request's): workers:{stage}, usage:{worker}, loading:{worker} (registry.py),
+tensor:{key} parked image embeddings, wake:{gateway} the stream reader's wake-up, reaper (its lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import redis
+import redis.asyncio as aioredis
+
+from .messages import GenerationRequest
+from .records import Token, encode, ending
+
+P = "dz:"
+HANDOFF_OWNER = "handoff"
+
+
+def key(family: str, name: str = "") -> str:
+    """``dz:{family}:{name}`` (``dz:{family}`` for the global ones: active, reaper)."""
+    return f"{P}{family}:{name}" if name else f"{P}{family}"
+
+
+class Lifecycle:
+    """The transitions over one synchronous Redis client (the stages, the gateway's thread pool)."""
+
+    def __init__(self, client: redis.Redis, stream_ttl_s: int = 600) -> None:
+        self.r, self.ttl_s = client, stream_ttl_s
+
+    @classmethod
+    def connect(cls, url: str, stream_ttl_s: int = 600) -> Lifecycle:
+        client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=5)
+        return cls(client, stream_ttl_s)
+
+    # -- admit: -> queued ---------------------------------------------------------------------------
+    def admit(self, request: GenerationRequest, images: list[bytes], reader: str, queued_s: float) -> None:
+        """Record the request, its images' bytes and the digest of who may read its stream; queued."""
+        rid, keep = request.request_id, self.ttl_s * 4
+        pipe = self.r.pipeline()
+        pipe.set(key("req", rid), request.model_dump_json(), ex=keep)
+        if images:
+            pipe.rpush(key("images", rid), *images)
+            pipe.expire(key("images", rid), keep)
+        pipe.set(key("access", rid), reader, ex=keep)
+        pipe.set(key("queued", rid), 1, px=int(queued_s * 1000))
+        pipe.sadd(key("active"), rid)
+        pipe.execute()
+
+    def request(self, rid: str) -> GenerationRequest | None:
+        raw = self.r.get(key("req", rid))
+        return GenerationRequest.model_validate_json(raw) if raw else None
+
+    def images(self, rid: str) -> list[bytes]:
+        return list(self.r.lrange(key("images", rid), 0, -1))
+
+    # -- a stage takes it: queued -> vision | prefill -------------------------------------------------
+    def stale(self, rid: str, attempt: int) -> bool:
+        """An older run's delivery, or the request has ended: drop the message."""
+        current, done = self.r.mget(key("attempt", rid), key("done", rid))
+        return bool(done) or attempt < int(current or 0)
+
+    def claim(self, rid: str, owner: str, lease_s: float) -> bool:
+        """Own the request unless someone else alive does (the owner may claim again: a batch it
+        retries after Redis came back); it is no longer queued."""
+        taken = self.r.set(key("lease", rid), owner, px=int(lease_s * 1000), nx=True) or self.owner(rid) == owner
+        if taken:
+            self.r.delete(key("queued", rid))
+        return bool(taken)
+
+    def requeue(self, rid: str, queued_s: float, release: bool = False) -> None:
+        """Back to queued: waiting for blocks, or handed from vision to prefill (``release``: drop the
+        lease so the next stage can claim it; the queued mark keeps the reaper away meanwhile)."""
+        pipe = self.r.pipeline()
+        pipe.set(key("queued", rid), 1, px=int(queued_s * 1000))
+        if release:
+            pipe.delete(key("lease", rid))
+        pipe.execute()
+
+    def heartbeat(self, rids: list[str], owner: str, lease_s: float) -> None:
+        if rids:
+            pipe = self.r.pipeline()
+            for rid in rids:
+                pipe.set(key("lease", rid), owner, px=int(lease_s * 1000))
+            pipe.execute()
+
+    def owner(self, rid: str) -> str | None:
+        raw = self.r.get(key("lease", rid))
+        return raw.decode() if raw else None
+
+    # -- prefill -> handed off -> decoding -------------------------------------------------------------
+    def hand_off(self, rid: str, ttl_s: float) -> None:
+        """Prefill's blocks stay leased to the request until decode takes them (or this expires)."""
+        pipe = self.r.pipeline()
+        pipe.set(key("handoff", rid), 1, px=int(ttl_s * 1000))
+        pipe.set(key("lease", rid), HANDOFF_OWNER, px=int(ttl_s * 1000))
+        pipe.execute()
+
+    def take_handoff(self, rid: str, owner: str, lease_s: float) -> None:
+        """Decode has the state: prefill may free its blocks; decode owns the request now."""
+        pipe = self.r.pipeline()
+        pipe.delete(key("handoff", rid))
+        pipe.set(key("lease", rid), owner, px=int(lease_s * 1000))
+        pipe.execute()
+
+    def handoffs_open(self, rids: list[str]) -> set[str]:
+        """Those whose prefill blocks decode may still take: offered, not taken, not expired, not
+        cancelled (a request cancelled while it waits for decode frees its blocks at once)."""
+        if not rids:
+            return set()
+        pipe = self.r.pipeline()
+        for rid in rids:
+            pipe.exists(key("handoff", rid))
+            pipe.exists(key("cancel", rid))
+        replies = pipe.execute()
+        return {rid for i, rid in enumerate(rids) if replies[2 * i] and not replies[2 * i + 1]}
+
+    def park(self, family: str, name: str, data: bytes, ttl_s: float) -> str:
+        """Bytes another stage takes once (``kvstate``: a handed-off state, ``tensor``: image embeddings)."""
+        location = key(family, name)
+        self.r.set(location, data, px=int(ttl_s * 1000))
+        return location
+
+    def take_parked(self, location: str) -> bytes | None:
+        return self.r.getdel(location)
+
+    def drop_parked(self, location: str) -> None:
+        self.r.delete(location)
+
+    # -- ended: finished | cancelled | failed ----------------------------------------------------------
+    def settle(self, rid: str, reason: str, end_at: int | None = None, message: str = "") -> None:
+        """End the request: its stream closes at ``end_at`` with ``reason`` (None: its last token
+        already carried the finish reason), it leaves the active set, its lease goes."""
+        if end_at is not None:
+            with contextlib.suppress(redis.ResponseError):  # already closed past this index
+                self.append([ending(rid, end_at, reason, message)])
+        pipe = self.r.pipeline()
+        pipe.set(key("done", rid), reason, ex=self.ttl_s)
+        pipe.srem(key("active"), rid)
+        pipe.delete(key("lease", rid), key("queued", rid))
+        pipe.execute()
+
+    def done(self, rid: str) -> str | None:
+        raw = self.r.get(key("done", rid))
+        return raw.decode() if raw else None
+
+    def cancel(self, rid: str) -> None:
+        self.r.set(key("cancel", rid), 1, ex=self.ttl_s)
+
+    def cancelled(self, rids: list[str]) -> set[str]:
+        if not rids:
+            return set()
+        marks = self.r.mget([key("cancel", rid) for rid in rids])
+        return {rid for rid, mark in zip(rids, marks, strict=True) if mark}
+
+    # -- the reaper: a lapsed lease -> queued again -----------------------------------------------------
+    def sweep_lock(self, lock_ms: int) -> bool:
+        """One gateway sweeps at a time."""
+        return bool(self.r.set(key("reaper"), 1, px=lock_ms, nx=True))
+
+    def active(self) -> list[str]:
+        return [m.decode() for m in self.r.smembers(key("active"))]
+
+    def orphaned(self, rid: str) -> bool:
+        """Unfinished, not queued, and nobody holds its lease (a request that ended or whose record
+        expired leaves the active set here)."""
+        if self.done(rid) or not self.r.exists(key("req", rid)):
+            self.r.srem(key("active"), rid)
+            return False
+        return not self.r.exists(key("queued", rid), key("lease", rid))
+
+    def rerun(self, rid: str, queued_s: float) -> int:
+        """Queue the request again; returns its new attempt number (older deliveries become stale)."""
+        attempt = int(self.r.incr(key("attempt", rid)))
+        self.r.set(key("queued", rid), 1, px=int(queued_s * 1000))
+        return attempt
+
+    # -- the token stream ---------------------------------------------------------------------------------
+    def append(self, tokens: list[Token]) -> list[bool]:
+        """Append tokens (one round trip); False where that index was already streamed (a replay)."""
+        pipe = self.r.pipeline(transaction=False)
+        for t in tokens:
+            pipe.xadd(key("tokens", t.request_id), encode(t), id=t.entry_id)
+            if t.finish_reason:
+                pipe.expire(key("tokens", t.request_id), self.ttl_s)
+        replies = iter(pipe.execute(raise_on_error=False))
+        added = []
+        for t in tokens:
+            reply = next(replies)
+            if t.finish_reason:
+                next(replies)
+            if isinstance(reply, redis.ResponseError) and "equal or smaller" not in str(reply):
+                raise reply
+            added.append(not isinstance(reply, Exception))
+        return added
+
+    def streamed_tokens(self, rid: str) -> list[int]:
+        return [int(f[b"t"]) for _, f in self.r.xrange(key("tokens", rid)) if int(f[b"t"]) >= 0]
+
+
+class Watching:
+    """The gateway's asynchronous side: who reads a stream, and the cancel when nobody does."""
+
+    def __init__(self, client: aioredis.Redis, stream_ttl_s: int) -> None:
+        self.r, self.ttl_s = client, stream_ttl_s
+
+    async def known(self, rid: str) -> bool:
+        return bool(await self.r.exists(key("req", rid)))
+
+    async def reader(self, rid: str) -> bytes | None:
+        """The digest of the API key or resume token that may read the stream."""
+        return await self.r.get(key("access", rid))
+
+    async def watch(self, rid: str) -> None:
+        await self.r.incr(key("watchers", rid))
+        await self.r.expire(key("watchers", rid), self.ttl_s)
+
+    async def unwatch(self, rid: str) -> int:
+        """A client went away; returns how many still read the stream."""
+        return int(await self.r.decr(key("watchers", rid)))
+
+    async def cancel_unwatched(self, rid: str) -> None:
+        """Ask the request's worker to stop, unless a client reads it again or it has ended."""
+        watchers = await self.r.get(key("watchers", rid))
+        if int(watchers or 0) <= 0 and not await self.r.exists(key("done", rid)):
+            await self.r.set(key("cancel", rid), 1, ex=self.ttl_s)

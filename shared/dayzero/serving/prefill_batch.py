@@ -1,0 +1,89 @@
+"""One packed prefill step as pure units: which prompts run (identical ones once), what each
+request's input embeddings are (images spliced in), whose prompt logprobs are scored, and the
+forward itself. The prefill loop batches, admits and hands off; the maths is here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..kv.handoff import export_state, import_state
+from ..kv.pools import KVPools
+from ..model.forward import prefill
+from ..model.plan import AttentionOptions
+from ..model.vocab import embed_tokens
+from ..model.weights import Transformer
+from ..sampling import PromptLogprobs
+from ..vision.encoder import splice
+from .messages import PrefillJob
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInput:
+    """One admitted request of the step: its sequence id, its tokens (prompt + tokens already
+    streamed), its input embeddings when it has images, and its prompt logprobs when asked for."""
+
+    seq_id: str
+    tokens: list[int]
+    embeds: torch.Tensor | None = None
+    echo: PromptLogprobs | None = None
+
+
+def merged(inputs: list[BatchInput]) -> dict[int, int]:
+    """Row -> the row whose forward it shares: identical text prompts asking for the same prompt
+    logprobs (the choices of an ``n`` > 1 request) run once; image prompts always run alone."""
+    first: dict[tuple, int] = {}
+    source = {}
+    for i, item in enumerate(inputs):
+        if item.embeds is None:
+            source[i] = first.setdefault((tuple(item.tokens), item.echo.top if item.echo else None), i)
+        else:
+            source[i] = i
+    return source
+
+
+def echo_of(job: PrefillJob) -> PromptLogprobs | None:
+    """The prompt's logprobs to score, once: a re-run's first token (and the echo) went out already."""
+    if job.request.prompt_logprobs is None or job.generated:
+        return None
+    return PromptLogprobs(job.request.prompt_logprobs)
+
+
+@torch.inference_mode()
+def input_embeddings(model: Transformer, job: PrefillJob, images: torch.Tensor) -> torch.Tensor:
+    """The request's input embeddings [L, hidden]: the prompt's with the images' merged patches
+    (``images`` [patches, hidden]) at its placeholder positions, then the tokens already streamed."""
+    prompt, device = list(job.request.prompt_ids), model.embed.weight.device
+    tokens = embed_tokens(model, torch.tensor([*prompt, *job.generated], dtype=torch.long, device=device))
+    rows = splice(tokens[: len(prompt)], prompt, model.cfg.raw["image_token_id"], [images.to(device)])
+    return torch.cat((rows, tokens[len(prompt) :]))
+
+
+def prefill_batch(
+    model: Transformer, pools: KVPools, inputs: list[BatchInput], options: AttentionOptions, chunk_size: int
+) -> list[torch.Tensor]:
+    """Each input's next-token logits [V] (its state in ``pools`` under its seq id, its prompt
+    logprobs in its ``echo``); a merged input gets a copy of its source's state and scores."""
+    source = merged(inputs)
+    run = [i for i, s in source.items() if s == i]
+    with_images = any(inputs[i].embeds is not None for i in run)
+    logits = prefill(
+        model,
+        pools,
+        [inputs[i].seq_id for i in run],
+        [inputs[i].tokens for i in run],
+        options,
+        chunk_size,
+        [inputs[i].embeds for i in run] if with_images else None,
+        {j: inputs[i].echo for j, i in enumerate(run) if inputs[i].echo is not None},
+    )
+    out = dict(zip(run, logits, strict=True))
+    for i, s in source.items():
+        if s != i:
+            import_state(pools, pools, export_state(pools, inputs[s].seq_id), inputs[i].seq_id)
+            out[i] = out[s]
+            if inputs[i].echo is not None:
+                inputs[i].echo.scores = inputs[s].echo.scores
+    return [out[i] for i in range(len(inputs))]

@@ -1,0 +1,31 @@
+"""Processes are built by factories from a settings object; importing builds nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def _fresh_python(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
+
+
+def test_the_gateway_process_imports_neither_torch_nor_triton():
+    out = _fresh_python(
+        "import sys\n"
+        "from services.gateway.app import make_app\n"
+        "print(sorted(m for m in ('torch', 'triton') if m in sys.modules))"
+    )
+    assert out.strip() == "[]"
+
+
+def test_importing_a_worker_module_builds_no_app_and_reads_no_settings():
+    out = _fresh_python(
+        "import os, sys\n"
+        "os.environ['DAYZERO_PORT'] = 'not a port'  # a Settings() at import would fail on this\n"
+        "import services.prefill.worker, services.decode.worker, services.vision.worker\n"
+        "from celery import Celery\n"
+        "mods = (services.prefill.worker, services.decode.worker, services.vision.worker)\n"
+        "print([n for m in mods for n, v in vars(m).items() if isinstance(v, Celery)])"
+    )
+    assert out.strip() == "[]"
