@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import redis
 
 from dayzero.params import SamplingParams
@@ -107,27 +108,33 @@ def test_identical_prompts_in_a_batch_are_prefilled_once_and_continue_alike(demo
     assert (got[0] - want).abs().max().item() < 1e-5  # ... that of a prefill of its own (other batch shapes)
 
 
-def test_a_request_cancelled_while_it_waits_for_decode_frees_its_blocks_at_once(demo_dir, redis_url):
+@pytest.mark.parametrize("how", ["decode takes it", "the client leaves"])
+def test_prefill_frees_handed_off_blocks_when_decode_takes_them_or_the_request_is_cancelled(demo_dir, redis_url, how):
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff_timeout_s=600)
     runtime = Runtime.load(settings, "prefill3@test", "prefill", False)
     sent: list[DecodeJob] = []
-    loop = PrefillLoop(runtime, sent.append)  # nobody takes the handoff: decode is busy
-    store = Lifecycle.connect(redis_url)
+    loop = PrefillLoop(runtime, sent.append)
+    store, rid = Lifecycle.connect(redis_url), f"waits-{how[:6]}"
     request = GenerationRequest(
-        request_id="waits", prompt_ids=(0, 5, 6, 7, 8), sampling=SamplingParams(max_tokens=4), created=time.time()
+        request_id=rid, prompt_ids=(0, 5, 6, 7, 8), sampling=SamplingParams(max_tokens=4), created=time.time()
     )
     store.admit(request, [], "", 60)
     threading.Thread(target=loop.run_forever, daemon=True).start()
     try:
         assert loop.intake.submit(PrefillJob(request=request)).done.wait(30)
-        assert len(sent) == 1 and "waits" in runtime.pools.sequences  # leased to decode for up to 600 s
-        store.cancel("waits")  # the client left while the request waited for decode
+        assert len(sent) == 1 and rid in runtime.pools.sequences  # leased to decode for up to 600 s
+        time.sleep(0.3)
+        assert rid in runtime.pools.sequences  # nothing frees them while decode has not taken them
+        if how == "decode takes it":
+            store.take_handoff(rid, "decode0@test", 5, holder=sent[0].state.holder)
+        else:
+            store.cancel(rid)  # the client left while the request waited for decode
         deadline = time.time() + 10
-        while "waits" in runtime.pools.sequences and time.time() < deadline:
+        while rid in runtime.pools.sequences and time.time() < deadline:
             time.sleep(0.05)
     finally:
         loop.stop.set()
-    assert "waits" not in runtime.pools.sequences
+    assert sent[0].state.holder == runtime.name and rid not in runtime.pools.sequences
 
 
 def test_leases_live_until_each_request_of_a_slow_batch_is_handed_on(demo_dir, redis_url, monkeypatch):

@@ -103,7 +103,7 @@ class DecodeLoop:
                 log.error("request %s: handoff failed: %s", rid, exc)
                 ticket.done.set()  # its lease lapses; the reaper re-runs it
                 continue
-            store.take_handoff(rid, self.r.name, self.r.settings.lease_s)
+            store.take_handoff(rid, self.r.name, self.r.settings.lease_s, job.state.holder)
             try:
                 completion = Completion(
                     self.r.codec,

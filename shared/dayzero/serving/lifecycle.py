@@ -14,7 +14,8 @@ vision,        lease:{id} = the worker, kept alive by heartbeats; attempt:{id} t
 prefill,       older delivery is stale)
 decoding
 handed off     handoff:{id} and lease:{id} = "handoff": prefill's blocks wait for decode to take them;
-               kvstate:{id} the state itself when it travels through Redis
+               kvstate:{id} the state itself when it travels through Redis; taken:{prefill worker}
+               the inbox where decode says it has taken them
 ended          done:{id} = finished (stop, length) | cancelled | error; tokens:{id} closed
 any            tokens:{id} the token stream (dayzero.serving.records), cancel:{id} a cancel request,
                watchers:{id} clients reading the stream
@@ -116,24 +117,23 @@ class Lifecycle:
         pipe.set(key("lease", rid), HANDOFF_OWNER, px=int(ttl_s * 1000))
         pipe.execute()
 
-    def take_handoff(self, rid: str, owner: str, lease_s: float) -> None:
-        """Decode has the state: prefill may free its blocks; decode owns the request now."""
+    def take_handoff(self, rid: str, owner: str, lease_s: float, holder: str = "") -> None:
+        """Decode has the state: decode owns the request now, and ``holder`` (the prefill worker whose
+        blocks held it, when it kept them) is told it may free them."""
         pipe = self.r.pipeline()
         pipe.delete(key("handoff", rid))
         pipe.set(key("lease", rid), owner, px=int(lease_s * 1000))
+        if holder:
+            pipe.rpush(key("taken", holder), rid)
+            pipe.expire(key("taken", holder), self.ttl_s)
         pipe.execute()
 
-    def handoffs_open(self, rids: list[str]) -> set[str]:
-        """Those whose prefill blocks decode may still take: offered, not taken, not expired, not
-        cancelled (a request cancelled while it waits for decode frees its blocks at once)."""
-        if not rids:
-            return set()
-        pipe = self.r.pipeline()
-        for rid in rids:
-            pipe.exists(key("handoff", rid))
-            pipe.exists(key("cancel", rid))
-        replies = pipe.execute()
-        return {rid for i, rid in enumerate(rids) if replies[2 * i] and not replies[2 * i + 1]}
+    def taken(self, holder: str) -> list[str]:
+        """The requests whose handed-off blocks decode has taken since the last call (an inbox)."""
+        pipe = self.r.pipeline()  # MULTI: nothing pushed between the read and the delete is lost
+        pipe.lrange(key("taken", holder), 0, -1)
+        pipe.delete(key("taken", holder))
+        return [rid.decode() for rid in pipe.execute()[0]]
 
     def park(self, family: str, name: str, data: bytes, ttl_s: float) -> str:
         """Bytes another stage takes once (``kvstate``: a handed-off state, ``tensor``: image embeddings)."""

@@ -38,6 +38,7 @@ class StateRef(Frozen):
     pool_blocks: dict[str, int]  # block counts of the source pools (to attach to the segment)
     length: int
     blocks: dict[str, tuple[int, ...]]
+    holder: str = ""  # the prefill worker keeping the blocks, told when decode has taken them
 
 
 class TensorRef(Frozen):

@@ -36,7 +36,7 @@ class PrefillLoop:
         self.r, self.send_decode = runtime, send_decode
         self.intake: Intake[PrefillJob] = Intake()
         self.pending: list[Ticket[PrefillJob]] = []
-        self.handed_off: set[str] = set()
+        self.handed_off: dict[str, float] = {}  # request -> when its handoff lapses (monotonic)
         self.stop = threading.Event()
 
     def run_forever(self) -> None:
@@ -97,10 +97,11 @@ class PrefillLoop:
     def _reclaim_handoffs(self) -> None:
         """Release blocks whose handoff decode has taken (or that expired)."""
         if self.handed_off:
-            still = self.r.store.handoffs_open(sorted(self.handed_off))
-            for rid in self.handed_off - still:
-                self.r.pools.release(rid)
-            self.handed_off = still
+            store, now = self.r.store, time.monotonic()
+            lapsed = {rid for rid, deadline in self.handed_off.items() if deadline < now}
+            for rid in lapsed | set(store.taken(self.r.name)) | store.cancelled(list(self.handed_off)):
+                if self.handed_off.pop(rid, None) is not None:
+                    self.r.pools.release(rid)
 
     def _admit(self, ticket: Ticket[PrefillJob]) -> bool:
         """Claim the request and its blocks; False when the ticket is settled without prefill."""
@@ -178,7 +179,7 @@ class PrefillLoop:
         rid = ticket.job.request.request_id
         log.exception("request %s failed after its prefill", rid)
         self.r.stats.call("prefill", failed=True)
-        self.handed_off.discard(rid)
+        self.handed_off.pop(rid, None)
         self.r.pools.release(rid)
         streamed = len(self.r.store.streamed_tokens(rid))  # its first token may have gone out already
         self._settle(ticket, "error", f"failed after prefill: {type(exc).__name__}", streamed)
@@ -222,9 +223,10 @@ class PrefillLoop:
                 self.r.stats.add(handoff_seconds=time.perf_counter() - start)
             store.hand_off(rid, settings.handoff_timeout_s)
             if settings.handoff == "redis":
-                self.r.pools.release(rid)
+                self.r.pools.release(rid)  # the state travels in Redis: nothing to keep
             else:
-                self.handed_off.add(rid)
+                ref = ref.model_copy(update={"holder": self.r.name})  # decode says when it has taken it
+                self.handed_off[rid] = time.monotonic() + settings.handoff_timeout_s
             self.send_decode(
                 DecodeJob(
                     request=job.request,
