@@ -47,7 +47,7 @@ def test_a_batch_redis_interrupts_is_retried_without_leaking_blocks(demo_dir, re
 
 
 def test_a_failed_forward_ends_its_requests_and_frees_their_blocks(demo_dir, redis_url, monkeypatch):
-    import dayzero.serving.prefill_loop as prefill_loop
+    import dayzero.serving.prefill_batch as prefill_batch
 
     runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill1@test", "prefill", False)
     sent: list[DecodeJob] = []
@@ -56,7 +56,7 @@ def test_a_failed_forward_ends_its_requests_and_frees_their_blocks(demo_dir, red
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(prefill_loop, "prefill", broken)
+    monkeypatch.setattr(prefill_batch, "prefill", broken)  # the forward itself fails
     store = Lifecycle.connect(redis_url)
     request = GenerationRequest(
         request_id="broken", prompt_ids=(0, 5, 6), sampling=SamplingParams(max_tokens=4), created=time.time()
