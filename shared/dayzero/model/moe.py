@@ -3,15 +3,16 @@ expert range and shared-expert rows over tensor-parallel ranks)."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..kernels.batch import Backend
-from ..kernels.moe import grouped_mxfp4_matmul
+from ..kernels.expert_mlp import swiglu
 from ..parallel import Group
-from ..quant.experts import PackedExperts
-from .weights import Experts, MoE
+from .weights import MoE
 
 _SCORE = {
     "sqrtsoftplus": lambda logits: F.softplus(logits).sqrt(),
@@ -37,8 +38,12 @@ def route(w: MoE, cfg: ModelConfig, x: torch.Tensor, token_ids: torch.Tensor) ->
     return experts, weights * cfg.routed_scaling_factor
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
-    return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
+class RoutedExperts(Protocol):
+    """A layer's routed experts in whatever format the checkpoint loaded them (float weights, or
+    MXFP4 kept packed): the MoE hands them rows sorted by expert and never asks which."""
+
+    def run(self, xs: torch.Tensor, counts: torch.Tensor, limit: float, backend: Backend) -> torch.Tensor:
+        """xs [P, H] sorted by expert, counts [E_local] long -> [P, H] (kernels.expert_mlp)."""
 
 
 def moe(
@@ -59,38 +64,8 @@ def moe(
         order = order[: int(counts.sum())]
     tokens = order // experts.shape[1]  # [pairs] token of each sorted pair
     pair_weights = weights.flatten()[order, None]
-    if isinstance(w.experts, PackedExperts) and backend == "triton":
-        routed = _fused_mxfp4(w.experts, cfg, x[tokens], counts)
-    else:
-        routed = _per_expert(w.experts, cfg, x[tokens], counts.tolist())
+    experts: RoutedExperts = w.experts
+    routed = experts.run(x[tokens], counts, cfg.swiglu_limit, backend)
     out = torch.zeros_like(x).index_add_(0, tokens, (routed * pair_weights).to(x.dtype))
     se = w.shared_experts
     return comm.all_reduce_sum(out + se.w2(swiglu(se.w1(x), se.w3(x), cfg.swiglu_limit)))
-
-
-def _per_expert(
-    experts: Experts | PackedExperts, cfg: ModelConfig, xs: torch.Tensor, counts: list[int]
-) -> torch.Tensor:
-    """Sorted rows ``xs`` through their experts' float weights (packed: dequantized on demand)."""
-    hit = [e for e, c in enumerate(counts) if c]
-    if isinstance(experts, PackedExperts):
-        mats = experts.converter.weights(experts, hit)
-    else:
-        mats = {e: (experts.w1[e], experts.w2[e], experts.w3[e]) for e in hit}
-    out, start = torch.empty_like(xs), 0
-    for e in hit:
-        rows = slice(start, start + counts[e])
-        start += counts[e]
-        w1, w2, w3 = mats[e]
-        out[rows] = F.linear(swiglu(F.linear(xs[rows], w1), F.linear(xs[rows], w3), cfg.swiglu_limit), w2)
-    return out
-
-
-def _fused_mxfp4(experts: PackedExperts, cfg: ModelConfig, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """The same through the grouped MXFP4 kernel: no dequantized weight is ever materialised."""
-    offsets = torch.zeros(counts.numel() + 1, dtype=torch.int32, device=xs.device)
-    offsets[1:] = counts.cumsum(0)
-    gate = grouped_mxfp4_matmul(xs, experts.w1, experts.w1_scale, offsets, "triton")
-    up = grouped_mxfp4_matmul(xs, experts.w3, experts.w3_scale, offsets, "triton")
-    hidden = swiglu(gate, up, cfg.swiglu_limit)
-    return grouped_mxfp4_matmul(hidden, experts.w2, experts.w2_scale, offsets, "triton").to(xs.dtype)

@@ -13,6 +13,8 @@ import torch
 from torch import nn
 
 from ..config import CSA, SLIDING, ModelConfig
+from ..kernels.batch import Backend
+from ..kernels.expert_mlp import expert_mlp
 from ..parallel import Group
 from ..quant.experts import PackedExperts
 
@@ -83,11 +85,16 @@ class Gate(nn.Module):
 
 
 class Experts(nn.Module):
+    """Routed experts as float weights [E, rows, cols] (the MoE's RoutedExperts)."""
+
     def __init__(self, n: int, hidden: int, inter: int) -> None:
         super().__init__()
         self.w1 = _param(n, inter, hidden)  # gate
         self.w2 = _param(n, hidden, inter)  # down
         self.w3 = _param(n, inter, hidden)  # up
+
+    def run(self, xs: torch.Tensor, counts: torch.Tensor, limit: float, backend: Backend) -> torch.Tensor:
+        return expert_mlp(xs, counts, lambda ids: {e: (self.w1[e], self.w2[e], self.w3[e]) for e in ids}, limit)
 
 
 class SharedExpert(nn.Module):

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from ..kernels.batch import Backend
+from ..kernels.expert_mlp import expert_mlp, expert_mlp_mxfp4
 from .formats import dequant_mxfp4
 
 
@@ -43,6 +45,13 @@ class PackedExperts(nn.Module):
 
     def packed_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers())
+
+    def run(self, xs: torch.Tensor, counts: torch.Tensor, limit: float, backend: Backend) -> torch.Tensor:
+        """The MoE's RoutedExperts: the grouped MXFP4 kernel on a GPU, else the hit experts
+        dequantized through the converter (workspace + cache)."""
+        if backend == "triton":
+            return expert_mlp_mxfp4(xs, counts, dict(self.named_buffers()), limit, backend)
+        return expert_mlp(xs, counts, lambda ids: self.converter.weights(self, ids), limit)
 
 
 class ExpertConverter:
