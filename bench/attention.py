@@ -17,6 +17,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,25 +27,39 @@ from dayzero.config import ModelConfig
 from dayzero.kernels import CompressedKeys, RaggedBatch, indexer_topk, sparse_attention_decode
 from dayzero.kv.layout import GROWING_POOLS, PoolLayout
 
-HEADS, DIM, WINDOW, RATE, TOPK, INDEX_HEADS, INDEX_DIM, BS = 16, 64, 128, 4, 512, 8, 32, 64
+WINDOW, RATE, TOPK, BS = 128, 4, 512, 64
 
 
-def decode_step(context: int, runs: int) -> tuple[float, float, float]:
+@dataclass(frozen=True, slots=True)
+class Heads:
+    name: str
+    heads: int
+    dim: int
+    index_heads: int
+    index_dim: int
+
+
+TINY = Heads("tiny", 16, 64, 8, 32)
+FLASH = Heads("V4-Flash", 64, 512, 64, 128)  # DeepSeek-V4-Flash's attention and indexer heads
+
+
+def decode_step(shape: Heads, context: int, runs: int) -> tuple[float, float, float]:
     """(sparse total ms, of which indexer ms, dense ms) for one query at position ``context - 1``."""
     gen = torch.Generator().manual_seed(0)
     entries = context // RATE
     n_blocks = -(-entries // BS)
     batch = RaggedBatch.build([context - 1], [1])
-    q, kv = torch.randn(1, HEADS, DIM, generator=gen), torch.randn(1, DIM, generator=gen)
-    window = torch.randn(WINDOW // BS + 1, BS, DIM, generator=gen)
+    q, kv = torch.randn(1, shape.heads, shape.dim, generator=gen), torch.randn(1, shape.dim, generator=gen)
+    window = torch.randn(WINDOW // BS + 1, BS, shape.dim, generator=gen)
     window_table = torch.arange(WINDOW // BS + 1, dtype=torch.int32)[None, :2]
-    pool = torch.randn(n_blocks, BS, DIM, generator=gen)
-    keys = torch.randn(n_blocks, BS, INDEX_DIM, generator=gen)
+    pool = torch.randn(n_blocks, BS, shape.dim, generator=gen)
+    keys = torch.randn(n_blocks, BS, shape.index_dim, generator=gen)
     table = torch.arange(n_blocks, dtype=torch.int32)[None]
-    iq, iw = torch.randn(1, INDEX_HEADS, INDEX_DIM, generator=gen), torch.randn(1, INDEX_HEADS, generator=gen)
+    iq = torch.randn(1, shape.index_heads, shape.index_dim, generator=gen)
+    iw = torch.randn(1, shape.index_heads, generator=gen)
     visible = torch.tensor([entries], dtype=torch.int32)
-    sink = torch.zeros(HEADS)
-    raw = torch.randn(context, DIM, generator=gen)
+    sink = torch.zeros(shape.heads)
+    raw = torch.randn(context, shape.dim, generator=gen)
 
     def index():
         return indexer_topk(iq, iw, batch, keys, table, visible, TOPK)
@@ -58,11 +73,28 @@ def decode_step(context: int, runs: int) -> tuple[float, float, float]:
         )
 
     def dense():
-        probs = (q[0] @ raw.T * DIM**-0.5).softmax(dim=-1)
+        probs = (q[0] @ raw.T * shape.dim**-0.5).softmax(dim=-1)
         return probs @ raw
 
     assert picked.shape == (1, TOPK)
     return median_seconds(sparse, runs) * 1e3, median_seconds(index, runs) * 1e3, median_seconds(dense, runs) * 1e3
+
+
+def decode_table(shape: Heads, contexts: list[int], runs: int) -> list[tuple[int, float, float, float]]:
+    print(
+        f"1. decode-step attention, one CSA layer, {shape.name} heads (H={shape.heads}, D={shape.dim}, "
+        f"indexer {shape.index_heads} x {shape.index_dim}, window {WINDOW}, rate {RATE}, top-k {TOPK}), "
+        f"CPU fp32, median of {runs}"
+    )
+    print("| context | sparse ms | (indexer ms) | dense ms | dense / sparse |")
+    print("|--------:|----------:|-------------:|---------:|---------------:|")
+    rows = []
+    for ctx in contexts:
+        sparse_ms, index_ms, dense_ms = decode_step(shape, ctx, runs)
+        rows.append((ctx, sparse_ms, index_ms, dense_ms))
+        print(f"| {ctx:7d} | {sparse_ms:9.3f} | {index_ms:12.3f} | {dense_ms:8.3f} | {dense_ms / sparse_ms:13.2f}x |")
+    print()
+    return rows
 
 
 def state_bytes_per_token() -> tuple[float, float]:
@@ -119,20 +151,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and runs")
     parser.add_argument("--plot", default=str(Path(__file__).with_name("attention.png")))
+    parser.add_argument("--decode-only", action="store_true", help="only part 1 (no prefill runs)")
     args = parser.parse_args()
     runs = 3 if args.quick else 7
     contexts = [1024, 4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768, 65536]
-    print(
-        f"1. decode-step attention, one CSA layer (H={HEADS}, D={DIM}, window {WINDOW}, rate {RATE}, "
-        f"top-k {TOPK}), CPU fp32, median of {runs}"
-    )
-    print("| context | sparse ms | (indexer ms) | dense ms | dense / sparse |")
-    print("|--------:|----------:|-------------:|---------:|---------------:|")
-    decode_rows = []
-    for ctx in contexts:
-        sparse_ms, index_ms, dense_ms = decode_step(ctx, runs)
-        decode_rows.append((ctx, sparse_ms, index_ms, dense_ms))
-        print(f"| {ctx:7d} | {sparse_ms:9.3f} | {index_ms:12.3f} | {dense_ms:8.3f} | {dense_ms / sparse_ms:13.2f}x |")
+    decode_rows = decode_table(TINY, contexts, runs)
+    decode_table(FLASH, contexts, runs)
+    if args.decode_only:
+        return
 
     ours, dense = state_bytes_per_token()
     print(
