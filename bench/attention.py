@@ -116,6 +116,16 @@ try:
         from dayzero.checkpoint import load_model
         from dayzero.kv.pools import pools_for
         from dayzero.model.forward import prefill
+        import dayzero.model.attention as attention
+        spent, select = [0.0], attention.indexer_topk
+
+        def timed(*args, **kwargs):  # the indexer's share of the prefill
+            begin = time.perf_counter()
+            picked = select(*args, **kwargs)
+            spent[0] += time.perf_counter() - begin
+            return picked
+
+        attention.indexer_topk = timed
         model = load_model(path, progress=False)
         pools = pools_for(model.cfg, torch.float32, n)
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -130,7 +140,8 @@ try:
             model(torch.tensor([ids]), logits_to_keep=1)
     seconds = time.perf_counter() - start
     peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
-    print(json.dumps({"seconds": seconds, "peak_mib": peak}))
+    extra = {"indexer_s": spent[0]} if engine == "dayzero" else {}
+    print(json.dumps({"seconds": seconds, "peak_mib": peak, **extra}))
 except (MemoryError, RuntimeError) as exc:
     print(json.dumps({"error": type(exc).__name__}))
 """
@@ -147,55 +158,61 @@ def prefill_run(engine: str, path: Path, tokens: int) -> dict:
     return json.loads(lines[-1]) if lines else {"error": f"exit {out.returncode}"}
 
 
+def prefill_table(lengths: list[int], reference: bool) -> list[tuple[int, dict, dict]]:
+    from dayzero.demo import DEMO_CONFIG, write_checkpoint
+
+    print("\n3. prefill on the tiny demo model (fp32 CPU, own process each, 12 GiB cap)")
+    print("| tokens | dayzero s | (indexer s) | dayzero peak MiB | transformers s | transformers peak MiB |")
+    print("|-------:|----------:|------------:|-----------------:|---------------:|----------------------:|")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_checkpoint(tmp, {**DEMO_CONFIG, "sliding_window": 128}, seed=0)
+        ref_failed = not reference
+        for n in lengths:
+            ours_run = prefill_run("dayzero", path, n)
+            ref_run = {"error": "skipped"} if ref_failed else prefill_run("transformers", path, n)
+            ref_failed = "error" in ref_run
+            rows.append((n, ours_run, ref_run))
+            ours, ref = (_cells(run) for run in (ours_run, ref_run))
+            print(f"| {n:6d} | {ours[0]:>9} | {ours[2]:>11} | {ours[1]:>16} | {ref[0]:>14} | {ref[1]:>21} |")
+    return rows
+
+
+def _cells(run: dict) -> tuple[str, str, str]:
+    """(seconds, peak MiB, indexer seconds) of a prefill run, or its error."""
+    if "error" in run:
+        return run["error"], "-", "-"
+    return f"{run['seconds']:.2f}", f"{run['peak_mib']:.0f}", f"{run.get('indexer_s', 0):.2f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and runs")
     parser.add_argument("--plot", default=str(Path(__file__).with_name("attention.png")))
-    parser.add_argument("--decode-only", action="store_true", help="only part 1 (no prefill runs)")
+    parser.add_argument("--parts", default="decode,state,prefill", help="which of the three to run")
+    parser.add_argument("--lengths", help="prefill prompt lengths, comma-separated")
+    parser.add_argument("--no-reference", action="store_true", help="prefill without transformers")
     args = parser.parse_args()
+    parts = args.parts.split(",")
     runs = 3 if args.quick else 7
     contexts = [1024, 4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768, 65536]
-    decode_rows = decode_table(TINY, contexts, runs)
-    decode_table(FLASH, contexts, runs)
-    if args.decode_only:
-        return
-
-    ours, dense = state_bytes_per_token()
-    print(
-        f"\n2. attention state per token, DeepSeek-V4-Flash bf16, 43 layers: dayzero {ours:.0f} B "
-        f"(compressed entries + indexer keys; plus a fixed {WINDOW}-token window per layer) vs dense "
-        f"K=V cache {dense:.0f} B -> {dense / ours:.1f}x smaller"
-    )
-
-    from dayzero.demo import DEMO_CONFIG, write_checkpoint
-
-    lengths = [1024, 4096] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
-    print("\n3. prefill on the tiny demo model (fp32 CPU, own process each, 12 GiB cap)")
-    print("| tokens | dayzero s | dayzero peak MiB | transformers s | transformers peak MiB |")
-    print("|-------:|----------:|-----------------:|---------------:|----------------------:|")
-    prefill_rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = write_checkpoint(tmp, {**DEMO_CONFIG, "sliding_window": 128}, seed=0)
-        ref_failed = False
-        for n in lengths:
-            ours_run = prefill_run("dayzero", path, n)
-            ref_run = (
-                {"error": "skipped (failed at a shorter length)"}
-                if ref_failed
-                else prefill_run("transformers", path, n)
-            )
-            ref_failed = "error" in ref_run
-            prefill_rows.append((n, ours_run, ref_run))
-
-            def cell(run: dict, key: str) -> str:
-                return run["error"] if "error" in run else f"{run[key]:.2f}" if key == "seconds" else f"{run[key]:.0f}"
-
-            print(
-                f"| {n:6d} | {cell(ours_run, 'seconds'):>9} | {cell(ours_run, 'peak_mib'):>16} | "
-                f"{cell(ref_run, 'seconds'):>14} | {cell(ref_run, 'peak_mib'):>21} |"
-            )
-    plot(args.plot, decode_rows, prefill_rows)
-    print(f"\nplot: {args.plot}")
+    decode_rows = decode_table(TINY, contexts, runs) if "decode" in parts else []
+    if "decode" in parts:
+        decode_table(FLASH, contexts, runs)
+    if "state" in parts:
+        ours, dense = state_bytes_per_token()
+        print(
+            f"2. attention state per token, DeepSeek-V4-Flash bf16, 43 layers: dayzero {ours:.0f} B "
+            f"(compressed entries + indexer keys; plus a fixed {WINDOW}-token window per layer) vs dense "
+            f"K=V cache {dense:.0f} B -> {dense / ours:.1f}x smaller"
+        )
+    if "prefill" in parts:
+        lengths = [1024, 4096] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
+        lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else lengths
+        prefill_rows = prefill_table(lengths, not args.no_reference)
+        if decode_rows:
+            plot(args.plot, decode_rows, prefill_rows)
+            print(f"\nplot: {args.plot}")
 
 
 def plot(path: str, decode_rows: list, prefill_rows: list) -> None:
