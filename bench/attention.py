@@ -190,12 +190,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer sizes and runs")
     parser.add_argument("--plot", default=str(Path(__file__).with_name("attention.png")))
     parser.add_argument("--parts", default="decode,state,prefill", help="which of the three to run")
+    parser.add_argument("--contexts", help="decode contexts, comma-separated")
     parser.add_argument("--lengths", help="prefill prompt lengths, comma-separated")
     parser.add_argument("--no-reference", action="store_true", help="prefill without transformers")
     args = parser.parse_args()
     parts = args.parts.split(",")
     runs = 3 if args.quick else 7
     contexts = [1024, 4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768, 65536]
+    contexts = [int(n) for n in args.contexts.split(",")] if args.contexts else contexts
     decode_rows = decode_table(TINY, contexts, runs) if "decode" in parts else []
     if "decode" in parts:
         decode_table(FLASH, contexts, runs)
