@@ -7,7 +7,7 @@
 score(t, e) = sum_h weights[t, h] * relu(q[t, h] . keys[e]) * Di^-0.5, -inf when e >= visible.
 Queries are scored in blocks of rows against every entry visible to the block (one matmul on
 the pool's contiguous block view where the sequence's blocks are consecutive), the block's
-[rows, Hi, entries] intermediate kept near 64 MiB; each block's top-k goes into one
+[rows, Hi, entries] intermediate kept near 16 MiB; each block's top-k goes into one
 preallocated output. Ties go to the lower entry index, and the selection is ordered by
 (score descending, entry ascending). Output [T, topk] int32, -1 where fewer entries are visible.
 """
@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .batch import Backend, RaggedBatch
 
-BUDGET = 1 << 24  # fp32 elements of a block's [rows, Hi, entries] intermediate (64 MiB)
+BUDGET = 1 << 22  # fp32 elements of a block's [rows, Hi, entries] intermediate (16 MiB: stays in cache better)
 
 
 def _weighted_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
