@@ -1,13 +1,15 @@
 """Attention cost vs context: sparse runtime vs dense, and prefill time / peak memory.
 
-1. Decode-step attention of one CSA layer (window 128, rate 4, top-k 512, tiny heads) for
-   contexts 1k-64k: dayzero's indexer + sparse attention (torch backend, CPU) vs dense
-   attention over all raw tokens. Median of several runs.
+1. Decode-step attention of one CSA layer (window 128, rate 4, top-k 512; tiny heads and
+   DeepSeek-V4-Flash's 64 x 512 with a 64 x 128 indexer) for contexts 1k-64k: dayzero's
+   indexer + sparse attention (torch backend, CPU) vs dense attention over all raw tokens.
+   Median of several runs.
 2. Attention-state bytes per token for DeepSeek-V4-Flash (bf16) vs a dense bf16 KV cache.
 3. Prefill time and peak RSS, dayzero vs transformers, on a tiny checkpoint, 1k-32k tokens;
    each run in its own process with a 12 GiB address-space cap, so that transformers'
    quadratic prefill fails cleanly where it stops fitting.
-Writes bench/attention.png. Run: ``python bench/attention.py [--quick]``.
+Writes bench/attention.png. Run: ``python bench/attention.py [--quick] [--parts decode,state,prefill]
+[--contexts 4096,65536] [--lengths 8192,32768] [--no-reference]``.
 """
 
 from __future__ import annotations
