@@ -1,13 +1,15 @@
 """Attention cost vs context: sparse runtime vs dense, and prefill time / peak memory.
 
-1. Decode-step attention of one CSA layer (window 128, rate 4, top-k 512, tiny heads) for
-   contexts 1k-64k: dayzero's indexer + sparse attention (torch backend, CPU) vs dense
-   attention over all raw tokens. Median of several runs.
+1. Decode-step attention of one CSA layer (window 128, rate 4, top-k 512; tiny heads and
+   DeepSeek-V4-Flash's 64 x 512 with a 64 x 128 indexer) for contexts 1k-64k: dayzero's
+   indexer + sparse attention (torch backend, CPU) vs dense attention over all raw tokens.
+   Median of several runs.
 2. Attention-state bytes per token for DeepSeek-V4-Flash (bf16) vs a dense bf16 KV cache.
 3. Prefill time and peak RSS, dayzero vs transformers, on a tiny checkpoint, 1k-32k tokens;
    each run in its own process with a 12 GiB address-space cap, so that transformers'
    quadratic prefill fails cleanly where it stops fitting.
-Writes bench/attention.png. Run: ``python bench/attention.py [--quick]``.
+Writes bench/attention.png. Run: ``python bench/attention.py [--quick] [--parts decode,state,prefill]
+[--contexts 4096,65536] [--lengths 8192,32768] [--no-reference]``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,25 +29,39 @@ from dayzero.config import ModelConfig
 from dayzero.kernels import CompressedKeys, RaggedBatch, indexer_topk, sparse_attention_decode
 from dayzero.kv.layout import GROWING_POOLS, PoolLayout
 
-HEADS, DIM, WINDOW, RATE, TOPK, INDEX_HEADS, INDEX_DIM, BS = 16, 64, 128, 4, 512, 8, 32, 64
+WINDOW, RATE, TOPK, BS = 128, 4, 512, 64
 
 
-def decode_step(context: int, runs: int) -> tuple[float, float, float]:
+@dataclass(frozen=True, slots=True)
+class Heads:
+    name: str
+    heads: int
+    dim: int
+    index_heads: int
+    index_dim: int
+
+
+TINY = Heads("tiny", 16, 64, 8, 32)
+FLASH = Heads("V4-Flash", 64, 512, 64, 128)  # DeepSeek-V4-Flash's attention and indexer heads
+
+
+def decode_step(shape: Heads, context: int, runs: int) -> tuple[float, float, float]:
     """(sparse total ms, of which indexer ms, dense ms) for one query at position ``context - 1``."""
     gen = torch.Generator().manual_seed(0)
     entries = context // RATE
     n_blocks = -(-entries // BS)
     batch = RaggedBatch.build([context - 1], [1])
-    q, kv = torch.randn(1, HEADS, DIM, generator=gen), torch.randn(1, DIM, generator=gen)
-    window = torch.randn(WINDOW // BS + 1, BS, DIM, generator=gen)
+    q, kv = torch.randn(1, shape.heads, shape.dim, generator=gen), torch.randn(1, shape.dim, generator=gen)
+    window = torch.randn(WINDOW // BS + 1, BS, shape.dim, generator=gen)
     window_table = torch.arange(WINDOW // BS + 1, dtype=torch.int32)[None, :2]
-    pool = torch.randn(n_blocks, BS, DIM, generator=gen)
-    keys = torch.randn(n_blocks, BS, INDEX_DIM, generator=gen)
+    pool = torch.randn(n_blocks, BS, shape.dim, generator=gen)
+    keys = torch.randn(n_blocks, BS, shape.index_dim, generator=gen)
     table = torch.arange(n_blocks, dtype=torch.int32)[None]
-    iq, iw = torch.randn(1, INDEX_HEADS, INDEX_DIM, generator=gen), torch.randn(1, INDEX_HEADS, generator=gen)
+    iq = torch.randn(1, shape.index_heads, shape.index_dim, generator=gen)
+    iw = torch.randn(1, shape.index_heads, generator=gen)
     visible = torch.tensor([entries], dtype=torch.int32)
-    sink = torch.zeros(HEADS)
-    raw = torch.randn(context, DIM, generator=gen)
+    sink = torch.zeros(shape.heads)
+    raw = torch.randn(context, shape.dim, generator=gen)
 
     def index():
         return indexer_topk(iq, iw, batch, keys, table, visible, TOPK)
@@ -58,11 +75,28 @@ def decode_step(context: int, runs: int) -> tuple[float, float, float]:
         )
 
     def dense():
-        probs = (q[0] @ raw.T * DIM**-0.5).softmax(dim=-1)
+        probs = (q[0] @ raw.T * shape.dim**-0.5).softmax(dim=-1)
         return probs @ raw
 
     assert picked.shape == (1, TOPK)
     return median_seconds(sparse, runs) * 1e3, median_seconds(index, runs) * 1e3, median_seconds(dense, runs) * 1e3
+
+
+def decode_table(shape: Heads, contexts: list[int], runs: int) -> list[tuple[int, float, float, float]]:
+    print(
+        f"1. decode-step attention, one CSA layer, {shape.name} heads (H={shape.heads}, D={shape.dim}, "
+        f"indexer {shape.index_heads} x {shape.index_dim}, window {WINDOW}, rate {RATE}, top-k {TOPK}), "
+        f"CPU fp32, median of {runs}"
+    )
+    print("| context | sparse ms | (indexer ms) | dense ms | dense / sparse |")
+    print("|--------:|----------:|-------------:|---------:|---------------:|")
+    rows = []
+    for ctx in contexts:
+        sparse_ms, index_ms, dense_ms = decode_step(shape, ctx, runs)
+        rows.append((ctx, sparse_ms, index_ms, dense_ms))
+        print(f"| {ctx:7d} | {sparse_ms:9.3f} | {index_ms:12.3f} | {dense_ms:8.3f} | {dense_ms / sparse_ms:13.2f}x |")
+    print()
+    return rows
 
 
 def state_bytes_per_token() -> tuple[float, float]:
@@ -84,6 +118,16 @@ try:
         from dayzero.checkpoint import load_model
         from dayzero.kv.pools import pools_for
         from dayzero.model.forward import prefill
+        import dayzero.model.attention as attention
+        spent, select = [0.0], attention.indexer_topk
+
+        def timed(*args, **kwargs):  # the indexer's share of the prefill
+            begin = time.perf_counter()
+            picked = select(*args, **kwargs)
+            spent[0] += time.perf_counter() - begin
+            return picked
+
+        attention.indexer_topk = timed
         model = load_model(path, progress=False)
         pools = pools_for(model.cfg, torch.float32, n)
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -98,7 +142,8 @@ try:
             model(torch.tensor([ids]), logits_to_keep=1)
     seconds = time.perf_counter() - start
     peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
-    print(json.dumps({"seconds": seconds, "peak_mib": peak}))
+    extra = {"indexer_s": spent[0]} if engine == "dayzero" else {}
+    print(json.dumps({"seconds": seconds, "peak_mib": peak, **extra}))
 except (MemoryError, RuntimeError) as exc:
     print(json.dumps({"error": type(exc).__name__}))
 """
@@ -115,61 +160,63 @@ def prefill_run(engine: str, path: Path, tokens: int) -> dict:
     return json.loads(lines[-1]) if lines else {"error": f"exit {out.returncode}"}
 
 
+def prefill_table(lengths: list[int], reference: bool) -> list[tuple[int, dict, dict]]:
+    from dayzero.demo import DEMO_CONFIG, write_checkpoint
+
+    print("\n3. prefill on the tiny demo model (fp32 CPU, own process each, 12 GiB cap)")
+    print("| tokens | dayzero s | (indexer s) | dayzero peak MiB | transformers s | transformers peak MiB |")
+    print("|-------:|----------:|------------:|-----------------:|---------------:|----------------------:|")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_checkpoint(tmp, {**DEMO_CONFIG, "sliding_window": 128}, seed=0)
+        ref_failed = not reference
+        for n in lengths:
+            ours_run = prefill_run("dayzero", path, n)
+            ref_run = {"error": "skipped"} if ref_failed else prefill_run("transformers", path, n)
+            ref_failed = "error" in ref_run
+            rows.append((n, ours_run, ref_run))
+            ours, ref = (_cells(run) for run in (ours_run, ref_run))
+            print(f"| {n:6d} | {ours[0]:>9} | {ours[2]:>11} | {ours[1]:>16} | {ref[0]:>14} | {ref[1]:>21} |")
+    return rows
+
+
+def _cells(run: dict) -> tuple[str, str, str]:
+    """(seconds, peak MiB, indexer seconds) of a prefill run, or its error."""
+    if "error" in run:
+        return run["error"], "-", "-"
+    return f"{run['seconds']:.2f}", f"{run['peak_mib']:.0f}", f"{run.get('indexer_s', 0):.2f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and runs")
     parser.add_argument("--plot", default=str(Path(__file__).with_name("attention.png")))
+    parser.add_argument("--parts", default="decode,state,prefill", help="which of the three to run")
+    parser.add_argument("--contexts", help="decode contexts, comma-separated")
+    parser.add_argument("--lengths", help="prefill prompt lengths, comma-separated")
+    parser.add_argument("--no-reference", action="store_true", help="prefill without transformers")
     args = parser.parse_args()
+    parts = args.parts.split(",")
     runs = 3 if args.quick else 7
     contexts = [1024, 4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768, 65536]
-    print(
-        f"1. decode-step attention, one CSA layer (H={HEADS}, D={DIM}, window {WINDOW}, rate {RATE}, "
-        f"top-k {TOPK}), CPU fp32, median of {runs}"
-    )
-    print("| context | sparse ms | (indexer ms) | dense ms | dense / sparse |")
-    print("|--------:|----------:|-------------:|---------:|---------------:|")
-    decode_rows = []
-    for ctx in contexts:
-        sparse_ms, index_ms, dense_ms = decode_step(ctx, runs)
-        decode_rows.append((ctx, sparse_ms, index_ms, dense_ms))
-        print(f"| {ctx:7d} | {sparse_ms:9.3f} | {index_ms:12.3f} | {dense_ms:8.3f} | {dense_ms / sparse_ms:13.2f}x |")
-
-    ours, dense = state_bytes_per_token()
-    print(
-        f"\n2. attention state per token, DeepSeek-V4-Flash bf16, 43 layers: dayzero {ours:.0f} B "
-        f"(compressed entries + indexer keys; plus a fixed {WINDOW}-token window per layer) vs dense "
-        f"K=V cache {dense:.0f} B -> {dense / ours:.1f}x smaller"
-    )
-
-    from dayzero.demo import DEMO_CONFIG, write_checkpoint
-
-    lengths = [1024, 4096] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
-    print("\n3. prefill on the tiny demo model (fp32 CPU, own process each, 12 GiB cap)")
-    print("| tokens | dayzero s | dayzero peak MiB | transformers s | transformers peak MiB |")
-    print("|-------:|----------:|-----------------:|---------------:|----------------------:|")
-    prefill_rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = write_checkpoint(tmp, {**DEMO_CONFIG, "sliding_window": 128}, seed=0)
-        ref_failed = False
-        for n in lengths:
-            ours_run = prefill_run("dayzero", path, n)
-            ref_run = (
-                {"error": "skipped (failed at a shorter length)"}
-                if ref_failed
-                else prefill_run("transformers", path, n)
-            )
-            ref_failed = "error" in ref_run
-            prefill_rows.append((n, ours_run, ref_run))
-
-            def cell(run: dict, key: str) -> str:
-                return run["error"] if "error" in run else f"{run[key]:.2f}" if key == "seconds" else f"{run[key]:.0f}"
-
-            print(
-                f"| {n:6d} | {cell(ours_run, 'seconds'):>9} | {cell(ours_run, 'peak_mib'):>16} | "
-                f"{cell(ref_run, 'seconds'):>14} | {cell(ref_run, 'peak_mib'):>21} |"
-            )
-    plot(args.plot, decode_rows, prefill_rows)
-    print(f"\nplot: {args.plot}")
+    contexts = [int(n) for n in args.contexts.split(",")] if args.contexts else contexts
+    decode_rows = decode_table(TINY, contexts, runs) if "decode" in parts else []
+    if "decode" in parts:
+        decode_table(FLASH, contexts, runs)
+    if "state" in parts:
+        ours, dense = state_bytes_per_token()
+        print(
+            f"2. attention state per token, DeepSeek-V4-Flash bf16, 43 layers: dayzero {ours:.0f} B "
+            f"(compressed entries + indexer keys; plus a fixed {WINDOW}-token window per layer) vs dense "
+            f"K=V cache {dense:.0f} B -> {dense / ours:.1f}x smaller"
+        )
+    if "prefill" in parts:
+        lengths = [1024, 4096] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]
+        lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else lengths
+        prefill_rows = prefill_table(lengths, not args.no_reference)
+        if decode_rows:
+            plot(args.plot, decode_rows, prefill_rows)
+            print(f"\nplot: {args.plot}")
 
 
 def plot(path: str, decode_rows: list, prefill_rows: list) -> None:

@@ -21,6 +21,9 @@ from pathlib import Path
 
 import httpx
 import torch
+from handoff import bandwidth
+
+from dayzero.config import ModelConfig
 
 MODEL = "dayzero-demo"
 
@@ -130,42 +133,6 @@ def in_process_ttft(checkpoint: Path, prompt_len: int, runs: int = 5) -> float:
     return statistics.median(times[1:])
 
 
-def handoff_bandwidth(checkpoint: Path, tokens: int) -> tuple[float, float, int]:
-    """(handoff bytes/s, plain copy bytes/s, bytes moved) for one sequence of ``tokens`` tokens."""
-    from dayzero.checkpoint import load_model
-    from dayzero.kv.handoff import export_state, import_state
-    from dayzero.kv.layout import PoolLayout
-    from dayzero.kv.pools import KVPools
-    from dayzero.kv.shared import SharedPools
-    from dayzero.model.forward import prefill
-
-    model = load_model(checkpoint, progress=False)
-    layout = PoolLayout.of(model.cfg, 16, "float32")
-    blocks = KVPools.sized(layout, tokens, 2, torch.float32, device="meta").blocks
-    src, segment = SharedPools.create(layout, blocks, torch.float32)
-    try:
-        prefill(model, src, ["s"], [[0] + [(k * 7) % 500 + 2 for k in range(tokens - 1)]])
-        handle = export_state(src, "s")
-        times, copies, moved = [], [], 0
-        for i in range(6):
-            view, view_segment = SharedPools.attach(src.pool_id, layout, blocks, torch.float32)
-            dst = KVPools(layout, blocks, torch.float32)
-            start = time.perf_counter()
-            import_state(dst, view, handle, f"d{i}")
-            times.append(time.perf_counter() - start)
-            moved = dst.sequence_bytes(f"d{i}")
-            flat, target = torch.ones(moved // 4), torch.empty(moved // 4)
-            start = time.perf_counter()
-            target.copy_(flat)
-            copies.append(time.perf_counter() - start)
-            del view
-            view_segment.close()
-        return moved / statistics.median(times[1:]), moved / statistics.median(copies[1:]), moved
-    finally:
-        segment.close()
-        segment.unlink()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a running gateway (default: start a stack here)")
@@ -225,7 +192,7 @@ def main() -> None:
             f"pipeline overhead (unloaded): TTFT via gateway {gateway_ttft * 1e3:.1f} ms - in-process "
             f"{engine_ttft * 1e3:.1f} ms = {(gateway_ttft - engine_ttft) * 1e3:.1f} ms"
         )
-        handoff, copy, moved = handoff_bandwidth(checkpoint, 4096)
+        handoff, copy, moved = bandwidth(ModelConfig.from_file(checkpoint), 4096, torch.float32, runs=5)
         print(
             f"KV handoff of a 4096-token sequence ({moved / 1e6:.2f} MB): {handoff / 1e9:.2f} GB/s vs plain "
             f"memory copy {copy / 1e9:.2f} GB/s ({handoff / copy:.2f}x)"

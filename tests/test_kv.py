@@ -7,7 +7,7 @@ import torch
 
 from dayzero.checkpoint import load_model
 from dayzero.config import ModelConfig
-from dayzero.kv.handoff import LayoutMismatch, export_state, import_state
+from dayzero.kv.handoff import LayoutMismatch, copy_blocks, export_state, import_state
 from dayzero.kv.layout import PoolLayout
 from dayzero.kv.pools import KVPools, OutOfBlocks, pools_for
 from dayzero.model.forward import decode, prefill
@@ -97,6 +97,17 @@ def test_handoff_moves_every_kind_of_state(tiny_checkpoint, forgotten):
         assert torch.equal(moved.argmax(-1), stayed.argmax(-1))
     else:  # each kind matters: without it the continuation's logits move
         assert (moved - stayed).abs().max().item() > 1e-3
+
+
+@pytest.mark.parametrize(("dst_ids", "src_ids"), [([2, 3, 4], [5, 6, 7]), ([4, 0, 2], [1, 6, 3]), ([1, 2], [7, 5])])
+def test_block_copy_equals_indexed_assignment(dst_ids, src_ids):
+    """Stretches of consecutive blocks are one slice copy, scattered ids a gather + scatter."""
+    gen = torch.Generator().manual_seed(3)
+    src, dst = torch.randn(2, 8, 4, 3, generator=gen), torch.randn(2, 8, 4, 3, generator=gen)
+    want = dst.clone()
+    want[:, dst_ids] = src[:, src_ids]
+    copy_blocks(dst, src, dst_ids, src_ids)
+    assert torch.equal(dst, want)
 
 
 def test_handoff_refuses_another_layout(tiny_checkpoint):

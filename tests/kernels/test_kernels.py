@@ -110,14 +110,29 @@ def test_indexer_topk_matches_twin_and_full_sort(topk, device):
     keys = torch.randn(40, BS, di, generator=gen).to(device)
     table = torch.randperm(40, generator=gen)[:15].view(3, 5).to(torch.int32).to(device)
     visible = torch.div(batch.positions + 1, 4, rounding_mode="floor").to(torch.int32)
-    got = indexer_topk(q, w, batch, keys, table, visible, topk, backend="triton", tile=5)  # several tiles
-    want = indexer_topk(q, w, batch, keys, table, visible, topk, backend="torch", tile=3)
+    got = indexer_topk(q, w, batch, keys, table, visible, topk, backend="triton", rows_max=5)  # several blocks
+    want = indexer_topk(q, w, batch, keys, table, visible, topk, backend="torch", rows_max=3)
     full = indexer_scores_torch(q, w, batch, keys, table, visible, 0, int(visible.max()))
     for row in range(t):
         expect = full[row].sort(descending=True, stable=True).indices[:topk]
         expect = sorted(e for e in expect.tolist() if e < visible[row])
         assert sorted(e for e in got[row].tolist() if e >= 0) == expect
         assert sorted(e for e in want[row].tolist() if e >= 0) == expect
+
+
+def test_earliest_topk_is_a_stable_sorts_prefix():
+    """Ties (at the k-th score, inside the selection, among -inf) resolve as a stable sort does."""
+    from dayzero.kernels.indexer import earliest_topk
+
+    gen = torch.Generator().manual_seed(11)
+    scores = torch.randint(0, 4, (64, 12), generator=gen).float()  # many ties
+    scores[::3, 5:] = float("-inf")  # fewer finite entries than k in some rows
+    scores[1] = torch.randn(12, generator=gen)  # a row without ties
+    for k in (1, 5, 12, 15):
+        ordered = scores.sort(dim=1, descending=True, stable=True)
+        want = ordered.indices.masked_fill(torch.isinf(ordered.values), -1)[:, :k]
+        got = earliest_topk(scores, k)
+        assert torch.equal(got[:, : want.shape[1]], want) and bool((got[:, want.shape[1] :] == -1).all())
 
 
 @pytest.mark.parametrize("rows", [4, 8])  # HCA-like (rate rows) and CSA-like (2 * rate rows)

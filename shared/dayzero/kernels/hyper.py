@@ -6,7 +6,7 @@
   ->  collapsed [T, D] (streams' dtype) = sum_n pre[t, n] * streams[t, n]
       post [T, N] fp32, comb [T, N, N] fp32 (doubly stochastic after ``iters`` Sinkhorn passes)
 
-The torch twin is many tiny ops per token (the Sinkhorn loop alone is 4 * iters); the kernel
+The torch twin runs the Sinkhorn passes on all tokens at once, two ops per pass; the kernel
 keeps one token's N x N matrix in registers and is one launch for the whole step.
 """
 
@@ -27,13 +27,27 @@ def hyper_mix_torch(
     pre_b, post_b, comb_b = base.split([n, n, n * n])
     pre = torch.sigmoid(pre_w * scale[0] + pre_b) + eps
     post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
-    comb = torch.softmax(comb_w.view(-1, n, n) * scale[2] + comb_b.view(n, n), dim=-1) + eps
-    comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
-    for _ in range(iters - 1):  # in place: many tiny ops per layer on the decode path
-        comb.div_(comb.sum(dim=-1, keepdim=True).add_(eps))
-        comb.div_(comb.sum(dim=-2, keepdim=True).add_(eps))
+    comb = _sinkhorn(torch.softmax(comb_w.view(-1, n, n) * scale[2] + comb_b.view(n, n), dim=-1), iters, eps)
     collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
     return collapsed, post, comb
+
+
+def _sinkhorn(probs: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """probs [T, N, N] (rows sum to one) -> (probs + eps) after a column pass and ``iters - 1``
+    (row, column) passes, each dividing by (sum + eps): [T, N, N], a view of a [N + 1, N + 1, T]
+    buffer. Tokens are innermost there, so a sum is N + 1 vector adds; the eps is the buffer's
+    pad row and column, so a pass is one sum and one in-place division, into preallocated sums."""
+    t, n, _ = probs.shape
+    padded = probs.new_full((n + 1, n + 1, t), eps)
+    padded[n, n] = 0
+    comb, rows, cols = padded[:n, :n], padded[:n], padded[:, :n]  # [N, N, T], [N, N + 1, T], [N + 1, N, T]
+    comb.copy_(probs.permute(1, 2, 0)).add_(eps)
+    row_sums, col_sums = probs.new_empty(n, 1, t), probs.new_empty(1, n, t)
+    comb.div_(torch.sum(cols, 0, keepdim=True, out=col_sums))
+    for _ in range(iters - 1):
+        comb.div_(torch.sum(rows, 1, keepdim=True, out=row_sums))
+        comb.div_(torch.sum(cols, 0, keepdim=True, out=col_sums))
+    return comb.permute(2, 0, 1)
 
 
 @triton.jit

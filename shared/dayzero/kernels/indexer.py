@@ -5,9 +5,11 @@
   keys     [blocks, bs, Di] index-key pool; table [B, cb] int32
   visible  [T] int32   entries below it are causal for the query
 score(t, e) = sum_h weights[t, h] * relu(q[t, h] . keys[e]) * Di^-0.5, -inf when e >= visible.
-The entries are scored tile by tile and merged into a running top-k, so memory is
-O(T * (tile + k)) whatever the context. Ties go to the lower entry index. Output
-[T, topk] int32, -1 where fewer entries are visible.
+Queries are scored in blocks of rows against every entry visible to the block (one matmul on
+the pool's contiguous block view where the sequence's blocks are consecutive), the block's
+[rows, Hi, entries] intermediate kept near 16 MiB; each block's top-k goes into one
+preallocated output. Ties go to the lower entry index, and the selection is ordered by
+(score descending, entry ascending). Output [T, topk] int32, -1 where fewer entries are visible.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ import triton.language as tl
 
 from .batch import Backend, RaggedBatch
 
-TILE = 4096
+BUDGET = 1 << 22  # fp32 elements of a block's [rows, Hi, entries] intermediate (16 MiB: stays in cache better)
 
 
 def _weighted_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """sum_h weights[x, h] * relu(q[x, h] . keys[x, n]) * Di^-0.5 -> [X, n] fp32; ``keys`` [X or 1, n, Di]."""
-    scores = torch.relu(torch.matmul(q.float(), keys.float().transpose(-1, -2))) * q.shape[-1] ** -0.5
-    return (scores * weights.float()[..., None]).sum(dim=1)
+    """sum_h weights[x, h] * relu(q[x, h] . keys[x, n]) * Di^-0.5 -> [X, n] fp32; ``keys`` [X or 1, n, Di]
+    (or [n, Di]: one matmul [X * Hi, Di] x [Di, n]), the heads summed by a batched matvec."""
+    heads = torch.matmul(q.float(), keys.float().transpose(-1, -2)).relu_()  # [X, Hi, n]
+    return torch.matmul(weights.float()[:, None, :], heads)[:, 0].mul_(q.shape[-1] ** -0.5)
 
 
 def indexer_scores_torch(
@@ -67,7 +70,8 @@ def indexer_scores_decode_torch(
     """``indexer_scores_torch`` for one query per sequence, every sequence at once (the CPU decode
     path). Tested equal to the spec."""
     out = torch.full((q.shape[0], count), float("-inf"), device=q.device)
-    pool = keys[table.long()].flatten(1, 2)  # [B, blocks * bs, Di]
+    used = table[:, : -(-(first + count) // keys.shape[1])]
+    pool = keys[used.long()].flatten(1, 2)  # [B, used blocks * bs, Di]
     have = min(first + count, pool.shape[1]) - first
     if have <= 0:
         return out
@@ -112,7 +116,8 @@ def _scores_kernel(
     tl.store(out_ptr + t * count + j, tl.where(valid, total, float("-inf")), mask=j < count)
 
 
-def _scores_triton(q, weights, batch, keys, table, visible, first, count):
+def _scores_triton(q, weights, seq_of, keys, table, visible, count):
+    """Scores of entries [0, count) for the given rows: [R, count] fp32."""
     out = torch.empty(q.shape[0], count, dtype=torch.float32, device=q.device)
     bh = max(16, triton.next_power_of_2(q.shape[1]))
     grid = (q.shape[0], triton.cdiv(count, 16))
@@ -121,12 +126,12 @@ def _scores_triton(q, weights, batch, keys, table, visible, first, count):
         weights.contiguous(),
         keys.contiguous(),
         table,
-        batch.seq_of_token,
-        visible,
+        seq_of.contiguous(),
+        visible.contiguous(),
         out,
         q.shape[1],
         table.shape[1],
-        first,
+        0,
         count,
         q.shape[-1] ** -0.5,
         D=q.shape[-1],
@@ -135,6 +140,72 @@ def _scores_triton(q, weights, batch, keys, table, visible, first, count):
         BS=keys.shape[1],
     )
     return out
+
+
+def _sequence_keys(keys: torch.Tensor, blocks: list[int], count: int) -> torch.Tensor:
+    """A sequence's first ``count`` entries [count, Di]: a view when its blocks are consecutive."""
+    used = blocks[: -(-count // keys.shape[1])]
+    if used == list(range(used[0], used[0] + len(used))):
+        return keys[used[0] : used[0] + len(used)].flatten(0, 1)[:count]
+    return keys[torch.tensor(used, device=keys.device)].flatten(0, 1)[:count]
+
+
+def _masked(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """-inf where entry >= the row's visible count; ``scores`` [R, n]."""
+    entry = torch.arange(scores.shape[1], device=scores.device)
+    return scores.masked_fill_(entry[None, :] >= visible[:, None], float("-inf"))
+
+
+def _torch_blocks(q, weights, batch, keys, table, visible, visible_max, rows_max):
+    """(rows, scores [R, n]) per block: one sequence's rows at a time, or every row of a decode
+    step of several sequences together (keys gathered per row)."""
+    heads = q.shape[1]
+    if batch.num_seqs > 1 and all(n == 1 for n in batch.news):
+        step = rows_max or max(1, BUDGET // (heads * visible_max))
+        for r0 in range(0, batch.num_seqs, step):
+            rows = slice(r0, min(r0 + step, batch.num_seqs))
+            args = (q[rows], weights[rows], batch, keys, table[rows], visible[rows], 0, visible_max)
+            yield rows, indexer_scores_decode_torch(*args)
+        return
+    tables = table.tolist()
+    for s in range(batch.num_seqs):
+        row0, new = batch.row0s[s], batch.news[s]
+        last = int(visible[row0 + new - 1])  # positions grow along a sequence's rows
+        step = rows_max or max(1, BUDGET // (heads * max(1, last)))
+        for r0 in range(row0, row0 + new, step):
+            rows = slice(r0, min(r0 + step, row0 + new))
+            count = int(visible[rows.stop - 1])
+            if count == 0:  # nothing visible yet: the output's -1 stands
+                continue
+            scores = _weighted_scores(q[rows], weights[rows], _sequence_keys(keys, tables[s], count))
+            yield rows, _masked(scores, visible[rows])
+
+
+def _triton_blocks(q, weights, batch, keys, table, visible, visible_max, rows_max):
+    step = rows_max or max(1, BUDGET // max(1, visible_max))
+    for r0 in range(0, q.shape[0], step):
+        rows = slice(r0, min(r0 + step, q.shape[0]))
+        seq_of = batch.seq_of_token[rows]
+        yield rows, _scores_triton(q[rows], weights[rows], seq_of, keys, table, visible[rows], visible_max)
+
+
+def earliest_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """[R, k] long entry ids of the ``k`` highest scores of each row of [R, n], ordered by (score
+    descending, entry ascending): a stable full sort's first ``k``; -1 for -inf scores.
+
+    ``topk`` picks the set; only rows where it could differ from the stable sort (a finite tie
+    at the k-th score, or two equal finite scores inside the selection) are sorted."""
+    if scores.shape[1] < k:
+        scores = torch.cat((scores, scores.new_full((scores.shape[0], k - scores.shape[1]), float("-inf"))), 1)
+    vals, idx = scores.topk(k, dim=1)
+    kth = vals[:, -1:]
+    boundary = ((scores >= kth).sum(dim=1) > k) & torch.isfinite(kth[:, 0])
+    inner = ((vals[:, 1:] == vals[:, :-1]) & torch.isfinite(vals[:, 1:])).any(dim=1)
+    tied = (boundary | inner).nonzero()[:, 0]
+    if tied.numel():
+        ordered = scores[tied].sort(dim=1, descending=True, stable=True)
+        vals[tied], idx[tied] = ordered.values[:, :k], ordered.indices[:, :k]
+    return idx.masked_fill_(torch.isinf(vals), -1)
 
 
 def indexer_topk(
@@ -146,37 +217,27 @@ def indexer_topk(
     visible: torch.Tensor,
     topk: int,
     backend: Backend = "torch",
-    tile: int = TILE,
+    rows_max: int | None = None,
     visible_max: int | None = None,
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """[T, topk] int32 selected entry ids (-1 = none); see the module docstring. ``visible_max``:
-    max(visible) when the caller knows it on the host (saves a device sync per call).
-    ``reduce``: applied to each tile's scores [T, tile] before the top-k merge (tensor
-    parallel: the sum over the ranks' indexer heads, so every rank selects the same entries)."""
+    """[T, topk] int32 selected entry ids (-1 = none); see the module docstring. ``rows_max``:
+    rows per scored block (default: from the memory budget). ``visible_max``: max(visible)
+    when the caller knows it on the host (saves a device sync per call). ``reduce``: applied to
+    each block's scores [R, n] before its top-k (tensor parallel: the sum over the ranks'
+    indexer heads, so every rank selects the same entries)."""
     if q.dim() != 3 or weights.shape != q.shape[:2] or keys.shape[-1] != q.shape[-1]:
         raise ValueError(f"bad shapes q {tuple(q.shape)} weights {tuple(weights.shape)} keys {tuple(keys.shape)}")
     visible = visible.to(torch.int32).contiguous()
     table = table.to(torch.int32).contiguous()
-    scores_fn = _scores_triton
-    if backend == "torch":
-        decoding = all(n == 1 for n in batch.news)
-        scores_fn = indexer_scores_decode_torch if decoding else indexer_scores_torch
-    best = torch.full((q.shape[0], topk), float("-inf"), device=q.device)
-    best_idx = torch.full((q.shape[0], topk), -1, dtype=torch.long, device=q.device)
-    if backend == "torch":  # the twin materialises [T, Hi, tile] scores: keep that near 64 MiB
-        tile = max(128, min(tile, (1 << 24) // max(1, q.shape[0] * q.shape[1])))
     if visible_max is None:
         visible_max = int(visible.max()) if visible.numel() else 0
-    for first in range(0, visible_max, tile):
-        count = min(tile, visible_max - first)
-        scores = scores_fn(q, weights, batch, keys, table, visible, first, count)
+    out = torch.full((q.shape[0], topk), -1, dtype=torch.int32, device=q.device)
+    if visible_max == 0:
+        return out
+    blocks = _torch_blocks if backend == "torch" else _triton_blocks
+    for rows, scores in blocks(q, weights, batch, keys, table, visible, visible_max, rows_max):
         if reduce is not None:
             scores = reduce(scores)
-        idx = torch.arange(first, first + count, device=q.device).expand(q.shape[0], -1)
-        # running entries come first and have lower indices: a stable sort keeps ties in index order
-        vals, order = torch.cat((best, scores), dim=1).sort(dim=1, descending=True, stable=True)
-        best = vals[:, :topk]
-        best_idx = torch.cat((best_idx, idx), dim=1).gather(1, order[:, :topk])
-    invalid = (best_idx < 0) | (best_idx >= visible[:, None]) | torch.isinf(best)
-    return torch.where(invalid, -1, best_idx).to(torch.int32)
+        out[rows] = earliest_topk(scores, topk)
+    return out

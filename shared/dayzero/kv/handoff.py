@@ -8,7 +8,10 @@ window ring, compressed entries (CSA and HCA), indexer keys, compressor running 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import torch
 
 from .layout import GROWING_POOLS
 from .pools import KVPools
@@ -42,15 +45,31 @@ def import_state(dst: KVPools, src: KVPools, handle: StateHandle, seq_id: str) -
     dst.reserve(seq_id, handle.length)
     seq = dst.sequences[seq_id]
     seq.length = handle.length
-    layout = src.layout
-    window_src, window_dst = list(handle.blocks["window"]), seq.tables["window"]
-    dst.window[:, window_dst] = src.window[:, window_src].to(dst.device, dst.window.dtype)
-    for pool in GROWING_POOLS:
-        n = layout.blocks_for(pool, handle.length)
+    for kind, dst_t, src_t in _pairs(dst, src):
+        n = src.layout.blocks_for(kind, handle.length)
         if n:
-            blocks = src.compressed[pool][:, list(handle.blocks[pool][:n])]
-            dst.compressed[pool][:, seq.tables[pool][:n]] = blocks.to(dst.device)
-    if handle.blocks["compressor"]:
-        src_slot, dst_slot = handle.blocks["compressor"][0], seq.tables["compressor"][0]
-        for name, tensor in src.compressor.items():
-            dst.compressor[name][:, dst_slot] = tensor[:, src_slot].to(dst.device)
+            copy_blocks(dst_t, src_t, seq.tables[kind][:n], handle.blocks[kind][:n])
+
+
+def _pairs(dst: KVPools, src: KVPools) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(pool kind, destination tensor, source tensor) for every tensor of the state."""
+    pairs = [("window", dst.window, src.window)]
+    pairs += [(pool, dst.compressed[pool], src.compressed[pool]) for pool in GROWING_POOLS]
+    return pairs + [("compressor", dst.compressor[name], t) for name, t in src.compressor.items()]
+
+
+def _stretch(ids: Sequence[int]) -> bool:
+    return list(ids) == list(range(ids[0], ids[0] + len(ids)))
+
+
+def copy_blocks(dst: torch.Tensor, src: torch.Tensor, dst_ids: Sequence[int], src_ids: Sequence[int]) -> None:
+    """dst[:, dst_ids] = src[:, src_ids] for pool tensors [layers, blocks, ...] (any devices and
+    dtypes): one strided copy when both id lists count up by one (what a fresh allocator hands
+    out), else one gather into a contiguous buffer and one scatter."""
+    if _stretch(src_ids) and _stretch(dst_ids):
+        n = len(src_ids)
+        dst[:, dst_ids[0] : dst_ids[0] + n].copy_(src[:, src_ids[0] : src_ids[0] + n])
+        return
+    src_idx = torch.tensor(src_ids, dtype=torch.long, device=src.device)
+    dst_idx = torch.tensor(dst_ids, dtype=torch.long, device=dst.device)
+    dst.index_copy_(1, dst_idx, src.index_select(1, src_idx).to(dst.device, dst.dtype))
