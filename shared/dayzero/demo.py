@@ -207,8 +207,14 @@ def write_tokenizer(out: Path, tok: Tokenizer) -> None:
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
 
 
+TRAINED = Path(__file__).parent / "train" / "demo_model"  # written by ``dayzero train-demo``, shipped
+
+
 def ensure_demo_checkpoint(path: Path) -> Path:
-    """The built-in checkpoint at ``path``, written once (safe when several processes race)."""
+    """The built-in checkpoint: the trained demo model the package ships (``TRAINED``), else a random
+    one written once at ``path`` (safe when several processes race)."""
+    if (TRAINED / "model.safetensors").exists():
+        return TRAINED
     if (path / "model.safetensors").exists():
         return path
     print(f"creating the built-in demo checkpoint in {path}", file=sys.stderr)

@@ -67,10 +67,11 @@ def write_float(model: DemoModel, tok: Tokenizer, out: Path, seed: int = 0) -> P
     return out
 
 
-def export(model: DemoModel, tok: Tokenizer, out: Path, seed: int = 0) -> Path:
-    """Write the release-layout checkpoint (FP4 experts, FP8 dense, E8M0 scales) to ``out``."""
+def export(model: DemoModel, tok: Tokenizer, out: Path, float_out: Path | None = None, seed: int = 0) -> Path:
+    """Write the release-layout checkpoint (FP4 experts, FP8 dense, E8M0 scales) to ``out``;
+    ``float_out``: keep the float checkpoint it was quantized from there."""
     with tempfile.TemporaryDirectory() as tmp:
-        quantize_checkpoint(write_float(model, tok, Path(tmp), seed), out, progress=False)
+        quantize_checkpoint(write_float(model, tok, float_out or Path(tmp), seed), out, progress=False)
     return out
 
 

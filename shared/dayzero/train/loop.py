@@ -12,12 +12,15 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from .data import random_batch, windows
-from .model import DemoModel, Logits
+
+if TYPE_CHECKING:
+    from .model import DemoModel, Logits
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,14 +43,15 @@ def fit(opts: TrainOptions) -> Fitted:
     return Fitted(model, tok, corpus, history)
 
 
-def train_demo(out: str | Path, opts: TrainOptions) -> tuple[Path, Losses]:
-    """Train and write the checkpoint to ``out``; returns it and the held-out losses."""
+def train_demo(out: str | Path, opts: TrainOptions, float_out: str | Path | None = None) -> tuple[Path, Losses]:
+    """Train and write the checkpoint to ``out`` (and the float weights to ``float_out``); returns
+    the checkpoint and the held-out losses of the trained (float) model."""
     from .export import export
 
     begin = time.monotonic()
     fitted = fit(opts)
     losses = evaluate(fitted.model, held_out_stream(fitted.tokenizer, fitted.corpus))
-    path = export(fitted.model, fitted.tokenizer, Path(out))
+    path = export(fitted.model, fitted.tokenizer, Path(out), Path(float_out) if float_out else None)
     print(
         f"trained in {time.monotonic() - begin:.0f}s; held-out loss {losses.next:.3f} "
         f"(ppl {torch.tensor(losses.next).exp():.1f}), MTP t+2 loss {losses.after_next:.3f}, "
