@@ -1,4 +1,4 @@
-"""``dayzero`` command line: the model tools (demo-checkpoint, generate, align, quantize, inspect),
+"""``dayzero`` command line: the model tools (demo-checkpoint, train-demo, generate, align, quantize, inspect),
 ``doctor``, and the service commands (in dayzero.cli_services)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from .checkpoint import CheckpointError
 from .cli_services import cmd_serve, cmd_up
 from .config import ConfigError
 from .settings import Settings, settings_help
+from .train.command import add_train_demo
 
 
 def _ids(text: str) -> list[int]:
@@ -46,12 +47,11 @@ def cmd_demo_checkpoint(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
-    from .demo import ensure_demo_checkpoint
     from .parallel.group import run_group
     from .sampling import SamplingParams
     from .tokenizer import load_codec
 
-    checkpoint = Path(args.checkpoint) if args.checkpoint else ensure_demo_checkpoint(settings.demo_checkpoint)
+    checkpoint = Path(args.checkpoint) if args.checkpoint else settings.checkpoint_dir()
     if args.stop and not load_codec(checkpoint).has_tokenizer:
         raise SystemExit("error: --stop needs text, and this checkpoint has no tokenizer.json")
     seed = args.seed
@@ -170,6 +170,7 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--fp4", action="store_true", help="the release's formats: FP4 experts, FP8 dense, E8M0 scales")
     demo.add_argument("--shards", type=int, default=1, help="weights in N files with an index (default 1)")
     demo.set_defaults(run=cmd_demo_checkpoint)
+    add_train_demo(sub)
 
     def prompt_args(cmd: argparse.ArgumentParser, required: bool) -> None:
         group = cmd.add_mutually_exclusive_group(required=required)

@@ -57,14 +57,13 @@ def _stop_on_signals() -> None:
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     import os
 
-    from .demo import ensure_demo_checkpoint
     from .stack import Stack, StartFailed
 
     env = {}
     if args.checkpoint:
         env["DAYZERO_CHECKPOINT"] = str(Path(args.checkpoint).resolve())
     else:
-        ensure_demo_checkpoint(settings.demo_checkpoint)
+        settings.checkpoint_dir()  # the built-in one, written once before the children start
     counts = {"vision": args.vision, "prefill": args.prefill, "decode": args.decode}
     port, redis_url = args.port or settings.port, os.environ.get("REDIS_URL")
     stack = Stack(counts, port, Path(args.log_dir), env, redis_url=redis_url, host=settings.host)

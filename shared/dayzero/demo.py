@@ -76,8 +76,9 @@ _CORPUS = (
 )
 
 
-def build_tokenizer(vocab_size: int) -> Tokenizer:
-    """A byte-level BPE trained on a built-in paragraph (deterministic, no downloads)."""
+def build_tokenizer(vocab_size: int, texts: list[str] | None = None) -> Tokenizer:
+    """A byte-level BPE with V4's special tokens as ids 0, 1, ... (BOS prepended on encode), trained
+    on ``texts`` (default: a built-in paragraph); deterministic, no downloads."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -87,7 +88,7 @@ def build_tokenizer(vocab_size: int) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    tok.train_from_iterator(texts or [_CORPUS] * 4, trainer=trainer)
     tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, 0)])
     return tok
 
@@ -189,7 +190,13 @@ def write_demo_checkpoint(
                 shutil.move(str(file), str(out / file.name))
     elif shards > 1:
         write_shards(load_file(str(out / "model.safetensors")), out, shards)
-    build_tokenizer(DEMO_CONFIG["vocab_size"]).save(str(out / "tokenizer.json"))
+    write_tokenizer(out, build_tokenizer(DEMO_CONFIG["vocab_size"]))
+    return out
+
+
+def write_tokenizer(out: Path, tok: Tokenizer) -> None:
+    """``tokenizer.json``, ``tokenizer_config.json`` (BOS / EOS, no chat template) and the generation config."""
+    tok.save(str(out / "tokenizer.json"))
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": BOS,
@@ -198,11 +205,11 @@ def write_demo_checkpoint(
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False))
     generation = {"bos_token_id": 0, "eos_token_id": 1, "do_sample": False, "max_new_tokens": 64}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
-    return out
 
 
 def ensure_demo_checkpoint(path: Path) -> Path:
-    """The built-in checkpoint at ``path``, written once (safe when several processes race)."""
+    """A random demo checkpoint written once at ``path`` (safe when several processes race): the
+    fallback when the package ships no trained model (Settings.checkpoint_dir)."""
     if (path / "model.safetensors").exists():
         return path
     print(f"creating the built-in demo checkpoint in {path}", file=sys.stderr)

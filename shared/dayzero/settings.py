@@ -11,6 +11,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .vision.images import ImageLimits, PatchSpec
 
+BUILT_IN_MODEL = Path(__file__).parent / "train" / "demo_model"  # written by ``dayzero train-demo``, shipped
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DAYZERO_", frozen=True)
@@ -104,10 +106,12 @@ class Settings(BaseSettings):
         return self.cache_dir / "demo-checkpoint-v4-release"
 
     def checkpoint_dir(self) -> Path:
-        """The configured checkpoint, or the built-in demo checkpoint (written by the first process
-        that needs it; only that one imports torch for it)."""
+        """The configured checkpoint, else the trained demo model the package ships, else a random
+        demo checkpoint (written by the first process that needs it; only that one imports torch)."""
         if self.checkpoint is not None:
             return self.checkpoint
+        if (BUILT_IN_MODEL / "model.safetensors").exists():
+            return BUILT_IN_MODEL
         if not (self.demo_checkpoint / "model.safetensors").exists():
             from .demo import ensure_demo_checkpoint
 
