@@ -3,15 +3,17 @@ any rank is waited for, and a rendezvous that fails within the group timeout."""
 
 from __future__ import annotations
 
-import time
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from dayzero import cli
 from dayzero.parallel import ParallelConfig, ParallelError
-from dayzero.parallel.group import free_port, run_group
+from dayzero.parallel.group import free_port
 from dayzero.parallel.launch import Launch, launch_from
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
@@ -45,11 +47,14 @@ def test_generate_refuses_a_group_of_another_size(tiny_checkpoint, monkeypatch, 
         cli.main([*args, "--tensor-parallel", "2", "--temperature", "0.7"])
 
 
-def test_a_rank_whose_peers_never_come_fails_within_the_timeout(monkeypatch):
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    start = time.monotonic()
-    with pytest.raises(dist.DistError, match="1/2 clients joined"):
-        run_group(2, lambda group: group.size, timeout=2.0, launch=Launch(ParallelConfig(2, 0)))
-    assert time.monotonic() - start < 10
-    assert not dist.is_initialized()
+@pytest.mark.slow
+def test_a_rank_whose_peers_never_come_fails_within_the_timeout(tiny_checkpoint):
+    """In a process of its own: a failed rendezvous leaves torch's count of process groups raised,
+    so this process's later groups would be named unlike their spawned peers'."""
+    env = {**os.environ, **TORCHRUN, "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    env["MASTER_PORT"] = str(free_port())
+    args = ["generate", "--checkpoint", str(tiny_checkpoint), "--prompt-ids", "1,2", "--tensor-parallel", "2"]
+    command = [sys.executable, "-m", "dayzero.cli", *args, "--group-timeout", "2"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert re.search(r"Timed out after [23] seconds waiting for clients\. 1/2 clients joined", done.stderr)
