@@ -21,6 +21,7 @@ from .model.forward import decode, prefill, score
 from .model.plan import AttentionOptions
 from .parallel import Group
 from .parallel.group import run_group
+from .parallel.launch import Launch
 
 # fp32 on both sides, same op order up to reductions: differences are rounding (~1e-6);
 # 1e-4 absolute leaves room for long sequences without hiding a wrong mask or state.
@@ -142,10 +143,12 @@ def align(
     tokens: int = 8,
     options: AttentionOptions = AttentionOptions(),
     tensor_parallel: int = 1,
+    launch: Launch | None = None,
 ) -> AlignReport:
-    """``tensor_parallel`` > 1: dayzero's side runs on that many local gloo ranks."""
+    """``tensor_parallel`` > 1: dayzero's side runs on that many gloo ranks, local ones or, with
+    ``launch``, the group this process joins as one rank (each rank then compares on its own)."""
     path = Path(path)
-    ours = run_group(tensor_parallel, our_run, path, prompt, tokens, options)
+    ours = run_group(tensor_parallel, our_run, path, prompt, tokens, options, launch=launch)
     ref = reference_model(path)
     ids = torch.tensor([prompt])
     with EarliestTies(ref, enabled=False) as plain:

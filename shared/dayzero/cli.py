@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -48,13 +49,16 @@ def cmd_demo_checkpoint(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     from .parallel.group import run_group
+    from .parallel.launch import launch_from
     from .sampling import SamplingParams
     from .tokenizer import load_codec
 
     checkpoint = Path(args.checkpoint) if args.checkpoint else settings.checkpoint_dir()
     if args.stop and not load_codec(checkpoint).has_tokenizer:
         raise SystemExit("error: --stop needs text, and this checkpoint has no tokenizer.json")
-    seed = args.seed
+    launch, seed = launch_from(os.environ, settings.device), args.seed  # torchrun's variables, if set
+    if seed is None and launch is not None and args.temperature > 0:  # no way to agree on a random one
+        raise SystemExit("error: ranks started by torchrun sample alike only with one --seed: pass --seed")
     if seed is None and args.tensor_parallel > 1:  # every rank samples alike from the same logits
         seed = random.randrange(1 << 31)
     params = SamplingParams(
@@ -65,7 +69,8 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         seed=seed,
         stop=tuple(args.stop),
     )
-    run_group(args.tensor_parallel, _generate_on, checkpoint, _prompt(args, checkpoint), params, settings, args.stats)
+    tp, prompt, timeout = args.tensor_parallel, _prompt(args, checkpoint), args.group_timeout
+    run_group(tp, _generate_on, checkpoint, prompt, params, settings, args.stats, timeout=timeout, launch=launch)
     return 0
 
 
@@ -81,11 +86,13 @@ def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: S
     model = load_model(
         checkpoint,
         torch_dtype(settings),
+        group.device,
         progress=printing,
         expert_cache_bytes=settings.expert_cache_mb << 20,
         group=group,
     )
-    pools = pools_for(model.cfg, torch_dtype(settings), min(settings.max_context, model.cfg.max_position_embeddings))
+    max_tokens = min(settings.max_context, model.cfg.max_position_embeddings)
+    pools = pools_for(model.cfg, torch_dtype(settings), max_tokens, device=group.device)
     timings = Timings()
     options = attention_options(settings)
     steps = generate(model, codec, pools, prompt, params, timings, settings.max_context, options)
@@ -101,6 +108,7 @@ def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: S
 
 def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
     from .align import align
+    from .parallel.launch import launch_from
     from .serving.runtime import attention_options
 
     checkpoint = Path(args.checkpoint)
@@ -109,7 +117,10 @@ def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
         prompt = [random.Random(0).randrange(vocab) for _ in range(64)]
     else:
         prompt = _prompt(args, checkpoint)
-    report = align(checkpoint, prompt, args.tokens, attention_options(settings), args.tensor_parallel)
+    launch = launch_from(os.environ, "cpu")  # torchrun's variables, if set; the comparison is fp32 on the CPU
+    report = align(checkpoint, prompt, args.tokens, attention_options(settings), args.tensor_parallel, launch)
+    if launch is not None and launch.config.rank:  # every rank compares; rank 0 prints
+        return 0 if report.ok else 1
     if args.json:
         print(json.dumps(report.to_dict()))
     else:
@@ -180,6 +191,8 @@ def parser() -> argparse.ArgumentParser:
     def tensor_parallel(cmd: argparse.ArgumentParser, what: str) -> None:
         cmd.add_argument("--tensor-parallel", type=int, default=1, metavar="N", help=f"{what} (default 1)")
 
+    joining = "; under torchrun (RANK, WORLD_SIZE, ... set) join its group as one rank"
+
     gen = sub.add_parser("generate", help="stream a completion to the terminal")
     gen.add_argument("--checkpoint", help="checkpoint directory (default: the built-in demo checkpoint)")
     prompt_args(gen, required=True)
@@ -190,7 +203,9 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, help="sampling seed, for repeatable samples")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--stats", action="store_true", help="end with one JSON line of token counts and speeds")
-    tensor_parallel(gen, "run the model on N local ranks (gloo on CPU), as one group")
+    tensor_parallel(gen, "run the model on N ranks (local ones: gloo on CPU), as one group" + joining)
+    timeout = "ranks that do not all meet, or a collective left waiting by a silent rank, fail after S s (default 120)"
+    gen.add_argument("--group-timeout", type=float, default=120.0, metavar="S", help=timeout)
     gen.set_defaults(run=cmd_generate)
 
     al = sub.add_parser("align", help="compare logits with transformers' DeepseekV4ForCausalLM (fp32)")
@@ -198,7 +213,7 @@ def parser() -> argparse.ArgumentParser:
     prompt_args(al, required=False)
     al.add_argument("--tokens", type=int, default=8, help="greedy decode steps to compare (default 8)")
     al.add_argument("--json", action="store_true", help="print one JSON object")
-    tensor_parallel(al, "run dayzero's side on N local ranks (gloo on CPU), as one group")
+    tensor_parallel(al, "run dayzero's side on N ranks (gloo on CPU), as one group" + joining)
     al.set_defaults(run=cmd_align)
 
     quant = sub.add_parser("quantize", help="write a checkpoint in the release's FP8 / FP4 formats from a float one")

@@ -3,7 +3,8 @@
 A ``Group`` of one rank returns its input untouched and counts nothing, so the single-rank
 forward is the same code and pays nothing. A larger group reduces in fp32 (as DeepSeek's
 reference reduces its row-parallel outputs) over the torch.distributed group it was given,
-and counts each call and the seconds spent in it (for bench/parallel.py).
+and counts each call and the seconds spent in it (for bench/parallel.py). ``device``: where this
+rank's weights, pools and collective buffers live (cuda:LOCAL_RANK under NCCL, else the CPU).
 """
 
 from __future__ import annotations
@@ -18,11 +19,16 @@ from .config import ParallelConfig
 
 
 class Group:
-    def __init__(self, config: ParallelConfig | None = None, process_group: object | None = None) -> None:
+    def __init__(
+        self,
+        config: ParallelConfig | None = None,
+        process_group: object | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
         config = config or ParallelConfig()
         if config.world_size > 1 and process_group is None:
             raise ValueError(f"{config.world_size} ranks need a torch.distributed process group")
-        self.config, self.process_group = config, process_group
+        self.config, self.process_group, self.device = config, process_group, device
         self.counts: Counter[str] = Counter()
         self.seconds = 0.0
 

@@ -1,9 +1,14 @@
-"""Run one function on N local ranks over gloo: rank 0 in this process, ranks 1.. spawned.
+"""Run one function on every rank of a group: N local ranks over gloo, or this process as one rank
+of a group started elsewhere (torchrun on each host, ``dayzero.parallel.launch``).
 
-``run_group(n, fn, *args)`` calls ``fn(group, *args)`` on every rank with its ``Group`` (a
-torch.distributed process group over 127.0.0.1 on a free port) and returns rank 0's result.
-Each rank gets its share of the CPU threads. The spawned ranks are joined, or terminated
-when rank 0 fails; a rank that dies makes the others' collectives fail within ``timeout``.
+``run_group(n, fn, *args)`` calls ``fn(group, *args)`` on every rank with its ``Group`` and returns
+rank 0's result. Local ranks: rank 0 in this process, ranks 1.. spawned, a torch.distributed
+process group over 127.0.0.1 on a free port, each rank its share of the CPU threads; the spawned
+ranks are joined, or terminated when rank 0 fails. ``launch=``: this process joins as the rank
+the launch names (env:// rendezvous at MASTER_ADDR:MASTER_PORT) and gets its own rank's result.
+Either way, a rank that dies makes the others' collectives fail (at once when its sockets close,
+within ``timeout`` when its host stops answering), and ranks that do not all meet within
+``timeout`` fail the rendezvous.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch.multiprocessing as mp
 
 from .collectives import Group
 from .config import ParallelConfig
+from .launch import Launch
 
 JOIN_SECONDS = 60.0
 
@@ -31,32 +37,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _join(config: ParallelConfig, port: int, timeout: float) -> Group:
+def _rank(launch: Launch, init_method: str, timeout: float, fn: Callable[..., Any], args: tuple) -> Any:
+    if launch.cuda:
+        torch.cuda.set_device(launch.device)
     dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=config.rank,
-        world_size=config.world_size,
+        launch.backend,
+        init_method=init_method,
+        rank=launch.config.rank,
+        world_size=launch.config.world_size,
         timeout=datetime.timedelta(seconds=timeout),
+        device_id=launch.device if launch.cuda else None,
     )
-    return Group(config, dist.group.WORLD)
-
-
-def _rank(config: ParallelConfig, port: int, timeout: float, fn: Callable[..., Any], args: tuple) -> Any:
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.world_size))
-    group = _join(config, port, timeout)
     try:
-        return fn(group, *args)
+        return fn(Group(launch.config, dist.group.WORLD, launch.device), *args)
     finally:
         dist.destroy_process_group()
 
 
-def _spawned(rank: int, world_size: int, port: int, timeout: float, fn: Callable[..., Any], args: tuple) -> None:
-    _rank(ParallelConfig(world_size, rank + 1), port, timeout, fn, args)
+def _local(world_size: int, rank: int, port: int, timeout: float, fn: Callable[..., Any], args: tuple) -> Any:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    return _rank(Launch(ParallelConfig(world_size, rank), rank), f"tcp://127.0.0.1:{port}", timeout, fn, args)
 
 
-def run_group(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 120.0) -> Any:
-    """``fn(group, *args)`` on ``world_size`` ranks (``fn`` and ``args`` picklable); rank 0's result."""
+def _spawned(index: int, world_size: int, port: int, timeout: float, fn: Callable[..., Any], args: tuple) -> None:
+    _local(world_size, index + 1, port, timeout, fn, args)
+
+
+def run_group(
+    world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 120.0, launch: Launch | None = None
+) -> Any:
+    """``fn(group, *args)`` on ``world_size`` ranks (``fn`` and ``args`` picklable); rank 0's result,
+    or with ``launch`` this rank's (``launch`` refused unless its WORLD_SIZE is ``world_size``)."""
+    if launch is not None:
+        launch.check(world_size)
+        # env://, not tcp://: under torchrun its agent already serves the store at MASTER_PORT
+        return _rank(launch, "env://", timeout, fn, args)
     if world_size == 1:
         return fn(Group(), *args)
     port, threads = free_port(), torch.get_num_threads()
@@ -64,7 +79,7 @@ def run_group(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
         _spawned, (world_size, port, timeout, fn, args), nprocs=world_size - 1, join=False, start_method="spawn"
     )
     try:
-        result = _rank(ParallelConfig(world_size, 0), port, timeout, fn, args)
+        result = _local(world_size, 0, port, timeout, fn, args)
         deadline = time.monotonic() + JOIN_SECONDS
         while not context.join(timeout=max(0.0, deadline - time.monotonic())):  # one exit per call
             if time.monotonic() >= deadline:

@@ -1,0 +1,156 @@
+"""Ranks on separate hosts: ``dayzero generate --tensor-parallel 2`` under torchrun on two "hosts"
+(network namespaces joined by a veth pair, gloo over TCP on the veth), and two ranks started by
+hand with torchrun's variables, one of which is killed mid-generation.
+
+Every process is a real rank; every test stops every process it started (and the namespaces).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from dayzero import cli
+from dayzero.parallel.group import free_port
+
+from .test_tensor_parallel import TP4
+
+ADDRESSES = ("10.231.7.1", "10.231.7.2")  # a private /30: the two ends of the veth
+MASTER_PORT = 29500  # free in a namespace of its own
+PROMPT = ["--prompt-ids", "3,14,15,92,65,35"]
+RUN_S = 120  # a pair of ranks that has not exited by then has hung: fail, stop them
+
+
+class Hosts:
+    """Two network namespaces ``{tag}a`` and ``{tag}b``, a veth pair between them."""
+
+    def __init__(self, tag: str) -> None:
+        self.names = (f"{tag}a", f"{tag}b")
+        self.links = (f"{tag}va", f"{tag}vb")  # interface names: 15 characters at most
+
+    def add(self) -> None:
+        for name in self.names:
+            _ip("netns", "add", name)
+
+    def connect(self) -> None:
+        (a, b), (va, vb) = self.names, self.links
+        _ip("link", "add", va, "netns", a, "type", "veth", "peer", "name", vb, "netns", b)
+        for name, link, address in zip(self.names, self.links, ADDRESSES, strict=True):
+            _ip("-n", name, "addr", "add", f"{address}/30", "dev", link)
+            _ip("-n", name, "link", "set", link, "up")
+            _ip("-n", name, "link", "set", "lo", "up")
+
+    def delete(self) -> None:
+        """Remove both namespaces (and with them the veth pair); the ones never made are skipped."""
+        for name in self.names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+    def start(self, host: int, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+        command = ["ip", "netns", "exec", self.names[host], *argv]
+        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture
+def hosts():
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    if shutil.which("ip") is None:
+        pytest.skip("iproute2's `ip` is not installed")
+    made = Hosts(f"dz{os.getpid() % 100000}")
+    try:
+        made.add()
+    except subprocess.CalledProcessError as exc:
+        made.delete()
+        pytest.skip(f"`{' '.join(exc.cmd)}` is not permitted here: {exc.stderr.strip()}")
+    try:
+        made.connect()
+        yield made
+    finally:
+        made.delete()
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Kill what still runs of each process and its descendants (torchrun's workers have sessions
+    of their own, so a process group would miss them); reap them."""
+    for proc in procs:
+        try:
+            family = [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]
+        except psutil.NoSuchProcess:
+            family = []
+        for member in family:
+            try:
+                member.kill()
+            except psutil.NoSuchProcess:
+                continue
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def _finish(procs: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
+    """Each process's exit status, stdout and stderr; all stopped after ``RUN_S`` regardless."""
+    deadline, results = time.monotonic() + RUN_S, []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            results.append((proc.returncode, out, err))
+    finally:
+        _stop(procs)
+    return results
+
+
+def _generate(path: Path, tokens: int = 8) -> list[str]:
+    return ["generate", "--checkpoint", str(path), *PROMPT, "--max-tokens", str(tokens), "--tensor-parallel", "2"]
+
+
+@pytest.mark.slow
+def test_two_hosts_under_torchrun_print_one_ranks_tokens(hosts, checkpoint_factory, capsys):
+    path = checkpoint_factory("tp4", **TP4)
+    assert cli.main(["generate", "--checkpoint", str(path), *PROMPT, "--max-tokens", "8"]) == 0
+    single = capsys.readouterr().out
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+    meet = ["--master-addr", ADDRESSES[0], "--master-port", str(MASTER_PORT)]
+    procs = []
+    for node, link in enumerate(hosts.links):
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": link}  # gloo's sockets on the veth, not the hostname's address
+        argv = [*torchrun, "--node-rank", str(node), *meet, "-m", "dayzero.cli", *_generate(path)]
+        procs.append(hosts.start(node, argv, env))
+    (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
+    assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
+    assert out0 == single and len(single.split(",")) == 8
+    assert out1 == ""  # rank 0 prints; rank 1 only computes
+
+
+def _by_hand(rank: int, port: int, path: Path, tokens: int) -> subprocess.Popen:
+    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    argv = [sys.executable, "-m", "dayzero.cli", *_generate(path, tokens), "--group-timeout", "30"]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_a_killed_rank_brings_the_other_down_within_seconds(checkpoint_factory):
+    path, port = checkpoint_factory("tp4", **TP4), free_port()
+    procs = [_by_hand(rank, port, path, tokens=4000) for rank in (0, 1)]
+    try:
+        assert procs[0].stdout.read(1).isdigit()  # rank 0 has printed its first token: both are decoding
+        procs[1].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        rc = procs[0].wait(timeout=RUN_S)
+        took = time.monotonic() - killed
+    finally:
+        (_, out, err), _ = _finish(procs)
+    assert rc != 0 and len(out.split(",")) < 3999, err[-2000:]  # it stopped, it did not finish
+    assert took < 10, f"rank 0 took {took:.1f} s to fail after rank 1 died"  # closed sockets, not the 30 s timeout

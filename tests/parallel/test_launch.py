@@ -1,0 +1,60 @@
+"""Joining a group as one rank: torchrun's variables read into a ``Launch``, what is refused before
+any rank is waited for, and a rendezvous that fails within the group timeout."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dayzero import cli
+from dayzero.parallel import ParallelConfig, ParallelError
+from dayzero.parallel.group import free_port
+from dayzero.parallel.launch import Launch, launch_from
+
+TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+
+
+def test_torchruns_variables_name_this_rank_and_its_device():
+    assert launch_from({"MASTER_ADDR": "10.0.0.1"}, "cpu") is None  # no RANK, no WORLD_SIZE: local ranks
+    cpu = launch_from(TORCHRUN, "cpu")
+    assert cpu == Launch(ParallelConfig(2, 1), local_rank=1) and cpu.backend == "gloo"
+    assert cpu.device == torch.device("cpu")
+    gpu = launch_from(TORCHRUN, "cuda")
+    assert gpu.backend == "nccl" and gpu.device == torch.device("cuda", 1)  # its host's GPU LOCAL_RANK
+
+
+def test_incomplete_or_wrong_variables_are_refused():
+    with pytest.raises(ParallelError, match="not set: LOCAL_RANK, MASTER_ADDR, MASTER_PORT"):
+        launch_from({"RANK": "0", "WORLD_SIZE": "2"}, "cpu")
+    with pytest.raises(ParallelError, match="rank 2 of 2 ranks"):
+        launch_from({**TORCHRUN, "RANK": "2"}, "cpu")
+    with pytest.raises(ParallelError, match="must be integers"):
+        launch_from({**TORCHRUN, "MASTER_PORT": "http"}, "cpu")
+
+
+def test_generate_refuses_a_group_of_another_size(tiny_checkpoint, monkeypatch, capsys):
+    for name, value in {**TORCHRUN, "RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    args = ["generate", "--checkpoint", str(tiny_checkpoint), "--prompt-ids", "1,2", "--max-tokens", "2"]
+    assert cli.main(args) == 2  # --tensor-parallel 1 under a group of 2
+    assert "WORLD_SIZE is 2 (ranks started by torchrun" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="pass --seed"):  # ranks cannot agree on a random seed
+        cli.main([*args, "--tensor-parallel", "2", "--temperature", "0.7"])
+
+
+@pytest.mark.slow
+def test_a_rank_whose_peers_never_come_fails_within_the_timeout(tiny_checkpoint):
+    """In a process of its own: a failed rendezvous leaves torch's count of process groups raised,
+    so this process's later groups would be named unlike their spawned peers'."""
+    env = {**os.environ, **TORCHRUN, "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    env["MASTER_PORT"] = str(free_port())
+    args = ["generate", "--checkpoint", str(tiny_checkpoint), "--prompt-ids", "1,2", "--tensor-parallel", "2"]
+    command = [sys.executable, "-m", "dayzero.cli", *args, "--group-timeout", "2"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert re.search(r"Timed out after [23] seconds waiting for clients\. 1/2 clients joined", done.stderr)
