@@ -65,6 +65,8 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         seed=seed,
         stop=tuple(args.stop),
     )
+    if args.speculative_tokens is not None:
+        settings = settings.model_copy(update={"speculative_tokens": args.speculative_tokens})
     run_group(args.tensor_parallel, _generate_on, checkpoint, _prompt(args, checkpoint), params, settings, args.stats)
     return 0
 
@@ -74,6 +76,7 @@ def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: S
     from .checkpoint import load_model
     from .engine import Timings, generate
     from .kv.pools import pools_for
+    from .speculative import Speculation
     from .tokenizer import load_codec
 
     codec, printing = load_codec(checkpoint), group.config.rank == 0
@@ -84,9 +87,11 @@ def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: S
         expert_cache_bytes=settings.expert_cache_mb << 20,
         group=group,
     )
-    pools = pools_for(model.cfg, settings.torch_dtype, min(settings.max_context, model.cfg.max_position_embeddings))
-    timings = Timings()
-    steps = generate(model, codec, pools, prompt, params, timings, settings.max_context, settings.attention())
+    context, k = min(settings.max_context, model.cfg.max_position_embeddings), settings.speculative_tokens
+    pools = pools_for(model.cfg, settings.torch_dtype, context, mtp=k > 0)
+    timings, speculation = Timings(), Speculation(k) if k else None
+    options = settings.attention()
+    steps = generate(model, codec, pools, prompt, params, timings, settings.max_context, options, speculation)
     for i, step in enumerate(steps):  # text, or the ids when the checkpoint has no tokenizer
         if printing:
             sys.stdout.write(step.text if codec.has_tokenizer else f"{',' if i else ''}{step.token}")
@@ -186,6 +191,12 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, help="sampling seed, for repeatable samples")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--stats", action="store_true", help="end with one JSON line of token counts and speeds")
+    gen.add_argument(
+        "--speculative-tokens",
+        type=int,
+        choices=(0, 1, 2),
+        help="tokens the MTP layer drafts per step (default: DAYZERO_SPECULATIVE_TOKENS)",
+    )
     tensor_parallel(gen, "run the model on N local ranks (gloo on CPU), as one group")
     gen.set_defaults(run=cmd_generate)
 

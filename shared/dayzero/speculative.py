@@ -19,14 +19,14 @@ keep the main streams of position L-1 (see ``KVPools.hidden``). A step:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .completion import Completion, Step, next_steps
 from .kv.pools import KVPools
 from .kv.snapshot import Snapshot, closes_window
-from .model.forward import head, run_layers
+from .model.forward import decode, head, run_layers
 from .model.mtp import follow, mtp_forward
 from .model.plan import AttentionOptions, plan_step
 from .model.vocab import lm_logits
@@ -56,6 +56,52 @@ class Outcome:
     steps: list[Step | Exception]
     drafted: int
     accepted: int
+
+
+@dataclass(slots=True)
+class Acceptance:
+    """Drafts made and kept per draft position, over many steps (vLLM's spec_decode counters)."""
+
+    drafted: list[int] = field(default_factory=lambda: [0, 0])
+    accepted: list[int] = field(default_factory=lambda: [0, 0])
+    steps: int = 0  # sequence-steps that drafted
+    emitted: int = 0  # tokens those steps emitted
+
+    def add(self, outcome: Outcome) -> None:
+        if not outcome.drafted:
+            return
+        self.steps += 1
+        self.emitted += outcome.accepted + 1
+        for i in range(outcome.drafted):
+            self.drafted[i] += 1
+            self.accepted[i] += int(outcome.accepted > i)
+
+    def merge(self, other: Acceptance) -> None:
+        self.steps, self.emitted = self.steps + other.steps, self.emitted + other.emitted
+        self.drafted = [a + b for a, b in zip(self.drafted, other.drafted, strict=True)]
+        self.accepted = [a + b for a, b in zip(self.accepted, other.accepted, strict=True)]
+
+    def counters(self) -> dict[str, float]:
+        """Worker-stats counter increments (``dayzero_spec_decode_*``, see serving.metrics)."""
+        per_position = {f"spec_accepted_pos_{i}": float(a) for i, a in enumerate(self.accepted)}
+        return {
+            "spec_drafts": float(self.steps),
+            "spec_draft_tokens": float(sum(self.drafted)),
+            "spec_accepted_tokens": float(sum(self.accepted)),
+            **per_position,
+        }
+
+    def gauges(self) -> dict[str, float]:
+        rate = sum(self.accepted) / sum(self.drafted) if sum(self.drafted) else 0.0
+        return {
+            "spec_acceptance_rate": rate,
+            "spec_mean_accepted_length": self.emitted / self.steps if self.steps else 0.0,
+        }
+
+    def summary(self) -> dict[str, float | list[float]]:
+        """Acceptance rate per draft position, and tokens per drafting step (1 + accepted drafts)."""
+        rates = [a / d if d else 0.0 for a, d in zip(self.accepted, self.drafted, strict=True)]
+        return {"acceptance_rate": rates, "mean_accepted_length": self.emitted / self.steps if self.steps else 0.0}
 
 
 def _budget(completion: Completion, k: int) -> int:
@@ -194,3 +240,23 @@ def speculative_step(
     for seq, blocks in zip(seq_ids, added, strict=True):
         pools.rollback(seq, blocks)
     return outcomes
+
+
+def decode_round(
+    model: Transformer,
+    pools: KVPools,
+    seq_ids: list[str],
+    pending: list[int],
+    completions: list[Completion],
+    spec: Speculation | None,
+    options: AttentionOptions,
+) -> tuple[list[list[Step | Exception]], Acceptance]:
+    """One decode round of a batch: each sequence's new steps (one token, or a speculative run),
+    and this round's draft counts."""
+    acceptance = Acceptance()
+    if spec is None:
+        return [[s] for s in next_steps(completions, decode(model, pools, seq_ids, pending, options))], acceptance
+    outcomes = speculative_step(model, pools, seq_ids, pending, completions, spec, options)
+    for outcome in outcomes:
+        acceptance.add(outcome)
+    return [o.steps for o in outcomes], acceptance
