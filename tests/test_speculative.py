@@ -4,18 +4,27 @@ back, and the sampled distribution unchanged."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
 from dayzero.checkpoint import load_model
 from dayzero.completion import Completion
+from dayzero.demo import add_mtp, write_checkpoint
+from dayzero.kv.handoff import export_state, import_state
 from dayzero.kv.pools import KVPools, pools_for
-from dayzero.model.forward import decode, prefill
+from dayzero.model.forward import decode, prefill, run_layers
+from dayzero.model.mtp import mtp_forward
+from dayzero.model.plan import AttentionOptions, plan_step
+from dayzero.model.vocab import lm_logits
 from dayzero.sampling import SamplingParams
 from dayzero.speculative import Acceptance, Speculation, speculative_step
 from dayzero.tokenizer import IdsOnlyCodec
 
-from .conftest import random_ids
+from .conftest import random_ids, tiny_config
 
 LENGTHS = (13, 5, 22, 9, 30, 2, 17, 11)  # different phases of the window (8) and compressors (4, 8)
 TOKENS = 24
@@ -107,3 +116,189 @@ def test_forced_acceptance_and_rejection(model, references, k, wrong):
     assert sum(acceptance.accepted) == (0 if wrong else sum(acceptance.drafted))
     if not wrong:  # k + 1 tokens per step until the budget runs short
         assert acceptance.emitted / acceptance.steps > k
+
+
+def _live_state(pools: KVPools, seq: str) -> dict[str, torch.Tensor]:
+    """What a sequence of length n is: the window rows of its last window - 1 positions (main
+    layers) and of the MTP layer's (positions up to n - 2), the buffered compressor rows and CSA
+    overlaps, every block of compressed entries and indexer keys (past the live entries they
+    read zero in a fresh pool, so an entry a rejected draft emitted shows), the pending streams."""
+    layout, seq_blocks = pools.layout, pools.sequences[seq]
+    n, tables, bs = seq_blocks.length, seq_blocks.tables, layout.block_size
+    capacity = len(tables["window"]) * bs
+
+    def ring(layers: slice, positions: range) -> torch.Tensor:
+        slots = [p % capacity for p in positions]
+        return pools.window[layers, [tables["window"][s // bs] for s in slots], [s % bs for s in slots]]
+
+    main, w = layout.num_layers, layout.sliding_window - 1
+    state = {
+        "length": torch.tensor(float(n)),
+        "window": ring(slice(0, main), range(max(0, n - w), n)),
+        "mtp_window": ring(slice(main, main + 1), range(max(0, n - 1 - w), n - 1)),
+    }
+    slot = tables["compressor"][0]
+    for name, tensor in pools.compressor.items():
+        rate = layout.hca_rate if name.startswith("hca") else layout.csa_rate
+        if "overlap" in name:
+            state[name] = tensor[:, slot] if n >= rate else tensor[:, slot, :0]
+        else:
+            state[name] = tensor[:, slot] if name == "mtp_hidden" else tensor[:, slot, : n % rate]
+    state.update({pool: storage[:, tables[pool]] for pool, storage in pools.compressed.items()})
+    return state
+
+
+def _fresh_state(model, tokens: list[int]) -> dict[str, torch.Tensor]:
+    """The state of a sequence that only ever saw ``tokens``."""
+    pools = pools_for(model.cfg, torch.float32, 64, mtp=True)
+    prefill(model, pools, ["r"], [tokens])
+    return _live_state(pools, "r")
+
+
+@pytest.mark.parametrize("first_right", [False, True])
+def test_rejected_drafts_leave_no_state(model, references, first_right):
+    """After every step with rejected drafts (k = 2: both, or the second), each sequence's whole
+    attention state (window rings of the main and MTP layers, compressor buffers and overlaps,
+    compressed entries, indexer keys, pending streams, length, blocks) equals that of a sequence
+    that never saw the drafts; steps cross the window and both compressors' boundaries."""
+    prompts, refs = _prompts(model, 3), references[8][:3]
+    pools = pools_for(model.cfg, torch.float32, 64, max_sequences=3, mtp=True)
+    wrong = _oracle(refs, prompts, pools, wrong=True)
+    right = _oracle(refs, prompts, pools, wrong=False)
+
+    def propose(seq_ids, drafts):
+        if not first_right:
+            return wrong(seq_ids, drafts)
+        return [[r[0], *w[1:]] for r, w in zip(right(seq_ids, drafts), wrong(seq_ids, drafts), strict=True)]
+
+    ids = ["s0", "s1", "s2"]
+    completions = [_completion(p, GREEDY) for p in prompts]
+    out = [[c.next(row).token] for c, row in zip(completions, prefill(model, pools, ids, prompts), strict=True)]
+    used = pools.usage()
+    for _ in range(10):
+        outcomes = speculative_step(model, pools, ids, [o[-1] for o in out], completions, Speculation(2, propose))
+        for i, outcome in enumerate(outcomes):
+            out[i] += [s.token for s in outcome.steps]
+            assert outcome.accepted == int(first_right)
+            expected = _fresh_state(model, prompts[i] + out[i][:-1])
+            got = _live_state(pools, ids[i])
+            for name, value in expected.items():
+                assert got[name].shape == value.shape, name
+                assert torch.allclose(got[name], value, atol=STATE_TOL), name
+        assert out == [r[: len(out[0])] for r in refs]
+    pools.release("s0"), pools.release("s1"), pools.release("s2")
+    assert all(n == 0 for n, _ in pools.usage().values()) and used
+
+
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory):
+    """16 tokens: a first-token histogram over many seeds resolves every probability."""
+    out = write_checkpoint(tmp_path_factory.mktemp("vocab16"), tiny_config(vocab_size=16), seed=3)
+    add_mtp(out, seed=3)
+    return load_model(out, progress=False)
+
+
+SAMPLES = 400
+TEMPERATURE = 0.05  # the tiny random model's logits are flat: peak them, so q and p differ clearly
+
+
+def _tv_bound(p: torch.Tensor, n: int) -> float:
+    """Total variation of ``n`` draws from ``p`` to ``p``: E[TV] <= 1/2 sum sqrt(p (1 - p) / n), and
+    TV changes by at most 1/n per draw, so P(TV > E[TV] + 0.1) <= exp(-2 n 0.1^2) = 3e-4 at n = 400."""
+    return 0.5 * (p * (1 - p) / n).sqrt().sum().item() + 0.1
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_sampling_distribution_is_unchanged(small_vocab, k):
+    """One seed per sequence: the first token a speculative step emits follows the model's own
+    next-token distribution p (rejection sampling against the MTP's q), within a total-variation
+    bound, though the drafts follow q, which is beyond that bound from p."""
+    model, prompt, first = small_vocab, random_ids(11, 16, seed=8), 5
+    params = SamplingParams(max_tokens=8, temperature=TEMPERATURE, ignore_eos=True)
+    pools = pools_for(model.cfg, torch.float32, 16, max_sequences=SAMPLES + 1, mtp=True)
+    target = (prefill(model, pools, ["p"], [prompt + [first]])[0] / TEMPERATURE).softmax(-1)
+    counts = torch.zeros(16)
+    drafted = torch.zeros(16)
+    ids = [f"s{i}" for i in range(SAMPLES)]
+    prefill(model, pools, ids[:1], [prompt])
+    for seq in ids[1:]:
+        import_state(pools, pools, export_state(pools, ids[0]), seq)
+    completions = []
+    for i in range(SAMPLES):
+        c = _completion(prompt, replace(params, seed=i))
+        c.accept(first)
+        completions.append(c)
+
+    def record(seq_ids, drafts):
+        for d in drafts:
+            drafted[d[0]] += 1
+        return drafts
+
+    for outcome in speculative_step(model, pools, ids, [first] * SAMPLES, completions, Speculation(k, record)):
+        counts[outcome.steps[0].token] += 1
+    bound = _tv_bound(target, SAMPLES)
+    assert 0.5 * (counts / SAMPLES - target).abs().sum() < bound
+    assert 0.5 * (drafted / SAMPLES - target).abs().sum() > bound  # taking the drafts would fail
+
+
+MTP_ONLY = ("e_proj.", "h_proj.", "enorm.", "hnorm.", "norm.", "hc_head_")
+
+
+def _reference_mtp(checkpoint, tmp_path):
+    """transformers' DeepseekV4ForCausalLM with one layer: the MTP block (a sliding-attention,
+    score-routed decoder layer), the MTP's hc head and norm, the shared embedding and head."""
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    tensors = load_file(str(checkpoint / "model.safetensors"))
+    layer = {
+        f"layers.0.{k[6:]}": v for k, v in tensors.items() if k.startswith("mtp.0.") and not k[6:].startswith(MTP_ONLY)
+    }
+    head = {k[6:]: v for k, v in tensors.items() if k.startswith(("mtp.0.norm.", "mtp.0.hc_head_"))}
+    save_file(
+        {**layer, **head, "embed.weight": tensors["embed.weight"], "head.weight": tensors["head.weight"]},
+        str(tmp_path / "model.safetensors"),
+    )
+    fields = {k: v for k, v in tiny_config().items() if k != "model_type"}
+    one = {"num_hidden_layers": 1, "layer_types": ["sliding_attention"], "mlp_layer_types": ["moe"]}
+    DeepseekV4Config(**{**fields, **one}).save_pretrained(tmp_path)
+    ref = DeepseekV4ForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    return ref, {k[6:]: v for k, v in tensors.items() if k.startswith("mtp.0.") and k[6:].startswith(MTP_ONLY[:4])}
+
+
+@torch.inference_mode()
+def test_mtp_forward_matches_transformers_parts(model, mtp_checkpoint, tmp_path):
+    """Our MTP layer over a prompt (fed each position's main streams and the next token) against
+    transformers' decoder layer, RMSNorm and hc head on the same weights. fp32, the same maths in
+    another summation order: 1e-5, as the main model's alignment."""
+    from transformers.masking_utils import create_sliding_window_causal_mask
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4RMSNorm
+
+    ref, extra = _reference_mtp(mtp_checkpoint, tmp_path)
+    cfg, ids = model.cfg, random_ids(20, model.cfg.vocab_size, seed=12)  # 20 > the window of 8
+    pools = pools_for(cfg, torch.float32, 32, mtp=True)
+    pools.reserve("s", len(ids))
+    streams = run_layers(model, plan_step(cfg, pools, ["s"], [0], [ids], AttentionOptions()), pools)
+    plan = plan_step(cfg, pools, ["s"], [0], [ids[1:]], AttentionOptions())
+    ours = lm_logits(model, mtp_forward(model, plan, pools, streams[:-1])[1])
+
+    def norm(name: str, x: torch.Tensor) -> torch.Tensor:
+        module = DeepseekV4RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        module.weight.copy_(extra[f"{name}.weight"])
+        return module(x)
+
+    nexts = torch.tensor(ids[1:])
+    e = F.linear(norm("enorm", ref.model.embed_tokens(nexts)), extra["e_proj.weight"])  # [T, D]
+    x = (e[:, None] + F.linear(norm("hnorm", streams[:-1]), extra["h_proj.weight"]))[None]  # [1, T, N, D]
+    positions = torch.arange(len(nexts))[None]
+    embeds = torch.zeros(1, len(nexts), cfg.hidden_size)
+    rope = {
+        kind: ref.model.rotary_emb(embeds, position_ids=positions, layer_type=kind) for kind in ("main", "compress")
+    }
+    mask = create_sliding_window_causal_mask(
+        config=ref.config, inputs_embeds=embeds, attention_mask=None, cache=None, position_ids=positions
+    )
+    out = ref.model.layers[0](
+        x, position_embeddings=rope, position_ids=positions, attention_mask=mask, input_ids=nexts[None]
+    )
+    expected = ref.lm_head(ref.model.norm(ref.model.hc_head(out)))[0]
+    assert (ours - expected).abs().max().item() < 1e-5
