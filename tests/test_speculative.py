@@ -302,3 +302,20 @@ def test_mtp_forward_matches_transformers_parts(model, mtp_checkpoint, tmp_path)
     )
     expected = ref.lm_head(ref.model.norm(ref.model.hc_head(out)))[0]
     assert (ours - expected).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("stop_at", [4, 5])
+def test_eos_inside_an_accepted_run_ends_there(model, references, stop_at):
+    """Runs of k = 2 accepted drafts: an EOS that arrives as the first or the second token of a run
+    ends the completion on it; no token after it is emitted."""
+    prompts, ref = _prompts(model, 1), references[1][0]
+    eos = ref[stop_at]
+    end = ref.index(eos)
+    pools = pools_for(model.cfg, torch.float32, 64, mtp=True)
+    spec = Speculation(2, _oracle(references[1], prompts, pools, wrong=False))
+    completion = Completion(IdsOnlyCodec(), replace(GREEDY, ignore_eos=False), (eos,), len(prompts[0]), 1 << 20)
+    steps = [completion.next(prefill(model, pools, ["s0"], prompts)[0])]
+    while not steps[-1].finish_reason:
+        steps += speculative_step(model, pools, ["s0"], [steps[-1].token], [completion], spec)[0].steps
+    assert [s.token for s in steps] == ref[: end + 1]
+    assert steps[-1].finish_reason == "stop" and completion.count == end + 1
