@@ -5,16 +5,18 @@ position's streams travel from prefill to decode with the rest of the attention 
 from __future__ import annotations
 
 import concurrent.futures as futures
+import re
 
 import httpx
 import pytest
 
 from .conftest import MODEL, prompt_ids, start_stack, wait_until
+from .test_metrics import SPECULATIVE, _documented
 
 
 @pytest.fixture(scope="module")
 def speculating(demo_dir, tmp_path_factory):
-    counts = {"vision": 0, "prefill": 1, "decode": 1}
+    counts = {"vision": 1, "prefill": 1, "decode": 1}  # /ready waits for every stage
     s = start_stack(demo_dir, tmp_path_factory.mktemp("logs"), counts, {"DAYZERO_SPECULATIVE_TOKENS": "2"})
     yield s
     s.stop()
@@ -41,3 +43,6 @@ def test_speculative_worker_equals_plain_engine(speculating, reference):
         return float(found[0].rsplit(" ", 1)[1]) if found else 0.0
 
     assert wait_until(drafted, timeout_s=10) > 0  # the worker's snapshot rides on its heartbeat
+    text = httpx.get(f"{speculating.url}/metrics").text
+    for name in (n for n in _documented() if n.startswith(SPECULATIVE)):
+        assert re.search(rf"^{name}(_total)?[{{ ]", text, re.MULTILINE), name
