@@ -17,7 +17,7 @@ from typing import Any
 import psutil  # noqa: E402
 import pytest  # noqa: E402
 
-from dayzero.demo import write_checkpoint  # noqa: E402
+from dayzero.demo import add_mtp, write_checkpoint  # noqa: E402
 
 TINY: dict[str, Any] = {
     "model_type": "deepseek_v4",
@@ -78,6 +78,14 @@ def checkpoint_factory(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def tiny_checkpoint(checkpoint_factory) -> Path:
     return checkpoint_factory("tiny")
+
+
+@pytest.fixture(scope="session")
+def mtp_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny config plus one random MTP layer (``mtp.0.*``), as the releases ship it."""
+    out = write_checkpoint(tmp_path_factory.mktemp("mtp"), tiny_config(), seed=0)
+    add_mtp(out, seed=0)
+    return out
 
 
 def random_ids(n: int, vocab: int, seed: int) -> list[int]:

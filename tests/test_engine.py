@@ -14,6 +14,7 @@ from dayzero.engine import Timings, generate
 from dayzero.kv.pools import pools_for
 from dayzero.model.forward import score
 from dayzero.sampling import SamplingParams
+from dayzero.speculative import Speculation
 from dayzero.tokenizer import TextCodec
 
 
@@ -137,3 +138,19 @@ def test_tokenizer_round_trip_and_stream_decoder(demo):
     assert ids[0] == 0 and codec.decode(ids) == text
     stream = StreamDecoder(codec)
     assert "".join(stream.push(t) for t in ids[1:]) == text
+
+
+def test_speculative_generation_cuts_at_the_stop_string_and_reports_acceptance(demo):
+    """With the MTP layer drafting 2 tokens per step, the text up to a stop string is the plain
+    decode's, and ``--stats`` gains the acceptance rate per draft position."""
+    model, codec = demo
+    prompt = codec.encode("Hello")
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    free = "".join(s.text for s in generate(model, codec, _pools(model), prompt, params))
+    stop, timings = free[5:7], Timings()
+    pools = pools_for(model.cfg, torch.float32, 256, mtp=True)
+    spec = generate(model, codec, pools, prompt, replace(params, stop=(stop,)), timings, speculation=Speculation(2))
+    steps = list(spec)
+    assert steps[-1].finish_reason == "stop" and "".join(s.text for s in steps) == free[: free.find(stop)]
+    summary = timings.summary()
+    assert len(summary["acceptance_rate"]) == 2 and summary["mean_accepted_length"] >= 1

@@ -69,6 +69,8 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         seed=seed,
         stop=tuple(args.stop),
     )
+    if args.speculative_tokens is not None:
+        settings = settings.model_copy(update={"speculative_tokens": args.speculative_tokens})
     tp, prompt, timeout = args.tensor_parallel, _prompt(args, checkpoint), args.group_timeout
     run_group(tp, _generate_on, checkpoint, prompt, params, settings, args.stats, timeout=timeout, launch=launch)
     return 0
@@ -80,6 +82,7 @@ def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: S
     from .engine import Timings, generate
     from .kv.pools import pools_for
     from .serving.runtime import attention_options, torch_dtype
+    from .speculative import Speculation
     from .tokenizer import load_codec
 
     codec, printing = load_codec(checkpoint), group.config.rank == 0
@@ -91,11 +94,11 @@ def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: S
         expert_cache_bytes=settings.expert_cache_mb << 20,
         group=group,
     )
-    max_tokens = min(settings.max_context, model.cfg.max_position_embeddings)
-    pools = pools_for(model.cfg, torch_dtype(settings), max_tokens, device=group.device)
-    timings = Timings()
+    context, k = min(settings.max_context, model.cfg.max_position_embeddings), settings.speculative_tokens
+    pools = pools_for(model.cfg, torch_dtype(settings), context, mtp=k > 0, device=group.device)
+    timings, speculation = Timings(), Speculation(k) if k else None
     options = attention_options(settings)
-    steps = generate(model, codec, pools, prompt, params, timings, settings.max_context, options)
+    steps = generate(model, codec, pools, prompt, params, timings, settings.max_context, options, speculation)
     for i, step in enumerate(steps):  # text, or the ids when the checkpoint has no tokenizer
         if printing:
             sys.stdout.write(step.text if codec.has_tokenizer else f"{',' if i else ''}{step.token}")
@@ -206,6 +209,8 @@ def parser() -> argparse.ArgumentParser:
     tensor_parallel(gen, "run the model on N ranks (local ones: gloo on CPU), as one group" + joining)
     timeout = "ranks that do not all meet, or a collective left waiting by a silent rank, fail after S s (default 120)"
     gen.add_argument("--group-timeout", type=float, default=120.0, metavar="S", help=timeout)
+    spec = "tokens the MTP layer drafts per step (default: DAYZERO_SPECULATIVE_TOKENS)"
+    gen.add_argument("--speculative-tokens", type=int, choices=(0, 1, 2), help=spec)
     gen.set_defaults(run=cmd_generate)
 
     al = sub.add_parser("align", help="compare logits with transformers' DeepseekV4ForCausalLM (fp32)")

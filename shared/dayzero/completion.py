@@ -73,11 +73,18 @@ class Completion:
         for token in generated:  # replay: rebuild the text and stop-string state, output discarded
             self.accept(token)
 
+    def generator(self) -> torch.Generator | None:
+        """The generator of token ``count`` (seed, count), or None without a seed."""
+        if self.params.seed is None:
+            return None
+        return torch.Generator().manual_seed(self.params.seed * 1_000_003 + self.count)
+
     def sample(self, logits: torch.Tensor) -> int:
-        generator = None
-        if self.params.seed is not None:
-            generator = torch.Generator().manual_seed(self.params.seed * 1_000_003 + self.count)
-        return sample(logits, self.params, generator, self.counts)
+        return sample(logits, self.params, self.generator(), self.counts)
+
+    def remaining(self) -> int:
+        """Tokens it may still emit before ``max_tokens`` or the context limit ends it."""
+        return min(self.params.max_tokens - self.count, self.limit - self.prompt_tokens - self.count)
 
     def next(self, logits: torch.Tensor) -> Step:
         """Sample from ``logits`` [V] (within the grammar, if any) and accept the token."""
@@ -89,7 +96,11 @@ class Completion:
     def take(self, allowed: torch.Tensor, logits: torch.Tensor) -> Step:
         """Sample from ``allowed`` (the logits with the grammar's mask), accept the token, and attach
         its logprobs (from the unmasked ``logits``) when asked for."""
-        step = self.accept(self.sample(allowed))
+        return self.emit(self.sample(allowed), logits)
+
+    def emit(self, token: int, logits: torch.Tensor) -> Step:
+        """Accept ``token`` and attach its logprobs (from the raw ``logits`` [V]) when asked for."""
+        step = self.accept(token)
         if self.params.logprobs is None:
             return step
         (logprob, top), *_ = logprobs_of(logits[None], [step.token], self.params.logprobs)

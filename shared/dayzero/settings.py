@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="where weights and pools live")
     attention_backend: Literal["torch", "triton"] = Field(default="torch", description="kernel backend")
     sparse_attention: bool = Field(default=True, description="CSA layers read only the indexer's top-k entries")
+    speculative_tokens: int = Field(
+        default=0, ge=0, le=2, description="tokens the MTP layer drafts per decode step (0: no speculation)"
+    )
 
     # serving
     checkpoint: Path | None = Field(default=None, description="checkpoint served (default: the demo checkpoint)")

@@ -1,12 +1,13 @@
 """Shapes of the attention-state pools, derived from the model config and a block size.
 
 Pools (one per kind of state; compressed entries split by rate since they grow differently):
-  window          [layers, blocks, block_size, head_dim]     ring of the last raw KV rows
+  window          [layers (+1 MTP), blocks, block_size, head_dim]  ring of the last raw KV rows
   compressed_csa  [csa_layers, blocks, block_size, head_dim] CSA compressed entries
   compressed_hca  [hca_layers, blocks, block_size, head_dim] HCA compressed entries
   index_keys      [csa_layers, blocks, block_size, index_head_dim]
   compressor      per-sequence slots holding each compressor's running state
-                  (buffered rows; CSA: the previous window's first series)
+                  (buffered rows; CSA: the previous window's first series; with an MTP
+                  layer, the last position's hyper-connection streams it has not consumed yet)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
-from ..config import CSA, HCA, ModelConfig
+from ..config import CSA, HCA, SLIDING, ModelConfig
 
 GROWING_POOLS = ("compressed_csa", "compressed_hca", "index_keys")
 POOL_KINDS = ("window", *GROWING_POOLS, "compressor")
@@ -33,11 +34,18 @@ class PoolLayout:
     csa_rate: int
     hca_rate: int
     dtype: str
+    # multi-token prediction: the MTP layer's window (layer index num_layers) and pending streams
+    mtp_layers: int = 0
+    hc_mult: int = 0
+    hidden_size: int = 0
 
     @staticmethod
-    def of(cfg: ModelConfig, block_size: int, dtype: str) -> PoolLayout:
+    def of(cfg: ModelConfig, block_size: int, dtype: str, mtp: bool = False) -> PoolLayout:
+        """``mtp``: also hold the state of speculative decoding's MTP layer (sliding attention only)."""
         if block_size < 1:
             raise ValueError("block_size must be >= 1")
+        if mtp and cfg.mtp_layer_type != SLIDING:
+            raise ValueError(f"speculative decoding needs a sliding-attention MTP layer, not {cfg.mtp_layer_type}")
         return PoolLayout(
             block_size=block_size,
             num_layers=cfg.num_layers,
@@ -49,7 +57,15 @@ class PoolLayout:
             csa_rate=cfg.compress_rates[CSA],
             hca_rate=cfg.compress_rates[HCA],
             dtype=dtype,
+            mtp_layers=int(mtp),
+            hc_mult=cfg.hc_mult if mtp else 0,
+            hidden_size=cfg.hidden_size if mtp else 0,
         )
+
+    @property
+    def window_layers(self) -> int:
+        """Layers with a window ring: the main layers, then the MTP layer's."""
+        return self.num_layers + self.mtp_layers
 
     @property
     def window_blocks(self) -> int:
@@ -72,13 +88,13 @@ class PoolLayout:
         if pool == "window":
             return self.window_blocks
         if pool == "compressor":
-            return 1 if (self.csa_layers or self.hca_layers) else 0
+            return 1 if (self.csa_layers or self.hca_layers or self.mtp_layers) else 0
         return -(-self.entries(pool, length) // self.block_size)
 
     def row_bytes(self, pool: str, elem: int) -> int:
         """Bytes of one block-row (all layers) in a pool, or of one compressor slot."""
         if pool == "window":
-            return self.num_layers * self.head_dim * elem
+            return self.window_layers * self.head_dim * elem
         if pool == "index_keys":
             return len(self.csa_layers) * self.index_head_dim * elem
         if pool in GROWING_POOLS:
@@ -88,7 +104,8 @@ class PoolLayout:
         # same for the indexer's compressor; HCA buffer kv+gate
         csa = self.csa_rate * 6 * (self.head_dim + self.index_head_dim)
         hca = self.hca_rate * 2 * self.head_dim
-        return (len(self.csa_layers) * csa + len(self.hca_layers) * hca) * elem
+        mtp = self.mtp_layers * self.hc_mult * self.hidden_size
+        return (len(self.csa_layers) * csa + len(self.hca_layers) * hca + mtp) * elem
 
     def hash(self) -> str:
         """Identifies the memory layout: a handoff between different layouts is refused."""

@@ -3,7 +3,13 @@
 A sequence's state is fully described by its ``length`` and its block ids in each pool:
 window entries = min(length, window - 1) (a ring, slot = position % capacity), compressed
 entries = length // rate, buffered compressor rows = length % rate, and the CSA overlap
-exists once length >= rate.
+exists once length >= rate. With an MTP layer (speculative decoding) its window holds positions
+0..length-2 and ``mtp_hidden`` the main model's streams at position length-1, which the MTP
+layer consumes with the next token.
+
+The forward writes a step's state; the runtime decides how much of it counts: ``reserve``
+allocates, ``commit`` advances the length by the tokens kept, ``rollback`` returns the blocks a
+reserve added that the committed length does not need (see ``kv.snapshot`` for the rows).
 """
 
 from __future__ import annotations
@@ -79,6 +85,8 @@ def _compressor_tensors(layout: PoolLayout, slots: int, allocate: Allocate) -> d
         "hca_kv": (hca, slots, rh, d),
         "hca_gate": (hca, slots, rh, d),
     }
+    if layout.mtp_layers:  # the streams at the last position, not yet fed to the MTP layer
+        shapes["mtp_hidden"] = (layout.mtp_layers, slots, layout.hc_mult, layout.hidden_size)
     return {name: allocate(shape, torch.float32) for name, shape in shapes.items()}
 
 
@@ -110,7 +118,7 @@ class KVPools:
         def storage(layers: int, n: int, width: int) -> torch.Tensor:
             return allocate((layers, n, bs, width), dtype)
 
-        self.window = storage(layout.num_layers, blocks["window"], layout.head_dim)
+        self.window = storage(layout.window_layers, blocks["window"], layout.head_dim)
         self.compressed = {
             "compressed_csa": storage(len(layout.csa_layers), blocks["compressed_csa"], layout.head_dim),
             "compressed_hca": storage(len(layout.hca_layers), blocks["compressed_hca"], layout.head_dim),
@@ -167,8 +175,8 @@ class KVPools:
         need = self.missing_blocks(seq_id, total_tokens)
         return all(self.allocators[k].free >= n for k, n in need.items())
 
-    def reserve(self, seq_id: str, total_tokens: int) -> None:
-        """Allocate what ``seq_id`` needs to hold ``total_tokens``; all or nothing."""
+    def reserve(self, seq_id: str, total_tokens: int) -> dict[str, list[int]]:
+        """Allocate what ``seq_id`` needs to hold ``total_tokens``; all or nothing. -> the blocks added."""
         if total_tokens > self.capacity_tokens():
             raise OutOfBlocks(
                 f"{total_tokens} tokens exceed the attention-state capacity of {self.capacity_tokens()}",
@@ -176,9 +184,36 @@ class KVPools:
             )
         if not self.fits(total_tokens, seq_id):
             raise OutOfBlocks(f"no free blocks for {total_tokens} tokens now")
+        added = {kind: self.allocators[kind].alloc(n) for kind, n in self.missing_blocks(seq_id, total_tokens).items()}
         seq = self.sequences.setdefault(seq_id, SequenceBlocks())
-        for kind, n in self.missing_blocks(seq_id, total_tokens).items():
-            seq.tables[kind].extend(self.allocators[kind].alloc(n))
+        for kind, blocks in added.items():
+            seq.tables[kind].extend(blocks)
+        return added
+
+    def commit(self, seq_id: str, n: int) -> None:
+        """The step's first ``n`` tokens of ``seq_id`` are kept: its length grows by ``n``."""
+        self.sequences[seq_id].length += n
+
+    def rollback(self, seq_id: str, added: dict[str, list[int]]) -> None:
+        """Return the blocks of ``added`` (what a ``reserve`` allocated) that the committed length
+        does not need; blocks reserved earlier stay."""
+        seq = self.sequences[seq_id]
+        for kind, blocks in added.items():
+            table = seq.tables[kind]
+            spare = min(len(blocks), len(table) - self.layout.blocks_for(kind, seq.length))
+            if spare > 0:
+                self.allocators[kind].release(table[-spare:])
+                del table[-spare:]
+
+    def hidden(self, seq_ids: list[str], dtype: torch.dtype) -> torch.Tensor:
+        """The streams each sequence's MTP layer has yet to consume [B, hc_mult, hidden]."""
+        slots = [self.sequences[s].tables["compressor"][0] for s in seq_ids]
+        return self.compressor["mtp_hidden"][0, slots].to(dtype)
+
+    def keep_hidden(self, seq_ids: list[str], streams: torch.Tensor) -> None:
+        """Store ``streams`` [B, hc_mult, hidden] as each sequence's pending MTP input."""
+        slots = [self.sequences[s].tables["compressor"][0] for s in seq_ids]
+        self.compressor["mtp_hidden"][0, slots] = streams.float()
 
     def release(self, seq_id: str) -> None:
         seq = self.sequences.pop(seq_id, None)
@@ -211,8 +246,15 @@ class KVPools:
 
 
 def pools_for(
-    cfg: ModelConfig, dtype: torch.dtype, max_tokens: int, max_sequences: int = 1, block_size: int = 16, device="cpu"
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    max_tokens: int,
+    max_sequences: int = 1,
+    block_size: int = 16,
+    device="cpu",
+    mtp: bool = False,
 ) -> KVPools:
-    """Pools for a model, sized for ``max_sequences`` sequences of up to ``max_tokens`` tokens."""
-    layout = PoolLayout.of(cfg, block_size, str(dtype).removeprefix("torch."))
+    """Pools for a model, sized for ``max_sequences`` sequences of up to ``max_tokens`` tokens
+    (``mtp``: with the MTP layer's state, for speculative decoding)."""
+    layout = PoolLayout.of(cfg, block_size, str(dtype).removeprefix("torch."), mtp)
     return KVPools.sized(layout, max_tokens, max_sequences, dtype, device)

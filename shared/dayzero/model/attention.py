@@ -102,7 +102,7 @@ def attention(
 
     Over ``comm``'s ranks each holds its own query heads and output groups, the single KV head
     and every pool whole; ``wo_b``'s partial sums are all-reduced."""
-    kind, eps = cfg.layer_types[layer], cfg.rms_norm_eps
+    kind, eps = cfg.layer_type(layer), cfg.rms_norm_eps
     rope = plan.rope_main if kind == SLIDING else plan.rope_compress
     n_tokens = x.shape[0]
     q_res = rms_norm(w.wq_a(x), w.q_norm.weight, eps)

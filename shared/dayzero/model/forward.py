@@ -10,46 +10,52 @@ import torch
 
 from ..kv.pools import KVPools
 from ..sampling import PromptLogprobs, logprobs_of
-from .attention import attention
-from .hyper import collapse, head_collapse
-from .moe import moe
-from .norms import rms_norm
+from .block import block_forward, stack_head
+from .mtp import follow
 from .plan import AttentionOptions, StepPlan, plan_step
 from .vocab import embed_tokens, lm_logits
 from .weights import Transformer
 
 
-def _layers(
+def run_layers(
     model: Transformer,
     plan: StepPlan,
     pools: KVPools,
-    seq_ids: list[str],
-    embeds: torch.Tensor | None,
-    capture: list[torch.Tensor] | None,
+    embeds: torch.Tensor | None = None,
+    capture: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Packed tokens -> final normed hidden states [T, hidden]."""
+    """Packed tokens -> the final hyper-connection streams [T, N, D] (before the hc head).
+
+    Writes the step's rows into every layer's pools; the caller commits what it keeps.
+    ``capture`` receives each layer's streams [T, N, D]."""
     cfg = model.cfg
-    eps, iters, hc_eps, backend = cfg.rms_norm_eps, cfg.hc_sinkhorn_iters, cfg.hc_eps, plan.options.backend
     x = embed_tokens(model, plan.token_ids) if embeds is None else embeds
     streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # [T, N, D]
     for i, block in enumerate(model.layers):
-        h, mix = collapse(
-            streams, block.hc_attn_fn, block.hc_attn_base, block.hc_attn_scale, iters, hc_eps, eps, backend
-        )
-        attn_in = rms_norm(h, block.attn_norm.weight, eps)
-        streams = mix.merge(streams, attention(block.attn, cfg, i, attn_in, plan, pools, model.comm))
-        h, mix = collapse(streams, block.hc_ffn_fn, block.hc_ffn_base, block.hc_ffn_scale, iters, hc_eps, eps, backend)
-        ffn_in = rms_norm(h, block.ffn_norm.weight, eps)
-        streams = mix.merge(streams, moe(block.ffn, cfg, ffn_in, plan.token_ids, backend, model.comm))
+        streams = block_forward(block, cfg, i, streams, plan, pools, model.comm)
         if capture is not None:
             capture.append(streams)
+    return streams
+
+
+def head(model: Transformer, streams: torch.Tensor) -> torch.Tensor:
+    """Final streams [T, N, D] -> normed hidden [T, D] (the shared head's input)."""
+    return stack_head(model.cfg, streams, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, model.norm.weight)
+
+
+def reserve_plan(
+    model: Transformer, pools: KVPools, seq_ids: list[str], chunks: list[list[int]], options: AttentionOptions
+) -> StepPlan:
+    """Reserve blocks for ``chunks`` after each sequence's committed length, and plan the step."""
+    starts = [pools.length(s) if s in pools.sequences else 0 for s in seq_ids]
+    for seq_id, start, chunk in zip(seq_ids, starts, chunks, strict=True):
+        pools.reserve(seq_id, start + len(chunk))
+    return plan_step(model.cfg, pools, seq_ids, starts, chunks, options)
+
+
+def _commit(pools: KVPools, seq_ids: list[str], plan: StepPlan) -> None:
     for seq_id, n in zip(seq_ids, plan.batch.news, strict=True):
-        pools.sequences[seq_id].length += n
-    collapsed = head_collapse(streams, model.hc_head_fn, model.hc_head_base, model.hc_head_scale, hc_eps, eps)
-    hidden = rms_norm(collapsed, model.norm.weight, eps)
-    if capture is not None:
-        capture.append(hidden)
-    return hidden
+        pools.commit(seq_id, n)
 
 
 @torch.inference_mode()
@@ -77,7 +83,7 @@ def prefill(
         active = [s for s, p in enumerate(prompts) if len(p) > begin]
         chunks = [prompts[s][begin : begin + chunk_size] for s in active]
         ids = [seq_ids[s] for s in active]
-        plan = plan_step(model.cfg, pools, ids, chunks, options)
+        plan = reserve_plan(model, pools, ids, chunks, options)
         chunk_embeds = None
         if embeds is not None and any(embeds[s] is not None for s in active):
             rows = zip(active, plan.batch.row0s, plan.batch.news, strict=True)
@@ -89,7 +95,11 @@ def prefill(
                     for s, r, n in rows
                 ]
             )
-        hidden = _layers(model, plan, pools, ids, chunk_embeds, None)
+        streams = run_layers(model, plan, pools, chunk_embeds)
+        _commit(pools, ids, plan)
+        if pools.layout.mtp_layers:  # fill the MTP layer's window: each row with the prompt token after it
+            follow(model, pools, ids, plan, streams, [prompts[s][begin + 1 : begin + chunk_size + 1] for s in active])
+        hidden = head(model, streams)
         for s, row, n in zip(active, plan.batch.row0s, plan.batch.news, strict=True):
             if prompt_logprobs and s in prompt_logprobs:
                 following = prompts[s][begin + 1 : begin + n + 1]  # the prompt token after each row
@@ -115,9 +125,12 @@ def decode(
     tokens: list[int],
     options: AttentionOptions = AttentionOptions(),
 ) -> torch.Tensor:
-    """One new token per sequence -> next-token logits [B, V]."""
-    plan = plan_step(model.cfg, pools, seq_ids, [[t] for t in tokens], options)
-    return lm_logits(model, _layers(model, plan, pools, seq_ids, None, None)).float()
+    """One new token per sequence -> next-token logits [B, V] (the pools hold no MTP state: a
+    speculating decode goes through ``dayzero.speculative``)."""
+    plan = reserve_plan(model, pools, seq_ids, [[t] for t in tokens], options)
+    hidden = head(model, run_layers(model, plan, pools))
+    _commit(pools, seq_ids, plan)
+    return lm_logits(model, hidden).float()
 
 
 @torch.inference_mode()
@@ -133,5 +146,9 @@ def score(
 
     ``capture`` receives each layer's residual streams [L, N, D], then the final hidden [L, D].
     """
-    plan = plan_step(model.cfg, pools, [seq_id], [ids], options)
-    return lm_logits(model, _layers(model, plan, pools, [seq_id], None, capture)).float()
+    plan = reserve_plan(model, pools, [seq_id], [ids], options)
+    hidden = head(model, run_layers(model, plan, pools, capture=capture))
+    _commit(pools, [seq_id], plan)
+    if capture is not None:
+        capture.append(hidden)
+    return lm_logits(model, hidden).float()

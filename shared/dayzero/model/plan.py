@@ -59,18 +59,17 @@ def plan_step(
     cfg: ModelConfig,
     pools: KVPools,
     seq_ids: list[str],
+    starts: list[int],
     chunks: list[list[int]],
     options: AttentionOptions,
 ) -> StepPlan:
-    """Sequence ``seq_ids[s]`` feeds ``chunks[s]`` (non-empty) after its current length.
+    """Sequence ``seq_ids[s]`` feeds ``chunks[s]`` (non-empty) at positions ``starts[s]`` onwards.
 
-    Reserves the blocks the step needs (raises ``OutOfBlocks`` if they are not free).
+    Pure metadata: the caller has reserved the blocks (``KVPools.reserve``) and commits the
+    tokens it keeps after the forward (``KVPools.commit``).
     """
     if any(not chunk for chunk in chunks):
         raise ValueError("every sequence in a step needs at least one token")
-    starts = [pools.length(s) if s in pools.sequences else 0 for s in seq_ids]
-    for seq_id, start, chunk in zip(seq_ids, starts, chunks, strict=True):
-        pools.reserve(seq_id, start + len(chunk))
     device = pools.device
     batch = RaggedBatch.build(starts, [len(c) for c in chunks], device)
     seqs = [pools.sequences[s] for s in seq_ids]

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import redis
 from opentelemetry import trace
 
-from ..completion import Completion, context_limit, next_steps
+from ..completion import Completion, Step, context_limit
 from ..kv.handoff import LayoutMismatch
 from ..kv.pools import OutOfBlocks
-from ..model.forward import decode
+from ..speculative import Acceptance, Speculation, decode_round
 from ..telemetry import continued, tracer
 from .handoff import Receiver
 from .intake import Intake, Ticket, run_loop
@@ -48,6 +48,8 @@ class DecodeLoop:
         self.receiver = Receiver(runtime.store)
         self.stop = threading.Event()
         self.limit = context_limit(runtime.model.cfg, runtime.settings.max_context)
+        k = runtime.settings.speculative_tokens
+        self.speculation, self.acceptance = (Speculation(k) if k else None), Acceptance()
         self._last_beat = 0.0
 
     def run_forever(self) -> None:
@@ -143,16 +145,16 @@ class DecodeLoop:
             self.r.pools.reserve(rid, total)
         self.r.stats.add(queued_requests=1, queue_seconds=time.time() - job.request.created)
 
-    def _record(self, ids: list[str], seconds: float) -> None:
+    def _record(self, ids: list[str], emitted: int, seconds: float) -> None:
         """Step metrics: batch size, tokens/s, and the CSA entries the indexer lets each query read."""
         cfg, stats = self.r.model.cfg, self.r.stats
         stats.call("decode")
-        stats.add(steps=1, tokens=len(ids))
+        stats.add(steps=1, tokens=emitted)
         rate = cfg.compress_rates["compressed_sparse_attention"]
         entries = [self.r.pools.length(rid) // rate for rid in ids]
         available = sum(entries)
         fraction = sum(min(cfg.index_topk, n) for n in entries) / available if available else 1.0
-        stats.set(batch_size=len(ids), tokens_per_s=len(ids) / seconds if seconds else 0.0, selected_fraction=fraction)
+        stats.set(batch_size=len(ids), tokens_per_s=emitted / seconds if seconds else 0.0, selected_fraction=fraction)
 
     def _finish(self, rid: str, reason: str, index: int | None = None, message: str = "") -> None:
         active = self.active.pop(rid)
@@ -189,29 +191,45 @@ class DecodeLoop:
         ids = list(self.active)
         tokens = [self.active[rid].next_token for rid in ids]
         start = time.perf_counter()
-        logits = decode(self.r.model, self.r.pools, ids, tokens, self.r.options)
-        self._record(ids, time.perf_counter() - start)
+        completions = [self.active[rid].completion for rid in ids]
+        rounds, acceptance = decode_round(
+            self.r.model, self.r.pools, ids, tokens, completions, self.speculation, self.r.options
+        )
+        self._record(ids, sum(len(steps) for steps in rounds), time.perf_counter() - start)
+        if self.speculation is not None:
+            self.acceptance.merge(acceptance)
+            self.r.stats.add(**acceptance.counters())
+            self.r.stats.set(**self.acceptance.gauges())
         out, finished, failed = [], [], []
-        steps = next_steps([self.active[rid].completion for rid in ids], logits)
-        for rid, step in zip(ids, steps, strict=True):
-            active = self.active[rid]
-            if isinstance(step, Exception):  # this request's own sampling: it fails alone, the batch goes on
-                log.error("request %s: sampling failed: %r", rid, step)
-                failed.append((rid, f"sampling failed: {type(step).__name__}"))
-                continue
-            usage = None
-            if step.finish_reason:
-                prompt = len(active.ticket.job.request.prompt_ids)
-                usage = {"prompt_tokens": prompt, "completion_tokens": active.completion.count}
-                finished.append((rid, step.finish_reason))
-            out.append(Token.of(rid, active.completion.count - 1, step, usage))
-            if not active.first_seen:
-                active.span.add_event("first_token", {"index": active.completion.count - 1, "batch_size": len(ids)})
-                active.first_seen = True
-            active.next_token = step.token
+        for rid, steps in zip(ids, rounds, strict=True):
+            for j, step in enumerate(steps):
+                index = self.active[rid].completion.count - len(steps) + j
+                if not self._publish(rid, step, index, len(ids), out, finished, failed):
+                    break
         self.r.store.append(out)  # one round trip for the whole batch
         for rid, reason in finished:
             self._finish(rid, reason)
         for rid, message in failed:
             self.r.stats.call("decode", failed=True)
             self._finish(rid, "error", index=self.active[rid].completion.count, message=message)
+
+    def _publish(
+        self, rid: str, step: Step | Exception, index: int, batch: int, out: list, finished: list, failed: list
+    ) -> bool:
+        """Queue token ``index`` of ``rid`` for its stream; False once the request ends or fails."""
+        active = self.active[rid]
+        if isinstance(step, Exception):  # this request's own sampling: it fails alone, the batch goes on
+            log.error("request %s: sampling failed: %r", rid, step)
+            failed.append((rid, f"sampling failed: {type(step).__name__}"))
+            return False
+        usage = None
+        if step.finish_reason:
+            prompt = len(active.ticket.job.request.prompt_ids)
+            usage = {"prompt_tokens": prompt, "completion_tokens": index + 1}
+            finished.append((rid, step.finish_reason))
+        out.append(Token.of(rid, index, step, usage))
+        if not active.first_seen:
+            active.span.add_event("first_token", {"index": index, "batch_size": batch})
+            active.first_seen = True
+        active.next_token = step.token
+        return not step.finish_reason

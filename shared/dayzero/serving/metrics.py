@@ -26,12 +26,20 @@ COUNTERS = {  # snapshot key -> (metric, help)
     "encoder_cache_misses": ("dayzero_encoder_cache_misses_total", "images run through the vision tower"),
     "handoff_bytes": ("dayzero_handoff_bytes_total", "attention-state bytes moved prefill -> decode"),
     "handoff_seconds": ("dayzero_handoff_seconds_total", "time spent moving attention state"),
+    "spec_drafts": ("dayzero_spec_decode_num_drafts_total", "sequence-steps that drafted tokens with the MTP layer"),
+    "spec_draft_tokens": ("dayzero_spec_decode_num_draft_tokens_total", "tokens drafted by the MTP layer"),
+    "spec_accepted_tokens": ("dayzero_spec_decode_num_accepted_tokens_total", "drafted tokens the model accepted"),
 }
 GAUGES = {
     "batch_size": ("dayzero_batch_size", "sequences in the last batched step"),
     "tokens_per_s": ("dayzero_tokens_per_second", "tokens per second over the last few seconds"),
     "selected_fraction": ("dayzero_indexer_selected_fraction", "CSA entries attended / entries available"),
     "expert_cache_hit_rate": ("dayzero_expert_cache_hit_rate", "hits / (hits + misses)"),
+    "spec_acceptance_rate": ("dayzero_spec_decode_draft_acceptance_rate", "accepted / drafted tokens since start"),
+    "spec_mean_accepted_length": (
+        "dayzero_spec_decode_mean_accepted_length",
+        "tokens per drafting step (1 + accepted drafts) since start",
+    ),
     "encoder_cache_hit_rate": ("dayzero_encoder_cache_hit_rate", "hits / (hits + misses)"),
     "weights_checked": (
         "dayzero_weights_checked_tensors",
@@ -126,7 +134,22 @@ class SnapshotCollector(Collector):
                 failures.add_metric([*base, op], snap.get("failures", {}).get(op, 0))
         yield from families.values()
         yield from gauges.values()
+        yield _per_position(snapshots)
         yield from (used, total, memory, calls, failures, queue)
+
+
+def _per_position(snapshots: dict[str, dict]) -> CounterMetricFamily:
+    """``dayzero_spec_decode_num_accepted_tokens_per_pos_total{position}`` (vLLM's per-position counter)."""
+    family = CounterMetricFamily(
+        "dayzero_spec_decode_num_accepted_tokens_per_pos",
+        "drafted tokens accepted, by draft position (0: the first draft)",
+        labels=["worker", "stage", "position"],
+    )
+    for worker, snap in sorted(snapshots.items()):
+        for key, value in snap.get("counters", {}).items():
+            if key.startswith("spec_accepted_pos_"):
+                family.add_metric([worker, snap.get("stage", ""), key.removeprefix("spec_accepted_pos_")], value)
+    return family
 
 
 class QueueDepthCollector(Collector):

@@ -91,7 +91,9 @@ class Runtime:
         )
         progress.done()
         log.info("%s weight check: %s", name, model.weight_check.summary())
-        layout = PoolLayout.of(model.cfg, settings.block_size, settings.dtype)
+        if settings.speculative_tokens and not model.mtp:
+            raise ValueError("DAYZERO_SPECULATIVE_TOKENS needs a checkpoint with an MTP layer (mtp.0.*)")
+        layout = PoolLayout.of(model.cfg, settings.block_size, settings.dtype, mtp=settings.speculative_tokens > 0)
         budget = settings.kv_budget_mb << 20
         sized = KVPools.from_budget(layout, budget, settings.max_batch, dtype, device="meta")
         segment = None

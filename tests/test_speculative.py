@@ -1,0 +1,253 @@
+"""Speculative decoding with the MTP layer: the same greedy output as plain decoding (drafts
+accepted, rejected, crossing window and compressor boundaries), every kind of state rolled
+back, and the sampled distribution unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from dayzero.checkpoint import load_model
+from dayzero.completion import Completion
+from dayzero.demo import add_mtp, write_checkpoint
+from dayzero.kv.handoff import export_state, import_state
+from dayzero.kv.pools import KVPools, pools_for
+from dayzero.model.forward import decode, prefill
+from dayzero.sampling import SamplingParams
+from dayzero.speculative import Acceptance, Speculation, speculative_step
+from dayzero.tokenizer import IdsOnlyCodec
+
+from .conftest import random_ids, tiny_config
+
+LENGTHS = (13, 5, 22, 9, 30, 2, 17, 11)  # different phases of the window (8) and compressors (4, 8)
+TOKENS = 24
+GREEDY = SamplingParams(max_tokens=TOKENS, ignore_eos=True)
+STATE_TOL = 1e-5  # the same rows computed by the prefill and decode kernels: rounding-level
+
+
+@pytest.fixture(scope="module")
+def model(mtp_checkpoint):
+    return load_model(mtp_checkpoint, progress=False)
+
+
+def _prompts(model, batch: int) -> list[list[int]]:
+    return [random_ids(n, model.cfg.vocab_size, seed=40 + i) for i, n in enumerate(LENGTHS[:batch])]
+
+
+def _greedy(model, prompts: list[list[int]]) -> list[list[int]]:
+    """Plain batched greedy decoding: TOKENS tokens per prompt."""
+    ids = [f"s{i}" for i in range(len(prompts))]
+    pools = pools_for(model.cfg, torch.float32, 64, max_sequences=len(prompts))
+    out = [[int(t)] for t in prefill(model, pools, ids, prompts).argmax(-1)]
+    for _ in range(TOKENS - 1):
+        for row, t in zip(out, decode(model, pools, ids, [r[-1] for r in out]).argmax(-1), strict=True):
+            row.append(int(t))
+    return out
+
+
+@pytest.fixture(scope="module")
+def references(model):
+    return {batch: _greedy(model, _prompts(model, batch)) for batch in (1, 8)}
+
+
+def _completion(prompt: list[int], params: SamplingParams) -> Completion:
+    return Completion(IdsOnlyCodec(), params, (), len(prompt), 1 << 20)
+
+
+def _speculate(model, prompts, spec, params=GREEDY, pools=None):
+    """Prefill, then speculative steps until every completion ends -> (tokens, acceptance, pools)."""
+    ids = [f"s{i}" for i in range(len(prompts))]
+    pools = pools or pools_for(model.cfg, torch.float32, 64, max_sequences=len(prompts), mtp=True)
+    completions = [_completion(p, params) for p in prompts]
+    out = [[c.next(row).token] for c, row in zip(completions, prefill(model, pools, ids, prompts), strict=True)]
+    acceptance = Acceptance()
+    while any(c.count < params.max_tokens for c in completions):
+        live = [i for i, c in enumerate(completions) if c.count < params.max_tokens]
+        outcomes = speculative_step(
+            model, pools, [ids[i] for i in live], [out[i][-1] for i in live], [completions[i] for i in live], spec
+        )
+        for i, outcome in zip(live, outcomes, strict=True):
+            out[i] += [s.token for s in outcome.steps]
+            acceptance.add(outcome)
+    return out, acceptance, pools
+
+
+def _oracle(references, prompts, pools: KVPools, wrong: bool):
+    """Drafts that are the true greedy continuation (always accepted) or never it (always rejected)."""
+
+    def propose(seq_ids: list[str], drafts: list[list[int]]) -> list[list[int]]:
+        out = []
+        for seq, d in zip(seq_ids, drafts, strict=True):
+            i = int(seq[1:])
+            done = pools.length(seq) - len(prompts[i]) + 1  # tokens emitted so far
+            true = references[i][done : done + len(d)]
+            out.append([(t + 1) % 96 for t in true] if wrong else true)
+        return out
+
+    return propose
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("k", [1, 2])
+def test_greedy_equals_plain_decoding(model, references, batch, k):
+    """The MTP layer's own drafts (random weights: some accepted, most not)."""
+    out, acceptance, _ = _speculate(model, _prompts(model, batch), Speculation(k))
+    assert out == references[batch]
+    assert acceptance.steps and sum(acceptance.drafted) > 0
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+@pytest.mark.parametrize("k", [1, 2])
+def test_forced_acceptance_and_rejection(model, references, k, wrong):
+    """Drafts replaced by the true continuation (runs of k accepted every step) or by wrong tokens
+    (every draft rejected): the output is the same either way."""
+    prompts = _prompts(model, 8)
+    pools = pools_for(model.cfg, torch.float32, 64, max_sequences=8, mtp=True)
+    spec = Speculation(k, _oracle(references[8], prompts, pools, wrong))
+    out, acceptance, _ = _speculate(model, prompts, spec, pools=pools)
+    assert out == references[8]
+    assert sum(acceptance.accepted) == (0 if wrong else sum(acceptance.drafted))
+    if not wrong:  # k + 1 tokens per step until the budget runs short
+        assert acceptance.emitted / acceptance.steps > k
+
+
+def _live_state(pools: KVPools, seq: str) -> dict[str, torch.Tensor]:
+    """What a sequence of length n is: the window rows of its last window - 1 positions (main
+    layers) and of the MTP layer's (positions up to n - 2), the buffered compressor rows and CSA
+    overlaps, every block of compressed entries and indexer keys (past the live entries they
+    read zero in a fresh pool, so an entry a rejected draft emitted shows), the pending streams."""
+    layout, seq_blocks = pools.layout, pools.sequences[seq]
+    n, tables, bs = seq_blocks.length, seq_blocks.tables, layout.block_size
+    capacity = len(tables["window"]) * bs
+
+    def ring(layers: slice, positions: range) -> torch.Tensor:
+        slots = [p % capacity for p in positions]
+        return pools.window[layers, [tables["window"][s // bs] for s in slots], [s % bs for s in slots]]
+
+    main, w = layout.num_layers, layout.sliding_window - 1
+    state = {
+        "length": torch.tensor(float(n)),
+        "window": ring(slice(0, main), range(max(0, n - w), n)),
+        "mtp_window": ring(slice(main, main + 1), range(max(0, n - 1 - w), n - 1)),
+    }
+    slot = tables["compressor"][0]
+    for name, tensor in pools.compressor.items():
+        rate = layout.hca_rate if name.startswith("hca") else layout.csa_rate
+        if "overlap" in name:
+            state[name] = tensor[:, slot] if n >= rate else tensor[:, slot, :0]
+        else:
+            state[name] = tensor[:, slot] if name == "mtp_hidden" else tensor[:, slot, : n % rate]
+    state.update({pool: storage[:, tables[pool]] for pool, storage in pools.compressed.items()})
+    return state
+
+
+def _fresh_state(model, tokens: list[int]) -> dict[str, torch.Tensor]:
+    """The state of a sequence that only ever saw ``tokens``."""
+    pools = pools_for(model.cfg, torch.float32, 64, mtp=True)
+    prefill(model, pools, ["r"], [tokens])
+    return _live_state(pools, "r")
+
+
+@pytest.mark.parametrize("first_right", [False, True])
+def test_rejected_drafts_leave_no_state(model, references, first_right):
+    """After every step with rejected drafts (k = 2: both, or the second), each sequence's whole
+    attention state (window rings of the main and MTP layers, compressor buffers and overlaps,
+    compressed entries, indexer keys, pending streams, length, blocks) equals that of a sequence
+    that never saw the drafts; steps cross the window and both compressors' boundaries."""
+    prompts, refs = _prompts(model, 3), references[8][:3]
+    pools = pools_for(model.cfg, torch.float32, 64, max_sequences=3, mtp=True)
+    wrong = _oracle(refs, prompts, pools, wrong=True)
+    right = _oracle(refs, prompts, pools, wrong=False)
+
+    def propose(seq_ids, drafts):
+        if not first_right:
+            return wrong(seq_ids, drafts)
+        return [[r[0], *w[1:]] for r, w in zip(right(seq_ids, drafts), wrong(seq_ids, drafts), strict=True)]
+
+    ids = ["s0", "s1", "s2"]
+    completions = [_completion(p, GREEDY) for p in prompts]
+    out = [[c.next(row).token] for c, row in zip(completions, prefill(model, pools, ids, prompts), strict=True)]
+    used = pools.usage()
+    for _ in range(10):
+        outcomes = speculative_step(model, pools, ids, [o[-1] for o in out], completions, Speculation(2, propose))
+        for i, outcome in enumerate(outcomes):
+            out[i] += [s.token for s in outcome.steps]
+            assert outcome.accepted == int(first_right)
+            expected = _fresh_state(model, prompts[i] + out[i][:-1])
+            got = _live_state(pools, ids[i])
+            for name, value in expected.items():
+                assert got[name].shape == value.shape, name
+                assert torch.allclose(got[name], value, atol=STATE_TOL), name
+        assert out == [r[: len(out[0])] for r in refs]
+    pools.release("s0"), pools.release("s1"), pools.release("s2")
+    assert all(n == 0 for n, _ in pools.usage().values()) and used
+
+
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory):
+    """16 tokens: a first-token histogram over many seeds resolves every probability."""
+    out = write_checkpoint(tmp_path_factory.mktemp("vocab16"), tiny_config(vocab_size=16), seed=3)
+    add_mtp(out, seed=3)
+    return load_model(out, progress=False)
+
+
+SAMPLES = 400
+TEMPERATURE = 0.05  # the tiny random model's logits are flat: peak them, so q and p differ clearly
+
+
+def _tv_bound(p: torch.Tensor, n: int) -> float:
+    """Total variation of ``n`` draws from ``p`` to ``p``: E[TV] <= 1/2 sum sqrt(p (1 - p) / n), and
+    TV changes by at most 1/n per draw, so P(TV > E[TV] + 0.1) <= exp(-2 n 0.1^2) = 3e-4 at n = 400."""
+    return 0.5 * (p * (1 - p) / n).sqrt().sum().item() + 0.1
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_sampling_distribution_is_unchanged(small_vocab, k):
+    """One seed per sequence: the first token a speculative step emits follows the model's own
+    next-token distribution p (rejection sampling against the MTP's q), within a total-variation
+    bound, though the drafts follow q, which is beyond that bound from p."""
+    model, prompt, first = small_vocab, random_ids(11, 16, seed=8), 5
+    params = SamplingParams(max_tokens=8, temperature=TEMPERATURE, ignore_eos=True)
+    pools = pools_for(model.cfg, torch.float32, 16, max_sequences=SAMPLES + 1, mtp=True)
+    target = (prefill(model, pools, ["p"], [prompt + [first]])[0] / TEMPERATURE).softmax(-1)
+    counts = torch.zeros(16)
+    drafted = torch.zeros(16)
+    ids = [f"s{i}" for i in range(SAMPLES)]
+    prefill(model, pools, ids[:1], [prompt])
+    for seq in ids[1:]:
+        import_state(pools, pools, export_state(pools, ids[0]), seq)
+    completions = []
+    for i in range(SAMPLES):
+        c = _completion(prompt, replace(params, seed=i))
+        c.accept(first)
+        completions.append(c)
+
+    def record(seq_ids, drafts):
+        for d in drafts:
+            drafted[d[0]] += 1
+        return drafts
+
+    for outcome in speculative_step(model, pools, ids, [first] * SAMPLES, completions, Speculation(k, record)):
+        counts[outcome.steps[0].token] += 1
+    bound = _tv_bound(target, SAMPLES)
+    assert 0.5 * (counts / SAMPLES - target).abs().sum() < bound
+    assert 0.5 * (drafted / SAMPLES - target).abs().sum() > bound  # taking the drafts would fail
+
+
+@pytest.mark.parametrize("stop_at", [4, 5])
+def test_eos_inside_an_accepted_run_ends_there(model, references, stop_at):
+    """Runs of k = 2 accepted drafts: an EOS that arrives as the first or the second token of a run
+    ends the completion on it; no token after it is emitted."""
+    prompts, ref = _prompts(model, 1), references[1][0]
+    eos = ref[stop_at]
+    end = ref.index(eos)
+    pools = pools_for(model.cfg, torch.float32, 64, mtp=True)
+    spec = Speculation(2, _oracle(references[1], prompts, pools, wrong=False))
+    completion = Completion(IdsOnlyCodec(), replace(GREEDY, ignore_eos=False), (eos,), len(prompts[0]), 1 << 20)
+    steps = [completion.next(prefill(model, pools, ["s0"], prompts)[0])]
+    while not steps[-1].finish_reason:
+        steps += speculative_step(model, pools, ["s0"], [steps[-1].token], [completion], spec)[0].steps
+    assert [s.token for s in steps] == ref[: end + 1]
+    assert steps[-1].finish_reason == "stop" and completion.count == end + 1
