@@ -205,6 +205,13 @@ class KVPools:
                 self.allocators[kind].release(table[-spare:])
                 del table[-spare:]
 
+    def compressor_state(self, kind: str, index: int) -> tuple[torch.Tensor, ...]:
+        """The running state of compressor ``kind`` ("csa", "index", "hca") of its ``index``-th layer:
+        (kv, gate), then (overlap_kv, overlap_gate) where it overlaps (csa, index); [slots, rate, width]."""
+        overlaps = f"{kind}_overlap_kv" in self.compressor
+        parts = ("kv", "gate", "overlap_kv", "overlap_gate") if overlaps else ("kv", "gate")
+        return tuple(self.compressor[f"{kind}_{part}"][index] for part in parts)
+
     def hidden(self, seq_ids: list[str], dtype: torch.dtype) -> torch.Tensor:
         """The streams each sequence's MTP layer has yet to consume [B, hc_mult, hidden]."""
         slots = [self.sequences[s].tables["compressor"][0] for s in seq_ids]

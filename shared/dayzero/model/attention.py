@@ -18,18 +18,6 @@ from .rope import apply_rope
 from .weights import Attention
 
 
-def _slots(pools: KVPools, prefix: str, index: int, overlap: bool) -> CompressorSlots:
-    c = pools.compressor
-    if not overlap:
-        return CompressorSlots(c[f"{prefix}_kv"][index], c[f"{prefix}_gate"][index])
-    return CompressorSlots(
-        c[f"{prefix}_kv"][index],
-        c[f"{prefix}_gate"][index],
-        c[f"{prefix}_overlap_kv"][index],
-        c[f"{prefix}_overlap_gate"][index],
-    )
-
-
 def _compressed_keys(
     w: Attention,
     cfg: ModelConfig,
@@ -51,7 +39,7 @@ def _compressed_keys(
     prefix = "csa" if kind == CSA else "hca"
     fold(
         w.compressor,
-        _slots(pools, prefix, index, kind == CSA),
+        CompressorSlots(*pools.compressor_state(prefix, index)),
         w.compressor.wkv(x),
         w.compressor.wgate(x),
         plan,
@@ -84,7 +72,7 @@ def _index_keys(
     keys = pools.compressed["index_keys"][index]
     fold(
         ix,
-        _slots(pools, "index", index, True),
+        CompressorSlots(*pools.compressor_state("index", index)),
         ix.wkv(x),
         ix.wgate(x),
         plan,
