@@ -251,3 +251,26 @@ def test_eos_inside_an_accepted_run_ends_there(model, references, stop_at):
         steps += speculative_step(model, pools, ["s0"], [steps[-1].token], [completion], spec)[0].steps
     assert [s.token for s in steps] == ref[: end + 1]
     assert steps[-1].finish_reason == "stop" and completion.count == end + 1
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_the_trained_models_drafts_are_accepted_and_change_nothing(k):
+    """On the shipped trained model the MTP layer's drafts are right often enough to be kept (its
+    t+2 guess is right ~30% of the time on held-out text), and greedy output is plain decoding's."""
+    from dayzero.engine import Timings, generate
+    from dayzero.settings import BUILT_IN_MODEL
+    from dayzero.tokenizer import load_codec
+
+    model, codec = load_model(BUILT_IN_MODEL, progress=False), load_codec(BUILT_IN_MODEL)
+    prompt, params = codec.encode('The "if" statement is used for'), SamplingParams(max_tokens=48, ignore_eos=True)
+
+    def run(speculation: Speculation | None) -> tuple[list[int], Timings]:
+        timings = Timings()
+        pools = pools_for(model.cfg, torch.float32, 128, mtp=speculation is not None)
+        steps = generate(model, codec, pools, prompt, params, timings, speculation=speculation)
+        return [s.token for s in steps], timings
+
+    plain, _ = run(None)
+    fast, timings = run(Speculation(k))
+    assert fast == plain
+    assert timings.summary()["mean_accepted_length"] > 1.05  # drafts were kept, not only made
