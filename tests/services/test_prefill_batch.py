@@ -59,7 +59,8 @@ def test_a_merged_prompt_gets_the_state_and_logits_of_its_own_prefill(tmp_path):
     model = load_model(write_demo_checkpoint(tmp_path), torch.float32)
     prompt = [0, 9, 8, 7, 6, 5, 4, 3, 2]
     pools = pools_for(model.cfg, torch.float32, 32, max_sequences=2)
-    logits = prefill_batch(model, pools, [BatchInput("a", prompt), BatchInput("b", prompt)], AttentionOptions(), 4)
+    inputs = [BatchInput("a", prompt), BatchInput("b", prompt)]
+    logits = prefill_batch(model, pools, inputs, merged(inputs), AttentionOptions(), 4)
     alone = pools_for(model.cfg, torch.float32, 32)
     want = prefill(model, alone, ["ref"], [prompt], AttentionOptions(), 4)[0]
     assert torch.equal(logits[0], logits[1]) and (logits[0] - want).abs().max().item() < 1e-5

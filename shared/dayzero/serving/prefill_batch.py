@@ -62,11 +62,16 @@ def input_embeddings(model: Transformer, job: PrefillJob, images: torch.Tensor) 
 
 
 def prefill_batch(
-    model: Transformer, pools: KVPools, inputs: list[BatchInput], options: AttentionOptions, chunk_size: int
+    model: Transformer,
+    pools: KVPools,
+    inputs: list[BatchInput],
+    source: dict[int, int],
+    options: AttentionOptions,
+    chunk_size: int,
 ) -> list[torch.Tensor]:
     """Each input's next-token logits [V] (its state in ``pools`` under its seq id, its prompt
-    logprobs in its ``echo``); a merged input gets a copy of its source's state and scores."""
-    source = merged(inputs)
+    logprobs in its ``echo``); ``source``: ``merged(inputs)``, a merged input gets a copy of its
+    source's state and scores."""
     run = [i for i, s in source.items() if s == i]
     with_images = any(inputs[i].embeds is not None for i in run)
     logits = prefill(

@@ -153,9 +153,8 @@ class PrefillLoop:
         # the leases live until each request is handed on: a slow emit of a large batch must not let
         # the last ones lapse (the reaper would re-run a request that is being handed to decode)
         with Heartbeat(self.r.store, ids, self.r.name, self.r.settings.lease_s) as beat:
-            chunk = self.r.settings.prefill_chunk_size
-            logits = prefill_batch(self.r.model, self.r.pools, inputs, self.r.options, chunk)
-            source = merged(inputs)
+            chunk, source = self.r.settings.prefill_chunk_size, merged(inputs)
+            logits = prefill_batch(self.r.model, self.r.pools, inputs, source, self.r.options, chunk)
             self.r.stats.add(tokens=sum(len(inputs[i].tokens) for i, s in source.items() if s == i))
             for i, ticket in enumerate(batch):
                 beat.release(ids[i])

@@ -80,7 +80,8 @@ class Runtime:
         dtype = torch_dtype(settings)
         name = f"{name}:{uuid.uuid4().hex[:6]}"
         store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)
-        progress = LoadProgress(Registry(store.r), name, stage)
+        registry = Registry(store.r)
+        progress = LoadProgress(registry, name, stage)
         model = load_model(
             path,
             dtype,
@@ -113,7 +114,7 @@ class Runtime:
             load_codec(path),
             pools,
             store,
-            Registry(store.r),
+            registry,
             name,
             segment,
             WorkerStats(stage),
