@@ -37,7 +37,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(launch: Launch, init_method: str, timeout: float, fn: Callable[..., Any], args: tuple) -> Any:
+def _rank(
+    launch: Launch,
+    init_method: str,
+    timeout: float,
+    fn: Callable[..., Any],
+    args: tuple,
+    before_teardown: Callable[[], None] = lambda: None,
+) -> Any:
     if launch.cuda:
         torch.cuda.set_device(launch.device)
     dist.init_process_group(
@@ -49,14 +56,19 @@ def _rank(launch: Launch, init_method: str, timeout: float, fn: Callable[..., An
         device_id=launch.device if launch.cuda else None,
     )
     try:
-        return fn(Group(launch.config, dist.group.WORLD, launch.device), *args)
+        result = fn(Group(launch.config, dist.group.WORLD, launch.device), *args)
+        before_teardown()
+        return result
     finally:
         dist.destroy_process_group()
 
 
-def _local(world_size: int, rank: int, port: int, timeout: float, fn: Callable[..., Any], args: tuple) -> Any:
+def _local(
+    world_size: int, rank: int, port: int, timeout: float, fn: Callable[..., Any], args: tuple, **teardown: Any
+) -> Any:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    return _rank(Launch(ParallelConfig(world_size, rank), rank), f"tcp://127.0.0.1:{port}", timeout, fn, args)
+    launch = Launch(ParallelConfig(world_size, rank), rank)
+    return _rank(launch, f"tcp://127.0.0.1:{port}", timeout, fn, args, **teardown)
 
 
 def _spawned(index: int, world_size: int, port: int, timeout: float, fn: Callable[..., Any], args: tuple) -> None:
@@ -78,13 +90,17 @@ def run_group(
     context = mp.start_processes(
         _spawned, (world_size, port, timeout, fn, args), nprocs=world_size - 1, join=False, start_method="spawn"
     )
-    try:
-        result = _local(world_size, 0, port, timeout, fn, args)
+
+    def join_ranks() -> None:
+        """Rank 0 hosts the rendezvous store: the other ranks finish their teardown before it goes
+        (a store closed under a rank still tearing down aborted that rank now and then)."""
         deadline = time.monotonic() + JOIN_SECONDS
         while not context.join(timeout=max(0.0, deadline - time.monotonic())):  # one exit per call
             if time.monotonic() >= deadline:
                 raise RuntimeError(f"ranks 1..{world_size - 1} did not exit within {JOIN_SECONDS:.0f} s")
-        return result
+
+    try:
+        return _local(world_size, 0, port, timeout, fn, args, before_teardown=join_ranks)
     finally:
         torch.set_num_threads(threads)
         for process in context.processes:
