@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from dayzero.parallel.collectives import Group
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.messages import DecodeJob
 from dayzero.serving.queue import TASKS, make_celery
@@ -12,9 +13,10 @@ from dayzero.serving.worker import StageWorker, loop_stage
 from dayzero.settings import Settings
 
 
-def make_worker(settings: Settings) -> Celery:
+def make_worker(settings: Settings, group: Group | None = None) -> Celery:
+    """``group``: this worker is rank 0 of a tensor-parallel group (dayzero.serving.ranks)."""
     app = make_celery(settings)
-    stage = StageWorker(settings, "decode", loop_stage("decode", settings, False, DecodeLoop))
+    stage = StageWorker(settings, "decode", loop_stage("decode", settings, False, DecodeLoop, group))
 
     @app.task(name=TASKS["decode"])
     def decode(job_json: str) -> None:

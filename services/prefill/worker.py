@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from dayzero.parallel.collectives import Group
 from dayzero.serving.messages import DecodeJob, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.queue import TASKS, make_celery
@@ -11,7 +12,8 @@ from dayzero.serving.worker import StageWorker, loop_stage
 from dayzero.settings import Settings
 
 
-def make_worker(settings: Settings) -> Celery:
+def make_worker(settings: Settings, group: Group | None = None) -> Celery:
+    """``group``: this worker is rank 0 of a tensor-parallel group (dayzero.serving.ranks)."""
     app = make_celery(settings)
 
     def send_decode(job: DecodeJob) -> None:
@@ -19,7 +21,7 @@ def make_worker(settings: Settings) -> Celery:
 
     shared = settings.handoff != "redis"  # decode reads prefill's pools in place
     stage = StageWorker(
-        settings, "prefill", loop_stage("prefill", settings, shared, lambda rt: PrefillLoop(rt, send_decode))
+        settings, "prefill", loop_stage("prefill", settings, shared, lambda rt: PrefillLoop(rt, send_decode), group)
     )
 
     @app.task(name=TASKS["prefill"])

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 from .checkpoint import CheckpointError
-from .cli_services import cmd_serve, cmd_up
+from .cli_services import add_service_commands
 from .config import ConfigError
-from .settings import Settings, settings_help
+from .settings import Settings
 from .train.command import add_train_demo
 
 
@@ -251,24 +251,7 @@ def parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
     doctor.set_defaults(run=cmd_doctor)
 
-    with_settings = {"epilog": settings_help(), "formatter_class": argparse.RawDescriptionHelpFormatter}
-    serve = sub.add_parser("serve", help="run one service in the foreground (as each container does)", **with_settings)
-    serve.add_argument("service", choices=["gateway", "vision", "prefill", "decode"])
-    serve.add_argument("--name", help="worker name (default: the service name)")
-    serve.set_defaults(run=cmd_serve)
-
-    up = sub.add_parser("up", help="run Redis, the gateway and the workers on this machine", **with_settings)
-    up.add_argument("--checkpoint", help="checkpoint directory (default: the built-in demo checkpoint)")
-    up.add_argument("--prefill", type=int, default=1, help="prefill workers (default 1)")
-    up.add_argument("--decode", type=int, default=1, help="decode workers (default 1)")
-    up.add_argument("--vision", type=int, default=1, help="vision workers (default 1; 0 for a text-only model)")
-    up.add_argument("--port", type=int, help="gateway port (default: DAYZERO_PORT or 8000)")
-    up.add_argument("--log-dir", default="logs", help="where each service writes its log (default ./logs)")
-    up.add_argument("--example", action="store_true", help="once ready, stream one example request")
-    up.add_argument(
-        "--ready-timeout", type=float, default=0, help="give up if not ready after this many seconds (0: wait)"
-    )
-    up.set_defaults(run=cmd_up)
+    add_service_commands(sub)
     return p
 
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
 from pathlib import Path
 
-from .settings import Settings
+from .settings import Settings, settings_help
 
 
-def cmd_serve(args: argparse.ArgumentParser, settings: Settings) -> int:
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     """One service in the foreground: the entry point of both ``dayzero up`` and docker compose."""
     if args.service == "gateway":
         import uvicorn
@@ -24,18 +25,59 @@ def cmd_serve(args: argparse.ArgumentParser, settings: Settings) -> int:
         grace = settings.shutdown_grace_s  # open streams end with an error event well within it
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=grace)
         return 0
+    tp = args.tensor_parallel or settings.tensor_parallel
+    if args.service in ("prefill", "decode"):
+        from .parallel.group import run_group
+        from .parallel.launch import launch_from
+
+        launch = launch_from(os.environ, settings.device)  # torchrun's variables: one rank of its group
+        if tp > 1 or launch is not None:
+            settings = settings.model_copy(update={"tensor_parallel": tp})
+            timeout, name = settings.group_timeout_s, args.name
+            run_group(
+                tp, serve_rank, args.service, settings, name, timeout=timeout, launch=launch, device=settings.device
+            )
+            return 0
+    elif tp > 1:
+        raise ValueError(f"--tensor-parallel is for prefill and decode workers; {args.service} runs on one device")
+    _run_worker(args.service, settings, args.name)
+    return 0
+
+
+def _run_worker(service: str, settings: Settings, name: str | None, group=None) -> None:
+    """The stage's Celery worker in this process (rank 0 of ``group``, when it has one)."""
     from .serving.worker import worker_argv
 
-    if args.service == "vision":
+    if service == "vision":
         from services.vision.worker import make_worker
-    elif args.service == "prefill":
+    elif service == "prefill":
         from services.prefill.worker import make_worker
     else:
         from services.decode.worker import make_worker
-    app = make_worker(settings)
-    concurrency = {"vision": 1, "prefill": settings.max_batch, "decode": 2 * settings.max_batch}[args.service]
-    app.worker_main(worker_argv(args.service, concurrency, f"{args.name or args.service}@%h"))
-    return 0
+    app = make_worker(settings) if group is None else make_worker(settings, group)
+    concurrency = {"vision": 1, "prefill": settings.max_batch, "decode": 2 * settings.max_batch}[service]
+    app.worker_main(worker_argv(service, concurrency, f"{name or service}@%h"))
+
+
+def serve_rank(group, service: str, settings: Settings, name: str | None) -> None:
+    """One rank of a prefill or decode group: rank 0 is the stage's worker (Celery, Redis, the
+    loop); the others load their share of the model and do each step rank 0 tells them. They
+    ignore SIGTERM and end with rank 0 (its stop message, or its death)."""
+    if group.config.rank == 0:
+        _run_worker(service, settings, name, group)
+        return
+    import logging
+
+    from .procs import die_with
+    from .serving.runtime import load_ranks
+
+    die_with(os.getppid())
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s] {service} rank {group.config.rank}: %(message)s")
+    ranks, _ = load_ranks(settings, group, shared=False)
+    logging.getLogger("dayzero.ranks").info("loaded %d of %d; following rank 0", group.config.rank, group.size)
+    ranks.follow()
 
 
 class _Stop(Exception):
@@ -55,8 +97,6 @@ def _stop_on_signals() -> None:
 
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
-    import os
-
     from .stack import Stack, StartFailed
 
     env = {}
@@ -66,13 +106,14 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
         settings.checkpoint_dir()  # the built-in one, written once before the children start
     counts = {"vision": args.vision, "prefill": args.prefill, "decode": args.decode}
     port, redis_url = args.port or settings.port, os.environ.get("REDIS_URL")
-    stack = Stack(counts, port, Path(args.log_dir), env, redis_url=redis_url, host=settings.host)
+    ranks = {"prefill": args.prefill_tp, "decode": args.decode_tp}
+    stack = Stack(counts, port, Path(args.log_dir), env, redis_url=redis_url, host=settings.host, ranks=ranks)
     _stop_on_signals()
     try:
         stack.start()
         print(
-            f"starting: redis {stack.redis_url}, gateway, {args.vision} vision, {args.prefill} prefill, "
-            f"{args.decode} decode (logs in {args.log_dir})",
+            f"starting: redis {stack.redis_url}, gateway, {args.vision} vision, {args.prefill} prefill"
+            f"{_ranks(args.prefill_tp)}, {args.decode} decode{_ranks(args.decode_tp)} (logs in {args.log_dir})",
             file=sys.stderr,
         )
         show = lambda body: print(f"waiting: {body.get('reason')}", file=sys.stderr)
@@ -100,6 +141,10 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _ranks(n: int) -> str:
+    return f" ({n} ranks each)" if n > 1 else ""
+
+
 def _example(url: str, model: str) -> None:
     import httpx
 
@@ -117,3 +162,35 @@ def _example(url: str, model: str) -> None:
                 sys.stdout.write(delta.get("content", ""))
                 sys.stdout.flush()
     print()
+
+
+def add_service_commands(sub) -> None:
+    """``serve`` and ``up`` on the ``dayzero`` parser's subcommands."""
+    with_settings = {"epilog": settings_help(), "formatter_class": argparse.RawDescriptionHelpFormatter}
+    serve = sub.add_parser("serve", help="run one service in the foreground (as each container does)", **with_settings)
+    serve.add_argument("service", choices=["gateway", "vision", "prefill", "decode"])
+    serve.add_argument("--name", help="worker name (default: the service name)")
+    serve.add_argument(
+        "--tensor-parallel",
+        type=int,
+        metavar="N",
+        help="prefill / decode: one worker of N ranks, the model split over them, N local ranks (gloo on CPU, "
+        "NCCL on cuda:0..N-1) or, under torchrun, this process as one rank of its group (default: "
+        "DAYZERO_TENSOR_PARALLEL, 1)",
+    )
+    serve.set_defaults(run=cmd_serve)
+
+    up = sub.add_parser("up", help="run Redis, the gateway and the workers on this machine", **with_settings)
+    up.add_argument("--checkpoint", help="checkpoint directory (default: the built-in demo checkpoint)")
+    up.add_argument("--prefill", type=int, default=1, help="prefill workers (default 1)")
+    up.add_argument("--decode", type=int, default=1, help="decode workers (default 1)")
+    up.add_argument("--prefill-tp", type=int, default=1, metavar="N", help="ranks per prefill worker (default 1)")
+    up.add_argument("--decode-tp", type=int, default=1, metavar="N", help="ranks per decode worker (default 1)")
+    up.add_argument("--vision", type=int, default=1, help="vision workers (default 1; 0 for a text-only model)")
+    up.add_argument("--port", type=int, help="gateway port (default: DAYZERO_PORT or 8000)")
+    up.add_argument("--log-dir", default="logs", help="where each service writes its log (default ./logs)")
+    up.add_argument("--example", action="store_true", help="once ready, stream one example request")
+    up.add_argument(
+        "--ready-timeout", type=float, default=0, help="give up if not ready after this many seconds (0: wait)"
+    )
+    up.set_defaults(run=cmd_up)

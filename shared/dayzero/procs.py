@@ -9,27 +9,23 @@ the children in order.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with(parent: int) -> Callable[[], None]:
-    """A ``preexec_fn``: SIGKILL this child when ``parent`` (the thread that forks it) dies."""
-
-    def preexec() -> None:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
+def die_with(parent: int) -> None:
+    """SIGKILL this process when ``parent`` (the thread that started it) dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -43,7 +39,7 @@ def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subpr
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with(os.getpid()),
+            preexec_fn=functools.partial(die_with, os.getpid()),
         )
 
 

@@ -66,6 +66,12 @@ class Settings(BaseSettings):
     keepalive_s: float = Field(default=10.0, gt=0, description="SSE comment interval while waiting")
     stream_ttl_s: int = Field(default=600, ge=1, description="finished token streams stay resumable this long")
     task_time_limit_s: int = Field(default=3600, ge=1, description="hard limit of one generation")
+    tensor_parallel: int = Field(
+        default=1, ge=1, description="ranks per prefill / decode worker, the model split over them (one GPU each)"
+    )
+    group_timeout_s: float = Field(
+        default=120.0, gt=0, description="ranks that do not all meet, or a rank gone silent, fail the group after"
+    )
 
     # observability
     trace_exporter: Literal["none", "console", "otlp-http", "otlp-grpc"] = Field(

@@ -1,7 +1,8 @@
 """``dayzero up``: Redis, the gateway and N workers per stage as plain processes on one machine.
 
 Each service runs the same entry point as its container under docker compose
-(``dayzero serve <service>``). A child that dies is restarted, the embedded Redis included
+(``dayzero serve <service>``; a tensor-parallel worker is one child, its rank 0, which starts
+its other ranks and takes them down with it). A child that dies is restarted, the embedded Redis included
 (the gateway and the workers reconnect by themselves); every child dies with the supervisor
 (see dayzero.procs). ``stop`` goes in order: the gateway first (it stops admitting and ends
 its open streams with an error event), then the workers, Redis last.
@@ -24,9 +25,10 @@ SERVICES = ("gateway", "vision", "prefill", "decode")
 STOP_TIMEOUT_S = 10.0  # per group (gateway, workers, redis) before SIGKILL
 
 
-def service_argv(service: str) -> list[str]:
-    """The arguments of ``dayzero`` that run one service; docker-compose.yml runs the same."""
-    return ["serve", service]
+def service_argv(service: str, ranks: int = 1) -> list[str]:
+    """The arguments of ``dayzero`` that run one service (a worker of ``ranks`` ranks);
+    docker-compose.yml runs the same."""
+    return ["serve", service, *(["--tensor-parallel", str(ranks)] if ranks > 1 else [])]
 
 
 @dataclass
@@ -52,6 +54,7 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     redis_url: str | None = None
     host: str = "127.0.0.1"  # where the gateway binds (DAYZERO_HOST)
+    ranks: dict[str, int] = field(default_factory=dict)  # tensor-parallel ranks per prefill / decode worker
     children: list[Child] = field(default_factory=list)
     redis_port: int | None = None
 
@@ -77,7 +80,8 @@ class Stack:
         if child.service == "redis":
             child.proc = start_redis(self.redis_port, log)
             return
-        cmd = [sys.executable, "-m", "dayzero.cli", *service_argv(child.service), "--name", child.name]
+        argv = service_argv(child.service, self.ranks.get(child.service, 1))
+        cmd = [sys.executable, "-m", "dayzero.cli", *argv, "--name", child.name]
         child.proc = spawn(cmd, log, self.env)
 
     @property

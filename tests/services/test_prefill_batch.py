@@ -32,8 +32,8 @@ def test_identical_text_prompts_share_one_forward_and_images_never_do():
         BatchInput("a", [1, 2, 3]),
         BatchInput("b", [1, 2, 3]),  # the same prompt: shares a's forward
         BatchInput("c", [1, 2, 3], echo=PromptLogprobs(2)),  # asks for prompt logprobs: a forward of its own
-        BatchInput("d", [1, 2, 3], embeds=image),
-        BatchInput("e", [1, 2, 3], embeds=image),
+        BatchInput("d", [1, 2, 3], images=image),
+        BatchInput("e", [1, 2, 3], images=image),
         BatchInput("f", [1, 2, 3], echo=PromptLogprobs(2)),  # shares c's
     ]
     assert merged(inputs) == {0: 0, 1: 0, 2: 2, 3: 3, 4: 4, 5: 2}
@@ -50,7 +50,7 @@ def test_input_embeddings_equal_the_encoders_multimodal_prompt(tmp_path):
     image_token = model.cfg.raw["image_token_id"]
     images = torch.randn(3, model.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
     expanded, reference = multimodal_prompt(model.embed, [0, 5, image_token, 6], image_token, [images])
-    got = input_embeddings(model, _job(tuple(expanded), generated=(9, 10)), images)
+    got = input_embeddings(model, BatchInput("r", [*expanded, 9, 10], images, prompt_length=len(expanded)))
     assert torch.equal(got[: len(expanded)], reference)
     assert torch.equal(got[len(expanded) :], model.embed.weight[[9, 10]])  # a re-run's streamed tokens follow
 

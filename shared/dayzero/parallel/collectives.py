@@ -1,10 +1,13 @@
-"""The only place the forward talks to the other ranks: ``all_reduce_sum`` and ``all_gather``.
+"""The only place the ranks talk to each other: ``all_reduce_sum`` and ``all_gather`` (the forward),
+``broadcast`` (rank 0's plans to the others, dayzero.parallel.wire).
 
 A ``Group`` of one rank returns its input untouched and counts nothing, so the single-rank
 forward is the same code and pays nothing. A larger group reduces in fp32 (as DeepSeek's
 reference reduces its row-parallel outputs) over the torch.distributed group it was given,
 and counts each call and the seconds spent in it (for bench/parallel.py). ``device``: where this
 rank's weights, pools and collective buffers live (cuda:LOCAL_RANK under NCCL, else the CPU).
+A collective that fails (a rank died, or stopped answering within the process group's timeout)
+raises ``GroupFailed``: the group cannot go on, whatever the step was.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ import torch
 import torch.distributed as dist
 
 from .config import ParallelConfig
+
+
+class GroupFailed(RuntimeError):
+    """A collective failed: another rank died or stopped answering. The group is finished."""
 
 
 class Group:
@@ -42,7 +49,7 @@ class Group:
             return x
         start = time.perf_counter()
         total = x.to(torch.float32, copy=True).contiguous()  # the caller's tensor is left as is
-        dist.all_reduce(total, group=self.process_group)
+        self._call(dist.all_reduce, total, group=self.process_group)
         self._count("all_reduce", start)
         return total.to(x.dtype)
 
@@ -52,9 +59,22 @@ class Group:
             return x
         start = time.perf_counter()
         parts = [torch.empty_like(x) for _ in range(self.size)]
-        dist.all_gather(parts, x.contiguous(), group=self.process_group)
+        self._call(dist.all_gather, parts, x.contiguous(), group=self.process_group)
         self._count("all_gather", start)
         return torch.cat(parts, dim=dim)
+
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's ``x`` on every rank (written into ``x`` on the others; contiguous, on ``device``)."""
+        if self.size > 1:
+            self._call(dist.broadcast, x, src=0, group=self.process_group)
+        return x
+
+    @staticmethod
+    def _call(collective, *args, **kwargs) -> None:
+        try:
+            collective(*args, **kwargs)
+        except RuntimeError as exc:  # gloo / NCCL: a peer's connection closed, or the timeout passed
+            raise GroupFailed(f"{collective.__name__} failed: {exc}") from exc
 
     def _count(self, name: str, start: float) -> None:
         self.counts[name] += 1

@@ -64,31 +64,44 @@ def _rank(
 
 
 def _local(
-    world_size: int, rank: int, port: int, timeout: float, fn: Callable[..., Any], args: tuple, **teardown: Any
+    world_size: int,
+    rank: int,
+    port: int,
+    timeout: float,
+    cuda: bool,
+    fn: Callable[..., Any],
+    args: tuple,
+    **teardown: Any,
 ) -> Any:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    launch = Launch(ParallelConfig(world_size, rank), rank)
+    launch = Launch(ParallelConfig(world_size, rank), rank, cuda)
     return _rank(launch, f"tcp://127.0.0.1:{port}", timeout, fn, args, **teardown)
 
 
-def _spawned(index: int, world_size: int, port: int, timeout: float, fn: Callable[..., Any], args: tuple) -> None:
-    _local(world_size, index + 1, port, timeout, fn, args)
+def _spawned(index: int, world_size: int, port: int, timeout: float, cuda: bool, fn: Callable[..., Any], args: tuple):
+    _local(world_size, index + 1, port, timeout, cuda, fn, args)
 
 
 def run_group(
-    world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 120.0, launch: Launch | None = None
+    world_size: int,
+    fn: Callable[..., Any],
+    *args: Any,
+    timeout: float = 120.0,
+    launch: Launch | None = None,
+    device: str = "cpu",
 ) -> Any:
     """``fn(group, *args)`` on ``world_size`` ranks (``fn`` and ``args`` picklable); rank 0's result,
-    or with ``launch`` this rank's (``launch`` refused unless its WORLD_SIZE is ``world_size``)."""
+    or with ``launch`` this rank's (``launch`` refused unless its WORLD_SIZE is ``world_size``).
+    ``device`` "cuda": local ranks run NCCL, rank r on cuda:r (else gloo on the CPU)."""
     if launch is not None:
         launch.check(world_size)
         # env://, not tcp://: under torchrun its agent already serves the store at MASTER_PORT
         return _rank(launch, "env://", timeout, fn, args)
     if world_size == 1:
         return fn(Group(), *args)
-    port, threads = free_port(), torch.get_num_threads()
+    port, threads, cuda = free_port(), torch.get_num_threads(), device.startswith("cuda")
     context = mp.start_processes(
-        _spawned, (world_size, port, timeout, fn, args), nprocs=world_size - 1, join=False, start_method="spawn"
+        _spawned, (world_size, port, timeout, cuda, fn, args), nprocs=world_size - 1, join=False, start_method="spawn"
     )
 
     def join_ranks() -> None:
@@ -100,7 +113,7 @@ def run_group(
                 raise RuntimeError(f"ranks 1..{world_size - 1} did not exit within {JOIN_SECONDS:.0f} s")
 
     try:
-        return _local(world_size, 0, port, timeout, fn, args, before_teardown=join_ranks)
+        return _local(world_size, 0, port, timeout, cuda, fn, args, before_teardown=join_ranks)
     finally:
         torch.set_num_threads(threads)
         for process in context.processes:

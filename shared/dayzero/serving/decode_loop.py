@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import redis
 from opentelemetry import trace
 
-from ..completion import Completion, Step, context_limit
+from ..completion import Completion, Step, context_limit, next_steps
 from ..kv.handoff import LayoutMismatch
 from ..kv.pools import OutOfBlocks
 from ..speculative import Acceptance, Speculation, decode_round
@@ -68,6 +68,8 @@ class DecodeLoop:
             except Exception as exc:  # a failed step ends the batch's requests, never the loop
                 self._fail(exc)
         self._beat()
+        if not self.active:
+            self.r.ranks.keepalive()
         if self.waiting and not self.active:
             self.stop.wait(0.05)  # waiting for blocks or a handoff
 
@@ -101,7 +103,7 @@ class DecodeLoop:
             try:
                 self._import(job, total)
             except (LookupError, LayoutMismatch, OutOfBlocks) as exc:
-                self.r.pools.release(rid)
+                self.r.ranks.release(rid)
                 log.error("request %s: handoff failed: %s", rid, exc)
                 ticket.done.set()  # its lease lapses; the reaper re-runs it
                 continue
@@ -116,7 +118,7 @@ class DecodeLoop:
                     job.generated,
                 )
             except Exception as exc:  # noqa: BLE001 - its own sampling (a grammar refused): it fails alone
-                self.r.pools.release(rid)
+                self.r.ranks.release(rid)
                 log.error("request %s: sampling failed: %r", rid, exc)
                 self._settle(ticket, "error", f"sampling failed: {type(exc).__name__}", len(job.generated))
                 continue
@@ -139,10 +141,11 @@ class DecodeLoop:
             with tracer.start_as_current_span("kv.import", attributes={"dayzero.transport": job.state.transport}):
                 start = time.perf_counter()
                 self.receiver.receive(job.state, self.r.pools, rid)
+                self.r.ranks.adopt(rid)  # the other ranks of the group import the same state
                 self.r.stats.add(
                     handoff_seconds=time.perf_counter() - start, handoff_bytes=self.r.pools.sequence_bytes(rid)
                 )
-            self.r.pools.reserve(rid, total)
+            self.r.ranks.reserve(rid, total)
         self.r.stats.add(queued_requests=1, queue_seconds=time.time() - job.request.created)
 
     def _record(self, ids: list[str], emitted: int, seconds: float) -> None:
@@ -159,7 +162,7 @@ class DecodeLoop:
     def _finish(self, rid: str, reason: str, index: int | None = None, message: str = "") -> None:
         active = self.active.pop(rid)
         length = self.r.pools.length(rid)
-        self.r.pools.release(rid)
+        self.r.ranks.release(rid)
         cfg = self.r.model.cfg
         rate = cfg.compress_rates["compressed_sparse_attention"]
         active.span.add_event("finish", {"finish_reason": reason, "completion_tokens": active.completion.count})
@@ -192,9 +195,11 @@ class DecodeLoop:
         tokens = [self.active[rid].next_token for rid in ids]
         start = time.perf_counter()
         completions = [self.active[rid].completion for rid in ids]
-        rounds, acceptance = decode_round(
-            self.r.model, self.r.pools, ids, tokens, completions, self.speculation, self.r.options
-        )
+        if self.speculation is None:  # every rank of the group runs the step; this one samples
+            rounds, acceptance = [[s] for s in next_steps(completions, self.r.ranks.decode(ids, tokens))], Acceptance()
+        else:
+            model, pools, options = self.r.model, self.r.pools, self.r.options
+            rounds, acceptance = decode_round(model, pools, ids, tokens, completions, self.speculation, options)
         self._record(ids, sum(len(steps) for steps in rounds), time.perf_counter() - start)
         if self.speculation is not None:
             self.acceptance.merge(acceptance)

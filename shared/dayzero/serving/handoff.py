@@ -32,7 +32,7 @@ from .messages import StateRef, TensorRef
 PARKED = "dz-parked"  # shared-memory segments of parked tensors: dz-parked-<deadline ms>-<id>
 
 
-def _pack(pools: KVPools, seq_id: str) -> bytes:
+def pack_state(pools: KVPools, seq_id: str) -> bytes:
     """One sequence's state as safetensors bytes (no pickle: whoever can write Redis must not run code
     in decode): a carrier pool holding only its blocks, its block counts and handle in the metadata."""
     handle = export_state(pools, seq_id)
@@ -44,7 +44,7 @@ def _pack(pools: KVPools, seq_id: str) -> bytes:
     return save(tensors, metadata={"dayzero_state": json.dumps(header), "layout_hash": own.layout_hash})
 
 
-def _unpack(data: bytes, like: KVPools) -> tuple[KVPools, StateHandle]:
+def unpack_state(data: bytes, like: KVPools) -> tuple[KVPools, StateHandle]:
     try:
         (size,) = struct.unpack("<Q", data[:8])  # safetensors: header length, JSON header, raw buffers
         metadata = json.loads(data[8 : 8 + size])["__metadata__"]
@@ -76,7 +76,7 @@ def publish(pools: KVPools, seq_id: str, request_id: str, transport: str, store:
     if transport == "cuda_ipc":
         torch.cuda.synchronize(pools.device)  # decode reads from another process: the writes must have landed
     if transport == "redis":
-        location = store.park("kvstate", request_id, _pack(pools, seq_id), ttl_s)
+        location = store.park("kvstate", request_id, pack_state(pools, seq_id), ttl_s)
     return StateRef(
         transport=transport,
         location=location,
@@ -104,7 +104,7 @@ class Receiver:
             data = self.store.take_parked(ref.location)
             if data is None:
                 raise LookupError(f"handoff state {ref.location} expired")
-            src, handle = _unpack(data, dst)
+            src, handle = unpack_state(data, dst)
         else:
             if ref.host != socket.gethostname():
                 raise LookupError(f"{ref.transport} state lives on host {ref.host}; use handoff=redis across hosts")

@@ -1,6 +1,8 @@
 """One packed prefill step as pure units: which prompts run (identical ones once), what each
 request's input embeddings are (images spliced in), whose prompt logprobs are scored, and the
-forward itself. The prefill loop batches, admits and hands off; the maths is here.
+forward itself. The prefill loop batches, admits and hands off; the maths is here, and every
+rank of a tensor-parallel group runs it alike (dayzero.serving.ranks): images go in as the
+vision stage's patches, embedded inside the step (the embedding is split over the ranks).
 """
 
 from __future__ import annotations
@@ -23,12 +25,18 @@ from .messages import PrefillJob
 @dataclass(frozen=True, slots=True)
 class BatchInput:
     """One admitted request of the step: its sequence id, its tokens (prompt + tokens already
-    streamed), its input embeddings when it has images, and its prompt logprobs when asked for."""
+    streamed; the first ``prompt_length`` are the prompt), its images' merged patches
+    [patches, hidden] when it has images, and its prompt logprobs when asked for."""
 
     seq_id: str
     tokens: list[int]
-    embeds: torch.Tensor | None = None
+    images: torch.Tensor | None = None
     echo: PromptLogprobs | None = None
+    prompt_length: int | None = None  # None: all of ``tokens``
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.tokens if self.prompt_length is None else self.tokens[: self.prompt_length]
 
 
 def merged(inputs: list[BatchInput]) -> dict[int, int]:
@@ -37,7 +45,7 @@ def merged(inputs: list[BatchInput]) -> dict[int, int]:
     first: dict[tuple, int] = {}
     source = {}
     for i, item in enumerate(inputs):
-        if item.embeds is None:
+        if item.images is None:
             source[i] = first.setdefault((tuple(item.tokens), item.echo.top if item.echo else None), i)
         else:
             source[i] = i
@@ -52,12 +60,12 @@ def echo_of(job: PrefillJob) -> PromptLogprobs | None:
 
 
 @torch.inference_mode()
-def input_embeddings(model: Transformer, job: PrefillJob, images: torch.Tensor) -> torch.Tensor:
-    """The request's input embeddings [L, hidden]: the prompt's with the images' merged patches
-    (``images`` [patches, hidden]) at its placeholder positions, then the tokens already streamed."""
-    prompt, device = list(job.request.prompt_ids), model.embed.weight.device
-    tokens = embed_tokens(model, torch.tensor([*prompt, *job.generated], dtype=torch.long, device=device))
-    rows = splice(tokens[: len(prompt)], prompt, model.cfg.raw["image_token_id"], [images.to(device)])
+def input_embeddings(model: Transformer, item: BatchInput) -> torch.Tensor:
+    """The input's embeddings [L, hidden]: the prompt's with the images' merged patches at its
+    placeholder positions, then the tokens already streamed."""
+    prompt, device = item.prompt, model.embed.weight.device
+    tokens = embed_tokens(model, torch.tensor(item.tokens, dtype=torch.long, device=device))
+    rows = splice(tokens[: len(prompt)], prompt, model.cfg.raw["image_token_id"], [item.images.to(device)])
     return torch.cat((rows, tokens[len(prompt) :]))
 
 
@@ -73,7 +81,7 @@ def prefill_batch(
     logprobs in its ``echo``); ``source``: ``merged(inputs)``, a merged input gets a copy of its
     source's state and scores."""
     run = [i for i, s in source.items() if s == i]
-    with_images = any(inputs[i].embeds is not None for i in run)
+    with_images = any(inputs[i].images is not None for i in run)
     logits = prefill(
         model,
         pools,
@@ -81,7 +89,9 @@ def prefill_batch(
         [inputs[i].tokens for i in run],
         options,
         chunk_size,
-        [inputs[i].embeds for i in run] if with_images else None,
+        [input_embeddings(model, inputs[i]) if inputs[i].images is not None else None for i in run]
+        if with_images
+        else None,
         {j: inputs[i].echo for j, i in enumerate(run) if inputs[i].echo is not None},
     )
     out = dict(zip(run, logits, strict=True))

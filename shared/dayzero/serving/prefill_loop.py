@@ -24,7 +24,7 @@ from .handoff import discard_tensor, publish, take_tensor
 from .intake import Intake, Ticket, run_loop
 from .lease import Heartbeat
 from .messages import DecodeJob, PrefillJob
-from .prefill_batch import BatchInput, echo_of, input_embeddings, merged, prefill_batch
+from .prefill_batch import BatchInput, echo_of, merged
 from .records import Token
 from .runtime import Runtime
 
@@ -55,12 +55,14 @@ class PrefillLoop:
                 raise
             except Exception as exc:  # a failed forward ends its requests, never the loop
                 self._fail(self._unsettled(taken), exc)
+        else:
+            self.r.ranks.keepalive()
 
     def _fail(self, batch: list[Ticket[PrefillJob]], exc: Exception) -> None:
         log.exception("prefill of %d request(s) failed", len(batch))
         self.r.stats.call("prefill", failed=True)
         for ticket in batch:
-            self.r.pools.release(ticket.job.request.request_id)
+            self.r.ranks.release(ticket.job.request.request_id)
             self._settle(ticket, "error", f"prefill failed: {type(exc).__name__}")
 
     def _unsettled(self, taken: list[Ticket[PrefillJob]]) -> list[Ticket[PrefillJob]]:
@@ -70,7 +72,7 @@ class PrefillLoop:
     def _put_back(self, unsettled: list[Ticket[PrefillJob]]) -> None:
         """Redis failed mid-batch: free these requests' blocks and retry them later."""
         for ticket in unsettled:
-            self.r.pools.release(ticket.job.request.request_id)
+            self.r.ranks.release(ticket.job.request.request_id)
         self.pending[:0] = unsettled
 
     def _settle(self, ticket: Ticket[PrefillJob], reason: str, message: str = "", index: int | None = None) -> None:
@@ -101,7 +103,7 @@ class PrefillLoop:
             lapsed = {rid for rid, deadline in self.handed_off.items() if deadline < now}
             for rid in lapsed | set(store.taken(self.r.name)) | store.cancelled(list(self.handed_off)):
                 if self.handed_off.pop(rid, None) is not None:
-                    self.r.pools.release(rid)
+                    self.r.ranks.release(rid)
 
     def _admit(self, ticket: Ticket[PrefillJob]) -> bool:
         """Claim the request and its blocks; False when the ticket is settled without prefill."""
@@ -118,7 +120,7 @@ class PrefillLoop:
             self._settle(ticket, "cancelled")
             return False
         try:
-            self.r.pools.reserve(rid, len(job.request.prompt_ids) + len(job.generated))
+            self.r.ranks.reserve(rid, len(job.request.prompt_ids) + len(job.generated))
         except OutOfBlocks as exc:
             if exc.permanent:
                 self._settle(ticket, "error", str(exc))
@@ -153,8 +155,8 @@ class PrefillLoop:
         # the leases live until each request is handed on: a slow emit of a large batch must not let
         # the last ones lapse (the reaper would re-run a request that is being handed to decode)
         with Heartbeat(self.r.store, ids, self.r.name, self.r.settings.lease_s) as beat:
-            chunk, source = self.r.settings.prefill_chunk_size, merged(inputs)
-            logits = prefill_batch(self.r.model, self.r.pools, inputs, source, self.r.options, chunk)
+            source = merged(inputs)
+            logits = self.r.ranks.prefill(inputs, source)
             self.r.stats.add(tokens=sum(len(inputs[i].tokens) for i, s in source.items() if s == i))
             for i, ticket in enumerate(batch):
                 beat.release(ids[i])
@@ -167,19 +169,17 @@ class PrefillLoop:
                         self._fail_one(ticket, exc)
 
     def _input(self, job: PrefillJob) -> BatchInput:
-        """The request's tokens, its parked image embeddings spliced in (taken once), its echo."""
-        rid, tokens = job.request.request_id, [*job.request.prompt_ids, *job.generated]
-        embeds = None
-        if job.embeddings is not None:
-            embeds = input_embeddings(self.r.model, job, take_tensor(job.embeddings, self.r.store))
-        return BatchInput(rid, tokens, embeds, echo_of(job))
+        """The request's tokens, its parked image embeddings (taken once), its echo."""
+        rid, prompt = job.request.request_id, list(job.request.prompt_ids)
+        images = take_tensor(job.embeddings, self.r.store) if job.embeddings is not None else None
+        return BatchInput(rid, [*prompt, *job.generated], images, echo_of(job), len(prompt))
 
     def _fail_one(self, ticket: Ticket[PrefillJob], exc: Exception) -> None:
         rid = ticket.job.request.request_id
         log.exception("request %s failed after its prefill", rid)
         self.r.stats.call("prefill", failed=True)
         self.handed_off.pop(rid, None)
-        self.r.pools.release(rid)
+        self.r.ranks.release(rid)
         streamed = len(self.r.store.streamed_tokens(rid))  # its first token may have gone out already
         self._settle(ticket, "error", f"failed after prefill: {type(exc).__name__}", streamed)
 
@@ -213,7 +213,7 @@ class PrefillLoop:
         first = Token.of(rid, completion.count - 1, step, usage if step.finish_reason else None, prompt_logprobs)
         store.append([first])
         if step.finish_reason:
-            self.r.pools.release(rid)
+            self.r.ranks.release(rid)
             store.settle(rid, step.finish_reason)
         else:
             with tracer.start_as_current_span("kv.export", attributes={"dayzero.transport": settings.handoff}):
@@ -222,7 +222,7 @@ class PrefillLoop:
                 self.r.stats.add(handoff_seconds=time.perf_counter() - start)
             store.hand_off(rid, settings.handoff_timeout_s)
             if settings.handoff == "redis":
-                self.r.pools.release(rid)  # the state travels in Redis: nothing to keep
+                self.r.ranks.release(rid)  # the state travels in Redis: nothing to keep
             else:
                 ref = ref.model_copy(update={"holder": self.r.name})  # decode says when it has taken it
                 self.handed_off[rid] = time.monotonic() + settings.handoff_timeout_s

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -17,10 +18,12 @@ from ..kv.pools import KVPools
 from ..kv.shared import CudaSharedPools, Segment, SharedPools, sweep_stale
 from ..model.plan import AttentionOptions
 from ..model.weights import Transformer
+from ..parallel.collectives import Group
 from ..settings import Settings
 from ..tokenizer import IdsOnlyCodec, TextCodec, load_codec
 from .lifecycle import Lifecycle
 from .metrics import WorkerStats
+from .ranks import Ranks
 from .registry import Registry
 
 log = logging.getLogger("dayzero.worker")
@@ -57,6 +60,39 @@ class LoadProgress:
             self.registry.loading(self.worker, self.stage, percent)
 
 
+def load_ranks(
+    settings: Settings, group: Group, shared: bool, on_progress: Callable[[int, int], None] | None = None
+) -> tuple[Ranks, Segment | None]:
+    """This rank's share of the model and its pools (``shared``: another process can read them)."""
+    dtype = torch_dtype(settings)
+    if settings.speculative_tokens and group.size > 1:
+        raise ValueError("DAYZERO_SPECULATIVE_TOKENS runs on one rank for now: set it to 0 with --tensor-parallel")
+    model = load_model(
+        settings.checkpoint_dir(),
+        dtype,
+        group.device,
+        progress=False,
+        expert_cache_bytes=settings.expert_cache_mb << 20,
+        on_progress=on_progress,
+        group=group,
+    )
+    if settings.speculative_tokens and not model.mtp:
+        raise ValueError("DAYZERO_SPECULATIVE_TOKENS needs a checkpoint with an MTP layer (mtp.0.*)")
+    layout = PoolLayout.of(model.cfg, settings.block_size, settings.dtype, mtp=settings.speculative_tokens > 0)
+    sized = KVPools.from_budget(layout, settings.kv_budget_mb << 20, settings.max_batch, dtype, device="meta")
+    segment = None
+    if shared and settings.handoff == "shm":
+        swept = sweep_stale()
+        if swept:
+            log.warning("unlinked %d pool segment(s) left by dead workers: %s", len(swept), swept)
+        pools, segment = SharedPools.create(layout, sized.blocks, dtype)
+    elif shared and settings.handoff == "cuda_ipc":
+        pools = CudaSharedPools.create(layout, sized.blocks, dtype, group.device)
+    else:
+        pools = KVPools(layout, sized.blocks, dtype, group.device)
+    return Ranks(group, model, pools, attention_options(settings), settings.prefill_chunk_size), segment
+
+
 @dataclass
 class Runtime:
     settings: Settings
@@ -69,58 +105,38 @@ class Runtime:
     segment: Segment | None
     stats: WorkerStats
     options: AttentionOptions
+    ranks: Ranks  # the model and pools of every rank of the group, in step (one rank: plain calls)
     weight_bytes: int = 0
     _announced: float = 0.0  # monotonic time of the last announce
 
     @classmethod
-    def load(cls, settings: Settings, name: str, stage: str, shared: bool) -> Runtime:
+    def load(cls, settings: Settings, name: str, stage: str, shared: bool, group: Group | None = None) -> Runtime:
         """``name`` identifies the worker in leases and heartbeats (unique per process); ``shared``:
-        pools another process can read (prefill's, unless the handoff goes through Redis)."""
-        path = settings.checkpoint_dir()
-        dtype = torch_dtype(settings)
+        pools another process can read (prefill's, unless the handoff goes through Redis);
+        ``group``: this worker is rank 0 of a tensor-parallel group (the others ``follow``)."""
         name = f"{name}:{uuid.uuid4().hex[:6]}"
         store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)
         registry = Registry(store.r)
         progress = LoadProgress(registry, name, stage)
-        model = load_model(
-            path,
-            dtype,
-            settings.device,
-            progress=False,
-            expert_cache_bytes=settings.expert_cache_mb << 20,
-            on_progress=progress,
-        )
+        ranks, segment = load_ranks(settings, group or Group(device=settings.device), shared, progress)
         progress.done()
+        model, path = ranks.model, settings.checkpoint_dir()
         log.info("%s weight check: %s", name, model.weight_check.summary())
-        if settings.speculative_tokens and not model.mtp:
-            raise ValueError("DAYZERO_SPECULATIVE_TOKENS needs a checkpoint with an MTP layer (mtp.0.*)")
-        layout = PoolLayout.of(model.cfg, settings.block_size, settings.dtype, mtp=settings.speculative_tokens > 0)
-        budget = settings.kv_budget_mb << 20
-        sized = KVPools.from_budget(layout, budget, settings.max_batch, dtype, device="meta")
-        segment = None
-        if shared and settings.handoff == "shm":
-            swept = sweep_stale()
-            if swept:
-                log.warning("unlinked %d pool segment(s) left by dead workers: %s", len(swept), swept)
-            pools, segment = SharedPools.create(layout, sized.blocks, dtype)
-        elif shared and settings.handoff == "cuda_ipc":
-            pools = CudaSharedPools.create(layout, sized.blocks, dtype, settings.device)
-        else:
-            pools = KVPools(layout, sized.blocks, dtype, settings.device)
-        log.info("%s loaded %s: pools %s", name, path, pools.usage())
+        log.info("%s loaded %s on %d rank(s): pools %s", name, path, ranks.size, ranks.pools.usage())
         runtime = cls(
             settings,
             model,
             load_codec(path),
-            pools,
+            ranks.pools,
             store,
             registry,
             name,
             segment,
             WorkerStats(stage),
-            attention_options(settings),
+            ranks.options,
+            ranks,
         )
-        runtime.stats.set(weights_checked=model.weight_check.tensors)
+        runtime.stats.set(weights_checked=model.weight_check.tensors, tensor_parallel=ranks.size)
         runtime.weight_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
         return runtime
 

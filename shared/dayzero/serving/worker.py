@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from celery import signals
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
+from ..parallel.collectives import Group
 from ..settings import Settings
 from ..telemetry import setup_tracing
 from .metrics import serve_metrics
@@ -68,7 +69,10 @@ class LoopStage:
         return self.loop.stop
 
     def run_forever(self) -> None:
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        finally:
+            self.runtime.ranks.stop()  # from the loop's thread, the one that talks to the other ranks
 
     def handle(self, job: Any) -> None:
         self.loop.intake.submit(job).done.wait()
@@ -80,11 +84,14 @@ class LoopStage:
         self.runtime.close()
 
 
-def loop_stage(stage: str, settings: Settings, shared_pools: bool, make_loop: Callable[[Runtime], Any]):
-    """The ``build`` of a StageWorker whose stage is a loop over a Runtime (prefill, decode)."""
+def loop_stage(
+    stage: str, settings: Settings, shared_pools: bool, make_loop: Callable[[Runtime], Any], group: Group | None = None
+):
+    """The ``build`` of a StageWorker whose stage is a loop over a Runtime (prefill, decode);
+    ``group``: the worker is rank 0 of that tensor-parallel group."""
 
     def build(name: str) -> LoopStage:
-        runtime = Runtime.load(settings, name, stage, shared=shared_pools)
+        runtime = Runtime.load(settings, name, stage, shared=shared_pools, group=group)
         return LoopStage(runtime, make_loop(runtime))
 
     return build

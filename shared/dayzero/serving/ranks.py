@@ -1,0 +1,164 @@
+"""What a worker does to its model and pools, done by every rank of its tensor-parallel group
+in the same order.
+
+Rank 0 alone talks to Celery and Redis: it admits, schedules, samples and publishes. Each
+operation that changes the attention state or runs the model goes through ``Ranks``, which
+first tells the other ranks (a ``dayzero.parallel.wire`` message: ids, token ids, patches and
+state as tensors), then does it itself; the others, in ``follow``, do the same operation on
+their own copy. The attention state is replicated (every rank holds all of it), so one rank's
+pools are a sequence's whole state: a state imported on rank 0 (a handoff) is sent to the
+others as its packed blocks, and groups of any sizes hand off to each other.
+
+A failed collective (a rank died, or went silent past the group timeout) ends the process
+(``on_group_failure``, by default exit code 4): the group cannot go on, its requests' leases
+lapse and are re-run elsewhere, and the supervisor restarts the group. With one rank nothing
+is sent and ``Ranks`` is a plain call.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from enum import IntEnum
+
+import torch
+
+from ..kv.handoff import import_state
+from ..kv.pools import KVPools
+from ..model.forward import decode
+from ..model.plan import AttentionOptions
+from ..model.weights import Transformer
+from ..parallel.collectives import Group, GroupFailed
+from ..parallel.wire import Message, receive, send
+from ..sampling import PromptLogprobs
+from .handoff import pack_state, unpack_state
+from .prefill_batch import BatchInput, merged, prefill_batch
+
+log = logging.getLogger("dayzero.ranks")
+
+KEEPALIVE_S = 5.0  # an idle rank 0 still talks this often: the others' waits stay within the timeout
+
+
+class Op(IntEnum):
+    STOP = 0
+    KEEPALIVE = 1
+    RESERVE = 2  # names [seq], ints [tokens]
+    RELEASE = 3  # names [seq]
+    ADOPT = 4  # names [seq], tensors [packed state]: rank 0 imported it from a handoff
+    PREFILL = 5  # names [seqs], ints [n, (tokens, prompt length, images, echo top) per seq, tokens...]
+    DECODE = 6  # names [seqs], ints [input token per seq]
+
+
+def exit_group(exc: GroupFailed) -> None:
+    log.critical("the tensor-parallel group failed (%s); exiting so that it restarts", exc)
+    logging.shutdown()
+    os._exit(4)
+
+
+class Ranks:
+    def __init__(
+        self,
+        group: Group,
+        model: Transformer,
+        pools: KVPools,
+        options: AttentionOptions,
+        chunk_size: int,
+        on_group_failure: Callable[[GroupFailed], None] = exit_group,
+    ) -> None:
+        self.group, self.model, self.pools, self.options, self.chunk_size = group, model, pools, options, chunk_size
+        self.on_group_failure = on_group_failure
+        self._told = time.monotonic()
+
+    @property
+    def size(self) -> int:
+        return self.group.size
+
+    def _tell(self, message: Message) -> None:
+        if self.size > 1:
+            self._guarded(send, self.group, message)
+            self._told = time.monotonic()
+
+    def _guarded(self, fn: Callable, *args):
+        try:
+            return fn(*args)
+        except GroupFailed as exc:
+            self.on_group_failure(exc)
+            raise
+
+    def reserve(self, seq_id: str, tokens: int) -> None:
+        self.pools.reserve(seq_id, tokens)  # OutOfBlocks here: nothing to tell
+        self._tell(Message(Op.RESERVE, [tokens], [seq_id]))
+
+    def release(self, seq_id: str) -> None:
+        if seq_id in self.pools.sequences:
+            self.pools.release(seq_id)
+            self._tell(Message(Op.RELEASE, names=[seq_id]))
+
+    def adopt(self, seq_id: str) -> None:
+        """``seq_id``'s state was just imported into rank 0's pools: the other ranks import it too."""
+        if self.size > 1:
+            packed = torch.frombuffer(bytearray(pack_state(self.pools, seq_id)), dtype=torch.uint8)
+            self._tell(Message(Op.ADOPT, names=[seq_id], tensors=[packed]))
+
+    def prefill(self, inputs: list[BatchInput], source: dict[int, int]) -> list[torch.Tensor]:
+        ints = [len(inputs)]
+        for item in inputs:
+            prompt = len(item.tokens) if item.prompt_length is None else item.prompt_length
+            ints += [len(item.tokens), prompt, int(item.images is not None), item.echo.top if item.echo else -1]
+        ints += [t for item in inputs for t in item.tokens]
+        images = [item.images for item in inputs if item.images is not None]
+        self._tell(Message(Op.PREFILL, ints, [item.seq_id for item in inputs], images))
+        return self._guarded(prefill_batch, self.model, self.pools, inputs, source, self.options, self.chunk_size)
+
+    def decode(self, seq_ids: list[str], tokens: list[int]) -> torch.Tensor:
+        self._tell(Message(Op.DECODE, list(tokens), list(seq_ids)))
+        return self._guarded(decode, self.model, self.pools, seq_ids, tokens, self.options)
+
+    def keepalive(self) -> None:
+        """Rank 0, idle: a message every KEEPALIVE_S (and a dead rank found while idle)."""
+        if self.size > 1 and time.monotonic() - self._told >= KEEPALIVE_S:
+            self._tell(Message(Op.KEEPALIVE))
+
+    def stop(self) -> None:
+        """Rank 0 is done: the others return from ``follow``."""
+        self._tell(Message(Op.STOP))
+
+    def follow(self) -> None:
+        """Ranks 1..N-1: do what rank 0 says until it says stop (a failed collective raises)."""
+        while (message := receive(self.group)).op != Op.STOP:
+            try:
+                self._do(message)
+            except GroupFailed:
+                raise
+            except Exception:  # noqa: BLE001 - rank 0 met the same failure on the same inputs and went on
+                log.exception("rank %d: %s failed", self.group.config.rank, Op(message.op).name)
+
+    def _do(self, message: Message) -> None:
+        op, names, ints = message.op, message.names, message.ints
+        if op == Op.RESERVE:
+            self.pools.reserve(names[0], ints[0])
+        elif op == Op.RELEASE:
+            self.pools.release(names[0])
+        elif op == Op.ADOPT:
+            src, handle = unpack_state(message.tensors[0].cpu().numpy().tobytes(), self.pools)
+            import_state(self.pools, src, handle, names[0])
+        elif op == Op.PREFILL:
+            inputs = _prefill_inputs(ints, names, message.tensors)
+            prefill_batch(self.model, self.pools, inputs, merged(inputs), self.options, self.chunk_size)
+        elif op == Op.DECODE:
+            decode(self.model, self.pools, names, ints, self.options)
+
+
+def _prefill_inputs(ints: list[int], names: list[str], images: list[torch.Tensor]) -> list[BatchInput]:
+    n, patches = ints[0], iter(images)
+    heads, tokens = ints[1 : 1 + 4 * n], ints[1 + 4 * n :]
+    inputs, start = [], 0
+    for i in range(n):
+        length, prompt, has_images, echo = heads[4 * i : 4 * i + 4]
+        row = tokens[start : start + length]
+        start += length
+        image = next(patches) if has_images else None
+        inputs.append(BatchInput(names[i], row, image, PromptLogprobs(echo) if echo >= 0 else None, prompt))
+    return inputs
