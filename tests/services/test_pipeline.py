@@ -8,17 +8,11 @@ import json
 import httpx
 import pytest
 import redis
-import torch
-
-from dayzero.checkpoint import load_model
-from dayzero.kv.pools import pools_for
-from dayzero.sampling import SamplingParams
-from dayzero.tokenizer import TextCodec
 
 from .conftest import (
     MODEL,
+    assert_image_request_equals_in_process_run,
     chat,
-    data_url,
     prompt_ids,
     sse_events,
     stream_text,
@@ -237,47 +231,7 @@ def test_models_health_ready_metrics_and_openapi(stack):
 
 
 def test_text_and_image_request_equals_in_process_multimodal_run(stack, demo_dir):
-    from dayzero.completion import Completion
-    from dayzero.model.forward import decode, prefill
-    from dayzero.settings import Settings
-    from dayzero.vision.encoder import VisionEncoder, load_tower, multimodal_prompt
-    from services.gateway.chat_schemas import ChatCompletionRequest
-    from services.gateway.images import render_chat
-
-    content = [
-        {"type": "text", "text": "what is"},
-        {"type": "image_url", "image_url": {"url": data_url(60, 45, 1)}},
-        {"type": "text", "text": "and"},
-        {"type": "image_url", "image_url": {"url": data_url(30, 90, 2)}},
-    ]
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": 10,
-        "temperature": 0,
-        "ignore_eos": True,
-    }
-    r = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=120)
-    assert r.status_code == 200, r.text
-    served = r.json()
-
-    settings = Settings()
-    model, codec = load_model(demo_dir, progress=False), TextCodec.from_checkpoint(demo_dir)
-    encoder = VisionEncoder(load_tower(demo_dir), settings.patch_spec(), settings.image_limits(), 0)
-    prompt = render_chat(ChatCompletionRequest(**body).messages, settings.image_limits(), settings.patch_spec(), True)
-    image = model.cfg.raw["image_token_id"]
-    ids, embeds = multimodal_prompt(
-        model.embed, codec.chat_ids(prompt.messages), image, encoder.embeddings(prompt.images)
-    )
-    assert served["usage"]["prompt_tokens"] == len(ids)  # placeholders expanded to merged patches
-    pools = pools_for(model.cfg, torch.float32, len(ids) + 10)
-    completion = Completion(codec, SamplingParams(max_tokens=10, ignore_eos=True), (1,), len(ids), 10_000)
-    logits, text = prefill(model, pools, ["s"], [ids], embeds=[embeds])[0], []
-    for _ in range(10):
-        step = completion.accept(int(logits.argmax()))
-        text.append(step.text)
-        logits = decode(model, pools, ["s"], [step.token])[0]
-    assert served["choices"][0]["message"]["content"] == "".join(text)
+    assert_image_request_equals_in_process_run(stack.url, demo_dir)
 
 
 def test_bad_images_are_refused_with_400(stack):

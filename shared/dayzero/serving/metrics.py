@@ -41,6 +41,7 @@ GAUGES = {
         "tokens per drafting step (1 + accepted drafts) since start",
     ),
     "encoder_cache_hit_rate": ("dayzero_encoder_cache_hit_rate", "hits / (hits + misses)"),
+    "tensor_parallel": ("dayzero_tensor_parallel_ranks", "ranks of the worker's group (the model split over them)"),
     "weights_checked": (
         "dayzero_weights_checked_tensors",
         "quantized tensors whose sample decoded sanely at start (finite power-of-two scales, no all-zero expert)",

@@ -1,0 +1,114 @@
+"""Tensor-parallel worker groups end to end: real Redis, gateway and worker processes, each
+prefill / decode worker a group of real gloo ranks. Completions equal the one-rank engine run
+in-process (greedy, fp32; the ranks' sums differ by rounding, far below a logit gap that would
+change a token on these prompts). Float checkpoints: the release's 128x128 FP8 blocks do not
+split at the demo's sizes (FP8 / FP4 splitting is tested in tests/parallel).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import signal
+import time
+
+import httpx
+import psutil
+import pytest
+
+from dayzero.demo import write_demo_checkpoint
+from dayzero.procs import free_port
+
+from .conftest import (
+    MODEL,
+    assert_image_request_equals_in_process_run,
+    engine_completer,
+    pool_usage,
+    prompt_ids,
+    sse_events,
+    start_stack,
+    stream_text,
+    up_process,
+    wait_ready,
+    wait_until,
+)
+
+
+@pytest.fixture(scope="module")
+def vision_dir(tmp_path_factory):
+    return write_demo_checkpoint(tmp_path_factory.mktemp("tp-vision"), vision=True)
+
+
+def test_two_rank_prefill_and_decode_groups_serve_what_one_rank_computes(vision_dir, tmp_path):
+    reference = engine_completer(vision_dir, "cpu")
+    counts, ranks = {"vision": 1, "prefill": 1, "decode": 1}, {"prefill": 2, "decode": 2}
+    stack = start_stack(vision_dir, tmp_path, counts, ranks=ranks)
+    try:
+
+        def one(i: int):
+            body = {"model": MODEL, "prompt": prompt_ids(i), "max_tokens": 10 + i, "temperature": 0, "ignore_eos": True}
+            return stream_text(f"{stack.url}/v1/completions", body)
+
+        with futures.ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(one, range(8)))
+        for i, (text, _, final) in enumerate(results):
+            assert final["usage"]["completion_tokens"] == 10 + i
+            assert text == reference(prompt_ids(i), 10 + i)
+        assert_image_request_equals_in_process_run(stack.url, vision_dir)
+        groups = {s["stage"]: s["gauges"].get("tensor_parallel") for s in pool_usage(stack).values()}
+        assert groups == {"vision": None, "prefill": 2, "decode": 2}
+    finally:
+        stack.stop()
+
+
+def _rank(worker: psutil.Process, index: int) -> psutil.Process:
+    """Rank ``index`` of the group whose rank 0 is ``worker`` (its multiprocessing children)."""
+    ranks = [p for p in worker.children() if "spawn_main" in " ".join(p.cmdline())]
+    assert len(ranks) == 1, [p.cmdline() for p in worker.children()]
+    return ranks[index - 1]
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _worker(up: psutil.Process, name: str) -> psutil.Process | None:
+    return next((p for p in up.children() if p.cmdline()[-2:] == ["--name", name]), None)
+
+
+@pytest.mark.slow
+def test_a_killed_rank_takes_its_group_down_and_the_stream_completes(tmp_path):
+    """``dayzero up --decode-tp 2`` (prefill on one rank: a 1 -> 2 handoff); SIGKILL decode's
+    rank 1 mid-stream: rank 0 exits within seconds, up restarts the group, the request's lease
+    lapses and it is re-run; the client's stream ends with the same greedy tokens."""
+    checkpoint = write_demo_checkpoint(tmp_path / "text")
+    reference = engine_completer(checkpoint, "cpu")
+    port = free_port()
+    up = up_process(checkpoint, tmp_path / "logs", port, "--vision 0 --decode-tp 2")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url, up)
+        supervisor = psutil.Process(up.pid)
+        decode0 = _worker(supervisor, "decode0")
+        victim = _rank(decode0, 1)
+        ids, tokens, killed = prompt_ids(2), [], None
+        body = {"model": MODEL, "prompt": ids, "max_tokens": 48, "temperature": 0, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=180) as r:
+            for _, data in sse_events(r):
+                if data == "[DONE]":
+                    break
+                tokens.append(data["choices"][0]["text"])
+                if len(tokens) == 4:
+                    victim.kill()
+                    killed = time.monotonic()
+                    gone = wait_until(lambda: not _alive(decode0), 15.0)
+                    assert gone, "rank 0 outlived its killed rank 1 by 15 s"
+                    assert time.monotonic() - killed < 15.0
+        assert "".join(tokens) == reference(ids, 48)
+        restarted = _worker(supervisor, "decode0")
+        assert restarted is not None and restarted.pid != decode0.pid
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(timeout=60)
