@@ -19,7 +19,8 @@ def _compose() -> dict:
 def test_each_service_runs_the_entry_point_dayzero_up_runs():
     services = _compose()["services"]
     for name in SERVICES:
-        assert services[name]["command"] == ["dayzero", *service_argv(name)]
+        ranks = len(_gpus(services[name])) if name in ("prefill", "decode") else 1
+        assert services[name]["command"] == ["dayzero", *service_argv(name, ranks)]
         dockerfile = ROOT / services[name]["build"]["dockerfile"]
         assert f'CMD ["dayzero", "serve", "{name}"]' in dockerfile.read_text()
         assert dockerfile.read_text().splitlines()[1] == "FROM base"  # the common base image
@@ -34,15 +35,31 @@ def test_every_environment_variable_is_a_known_setting():
 
 
 def _workers(services: dict) -> dict[str, dict]:
-    """Every container that runs a worker stage (several per stage: one per GPU)."""
-    return {n: svc for n, svc in services.items() if svc.get("command", [""])[-1] in ("vision", "prefill", "decode")}
+    """Every container that runs a worker stage (``dayzero serve <stage> ...``)."""
+    stages = (["vision"], ["prefill"], ["decode"])
+    return {
+        n: svc
+        for n, svc in services.items()
+        if svc.get("command", [])[1:2] == ["serve"] and svc["command"][2:3] in stages
+    }
 
 
-def test_each_worker_computes_on_its_own_gpu_with_a_handoff_that_fits():
+def _gpus(service: dict) -> list[str]:
+    (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+    assert device["capabilities"] == ["gpu"] and "count" not in device  # named GPUs, not "any N"
+    return device["device_ids"]
+
+
+def _ranks(service: dict) -> int:
+    command = service["command"]
+    return int(command[command.index("--tensor-parallel") + 1]) if "--tensor-parallel" in command else 1
+
+
+def test_each_worker_computes_on_its_own_gpus_with_a_handoff_that_fits():
     services = _compose()["services"]
     workers = _workers(services)
-    assert {svc["command"][-1] for svc in workers.values()} == {"vision", "prefill", "decode"}
-    gpus: dict[str, str] = {}
+    assert {svc["command"][2] for svc in workers.values()} == {"vision", "prefill", "decode"}
+    owner: dict[str, str] = {}
     for name, svc in workers.items():
         env = svc["environment"]
         assert env["DAYZERO_DEVICE"].startswith("cuda"), f"{name} would compute on CPU"
@@ -51,21 +68,27 @@ def test_each_worker_computes_on_its_own_gpu_with_a_handoff_that_fits():
             handoff=env["DAYZERO_HANDOFF"],
             attention_backend=env["DAYZERO_ATTENTION_BACKEND"],
         )  # a combination that can start
-        (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
-        assert device["capabilities"] == ["gpu"] and "count" not in device
-        (gpu,) = device["device_ids"]  # one GPU each, named
-        gpus.setdefault(gpu, name)
-        assert gpus[gpu] == name or env["DAYZERO_HANDOFF"] == "cuda_ipc", f"{name} shares GPU {gpu} with {gpus[gpu]}"
-        assert svc["ipc"] == "host" and svc["shm_size"]
-    assert sorted(gpus, key=int) == [str(i) for i in range(8)]  # all eight GPUs of the host in use
-    prefill = {_gpu(s) for s in workers.values() if s["command"][-1] == "prefill"}
-    decode = {_gpu(s) for s in workers.values() if s["command"][-1] == "decode"}
-    if prefill != decode or len(prefill) > 1:  # decode may take any prefill's state: CUDA IPC cannot cross GPUs
+        gpus = _gpus(svc)
+        assert _ranks(svc) == len(gpus), f"{name}: one rank per GPU"
+        assert svc["ipc"] == "host" and svc["shm_size"]  # NCCL between the ranks, the Redis-free paths
+        if svc["command"][2] == "vision":
+            continue  # the small tower may sit beside a model shard
+        for gpu in gpus:
+            assert owner.setdefault(gpu, name) == name, f"{name} shares GPU {gpu} with {owner[gpu]}"
+    assert sorted(owner, key=int) == [str(i) for i in range(8)]  # all eight GPUs of the host hold a shard
+    stages = {svc["command"][2]: set(_gpus(svc)) for svc in workers.values()}
+    if stages["prefill"] != stages["decode"]:  # CUDA IPC cannot cross GPUs
         assert {s["environment"]["DAYZERO_HANDOFF"] for s in workers.values()} == {"redis"}
 
 
-def _gpu(service: dict) -> str:
-    return service["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0]
+def test_the_groups_split_and_fit_deepseek_v4_flash_on_h200s():
+    from dayzero.quant.inspect import inspect
+
+    for name, svc in _workers(_compose()["services"]).items():
+        if svc["command"][2] in ("prefill", "decode"):  # inspect refuses a size that does not split the model
+            report = inspect("deepseek-v4-flash", 1, 65536, 1, 0.0, _ranks(svc)).to_dict()["tensor_parallel"]
+            assert report["fits_h200"], f"{name}: {report['total_gib_per_rank']} GiB per rank"
+            assert _ranks(svc) >= report["smallest_fitting_h200_group"]
 
 
 def test_restart_policies_and_healthchecks_that_test_their_own_container():
@@ -76,7 +99,7 @@ def test_restart_policies_and_healthchecks_that_test_their_own_container():
     assert "127.0.0.1" in " ".join(services["gateway"]["healthcheck"]["test"])
     for name, svc in _workers(services).items():
         check = " ".join(svc["healthcheck"]["test"])
-        assert "inspect ping" in check and f"-d {svc['command'][-1]}@$$(hostname)" in check, name  # its own node
+        assert "inspect ping" in check and f"-d {svc['command'][2]}@$$(hostname)" in check, name  # its own node
     assert services["gateway"]["depends_on"]["redis"]["condition"] == "service_healthy"
 
 

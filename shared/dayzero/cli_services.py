@@ -32,6 +32,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
         launch = launch_from(os.environ, settings.device)  # torchrun's variables: one rank of its group
         if tp > 1 or launch is not None:
+            if settings.speculative_tokens:  # the followers would need each round's accepted drafts
+                raise ValueError("DAYZERO_SPECULATIVE_TOKENS runs on one rank for now: set it to 0 for a group")
             settings = settings.model_copy(update={"tensor_parallel": tp})
             timeout, name = settings.group_timeout_s, args.name
             run_group(

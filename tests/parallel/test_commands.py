@@ -49,3 +49,19 @@ def test_inspect_command_says_the_state_is_replicated(capsys):
     out = capsys.readouterr().out
     assert "tensor parallel 4" in out and "replicated: every rank holds every sequence's whole state" in out
     assert "smallest tensor-parallel group that fits on H200s: 2" in out
+
+
+def test_serve_refuses_groups_it_cannot_run_before_starting_anything(monkeypatch, capsys):
+    """Each refusal comes before a rank, a Redis connection or a weight is touched."""
+    assert cli.main(["serve", "vision", "--tensor-parallel", "2"]) == 2
+    assert "--tensor-parallel is for prefill and decode workers" in capsys.readouterr().err
+    monkeypatch.setenv("DAYZERO_SPECULATIVE_TOKENS", "1")
+    assert cli.main(["serve", "decode", "--tensor-parallel", "2"]) == 2
+    assert "DAYZERO_SPECULATIVE_TOKENS runs on one rank" in capsys.readouterr().err
+    monkeypatch.delenv("DAYZERO_SPECULATIVE_TOKENS")
+    torchrun = {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    for name, value in torchrun.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["serve", "decode", "--tensor-parallel", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "WORLD_SIZE is 4" in err and "--tensor-parallel is 2" in err

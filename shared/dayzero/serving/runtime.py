@@ -65,8 +65,6 @@ def load_ranks(
 ) -> tuple[Ranks, Segment | None]:
     """This rank's share of the model and its pools (``shared``: another process can read them)."""
     dtype = torch_dtype(settings)
-    if settings.speculative_tokens and group.size > 1:
-        raise ValueError("DAYZERO_SPECULATIVE_TOKENS runs on one rank for now: set it to 0 with --tensor-parallel")
     model = load_model(
         settings.checkpoint_dir(),
         dtype,
