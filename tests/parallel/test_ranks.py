@@ -1,6 +1,6 @@
 """A worker group in step over real gloo ranks: rank 0 drives ``Ranks`` as the serving loops do
 (reserve, prefill with an image and an echo, decode, release, a state handed in from a
-one-rank worker); the others ``follow``. The reference is the same checkpoint on one rank in
+one-rank worker and one handed out to it); the others ``follow``. The reference is the same checkpoint on one rank in
 this process: fp32 both ways, 1e-5 as in test_tensor_parallel (ranks sum in another order).
 """
 
@@ -79,11 +79,12 @@ def _serve(group, path) -> dict:
         ranks.reserve(item.seq_id, len(item.tokens) + STEPS)
     logits = ranks.prefill(inputs, merged(inputs))
     one = load_model(path, progress=False)  # a one-rank prefill worker hands over "h"
-    theirs = pools_for(one.cfg, torch.float32, 64)
+    theirs = pools_for(one.cfg, torch.float32, 64, max_sequences=2)
     prefill_batch(one, theirs, [BatchInput("h", [3, 1, 4, 1, 5, 9, 2, 6])], {0: 0}, AttentionOptions(), 4)
     import_state(pools, theirs, export_state(theirs, "h"), "h")
     ranks.adopt("h")
     ranks.reserve("h", 8 + STEPS)
+    import_state(theirs, pools, export_state(pools, "d"), "d")  # and takes "d" back: a 2 -> 1 handoff
     ranks.release("b")
     ids = ["a", "c", "d", "h"]
     tokens = [int(logits[i].argmax()) for i in (0, 2, 3)] + [2]
@@ -93,7 +94,12 @@ def _serve(group, path) -> dict:
         steps.append(out)
         tokens = out.argmax(-1).tolist()
     ranks.stop()
+    handed, token = [], int(logits[3].argmax())
+    for _ in range(STEPS):  # "d" continued on the one-rank worker
+        handed.append(decode(one, theirs, ["d"], [token], AttentionOptions())[0])
+        token = int(handed[-1].argmax())
     return {
+        "handed": torch.stack(handed),
         "prefill": torch.stack(logits),
         "echo": inputs[3].echo.scores,
         "decode": torch.stack(steps),
@@ -120,6 +126,8 @@ def test_a_group_in_step_equals_one_rank(tmp_path):
     path = write_demo_checkpoint(tmp_path, vision=True)  # FP8 blocks (128) do not split at this size
     want, got = _reference(path), run_group(2, _serve, path)
     assert got["b_released"]
+    err = (got["handed"] - want["decode"][:, 2]).abs().max().item()
+    assert err < TOL, f"a state handed from 2 ranks to 1 decodes {err:.2e} away"
     for key in ("prefill", "decode"):
         err = (got[key] - want[key]).abs().max().item()
         assert err < TOL, f"{key}: 2 ranks differ from one by {err:.2e}"
