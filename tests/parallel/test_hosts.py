@@ -30,45 +30,48 @@ RUN_S = 120  # a pair of ranks that has not exited by then has hung: fail, stop 
 
 
 class Hosts:
-    """Two network namespaces ``{tag}a`` and ``{tag}b``, a veth pair between them."""
+    """Two network namespaces ``{tag}a`` and ``{tag}b``, a veth pair between them; ``root``: host 0
+    is this machine's own namespace (where the stack's Redis answers on 127.0.0.1)."""
 
-    def __init__(self, tag: str) -> None:
-        self.names = (f"{tag}a", f"{tag}b")
+    def __init__(self, tag: str, root: bool = False) -> None:
+        self.names = (None if root else f"{tag}a", f"{tag}b")
         self.links = (f"{tag}va", f"{tag}vb")  # interface names: 15 characters at most
 
     def add(self) -> None:
-        for name in self.names:
+        for name in filter(None, self.names):
             _ip("netns", "add", name)
 
     def connect(self) -> None:
         (a, b), (va, vb) = self.names, self.links
-        _ip("link", "add", va, "netns", a, "type", "veth", "peer", "name", vb, "netns", b)
+        _ip("link", "add", va, *(["netns", a] if a else []), "type", "veth", "peer", "name", vb, "netns", b)
         for name, link, address in zip(self.names, self.links, ADDRESSES, strict=True):
-            _ip("-n", name, "addr", "add", f"{address}/30", "dev", link)
-            _ip("-n", name, "link", "set", link, "up")
-            _ip("-n", name, "link", "set", "lo", "up")
+            where = ["-n", name] if name else []
+            _ip(*where, "addr", "add", f"{address}/30", "dev", link)
+            _ip(*where, "link", "set", link, "up")
+            if name:
+                _ip(*where, "link", "set", "lo", "up")
 
     def delete(self) -> None:
-        """Remove both namespaces (and with them the veth pair); the ones never made are skipped."""
-        for name in self.names:
+        """Remove the namespaces (and with them the veth pair); the ones never made are skipped."""
+        for name in filter(None, self.names):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
-    def start(self, host: int, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-        command = ["ip", "netns", "exec", self.names[host], *argv]
-        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def start(self, host: int, argv: list[str], env: dict[str, str], **popen) -> subprocess.Popen:
+        command = ["ip", "netns", "exec", self.names[host], *argv] if self.names[host] else argv
+        io = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen}
+        return subprocess.Popen(command, env=env, **io)
 
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
 
-@pytest.fixture
-def hosts():
+def _hosts(root: bool):
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root")
     if shutil.which("ip") is None:
         pytest.skip("iproute2's `ip` is not installed")
-    made = Hosts(f"dz{os.getpid() % 100000}")
+    made = Hosts(f"dz{os.getpid() % 100000}{'r' if root else ''}", root)
     try:
         made.add()
     except subprocess.CalledProcessError as exc:
@@ -79,6 +82,17 @@ def hosts():
         yield made
     finally:
         made.delete()
+
+
+@pytest.fixture
+def hosts():
+    yield from _hosts(root=False)
+
+
+@pytest.fixture
+def root_and_host():
+    """Host 0 is this namespace, host 1 a namespace of its own, a veth between them."""
+    yield from _hosts(root=True)
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -95,8 +109,9 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             except psutil.NoSuchProcess:
                 continue
         proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def _finish(procs: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
@@ -154,3 +169,60 @@ def test_a_killed_rank_brings_the_other_down_within_seconds(checkpoint_factory):
         (_, out, err), _ = _finish(procs)
     assert rc != 0 and len(out.split(",")) < 3999, err[-2000:]  # it stopped, it did not finish
     assert took < 10, f"rank 0 took {took:.1f} s to fail after rank 1 died"  # closed sockets, not the 30 s timeout
+
+
+@pytest.mark.slow
+def test_a_decode_group_across_two_hosts_serves_one_ranks_completions(root_and_host, tmp_path):
+    """The stack (Redis, gateway, one prefill) here; ``serve decode --tensor-parallel 2`` under
+    torchrun with rank 0 here (it talks to Redis) and rank 1 on the other host (it talks only to
+    rank 0, over the veth). Completions equal the one-rank engine's."""
+    from dayzero.demo import write_demo_checkpoint
+    from dayzero.stack import Stack
+
+    from ..services.conftest import SETTINGS_ENV, engine_completer, prompt_ids, stream_text
+
+    checkpoint = write_demo_checkpoint(tmp_path / "float")  # FP8 blocks do not split at the demo's size
+    reference = engine_completer(checkpoint, "cpu")
+    env = {**SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(checkpoint)}
+    stack = Stack({"vision": 0, "prefill": 1, "decode": 0}, free_port(), tmp_path / "logs", env)
+    stack.start()
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+    meet = ["--master-addr", ADDRESSES[0], "--master-port", str(free_port())]
+    serve = ["-m", "dayzero.cli", "serve", "decode", "--tensor-parallel", "2", "--name", "decode0"]
+    ranks = []
+    try:
+        for node, link in enumerate(root_and_host.links):
+            rank_env = {**stack.env, "GLOO_SOCKET_IFNAME": link}
+            log = (tmp_path / "logs" / f"decode-node{node}.log").open("w")
+            argv = [*torchrun, "--node-rank", str(node), *meet, *serve]
+            ranks.append(root_and_host.start(node, argv, rank_env, stdout=log, stderr=subprocess.STDOUT))
+        stack.wait_ready(timeout_s=180)
+
+        def one(i: int) -> tuple[str, str]:
+            body = {"model": "dayzero-demo", "prompt": prompt_ids(i), "max_tokens": 8 + i, "temperature": 0}
+            text, _, _ = stream_text(f"{stack.url}/v1/completions", {**body, "ignore_eos": True})
+            return text, reference(prompt_ids(i), 8 + i)
+
+        for i in range(3):
+            served, want = one(i)
+            assert served == want
+    finally:
+        stack.stop()
+        stopped = _sigterm_rank_zero(ranks)
+    assert stopped, "the decode group did not end within 60 s of SIGTERM"
+
+
+def _sigterm_rank_zero(ranks: list[subprocess.Popen]) -> bool:
+    """SIGTERM to host 0's torchrun (it passes it to rank 0, whose stop message ends rank 1);
+    whether both ended within 60 s. Whatever still runs is killed."""
+    try:
+        if ranks:
+            ranks[0].send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        for proc in ranks:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+    finally:
+        _stop(ranks)
