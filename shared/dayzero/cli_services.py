@@ -34,6 +34,10 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         if tp > 1 or launch is not None:
             if settings.speculative_tokens:  # the followers would need each round's accepted drafts
                 raise ValueError("DAYZERO_SPECULATIVE_TOKENS runs on one rank for now: set it to 0 for a group")
+            from .config import ModelConfig
+            from .parallel import check_divisible
+
+            check_divisible(ModelConfig.from_file(settings.checkpoint_dir()), tp)  # before any rank starts
             settings = settings.model_copy(update={"tensor_parallel": tp})
             timeout, name = settings.group_timeout_s, args.name
             run_group(
@@ -166,6 +170,13 @@ def _example(url: str, model: str) -> None:
     print()
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_service_commands(sub) -> None:
     """``serve`` and ``up`` on the ``dayzero`` parser's subcommands."""
     with_settings = {"epilog": settings_help(), "formatter_class": argparse.RawDescriptionHelpFormatter}
@@ -174,7 +185,7 @@ def add_service_commands(sub) -> None:
     serve.add_argument("--name", help="worker name (default: the service name)")
     serve.add_argument(
         "--tensor-parallel",
-        type=int,
+        type=_positive,
         metavar="N",
         help="prefill / decode: one worker of N ranks, the model split over them, N local ranks (gloo on CPU, "
         "NCCL on cuda:0..N-1) or, under torchrun, this process as one rank of its group (default: "
@@ -186,8 +197,8 @@ def add_service_commands(sub) -> None:
     up.add_argument("--checkpoint", help="checkpoint directory (default: the built-in demo checkpoint)")
     up.add_argument("--prefill", type=int, default=1, help="prefill workers (default 1)")
     up.add_argument("--decode", type=int, default=1, help="decode workers (default 1)")
-    up.add_argument("--prefill-tp", type=int, default=1, metavar="N", help="ranks per prefill worker (default 1)")
-    up.add_argument("--decode-tp", type=int, default=1, metavar="N", help="ranks per decode worker (default 1)")
+    up.add_argument("--prefill-tp", type=_positive, default=1, metavar="N", help="ranks per prefill worker (default 1)")
+    up.add_argument("--decode-tp", type=_positive, default=1, metavar="N", help="ranks per decode worker (default 1)")
     up.add_argument("--vision", type=int, default=1, help="vision workers (default 1; 0 for a text-only model)")
     up.add_argument("--port", type=int, help="gateway port (default: DAYZERO_PORT or 8000)")
     up.add_argument("--log-dir", default="logs", help="where each service writes its log (default ./logs)")

@@ -51,8 +51,14 @@ def test_inspect_command_says_the_state_is_replicated(capsys):
     assert "smallest tensor-parallel group that fits on H200s: 2" in out
 
 
-def test_serve_refuses_groups_it_cannot_run_before_starting_anything(monkeypatch, capsys):
+def test_serve_refuses_groups_it_cannot_run_before_starting_anything(checkpoint_factory, monkeypatch, capsys):
     """Each refusal comes before a rank, a Redis connection or a weight is touched."""
+    monkeypatch.setenv("DAYZERO_CHECKPOINT", str(checkpoint_factory("tiny")))
+    assert cli.main(["serve", "decode", "--tensor-parallel", "4"]) == 2
+    assert "o_groups 2 cannot be split over 4 ranks" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["up", "--decode-tp", "0"])
+    assert "--decode-tp: must be at least 1, got 0" in capsys.readouterr().err
     assert cli.main(["serve", "vision", "--tensor-parallel", "2"]) == 2
     assert "--tensor-parallel is for prefill and decode workers" in capsys.readouterr().err
     monkeypatch.setenv("DAYZERO_SPECULATIVE_TOKENS", "1")

@@ -73,6 +73,35 @@ def test_a_failed_forward_ends_its_requests_and_frees_their_blocks(demo_dir, red
     assert last[b"e"] == b"prefill failed: RuntimeError"
 
 
+def test_an_image_request_whose_embeddings_are_gone_fails_alone_with_a_clear_error(demo_dir, redis_url):
+    import socket
+
+    from dayzero.serving.messages import TensorRef
+
+    runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill4@test", "prefill", False)
+    sent: list[DecodeJob] = []
+    loop = PrefillLoop(runtime, sent.append)
+    store = Lifecycle.connect(redis_url)
+    request = GenerationRequest(
+        request_id="lost-images", prompt_ids=(0, 8, 8, 6), sampling=SamplingParams(max_tokens=4), created=time.time()
+    )
+    fine = request.model_copy(update={"request_id": "beside-it", "prompt_ids": (0, 5, 6)})
+    gone = TensorRef(transport="shm", location="dz-parked-0-gone", host=socket.gethostname(), shape=(2, 64))
+    for r in (request, fine):
+        store.admit(r, [], "", 60)
+    jobs = (PrefillJob(request=request, embeddings=gone), PrefillJob(request=fine))
+    tickets = [loop.intake.submit(job) for job in jobs]
+    threading.Thread(target=loop.run_forever, daemon=True).start()  # both in one batch
+    try:
+        assert all(t.done.wait(30) for t in tickets)
+    finally:
+        loop.stop.set()
+    assert store.done("lost-images") == "error" and "lost-images" not in runtime.pools.sequences
+    assert [job.request.request_id for job in sent] == ["beside-it"]  # the rest of its batch goes on
+    (_, last), *_ = store.r.xrevrange("dz:tokens:lost-images", count=1)
+    assert last[b"e"].startswith(b"its images' embeddings are gone")
+
+
 def test_identical_prompts_in_a_batch_are_prefilled_once_and_continue_alike(demo_dir, redis_url):
     import torch
 

@@ -154,7 +154,10 @@ def take_tensor(ref: TensorRef, store: Lifecycle) -> torch.Tensor:
         return torch.frombuffer(bytearray(data), dtype=torch.float32, count=count).view(ref.shape).clone()
     if ref.host != socket.gethostname():
         raise LookupError(f"shared-memory tensor lives on host {ref.host}; use handoff=redis across hosts")
-    segment = shared_memory.SharedMemory(name=ref.location)
+    try:
+        segment = shared_memory.SharedMemory(name=ref.location)
+    except FileNotFoundError:  # expired and swept, or its host's vision worker died
+        raise LookupError(f"parked tensor {ref.location} is gone") from None
     try:
         return torch.frombuffer(segment.buf, dtype=torch.float32, count=count).view(ref.shape).clone()
     finally:

@@ -137,7 +137,10 @@ class PrefillLoop:
             try:
                 ready.append((ticket, self._input(ticket.job)))
             except LookupError as exc:  # its image embeddings expired or went with a dead host
-                self._fail_one(ticket, exc)
+                log.error("request %s: %s", ticket.job.request.request_id, exc)
+                self.r.stats.call("prefill", failed=True)
+                self.r.ranks.release(ticket.job.request.request_id)
+                self._settle(ticket, "error", "its images' embeddings are gone (expired or lost with a worker): retry")
         if not ready:
             return
         batch, inputs = [t for t, _ in ready], [item for _, item in ready]
