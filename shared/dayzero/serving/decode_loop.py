@@ -68,8 +68,7 @@ class DecodeLoop:
             except Exception as exc:  # a failed step ends the batch's requests, never the loop
                 self._fail(exc)
         self._beat()
-        if not self.active:
-            self.r.ranks.keepalive()
+        self.r.ranks.keepalive()  # only when the group has heard nothing for a while
         if self.waiting and not self.active:
             self.stop.wait(0.05)  # waiting for blocks or a handoff
 

@@ -55,8 +55,7 @@ class PrefillLoop:
                 raise
             except Exception as exc:  # a failed forward ends its requests, never the loop
                 self._fail(self._unsettled(taken), exc)
-        else:
-            self.r.ranks.keepalive()
+        self.r.ranks.keepalive()  # idle, or every request waiting for blocks: the other ranks still hear
 
     def _fail(self, batch: list[Ticket[PrefillJob]], exc: Exception) -> None:
         log.exception("prefill of %d request(s) failed", len(batch))
