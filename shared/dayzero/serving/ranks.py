@@ -38,7 +38,7 @@ from .prefill_batch import BatchInput, merged, prefill_batch
 
 log = logging.getLogger("dayzero.ranks")
 
-KEEPALIVE_S = 5.0  # an idle rank 0 still talks this often: the others' waits stay within the timeout
+KEEPALIVE_S = 5.0  # an idle rank 0 still talks this often (at most): the others' waits stay within the timeout
 
 
 class Op(IntEnum):
@@ -66,9 +66,10 @@ class Ranks:
         options: AttentionOptions,
         chunk_size: int,
         on_group_failure: Callable[[GroupFailed], None] = exit_group,
+        keepalive_s: float = KEEPALIVE_S,
     ) -> None:
         self.group, self.model, self.pools, self.options, self.chunk_size = group, model, pools, options, chunk_size
-        self.on_group_failure = on_group_failure
+        self.on_group_failure, self.keepalive_s = on_group_failure, keepalive_s
         self._told = time.monotonic()
 
     @property
@@ -117,8 +118,9 @@ class Ranks:
         return self._guarded(decode, self.model, self.pools, seq_ids, tokens, self.options)
 
     def keepalive(self) -> None:
-        """Rank 0, idle: a message every KEEPALIVE_S (and a dead rank found while idle)."""
-        if self.size > 1 and time.monotonic() - self._told >= KEEPALIVE_S:
+        """Rank 0: a message when the others heard nothing for ``keepalive_s`` (a dead rank is
+        found while idle too)."""
+        if self.size > 1 and time.monotonic() - self._told >= self.keepalive_s:
             self._tell(Message(Op.KEEPALIVE))
 
     def stop(self) -> None:

@@ -23,7 +23,7 @@ from ..settings import Settings
 from ..tokenizer import IdsOnlyCodec, TextCodec, load_codec
 from .lifecycle import Lifecycle
 from .metrics import WorkerStats
-from .ranks import Ranks
+from .ranks import KEEPALIVE_S, Ranks
 from .registry import Registry
 
 log = logging.getLogger("dayzero.worker")
@@ -88,7 +88,9 @@ def load_ranks(
         pools = CudaSharedPools.create(layout, sized.blocks, dtype, group.device)
     else:
         pools = KVPools(layout, sized.blocks, dtype, group.device)
-    return Ranks(group, model, pools, attention_options(settings), settings.prefill_chunk_size), segment
+    keepalive = min(KEEPALIVE_S, settings.group_timeout_s / 4)
+    options, chunk = attention_options(settings), settings.prefill_chunk_size
+    return Ranks(group, model, pools, options, chunk, keepalive_s=keepalive), segment
 
 
 @dataclass
