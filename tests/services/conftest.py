@@ -250,3 +250,19 @@ def assert_image_request_equals_in_process_run(url: str, checkpoint) -> None:
         text.append(step.text)
         logits = decode(model, pools, ["s"], [step.token])[0]
     assert served["choices"][0]["message"]["content"] == "".join(text)
+
+
+def assert_concurrent_streams_equal_reference(url: str, reference, streams: int, base_tokens: int) -> None:
+    """``streams`` concurrent streamed completions of growing prompts and lengths: each one's text
+    equals ``reference`` (the in-process engine) and its usage counts its tokens."""
+    import concurrent.futures as futures
+
+    def one(i: int):
+        body = {"model": MODEL, "prompt": prompt_ids(i), "max_tokens": base_tokens + i, "temperature": 0}
+        return stream_text(f"{url}/v1/completions", {**body, "ignore_eos": True})
+
+    with futures.ThreadPoolExecutor(streams) as pool:
+        results = list(pool.map(one, range(streams)))
+    for i, (text, _, final) in enumerate(results):
+        assert final["usage"]["completion_tokens"] == base_tokens + i
+        assert text == reference(prompt_ids(i), base_tokens + i)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures as futures
 import json
 
 import httpx
@@ -11,6 +10,7 @@ import redis
 
 from .conftest import (
     MODEL,
+    assert_concurrent_streams_equal_reference,
     assert_image_request_equals_in_process_run,
     chat,
     prompt_ids,
@@ -42,15 +42,7 @@ def test_chat_stream_and_body_agree(stack):
 
 
 def test_sixteen_concurrent_streams_on_two_decode_workers(stack, reference):
-    def one(i: int):
-        body = {"model": MODEL, "prompt": prompt_ids(i), "max_tokens": 12 + i, "temperature": 0, "ignore_eos": True}
-        return stream_text(f"{stack.url}/v1/completions", body)
-
-    with futures.ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(one, range(16)))
-    for i, (text, _, final) in enumerate(results):
-        assert final["usage"]["completion_tokens"] == 12 + i
-        assert text == reference(prompt_ids(i), 12 + i)
+    assert_concurrent_streams_equal_reference(stack.url, reference, streams=16, base_tokens=12)
 
     workers = redis.Redis.from_url(stack.redis_url).hgetall("dz:workers:decode")
     assert len(workers) == 2

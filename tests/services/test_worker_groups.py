@@ -7,7 +7,6 @@ split at the demo's sizes (FP8 / FP4 splitting is tested in tests/parallel).
 
 from __future__ import annotations
 
-import concurrent.futures as futures
 import signal
 import time
 
@@ -20,13 +19,13 @@ from dayzero.procs import free_port
 
 from .conftest import (
     MODEL,
+    assert_concurrent_streams_equal_reference,
     assert_image_request_equals_in_process_run,
     engine_completer,
     pool_usage,
     prompt_ids,
     sse_events,
     start_stack,
-    stream_text,
     up_process,
     wait_ready,
     wait_until,
@@ -43,16 +42,7 @@ def test_two_rank_prefill_and_decode_groups_serve_what_one_rank_computes(vision_
     counts, ranks = {"vision": 1, "prefill": 1, "decode": 1}, {"prefill": 2, "decode": 2}
     stack = start_stack(vision_dir, tmp_path, counts, ranks=ranks)
     try:
-
-        def one(i: int):
-            body = {"model": MODEL, "prompt": prompt_ids(i), "max_tokens": 10 + i, "temperature": 0, "ignore_eos": True}
-            return stream_text(f"{stack.url}/v1/completions", body)
-
-        with futures.ThreadPoolExecutor(8) as pool:
-            results = list(pool.map(one, range(8)))
-        for i, (text, _, final) in enumerate(results):
-            assert final["usage"]["completion_tokens"] == 10 + i
-            assert text == reference(prompt_ids(i), 10 + i)
+        assert_concurrent_streams_equal_reference(stack.url, reference, streams=8, base_tokens=10)
         assert_image_request_equals_in_process_run(stack.url, vision_dir)
         groups = {s["stage"]: s["gauges"].get("tensor_parallel") for s in pool_usage(stack).values()}
         assert groups == {"vision": None, "prefill": 2, "decode": 2}
