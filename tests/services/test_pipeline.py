@@ -60,7 +60,8 @@ def test_256_concurrent_streams_each_complete_or_get_429(stack):
             return "refused" if r.headers["retry-after"] and '"rate_limit_error"' in "".join(lines) else "?"
         data = [line for line in lines if line.startswith("data:")]
         final = json.loads(data[-2][5:])
-        return "completed" if data[-1] == "data: [DONE]" and final["choices"][0]["finish_reason"] else str(final)
+        finished = "choices" in final and final["choices"][0]["finish_reason"]  # else an error event: say which
+        return "completed" if data[-1] == "data: [DONE]" and finished else str(final)
 
     async def run() -> list[str]:  # bounded: keep-alives would hold a stuck stream open forever
         async with httpx.AsyncClient(limits=httpx.Limits(max_connections=300), timeout=300) as client:
