@@ -99,6 +99,24 @@ def sparse_attention_torch(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeWindow:
+    """What every layer's decode step shares about the window (plan once, run per layer):
+    blocks [B, wb] long ring blocks of each sequence; hidden [B, C + 1] bool, true where a ring slot
+    (then the new token itself, last) is outside the sequence's window."""
+
+    blocks: torch.Tensor
+    hidden: torch.Tensor
+
+    @staticmethod
+    def build(batch: RaggedBatch, window_table: torch.Tensor, block_size: int, window_size: int) -> DecodeWindow:
+        pos = batch.positions.long()[:, None]  # [B, 1] the new token's position = the sequence's start
+        capacity = window_table.shape[1] * block_size
+        key_pos = torch.cat((_ring_positions(pos, capacity, pos.device), pos), dim=1)  # [B, C + 1]
+        delta = pos - key_pos
+        return DecodeWindow(window_table.long(), (key_pos < 0) | (delta < 0) | (delta >= window_size))
+
+
 def sparse_decode_torch(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -108,17 +126,14 @@ def sparse_decode_torch(
     window_size: int,
     sink: torch.Tensor,
     compressed: CompressedKeys | None,
+    ring: DecodeWindow | None = None,
 ) -> torch.Tensor:
     """``sparse_attention_torch`` for one new token per sequence, every sequence at once (the CPU
     decode path: no loop over sequences). Tested equal to the spec."""
     b, _, dim = q.shape
-    capacity = window_table.shape[1] * window.shape[1]
-    pos = batch.positions.long()  # the new token's position = the sequence's start
-    ring_pos = _ring_positions(pos[:, None], capacity, q.device)  # [B, C]
-    values = torch.cat((window[window_table.long()].reshape(b, capacity, -1), kv[:, None]), dim=1).float()
-    key_pos = torch.cat((ring_pos, pos[:, None]), dim=1)
-    delta = pos[:, None] - key_pos
-    hidden = (key_pos < 0) | (delta < 0) | (delta >= window_size)  # [B, C + 1]
+    ring = ring or DecodeWindow.build(batch, window_table, window.shape[1], window_size)
+    values = torch.cat((window[ring.blocks].flatten(1, 2), kv[:, None]), dim=1).float()  # [B, C + 1, D]
+    hidden = ring.hidden
     if compressed is not None:
         if compressed.indices is not None:
             entries = compressed.indices.long()  # [B, K], -1 = none
@@ -129,10 +144,10 @@ def sparse_decode_torch(
             unseen = entries >= compressed.visible[:, None]
         values = torch.cat((values, _entries(compressed.pool, compressed.table, entries.clamp(min=0))), dim=1)
         hidden = torch.cat((hidden, unseen), dim=1)
-    logits = torch.einsum("bhd,bkd->bhk", q.float(), values).masked_fill(hidden[:, None], float("-inf"))
-    logits = logits * dim**-0.5
+    logits = torch.bmm(q.float(), values.transpose(1, 2)).masked_fill_(hidden[:, None], float("-inf"))
+    logits = logits.mul_(dim**-0.5)
     probs = torch.cat((logits, sink.float().view(1, -1, 1).expand(b, -1, 1)), dim=-1).softmax(dim=-1)[..., :-1]
-    return torch.einsum("bhk,bkd->bhd", probs, values).to(q.dtype)
+    return torch.bmm(probs, values).to(q.dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,12 +242,14 @@ def sparse_attention_decode(
     compressed: CompressedKeys | None,
     backend: Backend = "torch",
     keys_per_split: int = 256,
+    ring: DecodeWindow | None = None,
 ) -> torch.Tensor:
-    """Exactly one new token per sequence; the triton kernel splits the keys (flash-decoding)."""
+    """Exactly one new token per sequence; the triton kernel splits the keys (flash-decoding).
+    ``ring``: the step's window metadata, built once for all layers (torch backend; else built here)."""
     if any(n != 1 for n in batch.news):
         raise ValueError("decode takes exactly one new token per sequence")
     if backend == "torch":
-        return sparse_decode_torch(q, kv, batch, window, window_table, window_size, sink, compressed)
+        return sparse_decode_torch(q, kv, batch, window, window_table, window_size, sink, compressed, ring)
     launch = _launch(q, kv, window, window_table, window_size, compressed)
     n_seq, heads, dim = q.shape
     extra = {0: 0, 1: launch.slots, 2: launch.visible_max}[launch.mode]
