@@ -21,7 +21,7 @@ import triton
 from .attention_triton import decode_split_kernel, prefill_kernel
 from .batch import Backend, RaggedBatch
 
-_NEG = -1.0e30
+QUERY_BLOCK = 256  # query rows the torch spec attends together
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +52,47 @@ def _entries(pool: torch.Tensor, table: torch.Tensor, e: torch.Tensor) -> torch.
     return pool[blocks, e % bs].float()
 
 
+def _attend_block(
+    q: torch.Tensor,
+    pos: torch.Tensor,
+    keys: torch.Tensor,
+    key_pos: torch.Tensor,
+    window_size: int,
+    sink: torch.Tensor,
+    compressed: CompressedKeys | None,
+    table: torch.Tensor,
+    rows: slice,
+) -> torch.Tensor:
+    """Queries q [L, H, D] at positions pos [L] of one sequence over window keys [K, D] at key_pos [K]
+    (negative: never written), plus the compressed entries of ``rows`` (``table``: the sequence's
+    row) and the sink -> [L, H, D] fp32."""
+    delta = pos[:, None] - key_pos[None, :]
+    allowed = (key_pos[None, :] >= 0) & (delta >= 0) & (delta < window_size)
+    logits = torch.matmul(q.float(), keys.float().T)  # [L, H, K]
+    logits = logits.masked_fill(~allowed[:, None, :], float("-inf"))
+    c_logits, c_values = None, None
+    if compressed is not None and compressed.indices is not None:
+        sel = compressed.indices[rows].long()  # [L, K], per-query entries
+        c_values = _entries(compressed.pool, table, sel.clamp(min=0))  # [L, K, D]
+        c_logits = torch.bmm(q.float(), c_values.transpose(1, 2))  # [L, H, K]
+        c_logits = c_logits.masked_fill((sel < 0)[:, None, :], float("-inf"))
+    elif compressed is not None:
+        e = torch.arange(int(compressed.visible[rows].max()), device=q.device)  # causal prefix, shared
+        c_values = _entries(compressed.pool, table, e)  # [N, D]
+        c_logits = torch.matmul(q.float(), c_values.T)  # [L, H, N]
+        c_logits = c_logits.masked_fill((e[None, :] >= compressed.visible[rows, None])[:, None, :], float("-inf"))
+    if c_logits is not None:
+        logits = torch.cat((logits, c_logits), dim=-1)
+    logits = logits * q.shape[-1] ** -0.5
+    sinks = sink.float().view(1, -1, 1).expand(logits.shape[0], -1, 1)
+    probs = torch.cat((logits, sinks), dim=-1).softmax(dim=-1)[..., :-1]
+    result = torch.matmul(probs[..., : keys.shape[0]], keys.float())
+    if c_values is not None:
+        c_probs = probs[..., keys.shape[0] :]
+        result = result + torch.matmul(c_probs, c_values)  # [L,H,K]@[L,K,D] or [L,H,N]@[N,D]
+    return result
+
+
 def sparse_attention_torch(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -62,40 +103,25 @@ def sparse_attention_torch(
     sink: torch.Tensor,
     compressed: CompressedKeys | None,
 ) -> torch.Tensor:
-    """The spec: one sequence at a time, explicit gathers and masks."""
+    """The spec: one sequence at a time, ``QUERY_BLOCK`` of its queries at a time, explicit gathers
+    and masks. A block reads the keys its window can reach: the step's rows from ``window_size - 1``
+    before its first query, and the ring while that reaches before the step."""
     out = torch.empty_like(q)
     capacity = window_table.shape[1] * window.shape[1]
     for s in range(batch.num_seqs):
-        rows, start = batch.rows(s), batch.starts[s]
-        pos = batch.positions[rows].long()
+        row0, end, start = batch.row0s[s], batch.row0s[s] + batch.news[s], batch.starts[s]
         ring = window[window_table[s].long()].reshape(capacity, -1)
-        keys = torch.cat((ring, kv[rows]))
-        key_pos = torch.cat((_ring_positions(start, capacity, q.device), pos))
-        delta = pos[:, None] - key_pos[None, :]
-        allowed = (key_pos[None, :] >= 0) & (delta >= 0) & (delta < window_size)
-        logits = torch.matmul(q[rows].float(), keys.float().T)  # [L, H, K]
-        logits = logits.masked_fill(~allowed[:, None, :], float("-inf"))
-        c_logits, c_values = None, None
-        if compressed is not None and compressed.indices is not None:
-            sel = compressed.indices[rows].long()  # [L, K], per-query entries
-            c_values = _entries(compressed.pool, compressed.table[s], sel.clamp(min=0))  # [L, K, D]
-            c_logits = torch.einsum("lhd,lkd->lhk", q[rows].float(), c_values)
-            c_logits = c_logits.masked_fill((sel < 0)[:, None, :], float("-inf"))
-        elif compressed is not None:
-            e = torch.arange(int(compressed.visible[rows].max()), device=q.device)  # causal prefix, shared
-            c_values = _entries(compressed.pool, compressed.table[s], e)  # [N, D]
-            c_logits = torch.matmul(q[rows].float(), c_values.T)  # [L, H, N]
-            c_logits = c_logits.masked_fill((e[None, :] >= compressed.visible[rows, None])[:, None, :], float("-inf"))
-        if c_logits is not None:
-            logits = torch.cat((logits, c_logits), dim=-1)
-        logits = logits * q.shape[-1] ** -0.5
-        sinks = sink.float().view(1, -1, 1).expand(logits.shape[0], -1, 1)
-        probs = torch.cat((logits, sinks), dim=-1).softmax(dim=-1)[..., :-1]
-        result = torch.matmul(probs[..., : keys.shape[0]], keys.float())
-        if c_values is not None:
-            c_probs = probs[..., keys.shape[0] :]
-            result = result + torch.matmul(c_probs, c_values)  # [L,H,K]@[L,K,D] or [L,H,N]@[N,D]
-        out[rows] = result.to(q.dtype)
+        ring_pos = _ring_positions(start, capacity, q.device)
+        table = compressed.table[s] if compressed is not None else None
+        for r0 in range(row0, end, QUERY_BLOCK):
+            rows, first = slice(r0, min(r0 + QUERY_BLOCK, end)), max(row0, r0 - window_size + 1)
+            keys, key_pos = kv[first : rows.stop], batch.positions[first : rows.stop].long()
+            if first == row0:  # the block's window reaches before the step: the ring too
+                keys, key_pos = torch.cat((ring, keys)), torch.cat((ring_pos, key_pos))
+            pos = batch.positions[rows].long()
+            out[rows] = _attend_block(q[rows], pos, keys, key_pos, window_size, sink, compressed, table, rows).to(
+                q.dtype
+            )
     return out
 
 
