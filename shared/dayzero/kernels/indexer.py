@@ -158,10 +158,12 @@ def _sequence_keys(keys: torch.Tensor, blocks: list[int], count: int) -> torch.T
     return keys[torch.tensor(used, device=keys.device)].flatten(0, 1)[:count]
 
 
-def _masked(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    """-inf where entry >= the row's visible count; ``scores`` [R, n]."""
-    entry = torch.arange(scores.shape[1], device=scores.device)
-    return scores.masked_fill_(entry[None, :] >= visible[:, None], float("-inf"))
+def _masked(scores: torch.Tensor, visible: torch.Tensor, least: int) -> torch.Tensor:
+    """-inf where entry >= the row's visible count; ``scores`` [R, n]. Every row sees the first
+    ``least`` entries (min of ``visible``), so only the columns after them are masked."""
+    entry = torch.arange(least, scores.shape[1], device=scores.device)
+    scores[:, least:].masked_fill_(entry[None, :] >= visible[:, None], float("-inf"))
+    return scores
 
 
 def _torch_blocks(q, weights, batch, keys, table, visible, visible_max, rows_max):
@@ -186,7 +188,7 @@ def _torch_blocks(q, weights, batch, keys, table, visible, visible_max, rows_max
             if count == 0:  # nothing visible yet: the output's -1 stands
                 continue
             scores = _scores_in_pieces(q[rows], weights[rows], _sequence_keys(keys, tables[s], count))
-            yield rows, _masked(scores, visible[rows])
+            yield rows, _masked(scores, visible[rows], int(visible[rows].min()))
 
 
 def _triton_blocks(q, weights, batch, keys, table, visible, visible_max, rows_max):
@@ -201,13 +203,14 @@ def earliest_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
     """[R, k] long entry ids of the ``k`` highest scores of each row of [R, n], ordered by (score
     descending, entry ascending): a stable full sort's first ``k``; -1 for -inf scores.
 
-    ``topk`` picks the set; only rows where it could differ from the stable sort (a finite tie
-    at the k-th score, or two equal finite scores inside the selection) are sorted."""
-    if scores.shape[1] < k:
-        scores = torch.cat((scores, scores.new_full((scores.shape[0], k - scores.shape[1]), float("-inf"))), 1)
-    vals, idx = scores.topk(k, dim=1)
-    kth = vals[:, -1:]
-    boundary = ((scores >= kth).sum(dim=1) > k) & torch.isfinite(kth[:, 0])
+    ``topk`` picks the set (the k + 1 highest: a tie at the k-th score is the (k + 1)-th equal to
+    it); only rows where it could differ from the stable sort (a finite tie at the k-th score, or
+    two equal finite scores inside the selection) are sorted."""
+    if scores.shape[1] <= k:
+        scores = torch.cat((scores, scores.new_full((scores.shape[0], k + 1 - scores.shape[1]), float("-inf"))), 1)
+    vals, idx = scores.topk(k + 1, dim=1)
+    after, vals, idx = vals[:, k], vals[:, :k], idx[:, :k]
+    boundary = (after == vals[:, -1]) & torch.isfinite(after)
     inner = ((vals[:, 1:] == vals[:, :-1]) & torch.isfinite(vals[:, 1:])).any(dim=1)
     tied = (boundary | inner).nonzero()[:, 0]
     if tied.numel():
