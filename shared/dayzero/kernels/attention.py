@@ -60,7 +60,7 @@ def _attend_block(
     window_size: int,
     sink: torch.Tensor,
     compressed: CompressedKeys | None,
-    table: torch.Tensor,
+    table: torch.Tensor | None,
     rows: slice,
 ) -> torch.Tensor:
     """Queries q [L, H, D] at positions pos [L] of one sequence over window keys [K, D] at key_pos [K]
@@ -119,9 +119,8 @@ def sparse_attention_torch(
             if first == row0:  # the block's window reaches before the step: the ring too
                 keys, key_pos = torch.cat((ring, keys)), torch.cat((ring_pos, key_pos))
             pos = batch.positions[rows].long()
-            out[rows] = _attend_block(q[rows], pos, keys, key_pos, window_size, sink, compressed, table, rows).to(
-                q.dtype
-            )
+            block = _attend_block(q[rows], pos, keys, key_pos, window_size, sink, compressed, table, rows)
+            out[rows] = block.to(q.dtype)
     return out
 
 
