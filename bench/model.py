@@ -1,17 +1,20 @@
 """Prefill and decode tokens/s: dayzero vs transformers on the built-in tiny checkpoint.
 
 Batch 1, 512 prompt tokens, 64 new tokens (greedy), fp32 on CPU; median of several runs,
-both engines measured side by side in one process. Run: ``python bench/model.py``.
+both engines measured side by side in one process; then the aten ops each engine dispatches per
+decode step (counted, not timed). Run: ``python bench/model.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import tempfile
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dayzero.checkpoint import load_model
 from dayzero.demo import write_demo_checkpoint
@@ -19,19 +22,32 @@ from dayzero.kv.pools import pools_for
 from dayzero.model.forward import decode, prefill
 
 
-def dayzero_run(model, prompt: list[int], new: int) -> tuple[float, float]:
+class OpCount(TorchDispatchMode):
+    """Counts the aten ops dispatched inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def dayzero_run(model, prompt: list[int], new: int, counter: OpCount | None = None) -> tuple[float, float]:
     pools = pools_for(model.cfg, torch.float32, len(prompt) + new)
     start = time.perf_counter()
     logits = prefill(model, pools, ["s"], [prompt])[0]
     prefill_s = time.perf_counter() - start
     start = time.perf_counter()
-    for _ in range(new):
-        logits = decode(model, pools, ["s"], [int(logits.argmax())])[0]
+    with counter or contextlib.nullcontext():
+        for _ in range(new):
+            logits = decode(model, pools, ["s"], [int(logits.argmax())])[0]
     return prefill_s, time.perf_counter() - start
 
 
 @torch.inference_mode()
-def transformers_run(ref, prompt: list[int], new: int) -> tuple[float, float]:
+def transformers_run(ref, prompt: list[int], new: int, counter: OpCount | None = None) -> tuple[float, float]:
     from transformers import DynamicCache
 
     cache = DynamicCache(config=ref.config)
@@ -39,8 +55,9 @@ def transformers_run(ref, prompt: list[int], new: int) -> tuple[float, float]:
     logits = ref(torch.tensor([prompt]), cache=cache, use_cache=True).logits[0, -1]
     prefill_s = time.perf_counter() - start
     start = time.perf_counter()
-    for _ in range(new):
-        logits = ref(torch.tensor([[int(logits.argmax())]]), cache=cache, use_cache=True).logits[0, -1]
+    with counter or contextlib.nullcontext():
+        for _ in range(new):
+            logits = ref(torch.tensor([[int(logits.argmax())]]), cache=cache, use_cache=True).logits[0, -1]
     return prefill_s, time.perf_counter() - start
 
 
@@ -80,6 +97,11 @@ def main() -> None:
     p_ratio = rates["dayzero"][0] / rates["transformers"][0]
     d_ratio = rates["dayzero"][1] / rates["transformers"][1]
     print(f"| {'ratio dz/tf':<13} | {p_ratio:12.2f}x | {d_ratio:11.2f}x |")
+    counts = {name: OpCount() for name in results}
+    dayzero_run(ours, prompt, args.new_tokens, counts["dayzero"])
+    transformers_run(ref, prompt, args.new_tokens, counts["transformers"])
+    per_step = ", ".join(f"{name} {c.ops / args.new_tokens:.0f}" for name, c in counts.items())
+    print(f"aten ops per decode step: {per_step}")
 
 
 if __name__ == "__main__":

@@ -82,6 +82,20 @@ def test_batched_decode_twin_equals_the_spec(mode, device, tol):
     assert (sparse_decode_torch(*args) - sparse_attention_torch(*args)).abs().max().item() < tol
 
 
+@pytest.mark.parametrize("mode", ["none", "visible", "indices"])
+def test_spec_query_blocks_read_every_key_a_window_reaches(mode, device, tol, monkeypatch):
+    """Blocks of 2 or 5 queries (some reaching the ring, some only the step's rows) = one block."""
+    from dayzero.kernels import attention
+
+    sc = _scenario(device, starts=[0, 5, 37], news=[13, 1, 11], seed=9)
+    sel = _selection(sc, mode)
+    args = (sc["q"], sc["kv"], sc["batch"], sc["window"], sc["window_table"], WINDOW, sc["sink"], sel)
+    whole = attention.sparse_attention_torch(*args)
+    for block in (2, 5):
+        monkeypatch.setattr(attention, "QUERY_BLOCK", block)
+        assert (attention.sparse_attention_torch(*args) - whole).abs().max().item() < tol
+
+
 def test_decode_and_prefill_twins_agree_on_single_tokens(device, tol):
     sc = _scenario(device, starts=[9, 2], news=[1, 1], seed=2)
     sel = _selection(sc, "indices")
@@ -118,6 +132,21 @@ def test_indexer_topk_matches_twin_and_full_sort(topk, device):
         expect = sorted(e for e in expect.tolist() if e < visible[row])
         assert sorted(e for e in got[row].tolist() if e >= 0) == expect
         assert sorted(e for e in want[row].tolist() if e >= 0) == expect
+
+
+def test_indexer_scores_a_row_at_a_time_as_in_one_piece(monkeypatch):
+    """The torch twin's cache-sized pieces of rows (here one row each) change no selection."""
+    from dayzero.kernels import indexer
+
+    gen = torch.Generator().manual_seed(12)
+    batch = RaggedBatch.build([3, 40], [9, 6])
+    q, w = torch.randn(15, 4, 8, generator=gen), torch.randn(15, 4, generator=gen)
+    keys = torch.randn(30, BS, 8, generator=gen)
+    table = torch.arange(30, dtype=torch.int32).view(2, 15)
+    visible = torch.div(batch.positions + 1, 4, rounding_mode="floor").to(torch.int32)
+    whole = indexer_topk(q, w, batch, keys, table, visible, 3)
+    monkeypatch.setattr(indexer, "HEADS_BUDGET", 1)
+    assert torch.equal(indexer_topk(q, w, batch, keys, table, visible, 3), whole)
 
 
 def test_earliest_topk_is_a_stable_sorts_prefix():

@@ -21,7 +21,7 @@ import triton
 from .attention_triton import decode_split_kernel, prefill_kernel
 from .batch import Backend, RaggedBatch
 
-_NEG = -1.0e30
+QUERY_BLOCK = 256  # query rows the torch spec attends together
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +52,47 @@ def _entries(pool: torch.Tensor, table: torch.Tensor, e: torch.Tensor) -> torch.
     return pool[blocks, e % bs].float()
 
 
+def _attend_block(
+    q: torch.Tensor,
+    pos: torch.Tensor,
+    keys: torch.Tensor,
+    key_pos: torch.Tensor,
+    window_size: int,
+    sink: torch.Tensor,
+    compressed: CompressedKeys | None,
+    table: torch.Tensor | None,
+    rows: slice,
+) -> torch.Tensor:
+    """Queries q [L, H, D] at positions pos [L] of one sequence over window keys [K, D] at key_pos [K]
+    (negative: never written), plus the compressed entries of ``rows`` (``table``: the sequence's
+    row) and the sink -> [L, H, D] fp32."""
+    delta = pos[:, None] - key_pos[None, :]
+    allowed = (key_pos[None, :] >= 0) & (delta >= 0) & (delta < window_size)
+    logits = torch.matmul(q.float(), keys.float().T)  # [L, H, K]
+    logits = logits.masked_fill(~allowed[:, None, :], float("-inf"))
+    c_logits, c_values = None, None
+    if compressed is not None and compressed.indices is not None:
+        sel = compressed.indices[rows].long()  # [L, K], per-query entries
+        c_values = _entries(compressed.pool, table, sel.clamp(min=0))  # [L, K, D]
+        c_logits = torch.bmm(q.float(), c_values.transpose(1, 2))  # [L, H, K]
+        c_logits = c_logits.masked_fill((sel < 0)[:, None, :], float("-inf"))
+    elif compressed is not None:
+        e = torch.arange(int(compressed.visible[rows].max()), device=q.device)  # causal prefix, shared
+        c_values = _entries(compressed.pool, table, e)  # [N, D]
+        c_logits = torch.matmul(q.float(), c_values.T)  # [L, H, N]
+        c_logits = c_logits.masked_fill((e[None, :] >= compressed.visible[rows, None])[:, None, :], float("-inf"))
+    if c_logits is not None:
+        logits = torch.cat((logits, c_logits), dim=-1)
+    logits = logits * q.shape[-1] ** -0.5
+    sinks = sink.float().view(1, -1, 1).expand(logits.shape[0], -1, 1)
+    probs = torch.cat((logits, sinks), dim=-1).softmax(dim=-1)[..., :-1]
+    result = torch.matmul(probs[..., : keys.shape[0]], keys.float())
+    if c_values is not None:
+        c_probs = probs[..., keys.shape[0] :]
+        result = result + torch.matmul(c_probs, c_values)  # [L,H,K]@[L,K,D] or [L,H,N]@[N,D]
+    return result
+
+
 def sparse_attention_torch(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -62,41 +103,43 @@ def sparse_attention_torch(
     sink: torch.Tensor,
     compressed: CompressedKeys | None,
 ) -> torch.Tensor:
-    """The spec: one sequence at a time, explicit gathers and masks."""
+    """The spec: one sequence at a time, ``QUERY_BLOCK`` of its queries at a time, explicit gathers
+    and masks. A block reads the keys its window can reach: the step's rows from ``window_size - 1``
+    before its first query, and the ring while that reaches before the step."""
     out = torch.empty_like(q)
     capacity = window_table.shape[1] * window.shape[1]
     for s in range(batch.num_seqs):
-        rows, start = batch.rows(s), batch.starts[s]
-        pos = batch.positions[rows].long()
+        row0, end, start = batch.row0s[s], batch.row0s[s] + batch.news[s], batch.starts[s]
         ring = window[window_table[s].long()].reshape(capacity, -1)
-        keys = torch.cat((ring, kv[rows]))
-        key_pos = torch.cat((_ring_positions(start, capacity, q.device), pos))
-        delta = pos[:, None] - key_pos[None, :]
-        allowed = (key_pos[None, :] >= 0) & (delta >= 0) & (delta < window_size)
-        logits = torch.matmul(q[rows].float(), keys.float().T)  # [L, H, K]
-        logits = logits.masked_fill(~allowed[:, None, :], float("-inf"))
-        c_logits, c_values = None, None
-        if compressed is not None and compressed.indices is not None:
-            sel = compressed.indices[rows].long()  # [L, K], per-query entries
-            c_values = _entries(compressed.pool, compressed.table[s], sel.clamp(min=0))  # [L, K, D]
-            c_logits = torch.einsum("lhd,lkd->lhk", q[rows].float(), c_values)
-            c_logits = c_logits.masked_fill((sel < 0)[:, None, :], float("-inf"))
-        elif compressed is not None:
-            e = torch.arange(int(compressed.visible[rows].max()), device=q.device)  # causal prefix, shared
-            c_values = _entries(compressed.pool, compressed.table[s], e)  # [N, D]
-            c_logits = torch.matmul(q[rows].float(), c_values.T)  # [L, H, N]
-            c_logits = c_logits.masked_fill((e[None, :] >= compressed.visible[rows, None])[:, None, :], float("-inf"))
-        if c_logits is not None:
-            logits = torch.cat((logits, c_logits), dim=-1)
-        logits = logits * q.shape[-1] ** -0.5
-        sinks = sink.float().view(1, -1, 1).expand(logits.shape[0], -1, 1)
-        probs = torch.cat((logits, sinks), dim=-1).softmax(dim=-1)[..., :-1]
-        result = torch.matmul(probs[..., : keys.shape[0]], keys.float())
-        if c_values is not None:
-            c_probs = probs[..., keys.shape[0] :]
-            result = result + torch.matmul(c_probs, c_values)  # [L,H,K]@[L,K,D] or [L,H,N]@[N,D]
-        out[rows] = result.to(q.dtype)
+        ring_pos = _ring_positions(start, capacity, q.device)
+        table = compressed.table[s] if compressed is not None else None
+        for r0 in range(row0, end, QUERY_BLOCK):
+            rows, first = slice(r0, min(r0 + QUERY_BLOCK, end)), max(row0, r0 - window_size + 1)
+            keys, key_pos = kv[first : rows.stop], batch.positions[first : rows.stop].long()
+            if first == row0:  # the block's window reaches before the step: the ring too
+                keys, key_pos = torch.cat((ring, keys)), torch.cat((ring_pos, key_pos))
+            pos = batch.positions[rows].long()
+            block = _attend_block(q[rows], pos, keys, key_pos, window_size, sink, compressed, table, rows)
+            out[rows] = block.to(q.dtype)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeWindow:
+    """What every layer's decode step shares about the window (plan once, run per layer):
+    blocks [B, wb] long ring blocks of each sequence; hidden [B, C + 1] bool, true where a ring slot
+    (then the new token itself, last) is outside the sequence's window."""
+
+    blocks: torch.Tensor
+    hidden: torch.Tensor
+
+    @staticmethod
+    def build(batch: RaggedBatch, window_table: torch.Tensor, block_size: int, window_size: int) -> DecodeWindow:
+        pos = batch.positions.long()[:, None]  # [B, 1] the new token's position = the sequence's start
+        capacity = window_table.shape[1] * block_size
+        key_pos = torch.cat((_ring_positions(pos, capacity, pos.device), pos), dim=1)  # [B, C + 1]
+        delta = pos - key_pos
+        return DecodeWindow(window_table.long(), (key_pos < 0) | (delta < 0) | (delta >= window_size))
 
 
 def sparse_decode_torch(
@@ -108,17 +151,14 @@ def sparse_decode_torch(
     window_size: int,
     sink: torch.Tensor,
     compressed: CompressedKeys | None,
+    ring: DecodeWindow | None = None,
 ) -> torch.Tensor:
     """``sparse_attention_torch`` for one new token per sequence, every sequence at once (the CPU
     decode path: no loop over sequences). Tested equal to the spec."""
     b, _, dim = q.shape
-    capacity = window_table.shape[1] * window.shape[1]
-    pos = batch.positions.long()  # the new token's position = the sequence's start
-    ring_pos = _ring_positions(pos[:, None], capacity, q.device)  # [B, C]
-    values = torch.cat((window[window_table.long()].reshape(b, capacity, -1), kv[:, None]), dim=1).float()
-    key_pos = torch.cat((ring_pos, pos[:, None]), dim=1)
-    delta = pos[:, None] - key_pos
-    hidden = (key_pos < 0) | (delta < 0) | (delta >= window_size)  # [B, C + 1]
+    ring = ring or DecodeWindow.build(batch, window_table, window.shape[1], window_size)
+    values = torch.cat((window[ring.blocks].flatten(1, 2), kv[:, None]), dim=1).float()  # [B, C + 1, D]
+    hidden = ring.hidden
     if compressed is not None:
         if compressed.indices is not None:
             entries = compressed.indices.long()  # [B, K], -1 = none
@@ -129,10 +169,10 @@ def sparse_decode_torch(
             unseen = entries >= compressed.visible[:, None]
         values = torch.cat((values, _entries(compressed.pool, compressed.table, entries.clamp(min=0))), dim=1)
         hidden = torch.cat((hidden, unseen), dim=1)
-    logits = torch.einsum("bhd,bkd->bhk", q.float(), values).masked_fill(hidden[:, None], float("-inf"))
-    logits = logits * dim**-0.5
+    logits = torch.bmm(q.float(), values.transpose(1, 2)).masked_fill_(hidden[:, None], float("-inf"))
+    logits = logits.mul_(dim**-0.5)
     probs = torch.cat((logits, sink.float().view(1, -1, 1).expand(b, -1, 1)), dim=-1).softmax(dim=-1)[..., :-1]
-    return torch.einsum("bhk,bkd->bhd", probs, values).to(q.dtype)
+    return torch.bmm(probs, values).to(q.dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,12 +267,14 @@ def sparse_attention_decode(
     compressed: CompressedKeys | None,
     backend: Backend = "torch",
     keys_per_split: int = 256,
+    ring: DecodeWindow | None = None,
 ) -> torch.Tensor:
-    """Exactly one new token per sequence; the triton kernel splits the keys (flash-decoding)."""
+    """Exactly one new token per sequence; the triton kernel splits the keys (flash-decoding).
+    ``ring``: the step's window metadata, built once for all layers (torch backend; else built here)."""
     if any(n != 1 for n in batch.news):
         raise ValueError("decode takes exactly one new token per sequence")
     if backend == "torch":
-        return sparse_decode_torch(q, kv, batch, window, window_table, window_size, sink, compressed)
+        return sparse_decode_torch(q, kv, batch, window, window_table, window_size, sink, compressed, ring)
     launch = _launch(q, kv, window, window_table, window_size, compressed)
     n_seq, heads, dim = q.shape
     extra = {0: 0, 1: launch.slots, 2: launch.visible_max}[launch.mode]

@@ -33,7 +33,8 @@ def expert_mlp(
         rows = slice(start, start + sizes[e])
         start += sizes[e]
         w1, w2, w3 = mats[e]
-        out[rows] = F.linear(swiglu(F.linear(xs[rows], w1), F.linear(xs[rows], w3), limit), w2)
+        x = xs[rows]
+        out[rows] = F.linear(swiglu(F.linear(x, w1), F.linear(x, w3), limit), w2)
     return out
 
 

@@ -40,8 +40,8 @@ def _compressed_keys(
     fold(
         w.compressor,
         CompressorSlots(*pools.compressor_state(prefix, index)),
-        w.compressor.wkv(x),
-        w.compressor.wgate(x),
+        F.linear(x, w.compressor.wkv.weight),
+        F.linear(x, w.compressor.wgate.weight),
         plan,
         pool,
         table,
@@ -56,8 +56,10 @@ def _compressed_keys(
         return CompressedKeys(pool, table, visible=visible, visible_max=longest)
     keys = _index_keys(w, cfg, index, x, plan, pools)
     heads = comm.config.part(cfg.index_n_heads)
-    iq = apply_rope(w.indexer.wq_b(q_res).view(x.shape[0], heads, cfg.index_head_dim), plan.rope_compress)
-    iw = w.indexer.weights_proj(x) * cfg.index_n_heads**-0.5
+    iq = apply_rope(
+        F.linear(q_res, w.indexer.wq_b.weight).view(x.shape[0], heads, cfg.index_head_dim), plan.rope_compress
+    )
+    iw = F.linear(x, w.indexer.weights_proj.weight) * cfg.index_n_heads**-0.5
     table, backend = plan.tables["index_keys"], plan.options.backend
     picked = indexer_topk(
         iq, iw, batch, keys, table, visible, cfg.index_topk, backend, visible_max=longest, reduce=comm.all_reduce_sum
@@ -73,8 +75,8 @@ def _index_keys(
     fold(
         ix,
         CompressorSlots(*pools.compressor_state("index", index)),
-        ix.wkv(x),
-        ix.wgate(x),
+        F.linear(x, ix.wkv.weight),
+        F.linear(x, ix.wgate.weight),
         plan,
         keys,
         plan.tables["index_keys"],
@@ -93,10 +95,10 @@ def attention(
     kind, eps = cfg.layer_type(layer), cfg.rms_norm_eps
     rope = plan.rope_main if kind == SLIDING else plan.rope_compress
     n_tokens = x.shape[0]
-    q_res = rms_norm(w.wq_a(x), w.q_norm.weight, eps)
+    q_res = rms_norm(F.linear(x, w.wq_a.weight), w.q_norm.weight, eps)
     heads, groups = comm.config.part(cfg.num_heads), comm.config.part(cfg.o_groups)
-    q = apply_rope(rms_scale(w.wq_b(q_res).view(n_tokens, heads, cfg.head_dim), eps), rope)
-    kv = apply_rope(rms_norm(w.wkv(x), w.norm.weight, eps), rope)  # [T, D]
+    q = apply_rope(rms_scale(F.linear(q_res, w.wq_b.weight).view(n_tokens, heads, cfg.head_dim), eps), rope)
+    kv = apply_rope(rms_norm(F.linear(x, w.wkv.weight), w.norm.weight, eps), rope)  # [T, D]
     compressed = None if kind == SLIDING else _compressed_keys(w, cfg, layer, x, q_res, plan, pools, comm)
     window = pools.window[layer]
     out = plan.attend(
@@ -112,6 +114,7 @@ def attention(
     )
     write_window(kv, plan.batch, window, plan.window_table, plan.options.backend)
     out = apply_rope(out, rope, inverse=True)  # K = V carried RoPE into the output: undo it
-    wo_a = w.wo_a.weight.view(groups, cfg.o_lora_rank, -1)
-    low_rank = torch.einsum("tgi,goi->tgo", out.view(n_tokens, groups, -1), wo_a).flatten(1)
+    wo_a = w.wo_a.weight.view(groups, cfg.o_lora_rank, -1)  # [G, O, I]
+    low_rank = torch.bmm(out.view(n_tokens, groups, -1).transpose(0, 1), wo_a.transpose(1, 2))  # [G, T, O]
+    low_rank = low_rank.transpose(0, 1).flatten(1)  # [T, G * O]
     return comm.all_reduce_sum(F.linear(low_rank, w.wo_b.weight))

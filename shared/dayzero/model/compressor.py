@@ -77,9 +77,8 @@ def _decode_windows(
     """One new token per sequence, all sequences at once: buffer each row; the sequences whose
     window it completes -> (kv, gate windows, their sequence indices, their entry indices)."""
     rate, width = w.ape.shape
-    starts, device = plan.batch.starts, kv.device
-    slots = torch.tensor(plan.slots, device=device)
-    rows = torch.tensor([p % rate for p in starts], device=device)
+    starts, device, slots = plan.batch.starts, kv.device, plan.slot_ids
+    rows = torch.remainder(plan.batch.positions, rate).long()  # the new token's row in its window
     state.kv[slots, rows], state.gate[slots, rows] = kv.float(), gate.float()
     done = [s for s, p in enumerate(starts) if p % rate == rate - 1]
     if not done:

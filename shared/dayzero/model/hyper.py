@@ -25,7 +25,7 @@ class HyperMix:
     def merge(self, streams: torch.Tensor, block_out: torch.Tensor) -> torch.Tensor:
         """streams [T, N, D], block_out [T, D] -> new streams [T, N, D]."""
         dtype = streams.dtype
-        mixed = torch.matmul(self.comb.to(dtype).transpose(-1, -2), streams)
+        mixed = torch.bmm(self.comb.to(dtype).transpose(-1, -2), streams)
         return self.post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2) + mixed
 
 

@@ -64,8 +64,12 @@ def moe(
         order = order[: int(counts.sum())]
     tokens = order // experts.shape[1]  # [pairs] token of each sorted pair
     pair_weights = weights.flatten()[order, None]
-    experts: RoutedExperts = w.experts
-    routed = experts.run(x[tokens], counts, cfg.swiglu_limit, backend)
-    out = torch.zeros_like(x).index_add_(0, tokens, (routed * pair_weights).to(x.dtype))
+    routed_experts: RoutedExperts = w.experts
+    routed = routed_experts.run(x[tokens], counts, cfg.swiglu_limit, backend)
+    # each pair back at its (token, slot) place (zero: another rank's pair), then the slots summed
+    placed = x.new_zeros(experts.numel(), x.shape[1])  # [T * k, H]
+    placed[order] = (routed * pair_weights).to(x.dtype)
+    out = placed.view(*experts.shape, -1).sum(dim=1)
     se = w.shared_experts
-    return comm.all_reduce_sum(out + se.w2(swiglu(se.w1(x), se.w3(x), cfg.swiglu_limit)))
+    hidden = swiglu(F.linear(x, se.w1.weight), F.linear(x, se.w3.weight), cfg.swiglu_limit)
+    return comm.all_reduce_sum(out + F.linear(hidden, se.w2.weight))

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import torch
 
 from ..config import ModelConfig, RopeConfig
-from ..kernels import Backend, RaggedBatch, sparse_attention_decode, sparse_attention_prefill
+from ..kernels import Backend, DecodeWindow, RaggedBatch, sparse_attention_decode, sparse_attention_prefill
 from ..kv.layout import GROWING_POOLS
 from ..kv.pools import KVPools
 from .rope import RopeTable, inv_freq
@@ -32,7 +32,8 @@ class StepPlan:
 
     token_ids [T]; rope_* cos/sin at the token positions; freqs_compress [rope_dim/2]
     for compressed-entry positions; window_table [B, wb] and tables[pool] [B, max blocks]
-    int32 block tables; slots [B] compressor-state slot of each sequence.
+    int32 block tables; slots [B] compressor-state slot of each sequence (``slot_ids`` the same
+    as a long tensor, for the decode step's scatter into the compressor state).
     """
 
     token_ids: torch.Tensor
@@ -43,6 +44,7 @@ class StepPlan:
     window_table: torch.Tensor
     tables: dict[str, torch.Tensor]
     slots: tuple[int, ...]
+    slot_ids: torch.Tensor
     options: AttentionOptions
     attend: Callable[..., torch.Tensor]  # the prefill or the decode variant of sparse attention
 
@@ -75,16 +77,24 @@ def plan_step(
     seqs = [pools.sequences[s] for s in seq_ids]
     main = _freqs(cfg.rope_main, cfg.rope_head_dim).to(device)
     compress = _freqs(cfg.rope_compress, cfg.rope_head_dim).to(device)
-    decoding = all(len(c) == 1 for c in chunks)
+    slots = tuple(s.tables["compressor"][0] if s.tables["compressor"] else 0 for s in seqs)
+    window_table = _table([s.tables["window"] for s in seqs], device)
+    attend = sparse_attention_prefill
+    if all(len(c) == 1 for c in chunks):  # decode: the window's gather rows and masks serve every layer
+        ring = None
+        if options.backend == "torch":
+            ring = DecodeWindow.build(batch, window_table, pools.layout.block_size, cfg.sliding_window)
+        attend = partial(sparse_attention_decode, ring=ring)
     return StepPlan(
         token_ids=torch.tensor([t for c in chunks for t in c], dtype=torch.long, device=device),
         batch=batch,
         rope_main=RopeTable.at(main, batch.positions),
         rope_compress=RopeTable.at(compress, batch.positions),
         freqs_compress=compress,
-        window_table=_table([s.tables["window"] for s in seqs], device),
+        window_table=window_table,
         tables={p: _table([s.tables[p] for s in seqs], device) for p in GROWING_POOLS},
-        slots=tuple(s.tables["compressor"][0] if s.tables["compressor"] else 0 for s in seqs),
+        slots=slots,
+        slot_ids=torch.tensor(slots, device=device),
         options=options,
-        attend=sparse_attention_decode if decoding else sparse_attention_prefill,
+        attend=attend,
     )

@@ -40,29 +40,28 @@ def inv_freq(rope: RopeConfig, dim: int) -> torch.Tensor:
 
 @dataclass(frozen=True, slots=True)
 class RopeTable:
-    """cos / sin for a set of positions: [T, rope_dim/2] fp32 each."""
+    """cos / sin for a set of positions: [T, rope_dim/2] fp32 each; ``rotation`` = cos + i sin
+    [T, rope_dim/2] complex64, built once with the table (a step's tables serve every layer)."""
 
     cos: torch.Tensor
     sin: torch.Tensor
+    rotation: torch.Tensor
 
     @staticmethod
     def at(freqs: torch.Tensor, positions: torch.Tensor) -> RopeTable:
         angles = positions.to(torch.float32)[:, None] * freqs[None, :]
-        return RopeTable(angles.cos(), angles.sin())
-
-    def select(self, rows: slice) -> RopeTable:
-        return RopeTable(self.cos[rows], self.sin[rows])
+        cos, sin = angles.cos(), angles.sin()
+        return RopeTable(cos, sin, torch.complex(cos, sin))
 
 
 def apply_rope(x: torch.Tensor, table: RopeTable, inverse: bool = False) -> torch.Tensor:
     """Rotate the trailing rope channels of ``x [T, ..., D]``; pairs are (2i, 2i+1).
 
-    ``inverse`` rotates by ``-angle`` (used to undo RoPE on the attention output).
-    """
-    half = table.cos.shape[-1]
-    extra = x.dim() - 2  # broadcast over head axes between T and D
-    rotation = torch.complex(table.cos, -table.sin if inverse else table.sin)
-    rotation = rotation.view(rotation.shape[0], *([1] * extra), half)
-    pairs = torch.view_as_complex(x[..., -2 * half :].float().reshape(*x.shape[:-1], half, 2))
-    rotated = torch.view_as_real(pairs * rotation).flatten(-2)
-    return torch.cat((x[..., : -2 * half], rotated.to(x.dtype)), dim=-1)
+    ``inverse`` rotates by ``-angle`` (used to undo RoPE on the attention output). The rotation
+    multiplies an fp32 copy of ``x`` in place (exact: the other channels round-trip)."""
+    half = table.rotation.shape[-1]
+    rotation = table.rotation.conj() if inverse else table.rotation
+    out = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+    pairs = torch.view_as_complex(out[..., -2 * half :].unflatten(-1, (half, 2)))  # [T, ..., half]
+    pairs.mul_(rotation.view(rotation.shape[0], *([1] * (x.dim() - 2)), half))
+    return out.to(x.dtype)
