@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import redis
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from opentelemetry.instrumentation.celery import CeleryInstrumentor
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
@@ -100,6 +101,8 @@ def make_app(settings: Settings) -> FastAPI:
     )
     errors.install(app)
     FastAPIInstrumentor.instrument_app(app, excluded_urls="health,ready,metrics")
+    if settings.trace_exporter != "none":
+        CeleryInstrumentor().instrument()  # a task's run span joins its request's trace (the queue hop)
     app.add_middleware(errors.BodyLimit, limit=settings.max_request_bytes)
     app.include_router(router)
     _name_models_in_schema(app, [settings.model_name])

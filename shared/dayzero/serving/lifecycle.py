@@ -30,6 +30,7 @@ import contextlib
 
 import redis
 import redis.asyncio as aioredis
+from opentelemetry import trace
 
 from .messages import GenerationRequest
 from .records import Token, encode, ending
@@ -204,6 +205,7 @@ class Lifecycle:
             if t.finish_reason:
                 pipe.expire(key("tokens", t.request_id), self.ttl_s)
         replies = iter(pipe.execute(raise_on_error=False))
+        trace.get_current_span().add_event("tokens_appended", {"dayzero.tokens": len(tokens)})  # readers see them
         added = []
         for t in tokens:
             reply = next(replies)
