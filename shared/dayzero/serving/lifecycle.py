@@ -37,6 +37,14 @@ from .records import Token, encode, ending
 
 P = "dz:"
 HANDOFF_OWNER = "handoff"
+# KEYS: lease, queued; ARGV: owner, lease ms. 1: the lease is the owner's (taken now or already)
+CLAIM = """
+if redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX') or redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('DEL', KEYS[2])
+    return 1
+end
+return 0
+"""
 
 
 def key(family: str, name: str = "") -> str:
@@ -49,6 +57,7 @@ class Lifecycle:
 
     def __init__(self, client: redis.Redis, stream_ttl_s: int = 600) -> None:
         self.r, self.ttl_s = client, stream_ttl_s
+        self._claim = client.register_script(CLAIM)
 
     @classmethod
     def connect(cls, url: str, stream_ttl_s: int = 600) -> Lifecycle:
@@ -84,11 +93,8 @@ class Lifecycle:
 
     def claim(self, rid: str, owner: str, lease_s: float) -> bool:
         """Own the request unless someone else alive does (the owner may claim again: a batch it
-        retries after Redis came back); it is no longer queued."""
-        taken = self.r.set(key("lease", rid), owner, px=int(lease_s * 1000), nx=True) or self.owner(rid) == owner
-        if taken:
-            self.r.delete(key("queued", rid))
-        return bool(taken)
+        retries after Redis came back); it is no longer queued. One round trip."""
+        return bool(self._claim(keys=[key("lease", rid), key("queued", rid)], args=[owner, int(lease_s * 1000)]))
 
     def requeue(self, rid: str, queued_s: float, release: bool = False) -> None:
         """Back to queued: waiting for blocks, or handed from vision to prefill (``release``: drop the
@@ -234,8 +240,10 @@ class Watching:
         return await self.r.get(key("access", rid))
 
     async def watch(self, rid: str) -> None:
-        await self.r.incr(key("watchers", rid))
-        await self.r.expire(key("watchers", rid), self.ttl_s)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.incr(key("watchers", rid))
+        pipe.expire(key("watchers", rid), self.ttl_s)
+        await pipe.execute()
 
     async def unwatch(self, rid: str) -> int:
         """A client went away; returns how many still read the stream."""
