@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 import redis
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from opentelemetry.instrumentation.celery import CeleryInstrumentor
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
@@ -100,9 +99,8 @@ def make_app(settings: Settings) -> FastAPI:
         description="OpenAI-compatible gateway of the dayzero pipeline",
     )
     errors.install(app)
-    if settings.trace_exporter != "none":  # only then: off, their wrappers would still run on every message
+    if settings.trace_exporter != "none":  # only then: off, its wrappers would still run on every message
         FastAPIInstrumentor.instrument_app(app, excluded_urls="health,ready,metrics")
-        CeleryInstrumentor().instrument()  # a task's run span joins its request's trace (the queue hop)
     app.add_middleware(errors.BodyLimit, limit=settings.max_request_bytes)
     app.add_middleware(CountResponses)
     app.include_router(router)

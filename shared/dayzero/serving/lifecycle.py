@@ -52,6 +52,18 @@ def key(family: str, name: str = "") -> str:
     return f"{P}{family}:{name}" if name else f"{P}{family}"
 
 
+def _record(pipe, request: GenerationRequest, images: list[bytes], reader: str, queued_s: float, keep: int) -> None:
+    """The writes that admit a request, queued on ``pipe`` (a sync or an asyncio pipeline)."""
+    rid = request.request_id
+    pipe.set(key("req", rid), request.model_dump_json(), ex=keep)
+    if images:
+        pipe.rpush(key("images", rid), *images)
+        pipe.expire(key("images", rid), keep)
+    pipe.set(key("access", rid), reader, ex=keep)
+    pipe.set(key("queued", rid), 1, px=int(queued_s * 1000))
+    pipe.sadd(key("active"), rid)
+
+
 class Lifecycle:
     """The transitions over one synchronous Redis client (the stages, the gateway's thread pool)."""
 
@@ -67,15 +79,8 @@ class Lifecycle:
     # -- admit: -> queued ---------------------------------------------------------------------------
     def admit(self, request: GenerationRequest, images: list[bytes], reader: str, queued_s: float) -> None:
         """Record the request, its images' bytes and the digest of who may read its stream; queued."""
-        rid, keep = request.request_id, self.ttl_s * 4
         pipe = self.r.pipeline()
-        pipe.set(key("req", rid), request.model_dump_json(), ex=keep)
-        if images:
-            pipe.rpush(key("images", rid), *images)
-            pipe.expire(key("images", rid), keep)
-        pipe.set(key("access", rid), reader, ex=keep)
-        pipe.set(key("queued", rid), 1, px=int(queued_s * 1000))
-        pipe.sadd(key("active"), rid)
+        _record(pipe, request, images, reader, queued_s, self.ttl_s * 4)
         pipe.execute()
 
     def request(self, rid: str) -> GenerationRequest | None:
@@ -231,6 +236,16 @@ class Watching:
 
     def __init__(self, client: aioredis.Redis, stream_ttl_s: int) -> None:
         self.r, self.ttl_s = client, stream_ttl_s
+
+    async def admit(
+        self, request: GenerationRequest, images: list[bytes], reader: str, queued_s: float, task: tuple[str, str]
+    ) -> None:
+        """``Lifecycle.admit`` and ``task`` (queue, broker message) pushed onto its queue, in one
+        round trip (MULTI: no worker takes the task before the request is recorded)."""
+        pipe = self.r.pipeline()
+        _record(pipe, request, images, reader, queued_s, self.ttl_s * 4)
+        pipe.lpush(*task)
+        await pipe.execute()
 
     async def known(self, rid: str) -> bool:
         return bool(await self.r.exists(key("req", rid)))
