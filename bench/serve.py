@@ -1,9 +1,9 @@
 """Serving benchmark: streaming clients with Poisson arrivals against the gateway.
 
 Reports TTFT, inter-token latency and end-to-end latency (p50/p90/p99), token throughput
-and failures; then the pipeline's overhead: TTFT through the gateway minus the same
-engine's in-process TTFT on the same prompt, and the KV handoff (shared memory publish +
-attach + copy) in bytes/s against a plain memory copy of the same bytes.
+and failures; then the KV handoff (shared memory publish + attach + copy) in bytes/s against
+a plain memory copy of the same bytes. The pipeline's overhead on an idle stack (TTFT through
+the gateway minus in-process, hop by hop) is ``bench/overhead.py``.
 Starts its own stack (`dayzero up` machinery, demo checkpoint) unless --url is given.
 Run: ``python bench/serve.py [--rate 4] [--requests 64] [--url http://...]``.
 """
@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -117,22 +116,6 @@ def sweep_and_plot(url: str, prompt_len: int, max_tokens: int, folder: Path) -> 
     print(f"plots: {folder / 'serve_latency.png'}, {folder / 'serve_throughput.png'}")
 
 
-def in_process_ttft(checkpoint: Path, prompt_len: int, runs: int = 5) -> float:
-    from dayzero.checkpoint import load_model
-    from dayzero.kv.pools import pools_for
-    from dayzero.model.forward import prefill
-
-    model = load_model(checkpoint, progress=False)
-    prompt = [0] + list(range(2, prompt_len + 1))
-    times = []
-    for i in range(runs + 1):
-        pools = pools_for(model.cfg, torch.float32, prompt_len + 1)
-        start = time.perf_counter()
-        int(prefill(model, pools, [f"s{i}"], [prompt])[0].argmax())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a running gateway (default: start a stack here)")
@@ -165,7 +148,6 @@ def main() -> None:
         try:
             asyncio.run(load(url, 2.0, 4, args.prompt_tokens, 4, seed=99))  # warm-up
             results, wall = asyncio.run(load(url, args.rate, args.requests, args.prompt_tokens, args.max_tokens, 0))
-            single, _ = asyncio.run(load(url, 0.5, 5, args.prompt_tokens, 1, seed=1))  # unloaded TTFT
             if args.plot:
                 sweep_and_plot(url, args.prompt_tokens, args.max_tokens, Path(__file__).parent)
         finally:
@@ -185,12 +167,6 @@ def main() -> None:
             print(f"| {name} | {pct(values, 0.5):.4f} | {pct(values, 0.9):.4f} | {pct(values, 0.99):.4f} |")
         print(
             f"throughput {tokens / wall:.1f} tokens/s, {len(ok) / wall:.2f} requests/s, failed {len(results) - len(ok)}"
-        )
-        gateway_ttft = statistics.median(r["ttft"] for r in single if r["ok"])
-        engine_ttft = in_process_ttft(checkpoint, args.prompt_tokens)
-        print(
-            f"pipeline overhead (unloaded): TTFT via gateway {gateway_ttft * 1e3:.1f} ms - in-process "
-            f"{engine_ttft * 1e3:.1f} ms = {(gateway_ttft - engine_ttft) * 1e3:.1f} ms"
         )
         handoff, copy, moved = bandwidth(ModelConfig.from_file(checkpoint), 4096, torch.float32, runs=5)
         print(

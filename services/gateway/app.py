@@ -26,7 +26,7 @@ from dayzero.tokenizer import load_codec
 from . import errors
 from .bus import Bus
 from .context import Gateway
-from .metrics import GatewayMetrics
+from .metrics import CountResponses, GatewayMetrics
 from .routes import authorize, router
 
 log = logging.getLogger("dayzero.gateway")
@@ -99,18 +99,12 @@ def make_app(settings: Settings) -> FastAPI:
         description="OpenAI-compatible gateway of the dayzero pipeline",
     )
     errors.install(app)
-    FastAPIInstrumentor.instrument_app(app, excluded_urls="health,ready,metrics")
+    if settings.trace_exporter != "none":  # only then: off, its wrappers would still run on every message
+        FastAPIInstrumentor.instrument_app(app, excluded_urls="health,ready,metrics")
     app.add_middleware(errors.BodyLimit, limit=settings.max_request_bytes)
+    app.add_middleware(CountResponses)
     app.include_router(router)
     _name_models_in_schema(app, [settings.model_name])
-
-    @app.middleware("http")
-    async def count(request: Request, call_next):
-        """API responses by status (probes such as start-up ``/ready`` polls are not API traffic)."""
-        response = await call_next(request)
-        if request.url.path.startswith("/v1/") and hasattr(request.app.state, "gateway"):
-            request.app.state.gateway.metrics.responses.labels(str(response.status_code)).inc()
-        return response
 
     @app.get("/health")
     async def health() -> dict:

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from dayzero.serving.lifecycle import Lifecycle, Watching
 from dayzero.serving.messages import GenerationRequest, PrefillJob
-from dayzero.serving.queue import TASKS
+from dayzero.serving.queue import task_message
 from dayzero.serving.registry import Registry
 from dayzero.settings import Settings
 from dayzero.telemetry import carrier
@@ -39,14 +39,11 @@ class Bus:
 
     async def submit(self, request: GenerationRequest, images: list[bytes], owner: str) -> None:
         """Record the request (its images' bytes, the digest of who may read its stream) and queue
-        it: vision first when it has images."""
-
-        def enqueue() -> None:
-            self.store.admit(request, images, owner, self.settings.visibility_timeout_s)
-            job = PrefillJob(request=request, trace=carrier())
-            self.celery.send_task(TASKS["vision" if images else "prefill"], args=[job.model_dump_json()])
-
-        await run_in_threadpool(enqueue)
+        it, vision first when it has images: one round trip, no thread (``send_task`` would take
+        one, and a round trip of its own)."""
+        stage, trace = "vision" if images else "prefill", carrier()
+        message = task_message(self.celery, stage, PrefillJob(request=request, trace=trace).model_dump_json(), trace)
+        await self.watching.admit(request, images, owner, self.settings.visibility_timeout_s, (stage, message))
 
     @staticmethod
     def valid_entry_id(entry: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -29,3 +30,25 @@ class GatewayMetrics:
         self.responses = Counter("dayzero_http_responses_total", "API responses by status", ["status"], registry=r)
         self.rejected = Counter("dayzero_requests_rejected_total", "requests refused by admission control", registry=r)
         self.disconnects = Counter("dayzero_client_disconnects_total", "streams the client left early", registry=r)
+
+
+class CountResponses:
+    """API responses by status (probes such as start-up ``/ready`` polls are not API traffic).
+    Plain ASGI: a streamed body goes straight through (BaseHTTPMiddleware would relay each chunk
+    through a memory stream and a task of its own)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+
+        async def counted(message: Message) -> None:
+            gateway = getattr(scope["app"].state, "gateway", None)
+            if message["type"] == "http.response.start" and gateway is not None:
+                gateway.metrics.responses.labels(str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counted)

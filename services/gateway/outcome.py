@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import anyio
 import redis
+from opentelemetry import trace
 
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.records import Token
@@ -29,6 +30,7 @@ class Progress:
 
     gw: Gateway
     request: GenerationRequest
+    span: trace.Span | None = None  # the request's gateway.request span: its first token is an event
     last_at: float | None = None
     over: bool = False  # finished, failed or cancelled: nothing left to cancel
 
@@ -40,6 +42,8 @@ class Progress:
             raise _failure(event)
         if self.last_at is None and event.index == 0:
             metrics.ttft.observe(now - self.request.created)
+            if self.span is not None:
+                self.span.add_event("first_token")
         elif self.last_at is not None:
             metrics.itl.observe(now - self.last_at)
         self.last_at = now

@@ -53,6 +53,7 @@ async def admit(
     for request, span in zip(requests, spans, strict=True):
         with trace.use_span(span, end_on_exit=False):  # the queued job carries this span's context
             await gw.bus.submit(request, images, owner)
+        span.add_event("queued")
 
 
 def _refuse(gw: Gateway, message: str, code: str) -> None:
@@ -76,7 +77,7 @@ async def sse(
     """One request's stream; ``choice``: one of several streams merged (no event ids, no [DONE]).
     Every end but a finish (a failure, a cancel, Redis lost, shutdown) sends an error event in
     OpenAI's error shape; a single stream then ends with ``[DONE]`` either way."""
-    progress, left = Progress(gw, request), True
+    progress, left = Progress(gw, request, span), True
     try:
         if choice is None:
             yield retry_line(gw.settings.sse_retry_ms)

@@ -97,3 +97,31 @@ def test_text_request_takes_no_vision_span(traced):
     )
     names = {s["name"] for s in _spans(folder) if s["context"]["trace_id"] == root["context"]["trace_id"]}
     assert "prefill.forward" in names and not any(n.startswith("vision.") for n in names)
+
+
+def test_a_request_marks_its_hops(traced):
+    """What bench/overhead.py reads: the gateway's admission and first read, the task's start on
+    the prefill worker (its message carries the trace), the first token's append."""
+    stack, folder = traced
+    body = {"model": MODEL, "prompt": [0, 7, 8, 9], "max_tokens": 2, "stream": True}
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json=body, timeout=60) as r:
+        rid = r.headers["x-request-id"]
+        r.read()
+
+    def spans_of_trace() -> dict[str, dict]:
+        spans = _spans(folder)
+        root = next((s for s in spans if s["attributes"].get("dayzero.request_id") == rid), None)
+        if root is None:
+            return {}
+        return {s["name"]: s for s in spans if s["context"]["trace_id"] == root["context"]["trace_id"]}
+
+    names = ("gateway.request", "run/dayzero.prefill", "prefill.forward")
+    deadline, found = time.time() + 10, {}
+    while time.time() < deadline and not all(n in found for n in names):
+        found = spans_of_trace()
+        time.sleep(0.2)
+    assert all(n in found for n in names), sorted(found)
+    gateway = found["gateway.request"]
+    assert [e["name"] for e in gateway["events"]] == ["queued", "first_token"]
+    assert found["run/dayzero.prefill"]["parent_id"] == gateway["context"]["span_id"]
+    assert "tokens_appended" in [e["name"] for e in found["prefill.forward"]["events"]]

@@ -30,12 +30,21 @@ import contextlib
 
 import redis
 import redis.asyncio as aioredis
+from opentelemetry import trace
 
 from .messages import GenerationRequest
 from .records import Token, encode, ending
 
 P = "dz:"
 HANDOFF_OWNER = "handoff"
+# KEYS: lease, queued; ARGV: owner, lease ms. 1: the lease is the owner's (taken now or already)
+CLAIM = """
+if redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX') or redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('DEL', KEYS[2])
+    return 1
+end
+return 0
+"""
 
 
 def key(family: str, name: str = "") -> str:
@@ -43,11 +52,24 @@ def key(family: str, name: str = "") -> str:
     return f"{P}{family}:{name}" if name else f"{P}{family}"
 
 
+def _record(pipe, request: GenerationRequest, images: list[bytes], reader: str, queued_s: float, keep: int) -> None:
+    """The writes that admit a request, queued on ``pipe`` (a sync or an asyncio pipeline)."""
+    rid = request.request_id
+    pipe.set(key("req", rid), request.model_dump_json(), ex=keep)
+    if images:
+        pipe.rpush(key("images", rid), *images)
+        pipe.expire(key("images", rid), keep)
+    pipe.set(key("access", rid), reader, ex=keep)
+    pipe.set(key("queued", rid), 1, px=int(queued_s * 1000))
+    pipe.sadd(key("active"), rid)
+
+
 class Lifecycle:
     """The transitions over one synchronous Redis client (the stages, the gateway's thread pool)."""
 
     def __init__(self, client: redis.Redis, stream_ttl_s: int = 600) -> None:
         self.r, self.ttl_s = client, stream_ttl_s
+        self._claim = client.register_script(CLAIM)
 
     @classmethod
     def connect(cls, url: str, stream_ttl_s: int = 600) -> Lifecycle:
@@ -57,15 +79,8 @@ class Lifecycle:
     # -- admit: -> queued ---------------------------------------------------------------------------
     def admit(self, request: GenerationRequest, images: list[bytes], reader: str, queued_s: float) -> None:
         """Record the request, its images' bytes and the digest of who may read its stream; queued."""
-        rid, keep = request.request_id, self.ttl_s * 4
         pipe = self.r.pipeline()
-        pipe.set(key("req", rid), request.model_dump_json(), ex=keep)
-        if images:
-            pipe.rpush(key("images", rid), *images)
-            pipe.expire(key("images", rid), keep)
-        pipe.set(key("access", rid), reader, ex=keep)
-        pipe.set(key("queued", rid), 1, px=int(queued_s * 1000))
-        pipe.sadd(key("active"), rid)
+        _record(pipe, request, images, reader, queued_s, self.ttl_s * 4)
         pipe.execute()
 
     def request(self, rid: str) -> GenerationRequest | None:
@@ -83,11 +98,8 @@ class Lifecycle:
 
     def claim(self, rid: str, owner: str, lease_s: float) -> bool:
         """Own the request unless someone else alive does (the owner may claim again: a batch it
-        retries after Redis came back); it is no longer queued."""
-        taken = self.r.set(key("lease", rid), owner, px=int(lease_s * 1000), nx=True) or self.owner(rid) == owner
-        if taken:
-            self.r.delete(key("queued", rid))
-        return bool(taken)
+        retries after Redis came back); it is no longer queued. One round trip."""
+        return bool(self._claim(keys=[key("lease", rid), key("queued", rid)], args=[owner, int(lease_s * 1000)]))
 
     def requeue(self, rid: str, queued_s: float, release: bool = False) -> None:
         """Back to queued: waiting for blocks, or handed from vision to prefill (``release``: drop the
@@ -204,6 +216,7 @@ class Lifecycle:
             if t.finish_reason:
                 pipe.expire(key("tokens", t.request_id), self.ttl_s)
         replies = iter(pipe.execute(raise_on_error=False))
+        trace.get_current_span().add_event("tokens_appended", {"dayzero.tokens": len(tokens)})  # readers see them
         added = []
         for t in tokens:
             reply = next(replies)
@@ -224,6 +237,16 @@ class Watching:
     def __init__(self, client: aioredis.Redis, stream_ttl_s: int) -> None:
         self.r, self.ttl_s = client, stream_ttl_s
 
+    async def admit(
+        self, request: GenerationRequest, images: list[bytes], reader: str, queued_s: float, task: tuple[str, str]
+    ) -> None:
+        """``Lifecycle.admit`` and ``task`` (queue, broker message) pushed onto its queue, in one
+        round trip (MULTI: no worker takes the task before the request is recorded)."""
+        pipe = self.r.pipeline()
+        _record(pipe, request, images, reader, queued_s, self.ttl_s * 4)
+        pipe.lpush(*task)
+        await pipe.execute()
+
     async def known(self, rid: str) -> bool:
         return bool(await self.r.exists(key("req", rid)))
 
@@ -232,8 +255,10 @@ class Watching:
         return await self.r.get(key("access", rid))
 
     async def watch(self, rid: str) -> None:
-        await self.r.incr(key("watchers", rid))
-        await self.r.expire(key("watchers", rid), self.ttl_s)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.incr(key("watchers", rid))
+        pipe.expire(key("watchers", rid), self.ttl_s)
+        await pipe.execute()
 
     async def unwatch(self, rid: str) -> int:
         """A client went away; returns how many still read the stream."""

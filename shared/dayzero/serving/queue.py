@@ -1,6 +1,10 @@
-"""The one Celery app: a queue per stage, Redis broker, late acks, prefetch 1."""
+"""The one Celery app: a queue per stage, Redis broker, late acks, prefetch 1; its task messages."""
 
 from __future__ import annotations
+
+import base64
+import json
+import uuid
 
 from celery import Celery
 
@@ -27,3 +31,29 @@ def make_celery(settings: Settings) -> Celery:
         worker_hijack_root_logger=False,
     )
     return app
+
+
+def task_message(app: Celery, stage: str, payload: str, headers: dict[str, str]) -> str:
+    """The broker message ``send_task`` writes for the stage's task with ``payload`` as its one
+    argument: Celery's task protocol 2 in kombu's Redis envelope, for an LPUSH onto the stage's
+    list (the default exchange: the list is the queue). ``headers``: extra message headers (the
+    trace context, which Celery's instrumentation reads on the worker)."""
+    task_id = str(uuid.uuid4())
+    message = app.amqp.as_task_v2(task_id, TASKS[stage], args=[payload], argsrepr=f"<{len(payload)} bytes>")
+    properties = {
+        **message.properties,
+        "delivery_mode": 2,  # persistent
+        "delivery_info": {"exchange": "", "routing_key": stage},
+        "priority": 0,
+        "body_encoding": "base64",
+        "delivery_tag": str(uuid.uuid4()),
+    }
+    return json.dumps(
+        {
+            "body": base64.b64encode(json.dumps(message.body).encode()).decode(),
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": {**message.headers, **headers},
+            "properties": properties,
+        }
+    )

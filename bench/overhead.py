@@ -1,0 +1,215 @@
+"""Pipeline overhead: TTFT through the gateway minus the same engine's in-process TTFT, by hop.
+
+Starts an idle stack (``dayzero up`` machinery: embedded Redis, the gateway, 1 prefill and 1
+decode worker, demo checkpoint) and alternates, request by request, one streamed completion
+through the gateway (greedy, 2 tokens, a prompt whose first token is text on its own) with the
+same prompt's prefill and first-token pick in this process, so both see the same machine load.
+The stack runs twice: tracing off (the default: the headline), then on (console exporter, a JSON
+file per process), where each request's spans give the hops:
+
+    client send ─ gateway (HTTP) ─ admission (validate, record, enqueue) ─ queue hop (enqueue ->
+    prefill task starts) ─ intake (task -> forward starts) ─ forward + first-token sampling (-> XADD)
+    ─ gateway read (XADD -> the gateway has the entry) ─ SSE write (-> the client has it)
+
+Medians per run, then the median of the runs. Run: ``python bench/overhead.py [--runs 3]
+[--requests 15] [--prompt-tokens 128]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import torch
+
+MODEL = "dayzero-demo"
+HOPS = (
+    ("client -> gateway (HTTP)", "send", "server"),
+    ("gateway admission (validate, record, enqueue)", "server", "queued"),
+    ("queue hop (enqueue -> prefill task starts)", "queued", "task"),
+    ("prefill intake (task -> forward starts)", "task", "forward"),
+    ("forward + first-token sampling (-> XADD)", "forward", "published"),
+    ("gateway read (XADD -> stream entry read)", "published", "read"),
+    ("SSE write (-> client has the first token)", "read", "first"),
+)
+
+
+class Engine:
+    """The same checkpoint in this process: one prefill and the greedy first token, timed."""
+
+    def __init__(self, checkpoint: Path) -> None:
+        from dayzero.checkpoint import load_model
+        from dayzero.tokenizer import load_codec
+
+        self.model, self.codec = load_model(checkpoint, progress=False), load_codec(checkpoint)
+
+    def first_token(self, prompt: list[int]) -> tuple[float, int]:
+        from dayzero.kv.pools import pools_for
+        from dayzero.model.forward import prefill
+
+        pools = pools_for(self.model.cfg, torch.float32, len(prompt) + 1)
+        start = time.perf_counter()
+        token = int(prefill(self.model, pools, ["s"], [prompt])[0].argmax())
+        return time.perf_counter() - start, token
+
+    def text_prompt(self, length: int) -> list[int]:
+        """A prompt whose greedy first token decodes to text alone (a partial UTF-8 character
+        would be held back by the gateway until the next token, which is decode's)."""
+        for shift in range(500):
+            prompt = [0] + [(7 * k + shift) % 498 + 2 for k in range(length - 1)]
+            text = self.codec.decode_all([self.first_token(prompt)[1]])
+            if text and "\ufffd" not in text:
+                return prompt
+        raise RuntimeError("no prompt of this length starts with a whole character")
+
+
+def stream_once(client: httpx.Client, url: str, prompt: list[int]) -> dict:
+    """One streamed request: its id and the client's clock (ns) at send and at the first token."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "stream": True, "temperature": 0, "ignore_eos": True}
+    sent, first = time.time_ns(), None
+    with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if first is None and line.startswith("id:"):
+                first = time.time_ns()
+            elif line == "data: [DONE]":
+                break
+    if first is None:
+        raise RuntimeError("the stream ended without a token")
+    return {"rid": r.headers["x-request-id"], "send": sent, "first": first}
+
+
+def alternate(url: str, engine: Engine, prompt: list[int], n: int) -> tuple[list[dict], list[float]]:
+    """``n`` gateway requests, each followed by one in-process run on an idle stack."""
+    requests, local = [], []
+    with httpx.Client(timeout=60) as client:
+        for _ in range(3):  # warm-up: connections, first-call paths in every process
+            stream_once(client, url, prompt)
+            engine.first_token(prompt)
+        for _ in range(n):
+            requests.append(stream_once(client, url, prompt))
+            time.sleep(0.05)  # decode's token and the stream's end settle
+            local.append(engine.first_token(prompt)[0])
+            time.sleep(0.05)
+    return requests, local
+
+
+def _ns(stamp: str) -> int:
+    return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1e6) * 1000
+
+
+MARKS = {  # mark: (span, its event; None: the span's start)
+    "server": ("POST /v1/completions", None),
+    "queued": ("gateway.request", "queued"),
+    "task": ("run/dayzero.prefill", None),
+    "forward": ("prefill.forward", None),
+    "published": ("prefill.forward", "tokens_appended"),  # the first token's XADD returned
+    "read": ("gateway.request", "first_token"),
+}
+
+
+def _stamp(span: dict | None, event: str | None) -> int | None:
+    if span is None:
+        return None
+    if event is None:
+        return _ns(span["start_time"])
+    return next((_ns(e["timestamp"]) for e in span["events"] if e["name"] == event), None)
+
+
+def span_marks(folder: Path, requests: list[dict]) -> list[dict]:
+    """Each request's marks (ns) from its trace's spans; requests with a mark missing drop out."""
+    spans = [json.loads(line) for f in folder.glob("*.jsonl") for line in f.read_text().splitlines() if line]
+    by_trace: dict[str, dict[str, dict]] = {}
+    for span in spans:
+        by_trace.setdefault(span["context"]["trace_id"], {})[span["name"]] = span
+    roots = {s["attributes"].get("dayzero.request_id"): s for s in spans if s["name"] == "gateway.request"}
+    out = []
+    for req in requests:
+        root = roots.get(req["rid"])
+        trace = by_trace[root["context"]["trace_id"]] if root else {}
+        marks = {mark: _stamp(trace.get(name), event) for mark, (name, event) in MARKS.items()}
+        if None not in marks.values():
+            out.append({**req, **marks})
+    return out
+
+
+def run_stack(checkpoint: Path, folder: Path, traced: bool, engine: Engine, prompt: list[int], args) -> list[dict]:
+    """One stack; per run: p50 of gateway TTFT, in-process TTFT, and (traced) of each hop, in ms."""
+    from dayzero.procs import free_port
+    from dayzero.stack import Stack
+
+    spans = folder / "spans"
+    spans.mkdir(parents=True)
+    env = {"DAYZERO_CHECKPOINT": str(checkpoint), "OMP_NUM_THREADS": str(args.threads)}
+    if traced:
+        env.update(DAYZERO_TRACE_EXPORTER="console", DAYZERO_TRACE_FILE=str(spans))
+    stack = Stack({"prefill": 1, "decode": 1}, free_port(), folder / "logs", env)
+    stack.start()
+    runs = []
+    try:
+        stack.wait_ready(timeout_s=300)
+        for _ in range(args.runs):
+            requests, local = alternate(stack.url, engine, prompt, args.requests)
+            row = {
+                "gateway": statistics.median((r["first"] - r["send"]) / 1e6 for r in requests),
+                "in-process": statistics.median(local) * 1e3,
+            }
+            if traced:
+                time.sleep(1.0)  # the last spans reach their files
+                marked = span_marks(spans, requests)
+                for name, a, b in HOPS:
+                    row[name] = statistics.median((m[b] - m[a]) / 1e6 for m in marked) if marked else float("nan")
+                row["requests with every span"] = len(marked)
+            runs.append(row)
+    finally:
+        stack.stop()
+    return runs
+
+
+def table(title: str, runs: list[dict]) -> None:
+    print(f"\n{title}")
+    print("| ms (p50) | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " | median |")
+    print("|---|" + "---:|" * (len(runs) + 1))
+    for row in runs:
+        row["overhead (gateway - in-process)"] = row["gateway"] - row["in-process"]
+    for name in runs[0]:
+        values = [row[name] for row in runs]
+        print(f"| {name} | " + " | ".join(f"{v:.1f}" for v in values) + f" | {statistics.median(values):.1f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=15, help="gateway requests (and in-process runs) per run")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads here and in each worker")
+    args = parser.parse_args()
+
+    from dayzero.demo import write_demo_checkpoint
+
+    torch.set_num_threads(args.threads)  # the workers' count: two processes of 2 on 2 cores thrash
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = write_demo_checkpoint(Path(tmp) / "demo")
+        engine = Engine(checkpoint)
+        prompt = engine.text_prompt(args.prompt_tokens)
+        plain = run_stack(checkpoint, Path(tmp) / "plain", False, engine, prompt, args)
+        traced = run_stack(checkpoint, Path(tmp) / "traced", True, engine, prompt, args)
+    print(
+        f"prompt {args.prompt_tokens} tokens, {args.requests} requests per run, 1 prefill + 1 decode worker, "
+        f"{args.threads} torch thread(s) each, "
+        f"tiny demo model, CPU; load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    table("tracing off (the default)", plain)
+    table("tracing on (console exporter): the hops from each request's spans", traced)
+
+
+if __name__ == "__main__":
+    main()
