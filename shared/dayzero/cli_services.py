@@ -38,7 +38,6 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             from .parallel import check_divisible
 
             check_divisible(ModelConfig.from_file(settings.checkpoint_dir()), tp)  # before any rank starts
-            settings = settings.model_copy(update={"tensor_parallel": tp})
             timeout, name = settings.group_timeout_s, args.name
             run_group(
                 tp, serve_rank, args.service, settings, name, timeout=timeout, launch=launch, device=settings.device

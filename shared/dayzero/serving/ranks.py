@@ -106,8 +106,8 @@ class Ranks:
     def prefill(self, inputs: list[BatchInput], source: dict[int, int]) -> list[torch.Tensor]:
         ints = [len(inputs)]
         for item in inputs:
-            prompt = len(item.tokens) if item.prompt_length is None else item.prompt_length
-            ints += [len(item.tokens), prompt, int(item.images is not None), item.echo.top if item.echo else -1]
+            echo = item.echo.top if item.echo else -1
+            ints += [len(item.tokens), len(item.prompt), int(item.images is not None), echo]
         ints += [t for item in inputs for t in item.tokens]
         images = [item.images for item in inputs if item.images is not None]
         self._tell(Message(Op.PREFILL, ints, [item.seq_id for item in inputs], images))
