@@ -8,9 +8,10 @@ import contextlib
 import redis
 import redis.asyncio as aioredis
 from celery import Celery
+from opentelemetry import trace
 from starlette.concurrency import run_in_threadpool
 
-from dayzero.serving.lifecycle import Lifecycle, Watching
+from dayzero.serving.lifecycle import Lifecycle, Queue, Watching
 from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.queue import task_message
 from dayzero.serving.registry import Registry
@@ -34,16 +35,21 @@ class Bus:
         self.registry = Registry(self.store.r)
         self._cancels: dict[str, asyncio.Task] = {}
 
-    async def queue_depth(self, stage: str) -> int:
-        return int(await self.r.llen(stage))
-
-    async def submit(self, request: GenerationRequest, images: list[bytes], owner: str) -> None:
-        """Record the request (its images' bytes, the digest of who may read its stream) and queue
-        it, vision first when it has images: one round trip, no thread (``send_task`` would take
-        one, and a round trip of its own)."""
-        stage, trace = "vision" if images else "prefill", carrier()
-        message = task_message(self.celery, stage, PrefillJob(request=request, trace=trace).model_dump_json(), trace)
-        await self.watching.admit(request, images, owner, self.settings.visibility_timeout_s, (stage, message))
+    async def submit(
+        self, requests: list[GenerationRequest], spans: list[trace.Span], images: list[bytes], owner: str
+    ) -> bool:
+        """Record the requests (their images' bytes, the digest of who may read their streams) and
+        queue them, vision first when they have images, in one round trip and no thread (``send_task``
+        would take one, and a round trip each); or none of them, False, when the stage's queue would
+        hold more than ``max_queued``. Each message carries its request's span's context."""
+        stage, messages = "vision" if images else "prefill", []
+        for request, span in zip(requests, spans, strict=True):
+            with trace.use_span(span, end_on_exit=False):
+                context = carrier()
+            job = PrefillJob(request=request, trace=context).model_dump_json()
+            messages.append(task_message(self.celery, stage, job, context))
+        queue = Queue(stage, tuple(messages), self.settings.max_queued)
+        return await self.watching.admit(requests, images, owner, self.settings.visibility_timeout_s, queue)
 
     @staticmethod
     def valid_entry_id(entry: str) -> bool:

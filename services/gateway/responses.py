@@ -45,14 +45,11 @@ async def admit(
     gw: Gateway, requests: list[GenerationRequest], images: list[bytes], spans: list[trace.Span], owner: str
 ) -> None:
     """Queue all of them or none (429 when the stage's queue cannot take them all)."""
-    stage = "vision" if images else "prefill"
     if gw.bus.hub.open + len(requests) > gw.settings.max_streams:
         _refuse(gw, "too many open streams; retry shortly", "too_many_streams")
-    if await gw.bus.queue_depth(stage) + len(requests) > gw.settings.max_queued:
+    if not await gw.bus.submit(requests, spans, images, owner):
         _refuse(gw, "too many queued requests; retry shortly", "queue_full")
-    for request, span in zip(requests, spans, strict=True):
-        with trace.use_span(span, end_on_exit=False):  # the queued job carries this span's context
-            await gw.bus.submit(request, images, owner)
+    for span in spans:
         span.add_event("queued")
 
 

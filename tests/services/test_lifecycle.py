@@ -7,24 +7,60 @@ import asyncio
 import redis
 import redis.asyncio as aioredis
 
-from dayzero.serving.lifecycle import Lifecycle, Watching, key
+from dayzero.params import SamplingParams
+from dayzero.serving.lifecycle import Lifecycle, Queue, Watching, key
+from dayzero.serving.messages import GenerationRequest
+from dayzero.serving.scripts import Take
 
 
-def test_claim_takes_a_free_request_once_and_lets_its_owner_claim_again(redis_url):
+def _request(rid: str) -> GenerationRequest:
+    return GenerationRequest(request_id=rid, prompt_ids=(0, 5), sampling=SamplingParams(max_tokens=2), created=0.0)
+
+
+def test_take_claims_a_free_request_once_and_lets_its_owner_take_it_again(redis_url):
     store = Lifecycle(redis.Redis.from_url(redis_url))
     store.r.set(key("queued", "c1"), 1)
-    assert store.claim("c1", "prefill0", 30)
+    assert store.take("c1", 0, "prefill0", 30) == Take.CLAIMED
     assert store.owner("c1") == "prefill0" and not store.r.exists(key("queued", "c1"))
-    assert store.claim("c1", "prefill0", 30)  # the owner retries its batch
+    assert store.take("c1", 0, "prefill0", 30) == Take.CLAIMED  # the owner retries its batch
     store.r.set(key("queued", "c1"), 1)
-    assert not store.claim("c1", "prefill1", 30)  # a live owner keeps it
+    assert store.take("c1", 0, "prefill1", 30) == Take.OWNED  # a live owner keeps it
     assert store.owner("c1") == "prefill0" and store.r.exists(key("queued", "c1"))
 
 
-def test_claim_loads_its_script_again_after_a_flush(redis_url):
+def test_take_drops_stale_and_ended_deliveries_and_reports_a_cancel(redis_url):
+    store = Lifecycle(redis.Redis.from_url(redis_url))
+    store.r.set(key("attempt", "s1"), 2)
+    assert store.take("s1", 1, "prefill0", 30) == Take.STALE and store.owner("s1") is None
+    assert store.take("s1", 2, "prefill0", 30) == Take.CLAIMED
+    store.r.set(key("done", "s2"), "finished")
+    assert store.take("s2", 0, "prefill0", 30) == Take.STALE and store.owner("s2") is None
+    store.cancel("s3")
+    assert store.take("s3", 0, "prefill0", 30) == Take.CANCELLED and store.owner("s3") == "prefill0"
+
+
+def test_take_loads_its_script_again_after_a_flush(redis_url):
     store = Lifecycle(redis.Redis.from_url(redis_url))
     store.r.script_flush()  # what a restarted Redis has forgotten
-    assert store.claim("c2", "prefill0", 30)
+    assert store.take("c2", 0, "prefill0", 30) == Take.CLAIMED
+
+
+def test_admit_queues_every_request_or_none_within_the_bound(redis_url):
+    async def run() -> tuple[bool, bool]:
+        client = aioredis.Redis.from_url(redis_url)
+        watching = Watching(client, stream_ttl_s=60)
+        first = await watching.admit([_request("a1"), _request("a2")], [b"img"], "r", 60, Queue("q", ("m1", "m2"), 3))
+        second = await watching.admit([_request("a3"), _request("a4")], [], "r", 60, Queue("q", ("m3", "m4"), 3))
+        await client.aclose()
+        return first, second
+
+    first, second = asyncio.run(run())
+    store = Lifecycle(redis.Redis.from_url(redis_url))
+    assert first and not second  # 2 + 2 messages would pass the bound of 3: neither of the second pair
+    assert store.r.lrange("q", 0, -1) == [b"m2", b"m1"]
+    assert store.request("a2") == _request("a2") and store.images("a1") == [b"img"] == store.images("a2")
+    assert store.r.get(key("access", "a1")) == b"r" and store.r.pttl(key("queued", "a1")) > 0
+    assert set(store.active()) >= {"a1", "a2"} and store.request("a3") is None and "a3" not in store.active()
 
 
 def test_watch_counts_readers_with_the_stream_ttl(redis_url):

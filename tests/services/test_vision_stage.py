@@ -41,7 +41,7 @@ def test_stage_encodes_then_hands_the_request_to_prefill(demo_dir, redis_url):
     assert tuple(take_tensor(sent[0].embeddings, store).shape) == (4, 64)
 
     store.admit(_request("img-2", 1), [encoded(28, 28, seed=2)], "", 60)
-    store.claim("img-2", "vision1@elsewhere", 30)  # a live worker owns it
+    store.take("img-2", 0, "vision1@elsewhere", 30)  # a live worker owns it
     stage.handle(PrefillJob(request=_request("img-2", 1)))
     assert len(sent) == 1
 

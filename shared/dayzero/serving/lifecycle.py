@@ -27,6 +27,7 @@ tensor:{key} parked image embeddings, wake:{gateway} the stream reader's wake-up
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import redis
 import redis.asyncio as aioredis
@@ -34,17 +35,10 @@ from opentelemetry import trace
 
 from .messages import GenerationRequest
 from .records import Token, encode, ending
+from .scripts import ADMIT, TAKE, Take
 
 P = "dz:"
 HANDOFF_OWNER = "handoff"
-# KEYS: lease, queued; ARGV: owner, lease ms. 1: the lease is the owner's (taken now or already)
-CLAIM = """
-if redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX') or redis.call('GET', KEYS[1]) == ARGV[1] then
-    redis.call('DEL', KEYS[2])
-    return 1
-end
-return 0
-"""
 
 
 def key(family: str, name: str = "") -> str:
@@ -52,16 +46,27 @@ def key(family: str, name: str = "") -> str:
     return f"{P}{family}:{name}" if name else f"{P}{family}"
 
 
-def _record(pipe, request: GenerationRequest, images: list[bytes], reader: str, queued_s: float, keep: int) -> None:
-    """The writes that admit a request, queued on ``pipe`` (a sync or an asyncio pipeline)."""
-    rid = request.request_id
-    pipe.set(key("req", rid), request.model_dump_json(), ex=keep)
-    if images:
-        pipe.rpush(key("images", rid), *images)
-        pipe.expire(key("images", rid), keep)
-    pipe.set(key("access", rid), reader, ex=keep)
-    pipe.set(key("queued", rid), 1, px=int(queued_s * 1000))
-    pipe.sadd(key("active"), rid)
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """Where admitted requests wait: the stage's broker list, a message per request (none: recorded
+    only), and how many messages it may hold (more: the whole admission is refused)."""
+
+    stage: str
+    messages: tuple[str, ...] = ()
+    bound: int = 2**31
+
+
+def _admission(
+    requests: list[GenerationRequest], images: list[bytes], reader: str, queued_s: float, keep: int, queue: Queue
+) -> tuple[list[str], list]:
+    """``ADMIT``'s keys and arguments: record each request, its images' bytes and the digest of who
+    may read its stream; queued, its message pushed (when ``queue`` has one)."""
+    keys, args = [queue.stage, key("active")], [queue.bound, keep, int(queued_s * 1000), reader, len(images), *images]
+    for request, message in zip(requests, queue.messages or [""] * len(requests), strict=True):
+        rid = request.request_id
+        keys += [key("req", rid), key("access", rid), key("queued", rid), key("images", rid)]
+        args += [rid, request.model_dump_json(), message]
+    return keys, args
 
 
 class Lifecycle:
@@ -69,7 +74,7 @@ class Lifecycle:
 
     def __init__(self, client: redis.Redis, stream_ttl_s: int = 600) -> None:
         self.r, self.ttl_s = client, stream_ttl_s
-        self._claim = client.register_script(CLAIM)
+        self._admit, self._take = client.register_script(ADMIT), client.register_script(TAKE)
 
     @classmethod
     def connect(cls, url: str, stream_ttl_s: int = 600) -> Lifecycle:
@@ -78,10 +83,11 @@ class Lifecycle:
 
     # -- admit: -> queued ---------------------------------------------------------------------------
     def admit(self, request: GenerationRequest, images: list[bytes], reader: str, queued_s: float) -> None:
-        """Record the request, its images' bytes and the digest of who may read its stream; queued."""
-        pipe = self.r.pipeline()
-        _record(pipe, request, images, reader, queued_s, self.ttl_s * 4)
-        pipe.execute()
+        """Record the request, its images' bytes and the digest of who may read its stream; queued
+        (its message is the caller's to send)."""
+        queue = Queue("vision" if images else "prefill")
+        keys, args = _admission([request], images, reader, queued_s, self.ttl_s * 4, queue)
+        self._admit(keys=keys, args=args)
 
     def request(self, rid: str) -> GenerationRequest | None:
         raw = self.r.get(key("req", rid))
@@ -96,10 +102,11 @@ class Lifecycle:
         current, done = self.r.mget(key("attempt", rid), key("done", rid))
         return bool(done) or attempt < int(current or 0)
 
-    def claim(self, rid: str, owner: str, lease_s: float) -> bool:
-        """Own the request unless someone else alive does (the owner may claim again: a batch it
-        retries after Redis came back); it is no longer queued. One round trip."""
-        return bool(self._claim(keys=[key("lease", rid), key("queued", rid)], args=[owner, int(lease_s * 1000)]))
+    def take(self, rid: str, attempt: int, owner: str, lease_s: float) -> Take:
+        """``stale``, then own the request unless someone else alive does (the owner may take it
+        again), then whether it was cancelled: one round trip."""
+        keys = [key("attempt", rid), key("done", rid), key("lease", rid), key("queued", rid), key("cancel", rid)]
+        return Take(self._take(keys=keys, args=[attempt, owner, int(lease_s * 1000)]))
 
     def requeue(self, rid: str, queued_s: float, release: bool = False) -> None:
         """Back to queued: waiting for blocks, or handed from vision to prefill (``release``: drop the
@@ -236,16 +243,15 @@ class Watching:
 
     def __init__(self, client: aioredis.Redis, stream_ttl_s: int) -> None:
         self.r, self.ttl_s = client, stream_ttl_s
+        self._admit = client.register_script(ADMIT)
 
     async def admit(
-        self, request: GenerationRequest, images: list[bytes], reader: str, queued_s: float, task: tuple[str, str]
-    ) -> None:
-        """``Lifecycle.admit`` and ``task`` (queue, broker message) pushed onto its queue, in one
-        round trip (MULTI: no worker takes the task before the request is recorded)."""
-        pipe = self.r.pipeline()
-        _record(pipe, request, images, reader, queued_s, self.ttl_s * 4)
-        pipe.lpush(*task)
-        await pipe.execute()
+        self, requests: list[GenerationRequest], images: list[bytes], reader: str, queued_s: float, queue: Queue
+    ) -> bool:
+        """``Lifecycle.admit`` for all of ``requests`` and their messages pushed onto the queue, in
+        one round trip; or nothing, False, when the queue cannot take them all."""
+        keys, args = _admission(requests, images, reader, queued_s, self.ttl_s * 4, queue)
+        return bool(await self._admit(keys=keys, args=args))
 
     async def known(self, rid: str) -> bool:
         return bool(await self.r.exists(key("req", rid)))

@@ -27,6 +27,7 @@ from .messages import DecodeJob, PrefillJob
 from .prefill_batch import BatchInput, echo_of, merged
 from .records import Token
 from .runtime import Runtime
+from .scripts import Take
 
 log = logging.getLogger("dayzero.prefill")
 
@@ -108,15 +109,15 @@ class PrefillLoop:
         """Claim the request and its blocks; False when the ticket is settled without prefill."""
         store, job = self.r.store, ticket.job
         rid = job.request.request_id
-        if (
-            rid in self.r.pools.sequences  # a duplicate delivery of a request this worker holds
-            or store.stale(rid, job.attempt)
-            or not store.claim(rid, self.r.name, self.r.settings.lease_s)
-        ):
-            ticket.done.set()  # stale redelivery, ended, or owned by a live worker
-            return False
-        if store.cancelled([rid]):
+        if rid in self.r.pools.sequences:  # a duplicate delivery of a request this worker holds
+            taken = Take.STALE
+        else:
+            taken = store.take(rid, job.attempt, self.r.name, self.r.settings.lease_s)
+        if taken == Take.CANCELLED:
             self._settle(ticket, "cancelled")
+            return False
+        if taken != Take.CLAIMED:
+            ticket.done.set()  # a duplicate, a stale redelivery, ended, or owned by a live worker
             return False
         try:
             self.r.ranks.reserve(rid, len(job.request.prompt_ids) + len(job.generated))

@@ -25,6 +25,7 @@ from .lifecycle import Lifecycle
 from .messages import PrefillJob
 from .metrics import WorkerStats
 from .registry import Registry
+from .scripts import Take
 
 log = logging.getLogger("dayzero.vision")
 
@@ -73,13 +74,11 @@ class VisionStage:
 
     def handle(self, job: PrefillJob) -> None:
         rid = job.request.request_id
-        if self.store.stale(rid, job.attempt):
-            return  # a stale redelivery, or ended
-        if self.store.cancelled([rid]):
+        taken = self.store.take(rid, job.attempt, self.name, self.settings.lease_s)
+        if taken == Take.CANCELLED:
             self.store.settle(rid, "cancelled", len(job.generated))
-            return
-        if not self.store.claim(rid, self.name, self.settings.lease_s):
-            return  # a live worker has it
+        if taken != Take.CLAIMED:
+            return  # a stale redelivery, ended, cancelled, or a live worker has it
         self.stats.add(queued_requests=1, queue_seconds=time.time() - job.request.created)
         try:
             with self._lock, continued(job.trace), Heartbeat(self.store, [rid], self.name, self.settings.lease_s):

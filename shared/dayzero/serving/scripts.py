@@ -1,0 +1,58 @@
+"""The Lua scripts behind the lifecycle's transitions that read before they write: each runs as one
+atomic round trip. Their keys come from dayzero.serving.lifecycle, which alone calls them."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+# KEYS: the stage's queue, active, then per request: req, access, queued, images.
+# ARGV: bound, keep s, queued ms, reader, image count k, the k images, then per request: id, record,
+# broker message ('': record only). 0: refused (the queue would pass ``bound``), nothing written.
+ADMIT = """
+local n, k = (#KEYS - 2) / 4, tonumber(ARGV[5])
+if redis.call('LLEN', KEYS[1]) + n > tonumber(ARGV[1]) then
+    return 0
+end
+for i = 0, n - 1 do
+    local rid, at = ARGV[6 + k + 3 * i], 2 + 4 * i
+    redis.call('SET', KEYS[at + 1], ARGV[7 + k + 3 * i], 'EX', ARGV[2])
+    if k > 0 then
+        redis.call('RPUSH', KEYS[at + 4], unpack(ARGV, 6, 5 + k))
+        redis.call('EXPIRE', KEYS[at + 4], ARGV[2])
+    end
+    redis.call('SET', KEYS[at + 2], ARGV[4], 'EX', ARGV[2])
+    redis.call('SET', KEYS[at + 3], 1, 'PX', ARGV[3])
+    redis.call('SADD', KEYS[2], rid)
+    local message = ARGV[8 + k + 3 * i]
+    if message ~= '' then
+        redis.call('LPUSH', KEYS[1], message)
+    end
+end
+return 1
+"""
+
+
+class Take(IntEnum):
+    """What a stage's attempt to take a delivered request found (``TAKE``'s answer)."""
+
+    STALE = 0  # an older run's delivery, or the request has ended: drop the message
+    OWNED = 1  # a live worker holds its lease
+    CANCELLED = 2  # claimed, but a client cancelled it: settle it
+    CLAIMED = 3  # this worker owns it now; it is no longer queued
+
+
+# KEYS: attempt, done, lease, queued, cancel; ARGV: the delivery's attempt, owner, lease ms. The
+# owner may take again (a batch it retries after Redis came back).
+TAKE = """
+if redis.call('EXISTS', KEYS[2]) == 1 or tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or 0) then
+    return 0
+end
+if not (redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3], 'NX') or redis.call('GET', KEYS[3]) == ARGV[2]) then
+    return 1
+end
+redis.call('DEL', KEYS[4])
+if redis.call('EXISTS', KEYS[5]) == 1 then
+    return 2
+end
+return 3
+"""
