@@ -1,9 +1,11 @@
-"""Keeping a request's lease alive while one long piece of work runs."""
+"""Keeping requests' leases alive while long pieces of work run on them."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 
 import redis
 
@@ -13,34 +15,41 @@ log = logging.getLogger("dayzero.lease")
 
 
 class Heartbeat:
-    """Refreshes the leases of ``ids`` (owned by ``owner``) until the block ends, or until a request
-    is ``release``d from it (its lease is about to change hands)."""
+    """Refreshes the leases (owned by ``owner``) of the requests it holds, every third of a lease,
+    on one thread that starts with the first ``holding`` and ends when ``stop`` is set: a batch
+    starts no thread of its own."""
 
-    def __init__(self, store: Lifecycle, ids: list[str], owner: str, lease_s: float) -> None:
-        self._store, self._ids, self._owner, self._lease_s = store, list(ids), owner, lease_s
-        self._stop = threading.Event()
+    def __init__(self, store: Lifecycle, owner: str, lease_s: float, stop: threading.Event) -> None:
+        self._store, self._owner, self._lease_s, self._stop = store, owner, lease_s, stop
+        self._ids: set[str] = set()
         self._lock = threading.Lock()  # a beat in flight finishes before a release returns
-        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._thread: threading.Thread | None = None
 
     def _beat(self) -> None:
         while not self._stop.wait(self._lease_s / 3):
             with self._lock:
                 try:
-                    self._store.heartbeat(self._ids, self._owner, self._lease_s)
+                    if self._ids:
+                        self._store.heartbeat(sorted(self._ids), self._owner, self._lease_s)
                 except redis.RedisError:
                     log.warning("heartbeat failed; retrying")
+
+    @contextlib.contextmanager
+    def holding(self, ids: list[str]) -> Iterator[Heartbeat]:
+        """Beat for ``ids`` until the block ends, or until each is ``release``d."""
+        with self._lock:
+            self._ids.update(ids)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+                self._thread.start()
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._ids.difference_update(ids)
 
     def release(self, request_id: str) -> None:
         """No more beats for ``request_id``: none in flight can overwrite what its owner writes next
         (a handoff lease, its end)."""
         with self._lock:
-            if request_id in self._ids:
-                self._ids.remove(request_id)
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+            self._ids.discard(request_id)

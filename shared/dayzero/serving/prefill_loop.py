@@ -39,6 +39,7 @@ class PrefillLoop:
         self.pending: list[Ticket[PrefillJob]] = []
         self.handed_off: dict[str, float] = {}  # request -> when its handoff lapses (monotonic)
         self.stop = threading.Event()
+        self.heartbeat = Heartbeat(runtime.store, runtime.name, runtime.settings.lease_s, self.stop)
 
     def run_forever(self) -> None:
         run_loop(self.stop, self._iteration, log)
@@ -157,7 +158,7 @@ class PrefillLoop:
         ids = [item.seq_id for item in inputs]
         # the leases live until each request is handed on: a slow emit of a large batch must not let
         # the last ones lapse (the reaper would re-run a request that is being handed to decode)
-        with Heartbeat(self.r.store, ids, self.r.name, self.r.settings.lease_s) as beat:
+        with self.heartbeat.holding(ids) as beat:
             source = merged(inputs)
             logits = self.r.ranks.prefill(inputs, source)
             self.r.stats.add(tokens=sum(len(inputs[i].tokens) for i, s in source.items() if s == i))

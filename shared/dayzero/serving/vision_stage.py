@@ -45,6 +45,7 @@ class VisionStage:
         self.stats = WorkerStats("vision")
         self._lock = threading.Lock()
         self.stop = threading.Event()
+        self.heartbeat = Heartbeat(self.store, self.name, settings.lease_s, self.stop)
 
     def run_forever(self) -> None:
         """Heartbeats (the work itself arrives through ``handle``) and the sweep of parked embeddings."""
@@ -81,7 +82,7 @@ class VisionStage:
             return  # a stale redelivery, ended, cancelled, or a live worker has it
         self.stats.add(queued_requests=1, queue_seconds=time.time() - job.request.created)
         try:
-            with self._lock, continued(job.trace), Heartbeat(self.store, [rid], self.name, self.settings.lease_s):
+            with self._lock, continued(job.trace), self.heartbeat.holding([rid]):
                 images = self.encoder.embeddings(self.store.images(rid))
             self.stats.call("vision.encode")
         except (ImageError, ValueError) as exc:
