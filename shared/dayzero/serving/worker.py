@@ -20,6 +20,9 @@ from .metrics import serve_metrics
 from .runtime import Runtime
 
 log = logging.getLogger("dayzero.worker")
+# Celery's INFO line per task received (formatted and written before the task is handed to a thread)
+# and per task done: the spans and the stage metrics say the same; their warnings and errors stay
+PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
 
 
 def exit_on_failure(start: Callable[..., None], stage: str) -> Callable[..., None]:
@@ -112,7 +115,10 @@ class StageWorker:
     def _start(self, sender: object = None, **_: object) -> None:
         name = getattr(sender, "hostname", None) or self.stage  # celery's -n, e.g. "decode0@host"
         setup_tracing(self.settings, self.stage)
-        CeleryInstrumentor().instrument()
+        if self.settings.trace_exporter != "none":  # only then: off, its signal handlers would still run per task
+            CeleryInstrumentor().instrument()
+        for logger in PER_TASK_LOGGERS:
+            logging.getLogger(logger).setLevel(logging.WARNING)
         running = self.running = self._build(name)
         if self.settings.metrics_port:
             serve_metrics(self.settings.metrics_port, lambda: {running.name: running.snapshot()})
