@@ -26,7 +26,9 @@ router = APIRouter()
 MAX_ECHO_LOGPROB_TOKENS = 32768  # the prompt's logprobs travel in one stream entry
 
 
-def gateway(request: Request) -> Gateway:
+async def gateway(request: Request) -> Gateway:
+    """The app's Gateway (async: FastAPI runs a plain ``def`` dependency on its thread pool, a thread
+    hop per request)."""
     return request.app.state.gateway
 
 
