@@ -120,7 +120,9 @@ def _new_request(ids: list[int], spec: SamplingParams, kind: str, images: int = 
 
 def _choices(requests: list[GenerationRequest], n: int) -> list[GenerationRequest]:
     """``n`` requests per prompt (choice ``p * n + j``); a seeded choice ``j`` draws with seed + j
-    (wrapping past MAX_SEED)."""
+    (wrapping past MAX_SEED); ``n`` 1: the requests themselves."""
+    if n == 1:
+        return requests
     out = []
     for request in requests:
         for j in range(n):
