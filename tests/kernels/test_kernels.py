@@ -220,6 +220,25 @@ def test_hyper_mix_matches_twin_and_is_doubly_stochastic(n, d, device, tol):
     assert (got[0] - (pre[:, :, None] * streams).sum(1)).abs().max().item() < tol
 
 
+@pytest.mark.parametrize(("n", "t"), [(4, 1), (4, 7), (3, 2), (2, 256)])  # decode sizes; N not a power of two
+def test_compiled_cpu_mix_matches_the_twin(n, t):
+    """The CPU decode path (one numba loop, kernels/hyper_cpu.py) against the torch twin: the same
+    fp32 arithmetic, so within a few ulps (exp and the sums' rounding order)."""
+    from dayzero.kernels.hyper import hyper_mix, hyper_mix_torch
+    from dayzero.kernels.hyper_cpu import FEW_TOKENS
+
+    assert t <= FEW_TOKENS  # so hyper_mix takes the compiled loop
+    gen = torch.Generator().manual_seed(11)
+    width = (2 + n) * n
+    mixes, base = 3 * torch.randn(t, width, generator=gen), torch.randn(width, generator=gen)
+    scale, streams = torch.rand(3, generator=gen) + 0.5, torch.randn(t, n, 40, generator=gen)
+    want = hyper_mix_torch(mixes, base, scale, streams, 20, 1e-6)
+    got = hyper_mix(mixes, base, scale, streams, 20, 1e-6, backend="torch")
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert (g - w).abs().max().item() < 1e-6
+
+
 def test_window_write_of_a_decode_step_equals_the_spec(device):
     from dayzero.kernels.kv_write import write_window_torch
 
