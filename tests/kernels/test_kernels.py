@@ -149,12 +149,14 @@ def test_indexer_scores_a_row_at_a_time_as_in_one_piece(monkeypatch):
     assert torch.equal(indexer_topk(q, w, batch, keys, table, visible, 3), whole)
 
 
-def test_earliest_topk_is_a_stable_sorts_prefix():
+@pytest.mark.parametrize("rows", [8, 256])  # 8 x 12 scores are sorted outright; 256 x 12 take topk + tie checks
+def test_earliest_topk_is_a_stable_sorts_prefix(rows):
     """Ties (at the k-th score, inside the selection, among -inf) resolve as a stable sort does."""
-    from dayzero.kernels.indexer import earliest_topk
+    from dayzero.kernels.indexer import SORTED_OUTRIGHT, earliest_topk
 
+    assert (rows * 12 <= SORTED_OUTRIGHT) == (rows == 8)
     gen = torch.Generator().manual_seed(11)
-    scores = torch.randint(0, 4, (64, 12), generator=gen).float()  # many ties
+    scores = torch.randint(0, 4, (rows, 12), generator=gen).float()  # many ties
     scores[::3, 5:] = float("-inf")  # fewer finite entries than k in some rows
     scores[1] = torch.randn(12, generator=gen)  # a row without ties
     for k in (1, 5, 12, 15):
