@@ -74,7 +74,7 @@ def test_decode_attention_matches_twin(mode, device, tol):
 
 @pytest.mark.parametrize("mode", ["none", "visible", "indices"])
 def test_batched_decode_twin_equals_the_spec(mode, device, tol):
-    from dayzero.kernels.attention import sparse_attention_torch, sparse_decode_torch
+    from dayzero.kernels.attention_torch import sparse_attention_torch, sparse_decode_torch
 
     sc = _scenario(device, starts=[0, 3, 40, 17, 2], news=[1, 1, 1, 1, 1], seed=8)  # ring empty, partial, full
     sel = _selection(sc, mode)
@@ -84,16 +84,19 @@ def test_batched_decode_twin_equals_the_spec(mode, device, tol):
 
 @pytest.mark.parametrize("mode", ["none", "visible", "indices"])
 def test_spec_query_blocks_read_every_key_a_window_reaches(mode, device, tol, monkeypatch):
-    """Blocks of 2 or 5 queries (some reaching the ring, some only the step's rows) = one block."""
-    from dayzero.kernels import attention
+    """Blocks of 2 or 5 queries (some reaching the ring, some only the step's rows), or of one
+    (a logits budget too small for more) = one block."""
+    from dayzero.kernels import attention_torch
 
     sc = _scenario(device, starts=[0, 5, 37], news=[13, 1, 11], seed=9)
     sel = _selection(sc, mode)
     args = (sc["q"], sc["kv"], sc["batch"], sc["window"], sc["window_table"], WINDOW, sc["sink"], sel)
-    whole = attention.sparse_attention_torch(*args)
-    for block in (2, 5):
-        monkeypatch.setattr(attention, "QUERY_BLOCK", block)
-        assert (attention.sparse_attention_torch(*args) - whole).abs().max().item() < tol
+    whole = attention_torch.sparse_attention_torch(*args)
+    for block, budget in ((2, attention_torch.BLOCK_LOGITS), (5, attention_torch.BLOCK_LOGITS), (64, 1)):
+        monkeypatch.setattr(attention_torch, "QUERY_BLOCK", block)
+        monkeypatch.setattr(attention_torch, "BLOCK_LOGITS", budget)
+        assert attention_torch._block_rows(sc["q"].shape[1], WINDOW, 0) == min(block, max(1, budget))
+        assert (attention_torch.sparse_attention_torch(*args) - whole).abs().max().item() < tol
 
 
 def test_decode_and_prefill_twins_agree_on_single_tokens(device, tol):
