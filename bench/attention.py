@@ -82,19 +82,31 @@ def decode_step(shape: Heads, context: int, runs: int) -> tuple[float, float, fl
     return median_seconds(sparse, runs) * 1e3, median_seconds(index, runs) * 1e3, median_seconds(dense, runs) * 1e3
 
 
+def work_ratio(shape: Heads, context: int) -> float:
+    """Multiply-adds of dense attention over ``context`` tokens / those of the sparse step (the
+    indexer's scores and head sum over context / RATE entries, attention over window + top-k):
+    the speed-up at equal arithmetic rate."""
+    dense = 2 * shape.heads * shape.dim * context  # q . k, then probs . v
+    entries = context // RATE
+    indexer = shape.index_heads * (shape.index_dim + 1) * entries
+    sparse = indexer + 2 * shape.heads * shape.dim * (WINDOW + min(TOPK, entries))
+    return dense / sparse
+
+
 def decode_table(shape: Heads, contexts: list[int], runs: int) -> list[tuple[int, float, float, float]]:
     print(
         f"1. decode-step attention, one CSA layer, {shape.name} heads (H={shape.heads}, D={shape.dim}, "
         f"indexer {shape.index_heads} x {shape.index_dim}, window {WINDOW}, rate {RATE}, top-k {TOPK}), "
-        f"CPU fp32, median of {runs}"
+        f"CPU fp32, median of {runs}; work = dense / sparse multiply-adds (the ratio at equal FLOP/s)"
     )
-    print("| context | sparse ms | (indexer ms) | dense ms | dense / sparse |")
-    print("|--------:|----------:|-------------:|---------:|---------------:|")
+    print("| context | sparse ms | (indexer ms) | dense ms | dense / sparse | work |")
+    print("|--------:|----------:|-------------:|---------:|---------------:|-----:|")
     rows = []
     for ctx in contexts:
         sparse_ms, index_ms, dense_ms = decode_step(shape, ctx, runs)
         rows.append((ctx, sparse_ms, index_ms, dense_ms))
-        print(f"| {ctx:7d} | {sparse_ms:9.3f} | {index_ms:12.3f} | {dense_ms:8.3f} | {dense_ms / sparse_ms:13.2f}x |")
+        ratio, work = dense_ms / sparse_ms, work_ratio(shape, ctx)
+        print(f"| {ctx:7d} | {sparse_ms:9.3f} | {index_ms:12.3f} | {dense_ms:8.3f} | {ratio:13.2f}x | {work:4.1f}x |")
     print()
     return rows
 

@@ -114,3 +114,17 @@ def test_loading_reports_progress_tensor_by_tensor(tiny_checkpoint):
     load_model(tiny_checkpoint, progress=False, on_progress=lambda done, total: seen.append((done, total)))
     total = seen[-1][1]
     assert [done for done, _ in seen] == list(range(1, total + 1)) and {t for _, t in seen} == {total}
+
+
+def test_pinned_attributes_follow_a_later_assignment(tiny_checkpoint):
+    """load_model pins submodules and parameters in the instance dicts (no nn.Module.__getattr__ on
+    the decode path); assigning either afterwards is still what the model reads."""
+    model = load_model(tiny_checkpoint, progress=False)
+    block = model.layers[0]
+    assert "attn" in vars(block) and "weight" in vars(block.attn.wq_a)  # pinned: found without __getattr__
+    replacement = torch.nn.Parameter(torch.zeros_like(block.attn.wq_a.weight), requires_grad=False)
+    block.attn.wq_a.weight = replacement
+    assert block.attn.wq_a.weight is replacement and block.attn.wq_a._parameters["weight"] is replacement
+    head = torch.nn.Linear(1, 1)
+    model.head = head
+    assert model.head is head and model._modules["head"] is head

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from .checkpoint_files import CheckpointError, Entry, Placed, mtp_layers, place, scan, unused_patterns
 from .config import ModelConfig
-from .model.weights import Transformer, is_fp32_param, skeleton
+from .model.weights import Transformer, is_fp32_param, pin_attributes, skeleton
 from .parallel import Group, ParallelConfig, check_divisible
 from .parallel.shard import check_blocks, local_index, owns_expert, shard_skeleton, split_dim
 from .quant.experts import ExpertConverter
@@ -201,6 +201,7 @@ def load_model(
         raise CheckpointError(f"weight check failed: {exc}") from exc
     if spec.packed_experts:
         _install_converter(model, expert_cache_bytes, dtype)
+    pin_attributes(model)
     return model.eval()
 
 

@@ -74,7 +74,7 @@ def test_decode_attention_matches_twin(mode, device, tol):
 
 @pytest.mark.parametrize("mode", ["none", "visible", "indices"])
 def test_batched_decode_twin_equals_the_spec(mode, device, tol):
-    from dayzero.kernels.attention import sparse_attention_torch, sparse_decode_torch
+    from dayzero.kernels.attention_torch import sparse_attention_torch, sparse_decode_torch
 
     sc = _scenario(device, starts=[0, 3, 40, 17, 2], news=[1, 1, 1, 1, 1], seed=8)  # ring empty, partial, full
     sel = _selection(sc, mode)
@@ -84,16 +84,19 @@ def test_batched_decode_twin_equals_the_spec(mode, device, tol):
 
 @pytest.mark.parametrize("mode", ["none", "visible", "indices"])
 def test_spec_query_blocks_read_every_key_a_window_reaches(mode, device, tol, monkeypatch):
-    """Blocks of 2 or 5 queries (some reaching the ring, some only the step's rows) = one block."""
-    from dayzero.kernels import attention
+    """Blocks of 2 or 5 queries (some reaching the ring, some only the step's rows), or of one
+    (a logits budget too small for more) = one block."""
+    from dayzero.kernels import attention_torch
 
     sc = _scenario(device, starts=[0, 5, 37], news=[13, 1, 11], seed=9)
     sel = _selection(sc, mode)
     args = (sc["q"], sc["kv"], sc["batch"], sc["window"], sc["window_table"], WINDOW, sc["sink"], sel)
-    whole = attention.sparse_attention_torch(*args)
-    for block in (2, 5):
-        monkeypatch.setattr(attention, "QUERY_BLOCK", block)
-        assert (attention.sparse_attention_torch(*args) - whole).abs().max().item() < tol
+    whole = attention_torch.sparse_attention_torch(*args)
+    for block, budget in ((2, attention_torch.BLOCK_LOGITS), (5, attention_torch.BLOCK_LOGITS), (64, 1)):
+        monkeypatch.setattr(attention_torch, "QUERY_BLOCK", block)
+        monkeypatch.setattr(attention_torch, "BLOCK_LOGITS", budget)
+        assert attention_torch._block_rows(sc["q"].shape[1], WINDOW, 0) == min(block, max(1, budget))
+        assert (attention_torch.sparse_attention_torch(*args) - whole).abs().max().item() < tol
 
 
 def test_decode_and_prefill_twins_agree_on_single_tokens(device, tol):
@@ -149,12 +152,14 @@ def test_indexer_scores_a_row_at_a_time_as_in_one_piece(monkeypatch):
     assert torch.equal(indexer_topk(q, w, batch, keys, table, visible, 3), whole)
 
 
-def test_earliest_topk_is_a_stable_sorts_prefix():
+@pytest.mark.parametrize("rows", [8, 256])  # 8 x 12 scores are sorted outright; 256 x 12 take topk + tie checks
+def test_earliest_topk_is_a_stable_sorts_prefix(rows):
     """Ties (at the k-th score, inside the selection, among -inf) resolve as a stable sort does."""
-    from dayzero.kernels.indexer import earliest_topk
+    from dayzero.kernels.indexer import SORTED_OUTRIGHT, earliest_topk
 
+    assert (rows * 12 <= SORTED_OUTRIGHT) == (rows == 8)
     gen = torch.Generator().manual_seed(11)
-    scores = torch.randint(0, 4, (64, 12), generator=gen).float()  # many ties
+    scores = torch.randint(0, 4, (rows, 12), generator=gen).float()  # many ties
     scores[::3, 5:] = float("-inf")  # fewer finite entries than k in some rows
     scores[1] = torch.randn(12, generator=gen)  # a row without ties
     for k in (1, 5, 12, 15):
@@ -218,6 +223,25 @@ def test_hyper_mix_matches_twin_and_is_doubly_stochastic(n, d, device, tol):
     assert (comb.sum(dim=-2) - 1).abs().max().item() < 1e-5  # (the last pass normalised the columns)
     pre = torch.sigmoid(mixes[:, :n] * scale[0] + base[:n]) + 1e-6  # by hand: the collapse weights
     assert (got[0] - (pre[:, :, None] * streams).sum(1)).abs().max().item() < tol
+
+
+@pytest.mark.parametrize(("n", "t"), [(4, 1), (4, 7), (3, 2), (2, 256)])  # decode sizes; N not a power of two
+def test_compiled_cpu_mix_matches_the_twin(n, t):
+    """The CPU decode path (one numba loop, kernels/hyper_cpu.py) against the torch twin: the same
+    fp32 arithmetic, so within a few ulps (exp and the sums' rounding order)."""
+    from dayzero.kernels.hyper import hyper_mix, hyper_mix_torch
+    from dayzero.kernels.hyper_cpu import FEW_TOKENS
+
+    assert t <= FEW_TOKENS  # so hyper_mix takes the compiled loop
+    gen = torch.Generator().manual_seed(11)
+    width = (2 + n) * n
+    mixes, base = 3 * torch.randn(t, width, generator=gen), torch.randn(width, generator=gen)
+    scale, streams = torch.rand(3, generator=gen) + 0.5, torch.randn(t, n, 40, generator=gen)
+    want = hyper_mix_torch(mixes, base, scale, streams, 20, 1e-6)
+    got = hyper_mix(mixes, base, scale, streams, 20, 1e-6, backend="torch")
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert (g - w).abs().max().item() < 1e-6
 
 
 def test_window_write_of_a_decode_step_equals_the_spec(device):

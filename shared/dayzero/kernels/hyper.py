@@ -7,7 +7,9 @@
       post [T, N] fp32, comb [T, N, N] fp32 (doubly stochastic after ``iters`` Sinkhorn passes)
 
 The torch twin runs the Sinkhorn passes on all tokens at once, two ops per pass; the kernel
-keeps one token's N x N matrix in registers and is one launch for the whole step.
+keeps one token's N x N matrix in registers and is one launch for the whole step. On CPU the
+torch backend hands steps of few tokens (decode) to one compiled loop (``hyper_cpu``): there
+the twin's ops are all dispatch overhead.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .batch import Backend
+from .hyper_cpu import FEW_TOKENS, mix_weights_cpu
 
 
 def hyper_mix_torch(
@@ -28,8 +31,11 @@ def hyper_mix_torch(
     pre = torch.sigmoid(pre_w * scale[0] + pre_b) + eps
     post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
     comb = _sinkhorn(torch.softmax(comb_w.view(-1, n, n) * scale[2] + comb_b.view(n, n), dim=-1), iters, eps)
-    collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
-    return collapsed, post, comb
+    return _collapse(pre, streams), post, comb
+
+
+def _collapse(pre: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+    return (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
 
 
 def _sinkhorn(probs: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -104,6 +110,9 @@ def hyper_mix(
     t, n, d = streams.shape
     if mixes.shape != (t, (2 + n) * n) or base.shape != ((2 + n) * n,) or scale.numel() != 3:
         raise ValueError(f"bad shapes mixes {tuple(mixes.shape)} base {tuple(base.shape)} streams {(t, n, d)}")
+    if backend == "torch" and streams.device.type == "cpu" and t <= FEW_TOKENS:
+        pre, post, comb = mix_weights_cpu(mixes, base, scale, n, iters, eps)
+        return _collapse(pre, streams), post, comb
     if backend == "torch" or n & (n - 1):  # the kernel's N x N tile needs a power of two
         return hyper_mix_torch(mixes, base, scale, streams, iters, eps)
     out = torch.empty(t, d, dtype=streams.dtype, device=streams.device)

@@ -1,0 +1,179 @@
+"""The torch twins of the sparse attention kernels (the spec the Triton kernels are tested
+against, and the CPU path): see ``attention`` for the inputs. Prefill attends a block of a
+sequence's queries at a time; decode every sequence's one new token at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .batch import RaggedBatch
+
+QUERY_BLOCK = 256  # query rows the torch spec attends together, at most
+BLOCK_LOGITS = 1 << 18  # fp32 logits [rows, heads, keys] a block aims at (1 MiB: 2x faster per row at 32k)
+
+
+@dataclass(frozen=True, slots=True)
+class CompressedKeys:
+    """Compressed entries a layer attends to: a pool + table, and indices or a visible count."""
+
+    pool: torch.Tensor
+    table: torch.Tensor
+    indices: torch.Tensor | None = None
+    visible: torch.Tensor | None = None
+    visible_max: int | None = None  # max(visible), when the caller knows it on the host (no device sync)
+
+
+def _ring_positions(start: int | torch.Tensor, capacity: int, device: torch.device) -> torch.Tensor:
+    """Position held by each ring slot just before ``start`` (negative: never written); a start
+    per sequence ([B, 1]) gives one row of slots each ([B, capacity])."""
+    slot = torch.arange(capacity, device=device)
+    return start - 1 - torch.remainder(start - 1 - slot, capacity)
+
+
+def _entries(pool: torch.Tensor, table: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """Entries ``e`` from a block pool -> [*e.shape, D] fp32: of one sequence (``table`` its row,
+    ``e`` any shape) or of every sequence (``table`` [B, cb], ``e`` [B, K])."""
+    if pool.shape[0] == 0:
+        return torch.zeros(*e.shape, pool.shape[-1], device=pool.device)
+    bs, table = pool.shape[1], table.long()
+    blocks = table[e // bs] if table.dim() == 1 else table.gather(1, e // bs)
+    return pool[blocks, e % bs].float()
+
+
+def _attend_block(
+    q: torch.Tensor,
+    pos: torch.Tensor,
+    keys: torch.Tensor,
+    key_pos: torch.Tensor,
+    window_size: int,
+    sink: torch.Tensor,
+    compressed: CompressedKeys | None,
+    table: torch.Tensor | None,
+    rows: slice,
+) -> torch.Tensor:
+    """Queries q [L, H, D] at positions pos [L] of one sequence over window keys [K, D] at key_pos [K]
+    (negative: never written), plus the compressed entries of ``rows`` (``table``: the sequence's
+    row) and the sink -> [L, H, D] fp32."""
+    delta = pos[:, None] - key_pos[None, :]
+    allowed = (key_pos[None, :] >= 0) & (delta >= 0) & (delta < window_size)
+    logits = torch.matmul(q.float(), keys.float().T)  # [L, H, K]
+    logits = logits.masked_fill(~allowed[:, None, :], float("-inf"))
+    c_logits, c_values = None, None
+    if compressed is not None and compressed.indices is not None:
+        sel = compressed.indices[rows].long()  # [L, K], per-query entries
+        c_values = _entries(compressed.pool, table, sel.clamp(min=0))  # [L, K, D]
+        c_logits = torch.bmm(q.float(), c_values.transpose(1, 2))  # [L, H, K]
+        c_logits = c_logits.masked_fill((sel < 0)[:, None, :], float("-inf"))
+    elif compressed is not None:
+        e = torch.arange(int(compressed.visible[rows].max()), device=q.device)  # causal prefix, shared
+        c_values = _entries(compressed.pool, table, e)  # [N, D]
+        c_logits = torch.matmul(q.float(), c_values.T)  # [L, H, N]
+        c_logits = c_logits.masked_fill((e[None, :] >= compressed.visible[rows, None])[:, None, :], float("-inf"))
+    if c_logits is not None:
+        logits = torch.cat((logits, c_logits), dim=-1)
+    logits = logits * q.shape[-1] ** -0.5
+    sinks = sink.float().view(1, -1, 1).expand(logits.shape[0], -1, 1)
+    probs = torch.cat((logits, sinks), dim=-1).softmax(dim=-1)[..., :-1]
+    result = torch.matmul(probs[..., : keys.shape[0]], keys.float())
+    if c_values is not None:
+        c_probs = probs[..., keys.shape[0] :]
+        result = result + torch.matmul(c_probs, c_values)  # [L,H,K]@[L,K,D] or [L,H,N]@[N,D]
+    return result
+
+
+def sparse_attention_torch(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    batch: RaggedBatch,
+    window: torch.Tensor,
+    window_table: torch.Tensor,
+    window_size: int,
+    sink: torch.Tensor,
+    compressed: CompressedKeys | None,
+) -> torch.Tensor:
+    """The spec: one sequence at a time, a block of its queries at a time, explicit gathers and
+    masks. A block reads the keys its window can reach: the step's rows from ``window_size - 1``
+    before its first query, and the ring while that reaches before the step. Blocks hold
+    ``QUERY_BLOCK`` queries, fewer where the compressed entries a query reads (HCA's grow with
+    the context) would make the block's logits outgrow the cache."""
+    out = torch.empty_like(q)
+    capacity = window_table.shape[1] * window.shape[1]
+    for s in range(batch.num_seqs):
+        row0, end, start = batch.row0s[s], batch.row0s[s] + batch.news[s], batch.starts[s]
+        ring = window[window_table[s].long()].reshape(capacity, -1)
+        ring_pos = _ring_positions(start, capacity, q.device)
+        table = compressed.table[s] if compressed is not None else None
+        step = _block_rows(q.shape[1], window_size, _entries_read(compressed, end - 1))
+        for r0 in range(row0, end, step):
+            rows, first = slice(r0, min(r0 + step, end)), max(row0, r0 - window_size + 1)
+            keys, key_pos = kv[first : rows.stop], batch.positions[first : rows.stop].long()
+            if first == row0:  # the block's window reaches before the step: the ring too
+                keys, key_pos = torch.cat((ring, keys)), torch.cat((ring_pos, key_pos))
+            pos = batch.positions[rows].long()
+            block = _attend_block(q[rows], pos, keys, key_pos, window_size, sink, compressed, table, rows)
+            out[rows] = block.to(q.dtype)
+    return out
+
+
+def _entries_read(compressed: CompressedKeys | None, row: int) -> int:
+    """How many compressed entries query ``row`` reads (the most of its sequence's queries)."""
+    if compressed is None:
+        return 0
+    return compressed.indices.shape[1] if compressed.indices is not None else int(compressed.visible[row])
+
+
+def _block_rows(heads: int, window_size: int, entries: int) -> int:
+    return max(1, min(QUERY_BLOCK, BLOCK_LOGITS // (heads * (2 * window_size + entries))))
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeWindow:
+    """What every layer's decode step shares about the window (plan once, run per layer):
+    blocks [B, wb] long ring blocks of each sequence; hidden [B, C + 1] bool, true where a ring slot
+    (then the new token itself, last) is outside the sequence's window."""
+
+    blocks: torch.Tensor
+    hidden: torch.Tensor
+
+    @staticmethod
+    def build(batch: RaggedBatch, window_table: torch.Tensor, block_size: int, window_size: int) -> DecodeWindow:
+        pos = batch.positions.long()[:, None]  # [B, 1] the new token's position = the sequence's start
+        capacity = window_table.shape[1] * block_size
+        key_pos = torch.cat((_ring_positions(pos, capacity, pos.device), pos), dim=1)  # [B, C + 1]
+        delta = pos - key_pos
+        return DecodeWindow(window_table.long(), (key_pos < 0) | (delta < 0) | (delta >= window_size))
+
+
+def sparse_decode_torch(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    batch: RaggedBatch,
+    window: torch.Tensor,
+    window_table: torch.Tensor,
+    window_size: int,
+    sink: torch.Tensor,
+    compressed: CompressedKeys | None,
+    ring: DecodeWindow | None = None,
+) -> torch.Tensor:
+    """``sparse_attention_torch`` for one new token per sequence, every sequence at once (the CPU
+    decode path: no loop over sequences). Tested equal to the spec."""
+    b, _, dim = q.shape
+    ring = ring or DecodeWindow.build(batch, window_table, window.shape[1], window_size)
+    values = torch.cat((window[ring.blocks].flatten(1, 2), kv[:, None]), dim=1).float()  # [B, C + 1, D]
+    hidden = ring.hidden
+    if compressed is not None:
+        if compressed.indices is not None:
+            entries = compressed.indices.long()  # [B, K], -1 = none
+            unseen = entries < 0
+        else:
+            longest = compressed.visible_max if compressed.visible_max is not None else int(compressed.visible.max())
+            entries = torch.arange(longest, device=q.device).expand(b, longest)
+            unseen = entries >= compressed.visible[:, None]
+        values = torch.cat((values, _entries(compressed.pool, compressed.table, entries.clamp(min=0))), dim=1)
+        hidden = torch.cat((hidden, unseen), dim=1)
+    logits = torch.bmm(q.float(), values.transpose(1, 2)).masked_fill_(hidden[:, None], float("-inf"))
+    logits = logits.mul_(dim**-0.5)
+    probs = torch.cat((logits, sink.float().view(1, -1, 1).expand(b, -1, 1)), dim=-1).softmax(dim=-1)[..., :-1]
+    return torch.bmm(probs, values).to(q.dtype)
