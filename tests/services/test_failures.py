@@ -62,14 +62,15 @@ def test_two_hundred_requests_with_random_cancels_return_pools_to_baseline(stack
     with futures.ThreadPoolExecutor(16) as pool:
         done = list(pool.map(run, plans))
     assert [d for d in done if d is not None] == [m for c, _, m in plans if not c]
-    assert wait_until(lambda: _decode_blocks_used(stack) == 0, 10)
+    # generous bounds: on two loaded cores the last handoffs' blocks came back after more than 10 s
+    assert wait_until(lambda: _decode_blocks_used(stack) == 0, 30)
     prefill = [u for name, u in pool_usage(stack).items() if name.startswith("prefill")]
     assert wait_until(
         lambda: all(
             sum(x for x, _ in u["pools"].values()) == 0
             for u in [v for n, v in pool_usage(stack).items() if n.startswith("prefill")]
         ),
-        10,
+        30,
     )
     assert prefill
 
