@@ -6,6 +6,8 @@ this process: fp32 both ways, 1e-5 as in test_tensor_parallel (ranks sum in anot
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from dayzero.checkpoint import load_model
@@ -14,6 +16,7 @@ from dayzero.kv.handoff import export_state, import_state
 from dayzero.kv.pools import pools_for
 from dayzero.model.forward import decode
 from dayzero.model.plan import AttentionOptions
+from dayzero.parallel.collectives import GroupFailed
 from dayzero.parallel.group import run_group
 from dayzero.parallel.wire import Message, receive, send
 from dayzero.sampling import PromptLogprobs
@@ -50,6 +53,26 @@ def _wire(group) -> int:
 
 def test_messages_arrive_as_sent_over_three_ranks():
     assert run_group(3, _wire) == 3
+
+
+def _silent_leader(group, marker: str) -> str:
+    """Rank 0 says nothing; the follower's wait for its next message fails at the group's timeout,
+    and the follower records what its ``on_group_failure`` was handed (exit_group in a worker)."""
+    if group.config.rank == 0:
+        return "leader"
+    failures: list[GroupFailed] = []
+    ranks = Ranks(group, None, None, AttentionOptions(), chunk_size=4, on_group_failure=failures.append)
+    try:
+        ranks.follow()
+    except GroupFailed:
+        Path(marker).write_text(" ".join(type(f).__name__ for f in failures))
+    return "follower"
+
+
+def test_a_follower_whose_leader_falls_silent_ends_through_on_group_failure(tmp_path):
+    marker = tmp_path / "failed"
+    assert run_group(2, _silent_leader, str(marker), timeout=5.0) == "leader"
+    assert marker.read_text() == "GroupFailed"
 
 
 def _inputs(model) -> list[BatchInput]:

@@ -128,10 +128,11 @@ class Ranks:
         self._tell(Message(Op.STOP))
 
     def follow(self) -> None:
-        """Ranks 1..N-1: do what rank 0 says until it says stop (a failed collective raises)."""
-        while (message := receive(self.group)).op != Op.STOP:
+        """Ranks 1..N-1: do what rank 0 says until it says stop. A failed collective (rank 0 gone, or
+        silent past the group's timeout) ends this rank as it ends rank 0: ``on_group_failure``."""
+        while (message := self._guarded(receive, self.group)).op != Op.STOP:
             try:
-                self._do(message)
+                self._guarded(self._do, message)
             except GroupFailed:
                 raise
             except Exception:  # noqa: BLE001 - rank 0 met the same failure on the same inputs and went on
