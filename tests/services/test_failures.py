@@ -62,7 +62,8 @@ def test_two_hundred_requests_with_random_cancels_return_pools_to_baseline(stack
     with futures.ThreadPoolExecutor(16) as pool:
         done = list(pool.map(run, plans))
     assert [d for d in done if d is not None] == [m for c, _, m in plans if not c]
-    # generous bounds: on two loaded cores the last handoffs' blocks came back after more than 10 s
+    # generous bounds: twice in four full runs (once idle) some prefill blocks were still held after
+    # 10-30 s; a handoff decode never reports taken is released when its lease lapses (handoff_timeout_s, 60 s)
     assert wait_until(lambda: _decode_blocks_used(stack) == 0, 30)
     prefill = [u for name, u in pool_usage(stack).items() if name.startswith("prefill")]
     assert wait_until(
@@ -70,7 +71,7 @@ def test_two_hundred_requests_with_random_cancels_return_pools_to_baseline(stack
             sum(x for x, _ in u["pools"].values()) == 0
             for u in [v for n, v in pool_usage(stack).items() if n.startswith("prefill")]
         ),
-        30,
+        75,
     )
     assert prefill
 
