@@ -99,14 +99,21 @@ def test_handoff_moves_every_kind_of_state(tiny_checkpoint, forgotten):
         assert (moved - stayed).abs().max().item() > 1e-3
 
 
+@pytest.mark.parametrize("as_bytes", [False, True])
 @pytest.mark.parametrize(("dst_ids", "src_ids"), [([2, 3, 4], [5, 6, 7]), ([4, 0, 2], [1, 6, 3]), ([1, 2], [7, 5])])
-def test_block_copy_equals_indexed_assignment(dst_ids, src_ids):
-    """Stretches of consecutive blocks are one slice copy, scattered ids a gather + scatter."""
+def test_block_copy_equals_indexed_assignment(dst_ids, src_ids, as_bytes):
+    """Stretches of consecutive blocks are one slice copy, scattered ids a gather + scatter; on
+    tensors, or on host pools' bytes (bf16 here: numpy has no such type)."""
     gen = torch.Generator().manual_seed(3)
-    src, dst = torch.randn(2, 8, 4, 3, generator=gen), torch.randn(2, 8, 4, 3, generator=gen)
+    src, dst = (torch.randn(2, 8, 4, 3, generator=gen).bfloat16() for _ in range(2))
     want = dst.clone()
     want[:, dst_ids] = src[:, src_ids]
-    copy_blocks(dst, src, dst_ids, src_ids)
+    if as_bytes:
+        copy_blocks(
+            dst.flatten(2).view(torch.uint8).numpy(), src.flatten(2).view(torch.uint8).numpy(), dst_ids, src_ids
+        )
+    else:
+        copy_blocks(dst, src, dst_ids, src_ids)
     assert torch.equal(dst, want)
 
 
@@ -143,12 +150,12 @@ def test_layout_hash_covers_how_the_storage_is_carved(tiny_checkpoint, monkeypat
     cfg = ModelConfig.from_file(tiny_checkpoint)
     small, large = pools_for(cfg, torch.float32, 32), pools_for(cfg, torch.float32, 256, max_sequences=3)
     assert small.layout.hash() == large.layout.hash() and small.layout_hash == large.layout_hash
-    real = pools_module._compressor_tensors
+    real = pools_module._compressor_shapes
 
-    def reordered(layout, slots, allocate):  # the same tensors carved in another order
-        shapes = real(layout, slots, lambda shape, dtype: (shape, dtype))
-        return {name: allocate(*shapes[name]) for name in reversed(shapes)}
+    def reordered(layout):  # the same compressor states carved from a slot in another order
+        shapes = real(layout)
+        return {name: shapes[name] for name in reversed(shapes)}
 
-    monkeypatch.setattr(pools_module, "_compressor_tensors", reordered)
+    monkeypatch.setattr(pools_module, "_compressor_shapes", reordered)
     moved = pools_for(cfg, torch.float32, 32)
     assert moved.layout.hash() == small.layout.hash() and moved.layout_hash != small.layout_hash

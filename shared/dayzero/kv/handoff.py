@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from .layout import GROWING_POOLS
+from .layout import POOL_KINDS
 from .pools import KVPools
+
+Storage = torch.Tensor | np.ndarray
 
 
 class LayoutMismatch(ValueError):
@@ -42,34 +45,33 @@ def import_state(dst: KVPools, src: KVPools, handle: StateHandle, seq_id: str) -
         raise ValueError(f"handle refers to pool {handle.pool_id}, not {src.pool_id}")
     if handle.layout_hash != dst.layout_hash or handle.layout_hash != src.layout_hash:
         raise LayoutMismatch(f"state layout {handle.layout_hash} does not match the destination's {dst.layout_hash}")
-    dst.reserve(seq_id, handle.length)
-    seq = dst.sequences[seq_id]
-    seq.length = handle.length
-    for kind, dst_t, src_t in _pairs(dst, src):
-        n = src.layout.blocks_for(kind, handle.length)
-        if n:
-            copy_blocks(dst_t, src_t, seq.tables[kind][:n], handle.blocks[kind][:n])
-
-
-def _pairs(dst: KVPools, src: KVPools) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    """(pool kind, destination tensor, source tensor) for every tensor of the state."""
-    pairs = [("window", dst.window, src.window)]
-    pairs += [(pool, dst.compressed[pool], src.compressed[pool]) for pool in GROWING_POOLS]
-    return pairs + [("compressor", dst.compressor[name], t) for name, t in src.compressor.items()]
+    dst.reserve(seq_id, handle.length)  # (a sequence it holds already keeps its blocks)
+    tables = dst.sequences[seq_id].tables
+    dst.sequences[seq_id].length = handle.length
+    same_host = dst.host_bytes is not None and src.host_bytes is not None and dst.dtype == src.dtype
+    dst_storage, src_storage = (dst.host_bytes, src.host_bytes) if same_host else (dst.tensors(), src.tensors())
+    for kind, dst_t, src_t in zip(POOL_KINDS, dst_storage, src_storage, strict=True):
+        if n := dst.layout.blocks_for(kind, handle.length):
+            copy_blocks(dst_t, src_t, tables[kind][:n], handle.blocks[kind][:n])
 
 
 def _stretch(ids: Sequence[int]) -> bool:
-    return list(ids) == list(range(ids[0], ids[0] + len(ids)))
+    return ids[-1] - ids[0] == len(ids) - 1 and list(ids) == list(range(ids[0], ids[0] + len(ids)))
 
 
-def copy_blocks(dst: torch.Tensor, src: torch.Tensor, dst_ids: Sequence[int], src_ids: Sequence[int]) -> None:
+def copy_blocks(dst: Storage, src: Storage, dst_ids: Sequence[int], src_ids: Sequence[int]) -> None:
     """dst[:, dst_ids] = src[:, src_ids] for pool tensors [layers, blocks, ...] (any devices and
-    dtypes): one strided copy when both id lists count up by one (what a fresh allocator hands
-    out), else one gather into a contiguous buffer and one scatter."""
+    dtypes) or host pools' bytes: one strided copy when both id lists count up by one (what a
+    fresh allocator hands out), else one gather into a contiguous buffer and one scatter."""
     if _stretch(src_ids) and _stretch(dst_ids):
-        n = len(src_ids)
-        dst[:, dst_ids[0] : dst_ids[0] + n].copy_(src[:, src_ids[0] : src_ids[0] + n])
-        return
-    src_idx = torch.tensor(src_ids, dtype=torch.long, device=src.device)
-    dst_idx = torch.tensor(dst_ids, dtype=torch.long, device=dst.device)
-    dst.index_copy_(1, dst_idx, src.index_select(1, src_idx).to(dst.device, dst.dtype))
+        n, at, start = len(src_ids), dst_ids[0], src_ids[0]
+        if isinstance(dst, np.ndarray):
+            np.copyto(dst[:, at : at + n], src[:, start : start + n])
+        else:
+            dst[:, at : at + n].copy_(src[:, start : start + n])
+    elif isinstance(dst, np.ndarray):
+        dst[:, list(dst_ids)] = src[:, list(src_ids)]
+    else:
+        src_idx = torch.tensor(src_ids, dtype=torch.long, device=src.device)
+        dst_idx = torch.tensor(dst_ids, dtype=torch.long, device=dst.device)
+        dst.index_copy_(1, dst_idx, src.index_select(1, src_idx).to(dst.device, dst.dtype))

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..config import ModelConfig
@@ -68,26 +69,47 @@ def zeros_on(device: torch.device | str) -> Allocate:
     return lambda shape, dtype: torch.zeros(shape, dtype=dtype, device=device)
 
 
-def _compressor_tensors(layout: PoolLayout, slots: int, allocate: Allocate) -> dict[str, torch.Tensor]:
-    """Running compressor state per slot, fp32 (the reference adds the fp32 position bias
-    before keeping the overlap); rows past ``length % rate`` are stale."""
+def _compressor_shapes(layout: PoolLayout) -> dict[str, tuple[int, int, int]]:
+    """[layers, rows, width] of each compressor's running state in one slot, in the order the slot
+    is carved: fp32 (the reference adds the fp32 position bias before keeping the overlap); rows
+    past ``length % rate`` are stale."""
     d, di, csa, hca = layout.head_dim, layout.index_head_dim, len(layout.csa_layers), len(layout.hca_layers)
     r, rh = layout.csa_rate, layout.hca_rate
     shapes = {
-        "csa_kv": (csa, slots, r, 2 * d),
-        "csa_gate": (csa, slots, r, 2 * d),
-        "csa_overlap_kv": (csa, slots, r, d),
-        "csa_overlap_gate": (csa, slots, r, d),
-        "index_kv": (csa, slots, r, 2 * di),
-        "index_gate": (csa, slots, r, 2 * di),
-        "index_overlap_kv": (csa, slots, r, di),
-        "index_overlap_gate": (csa, slots, r, di),
-        "hca_kv": (hca, slots, rh, d),
-        "hca_gate": (hca, slots, rh, d),
+        "csa_kv": (csa, r, 2 * d),
+        "csa_gate": (csa, r, 2 * d),
+        "csa_overlap_kv": (csa, r, d),
+        "csa_overlap_gate": (csa, r, d),
+        "index_kv": (csa, r, 2 * di),
+        "index_gate": (csa, r, 2 * di),
+        "index_overlap_kv": (csa, r, di),
+        "index_overlap_gate": (csa, r, di),
+        "hca_kv": (hca, rh, d),
+        "hca_gate": (hca, rh, d),
     }
     if layout.mtp_layers:  # the streams at the last position, not yet fed to the MTP layer
-        shapes["mtp_hidden"] = (layout.mtp_layers, slots, layout.hc_mult, layout.hidden_size)
-    return {name: allocate(shape, torch.float32) for name, shape in shapes.items()}
+        shapes["mtp_hidden"] = (layout.mtp_layers, layout.hc_mult, layout.hidden_size)
+    return shapes
+
+
+def _compressor_tensors(
+    layout: PoolLayout, slots: int, allocate: Allocate
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One fp32 storage [1, slots, floats per slot], slot-major: a sequence's whole running state is
+    one row, which a handoff copies at once; each named tensor [layers, slots, rows, width] is a
+    view of it."""
+    shapes = _compressor_shapes(layout)
+    storage = allocate((1, slots, sum(math.prod(shape) for shape in shapes.values())), torch.float32)
+    views, offset = {}, 0
+    for name, shape in shapes.items():
+        size = math.prod(shape)
+        views[name] = storage[0, :, offset : offset + size].view(slots, *shape).transpose(0, 1)
+        offset += size
+    return storage, views
+
+
+def _bytes_of(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.flatten(2).view(torch.uint8).numpy()
 
 
 class KVPools:
@@ -124,11 +146,17 @@ class KVPools:
             "compressed_hca": storage(len(layout.hca_layers), blocks["compressed_hca"], layout.head_dim),
             "index_keys": storage(len(layout.csa_layers), blocks["index_keys"], layout.index_head_dim),
         }
-        self.compressor = _compressor_tensors(layout, blocks["compressor"], allocate)
+        self.compressor_storage, self.compressor = _compressor_tensors(layout, blocks["compressor"], allocate)
         # what a handoff must agree on: the layout and the order and shapes the storage is carved in
+        order += [[name, *shape] for name, shape in _compressor_shapes(layout).items()]
         self.layout_hash = hashlib.sha256(json.dumps([layout.hash(), order]).encode()).hexdigest()[:16]
         self.allocators = {kind: BlockAllocator(blocks[kind]) for kind in POOL_KINDS}
         self.sequences: dict[str, SequenceBlocks] = {}
+        self._capacity = self._longest()
+        # host pools' storage as bytes [layers, blocks, bytes per block]: a handoff copies between
+        # them without torch's per-operation cost (~10 us, most of a small state's copy)
+        on_host = self.window.device.type == "cpu"  # (sizing pools are carved on the meta device)
+        self.host_bytes = [_bytes_of(t) for t in self.tensors()] if on_host else None
 
     @classmethod
     def from_budget(
@@ -159,6 +187,9 @@ class KVPools:
 
     def capacity_tokens(self) -> int:
         """Longest sequence the growing pools could ever hold."""
+        return self._capacity
+
+    def _longest(self) -> int:
         limits = [  # entries = tokens // rate must fit in the pool's blocks
             (self.allocators[p].total * self.layout.block_size + 1) * self.layout.rate(p) - 1
             for p in GROWING_POOLS
@@ -182,9 +213,10 @@ class KVPools:
                 f"{total_tokens} tokens exceed the attention-state capacity of {self.capacity_tokens()}",
                 permanent=True,
             )
-        if not self.fits(total_tokens, seq_id):
+        need = self.missing_blocks(seq_id, total_tokens)
+        if any(self.allocators[kind].free < n for kind, n in need.items()):
             raise OutOfBlocks(f"no free blocks for {total_tokens} tokens now")
-        added = {kind: self.allocators[kind].alloc(n) for kind, n in self.missing_blocks(seq_id, total_tokens).items()}
+        added = {kind: self.allocators[kind].alloc(n) for kind, n in need.items()}
         seq = self.sequences.setdefault(seq_id, SequenceBlocks())
         for kind, blocks in added.items():
             seq.tables[kind].extend(blocks)
@@ -241,15 +273,14 @@ class KVPools:
         total = self.window[:, tables["window"]].numel() * self.window.element_size()
         for name, storage in self.compressed.items():
             total += storage[:, tables[name]].numel() * storage.element_size()
-        for tensor in self.compressor.values():
-            total += tensor[:, tables["compressor"]].numel() * tensor.element_size()
-        return total
+        slots = self.compressor_storage[:, tables["compressor"]]
+        return total + slots.numel() * slots.element_size()
 
     def storage_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.window, *self.compressed.values(), *self.compressor.values()]
+        return [self.window, *self.compressed.values(), self.compressor_storage]
 
 
 def pools_for(
