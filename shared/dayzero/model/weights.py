@@ -152,7 +152,8 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, packed_experts: bool = False, mtp_layers: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size).requires_grad_(False)
+        rows = torch.empty(cfg.vocab_size, cfg.hidden_size)  # given: no random init (on meta it imports dynamo: ~2.5 s)
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=rows, _freeze=True)
         self.layers = nn.ModuleList(Block(cfg, i, packed_experts) for i in range(cfg.num_layers))
         self.norm = Norm(cfg.hidden_size)
         self.head = _linear(cfg.hidden_size, cfg.vocab_size)
