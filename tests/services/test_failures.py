@@ -44,6 +44,23 @@ def test_disconnect_cancels_within_a_second_and_frees_blocks(stack):
     assert wait_until(lambda: _decode_blocks_used(stack) == 0, 2.0)
 
 
+def test_a_decode_worker_that_lost_a_lease_drops_the_request_and_settles_nothing(stack):
+    """Its lease went elsewhere (the worker stalled past it and the reaper re-ran the request, or
+    Redis lost its data): the worker stops generating it within a heartbeat and frees its blocks."""
+    r = redis.Redis.from_url(stack.redis_url)
+    assert wait_until(lambda: _decode_blocks_used(stack) == 0, 10)
+    body = chat("taken over", max_tokens=2000, ignore_eos=True, stream=True)
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=60) as streaming:
+        rid, events = streaming.headers["x-request-id"], sse_events(streaming)
+        assert [next(events) for _ in range(3)]  # decode streams it
+        assert r.get(f"dz:lease:{rid}").startswith(b"decode")
+        r.set(f"dz:lease:{rid}", "decode9@elsewhere", px=2000)
+        assert wait_until(lambda: _decode_blocks_used(stack) == 0, 3.0)
+    assert r.get(f"dz:done:{rid}") is None  # the lease's owner settles it, not this worker
+    r.set(f"dz:cancel:{rid}", 1)  # once the taken lease lapses, the reaper's re-run finds it cancelled
+    assert wait_until(lambda: r.get(f"dz:done:{rid}") == b"cancelled", 30)
+
+
 @pytest.mark.slow
 def test_two_hundred_requests_with_random_cancels_return_pools_to_baseline(stack):
     import concurrent.futures as futures

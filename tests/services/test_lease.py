@@ -14,6 +14,8 @@ from dayzero.serving.lifecycle import Lifecycle
 def test_one_thread_keeps_held_leases_alive_until_they_are_released(redis_url):
     store, stop = Lifecycle(redis.Redis.from_url(redis_url)), threading.Event()
     beat = Heartbeat(store, "prefill0", 0.3, stop)
+    for rid in ("h1", "h2"):
+        store.take(rid, 0, "prefill0", 0.3)  # claimed, as a stage claims what it works on
     try:
         with beat.holding(["h1", "h2"]):
             time.sleep(0.5)  # past one lease: only beats keep them
@@ -21,6 +23,7 @@ def test_one_thread_keeps_held_leases_alive_until_they_are_released(redis_url):
             beat.release("h2")
             time.sleep(0.5)
             assert store.owner("h1") == "prefill0" and store.owner("h2") is None
+            store.take("h3", 0, "prefill0", 0.3)
             with beat.holding(["h3"]):  # a second batch on the same thread
                 time.sleep(0.5)
                 assert store.owner("h3") == "prefill0"

@@ -77,8 +77,19 @@ class DecodeLoop:
         now = time.monotonic()
         if now - self._last_beat >= self.r.settings.lease_s / 4:
             self._last_beat = now
-            self.r.store.heartbeat(list(self.active), self.r.name, self.r.settings.lease_s)
+            for rid in self.r.store.heartbeat(list(self.active), self.r.name, self.r.settings.lease_s):
+                self._drop(rid)
             self.r.announce(len(self.active) or 1)
+
+    def _drop(self, rid: str) -> None:
+        """Stop generating a request whose lease this worker lost (it stalled past the lease and the
+        reaper re-runs it elsewhere, or Redis lost its data): free its blocks, settle nothing."""
+        log.warning("request %s: lease lost; dropping it", rid)
+        active = self.active.pop(rid)
+        self.r.ranks.release(rid)
+        active.span.add_event("lease_lost", {"completion_tokens": active.completion.count})
+        active.span.end()
+        active.ticket.done.set()
 
     def _settle(self, ticket: Ticket[DecodeJob], reason: str, message: str = "", index: int | None = None) -> None:
         self.r.store.settle(ticket.job.request.request_id, reason, index, message)

@@ -29,8 +29,9 @@ class Heartbeat:
         while not self._stop.wait(self._lease_s / 3):
             with self._lock:
                 try:
-                    if self._ids:
-                        self._store.heartbeat(sorted(self._ids), self._owner, self._lease_s)
+                    lost = self._store.heartbeat(sorted(self._ids), self._owner, self._lease_s)
+                    if lost:  # lapsed or re-run elsewhere while the work ran: its owner settles it
+                        log.warning("leases lost during a long piece of work: %s", ", ".join(lost))
                 except redis.RedisError:
                     log.warning("heartbeat failed; retrying")
 

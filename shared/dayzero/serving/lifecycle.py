@@ -35,7 +35,7 @@ from opentelemetry import trace
 
 from .messages import GenerationRequest
 from .records import Token, encode, ending
-from .scripts import ADMIT, TAKE, Take
+from .scripts import ADMIT, HEARTBEAT, TAKE, Take
 
 P = "dz:"
 HANDOFF_OWNER = "handoff"
@@ -75,6 +75,7 @@ class Lifecycle:
     def __init__(self, client: redis.Redis, stream_ttl_s: int = 600) -> None:
         self.r, self.ttl_s = client, stream_ttl_s
         self._admit, self._take = client.register_script(ADMIT), client.register_script(TAKE)
+        self._heartbeat = client.register_script(HEARTBEAT)
 
     @classmethod
     def connect(cls, url: str, stream_ttl_s: int = 600) -> Lifecycle:
@@ -117,12 +118,13 @@ class Lifecycle:
             pipe.delete(key("lease", rid))
         pipe.execute()
 
-    def heartbeat(self, rids: list[str], owner: str, lease_s: float) -> None:
-        if rids:
-            pipe = self.r.pipeline()
-            for rid in rids:
-                pipe.set(key("lease", rid), owner, px=int(lease_s * 1000))
-            pipe.execute()
+    def heartbeat(self, rids: list[str], owner: str, lease_s: float) -> list[str]:
+        """Refresh the leases ``owner`` holds; returns those of ``rids`` it no longer holds (lapsed,
+        re-run elsewhere, or lost with Redis's data): never someone else's lease, never a new one."""
+        if not rids:
+            return []
+        lost = self._heartbeat(keys=[key("lease", rid) for rid in rids], args=[owner, int(lease_s * 1000)])
+        return [rids[int(i) - 1] for i in lost]
 
     def owner(self, rid: str) -> str | None:
         raw = self.r.get(key("lease", rid))

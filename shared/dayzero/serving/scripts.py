@@ -56,3 +56,18 @@ if redis.call('EXISTS', KEYS[5]) == 1 then
 end
 return 3
 """
+
+
+# KEYS: leases; ARGV: owner, lease ms. Each lease the owner still holds is refreshed; the answer
+# lists (1-based) those it does not: lapsed, taken over after a lapse, or gone with Redis's data.
+HEARTBEAT = """
+local lost = {}
+for i, lease in ipairs(KEYS) do
+    if redis.call('GET', lease) == ARGV[1] then
+        redis.call('PEXPIRE', lease, ARGV[2])
+    else
+        lost[#lost + 1] = i
+    end
+end
+return lost
+"""
