@@ -1,7 +1,8 @@
 """Jobs handed from Celery task threads to a stage's loop thread; each task waits for its job.
 
-The task holds its message unacked until the loop sets the job's event, so a worker that
-dies with work in flight leaves the message to be redelivered. The loop thread itself must
+The task holds its message unacked until the loop sets the job's event, so a warm stop puts
+unfinished work back on the queue (a killed worker's requests come back through their lapsed
+leases: reaper.py). The loop thread itself must
 never die: ``run_loop`` keeps it iterating through Redis outages and bugs.
 """
 
