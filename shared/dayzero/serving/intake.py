@@ -1,9 +1,9 @@
 """Jobs handed from Celery task threads to a stage's loop thread; each task waits for its job.
 
-The task holds its message unacked until the loop sets the job's event, so a warm stop puts
-unfinished work back on the queue (a killed worker's requests come back through their lapsed
-leases: reaper.py). The loop thread itself must
-never die: ``run_loop`` keeps it iterating through Redis outages and bugs.
+The task holds its message unacked until the loop sets the job's event (its prefetch slot stays
+taken meanwhile); a worker that dies with work in flight leaves its requests' leases to lapse, and
+the reaper re-runs them (reaper.py). The loop thread itself must never die: ``run_loop`` keeps it
+iterating through Redis outages and bugs.
 """
 
 from __future__ import annotations

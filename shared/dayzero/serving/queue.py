@@ -20,7 +20,7 @@ def make_celery(settings: Settings) -> Celery:
         task_routes={name: {"queue": stage} for stage, name in TASKS.items()},
         task_serializer="json",  # messages are data: never a pickle off the broker
         accept_content=["json"],
-        task_acks_late=True,  # acked when its request is finished: a warm stop puts the unfinished back
+        task_acks_late=True,  # acked when its request is finished: the worker's prefetch counts it till then
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_time_limit=settings.task_time_limit_s,
