@@ -76,6 +76,22 @@ def test_admit_queues_every_request_or_none_within_the_bound(redis_url):
     assert set(store.active()) >= {"a1", "a2"} and store.request("a3") is None and "a3" not in store.active()
 
 
+def test_a_record_outlives_the_longest_generation_and_its_stream_after_the_end(redis_url):
+    """Admitted with the settings' visibility timeout, a request's record outlives a wait in the
+    queue plus a generation at the task time limit (it was 4 stream TTLs: 40 min against a 1 h
+    limit); once settled it lives as long as its stream."""
+    from dayzero.settings import Settings
+
+    settings = Settings()
+    store = Lifecycle(redis.Redis.from_url(redis_url), settings.stream_ttl_s)
+    store.admit(_request("long1"), [b"img"], "r", settings.visibility_timeout_s)
+    for family in ("req", "access", "images"):
+        assert store.r.ttl(key(family, "long1")) >= settings.visibility_timeout_s + settings.task_time_limit_s
+    store.settle("long1", "stop")
+    for family in ("req", "access", "images"):
+        assert 0 < store.r.ttl(key(family, "long1")) <= settings.stream_ttl_s
+
+
 def test_watch_counts_readers_with_the_stream_ttl(redis_url):
     async def run() -> tuple[int, int, int]:
         client = aioredis.Redis.from_url(redis_url)

@@ -56,11 +56,20 @@ class Queue:
     bound: int = 2**31
 
 
+def record_s(queued_s: float, stream_ttl_s: int) -> int:
+    """How long an admitted request's record (its JSON, images, reader) lives: a wait in the queue
+    and a generation, each bounded by ``queued_s`` (the broker's visibility timeout, above the task
+    time limit: settings.visibility_timeout_s), then its stream's resumable time. ``settle``
+    shortens it to the stream's time once the request has ended."""
+    return max(4 * stream_ttl_s, int(2 * queued_s) + stream_ttl_s)
+
+
 def _admission(
-    requests: list[GenerationRequest], images: list[bytes], reader: str, queued_s: float, keep: int, queue: Queue
+    requests: list[GenerationRequest], images: list[bytes], reader: str, queued_s: float, ttl_s: int, queue: Queue
 ) -> tuple[list[str], list]:
     """``ADMIT``'s keys and arguments: record each request, its images' bytes and the digest of who
     may read its stream; queued, its message pushed (when ``queue`` has one)."""
+    keep = record_s(queued_s, ttl_s)
     keys, args = [queue.stage, key("active")], [queue.bound, keep, int(queued_s * 1000), reader, len(images), *images]
     for request, message in zip(requests, queue.messages or [""] * len(requests), strict=True):
         rid = request.request_id
@@ -87,7 +96,7 @@ class Lifecycle:
         """Record the request, its images' bytes and the digest of who may read its stream; queued
         (its message is the caller's to send)."""
         queue = Queue("vision" if images else "prefill")
-        keys, args = _admission([request], images, reader, queued_s, self.ttl_s * 4, queue)
+        keys, args = _admission([request], images, reader, queued_s, self.ttl_s, queue)
         self._admit(keys=keys, args=args)
 
     def request(self, rid: str) -> GenerationRequest | None:
@@ -171,7 +180,8 @@ class Lifecycle:
     # -- ended: finished | cancelled | failed ----------------------------------------------------------
     def settle(self, rid: str, reason: str, end_at: int | None = None, message: str = "") -> None:
         """End the request: its stream closes at ``end_at`` with ``reason`` (None: its last token
-        already carried the finish reason), it leaves the active set, its lease goes."""
+        already carried the finish reason), it leaves the active set, its lease goes; its record
+        stays as long as its stream."""
         if end_at is not None:
             with contextlib.suppress(redis.ResponseError):  # already closed past this index
                 self.append([ending(rid, end_at, reason, message)])
@@ -179,6 +189,8 @@ class Lifecycle:
         pipe.set(key("done", rid), reason, ex=self.ttl_s)
         pipe.srem(key("active"), rid)
         pipe.delete(key("lease", rid), key("queued", rid))
+        for family in ("req", "access", "images"):
+            pipe.expire(key(family, rid), self.ttl_s)
         pipe.execute()
 
     def done(self, rid: str) -> str | None:
@@ -252,7 +264,7 @@ class Watching:
     ) -> bool:
         """``Lifecycle.admit`` for all of ``requests`` and their messages pushed onto the queue, in
         one round trip; or nothing, False, when the queue cannot take them all."""
-        keys, args = _admission(requests, images, reader, queued_s, self.ttl_s * 4, queue)
+        keys, args = _admission(requests, images, reader, queued_s, self.ttl_s, queue)
         return bool(await self._admit(keys=keys, args=args))
 
     async def known(self, rid: str) -> bool:
