@@ -46,13 +46,13 @@ def import_state(dst: KVPools, src: KVPools, handle: StateHandle, seq_id: str) -
     if handle.layout_hash != dst.layout_hash or handle.layout_hash != src.layout_hash:
         raise LayoutMismatch(f"state layout {handle.layout_hash} does not match the destination's {dst.layout_hash}")
     dst.reserve(seq_id, handle.length)  # (a sequence it holds already keeps its blocks)
-    tables = dst.sequences[seq_id].tables
-    dst.sequences[seq_id].length = handle.length
+    seq = dst.sequences[seq_id]
+    seq.length = handle.length
     same_host = dst.host_bytes is not None and src.host_bytes is not None and dst.dtype == src.dtype
     dst_storage, src_storage = (dst.host_bytes, src.host_bytes) if same_host else (dst.tensors(), src.tensors())
     for kind, dst_t, src_t in zip(POOL_KINDS, dst_storage, src_storage, strict=True):
         if n := dst.layout.blocks_for(kind, handle.length):
-            copy_blocks(dst_t, src_t, tables[kind][:n], handle.blocks[kind][:n])
+            copy_blocks(dst_t, src_t, seq.tables[kind][:n], handle.blocks[kind][:n])
 
 
 def _stretch(ids: Sequence[int]) -> bool:

@@ -148,7 +148,7 @@ class KVPools:
         }
         self.compressor_storage, self.compressor = _compressor_tensors(layout, blocks["compressor"], allocate)
         # what a handoff must agree on: the layout and the order and shapes the storage is carved in
-        order += [[name, *shape] for name, shape in _compressor_shapes(layout).items()]
+        order += [[name, t.shape[0], *t.shape[2:]] for name, t in self.compressor.items()]  # a slot's carving
         self.layout_hash = hashlib.sha256(json.dumps([layout.hash(), order]).encode()).hexdigest()[:16]
         self.allocators = {kind: BlockAllocator(blocks[kind]) for kind in POOL_KINDS}
         self.sequences: dict[str, SequenceBlocks] = {}
@@ -203,7 +203,9 @@ class KVPools:
 
     def fits(self, total_tokens: int, seq_id: str | None = None) -> bool:
         """Whether a (new or existing) sequence can grow to ``total_tokens`` now."""
-        need = self.missing_blocks(seq_id, total_tokens)
+        return self._free_for(self.missing_blocks(seq_id, total_tokens))
+
+    def _free_for(self, need: dict[str, int]) -> bool:
         return all(self.allocators[k].free >= n for k, n in need.items())
 
     def reserve(self, seq_id: str, total_tokens: int) -> dict[str, list[int]]:
@@ -214,7 +216,7 @@ class KVPools:
                 permanent=True,
             )
         need = self.missing_blocks(seq_id, total_tokens)
-        if any(self.allocators[kind].free < n for kind, n in need.items()):
+        if not self._free_for(need):
             raise OutOfBlocks(f"no free blocks for {total_tokens} tokens now")
         added = {kind: self.allocators[kind].alloc(n) for kind, n in need.items()}
         seq = self.sequences.setdefault(seq_id, SequenceBlocks())
