@@ -121,6 +121,19 @@ def wait_until(predicate, timeout_s: float, step_s: float = 0.05):
     return predicate()
 
 
+def run_jobs(loop, jobs, timeout_s: float = 120) -> None:
+    """Submit ``jobs`` to a prefill or decode loop before it runs (one batch), run it on a thread
+    until every job is settled, then stop it."""
+    import threading
+
+    tickets = [loop.intake.submit(job) for job in jobs]
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    try:
+        assert all(t.done.wait(timeout_s) for t in tickets)
+    finally:
+        loop.stop.set()
+
+
 def cpu_count() -> int:
     return os.cpu_count() or 1
 

@@ -1,4 +1,5 @@
-"""The heartbeat against a real Redis: held leases stay alive, released and finished ones lapse."""
+"""The heartbeat against a real Redis: held leases stay alive, released and finished ones lapse; a
+slow decode step keeps its requests."""
 
 from __future__ import annotations
 
@@ -7,8 +8,16 @@ import time
 
 import redis
 
+from dayzero.params import SamplingParams
+from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.lease import Heartbeat
 from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
+from dayzero.serving.prefill_loop import PrefillLoop
+from dayzero.serving.runtime import Runtime
+from dayzero.settings import Settings
+
+from .conftest import run_jobs
 
 
 def test_one_thread_keeps_held_leases_alive_until_they_are_released(redis_url):
@@ -35,3 +44,31 @@ def test_one_thread_keeps_held_leases_alive_until_they_are_released(redis_url):
     assert len(beats) == 1  # one thread for both batches; it ends with the stop
     beats[0].join(2)
     assert not beats[0].is_alive()
+
+
+def test_a_decode_step_longer_than_the_lease_keeps_its_requests(demo_dir, redis_url):
+    """A step that outlasts the lease (a first call compiling kernels, a huge batch) must not let the
+    leases lapse: decode would drop the requests it is generating and the reaper re-run them."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", lease_s=0.4)
+    store = Lifecycle.connect(redis_url)
+    request = GenerationRequest(
+        request_id="slow-steps",
+        prompt_ids=(0, 5, 6, 7),
+        sampling=SamplingParams(max_tokens=4, ignore_eos=True),
+        created=time.time(),
+    )
+    store.admit(request, [], "", 60)
+    handed: list[DecodeJob] = []
+    prefill = Runtime.load(settings, "prefill7@test", "prefill", False)
+    run_jobs(PrefillLoop(prefill, handed.append), [PrefillJob(request=request)])
+    decode = Runtime.load(settings, "decode7@test", "decode", False)
+    fast = decode.ranks.decode
+
+    def slow(ids: list[str], tokens: list[int]):
+        time.sleep(1.0)  # two and a half leases
+        return fast(ids, tokens)
+
+    decode.ranks.decode = slow
+    run_jobs(DecodeLoop(decode), handed)
+    assert store.done("slow-steps") == "length" and len(store.streamed_tokens("slow-steps")) == 4
+    assert decode.pools.sequences == {}

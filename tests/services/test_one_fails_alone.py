@@ -9,7 +9,6 @@ engine produces for them alone.
 
 from __future__ import annotations
 
-import threading
 import time
 
 from dayzero.params import Grammar, SamplingParams
@@ -20,7 +19,7 @@ from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
-from .conftest import engine_steps, prompt_ids
+from .conftest import engine_steps, prompt_ids, run_jobs
 
 TOKENS = 6
 POISON = SamplingParams(max_tokens=TOKENS, ignore_eos=True, grammar=Grammar("start: %%% not lark"))
@@ -48,15 +47,6 @@ def _last_error(store: Lifecycle, rid: str) -> bytes:
     return last.get(b"e", b"")
 
 
-def _run(loop, jobs) -> None:
-    tickets = [loop.intake.submit(job) for job in jobs]  # queued before the loop runs: one batch
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    try:
-        assert all(t.done.wait(120) for t in tickets)
-    finally:
-        loop.stop.set()
-
-
 def test_a_poisoned_request_fails_alone_in_prefill_and_in_decode(demo_dir, redis_url):
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
     store = Lifecycle.connect(redis_url)
@@ -66,7 +56,7 @@ def test_a_poisoned_request_fails_alone_in_prefill_and_in_decode(demo_dir, redis
     # prefill: request 3 fails its first sample; the six others are handed to decode
     sent: list[DecodeJob] = []
     batch = _requests(store, poisoned=3)
-    _run(PrefillLoop(prefill_rt, sent.append), [PrefillJob(request=r) for r in batch])
+    run_jobs(PrefillLoop(prefill_rt, sent.append), [PrefillJob(request=r) for r in batch])
     assert sorted(j.request.request_id for j in sent) == sorted(r.request_id for i, r in enumerate(batch) if i != 3)
     assert store.done("r3-3") == "error" and _last_error(store, "r3-3") == b"failed after prefill: ValueError"
     assert prefill_rt.pools.sequences == {}  # the redis handoff released the six; the failure freed its own
@@ -75,7 +65,7 @@ def test_a_poisoned_request_fails_alone_in_prefill_and_in_decode(demo_dir, redis
     ok = [j for j in sent if j.request.request_id != "r3-5"]
     spoiled = next(j for j in sent if j.request.request_id == "r3-5")
     spoiled = spoiled.model_copy(update={"request": spoiled.request.model_copy(update={"sampling": POISON})})
-    _run(DecodeLoop(decode_rt), [*ok, spoiled])
+    run_jobs(DecodeLoop(decode_rt), [*ok, spoiled])
     assert store.done("r3-5") == "error" and _last_error(store, "r3-5") == b"sampling failed: ValueError"
     assert len(store.streamed_tokens("r3-5")) == 1  # the prefill token, then the error event
     for job in ok:

@@ -23,6 +23,7 @@ from ..speculative import Acceptance, Speculation, decode_round
 from ..telemetry import continued, tracer
 from .handoff import Receiver
 from .intake import Intake, Ticket, run_loop
+from .lease import Heartbeat
 from .messages import DecodeJob
 from .records import Token
 from .runtime import Runtime
@@ -51,6 +52,9 @@ class DecodeLoop:
         k = runtime.settings.speculative_tokens
         self.speculation, self.acceptance = (Speculation(k) if k else None), Acceptance()
         self._last_beat = 0.0
+        # beats during a step: one longer than the lease (a first call compiling kernels, a huge
+        # batch) would let the leases lapse, and the reaper would re-run requests being generated
+        self.heartbeat = Heartbeat(runtime.store, runtime.name, runtime.settings.lease_s, self.stop)
 
     def run_forever(self) -> None:
         run_loop(self.stop, self._iteration, log)
@@ -62,7 +66,8 @@ class DecodeLoop:
         self._cancel()
         if self.active:
             try:
-                self._step()
+                with self.heartbeat.holding(list(self.active)):
+                    self._step()
             except redis.RedisError:
                 raise
             except Exception as exc:  # a failed step ends the batch's requests, never the loop
@@ -85,6 +90,7 @@ class DecodeLoop:
         """Stop generating a request whose lease this worker lost (it stalled past the lease and the
         reaper re-runs it elsewhere, or Redis lost its data): free its blocks, settle nothing."""
         log.warning("request %s: lease lost; dropping it", rid)
+        self.heartbeat.release(rid)
         active = self.active.pop(rid)
         self.r.ranks.release(rid)
         active.span.add_event("lease_lost", {"completion_tokens": active.completion.count})
@@ -170,6 +176,7 @@ class DecodeLoop:
         stats.set(batch_size=len(ids), tokens_per_s=emitted / seconds if seconds else 0.0, selected_fraction=fraction)
 
     def _finish(self, rid: str, reason: str, index: int | None = None, message: str = "") -> None:
+        self.heartbeat.release(rid)  # no beat in flight outlives its end
         active = self.active.pop(rid)
         length = self.r.pools.length(rid)
         self.r.ranks.release(rid)
