@@ -9,11 +9,13 @@ import pytest
 import redis
 
 from dayzero.params import SamplingParams
-from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.lifecycle import Lifecycle, key
 from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
+
+from .conftest import run_jobs
 
 
 def test_a_batch_redis_interrupts_is_retried_without_leaking_blocks(demo_dir, redis_url):
@@ -199,3 +201,48 @@ def test_leases_live_until_each_request_of_a_slow_batch_is_handed_on(demo_dir, r
         loop.stop.set()
     assert owners == {f"slow{i}": runtime.name for i in range(6)}
     assert all(store.owner(f"slow{i}") == "handoff" for i in range(6))  # no late beat overwrote a handoff lease
+
+
+def test_a_batch_hands_on_only_the_requests_it_claims(demo_dir, redis_url):
+    """A cancelled request, a stale delivery and one a live worker owns, batched with a fresh one
+    (their claims may come back only after the forward): only the fresh one streams a token and
+    goes to decode, the cancelled one ends as cancelled, and the others' blocks are free again."""
+    runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill5@test", "prefill", False)
+    sent: list[DecodeJob] = []
+    store, ids = Lifecycle.connect(redis_url), ("fresh", "left", "old", "elsewhere")
+    requests = [
+        GenerationRequest(request_id=rid, prompt_ids=(0, 5, 6, 7), sampling=SamplingParams(max_tokens=4), created=0.0)
+        for rid in ids
+    ]
+    for request in requests:
+        store.admit(request, [], "", 60)
+    store.cancel("left")
+    store.r.set(key("attempt", "old"), 1)  # re-run since: this delivery (attempt 0) is stale
+    store.take("elsewhere", 0, "prefill9@live", 30)
+    run_jobs(PrefillLoop(runtime, sent.append), [PrefillJob(request=r) for r in requests])
+    assert [job.request.request_id for job in sent] == ["fresh"]
+    assert [store.done(rid) for rid in ids] == [None, "cancelled", None, None]  # "fresh" is decode's now
+    assert [len(store.streamed_tokens(rid)) for rid in ids] == [1, 0, 0, 0]
+    assert store.owner("elsewhere") == "prefill9@live"
+    assert set(runtime.pools.sequences) == {"fresh"}  # leased to decode; nothing else held
+
+
+def test_a_failed_forward_ends_only_the_requests_it_claimed(demo_dir, redis_url, monkeypatch):
+    import dayzero.serving.prefill_batch as prefill_batch
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(prefill_batch, "prefill", broken)
+    runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill6@test", "prefill", False)
+    store = Lifecycle.connect(redis_url)
+    requests = [
+        GenerationRequest(request_id=rid, prompt_ids=(0, 5, 6), sampling=SamplingParams(max_tokens=4), created=0.0)
+        for rid in ("mine", "theirs")
+    ]
+    for request in requests:
+        store.admit(request, [], "", 60)
+    store.take("theirs", 0, "prefill9@live", 30)
+    run_jobs(PrefillLoop(runtime, lambda job: None), [PrefillJob(request=r) for r in requests])
+    assert store.done("mine") == "error" and store.done("theirs") is None  # its owner's to end
+    assert store.owner("theirs") == "prefill9@live" and runtime.pools.sequences == {}
