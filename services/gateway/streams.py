@@ -42,8 +42,10 @@ class Subscription:
 
     async def next(self, timeout_s: float) -> Token | None:
         """The next entry; None after ``timeout_s`` without one; raises what ended the stream."""
-        try:
-            item = await asyncio.wait_for(self.queue.get(), timeout_s)
+        try:  # not asyncio.wait_for: in 3.11 it loses a cancel that comes as the entry does, and a
+            # cancelled stream (its client gone) would read on, its request never cancelled
+            async with asyncio.timeout(timeout_s):
+                item = await self.queue.get()
         except TimeoutError:
             return None
         if isinstance(item, BaseException):
