@@ -122,7 +122,8 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         show = lambda body: print(f"waiting: {body.get('reason')}", file=sys.stderr)
-        stack.wait_ready(args.ready_timeout or None, show)
+        restarted = lambda name: print(f"{name} exited; restarted", file=sys.stderr)
+        stack.wait_ready(args.ready_timeout or None, show, on_restart=restarted)
         print(
             f"ready: send OpenAI-style requests to {stack.url}/v1/chat/completions (model "
             f"{settings.model_name!r}); Ctrl-C stops",
@@ -132,7 +133,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
             _example(stack.url, settings.model_name)
         while True:
             for name in stack.supervise():
-                print(f"{name} exited; restarted", file=sys.stderr)
+                restarted(name)
             time.sleep(0.5)
     except _Stop:
         print("stopping: gateway, then workers, then redis", file=sys.stderr)

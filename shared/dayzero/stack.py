@@ -97,11 +97,16 @@ class Stack:
         return {c.proc.pid for c in self.children if c.proc is not None}
 
     def wait_ready(
-        self, timeout_s: float | None = 120, on_wait: Callable[[dict], None] | None = None, every_s: float = 10
+        self,
+        timeout_s: float | None = 120,
+        on_wait: Callable[[dict], None] | None = None,
+        every_s: float = 10,
+        on_restart: Callable[[str], None] | None = None,
     ) -> None:
         """Until ``/ready`` answers 200 (``timeout_s`` None: no limit). ``on_wait(body)`` gets
-        ``/ready``'s latest answer every ``every_s``; a child that exits ``MAX_START_EXITS`` times
-        first is a failed start (StartFailed, with the end of its log)."""
+        ``/ready``'s latest answer every ``every_s``; ``on_restart(name)`` each child restarted
+        meanwhile; a child that exits ``MAX_START_EXITS`` times first is a failed start
+        (StartFailed, with the end of its log)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         reported, body = time.monotonic(), {}
         while deadline is None or time.monotonic() < deadline:
@@ -109,6 +114,8 @@ class Stack:
                 if self.child(name).restarts >= MAX_START_EXITS:
                     tail = self.log_tail(name)
                     raise StartFailed(f"{name} keeps exiting while starting; the end of its log:\n{tail}")
+                if on_restart is not None:
+                    on_restart(name)
             try:
                 answer = httpx.get(f"{self.url}/ready", timeout=2)
                 if answer.status_code == 200:

@@ -14,7 +14,7 @@ import torch
 
 from ..checkpoint import load_model
 from ..kv.layout import PoolLayout
-from ..kv.pools import KVPools
+from ..kv.pools import KVPools, OutOfBlocks
 from ..kv.shared import CudaSharedPools, Segment, SharedPools, sweep_stale
 from ..model.plan import AttentionOptions
 from ..model.weights import Transformer
@@ -23,10 +23,12 @@ from ..settings import Settings
 from ..tokenizer import IdsOnlyCodec, TextCodec, load_codec
 from .lifecycle import Lifecycle
 from .metrics import WorkerStats
+from .prefill_batch import BatchInput
 from .ranks import KEEPALIVE_S, Ranks
 from .registry import Registry
 
 log = logging.getLogger("dayzero.worker")
+WARM_UP = "warm-up"  # the scratch sequence of ``Runtime.warm_up``
 
 
 def torch_dtype(settings: Settings) -> torch.dtype:
@@ -139,6 +141,27 @@ class Runtime:
         runtime.stats.set(weights_checked=model.weight_check.tensors, tensor_parallel=ranks.size)
         runtime.weight_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
         return runtime
+
+    def warm_up(self, decode: bool) -> None:
+        """Prefill a scratch sequence (``decode``: and decode one step of it) on every rank before
+        the worker serves: the first calls compile kernels (numba's on CPU, Triton's on a GPU) and
+        fill caches, which would otherwise be the first request's wait (~0.5 s on CPU here). The
+        prompt is long enough for every compressor to fold an entry (the indexer's path runs)."""
+        cfg, start = self.model.cfg, time.monotonic()
+        length = max(cfg.compress_rates.values(), default=1) + 2
+        try:
+            self.ranks.reserve(WARM_UP, length + 1)
+        except OutOfBlocks as exc:
+            log.warning("%s: no warm-up (%s)", self.name, exc)
+            return
+        try:
+            tokens = [1 + i % (cfg.vocab_size - 1) for i in range(length)]
+            self.ranks.prefill([BatchInput(WARM_UP, tokens)], {0: 0})
+            if decode:
+                self.ranks.decode([WARM_UP], [tokens[-1]])
+        finally:
+            self.ranks.release(WARM_UP)
+        log.info("%s warmed up in %.2f s", self.name, time.monotonic() - start)
 
     def memory_regions(self, batch: int) -> dict[str, int]:
         """Resident bytes by region (activations and hyper-connection state: estimates for ``batch``)."""

@@ -95,6 +95,7 @@ def loop_stage(
 
     def build(name: str) -> LoopStage:
         runtime = Runtime.load(settings, name, stage, shared=shared_pools, group=group)
+        runtime.warm_up(decode=stage == "decode")  # before it announces itself: the first request waits for none
         return LoopStage(runtime, make_loop(runtime))
 
     return build

@@ -1,0 +1,36 @@
+"""A worker's runtime: the warm-up before it serves runs the model's paths and leaves no state."""
+
+from __future__ import annotations
+
+import pytest
+
+from dayzero.serving.runtime import WARM_UP, Runtime
+from dayzero.settings import Settings
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_the_warm_up_runs_a_prefill_and_a_decode_step_and_frees_its_blocks(demo_dir, redis_url, decode):
+    runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "warm@test", "decode", False)
+    ran, prefill, step = [], runtime.ranks.prefill, runtime.ranks.decode
+
+    def counted(name, call):
+        def run(*args):
+            ran.append((name, runtime.pools.length(WARM_UP) if name == "decode" else len(args[0][0].tokens)))
+            return call(*args)
+
+        return run
+
+    runtime.ranks.prefill, runtime.ranks.decode = counted("prefill", prefill), counted("decode", step)
+    runtime.warm_up(decode)
+    rates = runtime.model.cfg.compress_rates.values()
+    assert ran[0] == ("prefill", max(rates) + 2)  # every compressor folds an entry: the indexer runs
+    assert ran[1:] == ([("decode", max(rates) + 2)] if decode else [])
+    assert runtime.pools.sequences == {} and all(used == 0 for used, _ in runtime.pools.usage().values())
+
+
+def test_pools_too_small_for_the_warm_up_skip_it(demo_dir, redis_url, caplog):
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=1, max_batch=1)
+    runtime = Runtime.load(settings, "small@test", "prefill", False)
+    runtime.pools.reserve("someone", runtime.pools.capacity_tokens())  # every block taken
+    runtime.warm_up(decode=False)
+    assert "no warm-up" in caplog.text and set(runtime.pools.sequences) == {"someone"}
