@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import redis
 from opentelemetry import trace
@@ -31,10 +30,6 @@ from .runtime import Runtime
 from .scripts import Take
 
 log = logging.getLogger("dayzero.prefill")
-# A batch of up to this many tokens runs its forward while its requests' claims are in flight (the
-# claim's round trip is part of every request's time to first token; a forward this short is a few
-# of them); a longer batch is claimed first, so a request cancelled in the queue costs no long prefill.
-CLAIM_DURING_FORWARD_TOKENS = 4096
 
 
 class PrefillLoop:
@@ -45,14 +40,9 @@ class PrefillLoop:
         self.handed_off: dict[str, float] = {}  # request -> when its handoff lapses (monotonic)
         self.stop = threading.Event()
         self.heartbeat = Heartbeat(runtime.store, runtime.name, runtime.settings.lease_s, self.stop)
-        self.claimer = ThreadPoolExecutor(1, thread_name_prefix="claim")
-        self.claims: dict[str, Future[Take]] = {}  # the batch's requests: TAKE's answer, maybe still in flight
 
     def run_forever(self) -> None:
-        try:
-            run_loop(self.stop, self._iteration, log)
-        finally:
-            self.claimer.shutdown(wait=False)
+        run_loop(self.stop, self._iteration, log)
 
     def _iteration(self) -> None:
         self.pending.extend(self.intake.drain(0.05 if not self.pending else 0))
@@ -60,10 +50,8 @@ class PrefillLoop:
         self.r.announce(len(self.pending) or 1)
         if self.pending:
             taken = self._take_batch()
-            overlap = sum(_tokens(t.job) for t in taken) <= CLAIM_DURING_FORWARD_TOKENS
-            self.claims.clear()  # (a batch Redis interrupted left its own)
             try:
-                self._run([t for t in taken if self._admit(t, overlap)])
+                self._run([t for t in taken if self._admit(t)])
             except redis.RedisError:
                 self._put_back(self._unsettled(taken))
                 raise
@@ -76,10 +64,7 @@ class PrefillLoop:
         self.r.stats.call("prefill", failed=True)
         for ticket in batch:
             self.r.ranks.release(ticket.job.request.request_id)
-            if ticket.job.request.request_id not in self.claims:  # the failure came before its claim
-                self.pending.append(ticket)
-            elif self._claimed(ticket):  # (a request it does not own is not its to end)
-                self._settle(ticket, "error", f"prefill failed: {type(exc).__name__}")
+            self._settle(ticket, "error", f"prefill failed: {type(exc).__name__}")
 
     def _unsettled(self, taken: list[Ticket[PrefillJob]]) -> list[Ticket[PrefillJob]]:
         """The tickets of a batch neither handed on, nor ended, nor waiting for blocks."""
@@ -104,7 +89,8 @@ class PrefillLoop:
     def _take_batch(self) -> list[Ticket[PrefillJob]]:
         batch, tokens = [], 0
         while self.pending:
-            size = _tokens(self.pending[0].job)
+            job = self.pending[0].job
+            size = len(job.request.prompt_ids) + len(job.generated)
             if batch and tokens + size > self.r.settings.max_prefill_tokens:
                 break
             batch.append(self.pending.pop(0))
@@ -120,27 +106,23 @@ class PrefillLoop:
                 if self.handed_off.pop(rid, None) is not None:
                     self.r.ranks.release(rid)
 
-    def _admit(self, ticket: Ticket[PrefillJob], overlap: bool) -> bool:
-        """Claim the request (``overlap``: the answer may come after the forward, see ``_claimed``)
-        and reserve its blocks; False when the ticket is settled or dropped without prefill."""
+    def _admit(self, ticket: Ticket[PrefillJob]) -> bool:
+        """Claim the request and its blocks; False when the ticket is settled without prefill."""
         store, job = self.r.store, ticket.job
         rid = job.request.request_id
         if rid in self.r.pools.sequences:  # a duplicate delivery of a request this worker holds
-            ticket.done.set()
+            taken = Take.STALE
+        else:
+            taken = store.take(rid, job.attempt, self.r.name, self.r.settings.lease_s)
+        if taken == Take.CANCELLED:
+            self._settle(ticket, "cancelled")
             return False
-        claim = self.claims[rid] = self.claimer.submit(
-            store.take, rid, job.attempt, self.r.name, self.r.settings.lease_s
-        )
-        # its parked image embeddings are taken (consumed) before the forward: the owner's alone
-        if (not overlap or job.embeddings is not None) and not self._owned(ticket, claim.result()):
-            del self.claims[rid]
+        if taken != Take.CLAIMED:
+            ticket.done.set()  # a duplicate, a stale redelivery, ended, or owned by a live worker
             return False
         try:
-            self.r.ranks.reserve(rid, _tokens(job))
+            self.r.ranks.reserve(rid, len(job.request.prompt_ids) + len(job.generated))
         except OutOfBlocks as exc:
-            del self.claims[rid]
-            if not self._owned(ticket, claim.result()):
-                return False
             if exc.permanent:
                 self._settle(ticket, "error", str(exc))
             else:
@@ -148,24 +130,6 @@ class PrefillLoop:
                 self.pending.append(ticket)
             return False
         return True
-
-    def _owned(self, ticket: Ticket[PrefillJob], taken: Take) -> bool:
-        """Whether TAKE made this worker the request's owner; if not, the ticket is settled (a
-        cancel) or dropped."""
-        if taken == Take.CANCELLED:
-            self._settle(ticket, "cancelled")
-        elif taken != Take.CLAIMED:
-            ticket.done.set()  # a duplicate, a stale redelivery, ended, or owned by a live worker
-        return taken == Take.CLAIMED
-
-    def _claimed(self, ticket: Ticket[PrefillJob]) -> bool:
-        """``_owned`` once the claim sent before the forward has its answer; not owned: its blocks
-        are freed (the forward's work on it is dropped)."""
-        rid = ticket.job.request.request_id
-        if self._owned(ticket, self.claims.pop(rid).result()):
-            return True
-        self.r.ranks.release(rid)
-        return False
 
     def _run(self, batch: list[Ticket[PrefillJob]]) -> None:
         """Prefill admitted requests together; emit each one's first token and hand it to decode."""
@@ -201,8 +165,6 @@ class PrefillLoop:
             for i, ticket in enumerate(batch):
                 beat.release(ids[i])
                 with trace.use_span(spans[i], end_on_exit=True):
-                    if not self._claimed(ticket):
-                        continue
                     try:
                         self._emit(ticket, logits[i], limit, inputs[i].echo.scores if inputs[i].echo else None)
                     except redis.RedisError:
@@ -278,8 +240,3 @@ class PrefillLoop:
                 )
             )
         ticket.done.set()
-
-
-def _tokens(job: PrefillJob) -> int:
-    """The tokens a request's prefill runs: its prompt and those already streamed (a re-run)."""
-    return len(job.request.prompt_ids) + len(job.generated)
