@@ -2,8 +2,10 @@
 
 Starts an idle stack (``dayzero up`` machinery: embedded Redis, the gateway, 1 prefill and 1
 decode worker, demo checkpoint) and alternates, request by request, one streamed completion
-through the gateway (greedy, 2 tokens, a prompt whose first token is text on its own) with the
-same prompt's prefill and first-token pick in this process, so both see the same machine load.
+through the gateway (greedy, 2 tokens, a prompt whose first token is text on its own) sent by
+httpx, the same request sent by a minimal client (HTTP/1.1 on a socket, reading the bytes until
+the first event's id: what httpx's own parsing costs shows as the difference), and the same
+prompt's prefill and first-token pick in this process, so all three see the same machine load.
 The stack runs twice: tracing off (the default: the headline), then on (console exporter, a JSON
 file per process), where each request's spans give the hops:
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import tempfile
 import time
@@ -72,9 +75,8 @@ class Engine:
 
 def stream_once(client: httpx.Client, url: str, prompt: list[int]) -> dict:
     """One streamed request: its id and the client's clock (ns) at send and at the first token."""
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "stream": True, "temperature": 0, "ignore_eos": True}
     sent, first = time.time_ns(), None
-    with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+    with client.stream("POST", f"{url}/v1/completions", json=_body(prompt)) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if first is None and line.startswith("id:"):
@@ -86,19 +88,55 @@ def stream_once(client: httpx.Client, url: str, prompt: list[int]) -> dict:
     return {"rid": r.headers["x-request-id"], "send": sent, "first": first}
 
 
-def alternate(url: str, engine: Engine, prompt: list[int], n: int) -> tuple[list[dict], list[float]]:
-    """``n`` gateway requests, each followed by one in-process run on an idle stack."""
-    requests, local = [], []
+class RawClient:
+    """The same streamed request over one keep-alive socket, parsing nothing but the first event's
+    ``id:`` line and the chunked body's end: a client with (next to) no cost of its own."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.host, self.sock = host, socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def stream(self, prompt: list[int]) -> dict:
+        body = json.dumps(_body(prompt)).encode()
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}\r\ncontent-type: application/json\r\n"
+        sent, first, data = time.time_ns(), None, b""
+        self.sock.sendall(f"{head}content-length: {len(body)}\r\n\r\n".encode() + body)
+        while not data.endswith(b"\r\n0\r\n\r\n"):  # the chunked body's last chunk
+            data += self.sock.recv(65536)
+            if first is None and b"\nid: " in data.partition(b"\r\n\r\n")[2]:
+                first = time.time_ns()
+        if first is None:
+            raise RuntimeError("the stream ended without a token")
+        return {"send": sent, "first": first}
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _body(prompt: list[int]) -> dict:
+    return {"model": MODEL, "prompt": prompt, "max_tokens": 2, "stream": True, "temperature": 0, "ignore_eos": True}
+
+
+def alternate(url: str, engine: Engine, prompt: list[int], n: int) -> tuple[list[dict], list[dict], list[float]]:
+    """``n`` rounds on an idle stack: a gateway request by httpx, one by the raw client, one
+    in-process run."""
+    requests, raw, local = [], [], []
+    bare = RawClient(url)
     with httpx.Client(timeout=60) as client:
         for _ in range(3):  # warm-up: connections, first-call paths in every process
             stream_once(client, url, prompt)
+            bare.stream(prompt)
             engine.first_token(prompt)
         for _ in range(n):
             requests.append(stream_once(client, url, prompt))
             time.sleep(0.05)  # decode's token and the stream's end settle
+            raw.append(bare.stream(prompt))
+            time.sleep(0.05)
             local.append(engine.first_token(prompt)[0])
             time.sleep(0.05)
-    return requests, local
+    bare.close()
+    return requests, raw, local
 
 
 def _ns(stamp: str) -> int:
@@ -156,9 +194,10 @@ def run_stack(checkpoint: Path, folder: Path, traced: bool, engine: Engine, prom
     try:
         stack.wait_ready(timeout_s=300)
         for _ in range(args.runs):
-            requests, local = alternate(stack.url, engine, prompt, args.requests)
+            requests, raw, local = alternate(stack.url, engine, prompt, args.requests)
             row = {
                 "gateway": statistics.median((r["first"] - r["send"]) / 1e6 for r in requests),
+                "gateway, raw client": statistics.median((r["first"] - r["send"]) / 1e6 for r in raw),
                 "in-process": statistics.median(local) * 1e3,
             }
             if traced:
@@ -179,6 +218,7 @@ def table(title: str, runs: list[dict]) -> None:
     print("|---|" + "---:|" * (len(runs) + 1))
     for row in runs:
         row["overhead (gateway - in-process)"] = row["gateway"] - row["in-process"]
+        row["overhead, raw client"] = row["gateway, raw client"] - row["in-process"]
     for name in runs[0]:
         values = [row[name] for row in runs]
         print(f"| {name} | " + " | ".join(f"{v:.1f}" for v in values) + f" | {statistics.median(values):.1f} |")
