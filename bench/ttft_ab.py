@@ -1,0 +1,83 @@
+"""Time to first token of two source trees side by side: a change to the serving path, A/B.
+
+Starts one idle stack per tree (embedded Redis, gateway, 1 prefill + 1 decode worker, demo
+checkpoint; each stack's processes import that tree's ``shared/`` and ``services/``) and sends
+them the same streamed completion in turns, the order swapped every round, from a minimal client
+(``overhead.RawClient``), with an in-process prefill between rounds as the other benchmarks do.
+Both stacks see the same machine at the same time, so the paired difference of their TTFTs
+carries far less noise than two runs of ``overhead.py`` one after the other (whose overhead
+moved by ~1 ms from stack to stack here). Run it with the same tree twice to see the noise
+left. Run: ``python bench/ttft_ab.py TREE_A TREE_B [--requests 80]`` (e.g. a ``git worktree``
+of main against the working tree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from overhead import Engine, RawClient
+
+from dayzero.demo import write_demo_checkpoint
+from dayzero.procs import free_port
+from dayzero.stack import Stack
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trees", nargs=2, type=Path, help="two source trees (each with shared/ and services/)")
+    parser.add_argument("--requests", type=int, default=80, help="requests to each stack")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = write_demo_checkpoint(Path(tmp) / "demo")
+        engine = Engine(checkpoint)
+        prompt = engine.text_prompt(args.prompt_tokens)
+        stacks = []
+        for i, tree in enumerate(args.trees):
+            tree = tree.resolve()
+            env = {"DAYZERO_CHECKPOINT": str(checkpoint), "OMP_NUM_THREADS": "1"}
+            env["PYTHONPATH"] = f"{tree / 'shared'}:{tree}"
+            stacks.append(Stack({"prefill": 1, "decode": 1}, free_port(), Path(tmp) / f"logs{i}", env))
+        try:
+            for stack in stacks:
+                stack.start()
+            for stack in stacks:
+                stack.wait_ready(timeout_s=300)
+            ttft = rounds([RawClient(s.url) for s in stacks], engine, prompt, args.requests)
+        finally:
+            for stack in stacks:
+                stack.stop()
+    print(f"TTFT of a streamed {args.prompt_tokens}-token completion, {args.requests} requests each, alternated")
+    print("| tree | p25 ms | p50 ms | p75 ms |")
+    print("|---|---:|---:|---:|")
+    for tree, times in zip(args.trees, ttft, strict=True):
+        q1, q2, q3 = statistics.quantiles(times, n=4)
+        print(f"| {tree} | {q1:.2f} | {q2:.2f} | {q3:.2f} |")
+    paired = statistics.median(b - a for a, b in zip(*ttft, strict=True))
+    print(f"paired difference, B - A: median {paired:+.2f} ms")
+
+
+def rounds(clients: list[RawClient], engine: Engine, prompt: list[int], n: int) -> list[list[float]]:
+    """Each round one request to each stack (first A then B, then B then A, ...) -> TTFTs (ms)."""
+    for client in clients:
+        for _ in range(3):  # warm-up: connections, first-call paths
+            client.stream(prompt)
+    ttft: list[list[float]] = [[], []]
+    for k in range(n):
+        for i in (0, 1) if k % 2 == 0 else (1, 0):
+            sent = clients[i].stream(prompt)
+            ttft[i].append((sent["first"] - sent["send"]) / 1e6)
+            time.sleep(0.05)  # decode's token and the stream's end settle
+        engine.first_token(prompt)
+        time.sleep(0.05)
+    for client in clients:
+        client.close()
+    return ttft
+
+
+if __name__ == "__main__":
+    main()
