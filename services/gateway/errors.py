@@ -60,6 +60,10 @@ def install(app: FastAPI) -> None:
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         found = exc.errors() or [{"msg": "invalid request", "loc": ()}]
         first = max(found, key=lambda e: len(e.get("loc", ())))  # the deepest: the most specific of a union
+        if first.get("type") == "json_invalid":  # its location is a character, not a field
+            where, why = first["loc"][-1], first.get("ctx", {}).get("error", "")
+            message = f"the body is not valid JSON: {why} (at character {where})"
+            return error_response(400, message, "invalid_request_error")
         param = ".".join(str(p) for p in first.get("loc", ()) if _field_part(p)) or None
         return error_response(
             400, f"{param}: {first['msg']}" if param else first["msg"], "invalid_request_error", param

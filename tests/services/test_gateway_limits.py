@@ -152,3 +152,19 @@ def test_parameters_sampling_cannot_run_are_refused_naming_them(lone_gateway, fi
     r = httpx.post(f"{lone_gateway.url}/v1/completions", json=body, headers=KEY, timeout=30)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"].startswith(field), r.json()
+
+
+def test_a_body_that_is_not_json_is_refused_saying_where(lone_gateway):
+    r = httpx.post(
+        f"{lone_gateway.url}/v1/completions",
+        content=b'{"model": "x", bad}',
+        headers={**KEY, "content-type": "application/json"},
+        timeout=10,
+    )
+    assert r.status_code == 400
+    assert r.json()["error"] == {
+        "message": "the body is not valid JSON: Expecting property name enclosed in double quotes (at character 15)",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
