@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 import torch
 
@@ -81,3 +83,14 @@ def test_two_requests_with_different_images_in_one_batch_do_not_mix(parts):
 def test_placeholder_count_must_match_images():
     with pytest.raises(ValueError, match="2 image placeholders for 1 images"):
         expand([IMAGE, 3, IMAGE], IMAGE, [4])
+
+
+def test_the_warm_up_runs_the_tower_and_leaves_the_cache_and_counters_alone(parts, monkeypatch):
+    import dayzero.vision.encoder as module
+
+    _, encoder = parts
+    seen = []
+    monkeypatch.setattr(module, "encode", lambda *args: seen.append(args[1].shape) or encode(*args))
+    before, cached = asdict(encoder.counters), len(encoder._cache)
+    encoder.warm_up()
+    assert seen and asdict(encoder.counters) == before and len(encoder._cache) == cached

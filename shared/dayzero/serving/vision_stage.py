@@ -40,6 +40,7 @@ class VisionStage:
         self.encoder = VisionEncoder(
             tower, settings.patch_spec(), settings.image_limits(), settings.encoder_cache_mb << 20
         )
+        self.encoder.warm_up()  # before the stage announces itself
         self.store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)
         self.registry = Registry(self.store.r)
         self.stats = WorkerStats("vision")

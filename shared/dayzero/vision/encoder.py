@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from PIL import Image
 from safetensors import safe_open
 
 from ..checkpoint_files import CheckpointError, canonical_name
@@ -40,6 +41,13 @@ class VisionEncoder:
         self.tower, self.spec, self.limits, self.budget = tower, spec, limits, cache_bytes
         self.counters = CacheCounters()
         self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+
+    def warm_up(self) -> None:
+        """One small gray image through preprocessing and the tower, neither cached nor counted: the
+        first calls' costs (allocator, kernels' first launch) are not the first request's."""
+        side = 2 * self.spec.patch_size * self.spec.merge_size
+        pixels, grid = process([Image.new("RGB", (side, side), (128, 128, 128))], self.spec)
+        encode(self.tower, pixels, grid)
 
     def key(self, data: bytes) -> str:
         return hashlib.sha256(data + repr(asdict(self.spec)).encode()).hexdigest()
