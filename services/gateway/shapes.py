@@ -77,13 +77,17 @@ class Shape:
     def body(self, text: str, finish: str, usage: dict, tokens: list[Token]) -> dict:
         if self.kind == "chat":
             parts = parse_message(text, self.thinking)
-            calls = [self._call(i, c.name, c.arguments) for i, c in enumerate(parts.calls)] if self.tools else []
+            calls = []
+            if self.tools:  # the calls made, then one cut short (max_tokens): its id and name, as streamed
+                calls = [self._call(i, c.name, c.arguments) for i, c in enumerate(parts.calls)]
+                calls += [self._call(i, name) for i, name in enumerate(parts.started[len(calls) :], len(calls))]
             message = {"role": "assistant", "content": parts.content or (None if calls else "")}
             if self.thinking:
                 message["reasoning_content"] = parts.reasoning
             if calls:
                 message["tool_calls"] = calls
-            choice = {"index": self.choice, "message": message, "finish_reason": self._finish(finish, len(calls))}
+            finish_reason = self._finish(finish, len(parts.calls))
+            choice = {"index": self.choice, "message": message, "finish_reason": finish_reason}
             body = {**self._head("chat.completion"), "choices": [choice], "usage": usage}
         else:
             choice = {"index": self.choice, "text": self._echo() + text, "finish_reason": finish}

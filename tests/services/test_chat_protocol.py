@@ -255,3 +255,24 @@ def test_a_streamed_tool_call_resumed_midway_equals_the_body(stack):
     calls, finish = _accumulate(seen + rest)
     assert finish == "tool_calls" and list(calls) == [0]
     assert calls[0] == {"name": "get_weather", "arguments": call["function"]["arguments"]}
+
+
+def test_a_tool_call_cut_by_max_tokens_reads_the_same_streamed_and_in_the_body(stack):
+    """Cut inside the call: a stream has given the call's id and name, so the body gives them too
+    (no arguments, finish_reason "length"), as OpenAI's API does."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    body = {"model": MODEL, **_ask(tools=[WEATHER], tool_choice=named, temperature=1.0, seed=11)}
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
+        named_at = next(
+            int(event_id.split("-")[0])  # entry ids count the tokens: "{n}-0" after the n-th
+            for event_id, data in sse_events(r)
+            if event_id and "tool_calls" in data["choices"][0]["delta"]
+        )
+    cut = {**body, "max_tokens": named_at + 1}  # the name is out; the arguments cannot close in one token
+    choice = _post(stack, "/v1/chat/completions", cut).json()["choices"][0]
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json={**cut, "stream": True}, timeout=300) as r:
+        streamed = [data for _, data in sse_events(r) if data != "[DONE]"]
+    (call,) = choice["message"]["tool_calls"]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
+    assert call["function"] == {"name": "get_weather", "arguments": ""} and call["id"].startswith("call_")
+    assert _accumulate(streamed) == ({0: {"name": "get_weather", "arguments": ""}}, "length")
