@@ -145,7 +145,7 @@ class Runtime:
     def warm_up(self, decode: bool) -> None:
         """Prefill a scratch sequence (``decode``: and decode one step of it) on every rank before
         the worker serves: the first calls compile kernels (numba's on CPU, Triton's on a GPU) and
-        fill caches, which would otherwise be the first request's wait (~0.5 s on CPU here). The
+        fill caches, which would otherwise be the first request's wait (0.25-0.5 s on CPU here). The
         prompt is long enough for every compressor to fold an entry (the indexer's path runs)."""
         cfg, start = self.model.cfg, time.monotonic()
         length = max(cfg.compress_rates.values(), default=1) + 2
