@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .batch import RaggedBatch
+from .kv_write import ring_slots
 
 QUERY_BLOCK = 256  # query rows the torch spec attends together, at most
 BLOCK_LOGITS = 1 << 18  # fp32 logits [rows, heads, keys] a block aims at (1 MiB: 2x faster per row at 32k)
@@ -132,10 +133,12 @@ def _block_rows(heads: int, window_size: int, entries: int) -> int:
 class DecodeWindow:
     """What every layer's decode step shares about the window (plan once, run per layer):
     blocks [B, wb] long ring blocks of each sequence; hidden [B, C + 1] bool, true where a ring slot
-    (then the new token itself, last) is outside the sequence's window."""
+    (then the new token itself, last) is outside the sequence's window; ``write_at`` (block, row)
+    [B] long each, where the new token goes in the ring (``kv_write.ring_slots``)."""
 
     blocks: torch.Tensor
     hidden: torch.Tensor
+    write_at: tuple[torch.Tensor, torch.Tensor]
 
     @staticmethod
     def build(batch: RaggedBatch, window_table: torch.Tensor, block_size: int, window_size: int) -> DecodeWindow:
@@ -143,7 +146,8 @@ class DecodeWindow:
         capacity = window_table.shape[1] * block_size
         key_pos = torch.cat((_ring_positions(pos, capacity, pos.device), pos), dim=1)  # [B, C + 1]
         delta = pos - key_pos
-        return DecodeWindow(window_table.long(), (key_pos < 0) | (delta < 0) | (delta >= window_size))
+        hidden = (key_pos < 0) | (delta < 0) | (delta >= window_size)
+        return DecodeWindow(window_table.long(), hidden, ring_slots(batch, window_table, block_size))
 
 
 def sparse_decode_torch(

@@ -14,6 +14,13 @@ import triton.language as tl
 from .batch import Backend, RaggedBatch
 
 
+def ring_slots(batch: RaggedBatch, window_table: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where a decode step's new token of each sequence goes in its ring: (block, row) [B] long."""
+    slot = torch.remainder(batch.positions.long(), window_table.shape[1] * block_size)
+    blocks = window_table.long().gather(1, torch.div(slot, block_size, rounding_mode="floor")[:, None])[:, 0]
+    return blocks, torch.remainder(slot, block_size)
+
+
 def write_window_torch(kv: torch.Tensor, batch: RaggedBatch, window: torch.Tensor, window_table: torch.Tensor) -> None:
     bs = window.shape[1]
     capacity = window_table.shape[1] * bs
@@ -52,15 +59,19 @@ def _write_kernel(
 
 
 def write_window(
-    kv: torch.Tensor, batch: RaggedBatch, window: torch.Tensor, window_table: torch.Tensor, backend: Backend = "torch"
+    kv: torch.Tensor,
+    batch: RaggedBatch,
+    window: torch.Tensor,
+    window_table: torch.Tensor,
+    backend: Backend = "torch",
+    at: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """In place: the ring pool ``window`` receives the rows of ``kv``."""
+    """In place: the ring pool ``window`` receives the rows of ``kv``. ``at``: a decode step's
+    ``ring_slots``, found once for every layer (torch backend; else found here)."""
     if kv.shape[1] != window.shape[2] or kv.dtype != window.dtype or not window.is_contiguous():
         raise ValueError(f"kv {tuple(kv.shape)} {kv.dtype} does not fit window pool {tuple(window.shape)}")
     if backend == "torch" and all(n == 1 for n in batch.news):  # decode: one row per sequence, at once
-        slot = torch.remainder(batch.positions.long(), window_table.shape[1] * window.shape[1])
-        blocks = window_table.long().gather(1, (slot // window.shape[1])[:, None])[:, 0]
-        window[blocks, slot % window.shape[1]] = kv
+        window[at or ring_slots(batch, window_table, window.shape[1])] = kv
         return
     if backend == "torch":
         write_window_torch(kv, batch, window, window_table)

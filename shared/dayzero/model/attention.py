@@ -48,7 +48,7 @@ def _compressed_keys(
         eps,
     )
     rate, batch = cfg.compress_rate(layer), plan.batch
-    visible = torch.div(batch.positions + 1, rate, rounding_mode="floor")
+    visible = plan.visible[rate]
     longest = max((s + n) // rate for s, n in zip(batch.starts, batch.news, strict=True))  # host: no sync
     if kind == HCA or not plan.options.sparse:
         if kind == CSA:  # the indexer's state still advances, so selection can be switched back on
@@ -112,7 +112,8 @@ def attention(
         compressed,
         backend=plan.options.backend,
     )
-    write_window(kv, plan.batch, window, plan.window_table, plan.options.backend)
+    at = plan.ring.write_at if plan.ring is not None else None
+    write_window(kv, plan.batch, window, plan.window_table, plan.options.backend, at)
     out = apply_rope(out, rope, inverse=True)  # K = V carried RoPE into the output: undo it
     wo_a = w.wo_a.weight.view(groups, cfg.o_lora_rank, -1)  # [G, O, I]
     low_rank = torch.bmm(out.view(n_tokens, groups, -1).transpose(0, 1), wo_a.transpose(1, 2))  # [G, T, O]

@@ -78,7 +78,7 @@ def _decode_windows(
     window it completes -> (kv, gate windows, their sequence indices, their entry indices)."""
     rate, width = w.ape.shape
     starts, device, slots = plan.batch.starts, kv.device, plan.slot_ids
-    rows = torch.remainder(plan.batch.positions, rate).long()  # the new token's row in its window
+    rows = plan.window_rows[rate]  # the new token's row in its window
     state.kv[slots, rows], state.gate[slots, rows] = kv.float(), gate.float()
     done = [s for s, p in enumerate(starts) if p % rate == rate - 1]
     if not done:

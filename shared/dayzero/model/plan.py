@@ -33,7 +33,9 @@ class StepPlan:
     token_ids [T]; rope_* cos/sin at the token positions; freqs_compress [rope_dim/2]
     for compressed-entry positions; window_table [B, wb] and tables[pool] [B, max blocks]
     int32 block tables; slots [B] compressor-state slot of each sequence (``slot_ids`` the same
-    as a long tensor, for the decode step's scatter into the compressor state).
+    as a long tensor, for the decode step's scatter into the compressor state); per compress rate
+    r: visible[r] [T] entries each token sees ((position + 1) // r), and a decode step's
+    window_rows[r] [B] long, the row of its compressor window each new token fills (position % r).
     """
 
     token_ids: torch.Tensor
@@ -47,6 +49,9 @@ class StepPlan:
     slot_ids: torch.Tensor
     options: AttentionOptions
     attend: Callable[..., torch.Tensor]  # the prefill or the decode variant of sparse attention
+    visible: dict[int, torch.Tensor]
+    window_rows: dict[int, torch.Tensor]
+    ring: DecodeWindow | None = None  # a decode step's window metadata (torch backend), for every layer
 
     def last_rows(self) -> list[int]:
         return [r + n - 1 for r, n in zip(self.batch.row0s, self.batch.news, strict=True)]
@@ -79,12 +84,13 @@ def plan_step(
     compress = _freqs(cfg.rope_compress, cfg.rope_head_dim).to(device)
     slots = tuple(s.tables["compressor"][0] if s.tables["compressor"] else 0 for s in seqs)
     window_table = _table([s.tables["window"] for s in seqs], device)
-    attend = sparse_attention_prefill
-    if all(len(c) == 1 for c in chunks):  # decode: the window's gather rows and masks serve every layer
-        ring = None
+    attend, ring, window_rows = sparse_attention_prefill, None, {}
+    rates = {r for r in cfg.compress_rates.values() if r}
+    if all(len(c) == 1 for c in chunks):  # decode: the window's gather rows, masks and write slots serve every layer
         if options.backend == "torch":
             ring = DecodeWindow.build(batch, window_table, pools.layout.block_size, cfg.sliding_window)
         attend = partial(sparse_attention_decode, ring=ring)
+        window_rows = {r: torch.remainder(batch.positions, r).long() for r in rates}
     return StepPlan(
         token_ids=torch.tensor([t for c in chunks for t in c], dtype=torch.long, device=device),
         batch=batch,
@@ -97,4 +103,7 @@ def plan_step(
         slot_ids=torch.tensor(slots, device=device),
         options=options,
         attend=attend,
+        visible={r: torch.div(batch.positions + 1, r, rounding_mode="floor") for r in rates},
+        window_rows=window_rows,
+        ring=ring,
     )
