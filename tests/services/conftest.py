@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -124,8 +125,6 @@ def wait_until(predicate, timeout_s: float, step_s: float = 0.05):
 def run_jobs(loop, jobs, timeout_s: float = 120) -> None:
     """Submit ``jobs`` to a prefill or decode loop before it runs (one batch), run it on a thread
     until every job is settled, then stop it."""
-    import threading
-
     tickets = [loop.intake.submit(job) for job in jobs]
     threading.Thread(target=loop.run_forever, daemon=True).start()
     try:

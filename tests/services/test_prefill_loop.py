@@ -36,11 +36,7 @@ def test_a_batch_redis_interrupts_is_retried_without_leaking_blocks(demo_dir, re
         request_id="flaky", prompt_ids=(0, 5, 6, 7, 8), sampling=SamplingParams(max_tokens=4), created=time.time()
     )
     store.admit(request, [], "", 60)
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    try:
-        assert loop.intake.submit(PrefillJob(request=request)).done.wait(30)
-    finally:
-        loop.stop.set()
+    run_jobs(loop, [PrefillJob(request=request)], 30)
     assert len(appends) == 2 and len(sent) == 1  # retried once, handed to decode once
     assert store.streamed_tokens("flaky") == [sent[0].generated[0]]
     assert set(runtime.pools.sequences) == {"flaky"}  # only the handed-off state: nothing from the failed try
@@ -64,11 +60,7 @@ def test_a_failed_forward_ends_its_requests_and_frees_their_blocks(demo_dir, red
         request_id="broken", prompt_ids=(0, 5, 6), sampling=SamplingParams(max_tokens=4), created=time.time()
     )
     store.admit(request, [], "", 60)
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    try:
-        assert loop.intake.submit(PrefillJob(request=request)).done.wait(30)
-    finally:
-        loop.stop.set()
+    run_jobs(loop, [PrefillJob(request=request)], 30)
     assert store.done("broken") == "error" and not sent
     assert runtime.pools.sequences == {}  # its blocks are free again
     (_, last), *_ = store.r.xrevrange("dz:tokens:broken", count=1)
@@ -91,13 +83,7 @@ def test_an_image_request_whose_embeddings_are_gone_fails_alone_with_a_clear_err
     gone = TensorRef(transport="shm", location="dz-parked-0-gone", host=socket.gethostname(), shape=(2, 64))
     for r in (request, fine):
         store.admit(r, [], "", 60)
-    jobs = (PrefillJob(request=request, embeddings=gone), PrefillJob(request=fine))
-    tickets = [loop.intake.submit(job) for job in jobs]
-    threading.Thread(target=loop.run_forever, daemon=True).start()  # both in one batch
-    try:
-        assert all(t.done.wait(30) for t in tickets)
-    finally:
-        loop.stop.set()
+    run_jobs(loop, [PrefillJob(request=request, embeddings=gone), PrefillJob(request=fine)], 30)  # one batch
     assert store.done("lost-images") == "error" and "lost-images" not in runtime.pools.sequences
     assert [job.request.request_id for job in sent] == ["beside-it"]  # the rest of its batch goes on
     (_, last), *_ = store.r.xrevrange("dz:tokens:lost-images", count=1)
@@ -114,18 +100,14 @@ def test_identical_prompts_in_a_batch_are_prefilled_once_and_continue_alike(demo
     sent: list[DecodeJob] = []
     loop = PrefillLoop(runtime, sent.append)
     store, same, other = Lifecycle.connect(redis_url), (0, 9, 8, 7, 6, 5, 4, 3, 2), (0, 11, 12)
-    tickets = []
+    jobs = []
     for rid, prompt in (("n0", same), ("n1", same), ("n2", same), ("solo", other)):
         request = GenerationRequest(
             request_id=rid, prompt_ids=prompt, sampling=SamplingParams(max_tokens=4), created=time.time()
         )
         store.admit(request, [], "", 60)
-        tickets.append(loop.intake.submit(PrefillJob(request=request)))  # queued before the loop runs: one batch
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    try:
-        assert all(t.done.wait(30) for t in tickets)
-    finally:
-        loop.stop.set()
+        jobs.append(PrefillJob(request=request))
+    run_jobs(loop, jobs, 30)  # queued before the loop runs: one batch
     assert runtime.stats.counters["tokens"] == len(same) + len(other)  # the three copies ran once
     firsts = {job.request.request_id: job.generated[0] for job in sent}
     assert firsts["n0"] == firsts["n1"] == firsts["n2"]
@@ -184,7 +166,7 @@ def test_leases_live_until_each_request_of_a_slow_batch_is_handed_on(demo_dir, r
 
     monkeypatch.setattr(prefill_loop, "publish", slow_publish)
     loop = PrefillLoop(runtime, lambda job: None)
-    tickets = []
+    jobs = []
     for i in range(6):
         request = GenerationRequest(
             request_id=f"slow{i}",
@@ -193,12 +175,8 @@ def test_leases_live_until_each_request_of_a_slow_batch_is_handed_on(demo_dir, r
             created=time.time(),
         )
         store.admit(request, [], "", 60)
-        tickets.append(loop.intake.submit(PrefillJob(request=request)))
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    try:
-        assert all(t.done.wait(60) for t in tickets)
-    finally:
-        loop.stop.set()
+        jobs.append(PrefillJob(request=request))
+    run_jobs(loop, jobs, 60)
     assert owners == {f"slow{i}": runtime.name for i in range(6)}
     assert all(store.owner(f"slow{i}") == "handoff" for i in range(6))  # no late beat overwrote a handoff lease
 

@@ -3,7 +3,6 @@ embeddings whose request ends before prefill reads them (real Redis, in-process 
 
 from __future__ import annotations
 
-import threading
 import time
 
 from dayzero.kv.shared import SHM_DIR
@@ -18,6 +17,7 @@ from dayzero.serving.vision_stage import VisionStage
 from dayzero.settings import Settings
 
 from ..vision.conftest import encoded
+from .conftest import run_jobs
 
 
 def _request(rid: str, images: int) -> GenerationRequest:
@@ -67,11 +67,7 @@ def test_prefill_frees_the_embeddings_of_a_request_cancelled_in_its_queue(demo_d
     store.cancel("cancelled-img")  # the client left while the request waited for prefill
 
     loop = PrefillLoop(Runtime.load(settings, "prefill0@test", "prefill", shared=False), send_decode=sent.append)
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    try:
-        assert loop.intake.submit(sent[0]).done.wait(30)
-    finally:
-        loop.stop.set()
+    run_jobs(loop, [sent[0]], 30)
     assert store.done("cancelled-img") == "cancelled" and len(sent) == 1
     assert not (SHM_DIR / parked.location).exists()
 
