@@ -30,20 +30,23 @@ def test_stage_encodes_then_hands_the_request_to_prefill(demo_dir, redis_url):
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url)
     sent: list[PrefillJob] = []
     stage = VisionStage(settings, "vision0@test", sent.append)
-    store = Lifecycle.connect(redis_url)
-    request = _request("img-1", 1)
-    store.admit(request, [encoded(28, 28, seed=1)], "", 60)
-    stage.handle(PrefillJob(request=request))
-    assert len(sent) == 1 and sent[0].embeddings is not None
-    # prefill may claim it; the reaper waits
-    assert store.owner("img-1") is None and store.r.exists(key("queued", "img-1"))
-    # a 28x28 image is resized up to min_pixels (56x56): 2x2 merged patches of the LM width
-    assert tuple(take_tensor(sent[0].embeddings, store).shape) == (4, 64)
+    try:
+        store = Lifecycle.connect(redis_url)
+        request = _request("img-1", 1)
+        store.admit(request, [encoded(28, 28, seed=1)], "", 60)
+        stage.handle(PrefillJob(request=request))
+        assert len(sent) == 1 and sent[0].embeddings is not None
+        # prefill may claim it; the reaper waits
+        assert store.owner("img-1") is None and store.r.exists(key("queued", "img-1"))
+        # a 28x28 image is resized up to min_pixels (56x56): 2x2 merged patches of the LM width
+        assert tuple(take_tensor(sent[0].embeddings, store).shape) == (4, 64)
 
-    store.admit(_request("img-2", 1), [encoded(28, 28, seed=2)], "", 60)
-    store.take("img-2", 0, "vision1@elsewhere", 30)  # a live worker owns it
-    stage.handle(PrefillJob(request=_request("img-2", 1)))
-    assert len(sent) == 1
+        store.admit(_request("img-2", 1), [encoded(28, 28, seed=2)], "", 60)
+        store.take("img-2", 0, "vision1@elsewhere", 30)  # a live worker owns it
+        stage.handle(PrefillJob(request=_request("img-2", 1)))
+        assert len(sent) == 1
+    finally:
+        stage.stop.set()  # its heartbeat thread ends
 
 
 def test_reaper_sends_lost_image_requests_back_to_vision(redis_url):
@@ -60,7 +63,11 @@ def test_reaper_sends_lost_image_requests_back_to_vision(redis_url):
 def test_prefill_frees_the_embeddings_of_a_request_cancelled_in_its_queue(demo_dir, redis_url):
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url)
     sent: list[PrefillJob] = []
-    VisionStage(settings, "vision0@test", sent.append).handle(_register(redis_url, "cancelled-img"))
+    stage = VisionStage(settings, "vision0@test", sent.append)
+    try:
+        stage.handle(_register(redis_url, "cancelled-img"))
+    finally:
+        stage.stop.set()  # its heartbeat thread ends
     parked = sent[0].embeddings
     assert (SHM_DIR / parked.location).exists()
     store = Lifecycle.connect(redis_url)
