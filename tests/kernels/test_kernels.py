@@ -244,6 +244,28 @@ def test_compiled_cpu_mix_matches_the_twin(n, t):
         assert (g - w).abs().max().item() < 1e-6
 
 
+@pytest.mark.parametrize(("n", "t"), [(4, 1), (3, 5)])
+def test_compiled_cpu_merge_matches_the_twin(n, t):
+    """The merge after a block on the CPU decode path (numba) against the torch definition, written
+    out here: sum_i comb[t, i, j] * streams[t, i] + post[t, j] * block_out[t], within an ulp or so."""
+    from dayzero.kernels.hyper import hyper_merge
+    from dayzero.kernels.hyper_cpu import fits_cpu
+
+    gen = torch.Generator().manual_seed(12)
+    streams, block_out = torch.randn(t, n, 40, generator=gen), torch.randn(t, 40, generator=gen)
+    post, comb = torch.rand(t, n, generator=gen), torch.rand(t, n, n, generator=gen)
+    assert fits_cpu(streams)  # so hyper_merge takes the compiled loop
+    want = (
+        torch.einsum("tij,tid->tjd", comb.double(), streams.double())
+        + post.double()[..., None] * block_out.double()[:, None]
+    )
+    got = hyper_merge(streams, block_out, post, comb)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert (got - want).abs().max().item() < 1e-5
+    twin = hyper_merge(streams.bfloat16(), block_out.bfloat16(), post, comb).float()  # bf16: the torch path
+    assert (twin - want).abs().max().item() < 0.1
+
+
 def test_window_write_of_a_decode_step_equals_the_spec(device):
     from dayzero.kernels.kv_write import write_window_torch
 

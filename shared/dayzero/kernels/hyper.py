@@ -8,8 +8,8 @@
 
 The torch twin runs the Sinkhorn passes on all tokens at once, two ops per pass; the kernel
 keeps one token's N x N matrix in registers and is one launch for the whole step. On CPU the
-torch backend hands steps of few tokens (decode) to one compiled loop (``hyper_cpu``): there
-the twin's ops are all dispatch overhead.
+torch backend hands steps of few tokens (decode) to compiled loops (``hyper_cpu``): there the
+twin's ops are all dispatch overhead. ``hyper_merge`` is the mix's other half, after the block.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .batch import Backend
-from .hyper_cpu import FEW_TOKENS, mix_weights_cpu
+from .hyper_cpu import FEW_TOKENS, collapse_cpu, fits_cpu, merge_cpu, mix_weights_cpu
 
 
 def hyper_mix_torch(
@@ -32,6 +32,16 @@ def hyper_mix_torch(
     post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
     comb = _sinkhorn(torch.softmax(comb_w.view(-1, n, n) * scale[2] + comb_b.view(n, n), dim=-1), iters, eps)
     return _collapse(pre, streams), post, comb
+
+
+def hyper_merge(streams: torch.Tensor, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """streams [T, N, D], block_out [T, D], the mix's post [T, N] and comb [T, N, N] fp32 -> new
+    streams [T, N, D]: the block's output spread by ``post`` onto the streams mixed by ``comb``."""
+    if fits_cpu(streams) and block_out.dtype == torch.float32:
+        return merge_cpu(streams, block_out, post, comb)
+    dtype = streams.dtype
+    mixed = torch.bmm(comb.to(dtype).transpose(-1, -2), streams)
+    return post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2) + mixed
 
 
 def _collapse(pre: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
@@ -112,7 +122,7 @@ def hyper_mix(
         raise ValueError(f"bad shapes mixes {tuple(mixes.shape)} base {tuple(base.shape)} streams {(t, n, d)}")
     if backend == "torch" and streams.device.type == "cpu" and t <= FEW_TOKENS:
         pre, post, comb = mix_weights_cpu(mixes, base, scale, n, iters, eps)
-        return _collapse(pre, streams), post, comb
+        return collapse_cpu(pre, streams) if fits_cpu(streams) else _collapse(pre, streams), post, comb
     if backend == "torch" or n & (n - 1):  # the kernel's N x N tile needs a power of two
         return hyper_mix_torch(mixes, base, scale, streams, iters, eps)
     out = torch.empty(t, d, dtype=streams.dtype, device=streams.device)

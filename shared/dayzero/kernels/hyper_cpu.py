@@ -1,6 +1,7 @@
-"""The hyper-connection mix's pre / post / Sinkhorn as one compiled CPU loop (numba), for steps
-of few tokens: a decode step's mix is 16 numbers a token, so the torch twin's ~90 ops (two per
-Sinkhorn pass) are all dispatch overhead there (~350 us a collapse vs ~20 us here, one token).
+"""The hyper-connection mix's pre / post / Sinkhorn and collapse, and the merge after the block,
+as compiled CPU loops (numba), for steps of few fp32 tokens: a decode step's mix is 16 numbers a
+token, so the torch twin's ~90 ops (two per Sinkhorn pass) are all dispatch overhead there (~350 us
+a collapse vs ~20 us here, one token); the collapse and the merge are ~4 and ~8 small ops more.
 The arithmetic is the twin's, in fp32 and the same order (sums left to right, then + eps, then
 a division), so the two agree to an ulp or so (exp and the sums' rounding); see
 ``hyper_mix_torch`` for the definition and the test that holds them together.
@@ -55,6 +56,51 @@ def _mix(mixes, base, scale, n, iters, eps):
     return pre, post, comb
 
 
+@numba.njit(cache=True)
+def _collapse(pre, streams):
+    """sum_n pre[t, n] * streams[t, n] in order n = 0, 1, ... (the twin's sum over dim 1)."""
+    t_all, n, d = streams.shape
+    out = np.empty((t_all, d), np.float32)
+    for t in range(t_all):
+        for k in range(d):
+            out[t, k] = pre[t, 0] * streams[t, 0, k]
+        for i in range(1, n):
+            w = pre[t, i]
+            for k in range(d):
+                out[t, k] += w * streams[t, i, k]
+    return out
+
+
+@numba.njit(cache=True)
+def _merge(streams, block_out, post, comb):
+    """post[t, j] * block_out[t] + sum_i comb[t, i, j] * streams[t, i] for each stream j."""
+    t_all, n, d = streams.shape
+    out = np.empty((t_all, n, d), np.float32)
+    for t in range(t_all):
+        for j in range(n):
+            w = comb[t, 0, j]
+            for k in range(d):
+                out[t, j, k] = w * streams[t, 0, k]
+            for i in range(1, n):
+                w = comb[t, i, j]
+                for k in range(d):
+                    out[t, j, k] += w * streams[t, i, k]
+            w = post[t, j]
+            for k in range(d):
+                out[t, j, k] = w * block_out[t, k] + out[t, j, k]
+    return out
+
+
+def fits_cpu(streams: torch.Tensor) -> bool:
+    """Whether a step's streams take the compiled loops: few tokens of contiguous fp32 on the CPU."""
+    return (
+        streams.device.type == "cpu"
+        and streams.dtype == torch.float32
+        and streams.shape[0] <= FEW_TOKENS
+        and streams.is_contiguous()
+    )
+
+
 def mix_weights_cpu(
     mixes: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -62,3 +108,14 @@ def mix_weights_cpu(
     [T, (2 + N) * N], ``base`` and ``scale`` (no torch op: a decode step's op count is its cost)."""
     arrays = (x.numpy() for x in (mixes, base, scale))
     return tuple(torch.from_numpy(a) for a in _mix(*arrays, n, iters, np.float32(eps)))
+
+
+def collapse_cpu(pre: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+    """The collapse [T, D] of streams that ``fits_cpu`` with ``pre`` [T, N] fp32, as one loop."""
+    return torch.from_numpy(_collapse(pre.numpy(), streams.numpy()))
+
+
+def merge_cpu(streams: torch.Tensor, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """``HyperMix.merge`` of streams that ``fits_cpu`` (block_out [T, D] fp32), as one loop."""
+    arrays = (x.contiguous().numpy() for x in (streams, block_out, post, comb))
+    return torch.from_numpy(_merge(*arrays))

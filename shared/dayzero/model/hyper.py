@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.batch import Backend
-from ..kernels.hyper import hyper_mix
+from ..kernels.hyper import hyper_merge, hyper_mix
 from .norms import rms_scale
 
 
@@ -24,9 +24,7 @@ class HyperMix:
 
     def merge(self, streams: torch.Tensor, block_out: torch.Tensor) -> torch.Tensor:
         """streams [T, N, D], block_out [T, D] -> new streams [T, N, D]."""
-        dtype = streams.dtype
-        mixed = torch.bmm(self.comb.to(dtype).transpose(-1, -2), streams)
-        return self.post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2) + mixed
+        return hyper_merge(streams, block_out, self.post, self.comb)
 
 
 def collapse(

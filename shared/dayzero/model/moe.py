@@ -55,21 +55,25 @@ def moe(
     pairs routed to its own experts and its rows of the shared expert; the sum is all-reduced."""
     experts, weights = route(w, cfg, x, token_ids)
     first, n_local = comm.config.span(cfg.n_routed_experts)[0], comm.config.part(cfg.n_routed_experts)
-    local = experts.flatten() - first
+    local = experts.flatten() - first if first else experts.flatten()
     if comm.size > 1:  # another rank's pairs go to a last bucket, sorted after this rank's
         local = torch.where((local >= 0) & (local < n_local), local, n_local)
     order = local.argsort(stable=True)  # (token, slot) pairs grouped by expert
     counts = torch.bincount(local, minlength=n_local + 1)[:n_local]
     if comm.size > 1:
         order = order[: int(counts.sum())]
-    tokens = order // experts.shape[1]  # [pairs] token of each sorted pair
     pair_weights = weights.flatten()[order, None]
     routed_experts: RoutedExperts = w.experts
-    routed = routed_experts.run(x[tokens], counts, cfg.swiglu_limit, backend)
-    # each pair back at its (token, slot) place (zero: another rank's pair), then the slots summed
-    placed = x.new_zeros(experts.numel(), x.shape[1])  # [T * k, H]
-    placed[order] = (routed * pair_weights).to(x.dtype)
-    out = placed.view(*experts.shape, -1).sum(dim=1)
+    if x.shape[0] == 1:  # one token (decode at batch 1): every pair is its own, summed at once
+        routed = routed_experts.run(x.expand(order.shape[0], -1), counts, cfg.swiglu_limit, backend)
+        out = (routed * pair_weights).to(x.dtype).sum(dim=0, keepdim=True)
+    else:
+        tokens = order // experts.shape[1]  # [pairs] token of each sorted pair
+        routed = routed_experts.run(x[tokens], counts, cfg.swiglu_limit, backend)
+        # each pair back at its (token, slot) place (zero: another rank's pair), then the slots summed
+        placed = x.new_zeros(experts.numel(), x.shape[1])  # [T * k, H]
+        placed[order] = (routed * pair_weights).to(x.dtype)
+        out = placed.view(*experts.shape, -1).sum(dim=1)
     se = w.shared_experts
     hidden = swiglu(F.linear(x, se.w1.weight), F.linear(x, se.w3.weight), cfg.swiglu_limit)
     return comm.all_reduce_sum(out + F.linear(hidden, se.w2.weight))

@@ -15,8 +15,9 @@ def _constant(value: float, device: torch.device) -> torch.Tensor:
 
 
 def _inverse_rms(xf: torch.Tensor, eps: float) -> torch.Tensor:
-    """rsqrt(mean(xf^2) + eps) over the last axis of fp32 ``xf`` (the mean as sum / n, bitwise the same)."""
-    total = xf.square().sum(-1, keepdim=True)
+    """rsqrt(mean(xf^2) + eps) over the last axis of fp32 ``xf`` (the mean as sum / n, the square as
+    ``xf * xf``: both bitwise the same, and ``square`` dispatches through ``pow``)."""
+    total = (xf * xf).sum(-1, keepdim=True)
     return total.div_(_constant(float(xf.shape[-1]), xf.device)).add_(_constant(eps, xf.device)).rsqrt_()
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, partial
 
+import numpy as np
 import torch
 
 from ..config import ModelConfig, RopeConfig
@@ -22,8 +23,8 @@ class AttentionOptions:
 
 
 @lru_cache(maxsize=16)
-def _freqs(rope: RopeConfig, dim: int) -> torch.Tensor:
-    return inv_freq(rope, dim)
+def _freqs(rope: RopeConfig, dim: int, device: torch.device) -> torch.Tensor:
+    return inv_freq(rope, dim).to(device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +58,15 @@ class StepPlan:
         return [r + n - 1 for r, n in zip(self.batch.row0s, self.batch.news, strict=True)]
 
 
+def _host(values: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(values).to(device)
+
+
 def _table(blocks: list[list[int]], device: torch.device) -> torch.Tensor:
-    width = max(1, max(len(b) for b in blocks))
-    return torch.tensor([b + [0] * (width - len(b)) for b in blocks], dtype=torch.int32, device=device)
+    table = np.zeros((len(blocks), max(1, max(len(b) for b in blocks))), dtype=np.int32)
+    for row, ids in zip(table, blocks, strict=True):
+        row[: len(ids)] = ids
+    return _host(table, device)
 
 
 def plan_step(
@@ -80,8 +87,8 @@ def plan_step(
     device = pools.device
     batch = RaggedBatch.build(starts, [len(c) for c in chunks], device)
     seqs = [pools.sequences[s] for s in seq_ids]
-    main = _freqs(cfg.rope_main, cfg.rope_head_dim).to(device)
-    compress = _freqs(cfg.rope_compress, cfg.rope_head_dim).to(device)
+    main = _freqs(cfg.rope_main, cfg.rope_head_dim, device)
+    compress = _freqs(cfg.rope_compress, cfg.rope_head_dim, device)
     slots = tuple(s.tables["compressor"][0] if s.tables["compressor"] else 0 for s in seqs)
     window_table = _table([s.tables["window"] for s in seqs], device)
     attend, ring, window_rows = sparse_attention_prefill, None, {}
@@ -90,9 +97,10 @@ def plan_step(
         if options.backend == "torch":
             ring = DecodeWindow.build(batch, window_table, pools.layout.block_size, cfg.sliding_window)
         attend = partial(sparse_attention_decode, ring=ring)
-        window_rows = {r: torch.remainder(batch.positions, r).long() for r in rates}
+        at = np.asarray(starts, dtype=np.int64)  # each new token's position
+        window_rows = {r: _host(at % r, device) for r in rates}
     return StepPlan(
-        token_ids=torch.tensor([t for c in chunks for t in c], dtype=torch.long, device=device),
+        token_ids=_host(np.fromiter((t for c in chunks for t in c), dtype=np.int64), device),
         batch=batch,
         rope_main=RopeTable.at(main, batch.positions),
         rope_compress=RopeTable.at(compress, batch.positions),
@@ -100,7 +108,7 @@ def plan_step(
         window_table=window_table,
         tables={p: _table([s.tables[p] for s in seqs], device) for p in GROWING_POOLS},
         slots=slots,
-        slot_ids=torch.tensor(slots, device=device),
+        slot_ids=_host(np.asarray(slots, dtype=np.int64), device),
         options=options,
         attend=attend,
         visible={r: torch.div(batch.positions + 1, r, rounding_mode="floor") for r in rates},

@@ -40,18 +40,21 @@ def inv_freq(rope: RopeConfig, dim: int) -> torch.Tensor:
 
 @dataclass(frozen=True, slots=True)
 class RopeTable:
-    """cos / sin for a set of positions: [T, rope_dim/2] fp32 each; ``rotation`` = cos + i sin
-    [T, rope_dim/2] complex64, built once with the table (a step's tables serve every layer)."""
+    """cos / sin for a set of positions: [T, rope_dim/2] fp32 each; ``rotation`` = cos + i sin and
+    ``inverse`` = cos - i sin [T, rope_dim/2] complex64, built once with the table (a step's tables
+    serve every layer; multiplying by a lazy ``conj()`` resolves it on every call)."""
 
     cos: torch.Tensor
     sin: torch.Tensor
     rotation: torch.Tensor
+    inverse: torch.Tensor
 
     @staticmethod
     def at(freqs: torch.Tensor, positions: torch.Tensor) -> RopeTable:
         angles = positions.to(torch.float32)[:, None] * freqs[None, :]
         cos, sin = angles.cos(), angles.sin()
-        return RopeTable(cos, sin, torch.complex(cos, sin))
+        rotation = torch.complex(cos, sin)
+        return RopeTable(cos, sin, rotation, rotation.conj().resolve_conj())
 
 
 def apply_rope(x: torch.Tensor, table: RopeTable, inverse: bool = False) -> torch.Tensor:
@@ -60,7 +63,7 @@ def apply_rope(x: torch.Tensor, table: RopeTable, inverse: bool = False) -> torc
     ``inverse`` rotates by ``-angle`` (used to undo RoPE on the attention output). The rotation
     multiplies an fp32 copy of ``x`` in place (exact: the other channels round-trip)."""
     half = table.rotation.shape[-1]
-    rotation = table.rotation.conj() if inverse else table.rotation
+    rotation = table.inverse if inverse else table.rotation
     out = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
     pairs = torch.view_as_complex(out[..., -2 * half :].unflatten(-1, (half, 2)))  # [T, ..., half]
     pairs.mul_(rotation.view(rotation.shape[0], *([1] * (x.dim() - 2)), half))
