@@ -1,8 +1,10 @@
 """Prefill and decode tokens/s: dayzero vs transformers on the built-in tiny checkpoint.
 
 Batch 1, 512 prompt tokens, 64 new tokens (greedy), fp32 on CPU; median of several runs,
-both engines measured side by side in one process; then the aten ops each engine dispatches per
-decode step (counted, not timed). Run: ``python bench/model.py``.
+both engines measured side by side in one process, rounds alternating which goes first (the
+ratio of the medians, and the median of each round's own ratio: this VM's speed drifts between
+rounds); then the aten ops each engine dispatches per decode step (counted, not timed). Run:
+``python bench/model.py``.
 """
 
 from __future__ import annotations
@@ -76,9 +78,14 @@ def main() -> None:
         ours = load_model(path, progress=False)
     prompt = torch.randint(2, ours.cfg.vocab_size, (args.prompt_tokens,)).tolist()
     results = {"dayzero": [], "transformers": []}
-    for _ in range(args.runs + 1):  # first round is warm-up, dropped
-        results["dayzero"].append(dayzero_run(ours, prompt, args.new_tokens))
-        results["transformers"].append(transformers_run(ref, prompt, args.new_tokens))
+    for i in range(args.runs + 1):  # first round is warm-up, dropped; the order alternates
+        for name in ("dayzero", "transformers") if i % 2 else ("transformers", "dayzero"):
+            run = (
+                dayzero_run(ours, prompt, args.new_tokens)
+                if name == "dayzero"
+                else transformers_run(ref, prompt, args.new_tokens)
+            )
+            results[name].append(run)
     rates = {}
     for name, runs in results.items():
         runs = runs[1:]
@@ -97,6 +104,11 @@ def main() -> None:
     p_ratio = rates["dayzero"][0] / rates["transformers"][0]
     d_ratio = rates["dayzero"][1] / rates["transformers"][1]
     print(f"| {'ratio dz/tf':<13} | {p_ratio:12.2f}x | {d_ratio:11.2f}x |")
+    paired = [  # each round's two runs back to back: a ratio per round, robust to the machine's drift
+        statistics.median(t[k] / d[k] for d, t in zip(results["dayzero"][1:], results["transformers"][1:], strict=True))
+        for k in (0, 1)
+    ]
+    print(f"| {'paired ratio':<13} | {paired[0]:12.2f}x | {paired[1]:11.2f}x |  (median of the rounds' own ratios)")
     counts = {name: OpCount() for name in results}
     dayzero_run(ours, prompt, args.new_tokens, counts["dayzero"])
     transformers_run(ref, prompt, args.new_tokens, counts["transformers"])
