@@ -11,6 +11,12 @@ import torch
 Backend = Literal["torch", "triton"]
 
 
+def from_host(values: np.ndarray, device: torch.device | str) -> torch.Tensor:
+    """Step metadata built with numpy on the host, on ``device`` (a torch op per small tensor costs
+    several times a numpy one)."""
+    return torch.from_numpy(values).to(device)
+
+
 @dataclass(frozen=True, slots=True)
 class RaggedBatch:
     """Sequence ``s`` owns packed rows ``[row0[s], row0[s] + new[s])`` at positions from ``start[s]``.
@@ -30,22 +36,18 @@ class RaggedBatch:
 
     @staticmethod
     def build(starts: list[int], news: list[int], device: torch.device | str = "cpu") -> RaggedBatch:
-        """Built on the host with numpy (a torch op per small tensor costs several times more)."""
+        """Built on the host with numpy (``from_host``)."""
         new = np.asarray(news, dtype=np.int32)
         start = np.asarray(starts, dtype=np.int32)
         row0 = np.cumsum(new, dtype=np.int32) - new
         seq_of = np.repeat(np.arange(len(news), dtype=np.int32), new)
         positions = np.arange(int(new.sum()), dtype=np.int32) + np.repeat(start - row0, new)
-
-        def ints(values: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(values).to(device)
-
         return RaggedBatch(
-            ints(seq_of),
-            ints(positions),
-            ints(start),
-            ints(row0),
-            ints(new),
+            from_host(seq_of, device),
+            from_host(positions, device),
+            from_host(start, device),
+            from_host(row0, device),
+            from_host(new, device),
             tuple(starts),
             tuple(row0.tolist()),
             tuple(news),

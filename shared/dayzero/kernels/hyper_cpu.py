@@ -116,6 +116,6 @@ def collapse_cpu(pre: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
 
 
 def merge_cpu(streams: torch.Tensor, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """``HyperMix.merge`` of streams that ``fits_cpu`` (block_out [T, D] fp32), as one loop."""
-    arrays = (x.contiguous().numpy() for x in (streams, block_out, post, comb))
+    """``hyper_merge`` of streams that ``fits_cpu`` (block_out [T, D] fp32), as one loop."""
+    arrays = (x.contiguous().numpy() for x in (streams, block_out, post, comb))  # (a no-op when contiguous)
     return torch.from_numpy(_merge(*arrays))

@@ -11,6 +11,7 @@ import torch
 
 from ..config import ModelConfig, RopeConfig
 from ..kernels import Backend, DecodeWindow, RaggedBatch, sparse_attention_decode, sparse_attention_prefill
+from ..kernels.batch import from_host
 from ..kv.layout import GROWING_POOLS
 from ..kv.pools import KVPools
 from .rope import RopeTable, inv_freq
@@ -58,15 +59,11 @@ class StepPlan:
         return [r + n - 1 for r, n in zip(self.batch.row0s, self.batch.news, strict=True)]
 
 
-def _host(values: np.ndarray, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(values).to(device)
-
-
 def _table(blocks: list[list[int]], device: torch.device) -> torch.Tensor:
     table = np.zeros((len(blocks), max(1, max(len(b) for b in blocks))), dtype=np.int32)
     for row, ids in zip(table, blocks, strict=True):
         row[: len(ids)] = ids
-    return _host(table, device)
+    return from_host(table, device)
 
 
 def plan_step(
@@ -98,9 +95,9 @@ def plan_step(
             ring = DecodeWindow.build(batch, window_table, pools.layout.block_size, cfg.sliding_window)
         attend = partial(sparse_attention_decode, ring=ring)
         at = np.asarray(starts, dtype=np.int64)  # each new token's position
-        window_rows = {r: _host(at % r, device) for r in rates}
+        window_rows = {r: from_host(at % r, device) for r in rates}
     return StepPlan(
-        token_ids=_host(np.fromiter((t for c in chunks for t in c), dtype=np.int64), device),
+        token_ids=from_host(np.fromiter((t for c in chunks for t in c), dtype=np.int64), device),
         batch=batch,
         rope_main=RopeTable.at(main, batch.positions),
         rope_compress=RopeTable.at(compress, batch.positions),
@@ -108,7 +105,7 @@ def plan_step(
         window_table=window_table,
         tables={p: _table([s.tables[p] for s in seqs], device) for p in GROWING_POOLS},
         slots=slots,
-        slot_ids=_host(np.asarray(slots, dtype=np.int64), device),
+        slot_ids=from_host(np.asarray(slots, dtype=np.int64), device),
         options=options,
         attend=attend,
         visible={r: torch.div(batch.positions + 1, r, rounding_mode="floor") for r in rates},
