@@ -119,16 +119,18 @@ def test_window_write_matches_twin_and_keeps_the_last_positions(device):
 
 
 @pytest.mark.parametrize("topk", [2, 8])  # 8 > visible entries for early queries
-def test_indexer_topk_matches_twin_and_full_sort(topk, device):
+@pytest.mark.parametrize("starts, news", [([0, 30, 61], [5, 1, 7]), ([50], [13])])  # one sequence: counts on the host
+def test_indexer_topk_matches_twin_and_full_sort(topk, starts, news, device):
     gen = torch.Generator().manual_seed(4)
-    batch = RaggedBatch.build([0, 30, 61], [5, 1, 7], device)
-    t, hi, di = 13, 4, 8
+    batch = RaggedBatch.build(starts, news, device)
+    t, hi, di = sum(news), 4, 8
     q, w = torch.randn(t, hi, di, generator=gen).to(device), torch.randn(t, hi, generator=gen).to(device)
     keys = torch.randn(40, BS, di, generator=gen).to(device)
-    table = torch.randperm(40, generator=gen)[:15].view(3, 5).to(torch.int32).to(device)
+    table = torch.randperm(40, generator=gen)[:15].view(3, 5)[: len(news)].to(torch.int32).to(device)
     visible = torch.div(batch.positions + 1, 4, rounding_mode="floor").to(torch.int32)
     got = indexer_topk(q, w, batch, keys, table, visible, topk, backend="triton", rows_max=5)  # several blocks
-    want = indexer_topk(q, w, batch, keys, table, visible, topk, backend="torch", rows_max=3)
+    longest = max((s + n) // 4 for s, n in zip(starts, news))  # what the model passes, known on the host
+    want = indexer_topk(q, w, batch, keys, table, visible, topk, backend="torch", rows_max=3, visible_max=longest)
     full = indexer_scores_torch(q, w, batch, keys, table, visible, 0, int(visible.max()))
     for row in range(t):
         expect = full[row].sort(descending=True, stable=True).indices[:topk]

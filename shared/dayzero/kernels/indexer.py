@@ -179,17 +179,18 @@ def _torch_blocks(q, weights, batch, keys, table, visible, visible_max, rows_max
             yield rows, indexer_scores_decode_torch(*args)
         return
     tables = table.tolist()
-    for s in range(batch.num_seqs):
-        row0, new = batch.row0s[s], batch.news[s]
-        last = int(visible[row0 + new - 1])  # positions grow along a sequence's rows
+    for s in range(batch.num_seqs):  # positions, so visible counts, grow along a sequence's rows
+        row0, end = batch.row0s[s], batch.row0s[s] + batch.news[s]
+        last = visible_max if batch.num_seqs == 1 else int(visible[end - 1])  # (one sequence: no read)
         step = rows_max or max(1, BUDGET // max(1, last))
-        for r0 in range(row0, row0 + new, step):
-            rows = slice(r0, min(r0 + step, row0 + new))
-            count = int(visible[rows.stop - 1])
+        for r0 in range(row0, end, step):
+            rows = slice(r0, min(r0 + step, end))
+            count = last if rows.stop == end else int(visible[rows.stop - 1])
             if count == 0:  # nothing visible yet: the output's -1 stands
                 continue
             scores = _scores_in_pieces(q[rows], weights[rows], _sequence_keys(keys, tables[s], count))
-            yield rows, _masked(scores, visible[rows], int(visible[rows].min()))
+            least = count if rows.stop - r0 == 1 else int(visible[r0])  # every row sees its first row's
+            yield rows, _masked(scores, visible[rows], least) if least < count else scores
 
 
 def _triton_blocks(q, weights, batch, keys, table, visible, visible_max, rows_max):

@@ -16,7 +16,7 @@ import torch
 
 from ..kernels import compress_entries
 from .plan import StepPlan
-from .rope import RopeTable
+from .rope import cos_sin
 from .weights import Compressor
 
 
@@ -131,13 +131,13 @@ def fold(
             return
         windows_kv, windows_gate = torch.cat(parts_kv), torch.cat(parts_gate)
         entry, seq = torch.cat(entries).to(kv.device), torch.cat(seqs).to(kv.device)
-    rope = RopeTable.at(plan.freqs_compress, entry * rate)
+    cos, sin = cos_sin(plan.freqs_compress, entry * rate)
     compress_entries(
         windows_kv,
         windows_gate,
         w.norm.weight,
-        rope.cos,
-        rope.sin,
+        cos,
+        sin,
         eps,
         pool,
         table,

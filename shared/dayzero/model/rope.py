@@ -38,23 +38,25 @@ def inv_freq(rope: RopeConfig, dim: int) -> torch.Tensor:
     return (1.0 / (rope.factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
 
 
+def cos_sin(freqs: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the angles of ``positions`` [T]: [T, rope_dim/2] fp32 each."""
+    angles = positions.to(torch.float32)[:, None] * freqs[None, :]
+    return angles.cos(), angles.sin()
+
+
 @dataclass(frozen=True, slots=True)
 class RopeTable:
-    """cos / sin for a set of positions: [T, rope_dim/2] fp32 each; ``rotation`` = cos + i sin and
-    ``inverse`` = cos - i sin [T, rope_dim/2] complex64, built once with the table (a step's tables
-    serve every layer; multiplying by a lazy ``conj()`` resolves it on every call)."""
+    """A step's rotations: ``rotation`` = cos + i sin and ``inverse`` = cos - i sin
+    [T, rope_dim/2] complex64, built once with the table (a step's tables serve every layer;
+    multiplying by a lazy ``conj()`` resolves it on every call)."""
 
-    cos: torch.Tensor
-    sin: torch.Tensor
     rotation: torch.Tensor
     inverse: torch.Tensor
 
     @staticmethod
     def at(freqs: torch.Tensor, positions: torch.Tensor) -> RopeTable:
-        angles = positions.to(torch.float32)[:, None] * freqs[None, :]
-        cos, sin = angles.cos(), angles.sin()
-        rotation = torch.complex(cos, sin)
-        return RopeTable(cos, sin, rotation, rotation.conj().resolve_conj())
+        rotation = torch.complex(*cos_sin(freqs, positions))
+        return RopeTable(rotation, rotation.conj().resolve_conj())
 
 
 def apply_rope(x: torch.Tensor, table: RopeTable, inverse: bool = False) -> torch.Tensor:
