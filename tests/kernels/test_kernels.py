@@ -129,7 +129,7 @@ def test_indexer_topk_matches_twin_and_full_sort(topk, starts, news, device):
     table = torch.randperm(40, generator=gen)[:15].view(3, 5)[: len(news)].to(torch.int32).to(device)
     visible = torch.div(batch.positions + 1, 4, rounding_mode="floor").to(torch.int32)
     got = indexer_topk(q, w, batch, keys, table, visible, topk, backend="triton", rows_max=5)  # several blocks
-    longest = max((s + n) // 4 for s, n in zip(starts, news))  # what the model passes, known on the host
+    longest = max((s + n) // 4 for s, n in zip(starts, news, strict=True))  # what the model passes, known on the host
     want = indexer_topk(q, w, batch, keys, table, visible, topk, backend="torch", rows_max=3, visible_max=longest)
     full = indexer_scores_torch(q, w, batch, keys, table, visible, 0, int(visible.max()))
     for row in range(t):
