@@ -26,7 +26,7 @@ from dayzero.kv.pools import pools_for
 from dayzero.model.forward import prefill
 from dayzero.model.plan import AttentionOptions
 from dayzero.sampling import SamplingParams
-from dayzero.settings import BUILT_IN_MODEL
+from dayzero.settings import BUILT_IN_MODEL, Settings
 from dayzero.speculative import Acceptance, Speculation, decode_round
 from dayzero.tokenizer import IdsOnlyCodec
 from dayzero.train.corpus import split
@@ -69,7 +69,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        model = load_model(write_demo_checkpoint(tmp) if args.random else args.checkpoint, progress=False)
+        source = write_demo_checkpoint(tmp) if args.random else args.checkpoint
+        # the FP4 experts as served: dequantized once into the workers' cache, not on every step
+        model = load_model(source, progress=False, expert_cache_bytes=Settings().expert_cache_mb << 20)
     held_out = None if args.random else windows(_held_out_stream(args.checkpoint), args.prompt_tokens)
     rows = []
     for batch in (1, 16):

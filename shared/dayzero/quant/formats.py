@@ -14,6 +14,7 @@ by value: ``.to()`` of 2^-7 through an integer dtype gives 0 and silently zeroes
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -65,11 +66,18 @@ def block_scales(scales: torch.Tensor, name: str = "tensor") -> torch.Tensor:
     return ue8m0_to_float(ue8m0_bytes(scales, name))
 
 
+@functools.cache
+def _byte_values(device: torch.device) -> torch.Tensor:
+    """[256, 2] fp32: the two E2M1 values each byte packs (low nibble first)."""
+    lut, byte = torch.tensor(E2M1_VALUES, dtype=torch.float32), torch.arange(256)
+    return torch.stack((lut[byte & 0xF], lut[byte >> 4]), dim=-1).to(device)
+
+
 def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
-    """[..., n/2] bytes -> [..., n] fp32 values (low nibble first)."""
-    lut = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
-    u8 = packed.contiguous().view(torch.uint8)
-    pairs = torch.stack((lut[(u8 & 0xF).long()], lut[(u8 >> 4).long()]), dim=-1)
+    """[..., n/2] bytes -> [..., n] fp32 values (low nibble first): one row of a byte table per
+    byte (a single gather; two nibble lookups and a stack took 8x as long on CPU)."""
+    u8 = packed.contiguous().view(torch.uint8).flatten()
+    pairs = _byte_values(packed.device).index_select(0, u8.to(torch.int32))
     return pairs.reshape(*packed.shape[:-1], 2 * packed.shape[-1])
 
 
@@ -84,7 +92,7 @@ def dequant_mxfp4(packed: torch.Tensor, scales: torch.Tensor, name: str = "tenso
     if values.shape[-1] != scales.shape[-1] * MX_BLOCK:
         raise FormatError(f"{name}: {values.shape[-1]} values per row but {scales.shape[-1]} scales of 32")
     blocks = values.view(*values.shape[:-1], scales.shape[-1], MX_BLOCK)
-    return (blocks * ue8m0_to_float(scales)[..., None]).view(values.shape)
+    return blocks.mul_(ue8m0_to_float(scales)[..., None]).view(values.shape)  # in place: no second buffer
 
 
 def dequant_gpt_oss(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
