@@ -109,7 +109,9 @@ class RawClient:
                 first = time.time_ns()
         if first is None:
             raise RuntimeError("the stream ended without a token")
-        return {"send": sent, "first": first}
+        head_lines = data.partition(b"\r\n\r\n")[0].decode().lower().splitlines()
+        rid = next(line.split(":", 1)[1].strip() for line in head_lines if line.startswith("x-request-id:"))
+        return {"rid": rid, "send": sent, "first": first}
 
     def close(self) -> None:
         self.sock.close()
@@ -179,11 +181,17 @@ def span_marks(folder: Path, requests: list[dict]) -> list[dict]:
     return out
 
 
+def hops(marked: dict) -> dict[str, float]:
+    """A request's hops (ms) from its marks."""
+    return {name: (marked[b] - marked[a]) / 1e6 for name, a, b in HOPS}
+
+
 def run_stack(
     checkpoint: Path, folder: Path, traced: bool, engine: Engine, prompt: list[int], args
-) -> tuple[list[dict], float]:
+) -> tuple[list[dict], float, dict[str, float]]:
     """One stack; per run: p50 of gateway TTFT, in-process TTFT, and (traced) of each hop, in ms;
-    and the TTFT (ms) of the fresh stack's first request, sent as soon as it is ready."""
+    the TTFT (ms) of the fresh stack's first request, sent as soon as it is ready, and (traced)
+    that request's hops."""
     from dayzero.procs import free_port
     from dayzero.stack import Stack
 
@@ -210,14 +218,15 @@ def run_stack(
             }
             if traced:
                 time.sleep(1.0)  # the last spans reach their files
-                marked = span_marks(spans, requests)
-                for name, a, b in HOPS:
-                    row[name] = statistics.median((m[b] - m[a]) / 1e6 for m in marked) if marked else float("nan")
+                marked = [hops(m) for m in span_marks(spans, requests)]
+                for name, _, _ in HOPS:
+                    row[name] = statistics.median(m[name] for m in marked) if marked else float("nan")
                 row["requests with every span"] = len(marked)
             runs.append(row)
+        first_hops = next((hops(m) for m in span_marks(spans, [sent])), {}) if traced else {}
     finally:
         stack.stop()
-    return runs, first_ms
+    return runs, first_ms, first_hops
 
 
 def table(title: str, runs: list[dict]) -> None:
@@ -258,6 +267,8 @@ def main() -> None:
     table("tracing off (the default)", plain[0])
     table("tracing on (console exporter): the hops from each request's spans", traced[0])
     print(f"\nfirst request of a fresh stack (minimal client): TTFT {plain[1]:.1f} ms, traced {traced[1]:.1f} ms")
+    if traced[2]:
+        print("its hops, traced: " + ", ".join(f"{name.split(' (')[0]} {ms:.1f}" for name, ms in traced[2].items()))
 
 
 if __name__ == "__main__":

@@ -62,6 +62,25 @@ def test_batched_decode_keeps_sequences_apart(tiny_checkpoint):
             assert (batched[row] - alone).abs().max().item() < TOL, (step, row)
 
 
+def test_steps_of_a_few_tokens_per_sequence_keep_sequences_apart(tiny_checkpoint):
+    """A speculative verify's shape: several sequences feeding 1-3 tokens each in one step (every
+    row attended at once, the compressors folded a column of rows at a time), 6 steps crossing
+    window boundaries at different rows; each sequence's last logits equal its own full forward."""
+    model = load_model(tiny_checkpoint, progress=False)
+    prompts = [random_ids(n, model.cfg.vocab_size, seed=40 + n) for n in (30, 11, 2)]
+    pools = pools_for(model.cfg, torch.float32, 50, max_sequences=3)
+    prefill(model, pools, ["a", "b", "c"], prompts)
+    seen = [list(p) for p in prompts]
+    for step in range(6):
+        news = [(step + row) % 3 + 1 for row in range(3)]
+        chunks = [random_ids(n, model.cfg.vocab_size, seed=60 + 3 * step + row) for row, n in enumerate(news)]
+        batched = prefill(model, pools, ["a", "b", "c"], chunks)
+        for row, chunk in enumerate(chunks):
+            seen[row] += chunk
+            alone = _full(model, seen[row])[-1]
+            assert (batched[row] - alone).abs().max().item() < TOL, (step, row)
+
+
 def test_sparse_selection_switch(tiny_checkpoint):
     """Selection off: CSA layers read every causal entry; the logits move, the state stays usable."""
     model = load_model(tiny_checkpoint, progress=False)

@@ -73,10 +73,11 @@ def test_decode_attention_matches_twin(mode, device, tol):
 
 
 @pytest.mark.parametrize("mode", ["none", "visible", "indices"])
-def test_batched_decode_twin_equals_the_spec(mode, device, tol):
+@pytest.mark.parametrize("news", [[1, 1, 1, 1, 1], [2, 3, 1, 4, 2]])  # decode; a verify of k + 1 tokens (padded)
+def test_batched_decode_twin_equals_the_spec(mode, news, device, tol):
     from dayzero.kernels.attention_torch import sparse_attention_torch, sparse_decode_torch
 
-    sc = _scenario(device, starts=[0, 3, 40, 17, 2], news=[1, 1, 1, 1, 1], seed=8)  # ring empty, partial, full
+    sc = _scenario(device, starts=[0, 3, 40, 17, 2], news=news, seed=8)  # ring empty, partial, full
     sel = _selection(sc, mode)
     args = (sc["q"], sc["kv"], sc["batch"], sc["window"], sc["window_table"], WINDOW, sc["sink"], sel)
     assert (sparse_decode_torch(*args) - sparse_attention_torch(*args)).abs().max().item() < tol
@@ -119,7 +120,10 @@ def test_window_write_matches_twin_and_keeps_the_last_positions(device):
 
 
 @pytest.mark.parametrize("topk", [2, 8])  # 8 > visible entries for early queries
-@pytest.mark.parametrize("starts, news", [([0, 30, 61], [5, 1, 7]), ([50], [13])])  # one sequence: counts on the host
+@pytest.mark.parametrize(
+    "starts, news",
+    [([0, 30, 61], [5, 1, 7]), ([50], [13]), ([0, 30, 61], [2, 1, 3])],  # one sequence; every row at once
+)
 def test_indexer_topk_matches_twin_and_full_sort(topk, starts, news, device):
     gen = torch.Generator().manual_seed(4)
     batch = RaggedBatch.build(starts, news, device)
@@ -268,10 +272,11 @@ def test_compiled_cpu_merge_matches_the_twin(n, t):
     assert (twin - want).abs().max().item() < 0.1
 
 
-def test_window_write_of_a_decode_step_equals_the_spec(device):
+@pytest.mark.parametrize("news", [[1, 1, 1, 1], [3, 2, 4, 8]])  # one scatter while no slot is taken twice
+def test_window_write_of_a_decode_step_equals_the_spec(news, device):
     from dayzero.kernels.kv_write import write_window_torch
 
-    sc = _scenario(device, starts=[0, 5, 37, 8], news=[1, 1, 1, 1], seed=9)  # slots 0, 5, 5 (wrapped), 0
+    sc = _scenario(device, starts=[0, 5, 37, 8], news=news, seed=9)  # slots 0, 5, 5 (wrapped), 0 onwards
     want, got = sc["window"].clone(), sc["window"].clone()
     write_window_torch(sc["kv"], sc["batch"], want, sc["window_table"])
     write_window(sc["kv"], sc["batch"], got, sc["window_table"], backend="torch")

@@ -117,12 +117,13 @@ def sparse_attention_decode(
     keys_per_split: int = 256,
     ring: DecodeWindow | None = None,
 ) -> torch.Tensor:
-    """Exactly one new token per sequence; the triton kernel splits the keys (flash-decoding).
-    ``ring``: the step's window metadata, built once for all layers (torch backend; else built here)."""
-    if any(n != 1 for n in batch.news):
-        raise ValueError("decode takes exactly one new token per sequence")
+    """One new token per sequence (the torch backend: up to ``FEW_ROWS``); the triton kernel splits
+    the keys (flash-decoding). ``ring``: the step's window metadata, built once for all layers
+    (torch backend; else built here)."""
     if backend == "torch":
         return sparse_decode_torch(q, kv, batch, window, window_table, window_size, sink, compressed, ring)
+    if any(n != 1 for n in batch.news):
+        raise ValueError("decode takes exactly one new token per sequence")
     launch = _launch(q, kv, window, window_table, window_size, compressed)
     n_seq, heads, dim = q.shape
     extra = {0: 0, 1: launch.slots, 2: launch.visible_max}[launch.mode]

@@ -1,6 +1,6 @@
 """The torch twins of the sparse attention kernels (the spec the Triton kernels are tested
 against, and the CPU path): see ``attention`` for the inputs. Prefill attends a block of a
-sequence's queries at a time; decode every sequence's one new token at once."""
+sequence's queries at a time; decode (and any step of a few tokens per sequence) every row at once."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from .kv_write import ring_slots
 
 QUERY_BLOCK = 256  # query rows the torch spec attends together, at most
 BLOCK_LOGITS = 1 << 18  # fp32 logits [rows, heads, keys] a block aims at (1 MiB: 2x faster per row at 32k)
+FEW_ROWS = 4  # new tokens per sequence up to which a step's rows attend all at once (``sparse_decode_torch``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,23 +132,37 @@ def _block_rows(heads: int, window_size: int, entries: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class DecodeWindow:
-    """What every layer's decode step shares about the window (plan once, run per layer):
-    blocks [B, wb] long ring blocks of each sequence; hidden [B, C + 1] bool, true where a ring slot
-    (then the new token itself, last) is outside the sequence's window; ``write_at`` (block, row)
-    [B] long each, where the new token goes in the ring (``kv_write.ring_slots``)."""
+    """What every layer of a step that feeds each sequence a few tokens (``FEW_ROWS`` at most:
+    decode's one, a speculative verify's k + 1) shares about the window, for the torch path that
+    attends every row at once (plan once, run per layer): blocks [B, wb] long ring blocks of each
+    sequence; rows [B, W] long the step's rows of each sequence (W: the most new tokens of one; a
+    sequence with fewer is padded with the rows after its own, hidden) and seq [T] long each row's
+    sequence, both None when every sequence has one row; hidden [T, C + W] bool, true where a ring
+    slot (positions before the step) or a step row is outside the row's window or after it;
+    ``write_at`` (block, row) [T] long, where each row goes in the ring (``kv_write.ring_slots``)."""
 
     blocks: torch.Tensor
+    rows: torch.Tensor | None
+    seq: torch.Tensor | None
     hidden: torch.Tensor
     write_at: tuple[torch.Tensor, torch.Tensor]
 
     @staticmethod
     def build(batch: RaggedBatch, window_table: torch.Tensor, block_size: int, window_size: int) -> DecodeWindow:
-        pos = batch.positions.long()[:, None]  # [B, 1] the new token's position = the sequence's start
-        capacity = window_table.shape[1] * block_size
-        key_pos = torch.cat((_ring_positions(pos, capacity, pos.device), pos), dim=1)  # [B, C + 1]
-        delta = pos - key_pos
+        width, capacity = max(batch.news), window_table.shape[1] * block_size
+        if width > min(FEW_ROWS, capacity):
+            raise ValueError(f"{width} new tokens in a sequence: the all-rows path takes {FEW_ROWS} at most")
+        start = batch.start.long()[:, None]  # [B, 1]
+        step = torch.arange(width, device=start.device)
+        key_pos = torch.cat((_ring_positions(start, capacity, start.device), start + step), dim=1)  # [B, C + W]
+        rows = seq = None
+        if width > 1:
+            seq = batch.seq_of_token.long()
+            rows = (batch.row0.long()[:, None] + step).clamp(max=seq.shape[0] - 1)
+            key_pos = key_pos[seq]  # [T, C + W]
+        delta = batch.positions.long()[:, None] - key_pos  # a padding row's position is past every row's
         hidden = (key_pos < 0) | (delta < 0) | (delta >= window_size)
-        return DecodeWindow(window_table.long(), hidden, ring_slots(batch, window_table, block_size))
+        return DecodeWindow(window_table.long(), rows, seq, hidden, ring_slots(batch, window_table, block_size))
 
 
 def sparse_decode_torch(
@@ -161,23 +176,28 @@ def sparse_decode_torch(
     compressed: CompressedKeys | None,
     ring: DecodeWindow | None = None,
 ) -> torch.Tensor:
-    """``sparse_attention_torch`` for one new token per sequence, every sequence at once (the CPU
-    decode path: no loop over sequences). Tested equal to the spec."""
-    b, _, dim = q.shape
+    """``sparse_attention_torch`` for a few new tokens per sequence, every row of every sequence at
+    once (the CPU path of decode and of a speculative verify: no loop over sequences). Tested equal
+    to the spec."""
+    t, _, dim = q.shape
     ring = ring or DecodeWindow.build(batch, window_table, window.shape[1], window_size)
-    values = torch.cat((window[ring.blocks].flatten(1, 2), kv[:, None]), dim=1).float()  # [B, C + 1, D]
+    step_kv = kv[:, None] if ring.rows is None else kv[ring.rows]  # [B, W, D]
+    values = torch.cat((window[ring.blocks].flatten(1, 2), step_kv), dim=1).float()  # [B, C + W, D]
     hidden = ring.hidden
+    if ring.seq is not None:
+        values = values[ring.seq]  # [T, C + W, D]
     if compressed is not None:
+        table = compressed.table if ring.seq is None else compressed.table[ring.seq]
         if compressed.indices is not None:
-            entries = compressed.indices.long()  # [B, K], -1 = none
+            entries = compressed.indices.long()  # [T, K], -1 = none
             unseen = entries < 0
         else:
             longest = compressed.visible_max if compressed.visible_max is not None else int(compressed.visible.max())
-            entries = torch.arange(longest, device=q.device).expand(b, longest)
+            entries = torch.arange(longest, device=q.device).expand(t, longest)
             unseen = entries >= compressed.visible[:, None]
-        values = torch.cat((values, _entries(compressed.pool, compressed.table, entries.clamp(min=0))), dim=1)
+        values = torch.cat((values, _entries(compressed.pool, table, entries.clamp(min=0))), dim=1)
         hidden = torch.cat((hidden, unseen), dim=1)
     logits = torch.bmm(q.float(), values.transpose(1, 2)).masked_fill_(hidden[:, None], float("-inf"))
     logits = logits.mul_(dim**-0.5)
-    probs = torch.cat((logits, sink.float().view(1, -1, 1).expand(b, -1, 1)), dim=-1).softmax(dim=-1)[..., :-1]
+    probs = torch.cat((logits, sink.float().view(1, -1, 1).expand(t, -1, 1)), dim=-1).softmax(dim=-1)[..., :-1]
     return torch.bmm(probs, values).to(q.dtype)

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .attention_torch import FEW_ROWS
 from .batch import Backend, RaggedBatch
 
 BUDGET = 1 << 22  # fp32 scores [rows, entries] of a block (one Triton launch, or one top-k)
@@ -76,8 +77,8 @@ def indexer_scores_decode_torch(
     first: int,
     count: int,
 ) -> torch.Tensor:
-    """``indexer_scores_torch`` for one query per sequence, every sequence at once (the CPU decode
-    path). Tested equal to the spec."""
+    """``indexer_scores_torch`` for rows that each have their own row of ``table`` (one query per
+    sequence, or each row's sequence's), all at once (the CPU decode path). Tested equal to the spec."""
     out = torch.full((q.shape[0], count), float("-inf"), device=q.device)
     used = table[:, : -(-(first + count) // keys.shape[1])]
     pool = keys[used.long()].flatten(1, 2)  # [B, used blocks * bs, Di]
@@ -168,13 +169,16 @@ def _masked(scores: torch.Tensor, visible: torch.Tensor, least: int) -> torch.Te
 
 
 def _torch_blocks(q, weights, batch, keys, table, visible, visible_max, rows_max):
-    """(rows, scores [R, n]) per block: one sequence's rows at a time, or every row of a decode
-    step of several sequences together (keys gathered per row)."""
+    """(rows, scores [R, n]) per block: one sequence's rows at a time, or every row of a step of
+    several sequences with a few tokens each (decode, a speculative verify) together (keys
+    gathered per row)."""
     heads = q.shape[1]
-    if batch.num_seqs > 1 and all(n == 1 for n in batch.news):
+    if batch.num_seqs > 1 and max(batch.news) <= FEW_ROWS:
         step = rows_max or max(1, HEADS_BUDGET // (heads * visible_max))
-        for r0 in range(0, batch.num_seqs, step):
-            rows = slice(r0, min(r0 + step, batch.num_seqs))
+        if max(batch.news) > 1:
+            table = table[batch.seq_of_token.long()]  # each row's sequence's
+        for r0 in range(0, q.shape[0], step):
+            rows = slice(r0, min(r0 + step, q.shape[0]))
             args = (q[rows], weights[rows], batch, keys, table[rows], visible[rows], 0, visible_max)
             yield rows, indexer_scores_decode_torch(*args)
         return

@@ -15,9 +15,10 @@ from .batch import Backend, RaggedBatch
 
 
 def ring_slots(batch: RaggedBatch, window_table: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where a decode step's new token of each sequence goes in its ring: (block, row) [B] long."""
+    """Where each row of the step goes in its sequence's ring: (block, row) [T] long (distinct
+    while no sequence has more new tokens than its ring has slots)."""
     slot = torch.remainder(batch.positions.long(), window_table.shape[1] * block_size)
-    blocks = window_table.long().gather(1, torch.div(slot, block_size, rounding_mode="floor")[:, None])[:, 0]
+    blocks = window_table.long()[batch.seq_of_token.long(), torch.div(slot, block_size, rounding_mode="floor")]
     return blocks, torch.remainder(slot, block_size)
 
 
@@ -66,11 +67,11 @@ def write_window(
     backend: Backend = "torch",
     at: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """In place: the ring pool ``window`` receives the rows of ``kv``. ``at``: a decode step's
+    """In place: the ring pool ``window`` receives the rows of ``kv``. ``at``: the step's
     ``ring_slots``, found once for every layer (torch backend; else found here)."""
     if kv.shape[1] != window.shape[2] or kv.dtype != window.dtype or not window.is_contiguous():
         raise ValueError(f"kv {tuple(kv.shape)} {kv.dtype} does not fit window pool {tuple(window.shape)}")
-    if backend == "torch" and all(n == 1 for n in batch.news):  # decode: one row per sequence, at once
+    if backend == "torch" and max(batch.news) <= window_table.shape[1] * window.shape[1]:  # no slot taken twice
         window[at or ring_slots(batch, window_table, window.shape[1])] = kv
         return
     if backend == "torch":

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..kernels import compress_entries
+from ..kernels.attention_torch import FEW_ROWS
+from ..kernels.batch import from_host
 from .plan import StepPlan
 from .rope import cos_sin
 from .weights import Compressor
@@ -71,28 +74,84 @@ def _pool_overlap(
     return pooled_kv, pooled_gate
 
 
+Windows = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # kv, gate, their sequences and entries
+
+
 def _decode_windows(
-    w: Compressor, state: CompressorSlots, kv: torch.Tensor, gate: torch.Tensor, plan: StepPlan
+    w: Compressor,
+    state: CompressorSlots,
+    kv: torch.Tensor,
+    gate: torch.Tensor,
+    positions: list[int],
+    slots: torch.Tensor,
+    rows: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]] | None:
-    """One new token per sequence, all sequences at once: buffer each row; the sequences whose
-    window it completes -> (kv, gate windows, their sequence indices, their entry indices)."""
+    """One new token each for some sequences (at ``positions``, in compressor ``slots``; ``rows``:
+    its row in the window, position % rate), all at once: buffer each row; where it completes a
+    window -> (kv, gate windows, the indices into ``positions`` and their entry indices)."""
     rate, width = w.ape.shape
-    starts, device, slots = plan.batch.starts, kv.device, plan.slot_ids
-    rows = plan.window_rows[rate]  # the new token's row in its window
     state.kv[slots, rows], state.gate[slots, rows] = kv.float(), gate.float()
-    done = [s for s, p in enumerate(starts) if p % rate == rate - 1]
+    done = [i for i, p in enumerate(positions) if p % rate == rate - 1]
     if not done:
         return None
     closing = slots[done]
     windows_kv, windows_gate = state.kv[closing], state.gate[closing] + w.ape
-    entries = [starts[s] // rate for s in done]
+    entries = [positions[i] // rate for i in done]
     if state.overlap_kv is not None:
-        has_prev = torch.tensor([e > 0 for e in entries], device=device)
+        has_prev = torch.tensor([e > 0 for e in entries], device=kv.device)
         prev_kv, prev_gate = state.overlap_kv[closing], state.overlap_gate[closing]
         dim = width // 2
         state.overlap_kv[closing], state.overlap_gate[closing] = windows_kv[:, :, :dim], windows_gate[:, :, :dim]
         windows_kv, windows_gate = _pool_overlap(windows_kv, windows_gate, prev_kv, prev_gate, has_prev)
     return windows_kv, windows_gate, done, entries
+
+
+def _step_windows(
+    w: Compressor, state: CompressorSlots, kv: torch.Tensor, gate: torch.Tensor, plan: StepPlan
+) -> Windows | None:
+    """A few new tokens per sequence (decode: one; a speculative verify: k + 1): one pass over every
+    sequence's j-th new token for each j, in order (no loop over sequences) -> ``Windows`` or None."""
+    batch, rate, device = plan.batch, w.ape.shape[0], kv.device
+    if max(batch.news) == 1:  # decode: the plan has the rows
+        found = _decode_windows(w, state, kv, gate, list(batch.starts), plan.slot_ids, plan.window_rows[rate])
+        columns = [(list(range(batch.num_seqs)), found)]
+    else:
+        columns, slots = [], np.asarray(plan.slots, dtype=np.int64)
+        for j in range(max(batch.news)):
+            seqs = [s for s, n in enumerate(batch.news) if n > j]
+            positions = [batch.starts[s] + j for s in seqs]
+            rows = from_host(np.asarray([batch.row0s[s] + j for s in seqs], dtype=np.int64), device)
+            at = from_host(np.asarray(positions, dtype=np.int64) % rate, device)
+            found = _decode_windows(w, state, kv[rows], gate[rows], positions, from_host(slots[seqs], device), at)
+            columns.append((seqs, found))
+    found = [(seqs, f) for seqs, f in columns if f is not None]
+    if not found:
+        return None
+    windows_kv, windows_gate = torch.cat([f[0] for _, f in found]), torch.cat([f[1] for _, f in found])
+    seq = torch.tensor([seqs[i] for seqs, f in found for i in f[2]], device=device)
+    entry = torch.tensor([e for _, f in found for e in f[3]], device=device)
+    return windows_kv, windows_gate, seq, entry
+
+
+def _sequence_windows(
+    w: Compressor, state: CompressorSlots, kv: torch.Tensor, gate: torch.Tensor, plan: StepPlan
+) -> Windows | None:
+    """Any number of new tokens per sequence, one sequence at a time -> ``Windows`` or None."""
+    batch, rate = plan.batch, w.ape.shape[0]
+    parts_kv, parts_gate, seqs, entries = [], [], [], []
+    for s in range(batch.num_seqs):
+        rows, start = batch.rows(s), batch.starts[s]
+        windows = _windows(w, state, plan.slots[s], kv[rows], gate[rows], start)
+        if windows is None:
+            continue
+        parts_kv.append(windows[0])
+        parts_gate.append(windows[1])
+        first = start // rate
+        entries.append(torch.arange(first, first + windows[0].shape[0]))
+        seqs.append(torch.full((windows[0].shape[0],), s))
+    if not parts_kv:
+        return None
+    return torch.cat(parts_kv), torch.cat(parts_gate), torch.cat(seqs).to(kv.device), torch.cat(entries).to(kv.device)
 
 
 def fold(
@@ -106,31 +165,12 @@ def fold(
     eps: float,
 ) -> None:
     """Fold the step's projections ``kv, gate [T, width]`` into entries appended to ``pool``."""
-    rate = w.ape.shape[0]
-    batch = plan.batch
-    if all(n == 1 for n in batch.news):  # decode: no per-sequence loop
-        found = _decode_windows(w, state, kv, gate, plan)
-        if found is None:
-            return
-        windows_kv, windows_gate, seqs, first_entries = found
-        entry = torch.tensor(first_entries, device=kv.device)
-        seq = torch.tensor(seqs, device=kv.device)
-    else:
-        parts_kv, parts_gate, seqs, entries = [], [], [], []
-        for s in range(batch.num_seqs):
-            rows, start = batch.rows(s), batch.starts[s]
-            windows = _windows(w, state, plan.slots[s], kv[rows], gate[rows], start)
-            if windows is None:
-                continue
-            parts_kv.append(windows[0])
-            parts_gate.append(windows[1])
-            first = start // rate
-            entries.append(torch.arange(first, first + windows[0].shape[0]))
-            seqs.append(torch.full((windows[0].shape[0],), s))
-        if not parts_kv:
-            return
-        windows_kv, windows_gate = torch.cat(parts_kv), torch.cat(parts_gate)
-        entry, seq = torch.cat(entries).to(kv.device), torch.cat(seqs).to(kv.device)
+    rate, batch = w.ape.shape[0], plan.batch
+    few = max(batch.news) == 1 or (batch.num_seqs > 1 and max(batch.news) <= FEW_ROWS)
+    found = (_step_windows if few else _sequence_windows)(w, state, kv, gate, plan)
+    if found is None:
+        return
+    windows_kv, windows_gate, seq, entry = found
     cos, sin = cos_sin(plan.freqs_compress, entry * rate)
     compress_entries(
         windows_kv,

@@ -11,6 +11,7 @@ import torch
 
 from ..config import ModelConfig, RopeConfig
 from ..kernels import Backend, DecodeWindow, RaggedBatch, sparse_attention_decode, sparse_attention_prefill
+from ..kernels.attention_torch import FEW_ROWS
 from ..kernels.batch import from_host
 from ..kv.layout import GROWING_POOLS
 from ..kv.pools import KVPools
@@ -53,7 +54,7 @@ class StepPlan:
     attend: Callable[..., torch.Tensor]  # the prefill or the decode variant of sparse attention
     visible: dict[int, torch.Tensor]
     window_rows: dict[int, torch.Tensor]
-    ring: DecodeWindow | None = None  # a decode step's window metadata (torch backend), for every layer
+    ring: DecodeWindow | None = None  # the window's metadata for every layer (torch backend, a few rows per sequence)
 
     def last_rows(self) -> list[int]:
         return [r + n - 1 for r, n in zip(self.batch.row0s, self.batch.news, strict=True)]
@@ -90,10 +91,13 @@ def plan_step(
     window_table = _table([s.tables["window"] for s in seqs], device)
     attend, ring, window_rows = sparse_attention_prefill, None, {}
     rates = {r for r in cfg.compress_rates.values() if r}
-    if all(len(c) == 1 for c in chunks):  # decode: the window's gather rows, masks and write slots serve every layer
-        if options.backend == "torch":
-            ring = DecodeWindow.build(batch, window_table, pools.layout.block_size, cfg.sliding_window)
+    widest, bs = max(batch.news), pools.layout.block_size
+    if options.backend == "torch" and widest <= min(FEW_ROWS, window_table.shape[1] * bs):
+        # decode or a speculative verify: the window's gathers, masks and write slots serve every layer
+        ring = DecodeWindow.build(batch, window_table, bs, cfg.sliding_window)
+    if ring is not None or widest == 1:
         attend = partial(sparse_attention_decode, ring=ring)
+    if widest == 1:
         at = np.asarray(starts, dtype=np.int64)  # each new token's position
         window_rows = {r: from_host(at % r, device) for r in rates}
     return StepPlan(
