@@ -6,8 +6,11 @@ the same prompt, then decode in turns: a few steps of one, the same of the other
 swapped every round. Both see the same machine at the same moment, so the median of the rounds'
 paired ratios carries far less of this VM's drift (two runs of ``model.py`` moved by 20% here)
 than two benchmark runs one after the other. Run it with the same tree twice to see the noise
-left. Run: ``python bench/decode_ab.py TREE_A TREE_B [--rounds 200] [--steps 8]`` (e.g. a
-``git worktree`` of main against the working tree).
+left. ``--batch N`` decodes N sequences together; ``--speculative K`` runs speculative rounds
+with K drafts of the MTP layer (the random checkpoint's drafts are almost never right: the
+verify, rollback and re-run overhead). Run: ``python bench/decode_ab.py TREE_A TREE_B [--rounds
+200] [--steps 8] [--batch 1] [--speculative 0]`` (e.g. a ``git worktree`` of main against the
+working tree).
 """
 
 from __future__ import annotations
@@ -24,6 +27,49 @@ from pathlib import Path
 import torch
 
 NAMES = ("tree_a", "tree_b")
+MODULES = (
+    "checkpoint",
+    "completion",
+    "demo",
+    "kv.pools",
+    "model.forward",
+    "model.plan",
+    "sampling",
+    "speculative",
+    "tokenizer",
+)
+
+
+class Decoder:
+    """One tree's model and sequences, prefilled; ``steps(n)`` decodes n steps (or speculative rounds)."""
+
+    def __init__(self, mods: dict, checkpoint: Path, prompts: list[list[int]], room: int, k: int) -> None:
+        self.mods, self.k, self.ids = mods, k, [f"s{i}" for i in range(len(prompts))]
+        self.model = mods["checkpoint"].load_model(checkpoint, progress=False)
+        longest = max(map(len, prompts)) + room
+        self.pools = mods["kv.pools"].pools_for(self.model.cfg, torch.float32, longest, len(prompts), mtp=k > 0)
+        params = mods["sampling"].SamplingParams(max_tokens=1 << 20, ignore_eos=True)
+        codec = mods["tokenizer"].IdsOnlyCodec()
+        self.completions = [mods["completion"].Completion(codec, params, (), len(p), 1 << 30) for p in prompts]
+        logits = mods["model.forward"].prefill(self.model, self.pools, self.ids, prompts)
+        self.pending = [c.next(row).token for c, row in zip(self.completions, logits, strict=True)]
+
+    def steps(self, n: int) -> float:
+        """Seconds per step (round) over ``n`` of them."""
+        spec = self.mods["speculative"]
+        speculation = spec.Speculation(self.k) if self.k else None
+        start = time.perf_counter()
+        for _ in range(n):
+            if speculation is None:
+                logits = self.mods["model.forward"].decode(self.model, self.pools, self.ids, self.pending)
+                self.pending = logits.argmax(dim=-1).tolist()
+            else:
+                options = self.mods["model.plan"].AttentionOptions()
+                rounds, _ = spec.decode_round(
+                    self.model, self.pools, self.ids, self.pending, self.completions, speculation, options
+                )
+                self.pending = [r[-1].token for r in rounds]
+        return (time.perf_counter() - start) / n
 
 
 def main() -> None:
@@ -32,51 +78,41 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--steps", type=int, default=8, help="decode steps of each tree a round")
     parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=1, help="sequences decoded together")
+    parser.add_argument("--speculative", type=int, default=0, choices=(0, 1, 2), help="MTP drafts per step (0: off)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for name, tree in zip(NAMES, args.trees, strict=True):
             shutil.copytree(tree / "shared" / "dayzero", Path(tmp) / "packages" / name)
         sys.path.insert(0, str(Path(tmp) / "packages"))
-        mods = {
-            n: {m: importlib.import_module(f"{n}.{m}") for m in ("checkpoint", "demo", "kv.pools", "model.forward")}
-            for n in NAMES
-        }
+        mods = {n: {m: importlib.import_module(f"{n}.{m}") for m in MODULES} for n in NAMES}
         checkpoint = mods["tree_a"]["demo"].write_demo_checkpoint(Path(tmp) / "demo")
-        models = {n: mods[n]["checkpoint"].load_model(checkpoint, progress=False) for n in NAMES}
         torch.manual_seed(0)
-        prompt = torch.randint(2, models["tree_a"].cfg.vocab_size, (args.prompt_tokens,)).tolist()
-        state, times = {}, {n: [] for n in NAMES}
-        for n in NAMES:
-            forward = mods[n]["model.forward"]
-            pools = mods[n]["kv.pools"].pools_for(
-                models[n].cfg, torch.float32, len(prompt) + (args.rounds + 2) * args.steps
-            )
-            token = int(forward.prefill(models[n], pools, ["s"], [prompt])[0].argmax())
-            for _ in range(args.steps):  # warm-up: first calls
-                token = int(forward.decode(models[n], pools, ["s"], [token])[0].argmax())
-            state[n] = (pools, token)
+        vocab = mods["tree_a"]["checkpoint"].load_model(checkpoint, progress=False).cfg.vocab_size
+        prompts = [torch.randint(2, vocab, (args.prompt_tokens + 7 * i,)).tolist() for i in range(args.batch)]
+        room = (args.rounds + 2) * args.steps * (args.speculative + 1)
+        decoders = {n: Decoder(mods[n], checkpoint, prompts, room, args.speculative) for n in NAMES}
+        for decoder in decoders.values():
+            decoder.steps(args.steps)  # warm-up: first calls
+        times = {n: [] for n in NAMES}
         for i in range(args.rounds):
             for n in NAMES if i % 2 == 0 else NAMES[::-1]:
-                (pools, token), forward = state[n], mods[n]["model.forward"]
-                start = time.perf_counter()
-                for _ in range(args.steps):
-                    token = int(forward.decode(models[n], pools, ["s"], [token])[0].argmax())
-                times[n].append((time.perf_counter() - start) / args.steps)
-                state[n] = (pools, token)
+                times[n].append(decoders[n].steps(args.steps))
     a, b = times["tree_a"], times["tree_b"]
     ratios = [x / y for x, y in zip(a, b, strict=True)]
+    what = f"speculative rounds (k = {args.speculative})" if args.speculative else "decode"
     print(
-        f"decode at batch 1, demo checkpoint, {args.prompt_tokens}-token prompt, "
+        f"{what} at batch {args.batch}, demo checkpoint, {args.prompt_tokens}-token prompts, "
         f"{args.rounds} rounds of {args.steps} steps each"
     )
     print("| tree | median us/step | fastest round us/step |")
     print("|---|---:|---:|")
     for n, tree, t in (("A", args.trees[0], a), ("B", args.trees[1], b)):
         print(f"| {n}: {tree} | {statistics.median(t) * 1e6:.0f} | {min(t) * 1e6:.0f} |")
-    same = state["tree_a"][1] == state["tree_b"][1]
+    same = decoders["tree_a"].pending == decoders["tree_b"].pending
     print(
         f"B faster than A by {statistics.median(ratios):.3f}x (median of the rounds' paired ratios); "
-        f"fastest rounds {min(a) / min(b):.3f}x; same last token: {same}"
+        f"fastest rounds {min(a) / min(b):.3f}x; same last tokens: {same}"
     )
 
 

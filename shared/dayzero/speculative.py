@@ -186,13 +186,10 @@ def _settle(
 ) -> None:
     """Commit each sequence's ``kept`` rows and undo the rest; where a rejected row closed a
     compressor window, restore the step's state and feed the kept rows again."""
-    again = []
-    for s, (seq, start, n) in enumerate(zip(seq_ids, starts, kept, strict=True)):
-        if closes_window(pools.layout, start + n, start + len(chunks[s])):
-            snap.restore(s, start)
-            again.append(s)
-        else:
-            snap.restore(s, start + n)
+    again = [s for s, n in enumerate(kept) if closes_window(pools.layout, starts[s] + n, starts[s] + len(chunks[s]))]
+    snap.restore([start if s in again else start + n for s, (start, n) in enumerate(zip(starts, kept, strict=True))])
+    for s, (seq, n) in enumerate(zip(seq_ids, kept, strict=True)):
+        if s not in again:
             pools.commit(seq, n)
     if again:
         ids = [seq_ids[s] for s in again]

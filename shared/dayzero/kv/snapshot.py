@@ -10,10 +10,6 @@ layer's window rows from ``start`` on are provisional too (a further draft wrote
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
-
 from .layout import GROWING_POOLS, PoolLayout
 from .pools import KVPools
 
@@ -32,76 +28,62 @@ def closes_window(layout: PoolLayout, keep: int, end: int) -> bool:
     return any(end // r > keep // r for r in _rates(layout).values())
 
 
-@dataclass(slots=True)
-class _Rows:
-    """One sequence's saved rows."""
-
-    start: int
-    end: int
-    window: torch.Tensor  # [window layers, end - start, head_dim] ring rows of the positions
-    buffers: dict[str, torch.Tensor]  # compressor buffer rows of the positions [layers, end - start, width]
-    overlaps: dict[str, torch.Tensor]  # [csa layers, rate, dim]
-    entries: dict[str, tuple[list[int], torch.Tensor]]  # entries the positions could close, [layers, n, dim]
-
-
 class Snapshot:
     """Rows of ``seq_ids`` at positions ``starts[s]..ends[s]-1``, taken before a step writes them
-    (their blocks must be reserved up to ``ends[s]``); at most one window per compressor rate."""
+    (their blocks must be reserved up to ``ends[s]``); at most one window per compressor rate.
+    Every sequence's rows are taken, and put back, at once: one gather (scatter) per pool tensor."""
 
     def __init__(self, pools: KVPools, seq_ids: list[str], starts: list[int], ends: list[int]) -> None:
         if any(e - s > r for s, e in zip(starts, ends, strict=True) for r in _rates(pools.layout).values()):
             raise ValueError("a step may span at most one compressor window")
-        self.pools = pools
-        self.rows = [self._take(seq, s, e) for seq, s, e in zip(seq_ids, starts, ends, strict=True)]
-        self.seq_ids = seq_ids
-
-    def _ring(self, seq: str, positions: range) -> tuple[list[int], list[int]]:
-        bs = self.pools.layout.block_size
-        table = self.pools.sequences[seq].tables["window"]
-        slots = [p % (len(table) * bs) for p in positions]
-        return [table[slot // bs] for slot in slots], [slot % bs for slot in slots]
-
-    def _entries(self, seq: str, pool: str, start: int, end: int) -> tuple[list[int], list[int]]:
-        rate, bs = self.pools.layout.rate(pool), self.pools.layout.block_size
-        table = self.pools.sequences[seq].tables[pool]
-        closing = [p // rate for p in range(start, end) if p % rate == rate - 1]
-        return [table[e // bs] for e in closing], [e % bs for e in closing]
-
-    def _take(self, seq: str, start: int, end: int) -> _Rows:
-        pools, positions = self.pools, range(start, end)
-        blocks, rows = self._ring(seq, positions)
-        slot = pools.sequences[seq].tables["compressor"][:1]
-        buffers, overlaps, entries = {}, {}, {}
+        self.pools, self.starts = pools, starts
+        bs, seqs = pools.layout.block_size, [pools.sequences[s] for s in seq_ids]
+        self.slots = [seq.tables["compressor"][0] for seq in seqs]
+        # every saved position as (sequence index, position), sequence by sequence
+        self.at = [(i, p) for i, (s, e) in enumerate(zip(starts, ends, strict=True)) for p in range(s, e)]
+        tables = [seqs[i].tables["window"] for i, _ in self.at]
+        ring = [p % (len(table) * bs) for table, (_, p) in zip(tables, self.at, strict=True)]
+        self.ring = [t[slot // bs] for t, slot in zip(tables, ring, strict=True)], [slot % bs for slot in ring]
+        self.window = pools.window[:, self.ring[0], self.ring[1]]  # [window layers, P, head_dim] (a copy)
+        self.buffers = {}  # compressor buffer rows of the positions [layers, P, width]
         for family, rate in _rates(pools.layout).items():
-            for name in _BUFFERS[family]:
-                buffers[name] = pools.compressor[name][:, slot[0], [p % rate for p in positions]].clone()
-        if pools.layout.csa_layers:
-            overlaps = {name: pools.compressor[name][:, slot[0]].clone() for name in _OVERLAPS}
+            slots, rows = self._buffer_rows(range(len(self.at)), rate)
+            self.buffers |= {name: pools.compressor[name][:, slots, rows] for name in _BUFFERS[family]}
+        csa = pools.layout.csa_layers
+        self.overlaps = {name: pools.compressor[name][:, self.slots] for name in _OVERLAPS} if csa else {}
+        self.entries = {}  # pool: (owner sequence of each entry the positions close, (blocks, rows), [layers, n, dim])
         for pool in GROWING_POOLS:
-            if pools.layout.entries(pool, end):
-                at = self._entries(seq, pool, start, end)
-                entries[pool] = (at, pools.compressed[pool][:, at[0], at[1]].clone())
-        return _Rows(start, end, pools.window[:, blocks, rows].clone(), buffers, overlaps, entries)
+            rate = pools.layout.rate(pool)
+            if not pools.layout.entries(pool, 1 << 40):
+                continue
+            closing = [(i, p // rate) for i, p in self.at if p % rate == rate - 1]
+            blocks = [seqs[i].tables[pool][e // bs] for i, e in closing], [e % bs for _, e in closing]
+            self.entries[pool] = ([i for i, _ in closing], blocks, pools.compressed[pool][:, blocks[0], blocks[1]])
 
-    def restore(self, index: int, keep: int) -> None:
-        """Sequence ``seq_ids[index]`` keeps positions before ``keep``: the rows of later positions
-        read as before the step (``keep == start``: the whole state as before the step). The MTP
-        layer's window is put back from ``start`` on in any case."""
-        saved, pools, seq = self.rows[index], self.pools, self.seq_ids[index]
-        cut, main = keep - saved.start, pools.layout.num_layers
-        blocks, rows = self._ring(seq, range(keep, saved.end))
-        pools.window[:main, blocks, rows] = saved.window[:main, cut:]
-        mtp_blocks, mtp_rows = self._ring(seq, range(saved.start, saved.end))
-        pools.window[main:, mtp_blocks, mtp_rows] = saved.window[main:]
-        slot = pools.sequences[seq].tables["compressor"][:1]
-        for family, rate in _rates(pools.layout).items():
-            for name in _BUFFERS[family]:
-                pools.compressor[name][:, slot[0], [p % rate for p in range(keep, saved.end)]] = saved.buffers[name][
-                    :, cut:
-                ]
-        if keep > saved.start:
+    def _buffer_rows(self, saved: range | list[int], rate: int) -> tuple[list[int], list[int]]:
+        """(slot, buffer row) of the saved positions ``saved`` (indices into ``self.at``)."""
+        return [self.slots[self.at[j][0]] for j in saved], [self.at[j][1] % rate for j in saved]
+
+    def restore(self, keeps: list[int]) -> None:
+        """Sequence ``s`` keeps its positions before ``keeps[s]``: the rows of later positions read
+        as before the step (``keeps[s] == starts[s]``: its whole state as before the step). The MTP
+        layer's window is put back from each start on in any case."""
+        pools, main = self.pools, self.pools.layout.num_layers
+        later = [j for j, (i, p) in enumerate(self.at) if p >= keeps[i]]
+        if later:
+            blocks, rows = self.ring
+            pools.window[:main, [blocks[j] for j in later], [rows[j] for j in later]] = self.window[:main, later]
+            for family, rate in _rates(pools.layout).items():
+                slots, buffer_rows = self._buffer_rows(later, rate)
+                for name in _BUFFERS[family]:
+                    pools.compressor[name][:, slots, buffer_rows] = self.buffers[name][:, later]
+        pools.window[main:, self.ring[0], self.ring[1]] = self.window[main:]
+        whole = [i for i, keep in enumerate(keeps) if keep == self.starts[i]]
+        if not whole:
             return
-        for name, value in saved.overlaps.items():
-            pools.compressor[name][:, slot[0]] = value
-        for pool, ((blocks, rows), value) in saved.entries.items():
-            pools.compressed[pool][:, blocks, rows] = value
+        for name, value in self.overlaps.items():
+            pools.compressor[name][:, [self.slots[i] for i in whole]] = value[:, whole]
+        for pool, (owners, (blocks, rows), value) in self.entries.items():
+            back = [n for n, i in enumerate(owners) if i in whole]
+            if back:
+                pools.compressed[pool][:, [blocks[n] for n in back], [rows[n] for n in back]] = value[:, back]
