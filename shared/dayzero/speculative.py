@@ -25,7 +25,7 @@ import torch
 
 from .completion import Completion, Step, next_steps
 from .kv.pools import KVPools
-from .kv.snapshot import Snapshot, closes_window
+from .kv.snapshot import Snapshot
 from .model.forward import decode, head, run_layers
 from .model.mtp import follow, mtp_forward
 from .model.plan import AttentionOptions, plan_step
@@ -174,31 +174,11 @@ def _accept(
     return Outcome(steps, len(drafts), len(steps) - 1)
 
 
-def _settle(
-    model: Transformer,
-    pools: KVPools,
-    seq_ids: list[str],
-    chunks: list[list[int]],
-    starts: list[int],
-    kept: list[int],
-    snap: Snapshot,
-    options: AttentionOptions,
-) -> None:
-    """Commit each sequence's ``kept`` rows and undo the rest; where a rejected row closed a
-    compressor window, restore the step's state and feed the kept rows again."""
-    again = [s for s, n in enumerate(kept) if closes_window(pools.layout, starts[s] + n, starts[s] + len(chunks[s]))]
-    snap.restore([start if s in again else start + n for s, (start, n) in enumerate(zip(starts, kept, strict=True))])
-    for s, (seq, n) in enumerate(zip(seq_ids, kept, strict=True)):
-        if s not in again:
-            pools.commit(seq, n)
-    if again:
-        ids = [seq_ids[s] for s in again]
-        plan = plan_step(
-            model.cfg, pools, ids, [starts[s] for s in again], [chunks[s][: kept[s]] for s in again], options
-        )
-        run_layers(model, plan, pools)
-        for s in again:
-            pools.commit(seq_ids[s], kept[s])
+def _settle(pools: KVPools, seq_ids: list[str], starts: list[int], kept: list[int], snap: Snapshot) -> None:
+    """Commit each sequence's ``kept`` rows and undo the rest."""
+    snap.restore([start + n for start, n in zip(starts, kept, strict=True)])
+    for seq, n in zip(seq_ids, kept, strict=True):
+        pools.commit(seq, n)
 
 
 @torch.inference_mode()
@@ -232,7 +212,7 @@ def speculative_step(
         for c, r, chunk, d, q, g in zip(completions, plan.batch.row0s, chunks, drafts, qs, generators, strict=True)
     ]
     kept = [o.accepted + 1 for o in outcomes]
-    _settle(model, pools, seq_ids, chunks, starts, kept, snap, options)
+    _settle(pools, seq_ids, starts, kept, snap)
     follow(model, pools, seq_ids, plan, streams, [d[: o.accepted] for d, o in zip(drafts, outcomes, strict=True)])
     for seq, blocks in zip(seq_ids, added, strict=True):
         pools.rollback(seq, blocks)

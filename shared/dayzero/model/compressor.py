@@ -166,8 +166,8 @@ def fold(
 ) -> None:
     """Fold the step's projections ``kv, gate [T, width]`` into entries appended to ``pool``."""
     rate, batch = w.ape.shape[0], plan.batch
-    few = max(batch.news) == 1 or (batch.num_seqs > 1 and max(batch.news) <= FEW_ROWS)
-    found = (_step_windows if few else _sequence_windows)(w, state, kv, gate, plan)
+    # a few tokens per sequence leave every new row in the buffer (a speculative rollback keeps them)
+    found = (_step_windows if max(batch.news) <= FEW_ROWS else _sequence_windows)(w, state, kv, gate, plan)
     if found is None:
         return
     windows_kv, windows_gate, seq, entry = found
