@@ -11,8 +11,8 @@ keep the main streams of position L-1 (see ``KVPools.hidden``). A step:
      own parameters: greedy keeps a draft equal to the argmax, sampling keeps it with probability
      min(1, p/q) and replaces a rejected one from norm(max(0, p - q)) (the output follows p);
   3. commit the kept rows, put the rejected rows back (``kv.snapshot``; a rejected row that
-     closed a compressor window: restore the step's state and re-run the kept rows), return
-     the blocks the step reserved beyond the kept length;
+     closed a compressor window: that window's entries and overlap too; the kept rows stay as
+     the verify wrote them), return the blocks the step reserved beyond the kept length;
   4. catch the MTP window up over the accepted drafts and keep the new last position's streams.
 """
 
