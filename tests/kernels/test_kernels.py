@@ -250,6 +250,28 @@ def test_compiled_cpu_mix_matches_the_twin(n, t):
         assert (g - w).abs().max().item() < 1e-6
 
 
+def test_compiled_cpu_rms_norms_match_the_torch_path_and_float64():
+    """RMS norms of a few fp32 tokens (the compiled loops) and of many (the torch definition), both
+    against w * x / sqrt(mean(x^2) + eps) in float64, and against each other on the same rows."""
+    from dayzero.kernels.hyper_cpu import FEW_TOKENS, fits_cpu
+    from dayzero.model.norms import rms_norm, rms_scale
+
+    gen = torch.Generator().manual_seed(14)
+    x, w = torch.randn(FEW_TOKENS + 9, 3, 48, generator=gen) * 3, torch.randn(48, generator=gen)
+    x64 = x.double()
+    scaled = x64 / (x64.square().mean(-1, keepdim=True) + 1e-6).sqrt()
+    few = x[:5]
+    assert fits_cpu(few) and not fits_cpu(x)
+    for got_many, got_few, want in (
+        (rms_norm(x, w, 1e-6), rms_norm(few, w, 1e-6), w.double() * scaled),
+        (rms_scale(x, 1e-6), rms_scale(few, 1e-6), scaled),
+    ):
+        assert got_few.shape == few.shape and got_few.dtype == torch.float32
+        assert (got_many - want).abs().max().item() < 1e-5
+        assert (got_few - want[:5]).abs().max().item() < 1e-5
+        assert (got_few - got_many[:5]).abs().max().item() < 1e-5
+
+
 @pytest.mark.parametrize(("n", "t"), [(4, 1), (3, 5)])
 def test_compiled_cpu_merge_matches_the_twin(n, t):
     """The merge after a block on the CPU decode path (numba) against the torch definition, written

@@ -92,7 +92,8 @@ def _merge(streams, block_out, post, comb):
 
 
 def fits_cpu(streams: torch.Tensor) -> bool:
-    """Whether a step's streams take the compiled loops: few tokens of contiguous fp32 on the CPU."""
+    """Whether a step's tensor [T, ...] takes the compiled loops (these and ``norms_cpu``'s): few
+    tokens of contiguous fp32 on the CPU."""
     return (
         streams.device.type == "cpu"
         and streams.dtype == torch.float32

@@ -6,6 +6,9 @@ from functools import lru_cache
 
 import torch
 
+from ..kernels.hyper_cpu import fits_cpu
+from ..kernels.norms_cpu import rms_norm_cpu, rms_scale_cpu
+
 
 @lru_cache(maxsize=64)
 def _constant(value: float, device: torch.device) -> torch.Tensor:
@@ -23,10 +26,14 @@ def _inverse_rms(xf: torch.Tensor, eps: float) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Weighted RMSNorm over the last axis; the fp32 weight multiplies before the cast back."""
+    if fits_cpu(x) and weight.dtype == torch.float32:  # few fp32 tokens on the CPU: one compiled loop
+        return rms_norm_cpu(x, weight, eps)
     xf = x.float()
     return (weight * (xf * _inverse_rms(xf, eps))).to(x.dtype)
 
 
 def rms_scale(x: torch.Tensor, eps: float) -> torch.Tensor:
     """Unweighted RMSNorm over the last axis."""
+    if fits_cpu(x):
+        return rms_scale_cpu(x, eps)
     return x * _inverse_rms(x.float(), eps).to(x.dtype)
