@@ -24,6 +24,7 @@ from .streams import StreamHub
 class Bus:
     def __init__(self, settings: Settings, celery: Celery) -> None:
         self.settings, self.celery = settings, celery
+        task_message(celery, "prefill", "", {})  # Celery builds its message machinery on first use (~3.5 ms)
         # short commands only (token streams go through the hub): a bounded pool that waits, never fails
         pool = aioredis.BlockingConnectionPool.from_url(
             settings.redis_url, max_connections=64, timeout=10, socket_connect_timeout=2, socket_timeout=10
