@@ -15,6 +15,7 @@ from dayzero.demo import add_mtp, write_checkpoint
 from dayzero.kv.handoff import export_state, import_state
 from dayzero.kv.pools import KVPools, pools_for
 from dayzero.model.forward import decode, prefill
+from dayzero.model.plan import AttentionOptions
 from dayzero.sampling import SamplingParams
 from dayzero.speculative import Acceptance, Speculation, speculative_step
 from dayzero.tokenizer import IdsOnlyCodec
@@ -56,18 +57,18 @@ def _completion(prompt: list[int], params: SamplingParams) -> Completion:
     return Completion(IdsOnlyCodec(), params, (), len(prompt), 1 << 20)
 
 
-def _speculate(model, prompts, spec, params=GREEDY, pools=None):
+def _speculate(model, prompts, spec, params=GREEDY, pools=None, options=AttentionOptions()):
     """Prefill, then speculative steps until every completion ends -> (tokens, acceptance, pools)."""
     ids = [f"s{i}" for i in range(len(prompts))]
     pools = pools or pools_for(model.cfg, torch.float32, 64, max_sequences=len(prompts), mtp=True)
     completions = [_completion(p, params) for p in prompts]
-    out = [[c.next(row).token] for c, row in zip(completions, prefill(model, pools, ids, prompts), strict=True)]
+    logits = prefill(model, pools, ids, prompts, options)
+    out = [[c.next(row).token] for c, row in zip(completions, logits, strict=True)]
     acceptance = Acceptance()
     while any(c.count < params.max_tokens for c in completions):
         live = [i for i, c in enumerate(completions) if c.count < params.max_tokens]
-        outcomes = speculative_step(
-            model, pools, [ids[i] for i in live], [out[i][-1] for i in live], [completions[i] for i in live], spec
-        )
+        pending, chosen = [out[i][-1] for i in live], [completions[i] for i in live]
+        outcomes = speculative_step(model, pools, [ids[i] for i in live], pending, chosen, spec, options)
         for i, outcome in zip(live, outcomes, strict=True):
             out[i] += [s.token for s in outcome.steps]
             acceptance.add(outcome)
@@ -96,6 +97,20 @@ def test_greedy_equals_plain_decoding(model, references, batch, k):
     out, acceptance, _ = _speculate(model, _prompts(model, batch), Speculation(k))
     assert out == references[batch]
     assert acceptance.steps and sum(acceptance.drafted) > 0
+
+
+def test_greedy_equals_plain_decoding_on_the_triton_kernels(model):
+    """The Triton kernels (interpreted here, compiled on a GPU) under speculation: the verify's few
+    rows per sequence through the prefill kernel and the window-write kernel, the compressors
+    folded a column of rows at a time, the rollback; prompts cross window and compressor bounds."""
+    options, prompts, ids, tokens = AttentionOptions(backend="triton"), _prompts(model, 2), ["s0", "s1"], 6
+    pools = pools_for(model.cfg, torch.float32, 64, max_sequences=2)
+    plain = [[int(t)] for t in prefill(model, pools, ids, prompts, options).argmax(-1)]
+    for _ in range(tokens - 1):
+        for row, t in zip(plain, decode(model, pools, ids, [r[-1] for r in plain], options).argmax(-1), strict=True):
+            row.append(int(t))
+    out, acceptance, _ = _speculate(model, prompts, Speculation(2), replace(GREEDY, max_tokens=tokens), None, options)
+    assert out == plain and sum(acceptance.drafted) > 0
 
 
 @pytest.mark.parametrize("wrong", [False, True])
