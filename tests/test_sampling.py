@@ -60,3 +60,45 @@ def test_the_smallest_top_p_allowed_keeps_the_best_token():
     logits = torch.tensor([0.0, 3.0, 1.0])
     params = SamplingParams(max_tokens=1, temperature=1.0, top_p=MIN_TOP_P)
     assert sample(logits, params, torch.Generator().manual_seed(0)) == 1
+
+
+def _one_row(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """A row's distribution written out: temperature, the top-k's k-th value, softmax, the top-p
+    nucleus (tokens whose strictly-higher mass is below top_p, the best always); greedy: one-hot."""
+    if p.temperature == 0.0:
+        return torch.nn.functional.one_hot(logits.argmax(), logits.shape[0]).double()
+    x = logits.double() / p.temperature
+    if p.top_k:
+        x = x.masked_fill(x < x.topk(p.top_k).values[-1], float("-inf"))
+    probs = x.softmax(0)
+    if p.top_p < 1.0:
+        above = torch.stack([probs[probs > q].sum() for q in probs])
+        probs = torch.where((above < p.top_p) | (above == 0), probs, 0.0)
+    return probs
+
+
+def test_a_batch_of_rows_samples_each_under_its_own_parameters():
+    """Rows of one batch with different temperatures, top-k, top-p, greedy or seeded: each row's
+    distribution equals its own written out; greedy rows take their argmax; a seeded row draws what
+    the same seed draws alone; unseeded rows draw only tokens their distributions allow."""
+    from dayzero.sampling import distributions, sample_rows
+
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(6, 40, generator=gen) * 3
+    params = [
+        SamplingParams(),
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.3, top_k=5),
+        SamplingParams(temperature=0.9, top_p=0.6),
+        SamplingParams(temperature=1.1, top_k=12, top_p=0.8, seed=4),
+        SamplingParams(temperature=2.0, top_k=3, top_p=0.5),
+    ]
+    got = distributions(logits, params)
+    for row, p in enumerate(params):
+        assert torch.allclose(got[row].double(), _one_row(logits[row], p), atol=1e-6), row
+    for _ in range(20):
+        generators = [None, None, None, None, torch.Generator().manual_seed(7), None]
+        tokens = sample_rows(logits, params, generators, [None] * 6)
+        assert tokens[0] == int(logits[0].argmax())
+        assert all(got[row, token] > 0 for row, token in enumerate(tokens))
+        assert tokens[4] == sample(logits[4], params[4], torch.Generator().manual_seed(7))

@@ -14,7 +14,7 @@ import torch
 
 from .config import ModelConfig
 from .guided import Guide, allowed_logits
-from .sampling import SamplingParams, logprobs_of, sample
+from .sampling import SamplingParams, logprobs_of, sample, sample_rows
 from .tokenizer import StreamDecoder, TextCodec
 
 
@@ -93,11 +93,6 @@ class Completion:
             raise step
         return step
 
-    def take(self, allowed: torch.Tensor, logits: torch.Tensor) -> Step:
-        """Sample from ``allowed`` (the logits with the grammar's mask), accept the token, and attach
-        its logprobs (from the unmasked ``logits``) when asked for."""
-        return self.emit(self.sample(allowed), logits)
-
     def emit(self, token: int, logits: torch.Tensor) -> Step:
         """Accept ``token`` and attach its logprobs (from the raw ``logits`` [V]) when asked for."""
         step = self.accept(token)
@@ -127,10 +122,16 @@ def next_steps(completions: list[Completion], logits: torch.Tensor) -> list[Step
     exception instead of a step: its request fails alone and the rest of the batch goes on."""
     eos = completions[0].eos_ids[0] if completions[0].eos_ids else 0
     allowed = allowed_logits(logits, [c.guide for c in completions], eos)
+    try:  # every row sampled together (the grammars' masks in ``allowed``)...
+        generators = [c.generator() for c in completions]
+        tokens = sample_rows(allowed, [c.params for c in completions], generators, [c.counts for c in completions])
+    except Exception:  # noqa: BLE001 - ...unless a row cannot be: then each alone, so only it fails
+        tokens = [None] * len(completions)
     steps: list[Step | Exception] = []
     for i, c in enumerate(completions):
         try:
-            steps.append(c.take(allowed[i], logits[i]))
+            token = c.sample(allowed[i]) if tokens[i] is None else tokens[i]
+            steps.append(c.emit(token, logits[i]))  # accepted, its logprobs from the unmasked logits
         except Exception as exc:  # noqa: BLE001 - handed to the caller, which settles that request
             steps.append(exc)
     return steps

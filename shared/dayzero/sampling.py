@@ -48,19 +48,29 @@ def _adjusted(logits: torch.Tensor, params: SamplingParams, counts: dict[int, in
 
 def distribution(logits: torch.Tensor, params: SamplingParams, counts: dict[int, int] | None = None) -> torch.Tensor:
     """The distribution ``sample`` draws from [V] fp32 (greedy: all mass on the argmax)."""
-    logits = _adjusted(logits, params, counts)
-    if params.temperature == 0.0:
-        return torch.nn.functional.one_hot(logits.argmax(), logits.shape[-1]).float()
-    logits = logits.float() / params.temperature
-    if params.top_k:
-        kth = torch.topk(logits, min(params.top_k, logits.shape[-1])).values[-1]
+    return distributions(_adjusted(logits, params, counts)[None], [params])[0]
+
+
+def distributions(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Each row's distribution [R, V] fp32 under its own temperature, top-k and top-p, every row at
+    once (``logits`` [R, V] with bias and penalties applied); a greedy row: all mass on its argmax."""
+    vocab, device = logits.shape[-1], logits.device
+    greedy = [i for i, p in enumerate(params) if p.temperature == 0.0]
+    temperature = torch.tensor([p.temperature or 1.0 for p in params], device=device)
+    logits = logits.float() / temperature[:, None]
+    if any(p.top_k for p in params):
+        k = torch.tensor([min(p.top_k or vocab, vocab) - 1 for p in params], device=device)
+        kth = logits.sort(dim=-1, descending=True).values.gather(1, k[:, None])
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = logits.softmax(dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        before = sorted_probs.cumsum(0) - sorted_probs  # mass strictly above each token
-        sorted_probs = sorted_probs.masked_fill((before >= params.top_p) & (before > 0), 0.0)  # keep the best
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    if any(p.top_p < 1.0 for p in params):
+        top_p = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device=device)
+        sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
+        sorted_probs = sorted_probs.masked_fill((before >= top_p[:, None]) & (before > 0), 0.0)  # keep the best
+        probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
+    if greedy:
+        probs[greedy] = torch.nn.functional.one_hot(logits[greedy].argmax(dim=-1), vocab).float()
     return probs
 
 
@@ -78,9 +88,39 @@ def sample(
     counts: dict[int, int] | None = None,
 ) -> int:
     """logits [V] fp32 -> one token id; ``counts``: how often each token was generated so far."""
-    if params.temperature == 0.0:
-        return int(_adjusted(logits, params, counts).argmax())
-    return draw(distribution(logits, params, counts), generator)
+    return sample_rows(logits[None], [params], [generator], [counts])[0]
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    counts: list[dict[int, int] | None],
+) -> list[int]:
+    """``sample`` for each row of ``logits`` [R, V] with its own parameters, generator and counts:
+    greedy rows by one argmax, the unseeded rest by one draw from their distributions together,
+    seeded rows each from its own generator."""
+    adjusted = [i for i, (p, c) in enumerate(zip(params, counts, strict=True)) if p.logit_bias or c and _penalised(p)]
+    if adjusted:
+        logits = logits.clone()
+        for i in adjusted:
+            logits[i] = _adjusted(logits[i], params[i], counts[i])
+    tokens = logits.argmax(dim=-1).tolist()
+    drawn = [i for i, p in enumerate(params) if p.temperature != 0.0]
+    if drawn:
+        probs = distributions(logits[drawn], [params[i] for i in drawn])
+        unseeded = [j for j, i in enumerate(drawn) if generators[i] is None]
+        if unseeded:
+            for j, token in zip(unseeded, torch.multinomial(probs[unseeded], 1)[:, 0].tolist(), strict=True):
+                tokens[drawn[j]] = token
+        for j, i in enumerate(drawn):
+            if generators[i] is not None:
+                tokens[i] = draw(probs[j], generators[i])
+    return tokens
+
+
+def _penalised(params: SamplingParams) -> bool:
+    return bool(params.presence_penalty or params.frequency_penalty)
 
 
 def verify_draft(
