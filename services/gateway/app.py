@@ -88,6 +88,7 @@ def make_app(settings: Settings) -> FastAPI:
         if not settings.api_keys:
             log.warning("no API key configured (DAYZERO_API_KEYS): the gateway accepts every request")
         reaper = asyncio.create_task(_reaper(gw))
+        await run_in_threadpool(lambda: None)  # anyio's backend and thread pool start on first use (~25 ms)
         yield
         reaper.cancel()
         await gw.bus.close()
