@@ -12,12 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..kernels import compress_entries
-from ..kernels.attention_torch import FEW_ROWS
-from ..kernels.batch import from_host
 from .plan import StepPlan
 from .rope import cos_sin
 from .weights import Compressor
@@ -109,27 +106,21 @@ def _decode_windows(
 def _step_windows(
     w: Compressor, state: CompressorSlots, kv: torch.Tensor, gate: torch.Tensor, plan: StepPlan
 ) -> Windows | None:
-    """A few new tokens per sequence (decode: one; a speculative verify: k + 1): one pass over every
-    sequence's j-th new token for each j, in order (no loop over sequences) -> ``Windows`` or None."""
-    batch, rate, device = plan.batch, w.ape.shape[0], kv.device
-    if max(batch.news) == 1:  # decode: the plan has the rows
-        found = _decode_windows(w, state, kv, gate, list(batch.starts), plan.slot_ids, plan.window_rows[rate])
-        columns = [(list(range(batch.num_seqs)), found)]
-    else:
-        columns, slots = [], np.asarray(plan.slots, dtype=np.int64)
-        for j in range(max(batch.news)):
-            seqs = [s for s, n in enumerate(batch.news) if n > j]
-            positions = [batch.starts[s] + j for s in seqs]
-            rows = from_host(np.asarray([batch.row0s[s] + j for s in seqs], dtype=np.int64), device)
-            at = from_host(np.asarray(positions, dtype=np.int64) % rate, device)
-            found = _decode_windows(w, state, kv[rows], gate[rows], positions, from_host(slots[seqs], device), at)
-            columns.append((seqs, found))
-    found = [(seqs, f) for seqs, f in columns if f is not None]
+    """A few new tokens per sequence (decode: one; a speculative verify: k + 1): one pass per column
+    of the plan (every sequence's j-th new token), in order, no loop over sequences -> ``Windows``."""
+    rate, found = w.ape.shape[0], []
+    for column in plan.columns:
+        rows_kv, rows_gate = (kv, gate) if column.rows is None else (kv[column.rows], gate[column.rows])
+        windows = _decode_windows(
+            w, state, rows_kv, rows_gate, column.positions, column.slots, column.window_rows[rate]
+        )
+        if windows is not None:
+            found.append((column.seqs, windows))
     if not found:
         return None
     windows_kv, windows_gate = torch.cat([f[0] for _, f in found]), torch.cat([f[1] for _, f in found])
-    seq = torch.tensor([seqs[i] for seqs, f in found for i in f[2]], device=device)
-    entry = torch.tensor([e for _, f in found for e in f[3]], device=device)
+    seq = torch.tensor([seqs[i] for seqs, f in found for i in f[2]], device=kv.device)
+    entry = torch.tensor([e for _, f in found for e in f[3]], device=kv.device)
     return windows_kv, windows_gate, seq, entry
 
 
@@ -165,9 +156,9 @@ def fold(
     eps: float,
 ) -> None:
     """Fold the step's projections ``kv, gate [T, width]`` into entries appended to ``pool``."""
-    rate, batch = w.ape.shape[0], plan.batch
+    rate = w.ape.shape[0]
     # a few tokens per sequence leave every new row in the buffer (a speculative rollback keeps them)
-    found = (_step_windows if max(batch.news) <= FEW_ROWS else _sequence_windows)(w, state, kv, gate, plan)
+    found = (_step_windows if plan.columns else _sequence_windows)(w, state, kv, gate, plan)
     if found is None:
         return
     windows_kv, windows_gate, seq, entry = found

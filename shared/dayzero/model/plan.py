@@ -30,15 +30,28 @@ def _freqs(rope: RopeConfig, dim: int, device: torch.device) -> torch.Tensor:
 
 
 @dataclass(frozen=True, slots=True)
+class Column:
+    """Every sequence's j-th new token in a step of a few per sequence (``FEW_ROWS`` at most; decode:
+    one column of every sequence), for the compressors' fold: the sequences that have one, its
+    positions, its packed rows (None: every row, in order), its compressor slots (long), and per
+    compress rate r the row of its window each fills (position % r, long)."""
+
+    seqs: list[int]
+    positions: list[int]
+    rows: torch.Tensor | None
+    slots: torch.Tensor
+    window_rows: dict[int, torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
 class StepPlan:
     """Packed tokens of several sequences (``batch``) and where their state lives.
 
     token_ids [T]; rope_* cos/sin at the token positions; freqs_compress [rope_dim/2]
     for compressed-entry positions; window_table [B, wb] and tables[pool] [B, max blocks]
-    int32 block tables; slots [B] compressor-state slot of each sequence (``slot_ids`` the same
-    as a long tensor, for the decode step's scatter into the compressor state); per compress rate
-    r: visible[r] [T] entries each token sees ((position + 1) // r), and a decode step's
-    window_rows[r] [B] long, the row of its compressor window each new token fills (position % r).
+    int32 block tables; slots [B] compressor-state slot of each sequence; per compress rate r:
+    visible[r] [T] entries each token sees ((position + 1) // r); columns: a step of a few tokens
+    per sequence by column (``Column``; empty for longer steps).
     """
 
     token_ids: torch.Tensor
@@ -49,11 +62,10 @@ class StepPlan:
     window_table: torch.Tensor
     tables: dict[str, torch.Tensor]
     slots: tuple[int, ...]
-    slot_ids: torch.Tensor
     options: AttentionOptions
     attend: Callable[..., torch.Tensor]  # the prefill or the decode variant of sparse attention
     visible: dict[int, torch.Tensor]
-    window_rows: dict[int, torch.Tensor]
+    columns: tuple[Column, ...]
     ring: DecodeWindow | None = None  # the window's metadata for every layer (torch backend, a few rows per sequence)
 
     def last_rows(self) -> list[int]:
@@ -65,6 +77,18 @@ def _table(blocks: list[list[int]], device: torch.device) -> torch.Tensor:
     for row, ids in zip(table, blocks, strict=True):
         row[: len(ids)] = ids
     return from_host(table, device)
+
+
+def _columns(batch: RaggedBatch, slots: tuple[int, ...], rates: set[int], device: torch.device) -> tuple[Column, ...]:
+    widest, host_slots, row0 = max(batch.news), np.asarray(slots, dtype=np.int64), np.asarray(batch.row0s)
+    columns = []
+    for j in range(widest):
+        seqs = [s for s, n in enumerate(batch.news) if n > j]
+        positions = np.asarray(batch.starts, dtype=np.int64)[seqs] + j
+        rows = None if widest == 1 else from_host(row0[seqs].astype(np.int64) + j, device)
+        at = {r: from_host(positions % r, device) for r in rates}
+        columns.append(Column(seqs, positions.tolist(), rows, from_host(host_slots[seqs], device), at))
+    return tuple(columns)
 
 
 def plan_step(
@@ -89,7 +113,7 @@ def plan_step(
     compress = _freqs(cfg.rope_compress, cfg.rope_head_dim, device)
     slots = tuple(s.tables["compressor"][0] if s.tables["compressor"] else 0 for s in seqs)
     window_table = _table([s.tables["window"] for s in seqs], device)
-    attend, ring, window_rows = sparse_attention_prefill, None, {}
+    attend, ring = sparse_attention_prefill, None
     rates = {r for r in cfg.compress_rates.values() if r}
     widest, bs = max(batch.news), pools.layout.block_size
     if options.backend == "torch" and widest <= min(FEW_ROWS, window_table.shape[1] * bs):
@@ -97,9 +121,6 @@ def plan_step(
         ring = DecodeWindow.build(batch, window_table, bs, cfg.sliding_window)
     if ring is not None or widest == 1:
         attend = partial(sparse_attention_decode, ring=ring)
-    if widest == 1:
-        at = np.asarray(starts, dtype=np.int64)  # each new token's position
-        window_rows = {r: from_host(at % r, device) for r in rates}
     return StepPlan(
         token_ids=from_host(np.fromiter((t for c in chunks for t in c), dtype=np.int64), device),
         batch=batch,
@@ -109,10 +130,9 @@ def plan_step(
         window_table=window_table,
         tables={p: _table([s.tables[p] for s in seqs], device) for p in GROWING_POOLS},
         slots=slots,
-        slot_ids=from_host(np.asarray(slots, dtype=np.int64), device),
         options=options,
         attend=attend,
         visible={r: torch.div(batch.positions + 1, r, rounding_mode="floor") for r in rates},
-        window_rows=window_rows,
+        columns=_columns(batch, slots, rates, device) if widest <= FEW_ROWS else (),
         ring=ring,
     )
