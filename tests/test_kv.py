@@ -26,7 +26,16 @@ def test_reserve_release_and_usage():
     pools.reserve("a", 40)
     used = pools.usage()
     assert used["window"][0] == 2 and used["compressed_csa"][0] == 3 and used["compressed_hca"][0] == 2
-    assert used["compressor"][0] == 1
+    assert used["compressor"][0] == 1 and used["index_keys"][0] == 3
+    assert pools.reserve("a", 47) == {}  # 11 CSA entries, 5 HCA: the blocks it holds
+    added = pools.reserve("a", 52)  # a 13th CSA entry (and its indexer key): one block each
+    assert {k: len(v) for k, v in added.items()} == {
+        "window": 0,
+        "compressed_csa": 1,
+        "compressed_hca": 0,
+        "index_keys": 1,
+        "compressor": 0,
+    }
     pools.reserve("a", 64)  # grows in place
     pools.reserve("b", 64)
     assert not pools.fits(10)  # a third sequence has no window / compressor slot

@@ -50,8 +50,9 @@ def import_state(dst: KVPools, src: KVPools, handle: StateHandle, seq_id: str) -
     seq.length = handle.length
     same_host = dst.host_bytes is not None and src.host_bytes is not None and dst.dtype == src.dtype
     dst_storage, src_storage = (dst.host_bytes, src.host_bytes) if same_host else (dst.tensors(), src.tensors())
+    counts = dst.layout.blocks_of(handle.length)
     for kind, dst_t, src_t in zip(POOL_KINDS, dst_storage, src_storage, strict=True):
-        if n := dst.layout.blocks_for(kind, handle.length):
+        if n := counts[kind]:
             copy_blocks(dst_t, src_t, seq.tables[kind][:n], handle.blocks[kind][:n])
 
 

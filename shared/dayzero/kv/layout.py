@@ -85,11 +85,20 @@ class PoolLayout:
         return length // self.rate(pool) if layers else 0
 
     def blocks_for(self, pool: str, length: int) -> int:
-        if pool == "window":
-            return self.window_blocks
-        if pool == "compressor":
-            return 1 if (self.csa_layers or self.hca_layers or self.mtp_layers) else 0
-        return -(-self.entries(pool, length) // self.block_size)
+        return self.blocks_of(length)[pool]
+
+    def blocks_of(self, length: int) -> dict[str, int]:
+        """Blocks a sequence of ``length`` tokens holds in each pool (in one pass: every decode
+        step reserves each sequence's blocks)."""
+        csa, hca, size = bool(self.csa_layers), bool(self.hca_layers), self.block_size
+        csa_blocks = -(-(length // self.csa_rate) // size) if csa else 0
+        return {
+            "window": self.window_blocks,
+            "compressed_csa": csa_blocks,
+            "compressed_hca": -(-(length // self.hca_rate) // size) if hca else 0,
+            "index_keys": csa_blocks,  # one indexer key per CSA entry
+            "compressor": int(csa or hca or bool(self.mtp_layers)),
+        }
 
     def row_bytes(self, pool: str, elem: int) -> int:
         """Bytes of one block-row (all layers) in a pool, or of one compressor slot."""

@@ -48,8 +48,11 @@ class BlockAllocator:
     def alloc(self, n: int) -> list[int]:
         if n > len(self._free):
             raise OutOfBlocks(f"need {n} blocks, {len(self._free)} free")
-        taken = self._free[len(self._free) - n :][::-1]
-        del self._free[len(self._free) - n :]
+        if not n:
+            return []
+        taken = self._free[-n:]
+        del self._free[-n:]
+        taken.reverse()
         return taken
 
     def release(self, blocks: list[int]) -> None:
@@ -198,8 +201,8 @@ class KVPools:
         return min(limits, default=1 << 62)
 
     def missing_blocks(self, seq_id: str | None, total_tokens: int) -> dict[str, int]:
-        held = self.sequences[seq_id].tables if seq_id in self.sequences else {k: [] for k in POOL_KINDS}
-        return {k: max(0, self.layout.blocks_for(k, total_tokens) - len(held[k])) for k in POOL_KINDS}
+        wanted, seq = self.layout.blocks_of(total_tokens), self.sequences.get(seq_id)
+        return wanted if seq is None else {k: max(0, n - len(seq.tables[k])) for k, n in wanted.items()}
 
     def fits(self, total_tokens: int, seq_id: str | None = None) -> bool:
         """Whether a (new or existing) sequence can grow to ``total_tokens`` now."""
@@ -216,10 +219,14 @@ class KVPools:
                 permanent=True,
             )
         need = self.missing_blocks(seq_id, total_tokens)
+        seq = self.sequences.get(seq_id)
+        if seq is not None and not any(need.values()):
+            return {}  # (most decode steps)
         if not self._free_for(need):
             raise OutOfBlocks(f"no free blocks for {total_tokens} tokens now")
         added = {kind: self.allocators[kind].alloc(n) for kind, n in need.items()}
-        seq = self.sequences.setdefault(seq_id, SequenceBlocks())
+        if seq is None:
+            seq = self.sequences[seq_id] = SequenceBlocks()
         for kind, blocks in added.items():
             seq.tables[kind].extend(blocks)
         return added
