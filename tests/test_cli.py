@@ -103,3 +103,19 @@ def test_bad_settings_are_one_line_errors():
     out = _dayzero("generate", "--prompt-ids", "1,2", env=env)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert out.stderr.strip().startswith("error: DAYZERO_MAX_BATCH='many'") and len(out.stderr.splitlines()) == 1
+
+
+def test_up_refuses_what_it_could_never_make_ready(tmp_path):
+    """Vision workers that do not match the checkpoint, or no checkpoint at all: one line, no stack."""
+    from dayzero.demo import write_demo_checkpoint
+
+    with_vision, text = write_demo_checkpoint(tmp_path / "v", vision=True), write_demo_checkpoint(tmp_path / "t")
+    logs = tmp_path / "logs"
+    out = _dayzero("up", "--checkpoint", str(with_vision), "--vision", "0", "--log-dir", str(logs))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == f"error: {with_vision} has a vision tower: serving it needs --vision 1 or more"
+    out = _dayzero("up", "--checkpoint", str(text), "--vision", "1", "--log-dir", str(logs))
+    assert out.returncode == 2 and out.stderr.strip() == f"error: {text} has no vision tower: --vision must be 0"
+    out = _dayzero("up", "--checkpoint", str(tmp_path / "nowhere"), "--log-dir", str(logs))
+    assert out.returncode == 2 and out.stderr.strip().startswith("error: no config.json at")
+    assert not logs.exists()  # nothing was started

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from .config import ModelConfig
 from .settings import Settings, settings_help
 
 
@@ -34,7 +35,6 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         if tp > 1 or launch is not None:
             if settings.speculative_tokens:  # the followers would need each round's accepted drafts
                 raise ValueError("DAYZERO_SPECULATIVE_TOKENS runs on one rank for now: set it to 0 for a group")
-            from .config import ModelConfig
             from .parallel import check_divisible
 
             check_divisible(ModelConfig.from_file(settings.checkpoint_dir()), tp)  # before any rank starts
@@ -107,9 +107,15 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     env = {}
     if args.checkpoint:
         env["DAYZERO_CHECKPOINT"] = str(Path(args.checkpoint).resolve())
-    else:
-        settings.checkpoint_dir()  # the built-in one, written once before the children start
-    counts = {"vision": args.vision, "prefill": args.prefill, "decode": args.decode}
+    checkpoint = Path(args.checkpoint) if args.checkpoint else settings.checkpoint_dir()  # (written once here)
+    config = ModelConfig.from_file(checkpoint)  # (a missing or broken one ends here, not in every child)
+    sees = "vision_config" in config.raw
+    vision = int(sees) if args.vision is None else args.vision
+    if sees and not vision:
+        raise ValueError(f"{checkpoint} has a vision tower: serving it needs --vision 1 or more")
+    if vision and not sees:
+        raise ValueError(f"{checkpoint} has no vision tower: --vision must be 0")
+    counts = {"vision": vision, "prefill": args.prefill, "decode": args.decode}
     port, redis_url = args.port or settings.port, os.environ.get("REDIS_URL")
     ranks = {"prefill": args.prefill_tp, "decode": args.decode_tp}
     stack = Stack(counts, port, Path(args.log_dir), env, redis_url=redis_url, host=settings.host, ranks=ranks)
@@ -117,7 +123,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     try:
         stack.start()
         print(
-            f"starting: redis {stack.redis_url}, gateway, {args.vision} vision, {args.prefill} prefill"
+            f"starting: redis {stack.redis_url}, gateway, {vision} vision, {args.prefill} prefill"
             f"{_ranks(args.prefill_tp)}, {args.decode} decode{_ranks(args.decode_tp)} (logs in {args.log_dir})",
             file=sys.stderr,
         )
@@ -171,9 +177,17 @@ def _example(url: str, model: str) -> None:
 
 
 def _positive(text: str) -> int:
+    return _at_least(text, 1)
+
+
+def _count(text: str) -> int:
+    return _at_least(text, 0)
+
+
+def _at_least(text: str, least: int) -> int:
     value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
     return value
 
 
@@ -195,11 +209,13 @@ def add_service_commands(sub) -> None:
 
     up = sub.add_parser("up", help="run Redis, the gateway and the workers on this machine", **with_settings)
     up.add_argument("--checkpoint", help="checkpoint directory (default: the built-in demo checkpoint)")
-    up.add_argument("--prefill", type=int, default=1, help="prefill workers (default 1)")
-    up.add_argument("--decode", type=int, default=1, help="decode workers (default 1)")
+    up.add_argument("--prefill", type=_positive, default=1, help="prefill workers (default 1)")
+    up.add_argument("--decode", type=_positive, default=1, help="decode workers (default 1)")
     up.add_argument("--prefill-tp", type=_positive, default=1, metavar="N", help="ranks per prefill worker (default 1)")
     up.add_argument("--decode-tp", type=_positive, default=1, metavar="N", help="ranks per decode worker (default 1)")
-    up.add_argument("--vision", type=int, default=1, help="vision workers (default 1; 0 for a text-only model)")
+    up.add_argument(
+        "--vision", type=_count, help="vision workers (default: 1 if the checkpoint has a vision tower, else 0)"
+    )
     up.add_argument("--port", type=int, help="gateway port (default: DAYZERO_PORT or 8000)")
     up.add_argument("--log-dir", default="logs", help="where each service writes its log (default ./logs)")
     up.add_argument("--example", action="store_true", help="once ready, stream one example request")

@@ -181,16 +181,16 @@ def test_redis_restart_gives_503_then_recovers(text_dir, tmp_path):
     assert killed == []
 
 
-def test_up_with_a_broken_checkpoint_stops_with_the_workers_error(demo_dir, tmp_path):
+def test_up_with_a_broken_checkpoint_stops_with_the_workers_error(text_dir, tmp_path):
     import shutil
     import subprocess
     import sys
 
     from dayzero.procs import free_port
 
-    broken = shutil.copytree(demo_dir, tmp_path / "broken")
+    broken = shutil.copytree(text_dir, tmp_path / "broken")
     (broken / "model.safetensors").write_bytes(b"\x00" * 1000)
-    up = [sys.executable, "-m", "dayzero.cli", "up", "--checkpoint", str(broken), "--vision", "0"]
+    up = [sys.executable, "-m", "dayzero.cli", "up", "--checkpoint", str(broken)]  # (no vision tower: no vision worker)
     up += ["--port", str(free_port()), "--log-dir", str(tmp_path / "logs")]
     env = {**os.environ, "DAYZERO_LEASE_S": "1.0"}
     done = subprocess.run(up, capture_output=True, text=True, timeout=180, env=env)
