@@ -48,6 +48,7 @@ class Message(_Body):
     reasoning_content: str | None = Field(default=None, max_length=MAX_TEXT)  # an assistant's (DeepSeek's field)
     tool_calls: list[ToolCall] | None = Field(default=None, max_length=128)
     tool_call_id: str | None = Field(default=None, max_length=256)
+    prefix: bool | None = None  # DeepSeek's chat prefix completion: the answer's beginning, continued
 
 
 class Function(_Body):
@@ -90,6 +91,21 @@ class ChatPrompt(_Body):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
     reasoning_effort: Effort | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _prefix_ends_the_chat(cls, messages: list[Message] | None) -> list[Message] | None:
+        for i, m in enumerate(messages or []):
+            if not m.prefix:
+                continue
+            if m.role != "assistant" or i != len(messages) - 1:
+                raise ValueError(f"{i}.prefix: only the last message, an assistant's, can be a prefix")
+            if m.tool_calls:
+                raise ValueError(f"{i}.prefix: a prefix holds text, not tool_calls")
+        return messages
+
+    def ends_with_prefix(self) -> bool:
+        return bool(self.messages and self.messages[-1].prefix)
 
     @field_validator("tools")
     @classmethod
@@ -145,6 +161,14 @@ class ChatCompletionRequest(Sampling, ChatPrompt):
         if value and not info.data.get("logprobs"):
             raise ValueError("top_logprobs requires logprobs: true")
         return value
+
+    @model_validator(mode="after")
+    def _prefix_is_not_constrained(self) -> ChatCompletionRequest:
+        named = self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
+        constrained = named or (self.response_format is not None and self.response_format.schema_() is not None)
+        if self.ends_with_prefix() and constrained:
+            raise ValueError("a prefix cannot be continued under tool_choice required / named or response_format")
+        return self
 
     def logprob_count(self) -> int | None:
         """Alternatives per token to report (None: no logprobs)."""

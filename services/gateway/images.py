@@ -49,7 +49,7 @@ def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, v
                 )
             images.append((part.image_url.url, f"messages.{i}.content"))
             text.append(IMAGE_TAG)
-        extra = m.model_dump(include={"reasoning_content", "tool_calls", "tool_call_id"}, exclude_none=True)
+        extra = m.model_dump(include={"reasoning_content", "tool_calls", "tool_call_id", "prefix"}, exclude_none=True)
         turns.append({"role": m.role, "content": text if isinstance(m.content, list) else text[0], **extra})
     if len(images) > limits.max_images:
         raise APIError(

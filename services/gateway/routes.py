@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request
 from starlette.concurrency import run_in_threadpool
 
+from dayzero.chat.encoding import continues_reasoning
 from dayzero.params import MAX_SEED, Grammar, SamplingParams
 from dayzero.serving.messages import GenerationRequest
 
@@ -138,7 +139,7 @@ async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Re
     thinking, _ = body.thinking()
     spec = _spec(gw, body, ids, body.max_completion_tokens or body.max_tokens, grammar(gw, body, thinking))
     protocol = {
-        "thinking": thinking,
+        "thinking": continues_reasoning(prompt.messages, thinking),
         "tool_calls": bool(body.offered_tools()),
         "usage_in_stream": body.usage_in_stream(),
     }

@@ -84,11 +84,13 @@ class TextCodec:
 
         flat = [{**m, "content": "".join(m["content"])} if isinstance(m.get("content"), list) else m for m in messages]
         kwargs = {"thinking": options.thinking, "reasoning_effort": options.effort, **self._tokens}
+        prefix = bool(messages and messages[-1].get("prefix"))  # the answer's beginning, continued
         (text,), _ = render_jinja_template(
             conversations=[flat],
             tools=list(options.tools) or None,
             chat_template=self.chat_template,
-            add_generation_prompt=True,
+            add_generation_prompt=not prefix,
+            continue_final_message=prefix,
             **kwargs,
         )
         return text

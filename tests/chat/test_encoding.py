@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dayzero.chat.encoding import ChatOptions, encode_chat
+from dayzero.chat.encoding import ChatOptions, continues_reasoning, encode_chat
 
 B, E, U, A = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"
 D = "｜DSML｜"
@@ -71,6 +71,20 @@ def test_thinking_mode_drops_old_reasoning_and_opens_a_thought():
 def test_thinking_mode_keeps_the_reasoning_after_the_last_user_turn():
     turns = [*TURNS[:2], {"role": "assistant", "content": "Hello!", "reasoning_content": "greet"}]
     assert encode_chat(turns, ChatOptions(thinking=True)) == f"{B}Be brief.{U}Hi{A}<think>greet</think>Hello!{E}"
+
+
+def test_a_prefix_is_continued_not_closed():
+    """DeepSeek's chat prefix completion: the last assistant message is the answer's beginning."""
+    code = {"role": "assistant", "content": "```python\n", "prefix": True}
+    chat = [*TURNS, code]
+    assert encode_chat(chat) == f"{B}Be brief.{U}Hi{A}</think>Hello!{E}{U}2+2?{A}</think>```python\n"
+    thinking = ChatOptions(thinking=True)
+    answer = {**code, "reasoning_content": "add them"}
+    assert encode_chat([*TURNS, answer], thinking).endswith(f"{U}2+2?{A}<think>add them</think>```python\n")
+    thought = {"role": "assistant", "reasoning_content": "First, ", "prefix": True}
+    assert encode_chat([*TURNS, thought], thinking).endswith(f"{U}2+2?{A}<think>First, ")
+    assert not continues_reasoning([*TURNS, answer], True) and continues_reasoning([*TURNS, thought], True)
+    assert continues_reasoning(TURNS, True) and not continues_reasoning([*TURNS, thought], False)
 
 
 def test_reasoning_effort_paragraph_opens_the_prompt():

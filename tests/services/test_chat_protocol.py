@@ -40,6 +40,7 @@ SCHEMA = {
     "additionalProperties": False,
 }
 SEEDS = range(20)
+PREFIX = {"role": "assistant", "content": "```python\n", "prefix": True}
 
 
 def _post(stack, path: str, body: dict) -> httpx.Response:
@@ -71,6 +72,12 @@ def test_tokenize_renders_v4s_prompt_and_detokenize_keeps_special_tokens(stack):
         (_ask(chat_template_kwargs={"thinking": True, "enable_thinking": True}), "chat_template_kwargs"),
         (_ask(reasoning_effort="extreme"), "reasoning_effort"),
         ({"prompt": "hi", "tools": [WEATHER]}, "tools"),
+        ({"messages": [{"role": "user", "content": "hi", "prefix": True}]}, "messages"),
+        (
+            {"messages": [{"role": "assistant", "content": "x", "prefix": True}, {"role": "user", "content": "y"}]},
+            "messages",
+        ),
+        (_ask(tools=[WEATHER], tool_choice="required", messages=[*_ask()["messages"], PREFIX]), None),
     ],
 )
 def test_bad_protocol_input_is_refused_with_400(stack, body, param):
@@ -82,6 +89,22 @@ def test_bad_protocol_input_is_refused_with_400(stack, body, param):
     assert param is None or error["param"].startswith(param), error
     both = _post(stack, "/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "y"}]})
     assert both.status_code == 400 and "either" in both.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_a_prefix_is_continued_like_the_same_prompt_sent_as_ids(stack, thinking):
+    """DeepSeek's chat prefix completion: the prompt ends with the prefix (no EOS; in thinking mode
+    after the reasoning's end), and the reply is what a plain completion of that prompt generates."""
+    chat = [{"role": "user", "content": "Sort a list"}, {**PREFIX, "reasoning_content": "Use sorted."}]
+    mode = {"chat_template_kwargs": {"thinking": thinking}}
+    ids = _post(stack, "/tokenize", {"messages": chat, **mode}).json()["tokens"]
+    opened = "<think>Use sorted.</think>" if thinking else "</think>"
+    assert _post(stack, "/detokenize", {"tokens": ids}).json()["prompt"] == f"{B}{U}Sort a list{A}{opened}```python\n"
+    greedy = {"max_tokens": 12, "temperature": 0}
+    reply = _post(stack, "/v1/chat/completions", {"messages": chat, **mode, **greedy}).json()["choices"][0]
+    plain = _post(stack, "/v1/completions", {"prompt": ids, **greedy}).json()["choices"][0]
+    assert reply["message"]["content"] == plain["text"] and reply["finish_reason"] == plain["finish_reason"]
+    assert reply["message"].get("reasoning_content") is None  # the answer was reached: all of it is content
 
 
 def _valid_person(value) -> bool:

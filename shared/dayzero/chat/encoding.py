@@ -3,14 +3,16 @@
 Messages are OpenAI-shaped dicts: ``role`` (system, developer, user, assistant, tool,
 latest_reminder), ``content`` (a string, or a list of part strings with each image already
 ``<｜deepseek_image｜>``; parts are joined by a blank line), and for assistants
-``reasoning_content`` and ``tool_calls``, for tools ``tool_call_id``.
+``reasoning_content``, ``tool_calls`` and ``prefix`` (DeepSeek's chat prefix completion: the last
+message, an assistant's beginning, which the model continues), for tools ``tool_call_id``.
 
 The rules: BOS once; the system text (plus the tools and response-format sections); each user
 turn ``<｜User｜>`` + text, and where the assistant speaks next ``<｜Assistant｜>`` + ``</think>``
 (chat) or ``<think>`` (thinking: for the last user turn, or every turn when tools are defined);
 assistant turns = [reasoning + ``</think>``] + content + [DSML tool calls] + EOS, the reasoning
 kept only after the last user turn unless tools are defined (then old developer turns stay
-too); tool results merge into the user turn as ``<tool_result>`` blocks in the calls' order.
+too); tool results merge into the user turn as ``<tool_result>`` blocks in the calls' order. A
+prefix turn has no EOS, and in thinking mode a prefix of reasoning alone no ``</think>``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,13 @@ class ChatOptions:
 
 
 CHAT_MODE = ChatOptions()
+
+
+def continues_reasoning(messages: list[dict], thinking: bool) -> bool:
+    """Whether the model's text opens inside its reasoning: thinking mode, unless the chat ends
+    with a prefix that has reached the answer."""
+    last = messages[-1] if messages else {}
+    return thinking and not (last.get("prefix") and (last.get("content") or last.get("tool_calls")))
 
 
 def text_of(content: str | list[str] | None) -> str:
@@ -74,8 +83,11 @@ def _render(turn: dict, options: ChatOptions, show_reasoning: bool) -> str:
     if role == "latest_reminder":
         return LATEST_REMINDER + text_of(turn.get("content"))
     if role == "assistant":
-        reasoning = (turn.get("reasoning_content") or "") + END_THINK if show_reasoning else ""
-        return reasoning + text_of(turn.get("content")) + render_calls(turn.get("tool_calls") or []) + EOS
+        thought = turn.get("reasoning_content") or ""
+        answer = text_of(turn.get("content")) + render_calls(turn.get("tool_calls") or [])
+        if turn.get("prefix") and show_reasoning and not answer:
+            return thought  # the model goes on thinking
+        return (thought + END_THINK if show_reasoning else "") + answer + ("" if turn.get("prefix") else EOS)
     raise ValueError(f"unknown role {role!r}")
 
 
