@@ -56,6 +56,19 @@ def test_a_shipped_template_gives_transformers_ids(templated):
     assert ids.count(0) == 1  # one BOS: the template's, none added by encoding
 
 
+def test_a_prefix_is_continued_through_a_template(templated):
+    """The last assistant message with prefix: true, as transformers' continue_final_message renders it."""
+    from transformers import AutoTokenizer
+
+    chat = [*CHAT, {"role": "assistant", "content": "It is", "prefix": True}]
+    reference = AutoTokenizer.from_pretrained(str(templated)).apply_chat_template(
+        chat, continue_final_message=True, tokenize=True, return_dict=False
+    )
+    codec = TextCodec.from_checkpoint(templated)
+    assert codec.chat_ids(chat) == list(reference)
+    assert codec.decode_all(reference).endswith("[user]over the lazy dog?[assistant]It is")
+
+
 @pytest.mark.parametrize("form", ["named list", "jinja file"])
 def test_other_places_a_template_is_published(templated, tmp_path, form):
     copy = shutil.copytree(templated, tmp_path / "copy")
