@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .params import Logprob, SamplingParams
@@ -60,12 +61,12 @@ def distributions(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     logits = logits.float() / temperature[:, None]
     if any(p.top_k for p in params):
         k = torch.tensor([min(p.top_k or vocab, vocab) - 1 for p in params], device=device)
-        kth = logits.sort(dim=-1, descending=True).values.gather(1, k[:, None])
+        kth = sort_descending(logits)[0].gather(1, k[:, None])
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = logits.softmax(dim=-1)
     if any(p.top_p < 1.0 for p in params):
         top_p = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device=device)
-        sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+        sorted_probs, order = sort_descending(probs)
         before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
         sorted_probs = sorted_probs.masked_fill((before >= top_p[:, None]) & (before > 0), 0.0)  # keep the best
         probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
@@ -74,11 +75,40 @@ def distributions(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     return probs
 
 
+def sort_descending(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x.sort(dim=-1, descending=True, stable=True)`` of [R, V] fp32 (no NaN). On the CPU, from
+    2048 values on, one numpy sort of unique int64 keys, the value's order-preserving bits then the
+    index: ~9x faster than torch's sort there (1.0 vs 8.6 ms for 64 rows of 2048)."""
+    if x.device.type != "cpu" or x.numel() < 2048:
+        return x.sort(dim=-1, descending=True, stable=True)
+    bits = (x.float() + 0.0).contiguous().view(torch.int32).numpy()  # (+ 0.0: no -0.0)
+    flipped = (bits >> 31) & 0x7FFFFFFF
+    np.bitwise_xor(bits, flipped, out=flipped)  # int32s ordered as the floats are
+    np.invert(flipped, out=flipped)  # ... in descending order
+    keys = flipped.astype(np.int64)
+    keys <<= 32
+    keys |= np.arange(x.shape[-1], dtype=np.int64)  # then the index
+    keys.sort(axis=-1)
+    keys &= 0xFFFFFFFF
+    order = torch.from_numpy(keys)
+    return x.gather(-1, order), order
+
+
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token from ``probs`` [V]; a seed draws the same token wherever the probabilities live."""
     if generator is not None:
         probs = probs.to(generator.device)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return int(categorical(probs[None], generator)[0])
+
+
+def categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token from each row of ``probs`` [R, V] (unnormalised) -> [R] long: the first whose
+    cumulative mass passes a uniform draw scaled to the row's total (inverse transform sampling;
+    a zero-probability token is never drawn). One random number per row, no device sync:
+    ``torch.multinomial`` spends ~27 ns per token on the CPU (0.9 ms for 16 rows of 2048)."""
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=torch.float64)
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
 
 
 def sample(
@@ -111,7 +141,7 @@ def sample_rows(
         probs = distributions(logits[drawn], [params[i] for i in drawn])
         unseeded = [j for j, i in enumerate(drawn) if generators[i] is None]
         if unseeded:
-            for j, token in zip(unseeded, torch.multinomial(probs[unseeded], 1)[:, 0].tolist(), strict=True):
+            for j, token in zip(unseeded, categorical(probs[unseeded]).tolist(), strict=True):
                 tokens[drawn[j]] = token
         for j, i in enumerate(drawn):
             if generators[i] is not None:
