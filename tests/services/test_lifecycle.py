@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import redis
 import redis.asyncio as aioredis
 
 from dayzero.params import SamplingParams
 from dayzero.serving.lifecycle import Lifecycle, Queue, Watching, key
 from dayzero.serving.messages import GenerationRequest
+from dayzero.serving.records import Token, decode
 from dayzero.serving.scripts import Take
 
 
@@ -56,6 +58,22 @@ def test_take_loads_its_script_again_after_a_flush(redis_url):
     store = Lifecycle(redis.Redis.from_url(redis_url))
     store.r.script_flush()  # what a restarted Redis has forgotten
     assert store.take("c2", 0, "prefill0", 30) == Take.CLAIMED
+
+
+def test_append_streams_each_token_once_and_reads_the_cancel_marks_it_watches(redis_url):
+    store = Lifecycle(redis.Redis.from_url(redis_url), stream_ttl_s=60)
+    first = [Token("t1", 0, 7, "a", logprob=-0.5, top=((7, -0.5),)), Token("t2", 0, 8, "b")]
+    store.cancel("t2")
+    assert store.append(first, ["t1", "t2", "t3"]) == {"t2"}
+    assert store.append([Token("t1", 0, 9, "z"), Token("t1", 1, 3, "c", "stop", usage={"n": 1})]) == set()
+    entries = store.r.xrange(key("tokens", "t1"))
+    assert [decode("t1", fields) for _, fields in entries] == [first[0], Token("t1", 1, 3, "c", "stop", {"n": 1})]
+    assert [entry for entry, _ in entries] == [b"1-0", b"2-0"]  # the replayed index 0 was skipped
+    assert 0 < store.r.ttl(key("tokens", "t1")) <= 60 and store.r.ttl(key("tokens", "t2")) == -1
+    store.r.set(key("tokens", "odd"), "not a stream")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        store.append([Token("odd", 0, 1, "x"), Token("t2", 1, 4, "d")])
+    assert store.r.xlen(key("tokens", "t2")) == 2  # the other tokens of the call still landed
 
 
 def test_admit_queues_every_request_or_none_within_the_bound(redis_url):

@@ -52,6 +52,8 @@ class DecodeLoop:
         k = runtime.settings.speculative_tokens
         self.speculation, self.acceptance = (Speculation(k) if k else None), Acceptance()
         self._last_beat = 0.0
+        self._marked: set[str] = set()  # cancel marks read with the last step's tokens ...
+        self._marks_read: set[str] = set()  # ... and whose they are
         # beats during a step: one longer than the lease (a first call compiling kernels, a huge
         # batch) would let the leases lapse, and the reaper would re-run requests being generated
         self.heartbeat = Heartbeat(runtime.store, runtime.name, runtime.settings.lease_s, self.stop)
@@ -190,12 +192,15 @@ class DecodeLoop:
         self._settle(active.ticket, reason, message, index=index)
 
     def _cancel(self) -> None:
-        """One round trip for the cancel marks of every active and waiting request."""
+        """Act on the cancel marks of every active and waiting request: read with the last step's
+        tokens, and in one round trip for the requests that came since (or all, after no step)."""
         waiting = {t.job.request.request_id: t for t in self.waiting}
-        for rid in self.r.store.cancelled([*self.active, *waiting]):
+        unread = [rid for rid in (*self.active, *waiting) if rid not in self._marks_read]
+        marked, self._marked, self._marks_read = self._marked | self.r.store.cancelled(unread), set(), set()
+        for rid in marked:
             if rid in self.active:
                 self._finish(rid, "cancelled", index=self.active[rid].completion.count)
-            else:
+            elif rid in waiting:
                 self.waiting.remove(waiting[rid])
                 self._settle(waiting[rid], "cancelled", index=len(waiting[rid].job.generated))
 
@@ -228,7 +233,9 @@ class DecodeLoop:
                 index = self.active[rid].completion.count - len(steps) + j
                 if not self._publish(rid, step, index, len(ids), out, finished, failed):
                     break
-        self.r.store.append(out)  # one round trip for the whole batch
+        watch = [*self.active, *(t.job.request.request_id for t in self.waiting)]
+        self._marked = self.r.store.append(out, watch)  # one round trip for the whole batch
+        self._marks_read = set(watch)
         for rid, reason in finished:
             self._finish(rid, reason)
         for rid, message in failed:

@@ -229,24 +229,22 @@ class Lifecycle:
         return attempt
 
     # -- the token stream ---------------------------------------------------------------------------------
-    def append(self, tokens: list[Token]) -> list[bool]:
-        """Append tokens (one round trip); False where that index was already streamed (a replay)."""
+    def append(self, tokens: list[Token], watch: list[str] = ()) -> set[str]:
+        """Append tokens (a replay of an index already streamed is skipped) and read the cancel marks
+        of ``watch``, in one round trip. -> the watched requests a client has cancelled."""
         pipe = self.r.pipeline(transaction=False)
         for t in tokens:
             pipe.xadd(key("tokens", t.request_id), encode(t), id=t.entry_id)
             if t.finish_reason:
                 pipe.expire(key("tokens", t.request_id), self.ttl_s)
-        replies = iter(pipe.execute(raise_on_error=False))
+        if watch:
+            pipe.mget([key("cancel", rid) for rid in watch])
+        replies = pipe.execute(raise_on_error=False)
         trace.get_current_span().add_event("tokens_appended", {"dayzero.tokens": len(tokens)})  # readers see them
-        added = []
-        for t in tokens:
-            reply = next(replies)
-            if t.finish_reason:
-                next(replies)
-            if isinstance(reply, redis.ResponseError) and "equal or smaller" not in str(reply):
-                raise reply
-            added.append(not isinstance(reply, Exception))
-        return added
+        failed = [r for r in replies if isinstance(r, redis.ResponseError) and "equal or smaller" not in str(r)]
+        if failed:
+            raise failed[0]
+        return {rid for rid, mark in zip(watch, replies[-1], strict=True) if mark} if watch else set()
 
     def streamed_tokens(self, rid: str) -> list[int]:
         return [int(f[b"t"]) for _, f in self.r.xrange(key("tokens", rid)) if int(f[b"t"]) >= 0]
