@@ -48,11 +48,12 @@ def test_the_state_follows_accepted_tokens_and_ends_with_eos(codec):
     assert text == "fox" and token == 1  # the grammar complete: only EOS may follow
 
 
-def test_a_grammar_after_a_token_leaves_the_text_before_it_free(codec):
+def test_a_grammar_after_a_token_leaves_the_text_before_it_free_but_unended(codec):
     end_think = codec.token_id("</think>")
     guide = Guide(codec.guidance, Grammar('start: "ok"', after=end_think))
     logits = torch.randn(1, VOCAB)
-    assert torch.equal(allowed_logits(logits, [guide], eos=1), logits)
+    before = allowed_logits(logits, [guide], eos=1)
+    assert before[0, 1] == float("-inf") and torch.equal(before[0, 2:], logits[0, 2:]) and before[0, 0] == logits[0, 0]
     guide.accept(codec.token_id("The"))
     guide.accept(end_think)
     allowed = allowed_logits(logits, [guide], eos=1)[0] > float("-inf")

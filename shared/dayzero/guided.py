@@ -50,8 +50,14 @@ _BYTE_BITS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool()  # [25
 
 def allowed_logits(logits: torch.Tensor, guides: list[Guide | None], eos: int) -> torch.Tensor:
     """``logits`` [B, V] with every token a row's grammar forbids at -inf (the same tensor when no
-    row is constrained). A row whose grammar has failed may only end (``eos``)."""
+    row is constrained). A row whose grammar has failed may only end (``eos``); a row whose grammar
+    waits for its opening token (an answer after a thought) may be anything but ``eos``: the
+    constrained answer it owes must come (or the length limit end it)."""
     rows = [i for i, g in enumerate(guides) if g is not None and g.active]
+    pending = [i for i, g in enumerate(guides) if g is not None and not g.active]
+    if pending:
+        logits = logits.clone()
+        logits[torch.tensor(pending, device=logits.device), eos] = float("-inf")
     if not rows:
         return logits
     return apply_masks(logits, rows, fill_masks([guides[i] for i in rows]), eos)
