@@ -135,3 +135,32 @@ def test_the_cpu_sort_equals_torchs_stable_descending_sort():
     values, order = sort_descending(x)
     want = x.sort(dim=-1, descending=True, stable=True)
     assert torch.equal(order, want.indices) and torch.equal(values, want.values)
+
+
+def test_a_row_without_mass_fails_instead_of_drawing_a_token():
+    """NaN logits (a diverged model) or no mass left: an error its request fails with, never a token."""
+    from dayzero.sampling import categorical, sample_rows
+
+    with pytest.raises(ValueError, match="no finite positive mass"):
+        categorical(torch.tensor([[0.2, float("nan"), 0.3]]))
+    with pytest.raises(ValueError, match="no finite positive mass"):
+        categorical(torch.tensor([[0.5, 0.5], [0.0, 0.0]]))
+    logits = torch.tensor([[0.0, 1.0, 2.0], [float("nan")] * 3])
+    with pytest.raises(ValueError):
+        sample_rows(logits, [SamplingParams(temperature=1.0)] * 2, [None, None], [None, None])
+
+
+def test_a_row_without_mass_fails_alone_in_its_batch():
+    """The batch falls back to row by row: the others draw exactly what they draw alone (seeded)."""
+    from dayzero.completion import Completion, next_steps
+    from dayzero.tokenizer import IdsOnlyCodec
+
+    def rows(n: int) -> list[Completion]:
+        params = SamplingParams(temperature=1.0, seed=3, max_tokens=8)
+        return [Completion(IdsOnlyCodec(), params, (), 4, 1 << 20) for _ in range(n)]
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
+    logits[1] = float("nan")
+    steps = next_steps(rows(3), logits)
+    assert isinstance(steps[1], ValueError)
+    assert [steps[0].token, steps[2].token] == [next_steps(rows(1), logits[i : i + 1])[0].token for i in (0, 2)]
