@@ -8,9 +8,10 @@ paired ratios carries far less of this VM's drift (two runs of ``model.py`` move
 than two benchmark runs one after the other. Run it with the same tree twice to see the noise
 left. ``--batch N`` decodes N sequences together; ``--speculative K`` runs speculative rounds
 with K drafts of the MTP layer (the random checkpoint's drafts are almost never right: the
-verify, rollback and re-run overhead). Run: ``python bench/decode_ab.py TREE_A TREE_B [--rounds
-200] [--steps 8] [--batch 1] [--speculative 0]`` (e.g. a ``git worktree`` of main against the
-working tree).
+verify, rollback and re-run overhead); ``--temperature T [--top-p P]`` samples each step's tokens
+as the decode loop does (``completion.next_steps``; greedy argmax otherwise). Run: ``python
+bench/decode_ab.py TREE_A TREE_B [--rounds 200] [--steps 8] [--batch 1] [--speculative 0]
+[--temperature 0] [--top-p 1]`` (e.g. a ``git worktree`` of main against the working tree).
 """
 
 from __future__ import annotations
@@ -43,12 +44,15 @@ MODULES = (
 class Decoder:
     """One tree's model and sequences, prefilled; ``steps(n)`` decodes n steps (or speculative rounds)."""
 
-    def __init__(self, mods: dict, checkpoint: Path, prompts: list[list[int]], room: int, k: int) -> None:
+    def __init__(
+        self, mods: dict, checkpoint: Path, prompts: list[list[int]], room: int, k: int, sampling: dict
+    ) -> None:
         self.mods, self.k, self.ids = mods, k, [f"s{i}" for i in range(len(prompts))]
+        self.sampled = bool(sampling.get("temperature"))
         self.model = mods["checkpoint"].load_model(checkpoint, progress=False)
         longest = max(map(len, prompts)) + room
         self.pools = mods["kv.pools"].pools_for(self.model.cfg, torch.float32, longest, len(prompts), mtp=k > 0)
-        params = mods["sampling"].SamplingParams(max_tokens=1 << 20, ignore_eos=True)
+        params = mods["sampling"].SamplingParams(max_tokens=1 << 20, ignore_eos=True, **sampling)
         codec = mods["tokenizer"].IdsOnlyCodec()
         self.completions = [mods["completion"].Completion(codec, params, (), len(p), 1 << 30) for p in prompts]
         logits = mods["model.forward"].prefill(self.model, self.pools, self.ids, prompts)
@@ -62,7 +66,10 @@ class Decoder:
         for _ in range(n):
             if speculation is None:
                 logits = self.mods["model.forward"].decode(self.model, self.pools, self.ids, self.pending)
-                self.pending = logits.argmax(dim=-1).tolist()
+                if self.sampled:
+                    self.pending = [s.token for s in self.mods["completion"].next_steps(self.completions, logits)]
+                else:
+                    self.pending = logits.argmax(dim=-1).tolist()
             else:
                 options = self.mods["model.plan"].AttentionOptions()
                 rounds, _ = spec.decode_round(
@@ -80,6 +87,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--batch", type=int, default=1, help="sequences decoded together")
     parser.add_argument("--speculative", type=int, default=0, choices=(0, 1, 2), help="MTP drafts per step (0: off)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sample each step's tokens (0: greedy argmax)")
+    parser.add_argument("--top-p", type=float, default=1.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for name, tree in zip(NAMES, args.trees, strict=True):
@@ -91,7 +100,8 @@ def main() -> None:
         vocab = mods["tree_a"]["checkpoint"].load_model(checkpoint, progress=False).cfg.vocab_size
         prompts = [torch.randint(2, vocab, (args.prompt_tokens + 7 * i,)).tolist() for i in range(args.batch)]
         room = (args.rounds + 2) * args.steps * (args.speculative + 1)
-        decoders = {n: Decoder(mods[n], checkpoint, prompts, room, args.speculative) for n in NAMES}
+        sampling = {"temperature": args.temperature, "top_p": args.top_p}
+        decoders = {n: Decoder(mods[n], checkpoint, prompts, room, args.speculative, sampling) for n in NAMES}
         for decoder in decoders.values():
             decoder.steps(args.steps)  # warm-up: first calls
         times = {n: [] for n in NAMES}
@@ -101,6 +111,7 @@ def main() -> None:
     a, b = times["tree_a"], times["tree_b"]
     ratios = [x / y for x, y in zip(a, b, strict=True)]
     what = f"speculative rounds (k = {args.speculative})" if args.speculative else "decode"
+    what += f", temperature {args.temperature}, top-p {args.top_p}" if args.temperature else ", greedy"
     print(
         f"{what} at batch {args.batch}, demo checkpoint, {args.prompt_tokens}-token prompts, "
         f"{args.rounds} rounds of {args.steps} steps each"
