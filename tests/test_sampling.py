@@ -148,6 +148,8 @@ def test_a_row_without_mass_fails_instead_of_drawing_a_token():
     logits = torch.tensor([[0.0, 1.0, 2.0], [float("nan")] * 3])
     with pytest.raises(ValueError):
         sample_rows(logits, [SamplingParams(temperature=1.0)] * 2, [None, None], [None, None])
+    with pytest.raises(ValueError):  # greedy too: argmax would pick a NaN's position
+        sample_rows(logits, [SamplingParams()] * 2, [None, None], [None, None])
 
 
 def test_a_row_without_mass_fails_alone_in_its_batch():

@@ -138,6 +138,8 @@ def sample_rows(
         logits = logits.clone()
         for i in adjusted:
             logits[i] = _adjusted(logits[i], params[i], counts[i])
+    if bool(torch.isnan(logits).any()):  # a diverged model: an error its request fails with, never a token
+        raise ValueError("NaN logits")
     tokens = logits.argmax(dim=-1).tolist()
     drawn = [i for i, p in enumerate(params) if p.temperature != 0.0]
     if drawn:
