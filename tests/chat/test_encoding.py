@@ -85,6 +85,8 @@ def test_a_prefix_is_continued_not_closed():
     assert encode_chat([*TURNS, thought], thinking).endswith(f"{U}2+2?{A}<think>First, ")
     assert not continues_reasoning([*TURNS, answer], True) and continues_reasoning([*TURNS, thought], True)
     assert continues_reasoning(TURNS, True) and not continues_reasoning([*TURNS, thought], False)
+    parts = {**thought, "content": [""]}  # empty parts: no answer yet, as the prompt renders it
+    assert continues_reasoning([*TURNS, parts], True) and encode_chat([*TURNS, parts], thinking).endswith("First, ")
 
 
 def test_reasoning_effort_paragraph_opens_the_prompt():

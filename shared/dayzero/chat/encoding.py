@@ -41,7 +41,7 @@ def continues_reasoning(messages: list[dict], thinking: bool) -> bool:
     """Whether the model's text opens inside its reasoning: thinking mode, unless the chat ends
     with a prefix that has reached the answer."""
     last = messages[-1] if messages else {}
-    return thinking and not (last.get("prefix") and (last.get("content") or last.get("tool_calls")))
+    return thinking and not (last.get("prefix") and _answer(last))
 
 
 def text_of(content: str | list[str] | None) -> str:
@@ -83,12 +83,16 @@ def _render(turn: dict, options: ChatOptions, show_reasoning: bool) -> str:
     if role == "latest_reminder":
         return LATEST_REMINDER + text_of(turn.get("content"))
     if role == "assistant":
-        thought = turn.get("reasoning_content") or ""
-        answer = text_of(turn.get("content")) + render_calls(turn.get("tool_calls") or [])
+        thought, answer = turn.get("reasoning_content") or "", _answer(turn)
         if turn.get("prefix") and show_reasoning and not answer:
             return thought  # the model goes on thinking
         return (thought + END_THINK if show_reasoning else "") + answer + ("" if turn.get("prefix") else EOS)
     raise ValueError(f"unknown role {role!r}")
+
+
+def _answer(turn: dict) -> str:
+    """An assistant turn's answer as rendered: its content, then its calls' DSML."""
+    return text_of(turn.get("content")) + render_calls(turn.get("tool_calls") or [])
 
 
 def _tools_section(tools: tuple[dict, ...]) -> str:
