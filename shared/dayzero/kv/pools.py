@@ -239,9 +239,10 @@ class KVPools:
         """Return the blocks of ``added`` (what a ``reserve`` allocated) that the committed length
         does not need; blocks reserved earlier stay."""
         seq = self.sequences[seq_id]
+        kept = self.layout.blocks_of(seq.length)
         for kind, blocks in added.items():
             table = seq.tables[kind]
-            spare = min(len(blocks), len(table) - self.layout.blocks_for(kind, seq.length))
+            spare = min(len(blocks), len(table) - kept[kind])
             if spare > 0:
                 self.allocators[kind].release(table[-spare:])
                 del table[-spare:]
