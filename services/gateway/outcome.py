@@ -8,7 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 import redis
@@ -51,6 +51,35 @@ class Progress:
             self.over = True
             metrics.finished.labels(event.finish_reason).inc()
             metrics.e2e.observe(now - self.request.created)
+
+
+def usage(event: Token) -> dict:
+    """A finished request's token counts (its last event's)."""
+    u = event.usage or {"prompt_tokens": 0, "completion_tokens": event.index}
+    return {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
+
+
+@dataclass
+class Usage:
+    """The token counts of a response's finished choices; a prompt counts once, however many
+    choices it has (``n`` > 1)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    choices: int = 0
+    prompts: set[tuple[int, ...]] = field(default_factory=set)
+
+    def add(self, request: GenerationRequest, last: Token) -> None:
+        counts = usage(last)
+        self.choices += 1
+        self.completion_tokens += counts["completion_tokens"]
+        if request.prompt_ids not in self.prompts:
+            self.prompts.add(request.prompt_ids)
+            self.prompt_tokens += counts["prompt_tokens"]
+
+    def body(self) -> dict:
+        total = self.prompt_tokens + self.completion_tokens
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": total}
 
 
 def _failure(event: Token) -> APIError:

@@ -22,7 +22,7 @@ from dayzero.telemetry import tracer
 from .access import credential
 from .context import Gateway
 from .errors import APIError
-from .outcome import Progress, closing, stream_error
+from .outcome import Progress, Usage, closing, stream_error, usage
 from .shapes import Shape
 from .streams import Closed, Subscription
 
@@ -58,11 +58,6 @@ def _refuse(gw: Gateway, message: str, code: str) -> None:
     raise APIError(429, message, "rate_limit_error", code=code, headers={"Retry-After": "1"})
 
 
-def usage(event: Token) -> dict:
-    u = event.usage or {"prompt_tokens": 0, "completion_tokens": event.index}
-    return {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
-
-
 async def sse(
     gw: Gateway,
     request: GenerationRequest,
@@ -70,19 +65,25 @@ async def sse(
     span: trace.Span | None = None,
     choice: int | None = None,
     shutdown: anyio.Event | None = None,
+    used: Usage | None = None,
 ) -> AsyncIterator[ServerSentEvent | bytes]:
-    """One request's stream; ``choice``: one of several streams merged (no event ids, no [DONE]).
-    Every end but a finish (a failure, a cancel, Redis lost, shutdown) sends an error event in
-    OpenAI's error shape; a single stream then ends with ``[DONE]`` either way."""
+    """One request's stream; ``choice``: one of several streams merged (no event ids, no usage
+    chunk, no [DONE]; its finish is added to ``used``). Every end but a finish (a failure, a cancel,
+    Redis lost, shutdown) sends an error event in OpenAI's error shape; a single stream then ends
+    with ``[DONE]`` either way, after a finish with the usage chunk when the client asked for it."""
     progress, left = Progress(gw, request, span), True
+    if choice is None and request.usage_in_stream:
+        used = Usage()
     try:
         if choice is None:
             yield retry_line(gw.settings.sse_retry_ms)
         try:
             await gw.bus.watching.watch(request.request_id)
             async with gw.bus.hub.subscribe(request.request_id, after) as sub, closing(sub, shutdown):
-                async for event in _chunks(gw, request, sub, after, progress, choice or 0):
+                async for event in _chunks(gw, request, sub, after, progress, choice or 0, used):
                     yield event
+            if choice is None and used is not None:
+                yield _usage_event(gw, request, used)
         except Exception as exc:  # every failure becomes the stream's error event
             yield ServerSentEvent(data=json.dumps(stream_error(exc)))
         left = False
@@ -98,10 +99,21 @@ async def sse(
             span.end()
 
 
+def _usage_event(gw: Gateway, request: GenerationRequest, used: Usage) -> ServerSentEvent:
+    return ServerSentEvent(data=json.dumps(Shape(request, gw.settings.model_name, gw.codec).usage_chunk(used)))
+
+
 async def _chunks(
-    gw: Gateway, request: GenerationRequest, sub: Subscription, after: str, progress: Progress, choice: int
+    gw: Gateway,
+    request: GenerationRequest,
+    sub: Subscription,
+    after: str,
+    progress: Progress,
+    choice: int,
+    used: Usage | None,
 ) -> AsyncIterator[ServerSentEvent | bytes]:
-    """The chunks of one stream up to its last (a resumed stream has echoed its prompt already)."""
+    """The chunks of one stream up to its last (a resumed stream has echoed its prompt already);
+    its finish counts in ``used``."""
     shape = Shape(request, gw.settings.model_name, gw.codec, echoed=after != "0-0", choice=choice)
     if after == "0-0" and request.kind == "chat":
         yield ServerSentEvent(data=json.dumps(shape.chunk(None, None, role=True)))
@@ -115,9 +127,10 @@ async def _chunks(
             continue
         progress.see(event)
         if event.finish_reason:
-            counts = usage(event) if request.usage_in_stream else None
-            chunk = shape.chunk(event.text, event.finish_reason, counts, tokens=[*held, event])
+            chunk = shape.chunk(event.text, event.finish_reason, tokens=[*held, event])
             yield ServerSentEvent(id=event.entry_id, data=json.dumps(chunk))
+            if used is not None:
+                used.add(request, event)
             return
         held.append(event)
         chunk = shape.chunk(event.text, None, tokens=held) if event.text else None
@@ -176,18 +189,14 @@ async def collect(
                 group.start_soon(run, i)
     except BaseExceptionGroup as failed:  # the first failure, as the error handlers know it (400s, 503)
         raise failed.exceptions[0] from None
-    choices, totals = [], {"prompt_tokens": 0, "completion_tokens": 0}
-    prompts = set()
+    choices, used = [], Usage()
     for i, (request, events) in enumerate(zip(requests, results, strict=True)):
         last = events[-1]
         text = "".join(e.text for e in events)
         body = Shape(request, gw.settings.model_name, gw.codec).body(text, last.finish_reason, usage(last), events)
         choices.append({**body["choices"][0], "index": i})
-        totals["completion_tokens"] += body["usage"]["completion_tokens"]
-        if request.prompt_ids not in prompts:  # n > 1 counts a prompt once
-            prompts.add(request.prompt_ids)
-            totals["prompt_tokens"] += body["usage"]["prompt_tokens"]
-    body["choices"], body["usage"] = choices, {**totals, "total_tokens": sum(totals.values())}
+        used.add(request, last)
+    body["choices"], body["usage"] = choices, used.body()
     return JSONResponse(body, headers=headers)
 
 
@@ -248,12 +257,14 @@ async def _merged(
     gw: Gateway, requests: list[GenerationRequest], spans: list, shutdown: anyio.Event
 ) -> AsyncIterator[ServerSentEvent]:
     """Several choices' chunks as they come, each marked with its index; not resumable (no ids).
-    Leaving cancels every choice (each stream's own clean-up unwatches its request)."""
+    When every choice finished, one usage chunk (if asked for) totals them. Leaving cancels every
+    choice (each stream's own clean-up unwatches its request)."""
     queue: asyncio.Queue[ServerSentEvent | None] = asyncio.Queue()
+    used = Usage()
 
     async def pump(i: int) -> None:
         try:
-            async for event in sse(gw, requests[i], "0-0", spans[i], choice=i, shutdown=shutdown):
+            async for event in sse(gw, requests[i], "0-0", spans[i], choice=i, shutdown=shutdown, used=used):
                 if isinstance(event, ServerSentEvent) and event.data is not None:  # the response pings on its own
                     queue.put_nowait(ServerSentEvent(data=event.data))
         finally:
@@ -269,6 +280,8 @@ async def _merged(
                 running -= 1
             else:
                 yield event
+        if requests[0].usage_in_stream and used.choices == len(requests):
+            yield _usage_event(gw, requests[0], used)
         yield ServerSentEvent(data="[DONE]")
     finally:
         for task in pumps:

@@ -43,7 +43,7 @@ class ResponseFormat(_Body):
 
 
 class StreamOptions(_Body):
-    include_usage: bool = True
+    include_usage: bool = False
 
 
 StopString = Annotated[str, Field(min_length=1, max_length=256)]
@@ -94,9 +94,16 @@ class Sampling(_Body):
             raise ValueError("best_of must be 1 on this server")
         return value
 
+    @field_validator("stream_options")
+    @classmethod
+    def _only_with_stream(cls, value: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("stream_options is only allowed when stream is true")
+        return value
+
     def usage_in_stream(self) -> bool:
-        """Streams end with usage unless ``stream_options.include_usage`` is false."""
-        return self.stream_options is None or self.stream_options.include_usage
+        """A stream ends with a usage chunk (no choices) when ``stream_options.include_usage`` asks."""
+        return self.stream_options is not None and self.stream_options.include_usage
 
     def logprob_count(self) -> int | None:
         """Alternatives per token to report (None: no logprobs); each endpoint spells it its way."""

@@ -19,6 +19,8 @@ from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.records import Token
 from dayzero.tokenizer import IdsOnlyCodec, TextCodec
 
+from .outcome import Usage
+
 
 class Shape:
     """One request's response format; for streams, also where its completion text has reached."""
@@ -44,11 +46,15 @@ class Shape:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
+    def usage_chunk(self, used: Usage) -> dict:
+        """OpenAI's last chunk of a stream that asked for usage (``stream_options.include_usage``)."""
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return {**self._head(obj), "choices": [], "usage": used.body()}
+
     def chunk(
         self,
         text: str | None,
         finish: str | None,
-        usage: dict | None = None,
         role: bool = False,
         tokens: list[Token] = (),
     ) -> dict | None:
@@ -66,8 +72,6 @@ class Shape:
             choice["logprobs"] = self._logprobs(tokens)
         self._ids_without_text(choice, tokens)
         self.prompt = None
-        if usage is not None:
-            body["usage"] = usage
         return body
 
     def replay(self, text: str) -> None:

@@ -77,6 +77,7 @@ class Doctor:
             "prompt": "The quick brown fox",
             "max_tokens": 4,
             "stream": True,
+            "stream_options": {"include_usage": True},
             "ignore_eos": True,
             "temperature": 0,
         }
@@ -85,8 +86,10 @@ class Doctor:
             assert r.headers.get("x-request-id"), "no request id: the request did not enter the queue"
             for line in r.iter_lines():
                 if line.startswith("data: {"):
-                    stamps.append(time.perf_counter() - start)
-                    usage = json.loads(line[6:]).get("usage", usage)
+                    chunk = json.loads(line[6:])
+                    if chunk["choices"]:
+                        stamps.append(time.perf_counter() - start)
+                    usage = chunk.get("usage") or usage
         assert stamps and usage.get("completion_tokens") == 4, f"usage {usage}, expected 4 completion tokens"
         return f"first token (prefill) {stamps[0] * 1e3:.0f} ms, 4 tokens by {stamps[-1] * 1e3:.0f} ms"
 

@@ -200,7 +200,7 @@ def test_a_decode_group_across_two_hosts_serves_one_ranks_completions(root_and_h
 
         def one(i: int) -> tuple[str, str]:
             body = {"model": "dayzero-demo", "prompt": prompt_ids(i), "max_tokens": 8 + i, "temperature": 0}
-            text, _, _ = stream_text(f"{stack.url}/v1/completions", {**body, "ignore_eos": True})
+            text, _, _, _ = stream_text(f"{stack.url}/v1/completions", {**body, "ignore_eos": True})
             return text, reference(prompt_ids(i), 8 + i)
 
         for i in range(3):

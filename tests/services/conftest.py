@@ -19,6 +19,7 @@ from dayzero.procs import free_port
 from dayzero.stack import Stack
 
 MODEL = "dayzero-demo"
+USAGE = {"stream_options": {"include_usage": True}}  # a stream ends with its usage chunk
 SETTINGS_ENV = {
     "DAYZERO_LEASE_S": "1.0",
     "DAYZERO_DISCONNECT_GRACE_S": "0.3",
@@ -86,21 +87,28 @@ def sse_events(response: httpx.Response):
             event_id = None
 
 
-def stream_text(url: str, body: dict, timeout: float = 120) -> tuple[str, list[str], dict]:
-    """Text, event ids and the final chunk of one streamed request."""
-    text, ids, final = [], [], None
+def stream_text(url: str, body: dict, timeout: float = 120) -> tuple[str, list[str], dict, dict | None]:
+    """Text, event ids, the final chunk of one streamed request, and the usage of its usage chunk
+    (OpenAI's: after the final chunk, no choices; None when the body did not ask for it)."""
+    text, ids, final, usage = [], [], None, None
     with httpx.stream("POST", url, json={**body, "stream": True}, timeout=timeout) as r:
         assert r.status_code == 200, r.read()
         for event_id, data in sse_events(r):
             if data == "[DONE]":
                 break
+            assert usage is None, "the usage chunk comes last"
+            assert "usage" not in data or not data["choices"], "usage rides on a chunk of its own"
+            if not data["choices"]:
+                assert final is not None and event_id is None
+                usage = data["usage"]
+                continue
             choice = data["choices"][0]
             text.append(choice.get("text") or choice.get("delta", {}).get("content") or "")
             if event_id:
                 ids.append(event_id)
             if choice["finish_reason"]:
                 final = data
-    return "".join(text), ids, final
+    return "".join(text), ids, final, usage
 
 
 def pool_usage(stack: Stack) -> dict[str, dict]:
@@ -271,10 +279,10 @@ def assert_concurrent_streams_equal_reference(url: str, reference, streams: int,
 
     def one(i: int):
         body = {"model": MODEL, "prompt": prompt_ids(i), "max_tokens": base_tokens + i, "temperature": 0}
-        return stream_text(f"{url}/v1/completions", {**body, "ignore_eos": True})
+        return stream_text(f"{url}/v1/completions", {**body, "ignore_eos": True, **USAGE})
 
     with futures.ThreadPoolExecutor(streams) as pool:
         results = list(pool.map(one, range(streams)))
-    for i, (text, _, final) in enumerate(results):
-        assert final["usage"]["completion_tokens"] == base_tokens + i
+    for i, (text, _, _, usage) in enumerate(results):
+        assert usage["completion_tokens"] == base_tokens + i
         assert text == reference(prompt_ids(i), base_tokens + i)

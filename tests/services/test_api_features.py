@@ -11,7 +11,7 @@ from dayzero.kv.pools import pools_for
 from dayzero.sampling import SamplingParams
 from dayzero.tokenizer import TextCodec
 
-from .conftest import MODEL, chat, engine_steps, prompt_ids, sse_events, stream_text, wait_until
+from .conftest import MODEL, USAGE, chat, engine_steps, prompt_ids, sse_events, stream_text, wait_until
 
 
 def test_penalties_reach_the_sampler(stack, reference):
@@ -61,7 +61,7 @@ def test_echo_returns_the_prompt_and_its_logprobs(stack, demo_dir):
     assert logprobs["top_logprobs"][0] is None and all(len(t) == 1 for t in logprobs["top_logprobs"][1:])
 
     plain = {**body, "logprobs": None, "stream": True}
-    text, _, _ = stream_text(f"{stack.url}/v1/completions", plain)
+    text, _, _, _ = stream_text(f"{stack.url}/v1/completions", plain)
     assert text.startswith(codec.decode(ids)) and len(text) > len(codec.decode(ids)) - 1
 
 
@@ -85,11 +85,13 @@ def test_several_choices_stream_together_and_leaving_cancels_them_all(stack, ref
     prompts = [prompt_ids(7), prompt_ids(8)]
     body = {"model": MODEL, "prompt": prompts, "n": 2, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
     texts, finished = {}, set()
-    with httpx.stream("POST", f"{stack.url}/v1/completions", json={**body, "stream": True}, timeout=120) as r:
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json={**body, **USAGE, "stream": True}, timeout=120) as r:
         assert r.status_code == 200
         events = list(sse_events(r))
     assert events[-1][1] == "[DONE]" and all(event_id is None for event_id, _ in events)
-    for _, data in events[:-1]:
+    assert events[-2][1]["choices"] == []  # one usage chunk for them all; a prompt counts once
+    assert events[-2][1]["usage"] == {"prompt_tokens": 27 + 30, "completion_tokens": 4 * 6, "total_tokens": 81}
+    for _, data in events[:-2]:
         choice = data["choices"][0]
         texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
         if choice["finish_reason"]:

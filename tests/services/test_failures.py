@@ -11,7 +11,7 @@ import httpx
 import pytest
 import redis
 
-from .conftest import MODEL, chat, pool_usage, sse_events, start_stack, stream_text, wait_until
+from .conftest import MODEL, USAGE, chat, pool_usage, sse_events, start_stack, stream_text, wait_until
 
 
 def _decode_blocks_used(stack) -> int:
@@ -74,7 +74,7 @@ def test_two_hundred_requests_with_random_cancels_return_pools_to_baseline(stack
         if cancel:
             _cancel_after(f"{stack.url}/v1/completions", body, after)
             return None
-        return stream_text(f"{stack.url}/v1/completions", body)[2]["usage"]["completion_tokens"]
+        return stream_text(f"{stack.url}/v1/completions", {**body, **USAGE})[3]["completion_tokens"]
 
     with futures.ThreadPoolExecutor(16) as pool:
         done = list(pool.map(run, plans))

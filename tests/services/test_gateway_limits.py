@@ -168,3 +168,10 @@ def test_a_body_that_is_not_json_is_refused_saying_where(lone_gateway):
         "param": None,
         "code": None,
     }
+
+
+def test_stream_options_without_stream_are_refused(lone_gateway):
+    body = {"model": MODEL, "prompt": [0, 5], "max_tokens": 1, "stream_options": {"include_usage": True}}
+    r = httpx.post(f"{lone_gateway.url}/v1/completions", json=body, headers=KEY, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "stream_options" and "stream is true" in r.json()["error"]["message"]

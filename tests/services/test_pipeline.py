@@ -10,6 +10,7 @@ import redis
 
 from .conftest import (
     MODEL,
+    USAGE,
     assert_concurrent_streams_equal_reference,
     assert_image_request_equals_in_process_run,
     chat,
@@ -33,10 +34,10 @@ def test_completion_equals_in_process_engine(stack, reference):
 def test_chat_stream_and_body_agree(stack):
     body = chat("The quick brown fox", max_tokens=16, ignore_eos=True)
     whole = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=60).json()
-    text, ids, final = stream_text(f"{stack.url}/v1/chat/completions", body)
+    text, ids, final, usage = stream_text(f"{stack.url}/v1/chat/completions", {**body, **USAGE})
     assert whole["object"] == "chat.completion" and whole["choices"][0]["message"]["role"] == "assistant"
     assert text == whole["choices"][0]["message"]["content"]
-    assert final["object"] == "chat.completion.chunk" and final["usage"]["completion_tokens"] == 16
+    assert final["object"] == "chat.completion.chunk" and usage == whole["usage"]
     numbers = [int(i.split("-")[0]) for i in ids]
     assert numbers == sorted(set(numbers)) and numbers[-1] == 16  # ids are token indices + 1
 
@@ -195,10 +196,12 @@ def test_malformed_and_oversized_bodies(stack):
 
 
 def test_stream_usage_follows_stream_options(stack):
+    """As OpenAI: a usage chunk (no choices) before [DONE] only when include_usage asks for it."""
     body = chat("count", max_tokens=3, ignore_eos=True)
-    assert stream_text(f"{stack.url}/v1/chat/completions", body)[2]["usage"]["completion_tokens"] == 3
-    off = {**body, "stream_options": {"include_usage": False}}
-    assert "usage" not in stream_text(f"{stack.url}/v1/chat/completions", off)[2]
+    assert stream_text(f"{stack.url}/v1/chat/completions", {**body, **USAGE})[3]["completion_tokens"] == 3
+    for off in (body, {**body, "stream_options": {"include_usage": False}}, {**body, "stream_options": {}}):
+        _, _, final, usage = stream_text(f"{stack.url}/v1/chat/completions", off)
+        assert usage is None and "usage" not in final
 
 
 def test_non_streamed_requests_record_time_to_first_token(stack):

@@ -24,7 +24,7 @@ class GenerationRequest(Frozen):
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # with echo: the prompt's too
     thinking: bool = False  # a chat in thinking mode: its text opens with the reasoning
     tool_calls: bool = False  # a chat offered tools: DSML calls in its text are reported as tool_calls
-    usage_in_stream: bool = True  # a streamed answer ends with usage (stream_options.include_usage)
+    usage_in_stream: bool = False  # a streamed answer ends with a usage chunk (stream_options.include_usage)
 
 
 class StateRef(Frozen):
