@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels import compress_entries
-from .plan import StepPlan
+from .plan import Closing, StepPlan
 from .rope import cos_sin
 from .weights import Compressor
 
@@ -79,49 +79,44 @@ def _decode_windows(
     state: CompressorSlots,
     kv: torch.Tensor,
     gate: torch.Tensor,
-    positions: list[int],
     slots: torch.Tensor,
     rows: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]] | None:
-    """One new token each for some sequences (at ``positions``, in compressor ``slots``; ``rows``:
-    its row in the window, position % rate), all at once: buffer each row; where it completes a
-    window -> (kv, gate windows, the indices into ``positions`` and their entry indices)."""
-    rate, width = w.ape.shape
+    closing: Closing | None,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """One new token each for some sequences (in compressor ``slots``; ``rows``: its row in the
+    window, position % rate), all at once: buffer each row -> the kv, gate of the windows the
+    ``closing`` tokens complete."""
+    width = w.ape.shape[1]
     state.kv[slots, rows], state.gate[slots, rows] = kv.float(), gate.float()
-    done = [i for i, p in enumerate(positions) if p % rate == rate - 1]
-    if not done:
+    if closing is None:
         return None
-    closing = slots[done]
-    windows_kv, windows_gate = state.kv[closing], state.gate[closing] + w.ape
-    entries = [positions[i] // rate for i in done]
+    windows_kv, windows_gate = state.kv[closing.slots], state.gate[closing.slots] + w.ape
     if state.overlap_kv is not None:
-        has_prev = torch.tensor([e > 0 for e in entries], device=kv.device)
-        prev_kv, prev_gate = state.overlap_kv[closing], state.overlap_gate[closing]
+        prev_kv, prev_gate = state.overlap_kv[closing.slots], state.overlap_gate[closing.slots]
         dim = width // 2
-        state.overlap_kv[closing], state.overlap_gate[closing] = windows_kv[:, :, :dim], windows_gate[:, :, :dim]
-        windows_kv, windows_gate = _pool_overlap(windows_kv, windows_gate, prev_kv, prev_gate, has_prev)
-    return windows_kv, windows_gate, done, entries
+        state.overlap_kv[closing.slots] = windows_kv[:, :, :dim]
+        state.overlap_gate[closing.slots] = windows_gate[:, :, :dim]
+        windows_kv, windows_gate = _pool_overlap(windows_kv, windows_gate, prev_kv, prev_gate, closing.has_prev)
+    return windows_kv, windows_gate
 
 
 def _step_windows(
     w: Compressor, state: CompressorSlots, kv: torch.Tensor, gate: torch.Tensor, plan: StepPlan
-) -> Windows | None:
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """A few new tokens per sequence (decode: one; a speculative verify: k + 1): one pass per column
-    of the plan (every sequence's j-th new token), in order, no loop over sequences -> ``Windows``."""
+    of the plan (every sequence's j-th new token), in order, no loop over sequences -> the kv, gate
+    of the windows ``plan.closed`` lists."""
     rate, found = w.ape.shape[0], []
     for column in plan.columns:
         rows_kv, rows_gate = (kv, gate) if column.rows is None else (kv[column.rows], gate[column.rows])
         windows = _decode_windows(
-            w, state, rows_kv, rows_gate, column.positions, column.slots, column.window_rows[rate]
+            w, state, rows_kv, rows_gate, column.slots, column.window_rows[rate], column.closing[rate]
         )
         if windows is not None:
-            found.append((column.seqs, windows))
-    if not found:
-        return None
-    windows_kv, windows_gate = torch.cat([f[0] for _, f in found]), torch.cat([f[1] for _, f in found])
-    seq = torch.tensor([seqs[i] for seqs, f in found for i in f[2]], device=kv.device)
-    entry = torch.tensor([e for _, f in found for e in f[3]], device=kv.device)
-    return windows_kv, windows_gate, seq, entry
+            found.append(windows)
+    if len(found) < 2:
+        return found[0] if found else None
+    return torch.cat([f[0] for f in found]), torch.cat([f[1] for f in found])
 
 
 def _sequence_windows(
@@ -157,12 +152,18 @@ def fold(
 ) -> None:
     """Fold the step's projections ``kv, gate [T, width]`` into entries appended to ``pool``."""
     rate = w.ape.shape[0]
-    # a few tokens per sequence leave every new row in the buffer (a speculative rollback keeps them)
-    found = (_step_windows if plan.columns else _sequence_windows)(w, state, kv, gate, plan)
-    if found is None:
-        return
-    windows_kv, windows_gate, seq, entry = found
-    cos, sin = cos_sin(plan.freqs_compress, entry * rate)
+    if plan.columns:  # a few tokens per sequence leave every new row in the buffer (a speculative rollback keeps them)
+        windows = _step_windows(w, state, kv, gate, plan)
+        if windows is None:
+            return
+        (windows_kv, windows_gate), closed = windows, plan.closed[rate]
+        seq, entry, cos, sin = closed.seqs, closed.entries, closed.cos, closed.sin
+    else:
+        found = _sequence_windows(w, state, kv, gate, plan)
+        if found is None:
+            return
+        windows_kv, windows_gate, seq, entry = found
+        cos, sin = cos_sin(plan.freqs_compress, entry * rate)
     compress_entries(
         windows_kv,
         windows_gate,

@@ -15,7 +15,7 @@ from ..kernels.attention_torch import FEW_ROWS
 from ..kernels.batch import from_host
 from ..kv.layout import GROWING_POOLS
 from ..kv.pools import KVPools
-from .rope import RopeTable, inv_freq
+from .rope import RopeTable, cos_sin, inv_freq
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,17 +30,36 @@ def _freqs(rope: RopeConfig, dim: int, device: torch.device) -> torch.Tensor:
 
 
 @dataclass(frozen=True, slots=True)
+class Closing:
+    """The tokens of a column that close a window of a compress rate: their compressor slots (long)
+    and whether an earlier window precedes theirs (bool)."""
+
+    slots: torch.Tensor
+    has_prev: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
 class Column:
     """Every sequence's j-th new token in a step of a few per sequence (``FEW_ROWS`` at most; decode:
-    one column of every sequence), for the compressors' fold: the sequences that have one, its
-    positions, its packed rows (None: every row, in order), its compressor slots (long), and per
-    compress rate r the row of its window each fills (position % r, long)."""
+    one column of every sequence), for the compressors' fold: its packed rows (None: every row, in
+    order), its compressor slots (long), and per compress rate r the row of its window each fills
+    (position % r, long) and the tokens that close one (None: no token does)."""
 
-    seqs: list[int]
-    positions: list[int]
     rows: torch.Tensor | None
     slots: torch.Tensor
     window_rows: dict[int, torch.Tensor]
+    closing: dict[int, Closing | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The windows a step of columns closes at one compress rate, column by column: each one's
+    sequence and entry index (long), and cos / sin at the entry's position (entry * rate)."""
+
+    seqs: torch.Tensor
+    entries: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +70,8 @@ class StepPlan:
     for compressed-entry positions; window_table [B, wb] and tables[pool] [B, max blocks]
     int32 block tables; slots [B] compressor-state slot of each sequence; per compress rate r:
     visible[r] [T] entries each token sees ((position + 1) // r); columns: a step of a few tokens
-    per sequence by column (``Column``; empty for longer steps).
+    per sequence by column (``Column``; empty for longer steps), and ``closed[r]`` the windows
+    they close (None: none).
     """
 
     token_ids: torch.Tensor
@@ -66,6 +86,7 @@ class StepPlan:
     attend: Callable[..., torch.Tensor]  # the prefill or the decode variant of sparse attention
     visible: dict[int, torch.Tensor]
     columns: tuple[Column, ...]
+    closed: dict[int, Closed | None]
     ring: DecodeWindow | None = None  # the window's metadata for every layer (torch backend, a few rows per sequence)
 
     def last_rows(self) -> list[int]:
@@ -79,16 +100,35 @@ def _table(blocks: list[list[int]], device: torch.device) -> torch.Tensor:
     return from_host(table, device)
 
 
-def _columns(batch: RaggedBatch, slots: tuple[int, ...], rates: set[int], device: torch.device) -> tuple[Column, ...]:
+def _columns(
+    batch: RaggedBatch, slots: tuple[int, ...], rates: set[int], freqs: torch.Tensor, device: torch.device
+) -> tuple[tuple[Column, ...], dict[int, Closed | None]]:
+    """The step by column, and per rate the windows it closes: which token closes a window is
+    decided here, on the host, once for every layer."""
     widest, host_slots, row0 = max(batch.news), np.asarray(slots, dtype=np.int64), np.asarray(batch.row0s)
-    columns = []
+    news, starts = np.asarray(batch.news), np.asarray(batch.starts, dtype=np.int64)
+    columns, closing_seqs, closing_entries = [], {r: [] for r in rates}, {r: [] for r in rates}
     for j in range(widest):
-        seqs = [s for s, n in enumerate(batch.news) if n > j]
-        positions = np.asarray(batch.starts, dtype=np.int64)[seqs] + j
+        seqs = np.flatnonzero(news > j)
+        positions = starts[seqs] + j
         rows = None if widest == 1 else from_host(row0[seqs].astype(np.int64) + j, device)
-        at = {r: from_host(positions % r, device) for r in rates}
-        columns.append(Column(seqs, positions.tolist(), rows, from_host(host_slots[seqs], device), at))
-    return tuple(columns)
+        at, closing = {}, {}
+        for r in rates:
+            at[r] = from_host(positions % r, device)
+            done = np.flatnonzero(positions % r == r - 1)
+            entries = positions[done] // r
+            closing[r] = None
+            if done.size:
+                closing[r] = Closing(from_host(host_slots[seqs[done]], device), from_host(entries > 0, device))
+            closing_seqs[r].append(seqs[done])
+            closing_entries[r].append(entries)
+        columns.append(Column(rows, from_host(host_slots[seqs], device), at, closing))
+    closed = {}
+    for r in rates:
+        seqs, entries = np.concatenate(closing_seqs[r]), np.concatenate(closing_entries[r])
+        entries_t = from_host(entries, device)
+        closed[r] = Closed(from_host(seqs, device), entries_t, *cos_sin(freqs, entries_t * r)) if seqs.size else None
+    return tuple(columns), closed
 
 
 def plan_step(
@@ -121,6 +161,7 @@ def plan_step(
         ring = DecodeWindow.build(batch, window_table, bs, cfg.sliding_window)
     if ring is not None or widest == 1:
         attend = partial(sparse_attention_decode, ring=ring)
+    columns, closed = _columns(batch, slots, rates, compress, device) if widest <= FEW_ROWS else ((), {})
     return StepPlan(
         token_ids=from_host(np.fromiter((t for c in chunks for t in c), dtype=np.int64), device),
         batch=batch,
@@ -133,6 +174,7 @@ def plan_step(
         options=options,
         attend=attend,
         visible={r: torch.div(batch.positions + 1, r, rounding_mode="floor") for r in rates},
-        columns=_columns(batch, slots, rates, device) if widest <= FEW_ROWS else (),
+        columns=columns,
+        closed=closed,
         ring=ring,
     )
