@@ -228,15 +228,27 @@ def test_openai_client_streams_reasoning(stack):
     else:
         pytest.fail("no seed made the demo model close its thought")
     stream = _client(stack).chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=24, seed=seed, stream=True, extra_body=thinking, **sampling
+        model=MODEL,
+        messages=messages,
+        max_tokens=24,
+        seed=seed,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=thinking,
+        **sampling,
     )
-    reasoning, content = "", ""
+    reasoning, content, usage = "", "", None
     for chunk in stream:
+        assert usage is None, "the usage chunk comes last"
+        if not chunk.choices:
+            usage = chunk.usage
+            continue
         delta = chunk.choices[0].delta
         reasoning += getattr(delta, "reasoning_content", None) or ""
         content += delta.content or ""
     want_reasoning, want_content = text.split("</think>", 1)
     assert (reasoning, content) == (want_reasoning, want_content) and reasoning and content
+    assert 0 < usage.completion_tokens <= 24 and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 
 def _accumulate(chunks: list[dict]) -> tuple[dict[int, dict], str | None]:
