@@ -42,6 +42,7 @@ class Shape:
         self.thinking, self.tools, self.rid = request.thinking, request.tool_calls, request.request_id
         self.parts = AssistantStream(request.thinking)  # a chat stream's text so far, split
         self.started = self.ended = 0  # tool calls of the stream begun / complete
+        self.usage_chunk_follows = request.usage_in_stream  # OpenAI: then every chunk has "usage": null
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -72,6 +73,8 @@ class Shape:
             choice["logprobs"] = self._logprobs(tokens)
         self._ids_without_text(choice, tokens)
         self.prompt = None
+        if self.usage_chunk_follows:
+            body["usage"] = None
         return body
 
     def replay(self, text: str) -> None:

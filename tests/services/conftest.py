@@ -91,13 +91,15 @@ def stream_text(url: str, body: dict, timeout: float = 120) -> tuple[str, list[s
     """Text, event ids, the final chunk of one streamed request, and the usage of its usage chunk
     (OpenAI's: after the final chunk, no choices; None when the body did not ask for it)."""
     text, ids, final, usage = [], [], None, None
+    asked = bool((body.get("stream_options") or {}).get("include_usage"))
     with httpx.stream("POST", url, json={**body, "stream": True}, timeout=timeout) as r:
         assert r.status_code == 200, r.read()
         for event_id, data in sse_events(r):
             if data == "[DONE]":
                 break
             assert usage is None, "the usage chunk comes last"
-            assert "usage" not in data or not data["choices"], "usage rides on a chunk of its own"
+            assert ("usage" in data) == asked, "with include_usage every chunk has usage (null but the last)"
+            assert data.get("usage") is None or not data["choices"], "usage rides on a chunk of its own"
             if not data["choices"]:
                 assert final is not None and event_id is None
                 usage = data["usage"]

@@ -90,6 +90,7 @@ def test_several_choices_stream_together_and_leaving_cancels_them_all(stack, ref
         events = list(sse_events(r))
     assert events[-1][1] == "[DONE]" and all(event_id is None for event_id, _ in events)
     assert events[-2][1]["choices"] == []  # one usage chunk for them all; a prompt counts once
+    assert all(data["usage"] is None for _, data in events[:-2])
     assert events[-2][1]["usage"] == {"prompt_tokens": 27 + 30, "completion_tokens": 4 * 6, "total_tokens": 81}
     for _, data in events[:-2]:
         choice = data["choices"][0]
