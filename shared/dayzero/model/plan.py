@@ -114,8 +114,9 @@ def _columns(
         rows = None if widest == 1 else from_host(row0[seqs].astype(np.int64) + j, device)
         at, closing = {}, {}
         for r in rates:
-            at[r] = from_host(positions % r, device)
-            done = np.flatnonzero(positions % r == r - 1)
+            window_row = positions % r
+            at[r] = from_host(window_row, device)
+            done = np.flatnonzero(window_row == r - 1)
             entries = positions[done] // r
             closing[r] = None
             if done.size:
@@ -125,9 +126,8 @@ def _columns(
         columns.append(Column(rows, from_host(host_slots[seqs], device), at, closing))
     closed = {}
     for r in rates:
-        seqs, entries = np.concatenate(closing_seqs[r]), np.concatenate(closing_entries[r])
-        entries_t = from_host(entries, device)
-        closed[r] = Closed(from_host(seqs, device), entries_t, *cos_sin(freqs, entries_t * r)) if seqs.size else None
+        closes, entries = np.concatenate(closing_seqs[r]), from_host(np.concatenate(closing_entries[r]), device)
+        closed[r] = Closed(from_host(closes, device), entries, *cos_sin(freqs, entries * r)) if closes.size else None
     return tuple(columns), closed
 
 
