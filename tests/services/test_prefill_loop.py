@@ -150,6 +150,31 @@ def test_prefill_frees_handed_off_blocks_when_decode_takes_them_or_the_request_i
     assert sent[0].state.holder == runtime.name and rid not in runtime.pools.sequences
 
 
+def test_a_request_that_finds_the_pools_full_takes_the_blocks_of_a_handoff_decode_took(demo_dir, redis_url):
+    """Handed-off blocks are reclaimed after each batch (off the next arrival's path) and, when a
+    request finds no free blocks, at once: it is not sent back to wait for the next iteration."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=1, max_batch=1, handoff_timeout_s=600)
+    runtime = Runtime.load(settings, "prefill6@test", "prefill", False)  # room for one sequence
+    sent: list[DecodeJob] = []
+    loop, store, requeued = PrefillLoop(runtime, sent.append), Lifecycle.connect(redis_url), []
+    real_requeue = runtime.store.requeue
+    runtime.store.requeue = lambda rid, *args: requeued.append(rid) or real_requeue(rid, *args)
+    tickets = []
+    for rid in ("first", "second"):
+        request = GenerationRequest(
+            request_id=rid, prompt_ids=(0, 5, 6, 7, 8), sampling=SamplingParams(max_tokens=4), created=time.time()
+        )
+        store.admit(request, [], "", 60)
+        tickets.append(loop.intake.submit(PrefillJob(request=request)))
+        loop._iteration()  # one iteration each, on this thread: no race with the loop's own reclaims
+        if rid == "first":
+            assert tickets[0].done.is_set() and "first" in runtime.pools.sequences  # held for decode
+            assert not runtime.pools.fits(5)  # the pools are full
+            store.take_handoff("first", "decode0@test", 5, holder=sent[0].state.holder)
+    assert tickets[1].done.is_set() and [job.request.request_id for job in sent] == ["first", "second"]
+    assert requeued == [] and set(runtime.pools.sequences) == {"second"}
+
+
 def test_leases_live_until_each_request_of_a_slow_batch_is_handed_on(demo_dir, redis_url, monkeypatch):
     """A batch whose handoffs take longer than a lease: every request is still leased to this worker
     when its turn comes (a lapsed lease lets the reaper re-run a request being handed to decode)."""

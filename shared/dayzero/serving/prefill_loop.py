@@ -46,7 +46,6 @@ class PrefillLoop:
 
     def _iteration(self) -> None:
         self.pending.extend(self.intake.drain(0.05 if not self.pending else 0))
-        self._reclaim_handoffs()
         self.r.announce(len(self.pending) or 1)
         if self.pending:
             taken = self._take_batch()
@@ -57,6 +56,7 @@ class PrefillLoop:
                 raise
             except Exception as exc:  # a failed forward ends its requests, never the loop
                 self._fail(self._unsettled(taken), exc)
+        self._reclaim_handoffs()  # after the batch, not before it: off the path of a request that just arrived
         self.r.ranks.keepalive()  # idle, or every request waiting for blocks: the other ranks still hear
 
     def _fail(self, batch: list[Ticket[PrefillJob]], exc: Exception) -> None:
@@ -97,14 +97,28 @@ class PrefillLoop:
             tokens += size
         return batch
 
-    def _reclaim_handoffs(self) -> None:
-        """Release blocks whose handoff decode has taken (or that expired)."""
-        if self.handed_off:
-            store, now = self.r.store, time.monotonic()
-            lapsed = {rid for rid, deadline in self.handed_off.items() if deadline < now}
-            for rid in lapsed | set(store.taken(self.r.name)) | store.cancelled(list(self.handed_off)):
-                if self.handed_off.pop(rid, None) is not None:
-                    self.r.ranks.release(rid)
+    def _reclaim_handoffs(self) -> bool:
+        """Release blocks whose handoff decode has taken (or that expired, or whose request a client
+        cancelled); whether any were."""
+        if not self.handed_off:
+            return False
+        store, now, freed = self.r.store, time.monotonic(), False
+        lapsed = {rid for rid, deadline in self.handed_off.items() if deadline < now}
+        for rid in lapsed | set(store.taken(self.r.name)) | store.cancelled(list(self.handed_off)):
+            if self.handed_off.pop(rid, None) is not None:
+                self.r.ranks.release(rid)
+                freed = True
+        return freed
+
+    def _reserve(self, rid: str, tokens: int) -> None:
+        """The request's blocks; when none are free, first those of handoffs decode has taken since
+        the last batch."""
+        try:
+            self.r.ranks.reserve(rid, tokens)
+        except OutOfBlocks as exc:
+            if exc.permanent or not self._reclaim_handoffs():
+                raise
+            self.r.ranks.reserve(rid, tokens)
 
     def _admit(self, ticket: Ticket[PrefillJob]) -> bool:
         """Claim the request and its blocks; False when the ticket is settled without prefill."""
@@ -121,7 +135,7 @@ class PrefillLoop:
             ticket.done.set()  # a duplicate, a stale redelivery, ended, or owned by a live worker
             return False
         try:
-            self.r.ranks.reserve(rid, len(job.request.prompt_ids) + len(job.generated))
+            self._reserve(rid, len(job.request.prompt_ids) + len(job.generated))
         except OutOfBlocks as exc:
             if exc.permanent:
                 self._settle(ticket, "error", str(exc))
