@@ -47,6 +47,27 @@ def test_reserve_release_and_usage():
     assert pools.usage() == baseline
 
 
+def test_a_reservation_adds_blocks_exactly_when_the_held_ones_run_out():
+    """Counted by hand for the tiny layout (a CSA entry every 4 tokens, an HCA entry every 8, 4
+    entries a block): 40 tokens hold 3 CSA blocks (room for 12 entries: up to 51 tokens) and 2 HCA
+    blocks (8 entries: up to 71). The same after a rollback returns a block."""
+    pools = KVPools.sized(_layout(), max_tokens=128, max_sequences=1, dtype=torch.float32)
+    pools.reserve("a", 40)
+    assert pools.reserve("a", 51) == {}
+    added = pools.reserve("a", 52)
+    assert {k: len(v) for k, v in added.items() if v} == {"compressed_csa": 1, "index_keys": 1}
+    assert pools.reserve("a", 67) == {}  # 16 CSA entries fit in 4 blocks
+    pools.commit("a", 40)
+    pools.rollback("a", added)  # the 40 tokens kept need 3 CSA blocks: the 4th goes back
+    assert pools.reserve("a", 51) == {}
+    assert {k: len(v) for k, v in pools.reserve("a", 52).items() if v} == {"compressed_csa": 1, "index_keys": 1}
+    assert {k: len(v) for k, v in pools.reserve("a", 72).items() if v} == {
+        "compressed_csa": 1,  # 18 entries: a 5th block
+        "index_keys": 1,
+        "compressed_hca": 1,  # a 9th HCA entry
+    }
+
+
 def test_over_long_request_is_a_permanent_error():
     pools = KVPools.sized(_layout(), max_tokens=64, max_sequences=1, dtype=torch.float32)
     assert pools.capacity_tokens() >= 64

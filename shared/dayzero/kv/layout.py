@@ -100,6 +100,14 @@ class PoolLayout:
             "compressor": int(csa or hca or bool(self.mtp_layers)),
         }
 
+    def longest_held(self, blocks: dict[str, int]) -> int:
+        """The longest sequence ``blocks`` (per growing pool) hold: its entries (length // rate)
+        must fit in them; the window and compressor pools hold any length."""
+        limits = [
+            (blocks[p] * self.block_size + 1) * self.rate(p) - 1 for p in GROWING_POOLS if self.entries(p, 1 << 40)
+        ]
+        return min(limits, default=1 << 62)
+
     def row_bytes(self, pool: str, elem: int) -> int:
         """Bytes of one block-row (all layers) in a pool, or of one compressor slot."""
         if pool == "window":

@@ -63,6 +63,7 @@ class BlockAllocator:
 class SequenceBlocks:
     length: int = 0
     tables: dict[str, list[int]] = field(default_factory=lambda: {kind: [] for kind in POOL_KINDS})
+    room: int = 0  # the longest length its blocks hold (a decode step's reservation compares to it)
 
 
 Allocate = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
@@ -155,7 +156,7 @@ class KVPools:
         self.layout_hash = hashlib.sha256(json.dumps([layout.hash(), order]).encode()).hexdigest()[:16]
         self.allocators = {kind: BlockAllocator(blocks[kind]) for kind in POOL_KINDS}
         self.sequences: dict[str, SequenceBlocks] = {}
-        self._capacity = self._longest()
+        self._capacity = layout.longest_held({k: a.total for k, a in self.allocators.items()})
         # host pools' storage as bytes [layers, blocks, bytes per block]: a handoff copies between
         # them without torch's per-operation cost (~10 us, most of a small state's copy)
         on_host = self.window.device.type == "cpu"  # (sizing pools are carved on the meta device)
@@ -192,14 +193,6 @@ class KVPools:
         """Longest sequence the growing pools could ever hold."""
         return self._capacity
 
-    def _longest(self) -> int:
-        limits = [  # entries = tokens // rate must fit in the pool's blocks
-            (self.allocators[p].total * self.layout.block_size + 1) * self.layout.rate(p) - 1
-            for p in GROWING_POOLS
-            if self.layout.entries(p, 1 << 40)
-        ]
-        return min(limits, default=1 << 62)
-
     def missing_blocks(self, seq_id: str | None, total_tokens: int) -> dict[str, int]:
         wanted, seq = self.layout.blocks_of(total_tokens), self.sequences.get(seq_id)
         return wanted if seq is None else {k: max(0, n - len(seq.tables[k])) for k, n in wanted.items()}
@@ -218,10 +211,10 @@ class KVPools:
                 f"{total_tokens} tokens exceed the attention-state capacity of {self.capacity_tokens()}",
                 permanent=True,
             )
-        need = self.missing_blocks(seq_id, total_tokens)
         seq = self.sequences.get(seq_id)
-        if seq is not None and not any(need.values()):
+        if seq is not None and total_tokens <= seq.room:
             return {}  # (most decode steps)
+        need = self.missing_blocks(seq_id, total_tokens)
         if not self._free_for(need):
             raise OutOfBlocks(f"no free blocks for {total_tokens} tokens now")
         added = {kind: self.allocators[kind].alloc(n) for kind, n in need.items()}
@@ -229,7 +222,11 @@ class KVPools:
             seq = self.sequences[seq_id] = SequenceBlocks()
         for kind, blocks in added.items():
             seq.tables[kind].extend(blocks)
+        self._measure(seq)
         return added
+
+    def _measure(self, seq: SequenceBlocks) -> None:
+        seq.room = self.layout.longest_held({kind: len(table) for kind, table in seq.tables.items()})
 
     def commit(self, seq_id: str, n: int) -> None:
         """The step's first ``n`` tokens of ``seq_id`` are kept: its length grows by ``n``."""
@@ -246,6 +243,7 @@ class KVPools:
             if spare > 0:
                 self.allocators[kind].release(table[-spare:])
                 del table[-spare:]
+        self._measure(seq)
 
     def compressor_state(self, kind: str, index: int) -> tuple[torch.Tensor, ...]:
         """The running state of compressor ``kind`` ("csa", "index", "hca") of its ``index``-th layer:

@@ -94,10 +94,9 @@ class StepPlan:
 
 
 def _table(blocks: list[list[int]], device: torch.device) -> torch.Tensor:
-    table = np.zeros((len(blocks), max(1, max(len(b) for b in blocks))), dtype=np.int32)
-    for row, ids in zip(table, blocks, strict=True):
-        row[: len(ids)] = ids
-    return from_host(table, device)
+    """Block lists -> [B, longest] int32, zero-padded."""
+    width = max(1, max(map(len, blocks)))
+    return from_host(np.array([ids + [0] * (width - len(ids)) for ids in blocks], dtype=np.int32), device)
 
 
 def _columns(
