@@ -13,7 +13,9 @@ file per process), where each request's spans give the hops:
     prefill task starts) ─ intake (task -> forward starts) ─ forward + first-token sampling (-> XADD)
     ─ gateway read (XADD -> the gateway has the entry) ─ SSE write (-> the client has it)
 
-Each stack's first request, sent as soon as it is ready, is timed on its own (a worker's first
+Each stack's processes report the CPU time they spent per request (psutil: user + system, a
+round's warm-ups included; idle they use next to none). Each stack's first request, sent as soon
+as it is ready, is timed on its own (a worker's first
 calls: its warm-up's business). Medians per run, then the median of the runs. Run: ``python bench/overhead.py [--runs 3]
 [--requests 15] [--prompt-tokens 128]``.
 """
@@ -186,6 +188,17 @@ def hops(marked: dict) -> dict[str, float]:
     return {name: (marked[b] - marked[a]) / 1e6 for name, a, b in HOPS}
 
 
+def cpu_seconds(stack) -> dict[str, float]:
+    """CPU time (user + system) each of the stack's processes has used so far, its children's included."""
+    import psutil
+
+    used = {}
+    for child in stack.children:
+        proc = psutil.Process(child.proc.pid)
+        used[child.name] = sum(sum(p.cpu_times()[:2]) for p in (proc, *proc.children(recursive=True)))
+    return used
+
+
 def run_stack(
     checkpoint: Path, folder: Path, traced: bool, engine: Engine, prompt: list[int], args
 ) -> tuple[list[dict], float, dict[str, float]]:
@@ -210,12 +223,16 @@ def run_stack(
         fresh.close()
         first_ms = (sent["first"] - sent["send"]) / 1e6
         for _ in range(args.runs):
+            before = cpu_seconds(stack)
             requests, raw, local = alternate(stack.url, engine, prompt, args.requests)
             row = {
                 "gateway": statistics.median((r["first"] - r["send"]) / 1e6 for r in requests),
                 "gateway, raw client": statistics.median((r["first"] - r["send"]) / 1e6 for r in raw),
                 "in-process": statistics.median(local) * 1e3,
             }
+            served = 2 * (len(requests) + 3)  # both clients' requests, the warm-ups' included
+            for name, seconds in cpu_seconds(stack).items():
+                row[f"CPU per request: {name}"] = (seconds - before[name]) / served * 1e3
             if traced:
                 time.sleep(1.0)  # the last spans reach their files
                 marked = [hops(m) for m in span_marks(spans, requests)]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from celery import Celery
 
 from dayzero.parallel.collectives import Group
-from dayzero.serving.messages import DecodeJob, PrefillJob
+from dayzero.serving.messages import PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
-from dayzero.serving.queue import TASKS, make_celery
+from dayzero.serving.queue import TASKS, make_celery, sender
 from dayzero.serving.worker import StageWorker, loop_stage
 from dayzero.settings import Settings
 
@@ -15,10 +15,7 @@ from dayzero.settings import Settings
 def make_worker(settings: Settings, group: Group | None = None) -> Celery:
     """``group``: this worker is rank 0 of a tensor-parallel group (dayzero.serving.ranks)."""
     app = make_celery(settings)
-
-    def send_decode(job: DecodeJob) -> None:
-        app.send_task(TASKS["decode"], args=[job.model_dump_json()])
-
+    send_decode = sender(app, "decode", settings.redis_url)
     shared = settings.handoff != "redis"  # decode reads prefill's pools in place
     stage = StageWorker(
         settings, "prefill", loop_stage("prefill", settings, shared, lambda rt: PrefillLoop(rt, send_decode), group)

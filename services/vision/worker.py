@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import Celery
 
 from dayzero.serving.messages import PrefillJob
-from dayzero.serving.queue import TASKS, make_celery
+from dayzero.serving.queue import TASKS, make_celery, sender
 from dayzero.serving.vision_stage import VisionStage
 from dayzero.serving.worker import StageWorker
 from dayzero.settings import Settings
@@ -13,10 +13,7 @@ from dayzero.settings import Settings
 
 def make_worker(settings: Settings) -> Celery:
     app = make_celery(settings)
-
-    def send_prefill(job: PrefillJob) -> None:
-        app.send_task(TASKS["prefill"], args=[job.model_dump_json()])
-
+    send_prefill = sender(app, "prefill", settings.redis_url)
     stage = StageWorker(settings, "vision", lambda name: VisionStage(settings, name, send_prefill))
 
     @app.task(name=TASKS["vision"])

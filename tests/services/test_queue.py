@@ -6,8 +6,11 @@ import base64
 import json
 
 import redis
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from pydantic import BaseModel
 
-from dayzero.serving.queue import TASKS, make_celery, task_message
+from dayzero.serving.queue import TASKS, make_celery, sender, task_message
 from dayzero.settings import Settings
 
 
@@ -35,4 +38,25 @@ def test_a_task_message_is_what_send_task_writes(redis_url):
         "routing_key": "prefill",
     }
     assert json.loads(base64.b64decode(ours["body"]))[:2] == json.loads(base64.b64decode(sent["body"]))[:2]
+    app.close()
+
+
+class _Job(BaseModel):
+    n: int
+
+
+def test_a_sender_pushes_the_job_where_send_task_would_with_the_current_trace(redis_url):
+    app = make_celery(Settings(redis_url=redis_url))
+    client = redis.Redis.from_url(redis_url)
+    client.delete("decode")
+    app.send_task(TASKS["decode"], args=["x"])
+    assert client.llen("decode") == 1  # where Celery's own producer puts a decode task
+    client.delete("decode")
+    context = SpanContext(trace_id=0xAB, span_id=0xCD, is_remote=False, trace_flags=TraceFlags(1))
+    with trace.use_span(NonRecordingSpan(context)):
+        sender(app, "decode", redis_url)(_Job(n=7))
+    message = json.loads(client.rpop("decode"))
+    assert message["headers"]["task"] == "dayzero.decode"
+    assert message["headers"]["traceparent"] == f"00-{0xAB:032x}-{0xCD:016x}-01"
+    assert json.loads(base64.b64decode(message["body"]))[0] == ['{"n":7}']
     app.close()

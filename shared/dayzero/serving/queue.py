@@ -5,10 +5,14 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from collections.abc import Callable
 
+import redis
 from celery import Celery
+from pydantic import BaseModel
 
 from ..settings import Settings
+from ..telemetry import carrier
 
 STAGES = ("vision", "prefill", "decode")
 TASKS = {stage: f"dayzero.{stage}" for stage in STAGES}
@@ -63,3 +67,15 @@ def task_message(app: Celery, stage: str, payload: str, headers: dict[str, str])
             "properties": properties,
         }
     )
+
+
+def sender(app: Celery, stage: str, redis_url: str) -> Callable[[BaseModel], None]:
+    """Queue a job for the stage's task as ``send_task`` would, in one LPUSH of ``task_message``
+    (the current span's context in its headers): kombu's producer spent ~1.5 ms of a worker's CPU
+    and several round trips on each message here. One connection of its own, opened on first use."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=5)
+
+    def send(job: BaseModel) -> None:
+        client.lpush(stage, task_message(app, stage, job.model_dump_json(), carrier()))
+
+    return send
