@@ -1,27 +1,31 @@
-"""KV handoff bandwidth: ``import_state`` from a shared-memory segment vs a plain memory copy.
+"""KV handoff bandwidth: ``import_state`` from prefill's shared pools vs a plain memory copy.
 
 One sequence's whole attention state (window ring, compressed entries, indexer keys,
-compressor state) is copied from a prefill-side segment (attached as decode attaches it)
-into decode's own pools; the plain copy moves the same number of bytes between two
-contiguous tensors. The two are timed interleaved, median of ``--runs``. The pools are
-filled with random values (the copy does not depend on them). Run:
-``python bench/handoff.py [--runs 9]``.
+compressor state) is written by this process into shared pools, as prefill's are; a process of
+its own then attaches them as decode does (a shared-memory segment, or on a GPU a CUDA IPC
+allocation: its exporter cannot open it) and copies the state into its own pools, timed
+interleaved with a plain copy of as many bytes between two contiguous tensors on the same
+device, median of ``--runs`` (CUDA-synchronised). The pools hold random values (the copy does
+not depend on them). ``--transport cuda_ipc`` needs a GPU (bench/gpu.sh runs it). Run:
+``python bench/handoff.py [--runs 9] [--transport shm|cuda_ipc]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import time
+from multiprocessing import resource_tracker
 
 import torch
 
 from dayzero.config import ModelConfig
 from dayzero.demo import DEMO_CONFIG
-from dayzero.kv.handoff import export_state, import_state
+from dayzero.kv.handoff import StateHandle, export_state, import_state
 from dayzero.kv.layout import PoolLayout
 from dayzero.kv.pools import KVPools
-from dayzero.kv.shared import SharedPools
+from dayzero.kv.shared import CudaSharedPools, SharedPools
 
 CASES = (("demo", 4096), ("demo", 65536), ("V4-Flash", 4096))
 
@@ -30,50 +34,92 @@ def _config(name: str) -> ModelConfig:
     return ModelConfig.from_dict(DEMO_CONFIG if name == "demo" else {"model_type": "deepseek_v4"})
 
 
-def bandwidth(cfg: ModelConfig, tokens: int, dtype: torch.dtype, runs: int) -> tuple[float, float, int]:
+def _decode_side(
+    transport: str,
+    layout: PoolLayout,
+    blocks: dict,
+    dtype: torch.dtype,
+    handle: StateHandle,
+    moved: int,
+    runs: int,
+    out,
+) -> None:
+    """In a process of its own, as decode: attach, then import ``runs + 1`` times (the first a
+    warm-up) interleaved with a plain copy of the ``moved`` bytes; puts (handoff s, copy s) medians."""
+    device = "cuda" if transport == "cuda_ipc" else "cpu"
+    if device == "cuda":
+        view, segment = CudaSharedPools.attach(handle.pool_id, layout, blocks, dtype), None
+    else:
+        view, segment = SharedPools.attach(handle.pool_id, layout, blocks, dtype)
+    dst = KVPools(layout, blocks, dtype, device)
+    flat = torch.ones(moved, dtype=torch.uint8, device=device)
+    target = torch.empty_like(flat)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    handoffs, copies = [], []
+    for _ in range(runs + 1):
+        dst.release("d")
+        sync()
+        start = time.perf_counter()
+        import_state(dst, view, handle, "d")
+        sync()
+        handoffs.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        target.copy_(flat)
+        sync()
+        copies.append(time.perf_counter() - start)
+    assert dst.sequence_bytes("d") == moved
+    del view
+    if segment is not None:
+        segment.close()
+    out.put((statistics.median(handoffs[1:]), statistics.median(copies[1:])))
+
+
+def bandwidth(
+    cfg: ModelConfig, tokens: int, dtype: torch.dtype, runs: int, transport: str = "shm"
+) -> tuple[float, float, int]:
     """(handoff bytes/s, plain copy bytes/s, bytes moved) for one sequence of ``tokens`` tokens."""
     layout = PoolLayout.of(cfg, 16, str(dtype).removeprefix("torch."))
     blocks = KVPools.sized(layout, tokens, 1, dtype, device="meta").blocks
-    src, segment = SharedPools.create(layout, blocks, dtype)
-    view, view_segment = SharedPools.attach(src.pool_id, layout, blocks, dtype)
+    if transport == "cuda_ipc":
+        src, segment = CudaSharedPools.create(layout, blocks, dtype, "cuda"), None
+    else:
+        src, segment = SharedPools.create(layout, blocks, dtype)
     try:
         src.reserve("s", tokens)
         src.sequences["s"].length = tokens
         for tensor in src.tensors():
-            tensor.copy_(torch.randn(tensor.shape))
-        handle = export_state(src, "s")
-        dst = KVPools(layout, blocks, dtype)
+            tensor.copy_(torch.randn(tensor.shape, device=tensor.device))
         moved = src.sequence_bytes("s")
-        flat, target = torch.ones(moved, dtype=torch.uint8), torch.empty(moved, dtype=torch.uint8)
-        handoffs, copies = [], []
-        for _ in range(runs + 1):  # interleaved; the first of each is a warm-up
-            dst.release("d")
-            start = time.perf_counter()
-            import_state(dst, view, handle, "d")
-            handoffs.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            target.copy_(flat)
-            copies.append(time.perf_counter() - start)
-        assert dst.sequence_bytes("d") == moved
-        return moved / statistics.median(handoffs[1:]), moved / statistics.median(copies[1:]), moved
+        context = multiprocessing.get_context("spawn")
+        out = context.Queue()
+        args = (transport, layout, blocks, dtype, export_state(src, "s"), moved, runs, out)
+        child = context.Process(target=_decode_side, args=args)
+        child.start()
+        handoff, copy = out.get(timeout=600)
+        child.join(60)
+        return moved / handoff, moved / copy, moved
     finally:
-        del src, view
-        view_segment.close()
-        segment.close()
-        segment.unlink()
+        del src
+        if segment is not None:
+            segment.close()
+            # the child's attach took the name off the resource tracker the two processes share
+            resource_tracker.register(segment._name, "shared_memory")  # noqa: SLF001 - unlink takes it off again
+            segment.unlink()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--transport", choices=("shm", "cuda_ipc"), default="shm")
     args = parser.parse_args()
     torch.manual_seed(0)
-    print(f"KV handoff (shared memory -> own pools) vs plain memory copy, CPU, median of {args.runs}")
-    print("| model | dtype | tokens | state MB | handoff GB/s | memcpy GB/s | handoff / memcpy |")
+    where = "GPU, CUDA IPC" if args.transport == "cuda_ipc" else "CPU, shared memory"
+    print(f"KV handoff (prefill's shared pools -> decode's own, in another process) vs a plain copy, {where}")
+    print("| model | dtype | tokens | state MB | handoff GB/s | copy GB/s | handoff / copy |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for name, tokens in CASES:
         dtype = torch.float32 if name == "demo" else torch.bfloat16
-        handoff, copy, moved = bandwidth(_config(name), tokens, dtype, args.runs)
+        handoff, copy, moved = bandwidth(_config(name), tokens, dtype, args.runs, args.transport)
         print(
             f"| {name} | {str(dtype).removeprefix('torch.')} | {tokens} | {moved / 1e6:.2f} | "
             f"{handoff / 1e9:.2f} | {copy / 1e9:.2f} | {handoff / copy:.2f}x |"

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from dayzero.config import ModelConfig
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.metrics import QueueDepthCollector, SnapshotCollector
-from dayzero.serving.queue import STAGES, TASKS, make_celery
+from dayzero.serving.queue import STAGES, make_celery, sender
 from dayzero.serving.reaper import sweep
 from dayzero.settings import Settings
 from dayzero.telemetry import setup_tracing
@@ -34,10 +34,10 @@ log = logging.getLogger("dayzero.gateway")
 
 async def _reaper(gw: Gateway) -> None:
     """Re-run requests whose worker stopped heartbeating (see dayzero.serving.reaper)."""
-    celery = gw.bus.celery
+    senders = {stage: sender(gw.bus.celery, stage, gw.settings.redis_url) for stage in ("vision", "prefill")}
 
     def send(job: PrefillJob, stage: str) -> None:
-        celery.send_task(TASKS[stage], args=[job.model_dump_json()])
+        senders[stage](job)
 
     period = gw.settings.lease_s / 2
     while True:
