@@ -34,7 +34,7 @@ log = logging.getLogger("dayzero.gateway")
 
 async def _reaper(gw: Gateway) -> None:
     """Re-run requests whose worker stopped heartbeating (see dayzero.serving.reaper)."""
-    senders = {stage: sender(gw.bus.celery, stage, gw.settings.redis_url) for stage in ("vision", "prefill")}
+    senders = {stage: sender(gw.bus.celery, stage, gw.bus.store.r) for stage in ("vision", "prefill")}
 
     def send(job: PrefillJob, stage: str) -> None:
         senders[stage](job)

@@ -8,6 +8,7 @@ from dayzero.parallel.collectives import Group
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.queue import TASKS, make_celery, sender
+from dayzero.serving.runtime import Runtime
 from dayzero.serving.worker import StageWorker, loop_stage
 from dayzero.settings import Settings
 
@@ -15,11 +16,12 @@ from dayzero.settings import Settings
 def make_worker(settings: Settings, group: Group | None = None) -> Celery:
     """``group``: this worker is rank 0 of a tensor-parallel group (dayzero.serving.ranks)."""
     app = make_celery(settings)
-    send_decode = sender(app, "decode", settings.redis_url)
     shared = settings.handoff != "redis"  # decode reads prefill's pools in place
-    stage = StageWorker(
-        settings, "prefill", loop_stage("prefill", settings, shared, lambda rt: PrefillLoop(rt, send_decode), group)
-    )
+
+    def make_loop(runtime: Runtime) -> PrefillLoop:  # jobs for decode over the runtime's connections
+        return PrefillLoop(runtime, sender(app, "decode", runtime.store.r))
+
+    stage = StageWorker(settings, "prefill", loop_stage("prefill", settings, shared, make_loop, group))
 
     @app.task(name=TASKS["prefill"])
     def prefill(job_json: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.queue import TASKS, make_celery, sender
 from dayzero.serving.vision_stage import VisionStage
@@ -13,7 +14,7 @@ from dayzero.settings import Settings
 
 def make_worker(settings: Settings) -> Celery:
     app = make_celery(settings)
-    send_prefill = sender(app, "prefill", settings.redis_url)
+    send_prefill = sender(app, "prefill", Lifecycle.connect(settings.redis_url).r)  # connects on first use
     stage = StageWorker(settings, "vision", lambda name: VisionStage(settings, name, send_prefill))
 
     @app.task(name=TASKS["vision"])

@@ -54,7 +54,7 @@ def test_a_sender_pushes_the_job_where_send_task_would_with_the_current_trace(re
     client.delete("decode")
     context = SpanContext(trace_id=0xAB, span_id=0xCD, is_remote=False, trace_flags=TraceFlags(1))
     with trace.use_span(NonRecordingSpan(context)):
-        sender(app, "decode", redis_url)(_Job(n=7))
+        sender(app, "decode", client)(_Job(n=7))
     message = json.loads(client.rpop("decode"))
     assert message["headers"]["task"] == "dayzero.decode"
     assert message["headers"]["traceparent"] == f"00-{0xAB:032x}-{0xCD:016x}-01"
