@@ -136,11 +136,13 @@ def run_jobs(loop, jobs, timeout_s: float = 120) -> None:
     """Submit ``jobs`` to a prefill or decode loop before it runs (one batch), run it on a thread
     until every job is settled, then stop it."""
     tickets = [loop.intake.submit(job) for job in jobs]
-    threading.Thread(target=loop.run_forever, daemon=True).start()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
     try:
         assert all(t.done.wait(timeout_s) for t in tickets)
     finally:
         loop.stop.set()
+        thread.join(30)  # a thread still inside torch when the interpreter exits aborts it (SIGABRT)
 
 
 def cpu_count() -> int:

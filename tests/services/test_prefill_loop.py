@@ -132,7 +132,8 @@ def test_prefill_frees_handed_off_blocks_when_decode_takes_them_or_the_request_i
         request_id=rid, prompt_ids=(0, 5, 6, 7, 8), sampling=SamplingParams(max_tokens=4), created=time.time()
     )
     store.admit(request, [], "", 60)
-    threading.Thread(target=loop.run_forever, daemon=True).start()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
     try:
         assert loop.intake.submit(PrefillJob(request=request)).done.wait(30)
         assert len(sent) == 1 and rid in runtime.pools.sequences  # leased to decode for up to 600 s
@@ -147,6 +148,7 @@ def test_prefill_frees_handed_off_blocks_when_decode_takes_them_or_the_request_i
             time.sleep(0.05)
     finally:
         loop.stop.set()
+        thread.join(30)
     assert sent[0].state.holder == runtime.name and rid not in runtime.pools.sequences
 
 
@@ -173,6 +175,36 @@ def test_a_request_that_finds_the_pools_full_takes_the_blocks_of_a_handoff_decod
             store.take_handoff("first", "decode0@test", 5, holder=sent[0].state.holder)
     assert tickets[1].done.is_set() and [job.request.request_id for job in sent] == ["first", "second"]
     assert requeued == [] and set(runtime.pools.sequences) == {"second"}
+
+
+def test_a_request_waiting_for_blocks_waits_without_spinning(demo_dir, redis_url):
+    """Pools full of a handoff decode has not taken yet: the next request waits for the intake (or
+    a reclaim) a few times a second, not in a busy loop of claims, and runs once decode takes it."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=1, max_batch=1, handoff_timeout_s=600)
+    runtime = Runtime.load(settings, "prefill7@test", "prefill", False)  # room for one sequence
+    sent: list[DecodeJob] = []
+    loop, store, takes = PrefillLoop(runtime, sent.append), Lifecycle.connect(redis_url), []
+    real_take = runtime.store.take
+    runtime.store.take = lambda rid, *args: takes.append(rid) or real_take(rid, *args)
+    tickets = []
+    for rid in ("holds", "waits"):
+        request = GenerationRequest(
+            request_id=rid, prompt_ids=(0, 5, 6, 7, 8), sampling=SamplingParams(max_tokens=4), created=time.time()
+        )
+        store.admit(request, [], "", 60)
+        tickets.append(loop.intake.submit(PrefillJob(request=request)))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        time.sleep(1.0)
+        assert tickets[0].done.is_set() and not tickets[1].done.is_set()  # "waits" finds no blocks
+        assert takes.count("waits") <= 25  # a try every ~50 ms, not thousands
+        store.take_handoff("holds", "decode0@test", 5, holder=sent[0].state.holder)
+        assert tickets[1].done.wait(5)
+    finally:
+        loop.stop.set()
+        thread.join(5)
+    assert [job.request.request_id for job in sent] == ["holds", "waits"]
 
 
 def test_leases_live_until_each_request_of_a_slow_batch_is_handed_on(demo_dir, redis_url, monkeypatch):

@@ -38,6 +38,7 @@ class PrefillLoop:
         self.intake: Intake[PrefillJob] = Intake()
         self.pending: list[Ticket[PrefillJob]] = []
         self.handed_off: dict[str, float] = {}  # request -> when its handoff lapses (monotonic)
+        self.starved = False  # the last batch admitted nothing: its requests wait for blocks
         self.stop = threading.Event()
         self.heartbeat = Heartbeat(runtime.store, runtime.name, runtime.settings.lease_s, self.stop)
 
@@ -45,12 +46,16 @@ class PrefillLoop:
         run_loop(self.stop, self._iteration, log)
 
     def _iteration(self) -> None:
-        self.pending.extend(self.intake.drain(0.05 if not self.pending else 0))
+        # idle, or every request waiting for blocks: wait for the next arrival (or, after a while, a reclaim)
+        self.pending.extend(self.intake.drain(0.05 if not self.pending or self.starved else 0))
         self.r.announce(len(self.pending) or 1)
+        self.starved = False
         if self.pending:
             taken = self._take_batch()
             try:
-                self._run([t for t in taken if self._admit(t)])
+                admitted = [t for t in taken if self._admit(t)]
+                self.starved = not admitted and bool(self.pending)
+                self._run(admitted)
             except redis.RedisError:
                 self._put_back(self._unsettled(taken))
                 raise
