@@ -61,7 +61,8 @@ class PrefillLoop:
                 raise
             except Exception as exc:  # a failed forward ends its requests, never the loop
                 self._fail(self._unsettled(taken), exc)
-        self._reclaim_handoffs()  # after the batch, not before it: off the path of a request that just arrived
+        if self._reclaim_handoffs():  # after the batch, not before it: off the path of a request that just arrived
+            self.starved = False  # blocks came free: the waiting requests try again at once
         self.r.ranks.keepalive()  # idle, or every request waiting for blocks: the other ranks still hear
 
     def _fail(self, batch: list[Ticket[PrefillJob]], exc: Exception) -> None:
