@@ -15,9 +15,9 @@ file per process), where each request's spans give the hops:
 
 Each stack's processes report the CPU time they spent per request (psutil: user + system, a
 round's warm-ups included; idle they use next to none). Each stack's first request, sent as soon
-as it is ready, is timed on its own (a worker's first
-calls: its warm-up's business). Medians per run, then the median of the runs. Run: ``python bench/overhead.py [--runs 3]
-[--requests 15] [--prompt-tokens 128]``.
+as it is ready, is timed on its own (a worker's first calls: its warm-up's business). Medians per
+run, then the median of the runs. Run: ``python bench/overhead.py [--runs 3] [--requests 15]
+[--prompt-tokens 128]``.
 """
 
 from __future__ import annotations

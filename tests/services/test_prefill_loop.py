@@ -18,6 +18,23 @@ from dayzero.settings import Settings
 from .conftest import run_jobs
 
 
+def _admitted(store: Lifecycle, rid: str) -> PrefillJob:
+    """A five-token request, admitted as the gateway admits it: its prefill job."""
+    request = GenerationRequest(
+        request_id=rid, prompt_ids=(0, 5, 6, 7, 8), sampling=SamplingParams(max_tokens=4), created=time.time()
+    )
+    store.admit(request, [], "", 60)
+    return PrefillJob(request=request)
+
+
+def _one_sequence_loop(demo_dir, redis_url, name: str) -> tuple[PrefillLoop, list[DecodeJob]]:
+    """A prefill loop whose pools hold one sequence (handoffs wait for decode up to 600 s), and the
+    jobs it sends to decode."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=1, max_batch=1, handoff_timeout_s=600)
+    sent: list[DecodeJob] = []
+    return PrefillLoop(Runtime.load(settings, name, "prefill", False), sent.append), sent
+
+
 def test_a_batch_redis_interrupts_is_retried_without_leaking_blocks(demo_dir, redis_url):
     runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill0@test", "prefill", False)
     sent: list[DecodeJob] = []
@@ -32,11 +49,7 @@ def test_a_batch_redis_interrupts_is_retried_without_leaking_blocks(demo_dir, re
 
     runtime.store.append = append_failing_once
     store = Lifecycle.connect(redis_url)
-    request = GenerationRequest(
-        request_id="flaky", prompt_ids=(0, 5, 6, 7, 8), sampling=SamplingParams(max_tokens=4), created=time.time()
-    )
-    store.admit(request, [], "", 60)
-    run_jobs(loop, [PrefillJob(request=request)], 30)
+    run_jobs(loop, [_admitted(store, "flaky")], 30)
     assert len(appends) == 2 and len(sent) == 1  # retried once, handed to decode once
     assert store.streamed_tokens("flaky") == [sent[0].generated[0]]
     assert set(runtime.pools.sequences) == {"flaky"}  # only the handed-off state: nothing from the failed try
@@ -128,14 +141,11 @@ def test_prefill_frees_handed_off_blocks_when_decode_takes_them_or_the_request_i
     sent: list[DecodeJob] = []
     loop = PrefillLoop(runtime, sent.append)
     store, rid = Lifecycle.connect(redis_url), f"waits-{how[:6]}"
-    request = GenerationRequest(
-        request_id=rid, prompt_ids=(0, 5, 6, 7, 8), sampling=SamplingParams(max_tokens=4), created=time.time()
-    )
-    store.admit(request, [], "", 60)
+    job = _admitted(store, rid)
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-        assert loop.intake.submit(PrefillJob(request=request)).done.wait(30)
+        assert loop.intake.submit(job).done.wait(30)
         assert len(sent) == 1 and rid in runtime.pools.sequences  # leased to decode for up to 600 s
         time.sleep(0.3)
         assert rid in runtime.pools.sequences  # nothing frees them while decode has not taken them
@@ -155,19 +165,13 @@ def test_prefill_frees_handed_off_blocks_when_decode_takes_them_or_the_request_i
 def test_a_request_that_finds_the_pools_full_takes_the_blocks_of_a_handoff_decode_took(demo_dir, redis_url):
     """Handed-off blocks are reclaimed after each batch (off the next arrival's path) and, when a
     request finds no free blocks, at once: it is not sent back to wait for the next iteration."""
-    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=1, max_batch=1, handoff_timeout_s=600)
-    runtime = Runtime.load(settings, "prefill6@test", "prefill", False)  # room for one sequence
-    sent: list[DecodeJob] = []
-    loop, store, requeued = PrefillLoop(runtime, sent.append), Lifecycle.connect(redis_url), []
+    loop, sent = _one_sequence_loop(demo_dir, redis_url, "prefill6@test")
+    runtime, store, requeued = loop.r, Lifecycle.connect(redis_url), []
     real_requeue = runtime.store.requeue
     runtime.store.requeue = lambda rid, *args: requeued.append(rid) or real_requeue(rid, *args)
     tickets = []
     for rid in ("first", "second"):
-        request = GenerationRequest(
-            request_id=rid, prompt_ids=(0, 5, 6, 7, 8), sampling=SamplingParams(max_tokens=4), created=time.time()
-        )
-        store.admit(request, [], "", 60)
-        tickets.append(loop.intake.submit(PrefillJob(request=request)))
+        tickets.append(loop.intake.submit(_admitted(store, rid)))
         loop._iteration()  # one iteration each, on this thread: no race with the loop's own reclaims
         if rid == "first":
             assert tickets[0].done.is_set() and "first" in runtime.pools.sequences  # held for decode
@@ -180,19 +184,11 @@ def test_a_request_that_finds_the_pools_full_takes_the_blocks_of_a_handoff_decod
 def test_a_request_waiting_for_blocks_waits_without_spinning(demo_dir, redis_url):
     """Pools full of a handoff decode has not taken yet: the next request waits for the intake (or
     a reclaim) a few times a second, not in a busy loop of claims, and runs once decode takes it."""
-    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=1, max_batch=1, handoff_timeout_s=600)
-    runtime = Runtime.load(settings, "prefill7@test", "prefill", False)  # room for one sequence
-    sent: list[DecodeJob] = []
-    loop, store, takes = PrefillLoop(runtime, sent.append), Lifecycle.connect(redis_url), []
-    real_take = runtime.store.take
-    runtime.store.take = lambda rid, *args: takes.append(rid) or real_take(rid, *args)
-    tickets = []
-    for rid in ("holds", "waits"):
-        request = GenerationRequest(
-            request_id=rid, prompt_ids=(0, 5, 6, 7, 8), sampling=SamplingParams(max_tokens=4), created=time.time()
-        )
-        store.admit(request, [], "", 60)
-        tickets.append(loop.intake.submit(PrefillJob(request=request)))
+    loop, sent = _one_sequence_loop(demo_dir, redis_url, "prefill7@test")
+    store, takes = Lifecycle.connect(redis_url), []
+    real_take = loop.r.store.take
+    loop.r.store.take = lambda rid, *args: takes.append(rid) or real_take(rid, *args)
+    tickets = [loop.intake.submit(_admitted(store, rid)) for rid in ("holds", "waits")]
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
