@@ -9,7 +9,7 @@
    each run in its own process with a 12 GiB address-space cap, so that transformers'
    quadratic prefill fails cleanly where it stops fitting.
 Writes bench/attention.png. Run: ``python bench/attention.py [--quick] [--parts decode,state,prefill]
-[--contexts 4096,65536] [--lengths 8192,32768] [--no-reference]``.
+[--contexts 4096,65536] [--dtype bfloat16] [--lengths 8192,32768] [--no-reference]``.
 """
 
 from __future__ import annotations
@@ -45,23 +45,27 @@ TINY = Heads("tiny", 16, 64, 8, 32)
 FLASH = Heads("V4-Flash", 64, 512, 64, 128)  # DeepSeek-V4-Flash's attention and indexer heads
 
 
-def decode_step(shape: Heads, context: int, runs: int) -> tuple[float, float, float]:
-    """(sparse total ms, of which indexer ms, dense ms) for one query at position ``context - 1``."""
+def decode_step(shape: Heads, context: int, runs: int, dtype: torch.dtype) -> tuple[float, float, float]:
+    """(sparse total ms, of which indexer ms, dense ms) for one query at position ``context - 1``,
+    activations and every cache in ``dtype`` (the softmax in fp32 on both sides)."""
     gen = torch.Generator().manual_seed(0)
     entries = context // RATE
     n_blocks = -(-entries // BS)
     batch = RaggedBatch.build([context - 1], [1])
-    q, kv = torch.randn(1, shape.heads, shape.dim, generator=gen), torch.randn(1, shape.dim, generator=gen)
-    window = torch.randn(WINDOW // BS + 1, BS, shape.dim, generator=gen)
+    def randn(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=gen).to(dtype)
+
+    q, kv = randn(1, shape.heads, shape.dim), randn(1, shape.dim)
+    window = randn(WINDOW // BS + 1, BS, shape.dim)
     window_table = torch.arange(WINDOW // BS + 1, dtype=torch.int32)[None, :2]
-    pool = torch.randn(n_blocks, BS, shape.dim, generator=gen)
-    keys = torch.randn(n_blocks, BS, shape.index_dim, generator=gen)
+    pool = randn(n_blocks, BS, shape.dim)
+    keys = randn(n_blocks, BS, shape.index_dim)
     table = torch.arange(n_blocks, dtype=torch.int32)[None]
-    iq = torch.randn(1, shape.index_heads, shape.index_dim, generator=gen)
-    iw = torch.randn(1, shape.index_heads, generator=gen)
+    iq = randn(1, shape.index_heads, shape.index_dim)
+    iw = randn(1, shape.index_heads)
     visible = torch.tensor([entries], dtype=torch.int32)
     sink = torch.zeros(shape.heads)
-    raw = torch.randn(context, shape.dim, generator=gen)
+    raw = randn(context, shape.dim)
 
     def index():
         return indexer_topk(iq, iw, batch, keys, table, visible, TOPK)
@@ -75,8 +79,8 @@ def decode_step(shape: Heads, context: int, runs: int) -> tuple[float, float, fl
         )
 
     def dense():
-        probs = (q[0] @ raw.T * shape.dim**-0.5).softmax(dim=-1)
-        return probs @ raw
+        probs = (q[0] @ raw.T).float().mul_(shape.dim**-0.5).softmax(dim=-1)
+        return probs.to(dtype) @ raw
 
     assert picked.shape == (1, TOPK)
     return median_seconds(sparse, runs) * 1e3, median_seconds(index, runs) * 1e3, median_seconds(dense, runs) * 1e3
@@ -93,17 +97,19 @@ def work_ratio(shape: Heads, context: int) -> float:
     return dense / sparse
 
 
-def decode_table(shape: Heads, contexts: list[int], runs: int) -> list[tuple[int, float, float, float]]:
+def decode_table(
+    shape: Heads, contexts: list[int], runs: int, dtype: torch.dtype
+) -> list[tuple[int, float, float, float]]:
     print(
         f"1. decode-step attention, one CSA layer, {shape.name} heads (H={shape.heads}, D={shape.dim}, "
         f"indexer {shape.index_heads} x {shape.index_dim}, window {WINDOW}, rate {RATE}, top-k {TOPK}), "
-        f"CPU fp32, median of {runs}; work = dense / sparse multiply-adds (the ratio at equal FLOP/s)"
+        f"CPU {str(dtype)[6:]}, median of {runs}; work = dense / sparse multiply-adds (the ratio at equal FLOP/s)"
     )
     print("| context | sparse ms | (indexer ms) | dense ms | dense / sparse | work |")
     print("|--------:|----------:|-------------:|---------:|---------------:|-----:|")
     rows = []
     for ctx in contexts:
-        sparse_ms, index_ms, dense_ms = decode_step(shape, ctx, runs)
+        sparse_ms, index_ms, dense_ms = decode_step(shape, ctx, runs, dtype)
         rows.append((ctx, sparse_ms, index_ms, dense_ms))
         ratio, work = dense_ms / sparse_ms, work_ratio(shape, ctx)
         print(f"| {ctx:7d} | {sparse_ms:9.3f} | {index_ms:12.3f} | {dense_ms:8.3f} | {ratio:13.2f}x | {work:4.1f}x |")
@@ -206,15 +212,17 @@ def main() -> None:
     parser.add_argument("--parts", default="decode,state,prefill", help="which of the three to run")
     parser.add_argument("--contexts", help="decode contexts, comma-separated")
     parser.add_argument("--lengths", help="prefill prompt lengths, comma-separated")
+    parser.add_argument("--dtype", default="float32", help="decode: activations' and caches' type (bfloat16: as served)")
     parser.add_argument("--no-reference", action="store_true", help="prefill without transformers")
     args = parser.parse_args()
     parts = args.parts.split(",")
     runs = 3 if args.quick else 7
     contexts = [1024, 4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768, 65536]
     contexts = [int(n) for n in args.contexts.split(",")] if args.contexts else contexts
-    decode_rows = decode_table(TINY, contexts, runs) if "decode" in parts else []
+    dtype = getattr(torch, args.dtype)
+    decode_rows = decode_table(TINY, contexts, runs, dtype) if "decode" in parts else []
     if "decode" in parts:
-        decode_table(FLASH, contexts, runs)
+        decode_table(FLASH, contexts, runs, dtype)
     if "state" in parts:
         ours, dense = state_bytes_per_token()
         print(

@@ -1,0 +1,68 @@
+"""The indexer's products in a bf16 cache's own type (AVX512-BF16 CPUs, GPUs) against fp32 maths."""
+
+from __future__ import annotations
+
+import torch
+
+from dayzero.kernels import RaggedBatch, indexer_topk
+from dayzero.kernels.indexer import _product_type, indexer_scores_decode_torch, indexer_scores_torch
+
+BS, HI, DI = 16, 8, 32
+
+
+def _case(starts: list[int], news: list[int], blocks: int = 24):
+    gen = torch.Generator().manual_seed(7)
+    batch = RaggedBatch.build(starts, news)
+    t = sum(news)
+    q = torch.randn(t, HI, DI, generator=gen).bfloat16()
+    w = torch.randn(t, HI, generator=gen).bfloat16()
+    keys = torch.randn(blocks, BS, DI, generator=gen).bfloat16()
+    table = torch.randperm(blocks, generator=gen)[: 8 * len(news)].view(len(news), 8).to(torch.int32)
+    visible = torch.div(batch.positions + 1, 4, rounding_mode="floor").to(torch.int32)
+    return q, w, batch, keys, table, visible
+
+
+def _bound(q, w, batch, keys, table, visible, count):
+    """2^-8 (bf16's unit roundoff) of sum_h |w_h| |q_h . k| Di^-0.5: each head's product rounded once."""
+    q64, w64 = q.double(), w.double().abs()
+    out = torch.zeros(q.shape[0], count, dtype=torch.float64)
+    for s in range(batch.num_seqs):
+        rows = batch.rows(s)
+        pool = keys[table[s].long()].flatten(0, 1)[:count].double()
+        out[rows] = torch.einsum("rh,rhn->rn", w64[rows], torch.einsum("rhd,nd->rhn", q64[rows], pool).abs())
+    return out * DI**-0.5 * 2**-8 + 1e-6
+
+
+def test_the_products_are_taken_in_bf16_where_the_cpu_has_it():
+    want = torch.bfloat16 if torch.cpu._is_avx512_bf16_supported() else torch.float32
+    assert _product_type(torch.zeros(1, dtype=torch.bfloat16)) == want
+    assert _product_type(torch.zeros(1)) == torch.float32
+
+
+def test_bf16_decode_scores_stay_within_one_rounding_of_fp32():
+    q, w, batch, keys, table, visible = _case([40, 70, 90], [1, 1, 1])
+    count = int(visible.max())
+    got = indexer_scores_decode_torch(q, w, batch, keys, table, visible, 0, count)
+    want = indexer_scores_torch(q, w, batch, keys, table, visible, 0, count)  # fp32 products
+    finite = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(got), finite)
+    err = (got.double() - want.double()).abs()[finite]
+    assert bool((err <= _bound(q, w, batch, keys, table, visible, count)[finite]).all())
+
+
+def test_bf16_selection_swaps_only_what_rounding_could():
+    """An entry left out never beats a picked one in fp32 by more than their two roundings."""
+    q, w, batch, keys, table, visible = _case([400, 0], [24, 30])  # prefill: blocks of rows per sequence
+    topk, count = 20, int(visible.max())
+    picked = indexer_topk(q, w, batch, keys, table, visible, topk)
+    exact = indexer_scores_torch(q, w, batch, keys, table, visible, 0, count).double()
+    bound = _bound(q, w, batch, keys, table, visible, count)
+    for row in range(q.shape[0]):
+        seen = int(visible[row])
+        chosen = [e for e in picked[row].tolist() if e >= 0]
+        assert len(chosen) == min(topk, seen)
+        left = [e for e in range(seen) if e not in chosen]
+        if chosen and left:
+            worst_in = (exact[row, chosen] + bound[row, chosen]).min()
+            best_out = (exact[row, left] - bound[row, left]).max()
+            assert bool(worst_in >= best_out), row
