@@ -52,6 +52,7 @@ def decode_step(shape: Heads, context: int, runs: int, dtype: torch.dtype) -> tu
     entries = context // RATE
     n_blocks = -(-entries // BS)
     batch = RaggedBatch.build([context - 1], [1])
+
     def randn(*size: int) -> torch.Tensor:
         return torch.randn(*size, generator=gen).to(dtype)
 
@@ -212,7 +213,7 @@ def main() -> None:
     parser.add_argument("--parts", default="decode,state,prefill", help="which of the three to run")
     parser.add_argument("--contexts", help="decode contexts, comma-separated")
     parser.add_argument("--lengths", help="prefill prompt lengths, comma-separated")
-    parser.add_argument("--dtype", default="float32", help="decode: activations' and caches' type (bfloat16: as served)")
+    parser.add_argument("--dtype", default="float32", help="decode: activations' and caches' type (bfloat16 as served)")
     parser.add_argument("--no-reference", action="store_true", help="prefill without transformers")
     args = parser.parse_args()
     parts = args.parts.split(",")
