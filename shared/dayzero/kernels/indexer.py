@@ -22,6 +22,7 @@ import triton.language as tl
 
 from .attention_torch import FEW_ROWS
 from .batch import Backend, RaggedBatch
+from .indexer_cpu import weighted_relu_rows
 
 BUDGET = 1 << 22  # fp32 scores [rows, entries] of a block (one Triton launch, or one top-k)
 SORTED_OUTRIGHT = 2048  # scores per top-k up to which one stable sort beats topk + tie checks (CPU: 44 vs 181 us)
@@ -42,11 +43,15 @@ def _product_type(keys: torch.Tensor) -> torch.dtype:
 
 def _weighted_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """sum_h weights[x, h] * relu(q[x, h] . keys[x, n]) * Di^-0.5 -> [X, n] fp32; ``keys`` [X or 1, n, Di]
-    (or [n, Di]: one matmul [X * Hi, Di] x [Di, n]), the heads summed by a batched matvec."""
+    (or [n, Di]: one matmul [X * Hi, Di] x [Di, n]), the heads summed by a batched matvec; one
+    query's [n, Hi] scores on a CPU in one compiled pass (``indexer_cpu``: a cache-sized block of
+    several queries' gains nothing from it, ~450 ms either way for 2048 rows at 32k)."""
     kind = _product_type(keys)
     if q.shape[0] == 1 and keys.dim() == 2:  # one query (decode): [n, Di] x [Di, Hi], ~12% faster at 16k entries
-        heads = torch.mm(keys.to(kind), q[0].to(kind).T).float().relu_()  # [n, Hi]
-        return torch.mv(heads, weights[0].float()).mul_(q.shape[-1] ** -0.5)[None]
+        heads = torch.mm(keys.to(kind), q[0].to(kind).T)  # [n, Hi]
+        if heads.device.type == "cpu":
+            return weighted_relu_rows(heads, weights[0], q.shape[-1] ** -0.5)[None]
+        return torch.mv(heads.float().relu_(), weights[0].float()).mul_(q.shape[-1] ** -0.5)[None]
     heads = torch.matmul(q.to(kind), keys.to(kind).transpose(-1, -2)).float().relu_()  # [X, Hi, n]
     return torch.matmul(weights.float()[:, None, :], heads)[:, 0].mul_(q.shape[-1] ** -0.5)
 
@@ -68,7 +73,8 @@ def indexer_scores_torch(
     first: int,
     count: int,
 ) -> torch.Tensor:
-    """Scores of entries [first, first + count) for every query: [T, count] fp32."""
+    """Scores of entries [first, first + count) for every query: [T, count] fp32, by the definition
+    in plain fp32 torch (the spec the fast paths and the Triton kernel are tested against)."""
     out = torch.full((q.shape[0], count), float("-inf"), device=q.device)
     entry = torch.arange(first, first + count, device=q.device)
     for s in range(batch.num_seqs):
@@ -77,7 +83,8 @@ def indexer_scores_torch(
         have = min(first + count, pool.shape[0]) - first
         if have <= 0:
             continue
-        scores = _weighted_scores(q[rows], weights[rows], pool[None, first : first + have].float())  # [L, have]
+        heads = torch.matmul(q[rows].float(), pool[first : first + have].float().T).relu_()  # [L, Hi, have]
+        scores = (heads * weights[rows].float()[:, :, None]).sum(1) * q.shape[-1] ** -0.5
         hidden = entry[None, :have] >= visible[rows, None]
         out[rows, :have] = scores.masked_fill(hidden, float("-inf"))
     return out

@@ -1,4 +1,5 @@
-"""The indexer's products in a bf16 cache's own type (AVX512-BF16 CPUs, GPUs) against fp32 maths."""
+"""The indexer's fast paths against fp32 torch maths: products in a bf16 cache's own type (AVX512-BF16
+CPUs, GPUs), the head sums as compiled CPU loops."""
 
 from __future__ import annotations
 
@@ -66,3 +67,20 @@ def test_bf16_selection_swaps_only_what_rounding_could():
             worst_in = (exact[row, chosen] + bound[row, chosen]).min()
             best_out = (exact[row, left] - bound[row, left]).max()
             assert bool(worst_in >= best_out), row
+
+
+def test_the_compiled_head_sum_equals_torchs():
+    """sum_h w_h relu(s_h) from fp32 or bf16 scores (bf16 widened by its bits, exactly), against
+    relu and a matvec in torch, to fp32's rounding of a 40-term sum of |w_h s_h| (either order)."""
+    from dayzero.kernels.indexer_cpu import weighted_relu_rows
+
+    gen = torch.Generator().manual_seed(3)
+    weights = torch.randn(40, generator=gen)
+    for heads in (torch.randn(300, 40, generator=gen), torch.randn(300, 40, generator=gen).bfloat16()):
+        heads[5] = -heads[5].abs()  # a row clipped whole
+        wide = heads.float()
+        want = torch.mv(wide.relu(), weights) * 0.25
+        got = weighted_relu_rows(heads, weights, 0.25)
+        bound = 40 * 2**-23 * torch.mv(wide.relu(), weights.abs()) * 0.25
+        assert got.dtype == torch.float32 and got[5] == 0
+        assert bool(((got - want).abs() <= bound).all())
