@@ -35,14 +35,14 @@ def _ring_positions(start: int | torch.Tensor, capacity: int, device: torch.devi
 
 
 def _entries(pool: torch.Tensor, table: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """Entries ``e`` from a block pool -> [*e.shape, D] fp32: of one sequence (``table`` its row,
-    ``e`` any shape) or of every sequence (``table`` [B, cb], ``e`` [B, K])."""
+    """Entries ``e`` from a block pool -> [*e.shape, D] in the pool's type: of one sequence (``table``
+    its row, ``e`` any shape) or of every sequence (``table`` [B, cb], ``e`` [B, K])."""
     if pool.shape[0] == 0:
-        return torch.zeros(*e.shape, pool.shape[-1], device=pool.device)
+        return pool.new_zeros(*e.shape, pool.shape[-1])
     bs, table = pool.shape[1], table.long()
     blocks = table[e // bs] if table.dim() == 1 else table.gather(1, e // bs)
     rows = (blocks * bs + e % bs).flatten()  # one index into the [blocks * bs, D] view: ~4x the speed
-    return pool.reshape(-1, pool.shape[-1]).index_select(0, rows).view(*e.shape, pool.shape[-1]).float()
+    return pool.reshape(-1, pool.shape[-1]).index_select(0, rows).view(*e.shape, pool.shape[-1])
 
 
 def _attend_block(
@@ -66,12 +66,12 @@ def _attend_block(
     c_logits, c_values = None, None
     if compressed is not None and compressed.indices is not None:
         sel = compressed.indices[rows].long()  # [L, K], per-query entries
-        c_values = _entries(compressed.pool, table, sel.clamp(min=0))  # [L, K, D]
+        c_values = _entries(compressed.pool, table, sel.clamp(min=0)).float()  # [L, K, D]
         c_logits = torch.bmm(q.float(), c_values.transpose(1, 2))  # [L, H, K]
         c_logits = c_logits.masked_fill((sel < 0)[:, None, :], float("-inf"))
     elif compressed is not None:
         e = torch.arange(int(compressed.visible[rows].max()), device=q.device)  # causal prefix, shared
-        c_values = _entries(compressed.pool, table, e)  # [N, D]
+        c_values = _entries(compressed.pool, table, e).float()  # [N, D]
         c_logits = torch.matmul(q.float(), c_values.T)  # [L, H, N]
         c_logits = c_logits.masked_fill((e[None, :] >= compressed.visible[rows, None])[:, None, :], float("-inf"))
     if c_logits is not None:
@@ -183,7 +183,7 @@ def sparse_decode_torch(
     t, _, dim = q.shape
     ring = ring or DecodeWindow.build(batch, window_table, window.shape[1], window_size)
     step_kv = kv[:, None] if ring.rows is None else kv[ring.rows]  # [B, W, D]
-    values = torch.cat((window[ring.blocks].flatten(1, 2), step_kv), dim=1).float()  # [B, C + W, D]
+    values = torch.cat((window[ring.blocks].flatten(1, 2), step_kv), dim=1)  # [B, C + W, D], the cache's type
     hidden = ring.hidden
     if ring.seq is not None:
         values = values[ring.seq]  # [T, C + W, D]
@@ -198,6 +198,7 @@ def sparse_decode_torch(
             unseen = entries >= compressed.visible[:, None]
         values = torch.cat((values, _entries(compressed.pool, table, entries.clamp(min=0))), dim=1)
         hidden = torch.cat((hidden, unseen), dim=1)
+    values = values.float()  # once, after the gathers (a 16-bit cache's copies stay half the size)
     logits = torch.bmm(q.float(), values.transpose(1, 2)).masked_fill_(hidden[:, None], float("-inf"))
     logits = logits.mul_(dim**-0.5)
     probs = torch.cat((logits, sink.float().view(1, -1, 1).expand(t, -1, 1)), dim=-1).softmax(dim=-1)[..., :-1]
