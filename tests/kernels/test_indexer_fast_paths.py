@@ -35,7 +35,7 @@ def _bound(q, w, batch, keys, table, visible, count):
 
 
 def test_the_products_are_taken_in_bf16_where_the_cpu_has_it():
-    want = torch.bfloat16 if torch.cpu._is_avx512_bf16_supported() else torch.float32
+    want = torch.bfloat16 if torch.cpu._is_avx512_bf16_supported() else torch.float32  # this CPU
     assert _product_type(torch.zeros(1, dtype=torch.bfloat16)) == want
     assert _product_type(torch.zeros(1)) == torch.float32
 
