@@ -7,7 +7,7 @@ from celery import Celery
 from dayzero.parallel.collectives import Group
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
-from dayzero.serving.queue import TASKS, make_celery, sender
+from dayzero.serving.queue import TASKS, composer, make_celery
 from dayzero.serving.runtime import Runtime
 from dayzero.serving.worker import StageWorker, loop_stage
 from dayzero.settings import Settings
@@ -18,8 +18,8 @@ def make_worker(settings: Settings, group: Group | None = None) -> Celery:
     app = make_celery(settings)
     shared = settings.handoff != "redis"  # decode reads prefill's pools in place
 
-    def make_loop(runtime: Runtime) -> PrefillLoop:  # jobs for decode over the runtime's connections
-        return PrefillLoop(runtime, sender(app, "decode", runtime.store.r))
+    def make_loop(runtime: Runtime) -> PrefillLoop:  # decode's jobs go out with their handoff marks
+        return PrefillLoop(runtime, composer(app, "decode"))
 
     stage = StageWorker(settings, "prefill", loop_stage("prefill", settings, shared, make_loop, group))
 

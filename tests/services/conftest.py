@@ -145,6 +145,21 @@ def run_jobs(loop, jobs, timeout_s: float = 120) -> None:
         thread.join(30)  # a thread still inside torch when the interpreter exits aborts it (SIGABRT)
 
 
+def recording(sent: list):
+    """A prefill loop's decode-message maker that keeps each job it is given in ``sent``; the loop
+    pushes the message (a real task message) onto the decode list with the handoff marks."""
+    from dayzero.serving.queue import composer, make_celery
+    from dayzero.settings import Settings
+
+    compose = composer(make_celery(Settings()), "decode")
+
+    def message(job) -> str:
+        sent.append(job)
+        return compose(job)
+
+    return message
+
+
 def cpu_count() -> int:
     return os.cpu_count() or 1
 

@@ -19,7 +19,7 @@ from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
-from .conftest import engine_steps, prompt_ids, run_jobs
+from .conftest import engine_steps, prompt_ids, recording, run_jobs
 
 TOKENS = 6
 POISON = SamplingParams(max_tokens=TOKENS, ignore_eos=True, grammar=Grammar("start: %%% not lark"))
@@ -56,7 +56,7 @@ def test_a_poisoned_request_fails_alone_in_prefill_and_in_decode(demo_dir, redis
     # prefill: request 3 fails its first sample; the six others are handed to decode
     sent: list[DecodeJob] = []
     batch = _requests(store, poisoned=3)
-    run_jobs(PrefillLoop(prefill_rt, sent.append), [PrefillJob(request=r) for r in batch])
+    run_jobs(PrefillLoop(prefill_rt, recording(sent)), [PrefillJob(request=r) for r in batch])
     assert sorted(j.request.request_id for j in sent) == sorted(r.request_id for i, r in enumerate(batch) if i != 3)
     assert store.done("r3-3") == "error" and _last_error(store, "r3-3") == b"failed after prefill: ValueError"
     assert prefill_rt.pools.sequences == {}  # the redis handoff released the six; the failure freed its own

@@ -15,7 +15,7 @@ from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
-from .conftest import run_jobs
+from .conftest import recording, run_jobs
 
 
 def _admitted(store: Lifecycle, rid: str) -> PrefillJob:
@@ -32,13 +32,13 @@ def _one_sequence_loop(demo_dir, redis_url, name: str) -> tuple[PrefillLoop, lis
     jobs it sends to decode."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=1, max_batch=1, handoff_timeout_s=600)
     sent: list[DecodeJob] = []
-    return PrefillLoop(Runtime.load(settings, name, "prefill", False), sent.append), sent
+    return PrefillLoop(Runtime.load(settings, name, "prefill", False), recording(sent)), sent
 
 
 def test_a_batch_redis_interrupts_is_retried_without_leaking_blocks(demo_dir, redis_url):
     runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill0@test", "prefill", False)
     sent: list[DecodeJob] = []
-    loop = PrefillLoop(runtime, sent.append)
+    loop = PrefillLoop(runtime, recording(sent))
     appends, real_append = [], runtime.store.append
 
     def append_failing_once(tokens):
@@ -62,7 +62,7 @@ def test_a_failed_forward_ends_its_requests_and_frees_their_blocks(demo_dir, red
 
     runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill1@test", "prefill", False)
     sent: list[DecodeJob] = []
-    loop = PrefillLoop(runtime, sent.append)
+    loop = PrefillLoop(runtime, recording(sent))
 
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -87,7 +87,7 @@ def test_an_image_request_whose_embeddings_are_gone_fails_alone_with_a_clear_err
 
     runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill4@test", "prefill", False)
     sent: list[DecodeJob] = []
-    loop = PrefillLoop(runtime, sent.append)
+    loop = PrefillLoop(runtime, recording(sent))
     store = Lifecycle.connect(redis_url)
     request = GenerationRequest(
         request_id="lost-images", prompt_ids=(0, 8, 8, 6), sampling=SamplingParams(max_tokens=4), created=time.time()
@@ -111,7 +111,7 @@ def test_identical_prompts_in_a_batch_are_prefilled_once_and_continue_alike(demo
 
     runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill2@test", "prefill", False)
     sent: list[DecodeJob] = []
-    loop = PrefillLoop(runtime, sent.append)
+    loop = PrefillLoop(runtime, recording(sent))
     store, same, other = Lifecycle.connect(redis_url), (0, 9, 8, 7, 6, 5, 4, 3, 2), (0, 11, 12)
     jobs = []
     for rid, prompt in (("n0", same), ("n1", same), ("n2", same), ("solo", other)):
@@ -139,7 +139,7 @@ def test_prefill_frees_handed_off_blocks_when_decode_takes_them_or_the_request_i
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff_timeout_s=600)
     runtime = Runtime.load(settings, "prefill3@test", "prefill", False)
     sent: list[DecodeJob] = []
-    loop = PrefillLoop(runtime, sent.append)
+    loop = PrefillLoop(runtime, recording(sent))
     store, rid = Lifecycle.connect(redis_url), f"waits-{how[:6]}"
     job = _admitted(store, rid)
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -170,13 +170,16 @@ def test_a_request_that_finds_the_pools_full_takes_the_blocks_of_a_handoff_decod
     real_requeue = runtime.store.requeue
     runtime.store.requeue = lambda rid, *args: requeued.append(rid) or real_requeue(rid, *args)
     tickets = []
-    for rid in ("first", "second"):
-        tickets.append(loop.intake.submit(_admitted(store, rid)))
-        loop._iteration()  # one iteration each, on this thread: no race with the loop's own reclaims
-        if rid == "first":
-            assert tickets[0].done.is_set() and "first" in runtime.pools.sequences  # held for decode
-            assert not runtime.pools.fits(5)  # the pools are full
-            store.take_handoff("first", "decode0@test", 5, holder=sent[0].state.holder)
+    try:
+        for rid in ("first", "second"):
+            tickets.append(loop.intake.submit(_admitted(store, rid)))
+            loop._iteration()  # one iteration each, on this thread: no race with the loop's own reclaims
+            if rid == "first":
+                assert tickets[0].done.is_set() and "first" in runtime.pools.sequences  # held for decode
+                assert not runtime.pools.fits(5)  # the pools are full
+                store.take_handoff("first", "decode0@test", 5, holder=sent[0].state.holder)
+    finally:
+        loop.stop.set()  # its heartbeat thread ends with it
     assert tickets[1].done.is_set() and [job.request.request_id for job in sent] == ["first", "second"]
     assert requeued == [] and set(runtime.pools.sequences) == {"second"}
 
@@ -218,7 +221,7 @@ def test_leases_live_until_each_request_of_a_slow_batch_is_handed_on(demo_dir, r
         return real_publish(pools, seq_id, request_id, *args)
 
     monkeypatch.setattr(prefill_loop, "publish", slow_publish)
-    loop = PrefillLoop(runtime, lambda job: None)
+    loop = PrefillLoop(runtime, recording([]))
     jobs = []
     for i in range(6):
         request = GenerationRequest(
@@ -250,7 +253,7 @@ def test_a_batch_hands_on_only_the_requests_it_claims(demo_dir, redis_url):
     store.cancel("left")
     store.r.set(key("attempt", "old"), 1)  # re-run since: this delivery (attempt 0) is stale
     store.take("elsewhere", 0, "prefill9@live", 30)
-    run_jobs(PrefillLoop(runtime, sent.append), [PrefillJob(request=r) for r in requests])
+    run_jobs(PrefillLoop(runtime, recording(sent)), [PrefillJob(request=r) for r in requests])
     assert [job.request.request_id for job in sent] == ["fresh"]
     assert [store.done(rid) for rid in ids] == [None, "cancelled", None, None]  # "fresh" is decode's now
     assert [len(store.streamed_tokens(rid)) for rid in ids] == [1, 0, 0, 0]
@@ -274,6 +277,6 @@ def test_a_failed_forward_ends_only_the_requests_it_claimed(demo_dir, redis_url,
     for request in requests:
         store.admit(request, [], "", 60)
     store.take("theirs", 0, "prefill9@live", 30)
-    run_jobs(PrefillLoop(runtime, lambda job: None), [PrefillJob(request=r) for r in requests])
+    run_jobs(PrefillLoop(runtime, recording([])), [PrefillJob(request=r) for r in requests])
     assert store.done("mine") == "error" and store.done("theirs") is None  # its owner's to end
     assert store.owner("theirs") == "prefill9@live" and runtime.pools.sequences == {}

@@ -1,4 +1,5 @@
-"""The task messages the gateway pushes itself are the ones Celery's send_task writes."""
+"""The task messages the gateway and the stages push themselves are the ones Celery's send_task
+writes; prefill's goes out in the transaction that marks its handoff."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from pydantic import BaseModel
 
-from dayzero.serving.queue import TASKS, make_celery, sender, task_message
+from dayzero.serving.lifecycle import HANDOFF_OWNER, Lifecycle, key
+from dayzero.serving.queue import TASKS, composer, make_celery, sender, task_message
 from dayzero.settings import Settings
 
 
@@ -59,4 +61,32 @@ def test_a_sender_pushes_the_job_where_send_task_would_with_the_current_trace(re
     assert message["headers"]["task"] == "dayzero.decode"
     assert message["headers"]["traceparent"] == f"00-{0xAB:032x}-{0xCD:016x}-01"
     assert json.loads(base64.b64decode(message["body"]))[0] == ['{"n":7}']
+    app.close()
+
+
+def test_a_handoff_queues_decodes_job_with_its_marks_in_one_transaction(redis_url):
+    """One MULTI / EXEC: a worker that dies or loses Redis midway leaves both or neither (a handoff
+    mark without its job would hold the request until the mark lapsed)."""
+    client, app = redis.Redis.from_url(redis_url), make_celery(Settings(redis_url=redis_url))
+    store, sent = Lifecycle(client), []
+    real = client.pipeline
+
+    def watched(*args, **kwargs):
+        pipe = real(*args, **kwargs)
+        run = pipe.execute
+
+        def execute(*a, **k):
+            sent.append((pipe.transaction, [command[0][0] for command in pipe.command_stack]))
+            return run(*a, **k)
+
+        pipe.execute = execute
+        return pipe
+
+    client.pipeline = watched
+    client.delete("decode")
+    message = composer(app, "decode")(_Job(n=3))
+    store.hand_off("handed", 60, "decode", message)
+    assert sent == [(True, ["SET", "SET", "LPUSH"])]
+    assert client.get(key("handoff", "handed")) == b"1" and store.owner("handed") == HANDOFF_OWNER
+    assert client.rpop("decode") == message.encode() and client.llen("decode") == 0
     app.close()

@@ -17,7 +17,7 @@ from dayzero.serving.vision_stage import VisionStage
 from dayzero.settings import Settings
 
 from ..vision.conftest import encoded
-from .conftest import run_jobs
+from .conftest import recording, run_jobs
 
 
 def _request(rid: str, images: int) -> GenerationRequest:
@@ -73,7 +73,7 @@ def test_prefill_frees_the_embeddings_of_a_request_cancelled_in_its_queue(demo_d
     store = Lifecycle.connect(redis_url)
     store.cancel("cancelled-img")  # the client left while the request waited for prefill
 
-    loop = PrefillLoop(Runtime.load(settings, "prefill0@test", "prefill", shared=False), send_decode=sent.append)
+    loop = PrefillLoop(Runtime.load(settings, "prefill0@test", "prefill", shared=False), recording(sent))
     run_jobs(loop, [sent[0]], 30)
     assert store.done("cancelled-img") == "cancelled" and len(sent) == 1
     assert not (SHM_DIR / parked.location).exists()

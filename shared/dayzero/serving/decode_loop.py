@@ -52,7 +52,7 @@ class DecodeLoop:
         k = runtime.settings.speculative_tokens
         self.speculation, self.acceptance = (Speculation(k) if k else None), Acceptance()
         self._last_beat = 0.0
-        self._marked: set[str] = set()  # cancel marks read with the last step's tokens ...
+        self._marked: set[str] = set()  # cancel marks read with the last step's tokens or a take ...
         self._marks_read: set[str] = set()  # ... and whose they are
         # beats during a step: one longer than the lease (a first call compiling kernels, a huge
         # batch) would let the leases lapse, and the reaper would re-run requests being generated
@@ -125,7 +125,9 @@ class DecodeLoop:
                 log.error("request %s: handoff failed: %s", rid, exc)
                 ticket.done.set()  # its lease lapses; the reaper re-runs it
                 continue
-            store.take_handoff(rid, self.r.name, self.r.settings.lease_s, job.state.holder)
+            if store.take_handoff(rid, self.r.name, self.r.settings.lease_s, job.state.holder):
+                self._marked.add(rid)  # cancelled meanwhile: ``_cancel`` ends it before its first step
+            self._marks_read.add(rid)
             try:
                 completion = Completion(
                     self.r.codec,

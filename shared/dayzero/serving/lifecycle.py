@@ -140,23 +140,29 @@ class Lifecycle:
         return raw.decode() if raw else None
 
     # -- prefill -> handed off -> decoding -------------------------------------------------------------
-    def hand_off(self, rid: str, ttl_s: float) -> None:
-        """Prefill's blocks stay leased to the request until decode takes them (or this expires)."""
+    def hand_off(self, rid: str, ttl_s: float, queue: str, message: str) -> None:
+        """Prefill's blocks stay leased to the request until decode takes them (or this expires), and
+        ``message`` (decode's job) goes onto ``queue``: one transaction, so a worker that dies or
+        loses Redis in between leaves no handoff without its job (the request would wait out the
+        lease before the reaper re-ran it)."""
         pipe = self.r.pipeline()
         pipe.set(key("handoff", rid), 1, px=int(ttl_s * 1000))
         pipe.set(key("lease", rid), HANDOFF_OWNER, px=int(ttl_s * 1000))
+        pipe.lpush(queue, message)
         pipe.execute()
 
-    def take_handoff(self, rid: str, owner: str, lease_s: float, holder: str = "") -> None:
+    def take_handoff(self, rid: str, owner: str, lease_s: float, holder: str = "") -> bool:
         """Decode has the state: decode owns the request now, and ``holder`` (the prefill worker whose
-        blocks held it, when it kept them) is told it may free them."""
+        blocks held it, when it kept them) is told it may free them. -> whether a client has
+        cancelled the request (its mark read in the same round trip)."""
         pipe = self.r.pipeline()
         pipe.delete(key("handoff", rid))
         pipe.set(key("lease", rid), owner, px=int(lease_s * 1000))
         if holder:
             pipe.rpush(key("taken", holder), rid)
             pipe.expire(key("taken", holder), self.ttl_s)
-        pipe.execute()
+        pipe.get(key("cancel", rid))
+        return bool(pipe.execute()[-1])
 
     def taken(self, holder: str) -> list[str]:
         """The requests whose handed-off blocks decode has taken since the last call (an inbox)."""

@@ -33,8 +33,8 @@ log = logging.getLogger("dayzero.prefill")
 
 
 class PrefillLoop:
-    def __init__(self, runtime: Runtime, send_decode: Callable[[DecodeJob], None]) -> None:
-        self.r, self.send_decode = runtime, send_decode
+    def __init__(self, runtime: Runtime, decode_message: Callable[[DecodeJob], str]) -> None:
+        self.r, self.decode_message = runtime, decode_message  # a job -> its message on decode's queue
         self.intake: Intake[PrefillJob] = Intake()
         self.pending: list[Ticket[PrefillJob]] = []
         self.handed_off: dict[str, float] = {}  # request -> when its handoff lapses (monotonic)
@@ -244,19 +244,14 @@ class PrefillLoop:
                 start = time.perf_counter()
                 ref = publish(self.r.pools, rid, rid, settings.handoff, store, settings.handoff_timeout_s)
                 self.r.stats.add(handoff_seconds=time.perf_counter() - start)
-            store.hand_off(rid, settings.handoff_timeout_s)
-            if settings.handoff == "redis":
-                self.r.ranks.release(rid)  # the state travels in Redis: nothing to keep
-            else:
+            kept = settings.handoff != "redis"  # the state stays in this worker's blocks till decode has it
+            if kept:
                 ref = ref.model_copy(update={"holder": self.r.name})  # decode says when it has taken it
+            generated = (*job.generated, step.token)
+            sent = DecodeJob(request=job.request, generated=generated, state=ref, attempt=job.attempt, trace=job.trace)
+            store.hand_off(rid, settings.handoff_timeout_s, "decode", self.decode_message(sent))
+            if kept:
                 self.handed_off[rid] = time.monotonic() + settings.handoff_timeout_s
-            self.send_decode(
-                DecodeJob(
-                    request=job.request,
-                    generated=(*job.generated, step.token),
-                    state=ref,
-                    attempt=job.attempt,
-                    trace=job.trace,
-                )
-            )
+            else:
+                self.r.ranks.release(rid)  # the state travels in Redis: nothing to keep
         ticket.done.set()
