@@ -92,8 +92,8 @@ def stream_once(client: httpx.Client, url: str, prompt: list[int]) -> dict:
 
 
 class RawClient:
-    """The same streamed request over one keep-alive socket, parsing nothing but the first event's
-    ``id:`` line and the chunked body's end: a client with (next to) no cost of its own."""
+    """The same streamed request over one keep-alive socket, parsing nothing but the first two
+    events' ``id:`` lines and the chunked body's end: a client with (next to) no cost of its own."""
 
     def __init__(self, url: str) -> None:
         host, port = url.removeprefix("http://").split(":")
@@ -103,17 +103,17 @@ class RawClient:
     def stream(self, prompt: list[int]) -> dict:
         body = json.dumps(_body(prompt)).encode()
         head = f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}\r\ncontent-type: application/json\r\n"
-        sent, first, data = time.time_ns(), None, b""
+        sent, stamps, data = time.time_ns(), [], b""
         self.sock.sendall(f"{head}content-length: {len(body)}\r\n\r\n".encode() + body)
         while not data.endswith(b"\r\n0\r\n\r\n"):  # the chunked body's last chunk
             data += self.sock.recv(65536)
-            if first is None and b"\nid: " in data.partition(b"\r\n\r\n")[2]:
-                first = time.time_ns()
-        if first is None:
+            events = data.partition(b"\r\n\r\n")[2].count(b"\nid: ")
+            stamps += [time.time_ns()] * (min(events, 2) - len(stamps))
+        if not stamps:
             raise RuntimeError("the stream ended without a token")
         head_lines = data.partition(b"\r\n\r\n")[0].decode().lower().splitlines()
         rid = next(line.split(":", 1)[1].strip() for line in head_lines if line.startswith("x-request-id:"))
-        return {"rid": rid, "send": sent, "first": first}
+        return {"rid": rid, "send": sent, "first": stamps[0], "second": stamps[1] if len(stamps) > 1 else None}
 
     def close(self) -> None:
         self.sock.close()

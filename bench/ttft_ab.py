@@ -1,4 +1,5 @@
-"""Time to first token of two source trees side by side: a change to the serving path, A/B.
+"""Time to first token (and to the second) of two source trees side by side: a change to the serving
+path, A/B.
 
 Starts one idle stack per tree (embedded Redis, gateway, 1 prefill + 1 decode worker, demo
 checkpoint; each stack's processes import that tree's ``shared/`` and ``services/``) and sends
@@ -6,9 +7,10 @@ them the same streamed completion in turns, the order swapped every round, from 
 (``overhead.RawClient``), with an in-process prefill between rounds as the other benchmarks do.
 Both stacks see the same machine at the same time, so the paired difference of their TTFTs
 carries far less noise than two runs of ``overhead.py`` one after the other (whose overhead
-moved by ~1 ms from stack to stack here). Run it with the same tree twice to see the noise
-left. Run: ``python bench/ttft_ab.py TREE_A TREE_B [--requests 80]`` (e.g. a ``git worktree``
-of main against the working tree).
+moved by ~1 ms from stack to stack here). The gap from the first token to the second (decode's
+first: the handoff to decode and its admission) is reported the same way. Run it with the same
+tree twice to see the noise left. Run: ``python bench/ttft_ab.py TREE_A TREE_B [--requests 80]``
+(e.g. a ``git worktree`` of main against the working tree).
 """
 
 from __future__ import annotations
@@ -47,36 +49,41 @@ def main() -> None:
                 stack.start()
             for stack in stacks:
                 stack.wait_ready(timeout_s=300)
-            ttft = rounds([RawClient(s.url) for s in stacks], engine, prompt, args.requests)
+            ttft, gaps = rounds([RawClient(s.url) for s in stacks], engine, prompt, args.requests)
         finally:
             for stack in stacks:
                 stack.stop()
-    print(f"TTFT of a streamed {args.prompt_tokens}-token completion, {args.requests} requests each, alternated")
-    print("| tree | p25 ms | p50 ms | p75 ms |")
-    print("|---|---:|---:|---:|")
-    for tree, times in zip(args.trees, ttft, strict=True):
-        q1, q2, q3 = statistics.quantiles(times, n=4)
-        print(f"| {tree} | {q1:.2f} | {q2:.2f} | {q3:.2f} |")
-    paired = statistics.median(b - a for a, b in zip(*ttft, strict=True))
-    print(f"paired difference, B - A: median {paired:+.2f} ms")
+    print(f"A streamed {args.prompt_tokens}-token completion of 2 tokens, {args.requests} requests each, alternated")
+    for title, values in (("TTFT", ttft), ("first -> second token (decode's first)", gaps)):
+        print(f"\n{title}\n| tree | p25 ms | p50 ms | p75 ms |\n|---|---:|---:|---:|")
+        for tree, times in zip(args.trees, values, strict=True):
+            q1, q2, q3 = statistics.quantiles(times, n=4)
+            print(f"| {tree} | {q1:.2f} | {q2:.2f} | {q3:.2f} |")
+        paired = statistics.median(b - a for a, b in zip(*values, strict=True))
+        print(f"paired difference, B - A: median {paired:+.2f} ms")
 
 
-def rounds(clients: list[RawClient], engine: Engine, prompt: list[int], n: int) -> list[list[float]]:
-    """Each round one request to each stack (first A then B, then B then A, ...) -> TTFTs (ms)."""
+def rounds(
+    clients: list[RawClient], engine: Engine, prompt: list[int], n: int
+) -> tuple[list[list[float]], list[list[float]]]:
+    """Each round one request to each stack (first A then B, then B then A, ...) -> each stack's
+    TTFTs and first -> second token gaps (decode's first token), ms."""
     for client in clients:
         for _ in range(3):  # warm-up: connections, first-call paths
             client.stream(prompt)
     ttft: list[list[float]] = [[], []]
+    gaps: list[list[float]] = [[], []]
     for k in range(n):
         for i in (0, 1) if k % 2 == 0 else (1, 0):
             sent = clients[i].stream(prompt)
             ttft[i].append((sent["first"] - sent["send"]) / 1e6)
+            gaps[i].append((sent["second"] - sent["first"]) / 1e6)
             time.sleep(0.05)  # decode's token and the stream's end settle
         engine.first_token(prompt)
         time.sleep(0.05)
     for client in clients:
         client.close()
-    return ttft
+    return ttft, gaps
 
 
 if __name__ == "__main__":
