@@ -48,7 +48,7 @@ class PrefillLoop:
     def _iteration(self) -> None:
         # idle, or every request waiting for blocks: wait for the next arrival (or, after a while, a reclaim)
         self.pending.extend(self.intake.drain(0.05 if not self.pending or self.starved else 0))
-        self.r.announce(len(self.pending) or 1)
+        waiting = len(self.pending) or 1
         self.starved = False
         if self.pending:
             taken = self._take_batch()
@@ -63,6 +63,7 @@ class PrefillLoop:
                 self._fail(self._unsettled(taken), exc)
         if self._reclaim_handoffs():  # after the batch, not before it: off the path of a request that just arrived
             self.starved = False  # blocks came free: the waiting requests try again at once
+        self.r.announce(waiting)  # (a round trip every lease / 4) likewise
         self.r.ranks.keepalive()  # idle, or every request waiting for blocks: the other ranks still hear
 
     def _fail(self, batch: list[Ticket[PrefillJob]], exc: Exception) -> None:
