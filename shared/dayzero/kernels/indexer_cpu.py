@@ -14,17 +14,22 @@ import torch
 
 
 @numba.njit(cache=True, fastmath={"reassoc", "contract"})
+def _weighted_relu(values, weights):
+    total = np.float32(0)
+    for h in range(values.shape[0]):
+        total += weights[h] * max(values[h], np.float32(0))
+    return total
+
+
+@numba.njit(cache=True)
 def _rows_f32(heads, weights, scale):
     out = np.empty(heads.shape[0], np.float32)
     for n in range(heads.shape[0]):
-        total = np.float32(0)
-        for h in range(heads.shape[1]):
-            total += weights[h] * max(heads[n, h], np.float32(0))
-        out[n] = total * scale
+        out[n] = _weighted_relu(heads[n], weights) * scale
     return out
 
 
-@numba.njit(cache=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True)
 def _rows_bf16(bits, weights, scale):
     out = np.empty(bits.shape[0], np.float32)
     wide = np.empty(bits.shape[1], np.uint32)
@@ -32,10 +37,7 @@ def _rows_bf16(bits, weights, scale):
     for n in range(bits.shape[0]):
         for h in range(bits.shape[1]):
             wide[h] = np.uint32(np.uint16(bits[n, h])) << np.uint32(16)
-        total = np.float32(0)
-        for h in range(bits.shape[1]):
-            total += weights[h] * max(values[h], np.float32(0))
-        out[n] = total * scale
+        out[n] = _weighted_relu(values, weights) * scale
     return out
 
 
