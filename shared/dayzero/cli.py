@@ -10,7 +10,7 @@ import random
 import sys
 from pathlib import Path
 
-from .checkpoint import CheckpointError
+from .checkpoint_files import CheckpointError
 from .cli_services import add_service_commands
 from .config import ConfigError
 from .settings import Settings

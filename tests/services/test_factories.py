@@ -11,8 +11,9 @@ def _fresh_python(code: str) -> str:
 
 
 def test_the_gateway_process_imports_neither_torch_nor_triton():
-    out = _fresh_python(
+    out = _fresh_python(  # what ``dayzero serve gateway`` imports: the command line, then the app
         "import sys\n"
+        "import dayzero.cli\n"
         "from services.gateway.app import make_app\n"
         "print(sorted(m for m in ('torch', 'triton') if m in sys.modules))"
     )

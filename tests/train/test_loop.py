@@ -1,6 +1,7 @@
 import torch
 
-from dayzero.train.loop import TrainOptions, evaluate, train
+from dayzero.train.loop import evaluate, train
+from dayzero.train.options import TrainOptions
 from dayzero.train.model import build
 
 

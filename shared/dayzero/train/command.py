@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .loop import TrainOptions
+from .options import TrainOptions
 
 
 def cmd_train_demo(args: argparse.Namespace, settings: object) -> int:

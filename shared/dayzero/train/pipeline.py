@@ -12,8 +12,9 @@ from tokenizers import Tokenizer
 
 from .corpus import Split, split
 from .data import documents, token_stream, train_tokenizer
-from .loop import Losses, TrainOptions, evaluate, train
+from .loop import Losses, evaluate, train
 from .model import TRAIN_CONFIG, DemoModel, build
+from .options import TrainOptions
 
 
 @dataclass(frozen=True, slots=True)
