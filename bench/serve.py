@@ -4,8 +4,10 @@ Reports TTFT, inter-token latency and end-to-end latency (p50/p90/p99), token th
 and failures; then the KV handoff (shared memory publish + attach + copy) in bytes/s against
 a plain memory copy of the same bytes. The pipeline's overhead on an idle stack (TTFT through
 the gateway minus in-process, hop by hop) is ``bench/overhead.py``.
-Starts its own stack (`dayzero up` machinery, demo checkpoint) unless --url is given.
-Run: ``python bench/serve.py [--rate 4] [--requests 64] [--url http://...]``.
+Starts its own stack (`dayzero up` machinery, demo checkpoint) unless --url is given; then
+``--clients N`` also runs N closed-loop clients (4 requests each) and reports tokens/s and the CPU
+seconds each of the stack's processes spent per 1000 tokens (psutil: user + system).
+Run: ``python bench/serve.py [--rate 4] [--requests 64] [--clients 0] [--url http://...]``.
 """
 
 from __future__ import annotations
@@ -35,8 +37,12 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def one_request(client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int) -> dict:
+    """Times each chunk's arrival; the tokens generated come from the stream's usage chunk (a
+    token that ends inside a UTF-8 character or a tag sends no chunk of its own: the demo's
+    byte-level vocabulary holds back ~40% of them)."""
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
-    start, stamps = time.perf_counter(), []
+    body["stream_options"] = {"include_usage": True}
+    start, stamps, tokens = time.perf_counter(), [], 0
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
             if r.status_code != 200:
@@ -44,14 +50,16 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: list[int], ma
             async for line in r.aiter_lines():
                 if line.startswith("id:"):
                     stamps.append(time.perf_counter())
+                elif line.startswith("data: {") and '"completion_tokens"' in line:
+                    tokens = json.loads(line[6:])["usage"]["completion_tokens"]
                 elif line == "data: [DONE]":
                     break
     except httpx.HTTPError as exc:
         return {"ok": False, "status": type(exc).__name__}
-    if not stamps:
+    if not stamps or not tokens:
         return {"ok": False, "status": "no tokens"}
     gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-    return {"ok": True, "ttft": stamps[0] - start, "itl": gaps, "e2e": stamps[-1] - start, "tokens": len(stamps)}
+    return {"ok": True, "ttft": stamps[0] - start, "itl": gaps, "e2e": stamps[-1] - start, "tokens": tokens}
 
 
 async def load(url: str, rate: float, n: int, prompt_len: int, max_tokens: int, seed: int) -> tuple[list, float]:
@@ -67,8 +75,8 @@ async def load(url: str, rate: float, n: int, prompt_len: int, max_tokens: int, 
     return results, time.perf_counter() - start
 
 
-async def closed_loop(url: str, clients: int, per_client: int, prompt_len: int, max_tokens: int) -> float:
-    """Tokens/s with ``clients`` each sending ``per_client`` requests back to back."""
+async def closed_loop(url: str, clients: int, per_client: int, prompt_len: int, max_tokens: int) -> tuple[int, float]:
+    """(tokens, seconds) with ``clients`` each sending ``per_client`` requests back to back."""
     async with httpx.AsyncClient(timeout=300) as client:
 
         async def one_client(c: int) -> int:
@@ -81,7 +89,18 @@ async def closed_loop(url: str, clients: int, per_client: int, prompt_len: int, 
 
         start = time.perf_counter()
         total = sum(await asyncio.gather(*(one_client(c) for c in range(clients))))
-        return total / (time.perf_counter() - start)
+        return total, time.perf_counter() - start
+
+
+def cpu_per_token(stack, clients: int, prompt_len: int, max_tokens: int) -> None:
+    """Closed-loop tokens/s and each process's CPU seconds per 1000 tokens generated."""
+    import psutil
+
+    procs = {c.name: psutil.Process(c.proc.pid) for c in stack.children}
+    before = {name: sum(p.cpu_times()[:2]) for name, p in procs.items()}
+    tokens, seconds = asyncio.run(closed_loop(stack.url, clients, 4, prompt_len, max_tokens))
+    print(f"closed loop, {clients} clients x 4 requests: {tokens / seconds:.1f} tokens/s; CPU s per 1000 tokens:")
+    print(", ".join(f"{n} {(sum(p.cpu_times()[:2]) - before[n]) * 1000 / tokens:.3f}" for n, p in procs.items()))
 
 
 def sweep_and_plot(url: str, prompt_len: int, max_tokens: int, folder: Path) -> None:
@@ -104,7 +123,8 @@ def sweep_and_plot(url: str, prompt_len: int, max_tokens: int, folder: Path) -> 
     fig.tight_layout()
     fig.savefig(folder / "serve_latency.png", dpi=110)
     concurrency = (1, 2, 4, 8, 16)
-    throughput = [asyncio.run(closed_loop(url, c, 3, prompt_len, max_tokens)) for c in concurrency]
+    runs = [asyncio.run(closed_loop(url, c, 3, prompt_len, max_tokens)) for c in concurrency]
+    throughput = [tokens / seconds for tokens, seconds in runs]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(concurrency, throughput, "o-")
     ax.set(xlabel="concurrent streaming clients", ylabel="tokens / s", title="throughput vs concurrency")
@@ -125,6 +145,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--decode", type=int, default=1, help="decode workers when starting a stack")
     parser.add_argument("--plot", action="store_true", help="sweep rates and concurrency, write PNG charts")
+    parser.add_argument("--clients", type=int, default=0, help="closed-loop clients: throughput, CPU per token")
     args = parser.parse_args()
 
     from dayzero.demo import write_demo_checkpoint
@@ -148,6 +169,8 @@ def main() -> None:
         try:
             asyncio.run(load(url, 2.0, 4, args.prompt_tokens, 4, seed=99))  # warm-up
             results, wall = asyncio.run(load(url, args.rate, args.requests, args.prompt_tokens, args.max_tokens, 0))
+            if args.clients and stack is not None:
+                cpu_per_token(stack, args.clients, args.prompt_tokens, args.max_tokens)
             if args.plot:
                 sweep_and_plot(url, args.prompt_tokens, args.max_tokens, Path(__file__).parent)
         finally:
@@ -163,7 +186,7 @@ def main() -> None:
         )
         print("| metric | p50 | p90 | p99 |")
         print("|---|---:|---:|---:|")
-        for name, values in (("TTFT s", ttft), ("ITL s", itl), ("E2E s", e2e)):
+        for name, values in (("TTFT s", ttft), ("ITL s (between chunks)", itl), ("E2E s", e2e)):
             print(f"| {name} | {pct(values, 0.5):.4f} | {pct(values, 0.9):.4f} | {pct(values, 0.99):.4f} |")
         print(
             f"throughput {tokens / wall:.1f} tokens/s, {len(ok) / wall:.2f} requests/s, failed {len(results) - len(ok)}"

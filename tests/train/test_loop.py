@@ -1,8 +1,8 @@
 import torch
 
 from dayzero.train.loop import evaluate, train
-from dayzero.train.options import TrainOptions
 from dayzero.train.model import build
+from dayzero.train.options import TrainOptions
 
 
 def test_a_few_steps_lower_the_loss(tiny_config):
