@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dayzero.kernels.expert_mlp import expert_mlp, expert_mlp_mxfp4
+from dayzero.kernels.expert_mlp import expert_mlp, expert_mlp_mxfp4, expert_mlp_stacked, pads_cheaply
 from dayzero.quant.formats import dequant_mxfp4, quant_mxfp4
 
 LIMIT = 7.0
@@ -35,3 +35,23 @@ def test_the_grouped_mxfp4_path_equals_the_dequantized_per_expert_path():
     x = xs[3]
     by_hand = w2 @ (F.silu((w1 @ x).clamp(max=LIMIT)) * (w3 @ x).clamp(-LIMIT, LIMIT))
     assert torch.allclose(loop[3], by_hand, atol=1e-5)
+
+
+def test_the_stacked_path_equals_the_per_expert_loop():
+    gen = torch.Generator().manual_seed(2)
+    w1, w3 = torch.randn(4, 32, 64, generator=gen), torch.randn(4, 32, 64, generator=gen)
+    w2 = torch.randn(4, 64, 32, generator=gen)
+    counts = torch.tensor([3, 1, 5, 2])  # uneven: three experts padded to the busiest's five rows
+    xs = torch.randn(11, 64, generator=gen)
+    loop = expert_mlp(xs, counts, lambda ids: {e: (w1[e], w2[e], w3[e]) for e in ids}, LIMIT)
+    stacked = expert_mlp_stacked(xs, counts, w1, w2, w3, LIMIT)
+    assert torch.allclose(stacked, loop, atol=1e-4, rtol=1e-5)  # fp32, batched vs plain matmul blocking
+    x = xs[3]  # expert 1's one row (after expert 0's three): the MLP by hand
+    by_hand = w2[1] @ (F.silu((w1[1] @ x).clamp(max=LIMIT)) * (w3[1] @ x).clamp(-LIMIT, LIMIT))
+    assert torch.allclose(stacked[3], by_hand, atol=1e-4, rtol=1e-5)
+
+
+def test_padding_is_taken_only_when_every_expert_has_rows_and_it_is_cheap():
+    assert pads_cheaply([4, 3, 5, 4], inter=32, hidden=64)  # a decode step of a small model
+    assert not pads_cheaply([4, 0, 5, 4], inter=32, hidden=64)  # an idle expert's weights multiplied
+    assert not pads_cheaply([40, 3, 50, 4], inter=2048, hidden=4096)  # padding a large expert costs more

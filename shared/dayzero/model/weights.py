@@ -14,7 +14,7 @@ from torch import nn
 
 from ..config import CSA, SLIDING, ModelConfig
 from ..kernels.batch import Backend
-from ..kernels.expert_mlp import expert_mlp
+from ..kernels.expert_mlp import expert_mlp, expert_mlp_stacked, pads_cheaply
 from ..parallel import Group
 from ..quant.experts import PackedExperts
 
@@ -94,6 +94,8 @@ class Experts(nn.Module):
         self.w3 = _param(n, inter, hidden)  # up
 
     def run(self, xs: torch.Tensor, counts: torch.Tensor, limit: float, backend: Backend) -> torch.Tensor:
+        if pads_cheaply(counts.tolist(), *self.w1.shape[1:]):
+            return expert_mlp_stacked(xs, counts, self.w1, self.w2, self.w3, limit)
         return expert_mlp(xs, counts, lambda ids: {e: (self.w1[e], self.w2[e], self.w3[e]) for e in ids}, limit)
 
 
