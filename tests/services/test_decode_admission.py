@@ -19,12 +19,46 @@ from dayzero.settings import Settings
 from .conftest import recording, run_jobs
 
 
-def test_taking_a_handoff_says_whether_it_was_cancelled(redis_url):
+def test_taking_handoffs_says_which_were_cancelled(redis_url):
     store = Lifecycle(redis.Redis.from_url(redis_url))
-    assert store.take_handoff("kept", "decode0", 30) is False
     store.cancel("gone")
-    assert store.take_handoff("gone", "decode0", 30, holder="prefill0") is True
-    assert store.owner("gone") == "decode0" and store.r.lrange(key("taken", "prefill0"), 0, -1) == [b"gone"]
+    assert store.take_handoffs([("kept", ""), ("gone", "prefill0")], "decode0", 30) == {"gone"}
+    assert store.owner("gone") == store.owner("kept") == "decode0"
+    assert store.r.lrange(key("taken", "prefill0"), 0, -1) == [b"gone"]  # only a holder is told
+    assert store.take_handoffs([], "decode0", 30) == set()
+
+
+def test_a_steps_arrivals_are_admitted_in_two_round_trips_stale_and_duplicates_dropped(demo_dir, redis_url):
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store = Lifecycle.connect(redis_url)
+    requests = [
+        GenerationRequest(request_id=rid, prompt_ids=(0, 5, 6), sampling=SamplingParams(max_tokens=3), created=1.0)
+        for rid in ("a", "b", "old")
+    ]
+    for request in requests:
+        store.admit(request, [], "", 60)
+    sent: list[DecodeJob] = []
+    run_jobs(
+        PrefillLoop(Runtime.load(settings, "prefill4@test", "prefill", False), recording(sent)),
+        [PrefillJob(request=r) for r in requests],
+    )
+    store.r.set(key("attempt", "old"), 1)  # re-run since: its delivery (attempt 0) is stale
+    runtime = Runtime.load(settings, "decode4@test", "decode", False)
+    loop, calls = DecodeLoop(runtime), []
+    for name in ("stale", "take_handoffs"):
+        real = getattr(runtime.store, name)
+        setattr(runtime.store, name, lambda *a, real=real, name=name: calls.append((name, a[0])) or real(*a))
+    jobs = sorted(sent, key=lambda job: job.request.request_id)
+    tickets = [loop.intake.submit(job) for job in (*jobs, jobs[0])]  # "a" delivered twice
+    loop.waiting.extend(loop.intake.drain(0))
+    loop._admit()
+    assert [name for name, _ in calls] == ["stale", "take_handoffs"]
+    assert [rid for rid, _ in calls[1][1]] == ["a", "b"] and set(loop.active) == {"a", "b"}
+    assert [t.done.is_set() for t in tickets] == [False, False, True, True]  # stale "old", the second "a"
+    assert store.owner("a") == store.owner("b") == runtime.name
+    for rid in ("a", "b"):
+        loop._finish(rid, "stop")
+    runtime.close()
 
 
 def test_a_request_cancelled_during_its_handoff_ends_before_a_step_without_a_cancel_read(demo_dir, redis_url):

@@ -104,11 +104,14 @@ class DecodeLoop:
         ticket.done.set()
 
     def _admit(self) -> None:
-        store, still = self.r.store, []
+        """Admit what the pools can hold: whether each delivery is stale read in one round trip for
+        all of them, then their states imported, then their handoffs taken in one more."""
+        store, still, imported = self.r.store, [], {}
+        stale = store.stale([(t.job.request.request_id, t.job.attempt) for t in self.waiting])
         for ticket in self.waiting:
             job = ticket.job
             rid = job.request.request_id
-            if rid in self.active or store.stale(rid, job.attempt):
+            if rid in self.active or rid in stale or rid in imported:
                 ticket.done.set()  # duplicate or stale delivery
                 continue
             total = min(self.limit, len(job.request.prompt_ids) + job.request.sampling.max_tokens)
@@ -125,34 +128,49 @@ class DecodeLoop:
                 log.error("request %s: handoff failed: %s", rid, exc)
                 ticket.done.set()  # its lease lapses; the reaper re-runs it
                 continue
-            if store.take_handoff(rid, self.r.name, self.r.settings.lease_s, job.state.holder):
-                self._marked.add(rid)  # cancelled meanwhile: ``_cancel`` ends it before its first step
-            self._marks_read.add(rid)
-            try:
-                completion = Completion(
-                    self.r.codec,
-                    job.request.sampling,
-                    self.r.model.cfg.eos_token_ids,
-                    len(job.request.prompt_ids),
-                    self.limit,
-                    job.generated,
-                )
-            except Exception as exc:  # noqa: BLE001 - its own sampling (a grammar refused): it fails alone
-                self.r.ranks.release(rid)
-                log.error("request %s: sampling failed: %r", rid, exc)
-                self._settle(ticket, "error", f"sampling failed: {type(exc).__name__}", len(job.generated))
-                continue
-            with continued(job.trace):
-                span = tracer.start_span(
-                    "decode.generate",
-                    attributes={
-                        "dayzero.request_id": rid,
-                        "dayzero.prompt_tokens": len(job.request.prompt_ids),
-                        "dayzero.images": job.request.images,
-                    },
-                )
-            self.active[rid] = Active(ticket, completion, job.generated[-1], span)
+            imported[rid] = ticket
         self.waiting = still
+        # the takes read the cancel marks: ``_cancel`` ends a request cancelled meanwhile before a step
+        handoffs = [(rid, t.job.state.holder) for rid, t in imported.items()]
+        try:
+            self._marked |= store.take_handoffs(handoffs, self.r.name, self.r.settings.lease_s)
+        except redis.RedisError:  # their leases lapse and the reaper re-runs them
+            for rid, ticket in imported.items():
+                self.r.ranks.release(rid)
+                ticket.done.set()
+            raise
+        self._marks_read |= imported.keys()
+        for ticket in imported.values():
+            self._start(ticket)
+
+    def _start(self, ticket: Ticket[DecodeJob]) -> None:
+        """An imported request's completion, rebuilt from the tokens already streamed, joins the batch."""
+        job = ticket.job
+        rid = job.request.request_id
+        try:
+            completion = Completion(
+                self.r.codec,
+                job.request.sampling,
+                self.r.model.cfg.eos_token_ids,
+                len(job.request.prompt_ids),
+                self.limit,
+                job.generated,
+            )
+        except Exception as exc:  # noqa: BLE001 - its own sampling (a grammar refused): it fails alone
+            self.r.ranks.release(rid)
+            log.error("request %s: sampling failed: %r", rid, exc)
+            self._settle(ticket, "error", f"sampling failed: {type(exc).__name__}", len(job.generated))
+            return
+        with continued(job.trace):
+            span = tracer.start_span(
+                "decode.generate",
+                attributes={
+                    "dayzero.request_id": rid,
+                    "dayzero.prompt_tokens": len(job.request.prompt_ids),
+                    "dayzero.images": job.request.images,
+                },
+            )
+        self.active[rid] = Active(ticket, completion, job.generated[-1], span)
 
     def _import(self, job: DecodeJob, total: int) -> None:
         """Copy the prefilled state into this worker's pools (``decode.admit`` > ``kv.import``)."""

@@ -107,10 +107,14 @@ class Lifecycle:
         return list(self.r.lrange(key("images", rid), 0, -1))
 
     # -- a stage takes it: queued -> vision | prefill -------------------------------------------------
-    def stale(self, rid: str, attempt: int) -> bool:
-        """An older run's delivery, or the request has ended: drop the message."""
-        current, done = self.r.mget(key("attempt", rid), key("done", rid))
-        return bool(done) or attempt < int(current or 0)
+    def stale(self, deliveries: list[tuple[str, int]]) -> set[str]:
+        """Of (request, attempt) deliveries, those of an older run or of a request that has ended
+        (drop their messages), in one round trip."""
+        if not deliveries:
+            return set()
+        values = self.r.mget([k for rid, _ in deliveries for k in (key("attempt", rid), key("done", rid))])
+        marks = zip(deliveries, values[::2], values[1::2], strict=True)
+        return {rid for (rid, attempt), current, done in marks if done or attempt < int(current or 0)}
 
     def take(self, rid: str, attempt: int, owner: str, lease_s: float) -> Take:
         """``stale``, then own the request unless someone else alive does (the owner may take it
@@ -151,18 +155,22 @@ class Lifecycle:
         pipe.lpush(queue, message)
         pipe.execute()
 
-    def take_handoff(self, rid: str, owner: str, lease_s: float, holder: str = "") -> bool:
-        """Decode has the state: decode owns the request now, and ``holder`` (the prefill worker whose
-        blocks held it, when it kept them) is told it may free them. -> whether a client has
-        cancelled the request (its mark read in the same round trip)."""
+    def take_handoffs(self, handoffs: list[tuple[str, str]], owner: str, lease_s: float) -> set[str]:
+        """Decode has the states of these (request, holder) handoffs: decode owns each request now,
+        and its ``holder`` (the prefill worker whose blocks held it, when it kept them; "": none) is
+        told it may free them. -> those a client has cancelled (their marks read in the same round
+        trip)."""
+        if not handoffs:
+            return set()
         pipe = self.r.pipeline()
-        pipe.delete(key("handoff", rid))
-        pipe.set(key("lease", rid), owner, px=int(lease_s * 1000))
-        if holder:
-            pipe.rpush(key("taken", holder), rid)
-            pipe.expire(key("taken", holder), self.ttl_s)
-        pipe.get(key("cancel", rid))
-        return bool(pipe.execute()[-1])
+        for rid, holder in handoffs:
+            pipe.delete(key("handoff", rid))
+            pipe.set(key("lease", rid), owner, px=int(lease_s * 1000))
+            if holder:
+                pipe.rpush(key("taken", holder), rid)
+                pipe.expire(key("taken", holder), self.ttl_s)
+        pipe.mget([key("cancel", rid) for rid, _ in handoffs])
+        return {rid for (rid, _), mark in zip(handoffs, pipe.execute()[-1], strict=True) if mark}
 
     def taken(self, holder: str) -> list[str]:
         """The requests whose handed-off blocks decode has taken since the last call (an inbox)."""
