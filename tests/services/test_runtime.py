@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from dayzero.serving.runtime import WARM_UP, Runtime
+from dayzero.serving.scripts import ADMIT, HEARTBEAT, TAKE
 from dayzero.settings import Settings
 
 
@@ -34,3 +37,11 @@ def test_pools_too_small_for_the_warm_up_skip_it(demo_dir, redis_url, caplog):
     runtime.pools.reserve("someone", runtime.pools.capacity_tokens())  # every block taken
     runtime.warm_up(decode=False)
     assert "no warm-up" in caplog.text and set(runtime.pools.sequences) == {"someone"}
+
+
+def test_the_warm_up_loads_the_lifecycles_scripts_into_redis(demo_dir, redis_url):
+    runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "scripts@test", "prefill", False)
+    runtime.store.r.script_flush()
+    shas = [hashlib.sha1(script.encode()).hexdigest() for script in (ADMIT, TAKE, HEARTBEAT)]
+    runtime.warm_up(decode=False)
+    assert runtime.store.r.script_exists(*shas) == [True, True, True]  # no request finds one missing

@@ -86,6 +86,13 @@ class Lifecycle:
         self._admit, self._take = client.register_script(ADMIT), client.register_script(TAKE)
         self._heartbeat = client.register_script(HEARTBEAT)
 
+    def load_scripts(self) -> None:
+        """Load the Lua scripts now, not on a request's way (a first call finds one missing, loads it
+        and calls again: two more round trips; after a Redis restart the next call still does).
+        The workers do it before they announce themselves, so before the gateway is ready."""
+        for script in (self._admit, self._take, self._heartbeat):
+            self.r.script_load(script.script)
+
     @classmethod
     def connect(cls, url: str, stream_ttl_s: int = 600) -> Lifecycle:
         client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=5)
@@ -108,8 +115,7 @@ class Lifecycle:
 
     # -- a stage takes it: queued -> vision | prefill -------------------------------------------------
     def stale(self, deliveries: list[tuple[str, int]]) -> set[str]:
-        """Of (request, attempt) deliveries, those of an older run or of a request that has ended
-        (drop their messages), in one round trip."""
+        """Of (request, attempt) deliveries, those of an older run or an ended request: one round trip."""
         if not deliveries:
             return set()
         values = self.r.mget([k for rid, _ in deliveries for k in (key("attempt", rid), key("done", rid))])

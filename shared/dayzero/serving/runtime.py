@@ -146,8 +146,10 @@ class Runtime:
         """Prefill a scratch sequence (``decode``: and decode one step of it) on every rank before
         the worker serves: the first calls compile kernels (numba's on CPU, Triton's on a GPU) and
         fill caches, which would otherwise be the first request's wait (0.25-0.5 s on CPU here). The
-        prompt is long enough for every compressor to fold an entry (the indexer's path runs)."""
+        prompt is long enough for every compressor to fold an entry (the indexer's path runs). The
+        lifecycle's Lua scripts are loaded into Redis too."""
         cfg, start = self.model.cfg, time.monotonic()
+        self.store.load_scripts()
         length = max(cfg.compress_rates.values(), default=1) + 2
         try:
             self.ranks.reserve(WARM_UP, length + 1)
