@@ -1,6 +1,6 @@
-"""Decode's admission of a handed-off request against a real Redis: taking the handoff reads the
-request's cancel mark in the same round trip, so a request cancelled meanwhile ends before a step
-and without a read of its own."""
+"""Decode's admission of handed-off requests against a real Redis: a step's arrivals take two round
+trips (their stale marks, then their handoffs), and the takes read the cancel marks, so a request
+cancelled meanwhile ends before a step and without a read of its own."""
 
 from __future__ import annotations
 
@@ -19,6 +19,22 @@ from dayzero.settings import Settings
 from .conftest import recording, run_jobs
 
 
+def _prefilled(settings: Settings, rids: tuple[str, ...]) -> tuple[Lifecycle, list[DecodeJob]]:
+    """Admit a 3-token request per id and run them through a prefill loop: decode's jobs, handed off."""
+    store, sent = Lifecycle.connect(settings.redis_url), []
+    requests = [
+        GenerationRequest(
+            request_id=rid, prompt_ids=(0, 5, 6), sampling=SamplingParams(max_tokens=3), created=time.time()
+        )
+        for rid in rids
+    ]
+    for request in requests:
+        store.admit(request, [], "", 60)
+    prefill = PrefillLoop(Runtime.load(settings, f"prefill-{rids[0]}@test", "prefill", False), recording(sent))
+    run_jobs(prefill, [PrefillJob(request=r) for r in requests])
+    return store, sent
+
+
 def test_taking_handoffs_says_which_were_cancelled(redis_url):
     store = Lifecycle(redis.Redis.from_url(redis_url))
     store.cancel("gone")
@@ -30,18 +46,7 @@ def test_taking_handoffs_says_which_were_cancelled(redis_url):
 
 def test_a_steps_arrivals_are_admitted_in_two_round_trips_stale_and_duplicates_dropped(demo_dir, redis_url):
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
-    store = Lifecycle.connect(redis_url)
-    requests = [
-        GenerationRequest(request_id=rid, prompt_ids=(0, 5, 6), sampling=SamplingParams(max_tokens=3), created=1.0)
-        for rid in ("a", "b", "old")
-    ]
-    for request in requests:
-        store.admit(request, [], "", 60)
-    sent: list[DecodeJob] = []
-    run_jobs(
-        PrefillLoop(Runtime.load(settings, "prefill4@test", "prefill", False), recording(sent)),
-        [PrefillJob(request=r) for r in requests],
-    )
+    store, sent = _prefilled(settings, ("a", "b", "old"))
     store.r.set(key("attempt", "old"), 1)  # re-run since: its delivery (attempt 0) is stale
     runtime = Runtime.load(settings, "decode4@test", "decode", False)
     loop, calls = DecodeLoop(runtime), []
@@ -63,20 +68,7 @@ def test_a_steps_arrivals_are_admitted_in_two_round_trips_stale_and_duplicates_d
 
 def test_a_request_cancelled_during_its_handoff_ends_before_a_step_without_a_cancel_read(demo_dir, redis_url):
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
-    store = Lifecycle.connect(redis_url)
-    requests = [
-        GenerationRequest(
-            request_id=rid, prompt_ids=(0, 5, 6), sampling=SamplingParams(max_tokens=3), created=time.time()
-        )
-        for rid in ("stays", "leaves")
-    ]
-    for request in requests:
-        store.admit(request, [], "", 60)
-    sent: list[DecodeJob] = []
-    run_jobs(
-        PrefillLoop(Runtime.load(settings, "prefill3@test", "prefill", False), recording(sent)),
-        [PrefillJob(request=r) for r in requests],
-    )
+    store, sent = _prefilled(settings, ("stays", "leaves"))
     store.cancel("leaves")  # the client goes while the job waits on decode's queue
     runtime = Runtime.load(settings, "decode3@test", "decode", False)
     loop, stepped, read = DecodeLoop(runtime), [], []
