@@ -16,8 +16,8 @@ from .batch import Backend
 from .moe import grouped_mxfp4_matmul
 
 Weights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # float (w1 [I, H], w2 [H, I], w3 [I, H])
-# The multiply-adds of padding one expert may add before its three matmul calls (~10 us each on a
-# CPU core) cost less than the padding: about what a core does in one such call
+# The multiply-adds padding may add per expert and still cost less than the three matmul calls it
+# saves (~10 us each on a CPU core): about what a core does in one such call
 PADDING_PER_EXPERT = 1 << 18
 
 

@@ -104,8 +104,8 @@ class DecodeLoop:
         ticket.done.set()
 
     def _admit(self) -> None:
-        """Admit what the pools can hold: whether each delivery is stale read in one round trip for
-        all of them, then their states imported, then their handoffs taken in one more."""
+        """Admit what the pools can hold, in two round trips however many arrive: every waiting
+        delivery's stale marks, then, once their states are imported, the takes of their handoffs."""
         store, still, imported = self.r.store, [], {}
         stale = store.stale([(t.job.request.request_id, t.job.attempt) for t in self.waiting])
         for ticket in self.waiting:
