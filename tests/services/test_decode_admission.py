@@ -42,6 +42,8 @@ def test_taking_handoffs_says_which_were_cancelled(redis_url):
     assert store.owner("gone") == store.owner("kept") == "decode0"
     assert store.r.lrange(key("taken", "prefill0"), 0, -1) == [b"gone"]  # only a holder is told
     assert store.take_handoffs([], "decode0", 30) == set()
+    store.take_handoffs([("x", "prefill1"), ("y", "prefill1")], "decode0", 30)
+    assert store.r.lrange(key("taken", "prefill1"), 0, -1) == [b"x", b"y"]  # one holder's, in order
 
 
 def test_a_steps_arrivals_are_admitted_in_two_round_trips_stale_and_duplicates_dropped(demo_dir, redis_url):

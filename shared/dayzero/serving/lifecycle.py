@@ -168,13 +168,15 @@ class Lifecycle:
         trip)."""
         if not handoffs:
             return set()
-        pipe = self.r.pipeline()
+        pipe, held = self.r.pipeline(), {}
         for rid, holder in handoffs:
             pipe.delete(key("handoff", rid))
             pipe.set(key("lease", rid), owner, px=int(lease_s * 1000))
             if holder:
-                pipe.rpush(key("taken", holder), rid)
-                pipe.expire(key("taken", holder), self.ttl_s)
+                held.setdefault(holder, []).append(rid)
+        for holder, rids in held.items():  # each holder's inbox: one push, one expiry
+            pipe.rpush(key("taken", holder), *rids)
+            pipe.expire(key("taken", holder), self.ttl_s)
         pipe.mget([key("cancel", rid) for rid, _ in handoffs])
         return {rid for (rid, _), mark in zip(handoffs, pipe.execute()[-1], strict=True) if mark}
 
