@@ -101,7 +101,8 @@ def make_app(settings: Settings) -> FastAPI:
     )
     errors.install(app)
     if settings.trace_exporter != "none":  # only then: off, its wrappers would still run on every message
-        FastAPIInstrumentor.instrument_app(app, excluded_urls="health,ready,metrics")
+        # no span per ASGI message: a stream would make one per chunk (per token), and export them all
+        FastAPIInstrumentor.instrument_app(app, excluded_urls="health,ready,metrics", exclude_spans=["receive", "send"])
     app.add_middleware(errors.BodyLimit, limit=settings.max_request_bytes)
     app.add_middleware(CountResponses)
     app.include_router(router)

@@ -125,3 +125,27 @@ def test_a_request_marks_its_hops(traced):
     assert [e["name"] for e in gateway["events"]] == ["queued", "first_token"]
     assert found["run/dayzero.prefill"]["parent_id"] == gateway["context"]["span_id"]
     assert "tokens_appended" in [e["name"] for e in found["prefill.forward"]["events"]]
+
+
+def test_a_streams_trace_does_not_grow_with_its_tokens(traced):
+    """The gateway's instrumentation makes no span per ASGI message: a stream would otherwise
+    export one per chunk, and its trace would grow with every token."""
+    stack, folder = traced
+
+    def spans_of(max_tokens: int) -> list[str]:
+        body = {"model": MODEL, "prompt": [0, 7, 8], "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{stack.url}/v1/completions", json=body, timeout=60) as r:
+            rid = r.headers["x-request-id"]
+            chunks = sum(line.startswith("data: {") for line in r.iter_lines())
+        assert chunks >= max_tokens // 2  # a token inside a UTF-8 character sends no chunk of its own
+        deadline, names = time.time() + 10, []
+        while time.time() < deadline and "decode.generate" not in names:
+            time.sleep(0.2)
+            spans = _spans(folder)
+            root = next((s for s in spans if s["attributes"].get("dayzero.request_id") == rid), None)
+            names = [s["name"] for s in spans if root and s["context"]["trace_id"] == root["context"]["trace_id"]]
+        return sorted(names)
+
+    short, long = spans_of(2), spans_of(24)
+    assert "decode.generate" in short and "POST /v1/completions" in short
+    assert long == short
