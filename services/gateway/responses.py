@@ -132,10 +132,14 @@ async def _chunks(
             if used is not None:
                 used.add(request, event)
             return
-        held.append(event)
-        chunk = shape.chunk(event.text, None, tokens=held) if event.text else None
+        arrived = [event, *sub.pending()]  # more than one when this gateway lags: one chunk for all
+        for later in arrived[1:]:
+            progress.see(later)
+        held += arrived
+        text = "".join(token.text for token in arrived)
+        chunk = shape.chunk(text, None, tokens=held) if text else None
         if chunk is not None:  # None: the text is held (inside a tool call, a tag cut midway)
-            yield ServerSentEvent(id=event.entry_id, data=json.dumps(chunk))
+            yield ServerSentEvent(id=arrived[-1].entry_id, data=json.dumps(chunk))
             held = []
 
 

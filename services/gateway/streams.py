@@ -39,18 +39,33 @@ class Subscription:
     request_id: str
     last: str  # entries after this id are delivered
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # Token | BaseException
+    ahead: Token | BaseException | None = None  # taken from the queue by ``pending``, not yet read
 
     async def next(self, timeout_s: float) -> Token | None:
         """The next entry; None after ``timeout_s`` without one; raises what ended the stream."""
-        try:  # not asyncio.wait_for: in 3.11 it loses a cancel that comes as the entry does, and a
-            # cancelled stream (its client gone) would read on, its request never cancelled
-            async with asyncio.timeout(timeout_s):
-                item = await self.queue.get()
-        except TimeoutError:
-            return None
+        item, self.ahead = self.ahead, None
+        if item is None:
+            try:  # not asyncio.wait_for: in 3.11 it loses a cancel that comes as the entry does, and a
+                # cancelled stream (its client gone) would read on, its request never cancelled
+                async with asyncio.timeout(timeout_s):
+                    item = await self.queue.get()
+            except TimeoutError:
+                return None
         if isinstance(item, BaseException):
             raise item
         return item
+
+    def pending(self) -> list[Token]:
+        """The tokens already queued behind the one just read, up to the stream's last (which, like
+        an error, is left for ``next``): a lagging reader sends them as one chunk."""
+        tokens = []
+        while self.ahead is None and not self.queue.empty():
+            item = self.queue.get_nowait()
+            if isinstance(item, BaseException) or item.finish_reason:
+                self.ahead = item
+            else:
+                tokens.append(item)
+        return tokens
 
     def close(self, reason: BaseException) -> None:
         self.queue.put_nowait(reason)

@@ -81,18 +81,42 @@ def test_resume_with_last_event_id_gives_exactly_the_rest(stack):
     full = {i: d for i, d in events if i}
     ids = list(full)
     cut = ids[len(ids) // 2]
-    resumed = []
     url = f"{stack.url}/v1/requests/{rid}/stream"
     for stranger in ({}, {"X-Resume-Token": "guess"}):  # the id alone (it is in every log) reads nothing
         refused = httpx.get(url, headers={"Last-Event-ID": "0-0", **stranger}, timeout=10)
         assert refused.status_code == 404 and refused.json()["error"]["type"] == "not_found_error"
     with httpx.stream("GET", url, headers={"Last-Event-ID": cut, "X-Resume-Token": token}, timeout=60) as r:
-        for event_id, data in sse_events(r):
-            if data == "[DONE]":
-                break
-            resumed.append(event_id)
-            assert data["choices"] == full[event_id]["choices"]
-    assert resumed == ids[ids.index(cut) + 1 :]
+        resumed = [(i, d) for i, d in sse_events(r) if d != "[DONE]"]
+    # the whole stream is there at once: the gateway may send several tokens in one chunk
+    rest = [full[i] for i in ids[ids.index(cut) + 1 :]]
+    assert _content(d for _, d in resumed) == _content(rest) != ""
+    assert resumed[-1][0] == ids[-1] and resumed[-1][1]["choices"][0]["finish_reason"] == "length"
+    assert all(_order(a) < _order(b) for a, b in zip([cut] + [i for i, _ in resumed], [i for i, _ in resumed]))
+
+
+def test_a_stream_read_behind_sends_its_queued_tokens_as_one_chunk(stack):
+    """Read back from the start once finished (a gateway lagging its decode worker at its worst):
+    every token queued, so they go out as one chunk with all their logprobs, then the finish."""
+    body = chat("all at once", max_tokens=20, ignore_eos=True, stream=True, logprobs=True)
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=60) as r:
+        rid, token = r.headers["x-request-id"], r.headers["x-resume-token"]
+        live = [d for i, d in sse_events(r) if i]
+    url = f"{stack.url}/v1/requests/{rid}/stream"
+    with httpx.stream("GET", url, headers={"Last-Event-ID": "0-0", "X-Resume-Token": token}, timeout=60) as r:
+        again = [d for i, d in sse_events(r) if i]
+    assert len(live) > 2 and len(again) == 2 and again[-1]["choices"][0]["finish_reason"] == "length"
+    assert _content(again) == _content(live)
+    logprobs = [len(d["choices"][0]["logprobs"]["content"]) for d in again]
+    assert sum(logprobs) == 20 and logprobs[-1] == 1
+
+
+def _content(chunks) -> str:
+    return "".join(d["choices"][0]["delta"].get("content") or "" for d in chunks)
+
+
+def _order(entry_id: str) -> tuple[int, int]:
+    ms, seq = entry_id.split("-")
+    return int(ms), int(seq)
 
 
 def test_resume_in_flight_after_a_disconnect(stack):

@@ -36,3 +36,30 @@ def test_a_reader_gets_the_next_entry_or_none_after_its_timeout():
 
     idle, entry = asyncio.run(scenario())
     assert idle is None and entry == Token("r", 0, 5, "x")
+
+
+def test_tokens_queued_behind_a_read_are_pending_and_the_last_is_left_for_next():
+    """A gateway that lags sends what has queued up as one chunk: ``pending`` takes the tokens,
+    never the stream's last entry (its chunk carries the finish) nor an error."""
+
+    async def scenario() -> tuple:
+        sub = Subscription("r", "0-0")
+        for i, text in enumerate("abc"):
+            sub.queue.put_nowait(Token("r", i, 5, text))
+        sub.queue.put_nowait(Token("r", 3, 6, "d", finish_reason="length"))
+        first = await sub.next(0.01)
+        queued = sub.pending()
+        after = sub.pending()  # the last entry waits for next; pending takes nothing more
+        last = await sub.next(0.01)
+        failing = Subscription("r", "0-0")
+        failing.queue.put_nowait(Token("r", 0, 5, "x"))
+        failing.queue.put_nowait(ConnectionError("redis lost"))
+        await failing.next(0.01)
+        return first, queued, after, last, failing.pending(), failing
+
+    first, queued, after, last, before_error, failing = asyncio.run(scenario())
+    assert first.text == "a" and [t.text for t in queued] == ["b", "c"] and after == []
+    assert last.text == "d" and last.finish_reason == "length"
+    assert before_error == []
+    with pytest.raises(ConnectionError):
+        asyncio.run(failing.next(0.01))
