@@ -9,7 +9,7 @@ import redis
 import redis.asyncio as aioredis
 
 from dayzero.params import SamplingParams
-from dayzero.serving.lifecycle import Lifecycle, Queue, Watching, key
+from dayzero.serving.lifecycle import HANDOFF_OWNER, Lifecycle, Queue, Watching, key
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.records import Token, decode
 from dayzero.serving.scripts import Take
@@ -28,6 +28,52 @@ def test_take_claims_a_free_request_once_and_lets_its_owner_take_it_again(redis_
     store.r.set(key("queued", "c1"), 1)
     assert store.take("c1", 0, "prefill1", 30) == Take.OWNED  # a live owner keeps it
     assert store.owner("c1") == "prefill0" and store.r.exists(key("queued", "c1"))
+
+
+def test_a_take_by_the_owner_again_starts_its_lease_afresh(redis_url):
+    """A request waiting for blocks is taken again every few iterations: its lease must not run
+    down meanwhile (it lapsed under load, the reaper re-ran a request being prefilled)."""
+    store = Lifecycle(redis.Redis.from_url(redis_url))
+    assert store.take("f1", 0, "prefill0", 30) == Take.CLAIMED
+    store.r.pexpire(key("lease", "f1"), 100)  # most of the lease gone
+    assert store.take("f1", 0, "prefill0", 30) == Take.CLAIMED
+    assert store.r.pttl(key("lease", "f1")) > 25_000
+
+
+def test_a_run_that_is_over_hands_nothing_off(redis_url):
+    """Its lease lapsed and the request was re-run, another worker took the lapsed lease, or the
+    request ended: no handoff mark, no lease, no job. A lease that lapsed unnoticed still hands off."""
+    store = Lifecycle(redis.Redis.from_url(redis_url))
+    store.r.delete("decode")
+    for rid in ("h-rerun", "h-taken", "h-ended", "h-lapsed"):
+        store.admit(_request(rid), [], "", 60)
+        assert store.take(rid, 0, "prefill0", 30) == Take.CLAIMED
+        store.r.delete(key("lease", rid))
+    assert store.rerun_orphan("h-rerun", 60) == 1
+    assert store.take("h-taken", 0, "prefill1", 30) == Take.CLAIMED
+    store.settle("h-ended", "cancelled")
+    handed = [store.hand_off(rid, 0, "prefill0", 60, "decode", rid) for rid in ("h-rerun", "h-taken", "h-ended", "h-lapsed")]
+    assert handed == [False, False, False, True]
+    assert [store.owner(rid) for rid in ("h-rerun", "h-taken", "h-ended")] == [None, "prefill1", None]
+    assert not any(store.r.exists(key("handoff", rid)) for rid in ("h-rerun", "h-taken", "h-ended"))
+    assert store.r.lrange("decode", 0, -1) == [b"h-lapsed"] and store.owner("h-lapsed") == HANDOFF_OWNER
+
+
+def test_rerun_orphan_requeues_only_an_unfinished_request_nobody_holds(redis_url):
+    store = Lifecycle(redis.Redis.from_url(redis_url))
+    ids = ("o-queued", "o-leased", "o-ended", "o-expired", "o-orphan")
+    for rid in ids:
+        store.admit(_request(rid), [], "", 60)
+    for rid in ids[1:]:
+        store.take(rid, 0, "decode0", 30)
+    store.settle("o-ended", "stop")
+    store.r.delete(key("req", "o-expired"), key("lease", "o-expired"))  # its record expired
+    store.r.sadd(key("active"), "o-ended")  # as if the reaper read the set just before the end
+    store.r.delete(key("lease", "o-orphan"))  # its worker died
+    assert [store.rerun_orphan(rid, 60) for rid in ids] == [0, 0, 0, 0, 1]
+    assert store.r.exists(key("queued", "o-orphan")) and store.rerun_orphan("o-orphan", 60) == 0  # queued now
+    active = set(store.active())
+    assert {"o-queued", "o-leased", "o-orphan"} <= active and not {"o-ended", "o-expired"} & active
 
 
 def test_take_drops_stale_and_ended_deliveries_and_reports_a_cancel(redis_url):

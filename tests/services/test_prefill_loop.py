@@ -280,3 +280,35 @@ def test_a_failed_forward_ends_only_the_requests_it_claimed(demo_dir, redis_url,
     run_jobs(PrefillLoop(runtime, recording([])), [PrefillJob(request=r) for r in requests])
     assert store.done("mine") == "error" and store.done("theirs") is None  # its owner's to end
     assert store.owner("theirs") == "prefill9@live" and runtime.pools.sequences == {}
+
+
+def test_a_run_whose_lease_lapsed_and_was_re_run_leaves_the_request_to_the_re_run(demo_dir, redis_url, monkeypatch):
+    """The lease lapses mid-prefill (a stalled worker) and the reaper re-runs the request. The old
+    run must not hand off: its handoff would take the lease from the new run (which then finds the
+    request owned and drops it) while decode drops the old run's job as stale, and the request would
+    hang until the handoff lapsed. The old run frees its blocks; the re-run goes to decode."""
+    import dayzero.serving.prefill_loop as prefill_loop
+    from dayzero.serving.reaper import sweep
+
+    runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill8@test", "prefill", False)
+    store, reruns, real_publish = Lifecycle.connect(redis_url), [], prefill_loop.publish
+    store.r.delete("decode")
+
+    def stalled(pools, seq_id, request_id, *args):
+        store.r.delete(key("lease", request_id))  # it lapsed, and the reaper's next sweep re-runs it
+        assert sweep(store, lambda job, stage: reruns.append(job), 60, 1) == [request_id]
+        return real_publish(pools, seq_id, request_id, *args)
+
+    monkeypatch.setattr(prefill_loop, "publish", stalled)
+    job = _admitted(store, "lapsed")
+    run_jobs(PrefillLoop(runtime, recording([])), [job])
+    assert store.r.llen("decode") == 0 and not store.r.exists(key("handoff", "lapsed"))
+    assert store.owner("lapsed") is None and store.r.exists(key("queued", "lapsed"))  # the re-run's to take
+    assert "lapsed" not in runtime.pools.sequences
+    [rerun] = reruns
+    assert rerun.attempt == 1 and len(rerun.generated) == 1  # the first token was streamed already
+    monkeypatch.setattr(prefill_loop, "publish", real_publish)
+    sent: list[DecodeJob] = []
+    run_jobs(PrefillLoop(runtime, recording(sent)), [rerun])
+    assert [job.attempt for job in sent] == [1] and store.r.llen("decode") == 1
+    assert store.owner("lapsed") == "handoff"

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from dayzero.serving.lifecycle import HANDOFF_OWNER, Lifecycle, key
 from dayzero.serving.queue import TASKS, composer, make_celery, sender, task_message
+from dayzero.serving.scripts import Take
 from dayzero.settings import Settings
 
 
@@ -64,29 +65,16 @@ def test_a_sender_pushes_the_job_where_send_task_would_with_the_current_trace(re
     app.close()
 
 
-def test_a_handoff_queues_decodes_job_with_its_marks_in_one_transaction(redis_url):
-    """One MULTI / EXEC: a worker that dies or loses Redis midway leaves both or neither (a handoff
-    mark without its job would hold the request until the mark lapsed)."""
+def test_a_handoff_queues_decodes_job_with_its_marks(redis_url):
+    """The marks and decode's job in one atomic step: a worker that dies or loses Redis midway
+    leaves both or neither (a handoff mark without its job would hold the request until it lapsed)."""
     client, app = redis.Redis.from_url(redis_url), make_celery(Settings(redis_url=redis_url))
-    store, sent = Lifecycle(client), []
-    real = client.pipeline
-
-    def watched(*args, **kwargs):
-        pipe = real(*args, **kwargs)
-        run = pipe.execute
-
-        def execute(*a, **k):
-            sent.append((pipe.transaction, [command[0][0] for command in pipe.command_stack]))
-            return run(*a, **k)
-
-        pipe.execute = execute
-        return pipe
-
-    client.pipeline = watched
+    store = Lifecycle(client)
     client.delete("decode")
     message = composer(app, "decode")(_Job(n=3))
-    store.hand_off("handed", 60, "decode", message)
-    assert sent == [(True, ["SET", "SET", "LPUSH"])]
+    assert store.take("handed", 0, "prefill0", 30) == Take.CLAIMED
+    assert store.hand_off("handed", 0, "prefill0", 60, "decode", message)
     assert client.get(key("handoff", "handed")) == b"1" and store.owner("handed") == HANDOFF_OWNER
+    assert 50_000 < client.pttl(key("lease", "handed")) <= 60_000
     assert client.rpop("decode") == message.encode() and client.llen("decode") == 0
     app.close()

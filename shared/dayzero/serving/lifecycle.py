@@ -35,7 +35,7 @@ from opentelemetry import trace
 
 from .messages import GenerationRequest
 from .records import Token, encode, ending
-from .scripts import ADMIT, HEARTBEAT, TAKE, Take
+from .scripts import ADMIT, HAND_OFF, HEARTBEAT, RERUN, TAKE, Take
 
 P = "dz:"
 HANDOFF_OWNER = "handoff"
@@ -84,13 +84,14 @@ class Lifecycle:
     def __init__(self, client: redis.Redis, stream_ttl_s: int = 600) -> None:
         self.r, self.ttl_s = client, stream_ttl_s
         self._admit, self._take = client.register_script(ADMIT), client.register_script(TAKE)
-        self._heartbeat = client.register_script(HEARTBEAT)
+        self._heartbeat, self._hand_off = client.register_script(HEARTBEAT), client.register_script(HAND_OFF)
+        self._rerun = client.register_script(RERUN)
 
     def load_scripts(self) -> None:
         """Load the Lua scripts now, not on a request's way (a first call finds one missing, loads it
         and calls again: two more round trips; after a Redis restart the next call still does).
         The workers do it before they announce themselves, so before the gateway is ready."""
-        for script in (self._admit, self._take, self._heartbeat):
+        for script in (self._admit, self._take, self._heartbeat, self._hand_off, self._rerun):
             self.r.script_load(script.script)
 
     @classmethod
@@ -150,16 +151,14 @@ class Lifecycle:
         return raw.decode() if raw else None
 
     # -- prefill -> handed off -> decoding -------------------------------------------------------------
-    def hand_off(self, rid: str, ttl_s: float, queue: str, message: str) -> None:
+    def hand_off(self, rid: str, attempt: int, owner: str, ttl_s: float, queue: str, message: str) -> bool:
         """Prefill's blocks stay leased to the request until decode takes them (or this expires), and
-        ``message`` (decode's job) goes onto ``queue``: one transaction, so a worker that dies or
-        loses Redis in between leaves no handoff without its job (the request would wait out the
-        lease before the reaper re-ran it)."""
-        pipe = self.r.pipeline()
-        pipe.set(key("handoff", rid), 1, px=int(ttl_s * 1000))
-        pipe.set(key("lease", rid), HANDOFF_OWNER, px=int(ttl_s * 1000))
-        pipe.lpush(queue, message)
-        pipe.execute()
+        ``message`` (decode's job) goes onto ``queue``: one atomic step, so a worker that dies or
+        loses Redis in between leaves no handoff without its job. False, nothing written: this run
+        is over (the request ended, or its lease lapsed and it was re-run); a handoff then would
+        take the lease from the new run, and decode would drop the old run's job as stale."""
+        keys = [key("attempt", rid), key("done", rid), key("lease", rid), key("handoff", rid), queue]
+        return bool(self._hand_off(keys=keys, args=[attempt, owner, int(ttl_s * 1000), message, HANDOFF_OWNER]))
 
     def take_handoffs(self, handoffs: list[tuple[str, str]], owner: str, lease_s: float) -> set[str]:
         """Decode has the states of these (request, holder) handoffs: decode owns each request now,
@@ -236,19 +235,12 @@ class Lifecycle:
     def active(self) -> list[str]:
         return [m.decode() for m in self.r.smembers(key("active"))]
 
-    def orphaned(self, rid: str) -> bool:
-        """Unfinished, not queued, and nobody holds its lease (a request that ended or whose record
-        expired leaves the active set here)."""
-        if self.done(rid) or not self.r.exists(key("req", rid)):
-            self.r.srem(key("active"), rid)
-            return False
-        return not self.r.exists(key("queued", rid), key("lease", rid))
-
-    def rerun(self, rid: str, queued_s: float) -> int:
-        """Queue the request again; returns its new attempt number (older deliveries become stale)."""
-        attempt = int(self.r.incr(key("attempt", rid)))
-        self.r.set(key("queued", rid), 1, px=int(queued_s * 1000))
-        return attempt
+    def rerun_orphan(self, rid: str, queued_s: float) -> int:
+        """Queue the request again if it is unfinished, not queued, and nobody holds its lease: its
+        new attempt number (older deliveries become stale); else 0. A request that ended or whose
+        record expired leaves the active set here. One atomic step."""
+        keys = [key(family, rid) for family in ("done", "req", "queued", "lease", "attempt")] + [key("active")]
+        return int(self._rerun(keys=keys, args=[int(queued_s * 1000), rid]))
 
     # -- the token stream ---------------------------------------------------------------------------------
     def append(self, tokens: list[Token], watch: list[str] = ()) -> set[str]:

@@ -250,8 +250,13 @@ class PrefillLoop:
                 ref = ref.model_copy(update={"holder": self.r.name})  # decode says when it has taken it
             generated = (*job.generated, step.token)
             sent = DecodeJob(request=job.request, generated=generated, state=ref, attempt=job.attempt, trace=job.trace)
-            store.hand_off(rid, settings.handoff_timeout_s, "decode", self.decode_message(sent))
-            if kept:
+            message = self.decode_message(sent)
+            if not store.hand_off(rid, job.attempt, self.r.name, settings.handoff_timeout_s, "decode", message):
+                log.warning("request %s: its lease lapsed and it was re-run (or it ended): dropping this run", rid)
+                if not kept:
+                    store.drop_parked(ref.location)
+                self.r.ranks.release(rid)
+            elif kept:
                 self.handed_off[rid] = time.monotonic() + settings.handoff_timeout_s
             else:
                 self.r.ranks.release(rid)  # the state travels in Redis: nothing to keep

@@ -26,10 +26,10 @@ def sweep(store: Lifecycle, send: Callable[[PrefillJob, str], None], queued_ttl_
         return []  # another gateway swept just now
     rerun = []
     for rid in store.active():
-        request = store.request(rid) if store.orphaned(rid) else None
+        attempt = store.rerun_orphan(rid, queued_ttl_s)
+        request = store.request(rid) if attempt else None
         if request is None:
             continue
-        attempt = store.rerun(rid, queued_ttl_s)
         generated = tuple(store.streamed_tokens(rid))
         if attempt > MAX_ATTEMPTS:
             store.settle(rid, "error", len(generated), "the request failed on several workers")

@@ -42,19 +42,57 @@ class Take(IntEnum):
 
 
 # KEYS: attempt, done, lease, queued, cancel; ARGV: the delivery's attempt, owner, lease ms. The
-# owner may take again (a batch it retries after Redis came back).
+# owner may take again (a batch it retries after Redis came back, a request waiting for blocks): its
+# lease starts afresh, as a first take's does (the heartbeat's next beat may be a third of a lease off).
 TAKE = """
 if redis.call('EXISTS', KEYS[2]) == 1 or tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or 0) then
     return 0
 end
-if not (redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3], 'NX') or redis.call('GET', KEYS[3]) == ARGV[2]) then
+local lease = redis.call('GET', KEYS[3])
+if lease and lease ~= ARGV[2] then
     return 1
 end
+redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
 redis.call('DEL', KEYS[4])
 if redis.call('EXISTS', KEYS[5]) == 1 then
     return 2
 end
 return 3
+"""
+
+
+# KEYS: attempt, done, lease, handoff, decode's queue; ARGV: the run's attempt, its owner, the
+# handoff's ms, decode's message, the handoff's lease owner. 1: handed off (its lease now). 0: nothing written,
+# the run is over: the request ended, or its lease lapsed and it was re-run (or taken) elsewhere.
+HAND_OFF = """
+if redis.call('EXISTS', KEYS[2]) == 1 or tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or 0) then
+    return 0
+end
+local lease = redis.call('GET', KEYS[3])
+if lease and lease ~= ARGV[2] then
+    return 0
+end
+redis.call('SET', KEYS[4], 1, 'PX', ARGV[3])
+redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[3])
+redis.call('LPUSH', KEYS[5], ARGV[4])
+return 1
+"""
+
+
+# KEYS: done, req, queued, lease, attempt, active; ARGV: queued ms, the request's id. The reaper's check and re-run in
+# one step, so no transition can come between them: an unfinished request that is neither queued nor
+# leased is queued again (-> its new attempt); one that ended or whose record expired leaves the
+# active set (-> 0); any other is left alone (-> 0).
+RERUN = """
+if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 0 then
+    redis.call('SREM', KEYS[6], ARGV[2])
+    return 0
+end
+if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
+    return 0
+end
+redis.call('SET', KEYS[3], 1, 'PX', ARGV[1])
+return redis.call('INCR', KEYS[5])
 """
 
 
