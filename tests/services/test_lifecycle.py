@@ -52,7 +52,8 @@ def test_a_run_that_is_over_hands_nothing_off(redis_url):
     assert store.rerun_orphan("h-rerun", 60) == 1
     assert store.take("h-taken", 0, "prefill1", 30) == Take.CLAIMED
     store.settle("h-ended", "cancelled")
-    handed = [store.hand_off(rid, 0, "prefill0", 60, "decode", rid) for rid in ("h-rerun", "h-taken", "h-ended", "h-lapsed")]
+    ids = ("h-rerun", "h-taken", "h-ended", "h-lapsed")
+    handed = [store.hand_off(rid, 0, "prefill0", 60, "decode", rid) for rid in ids]
     assert handed == [False, False, False, True]
     assert [store.owner(rid) for rid in ("h-rerun", "h-taken", "h-ended")] == [None, "prefill1", None]
     assert not any(store.r.exists(key("handoff", rid)) for rid in ("h-rerun", "h-taken", "h-ended"))

@@ -141,6 +141,10 @@ class PrefillLoop:
         if taken != Take.CLAIMED:
             ticket.done.set()  # a duplicate, a stale redelivery, ended, or owned by a live worker
             return False
+        if job.attempt:  # a re-run: the old run (stalled, not dead) may have streamed more since
+            streamed = store.streamed_tokens(rid)  # the reaper read its tokens; continue after them
+            if len(streamed) > len(job.generated):
+                ticket.job = job = job.model_copy(update={"generated": tuple(streamed)})
         try:
             self._reserve(rid, len(job.request.prompt_ids) + len(job.generated))
         except OutOfBlocks as exc:
