@@ -41,17 +41,27 @@ class Take(IntEnum):
     CLAIMED = 3  # this worker owns it now; it is no longer queued
 
 
-# KEYS: attempt, done, lease, queued, cancel; ARGV: the delivery's attempt, owner, lease ms. The
-# owner may take again (a batch it retries after Redis came back, a request waiting for blocks): its
-# lease starts afresh, as a first take's does (the heartbeat's next beat may be a third of a lease off).
-TAKE = """
+def _current_run(lease_held: int) -> str:
+    """A script's first lines, over KEYS attempt, done, lease and ARGV the run's attempt, its owner:
+    0 when the run is over (an older attempt's, or the request ended), ``lease_held`` when someone
+    else holds the lease. The owner itself, or nobody, goes on."""
+    return f"""
 if redis.call('EXISTS', KEYS[2]) == 1 or tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or 0) then
     return 0
 end
 local lease = redis.call('GET', KEYS[3])
 if lease and lease ~= ARGV[2] then
-    return 1
+    return {int(lease_held)}
 end
+"""
+
+
+# KEYS: attempt, done, lease, queued, cancel; ARGV: the delivery's attempt, owner, lease ms. The
+# owner may take again (a batch it retries after Redis came back, a request waiting for blocks): its
+# lease starts afresh, as a first take's does (the heartbeat's next beat may be a third of a lease off).
+TAKE = (
+    _current_run(Take.OWNED)
+    + """
 redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
 redis.call('DEL', KEYS[4])
 if redis.call('EXISTS', KEYS[5]) == 1 then
@@ -59,24 +69,22 @@ if redis.call('EXISTS', KEYS[5]) == 1 then
 end
 return 3
 """
+)
 
 
 # KEYS: attempt, done, lease, handoff, decode's queue; ARGV: the run's attempt, its owner, the
-# handoff's ms, decode's message, the handoff's lease owner. 1: handed off (its lease now). 0: nothing written,
-# the run is over: the request ended, or its lease lapsed and it was re-run (or taken) elsewhere.
-HAND_OFF = """
-if redis.call('EXISTS', KEYS[2]) == 1 or tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or 0) then
-    return 0
-end
-local lease = redis.call('GET', KEYS[3])
-if lease and lease ~= ARGV[2] then
-    return 0
-end
+# handoff's ms, decode's message, the handoff's lease owner. 1: handed off (its lease now). 0:
+# nothing written, the run is over: the request ended, or its lease lapsed and it was re-run (or
+# taken) elsewhere.
+HAND_OFF = (
+    _current_run(0)
+    + """
 redis.call('SET', KEYS[4], 1, 'PX', ARGV[3])
 redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[3])
 redis.call('LPUSH', KEYS[5], ARGV[4])
 return 1
 """
+)
 
 
 # KEYS: done, req, queued, lease, attempt, active; ARGV: queued ms, the request's id. The reaper's check and re-run in
