@@ -34,7 +34,7 @@ import redis.asyncio as aioredis
 from opentelemetry import trace
 
 from .messages import GenerationRequest
-from .records import Token, encode, ending
+from .records import Token, decode, encode, ending
 from .scripts import ADMIT, HAND_OFF, HEARTBEAT, RERUN, TAKE, Take
 
 P = "dz:"
@@ -262,6 +262,11 @@ class Lifecycle:
 
     def streamed_tokens(self, rid: str) -> list[int]:
         return [int(f[b"t"]) for _, f in self.r.xrange(key("tokens", rid)) if int(f[b"t"]) >= 0]
+
+    def stream_end(self, rid: str) -> str | None:
+        """The finish reason the request's stream already ends with; None while it is open."""
+        last = self.r.xrevrange(key("tokens", rid), count=1)
+        return decode(rid, last[0][1]).finish_reason if last else None
 
 
 class Watching:

@@ -30,6 +30,10 @@ def sweep(store: Lifecycle, send: Callable[[PrefillJob, str], None], queued_ttl_
         request = store.request(rid) if attempt else None
         if request is None:
             continue
+        ended = store.stream_end(rid)
+        if ended:  # its worker died after streaming the end, before recording it: nothing to re-run
+            store.settle(rid, ended)
+            continue
         generated = tuple(store.streamed_tokens(rid))
         if attempt > MAX_ATTEMPTS:
             store.settle(rid, "error", len(generated), "the request failed on several workers")

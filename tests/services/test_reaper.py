@@ -1,0 +1,31 @@
+"""The reaper against a real Redis: what it re-runs, and what it ends instead."""
+
+from __future__ import annotations
+
+import redis
+
+from dayzero.params import SamplingParams
+from dayzero.serving.lifecycle import Lifecycle, key
+from dayzero.serving.messages import GenerationRequest
+from dayzero.serving.reaper import sweep
+from dayzero.serving.records import Token
+
+
+def test_a_request_whose_worker_died_after_streaming_its_end_is_ended_not_re_run(redis_url):
+    """Its last token carried the finish; the worker died before recording the end. A re-run would
+    generate past the end the client already read; the reaper records the end instead. A request
+    whose worker died mid-stream is re-run from the tokens streamed."""
+    store, sent = Lifecycle(redis.Redis.from_url(redis_url)), []
+    for rid in ("r-ended", "r-midway"):
+        request = GenerationRequest(
+            request_id=rid, prompt_ids=(0, 5), sampling=SamplingParams(max_tokens=2), created=0.0
+        )
+        store.admit(request, [], "", 60)
+        store.take(rid, 0, "decode0", 30)
+        store.append([Token(rid, 0, 7, "a")])
+        store.r.delete(key("lease", rid))  # the worker died
+    store.append([Token("r-ended", 1, 8, "b", finish_reason="length")])
+    rerun = sweep(store, lambda job, stage: sent.append(job), 60, 1)
+    assert "r-ended" not in rerun and store.done("r-ended") == "length"
+    assert "r-ended" not in store.active() and not store.r.exists(key("queued", "r-ended"))
+    assert "r-midway" in rerun and [job.generated for job in sent if job.request.request_id == "r-midway"] == [(7,)]
