@@ -87,10 +87,10 @@ return 1
 )
 
 
-# KEYS: done, req, queued, lease, attempt, active; ARGV: queued ms, the request's id. The reaper's check and re-run in
-# one step, so no transition can come between them: an unfinished request that is neither queued nor
-# leased is queued again (-> its new attempt); one that ended or whose record expired leaves the
-# active set (-> 0); any other is left alone (-> 0).
+# KEYS: done, req, queued, lease, attempt, active; ARGV: queued ms, the request's id. The reaper's
+# check and re-run in one step, so no transition can come between them: an unfinished request that
+# is neither queued nor leased is queued again (-> its new attempt); one that ended or whose record
+# expired leaves the active set (-> 0); any other is left alone (-> 0).
 RERUN = """
 if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 0 then
     redis.call('SREM', KEYS[6], ARGV[2])
