@@ -15,9 +15,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from dayzero.config import ModelConfig
+from dayzero.serving.lifecycle import QUEUES
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.metrics import QueueDepthCollector, SnapshotCollector
-from dayzero.serving.queue import STAGES, make_celery, sender
+from dayzero.serving.queue import STAGES, composer, make_celery
 from dayzero.serving.reaper import sweep
 from dayzero.settings import Settings
 from dayzero.telemetry import setup_tracing
@@ -34,10 +35,10 @@ log = logging.getLogger("dayzero.gateway")
 
 async def _reaper(gw: Gateway) -> None:
     """Re-run requests whose worker stopped heartbeating (see dayzero.serving.reaper)."""
-    senders = {stage: sender(gw.bus.celery, stage, gw.bus.store.r) for stage in ("vision", "prefill")}
+    messages = {stage: composer(gw.bus.celery, stage) for stage in QUEUES}
 
     def send(job: PrefillJob, stage: str) -> None:
-        senders[stage](job)
+        gw.bus.store.enqueue(job.request.request_id, stage, messages[stage](job), gw.settings.visibility_timeout_s)
 
     period = gw.settings.lease_s / 2
     while True:

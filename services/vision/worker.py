@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from celery import Celery
 
-from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import PrefillJob
-from dayzero.serving.queue import TASKS, make_celery, sender
+from dayzero.serving.queue import TASKS, composer, make_celery
 from dayzero.serving.vision_stage import VisionStage
 from dayzero.serving.worker import StageWorker
 from dayzero.settings import Settings
@@ -14,8 +13,8 @@ from dayzero.settings import Settings
 
 def make_worker(settings: Settings) -> Celery:
     app = make_celery(settings)
-    send_prefill = sender(app, "prefill", Lifecycle.connect(settings.redis_url).r)  # connects on first use
-    stage = StageWorker(settings, "vision", lambda name: VisionStage(settings, name, send_prefill))
+    prefill_message = composer(app, "prefill")
+    stage = StageWorker(settings, "vision", lambda name: VisionStage(settings, name, prefill_message))
 
     @app.task(name=TASKS["vision"])
     def vision(job_json: str) -> None:

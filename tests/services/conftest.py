@@ -145,13 +145,14 @@ def run_jobs(loop, jobs, timeout_s: float = 120) -> None:
         thread.join(30)  # a thread still inside torch when the interpreter exits aborts it (SIGABRT)
 
 
-def recording(sent: list):
-    """A prefill loop's decode-message maker that keeps each job it is given in ``sent``; the loop
-    pushes the message (a real task message) onto the decode list with the handoff marks."""
+def recording(sent: list, stage: str = "decode"):
+    """A stage's message maker for ``stage`` (prefill's for decode, vision's for prefill) that keeps
+    each job it is given in ``sent``; the stage pushes the message (a real task message) onto the
+    stage's list with the request's marks."""
     from dayzero.serving.queue import composer, make_celery
     from dayzero.settings import Settings
 
-    compose = composer(make_celery(Settings()), "decode")
+    compose = composer(make_celery(Settings()), stage)
 
     def message(job) -> str:
         sent.append(job)

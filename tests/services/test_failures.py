@@ -122,32 +122,39 @@ def test_killed_decode_worker_requests_complete_elsewhere_without_gaps(stack):
     stack.wait_ready()
 
 
-def test_killed_prefill_worker_request_is_retried(stack):
-    r = redis.Redis.from_url(stack.redis_url)
-    prompt = [0] + [(k * 13) % 500 + 2 for k in range(3500)]  # long enough to kill it mid-prefill
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
-    with httpx.Client(timeout=180) as client:
-        import threading
+def test_killed_prefill_worker_requests_are_retried_those_waiting_in_it_too(stack):
+    """Three long prompts: the worker prefills two while the third waits in it (a batch holds 8192
+    tokens). Killed mid-prefill, all three are re-run, the waiting one too: its lease lapses as
+    the others' do (marked queued, it would wait for the broker's visibility timeout: an hour)."""
+    import threading
 
-        result = {}
-        t = threading.Thread(target=lambda: result.update(client.post(f"{stack.url}/v1/completions", json=body).json()))
+    r = redis.Redis.from_url(stack.redis_url)
+    results = []
+
+    def send(i: int) -> None:
+        prompt = [0] + [(k * 13 + i) % 500 + 2 for k in range(3500)]  # long enough to kill it mid-prefill
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        results.append(httpx.post(f"{stack.url}/v1/completions", json=body, timeout=180).json())
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+    for t in threads:
         t.start()
-        owner = wait_until(
-            lambda: next(
-                (v.decode() for k in r.scan_iter("dz:lease:*") if (v := r.get(k)) and v.startswith(b"prefill")), None
-            ),
-            30,
-            0.01,
-        )
-        assert owner, "the prefill worker never took the request"
-        child = stack.child(owner.split("@")[0])
-        os.killpg(child.proc.pid, signal.SIGKILL)
-        deadline = time.time() + 150
-        while t.is_alive() and time.time() < deadline:
-            stack.supervise()  # as `dayzero up` does: restart the dead worker
-            t.join(0.5)
-    assert result["choices"][0]["finish_reason"] == "length", result
-    assert result["usage"]["completion_tokens"] == 8
+    owner = wait_until(
+        lambda: next(
+            (v.decode() for k in r.scan_iter("dz:lease:*") if (v := r.get(k)) and v.startswith(b"prefill")), None
+        ),
+        30,
+        0.01,
+    )
+    assert owner, "the prefill worker never took a request"
+    child = stack.child(owner.split("@")[0])
+    os.killpg(child.proc.pid, signal.SIGKILL)
+    deadline = time.time() + 150
+    while any(t.is_alive() for t in threads) and time.time() < deadline:
+        stack.supervise()  # as `dayzero up` does: restart the dead worker
+        threads[0].join(0.5)
+    assert [t.is_alive() for t in threads] == [False] * 3, "a request waited on past the deadline"
+    assert [(x["choices"][0]["finish_reason"], x["usage"]["completion_tokens"]) for x in results] == [("length", 8)] * 3
     stack.wait_ready()
 
 

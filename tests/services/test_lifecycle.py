@@ -77,6 +77,37 @@ def test_rerun_orphan_requeues_only_an_unfinished_request_nobody_holds(redis_url
     assert {"o-queued", "o-leased", "o-orphan"} <= active and not {"o-ended", "o-expired"} & active
 
 
+def test_a_message_a_worker_took_and_never_claimed_is_re_run_at_once(redis_url):
+    """A queued request's mark counts its message on its queue. While the message waits there, the
+    reaper leaves the request alone. Once a worker has taken the message off the queue and died
+    before its claim, the reaper re-runs the request at once, not when the mark lapses (an hour).
+    A claimed request is its claimant's; a late claim of the old delivery is stale."""
+    store = Lifecycle(redis.Redis.from_url(redis_url))
+    store.r.delete("prefill", key("pushed", "prefill"))
+
+    async def admit() -> None:  # as the gateway admits: the message pushed with the records
+        client = aioredis.Redis.from_url(redis_url)
+        await Watching(client, 60).admit([_request("m-first")], [], "r", 60, Queue("prefill", ("m-first",)))
+        await client.aclose()
+
+    asyncio.run(admit())
+    store.admit(_request("m-second"), [], "", 60)  # recorded, then queued as vision hands it on
+    store.enqueue("m-second", "prefill", "m-second", 60)
+    store.admit(_request("m-third"), [], "", 60)
+    store.enqueue("m-third", "prefill", "m-third", 60)
+    ids = ("m-first", "m-second", "m-third")
+    assert [store.rerun_orphan(rid, 60) for rid in ids] == [0, 0, 0]  # each message waits in the queue
+    assert store.r.rpop("prefill") == b"m-first"  # a worker takes the oldest, and dies
+    assert store.r.rpop("prefill") == b"m-second"  # another takes the next and claims it
+    assert store.take("m-second", 0, "prefill1", 30) == Take.CLAIMED
+    assert [store.rerun_orphan(rid, 60) for rid in ids] == [1, 0, 0]
+    assert store.take("m-first", 0, "prefill0", 30) == Take.STALE  # the dead worker's claim, had it come
+    assert store.rerun_orphan("m-first", 60) == 0  # its re-run is on its way: queued, not yet pushed
+    store.enqueue("m-first", "prefill", "m-first again", 60)
+    assert store.r.lrange("prefill", 0, -1) == [b"m-first again", b"m-third"]
+    assert store.rerun_orphan("m-first", 60) == 0 and store.take("m-first", 1, "prefill1", 30) == Take.CLAIMED
+
+
 def test_take_drops_stale_and_ended_deliveries_and_reports_a_cancel(redis_url):
     store = Lifecycle(redis.Redis.from_url(redis_url))
     store.r.set(key("attempt", "s1"), 2)

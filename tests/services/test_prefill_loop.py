@@ -166,9 +166,7 @@ def test_a_request_that_finds_the_pools_full_takes_the_blocks_of_a_handoff_decod
     """Handed-off blocks are reclaimed after each batch (off the next arrival's path) and, when a
     request finds no free blocks, at once: it is not sent back to wait for the next iteration."""
     loop, sent = _one_sequence_loop(demo_dir, redis_url, "prefill6@test")
-    runtime, store, requeued = loop.r, Lifecycle.connect(redis_url), []
-    real_requeue = runtime.store.requeue
-    runtime.store.requeue = lambda rid, *args: requeued.append(rid) or real_requeue(rid, *args)
+    runtime, store = loop.r, Lifecycle.connect(redis_url)
     tickets = []
     try:
         for rid in ("first", "second"):
@@ -181,29 +179,64 @@ def test_a_request_that_finds_the_pools_full_takes_the_blocks_of_a_handoff_decod
     finally:
         loop.stop.set()  # its heartbeat thread ends with it
     assert tickets[1].done.is_set() and [job.request.request_id for job in sent] == ["first", "second"]
-    assert requeued == [] and set(runtime.pools.sequences) == {"second"}
+    assert loop.pending == [] and set(runtime.pools.sequences) == {"second"}
 
 
 def test_a_request_waiting_for_blocks_waits_without_spinning(demo_dir, redis_url):
     """Pools full of a handoff decode has not taken yet: the next request waits for the intake (or
-    a reclaim) a few times a second, not in a busy loop of claims, and runs once decode takes it."""
+    a reclaim) a few times a second, not in a busy loop, and runs once decode takes it. One that a
+    client cancels meanwhile ends without blocks."""
     loop, sent = _one_sequence_loop(demo_dir, redis_url, "prefill7@test")
-    store, takes = Lifecycle.connect(redis_url), []
-    real_take = loop.r.store.take
-    loop.r.store.take = lambda rid, *args: takes.append(rid) or real_take(rid, *args)
-    tickets = [loop.intake.submit(_admitted(store, rid)) for rid in ("holds", "waits")]
+    store, tries = Lifecycle.connect(redis_url), []
+    real_reserve = loop.r.ranks.reserve
+    loop.r.ranks.reserve = lambda rid, *args: tries.append(rid) or real_reserve(rid, *args)
+    tickets = [loop.intake.submit(_admitted(store, rid)) for rid in ("holds", "waits", "leaves")]
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
         time.sleep(1.0)
         assert tickets[0].done.is_set() and not tickets[1].done.is_set()  # "waits" finds no blocks
-        assert takes.count("waits") <= 25  # a try every ~50 ms, not thousands
+        assert tries.count("waits") <= 25  # a try every ~50 ms, not thousands
+        store.cancel("leaves")
+        assert tickets[2].done.wait(2) and store.done("leaves") == "cancelled"
         store.take_handoffs([("holds", sent[0].state.holder)], "decode0@test", 5)
         assert tickets[1].done.wait(5)
     finally:
         loop.stop.set()
         thread.join(5)
     assert [job.request.request_id for job in sent] == ["holds", "waits"]
+
+
+def test_a_request_waiting_in_a_worker_is_leased_to_it_and_re_run_when_it_dies(demo_dir, redis_url):
+    """Delivered requests are claimed at once, before the loop reaches them, and stay leased to the
+    worker (its heartbeat) while they wait for the loop or for blocks, with no queued mark. When the
+    worker dies, the lease lapses and the reaper re-runs the request. Marked queued instead, the
+    reaper would leave it for the broker's visibility timeout (an hour): without ack emulation the
+    broker never delivers a dead worker's messages again."""
+    from dayzero.serving.reaper import sweep
+
+    settings = Settings(
+        checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=1, max_batch=1, handoff_timeout_s=600, lease_s=0.3
+    )
+    loop = PrefillLoop(Runtime.load(settings, "prefill10@test", "prefill", False), recording([]))
+    store, name = Lifecycle.connect(redis_url), loop.r.name
+    tickets = [loop.intake.submit(_admitted(store, rid)) for rid in ("early", "late")]
+    assert [store.owner(rid) for rid in ("early", "late")] == [name, name]  # claimed on delivery
+    assert not store.r.exists(key("queued", "early"), key("queued", "late"))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        time.sleep(1.2)  # four leases
+        assert tickets[0].done.is_set() and not tickets[1].done.is_set()  # "late" waits for blocks
+        assert store.owner("late") == name and not store.r.exists(key("queued", "late"))
+    finally:
+        loop.stop.set()  # the worker dies: no more heartbeats
+        thread.join(5)
+    time.sleep(0.5)
+    reruns = []
+    swept = sweep(store, lambda job, stage: reruns.append(job), 60, 1)  # (and the module's leftovers)
+    assert "late" in swept and "early" not in swept  # "early" waits for decode
+    assert [job.attempt for job in reruns if job.request.request_id == "late"] == [1]
 
 
 def test_leases_live_until_each_request_of_a_slow_batch_is_handed_on(demo_dir, redis_url, monkeypatch):

@@ -12,7 +12,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from pydantic import BaseModel
 
 from dayzero.serving.lifecycle import HANDOFF_OWNER, Lifecycle, key
-from dayzero.serving.queue import TASKS, composer, make_celery, sender, task_message
+from dayzero.serving.queue import TASKS, composer, make_celery, task_message
 from dayzero.serving.scripts import Take
 from dayzero.settings import Settings
 
@@ -48,7 +48,7 @@ class _Job(BaseModel):
     n: int
 
 
-def test_a_sender_pushes_the_job_where_send_task_would_with_the_current_trace(redis_url):
+def test_a_composed_message_is_the_job_where_send_task_would_put_it_with_the_current_trace(redis_url):
     app = make_celery(Settings(redis_url=redis_url))
     client = redis.Redis.from_url(redis_url)
     client.delete("decode")
@@ -57,7 +57,7 @@ def test_a_sender_pushes_the_job_where_send_task_would_with_the_current_trace(re
     client.delete("decode")
     context = SpanContext(trace_id=0xAB, span_id=0xCD, is_remote=False, trace_flags=TraceFlags(1))
     with trace.use_span(NonRecordingSpan(context)):
-        sender(app, "decode", client)(_Job(n=7))
+        client.lpush("decode", composer(app, "decode")(_Job(n=7)))
     message = json.loads(client.rpop("decode"))
     assert message["headers"]["task"] == "dayzero.decode"
     assert message["headers"]["traceparent"] == f"00-{0xAB:032x}-{0xCD:016x}-01"

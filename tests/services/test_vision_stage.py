@@ -29,7 +29,7 @@ def _request(rid: str, images: int) -> GenerationRequest:
 def test_stage_encodes_then_hands_the_request_to_prefill(demo_dir, redis_url):
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url)
     sent: list[PrefillJob] = []
-    stage = VisionStage(settings, "vision0@test", sent.append)
+    stage = VisionStage(settings, "vision0@test", recording(sent, "prefill"))
     try:
         store = Lifecycle.connect(redis_url)
         request = _request("img-1", 1)
@@ -63,7 +63,7 @@ def test_reaper_sends_lost_image_requests_back_to_vision(redis_url):
 def test_prefill_frees_the_embeddings_of_a_request_cancelled_in_its_queue(demo_dir, redis_url):
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url)
     sent: list[PrefillJob] = []
-    stage = VisionStage(settings, "vision0@test", sent.append)
+    stage = VisionStage(settings, "vision0@test", recording(sent, "prefill"))
     try:
         stage.handle(_register(redis_url, "cancelled-img"))
     finally:

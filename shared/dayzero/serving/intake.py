@@ -27,12 +27,17 @@ class Ticket(Generic[Job]):
 
 
 class Intake(Generic[Job]):
-    def __init__(self) -> None:
+    """``claim(ticket)`` runs on the submitting (task) thread as the job arrives: False when it
+    settled the ticket itself, and the loop never sees it."""
+
+    def __init__(self, claim: Callable[[Ticket[Job]], bool] = lambda ticket: True) -> None:
         self._queue: queue.Queue[Ticket[Job]] = queue.Queue()
+        self._claim = claim
 
     def submit(self, job: Job) -> Ticket[Job]:
         ticket = Ticket(job)
-        self._queue.put(ticket)
+        if self._claim(ticket):
+            self._queue.put(ticket)
         return ticket
 
     def drain(self, wait_s: float) -> list[Ticket[Job]]:

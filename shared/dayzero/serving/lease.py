@@ -35,14 +35,18 @@ class Heartbeat:
                 except redis.RedisError:
                     log.warning("heartbeat failed; retrying")
 
-    @contextlib.contextmanager
-    def holding(self, ids: list[str]) -> Iterator[Heartbeat]:
-        """Beat for ``ids`` until the block ends, or until each is ``release``d."""
+    def hold(self, ids: list[str]) -> None:
+        """Beat for ``ids`` until each is ``release``d."""
         with self._lock:
             self._ids.update(ids)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
                 self._thread.start()
+
+    @contextlib.contextmanager
+    def holding(self, ids: list[str]) -> Iterator[Heartbeat]:
+        """Beat for ``ids`` until the block ends, or until each is ``release``d."""
+        self.hold(ids)
         try:
             yield self
         finally:

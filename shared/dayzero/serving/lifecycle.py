@@ -8,8 +8,9 @@ move a request from one state to the next. No other module writes these keys.
 
 state          keys (prefix ``dz:``)
 queued         req:{id} the request JSON, images:{id} its image bytes, active (the set of unfinished
-               ids), access:{id} who may read it, queued:{id} until a stage claims it (lapses with the
-               broker's visibility timeout)
+               ids), access:{id} who may read it, queued:{id} until a stage claims it ("{queue}:{n}",
+               its message the queue's n-th, pushed:{queue} their count; lapses with the broker's
+               visibility timeout)
 vision,        lease:{id} = the worker, kept alive by heartbeats; attempt:{id} the run it is on (an
 prefill,       older delivery is stale)
 decoding
@@ -35,10 +36,11 @@ from opentelemetry import trace
 
 from .messages import GenerationRequest
 from .records import Token, decode, encode, ending
-from .scripts import ADMIT, HAND_OFF, HEARTBEAT, RERUN, TAKE, Take
+from .scripts import ADMIT, ENQUEUE, HAND_OFF, HEARTBEAT, RERUN, TAKE, Take
 
 P = "dz:"
 HANDOFF_OWNER = "handoff"
+QUEUES = ("vision", "prefill")  # the stages a queued request waits for
 
 
 def key(family: str, name: str = "") -> str:
@@ -70,7 +72,8 @@ def _admission(
     """``ADMIT``'s keys and arguments: record each request, its images' bytes and the digest of who
     may read its stream; queued, its message pushed (when ``queue`` has one)."""
     keep = record_s(queued_s, ttl_s)
-    keys, args = [queue.stage, key("active")], [queue.bound, keep, int(queued_s * 1000), reader, len(images), *images]
+    keys = [queue.stage, key("pushed", queue.stage), key("active")]
+    args = [queue.bound, keep, int(queued_s * 1000), reader, len(images), *images]
     for request, message in zip(requests, queue.messages or [""] * len(requests), strict=True):
         rid = request.request_id
         keys += [key("req", rid), key("access", rid), key("queued", rid), key("images", rid)]
@@ -85,13 +88,13 @@ class Lifecycle:
         self.r, self.ttl_s = client, stream_ttl_s
         self._admit, self._take = client.register_script(ADMIT), client.register_script(TAKE)
         self._heartbeat, self._hand_off = client.register_script(HEARTBEAT), client.register_script(HAND_OFF)
-        self._rerun = client.register_script(RERUN)
+        self._rerun, self._enqueue = client.register_script(RERUN), client.register_script(ENQUEUE)
 
     def load_scripts(self) -> None:
         """Load the Lua scripts now, not on a request's way (a first call finds one missing, loads it
         and calls again: two more round trips; after a Redis restart the next call still does).
         The workers do it before they announce themselves, so before the gateway is ready."""
-        for script in (self._admit, self._take, self._heartbeat, self._hand_off, self._rerun):
+        for script in (self._admit, self._take, self._heartbeat, self._hand_off, self._rerun, self._enqueue):
             self.r.script_load(script.script)
 
     @classmethod
@@ -129,14 +132,11 @@ class Lifecycle:
         keys = [key("attempt", rid), key("done", rid), key("lease", rid), key("queued", rid), key("cancel", rid)]
         return Take(self._take(keys=keys, args=[attempt, owner, int(lease_s * 1000)]))
 
-    def requeue(self, rid: str, queued_s: float, release: bool = False) -> None:
-        """Back to queued: waiting for blocks, or handed from vision to prefill (``release``: drop the
-        lease so the next stage can claim it; the queued mark keeps the reaper away meanwhile)."""
-        pipe = self.r.pipeline()
-        pipe.set(key("queued", rid), 1, px=int(queued_s * 1000))
-        if release:
-            pipe.delete(key("lease", rid))
-        pipe.execute()
+    def enqueue(self, rid: str, queue: str, message: str, queued_s: float) -> None:
+        """Queued again with ``message`` on ``queue`` (vision -> prefill, a re-run), its lease dropped
+        so that the stage may claim it: one atomic step."""
+        keys = [queue, key("pushed", queue), key("queued", rid), key("lease", rid)]
+        self._enqueue(keys=keys, args=[message, int(queued_s * 1000)])
 
     def heartbeat(self, rids: list[str], owner: str, lease_s: float) -> list[str]:
         """Refresh the leases ``owner`` holds; returns those of ``rids`` it no longer holds (lapsed,
@@ -236,10 +236,12 @@ class Lifecycle:
         return [m.decode() for m in self.r.smembers(key("active"))]
 
     def rerun_orphan(self, rid: str, queued_s: float) -> int:
-        """Queue the request again if it is unfinished, not queued, and nobody holds its lease: its
-        new attempt number (older deliveries become stale); else 0. A request that ended or whose
+        """Queue the request again if it is unfinished, nobody holds its lease, and no message of it
+        waits in a queue (a worker took it and died before its claim): its new attempt number (older
+        deliveries become stale; the caller ``enqueue``s it); else 0. A request that ended or whose
         record expired leaves the active set here. One atomic step."""
         keys = [key(family, rid) for family in ("done", "req", "queued", "lease", "attempt")] + [key("active")]
+        keys += [k for queue in QUEUES for k in (queue, key("pushed", queue))]
         return int(self._rerun(keys=keys, args=[int(queued_s * 1000), rid]))
 
     # -- the token stream ---------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ log = logging.getLogger("dayzero.prefill")
 class PrefillLoop:
     def __init__(self, runtime: Runtime, decode_message: Callable[[DecodeJob], str]) -> None:
         self.r, self.decode_message = runtime, decode_message  # a job -> its message on decode's queue
-        self.intake: Intake[PrefillJob] = Intake()
+        self.intake: Intake[PrefillJob] = Intake(self._claim)
         self.pending: list[Ticket[PrefillJob]] = []
         self.handed_off: dict[str, float] = {}  # request -> when its handoff lapses (monotonic)
         self.starved = False  # the last batch admitted nothing: its requests wait for blocks
@@ -63,6 +63,8 @@ class PrefillLoop:
                 self._fail(self._unsettled(taken), exc)
         if self._reclaim_handoffs():  # after the batch, not before it: off the path of a request that just arrived
             self.starved = False  # blocks came free: the waiting requests try again at once
+        if self.starved:
+            self._drop_cancelled()
         self.r.announce(waiting)  # (a round trip every lease / 4) likewise
         self.r.ranks.keepalive()  # idle, or every request waiting for blocks: the other ranks still hear
 
@@ -81,13 +83,48 @@ class PrefillLoop:
         """Redis failed mid-batch: free these requests' blocks and retry them later."""
         for ticket in unsettled:
             self.r.ranks.release(ticket.job.request.request_id)
+        self.heartbeat.hold([t.job.request.request_id for t in unsettled])  # one may be released
         self.pending[:0] = unsettled
+
+    def _claim(self, ticket: Ticket[PrefillJob]) -> bool:
+        """On the delivering task's thread, as the message arrives: take the request, its lease kept
+        by the heartbeat until it is handed on or ended. A worker that dies with requests waiting
+        (for the loop, for blocks) lets their leases lapse, and the reaper re-runs them within
+        seconds; their queued marks would have kept the reaper away for the visibility timeout (the
+        broker, without ack emulation, never delivers a dead worker's messages again). False: the
+        ticket is settled here (cancelled, stale, or a live worker's)."""
+        job = ticket.job
+        rid = job.request.request_id
+        while True:
+            try:
+                taken = self.r.store.take(rid, job.attempt, self.r.name, self.r.settings.lease_s)
+                break
+            except redis.RedisError as exc:  # Redis restarting: claim it once Redis is back
+                log.warning("redis unavailable (%s); retrying the claim of %s", exc, rid)
+                if self.stop.wait(0.5):
+                    taken = Take.STALE  # stopping: the reaper re-runs it once its queued mark lapses
+                    break
+        if taken == Take.CANCELLED:
+            self._settle(ticket, "cancelled")
+        elif taken != Take.CLAIMED:
+            ticket.done.set()  # a stale redelivery, ended, or owned by a live worker
+        else:
+            self.heartbeat.hold([rid])
+        return taken == Take.CLAIMED
+
+    def _drop_cancelled(self) -> None:
+        """End the requests waiting for blocks that a client cancelled meanwhile."""
+        waiting = {t.job.request.request_id: t for t in self.pending}
+        for rid in self.r.store.cancelled(list(waiting)):
+            self.pending.remove(waiting[rid])
+            self._settle(waiting[rid], "cancelled")
 
     def _settle(self, ticket: Ticket[PrefillJob], reason: str, message: str = "", index: int | None = None) -> None:
         """End a request without handing it to decode (freeing its parked image embeddings); its
         stream closes at ``index`` (default: after the tokens it came with)."""
         job, store = ticket.job, self.r.store
         rid = job.request.request_id
+        self.heartbeat.release(rid)
         if job.embeddings is not None:
             discard_tensor(job.embeddings, store)
         store.settle(rid, reason, len(job.generated) if index is None else index, message)
@@ -128,18 +165,11 @@ class PrefillLoop:
             self.r.ranks.reserve(rid, tokens)
 
     def _admit(self, ticket: Ticket[PrefillJob]) -> bool:
-        """Claim the request and its blocks; False when the ticket is settled without prefill."""
+        """The claimed request's blocks; False when it waits for them or is settled without prefill."""
         store, job = self.r.store, ticket.job
         rid = job.request.request_id
         if rid in self.r.pools.sequences:  # a duplicate delivery of a request this worker holds
-            taken = Take.STALE
-        else:
-            taken = store.take(rid, job.attempt, self.r.name, self.r.settings.lease_s)
-        if taken == Take.CANCELLED:
-            self._settle(ticket, "cancelled")
-            return False
-        if taken != Take.CLAIMED:
-            ticket.done.set()  # a duplicate, a stale redelivery, ended, or owned by a live worker
+            ticket.done.set()
             return False
         if job.attempt:  # a re-run: the old run (stalled, not dead) may have streamed more since
             streamed = store.streamed_tokens(rid)  # the reaper read its tokens; continue after them
@@ -151,8 +181,7 @@ class PrefillLoop:
             if exc.permanent:
                 self._settle(ticket, "error", str(exc))
             else:
-                store.requeue(rid, self.r.settings.visibility_timeout_s)  # wait for blocks
-                self.pending.append(ticket)
+                self.pending.append(ticket)  # waits for blocks, still leased to this worker
             return False
         return True
 
@@ -181,21 +210,21 @@ class PrefillLoop:
         self.r.stats.call("prefill")
         limit = context_limit(self.r.model.cfg, self.r.settings.max_context)
         ids = [item.seq_id for item in inputs]
-        # the leases live until each request is handed on: a slow emit of a large batch must not let
-        # the last ones lapse (the reaper would re-run a request that is being handed to decode)
-        with self.heartbeat.holding(ids) as beat:
-            source = merged(inputs)
-            logits = self.r.ranks.prefill(inputs, source)
-            self.r.stats.add(tokens=sum(len(inputs[i].tokens) for i, s in source.items() if s == i))
-            for i, ticket in enumerate(batch):
-                beat.release(ids[i])
-                with trace.use_span(spans[i], end_on_exit=True):
-                    try:
-                        self._emit(ticket, logits[i], limit, inputs[i].echo.scores if inputs[i].echo else None)
-                    except redis.RedisError:
-                        raise
-                    except Exception as exc:  # this request's own sampling or handoff: it fails alone
-                        self._fail_one(ticket, exc)
+        # the leases live until each request is handed on (the heartbeat holds them from their claim):
+        # a slow emit of a large batch must not let the last ones lapse (the reaper would re-run a
+        # request that is being handed to decode)
+        source = merged(inputs)
+        logits = self.r.ranks.prefill(inputs, source)
+        self.r.stats.add(tokens=sum(len(inputs[i].tokens) for i, s in source.items() if s == i))
+        for i, ticket in enumerate(batch):
+            self.heartbeat.release(ids[i])
+            with trace.use_span(spans[i], end_on_exit=True):
+                try:
+                    self._emit(ticket, logits[i], limit, inputs[i].echo.scores if inputs[i].echo else None)
+                except redis.RedisError:
+                    raise
+                except Exception as exc:  # this request's own sampling or handoff: it fails alone
+                    self._fail_one(ticket, exc)
 
     def _input(self, job: PrefillJob) -> BatchInput:
         """The request's tokens, its parked image embeddings (taken once), its echo."""

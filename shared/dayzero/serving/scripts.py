@@ -5,31 +5,60 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-# KEYS: the stage's queue, active, then per request: req, access, queued, images.
+# A message pushed onto a stage's queue (a Redis list: LPUSH here, the workers' BRPOP takes the
+# oldest) is counted in ``pushed``, and the request's queued mark names the queue and the count:
+# "prefill:41". Once ``pushed`` - LLEN reaches 41 the message has left the list, so a queued mark
+# with no lease beside it is a message a worker took and never claimed (it died in between): the
+# reaper re-runs it at once instead of after the mark's lapse. A mark without a count ("1": recorded
+# only, or a re-run on its way) keeps the reaper away until it lapses.
+_PUSH = """
+local function push(queue, pushed, queued, message, ms)
+    redis.call('SET', queued, queue .. ':' .. redis.call('INCR', pushed), 'PX', ms)
+    redis.call('LPUSH', queue, message)
+end
+"""
+
+
+# KEYS: the stage's queue, its pushed count, active, then per request: req, access, queued, images.
 # ARGV: bound, keep s, queued ms, reader, image count k, the k images, then per request: id, record,
 # broker message ('': record only). 0: refused (the queue would pass ``bound``), nothing written.
-ADMIT = """
-local n, k = (#KEYS - 2) / 4, tonumber(ARGV[5])
+ADMIT = (
+    _PUSH
+    + """
+local n, k = (#KEYS - 3) / 4, tonumber(ARGV[5])
 if redis.call('LLEN', KEYS[1]) + n > tonumber(ARGV[1]) then
     return 0
 end
 for i = 0, n - 1 do
-    local rid, at = ARGV[6 + k + 3 * i], 2 + 4 * i
+    local rid, at = ARGV[6 + k + 3 * i], 3 + 4 * i
     redis.call('SET', KEYS[at + 1], ARGV[7 + k + 3 * i], 'EX', ARGV[2])
     if k > 0 then
         redis.call('RPUSH', KEYS[at + 4], unpack(ARGV, 6, 5 + k))
         redis.call('EXPIRE', KEYS[at + 4], ARGV[2])
     end
     redis.call('SET', KEYS[at + 2], ARGV[4], 'EX', ARGV[2])
-    redis.call('SET', KEYS[at + 3], 1, 'PX', ARGV[3])
-    redis.call('SADD', KEYS[2], rid)
+    redis.call('SADD', KEYS[3], rid)
     local message = ARGV[8 + k + 3 * i]
     if message ~= '' then
-        redis.call('LPUSH', KEYS[1], message)
+        push(KEYS[1], KEYS[2], KEYS[at + 3], message, ARGV[3])
+    else
+        redis.call('SET', KEYS[at + 3], 1, 'PX', ARGV[3])
     end
 end
 return 1
 """
+)
+
+
+# KEYS: the stage's queue, its pushed count, queued, lease; ARGV: the message, queued ms. Queued
+# again (vision -> prefill, a re-run): its lease dropped, so that the stage's worker may claim it.
+ENQUEUE = (
+    _PUSH
+    + """
+redis.call('DEL', KEYS[4])
+push(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2])
+"""
+)
 
 
 class Take(IntEnum):
@@ -87,17 +116,31 @@ return 1
 )
 
 
-# KEYS: done, req, queued, lease, attempt, active; ARGV: queued ms, the request's id. The reaper's
-# check and re-run in one step, so no transition can come between them: an unfinished request that
-# is neither queued nor leased is queued again (-> its new attempt); one that ended or whose record
-# expired leaves the active set (-> 0); any other is left alone (-> 0).
+# KEYS: done, req, queued, lease, attempt, active, then each stage's queue and its pushed count;
+# ARGV: queued ms, the request's id. The reaper's check and re-run in one step, so no transition can
+# come between them: an unfinished request that nobody holds and whose message no longer waits in
+# its queue is queued again (-> its new attempt; its message is the caller's to push); one that
+# ended or whose record expired leaves the active set (-> 0); any other is left alone (-> 0).
 RERUN = """
 if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 0 then
     redis.call('SREM', KEYS[6], ARGV[2])
     return 0
 end
-if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
+if redis.call('EXISTS', KEYS[4]) == 1 then
     return 0
+end
+local mark = redis.call('GET', KEYS[3])
+if mark then
+    local queue, count = string.match(mark, '^(.+):(%d+)$')
+    local waits = true
+    for i = 7, #KEYS, 2 do
+        if KEYS[i] == queue then
+            waits = tonumber(count) > tonumber(redis.call('GET', KEYS[i + 1]) or 0) - redis.call('LLEN', KEYS[i])
+        end
+    end
+    if waits then
+        return 0
+    end
 end
 redis.call('SET', KEYS[3], 1, 'PX', ARGV[1])
 return redis.call('INCR', KEYS[5])

@@ -31,12 +31,12 @@ log = logging.getLogger("dayzero.vision")
 
 
 class VisionStage:
-    def __init__(self, settings: Settings, name: str, send_prefill: Callable[[PrefillJob], None]) -> None:
+    def __init__(self, settings: Settings, name: str, prefill_message: Callable[[PrefillJob], str]) -> None:
         tower = load_tower(settings.checkpoint_dir())
         if tower is None:
             raise RuntimeError("the checkpoint has no vision tower (no vision_config in config.json)")
         tower.to(settings.device)
-        self.settings, self.name, self.send_prefill = settings, f"{name}:{uuid.uuid4().hex[:6]}", send_prefill
+        self.settings, self.name, self.prefill_message = settings, f"{name}:{uuid.uuid4().hex[:6]}", prefill_message
         self.encoder = VisionEncoder(
             tower, settings.patch_spec(), settings.image_limits(), settings.encoder_cache_mb << 20
         )
@@ -93,5 +93,5 @@ class VisionStage:
         settings = self.settings
         transport = "redis" if settings.handoff == "redis" else "shm"  # vision and prefill share a host
         ref = publish_tensor(torch.cat(images), rid, transport, self.store, settings.visibility_timeout_s)
-        self.store.requeue(rid, settings.visibility_timeout_s, release=True)  # prefill may claim it now
-        self.send_prefill(job.model_copy(update={"embeddings": ref}))
+        message = self.prefill_message(job.model_copy(update={"embeddings": ref}))
+        self.store.enqueue(rid, "prefill", message, settings.visibility_timeout_s)  # prefill may claim it now
