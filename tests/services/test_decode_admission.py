@@ -82,3 +82,27 @@ def test_a_request_cancelled_during_its_handoff_ends_before_a_step_without_a_can
     assert store.done("stays") is not None and all("leaves" not in ids for ids in stepped)
     assert "leaves" not in read  # its mark came with the take
     assert runtime.pools.sequences == {}
+
+
+def test_a_handoff_decode_received_is_leased_to_it_and_re_run_when_it_dies(demo_dir, redis_url):
+    """Decode claims a handed-off request as its message arrives, before the loop admits it: the
+    request is leased to the worker (its heartbeat) while it waits for room, and the handoff stays
+    till the state is imported. When the worker dies, the lease lapses and the reaper re-runs the
+    request within seconds; the handoff's lease would have held it for handoff_timeout_s (60 s)."""
+    from dayzero.serving.reaper import sweep
+
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", lease_s=0.3)
+    store, sent = _prefilled(settings, ("handed",))
+    assert store.owner("handed") == "handoff"
+    runtime = Runtime.load(settings, "decode5@test", "decode", False)
+    loop = DecodeLoop(runtime)
+    ticket = loop.intake.submit(sent[0])
+    assert store.owner("handed") == runtime.name and store.r.exists(key("handoff", "handed"))
+    time.sleep(1.0)  # over three leases, the loop not running: it waits in the intake
+    assert not ticket.done.is_set() and store.owner("handed") == runtime.name
+    loop.stop.set()  # the worker dies: no more heartbeats
+    time.sleep(0.5)
+    reruns = []
+    assert "handed" in sweep(store, lambda job, stage: reruns.append(job), 60, 1)
+    assert [(job.attempt, len(job.generated)) for job in reruns if job.request.request_id == "handed"] == [(1, 1)]
+    runtime.close()

@@ -27,6 +27,7 @@ from .lease import Heartbeat
 from .messages import DecodeJob
 from .records import Token
 from .runtime import Runtime
+from .scripts import Take
 
 log = logging.getLogger("dayzero.decode")
 
@@ -43,7 +44,7 @@ class Active:
 class DecodeLoop:
     def __init__(self, runtime: Runtime) -> None:
         self.r = runtime
-        self.intake: Intake[DecodeJob] = Intake()
+        self.intake: Intake[DecodeJob] = Intake(self._claim)
         self.waiting: list[Ticket[DecodeJob]] = []
         self.active: dict[str, Active] = {}
         self.receiver = Receiver(runtime.store)
@@ -99,7 +100,22 @@ class DecodeLoop:
         active.span.end()
         active.ticket.done.set()
 
+    def _claim(self, ticket: Ticket[DecodeJob]) -> bool:
+        """On the delivering task's thread, as the message arrives: take the handed-off request, its
+        lease kept by the heartbeat while it waits for room (the handoff stays till its state is
+        imported). A worker that dies with it, or whose import fails, lets the lease lapse, and the
+        reaper re-runs it within seconds; the handoff's lease would hold it for handoff_timeout_s.
+        False: the ticket is settled here (cancelled, stale, or a live worker's)."""
+        job = ticket.job
+        taken = self.heartbeat.claim(job.request.request_id, job.attempt, handed_off=True)
+        if taken == Take.CANCELLED:
+            self._settle(ticket, "cancelled", index=len(job.generated))
+        elif taken != Take.CLAIMED:
+            ticket.done.set()  # a stale redelivery, ended, or owned by a live worker
+        return taken == Take.CLAIMED
+
     def _settle(self, ticket: Ticket[DecodeJob], reason: str, message: str = "", index: int | None = None) -> None:
+        self.heartbeat.release(ticket.job.request.request_id)
         self.r.store.settle(ticket.job.request.request_id, reason, index, message)
         ticket.done.set()
 
@@ -111,8 +127,12 @@ class DecodeLoop:
         for ticket in self.waiting:
             job = ticket.job
             rid = job.request.request_id
-            if rid in self.active or rid in stale or rid in imported:
-                ticket.done.set()  # duplicate or stale delivery
+            if rid in self.active or rid in imported:
+                ticket.done.set()  # a duplicate delivery
+                continue
+            if rid in stale:  # ended, or re-run since
+                self.heartbeat.release(rid)
+                ticket.done.set()
                 continue
             total = min(self.limit, len(job.request.prompt_ids) + job.request.sampling.max_tokens)
             if total > self.r.pools.capacity_tokens():
@@ -126,6 +146,7 @@ class DecodeLoop:
             except (LookupError, LayoutMismatch, OutOfBlocks) as exc:
                 self.r.ranks.release(rid)
                 log.error("request %s: handoff failed: %s", rid, exc)
+                self.heartbeat.release(rid)
                 ticket.done.set()  # its lease lapses; the reaper re-runs it
                 continue
             imported[rid] = ticket
@@ -137,6 +158,7 @@ class DecodeLoop:
         except redis.RedisError:  # their leases lapse and the reaper re-runs them
             for rid, ticket in imported.items():
                 self.r.ranks.release(rid)
+                self.heartbeat.release(rid)
                 ticket.done.set()
             raise
         self._marks_read |= imported.keys()

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import redis
 
 from .lifecycle import Lifecycle
+from .scripts import Take
 
 log = logging.getLogger("dayzero.lease")
 
@@ -34,6 +35,21 @@ class Heartbeat:
                         log.warning("leases lost during a long piece of work: %s", ", ".join(lost))
                 except redis.RedisError:
                     log.warning("heartbeat failed; retrying")
+
+    def claim(self, rid: str, attempt: int, handed_off: bool = False) -> Take:
+        """Take the request for the owner (``Lifecycle.take``) and beat for it once claimed. While
+        Redis restarts the take is retried, until ``stop`` is set (then STALE: nothing taken)."""
+        while True:
+            try:
+                taken = self._store.take(rid, attempt, self._owner, self._lease_s, handed_off)
+                break
+            except redis.RedisError as exc:
+                log.warning("redis unavailable (%s); retrying the claim of %s", exc, rid)
+                if self._stop.wait(0.5):
+                    return Take.STALE
+        if taken == Take.CLAIMED:
+            self.hold([rid])
+        return taken
 
     def hold(self, ids: list[str]) -> None:
         """Beat for ``ids`` until each is ``release``d."""

@@ -126,11 +126,13 @@ class Lifecycle:
         marks = zip(deliveries, values[::2], values[1::2], strict=True)
         return {rid for (rid, attempt), current, done in marks if done or attempt < int(current or 0)}
 
-    def take(self, rid: str, attempt: int, owner: str, lease_s: float) -> Take:
+    def take(self, rid: str, attempt: int, owner: str, lease_s: float, handed_off: bool = False) -> Take:
         """``stale``, then own the request unless someone else alive does (the owner may take it
-        again), then whether it was cancelled: one round trip."""
+        again; ``handed_off``: decode takes it from the handoff), then whether it was cancelled: one
+        round trip. A handoff taken so keeps its mark till decode has the state (``take_handoffs``)."""
         keys = [key("attempt", rid), key("done", rid), key("lease", rid), key("queued", rid), key("cancel", rid)]
-        return Take(self._take(keys=keys, args=[attempt, owner, int(lease_s * 1000)]))
+        free = HANDOFF_OWNER if handed_off else ""
+        return Take(self._take(keys=keys, args=[attempt, owner, int(lease_s * 1000), free]))
 
     def enqueue(self, rid: str, queue: str, message: str, queued_s: float) -> None:
         """Queued again with ``message`` on ``queue`` (vision -> prefill, a re-run), its lease dropped

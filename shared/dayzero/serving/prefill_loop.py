@@ -94,22 +94,11 @@ class PrefillLoop:
         broker, without ack emulation, never delivers a dead worker's messages again). False: the
         ticket is settled here (cancelled, stale, or a live worker's)."""
         job = ticket.job
-        rid = job.request.request_id
-        while True:
-            try:
-                taken = self.r.store.take(rid, job.attempt, self.r.name, self.r.settings.lease_s)
-                break
-            except redis.RedisError as exc:  # Redis restarting: claim it once Redis is back
-                log.warning("redis unavailable (%s); retrying the claim of %s", exc, rid)
-                if self.stop.wait(0.5):
-                    taken = Take.STALE  # stopping: the reaper re-runs it once its queued mark lapses
-                    break
+        taken = self.heartbeat.claim(job.request.request_id, job.attempt)
         if taken == Take.CANCELLED:
             self._settle(ticket, "cancelled")
         elif taken != Take.CLAIMED:
             ticket.done.set()  # a stale redelivery, ended, or owned by a live worker
-        else:
-            self.heartbeat.hold([rid])
         return taken == Take.CLAIMED
 
     def _drop_cancelled(self) -> None:

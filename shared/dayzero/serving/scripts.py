@@ -70,26 +70,28 @@ class Take(IntEnum):
     CLAIMED = 3  # this worker owns it now; it is no longer queued
 
 
-def _current_run(lease_held: int) -> str:
+def _current_run(lease_held: int, free: str = "false") -> str:
     """A script's first lines, over KEYS attempt, done, lease and ARGV the run's attempt, its owner:
     0 when the run is over (an older attempt's, or the request ended), ``lease_held`` when someone
-    else holds the lease. The owner itself, or nobody, goes on."""
+    else holds the lease (unless ``free``, a Lua condition on ``lease``). The owner itself, or
+    nobody, goes on."""
     return f"""
 if redis.call('EXISTS', KEYS[2]) == 1 or tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or 0) then
     return 0
 end
 local lease = redis.call('GET', KEYS[3])
-if lease and lease ~= ARGV[2] then
+if lease and lease ~= ARGV[2] and not ({free}) then
     return {int(lease_held)}
 end
 """
 
 
-# KEYS: attempt, done, lease, queued, cancel; ARGV: the delivery's attempt, owner, lease ms. The
-# owner may take again (a batch it retries after Redis came back, a request waiting for blocks): its
-# lease starts afresh, as a first take's does (the heartbeat's next beat may be a third of a lease off).
+# KEYS: attempt, done, lease, queued, cancel; ARGV: the delivery's attempt, owner, lease ms, and
+# the lease that counts as free ('': none; decode's: the handoff's). The owner may take again (a
+# batch it retries after Redis came back): its lease starts afresh, as a first take's does (the
+# heartbeat's next beat may be a third of a lease off).
 TAKE = (
-    _current_run(Take.OWNED)
+    _current_run(Take.OWNED, "lease == ARGV[4]")
     + """
 redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
 redis.call('DEL', KEYS[4])
