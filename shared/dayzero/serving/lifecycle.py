@@ -128,11 +128,11 @@ class Lifecycle:
 
     def take(self, rid: str, attempt: int, owner: str, lease_s: float, handed_off: bool = False) -> Take:
         """``stale``, then own the request unless someone else alive does (the owner may take it
-        again; ``handed_off``: decode takes it from the handoff), then whether it was cancelled: one
-        round trip. A handoff taken so keeps its mark till decode has the state (``take_handoffs``)."""
+        again; ``handed_off``: decode, from the handoff, whose mark stays till ``take_handoffs``),
+        then whether it was cancelled: one round trip."""
         keys = [key("attempt", rid), key("done", rid), key("lease", rid), key("queued", rid), key("cancel", rid)]
-        free = HANDOFF_OWNER if handed_off else ""
-        return Take(self._take(keys=keys, args=[attempt, owner, int(lease_s * 1000), free]))
+        args = [attempt, owner, int(lease_s * 1000), HANDOFF_OWNER if handed_off else ""]
+        return Take(self._take(keys=keys, args=args))
 
     def enqueue(self, rid: str, queue: str, message: str, queued_s: float) -> None:
         """Queued again with ``message`` on ``queue`` (vision -> prefill, a re-run), its lease dropped
