@@ -1,0 +1,124 @@
+"""Recovery benchmark: SIGKILL the prefill and the decode worker together under streaming load.
+
+Starts a stack of 1 prefill and 1 decode worker on the demo checkpoint, supervised as ``dayzero
+up`` supervises it, runs closed-loop streaming clients (``--requests`` each; every third request
+leaves after three chunks), and kills both workers ``--kill-after`` seconds in. The supervisor
+restarts them; the reaper re-runs what they held. Reports, for the requests in
+flight at the kill, how long after it each one ended (p50 / p90 / max), those still unfinished
+after ``--wait`` seconds, and what Redis still holds for unfinished requests afterwards.
+Run: ``python bench/recovery.py [--clients 48] [--requests 3] [--kill-after 6] [--wait 120]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import os
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import redis
+from serve import pct
+
+from dayzero.demo import write_demo_checkpoint
+from dayzero.procs import free_port
+from dayzero.stack import Stack
+
+MODEL = "dayzero-demo"
+
+
+async def one(client: httpx.AsyncClient, url: str, prompt: list[int], leave: bool, runs: list) -> None:
+    """One streamed request: [start, end, outcome (done, left, cut, HTTP status)] in ``runs``, the
+    end None while it runs."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 48, "stream": True, "ignore_eos": True}
+    run, chunks, outcome = [time.time(), None, "cut"], 0, "cut"
+    runs.append(run)
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            outcome = f"HTTP {r.status_code}"
+        else:
+            async for line in r.aiter_lines():
+                chunks += line.startswith("data: {")
+                if leave and chunks == 3:
+                    outcome = "left"
+                    break
+                if line == "data: [DONE]":
+                    outcome = "done"
+    run[1:] = [time.time(), outcome]
+
+
+async def clients(url: str, n: int, per: int, runs: list) -> None:
+    async with httpx.AsyncClient(timeout=None) as client:
+
+        async def closed_loop(i: int) -> None:
+            for k in range(per):
+                prompt = [0] + [(i * 31 + k * 7 + j) % 498 + 2 for j in range(100)]
+                await one(client, url, prompt, (i + k) % 3 == 0, runs)
+
+        await asyncio.gather(*(closed_loop(i) for i in range(n)))
+
+
+def leftovers(r: redis.Redis) -> list[str]:
+    """Each unfinished request's lease, queued mark and stream length."""
+    rows = []
+    for rid in sorted(m.decode() for m in r.smembers("dz:active")):
+        lease, queued, left = r.get(f"dz:lease:{rid}"), r.get(f"dz:queued:{rid}"), r.pttl(f"dz:queued:{rid}")
+        tokens = r.xlen(f"dz:tokens:{rid}")
+        rows.append(f"{rid[:12]} lease={lease} queued={queued} ({left / 1000:.0f} s left) tokens={tokens}")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=48)
+    ap.add_argument("--requests", type=int, default=3, help="requests per client, one after another")
+    ap.add_argument("--kill-after", type=float, default=6.0, help="seconds of load before the kill")
+    ap.add_argument("--wait", type=float, default=120.0, help="seconds to wait for every request after the kill")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"DAYZERO_CHECKPOINT": str(write_demo_checkpoint(Path(tmp) / "demo")), "OMP_NUM_THREADS": "1"}
+        stack = Stack({"vision": 0, "prefill": 1, "decode": 1}, free_port(), Path(tmp) / "logs", env)
+        runs, killed, done = [], [], threading.Event()
+        stack.start()
+        try:
+            stack.wait_ready(timeout_s=300)
+
+            def kill_then_supervise() -> None:
+                time.sleep(args.kill_after)
+                killed.append(time.time())
+                for name in ("prefill0", "decode0"):
+                    os.killpg(stack.child(name).proc.pid, signal.SIGKILL)
+                while not done.wait(0.5):
+                    stack.supervise()
+
+            threading.Thread(target=kill_then_supervise, daemon=True).start()
+            with contextlib.suppress(TimeoutError):
+                asyncio.run(
+                    asyncio.wait_for(clients(stack.url, args.clients, args.requests, runs), args.kill_after + args.wait)
+                )
+            time.sleep(1)
+            stuck = leftovers(redis.Redis.from_url(stack.redis_url))
+        finally:
+            done.set()  # no restarts while the stack stops
+            stack.stop()
+    at = killed[0]
+    in_flight = [(start, end) for start, end, _ in runs if start < at and (end is None or end > at)]
+    after = [end - at for _, end in in_flight if end is not None]
+    outcomes = collections.Counter(outcome for _, end, outcome in runs if end is not None)
+    print(f"| clients | in flight at the kill | ended after: p50 | p90 | max | unfinished after {args.wait:.0f} s |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    cells = " | ".join(f"{pct(after, q):.1f} s" for q in (0.5, 0.9, 1.0))
+    print(f"| {args.clients} | {len(in_flight)} | {cells} | {len(in_flight) - len(after)} |")
+    print("outcomes:", dict(outcomes))
+    for row in stuck:
+        print("left in Redis:", row)
+
+
+if __name__ == "__main__":
+    main()
