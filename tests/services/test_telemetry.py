@@ -48,7 +48,7 @@ def test_image_request_is_one_trace_with_stage_spans_in_order(traced):
         "kv.import",
         "decode.generate",
     )
-    deadline, found = time.time() + 10, {}
+    deadline, found = time.time() + 30, {}
     while time.time() < deadline and len(found) < len(names):
         root = next(
             (
@@ -116,7 +116,7 @@ def test_a_request_marks_its_hops(traced):
         return {s["name"]: s for s in spans if s["context"]["trace_id"] == root["context"]["trace_id"]}
 
     names = ("gateway.request", "run/dayzero.prefill", "prefill.forward")
-    deadline, found = time.time() + 10, {}
+    deadline, found = time.time() + 30, {}
     while time.time() < deadline and not all(n in found for n in names):
         found = spans_of_trace()
         time.sleep(0.2)
@@ -132,20 +132,23 @@ def test_a_streams_trace_does_not_grow_with_its_tokens(traced):
     export one per chunk, and its trace would grow with every token."""
     stack, folder = traced
 
-    def spans_of(max_tokens: int) -> list[str]:
+    def spans_of(max_tokens: int) -> tuple[list[str], int]:
+        """The span names of a stream's trace, and how many chunks it sent."""
         body = {"model": MODEL, "prompt": [0, 7, 8], "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{stack.url}/v1/completions", json=body, timeout=60) as r:
             rid = r.headers["x-request-id"]
             chunks = sum(line.startswith("data: {") for line in r.iter_lines())
-        assert chunks >= max_tokens // 2  # a token inside a UTF-8 character sends no chunk of its own
-        deadline, names = time.time() + 10, []
+        deadline, names = time.time() + 30, []
         while time.time() < deadline and "decode.generate" not in names:
             time.sleep(0.2)
             spans = _spans(folder)
             root = next((s for s in spans if s["attributes"].get("dayzero.request_id") == rid), None)
             names = [s["name"] for s in spans if root and s["context"]["trace_id"] == root["context"]["trace_id"]]
-        return sorted(names)
+        return sorted(names), chunks
 
-    short, long = spans_of(2), spans_of(24)
+    (short, few), (long, many) = spans_of(2), spans_of(24)
+    # many more chunks (not one per token: a token inside a UTF-8 character sends none, and a
+    # gateway that falls behind sends what has queued as one), each an ASGI message
+    assert many >= few + 4
     assert "decode.generate" in short and "POST /v1/completions" in short
     assert long == short
