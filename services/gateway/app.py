@@ -31,6 +31,7 @@ from .metrics import CountResponses, GatewayMetrics
 from .routes import authorize, router
 
 log = logging.getLogger("dayzero.gateway")
+RERUN_TRANSIT_S = 30.0  # a re-run's mark until its message is pushed: a sweep's round trips, with room
 
 
 async def _reaper(gw: Gateway) -> None:
@@ -44,7 +45,7 @@ async def _reaper(gw: Gateway) -> None:
     while True:
         await asyncio.sleep(period)
         with contextlib.suppress(redis.RedisError):  # Redis down: /ready says so; sweep when it is back
-            await run_in_threadpool(sweep, gw.bus.store, send, gw.settings.visibility_timeout_s, int(period * 900))
+            await run_in_threadpool(sweep, gw.bus.store, send, RERUN_TRANSIT_S, int(period * 900))
 
 
 def _name_models_in_schema(app: FastAPI, names: list[str]) -> None:

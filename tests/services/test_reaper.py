@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import redis
 
 from dayzero.params import SamplingParams
@@ -29,3 +31,23 @@ def test_a_request_whose_worker_died_after_streaming_its_end_is_ended_not_re_run
     assert "r-ended" not in rerun and store.done("r-ended") == "length"
     assert "r-ended" not in store.active() and not store.r.exists(key("queued", "r-ended"))
     assert "r-midway" in rerun and [job.generated for job in sent if job.request.request_id == "r-midway"] == [(7,)]
+
+
+def test_a_re_run_whose_message_was_never_pushed_is_re_run_again_after_its_transit(redis_url):
+    """The reaper marks a re-run queued, then pushes its message. A gateway that dies in between
+    leaves a mark with no message behind it: the mark holds for the transit (a sweep's round trips,
+    with room; the gateway passes 30 s), not the broker's visibility timeout, and the first sweep
+    after it re-runs the request again."""
+    store, sent = Lifecycle(redis.Redis.from_url(redis_url)), []
+    request = GenerationRequest(
+        request_id="r-transit", prompt_ids=(0, 5), sampling=SamplingParams(max_tokens=2), created=0.0
+    )
+    store.admit(request, [], "", 60)
+    store.take("r-transit", 0, "prefill0", 30)
+    store.r.delete(key("lease", "r-transit"))  # the worker died
+    assert "r-transit" in sweep(store, lambda job, stage: None, 0.3, 1)  # marked; the gateway died
+    time.sleep(0.01)  # the sweep lock's 1 ms
+    assert "r-transit" not in sweep(store, lambda job, stage: sent.append(job), 0.3, 1)  # in transit
+    time.sleep(0.4)
+    assert "r-transit" in sweep(store, lambda job, stage: sent.append(job), 0.3, 1)
+    assert [job.attempt for job in sent if job.request.request_id == "r-transit"] == [2]

@@ -240,8 +240,9 @@ class Lifecycle:
     def rerun_orphan(self, rid: str, queued_s: float) -> int:
         """Queue the request again if it is unfinished, nobody holds its lease, and no message of it
         waits in a queue (a worker took it and died before its claim): its new attempt number (older
-        deliveries become stale; the caller ``enqueue``s it); else 0. A request that ended or whose
-        record expired leaves the active set here. One atomic step."""
+        deliveries become stale; the caller ``enqueue``s it, its queued mark holding ``queued_s``
+        till then); else 0. A request that ended or whose record expired leaves the active set
+        here. One atomic step."""
         keys = [key(family, rid) for family in ("done", "req", "queued", "lease", "attempt")] + [key("active")]
         keys += [k for queue in QUEUES for k in (queue, key("pushed", queue))]
         return int(self._rerun(keys=keys, args=[int(queued_s * 1000), rid]))

@@ -17,16 +17,18 @@ log = logging.getLogger("dayzero.reaper")
 MAX_ATTEMPTS = 4
 
 
-def sweep(store: Lifecycle, send: Callable[[PrefillJob, str], None], queued_ttl_s: float, lock_ms: int) -> list[str]:
+def sweep(store: Lifecycle, send: Callable[[PrefillJob, str], None], transit_s: float, lock_ms: int) -> list[str]:
     """One pass over the unfinished requests; returns the ids re-enqueued.
 
-    ``send(job, stage)`` queues a re-run: at the vision stage when the request has images.
+    ``send(job, stage)`` queues a re-run (``Lifecycle.enqueue``): at the vision stage when the
+    request has images. Until it does, the re-run's queued mark holds for ``transit_s``: a gateway
+    that dies in between leaves a request the next sweep after that re-runs again.
     """
     if not store.sweep_lock(lock_ms):
         return []  # another gateway swept just now
     rerun = []
     for rid in store.active():
-        attempt = store.rerun_orphan(rid, queued_ttl_s)
+        attempt = store.rerun_orphan(rid, transit_s)
         request = store.request(rid) if attempt else None
         if request is None:
             continue
