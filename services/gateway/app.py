@@ -15,7 +15,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from dayzero.config import ModelConfig
-from dayzero.serving.lifecycle import QUEUES
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.metrics import QueueDepthCollector, SnapshotCollector
 from dayzero.serving.queue import STAGES, composer, make_celery
@@ -36,7 +35,7 @@ RERUN_TRANSIT_S = 30.0  # a re-run's mark until its message is pushed: a sweep's
 
 async def _reaper(gw: Gateway) -> None:
     """Re-run requests whose worker stopped heartbeating (see dayzero.serving.reaper)."""
-    messages = {stage: composer(gw.bus.celery, stage) for stage in QUEUES}
+    messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
 
     def send(job: PrefillJob, stage: str) -> None:
         gw.bus.store.enqueue(job.request.request_id, stage, messages[stage](job), gw.settings.visibility_timeout_s)

@@ -108,6 +108,27 @@ def test_a_message_a_worker_took_and_never_claimed_is_re_run_at_once(redis_url):
     assert store.rerun_orphan("m-first", 60) == 0 and store.take("m-first", 1, "prefill1", 30) == Take.CLAIMED
 
 
+def test_a_handoff_decode_took_and_never_claimed_is_re_run_at_once(redis_url):
+    """The handoff's mark counts decode's message too. While the message waits on decode's queue,
+    the handoff's lease keeps the reaper away. Once a decode worker has taken it and died before its
+    claim, the reaper re-runs the request at once (lease and handoff dropped: the re-run's prefill
+    may claim it), not when the handoff lapses. One decode claimed is decode's."""
+    store = Lifecycle(redis.Redis.from_url(redis_url))
+    store.r.delete("decode", key("pushed", "decode"))
+    for rid in ("d-lost", "d-claimed", "d-waits"):
+        store.admit(_request(rid), [], "", 60)
+        assert store.take(rid, 0, "prefill0", 30) == Take.CLAIMED
+        assert store.hand_off(rid, 0, "prefill0", 60, "decode", rid)
+    assert [store.rerun_orphan(rid, 60) for rid in ("d-lost", "d-claimed", "d-waits")] == [0, 0, 0]
+    assert store.r.rpop("decode") == b"d-lost"  # a decode worker takes it, and dies
+    assert store.r.rpop("decode") == b"d-claimed"  # another takes the next and claims it
+    assert store.take("d-claimed", 0, "decode1", 30, handed_off=True) == Take.CLAIMED
+    assert [store.rerun_orphan(rid, 60) for rid in ("d-lost", "d-claimed", "d-waits")] == [1, 0, 0]
+    assert store.owner("d-lost") is None and not store.r.exists(key("handoff", "d-lost"))
+    assert store.take("d-lost", 0, "decode0", 30, handed_off=True) == Take.STALE  # its late claim
+    assert store.take("d-lost", 1, "prefill1", 30) == Take.CLAIMED  # the re-run's
+
+
 def test_take_drops_stale_and_ended_deliveries_and_reports_a_cancel(redis_url):
     store = Lifecycle(redis.Redis.from_url(redis_url))
     store.r.set(key("attempt", "s1"), 2)

@@ -70,11 +70,11 @@ def test_a_handoff_queues_decodes_job_with_its_marks(redis_url):
     leaves both or neither (a handoff mark without its job would hold the request until it lapsed)."""
     client, app = redis.Redis.from_url(redis_url), make_celery(Settings(redis_url=redis_url))
     store = Lifecycle(client)
-    client.delete("decode")
+    client.delete("decode", key("pushed", "decode"))
     message = composer(app, "decode")(_Job(n=3))
     assert store.take("handed", 0, "prefill0", 30) == Take.CLAIMED
     assert store.hand_off("handed", 0, "prefill0", 60, "decode", message)
-    assert client.get(key("handoff", "handed")) == b"1" and store.owner("handed") == HANDOFF_OWNER
+    assert client.get(key("handoff", "handed")) == b"decode:1" and store.owner("handed") == HANDOFF_OWNER
     assert 50_000 < client.pttl(key("lease", "handed")) <= 60_000
     assert client.rpop("decode") == message.encode() and client.llen("decode") == 0
     app.close()

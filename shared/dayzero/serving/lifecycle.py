@@ -14,7 +14,8 @@ queued         req:{id} the request JSON, images:{id} its image bytes, active (t
 vision,        lease:{id} = the worker, kept alive by heartbeats; attempt:{id} the run it is on (an
 prefill,       older delivery is stale)
 decoding
-handed off     handoff:{id} and lease:{id} = "handoff": prefill's blocks wait for decode to take them;
+handed off     handoff:{id} ("decode:{n}", counted as queued marks are) and lease:{id} = "handoff":
+               prefill's blocks wait for decode to take them (decode's claim takes the lease);
                kvstate:{id} the state itself when it travels through Redis; taken:{prefill worker}
                the inbox where decode says it has taken them
 ended          done:{id} = finished (stop, length) | cancelled | error; tokens:{id} closed
@@ -40,7 +41,7 @@ from .scripts import ADMIT, ENQUEUE, HAND_OFF, HEARTBEAT, RERUN, TAKE, Take
 
 P = "dz:"
 HANDOFF_OWNER = "handoff"
-QUEUES = ("vision", "prefill")  # the stages a queued request waits for
+QUEUES = ("vision", "prefill", "decode")  # the stages whose messages are counted (a mark says which)
 
 
 def key(family: str, name: str = "") -> str:
@@ -159,7 +160,7 @@ class Lifecycle:
         loses Redis in between leaves no handoff without its job. False, nothing written: this run
         is over (the request ended, or its lease lapsed and it was re-run); a handoff then would
         take the lease from the new run, and decode would drop the old run's job as stale."""
-        keys = [key("attempt", rid), key("done", rid), key("lease", rid), key("handoff", rid), queue]
+        keys = [*(key(family, rid) for family in ("attempt", "done", "lease", "handoff")), queue, key("pushed", queue)]
         return bool(self._hand_off(keys=keys, args=[attempt, owner, int(ttl_s * 1000), message, HANDOFF_OWNER]))
 
     def take_handoffs(self, handoffs: list[tuple[str, str]], owner: str, lease_s: float) -> set[str]:
@@ -244,8 +245,8 @@ class Lifecycle:
         till then); else 0. A request that ended or whose record expired leaves the active set
         here. One atomic step."""
         keys = [key(family, rid) for family in ("done", "req", "queued", "lease", "attempt")] + [key("active")]
-        keys += [k for queue in QUEUES for k in (queue, key("pushed", queue))]
-        return int(self._rerun(keys=keys, args=[int(queued_s * 1000), rid]))
+        keys += [key("handoff", rid), *(k for queue in QUEUES for k in (queue, key("pushed", queue)))]
+        return int(self._rerun(keys=keys, args=[int(queued_s * 1000), rid, HANDOFF_OWNER]))
 
     # -- the token stream ---------------------------------------------------------------------------------
     def append(self, tokens: list[Token], watch: list[str] = ()) -> set[str]:

@@ -6,14 +6,14 @@ from __future__ import annotations
 from enum import IntEnum
 
 # A message pushed onto a stage's queue (a Redis list: LPUSH here, the workers' BRPOP takes the
-# oldest) is counted in ``pushed``, and the request's queued mark names the queue and the count:
-# "prefill:41". Once ``pushed`` - LLEN reaches 41 the message has left the list, so a queued mark
-# with no lease beside it is a message a worker took and never claimed (it died in between): the
-# reaper re-runs it at once instead of after the mark's lapse. A mark without a count ("1": recorded
-# only, or a re-run on its way) keeps the reaper away until it lapses.
+# oldest) is counted in ``pushed``, and the request's mark (queued, or the handoff's) names the
+# queue and the count: "prefill:41". Once ``pushed`` - LLEN reaches 41 the message has left the
+# list, so such a mark with nobody's lease beside it is a message a worker took and never claimed
+# (it died in between): the reaper re-runs it at once instead of after the mark's lapse. A mark
+# without a count ("1": recorded only, or a re-run on its way) keeps the reaper away until it lapses.
 _PUSH = """
-local function push(queue, pushed, queued, message, ms)
-    redis.call('SET', queued, queue .. ':' .. redis.call('INCR', pushed), 'PX', ms)
+local function push(queue, pushed, mark, message, ms)
+    redis.call('SET', mark, queue .. ':' .. redis.call('INCR', pushed), 'PX', ms)
     redis.call('LPUSH', queue, message)
 end
 """
@@ -103,47 +103,50 @@ return 3
 )
 
 
-# KEYS: attempt, done, lease, handoff, decode's queue; ARGV: the run's attempt, its owner, the
-# handoff's ms, decode's message, the handoff's lease owner. 1: handed off (its lease now). 0:
-# nothing written, the run is over: the request ended, or its lease lapsed and it was re-run (or
-# taken) elsewhere.
+# KEYS: attempt, done, lease, handoff, decode's queue, its pushed count; ARGV: the run's attempt,
+# its owner, the handoff's ms, decode's message, the handoff's lease owner. 1: handed off (its
+# lease now). 0: nothing written, the run is over: the request ended, or its lease lapsed and it
+# was re-run (or taken) elsewhere.
 HAND_OFF = (
-    _current_run(0)
+    _PUSH
+    + _current_run(0)
     + """
-redis.call('SET', KEYS[4], 1, 'PX', ARGV[3])
 redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[3])
-redis.call('LPUSH', KEYS[5], ARGV[4])
+push(KEYS[5], KEYS[6], KEYS[4], ARGV[4], ARGV[3])
 return 1
 """
 )
 
 
-# KEYS: done, req, queued, lease, attempt, active, then each stage's queue and its pushed count;
-# ARGV: queued ms, the request's id. The reaper's check and re-run in one step, so no transition can
-# come between them: an unfinished request that nobody holds and whose message no longer waits in
-# its queue is queued again (-> its new attempt; its message is the caller's to push); one that
+# KEYS: done, req, queued, lease, attempt, active, handoff, then each stage's queue and its pushed
+# count; ARGV: queued ms, the request's id, the handoff's lease owner. The reaper's check and re-run
+# in one step, so no transition can come between them: an unfinished request that nobody holds
+# (the handoff's lease counts only while decode's message waits) and whose message no longer waits
+# in its queue is queued again (-> its new attempt; its message is the caller's to push); one that
 # ended or whose record expired leaves the active set (-> 0); any other is left alone (-> 0).
 RERUN = """
+local function waits(mark)
+    local queue, count = string.match(mark, '^(.+):(%d+)$')
+    for i = 8, #KEYS, 2 do
+        if KEYS[i] == queue then
+            return tonumber(count) > tonumber(redis.call('GET', KEYS[i + 1]) or 0) - redis.call('LLEN', KEYS[i])
+        end
+    end
+    return true
+end
 if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 0 then
     redis.call('SREM', KEYS[6], ARGV[2])
     return 0
 end
-if redis.call('EXISTS', KEYS[4]) == 1 then
+local lease, handoff = redis.call('GET', KEYS[4]), redis.call('GET', KEYS[7])
+if lease and not (lease == ARGV[3] and handoff and not waits(handoff)) then
     return 0
 end
 local mark = redis.call('GET', KEYS[3])
-if mark then
-    local queue, count = string.match(mark, '^(.+):(%d+)$')
-    local waits = true
-    for i = 7, #KEYS, 2 do
-        if KEYS[i] == queue then
-            waits = tonumber(count) > tonumber(redis.call('GET', KEYS[i + 1]) or 0) - redis.call('LLEN', KEYS[i])
-        end
-    end
-    if waits then
-        return 0
-    end
+if mark and waits(mark) then
+    return 0
 end
+redis.call('DEL', KEYS[4], KEYS[7])
 redis.call('SET', KEYS[3], 1, 'PX', ARGV[1])
 return redis.call('INCR', KEYS[5])
 """
