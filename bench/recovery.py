@@ -2,11 +2,12 @@
 
 Starts a stack of 1 prefill and 1 decode worker on the demo checkpoint, supervised as ``dayzero
 up`` supervises it, runs closed-loop streaming clients (``--requests`` each; every third request
-leaves after three chunks), and kills both workers ``--kill-after`` seconds in. The supervisor
+leaves after three chunks), and kills both workers once a share of the requests (``--kill-at``)
+has ended, so that the load is in flight whatever the machine's speed. The supervisor
 restarts them; the reaper re-runs what they held. Reports, for the requests in
 flight at the kill, how long after it each one ended (p50 / p90 / max), those still unfinished
 after ``--wait`` seconds, and what Redis still holds for unfinished requests afterwards.
-Run: ``python bench/recovery.py [--clients 48] [--requests 3] [--kill-after 6] [--wait 120]``.
+Run: ``python bench/recovery.py [--clients 48] [--requests 3] [--kill-at 0.25] [--wait 120]``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,15 @@ async def clients(url: str, n: int, per: int, runs: list) -> None:
         await asyncio.gather(*(closed_loop(i) for i in range(n)))
 
 
+async def until_after(load, killed: list, wait_s: float) -> None:
+    """Run ``load`` until it ends, or until ``wait_s`` after the kill."""
+    task = asyncio.ensure_future(load)
+    while not killed and not task.done():
+        await asyncio.sleep(0.05)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(task, wait_s)
+
+
 def leftovers(r: redis.Redis) -> list[str]:
     """Each unfinished request's lease, queued mark and stream length."""
     rows = []
@@ -78,7 +88,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=48)
     ap.add_argument("--requests", type=int, default=3, help="requests per client, one after another")
-    ap.add_argument("--kill-after", type=float, default=6.0, help="seconds of load before the kill")
+    ap.add_argument("--kill-at", type=float, default=0.25, help="the share of the requests ended before the kill")
     ap.add_argument("--wait", type=float, default=120.0, help="seconds to wait for every request after the kill")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,7 +100,8 @@ def main() -> None:
             stack.wait_ready(timeout_s=300)
 
             def kill_then_supervise() -> None:
-                time.sleep(args.kill_after)
+                while sum(run[1] is not None for run in runs) < args.kill_at * args.clients * args.requests:
+                    time.sleep(0.01)
                 killed.append(time.time())
                 for name in ("prefill0", "decode0"):
                     os.killpg(stack.child(name).proc.pid, signal.SIGKILL)
@@ -98,10 +109,7 @@ def main() -> None:
                     stack.supervise()
 
             threading.Thread(target=kill_then_supervise, daemon=True).start()
-            with contextlib.suppress(TimeoutError):
-                asyncio.run(
-                    asyncio.wait_for(clients(stack.url, args.clients, args.requests, runs), args.kill_after + args.wait)
-                )
+            asyncio.run(until_after(clients(stack.url, args.clients, args.requests, runs), killed, args.wait))
             time.sleep(1)
             stuck = leftovers(redis.Redis.from_url(stack.redis_url))
         finally:

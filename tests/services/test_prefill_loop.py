@@ -363,3 +363,28 @@ def test_a_re_run_continues_after_every_token_streamed_before_its_claim(demo_dir
     [handed] = sent
     assert handed.attempt == 1 and handed.generated[:2] == (11, 12) and len(handed.generated) == 3
     assert len(store.streamed_tokens("stalled")) == 3
+
+
+def test_a_re_run_of_a_request_whose_handoff_it_still_holds_runs_again(demo_dir, redis_url):
+    """Prefill still holds the blocks of a handoff when the reaper re-runs the request (decode took
+    its message off the queue and died before claiming it). The re-run's delivery prefills again
+    and hands off in the old handoff's blocks. Dropped as a duplicate, it would stay claimed, its
+    lease kept alive by the heartbeat, and the request would never end."""
+    loop, sent = _one_sequence_loop(demo_dir, redis_url, "prefill11@test")
+    store = Lifecycle.connect(redis_url)
+    store.r.delete("decode", key("pushed", "decode"))
+    job = _admitted(store, "again")
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        assert loop.intake.submit(job).done.wait(30) and "again" in loop.r.pools.sequences
+        assert not loop.r.pools.fits(5)  # the old handoff holds the pools' one sequence
+        assert store.r.rpop("decode")  # decode took the message, and died
+        assert store.rerun_orphan("again", 60) == 1
+        rerun = job.model_copy(update={"attempt": 1, "generated": tuple(store.streamed_tokens("again"))})
+        assert loop.intake.submit(rerun).done.wait(30)
+    finally:
+        loop.stop.set()
+        thread.join(5)
+    assert [(job.attempt, len(job.generated)) for job in sent] == [(0, 1), (1, 2)]
+    assert store.owner("again") == "handoff" and store.r.llen("decode") == 1

@@ -37,7 +37,7 @@ class PrefillLoop:
         self.r, self.decode_message = runtime, decode_message  # a job -> its message on decode's queue
         self.intake: Intake[PrefillJob] = Intake(self._claim)
         self.pending: list[Ticket[PrefillJob]] = []
-        self.handed_off: dict[str, float] = {}  # request -> when its handoff lapses (monotonic)
+        self.handed_off: dict[str, tuple[float, int]] = {}  # request -> when its handoff lapses (monotonic), attempt
         self.starved = False  # the last batch admitted nothing: its requests wait for blocks
         self.stop = threading.Event()
         self.heartbeat = Heartbeat(runtime.store, runtime.name, runtime.settings.lease_s, self.stop)
@@ -136,7 +136,7 @@ class PrefillLoop:
         if not self.handed_off:
             return False
         store, now, freed = self.r.store, time.monotonic(), False
-        lapsed = {rid for rid, deadline in self.handed_off.items() if deadline < now}
+        lapsed = {rid for rid, (deadline, _) in self.handed_off.items() if deadline < now}
         for rid in lapsed | set(store.taken(self.r.name)) | store.cancelled(list(self.handed_off)):
             if self.handed_off.pop(rid, None) is not None:
                 self.r.ranks.release(rid)
@@ -157,9 +157,13 @@ class PrefillLoop:
         """The claimed request's blocks; False when it waits for them or is settled without prefill."""
         store, job = self.r.store, ticket.job
         rid = job.request.request_id
-        if rid in self.r.pools.sequences:  # a duplicate delivery of a request this worker holds
-            ticket.done.set()
-            return False
+        if rid in self.r.pools.sequences:  # this worker still holds blocks of the request
+            held = self.handed_off.get(rid)
+            if held is None or held[1] >= job.attempt:  # a duplicate: it waits till they are free
+                self.pending.append(ticket)
+                return False
+            self.handed_off.pop(rid)  # an older run's handoff (decode drops its job as stale)
+            self.r.ranks.release(rid)
         if job.attempt:  # a re-run: the old run (stalled, not dead) may have streamed more since
             streamed = store.streamed_tokens(rid)  # the reaper read its tokens; continue after them
             if len(streamed) > len(job.generated):
@@ -279,7 +283,7 @@ class PrefillLoop:
                     store.drop_parked(ref.location)
                 self.r.ranks.release(rid)
             elif kept:
-                self.handed_off[rid] = time.monotonic() + settings.handoff_timeout_s
+                self.handed_off[rid] = (time.monotonic() + settings.handoff_timeout_s, job.attempt)
             else:
                 self.r.ranks.release(rid)  # the state travels in Redis: nothing to keep
         ticket.done.set()
