@@ -27,7 +27,6 @@ from .lease import Heartbeat
 from .messages import DecodeJob
 from .records import Token
 from .runtime import Runtime
-from .scripts import Take
 
 log = logging.getLogger("dayzero.decode")
 
@@ -44,7 +43,9 @@ class Active:
 class DecodeLoop:
     def __init__(self, runtime: Runtime) -> None:
         self.r = runtime
-        self.intake: Intake[DecodeJob] = Intake(self._claim)
+        self.intake: Intake[DecodeJob] = Intake(  # claimed as they arrive; the handoff stays till imported
+            lambda ticket: self.heartbeat.claim(ticket, self._cancelled_on_arrival, handed_off=True)
+        )
         self.waiting: list[Ticket[DecodeJob]] = []
         self.active: dict[str, Active] = {}
         self.receiver = Receiver(runtime.store)
@@ -100,19 +101,8 @@ class DecodeLoop:
         active.span.end()
         active.ticket.done.set()
 
-    def _claim(self, ticket: Ticket[DecodeJob]) -> bool:
-        """On the delivering task's thread, as the message arrives: take the handed-off request, its
-        lease kept by the heartbeat while it waits for room (the handoff stays till its state is
-        imported). A worker that dies with it, or whose import fails, lets the lease lapse, and the
-        reaper re-runs it within seconds; the handoff's lease would hold it for handoff_timeout_s.
-        False: the ticket is settled here (cancelled, stale, or a live worker's)."""
-        job = ticket.job
-        taken = self.heartbeat.claim(job.request.request_id, job.attempt, handed_off=True)
-        if taken == Take.CANCELLED:
-            self._settle(ticket, "cancelled", index=len(job.generated))
-        elif taken != Take.CLAIMED:
-            ticket.done.set()  # a stale redelivery, ended, or owned by a live worker
-        return taken == Take.CLAIMED
+    def _cancelled_on_arrival(self, ticket: Ticket[DecodeJob]) -> None:
+        self._settle(ticket, "cancelled", index=len(ticket.job.generated))
 
     def _settle(self, ticket: Ticket[DecodeJob], reason: str, message: str = "", index: int | None = None) -> None:
         self.heartbeat.release(ticket.job.request.request_id)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import redis
 
+from .intake import Ticket
 from .lifecycle import Lifecycle
 from .scripts import Take
 
@@ -36,9 +38,17 @@ class Heartbeat:
                 except redis.RedisError:
                     log.warning("heartbeat failed; retrying")
 
-    def claim(self, rid: str, attempt: int, handed_off: bool = False) -> Take:
-        """Take the request for the owner (``Lifecycle.take``) and beat for it once claimed. While
-        Redis restarts the take is retried, until ``stop`` is set (then STALE: nothing taken)."""
+    def claim(self, ticket: Ticket[Any], cancelled: Callable[[Ticket[Any]], None], handed_off: bool = False) -> bool:
+        """A loop's ``Intake`` claim, on the delivering task's thread as the message arrives: take the
+        request for the owner (``Lifecycle.take``; ``handed_off``: decode's, from the handoff) and
+        beat for it from then on, until it is handed on or ended. A worker that dies with requests
+        waiting (for its loop, for blocks, for room in decode's batch) lets their leases lapse, and
+        the reaper re-runs them within seconds; queued marks would keep the reaper away for the
+        visibility timeout (the broker, without ack emulation, never delivers a dead worker's
+        messages again). While Redis restarts the take is retried, until ``stop`` is set. False: the
+        ticket is settled here: ``cancelled(ticket)`` for a cancelled request, done for a stale
+        delivery, an ended request, one a live worker holds, or a take given up on stopping."""
+        rid, attempt = ticket.job.request.request_id, ticket.job.attempt
         while True:
             try:
                 taken = self._store.take(rid, attempt, self._owner, self._lease_s, handed_off)
@@ -46,10 +56,15 @@ class Heartbeat:
             except redis.RedisError as exc:
                 log.warning("redis unavailable (%s); retrying the claim of %s", exc, rid)
                 if self._stop.wait(0.5):
-                    return Take.STALE
+                    taken = Take.STALE  # stopping: its message left the queue unclaimed; the reaper re-runs it
+                    break
         if taken == Take.CLAIMED:
             self.hold([rid])
-        return taken
+        elif taken == Take.CANCELLED:
+            cancelled(ticket)
+        else:
+            ticket.done.set()
+        return taken == Take.CLAIMED
 
     def hold(self, ids: list[str]) -> None:
         """Beat for ``ids`` until each is ``release``d."""

@@ -27,7 +27,6 @@ from .messages import DecodeJob, PrefillJob
 from .prefill_batch import BatchInput, echo_of, merged
 from .records import Token
 from .runtime import Runtime
-from .scripts import Take
 
 log = logging.getLogger("dayzero.prefill")
 
@@ -35,7 +34,9 @@ log = logging.getLogger("dayzero.prefill")
 class PrefillLoop:
     def __init__(self, runtime: Runtime, decode_message: Callable[[DecodeJob], str]) -> None:
         self.r, self.decode_message = runtime, decode_message  # a job -> its message on decode's queue
-        self.intake: Intake[PrefillJob] = Intake(self._claim)
+        self.intake: Intake[PrefillJob] = Intake(
+            lambda ticket: self.heartbeat.claim(ticket, lambda cancelled: self._settle(cancelled, "cancelled"))
+        )
         self.pending: list[Ticket[PrefillJob]] = []
         self.handed_off: dict[str, tuple[float, int]] = {}  # request -> when its handoff lapses (monotonic), attempt
         self.starved = False  # the last batch admitted nothing: its requests wait for blocks
@@ -85,21 +86,6 @@ class PrefillLoop:
             self.r.ranks.release(ticket.job.request.request_id)
         self.heartbeat.hold([t.job.request.request_id for t in unsettled])  # one may be released
         self.pending[:0] = unsettled
-
-    def _claim(self, ticket: Ticket[PrefillJob]) -> bool:
-        """On the delivering task's thread, as the message arrives: take the request, its lease kept
-        by the heartbeat until it is handed on or ended. A worker that dies with requests waiting
-        (for the loop, for blocks) lets their leases lapse, and the reaper re-runs them within
-        seconds; their queued marks would have kept the reaper away for the visibility timeout (the
-        broker, without ack emulation, never delivers a dead worker's messages again). False: the
-        ticket is settled here (cancelled, stale, or a live worker's)."""
-        job = ticket.job
-        taken = self.heartbeat.claim(job.request.request_id, job.attempt)
-        if taken == Take.CANCELLED:
-            self._settle(ticket, "cancelled")
-        elif taken != Take.CLAIMED:
-            ticket.done.set()  # a stale redelivery, ended, or owned by a live worker
-        return taken == Take.CLAIMED
 
     def _drop_cancelled(self) -> None:
         """End the requests waiting for blocks that a client cancelled meanwhile."""
