@@ -1,6 +1,6 @@
-"""Decode's admission of handed-off requests against a real Redis: a step's arrivals take two round
-trips (their stale marks, then their handoffs), and the takes read the cancel marks, so a request
-cancelled meanwhile ends before a step and without a read of its own."""
+"""Decode's admission of handed-off requests against a real Redis: a step's arrivals take one round
+trip (their handoffs, each checked against its run), and the takes read the cancel marks, so a
+request cancelled meanwhile ends before a step and without a read of its own."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dayzero.serving.lifecycle import Lifecycle, key
 from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
+from dayzero.serving.scripts import Take
 from dayzero.settings import Settings
 
 from .conftest import recording, run_jobs
@@ -35,35 +36,60 @@ def _prefilled(settings: Settings, rids: tuple[str, ...]) -> tuple[Lifecycle, li
     return store, sent
 
 
-def test_taking_handoffs_says_which_were_cancelled(redis_url):
+def test_taking_handoffs_says_which_were_cancelled_and_which_runs_are_over(redis_url):
     store = Lifecycle(redis.Redis.from_url(redis_url))
     store.cancel("gone")
-    assert store.take_handoffs([("kept", ""), ("gone", "prefill0")], "decode0", 30) == {"gone"}
+    store.r.set(key("lease", "kept"), "handoff")  # decode imported it without a claim: still the handoff's
+    for rid in ("rerun", "held"):  # a re-run since (attempt 1), one someone else holds
+        store.r.set(key("handoff", rid), "decode:1")
+    store.r.set(key("attempt", "rerun"), 1)
+    store.r.set(key("lease", "held"), "decode9")
+    handoffs = [("kept", 0, ""), ("gone", 0, "prefill0"), ("rerun", 0, "prefill0"), ("held", 0, "prefill0")]
+    taken = store.take_handoffs(handoffs, "decode0", 30)
+    assert taken == {"kept": Take.CLAIMED, "gone": Take.CANCELLED, "rerun": Take.STALE, "held": Take.STALE}
     assert store.owner("gone") == store.owner("kept") == "decode0"
-    assert store.r.lrange(key("taken", "prefill0"), 0, -1) == [b"gone"]  # only a holder is told
-    assert store.take_handoffs([], "decode0", 30) == set()
-    store.take_handoffs([("x", "prefill1"), ("y", "prefill1")], "decode0", 30)
+    assert store.r.lrange(key("taken", "prefill0"), 0, -1) == [b"gone"]  # only a current run's holder is told
+    assert store.owner("rerun") is None and store.owner("held") == "decode9"  # nothing written for them
+    assert store.r.exists(key("handoff", "rerun"), key("handoff", "held")) == 2
+    assert store.take_handoffs([], "decode0", 30) == {}
+    store.take_handoffs([("x", 0, "prefill1"), ("y", 0, "prefill1")], "decode0", 30)
     assert store.r.lrange(key("taken", "prefill1"), 0, -1) == [b"x", b"y"]  # one holder's, in order
 
 
-def test_a_steps_arrivals_are_admitted_in_two_round_trips_stale_and_duplicates_dropped(demo_dir, redis_url):
+def test_a_steps_arrivals_are_admitted_in_one_round_trip_older_runs_and_duplicates_dropped(demo_dir, redis_url):
+    """Each delivery was claimed on arrival (a stale one is dropped there); the admission's one round
+    trip takes the handoffs of those imported. Of two deliveries of one request, the older run's is
+    dropped; a run that ends during the import (re-run: its lease lapsed in a stall) is freed."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
-    store, sent = _prefilled(settings, ("a", "b", "old"))
-    store.r.set(key("attempt", "old"), 1)  # re-run since: its delivery (attempt 0) is stale
+    store, sent = _prefilled(settings, ("a", "b", "late", "old", "twice"))
+    store.r.set(key("attempt", "old"), 1)  # re-run since: its delivery (attempt 0) is stale on arrival
     runtime = Runtime.load(settings, "decode4@test", "decode", False)
     loop, calls = DecodeLoop(runtime), []
-    for name in ("stale", "take_handoffs"):
-        real = getattr(runtime.store, name)
-        setattr(runtime.store, name, lambda *a, real=real, name=name: calls.append((name, a[0])) or real(*a))
-    jobs = sorted(sent, key=lambda job: job.request.request_id)
-    tickets = [loop.intake.submit(job) for job in (*jobs, jobs[0])]  # "a" delivered twice
+    real_take, real_receive = runtime.store.take_handoffs, loop.receiver.receive
+    runtime.store.take_handoffs = lambda handoffs, *a: calls.append(handoffs) or real_take(handoffs, *a)
+
+    def receive(ref, pools, rid):
+        real_receive(ref, pools, rid)
+        if rid == "late":
+            store.r.set(key("attempt", rid), 1)  # the reaper re-ran it while this worker stalled
+            store.r.delete(key("lease", rid))
+
+    loop.receiver.receive = receive
+    jobs = {job.request.request_id: job for job in sent}
+    order = [jobs["a"], jobs["b"], jobs["late"], jobs["old"], jobs["a"], jobs["twice"]]  # "a" delivered twice
+    tickets = [loop.intake.submit(job) for job in order]
+    store.r.set(key("attempt", "twice"), 1)  # "twice" re-run and delivered again to this worker
+    tickets.append(loop.intake.submit(jobs["twice"].model_copy(update={"attempt": 1})))
     loop.waiting.extend(loop.intake.drain(0))
     loop._admit()
-    assert [name for name, _ in calls] == ["stale", "take_handoffs"]
-    assert [rid for rid, _ in calls[1][1]] == ["a", "b"] and set(loop.active) == {"a", "b"}
-    assert [t.done.is_set() for t in tickets] == [False, False, True, True]  # stale "old", the second "a"
-    assert store.owner("a") == store.owner("b") == runtime.name
-    for rid in ("a", "b"):
+    assert [[(rid, attempt) for rid, attempt, _ in handoffs] for handoffs in calls] == [
+        [("a", 0), ("b", 0), ("late", 0), ("twice", 1)]
+    ]
+    assert set(loop.active) == {"a", "b", "twice"} and set(runtime.pools.sequences) == {"a", "b", "twice"}
+    assert [t.done.is_set() for t in tickets] == [False, False, True, True, True, True, False]
+    assert store.owner("a") == store.owner("b") == store.owner("twice") == runtime.name
+    assert store.owner("late") is None  # released: the reaper's re-run may claim it
+    for rid in ("a", "b", "twice"):
         loop._finish(rid, "stop")
     runtime.close()
 

@@ -150,7 +150,7 @@ def test_prefill_frees_handed_off_blocks_when_decode_takes_them_or_the_request_i
         time.sleep(0.3)
         assert rid in runtime.pools.sequences  # nothing frees them while decode has not taken them
         if how == "decode takes it":
-            store.take_handoffs([(rid, sent[0].state.holder)], "decode0@test", 5)
+            store.take_handoffs([(rid, 0, sent[0].state.holder)], "decode0@test", 5)
         else:
             store.cancel(rid)  # the client left while the request waited for decode
         deadline = time.time() + 10
@@ -175,7 +175,7 @@ def test_a_request_that_finds_the_pools_full_takes_the_blocks_of_a_handoff_decod
             if rid == "first":
                 assert tickets[0].done.is_set() and "first" in runtime.pools.sequences  # held for decode
                 assert not runtime.pools.fits(5)  # the pools are full
-                store.take_handoffs([("first", sent[0].state.holder)], "decode0@test", 5)
+                store.take_handoffs([("first", 0, sent[0].state.holder)], "decode0@test", 5)
     finally:
         loop.stop.set()  # its heartbeat thread ends with it
     assert tickets[1].done.is_set() and [job.request.request_id for job in sent] == ["first", "second"]
@@ -199,7 +199,7 @@ def test_a_request_waiting_for_blocks_waits_without_spinning(demo_dir, redis_url
         assert tries.count("waits") <= 25  # a try every ~50 ms, not thousands
         store.cancel("leaves")
         assert tickets[2].done.wait(2) and store.done("leaves") == "cancelled"
-        store.take_handoffs([("holds", sent[0].state.holder)], "decode0@test", 5)
+        store.take_handoffs([("holds", 0, sent[0].state.holder)], "decode0@test", 5)
         assert tickets[1].done.wait(5)
     finally:
         loop.stop.set()

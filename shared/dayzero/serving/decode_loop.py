@@ -27,6 +27,7 @@ from .lease import Heartbeat
 from .messages import DecodeJob
 from .records import Token
 from .runtime import Runtime
+from .scripts import Take
 
 log = logging.getLogger("dayzero.decode")
 
@@ -110,19 +111,18 @@ class DecodeLoop:
         ticket.done.set()
 
     def _admit(self) -> None:
-        """Admit what the pools can hold, in two round trips however many arrive: every waiting
-        delivery's stale marks, then, once their states are imported, the takes of their handoffs."""
-        store, still, imported = self.r.store, [], {}
-        stale = store.stale([(t.job.request.request_id, t.job.attempt) for t in self.waiting])
+        """Admit what the pools can hold, in one round trip however many arrive: once their states are
+        imported, the takes of their handoffs (each claimed on arrival; a run over since is dropped)."""
+        still, imported = [], {}
+        latest = {}  # a re-run delivered while an older run's delivery waits: the older one is stale
+        for ticket in self.waiting:
+            rid = ticket.job.request.request_id
+            latest[rid] = max(latest.get(rid, 0), ticket.job.attempt)
         for ticket in self.waiting:
             job = ticket.job
             rid = job.request.request_id
-            if rid in self.active or rid in imported:
-                ticket.done.set()  # a duplicate delivery
-                continue
-            if rid in stale:  # ended, or re-run since
-                self.heartbeat.release(rid)
-                ticket.done.set()
+            if rid in self.active or rid in imported or job.attempt < latest[rid]:
+                ticket.done.set()  # a duplicate delivery, or an older run's
                 continue
             total = min(self.limit, len(job.request.prompt_ids) + job.request.sampling.max_tokens)
             if total > self.r.pools.capacity_tokens():
@@ -134,26 +134,32 @@ class DecodeLoop:
             try:
                 self._import(job, total)
             except (LookupError, LayoutMismatch, OutOfBlocks) as exc:
-                self.r.ranks.release(rid)
                 log.error("request %s: handoff failed: %s", rid, exc)
-                self.heartbeat.release(rid)
-                ticket.done.set()  # its lease lapses; the reaper re-runs it
+                self._unimport([ticket])  # its lease lapses; the reaper re-runs it
                 continue
             imported[rid] = ticket
         self.waiting = still
         # the takes read the cancel marks: ``_cancel`` ends a request cancelled meanwhile before a step
-        handoffs = [(rid, t.job.state.holder) for rid, t in imported.items()]
+        handoffs = [(rid, t.job.attempt, t.job.state.holder) for rid, t in imported.items()]
         try:
-            self._marked |= store.take_handoffs(handoffs, self.r.name, self.r.settings.lease_s)
+            taken = self.r.store.take_handoffs(handoffs, self.r.name, self.r.settings.lease_s)
         except redis.RedisError:  # their leases lapse and the reaper re-runs them
-            for rid, ticket in imported.items():
-                self.r.ranks.release(rid)
-                self.heartbeat.release(rid)
-                ticket.done.set()
+            self._unimport(list(imported.values()))
             raise
+        self._unimport([imported[rid] for rid, answer in taken.items() if answer == Take.STALE])
+        self._marked |= {rid for rid, answer in taken.items() if answer == Take.CANCELLED}
         self._marks_read |= imported.keys()
-        for ticket in imported.values():
-            self._start(ticket)
+        for rid, answer in taken.items():
+            if answer != Take.STALE:
+                self._start(imported[rid])
+
+    def _unimport(self, tickets: list[Ticket[DecodeJob]]) -> None:
+        """Free imported states that will not be generated: a failed take (their leases lapse and the
+        reaper re-runs them), or a run over since its claim (re-run during a stall, or ended)."""
+        for ticket in tickets:
+            self.r.ranks.release(ticket.job.request.request_id)
+            self.heartbeat.release(ticket.job.request.request_id)
+            ticket.done.set()
 
     def _start(self, ticket: Ticket[DecodeJob]) -> None:
         """An imported request's completion, rebuilt from the tokens already streamed, joins the batch."""

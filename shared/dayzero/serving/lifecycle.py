@@ -37,7 +37,7 @@ from opentelemetry import trace
 
 from .messages import GenerationRequest
 from .records import Token, decode, encode, ending
-from .scripts import ADMIT, ENQUEUE, HAND_OFF, HEARTBEAT, RERUN, TAKE, Take
+from .scripts import ADMIT, ENQUEUE, HAND_OFF, HEARTBEAT, RERUN, TAKE, TAKE_HANDOFFS, Take
 
 P = "dz:"
 HANDOFF_OWNER = "handoff"
@@ -90,12 +90,14 @@ class Lifecycle:
         self._admit, self._take = client.register_script(ADMIT), client.register_script(TAKE)
         self._heartbeat, self._hand_off = client.register_script(HEARTBEAT), client.register_script(HAND_OFF)
         self._rerun, self._enqueue = client.register_script(RERUN), client.register_script(ENQUEUE)
+        self._take_handoffs = client.register_script(TAKE_HANDOFFS)
 
     def load_scripts(self) -> None:
         """Load the Lua scripts now, not on a request's way (a first call finds one missing, loads it
         and calls again: two more round trips; after a Redis restart the next call still does).
         The workers do it before they announce themselves, so before the gateway is ready."""
-        for script in (self._admit, self._take, self._heartbeat, self._hand_off, self._rerun, self._enqueue):
+        scripts = (self._admit, self._take, self._heartbeat, self._hand_off, self._rerun, self._enqueue)
+        for script in (*scripts, self._take_handoffs):
             self.r.script_load(script.script)
 
     @classmethod
@@ -119,16 +121,9 @@ class Lifecycle:
         return list(self.r.lrange(key("images", rid), 0, -1))
 
     # -- a stage takes it: queued -> vision | prefill -------------------------------------------------
-    def stale(self, deliveries: list[tuple[str, int]]) -> set[str]:
-        """Of (request, attempt) deliveries, those of an older run or an ended request: one round trip."""
-        if not deliveries:
-            return set()
-        values = self.r.mget([k for rid, _ in deliveries for k in (key("attempt", rid), key("done", rid))])
-        marks = zip(deliveries, values[::2], values[1::2], strict=True)
-        return {rid for (rid, attempt), current, done in marks if done or attempt < int(current or 0)}
-
     def take(self, rid: str, attempt: int, owner: str, lease_s: float, handed_off: bool = False) -> Take:
-        """``stale``, then own the request unless someone else alive does (the owner may take it
+        """Unless the delivery is stale (an older run's, or the request ended), own the request unless
+        someone else alive does (the owner may take it
         again; ``handed_off``: decode, from the handoff, whose mark stays till ``take_handoffs``),
         then whether it was cancelled: one round trip."""
         keys = [key("attempt", rid), key("done", rid), key("lease", rid), key("queued", rid), key("cancel", rid)]
@@ -163,24 +158,21 @@ class Lifecycle:
         keys = [*(key(family, rid) for family in ("attempt", "done", "lease", "handoff")), queue, key("pushed", queue)]
         return bool(self._hand_off(keys=keys, args=[attempt, owner, int(ttl_s * 1000), message, HANDOFF_OWNER]))
 
-    def take_handoffs(self, handoffs: list[tuple[str, str]], owner: str, lease_s: float) -> set[str]:
-        """Decode has the states of these (request, holder) handoffs: decode owns each request now,
-        and its ``holder`` (the prefill worker whose blocks held it, when it kept them; "": none) is
-        told it may free them. -> those a client has cancelled (their marks read in the same round
-        trip)."""
+    def take_handoffs(self, handoffs: list[tuple[str, int, str]], owner: str, lease_s: float) -> dict[str, Take]:
+        """Decode has imported the states of these (request, attempt, holder) handoffs: decode owns
+        each request whose run is still current, and its ``holder`` (the prefill worker whose blocks
+        held it, when it kept them; "": none) is told it may free them. -> each one's ``Take``:
+        CLAIMED, CANCELLED (a client's mark, read in the same round trip), or STALE (the run is over,
+        or someone else holds the lease: nothing written). One atomic round trip."""
         if not handoffs:
-            return set()
-        pipe, held = self.r.pipeline(), {}
-        for rid, holder in handoffs:
-            pipe.delete(key("handoff", rid))
-            pipe.set(key("lease", rid), owner, px=int(lease_s * 1000))
-            if holder:
-                held.setdefault(holder, []).append(rid)
-        for holder, rids in held.items():  # each holder's inbox: one push, one expiry
-            pipe.rpush(key("taken", holder), *rids)
-            pipe.expire(key("taken", holder), self.ttl_s)
-        pipe.mget([key("cancel", rid) for rid, _ in handoffs])
-        return {rid for (rid, _), mark in zip(handoffs, pipe.execute()[-1], strict=True) if mark}
+            return {}
+        keys, args = [], [owner, int(lease_s * 1000), self.ttl_s, HANDOFF_OWNER]
+        for rid, attempt, holder in handoffs:
+            keys += [key(family, rid) for family in ("attempt", "done", "lease", "handoff", "cancel")]
+            keys.append(key("taken", holder))
+            args += [attempt, rid if holder else ""]
+        answers = self._take_handoffs(keys=keys, args=args)
+        return {rid: Take(answer) for (rid, _, _), answer in zip(handoffs, answers, strict=True)}
 
     def taken(self, holder: str) -> list[str]:
         """The requests whose handed-off blocks decode has taken since the last call (an inbox)."""

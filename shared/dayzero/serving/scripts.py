@@ -70,18 +70,19 @@ class Take(IntEnum):
     CLAIMED = 3  # this worker owns it now; it is no longer queued
 
 
-def _current_run(lease_held: int, free: str = "false") -> str:
-    """A script's first lines, over KEYS attempt, done, lease and ARGV the run's attempt, its owner:
-    0 when the run is over (an older attempt's, or the request ended), ``lease_held`` when someone
-    else holds the lease (unless ``free``, a Lua condition on ``lease``). The owner itself, or
-    nobody, goes on."""
-    return f"""
-if redis.call('EXISTS', KEYS[2]) == 1 or tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or 0) then
-    return 0
-end
-local lease = redis.call('GET', KEYS[3])
-if lease and lease ~= ARGV[2] and not ({free}) then
-    return {int(lease_held)}
+# Whether a delivery's run is the request's current one: "over" (an older attempt's, or the request
+# ended), "held" (someone else holds the lease, unless it is ``free``: '' for none), or "ours" (the
+# owner itself holds it, or nobody: a lease that lapsed unnoticed).
+_CURRENT_RUN = """
+local function current_run(attempt, done, lease, run, owner, free)
+    if redis.call('EXISTS', done) == 1 or tonumber(run) < tonumber(redis.call('GET', attempt) or 0) then
+        return 'over'
+    end
+    local holder = redis.call('GET', lease)
+    if holder and holder ~= owner and holder ~= free then
+        return 'held'
+    end
+    return 'ours'
 end
 """
 
@@ -91,8 +92,12 @@ end
 # batch it retries after Redis came back): its lease starts afresh, as a first take's does (the
 # heartbeat's next beat may be a third of a lease off).
 TAKE = (
-    _current_run(Take.OWNED, "lease == ARGV[4]")
+    _CURRENT_RUN
     + """
+local run = current_run(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[4])
+if run ~= 'ours' then
+    return run == 'held' and 1 or 0
+end
 redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
 redis.call('DEL', KEYS[4])
 if redis.call('EXISTS', KEYS[5]) == 1 then
@@ -109,11 +114,42 @@ return 3
 # was re-run (or taken) elsewhere.
 HAND_OFF = (
     _PUSH
-    + _current_run(0)
+    + _CURRENT_RUN
     + """
+if current_run(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], '') ~= 'ours' then
+    return 0
+end
 redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[3])
 push(KEYS[5], KEYS[6], KEYS[4], ARGV[4], ARGV[3])
 return 1
+"""
+)
+
+
+# KEYS per handoff: attempt, done, lease, handoff, cancel, its holder's inbox; ARGV: the owner, lease
+# ms, the inboxes' s, the handoff's lease owner, then per handoff: its run's attempt, the request's
+# id for the holder's inbox ('': no holder). Decode has imported the states: each current run's
+# handoff is decode's now (its lease renewed, its holder told). The answer, per handoff (``Take``):
+# 0 the run is over or someone else holds the lease (nothing written), 2 taken but cancelled, 3 taken.
+TAKE_HANDOFFS = (
+    _CURRENT_RUN
+    + """
+local taken = {}
+for i = 0, #KEYS / 6 - 1 do
+    local k, run, rid = 6 * i, ARGV[5 + 2 * i], ARGV[6 + 2 * i]
+    if current_run(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], run, ARGV[1], ARGV[4]) ~= 'ours' then
+        taken[i + 1] = 0
+    else
+        redis.call('DEL', KEYS[k + 4])
+        redis.call('SET', KEYS[k + 3], ARGV[1], 'PX', ARGV[2])
+        if rid ~= '' then
+            redis.call('RPUSH', KEYS[k + 6], rid)
+            redis.call('EXPIRE', KEYS[k + 6], ARGV[3])
+        end
+        taken[i + 1] = redis.call('EXISTS', KEYS[k + 5]) == 1 and 2 or 3
+    end
+end
+return taken
 """
 )
 
