@@ -6,7 +6,8 @@ a plain memory copy of the same bytes. The pipeline's overhead on an idle stack 
 the gateway minus in-process, hop by hop) is ``bench/overhead.py``.
 Starts its own stack (`dayzero up` machinery, demo checkpoint) unless --url is given; then
 ``--clients N`` also runs N closed-loop clients (4 requests each) and reports tokens/s and the CPU
-seconds each of the stack's processes spent per 1000 tokens (psutil: user + system).
+seconds each of the stack's processes spent per 1000 tokens (psutil: user + system), and the
+Redis commands per request (those inside Lua scripts too).
 Run: ``python bench/serve.py [--rate 4] [--requests 64] [--clients 0] [--url http://...]``.
 """
 
@@ -92,15 +93,33 @@ async def closed_loop(url: str, clients: int, per_client: int, prompt_len: int, 
         return total, time.perf_counter() - start
 
 
+def redis_calls(url: str) -> dict[str, int]:
+    """Redis's count of calls per command since it started (``INFO commandstats``)."""
+    import redis
+
+    stats = redis.Redis.from_url(url).info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in stats.items()}
+
+
 def cpu_per_token(stack, clients: int, prompt_len: int, max_tokens: int) -> None:
-    """Closed-loop tokens/s and each process's CPU seconds per 1000 tokens generated."""
+    """Closed-loop tokens/s, each process's CPU seconds per 1000 tokens generated, and the Redis
+    commands per request: the gateway's, the workers' and the broker's, each command a Lua script
+    runs counted too (an EVALSHA is one round trip, its GETs and SETs are counted beside it)."""
     import psutil
 
     procs = {c.name: psutil.Process(c.proc.pid) for c in stack.children}
-    before = {name: sum(p.cpu_times()[:2]) for name, p in procs.items()}
+    before, calls = {name: sum(p.cpu_times()[:2]) for name, p in procs.items()}, redis_calls(stack.redis_url)
     tokens, seconds = asyncio.run(closed_loop(stack.url, clients, 4, prompt_len, max_tokens))
     print(f"closed loop, {clients} clients x 4 requests: {tokens / seconds:.1f} tokens/s; CPU s per 1000 tokens:")
     print(", ".join(f"{n} {(sum(p.cpu_times()[:2]) - before[n]) * 1000 / tokens:.3f}" for n, p in procs.items()))
+    after = redis_calls(stack.redis_url)
+    per_request = {name: (n - calls.get(name, 0)) / (clients * 4) for name, n in after.items()}
+    top = sorted(((n, name) for name, n in per_request.items() if n >= 0.05), reverse=True)
+    print(
+        f"Redis commands per request: {sum(per_request.values()):.1f} ("
+        + ", ".join(f"{name} {n:.1f}" for n, name in top)
+        + ")"
+    )
 
 
 def sweep_and_plot(url: str, prompt_len: int, max_tokens: int, folder: Path) -> None:
