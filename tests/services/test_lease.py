@@ -11,7 +11,7 @@ import redis
 from dayzero.params import SamplingParams
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.lease import Heartbeat
-from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.lifecycle import Lifecycle, key
 from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
@@ -72,4 +72,40 @@ def test_a_decode_step_longer_than_the_lease_keeps_its_requests(demo_dir, redis_
     decode.ranks.decode = slow
     run_jobs(DecodeLoop(decode), handed)
     assert store.done("slow-steps") == "length" and len(store.streamed_tokens("slow-steps")) == 4
+    assert decode.pools.sequences == {}
+
+
+def test_a_decode_that_stalled_while_its_request_was_re_run_writes_nothing_more(demo_dir, redis_url):
+    """Decode stalls (a step past its lease) and the reaper re-runs the request; the re-run's prefill
+    claims it. The stalled step's tokens are refused, decode drops the request at once (its blocks
+    freed) and never ends it: the stream stays the re-run's to continue. Before, the old run streamed
+    and ended the request until its heartbeat noticed the lost lease, a beat later."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store = Lifecycle.connect(redis_url)
+    request = GenerationRequest(
+        request_id="stalled-decode",
+        prompt_ids=(0, 5, 6, 7),
+        sampling=SamplingParams(max_tokens=6, ignore_eos=True),
+        created=time.time(),
+    )
+    store.admit(request, [], "", 60)
+    handed: list[DecodeJob] = []
+    run_jobs(
+        PrefillLoop(Runtime.load(settings, "prefill8@test", "prefill", False), recording(handed)),
+        [PrefillJob(request=request)],
+    )
+    decode = Runtime.load(settings, "decode8@test", "decode", False)
+    fast, steps = decode.ranks.decode, []
+
+    def stalling(ids: list[str], tokens: list[int]):
+        steps.append(ids)
+        if len(steps) == 2:  # meanwhile the lease lapsed, the reaper re-ran it, a prefill claimed it
+            store.r.set(key("attempt", "stalled-decode"), 1)
+            store.r.set(key("lease", "stalled-decode"), "prefill9@test")
+        return fast(ids, tokens)
+
+    decode.ranks.decode = stalling
+    run_jobs(DecodeLoop(decode), handed)
+    assert len(steps) == 2 and len(store.streamed_tokens("stalled-decode")) == 2  # prefill's, the first step's
+    assert store.done("stalled-decode") is None and store.owner("stalled-decode") == "prefill9@test"
     assert decode.pools.sequences == {}

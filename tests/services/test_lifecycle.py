@@ -51,7 +51,7 @@ def test_a_run_that_is_over_hands_nothing_off(redis_url):
         store.r.delete(key("lease", rid))
     assert store.rerun_orphan("h-rerun", 60) == 1
     assert store.take("h-taken", 0, "prefill1", 30) == Take.CLAIMED
-    store.settle("h-ended", "cancelled")
+    store.settle("h-ended", 0, "prefill0", "cancelled")
     ids = ("h-rerun", "h-taken", "h-ended", "h-lapsed")
     handed = [store.hand_off(rid, 0, "prefill0", 60, "decode", rid) for rid in ids]
     assert handed == [False, False, False, True]
@@ -67,7 +67,7 @@ def test_rerun_orphan_requeues_only_an_unfinished_request_nobody_holds(redis_url
         store.admit(_request(rid), [], "", 60)
     for rid in ids[1:]:
         store.take(rid, 0, "decode0", 30)
-    store.settle("o-ended", "stop")
+    store.settle("o-ended", 0, "decode0", "stop")
     store.r.delete(key("req", "o-expired"), key("lease", "o-expired"))  # its record expired
     store.r.sadd(key("active"), "o-ended")  # as if the reaper read the set just before the end
     store.r.delete(key("lease", "o-orphan"))  # its worker died
@@ -163,16 +163,45 @@ def test_append_streams_each_token_once_and_reads_the_cancel_marks_it_watches(re
     store = Lifecycle(redis.Redis.from_url(redis_url), stream_ttl_s=60)
     first = [Token("t1", 0, 7, "a", logprob=-0.5, top=((7, -0.5),)), Token("t2", 0, 8, "b")]
     store.cancel("t2")
-    assert store.append(first, ["t1", "t2", "t3"]) == {"t2"}
-    assert store.append([Token("t1", 0, 9, "z"), Token("t1", 1, 3, "c", "stop", usage={"n": 1})]) == set()
+    runs = {"t1": 0, "t2": 0, "odd": 0}
+    assert store.append(first, runs, "decode0", ["t1", "t2", "t3"]) == (set(), {"t2"})
+    again = [Token("t1", 0, 9, "z"), Token("t1", 1, 3, "c", "stop", usage={"n": 1})]
+    assert store.append(again, runs, "decode0") == (set(), set())
     entries = store.r.xrange(key("tokens", "t1"))
     assert [decode("t1", fields) for _, fields in entries] == [first[0], Token("t1", 1, 3, "c", "stop", {"n": 1})]
     assert [entry for entry, _ in entries] == [b"1-0", b"2-0"]  # the replayed index 0 was skipped
     assert 0 < store.r.ttl(key("tokens", "t1")) <= 60 and store.r.ttl(key("tokens", "t2")) == -1
     store.r.set(key("tokens", "odd"), "not a stream")
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
-        store.append([Token("odd", 0, 1, "x"), Token("t2", 1, 4, "d")])
+        store.append([Token("odd", 0, 1, "x"), Token("t2", 1, 4, "d")], runs, "decode0")
     assert store.r.xlen(key("tokens", "t2")) == 2  # the other tokens of the call still landed
+
+
+def test_only_the_current_run_writes_into_a_stream_or_ends_it(redis_url):
+    """A worker that stalled past its lease while the request was re-run, or that another worker
+    took over, or whose request ended, gets nothing into the stream and cannot end it: its tokens
+    would interleave with the current run's, which continues from a different token. A lease
+    that lapsed unnoticed (nobody took the request) still writes."""
+    store = Lifecycle(redis.Redis.from_url(redis_url), stream_ttl_s=60)
+    ids = ("w-mine", "w-rerun", "w-taken", "w-ended", "w-lapsed")
+    for rid in ids:
+        store.admit(_request(rid), [], "", 60)
+        assert store.take(rid, 0, "decode0", 30) == Take.CLAIMED
+    for rid in ("w-rerun", "w-lapsed"):
+        store.r.delete(key("lease", rid))
+    assert store.rerun_orphan("w-rerun", 60) == 1
+    assert store.take("w-taken", 0, "decode1", 30) == Take.OWNED
+    store.r.set(key("lease", "w-taken"), "decode1")  # decode0's lease lapsed; decode1 took it over
+    assert store.settle("w-ended", 0, "decode0", "stop")
+    tokens = [Token(rid, 0, 7, "a") for rid in ids]
+    appended = store.append(tokens, dict.fromkeys(ids, 0), "decode0", ["w-mine"])
+    assert appended == ({"w-rerun", "w-taken", "w-ended"}, set())
+    assert [store.r.xlen(key("tokens", rid)) for rid in ids] == [1, 0, 0, 0, 1]
+    assert [store.settle(rid, 0, "decode0", "stop", 1) for rid in ids] == [True, False, False, False, True]
+    assert [store.done(rid) for rid in ids] == ["stop", None, None, "stop", "stop"]
+    assert store.owner("w-taken") == "decode1" and {"w-rerun", "w-taken"} <= set(store.active())
+    assert [store.r.xlen(key("tokens", rid)) for rid in ids] == [2, 0, 0, 0, 2]  # the endings: the current runs'
+    assert store.append([Token("w-rerun", 0, 7, "a")], {"w-rerun": 1}, "prefill3") == (set(), set())  # the re-run
 
 
 def test_admit_queues_every_request_or_none_within_the_bound(redis_url):
@@ -204,7 +233,7 @@ def test_a_record_outlives_the_longest_generation_and_its_stream_after_the_end(r
     store.admit(_request("long1"), [b"img"], "r", settings.visibility_timeout_s)
     for family in ("req", "access", "images"):
         assert store.r.ttl(key(family, "long1")) >= settings.visibility_timeout_s + settings.task_time_limit_s
-    store.settle("long1", "stop")
+    store.settle("long1", 0, "", "stop")
     for family in ("req", "access", "images"):
         assert 0 < store.r.ttl(key(family, "long1")) <= settings.stream_ttl_s
 

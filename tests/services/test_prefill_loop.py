@@ -13,6 +13,7 @@ from dayzero.serving.lifecycle import Lifecycle, key
 from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
+from dayzero.serving.scripts import Take
 from dayzero.settings import Settings
 
 from .conftest import recording, run_jobs
@@ -41,11 +42,11 @@ def test_a_batch_redis_interrupts_is_retried_without_leaking_blocks(demo_dir, re
     loop = PrefillLoop(runtime, recording(sent))
     appends, real_append = [], runtime.store.append
 
-    def append_failing_once(tokens):
+    def append_failing_once(tokens, *args):
         appends.append(tokens)
         if len(appends) == 1:
             raise redis.ConnectionError("Redis went away")  # after the forward, before the first token landed
-        return real_append(tokens)
+        return real_append(tokens, *args)
 
     runtime.store.append = append_failing_once
     store = Lifecycle.connect(redis_url)
@@ -347,22 +348,26 @@ def test_a_run_whose_lease_lapsed_and_was_re_run_leaves_the_request_to_the_re_ru
     assert store.owner("lapsed") == "handoff"
 
 
-def test_a_re_run_continues_after_every_token_streamed_before_its_claim(demo_dir, redis_url):
-    """The reaper read the stream when it re-ran the request; the old run, stalled rather than dead,
-    streamed two more tokens before it noticed. The re-run continues after them (from the tokens it
-    was sent, its first token would take an index already streamed: the client would read the old
-    run's text while the model went on from another)."""
+def test_a_stalled_runs_tokens_after_its_re_run_are_refused_and_the_re_run_streams_its_own(demo_dir, redis_url):
+    """The reaper re-ran the request and read its stream; the old run, stalled rather than dead,
+    tries to stream two more tokens before it notices. They are refused: the stream stays as the
+    reaper read it, and the re-run continues from there (were they written, the re-run's first token
+    would take an index already streamed, and the client would read the old run's text while the
+    model went on from another)."""
     from dayzero.serving.records import Token
 
     runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill9@test", "prefill", False)
     store, sent = Lifecycle.connect(redis_url), []
     job = _admitted(store, "stalled")
-    store.r.set(key("attempt", "stalled"), 1)
-    store.append([Token("stalled", 0, 11, "a"), Token("stalled", 1, 12, "b")])  # after the reaper's read
+    assert store.take("stalled", 0, "prefill8@test", 0.05) == Take.CLAIMED  # the old run's claim
+    time.sleep(0.1)  # it stalls past its lease
+    assert store.rerun_orphan("stalled", 60) == 1  # nobody holds it: the reaper re-runs it (attempt 1)
+    late = [Token("stalled", 0, 11, "a"), Token("stalled", 1, 12, "b")]
+    assert store.append(late, {"stalled": 0}, "prefill8@test").refused == {"stalled"}  # the old run's
     run_jobs(PrefillLoop(runtime, recording(sent)), [job.model_copy(update={"attempt": 1})])
     [handed] = sent
-    assert handed.attempt == 1 and handed.generated[:2] == (11, 12) and len(handed.generated) == 3
-    assert len(store.streamed_tokens("stalled")) == 3
+    assert handed.attempt == 1 and len(handed.generated) == 1
+    assert store.streamed_tokens("stalled") == list(handed.generated)
 
 
 def test_a_re_run_of_a_request_whose_handoff_it_still_holds_runs_again(demo_dir, redis_url):

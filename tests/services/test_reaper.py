@@ -24,9 +24,9 @@ def test_a_request_whose_worker_died_after_streaming_its_end_is_ended_not_re_run
         )
         store.admit(request, [], "", 60)
         store.take(rid, 0, "decode0", 30)
-        store.append([Token(rid, 0, 7, "a")])
+        store.append([Token(rid, 0, 7, "a")], {rid: 0}, "decode0")
         store.r.delete(key("lease", rid))  # the worker died
-    store.append([Token("r-ended", 1, 8, "b", finish_reason="length")])
+    store.append([Token("r-ended", 1, 8, "b", finish_reason="length")], {"r-ended": 0}, "decode0")
     rerun = sweep(store, lambda job, stage: sent.append(job), 60, 1)
     assert "r-ended" not in rerun and store.done("r-ended") == "length"
     assert "r-ended" not in store.active() and not store.r.exists(key("queued", "r-ended"))

@@ -107,7 +107,7 @@ class DecodeLoop:
 
     def _settle(self, ticket: Ticket[DecodeJob], reason: str, message: str = "", index: int | None = None) -> None:
         self.heartbeat.release(ticket.job.request.request_id)
-        self.r.store.settle(ticket.job.request.request_id, reason, index, message)
+        self.r.store.settle(ticket.job.request.request_id, ticket.job.attempt, self.r.name, reason, index, message)
         ticket.done.set()
 
     def _admit(self) -> None:
@@ -272,11 +272,14 @@ class DecodeLoop:
                 if not self._publish(rid, step, index, len(ids), out, finished, failed):
                     break
         watch = [*self.active, *(t.job.request.request_id for t in self.waiting)]
-        self._marked = self.r.store.append(out, watch)  # one round trip for the whole batch
-        self._marks_read = set(watch)
-        for rid, reason in finished:
+        runs = {rid: active.ticket.job.attempt for rid, active in self.active.items()}
+        appended = self.r.store.append(out, runs, self.r.name, watch)  # one round trip for the whole batch
+        self._marked, self._marks_read = appended.cancelled, set(watch)
+        for rid in appended.refused:  # re-run elsewhere while this worker stalled: nothing was written
+            self._drop(rid)
+        for rid, reason in (item for item in finished if item[0] in self.active):
             self._finish(rid, reason)
-        for rid, message in failed:
+        for rid, message in (item for item in failed if item[0] in self.active):
             self.r.stats.call("decode", failed=True)
             self._finish(rid, "error", index=self.active[rid].completion.count, message=message)
 

@@ -28,8 +28,9 @@ tensor:{key} parked image embeddings, wake:{gateway} the stream reader's wake-up
 
 from __future__ import annotations
 
-import contextlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import redis
 import redis.asyncio as aioredis
@@ -37,7 +38,7 @@ from opentelemetry import trace
 
 from .messages import GenerationRequest
 from .records import Token, decode, encode, ending
-from .scripts import ADMIT, ENQUEUE, HAND_OFF, HEARTBEAT, RERUN, TAKE, TAKE_HANDOFFS, Take
+from .scripts import ADMIT, APPEND, ENQUEUE, HAND_OFF, HEARTBEAT, RERUN, SETTLE, TAKE, TAKE_HANDOFFS, Take
 
 P = "dz:"
 HANDOFF_OWNER = "handoff"
@@ -57,6 +58,17 @@ class Queue:
     stage: str
     messages: tuple[str, ...] = ()
     bound: int = 2**31
+
+
+class Appended(NamedTuple):
+    refused: set[str]  # requests whose run is over or someone else's: nothing written for them
+    cancelled: set[str]  # of the watched requests, those a client cancelled
+
+
+def _entry(t: Token) -> list:
+    """A stream entry as ``append_entry`` reads it from a script's arguments."""
+    fields = [item for pair in encode(t).items() for item in pair]
+    return [t.entry_id, "1" if t.finish_reason else "", len(fields), *fields]
 
 
 def record_s(queued_s: float, stream_ttl_s: int) -> int:
@@ -91,13 +103,14 @@ class Lifecycle:
         self._heartbeat, self._hand_off = client.register_script(HEARTBEAT), client.register_script(HAND_OFF)
         self._rerun, self._enqueue = client.register_script(RERUN), client.register_script(ENQUEUE)
         self._take_handoffs = client.register_script(TAKE_HANDOFFS)
+        self._append, self._settle = client.register_script(APPEND), client.register_script(SETTLE)
 
     def load_scripts(self) -> None:
         """Load the Lua scripts now, not on a request's way (a first call finds one missing, loads it
         and calls again: two more round trips; after a Redis restart the next call still does).
         The workers do it before they announce themselves, so before the gateway is ready."""
         scripts = (self._admit, self._take, self._heartbeat, self._hand_off, self._rerun, self._enqueue)
-        for script in (*scripts, self._take_handoffs):
+        for script in (*scripts, self._take_handoffs, self._append, self._settle):
             self.r.script_load(script.script)
 
     @classmethod
@@ -194,20 +207,20 @@ class Lifecycle:
         self.r.delete(location)
 
     # -- ended: finished | cancelled | failed ----------------------------------------------------------
-    def settle(self, rid: str, reason: str, end_at: int | None = None, message: str = "") -> None:
-        """End the request: its stream closes at ``end_at`` with ``reason`` (None: its last token
-        already carried the finish reason), it leaves the active set, its lease goes; its record
-        stays as long as its stream."""
+    def settle(
+        self, rid: str, attempt: int, owner: str, reason: str, end_at: int | None = None, message: str = ""
+    ) -> bool:
+        """End the request for run ``attempt`` held by ``owner`` ("": the reaper, nobody's lease): its
+        stream closes at ``end_at`` with ``reason`` (None: its last token already carried the finish
+        reason), it leaves the active set, its lease goes; its record stays as long as its stream.
+        False, nothing written: the run is over or someone else's (a stalled worker's, re-run since).
+        One atomic round trip."""
+        keys = [key(family, rid) for family in ("attempt", "done", "lease", "tokens", "queued")] + [key("active")]
+        keys += [key(family, rid) for family in ("req", "access", "images")]
+        args = [attempt, owner, self.ttl_s, rid, reason]
         if end_at is not None:
-            with contextlib.suppress(redis.ResponseError):  # already closed past this index
-                self.append([ending(rid, end_at, reason, message)])
-        pipe = self.r.pipeline()
-        pipe.set(key("done", rid), reason, ex=self.ttl_s)
-        pipe.srem(key("active"), rid)
-        pipe.delete(key("lease", rid), key("queued", rid))
-        for family in ("req", "access", "images"):
-            pipe.expire(key(family, rid), self.ttl_s)
-        pipe.execute()
+            args += _entry(ending(rid, end_at, reason, message))
+        return bool(self._settle(keys=keys, args=args))
 
     def done(self, rid: str) -> str | None:
         raw = self.r.get(key("done", rid))
@@ -241,22 +254,27 @@ class Lifecycle:
         return int(self._rerun(keys=keys, args=[int(queued_s * 1000), rid, HANDOFF_OWNER]))
 
     # -- the token stream ---------------------------------------------------------------------------------
-    def append(self, tokens: list[Token], watch: list[str] = ()) -> set[str]:
-        """Append tokens (a replay of an index already streamed is skipped) and read the cancel marks
-        of ``watch``, in one round trip. -> the watched requests a client has cancelled."""
-        pipe = self.r.pipeline(transaction=False)
+    def append(self, tokens: list[Token], runs: Mapping[str, int], owner: str, watch: Sequence[str] = ()) -> Appended:
+        """Append tokens for ``owner`` on each request's run (``runs``: id -> attempt) and read the
+        cancel marks of ``watch``, in one atomic round trip. Only the current run writes: a worker
+        that stalled past its lease while the request was re-run gets nothing into the stream (its
+        tokens would interleave with the re-run's), and learns so at once."""
+        if not tokens and not watch:
+            return Appended(set(), set())
+        streams: dict[str, list[Token]] = {}
         for t in tokens:
-            pipe.xadd(key("tokens", t.request_id), encode(t), id=t.entry_id)
-            if t.finish_reason:
-                pipe.expire(key("tokens", t.request_id), self.ttl_s)
-        if watch:
-            pipe.mget([key("cancel", rid) for rid in watch])
-        replies = pipe.execute(raise_on_error=False)
+            streams.setdefault(t.request_id, []).append(t)
+        keys, args = [], [owner, self.ttl_s, len(streams)]
+        for rid, entries in streams.items():
+            keys += [key(family, rid) for family in ("attempt", "done", "lease", "tokens")]
+            args += [runs[rid], len(entries)]
+            for t in entries:
+                args += _entry(t)
+        keys += [key("cancel", rid) for rid in watch]
+        refused, marks = self._append(keys=keys, args=args)
         trace.get_current_span().add_event("tokens_appended", {"dayzero.tokens": len(tokens)})  # readers see them
-        failed = [r for r in replies if isinstance(r, redis.ResponseError) and "equal or smaller" not in str(r)]
-        if failed:
-            raise failed[0]
-        return {rid for rid, mark in zip(watch, replies[-1], strict=True) if mark} if watch else set()
+        ids, cancelled = list(streams), {rid for rid, mark in zip(watch, marks, strict=True) if mark}
+        return Appended({ids[int(i) - 1] for i in refused}, cancelled)
 
     def streamed_tokens(self, rid: str) -> list[int]:
         return [int(f[b"t"]) for _, f in self.r.xrange(key("tokens", rid)) if int(f[b"t"]) >= 0]

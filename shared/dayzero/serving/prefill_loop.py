@@ -102,7 +102,7 @@ class PrefillLoop:
         self.heartbeat.release(rid)
         if job.embeddings is not None:
             discard_tensor(job.embeddings, store)
-        store.settle(rid, reason, len(job.generated) if index is None else index, message)
+        store.settle(rid, job.attempt, self.r.name, reason, len(job.generated) if index is None else index, message)
         ticket.done.set()
 
     def _take_batch(self) -> list[Ticket[PrefillJob]]:
@@ -150,10 +150,6 @@ class PrefillLoop:
                 return False
             self.handed_off.pop(rid)  # an older run's handoff (decode drops its job as stale)
             self.r.ranks.release(rid)
-        if job.attempt:  # a re-run: the old run (stalled, not dead) may have streamed more since
-            streamed = store.streamed_tokens(rid)  # the reaper read its tokens; continue after them
-            if len(streamed) > len(job.generated):
-                ticket.job = job = job.model_copy(update={"generated": tuple(streamed)})
         try:
             self._reserve(rid, len(job.request.prompt_ids) + len(job.generated))
         except OutOfBlocks as exc:
@@ -248,10 +244,12 @@ class PrefillLoop:
         step = completion.next(logits)
         usage = {"prompt_tokens": len(prompt), "completion_tokens": completion.count}
         first = Token.of(rid, completion.count - 1, step, usage if step.finish_reason else None, prompt_logprobs)
-        store.append([first])
-        if step.finish_reason:
+        if store.append([first], {rid: job.attempt}, self.r.name).refused:  # re-run while this one stalled
+            log.warning("request %s: its lease lapsed and it was re-run (or it ended): dropping this run", rid)
             self.r.ranks.release(rid)
-            store.settle(rid, step.finish_reason)
+        elif step.finish_reason:
+            self.r.ranks.release(rid)
+            store.settle(rid, job.attempt, self.r.name, step.finish_reason)
         else:
             with tracer.start_as_current_span("kv.export", attributes={"dayzero.transport": settings.handoff}):
                 start = time.perf_counter()

@@ -34,11 +34,11 @@ def sweep(store: Lifecycle, send: Callable[[PrefillJob, str], None], transit_s: 
             continue
         ended = store.stream_end(rid)
         if ended:  # its worker died after streaming the end, before recording it: nothing to re-run
-            store.settle(rid, ended)
+            store.settle(rid, attempt, "", ended)
             continue
         generated = tuple(store.streamed_tokens(rid))
         if attempt > MAX_ATTEMPTS:
-            store.settle(rid, "error", len(generated), "the request failed on several workers")
+            store.settle(rid, attempt, "", "error", len(generated), "the request failed on several workers")
             continue
         log.warning("request %s lost its worker; re-running from token %d (attempt %d)", rid, len(generated), attempt)
         send(

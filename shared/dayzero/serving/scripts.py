@@ -75,14 +75,35 @@ class Take(IntEnum):
 # owner itself holds it, or nobody: a lease that lapsed unnoticed).
 _CURRENT_RUN = """
 local function current_run(attempt, done, lease, run, owner, free)
-    if redis.call('EXISTS', done) == 1 or tonumber(run) < tonumber(redis.call('GET', attempt) or 0) then
+    local marks = redis.call('MGET', attempt, done, lease)
+    if marks[2] or tonumber(run) < tonumber(marks[1] or 0) then
         return 'over'
     end
-    local holder = redis.call('GET', lease)
+    local holder = marks[3]
     if holder and holder ~= owner and holder ~= free then
         return 'held'
     end
     return 'ours'
+end
+"""
+
+
+# One entry of a request's token stream (dayzero.serving.records), from ARGV[at]: its entry id, "1"
+# when it ends the stream (which then lives ``ttl`` s), its field count (names and values), the
+# fields. A replay of an index already streamed is skipped. -> where the next entry starts in ARGV,
+# and the XADD's error (nil: added, or a replay).
+_APPEND_ENTRY = """
+local function append_entry(stream, at, ttl)
+    local fields = tonumber(ARGV[at + 2])
+    local added = redis.pcall('XADD', stream, ARGV[at], unpack(ARGV, at + 3, at + 2 + fields))
+    if type(added) == 'table' and added.err then
+        if not string.find(added.err, 'equal or smaller', 1, true) then
+            return at + 3 + fields, added.err
+        end
+    elseif ARGV[at + 1] == '1' then
+        redis.call('EXPIRE', stream, ttl)
+    end
+    return at + 3 + fields, nil
 end
 """
 
@@ -201,3 +222,68 @@ for i, lease in ipairs(KEYS) do
 end
 return lost
 """
+
+
+# KEYS: per request: attempt, done, lease, its stream; then the cancel marks to read. ARGV: the
+# writer (a lease's owner), a stream's s once it ends, the request count, then per request: its
+# run's attempt, its entry count, the entries (``append_entry``). Only the current run writes: a
+# request whose run is over or whose lease someone else holds (a stalled worker's, re-run since)
+# gets nothing. -> {those refused (1-based), the marks}; or the first XADD's error, once
+# every other entry is written.
+APPEND = (
+    _CURRENT_RUN
+    + _APPEND_ENTRY
+    + """
+local n, at, refused, failed = tonumber(ARGV[3]), 4, {}, nil
+for i = 0, n - 1 do
+    local k, run, count = 4 * i, ARGV[at], tonumber(ARGV[at + 1])
+    at = at + 2
+    if current_run(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], run, ARGV[1], '') == 'ours' then
+        for _ = 1, count do
+            local err
+            at, err = append_entry(KEYS[k + 4], at, ARGV[2])
+            failed = failed or err
+        end
+    else
+        refused[#refused + 1] = i + 1
+        for _ = 1, count do
+            at = at + 3 + tonumber(ARGV[at + 2])
+        end
+    end
+end
+if failed then
+    return redis.error_reply(failed)
+end
+if #KEYS == 4 * n then
+    return {refused, {}}
+end
+return {refused, redis.call('MGET', unpack(KEYS, 4 * n + 1))}
+"""
+)
+
+
+# KEYS: attempt, done, lease, stream, queued, active, req, access, images; ARGV: the run's attempt,
+# the writer, the record's s, the request's id, the reason, then the entry that closes the stream
+# (``append_entry``; none: its last token carried the finish; one that fails ends it all the same).
+# The request ends: done, out of the active set, no lease, no queued mark, its record kept as long
+# as its stream. 0: nothing written, the run is over or someone else's (a stalled worker's end of a
+# request re-run since).
+SETTLE = (
+    _CURRENT_RUN
+    + _APPEND_ENTRY
+    + """
+if current_run(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], '') ~= 'ours' then
+    return 0
+end
+if #ARGV > 5 then
+    append_entry(KEYS[4], 6, ARGV[3])
+end
+redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[3])
+redis.call('SREM', KEYS[6], ARGV[4])
+redis.call('DEL', KEYS[3], KEYS[5])
+for i = 7, 9 do
+    redis.call('EXPIRE', KEYS[i], ARGV[3])
+end
+return 1
+"""
+)

@@ -78,7 +78,7 @@ class VisionStage:
         rid = job.request.request_id
         taken = self.store.take(rid, job.attempt, self.name, self.settings.lease_s)
         if taken == Take.CANCELLED:
-            self.store.settle(rid, "cancelled", len(job.generated))
+            self.store.settle(rid, job.attempt, self.name, "cancelled", len(job.generated))
         if taken != Take.CLAIMED:
             return  # a stale redelivery, ended, cancelled, or a live worker has it
         self.stats.add(queued_requests=1, queue_seconds=time.time() - job.request.created)
@@ -88,7 +88,7 @@ class VisionStage:
             self.stats.call("vision.encode")
         except (ImageError, ValueError) as exc:
             self.stats.call("vision.encode", failed=True)
-            self.store.settle(rid, "error", len(job.generated), f"image refused: {exc}")
+            self.store.settle(rid, job.attempt, self.name, "error", len(job.generated), f"image refused: {exc}")
             return
         settings = self.settings
         transport = "redis" if settings.handoff == "redis" else "shm"  # vision and prefill share a host
