@@ -141,7 +141,7 @@ class PrefillLoop:
 
     def _admit(self, ticket: Ticket[PrefillJob]) -> bool:
         """The claimed request's blocks; False when it waits for them or is settled without prefill."""
-        store, job = self.r.store, ticket.job
+        job = ticket.job
         rid = job.request.request_id
         if rid in self.r.pools.sequences:  # this worker still holds blocks of the request
             held = self.handed_off.get(rid)
