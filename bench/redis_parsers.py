@@ -2,12 +2,13 @@
 calls the pipeline makes once per decode step with B streams in flight.
 
 Against an embedded redis-server, in one process, alternating the two parsers call by call (each
-with its own client): decode's append (a pipeline of B XADDs of a token's fields and an MGET of
-B cancel marks, ``Lifecycle.append``), and the gateway's read of the step's tokens (one XREAD of
-B streams, one new entry each, on the asyncio client as ``StreamHub`` does). The synchronous
-side packs its commands in Python or in hiredis along with its parser (the asyncio client packs
-in Python either way). Medians of the paired calls. The stack uses hiredis whenever it is
-installed (``redis[hiredis]``). Run: ``python bench/redis_parsers.py [--batch 1,16,64] [--calls 300]``.
+with its own client): decode's append as it was until it became a Lua script that checks each
+request's run (a pipeline of B XADDs of a token's fields and an MGET of B cancel marks), and the
+gateway's read of the step's tokens (one XREAD of B streams, one new entry each, on the asyncio
+client as ``StreamHub`` does). The synchronous side packs its commands in Python or in hiredis
+along with its parser (the asyncio client packs in Python either way). Medians of the paired calls.
+The stack uses hiredis whenever it is installed (``redis[hiredis]``). Run: ``python
+bench/redis_parsers.py [--batch 1,16,64] [--calls 300]``.
 """
 
 from __future__ import annotations

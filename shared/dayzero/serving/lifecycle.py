@@ -19,8 +19,9 @@ handed off     handoff:{id} ("decode:{n}", counted as queued marks are) and leas
                kvstate:{id} the state itself when it travels through Redis; taken:{prefill worker}
                the inbox where decode says it has taken them
 ended          done:{id} = finished (stop, length) | cancelled | error; tokens:{id} closed
-any            tokens:{id} the token stream (dayzero.serving.records), cancel:{id} a cancel request,
-               watchers:{id} clients reading the stream
+any            tokens:{id} the token stream (dayzero.serving.records): only the current run (its
+               attempt; the lease its own or nobody's) appends to it or ends the request;
+               cancel:{id} a cancel request, watchers:{id} clients reading the stream
 
 Worker keys (not a request's): workers:{stage}, usage:{worker}, loading:{worker} (registry.py),
 tensor:{key} parked image embeddings, wake:{gateway} the stream reader's wake-up, reaper (its lock).
