@@ -101,6 +101,13 @@ def redis_calls(url: str) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in stats.items()}
 
 
+def reruns(url: str) -> int:
+    """How many requests were re-run since Redis started: a re-run counts its request's attempts."""
+    import redis
+
+    return sum(1 for _ in redis.Redis.from_url(url).scan_iter("dz:attempt:*", count=1000))
+
+
 def cpu_per_token(stack, clients: int, prompt_len: int, max_tokens: int) -> None:
     """Closed-loop tokens/s, each process's CPU seconds per 1000 tokens generated, and the Redis
     commands per request: the gateway's, the workers' and the broker's, each command a Lua script
@@ -120,6 +127,7 @@ def cpu_per_token(stack, clients: int, prompt_len: int, max_tokens: int) -> None
         + ", ".join(f"{name} {n:.1f}" for n, name in top)
         + ")"
     )
+    print(f"requests the reaper re-ran (an attempt past the first): {reruns(stack.redis_url)}")
 
 
 def sweep_and_plot(url: str, prompt_len: int, max_tokens: int, folder: Path) -> None:

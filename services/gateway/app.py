@@ -44,7 +44,7 @@ async def _reaper(gw: Gateway) -> None:
     while True:
         await asyncio.sleep(period)
         with contextlib.suppress(redis.RedisError):  # Redis down: /ready says so; sweep when it is back
-            await run_in_threadpool(sweep, gw.bus.store, send, RERUN_TRANSIT_S, int(period * 900))
+            await run_in_threadpool(sweep, gw.bus.store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period)
 
 
 def _name_models_in_schema(app: FastAPI, names: list[str]) -> None:

@@ -129,6 +129,6 @@ def test_a_handoff_decode_received_is_leased_to_it_and_re_run_when_it_dies(demo_
     loop.stop.set()  # the worker dies: no more heartbeats
     time.sleep(0.5)
     reruns = []
-    assert "handed" in sweep(store, lambda job, stage: reruns.append(job), 60, 1)
+    assert "handed" in sweep(store, lambda job, stage: reruns.append(job), 60, 1, 60)
     assert [(job.attempt, len(job.generated)) for job in reruns if job.request.request_id == "handed"] == [(1, 1)]
     runtime.close()

@@ -49,7 +49,7 @@ def test_a_run_that_is_over_hands_nothing_off(redis_url):
         store.admit(_request(rid), [], "", 60)
         assert store.take(rid, 0, "prefill0", 30) == Take.CLAIMED
         store.r.delete(key("lease", rid))
-    assert store.rerun_orphan("h-rerun", 60) == 1
+    assert store.rerun_orphan("h-rerun", 60, 60) == 1
     assert store.take("h-taken", 0, "prefill1", 30) == Take.CLAIMED
     store.settle("h-ended", 0, "prefill0", "cancelled")
     ids = ("h-rerun", "h-taken", "h-ended", "h-lapsed")
@@ -71,17 +71,19 @@ def test_rerun_orphan_requeues_only_an_unfinished_request_nobody_holds(redis_url
     store.r.delete(key("req", "o-expired"), key("lease", "o-expired"))  # its record expired
     store.r.sadd(key("active"), "o-ended")  # as if the reaper read the set just before the end
     store.r.delete(key("lease", "o-orphan"))  # its worker died
-    assert [store.rerun_orphan(rid, 60) for rid in ids] == [0, 0, 0, 0, 1]
-    assert store.r.exists(key("queued", "o-orphan")) and store.rerun_orphan("o-orphan", 60) == 0  # queued now
+    assert [store.rerun_orphan(rid, 60, 60) for rid in ids] == [0, 0, 0, 0, 1]
+    assert store.r.exists(key("queued", "o-orphan")) and store.rerun_orphan("o-orphan", 60, 60) == 0  # queued now
     active = set(store.active())
     assert {"o-queued", "o-leased", "o-orphan"} <= active and not {"o-ended", "o-expired"} & active
 
 
-def test_a_message_a_worker_took_and_never_claimed_is_re_run_at_once(redis_url):
+def test_a_message_a_worker_took_and_never_claimed_is_re_run_at_the_next_sweep(redis_url):
     """A queued request's mark counts its message on its queue. While the message waits there, the
     reaper leaves the request alone. Once a worker has taken the message off the queue and died
-    before its claim, the reaper re-runs the request at once, not when the mark lapses (an hour).
-    A claimed request is its claimant's; a late claim of the old delivery is stale."""
+    before its claim, the second sweep that finds it so re-runs the request, not the mark's lapse
+    (an hour). The first only sights it: a live worker's claim may be just behind its pop (the
+    third message's, here), and a re-run then would prefill the request twice. A claimed request
+    is its claimant's; a late claim of the old delivery is stale."""
     store = Lifecycle(redis.Redis.from_url(redis_url))
     store.r.delete("prefill", key("pushed", "prefill"))
 
@@ -96,34 +98,41 @@ def test_a_message_a_worker_took_and_never_claimed_is_re_run_at_once(redis_url):
     store.admit(_request("m-third"), [], "", 60)
     store.enqueue("m-third", "prefill", "m-third", 60)
     ids = ("m-first", "m-second", "m-third")
-    assert [store.rerun_orphan(rid, 60) for rid in ids] == [0, 0, 0]  # each message waits in the queue
+    assert [store.rerun_orphan(rid, 60, 60) for rid in ids] == [0, 0, 0]  # each message waits in the queue
     assert store.r.rpop("prefill") == b"m-first"  # a worker takes the oldest, and dies
     assert store.r.rpop("prefill") == b"m-second"  # another takes the next and claims it
     assert store.take("m-second", 0, "prefill1", 30) == Take.CLAIMED
-    assert [store.rerun_orphan(rid, 60) for rid in ids] == [1, 0, 0]
+    assert store.r.rpop("prefill") == b"m-third"  # a live worker takes the third, its claim not yet made
+    assert [store.rerun_orphan(rid, 60, 60) for rid in ids] == [0, 0, 0]  # sighted: first and third
+    assert store.take("m-third", 0, "prefill1", 30) == Take.CLAIMED  # the third's claim comes
+    assert [store.rerun_orphan(rid, 60, 60) for rid in ids] == [1, 0, 0]
     assert store.take("m-first", 0, "prefill0", 30) == Take.STALE  # the dead worker's claim, had it come
-    assert store.rerun_orphan("m-first", 60) == 0  # its re-run is on its way: queued, not yet pushed
+    assert store.rerun_orphan("m-first", 60, 60) == 0  # its re-run is on its way: queued, not yet pushed
     store.enqueue("m-first", "prefill", "m-first again", 60)
-    assert store.r.lrange("prefill", 0, -1) == [b"m-first again", b"m-third"]
-    assert store.rerun_orphan("m-first", 60) == 0 and store.take("m-first", 1, "prefill1", 30) == Take.CLAIMED
+    assert store.r.lrange("prefill", 0, -1) == [b"m-first again"]
+    assert store.rerun_orphan("m-first", 60, 60) == 0  # its new message waits in the queue
+    assert store.r.rpop("prefill") == b"m-first again"
+    assert store.rerun_orphan("m-first", 60, 60) == 0 and store.take("m-first", 1, "prefill1", 30) == Take.CLAIMED
 
 
-def test_a_handoff_decode_took_and_never_claimed_is_re_run_at_once(redis_url):
+def test_a_handoff_decode_took_and_never_claimed_is_re_run_at_the_next_sweep(redis_url):
     """The handoff's mark counts decode's message too. While the message waits on decode's queue,
     the handoff's lease keeps the reaper away. Once a decode worker has taken it and died before its
-    claim, the reaper re-runs the request at once (lease and handoff dropped: the re-run's prefill
-    may claim it), not when the handoff lapses. One decode claimed is decode's."""
+    claim, the second sweep that finds it so re-runs the request (lease and handoff dropped: the
+    re-run's prefill may claim it), not the handoff's lapse. One decode claimed is decode's, even
+    when a sweep came between its pop and its claim."""
     store = Lifecycle(redis.Redis.from_url(redis_url))
     store.r.delete("decode", key("pushed", "decode"))
     for rid in ("d-lost", "d-claimed", "d-waits"):
         store.admit(_request(rid), [], "", 60)
         assert store.take(rid, 0, "prefill0", 30) == Take.CLAIMED
         assert store.hand_off(rid, 0, "prefill0", 60, "decode", rid)
-    assert [store.rerun_orphan(rid, 60) for rid in ("d-lost", "d-claimed", "d-waits")] == [0, 0, 0]
+    assert [store.rerun_orphan(rid, 60, 60) for rid in ("d-lost", "d-claimed", "d-waits")] == [0, 0, 0]
     assert store.r.rpop("decode") == b"d-lost"  # a decode worker takes it, and dies
-    assert store.r.rpop("decode") == b"d-claimed"  # another takes the next and claims it
+    assert store.r.rpop("decode") == b"d-claimed"  # another takes the next, and claims it after a sweep
+    assert [store.rerun_orphan(rid, 60, 60) for rid in ("d-lost", "d-claimed", "d-waits")] == [0, 0, 0]
     assert store.take("d-claimed", 0, "decode1", 30, handed_off=True) == Take.CLAIMED
-    assert [store.rerun_orphan(rid, 60) for rid in ("d-lost", "d-claimed", "d-waits")] == [1, 0, 0]
+    assert [store.rerun_orphan(rid, 60, 60) for rid in ("d-lost", "d-claimed", "d-waits")] == [1, 0, 0]
     assert store.owner("d-lost") is None and not store.r.exists(key("handoff", "d-lost"))
     assert store.take("d-lost", 0, "decode0", 30, handed_off=True) == Take.STALE  # its late claim
     assert store.take("d-lost", 1, "prefill1", 30) == Take.CLAIMED  # the re-run's
@@ -189,7 +198,7 @@ def test_only_the_current_run_writes_into_a_stream_or_ends_it(redis_url):
         assert store.take(rid, 0, "decode0", 30) == Take.CLAIMED
     for rid in ("w-rerun", "w-lapsed"):
         store.r.delete(key("lease", rid))
-    assert store.rerun_orphan("w-rerun", 60) == 1
+    assert store.rerun_orphan("w-rerun", 60, 60) == 1
     assert store.take("w-taken", 0, "decode1", 30) == Take.OWNED
     store.r.set(key("lease", "w-taken"), "decode1")  # decode0's lease lapsed; decode1 took it over
     assert store.settle("w-ended", 0, "decode0", "stop")

@@ -235,7 +235,7 @@ def test_a_request_waiting_in_a_worker_is_leased_to_it_and_re_run_when_it_dies(d
         thread.join(5)
     time.sleep(0.5)
     reruns = []
-    swept = sweep(store, lambda job, stage: reruns.append(job), 60, 1)  # (and the module's leftovers)
+    swept = sweep(store, lambda job, stage: reruns.append(job), 60, 1, 60)  # (and the module's leftovers)
     assert "late" in swept and "early" not in swept  # "early" waits for decode
     assert [job.attempt for job in reruns if job.request.request_id == "late"] == [1]
 
@@ -330,7 +330,7 @@ def test_a_run_whose_lease_lapsed_and_was_re_run_leaves_the_request_to_the_re_ru
 
     def stalled(pools, seq_id, request_id, *args):
         store.r.delete(key("lease", request_id))  # it lapsed, and the reaper's next sweep re-runs it
-        assert request_id in sweep(store, lambda job, stage: reruns.append(job), 60, 1)  # (and leftovers)
+        assert request_id in sweep(store, lambda job, stage: reruns.append(job), 60, 1, 60)  # (and leftovers)
         return real_publish(pools, seq_id, request_id, *args)
 
     monkeypatch.setattr(prefill_loop, "publish", stalled)
@@ -361,7 +361,7 @@ def test_a_stalled_runs_tokens_after_its_re_run_are_refused_and_the_re_run_strea
     job = _admitted(store, "stalled")
     assert store.take("stalled", 0, "prefill8@test", 0.05) == Take.CLAIMED  # the old run's claim
     time.sleep(0.1)  # it stalls past its lease
-    assert store.rerun_orphan("stalled", 60) == 1  # nobody holds it: the reaper re-runs it (attempt 1)
+    assert store.rerun_orphan("stalled", 60, 60) == 1  # nobody holds it: the reaper re-runs it (attempt 1)
     late = [Token("stalled", 0, 11, "a"), Token("stalled", 1, 12, "b")]
     assert store.append(late, {"stalled": 0}, "prefill8@test").refused == {"stalled"}  # the old run's
     run_jobs(PrefillLoop(runtime, recording(sent)), [job.model_copy(update={"attempt": 1})])
@@ -385,7 +385,8 @@ def test_a_re_run_of_a_request_whose_handoff_it_still_holds_runs_again(demo_dir,
         assert loop.intake.submit(job).done.wait(30) and "again" in loop.r.pools.sequences
         assert not loop.r.pools.fits(5)  # the old handoff holds the pools' one sequence
         assert store.r.rpop("decode")  # decode took the message, and died
-        assert store.rerun_orphan("again", 60) == 1
+        assert store.rerun_orphan("again", 60, 60) == 0  # sighted: its claim may be on its way
+        assert store.rerun_orphan("again", 60, 60) == 1  # still unclaimed at the next sweep
         rerun = job.model_copy(update={"attempt": 1, "generated": tuple(store.streamed_tokens("again"))})
         assert loop.intake.submit(rerun).done.wait(30)
     finally:

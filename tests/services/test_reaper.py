@@ -27,7 +27,7 @@ def test_a_request_whose_worker_died_after_streaming_its_end_is_ended_not_re_run
         store.append([Token(rid, 0, 7, "a")], {rid: 0}, "decode0")
         store.r.delete(key("lease", rid))  # the worker died
     store.append([Token("r-ended", 1, 8, "b", finish_reason="length")], {"r-ended": 0}, "decode0")
-    rerun = sweep(store, lambda job, stage: sent.append(job), 60, 1)
+    rerun = sweep(store, lambda job, stage: sent.append(job), 60, 1, 60)
     assert "r-ended" not in rerun and store.done("r-ended") == "length"
     assert "r-ended" not in store.active() and not store.r.exists(key("queued", "r-ended"))
     assert "r-midway" in rerun and [job.generated for job in sent if job.request.request_id == "r-midway"] == [(7,)]
@@ -45,9 +45,9 @@ def test_a_re_run_whose_message_was_never_pushed_is_re_run_again_after_its_trans
     store.admit(request, [], "", 60)
     store.take("r-transit", 0, "prefill0", 30)
     store.r.delete(key("lease", "r-transit"))  # the worker died
-    assert "r-transit" in sweep(store, lambda job, stage: None, 0.3, 1)  # marked; the gateway died
+    assert "r-transit" in sweep(store, lambda job, stage: None, 0.3, 1, 60)  # marked; the gateway died
     time.sleep(0.01)  # the sweep lock's 1 ms
-    assert "r-transit" not in sweep(store, lambda job, stage: sent.append(job), 0.3, 1)  # in transit
+    assert "r-transit" not in sweep(store, lambda job, stage: sent.append(job), 0.3, 1, 60)  # in transit
     time.sleep(0.4)
-    assert "r-transit" in sweep(store, lambda job, stage: sent.append(job), 0.3, 1)
+    assert "r-transit" in sweep(store, lambda job, stage: sent.append(job), 0.3, 1, 60)
     assert [job.attempt for job in sent if job.request.request_id == "r-transit"] == [2]

@@ -56,7 +56,7 @@ def test_reaper_sends_lost_image_requests_back_to_vision(redis_url):
     time.sleep(0.05)
     routed: dict[str, str] = {}
     store.r.delete("dz:reaper")
-    sweep(store, lambda job, stage: routed.setdefault(job.request.request_id, stage), 60, 100)
+    sweep(store, lambda job, stage: routed.setdefault(job.request.request_id, stage), 60, 100, 60)
     assert routed["lost-img"] == "vision" and routed["lost-text"] == "prefill"
 
 

@@ -10,7 +10,8 @@ state          keys (prefix ``dz:``)
 queued         req:{id} the request JSON, images:{id} its image bytes, active (the set of unfinished
                ids), access:{id} who may read it, queued:{id} until a stage claims it ("{queue}:{n}",
                its message the queue's n-th, pushed:{queue} their count; lapses with the broker's
-               visibility timeout)
+               visibility timeout); orphan:{id} the mark of a message a sweep found taken off its
+               queue and unclaimed (the next such sweep re-runs the request)
 vision,        lease:{id} = the worker, kept alive by heartbeats; attempt:{id} the run it is on (an
 prefill,       older delivery is stale)
 decoding
@@ -244,15 +245,21 @@ class Lifecycle:
     def active(self) -> list[str]:
         return [m.decode() for m in self.r.smembers(key("active"))]
 
-    def rerun_orphan(self, rid: str, queued_s: float) -> int:
+    def rerun_orphan(self, rid: str, queued_s: float, sighting_s: float) -> int:
         """Queue the request again if it is unfinished, nobody holds its lease, and no message of it
-        waits in a queue (a worker took it and died before its claim): its new attempt number (older
-        deliveries become stale; the caller ``enqueue``s it, its queued mark holding ``queued_s``
-        till then); else 0. A request that ended or whose record expired leaves the active set
-        here. One atomic step."""
+        waits in a queue: its new attempt number (older deliveries become stale; the caller
+        ``enqueue``s it, its queued mark holding ``queued_s`` till then); else 0. A message a worker
+        took and never claimed (it died in between) is re-run when a second call finds it so, within
+        ``sighting_s`` of the first: a live worker's claim may be just behind its pop. A request that
+        ended or whose record expired leaves the active set here. One atomic step."""
         keys = [key(family, rid) for family in ("done", "req", "queued", "lease", "attempt")] + [key("active")]
-        keys += [key("handoff", rid), *(k for queue in QUEUES for k in (queue, key("pushed", queue)))]
-        return int(self._rerun(keys=keys, args=[int(queued_s * 1000), rid, HANDOFF_OWNER]))
+        keys += [
+            key("handoff", rid),
+            key("orphan", rid),
+            *(k for queue in QUEUES for k in (queue, key("pushed", queue))),
+        ]
+        args = [int(queued_s * 1000), rid, HANDOFF_OWNER, int(sighting_s * 1000)]
+        return int(self._rerun(keys=keys, args=args))
 
     # -- the token stream ---------------------------------------------------------------------------------
     def append(self, tokens: list[Token], runs: Mapping[str, int], owner: str, watch: Sequence[str] = ()) -> Appended:

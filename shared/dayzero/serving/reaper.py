@@ -17,18 +17,22 @@ log = logging.getLogger("dayzero.reaper")
 MAX_ATTEMPTS = 4
 
 
-def sweep(store: Lifecycle, send: Callable[[PrefillJob, str], None], transit_s: float, lock_ms: int) -> list[str]:
+def sweep(
+    store: Lifecycle, send: Callable[[PrefillJob, str], None], transit_s: float, lock_ms: int, sighting_s: float
+) -> list[str]:
     """One pass over the unfinished requests; returns the ids re-enqueued.
 
     ``send(job, stage)`` queues a re-run (``Lifecycle.enqueue``): at the vision stage when the
     request has images. Until it does, the re-run's queued mark holds for ``transit_s``: a gateway
-    that dies in between leaves a request the next sweep after that re-runs again.
+    that dies in between leaves a request the next sweep after that re-runs again. A message a
+    worker took off its queue and never claimed is re-run by the next sweep that finds it so
+    within ``sighting_s`` (above the sweeps' period): the first may be just ahead of a live claim.
     """
     if not store.sweep_lock(lock_ms):
         return []  # another gateway swept just now
     rerun = []
     for rid in store.active():
-        attempt = store.rerun_orphan(rid, transit_s)
+        attempt = store.rerun_orphan(rid, transit_s, sighting_s)
         request = store.request(rid) if attempt else None
         if request is None:
             continue

@@ -175,16 +175,19 @@ return taken
 )
 
 
-# KEYS: done, req, queued, lease, attempt, active, handoff, then each stage's queue and its pushed
-# count; ARGV: queued ms, the request's id, the handoff's lease owner. The reaper's check and re-run
-# in one step, so no transition can come between them: an unfinished request that nobody holds
-# (the handoff's lease counts only while decode's message waits) and whose message no longer waits
-# in its queue is queued again (-> its new attempt; its message is the caller's to push); one that
-# ended or whose record expired leaves the active set (-> 0); any other is left alone (-> 0).
+# KEYS: done, req, queued, lease, attempt, active, handoff, orphan, then each stage's queue and its
+# pushed count; ARGV: queued ms, the request's id, the handoff's lease owner, a sighting's ms. The
+# reaper's check and re-run in one step, so no transition can come between them: an unfinished
+# request that nobody holds (the handoff's lease counts only while decode's message waits) and
+# whose message no longer waits in its queue is queued again (-> its new attempt; its message is
+# the caller's to push); one that ended or whose record expired leaves the active set (-> 0); any
+# other is left alone (-> 0). A message that left its queue unclaimed is re-run only when a sweep
+# finds it so a second time with the same mark (the ``orphan`` sighting): a live worker's claim
+# may be just behind its pop, and the first sweep's re-run would prefill the request twice.
 RERUN = """
 local function waits(mark)
     local queue, count = string.match(mark, '^(.+):(%d+)$')
-    for i = 8, #KEYS, 2 do
+    for i = 9, #KEYS, 2 do
         if KEYS[i] == queue then
             return tonumber(count) > tonumber(redis.call('GET', KEYS[i + 1]) or 0) - redis.call('LLEN', KEYS[i])
         end
@@ -195,15 +198,25 @@ if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 0 then
     redis.call('SREM', KEYS[6], ARGV[2])
     return 0
 end
-local lease, handoff = redis.call('GET', KEYS[4]), redis.call('GET', KEYS[7])
-if lease and not (lease == ARGV[3] and handoff and not waits(handoff)) then
-    return 0
+local lease, handoff, left = redis.call('GET', KEYS[4]), redis.call('GET', KEYS[7]), false
+if lease then
+    if not (lease == ARGV[3] and handoff and not waits(handoff)) then
+        return 0
+    end
+    left = handoff
 end
 local mark = redis.call('GET', KEYS[3])
-if mark and waits(mark) then
+if mark then
+    if waits(mark) then
+        return 0
+    end
+    left = mark
+end
+if left and redis.call('GET', KEYS[8]) ~= left then
+    redis.call('SET', KEYS[8], left, 'PX', ARGV[4])
     return 0
 end
-redis.call('DEL', KEYS[4], KEYS[7])
+redis.call('DEL', KEYS[4], KEYS[7], KEYS[8])
 redis.call('SET', KEYS[3], 1, 'PX', ARGV[1])
 return redis.call('INCR', KEYS[5])
 """
