@@ -47,21 +47,26 @@ def test_one_thread_keeps_held_leases_alive_until_they_are_released(redis_url):
     assert not beats[0].is_alive()
 
 
+def _handed_off(settings: Settings, rid: str, max_tokens: int) -> tuple[Lifecycle, list[DecodeJob]]:
+    """A 4-token prompt admitted and prefilled (a prefill loop of its own): decode's job, handed off."""
+    store, handed = Lifecycle.connect(settings.redis_url), []
+    request = GenerationRequest(
+        request_id=rid,
+        prompt_ids=(0, 5, 6, 7),
+        sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        created=time.time(),
+    )
+    store.admit(request, [], "", 60)
+    prefill = Runtime.load(settings, f"prefill-{rid}@test", "prefill", False)
+    run_jobs(PrefillLoop(prefill, recording(handed)), [PrefillJob(request=request)])
+    return store, handed
+
+
 def test_a_decode_step_longer_than_the_lease_keeps_its_requests(demo_dir, redis_url):
     """A step that outlasts the lease (a first call compiling kernels, a huge batch) must not let the
     leases lapse: decode would drop the requests it is generating and the reaper re-run them."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", lease_s=0.4)
-    store = Lifecycle.connect(redis_url)
-    request = GenerationRequest(
-        request_id="slow-steps",
-        prompt_ids=(0, 5, 6, 7),
-        sampling=SamplingParams(max_tokens=4, ignore_eos=True),
-        created=time.time(),
-    )
-    store.admit(request, [], "", 60)
-    handed: list[DecodeJob] = []
-    prefill = Runtime.load(settings, "prefill7@test", "prefill", False)
-    run_jobs(PrefillLoop(prefill, recording(handed)), [PrefillJob(request=request)])
+    store, handed = _handed_off(settings, "slow-steps", 4)
     decode = Runtime.load(settings, "decode7@test", "decode", False)
     fast = decode.ranks.decode
 
@@ -81,19 +86,7 @@ def test_a_decode_that_stalled_while_its_request_was_re_run_writes_nothing_more(
     freed) and never ends it: the stream stays the re-run's to continue. Before, the old run streamed
     and ended the request until its heartbeat noticed the lost lease, a beat later."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
-    store = Lifecycle.connect(redis_url)
-    request = GenerationRequest(
-        request_id="stalled-decode",
-        prompt_ids=(0, 5, 6, 7),
-        sampling=SamplingParams(max_tokens=6, ignore_eos=True),
-        created=time.time(),
-    )
-    store.admit(request, [], "", 60)
-    handed: list[DecodeJob] = []
-    run_jobs(
-        PrefillLoop(Runtime.load(settings, "prefill8@test", "prefill", False), recording(handed)),
-        [PrefillJob(request=request)],
-    )
+    store, handed = _handed_off(settings, "stalled-decode", 6)
     decode = Runtime.load(settings, "decode8@test", "decode", False)
     fast, steps = decode.ranks.decode, []
 

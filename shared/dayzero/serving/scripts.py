@@ -88,6 +88,18 @@ end
 """
 
 
+# The first lines of a script over KEYS attempt, done, lease and ARGV the run's attempt, its owner:
+# 0, nothing written, unless the run is the current one and the lease its owner's or nobody's.
+_OURS_ONLY = (
+    _CURRENT_RUN
+    + """
+if current_run(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], '') ~= 'ours' then
+    return 0
+end
+"""
+)
+
+
 # One entry of a request's token stream (dayzero.serving.records), from ARGV[at]: its entry id, "1"
 # when it ends the stream (which then lives ``ttl`` s), its field count (names and values), the
 # fields. A replay of an index already streamed is skipped. -> where the next entry starts in ARGV,
@@ -135,11 +147,8 @@ return 3
 # was re-run (or taken) elsewhere.
 HAND_OFF = (
     _PUSH
-    + _CURRENT_RUN
+    + _OURS_ONLY
     + """
-if current_run(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], '') ~= 'ours' then
-    return 0
-end
 redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[3])
 push(KEYS[5], KEYS[6], KEYS[4], ARGV[4], ARGV[3])
 return 1
@@ -282,12 +291,9 @@ return {refused, redis.call('MGET', unpack(KEYS, 4 * n + 1))}
 # as its stream. 0: nothing written, the run is over or someone else's (a stalled worker's end of a
 # request re-run since).
 SETTLE = (
-    _CURRENT_RUN
-    + _APPEND_ENTRY
+    _APPEND_ENTRY
+    + _OURS_ONLY
     + """
-if current_run(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], '') ~= 'ours' then
-    return 0
-end
 if #ARGV > 5 then
     append_entry(KEYS[4], 6, ARGV[3])
 end
