@@ -11,10 +11,11 @@ from celery import Celery
 from opentelemetry import trace
 from starlette.concurrency import run_in_threadpool
 
-from dayzero.serving.lifecycle import Lifecycle, Queue, Watching
+from dayzero.serving.lifecycle import Lifecycle, Queue
 from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.queue import task_message
 from dayzero.serving.registry import Registry
+from dayzero.serving.watching import Watching
 from dayzero.settings import Settings
 from dayzero.telemetry import carrier
 

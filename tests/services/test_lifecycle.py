@@ -9,10 +9,11 @@ import redis
 import redis.asyncio as aioredis
 
 from dayzero.params import SamplingParams
-from dayzero.serving.lifecycle import HANDOFF_OWNER, Lifecycle, Queue, Watching, key
+from dayzero.serving.lifecycle import HANDOFF_OWNER, Lifecycle, Queue, key
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.records import Token, decode
 from dayzero.serving.scripts import Take
+from dayzero.serving.watching import Watching
 
 
 def _request(rid: str) -> GenerationRequest:

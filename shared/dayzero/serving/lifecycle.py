@@ -1,5 +1,6 @@
 """A request's life in Redis: its states, every key that holds them, and the only functions that
-move a request from one state to the next. No other module writes these keys.
+move a request from one state to the next. No other module writes these keys but watching.py, the
+gateway's asynchronous side of the same transitions.
 
     admit ─> queued ─> [vision] ─> prefill ─> handed off ─> decoding ─> finished
                ^          │           │           │             │     ├─> cancelled
@@ -35,7 +36,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import redis
-import redis.asyncio as aioredis
 from opentelemetry import trace
 
 from .messages import GenerationRequest
@@ -81,7 +81,7 @@ def record_s(queued_s: float, stream_ttl_s: int) -> int:
     return max(4 * stream_ttl_s, int(2 * queued_s) + stream_ttl_s)
 
 
-def _admission(
+def admission(
     requests: list[GenerationRequest], images: list[bytes], reader: str, queued_s: float, ttl_s: int, queue: Queue
 ) -> tuple[list[str], list]:
     """``ADMIT``'s keys and arguments: record each request, its images' bytes and the digest of who
@@ -125,7 +125,7 @@ class Lifecycle:
         """Record the request, its images' bytes and the digest of who may read its stream; queued
         (its message is the caller's to send)."""
         queue = Queue("vision" if images else "prefill")
-        keys, args = _admission([request], images, reader, queued_s, self.ttl_s, queue)
+        keys, args = admission([request], images, reader, queued_s, self.ttl_s, queue)
         self._admit(keys=keys, args=args)
 
     def request(self, rid: str) -> GenerationRequest | None:
@@ -291,42 +291,3 @@ class Lifecycle:
         """The finish reason the request's stream already ends with; None while it is open."""
         last = self.r.xrevrange(key("tokens", rid), count=1)
         return decode(rid, last[0][1]).finish_reason if last else None
-
-
-class Watching:
-    """The gateway's asynchronous side: who reads a stream, and the cancel when nobody does."""
-
-    def __init__(self, client: aioredis.Redis, stream_ttl_s: int) -> None:
-        self.r, self.ttl_s = client, stream_ttl_s
-        self._admit = client.register_script(ADMIT)
-
-    async def admit(
-        self, requests: list[GenerationRequest], images: list[bytes], reader: str, queued_s: float, queue: Queue
-    ) -> bool:
-        """``Lifecycle.admit`` for all of ``requests`` and their messages pushed onto the queue, in
-        one round trip; or nothing, False, when the queue cannot take them all."""
-        keys, args = _admission(requests, images, reader, queued_s, self.ttl_s, queue)
-        return bool(await self._admit(keys=keys, args=args))
-
-    async def known(self, rid: str) -> bool:
-        return bool(await self.r.exists(key("req", rid)))
-
-    async def reader(self, rid: str) -> bytes | None:
-        """The digest of the API key or resume token that may read the stream."""
-        return await self.r.get(key("access", rid))
-
-    async def watch(self, rid: str) -> None:
-        pipe = self.r.pipeline(transaction=False)
-        pipe.incr(key("watchers", rid))
-        pipe.expire(key("watchers", rid), self.ttl_s)
-        await pipe.execute()
-
-    async def unwatch(self, rid: str) -> int:
-        """A client went away; returns how many still read the stream."""
-        return int(await self.r.decr(key("watchers", rid)))
-
-    async def cancel_unwatched(self, rid: str) -> None:
-        """Ask the request's worker to stop, unless a client reads it again or it has ended."""
-        watchers = await self.r.get(key("watchers", rid))
-        if int(watchers or 0) <= 0 and not await self.r.exists(key("done", rid)):
-            await self.r.set(key("cancel", rid), 1, ex=self.ttl_s)
