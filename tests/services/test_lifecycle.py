@@ -139,6 +139,21 @@ def test_a_handoff_decode_took_and_never_claimed_is_re_run_at_the_next_sweep(red
     assert store.take("d-lost", 1, "prefill1", 30) == Take.CLAIMED  # the re-run's
 
 
+def test_a_holder_may_free_the_handoffs_decode_took_or_whose_run_is_over(redis_url):
+    store = Lifecycle(redis.Redis.from_url(redis_url))
+    ids = ("k-taken", "k-cancelled", "k-ended", "k-rerun", "k-waits")
+    for rid in ids:
+        store.admit(_request(rid), [], "", 60)
+    assert store.take_handoffs([("k-taken", 0, "prefill5")], "decode0", 30) == {"k-taken": Take.CLAIMED}
+    store.cancel("k-cancelled")
+    store.r.set(key("done", "k-ended"), "stop")
+    store.r.set(key("attempt", "k-rerun"), 1)
+    held = dict.fromkeys(ids, 0)
+    assert store.released("prefill5", held) == {"k-taken", "k-cancelled", "k-ended", "k-rerun"}
+    assert store.released("prefill5", {"k-waits": 0}) == set()  # the inbox was read once
+    assert store.released("prefill5", {}) == set()
+
+
 def test_take_drops_stale_and_ended_deliveries_and_reports_a_cancel(redis_url):
     store = Lifecycle(redis.Redis.from_url(redis_url))
     store.r.set(key("attempt", "s1"), 2)

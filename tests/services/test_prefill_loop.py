@@ -183,6 +183,29 @@ def test_a_request_that_finds_the_pools_full_takes_the_blocks_of_a_handoff_decod
     assert loop.pending == [] and set(runtime.pools.sequences) == {"second"}
 
 
+def test_the_blocks_of_a_handoff_whose_request_was_re_run_are_freed_at_once(demo_dir, redis_url):
+    """Decode took a handoff's message and died before claiming it; the reaper re-ran the request
+    (another prefill worker runs it). This worker frees the old handoff's blocks as soon as it
+    needs them, not when the handoff lapses (here 600 s): a request that finds the pools full
+    runs."""
+    loop, sent = _one_sequence_loop(demo_dir, redis_url, "prefill12@test")
+    runtime, store = loop.r, Lifecycle.connect(redis_url)
+    store.r.delete("decode", key("pushed", "decode"))
+    tickets = []
+    try:
+        tickets.append(loop.intake.submit(_admitted(store, "old-run")))
+        loop._iteration()
+        assert tickets[0].done.is_set() and "old-run" in runtime.pools.sequences and not runtime.pools.fits(5)
+        assert store.r.rpop("decode")  # decode took the message, and died
+        assert [store.rerun_orphan("old-run", 60, 60) for _ in range(2)] == [0, 1]  # two sweeps: re-run
+        tickets.append(loop.intake.submit(_admitted(store, "next")))
+        loop._iteration()
+    finally:
+        loop.stop.set()
+    assert tickets[1].done.is_set() and [job.request.request_id for job in sent] == ["old-run", "next"]
+    assert set(runtime.pools.sequences) == {"next"}
+
+
 def test_a_request_waiting_for_blocks_waits_without_spinning(demo_dir, redis_url):
     """Pools full of a handoff decode has not taken yet: the next request waits for the intake (or
     a reclaim) a few times a second, not in a busy loop, and runs once decode takes it. One that a

@@ -189,12 +189,21 @@ class Lifecycle:
         answers = self._take_handoffs(keys=keys, args=args)
         return {rid: Take(answer) for (rid, _, _), answer in zip(handoffs, answers, strict=True)}
 
-    def taken(self, holder: str) -> list[str]:
-        """The requests whose handed-off blocks decode has taken since the last call (an inbox)."""
-        pipe = self.r.pipeline()  # MULTI: nothing pushed between the read and the delete is lost
+    def released(self, holder: str, held: Mapping[str, int]) -> set[str]:
+        """Of the handoffs whose blocks ``holder`` keeps (``held``: request -> attempt), those it may
+        free: decode has taken them (told through the holder's inbox since the last call), a client
+        cancelled them, or their run is over (the request ended, or was re-run since: decode died
+        before it took the state). One round trip."""
+        rids = list(held)
+        pipe = self.r.pipeline()  # MULTI: nothing pushed between the inbox's read and its delete is lost
         pipe.lrange(key("taken", holder), 0, -1)
         pipe.delete(key("taken", holder))
-        return [rid.decode() for rid in pipe.execute()[0]]
+        pipe.mget([key(family, rid) for rid in rids for family in ("cancel", "done", "attempt")])
+        inbox, _, marks = pipe.execute()
+        over = zip(rids, marks[::3], marks[1::3], marks[2::3], strict=True)
+        return {rid.decode() for rid in inbox} | {
+            rid for rid, cancel, done, attempt in over if cancel or done or held[rid] < int(attempt or 0)
+        }
 
     def park(self, family: str, name: str, data: bytes, ttl_s: float) -> str:
         """Bytes another stage takes once (``kvstate``: a handed-off state, ``tensor``: image embeddings)."""

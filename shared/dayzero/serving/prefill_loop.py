@@ -118,12 +118,13 @@ class PrefillLoop:
 
     def _reclaim_handoffs(self) -> bool:
         """Release blocks whose handoff decode has taken (or that expired, or whose request a client
-        cancelled); whether any were."""
+        cancelled, ended or re-ran); whether any were."""
         if not self.handed_off:
             return False
-        store, now, freed = self.r.store, time.monotonic(), False
+        now, freed = time.monotonic(), False
         lapsed = {rid for rid, (deadline, _) in self.handed_off.items() if deadline < now}
-        for rid in lapsed | set(store.taken(self.r.name)) | store.cancelled(list(self.handed_off)):
+        held = {rid: attempt for rid, (_, attempt) in self.handed_off.items()}
+        for rid in lapsed | self.r.store.released(self.r.name, held):
             if self.handed_off.pop(rid, None) is not None:
                 self.r.ranks.release(rid)
                 freed = True
