@@ -1,13 +1,16 @@
 """Recovery benchmark: SIGKILL the prefill and the decode worker together under streaming load.
 
-Starts a stack of 1 prefill and 1 decode worker on the demo checkpoint, supervised as ``dayzero
-up`` supervises it, runs closed-loop streaming clients (``--requests`` each; every third request
-leaves after three chunks), and kills both workers once a share of the requests (``--kill-at``)
-has ended, so that the load is in flight whatever the machine's speed. The supervisor
+Starts a stack of ``--prefill`` prefill workers and 1 decode worker on the demo checkpoint,
+supervised as ``dayzero up`` supervises it, runs closed-loop streaming clients (``--requests``
+each; every third request leaves after three chunks), and kills the workers named in ``--kill``
+(prefill0 and decode0) once a share of the requests (``--kill-at``) has ended, so that the load
+is in flight whatever the machine's speed. The supervisor
 restarts them; the reaper re-runs what they held. Reports, for the requests in
 flight at the kill, how long after it each one ended (p50 / p90 / max), the requests (any) still
 unfinished ``--wait`` seconds after the kill, and what Redis still holds for unfinished requests.
-Run: ``python bench/recovery.py [--clients 48] [--requests 3] [--kill-at 0.25] [--wait 120]``.
+The stack's settings come from the environment (``DAYZERO_KV_BUDGET_MB=8``: small pools). Run:
+``python bench/recovery.py [--clients 48] [--requests 3] [--kill-at 0.25] [--wait 120] [--prefill 1]
+[--kill prefill0,decode0]``.
 """
 
 from __future__ import annotations
@@ -90,10 +93,12 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=3, help="requests per client, one after another")
     ap.add_argument("--kill-at", type=float, default=0.25, help="the share of the requests ended before the kill")
     ap.add_argument("--wait", type=float, default=120.0, help="seconds to wait for every request after the kill")
+    ap.add_argument("--prefill", type=int, default=1, help="prefill workers")
+    ap.add_argument("--kill", default="prefill0,decode0", help="the workers SIGKILLed together, comma-separated")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         env = {"DAYZERO_CHECKPOINT": str(write_demo_checkpoint(Path(tmp) / "demo")), "OMP_NUM_THREADS": "1"}
-        stack = Stack({"vision": 0, "prefill": 1, "decode": 1}, free_port(), Path(tmp) / "logs", env)
+        stack = Stack({"vision": 0, "prefill": args.prefill, "decode": 1}, free_port(), Path(tmp) / "logs", env)
         runs, killed, done = [], [], threading.Event()
         stack.start()
         try:
@@ -103,7 +108,7 @@ def main() -> None:
                 while sum(run[1] is not None for run in runs) < args.kill_at * args.clients * args.requests:
                     time.sleep(0.01)
                 killed.append(time.time())
-                for name in ("prefill0", "decode0"):
+                for name in args.kill.split(","):
                     os.killpg(stack.child(name).proc.pid, signal.SIGKILL)
                 while not done.wait(0.5):
                     stack.supervise()
