@@ -243,6 +243,7 @@ def test_a_request_waiting_in_a_worker_is_leased_to_it_and_re_run_when_it_dies(d
         checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=1, max_batch=1, handoff_timeout_s=600, lease_s=0.3
     )
     loop = PrefillLoop(Runtime.load(settings, "prefill10@test", "prefill", False), recording([]))
+    loop.r.warm_up(decode=False)  # as a worker does before it serves: no kernel compiles inside the leases
     store, name = Lifecycle.connect(redis_url), loop.r.name
     tickets = [loop.intake.submit(_admitted(store, rid)) for rid in ("early", "late")]
     assert [store.owner(rid) for rid in ("early", "late")] == [name, name]  # claimed on delivery
@@ -270,6 +271,7 @@ def test_leases_live_until_each_request_of_a_slow_batch_is_handed_on(demo_dir, r
 
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, lease_s=0.3)
     runtime = Runtime.load(settings, "prefill3@test", "prefill", False)
+    runtime.warm_up(decode=False)  # as a worker does before it serves: no kernel compiles inside the leases
     store, owners, real_publish = Lifecycle.connect(redis_url), {}, prefill_loop.publish
 
     def slow_publish(pools, seq_id, request_id, *args):
