@@ -229,6 +229,19 @@ def test_only_the_current_run_writes_into_a_stream_or_ends_it(redis_url):
     assert store.append([Token("w-rerun", 0, 7, "a")], {"w-rerun": 1}, "prefill3") == (set(), set())  # the re-run
 
 
+def test_append_takes_more_requests_and_marks_than_a_lua_unpack_holds(redis_url):
+    """A step of 3000 requests watching 9000 cancel marks: 9000 run marks and 9000 cancel marks
+    read, past Lua's ~8000 values per unpack (a large ``max_batch``: the step would fail every time)."""
+    store = Lifecycle(redis.Redis.from_url(redis_url), stream_ttl_s=60)
+    ids = [f"big{i}" for i in range(3000)]
+    watch = [*ids, *(f"idle{i}" for i in range(6000))]
+    store.cancel("idle5999")
+    store.r.set(key("attempt", "big2999"), 1)  # re-run since: the last one's run is over
+    appended = store.append([Token(rid, 0, 7, "a") for rid in ids], dict.fromkeys(ids, 0), "decode0", watch)
+    assert appended == ({"big2999"}, {"idle5999"})
+    assert store.r.xlen(key("tokens", "big0")) == 1 and not store.r.exists(key("tokens", "big2999"))
+
+
 def test_admit_queues_every_request_or_none_within_the_bound(redis_url):
     async def run() -> tuple[bool, bool]:
         client = aioredis.Redis.from_url(redis_url)

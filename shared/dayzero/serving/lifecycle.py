@@ -281,13 +281,13 @@ class Lifecycle:
         streams: dict[str, list[Token]] = {}
         for t in tokens:
             streams.setdefault(t.request_id, []).append(t)
-        keys, args = [], [owner, self.ttl_s, len(streams)]
+        keys = [key(family, rid) for rid in streams for family in ("attempt", "done", "lease")]
+        keys += [key("tokens", rid) for rid in streams] + [key("cancel", rid) for rid in watch]
+        args = [owner, self.ttl_s, len(streams)]
         for rid, entries in streams.items():
-            keys += [key(family, rid) for family in ("attempt", "done", "lease", "tokens")]
             args += [runs[rid], len(entries)]
             for t in entries:
                 args += _entry(t)
-        keys += [key("cancel", rid) for rid in watch]
         refused, marks = self._append(keys=keys, args=args)
         trace.get_current_span().add_event("tokens_appended", {"dayzero.tokens": len(tokens)})  # readers see them
         ids, cancelled = list(streams), {rid for rid, mark in zip(watch, marks, strict=True) if mark}

@@ -70,16 +70,26 @@ class Take(IntEnum):
     CLAIMED = 3  # this worker owns it now; it is no longer queued
 
 
-# Whether a delivery's run is the request's current one: "over" (an older attempt's, or the request
-# ended), "held" (someone else holds the lease, unless it is ``free``: '' for none), or "ours" (the
-# owner itself holds it, or nobody: a lease that lapsed unnoticed).
+# ``mget(from, to)``: the values of KEYS[from..to], read in chunks within Lua's unpack limit (~8000).
+# ``current_run``: whether a delivery's run is the request's current one, from its marks at
+# marks[at..at + 2] (attempt, done, lease): "over" (an older attempt's, or the request ended),
+# "held" (someone else holds the lease, unless it is ``free``: '' for none), or "ours" (the owner
+# itself holds it, or nobody: a lease that lapsed unnoticed).
 _CURRENT_RUN = """
-local function current_run(attempt, done, lease, run, owner, free)
-    local marks = redis.call('MGET', attempt, done, lease)
-    if marks[2] or tonumber(run) < tonumber(marks[1] or 0) then
+local function mget(from, to)
+    local values = {}
+    for first = from, to, 4096 do
+        for _, value in ipairs(redis.call('MGET', unpack(KEYS, first, math.min(first + 4095, to)))) do
+            values[#values + 1] = value
+        end
+    end
+    return values
+end
+local function current_run(marks, at, run, owner, free)
+    if marks[at + 1] or tonumber(run) < tonumber(marks[at] or 0) then
         return 'over'
     end
-    local holder = marks[3]
+    local holder = marks[at + 2]
     if holder and holder ~= owner and holder ~= free then
         return 'held'
     end
@@ -93,7 +103,7 @@ end
 _OURS_ONLY = (
     _CURRENT_RUN
     + """
-if current_run(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], '') ~= 'ours' then
+if current_run(mget(1, 3), 1, ARGV[1], ARGV[2], '') ~= 'ours' then
     return 0
 end
 """
@@ -127,7 +137,7 @@ end
 TAKE = (
     _CURRENT_RUN
     + """
-local run = current_run(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[4])
+local run = current_run(mget(1, 3), 1, ARGV[1], ARGV[2], ARGV[4])
 if run ~= 'ours' then
     return run == 'held' and 1 or 0
 end
@@ -167,7 +177,7 @@ TAKE_HANDOFFS = (
 local taken = {}
 for i = 0, #KEYS / 6 - 1 do
     local k, run, rid = 6 * i, ARGV[5 + 2 * i], ARGV[6 + 2 * i]
-    if current_run(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], run, ARGV[1], ARGV[4]) ~= 'ours' then
+    if current_run(mget(k + 1, k + 3), 1, run, ARGV[1], ARGV[4]) ~= 'ours' then
         taken[i + 1] = 0
     else
         redis.call('DEL', KEYS[k + 4])
@@ -246,24 +256,25 @@ return lost
 """
 
 
-# KEYS: per request: attempt, done, lease, its stream; then the cancel marks to read. ARGV: the
-# writer (a lease's owner), a stream's s once it ends, the request count, then per request: its
-# run's attempt, its entry count, the entries (``append_entry``). Only the current run writes: a
-# request whose run is over or whose lease someone else holds (a stalled worker's, re-run since)
-# gets nothing. -> {those refused (1-based), the marks}; or the first XADD's error, once
-# every other entry is written.
+# KEYS: each request's attempt, done and lease, then each one's stream, then the cancel marks to
+# read. ARGV: the writer (a lease's owner), a stream's s once it ends, the request count, then per
+# request: its run's attempt, its entry count, the entries (``append_entry``). Only the current run
+# writes: a request whose run is over or whose lease someone else holds (a stalled worker's,
+# re-run since) gets nothing. -> {those refused (1-based), the marks}; or the first XADD's error,
+# once every other entry is written.
 APPEND = (
     _CURRENT_RUN
     + _APPEND_ENTRY
     + """
 local n, at, refused, failed = tonumber(ARGV[3]), 4, {}, nil
+local marks = mget(1, 3 * n)
 for i = 0, n - 1 do
-    local k, run, count = 4 * i, ARGV[at], tonumber(ARGV[at + 1])
+    local run, count = ARGV[at], tonumber(ARGV[at + 1])
     at = at + 2
-    if current_run(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], run, ARGV[1], '') == 'ours' then
+    if current_run(marks, 3 * i + 1, run, ARGV[1], '') == 'ours' then
         for _ = 1, count do
             local err
-            at, err = append_entry(KEYS[k + 4], at, ARGV[2])
+            at, err = append_entry(KEYS[3 * n + i + 1], at, ARGV[2])
             failed = failed or err
         end
     else
@@ -276,10 +287,7 @@ end
 if failed then
     return redis.error_reply(failed)
 end
-if #KEYS == 4 * n then
-    return {refused, {}}
-end
-return {refused, redis.call('MGET', unpack(KEYS, 4 * n + 1))}
+return {refused, mget(4 * n + 1, #KEYS)}
 """
 )
 
