@@ -294,9 +294,10 @@ class Lifecycle:
         return Appended({ids[int(i) - 1] for i in refused}, cancelled)
 
     def streamed_tokens(self, rid: str) -> list[int]:
-        return [int(f[b"t"]) for _, f in self.r.xrange(key("tokens", rid)) if int(f[b"t"]) >= 0]
+        return self.stream(rid)[0]
 
-    def stream_end(self, rid: str) -> str | None:
-        """The finish reason the request's stream already ends with; None while it is open."""
-        last = self.r.xrevrange(key("tokens", rid), count=1)
-        return decode(rid, last[0][1]).finish_reason if last else None
+    def stream(self, rid: str) -> tuple[list[int], str | None]:
+        """The tokens streamed so far, and the finish reason the stream already ends with (None
+        while it is open): one read."""
+        entries = [decode(rid, fields) for _, fields in self.r.xrange(key("tokens", rid))]
+        return [t.token for t in entries if t.token >= 0], entries[-1].finish_reason if entries else None

@@ -36,11 +36,11 @@ def sweep(
         request = store.request(rid) if attempt else None
         if request is None:
             continue
-        ended = store.stream_end(rid)
+        tokens, ended = store.stream(rid)
         if ended:  # its worker died after streaming the end, before recording it: nothing to re-run
             store.settle(rid, attempt, "", ended)
             continue
-        generated = tuple(store.streamed_tokens(rid))
+        generated = tuple(tokens)
         if attempt > MAX_ATTEMPTS:
             store.settle(rid, attempt, "", "error", len(generated), "the request failed on several workers")
             continue

@@ -20,12 +20,12 @@ from ..telemetry import continued
 from ..vision.encoder import VisionEncoder, load_tower
 from ..vision.images import ImageError
 from .handoff import publish_tensor, sweep_parked
+from .intake import Ticket
 from .lease import Heartbeat
 from .lifecycle import Lifecycle
 from .messages import PrefillJob
 from .metrics import WorkerStats
 from .registry import Registry
-from .scripts import Take
 
 log = logging.getLogger("dayzero.vision")
 
@@ -75,23 +75,34 @@ class VisionStage:
         """Nothing to free: parked embeddings belong to their readers (or the sweep)."""
 
     def handle(self, job: PrefillJob) -> None:
+        """Claim the request (``Heartbeat.claim``: its lease kept alive until it is handed on or
+        ended), encode its images, park the embeddings and queue it for prefill."""
         rid = job.request.request_id
-        taken = self.store.take(rid, job.attempt, self.name, self.settings.lease_s)
-        if taken == Take.CANCELLED:
-            self.store.settle(rid, job.attempt, self.name, "cancelled", len(job.generated))
-        if taken != Take.CLAIMED:
+        if not self.heartbeat.claim(Ticket(job), lambda ticket: self._end(ticket.job, "cancelled")):
             return  # a stale redelivery, ended, cancelled, or a live worker has it
+        try:
+            self._encode_and_hand_on(job)
+        finally:
+            self.heartbeat.release(rid)  # (an error on the way: the lease lapses, the reaper re-runs it)
+
+    def _end(self, job: PrefillJob, reason: str, message: str = "") -> None:
+        self.heartbeat.release(job.request.request_id)  # no beat in flight outlives the end
+        self.store.settle(job.request.request_id, job.attempt, self.name, reason, len(job.generated), message)
+
+    def _encode_and_hand_on(self, job: PrefillJob) -> None:
+        rid = job.request.request_id
         self.stats.add(queued_requests=1, queue_seconds=time.time() - job.request.created)
         try:
-            with self._lock, continued(job.trace), self.heartbeat.holding([rid]):
+            with self._lock, continued(job.trace):
                 images = self.encoder.embeddings(self.store.images(rid))
             self.stats.call("vision.encode")
         except (ImageError, ValueError) as exc:
             self.stats.call("vision.encode", failed=True)
-            self.store.settle(rid, job.attempt, self.name, "error", len(job.generated), f"image refused: {exc}")
+            self._end(job, "error", f"image refused: {exc}")
             return
         settings = self.settings
         transport = "redis" if settings.handoff == "redis" else "shm"  # vision and prefill share a host
         ref = publish_tensor(torch.cat(images), rid, transport, self.store, settings.visibility_timeout_s)
         message = self.prefill_message(job.model_copy(update={"embeddings": ref}))
-        self.store.enqueue(rid, "prefill", message, settings.visibility_timeout_s)  # prefill may claim it now
+        self.heartbeat.release(rid)  # no beat in flight outlives the hand-on (prefill may claim it at once)
+        self.store.enqueue(rid, "prefill", message, settings.visibility_timeout_s)
