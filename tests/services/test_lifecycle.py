@@ -76,6 +76,10 @@ def test_rerun_orphan_requeues_only_an_unfinished_request_nobody_holds(redis_url
     assert store.r.exists(key("queued", "o-orphan")) and store.rerun_orphan("o-orphan", 60, 60) == 0  # queued now
     active = set(store.active())
     assert {"o-queued", "o-leased", "o-orphan"} <= active and not {"o-ended", "o-expired"} & active
+    record_ttl = store.r.ttl(key("req", "o-orphan"))  # the attempt lives as long as the record
+    assert record_ttl > 60 and record_ttl - 2 <= store.r.ttl(key("attempt", "o-orphan")) <= record_ttl
+    assert store.settle("o-orphan", 1, "prefill0", "stop")  # then as long as the stream
+    assert 0 < store.r.ttl(key("attempt", "o-orphan")) <= store.ttl_s
 
 
 def test_a_message_a_worker_took_and_never_claimed_is_re_run_at_the_next_sweep(redis_url):

@@ -194,15 +194,16 @@ return taken
 )
 
 
-# KEYS: done, req, queued, lease, attempt, active, handoff, orphan, then each stage's queue and its
-# pushed count; ARGV: queued ms, the request's id, the handoff's lease owner, a sighting's ms. The
-# reaper's check and re-run in one step, so no transition can come between them: an unfinished
+# KEYS: done, req, queued, lease, attempt, active, handoff, orphan, then each stage's queue and
+# its pushed count; ARGV: queued ms, the request's id, the handoff's lease owner, a sighting's ms.
+# The reaper's check and re-run in one step, so no transition can come between them: an unfinished
 # request that nobody holds (the handoff's lease counts only while decode's message waits) and
 # whose message no longer waits in its queue is queued again (-> its new attempt; its message is
 # the caller's to push); one that ended or whose record expired leaves the active set (-> 0); any
-# other is left alone (-> 0). A message that left its queue unclaimed is re-run only when a sweep
-# finds it so a second time with the same mark (the ``orphan`` sighting): a live worker's claim
-# may be just behind its pop, and the first sweep's re-run would prefill the request twice.
+# other is left alone (-> 0). The attempt lives as long as the request's record. A message that
+# left its queue unclaimed is re-run only when a sweep finds it so a second time with the same
+# mark (the ``orphan`` sighting): a live worker's claim may be just behind its pop, and the first
+# sweep's re-run would prefill the request twice.
 RERUN = """
 local function waits(mark)
     local queue, count = string.match(mark, '^(.+):(%d+)$')
@@ -237,7 +238,11 @@ if left and redis.call('GET', KEYS[8]) ~= left then
 end
 redis.call('DEL', KEYS[4], KEYS[7], KEYS[8])
 redis.call('SET', KEYS[3], 1, 'PX', ARGV[1])
-return redis.call('INCR', KEYS[5])
+local attempt, record_ms = redis.call('INCR', KEYS[5]), redis.call('PTTL', KEYS[2])
+if record_ms > 0 then
+    redis.call('PEXPIRE', KEYS[5], record_ms)
+end
+return attempt
 """
 
 
@@ -292,12 +297,12 @@ return {refused, mget(4 * n + 1, #KEYS)}
 )
 
 
-# KEYS: attempt, done, lease, stream, queued, active, req, access, images; ARGV: the run's attempt,
-# the writer, the record's s, the request's id, the reason, then the entry that closes the stream
-# (``append_entry``; none: its last token carried the finish; one that fails ends it all the same).
-# The request ends: done, out of the active set, no lease, no queued mark, its record kept as long
-# as its stream. 0: nothing written, the run is over or someone else's (a stalled worker's end of a
-# request re-run since).
+# KEYS: attempt, done, lease, stream, queued, active, req, access, images; ARGV: the run's
+# attempt, the writer, the record's s, the request's id, the reason, then the entry that closes
+# the stream (``append_entry``; none: its last token carried the finish; one that fails ends it
+# all the same). The request ends: done, out of the active set, no lease, no queued mark, its
+# record (and its attempt) kept as long as its stream. 0: nothing written, the run is over or
+# someone else's (a stalled worker's end of a request re-run since).
 SETTLE = (
     _APPEND_ENTRY
     + _OURS_ONLY
@@ -308,7 +313,7 @@ end
 redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[3])
 redis.call('SREM', KEYS[6], ARGV[4])
 redis.call('DEL', KEYS[3], KEYS[5])
-for i = 7, 9 do
+for _, i in ipairs({1, 7, 8, 9}) do
     redis.call('EXPIRE', KEYS[i], ARGV[3])
 end
 return 1
