@@ -138,9 +138,9 @@ class Lifecycle:
     # -- a stage takes it: queued -> vision | prefill -------------------------------------------------
     def take(self, rid: str, attempt: int, owner: str, lease_s: float, handed_off: bool = False) -> Take:
         """Unless the delivery is stale (an older run's, or the request ended), own the request unless
-        someone else alive does (the owner may take it
-        again; ``handed_off``: decode, from the handoff, whose mark stays till ``take_handoffs``),
-        then whether it was cancelled: one round trip."""
+        someone else alive does (the owner may take it again; ``handed_off``: decode, from the
+        handoff, whose mark stays till ``take_handoffs``), then whether it was cancelled: one round
+        trip."""
         keys = [key("attempt", rid), key("done", rid), key("lease", rid), key("queued", rid), key("cancel", rid)]
         args = [attempt, owner, int(lease_s * 1000), HANDOFF_OWNER if handed_off else ""]
         return Take(self._take(keys=keys, args=args))
