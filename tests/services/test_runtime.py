@@ -6,8 +6,9 @@ import hashlib
 
 import pytest
 
+from dayzero.serving.queue_scripts import ADMIT
 from dayzero.serving.runtime import WARM_UP, Runtime
-from dayzero.serving.scripts import ADMIT, HEARTBEAT, TAKE
+from dayzero.serving.scripts import HEARTBEAT, TAKE
 from dayzero.settings import Settings
 
 

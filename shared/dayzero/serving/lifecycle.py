@@ -39,8 +39,9 @@ import redis
 from opentelemetry import trace
 
 from .messages import GenerationRequest
+from .queue_scripts import ADMIT, ENQUEUE, RERUN
 from .records import Token, decode, encode, ending
-from .scripts import ADMIT, APPEND, ENQUEUE, HAND_OFF, HEARTBEAT, RERUN, SETTLE, TAKE, TAKE_HANDOFFS, Take
+from .scripts import APPEND, HAND_OFF, HEARTBEAT, SETTLE, TAKE, TAKE_HANDOFFS, Take
 
 P = "dz:"
 HANDOFF_OWNER = "handoff"

@@ -7,7 +7,7 @@ import redis.asyncio as aioredis
 
 from .lifecycle import Queue, admission, key
 from .messages import GenerationRequest
-from .scripts import ADMIT
+from .queue_scripts import ADMIT
 
 
 class Watching:

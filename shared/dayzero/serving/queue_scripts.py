@@ -1,0 +1,112 @@
+"""The Lua scripts that put a request's message on a stage's queue (a Redis list) and the reaper's
+re-run of one that nobody holds: each runs as one atomic round trip. Their keys come from
+dayzero.serving.lifecycle, which alone calls them."""
+
+from __future__ import annotations
+
+# A message pushed onto a stage's queue (a Redis list: LPUSH here, the workers' BRPOP takes the
+# oldest) is counted in ``pushed``, and the request's mark (queued, or the handoff's) names the
+# queue and the count: "prefill:41". Once ``pushed`` - LLEN reaches 41 the message has left the
+# list, so such a mark with nobody's lease beside it is a message a worker took and never claimed
+# (it died in between): the reaper re-runs it at once instead of after the mark's lapse. A mark
+# without a count ("1": recorded only, or a re-run on its way) keeps the reaper away until it lapses.
+PUSH = """
+local function push(queue, pushed, mark, message, ms)
+    redis.call('SET', mark, queue .. ':' .. redis.call('INCR', pushed), 'PX', ms)
+    redis.call('LPUSH', queue, message)
+end
+"""
+
+
+# KEYS: the stage's queue, its pushed count, active, then per request: req, access, queued, images.
+# ARGV: bound, keep s, queued ms, reader, image count k, the k images, then per request: id, record,
+# broker message ('': record only). 0: refused (the queue would pass ``bound``), nothing written.
+ADMIT = (
+    PUSH
+    + """
+local n, k = (#KEYS - 3) / 4, tonumber(ARGV[5])
+if redis.call('LLEN', KEYS[1]) + n > tonumber(ARGV[1]) then
+    return 0
+end
+for i = 0, n - 1 do
+    local rid, at = ARGV[6 + k + 3 * i], 3 + 4 * i
+    redis.call('SET', KEYS[at + 1], ARGV[7 + k + 3 * i], 'EX', ARGV[2])
+    if k > 0 then
+        redis.call('RPUSH', KEYS[at + 4], unpack(ARGV, 6, 5 + k))
+        redis.call('EXPIRE', KEYS[at + 4], ARGV[2])
+    end
+    redis.call('SET', KEYS[at + 2], ARGV[4], 'EX', ARGV[2])
+    redis.call('SADD', KEYS[3], rid)
+    local message = ARGV[8 + k + 3 * i]
+    if message ~= '' then
+        push(KEYS[1], KEYS[2], KEYS[at + 3], message, ARGV[3])
+    else
+        redis.call('SET', KEYS[at + 3], 1, 'PX', ARGV[3])
+    end
+end
+return 1
+"""
+)
+
+
+# KEYS: the stage's queue, its pushed count, queued, lease; ARGV: the message, queued ms. Queued
+# again (vision -> prefill, a re-run): its lease dropped, so that the stage's worker may claim it.
+ENQUEUE = (
+    PUSH
+    + """
+redis.call('DEL', KEYS[4])
+push(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2])
+"""
+)
+
+
+# KEYS: done, req, queued, lease, attempt, active, handoff, orphan, then each stage's queue and
+# its pushed count; ARGV: queued ms, the request's id, the handoff's lease owner, a sighting's ms.
+# The reaper's check and re-run in one step, so no transition can come between them: an unfinished
+# request that nobody holds (the handoff's lease counts only while decode's message waits) and
+# whose message no longer waits in its queue is queued again (-> its new attempt; its message is
+# the caller's to push); one that ended or whose record expired leaves the active set (-> 0); any
+# other is left alone (-> 0). The attempt lives as long as the request's record. A message that
+# left its queue unclaimed is re-run only when a sweep finds it so a second time with the same
+# mark (the ``orphan`` sighting): a live worker's claim may be just behind its pop, and the first
+# sweep's re-run would prefill the request twice.
+RERUN = """
+local function waits(mark)
+    local queue, count = string.match(mark, '^(.+):(%d+)$')
+    for i = 9, #KEYS, 2 do
+        if KEYS[i] == queue then
+            return tonumber(count) > tonumber(redis.call('GET', KEYS[i + 1]) or 0) - redis.call('LLEN', KEYS[i])
+        end
+    end
+    return true
+end
+if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 0 then
+    redis.call('SREM', KEYS[6], ARGV[2])
+    return 0
+end
+local lease, handoff, left = redis.call('GET', KEYS[4]), redis.call('GET', KEYS[7]), false
+if lease then
+    if not (lease == ARGV[3] and handoff and not waits(handoff)) then
+        return 0
+    end
+    left = handoff
+end
+local mark = redis.call('GET', KEYS[3])
+if mark then
+    if waits(mark) then
+        return 0
+    end
+    left = mark
+end
+if left and redis.call('GET', KEYS[8]) ~= left then
+    redis.call('SET', KEYS[8], left, 'PX', ARGV[4])
+    return 0
+end
+redis.call('DEL', KEYS[4], KEYS[7], KEYS[8])
+redis.call('SET', KEYS[3], 1, 'PX', ARGV[1])
+local attempt, record_ms = redis.call('INCR', KEYS[5]), redis.call('PTTL', KEYS[2])
+if record_ms > 0 then
+    redis.call('PEXPIRE', KEYS[5], record_ms)
+end
+return attempt
+"""
