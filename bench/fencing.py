@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import redis
 
-from dayzero.procs import free_port, start_redis
+from dayzero.procs import scratch_redis
 from dayzero.serving.lifecycle import Lifecycle, key
 from dayzero.serving.records import Token, encode
 
@@ -63,21 +61,15 @@ def main() -> None:
     parser.add_argument("--batch", default="1,16,64", help="requests per step, comma-separated")
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        proc = start_redis(port, Path(tmp) / "redis.log")
-        try:
-            store = Lifecycle(redis.Redis(port=port), 600)
-            store.load_scripts()
-            print("| batch | Redis us/step: unfenced | fenced | ratio | call us/step: unfenced | fenced | ratio |")
-            print("|---:|---:|---:|---:|---:|---:|---:|")
-            for batch in map(int, args.batch.split(",")):
-                out = rounds(store, batch, args.rounds)
-                (fs, fc), (us, uc) = ([statistics.median(v) for v in pair] for pair in out.values())
-                print(f"| {batch} | {us:.1f} | {fs:.1f} | {fs / us:.1f}x | {uc:.0f} | {fc:.0f} | {fc / uc:.2f}x |")
-        finally:
-            proc.terminate()
-            proc.wait()
+    with scratch_redis() as port:
+        store = Lifecycle(redis.Redis(port=port), 600)
+        store.load_scripts()
+        print("| batch | Redis us/step: unfenced | fenced | ratio | call us/step: unfenced | fenced | ratio |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for batch in map(int, args.batch.split(",")):
+            out = rounds(store, batch, args.rounds)
+            (fs, fc), (us, uc) = ([statistics.median(v) for v in pair] for pair in out.values())
+            print(f"| {batch} | {us:.1f} | {fs:.1f} | {fs / us:.1f}x | {uc:.0f} | {fc:.0f} | {fc / uc:.2f}x |")
 
 
 if __name__ == "__main__":

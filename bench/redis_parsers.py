@@ -16,16 +16,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import redis
 import redis.asyncio as aioredis
 from redis._parsers import _AsyncHiredisParser, _AsyncRESP3Parser, _HiredisParser, _RESP3Parser
 from redis.connection import Encoder, HiredisRespSerializer, PythonRespSerializer
 
-from dayzero.procs import free_port, start_redis
+from dayzero.procs import scratch_redis
 
 FIELDS = {"i": 17, "t": 311, "x": " the"}  # one token's entry (records.encode)
 
@@ -69,12 +67,10 @@ def main() -> None:
     parser.add_argument("--batch", default="1,16,64", help="streams in flight (comma-separated)")
     parser.add_argument("--calls", type=int, default=300)
     args = parser.parse_args()
-    port = free_port()
     loop = asyncio.new_event_loop()
     print("| call | batch | pure Python ms | hiredis ms | ratio |")
     print("|---|---:|---:|---:|---:|")
-    with tempfile.TemporaryDirectory() as tmp:
-        server = start_redis(port, Path(tmp) / "redis.log")
+    with scratch_redis() as port:
         aio: list[aioredis.Redis] = []
         try:
             python_packer = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
@@ -92,8 +88,6 @@ def main() -> None:
         finally:
             for client in aio:
                 loop.run_until_complete(client.aclose())
-            server.terminate()
-            server.wait()
 
 
 if __name__ == "__main__":

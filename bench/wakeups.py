@@ -18,13 +18,11 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import redis
 
-from dayzero.procs import free_port, start_redis
+from dayzero.procs import scratch_redis
 
 READER = """
 import sys, redis
@@ -62,11 +60,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--pause-ms", type=float, default=10.0, help="idle time before each timed round trip")
     args = parser.parse_args()
-    port = free_port()
     print(f"| round trip, median of {args.samples} | back to back ms | after {args.pause_ms:g} ms idle | ratio |")
     print("|---|---:|---:|---:|")
-    with tempfile.TemporaryDirectory() as tmp:
-        server = start_redis(port, Path(tmp) / "redis.log")
+    with scratch_redis() as port:
         r = redis.Redis(port=port)
         reader = subprocess.Popen([sys.executable, "-c", READER, str(port)])
         try:
@@ -75,9 +71,7 @@ def main() -> None:
             row("XADD, another process blocked on the stream in XREAD", lambda i: r.xadd("tokens", {"i": i}), args)
         finally:
             reader.kill()
-            server.terminate()
             reader.wait()
-            server.wait()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,10 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
@@ -98,3 +101,17 @@ def start_redis(port: int, log: Path) -> subprocess.Popen:
     proc.kill()
     proc.wait()
     raise RuntimeError(f"redis-server did not start on port {port} (see {log})")
+
+
+@contextmanager
+def scratch_redis(folder: Path | None = None) -> Iterator[int]:
+    """A redis-server of one's own on a free port (its log in ``folder``, else a scratch folder),
+    stopped on the way out. -> its port."""
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        server = start_redis(port, Path(folder or tmp) / "redis.log")
+        try:
+            yield port
+        finally:
+            server.terminate()
+            server.wait()

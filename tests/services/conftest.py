@@ -40,13 +40,10 @@ def demo_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
     """A real Redis of the module's own (for tests that run stages in-process)."""
-    from dayzero.procs import start_redis
+    from dayzero.procs import scratch_redis
 
-    port = free_port()
-    server = start_redis(port, tmp_path_factory.mktemp("redis") / "redis.log")
-    yield f"redis://127.0.0.1:{port}/0"
-    server.terminate()
-    server.wait()
+    with scratch_redis(tmp_path_factory.mktemp("redis")) as port:
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 def start_stack(demo_dir, log_dir, counts, extra=None, ranks=None) -> Stack:
