@@ -27,3 +27,9 @@ def test_a_browser_reconnect_arrives_inside_the_cancel_grace():
     settings = Settings()
     assert settings.disconnect_grace_s >= 5  # EventSource retries after ~3 s by default
     assert settings.sse_retry_ms < settings.disconnect_grace_s * 1000  # and sooner with our retry:
+
+
+def test_a_decode_batch_past_what_was_tested_is_refused():
+    with pytest.raises(ValidationError, match="max_batch"):
+        Settings(max_batch=4097)
+    assert Settings(max_batch=4096).max_batch == 4096

@@ -49,7 +49,9 @@ class Settings(BaseSettings):
     max_streams: int = Field(default=1024, ge=1, description="open streams (and waiting bodies) before 429")
     max_request_bytes: int = Field(default=8 << 20, ge=1024, description="largest request body")
     max_tokens_limit: int = Field(default=4096, ge=1, description="most completion tokens a request may ask for")
-    max_batch: int = Field(default=16, ge=1, description="sequences per decode step; concurrent decode tasks")
+    max_batch: int = Field(
+        default=16, ge=1, le=4096, description="sequences per decode step; concurrent decode tasks (tested to 3000)"
+    )
     max_prefill_tokens: int = Field(default=8192, ge=1, description="prompt tokens per packed prefill step")
     kv_budget_mb: int = Field(default=256, ge=1, description="attention-state memory per worker")
     block_size: int = Field(default=16, ge=1, description="rows per pool block")
