@@ -81,7 +81,7 @@ def moe_inputs(shape: dict, tokens: int, device: str) -> tuple:
     counts = torch.bincount(routed.flatten(), minlength=experts)
     offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
     x = torch.randn(int(counts.sum()), k, generator=gen, device=device)
-    return x, packed, scales, offsets
+    return x, packed, scales, offsets, tokens  # an expert takes a token once: at most ``tokens`` rows
 
 
 def compare(name: str, run: Callable[[str], torch.Tensor], runs: int, device: str) -> dict:

@@ -27,8 +27,8 @@ def test_the_grouped_mxfp4_path_equals_the_dequantized_per_expert_path():
     }
     counts = torch.tensor([3, 0, 1, 2])  # an expert with no rows
     xs = torch.randn(6, 64, generator=torch.Generator().manual_seed(1))
-    loop = expert_mlp(xs, counts, lambda ids: {e: float_w[e] for e in ids}, LIMIT)
-    grouped = expert_mlp_mxfp4(xs, counts, packed, LIMIT, "torch")
+    loop = expert_mlp(xs, counts.tolist(), lambda ids: {e: float_w[e] for e in ids}, LIMIT)
+    grouped = expert_mlp_mxfp4(xs, counts, 3, packed, LIMIT, "torch")
     assert torch.allclose(loop, grouped, atol=1e-4, rtol=1e-4)  # fp32, different summation order
 
     w1, w2, w3 = float_w[2]  # row 3 belongs to expert 2: the MLP by hand
@@ -43,8 +43,8 @@ def test_the_stacked_path_equals_the_per_expert_loop():
     w2 = torch.randn(4, 64, 32, generator=gen)
     counts = torch.tensor([3, 1, 5, 2])  # uneven: three experts padded to the busiest's five rows
     xs = torch.randn(11, 64, generator=gen)
-    loop = expert_mlp(xs, counts, lambda ids: {e: (w1[e], w2[e], w3[e]) for e in ids}, LIMIT)
-    stacked = expert_mlp_stacked(xs, counts, w1, w2, w3, LIMIT)
+    loop = expert_mlp(xs, counts.tolist(), lambda ids: {e: (w1[e], w2[e], w3[e]) for e in ids}, LIMIT)
+    stacked = expert_mlp_stacked(xs, counts, 5, w1, w2, w3, LIMIT)
     assert torch.allclose(stacked, loop, atol=1e-4, rtol=1e-5)  # fp32, batched vs plain matmul blocking
     x = xs[3]  # expert 1's one row (after expert 0's three): the MLP by hand
     by_hand = w2[1] @ (F.silu((w1[1] @ x).clamp(max=LIMIT)) * (w3[1] @ x).clamp(-LIMIT, LIMIT))

@@ -26,10 +26,10 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
 
 
 def expert_mlp(
-    xs: torch.Tensor, counts: torch.Tensor, weights_of: Callable[[list[int]], dict[int, Weights]], limit: float
+    xs: torch.Tensor, sizes: list[int], weights_of: Callable[[list[int]], dict[int, Weights]], limit: float
 ) -> torch.Tensor:
-    """One matmul chain per expert that has rows; ``weights_of(ids)`` gives the hit experts' float weights."""
-    sizes = counts.tolist()
+    """One matmul chain per expert that has rows (``sizes``: ``counts`` read to the host);
+    ``weights_of(ids)`` gives the hit experts' float weights."""
     hit = [e for e, c in enumerate(sizes) if c]
     mats, out, start = weights_of(hit), torch.empty_like(xs), 0
     for e in hit:
@@ -50,12 +50,18 @@ def pads_cheaply(sizes: list[int], inter: int, hidden: int) -> bool:
 
 
 def expert_mlp_stacked(
-    xs: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, limit: float
+    xs: torch.Tensor,
+    counts: torch.Tensor,
+    busiest: int,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    w3: torch.Tensor,
+    limit: float,
 ) -> torch.Tensor:
     """``expert_mlp`` over every expert's stacked float weights (w1 [E, I, H], w2 [E, H, I], w3):
-    each expert's rows padded with zeros to the busiest's, then three batched matmuls whatever the
-    number of experts (the loop makes three calls an expert)."""
-    experts, busiest = counts.numel(), int(counts.max())
+    each expert's rows padded with zeros to the ``busiest``'s count, then three batched matmuls
+    whatever the number of experts (the loop makes three calls an expert)."""
+    experts = counts.numel()
     expert = torch.repeat_interleave(torch.arange(experts, device=xs.device), counts)  # [P] each row's
     first = torch.cumsum(counts, 0) - counts  # [E] each expert's first row
     slot = torch.arange(xs.shape[0], device=xs.device) - first[expert]  # [P] each row's place in its expert's
@@ -66,13 +72,14 @@ def expert_mlp_stacked(
 
 
 def expert_mlp_mxfp4(
-    xs: torch.Tensor, counts: torch.Tensor, packed: dict[str, torch.Tensor], limit: float, backend: Backend
+    xs: torch.Tensor, counts: torch.Tensor, most: int, packed: dict[str, torch.Tensor], limit: float, backend: Backend
 ) -> torch.Tensor:
     """The same from MXFP4 weights through the grouped kernel (``packed``: w1, w1_scale, ... as
-    PackedExperts holds them): no dequantized weight is ever materialised."""
+    PackedExperts holds them; no expert has more than ``most`` rows): no dequantized weight is
+    ever materialised, nothing is read back to the host."""
     offsets = torch.zeros(counts.numel() + 1, dtype=torch.int32, device=xs.device)
     offsets[1:] = counts.cumsum(0)
-    gate = grouped_mxfp4_matmul(xs, packed["w1"], packed["w1_scale"], offsets, backend)
-    up = grouped_mxfp4_matmul(xs, packed["w3"], packed["w3_scale"], offsets, backend)
+    gate = grouped_mxfp4_matmul(xs, packed["w1"], packed["w1_scale"], offsets, most, backend)
+    up = grouped_mxfp4_matmul(xs, packed["w3"], packed["w3_scale"], offsets, most, backend)
     hidden = swiglu(gate, up, limit)
-    return grouped_mxfp4_matmul(hidden, packed["w2"], packed["w2_scale"], offsets, backend).to(xs.dtype)
+    return grouped_mxfp4_matmul(hidden, packed["w2"], packed["w2_scale"], offsets, most, backend).to(xs.dtype)

@@ -84,18 +84,24 @@ def _grouped_kernel(x_ptr, w_ptr, s_ptr, off_ptr, out_ptr, N, K, BM: tl.constexp
 
 
 def grouped_mxfp4_matmul(
-    x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, backend: Backend = "torch"
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    offsets: torch.Tensor,
+    most: int,
+    backend: Backend = "torch",
 ) -> torch.Tensor:
-    """See the module docstring. The triton kernel never materialises a dequantized weight."""
+    """See the module docstring; no expert owns more than ``most`` rows. The triton kernel never
+    materialises a dequantized weight, and its grid is sized by ``most``, not by the offsets (a
+    read of them would make the host wait for the device)."""
     n_experts, n, half_k = packed.shape
     if x.shape[1] != 2 * half_k or scales.shape != (n_experts, n, 2 * half_k // 32) or offsets.numel() != n_experts + 1:
         raise ValueError(f"bad shapes x {tuple(x.shape)} packed {tuple(packed.shape)} scales {tuple(scales.shape)}")
     if backend == "torch":
         return grouped_mxfp4_matmul_torch(x, packed, scales, offsets)
     out = torch.empty(x.shape[0], n, dtype=torch.float32, device=x.device)
-    counts = offsets[1:] - offsets[:-1]
     bm, bn, bk = 16, 32, 64
-    m_tiles = max(1, triton.cdiv(int(counts.max()) if counts.numel() else 0, bm))
+    m_tiles = max(1, triton.cdiv(min(most, x.shape[0]), bm))  # tiles past an expert's rows end at once
     grid = (n_experts, m_tiles, triton.cdiv(n, bn))
     _grouped_kernel[grid](
         x.contiguous(),

@@ -62,13 +62,10 @@ def _pool_overlap(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CSA: each window's second series after the previous window's first series (``prev_*``, none
     where ``has_prev`` is false): windows [n, rate, 2 * dim] -> pooled [n, 2 * rate, dim]."""
-    n, rate, width = kv.shape
-    dim = width // 2
-    pooled_kv = kv.new_zeros(n, 2 * rate, dim)
-    pooled_gate = gate.new_full((n, 2 * rate, dim), float("-inf"))
-    pooled_kv[:, rate:], pooled_gate[:, rate:] = kv[..., dim:], gate[..., dim:]
-    pooled_kv[has_prev, :rate], pooled_gate[has_prev, :rate] = prev_kv[has_prev], prev_gate[has_prev]
-    return pooled_kv, pooled_gate
+    dim = kv.shape[2] // 2
+    has_prev = has_prev[:, None, None]  # selected, not indexed: a mask's index waits for the device
+    first_kv, first_gate = torch.where(has_prev, prev_kv, 0.0), torch.where(has_prev, prev_gate, float("-inf"))
+    return torch.cat((first_kv, kv[..., dim:]), 1), torch.cat((first_gate, gate[..., dim:]), 1)
 
 
 Windows = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # kv, gate, their sequences and entries

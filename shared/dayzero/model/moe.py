@@ -42,8 +42,10 @@ class RoutedExperts(Protocol):
     """A layer's routed experts in whatever format the checkpoint loaded them (float weights, or
     MXFP4 kept packed): the MoE hands them rows sorted by expert and never asks which."""
 
-    def run(self, xs: torch.Tensor, counts: torch.Tensor, limit: float, backend: Backend) -> torch.Tensor:
-        """xs [P, H] sorted by expert, counts [E_local] long -> [P, H] (kernels.expert_mlp)."""
+    def run(self, xs: torch.Tensor, counts: torch.Tensor, most: int, limit: float, backend: Backend) -> torch.Tensor:
+        """xs [P, H] sorted by expert, counts [E_local] long -> [P, H] (kernels.expert_mlp). No expert
+        has more than ``most`` rows (the step's tokens: a token picks an expert once), a bound the
+        host knows without reading ``counts`` back from the device."""
 
 
 def moe(
@@ -59,17 +61,18 @@ def moe(
     if comm.size > 1:  # another rank's pairs go to a last bucket, sorted after this rank's
         local = torch.where((local >= 0) & (local < n_local), local, n_local)
     order = local.argsort(stable=True)  # (token, slot) pairs grouped by expert
-    counts = torch.bincount(local, minlength=n_local + 1)[:n_local]
+    counts = torch.zeros(n_local + 1, dtype=torch.long, device=x.device).scatter_add_(0, local, torch.ones_like(local))
+    counts = counts[:n_local]  # (bincount sizes its output by the data: on a GPU it waits for the device)
     if comm.size > 1:
         order = order[: int(counts.sum())]
     pair_weights = weights.flatten()[order, None]
     routed_experts: RoutedExperts = w.experts
     if x.shape[0] == 1:  # one token (decode at batch 1): every pair is its own, summed at once
-        routed = routed_experts.run(x.expand(order.shape[0], -1), counts, cfg.swiglu_limit, backend)
+        routed = routed_experts.run(x.expand(order.shape[0], -1), counts, 1, cfg.swiglu_limit, backend)
         out = (routed * pair_weights).to(x.dtype).sum(dim=0, keepdim=True)
     else:
         tokens = order // experts.shape[1]  # [pairs] token of each sorted pair
-        routed = routed_experts.run(x[tokens], counts, cfg.swiglu_limit, backend)
+        routed = routed_experts.run(x[tokens], counts, x.shape[0], cfg.swiglu_limit, backend)
         # each pair back at its (token, slot) place (zero: another rank's pair), then the slots summed
         placed = x.new_zeros(experts.numel(), x.shape[1])  # [T * k, H]
         placed[order] = (routed * pair_weights).to(x.dtype)

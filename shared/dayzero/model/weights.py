@@ -93,10 +93,11 @@ class Experts(nn.Module):
         self.w2 = _param(n, hidden, inter)  # down
         self.w3 = _param(n, inter, hidden)  # up
 
-    def run(self, xs: torch.Tensor, counts: torch.Tensor, limit: float, backend: Backend) -> torch.Tensor:
-        if pads_cheaply(counts.tolist(), *self.w1.shape[1:]):
-            return expert_mlp_stacked(xs, counts, self.w1, self.w2, self.w3, limit)
-        return expert_mlp(xs, counts, lambda ids: {e: (self.w1[e], self.w2[e], self.w3[e]) for e in ids}, limit)
+    def run(self, xs: torch.Tensor, counts: torch.Tensor, most: int, limit: float, backend: Backend) -> torch.Tensor:
+        sizes = counts.tolist()  # the one read of the step's routing to the host
+        if pads_cheaply(sizes, *self.w1.shape[1:]):
+            return expert_mlp_stacked(xs, counts, max(sizes), self.w1, self.w2, self.w3, limit)
+        return expert_mlp(xs, sizes, lambda ids: {e: (self.w1[e], self.w2[e], self.w3[e]) for e in ids}, limit)
 
 
 class SharedExpert(nn.Module):

@@ -46,12 +46,12 @@ class PackedExperts(nn.Module):
     def packed_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers())
 
-    def run(self, xs: torch.Tensor, counts: torch.Tensor, limit: float, backend: Backend) -> torch.Tensor:
+    def run(self, xs: torch.Tensor, counts: torch.Tensor, most: int, limit: float, backend: Backend) -> torch.Tensor:
         """The MoE's RoutedExperts: the grouped MXFP4 kernel on a GPU, else the hit experts
         dequantized through the converter (workspace + cache)."""
         if backend == "triton":
-            return expert_mlp_mxfp4(xs, counts, dict(self.named_buffers()), limit, backend)
-        return expert_mlp(xs, counts, lambda ids: self.converter.weights(self, ids), limit)
+            return expert_mlp_mxfp4(xs, counts, most, dict(self.named_buffers()), limit, backend)
+        return expert_mlp(xs, counts.tolist(), lambda ids: self.converter.weights(self, ids), limit)
 
 
 class ExpertConverter:
