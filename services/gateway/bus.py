@@ -53,11 +53,6 @@ class Bus:
         queue = Queue(stage, tuple(messages), self.settings.max_queued)
         return await self.watching.admit(requests, images, owner, self.settings.visibility_timeout_s, queue)
 
-    @staticmethod
-    def valid_entry_id(entry: str) -> bool:
-        ms, _, seq = entry.partition("-")
-        return ms.isdigit() and seq.isdigit() and len(entry) < 40
-
     # -- watchers and cancellation ---------------------------------------------------------------------
     async def unwatch(self, request_id: str, finished: bool) -> None:
         """A client went away: cancel after the grace period unless another client is watching."""

@@ -1,5 +1,5 @@
-"""Answering admitted requests: one SSE stream, or one JSON body with a choice per request
-(several prompts, or ``n`` > 1). A client that leaves cancels what it asked for."""
+"""Answering admitted requests: one SSE stream (several merged for several prompts or ``n`` > 1),
+or one JSON body (``bodies``). A client that leaves cancels what it asked for."""
 
 from __future__ import annotations
 
@@ -11,20 +11,20 @@ from collections.abc import AsyncIterator
 import anyio
 import redis
 from fastapi import Request
-from fastapi.responses import JSONResponse
 from opentelemetry import trace
-from sse_starlette.sse import AppStatus, EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.records import Token
 from dayzero.telemetry import tracer
 
 from .access import credential
+from .bodies import collect
 from .context import Gateway
 from .errors import APIError
-from .outcome import Progress, Usage, closing, stream_error, usage
+from .outcome import Progress, Usage, closing, stream_error
 from .shapes import Shape
-from .streams import Closed, Subscription
+from .streams import Subscription, entry_order
 
 # A keep-alive is a comment line with no blank line after it: the next event's own blank line ends
 # both. A comment followed by a blank line is an empty event to the official openai client once an
@@ -114,8 +114,11 @@ async def _chunks(
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     """The chunks of one stream up to its last (a resumed stream has echoed its prompt already);
     its finish counts in ``used``."""
-    shape = Shape(request, gw.settings.model_name, gw.codec, echoed=after != "0-0", choice=choice)
-    if after == "0-0" and request.kind == "chat":
+    resumed = after != "0-0"
+    if resumed and await _over_by(gw, request, after, progress, used):
+        return
+    shape = Shape(request, gw.settings.model_name, gw.codec, echoed=resumed, choice=choice)
+    if not resumed and request.kind == "chat":
         yield ServerSentEvent(data=json.dumps(shape.chunk(None, None, role=True)))
     elif request.kind == "chat":
         await _replay(gw, shape, request.request_id, after)
@@ -123,6 +126,8 @@ async def _chunks(
     while True:
         event = await sub.next(gw.settings.keepalive_s)
         if event is None:
+            if resumed and await _over_by(gw, request, after, progress, used):
+                return
             yield KEEP_ALIVE
             continue
         progress.see(event)
@@ -143,65 +148,28 @@ async def _chunks(
             held = []
 
 
+async def _over_by(gw: Gateway, request: GenerationRequest, after: str, progress: Progress, used: Usage | None) -> bool:
+    """Whether a resumed stream ended at or before ``after`` (a client that missed only the usage
+    chunk or ``[DONE]``): its failure raises, its finish counts in ``used``."""
+    end = await gw.bus.hub.finish_by(request.request_id, after)
+    if end is None:
+        return False
+    if end.finish_reason in ("error", "cancelled"):
+        progress.see(end)  # raises the stream's error
+    progress.over = True
+    if used is not None:
+        used.add(request, end)
+    return True
+
+
 async def _replay(gw: Gateway, shape: Shape, rid: str, after: str) -> None:
     """A resumed chat stream's text up to ``after``, so its split (reasoning, content, tool calls)
     picks up where the client's left off."""
     async with gw.bus.hub.subscribe(rid) as sub:
         while (event := await sub.next(gw.settings.keepalive_s)) is not None:
             shape.replay(event.text)
-            if event.entry_id == after:
+            if entry_order(event.entry_id) >= entry_order(after):
                 return
-
-
-async def _events(gw: Gateway, request: GenerationRequest, http: Request) -> list[Token]:
-    """A request's stream entries up to its last; raises when it fails or the client leaves."""
-    progress, events = Progress(gw, request), []
-    await gw.bus.watching.watch(request.request_id)
-    try:
-        async with gw.bus.hub.subscribe(request.request_id) as sub:
-            while True:
-                event = await sub.next(min(gw.settings.keepalive_s, 0.5))
-                if event is None:
-                    if AppStatus.should_exit:  # the server is stopping: answer now, not when cut off
-                        raise Closed
-                    if await http.is_disconnected():
-                        raise APIError(499, "client disconnected", code="client_closed")
-                    continue
-                progress.see(event)
-                events.append(event)
-                if event.finish_reason:
-                    return events
-    except Closed:
-        raise APIError(503, "the server is shutting down; retry", "service_unavailable", code="shutting_down") from None
-    finally:
-        with anyio.CancelScope(shield=True), contextlib.suppress(redis.RedisError):
-            await gw.bus.unwatch(request.request_id, progress.over)
-
-
-async def collect(
-    gw: Gateway, requests: list[GenerationRequest], http: Request, headers: dict[str, str]
-) -> JSONResponse:
-    """One body; choice ``i`` is request ``i``'s completion. One failure cancels the others."""
-    results: list[list[Token]] = [[] for _ in requests]
-
-    async def run(i: int) -> None:
-        results[i] = await _events(gw, requests[i], http)
-
-    try:
-        async with anyio.create_task_group() as group:
-            for i in range(len(requests)):
-                group.start_soon(run, i)
-    except BaseExceptionGroup as failed:  # the first failure, as the error handlers know it (400s, 503)
-        raise failed.exceptions[0] from None
-    choices, used = [], Usage()
-    for i, (request, events) in enumerate(zip(requests, results, strict=True)):
-        last = events[-1]
-        text = "".join(e.text for e in events)
-        body = Shape(request, gw.settings.model_name, gw.codec).body(text, last.finish_reason, usage(last), events)
-        choices.append({**body["choices"][0], "index": i})
-        used.add(request, last)
-    body["choices"], body["usage"] = choices, used.body()
-    return JSONResponse(body, headers=headers)
 
 
 async def respond(

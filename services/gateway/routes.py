@@ -15,13 +15,13 @@ from dayzero.params import MAX_SEED, Grammar, SamplingParams
 from dayzero.serving.messages import GenerationRequest
 
 from .access import may_read
-from .bus import Bus
 from .chat import chat_prompt, grammar
 from .chat_schemas import ChatCompletionRequest, TokenizeRequest
 from .context import Gateway
 from .errors import APIError
 from .responses import event_stream, respond
 from .schemas import CompletionRequest, DetokenizeRequest, Sampling
+from .streams import valid_entry_id
 
 router = APIRouter()
 MAX_ECHO_LOGPROB_TOKENS = 32768  # the prompt's logprobs travel in one stream entry
@@ -188,7 +188,7 @@ async def resume(request_id: str, gw: GatewayDep, http: Request, last_event_id: 
     if request is None:
         raise APIError(404, f"no request {request_id!r} (unknown or expired)", "not_found_error")
     after = last_event_id or "0-0"
-    if not Bus.valid_entry_id(after):
+    if not valid_entry_id(after):
         raise APIError(400, "Last-Event-ID must be a stream entry id like '12-0'", param="Last-Event-ID")
     return event_stream(gw, [request], after, {"X-Request-Id": request_id})
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -25,9 +26,15 @@ from dayzero.serving.records import Token, decode
 log = logging.getLogger("dayzero.gateway")
 
 
-def _order(entry_id: str) -> tuple[int, int]:
+def entry_order(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+def valid_entry_id(entry: str) -> bool:
+    """A stream entry id Redis takes: ``ms-seq``, both parts unsigned 64-bit."""
+    parts = re.fullmatch(r"([0-9]{1,20})-([0-9]{1,20})", entry)
+    return parts is not None and max(int(parts[1]), int(parts[2])) < 2**64
 
 
 class Closed(Exception):
@@ -100,10 +107,20 @@ class StreamHub:
         finally:
             self.subs.discard(sub)
 
+    async def finish_by(self, request_id: str, after: str) -> Token | None:
+        """The stream's finish when it ends at or before ``after`` (a resume from its end: nothing to wait for)."""
+        last = await self.commands.xrevrange(key("tokens", request_id), count=1)
+        if not last or entry_order(last[0][0].decode()) > entry_order(after):
+            return None
+        token = decode(request_id, last[0][1])
+        return token if token.finish_reason else None
+
     async def _read_forever(self) -> None:
         while self.subs:
             try:
                 await self._read_once()
+            except redis.ResponseError as exc:  # Redis refused the read, not lost: end only who caused it
+                await self._drop_unreadable(exc)
             except redis.RedisError as exc:
                 log.warning("token streams lost redis: %s", exc)
                 for sub in list(self.subs):
@@ -111,12 +128,25 @@ class StreamHub:
                 self.subs.clear()
                 await self.r.connection_pool.disconnect()
 
+    async def _drop_unreadable(self, exc: redis.ResponseError) -> None:
+        """End each subscription whose own read Redis refuses; all of them when none alone is refused."""
+        refused = []
+        for sub in list(self.subs):
+            try:
+                await self.r.xread({key("tokens", sub.request_id): sub.last}, count=1)
+            except redis.ResponseError:
+                refused.append(sub)
+        log.warning("token streams: redis refused %d of %d reads: %s", len(refused), len(self.subs), exc)
+        for sub in refused or list(self.subs):
+            sub.close(exc)
+            self.subs.discard(sub)
+
     async def _read_once(self) -> None:
         wanted: dict[str, str] = {}
         readers: dict[str, list[Subscription]] = {}
         for sub in self.subs:  # one cursor per stream: the earliest any of its subscribers needs
             stream = key("tokens", sub.request_id)
-            if stream not in wanted or _order(sub.last) < _order(wanted[stream]):
+            if stream not in wanted or entry_order(sub.last) < entry_order(wanted[stream]):
                 wanted[stream] = sub.last
             readers.setdefault(stream, []).append(sub)
         reply = await self.r.xread({self.wake_key: "$", **wanted}, block=self.block_ms, count=64)
@@ -124,7 +154,7 @@ class StreamHub:
             for sub in readers.get(raw_key.decode(), ()):
                 for entry_id, fields in entries:
                     entry = entry_id.decode()
-                    if _order(entry) > _order(sub.last):
+                    if entry_order(entry) > entry_order(sub.last):
                         sub.last = entry
                         sub.queue.put_nowait(decode(sub.request_id, fields))
 

@@ -44,6 +44,23 @@ def test_disconnect_cancels_within_a_second_and_frees_blocks(stack):
     assert wait_until(lambda: _decode_blocks_used(stack) == 0, 2.0)
 
 
+def test_a_client_that_leaves_before_its_body_is_ready_cancels_its_requests(stack):
+    """Not streamed: nothing is sent until the end, so the gateway checks on the client while the
+    tokens flow; both choices are cancelled after the grace period, not generated to the end."""
+    r = redis.Redis.from_url(stack.redis_url)
+
+    def cancelled() -> set:
+        return {k for k in r.scan_iter("dz:done:*") if r.get(k) == b"cancelled"}
+
+    before = cancelled()
+    assert wait_until(lambda: _decode_blocks_used(stack) == 0, 10)
+    body = {"model": MODEL, "prompt": [0, 5, 6, 7], "max_tokens": 2000, "ignore_eos": True, "n": 2}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{stack.url}/v1/completions", json=body, timeout=2)
+    assert wait_until(lambda: len(cancelled() - before) == 2, 3.0)
+    assert wait_until(lambda: _decode_blocks_used(stack) == 0, 2.0)
+
+
 def test_a_decode_worker_that_lost_a_lease_drops_the_request_and_settles_nothing(stack):
     """Its lease went elsewhere (the worker stalled past it and the reaper re-ran the request, or
     Redis lost its data): the worker stops generating it within a heartbeat and frees its blocks."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -118,6 +119,29 @@ def _content(chunks) -> str:
 def _order(entry_id: str) -> tuple[int, int]:
     ms, seq = entry_id.split("-")
     return int(ms), int(seq)
+
+
+def test_resume_from_a_finished_streams_end_or_past_it_ends_at_once(stack):
+    """A client that lost only the usage chunk or ``[DONE]`` reconnects with the final chunk's id:
+    it gets what it missed, never keep-alives; an id Redis cannot take is this client's 400 alone."""
+    body = chat("the end", max_tokens=6, ignore_eos=True, stream=True, **USAGE)
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=60) as r:
+        rid, token = r.headers["x-request-id"], r.headers["x-resume-token"]
+        last = [i for i, _ in sse_events(r) if i][-1]
+    url, deadline = f"{stack.url}/v1/requests/{rid}/stream", time.time() + 20
+    for after in (last, "700-0"):
+        data = []
+        with httpx.stream("GET", url, headers={"Last-Event-ID": after, "X-Resume-Token": token}, timeout=60) as r:
+            for line in r.iter_lines():  # keep-alives come each second: a hang ends at the deadline
+                data += [line[5:].strip()] if line.startswith("data:") else []
+                if data[-1:] == ["[DONE]"] or time.time() > deadline:
+                    break
+        assert len(data) == 2 and data[-1] == "[DONE]", data
+        missed = json.loads(data[0])  # the usage chunk
+        assert missed["choices"] == [] and missed["usage"]["completion_tokens"] == 6
+    for bad in ("1-99999999999999999999", f"{2**64}-0"):
+        refused = httpx.get(url, headers={"Last-Event-ID": bad, "X-Resume-Token": token}, timeout=10)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "Last-Event-ID"
 
 
 def test_resume_in_flight_after_a_disconnect(stack):

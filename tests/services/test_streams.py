@@ -1,13 +1,17 @@
-"""The gateway's stream subscriptions: a cancelled reader stops reading, whatever arrives meanwhile."""
+"""The gateway's stream subscriptions: a cancelled reader stops reading, whatever arrives meanwhile;
+one bad read ends only its own subscription."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
+import redis
+import redis.asyncio as aioredis
 
-from dayzero.serving.records import Token
-from services.gateway.streams import Subscription
+from dayzero.serving.lifecycle import key
+from dayzero.serving.records import Token, encode
+from services.gateway.streams import StreamHub, Subscription, valid_entry_id
 
 
 def test_a_reader_cancelled_as_an_entry_arrives_is_cancelled():
@@ -63,3 +67,34 @@ def test_tokens_queued_behind_a_read_are_pending_and_the_last_is_left_for_next()
     assert before_error == []
     with pytest.raises(ConnectionError):
         asyncio.run(failing.next(0.01))
+
+
+def test_only_well_formed_64_bit_entry_ids_are_valid():
+    assert valid_entry_id("0-0") and valid_entry_id("12-3")
+    assert valid_entry_id(f"{2**64 - 1}-{2**64 - 1}")
+    for bad in (f"{2**64}-0", "1-99999999999999999999", "12", "12-", "-3", "a-b", "²-0", " 1-0"):
+        assert not valid_entry_id(bad), bad
+
+
+def test_a_subscription_whose_read_redis_refuses_ends_alone(redis_url):
+    """One reader serves every open stream: a read Redis refuses (an id past 64 bits, had one got
+    through) ends the subscription that asked for it, and the others read on."""
+    stream = key("tokens", "good")
+
+    async def scenario() -> tuple:
+        commands = aioredis.Redis.from_url(redis_url)
+        hub = StreamHub(redis_url, commands, block_ms=200)
+        await commands.xadd(stream, encode(Token("good", 0, 5, "a")), id="1-0")
+        async with hub.subscribe("good") as good:
+            first = await good.next(5)
+            async with hub.subscribe("bad", "1-99999999999999999999") as bad:
+                with pytest.raises(redis.ResponseError):
+                    await bad.next(5)
+            await commands.xadd(stream, encode(Token("good", 1, 6, "b", finish_reason="length")), id="2-0")
+            second = await good.next(5)
+        await hub.close()
+        await commands.aclose()
+        return first, second
+
+    first, second = asyncio.run(scenario())
+    assert (first.text, second.text, second.finish_reason) == ("a", "b", "length")

@@ -1,0 +1,92 @@
+"""Answering admitted requests without streaming: one JSON body with a choice per request (several
+prompts, or ``n`` > 1). A client that leaves before its body is ready cancels what it asked for."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import anyio
+import redis
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from sse_starlette.sse import AppStatus
+
+from dayzero.serving.messages import GenerationRequest
+from dayzero.serving.records import Token
+
+from .context import Gateway
+from .errors import APIError
+from .outcome import Progress, Usage, usage
+from .shapes import Shape
+from .streams import Closed
+
+PRESENCE_CHECK_S = 0.5  # how often a waiting body checks that its client is still connected
+
+
+def _shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down; retry", "service_unavailable", code="shutting_down")
+
+
+async def _events(gw: Gateway, request: GenerationRequest) -> list[Token]:
+    """A request's stream entries up to its last; raises when it fails."""
+    progress, events = Progress(gw, request), []
+    await gw.bus.watching.watch(request.request_id)
+    try:
+        async with gw.bus.hub.subscribe(request.request_id) as sub:
+            while True:
+                event = await sub.next(gw.settings.keepalive_s)
+                if event is None:
+                    continue
+                progress.see(event)
+                events.append(event)
+                if event.finish_reason:
+                    return events
+    except Closed:
+        raise _shutting_down() from None
+    finally:
+        with anyio.CancelScope(shield=True), contextlib.suppress(redis.RedisError):
+            await gw.bus.unwatch(request.request_id, progress.over)
+
+
+async def _client_present(http: Request) -> None:
+    """Raises once the client has gone (its requests are then cancelled after the grace period) or
+    the server begins to stop (answer now, not when cut off); checked while tokens flow too."""
+    while True:
+        await asyncio.sleep(PRESENCE_CHECK_S)
+        if AppStatus.should_exit:
+            raise _shutting_down()
+        if await http.is_disconnected():
+            raise APIError(499, "client disconnected", code="client_closed")
+
+
+async def collect(
+    gw: Gateway, requests: list[GenerationRequest], http: Request, headers: dict[str, str]
+) -> JSONResponse:
+    """One body; choice ``i`` is request ``i``'s completion. One failure cancels the others."""
+    results: list[list[Token]] = [[] for _ in requests]
+    left = len(requests)
+
+    async def run(i: int) -> None:
+        nonlocal left
+        results[i] = await _events(gw, requests[i])
+        left -= 1
+        if left == 0:  # all done: stop watching the client
+            group.cancel_scope.cancel()
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(_client_present, http)
+            for i in range(len(requests)):
+                group.start_soon(run, i)
+    except BaseExceptionGroup as failed:  # the first failure, as the error handlers know it (400s, 503)
+        raise failed.exceptions[0] from None
+    choices, used = [], Usage()
+    for i, (request, events) in enumerate(zip(requests, results, strict=True)):
+        last = events[-1]
+        text = "".join(e.text for e in events)
+        body = Shape(request, gw.settings.model_name, gw.codec).body(text, last.finish_reason, usage(last), events)
+        choices.append({**body["choices"][0], "index": i})
+        used.add(request, last)
+    body["choices"], body["usage"] = choices, used.body()
+    return JSONResponse(body, headers=headers)
