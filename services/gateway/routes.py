@@ -193,18 +193,30 @@ async def resume(request_id: str, gw: GatewayDep, http: Request, last_event_id: 
     return event_stream(gw, [request], after, {"X-Request-Id": request_id})
 
 
+def _model_card(gw: Gateway) -> dict:
+    return {
+        "id": gw.settings.model_name,
+        "object": "model",
+        "owned_by": "dayzero",
+        "max_model_len": min(gw.settings.max_context, gw.max_positions),
+        "eos_token_id": gw.eos_token,
+        "images": gw.image_token is not None,
+    }
+
+
 @router.get("/v1/models", dependencies=[Authorized])
 async def models(gw: GatewayDep):
-    return {
-        "object": "list",
-        "data": [
-            {
-                "id": gw.settings.model_name,
-                "object": "model",
-                "owned_by": "dayzero",
-                "max_model_len": min(gw.settings.max_context, gw.max_positions),
-                "eos_token_id": gw.eos_token,
-                "images": gw.image_token is not None,
-            }
-        ],
-    }
+    return {"object": "list", "data": [_model_card(gw)]}
+
+
+@router.get("/v1/models/{model:path}", dependencies=[Authorized])
+async def model(model: str, gw: GatewayDep):
+    if model != gw.settings.model_name:
+        raise APIError(
+            404,
+            f"no model {model!r}; this server serves {gw.settings.model_name!r}",
+            "not_found_error",
+            param="model",
+            code="model_not_found",
+        )
+    return _model_card(gw)

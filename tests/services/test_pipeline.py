@@ -266,7 +266,10 @@ def test_non_streamed_requests_record_time_to_first_token(stack):
 
 
 def test_models_health_ready_metrics_and_openapi(stack):
-    assert httpx.get(f"{stack.url}/v1/models").json()["data"][0]["id"] == MODEL
+    listed = httpx.get(f"{stack.url}/v1/models").json()["data"]
+    assert [m["id"] for m in listed] == [MODEL] and httpx.get(f"{stack.url}/v1/models/{MODEL}").json() == listed[0]
+    missing = httpx.get(f"{stack.url}/v1/models/other")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     assert httpx.get(f"{stack.url}/health").json() == {"status": "ok"}
     ready = httpx.get(f"{stack.url}/ready").json()
     assert ready["ready"] and ready["workers"]["decode"] == 2
