@@ -9,7 +9,7 @@ from dayzero.chat.tokens import DSML, END_THINK
 from dayzero.params import Grammar
 
 from .chat_schemas import ChatPrompt, NamedToolChoice
-from .context import Gateway
+from .context import Gateway, tokenizing
 from .errors import APIError
 from .images import Prompt, expand_placeholders, render_chat
 from .schemas import Sampling
@@ -22,7 +22,8 @@ def chat_prompt(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
     thinking, effort = body.thinking()
     schema = body.response_format.schema_() if isinstance(body, Sampling) and body.response_format else None
     options = ChatOptions(thinking, effort, tuple(body.offered_tools()), schema)
-    ids = gw.codec.chat_ids(prompt.messages, options)
+    with tokenizing("messages"):  # a chat far over the context is refused from its size, untokenized
+        ids = gw.codec.chat_ids(prompt.messages, options, gw.context_limit)
     if prompt.images:
         ids = expand_placeholders(ids, gw.image_token, prompt.patches)
     return ids, prompt

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dayzero.settings import Settings
-from dayzero.tokenizer import IdsOnlyCodec, TextCodec
+from dayzero.tokenizer import IdsOnlyCodec, InvalidTextError, PromptTooLongError, TextCodec
 
 from .bus import Bus
+from .errors import APIError
 from .metrics import GatewayMetrics
 
 
@@ -21,3 +24,19 @@ class Gateway:
     vocab_size: int
     image_token: int | None  # None: the checkpoint has no vision tower
     eos_token: int
+
+    @property
+    def context_limit(self) -> int:
+        """Tokens a prompt plus its completion may take."""
+        return min(self.settings.max_context, self.max_positions)
+
+
+@contextlib.contextmanager
+def tokenizing(param: str) -> Iterator[None]:
+    """The tokenizer's refusals of prompt text as 400s naming ``param`` (messages, prompt)."""
+    try:
+        yield
+    except InvalidTextError as exc:
+        raise APIError(400, str(exc), param=param) from None
+    except PromptTooLongError as exc:
+        raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None

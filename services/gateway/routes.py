@@ -16,8 +16,8 @@ from dayzero.serving.messages import GenerationRequest
 
 from .access import may_read
 from .chat import chat_prompt, grammar
-from .chat_schemas import ChatCompletionRequest, TokenizeRequest
-from .context import Gateway
+from .chat_schemas import ChatCompletionRequest, ChatPrompt, TokenizeRequest
+from .context import Gateway, tokenizing
 from .errors import APIError
 from .responses import event_stream, respond
 from .schemas import CompletionRequest, DetokenizeRequest, Sampling
@@ -60,14 +60,14 @@ def _spec(
 ) -> SamplingParams:
     s = gw.settings
     _served(gw, body.model)
-    limit = min(s.max_context, gw.max_positions)
+    limit = gw.context_limit
     if not prompt_ids:
         raise APIError(400, "the prompt is empty", param="prompt")
     if len(prompt_ids) >= limit:
         raise APIError(
             400,
             f"the prompt has {len(prompt_ids)} tokens; the context limit is {limit}",
-            param="messages",
+            param="messages" if isinstance(body, ChatPrompt) else "prompt",
             code="context_length_exceeded",
         )
     if body.stops() and not gw.codec.has_tokenizer:
@@ -152,7 +152,11 @@ async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
     scored = body.echo and body.logprobs is not None
     requests = []
     for prompt in body.prompts():
-        ids = gw.codec.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if isinstance(prompt, str):
+            with tokenizing("prompt"):  # off the event loop; one far over the context: refused from its size
+                ids = await run_in_threadpool(gw.codec.encode, prompt, gw.context_limit)
+        else:
+            ids = list(prompt)
         spec = _spec(gw, body, ids, body.max_tokens, grammar(gw, body))
         if scored and len(ids) > MAX_ECHO_LOGPROB_TOKENS:
             limit = MAX_ECHO_LOGPROB_TOKENS
@@ -167,8 +171,12 @@ async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
 async def tokenize(body: TokenizeRequest, gw: GatewayDep):
     """A prompt's ids as the server would feed them (a chat: rendered, images expanded)."""
     _served(gw, body.model)
-    ids = gw.codec.encode(body.prompt) if body.prompt is not None else chat_prompt(gw, body)[0]
-    return {"tokens": ids, "count": len(ids), "max_model_len": min(gw.settings.max_context, gw.max_positions)}
+    if body.prompt is None:
+        ids = (await run_in_threadpool(chat_prompt, gw, body))[0]
+    else:
+        with tokenizing("prompt"):
+            ids = await run_in_threadpool(gw.codec.encode, body.prompt)
+    return {"tokens": ids, "count": len(ids), "max_model_len": gw.context_limit}
 
 
 @router.post("/detokenize", dependencies=[Authorized])
@@ -198,7 +206,7 @@ def _model_card(gw: Gateway) -> dict:
         "id": gw.settings.model_name,
         "object": "model",
         "owned_by": "dayzero",
-        "max_model_len": min(gw.settings.max_context, gw.max_positions),
+        "max_model_len": gw.context_limit,
         "eos_token_id": gw.eos_token,
         "images": gw.image_token is not None,
     }

@@ -6,8 +6,13 @@ is rendered as transformers' ``apply_chat_template`` renders it (its own Jinja r
 checkpoint gets exactly the prompt format its authors ship. A checkpoint without one (as
 DeepSeek-V4 is released) gets V4's encoding (``dayzero.chat.encoding``).
 
-Decoded text keeps special tokens other than BOS / EOS / padding: ``</think>`` and DSML markup
-are how the model structures its answer, and the gateway parses them out.
+Decoded text drops special tokens (as transformers' ``skip_special_tokens`` and vLLM do), except
+the markers of V4's output protocol (``dayzero.chat.tokens.OUTPUT_MARKERS``): ``</think>`` and DSML
+markup are how the model structures its answer, and the gateway parses them out.
+
+Prompt text is refused before tokenizing when it is not Unicode the tokenizer can take (a lone
+UTF-16 surrogate, as JSON's ``"\ud800"`` decodes) or when its UTF-8 size alone proves it longer
+than a limit; tokenizing itself runs without the GIL (the gateway's event loop goes on meanwhile).
 """
 
 from __future__ import annotations
@@ -16,11 +21,25 @@ import functools
 import json
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers
 
 from .chat.encoding import CHAT_MODE, ChatOptions, encode_chat
+from .chat.tokens import OUTPUT_MARKERS
 
 _TEMPLATE_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
+_KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Split", "Digits", "Punctuation"}  # split text, drop none of it
+
+
+class InvalidTextError(ValueError):
+    """Prompt text that is not valid Unicode (a lone surrogate): no tokenizer can take it."""
+
+
+class PromptTooLongError(ValueError):
+    """A prompt whose UTF-8 size alone proves it has at least ``tokens`` tokens, ``limit`` or more."""
+
+    def __init__(self, tokens: int, limit: int) -> None:
+        super().__init__(f"the prompt has at least {tokens} tokens; the context limit is {limit}")
+        self.tokens, self.limit = tokens, limit
 
 
 class TextCodec:
@@ -32,7 +51,10 @@ class TextCodec:
         self._tok = tokenizer
         self.chat_template = chat_template
         self._tokens = tokens or {}  # special-token strings the template may use (bos_token, ...)
-        self._hidden = {i for t in self._tokens.values() if (i := tokenizer.token_to_id(t)) is not None}
+        special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+        special |= {i for t in self._tokens.values() if (i := tokenizer.token_to_id(t)) is not None}
+        self._hidden = special - {tokenizer.token_to_id(t) for t in OUTPUT_MARKERS}  # left out of decoded text
+        self.max_token_bytes = _max_token_bytes(tokenizer)
 
     @classmethod
     def from_checkpoint(cls, root: str | Path) -> TextCodec:
@@ -54,11 +76,23 @@ class TextCodec:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=True).ids
+    def encode(self, text: str, limit: int | None = None) -> list[int]:
+        """Prompt ids (BOS added); PromptTooLongError, without tokenizing, when the text's size
+        alone proves it has ``limit`` tokens or more (the exact count is the caller's to check)."""
+        return self._ids(text, True, limit)
+
+    def _ids(self, text: str, add_special_tokens: bool, limit: int | None) -> list[int]:
+        try:
+            size = len(text.encode())  # [UTF-8 bytes]
+        except UnicodeEncodeError as exc:
+            raise InvalidTextError(f"the text has a lone surrogate {text[exc.start]!r} (not Unicode)") from None
+        at_least = -(-size // self.max_token_bytes) if self.max_token_bytes else 0
+        if limit is not None and at_least >= limit:
+            raise PromptTooLongError(at_least, limit)
+        return self._tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids  # GIL released
 
     def decode(self, ids: list[int]) -> str:
-        """Generated text: special tokens kept, except BOS / EOS / padding."""
+        """Generated text: special tokens left out, except the output protocol's markers."""
         return self._tok.decode([i for i in ids if i not in self._hidden], skip_special_tokens=False)
 
     def decode_all(self, ids: list[int]) -> str:
@@ -95,9 +129,10 @@ class TextCodec:
         )
         return text
 
-    def chat_ids(self, messages: list[dict], options: ChatOptions = CHAT_MODE) -> list[int]:
-        """A chat as prompt ids (the prompt text places its own special tokens: none are added)."""
-        return self._tok.encode(self.chat_prompt(messages, options), add_special_tokens=False).ids
+    def chat_ids(self, messages: list[dict], options: ChatOptions = CHAT_MODE, limit: int | None = None) -> list[int]:
+        """A chat as prompt ids (the prompt text places its own special tokens: none are added);
+        ``limit`` as for ``encode``."""
+        return self._ids(self.chat_prompt(messages, options), False, limit)
 
 
 class NoTokenizerError(ValueError):
@@ -111,13 +146,13 @@ class IdsOnlyCodec:
     chat_template = None
     has_tokenizer = False
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, limit: int | None = None) -> list[int]:
         raise NoTokenizerError("this checkpoint has no tokenizer.json: send the prompt as token ids")
 
     def chat_prompt(self, messages: list[dict], options: ChatOptions = CHAT_MODE) -> str:
         raise NoTokenizerError("this checkpoint has no tokenizer.json: chats need one; send token ids to completions")
 
-    def chat_ids(self, messages: list[dict], options: ChatOptions = CHAT_MODE) -> list[int]:
+    def chat_ids(self, messages: list[dict], options: ChatOptions = CHAT_MODE, limit: int | None = None) -> list[int]:
         return self.encode(self.chat_prompt(messages, options))
 
     @property
@@ -142,6 +177,28 @@ def load_codec(root: str | Path) -> TextCodec | IdsOnlyCodec:
 def _content(token: str | dict) -> str:
     """A special token as tokenizer_config.json spells it: a string or an AddedToken dict."""
     return token["content"] if isinstance(token, dict) else token
+
+
+def _max_token_bytes(tokenizer: Tokenizer) -> int | None:
+    """The most UTF-8 bytes of text one token can stand for, when the tokenizer is lossless
+    byte-level (then a text of B bytes has at least B / this many tokens); None otherwise.
+
+    Byte-level: no normalizer, pre-tokenizers that split without dropping, ByteLevel's 256 byte
+    characters all in the vocabulary, added tokens that absorb no neighbouring spaces. Then each
+    byte of the text lands in exactly one token, written as one character of its vocabulary string
+    (an added token as its own text), so no token stands for more bytes than its string has."""
+    spec = json.loads(tokenizer.to_str())
+    normalizer, pre = spec.get("normalizer"), spec.get("pre_tokenizer") or {}
+    splitters = pre.get("pretokenizers", [pre])
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    lossless = (
+        (normalizer is None or normalizer.get("normalizers") == [])  # none, or an empty Sequence
+        and "ByteLevel" in {p.get("type") for p in splitters}
+        and all(p.get("type") in _KEEPING_PRE_TOKENIZERS and p.get("behavior") != "Removed" for p in splitters)
+        and all(c in vocab for c in pre_tokenizers.ByteLevel.alphabet())
+        and not any(t.lstrip or t.rstrip for t in tokenizer.get_added_tokens_decoder().values())
+    )
+    return max(len(t.encode()) for t in vocab) if lossless else None
 
 
 class StreamDecoder:

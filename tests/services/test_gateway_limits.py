@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -22,6 +23,7 @@ def lone_gateway(demo_dir, tmp_path_factory):
         "DAYZERO_API_KEYS": "sesame, other",  # a comma-separated list
         "DAYZERO_METRICS_AUTH": "true",
         "DAYZERO_IMAGE_MAX_COUNT": "2",
+        "DAYZERO_MAX_REQUEST_BYTES": str(1 << 20),  # room for a chat far over the context
     }
     stack = Stack({"vision": 0, "prefill": 0, "decode": 0}, free_port(), tmp_path_factory.mktemp("logs"), env)
     stack.start()
@@ -175,3 +177,49 @@ def test_stream_options_without_stream_are_refused(lone_gateway):
     r = httpx.post(f"{lone_gateway.url}/v1/completions", json=body, headers=KEY, timeout=30)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "stream_options" and "stream is true" in r.json()["error"]["message"]
+
+
+def _post_raw(gateway: Stack, path: str, body: dict) -> httpx.Response:
+    """``body`` as JSON with non-ASCII escaped: a lone surrogate travels as ``"\\ud800"``."""
+    headers = {**KEY, "content-type": "application/json"}
+    return httpx.post(f"{gateway.url}{path}", content=json.dumps(body), headers=headers, timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("path", "messages"),
+    [
+        ("/v1/chat/completions", [{"role": "user", "content": "a \ud800"}]),
+        ("/v1/chat/completions", [{"role": "system", "content": "\udfff"}, {"role": "user", "content": "hi"}]),
+        ("/tokenize", [{"role": "user", "content": "a \ud800"}]),
+    ],
+)
+def test_chat_text_that_is_not_unicode_is_refused_naming_messages(lone_gateway, path, messages):
+    r = _post_raw(lone_gateway, path, {"model": MODEL, "max_tokens": 3, "messages": messages})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "messages" and "lone surrogate" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_completions_prompt_that_is_not_unicode_is_refused_naming_it(lone_gateway, stream):
+    r = _post_raw(
+        lone_gateway, "/v1/completions", {"model": MODEL, "max_tokens": 3, "prompt": "a \udfff", "stream": stream}
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+
+
+def test_a_chat_far_over_the_context_is_refused_from_its_size(lone_gateway):
+    body = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "x" * 300_000}]}
+    r = httpx.post(f"{lone_gateway.url}/v1/chat/completions", json=body, headers=KEY, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    # BOS 29 + <｜User｜> 12 + 300000 + <｜Assistant｜> 17 + </think> 8 bytes; no demo token is over 29 bytes
+    at_least = -(-(29 + 12 + 300_000 + 17 + 8) // 29)
+    assert r.json()["error"]["message"] == f"the prompt has at least {at_least} tokens; the context limit is 4096"
+    assert r.json()["error"]["param"] == "messages"
+
+
+@pytest.mark.parametrize("prompt", [[5] * 5000, "hello " * 5000])
+def test_a_completions_prompt_over_the_context_is_refused_naming_prompt(lone_gateway, prompt):
+    body = {"model": MODEL, "max_tokens": 3, "prompt": prompt}
+    r = httpx.post(f"{lone_gateway.url}/v1/completions", json=body, headers=KEY, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    assert r.json()["error"]["param"] == "prompt"

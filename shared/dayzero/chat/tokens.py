@@ -19,3 +19,7 @@ DSML = "｜DSML｜"
 
 # the order the demo tokenizer gives them ids 0, 1, 2, ... (BOS 0 and EOS 1 as in the release)
 SPECIAL_TOKENS = (BOS, EOS, PAD, USER, ASSISTANT, THINK, END_THINK, LATEST_REMINDER, IMAGE, DSML)
+
+# special tokens of the answer's own structure (dayzero.chat.output parses them): kept in decoded
+# text, where every other special token is left out
+OUTPUT_MARKERS = (THINK, END_THINK, DSML)

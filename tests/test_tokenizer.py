@@ -1,0 +1,83 @@
+"""dayzero.tokenizer: prompt text refused before tokenizing (not Unicode; provably over a limit),
+and decoded output without special tokens other than the output protocol's markers."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+from dayzero.demo import build_tokenizer, write_demo_checkpoint
+from dayzero.tokenizer import InvalidTextError, PromptTooLongError, TextCodec
+
+# the demo vocabulary's longest string: <｜begin▁of▁sentence｜>, "<" 1 + "｜" 3 + "begin" 5 + "▁" 3
+# + "of" 2 + "▁" 3 + "sentence" 8 + "｜" 3 + ">" 1 bytes
+DEMO_MAX_TOKEN_BYTES = 29
+
+
+@pytest.fixture(scope="module")
+def codec(tmp_path_factory):
+    return TextCodec.from_checkpoint(write_demo_checkpoint(tmp_path_factory.mktemp("tok") / "demo"))
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": "a \ud800"}],
+        [{"role": "system", "content": "\udfff"}, {"role": "user", "content": "hi"}],
+        [{"role": "user", "content": ["ok", "b\ud800c"]}],
+    ],
+)
+def test_a_chat_with_a_lone_surrogate_is_refused_as_invalid_text(codec, messages):
+    with pytest.raises(InvalidTextError, match="lone surrogate"):
+        codec.chat_ids(messages)
+
+
+def test_a_prompt_with_a_lone_surrogate_is_refused_as_invalid_text(codec):
+    with pytest.raises(InvalidTextError, match=r"'\\udfff'"):
+        codec.encode("a \udfff")
+
+
+def test_the_byte_bound_of_a_lossless_byte_level_tokenizer(codec):
+    assert codec.max_token_bytes == DEMO_MAX_TOKEN_BYTES
+    for text in ["a" * 1000, "hello world " * 50, "中文字符" * 40, "🙂" * 30, "<｜User｜>" * 20, ""]:
+        assert len(codec.encode(text)) >= -(-len(text.encode()) // DEMO_MAX_TOKEN_BYTES)  # it is a lower bound
+
+
+def test_tokenizers_that_may_drop_or_merge_text_get_no_byte_bound():
+    normalized = build_tokenizer(300)
+    normalized.normalizer = normalizers.NFKC()  # "ﬁ" (3 bytes) becomes "fi" (2)
+    words = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()  # spaces dropped, a long unknown word one token
+    assert TextCodec(normalized).max_token_bytes is None
+    assert TextCodec(words).max_token_bytes is None
+
+
+def test_a_prompt_whose_size_proves_it_too_long_is_refused_untokenized(codec):
+    limit = 100
+    with pytest.raises(PromptTooLongError) as refused:
+        codec.encode("x" * (DEMO_MAX_TOKEN_BYTES * limit), limit)  # at least 100 tokens
+    assert (refused.value.tokens, refused.value.limit) == (100, 100)
+    assert len(codec.encode("x" * (DEMO_MAX_TOKEN_BYTES * (limit - 1)), limit)) >= limit - 1  # bound 99: counted
+
+
+def test_a_chat_of_nine_800_kb_messages_is_refused_from_its_size(codec):
+    text = "hello world, numbers 1 2 3 and punctuation; " * 18182  # 800008 bytes
+    with pytest.raises(PromptTooLongError) as refused:
+        codec.chat_ids([{"role": "user", "content": text}] * 9, limit=4096)
+    # BOS 29 + <｜User｜> 12 + 9 x 800008 + 8 "\n\n" 16 + <｜Assistant｜> 17 + </think> 8 = 7200154 bytes
+    assert refused.value.tokens == -(-7200154 // DEMO_MAX_TOKEN_BYTES) == 248282
+
+
+def test_decoded_output_leaves_out_special_tokens(codec):
+    """As a completion of "" (BOS) or of a chat ending with an assistant turn may read."""
+    assert codec.decode(codec.encode("<｜User｜>The")) == "The"
+    assert (
+        codec.decode(codec.encode("<｜Assistant｜>a<｜latest_reminder｜><｜deepseek_image｜>b<｜end▁of▁sentence｜>"))
+        == "ab"
+    )
+
+
+def test_decoded_output_keeps_the_markers_the_answer_parser_reads(codec):
+    text = '<think>plan</think>ok\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">'
+    assert codec.decode(codec.encode(text)) == text
+    assert codec.decode_all(codec.encode("<｜User｜>x")) == "<｜begin▁of▁sentence｜><｜User｜>x"  # prompts: all kept
