@@ -3,11 +3,13 @@ and decoded output without special tokens other than the output protocol's marke
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from dayzero.demo import build_tokenizer, write_demo_checkpoint
-from dayzero.tokenizer import InvalidTextError, PromptTooLongError, TextCodec
+from dayzero.tokenizer import InvalidTextError, PromptTooLongError, StreamDecoder, TextCodec
 
 # the demo vocabulary's longest string: <｜begin▁of▁sentence｜>, "<" 1 + "｜" 3 + "begin" 5 + "▁" 3
 # + "of" 2 + "▁" 3 + "sentence" 8 + "｜" 3 + ">" 1 bytes
@@ -81,3 +83,20 @@ def test_decoded_output_keeps_the_markers_the_answer_parser_reads(codec):
     text = '<think>plan</think>ok\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">'
     assert codec.decode(codec.encode(text)) == text
     assert codec.decode_all(codec.encode("<｜User｜>x")) == "<｜begin▁of▁sentence｜><｜User｜>x"  # prompts: all kept
+
+
+def test_stream_decoding_releases_what_decoding_everything_so_far_releases(codec):
+    """The incremental decoder against its twin: decode all ids at every token, release the new
+    text unless it ends in a cut UTF-8 character. Random ids cut characters and hide special tokens."""
+    rng = random.Random(0)
+    text = "dayzero: héllo — 4 bits, 深度求索 🚀🚀 <think>plan</think> done"
+    streams = [codec.encode(text)[1:]] + [[rng.randrange(codec.vocab_size) for _ in range(300)] for _ in range(5)]
+    for ids in streams:
+        stream, released, twin = StreamDecoder(codec), "", []
+        for i, token in enumerate(ids):
+            so_far = codec.decode(ids[: i + 1])
+            twin.append("" if so_far.endswith("\ufffd") else so_far[len(released) :])
+            released += twin[-1]
+            assert stream.push(token) == twin[-1], (i, twin[-1])
+    whole = StreamDecoder(codec)
+    assert "".join(whole.push(t) for t in codec.encode(text)[1:]) == text
