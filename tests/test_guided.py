@@ -58,3 +58,9 @@ def test_a_grammar_after_a_token_leaves_the_text_before_it_free_but_unended(code
     guide.accept(end_think)
     allowed = allowed_logits(logits, [guide], eos=1)[0] > float("-inf")
     assert {codec.decode_all([int(i)]) for i in torch.nonzero(allowed)} <= {"o", "ok"}
+
+
+def test_an_invalid_grammar_is_named_without_the_grammar_text(codec):
+    with pytest.raises(ValueError) as refused:
+        Guide(codec.guidance, Grammar("start: greeting\n"))
+    assert str(refused.value) == 'invalid grammar: unknown name: "greeting"'

@@ -4,7 +4,7 @@ dayzero.chat)."""
 from __future__ import annotations
 
 from dayzero.chat.encoding import ChatOptions
-from dayzero.chat.grammar import dsml_symbol, json_grammar, tool_calls_grammar
+from dayzero.chat.grammar import dsml_symbol, grammar_problem, json_grammar, tool_calls_grammar
 from dayzero.chat.tokens import DSML, END_THINK
 from dayzero.params import Grammar
 
@@ -44,9 +44,6 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
     after = gw.codec.token_id(END_THINK) if thinking else None
     if thinking and after is None:
         raise APIError(400, f"thinking mode with a constrained answer needs {END_THINK} as one token", param=param)
-    import llguidance
-
-    failed, problems = llguidance.LLMatcher.validate_grammar_with_warnings(lark, gw.codec.guidance)
-    if failed:
-        raise APIError(400, f"cannot enforce this schema: {problems[0] if problems else 'invalid'}", param=param)
+    if problem := grammar_problem(lark, gw.codec.guidance):
+        raise APIError(400, f"cannot enforce this schema: {problem}", param=param)
     return Grammar(lark, after)

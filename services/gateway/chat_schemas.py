@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from dayzero.chat.grammar import schema_problem
 
 from .schemas import MAX_TEXT, Sampling, _Body
 
@@ -129,6 +132,28 @@ class ChatPrompt(_Body):
             raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among the tools")
         return choice
 
+    @model_validator(mode="after")
+    def _enforced_tools_are_enforceable(self) -> ChatPrompt:
+        """The parameters of each tool a grammar enforces need a schema it can enforce (under
+        tool_choice auto the model only reads them: any schema goes)."""
+        enforced = {t["function"]["name"] for t in self.enforced_tools()}
+        for i, tool in enumerate(self.tools or []):
+            name, parameters = tool["function"]["name"], tool["function"].get("parameters")
+            if name in enforced and (problem := schema_problem(parameters or {})):
+                message = f"cannot enforce the parameters of tool {name!r}: {problem}"
+                error = PydanticCustomError("value_error", "{message}", {"message": message})
+                where = ("tools", i, "function", "parameters")  # the tool's own field, not the whole model
+                raise ValidationError.from_exception_data(
+                    type(self).__name__, [InitErrorDetails(type=error, loc=where, input=parameters)]
+                )
+        return self
+
+    def enforced_tools(self) -> list[dict]:
+        """The tools whose calls a grammar enforces: all under tool_choice required, the named one."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return [t for t in self.tools or [] if t["function"]["name"] == self.tool_choice.function.name]
+        return list(self.tools or []) if self.tool_choice == "required" else []
+
     def thinking(self) -> tuple[bool, str]:
         """Thinking mode and its effort (low | high | max): from chat_template_kwargs (vLLM's
         convention), else from OpenAI's reasoning_effort; chat mode by default."""
@@ -164,8 +189,8 @@ class ChatCompletionRequest(Sampling, ChatPrompt):
 
     @model_validator(mode="after")
     def _prefix_is_not_constrained(self) -> ChatCompletionRequest:
-        named = self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
-        constrained = named or (self.response_format is not None and self.response_format.schema_() is not None)
+        formatted = self.response_format is not None and self.response_format.schema_() is not None
+        constrained = bool(self.enforced_tools()) or formatted
         if self.ends_with_prefix() and constrained:
             raise ValueError("a prefix cannot be continued under tool_choice required / named or response_format")
         return self

@@ -57,12 +57,18 @@ def install(app: FastAPI) -> None:
         return error_response(exc.status, exc.message, exc.type, exc.param, exc.code, exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         found = exc.errors() or [{"msg": "invalid request", "loc": ()}]
         first = max(found, key=lambda e: len(e.get("loc", ())))  # the deepest: the most specific of a union
         if first.get("type") == "json_invalid":  # its location is a character, not a field
             where, why = first["loc"][-1], first.get("ctx", {}).get("error", "")
             message = f"the body is not valid JSON: {why} (at character {where})"
+            return error_response(400, message, "invalid_request_error")
+        # a body left as bytes: FastAPI reads JSON only under a JSON content-type (a text/plain post
+        # is one a browser page may send across origins unasked, so it stays unread)
+        if isinstance(first.get("input"), bytes):
+            sent = request.headers.get("content-type", "none")
+            message = f"the body must be JSON sent with content-type: application/json (got {sent})"
             return error_response(400, message, "invalid_request_error")
         param = ".".join(str(p) for p in first.get("loc", ()) if _field_part(p)) or None
         return error_response(

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
 
+from dayzero.chat.grammar import schema_problem
 from dayzero.params import MAX_BIAS, MAX_PENALTY, MAX_SEED, MIN_TEMPERATURE, MIN_TOP_P
 
 MAX_STOP = 4
@@ -15,7 +16,14 @@ MAX_PROMPTS = 32  # prompts in one completions request
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)  # "max_tokens": "4" is refused, not coerced
+    # "max_tokens": "4" is refused, not coerced; NaN and infinities are refused as not finite
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: object) -> object:
+        """A field given as null takes its default (OpenAI declares its optional fields nullable)."""
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
 class JSONSchemaFormat(_Body):
@@ -33,6 +41,9 @@ class ResponseFormat(_Body):
     def _schema_given(self) -> ResponseFormat:
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("response_format of type json_schema needs a json_schema")
+        schema = self.schema_()
+        if schema is not None and (problem := schema_problem(schema)):
+            raise ValueError(f"cannot enforce this schema: {problem}")
         return self
 
     def schema_(self) -> dict | None:

@@ -35,7 +35,8 @@ class Check:
 class Doctor:
     def __init__(self, url: str, api_key: str | None = None, timeout_s: float = 60) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout_s)
+        self.root = url.rstrip("/").removesuffix("/v1")  # OpenAI clients' base URL ends in /v1: the same gateway
+        self.http = httpx.Client(base_url=self.root, headers=headers, timeout=timeout_s)
         self.model = ""
 
     # -- helpers ----------------------------------------------------------------------------------------
@@ -58,8 +59,14 @@ class Doctor:
 
     # -- checks -----------------------------------------------------------------------------------------
     def check_ready(self) -> str:
-        models = self.http.get("/v1/models").json()["data"]
-        self.model = models[0]["id"]
+        answer = self.http.get("/v1/models")
+        try:
+            self.model = answer.json()["data"][0]["id"]
+        except (ValueError, LookupError, TypeError):  # not JSON, or no model list in it
+            raise AssertionError(
+                f"GET {answer.url} answered HTTP {answer.status_code} without a model list; is "
+                f"{self.root} the gateway's URL (such as http://127.0.0.1:8000)? {answer.text[:200]}"
+            ) from None
         ready = self.http.get("/ready")
         assert ready.status_code == 200, f"/ready answered {ready.status_code}: {ready.text[:200]}"
         return f"model {self.model}, workers {ready.json().get('workers')}"

@@ -13,6 +13,7 @@ import functools
 
 import torch
 
+from .chat.grammar import error_summary
 from .params import Grammar
 
 
@@ -25,7 +26,7 @@ class Guide:
         self.matcher = llguidance.LLMatcher(tokenizer, grammar.lark, log_level=0)
         self.words = (tokenizer.vocab_size + 31) // 32  # the mask's int32 words: the tokenizer's vocabulary
         if self.matcher.is_error():
-            raise ValueError(f"invalid grammar: {self.matcher.get_error()}")
+            raise ValueError(f"invalid grammar: {error_summary(self.matcher.get_error())}")
         self._after = grammar.after
         self.active = grammar.after is None
 

@@ -6,7 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+from dayzero.doctor import Doctor
 from dayzero.procs import free_port
+
+from .conftest import MODEL
 
 
 def _doctor(url: str) -> subprocess.CompletedProcess:
@@ -29,3 +34,13 @@ def test_doctor_fails_with_exit_1_when_nothing_answers():
     out = _doctor(f"http://127.0.0.1:{free_port()}")
     report = json.loads(out.stdout)
     assert out.returncode == 1 and report["checks"][0]["status"] == "fail"
+
+
+def test_doctor_takes_the_openai_base_url_and_names_a_wrong_one(stack):
+    assert Doctor(f"{stack.url}/v1/").check_ready().startswith(f"model {MODEL}, workers ")
+    wrong = Doctor(f"{stack.url}/v1/models")  # not the gateway's root: its /v1/models is a 404
+    with pytest.raises(AssertionError) as failed:
+        wrong.check_ready()
+    message = str(failed.value)
+    assert message.startswith(f"GET {stack.url}/v1/models/v1/models answered HTTP 404 without a model list; ")
+    assert f"is {stack.url}/v1/models the gateway's URL" in message

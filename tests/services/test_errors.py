@@ -1,8 +1,26 @@
-"""OpenAI-style error bodies: the shape, and nothing of the process's memory in the message."""
+"""OpenAI-style error bodies: the shape, nothing of the process's memory in the message, and a
+message that says what to change (the gateway in-process, on a real Redis: every request here
+is refused before it queues, so no worker is needed)."""
 
 from __future__ import annotations
 
+import base64
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dayzero.settings import Settings
+from services.gateway.app import make_app
 from services.gateway.errors import error_body
+
+from .conftest import MODEL, chat
+
+
+@pytest.fixture(scope="module")
+def gateway(demo_dir, redis_url):
+    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:
+        yield client
 
 
 def test_error_bodies_have_openai_shape_and_no_memory_addresses():
@@ -15,3 +33,61 @@ def test_error_bodies_have_openai_shape_and_no_memory_addresses():
             "code": None,
         }
     }
+
+
+def _error(gateway, body: dict, **kw) -> dict:
+    r = gateway.post("/v1/chat/completions", json=body, **kw)
+    assert r.status_code == 400, r.text
+    return r.json()["error"]
+
+
+def test_a_json_body_under_another_content_type_is_told_to_use_application_json(gateway):
+    for sent in ("text/plain", "application/x-www-form-urlencoded"):
+        r = gateway.post("/v1/chat/completions", content=json.dumps(chat("hi")), headers={"content-type": sent})
+        assert r.status_code == 400
+        message = r.json()["error"]["message"]
+        assert message == f"the body must be JSON sent with content-type: application/json (got {sent})"
+
+
+def test_a_non_finite_number_is_refused_as_such(gateway):
+    body = json.dumps(chat("hi", temperature=float("nan")))  # NaN: a JSON extension Python reads and writes
+    r = gateway.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["message"] == "temperature: Input should be a finite number"
+
+
+def test_an_unreadable_image_is_refused_without_internal_names(gateway):
+    url = "data:image/png;base64," + base64.b64encode(b"plain text, not a picture").decode()
+    content = [{"type": "image_url", "image_url": {"url": url}}]
+    error = _error(gateway, {"model": MODEL, "messages": [{"role": "user", "content": content}]})
+    assert error["code"] == "invalid_image" and error["param"] == "messages.0.content"
+    assert error["message"].startswith("not a readable image") and "<" not in error["message"], error
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}},
+                    },
+                }
+            },
+            "response_format",
+        ),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "objectx"}}}],
+                "tool_choice": "required",
+            },
+            "tools.0.function.parameters",
+        ),
+    ],
+)
+def test_a_schema_that_cannot_be_enforced_is_refused_in_short(gateway, extra, param):
+    error = _error(gateway, chat("hi", **extra))
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert "cannot enforce" in error["message"] and "%json" not in error["message"] and "\n" not in error["message"]

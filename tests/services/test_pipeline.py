@@ -196,7 +196,7 @@ def test_resume_in_flight_after_a_disconnect(stack):
         (chat("x", presence_penalty=3), 400, "presence_penalty"),
         (chat("x", echo=True), 400, "echo"),
         ({"model": MODEL, "prompt": "x", "best_of": 3}, 400, "best_of"),
-        ({"model": MODEL, "prompt": "word " * 5000}, 400, "messages"),
+        ({"model": MODEL, "prompt": "word " * 5000}, 400, "prompt"),
         (
             {
                 "model": MODEL,

@@ -1,5 +1,6 @@
 """Lark grammars (llguidance's dialect) for constrained decoding: a JSON reply, or DSML tool calls
-whose arguments follow each tool's JSON schema.
+whose arguments follow each tool's JSON schema; and why llguidance cannot enforce one (the
+gateway refuses such a request with 400 before it queues).
 
 ``dsml`` is how the grammar names the DSML marker: ``<[ID]>`` when the tokenizer has it as one
 token (the model then has to emit that token, as it was trained), else the text itself.
@@ -9,9 +10,14 @@ weak model cannot wander off into endless whitespace.
 
 from __future__ import annotations
 
+import functools
+import re
+
 from .dsml import to_json
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# llguidance's errors: "at LINE(COL): what\n   LINE | the grammar's line\n   ^" (the grammar is ours)
+_LOCATED = re.compile(r"at \d+\(\d+\): (?:failed to compile JSON schema: )?(.*?)\n\s*\d+ \| ", re.DOTALL)
 
 
 def dsml_symbol(token_id: int | None, text: str) -> str:
@@ -30,6 +36,49 @@ def _json_rule(schema: dict) -> str:
 def json_grammar(schema: dict | None) -> str:
     """A JSON value following ``schema`` (None: any JSON object)."""
     return "start: " + _json_rule(schema if schema is not None else {"type": "object"}) + "\n"
+
+
+def schema_problem(schema: dict) -> str | None:
+    """Why constrained decoding cannot enforce the JSON schema ``schema`` (None: it can)."""
+    return grammar_problem(json_grammar(schema), _byte_tokenizer())
+
+
+def grammar_problem(lark: str, tokenizer) -> str | None:
+    """Why llguidance cannot enforce ``lark`` over ``tokenizer`` (an ``LLTokenizer``), in short
+    (None: it can): it does not compile, or nothing at all satisfies it (its first step fails)."""
+    import llguidance
+
+    matcher = llguidance.LLMatcher(tokenizer, lark, log_level=0)
+    if matcher.is_error():
+        return error_summary(matcher.get_error())
+    matcher.compute_logit_bias()  # the first step: a grammar that admits nothing fails here
+    if matcher.is_error():
+        return "nothing satisfies it (such as a $ref that only refers to itself)"
+    return None
+
+
+def error_summary(error: str) -> str:
+    """What llguidance found wrong, without the grammar text it quotes (ours, not the client's)."""
+    located = _LOCATED.match(error)
+    return (located[1] if located else error.splitlines()[0]).strip()
+
+
+class _ByteVocabulary:
+    """The 256 single bytes and an end token: checks a grammar without a model's vocabulary
+    (whether it compiles, whether anything satisfies it, are the same over any vocabulary)."""
+
+    tokens = [bytes([b]) for b in range(256)] + [b"</s>"]
+    eos_token_id, bos_token_id, special_token_ids = 256, None, [256]
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
+
+
+@functools.cache
+def _byte_tokenizer():
+    import llguidance
+
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocabulary()))
 
 
 def tool_calls_grammar(tools: list[dict], dsml: str, one: str | None = None) -> str:
@@ -51,6 +100,7 @@ def _invoke_rules(i: int, function: dict, dsml: str) -> list[str]:
     optional ones may be left out)."""
     schema = function.get("parameters") or {}
     props, required = schema.get("properties") or {}, set(schema.get("required") or ())
+    defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}  # where a property's $ref points
     head = _literal(f'invoke name="{function["name"]}">\n')
     body, rules = [], []
     for j, (key, prop) in enumerate(props.items()):
@@ -58,7 +108,7 @@ def _invoke_rules(i: int, function: dict, dsml: str) -> list[str]:
             prop.get("type") == "string" or bool(prop.get("enum")) and all(isinstance(v, str) for v in prop["enum"])
         )
         tag = _literal(f'parameter name="{key}" string="{"true" if string else "false"}">')
-        rules.append(f"value_{i}_{j}: " + (_string_rule(prop) if string else _json_rule(prop)))
+        rules.append(f"value_{i}_{j}: " + (_string_rule(prop) if string else _json_rule({**prop, **defs})))
         item = f'"<" {dsml} {tag} value_{i}_{j} "</" {dsml} "parameter>\\n"'
         body.append(f"({item})" if key in required else f"({item})?")
     params = " ".join(body) if required else ('"\\n"' if not props else "(" + " ".join(body) + ' | "\\n")')

@@ -107,8 +107,8 @@ def _guarded(read, limits: ImageLimits):
             f"image exceeds the limit of {limits.max_pixels} decoded pixels (refused before "
             "decoding: a decompression bomb)"
         ) from exc
-    except UnidentifiedImageError as exc:
-        raise ImageError(f"not a readable image: {exc}") from exc
+    except UnidentifiedImageError as exc:  # its message names Pillow's internal file object
+        raise ImageError("not a readable image: the data is in no image format Pillow knows") from exc
     except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt data
         raise ImageError(f"corrupt or truncated image: {exc}") from exc
 

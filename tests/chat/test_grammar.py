@@ -1,0 +1,66 @@
+"""Grammar checks: what llguidance cannot enforce is named in short, before any request queues."""
+
+from __future__ import annotations
+
+import pytest
+
+from dayzero.chat.grammar import grammar_problem, json_grammar, schema_problem, tool_calls_grammar
+from dayzero.demo import build_tokenizer
+from dayzero.tokenizer import TextCodec
+
+NOTHING = "nothing satisfies it (such as a $ref that only refers to itself)"
+CYCLE = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}  # the QA report's
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return TextCodec(build_tokenizer(512), tokens={"eos_token": "<｜end▁of▁sentence｜>"}).guidance
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [CYCLE, {"$ref": "#/$defs/a", "$defs": {"a": {"allOf": [{"$ref": "#/$defs/b"}]}, "b": {"$ref": "#/$defs/a"}}}],
+)
+def test_a_ref_cycle_that_never_produces_a_value_is_refused(schema):
+    assert schema_problem(schema) == NOTHING
+
+
+def test_the_check_does_not_depend_on_the_vocabulary(tokenizer):
+    assert grammar_problem(json_grammar(CYCLE), tokenizer) == NOTHING
+    assert grammar_problem(json_grammar({"type": "object"}), tokenizer) is None
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object"},
+        {},
+        {"$ref": "#/$defs/a", "$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}},  # null ends it
+        {"$ref": "#/$defs/t", "$defs": {"t": {"type": "array", "items": {"$ref": "#/$defs/t"}}}},  # [] ends it
+    ],
+)
+def test_schemas_with_values_pass(schema):
+    assert schema_problem(schema) is None
+
+
+@pytest.mark.parametrize(
+    ("schema", "why"),
+    [
+        ({"type": "objectx"}, "Invalid type: objectx"),
+        ({"not": {}}, 'Unimplemented keys: ["not"]'),
+        (
+            {"type": "integer", "minimum": 5, "maximum": 1},
+            "Unsatisfiable schema: minimum (5) is greater than maximum (1)",
+        ),
+    ],
+)
+def test_a_schema_llguidance_cannot_compile_is_named_without_the_grammar_text(schema, why):
+    assert schema_problem(schema) == why
+
+
+def test_a_tool_parameters_ref_resolves_in_the_call_grammar(tokenizer):
+    ref = {"$ref": "#/$defs/n"}
+    parameters = {"type": "object", "properties": {"k": ref}, "required": ["k"], "$defs": {"n": {"type": "integer"}}}
+    lark = tool_calls_grammar([{"type": "function", "function": {"name": "f", "parameters": parameters}}], '"|DSML|"')
+    assert grammar_problem(lark, tokenizer) is None
+    assert grammar_problem(json_grammar(ref), tokenizer) == "Pointer '/$defs/n' does not exist"  # alone, it dangles

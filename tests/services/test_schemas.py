@@ -1,0 +1,87 @@
+"""Request bodies as pydantic validates them: null means the default, numbers are finite, and a
+schema constrained decoding must enforce is one it can."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from services.gateway.chat_schemas import ChatCompletionRequest
+from services.gateway.schemas import CompletionRequest
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+COMPLETION = {"model": "m", "prompt": "hi"}
+# OpenAI's nullable fields (the spec's "nullable: true"); user is accepted and ignored
+NULLABLE = (
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stream_options",
+    "presence_penalty",
+    "frequency_penalty",
+    "logprobs",
+    "seed",
+    "stop",
+    "max_tokens",
+    "logit_bias",
+    "user",
+)
+BAD_TOOL = {"type": "function", "function": {"name": "a", "parameters": {"type": "objectx"}}}
+GOOD_TOOL = {"type": "function", "function": {"name": "b", "parameters": {"type": "object"}}}
+
+
+def _refusal(model, body: dict) -> dict:
+    with pytest.raises(ValidationError) as refused:
+        model.model_validate(body)
+    (error,) = refused.value.errors()
+    return error
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "extra"),
+    [
+        (ChatCompletionRequest, CHAT, ("top_logprobs", "max_completion_tokens", "response_format", "tools")),
+        (CompletionRequest, COMPLETION, ("echo", "best_of", "suffix")),
+    ],
+)
+def test_null_fields_take_their_defaults(model, body, extra):
+    nulls = dict.fromkeys((*NULLABLE, *extra))
+    assert model.model_validate({**body, **nulls}) == model.model_validate(body)
+    assert model.model_validate({**body, "temperature": None}).temperature == 1.0  # OpenAI's default
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("temperature", 2.5), ("top_p", 0.0), ("n", 0), ("presence_penalty", -3.0)]
+)
+def test_range_checks_still_hold(field, value):
+    assert _refusal(ChatCompletionRequest, {**CHAT, field: value})["loc"] == (field,)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("field", ["temperature", "top_p", "frequency_penalty"])
+def test_numbers_must_be_finite(field, value):
+    error = _refusal(CompletionRequest, {**COMPLETION, field: value})
+    assert error["loc"] == (field,) and error["msg"] == "Input should be a finite number"
+    bias = _refusal(CompletionRequest, {**COMPLETION, "logit_bias": {"7": value}})
+    assert bias["loc"] == ("logit_bias", "7") and bias["msg"] == "Input should be a finite number"
+
+
+def test_a_json_schema_that_admits_nothing_is_refused():
+    cycle = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": cycle}}
+    error = _refusal(ChatCompletionRequest, {**CHAT, "response_format": fmt})
+    assert error["loc"] == ("response_format",) and "nothing satisfies it" in error["msg"]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "a"}}])
+def test_an_enforced_tool_schema_must_be_enforceable(choice):
+    error = _refusal(ChatCompletionRequest, {**CHAT, "tools": [GOOD_TOOL, BAD_TOOL], "tool_choice": choice})
+    assert error["loc"] == ("tools", 1, "function", "parameters")
+    assert error["msg"] == "cannot enforce the parameters of tool 'a': Invalid type: objectx"
+
+
+@pytest.mark.parametrize("choice", ["auto", "none", {"type": "function", "function": {"name": "b"}}])
+def test_a_tool_schema_no_grammar_enforces_is_only_shown_to_the_model(choice):
+    body = ChatCompletionRequest.model_validate({**CHAT, "tools": [GOOD_TOOL, BAD_TOOL], "tool_choice": choice})
+    assert body.tools == [GOOD_TOOL, BAD_TOOL]
