@@ -22,6 +22,7 @@ import httpx
 # a stream left early: the server's disconnect grace (DAYZERO_DISCONNECT_GRACE_S, 5 s by default) and
 # a few heartbeats of the workers' metrics fit in this
 CANCEL_WAIT_S = 30.0
+READY_WAIT_S = 10.0  # a gateway answers /v1/models and /ready at once: longer means the URL is wrong or it hangs
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,7 @@ class Doctor:
 
     # -- checks -----------------------------------------------------------------------------------------
     def check_ready(self) -> str:
-        answer = self.http.get("/v1/models")
+        answer = self.http.get("/v1/models", timeout=READY_WAIT_S)
         try:
             self.model = answer.json()["data"][0]["id"]
         except (ValueError, LookupError, TypeError):  # not JSON, or no model list in it
@@ -67,7 +68,7 @@ class Doctor:
                 f"GET {answer.url} answered HTTP {answer.status_code} without a model list; is "
                 f"{self.root} the gateway's URL (such as http://127.0.0.1:8000)? {answer.text[:200]}"
             ) from None
-        ready = self.http.get("/ready")
+        ready = self.http.get("/ready", timeout=READY_WAIT_S)
         assert ready.status_code == 200, f"/ready answered {ready.status_code}: {ready.text[:200]}"
         return f"model {self.model}, workers {ready.json().get('workers')}"
 
@@ -203,7 +204,8 @@ class Doctor:
             except SkipCheck as exc:
                 results.append(Check(name, "skip", time.perf_counter() - start, str(exc)))
             except (AssertionError, httpx.HTTPError, KeyError, ValueError, json.JSONDecodeError) as exc:
-                results.append(Check(name, "fail", time.perf_counter() - start, f"{type(exc).__name__}: {exc}"))
+                detail = str(exc) if isinstance(exc, AssertionError) else f"{type(exc).__name__}: {exc}"
+                results.append(Check(name, "fail", time.perf_counter() - start, " ".join(detail.split())))
             if name == "gateway ready" and results[-1].status == "fail":
                 break  # nothing else can pass
         return results

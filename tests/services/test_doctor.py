@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import http.server
 import json
+import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
+from dayzero import doctor
 from dayzero.doctor import Doctor
 from dayzero.procs import free_port
 
@@ -44,3 +49,28 @@ def test_doctor_takes_the_openai_base_url_and_names_a_wrong_one(stack):
     message = str(failed.value)
     assert message.startswith(f"GET {stack.url}/v1/models/v1/models answered HTTP 404 without a model list; ")
     assert f"is {stack.url}/v1/models the gateway's URL" in message
+
+
+def test_doctor_reports_a_server_that_is_not_the_gateway_in_one_line():
+    """An ordinary web server (an HTML 404 page): one line that names the URL, no page layout."""
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    serving = threading.Thread(target=site.serve_forever, daemon=True)
+    serving.start()
+    try:
+        (check,) = Doctor(f"http://127.0.0.1:{site.server_port}").run()
+    finally:
+        site.shutdown()
+        site.server_close()
+        serving.join()
+    assert check.status == "fail" and "\n" not in check.detail and "  " not in check.detail
+    assert check.detail.startswith(f"GET http://127.0.0.1:{site.server_port}/v1/models answered HTTP 404 ")
+
+
+def test_doctor_gives_up_on_a_gateway_that_never_answers(monkeypatch):
+    """A socket that takes connections and never replies: readiness fails after its short wait."""
+    monkeypatch.setattr(doctor, "READY_WAIT_S", 0.5)
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        start = time.perf_counter()
+        (check,) = Doctor(f"http://127.0.0.1:{silent.getsockname()[1]}").run()
+    assert check.status == "fail" and check.detail.startswith("ReadTimeout")
+    assert time.perf_counter() - start < 30  # not the 60 s of the other checks' timeout
