@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from os import umask
 
+import pytest
 import torch
 
 from dayzero import cli
 from dayzero.kernels import attention
+from dayzero.quant.shards import write_shards
 
 
 def _dayzero(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -119,3 +123,67 @@ def test_up_refuses_what_it_could_never_make_ready(tmp_path):
     out = _dayzero("up", "--checkpoint", str(tmp_path / "nowhere"), "--log-dir", str(logs))
     assert out.returncode == 2 and out.stderr.strip().startswith("error: no config.json at")
     assert not logs.exists()  # nothing was started
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["inspect", "{ckpt}"],
+        ["generate", "--checkpoint", "{ckpt}", "--prompt-ids", "1"],
+        ["up", "--checkpoint", "{ckpt}", "--log-dir", "{logs}"],
+    ],
+)
+def test_a_damaged_config_is_one_line_naming_the_key(command, tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    from dayzero import stack
+
+    monkeypatch.setattr(stack.Stack, "start", lambda self: pytest.fail("up started a stack"))
+    ckpt = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "hidden_size": -128}))
+    assert cli.main([a.format(ckpt=ckpt, logs=tmp_path / "logs") for a in command]) == 2
+    assert (
+        capsys.readouterr().err == f"error: {ckpt / 'config.json'}: hidden_size must be a positive integer, got -128\n"
+    )
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_corrupt_tokenizer_is_one_line_naming_the_file(tiny_checkpoint, tmp_path, capsys):
+    ckpt = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    (ckpt / "tokenizer.json").write_text('{"version": "1.0",\n')
+    assert cli.main(["generate", "--checkpoint", str(ckpt), "--prompt", "hello"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {ckpt / 'tokenizer.json'} is not valid: ") and len(err.splitlines()) == 1
+
+
+def test_demo_checkpoint_replaces_an_older_sharded_one_with_the_umask_s_modes(tmp_path):
+    out = tmp_path / "d"
+    out.mkdir()
+    write_shards({name: torch.zeros(2) for name in "abc"}, out, 3)  # an older checkpoint's shards and index
+    old = umask(0o027)
+    try:
+        made = _dayzero("demo-checkpoint", str(out), "--seed", "5")
+    finally:
+        umask(old)
+    assert made.returncode == 0, made.stderr
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()}
+    names = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    assert modes == dict.fromkeys(names, "0o640")
+
+
+def test_image_hosts_are_comma_separated_like_api_keys(monkeypatch, capsys):
+    monkeypatch.setenv("DAYZERO_IMAGE_ALLOWED_HOSTS", "a.com,b.com")
+    assert cli.main(["inspect", "deepseek-v4-flash", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total_params"] == 284_325_869_015
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    """`dayzero ... | head -c 1`: no BrokenPipeError traceback when the reader has gone."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dayzero.cli", "inspect", "deepseek-v4-flash"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdout.close()  # gone before the command writes a line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1 and err == ""

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dayzero.config import CSA, HCA, SLIDING, ConfigError, ModelConfig
@@ -73,3 +75,40 @@ def test_nested_and_flat_rope_parameters():
 def test_unsupported_values_are_named(overrides, message):
     with pytest.raises(ConfigError, match=message):
         ModelConfig.from_dict(tiny_config(**overrides))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"hidden_size": -128}, "hidden_size must be a positive integer, got -128"),
+        ({"hidden_size": "abc"}, "hidden_size must be a positive integer, got 'abc'"),
+        ({"hidden_size": True}, "hidden_size must be a positive integer, got True"),
+        ({"num_attention_heads": 4.5}, "num_attention_heads must be a positive integer, got 4.5"),
+        ({"vocab_size": 0}, "vocab_size must be a positive integer, got 0"),
+        ({"num_nextn_predict_layers": -1}, "num_nextn_predict_layers must be an integer >= 0, got -1"),
+        ({"rms_norm_eps": 0}, "rms_norm_eps must be a number above 0, got 0"),
+        ({"rope_parameters": "x"}, "rope_parameters must be a JSON object, got 'x'"),
+        ({"layer_types": "sliding_attention"}, "layer_types must be a JSON list, got 'sliding_attention'"),
+        ({"compress_rates": {CSA: 0, HCA: 8}}, f"{CSA} must be a positive integer, got 0"),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "factor": 2}},
+            "original_max_position_embeddings must be a positive integer, got None",
+        ),
+    ],
+)
+def test_values_of_the_wrong_type_or_range_name_the_key(overrides, message):
+    with pytest.raises(ConfigError) as error:
+        ModelConfig.from_dict(tiny_config(**overrides))
+    assert str(error.value) == message
+
+
+def test_a_config_file_error_names_the_file(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text("[1, 2]")
+    with pytest.raises(ConfigError) as error:
+        ModelConfig.from_file(tmp_path)
+    assert str(error.value) == f"{path}: must hold a JSON object, got list"
+    path.write_text(json.dumps(tiny_config(hidden_size=-128)))
+    with pytest.raises(ConfigError) as error:
+        ModelConfig.from_file(path)
+    assert str(error.value) == f"{path}: hidden_size must be a positive integer, got -128"

@@ -6,15 +6,38 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from dayzero.settings import Settings
+from dayzero import settings
+from dayzero.settings import Settings, settings_from_env
 
 
+@pytest.mark.parametrize("field", ["api_keys", "image_allowed_hosts"])
 @pytest.mark.parametrize(
-    ("raw", "keys"), [("sesame", ["sesame"]), ("a, b,c", ["a", "b", "c"]), ('["x", "y"]', ["x", "y"]), ("", [])]
+    ("raw", "values"),
+    [("sesame", ["sesame"]), ("a.com", ["a.com"]), ("a, b,c", ["a", "b", "c"]), ('["x", "y"]', ["x", "y"]), ("", [])],
 )
-def test_api_keys_are_a_comma_separated_list_or_json(monkeypatch, raw, keys):
-    monkeypatch.setenv("DAYZERO_API_KEYS", raw)
-    assert Settings().api_keys == keys
+def test_lists_are_comma_separated_or_json(monkeypatch, field, raw, values):
+    monkeypatch.setenv(f"DAYZERO_{field.upper()}", raw)
+    assert getattr(Settings(), field) == values
+
+
+def test_a_value_that_cannot_be_read_is_one_line_naming_its_variable(monkeypatch):
+    monkeypatch.setenv("DAYZERO_IMAGE_ALLOWED_HOSTS", '["a.com"')
+    with pytest.raises(ValueError) as error:
+        settings_from_env()
+    assert str(error.value) == (
+        "DAYZERO_IMAGE_ALLOWED_HOSTS='[\"a.com\"': Value error, Expecting ',' delimiter: line 1 column 9 (char 8)"
+    )
+
+
+def test_a_list_the_settings_source_cannot_decode_is_one_line_naming_its_variable(monkeypatch):
+    class WithNumbers(Settings):  # a list setting decoded by pydantic-settings itself (JSON only)
+        numbers: list[int] = []
+
+    monkeypatch.setattr(settings, "Settings", WithNumbers)
+    monkeypatch.setenv("DAYZERO_NUMBERS", "1,2")
+    with pytest.raises(ValueError) as error:
+        settings_from_env()
+    assert str(error.value) == "DAYZERO_NUMBERS could not be parsed: Extra data: line 1 column 2 (char 1)"
 
 
 def test_a_triton_backend_without_a_gpu_is_refused():

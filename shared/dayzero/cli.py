@@ -10,10 +10,11 @@ import random
 import sys
 from pathlib import Path
 
+from . import cli_args
 from .checkpoint_files import CheckpointError
 from .cli_services import add_service_commands
-from .config import ConfigError
-from .settings import Settings
+from .config import ConfigError, ModelConfig
+from .settings import Settings, settings_from_env
 from .train.command import add_train_demo
 
 
@@ -29,7 +30,6 @@ def _ids(text: str) -> list[int]:
 
 def _prompt(args: argparse.Namespace, checkpoint: Path) -> list[int]:
     """The prompt's ids, each checked against the checkpoint's vocabulary."""
-    from .config import ModelConfig
     from .tokenizer import load_codec
 
     ids = _ids(args.prompt_ids) if args.prompt_ids is not None else load_codec(checkpoint).encode(args.prompt)
@@ -116,7 +116,7 @@ def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
 
     checkpoint = Path(args.checkpoint)
     if args.prompt is None and args.prompt_ids is None:
-        vocab = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
+        vocab = ModelConfig.from_file(checkpoint).vocab_size
         prompt = [random.Random(0).randrange(vocab) for _ in range(64)]
     else:
         prompt = _prompt(args, checkpoint)
@@ -177,12 +177,15 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
 
+    shards_help = "weights in N files with an index (default 1; at most one file per tensor)"
     demo = sub.add_parser("demo-checkpoint", help="write the tiny random-weight DeepSeek-V4 checkpoint")
-    demo.add_argument("out", help="directory to write (config.json, model.safetensors, tokenizer.json, ...)")
+    demo.add_argument(
+        "out", type=cli_args.out_dir, help="directory to write (config.json, model.safetensors, tokenizer.json, ...)"
+    )
     demo.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
     demo.add_argument("--vision", action="store_true", help="add a tiny vision tower (visual.*) and the image token")
     demo.add_argument("--fp4", action="store_true", help="the release's formats: FP4 experts, FP8 dense, E8M0 scales")
-    demo.add_argument("--shards", type=int, default=1, help="weights in N files with an index (default 1)")
+    demo.add_argument("--shards", type=cli_args.positive, default=1, help=shards_help)
     demo.set_defaults(run=cmd_demo_checkpoint)
     add_train_demo(sub)
 
@@ -192,7 +195,9 @@ def parser() -> argparse.ArgumentParser:
         group.add_argument("--prompt-ids", help="prompt as comma-separated token ids, e.g. 1,2,3")
 
     def tensor_parallel(cmd: argparse.ArgumentParser, what: str) -> None:
-        cmd.add_argument("--tensor-parallel", type=int, default=1, metavar="N", help=f"{what} (default 1)")
+        cmd.add_argument(
+            "--tensor-parallel", type=cli_args.positive, default=1, metavar="N", help=f"{what} (default 1)"
+        )
 
     joining = "; under torchrun (RANK, WORLD_SIZE, ... set) join its group as one rank"
 
@@ -223,24 +228,26 @@ def parser() -> argparse.ArgumentParser:
 
     quant = sub.add_parser("quantize", help="write a checkpoint in the release's FP8 / FP4 formats from a float one")
     quant.add_argument("input", help="float checkpoint directory")
-    quant.add_argument("output", help="directory to write")
+    quant.add_argument("output", type=cli_args.out_dir, help="directory to write (not IN, inside it or around it)")
     quant.add_argument(
         "--experts",
         choices=["fp4", "fp8"],
         default="fp4",
         help="routed experts: fp4 (MXFP4, the Instruct releases; default) or fp8 (the Base releases)",
     )
-    quant.add_argument("--shards", type=int, default=1, help="weights in N files with an index (default 1)")
+    quant.add_argument("--shards", type=cli_args.positive, default=1, help=shards_help)
     quant.set_defaults(run=cmd_quantize)
 
     insp = sub.add_parser("inspect", help="parameter counts, dtypes and a memory plan (headers + config only)")
     insp.add_argument(
         "path", help="checkpoint directory, config.json, or a released config: deepseek-v4-flash, deepseek-v4-pro"
     )
-    insp.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
-    insp.add_argument("--context", type=int, default=65536, help="tokens per sequence (default 65536)")
-    insp.add_argument("--devices", type=int, default=1, help="devices the experts are spread over (default 1)")
-    insp.add_argument("--expert-cache-gib", type=float, default=0.0, help="dequantized expert cache budget")
+    insp.add_argument("--batch", type=cli_args.positive, default=1, help="concurrent sequences (default 1)")
+    insp.add_argument("--context", type=cli_args.positive, default=65536, help="tokens per sequence (default 65536)")
+    devices = "devices the experts are spread over (default 1)"
+    insp.add_argument("--devices", type=cli_args.positive, default=1, help=devices)
+    cache = "dequantized expert cache budget (default 0)"
+    insp.add_argument("--expert-cache-gib", type=cli_args.non_negative_float, default=0.0, help=cache)
     insp.add_argument("--json", action="store_true", help="print one JSON object")
     tensor_parallel(insp, "also print the per-rank bytes of an N-rank tensor-parallel group")
     insp.set_defaults(run=cmd_inspect)
@@ -255,28 +262,28 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _settings() -> Settings:
-    """The process's settings; a bad DAYZERO_* value ends the command with one line naming it."""
-    from pydantic import ValidationError
-
-    try:
-        return Settings()
-    except ValidationError as exc:
-        problems = [
-            f"DAYZERO_{'_'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}" if e["loc"] else e["msg"]
-            for e in exc.errors()
-        ]
-        raise SystemExit("error: " + "; ".join(problems)) from None
-
-
-def main(argv: list[str] | None = None) -> int:
+def _run(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
-    settings = _settings()
+    try:
+        settings = settings_from_env()
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     try:
         return args.run(args, settings)
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # inside the try: a reader that left shows here, not at interpreter exit
+    except BrokenPipeError:  # the reader of stdout left (`| head`): stop quietly, as Python's docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 1
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import cli_args
 from .config import ModelConfig
 from .settings import Settings, settings_help
 
@@ -116,9 +117,10 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     if vision and not sees:
         raise ValueError(f"{checkpoint} has no vision tower: --vision must be 0")
     counts = {"vision": vision, "prefill": args.prefill, "decode": args.decode}
-    port, redis_url = args.port or settings.port, os.environ.get("REDIS_URL")
+    port = settings.port if args.port is None else args.port
+    redis_url = os.environ.get("REDIS_URL")
     ranks = {"prefill": args.prefill_tp, "decode": args.decode_tp}
-    stack = Stack(counts, port, Path(args.log_dir), env, redis_url=redis_url, host=settings.host, ranks=ranks)
+    stack = Stack(counts, port, args.log_dir, env, redis_url=redis_url, host=settings.host, ranks=ranks)
     _stop_on_signals()
     try:
         stack.start()
@@ -176,21 +178,6 @@ def _example(url: str, model: str) -> None:
     print()
 
 
-def _positive(text: str) -> int:
-    return _at_least(text, 1)
-
-
-def _count(text: str) -> int:
-    return _at_least(text, 0)
-
-
-def _at_least(text: str, least: int) -> int:
-    value = int(text)
-    if value < least:
-        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-    return value
-
-
 def add_service_commands(sub) -> None:
     """``serve`` and ``up`` on the ``dayzero`` parser's subcommands."""
     with_settings = {"epilog": settings_help(), "formatter_class": argparse.RawDescriptionHelpFormatter}
@@ -199,7 +186,7 @@ def add_service_commands(sub) -> None:
     serve.add_argument("--name", help="worker name (default: the service name)")
     serve.add_argument(
         "--tensor-parallel",
-        type=_positive,
+        type=cli_args.positive,
         metavar="N",
         help="prefill / decode: one worker of N ranks, the model split over them, N local ranks (gloo on CPU, "
         "NCCL on cuda:0..N-1) or, under torchrun, this process as one rank of its group (default: "
@@ -209,15 +196,21 @@ def add_service_commands(sub) -> None:
 
     up = sub.add_parser("up", help="run Redis, the gateway and the workers on this machine", **with_settings)
     up.add_argument("--checkpoint", help="checkpoint directory (default: the built-in demo checkpoint)")
-    up.add_argument("--prefill", type=_positive, default=1, help="prefill workers (default 1)")
-    up.add_argument("--decode", type=_positive, default=1, help="decode workers (default 1)")
-    up.add_argument("--prefill-tp", type=_positive, default=1, metavar="N", help="ranks per prefill worker (default 1)")
-    up.add_argument("--decode-tp", type=_positive, default=1, metavar="N", help="ranks per decode worker (default 1)")
+    up.add_argument("--prefill", type=cli_args.positive, default=1, help="prefill workers (default 1)")
+    up.add_argument("--decode", type=cli_args.positive, default=1, help="decode workers (default 1)")
     up.add_argument(
-        "--vision", type=_count, help="vision workers (default: 1 if the checkpoint has a vision tower, else 0)"
+        "--prefill-tp", type=cli_args.positive, default=1, metavar="N", help="ranks per prefill worker (default 1)"
     )
-    up.add_argument("--port", type=int, help="gateway port (default: DAYZERO_PORT or 8000)")
-    up.add_argument("--log-dir", default="logs", help="where each service writes its log (default ./logs)")
+    up.add_argument(
+        "--decode-tp", type=cli_args.positive, default=1, metavar="N", help="ranks per decode worker (default 1)"
+    )
+    up.add_argument(
+        "--vision", type=cli_args.count, help="vision workers (default: 1 if the checkpoint has a vision tower, else 0)"
+    )
+    up.add_argument("--port", type=cli_args.port, help="gateway port, 1-65535 (default: DAYZERO_PORT or 8000)")
+    up.add_argument(
+        "--log-dir", type=cli_args.out_dir, default="logs", help="where each service writes its log (default ./logs)"
+    )
     up.add_argument("--example", action="store_true", help="once ready, stream one example request")
     up.add_argument(
         "--ready-timeout", type=float, default=0, help="give up if not ready after this many seconds (0: wait)"

@@ -17,6 +17,7 @@ SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily
 LAYER_TYPES = (SLIDING, CSA, HCA)
 HASH_MOE, MOE = "hash_moe", "moe"
 SCORING_FUNCS = ("sqrtsoftplus", "sigmoid", "softmax")
+_FLAT_RATES = ((CSA, "compress_rate_csa"), (HCA, "compress_rate_hca"))  # the legacy scalar rates
 ROPE_TYPES = ("default", "yarn")
 
 
@@ -104,24 +105,48 @@ class ModelConfig:
         if not path.exists():
             raise ConfigError(f"no config.json at {path}")
         try:
-            raw = json.loads(path.read_text())
+            return _parse(json.loads(path.read_text()))
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
-        return _parse(raw)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from exc
 
 
+# Each key is read by one of these: the type and range it must have sit beside its default.
 def _get(raw: dict[str, Any], key: str, default: Any) -> Any:
     value = raw.get(key, default)
     return default if value is None else value
 
 
+def _int(raw: dict[str, Any], key: str, default: int | None, least: int = 1) -> int:
+    value = _get(raw, key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        kind = "a positive integer" if least == 1 else f"an integer >= {least}"
+        raise ConfigError(f"{key} must be {kind}, got {value!r}")
+    return value
+
+
+def _float(raw: dict[str, Any], key: str, default: float) -> float:
+    value = _get(raw, key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise ConfigError(f"{key} must be a number above 0, got {value!r}")
+    return float(value)
+
+
+def _json(raw: dict[str, Any], key: str, kind: type[dict | list]) -> Any:
+    """None when absent, else a ``kind``: dict (a JSON object) or list."""
+    value = raw.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise ConfigError(f"{key} must be a JSON {'object' if kind is dict else 'list'}, got {value!r}")
+    return value
+
+
 def _ratio_types(raw: dict[str, Any], n: int, rates: dict[str, int]) -> list[str] | None:
     """``compress_ratios`` (each layer's compression rate: 0 sliding, the CSA rate, the HCA rate) as
     layer types: n entries, or n + 1 with the MTP layer's last (the releases)."""
-    ratios = raw.get("compress_ratios")
+    ratios = _json(raw, "compress_ratios", list)
     if ratios is None:
         return None
-    ratios = list(ratios)
     if len(ratios) not in (n, n + 1):
         raise ConfigError(f"compress_ratios has {len(ratios)} entries; expected {n} (+1 for the MTP layer)")
     by_rate = {0: SLIDING, rates[CSA]: CSA, rates[HCA]: HCA}
@@ -132,7 +157,7 @@ def _ratio_types(raw: dict[str, Any], n: int, rates: dict[str, int]) -> list[str
 
 
 def _layer_types(raw: dict[str, Any], n: int, rates: dict[str, int]) -> tuple[str, ...]:
-    types = raw.get("layer_types")
+    types = _json(raw, "layer_types", list)
     if types is None and (by_ratio := _ratio_types(raw, n, rates)) is not None:
         types = by_ratio[:n]
     if types is None:  # transformers' default: 2 HCA bootstrap layers, then CSA / HCA interleaved
@@ -152,9 +177,9 @@ def _mtp_layer_type(raw: dict[str, Any], n: int, rates: dict[str, int]) -> str:
 
 
 def _mlp_layer_types(raw: dict[str, Any], n: int) -> tuple[str, ...]:
-    types = raw.get("mlp_layer_types")
+    types = _json(raw, "mlp_layer_types", list)
     if types is None:
-        n_hash = _get(raw, "num_hash_layers", 3)
+        n_hash = _int(raw, "num_hash_layers", 3, least=0)
         types = [HASH_MOE] * min(n, n_hash) + [MOE] * max(0, n - n_hash)
     types = list(types)[:n]
     bad = [t for t in types if t not in (HASH_MOE, MOE)]
@@ -167,28 +192,28 @@ def _rope(params: dict[str, Any], theta: float, max_pos: int) -> RopeConfig:
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ROPE_TYPES:
         raise ConfigError(f"rope_type {rope_type!r} is not supported (supported: {ROPE_TYPES})")
-    theta = float(params.get("rope_theta", theta))
+    theta = _float(params, "rope_theta", theta)
     if rope_type == "default":
         return RopeConfig(theta)
     if params.get("attention_factor", 1.0) != 1.0:
         raise ConfigError("yarn attention_factor other than 1.0 is not supported (V4 does not scale cos/sin)")
-    original = int(params["original_max_position_embeddings"])
-    factor = float(params.get("factor") or max_pos / original)
+    original = _int(params, "original_max_position_embeddings", None)
+    factor = _float(params, "factor", max_pos / original)
     return RopeConfig(
         theta,
         "yarn",
         factor,
         original,
-        float(params.get("beta_fast") or 32),
-        float(params.get("beta_slow") or 1),
+        _float(params, "beta_fast", 32.0),
+        _float(params, "beta_slow", 1.0),
         bool(params.get("truncate", True)),
     )
 
 
 def _ropes(raw: dict[str, Any], max_pos: int) -> tuple[RopeConfig, RopeConfig]:
-    rp = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    main_theta = float(_get(raw, "rope_theta", 10000.0))
-    compress_theta = float(_get(raw, "compress_rope_theta", 160000.0))
+    rp = _json(raw, "rope_parameters", dict) or _json(raw, "rope_scaling", dict) or {}
+    main_theta = _float(raw, "rope_theta", 10000.0)
+    compress_theta = _float(raw, "compress_rope_theta", 160000.0)
     if isinstance(rp.get("main"), dict) and isinstance(rp.get("compress"), dict):
         return _rope(rp["main"], main_theta, max_pos), _rope(rp["compress"], compress_theta, max_pos)
     flat = {k: v for k, v in rp.items() if k not in ("main", "compress", "rope_theta")}
@@ -196,59 +221,58 @@ def _ropes(raw: dict[str, Any], max_pos: int) -> tuple[RopeConfig, RopeConfig]:
 
 
 def _parse(raw: dict[str, Any]) -> ModelConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"must hold a JSON object, got {type(raw).__name__}")
     model_type = raw.get("model_type")
     if model_type != "deepseek_v4":
         raise ConfigError(f"model_type must be 'deepseek_v4', got {model_type!r}")
-    n = int(_get(raw, "num_hidden_layers", 43))
-    head_dim = int(_get(raw, "head_dim", 512))
+    n = _int(raw, "num_hidden_layers", 43)
+    head_dim = _int(raw, "head_dim", 512)
     if raw.get("partial_rotary_factor") is not None:
-        rope_head_dim = int(head_dim * float(raw["partial_rotary_factor"]))
+        rope_head_dim = int(head_dim * _float(raw, "partial_rotary_factor", 1.0))
     elif raw.get("qk_rope_head_dim") is not None:
-        rope_head_dim = int(raw["qk_rope_head_dim"])
+        rope_head_dim = _int(raw, "qk_rope_head_dim", None)
     else:  # transformers' default factor: 64 rope dims of a 512-wide head
         rope_head_dim = head_dim * 64 // 512
-    rates = dict(_get(raw, "compress_rates", {CSA: 4, HCA: 128}))
-    if raw.get("compress_rate_csa") is not None:
-        rates[CSA] = int(raw["compress_rate_csa"])
-    if raw.get("compress_rate_hca") is not None:
-        rates[HCA] = int(raw["compress_rate_hca"])
-    rates = {CSA: int(rates[CSA]), HCA: int(rates[HCA])}
+    given = {CSA: 4, HCA: 128, **(_json(raw, "compress_rates", dict) or {})}
+    given.update({kind: raw[key] for kind, key in _FLAT_RATES if raw.get(key) is not None})
+    rates = {kind: _int(given, kind, None) for kind in (CSA, HCA)}
     eos = _get(raw, "eos_token_id", 1)
-    max_pos = int(_get(raw, "max_position_embeddings", 1048576))
+    max_pos = _int(raw, "max_position_embeddings", 1048576)
     rope_main, rope_compress = _ropes(raw, max_pos)
     cfg = ModelConfig(
-        vocab_size=int(_get(raw, "vocab_size", 129280)),
-        hidden_size=int(_get(raw, "hidden_size", 4096)),
+        vocab_size=_int(raw, "vocab_size", 129280),
+        hidden_size=_int(raw, "hidden_size", 4096),
         num_layers=n,
-        rms_norm_eps=float(_get(raw, "rms_norm_eps", 1e-6)),
+        rms_norm_eps=_float(raw, "rms_norm_eps", 1e-6),
         bos_token_id=raw.get("bos_token_id", 0),
-        eos_token_ids=tuple(eos) if isinstance(eos, list) else (int(eos),),
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (_int(raw, "eos_token_id", 1, least=0),),
         max_position_embeddings=max_pos,
-        num_heads=int(_get(raw, "num_attention_heads", 64)),
+        num_heads=_int(raw, "num_attention_heads", 64),
         head_dim=head_dim,
         rope_head_dim=rope_head_dim,
-        q_lora_rank=int(_get(raw, "q_lora_rank", 1024)),
-        o_groups=int(_get(raw, "o_groups", 8)),
-        o_lora_rank=int(_get(raw, "o_lora_rank", 1024)),
-        sliding_window=int(_get(raw, "sliding_window", 128)),
+        q_lora_rank=_int(raw, "q_lora_rank", 1024),
+        o_groups=_int(raw, "o_groups", 8),
+        o_lora_rank=_int(raw, "o_lora_rank", 1024),
+        sliding_window=_int(raw, "sliding_window", 128),
         layer_types=_layer_types(raw, n, rates),
         compress_rates=rates,
         rope_main=rope_main,
         rope_compress=rope_compress,
-        index_n_heads=int(_get(raw, "index_n_heads", 64)),
-        index_head_dim=int(_get(raw, "index_head_dim", 128)),
-        index_topk=int(_get(raw, "index_topk", 512)),
-        hc_mult=int(_get(raw, "hc_mult", 4)),
-        hc_sinkhorn_iters=int(_get(raw, "hc_sinkhorn_iters", 20)),
-        hc_eps=float(_get(raw, "hc_eps", 1e-6)),
-        n_routed_experts=int(_get(raw, "n_routed_experts", 256)),
-        num_experts_per_tok=int(_get(raw, "num_experts_per_tok", 6)),
-        moe_intermediate_size=int(_get(raw, "moe_intermediate_size", 2048)),
+        index_n_heads=_int(raw, "index_n_heads", 64),
+        index_head_dim=_int(raw, "index_head_dim", 128),
+        index_topk=_int(raw, "index_topk", 512),
+        hc_mult=_int(raw, "hc_mult", 4),
+        hc_sinkhorn_iters=_int(raw, "hc_sinkhorn_iters", 20),
+        hc_eps=_float(raw, "hc_eps", 1e-6),
+        n_routed_experts=_int(raw, "n_routed_experts", 256),
+        num_experts_per_tok=_int(raw, "num_experts_per_tok", 6),
+        moe_intermediate_size=_int(raw, "moe_intermediate_size", 2048),
         mlp_layer_types=_mlp_layer_types(raw, n),
         scoring_func=str(_get(raw, "scoring_func", "sqrtsoftplus")),
-        routed_scaling_factor=float(_get(raw, "routed_scaling_factor", 1.5)),
-        swiglu_limit=float(_get(raw, "swiglu_limit", 10.0)),
-        num_nextn_predict_layers=int(_get(raw, "num_nextn_predict_layers", 0)),
+        routed_scaling_factor=_float(raw, "routed_scaling_factor", 1.5),
+        swiglu_limit=_float(raw, "swiglu_limit", 10.0),
+        num_nextn_predict_layers=_int(raw, "num_nextn_predict_layers", 0, least=0),
         mtp_layer_type=_mtp_layer_type(raw, n, rates),
         raw=dict(raw),
     )
@@ -259,14 +283,11 @@ def _parse(raw: dict[str, Any]) -> ModelConfig:
 def _validate(cfg: ModelConfig, raw: dict[str, Any]) -> None:
     checks = [
         (cfg.scoring_func in SCORING_FUNCS, f"scoring_func {cfg.scoring_func!r} not in {SCORING_FUNCS}"),
-        (int(_get(raw, "num_key_value_heads", 1)) == 1, "only num_key_value_heads=1 (shared-KV MQA) exists in V4"),
-        (int(_get(raw, "n_shared_experts", 1)) == 1, "only n_shared_experts=1 is supported"),
+        (_int(raw, "num_key_value_heads", 1) == 1, "only num_key_value_heads=1 (shared-KV MQA) exists in V4"),
+        (_int(raw, "n_shared_experts", 1) == 1, "only n_shared_experts=1 is supported"),
         (cfg.rope_head_dim % 2 == 0 and 0 < cfg.rope_head_dim <= cfg.head_dim, "rope dim must be even, <= head_dim"),
         ((cfg.num_heads * cfg.head_dim) % cfg.o_groups == 0, "num_heads*head_dim must divide into o_groups"),
         (cfg.num_experts_per_tok <= cfg.n_routed_experts, "num_experts_per_tok > n_routed_experts"),
-        (cfg.sliding_window >= 1, "sliding_window must be >= 1"),
-        (min(cfg.compress_rates.values()) >= 1, "compress rates must be >= 1"),
-        (cfg.hc_mult >= 1 and cfg.hc_sinkhorn_iters >= 1, "hc_mult and hc_sinkhorn_iters must be >= 1"),
         (not raw.get("attention_bias") and not raw.get("mlp_bias"), "attention_bias / mlp_bias are not supported"),
         (str(_get(raw, "hidden_act", "silu")) == "silu", "only hidden_act='silu' is supported"),
     ]

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from .chat.tokens import BOS, EOS, IMAGE, SPECIAL_TOKENS
 from .checkpoint_files import canonical_name
-from .quant.shards import write_shards
+from .quant.shards import save_tensors, write_shards
 
 DEMO_VISION: dict[str, Any] = {
     "depth": 4,
@@ -120,7 +120,7 @@ def write_checkpoint(out: str | Path, raw_config: dict[str, Any], seed: int = 0)
         reference.save_pretrained(tmp)
         tensors = load_file(str(Path(tmp) / "model.safetensors"))
         (out / "config.json").write_text((Path(tmp) / "config.json").read_text())
-    save_file({canonical_name(k): v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    write_shards({canonical_name(k): v.contiguous() for k, v in tensors.items()}, out)  # and no stale shards
     return out
 
 
@@ -136,7 +136,7 @@ def add_vision(out: Path, vision: dict[str, Any], image_token_id: int, seed: int
             p.normal_(0.0, 0.05)
     tensors = load_file(str(out / "model.safetensors"))
     tensors.update({f"visual.{k}": v.contiguous() for k, v in tower.state_dict().items()})
-    save_file(tensors, str(out / "model.safetensors"))
+    save_tensors(tensors, out / "model.safetensors")
     config = json.loads((out / "config.json").read_text())
     config.update(vision_config={**Qwen2_5_VLVisionConfig(**vision).to_dict(), **vision}, image_token_id=image_token_id)
     (out / "config.json").write_text(json.dumps(config, indent=2))
@@ -162,7 +162,7 @@ def add_mtp(out: Path, seed: int) -> None:
             tensors.update({f"mtp.{stem}.{e}.{matrix}.weight": value[e].contiguous() for e in range(t.shape[0])})
         else:
             tensors[f"mtp.{name}"] = value
-    save_file(tensors, str(out / "model.safetensors"))
+    save_tensors(tensors, out / "model.safetensors")
     ratios = [cfg.compress_rate(i) for i in range(cfg.num_layers)] + [0]
     config.update(num_nextn_predict_layers=1, compress_ratios=ratios)
     (out / "config.json").write_text(json.dumps(config, indent=2))

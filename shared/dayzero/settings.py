@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from .vision.images import ImageLimits, PatchSpec
 
@@ -24,7 +25,9 @@ class Settings(BaseSettings):
     image_max_bytes: int = Field(default=10 << 20, ge=1, description="encoded bytes per image")
     image_max_pixels: int = Field(default=40_000_000, ge=1, description="decoded pixels per image (bomb guard)")
     image_max_count: int = Field(default=8, ge=0, description="images per request")
-    image_allowed_hosts: list[str] = Field(default=[], description="hosts remote image URLs may come from")
+    image_allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default=[], description="hosts remote image URLs may come from, comma-separated (or a JSON list)"
+    )
     image_resize_max_pixels: int = Field(default=28 * 28 * 256, ge=28 * 28, description="pixels after resize")
     encoder_cache_mb: int = Field(default=64, ge=0, description="image embeddings kept for repeated images")
     expert_cache_mb: int = Field(default=256, ge=0, description="dequantized FP4 experts kept hot (0: off)")
@@ -85,9 +88,9 @@ class Settings(BaseSettings):
     )
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description="workers: serve /metrics here")
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "image_allowed_hosts", mode="before")
     @classmethod
-    def _key_list(cls, value: object) -> object:
+    def _comma_list(cls, value: object) -> object:
         if isinstance(value, str):
             text = value.strip()
             return json.loads(text) if text.startswith("[") else [k.strip() for k in text.split(",") if k.strip()]
@@ -133,6 +136,22 @@ class Settings(BaseSettings):
     def visibility_timeout_s(self) -> int:
         """Above the longest allowed generation, so a running task is never redelivered."""
         return self.task_time_limit_s + 600
+
+
+def settings_from_env() -> Settings:
+    """The process's settings; a ValueError of one line naming each bad DAYZERO_* variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = [
+            f"DAYZERO_{'_'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}" if e["loc"] else e["msg"]
+            for e in exc.errors()
+        ]
+        raise ValueError("; ".join(problems)) from None
+    except SettingsError as exc:  # a value the source could not decode; its message holds 'field "name"'
+        field = re.search(r'field "(\w+)"', str(exc))
+        name = f"DAYZERO_{field[1].upper()}" if field else "a DAYZERO_* variable"
+        raise ValueError(f"{name} could not be parsed: {exc.__cause__ or exc}") from None
 
 
 def settings_help() -> str:

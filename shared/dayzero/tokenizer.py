@@ -70,7 +70,11 @@ class TextCodec:
         if template is None and (root / "chat_template.jinja").exists():
             template = (root / "chat_template.jinja").read_text()
         tokens = {k: _content(settings[k]) for k in _TEMPLATE_TOKENS if settings.get(k) is not None}
-        return cls(Tokenizer.from_file(str(path)), template, tokens)
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception
+            raise ValueError(f"{path} is not valid: {exc}") from exc
+        return cls(tokenizer, template, tokens)
 
     @property
     def vocab_size(self) -> int:

@@ -19,15 +19,17 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from ..checkpoint_files import CheckpointError, canonical_name
+from ..checkpoint_files import CheckpointError, canonical_name, scan
+from ..config import ModelConfig
 from .formats import FP8_BLOCK, fp8_aligned, quant_fp8, quant_mxfp4
-from .shards import write_shards
+from .shards import check_shards, write_shards
 
 EXPERT = re.compile(r"^(layers|mtp)\.\d+\.ffn\.experts\.\d+\.w[123]\.weight$")
 DENSE = re.compile(
     r"^(layers|mtp)\.\d+\.(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|ffn\.shared_experts\.w[123]"
     r"|e_proj|h_proj)\.weight$"
 )
+QUANTIZED_DTYPES = {"float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "int8"}  # int8: packed FP4 pairs
 COMPANIONS = ("tokenizer.json", "generation_config.json", "tokenizer_config.json", "chat_template.jinja")
 
 
@@ -55,25 +57,42 @@ def _quantized(name: str, tensor: torch.Tensor, experts: str) -> dict[str, torch
     return {name: tensor.contiguous()}
 
 
+def check_apart(src: Path, dst: Path) -> None:
+    """Writing ``dst`` leaves ``src`` as it was: neither is the other, nor inside it."""
+    src, dst = src.resolve(), dst.resolve()
+    if src == dst or src in dst.parents or dst in src.parents:
+        raise ValueError(f"the output {dst} must not be the input {src}, inside it or around it")
+
+
+def _float_config(src: Path) -> dict:
+    """``src``'s config.json, checked with its headers (an unreadable shard ends here): a float checkpoint."""
+    raw = ModelConfig.from_file(src).raw
+    quantized = sorted({e.dtype_name for e in scan(src)} & QUANTIZED_DTYPES)
+    if quantized or raw.get("quantization_config"):
+        why = f"its tensors hold {', '.join(quantized)}" if quantized else "its config.json has a quantization_config"
+        raise CheckpointError(f"{src} is already quantized ({why}): quantize takes a float checkpoint")
+    return raw
+
+
 def quantize_checkpoint(
     src: str | Path, dst: str | Path, experts: str = "fp4", progress: bool = True, shards: int = 1
 ) -> Path:
     """FP8 dense weights always (the releases' format); experts ``fp4`` (the Instruct releases) or
-    ``fp8`` (the Base releases). Reads one tensor at a time."""
+    ``fp8`` (the Base releases). Reads one tensor at a time. Everything is checked before ``dst``
+    is written: ``experts``, ``shards``, that ``src`` is a readable float checkpoint apart from ``dst``."""
     if experts not in ("fp4", "fp8"):
         raise ValueError(f"experts must be fp4 or fp8, got {experts!r}")
     src, dst = Path(src), Path(dst)
-    dst.mkdir(parents=True, exist_ok=True)
-    files = sorted(src.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"no *.safetensors files in {src}")
-    out: dict[str, torch.Tensor] = {}
-    handles = [safe_open(str(file), framework="pt") for file in files]
+    check_apart(src, dst)
+    config = _float_config(src)
+    handles = [safe_open(str(file), framework="pt") for file in sorted(src.glob("*.safetensors"))]
     keys = [(f, key) for f in handles for key in f.keys()]  # noqa: SIM118 - safe_open is not a mapping
+    check_shards(shards, len(keys))
+    dst.mkdir(parents=True, exist_ok=True)
+    out: dict[str, torch.Tensor] = {}
     for f, key in tqdm(keys, desc="quantizing", unit="t", disable=not progress, leave=False):
         out.update(_quantized(canonical_name(key), f.get_tensor(key), experts))  # vision tower included
     write_shards(out, dst, shards)
-    config = json.loads((src / "config.json").read_text())
     config["quantization_config"] = quantization_config(experts)
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     for extra in COMPANIONS:

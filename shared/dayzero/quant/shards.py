@@ -3,33 +3,50 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 
+def save_tensors(tensors: dict[str, torch.Tensor], file: Path) -> None:
+    """safetensors' ``save_file`` with the mode ``open`` gives (0666 less the umask), as config.json
+    gets: ``save_file`` renames a private temporary file into place, so its file is 0600 otherwise."""
+    save_file(tensors, str(file))
+    umask = os.umask(0)  # read it: there is no getter
+    os.umask(umask)
+    file.chmod(0o666 & ~umask)
+
+
+def check_shards(shards: int, tensors: int) -> None:
+    """Each of ``shards`` files holds at least one of the ``tensors``."""
+    if not 1 <= shards <= tensors:
+        raise ValueError(f"--shards must be from 1 to the checkpoint's {tensors} tensors, got {shards}")
+
+
 def write_shards(tensors: dict[str, torch.Tensor], out: Path, shards: int = 1) -> list[Path]:
-    """Tensors split into ``shards`` files of about equal bytes, in name order (an expert's weight
-    and scales may land in different shards, as in the releases); the index maps each name to its file."""
-    if shards < 1:
-        raise ValueError(f"shards must be >= 1, got {shards}")
+    """Tensors split into ``shards`` files (none empty) of about equal bytes, in name order (an expert's weight
+    and scales may land in different shards, as in the releases); the index maps each name to its file.
+    Weights a checkpoint held in ``out`` before (one file, or shards and their index) are removed."""
+    check_shards(shards, len(tensors))
     for stale in [*out.glob("model*.safetensors"), out / "model.safetensors.index.json"]:
         stale.unlink(missing_ok=True)
     if shards == 1:
-        save_file(tensors, str(out / "model.safetensors"))
+        save_tensors(tensors, out / "model.safetensors")
         return [out / "model.safetensors"]
     names = sorted(tensors)
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     groups: list[list[str]] = [[] for _ in range(shards)]
-    seen = 0
-    for name in names:
-        groups[min(shards - 1, seen * shards // max(total, 1))].append(name)
+    seen, group = 0, -1
+    for i, name in enumerate(names):  # the file its bytes so far point to, but no file skipped or left empty
+        group = max(min(seen * shards // max(total, 1), group + 1), shards - (len(names) - i))
+        groups[group].append(name)
         seen += tensors[name].numel() * tensors[name].element_size()
     weight_map, files = {}, []
     for i, group in enumerate(groups):
         file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        save_file({n: tensors[n] for n in group}, str(out / file))
+        save_tensors({n: tensors[n] for n in group}, out / file)
         weight_map.update(dict.fromkeys(group, file))
         files.append(out / file)
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}

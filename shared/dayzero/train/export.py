@@ -27,6 +27,7 @@ from ..checkpoint_files import canonical_name
 from ..demo import DEMO_VISION, add_vision, write_tokenizer
 from ..quant.formats import dequant_fp8
 from ..quant.quantize import quantize_checkpoint
+from ..quant.shards import save_tensors
 from .model import MTP, DemoModel, mtp_config
 
 MTP_OWN = ("e_proj.weight", "h_proj.weight", "enorm.weight", "hnorm.weight", "norm.weight")
@@ -59,7 +60,7 @@ def write_float(model: DemoModel, tok: Tokenizer, out: Path, seed: int = 0) -> P
     """The checkpoint before the release's formats: fp32 tensors under the published names, config,
     tokenizer and a random vision tower (the stack's vision stage needs one)."""
     out.mkdir(parents=True, exist_ok=True)
-    save_file(release_tensors(model), str(out / "model.safetensors"))
+    save_tensors(release_tensors(model), out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(_config(model), indent=2))
     hidden = model.lm.config.hidden_size
     add_vision(out, {**DEMO_VISION, "out_hidden_size": hidden}, SPECIAL_TOKENS.index(IMAGE), seed)

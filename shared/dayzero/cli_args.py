@@ -1,0 +1,60 @@
+"""argparse ``type=`` checks shared by the ``dayzero`` commands: a bad value is argparse's one-line
+usage error, before anything is loaded, trained or written."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+
+def at_least(least: int):
+    """An integer ``least`` or more (``positive = at_least(1)``, ``count = at_least(0)``)."""
+
+    def check(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    check.__name__ = "int"  # argparse's "invalid int value" for text that is no integer
+    return check
+
+
+positive = at_least(1)
+count = at_least(0)
+
+
+def port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number above 0 (minutes, seconds, ...)."""
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number above 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number of 0 or more (a size in GiB, ...)."""
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of 0 or more, got {text}")
+    return value
+
+
+def out_dir(text: str) -> Path:
+    """A directory to write: one that exists, or one that can be made in its nearest existing parent."""
+    path = Path(text)
+    existing = next(p for p in (path, *path.parents) if p.exists())  # "." at the latest
+    if not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{existing} is not writable")
+    return path
