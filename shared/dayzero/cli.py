@@ -164,7 +164,7 @@ def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
     from .doctor import Doctor, report
 
-    results = Doctor(args.url, args.api_key).run()
+    results = Doctor(args.url, args.api_key, args.timeout).run()
     print(report(results, args.json))
     return 0 if all(r.status != "fail" for r in results) else 1
 
@@ -253,7 +253,13 @@ def parser() -> argparse.ArgumentParser:
     insp.set_defaults(run=cmd_inspect)
 
     doctor = sub.add_parser("doctor", help="check a running deployment end to end (exit 1 on any failure)")
-    doctor.add_argument("url", help="the gateway, e.g. http://127.0.0.1:8000")
+    doctor.add_argument("url", help="the gateway, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)")
+    doctor.add_argument(
+        "--timeout",
+        type=cli_args.positive_float,
+        default=60.0,
+        help="seconds to wait for each answer (default 60; the first, readiness, at most 10)",
+    )
     doctor.add_argument("--api-key", help="Bearer key, when the gateway requires one")
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
     doctor.set_defaults(run=cmd_doctor)

@@ -38,6 +38,7 @@ class Doctor:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.root = url.rstrip("/").removesuffix("/v1")  # OpenAI clients' base URL ends in /v1: the same gateway
         self.http = httpx.Client(base_url=self.root, headers=headers, timeout=timeout_s)
+        self.ready_wait_s = min(timeout_s, READY_WAIT_S)
         self.model = ""
 
     # -- helpers ----------------------------------------------------------------------------------------
@@ -60,7 +61,7 @@ class Doctor:
 
     # -- checks -----------------------------------------------------------------------------------------
     def check_ready(self) -> str:
-        answer = self.http.get("/v1/models", timeout=READY_WAIT_S)
+        answer = self.http.get("/v1/models", timeout=self.ready_wait_s)
         try:
             self.model = answer.json()["data"][0]["id"]
         except (ValueError, LookupError, TypeError):  # not JSON, or no model list in it
@@ -68,7 +69,7 @@ class Doctor:
                 f"GET {answer.url} answered HTTP {answer.status_code} without a model list; is "
                 f"{self.root} the gateway's URL (such as http://127.0.0.1:8000)? {answer.text[:200]}"
             ) from None
-        ready = self.http.get("/ready", timeout=READY_WAIT_S)
+        ready = self.http.get("/ready", timeout=self.ready_wait_s)
         assert ready.status_code == 200, f"/ready answered {ready.status_code}: {ready.text[:200]}"
         return f"model {self.model}, workers {ready.json().get('workers')}"
 
