@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -127,6 +128,30 @@ def test_stop_matcher_holds_back_partial_matches():
     assert m.feed("N") == ("", False)
     assert m.feed("x") == ("ENx", False)
     assert m.feed("yEND tail") == ("y", True)
+
+
+def _held_by_definition(text: str, stops: tuple[str, ...]) -> int:
+    """The longest end of ``text`` that some stop string begins with (and is not all of it)."""
+    return max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+
+
+def test_stop_matcher_releases_what_the_definition_releases():
+    """Random text in random pieces over a small alphabet (many partial matches) against the
+    definition: release all but the longest held end, stop at the earliest match."""
+    rng = random.Random(0)
+    for _ in range(300):
+        stops = tuple("".join(rng.choices("aab", k=rng.randint(1, 6))) for _ in range(rng.randint(1, 4)))
+        matcher, pending = StopMatcher(stops), ""
+        for _ in range(20):
+            delta = "".join(rng.choices("aabc", k=rng.randint(0, 3)))
+            text = pending + delta
+            hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+            held = 0 if hits else _held_by_definition(text, stops)
+            want = (text[: min(hits)], True) if hits else (text[: len(text) - held], False)
+            assert matcher.feed(delta) == want, (stops, text)
+            if hits:
+                break
+            pending = text[len(text) - held :]
 
 
 def test_tokenizer_round_trip_and_stream_decoder(demo):

@@ -20,8 +20,14 @@ def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+def bearer(authorization: str | None) -> str:
+    """The key of an ``Authorization: Bearer KEY`` header; "" for none or another scheme."""
+    scheme, _, key = (authorization or "").strip().partition(" ")
+    return key.strip() if scheme.lower() == "bearer" else ""
+
+
 def _bearer(http: Request) -> str:
-    return (http.headers.get("authorization") or "").removeprefix("Bearer ").strip()
+    return bearer(http.headers.get("authorization"))
 
 
 def credential(gw: Gateway, http: Request) -> tuple[str, dict[str, str]]:

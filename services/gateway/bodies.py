@@ -82,11 +82,11 @@ async def collect(
     except BaseExceptionGroup as failed:  # the first failure, as the error handlers know it (400s, 503)
         raise failed.exceptions[0] from None
     choices, used = [], Usage()
-    for i, (request, events) in enumerate(zip(requests, results, strict=True)):
+    for request, events in zip(requests, results, strict=True):
         last = events[-1]
         text = "".join(e.text for e in events)
         body = Shape(request, gw.settings.model_name, gw.codec).body(text, last.finish_reason, usage(last), events)
-        choices.append({**body["choices"][0], "index": i})
+        choices.append(body["choices"][0])
         used.add(request, last)
     body["choices"], body["usage"] = choices, used.body()
     return JSONResponse(body, headers=headers)

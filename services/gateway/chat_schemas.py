@@ -60,6 +60,17 @@ class Function(_Body):
     parameters: dict | None = None  # a JSON schema
     strict: bool | None = None
 
+    @field_validator("parameters")
+    @classmethod
+    def _names_fit_the_call_format(cls, schema: dict | None) -> dict | None:
+        """V4 writes each argument as ``parameter name="KEY"`` with no escape: a KEY holding a quote
+        would come back cut, its value lost."""
+        properties = (schema or {}).get("properties")
+        for key in properties if isinstance(properties, dict) else ():
+            if '"' in key:
+                raise ValueError(f"parameter name {key!r}: the model's tool calls cannot carry a '\"' in a name")
+        return schema
+
 
 class Tool(_Body):
     type: Literal["function"]
@@ -117,7 +128,8 @@ class ChatPrompt(_Body):
             names = [t.function.name for t in _TOOLS.validate_python(value or [])]
         except ValidationError as exc:
             first = exc.errors()[0]
-            raise ValueError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+            why = first["msg"].removeprefix("Value error, ")
+            raise ValueError(f"{'.'.join(map(str, first['loc']))}: {why}") from None
         if len(set(names)) < len(names):
             raise ValueError("tool names must be unique")
         return value

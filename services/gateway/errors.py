@@ -71,9 +71,8 @@ def install(app: FastAPI) -> None:
             message = f"the body must be JSON sent with content-type: application/json (got {sent})"
             return error_response(400, message, "invalid_request_error")
         param = ".".join(str(p) for p in first.get("loc", ()) if _field_part(p)) or None
-        return error_response(
-            400, f"{param}: {first['msg']}" if param else first["msg"], "invalid_request_error", param
-        )
+        why = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+        return error_response(400, f"{param}: {why}" if param else why, "invalid_request_error", param)
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:

@@ -33,6 +33,7 @@ class Progress:
     span: trace.Span | None = None  # the request's gateway.request span: its first token is an event
     last_at: float | None = None
     over: bool = False  # finished, failed or cancelled: nothing left to cancel
+    counted: bool = True  # its latencies and finish go into the metrics (not a stream read again)
 
     def see(self, event: Token) -> None:
         """Record ``event``; an end that is not a finish raises (APIError) after marking it over."""
@@ -40,6 +41,9 @@ class Progress:
         if event.finish_reason in ("error", "cancelled"):
             self.over = True
             raise _failure(event)
+        if not self.counted:  # a stream read again: its latencies would be the replay's
+            self.over = bool(event.finish_reason)
+            return
         if self.last_at is None and event.index == 0:
             metrics.ttft.observe(now - self.request.created)
             if self.span is not None:

@@ -63,31 +63,33 @@ async def sse(
     request: GenerationRequest,
     after: str,
     span: trace.Span | None = None,
-    choice: int | None = None,
+    merged: bool = False,
     shutdown: anyio.Event | None = None,
     used: Usage | None = None,
+    counted: bool = True,
 ) -> AsyncIterator[ServerSentEvent | bytes]:
-    """One request's stream; ``choice``: one of several streams merged (no event ids, no usage
+    """One request's stream; ``merged``: one of several streams merged (no event ids, no usage
     chunk, no [DONE]; its finish is added to ``used``). Every end but a finish (a failure, a cancel,
     Redis lost, shutdown) sends an error event in OpenAI's error shape; a single stream then ends
-    with ``[DONE]`` either way, after a finish with the usage chunk when the client asked for it."""
-    progress, left = Progress(gw, request, span), True
-    if choice is None and request.usage_in_stream:
+    with ``[DONE]`` either way, after a finish with the usage chunk when the client asked for it.
+    A stream read again by its id is not ``counted`` in the latency and finish metrics."""
+    progress, left = Progress(gw, request, span, counted=counted), True
+    if not merged and request.usage_in_stream:
         used = Usage()
     try:
-        if choice is None:
+        if not merged:
             yield retry_line(gw.settings.sse_retry_ms)
         try:
             await gw.bus.watching.watch(request.request_id)
             async with gw.bus.hub.subscribe(request.request_id, after) as sub, closing(sub, shutdown):
-                async for event in _chunks(gw, request, sub, after, progress, choice or 0, used):
+                async for event in _chunks(gw, request, sub, after, progress, used):
                     yield event
-            if choice is None and used is not None:
+            if not merged and used is not None:
                 yield _usage_event(gw, request, used)
         except Exception as exc:  # every failure becomes the stream's error event
             yield ServerSentEvent(data=json.dumps(stream_error(exc)))
         left = False
-        if choice is None:
+        if not merged:
             yield ServerSentEvent(data="[DONE]")
     finally:
         if left:
@@ -109,7 +111,6 @@ async def _chunks(
     sub: Subscription,
     after: str,
     progress: Progress,
-    choice: int,
     used: Usage | None,
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     """The chunks of one stream up to its last (a resumed stream has echoed its prompt already);
@@ -117,7 +118,7 @@ async def _chunks(
     resumed = after != "0-0"
     if resumed and await _over_by(gw, request, after, progress, used):
         return
-    shape = Shape(request, gw.settings.model_name, gw.codec, echoed=resumed, choice=choice)
+    shape = Shape(request, gw.settings.model_name, gw.codec, echoed=resumed)
     if not resumed and request.kind == "chat":
         yield ServerSentEvent(data=json.dumps(shape.chunk(None, None, role=True)))
     elif request.kind == "chat":
@@ -206,13 +207,19 @@ async def respond(
 
 
 def event_stream(
-    gw: Gateway, requests: list[GenerationRequest], after: str, headers: dict[str, str], spans: list | None = None
+    gw: Gateway,
+    requests: list[GenerationRequest],
+    after: str,
+    headers: dict[str, str],
+    spans: list | None = None,
+    counted: bool = True,
 ) -> EventSourceResponse:
-    """The SSE response of one request (resumable from ``after``) or of several merged."""
+    """The SSE response of one request (resumable from ``after``) or of several merged; one read
+    again by its id is not ``counted`` in the metrics (its latencies are the replay's)."""
     shutdown = anyio.Event()  # set by sse-starlette when the server begins to shut down
     spans = spans or [None] * len(requests)
     if len(requests) == 1:
-        events = sse(gw, requests[0], after, spans[0], shutdown=shutdown)
+        events = sse(gw, requests[0], after, spans[0], shutdown=shutdown, counted=counted)
     else:
         events = _merged(gw, requests, spans, shutdown)
     return EventSourceResponse(
@@ -236,7 +243,7 @@ async def _merged(
 
     async def pump(i: int) -> None:
         try:
-            async for event in sse(gw, requests[i], "0-0", spans[i], choice=i, shutdown=shutdown, used=used):
+            async for event in sse(gw, requests[i], "0-0", spans[i], merged=True, shutdown=shutdown, used=used):
                 if isinstance(event, ServerSentEvent) and event.data is not None:  # the response pings on its own
                     queue.put_nowait(ServerSentEvent(data=event.data))
         finally:

@@ -14,7 +14,7 @@ from dayzero.chat.encoding import continues_reasoning
 from dayzero.params import MAX_SEED, Grammar, SamplingParams
 from dayzero.serving.messages import GenerationRequest
 
-from .access import may_read
+from .access import bearer, may_read
 from .chat import chat_prompt, grammar
 from .chat_schemas import ChatCompletionRequest, ChatPrompt, TokenizeRequest
 from .context import Gateway, tokenizing
@@ -38,8 +38,12 @@ GatewayDep = Annotated[Gateway, Depends(gateway)]
 
 async def authorize(gw: GatewayDep, authorization: Annotated[str | None, Header()] = None) -> None:
     keys = gw.settings.api_keys
-    if keys and (authorization is None or authorization.removeprefix("Bearer ").strip() not in keys):
-        raise APIError(401, "missing or invalid API key", "authentication_error", code="invalid_api_key")
+    if keys and bearer(authorization) not in keys:
+        message, challenge = (
+            "missing or invalid API key (send Authorization: Bearer KEY)",
+            {"WWW-Authenticate": "Bearer"},
+        )
+        raise APIError(401, message, "authentication_error", code="invalid_api_key", headers=challenge)
 
 
 Authorized = Depends(authorize)
@@ -120,9 +124,9 @@ def _new_request(ids: list[int], spec: SamplingParams, kind: str, images: int = 
 
 
 def _choices(requests: list[GenerationRequest], n: int) -> list[GenerationRequest]:
-    """``n`` requests per prompt (choice ``p * n + j``); a seeded choice ``j`` draws with seed + j
-    (wrapping past MAX_SEED); ``n`` 1: the requests themselves."""
-    if n == 1:
+    """``n`` requests per prompt (choice ``p * n + j``, all of one response: the first's id); a
+    seeded choice ``j`` draws with seed + j (wrapping past MAX_SEED)."""
+    if n == 1 and len(requests) == 1:
         return requests
     out = []
     for request in requests:
@@ -130,7 +134,7 @@ def _choices(requests: list[GenerationRequest], n: int) -> list[GenerationReques
             seed = request.sampling.seed
             sampling = replace(request.sampling, seed=(seed + j) % (MAX_SEED + 1) if seed is not None else None)
             out.append(request.model_copy(update={"request_id": uuid.uuid4().hex, "sampling": sampling}))
-    return out
+    return [r.model_copy(update={"response_id": out[0].request_id, "choice": i}) for i, r in enumerate(out)]
 
 
 @router.post("/v1/chat/completions", dependencies=[Authorized])
@@ -198,7 +202,7 @@ async def resume(request_id: str, gw: GatewayDep, http: Request, last_event_id: 
     after = last_event_id or "0-0"
     if not valid_entry_id(after):
         raise APIError(400, "Last-Event-ID must be a stream entry id like '12-0'", param="Last-Event-ID")
-    return event_stream(gw, [request], after, {"X-Request-Id": request_id})
+    return event_stream(gw, [request], after, {"X-Request-Id": request_id}, counted=False)
 
 
 def _model_card(gw: Gateway) -> dict:

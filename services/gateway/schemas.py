@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field
 from dayzero.chat.grammar import schema_problem
 from dayzero.params import MAX_BIAS, MAX_PENALTY, MAX_SEED, MIN_TEMPERATURE, MIN_TOP_P
 
-MAX_STOP = 4
+MAX_STOP = 16  # stop strings per request (OpenAI takes 4)
 MAX_TEXT = 1 << 20
 MAX_CHOICES = 8  # n
 MAX_PROMPTS = 32  # prompts in one completions request
@@ -67,7 +67,7 @@ class Sampling(_Body):
     top_p: float = Field(default=1.0, ge=MIN_TOP_P, le=1.0)
     top_k: int = Field(default=0, ge=0, le=1_000_000)
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
-    stop: StopString | list[StopString] | None = Field(default=None)
+    stop: StopString | list[StopString] | None = None
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -89,6 +89,13 @@ class Sampling(_Body):
     def _greedy_or_above_floor(cls, value: float) -> float:
         if 0.0 < value < MIN_TEMPERATURE:
             raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > MAX_STOP:  # each is matched at every token
+            raise ValueError(f"at most {MAX_STOP} stop strings, not {len(value)}")
         return value
 
     @field_validator("functions", "suffix")

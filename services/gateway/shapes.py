@@ -31,11 +31,10 @@ class Shape:
         model: str,
         codec: TextCodec | IdsOnlyCodec,
         echoed: bool = False,
-        choice: int = 0,
     ) -> None:
         self.kind, self.model, self.created, self.codec = request.kind, model, int(request.created), codec
-        self.choice = choice  # the choice's index in a response of several
-        self.id = f"{'chatcmpl' if request.kind == 'chat' else 'cmpl'}-{request.request_id}"
+        self.choice = request.choice  # the choice's index in a response of several
+        self.id = f"{'chatcmpl' if request.kind == 'chat' else 'cmpl'}-{request.response_id or request.request_id}"
         self.logprobs = request.sampling.logprobs is not None
         self.prompt = request.prompt_ids if request.echo and not echoed else None  # still to be echoed
         self.offset = 0  # characters of text covered by earlier chunks' logprobs

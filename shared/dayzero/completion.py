@@ -42,9 +42,20 @@ class StopMatcher:
         if hits:
             self._pending = ""
             return text[: min(hits)], True
-        hold = max((k for s in self._stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        hold = max((self._held(text, s) for s in self._stops), default=0)
         self._pending = text[len(text) - hold :] if hold else ""
         return text[: len(text) - hold], False
+
+    @staticmethod
+    def _held(text: str, stop: str) -> int:
+        """The length of the longest end of ``text`` that ``stop`` begins with, shorter than it:
+        only the places where its first character appears are tried."""
+        at = text.find(stop[0], max(0, len(text) - len(stop) + 1))
+        while at >= 0:
+            if stop.startswith(text[at:]):
+                return len(text) - at
+            at = text.find(stop[0], at + 1)
+        return 0
 
     def flush(self) -> str:
         text, self._pending = self._pending, ""

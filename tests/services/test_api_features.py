@@ -75,6 +75,7 @@ def test_several_prompts_and_n_give_one_choice_each_in_order(stack, reference):
     assert [c["text"] for c in out["choices"]] == [reference(p, 6) for p in prompts for _ in range(2)]
     assert out["usage"]["prompt_tokens"] == sum(map(len, prompts)) and out["usage"]["completion_tokens"] == 24
     assert len(r.headers["x-request-id"].split(",")) == 4
+    assert out["id"] == "cmpl-" + r.headers["x-request-id"].split(",")[0]  # the first choice's request
 
     sampled = chat("tell me", max_tokens=8, ignore_eos=True, n=3, temperature=1.0, seed=7)
     choices = httpx.post(f"{stack.url}/v1/chat/completions", json=sampled, timeout=120).json()["choices"]
@@ -89,6 +90,7 @@ def test_several_choices_stream_together_and_leaving_cancels_them_all(stack, ref
         assert r.status_code == 200
         events = list(sse_events(r))
     assert events[-1][1] == "[DONE]" and all(event_id is None for event_id, _ in events)
+    assert len({data["id"] for _, data in events[:-1]}) == 1  # one response: one id, as in its body
     assert events[-2][1]["choices"] == []  # one usage chunk for them all; a prompt counts once
     assert all(data["usage"] is None for _, data in events[:-2])
     assert events[-2][1]["usage"] == {"prompt_tokens": 27 + 30, "completion_tokens": 4 * 6, "total_tokens": 81}

@@ -91,3 +91,16 @@ def test_a_schema_that_cannot_be_enforced_is_refused_in_short(gateway, extra, pa
     error = _error(gateway, chat("hi", **extra))
     assert error["param"] == param and error["type"] == "invalid_request_error"
     assert "cannot enforce" in error["message"] and "%json" not in error["message"] and "\n" not in error["message"]
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_a_tool_parameter_name_the_call_format_cannot_carry_is_refused(gateway, choice):
+    """V4 writes ``parameter name="KEY"`` unescaped: a quote in KEY would lose its value."""
+    parameters = {"type": "object", "properties": {'a"b': {"type": "string"}}, "required": ['a"b']}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+    error = _error(gateway, chat("hi", tools=tools, tool_choice=choice))
+    assert error["param"] == "tools"
+    assert (
+        error["message"]
+        == "tools: 0.function.parameters: parameter name 'a\"b': the model's tool calls cannot carry a '\"' in a name"
+    )

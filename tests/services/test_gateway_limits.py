@@ -94,9 +94,13 @@ def test_api_key_required_when_configured(lone_gateway):
     body = {"model": MODEL, "prompt": [0, 5], "max_tokens": 1}
     r = httpx.post(f"{lone_gateway.url}/v1/completions", json=body, timeout=10)
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
-    r = httpx.get(f"{lone_gateway.url}/v1/models", headers={"Authorization": "Bearer wrong"}, timeout=10)
-    assert r.status_code == 401
-    assert httpx.get(f"{lone_gateway.url}/v1/models", headers=KEY, timeout=10).status_code == 200
+    assert r.headers["www-authenticate"] == "Bearer"
+    for refused in ("Bearer wrong", "sesame", "Basic sesame", "Bearersesame"):  # the key, but not as a bearer
+        r = httpx.get(f"{lone_gateway.url}/v1/models", headers={"Authorization": refused}, timeout=10)
+        assert r.status_code == 401, refused
+    for accepted in ("Bearer sesame", "bearer  sesame"):  # the scheme is case-insensitive (RFC 7235)
+        r = httpx.get(f"{lone_gateway.url}/v1/models", headers={"Authorization": accepted}, timeout=10)
+        assert r.status_code == 200, accepted
 
 
 def test_full_queue_answers_429_with_retry_after(lone_gateway):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from .conftest import MODEL, data_url
+from .conftest import MODEL, chat, data_url, sse_events
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
@@ -38,3 +38,32 @@ def test_documented_names_are_scraped_from_a_running_stack(stack):
         assert f'stage="{stage}"' in text
     assert re.search(r'dayzero_kv_blocks_total\{[^}]*pool="compressed_csa"[^}]*\} [1-9]', text)
     assert re.search(r"dayzero_encoder_cache_misses_total\{[^}]*\} [1-9]", text)
+
+
+def _counts(url: str) -> dict[str, float]:
+    """The finish counter (all reasons) and the latency histograms' sample counts."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    counted = ("requests_finished_total", "e2e_request_latency", "time_to_first_token", "inter_token_latency")
+    counts: dict[str, float] = {}
+    for name, value in re.findall(r"^dayzero_(\w+)(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE):
+        if name.removesuffix("_seconds_count") in counted:
+            counts[name] = counts.get(name, 0.0) + float(value)
+    return counts
+
+
+def test_a_stream_read_again_is_not_counted_again_and_keeps_its_place(stack):
+    """Resuming a finished choice replays it under the response's id and the choice's index; the
+    replay adds nothing to the finish and latency metrics (any client could inflate them)."""
+    body = chat("twice", max_tokens=4, ignore_eos=True, n=2, stream=True)
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=60) as r:
+        rids, token = r.headers["x-request-id"].split(","), r.headers["x-resume-token"]
+        response_ids = {data["id"] for _, data in sse_events(r) if data != "[DONE]"}
+    before = _counts(stack.url)
+    assert before["requests_finished_total"] >= 2
+    for _ in range(3):
+        url = f"{stack.url}/v1/requests/{rids[1]}/stream"
+        with httpx.stream("GET", url, headers={"X-Resume-Token": token}, timeout=60) as r:
+            replayed = [data for _, data in sse_events(r) if data != "[DONE]"]
+        assert replayed[-1]["choices"][0]["finish_reason"] == "length"
+        assert {d["id"] for d in replayed} == response_ids and {d["choices"][0]["index"] for d in replayed} == {1}
+    assert _counts(stack.url) == before

@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.gateway.chat_schemas import ChatCompletionRequest
-from services.gateway.schemas import CompletionRequest
+from services.gateway.schemas import MAX_STOP, CompletionRequest
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "m", "prompt": "hi"}
@@ -85,3 +85,13 @@ def test_an_enforced_tool_schema_must_be_enforceable(choice):
 def test_a_tool_schema_no_grammar_enforces_is_only_shown_to_the_model(choice):
     body = ChatCompletionRequest.model_validate({**CHAT, "tools": [GOOD_TOOL, BAD_TOOL], "tool_choice": choice})
     assert body.tools == [GOOD_TOOL, BAD_TOOL]
+
+
+def test_stop_strings_are_limited_in_number():
+    stops = [f"s{i}" for i in range(MAX_STOP)]
+    assert CompletionRequest.model_validate({**COMPLETION, "stop": stops}).stops() == tuple(stops)
+    error = _refusal(CompletionRequest, {**COMPLETION, "stop": [*stops, "one more"]})
+    assert (
+        error["loc"] == ("stop",)
+        and error["msg"] == f"Value error, at most {MAX_STOP} stop strings, not {MAX_STOP + 1}"
+    )

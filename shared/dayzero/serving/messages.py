@@ -25,6 +25,8 @@ class GenerationRequest(Frozen):
     thinking: bool = False  # a chat in thinking mode: its text opens with the reasoning
     tool_calls: bool = False  # a chat offered tools: DSML calls in its text are reported as tool_calls
     usage_in_stream: bool = False  # a streamed answer ends with a usage chunk (stream_options.include_usage)
+    response_id: str = ""  # the response it is one choice of (several prompts, or n > 1); "": its own
+    choice: int = Field(default=0, ge=0)  # its index among that response's choices
 
 
 class StateRef(Frozen):
