@@ -59,7 +59,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         found = exc.errors() or [{"msg": "invalid request", "loc": ()}]
-        first = max(found, key=lambda e: len(e.get("loc", ())))  # the deepest: the most specific of a union
+        first = max(found, key=_specificity)
         if first.get("type") == "json_invalid":  # its location is a character, not a field
             where, why = first["loc"][-1], first.get("ctx", {}).get("error", "")
             message = f"the body is not valid JSON: {why} (at character {where})"
@@ -97,6 +97,12 @@ def install(app: FastAPI) -> None:
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "body"}
+
+
+def _specificity(error: dict) -> tuple[int, bool]:
+    """The deepest error is the most specific of a union's; of equally deep ones, a value's fault
+    (a lone surrogate in a string) says more than another member's type ("not an integer")."""
+    return len(error.get("loc", ())), not error.get("type", "").endswith("_type")
 
 
 def _field_part(part: object) -> bool:

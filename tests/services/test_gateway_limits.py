@@ -203,12 +203,16 @@ def test_chat_text_that_is_not_unicode_is_refused_naming_messages(lone_gateway, 
     assert r.json()["error"]["param"] == "messages" and "lone surrogate" in r.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_completions_prompt_that_is_not_unicode_is_refused_naming_it(lone_gateway, stream):
+@pytest.mark.parametrize(
+    ("prompt", "stream", "param"),
+    [("a \udfff", False, "prompt"), ("a \udfff", True, "prompt"), (["ok", "a \udfff"], False, "prompt.1")],
+)
+def test_a_completions_prompt_that_is_not_unicode_is_refused_naming_it(lone_gateway, prompt, stream, param):
     r = _post_raw(
-        lone_gateway, "/v1/completions", {"model": MODEL, "max_tokens": 3, "prompt": "a \udfff", "stream": stream}
+        lone_gateway, "/v1/completions", {"model": MODEL, "max_tokens": 3, "prompt": prompt, "stream": stream}
     )
-    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert "integer" not in r.json()["error"]["message"]  # not another prompt form's complaint
 
 
 def test_a_chat_far_over_the_context_is_refused_from_its_size(lone_gateway):
