@@ -22,11 +22,20 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         import uvicorn
 
         from services.gateway.app import make_app
+        from services.gateway.deadline import RequestReadDeadline
 
         app = make_app(settings)
         grace = settings.shutdown_grace_s  # open streams end with an error event well within it
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=grace)
+        uvicorn.run(
+            app,
+            host=settings.host,
+            port=settings.port,
+            http=RequestReadDeadline,  # a request sent too slowly gets a 408
+            log_level="info",
+            timeout_graceful_shutdown=grace,
+        )
         return 0
+    settings.require_device()
     tp = args.tensor_parallel or settings.tensor_parallel
     if args.service in ("prefill", "decode"):
         from .parallel.group import run_group
@@ -103,8 +112,10 @@ def _stop_on_signals() -> None:
 
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
+    from .checkpoint import read_headers
     from .stack import Stack, StartFailed
 
+    settings.require_device()
     env = {}
     if args.checkpoint:
         env["DAYZERO_CHECKPOINT"] = str(Path(args.checkpoint).resolve())
@@ -116,6 +127,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
         raise ValueError(f"{checkpoint} has a vision tower: serving it needs --vision 1 or more")
     if vision and not sees:
         raise ValueError(f"{checkpoint} has no vision tower: --vision must be 0")
+    read_headers(checkpoint, config)  # weights the workers could not load end here, not in a restart loop
     counts = {"vision": vision, "prefill": args.prefill, "decode": args.decode}
     port = settings.port if args.port is None else args.port
     redis_url = os.environ.get("REDIS_URL")
@@ -182,7 +194,11 @@ def add_service_commands(sub) -> None:
     """``serve`` and ``up`` on the ``dayzero`` parser's subcommands."""
     with_settings = {"epilog": settings_help(), "formatter_class": argparse.RawDescriptionHelpFormatter}
     serve = sub.add_parser("serve", help="run one service in the foreground (as each container does)", **with_settings)
-    serve.add_argument("service", choices=["gateway", "vision", "prefill", "decode"])
+    serve.add_argument(
+        "service",
+        choices=["gateway", "vision", "prefill", "decode"],
+        help="the service: the HTTP gateway, or the vision, prefill or decode stage's worker",
+    )
     serve.add_argument("--name", help="worker name (default: the service name)")
     serve.add_argument(
         "--tensor-parallel",
@@ -213,6 +229,9 @@ def add_service_commands(sub) -> None:
     )
     up.add_argument("--example", action="store_true", help="once ready, stream one example request")
     up.add_argument(
-        "--ready-timeout", type=float, default=0, help="give up if not ready after this many seconds (0: wait)"
+        "--ready-timeout",
+        type=cli_args.non_negative_float,
+        default=0.0,
+        help="give up if not ready after this many seconds (default 0: wait as long as it takes)",
     )
     up.set_defaults(run=cmd_up)

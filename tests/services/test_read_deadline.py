@@ -1,0 +1,97 @@
+"""A client that sends its request too slowly gets a 408 and a closed connection; one that sends
+it whole is answered however long the answer streams (a real uvicorn server on a real socket)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+
+from dayzero.procs import free_port
+from services.gateway.deadline import RequestReadDeadline
+
+READ_S = 0.5
+
+
+class _Quick(RequestReadDeadline):
+    read_s = READ_S
+
+
+async def _slow_stream(scope, receive, send) -> None:
+    """Reads the body, then answers in 4 parts over 4 x READ_S."""
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
+    for i in range(4):
+        await asyncio.sleep(READ_S)
+        await send({"type": "http.response.body", "body": b"x", "more_body": i < 3})
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    config = uvicorn.Config(_slow_stream, port=port, http=_Quick, lifespan="off", log_level="warning")
+    running = uvicorn.Server(config)
+    thread = threading.Thread(target=running.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 10
+    while not running.started and time.time() < deadline:
+        time.sleep(0.02)
+    yield port
+    running.should_exit = True
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def _exchange(port: int, parts: list[bytes], pause_s: float) -> bytes:
+    """Sends ``parts`` ``pause_s`` apart, then reads until the server closes (at most 10 s)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        for part in parts:
+            s.sendall(part)
+            time.sleep(pause_s)
+        received = b""
+        while chunk := s.recv(65536):
+            received += chunk
+        return received
+
+
+HEAD = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\nconnection: close\r\n"
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [[b"POST / HTTP/1.1\r\nhost: x\r\nx-a: "], [HEAD + b"\r\nab"], [], [b"P", b"O", b"S", b"T"]],
+    ids=["half a head", "half a body", "nothing", "a byte at a time"],
+)
+def test_a_request_not_sent_whole_in_time_gets_408_and_the_connection_closes(server, parts):
+    started = time.monotonic()
+    received = _exchange(server, parts, pause_s=READ_S / 3)
+    assert received.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), received
+    body = json.loads(received.split(b"\r\n\r\n", 1)[1])
+    assert body["error"]["code"] == "request_timeout" and body["error"]["type"] == "invalid_request_error"
+    assert time.monotonic() - started < READ_S + 2
+
+
+def test_a_whole_request_is_answered_however_long_the_answer_takes(server):
+    received = _exchange(server, [HEAD + b"\r\nabcd"], pause_s=0)  # answered over 4 x READ_S
+    assert received.startswith(b"HTTP/1.1 200 OK\r\n") and received.endswith(b"\r\n\r\nxxxx"), received
+
+
+def test_the_next_request_on_a_kept_connection_is_timed_again(server):
+    kept = HEAD.replace(b"connection: close\r\n", b"") + b"\r\nabcd"
+    with socket.create_connection(("127.0.0.1", server), timeout=10) as s:
+        s.sendall(kept)
+        first = b""
+        while not first.endswith(b"xxxx"):  # answered over 4 x READ_S: longer than the deadline
+            first += s.recv(65536)
+        s.sendall(b"GET / HTTP/1.1\r\nho")  # the next request, never finished
+        started, rest = time.monotonic(), b""
+        while chunk := s.recv(65536):
+            rest += chunk
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n") and rest.startswith(b"HTTP/1.1 408"), (first, rest)
+    assert time.monotonic() - started < READ_S + 2
