@@ -187,3 +187,65 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly():
     proc.stdout.close()  # gone before the command writes a line
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 1 and err == ""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["generate", "--prompt-ids", "1"],
+        ["serve", "decode"],
+        ["up", "--log-dir", "{logs}"],
+    ],
+)
+def test_a_cuda_device_the_host_lacks_is_refused_before_any_work(command, tmp_path, capsys, monkeypatch):
+    from dayzero import cli_services, stack
+
+    monkeypatch.setenv("DAYZERO_DEVICE", "cuda")
+    monkeypatch.setenv("DAYZERO_HANDOFF", "redis")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(stack.Stack, "start", lambda self: pytest.fail("up started a stack"))
+    monkeypatch.setattr(cli_services, "_run_worker", lambda *a: pytest.fail("serve started a worker"))
+    assert cli.main([a.format(logs=tmp_path / "logs") for a in command]) == 2
+    assert capsys.readouterr().err == "error: DAYZERO_DEVICE=cuda but CUDA is not available on this host\n"
+
+
+def _truncate(ckpt):
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:4096])
+
+
+def _widen_vocabulary(ckpt):
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 1}))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda ckpt: (ckpt / "model.safetensors").unlink(), "no *.safetensors files in {ckpt}"),
+        (_truncate, "model.safetensors is not a readable safetensors file: "),
+        (lambda ckpt: (ckpt / "model.safetensors").write_bytes(b"\x00" * 1000), "model.safetensors is not a readable"),
+        (_widen_vocabulary, "tensor 'embed.weight' has shape [96, 32], expected [97, 32] (and "),
+    ],
+)
+def test_up_refuses_weights_its_workers_could_not_load(damage, message, tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """Read from the safetensors headers, as the workers' loader reads them first: one line, no stack."""
+    from dayzero import stack
+
+    monkeypatch.setattr(stack.Stack, "start", lambda self: pytest.fail("up started a stack"))
+    ckpt = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    damage(ckpt)
+    assert cli.main(["up", "--checkpoint", str(ckpt), "--log-dir", str(tmp_path / "logs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: " + message.format(ckpt=ckpt)) and len(err.splitlines()) == 1
+    assert not (tmp_path / "logs").exists()
+
+
+def test_version_and_the_help_of_every_option_with_a_default():
+    from importlib.metadata import version
+
+    assert _dayzero("--version").stdout == f"dayzero {version('dayzero')}\n"
+    serve, up = (" ".join(_dayzero(command, "--help").stdout.split()) for command in ("serve", "up"))
+    assert "the HTTP gateway, or the vision, prefill or decode stage's worker" in serve
+    assert "(default 0: wait as long as it takes)" in up
+    assert _dayzero("up", "--ready-timeout", "-1").returncode == 2

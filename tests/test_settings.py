@@ -24,9 +24,57 @@ def test_a_value_that_cannot_be_read_is_one_line_naming_its_variable(monkeypatch
     monkeypatch.setenv("DAYZERO_IMAGE_ALLOWED_HOSTS", '["a.com"')
     with pytest.raises(ValueError) as error:
         settings_from_env()
-    assert str(error.value) == (
-        "DAYZERO_IMAGE_ALLOWED_HOSTS='[\"a.com\"': Value error, Expecting ',' delimiter: line 1 column 9 (char 8)"
+    assert (
+        str(error.value)
+        == "DAYZERO_IMAGE_ALLOWED_HOSTS='[\"a.com\"': Expecting ',' delimiter: line 1 column 9 (char 8)"
     )
+
+
+def test_an_item_of_a_list_is_named_by_its_variable_and_index(monkeypatch):
+    monkeypatch.setenv("DAYZERO_API_KEYS", '["a", 1]')
+    with pytest.raises(ValueError) as error:
+        settings_from_env()
+    assert str(error.value) == "DAYZERO_API_KEYS[1]=1: Input should be a valid string"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"DAYZERO_DEVICE": "cuda:1"},
+            "DAYZERO_HANDOFF=shm moves CPU pools; with DAYZERO_DEVICE=cuda:1 use cuda_ipc (same GPU) or redis",
+        ),
+        ({"DAYZERO_HANDOFF": "cuda_ipc"}, "DAYZERO_HANDOFF=cuda_ipc needs DAYZERO_DEVICE=cuda, not cpu"),
+        (
+            {"DAYZERO_ATTENTION_BACKEND": "triton"},
+            "DAYZERO_ATTENTION_BACKEND=triton compiles for a GPU: set DAYZERO_DEVICE=cuda, or use torch on CPU",
+        ),
+    ],
+)
+def test_a_combination_that_cannot_work_names_its_variables(monkeypatch, env, message):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as error:
+        settings_from_env()
+    assert str(error.value) == message
+
+
+def test_a_cuda_device_the_host_lacks_is_refused(monkeypatch):
+    import torch
+
+    on_gpu = Settings(device="cuda:1", handoff="redis")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError) as error:
+        on_gpu.require_device()
+    assert str(error.value) == "DAYZERO_DEVICE=cuda:1 but CUDA is not available on this host"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError) as error:
+        on_gpu.require_device()
+    assert str(error.value) == "DAYZERO_DEVICE=cuda:1 but this host has 1 CUDA device(s)"
+    Settings(device="cuda:0", handoff="redis").require_device()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("the CPU needs no CUDA"))
+    Settings().require_device()
 
 
 def test_a_list_the_settings_source_cannot_decode_is_one_line_naming_its_variable(monkeypatch):
@@ -41,7 +89,7 @@ def test_a_list_the_settings_source_cannot_decode_is_one_line_naming_its_variabl
 
 
 def test_a_triton_backend_without_a_gpu_is_refused():
-    with pytest.raises(ValidationError, match="attention_backend=triton"):
+    with pytest.raises(ValidationError, match="DAYZERO_ATTENTION_BACKEND=triton"):
         Settings(attention_backend="triton", device="cpu")
     assert Settings(attention_backend="triton", device="cuda", handoff="redis").attention_backend == "triton"
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -38,7 +39,7 @@ from .quant.formats import FormatError, dequant_fp8, ue8m0_bytes
 from .quant.spec import QuantConfigError, QuantSpec, quant_spec
 from .quant.verify import WeightCheckError, check_weights
 
-__all__ = ["CheckpointError", "load_model", "packed_experts", "scan"]
+__all__ = ["CheckpointError", "Headers", "load_model", "packed_experts", "read_headers", "scan"]
 
 log = logging.getLogger("dayzero.checkpoint")
 _INTEGER = (torch.int8, torch.uint8, torch.int32, torch.int64)
@@ -134,29 +135,48 @@ def _index(e: Entry, p: Placed, parallel: ParallelConfig, block: tuple[int, int]
     return local_index(p.target, e.shape, parallel, block[dim] if dim is not None else 1)
 
 
+@dataclass(frozen=True, slots=True)
+class Headers:
+    """A checkpoint's stored tensors (headers only), checked against the model its config describes."""
+
+    model: Transformer  # the whole module tree, meta device
+    entries: list[Entry]  # every stored tensor but the vision tower's
+    used: list[tuple[Entry, Placed]]  # the ones the model loads, and what each fills
+    unused: list[Entry]  # the ones it ignores
+    mtp_layers: int  # the ``mtp.N`` layers shipped
+
+
+def read_headers(root: Path, cfg: ModelConfig) -> Headers:
+    """Every tensor's header against ``cfg``'s model: names, shapes, dtypes, scales. A checkpoint that
+    cannot load fails here, in one CheckpointError naming a tensor, before any data is read."""
+    entries = list(scan(root))
+    packed, n_mtp = packed_experts(cfg), mtp_layers(entries)
+    model = skeleton(cfg, packed, n_mtp)
+    expected = model.state_dict()
+    placed = [(e, place(e.name, packed)) for e in entries]
+    used = [(e, p) for e, p in placed if p.target in expected]
+    _check(used, expected)
+    return Headers(model, entries, used, [e for e, p in placed if p.target not in expected], n_mtp)
+
+
 def _layout(
     root: Path, cfg: ModelConfig, spec: QuantSpec, parallel: ParallelConfig
 ) -> tuple[Transformer, list[tuple[Entry, Placed]]]:
     """The rank's module tree (local shapes, meta device) and the entries it reads, all checked."""
     check_divisible(cfg, parallel.world_size)
-    entries = list(scan(root))
-    n_mtp = mtp_layers(entries)
-    if cfg.num_nextn_predict_layers > n_mtp:
-        log.info("config declares %d MTP layer(s), the checkpoint ships %d", cfg.num_nextn_predict_layers, n_mtp)
-    model = skeleton(cfg, spec.packed_experts, n_mtp)
-    expected = model.state_dict()
-    placed = [(e, place(e.name, spec.packed_experts)) for e in entries]
-    unused = [e.name for e, p in placed if p.target not in expected]
-    if unused:
+    headers = read_headers(root, cfg)
+    if cfg.num_nextn_predict_layers > headers.mtp_layers:
+        declared, shipped = cfg.num_nextn_predict_layers, headers.mtp_layers
+        log.info("config declares %d MTP layer(s), the checkpoint ships %d", declared, shipped)
+    if headers.unused:
+        unused = [e.name for e in headers.unused]
         log.warning("ignoring %d tensor(s) the model does not use: %s", len(unused), unused_patterns(unused))
-    placed = [(e, p) for e, p in placed if p.target in expected]
-    _check(placed, expected)
-    for e, p in placed:
+    for e, p in headers.used:
         if e.dtype_name == "float8_e4m3fn" and p.expert is None:
             check_blocks(e.key, e.shape, parallel, spec.block)
-    shard_skeleton(model, parallel)
-    mine = [(e, p) for e, p in placed if p.expert is None or owns_expert(parallel, cfg.n_routed_experts, p.expert)]
-    return model, mine
+    shard_skeleton(headers.model, parallel)
+    owned = lambda p: p.expert is None or owns_expert(parallel, cfg.n_routed_experts, p.expert)
+    return headers.model, [(e, p) for e, p in headers.used if owned(p)]
 
 
 def load_model(

@@ -8,6 +8,7 @@ import json
 import os
 import random
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 from . import cli_args
@@ -53,6 +54,7 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     from .sampling import SamplingParams
     from .tokenizer import load_codec
 
+    settings.require_device()
     checkpoint = Path(args.checkpoint) if args.checkpoint else settings.checkpoint_dir()
     if args.stop and not load_codec(checkpoint).has_tokenizer:
         raise SystemExit("error: --stop needs text, and this checkpoint has no tokenizer.json")
@@ -72,7 +74,18 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     if args.speculative_tokens is not None:
         settings = settings.model_copy(update={"speculative_tokens": args.speculative_tokens})
     tp, prompt, timeout = args.tensor_parallel, _prompt(args, checkpoint), args.group_timeout
-    run_group(tp, _generate_on, checkpoint, prompt, params, settings, args.stats, timeout=timeout, launch=launch)
+    run_group(
+        tp,
+        _generate_on,
+        checkpoint,
+        prompt,
+        params,
+        settings,
+        args.stats,
+        timeout=timeout,
+        launch=launch,
+        device=settings.device,
+    )
     return 0
 
 
@@ -175,6 +188,7 @@ def parser() -> argparse.ArgumentParser:
         description="Serve DeepSeek-V4-family models from day zero.",
         epilog="Settings are environment variables DAYZERO_*: `dayzero up --help` lists them.",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {version('dayzero')}")
     sub = p.add_subparsers(dest="command", required=True)
 
     shards_help = "weights in N files with an index (default 1; at most one file per tensor)"

@@ -100,12 +100,29 @@ class Settings(BaseSettings):
     def _fits_device(self) -> Settings:
         on_gpu = self.device.startswith("cuda")
         if self.attention_backend == "triton" and not on_gpu:
-            raise ValueError("attention_backend=triton compiles for a GPU: set device=cuda, or use torch on CPU")
+            raise ValueError(
+                "DAYZERO_ATTENTION_BACKEND=triton compiles for a GPU: set DAYZERO_DEVICE=cuda, or use torch on CPU"
+            )
         if self.handoff == "shm" and on_gpu:
-            raise ValueError("handoff=shm moves CPU pools; with device=cuda use cuda_ipc (same GPU) or redis")
+            raise ValueError(
+                f"DAYZERO_HANDOFF=shm moves CPU pools; with DAYZERO_DEVICE={self.device} use cuda_ipc (same GPU) "
+                "or redis"
+            )
         if self.handoff == "cuda_ipc" and not on_gpu:
-            raise ValueError("handoff=cuda_ipc needs device=cuda")
+            raise ValueError(f"DAYZERO_HANDOFF=cuda_ipc needs DAYZERO_DEVICE=cuda, not {self.device}")
         return self
+
+    def require_device(self) -> None:
+        """Refuse a CUDA device this host does not have, for the commands that compute (imports torch)."""
+        if not self.device.startswith("cuda"):
+            return
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"DAYZERO_DEVICE={self.device} but CUDA is not available on this host")
+        index, count = int(self.device.partition(":")[2] or 0), torch.cuda.device_count()
+        if index >= count:
+            raise ValueError(f"DAYZERO_DEVICE={self.device} but this host has {count} CUDA device(s)")
 
     def image_limits(self) -> ImageLimits:
         return ImageLimits(
@@ -143,15 +160,22 @@ def settings_from_env() -> Settings:
     try:
         return Settings()
     except ValidationError as exc:
-        problems = [
-            f"DAYZERO_{'_'.join(map(str, e['loc'])).upper()}={e.get('input')!r}: {e['msg']}" if e["loc"] else e["msg"]
-            for e in exc.errors()
-        ]
-        raise ValueError("; ".join(problems)) from None
+        raise ValueError("; ".join(map(_problem, exc.errors()))) from None
     except SettingsError as exc:  # a value the source could not decode; its message holds 'field "name"'
         field = re.search(r'field "(\w+)"', str(exc))
         name = f"DAYZERO_{field[1].upper()}" if field else "a DAYZERO_* variable"
         raise ValueError(f"{name} could not be parsed: {exc.__cause__ or exc}") from None
+
+
+def _problem(error: dict) -> str:
+    """One validation error as the operator wrote it: ``DAYZERO_PORT=0: ...``, ``DAYZERO_API_KEYS[1]=1: ...``
+    (an item of a list), or a check across variables, which names them itself."""
+    message = error["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+    if not error["loc"]:
+        return message
+    field, *item = error["loc"]
+    where = "".join(f"[{i}]" for i in item)
+    return f"DAYZERO_{str(field).upper()}{where}={error.get('input')!r}: {message}"
 
 
 def settings_help() -> str:

@@ -51,6 +51,16 @@ def _wire(group) -> int:
     return int(group.all_reduce_sum(torch.tensor([float(ok)])).item())
 
 
+def _device_of(group) -> str:
+    return str(group.device)
+
+
+def test_a_single_rank_computes_on_the_device_asked_for():
+    """``dayzero generate`` with one rank on a GPU ran on the CPU: its group ignored the device."""
+    assert run_group(1, _device_of, device="cuda:0") == "cuda:0"
+    assert run_group(1, _device_of) == "cpu"
+
+
 def test_messages_arrive_as_sent_over_three_ranks():
     assert run_group(3, _wire) == 3
 

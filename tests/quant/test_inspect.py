@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
+import pytest
 import torch
 
+from dayzero.checkpoint import CheckpointError, load_model
 from dayzero.quant.inspect import inspect
 
 
@@ -81,3 +84,20 @@ def test_released_configs_by_name_say_how_many_h200s_they_need():
         timeout=120,
     )
     assert out.returncode == 0 and "h200s_needed" in out.stdout and "packed_weights" in out.stdout
+
+
+def test_a_config_that_does_not_describe_the_weights_is_refused_as_generate_refuses_it(tiny_checkpoint, tmp_path):
+    """A config without hidden_size counts a 4096-wide model: the weights' headers say 32."""
+    from dayzero import cli
+
+    ckpt = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    config = json.loads((ckpt / "config.json").read_text())
+    del config["hidden_size"]
+    (ckpt / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as loading:
+        load_model(ckpt, progress=False)
+    assert str(loading.value).startswith("tensor 'embed.weight' has shape [96, 32], expected [96, 4096] (and ")
+    with pytest.raises(CheckpointError) as inspecting:
+        inspect(ckpt)
+    assert str(inspecting.value) == str(loading.value)
+    assert cli.main(["inspect", str(ckpt)]) == 2

@@ -92,13 +92,14 @@ def run_group(
 ) -> Any:
     """``fn(group, *args)`` on ``world_size`` ranks (``fn`` and ``args`` picklable); rank 0's result,
     or with ``launch`` this rank's (``launch`` refused unless its WORLD_SIZE is ``world_size``).
-    ``device`` "cuda": local ranks run NCCL, rank r on cuda:r (else gloo on the CPU)."""
+    ``device``: a single rank computes on it; "cuda": local ranks run NCCL, rank r on cuda:r (else
+    gloo on the CPU)."""
     if launch is not None:
         launch.check(world_size)
         # env://, not tcp://: under torchrun its agent already serves the store at MASTER_PORT
         return _rank(launch, "env://", timeout, fn, args)
     if world_size == 1:
-        return fn(Group(), *args)
+        return fn(Group(device=device), *args)
     port, threads, cuda = free_port(), torch.get_num_threads(), device.startswith("cuda")
     context = mp.start_processes(
         _spawned, (world_size, port, timeout, cuda, fn, args), nprocs=world_size - 1, join=False, start_method="spawn"

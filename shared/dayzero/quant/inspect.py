@@ -13,8 +13,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..checkpoint import packed_experts, scan
-from ..checkpoint_files import mtp_layers, place
+from ..checkpoint import packed_experts, read_headers
 from ..config import ModelConfig
 from ..kv.layout import GROWING_POOLS, PoolLayout
 from ..model.weights import skeleton
@@ -192,13 +191,9 @@ def inspect(
     dtypes: Counter[str] = Counter()
     unmapped: list[str] = []
     if path.is_dir() and (any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").exists()):
-        entries = list(scan(path))
-        packed = packed_experts(cfg)
-        expected = skeleton(cfg, packed, mtp_layers(entries)).state_dict()
-        for entry in entries:
-            dtypes[entry.dtype_name] += 1
-            if place(entry.name, packed).target not in expected:
-                unmapped.append(entry.key)
+        headers = read_headers(path, cfg)  # the config's shapes must be the weights'
+        dtypes.update(e.dtype_name for e in headers.entries)
+        unmapped = [e.key for e in headers.unused]
     fp4 = packed_experts(cfg) if dtypes else True  # a bare config: plan for the published FP4 experts
     memory = memory_plan(cfg, total, routed, batch, context, devices, expert_cache_gib, fp4)
     needed = next(
