@@ -91,13 +91,20 @@ def _index(root: Path) -> dict[str, str] | None:
     return weight_map
 
 
-def scan(root: Path) -> Iterator[Entry]:
-    """Every tensor of the checkpoint but the vision tower's, from the headers only."""
+def weight_files(root: Path) -> list[Path]:
+    """The files that hold the checkpoint's tensors: the index's shards when it has one (other
+    ``*.safetensors`` beside them, e.g. a consolidated copy, are not its weights), else every one."""
     weight_map = _index(root)
     files = sorted({root / n for n in weight_map.values()}) if weight_map else sorted(root.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"no *.safetensors files in {root}")
-    for file in files:
+    return files
+
+
+def scan(root: Path) -> Iterator[Entry]:
+    """Every tensor of the checkpoint but the vision tower's, from the headers only."""
+    weight_map = _index(root)
+    for file in weight_files(root):
         try:
             handle = safe_open(str(file), framework="pt")
         except Exception as exc:  # safetensors raises its own error types

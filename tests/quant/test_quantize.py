@@ -106,3 +106,19 @@ def test_weights_are_written_with_the_umask_like_the_config(float_copy, tmp_path
         "model.safetensors.index.json",
     ]
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == dict.fromkeys(written, "0o640")
+
+
+def test_only_the_indexs_shards_are_quantized(float_copy, tmp_path):
+    """A sharded checkpoint's index names its weights: another ``*.safetensors`` beside them (an old
+    copy, here all zeros, read last in name order) is not read."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(float_copy / "model.safetensors")
+    (float_copy / "model.safetensors").unlink()
+    write_shards(tensors, float_copy, 2)
+    save_file({name: torch.zeros_like(t) for name, t in tensors.items()}, float_copy / "original.safetensors")
+    quantized = load_file(quantize_checkpoint(float_copy, tmp_path / "q", progress=False) / "model.safetensors")
+    (float_copy / "original.safetensors").unlink()
+    alone = load_file(quantize_checkpoint(float_copy, tmp_path / "alone", progress=False) / "model.safetensors")
+    assert quantized.keys() == alone.keys()
+    assert all(torch.equal(quantized[k], alone[k]) for k in alone)

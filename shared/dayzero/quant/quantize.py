@@ -19,7 +19,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from ..checkpoint_files import CheckpointError, canonical_name, scan
+from ..checkpoint_files import CheckpointError, canonical_name, scan, weight_files
 from ..config import ModelConfig
 from .formats import FP8_BLOCK, fp8_aligned, quant_fp8, quant_mxfp4
 from .shards import check_shards, write_shards
@@ -85,7 +85,7 @@ def quantize_checkpoint(
     src, dst = Path(src), Path(dst)
     check_apart(src, dst)
     config = _float_config(src)
-    handles = [safe_open(str(file), framework="pt") for file in sorted(src.glob("*.safetensors"))]
+    handles = [safe_open(str(file), framework="pt") for file in weight_files(src)]
     keys = [(f, key) for f in handles for key in f.keys()]  # noqa: SIM118 - safe_open is not a mapping
     check_shards(shards, len(keys))
     dst.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from safetensors import safe_open
 
-from ..checkpoint_files import CheckpointError, canonical_name
+from ..checkpoint_files import CheckpointError, canonical_name, weight_files
 from ..telemetry import tracer
 from .images import ImageLimits, PatchSpec, decode, expand
 from .preprocess import process
@@ -113,7 +113,7 @@ def load_tower(path: str | Path, dtype: torch.dtype = torch.float32) -> VisionTo
     tower = VisionTower(VisionConfig.from_dict(raw["vision_config"]))
     expected = tower.state_dict()
     tensors = {}
-    for file in sorted(root.glob("*.safetensors")):
+    for file in weight_files(root):
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                 name = canonical_name(key)
