@@ -1,8 +1,8 @@
-"""A client must send each request whole in time: its head and body within ``REQUEST_READ_S`` of
-the connection's start or of the previous response's end, else it gets a 408 and the connection
-closes. uvicorn times out only idle keep-alive connections, so a peer trickling a header a byte
-at a time would hold its socket (and a file descriptor) for ever. A response, however long it
-streams, is not timed."""
+"""A client must send each request in time: its head within ``REQUEST_READ_S`` of the connection's
+start (or of the previous response's end), its body within as long again plus a second per
+``BODY_BYTES_PER_S`` bytes it declares; else it gets a 408 and the connection closes. uvicorn
+times out only idle keep-alive connections, so a peer trickling a header a byte at a time would
+hold its socket (and a file descriptor) for ever. An answer, however long it takes, is not timed."""
 
 from __future__ import annotations
 
@@ -14,24 +14,29 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from .errors import error_body
 
 REQUEST_READ_S = 30.0
+BODY_BYTES_PER_S = 64 << 10  # a slow mobile link: an 8 MiB body gets 30 + 128 s
 
 
-def _timed_out(read_s: float) -> bytes:
-    message = f"the request was not sent whole within {read_s:g} s"
-    body = json.dumps(error_body(message, "invalid_request_error", code="request_timeout")).encode()
+def _timed_out() -> bytes:
+    body = json.dumps(error_body("the request was not sent in time", "invalid_request_error", code="request_timeout"))
     head = "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-    return f"{head}content-length: {len(body)}\r\n\r\n".encode() + body
+    return f"{head}content-length: {len(body)}\r\n\r\n{body}".encode()
 
 
 class RequestReadDeadline(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the deadline armed while a request is being read."""
+    """uvicorn's httptools protocol with a deadline on reading each request."""
 
-    read_s = REQUEST_READ_S
+    read_s, body_bytes_per_s = REQUEST_READ_S, BODY_BYTES_PER_S
     _deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm()
+        self._arm(self.read_s)
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        length = next((v for name, v in self.headers if name == b"content-length"), b"0")
+        self._arm(self.read_s + (int(length) if length.isdigit() else 0) / self.body_bytes_per_s)
 
     def on_message_complete(self) -> None:
         self._disarm()  # the request is whole: the app answers at its own pace
@@ -40,23 +45,31 @@ class RequestReadDeadline(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing():
-            self._arm()  # the next request on this connection
+            self._arm(self.read_s)  # the next request on this connection
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
 
-    def _arm(self) -> None:
+    def _arm(self, seconds: float) -> None:
         self._disarm()
-        self._deadline = self.loop.call_later(self.read_s, self._too_slow)
+        self._deadline = self.loop.call_later(seconds, self._too_slow)
 
     def _disarm(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
 
+    def _reading(self) -> bool:
+        """Whether a request is still arriving: a head (no request yet, or the last one answered),
+        or a body nothing has been answered to (a pipelined request waits whole for its turn)."""
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            return True
+        return cycle.more_body and not cycle.response_started
+
     def _too_slow(self) -> None:
         self._deadline = None
-        if not self.transport.is_closing():
-            self.transport.write(_timed_out(self.read_s))
+        if self._reading() and not self.transport.is_closing():
+            self.transport.write(_timed_out())
             self.transport.close()

@@ -19,7 +19,7 @@ READ_S = 0.5
 
 
 class _Quick(RequestReadDeadline):
-    read_s = READ_S
+    read_s, body_bytes_per_s = READ_S, 1000
 
 
 async def _slow_stream(scope, receive, send) -> None:
@@ -82,6 +82,13 @@ def test_a_whole_request_is_answered_however_long_the_answer_takes(server):
     assert received.startswith(b"HTTP/1.1 200 OK\r\n") and received.endswith(b"\r\n\r\nxxxx"), received
 
 
+def test_a_large_body_gets_time_for_its_size(server):
+    """2000 bytes at 1000 a second: READ_S + 2 s for the body, sent in two halves 3 x READ_S apart."""
+    head = HEAD.replace(b"content-length: 4", b"content-length: 2000")
+    received = _exchange(server, [head + b"\r\n" + b"a" * 1000, b"a" * 1000], pause_s=3 * READ_S)
+    assert received.startswith(b"HTTP/1.1 200 OK\r\n"), received
+
+
 def test_the_next_request_on_a_kept_connection_is_timed_again(server):
     kept = HEAD.replace(b"connection: close\r\n", b"") + b"\r\nabcd"
     with socket.create_connection(("127.0.0.1", server), timeout=10) as s:
@@ -95,3 +102,11 @@ def test_the_next_request_on_a_kept_connection_is_timed_again(server):
             rest += chunk
     assert first.startswith(b"HTTP/1.1 200 OK\r\n") and rest.startswith(b"HTTP/1.1 408"), (first, rest)
     assert time.monotonic() - started < READ_S + 2
+
+
+def test_a_pipelined_request_is_not_cut_while_it_waits_or_is_answered(server):
+    """Two requests in one write: the second arrives whole while the first is answered, and is
+    answered after it (each over 4 x READ_S)."""
+    kept = HEAD.replace(b"connection: close\r\n", b"") + b"\r\nabcd"
+    received = _exchange(server, [kept + HEAD + b"\r\nabcd"], pause_s=0)
+    assert received.count(b"HTTP/1.1 200 OK\r\n") == 2 and b"408" not in received, received
