@@ -56,6 +56,15 @@ def test_align_fails_with_exit_1_when_beyond_tolerance(tiny_checkpoint, monkeypa
     assert json.loads(capsys.readouterr().out)["ok"] is False
 
 
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [("a,b", "--prompt-ids takes comma-separated integers, got 'a,b'"), (",", "--prompt-ids is empty")],
+)
+def test_bad_prompt_ids_are_input_errors_like_any_other(tiny_checkpoint, ids, message, capsys):
+    assert cli.main(["generate", "--checkpoint", str(tiny_checkpoint), "--prompt-ids", ids]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
 def test_bad_checkpoint_is_a_clear_error(tmp_path, capsys):
     assert cli.main(["generate", "--checkpoint", str(tmp_path), "--prompt-ids", "1,2"]) == 2
     assert "error:" in capsys.readouterr().err
@@ -105,7 +114,7 @@ def test_bad_settings_are_one_line_errors():
 
     env = {**os.environ, "DAYZERO_MAX_BATCH": "many"}
     out = _dayzero("generate", "--prompt-ids", "1,2", env=env)
-    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "Traceback" not in out.stderr  # as every other input error
     assert out.stderr.strip().startswith("error: DAYZERO_MAX_BATCH='many'") and len(out.stderr.splitlines()) == 1
 
 

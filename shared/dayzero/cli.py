@@ -23,9 +23,9 @@ def _ids(text: str) -> list[int]:
     try:
         ids = [int(t) for t in text.replace(" ", "").split(",") if t]
     except ValueError as exc:
-        raise SystemExit(f"error: --prompt-ids takes comma-separated integers, got {text!r}") from exc
+        raise ValueError(f"--prompt-ids takes comma-separated integers, got {text!r}") from exc
     if not ids:
-        raise SystemExit("error: --prompt-ids is empty")
+        raise ValueError("--prompt-ids is empty")
     return ids
 
 
@@ -37,7 +37,7 @@ def _prompt(args: argparse.Namespace, checkpoint: Path) -> list[int]:
     vocab = ModelConfig.from_file(checkpoint).vocab_size
     outside = [t for t in ids if not 0 <= t < vocab]
     if outside:
-        raise SystemExit(f"error: token id {outside[0]} is outside the vocabulary [0, {vocab})")
+        raise ValueError(f"token id {outside[0]} is outside the vocabulary [0, {vocab})")
     return ids
 
 
@@ -57,10 +57,10 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     settings.require_device()
     checkpoint = Path(args.checkpoint) if args.checkpoint else settings.checkpoint_dir()
     if args.stop and not load_codec(checkpoint).has_tokenizer:
-        raise SystemExit("error: --stop needs text, and this checkpoint has no tokenizer.json")
+        raise ValueError("--stop needs text, and this checkpoint has no tokenizer.json")
     launch, seed = launch_from(os.environ, settings.device), args.seed  # torchrun's variables, if set
     if seed is None and launch is not None and args.temperature > 0:  # no way to agree on a random one
-        raise SystemExit("error: ranks started by torchrun sample alike only with one --seed: pass --seed")
+        raise ValueError("ranks started by torchrun sample alike only with one --seed: pass --seed")
     if seed is None and args.tensor_parallel > 1:  # every rank samples alike from the same logits
         seed = random.randrange(1 << 31)
     params = SamplingParams(
@@ -284,12 +284,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _run(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
-    try:
-        settings = settings_from_env()
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
-    try:
-        return args.run(args, settings)
+    try:  # every input error, from the command line or the environment, is one line and exit code 2
+        return args.run(args, settings_from_env())
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
