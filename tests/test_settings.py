@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from dayzero import settings
-from dayzero.settings import Settings, settings_from_env
+from dayzero.settings import Settings, settings_from_env, unknown_settings
 
 
 @pytest.mark.parametrize("field", ["api_keys", "image_allowed_hosts"])
@@ -104,3 +104,17 @@ def test_a_decode_batch_past_what_was_tested_is_refused():
     with pytest.raises(ValidationError, match="max_batch"):
         Settings(max_batch=4097)
     assert Settings(max_batch=4096).max_batch == 4096
+
+
+def test_a_variable_that_is_no_setting_is_named_with_the_likely_one():
+    environ = {
+        "DAYZERO_PROT": "9000",
+        "DAYZERO_PORT": "1",
+        "DAYZERO_CHECKPOINT_DIR": "/x",
+        "DAYZERO_ZZZ": "",
+        "HOME": "/",
+    }
+    assert unknown_settings(environ) == [
+        "DAYZERO_PROT is not a setting (did you mean DAYZERO_PORT?)",
+        "DAYZERO_ZZZ is not a setting",
+    ]

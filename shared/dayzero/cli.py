@@ -15,7 +15,7 @@ from . import cli_args
 from .checkpoint_files import CheckpointError
 from .cli_services import add_service_commands
 from .config import ConfigError, ModelConfig
-from .settings import Settings, settings_from_env
+from .settings import Settings, settings_from_env, unknown_settings
 from .train.command import add_train_demo
 
 
@@ -284,6 +284,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _run(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
+    for warning in unknown_settings(os.environ):
+        print(f"warning: {warning}", file=sys.stderr)
     try:  # every input error, from the command line or the environment, is one line and exit code 2
         return args.run(args, settings_from_env())
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as exc:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -165,6 +167,22 @@ def settings_from_env() -> Settings:
         field = re.search(r'field "(\w+)"', str(exc))
         name = f"DAYZERO_{field[1].upper()}" if field else "a DAYZERO_* variable"
         raise ValueError(f"{name} could not be parsed: {exc.__cause__ or exc}") from None
+
+
+COMPOSE_VARIABLES = ("DAYZERO_CHECKPOINT_DIR",)  # read by docker-compose.yml on the host, not by dayzero
+
+
+def unknown_settings(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each DAYZERO_* variable that is no setting (a misspelt one is otherwise
+    ignored without a word), with the setting it most likely meant."""
+    known = [name.upper() for name in Settings.model_fields]
+    warnings = []
+    for name in sorted(environ):
+        setting = name.removeprefix("DAYZERO_")
+        if setting != name and setting not in known and name not in COMPOSE_VARIABLES:
+            near = difflib.get_close_matches(setting, known, n=1)
+            warnings.append(f"{name} is not a setting" + (f" (did you mean DAYZERO_{near[0]}?)" if near else ""))
+    return warnings
 
 
 def _problem(error: dict) -> str:
