@@ -22,15 +22,16 @@ from .shapes import Shape
 from .streams import Closed
 
 PRESENCE_CHECK_S = 0.5  # how often a waiting body checks that its client is still connected
+CLIENT_CLOSED = 499  # nginx's status for a request whose client left before the answer
 
 
 def _shutting_down() -> APIError:
     return APIError(503, "the server is shutting down; retry", "service_unavailable", code="shutting_down")
 
 
-async def _events(gw: Gateway, request: GenerationRequest) -> list[Token]:
+async def _events(gw: Gateway, progress: Progress) -> list[Token]:
     """A request's stream entries up to its last; raises when it fails."""
-    progress, events = Progress(gw, request), []
+    request, events = progress.request, []
     await gw.bus.watching.watch(request.request_id)
     try:
         async with gw.bus.hub.subscribe(request.request_id) as sub:
@@ -42,8 +43,11 @@ async def _events(gw: Gateway, request: GenerationRequest) -> list[Token]:
                 events.append(event)
                 if event.finish_reason:
                     return events
-    except Closed:
-        raise _shutting_down() from None
+    except Exception as exc:
+        progress.end("error")  # unless the failure was the request's own, counted as seen
+        if isinstance(exc, Closed):
+            raise _shutting_down() from None
+        raise
     finally:
         with anyio.CancelScope(shield=True), contextlib.suppress(redis.RedisError):
             await gw.bus.unwatch(request.request_id, progress.over)
@@ -57,7 +61,7 @@ async def _client_present(http: Request) -> None:
         if AppStatus.should_exit:
             raise _shutting_down()
         if await http.is_disconnected():
-            raise APIError(499, "client disconnected", code="client_closed")
+            raise APIError(CLIENT_CLOSED, "client disconnected", code="client_closed")
 
 
 async def collect(
@@ -65,11 +69,12 @@ async def collect(
 ) -> JSONResponse:
     """One body; choice ``i`` is request ``i``'s completion. One failure cancels the others."""
     results: list[list[Token]] = [[] for _ in requests]
+    progress = [Progress(gw, request) for request in requests]
     left = len(requests)
 
     async def run(i: int) -> None:
         nonlocal left
-        results[i] = await _events(gw, requests[i])
+        results[i] = await _events(gw, progress[i])
         left -= 1
         if left == 0:  # all done: stop watching the client
             group.cancel_scope.cancel()
@@ -80,7 +85,13 @@ async def collect(
             for i in range(len(requests)):
                 group.start_soon(run, i)
     except BaseExceptionGroup as failed:  # the first failure, as the error handlers know it (400s, 503)
-        raise failed.exceptions[0] from None
+        first = failed.exceptions[0]
+        for cut in progress:  # the choices it cut short: the client left, as from a stream, or an error
+            if isinstance(first, APIError) and first.status == CLIENT_CLOSED and not cut.ended:
+                gw.metrics.disconnects.inc()
+            else:
+                cut.end("error")
+        raise first from None
     choices, used = [], Usage()
     for request, events in zip(requests, results, strict=True):
         last = events[-1]

@@ -33,13 +33,15 @@ class Progress:
     span: trace.Span | None = None  # the request's gateway.request span: its first token is an event
     last_at: float | None = None
     over: bool = False  # finished, failed or cancelled: nothing left to cancel
-    counted: bool = True  # its latencies and finish go into the metrics (not a stream read again)
+    counted: bool = True  # its latencies and end go into the metrics (not a stream read again)
+    ended: bool = False  # its end is in the metrics
 
     def see(self, event: Token) -> None:
         """Record ``event``; an end that is not a finish raises (APIError) after marking it over."""
         now, metrics = time.time(), self.gw.metrics
         if event.finish_reason in ("error", "cancelled"):
             self.over = True
+            self.end(event.finish_reason)
             raise _failure(event)
         if not self.counted:  # a stream read again: its latencies would be the replay's
             self.over = bool(event.finish_reason)
@@ -53,8 +55,15 @@ class Progress:
         self.last_at = now
         if event.finish_reason:
             self.over = True
-            metrics.finished.labels(event.finish_reason).inc()
+            self.end(event.finish_reason)
             metrics.e2e.observe(now - self.request.created)
+
+    def end(self, reason: str) -> None:
+        """Count how this reader's request ended, once: its finish or failure as seen, or "error"
+        when the reading itself failed (Redis lost, the server stopping, another choice failed)."""
+        if self.counted and not self.ended:
+            self.ended = True
+            self.gw.metrics.finished.labels(reason).inc()
 
 
 def usage(event: Token) -> dict:

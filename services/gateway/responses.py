@@ -87,6 +87,7 @@ async def sse(
             if not merged and used is not None:
                 yield _usage_event(gw, request, used)
         except Exception as exc:  # every failure becomes the stream's error event
+            progress.end("error")  # unless the failure was the request's own, counted as seen
             yield ServerSentEvent(data=json.dumps(stream_error(exc)))
         left = False
         if not merged:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import time
 
@@ -52,13 +53,18 @@ def test_a_client_that_leaves_before_its_body_is_ready_cancels_its_requests(stac
     def cancelled() -> set:
         return {k for k in r.scan_iter("dz:done:*") if r.get(k) == b"cancelled"}
 
-    before = cancelled()
+    def disconnects() -> float:
+        text = httpx.get(f"{stack.url}/metrics", timeout=10).text
+        return float(re.search(r"^dayzero_client_disconnects_total (\S+)$", text, re.MULTILINE)[1])
+
+    before, left_before = cancelled(), disconnects()
     assert wait_until(lambda: _decode_blocks_used(stack) == 0, 10)
     body = {"model": MODEL, "prompt": [0, 5, 6, 7], "max_tokens": 2000, "ignore_eos": True, "n": 2}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{stack.url}/v1/completions", json=body, timeout=2)
     assert wait_until(lambda: len(cancelled() - before) == 2, 3.0)
     assert wait_until(lambda: _decode_blocks_used(stack) == 0, 2.0)
+    assert disconnects() - left_before == 2  # as two streamed choices left by their client count
 
 
 def test_a_decode_worker_that_lost_a_lease_drops_the_request_and_settles_nothing(stack):

@@ -1,0 +1,63 @@
+"""Every admitted choice ends in /metrics exactly once: finished by its reason (stop, length,
+cancelled, error) or left by its client. A gateway in-process on a real Redis; no workers: the
+test ends each request as a worker (or the reaper) does, through the request lifecycle."""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dayzero.serving.lifecycle import Lifecycle
+from dayzero.settings import Settings
+from services.gateway.app import make_app
+
+from .conftest import MODEL, wait_until
+
+
+@pytest.fixture(scope="module")
+def gateway(demo_dir, redis_url):
+    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:
+        yield client, Lifecycle.connect(redis_url, 60)
+
+
+def _finished(client: TestClient) -> dict[str, float]:
+    text = client.get("/metrics").text
+    found = re.findall(r'^dayzero_requests_finished_total\{finish_reason="(\w+)"\} (\S+)$', text, re.MULTILINE)
+    return {reason: float(value) for reason, value in found}
+
+
+def _grown(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
+
+
+def _end(store: Lifecycle, rid: str, reason: str) -> None:
+    assert store.settle(rid, 0, "", reason, end_at=0, message="ended by the test")  # as the reaper ends one
+
+
+@pytest.mark.parametrize("reason", ["error", "cancelled"])
+def test_a_stream_that_fails_counts_its_failure(gateway, reason):
+    client, store = gateway
+    before = _finished(client)
+    body = {"model": MODEL, "prompt": [0, 5], "max_tokens": 3, "stream": True}
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        _end(store, r.headers["x-request-id"], reason)
+        data = [line for line in r.iter_lines() if line.startswith("data:")]
+    assert '"error"' in data[0] and data[-1] == "data: [DONE]"
+    assert _grown(before, _finished(client)) == {reason: 1.0}
+
+
+def test_a_body_whose_choice_fails_counts_each_choice_once(gateway):
+    """One of two choices fails: it counts as failed; its sibling, cut short by it, as an error."""
+    client, store = gateway
+    before, running = _finished(client), set(store.active())
+    body = {"model": MODEL, "prompt": [[0, 5], [0, 6]], "max_tokens": 3}
+    with ThreadPoolExecutor(1) as pool:  # the answer waits for both choices
+        answer = pool.submit(client.post, "/v1/completions", json=body)
+        assert wait_until(lambda: len(set(store.active()) - running) == 2, 10.0)
+        _end(store, sorted(set(store.active()) - running)[0], "error")
+        r = answer.result(timeout=30)
+    assert r.status_code == 500 and r.json()["error"]["code"] == "generation_failed"
+    assert _grown(before, _finished(client)) == {"error": 2.0}
