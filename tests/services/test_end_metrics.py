@@ -1,6 +1,7 @@
 """Every admitted choice ends in /metrics exactly once: finished by its reason (stop, length,
-cancelled, error) or left by its client. A gateway in-process on a real Redis; no workers: the
-test ends each request as a worker (or the reaper) does, through the request lifecycle."""
+cancelled, error) or left by its client; and /metrics answers while Redis is down. A gateway
+in-process on a real Redis; no workers: the test ends each request as a worker (or the reaper)
+does, through the request lifecycle."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import redis
 from fastapi.testclient import TestClient
 
+from dayzero.procs import scratch_redis
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.settings import Settings
 from services.gateway.app import make_app
@@ -61,3 +64,17 @@ def test_a_body_whose_choice_fails_counts_each_choice_once(gateway):
         r = answer.result(timeout=30)
     assert r.status_code == 500 and r.json()["error"]["code"] == "generation_failed"
     assert _grown(before, _finished(client)) == {"error": 2.0}
+
+
+def test_metrics_are_served_while_redis_is_down(demo_dir):
+    """An outage is when the gateway's own counters matter: the scrape leaves out only what it
+    reads from Redis (queue depths, worker snapshots) and says Redis was not reached."""
+    with scratch_redis() as port:
+        client = TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=f"redis://127.0.0.1:{port}/0")))
+        with client:
+            assert "dayzero_queue_reachable 1.0" in client.get("/metrics").text
+            client.post("/v1/completions", json={"model": "nope", "prompt": "x"})  # a 400 to count
+            redis.Redis(port=port).shutdown(nosave=True)
+            r = client.get("/metrics")
+    assert r.status_code == 200 and "dayzero_queue_reachable 0.0" in r.text
+    assert 'dayzero_http_responses_total{status="400"} 1.0' in r.text and "dayzero_queue_depth{" not in r.text

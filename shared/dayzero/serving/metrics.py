@@ -13,6 +13,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 
+import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
@@ -91,13 +92,17 @@ class WorkerStats:
 
 
 class SnapshotCollector(Collector):
-    """Renders worker snapshots ({worker: snapshot}) as Prometheus metric families."""
+    """Renders worker snapshots ({worker: snapshot}) as Prometheus metric families (none while
+    their source, Redis for the gateway, cannot be read: the scrape still shows the rest)."""
 
     def __init__(self, source: Callable[[], dict[str, dict]]) -> None:
         self.source = source
 
     def collect(self) -> Iterator:
-        snapshots = self.source()
+        try:
+            snapshots = self.source()
+        except redis.RedisError:
+            snapshots = {}
         labels = ["worker", "stage"]
         families = {
             k: CounterMetricFamily(name.removesuffix("_total"), doc, labels=labels)
@@ -154,16 +159,23 @@ def _per_position(snapshots: dict[str, dict]) -> CounterMetricFamily:
 
 
 class QueueDepthCollector(Collector):
-    """``dayzero_queue_depth{stage}``: messages waiting per stage, read at scrape time."""
+    """``dayzero_queue_depth{stage}``: messages waiting per stage, read at scrape time; and
+    ``dayzero_queue_reachable``: 0 when Redis could not be read (the depths are then left out)."""
 
     def __init__(self, source: Callable[[], dict[str, int]]) -> None:
         self.source = source
 
     def collect(self) -> Iterator:
         family = GaugeMetricFamily("dayzero_queue_depth", "requests waiting in each stage's queue", labels=["stage"])
-        for stage, depth in self.source().items():
+        reachable = GaugeMetricFamily("dayzero_queue_reachable", "1: Redis answered this scrape, 0: it did not")
+        try:
+            depths = self.source()
+        except redis.RedisError:
+            depths = None
+        for stage, depth in (depths or {}).items():
             family.add_metric([stage], depth)
-        yield family
+        reachable.add_metric([], float(depths is not None))
+        yield from (family, reachable)
 
 
 def serve_metrics(port: int, source: Callable[[], dict[str, dict]]) -> None:
