@@ -83,13 +83,23 @@ class DecodeLoop:
             self.stop.wait(0.05)  # waiting for blocks or a handoff
 
     def _beat(self) -> None:
-        """Lease heartbeats and worker liveness, a few times per lease period (not every step)."""
+        """Lease heartbeats, worker liveness and the requests' time limit, a few times per lease
+        period (not every step)."""
         now = time.monotonic()
         if now - self._last_beat >= self.r.settings.lease_s / 4:
             self._last_beat = now
             for rid in self.r.store.heartbeat(list(self.active), self.r.name, self.r.settings.lease_s):
                 self._drop(rid)
+            self._end_overdue()
             self.r.announce(len(self.active) or 1)
+
+    def _end_overdue(self) -> None:
+        """A request admitted longer ago than ``task_time_limit_s`` ends with an error."""
+        limit = self.r.settings.task_time_limit_s
+        overdue = time.time() - limit
+        for rid in [rid for rid, a in self.active.items() if a.ticket.job.request.created < overdue]:
+            message = f"the request ran past DAYZERO_TASK_TIME_LIMIT_S ({limit} s)"
+            self._finish(rid, "error", index=self.active[rid].completion.count, message=message)
 
     def _drop(self, rid: str) -> None:
         """Stop generating a request whose lease this worker lost (it stalled past the lease and the
