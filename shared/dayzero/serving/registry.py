@@ -10,6 +10,8 @@ import redis
 
 from .lifecycle import key
 
+FORGET_S = 600.0  # a worker process silent this long is forgotten
+
 
 class Registry:
     def __init__(self, client: redis.Redis) -> None:
@@ -33,9 +35,20 @@ class Registry:
         return {name: json.loads(v) for name, v in self._family("loading").items()}
 
     def live_workers(self, stage: str, within_s: float) -> list[str]:
+        """The stage's workers that beat within ``within_s``: one per worker, a restarted process
+        (the same name, a new ``:suffix``) standing for the one it replaced; processes silent for
+        ``FORGET_S`` leave the registry (a crash-looping worker would add one a restart)."""
         now = time.time()
-        beats = self.r.hgetall(key("workers", stage))
-        return [w.decode() for w, t in beats.items() if now - float(t) <= within_s]
+        beats = {w.decode(): float(t) for w, t in self.r.hgetall(key("workers", stage)).items()}
+        gone = [w for w, t in beats.items() if now - t > FORGET_S]
+        if gone:
+            self.r.hdel(key("workers", stage), *gone)
+        latest: dict[str, tuple[float, str]] = {}
+        for process, t in beats.items():
+            worker = process.rpartition(":")[0] or process
+            if now - t <= within_s and t > latest.get(worker, (0.0, ""))[0]:
+                latest[worker] = (t, process)
+        return sorted(process for _, process in latest.values())
 
     def queue_depths(self, stages: tuple[str, ...]) -> dict[str, int]:
         """Messages waiting in each stage's Celery queue (a Redis list named after the queue)."""

@@ -1,0 +1,27 @@
+"""The worker registry on a real Redis: /ready's count of live workers."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from dayzero.serving.lifecycle import key
+from dayzero.serving.registry import FORGET_S, Registry
+
+
+def test_a_restarted_worker_counts_once_and_long_silent_processes_are_forgotten(redis_url):
+    """Each process beats under its worker's name and a suffix of its own (its leases are its own):
+    a worker killed and restarted has two entries for a while, and one worker is all it is."""
+    registry, now = Registry(redis.Redis.from_url(redis_url)), time.time()
+    beats = {
+        "decode0@a:dead01": now - 2,  # killed 2 s ago, within the liveness window
+        "decode0@a:new002": now - 0.5,  # its restart
+        "decode1@a:1a2b3c": now - 1,
+        "decode0@b:4d5e6f": now - 30,  # another host's, silent past the window
+        "decode2@a:0f0f0f": now - FORGET_S - 1,  # crash-looped long ago
+    }
+    registry.r.hset(key("workers", "stage-x"), mapping=beats)
+    assert registry.live_workers("stage-x", 11) == ["decode0@a:new002", "decode1@a:1a2b3c"]
+    kept = {k.decode() for k in registry.r.hkeys(key("workers", "stage-x"))}
+    assert kept == set(beats) - {"decode2@a:0f0f0f"}
