@@ -118,3 +118,10 @@ def test_a_variable_that_is_no_setting_is_named_with_the_likely_one():
         "DAYZERO_PROT is not a setting (did you mean DAYZERO_PORT?)",
         "DAYZERO_ZZZ is not a setting",
     ]
+
+
+def test_image_limits_come_from_their_variables(monkeypatch):
+    monkeypatch.setenv("DAYZERO_IMAGE_MAX_TOTAL_PIXELS", "1234")
+    monkeypatch.setenv("DAYZERO_IMAGE_MAX_PIXELS", "567")
+    limits = Settings().image_limits()
+    assert (limits.max_total_pixels, limits.max_pixels) == (1234, 567)

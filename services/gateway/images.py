@@ -28,8 +28,9 @@ class Prompt:
 def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, vision: bool) -> Prompt:
     """Messages as plain dicts for the chat encoding (a list content as its part strings, each
     image one placeholder tag), with their images checked: the count first, then each image's
-    size from its header, and only then the pixels (call it in a worker thread: decoding is slow)."""
-    turns, images, patches = [], [], []
+    size from its header and the request's summed pixels, and only then the pixels (call it in a
+    worker thread: decoding is slow)."""
+    turns, images = [], []
     for i, m in enumerate(messages):
         parts = m.content if isinstance(m.content, list) else [m.content or ""]
         text = []
@@ -51,28 +52,38 @@ def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, v
             text.append(IMAGE_TAG)
         extra = m.model_dump(include={"reasoning_content", "tool_calls", "tool_call_id", "prefix"}, exclude_none=True)
         turns.append({"role": m.role, "content": text if isinstance(m.content, list) else text[0], **extra})
-    if len(images) > limits.max_images:
-        raise APIError(
-            400,
-            f"{len(images)} images in one request; the limit is {limits.max_images}",
-            param="messages",
-            code="too_many_images",
-        )
-    data = [_checked(url, limits, spec, param, patches) for url, param in images]
-    for blob, (_, param) in zip(data, images, strict=True):
-        _image_error(lambda blob=blob: decode(blob, limits), param)  # corrupt pixel data: 400 here
+    data, patches = _checked_images(images, limits, spec)
     return Prompt(turns, data, patches)
 
 
-def _checked(url: str, limits: ImageLimits, spec: PatchSpec, param: str, patches: list[int]) -> bytes:
-    """The image's bytes, its limits checked from its header; appends its merged-patch count."""
+def _checked_images(
+    images: list[tuple[str, str]], limits: ImageLimits, spec: PatchSpec
+) -> tuple[list[bytes], list[int]]:
+    """(bytes, merged patches) of each (url, param): the count, then each header (its size and the
+    request's pixel budget), and only then the pixels, drafted at their target size where cheaper."""
+    _within(len(images), limits.max_images, "images", "too_many_images")
+    checked = [_checked(url, limits, spec, param) for url, param in images]
+    summed = sum(pixels for _, pixels, _ in checked)
+    _within(summed, limits.max_total_pixels, "image pixels (width x height, summed)", "too_many_image_pixels")
+    for (blob, _, _), (_, param) in zip(checked, images, strict=True):
+        _image_error(lambda blob=blob: decode(blob, limits, spec), param)  # corrupt pixel data: 400 here
+    return [blob for blob, _, _ in checked], [patches for _, _, patches in checked]
 
-    def measure() -> bytes:
+
+def _within(found: int, limit: int, what: str, code: str) -> None:
+    """A per-request image limit: over it, a 400 naming ``messages``."""
+    if found > limit:
+        raise APIError(400, f"{found} {what} in one request; the limit is {limit}", param="messages", code=code)
+
+
+def _checked(url: str, limits: ImageLimits, spec: PatchSpec, param: str) -> tuple[bytes, int, int]:
+    """(bytes, decoded pixels, merged patches) of one image, its limits checked from its header."""
+
+    def measure() -> tuple[bytes, int, int]:
         data = image_bytes(url, limits)
         width, height = probe(data, limits)
         h, w = target_size(height, width, spec)
-        patches.append(h * w // (spec.patch_size * spec.merge_size) ** 2)
-        return data
+        return data, width * height, h * w // (spec.patch_size * spec.merge_size) ** 2
 
     return _image_error(measure, param)
 

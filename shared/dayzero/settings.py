@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     image_max_bytes: int = Field(default=10 << 20, ge=1, description="encoded bytes per image")
     image_max_pixels: int = Field(default=40_000_000, ge=1, description="decoded pixels per image (bomb guard)")
     image_max_count: int = Field(default=8, ge=0, description="images per request")
+    image_max_total_pixels: int = Field(
+        default=80_000_000, ge=1, description="decoded pixels of all images of a request, summed (cost guard)"
+    )
     image_allowed_hosts: Annotated[list[str], NoDecode] = Field(
         default=[], description="hosts remote image URLs may come from, comma-separated (or a JSON list)"
     )
@@ -130,7 +133,11 @@ class Settings(BaseSettings):
 
     def image_limits(self) -> ImageLimits:
         return ImageLimits(
-            self.image_max_bytes, self.image_max_pixels, self.image_max_count, tuple(self.image_allowed_hosts)
+            max_bytes=self.image_max_bytes,
+            max_pixels=self.image_max_pixels,
+            max_images=self.image_max_count,
+            max_total_pixels=self.image_max_total_pixels,
+            allowed_hosts=tuple(self.image_allowed_hosts),
         )
 
     def patch_spec(self) -> PatchSpec:

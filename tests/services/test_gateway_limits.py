@@ -231,3 +231,34 @@ def test_a_completions_prompt_over_the_context_is_refused_naming_prompt(lone_gat
     r = httpx.post(f"{lone_gateway.url}/v1/completions", json=body, headers=KEY, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
     assert r.json()["error"]["param"] == "prompt"
+
+
+def _render(urls: list[str], limits):
+    from dayzero.vision.images import PatchSpec
+    from services.gateway.chat_schemas import ChatCompletionRequest
+    from services.gateway.images import render_chat
+
+    body = _image_chat(*urls)
+    return render_chat(ChatCompletionRequest(**body).messages, limits, PatchSpec(), True)
+
+
+def test_summed_image_pixels_are_refused_from_the_headers_before_decoding():
+    """In-process: three 20x20 images are 1200 pixels. Their pixel data is cut off, so only a check
+    from the headers can refuse them as over budget; at the budget they reach the decoder."""
+    import base64
+
+    from dayzero.vision.images import ImageLimits
+    from services.gateway.errors import APIError
+
+    from ..vision.conftest import encoded
+
+    cut = ["data:image/png;base64," + base64.b64encode(encoded(20, 20, seed=i)[:100]).decode() for i in range(3)]
+    with pytest.raises(APIError) as over:
+        _render(cut, ImageLimits(max_total_pixels=1199))
+    assert (over.value.status, over.value.param, over.value.code) == (400, "messages", "too_many_image_pixels")
+    assert over.value.message == "1200 image pixels (width x height, summed) in one request; the limit is 1199"
+    with pytest.raises(APIError) as at_budget:
+        _render(cut, ImageLimits(max_total_pixels=1200))
+    assert (at_budget.value.code, at_budget.value.param) == ("invalid_image", "messages.0.content")
+    whole = [data_url(20, 20, i) for i in range(3)]
+    assert len(_render(whole, ImageLimits(max_total_pixels=1200)).images) == 3

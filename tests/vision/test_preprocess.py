@@ -5,11 +5,12 @@ from __future__ import annotations
 import base64
 import io
 
+import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageDraw, ImageOps
 
-from dayzero.vision.images import ImageError, ImageLimits, PatchSpec, decode, image_bytes
+from dayzero.vision.images import ImageError, ImageLimits, PatchSpec, decode, image_bytes, target_size
 from dayzero.vision.preprocess import process
 
 from .conftest import encoded
@@ -109,3 +110,38 @@ def test_allowed_hosts_are_fetched_with_limits(tmp_path):
             image_bytes(f"{base}/cat.png", ImageLimits())
     finally:
         server.shutdown()
+
+
+def _photo_jpeg(width: int, height: int, orientation: int) -> bytes:
+    """Smooth colour areas crossed by thin lines and text (what scaled JPEG decoding blurs most)."""
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 255, (9, 12, 3), dtype=np.uint8)).resize((width, height), Image.BICUBIC)
+    draw = ImageDraw.Draw(image)
+    for x in range(0, width, 37):
+        draw.line([(x, 0), (width - x, height)], fill=(x % 255, 0, 120), width=3)
+    for y in range(0, height, 23):
+        draw.text((y % width, y), "dayzero", fill="black")
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # 6: shown turned 90 degrees
+    buf = io.BytesIO()
+    image.save(buf, "JPEG", quality=90, exif=exif)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(("width", "height", "orientation"), [(4032, 3024, 1), (4032, 3024, 6), (1700, 5000, 1)])
+def test_large_jpeg_is_decoded_scaled_down_close_to_a_full_size_resize(width, height, orientation):
+    spec = PatchSpec(max_pixels=28 * 28 * 256)
+    data = _photo_jpeg(width, height, orientation)
+    full = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")  # reference: full-size decode
+    h, w = target_size(full.height, full.width, spec)
+    reference = np.asarray(full.resize((w, h), Image.BICUBIC), dtype=np.int16)
+    drafted = decode(data, ImageLimits(), spec)
+    assert drafted.size == (w, h)  # at its target size: patchify keeps it, patches as the gateway counted
+    difference = np.abs(np.asarray(drafted, dtype=np.int16) - reference)
+    assert difference.mean() < 2.5 and np.percentile(difference, 99) <= 16  # of 255
+    assert torch.equal(process([drafted], spec)[1], process([full], spec)[1])
+
+
+def test_jpeg_under_four_times_its_target_size_decodes_at_full_size():
+    data = encoded(1000, 900, "JPEG")
+    assert decode(data, ImageLimits(), PatchSpec(max_pixels=28 * 28 * 256)).size == (1000, 900)
