@@ -3,6 +3,7 @@ dayzero.chat)."""
 
 from __future__ import annotations
 
+from dayzero.chat.dsml import to_json
 from dayzero.chat.encoding import ChatOptions
 from dayzero.chat.grammar import dsml_symbol, grammar_problem, json_grammar, tool_calls_grammar
 from dayzero.chat.tokens import DSML, END_THINK
@@ -11,7 +12,7 @@ from dayzero.params import Grammar
 from .chat_schemas import ChatPrompt, NamedToolChoice
 from .context import Gateway, tokenizing
 from .errors import APIError
-from .images import Prompt, expand_placeholders, render_chat
+from .images import IMAGE_TAG, Prompt, expand_placeholders, render_chat
 from .schemas import Sampling
 
 
@@ -20,13 +21,22 @@ def chat_prompt(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
     s = gw.settings
     prompt = render_chat(body.messages, s.image_limits(), s.patch_spec(), gw.image_token is not None)
     thinking, effort = body.thinking()
-    schema = body.response_format.schema_() if isinstance(body, Sampling) and body.response_format else None
+    schema = body.response_format.schema_() if body.response_format else None
     options = ChatOptions(thinking, effort, tuple(body.offered_tools()), schema)
     with tokenizing("messages"):  # a chat far over the context is refused from its size, untokenized
         ids = gw.codec.chat_ids(prompt.messages, options, gw.context_limit)
-    if prompt.images:
-        ids = expand_placeholders(ids, gw.image_token, prompt.patches)
+    if gw.image_token is not None:  # every placeholder must be an attached image's, none typed in text
+        ids = expand_placeholders(ids, gw.image_token, prompt.patches, _field_holding_the_tag(options))
     return ids, prompt
+
+
+def _field_holding_the_tag(options: ChatOptions) -> str:
+    """The field to blame for a placeholder no image put there: tool or schema text, else the
+    messages' (their content refuses it itself; reasoning and call arguments do not)."""
+    for field, value in (("tools", options.tools), ("response_format", options.response_format)):
+        if IMAGE_TAG in to_json(value):
+            return field
+    return "messages"
 
 
 def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | None:

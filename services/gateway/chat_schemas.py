@@ -9,7 +9,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from dayzero.chat.grammar import schema_problem
 
-from .schemas import MAX_TEXT, Sampling, _Body
+from .schemas import MAX_TEXT, ResponseFormat, Sampling, _Body
 
 MAX_MESSAGES = 256
 Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]  # OpenAI's, and V4's max
@@ -105,6 +105,7 @@ class ChatPrompt(_Body):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
     reasoning_effort: Effort | None = None
+    response_format: ResponseFormat | None = None  # json_object / json_schema: a section of the system prompt
 
     @field_validator("messages")
     @classmethod
@@ -160,6 +161,14 @@ class ChatPrompt(_Body):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _prefix_is_not_constrained(self) -> ChatPrompt:
+        formatted = self.response_format is not None and self.response_format.schema_() is not None
+        constrained = bool(self.enforced_tools()) or formatted
+        if self.ends_with_prefix() and constrained:
+            raise ValueError("a prefix cannot be continued under tool_choice required / named or response_format")
+        return self
+
     def enforced_tools(self) -> list[dict]:
         """The tools whose calls a grammar enforces: all under tool_choice required, the named one."""
         if isinstance(self.tool_choice, NamedToolChoice):
@@ -198,14 +207,6 @@ class ChatCompletionRequest(Sampling, ChatPrompt):
         if value and not info.data.get("logprobs"):
             raise ValueError("top_logprobs requires logprobs: true")
         return value
-
-    @model_validator(mode="after")
-    def _prefix_is_not_constrained(self) -> ChatCompletionRequest:
-        formatted = self.response_format is not None and self.response_format.schema_() is not None
-        constrained = bool(self.enforced_tools()) or formatted
-        if self.ends_with_prefix() and constrained:
-            raise ValueError("a prefix cannot be continued under tool_choice required / named or response_format")
-        return self
 
     def logprob_count(self) -> int | None:
         """Alternatives per token to report (None: no logprobs)."""

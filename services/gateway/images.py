@@ -95,8 +95,11 @@ def _image_error(check, param: str):
         raise APIError(400, str(exc), param=param, code="invalid_image") from exc
 
 
-def expand_placeholders(ids: list[int], image_token: int, patches: list[int]) -> list[int]:
+def expand_placeholders(ids: list[int], image_token: int, patches: list[int], param: str) -> list[int]:
+    """Each image's placeholder -> its patch positions; a placeholder beyond the images' (the tag
+    typed into text that enters the prompt) is a 400 naming ``param``."""
     try:
         return expand(ids, image_token, patches)
     except ValueError as exc:
-        raise APIError(400, str(exc), param="messages") from exc
+        why = f"{IMAGE_TAG} stands for an attached image and must not appear in text"
+        raise APIError(400, f"{exc}: {why}", param=param) from exc
