@@ -47,7 +47,7 @@ class ToolCall(_Body):
 
 class Message(_Body):
     role: Literal["system", "user", "assistant", "developer", "tool", "latest_reminder"]
-    content: str | list[Part] | None = Field(default=None, max_length=MAX_TEXT)
+    content: str | Annotated[list[Part], Field(min_length=1)] | None = Field(default=None, max_length=MAX_TEXT)
     reasoning_content: str | None = Field(default=None, max_length=MAX_TEXT)  # an assistant's (DeepSeek's field)
     tool_calls: list[ToolCall] | None = Field(default=None, max_length=128)
     tool_call_id: str | None = Field(default=None, max_length=256)

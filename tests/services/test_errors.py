@@ -104,3 +104,8 @@ def test_a_tool_parameter_name_the_call_format_cannot_carry_is_refused(gateway, 
         error["message"]
         == "tools: 0.function.parameters: parameter name 'a\"b': the model's tool calls cannot carry a '\"' in a name"
     )
+
+
+def test_an_empty_list_of_content_parts_is_refused(gateway):
+    error = _error(gateway, {"model": MODEL, "messages": [{"role": "user", "content": []}]})
+    assert error["param"] == "messages.0.content" and "at least 1 item" in error["message"], error
