@@ -63,7 +63,8 @@ class VisionEncoder:
         fresh: dict[int, torch.Tensor] = {}
         if missing:
             with tracer.start_as_current_span("vision.preprocess", attributes={"dayzero.images": len(missing)}):
-                pixels, grid = process([decode(images[i], self.limits, self.spec) for i in missing], self.spec)
+                decoded = (decode(images[i], self.limits, self.spec) for i in missing)  # one held at a time
+                pixels, grid = process(decoded, self.spec)
             with tracer.start_as_current_span("vision.encode", attributes={"dayzero.patches": int(pixels.shape[0])}):
                 merged = encode(self.tower, pixels, grid)
             self.counters.tower_calls += 1

@@ -5,6 +5,8 @@ CLIP mean/std, patches laid out merge-block-major.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import torch
 from PIL import Image
@@ -27,7 +29,8 @@ def patchify(image: Image.Image, spec: PatchSpec) -> tuple[torch.Tensor, tuple[i
     return torch.from_numpy(np.ascontiguousarray(patches).reshape(gh * gw, 3 * t * p * p)), (1, gh, gw)
 
 
-def process(images: list[Image.Image], spec: PatchSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """Several images -> (pixel_values [sum patches, dim], image_grid_thw [n, 3] long)."""
+def process(images: Iterable[Image.Image], spec: PatchSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Several images -> (pixel_values [sum patches, dim], image_grid_thw [n, 3] long); given as a
+    generator, each decoded image is let go once patchified."""
     parts = [patchify(image, spec) for image in images]
     return torch.cat([p for p, _ in parts]), torch.tensor([g for _, g in parts], dtype=torch.long)
