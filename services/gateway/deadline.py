@@ -1,8 +1,10 @@
 """A client must send each request in time: its head within ``REQUEST_READ_S`` of the connection's
 start (or of the previous response's end), its body within as long again plus a second per
-``BODY_BYTES_PER_S`` bytes it declares; else it gets a 408 and the connection closes. uvicorn
-times out only idle keep-alive connections, so a peer trickling a header a byte at a time would
-hold its socket (and a file descriptor) for ever. An answer, however long it takes, is not timed."""
+``BODY_BYTES_PER_S`` bytes it declares (a chunked body: the most a body may hold); else it gets a
+408 and the connection closes. uvicorn times out only idle keep-alive connections, so a peer
+trickling a header a byte at a time would hold its socket (and a file descriptor) for ever. An
+answer, however long it takes, is not timed, nor a pipelined request while an earlier answer is
+still going out (uvicorn stops reading until it is done)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ def _timed_out() -> bytes:
 class RequestReadDeadline(HttpToolsProtocol):
     """uvicorn's httptools protocol with a deadline on reading each request."""
 
-    read_s, body_bytes_per_s = REQUEST_READ_S, BODY_BYTES_PER_S
+    read_s, body_bytes_per_s, max_body_bytes = REQUEST_READ_S, BODY_BYTES_PER_S, 8 << 20
     _deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -35,8 +37,9 @@ class RequestReadDeadline(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
-        length = next((v for name, v in self.headers if name == b"content-length"), b"0")
-        self._arm(self.read_s + (int(length) if length.isdigit() else 0) / self.body_bytes_per_s)
+        declared = next((v for name, v in self.headers if name == b"content-length"), None)
+        length = int(declared) if declared is not None and declared.isdigit() else self.max_body_bytes
+        self._arm(self.read_s + min(length, self.max_body_bytes) / self.body_bytes_per_s)
 
     def on_message_complete(self) -> None:
         self._disarm()  # the request is whole: the app answers at its own pace
@@ -62,8 +65,10 @@ class RequestReadDeadline(HttpToolsProtocol):
 
     def _reading(self) -> bool:
         """Whether a request is still arriving: a head (no request yet, or the last one answered),
-        or a body nothing has been answered to (a pipelined request waits whole for its turn)."""
+        or a body nothing has been answered to; not while an earlier answer is still going out."""
         cycle = self.cycle
+        if self.pipeline:  # requests waiting for their turn: uvicorn reads on once the answer is out
+            return False
         if cycle is None or cycle.response_complete:
             return True
         return cycle.more_body and not cycle.response_started
@@ -73,3 +78,8 @@ class RequestReadDeadline(HttpToolsProtocol):
         if self._reading() and not self.transport.is_closing():
             self.transport.write(_timed_out())
             self.transport.close()
+
+
+def request_read_deadline(max_body_bytes: int) -> type[RequestReadDeadline]:
+    """The protocol for a gateway taking bodies of up to ``max_body_bytes``."""
+    return type("RequestReadDeadline", (RequestReadDeadline,), {"max_body_bytes": max_body_bytes})

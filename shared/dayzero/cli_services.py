@@ -22,7 +22,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         import uvicorn
 
         from services.gateway.app import make_app
-        from services.gateway.deadline import RequestReadDeadline
+        from services.gateway.deadline import request_read_deadline
 
         app = make_app(settings)
         grace = settings.shutdown_grace_s  # open streams end with an error event well within it
@@ -30,7 +30,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             app,
             host=settings.host,
             port=settings.port,
-            http=RequestReadDeadline,  # a request sent too slowly gets a 408
+            http=request_read_deadline(settings.max_request_bytes),  # a request sent too slowly gets a 408
             log_level="info",
             timeout_graceful_shutdown=grace,
         )

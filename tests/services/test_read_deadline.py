@@ -19,7 +19,7 @@ READ_S = 0.5
 
 
 class _Quick(RequestReadDeadline):
-    read_s, body_bytes_per_s = READ_S, 1000
+    read_s, body_bytes_per_s, max_body_bytes = READ_S, 1000, 2000
 
 
 async def _slow_stream(scope, receive, send) -> None:
@@ -110,3 +110,20 @@ def test_a_pipelined_request_is_not_cut_while_it_waits_or_is_answered(server):
     kept = HEAD.replace(b"connection: close\r\n", b"") + b"\r\nabcd"
     received = _exchange(server, [kept + HEAD + b"\r\nabcd"], pause_s=0)
     assert received.count(b"HTTP/1.1 200 OK\r\n") == 2 and b"408" not in received, received
+
+
+def test_a_chunked_body_gets_the_time_of_the_largest_body(server):
+    """No length declared: READ_S + 2000 bytes at 1000 a second; halves sent 3 x READ_S apart."""
+    head = HEAD.replace(b"content-length: 4\r\n", b"transfer-encoding: chunked\r\n") + b"\r\n"
+    received = _exchange(server, [head + b"2\r\nab\r\n", b"2\r\ncd\r\n0\r\n\r\n"], pause_s=3 * READ_S)
+    assert received.startswith(b"HTTP/1.1 200 OK\r\n"), received
+
+
+def test_a_pipelined_request_is_not_timed_while_an_earlier_answer_goes_out(server):
+    """The second request's body never comes: its 408 follows the first answer whole, never
+    inside it (uvicorn reads no further until that answer is out)."""
+    kept = HEAD.replace(b"connection: close\r\n", b"") + b"\r\nabcd"
+    received = _exchange(server, [kept + HEAD + b"\r\n"], pause_s=0)  # the first answered over 4 x READ_S
+    first, _, rest = received.partition(b"xxxx")
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n") and b"408" not in first, received
+    assert rest.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), received
