@@ -19,6 +19,7 @@ from .chat import chat_prompt, grammar
 from .chat_schemas import ChatCompletionRequest, ChatPrompt, TokenizeRequest
 from .context import Gateway, tokenizing
 from .errors import APIError
+from .images import expand_placeholders
 from .responses import event_stream, respond
 from .schemas import CompletionRequest, DetokenizeRequest, Sampling
 from .streams import valid_entry_id
@@ -161,6 +162,8 @@ async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
                 ids = await run_in_threadpool(gw.codec.encode, prompt, gw.context_limit)
         else:
             ids = list(prompt)
+        if gw.image_token is not None:  # completions take no images: a placeholder in the prompt is none's
+            ids = expand_placeholders(ids, gw.image_token, [], "prompt")
         spec = _spec(gw, body, ids, body.max_tokens, grammar(gw, body))
         if scored and len(ids) > MAX_ECHO_LOGPROB_TOKENS:
             limit = MAX_ECHO_LOGPROB_TOKENS
