@@ -9,6 +9,8 @@ import redis
 import redis.asyncio as aioredis
 from celery import Celery
 from opentelemetry import trace
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
 from starlette.concurrency import run_in_threadpool
 
 from dayzero.serving.lifecycle import Lifecycle, Queue
@@ -26,9 +28,15 @@ class Bus:
     def __init__(self, settings: Settings, celery: Celery) -> None:
         self.settings, self.celery = settings, celery
         task_message(celery, "prefill", "", {})  # Celery builds its message machinery on first use (~3.5 ms)
-        # short commands only (token streams go through the hub): a bounded pool that waits, never fails
+        # short commands only (token streams go through the hub): a bounded pool that waits, never fails;
+        # a command on a connection Redis closed (it restarted) goes once more on a new one
         pool = aioredis.BlockingConnectionPool.from_url(
-            settings.redis_url, max_connections=64, timeout=10, socket_connect_timeout=2, socket_timeout=10
+            settings.redis_url,
+            max_connections=64,
+            timeout=10,
+            socket_connect_timeout=2,
+            socket_timeout=10,
+            retry=AsyncRetry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
         )
         self.r = aioredis.Redis(connection_pool=pool)
         self.hub = StreamHub(settings.redis_url, self.r, block_ms=int(settings.keepalive_s * 1000))

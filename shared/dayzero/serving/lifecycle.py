@@ -37,6 +37,8 @@ from typing import NamedTuple
 
 import redis
 from opentelemetry import trace
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from .messages import GenerationRequest
 from .queue_scripts import ADMIT, ENQUEUE, RERUN
@@ -118,7 +120,10 @@ class Lifecycle:
 
     @classmethod
     def connect(cls, url: str, stream_ttl_s: int = 600) -> Lifecycle:
-        client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=5)
+        once_more = Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))  # Redis closed the connection
+        client = redis.Redis.from_url(
+            url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=5, retry=once_more
+        )
         return cls(client, stream_ttl_s)
 
     # -- admit: -> queued ---------------------------------------------------------------------------
