@@ -21,9 +21,13 @@ end
 # KEYS: the stage's queue, its pushed count, active, then per request: req, access, queued, images.
 # ARGV: bound, keep s, queued ms, reader, image count k, the k images, then per request: id, record,
 # broker message ('': record only). 0: refused (the queue would pass ``bound``), nothing written.
+# An admission that ran already (a client retried it when the reply was lost) writes nothing more.
 ADMIT = (
     PUSH
     + """
+if redis.call('EXISTS', KEYS[4]) == 1 then
+    return 1
+end
 local n, k = (#KEYS - 3) / 4, tonumber(ARGV[5])
 if redis.call('LLEN', KEYS[1]) + n > tonumber(ARGV[1]) then
     return 0
