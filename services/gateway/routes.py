@@ -160,10 +160,10 @@ async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
         if isinstance(prompt, str):
             with tokenizing("prompt"):  # off the event loop; one far over the context: refused from its size
                 ids = await run_in_threadpool(gw.codec.encode, prompt, gw.context_limit)
+            if gw.image_token is not None:  # no images here: a placeholder typed into the text stands for none
+                ids = expand_placeholders(ids, gw.image_token, [], "prompt")
         else:
-            ids = list(prompt)
-        if gw.image_token is not None:  # completions take no images: a placeholder in the prompt is none's
-            ids = expand_placeholders(ids, gw.image_token, [], "prompt")
+            ids = list(prompt)  # token ids are the client's own: taken as they are
         spec = _spec(gw, body, ids, body.max_tokens, grammar(gw, body))
         if scored and len(ids) > MAX_ECHO_LOGPROB_TOKENS:
             limit = MAX_ECHO_LOGPROB_TOKENS
