@@ -19,6 +19,7 @@ from dayzero.serving.messages import PrefillJob
 from dayzero.serving.metrics import QueueDepthCollector, SnapshotCollector
 from dayzero.serving.queue import STAGES, composer, make_celery
 from dayzero.serving.reaper import sweep
+from dayzero.serving.registry import Registry
 from dayzero.settings import Settings
 from dayzero.telemetry import setup_tracing
 from dayzero.tokenizer import load_codec
@@ -31,6 +32,7 @@ from .routes import authorize, router
 
 log = logging.getLogger("dayzero.gateway")
 RERUN_TRANSIT_S = 30.0  # a re-run's mark until its message is pushed: a sweep's round trips, with room
+SCRAPE_REDIS_S = 1.0  # each of a scrape's two Redis reads gives up after this (Prometheus waits 5 s here)
 
 
 async def _reaper(gw: Gateway) -> None:
@@ -84,8 +86,12 @@ def make_app(settings: Settings) -> FastAPI:
         else:
             log.warning("%s has no tokenizer.json: serving token-id prompts only", path)
         app.state.gateway = gw
-        gw.metrics.registry.register(SnapshotCollector(gw.bus.registry.snapshots))  # the workers, one scrape
-        gw.metrics.registry.register(QueueDepthCollector(lambda: gw.bus.registry.queue_depths(STAGES)))
+        # the workers and the queues, read at each scrape on a client that gives up quickly: a scrape
+        # while Redis hangs answers within Prometheus' timeout, with the gateway's own series
+        timeout = {"socket_timeout": SCRAPE_REDIS_S, "socket_connect_timeout": SCRAPE_REDIS_S}
+        scraped = Registry(redis.Redis.from_url(settings.redis_url, **timeout))
+        gw.metrics.registry.register(SnapshotCollector(scraped.snapshots))
+        gw.metrics.registry.register(QueueDepthCollector(lambda: scraped.queue_depths(STAGES)))
         if not settings.api_keys:
             log.warning("no API key configured (DAYZERO_API_KEYS): the gateway accepts every request")
         reaper = asyncio.create_task(_reaper(gw))

@@ -6,7 +6,10 @@ does, through the request lifecycle."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -104,3 +107,21 @@ def test_requests_after_redis_came_back_do_not_meet_its_closed_connections(demo_
         server.terminate()
         server.wait()
     assert set(statuses) == {200}, statuses
+
+
+def test_metrics_answer_quickly_while_redis_hangs(demo_dir):
+    """A Redis that accepts nothing (stopped, or cut off) rather than refusing: the scrape gives up
+    on it within its own short timeouts, well inside Prometheus' scrape timeout."""
+    with scratch_redis() as port:
+        client = TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=f"redis://127.0.0.1:{port}/0")))
+        with client:
+            assert "dayzero_queue_reachable 1.0" in client.get("/metrics").text
+            pid = int(redis.Redis(port=port).info("server")["process_id"])
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                r = client.get("/metrics")
+                took = time.monotonic() - started
+            finally:
+                os.kill(pid, signal.SIGCONT)
+    assert r.status_code == 200 and "dayzero_queue_reachable 0.0" in r.text and took < 4, took
