@@ -26,7 +26,10 @@ def chat_prompt(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
     with tokenizing("messages"):  # a chat far over the context is refused from its size, untokenized
         ids = gw.codec.chat_ids(prompt.messages, options, gw.context_limit)
     if gw.image_token is not None:  # every placeholder must be an attached image's, none typed in text
-        ids = expand_placeholders(ids, gw.image_token, prompt.patches, _field_holding_the_tag(options))
+        try:
+            ids = expand_placeholders(ids, gw.image_token, prompt.patches, "messages")
+        except APIError as refused:  # the field the tag was typed into, looked for only now
+            raise APIError(400, refused.message, param=_field_holding_the_tag(options)) from None
     return ids, prompt
 
 

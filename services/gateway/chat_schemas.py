@@ -9,6 +9,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from dayzero.chat.grammar import schema_problem
 
+from .errors import reason
 from .schemas import MAX_TEXT, ResponseFormat, Sampling, _Body
 
 MAX_MESSAGES = 256
@@ -129,8 +130,7 @@ class ChatPrompt(_Body):
             names = [t.function.name for t in _TOOLS.validate_python(value or [])]
         except ValidationError as exc:
             first = exc.errors()[0]
-            why = first["msg"].removeprefix("Value error, ")
-            raise ValueError(f"{'.'.join(map(str, first['loc']))}: {why}") from None
+            raise ValueError(f"{'.'.join(map(str, first['loc']))}: {reason(first)}") from None
         if len(set(names)) < len(names):
             raise ValueError("tool names must be unique")
         return value
