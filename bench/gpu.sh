@@ -13,15 +13,16 @@ out=${OUT:-/tmp/dayzero-gpu}
 mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
   exit 1
-export PYTHONPATH=/tmp/site:$PWD/shared:$PWD PYTHONUNBUFFERED=1 DAYZERO_CACHE_DIR=/tmp/dayzero-cache
+export PYTHONPATH=$PWD/shared:$PWD:/tmp/site PYTHONUNBUFFERED=1 DAYZERO_CACHE_DIR=/tmp/dayzero-cache
 unset TRITON_INTERPRET
 status=0
 python3 -c "import torch, triton, transformers as t; print(torch.__version__, triton.__version__, t.__version__,
 torch.cuda.get_device_name())" 2>&1 | tee "$out/gpu.log"
-timeout 420 python3 -m pytest -q -p no:cacheprovider tests/kernels tests/test_forward.py \
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$out/gpu.log"
+timeout 240 python3 -m pytest -q -p no:cacheprovider --timeout 90 -rfE tests/kernels tests/test_forward.py \
   tests/services/test_handoff_transports.py tests/services/test_gpu_pipeline.py 2>&1 | tee -a "$out/gpu.log" ||
   status=1
 # the short measurement first: the device tool ends a command at 10 minutes
-(cd bench && timeout 90 python3 handoff.py --transport cuda_ipc) 2>&1 | tee "$out/handoff.md" || status=1
-(cd bench && timeout 240 python3 kernels.py) 2>&1 | tee "$out/kernels.md" || status=1
+(cd bench && timeout 60 python3 handoff.py --transport cuda_ipc) 2>&1 | tee "$out/handoff.md" || status=1
+(cd bench && timeout 150 python3 kernels.py) 2>&1 | tee "$out/kernels.md" || status=1
 exit $status

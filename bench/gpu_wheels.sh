@@ -20,4 +20,6 @@ for name in numpy grpcio hf_xet pygments setuptools pyyaml safetensors tqdm type
   typing_extensions anyio h11 wrapt click; do
   rm -f .whl/"$name"-[0-9]*.whl
 done
+# dayzero itself, for its metadata (the CLI's --version); the code runs from the tree (PYTHONPATH)
+python3 -m pip wheel -q --no-deps -w .whl . && rm -rf build
 du -sh .whl
