@@ -102,10 +102,12 @@ def compare(name: str, run: Callable[[str], torch.Tensor], runs: int, device: st
     return {"case": name, "twin_ms": twin_ms, "kernel_ms": kernel_ms, "speedup": twin_ms / kernel_ms, "diff": diff}
 
 
-def cases(smoke: bool, device: str, dtype: torch.dtype) -> list[tuple[str, Callable[[str], torch.Tensor]]]:
-    shape, moe_shape = (SMOKE, SMOKE_MOE) if smoke else (FLASH, FLASH_MOE)
+def cases(
+    shape: dict, moe_shape: dict, sizes: tuple[int, int, int], device: str, dtype: torch.dtype
+) -> list[tuple[str, Callable[[str], torch.Tensor]]]:
+    """(name, run(backend)) per kernel at one shape family; ``sizes``: context, decode batch, prefill chunk."""
     make = Inputs(shape, device, dtype)
-    ctx, batch, chunk = (64, 3, 12) if smoke else (16384, 32, 2048)
+    ctx, batch, chunk = sizes
     decode_args = make.attention([ctx - 1] * batch, [1] * batch)
     prefill_args = make.attention([ctx - chunk], [chunk])
     index_decode = make.indexer([4 * ctx - 1] * batch, [1] * batch)
@@ -138,7 +140,8 @@ def main() -> None:
     print(f"compiled Triton kernels vs torch twins, {where}, {args.dtype}, median of {args.runs}")
     print("| case | twin ms | kernel ms | twin / kernel | max diff |")
     print("|------|--------:|----------:|--------------:|---------:|")
-    for name, run in cases(args.smoke, device, dtype):
+    shapes = (SMOKE, SMOKE_MOE, (64, 3, 12)) if args.smoke else (FLASH, FLASH_MOE, (16384, 32, 2048))
+    for name, run in cases(*shapes, device, dtype):
         row = compare(name, run, args.runs, device)
         times = f"{row['twin_ms']:.3f} | {row['kernel_ms']:.3f} | {row['speedup']:.2f}x"
         print(f"| {row['case']} | {times} | {row['diff']:.2e} |")

@@ -16,25 +16,27 @@ from .conftest import random_ids
 TOL = 1e-5
 
 
-def _full(model, ids, options=AttentionOptions()):
-    return score(model, pools_for(model.cfg, torch.float32, len(ids)), "full", ids, options)
+def _full(model, ids, options=AttentionOptions(), device="cpu"):
+    return score(model, pools_for(model.cfg, torch.float32, len(ids), device=device), "full", ids, options)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_decode_steps_equal_full_forward(tiny_checkpoint, backend):
-    model = load_model(tiny_checkpoint, progress=False)
+def test_decode_steps_equal_full_forward(tiny_checkpoint, backend, device, tol):
+    """On a GPU host the Triton backend is compiled (it takes device tensors) and dots in TF32."""
+    device = device if backend == "triton" else "cpu"
+    model = load_model(tiny_checkpoint, device=device, progress=False)
     options = AttentionOptions(backend=backend)
     n = 90 if backend == "torch" else 40  # interpreted kernels are slow: fewer steps, still crossing boundaries
     ids = random_ids(n, model.cfg.vocab_size, seed=5)
-    full = _full(model, ids)
-    pools = pools_for(model.cfg, torch.float32, n)
+    full = _full(model, ids, device=device)
+    pools = pools_for(model.cfg, torch.float32, n, device=device)
     first = prefill(model, pools, ["s"], [ids[:21]], options)[0]  # 21: mid-window of every compressor
     errors = [(first - full[20]).abs().max().item()]
     for t in range(21, n - 1):  # decode steps crossing CSA (4) and HCA (8) boundaries
         logits = decode(model, pools, ["s"], [ids[t]], options)[0]
         errors.append((logits - full[t]).abs().max().item())
     assert pools.length("s") == n - 1
-    assert max(errors) < TOL
+    assert max(errors) < (TOL if device == "cpu" else 10 * tol)
 
 
 def test_chunked_prefill_equals_full_forward(tiny_checkpoint):

@@ -91,7 +91,8 @@ def _decode_elsewhere(checkpoint, ref, redis_url, follow, out) -> None:
     model = load_model(checkpoint, device="cuda", progress=False)
     dst = pools_for(model.cfg, torch.float32, 80, device="cuda")
     Receiver(Lifecycle.connect(redis_url)).receive(ref, dst, "moved")
-    out.put(torch.stack([decode(model, dst, ["moved"], [t])[0] for t in follow]).cpu())
+    # as a list: a tensor crosses the queue as a file descriptor this process must outlive
+    out.put(torch.stack([decode(model, dst, ["moved"], [t])[0] for t in follow]).cpu().tolist())
 
 
 @pytest.mark.gpu
@@ -111,7 +112,7 @@ def test_cuda_ipc_round_trip_continues_decoding_in_another_process(tiny_checkpoi
     out = context.Queue()
     child = context.Process(target=_decode_elsewhere, args=(tiny_checkpoint, ref, redis_url, follow, out))
     child.start()
-    moved = out.get(timeout=300)
+    moved = torch.tensor(out.get(timeout=300))
     child.join(60)
     stayed = torch.stack([decode(model, src, ["s"], [t])[0] for t in follow]).cpu()
     assert child.exitcode == 0

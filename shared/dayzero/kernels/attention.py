@@ -22,13 +22,15 @@ from .attention_torch import CompressedKeys, DecodeWindow, sparse_attention_torc
 from .attention_triton import decode_split_kernel, prefill_kernel
 from .batch import Backend, RaggedBatch
 
+HEAD_TILE = 8192  # fp32 values of one program's queries (and of its accumulator): 32 KiB
+
 
 @dataclass(frozen=True, slots=True)
 class _Launch:
     """What both Triton kernels take about the keys: the window ring and the compressed entries."""
 
     key_args: tuple  # window, its table, blocks per row, ring capacity, window size, pool, table, ...
-    constants: dict  # the kernels' constexprs
+    constants: dict  # the kernels' constexprs and pipeline depth
     mode: int  # 0: window only, 1: entries by index, 2: a causal prefix of entries
     slots: int  # indices per query (mode 1)
     visible_max: int  # the longest per-query prefix of entries (mode 2)
@@ -66,8 +68,18 @@ def _launch(q, kv, window, window_table, window_size, compressed) -> _Launch:
         vis if vis is not None else dummy,
         k,
     )
-    constants = dict(D=q.shape[2], BH=max(16, triton.next_power_of_2(q.shape[1])), BN=16, BS=window.shape[1], MODE=mode)
+    constants = dict(D=q.shape[2], BH=_head_block(*q.shape[1:]), BN=16, BS=window.shape[1], MODE=mode)
+    # no software pipelining of the key loads when a key row is wider than 1 KiB: at fp32 x 512
+    # two or three stages take 192 KiB of shared memory (one: 96; bf16: 65 at any depth)
+    constants["num_stages"] = 1 if window.element_size() * q.shape[2] > 1024 else 3
     return _Launch(key_args, constants, mode, k, longest)
+
+
+def _head_block(heads: int, dim: int) -> int:
+    """Heads per program: all of them while a block's queries and accumulator stay within
+    ``HEAD_TILE`` fp32 values each (else 64 x 512 needs more shared memory than a Hopper SM
+    has), at least 16 (tensor-core dots need M >= 16)."""
+    return max(16, min(triton.next_power_of_2(heads), HEAD_TILE // dim))
 
 
 def sparse_attention_prefill(
@@ -87,7 +99,7 @@ def sparse_attention_prefill(
     launch = _launch(q, kv, window, window_table, window_size, compressed)
     q, kv = q.contiguous(), kv.contiguous()
     out = torch.empty_like(q)
-    prefill_kernel[(q.shape[0],)](
+    prefill_kernel[(q.shape[0], triton.cdiv(q.shape[1], launch.constants["BH"]))](
         q,
         kv,
         out,
@@ -128,11 +140,12 @@ def sparse_attention_decode(
     n_seq, heads, dim = q.shape
     extra = {0: 0, 1: launch.slots, 2: launch.visible_max}[launch.mode]
     splits = max(1, triton.cdiv(window_size + extra, keys_per_split))
-    bh = launch.constants["BH"]
-    m = torch.empty(n_seq, splits, bh, dtype=torch.float32, device=q.device)
+    head_blocks = triton.cdiv(heads, launch.constants["BH"])
+    padded = head_blocks * launch.constants["BH"]
+    m = torch.empty(n_seq, splits, padded, dtype=torch.float32, device=q.device)
     l_sum = torch.empty_like(m)
-    acc = torch.empty(n_seq, splits, bh, dim, dtype=torch.float32, device=q.device)
-    decode_split_kernel[(n_seq, splits)](
+    acc = torch.empty(n_seq, splits, padded, dim, dtype=torch.float32, device=q.device)
+    decode_split_kernel[(n_seq, splits, head_blocks)](
         q.contiguous(),
         kv.contiguous(),
         m,

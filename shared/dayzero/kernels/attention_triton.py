@@ -2,8 +2,10 @@
 
 Both keep an online softmax over blocks of keys: the window (ring pool before the
 sequence's start, the step's own rows after it), then the compressed entries (by index or
-a causal prefix), then the sink. The decode kernel splits each sequence's keys over
-programs (flash-decoding); the host function combines the partial results.
+a causal prefix), then the sink. A program takes a block of ``BH`` heads (the host picks it so
+that a block's queries and accumulator fit: 16 of DeepSeek-V4-Flash's 64 x 512). The decode
+kernel also splits each sequence's keys over programs (flash-decoding); the host function
+combines the partial results.
 """
 
 import triton
@@ -110,7 +112,7 @@ def prefill_kernel(
     p = tl.load(pos_ptr + t)
     start = tl.load(start_ptr + s)
     row0 = tl.load(row0_ptr + s)
-    h = tl.arange(0, BH)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + (t * H + h)[:, None] * D + d[None, :], mask=(h < H)[:, None], other=0.0).to(tl.float32)
     m = tl.full([BH], -1.0e30, tl.float32)
@@ -176,7 +178,8 @@ def decode_split_kernel(
     c = tl.program_id(1)
     splits = tl.num_programs(1)
     p = tl.load(pos_ptr + s)
-    h = tl.arange(0, BH)
+    padded = tl.num_programs(2) * BH  # heads rounded up to whole head blocks
+    h = tl.program_id(2) * BH + tl.arange(0, BH)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + (s * H + h)[:, None] * D + d[None, :], mask=(h < H)[:, None], other=0.0).to(tl.float32)
     n_win = tl.minimum(p + 1, window_size)
@@ -208,6 +211,6 @@ def decode_split_kernel(
             valid = valid | vc
         m, denom, acc = _online_update(m, denom, acc, q, k, valid, scale)
     base = s * splits + c
-    tl.store(m_ptr + base * BH + h, m)
-    tl.store(l_ptr + base * BH + h, denom)
-    tl.store(acc_ptr + (base * BH + h)[:, None] * D + d[None, :], acc)
+    tl.store(m_ptr + base * padded + h, m)
+    tl.store(l_ptr + base * padded + h, denom)
+    tl.store(acc_ptr + (base * padded + h)[:, None] * D + d[None, :], acc)

@@ -130,21 +130,26 @@ def _scores_kernel(
     count,
     scale,
     D: tl.constexpr,
+    BD: tl.constexpr,
     BH: tl.constexpr,
     BN: tl.constexpr,
     BS: tl.constexpr,
 ):
+    """Scores of ``BN`` entries for one row; ``BD``: ``D`` padded (masked) to a power of two >= 16,
+    as tensor-core dots need K >= 16."""
     t = tl.program_id(0)
     j = tl.program_id(1) * BN + tl.arange(0, BN)
     s = tl.load(seq_of_ptr + t)
     e = first + j
     valid = (j < count) & (e < tl.load(vis_ptr + t))
     h = tl.arange(0, BH)
-    d = tl.arange(0, D)
-    q = tl.load(q_ptr + (t * H + h)[:, None] * D + d[None, :], mask=(h < H)[:, None], other=0.0).to(tl.float32)
+    d = tl.arange(0, BD)
+    q_ok = (h < H)[:, None] & (d < D)[None, :]
+    q = tl.load(q_ptr + (t * H + h)[:, None] * D + d[None, :], mask=q_ok, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + t * H + h, mask=h < H, other=0.0).to(tl.float32)
     blk = tl.load(table_ptr + s * table_blocks + e // BS, mask=valid, other=0)
-    k = tl.load(keys_ptr + ((blk * BS + e % BS) * D)[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+    k_ok = valid[:, None] & (d < D)[None, :]
+    k = tl.load(keys_ptr + ((blk * BS + e % BS) * D)[:, None] + d[None, :], mask=k_ok, other=0.0)
     scores = tl.maximum(tl.dot(q, tl.trans(k.to(tl.float32))), 0.0) * scale  # [BH, BN]
     total = tl.sum(scores * w[:, None], 0)
     tl.store(out_ptr + t * count + j, tl.where(valid, total, float("-inf")), mask=j < count)
@@ -169,6 +174,7 @@ def _scores_triton(q, weights, seq_of, keys, table, visible, count):
         count,
         q.shape[-1] ** -0.5,
         D=q.shape[-1],
+        BD=max(16, triton.next_power_of_2(q.shape[-1])),
         BH=bh,
         BN=16,
         BS=keys.shape[1],
