@@ -4,7 +4,8 @@ Runs each host function of bench/kernels.py (tiny shapes, and DeepSeek-V4-Flash'
 contexts: the kernels' tile sizes depend on heads and dims, not on the context) with launches
 recorded instead of run, then compiles each distinct launch for sm_90 and reports the shared
 memory it asks for. A kernel that does not compile for a GPU (a tensor-core dot with K < 16,
-say) or needs more shared memory than ``--budget`` exits 1: both broke launches on the first
+say, under this Triton's rules or the stricter ones of the GPU host's 3.6) or needs more
+shared memory than ``--budget`` exits 1: both broke launches on the first
 H200 run (bench/RESULTS.md), while the CPU interpreter runs them. Run: ``python
 bench/kernel_builds.py [--budget 174336]`` (tests/kernels/test_hopper_builds.py does).
 """
@@ -14,15 +15,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 
 if os.environ.get("TRITON_INTERPRET") == "1":  # interpreted kernels cannot be compiled
     sys.exit("unset TRITON_INTERPRET: this compiles the kernels")
+# a cache of its own (removed at exit): a cached build would skip the rules checked here
+CACHE = tempfile.TemporaryDirectory(prefix="kernel-builds-")
+os.environ["TRITON_CACHE_DIR"] = CACHE.name
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 from kernels import FLASH, FLASH_MOE, SMOKE, SMOKE_MOE, cases  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.nvidia import compiler as nvidia  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
@@ -48,6 +54,7 @@ TYPES = {
     torch.bool: "i1",
 }
 OPTIONS = ("num_warps", "num_stages")
+NEWER_DOT_SIZES = nvidia.min_dot_size
 
 
 @dataclass(frozen=True)
@@ -93,12 +100,28 @@ def record(runs) -> list[Launch]:
     return list(seen)
 
 
+def _dot_sizes_of_triton_3_6(target: GPUTarget):
+    """The GPU host's Triton (3.6) wants K >= 16 in every tensor-core dot; 3.9 lets fp32 take 8."""
+    newer = NEWER_DOT_SIZES(target)
+
+    def check(lhs, rhs) -> tuple[int, int, int]:
+        m, n, k = newer(lhs, rhs)
+        return m, n, max(k, 16)
+
+    return check
+
+
 def shared_bytes(launch: Launch) -> int:
-    """Shared memory the launch's kernel takes when compiled for sm_90 (raises if it cannot be)."""
+    """Shared memory the launch's kernel takes when compiled for sm_90 (raises if it cannot be,
+    under this Triton's rules or the older one's on the GPU host)."""
     names = launch.kernel.arg_names
     constexprs = {(names.index(n),): v for n, v in launch.constants}
     src = ASTSource(fn=launch.kernel, signature=dict(launch.signature), constexprs=constexprs)
-    return triton.compile(src, target=HOPPER, options=dict(launch.options)).metadata.shared
+    nvidia.min_dot_size = _dot_sizes_of_triton_3_6
+    try:
+        return triton.compile(src, target=HOPPER, options=dict(launch.options)).metadata.shared
+    finally:
+        nvidia.min_dot_size = NEWER_DOT_SIZES
 
 
 def _model_steps() -> None:

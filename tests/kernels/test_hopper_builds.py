@@ -29,19 +29,31 @@ def test_every_kernel_compiles_for_sm90_within_the_shared_memory_budget():
             assert (family, kernel) in seen, (family, kernel)
 
 
-def test_the_check_refuses_the_attention_tile_that_broke_on_the_h200():
-    """The decode kernel as first launched at V4-Flash's shapes (all 64 heads of 512 in one
-    program, bf16) took 240 KiB of the H200's 227 under its Triton 3.6; the check must refuse it
-    (Triton 3.9 here asks 192 KiB for it: over the budget, which keeps 25% headroom)."""
+def test_the_check_refuses_the_launches_that_broke_on_the_h200():
+    """Two launches as they first ran on an H200 (Triton 3.6): the decode kernel with all 64 of
+    V4-Flash's heads of 512 in one program (bf16) took 240 KiB of the 227 there (Triton 3.9 here
+    asks 192: over the budget, which keeps 25% headroom), and the indexer's dot over a head dim
+    of 8 did not compile there (3.9 compiles it). The check must refuse both."""
     script = (
         "from dataclasses import replace\n"
         "import kernel_builds as kb\n"
-        "launch = next(l for l in kb.launches()['V4-Flash'] if l.kernel.__name__ == 'decode_split_kernel')\n"
-        "wide = replace(launch, constants=tuple((n, 64 if n == 'BH' else v) for n, v in launch.constants),\n"
-        "               options=(('num_stages', 3),))\n"
-        "print(kb.shared_bytes(launch), kb.shared_bytes(wide), kb.BUDGET)\n"
+        "def first(family, name):\n"
+        "    return next(l for l in kb.launches()[family] if l.kernel.__name__ == name)\n"
+        "def changed(launch, **values):\n"
+        "    return replace(launch, constants=tuple((n, values.get(n, v)) for n, v in launch.constants))\n"
+        "decode = first('V4-Flash', 'decode_split_kernel')\n"
+        "wide = replace(changed(decode, BH=64), options=(('num_stages', 3),))\n"
+        "print(kb.shared_bytes(decode), kb.shared_bytes(wide), kb.BUDGET)\n"
+        "scores = first('tiny', '_scores_kernel')\n"
+        "kb.shared_bytes(scores)\n"
+        "try:\n"
+        "    kb.shared_bytes(changed(scores, BD=8))\n"
+        "except Exception as err:\n"
+        "    print(str(err).splitlines()[-1])\n"
     )
     run = _python("-c", script)
     assert run.returncode == 0, run.stderr
-    fitted, wide, budget = map(int, run.stdout.split())
+    sizes, refusal = run.stdout.splitlines()
+    fitted, wide, budget = map(int, sizes.split())
     assert fitted <= budget < wide
+    assert "K >= 16" in refusal
