@@ -26,6 +26,6 @@ timeout 240 python3 -m pytest -q -p no:cacheprovider --timeout 90 -rfE tests/ker
 # the kernels' shared memory as this host's Triton compiles them (CI checks them under 3.9)
 (cd bench && timeout 60 python3 kernel_builds.py) 2>&1 | tee "$out/builds.md" || status=1
 # the short measurement first: the device tool ends a command at 10 minutes
-(cd bench && timeout 90 python3 handoff.py --transport cuda_ipc) 2>&1 | tee "$out/handoff.md" || status=1
+(cd bench && timeout 90 python3 handoff.py --transport cuda_ipc --profile) 2>&1 | tee "$out/handoff.md" || status=1
 (cd bench && timeout 150 python3 kernels.py) 2>&1 | tee "$out/kernels.md" || status=1
 exit $status

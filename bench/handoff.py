@@ -7,7 +7,7 @@ allocation: its exporter cannot open it) and copies the state into its own pools
 interleaved with a plain copy of as many bytes between two contiguous tensors on the same
 device, median of ``--runs`` (CUDA-synchronised). The pools hold random values (the copy does
 not depend on them). ``--transport cuda_ipc`` needs a GPU (bench/gpu.sh runs it). Run:
-``python bench/handoff.py [--runs 9] [--transport shm|cuda_ipc]``.
+``python bench/handoff.py [--runs 9] [--transport shm|cuda_ipc] [--profile]``.
 """
 
 from __future__ import annotations
@@ -43,10 +43,12 @@ def _decode_side(
     handle: StateHandle,
     moved: int,
     runs: int,
+    profiled: bool,
     out,
 ) -> None:
     """In a process of its own, as decode: attach, then import ``runs + 1`` times (the first a
-    warm-up) interleaved with a plain copy of the ``moved`` bytes; puts (handoff s, copy s) medians."""
+    warm-up) interleaved with a plain copy of the ``moved`` bytes; puts (handoff s, copy s) medians
+    and, when ``profiled``, the profiler's table of one more import."""
     device = "cuda" if transport == "cuda_ipc" else "cpu"
     if device == "cuda":
         view, segment = CudaSharedPools.attach(handle.pool_id, layout, blocks, dtype), None
@@ -69,16 +71,31 @@ def _decode_side(
         sync()
         copies.append(time.perf_counter() - start)
     assert dst.sequence_bytes("d") == moved
+    profile = _profiled(dst, view, handle, sync) if profiled else ""
     del view
     if segment is not None:
         segment.close()
-    out.put((statistics.median(handoffs[1:]), statistics.median(copies[1:])))
+    out.put((statistics.median(handoffs[1:]), statistics.median(copies[1:]), profile))
+
+
+def _profiled(dst: KVPools, view: KVPools, handle: StateHandle, sync) -> str:
+    """torch.profiler's table of one import: where its time goes, on the host (and the GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    dst.release("d")
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dst.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        import_state(dst, view, handle, "d")
+        sync()
+    order = "self_cuda_time_total" if dst.device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=order, row_limit=12)
 
 
 def bandwidth(
-    cfg: ModelConfig, tokens: int, dtype: torch.dtype, runs: int, transport: str = "shm"
-) -> tuple[float, float, int]:
-    """(handoff bytes/s, plain copy bytes/s, bytes moved) for one sequence of ``tokens`` tokens."""
+    cfg: ModelConfig, tokens: int, dtype: torch.dtype, runs: int, transport: str = "shm", profiled: bool = False
+) -> tuple[float, float, int, str]:
+    """(handoff bytes/s, plain copy bytes/s, bytes moved, profile) for one sequence of ``tokens`` tokens."""
     layout = PoolLayout.of(cfg, 16, str(dtype).removeprefix("torch."))
     blocks = KVPools.sized(layout, tokens, 1, dtype, device="meta").blocks
     if transport == "cuda_ipc":
@@ -93,12 +110,12 @@ def bandwidth(
         moved = src.sequence_bytes("s")
         context = multiprocessing.get_context("spawn")
         out = context.Queue()
-        args = (transport, layout, blocks, dtype, export_state(src, "s"), moved, runs, out)
+        args = (transport, layout, blocks, dtype, export_state(src, "s"), moved, runs, profiled, out)
         child = context.Process(target=_decode_side, args=args)
         child.start()
-        handoff, copy = out.get(timeout=600)
+        handoff, copy, profile = out.get(timeout=600)
         child.join(60)
-        return moved / handoff, moved / copy, moved
+        return moved / handoff, moved / copy, moved, profile
     finally:
         del src
         if segment is not None:
@@ -112,19 +129,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--transport", choices=("shm", "cuda_ipc"), default="shm")
+    parser.add_argument(
+        "--profile", action="store_true", help="cuda_ipc: after the table, one import profiled per case"
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     where = "GPU, CUDA IPC" if args.transport == "cuda_ipc" else "CPU, shared memory"
     print(f"KV handoff (prefill's shared pools -> decode's own, in another process) vs a plain copy, {where}")
     print("| model | dtype | tokens | state MB | handoff GB/s | copy GB/s | handoff / copy |")
     print("|---|---|---:|---:|---:|---:|---:|")
+    profiles = []
     for name, tokens in GPU_CASES if args.transport == "cuda_ipc" else CASES:
         dtype = torch.float32 if name == "demo" else torch.bfloat16
-        handoff, copy, moved = bandwidth(_config(name), tokens, dtype, args.runs, args.transport)
+        handoff, copy, moved, profile = bandwidth(_config(name), tokens, dtype, args.runs, args.transport, args.profile)
         print(
             f"| {name} | {str(dtype).removeprefix('torch.')} | {tokens} | {moved / 1e6:.2f} | "
             f"{handoff / 1e9:.2f} | {copy / 1e9:.2f} | {handoff / copy:.2f}x |"
         )
+        profiles.append(f"\n{name}, {tokens} tokens: one import\n{profile}" if profile else "")
+    print("".join(profiles), end="")
 
 
 if __name__ == "__main__":

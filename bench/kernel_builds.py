@@ -159,8 +159,8 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=BUDGET, help=f"shared bytes a kernel may take (default {BUDGET})")
     args = parser.parse_args()
     print(f"Triton kernels compiled for sm_90 by Triton {triton.__version__}: shared memory per block")
-    print("| shapes | kernel | constants | shared KiB | fits |")
-    print("|---|---|---|---:|---|")
+    print("| shapes | kernel | first input | constants | shared KiB | fits |")
+    print("|---|---|---|---|---:|---|")
     failed = 0
     for family, found in launches().items():
         for launch in found:
@@ -172,7 +172,8 @@ def main() -> None:
             except Exception as err:  # noqa: BLE001 - reported per kernel, then the exit status
                 fits, cell = f"NO: {str(err).splitlines()[-1][:80]}", "-"
             failed += fits != "yes"
-            print(f"| {family} | {launch.kernel.__name__} | {constants} | {cell} | {fits} |")
+            first = next(t for _, t in launch.signature if t.startswith("*")).removeprefix("*")
+            print(f"| {family} | {launch.kernel.__name__} | {first} | {constants} | {cell} | {fits} |")
     sys.exit(1 if failed else 0)
 
 
