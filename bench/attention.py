@@ -9,13 +9,15 @@
    each run in its own process with a 12 GiB address-space cap, so that transformers'
    quadratic prefill fails cleanly where it stops fitting.
 Writes bench/attention.png. Run: ``python bench/attention.py [--quick] [--parts decode,state,prefill]
-[--contexts 4096,65536] [--dtype bfloat16] [--lengths 8192,32768] [--no-reference]``.
+[--contexts 4096,65536] [--dtype bfloat16] [--device cuda --backend triton] [--lengths 8192,32768]
+[--no-reference]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -45,46 +47,62 @@ TINY = Heads("tiny", 16, 64, 8, 32)
 FLASH = Heads("V4-Flash", 64, 512, 64, 128)  # DeepSeek-V4-Flash's attention and indexer heads
 
 
-def decode_step(shape: Heads, context: int, runs: int, dtype: torch.dtype) -> tuple[float, float, float]:
+@dataclass(frozen=True, slots=True)
+class Where:
+    """Where the decode step runs: ``device`` and the kernels' backend (triton: compiled on a GPU)."""
+
+    device: str = "cpu"
+    backend: str = "torch"
+
+    def median_ms(self, fn, runs: int) -> float:
+        def call() -> None:
+            fn()
+            if self.device == "cuda":
+                torch.cuda.synchronize()
+
+        return median_seconds(call, runs) * 1e3
+
+
+def decode_step(shape: Heads, context: int, runs: int, dtype: torch.dtype, at: Where) -> tuple[float, float, float]:
     """(sparse total ms, of which indexer ms, dense ms) for one query at position ``context - 1``,
     activations and every cache in ``dtype`` (the softmax in fp32 on both sides)."""
     gen = torch.Generator().manual_seed(0)
     entries = context // RATE
     n_blocks = -(-entries // BS)
-    batch = RaggedBatch.build([context - 1], [1])
+    batch = RaggedBatch.build([context - 1], [1], at.device)
 
     def randn(*size: int) -> torch.Tensor:
-        return torch.randn(*size, generator=gen).to(dtype)
+        return torch.randn(*size, generator=gen).to(at.device, dtype)
 
     q, kv = randn(1, shape.heads, shape.dim), randn(1, shape.dim)
     window = randn(WINDOW // BS + 1, BS, shape.dim)
-    window_table = torch.arange(WINDOW // BS + 1, dtype=torch.int32)[None, :2]
+    window_table = torch.arange(WINDOW // BS + 1, dtype=torch.int32, device=at.device)[None, :2]
     pool = randn(n_blocks, BS, shape.dim)
     keys = randn(n_blocks, BS, shape.index_dim)
-    table = torch.arange(n_blocks, dtype=torch.int32)[None]
+    table = torch.arange(n_blocks, dtype=torch.int32, device=at.device)[None]
     iq = randn(1, shape.index_heads, shape.index_dim)
     iw = randn(1, shape.index_heads)
-    visible = torch.tensor([entries], dtype=torch.int32)
-    sink = torch.zeros(shape.heads)
+    visible = torch.tensor([entries], dtype=torch.int32, device=at.device)
+    sink = torch.zeros(shape.heads, device=at.device)
     raw = randn(context, shape.dim)
+    backend = at.backend
 
     def index():
-        return indexer_topk(iq, iw, batch, keys, table, visible, TOPK)
+        return indexer_topk(iq, iw, batch, keys, table, visible, TOPK, backend=backend)
 
     picked = index()
 
     def sparse():
         chosen = index()
-        return sparse_attention_decode(
-            q, kv, batch, window, window_table, WINDOW, sink, CompressedKeys(pool, table, indices=chosen)
-        )
+        keys_of = CompressedKeys(pool, table, indices=chosen)
+        return sparse_attention_decode(q, kv, batch, window, window_table, WINDOW, sink, keys_of, backend=backend)
 
     def dense():
         probs = (q[0] @ raw.T).float().mul_(shape.dim**-0.5).softmax(dim=-1)
         return probs.to(dtype) @ raw
 
     assert picked.shape == (1, TOPK)
-    return median_seconds(sparse, runs) * 1e3, median_seconds(index, runs) * 1e3, median_seconds(dense, runs) * 1e3
+    return at.median_ms(sparse, runs), at.median_ms(index, runs), at.median_ms(dense, runs)
 
 
 def work_ratio(shape: Heads, context: int) -> float:
@@ -99,18 +117,20 @@ def work_ratio(shape: Heads, context: int) -> float:
 
 
 def decode_table(
-    shape: Heads, contexts: list[int], runs: int, dtype: torch.dtype
+    shape: Heads, contexts: list[int], runs: int, dtype: torch.dtype, at: Where
 ) -> list[tuple[int, float, float, float]]:
+    where = torch.cuda.get_device_name() if at.device == "cuda" else "CPU"
     print(
         f"1. decode-step attention, one CSA layer, {shape.name} heads (H={shape.heads}, D={shape.dim}, "
         f"indexer {shape.index_heads} x {shape.index_dim}, window {WINDOW}, rate {RATE}, top-k {TOPK}), "
-        f"CPU {str(dtype)[6:]}, median of {runs}; work = dense / sparse multiply-adds (the ratio at equal FLOP/s)"
+        f"{where} {str(dtype)[6:]}, {at.backend} kernels, median of {runs}; "
+        "work = dense / sparse multiply-adds (the ratio at equal FLOP/s)"
     )
     print("| context | sparse ms | (indexer ms) | dense ms | dense / sparse | work |")
     print("|--------:|----------:|-------------:|---------:|---------------:|-----:|")
     rows = []
     for ctx in contexts:
-        sparse_ms, index_ms, dense_ms = decode_step(shape, ctx, runs, dtype)
+        sparse_ms, index_ms, dense_ms = decode_step(shape, ctx, runs, dtype, at)
         rows.append((ctx, sparse_ms, index_ms, dense_ms))
         ratio, work = dense_ms / sparse_ms, work_ratio(shape, ctx)
         print(f"| {ctx:7d} | {sparse_ms:9.3f} | {index_ms:12.3f} | {dense_ms:8.3f} | {ratio:13.2f}x | {work:4.1f}x |")
@@ -215,15 +235,20 @@ def main() -> None:
     parser.add_argument("--lengths", help="prefill prompt lengths, comma-separated")
     parser.add_argument("--dtype", default="float32", help="decode: activations' and caches' type (bfloat16 as served)")
     parser.add_argument("--no-reference", action="store_true", help="prefill without transformers")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="decode: where it runs")
+    parser.add_argument("--backend", choices=("torch", "triton"), default="torch", help="decode: the kernels")
     args = parser.parse_args()
+    if args.backend == "triton" and args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        parser.error("the triton backend runs on --device cuda (or interpreted: TRITON_INTERPRET=1)")
     parts = args.parts.split(",")
     runs = 3 if args.quick else 7
     contexts = [1024, 4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768, 65536]
     contexts = [int(n) for n in args.contexts.split(",")] if args.contexts else contexts
     dtype = getattr(torch, args.dtype)
-    decode_rows = decode_table(TINY, contexts, runs, dtype) if "decode" in parts else []
+    at = Where(args.device, args.backend)
+    decode_rows = decode_table(TINY, contexts, runs, dtype, at) if "decode" in parts else []
     if "decode" in parts:
-        decode_table(FLASH, contexts, runs, dtype)
+        decode_table(FLASH, contexts, runs, dtype, at)
     if "state" in parts:
         ours, dense = state_bytes_per_token()
         print(
