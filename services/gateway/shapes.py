@@ -107,7 +107,7 @@ class Shape:
     def _ids_without_text(self, choice: dict, tokens: list[Token]) -> None:
         """A checkpoint without a tokenizer has no text to give: the ids themselves (vLLM's ``token_ids``)."""
         if not self.codec.has_tokenizer:
-            choice["token_ids"] = [t.token for t in tokens]
+            choice["token_ids"] = [t.token for t in tokens if t.token >= 0]  # not an ending's -1
 
     def _delta(self, text: str, last: bool) -> dict:
         parts = self.parts.feed(text)

@@ -76,7 +76,9 @@ class Settings(BaseSettings):
     keepalive_s: float = Field(default=10.0, gt=0, description="SSE comment interval while waiting")
     stream_ttl_s: int = Field(default=600, ge=1, description="finished token streams stay resumable this long")
     task_time_limit_s: int = Field(
-        default=3600, ge=1, description="a request still generating this long after admission ends with an error"
+        default=3600,
+        ge=1,
+        description="a request still generating this long after admission ends (finish_reason length)",
     )
     tensor_parallel: int = Field(
         default=1, ge=1, description="ranks per prefill / decode worker, the model split over them (one GPU each)"

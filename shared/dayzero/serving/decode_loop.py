@@ -11,16 +11,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 import redis
-from opentelemetry import trace
 
-from ..completion import Completion, Step, context_limit, next_steps
+from ..completion import Step, context_limit, next_steps
 from ..kv.handoff import LayoutMismatch
 from ..kv.pools import OutOfBlocks
 from ..speculative import Acceptance, Speculation, decode_round
 from ..telemetry import continued, tracer
+from .active import Active
 from .handoff import Receiver
 from .intake import Intake, Ticket, run_loop
 from .lease import Heartbeat
@@ -30,15 +29,6 @@ from .runtime import Runtime
 from .scripts import Take
 
 log = logging.getLogger("dayzero.decode")
-
-
-@dataclass
-class Active:
-    ticket: Ticket[DecodeJob]
-    completion: Completion
-    next_token: int
-    span: trace.Span
-    first_seen: bool = False
 
 
 class DecodeLoop:
@@ -94,12 +84,15 @@ class DecodeLoop:
             self.r.announce(len(self.active) or 1)
 
     def _end_overdue(self) -> None:
-        """A request admitted longer ago than ``task_time_limit_s`` ends with an error."""
-        limit = self.r.settings.task_time_limit_s
-        overdue = time.time() - limit
+        """A request admitted longer ago than ``task_time_limit_s`` ends as a token limit would
+        (finish reason "length", its text kept, its usage counted): an error would lose a
+        non-streamed answer's text and make OpenAI's clients run it all again."""
+        overdue = time.time() - self.r.settings.task_time_limit_s
         for rid in [rid for rid, a in self.active.items() if a.ticket.job.request.created < overdue]:
-            message = f"the request ran past DAYZERO_TASK_TIME_LIMIT_S ({limit} s)"
-            self._finish(rid, "error", index=self.active[rid].completion.count, message=message)
+            log.warning("request %s: past DAYZERO_TASK_TIME_LIMIT_S; ending it", rid)
+            count = self.active[rid].completion.count
+            usage = {"prompt_tokens": len(self.active[rid].ticket.job.request.prompt_ids), "completion_tokens": count}
+            self._finish(rid, "length", index=count, usage=usage)
 
     def _drop(self, rid: str) -> None:
         """Stop generating a request whose lease this worker lost (it stalled past the lease and the
@@ -115,9 +108,12 @@ class DecodeLoop:
     def _cancelled_on_arrival(self, ticket: Ticket[DecodeJob]) -> None:
         self._settle(ticket, "cancelled", index=len(ticket.job.generated))
 
-    def _settle(self, ticket: Ticket[DecodeJob], reason: str, message: str = "", index: int | None = None) -> None:
-        self.heartbeat.release(ticket.job.request.request_id)
-        self.r.store.settle(ticket.job.request.request_id, ticket.job.attempt, self.r.name, reason, index, message)
+    def _settle(
+        self, ticket: Ticket[DecodeJob], reason: str, message: str = "", index: int | None = None, usage=None
+    ) -> None:
+        rid, attempt = ticket.job.request.request_id, ticket.job.attempt
+        self.heartbeat.release(rid)
+        self.r.store.settle(rid, attempt, self.r.name, reason, index, message, usage)
         ticket.done.set()
 
     def _admit(self) -> None:
@@ -172,33 +168,14 @@ class DecodeLoop:
             ticket.done.set()
 
     def _start(self, ticket: Ticket[DecodeJob]) -> None:
-        """An imported request's completion, rebuilt from the tokens already streamed, joins the batch."""
-        job = ticket.job
-        rid = job.request.request_id
+        """An imported request joins the batch (or fails alone: its own sampling could not be set up)."""
+        rid = ticket.job.request.request_id
         try:
-            completion = Completion(
-                self.r.codec,
-                job.request.sampling,
-                self.r.model.cfg.eos_token_ids,
-                len(job.request.prompt_ids),
-                self.limit,
-                job.generated,
-            )
+            self.active[rid] = Active.start(self.r, ticket, self.limit)
         except Exception as exc:  # noqa: BLE001 - its own sampling (a grammar refused): it fails alone
             self.r.ranks.release(rid)
             log.error("request %s: sampling failed: %r", rid, exc)
-            self._settle(ticket, "error", f"sampling failed: {type(exc).__name__}", len(job.generated))
-            return
-        with continued(job.trace):
-            span = tracer.start_span(
-                "decode.generate",
-                attributes={
-                    "dayzero.request_id": rid,
-                    "dayzero.prompt_tokens": len(job.request.prompt_ids),
-                    "dayzero.images": job.request.images,
-                },
-            )
-        self.active[rid] = Active(ticket, completion, job.generated[-1], span)
+            self._settle(ticket, "error", f"sampling failed: {type(exc).__name__}", len(ticket.job.generated))
 
     def _import(self, job: DecodeJob, total: int) -> None:
         """Copy the prefilled state into this worker's pools (``decode.admit`` > ``kv.import``)."""
@@ -225,19 +202,12 @@ class DecodeLoop:
         fraction = sum(min(cfg.index_topk, n) for n in entries) / available if available else 1.0
         stats.set(batch_size=len(ids), tokens_per_s=emitted / seconds if seconds else 0.0, selected_fraction=fraction)
 
-    def _finish(self, rid: str, reason: str, index: int | None = None, message: str = "") -> None:
+    def _finish(self, rid: str, reason: str, index: int | None = None, message: str = "", usage=None) -> None:
         self.heartbeat.release(rid)  # no beat in flight outlives its end
         active = self.active.pop(rid)
-        length = self.r.pools.length(rid)
+        active.end_span(reason, self.r.model.cfg, self.r.pools.length(rid))
         self.r.ranks.release(rid)
-        cfg = self.r.model.cfg
-        rate = cfg.compress_rates["compressed_sparse_attention"]
-        active.span.add_event("finish", {"finish_reason": reason, "completion_tokens": active.completion.count})
-        active.span.set_attribute("dayzero.completion_tokens", active.completion.count)
-        active.span.set_attribute("dayzero.csa_selected_entries", min(cfg.index_topk, length // rate))
-        active.span.set_attribute("dayzero.csa_entries", length // rate)
-        active.span.end()
-        self._settle(active.ticket, reason, message, index=index)
+        self._settle(active.ticket, reason, message, index=index, usage=usage)
 
     def _cancel(self) -> None:
         """Act on the cancel marks of every active and waiting request: read with the last step's

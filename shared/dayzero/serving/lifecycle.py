@@ -225,7 +225,14 @@ class Lifecycle:
 
     # -- ended: finished | cancelled | failed ----------------------------------------------------------
     def settle(
-        self, rid: str, attempt: int, owner: str, reason: str, end_at: int | None = None, message: str = ""
+        self,
+        rid: str,
+        attempt: int,
+        owner: str,
+        reason: str,
+        end_at: int | None = None,
+        message: str = "",
+        usage: dict | None = None,
     ) -> bool:
         """End the request for run ``attempt`` held by ``owner`` ("": the reaper, nobody's lease): its
         stream closes at ``end_at`` with ``reason`` (None: its last token already carried the finish
@@ -236,7 +243,7 @@ class Lifecycle:
         keys += [key(family, rid) for family in ("req", "access", "images")]
         args = [attempt, owner, self.ttl_s, rid, reason]
         if end_at is not None:
-            args += _entry(ending(rid, end_at, reason, message))
+            args += _entry(ending(rid, end_at, reason, message, usage))
         return bool(self._settle(keys=keys, args=args))
 
     def done(self, rid: str) -> str | None:

@@ -49,9 +49,9 @@ def entry_id(index: int) -> str:
     return f"{index + 1}-0"
 
 
-def ending(request_id: str, index: int, reason: str, message: str = "") -> Token:
-    """The entry that closes a stream without a token (cancelled, error) at ``index``."""
-    return Token(request_id, index, -1, "", reason, error=message)
+def ending(request_id: str, index: int, reason: str, message: str = "", usage: dict | None = None) -> Token:
+    """The entry that closes a stream without a token (cancelled, error, a time limit's length) at ``index``."""
+    return Token(request_id, index, -1, "", reason, usage, error=message)
 
 
 def encode(t: Token) -> dict[str, str | int]:
