@@ -13,32 +13,11 @@ from pathlib import Path
 
 from . import cli_args
 from .checkpoint_files import CheckpointError
+from .cli_generate import cmd_generate, prompt_of
 from .cli_services import add_service_commands
 from .config import ConfigError, ModelConfig
 from .settings import Settings, settings_from_env, unknown_settings
 from .train.command import add_train_demo
-
-
-def _ids(text: str) -> list[int]:
-    try:
-        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
-    except ValueError as exc:
-        raise ValueError(f"--prompt-ids takes comma-separated integers, got {text!r}") from exc
-    if not ids:
-        raise ValueError("--prompt-ids is empty")
-    return ids
-
-
-def _prompt(args: argparse.Namespace, checkpoint: Path) -> list[int]:
-    """The prompt's ids, each checked against the checkpoint's vocabulary."""
-    from .tokenizer import load_codec
-
-    ids = _ids(args.prompt_ids) if args.prompt_ids is not None else load_codec(checkpoint).encode(args.prompt)
-    vocab = ModelConfig.from_file(checkpoint).vocab_size
-    outside = [t for t in ids if not 0 <= t < vocab]
-    if outside:
-        raise ValueError(f"token id {outside[0]} is outside the vocabulary [0, {vocab})")
-    return ids
 
 
 def cmd_demo_checkpoint(args: argparse.Namespace, settings: Settings) -> int:
@@ -46,80 +25,6 @@ def cmd_demo_checkpoint(args: argparse.Namespace, settings: Settings) -> int:
 
     print(write_demo_checkpoint(args.out, seed=args.seed, vision=args.vision, fp4=args.fp4, shards=args.shards))
     return 0
-
-
-def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
-    from .parallel.group import run_group
-    from .parallel.launch import launch_from
-    from .sampling import SamplingParams
-    from .tokenizer import load_codec
-
-    settings.require_device()
-    checkpoint = Path(args.checkpoint) if args.checkpoint else settings.checkpoint_dir()
-    if args.stop and not load_codec(checkpoint).has_tokenizer:
-        raise ValueError("--stop needs text, and this checkpoint has no tokenizer.json")
-    launch, seed = launch_from(os.environ, settings.device), args.seed  # torchrun's variables, if set
-    if seed is None and launch is not None and args.temperature > 0:  # no way to agree on a random one
-        raise ValueError("ranks started by torchrun sample alike only with one --seed: pass --seed")
-    if seed is None and args.tensor_parallel > 1:  # every rank samples alike from the same logits
-        seed = random.randrange(1 << 31)
-    params = SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=seed,
-        stop=tuple(args.stop),
-    )
-    if args.speculative_tokens is not None:
-        settings = settings.model_copy(update={"speculative_tokens": args.speculative_tokens})
-    tp, prompt, timeout = args.tensor_parallel, _prompt(args, checkpoint), args.group_timeout
-    run_group(
-        tp,
-        _generate_on,
-        checkpoint,
-        prompt,
-        params,
-        settings,
-        args.stats,
-        timeout=timeout,
-        launch=launch,
-        device=settings.device,
-    )
-    return 0
-
-
-def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: Settings, stats: bool) -> None:
-    """One rank's generation (all ranks compute the same tokens; rank 0 prints them)."""
-    from .checkpoint import load_model
-    from .engine import Timings, generate
-    from .kv.pools import pools_for
-    from .serving.runtime import attention_options, torch_dtype
-    from .speculative import Speculation
-    from .tokenizer import load_codec
-
-    codec, printing = load_codec(checkpoint), group.config.rank == 0
-    model = load_model(
-        checkpoint,
-        torch_dtype(settings),
-        group.device,
-        progress=printing,
-        expert_cache_bytes=settings.expert_cache_mb << 20,
-        group=group,
-    )
-    context, k = min(settings.max_context, model.cfg.max_position_embeddings), settings.speculative_tokens
-    pools = pools_for(model.cfg, torch_dtype(settings), context, mtp=k > 0, device=group.device)
-    timings, speculation = Timings(), Speculation(k) if k else None
-    options = attention_options(settings)
-    steps = generate(model, codec, pools, prompt, params, timings, settings.max_context, options, speculation)
-    for i, step in enumerate(steps):  # text, or the ids when the checkpoint has no tokenizer
-        if printing:
-            sys.stdout.write(step.text if codec.has_tokenizer else f"{',' if i else ''}{step.token}")
-            sys.stdout.flush()
-    if printing:
-        sys.stdout.write("\n")
-        if stats:
-            print(json.dumps(timings.summary()))
 
 
 def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
@@ -132,7 +37,7 @@ def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
         vocab = ModelConfig.from_file(checkpoint).vocab_size
         prompt = [random.Random(0).randrange(vocab) for _ in range(64)]
     else:
-        prompt = _prompt(args, checkpoint)
+        prompt = prompt_of(args, checkpoint)
     launch = launch_from(os.environ, "cpu")  # torchrun's variables, if set; the comparison is fp32 on the CPU
     report = align(checkpoint, prompt, args.tokens, attention_options(settings), args.tensor_parallel, launch)
     if launch is not None and launch.config.rank:  # every rank compares; rank 0 prints
