@@ -8,8 +8,8 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, Validation
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from dayzero.chat.grammar import schema_problem
+from dayzero.settings import validation_message
 
-from .errors import reason
 from .schemas import MAX_TEXT, ResponseFormat, Sampling, _Body
 
 MAX_MESSAGES = 256
@@ -130,7 +130,7 @@ class ChatPrompt(_Body):
             names = [t.function.name for t in _TOOLS.validate_python(value or [])]
         except ValidationError as exc:
             first = exc.errors()[0]
-            raise ValueError(f"{'.'.join(map(str, first['loc']))}: {reason(first)}") from None
+            raise ValueError(f"{'.'.join(map(str, first['loc']))}: {validation_message(first)}") from None
         if len(set(names)) < len(names):
             raise ValueError("tool names must be unique")
         return value

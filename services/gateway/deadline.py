@@ -13,6 +13,8 @@ import json
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from dayzero.settings import Settings
+
 from .errors import error_body
 
 REQUEST_READ_S = 30.0
@@ -28,7 +30,8 @@ def _timed_out() -> bytes:
 class RequestReadDeadline(HttpToolsProtocol):
     """uvicorn's httptools protocol with a deadline on reading each request."""
 
-    read_s, body_bytes_per_s, max_body_bytes = REQUEST_READ_S, BODY_BYTES_PER_S, 8 << 20
+    read_s, body_bytes_per_s = REQUEST_READ_S, BODY_BYTES_PER_S
+    max_body_bytes: int = Settings.model_fields["max_request_bytes"].default
     _deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]

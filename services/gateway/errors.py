@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dayzero.settings import validation_message
 from dayzero.tokenizer import NoTokenizerError
 
 log = logging.getLogger("dayzero.gateway")
@@ -71,7 +72,7 @@ def install(app: FastAPI) -> None:
             message = f"the body must be JSON sent with content-type: application/json (got {sent})"
             return error_response(400, message, "invalid_request_error")
         param = ".".join(str(p) for p in first.get("loc", ()) if _field_part(p)) or None
-        why = reason(first)
+        why = validation_message(first)
         return error_response(400, f"{param}: {why}" if param else why, "invalid_request_error", param)
 
     @app.exception_handler(HTTPException)
@@ -97,11 +98,6 @@ def install(app: FastAPI) -> None:
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "body"}
-
-
-def reason(error: dict) -> str:
-    """A pydantic error's message, without the prefix pydantic puts on a validator's ValueError."""
-    return error["msg"].removeprefix("Value error, ")
 
 
 def _specificity(error: dict) -> tuple[int, bool]:

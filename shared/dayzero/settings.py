@@ -196,10 +196,15 @@ def unknown_settings(environ: Mapping[str, str]) -> list[str]:
     return warnings
 
 
+def validation_message(error: dict) -> str:
+    """A pydantic error's message, without the prefix pydantic puts on a validator's ValueError."""
+    return error["msg"].removeprefix("Value error, ")
+
+
 def _problem(error: dict) -> str:
     """One validation error as the operator wrote it: ``DAYZERO_PORT=0: ...``, ``DAYZERO_API_KEYS[1]=1: ...``
     (an item of a list), or a check across variables, which names them itself."""
-    message = error["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+    message = validation_message(error)
     if not error["loc"]:
         return message
     field, *item = error["loc"]

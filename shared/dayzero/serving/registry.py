@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 
 import redis
 
 from .lifecycle import key
 
 FORGET_S = 600.0  # a worker process silent this long is forgotten
+
+
+def process_name(worker: str) -> str:
+    """A worker process's name in leases and heartbeats: the worker's, and a ``:suffix`` of its
+    own (a restarted process is a new one standing for the same worker)."""
+    return f"{worker}:{uuid.uuid4().hex[:6]}"
 
 
 class Registry:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,7 +24,7 @@ from .lifecycle import Lifecycle
 from .metrics import WorkerStats
 from .prefill_batch import BatchInput
 from .ranks import KEEPALIVE_S, Ranks
-from .registry import Registry
+from .registry import Registry, process_name
 
 log = logging.getLogger("dayzero.worker")
 WARM_UP = "warm-up"  # the scratch sequence of ``Runtime.warm_up``
@@ -116,7 +115,7 @@ class Runtime:
         """``name`` identifies the worker in leases and heartbeats (unique per process); ``shared``:
         pools another process can read (prefill's, unless the handoff goes through Redis);
         ``group``: this worker is rank 0 of a tensor-parallel group (the others ``follow``)."""
-        name = f"{name}:{uuid.uuid4().hex[:6]}"
+        name = process_name(name)
         store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)
         registry = Registry(store.r)
         progress = LoadProgress(registry, name, stage)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 
 import torch
@@ -25,7 +24,7 @@ from .lease import Heartbeat
 from .lifecycle import Lifecycle
 from .messages import PrefillJob
 from .metrics import WorkerStats
-from .registry import Registry
+from .registry import Registry, process_name
 
 log = logging.getLogger("dayzero.vision")
 
@@ -36,7 +35,7 @@ class VisionStage:
         if tower is None:
             raise RuntimeError("the checkpoint has no vision tower (no vision_config in config.json)")
         tower.to(settings.device)
-        self.settings, self.name, self.prefill_message = settings, f"{name}:{uuid.uuid4().hex[:6]}", prefill_message
+        self.settings, self.name, self.prefill_message = settings, process_name(name), prefill_message
         self.encoder = VisionEncoder(
             tower, settings.patch_spec(), settings.image_limits(), settings.encoder_cache_mb << 20
         )
