@@ -276,26 +276,15 @@ def plot(path: str, decode_rows: list, prefill_rows: list) -> None:
     left.plot(ctx, [r[1] for r in decode_rows], "o-", label="dayzero sparse (indexer + attention)")
     left.plot(ctx, [r[2] for r in decode_rows], "o--", label="  of which indexer")
     left.plot(ctx, [r[3] for r in decode_rows], "s-", label="dense attention")
-    left.set(
-        xscale="log",
-        yscale="log",
-        xlabel="context tokens",
-        ylabel="ms per decode step",
-        title="decode-step attention, one CSA layer",
-    )
-    left.legend()
+    left.set(xlabel="context tokens", ylabel="ms per decode step", title="decode-step attention, one CSA layer")
     for name, idx, marker in (("dayzero", 1, "o-"), ("transformers", 2, "s-")):
         pts = [(r[0], r[idx]["peak_mib"]) for r in prefill_rows if "error" not in r[idx]]
         if pts:
             right.plot(*zip(*pts, strict=True), marker, label=f"{name} peak MiB")
-    right.set(
-        xscale="log",
-        yscale="log",
-        xlabel="prompt tokens",
-        ylabel="peak RSS increase (MiB)",
-        title="prefill memory, tiny model",
-    )
-    right.legend()
+    right.set(xlabel="prompt tokens", ylabel="peak RSS increase (MiB)", title="prefill memory, tiny model")
+    for side in (left, right):
+        side.set(xscale="log", yscale="log")
+        side.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
