@@ -9,7 +9,7 @@
    each run in its own process with a 12 GiB address-space cap, so that transformers'
    quadratic prefill fails cleanly where it stops fitting.
 Writes bench/attention.png. Run: ``python bench/attention.py [--quick] [--parts decode,state,prefill]
-[--contexts 4096,65536] [--dtype bfloat16] [--device cuda --backend triton] [--lengths 8192,32768]
+[--contexts 4096,65536] [--dtype bfloat16] [--device cuda --backend triton] [--batch 32] [--lengths 8192,32768]
 [--no-reference]``.
 """
 
@@ -48,11 +48,13 @@ FLASH = Heads("V4-Flash", 64, 512, 64, 128)  # DeepSeek-V4-Flash's attention and
 
 
 @dataclass(frozen=True, slots=True)
-class Where:
-    """Where the decode step runs: ``device`` and the kernels' backend (triton: compiled on a GPU)."""
+class Setup:
+    """How the decode step runs: ``device``, the kernels' backend (triton: compiled on a GPU), and
+    how many sequences share the step (each at the same context, its own blocks)."""
 
     device: str = "cpu"
     backend: str = "torch"
+    batch: int = 1
 
     def median_ms(self, fn, runs: int) -> float:
         def call() -> None:
@@ -63,28 +65,28 @@ class Where:
         return median_seconds(call, runs) * 1e3
 
 
-def decode_step(shape: Heads, context: int, runs: int, dtype: torch.dtype, at: Where) -> tuple[float, float, float]:
-    """(sparse total ms, of which indexer ms, dense ms) for one query at position ``context - 1``,
-    activations and every cache in ``dtype`` (the softmax in fp32 on both sides)."""
-    gen = torch.Generator().manual_seed(0)
-    entries = context // RATE
+def decode_step(shape: Heads, context: int, runs: int, dtype: torch.dtype, at: Setup) -> tuple[float, float, float]:
+    """(sparse total ms, of which indexer ms, dense ms) for ``at.batch`` queries at position
+    ``context - 1``, activations and every cache in ``dtype`` (the softmax in fp32 on both sides)."""
+    gen = torch.Generator(at.device).manual_seed(0)
+    b, entries = at.batch, context // RATE
     n_blocks = -(-entries // BS)
-    batch = RaggedBatch.build([context - 1], [1], at.device)
+    batch = RaggedBatch.build([context - 1] * b, [1] * b, at.device)
 
     def randn(*size: int) -> torch.Tensor:
-        return torch.randn(*size, generator=gen).to(at.device, dtype)
+        return torch.randn(*size, generator=gen, device=at.device).to(dtype)
 
-    q, kv = randn(1, shape.heads, shape.dim), randn(1, shape.dim)
-    window = randn(WINDOW // BS + 1, BS, shape.dim)
-    window_table = torch.arange(WINDOW // BS + 1, dtype=torch.int32, device=at.device)[None, :2]
-    pool = randn(n_blocks, BS, shape.dim)
-    keys = randn(n_blocks, BS, shape.index_dim)
-    table = torch.arange(n_blocks, dtype=torch.int32, device=at.device)[None]
-    iq = randn(1, shape.index_heads, shape.index_dim)
-    iw = randn(1, shape.index_heads)
-    visible = torch.tensor([entries], dtype=torch.int32, device=at.device)
+    def tables(per_seq: int) -> torch.Tensor:  # each sequence its own blocks
+        return torch.arange(b * per_seq, dtype=torch.int32, device=at.device).view(b, per_seq)
+
+    q, kv = randn(b, shape.heads, shape.dim), randn(b, shape.dim)
+    window, window_table = randn(2 * b, BS, shape.dim), tables(2)  # a ring of 2 blocks: the 128-token window
+    pool, keys = randn(b * n_blocks, BS, shape.dim), randn(b * n_blocks, BS, shape.index_dim)
+    table = tables(n_blocks)
+    iq, iw = randn(b, shape.index_heads, shape.index_dim), randn(b, shape.index_heads)
+    visible = torch.full((b,), entries, dtype=torch.int32, device=at.device)
     sink = torch.zeros(shape.heads, device=at.device)
-    raw = randn(context, shape.dim)
+    raw = randn(b, context, shape.dim)
     backend = at.backend
 
     def index():
@@ -98,10 +100,10 @@ def decode_step(shape: Heads, context: int, runs: int, dtype: torch.dtype, at: W
         return sparse_attention_decode(q, kv, batch, window, window_table, WINDOW, sink, keys_of, backend=backend)
 
     def dense():
-        probs = (q[0] @ raw.T).float().mul_(shape.dim**-0.5).softmax(dim=-1)
+        probs = (q @ raw.transpose(1, 2)).float().mul_(shape.dim**-0.5).softmax(dim=-1)
         return probs.to(dtype) @ raw
 
-    assert picked.shape == (1, TOPK)
+    assert picked.shape == (b, TOPK)
     return at.median_ms(sparse, runs), at.median_ms(index, runs), at.median_ms(dense, runs)
 
 
@@ -117,13 +119,13 @@ def work_ratio(shape: Heads, context: int) -> float:
 
 
 def decode_table(
-    shape: Heads, contexts: list[int], runs: int, dtype: torch.dtype, at: Where
+    shape: Heads, contexts: list[int], runs: int, dtype: torch.dtype, at: Setup
 ) -> list[tuple[int, float, float, float]]:
     where = torch.cuda.get_device_name() if at.device == "cuda" else "CPU"
     print(
         f"1. decode-step attention, one CSA layer, {shape.name} heads (H={shape.heads}, D={shape.dim}, "
         f"indexer {shape.index_heads} x {shape.index_dim}, window {WINDOW}, rate {RATE}, top-k {TOPK}), "
-        f"{where} {str(dtype)[6:]}, {at.backend} kernels, median of {runs}; "
+        f"{where} {str(dtype)[6:]}, {at.backend} kernels, {at.batch} sequence(s) a step, median of {runs}; "
         "work = dense / sparse multiply-adds (the ratio at equal FLOP/s)"
     )
     print("| context | sparse ms | (indexer ms) | dense ms | dense / sparse | work |")
@@ -237,6 +239,7 @@ def main() -> None:
     parser.add_argument("--no-reference", action="store_true", help="prefill without transformers")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="decode: where it runs")
     parser.add_argument("--backend", choices=("torch", "triton"), default="torch", help="decode: the kernels")
+    parser.add_argument("--batch", type=int, default=1, help="decode: sequences a step (each at the context)")
     args = parser.parse_args()
     if args.backend == "triton" and args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error("the triton backend runs on --device cuda (or interpreted: TRITON_INTERPRET=1)")
@@ -245,7 +248,7 @@ def main() -> None:
     contexts = [1024, 4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768, 65536]
     contexts = [int(n) for n in args.contexts.split(",")] if args.contexts else contexts
     dtype = getattr(torch, args.dtype)
-    at = Where(args.device, args.backend)
+    at = Setup(args.device, args.backend, args.batch)
     decode_rows = decode_table(TINY, contexts, runs, dtype, at) if "decode" in parts else []
     if "decode" in parts:
         decode_table(FLASH, contexts, runs, dtype, at)
