@@ -40,7 +40,7 @@ class Bus:
         )
         self.r = aioredis.Redis(connection_pool=pool)
         self.hub = StreamHub(settings.redis_url, self.r, block_ms=int(settings.keepalive_s * 1000))
-        self.watching = Watching(self.r, settings.stream_ttl_s)
+        self.watching = Watching(self.r, settings.stream_ttl_s, settings.visibility_timeout_s)
         self.store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)  # sync, for the thread pool
         self.registry = Registry(self.store.r)
         self._cancels: dict[str, asyncio.Task] = {}

@@ -9,7 +9,7 @@ import redis
 import redis.asyncio as aioredis
 
 from dayzero.params import SamplingParams
-from dayzero.serving.lifecycle import HANDOFF_OWNER, Lifecycle, Queue, key
+from dayzero.serving.lifecycle import HANDOFF_OWNER, Lifecycle, Queue, key, record_s
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.records import Token, decode
 from dayzero.serving.scripts import Take
@@ -94,7 +94,7 @@ def test_a_message_a_worker_took_and_never_claimed_is_re_run_at_the_next_sweep(r
 
     async def admit() -> None:  # as the gateway admits: the message pushed with the records
         client = aioredis.Redis.from_url(redis_url)
-        await Watching(client, 60).admit([_request("m-first")], [], "r", 60, Queue("prefill", ("m-first",)))
+        await Watching(client, 60, 60).admit([_request("m-first")], [], "r", 60, Queue("prefill", ("m-first",)))
         await client.aclose()
 
     asyncio.run(admit())
@@ -249,7 +249,7 @@ def test_append_takes_more_requests_and_marks_than_a_lua_unpack_holds(redis_url)
 def test_admit_queues_every_request_or_none_within_the_bound(redis_url):
     async def run() -> tuple[bool, bool]:
         client = aioredis.Redis.from_url(redis_url)
-        watching = Watching(client, stream_ttl_s=60)
+        watching = Watching(client, stream_ttl_s=60, queued_s=60)
         first = await watching.admit([_request("a1"), _request("a2")], [b"img"], "r", 60, Queue("q", ("m1", "m2"), 3))
         again = await watching.admit([_request("a1"), _request("a2")], [b"img"], "r", 60, Queue("q", ("m1", "m2"), 9))
         second = await watching.admit([_request("a3"), _request("a4")], [], "r", 60, Queue("q", ("m3", "m4"), 3))
@@ -281,10 +281,10 @@ def test_a_record_outlives_the_longest_generation_and_its_stream_after_the_end(r
         assert 0 < store.r.ttl(key(family, "long1")) <= settings.stream_ttl_s
 
 
-def test_watch_counts_readers_with_the_stream_ttl(redis_url):
+def test_watch_counts_readers_as_long_as_the_request_can_live(redis_url):
     async def run() -> tuple[int, int, int]:
         client = aioredis.Redis.from_url(redis_url)
-        watching = Watching(client, stream_ttl_s=60)
+        watching = Watching(client, stream_ttl_s=60, queued_s=60)
         await watching.watch("w1")
         await watching.watch("w1")
         count, ttl = int(await client.get(key("watchers", "w1"))), await client.ttl(key("watchers", "w1"))
@@ -293,4 +293,28 @@ def test_watch_counts_readers_with_the_stream_ttl(redis_url):
         return count, ttl, left
 
     count, ttl, left = asyncio.run(run())
-    assert count == 2 and 0 < ttl <= 60 and left == 1
+    assert count == 2 and 60 < ttl <= record_s(60, 60) and left == 1
+
+
+def test_a_reader_past_the_stream_ttl_still_counts(redis_url):
+    """A client reads a request for longer than the stream TTL, a second one joins, the first
+    leaves: one reader is left (the count lapsed with the TTL: the second reader's request was
+    cancelled under it, and the last leave left a count of -1 without a TTL). Unread, the count
+    lives as long as the stream."""
+
+    async def run() -> tuple[int, int, int, int]:
+        client = aioredis.Redis.from_url(redis_url)
+        watching = Watching(client, stream_ttl_s=1, queued_s=1)  # its record: 4 s
+        await watching.watch("w2")
+        await asyncio.sleep(1.5)  # past the stream TTL
+        await watching.watch("w2")
+        first_left = await watching.unwatch("w2")
+        reading_ttl = await client.ttl(key("watchers", "w2"))
+        second_left = await watching.unwatch("w2")
+        idle_ttl = await client.ttl(key("watchers", "w2"))
+        await client.aclose()
+        return first_left, second_left, reading_ttl, idle_ttl
+
+    first_left, second_left, reading_ttl, idle_ttl = asyncio.run(run())
+    assert (first_left, second_left) == (1, 0)
+    assert reading_ttl > 1 and idle_ttl == 1  # read: the request's life; unread: the stream's
