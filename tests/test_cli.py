@@ -258,3 +258,54 @@ def test_version_and_the_help_of_every_option_with_a_default():
     assert "the HTTP gateway, or the vision, prefill or decode stage's worker" in serve
     assert "(default 0: wait as long as it takes)" in up
     assert _dayzero("up", "--ready-timeout", "-1").returncode == 2
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["up", "--decode-tp", "2", "--log-dir", "{logs}"],
+        ["generate", "--tensor-parallel", "2", "--prompt", "hi"],
+        ["inspect", "{model}", "--tensor-parallel", "2"],
+    ],
+)
+def test_a_split_the_loader_would_refuse_is_refused_before_any_rank_starts(command, tmp_path, capsys, monkeypatch):
+    """The built-in model's FP8 weights are 64 rows where a split needs whole 128-row blocks: `up`
+    crash-looped its decode group, `generate` started its ranks first, `inspect` said it fits."""
+    from dayzero import stack
+    from dayzero.parallel import group
+    from dayzero.settings import BUILT_IN_MODEL
+
+    monkeypatch.setattr(stack.Stack, "start", lambda self: pytest.fail("up started a stack"))
+    monkeypatch.setattr(group, "run_group", lambda *a, **k: pytest.fail("generate started its ranks"))
+    argv = [part.format(logs=tmp_path / "logs", model=BUILT_IN_MODEL) for part in command]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "over 2 ranks is 32 per rank, not a whole number of 128-row FP8 blocks" in err
+
+
+def test_up_keeps_a_group_size_and_torchrun_variables_from_its_workers():
+    """Each worker's ranks come from `up`'s flags: DAYZERO_TENSOR_PARALLEL or torchrun's variables
+    in `up`'s environment overrode --decode-tp 1 (and made vision refuse to start)."""
+    from dayzero.stack import inherited
+
+    group = {"DAYZERO_TENSOR_PARALLEL": "2", "WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    kept = {"PATH": "/bin", "DAYZERO_DEVICE": "cpu", "LOCAL_RANK_HINT": "x"}
+    assert inherited({**group, "LOCAL_RANK": "0", **kept}) == kept
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["generate", "--group-timeout", "0", "--prompt", "x"], "--group-timeout: must be a number above 0, got 0"),
+        (["align", "--tokens", "0"], "--tokens: must be at least 1, got 0"),
+    ],
+)
+def test_counts_and_timeouts_below_their_range_are_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(argv)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_generate_names_a_checkpoint_directory_that_does_not_exist(tmp_path, capsys):
+    assert cli.main(["generate", "--checkpoint", str(tmp_path / "nowhere"), "--prompt", "x", "--stop", "y"]) == 2
+    assert capsys.readouterr().err == f"error: checkpoint directory {tmp_path / 'nowhere'} does not exist\n"

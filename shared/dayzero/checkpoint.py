@@ -39,7 +39,7 @@ from .quant.formats import FormatError, dequant_fp8, ue8m0_bytes
 from .quant.spec import QuantConfigError, QuantSpec, quant_spec
 from .quant.verify import WeightCheckError, check_weights
 
-__all__ = ["CheckpointError", "Headers", "load_model", "packed_experts", "read_headers", "scan"]
+__all__ = ["CheckpointError", "Headers", "check_split", "load_model", "packed_experts", "read_headers", "scan"]
 
 log = logging.getLogger("dayzero.checkpoint")
 _INTEGER = (torch.int8, torch.uint8, torch.int32, torch.int64)
@@ -159,10 +159,14 @@ def read_headers(root: Path, cfg: ModelConfig) -> Headers:
     return Headers(model, entries, used, [e for e, p in placed if p.target not in expected], n_mtp)
 
 
-def _layout(
-    root: Path, cfg: ModelConfig, spec: QuantSpec, parallel: ParallelConfig
-) -> tuple[Transformer, list[tuple[Entry, Placed]]]:
-    """The rank's module tree (local shapes, meta device) and the entries it reads, all checked."""
+def check_split(root: Path, world_size: int, cfg: ModelConfig | None = None) -> Headers:
+    """What loading on ``world_size`` ranks would refuse, from the headers alone (nothing read): the
+    tensors against the config, and the sizes the ranks split (whole FP8 blocks each)."""
+    cfg = cfg or ModelConfig.from_file(root)
+    return _checked(root, cfg, _spec(cfg), ParallelConfig(world_size))
+
+
+def _checked(root: Path, cfg: ModelConfig, spec: QuantSpec, parallel: ParallelConfig) -> Headers:
     check_divisible(cfg, parallel.world_size)
     headers = read_headers(root, cfg)
     if cfg.num_nextn_predict_layers > headers.mtp_layers:
@@ -174,6 +178,14 @@ def _layout(
     for e, p in headers.used:
         if e.dtype_name == "float8_e4m3fn" and p.expert is None:
             check_blocks(e.key, e.shape, parallel, spec.block)
+    return headers
+
+
+def _layout(
+    root: Path, cfg: ModelConfig, spec: QuantSpec, parallel: ParallelConfig
+) -> tuple[Transformer, list[tuple[Entry, Placed]]]:
+    """The rank's module tree (local shapes, meta device) and the entries it reads, all checked."""
+    headers = _checked(root, cfg, spec, parallel)
     shard_skeleton(headers.model, parallel)
     owned = lambda p: p.expert is None or owns_expert(parallel, cfg.n_routed_experts, p.expert)
     return headers.model, [(e, p) for e, p in headers.used if owned(p)]

@@ -132,7 +132,7 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--stats", action="store_true", help="end with one JSON line of token counts and speeds")
     tensor_parallel(gen, "run the model on N ranks (local ones: gloo on CPU), as one group" + joining)
     timeout = "ranks that do not all meet, or a collective left waiting by a silent rank, fail after S s (default 120)"
-    gen.add_argument("--group-timeout", type=float, default=120.0, metavar="S", help=timeout)
+    gen.add_argument("--group-timeout", type=cli_args.positive_float, default=120.0, metavar="S", help=timeout)
     spec = "tokens the MTP layer drafts per step (default: DAYZERO_SPECULATIVE_TOKENS)"
     gen.add_argument("--speculative-tokens", type=int, choices=(0, 1, 2), help=spec)
     gen.set_defaults(run=cmd_generate)
@@ -140,7 +140,7 @@ def parser() -> argparse.ArgumentParser:
     al = sub.add_parser("align", help="compare logits with transformers' DeepseekV4ForCausalLM (fp32)")
     al.add_argument("checkpoint", help="checkpoint directory")
     prompt_args(al, required=False)
-    al.add_argument("--tokens", type=int, default=8, help="greedy decode steps to compare (default 8)")
+    al.add_argument("--tokens", type=cli_args.positive, default=8, help="greedy decode steps to compare (default 8)")
     al.add_argument("--json", action="store_true", help="print one JSON object")
     tensor_parallel(al, "run dayzero's side on N ranks (gloo on CPU), as one group" + joining)
     al.set_defaults(run=cmd_align)

@@ -37,6 +37,7 @@ def prompt_of(args: argparse.Namespace, checkpoint: Path) -> list[int]:
 
 
 def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
+    from .checkpoint import CheckpointError, check_split
     from .parallel.group import run_group
     from .parallel.launch import launch_from
     from .sampling import SamplingParams
@@ -44,6 +45,10 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
 
     settings.require_device()
     checkpoint = Path(args.checkpoint) if args.checkpoint else settings.checkpoint_dir()
+    if not checkpoint.is_dir():
+        raise CheckpointError(f"checkpoint directory {checkpoint} does not exist")
+    if args.tensor_parallel > 1:
+        check_split(checkpoint, args.tensor_parallel)  # before any rank starts
     if args.stop and not load_codec(checkpoint).has_tokenizer:
         raise ValueError("--stop needs text, and this checkpoint has no tokenizer.json")
     launch, seed = launch_from(os.environ, settings.device), args.seed  # torchrun's variables, if set

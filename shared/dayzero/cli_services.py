@@ -45,9 +45,9 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         if tp > 1 or launch is not None:
             if settings.speculative_tokens:  # the followers would need each round's accepted drafts
                 raise ValueError("DAYZERO_SPECULATIVE_TOKENS runs on one rank for now: set it to 0 for a group")
-            from .parallel import check_divisible
+            from .checkpoint import check_split
 
-            check_divisible(ModelConfig.from_file(settings.checkpoint_dir()), tp)  # before any rank starts
+            check_split(settings.checkpoint_dir(), tp)  # before any rank starts
             timeout, name = settings.group_timeout_s, args.name
             run_group(
                 tp, serve_rank, args.service, settings, name, timeout=timeout, launch=launch, device=settings.device
@@ -112,7 +112,7 @@ def _stop_on_signals() -> None:
 
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
-    from .checkpoint import read_headers
+    from .checkpoint import check_split
     from .stack import Stack, StartFailed
 
     settings.require_device()
@@ -127,7 +127,8 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
         raise ValueError(f"{checkpoint} has a vision tower: serving it needs --vision 1 or more")
     if vision and not sees:
         raise ValueError(f"{checkpoint} has no vision tower: --vision must be 0")
-    read_headers(checkpoint, config)  # weights the workers could not load end here, not in a restart loop
+    for ranks in sorted({args.prefill_tp, args.decode_tp}):  # what the workers could not load ends here,
+        check_split(checkpoint, ranks, config)  # not in a restart loop
     counts = {"vision": vision, "prefill": args.prefill, "decode": args.decode}
     port = settings.port if args.port is None else args.port
     redis_url = os.environ.get("REDIS_URL")

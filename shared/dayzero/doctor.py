@@ -14,7 +14,7 @@ import io
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import httpx
@@ -38,7 +38,7 @@ class Doctor:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.root = url.rstrip("/").removesuffix("/v1")  # OpenAI clients' base URL ends in /v1: the same gateway
         self.http = httpx.Client(base_url=self.root, headers=headers, timeout=timeout_s)
-        self.ready_wait_s = min(timeout_s, READY_WAIT_S)
+        self.ready_wait_s, self.timeout_s = min(timeout_s, READY_WAIT_S), timeout_s
         self.model = ""
 
     # -- helpers ----------------------------------------------------------------------------------------
@@ -50,14 +50,27 @@ class Doctor:
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of a metric's samples whose labels include ``labels``."""
-        total = 0.0
+        return sum(self.samples(name, **labels))
+
+    def samples(self, name: str, **labels: str) -> list[float]:
+        """A metric's samples whose labels include ``labels``."""
+        found = []
         for line in self.http.get("/metrics").text.splitlines():
             if not line.startswith(name):
                 continue
             match = re.match(rf"{re.escape(name)}(\{{(.*)\}})? ([0-9.eE+-]+)$", line)
             if match and all(f'{k}="{v}"' in (match[2] or "") for k, v in labels.items()):
-                total += float(match[3])
-        return total
+                found.append(float(match[3]))
+        return found
+
+    def lines(self, response: httpx.Response) -> Iterator[str]:
+        """A stream's lines until ``timeout_s`` has passed since it began: its keep-alives restart
+        httpx's read timeout, so a request waiting on a dead worker would otherwise hold the check."""
+        deadline = time.monotonic() + self.timeout_s
+        for line in response.iter_lines():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the stream did not end within {self.timeout_s:g} s (--timeout): a worker down?")
+            yield line
 
     # -- checks -----------------------------------------------------------------------------------------
     def check_ready(self) -> str:
@@ -74,10 +87,13 @@ class Doctor:
         return f"model {self.model}, workers {ready.json().get('workers')}"
 
     def check_weights(self) -> str:
-        counts = {stage: self.metric("dayzero_weights_checked_tensors", stage=stage) for stage in ("prefill", "decode")}
-        missing = [stage for stage, n in counts.items() if n <= 0]
+        found = {stage: self.samples("dayzero_weights_checked_tensors", stage=stage) for stage in ("prefill", "decode")}
+        missing = [stage for stage, samples in found.items() if not samples]
         assert not missing, f"no {' or '.join(missing)} worker reports a weight check (dayzero_weights_checked_tensors)"
-        return ", ".join(f"{stage}: {int(n)} quantized tensors decoded sanely at start" for stage, n in counts.items())
+        counts = {stage: int(sum(samples)) for stage, samples in found.items()}
+        if not any(counts.values()):  # a float checkpoint: nothing quantized to decode
+            return "no quantized tensors in the served checkpoint: nothing to check"
+        return ", ".join(f"{stage}: {n} quantized tensors decoded sanely at start" for stage, n in counts.items())
 
     def check_queue_prefill_decode(self) -> str:
         start, stamps, usage = time.perf_counter(), [], {}
@@ -93,7 +109,7 @@ class Doctor:
         with self.http.stream("POST", "/v1/completions", json=body) as r:
             assert r.status_code == 200, f"HTTP {r.status_code}"
             assert r.headers.get("x-request-id"), "no request id: the request did not enter the queue"
-            for line in r.iter_lines():
+            for line in self.lines(r):
                 if line.startswith("data: {"):
                     chunk = json.loads(line[6:])
                     if chunk["choices"]:
@@ -175,7 +191,7 @@ class Doctor:
             baseline = min(baseline, blocks())
         body = {"model": self.model, "prompt": "go on", "max_tokens": 2000, "stream": True, "ignore_eos": True}
         with self.http.stream("POST", "/v1/completions", json=body) as r:
-            events, since = (line for line in r.iter_lines() if line.startswith("id:")), time.perf_counter()
+            events, since = (line for line in self.lines(r) if line.startswith("id:")), time.perf_counter()
             while blocks() <= baseline:  # read on meanwhile: the stream flows
                 assert next(events, None) is not None, "the stream ended before decode's blocks showed it"
                 assert time.perf_counter() - since < CANCEL_WAIT_S, "decode's blocks never showed the request"

@@ -31,6 +31,15 @@ def service_argv(service: str, ranks: int = 1) -> list[str]:
     return ["serve", service, *(["--tensor-parallel", str(ranks)] if ranks > 1 else [])]
 
 
+def inherited(environ: dict[str, str]) -> dict[str, str]:
+    """The environment the children get from ``up``'s, less a group size and torchrun's variables:
+    each worker's ranks are its own (``ranks``), else every child would be a rank of one group
+    (and vision refuses to be one)."""
+    from .parallel.launch import VARIABLES as RENDEZVOUS
+
+    return {k: v for k, v in environ.items() if k not in ("DAYZERO_TENSOR_PARALLEL", *RENDEZVOUS)}
+
+
 @dataclass
 class Child:
     name: str
@@ -66,7 +75,8 @@ class Stack:
             self.redis_port = free_port()
             self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
             self.children = [Child("redis", "redis")]
-        self.env = {**os.environ, **self.env, "DAYZERO_REDIS_URL": self.redis_url, "DAYZERO_PORT": str(self.port)}
+        own = {"DAYZERO_REDIS_URL": self.redis_url, "DAYZERO_PORT": str(self.port)}
+        self.env = {**inherited(os.environ), **self.env, **own}
         self.children.append(Child("gateway", "gateway"))
         for service in ("vision", "prefill", "decode"):
             self.children += [

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -78,3 +79,55 @@ def test_doctor_gives_up_on_a_gateway_that_never_answers():
     (check,) = json.loads(out.stdout)["checks"]
     assert out.returncode == 1 and check["status"] == "fail" and check["detail"].startswith("ReadTimeout")
     assert check["seconds"] < 5
+
+
+class _Gateway(http.server.BaseHTTPRequestHandler):
+    """A stand-in gateway: its streams send only keep-alives (their request waits on a dead
+    worker), and its /metrics are those of workers that serve a float checkpoint."""
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("x-request-id", "r1")
+        self.end_headers()
+        try:
+            for _ in range(100):
+                self.wfile.write(b": keep-alive\n\n")
+                self.wfile.flush()
+                time.sleep(0.2)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        body = "".join(
+            f'dayzero_weights_checked_tensors{{stage="{s}",worker="{s}0"}} 0.0\n' for s in ("prefill", "decode")
+        )
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def stand_in():
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Gateway)
+    serving = threading.Thread(target=site.serve_forever, daemon=True)
+    serving.start()
+    yield f"http://127.0.0.1:{site.server_port}"
+    site.shutdown()
+    site.server_close()
+    serving.join()
+
+
+def test_a_stream_kept_open_by_keep_alives_fails_the_check_at_the_timeout(stand_in):
+    """Keep-alives restart httpx's read timeout: the check waited as long as the request (an hour)."""
+    start = time.monotonic()
+    with pytest.raises(AssertionError, match=r"the stream did not end within 1 s \(--timeout\)"):
+        Doctor(stand_in, timeout_s=1).check_queue_prefill_decode()
+    assert time.monotonic() - start < 5
+
+
+def test_a_float_checkpoint_passes_the_weight_check_with_nothing_to_check(stand_in):
+    assert Doctor(stand_in).check_weights() == "no quantized tensors in the served checkpoint: nothing to check"

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..checkpoint import packed_experts, read_headers
+from ..checkpoint import check_split, packed_experts
 from ..config import ModelConfig
 from ..kv.layout import GROWING_POOLS, PoolLayout
 from ..model.weights import skeleton
@@ -191,7 +191,7 @@ def inspect(
     dtypes: Counter[str] = Counter()
     unmapped: list[str] = []
     if path.is_dir() and (any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").exists()):
-        headers = read_headers(path, cfg)  # the config's shapes must be the weights'
+        headers = check_split(path, tensor_parallel, cfg)  # the config's shapes must be the weights', and split
         dtypes.update(e.dtype_name for e in headers.entries)
         unmapped = [e.key for e in headers.unused]
     fp4 = packed_experts(cfg) if dtypes else True  # a bare config: plan for the published FP4 experts
