@@ -223,6 +223,11 @@ def _truncate(ckpt):
     weights.write_bytes(weights.read_bytes()[:4096])
 
 
+def _a_directory_in_its_place(ckpt):
+    (ckpt / "model.safetensors").unlink()
+    (ckpt / "model.safetensors").mkdir()
+
+
 def _widen_vocabulary(ckpt):
     config = json.loads((ckpt / "config.json").read_text())
     (ckpt / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 1}))
@@ -235,6 +240,7 @@ def _widen_vocabulary(ckpt):
         (_truncate, "model.safetensors is not a readable safetensors file: "),
         (lambda ckpt: (ckpt / "model.safetensors").write_bytes(b"\x00" * 1000), "model.safetensors is not a readable"),
         (_widen_vocabulary, "tensor 'embed.weight' has shape [96, 32], expected [97, 32] (and "),
+        (_a_directory_in_its_place, "{ckpt}/model.safetensors is a directory, not a safetensors file"),
     ],
 )
 def test_up_refuses_weights_its_workers_could_not_load(damage, message, tiny_checkpoint, tmp_path, capsys, monkeypatch):
@@ -309,3 +315,8 @@ def test_counts_and_timeouts_below_their_range_are_usage_errors(argv, message, c
 def test_generate_names_a_checkpoint_directory_that_does_not_exist(tmp_path, capsys):
     assert cli.main(["generate", "--checkpoint", str(tmp_path / "nowhere"), "--prompt", "x", "--stop", "y"]) == 2
     assert capsys.readouterr().err == f"error: checkpoint directory {tmp_path / 'nowhere'} does not exist\n"
+
+
+def test_doctor_takes_only_an_http_url(capsys):
+    assert cli.main(["doctor", "notaurl"]) == 2
+    assert capsys.readouterr().err == "error: 'notaurl' is not a gateway URL such as http://127.0.0.1:8000\n"

@@ -70,7 +70,7 @@ def test_each_worker_computes_on_its_own_gpus_with_a_handoff_that_fits():
         )  # a combination that can start
         gpus = _gpus(svc)
         assert _ranks(svc) == len(gpus), f"{name}: one rank per GPU"
-        assert svc["ipc"] == "host" and svc["shm_size"]  # NCCL between the ranks, the Redis-free paths
+        assert svc["ipc"] == "host"  # NCCL between the ranks, the Redis-free paths (shm_size is moot then)
         if svc["command"][2] == "vision":
             continue  # the small tower may sit beside a model shard
         for gpu in gpus:

@@ -105,6 +105,8 @@ def scan(root: Path) -> Iterator[Entry]:
     """Every tensor of the checkpoint but the vision tower's, from the headers only."""
     weight_map = _index(root)
     for file in weight_files(root):
+        if file.is_dir():
+            raise CheckpointError(f"{file} is a directory, not a safetensors file")
         try:
             handle = safe_open(str(file), framework="pt")
         except Exception as exc:  # safetensors raises its own error types

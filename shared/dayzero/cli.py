@@ -82,6 +82,8 @@ def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
     from .doctor import Doctor, report
 
+    if not args.url.startswith(("http://", "https://")):
+        raise ValueError(f"{args.url!r} is not a gateway URL such as http://127.0.0.1:8000")
     results = Doctor(args.url, args.api_key, args.timeout).run()
     print(report(results, args.json))
     return 0 if all(r.status != "fail" for r in results) else 1
