@@ -88,7 +88,7 @@ def _profiled(dst: KVPools, view: KVPools, handle: StateHandle, sync) -> str:
     with profile(activities=activities) as prof:
         import_state(dst, view, handle, "d")
         sync()
-    order = "self_cuda_time_total" if dst.device.type == "cuda" else "self_cpu_time_total"
+    order = "self_device_time_total" if dst.device.type == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=order, row_limit=12)
 
 
