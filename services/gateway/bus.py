@@ -59,7 +59,7 @@ class Bus:
             job = PrefillJob(request=request, trace=context).model_dump_json()
             messages.append(task_message(self.celery, stage, job, context))
         queue = Queue(stage, tuple(messages), self.settings.max_queued)
-        return await self.watching.admit(requests, images, owner, self.settings.visibility_timeout_s, queue)
+        return await self.watching.admit(requests, images, owner, queue)
 
     # -- watchers and cancellation ---------------------------------------------------------------------
     async def unwatch(self, request_id: str, finished: bool) -> None:

@@ -21,7 +21,7 @@ After loading, a sample of every quantized tensor is decoded (dayzero.quant.veri
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,15 +159,16 @@ def read_headers(root: Path, cfg: ModelConfig) -> Headers:
     return Headers(model, entries, used, [e for e, p in placed if p.target not in expected], n_mtp)
 
 
-def check_split(root: Path, world_size: int, cfg: ModelConfig | None = None) -> Headers:
-    """What loading on ``world_size`` ranks would refuse, from the headers alone (nothing read): the
-    tensors against the config, and the sizes the ranks split (whole FP8 blocks each)."""
+def check_split(root: Path, world_sizes: Iterable[int], cfg: ModelConfig | None = None) -> Headers:
+    """What loading on each of ``world_sizes`` ranks would refuse, from one read of the headers
+    (no data): the tensors against the config, and the sizes the ranks split (whole FP8 blocks each)."""
     cfg = cfg or ModelConfig.from_file(root)
-    return _checked(root, cfg, _spec(cfg), ParallelConfig(world_size))
+    return _checked(root, cfg, _spec(cfg), [ParallelConfig(n) for n in sorted(set(world_sizes))])
 
 
-def _checked(root: Path, cfg: ModelConfig, spec: QuantSpec, parallel: ParallelConfig) -> Headers:
-    check_divisible(cfg, parallel.world_size)
+def _checked(root: Path, cfg: ModelConfig, spec: QuantSpec, splits: list[ParallelConfig]) -> Headers:
+    for parallel in splits:
+        check_divisible(cfg, parallel.world_size)
     headers = read_headers(root, cfg)
     if cfg.num_nextn_predict_layers > headers.mtp_layers:
         declared, shipped = cfg.num_nextn_predict_layers, headers.mtp_layers
@@ -177,7 +178,8 @@ def _checked(root: Path, cfg: ModelConfig, spec: QuantSpec, parallel: ParallelCo
         log.warning("ignoring %d tensor(s) the model does not use: %s", len(unused), unused_patterns(unused))
     for e, p in headers.used:
         if e.dtype_name == "float8_e4m3fn" and p.expert is None:
-            check_blocks(e.key, e.shape, parallel, spec.block)
+            for parallel in splits:
+                check_blocks(e.key, e.shape, parallel, spec.block)
     return headers
 
 
@@ -185,7 +187,7 @@ def _layout(
     root: Path, cfg: ModelConfig, spec: QuantSpec, parallel: ParallelConfig
 ) -> tuple[Transformer, list[tuple[Entry, Placed]]]:
     """The rank's module tree (local shapes, meta device) and the entries it reads, all checked."""
-    headers = _checked(root, cfg, spec, parallel)
+    headers = _checked(root, cfg, spec, [parallel])
     shard_skeleton(headers.model, parallel)
     owned = lambda p: p.expert is None or owns_expert(parallel, cfg.n_routed_experts, p.expert)
     return headers.model, [(e, p) for e, p in headers.used if owned(p)]

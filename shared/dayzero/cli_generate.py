@@ -48,7 +48,7 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     if not checkpoint.is_dir():
         raise CheckpointError(f"checkpoint directory {checkpoint} does not exist")
     if args.tensor_parallel > 1:
-        check_split(checkpoint, args.tensor_parallel)  # before any rank starts
+        check_split(checkpoint, [args.tensor_parallel])  # before any rank starts
     if args.stop and not load_codec(checkpoint).has_tokenizer:
         raise ValueError("--stop needs text, and this checkpoint has no tokenizer.json")
     launch, seed = launch_from(os.environ, settings.device), args.seed  # torchrun's variables, if set

@@ -47,7 +47,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
                 raise ValueError("DAYZERO_SPECULATIVE_TOKENS runs on one rank for now: set it to 0 for a group")
             from .checkpoint import check_split
 
-            check_split(settings.checkpoint_dir(), tp)  # before any rank starts
+            check_split(settings.checkpoint_dir(), [tp])  # before any rank starts
             timeout, name = settings.group_timeout_s, args.name
             run_group(
                 tp, serve_rank, args.service, settings, name, timeout=timeout, launch=launch, device=settings.device
@@ -127,8 +127,8 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
         raise ValueError(f"{checkpoint} has a vision tower: serving it needs --vision 1 or more")
     if vision and not sees:
         raise ValueError(f"{checkpoint} has no vision tower: --vision must be 0")
-    for ranks in sorted({args.prefill_tp, args.decode_tp}):  # what the workers could not load ends here,
-        check_split(checkpoint, ranks, config)  # not in a restart loop
+    # what the workers could not load ends here, not in a restart loop
+    check_split(checkpoint, (args.prefill_tp, args.decode_tp), config)
     counts = {"vision": vision, "prefill": args.prefill, "decode": args.decode}
     port = settings.port if args.port is None else args.port
     redis_url = os.environ.get("REDIS_URL")

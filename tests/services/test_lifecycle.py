@@ -94,7 +94,7 @@ def test_a_message_a_worker_took_and_never_claimed_is_re_run_at_the_next_sweep(r
 
     async def admit() -> None:  # as the gateway admits: the message pushed with the records
         client = aioredis.Redis.from_url(redis_url)
-        await Watching(client, 60, 60).admit([_request("m-first")], [], "r", 60, Queue("prefill", ("m-first",)))
+        await Watching(client, 60, 60).admit([_request("m-first")], [], "r", Queue("prefill", ("m-first",)))
         await client.aclose()
 
     asyncio.run(admit())
@@ -250,9 +250,9 @@ def test_admit_queues_every_request_or_none_within_the_bound(redis_url):
     async def run() -> tuple[bool, bool]:
         client = aioredis.Redis.from_url(redis_url)
         watching = Watching(client, stream_ttl_s=60, queued_s=60)
-        first = await watching.admit([_request("a1"), _request("a2")], [b"img"], "r", 60, Queue("q", ("m1", "m2"), 3))
-        again = await watching.admit([_request("a1"), _request("a2")], [b"img"], "r", 60, Queue("q", ("m1", "m2"), 9))
-        second = await watching.admit([_request("a3"), _request("a4")], [], "r", 60, Queue("q", ("m3", "m4"), 3))
+        first = await watching.admit([_request("a1"), _request("a2")], [b"img"], "r", Queue("q", ("m1", "m2"), 3))
+        again = await watching.admit([_request("a1"), _request("a2")], [b"img"], "r", Queue("q", ("m1", "m2"), 9))
+        second = await watching.admit([_request("a3"), _request("a4")], [], "r", Queue("q", ("m3", "m4"), 3))
         await client.aclose()
         return first and again, second
 

@@ -20,7 +20,7 @@ import triton
 
 from .attention_torch import CompressedKeys, DecodeWindow, sparse_attention_torch, sparse_decode_torch
 from .attention_triton import decode_split_kernel, prefill_kernel
-from .batch import Backend, RaggedBatch
+from .batch import Backend, RaggedBatch, dot_side
 
 HEAD_TILE = 8192  # fp32 values of one program's queries (and of its accumulator): 32 KiB
 
@@ -79,7 +79,7 @@ def _head_block(heads: int, dim: int) -> int:
     """Heads per program: all of them while a block's queries and accumulator stay within
     ``HEAD_TILE`` fp32 values each (else 64 x 512 needs more shared memory than a Hopper SM
     has), at least 16 (tensor-core dots need M >= 16)."""
-    return max(16, min(triton.next_power_of_2(heads), HEAD_TILE // dim))
+    return dot_side(min(heads, HEAD_TILE // dim))  # (a power of two: the head dim is one)
 
 
 def sparse_attention_prefill(

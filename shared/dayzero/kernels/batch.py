@@ -17,6 +17,12 @@ def from_host(values: np.ndarray, device: torch.device | str) -> torch.Tensor:
     return torch.from_numpy(values).to(device)
 
 
+def dot_side(n: int) -> int:
+    """A tile side covering ``n`` rows or columns of a tensor-core dot: the next power of two, at
+    least 16 (what Triton's dots take on a GPU)."""
+    return max(16, 1 << (n - 1).bit_length())
+
+
 @dataclass(frozen=True, slots=True)
 class RaggedBatch:
     """Sequence ``s`` owns packed rows ``[row0[s], row0[s] + new[s])`` at positions from ``start[s]``.

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .attention_torch import FEW_ROWS
-from .batch import Backend, RaggedBatch
+from .batch import Backend, RaggedBatch, dot_side
 from .indexer_cpu import weighted_relu_rows
 
 BUDGET = 1 << 22  # fp32 scores [rows, entries] of a block (one Triton launch, or one top-k)
@@ -158,7 +158,7 @@ def _scores_kernel(
 def _scores_triton(q, weights, seq_of, keys, table, visible, count):
     """Scores of entries [0, count) for the given rows: [R, count] fp32."""
     out = torch.empty(q.shape[0], count, dtype=torch.float32, device=q.device)
-    bh = max(16, triton.next_power_of_2(q.shape[1]))
+    bh = dot_side(q.shape[1])
     grid = (q.shape[0], triton.cdiv(count, 16))
     _scores_kernel[grid](
         q.contiguous(),
@@ -174,7 +174,7 @@ def _scores_triton(q, weights, seq_of, keys, table, visible, count):
         count,
         q.shape[-1] ** -0.5,
         D=q.shape[-1],
-        BD=max(16, triton.next_power_of_2(q.shape[-1])),
+        BD=dot_side(q.shape[-1]),
         BH=bh,
         BN=16,
         BS=keys.shape[1],

@@ -191,7 +191,7 @@ def inspect(
     dtypes: Counter[str] = Counter()
     unmapped: list[str] = []
     if path.is_dir() and (any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").exists()):
-        headers = check_split(path, tensor_parallel, cfg)  # the config's shapes must be the weights', and split
+        headers = check_split(path, [tensor_parallel], cfg)  # the config's shapes must be the weights', and split
         dtypes.update(e.dtype_name for e in headers.entries)
         unmapped = [e.key for e in headers.unused]
     fp4 = packed_experts(cfg) if dtypes else True  # a bare config: plan for the published FP4 experts

@@ -39,6 +39,10 @@ class Active:
             span = tracer.start_span("decode.generate", attributes=attributes)
         return cls(ticket, completion, job.generated[-1], span)
 
+    def usage(self, completion_tokens: int) -> dict:
+        """The token counts its stream's last entry carries."""
+        return {"prompt_tokens": len(self.ticket.job.request.prompt_ids), "completion_tokens": completion_tokens}
+
     def end_span(self, reason: str, cfg: ModelConfig, length: int) -> None:
         """The span's last event and counts: tokens, and the CSA entries its last query could read."""
         entries = length // cfg.compress_rates["compressed_sparse_attention"]

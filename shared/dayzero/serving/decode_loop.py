@@ -91,8 +91,7 @@ class DecodeLoop:
         for rid in [rid for rid, a in self.active.items() if a.ticket.job.request.created < overdue]:
             log.warning("request %s: past DAYZERO_TASK_TIME_LIMIT_S; ending it", rid)
             count = self.active[rid].completion.count
-            usage = {"prompt_tokens": len(self.active[rid].ticket.job.request.prompt_ids), "completion_tokens": count}
-            self._finish(rid, "length", index=count, usage=usage)
+            self._finish(rid, "length", index=count, usage=self.active[rid].usage(count))
 
     def _drop(self, rid: str) -> None:
         """Stop generating a request whose lease this worker lost (it stalled past the lease and the
@@ -109,7 +108,12 @@ class DecodeLoop:
         self._settle(ticket, "cancelled", index=len(ticket.job.generated))
 
     def _settle(
-        self, ticket: Ticket[DecodeJob], reason: str, message: str = "", index: int | None = None, usage=None
+        self,
+        ticket: Ticket[DecodeJob],
+        reason: str,
+        message: str = "",
+        index: int | None = None,
+        usage: dict | None = None,
     ) -> None:
         rid, attempt = ticket.job.request.request_id, ticket.job.attempt
         self.heartbeat.release(rid)
@@ -202,7 +206,9 @@ class DecodeLoop:
         fraction = sum(min(cfg.index_topk, n) for n in entries) / available if available else 1.0
         stats.set(batch_size=len(ids), tokens_per_s=emitted / seconds if seconds else 0.0, selected_fraction=fraction)
 
-    def _finish(self, rid: str, reason: str, index: int | None = None, message: str = "", usage=None) -> None:
+    def _finish(
+        self, rid: str, reason: str, index: int | None = None, message: str = "", usage: dict | None = None
+    ) -> None:
         self.heartbeat.release(rid)  # no beat in flight outlives its end
         active = self.active.pop(rid)
         active.end_span(reason, self.r.model.cfg, self.r.pools.length(rid))
@@ -272,10 +278,8 @@ class DecodeLoop:
             log.error("request %s: sampling failed: %r", rid, step)
             failed.append((rid, f"sampling failed: {type(step).__name__}"))
             return False
-        usage = None
+        usage = active.usage(index + 1) if step.finish_reason else None
         if step.finish_reason:
-            prompt = len(active.ticket.job.request.prompt_ids)
-            usage = {"prompt_tokens": prompt, "completion_tokens": index + 1}
             finished.append((rid, step.finish_reason))
         out.append(Token.of(rid, index, step, usage))
         if not active.first_seen:

@@ -24,16 +24,14 @@ class Watching:
     def __init__(self, client: aioredis.Redis, stream_ttl_s: int, queued_s: float) -> None:
         """``queued_s``: the broker's visibility timeout (a wait in the queue, or a generation, is
         shorter); a request's count of readers lives as long as its record can (``record_s``)."""
-        self.r, self.ttl_s = client, stream_ttl_s
+        self.r, self.ttl_s, self.queued_s = client, stream_ttl_s, queued_s
         self.readers_s = record_s(queued_s, stream_ttl_s)
         self._admit, self._readers = client.register_script(ADMIT), client.register_script(READERS)
 
-    async def admit(
-        self, requests: list[GenerationRequest], images: list[bytes], reader: str, queued_s: float, queue: Queue
-    ) -> bool:
+    async def admit(self, requests: list[GenerationRequest], images: list[bytes], reader: str, queue: Queue) -> bool:
         """``Lifecycle.admit`` for all of ``requests`` and their messages pushed onto the queue, in
         one round trip; or nothing, False, when the queue cannot take them all."""
-        keys, args = admission(requests, images, reader, queued_s, self.ttl_s, queue)
+        keys, args = admission(requests, images, reader, self.queued_s, self.ttl_s, queue)
         return bool(await self._admit(keys=keys, args=args))
 
     async def known(self, rid: str) -> bool:
