@@ -32,8 +32,8 @@ def _shutting_down() -> APIError:
 async def _events(gw: Gateway, progress: Progress) -> list[Token]:
     """A request's stream entries up to its last; raises when it fails."""
     request, events = progress.request, []
-    await gw.bus.watching.watch(request.request_id)
     try:
+        await gw.bus.watching.watch(request.request_id, progress.watcher)
         async with gw.bus.hub.subscribe(request.request_id) as sub:
             while True:
                 event = await sub.next(gw.settings.keepalive_s)
@@ -50,7 +50,7 @@ async def _events(gw: Gateway, progress: Progress) -> list[Token]:
         raise
     finally:
         with anyio.CancelScope(shield=True), contextlib.suppress(redis.RedisError):
-            await gw.bus.unwatch(request.request_id, progress.over)
+            await gw.bus.unwatch(request.request_id, progress.watcher, progress.over)
 
 
 async def _client_present(http: Request) -> None:

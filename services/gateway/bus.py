@@ -62,9 +62,9 @@ class Bus:
         return await self.watching.admit(requests, images, owner, queue)
 
     # -- watchers and cancellation ---------------------------------------------------------------------
-    async def unwatch(self, request_id: str, finished: bool) -> None:
+    async def unwatch(self, request_id: str, watcher: str, finished: bool) -> None:
         """A client went away: cancel after the grace period unless another client is watching."""
-        left = await self.watching.unwatch(request_id)
+        left = await self.watching.unwatch(request_id, watcher)
         if finished or left > 0:
             return
         task = asyncio.create_task(self._cancel_later(request_id))

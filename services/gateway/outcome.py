@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -35,6 +36,7 @@ class Progress:
     over: bool = False  # finished, failed or cancelled: nothing left to cancel
     counted: bool = True  # its latencies and end go into the metrics (not a stream read again)
     ended: bool = False  # its end is in the metrics
+    watcher: str = field(default_factory=lambda: uuid.uuid4().hex)  # this read among the stream's readers
 
     def see(self, event: Token) -> None:
         """Record ``event``; an end that is not a finish raises (APIError) after marking it over."""

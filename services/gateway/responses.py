@@ -80,7 +80,7 @@ async def sse(
         if not merged:
             yield retry_line(gw.settings.sse_retry_ms)
         try:
-            await gw.bus.watching.watch(request.request_id)
+            await gw.bus.watching.watch(request.request_id, progress.watcher)
             async with gw.bus.hub.subscribe(request.request_id, after) as sub, closing(sub, shutdown):
                 async for event in _chunks(gw, request, sub, after, progress, used):
                     yield event
@@ -96,7 +96,7 @@ async def sse(
         if left:
             gw.metrics.disconnects.inc()
         with anyio.CancelScope(shield=True), contextlib.suppress(redis.RedisError):  # the client may be gone
-            await gw.bus.unwatch(request.request_id, progress.over)
+            await gw.bus.unwatch(request.request_id, progress.watcher, progress.over)
         if span is not None:
             span.set_attribute("dayzero.finished", progress.over)
             span.end()

@@ -9,11 +9,13 @@ from .lifecycle import Queue, admission, key, record_s
 from .messages import GenerationRequest
 from .queue_scripts import ADMIT
 
-# A stream's count of readers changes by ARGV[1]; while someone reads, it lives as long as the
-# request can (ARGV[2]); with nobody, as long as the stream is resumable (ARGV[3]).
+# A stream's readers: a set of one id per read (adding or removing one twice, as a retry after a
+# lost reply does, counts once); it lives as long as the request can (ARGV[2]) and goes with its
+# last reader. ARGV[1]: 1 a reader comes, 0 it leaves.
 READERS = """
-local n = redis.call('INCRBY', KEYS[1], ARGV[1])
-redis.call('EXPIRE', KEYS[1], n > 0 and ARGV[2] or ARGV[3])
+redis.call(ARGV[1] == '1' and 'SADD' or 'SREM', KEYS[1], ARGV[3])
+local n = redis.call('SCARD', KEYS[1])
+if n > 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
 return n
 """
 
@@ -23,7 +25,7 @@ class Watching:
 
     def __init__(self, client: aioredis.Redis, stream_ttl_s: int, queued_s: float) -> None:
         """``queued_s``: the broker's visibility timeout (a wait in the queue, or a generation, is
-        shorter); a request's count of readers lives as long as its record can (``record_s``)."""
+        shorter); the set of a request's readers lives as long as its record can (``record_s``)."""
         self.r, self.ttl_s, self.queued_s = client, stream_ttl_s, queued_s
         self.readers_s = record_s(queued_s, stream_ttl_s)
         self._admit, self._readers = client.register_script(ADMIT), client.register_script(READERS)
@@ -41,21 +43,20 @@ class Watching:
         """The digest of the API key or resume token that may read the stream."""
         return await self.r.get(key("access", rid))
 
-    async def watch(self, rid: str) -> None:
-        """A client reads the stream. Its count outlives the longest request (with one stream TTL
-        it lapsed under a client reading for longer: the next reader to leave took it below zero,
-        cancelling the request under another reader, and left the key behind for good)."""
-        await self._count(rid, 1)
+    async def watch(self, rid: str, watcher: str) -> None:
+        """A client reads the stream (``watcher``: an id of this read). The set outlives the longest
+        request (with one stream TTL it lapsed under a client reading for longer, and the request
+        was cancelled under another reader when the first left)."""
+        await self._change(rid, watcher, coming=True)
 
-    async def unwatch(self, rid: str) -> int:
+    async def unwatch(self, rid: str, watcher: str) -> int:
         """A client went away; returns how many still read the stream."""
-        return await self._count(rid, -1)
+        return await self._change(rid, watcher, coming=False)
 
-    async def _count(self, rid: str, change: int) -> int:
-        return int(await self._readers(keys=[key("watchers", rid)], args=[change, self.readers_s, self.ttl_s]))
+    async def _change(self, rid: str, watcher: str, coming: bool) -> int:
+        return int(await self._readers(keys=[key("watchers", rid)], args=[int(coming), self.readers_s, watcher]))
 
     async def cancel_unwatched(self, rid: str) -> None:
         """Ask the request's worker to stop, unless a client reads it again or it has ended."""
-        watchers = await self.r.get(key("watchers", rid))
-        if int(watchers or 0) <= 0 and not await self.r.exists(key("done", rid)):
+        if not await self.r.exists(key("watchers", rid)) and not await self.r.exists(key("done", rid)):
             await self.r.set(key("cancel", rid), 1, ex=self.ttl_s)
