@@ -65,8 +65,13 @@ class Registry:
         return dict(zip(stages, pipe.execute(), strict=True))
 
     def snapshots(self) -> dict[str, dict]:
-        """Every live worker's latest metrics snapshot."""
-        return {name: json.loads(v) for name, v in self._family("usage").items()}
+        """Every worker's latest metrics snapshot: a restarted worker's, not also the one of the
+        process it replaced (its key lasts a minute: the weights it checked, its blocks and memory
+        counted twice meanwhile)."""
+        found = {name: json.loads(v) for name, v in self._family("usage").items()}
+        stages = {snap.get("stage", "") for snap in found.values()}
+        current = {process for stage in stages for process in self.live_workers(stage, FORGET_S)}
+        return {name: snap for name, snap in found.items() if name in current}
 
     def _family(self, family: str) -> dict[str, bytes]:
         keys = list(self.r.scan_iter(key(family, "*"), count=100))
