@@ -1,0 +1,77 @@
+"""Who reads a stream, against a real Redis: the gateway's set of readers per request, and the
+cancel once nobody reads it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+
+from dayzero.serving.lifecycle import key, record_s
+from dayzero.serving.watching import Watching
+
+
+def test_watch_counts_readers_as_long_as_the_request_can_live(redis_url):
+    async def run() -> tuple[int, int, int]:
+        client = aioredis.Redis.from_url(redis_url)
+        watching = Watching(client, stream_ttl_s=60, queued_s=60)
+        await watching.watch("w1", "a")
+        await watching.watch("w1", "b")
+        count, ttl = await client.scard(key("watchers", "w1")), await client.ttl(key("watchers", "w1"))
+        left = await watching.unwatch("w1", "a")
+        await client.aclose()
+        return count, ttl, left
+
+    count, ttl, left = asyncio.run(run())
+    assert count == 2 and 60 < ttl <= record_s(60, 60) and left == 1
+
+
+def test_a_reader_past_the_stream_ttl_still_counts(redis_url):
+    """A client reads a request for longer than the stream TTL, a second one joins, the first
+    leaves: one reader is left (a count that lapsed with the TTL had the second reader's request
+    cancelled under it, and the last leave left a count of -1 without a TTL). The last reader to
+    leave takes the key with it."""
+
+    async def run() -> tuple[int, int, int, bool]:
+        client = aioredis.Redis.from_url(redis_url)
+        watching = Watching(client, stream_ttl_s=1, queued_s=1)  # its record: 4 s
+        await watching.watch("w2", "first")
+        await asyncio.sleep(1.5)  # past the stream TTL
+        await watching.watch("w2", "second")
+        first_left = await watching.unwatch("w2", "first")
+        reading_ttl = await client.ttl(key("watchers", "w2"))
+        second_left = await watching.unwatch("w2", "second")
+        gone = not await client.exists(key("watchers", "w2"))
+        await client.aclose()
+        return first_left, second_left, reading_ttl, gone
+
+    first_left, second_left, reading_ttl, gone = asyncio.run(run())
+    assert (first_left, second_left) == (1, 0)
+    assert reading_ttl > 1 and gone  # read: the request's life; unread: nothing left behind
+
+
+def test_a_retried_watch_or_unwatch_counts_once(redis_url):
+    """The gateway's Redis client retries a command once when the connection drops, so a reader's
+    watch or unwatch can run twice (its first reply lost). Counted by reader, a doubled watch kept
+    a left request "read" for good (never cancelled), a doubled unwatch cancelled the request
+    under another reader. With nobody left, cancel_unwatched asks the worker to stop."""
+
+    async def run() -> tuple[int, int, int, bool, bool]:
+        client = aioredis.Redis.from_url(redis_url)
+        watching = Watching(client, stream_ttl_s=60, queued_s=60)
+        await watching.watch("w3", "a")
+        doubled = await watching._change("w3", "a", coming=True)  # the retried watch
+        await watching.watch("w3", "b")
+        await watching.unwatch("w3", "b")
+        after_doubled_leave = await watching._change("w3", "b", coming=False)  # the retried unwatch
+        await watching.cancel_unwatched("w3")
+        cancelled_while_read = bool(await client.exists(key("cancel", "w3")))
+        last = await watching.unwatch("w3", "a")
+        await watching.cancel_unwatched("w3")
+        cancelled = bool(await client.exists(key("cancel", "w3")))
+        await client.aclose()
+        return doubled, after_doubled_leave, last, cancelled_while_read, cancelled
+
+    doubled, after_doubled_leave, last, cancelled_while_read, cancelled = asyncio.run(run())
+    assert (doubled, after_doubled_leave, last) == (1, 1, 0)
+    assert not cancelled_while_read and cancelled
