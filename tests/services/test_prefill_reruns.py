@@ -206,3 +206,32 @@ def test_a_re_run_of_a_request_whose_handoff_it_still_holds_runs_again(demo_dir,
         thread.join(5)
     assert [(job.attempt, len(job.generated)) for job in sent] == [(0, 1), (1, 2)]
     assert store.owner("again") == "handoff" and store.r.llen("decode") == 1
+
+
+def test_a_delivery_no_run_takes_frees_its_parked_image_embeddings(demo_dir, redis_url):
+    """Image embeddings parked by the vision stage are read once by the prefill run they were
+    parked for. An older run's delivery (a re-run encodes the images again) and one whose request
+    ended carry embeddings nobody will read: freed at once (they stayed in shared memory for the
+    broker's visibility timeout). A duplicate delivery of a run another worker holds leaves them
+    to it."""
+    import torch
+
+    from dayzero.serving.handoff import SHM_DIR, publish_tensor
+
+    runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill9@test", "prefill", False)
+    loop, store = PrefillLoop(runtime, recording([])), Lifecycle.connect(redis_url)
+    jobs = {rid: admitted(store, rid) for rid in ("older-run", "ended", "held-elsewhere")}
+    store.r.set(key("attempt", "older-run"), 1)  # re-run since: this delivery is attempt 0's
+    store.settle("ended", 0, "", "cancelled")
+    store.r.set(key("lease", "held-elsewhere"), "prefill8@test:abc")
+    parked = {}
+    for rid, job in jobs.items():
+        ref = publish_tensor(torch.ones(2, 64), rid, "shm", store, 600)
+        parked[rid], jobs[rid] = SHM_DIR / ref.location, job.model_copy(update={"embeddings": ref})
+    try:
+        run_jobs(loop, list(jobs.values()), 30)
+        assert not parked["older-run"].exists() and not parked["ended"].exists()
+        assert parked["held-elsewhere"].exists()  # its owner reads it
+    finally:
+        for path in parked.values():
+            path.unlink(missing_ok=True)

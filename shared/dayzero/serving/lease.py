@@ -38,7 +38,13 @@ class Heartbeat:
                 except redis.RedisError:
                     log.warning("heartbeat failed; retrying")
 
-    def claim(self, ticket: Ticket[Any], cancelled: Callable[[Ticket[Any]], None], handed_off: bool = False) -> bool:
+    def claim(
+        self,
+        ticket: Ticket[Any],
+        cancelled: Callable[[Ticket[Any]], None],
+        handed_off: bool = False,
+        dropped: Callable[[Ticket[Any]], None] | None = None,
+    ) -> bool:
         """A loop's ``Intake`` claim, on the delivering task's thread as the message arrives: take the
         request for the owner (``Lifecycle.take``; ``handed_off``: decode's, from the handoff) and
         beat for it from then on, until it is handed on or ended. A worker that dies with requests
@@ -47,7 +53,8 @@ class Heartbeat:
         visibility timeout (the broker, without ack emulation, never delivers a dead worker's
         messages again). While Redis restarts the take is retried, until ``stop`` is set. False: the
         ticket is settled here: ``cancelled(ticket)`` for a cancelled request, done for a stale
-        delivery, an ended request, one a live worker holds, or a take given up on stopping."""
+        delivery, an ended request, one a live worker holds, or a take given up on stopping; the
+        first two and the last (no run will read what the message carries) after ``dropped(ticket)``."""
         rid, attempt = ticket.job.request.request_id, ticket.job.attempt
         while True:
             try:
@@ -63,6 +70,8 @@ class Heartbeat:
         elif taken == Take.CANCELLED:
             cancelled(ticket)
         else:
+            if taken == Take.STALE and dropped is not None:
+                dropped(ticket)
             ticket.done.set()
         return taken == Take.CLAIMED
 

@@ -8,6 +8,7 @@ published for decode and its blocks stay leased until decode takes them or the l
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -35,7 +36,9 @@ class PrefillLoop:
     def __init__(self, runtime: Runtime, decode_message: Callable[[DecodeJob], str]) -> None:
         self.r, self.decode_message = runtime, decode_message  # a job -> its message on decode's queue
         self.intake: Intake[PrefillJob] = Intake(
-            lambda ticket: self.heartbeat.claim(ticket, lambda cancelled: self._settle(cancelled, "cancelled"))
+            lambda ticket: self.heartbeat.claim(
+                ticket, lambda cancelled: self._settle(cancelled, "cancelled"), dropped=self._drop_embeddings
+            )
         )
         self.pending: list[Ticket[PrefillJob]] = []
         self.handed_off: dict[str, tuple[float, int]] = {}  # request -> when its handoff lapses (monotonic), attempt
@@ -86,6 +89,14 @@ class PrefillLoop:
             self.r.ranks.release(ticket.job.request.request_id)
         self.heartbeat.hold([t.job.request.request_id for t in unsettled])  # one may be released
         self.pending[:0] = unsettled
+
+    def _drop_embeddings(self, ticket: Ticket[PrefillJob]) -> None:
+        """A delivery no run will take (an older run's, or its request ended): free its parked image
+        embeddings, which only it refers to (a re-run encodes the images again). They stayed in shared
+        memory until their deadline, the broker's visibility timeout."""
+        if ticket.job.embeddings is not None:
+            with contextlib.suppress(redis.RedisError):  # (parked in Redis: they expire)
+                discard_tensor(ticket.job.embeddings, self.r.store)
 
     def _drop_cancelled(self) -> None:
         """End the requests waiting for blocks that a client cancelled meanwhile."""
