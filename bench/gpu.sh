@@ -7,7 +7,9 @@
 #   4. bench/handoff.py over CUDA IPC: decode's import of prefill's state vs a device copy (issue 16);
 #   5. bench/attention.py: a CSA decode step (indexer + sparse attention) vs dense at 4k and 64k,
 #      1 and 32 sequences a step;
-#   6. bench/kernels.py: compiled kernels vs twins at DeepSeek-V4-Flash shapes.
+#   6. bench/decode_launches.py: a decode step's kernel launches, wall and device-busy time (the
+#      case for CUDA graphs);
+#   7. bench/kernels.py: compiled kernels vs twins at DeepSeek-V4-Flash shapes.
 # Each step's time limit keeps the whole under the device tool's 10 minutes (first run: ~2).
 # First run bench/gpu_wheels.sh here; then the device tool: carry [".whl"], command
 # `bash bench/gpu.sh`. Logs land in $OUT (the device tool brings them back).
@@ -23,7 +25,7 @@ status=0
 python3 -c "import torch, triton, transformers as t; print(torch.__version__, triton.__version__, t.__version__,
 torch.cuda.get_device_name())" 2>&1 | tee "$out/gpu.log"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$out/gpu.log"
-timeout 180 python3 -m pytest -q -p no:cacheprovider --timeout 90 -rfE tests/kernels tests/test_forward.py \
+timeout 170 python3 -m pytest -q -p no:cacheprovider --timeout 90 -rfE tests/kernels tests/test_forward.py \
   tests/services/test_handoff_transports.py tests/services/test_gpu_pipeline.py 2>&1 | tee -a "$out/gpu.log" ||
   status=1
 # the kernels' shared memory as this host's Triton compiles them (CI checks them under 3.9)
@@ -34,5 +36,7 @@ for batch in 1 32; do  # batch 1 is bound by kernel launches on a GPU; 32 is a s
   (cd bench && timeout 50 python3 attention.py --parts decode --device cuda --backend triton --dtype bfloat16 \
     --contexts 4096,65536 --quick --batch $batch) 2>&1 | tee -a "$out/attention.md" || status=1
 done
-(cd bench && timeout 120 python3 kernels.py) 2>&1 | tee "$out/kernels.md" || status=1
+(cd bench && timeout 70 python3 decode_launches.py --device cuda --backend triton --batch 1,32) 2>&1 |
+  tee "$out/launches.md" || status=1
+(cd bench && timeout 100 python3 kernels.py) 2>&1 | tee "$out/kernels.md" || status=1
 exit $status

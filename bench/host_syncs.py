@@ -86,6 +86,23 @@ def gpu_paths() -> None:
     indexer.weighted_relu_rows = lambda heads, w, scale: torch.mv(heads.float().relu_(), w.float()).mul_(scale)
 
 
+def prefilled_demo(batch: int, prompt_tokens: int, steps: int, backend: str, fp4: bool = True, device: str = "cpu"):
+    """The demo checkpoint in bf16 on ``device`` with ``batch`` random prompts of about ``prompt_tokens``
+    (each a little longer than the last) prefilled, room for ``steps`` decode steps: the model, its
+    pools, the sequence ids, each sequence's next token and the attention options."""
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_demo_checkpoint(Path(tmp) / "demo", fp4=fp4)
+        model = load_model(path, dtype=torch.bfloat16, device=device, progress=False)
+    ids = [f"s{i}" for i in range(batch)]
+    pools = pools_for(model.cfg, torch.bfloat16, prompt_tokens + 64 * batch + steps, batch, device=device)
+    lengths = [prompt_tokens + 37 * i for i in range(batch)]
+    prompts = [torch.randint(2, model.cfg.vocab_size, (n,)).tolist() for n in lengths]
+    options = AttentionOptions(backend=backend)
+    tokens = forward.prefill(model, pools, ids, prompts, options).argmax(-1).tolist()
+    return model, pools, ids, tokens, options
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=4)
@@ -95,17 +112,9 @@ def main() -> None:
     parser.add_argument("--float-experts", action="store_true", help="bf16 experts (default: FP4, as released)")
     args = parser.parse_args()
     gpu_paths()
-    torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        model = load_model(
-            write_demo_checkpoint(Path(tmp) / "demo", fp4=not args.float_experts), dtype=torch.bfloat16, progress=False
-        )
-    ids = [f"s{i}" for i in range(args.batch)]
-    pools = pools_for(model.cfg, torch.bfloat16, args.prompt_tokens + 64 * args.batch + args.steps, args.batch)
-    lengths = [args.prompt_tokens + 37 * i for i in range(args.batch)]
-    prompts = [torch.randint(2, model.cfg.vocab_size, (n,)).tolist() for n in lengths]
-    options = AttentionOptions(backend=args.backend)
-    tokens = forward.prefill(model, pools, ids, prompts, options).argmax(-1).tolist()
+    model, pools, ids, tokens, options = prefilled_demo(
+        args.batch, args.prompt_tokens, args.steps, args.backend, fp4=not args.float_experts
+    )
     counter = Syncs()
     with counter:
         for _ in range(args.steps):

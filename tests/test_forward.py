@@ -7,7 +7,7 @@ import torch
 
 from dayzero.checkpoint import load_model
 from dayzero.kv.pools import pools_for
-from dayzero.model.forward import decode, prefill, score
+from dayzero.model.forward import decode, prefill, reserve_plan, score
 from dayzero.model.plan import AttentionOptions
 
 from .conftest import random_ids
@@ -141,3 +141,22 @@ def test_prompt_logprobs_equal_the_full_forwards_log_softmax_across_chunks(tiny_
     assert len(got) == len(ids) - 1
     assert max(abs(lp - want[t, ids[t + 1]].item()) for t, (lp, _) in enumerate(got)) < TOL
     assert [[tok for tok, _ in top] for _, top in got] == want.topk(3).indices.tolist()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (stream synchronisation)")
+def test_planning_a_decode_step_does_not_wait_for_the_device(tiny_checkpoint):
+    """A step's metadata goes to the GPU while the device may still run the last step: no copy or
+    read in the plan may make the host wait (each did: a copy from pageable memory synchronises)."""
+    model = load_model(tiny_checkpoint, torch.bfloat16, device="cuda", progress=False)
+    ids = random_ids(40, model.cfg.vocab_size, seed=17)
+    pools = pools_for(model.cfg, torch.bfloat16, 80, 2, device="cuda")
+    for backend in ("torch", "triton"):
+        options = AttentionOptions(backend=backend)
+        seqs = [f"{backend}0", f"{backend}1"]
+        prefill(model, pools, seqs, [ids[:30], ids[:37]], options)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            reserve_plan(model, pools, seqs, [[ids[30]], [ids[37]]], options)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")

@@ -1,0 +1,122 @@
+"""What a decode step asks of the host against what it gives the device: kernel launches, host
+time and device-busy time per step and per layer (issue 16's case for CUDA graphs).
+
+A decode step is a stream of small kernels, a few dozen per layer; at a small batch each runs
+for microseconds, so the step is bound by launching them (and by the host's reads of device
+values, ``bench/host_syncs.py``) unless the device is busy for most of the step's wall time. A CUDA
+graph replays the launches without the host; what it could save is roughly wall - busy.
+
+The demo checkpoint in bf16 (its few layers: the launches per layer times V4-Flash's 43 layers
+give the full model's count), prompts prefilled, then ``--steps`` decode steps timed (wall: each
+step synchronised) and the same steps again under torch.profiler: kernels on the device (CUDA),
+their busy time (the union of their intervals), or on a CPU the top-level torch ops per step.
+Run: ``python bench/decode_launches.py [--device cuda] [--backend triton] [--batch 1,32]
+[--steps 20] [--prompt-tokens 300] [--top 12]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import time
+
+import torch
+from host_syncs import prefilled_demo
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from dayzero.model import forward
+
+FLASH_LAYERS = 43
+
+
+def _busy_us(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of ``intervals`` (us)."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def measure(batch: int, args: argparse.Namespace) -> dict:
+    model, pools, ids, tokens, options = prefilled_demo(
+        batch, args.prompt_tokens, 2 * args.steps + 2, args.backend, device=args.device
+    )
+    cuda = args.device.startswith("cuda")
+
+    def step(tokens: list[int]) -> list[int]:
+        return forward.decode(model, pools, ids, tokens, options).argmax(-1).tolist()  # the loop's read
+
+    for _ in range(2):  # first calls: compiles, caches
+        tokens = step(tokens)
+    walls = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        tokens = step(tokens)
+        if cuda:
+            torch.cuda.synchronize()
+        walls.append(time.perf_counter() - start)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(args.steps):
+            tokens = step(tokens)
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.events()
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    top_ops = [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::") and not _in_aten(e)]
+    launched = kernels if cuda else top_ops
+    return {
+        "layers": len(model.layers),
+        "wall_ms": statistics.median(walls) * 1e3,
+        "busy_ms": _busy_us([(e.time_range.start, e.time_range.end) for e in kernels]) / args.steps / 1e3,
+        "launches": len(launched) / args.steps,
+        "by_name": collections.Counter(e.name for e in launched),
+    }
+
+
+def _in_aten(event) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--backend", choices=("torch", "triton"), default="torch")
+    parser.add_argument("--batch", default="1,32", help="sequences a step, comma-separated")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--prompt-tokens", type=int, default=300)
+    parser.add_argument("--top", type=int, default=12, help="list the most frequent launches")
+    args = parser.parse_args()
+    cuda = args.device.startswith("cuda")
+    rows = {int(b): measure(int(b), args) for b in args.batch.split(",")}
+    layers = next(iter(rows.values()))["layers"]
+    what = "kernels" if cuda else "top-level torch ops"
+    print(f"decode step, demo checkpoint ({layers} layers) in bf16 on {args.device}, backend {args.backend}, ")
+    print(f"~{args.prompt_tokens}-token prompts, median of {args.steps} steps; launches: {what}")
+    print(f"| batch | wall ms | device busy ms | busy / wall | launches | per layer | at {FLASH_LAYERS} layers |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for batch, r in rows.items():
+        busy = f"{r['busy_ms']:.3f} | {r['busy_ms'] / r['wall_ms']:.2f}" if cuda else "- | -"
+        per_layer = r["launches"] / layers
+        print(
+            f"| {batch} | {r['wall_ms']:.3f} | {busy} | {r['launches']:.0f} | {per_layer:.1f} | "
+            f"{per_layer * FLASH_LAYERS:.0f} |"
+        )
+    for batch, r in rows.items():
+        print(f"\nthe most frequent {what} at batch {batch}, per step")
+        print("| name | per step |\n|---|---:|")
+        for name, n in r["by_name"].most_common(args.top):
+            print(f"| {name[:90]} | {n / args.steps:g} |")
+
+
+if __name__ == "__main__":
+    main()
