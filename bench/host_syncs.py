@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import dayzero.kernels.hyper as hyper
 import dayzero.kernels.indexer as indexer
-import dayzero.model.norms as norms
+import dayzero.kernels.norms as norms
 from dayzero.checkpoint import load_model
 from dayzero.demo import write_demo_checkpoint
 from dayzero.kv.pools import pools_for

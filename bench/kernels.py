@@ -1,7 +1,7 @@
 """Each compiled Triton kernel against its torch twin, side by side on one GPU, at DeepSeek-V4-Flash
 layer shapes (64 heads x 512, window 128, CSA rate 4, top-k 512, 64 indexer heads x 128, 4
 hyper-connection streams of 4096 with 20 Sinkhorn passes, MoE 4096 -> 2 x 2048 with 256 FP4
-experts, 6 per token).
+experts, 6 per token, RMS norms of the hidden 4096 and of the 4 x 4096 streams).
 
 Each row: the twin's and the kernel's median time (CUDA-synchronised, several runs) on the same
 inputs, their ratio, and the largest difference between the two outputs (a wrong kernel shows
@@ -20,6 +20,7 @@ from timing import median_seconds
 from dayzero.kernels import CompressedKeys, RaggedBatch, indexer_topk, sparse_attention_decode, sparse_attention_prefill
 from dayzero.kernels.hyper import hyper_mix
 from dayzero.kernels.moe import grouped_mxfp4_matmul
+from dayzero.kernels.norms import rms_norm, rms_scale
 
 FLASH = dict(heads=64, dim=512, window=128, rate=4, topk=512, index_heads=64, index_dim=128, block=64)
 FLASH_MOE = dict(hidden=4096, inter=2048, experts=256, per_token=6)
@@ -114,6 +115,8 @@ def cases(
     index_prefill = make.indexer([ctx - chunk], [chunk])
     moe_decode, moe_prefill = moe_inputs(moe_shape, batch, device), moe_inputs(moe_shape, chunk // 4, device)
     hyper_decode, hyper_prefill = make.hyper(batch, moe_shape["hidden"]), make.hyper(chunk, moe_shape["hidden"])
+    hidden, norm = make.randn(batch, moe_shape["hidden"]), make.randn(moe_shape["hidden"], dtype=torch.float32)
+    streams = make.randn(batch, 4 * moe_shape["hidden"], dtype=torch.float32)  # the mix's input: fp32
     return [
         (f"decode attention, {batch} seqs @ {ctx}", lambda b: sparse_attention_decode(*decode_args, backend=b)),
         (f"prefill attention, {chunk} tok @ {ctx}", lambda b: sparse_attention_prefill(*prefill_args, backend=b)),
@@ -123,6 +126,8 @@ def cases(
         (f"hyper-connection mix, {chunk} tok", lambda b: hyper_mix(*hyper_prefill, backend=b)[0]),
         (f"MXFP4 experts, {batch} tok", lambda b: grouped_mxfp4_matmul(*moe_decode, backend=b)),
         (f"MXFP4 experts, {chunk // 4} tok", lambda b: grouped_mxfp4_matmul(*moe_prefill, backend=b)),
+        (f"RMS norm, {batch} tok", lambda b: rms_norm(hidden, norm, 1e-6, b)),
+        (f"RMS scale of the streams, {batch} tok", lambda b: rms_scale(streams, 1e-6, b)),
     ]
 
 

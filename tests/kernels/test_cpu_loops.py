@@ -30,7 +30,7 @@ def test_compiled_cpu_rms_norms_match_the_torch_path_and_float64():
     """RMS norms of a few fp32 tokens (the compiled loops) and of many (the torch definition), both
     against w * x / sqrt(mean(x^2) + eps) in float64, and against each other on the same rows."""
     from dayzero.kernels.hyper_cpu import FEW_TOKENS, fits_cpu
-    from dayzero.model.norms import rms_norm, rms_scale
+    from dayzero.kernels.norms import rms_norm, rms_scale
 
     gen = torch.Generator().manual_seed(14)
     x, w = torch.randn(FEW_TOKENS + 9, 3, 48, generator=gen) * 3, torch.randn(48, generator=gen)

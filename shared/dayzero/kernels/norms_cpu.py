@@ -3,7 +3,7 @@ few hundred numbers, so the torch twin's five ops are all of its cost (~10 us a 
 ~4 us here; a demo decode step has 30 of them). The arithmetic is the twin's, in fp32 and the same
 order (the squares summed, / n, + eps, one over the square root, then the weight times the scaled
 value), the sum left to right where torch's runs in vector lanes: they agree to an ulp or so; see
-``model.norms`` for the definition and the test that holds them together.
+``kernels.norms`` for the definition and the test that holds them together.
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ import torch.nn.functional as F
 
 from ..config import CSA, HCA, SLIDING, ModelConfig
 from ..kernels import CompressedKeys, indexer_topk, write_window
+from ..kernels.norms import rms_norm, rms_scale
 from ..kv.pools import KVPools
 from ..parallel import Group
 from .compressor import CompressorSlots, fold
-from .norms import rms_norm, rms_scale
 from .plan import StepPlan
 from .rope import apply_rope
 from .weights import Attention
@@ -92,13 +92,13 @@ def attention(
 
     Over ``comm``'s ranks each holds its own query heads and output groups, the single KV head
     and every pool whole; ``wo_b``'s partial sums are all-reduced."""
-    kind, eps = cfg.layer_type(layer), cfg.rms_norm_eps
+    kind, eps, backend = cfg.layer_type(layer), cfg.rms_norm_eps, plan.options.backend
     rope = plan.rope_main if kind == SLIDING else plan.rope_compress
     n_tokens = x.shape[0]
-    q_res = rms_norm(F.linear(x, w.wq_a.weight), w.q_norm.weight, eps)
+    q_res = rms_norm(F.linear(x, w.wq_a.weight), w.q_norm.weight, eps, backend)
     heads, groups = comm.config.part(cfg.num_heads), comm.config.part(cfg.o_groups)
-    q = apply_rope(rms_scale(F.linear(q_res, w.wq_b.weight).view(n_tokens, heads, cfg.head_dim), eps), rope)
-    kv = apply_rope(rms_norm(F.linear(x, w.wkv.weight), w.norm.weight, eps), rope)  # [T, D]
+    q = apply_rope(rms_scale(F.linear(q_res, w.wq_b.weight).view(n_tokens, heads, cfg.head_dim), eps, backend), rope)
+    kv = apply_rope(rms_norm(F.linear(x, w.wkv.weight), w.norm.weight, eps, backend), rope)  # [T, D]
     compressed = None if kind == SLIDING else _compressed_keys(w, cfg, layer, x, q_res, plan, pools, comm)
     window = pools.window[layer]
     out = plan.attend(
@@ -110,10 +110,10 @@ def attention(
         cfg.sliding_window,
         w.attn_sink,
         compressed,
-        backend=plan.options.backend,
+        backend=backend,
     )
     at = plan.ring.write_at if plan.ring is not None else None
-    write_window(kv, plan.batch, window, plan.window_table, plan.options.backend, at)
+    write_window(kv, plan.batch, window, plan.window_table, backend, at)
     out = apply_rope(out, rope, inverse=True)  # K = V carried RoPE into the output: undo it
     wo_a = w.wo_a.weight.view(groups, cfg.o_lora_rank, -1)  # [G, O, I]
     low_rank = torch.bmm(out.view(n_tokens, groups, -1).transpose(0, 1), wo_a.transpose(1, 2))  # [G, T, O]

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..kernels.batch import Backend
 from ..kernels.hyper import hyper_merge, hyper_mix
-from .norms import rms_scale
+from ..kernels.norms import rms_scale
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ def collapse(
     backend: Backend = "torch",
 ) -> tuple[torch.Tensor, HyperMix]:
     """streams [T, N, D] -> (block input [T, D], the mix to apply after the block)."""
-    flat = rms_scale(streams.flatten(1).float(), norm_eps)
+    flat = rms_scale(streams.flatten(1).float(), norm_eps, backend)
     mixes = F.linear(flat, fn.float())  # [T, (2 + N) * N]
     collapsed, post, comb = hyper_mix(mixes, base, scale, streams, iters, eps, backend)
     return collapsed, HyperMix(post, comb)

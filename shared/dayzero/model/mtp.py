@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.norms import rms_norm
 from ..kv.pools import KVPools
 from .block import block_forward, stack_head
-from .norms import rms_norm
 from .plan import StepPlan, plan_step
 from .vocab import embed_tokens
 from .weights import Transformer
@@ -28,9 +28,9 @@ def mtp_forward(
     -> (the MTP block's streams [T, N, D], normed hidden [T, D] whose logits predict one token further).
     Writes the MTP layer's window rows at the plan's positions."""
     cfg, mtp = model.cfg, model.mtp[0]
-    eps = cfg.rms_norm_eps
-    e = mtp.e_proj(rms_norm(embed_tokens(model, plan.token_ids), mtp.enorm.weight, eps))  # [T, D]
-    x = e.unsqueeze(1) + mtp.h_proj(rms_norm(h, mtp.hnorm.weight, eps))  # [T, N, D]
+    eps, backend = cfg.rms_norm_eps, plan.options.backend
+    e = mtp.e_proj(rms_norm(embed_tokens(model, plan.token_ids), mtp.enorm.weight, eps, backend))  # [T, D]
+    x = e.unsqueeze(1) + mtp.h_proj(rms_norm(h, mtp.hnorm.weight, eps, backend))  # [T, N, D]
     streams = block_forward(mtp, cfg, cfg.num_layers, x, plan, pools, model.comm)
     return streams, stack_head(cfg, streams, mtp.hc_head_fn, mtp.hc_head_base, mtp.hc_head_scale, mtp.norm.weight)
 
