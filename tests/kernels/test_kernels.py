@@ -256,3 +256,28 @@ def test_batched_indexer_scores_of_a_decode_step_equal_the_spec(device):
         want = indexer_scores_torch(q, w, batch, keys, table, visible, first, count)
         got = indexer_scores_decode_torch(q, w, batch, keys, table, visible, first, count)
         assert torch.allclose(got, want, atol=1e-6), (first, count)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_splits_combine_as_the_twin(splits, device, tol):
+    """The flash-decoding merge of the splits' partial softmaxes with the sink: a split with no keys
+    (maximum -1e30, nothing summed) weighs nothing, and the padded heads are left out."""
+    from dayzero.kernels.attention import combine_splits
+
+    gen = torch.Generator().manual_seed(31)
+    n_seq, heads, padded, dim = 2, 3, 16, 32
+    m = torch.randn(n_seq, splits, padded, generator=gen) * 4
+    l_sum = torch.rand(n_seq, splits, padded, generator=gen) * 10 + 0.5
+    acc = torch.randn(n_seq, splits, padded, dim, generator=gen) * l_sum[..., None]
+    if splits > 1:
+        m[0, 1], l_sum[0, 1], acc[0, 1] = -1e30, 0.0, 0.0
+    sink = torch.randn(heads, generator=gen)
+    args = [t.to(device) for t in (m, l_sum, acc, sink)]
+    want = combine_splits(*args, heads, torch.float32, backend="torch")
+    got = combine_splits(*args, heads, torch.float32, backend="triton")
+    assert got.shape == (n_seq, heads, dim) and (got - want).abs().max().item() < tol
+    # by hand, one (sequence, head): sum_s e^(m_s - top) acc_s / (sum_s e^(m_s - top) l_s + e^(sink - top))
+    top = torch.maximum(m[1, :, 2].max(), sink[2])
+    w = torch.exp(m[1, :, 2] - top)
+    by_hand = (w[:, None] * acc[1, :, 2]).sum(0) / ((w * l_sum[1, :, 2]).sum() + torch.exp(sink[2] - top))
+    assert (got[1, 2].cpu() - by_hand).abs().max().item() < 1e-4

@@ -4,8 +4,8 @@ Both keep an online softmax over blocks of keys: the window (ring pool before th
 sequence's start, the step's own rows after it), then the compressed entries (by index or
 a causal prefix), then the sink. A program takes a block of ``BH`` heads (the host picks it so
 that a block's queries and accumulator fit: 16 of DeepSeek-V4-Flash's 64 x 512). The decode
-kernel also splits each sequence's keys over programs (flash-decoding); the host function
-combines the partial results.
+kernel also splits each sequence's keys over programs (flash-decoding); ``combine_kernel``
+merges the splits' partial results with the sink.
 """
 
 import triton
@@ -214,3 +214,24 @@ def decode_split_kernel(
     tl.store(m_ptr + base * padded + h, m)
     tl.store(l_ptr + base * padded + h, denom)
     tl.store(acc_ptr + (base * padded + h)[:, None] * D + d[None, :], acc)
+
+
+@triton.jit
+def combine_kernel(
+    m_ptr, l_ptr, acc_ptr, sink_ptr, out_ptr, splits, heads, padded, D: tl.constexpr, BSPLIT: tl.constexpr
+):
+    """One (sequence, head): the splits' running maxima ``m``, sums ``l`` and accumulators
+    [splits, D] (of ``padded`` heads) merged with the sink logit into the output row [D]."""
+    b, h = tl.program_id(0), tl.program_id(1)
+    s = tl.arange(0, BSPLIT)
+    ok = s < splits
+    at = (b * splits + s) * padded + h
+    m = tl.load(m_ptr + at, mask=ok, other=-1.0e30)
+    sink = tl.load(sink_ptr + h)
+    top = tl.maximum(tl.max(m, 0), sink)
+    weight = tl.where(ok, tl.exp(m - top), 0.0)
+    total = tl.sum(weight * tl.load(l_ptr + at, mask=ok, other=0.0), 0) + tl.exp(sink - top)
+    d = tl.arange(0, D)
+    acc = tl.load(acc_ptr + at[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+    out = tl.sum(weight[:, None] * acc, 0) / total
+    tl.store(out_ptr + (b * heads + h) * D + d, out.to(out_ptr.dtype.element_ty))
