@@ -14,6 +14,7 @@ sequence's ``start`` come from the ring, later ones from ``kv``. Output [T, H, D
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import triton
@@ -53,7 +54,7 @@ def _launch(q, kv, window, window_table, window_size, compressed) -> _Launch:
             longest = compressed.visible_max if compressed.visible_max is not None else int(vis.max())
     comp = compressed.pool if compressed is not None else window
     table = compressed.table.to(torch.int32).contiguous() if compressed is not None else window_table
-    dummy = torch.zeros(1, dtype=torch.int32, device=q.device)
+    dummy = _unused_pointer(q.device)
     wt = window_table.to(torch.int32).contiguous()
     key_args = (
         window.contiguous(),
@@ -73,6 +74,13 @@ def _launch(q, kv, window, window_table, window_size, compressed) -> _Launch:
     # two or three stages take 192 KiB of shared memory (one: 96; bf16: 65 at any depth)
     constants["num_stages"] = 1 if window.element_size() * q.shape[2] > 1024 else 3
     return _Launch(key_args, constants, mode, k, longest)
+
+
+@lru_cache(maxsize=8)
+def _unused_pointer(device: torch.device) -> torch.Tensor:
+    """What the kernels take for the index or prefix tensor their mode never reads (made once: a
+    fresh one was an allocation and a fill on the device per layer and step)."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
 
 
 def _head_block(heads: int, dim: int) -> int:
