@@ -156,12 +156,37 @@ def test_a_damaged_config_is_one_line_naming_the_key(command, tiny_checkpoint, t
     assert not (tmp_path / "logs").exists()
 
 
-def test_a_corrupt_tokenizer_is_one_line_naming_the_file(tiny_checkpoint, tmp_path, capsys):
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hello"], ["up", "--log-dir", "{tmp}/logs"]])
+def test_a_corrupt_tokenizer_is_one_line_naming_the_file(command, tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """``up`` too, before it starts anything (its gateway crash-looped and up printed a traceback)."""
+    from dayzero import stack
+
+    monkeypatch.setattr(stack.Stack, "start", lambda self: pytest.fail("up started a stack"))
     ckpt = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
     (ckpt / "tokenizer.json").write_text('{"version": "1.0",\n')
-    assert cli.main(["generate", "--checkpoint", str(ckpt), "--prompt", "hello"]) == 2
+    argv = [a.format(tmp=tmp_path) for a in command]
+    assert cli.main([argv[0], "--checkpoint", str(ckpt), *argv[1:]]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {ckpt / 'tokenizer.json'} is not valid: ") and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("variable", ["DAYZERO_REDIS_URL", "REDIS_URL"])
+def test_up_uses_the_redis_it_is_given(variable, tiny_checkpoint, tmp_path, monkeypatch):
+    """DAYZERO_REDIS_URL, the setting ``up --help`` lists, as well as REDIS_URL (up started its
+    embedded Redis and handed that to the children over the setting)."""
+    from dayzero import stack
+
+    started = []
+
+    def start(self):
+        started.append(self.redis_url)
+        raise stack.StartFailed("enough")
+
+    monkeypatch.setattr(stack.Stack, "start", start)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.setenv(variable, "redis://127.0.0.1:6391/2")
+    assert cli.main(["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(tmp_path / "logs")]) == 1
+    assert started == ["redis://127.0.0.1:6391/2"]
 
 
 def test_demo_checkpoint_replaces_an_older_sharded_one_with_the_umask_s_modes(tmp_path):

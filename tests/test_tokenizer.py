@@ -100,3 +100,10 @@ def test_stream_decoding_releases_what_decoding_everything_so_far_releases(codec
             assert stream.push(token) == twin[-1], (i, twin[-1])
     whole = StreamDecoder(codec)
     assert "".join(whole.push(t) for t in codec.encode(text)[1:]) == text
+
+
+def test_a_damaged_tokenizer_config_is_named(tmp_path):
+    ckpt = write_demo_checkpoint(tmp_path / "d")
+    (ckpt / "tokenizer_config.json").write_text("{'chat_template': ")
+    with pytest.raises(ValueError, match=f"^{ckpt / 'tokenizer_config.json'} is not valid JSON: "):
+        TextCodec.from_checkpoint(ckpt)

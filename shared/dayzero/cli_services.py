@@ -114,6 +114,7 @@ def _stop_on_signals() -> None:
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     from .checkpoint import check_split
     from .stack import Stack, StartFailed
+    from .tokenizer import load_codec
 
     settings.require_device()
     env = {}
@@ -129,9 +130,10 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
         raise ValueError(f"{checkpoint} has no vision tower: --vision must be 0")
     # what the workers could not load ends here, not in a restart loop
     check_split(checkpoint, (args.prefill_tp, args.decode_tp), config)
+    load_codec(checkpoint)  # a damaged tokenizer: one line here, not a gateway's restart loop
     counts = {"vision": vision, "prefill": args.prefill, "decode": args.decode}
     port = settings.port if args.port is None else args.port
-    redis_url = os.environ.get("REDIS_URL")
+    redis_url = os.environ.get("DAYZERO_REDIS_URL") or os.environ.get("REDIS_URL")  # else an embedded one
     ranks = {"prefill": args.prefill_tp, "decode": args.decode_tp}
     stack = Stack(counts, port, args.log_dir, env, redis_url=redis_url, host=settings.host, ranks=ranks)
     _stop_on_signals()
@@ -142,6 +144,9 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
             f"{_ranks(args.prefill_tp)}, {args.decode} decode{_ranks(args.decode_tp)} (logs in {args.log_dir})",
             file=sys.stderr,
         )
+        if stack.metrics_ports:
+            ports = ", ".join(f"{name} :{port}" for name, port in stack.metrics_ports.items())
+            print(f"worker metrics (DAYZERO_METRICS_PORT, one port each): {ports}", file=sys.stderr)
         show = lambda body: print(f"waiting: {body.get('reason')}", file=sys.stderr)
         restarted = lambda name: print(f"{name} exited; restarted", file=sys.stderr)
         stack.wait_ready(args.ready_timeout or None, show, on_restart=restarted)
@@ -211,7 +216,14 @@ def add_service_commands(sub) -> None:
     )
     serve.set_defaults(run=cmd_serve)
 
-    up = sub.add_parser("up", help="run Redis, the gateway and the workers on this machine", **with_settings)
+    up = sub.add_parser(
+        "up",
+        help="run Redis, the gateway and the workers on this machine",
+        description="Run Redis (DAYZERO_REDIS_URL or REDIS_URL when set, else an embedded one), the gateway and "
+        "the workers on this machine, supervised; with DAYZERO_METRICS_PORT=P each worker serves its own "
+        "/metrics on P, P+1, ... in the order they are listed at start.",
+        **with_settings,
+    )
     up.add_argument("--checkpoint", help="checkpoint directory (default: the built-in demo checkpoint)")
     up.add_argument("--prefill", type=cli_args.positive, default=1, help="prefill workers (default 1)")
     up.add_argument("--decode", type=cli_args.positive, default=1, help="decode workers (default 1)")

@@ -46,6 +46,7 @@ class Child:
     service: str  # one of SERVICES, or "redis" (the embedded one)
     proc: object | None = None  # subprocess.Popen
     restarts: int = 0
+    env: dict[str, str] = field(default_factory=dict)  # its own settings beside the stack's
 
 
 MAX_START_EXITS = 3  # exits of one child before the stack is ready: a failed start, not a crash to ride out
@@ -66,6 +67,7 @@ class Stack:
     ranks: dict[str, int] = field(default_factory=dict)  # tensor-parallel ranks per prefill / decode worker
     children: list[Child] = field(default_factory=list)
     redis_port: int | None = None
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # DAYZERO_METRICS_PORT: worker -> its port
 
     def start(self) -> None:
         if port_in_use(self.host, self.port):
@@ -82,8 +84,22 @@ class Stack:
             self.children += [
                 Child(f"{service}{i}", service) for i in range(self.counts.get(service, int(service != "vision")))
             ]
+        self._metrics_ports()
         for child in self.children:
             self._spawn(child)
+
+    def _metrics_ports(self) -> None:
+        """With DAYZERO_METRICS_PORT=P each worker serves its /metrics on a port of its own, P, P + 1,
+        ... (one port for all: the first bound it, the others died and crash-looped)."""
+        base = self.env.get("DAYZERO_METRICS_PORT")
+        if not base:
+            return
+        workers = [c for c in self.children if c.service in ("vision", "prefill", "decode")]
+        if int(base) + len(workers) - 1 > 65535:
+            raise StartFailed(f"DAYZERO_METRICS_PORT={base}: {len(workers)} workers need ports up to 65535")
+        for i, child in enumerate(workers):
+            child.env = {"DAYZERO_METRICS_PORT": str(int(base) + i)}
+            self.metrics_ports[child.name] = int(base) + i
 
     def _spawn(self, child: Child) -> None:
         log = self.log_dir / f"{child.name}.log"
@@ -92,7 +108,7 @@ class Stack:
             return
         argv = service_argv(child.service, self.ranks.get(child.service, 1))
         cmd = [sys.executable, "-m", "dayzero.cli", *argv, "--name", child.name]
-        child.proc = spawn(cmd, log, self.env)
+        child.proc = spawn(cmd, log, {**self.env, **child.env})
 
     @property
     def url(self) -> str:

@@ -63,7 +63,10 @@ class TextCodec:
         if not path.exists():
             raise FileNotFoundError(f"no tokenizer.json in {root}")
         config = root / "tokenizer_config.json"
-        settings = json.loads(config.read_text()) if config.exists() else {}
+        try:
+            settings = json.loads(config.read_text()) if config.exists() else {}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{config} is not valid JSON: {exc}") from exc
         template = settings.get("chat_template")
         if isinstance(template, list):  # named templates: the default one
             template = next((t["template"] for t in template if t.get("name") == "default"), None)

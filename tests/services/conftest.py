@@ -219,11 +219,14 @@ def text_dir(tmp_path_factory):
     return write_demo_checkpoint(tmp_path_factory.mktemp("text"), fp4=True)
 
 
-def up_process(checkpoint, log_dir, port: int, counts: str = "--vision 0", **popen) -> subprocess.Popen:
-    """``dayzero up`` (gateway, 1 prefill, 1 decode unless ``counts``) as a user starts it, in the background."""
+def up_process(
+    checkpoint, log_dir, port: int, counts: str = "--vision 0", extra: dict | None = None, **popen
+) -> subprocess.Popen:
+    """``dayzero up`` (gateway, 1 prefill, 1 decode unless ``counts``; ``extra`` settings) as a user
+    starts it, in the background."""
     cmd = [sys.executable, "-m", "dayzero.cli", "up", "--checkpoint", str(checkpoint), *counts.split()]
     cmd += ["--port", str(port), "--log-dir", str(log_dir)]
-    env = {**os.environ, **SETTINGS_ENV}
+    env = {**os.environ, **SETTINGS_ENV, **(extra or {})}
     return subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, **popen)
 
 

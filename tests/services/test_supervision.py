@@ -89,3 +89,21 @@ def test_redis_crash_mid_stream_then_sigint_to_a_background_supervisor(text_dir,
     assert "redis exited; restarted" in err and "stopping: gateway, then workers, then redis" in err
     assert "killed" not in err  # every child honoured SIGTERM
     assert _gone(children, 5) == []
+
+
+def test_each_worker_serves_metrics_on_its_own_port(text_dir, tmp_path):
+    """DAYZERO_METRICS_PORT=P under up: the workers serve their own /metrics on P, P + 1 in the
+    order listed at start (one port for all: every worker but the first died binding it, and up
+    gave up after their restarts)."""
+    port, metrics = free_port(), free_port()
+    up = up_process(text_dir, tmp_path, port, extra={"DAYZERO_METRICS_PORT": str(metrics)})
+    wait_ready(f"http://127.0.0.1:{port}", up)
+    stages = []
+    for at in (metrics, metrics + 1):
+        scrape = httpx.get(f"http://127.0.0.1:{at}/metrics", timeout=10).text
+        stages.append({s for s in ("prefill", "decode") if f'stage="{s}"' in scrape})
+    up.send_signal(signal.SIGTERM)
+    _, err = up.communicate(timeout=60)
+    assert stages == [{"prefill"}, {"decode"}]
+    assert f"worker metrics (DAYZERO_METRICS_PORT, one port each): prefill0 :{metrics}, decode0 :{metrics + 1}" in err
+    assert up.returncode == 0 and "restarted" not in err
