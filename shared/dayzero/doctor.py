@@ -5,6 +5,10 @@ every worker's start-up check of its quantized weights passed,
 the request is queued, prefill and decode produce tokens, text and image requests take
 different paths, stop strings / EOS / max tokens end requests with the right reason, bad
 input is refused with 400, and a cancelled stream gives its blocks back.
+
+A checkpoint served without a tokenizer.json takes token-id prompts and answers with ``token_ids``:
+the checks then send token ids and read ids; what needs text (stop strings, chats and so images)
+is reported skipped with the reason.
 """
 
 from __future__ import annotations
@@ -40,6 +44,13 @@ class Doctor:
         self.http = httpx.Client(base_url=self.root, headers=headers, timeout=timeout_s)
         self.ready_wait_s, self.timeout_s = min(timeout_s, READY_WAIT_S), timeout_s
         self.model = ""
+        self.tokenizer = True  # False: the server refuses text (no tokenizer.json); prompts are token ids
+        self.max_len = 200_000  # the model card's max_model_len
+
+    def prompt(self, text: str) -> str | list[int]:
+        """``text``, or token ids standing for it where the server has no tokenizer (low ids: a
+        vocabulary's special tokens, BOS and EOS aside, sit at its end)."""
+        return text if self.tokenizer else [3 + b % 64 for b in text.encode()]
 
     # -- helpers ----------------------------------------------------------------------------------------
     def complete(self, **body) -> dict:
@@ -76,7 +87,8 @@ class Doctor:
     def check_ready(self) -> str:
         answer = self.http.get("/v1/models", timeout=self.ready_wait_s)
         try:
-            self.model = answer.json()["data"][0]["id"]
+            card = answer.json()["data"][0]
+            self.model, self.max_len = card["id"], int(card.get("max_model_len") or self.max_len)
         except (ValueError, LookupError, TypeError):  # not JSON, or no model list in it
             raise AssertionError(
                 f"GET {answer.url} answered HTTP {answer.status_code} without a model list; is "
@@ -84,7 +96,10 @@ class Doctor:
             ) from None
         ready = self.http.get("/ready", timeout=self.ready_wait_s)
         assert ready.status_code == 200, f"/ready answered {ready.status_code}: {ready.text[:200]}"
-        return f"model {self.model}, workers {ready.json().get('workers')}"
+        probe = self.http.post("/tokenize", json={"model": self.model, "prompt": "x"}, timeout=self.ready_wait_s)
+        self.tokenizer = _error_code(probe) != "no_tokenizer"  # another answer (a proxy's 404): text prompts
+        ids = "" if self.tokenizer else "; no tokenizer.json: token-id prompts, token_ids answers"
+        return f"model {self.model}, workers {ready.json().get('workers')}{ids}"
 
     def check_weights(self) -> str:
         found = {stage: self.samples("dayzero_weights_checked_tensors", stage=stage) for stage in ("prefill", "decode")}
@@ -96,10 +111,10 @@ class Doctor:
         return ", ".join(f"{stage}: {n} quantized tensors decoded sanely at start" for stage, n in counts.items())
 
     def check_queue_prefill_decode(self) -> str:
-        start, stamps, usage = time.perf_counter(), [], {}
+        start, stamps, usage, ids = time.perf_counter(), [], {}, []
         body = {
             "model": self.model,
-            "prompt": "The quick brown fox",
+            "prompt": self.prompt("The quick brown fox"),
             "max_tokens": 4,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -114,14 +129,22 @@ class Doctor:
                     chunk = json.loads(line[6:])
                     if chunk["choices"]:
                         stamps.append(time.perf_counter() - start)
+                        ids += chunk["choices"][0].get("token_ids", [])
                     usage = chunk.get("usage") or usage
         assert stamps and usage.get("completion_tokens") == 4, f"usage {usage}, expected 4 completion tokens"
+        assert self.tokenizer or len(ids) == 4, f"the chunks' token_ids {ids}, expected 4"
         return f"first token (prefill) {stamps[0] * 1e3:.0f} ms, 4 tokens by {stamps[-1] * 1e3:.0f} ms"
 
     def check_paths(self) -> str:
         before = self.metric("dayzero_request_queue_time_seconds_count", stage="vision")
-        self.complete(prompt="text only", max_tokens=1)
+        self.complete(prompt=self.prompt("text only"), max_tokens=1)
         after_text = self.metric("dayzero_request_queue_time_seconds_count", stage="vision")
+        if not self.tokenizer:
+            assert after_text == before, "a token-id request went through the vision stage"
+            raise SkipCheck(
+                "a token-id request skipped the vision stage; images not checked: an image request is a chat, "
+                "and chats need the chat template of a tokenizer.json (the server has none)"
+            )
         image = _tiny_png()
         body = {
             "model": self.model,
@@ -137,7 +160,7 @@ class Doctor:
             ],
         }
         r = self.http.post("/v1/chat/completions", json=body)
-        if r.status_code == 400 and r.json()["error"].get("code") == "images_unsupported":
+        if _error_code(r) == "images_unsupported":
             raise SkipCheck("the model has no vision tower")
         assert r.status_code == 200, f"image request: HTTP {r.status_code}: {r.text[:200]}"
         time.sleep(1.0)  # the vision worker's next heartbeat publishes its counters
@@ -147,10 +170,18 @@ class Doctor:
         return "text skipped the vision stage; the image went through it"
 
     def check_endings(self) -> str:
-        length = self.complete(prompt="count", max_tokens=3, ignore_eos=True)["choices"][0]
+        length = self.complete(prompt=self.prompt("count"), max_tokens=3, ignore_eos=True)["choices"][0]
         assert length["finish_reason"] == "length", f"max_tokens ended with {length['finish_reason']}"
-        eos = self.complete(prompt="stop now", max_tokens=8, logit_bias={str(self._eos()): 100})["choices"][0]
+        eos_id = self._eos()
+        eos = self.complete(prompt=self.prompt("stop now"), max_tokens=8, logit_bias={str(eos_id): 100})["choices"][0]
         assert eos["finish_reason"] == "stop" and eos["text"] == "", f"EOS ended with {eos}"
+        if not self.tokenizer:  # ids, no text: the count of max_tokens, nothing past EOS (itself or none)
+            assert len(length.get("token_ids", [])) == 3, f"max_tokens 3 answered {length}"
+            assert eos.get("token_ids") in ([], [eos_id]), f"EOS answered {eos}"
+            raise SkipCheck(
+                "max_tokens -> length, EOS -> stop (token_ids); stop strings not checked: "
+                "they need text, and the server has no tokenizer.json"
+            )
         free = self.complete(prompt="a stop string", max_tokens=16, ignore_eos=True)["choices"][0]["text"]
         stop = next((free[i : i + 2] for i in range(3, len(free) - 1) if free[i : i + 2].strip()), None)
         assert stop, "the model produced no text to pick a stop string from"
@@ -162,10 +193,14 @@ class Doctor:
         return int(self.http.get("/v1/models").json()["data"][0].get("eos_token_id", 1))
 
     def check_refusals(self) -> str:
+        long = "word " * 200_000 if self.tokenizer else [3] * self.max_len
         cases = {
-            "too-long prompt": {"prompt": "word " * 200_000, "max_tokens": 1},
-            "bad parameters": {"prompt": "x", "temperature": -1},
+            "too-long prompt": {"prompt": long, "max_tokens": 1},
+            "bad parameters": {"prompt": self.prompt("x"), "temperature": -1},
         }
+        if not self.tokenizer:
+            cases["text prompt"] = {"prompt": "x", "max_tokens": 1}
+            cases["stop strings"] = {"prompt": self.prompt("x"), "max_tokens": 1, "stop": ["x"]}
         for what, body in cases.items():
             r = self.http.post("/v1/completions", json={"model": self.model, **body})
             assert r.status_code in (400, 413), f"{what}: HTTP {r.status_code}"
@@ -178,7 +213,8 @@ class Doctor:
         }
         r = self.http.post("/v1/chat/completions", json=body)
         assert r.status_code == 400, f"bad image: HTTP {r.status_code}"
-        return "too-long prompt, bad parameters, bad image -> 400 with an error body"
+        assert _error_code(r) != "no_tokenizer", "bad image: refused for the missing tokenizer, not for the image"
+        return f"{', '.join(cases)}, bad image -> 400 with an error body"
 
     def check_cancel(self) -> str:
         """A stream left early: after the server's disconnect grace its request is cancelled and
@@ -189,7 +225,8 @@ class Doctor:
         for _ in range(2):  # over a heartbeat or two: an earlier check's request may still show
             time.sleep(0.5)
             baseline = min(baseline, blocks())
-        body = {"model": self.model, "prompt": "go on", "max_tokens": 2000, "stream": True, "ignore_eos": True}
+        body = {"model": self.model, "prompt": self.prompt("go on"), "max_tokens": 2000, "stream": True}
+        body["ignore_eos"] = True
         with self.http.stream("POST", "/v1/completions", json=body) as r:
             events, since = (line for line in self.lines(r) if line.startswith("id:")), time.perf_counter()
             while blocks() <= baseline:  # read on meanwhile: the stream flows
@@ -230,6 +267,14 @@ class Doctor:
 
 class SkipCheck(Exception):
     """The deployment does not have the feature the check needs."""
+
+
+def _error_code(r: httpx.Response) -> str | None:
+    """An OpenAI error body's code (None: not one)."""
+    try:
+        return r.json()["error"].get("code")
+    except (ValueError, LookupError, TypeError, AttributeError):
+        return None
 
 
 def _tiny_png() -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 from dayzero.doctor import Doctor
 from dayzero.procs import free_port
 
-from .conftest import MODEL
+from .conftest import MODEL, start_stack
 
 
 def _doctor(url: str) -> subprocess.CompletedProcess:
@@ -32,6 +33,40 @@ def test_doctor_passes_on_a_healthy_stack(stack):
     assert any("image went through" in c["detail"] for c in report["checks"])
     weights = next(c for c in report["checks"] if c["name"] == "weights checked")
     assert "prefill: " in weights["detail"] and "decode: " in weights["detail"]  # every worker's start-up check
+
+
+@pytest.fixture(scope="module")
+def bare_stack(demo_dir, tmp_path_factory):
+    """The demo checkpoint (a vision tower among its parts) downloaded without its tokenizer."""
+    bare = shutil.copytree(demo_dir, tmp_path_factory.mktemp("bare") / "ckpt")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (bare / name).unlink()
+    s = start_stack(bare, tmp_path_factory.mktemp("logs"), {"vision": 1, "prefill": 1, "decode": 1})
+    yield s
+    s.stop()
+
+
+def test_doctor_passes_a_healthy_stack_without_a_tokenizer_with_what_needs_text_skipped(bare_stack):
+    """Token-id prompts, token_ids answers: 4 of 7 checks failed on text prompts' 400s (exit 1)."""
+    out = _doctor(bare_stack.url)
+    report = json.loads(out.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert out.returncode == 0 and report["ok"], [c for c in report["checks"] if c["status"] != "pass"]
+    assert {name: c["status"] for name, c in checks.items()} == {
+        "gateway ready": "pass",
+        "weights checked": "pass",
+        "queue, prefill, decode": "pass",
+        "text and image paths": "skip",
+        "stop, EOS, max tokens": "skip",
+        "bad input refused": "pass",
+        "cancel frees blocks": "pass",
+    }
+    assert checks["gateway ready"]["detail"].endswith("; no tokenizer.json: token-id prompts, token_ids answers")
+    assert checks["text and image paths"]["detail"].startswith("a token-id request skipped the vision stage; ")
+    assert "chats need the chat template of a tokenizer.json" in checks["text and image paths"]["detail"]
+    endings = checks["stop, EOS, max tokens"]["detail"]
+    assert endings.startswith("max_tokens -> length, EOS -> stop (token_ids); stop strings not checked: ")
+    assert "text prompt, stop strings, bad image -> 400" in checks["bad input refused"]["detail"]
 
 
 def test_doctor_fails_with_exit_1_when_nothing_answers():
