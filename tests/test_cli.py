@@ -204,6 +204,20 @@ def test_demo_checkpoint_replaces_an_older_sharded_one_with_the_umask_s_modes(tm
     assert modes == dict.fromkeys(names, "0o640")
 
 
+def test_demo_checkpoint_refused_shards_leave_out_as_it_was(tmp_path, capsys):
+    """More shards than the checkpoint has tensors: refused, and OUT untouched (the refusal came
+    after the weights and config were written: a half checkpoint, or a vision one's overwritten)."""
+    out = tmp_path / "d"
+    assert cli.main(["demo-checkpoint", str(out), "--vision"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert cli.main(["demo-checkpoint", str(out), "--shards", "100000"]) == 2
+    assert "error: --shards must be from 1 to the checkpoint's " in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]  # no build left beside it
+    assert cli.main(["demo-checkpoint", str(tmp_path / "new"), "--shards", "100000"]) == 2
+    assert not (tmp_path / "new").exists()
+
+
 def test_image_hosts_are_comma_separated_like_api_keys(monkeypatch, capsys):
     monkeypatch.setenv("DAYZERO_IMAGE_ALLOWED_HOSTS", "a.com,b.com")
     assert cli.main(["inspect", "deepseek-v4-flash", "--json"]) == 0

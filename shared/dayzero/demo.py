@@ -22,7 +22,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from .chat.tokens import BOS, EOS, IMAGE, SPECIAL_TOKENS
 from .checkpoint_files import canonical_name
-from .quant.shards import save_tensors, write_shards
+from .quant.shards import remove_weights, save_tensors, write_shards
 
 DEMO_VISION: dict[str, Any] = {
     "depth": 4,
@@ -175,7 +175,21 @@ def write_demo_checkpoint(
     tokenizer (V4's special tokens; no chat template: like the release, it is prompted with
     DeepSeek-V4's own encoding) and generation config. ``vision``: plus a tiny vision tower and
     the ``<｜deepseek_image｜>`` placeholder; ``fp4``: the release's formats (FP4 experts, FP8 dense
-    projections, float8_e8m0fnu scales); ``shards``: that many files with an index."""
+    projections, float8_e8m0fnu scales); ``shards``: that many files with an index. Built beside
+    ``out`` and moved in whole, replacing the weights it held: a build that fails (too many shards
+    for its tensors) leaves ``out`` as it was."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
+        _build_demo(Path(tmp), seed, vision, fp4, shards)
+        out.mkdir(exist_ok=True)
+        remove_weights(out)
+        for file in Path(tmp).iterdir():
+            file.replace(out / file.name)
+    return out
+
+
+def _build_demo(out: Path, seed: int, vision: bool, fp4: bool, shards: int) -> None:
     out = write_checkpoint(out, DEMO_CONFIG, seed)
     if vision:
         add_vision(out, DEMO_VISION, SPECIAL_TOKENS.index(IMAGE), seed)
@@ -191,7 +205,6 @@ def write_demo_checkpoint(
     elif shards > 1:
         write_shards(load_file(str(out / "model.safetensors")), out, shards)
     write_tokenizer(out, build_tokenizer(DEMO_CONFIG["vocab_size"]))
-    return out
 
 
 def write_tokenizer(out: Path, tok: Tokenizer) -> None:

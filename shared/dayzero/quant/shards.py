@@ -25,13 +25,18 @@ def check_shards(shards: int, tensors: int) -> None:
         raise ValueError(f"--shards must be from 1 to the checkpoint's {tensors} tensors, got {shards}")
 
 
+def remove_weights(out: Path) -> None:
+    """The weights a checkpoint in ``out`` holds: one file, or shards and their index."""
+    for stale in [*out.glob("model*.safetensors"), out / "model.safetensors.index.json"]:
+        stale.unlink(missing_ok=True)
+
+
 def write_shards(tensors: dict[str, torch.Tensor], out: Path, shards: int = 1) -> list[Path]:
     """Tensors split into ``shards`` files (none empty) of about equal bytes, in name order (an expert's weight
     and scales may land in different shards, as in the releases); the index maps each name to its file.
     Weights a checkpoint held in ``out`` before (one file, or shards and their index) are removed."""
     check_shards(shards, len(tensors))
-    for stale in [*out.glob("model*.safetensors"), out / "model.safetensors.index.json"]:
-        stale.unlink(missing_ok=True)
+    remove_weights(out)
     if shards == 1:
         save_tensors(tensors, out / "model.safetensors")
         return [out / "model.safetensors"]
