@@ -198,6 +198,9 @@ def _run(argv: list[str] | None) -> int:
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except TimeoutError as exc:  # a group whose ranks did not meet: not the input's fault
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:

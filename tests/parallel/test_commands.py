@@ -71,3 +71,39 @@ def test_serve_refuses_groups_it_cannot_run_before_starting_anything(checkpoint_
     assert cli.main(["serve", "decode", "--tensor-parallel", "2"]) == 2
     err = capsys.readouterr().err
     assert "WORLD_SIZE is 4" in err and "--tensor-parallel is 2" in err
+
+
+def test_ranks_that_do_not_meet_are_one_line_not_a_traceback(checkpoint_factory, tmp_path):
+    """Rank 0 of 2 under torchrun's variables, rank 1 never started: one line naming the address
+    and the timeout, exit 1 (it was torch's 33-line DistStoreError traceback)."""
+    import os
+    import subprocess
+    import sys
+
+    from dayzero.procs import free_port
+
+    path, port = checkpoint_factory("tp4", **TP4), free_port()
+    rank0 = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    argv = [
+        "generate",
+        "--checkpoint",
+        str(path),
+        "--prompt-ids",
+        "3,14",
+        "--tensor-parallel",
+        "2",
+        "--group-timeout",
+        "3",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "dayzero.cli", *argv],
+        env={**os.environ, **rank0},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:") or "Traceback" in line]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: rank 0 of 2: the group did not meet at 127.0.0.1:{port} within 3 s"
+    )

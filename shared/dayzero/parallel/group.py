@@ -31,6 +31,11 @@ from .launch import Launch
 JOIN_SECONDS = 60.0
 
 
+class RendezvousFailed(TimeoutError):
+    """The group's ranks did not all meet within the timeout (a rank not started, another
+    MASTER_ADDR / MASTER_PORT, a host that cannot reach rank 0's)."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -47,14 +52,22 @@ def _rank(
 ) -> Any:
     if launch.cuda:
         torch.cuda.set_device(launch.device)
-    dist.init_process_group(
-        launch.backend,
-        init_method=init_method,
-        rank=launch.config.rank,
-        world_size=launch.config.world_size,
-        timeout=datetime.timedelta(seconds=timeout),
-        device_id=launch.device if launch.cuda else None,
-    )
+    try:
+        dist.init_process_group(
+            launch.backend,
+            init_method=init_method,
+            rank=launch.config.rank,
+            world_size=launch.config.world_size,
+            timeout=datetime.timedelta(seconds=timeout),
+            device_id=launch.device if launch.cuda else None,
+        )
+    except dist.DistError as exc:  # the store's timeout, or rank 0's address unreachable
+        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        reason = str(exc).strip().splitlines()[0]
+        raise RendezvousFailed(
+            f"rank {launch.config.rank} of {launch.config.world_size}: the group did not meet at {where} "
+            f"within {timeout:g} s ({reason}); are the other ranks started with the same MASTER_ADDR and MASTER_PORT?"
+        ) from None
     try:
         result = fn(Group(launch.config, dist.group.WORLD, launch.device), *args)
         before_teardown()
