@@ -101,3 +101,18 @@ def test_a_config_that_does_not_describe_the_weights_is_refused_as_generate_refu
         inspect(ckpt)
     assert str(inspecting.value) == str(loading.value)
     assert cli.main(["inspect", str(ckpt)]) == 2
+
+
+def test_a_config_without_weights_says_the_plan_is_the_config_s_alone(tmp_path):
+    """A checkpoint directory before its weights are downloaded: planned from config.json, and the
+    report says no weights were read (it showed "-" where the dtypes go)."""
+    from transformers import DeepseekV4Config
+
+    from dayzero.quant.inspect import render
+
+    DeepseekV4Config().save_pretrained(tmp_path)
+    text = render(inspect(tmp_path))
+    assert (
+        "tensors by dtype   none: no weights read (the plan is the config's alone, with the release's FP4 experts)"
+        in text
+    )

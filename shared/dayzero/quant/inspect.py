@@ -234,7 +234,11 @@ def render(report: Report) -> str:
         f"active per token   {report.active_params:,} ({report.active_params / 1e9:.2f} B; "
         f"{report.active_params_without_embedding / 1e9:.2f} B without the embedding table)",
         f"routed experts     {report.routed_expert_params:,}",
-        "tensors by dtype   " + (", ".join(f"{k}: {v}" for k, v in sorted(report.tensors_by_dtype.items())) or "-"),
+        "tensors by dtype   "
+        + (
+            ", ".join(f"{k}: {v}" for k, v in sorted(report.tensors_by_dtype.items()))
+            or "none: no weights read (the plan is the config's alone, with the release's FP4 experts)"
+        ),
         f"unmapped tensors   {len(report.unmapped_tensors)}"
         + "".join(f"\n  {t}" for t in report.unmapped_tensors[:20]),
         "memory plan (GiB per device; experts and sequences spread over the devices, the rest on each; "
