@@ -224,7 +224,7 @@ def add_service_commands(sub) -> None:
         "/metrics on P, P+1, ... in the order they are listed at start.",
         **with_settings,
     )
-    up.add_argument("--checkpoint", help="checkpoint directory (default: the built-in demo checkpoint)")
+    up.add_argument("--checkpoint", help="checkpoint directory (default: the built-in trained model)")
     up.add_argument("--prefill", type=cli_args.positive, default=1, help="prefill workers (default 1)")
     up.add_argument("--decode", type=cli_args.positive, default=1, help="decode workers (default 1)")
     up.add_argument(

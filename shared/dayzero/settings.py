@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     )
 
     # serving
-    checkpoint: Path | None = Field(default=None, description="checkpoint served (default: the demo checkpoint)")
+    checkpoint: Path | None = Field(default=None, description="checkpoint served (default: the built-in trained model)")
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="broker, token streams, leases")
     model_name: str = Field(default="dayzero-demo", description="the model id the API serves")
     api_keys: Annotated[list[str], NoDecode] = Field(
