@@ -10,7 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dayzero.chat.tokens import IMAGE
-from dayzero.vision.images import ImageError, ImageLimits, PatchSpec, decode, expand, image_bytes, probe, target_size
+from dayzero.vision.images import (
+    ImageError,
+    ImageLimits,
+    PatchSpec,
+    TooManyPixels,
+    decode,
+    expand,
+    image_bytes,
+    probe,
+    target_size,
+)
 
 from .chat_schemas import Message
 from .errors import APIError
@@ -91,8 +101,9 @@ def _checked(url: str, limits: ImageLimits, spec: PatchSpec, param: str) -> tupl
 def _image_error(check, param: str):
     try:
         return check()
-    except ImageError as exc:
-        raise APIError(400, str(exc), param=param, code="invalid_image") from exc
+    except ImageError as exc:  # one image over the pixel limit: the code of a request's images over theirs
+        code = "too_many_image_pixels" if isinstance(exc, TooManyPixels) else "invalid_image"
+        raise APIError(400, str(exc), param=param, code=code) from exc
 
 
 def expand_placeholders(ids: list[int], image_token: int, patches: list[int], param: str) -> list[int]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
 
@@ -57,6 +58,19 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+# name: (whether a value asks for nothing this server lacks, why the others are refused)
+UNIMPLEMENTED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "functions": (lambda v: not v, "is not supported by this server; use tools"),
+    "function_call": (lambda v: v == "none", 'is not supported by this server (only "none"); use tool_choice'),
+    "parallel_tool_calls": (lambda v: v, "false is not supported by this server: a reply may call several tools"),
+    "modalities": (lambda v: set(v) <= {"text"}, 'other than ["text"] are not supported by this server'),
+    "audio": (lambda _: False, "output is not supported by this server"),
+    "prediction": (lambda _: False, "(predicted outputs) is not supported by this server"),
+    "web_search_options": (lambda _: False, "is not supported by this server: it does not search the web"),
+    "best_of": (lambda v: v == 1, "must be 1 on this server"),
+    "suffix": (lambda v: not v, "is not supported by this server"),
+}
+
 StopString = Annotated[str, Field(min_length=1, max_length=256)]
 
 
@@ -78,9 +92,16 @@ class Sampling(_Body):
     presence_penalty: float = Field(default=0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     frequency_penalty: float = Field(default=0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     response_format: ResponseFormat | None = None  # json_object / json_schema: constrained decoding
-    # OpenAI parameters this server does not implement: accepted at their defaults, refused
-    # otherwise (a client asking for them must not get a silently different answer)
+    # OpenAI parameters this server does not implement: accepted at values that ask for nothing
+    # more (their defaults), refused otherwise (a client asking for them must not get a silently
+    # different answer); see _unsupported, and UNIMPLEMENTED for what each accepts
     functions: list[dict] | None = Field(default=None, max_length=128)
+    function_call: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    modalities: list[str] | None = Field(default=None, max_length=8)
+    audio: dict | None = None
+    prediction: dict | None = None
+    web_search_options: dict | None = None
     best_of: int | None = None
     suffix: str | None = Field(default=None, max_length=MAX_TEXT)
 
@@ -98,18 +119,12 @@ class Sampling(_Body):
             raise ValueError(f"at most {MAX_STOP} stop strings, not {len(value)}")
         return value
 
-    @field_validator("functions", "suffix")
+    @field_validator(*UNIMPLEMENTED)
     @classmethod
     def _unsupported(cls, value: object, info: ValidationInfo) -> object:
-        if value:
-            raise ValueError(f"{info.field_name} is not supported by this server")
-        return value
-
-    @field_validator("best_of")
-    @classmethod
-    def _one_candidate(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise ValueError("best_of must be 1 on this server")
+        accepted, why = UNIMPLEMENTED[info.field_name]
+        if not accepted(value):  # null never gets here: it is the default
+            raise ValueError(f"{info.field_name} {why}")
         return value
 
     @field_validator("stream_options")

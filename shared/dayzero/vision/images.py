@@ -25,6 +25,10 @@ class ImageError(ValueError):
     """An image the server refuses; the message says why."""
 
 
+class TooManyPixels(ImageError):
+    """An image over the per-image pixel limit (``ImageLimits.max_pixels``), known from its header."""
+
+
 @dataclass(frozen=True, slots=True)
 class ImageLimits:
     max_bytes: int = 10 << 20
@@ -94,7 +98,7 @@ def _open(data: bytes, limits: ImageLimits) -> Image.Image:
         raise ImageError(f"unsupported image format {image.format}; use PNG, JPEG, WebP or GIF")
     width, height = image.size
     if width * height > limits.max_pixels:
-        raise ImageError(f"image of {width}x{height} pixels exceeds the limit of {limits.max_pixels}")
+        raise TooManyPixels(f"image of {width}x{height} pixels exceeds the limit of {limits.max_pixels}")
     return image
 
 
@@ -107,7 +111,7 @@ def _guarded(read, limits: ImageLimits):
     except ImageError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise ImageError(
+        raise TooManyPixels(
             f"image exceeds the limit of {limits.max_pixels} decoded pixels (refused before "
             "decoding: a decompression bomb)"
         ) from exc
