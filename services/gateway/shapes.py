@@ -105,9 +105,11 @@ class Shape:
         return body
 
     def _ids_without_text(self, choice: dict, tokens: list[Token]) -> None:
-        """A checkpoint without a tokenizer has no text to give: the ids themselves (vLLM's ``token_ids``)."""
+        """A checkpoint without a tokenizer has no text to give: the ids themselves (vLLM's ``token_ids``),
+        an echoed prompt's first, as its text would come first."""
         if not self.codec.has_tokenizer:
-            choice["token_ids"] = [t.token for t in tokens if t.token >= 0]  # not an ending's -1
+            echoed = list(self.prompt) if self.prompt is not None else []
+            choice["token_ids"] = echoed + [t.token for t in tokens if t.token >= 0]  # not an ending's -1
 
     def _delta(self, text: str, last: bool) -> dict:
         parts = self.parts.feed(text)
