@@ -18,7 +18,7 @@ import torch
 from timing import median_seconds
 
 from dayzero.kernels import CompressedKeys, RaggedBatch, indexer_topk, sparse_attention_decode, sparse_attention_prefill
-from dayzero.kernels.hyper import hyper_mix
+from dayzero.kernels.hyper import hyper_merge, hyper_mix
 from dayzero.kernels.moe import grouped_mxfp4_matmul
 from dayzero.kernels.norms import rms_norm, rms_scale
 
@@ -117,6 +117,8 @@ def cases(
     hyper_decode, hyper_prefill = make.hyper(batch, moe_shape["hidden"]), make.hyper(chunk, moe_shape["hidden"])
     hidden, norm = make.randn(batch, moe_shape["hidden"]), make.randn(moe_shape["hidden"], dtype=torch.float32)
     streams = make.randn(batch, 4 * moe_shape["hidden"], dtype=torch.float32)  # the mix's input: fp32
+    post, comb = make.randn(batch, 4, dtype=torch.float32), make.randn(batch, 4, 4, dtype=torch.float32)
+    merge_args = (streams.view(batch, 4, -1).to(dtype), hidden, post, comb)
     return [
         (f"decode attention, {batch} seqs @ {ctx}", lambda b: sparse_attention_decode(*decode_args, backend=b)),
         (f"prefill attention, {chunk} tok @ {ctx}", lambda b: sparse_attention_prefill(*prefill_args, backend=b)),
@@ -126,6 +128,7 @@ def cases(
         (f"hyper-connection mix, {chunk} tok", lambda b: hyper_mix(*hyper_prefill, backend=b)[0]),
         (f"MXFP4 experts, {batch} tok", lambda b: grouped_mxfp4_matmul(*moe_decode, backend=b)),
         (f"MXFP4 experts, {chunk // 4} tok", lambda b: grouped_mxfp4_matmul(*moe_prefill, backend=b)),
+        (f"hyper-connection merge, {batch} tok", lambda b: hyper_merge(*merge_args, backend=b)),
         (f"RMS norm, {batch} tok", lambda b: rms_norm(hidden, norm, 1e-6, b)),
         (f"RMS scale of the streams, {batch} tok", lambda b: rms_scale(streams, 1e-6, b)),
     ]

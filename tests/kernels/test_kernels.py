@@ -232,6 +232,23 @@ def test_hyper_mix_matches_twin_and_is_doubly_stochastic(n, d, device, tol):
     assert (got[0] - (pre[:, :, None] * streams).sum(1)).abs().max().item() < tol
 
 
+@pytest.mark.parametrize(("n", "d"), [(4, 40), (2, 1030)])  # d not a power of two; d > one 1024 tile
+def test_hyper_merge_matches_twin(n, d, device, tol):
+    """The block's output spread by post onto the streams mixed by comb, one launch, against the
+    twin and one element by hand: sum_i comb[t, i, j] * streams[t, i, e] + post[t, j] * out[t, e]."""
+    from dayzero.kernels.hyper import hyper_merge, hyper_merge_torch
+
+    gen = torch.Generator().manual_seed(8)
+    t = 5
+    streams, block_out = torch.randn(t, n, d, generator=gen), torch.randn(t, d, generator=gen)
+    post, comb = torch.rand(t, n, generator=gen) * 2, torch.rand(t, n, n, generator=gen)
+    args = [x.to(device) for x in (streams, block_out, post, comb)]
+    got = hyper_merge(*args, backend="triton")
+    assert got.shape == streams.shape and (got - hyper_merge_torch(*args)).abs().max().item() < tol
+    by_hand = sum(comb[3, i, n - 1] * streams[3, i, d - 1] for i in range(n)) + post[3, n - 1] * block_out[3, d - 1]
+    assert abs(got[3, n - 1, d - 1].item() - by_hand.item()) < 1e-5
+
+
 @pytest.mark.parametrize("news", [[1, 1, 1, 1], [3, 2, 4, 8]])  # one scatter while no slot is taken twice
 def test_window_write_of_a_decode_step_equals_the_spec(news, device):
     from dayzero.kernels.kv_write import write_window_torch

@@ -34,11 +34,36 @@ def hyper_mix_torch(
     return _collapse(pre, streams), post, comb
 
 
-def hyper_merge(streams: torch.Tensor, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+def hyper_merge(
+    streams: torch.Tensor, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, backend: Backend = "torch"
+) -> torch.Tensor:
     """streams [T, N, D], block_out [T, D], the mix's post [T, N] and comb [T, N, N] fp32 -> new
-    streams [T, N, D]: the block's output spread by ``post`` onto the streams mixed by ``comb``."""
+    streams [T, N, D]: the block's output spread by ``post`` onto the streams mixed by ``comb``
+    (the triton backend: one launch, in fp32, rounded once, for the twin's five)."""
+    t, n, d = streams.shape
+    if backend == "triton" and not n & (n - 1):
+        out = torch.empty_like(streams)
+        if t:
+            side = min(1024, triton.next_power_of_2(d))
+            _merge_kernel[(t, triton.cdiv(d, side))](
+                streams.contiguous(),
+                block_out.contiguous(),
+                post.float().contiguous(),
+                comb.float().contiguous(),
+                out,
+                d,
+                N=n,
+                BD=side,
+            )
+        return out
     if fits_cpu(streams) and block_out.dtype == torch.float32:
         return merge_cpu(streams, block_out, post, comb)
+    return hyper_merge_torch(streams, block_out, post, comb)
+
+
+def hyper_merge_torch(
+    streams: torch.Tensor, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+) -> torch.Tensor:
     dtype = streams.dtype
     mixed = torch.bmm(comb.to(dtype).transpose(-1, -2), streams)
     return post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2) + mixed
@@ -105,6 +130,20 @@ def _mix_kernel(
         x = tl.load(streams_ptr + t * N * D + row * D + d[None, :], mask=ok, other=0.0).to(tl.float32)
         collapsed = tl.sum(pre[:, None] * x, axis=0)
         tl.store(out_ptr + t * D + d, collapsed.to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+@triton.jit
+def _merge_kernel(streams_ptr, block_ptr, post_ptr, comb_ptr, out_ptr, D, N: tl.constexpr, BD: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BD + tl.arange(0, BD)
+    ok = d < D
+    i = tl.arange(0, N)
+    at = t * N * D + i[:, None] * D + d[None, :]  # [N, BD]
+    x = tl.load(streams_ptr + at, mask=ok[None, :], other=0.0).to(tl.float32)
+    comb = tl.load(comb_ptr + t * N * N + i[:, None] * N + i[None, :])  # [from i, to j]
+    mixed = tl.sum(comb[:, :, None] * x[:, None, :], axis=0)  # [j, BD]: sum_i comb[i, j] x[i]
+    spread = tl.load(post_ptr + t * N + i)[:, None] * tl.load(block_ptr + t * D + d, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + at, (mixed + spread).to(out_ptr.dtype.element_ty), mask=ok[None, :])
 
 
 def hyper_mix(

@@ -21,10 +21,11 @@ from ..kernels.norms import rms_scale
 class HyperMix:
     post: torch.Tensor  # [T, N]
     comb: torch.Tensor  # [T, N, N]
+    backend: Backend = "torch"
 
     def merge(self, streams: torch.Tensor, block_out: torch.Tensor) -> torch.Tensor:
         """streams [T, N, D], block_out [T, D] -> new streams [T, N, D]."""
-        return hyper_merge(streams, block_out, self.post, self.comb)
+        return hyper_merge(streams, block_out, self.post, self.comb, self.backend)
 
 
 def collapse(
@@ -41,7 +42,7 @@ def collapse(
     flat = rms_scale(streams.flatten(1).float(), norm_eps, backend)
     mixes = F.linear(flat, fn.float())  # [T, (2 + N) * N]
     collapsed, post, comb = hyper_mix(mixes, base, scale, streams, iters, eps, backend)
-    return collapsed, HyperMix(post, comb)
+    return collapsed, HyperMix(post, comb, backend)
 
 
 def head_collapse(
