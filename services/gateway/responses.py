@@ -144,7 +144,9 @@ async def _chunks(
             progress.see(later)
         held += arrived
         text = "".join(token.text for token in arrived)
-        chunk = shape.chunk(text, None, tokens=held) if text else None
+        # no text: held until some comes (a token of a character's first bytes), unless there is
+        # no tokenizer, whose answers are the ids themselves
+        chunk = shape.chunk(text, None, tokens=held) if text or not gw.codec.has_tokenizer else None
         if chunk is not None:  # None: the text is held (inside a tool call, a tag cut midway)
             yield ServerSentEvent(id=arrived[-1].entry_id, data=json.dumps(chunk))
             held = []

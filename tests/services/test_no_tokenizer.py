@@ -34,6 +34,10 @@ def test_token_ids_are_served_and_text_is_refused_clearly(bare_stack, demo_dir):
     with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as streamed:
         chunks = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: {")]
     assert [t for c in chunks for t in c["choices"][0].get("token_ids", [])] == choice["token_ids"]
+    with httpx.stream("POST", url, json={**body, "stream": True, "max_tokens": 24}, timeout=120) as streamed:
+        chunks = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: {")]
+    streamed_ids = [c["choices"][0]["token_ids"] for c in chunks if c["choices"][0]["finish_reason"] is None]
+    assert len(streamed_ids) >= 2 and all(streamed_ids)  # as they come (all 24 came in the last chunk)
     for refused, param in (({**body, "prompt": "hello"}, None), ({**body, "stop": ["x"]}, "stop")):
         r = httpx.post(url, json=refused, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
