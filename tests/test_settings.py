@@ -125,3 +125,13 @@ def test_image_limits_come_from_their_variables(monkeypatch):
     monkeypatch.setenv("DAYZERO_IMAGE_MAX_PIXELS", "567")
     limits = Settings().image_limits()
     assert (limits.max_total_pixels, limits.max_pixels) == (1234, 567)
+
+
+def test_a_per_image_limit_past_what_pillow_decodes_is_refused():
+    """Pillow refuses an image of more than Image.MAX_IMAGE_PIXELS itself (a decompression bomb): a
+    larger DAYZERO_IMAGE_MAX_PIXELS could never take effect."""
+    from PIL import Image
+
+    with pytest.raises(ValidationError, match="image_max_pixels"):
+        Settings(image_max_pixels=Image.MAX_IMAGE_PIXELS + 1)
+    assert Settings(image_max_pixels=Image.MAX_IMAGE_PIXELS).image_max_pixels == Image.MAX_IMAGE_PIXELS

@@ -25,7 +25,12 @@ class Settings(BaseSettings):
     prefill_chunk_size: int = Field(default=2048, ge=1, description="prompt tokens per prefill step")
     max_context: int = Field(default=65536, ge=2, description="prompt + completion tokens per request")
     image_max_bytes: int = Field(default=10 << 20, ge=1, description="encoded bytes per image")
-    image_max_pixels: int = Field(default=40_000_000, ge=1, description="decoded pixels per image (bomb guard)")
+    image_max_pixels: int = Field(
+        default=40_000_000,
+        ge=1,
+        le=89_478_485,  # Pillow's own decompression-bomb bound (Image.MAX_IMAGE_PIXELS) refuses past it anyway
+        description="decoded pixels per image (bomb guard; at most Pillow's 89478485)",
+    )
     image_max_count: int = Field(default=8, ge=0, description="images per request")
     image_max_total_pixels: int = Field(
         default=80_000_000, ge=1, description="decoded pixels of all images of a request, summed (cost guard)"
