@@ -6,6 +6,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -211,6 +212,18 @@ def data_url(width: int, height: int, seed: int) -> str:
     from ..vision.conftest import encoded
 
     return "data:image/png;base64," + base64.b64encode(encoded(width, height, seed=seed)).decode()
+
+
+@pytest.fixture(scope="module")
+def bare_stack(demo_dir, tmp_path_factory):
+    """The demo checkpoint (a vision tower among its parts) downloaded without its tokenizer (a
+    module's own: every module ends the processes it started)."""
+    bare = shutil.copytree(demo_dir, tmp_path_factory.mktemp("bare") / "ckpt")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (bare / name).unlink()
+    s = start_stack(bare, tmp_path_factory.mktemp("logs"), {"vision": 1, "prefill": 1, "decode": 1})
+    yield s
+    s.stop()
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 from dayzero.doctor import Doctor
 from dayzero.procs import free_port
 
-from .conftest import MODEL, start_stack
+from .conftest import MODEL
 
 
 def _doctor(url: str) -> subprocess.CompletedProcess:
@@ -33,17 +32,6 @@ def test_doctor_passes_on_a_healthy_stack(stack):
     assert any("image went through" in c["detail"] for c in report["checks"])
     weights = next(c for c in report["checks"] if c["name"] == "weights checked")
     assert "prefill: " in weights["detail"] and "decode: " in weights["detail"]  # every worker's start-up check
-
-
-@pytest.fixture(scope="module")
-def bare_stack(demo_dir, tmp_path_factory):
-    """The demo checkpoint (a vision tower among its parts) downloaded without its tokenizer."""
-    bare = shutil.copytree(demo_dir, tmp_path_factory.mktemp("bare") / "ckpt")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (bare / name).unlink()
-    s = start_stack(bare, tmp_path_factory.mktemp("logs"), {"vision": 1, "prefill": 1, "decode": 1})
-    yield s
-    s.stop()
 
 
 def test_doctor_passes_a_healthy_stack_without_a_tokenizer_with_what_needs_text_skipped(bare_stack):
