@@ -21,6 +21,7 @@ from dayzero.kernels import CompressedKeys, RaggedBatch, indexer_topk, sparse_at
 from dayzero.kernels.hyper import hyper_merge, hyper_mix
 from dayzero.kernels.moe import grouped_mxfp4_matmul
 from dayzero.kernels.norms import rms_norm, rms_scale
+from dayzero.kernels.rope import rotate
 
 FLASH = dict(heads=64, dim=512, window=128, rate=4, topk=512, index_heads=64, index_dim=128, block=64)
 FLASH_MOE = dict(hidden=4096, inter=2048, experts=256, per_token=6)
@@ -119,6 +120,8 @@ def cases(
     streams = make.randn(batch, 4 * moe_shape["hidden"], dtype=torch.float32)  # the mix's input: fp32
     post, comb = make.randn(batch, 4, dtype=torch.float32), make.randn(batch, 4, 4, dtype=torch.float32)
     merge_args = (streams.view(batch, 4, -1).to(dtype), hidden, post, comb)
+    queries, half = make.randn(batch, shape["heads"], shape["dim"]), shape["dim"] // 16  # V4: RoPE on 64 of 512
+    rotation = torch.polar(torch.ones(batch, half), make.randn(batch, half, dtype=torch.float32).cpu()).to(device)
     return [
         (f"decode attention, {batch} seqs @ {ctx}", lambda b: sparse_attention_decode(*decode_args, backend=b)),
         (f"prefill attention, {chunk} tok @ {ctx}", lambda b: sparse_attention_prefill(*prefill_args, backend=b)),
@@ -129,6 +132,7 @@ def cases(
         (f"MXFP4 experts, {batch} tok", lambda b: grouped_mxfp4_matmul(*moe_decode, backend=b)),
         (f"MXFP4 experts, {chunk // 4} tok", lambda b: grouped_mxfp4_matmul(*moe_prefill, backend=b)),
         (f"hyper-connection merge, {batch} tok", lambda b: hyper_merge(*merge_args, backend=b)),
+        (f"RoPE of the queries, {batch} tok", lambda b: rotate(queries, rotation, b)),
         (f"RMS norm, {batch} tok", lambda b: rms_norm(hidden, norm, 1e-6, b)),
         (f"RMS scale of the streams, {batch} tok", lambda b: rms_scale(streams, 1e-6, b)),
     ]

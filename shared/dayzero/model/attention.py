@@ -56,11 +56,10 @@ def _compressed_keys(
         return CompressedKeys(pool, table, visible=visible, visible_max=longest)
     keys = _index_keys(w, cfg, index, x, plan, pools)
     heads = comm.config.part(cfg.index_n_heads)
-    iq = apply_rope(
-        F.linear(q_res, w.indexer.wq_b.weight).view(x.shape[0], heads, cfg.index_head_dim), plan.rope_compress
-    )
-    iw = F.linear(x, w.indexer.weights_proj.weight) * cfg.index_n_heads**-0.5
     table, backend = plan.tables["index_keys"], plan.options.backend
+    iq = F.linear(q_res, w.indexer.wq_b.weight).view(x.shape[0], heads, cfg.index_head_dim)
+    iq = apply_rope(iq, plan.rope_compress, backend=backend)
+    iw = F.linear(x, w.indexer.weights_proj.weight) * cfg.index_n_heads**-0.5
     picked = indexer_topk(
         iq, iw, batch, keys, table, visible, cfg.index_topk, backend, visible_max=longest, reduce=comm.all_reduce_sum
     )
@@ -97,8 +96,9 @@ def attention(
     n_tokens = x.shape[0]
     q_res = rms_norm(F.linear(x, w.wq_a.weight), w.q_norm.weight, eps, backend)
     heads, groups = comm.config.part(cfg.num_heads), comm.config.part(cfg.o_groups)
-    q = apply_rope(rms_scale(F.linear(q_res, w.wq_b.weight).view(n_tokens, heads, cfg.head_dim), eps, backend), rope)
-    kv = apply_rope(rms_norm(F.linear(x, w.wkv.weight), w.norm.weight, eps, backend), rope)  # [T, D]
+    q = rms_scale(F.linear(q_res, w.wq_b.weight).view(n_tokens, heads, cfg.head_dim), eps, backend)
+    q = apply_rope(q, rope, backend=backend)
+    kv = apply_rope(rms_norm(F.linear(x, w.wkv.weight), w.norm.weight, eps, backend), rope, backend=backend)  # [T, D]
     compressed = None if kind == SLIDING else _compressed_keys(w, cfg, layer, x, q_res, plan, pools, comm)
     window = pools.window[layer]
     out = plan.attend(
@@ -114,7 +114,7 @@ def attention(
     )
     at = plan.ring.write_at if plan.ring is not None else None
     write_window(kv, plan.batch, window, plan.window_table, backend, at)
-    out = apply_rope(out, rope, inverse=True)  # K = V carried RoPE into the output: undo it
+    out = apply_rope(out, rope, inverse=True, backend=backend)  # K = V carried RoPE into the output: undo it
     wo_a = w.wo_a.weight.view(groups, cfg.o_lora_rank, -1)  # [G, O, I]
     low_rank = torch.bmm(out.view(n_tokens, groups, -1).transpose(0, 1), wo_a.transpose(1, 2))  # [G, T, O]
     low_rank = low_rank.transpose(0, 1).flatten(1)  # [T, G * O]

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from ..config import RopeConfig
+from ..kernels.batch import Backend
+from ..kernels.rope import rotate
 
 
 def inv_freq(rope: RopeConfig, dim: int) -> torch.Tensor:
@@ -59,14 +61,8 @@ class RopeTable:
         return RopeTable(rotation, rotation.conj().resolve_conj())
 
 
-def apply_rope(x: torch.Tensor, table: RopeTable, inverse: bool = False) -> torch.Tensor:
-    """Rotate the trailing rope channels of ``x [T, ..., D]``; pairs are (2i, 2i+1).
+def apply_rope(x: torch.Tensor, table: RopeTable, inverse: bool = False, backend: Backend = "torch") -> torch.Tensor:
+    """Rotate the trailing rope channels of ``x [T, ..., D]``; pairs are (2i, 2i+1) (kernels.rope).
 
-    ``inverse`` rotates by ``-angle`` (used to undo RoPE on the attention output). The rotation
-    multiplies an fp32 copy of ``x`` in place (exact: the other channels round-trip)."""
-    half = table.rotation.shape[-1]
-    rotation = table.inverse if inverse else table.rotation
-    out = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
-    pairs = torch.view_as_complex(out[..., -2 * half :].unflatten(-1, (half, 2)))  # [T, ..., half]
-    pairs.mul_(rotation.view(rotation.shape[0], *([1] * (x.dim() - 2)), half))
-    return out.to(x.dtype)
+    ``inverse`` rotates by ``-angle`` (used to undo RoPE on the attention output)."""
+    return rotate(x, table.inverse if inverse else table.rotation, backend)
