@@ -156,6 +156,20 @@ def test_a_damaged_config_is_one_line_naming_the_key(command, tiny_checkpoint, t
     assert not (tmp_path / "logs").exists()
 
 
+@pytest.mark.parametrize("command", [["inspect", "{ckpt}"], ["up", "--checkpoint", "{ckpt}", "--log-dir", "{logs}"]])
+def test_a_size_left_out_of_the_config_is_named_beside_its_tensor(command, tiny_checkpoint, tmp_path, capsys):
+    """A key left out takes transformers' default (V4-Flash's 64 heads): the first tensor to
+    disagree is named, and now the key too (the line named only the tensor)."""
+    ckpt = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    config = json.loads((ckpt / "config.json").read_text())
+    del config["num_attention_heads"]
+    (ckpt / "config.json").write_text(json.dumps(config))
+    assert cli.main([a.format(ckpt=ckpt, logs=tmp_path / "logs") for a in command]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: tensor ") and len(err.splitlines()) == 1
+    assert err.endswith("; config.json lacks num_attention_heads (transformers' default taken)\n")
+
+
 @pytest.mark.parametrize("command", [["generate", "--prompt", "hello"], ["up", "--log-dir", "{tmp}/logs"]])
 def test_a_corrupt_tokenizer_is_one_line_naming_the_file(command, tiny_checkpoint, tmp_path, capsys, monkeypatch):
     """``up`` too, before it starts anything (its gateway crash-looped and up printed a traceback)."""

@@ -155,7 +155,13 @@ def read_headers(root: Path, cfg: ModelConfig) -> Headers:
     expected = model.state_dict()
     placed = [(e, place(e.name, packed)) for e in entries]
     used = [(e, p) for e, p in placed if p.target in expected]
-    _check(used, expected)
+    try:
+        _check(used, expected)
+    except CheckpointError as exc:
+        if absent := cfg.defaulted_sizes():
+            lacks = ", ".join(absent)
+            raise CheckpointError(f"{exc}; config.json lacks {lacks} (transformers' default taken)") from None
+        raise
     return Headers(model, entries, used, [e for e, p in placed if p.target not in expected], n_mtp)
 
 

@@ -80,6 +80,11 @@ class ModelConfig:
     # raw config (kept to write checkpoints and to build references)
     raw: dict[str, Any] = field(default_factory=dict, hash=False, compare=False, repr=False)
 
+    def defaulted_sizes(self) -> list[str]:
+        """The keys that size tensors which config.json leaves out: each took transformers'
+        default (V4-Flash's), so a tensor's shape, not the key, is the first thing to disagree."""
+        return [key for key in SIZE_KEYS if self.raw.get(key) is None]
+
     def compress_rate(self, layer: int) -> int:
         """Tokens per compressed entry for ``layer`` (``num_layers`` and above: the MTP layers);
         0 for sliding-only layers."""
@@ -110,6 +115,24 @@ class ModelConfig:
             raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from exc
+
+
+SIZE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "head_dim",
+    "qk_rope_head_dim",
+    "q_lora_rank",
+    "o_groups",
+    "o_lora_rank",
+    "index_n_heads",
+    "index_head_dim",
+    "hc_mult",
+    "n_routed_experts",
+    "moe_intermediate_size",
+)
 
 
 # Each key is read by one of these: the type and range it must have sit beside its default.
