@@ -67,6 +67,7 @@ UNIMPLEMENTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "audio": (lambda _: False, "output is not supported by this server"),
     "prediction": (lambda _: False, "(predicted outputs) is not supported by this server"),
     "web_search_options": (lambda _: False, "is not supported by this server: it does not search the web"),
+    "verbosity": (lambda v: v == "medium", 'other than "medium" is not supported by this server'),
     "best_of": (lambda v: v == 1, "must be 1 on this server"),
     "suffix": (lambda v: not v, "is not supported by this server"),
 }
@@ -102,6 +103,7 @@ class Sampling(_Body):
     audio: dict | None = None
     prediction: dict | None = None
     web_search_options: dict | None = None
+    verbosity: str | None = Field(default=None, max_length=16)
     best_of: int | None = None
     suffix: str | None = Field(default=None, max_length=MAX_TEXT)
 

@@ -47,6 +47,7 @@ COMMON = {"user": "u-1", "store": False, "metadata": {"k": "v"}, "service_tier":
             {"type": "content", "content": "x"},
             "(predicted outputs) is not supported by this server",
         ),
+        ("verbosity", {"verbosity": "medium"}, "low", 'other than "medium" is not supported by this server'),
         (
             "web_search_options",
             {"web_search_options": None},
