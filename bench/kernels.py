@@ -18,6 +18,7 @@ import torch
 from timing import median_seconds
 
 from dayzero.kernels import CompressedKeys, RaggedBatch, indexer_topk, sparse_attention_decode, sparse_attention_prefill
+from dayzero.kernels.expert_mlp import swiglu
 from dayzero.kernels.hyper import hyper_merge, hyper_mix
 from dayzero.kernels.moe import grouped_mxfp4_matmul
 from dayzero.kernels.norms import rms_norm, rms_scale
@@ -120,6 +121,7 @@ def cases(
     streams = make.randn(batch, 4 * moe_shape["hidden"], dtype=torch.float32)  # the mix's input: fp32
     post, comb = make.randn(batch, 4, dtype=torch.float32), make.randn(batch, 4, 4, dtype=torch.float32)
     merge_args = (streams.view(batch, 4, -1).to(dtype), hidden, post, comb)
+    gate, up = make.randn(batch, moe_shape["inter"]), make.randn(batch, moe_shape["inter"])  # the shared expert's
     queries, half = make.randn(batch, shape["heads"], shape["dim"]), shape["dim"] // 16  # V4: RoPE on 64 of 512
     rotation = torch.polar(torch.ones(batch, half), make.randn(batch, half, dtype=torch.float32).cpu()).to(device)
     return [
@@ -133,6 +135,7 @@ def cases(
         (f"MXFP4 experts, {chunk // 4} tok", lambda b: grouped_mxfp4_matmul(*moe_prefill, backend=b)),
         (f"hyper-connection merge, {batch} tok", lambda b: hyper_merge(*merge_args, backend=b)),
         (f"RoPE of the queries, {batch} tok", lambda b: rotate(queries, rotation, b)),
+        (f"SwiGLU of the shared expert, {batch} tok", lambda b: swiglu(gate, up, 10.0, b)),
         (f"RMS norm, {batch} tok", lambda b: rms_norm(hidden, norm, 1e-6, b)),
         (f"RMS scale of the streams, {batch} tok", lambda b: rms_scale(streams, 1e-6, b)),
     ]

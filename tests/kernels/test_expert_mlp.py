@@ -3,6 +3,7 @@ weights through a plain per-expert loop, and both equal a hand-written SwiGLU on
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -55,3 +56,29 @@ def test_padding_is_taken_only_when_every_expert_has_rows_and_it_is_cheap():
     assert pads_cheaply([4, 3, 5, 4], inter=32, hidden=64)  # a decode step of a small model
     assert not pads_cheaply([4, 0, 5, 4], inter=32, hidden=64)  # an idle expert's weights multiplied
     assert not pads_cheaply([40, 3, 50, 4], inter=2048, hidden=4096)  # padding a large expert costs more
+
+
+def test_the_swiglu_kernel_matches_the_twin_and_the_definition(device):
+    """silu(min(gate, limit)) * clamp(up, -limit, limit) elementwise, one launch (the grouped
+    path's and the shared expert's), over more elements than one program takes, values past the
+    limit on both sides included."""
+    from dayzero.kernels.expert_mlp import swiglu, swiglu_torch
+
+    gen = torch.Generator().manual_seed(3)
+    gate, up = torch.randn(3, 1500, generator=gen) * 6, torch.randn(3, 1500, generator=gen) * 6
+    got = swiglu(gate.to(device), up.to(device), LIMIT, "triton").cpu()
+    assert got.shape == gate.shape and (got - swiglu_torch(gate, up, LIMIT)).abs().max().item() < 1e-5
+    g = gate.double().clamp(max=LIMIT)
+    by_hand = g / (1 + torch.exp(-g)) * up.double().clamp(-LIMIT, LIMIT)
+    assert (got.double() - by_hand).abs().max().item() < 1e-5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 needs a compiled kernel (the interpreter's is wrong)")
+def test_the_swiglu_kernel_rounds_bf16_as_the_twin_does():
+    from dayzero.kernels.expert_mlp import swiglu, swiglu_torch
+
+    gen = torch.Generator().manual_seed(4)
+    gate, up = ((torch.randn(64, 2048, generator=gen) * 6).to("cuda", torch.bfloat16) for _ in range(2))
+    got, twin = swiglu(gate, up, LIMIT, "triton"), swiglu_torch(gate, up, LIMIT)
+    assert got.dtype == torch.bfloat16
+    assert ((got.float() - twin.float()).abs() <= twin.float().abs() * 2.0**-7 + 1e-6).all()

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from .batch import Backend
 from .moe import grouped_mxfp4_matmul
@@ -19,10 +21,36 @@ Weights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # float (w1 [I, H], w
 # The multiply-adds padding may add per expert and still cost less than the three matmul calls it
 # saves (~10 us each on a CPU core): about what a core does in one such call
 PADDING_PER_EXPERT = 1 << 18
+SWIGLU_BLOCK = 1024  # elements a program
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+def swiglu_torch(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
     return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
+
+
+@triton.jit
+def _swiglu_kernel(gate_ptr, up_ptr, out_ptr, n, limit, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n
+    gate = tl.minimum(tl.load(gate_ptr + i, mask=ok, other=0.0).to(tl.float32), limit)
+    up = tl.load(up_ptr + i, mask=ok, other=0.0).to(tl.float32)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)  # rounded, as the twin's
+    tl.store(out_ptr + i, (silu * up).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float, backend: Backend = "torch") -> torch.Tensor:
+    """silu(min(gate, limit)) * clamp(up, -limit, limit), elementwise (the triton backend: one launch
+    for the twin's four: clamp, silu, clamp, multiply)."""
+    if gate.shape != up.shape or gate.dtype != up.dtype:
+        raise ValueError(f"bad gate {tuple(gate.shape)} {gate.dtype} / up {tuple(up.shape)} {up.dtype}")
+    if backend == "torch":
+        return swiglu_torch(gate, up, limit)
+    gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty_like(gate)
+    if out.numel():
+        _swiglu_kernel[(triton.cdiv(out.numel(), SWIGLU_BLOCK),)](gate, up, out, out.numel(), limit, BLOCK=SWIGLU_BLOCK)
+    return out
 
 
 def expert_mlp(
@@ -81,5 +109,5 @@ def expert_mlp_mxfp4(
     offsets[1:] = counts.cumsum(0)
     gate = grouped_mxfp4_matmul(xs, packed["w1"], packed["w1_scale"], offsets, most, backend)
     up = grouped_mxfp4_matmul(xs, packed["w3"], packed["w3_scale"], offsets, most, backend)
-    hidden = swiglu(gate, up, limit)
+    hidden = swiglu(gate, up, limit, backend)
     return grouped_mxfp4_matmul(hidden, packed["w2"], packed["w2_scale"], offsets, most, backend).to(xs.dtype)

@@ -78,5 +78,5 @@ def moe(
         placed[order] = (routed * pair_weights).to(x.dtype)
         out = placed.view(*experts.shape, -1).sum(dim=1)
     se = w.shared_experts
-    hidden = swiglu(F.linear(x, se.w1.weight), F.linear(x, se.w3.weight), cfg.swiglu_limit)
+    hidden = swiglu(F.linear(x, se.w1.weight), F.linear(x, se.w3.weight), cfg.swiglu_limit, backend)
     return comm.all_reduce_sum(out + F.linear(hidden, se.w2.weight))
