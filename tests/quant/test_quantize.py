@@ -97,6 +97,9 @@ def test_no_shard_is_left_empty_by_one_large_tensor(tmp_path):
 
 
 def test_weights_are_written_with_the_umask_like_the_config(float_copy, tmp_path, umask_027):
+    """The tokenizer files it carries over too (they kept the source's mode, 0644 here)."""
+    (float_copy / "tokenizer.json").write_text("{}")
+    (float_copy / "tokenizer.json").chmod(0o644)
     out = quantize_checkpoint(float_copy, tmp_path / "q", progress=False, shards=2)
     written = sorted(p.name for p in out.iterdir())
     assert written == [
@@ -104,6 +107,7 @@ def test_weights_are_written_with_the_umask_like_the_config(float_copy, tmp_path
         "model-00001-of-00002.safetensors",
         "model-00002-of-00002.safetensors",
         "model.safetensors.index.json",
+        "tokenizer.json",
     ]
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == dict.fromkeys(written, "0o640")
 

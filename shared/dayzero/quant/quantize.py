@@ -97,5 +97,5 @@ def quantize_checkpoint(
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     for extra in COMPANIONS:
         if (src / extra).exists():
-            shutil.copy(src / extra, dst / extra)
+            shutil.copyfile(src / extra, dst / extra)  # the umask's mode, as the weights (not the source's)
     return dst
