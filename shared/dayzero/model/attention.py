@@ -48,8 +48,7 @@ def _compressed_keys(
         eps,
     )
     rate, batch = cfg.compress_rate(layer), plan.batch
-    visible = plan.visible[rate]
-    longest = max((s + n) // rate for s, n in zip(batch.starts, batch.news, strict=True))  # host: no sync
+    visible, longest = plan.visible[rate], plan.longest[rate]  # the longest: known on the host, no sync
     if kind == HCA or not plan.options.sparse:
         if kind == CSA:  # the indexer's state still advances, so selection can be switched back on
             _index_keys(w, cfg, index, x, plan, pools)

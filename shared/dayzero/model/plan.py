@@ -63,15 +63,36 @@ class Closed:
 
 
 @dataclass(frozen=True, slots=True)
+class Bucket:
+    """The fixed shape of a decode step, for capture in a CUDA graph: ``seqs`` rows (the step's
+    sequences, then padding rows), block tables wide enough for ``tokens`` tokens, and every
+    kernel sized for sequences of up to ``tokens`` (bounds, not the step's own lengths). ``pad``:
+    a sequence of the pools (a block of every pool reserved: the longest compress rate's tokens)
+    that the padding rows, and the compressors' windows no token closes, write to: a step of a bucket has the same ops, shapes and host
+    values whatever its sequences, only the contents of its tensors differ (Triton backend)."""
+
+    seqs: int
+    tokens: int
+    pad: str
+
+    @staticmethod
+    def fitting(n_seqs: int, tokens: int, pad: str, least_tokens: int = 1024) -> Bucket:
+        """The smallest power-of-two bucket holding ``n_seqs`` sequences of up to ``tokens``."""
+        return Bucket(1 << (n_seqs - 1).bit_length(), max(least_tokens, 1 << (tokens - 1).bit_length()), pad)
+
+
+@dataclass(frozen=True, slots=True)
 class StepPlan:
     """Packed tokens of several sequences (``batch``) and where their state lives.
 
     token_ids [T]; rope_* cos/sin at the token positions; freqs_compress [rope_dim/2]
     for compressed-entry positions; window_table [B, wb] and tables[pool] [B, max blocks]
     int32 block tables; slots [B] compressor-state slot of each sequence; per compress rate r:
-    visible[r] [T] entries each token sees ((position + 1) // r); columns: a step of a few tokens
-    per sequence by column (``Column``; empty for longer steps), and ``closed[r]`` the windows
-    they close (None: none).
+    visible[r] [T] entries each token sees ((position + 1) // r), at most ``longest[r]`` (host);
+    columns: a step of a few tokens per sequence by column (``Column``; empty for longer steps),
+    and ``closed[r]`` the windows they close (None: none). A plan of a ``Bucket`` has padding rows
+    after the sequences, a last row in the growing pools' tables for the pad sequence, and every
+    row in ``closed`` (those closing no window write to the pad sequence).
     """
 
     token_ids: torch.Tensor
@@ -85,6 +106,7 @@ class StepPlan:
     options: AttentionOptions
     attend: Callable[..., torch.Tensor]  # the prefill or the decode variant of sparse attention
     visible: dict[int, torch.Tensor]
+    longest: dict[int, int]
     columns: tuple[Column, ...]
     closed: dict[int, Closed | None]
     ring: DecodeWindow | None = None  # the window's metadata for every layer (torch backend, a few rows per sequence)
@@ -93,9 +115,9 @@ class StepPlan:
         return [r + n - 1 for r, n in zip(self.batch.row0s, self.batch.news, strict=True)]
 
 
-def _table(blocks: list[list[int]], device: torch.device) -> torch.Tensor:
-    """Block lists -> [B, longest] int32, zero-padded."""
-    width = max(1, max(map(len, blocks)))
+def _table(blocks: list[list[int]], device: torch.device, width: int = 0) -> torch.Tensor:
+    """Block lists -> [B, max(width, longest)] int32, zero-padded."""
+    width = max(1, width, max(map(len, blocks)))
     return from_host(np.array([ids + [0] * (width - len(ids)) for ids in blocks], dtype=np.int32), device)
 
 
@@ -130,6 +152,39 @@ def _columns(
     return tuple(columns), closed
 
 
+def _closing_column(
+    batch: RaggedBatch, real: int, slots: tuple[int, ...], rates: set[int], freqs: torch.Tensor, pad_slot: int, device
+) -> tuple[tuple[Column, ...], dict[int, Closed | None]]:
+    """``_columns`` of a decode step of a ``Bucket`` (its first ``real`` rows the sequences'): every
+    row listed as closing a window, those that do not (and padding rows) redirected to the pad
+    sequence's slot, table row and entry 0."""
+    rows, host_slots = np.arange(batch.num_seqs), np.asarray(slots, dtype=np.int64)
+    positions, pad_row = np.asarray(batch.starts, dtype=np.int64), batch.num_seqs
+    at, closing, closed = {}, {}, {}
+    for r in rates:
+        done = (positions % r == r - 1) & (rows < real)
+        entries = np.where(done, positions // r, 0)
+        at[r] = from_host(positions % r, device)
+        closing[r] = Closing(from_host(np.where(done, host_slots, pad_slot), device), from_host(entries > 0, device))
+        on_device = from_host(entries, device)
+        closed[r] = Closed(from_host(np.where(done, rows, pad_row), device), on_device, *cos_sin(freqs, on_device * r))
+    return (Column(None, from_host(host_slots, device), at, closing),), closed
+
+
+def _padded(pools: KVPools, seq_ids, starts, chunks, bucket: Bucket | None):
+    """The step's sequences, starts and chunks, then a bucket's padding rows (the pad sequence's
+    first token, again)."""
+    seqs = [pools.sequences[s] for s in seq_ids]
+    if bucket is None:
+        return seqs, list(starts), list(chunks)
+    if bucket.pad in seq_ids or len(seq_ids) > bucket.seqs or any(len(c) != 1 for c in chunks):
+        raise ValueError(f"a bucket plans decode steps of up to {bucket.seqs} sequences (pad excluded)")
+    if max(starts, default=0) >= bucket.tokens:
+        raise ValueError(f"a sequence is longer than the bucket's {bucket.tokens} tokens")
+    fill = bucket.seqs - len(seq_ids)
+    return seqs + [pools.sequences[bucket.pad]] * fill, list(starts) + [0] * fill, list(chunks) + [[0]] * fill
+
+
 def plan_step(
     cfg: ModelConfig,
     pools: KVPools,
@@ -137,30 +192,48 @@ def plan_step(
     starts: list[int],
     chunks: list[list[int]],
     options: AttentionOptions,
+    bucket: Bucket | None = None,
 ) -> StepPlan:
-    """Sequence ``seq_ids[s]`` feeds ``chunks[s]`` (non-empty) at positions ``starts[s]`` onwards.
+    """Sequence ``seq_ids[s]`` feeds ``chunks[s]`` (non-empty) at positions ``starts[s]`` onwards;
+    with a ``bucket``, one token each, padded to the bucket's shape (Triton backend).
 
     Pure metadata: the caller has reserved the blocks (``KVPools.reserve``) and commits the
     tokens it keeps after the forward (``KVPools.commit``).
     """
     if any(not chunk for chunk in chunks):
         raise ValueError("every sequence in a step needs at least one token")
-    device = pools.device
+    if bucket is not None and options.backend != "triton":
+        raise ValueError("a bucket's steps need the triton backend (the torch twins read host values per step)")
+    device, layout = pools.device, pools.layout
+    seqs, starts, chunks = _padded(pools, seq_ids, starts, chunks, bucket)
     batch = RaggedBatch.build(starts, [len(c) for c in chunks], device)
-    seqs = [pools.sequences[s] for s in seq_ids]
     main = _freqs(cfg.rope_main, cfg.rope_head_dim, device)
     compress = _freqs(cfg.rope_compress, cfg.rope_head_dim, device)
     slots = tuple(s.tables["compressor"][0] if s.tables["compressor"] else 0 for s in seqs)
     window_table = _table([s.tables["window"] for s in seqs], device)
     attend, ring = sparse_attention_prefill, None
     rates = {r for r in cfg.compress_rates.values() if r}
-    widest, bs = max(batch.news), pools.layout.block_size
+    widest, bs = max(batch.news), layout.block_size
     if options.backend == "torch" and widest <= min(FEW_ROWS, window_table.shape[1] * bs):
         # decode or a speculative verify: the window's gathers, masks and write slots serve every layer
         ring = DecodeWindow.build(batch, window_table, bs, cfg.sliding_window)
     if ring is not None or widest == 1:
         attend = partial(sparse_attention_decode, ring=ring)
-    columns, closed = _columns(batch, slots, rates, compress, device) if widest <= FEW_ROWS else ((), {})
+    if bucket is None:
+        columns, closed = _columns(batch, slots, rates, compress, device) if widest <= FEW_ROWS else ((), {})
+        longest = {r: max((s + n) // r for s, n in zip(starts, batch.news, strict=True)) for r in rates}
+        tables = {p: _table([s.tables[p] for s in seqs], device) for p in GROWING_POOLS}
+    else:
+        pad = pools.sequences[bucket.pad]
+        if any(layout.blocks_for(p, bucket.tokens) and not pad.tables[p] for p in GROWING_POOLS):
+            raise ValueError("the pad sequence needs a block in every growing pool (reserve it max rate tokens)")
+        pad_slot = pad.tables["compressor"][0] if pad.tables["compressor"] else 0
+        columns, closed = _closing_column(batch, len(seq_ids), slots, rates, compress, pad_slot, device)
+        longest = {r: bucket.tokens // r for r in rates}
+        tables = {
+            p: _table([s.tables[p] for s in [*seqs, pad]], device, layout.blocks_for(p, bucket.tokens))
+            for p in GROWING_POOLS
+        }
     return StepPlan(
         token_ids=from_host(np.fromiter((t for c in chunks for t in c), dtype=np.int64), device),
         batch=batch,
@@ -168,11 +241,12 @@ def plan_step(
         rope_compress=RopeTable.at(compress, batch.positions),
         freqs_compress=compress,
         window_table=window_table,
-        tables={p: _table([s.tables[p] for s in seqs], device) for p in GROWING_POOLS},
+        tables=tables,
         slots=slots,
         options=options,
         attend=attend,
         visible={r: torch.div(batch.positions + 1, r, rounding_mode="floor") for r in rates},
+        longest=longest,
         columns=columns,
         closed=closed,
         ring=ring,
