@@ -29,7 +29,10 @@ def test_replayed_steps_equal_each_sequences_full_forward(tiny_checkpoint, devic
     vocab, ids = model.cfg.vocab_size, ["a", "b", "c"]
     prompts = [random_ids(n, vocab, seed=50 + n) for n in (5, 30, 61)]
     follow = [random_ids(5, vocab, seed=60 + i) for i in range(3)]
-    full = [score(model, pools_for(model.cfg, torch.float32, 70, device=device), "f", p + f) for p, f in zip(prompts, follow)]
+    full = [
+        score(model, pools_for(model.cfg, torch.float32, 70, device=device), "f", p + f)
+        for p, f in zip(prompts, follow, strict=True)
+    ]
     pools = pools_for(model.cfg, torch.float32, 70, max_sequences=4, device=device)  # 3 + the pad
     prefill(model, pools, ids, prompts)
     graphs = DecodeGraphs(model, pools, TRITON, least_tokens=64)

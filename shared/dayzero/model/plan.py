@@ -68,8 +68,9 @@ class Bucket:
     sequences, then padding rows), block tables wide enough for ``tokens`` tokens, and every
     kernel sized for sequences of up to ``tokens`` (bounds, not the step's own lengths). ``pad``:
     a sequence of the pools (a block of every pool reserved: the longest compress rate's tokens)
-    that the padding rows, and the compressors' windows no token closes, write to: a step of a bucket has the same ops, shapes and host
-    values whatever its sequences, only the contents of its tensors differ (Triton backend)."""
+    that the padding rows, and the compressors' windows no token closes, write to: a step of a
+    bucket has the same ops, shapes and host values whatever its sequences, only the contents of
+    its tensors differ (Triton backend)."""
 
     seqs: int
     tokens: int
