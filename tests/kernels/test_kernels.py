@@ -158,23 +158,6 @@ def test_indexer_scores_a_row_at_a_time_as_in_one_piece(monkeypatch):
     assert torch.equal(indexer_topk(q, w, batch, keys, table, visible, 3), whole)
 
 
-@pytest.mark.parametrize("rows", [8, 256])  # 8 x 12 scores are sorted outright; 256 x 12 take topk + tie checks
-def test_earliest_topk_is_a_stable_sorts_prefix(rows):
-    """Ties (at the k-th score, inside the selection, among -inf) resolve as a stable sort does."""
-    from dayzero.kernels.indexer import SORTED_OUTRIGHT, earliest_topk
-
-    assert (rows * 12 <= SORTED_OUTRIGHT) == (rows == 8)
-    gen = torch.Generator().manual_seed(11)
-    scores = torch.randint(0, 4, (rows, 12), generator=gen).float()  # many ties
-    scores[::3, 5:] = float("-inf")  # fewer finite entries than k in some rows
-    scores[1] = torch.randn(12, generator=gen)  # a row without ties
-    for k in (1, 5, 12, 15):
-        ordered = scores.sort(dim=1, descending=True, stable=True)
-        want = ordered.indices.masked_fill(torch.isinf(ordered.values), -1)[:, :k]
-        got = earliest_topk(scores, k)
-        assert torch.equal(got[:, : want.shape[1]], want) and bool((got[:, want.shape[1] :] == -1).all())
-
-
 @pytest.mark.parametrize("rows", [4, 8])  # HCA-like (rate rows) and CSA-like (2 * rate rows)
 def test_compressor_matches_twin(rows, device, tol):
     gen = torch.Generator().manual_seed(5)

@@ -23,9 +23,9 @@ import triton.language as tl
 from .attention_torch import FEW_ROWS
 from .batch import Backend, RaggedBatch, dot_side
 from .indexer_cpu import weighted_relu_rows
+from .topk import earliest_topk
 
 BUDGET = 1 << 22  # fp32 scores [rows, entries] of a block (one Triton launch, or one top-k)
-SORTED_OUTRIGHT = 2048  # scores per top-k up to which one stable sort beats topk + tie checks (CPU: 44 vs 181 us)
 CPU_BF16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()  # oneDNN multiplies bf16 fast
 HEADS_BUDGET = 1 << 19  # fp32 [rows, Hi, entries] per torch matmul (2 MiB, cache-sized: ~3x faster than 16 MiB)
 
@@ -233,30 +233,6 @@ def _triton_blocks(q, weights, batch, keys, table, visible, visible_max, rows_ma
         rows = slice(r0, min(r0 + step, q.shape[0]))
         seq_of = batch.seq_of_token[rows]
         yield rows, _scores_triton(q[rows], weights[rows], seq_of, keys, table, visible[rows], visible_max)
-
-
-def earliest_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """[R, k] long entry ids of the ``k`` highest scores of each row of [R, n], ordered by (score
-    descending, entry ascending): a stable full sort's first ``k``; -1 for -inf scores.
-
-    ``topk`` picks the set (the k + 1 highest: a tie at the k-th score is the (k + 1)-th equal to
-    it); only rows where it could differ from the stable sort (a finite tie at the k-th score, or
-    two equal finite scores inside the selection) are sorted. Scores of a few thousand at most (a
-    decode row early in a context) are sorted outright: fewer ops than the tie checks."""
-    if scores.shape[1] <= k:
-        scores = torch.cat((scores, scores.new_full((scores.shape[0], k + 1 - scores.shape[1]), float("-inf"))), 1)
-    if scores.numel() <= SORTED_OUTRIGHT:
-        vals, idx = scores.sort(dim=1, descending=True, stable=True)
-        return idx[:, :k].masked_fill_(torch.isinf(vals[:, :k]), -1)
-    vals, idx = scores.topk(k + 1, dim=1)
-    after, vals, idx = vals[:, k], vals[:, :k], idx[:, :k]
-    boundary = (after == vals[:, -1]) & torch.isfinite(after)
-    inner = ((vals[:, 1:] == vals[:, :-1]) & torch.isfinite(vals[:, 1:])).any(dim=1)
-    tied = (boundary | inner).nonzero()[:, 0]
-    if tied.numel():
-        ordered = scores[tied].sort(dim=1, descending=True, stable=True)
-        vals[tied], idx[tied] = ordered.values[:, :k], ordered.indices[:, :k]
-    return idx.masked_fill_(torch.isinf(vals), -1)
 
 
 def indexer_topk(

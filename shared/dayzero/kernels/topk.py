@@ -1,0 +1,52 @@
+"""The indexer's selection: the k highest scores of each row, ties to the earliest entry (the order
+of a stable sort, as DeepSeek's reference and transformers take ``topk`` of fp32 scores)."""
+
+from __future__ import annotations
+
+import torch
+
+SORTED_OUTRIGHT = 2048  # scores per top-k up to which one stable sort beats topk + tie checks (CPU: 44 vs 181 us)
+
+
+def keyed_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """``earliest_topk`` in one ``topk`` over int64 keys that order as (score descending, entry
+    ascending): the fp32 score's bits made order-keeping as a signed int (negative scores' lower 31
+    bits flipped; -0.0 taken as +0.0, its equal) above the entry's complement. No value is read back
+    to the host (the tie checks' are: a GPU stall, and no capture in a CUDA graph), at the cost of
+    int64 keys (CPU: ~1.3x the tie checks' time, so CPUs keep those). ``scores`` [R, n >= k]."""
+    bits = (scores + 0.0).view(torch.int32)
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()
+    entries = torch.arange(_LOW, _LOW - scores.shape[1], -1, device=scores.device)
+    top = ordered.mul_(1 << 32).add_(entries).topk(k, dim=1).values
+    return (_LOW - (top & 0xFFFFFFFF)).masked_fill_(top <= _NEG_INF_KEY, -1)
+
+
+_LOW = (1 << 31) - 1  # an entry's part of a key: _LOW - entry
+_NEG_INF_KEY = (-8388608 ^ 0x7FFFFFFF) * (1 << 32) + _LOW  # the highest key of a -inf score (bits 0xFF800000)
+
+
+def earliest_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """[R, k] long entry ids of the ``k`` highest scores of each row of [R, n], ordered by (score
+    descending, entry ascending): a stable full sort's first ``k``; -1 for -inf scores.
+
+    ``topk`` picks the set (the k + 1 highest: a tie at the k-th score is the (k + 1)-th equal to
+    it); only rows where it could differ from the stable sort (a finite tie at the k-th score, or
+    two equal finite scores inside the selection) are sorted. Scores of a few thousand at most (a
+    decode row early in a context) are sorted outright: fewer ops than the tie checks. On a GPU,
+    ``keyed_topk`` instead of the tie checks (which wait for the device)."""
+    if scores.shape[1] <= k:
+        scores = torch.cat((scores, scores.new_full((scores.shape[0], k + 1 - scores.shape[1]), float("-inf"))), 1)
+    if scores.numel() <= SORTED_OUTRIGHT:
+        vals, idx = scores.sort(dim=1, descending=True, stable=True)
+        return idx[:, :k].masked_fill_(torch.isinf(vals[:, :k]), -1)
+    if scores.is_cuda:
+        return keyed_topk(scores, k)
+    vals, idx = scores.topk(k + 1, dim=1)
+    after, vals, idx = vals[:, k], vals[:, :k], idx[:, :k]
+    boundary = (after == vals[:, -1]) & torch.isfinite(after)
+    inner = ((vals[:, 1:] == vals[:, :-1]) & torch.isfinite(vals[:, 1:])).any(dim=1)
+    tied = (boundary | inner).nonzero()[:, 0]
+    if tied.numel():
+        ordered = scores[tied].sort(dim=1, descending=True, stable=True)
+        vals[tied], idx[tied] = ordered.values[:, :k], ordered.indices[:, :k]
+    return idx.masked_fill_(torch.isinf(vals), -1)

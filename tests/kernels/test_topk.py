@@ -1,0 +1,45 @@
+"""The indexer's top-k: a stable sort's first k (score descending, ties to the earliest entry)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dayzero.kernels.topk import SORTED_OUTRIGHT, earliest_topk, keyed_topk
+
+
+def _stable_sorts_prefix(scores: torch.Tensor, k: int) -> torch.Tensor:
+    ordered = scores.sort(dim=1, descending=True, stable=True)
+    return ordered.indices.masked_fill(torch.isinf(ordered.values), -1)[:, :k]
+
+
+def _tied_scores(rows: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randint(-2, 3, (rows, 12), generator=gen).float()  # many ties, negative ones too
+    scores[::3, 5:] = float("-inf")  # fewer finite entries than k in some rows
+    scores[1] = torch.randn(12, generator=gen)  # a row without ties
+    scores[2, 3], scores[2, 7] = -0.0, 0.0  # equal scores, different bits
+    return scores
+
+
+@pytest.mark.parametrize("rows", [8, 256])  # 8 x 12 scores are sorted outright; 256 x 12 take topk + tie checks
+def test_earliest_topk_is_a_stable_sorts_prefix(rows):
+    """Ties (at the k-th score, inside the selection, among -inf) resolve as a stable sort does."""
+    assert (rows * 12 <= SORTED_OUTRIGHT) == (rows == 8)
+    scores = _tied_scores(rows, seed=11)
+    for k in (1, 5, 12, 15):
+        want = _stable_sorts_prefix(scores, k)
+        got = earliest_topk(scores, k)
+        assert torch.equal(got[:, : want.shape[1]], want) and bool((got[:, want.shape[1] :] == -1).all())
+
+
+def test_keyed_topk_is_a_stable_sorts_prefix():
+    """The GPU's way (no tie check read back): the same selection, ties, -0.0, -inf and the most
+    negative finite score included, and on wide rows of random scores."""
+    scores = _tied_scores(64, seed=12)
+    scores[4, 0] = -torch.finfo(torch.float32).max
+    for k in (1, 5, 12):
+        assert torch.equal(keyed_topk(scores, k), _stable_sorts_prefix(scores, k))
+    wide = torch.randn(3, 5000, generator=torch.Generator().manual_seed(13)).round(decimals=1)  # ties
+    wide[1, 2500:] = float("-inf")
+    assert torch.equal(keyed_topk(wide, 512), _stable_sorts_prefix(wide, 512))
