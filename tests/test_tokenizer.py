@@ -107,3 +107,23 @@ def test_a_damaged_tokenizer_config_is_named(tmp_path):
     (ckpt / "tokenizer_config.json").write_text("{'chat_template': ")
     with pytest.raises(ValueError, match=f"^{ckpt / 'tokenizer_config.json'} is not valid JSON: "):
         TextCodec.from_checkpoint(ckpt)
+
+
+@pytest.mark.parametrize(
+    ("source", "high", "maximum"), [("REASONING_EFFORT_MAX = (", "", "Absolute"), (None, "Absolute", "Beyond")]
+)
+def test_the_effort_paragraphs_are_the_checkpoints_own(tmp_path, source, high, maximum):
+    """DeepSeek-V4-Flash / -Pro ship an encoder whose "high" adds nothing and "max" the "Absolute
+    maximum" paragraph; without an encoder beside the weights, the 0731 revision's table."""
+    from dayzero.chat.encoding import ChatOptions
+
+    ckpt = write_demo_checkpoint(tmp_path / "d")
+    if source is not None:
+        (ckpt / "encoding").mkdir()
+        (ckpt / "encoding" / "encoding_dsv4.py").write_text(source)
+    codec = TextCodec.from_checkpoint(ckpt)
+    user = [{"role": "user", "content": "Hi"}]
+    opening = "<｜begin▁of▁sentence｜>Reasoning Effort: "
+    for effort, word in (("high", high), ("max", maximum)):
+        prompt = codec.chat_prompt(user, ChatOptions(thinking=True, effort=effort))
+        assert prompt.startswith(opening + word) if word else prompt.startswith("<｜begin▁of▁sentence｜><｜User｜>")

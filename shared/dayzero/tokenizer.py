@@ -17,6 +17,7 @@ than a limit; tokenizing itself runs without the GIL (the gateway's event loop g
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -24,6 +25,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, pre_tokenizers
 
 from .chat.encoding import CHAT_MODE, ChatOptions, encode_chat
+from .chat.prompts import effort_table_of
 from .chat.tokens import OUTPUT_MARKERS
 
 _TEMPLATE_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -47,9 +49,16 @@ class TextCodec:
 
     has_tokenizer = True
 
-    def __init__(self, tokenizer: Tokenizer, chat_template: str | None = None, tokens: dict | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        chat_template: str | None = None,
+        tokens: dict | None = None,
+        efforts: str | None = None,
+    ) -> None:
         self._tok = tokenizer
         self.chat_template = chat_template
+        self.efforts = efforts  # the checkpoint's effort table (None: ChatOptions' default)
         self._tokens = tokens or {}  # special-token strings the template may use (bos_token, ...)
         special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
         special |= {i for t in self._tokens.values() if (i := tokenizer.token_to_id(t)) is not None}
@@ -77,7 +86,9 @@ class TextCodec:
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception
             raise ValueError(f"{path} is not valid: {exc}") from exc
-        return cls(tokenizer, template, tokens)
+        encoding = root / "encoding" / "encoding_dsv4.py"  # shipped beside the weights by DeepSeek
+        efforts = effort_table_of(encoding.read_text() if encoding.exists() else None)
+        return cls(tokenizer, template, tokens, efforts)
 
     @property
     def vocab_size(self) -> int:
@@ -120,6 +131,8 @@ class TextCodec:
     def chat_prompt(self, messages: list[dict], options: ChatOptions = CHAT_MODE) -> str:
         """A chat ready for the assistant's answer, as prompt text (special tokens as text)."""
         if self.chat_template is None:
+            if self.efforts is not None:
+                options = dataclasses.replace(options, efforts=self.efforts)
             return encode_chat(messages, options)
         from transformers.utils.chat_template_utils import render_jinja_template
 

@@ -169,3 +169,18 @@ def test_response_format_section():
         '{"type": "object", "properties": {"a": {"type": "integer"}}}'
     )
     assert got == f"{B}\n\n{section}{U}Go{A}</think>"
+    assert encode_chat([{"role": "user", "content": "Go"}], ChatOptions(response_format={})) == f"{B}{U}Go{A}</think>"
+
+
+def test_effort_paragraphs_follow_the_checkpoint_revision():
+    """DeepSeek-V4-Flash / -Pro as released: only "max" adds a paragraph (the "Absolute maximum" one);
+    the 0731 / Vision-Exp revision moved that text to "high" and gave "max" a new one."""
+    from dayzero.chat.prompts import EFFORT_TABLES, effort_table_of
+
+    user = [{"role": "user", "content": "Hi"}]
+    absolute = EFFORT_TABLES["0731"]["high"]
+    assert encode_chat(user, ChatOptions(thinking=True, effort="high", efforts="v4")) == f"{B}{U}Hi{A}<think>"
+    assert encode_chat(user, ChatOptions(thinking=True, effort="max", efforts="v4")) == f"{B}{absolute}{U}Hi{A}<think>"
+    assert effort_table_of("REASONING_EFFORT_MAX = (") == "v4"
+    assert effort_table_of("REASONING_EFFORT_PROMPTS: Dict[str, str] = {") == "0731"
+    assert effort_table_of(None) is None

@@ -64,3 +64,37 @@ def test_a_tool_parameters_ref_resolves_in_the_call_grammar(tokenizer):
     lark = tool_calls_grammar([{"type": "function", "function": {"name": "f", "parameters": parameters}}], '"|DSML|"')
     assert grammar_problem(lark, tokenizer) is None
     assert grammar_problem(json_grammar(ref), tokenizer) == "Pointer '/$defs/n' does not exist"  # alone, it dangles
+
+
+def _accepts(lark: str, text: str) -> bool:
+    import llguidance
+
+    from dayzero.chat.grammar import _byte_tokenizer
+
+    matcher, data = llguidance.LLMatcher(_byte_tokenizer(), lark, log_level=0), list(text.encode())
+    return matcher.try_consume_tokens(data) == len(data) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize(
+    ("prop", "as_text", "value", "as_json"),
+    [
+        ({"type": ["string", "null"]}, True, "null", True),  # OpenAI strict mode's optional field
+        ({"anyOf": [{"type": "integer"}, {"type": "string"}]}, True, "7", True),
+        ({"description": "no type"}, True, "7", True),
+        ({"type": "string"}, True, "7", False),
+        ({"type": "integer"}, False, "7", True),
+    ],
+)
+def test_a_forced_call_takes_a_string_as_v4_writes_it(prop, as_text, value, as_json):
+    """DeepSeek's encoder writes any str argument as string="true" and the text as is (FACTS: the
+    chat encoding); a property whose schema admits a string takes that form, and the JSON form
+    (string="false") where the schema admits one."""
+    parameters = {"type": "object", "properties": {"id": prop}, "required": ["id"]}
+    lark = tool_calls_grammar([{"type": "function", "function": {"name": "f", "parameters": parameters}}], '"|DSML|"')
+
+    def call(parameter: str) -> str:
+        invoke = f'<|DSML|invoke name="f">\n<|DSML|{parameter}</|DSML|parameter>\n</|DSML|invoke>'
+        return f"\n\n<|DSML|tool_calls>\n{invoke}\n</|DSML|tool_calls>"
+
+    assert _accepts(lark, call('parameter name="id" string="true">abc')) == as_text
+    assert _accepts(lark, call(f'parameter name="id" string="false">{value}')) == as_json

@@ -100,7 +100,12 @@ def test_weights_are_written_with_the_umask_like_the_config(float_copy, tmp_path
     """The tokenizer files it carries over too (they kept the source's mode, 0644 here)."""
     (float_copy / "tokenizer.json").write_text("{}")
     (float_copy / "tokenizer.json").chmod(0o644)
+    (float_copy / "encoding").mkdir()
+    (float_copy / "encoding" / "encoding_dsv4.py").write_text("REASONING_EFFORT_MAX = (")  # the effort table's source
     out = quantize_checkpoint(float_copy, tmp_path / "q", progress=False, shards=2)
+    assert (out / "encoding" / "encoding_dsv4.py").read_text() == "REASONING_EFFORT_MAX = ("
+    (out / "encoding" / "encoding_dsv4.py").unlink()
+    (out / "encoding").rmdir()
     written = sorted(p.name for p in out.iterdir())
     assert written == [
         "config.json",

@@ -60,14 +60,27 @@ class ToolCall:
 
 
 def arguments_of(body: str) -> str:
-    """An invoke's parameters as a JSON object (a string="false" value that is not JSON stays a string)."""
-    values: dict[str, object] = {}
+    """An invoke's parameters as a JSON object (a string="false" value that is not JSON stays a string).
+
+    A string="false" value that is JSON is kept as the model wrote it, as DeepSeek's decoder keeps it:
+    re-serialising it would lose digits (``0.1000000000000000055511`` -> ``0.1``) or write non-JSON
+    (``1e400`` -> ``Infinity``). NaN / Infinity are not JSON: they stay strings."""
+    values: dict[str, str] = {}  # key -> its value as JSON text
     for key, string, raw in _PARAMETER.findall(body):
-        try:
-            values[key] = raw if string == "true" else json.loads(raw)
-        except json.JSONDecodeError:
-            values[key] = raw
-    return to_json(values)
+        values[key] = to_json(raw) if string == "true" else _json_text(raw)
+    return "{" + ", ".join(f"{to_json(k)}: {v}" for k, v in values.items()) + "}"
+
+
+def _not_json(constant: str) -> object:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _json_text(raw: str) -> str:
+    try:
+        json.loads(raw, parse_constant=_not_json)
+    except ValueError:  # JSONDecodeError too
+        return to_json(raw)
+    return raw.strip()
 
 
 def parse_calls(block: str) -> list[ToolCall]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .dsml import render_calls, to_json
-from .prompts import EFFORT_PARAGRAPHS, RESPONSE_FORMAT_SECTION, TOOLS_SECTION
+from .prompts import EFFORT_PARAGRAPHS, EFFORT_TABLES, RESPONSE_FORMAT_SECTION, TOOLS_SECTION
 from .tokens import ASSISTANT, BOS, END_THINK, EOS, LATEST_REMINDER, THINK, USER
 
 EFFORTS = tuple(EFFORT_PARAGRAPHS)
@@ -32,6 +32,7 @@ class ChatOptions:
     effort: str = "low"  # low | high | max: the paragraph opening a thinking-mode prompt
     tools: tuple[dict, ...] = ()  # OpenAI tool definitions ({"type": "function", "function": {...}})
     response_format: dict | None = None  # the JSON schema the reply must follow
+    efforts: str = "0731"  # which checkpoint's table maps effort -> paragraph (prompts.EFFORT_TABLES)
 
 
 CHAT_MODE = ChatOptions()
@@ -56,7 +57,7 @@ def encode_chat(messages: list[dict], options: ChatOptions = CHAT_MODE) -> str:
         last = _last_user(turns)
         turns = [t for i, t in enumerate(turns) if t["role"] != "developer" or i >= last]
     last = _last_user(turns)
-    prompt = BOS + (EFFORT_PARAGRAPHS[options.effort] if options.thinking else "")
+    prompt = BOS + (EFFORT_TABLES[options.efforts][options.effort] if options.thinking else "")
     for i, turn in enumerate(turns):
         show_reasoning = options.thinking and (keep_reasoning or i > last)
         prompt += _render(turn, options, show_reasoning)
@@ -101,9 +102,9 @@ def _tools_section(tools: tuple[dict, ...]) -> str:
 
 def _with_system(turns: list[dict], options: ChatOptions) -> list[dict]:
     """Tools and the response format belong to the system turn (an empty one when there is none)."""
-    if not options.tools and options.response_format is None:
+    if not options.tools and not options.response_format:  # as the reference: an empty schema {} adds nothing
         return turns
-    marks = {"tools": bool(options.tools), "response_format": options.response_format is not None}
+    marks = {"tools": bool(options.tools), "response_format": bool(options.response_format)}
     if turns and turns[0]["role"] == "system":
         return [{**turns[0], **marks}, *turns[1:]]
     return [{"role": "system", "content": "", **marks}, *turns]

@@ -107,12 +107,34 @@ def _invoke_rules(i: int, function: dict, dsml: str) -> list[str]:
         string = (
             prop.get("type") == "string" or bool(prop.get("enum")) and all(isinstance(v, str) for v in prop["enum"])
         )
+        as_string = _string_branch(prop) if not string else None  # a union that admits a string
         tag = _literal(f'parameter name="{key}" string="{"true" if string else "false"}">')
         rules.append(f"value_{i}_{j}: " + (_string_rule(prop) if string else _json_rule({**prop, **defs})))
-        item = f'"<" {dsml} {tag} value_{i}_{j} "</" {dsml} "parameter>\\n"'
+        value = f"{tag} value_{i}_{j}"
+        if as_string is not None:  # as V4 writes a str value: string="true" and the text as is
+            rules.append(f"text_{i}_{j}: " + _string_rule(as_string))
+            value = f"({value} | " + _literal(f'parameter name="{key}" string="true">') + f" text_{i}_{j})"
+        item = f'"<" {dsml} {value} "</" {dsml} "parameter>\\n"'
         body.append(f"({item})" if key in required else f"({item})?")
     params = " ".join(body) if required else ('"\\n"' if not props else "(" + " ".join(body) + ' | "\\n")')
     return [f'invoke_{i}: "<" {dsml} {head} {params} "</" {dsml} "invoke>"', *rules]
+
+
+def _string_branch(prop: dict) -> dict | None:
+    """The string schema a non-string-typed property also admits (None: it admits no string): a type
+    list with "string" (OpenAI strict mode writes optional fields so), an anyOf / oneOf branch of
+    type string, or no type at all. DeepSeek's encoder writes any str value with string="true"."""
+    kind = prop.get("type")
+    if isinstance(kind, list):
+        return {k: v for k, v in prop.items() if k in ("minLength", "maxLength")} if "string" in kind else None
+    for branch in prop.get("anyOf") or prop.get("oneOf") or ():
+        if isinstance(branch, dict) and (branch.get("type") == "string" or _string_branch(branch) is not None):
+            return branch if branch.get("type") == "string" else _string_branch(branch)
+    if kind is None and not any(
+        k in prop for k in ("anyOf", "oneOf", "allOf", "enum", "const", "$ref", "properties", "items")
+    ):
+        return {}
+    return None
 
 
 def _string_rule(prop: dict) -> str:

@@ -30,7 +30,13 @@ DENSE = re.compile(
     r"|e_proj|h_proj)\.weight$"
 )
 QUANTIZED_DTYPES = {"float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "int8"}  # int8: packed FP4 pairs
-COMPANIONS = ("tokenizer.json", "generation_config.json", "tokenizer_config.json", "chat_template.jinja")
+COMPANIONS = (
+    "tokenizer.json",
+    "generation_config.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "encoding/encoding_dsv4.py",  # DeepSeek's encoder: the tokenizer reads its reasoning-effort table
+)
 
 
 def quantization_config(experts: str) -> dict:
@@ -97,5 +103,6 @@ def quantize_checkpoint(
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     for extra in COMPANIONS:
         if (src / extra).exists():
+            (dst / extra).parent.mkdir(exist_ok=True)
             shutil.copyfile(src / extra, dst / extra)  # the umask's mode, as the weights (not the source's)
     return dst
