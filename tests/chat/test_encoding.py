@@ -184,3 +184,17 @@ def test_effort_paragraphs_follow_the_checkpoint_revision():
     assert effort_table_of("REASONING_EFFORT_MAX = (") == "v4"
     assert effort_table_of("REASONING_EFFORT_PROMPTS: Dict[str, str] = {") == "0731"
     assert effort_table_of(None) is None
+
+
+def test_a_call_cut_before_its_arguments_renders_without_parameters():
+    """dayzero's own reply to a call cut by max_tokens has ``arguments: ""``: sent back in the history
+    it renders as a call with no parameters, as ``"{}"`` (DeepSeek's encoder, given a string it
+    cannot parse, would write a parameter named ``arguments``: README)."""
+
+    def chat(arguments: str) -> list[dict]:
+        call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+        return [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+
+    got = encode_chat(chat(""), ChatOptions(tools=(WEATHER,)))
+    assert got == encode_chat(chat("{}"), ChatOptions(tools=(WEATHER,)))
+    assert f'<{D}invoke name="get_weather">\n\n</{D}invoke>' in got  # no parameter lines
