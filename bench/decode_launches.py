@@ -10,8 +10,10 @@ The demo checkpoint in bf16 (its few layers: the launches per layer times V4-Fla
 give the full model's count), prompts prefilled, then ``--steps`` decode steps timed (wall: each
 step synchronised) and the same steps again under torch.profiler: kernels on the device (CUDA),
 their busy time (the union of their intervals), or on a CPU the top-level torch ops per step.
+``--graphs`` (triton backend) then times as many steps replayed from CUDA graphs
+(``model.graphs.DecodeGraphs``; on a CPU, the forward re-run on the captured plan) beside them.
 Run: ``python bench/decode_launches.py [--device cuda] [--backend triton] [--batch 1,32]
-[--steps 20] [--prompt-tokens 300] [--top 12]``.
+[--steps 20] [--prompt-tokens 300] [--top 12] [--graphs]``.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def measure(batch: int, args: argparse.Namespace) -> dict:
             tokens = step(tokens)
         if cuda:
             torch.cuda.synchronize()
+    graph_ms = _graph_wall_ms(model, pools, ids, tokens, options, args) if args.graphs else None
     events = prof.events()
     kernels = [e for e in events if e.device_type == DeviceType.CUDA]
     top_ops = [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::") and not _in_aten(e)]
@@ -72,10 +75,26 @@ def measure(batch: int, args: argparse.Namespace) -> dict:
     return {
         "layers": len(model.layers),
         "wall_ms": statistics.median(walls) * 1e3,
+        "graph_ms": graph_ms,
         "busy_ms": _busy_us([(e.time_range.start, e.time_range.end) for e in kernels]) / args.steps / 1e3,
         "launches": len(launched) / args.steps,
         "by_name": collections.Counter(e.name for e in launched),
     }
+
+
+def _graph_wall_ms(model, pools, ids, tokens, options, args) -> float:
+    """The median wall time of ``--steps`` decode steps replayed from their bucket's graph (each
+    synchronised), after two steps (the capture)."""
+    from dayzero.model.graphs import DecodeGraphs
+
+    graphs, cuda, walls = DecodeGraphs(model, pools, options), args.device.startswith("cuda"), []
+    for _ in range(args.steps + 2):
+        start = time.perf_counter()
+        tokens = graphs.decode(ids, tokens).argmax(-1).tolist()
+        if cuda:
+            torch.cuda.synchronize()
+        walls.append(time.perf_counter() - start)
+    return statistics.median(walls[2:]) * 1e3
 
 
 def _in_aten(event) -> bool:
@@ -95,6 +114,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--prompt-tokens", type=int, default=300)
     parser.add_argument("--top", type=int, default=12, help="list the most frequent launches")
+    parser.add_argument("--graphs", action="store_true", help="also time steps replayed from CUDA graphs (triton)")
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
     rows = {int(b): measure(int(b), args) for b in args.batch.split(",")}
@@ -102,14 +122,18 @@ def main() -> None:
     what = "kernels" if cuda else "top-level torch ops"
     print(f"decode step, demo checkpoint ({layers} layers) in bf16 on {args.device}, backend {args.backend}, ")
     print(f"~{args.prompt_tokens}-token prompts, median of {args.steps} steps; launches: {what}")
-    print(f"| batch | wall ms | device busy ms | busy / wall | launches | per layer | at {FLASH_LAYERS} layers |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    graphs = "| graph wall ms | eager / graph " if args.graphs else ""
+    print(
+        f"| batch | wall ms | device busy ms | busy / wall | launches | per layer | at {FLASH_LAYERS} layers {graphs}|"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * args.graphs)
     for batch, r in rows.items():
         busy = f"{r['busy_ms']:.3f} | {r['busy_ms'] / r['wall_ms']:.2f}" if cuda else "- | -"
         per_layer = r["launches"] / layers
+        replayed = f" {r['graph_ms']:.3f} | {r['wall_ms'] / r['graph_ms']:.2f}x |" if args.graphs else ""
         print(
             f"| {batch} | {r['wall_ms']:.3f} | {busy} | {r['launches']:.0f} | {per_layer:.1f} | "
-            f"{per_layer * FLASH_LAYERS:.0f} |"
+            f"{per_layer * FLASH_LAYERS:.0f} |{replayed}"
         )
     for batch, r in rows.items():
         print(f"\nthe most frequent {what} at batch {batch}, per step")

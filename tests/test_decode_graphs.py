@@ -72,3 +72,22 @@ def test_buckets_are_powers_of_two():
     assert Bucket.fitting(3, 65, PAD, least_tokens=64) == Bucket(4, 128, PAD)
     assert Bucket.fitting(1, 5, PAD) == Bucket(1, 1024, PAD)
     assert Bucket.fitting(32, 4096, PAD) == Bucket(32, 4096, PAD)
+
+
+def test_a_worker_with_decode_graphs_decodes_through_them(tiny_checkpoint):
+    """``DAYZERO_DECODE_GRAPHS``' wiring: a worker's decode steps go through its buckets, equal to
+    the eager steps (Triton backend both)."""
+    from dayzero.parallel.collectives import Group
+    from dayzero.serving.ranks import Ranks
+
+    model = load_model(tiny_checkpoint, progress=False)
+    prompt = random_ids(12, model.cfg.vocab_size, seed=70)
+    logits = []
+    for graphs in (False, True):
+        pools = pools_for(model.cfg, torch.float32, 40, max_sequences=2)
+        ranks = Ranks(Group(), model, pools, TRITON, chunk_size=8, decode_graphs=graphs)
+        prefill(model, pools, ["s"], [prompt])
+        logits.append(ranks.decode(["s"], [5]))
+        assert (ranks.graphs is not None) == graphs and pools.length("s") == 13
+    assert set(ranks.graphs._steps) == {Bucket(1, 1024, PAD)}
+    assert (logits[0] - logits[1]).abs().max().item() < 1e-5

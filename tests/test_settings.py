@@ -49,6 +49,18 @@ def test_an_item_of_a_list_is_named_by_its_variable_and_index(monkeypatch):
             {"DAYZERO_ATTENTION_BACKEND": "triton"},
             "DAYZERO_ATTENTION_BACKEND=triton compiles for a GPU: set DAYZERO_DEVICE=cuda, or use torch on CPU",
         ),
+        *(
+            (
+                {"DAYZERO_DECODE_GRAPHS": "1", "DAYZERO_DEVICE": "cuda", "DAYZERO_HANDOFF": "redis", **more},
+                "DAYZERO_DECODE_GRAPHS needs DAYZERO_ATTENTION_BACKEND=triton (on a GPU), one rank per worker "
+                "and no speculative decoding",
+            )
+            for more in (
+                {},
+                {"DAYZERO_ATTENTION_BACKEND": "triton", "DAYZERO_TENSOR_PARALLEL": "2"},
+                {"DAYZERO_ATTENTION_BACKEND": "triton", "DAYZERO_SPECULATIVE_TOKENS": "1"},
+            )
+        ),
     ],
 )
 def test_a_combination_that_cannot_work_names_its_variables(monkeypatch, env, message):

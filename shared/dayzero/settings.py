@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="where weights and pools live")
     attention_backend: Literal["torch", "triton"] = Field(default="torch", description="kernel backend")
     sparse_attention: bool = Field(default=True, description="CSA layers read only the indexer's top-k entries")
+    decode_graphs: bool = Field(
+        default=False,
+        description="replay decode steps from CUDA graphs, one per batch and length bucket (triton backend, one rank)",
+    )
     speculative_tokens: int = Field(
         default=0, ge=0, le=2, description="tokens the MTP layer drafts per decode step (0: no speculation)"
     )
@@ -124,6 +128,13 @@ class Settings(BaseSettings):
             )
         if self.handoff == "cuda_ipc" and not on_gpu:
             raise ValueError(f"DAYZERO_HANDOFF=cuda_ipc needs DAYZERO_DEVICE=cuda, not {self.device}")
+        if self.decode_graphs and (
+            self.attention_backend != "triton" or self.speculative_tokens or self.tensor_parallel > 1
+        ):
+            raise ValueError(
+                "DAYZERO_DECODE_GRAPHS needs DAYZERO_ATTENTION_BACKEND=triton (on a GPU), one rank per worker "
+                "and no speculative decoding"
+            )
         return self
 
     def require_device(self) -> None:

@@ -171,17 +171,18 @@ def _loaded(checkpoint, device: str):
     return load_model(checkpoint, device=device, progress=False), TextCodec.from_checkpoint(checkpoint)
 
 
-def engine_steps(checkpoint, ids: list[int], params, device: str = "cpu") -> list:
+def engine_steps(checkpoint, ids: list[int], params, device: str = "cpu", backend: str = "torch") -> list:
     """The steps of ``checkpoint`` completing ``ids``, run in-process by dayzero's engine (no
     queue, no handoff)."""
     import torch
 
     from dayzero.engine import generate
     from dayzero.kv.pools import pools_for
+    from dayzero.model.plan import AttentionOptions
 
     model, codec = _loaded(checkpoint, device)
     pools = pools_for(model.cfg, torch.float32, len(ids) + params.max_tokens, device=device)
-    return list(generate(model, codec, pools, ids, params))
+    return list(generate(model, codec, pools, ids, params, options=AttentionOptions(backend=backend)))
 
 
 @pytest.fixture(scope="module")
@@ -190,13 +191,13 @@ def reference(demo_dir):
     return engine_completer(demo_dir, "cpu")
 
 
-def engine_completer(checkpoint, device: str):
+def engine_completer(checkpoint, device: str, backend: str = "torch"):
     """Greedy completion texts of ``checkpoint`` from the in-process engine."""
     from dayzero.sampling import SamplingParams
 
     def complete(ids: list[int], max_tokens: int, **sampling) -> str:
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)
-        return "".join(step.text for step in engine_steps(checkpoint, ids, params, device))
+        return "".join(step.text for step in engine_steps(checkpoint, ids, params, device, backend))
 
     return complete
 

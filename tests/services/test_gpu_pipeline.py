@@ -44,3 +44,31 @@ def test_image_request_reaches_the_gpu_prefill(gpu_stack):
     r = httpx.post(f"{gpu_stack.url}/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 6
+
+
+def test_decode_graphs_serve_what_eager_decoding_serves(demo_dir, tmp_path_factory):
+    """``DAYZERO_DECODE_GRAPHS=1``: steps replayed from CUDA graphs (batches of 1 to 4 sequences, so
+    buckets of 1, 2 and 4 rows) stream the in-process engine's greedy tokens."""
+    env = {"DAYZERO_DEVICE": "cuda", "DAYZERO_HANDOFF": "cuda_ipc", "DAYZERO_ATTENTION_BACKEND": "triton"}
+    s = start_stack(
+        demo_dir, tmp_path_factory.mktemp("logs"), {"prefill": 1, "decode": 1}, {**env, "DAYZERO_DECODE_GRAPHS": "1"}
+    )
+    try:
+        reference = engine_completer(demo_dir, "cuda", "triton")  # eager steps, the same kernels
+
+        def run(i: int) -> str:
+            body = {
+                "model": MODEL,
+                "prompt": prompt_ids(i),
+                "max_tokens": 10 + 3 * i,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            return stream_text(f"{s.url}/v1/completions", body)[0]
+
+        with futures.ThreadPoolExecutor(4) as pool:
+            served = list(pool.map(run, range(4)))
+    finally:
+        s.stop()
+    for i, text in enumerate(served):
+        assert text == reference(prompt_ids(i), 10 + 3 * i), i

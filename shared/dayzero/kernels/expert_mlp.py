@@ -90,7 +90,8 @@ def expert_mlp_stacked(
     each expert's rows padded with zeros to the ``busiest``'s count, then three batched matmuls
     whatever the number of experts (the loop makes three calls an expert)."""
     experts = counts.numel()
-    expert = torch.repeat_interleave(torch.arange(experts, device=xs.device), counts)  # [P] each row's
+    # [P] each row's expert (its size given: sized by ``counts`` it would wait for the device)
+    expert = torch.repeat_interleave(torch.arange(experts, device=xs.device), counts, output_size=xs.shape[0])
     first = torch.cumsum(counts, 0) - counts  # [E] each expert's first row
     slot = torch.arange(xs.shape[0], device=xs.device) - first[expert]  # [P] each row's place in its expert's
     rows = xs.new_zeros(experts, busiest, xs.shape[1])

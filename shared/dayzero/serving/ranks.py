@@ -28,6 +28,7 @@ import torch
 from ..kv.handoff import import_state
 from ..kv.pools import KVPools
 from ..model.forward import decode
+from ..model.graphs import DecodeGraphs
 from ..model.plan import AttentionOptions
 from ..model.weights import Transformer
 from ..parallel.collectives import Group, GroupFailed
@@ -67,10 +68,17 @@ class Ranks:
         chunk_size: int,
         on_group_failure: Callable[[GroupFailed], None] = exit_group,
         keepalive_s: float = KEEPALIVE_S,
+        decode_graphs: bool = False,
     ) -> None:
         self.group, self.model, self.pools, self.options, self.chunk_size = group, model, pools, options, chunk_size
         self.on_group_failure, self.keepalive_s = on_group_failure, keepalive_s
         self._told = time.monotonic()
+        self.graphs = DecodeGraphs(model, pools, options) if decode_graphs else None
+
+    def _decode(self, seq_ids: list[str], tokens: list[int]) -> torch.Tensor:
+        if self.graphs is not None:
+            return self.graphs.decode(seq_ids, tokens)
+        return decode(self.model, self.pools, seq_ids, tokens, self.options)
 
     @property
     def size(self) -> int:
@@ -115,7 +123,7 @@ class Ranks:
 
     def decode(self, seq_ids: list[str], tokens: list[int]) -> torch.Tensor:
         self._tell(Message(Op.DECODE, list(tokens), list(seq_ids)))
-        return self._guarded(decode, self.model, self.pools, seq_ids, tokens, self.options)
+        return self._guarded(self._decode, seq_ids, tokens)
 
     def keepalive(self) -> None:
         """Rank 0: a message when the others heard nothing for ``keepalive_s`` (a dead rank is
@@ -151,7 +159,7 @@ class Ranks:
             inputs = _prefill_inputs(ints, names, message.tensors)
             prefill_batch(self.model, self.pools, inputs, merged(inputs), self.options, self.chunk_size)
         elif op == Op.DECODE:
-            decode(self.model, self.pools, names, ints, self.options)
+            self._decode(names, ints)
 
 
 def _prefill_inputs(ints: list[int], names: list[str], images: list[torch.Tensor]) -> list[BatchInput]:

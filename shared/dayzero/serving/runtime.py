@@ -78,7 +78,10 @@ def load_ranks(
     if settings.speculative_tokens and not model.mtp:
         raise ValueError("DAYZERO_SPECULATIVE_TOKENS needs a checkpoint with an MTP layer (mtp.0.*)")
     layout = PoolLayout.of(model.cfg, settings.block_size, settings.dtype, mtp=settings.speculative_tokens > 0)
-    sized = KVPools.from_budget(layout, settings.kv_budget_mb << 20, settings.max_batch, dtype, device="meta")
+    sequences = (
+        settings.max_batch + settings.decode_graphs
+    )  # decode graphs' padding rows write to a sequence of their own
+    sized = KVPools.from_budget(layout, settings.kv_budget_mb << 20, sequences, dtype, device="meta")
     segment = None
     if shared and settings.handoff == "shm":
         swept = sweep_stale()
@@ -91,7 +94,8 @@ def load_ranks(
         pools = KVPools(layout, sized.blocks, dtype, group.device)
     keepalive = min(KEEPALIVE_S, settings.group_timeout_s / 4)
     options, chunk = attention_options(settings), settings.prefill_chunk_size
-    return Ranks(group, model, pools, options, chunk, keepalive_s=keepalive), segment
+    ranks = Ranks(group, model, pools, options, chunk, keepalive_s=keepalive, decode_graphs=settings.decode_graphs)
+    return ranks, segment
 
 
 @dataclass
