@@ -110,6 +110,7 @@ def make_app(settings: Settings) -> FastAPI:
     if settings.trace_exporter != "none":  # only then: off, its wrappers would still run on every message
         # no span per ASGI message: a stream would make one per chunk (per token), and export them all
         FastAPIInstrumentor.instrument_app(app, excluded_urls="health,ready,metrics", exclude_spans=["receive", "send"])
+    app.add_middleware(errors.CatchAll)  # innermost of the three: its 500 is counted
     app.add_middleware(errors.BodyLimit, limit=settings.max_request_bytes)
     app.add_middleware(CountResponses)
     app.include_router(router)

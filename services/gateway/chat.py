@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from dayzero.chat.dsml import to_json
 from dayzero.chat.encoding import ChatOptions
-from dayzero.chat.grammar import dsml_symbol, grammar_problem, json_grammar, tool_calls_grammar
+from dayzero.chat.grammar import (
+    UnenforceableString,
+    dsml_symbol,
+    grammar_problem,
+    json_grammar,
+    tool_calls_grammar,
+)
 from dayzero.chat.tokens import DSML, END_THINK
 from dayzero.params import Grammar
 
@@ -49,7 +55,10 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
     schema = body.response_format.schema_() if body.response_format else None
     if choice == "required" or isinstance(choice, NamedToolChoice):
         named = choice.function.name if isinstance(choice, NamedToolChoice) else None
-        lark, param = tool_calls_grammar(body.tools, dsml_symbol(gw.codec.token_id(DSML), DSML), named), "tools"
+        try:
+            lark, param = tool_calls_grammar(body.tools, dsml_symbol(gw.codec.token_id(DSML), DSML), named), "tools"
+        except UnenforceableString as exc:
+            raise APIError(400, f"cannot enforce this schema: {exc}", param="tools") from None
     elif schema is not None:
         lark, param = json_grammar(schema), "response_format"
     else:

@@ -76,6 +76,12 @@ class RequestReadDeadline(HttpToolsProtocol):
             return True
         return cycle.more_body and not cycle.response_started
 
+    def send_400_response(self, msg: str) -> None:  # uvicorn's, for what httptools cannot parse
+        body = json.dumps(error_body(f"malformed HTTP request: {msg}", "invalid_request_error", code="bad_http"))
+        head = "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        self.transport.write(f"{head}content-length: {len(body)}\r\n\r\n{body}".encode())
+        self.transport.close()
+
     def _too_slow(self) -> None:
         self._deadline = None
         if self._reading() and not self.transport.is_closing():

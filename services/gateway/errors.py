@@ -78,7 +78,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
         type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(exc.status_code, str(exc.detail), type_)
+        return error_response(exc.status_code, str(exc.detail), type_, headers=exc.headers)  # 405's Allow
 
     @app.exception_handler(NoTokenizerError)
     async def no_tokenizer(_: Request, exc: NoTokenizerError) -> JSONResponse:
@@ -91,10 +91,34 @@ def install(app: FastAPI) -> None:
             503, "the request queue is unavailable; retry shortly", "service_unavailable", headers={"Retry-After": "1"}
         )
 
-    @app.exception_handler(Exception)
-    async def internal(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("internal error")
-        return error_response(500, "internal error", "server_error")
+
+class CatchAll:
+    """The last resort, as plain ASGI inside CountResponses: an unexpected exception is logged and
+    answered 500 in OpenAI's shape, and NOT re-raised. (An ``exception_handler(Exception)`` runs in
+    Starlette's ServerErrorMiddleware, which re-raises after answering: uvicorn then drops the
+    keep-alive connection, and the 500 never passes CountResponses.)"""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:
+            log.exception("internal error")
+            if started:  # too late to answer: the connection has to go
+                raise
+            await error_response(500, "internal error", "server_error")(scope, receive, send)
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "body"}

@@ -142,7 +142,8 @@ def _choices(requests: list[GenerationRequest], n: int) -> list[GenerationReques
 async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Request):
     ids, prompt = await run_in_threadpool(chat_prompt, gw, body)  # images are decoded: off the event loop
     thinking, _ = body.thinking()
-    spec = _spec(gw, body, ids, body.max_completion_tokens or body.max_tokens, grammar(gw, body, thinking))
+    rule = await run_in_threadpool(grammar, gw, body, thinking)  # llguidance compiles it: seconds for some schemas
+    spec = _spec(gw, body, ids, body.max_completion_tokens or body.max_tokens, rule)
     protocol = {
         "thinking": continues_reasoning(prompt.messages, thinking),
         "tool_calls": bool(body.offered_tools()),
@@ -155,6 +156,7 @@ async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Re
 @router.post("/v1/completions", dependencies=[Authorized])
 async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
     scored = body.echo and body.logprobs is not None
+    rule = await run_in_threadpool(grammar, gw, body)  # once for all prompts, off the event loop
     requests = []
     for prompt in body.prompts():
         if isinstance(prompt, str):
@@ -164,7 +166,7 @@ async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
                 ids = expand_placeholders(ids, gw.image_token, [], "prompt")
         else:
             ids = list(prompt)  # token ids are the client's own: taken as they are
-        spec = _spec(gw, body, ids, body.max_tokens, grammar(gw, body))
+        spec = _spec(gw, body, ids, body.max_tokens, rule)
         if scored and len(ids) > MAX_ECHO_LOGPROB_TOKENS:
             limit = MAX_ECHO_LOGPROB_TOKENS
             raise APIError(400, f"echo with logprobs takes prompts of up to {limit} tokens", param="prompt")

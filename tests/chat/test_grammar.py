@@ -98,3 +98,31 @@ def test_a_forced_call_takes_a_string_as_v4_writes_it(prop, as_text, value, as_j
 
     assert _accepts(lark, call('parameter name="id" string="true">abc')) == as_text
     assert _accepts(lark, call(f'parameter name="id" string="false">{value}')) == as_json
+
+
+def test_boolean_and_const_parameter_schemas(tokenizer):
+    """``true`` (anything) and ``false`` (nothing: left out) are JSON Schemas too (each was a 500);
+    a ``const`` string is the one value allowed."""
+    parameters = {"type": "object", "properties": {"any": True, "none": False, "c": {"const": "x"}}, "required": ["c"]}
+    lark = tool_calls_grammar([{"type": "function", "function": {"name": "f", "parameters": parameters}}], '"|DSML|"')
+    assert grammar_problem(lark, tokenizer) is None
+
+    def call(body: str) -> str:
+        return f'\n\n<|DSML|tool_calls>\n<|DSML|invoke name="f">\n{body}</|DSML|invoke>\n</|DSML|tool_calls>'
+
+    c = '<|DSML|parameter name="c" string="true">{}</|DSML|parameter>\n'
+    anything = '<|DSML|parameter name="any" string="false">[1, {"a": null}]</|DSML|parameter>\n'
+    assert _accepts(lark, call(anything + c.format("x")))
+    assert not _accepts(lark, call(c.format("y")))
+    assert not _accepts(lark, call('<|DSML|parameter name="none" string="false">1</|DSML|parameter>\n' + c.format("x")))
+
+
+@pytest.mark.parametrize(
+    "prop", [{"type": "string", "pattern": "^a"}, {"type": "string", "format": "date"}, {"enum": ["<a>", "<b>"]}]
+)
+def test_a_string_constraint_the_raw_form_cannot_keep_is_named(prop):
+    from dayzero.chat.grammar import UnenforceableString
+
+    parameters = {"type": "object", "properties": {"k": prop}}
+    with pytest.raises(UnenforceableString):
+        tool_calls_grammar([{"type": "function", "function": {"name": "f", "parameters": parameters}}], '"|DSML|"')

@@ -109,3 +109,56 @@ def test_a_tool_parameter_name_the_call_format_cannot_carry_is_refused(gateway, 
 def test_an_empty_list_of_content_parts_is_refused(gateway):
     error = _error(gateway, {"model": MODEL, "messages": [{"role": "user", "content": []}]})
     assert error["param"] == "messages.0.content" and "at least 1 item" in error["message"], error
+
+
+def test_a_string_parameter_constraint_a_forced_call_cannot_keep_is_refused(gateway):
+    """V4 writes a string argument as raw text: a ``pattern`` (or ``format``) on it cannot be enforced
+    there, and was dropped silently; an enum whose every value holds "<" allowed only "". (The
+    gateway's grammar step itself: accepted, the request would wait for a worker this one lacks.)"""
+    from services.gateway.chat import grammar
+    from services.gateway.chat_schemas import ChatCompletionRequest
+    from services.gateway.errors import APIError
+
+    for prop in ({"type": "string", "pattern": "^[a-z]+$"}, {"type": "string", "enum": ["<a>", "<b>"]}):
+        parameters = {"type": "object", "properties": {"k": prop}, "required": ["k"]}
+        tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+        body = ChatCompletionRequest(**chat("hi", tools=tools, tool_choice="required"))
+        with pytest.raises(APIError) as refused:
+            grammar(gateway.app.state.gateway, body)
+        assert refused.value.status == 400 and refused.value.param == "tools"
+        assert refused.value.message.startswith("cannot enforce this schema: ")
+
+
+def test_a_method_a_route_does_not_take_is_answered_with_allow(gateway):
+    r = gateway.put("/v1/chat/completions", json={})
+    assert r.status_code == 405 and r.headers["allow"] == "POST", r.headers
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_an_unexpected_failure_is_a_counted_500_that_keeps_the_connection():
+    """The last resort answers in OpenAI's shape and does not re-raise (re-raised, uvicorn closed the
+    keep-alive connection under the client's next request, and the 500 was never counted)."""
+    from fastapi import FastAPI
+
+    from services.gateway import errors
+    from services.gateway.metrics import CountResponses, GatewayMetrics
+
+    app = FastAPI()
+    errors.install(app)
+    app.add_middleware(errors.CatchAll)
+    app.add_middleware(CountResponses)
+    app.state.gateway = type("Gateway", (), {"metrics": GatewayMetrics()})()
+
+    @app.get("/v1/boom")
+    async def boom():
+        raise RuntimeError("boom at 0x7f00")
+
+    with TestClient(app) as client:  # raises what the app re-raises
+        r = client.get("/v1/boom")
+    assert r.status_code == 500 and r.json()["error"] == {
+        "message": "internal error",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+    assert app.state.gateway.metrics.responses.labels("500")._value.get() == 1

@@ -127,3 +127,15 @@ def test_a_pipelined_request_is_not_timed_while_an_earlier_answer_goes_out(serve
     first, _, rest = received.partition(b"xxxx")
     assert first.startswith(b"HTTP/1.1 200 OK\r\n") and b"408" not in first, received
     assert rest.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), received
+
+
+@pytest.mark.parametrize(
+    "head",
+    [b"Content-Length: -1\r\n", b"Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n"],
+    ids=["a negative length", "a bad chunk size"],
+)
+def test_a_request_the_http_parser_refuses_gets_an_openai_error(server, head):
+    received = _exchange(server, [b"POST / HTTP/1.1\r\nhost: x\r\n" + head + b"\r\n"], pause_s=0)
+    assert received.startswith(b"HTTP/1.1 400 Bad Request\r\n"), received
+    error = json.loads(received.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error["code"] == "bad_http" and error["type"] == "invalid_request_error", error

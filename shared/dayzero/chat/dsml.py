@@ -41,7 +41,7 @@ def render_calls(calls: list[dict]) -> str:
 def _render_invoke(name: str, arguments: str) -> str:
     try:
         values = json.loads(arguments)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's recursion limit
         values = None
     if not isinstance(values, dict):
         values = {"arguments": arguments}
@@ -78,7 +78,7 @@ def _not_json(constant: str) -> object:
 def _json_text(raw: str) -> str:
     try:
         json.loads(raw, parse_constant=_not_json)
-    except ValueError:  # JSONDecodeError too
+    except (ValueError, RecursionError):  # JSONDecodeError too; the model's text may nest past the limit
         return to_json(raw)
     return raw.strip()
 

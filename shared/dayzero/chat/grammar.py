@@ -104,6 +104,12 @@ def _invoke_rules(i: int, function: dict, dsml: str) -> list[str]:
     head = _literal(f'invoke name="{function["name"]}">\n')
     body, rules = [], []
     for j, (key, prop) in enumerate(props.items()):
+        if prop is False:  # a boolean schema: nothing may go here (schema_problem refuses it when required)
+            continue
+        if not isinstance(prop, dict):  # ``true``: any JSON value
+            prop = {}
+        if "const" in prop and "enum" not in prop:
+            prop = {**prop, "enum": [prop["const"]]}
         string = (
             prop.get("type") == "string" or bool(prop.get("enum")) and all(isinstance(v, str) for v in prop["enum"])
         )
@@ -137,9 +143,21 @@ def _string_branch(prop: dict) -> dict | None:
     return None
 
 
+class UnenforceableString(ValueError):
+    """A string parameter whose schema the raw (string="true") form cannot enforce: the gateway's 400."""
+
+
+_STRING_KEYS = {"type", "enum", "const", "minLength", "maxLength", "description", "title", "default", "examples"}
+
+
 def _string_rule(prop: dict) -> str:
     """A string="true" value: written as is, so it may hold anything but "<" (tags start with it)."""
+    if unsupported := sorted(set(prop) - _STRING_KEYS):  # pattern, format, ...: refused, never silently dropped
+        raise UnenforceableString(f"string parameters cannot be constrained by {', '.join(unsupported)}")
     if prop.get("enum"):
-        return " | ".join(_literal(v) for v in prop["enum"] if isinstance(v, str) and "<" not in v)
+        values = [_literal(v) for v in prop["enum"] if isinstance(v, str) and "<" not in v]
+        if not values:
+            raise UnenforceableString('every enum value of a string parameter contains "<"')
+        return " | ".join(values)
     low, high = int(prop.get("minLength", 0)), prop.get("maxLength")
     return f"/[^<]{{{low},{int(high)}}}/" if high is not None else f"/[^<]{{{low},}}/"

@@ -145,11 +145,20 @@ def decode(data: bytes, limits: ImageLimits, spec: PatchSpec | None = None) -> I
     image, size = _guarded(load, limits)
     if size is not None:
         image = image.resize(size, Image.BICUBIC)  # before the EXIF turn: size is in stored orientation
-    image = ImageOps.exif_transpose(image)
+    image = _upright(image)
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         rgba = image.convert("RGBA")
         return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
     return image.convert("RGB")
+
+
+def _upright(image: Image.Image) -> Image.Image:
+    """The EXIF orientation applied; a damaged EXIF block (Pillow raises SyntaxError, struct.error,
+    TypeError, ... parsing or re-writing it) is ignored, as browsers do: the pixels are fine."""
+    try:
+        return ImageOps.exif_transpose(image)
+    except Exception:
+        return image
 
 
 def _draft(image: Image.Image, spec: PatchSpec) -> tuple[int, int] | None:
