@@ -13,6 +13,7 @@ from dayzero.settings import validation_message
 from .schemas import MAX_TEXT, ResponseFormat, Sampling, _Body
 
 MAX_MESSAGES = 256
+MAX_PARTS = 1024  # content parts of a message (its images are bounded further)
 Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]  # OpenAI's, and V4's max
 _EFFORTS = {"high": "high", "xhigh": "max", "max": "max"}  # OpenAI's lower levels: V4's default (low)
 
@@ -47,6 +48,7 @@ class ToolCall(_Body):
 
 
 class Message(_Body):
+    list_limits = {"content": MAX_PARTS}
     role: Literal["system", "user", "assistant", "developer", "tool", "latest_reminder"]
     content: str | Annotated[list[Part], Field(min_length=1)] | None = Field(default=None, max_length=MAX_TEXT)
     reasoning_content: str | None = Field(default=None, max_length=MAX_TEXT)  # an assistant's (DeepSeek's field)

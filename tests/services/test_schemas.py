@@ -95,3 +95,33 @@ def test_stop_strings_are_limited_in_number():
         error["loc"] == ("stop",)
         and error["msg"] == f"Value error, at most {MAX_STOP} stop strings, not {MAX_STOP + 1}"
     )
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "where", "limit"),
+    [
+        (CompletionRequest, {"model": "m", "prompt": [[0]] * 40 + ["x"] * 2}, "prompt", 32),
+        (CompletionRequest, {"model": "m", "prompt": [0] * ((1 << 20) + 1)}, "prompt", 1 << 20),
+        (ChatCompletionRequest, {"model": "m", "messages": [{"role": "x"}] * 300}, "messages", 256),
+        (
+            ChatCompletionRequest,
+            {"model": "m", "messages": [{"role": "user", "content": [{"type": "x"}] * 1100}]},
+            "messages.0.content",
+            1024,
+        ),
+        (
+            ChatCompletionRequest,
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [1] * 200},
+            "tools",
+            128,
+        ),
+    ],
+)
+def test_a_list_past_its_bound_is_refused_before_its_items_are_read(model, body, where, limit):
+    """Its items are invalid here (a role "x", a part of type "x", a tool 1): the one error is the
+    count, so no item was validated (pydantic checks max_length after validating every item)."""
+    with pytest.raises(ValidationError) as refused:
+        model.model_validate(body)
+    errors = refused.value.errors()
+    assert len(errors) == 1 and ".".join(map(str, errors[0]["loc"])) == where, errors
+    assert f"at most {limit} " in errors[0]["msg"], errors
