@@ -14,7 +14,7 @@ from dayzero.chat.encoding import continues_reasoning
 from dayzero.params import MAX_SEED, Grammar, SamplingParams
 from dayzero.serving.messages import GenerationRequest
 
-from .access import bearer, may_read
+from .access import bearer, key_accepted, may_read
 from .chat import chat_prompt, grammar
 from .chat_schemas import ChatCompletionRequest, ChatPrompt, TokenizeRequest
 from .context import Gateway, tokenizing
@@ -39,7 +39,7 @@ GatewayDep = Annotated[Gateway, Depends(gateway)]
 
 async def authorize(gw: GatewayDep, authorization: Annotated[str | None, Header()] = None) -> None:
     keys = gw.settings.api_keys
-    if keys and bearer(authorization) not in keys:
+    if keys and not key_accepted(bearer(authorization), keys):
         message, challenge = (
             "missing or invalid API key (send Authorization: Bearer KEY)",
             {"WWW-Authenticate": "Bearer"},
