@@ -1,7 +1,10 @@
 """Constrained decoding's cost per decode step: the grammar masks of a whole batch (one parallel
 fill + one masked fill, ``dayzero.guided.allowed_logits``), for a JSON schema and for a named
 DSML tool call, at the demo tokenizer's vocabulary and at V4's (129,280 tokens, a synthetic
-byte-level vocabulary of that size: the released tokenizer is not shipped here).
+byte-level vocabulary of that size: the released tokenizer is not shipped here). Then what
+building a grammar's lexer costs under dayzero's limits (``chat.grammar.parser_limits``) and
+llguidance's defaults, for schemas in use and for a pathological pattern (a byte vocabulary: the
+lexer's cost does not depend on it), matched over a valid text.
 
     .venv/bin/python bench/guided.py [--steps 40] [--threads 1]
 """
@@ -18,7 +21,7 @@ import time
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from dayzero.chat.grammar import dsml_symbol, json_grammar, tool_calls_grammar
+from dayzero.chat.grammar import _byte_tokenizer, dsml_symbol, json_grammar, parser_limits, tool_calls_grammar
 from dayzero.chat.tokens import DSML, SPECIAL_TOKENS
 from dayzero.demo import build_tokenizer
 from dayzero.guided import Grammar, Guide, apply_masks, fill_masks
@@ -111,6 +114,60 @@ def main() -> None:
             build, fill, apply = step_ms(codec, grammar, batch, args.steps)
             print(f"| {label} | {name} | {batch} | {build:.2f} | {fill:.2f} | {apply:.2f} |")
     print(json.dumps({"torch_threads": torch.get_num_threads()}))
+    lexer_costs()
+
+
+def lexer_costs() -> None:
+    """Each grammar built and matched over its text, byte by byte: seconds, and whether it held."""
+    import llguidance
+
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"t{i}",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        f"p{j}": {"type": ["integer", "string", "number", "boolean", "array"][j % 5]} for j in range(10)
+                    },
+                },
+            },
+        }
+        for i in range(128)
+    ]
+    call = '<|DSML|invoke name="t127">\n<|DSML|parameter name="p1" string="true">x</|DSML|parameter>\n</|DSML|invoke>'
+    cases = {
+        "enum of 2000 strings": (json_grammar({"enum": [f"value-{i}" for i in range(2000)]}), '"value-1999"'),
+        "128 tools, 10 parameters each": (
+            tool_calls_grammar(tools, '"|DSML|"'),
+            f"\n\n<|DSML|tool_calls>\n{call}\n</|DSML|tool_calls>",
+        ),
+        "an e-mail pattern": (
+            json_grammar({"type": "string", "pattern": r"^[a-z0-9._+-]+@[a-z0-9.-]+\.[a-z]{2,}$"}),
+            '"a.b@c.org"',
+        ),
+        "pattern ^((a{1000}){1000}){100}$": (
+            json_grammar({"type": "string", "pattern": "^((a{1000}){1000}){100}$"}),
+            '"aaaa',
+        ),
+    }
+    print("\nbuilding and matching a grammar (byte vocabulary), s; ERR: llguidance gave up")
+    print("| grammar | dayzero's limits | llguidance's defaults |\n|---|--:|--:|")
+    for name, (lark, text) in cases.items():
+        cells = []
+        for limits in (parser_limits(), None):
+            start, matcher = (
+                time.perf_counter(),
+                llguidance.LLMatcher(_byte_tokenizer(), lark, log_level=0, limits=limits),
+            )
+            for byte in text.encode():
+                if matcher.is_error():
+                    break
+                matcher.compute_logit_bias()
+                matcher.consume_token(byte)
+            cells.append(f"{time.perf_counter() - start:.3f}" + (" ERR" if matcher.is_error() else ""))
+        print(f"| {name} | {cells[0]} | {cells[1]} |")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from .chat.grammar import error_summary
+from .chat.grammar import error_summary, parser_limits
 from .params import Grammar
 
 
@@ -23,7 +23,7 @@ class Guide:
     def __init__(self, tokenizer, grammar: Grammar) -> None:
         import llguidance
 
-        self.matcher = llguidance.LLMatcher(tokenizer, grammar.lark, log_level=0)
+        self.matcher = llguidance.LLMatcher(tokenizer, grammar.lark, log_level=0, limits=parser_limits())
         self.words = (tokenizer.vocab_size + 31) // 32  # the mask's int32 words: the tokenizer's vocabulary
         if self.matcher.is_error():
             raise ValueError(f"invalid grammar: {error_summary(self.matcher.get_error())}")

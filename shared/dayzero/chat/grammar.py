@@ -43,12 +43,23 @@ def schema_problem(schema: dict) -> str | None:
     return grammar_problem(json_grammar(schema), _byte_tokenizer())
 
 
+@functools.cache
+def parser_limits():
+    """What llguidance may spend building a grammar's lexer: a fifth of its defaults (a pattern such
+    as ``^((a{1000}){1000}){100}$`` took ~1-3 s of CPU before failing at its first token, on the
+    gateway's event loop and again in a worker; 0.07 s under these, bench/guided.py), and still
+    several times what schemas in use take (2000-value enums, 128 tools: the bench's table)."""
+    import llguidance
+
+    return llguidance.LLParserLimits(initial_lexer_fuel=200_000, step_lexer_fuel=100_000, max_lexer_states=50_000)
+
+
 def grammar_problem(lark: str, tokenizer) -> str | None:
     """Why llguidance cannot enforce ``lark`` over ``tokenizer`` (an ``LLTokenizer``), in short
     (None: it can): it does not compile, or nothing at all satisfies it (its first step fails)."""
     import llguidance
 
-    matcher = llguidance.LLMatcher(tokenizer, lark, log_level=0)
+    matcher = llguidance.LLMatcher(tokenizer, lark, log_level=0, limits=parser_limits())
     if matcher.is_error():
         return error_summary(matcher.get_error())
     matcher.compute_logit_bias()  # the first step: a grammar that admits nothing fails here
