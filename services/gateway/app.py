@@ -49,16 +49,48 @@ async def _reaper(gw: Gateway) -> None:
             await run_in_threadpool(sweep, gw.bus.store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period)
 
 
-def _name_models_in_schema(app: FastAPI, names: list[str]) -> None:
-    """The OpenAPI schema lists the served model ids (clients and fuzzers see what is valid);
-    validation still answers any other name with 400 model_not_found."""
+_ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+            "required": ["message", "type", "param", "code"],
+        }
+    },
+    "required": ["error"],
+}
+
+
+def _openapi_as_served(app: FastAPI, names: list[str]) -> None:
+    """The OpenAPI schema as the gateway answers: the served model ids listed (clients and fuzzers
+    see what is valid; validation still answers any other name with 400 model_not_found), and an
+    invalid body's 400 with OpenAI's error body where FastAPI documents its own 422 (never sent),
+    a path parameter's 404 too."""
     build = app.openapi
 
     def openapi() -> dict:
         schema = build()
-        for component in schema.get("components", {}).get("schemas", {}).values():
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for component in components.values():
             if "model" in component.get("properties", {}):
                 component["properties"]["model"]["enum"] = names
+        components.pop("HTTPValidationError", None)
+        components.pop("ValidationError", None)
+        components["Error"] = _ERROR
+        answer = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+        for path, operations in schema.get("paths", {}).items():
+            for operation in operations.values():
+                responses = operation.setdefault("responses", {})
+                if responses.pop("422", None) is not None:
+                    responses["400"] = {"description": "invalid request", **answer}
+                if "{" in path:
+                    responses["404"] = {"description": "not found", **answer}
         return schema
 
     app.openapi = openapi
@@ -114,7 +146,7 @@ def make_app(settings: Settings) -> FastAPI:
     app.add_middleware(errors.BodyLimit, limit=settings.max_request_bytes)
     app.add_middleware(CountResponses)
     app.include_router(router)
-    _name_models_in_schema(app, [settings.model_name])
+    _openapi_as_served(app, [settings.model_name])
 
     @app.get("/health")
     async def health() -> dict:

@@ -162,3 +162,18 @@ def test_an_unexpected_failure_is_a_counted_500_that_keeps_the_connection():
         "code": None,
     }
     assert app.state.gateway.metrics.responses.labels("500")._value.get() == 1
+
+
+def test_the_openapi_document_says_what_the_gateway_answers(gateway):
+    """400 with OpenAI's error body where FastAPI documents a 422 it never sends; 404 for a path's id."""
+    schema = gateway.get("/openapi.json").json()
+    assert '"422"' not in json.dumps(schema) and "HTTPValidationError" not in schema["components"]["schemas"]
+    refused = schema["paths"]["/v1/chat/completions"]["post"]["responses"]["400"]
+    assert refused["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
+    assert schema["components"]["schemas"]["Error"]["properties"]["error"]["required"] == [
+        "message",
+        "type",
+        "param",
+        "code",
+    ]
+    assert "404" in schema["paths"]["/v1/requests/{request_id}/stream"]["get"]["responses"]
