@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from annotated_types import MaxLen
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
@@ -27,8 +27,12 @@ class _Body(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _null_is_the_default(cls, data: object) -> object:
-        """A field given as null takes its default (OpenAI declares its optional fields nullable)."""
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+        """A field given as null takes its default (OpenAI declares its optional fields nullable); an
+        integer field takes an integral number written as 16.0 (JSON has one number type: JSON Schema's
+        integer admits it, as OpenAI and vLLM do), not 16.5 nor "16"."""
+        if not isinstance(data, dict):
+            return data
+        return {k: _integral(cls, k, v) for k, v in data.items() if v is not None}
 
     @field_validator(*LISTS, mode="before", check_fields=False)
     @classmethod
@@ -43,6 +47,14 @@ class _Body(BaseModel):
             if limit is not None and len(value) > limit:
                 raise ValueError(f"at most {limit} items, not {len(value)}")
         return value
+
+
+def _integral(model: type[BaseModel], name: str, value: object) -> object:
+    if isinstance(value, float) and value.is_integer() and name in model.model_fields:
+        kind = model.model_fields[name].annotation
+        if kind is int or int in get_args(kind):
+            return int(value)
+    return value
 
 
 class JSONSchemaFormat(_Body):

@@ -125,3 +125,13 @@ def test_a_list_past_its_bound_is_refused_before_its_items_are_read(model, body,
     errors = refused.value.errors()
     assert len(errors) == 1 and ".".join(map(str, errors[0]["loc"])) == where, errors
     assert f"at most {limit} " in errors[0]["msg"], errors
+
+
+def test_an_integer_field_takes_an_integral_number_only():
+    """JSON has one number type (JSON Schema's integer admits 16.0, as OpenAI and vLLM do)."""
+    body = {"model": "m", "prompt": "hi", "max_tokens": 16.0, "n": 2.0, "temperature": 1.0}
+    request = CompletionRequest.model_validate(body)
+    assert (request.max_tokens, request.n) == (16, 2) and type(request.max_tokens) is int
+    for refused in ({"max_tokens": 16.5}, {"max_tokens": "16"}, {"n": 1e300}):
+        with pytest.raises(ValidationError):
+            CompletionRequest.model_validate({**body, **refused})
