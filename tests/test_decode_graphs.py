@@ -45,7 +45,7 @@ def test_replayed_steps_equal_each_sequences_full_forward(tiny_checkpoint, devic
             errors.append((logits[row] - want).abs().max().item())
     assert [pools.length(s) for s in ids] == [9, 35, 66]
     assert set(graphs._steps) == {Bucket(4, 64, PAD), Bucket(4, 128, PAD), Bucket(2, 128, PAD)}
-    assert max(errors) < tol
+    assert max(errors) < (tol if device == "cpu" else 10 * tol)  # as the eager triton steps: TF32 over the layers
 
 
 def test_a_bucket_plans_only_steps_that_fit_it(tiny_checkpoint):
