@@ -46,15 +46,15 @@ def test_image_request_reaches_the_gpu_prefill(gpu_stack):
     assert r.json()["usage"]["completion_tokens"] == 6
 
 
-def test_decode_graphs_serve_what_eager_decoding_serves(demo_dir, tmp_path_factory):
+def test_decode_graphs_serve_what_eager_decoding_serves(text_dir, tmp_path_factory):
     """``DAYZERO_DECODE_GRAPHS=1``: steps replayed from CUDA graphs (batches of 1 to 4 sequences, so
     buckets of 1, 2 and 4 rows) stream the in-process engine's greedy tokens."""
     env = {"DAYZERO_DEVICE": "cuda", "DAYZERO_HANDOFF": "cuda_ipc", "DAYZERO_ATTENTION_BACKEND": "triton"}
     s = start_stack(
-        demo_dir, tmp_path_factory.mktemp("logs"), {"prefill": 1, "decode": 1}, {**env, "DAYZERO_DECODE_GRAPHS": "1"}
+        text_dir, tmp_path_factory.mktemp("logs"), {"prefill": 1, "decode": 1}, {**env, "DAYZERO_DECODE_GRAPHS": "1"}
     )
     try:
-        reference = engine_completer(demo_dir, "cuda", "triton")  # eager steps, the same kernels
+        reference = engine_completer(text_dir, "cuda", "triton")  # eager steps, the same kernels
 
         def run(i: int) -> str:
             body = {
