@@ -35,6 +35,7 @@ def test_replayed_steps_equal_each_sequences_full_forward(tiny_checkpoint, devic
     ]
     pools = pools_for(model.cfg, torch.float32, 70, max_sequences=4, device=device)  # 3 + the pad
     prefill(model, pools, ids, prompts)
+    pools.reserve("b", 70)  # blocks reserved ahead, as decode admission does: past the 64-token bucket's tables
     graphs = DecodeGraphs(model, pools, TRITON, least_tokens=64)
     errors = []
     for step in range(5):
