@@ -29,6 +29,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from dayzero.model import forward
+from dayzero.model.graphs import DecodeGraphs
 
 FLASH_LAYERS = 43
 
@@ -44,37 +45,35 @@ def _busy_us(intervals: list[tuple[float, float]]) -> float:
 
 
 def measure(batch: int, args: argparse.Namespace) -> dict:
+    steps = (3 if args.graphs else 2) * (args.steps + 2)  # room for: eager timed, profiled, replayed (--graphs)
     model, pools, ids, tokens, options = prefilled_demo(
-        batch, args.prompt_tokens, 2 * args.steps + 2, args.backend, device=args.device
+        batch, args.prompt_tokens, steps, args.backend, device=args.device
     )
     cuda = args.device.startswith("cuda")
 
     def step(tokens: list[int]) -> list[int]:
         return forward.decode(model, pools, ids, tokens, options).argmax(-1).tolist()  # the loop's read
 
-    for _ in range(2):  # first calls: compiles, caches
-        tokens = step(tokens)
-    walls = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        tokens = step(tokens)
-        if cuda:
-            torch.cuda.synchronize()
-        walls.append(time.perf_counter() - start)
+    wall_ms, tokens = _median_wall_ms(step, tokens, args.steps, cuda)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         for _ in range(args.steps):
             tokens = step(tokens)
         if cuda:
             torch.cuda.synchronize()
-    graph_ms = _graph_wall_ms(model, pools, ids, tokens, options, args) if args.graphs else None
+    graph_ms = None
+    if args.graphs:
+        graphs = DecodeGraphs(model, pools, options)
+        graph_ms, tokens = _median_wall_ms(
+            lambda t: graphs.decode(ids, t).argmax(-1).tolist(), tokens, args.steps, cuda
+        )
     events = prof.events()
     kernels = [e for e in events if e.device_type == DeviceType.CUDA]
     top_ops = [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::") and not _in_aten(e)]
     launched = kernels if cuda else top_ops
     return {
         "layers": len(model.layers),
-        "wall_ms": statistics.median(walls) * 1e3,
+        "wall_ms": wall_ms,
         "graph_ms": graph_ms,
         "busy_ms": _busy_us([(e.time_range.start, e.time_range.end) for e in kernels]) / args.steps / 1e3,
         "launches": len(launched) / args.steps,
@@ -82,19 +81,18 @@ def measure(batch: int, args: argparse.Namespace) -> dict:
     }
 
 
-def _graph_wall_ms(model, pools, ids, tokens, options, args) -> float:
-    """The median wall time of ``--steps`` decode steps replayed from their bucket's graph (each
-    synchronised), after two steps (the capture)."""
-    from dayzero.model.graphs import DecodeGraphs
-
-    graphs, cuda, walls = DecodeGraphs(model, pools, options), args.device.startswith("cuda"), []
-    for _ in range(args.steps + 2):
+def _median_wall_ms(step, tokens: list[int], steps: int, cuda: bool) -> tuple[float, list[int]]:
+    """The median wall time of ``steps`` decode steps (each synchronised) after two untimed ones
+    (first calls: Triton compiles, caches, a bucket's capture); and the tokens they end on."""
+    walls = []
+    for i in range(steps + 2):
         start = time.perf_counter()
-        tokens = graphs.decode(ids, tokens).argmax(-1).tolist()
+        tokens = step(tokens)
         if cuda:
             torch.cuda.synchronize()
-        walls.append(time.perf_counter() - start)
-    return statistics.median(walls[2:]) * 1e3
+        if i >= 2:
+            walls.append(time.perf_counter() - start)
+    return statistics.median(walls) * 1e3, tokens
 
 
 def _in_aten(event) -> bool:

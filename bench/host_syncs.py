@@ -95,9 +95,8 @@ def prefilled_demo(batch: int, prompt_tokens: int, steps: int, backend: str, fp4
         path = write_demo_checkpoint(Path(tmp) / "demo", fp4=fp4)
         model = load_model(path, dtype=torch.bfloat16, device=device, progress=False)
     ids = [f"s{i}" for i in range(batch)]
-    pools = pools_for(
-        model.cfg, torch.bfloat16, prompt_tokens + 64 * batch + steps, batch + 1, device=device
-    )  # + a graph's pad
+    room = prompt_tokens + 64 * batch + steps
+    pools = pools_for(model.cfg, torch.bfloat16, room, batch + 1, device=device)  # + a decode graph's pad
     lengths = [prompt_tokens + 37 * i for i in range(batch)]
     prompts = [torch.randint(2, model.cfg.vocab_size, (n,)).tolist() for n in lengths]
     options = AttentionOptions(backend=backend)

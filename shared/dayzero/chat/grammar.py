@@ -145,8 +145,11 @@ def _string_branch(prop: dict) -> dict | None:
     if isinstance(kind, list):
         return {k: v for k, v in prop.items() if k in ("minLength", "maxLength")} if "string" in kind else None
     for branch in prop.get("anyOf") or prop.get("oneOf") or ():
-        if isinstance(branch, dict) and (branch.get("type") == "string" or _string_branch(branch) is not None):
-            return branch if branch.get("type") == "string" else _string_branch(branch)
+        if not isinstance(branch, dict):
+            continue
+        found = branch if branch.get("type") == "string" else _string_branch(branch)
+        if found is not None:
+            return found
     if kind is None and not any(
         k in prop for k in ("anyOf", "oneOf", "allOf", "enum", "const", "$ref", "properties", "items")
     ):

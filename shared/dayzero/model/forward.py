@@ -12,7 +12,7 @@ from ..kv.pools import KVPools
 from ..sampling import PromptLogprobs, logprobs_of
 from .block import block_forward, stack_head
 from .mtp import follow
-from .plan import AttentionOptions, StepPlan, plan_step
+from .plan import AttentionOptions, Bucket, StepPlan, plan_step
 from .vocab import embed_tokens, lm_logits
 from .weights import Transformer
 
@@ -44,13 +44,19 @@ def head(model: Transformer, streams: torch.Tensor) -> torch.Tensor:
 
 
 def reserve_plan(
-    model: Transformer, pools: KVPools, seq_ids: list[str], chunks: list[list[int]], options: AttentionOptions
+    model: Transformer,
+    pools: KVPools,
+    seq_ids: list[str],
+    chunks: list[list[int]],
+    options: AttentionOptions,
+    bucket: Bucket | None = None,
 ) -> StepPlan:
-    """Reserve blocks for ``chunks`` after each sequence's committed length, and plan the step."""
+    """Reserve blocks for ``chunks`` after each sequence's committed length, and plan the step
+    (``bucket``: padded to its shape, ``plan_step``)."""
     starts = [pools.length(s) if s in pools.sequences else 0 for s in seq_ids]
     for seq_id, start, chunk in zip(seq_ids, starts, chunks, strict=True):
         pools.reserve(seq_id, start + len(chunk))
-    return plan_step(model.cfg, pools, seq_ids, starts, chunks, options)
+    return plan_step(model.cfg, pools, seq_ids, starts, chunks, options, bucket)
 
 
 def _commit(pools: KVPools, seq_ids: list[str], plan: StepPlan) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from ..kv.pools import KVPools
-from .forward import head, run_layers
+from .forward import head, reserve_plan, run_layers
 from .plan import AttentionOptions, Bucket, StepPlan, plan_step
 from .vocab import lm_logits
 from .weights import Transformer
@@ -101,10 +101,7 @@ class DecodeGraphs:
         """One new token per sequence -> next-token logits [B, V] fp32, as ``forward.decode``."""
         bucket = self.bucket(seq_ids)
         self.capture(bucket)
-        starts = [self.pools.length(s) for s in seq_ids]
-        for seq_id, start in zip(seq_ids, starts, strict=True):
-            self.pools.reserve(seq_id, start + 1)
-        plan = plan_step(self.model.cfg, self.pools, seq_ids, starts, [[t] for t in tokens], self.options, bucket)
+        plan = reserve_plan(self.model, self.pools, seq_ids, [[t] for t in tokens], self.options, bucket)
         captured, replay = self._steps[bucket]
         refresh(captured, plan)
         logits = replay()[: len(seq_ids)].to(torch.float32, copy=True)  # the graph's output is overwritten

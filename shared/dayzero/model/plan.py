@@ -226,14 +226,14 @@ def plan_step(
         tables = {p: _table([s.tables[p] for s in seqs], device) for p in GROWING_POOLS}
     else:
         pad = pools.sequences[bucket.pad]
-        if any(layout.blocks_for(p, bucket.tokens) and not pad.tables[p] for p in GROWING_POOLS):
+        # as wide as the bucket: blocks reserved ahead (a request's whole length, at admission) hold
+        # no entry a step of the bucket reads or writes
+        width = {p: layout.blocks_for(p, bucket.tokens) for p in GROWING_POOLS}
+        if any(width[p] and not pad.tables[p] for p in GROWING_POOLS):
             raise ValueError("the pad sequence needs a block in every growing pool (reserve it max rate tokens)")
         pad_slot = pad.tables["compressor"][0] if pad.tables["compressor"] else 0
         columns, closed = _closing_column(batch, len(seq_ids), slots, rates, compress, pad_slot, device)
         longest = {r: bucket.tokens // r for r in rates}
-        # as wide as the bucket: blocks reserved ahead (a request's whole length, at admission) hold
-        # no entry a step of the bucket reads or writes
-        width = {p: layout.blocks_for(p, bucket.tokens) for p in GROWING_POOLS}
         tables = {p: _table([s.tables[p][: width[p]] for s in [*seqs, pad]], device, width[p]) for p in GROWING_POOLS}
     return StepPlan(
         token_ids=from_host(np.fromiter((t for c in chunks for t in c), dtype=np.int64), device),

@@ -78,9 +78,8 @@ def load_ranks(
     if settings.speculative_tokens and not model.mtp:
         raise ValueError("DAYZERO_SPECULATIVE_TOKENS needs a checkpoint with an MTP layer (mtp.0.*)")
     layout = PoolLayout.of(model.cfg, settings.block_size, settings.dtype, mtp=settings.speculative_tokens > 0)
-    sequences = (
-        settings.max_batch + settings.decode_graphs
-    )  # decode graphs' padding rows write to a sequence of their own
+    # decode graphs' padding rows write to a sequence of their own
+    sequences = settings.max_batch + settings.decode_graphs
     sized = KVPools.from_budget(layout, settings.kv_budget_mb << 20, sequences, dtype, device="meta")
     segment = None
     if shared and settings.handoff == "shm":
