@@ -98,6 +98,11 @@ class Stack:
         if int(base) + len(workers) - 1 > 65535:
             raise StartFailed(f"DAYZERO_METRICS_PORT={base}: {len(workers)} workers need ports up to 65535")
         for i, child in enumerate(workers):
+            if port_in_use("0.0.0.0", int(base) + i):  # where prometheus_client binds
+                raise StartFailed(
+                    f"port {int(base) + i} (DAYZERO_METRICS_PORT + {i}, {child.name}'s /metrics) is already in use; "
+                    f"stop that process or choose another DAYZERO_METRICS_PORT"
+                )
             child.env = {"DAYZERO_METRICS_PORT": str(int(base) + i)}
             self.metrics_ports[child.name] = int(base) + i
 

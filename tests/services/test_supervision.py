@@ -12,7 +12,7 @@ import psutil
 
 from dayzero.procs import free_port
 
-from .conftest import MODEL, up_process, wait_ready
+from .conftest import MODEL, consecutive_ports, up_process, wait_ready
 
 LONG = {"model": MODEL, "prompt": [0, 5, 6, 7], "max_tokens": 2000, "ignore_eos": True, "stream": True}
 
@@ -45,6 +45,23 @@ def test_a_port_in_use_is_refused_at_start_naming_the_port(text_dir, tmp_path):
     assert up.returncode == 1
     assert err.strip().splitlines() == [
         f"error: port {port} is already in use on 127.0.0.1; stop that process or pass --port"
+    ]
+    assert not (tmp_path / "gateway.log").exists()  # nothing was started
+
+
+def test_a_metrics_port_in_use_is_refused_at_start_naming_it(text_dir, tmp_path):
+    """A worker's /metrics port taken (P + 1 here): one line at start, not a worker crash-looping
+    on "Address already in use" until up gives up."""
+    metrics = consecutive_ports(2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", metrics + 1))
+        taken.listen()
+        up = up_process(text_dir, tmp_path, free_port(), extra={"DAYZERO_METRICS_PORT": str(metrics)})
+        _, err = up.communicate(timeout=60)
+    assert up.returncode == 1
+    assert err.strip().splitlines() == [
+        f"error: port {metrics + 1} (DAYZERO_METRICS_PORT + 1, decode0's /metrics) is already in use; "
+        "stop that process or choose another DAYZERO_METRICS_PORT"
     ]
     assert not (tmp_path / "gateway.log").exists()  # nothing was started
 
@@ -95,7 +112,7 @@ def test_each_worker_serves_metrics_on_its_own_port(text_dir, tmp_path):
     """DAYZERO_METRICS_PORT=P under up: the workers serve their own /metrics on P, P + 1 in the
     order listed at start (one port for all: every worker but the first died binding it, and up
     gave up after their restarts)."""
-    port, metrics = free_port(), free_port()
+    port, metrics = free_port(), consecutive_ports(2)
     up = up_process(text_dir, tmp_path, port, extra={"DAYZERO_METRICS_PORT": str(metrics)})
     wait_ready(f"http://127.0.0.1:{port}", up)
     stages = []
