@@ -179,7 +179,8 @@ def test_a_decode_group_across_two_hosts_serves_one_ranks_completions(root_and_h
     from dayzero.demo import write_demo_checkpoint
     from dayzero.stack import Stack
 
-    from ..services.conftest import SETTINGS_ENV, engine_completer, prompt_ids, stream_text
+    from ..services.conftest import SETTINGS_ENV, prompt_ids, stream_text
+    from ..services.in_process import engine_completer
 
     checkpoint = write_demo_checkpoint(tmp_path / "float")  # FP8 blocks do not split at the demo's size
     reference = engine_completer(checkpoint, "cpu")

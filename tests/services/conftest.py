@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
-import os
-import random
 import shutil
-import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -20,6 +13,8 @@ import pytest
 from dayzero.demo import write_demo_checkpoint
 from dayzero.procs import free_port
 from dayzero.stack import Stack
+
+from .in_process import engine_completer
 
 MODEL = "dayzero-demo"
 USAGE = {"stream_options": {"include_usage": True}}  # a stream ends with its usage chunk
@@ -161,47 +156,10 @@ def recording(sent: list, stage: str = "decode"):
     return message
 
 
-def cpu_count() -> int:
-    return os.cpu_count() or 1
-
-
-@functools.cache
-def _loaded(checkpoint, device: str):
-    from dayzero.checkpoint import load_model
-    from dayzero.tokenizer import TextCodec
-
-    return load_model(checkpoint, device=device, progress=False), TextCodec.from_checkpoint(checkpoint)
-
-
-def engine_steps(checkpoint, ids: list[int], params, device: str = "cpu", backend: str = "torch") -> list:
-    """The steps of ``checkpoint`` completing ``ids``, run in-process by dayzero's engine (no
-    queue, no handoff)."""
-    import torch
-
-    from dayzero.engine import generate
-    from dayzero.kv.pools import pools_for
-    from dayzero.model.plan import AttentionOptions
-
-    model, codec = _loaded(checkpoint, device)
-    pools = pools_for(model.cfg, torch.float32, len(ids) + params.max_tokens, device=device)
-    return list(generate(model, codec, pools, ids, params, options=AttentionOptions(backend=backend)))
-
-
 @pytest.fixture(scope="module")
 def reference(demo_dir):
     """The same checkpoint run in-process by dayzero's engine (no queue, no handoff)."""
     return engine_completer(demo_dir, "cpu")
-
-
-def engine_completer(checkpoint, device: str, backend: str = "torch"):
-    """Greedy completion texts of ``checkpoint`` from the in-process engine."""
-    from dayzero.sampling import SamplingParams
-
-    def complete(ids: list[int], max_tokens: int, **sampling) -> str:
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)
-        return "".join(step.text for step in engine_steps(checkpoint, ids, params, device, backend))
-
-    return complete
 
 
 def prompt_ids(i: int) -> list[int]:
@@ -233,43 +191,6 @@ def bare_stack(demo_dir, tmp_path_factory):
 def text_dir(tmp_path_factory):
     """A checkpoint without a vision tower: stacks of gateway + prefill + decode only."""
     return write_demo_checkpoint(tmp_path_factory.mktemp("text"), fp4=True)
-
-
-def up_process(
-    checkpoint, log_dir, port: int, counts: str = "--vision 0", extra: dict | None = None, **popen
-) -> subprocess.Popen:
-    """``dayzero up`` (gateway, 1 prefill, 1 decode unless ``counts``; ``extra`` settings) as a user
-    starts it, in the background."""
-    cmd = [sys.executable, "-m", "dayzero.cli", "up", "--checkpoint", str(checkpoint), *counts.split()]
-    cmd += ["--port", str(port), "--log-dir", str(log_dir)]
-    env = {**os.environ, **SETTINGS_ENV, **(extra or {})}
-    return subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, **popen)
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 180) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline and proc.poll() is None:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return
-        time.sleep(0.3)
-    said = proc.stderr.read()[-3000:] if proc.poll() is not None and proc.stderr else ""
-    raise AssertionError(f"not ready (exit code {proc.poll()})\n{said}")
-
-
-def consecutive_ports(n: int) -> int:
-    """The first of ``n`` consecutive free ports below the kernel's ephemeral range (32768 and
-    up), where no outgoing connection (a Redis client, an HTTP poll) takes one while a stack
-    starts: free_port() + 1 is an ephemeral port any connection may hold."""
-    while True:
-        base = random.randrange(20000, 32768 - n)
-        with contextlib.ExitStack() as held:
-            try:
-                for port in range(base, base + n):
-                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return base
 
 
 def assert_image_request_equals_in_process_run(url: str, checkpoint) -> None:

@@ -11,7 +11,8 @@ from dayzero.kv.pools import pools_for
 from dayzero.sampling import SamplingParams
 from dayzero.tokenizer import TextCodec
 
-from .conftest import MODEL, USAGE, chat, engine_steps, prompt_ids, sse_events, stream_text, wait_until
+from .conftest import MODEL, USAGE, chat, prompt_ids, sse_events, stream_text, wait_until
+from .in_process import engine_steps
 
 
 def test_penalties_reach_the_sampler(stack, reference):

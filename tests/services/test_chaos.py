@@ -16,7 +16,8 @@ import pytest
 
 from dayzero.procs import free_port
 
-from .conftest import MODEL, data_url, up_process, wait_ready
+from .conftest import MODEL, data_url
+from .launch import up_process, wait_ready
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 

@@ -9,7 +9,8 @@ import httpx
 import pytest
 import torch
 
-from .conftest import MODEL, chat, data_url, engine_completer, prompt_ids, start_stack, stream_text
+from .conftest import MODEL, chat, data_url, prompt_ids, start_stack, stream_text
+from .in_process import engine_completer
 
 pytestmark = [
     pytest.mark.gpu,

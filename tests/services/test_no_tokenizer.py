@@ -9,7 +9,8 @@ import httpx
 
 from dayzero.sampling import SamplingParams
 
-from .conftest import MODEL, chat, engine_steps
+from .conftest import MODEL, chat
+from .in_process import engine_steps
 
 
 def test_token_ids_are_served_and_text_is_refused_clearly(bare_stack, demo_dir):

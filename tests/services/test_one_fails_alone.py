@@ -19,7 +19,8 @@ from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
-from .conftest import engine_steps, prompt_ids, recording, run_jobs
+from .conftest import prompt_ids, recording, run_jobs
+from .in_process import engine_steps
 
 TOKENS = 6
 POISON = SamplingParams(max_tokens=TOKENS, ignore_eos=True, grammar=Grammar("start: %%% not lark"))

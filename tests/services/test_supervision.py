@@ -12,7 +12,8 @@ import psutil
 
 from dayzero.procs import free_port
 
-from .conftest import MODEL, consecutive_ports, up_process, wait_ready
+from .conftest import MODEL
+from .launch import consecutive_ports, up_process, wait_ready
 
 LONG = {"model": MODEL, "prompt": [0, 5, 6, 7], "max_tokens": 2000, "ignore_eos": True, "stream": True}
 

@@ -21,15 +21,14 @@ from .conftest import (
     MODEL,
     assert_concurrent_streams_equal_reference,
     assert_image_request_equals_in_process_run,
-    engine_completer,
     pool_usage,
     prompt_ids,
     sse_events,
     start_stack,
-    up_process,
-    wait_ready,
     wait_until,
 )
+from .in_process import engine_completer
+from .launch import up_process, wait_ready
 
 
 @pytest.fixture(scope="module")
