@@ -79,6 +79,25 @@ def test_decoded_output_leaves_out_special_tokens(codec):
     )
 
 
+def test_a_tokens_piece_is_its_own_text_and_the_bytes_it_stands_for(codec):
+    """Every token of the vocabulary against transformers' byte-level table, the special ones
+    named by their text; a character split over tokens shows U+FFFD per part while the parts'
+    bytes join into its UTF-8."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    vocab = {i: t for t, i in codec._tok.get_vocab(with_added_tokens=True).items()}
+    special = {i for i, t in codec._tok.get_added_tokens_decoder().items() if t.special}
+    for token, string in vocab.items():
+        text, raw = codec.token_piece(token)
+        assert raw == (string.encode() if token in special else bytes(byte_of[c] for c in string)), token
+        assert text == raw.decode(errors="replace"), token
+    ids = codec.encode("中文 <｜end▁of▁sentence｜>", None)[1:]
+    pieces = [codec.token_piece(t) for t in ids]
+    assert [text for text, _ in pieces][-1] == "<｜end▁of▁sentence｜>" and codec.decode(ids[-1:]) == ""
+    assert "\ufffd" in pieces[0][0] and b"".join(raw for _, raw in pieces) == "中文 <｜end▁of▁sentence｜>".encode()
+
+
 def test_decoded_output_keeps_the_markers_the_answer_parser_reads(codec):
     text = '<think>plan</think>ok\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">'
     assert codec.decode(codec.encode(text)) == text

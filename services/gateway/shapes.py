@@ -144,30 +144,35 @@ class Shape:
         return self.codec.decode(list(self.prompt)) if self.prompt is not None else ""
 
     def _logprobs(self, tokens: list[Token]) -> dict:
+        """Each token named by its own text, special tokens included (``token_piece``); text
+        offsets count the text the response shows, where special tokens are left out."""
         tokens = [t for t in tokens if t.logprob is not None]
-        pieces = [self.codec.decode([t.token]) for t in tokens]
-        alternatives = [[(self.codec.decode([tok]), lp) for tok, lp in t.top] for t in tokens]
+        piece = self.codec.token_piece
         if self.kind == "chat":
             return {
                 "content": [
-                    {
-                        "token": piece,
-                        "logprob": t.logprob,
-                        "bytes": list(piece.encode()),
-                        "top_logprobs": [{"token": s, "logprob": lp, "bytes": list(s.encode())} for s, lp in alts],
-                    }
-                    for t, piece, alts in zip(tokens, pieces, alternatives, strict=True)
+                    {**_entry(piece(t.token), t.logprob), "top_logprobs": [_entry(piece(k), lp) for k, lp in t.top]}
+                    for t in tokens
                 ]
             }
-        logprobs = [t.logprob for t in tokens]
-        tops: list[dict | None] = [dict(alts) for alts in alternatives]
+        ids, logprobs = [t.token for t in tokens], [t.logprob for t in tokens]
+        tops: list[dict | None] = [{piece(tok)[0]: lp for tok, lp in t.top} for t in tokens]
         first = tokens[0].prompt if tokens and tokens[0].index == 0 else None
         if self.prompt is not None and first is not None:  # echo: the prompt's tokens come first
-            pieces = [self.codec.decode([t]) for t in self.prompt] + pieces
+            ids = list(self.prompt) + ids
             logprobs = [None] + [lp for lp, _ in first] + logprobs  # nothing predicts the first token
-            tops = [None] + [{self.codec.decode([t]): v for t, v in alts} for _, alts in first] + tops
+            tops = [None] + [{piece(t)[0]: v for t, v in alts} for _, alts in first] + tops
         offsets = []
-        for piece in pieces:
+        for token in ids:
             offsets.append(self.offset)
-            self.offset += len(piece)
-        return {"tokens": pieces, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
+            self.offset += len(self.codec.decode([token]))
+        return {
+            "tokens": [piece(t)[0] for t in ids],
+            "token_logprobs": logprobs,
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }
+
+
+def _entry(piece: tuple[str, bytes], logprob: float) -> dict:
+    return {"token": piece[0], "logprob": logprob, "bytes": list(piece[1])}

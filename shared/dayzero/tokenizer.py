@@ -117,6 +117,16 @@ class TextCodec:
         """Every token's text, special tokens included (what the model was given)."""
         return self._tok.decode(ids, skip_special_tokens=False)
 
+    def token_piece(self, token: int) -> tuple[str, bytes]:
+        """One token as logprobs name it: its own text, special tokens included, and the bytes it
+        stands for. A token holding part of a character's UTF-8 shows U+FFFD as text, and its
+        bytes are that part (the entries' bytes concatenate to the output's UTF-8)."""
+        text = self._tok.decode([token], skip_special_tokens=False)
+        if "\ufffd" not in text:
+            return text, text.encode()
+        piece, byte = self._tok.id_to_token(token) or "", _byte_level_values()
+        return text, bytes(byte[c] for c in piece) if all(c in byte for c in piece) else text.encode()
+
     @functools.cached_property
     def guidance(self):
         """The tokenizer as llguidance sees it (built on first use; about a second for a large vocabulary)."""
@@ -188,6 +198,9 @@ class IdsOnlyCodec:
     def token_id(self, token: str) -> int | None:
         return None
 
+    def token_piece(self, token: int) -> tuple[str, bytes]:
+        return "", b""
+
 
 def load_codec(root: str | Path) -> TextCodec | IdsOnlyCodec:
     """The checkpoint's tokenizer, or token ids only when it ships none."""
@@ -219,6 +232,15 @@ def _max_token_bytes(tokenizer: Tokenizer) -> int | None:
         and not any(t.lstrip or t.rstrip for t in tokenizer.get_added_tokens_decoder().values())
     )
     return max(len(t.encode()) for t in vocab) if lossless else None
+
+
+@functools.cache
+def _byte_level_values() -> dict[str, int]:
+    """ByteLevel's vocabulary characters -> the bytes they write (GPT-2's table: printable bytes
+    as themselves, the other bytes as the characters from U+0100 on, in byte order)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    moved = [b for b in range(256) if b not in kept]
+    return {chr(b): b for b in kept} | {chr(256 + i): b for i, b in enumerate(moved)}
 
 
 class StreamDecoder:

@@ -45,6 +45,13 @@ def test_logprobs_in_bodies_and_streams_match_the_engine(stack, demo_dir):
     assert [e["logprob"] for e in streamed] == [e["logprob"] for e in content]  # same greedy run, same numbers
     assert all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 for e in content)
 
+    parts = {170: [0xE4], 126: [0xB8], 265: [0xAD]}  # the demo vocabulary's tokens of 中's UTF-8 bytes
+    forced = chat("x", max_tokens=4, ignore_eos=True, logprobs=True, logit_bias=dict.fromkeys(parts, 100))
+    content = httpx.post(f"{stack.url}/v1/chat/completions", json=forced, timeout=60).json()["choices"][0]
+    assert [(e["token"], e["bytes"] in parts.values()) for e in content["logprobs"]["content"]] == [
+        ("\ufffd", True)
+    ] * 4
+
 
 def test_echo_returns_the_prompt_and_its_logprobs(stack, demo_dir):
     from dayzero.model.forward import score
@@ -60,6 +67,7 @@ def test_echo_returns_the_prompt_and_its_logprobs(stack, demo_dir):
     want = [full[t, ids[t + 1]].item() for t in range(len(ids) - 1)]  # the full forward, independently
     assert max(abs(a - b) for a, b in zip(logprobs["token_logprobs"][1 : len(ids)], want, strict=True)) < 1e-4
     assert logprobs["top_logprobs"][0] is None and all(len(t) == 1 for t in logprobs["top_logprobs"][1:])
+    assert logprobs["tokens"][0] == "<｜begin▁of▁sentence｜>" and logprobs["text_offset"][:2] == [0, 0]  # BOS: no text
 
     plain = {**body, "logprobs": None, "stream": True}
     text, _, _, _ = stream_text(f"{stack.url}/v1/completions", plain)
