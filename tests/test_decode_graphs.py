@@ -92,3 +92,18 @@ def test_a_worker_with_decode_graphs_decodes_through_them(tiny_checkpoint):
         assert (ranks.graphs is not None) == graphs and pools.length("s") == 13
     assert set(ranks.graphs._steps) == {Bucket(1, 1024, PAD)}
     assert (logits[0] - logits[1]).abs().max().item() < 1e-5
+
+
+def test_a_warm_up_captures_every_batch_sizes_shortest_bucket(tiny_checkpoint):
+    """A batch of 3 after ``capture_batches(5)`` (the warm-up's, DAYZERO_MAX_BATCH 5) finds its
+    bucket captured: buckets of 1, 2, 4 and 8 rows (5 rounds up to 8), none longer."""
+    model = load_model(tiny_checkpoint, progress=False)
+    pools = pools_for(model.cfg, torch.float32, 40, max_sequences=4)
+    graphs = DecodeGraphs(model, pools, TRITON)
+    graphs.capture_batches(5)
+    captured = {Bucket(n, 1024, PAD) for n in (1, 2, 4, 8)}
+    assert set(graphs._steps) == captured
+    for s in "abc":
+        prefill(model, pools, [s], [random_ids(6, model.cfg.vocab_size, seed=ord(s))])
+    graphs.decode(list("abc"), [1, 2, 3])
+    assert set(graphs._steps) == captured

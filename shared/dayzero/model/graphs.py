@@ -96,6 +96,12 @@ class DecodeGraphs:
 
         self._steps[bucket] = (blank, _capture(step, self._pool) if self.cuda else step)
 
+    def capture_batches(self, most: int) -> None:
+        """Capture the buckets of every batch size up to ``most`` sequences at the shortest length
+        (a worker's warm-up: a bucket's first step would otherwise wait for its capture)."""
+        for seqs in range(Bucket.fitting(most, 1, PAD).seqs.bit_length()):
+            self.capture(Bucket(1 << seqs, self.least_tokens, PAD))
+
     @torch.inference_mode()
     def decode(self, seq_ids: list[str], tokens: list[int]) -> torch.Tensor:
         """One new token per sequence -> next-token logits [B, V] fp32, as ``forward.decode``."""

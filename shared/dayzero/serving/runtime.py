@@ -149,7 +149,8 @@ class Runtime:
         the worker serves: the first calls compile kernels (numba's on CPU, Triton's on a GPU) and
         fill caches, which would otherwise be the first request's wait (0.25-0.5 s on CPU here). The
         prompt is long enough for every compressor to fold an entry (the indexer's path runs). The
-        lifecycle's Lua scripts are loaded into Redis too."""
+        lifecycle's Lua scripts are loaded into Redis too; with decode graphs, every batch size's
+        shortest bucket is captured."""
         cfg, start = self.model.cfg, time.monotonic()
         self.store.load_scripts()
         length = max(cfg.compress_rates.values(), default=1) + 2
@@ -165,6 +166,8 @@ class Runtime:
                 self.ranks.decode([WARM_UP], [tokens[-1]])
         finally:
             self.ranks.release(WARM_UP)
+        if decode and self.ranks.graphs is not None:
+            self.ranks.graphs.capture_batches(self.settings.max_batch)
         log.info("%s warmed up in %.2f s", self.name, time.monotonic() - start)
 
     def memory_regions(self, batch: int) -> dict[str, int]:
