@@ -91,6 +91,19 @@ def test_missing_expert_is_named(tmp_path, tiny_checkpoint):
         load_model(broken)
 
 
+@pytest.mark.parametrize("expert", [6, -1])
+def test_a_hash_table_routing_outside_the_experts_is_named(tmp_path, tiny_checkpoint, expert):
+    """It was an IndexError traceback from the first forward (generate, a worker's warm-up)."""
+
+    def edit(t):
+        t["layers.0.ffn.gate.tid2eid"][5, 1] = expert
+
+    broken = _edit_tensors(tiny_checkpoint, tmp_path / "hash", edit)
+    message = rf"^tensor 'layers.0.ffn.gate.tid2eid' routes to expert {expert}, outside \[0, 6\)$"
+    with pytest.raises(CheckpointError, match=message):
+        load_model(broken, progress=False)
+
+
 def test_wrong_shape_is_named(tmp_path, tiny_checkpoint):
     def edit(t):
         t["layers.0.attn.wkv.weight"] = torch.zeros(15, 32)

@@ -58,16 +58,41 @@ def test_align_fails_with_exit_1_when_beyond_tolerance(tiny_checkpoint, monkeypa
 
 @pytest.mark.parametrize(
     ("ids", "message"),
-    [("a,b", "--prompt-ids takes comma-separated integers, got 'a,b'"), (",", "--prompt-ids is empty")],
+    [
+        ("a,b", "--prompt-ids takes comma-separated integers, got 'a,b'"),
+        (",", "--prompt-ids is empty"),
+        ("1 2", "--prompt-ids takes comma-separated integers, got '1 2'"),  # was token 12
+        ("1_0", "--prompt-ids takes comma-separated integers, got '1_0'"),  # was token 10
+    ],
 )
 def test_bad_prompt_ids_are_input_errors_like_any_other(tiny_checkpoint, ids, message, capsys):
     assert cli.main(["generate", "--checkpoint", str(tiny_checkpoint), "--prompt-ids", ids]) == 2
     assert capsys.readouterr().err == f"error: {message}\n"
 
 
+def test_align_refuses_decode_steps_past_the_model_s_context(tiny_checkpoint, capsys, monkeypatch):
+    from dayzero import align
+
+    monkeypatch.setattr(align, "align", lambda *args: pytest.fail("align ran"))
+    assert cli.main(["align", str(tiny_checkpoint), "--prompt-ids", "1,2", "--tokens", "8191"]) == 2
+    expected = "error: 2 prompt tokens and --tokens 8191 are past the model's context (max_position_embeddings 8192)\n"
+    assert capsys.readouterr().err == expected
+
+
 def test_bad_checkpoint_is_a_clear_error(tmp_path, capsys):
     assert cli.main(["generate", "--checkpoint", str(tmp_path), "--prompt-ids", "1,2"]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_ctrl_c_ends_a_command_in_one_line_with_exit_130():
+    """Ctrl-C during generate, quantize or train-demo printed KeyboardInterrupt's traceback."""
+    code = (
+        "import sys; from dayzero import cli\n"
+        "def interrupted(args, settings): raise KeyboardInterrupt\n"
+        "cli.cmd_inspect = interrupted; sys.exit(cli.main(['inspect', 'deepseek-v4-flash']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (130, "\ninterrupted\n")
 
 
 def test_help_explains_each_command():
@@ -370,6 +395,16 @@ def test_generate_names_a_checkpoint_directory_that_does_not_exist(tmp_path, cap
     assert capsys.readouterr().err == f"error: checkpoint directory {tmp_path / 'nowhere'} does not exist\n"
 
 
-def test_doctor_takes_only_an_http_url(capsys):
-    assert cli.main(["doctor", "notaurl"]) == 2
-    assert capsys.readouterr().err == "error: 'notaurl' is not a gateway URL such as http://127.0.0.1:8000\n"
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("notaurl", ""),
+        ("http://", ""),
+        ("http://127.0.0.1:99999", ""),
+        ("http://127.0.0.1:abc", " (Invalid port: 'abc')"),  # httpx's traceback before
+        ("http://256.256.256.256:8000", " (Invalid IPv4 address: '256.256.256.256')"),
+    ],
+)
+def test_doctor_takes_only_an_http_url(url, why, capsys):
+    assert cli.main(["doctor", url]) == 2
+    assert capsys.readouterr().err == f"error: {url!r} is not a gateway URL such as http://127.0.0.1:8000{why}\n"

@@ -52,6 +52,11 @@ def _refused(argv: list[str], capsys) -> str:
         (["demo-checkpoint", "out", "--shards", "0"], "argument --shards: must be at least 1, got 0"),
         (["demo-checkpoint", "out", "--shards", "-2"], "argument --shards: must be at least 1, got -2"),
         (["quantize", "in", "out", "--shards", "0"], "argument --shards: must be at least 1, got 0"),
+        (  # was "error: Overflow when unpacking long long", once the corpus was split
+            ["train-demo", "out", "--seed", str(1 << 64)],
+            f"argument --seed: must be from 0 to 2**63 - 1, got {1 << 64}",
+        ),
+        (["demo-checkpoint", "out", "--seed", "-1"], "argument --seed: must be from 0 to 2**63 - 1, got -1"),
     ],
 )
 def test_sizes_counts_and_ports_out_of_range_are_usage_errors(argv, error, capsys):

@@ -112,3 +112,11 @@ def test_a_config_file_error_names_the_file(tmp_path):
     with pytest.raises(ConfigError) as error:
         ModelConfig.from_file(path)
     assert str(error.value) == f"{path}: hidden_size must be a positive integer, got -128"
+
+
+def test_a_config_file_that_is_not_utf8_is_named(tmp_path):
+    """``inspect DIR/model.safetensors`` said only "'utf-8' codec can't decode byte ..."."""
+    path = tmp_path / "config.json"
+    path.write_bytes(b'{"hidden_size": "\xd2"}')
+    with pytest.raises(ConfigError, match=f"^{path} is not valid JSON: 'utf-8' codec can't decode byte 0xd2"):
+        ModelConfig.from_file(tmp_path)

@@ -129,6 +129,30 @@ def test_a_damaged_tokenizer_config_is_named(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("[1]", " must hold a JSON object, got list"),
+        ('{"eos_token": 3}', ": eos_token must be a string or an object with a string content, got 3"),
+        ('{"bos_token": {"id": 0}}', ": bos_token must be a string or an object with a string content, got {'id': 0}"),
+    ],
+)
+def test_a_tokenizer_config_of_the_wrong_shape_is_named(tmp_path, text, error):
+    """Each was a Python traceback (AttributeError, TypeError) from ``generate`` and the gateway."""
+    ckpt = write_demo_checkpoint(tmp_path / "d")
+    (ckpt / "tokenizer_config.json").write_text(text)
+    with pytest.raises(ValueError) as refused:
+        TextCodec.from_checkpoint(ckpt)
+    assert str(refused.value) == f"{ckpt / 'tokenizer_config.json'}{error}"
+
+
+def test_a_tokenizer_config_that_is_not_utf8_is_named(tmp_path):
+    ckpt = write_demo_checkpoint(tmp_path / "d")
+    (ckpt / "tokenizer_config.json").write_bytes(b'{"bos_token": "\xff"}')
+    with pytest.raises(ValueError, match=f"^{ckpt / 'tokenizer_config.json'} is not valid JSON: "):
+        TextCodec.from_checkpoint(ckpt)
+
+
+@pytest.mark.parametrize(
     ("source", "high", "maximum"), [("REASONING_EFFORT_MAX = (", "", "Absolute"), (None, "Absolute", "Beyond")]
 )
 def test_the_effort_paragraphs_are_the_checkpoints_own(tmp_path, source, high, maximum):

@@ -234,6 +234,7 @@ def load_model(
     tensors = {name: torch.empty(t.shape, dtype=target_dtype(name), device=device) for name, t in layout.items()}
     fp8 = _read(placed, tensors, spec, group.config, progress, on_progress)
     model.load_state_dict(tensors, assign=True, strict=True)
+    _check_hash_tables(model, cfg.n_routed_experts)
     model.comm = group
     try:
         model.weight_check = check_weights(model, fp8)
@@ -243,6 +244,15 @@ def load_model(
         _install_converter(model, expert_cache_bytes, dtype)
     pin_attributes(model)
     return model.eval()
+
+
+def _check_hash_tables(model: Transformer, experts: int) -> None:
+    """Hash layers route token t to ``tid2eid[t]``: an expert id outside [0, experts) is named here,
+    not an index error in the first forward."""
+    for name, table in model.named_buffers():
+        outside = (table < 0) | (table >= experts) if name.endswith("tid2eid") else None
+        if outside is not None and outside.any():
+            raise CheckpointError(f"tensor {name!r} routes to expert {int(table[outside][0])}, outside [0, {experts})")
 
 
 def _read(

@@ -33,11 +33,16 @@ def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
     from .serving.runtime import attention_options
 
     checkpoint = Path(args.checkpoint)
+    cfg = ModelConfig.from_file(checkpoint)
     if args.prompt is None and args.prompt_ids is None:
-        vocab = ModelConfig.from_file(checkpoint).vocab_size
-        prompt = [random.Random(0).randrange(vocab) for _ in range(64)]
+        prompt = [random.Random(0).randrange(cfg.vocab_size) for _ in range(64)]
     else:
         prompt = prompt_of(args, checkpoint)
+    if len(prompt) + args.tokens > cfg.max_position_embeddings:  # (it ran on, for hours, past the model's)
+        raise ValueError(
+            f"{len(prompt)} prompt tokens and --tokens {args.tokens} are past the model's context "
+            f"(max_position_embeddings {cfg.max_position_embeddings})"
+        )
     launch = launch_from(os.environ, "cpu")  # torchrun's variables, if set; the comparison is fp32 on the CPU
     report = align(checkpoint, prompt, args.tokens, attention_options(settings), args.tensor_parallel, launch)
     if launch is not None and launch.config.rank:  # every rank compares; rank 0 prints
@@ -80,9 +85,15 @@ def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
+    import httpx
+
     from .doctor import Doctor, report
 
-    if not args.url.startswith(("http://", "https://")):
+    try:
+        url = httpx.URL(args.url)
+    except httpx.InvalidURL as exc:  # a bad port or address: httpx's traceback otherwise
+        raise ValueError(f"{args.url!r} is not a gateway URL such as http://127.0.0.1:8000 ({exc})") from None
+    if url.scheme not in ("http", "https") or not url.host or not 0 < (url.port or 80) < 65536:
         raise ValueError(f"{args.url!r} is not a gateway URL such as http://127.0.0.1:8000")
     results = Doctor(args.url, args.api_key, args.timeout).run()
     print(report(results, args.json))
@@ -103,7 +114,7 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "out", type=cli_args.out_dir, help="directory to write (config.json, model.safetensors, tokenizer.json, ...)"
     )
-    demo.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
+    demo.add_argument("--seed", type=cli_args.seed, default=0, help="random seed of the weights (default 0)")
     demo.add_argument("--vision", action="store_true", help="add a tiny vision tower (visual.*) and the image token")
     demo.add_argument("--fp4", action="store_true", help="the release's formats: FP4 experts, FP8 dense, E8M0 scales")
     demo.add_argument("--shards", type=cli_args.positive, default=1, help=shards_help)
@@ -212,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of stdout left (`| head`): stop quietly, as Python's docs advise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: one line (after a half-printed one) and the shell's code for SIGINT
+        print("\ninterrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

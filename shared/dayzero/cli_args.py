@@ -33,6 +33,14 @@ def port(text: str) -> int:
     return value
 
 
+def seed(text: str) -> int:
+    """A random seed torch takes, with the small offsets the builders add to it."""
+    value = int(text)
+    if not 0 <= value < 1 << 63:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 2**63 - 1, got {value}")
+    return value
+
+
 def positive_float(text: str) -> float:
     """A finite number above 0 (minutes, seconds, ...)."""
     value = float(text)

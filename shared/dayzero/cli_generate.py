@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -15,13 +16,12 @@ from .settings import Settings
 
 
 def _ids(text: str) -> list[int]:
-    try:
-        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
-    except ValueError as exc:
-        raise ValueError(f"--prompt-ids takes comma-separated integers, got {text!r}") from exc
-    if not ids:
+    items = [t for t in (t.strip() for t in text.split(",")) if t]
+    if not all(re.fullmatch(r"-?[0-9]+", t) for t in items):  # "1 2" is no 12, nor "1_0" 10 (int() takes both)
+        raise ValueError(f"--prompt-ids takes comma-separated integers, got {text!r}")
+    if not items:
         raise ValueError("--prompt-ids is empty")
-    return ids
+    return [int(t) for t in items]
 
 
 def prompt_of(args: argparse.Namespace, checkpoint: Path) -> list[int]:

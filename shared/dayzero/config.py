@@ -111,7 +111,7 @@ class ModelConfig:
             raise ConfigError(f"no config.json at {path}")
         try:
             return _parse(json.loads(path.read_text()))
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # (not UTF-8: a weights file given as the config)
             raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from exc

@@ -22,7 +22,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from .chat.tokens import BOS, EOS, IMAGE, SPECIAL_TOKENS
 from .checkpoint_files import canonical_name
-from .quant.shards import remove_weights, save_tensors, write_shards
+from .quant.shards import move_checkpoint, save_tensors, write_shards
 
 DEMO_VISION: dict[str, Any] = {
     "depth": 4,
@@ -182,10 +182,7 @@ def write_demo_checkpoint(
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
         _build_demo(Path(tmp), seed, vision, fp4, shards)
-        out.mkdir(exist_ok=True)
-        remove_weights(out)
-        for file in Path(tmp).iterdir():
-            file.replace(out / file.name)
+        move_checkpoint(Path(tmp), out)
     return out
 
 

@@ -74,14 +74,16 @@ class TextCodec:
         config = root / "tokenizer_config.json"
         try:
             settings = json.loads(config.read_text()) if config.exists() else {}
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"{config} is not valid JSON: {exc}") from exc
+        if not isinstance(settings, dict):
+            raise ValueError(f"{config} must hold a JSON object, got {type(settings).__name__}")
         template = settings.get("chat_template")
         if isinstance(template, list):  # named templates: the default one
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         if template is None and (root / "chat_template.jinja").exists():
             template = (root / "chat_template.jinja").read_text()
-        tokens = {k: _content(settings[k]) for k in _TEMPLATE_TOKENS if settings.get(k) is not None}
+        tokens = {k: _content(config, k, settings[k]) for k in _TEMPLATE_TOKENS if settings.get(k) is not None}
         try:
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception
@@ -207,9 +209,12 @@ def load_codec(root: str | Path) -> TextCodec | IdsOnlyCodec:
     return TextCodec.from_checkpoint(root) if (Path(root) / "tokenizer.json").exists() else IdsOnlyCodec()
 
 
-def _content(token: str | dict) -> str:
+def _content(config: Path, key: str, token: str | dict) -> str:
     """A special token as tokenizer_config.json spells it: a string or an AddedToken dict."""
-    return token["content"] if isinstance(token, dict) else token
+    text = token.get("content") if isinstance(token, dict) else token
+    if not isinstance(text, str):
+        raise ValueError(f"{config}: {key} must be a string or an object with a string content, got {token!r}")
+    return text
 
 
 def _max_token_bytes(tokenizer: Tokenizer) -> int | None:

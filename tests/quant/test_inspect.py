@@ -29,6 +29,24 @@ def test_flash_counts_match_transformers_and_the_published_sizes(tmp_path):
     assert report.plan["experts"] == "fp4" and report.memory_gib["packed_weights"] > 10
 
 
+def test_an_interrupted_quantize_leaves_no_checkpoint_that_looks_whole(tiny_checkpoint, tmp_path, monkeypatch):
+    """Cut short while copying the tokenizer, quantize left config.json and the weights: a checkpoint
+    that generate took, printing token ids for text."""
+    from dayzero.quant import quantize
+
+    src = shutil.copytree(tiny_checkpoint, tmp_path / "src")
+    (src / "tokenizer.json").write_text("{}")
+
+    def cut_short(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(quantize, "_quantized", lambda name, tensor, experts: {name: tensor})  # (fast)
+    monkeypatch.setattr(quantize.shutil, "copyfile", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        quantize.quantize_checkpoint(src, tmp_path / "out", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no out, no build left beside it
+
+
 def test_quantize_and_inspect_commands(tmp_path, checkpoint_factory):
     from .test_fp4_model import FP4_CONFIG
 

@@ -86,6 +86,37 @@ def test_a_state_whose_prefill_worker_died_is_a_lookup_error(tiny_checkpoint, st
         Receiver(store).receive(ref, pools_for(model.cfg, torch.float32, 32), "moved")
 
 
+def _mapped(name: str) -> bool:
+    return name in open("/proc/self/maps").read()  # noqa: SIM115 - a one-shot read
+
+
+@pytest.mark.skipif(not SHM_DIR.is_dir(), reason="needs /dev/shm")
+def test_decode_unmaps_the_segment_of_a_prefill_worker_that_was_replaced(tiny_checkpoint, store):
+    """A prefill restart sweeps its predecessor's segment and publishes a new one: decode attaches to
+    the new one and lets the old mapping go (unlinked but mapped, its memory stayed allocated in
+    /dev/shm for decode's whole life: one pool segment more per prefill restart)."""
+    model = load_model(tiny_checkpoint, progress=False)
+    layout = PoolLayout.of(model.cfg, 16, "float32")
+    blocks = KVPools.sized(layout, 32, 1, torch.float32, device="meta").blocks
+    receiver, segments = Receiver(store), []
+    try:
+        for i in range(2):  # the first prefill worker, then its replacement
+            src, segment = SharedPools.create(layout, blocks, torch.float32)
+            segments.append(segment)
+            prefill(model, src, ["s"], [random_ids(9, model.cfg.vocab_size, seed=3)])
+            ref = publish(src, "s", f"req-restart-{i}", "shm", store, ttl_s=30)
+            receiver.receive(ref, pools_for(model.cfg, torch.float32, 32), "moved")
+            del src
+            if i == 0:  # the worker dies; its successor sweeps the segment
+                segment.close()
+                segment.unlink()
+        assert not _mapped(segments[0].name)
+        assert _mapped(segments[1].name)  # the live one stays attached
+    finally:
+        segments[1].close()
+        segments[1].unlink()
+
+
 def _decode_elsewhere(checkpoint, ref, redis_url, follow, out) -> None:
     """In a fresh process (CUDA IPC handles cannot be opened by their exporter): receive, decode."""
     model = load_model(checkpoint, device="cuda", progress=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -22,7 +23,7 @@ from tqdm import tqdm
 from ..checkpoint_files import CheckpointError, canonical_name, scan, weight_files
 from ..config import ModelConfig
 from .formats import FP8_BLOCK, fp8_aligned, quant_fp8, quant_mxfp4
-from .shards import check_shards, write_shards
+from .shards import check_shards, move_checkpoint, write_shards
 
 EXPERT = re.compile(r"^(layers|mtp)\.\d+\.ffn\.experts\.\d+\.w[123]\.weight$")
 DENSE = re.compile(
@@ -94,15 +95,18 @@ def quantize_checkpoint(
     handles = [safe_open(str(file), framework="pt") for file in weight_files(src)]
     keys = [(f, key) for f in handles for key in f.keys()]  # noqa: SIM118 - safe_open is not a mapping
     check_shards(shards, len(keys))
-    dst.mkdir(parents=True, exist_ok=True)
-    out: dict[str, torch.Tensor] = {}
-    for f, key in tqdm(keys, desc="quantizing", unit="t", disable=not progress, leave=False):
-        out.update(_quantized(canonical_name(key), f.get_tensor(key), experts))  # vision tower included
-    write_shards(out, dst, shards)
-    config["quantization_config"] = quantization_config(experts)
-    (dst / "config.json").write_text(json.dumps(config, indent=2))
-    for extra in COMPANIONS:
-        if (src / extra).exists():
-            (dst / extra).parent.mkdir(exist_ok=True)
-            shutil.copyfile(src / extra, dst / extra)  # the umask's mode, as the weights (not the source's)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{dst.name}.") as tmp:  # built beside, moved in
+        built = Path(tmp)
+        out: dict[str, torch.Tensor] = {}
+        for f, key in tqdm(keys, desc="quantizing", unit="t", disable=not progress, leave=False):
+            out.update(_quantized(canonical_name(key), f.get_tensor(key), experts))  # vision tower included
+        write_shards(out, built, shards)
+        config["quantization_config"] = quantization_config(experts)
+        (built / "config.json").write_text(json.dumps(config, indent=2))
+        for extra in COMPANIONS:
+            if (src / extra).exists():
+                (built / extra).parent.mkdir(exist_ok=True)
+                shutil.copyfile(src / extra, built / extra)  # the umask's mode, as the weights (not the source's)
+        move_checkpoint(built, dst)
     return dst

@@ -31,6 +31,19 @@ def remove_weights(out: Path) -> None:
         stale.unlink(missing_ok=True)
 
 
+def move_checkpoint(built: Path, out: Path) -> None:
+    """``built``'s files into ``out`` in place of the checkpoint it held, its old config.json out
+    first and the new one in last: a move cut short (Ctrl-C) leaves a directory without a config,
+    which no command takes for a checkpoint."""
+    out.mkdir(exist_ok=True)
+    (out / "config.json").unlink(missing_ok=True)
+    remove_weights(out)
+    for file in sorted((f for f in built.rglob("*") if f.is_file()), key=lambda f: f == built / "config.json"):
+        target = out / file.relative_to(built)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        file.replace(target)
+
+
 def write_shards(tensors: dict[str, torch.Tensor], out: Path, shards: int = 1) -> list[Path]:
     """Tensors split into ``shards`` files (none empty) of about equal bytes, in name order (an expert's weight
     and scales may land in different shards, as in the releases); the index maps each name to its file.

@@ -95,7 +95,7 @@ class Receiver:
     def __init__(self, store: Lifecycle) -> None:
         self.store = store
         self._attached: dict[str, KVPools] = {}
-        self._segments: list[shared_memory.SharedMemory] = []
+        self._segments: dict[str, shared_memory.SharedMemory] = {}  # keep the shm mappings open
 
     def receive(self, ref: StateRef, dst: KVPools, seq_id: str) -> None:
         if ref.layout_hash != dst.layout_hash:
@@ -109,6 +109,7 @@ class Receiver:
             if ref.host != socket.gethostname():
                 raise LookupError(f"{ref.transport} state lives on host {ref.host}; use handoff=redis across hosts")
             if ref.location not in self._attached:
+                self._detach_swept()
                 self._attached[ref.location] = self._attach(ref, dst)
             src = self._attached[ref.location]
             handle = StateHandle(ref.location, ref.layout_hash, ref.length, ref.blocks)
@@ -123,8 +124,21 @@ class Receiver:
             pools, segment = SharedPools.attach(ref.location, dst.layout, ref.pool_blocks, dst.dtype)
         except FileNotFoundError as exc:  # its prefill worker died (and the segment was swept)
             raise LookupError(f"prefill's pool segment {ref.location} is gone") from exc
-        self._segments.append(segment)  # keeps the mapping open
+        self._segments[ref.location] = segment
         return pools
+
+    def _detach_swept(self) -> None:
+        """Unmap the attached segments that are gone from /dev/shm: their prefill worker died and its
+        successor swept them (a restart publishes a new segment). An unlinked segment's memory stays
+        allocated while it is mapped, so each prefill restart would otherwise pin one more pool
+        segment in this worker for its whole life."""
+        for location in [loc for loc in self._segments if not (SHM_DIR / loc).exists()]:
+            self._attached.pop(location, None)  # its tensors hold the mapping's buffer
+            segment = self._segments.pop(location)
+            try:
+                segment.close()
+            except BufferError:  # an import still holds a view of it: keep it mapped
+                self._segments[location] = segment
 
 
 def publish_tensor(tensor: torch.Tensor, key: str, transport: str, store: Lifecycle, ttl_s: float) -> TensorRef:

@@ -33,7 +33,8 @@ def add_train_demo(sub: argparse._SubParsersAction) -> None:
     cmd.add_argument("--minutes", type=cli_args.positive_float, help=minutes)
     floats = "also keep the float weights (before FP4 / FP8) in this directory"
     cmd.add_argument("--float", type=cli_args.out_dir, help=floats)
-    cmd.add_argument("--seed", type=int, default=defaults.seed, help="corpus split, init and batches (default 0)")
+    seed = "corpus split, init and batches (default 0)"
+    cmd.add_argument("--seed", type=cli_args.seed, default=defaults.seed, help=seed)
     threads = "torch threads (default 1; results depend on it)"
     cmd.add_argument("--threads", type=cli_args.positive, default=defaults.threads, help=threads)
     cmd.set_defaults(run=cmd_train_demo)
