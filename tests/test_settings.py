@@ -41,7 +41,7 @@ def test_an_item_of_a_list_is_named_by_its_variable_and_index(monkeypatch):
     ("env", "message"),
     [
         (
-            {"DAYZERO_DEVICE": "cuda:1"},
+            {"DAYZERO_DEVICE": "cuda:1", "DAYZERO_HANDOFF": "shm"},
             "DAYZERO_HANDOFF=shm moves CPU pools; with DAYZERO_DEVICE=cuda:1 use cuda_ipc (same GPU) or redis",
         ),
         ({"DAYZERO_HANDOFF": "cuda_ipc"}, "DAYZERO_HANDOFF=cuda_ipc needs DAYZERO_DEVICE=cuda, not cpu"),
@@ -69,6 +69,15 @@ def test_a_combination_that_cannot_work_names_its_variables(monkeypatch, env, me
     with pytest.raises(ValueError) as error:
         settings_from_env()
     assert str(error.value) == message
+
+
+def test_the_handoff_follows_the_device_unless_set(monkeypatch):
+    """A GPU's pools go by CUDA IPC unset (generate on a GPU was refused over a handoff it never makes)."""
+    assert Settings().handoff == "shm" and Settings(device="cuda:1").handoff == "cuda_ipc"
+    monkeypatch.setenv("DAYZERO_DEVICE", "cuda")
+    assert settings_from_env().handoff == "cuda_ipc"
+    monkeypatch.setenv("DAYZERO_HANDOFF", "redis")
+    assert settings_from_env().handoff == "redis"
 
 
 def test_a_cuda_device_the_host_lacks_is_refused(monkeypatch):

@@ -75,7 +75,9 @@ class Settings(BaseSettings):
     lease_s: float = Field(default=3.0, gt=0, description="a worker that stops heartbeating loses its requests")
     handoff_timeout_s: float = Field(default=60.0, gt=0, description="an unclaimed prefill->decode lease expires")
     handoff: Literal["shm", "cuda_ipc", "redis"] = Field(
-        default="shm", description="KV handoff transport: shm (CPU, same host), cuda_ipc (same GPU), redis (any)"
+        default="shm",
+        description="KV handoff transport: shm (CPU, same host), cuda_ipc (same GPU), redis (any); "
+        "unset: shm, cuda_ipc with DAYZERO_DEVICE=cuda",
     )
     disconnect_grace_s: float = Field(
         default=5.0, ge=0, description="a disconnected stream is cancelled after (above EventSource's ~3 s retry)"
@@ -113,6 +115,14 @@ class Settings(BaseSettings):
             text = value.strip()
             return json.loads(text) if text.startswith("[") else [k.strip() for k in text.split(",") if k.strip()]
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _handoff_follows_the_device(cls, data: object) -> object:
+        """Unset, the handoff is the device's own: CUDA IPC for pools on a GPU (shm moves CPU pools)."""
+        if isinstance(data, dict) and data.get("handoff") is None and str(data.get("device", "")).startswith("cuda"):
+            return {**data, "handoff": "cuda_ipc"}
+        return data
 
     @model_validator(mode="after")
     def _fits_device(self) -> Settings:
