@@ -10,6 +10,8 @@ if not torch.cuda.is_available():  # kernels run in Triton's interpreter on CPU;
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import ctypes  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any
@@ -88,6 +90,13 @@ def mtp_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = write_checkpoint(tmp_path_factory.mktemp("mtp"), tiny_config(), seed=0)
     add_mtp(out, seed=0)
     return out
+
+
+def run_dayzero(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``dayzero ARGS`` in a process of its own, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "dayzero.cli", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def random_ids(n: int, vocab: int, seed: int) -> list[int]:

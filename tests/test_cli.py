@@ -15,16 +15,12 @@ from dayzero import cli
 from dayzero.kernels import attention
 from dayzero.quant.shards import write_shards
 
-
-def _dayzero(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "dayzero.cli", *args], capture_output=True, text=True, env=env, timeout=300
-    )
+from .conftest import run_dayzero
 
 
 def test_demo_checkpoint_generate_and_align(tmp_path):
     out = tmp_path / "demo"
-    made = _dayzero("demo-checkpoint", str(out), "--seed", "3")
+    made = run_dayzero("demo-checkpoint", str(out), "--seed", "3")
     assert made.returncode == 0, made.stderr
     assert {p.name for p in out.iterdir()} >= {
         "config.json",
@@ -32,12 +28,12 @@ def test_demo_checkpoint_generate_and_align(tmp_path):
         "tokenizer.json",
         "generation_config.json",
     }
-    gen = _dayzero("generate", "--checkpoint", str(out), "--prompt-ids", "0,5,6,7", "--max-tokens", "6", "--stats")
+    gen = run_dayzero("generate", "--checkpoint", str(out), "--prompt-ids", "0,5,6,7", "--max-tokens", "6", "--stats")
     assert gen.returncode == 0, gen.stderr
     stats = json.loads(gen.stdout.strip().splitlines()[-1])
     assert stats["prompt_tokens"] == 4 and stats["completion_tokens"] == 6
     assert stats["prefill_tokens_per_s"] > 0 and stats["decode_tokens_per_s"] > 0
-    al = _dayzero("align", str(out), "--tokens", "4", "--json")
+    al = run_dayzero("align", str(out), "--tokens", "4", "--json")
     assert al.returncode == 0, al.stderr
     report = json.loads(al.stdout)
     assert report["greedy_match"] and report["max_abs_err"] < 1e-4 and len(report["steps"]) == 4
@@ -96,24 +92,14 @@ def test_ctrl_c_ends_a_command_in_one_line_with_exit_130():
 
 
 def test_help_explains_each_command():
-    out = _dayzero("generate", "--help").stdout
+    out = run_dayzero("generate", "--help").stdout
     assert "--prompt-ids" in out and "--stats" in out and "greedy" in out
-
-
-def test_up_and_serve_help_list_every_setting():
-    from dayzero.settings import Settings
-
-    for command in ("up", "serve"):
-        out = _dayzero(command, "--help").stdout
-        missing = [name for name in Settings.model_fields if f"DAYZERO_{name.upper()}" not in out]
-        assert not missing, (command, missing)
-    assert "DAYZERO_DEVICE" in out and "cuda_ipc" in out
 
 
 def test_demo_checkpoint_carries_the_released_special_tokens(tmp_path):
     from tokenizers import Tokenizer
 
-    made = _dayzero("demo-checkpoint", str(tmp_path / "d"), "--fp4", "--shards", "2")
+    made = run_dayzero("demo-checkpoint", str(tmp_path / "d"), "--fp4", "--shards", "2")
     assert made.returncode == 0, made.stderr
     assert len(list((tmp_path / "d").glob("model-0000?-of-00002.safetensors"))) == 2
     tok = Tokenizer.from_file(str(tmp_path / "d" / "tokenizer.json"))
@@ -130,7 +116,7 @@ def test_demo_checkpoint_carries_the_released_special_tokens(tmp_path):
     assert None not in ids and ids[:2] == [0, 1]  # BOS 0, EOS 1 as in the release
     assert tok.token_to_id("<|begin▁of▁sentence|>") is None  # no ASCII look-alikes
     assert tok.encode("<｜User｜>hi<｜Assistant｜></think>", add_special_tokens=False).ids[0] == ids[2]
-    al = _dayzero("align", str(tmp_path / "d"), "--tokens", "2", "--json")  # transformers loads it too
+    al = run_dayzero("align", str(tmp_path / "d"), "--tokens", "2", "--json")  # transformers loads it too
     assert al.returncode == 0 and json.loads(al.stdout)["ok"], al.stdout + al.stderr
 
 
@@ -138,25 +124,9 @@ def test_bad_settings_are_one_line_errors():
     import os
 
     env = {**os.environ, "DAYZERO_MAX_BATCH": "many"}
-    out = _dayzero("generate", "--prompt-ids", "1,2", env=env)
+    out = run_dayzero("generate", "--prompt-ids", "1,2", env=env)
     assert out.returncode == 2 and "Traceback" not in out.stderr  # as every other input error
     assert out.stderr.strip().startswith("error: DAYZERO_MAX_BATCH='many'") and len(out.stderr.splitlines()) == 1
-
-
-def test_up_refuses_what_it_could_never_make_ready(tmp_path):
-    """Vision workers that do not match the checkpoint, or no checkpoint at all: one line, no stack."""
-    from dayzero.demo import write_demo_checkpoint
-
-    with_vision, text = write_demo_checkpoint(tmp_path / "v", vision=True), write_demo_checkpoint(tmp_path / "t")
-    logs = tmp_path / "logs"
-    out = _dayzero("up", "--checkpoint", str(with_vision), "--vision", "0", "--log-dir", str(logs))
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.strip() == f"error: {with_vision} has a vision tower: serving it needs --vision 1 or more"
-    out = _dayzero("up", "--checkpoint", str(text), "--vision", "1", "--log-dir", str(logs))
-    assert out.returncode == 2 and out.stderr.strip() == f"error: {text} has no vision tower: --vision must be 0"
-    out = _dayzero("up", "--checkpoint", str(tmp_path / "nowhere"), "--log-dir", str(logs))
-    assert out.returncode == 2 and out.stderr.strip().startswith("error: no config.json at")
-    assert not logs.exists()  # nothing was started
 
 
 @pytest.mark.parametrize(
@@ -209,32 +179,13 @@ def test_a_corrupt_tokenizer_is_one_line_naming_the_file(command, tiny_checkpoin
     assert err.startswith(f"error: {ckpt / 'tokenizer.json'} is not valid: ") and len(err.splitlines()) == 1
 
 
-@pytest.mark.parametrize("variable", ["DAYZERO_REDIS_URL", "REDIS_URL"])
-def test_up_uses_the_redis_it_is_given(variable, tiny_checkpoint, tmp_path, monkeypatch):
-    """DAYZERO_REDIS_URL, the setting ``up --help`` lists, as well as REDIS_URL (up started its
-    embedded Redis and handed that to the children over the setting)."""
-    from dayzero import stack
-
-    started = []
-
-    def start(self):
-        started.append(self.redis_url)
-        raise stack.StartFailed("enough")
-
-    monkeypatch.setattr(stack.Stack, "start", start)
-    monkeypatch.delenv("REDIS_URL", raising=False)
-    monkeypatch.setenv(variable, "redis://127.0.0.1:6391/2")
-    assert cli.main(["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(tmp_path / "logs")]) == 1
-    assert started == ["redis://127.0.0.1:6391/2"]
-
-
 def test_demo_checkpoint_replaces_an_older_sharded_one_with_the_umask_s_modes(tmp_path):
     out = tmp_path / "d"
     out.mkdir()
     write_shards({name: torch.zeros(2) for name in "abc"}, out, 3)  # an older checkpoint's shards and index
     old = umask(0o027)
     try:
-        made = _dayzero("demo-checkpoint", str(out), "--seed", "5")
+        made = run_dayzero("demo-checkpoint", str(out), "--seed", "5")
     finally:
         umask(old)
     assert made.returncode == 0, made.stderr
@@ -296,52 +247,14 @@ def test_a_cuda_device_the_host_lacks_is_refused_before_any_work(command, tmp_pa
     assert capsys.readouterr().err == "error: DAYZERO_DEVICE=cuda but CUDA is not available on this host\n"
 
 
-def _truncate(ckpt):
-    weights = ckpt / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:4096])
-
-
-def _a_directory_in_its_place(ckpt):
-    (ckpt / "model.safetensors").unlink()
-    (ckpt / "model.safetensors").mkdir()
-
-
-def _widen_vocabulary(ckpt):
-    config = json.loads((ckpt / "config.json").read_text())
-    (ckpt / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 1}))
-
-
-@pytest.mark.parametrize(
-    ("damage", "message"),
-    [
-        (lambda ckpt: (ckpt / "model.safetensors").unlink(), "no *.safetensors files in {ckpt}"),
-        (_truncate, "model.safetensors is not a readable safetensors file: "),
-        (lambda ckpt: (ckpt / "model.safetensors").write_bytes(b"\x00" * 1000), "model.safetensors is not a readable"),
-        (_widen_vocabulary, "tensor 'embed.weight' has shape [96, 32], expected [97, 32] (and "),
-        (_a_directory_in_its_place, "{ckpt}/model.safetensors is a directory, not a safetensors file"),
-    ],
-)
-def test_up_refuses_weights_its_workers_could_not_load(damage, message, tiny_checkpoint, tmp_path, capsys, monkeypatch):
-    """Read from the safetensors headers, as the workers' loader reads them first: one line, no stack."""
-    from dayzero import stack
-
-    monkeypatch.setattr(stack.Stack, "start", lambda self: pytest.fail("up started a stack"))
-    ckpt = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
-    damage(ckpt)
-    assert cli.main(["up", "--checkpoint", str(ckpt), "--log-dir", str(tmp_path / "logs")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: " + message.format(ckpt=ckpt)) and len(err.splitlines()) == 1
-    assert not (tmp_path / "logs").exists()
-
-
 def test_version_and_the_help_of_every_option_with_a_default():
     from importlib.metadata import version
 
-    assert _dayzero("--version").stdout == f"dayzero {version('dayzero')}\n"
-    serve, up = (" ".join(_dayzero(command, "--help").stdout.split()) for command in ("serve", "up"))
+    assert run_dayzero("--version").stdout == f"dayzero {version('dayzero')}\n"
+    serve, up = (" ".join(run_dayzero(command, "--help").stdout.split()) for command in ("serve", "up"))
     assert "the HTTP gateway, or the vision, prefill or decode stage's worker" in serve
     assert "(default 0: wait as long as it takes)" in up
-    assert _dayzero("up", "--ready-timeout", "-1").returncode == 2
+    assert run_dayzero("up", "--ready-timeout", "-1").returncode == 2
 
 
 @pytest.mark.parametrize(
@@ -367,16 +280,6 @@ def test_a_split_the_loader_would_refuse_is_refused_before_any_rank_starts(comma
     assert len(err.splitlines()) == 1 and "over 2 ranks is 32 per rank, not a whole number of 128-row FP8 blocks" in err
 
 
-def test_up_keeps_a_group_size_and_torchrun_variables_from_its_workers():
-    """Each worker's ranks come from `up`'s flags: DAYZERO_TENSOR_PARALLEL or torchrun's variables
-    in `up`'s environment overrode --decode-tp 1 (and made vision refuse to start)."""
-    from dayzero.stack import inherited
-
-    group = {"DAYZERO_TENSOR_PARALLEL": "2", "WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
-    kept = {"PATH": "/bin", "DAYZERO_DEVICE": "cpu", "LOCAL_RANK_HINT": "x"}
-    assert inherited({**group, "LOCAL_RANK": "0", **kept}) == kept
-
-
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -393,6 +296,14 @@ def test_counts_and_timeouts_below_their_range_are_usage_errors(argv, message, c
 def test_generate_names_a_checkpoint_directory_that_does_not_exist(tmp_path, capsys):
     assert cli.main(["generate", "--checkpoint", str(tmp_path / "nowhere"), "--prompt", "x", "--stop", "y"]) == 2
     assert capsys.readouterr().err == f"error: checkpoint directory {tmp_path / 'nowhere'} does not exist\n"
+
+
+def test_a_checkpoint_given_as_a_file_is_named_a_file(tiny_checkpoint, capsys):
+    """(It was said not to exist.)"""
+    config = tiny_checkpoint / "config.json"
+    assert cli.main(["generate", "--checkpoint", str(config), "--prompt-ids", "1"]) == 2
+    assert cli.main(["align", str(config), "--prompt-ids", "1"]) == 2
+    assert capsys.readouterr().err == f"error: {config} is a file: give the checkpoint's directory\n" * 2
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,16 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from .checkpoint_files import CheckpointError, Entry, Placed, mtp_layers, place, scan, unused_patterns
+from .checkpoint_files import (
+    CheckpointError,
+    Entry,
+    Placed,
+    checkpoint_directory,
+    mtp_layers,
+    place,
+    scan,
+    unused_patterns,
+)
 from .config import ModelConfig
 from .model.weights import Transformer, is_fp32_param, pin_attributes, skeleton
 from .parallel import Group, ParallelConfig, check_divisible
@@ -217,9 +226,7 @@ def load_model(
     own slices and experts. The weight check's result is ``model.weight_check``; a failing
     check raises CheckpointError.
     """
-    root = Path(path)
-    if not root.is_dir():
-        raise CheckpointError(f"checkpoint directory {root} does not exist")
+    root = checkpoint_directory(path)
     group = group or Group()
     cfg = ModelConfig.from_file(root)
     spec = _spec(cfg)

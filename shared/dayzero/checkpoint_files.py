@@ -33,6 +33,16 @@ class CheckpointError(ValueError):
     """A checkpoint dayzero cannot load; the message names the file or tensor."""
 
 
+def checkpoint_directory(path: str | Path) -> Path:
+    """``path`` if it is a directory (a checkpoint is the directory of its config and weights)."""
+    root = Path(path)
+    if root.is_file():
+        raise CheckpointError(f"{root} is a file: give the checkpoint's directory")
+    if not root.is_dir():
+        raise CheckpointError(f"checkpoint directory {root} does not exist")
+    return root
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One stored tensor: where it lives, its canonical name, shape and dtype (from the header)."""

@@ -37,16 +37,15 @@ def prompt_of(args: argparse.Namespace, checkpoint: Path) -> list[int]:
 
 
 def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
-    from .checkpoint import CheckpointError, check_split
+    from .checkpoint import check_split
+    from .checkpoint_files import checkpoint_directory
     from .parallel.group import run_group
     from .parallel.launch import launch_from
     from .sampling import SamplingParams
     from .tokenizer import load_codec
 
     settings.require_device()
-    checkpoint = Path(args.checkpoint) if args.checkpoint else settings.checkpoint_dir()
-    if not checkpoint.is_dir():
-        raise CheckpointError(f"checkpoint directory {checkpoint} does not exist")
+    checkpoint = checkpoint_directory(args.checkpoint or settings.checkpoint_dir())
     if args.tensor_parallel > 1:
         check_split(checkpoint, [args.tensor_parallel])  # before any rank starts
     if args.stop and not load_codec(checkpoint).has_tokenizer:

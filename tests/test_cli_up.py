@@ -1,0 +1,106 @@
+"""`dayzero up` and `serve` as commands: what they refuse before starting anything, and what
+they hand their children."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from dayzero import cli
+
+from .conftest import run_dayzero
+
+
+def test_up_and_serve_help_list_every_setting():
+    from dayzero.settings import Settings
+
+    for command in ("up", "serve"):
+        out = run_dayzero(command, "--help").stdout
+        missing = [name for name in Settings.model_fields if f"DAYZERO_{name.upper()}" not in out]
+        assert not missing, (command, missing)
+    assert "DAYZERO_DEVICE" in out and "cuda_ipc" in out
+
+
+def test_up_refuses_what_it_could_never_make_ready(tmp_path):
+    """Vision workers that do not match the checkpoint, or no checkpoint at all: one line, no stack."""
+    from dayzero.demo import write_demo_checkpoint
+
+    with_vision, text = write_demo_checkpoint(tmp_path / "v", vision=True), write_demo_checkpoint(tmp_path / "t")
+    logs = tmp_path / "logs"
+    out = run_dayzero("up", "--checkpoint", str(with_vision), "--vision", "0", "--log-dir", str(logs))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == f"error: {with_vision} has a vision tower: serving it needs --vision 1 or more"
+    out = run_dayzero("up", "--checkpoint", str(text), "--vision", "1", "--log-dir", str(logs))
+    assert out.returncode == 2 and out.stderr.strip() == f"error: {text} has no vision tower: --vision must be 0"
+    out = run_dayzero("up", "--checkpoint", str(tmp_path / "nowhere"), "--log-dir", str(logs))
+    assert out.returncode == 2 and out.stderr.strip().startswith("error: no config.json at")
+    assert not logs.exists()  # nothing was started
+
+
+@pytest.mark.parametrize("variable", ["DAYZERO_REDIS_URL", "REDIS_URL"])
+def test_up_uses_the_redis_it_is_given(variable, tiny_checkpoint, tmp_path, monkeypatch):
+    """DAYZERO_REDIS_URL, the setting ``up --help`` lists, as well as REDIS_URL (up started its
+    embedded Redis and handed that to the children over the setting)."""
+    from dayzero import stack
+
+    started = []
+
+    def start(self):
+        started.append(self.redis_url)
+        raise stack.StartFailed("enough")
+
+    monkeypatch.setattr(stack.Stack, "start", start)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.setenv(variable, "redis://127.0.0.1:6391/2")
+    assert cli.main(["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(tmp_path / "logs")]) == 1
+    assert started == ["redis://127.0.0.1:6391/2"]
+
+
+def _truncate(ckpt):
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:4096])
+
+
+def _a_directory_in_its_place(ckpt):
+    (ckpt / "model.safetensors").unlink()
+    (ckpt / "model.safetensors").mkdir()
+
+
+def _widen_vocabulary(ckpt):
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 1}))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda ckpt: (ckpt / "model.safetensors").unlink(), "no *.safetensors files in {ckpt}"),
+        (_truncate, "model.safetensors is not a readable safetensors file: "),
+        (lambda ckpt: (ckpt / "model.safetensors").write_bytes(b"\x00" * 1000), "model.safetensors is not a readable"),
+        (_widen_vocabulary, "tensor 'embed.weight' has shape [96, 32], expected [97, 32] (and "),
+        (_a_directory_in_its_place, "{ckpt}/model.safetensors is a directory, not a safetensors file"),
+    ],
+)
+def test_up_refuses_weights_its_workers_could_not_load(damage, message, tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """Read from the safetensors headers, as the workers' loader reads them first: one line, no stack."""
+    from dayzero import stack
+
+    monkeypatch.setattr(stack.Stack, "start", lambda self: pytest.fail("up started a stack"))
+    ckpt = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    damage(ckpt)
+    assert cli.main(["up", "--checkpoint", str(ckpt), "--log-dir", str(tmp_path / "logs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: " + message.format(ckpt=ckpt)) and len(err.splitlines()) == 1
+    assert not (tmp_path / "logs").exists()
+
+
+def test_up_keeps_a_group_size_and_torchrun_variables_from_its_workers():
+    """Each worker's ranks come from `up`'s flags: DAYZERO_TENSOR_PARALLEL or torchrun's variables
+    in `up`'s environment overrode --decode-tp 1 (and made vision refuse to start)."""
+    from dayzero.stack import inherited
+
+    group = {"DAYZERO_TENSOR_PARALLEL": "2", "WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    kept = {"PATH": "/bin", "DAYZERO_DEVICE": "cpu", "LOCAL_RANK_HINT": "x"}
+    assert inherited({**group, "LOCAL_RANK": "0", **kept}) == kept
