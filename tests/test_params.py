@@ -22,6 +22,7 @@ from dayzero.serving.messages import GenerationRequest
         dict(top_k=-1),
         dict(seed=MAX_SEED + 1),  # seed * 1_000_003 + index must fit torch's 64-bit seed
         dict(stop=("",)),
+        dict(stop=("ok", "a\udcff")),  # argv's undecodable byte, JSON's lone surrogate: it never matched
         dict(logprobs=21),
         dict(presence_penalty=2.5),
         dict(frequency_penalty=-2.1),
