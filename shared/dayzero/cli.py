@@ -175,7 +175,8 @@ def parser() -> argparse.ArgumentParser:
         "path", help="checkpoint directory, config.json, or a released config: deepseek-v4-flash, deepseek-v4-pro"
     )
     insp.add_argument("--batch", type=cli_args.positive, default=1, help="concurrent sequences (default 1)")
-    insp.add_argument("--context", type=cli_args.positive, default=65536, help="tokens per sequence (default 65536)")
+    context = "tokens per sequence (default 65536, or the model's context if shorter)"
+    insp.add_argument("--context", type=cli_args.positive, help=context)
     devices = "devices the experts are spread over (default 1)"
     insp.add_argument("--devices", type=cli_args.positive, default=1, help=devices)
     cache = "dequantized expert cache budget (default 0)"

@@ -121,6 +121,21 @@ def test_a_config_that_does_not_describe_the_weights_is_refused_as_generate_refu
     assert cli.main(["inspect", str(ckpt)]) == 2
 
 
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--context", "2000000"], "--context 2000000 is past the model's (max_position_embeddings 1048576)"),
+        (["--devices", "3"], "--devices 3 does not divide the model's 256 routed experts"),
+    ],
+)
+def test_a_plan_the_model_could_never_serve_is_refused(option, message, capsys):
+    """(They were planned: a context past the model's, experts that do not split over the devices.)"""
+    from dayzero import cli
+
+    assert cli.main(["inspect", "deepseek-v4-flash", *option]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
 def test_a_config_without_weights_says_the_plan_is_the_config_s_alone(tmp_path):
     """A checkpoint directory before its weights are downloaded: planned from config.json, and the
     report says no weights were read (it showed "-" where the dtypes go)."""

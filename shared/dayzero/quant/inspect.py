@@ -180,12 +180,18 @@ def _total(cfg: ModelConfig, total: int, routed: int, batch: int, context: int, 
 def inspect(
     path: str | Path,
     batch: int = 1,
-    context: int = 65536,
+    context: int | None = None,
     devices: int = 1,
     expert_cache_gib: float = 0.0,
     tensor_parallel: int = 1,
 ) -> Report:
     cfg = ModelConfig.from_dict(PRESETS[str(path)]) if str(path) in PRESETS else ModelConfig.from_file(path)
+    longest = cfg.max_position_embeddings
+    context = min(65536, longest) if context is None else context
+    if context > longest:
+        raise ValueError(f"--context {context} is past the model's (max_position_embeddings {longest})")
+    if cfg.n_routed_experts % devices:
+        raise ValueError(f"--devices {devices} does not divide the model's {cfg.n_routed_experts} routed experts")
     path = Path(path)
     total, active, routed = count_params(cfg)
     dtypes: Counter[str] = Counter()
