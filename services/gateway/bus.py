@@ -43,7 +43,7 @@ class Bus:
         self.watching = Watching(self.r, settings.stream_ttl_s, settings.visibility_timeout_s)
         self.store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)  # sync, for the thread pool
         self.registry = Registry(self.store.r)
-        self._cancels: dict[str, asyncio.Task] = {}
+        self._cancels: set[asyncio.Task] = set()  # pending cancels (one per disconnect: a request may have two)
 
     async def submit(
         self, requests: list[GenerationRequest], spans: list[trace.Span], images: list[bytes], owner: str
@@ -68,8 +68,8 @@ class Bus:
         if finished or left > 0:
             return
         task = asyncio.create_task(self._cancel_later(request_id))
-        self._cancels[request_id] = task
-        task.add_done_callback(lambda _: self._cancels.pop(request_id, None))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
 
     async def _cancel_later(self, request_id: str) -> None:
         with contextlib.suppress(asyncio.CancelledError):  # cancelled: the gateway stops, decide now
@@ -87,7 +87,7 @@ class Bus:
     async def close(self) -> None:
         """Stop reading streams; requests nobody watches any more are cancelled at once."""
         await self.hub.close()
-        pending = list(self._cancels.values())
+        pending = list(self._cancels)
         for task in pending:
             task.cancel()
         with contextlib.suppress(redis.RedisError):
