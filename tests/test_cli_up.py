@@ -34,8 +34,11 @@ def test_up_refuses_what_it_could_never_make_ready(tmp_path):
     assert out.stderr.strip() == f"error: {with_vision} has a vision tower: serving it needs --vision 1 or more"
     out = run_dayzero("up", "--checkpoint", str(text), "--vision", "1", "--log-dir", str(logs))
     assert out.returncode == 2 and out.stderr.strip() == f"error: {text} has no vision tower: --vision must be 0"
-    out = run_dayzero("up", "--checkpoint", str(tmp_path / "nowhere"), "--log-dir", str(logs))
-    assert out.returncode == 2 and out.stderr.strip().startswith("error: no config.json at")
+    nowhere, config = tmp_path / "nowhere", text / "config.json"
+    out = run_dayzero("up", "--checkpoint", str(nowhere), "--log-dir", str(logs))
+    assert out.returncode == 2 and out.stderr.strip() == f"error: checkpoint directory {nowhere} does not exist"
+    out = run_dayzero("up", "--checkpoint", str(config), "--log-dir", str(logs))
+    assert out.returncode == 2 and out.stderr.strip() == f"error: {config} is a file: give the checkpoint's directory"
     assert not logs.exists()  # nothing was started
 
 

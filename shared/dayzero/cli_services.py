@@ -113,6 +113,7 @@ def _stop_on_signals() -> None:
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     from .checkpoint import check_split
+    from .checkpoint_files import checkpoint_directory
     from .stack import Stack, StartFailed
     from .tokenizer import load_codec
 
@@ -120,7 +121,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     env = {}
     if args.checkpoint:
         env["DAYZERO_CHECKPOINT"] = str(Path(args.checkpoint).resolve())
-    checkpoint = Path(args.checkpoint) if args.checkpoint else settings.checkpoint_dir()  # (written once here)
+    checkpoint = checkpoint_directory(args.checkpoint or settings.checkpoint_dir())  # (written once here)
     config = ModelConfig.from_file(checkpoint)  # (a missing or broken one ends here, not in every child)
     sees = "vision_config" in config.raw
     vision = int(sees) if args.vision is None else args.vision
