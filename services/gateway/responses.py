@@ -93,7 +93,7 @@ async def sse(
         if not merged:
             yield ServerSentEvent(data="[DONE]")
     finally:
-        if left:
+        if left and progress.counted:  # (a stream read again: its choice is counted by its own stream)
             gw.metrics.disconnects.inc()
         with anyio.CancelScope(shield=True), contextlib.suppress(redis.RedisError):  # the client may be gone
             await gw.bus.unwatch(request.request_id, progress.watcher, progress.over)

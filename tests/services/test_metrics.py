@@ -41,9 +41,10 @@ def test_documented_names_are_scraped_from_a_running_stack(stack):
 
 
 def _counts(url: str) -> dict[str, float]:
-    """The finish counter (all reasons) and the latency histograms' sample counts."""
+    """The finish and disconnect counters (all reasons) and the latency histograms' sample counts."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
-    counted = ("requests_finished_total", "e2e_request_latency", "time_to_first_token", "inter_token_latency")
+    counted = ("requests_finished_total", "client_disconnects_total", "e2e_request_latency", "time_to_first_token")
+    counted += ("inter_token_latency",)
     counts: dict[str, float] = {}
     for name, value in re.findall(r"^dayzero_(\w+)(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE):
         if name.removesuffix("_seconds_count") in counted:
@@ -67,3 +68,19 @@ def test_a_stream_read_again_is_not_counted_again_and_keeps_its_place(stack):
         assert replayed[-1]["choices"][0]["finish_reason"] == "length"
         assert {d["id"] for d in replayed} == response_ids and {d["choices"][0]["index"] for d in replayed} == {1}
     assert _counts(stack.url) == before
+
+
+def test_a_second_reader_that_leaves_a_live_stream_is_no_disconnect_of_its_choice(stack):
+    """The choice's own stream finishes; a resumed read of it that left early counted a disconnect
+    too (every admitted choice counts once: as finished here)."""
+    before = _counts(stack.url)
+    body = {"model": MODEL, "prompt": "live", "max_tokens": 256, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json=body, timeout=60) as first:
+        url = f"{stack.url}/v1/requests/{first.headers['x-request-id']}/stream"
+        with httpx.stream("GET", url, headers={"X-Resume-Token": first.headers["x-resume-token"]}) as second:
+            next(sse_events(second))
+        assert [data for _, data in sse_events(first)][-1] == "[DONE]"
+    time.sleep(0.5)  # (the gateway's count of the second reader's leaving, if any)
+    after = _counts(stack.url)
+    assert after["client_disconnects_total"] == before["client_disconnects_total"]
+    assert after["requests_finished_total"] == before["requests_finished_total"] + 1

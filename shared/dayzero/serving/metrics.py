@@ -33,7 +33,7 @@ COUNTERS = {  # snapshot key -> (metric, help)
 }
 GAUGES = {
     "batch_size": ("dayzero_batch_size", "sequences in the last batched step"),
-    "tokens_per_s": ("dayzero_tokens_per_second", "tokens per second over the last few seconds"),
+    "tokens_per_s": ("dayzero_tokens_per_second", "tokens per second of the last decode step"),
     "selected_fraction": ("dayzero_indexer_selected_fraction", "CSA entries attended / entries available"),
     "expert_cache_hit_rate": ("dayzero_expert_cache_hit_rate", "hits / (hits + misses)"),
     "spec_acceptance_rate": ("dayzero_spec_decode_draft_acceptance_rate", "accepted / drafted tokens since start"),
