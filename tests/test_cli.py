@@ -75,6 +75,20 @@ def test_align_refuses_decode_steps_past_the_model_s_context(tiny_checkpoint, ca
     assert capsys.readouterr().err == expected
 
 
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--max-tokens", "0"], "--max-tokens must be >= 1"),
+        (["--top-p", "2"], "--top-p must be in [0.001, 1]"),
+        (["--seed", "-1"], "--seed must be in [0, 17592186044416]"),
+    ],
+)
+def test_a_sampling_option_out_of_range_is_named_as_an_option(tiny_checkpoint, option, message, capsys):
+    """(The sampling contract names its fields: max_tokens, top_p.)"""
+    assert cli.main(["generate", "--checkpoint", str(tiny_checkpoint), "--prompt-ids", "1", *option]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
 def test_bad_checkpoint_is_a_clear_error(tmp_path, capsys):
     assert cli.main(["generate", "--checkpoint", str(tmp_path), "--prompt-ids", "1,2"]) == 2
     assert "error:" in capsys.readouterr().err

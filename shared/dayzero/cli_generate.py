@@ -24,6 +24,10 @@ def _ids(text: str) -> list[int]:
     return [int(t) for t in items]
 
 
+def _option(field: re.Match) -> str:
+    return "--" + field[1].replace("_", "-")
+
+
 def prompt_of(args: argparse.Namespace, checkpoint: Path) -> list[int]:
     """The prompt's ids, each checked against the checkpoint's vocabulary."""
     from .tokenizer import load_codec
@@ -55,14 +59,17 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         raise ValueError("ranks started by torchrun sample alike only with one --seed: pass --seed")
     if seed is None and args.tensor_parallel > 1:  # every rank samples alike from the same logits
         seed = random.randrange(1 << 31)
-    params = SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=seed,
-        stop=tuple(args.stop),
-    )
+    try:
+        params = SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=seed,
+            stop=tuple(args.stop),
+        )
+    except ValueError as exc:  # the contract names its fields: here they are options
+        raise ValueError(re.sub(r"\b(max_tokens|temperature|top_p|top_k|seed|stop)\b", _option, str(exc))) from None
     if args.speculative_tokens is not None:
         settings = settings.model_copy(update={"speculative_tokens": args.speculative_tokens})
     tp, prompt, timeout = args.tensor_parallel, prompt_of(args, checkpoint), args.group_timeout
