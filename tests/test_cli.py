@@ -6,14 +6,12 @@ import json
 import shutil
 import subprocess
 import sys
-from os import umask
 
 import pytest
 import torch
 
 from dayzero import cli
 from dayzero.kernels import attention
-from dayzero.quant.shards import write_shards
 
 from .conftest import run_dayzero
 
@@ -110,30 +108,6 @@ def test_help_explains_each_command():
     assert "--prompt-ids" in out and "--stats" in out and "greedy" in out
 
 
-def test_demo_checkpoint_carries_the_released_special_tokens(tmp_path):
-    from tokenizers import Tokenizer
-
-    made = run_dayzero("demo-checkpoint", str(tmp_path / "d"), "--fp4", "--shards", "2")
-    assert made.returncode == 0, made.stderr
-    assert len(list((tmp_path / "d").glob("model-0000?-of-00002.safetensors"))) == 2
-    tok = Tokenizer.from_file(str(tmp_path / "d" / "tokenizer.json"))
-    released = [
-        "<｜begin▁of▁sentence｜>",
-        "<｜end▁of▁sentence｜>",
-        "<｜User｜>",
-        "<｜Assistant｜>",
-        "<think>",
-        "</think>",
-    ]
-    released += ["<｜latest_reminder｜>", "<｜deepseek_image｜>", "｜DSML｜"]
-    ids = [tok.token_to_id(t) for t in released]
-    assert None not in ids and ids[:2] == [0, 1]  # BOS 0, EOS 1 as in the release
-    assert tok.token_to_id("<|begin▁of▁sentence|>") is None  # no ASCII look-alikes
-    assert tok.encode("<｜User｜>hi<｜Assistant｜></think>", add_special_tokens=False).ids[0] == ids[2]
-    al = run_dayzero("align", str(tmp_path / "d"), "--tokens", "2", "--json")  # transformers loads it too
-    assert al.returncode == 0 and json.loads(al.stdout)["ok"], al.stdout + al.stderr
-
-
 def test_bad_settings_are_one_line_errors():
     import os
 
@@ -191,35 +165,6 @@ def test_a_corrupt_tokenizer_is_one_line_naming_the_file(command, tiny_checkpoin
     assert cli.main([argv[0], "--checkpoint", str(ckpt), *argv[1:]]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {ckpt / 'tokenizer.json'} is not valid: ") and len(err.splitlines()) == 1
-
-
-def test_demo_checkpoint_replaces_an_older_sharded_one_with_the_umask_s_modes(tmp_path):
-    out = tmp_path / "d"
-    out.mkdir()
-    write_shards({name: torch.zeros(2) for name in "abc"}, out, 3)  # an older checkpoint's shards and index
-    old = umask(0o027)
-    try:
-        made = run_dayzero("demo-checkpoint", str(out), "--seed", "5")
-    finally:
-        umask(old)
-    assert made.returncode == 0, made.stderr
-    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()}
-    names = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
-    assert modes == dict.fromkeys(names, "0o640")
-
-
-def test_demo_checkpoint_refused_shards_leave_out_as_it_was(tmp_path, capsys):
-    """More shards than the checkpoint has tensors: refused, and OUT untouched (the refusal came
-    after the weights and config were written: a half checkpoint, or a vision one's overwritten)."""
-    out = tmp_path / "d"
-    assert cli.main(["demo-checkpoint", str(out), "--vision"]) == 0
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert cli.main(["demo-checkpoint", str(out), "--shards", "100000"]) == 2
-    assert "error: --shards must be from 1 to the checkpoint's " in capsys.readouterr().err
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]  # no build left beside it
-    assert cli.main(["demo-checkpoint", str(tmp_path / "new"), "--shards", "100000"]) == 2
-    assert not (tmp_path / "new").exists()
 
 
 def test_image_hosts_are_comma_separated_like_api_keys(monkeypatch, capsys):
