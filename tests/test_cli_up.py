@@ -99,6 +99,32 @@ def test_up_refuses_weights_its_workers_could_not_load(damage, message, tiny_che
     assert not (tmp_path / "logs").exists()
 
 
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"DAYZERO_KV_BUDGET_MB": "1", "DAYZERO_MAX_BATCH": "4096"},
+            "DAYZERO_KV_BUDGET_MB=1 cannot hold the sliding windows of DAYZERO_MAX_BATCH=4096 sequences",
+        ),
+        ({"DAYZERO_BLOCK_SIZE": "100000"}, "DAYZERO_KV_BUDGET_MB=256 cannot hold the sliding windows of "),
+        ({"DAYZERO_KV_BUDGET_MB": "1"}, "DAYZERO_KV_BUDGET_MB=1 holds 3907 tokens of one sequence, under the context"),
+    ],
+)
+def test_up_refuses_pools_its_workers_could_not_serve_from(env, message, tmp_path, capsys, monkeypatch):
+    """Pools that cannot hold the batch's windows: each worker loaded its weights, exited with a
+    traceback naming no variable, and up restarted it until it gave up (exit 1). Pools shorter than
+    the context: a request without max_tokens, or of a long prompt, failed with a 500 once admitted."""
+    from dayzero import stack
+
+    monkeypatch.setattr(stack.Stack, "start", lambda self: pytest.fail("up started a stack"))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["up", "--log-dir", str(tmp_path / "logs")]) == 2  # the built-in model: context 4096
+    err = capsys.readouterr().err
+    assert err.startswith("error: " + message) and len(err.splitlines()) == 1
+    assert not (tmp_path / "logs").exists()
+
+
 def test_up_keeps_a_group_size_and_torchrun_variables_from_its_workers():
     """Each worker's ranks come from `up`'s flags: DAYZERO_TENSOR_PARALLEL or torchrun's variables
     in `up`'s environment overrode --decode-tp 1 (and made vision refuse to start)."""
@@ -107,3 +133,48 @@ def test_up_keeps_a_group_size_and_torchrun_variables_from_its_workers():
     group = {"DAYZERO_TENSOR_PARALLEL": "2", "WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
     kept = {"PATH": "/bin", "DAYZERO_DEVICE": "cpu", "LOCAL_RANK_HINT": "x"}
     assert inherited({**group, "LOCAL_RANK": "0", **kept}) == kept
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [
+        ("127.0.0.1", "http://127.0.0.1:8123"),
+        ("0.0.0.0", "http://127.0.0.1:8123"),
+        ("::", "http://[::1]:8123"),
+        ("::1", "http://[::1]:8123"),
+        ("192.0.2.2", "http://192.0.2.2:8123"),
+        ("gw.local", "http://gw.local:8123"),
+    ],
+)
+def test_up_waits_for_the_gateway_where_it_binds(host, url):
+    """DAYZERO_HOST=<this host's own address>: up probed 127.0.0.1, where nothing listened, and
+    printed "waiting: the gateway is starting" for ever while the gateway served."""
+    from dayzero.stack import Stack
+
+    assert Stack({}, 8123, None, host=host).url == url
+
+
+@pytest.mark.parametrize("host", ["nohost.invalid", "203.0.113.7"])
+def test_a_host_that_cannot_be_bound_is_not_called_a_port_in_use(host):
+    from dayzero.procs import UnbindableHost, free_port, port_in_use
+
+    with pytest.raises(UnbindableHost, match=host):
+        port_in_use(host, free_port())
+
+
+def test_a_free_port_on_an_ipv6_host_is_free():
+    import socket
+
+    from dayzero.procs import port_in_use
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+            port = probe.getsockname()[1]
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    assert not port_in_use("::1", port)
+    with socket.socket(socket.AF_INET6) as taken:
+        taken.bind(("::1", port))
+        taken.listen()
+        assert port_in_use("::1", port)

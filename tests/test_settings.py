@@ -37,6 +37,29 @@ def test_an_item_of_a_list_is_named_by_its_variable_and_index(monkeypatch):
     assert str(error.value) == "DAYZERO_API_KEYS[1]=1: Input should be a valid string"
 
 
+@pytest.mark.parametrize("raw", ['["", "sesame"]', '[" "]', '["sesame", ""]'])
+def test_an_empty_api_key_is_refused_not_an_open_door(monkeypatch, raw):
+    """A JSON list with an empty key turned authentication on and let every request without a
+    key in (``Authorization`` absent reads as the key "")."""
+    monkeypatch.setenv("DAYZERO_API_KEYS", raw)
+    with pytest.raises(ValueError, match=r"^DAYZERO_API_KEYS=.*: an empty key would let every request in"):
+        settings_from_env()
+
+
+def test_a_lease_longer_than_the_registry_remembers_a_worker_is_refused(monkeypatch):
+    """DAYZERO_LEASE_S=100000: workers beat every quarter lease, beyond the registry's 600 s memory
+    of a silent worker, so none ever counted as live and up waited for ever."""
+    monkeypatch.setenv("DAYZERO_LEASE_S", "100000")
+    with pytest.raises(ValueError, match=r"^DAYZERO_LEASE_S='100000': Input should be less than or equal to 600"):
+        settings_from_env()
+
+
+def test_an_api_key_with_surrounding_spaces_is_refused(monkeypatch):
+    monkeypatch.setenv("DAYZERO_API_KEYS", '[" sesame"]')
+    with pytest.raises(ValueError, match="surrounding whitespace"):
+        settings_from_env()
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [

@@ -44,7 +44,17 @@ SHUTDOWN_GRACE_S = 2.0  # open streams get this long to send their error event w
 async def admit(
     gw: Gateway, requests: list[GenerationRequest], images: list[bytes], spans: list[trace.Span], owner: str
 ) -> None:
-    """Queue all of them or none (429 when the stage's queue cannot take them all)."""
+    """Queue all of them or none (429 when the stage's queue cannot take them all now; 400 when it
+    never could: a retry would be refused the same way for ever)."""
+    bounds = (("DAYZERO_MAX_QUEUED", gw.settings.max_queued), ("DAYZERO_MAX_STREAMS", gw.settings.max_streams))
+    for variable, bound in bounds:
+        if len(requests) > bound:
+            raise APIError(
+                400,
+                f"this request runs {len(requests)} generations (n, times the prompts of a completions list); "
+                f"this server takes at most {bound} at once ({variable})",
+                param="n",
+            )
     if gw.bus.hub.open + len(requests) > gw.settings.max_streams:
         _refuse(gw, "too many open streams; retry shortly", "too_many_streams")
     if not await gw.bus.submit(requests, spans, images, owner):

@@ -9,6 +9,7 @@ the children in order.
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import os
 import shutil
@@ -68,15 +69,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class UnbindableHost(ValueError):
+    """An address no server on this host can bind (not resolvable, not one of this host's)."""
+
+
 def port_in_use(host: str, port: int) -> bool:
-    """Whether a server could not bind ``host:port`` (checked as uvicorn binds: SO_REUSEADDR)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
+    """Whether another process holds ``host:port`` (checked as uvicorn binds: SO_REUSEADDR, each
+    address the host resolves to, IPv6 too); UnbindableHost when ``host`` cannot be bound at all."""
+    try:
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UnbindableHost(f"{host!r} does not resolve: {exc.strerror}") from None
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return True
+                raise UnbindableHost(f"{host!r} cannot be bound on this host: {exc.strerror}") from None
     return False
+
+
+def local_url(host: str, port: int) -> str:
+    """Where this host reaches a server bound to ``host``: a wildcard through loopback, an IPv6
+    address in brackets, any other address or name as it is."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def redis_binary() -> str:

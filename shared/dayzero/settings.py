@@ -72,7 +72,9 @@ class Settings(BaseSettings):
     max_prefill_tokens: int = Field(default=8192, ge=1, description="prompt tokens per packed prefill step")
     kv_budget_mb: int = Field(default=256, ge=1, description="attention-state memory per worker")
     block_size: int = Field(default=16, ge=1, description="rows per pool block")
-    lease_s: float = Field(default=3.0, gt=0, description="a worker that stops heartbeating loses its requests")
+    lease_s: float = Field(  # (at most 600: workers beat every quarter lease, and a registry forgets one silent 600 s)
+        default=3.0, gt=0, le=600, description="a worker that stops heartbeating loses its requests after this"
+    )
     handoff_timeout_s: float = Field(default=60.0, gt=0, description="an unclaimed prefill->decode lease expires")
     handoff: Literal["shm", "cuda_ipc", "redis"] = Field(
         default="shm",
@@ -115,6 +117,18 @@ class Settings(BaseSettings):
             text = value.strip()
             return json.loads(text) if text.startswith("[") else [k.strip() for k in text.split(",") if k.strip()]
         return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_a_client_can_send(cls, keys: list[str]) -> list[str]:
+        """An empty key would accept every request without one (its Bearer key reads as ""), and
+        one with surrounding spaces matches no header (HTTP strips them): refused, not silent."""
+        for key in keys:
+            if not key.strip():
+                raise ValueError("an empty key would let every request in without one; leave it out")
+            if key != key.strip():
+                raise ValueError(f"key {key!r} has surrounding whitespace, which no Authorization header can carry")
+        return keys
 
     @model_validator(mode="before")
     @classmethod

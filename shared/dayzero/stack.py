@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from .procs import free_port, port_in_use, spawn, start_redis, terminate
+from .procs import UnbindableHost, free_port, local_url, port_in_use, spawn, start_redis, terminate
 
 SERVICES = ("gateway", "vision", "prefill", "decode")
 STOP_TIMEOUT_S = 10.0  # per group (gateway, workers, redis) before SIGKILL
@@ -70,7 +70,11 @@ class Stack:
     metrics_ports: dict[str, int] = field(default_factory=dict)  # DAYZERO_METRICS_PORT: worker -> its port
 
     def start(self) -> None:
-        if port_in_use(self.host, self.port):
+        try:
+            taken = port_in_use(self.host, self.port)
+        except UnbindableHost as exc:
+            raise StartFailed(f"DAYZERO_HOST={exc}") from None
+        if taken:
             raise StartFailed(f"port {self.port} is already in use on {self.host}; stop that process or pass --port")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.redis_url is None:
@@ -117,7 +121,7 @@ class Stack:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return local_url(self.host, self.port)  # (the gateway is bound to DAYZERO_HOST only)
 
     @property
     def redis(self):

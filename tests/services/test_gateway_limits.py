@@ -116,6 +116,18 @@ def test_full_queue_answers_429_with_retry_after(lone_gateway):
     assert httpx.get(f"{lone_gateway.url}/ready", timeout=10).status_code == 503  # no workers alive
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_more_choices_than_the_queue_holds_are_a_400_not_a_429_for_ever(lone_gateway, path):
+    """DAYZERO_MAX_QUEUED=2 and n=3: every try answered 429 queue_full (retry shortly), even on
+    an idle server; a client that honours Retry-After retried for ever."""
+    body = {"model": MODEL, "max_tokens": 1, "n": 3}
+    body |= {"prompt": [0, 5]} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    r = httpx.post(f"{lone_gateway.url}{path}", json=body, headers=KEY, timeout=10)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "n" and "DAYZERO_MAX_QUEUED" in error["message"]
+
+
 def test_too_many_images_in_one_request(lone_gateway):
     parts = [{"type": "image_url", "image_url": {"url": data_url(20, 20, i)}} for i in range(3)]
     body = {"model": MODEL, "messages": [{"role": "user", "content": parts}]}

@@ -12,7 +12,6 @@ import redis
 import torch
 
 from ..checkpoint import load_model
-from ..kv.layout import PoolLayout
 from ..kv.pools import KVPools, OutOfBlocks
 from ..kv.shared import CudaSharedPools, Segment, SharedPools, sweep_stale
 from ..model.plan import AttentionOptions
@@ -20,6 +19,7 @@ from ..model.weights import Transformer
 from ..parallel.collectives import Group
 from ..settings import Settings
 from ..tokenizer import IdsOnlyCodec, TextCodec, load_codec
+from .budget import planned_pools
 from .lifecycle import Lifecycle
 from .metrics import WorkerStats
 from .prefill_batch import BatchInput
@@ -77,10 +77,8 @@ def load_ranks(
     )
     if settings.speculative_tokens and not model.mtp:
         raise ValueError("DAYZERO_SPECULATIVE_TOKENS needs a checkpoint with an MTP layer (mtp.0.*)")
-    layout = PoolLayout.of(model.cfg, settings.block_size, settings.dtype, mtp=settings.speculative_tokens > 0)
-    # decode graphs' padding rows write to a sequence of their own
-    sequences = settings.max_batch + settings.decode_graphs
-    sized = KVPools.from_budget(layout, settings.kv_budget_mb << 20, sequences, dtype, device="meta")
+    sized = planned_pools(settings, model.cfg)
+    layout = sized.layout
     segment = None
     if shared and settings.handoff == "shm":
         swept = sweep_stale()
