@@ -132,3 +132,15 @@ def test_a_handoff_decode_received_is_leased_to_it_and_re_run_when_it_dies(demo_
     assert "handed" in sweep(store, lambda job, stage: reruns.append(job), 60, 1, 60)
     assert [(job.attempt, len(job.generated)) for job in reruns if job.request.request_id == "handed"] == [(1, 1)]
     runtime.close()
+
+
+def test_a_handoff_from_pools_of_another_layout_fails_its_request_at_once_naming_the_settings(demo_dir, redis_url):
+    """Prefill and decode started with different DAYZERO_BLOCK_SIZE: the request was re-run on every
+    worker, then failed after ~22 s with a message naming no setting."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store, sent = _prefilled(settings, ("blocks",))
+    decode = Runtime.load(settings.model_copy(update={"block_size": 32}), "decode5@test", "decode", False)
+    run_jobs(DecodeLoop(decode), sent, timeout_s=30)
+    assert store.stream("blocks")[1] == "error" and store.done("blocks") == "error"  # (after prefill's token)
+    ending = store.r.xrevrange(key("tokens", "blocks"), count=1)[0][1]
+    assert b"need the same checkpoint, DAYZERO_BLOCK_SIZE, DAYZERO_DTYPE" in b" ".join(ending.values())

@@ -28,6 +28,10 @@ from .records import Token
 from .runtime import Runtime
 from .scripts import Take
 
+SAME_LAYOUT = (  # what a handoff's layout hash covers, as settings
+    "prefill and decode workers need the same checkpoint, DAYZERO_BLOCK_SIZE, DAYZERO_DTYPE and "
+    "DAYZERO_SPECULATIVE_TOKENS"
+)
 log = logging.getLogger("dayzero.decode")
 
 
@@ -143,7 +147,11 @@ class DecodeLoop:
                 continue
             try:
                 self._import(job, total)
-            except (LookupError, LayoutMismatch, OutOfBlocks) as exc:
+            except LayoutMismatch as exc:  # the deployment's: every re-run would meet it
+                log.error("request %s: handoff failed: %s", rid, exc)
+                self._settle(ticket, "error", f"{exc}: {SAME_LAYOUT}", len(job.generated))
+                continue
+            except (LookupError, OutOfBlocks) as exc:
                 log.error("request %s: handoff failed: %s", rid, exc)
                 self._unimport([ticket])  # its lease lapses; the reaper re-runs it
                 continue
