@@ -133,7 +133,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     check_split(checkpoint, (args.prefill_tp, args.decode_tp), config)
     from .serving.budget import planned_pools
 
-    planned_pools(settings, config, whole_context=True)  # pools too small: one line, not a crash loop or 500s
+    planned_pools(settings, config, strict=True)  # pools too small: one line, not a crash loop or 500s
     load_codec(checkpoint)  # a damaged tokenizer: one line here, not a gateway's restart loop
     counts = {"vision": vision, "prefill": args.prefill, "decode": args.decode}
     port = settings.port if args.port is None else args.port

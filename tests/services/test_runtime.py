@@ -38,6 +38,7 @@ def test_pools_too_small_for_the_warm_up_skip_it(demo_dir, redis_url, caplog):
     runtime.pools.reserve("someone", runtime.pools.capacity_tokens())  # every block taken
     runtime.warm_up(decode=False)
     assert "no warm-up" in caplog.text and set(runtime.pools.sequences) == {"someone"}
+    assert "DAYZERO_KV_BUDGET_MB=1 holds " in caplog.text and "tokens of one sequence, under the context" in caplog.text
 
 
 def test_the_warm_up_loads_the_lifecycles_scripts_into_redis(demo_dir, redis_url):

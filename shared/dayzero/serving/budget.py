@@ -3,6 +3,8 @@ refuses what its workers could not start with, in one line naming the variables)
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..completion import context_limit
@@ -11,11 +13,14 @@ from ..kv.layout import PoolLayout
 from ..kv.pools import KVPools
 from ..settings import Settings
 
+log = logging.getLogger("dayzero.worker")
 
-def planned_pools(settings: Settings, cfg: ModelConfig, whole_context: bool = False) -> KVPools:
+
+def planned_pools(settings: Settings, cfg: ModelConfig, strict: bool = False) -> KVPools:
     """The pools of ``DAYZERO_KV_BUDGET_MB`` on the meta device; ValueError naming the variables when
-    the budget cannot hold ``DAYZERO_MAX_BATCH`` sequences' windows or (``whole_context``) one
-    sequence as long as the context limit (its requests would fail after admission)."""
+    the budget cannot hold ``DAYZERO_MAX_BATCH`` sequences' windows. Pools shorter than one sequence
+    of the context limit (its requests would fail after admission): ValueError too when ``strict``
+    (``up``), else a warning (a worker started by hand)."""
     layout = PoolLayout.of(cfg, settings.block_size, settings.dtype, mtp=settings.speculative_tokens > 0)
     sequences = settings.max_batch + settings.decode_graphs  # decode graphs' padding rows: a sequence of their own
     dtype = torch.bfloat16 if settings.dtype == "bfloat16" else torch.float32
@@ -29,10 +34,13 @@ def planned_pools(settings: Settings, cfg: ModelConfig, whole_context: bool = Fa
             "the block size"
         ) from None
     limit = context_limit(cfg, settings.max_context)
-    if whole_context and pools.capacity_tokens() < limit:
-        raise ValueError(
+    if pools.capacity_tokens() < limit:
+        short = (
             f"{budget} holds {pools.capacity_tokens()} tokens of one sequence, under the context limit of "
             f"{limit} (DAYZERO_MAX_CONTEXT, at most the model's {cfg.max_position_embeddings}): such a request "
             "would fail once admitted; raise DAYZERO_KV_BUDGET_MB or lower DAYZERO_MAX_CONTEXT"
         )
+        if strict:
+            raise ValueError(short)
+        log.warning("%s", short)
     return pools
