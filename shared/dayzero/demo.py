@@ -22,7 +22,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from .chat.tokens import BOS, EOS, IMAGE, SPECIAL_TOKENS
 from .checkpoint_files import canonical_name
-from .quant.shards import move_checkpoint, save_tensors, write_shards
+from .quant.shards import built_beside, save_tensors, write_shards
 
 DEMO_VISION: dict[str, Any] = {
     "depth": 4,
@@ -179,10 +179,8 @@ def write_demo_checkpoint(
     ``out`` and moved in whole, replacing the weights it held: a build that fails (too many shards
     for its tensors) leaves ``out`` as it was."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
-        _build_demo(Path(tmp), seed, vision, fp4, shards)
-        move_checkpoint(Path(tmp), out)
+    with built_beside(out) as built:
+        _build_demo(built, seed, vision, fp4, shards)
     return out
 
 

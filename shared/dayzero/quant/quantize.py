@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -23,7 +22,7 @@ from tqdm import tqdm
 from ..checkpoint_files import CheckpointError, canonical_name, scan, weight_files
 from ..config import ModelConfig
 from .formats import FP8_BLOCK, fp8_aligned, quant_fp8, quant_mxfp4
-from .shards import check_shards, move_checkpoint, write_shards
+from .shards import built_beside, check_shards, write_shards
 
 EXPERT = re.compile(r"^(layers|mtp)\.\d+\.ffn\.experts\.\d+\.w[123]\.weight$")
 DENSE = re.compile(
@@ -95,9 +94,7 @@ def quantize_checkpoint(
     handles = [safe_open(str(file), framework="pt") for file in weight_files(src)]
     keys = [(f, key) for f in handles for key in f.keys()]  # noqa: SIM118 - safe_open is not a mapping
     check_shards(shards, len(keys))
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{dst.name}.") as tmp:  # built beside, moved in
-        built = Path(tmp)
+    with built_beside(dst) as built:
         out: dict[str, torch.Tensor] = {}
         for f, key in tqdm(keys, desc="quantizing", unit="t", disable=not progress, leave=False):
             out.update(_quantized(canonical_name(key), f.get_tensor(key), experts))  # vision tower included
@@ -108,5 +105,4 @@ def quantize_checkpoint(
             if (src / extra).exists():
                 (built / extra).parent.mkdir(exist_ok=True)
                 shutil.copyfile(src / extra, built / extra)  # the umask's mode, as the weights (not the source's)
-        move_checkpoint(built, dst)
     return dst

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -31,7 +34,17 @@ def remove_weights(out: Path) -> None:
         stale.unlink(missing_ok=True)
 
 
-def move_checkpoint(built: Path, out: Path) -> None:
+@contextlib.contextmanager
+def built_beside(out: Path) -> Iterator[Path]:
+    """A directory beside ``out`` to build a checkpoint in, moved into ``out`` when the build ends
+    without an error (``out`` stays as it was otherwise); removed either way."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
+        yield Path(tmp)
+        _move_checkpoint(Path(tmp), out)
+
+
+def _move_checkpoint(built: Path, out: Path) -> None:
     """``built``'s files into ``out`` in place of the checkpoint it held, its old config.json out
     first and the new one in last: a move cut short (Ctrl-C) leaves a directory without a config,
     which no command takes for a checkpoint."""
