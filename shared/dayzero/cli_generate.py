@@ -93,7 +93,8 @@ def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: S
     from .checkpoint import load_model
     from .engine import Timings, generate
     from .kv.pools import pools_for
-    from .serving.runtime import attention_options, torch_dtype
+    from .serving.budget import torch_dtype
+    from .serving.runtime import attention_options
     from .speculative import Speculation
     from .tokenizer import load_codec
 

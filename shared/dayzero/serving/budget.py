@@ -16,6 +16,11 @@ from ..settings import Settings
 log = logging.getLogger("dayzero.worker")
 
 
+def torch_dtype(settings: Settings) -> torch.dtype:
+    """DAYZERO_DTYPE as torch's: the weights' compute and the pools' dtype."""
+    return torch.bfloat16 if settings.dtype == "bfloat16" else torch.float32
+
+
 def planned_pools(settings: Settings, cfg: ModelConfig, strict: bool = False) -> KVPools:
     """The pools of ``DAYZERO_KV_BUDGET_MB`` on the meta device; ValueError naming the variables when
     the budget cannot hold ``DAYZERO_MAX_BATCH`` sequences' windows. Pools shorter than one sequence
@@ -23,8 +28,7 @@ def planned_pools(settings: Settings, cfg: ModelConfig, strict: bool = False) ->
     (``up``), else a warning (a worker started by hand)."""
     layout = PoolLayout.of(cfg, settings.block_size, settings.dtype, mtp=settings.speculative_tokens > 0)
     sequences = settings.max_batch + settings.decode_graphs  # decode graphs' padding rows: a sequence of their own
-    dtype = torch.bfloat16 if settings.dtype == "bfloat16" else torch.float32
-    budget = f"DAYZERO_KV_BUDGET_MB={settings.kv_budget_mb}"
+    budget, dtype = f"DAYZERO_KV_BUDGET_MB={settings.kv_budget_mb}", torch_dtype(settings)
     try:
         pools = KVPools.from_budget(layout, settings.kv_budget_mb << 20, sequences, dtype, device="meta")
     except ValueError:

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
-import torch
 
 from ..checkpoint import load_model
 from ..kv.pools import KVPools, OutOfBlocks
@@ -19,7 +18,7 @@ from ..model.weights import Transformer
 from ..parallel.collectives import Group
 from ..settings import Settings
 from ..tokenizer import IdsOnlyCodec, TextCodec, load_codec
-from .budget import planned_pools
+from .budget import planned_pools, torch_dtype
 from .lifecycle import Lifecycle
 from .metrics import WorkerStats
 from .prefill_batch import BatchInput
@@ -28,10 +27,6 @@ from .registry import Registry, process_name
 
 log = logging.getLogger("dayzero.worker")
 WARM_UP = "warm-up"  # the scratch sequence of ``Runtime.warm_up``
-
-
-def torch_dtype(settings: Settings) -> torch.dtype:
-    return torch.bfloat16 if settings.dtype == "bfloat16" else torch.float32
 
 
 def attention_options(settings: Settings) -> AttentionOptions:
