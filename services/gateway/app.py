@@ -28,6 +28,7 @@ from . import errors
 from .bus import Bus
 from .context import Gateway
 from .metrics import CountResponses, GatewayMetrics
+from .readiness import readiness
 from .routes import authorize, router
 
 log = logging.getLogger("dayzero.gateway")
@@ -154,21 +155,8 @@ def make_app(settings: Settings) -> FastAPI:
 
     @app.get("/ready")
     async def ready(request: Request) -> JSONResponse:
-        try:
-            gw = request.app.state.gateway
-            workers = await gw.bus.ready(("vision",) if gw.image_token is not None else ())
-        except redis.RedisError as exc:
-            return JSONResponse({"ready": False, "reason": f"redis unreachable: {exc}"}, status_code=503)
-        missing = [stage for stage, n in workers.items() if n == 0]
-        body = {"ready": not missing, "workers": workers}
-        if missing:
-            body["reason"] = f"no live worker for {', '.join(missing)}"
-            loading = await run_in_threadpool(gw.bus.registry.loading_workers)
-            if loading:  # a long start: say how far the workers' weights have come
-                body["loading"] = {worker: p["percent"] for worker, p in loading.items()}
-                progress = ", ".join(f"{w} {percent}%" for w, percent in body["loading"].items())
-                body["reason"] += f" (loading weights: {progress})"
-        return JSONResponse(body, status_code=503 if missing else 200)
+        body, status = await readiness(request.app.state.gateway)
+        return JSONResponse(body, status_code=status)
 
     @app.get("/metrics", dependencies=[Depends(authorize)] if settings.metrics_auth else [])
     async def metrics(request: Request) -> Response:

@@ -77,10 +77,11 @@ class Bus:
         await self.watching.cancel_unwatched(request_id)
 
     # -- readiness -------------------------------------------------------------------------------------
-    async def ready(self, extra_stages: tuple[str, ...] = ()) -> dict[str, int]:
+    async def live_workers(self, extra_stages: tuple[str, ...] = ()) -> dict[str, list[str]]:
+        """Each stage's live worker processes (``extra_stages`` first: vision for a checkpoint with images)."""
         await self.r.ping()
         return {
-            stage: len(await run_in_threadpool(self.registry.live_workers, stage, 3 * self.settings.lease_s + 2))
+            stage: await run_in_threadpool(self.registry.live_workers, stage, 3 * self.settings.lease_s + 2)
             for stage in (*extra_stages, "prefill", "decode")
         }
 

@@ -99,7 +99,8 @@ class Doctor:
         probe = self.http.post("/tokenize", json={"model": self.model, "prompt": "x"}, timeout=self.ready_wait_s)
         self.tokenizer = _error_code(probe) != "no_tokenizer"  # another answer (a proxy's 404): text prompts
         ids = "" if self.tokenizer else "; no tokenizer.json: token-id prompts, token_ids answers"
-        return f"model {self.model}, workers {ready.json().get('workers')}{ids}"
+        warnings = "".join(f"; WARNING {w}" for w in ready.json().get("warnings", []))  # workers that disagree
+        return f"model {self.model}, workers {ready.json().get('workers')}{ids}{warnings}"
 
     def check_weights(self) -> str:
         found = {stage: self.samples("dayzero_weights_checked_tensors", stage=stage) for stage in ("prefill", "decode")}

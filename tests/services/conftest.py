@@ -59,6 +59,22 @@ def start_stack(demo_dir, log_dir, counts, extra=None, ranks=None) -> Stack:
     return stack
 
 
+def start_gateway_alone(demo_dir, log_dir, extra=None) -> Stack:
+    """A gateway and its Redis, no workers: up once it answers /health (/ready would wait for ever)."""
+    env = {**SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(demo_dir), **(extra or {})}
+    stack = Stack({"vision": 0, "prefill": 0, "decode": 0}, free_port(), log_dir, env)
+    stack.start()
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"{stack.url}/health", timeout=2).status_code == 200:
+                return stack
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    stack.stop()
+    raise AssertionError("the gateway did not answer /health within 60 s")
+
+
 @pytest.fixture(scope="module")
 def stack(demo_dir, tmp_path_factory):
     s = start_stack(demo_dir, tmp_path_factory.mktemp("logs"), {"vision": 1, "prefill": 1, "decode": 2})

@@ -8,32 +8,21 @@ import time
 import httpx
 import pytest
 
-from dayzero.procs import free_port
 from dayzero.stack import Stack
 
-from .conftest import MODEL, SETTINGS_ENV, data_url
+from .conftest import MODEL, data_url, start_gateway_alone
 
 
 @pytest.fixture(scope="module")
 def lone_gateway(demo_dir, tmp_path_factory):
-    env = {
-        **SETTINGS_ENV,
-        "DAYZERO_CHECKPOINT": str(demo_dir),
+    extra = {
         "DAYZERO_MAX_QUEUED": "2",
         "DAYZERO_API_KEYS": "sesame, other, clé",  # a comma-separated list
         "DAYZERO_METRICS_AUTH": "true",
         "DAYZERO_IMAGE_MAX_COUNT": "2",
         "DAYZERO_MAX_REQUEST_BYTES": str(1 << 20),  # room for a chat far over the context
     }
-    stack = Stack({"vision": 0, "prefill": 0, "decode": 0}, free_port(), tmp_path_factory.mktemp("logs"), env)
-    stack.start()
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"{stack.url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
+    stack = start_gateway_alone(demo_dir, tmp_path_factory.mktemp("logs"), extra)
     yield stack
     stack.stop()
 
@@ -148,19 +137,6 @@ def test_waiting_stream_sends_keep_alive_comments(lone_gateway):
             if len(comments) >= 2 or time.time() - start > 6:
                 break
     assert len(comments) >= 2  # keep-alive every DAYZERO_KEEPALIVE_S (1 s here) while nothing arrives
-
-
-def test_ready_shows_how_far_starting_workers_have_loaded(lone_gateway):
-    import redis
-
-    from dayzero.serving.registry import Registry
-
-    store = Registry(redis.Redis.from_url(lone_gateway.redis_url))
-    store.loading("prefill0@host:1a2b3c", "prefill", 45)
-    body = httpx.get(f"{lone_gateway.url}/ready", timeout=5).json()
-    assert body["loading"] == {"prefill0@host:1a2b3c": 45} and "prefill0@host:1a2b3c 45%" in body["reason"]
-    store.loading("prefill0@host:1a2b3c", "prefill", None)  # loaded
-    assert "loading" not in httpx.get(f"{lone_gateway.url}/ready", timeout=5).json()
 
 
 @pytest.mark.parametrize(

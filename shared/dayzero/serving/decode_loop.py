@@ -23,15 +23,11 @@ from .active import Active
 from .handoff import Receiver
 from .intake import Intake, Ticket, run_loop
 from .lease import Heartbeat
-from .messages import DecodeJob
+from .messages import SAME_LAYOUT, DecodeJob
 from .records import Token
 from .runtime import Runtime
 from .scripts import Take
 
-SAME_LAYOUT = (  # what a handoff's layout hash covers, as settings
-    "prefill and decode workers need the same checkpoint, DAYZERO_BLOCK_SIZE, DAYZERO_DTYPE and "
-    "DAYZERO_SPECULATIVE_TOKENS"
-)
 log = logging.getLogger("dayzero.decode")
 
 

@@ -8,6 +8,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..params import MAX_LOGPROBS, SamplingParams
 
+SAME_LAYOUT = (  # what a handoff's layout hash covers, as settings
+    "prefill and decode workers need the same checkpoint, DAYZERO_BLOCK_SIZE, DAYZERO_DTYPE and "
+    "DAYZERO_SPECULATIVE_TOKENS"
+)
+
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -62,6 +62,7 @@ class WorkerStats:
         self.failures: dict[str, int] = defaultdict(int)
         self.memory: dict[str, int] = {}
         self.pools: dict[str, tuple[int, int]] = {}
+        self.serves: dict[str, str | int] = {}  # what another stage must match: KV layout, context
 
     def add(self, **values: float) -> None:
         with self._lock:
@@ -88,6 +89,7 @@ class WorkerStats:
                 "failures": dict(self.failures),
                 "memory": dict(self.memory),
                 "pools": {k: list(v) for k, v in self.pools.items()},
+                "serves": dict(self.serves),
             }
 
 

@@ -73,6 +73,11 @@ class Registry:
         current = {process for stage in stages for process in self.live_workers(stage, FORGET_S)}
         return {name: snap for name, snap in found.items() if name in current}
 
+    def snapshots_of(self, processes: list[str]) -> dict[str, dict]:
+        """The latest snapshot of each of these worker processes (none yet: left out)."""
+        values = self.r.mget([key("usage", p) for p in processes]) if processes else []
+        return {p: json.loads(v) for p, v in zip(processes, values, strict=True) if v}
+
     def _family(self, family: str) -> dict[str, bytes]:
         keys = list(self.r.scan_iter(key(family, "*"), count=100))
         values = self.r.mget(keys) if keys else []

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import redis
 
 from ..checkpoint import load_model
+from ..completion import context_limit
 from ..kv.pools import KVPools, OutOfBlocks
 from ..kv.shared import CudaSharedPools, Segment, SharedPools, sweep_stale
 from ..model.plan import AttentionOptions
@@ -134,6 +135,8 @@ class Runtime:
             ranks,
         )
         runtime.stats.set(weights_checked=model.weight_check.tensors, tensor_parallel=ranks.size)
+        context = context_limit(model.cfg, settings.max_context)
+        runtime.stats.serves = {"layout": ranks.pools.layout_hash, "context": context}  # /ready compares stages
         runtime.weight_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
         return runtime
 

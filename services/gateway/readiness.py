@@ -1,0 +1,68 @@
+"""``/ready``: a live worker for every stage, and prefill and decode workers that can hand a
+request on. Workers started by hand may disagree with each other or with the gateway: a KV layout
+no worker of the other stage shares fails every request it meets (not ready when no pair shares
+one), a shorter context cuts requests the gateway admitted (a warning)."""
+
+from __future__ import annotations
+
+import redis
+from starlette.concurrency import run_in_threadpool
+
+from dayzero.serving.messages import SAME_LAYOUT
+
+from .context import Gateway
+
+HANDOFF = ("prefill", "decode")  # the stages a request's KV state passes between
+
+
+async def readiness(gw: Gateway) -> tuple[dict, int]:
+    """``/ready``'s body and status (200 or 503)."""
+    try:
+        live = await gw.bus.live_workers(("vision",) if gw.image_token is not None else ())
+    except redis.RedisError as exc:
+        return {"ready": False, "reason": f"redis unreachable: {exc}"}, 503
+    body: dict = {"ready": True, "workers": {stage: len(processes) for stage, processes in live.items()}}
+    missing = [stage for stage, processes in live.items() if not processes]
+    if missing:
+        body |= {"ready": False, "reason": f"no live worker for {', '.join(missing)}"}
+        loading = await run_in_threadpool(gw.bus.registry.loading_workers)
+        if loading:  # a long start: say how far the workers' weights have come
+            body["loading"] = {worker: p["percent"] for worker, p in loading.items()}
+            progress = ", ".join(f"{w} {percent}%" for w, percent in body["loading"].items())
+            body["reason"] += f" (loading weights: {progress})"
+        return body, 503
+    try:
+        snapshots = await run_in_threadpool(gw.bus.registry.snapshots_of, [p for s in HANDOFF for p in live[s]])
+    except redis.RedisError as exc:
+        return {"ready": False, "reason": f"redis unreachable: {exc}"}, 503
+    serves = {stage: {p: snapshots[p].get("serves", {}) for p in live[stage] if p in snapshots} for stage in HANDOFF}
+    unshared, warnings = compare(serves, gw.context_limit)
+    if warnings:
+        body["warnings"] = warnings
+    if unshared:
+        body |= {"ready": False, "reason": unshared}
+        return body, 503
+    return body, 200
+
+
+def compare(serves: dict[str, dict[str, dict]], context: int) -> tuple[str, list[str]]:
+    """What the workers of the two stages (``{stage: {process: serves}}``) disagree on: a reason not
+    to be ready ("" if none) and warnings. A worker whose snapshot has not arrived yet is left out."""
+    layouts = {stage: {s["layout"] for s in workers.values() if "layout" in s} for stage, workers in serves.items()}
+    if all(layouts.values()) and not set.intersection(*layouts.values()):
+        shown = "; ".join(f"{stage} {', '.join(sorted(found))}" for stage, found in layouts.items())
+        return f"prefill and decode workers share no KV layout ({shown}): {SAME_LAYOUT}", []
+    warnings = []
+    for stage, other in zip(HANDOFF, reversed(HANDOFF), strict=True):
+        for process, s in sorted(serves[stage].items()):
+            if layouts[other] and "layout" in s and s["layout"] not in layouts[other]:
+                warnings.append(
+                    f"{stage} worker {process}: its KV layout matches no {other} worker's, requests passing "
+                    f"through it fail: {SAME_LAYOUT}"
+                )
+            if s.get("context", context) < context:
+                warnings.append(
+                    f"{stage} worker {process} serves {s['context']} tokens of context, the gateway admits {context}: "
+                    f"longer requests end early or fail (start every process with the same DAYZERO_MAX_CONTEXT)"
+                )
+    return "", warnings
