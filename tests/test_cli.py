@@ -265,6 +265,16 @@ def test_a_checkpoint_given_as_a_file_is_named_a_file(tiny_checkpoint, capsys):
     assert capsys.readouterr().err == f"error: {config} is a file: give the checkpoint's directory\n" * 2
 
 
+def test_an_empty_checkpoint_path_is_named_empty(capsys):
+    """(``Path("")`` is the working directory: "no config.json at config.json".)"""
+    assert cli.main(["inspect", ""]) == 2
+    assert cli.main(["align", "", "--prompt-ids", "1"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: an empty path: give a checkpoint directory or its config.json"] + [
+        "error: an empty path: give the checkpoint's directory"
+    ]
+
+
 @pytest.mark.parametrize(
     ("url", "why"),
     [

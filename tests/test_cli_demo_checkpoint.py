@@ -64,3 +64,11 @@ def test_demo_checkpoint_refused_shards_leave_out_as_it_was(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]  # no build left beside it
     assert cli.main(["demo-checkpoint", str(tmp_path / "new"), "--shards", "100000"]) == 2
     assert not (tmp_path / "new").exists()
+
+
+def test_an_out_that_cannot_be_written_is_named_not_its_temporary_build(capsys):
+    """(Under /proc: "No such file or directory: '/proc/.dayzero-test.v0qfnv2_'".)"""
+    assert cli.main(["demo-checkpoint", "/proc/dayzero-test"]) == 2
+    assert capsys.readouterr().err == "error: [Errno 2] cannot write /proc/dayzero-test: No such file or directory\n"
+    assert cli.main(["demo-checkpoint", "/sys/dayzero-test"]) == 1  # sysfs refuses it (PermissionError: a traceback)
+    assert capsys.readouterr().err.startswith("error: [Errno 1] cannot write /sys/dayzero-test: ")

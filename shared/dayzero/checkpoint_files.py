@@ -35,6 +35,8 @@ class CheckpointError(ValueError):
 
 def checkpoint_directory(path: str | Path) -> Path:
     """``path`` if it is a directory (a checkpoint is the directory of its config and weights)."""
+    if not str(path):  # (Path("") is the working directory)
+        raise CheckpointError("an empty path: give the checkpoint's directory")
     root = Path(path)
     if root.is_file():
         raise CheckpointError(f"{root} is a file: give the checkpoint's directory")

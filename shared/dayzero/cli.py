@@ -9,10 +9,9 @@ import os
 import random
 import sys
 from importlib.metadata import version
-from pathlib import Path
 
 from . import cli_args
-from .checkpoint_files import CheckpointError
+from .checkpoint_files import CheckpointError, checkpoint_directory
 from .cli_generate import cmd_generate, prompt_of
 from .cli_services import add_service_commands
 from .config import ConfigError, ModelConfig
@@ -32,7 +31,7 @@ def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
     from .parallel.launch import launch_from
     from .serving.runtime import attention_options
 
-    checkpoint = Path(args.checkpoint)
+    checkpoint = checkpoint_directory(args.checkpoint)
     cfg = ModelConfig.from_file(checkpoint)
     if args.prompt is None and args.prompt_ids is None:
         prompt = [random.Random(0).randrange(cfg.vocab_size) for _ in range(64)]
@@ -211,6 +210,11 @@ def _run(argv: list[str] | None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except TimeoutError as exc:  # a group whose ranks did not meet: not the input's fault
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # (an OSError) the reader of stdout left: main stops quietly
+        raise
+    except OSError as exc:  # the machine's: a directory not writable, a full disk
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

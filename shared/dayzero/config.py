@@ -104,6 +104,8 @@ class ModelConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> ModelConfig:
+        if not str(path):  # (Path("") is the working directory)
+            raise ConfigError("an empty path: give a checkpoint directory or its config.json")
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"

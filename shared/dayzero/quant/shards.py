@@ -38,8 +38,12 @@ def remove_weights(out: Path) -> None:
 def built_beside(out: Path) -> Iterator[Path]:
     """A directory beside ``out`` to build a checkpoint in, moved into ``out`` when the build ends
     without an error (``out`` stays as it was otherwise); removed either way."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        beside = tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.")
+    except OSError as exc:  # named by the user's path, not the temporary one
+        raise OSError(exc.errno, f"cannot write {out}: {exc.strerror}") from None
+    with beside as tmp:
         yield Path(tmp)
         _move_checkpoint(Path(tmp), out)
 
