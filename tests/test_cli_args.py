@@ -87,5 +87,5 @@ def test_train_demo_refuses_float_weights_in_its_output_before_training(tmp_path
     monkeypatch.setattr(pipeline, "train_demo", lambda *a: pytest.fail("trained before checking its directories"))
     out = tmp_path / "model"
     assert cli.main(["train-demo", str(out), "--float", str(out / "float"), "--steps", "1"]) == 2
-    expected = f"error: the output {out} must not be the input {out / 'float'}, inside it or around it"
+    expected = f"error: --float {out / 'float'} must not be OUT {out}, inside it or around it"  # (not "the input")
     assert capsys.readouterr().err.strip() == expected

@@ -63,11 +63,12 @@ def _quantized(name: str, tensor: torch.Tensor, experts: str) -> dict[str, torch
     return {name: tensor.contiguous()}
 
 
-def check_apart(src: Path, dst: Path) -> None:
-    """Writing ``dst`` leaves ``src`` as it was: neither is the other, nor inside it."""
+def check_apart(src: Path, dst: Path, names: tuple[str, str] = ("the input", "the output")) -> None:
+    """Writing ``dst`` leaves ``src`` as it was: neither is the other, nor inside it (``names``:
+    what the user calls them)."""
     src, dst = src.resolve(), dst.resolve()
     if src == dst or src in dst.parents or dst in src.parents:
-        raise ValueError(f"the output {dst} must not be the input {src}, inside it or around it")
+        raise ValueError(f"{names[1]} {dst} must not be {names[0]} {src}, inside it or around it")
 
 
 def _float_config(src: Path) -> dict:

@@ -13,7 +13,7 @@ def cmd_train_demo(args: argparse.Namespace, settings: object) -> int:
     from .pipeline import train_demo
 
     if args.float is not None:  # the float weights are quantized into OUT: checked before training
-        check_apart(args.float, args.out)
+        check_apart(args.out, args.float, ("OUT", "--float"))
     opts = TrainOptions(steps=args.steps, seed=args.seed, minutes=args.minutes, threads=args.threads)
     path, _ = train_demo(args.out, opts, args.float)
     print(path)
