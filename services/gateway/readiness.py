@@ -63,6 +63,7 @@ def compare(serves: dict[str, dict[str, dict]], context: int) -> tuple[str, list
             if s.get("context", context) < context:
                 warnings.append(
                     f"{stage} worker {process} serves {s['context']} tokens of context, the gateway admits {context}: "
-                    f"longer requests end early or fail (start every process with the same DAYZERO_MAX_CONTEXT)"
+                    "longer requests end early or fail (start every process with the same DAYZERO_MAX_CONTEXT, "
+                    "and a DAYZERO_KV_BUDGET_MB whose pools hold it)"
                 )
     return "", warnings

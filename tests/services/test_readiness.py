@@ -77,3 +77,13 @@ def test_a_decode_worker_of_a_shorter_context_than_the_gateway_admits_is_a_warni
     (warning,) = body["warnings"]
     assert f"decode worker {decode.name} serves 1024 tokens of context, the gateway admits 4096" in warning
     assert "DAYZERO_MAX_CONTEXT" in warning
+
+
+def test_a_worker_whose_pools_hold_less_than_the_context_is_a_warning(demo_dir, gateway, registry):
+    """Started by hand with a budget too small for the context: only its own log said so."""
+    prefill = _runtime(demo_dir, gateway, "prefill0@test", "prefill", kv_budget_mb=1, max_batch=40)
+    decode = _runtime(demo_dir, gateway, "decode0@test", "decode")
+    status, body = _ready(gateway, [prefill, decode], registry)
+    assert status == 200, body
+    (warning,) = [w for w in body["warnings"] if w.startswith(f"prefill worker {prefill.name} serves ")]
+    assert prefill.pools.capacity_tokens() < 4096 and "DAYZERO_KV_BUDGET_MB" in warning

@@ -135,7 +135,7 @@ class Runtime:
             ranks,
         )
         runtime.stats.set(weights_checked=model.weight_check.tensors, tensor_parallel=ranks.size)
-        context = context_limit(model.cfg, settings.max_context)
+        context = min(context_limit(model.cfg, settings.max_context), ranks.pools.capacity_tokens())  # (budget.py)
         runtime.stats.serves = {"layout": ranks.pools.layout_hash, "context": context}  # /ready compares stages
         runtime.weight_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
         return runtime
