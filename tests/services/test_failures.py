@@ -12,6 +12,8 @@ import httpx
 import pytest
 import redis
 
+from dayzero.serving.registry import Registry
+
 from .conftest import MODEL, USAGE, chat, pool_usage, sse_events, start_stack, stream_text, wait_until
 
 
@@ -233,3 +235,17 @@ def test_up_with_a_broken_checkpoint_stops_with_the_workers_error(text_dir, tmp_
     done = subprocess.run(up, capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 1, done.stderr[-2000:]
     assert "keeps exiting while starting" in done.stderr and "FP8 weight decodes to non-finite values" in done.stderr
+
+
+def test_a_worker_stopping_leaves_the_registry_at_once(stack):
+    """SIGTERM (a scale-down): /ready and /metrics counted the worker on until its heartbeats
+    lapsed, and its entry stayed in the registry for FORGET_S (600 s)."""
+    r = redis.Redis.from_url(stack.redis_url)
+    child = stack.child("decode1")
+    (process,) = [p for p in Registry(r).live_workers("decode", 5) if p.startswith("decode1@")]  # (not a dead one's)
+    assert r.exists(f"dz:usage:{process}")
+    child.proc.terminate()
+    assert child.proc.wait(30) == 0
+    assert process.encode() not in r.hkeys("dz:workers:decode") and not r.exists(f"dz:usage:{process}")
+    assert stack.supervise() == ["decode1"]
+    stack.wait_ready()

@@ -3,9 +3,12 @@ the depth of each stage's Celery queue (keys: see lifecycle.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import redis
 
@@ -29,6 +32,12 @@ class Registry:
         pipe.hset(key("workers", stage), worker, time.time())
         if usage is not None:
             pipe.set(key("usage", worker), json.dumps(usage), ex=60)
+        pipe.execute()
+
+    def leave(self, stage: str, worker: str) -> None:
+        pipe = self.r.pipeline()
+        pipe.hdel(key("workers", stage), worker)
+        pipe.delete(key("usage", worker))
         pipe.execute()
 
     def loading(self, worker: str, stage: str, percent: int | None) -> None:
@@ -83,3 +92,24 @@ class Registry:
         values = self.r.mget(keys) if keys else []
         prefix = len(key(family, "*")) - 1  # "dz:{family}:"
         return {k.decode()[prefix:]: v for k, v in zip(keys, values, strict=True) if v}
+
+
+class Presence:
+    """A worker process's entry in the registry, beaten until it leaves: a worker stopping (SIGTERM)
+    is out of ``/ready``'s count and the metrics at once, where its last beat would count it for
+    three leases and its entry stay ``FORGET_S``."""
+
+    def __init__(self, registry: Registry, stage: str, worker: str) -> None:
+        self.registry, self.stage, self.worker = registry, stage, worker
+        self._left = False
+        self._lock = threading.Lock()  # a beat under way ends before the entry goes
+
+    def beat(self, usage: Callable[[], dict]) -> None:
+        with self._lock:
+            if not self._left:
+                self.registry.alive(self.stage, self.worker, usage())
+
+    def leave(self) -> None:
+        with self._lock, contextlib.suppress(redis.RedisError):  # Redis down: it lapses as a dead one's
+            self._left = True
+            self.registry.leave(self.stage, self.worker)

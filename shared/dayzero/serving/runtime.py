@@ -24,7 +24,7 @@ from .lifecycle import Lifecycle
 from .metrics import WorkerStats
 from .prefill_batch import BatchInput
 from .ranks import KEEPALIVE_S, Ranks
-from .registry import Registry, process_name
+from .registry import Presence, Registry, process_name
 
 log = logging.getLogger("dayzero.worker")
 WARM_UP = "warm-up"  # the scratch sequence of ``Runtime.warm_up``
@@ -106,6 +106,9 @@ class Runtime:
     ranks: Ranks  # the model and pools of every rank of the group, in step (one rank: plain calls)
     weight_bytes: int = 0
     _announced: float = 0.0  # monotonic time of the last announce
+
+    def __post_init__(self) -> None:
+        self.presence = Presence(self.registry, self.stats.stage, self.name)
 
     @classmethod
     def load(cls, settings: Settings, name: str, stage: str, shared: bool, group: Group | None = None) -> Runtime:
@@ -200,7 +203,7 @@ class Runtime:
         now = time.monotonic()
         if now - self._announced >= self.settings.lease_s / 4:
             self._announced = now
-            self.registry.alive(self.stats.stage, self.name, self.snapshot(batch))
+            self.presence.beat(lambda: self.snapshot(batch))
 
     def close(self) -> None:
         if self.segment is not None:

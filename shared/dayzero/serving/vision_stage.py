@@ -24,7 +24,7 @@ from .lease import Heartbeat
 from .lifecycle import Lifecycle
 from .messages import PrefillJob
 from .metrics import WorkerStats
-from .registry import Registry, process_name
+from .registry import Presence, Registry, process_name
 
 log = logging.getLogger("dayzero.vision")
 
@@ -41,7 +41,7 @@ class VisionStage:
         )
         self.encoder.warm_up()  # before the stage announces itself
         self.store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)
-        self.registry = Registry(self.store.r)
+        self.presence = Presence(Registry(self.store.r), "vision", self.name)
         self.stats = WorkerStats("vision")
         self._lock = threading.Lock()
         self.stop = threading.Event()
@@ -54,7 +54,7 @@ class VisionStage:
             if swept:
                 log.warning("unlinked %d parked embedding segment(s) nobody read: %s", len(swept), swept)
             try:
-                self.registry.alive("vision", self.name, self.snapshot())
+                self.presence.beat(self.snapshot)
             except Exception:  # noqa: BLE001 - Redis restarting: the next beat retries
                 log.warning("heartbeat failed")
 
@@ -69,6 +69,9 @@ class VisionStage:
             "encoder_cache": c.cache_bytes,
         }
         return self.stats.snapshot()
+
+    def leave(self) -> None:
+        self.presence.leave()
 
     def close(self) -> None:
         """Nothing to free: parked embeddings belong to their readers (or the sweep)."""

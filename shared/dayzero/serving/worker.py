@@ -53,6 +53,9 @@ class Stage(Protocol):
 
     def snapshot(self) -> dict: ...
 
+    def leave(self) -> None:
+        """Stopping: out of the registry (``/ready``, metrics) while the jobs under way finish."""
+
     def close(self) -> None: ...
 
 
@@ -82,6 +85,9 @@ class LoopStage:
 
     def snapshot(self) -> dict:
         return self.runtime.snapshot(1)
+
+    def leave(self) -> None:
+        self.runtime.presence.leave()
 
     def close(self) -> None:
         self.runtime.close()
@@ -131,6 +137,8 @@ class StageWorker:
         """SIGTERM: Celery's warm shutdown waits for running tasks (whole generations) and, with
         Redis down, for a reconnect that may never come; end the process after the grace period
         whatever it waits for (unfinished requests' leases lapse and the reaper re-runs them)."""
+        if self.running is not None:
+            self.running.leave()
 
         def exit_later() -> None:
             time.sleep(self.settings.shutdown_grace_s)
@@ -143,6 +151,7 @@ class StageWorker:
 
     def _stop(self, **_: object) -> None:
         if self.running is not None:
+            self.running.leave()
             self.running.stop.set()
             self.running.close()
 
