@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dayzero.settings import Settings
 from dayzero.tokenizer import IdsOnlyCodec, InvalidTextError, PromptTooLongError, TextCodec
@@ -24,6 +25,7 @@ class Gateway:
     vocab_size: int
     image_token: int | None  # None: the checkpoint has no vision tower
     eos_token: int
+    started: int = field(default_factory=lambda: int(time.time()))  # unix time; the model card's ``created``
 
     @property
     def context_limit(self) -> int:

@@ -214,6 +214,7 @@ def _model_card(gw: Gateway) -> dict:
     return {
         "id": gw.settings.model_name,
         "object": "model",
+        "created": gw.started,  # OpenAI's Model requires it: when this gateway began serving the model
         "owned_by": "dayzero",
         "max_model_len": gw.context_limit,
         "eos_token_id": gw.eos_token,
