@@ -61,8 +61,14 @@ def _served(gw: Gateway, model: str) -> None:
 
 
 def _spec(
-    gw: Gateway, body: Sampling, prompt_ids: list[int], max_tokens: int | None, rule: Grammar | None = None
+    gw: Gateway,
+    body: Sampling,
+    prompt_ids: list[int],
+    max_tokens: int | None,
+    rule: Grammar | None = None,
+    limit_param: str = "max_tokens",
 ) -> SamplingParams:
+    """``limit_param``: the field ``max_tokens`` came from (chat's max_completion_tokens, or max_tokens)."""
     s = gw.settings
     _served(gw, body.model)
     limit = gw.context_limit
@@ -80,12 +86,12 @@ def _spec(
     if any(t < 0 or t >= gw.vocab_size for t in prompt_ids):
         raise APIError(400, f"prompt token ids must be in [0, {gw.vocab_size})", param="prompt")
     if max_tokens is not None and max_tokens > s.max_tokens_limit:
-        raise APIError(400, f"max_tokens {max_tokens} exceeds the limit {s.max_tokens_limit}", param="max_tokens")
+        raise APIError(400, f"{limit_param} {max_tokens} exceeds the limit {s.max_tokens_limit}", param=limit_param)
     if max_tokens is not None and len(prompt_ids) + max_tokens > limit:
         raise APIError(
             400,
-            f"prompt ({len(prompt_ids)}) + max_tokens ({max_tokens}) exceeds the context limit {limit}",
-            param="max_tokens",
+            f"prompt ({len(prompt_ids)}) + {limit_param} ({max_tokens}) exceeds the context limit {limit}",
+            param=limit_param,
             code="context_length_exceeded",
         )
     default = min(s.max_tokens_limit, limit - len(prompt_ids))
@@ -143,7 +149,8 @@ async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Re
     ids, prompt = await run_in_threadpool(chat_prompt, gw, body)  # images are decoded: off the event loop
     thinking, _ = body.thinking()
     rule = await run_in_threadpool(grammar, gw, body, thinking)  # llguidance compiles it: seconds for some schemas
-    spec = _spec(gw, body, ids, body.max_completion_tokens or body.max_tokens, rule)
+    limit_param = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
+    spec = _spec(gw, body, ids, body.max_completion_tokens or body.max_tokens, rule, limit_param)
     protocol = {
         "thinking": continues_reasoning(prompt.messages, thinking),
         "tool_calls": bool(body.offered_tools()),

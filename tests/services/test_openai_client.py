@@ -32,3 +32,15 @@ def test_the_model_cards_are_openai_models(client):
     assert [m.id for m in listed] == [MODEL] and card == listed[0]
     assert card.created > 1_700_000_000 and card.object == "model"
 
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_token_limit_too_large_is_refused_naming_the_field_sent(client, field):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=HI, **{field: 2049})
+    assert refused.value.param == field and refused.value.message.endswith(f"{field} 2049 exceeds the limit 2048")
+
+    long = [{"role": "user", "content": "word " * 1500}]  # 3004 tokens
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=long, **{field: 2000})
+    assert refused.value.param == field and refused.value.code == "context_length_exceeded"
+    assert f"+ {field} (2000) exceeds the context limit 4096" in refused.value.message
