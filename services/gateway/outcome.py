@@ -77,19 +77,19 @@ def usage(event: Token) -> dict:
 @dataclass
 class Usage:
     """The token counts of a response's finished choices; a prompt counts once, however many
-    choices it has (``n`` > 1)."""
+    choices it has (``n`` > 1), and each prompt of a completions list counts, equal ones too."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     choices: int = 0
-    prompts: set[tuple[int, ...]] = field(default_factory=set)
+    prompts: set[int] = field(default_factory=set)  # the prompt indices counted
 
     def add(self, request: GenerationRequest, last: Token) -> None:
         counts = usage(last)
         self.choices += 1
         self.completion_tokens += counts["completion_tokens"]
-        if request.prompt_ids not in self.prompts:
-            self.prompts.add(request.prompt_ids)
+        if request.prompt_index not in self.prompts:
+            self.prompts.add(request.prompt_index)
             self.prompt_tokens += counts["prompt_tokens"]
 
     def body(self) -> dict:

@@ -131,16 +131,17 @@ def _new_request(ids: list[int], spec: SamplingParams, kind: str, images: int = 
 
 
 def _choices(requests: list[GenerationRequest], n: int) -> list[GenerationRequest]:
-    """``n`` requests per prompt (choice ``p * n + j``, all of one response: the first's id); a
-    seeded choice ``j`` draws with seed + j (wrapping past MAX_SEED)."""
+    """``n`` requests per prompt (choice ``p * n + j`` of prompt ``p``, all of one response: the
+    first's id); a seeded choice ``j`` draws with seed + j (wrapping past MAX_SEED)."""
     if n == 1 and len(requests) == 1:
         return requests
     out = []
-    for request in requests:
+    for p, request in enumerate(requests):
         for j in range(n):
             seed = request.sampling.seed
             sampling = replace(request.sampling, seed=(seed + j) % (MAX_SEED + 1) if seed is not None else None)
-            out.append(request.model_copy(update={"request_id": uuid.uuid4().hex, "sampling": sampling}))
+            update = {"request_id": uuid.uuid4().hex, "sampling": sampling, "prompt_index": p}
+            out.append(request.model_copy(update=update))
     return [r.model_copy(update={"response_id": out[0].request_id, "choice": i}) for i, r in enumerate(out)]
 
 

@@ -120,3 +120,16 @@ def test_several_choices_stream_together_and_leaving_cancels_them_all(stack, ref
                 break  # the client leaves
     assert len(ids) == 3
     assert wait_until(lambda: all(r.get(f"dz:done:{rid}") == b"cancelled" for rid in ids), 5.0)
+
+
+def test_each_prompt_of_a_list_counts_in_usage_equal_ones_too(stack):
+    """OpenAI bills a completions list as its prompts sent one by one: two equal prompts are two
+    prompts (only the ``n`` choices of one prompt share its count), in bodies and usage chunks."""
+    ids = prompt_ids(3)
+    body = {"model": MODEL, "prompt": [ids, ids], "n": 2, "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+    expected = {"prompt_tokens": 2 * len(ids), "completion_tokens": 8, "total_tokens": 2 * len(ids) + 8}
+    r = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200 and r.json()["usage"] == expected, r.text
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json={**body, **USAGE, "stream": True}, timeout=120) as s:
+        events = list(sse_events(s))
+    assert events[-2][1]["choices"] == [] and events[-2][1]["usage"] == expected

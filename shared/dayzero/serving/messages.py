@@ -32,6 +32,7 @@ class GenerationRequest(Frozen):
     usage_in_stream: bool = False  # a streamed answer ends with a usage chunk (stream_options.include_usage)
     response_id: str = ""  # the response it is one choice of (several prompts, or n > 1); "": its own
     choice: int = Field(default=0, ge=0)  # its index among that response's choices
+    prompt_index: int = Field(default=0, ge=0)  # its prompt's index in that response (a completions list)
 
 
 class StateRef(Frozen):
