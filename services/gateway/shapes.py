@@ -14,6 +14,8 @@ when it closes; ``finish_reason: "tool_calls"``), and no DSML ever reaches ``con
 
 from __future__ import annotations
 
+import codecs
+
 from dayzero.chat.output import AssistantStream, parse_message
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.records import Token
@@ -38,6 +40,7 @@ class Shape:
         self.logprobs = request.sampling.logprobs is not None
         self.prompt = request.prompt_ids if request.echo and not echoed else None  # still to be echoed
         self.offset = 0  # characters of text covered by earlier chunks' logprobs
+        self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")  # holds a character's first bytes
         self.thinking, self.tools, self.rid = request.thinking, request.tool_calls, request.request_id
         self.parts = AssistantStream(request.thinking)  # a chat stream's text so far, split
         self.started = self.ended = 0  # tool calls of the stream begun / complete
@@ -162,16 +165,20 @@ class Shape:
             ids = list(self.prompt) + ids
             logprobs = [None] + [lp for lp, _ in first] + logprobs  # nothing predicts the first token
             tops = [None] + [{piece(t)[0]: v for t, v in alts} for _, alts in first] + tops
-        offsets = []
+        offsets = []  # where each token's text begins; a character's bytes over several tokens: its start
         for token in ids:
             offsets.append(self.offset)
-            self.offset += len(self.codec.decode([token]))
+            self.offset += len(self.utf8.decode(self._shown_bytes(token)))
         return {
             "tokens": [piece(t)[0] for t in ids],
             "token_logprobs": logprobs,
             "top_logprobs": tops,
             "text_offset": offsets,
         }
+
+    def _shown_bytes(self, token: int) -> bytes:
+        """The UTF-8 ``token`` adds to the text the response shows (none: a special token left out)."""
+        return self.codec.token_piece(token)[1] if self.codec.decode([token]) else b""
 
 
 def _entry(piece: tuple[str, bytes], logprob: float) -> dict:

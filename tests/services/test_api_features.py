@@ -133,3 +133,23 @@ def test_each_prompt_of_a_list_counts_in_usage_equal_ones_too(stack):
     with httpx.stream("POST", f"{stack.url}/v1/completions", json={**body, **USAGE, "stream": True}, timeout=120) as s:
         events = list(sse_events(s))
     assert events[-2][1]["choices"] == [] and events[-2][1]["usage"] == expected
+
+
+def test_text_offsets_index_the_text_past_characters_of_several_tokens(stack):
+    """A character whose UTF-8 spans tokens ("é" is two byte tokens) takes one place in the text:
+    each token's text_offset is where its text starts (the character's, for its bytes), streamed
+    or not; they drifted by one per such token, pointing past the text (as loglikelihood
+    evaluations read them: echo + logprobs)."""
+    body = {"model": MODEL, "prompt": "Café au lait, naïve", "max_tokens": 4, "temperature": 0, "echo": True}
+    body |= {"logprobs": 0, "ignore_eos": True}
+    whole = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=120).json()
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json={**body, "stream": True}, timeout=120) as r:
+        chunks = [data["choices"][0] for _, data in sse_events(r) if data != "[DONE]"]
+    streamed = [o for chunk in chunks for o in chunk["logprobs"]["text_offset"]]
+    text, lp = whole["choices"][0]["text"], whole["choices"][0]["logprobs"]
+    assert "".join(chunk["text"] for chunk in chunks) == text and streamed == lp["text_offset"]
+    assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][-1] <= len(text)
+    prompt = whole["usage"]["prompt_tokens"]  # the echoed prompt's tokens: their text is known
+    assert lp["tokens"][:prompt].count("\ufffd") == 4  # the checkpoint's tokenizer splits "é" and "ï"
+    for token, at in zip(lp["tokens"][1:prompt], lp["text_offset"][1:prompt], strict=True):  # after BOS
+        assert text[at:].startswith(token) or token == "\ufffd" and text[at] in "éï", (token, at, text)
