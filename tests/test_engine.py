@@ -154,6 +154,35 @@ def test_stop_matcher_releases_what_the_definition_releases():
             pending = text[len(text) - held :]
 
 
+def test_stop_strings_match_only_before_a_bound():
+    """A tool-call block's opening bounds the stop strings' search: "\n" before a call's markup is
+    no stop (it cut every call under tool_choice "required"), one in the reply's text still is. In
+    random pieces, released text + flush is the definition's: the text up to the earliest stop
+    string wholly before the first bound, or all of it."""
+    bounds = ("\n\n<B>", "<B>")
+    m = StopMatcher(("\n",), bounds)
+    assert [m.feed(d) for d in ("ok", "\n", "\n<", "B>\nx\n")] == [("ok", False), ("", False), ("", False)] + [
+        ("\n\n<B>\nx\n", False)
+    ]
+    m = StopMatcher(("\n",), bounds)
+    assert [m.feed(d) for d in ("ok\n", "\nno")] == [("ok", False), ("", True)]
+    rng = random.Random(1)
+    for _ in range(300):
+        text = "".join(rng.choices(["a", "b", "\n", "<B>", "<", "B>"], k=rng.randint(0, 12)))
+        stops = tuple("".join(rng.choices("ab\n<", k=rng.randint(1, 3))) for _ in range(rng.randint(1, 3)))
+        at = min((i for i in (text.find(b) for b in bounds) if i >= 0), default=len(text))
+        hits = [i for i in (text[:at].find(s) for s in stops) if i >= 0]
+        matcher, out, stopped, i = StopMatcher(stops, bounds), "", False, 0
+        while i < len(text) and not stopped:
+            k = rng.randint(1, 4)
+            released, stopped = matcher.feed(text[i : i + k])
+            out, i = out + released, i + k
+        if not stopped:
+            tail, stopped = matcher.flush()
+            out += tail
+        assert (out, stopped) == ((text[: min(hits)], True) if hits else (text, False)), (text, stops)
+
+
 def test_tokenizer_round_trip_and_stream_decoder(demo):
     from dayzero.tokenizer import StreamDecoder
 

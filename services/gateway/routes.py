@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request
 from starlette.concurrency import run_in_threadpool
 
+from dayzero.chat import dsml
 from dayzero.chat.encoding import continues_reasoning
 from dayzero.params import MAX_SEED, Grammar, SamplingParams
 from dayzero.serving.messages import GenerationRequest
@@ -157,6 +158,8 @@ async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Re
         "tool_calls": bool(body.offered_tools()),
         "usage_in_stream": body.usage_in_stream(),
     }
+    if protocol["tool_calls"] and spec.stop:  # stop strings end the reply's text, not its calls' markup
+        spec = replace(spec, stop_bounds=dsml.OPENINGS)
     requests = _choices([_new_request(ids, spec, "chat", len(prompt.images), **protocol)], body.n)
     return await respond(gw, requests, body.stream, http, prompt.images)
 

@@ -30,19 +30,33 @@ class Step:
 
 
 class StopMatcher:
-    """Releases text while holding back any suffix that could still become a stop string."""
+    """Releases text while holding back any suffix that could still become a stop string.
 
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self._stops = stops
+    Stop strings match the reply's text up to the first ``bound`` (a tool-call block's opening:
+    its markup and calls are no text of the reply's), none after it. Text that may begin a bound is
+    held until the next characters decide, and a stop string that reaches into a bound matches not."""
+
+    def __init__(self, stops: tuple[str, ...], bounds: tuple[str, ...] = ()) -> None:
+        self._stops, self._bounds = stops, bounds
         self._pending = ""
+        self._bounded = False  # a bound was reached: no stop string matches from there on
 
     def feed(self, delta: str) -> tuple[str, bool]:
         text = self._pending + delta
-        hits = [i for i in (text.find(s) for s in self._stops) if i >= 0]
+        if self._bounded:
+            self._pending = ""
+            return text, False
+        at = min((i for i in (text.find(b) for b in self._bounds) if i >= 0), default=len(text))
+        undecided = 0 if at < len(text) else max((self._held(text, b) for b in self._bounds), default=0)
+        free = text[: at - undecided]  # the text stop strings may match in
+        hits = [i for i in (free.find(s) for s in self._stops) if i >= 0]
         if hits:
             self._pending = ""
             return text[: min(hits)], True
-        hold = max((self._held(text, s) for s in self._stops), default=0)
+        if at < len(text):
+            self._pending, self._bounded = "", True
+            return text, False
+        hold = max((self._held(free, s) for s in self._stops), default=0) + undecided
         self._pending = text[len(text) - hold :] if hold else ""
         return text[: len(text) - hold], False
 
@@ -57,9 +71,12 @@ class StopMatcher:
             at = text.find(stop[0], at + 1)
         return 0
 
-    def flush(self) -> str:
+    def flush(self) -> tuple[str, bool]:
+        """The text held back, at the end: up to a stop string in it (one a bound might have
+        followed), and whether there was one."""
         text, self._pending = self._pending, ""
-        return text
+        hits = [i for i in (text.find(s) for s in self._stops) if i >= 0]
+        return (text[: min(hits)], True) if hits else (text, False)
 
 
 def context_limit(cfg: ModelConfig, max_context: int | None) -> int:
@@ -79,7 +96,7 @@ class Completion:
         self.params, self.eos_ids, self.prompt_tokens, self.limit = params, eos_ids, prompt_tokens, limit
         self.count = 0
         self.counts: Counter[int] = Counter()  # generated tokens, for the penalties
-        self._text, self._stops = StreamDecoder(codec), StopMatcher(params.stop)
+        self._text, self._stops = StreamDecoder(codec), StopMatcher(params.stop, params.stop_bounds)
         self.guide = Guide(codec.guidance, params.grammar) if params.grammar is not None else None
         for token in generated:  # replay: rebuild the text and stop-string state, output discarded
             self.accept(token)
@@ -118,12 +135,13 @@ class Completion:
             self.guide.accept(token)
         self.counts[token] += 1
         if token in self.eos_ids and not self.params.ignore_eos:
-            return Step(token, self._stops.flush(), "stop")
+            return Step(token, self._stops.flush()[0], "stop")
         released, stopped = self._stops.feed(self._text.push(token))
         if stopped:
             return Step(token, released, "stop")
         if self.count >= self.params.max_tokens or self.prompt_tokens + self.count >= self.limit:
-            return Step(token, released + self._stops.flush(), "length")
+            tail, stopped = self._stops.flush()
+            return Step(token, released + tail, "stop" if stopped else "length")
         return Step(token, released)
 
 

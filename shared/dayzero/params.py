@@ -38,6 +38,7 @@ class SamplingParams:
     top_k: int = 0  # 0 = no limit
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stop_bounds: tuple[str, ...] = ()  # texts that end the stop strings' search (a tool-call block's opening)
     ignore_eos: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias added to its logit), as OpenAI's
     presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated
@@ -62,6 +63,7 @@ def _checks(p: SamplingParams) -> list[tuple[bool, str]]:
         (p.top_k < 0, "top_k must be >= 0"),
         (p.seed is not None and not 0 <= p.seed <= MAX_SEED, f"seed must be in [0, {MAX_SEED}]"),
         (any(not s for s in p.stop), "stop strings must not be empty"),
+        (any(not s for s in p.stop_bounds), "stop bounds must not be empty"),
         (not all(map(_unicode, p.stop)), "stop strings must be Unicode text (a lone surrogate never matches)"),
         (any(not -MAX_BIAS <= b <= MAX_BIAS for _, b in p.logit_bias), f"logit_bias values must be in ±{MAX_BIAS}"),
         (

@@ -153,3 +153,22 @@ def test_text_offsets_index_the_text_past_characters_of_several_tokens(stack):
     assert lp["tokens"][:prompt].count("\ufffd") == 4  # the checkpoint's tokenizer splits "é" and "ï"
     for token, at in zip(lp["tokens"][1:prompt], lp["text_offset"][1:prompt], strict=True):  # after BOS
         assert text[at:].startswith(token) or token == "\ufffd" and text[at] in "éï", (token, at, text)
+
+
+def test_stop_strings_end_the_reply_not_the_markup_of_its_calls(stack):
+    """V4 opens its calls with a blank line: stop strings such as "\\n" (common in clients) matched
+    it, and cut every call away under tool_choice "required" ("stop", no call). They end the
+    reply's text only, streamed or not."""
+    weather = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": weather}}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    body = chat("Weather in Paris?", tools=tools, tool_choice=named, max_tokens=200, stop=["\n\n", "\n"])
+    choice = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=120).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    (call,) = choice["message"]["tool_calls"]
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
+        chunks = [data["choices"][0] for _, data in sse_events(r) if data != "[DONE]"]
+    deltas = [d for chunk in chunks for d in chunk["delta"].get("tool_calls", [])]
+    assert deltas[0]["id"].startswith("call_") and deltas[0]["function"]["name"] == "get_weather"
+    assert "".join(d["function"].get("arguments", "") for d in deltas) == call["function"]["arguments"]
+    assert chunks[-1]["finish_reason"] == "tool_calls"

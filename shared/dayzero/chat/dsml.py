@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from .tokens import DSML
 
 BLOCK_OPEN, BLOCK_CLOSE = f"<{DSML}tool_calls>", f"</{DSML}tool_calls>"
+OPENINGS = ("\n\n" + BLOCK_OPEN, BLOCK_OPEN)  # how a reply's calls begin (V4 writes a blank line first)
 _INVOKE = re.compile(rf'<{DSML}invoke\s+name="([^"]*)"\s*>(.*?)</{DSML}invoke>', re.DOTALL)
 _INVOKE_HEAD = re.compile(rf'<{DSML}invoke\s+name="([^"]*)"\s*>')
 _PARAMETER = re.compile(
