@@ -101,7 +101,7 @@ def _spec(
         temperature=body.temperature,
         top_p=body.top_p,
         top_k=body.top_k,
-        seed=body.seed,
+        seed=None if body.seed is None else body.seed % (MAX_SEED + 1),  # any int64 OpenAI takes, as a seed ours
         stop=body.stops(),
         ignore_eos=body.ignore_eos,
         logit_bias=tuple(sorted(_bias(gw, body).items())),

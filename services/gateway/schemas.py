@@ -9,7 +9,7 @@ from annotated_types import MaxLen
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
 
 from dayzero.chat.grammar import schema_problem
-from dayzero.params import MAX_BIAS, MAX_PENALTY, MAX_SEED, MIN_TEMPERATURE, MIN_TOP_P
+from dayzero.params import MAX_BIAS, MAX_PENALTY, MIN_TEMPERATURE, MIN_TOP_P
 
 MAX_STOP = 16  # stop strings per request (OpenAI takes 4)
 MAX_TEXT = 1 << 20
@@ -111,7 +111,7 @@ class Sampling(_Body):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)  # 0 (greedy) or at least MIN_TEMPERATURE
     top_p: float = Field(default=1.0, ge=MIN_TOP_P, le=1.0)
     top_k: int = Field(default=0, ge=0, le=1_000_000)
-    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # OpenAI's int64 (routes reduce it)
     stop: StopString | list[StopString] | None = None
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False

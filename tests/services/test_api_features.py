@@ -172,3 +172,17 @@ def test_stop_strings_end_the_reply_not_the_markup_of_its_calls(stack):
     assert deltas[0]["id"].startswith("call_") and deltas[0]["function"]["name"] == "get_weather"
     assert "".join(d["function"].get("arguments", "") for d in deltas) == call["function"]["arguments"]
     assert chunks[-1]["finish_reason"] == "tool_calls"
+
+
+def test_any_int64_seed_openai_takes_is_taken_and_reproduces(stack):
+    """OpenAI's seed is any 64-bit integer (vLLM's too); negative or past 2**44 it was a 400. It
+    draws as seed mod (2**44 + 1), the sampler's range."""
+
+    def text(seed: int) -> str:
+        body = {"model": MODEL, "prompt": prompt_ids(4), "max_tokens": 6, "temperature": 1.0, "seed": seed}
+        r = httpx.post(f"{stack.url}/v1/completions", json={**body, "ignore_eos": True}, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    for seed in (-1, 2**63 - 1, -(2**63)):
+        assert text(seed) == text(seed) == text(seed % (2**44 + 1))
