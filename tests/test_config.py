@@ -44,6 +44,7 @@ def test_nested_and_flat_rope_parameters():
                     "rope_theta": 7000.0,
                     "factor": 16,
                     "original_max_position_embeddings": 64,
+                    "attention_factor": 1.0,  # as transformers saves it (absent: test_config_rope.py)
                 },
             }
         )

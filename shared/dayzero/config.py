@@ -13,27 +13,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .config_rope import RopeConfig, nested_rope_dim, parse_ropes
+from .config_values import ConfigError
+from .config_values import get_float as _float
+from .config_values import get_int as _int
+from .config_values import get_json as _json
+from .config_values import get_value as _get
+
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 LAYER_TYPES = (SLIDING, CSA, HCA)
 HASH_MOE, MOE = "hash_moe", "moe"
 SCORING_FUNCS = ("sqrtsoftplus", "sigmoid", "softmax")
 _FLAT_RATES = ((CSA, "compress_rate_csa"), (HCA, "compress_rate_hca"))  # the legacy scalar rates
-ROPE_TYPES = ("default", "yarn")
-
-
-class ConfigError(ValueError):
-    """A config.json dayzero cannot serve; the message names the field."""
-
-
-@dataclass(frozen=True, slots=True)
-class RopeConfig:
-    theta: float
-    rope_type: str = "default"
-    factor: float = 1.0
-    original_max_position_embeddings: int = 0
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    truncate: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,35 +128,6 @@ SIZE_KEYS = (
 )
 
 
-# Each key is read by one of these: the type and range it must have sit beside its default.
-def _get(raw: dict[str, Any], key: str, default: Any) -> Any:
-    value = raw.get(key, default)
-    return default if value is None else value
-
-
-def _int(raw: dict[str, Any], key: str, default: int | None, least: int = 1) -> int:
-    value = _get(raw, key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        kind = "a positive integer" if least == 1 else f"an integer >= {least}"
-        raise ConfigError(f"{key} must be {kind}, got {value!r}")
-    return value
-
-
-def _float(raw: dict[str, Any], key: str, default: float) -> float:
-    value = _get(raw, key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
-        raise ConfigError(f"{key} must be a number above 0, got {value!r}")
-    return float(value)
-
-
-def _json(raw: dict[str, Any], key: str, kind: type[dict | list]) -> Any:
-    """None when absent, else a ``kind``: dict (a JSON object) or list."""
-    value = raw.get(key)
-    if value is not None and not isinstance(value, kind):
-        raise ConfigError(f"{key} must be a JSON {'object' if kind is dict else 'list'}, got {value!r}")
-    return value
-
-
 def _ratio_types(raw: dict[str, Any], n: int, rates: dict[str, int]) -> list[str] | None:
     """``compress_ratios`` (each layer's compression rate: 0 sliding, the CSA rate, the HCA rate) as
     layer types: n entries, or n + 1 with the MTP layer's last (the releases)."""
@@ -213,38 +175,6 @@ def _mlp_layer_types(raw: dict[str, Any], n: int) -> tuple[str, ...]:
     return tuple(types)
 
 
-def _rope(params: dict[str, Any], theta: float, max_pos: int) -> RopeConfig:
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
-        raise ConfigError(f"rope_type {rope_type!r} is not supported (supported: {ROPE_TYPES})")
-    theta = _float(params, "rope_theta", theta)
-    if rope_type == "default":
-        return RopeConfig(theta)
-    if params.get("attention_factor", 1.0) != 1.0:
-        raise ConfigError("yarn attention_factor other than 1.0 is not supported (V4 does not scale cos/sin)")
-    original = _int(params, "original_max_position_embeddings", None)
-    factor = _float(params, "factor", max_pos / original)
-    return RopeConfig(
-        theta,
-        "yarn",
-        factor,
-        original,
-        _float(params, "beta_fast", 32.0),
-        _float(params, "beta_slow", 1.0),
-        bool(params.get("truncate", True)),
-    )
-
-
-def _ropes(raw: dict[str, Any], max_pos: int) -> tuple[RopeConfig, RopeConfig]:
-    rp = _json(raw, "rope_parameters", dict) or _json(raw, "rope_scaling", dict) or {}
-    main_theta = _float(raw, "rope_theta", 10000.0)
-    compress_theta = _float(raw, "compress_rope_theta", 160000.0)
-    if isinstance(rp.get("main"), dict) and isinstance(rp.get("compress"), dict):
-        return _rope(rp["main"], main_theta, max_pos), _rope(rp["compress"], compress_theta, max_pos)
-    flat = {k: v for k, v in rp.items() if k not in ("main", "compress", "rope_theta")}
-    return RopeConfig(main_theta), _rope(flat, compress_theta, max_pos)
-
-
 def _parse(raw: dict[str, Any]) -> ModelConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"must hold a JSON object, got {type(raw).__name__}")
@@ -259,12 +189,13 @@ def _parse(raw: dict[str, Any]) -> ModelConfig:
         rope_head_dim = _int(raw, "qk_rope_head_dim", None)
     else:  # transformers' default factor: 64 rope dims of a 512-wide head
         rope_head_dim = head_dim * 64 // 512
+    rope_head_dim = nested_rope_dim(raw, head_dim, rope_head_dim)
     given = {CSA: 4, HCA: 128, **(_json(raw, "compress_rates", dict) or {})}
     given.update({kind: raw[key] for kind, key in _FLAT_RATES if raw.get(key) is not None})
     rates = {kind: _int(given, kind, None) for kind in (CSA, HCA)}
     eos = _get(raw, "eos_token_id", 1)
     max_pos = _int(raw, "max_position_embeddings", 1048576)
-    rope_main, rope_compress = _ropes(raw, max_pos)
+    rope_main, rope_compress = parse_ropes(raw, max_pos)
     cfg = ModelConfig(
         vocab_size=_int(raw, "vocab_size", 129280),
         hidden_size=_int(raw, "hidden_size", 4096),
@@ -306,15 +237,18 @@ def _parse(raw: dict[str, Any]) -> ModelConfig:
 
 
 def _validate(cfg: ModelConfig, raw: dict[str, Any]) -> None:
+    indexed = {*cfg.layer_types, *([cfg.mtp_layer_type] if cfg.num_nextn_predict_layers else [])}  # (the indexer ropes)
     checks = [
         (cfg.scoring_func in SCORING_FUNCS, f"scoring_func {cfg.scoring_func!r} not in {SCORING_FUNCS}"),
         (_int(raw, "num_key_value_heads", 1) == 1, "only num_key_value_heads=1 (shared-KV MQA) exists in V4"),
         (_int(raw, "n_shared_experts", 1) == 1, "only n_shared_experts=1 is supported"),
         (cfg.rope_head_dim % 2 == 0 and 0 < cfg.rope_head_dim <= cfg.head_dim, "rope dim must be even, <= head_dim"),
+        (CSA not in indexed or cfg.index_head_dim >= cfg.rope_head_dim, "index_head_dim must be >= the rope dim"),
         ((cfg.num_heads * cfg.head_dim) % cfg.o_groups == 0, "num_heads*head_dim must divide into o_groups"),
         (cfg.num_experts_per_tok <= cfg.n_routed_experts, "num_experts_per_tok > n_routed_experts"),
         (not raw.get("attention_bias") and not raw.get("mlp_bias"), "attention_bias / mlp_bias are not supported"),
         (str(_get(raw, "hidden_act", "silu")) == "silu", "only hidden_act='silu' is supported"),
+        (not raw.get("tie_word_embeddings"), "tie_word_embeddings=true is not supported (V4 has its own head)"),
     ]
     for ok, message in checks:
         if not ok:
