@@ -95,7 +95,7 @@ def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: S
     from .kv.pools import pools_for
     from .serving.budget import torch_dtype
     from .serving.runtime import attention_options
-    from .speculative import Speculation
+    from .speculative import Speculation, speculation_problem
     from .tokenizer import load_codec
 
     codec, printing = load_codec(checkpoint), group.config.rank == 0
@@ -108,6 +108,8 @@ def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: S
         group=group,
     )
     context, k = min(settings.max_context, model.cfg.max_position_embeddings), settings.speculative_tokens
+    if k and (problem := speculation_problem(model, k)):
+        raise ValueError(f"--speculative-tokens {problem}")
     pools = pools_for(model.cfg, torch_dtype(settings), context, mtp=k > 0, device=group.device)
     timings, speculation = Timings(), Speculation(k) if k else None
     options = attention_options(settings)

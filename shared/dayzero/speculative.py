@@ -104,6 +104,17 @@ class Acceptance:
         return {"acceptance_rate": rates, "mean_accepted_length": self.emitted / self.steps if self.steps else 0.0}
 
 
+def speculation_problem(model: Transformer, tokens: int) -> str | None:
+    """Why drafting ``tokens`` per step cannot run on ``model`` (None: it can); to check at startup."""
+    if not model.mtp:
+        return "needs a checkpoint with an MTP layer (mtp.0.*)"
+    cfg = model.cfg
+    rate = min({cfg.compress_rate(i) for i in range(cfg.num_layers + len(model.mtp))} - {0}, default=tokens + 1)
+    if tokens + 1 > rate:  # a verify step may span one compressor window at most (kv.snapshot)
+        return f"of {tokens} makes steps of {tokens + 1} positions, more than the compress rate {rate}"
+    return None
+
+
 def _budget(completion: Completion, k: int) -> int:
     """Drafts worth making: none under a grammar (its mask applies token by token), and no more
     than the completion may still emit after the verified token."""

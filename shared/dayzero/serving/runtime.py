@@ -18,6 +18,7 @@ from ..model.plan import AttentionOptions
 from ..model.weights import Transformer
 from ..parallel.collectives import Group
 from ..settings import Settings
+from ..speculative import speculation_problem
 from ..tokenizer import IdsOnlyCodec, TextCodec, load_codec
 from .budget import planned_pools, torch_dtype
 from .lifecycle import Lifecycle
@@ -71,8 +72,8 @@ def load_ranks(
         on_progress=on_progress,
         group=group,
     )
-    if settings.speculative_tokens and not model.mtp:
-        raise ValueError("DAYZERO_SPECULATIVE_TOKENS needs a checkpoint with an MTP layer (mtp.0.*)")
+    if settings.speculative_tokens and (problem := speculation_problem(model, settings.speculative_tokens)):
+        raise ValueError(f"DAYZERO_SPECULATIVE_TOKENS {problem}")
     sized = planned_pools(settings, model.cfg)
     layout = sized.layout
     segment = None
