@@ -25,7 +25,8 @@ def route(w: MoE, cfg: ModelConfig, x: torch.Tensor, token_ids: torch.Tensor) ->
     """x [T, H] -> (expert ids [T, k] long, weights [T, k]).
 
     Hash layers take the experts from ``tid2eid[token]``; others the top-k of
-    score + correction bias. Weights are the chosen scores, normalised, times the
+    score + correction bias. Weights are the chosen scores, normalised (softmax scores,
+    a distribution over every expert already, are not: DeepSeek's ``Gate``), times the
     routed scaling factor.
     """
     scores = _SCORE[cfg.scoring_func](F.linear(x, w.gate.weight))
@@ -34,7 +35,8 @@ def route(w: MoE, cfg: ModelConfig, x: torch.Tensor, token_ids: torch.Tensor) ->
     else:
         experts = torch.topk(scores + w.gate.bias, cfg.num_experts_per_tok, dim=-1, sorted=False).indices
     weights = scores.gather(1, experts)
-    weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    if cfg.scoring_func != "softmax":
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
     return experts, weights * cfg.routed_scaling_factor
 
 
