@@ -74,6 +74,11 @@ def test_urls_remote_refused_and_data_urls_checked():
     data = encoded(8, 8)
     url = "data:image/png;base64," + base64.b64encode(data).decode()
     assert image_bytes(url, ImageLimits()) == data
+    wrapped = base64.encodebytes(data).decode()  # 76-column lines, as MIME encoders write
+    urlsafe = base64.urlsafe_b64encode(data).decode()
+    assert "\n" in wrapped and ("-" in urlsafe or "_" in urlsafe)
+    for variant in ("DATA:IMAGE/PNG;BASE64," + wrapped, "data:image/png;base64," + urlsafe):  # (both 400s)
+        assert image_bytes(variant, ImageLimits()) == data
     with pytest.raises(ImageError, match="remote image URLs are not allowed"):
         image_bytes("https://example.com/cat.png", ImageLimits())
     with pytest.raises(ImageError, match="not valid base64"):

@@ -51,15 +51,19 @@ DRAFT_MARGIN = 2  # a JPEG is decoded at no less than this many times its target
 
 
 def image_bytes(url: str, limits: ImageLimits) -> bytes:
-    """The encoded bytes behind an ``image_url`` (a base64 data URL; remote hosts refused by default)."""
-    if url.startswith("data:"):
+    """The encoded bytes behind an ``image_url`` (a base64 data URL; remote hosts refused by default).
+    A data URL is read as RFC 2397 and MIME encoders write it: its header in any case, its base64
+    broken into lines or in the URL-safe alphabet."""
+    if url[:5].lower() == "data:":
         header, _, payload = url.partition(",")
-        if ";base64" not in header or not header.startswith("data:image/"):
+        if ";base64" not in header.lower() or not header.lower().startswith("data:image/"):
             raise ImageError("image data URLs must look like data:image/<type>;base64,<data>")
+        payload = "".join(payload.split())  # (76-column lines: base64.encodebytes, the base64 command)
         if len(payload) * 3 // 4 > limits.max_bytes:
             raise ImageError(f"image larger than {limits.max_bytes} bytes")
+        urlsafe = "-" in payload or "_" in payload
         try:
-            return base64.b64decode(payload, validate=True)
+            return base64.b64decode(payload, altchars=b"-_" if urlsafe else None, validate=True)
         except (binascii.Error, ValueError) as exc:
             raise ImageError(f"image data URL is not valid base64: {exc}") from exc
     scheme = urlparse(url).scheme
