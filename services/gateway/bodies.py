@@ -1,5 +1,6 @@
 """Answering admitted requests without streaming: one JSON body with a choice per request (several
-prompts, or ``n`` > 1). A client that leaves before its body is ready cancels what it asked for."""
+prompts, or ``n`` > 1). A client that leaves before its body is ready cancels what it asked for, at
+once (a client that times out and retries would otherwise have its copies decode side by side)."""
 
 from __future__ import annotations
 
@@ -50,11 +51,11 @@ async def _events(gw: Gateway, progress: Progress) -> list[Token]:
         raise
     finally:
         with anyio.CancelScope(shield=True), contextlib.suppress(redis.RedisError):
-            await gw.bus.unwatch(request.request_id, progress.watcher, progress.over)
+            await gw.bus.unwatch(request.request_id, progress.watcher, progress.over, resumable=False)
 
 
 async def _client_present(http: Request) -> None:
-    """Raises once the client has gone (its requests are then cancelled after the grace period) or
+    """Raises once the client has gone (its requests are then cancelled: nobody can resume them) or
     the server begins to stop (answer now, not when cut off); checked while tokens flow too."""
     while True:
         await asyncio.sleep(PRESENCE_CHECK_S)

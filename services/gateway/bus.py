@@ -62,10 +62,15 @@ class Bus:
         return await self.watching.admit(requests, images, owner, queue)
 
     # -- watchers and cancellation ---------------------------------------------------------------------
-    async def unwatch(self, request_id: str, watcher: str, finished: bool) -> None:
-        """A client went away: cancel after the grace period unless another client is watching."""
+    async def unwatch(self, request_id: str, watcher: str, finished: bool, resumable: bool = True) -> None:
+        """A client went away: cancel unless another client is watching; after the grace period if
+        the client may come back for it (a stream), at once if not (a body's request: its id
+        reaches the client only with the body)."""
         left = await self.watching.unwatch(request_id, watcher)
         if finished or left > 0:
+            return
+        if not resumable:
+            await self.watching.cancel_unwatched(request_id)
             return
         task = asyncio.create_task(self._cancel_later(request_id))
         self._cancels.add(task)

@@ -249,3 +249,22 @@ def test_a_worker_stopping_leaves_the_registry_at_once(stack):
     assert process.encode() not in r.hkeys("dz:workers:decode") and not r.exists(f"dz:usage:{process}")
     assert stack.supervise() == ["decode1"]
     stack.wait_ready()
+
+
+def test_a_body_s_client_that_left_cancels_at_once_a_stream_s_after_the_grace(text_dir, tmp_path):
+    """A request answered in one body could wait out the grace as a stream's does, though nobody can
+    resume it (its id comes with the body): a client that timed out and retried had its copies
+    decode side by side for the grace period (5 s by default; 30 here)."""
+    grace = {"DAYZERO_DISCONNECT_GRACE_S": "30"}
+    stack = start_stack(text_dir, tmp_path, {"vision": 0, "prefill": 1, "decode": 1}, grace)
+    try:
+        r = redis.Redis.from_url(stack.redis_url)
+        body = {"model": MODEL, "prompt": [0, 5, 6, 7], "max_tokens": 2000, "ignore_eos": True}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{stack.url}/v1/completions", json=body, timeout=2)
+        assert wait_until(lambda: [r.get(k) for k in r.scan_iter("dz:done:*")] == [b"cancelled"], 5)
+        streamed = _cancel_after(f"{stack.url}/v1/completions", body, 3)
+        time.sleep(3)  # a stream's client may come back within the grace: still generating
+        assert r.get(f"dz:done:{streamed}") is None and r.exists(f"dz:lease:{streamed}")
+    finally:
+        stack.stop()
