@@ -137,8 +137,6 @@ class StageWorker:
         """SIGTERM: Celery's warm shutdown waits for running tasks (whole generations) and, with
         Redis down, for a reconnect that may never come; end the process after the grace period
         whatever it waits for (unfinished requests' leases lapse and the reaper re-runs them)."""
-        if self.running is not None:
-            self.running.leave()
 
         def exit_later() -> None:
             time.sleep(self.settings.shutdown_grace_s)
@@ -148,10 +146,11 @@ class StageWorker:
             os._exit(0)
 
         threading.Thread(target=exit_later, name="exit-watchdog", daemon=True).start()
+        if self.running is not None:  # (after the watchdog: Redis unreachable, leaving may wait its timeouts)
+            self.running.leave()
 
     def _stop(self, **_: object) -> None:
         if self.running is not None:
-            self.running.leave()
             self.running.stop.set()
             self.running.close()
 
