@@ -113,6 +113,7 @@ def make_app(settings: Settings) -> FastAPI:
             cfg.vocab_size,
             cfg.raw.get("image_token_id") if "vision_config" in cfg.raw else None,
             cfg.eos_token_ids[0],
+            vision_config=cfg.raw.get("vision_config") or {},
         )
         if gw.codec.has_tokenizer:  # load the template renderer now, fail early
             gw.codec.chat_ids([{"role": "user", "content": "hi"}])

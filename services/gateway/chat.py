@@ -25,7 +25,7 @@ from .schemas import Sampling
 def chat_prompt(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
     """The chat's prompt ids (each image expanded to its patches) and its rendered messages."""
     s = gw.settings
-    prompt = render_chat(body.messages, s.image_limits(), s.patch_spec(), gw.image_token is not None)
+    prompt = render_chat(body.messages, s.image_limits(), s.patch_spec(gw.vision_config), gw.image_token is not None)
     thinking, effort = body.thinking()
     schema = body.response_format.schema_() if body.response_format else None
     options = ChatOptions(thinking, effort, tuple(body.offered_tools()), schema)

@@ -26,6 +26,7 @@ class Gateway:
     image_token: int | None  # None: the checkpoint has no vision tower
     eos_token: int
     started: int = field(default_factory=lambda: int(time.time()))  # unix time; the model card's ``created``
+    vision_config: dict = field(default_factory=dict)  # the checkpoint's: its patch geometry sizes the images
 
     @property
     def context_limit(self) -> int:

@@ -182,8 +182,16 @@ class Settings(BaseSettings):
             allowed_hosts=tuple(self.image_allowed_hosts),
         )
 
-    def patch_spec(self) -> PatchSpec:
-        return PatchSpec(max_pixels=self.image_resize_max_pixels)
+    def patch_spec(self, vision_config: Mapping | None = None) -> PatchSpec:
+        """The resize budget of these settings on the patch geometry of the checkpoint's
+        ``vision_config`` (Qwen2.5-VL's 14 / 2x2 / 2 where it names none)."""
+        vision = vision_config or {}
+        return PatchSpec(
+            patch_size=int(vision.get("patch_size", 14)),
+            merge_size=int(vision.get("spatial_merge_size", 2)),
+            temporal_patch_size=int(vision.get("temporal_patch_size", 2)),
+            max_pixels=self.image_resize_max_pixels,
+        )
 
     @property
     def demo_checkpoint(self) -> Path:

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 
 import torch
 
@@ -37,7 +38,7 @@ class VisionStage:
         tower.to(settings.device)
         self.settings, self.name, self.prefill_message = settings, process_name(name), prefill_message
         self.encoder = VisionEncoder(
-            tower, settings.patch_spec(), settings.image_limits(), settings.encoder_cache_mb << 20
+            tower, settings.patch_spec(asdict(tower.cfg)), settings.image_limits(), settings.encoder_cache_mb << 20
         )
         self.encoder.warm_up()  # before the stage announces itself
         self.store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)

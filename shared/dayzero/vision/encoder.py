@@ -38,6 +38,13 @@ class VisionEncoder:
     """Encodes images with a byte-budgeted cache keyed by the image bytes and preprocessing."""
 
     def __init__(self, tower: VisionTower, spec: PatchSpec, limits: ImageLimits, cache_bytes: int) -> None:
+        cfg = tower.cfg
+        if (cfg.patch_size, cfg.spatial_merge_size, cfg.temporal_patch_size) != (
+            spec.patch_size,
+            spec.merge_size,
+            spec.temporal_patch_size,
+        ):
+            raise ValueError(f"{spec} does not cut the patches this tower takes ({cfg})")
         self.tower, self.spec, self.limits, self.budget = tower, spec, limits, cache_bytes
         self.counters = CacheCounters()
         self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()

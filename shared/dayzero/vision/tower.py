@@ -35,7 +35,11 @@ class VisionConfig:
 
     @staticmethod
     def from_dict(raw: dict[str, Any]) -> VisionConfig:
-        rope = (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        """As transformers' Qwen2_5_VLVisionConfig reads it: ``rope_parameters.rope_theta``, else a
+        top-level ``rope_theta`` (older configs), else 10000; an activation other than SiLU refused."""
+        if raw.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"vision_config.hidden_act={raw['hidden_act']!r}: only 'silu' is supported")
+        rope = (raw.get("rope_parameters") or {}).get("rope_theta", raw.get("rope_theta", 10000.0))
         return VisionConfig(
             depth=int(raw["depth"]),
             hidden_size=int(raw["hidden_size"]),
