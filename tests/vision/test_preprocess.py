@@ -160,3 +160,19 @@ def test_a_damaged_exif_block_leaves_the_pixels_served(exif):
     Image.new("RGB", (40, 30), (10, 200, 30)).save(out, "PNG", exif=exif)
     image = decode(out.getvalue(), ImageLimits())
     assert image.size == (40, 30) and image.getpixel((0, 0)) == (10, 200, 30)
+
+
+def test_a_multi_picture_jpeg_is_served_as_its_first_picture():
+    """Cameras write JPEGs with an MPF segment and a second picture; Pillow calls them MPO, and
+    transformers' processor (and browsers) take the first picture."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    first = Image.open(io.BytesIO(encoded(300, 200, "JPEG", seed=4)))
+    buf = io.BytesIO()
+    first.save(buf, "MPO", save_all=True, append_images=[Image.new("RGB", (300, 200))], quality=95)
+    assert Image.open(io.BytesIO(buf.getvalue())).format == "MPO"
+    spec = PatchSpec(max_pixels=28 * 28 * 16)
+    pixels, grid = process([decode(buf.getvalue(), ImageLimits(), spec)], spec)
+    reference = Qwen2VLImageProcessorPil(max_pixels=spec.max_pixels)(images=[Image.open(buf)], return_tensors="pt")
+    assert torch.equal(grid, reference["image_grid_thw"])
+    assert (pixels - reference["pixel_values"]).abs().max().item() < 1e-5

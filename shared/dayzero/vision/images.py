@@ -1,7 +1,7 @@
 """Images in, before any tensor: safe decoding with Pillow under limits, Qwen2-VL's target size,
 and the placeholder expansion of a prompt (no torch: the gateway uses these).
 
-Accepts base64 ``data:`` URLs and raw bytes; PNG, JPEG, WebP, GIF (first frame). Remote
+Accepts base64 ``data:`` URLs and raw bytes; PNG, JPEG (MPO too), WebP, GIF (first frame). Remote
 ``http(s)`` URLs are refused unless their host is allowed. Every limit violation and every
 truncated, corrupt or unsupported input is an ``ImageError`` (the gateway's HTTP 400).
 """
@@ -18,7 +18,8 @@ from urllib.parse import urlparse
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "MPO")  # MPO: a JPEG with more pictures (cameras); the first is served
+JPEGS = ("JPEG", "MPO")
 
 
 class ImageError(ValueError):
@@ -168,7 +169,7 @@ def _upright(image: Image.Image) -> Image.Image:
 def _draft(image: Image.Image, spec: PatchSpec) -> tuple[int, int] | None:
     """Set a JPEG well over its target size to decode scaled down; the (width, height) it must then
     be resized to, or None where it decodes at full size."""
-    if image.format != "JPEG":
+    if image.format not in JPEGS:
         return None
     height, width = target_size(image.height, image.width, spec)
     if target_size(height, width, spec) != (height, width):  # patchify would resize the target again
