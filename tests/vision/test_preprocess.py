@@ -176,3 +176,24 @@ def test_a_multi_picture_jpeg_is_served_as_its_first_picture():
     reference = Qwen2VLImageProcessorPil(max_pixels=spec.max_pixels)(images=[Image.open(buf)], return_tensors="pt")
     assert torch.equal(grid, reference["image_grid_thw"])
     assert (pixels - reference["pixel_values"]).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize(("size", "accepted"), [(99, True), (100, True), (101, False), (102, False)])
+def test_a_data_url_of_exactly_the_byte_limit_is_accepted(size, accepted):
+    """The limit is on the decoded bytes: 100 bytes base64 to 136 characters with 2 of padding
+    (136 x 3 / 4 = 102 was held against a limit of 100)."""
+    data = bytes(range(size))
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    if accepted:
+        assert image_bytes(url, ImageLimits(max_bytes=100)) == data
+    else:
+        with pytest.raises(ImageError, match="larger than 100 bytes"):
+            image_bytes(url, ImageLimits(max_bytes=100))
+
+
+def test_base64_without_its_padding_is_read_as_browsers_read_it():
+    data = bytes(range(100))  # 100 = 33 x 3 + 1: two padding characters left out
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        assert image_bytes("data:image/png;base64," + encode(data).decode().rstrip("="), ImageLimits()) == data
+    with pytest.raises(ImageError, match="not valid base64"):
+        image_bytes("data:image/png;base64,QUJDR", ImageLimits())  # 5 characters: no padding makes that whole

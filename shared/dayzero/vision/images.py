@@ -60,9 +60,12 @@ def image_bytes(url: str, limits: ImageLimits) -> bytes:
         if ";base64" not in header.lower() or not header.lower().startswith("data:image/"):
             raise ImageError("image data URLs must look like data:image/<type>;base64,<data>")
         payload = "".join(payload.split())  # (76-column lines: base64.encodebytes, the base64 command)
-        if len(payload) * 3 // 4 > limits.max_bytes:
+        data = payload.rstrip("=")
+        if len(data) * 3 // 4 > limits.max_bytes:  # the decoded size exactly: padding decodes to nothing
             raise ImageError(f"image larger than {limits.max_bytes} bytes")
         urlsafe = "-" in payload or "_" in payload
+        if len(data) % 4 != 1:  # padding left out (base64url's usual form; browsers read it): put back
+            payload = data + "=" * (-len(data) % 4)
         try:
             return base64.b64decode(payload, altchars=b"-_" if urlsafe else None, validate=True)
         except (binascii.Error, ValueError) as exc:
