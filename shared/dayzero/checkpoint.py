@@ -8,9 +8,11 @@ Formats as released (dayzero.quant.formats, dayzero.quant.spec): FP8 dense weigh
 scales float8_e8m0fnu or uint8 (reinterpreted bit for bit, never converted by value) or
 float32; BF16/F32 tensors without scales as they are. ``mtp.N.*`` load into ``model.mtp``.
 
-Headers are read first (memory-mapped, no data); a missing tensor, or one whose shape or
-dtype does not fit, fails the load with one error naming it, what was expected and what was
-found, before any data is read. Tensors the model does not use are listed in one log line.
+Headers are read first (memory-mapped, no data); a missing tensor, one whose shape or dtype
+does not fit, one stored twice, or block scales that do not fit their FP8 weight
+(dayzero.checkpoint_pairs) fail the load with one error naming it, what was expected and what
+was found, before any data is read; so does an E8M0 NaN (0xFF) among any expert's scales, as
+they are read. Tensors the model does not use are listed in one log line.
 Data is read tensor by tensor from memory-mapped shards, never a whole shard: host memory
 peaks at the model's own bytes plus the shard being read (memory-mapped) and one tensor being
 dequantized: bench/load.py measured 1.26x the loaded model's bytes above the process's baseline
@@ -39,6 +41,7 @@ from .checkpoint_files import (
     scan,
     unused_patterns,
 )
+from .checkpoint_pairs import pairing_problems
 from .config import ModelConfig
 from .model.weights import Transformer, is_fp32_param, pin_attributes, skeleton
 from .parallel import Group, ParallelConfig, check_divisible
@@ -79,7 +82,7 @@ def _expected_dtype(p: Placed, e: Entry, target: torch.Tensor) -> str | None:
     return None if dtype is not None and dtype.is_floating_point else "a floating-point dtype"
 
 
-def _check(placed: list[tuple[Entry, Placed]], expected: dict[str, torch.Tensor]) -> None:
+def _check(placed: list[tuple[Entry, Placed]], expected: dict[str, torch.Tensor], block: tuple[int, int]) -> None:
     problems: list[str] = []
     seen: dict[str, set[int | None]] = {}
     scaled = {(p.target, p.expert) for _, p in placed if p.role == "block_scale"}
@@ -107,6 +110,7 @@ def _check(placed: list[tuple[Entry, Placed]], expected: dict[str, torch.Tensor]
                 problems.append(f"missing tensor {stem}.{absent[0]}.{stored}")
         elif not got:
             problems.append(f"missing tensor {name!r}")
+    problems += pairing_problems(placed, block)  # after each tensor's own dtype and shape
     if problems:
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
         raise CheckpointError(problems[0] + more)
@@ -118,7 +122,10 @@ def _decode(f, e: Entry, p: Placed, scales: dict, block: tuple[int, int], index:
     tensor = _part(f, e.key, index)
     try:
         if p.role == "mx_scale":
-            return ue8m0_bytes(tensor, e.key)
+            exponents = ue8m0_bytes(tensor, e.key)
+            if (exponents == 255).any():  # every expert's: the weight check samples only a few
+                raise FormatError(f"{e.key}: a scale is 0xFF (NaN in E8M0)")
+            return exponents
         if tensor.dtype == torch.float8_e4m3fn:
             value = dequant_fp8(tensor, scales[(p.target, p.expert)], e.key, block)
             if not torch.isfinite(value).all():
@@ -165,7 +172,7 @@ def read_headers(root: Path, cfg: ModelConfig) -> Headers:
     placed = [(e, place(e.name, packed)) for e in entries]
     used = [(e, p) for e, p in placed if p.target in expected]
     try:
-        _check(used, expected)
+        _check(used, expected, _spec(cfg).block)
     except CheckpointError as exc:
         if absent := cfg.defaulted_sizes():
             lacks = ", ".join(absent)
