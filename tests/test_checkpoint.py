@@ -141,3 +141,21 @@ def test_pinned_attributes_follow_a_later_assignment(tiny_checkpoint):
     head = torch.nn.Linear(1, 1)
     model.head = head
     assert model.head is head and model._modules["head"] is head
+
+
+def test_fp4_experts_need_inputs_in_whole_32_value_blocks(checkpoint_factory, tmp_path):
+    """hidden 48 with FP4 experts: 24 bytes (48 values) per row cannot take one E8M0 scale per 32.
+    The skeleton floored 48 / 32 to 1 scale, and the weight check crashed in a FormatError."""
+    src = checkpoint_factory("hidden48", hidden_size=48)
+    tensors = load_file(str(src / "model.safetensors"))
+    for key in [k for k in tensors if ".ffn.experts." in k]:
+        rows, cols = tensors[key].shape
+        tensors[key] = torch.zeros(rows, cols // 2, dtype=torch.int8)
+        tensors[key.replace(".weight", ".scale")] = torch.full((rows, cols // 32), 127, dtype=torch.uint8)
+    out = _copy(src, tmp_path / "fp4")
+    save_file(tensors, str(out / "model.safetensors"))
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="FP4 experts need hidden_size divisible by 32; config.json has 48"):
+        load_model(out, progress=False)

@@ -47,7 +47,7 @@ from .model.weights import Transformer, is_fp32_param, pin_attributes, skeleton
 from .parallel import Group, ParallelConfig, check_divisible
 from .parallel.shard import check_blocks, local_index, owns_expert, shard_skeleton, split_dim
 from .quant.experts import ExpertConverter
-from .quant.formats import FormatError, dequant_fp8, ue8m0_bytes
+from .quant.formats import MX_BLOCK, FormatError, dequant_fp8, ue8m0_bytes
 from .quant.spec import QuantConfigError, QuantSpec, quant_spec
 from .quant.verify import WeightCheckError, check_weights
 
@@ -59,8 +59,13 @@ _SCALES = (torch.float8_e8m0fnu, torch.uint8, torch.float32)
 
 
 def packed_experts(cfg: ModelConfig) -> bool:
-    """Whether the checkpoint's experts are MXFP4 (kept packed); refuses formats dayzero cannot read."""
-    return _spec(cfg).packed_experts
+    """Whether the checkpoint's experts are MXFP4 (kept packed); refuses formats dayzero cannot read,
+    and FP4 experts whose input sizes are not whole 32-value blocks (one E8M0 scale each)."""
+    packed = _spec(cfg).packed_experts
+    for field, n in (("hidden_size", cfg.hidden_size), ("moe_intermediate_size", cfg.moe_intermediate_size)):
+        if packed and n % MX_BLOCK:
+            raise CheckpointError(f"FP4 experts need {field} divisible by {MX_BLOCK}; config.json has {n}")
+    return packed
 
 
 def _spec(cfg: ModelConfig) -> QuantSpec:
