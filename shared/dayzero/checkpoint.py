@@ -10,7 +10,7 @@ float32; BF16/F32 tensors without scales as they are. ``mtp.N.*`` load into ``mo
 
 Headers are read first (memory-mapped, no data); a missing tensor, one whose shape or dtype
 does not fit, one stored twice, or block scales that do not fit their FP8 weight
-(dayzero.checkpoint_pairs) fail the load with one error naming it, what was expected and what
+(dayzero.checkpoint_checks) fail the load with one error naming it, what was expected and what
 was found, before any data is read; so does an E8M0 NaN (0xFF) among any expert's scales, as
 they are read. Tensors the model does not use are listed in one log line.
 Data is read tensor by tensor from memory-mapped shards, never a whole shard: host memory
@@ -31,6 +31,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from .checkpoint_checks import INTEGER_DTYPES, check_headers
 from .checkpoint_files import (
     CheckpointError,
     Entry,
@@ -41,7 +42,6 @@ from .checkpoint_files import (
     scan,
     unused_patterns,
 )
-from .checkpoint_pairs import pairing_problems
 from .config import ModelConfig
 from .model.weights import Transformer, is_fp32_param, pin_attributes, skeleton
 from .parallel import Group, ParallelConfig, check_divisible
@@ -54,8 +54,6 @@ from .quant.verify import WeightCheckError, check_weights
 __all__ = ["CheckpointError", "Headers", "check_split", "load_model", "packed_experts", "read_headers", "scan"]
 
 log = logging.getLogger("dayzero.checkpoint")
-_INTEGER = (torch.int8, torch.uint8, torch.int32, torch.int64)
-_SCALES = (torch.float8_e8m0fnu, torch.uint8, torch.float32)
 
 
 def packed_experts(cfg: ModelConfig) -> bool:
@@ -73,52 +71,6 @@ def _spec(cfg: ModelConfig) -> QuantSpec:
         return quant_spec(cfg.raw)
     except QuantConfigError as exc:
         raise CheckpointError(str(exc)) from exc
-
-
-def _expected_dtype(p: Placed, e: Entry, target: torch.Tensor) -> str | None:
-    """What the tensor's dtype should be, when it is not that."""
-    dtype = getattr(torch, e.dtype_name, None)
-    if p.role != "tensor":
-        return None if dtype in _SCALES else "float8_e8m0fnu, uint8 or float32 scales"
-    if target.dtype in (torch.int8, torch.uint8) and p.expert is not None:
-        return None if dtype in (torch.int8, torch.uint8) else "int8 (two E2M1 values per byte: FP4 experts)"
-    if target.dtype in _INTEGER:
-        return None if dtype in _INTEGER else "an integer dtype"
-    return None if dtype is not None and dtype.is_floating_point else "a floating-point dtype"
-
-
-def _check(placed: list[tuple[Entry, Placed]], expected: dict[str, torch.Tensor], block: tuple[int, int]) -> None:
-    problems: list[str] = []
-    seen: dict[str, set[int | None]] = {}
-    scaled = {(p.target, p.expert) for _, p in placed if p.role == "block_scale"}
-    for e, p in placed:
-        want = expected[p.target]
-        shape = tuple(want.shape[1:]) if p.expert is not None else tuple(want.shape)
-        wrong_dtype = _expected_dtype(p, e, want)
-        if p.expert is not None and not 0 <= p.expert < want.shape[0]:
-            problems.append(f"tensor {e.key!r}: expert index {p.expert} out of range [0, {want.shape[0]})")
-        elif p.role != "block_scale" and e.shape != shape:
-            problems.append(f"tensor {e.key!r} has shape {list(e.shape)}, expected {list(shape)}")
-        elif wrong_dtype:
-            problems.append(f"tensor {e.key!r} is {e.dtype_name}, expected {wrong_dtype}")
-        elif e.dtype_name == "float8_e4m3fn" and (p.target, p.expert) not in scaled:
-            problems.append(f"tensor {e.key!r} is FP8 but the checkpoint has no scales for it")
-        if p.role != "block_scale":
-            seen.setdefault(p.target, set()).add(p.expert)
-    for name, t in expected.items():
-        got = seen.get(name, set())
-        if ".ffn.experts." in name:
-            absent = sorted(set(range(t.shape[0])) - got)
-            if absent:
-                stem, matrix = name.rsplit(".", 1)
-                stored = f"{matrix.removesuffix('_scale')}.scale" if matrix.endswith("_scale") else f"{matrix}.weight"
-                problems.append(f"missing tensor {stem}.{absent[0]}.{stored}")
-        elif not got:
-            problems.append(f"missing tensor {name!r}")
-    problems += pairing_problems(placed, block)  # after each tensor's own dtype and shape
-    if problems:
-        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-        raise CheckpointError(problems[0] + more)
 
 
 def _decode(f, e: Entry, p: Placed, scales: dict, block: tuple[int, int], index: tuple) -> torch.Tensor:
@@ -177,7 +129,7 @@ def read_headers(root: Path, cfg: ModelConfig) -> Headers:
     placed = [(e, place(e.name, packed)) for e in entries]
     used = [(e, p) for e, p in placed if p.target in expected]
     try:
-        _check(used, expected, _spec(cfg).block)
+        check_headers(used, expected, _spec(cfg).block)
     except CheckpointError as exc:
         if absent := cfg.defaulted_sizes():
             lacks = ", ".join(absent)
@@ -246,7 +198,7 @@ def load_model(
     layout = model.state_dict()
 
     def target_dtype(name: str) -> torch.dtype:
-        if layout[name].dtype in _INTEGER:
+        if layout[name].dtype in INTEGER_DTYPES:
             return layout[name].dtype
         return torch.float32 if is_fp32_param(name) else dtype
 
