@@ -12,28 +12,16 @@ from PIL import Image
 from dayzero.settings import Settings
 from dayzero.vision.encoder import VisionEncoder
 from dayzero.vision.images import PatchSpec
-from dayzero.vision.tower import VisionConfig, VisionTower
 
-from .conftest import encoded
+from .conftest import encoded, twin_towers
 
 GEOMETRY = {"patch_size": 8, "spatial_merge_size": 3, "temporal_patch_size": 1}
 
 
 def _reference(**geometry):
-    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
-
-    config = Qwen2_5_VLVisionConfig(
+    return twin_towers(
         depth=2, hidden_size=16, intermediate_size=24, num_heads=2, out_hidden_size=12, window_size=48, **geometry
     )
-    torch.manual_seed(0)
-    model = Qwen2_5_VisionTransformerPretrainedModel._from_config(config, attn_implementation="eager").eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.1)
-    tower = VisionTower(VisionConfig.from_dict(config.to_dict()))
-    tower.load_state_dict(model.state_dict(), strict=True)
-    return config, model, tower
 
 
 def test_a_checkpoints_patch_geometry_sizes_its_images():

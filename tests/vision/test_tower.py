@@ -10,12 +10,11 @@ from dayzero.vision.images import PatchSpec
 from dayzero.vision.preprocess import process
 from dayzero.vision.tower import VisionConfig, VisionTower, encode
 
+from .conftest import twin_towers
+
 
 def test_several_images_of_different_sizes_match_reference():
-    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
-
-    config = Qwen2_5_VLVisionConfig(
+    _, reference, tower = twin_towers(
         depth=4,
         hidden_size=32,
         intermediate_size=64,
@@ -24,13 +23,6 @@ def test_several_images_of_different_sizes_match_reference():
         window_size=56,
         fullatt_block_indexes=[1, 3],
     )
-    torch.manual_seed(0)
-    reference = Qwen2_5_VisionTransformerPretrainedModel._from_config(config, attn_implementation="eager").eval()
-    with torch.no_grad():
-        for p in reference.parameters():
-            p.normal_(0, 0.1)
-    tower = VisionTower(VisionConfig.from_dict(config.to_dict()))
-    tower.load_state_dict(reference.state_dict(), strict=True)
     gen = torch.Generator().manual_seed(1)
     images = [
         Image.fromarray(torch.randint(0, 255, (h, w, 3), generator=gen, dtype=torch.uint8).numpy())
