@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from .procs import UnbindableHost, free_port, local_url, port_in_use, spawn, start_redis, terminate
+from .shm import unlink_parked_by
 
 SERVICES = ("gateway", "vision", "prefill", "decode")
 STOP_TIMEOUT_S = 10.0  # per group (gateway, workers, redis) before SIGKILL
@@ -68,6 +69,7 @@ class Stack:
     children: list[Child] = field(default_factory=list)
     redis_port: int | None = None
     metrics_ports: dict[str, int] = field(default_factory=dict)  # DAYZERO_METRICS_PORT: worker -> its port
+    vision_pids: set[int] = field(default_factory=set)  # every vision process started (restarts too)
 
     def start(self) -> None:
         try:
@@ -118,6 +120,8 @@ class Stack:
         argv = service_argv(child.service, self.ranks.get(child.service, 1))
         cmd = [sys.executable, "-m", "dayzero.cli", *argv, "--name", child.name]
         child.proc = spawn(cmd, log, {**self.env, **child.env})
+        if child.service == "vision":
+            self.vision_pids.add(child.proc.pid)
 
     @property
     def url(self) -> str:
@@ -184,10 +188,13 @@ class Stack:
 
     def stop(self) -> list[str]:
         """Gateway, then workers, then Redis: each group SIGTERMed, SIGKILLed after STOP_TIMEOUT_S.
-        Returns the names of the children that had to be SIGKILLed."""
+        With its own Redis, the image embeddings its vision workers parked go too (the requests
+        queued to read them went with the Redis). Returns the names of the children SIGKILLed."""
         killed = []
         for group in (("gateway",), ("vision", "prefill", "decode"), ("redis",)):
             members = [c for c in self.children if c.service in group and c.proc is not None]
             gone = terminate([c.proc for c in members], STOP_TIMEOUT_S)
             killed += [c.name for c in members if c.proc in gone]
+        if self.redis_port is not None:
+            unlink_parked_by(self.vision_pids)
         return killed

@@ -4,11 +4,13 @@ under a stream, SIGINT to a background job. Real processes throughout."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 
 import httpx
 import psutil
+import torch
 
 from dayzero.procs import free_port
 
@@ -125,3 +127,27 @@ def test_each_worker_serves_metrics_on_its_own_port(text_dir, tmp_path):
     assert stages == [{"prefill"}, {"decode"}]
     assert f"worker metrics (DAYZERO_METRICS_PORT, one port each): prefill0 :{metrics}, decode0 :{metrics + 1}" in err
     assert up.returncode == 0 and "restarted" not in err
+
+
+def test_a_stack_stopping_with_its_redis_unlinks_the_embeddings_its_vision_workers_parked(demo_dir, tmp_path):
+    """Requests queued for prefill went with the Redis, so nobody could read their image embeddings:
+    they stayed in /dev/shm until a vision worker swept them past their deadline (an hour later, at
+    the next start)."""
+    from dayzero.serving.handoff import publish_tensor
+    from dayzero.shm import SHM_DIR, parked_name
+    from dayzero.stack import Stack
+
+    mine = publish_tensor(torch.zeros(4), "k", "shm", None, 60)  # (the store only serves Redis parking)
+    assert f"-{os.getpid()}-" in mine.location  # a parked segment names the process that made it
+    env = {"DAYZERO_CHECKPOINT": str(demo_dir)}
+    stack = Stack({"vision": 1, "prefill": 0, "decode": 0}, free_port(), tmp_path, env)
+    stack.start()
+    (vision,) = stack.vision_pids
+    theirs = SHM_DIR / parked_name(60).replace(f"-{os.getpid()}-", f"-{vision}-")
+    theirs.write_bytes(b"x")
+    try:
+        stack.stop()
+        assert not theirs.exists() and (SHM_DIR / mine.location).exists()  # another process's are kept
+    finally:
+        (SHM_DIR / mine.location).unlink(missing_ok=True)
+        theirs.unlink(missing_ok=True)

@@ -15,7 +15,6 @@ import math
 import socket
 import struct
 import time
-import uuid
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
@@ -25,11 +24,10 @@ from safetensors.torch import load, save
 
 from ..kv.handoff import LayoutMismatch, StateHandle, export_state, import_state
 from ..kv.pools import KVPools
-from ..kv.shared import SHM_DIR, CudaSharedPools, SharedPools, sweep
+from ..kv.shared import CudaSharedPools, SharedPools, sweep
+from ..shm import PARKED, SHM_DIR, parked_name
 from .lifecycle import Lifecycle
 from .messages import StateRef, TensorRef
-
-PARKED = "dz-parked"  # shared-memory segments of parked tensors: dz-parked-<deadline ms>-<id>
 
 
 def pack_state(pools: KVPools, seq_id: str) -> bytes:
@@ -148,9 +146,7 @@ def publish_tensor(tensor: torch.Tensor, key: str, transport: str, store: Lifecy
     if transport == "redis":
         location = store.park("tensor", key, data.numpy().tobytes(), ttl_s)
     else:
-        deadline_ms = int((time.time() + ttl_s) * 1000)  # see sweep_parked
-        name = f"{PARKED}-{deadline_ms}-{uuid.uuid4().hex[:12]}"
-        segment = shared_memory.SharedMemory(name=name, create=True, size=max(1, data.numel() * 4))
+        segment = shared_memory.SharedMemory(name=parked_name(ttl_s), create=True, size=max(1, data.numel() * 4))
         torch.frombuffer(segment.buf, dtype=torch.float32, count=data.numel()).copy_(data.flatten())
         location = segment.name
         resource_tracker.unregister(segment._name, "shared_memory")  # noqa: SLF001 - the reader unlinks it
