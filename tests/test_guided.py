@@ -3,13 +3,18 @@ state following each accepted token (references: the tokenizer's own token strin
 
 from __future__ import annotations
 
+import json
 import re
 
+import jsonschema_rs
 import pytest
 import torch
 
+from dayzero.chat.grammar import json_grammar
+from dayzero.completion import Completion
 from dayzero.demo import build_tokenizer
-from dayzero.guided import Grammar, Guide, allowed_logits
+from dayzero.guided import Grammar, GrammarFailed, Guide, allowed_logits
+from dayzero.params import SamplingParams
 from dayzero.tokenizer import TextCodec
 
 VOCAB = 512  # the model's rows (the demo tokenizer has fewer tokens: the rest is padding)
@@ -64,3 +69,31 @@ def test_an_invalid_grammar_is_named_without_the_grammar_text(codec):
     with pytest.raises(ValueError) as refused:
         Guide(codec.guidance, Grammar("start: greeting\n"))
     assert str(refused.value) == 'invalid grammar: unknown name: "greeting"'
+
+
+# 520 optional properties, no others: past the parser's row limit once its '{' is in
+WIDE = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(520)}}
+WIDE["additionalProperties"] = False
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"child": {"$ref": "#"}}, "required": ["child"]},  # no finite value
+        WIDE,
+    ],
+)
+def test_a_grammar_failing_mid_reply_fails_the_request_rather_than_end_it_with_stop(codec, schema):
+    """Each grammar fails after its first token (past the parser's limits; the gateway refuses both
+    now, but a reply may still walk into a limit later): the end its empty mask forces is not an
+    answer, and must never come back as "stop" with text the schema refuses."""
+    validator = jsonschema_rs.validator_for(schema)
+    for seed in range(4):
+        params = SamplingParams(max_tokens=24, temperature=1.0, seed=seed, grammar=Grammar(json_grammar(schema)))
+        completion = Completion(codec, params, (1,), 4, 4096)
+        text, logits = "", torch.Generator().manual_seed(seed)
+        with pytest.raises(GrammarFailed, match="the grammar failed: "):
+            while not (step := completion.next(torch.randn(VOCAB, generator=logits))).finish_reason:
+                text += step.text
+            text += step.text
+            assert step.finish_reason != "stop" or validator.is_valid(json.loads(text)), (text, step)

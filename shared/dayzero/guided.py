@@ -17,6 +17,12 @@ from .chat.grammar import error_summary, parser_limits
 from .params import Grammar
 
 
+class GrammarFailed(ValueError):
+    """The grammar failed mid-reply (a limit of llguidance's parser or lexer, or a schema nothing
+    finite satisfies, such as a required property whose ``$ref`` is its own object): the end it
+    forced is not a valid reply, so the request fails rather than finish with "stop"."""
+
+
 class Guide:
     """One request's grammar state, advanced by each accepted token."""
 
@@ -32,6 +38,8 @@ class Guide:
 
     def accept(self, token: int) -> None:
         if self.active:
+            if self.matcher.is_error():  # its mask admitted nothing: ``token`` is the forced end
+                raise GrammarFailed(f"the grammar failed: {error_summary(self.matcher.get_error())}")
             if not self.matcher.is_stopped():
                 self.matcher.consume_token(token)  # a token it refuses leaves it in its error state
         elif token == self._after:
@@ -51,7 +59,8 @@ _BYTE_BITS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool()  # [25
 
 def allowed_logits(logits: torch.Tensor, guides: list[Guide | None], eos: int) -> torch.Tensor:
     """``logits`` [B, V] with every token a row's grammar forbids at -inf (the same tensor when no
-    row is constrained). A row whose grammar has failed may only end (``eos``); a row whose grammar
+    row is constrained). A row whose grammar has failed may only end (``eos``: accepting it raises
+    ``GrammarFailed``, and that request fails alone); a row whose grammar
     waits for its opening token (an answer after a thought) may be anything but ``eos``: the
     constrained answer it owes must come (or the length limit end it)."""
     rows = [i for i, g in enumerate(guides) if g is not None and g.active]
