@@ -6,10 +6,11 @@ from __future__ import annotations
 from dayzero.chat.dsml import to_json
 from dayzero.chat.encoding import ChatOptions
 from dayzero.chat.grammar import (
-    UnenforceableString,
+    Unenforceable,
     dsml_symbol,
     grammar_problem,
     json_grammar,
+    schema_problem,
     tool_calls_grammar,
 )
 from dayzero.chat.tokens import DSML, END_THINK
@@ -55,11 +56,14 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
     schema = body.response_format.schema_() if body.response_format else None
     if choice == "required" or isinstance(choice, NamedToolChoice):
         named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        _check_tools(body.tools, named)
         try:
             lark, param = tool_calls_grammar(body.tools, dsml_symbol(gw.codec.token_id(DSML), DSML), named), "tools"
-        except UnenforceableString as exc:
+        except Unenforceable as exc:
             raise APIError(400, f"cannot enforce this schema: {exc}", param="tools") from None
     elif schema is not None:
+        if problem := schema_problem(schema):
+            raise APIError(400, f"cannot enforce this schema: {problem}", param="response_format")
         lark, param = json_grammar(schema), "response_format"
     else:
         return None
@@ -69,3 +73,13 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
     if problem := grammar_problem(lark, gw.codec.guidance):
         raise APIError(400, f"cannot enforce this schema: {problem}", param=param)
     return Grammar(lark, after)
+
+
+def _check_tools(tools: list[dict], named: str | None) -> None:
+    """Each enforced tool's parameters, as a JSON schema, one llguidance can enforce (400 naming
+    the tool's field)."""
+    for i, tool in enumerate(tools):
+        name = tool["function"]["name"]
+        if named in (None, name) and (problem := schema_problem(tool["function"].get("parameters") or {})):
+            where = f"tools.{i}.function.parameters"
+            raise APIError(400, f"{where}: cannot enforce the parameters of tool {name!r}: {problem}", param=where)

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from dayzero.chat.grammar import schema_problem
+from dayzero.chat.grammar import parameters_problem
 from dayzero.settings import validation_message
 
 from .schemas import MAX_TEXT, ResponseFormat, Sampling, _Body
@@ -149,12 +149,13 @@ class ChatPrompt(_Body):
 
     @model_validator(mode="after")
     def _enforced_tools_are_enforceable(self) -> ChatPrompt:
-        """The parameters of each tool a grammar enforces need a schema it can enforce (under
-        tool_choice auto the model only reads them: any schema goes)."""
+        """The parameters of each tool a grammar enforces need a form its call can keep (under
+        tool_choice auto the model only reads them: any schema goes). Whether llguidance can
+        enforce them is chat.grammar's check, off the event loop: it compiles (seconds for some)."""
         enforced = {t["function"]["name"] for t in self.enforced_tools()}
         for i, tool in enumerate(self.tools or []):
             name, parameters = tool["function"]["name"], tool["function"].get("parameters")
-            if name in enforced and (problem := schema_problem(parameters or {})):
+            if name in enforced and (problem := parameters_problem(parameters or {})):
                 message = f"cannot enforce the parameters of tool {name!r}: {problem}"
                 error = PydanticCustomError("value_error", "{message}", {"message": message})
                 where = ("tools", i, "function", "parameters")  # the tool's own field, not the whole model

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+
 import pytest
 
 from dayzero.chat.grammar import grammar_problem, json_grammar, schema_problem, tool_calls_grammar
@@ -126,3 +130,85 @@ def test_a_string_constraint_the_raw_form_cannot_keep_is_named(prop):
     parameters = {"type": "object", "properties": {"k": prop}}
     with pytest.raises(UnenforceableString):
         tool_calls_grammar([{"type": "function", "function": {"name": "f", "parameters": parameters}}], '"|DSML|"')
+
+
+# 520 optional properties, no others: past the parser's row limit once its '{' is in
+WIDE = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(520)}}
+WIDE["additionalProperties"] = False
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"child": {"$ref": "#"}}, "required": ["child"]},  # no finite value
+        WIDE,
+        {"type": "string", "pattern": "^((a{1000}){1000}){100}$"},  # past the lexer's limits once its '"' is in
+    ],
+)
+def test_a_schema_whose_grammar_fails_after_its_first_step_is_refused(schema):
+    """Each passed a first-step check, then every reply ended after one token as "stop", unparsable."""
+    assert schema_problem(schema) is not None
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer", "exclusiveMinimum": 10**20, "maximum": 10**21},  # 2^63 - 1 came out
+        {"type": "integer", "minimum": 10**19, "maximum": 10**19 + 5},
+        {"type": "object", "properties": {"n": {"type": "integer", "minimum": 2**63, "maximum": 2**64}}},
+        {"anyOf": [{"type": "integer", "exclusiveMinimum": 2**63 - 1, "maximum": 2**64}, {"type": "null"}]},
+    ],
+)
+def test_integer_bounds_past_64_bits_are_refused_not_clamped(schema):
+    assert "past the 64-bit range" in schema_problem(schema)
+
+
+def test_a_range_at_the_bottom_of_64_bits_is_refused_before_llguidance_crashes_on_it():
+    """llguidance segfaulted building it: the gateway's check ran in its process (one request ended it)."""
+    schema = {"type": "integer", "minimum": -(2**63) + 1, "maximum": -(2**63) + 5}
+    code = f"from dayzero.chat.grammar import schema_problem; print(schema_problem({schema!r}))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "past the 64-bit range" in run.stdout, (run.returncode, run.stderr[-300:])
+
+
+def test_bounds_within_64_bits_and_bound_like_data_pass():
+    assert schema_problem({"type": "integer", "minimum": 0, "maximum": 10**21}) is None  # clamped: still inside
+    assert schema_problem({"type": "integer", "minimum": -(2**62), "maximum": 2**62}) is None
+    assert schema_problem({"const": {"minimum": 10**20}}) is None  # a value, not a bound
+
+
+def _forced_call(parameters: dict) -> str:
+    return tool_calls_grammar([{"type": "function", "function": {"name": "f", "parameters": parameters}}], '"|DSML|"')
+
+
+@pytest.mark.parametrize(
+    ("parameters", "why"),
+    [
+        ({"type": "object", "properties": {}, "required": ["q"]}, 'required ["q"]: not among the properties'),
+        ({"properties": {"a": {}}, "minProperties": 1, "additionalProperties": False}, "minProperties"),
+        ({"anyOf": [{"properties": {"a": {}}, "required": ["a"]}, {"required": ["b"]}]}, "anyOf"),
+        ({"type": "object", "properties": {"a": {}}, "patternProperties": {"^a": {"type": "integer"}}}, "patternProp"),
+        ({"$ref": "#/$defs/p", "$defs": {"p": {"type": "object", "required": ["x"]}}}, "$ref"),
+        ({"type": "string"}, 'not "string"'),
+    ],
+)
+def test_a_forced_call_refuses_parameter_keywords_it_would_drop(parameters, why):
+    """The call's grammar writes declared properties only: each of these came back as arguments
+    the tool's schema refuses ("{}" for a required name not among the properties, or minProperties)."""
+    from dayzero.chat.grammar import Unenforceable
+
+    assert schema_problem(parameters) is None  # as JSON each is fine: only the call's form loses them
+    with pytest.raises(Unenforceable, match=re.escape(why)):
+        _forced_call(parameters)
+
+
+def test_a_forced_call_keeps_openai_strict_parameters(tokenizer):
+    parameters = {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "b": {"type": ["integer", "null"]}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+        "$defs": {},
+        "description": "d",
+    }
+    assert grammar_problem(_forced_call(parameters), tokenizer) is None

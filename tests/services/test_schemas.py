@@ -67,18 +67,32 @@ def test_numbers_must_be_finite(field, value):
     assert bias["loc"] == ("logit_bias", "7") and bias["msg"] == "Input should be a finite number"
 
 
-def test_a_json_schema_that_admits_nothing_is_refused():
+def test_body_validation_compiles_no_grammar(monkeypatch):
+    """Whether llguidance can enforce a schema is the route's check (chat.grammar, in a thread): it
+    compiles, seconds for some schemas (8000 $defs: 4.6 s), and in the body's validators every
+    other request on the gateway waited for it. tests/services/test_errors: the same 400s."""
+    import llguidance
+
+    def compile_(*_args, **_kwargs):
+        raise AssertionError("a grammar compiled while the body was validated")
+
+    monkeypatch.setattr(llguidance, "LLMatcher", compile_)
     cycle = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": cycle}}
-    error = _refusal(ChatCompletionRequest, {**CHAT, "response_format": fmt})
-    assert error["loc"] == ("response_format",) and "nothing satisfies it" in error["msg"]
+    ChatCompletionRequest.model_validate({**CHAT, "response_format": fmt})
+    CompletionRequest.model_validate({**COMPLETION, "response_format": fmt})
+    uncompilable = {"type": "function", "function": {"name": "a", "parameters": {"properties": {"k": {"type": "x"}}}}}
+    ChatCompletionRequest.model_validate({**CHAT, "tools": [GOOD_TOOL, uncompilable], "tool_choice": "required"})
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "a"}}])
-def test_an_enforced_tool_schema_must_be_enforceable(choice):
-    error = _refusal(ChatCompletionRequest, {**CHAT, "tools": [GOOD_TOOL, BAD_TOOL], "tool_choice": choice})
+def test_an_enforced_tool_whose_call_would_drop_a_keyword_is_refused_at_its_field(choice):
+    dropped = {"type": "function", "function": {"name": "a", "parameters": {"type": "object", "required": ["q"]}}}
+    error = _refusal(ChatCompletionRequest, {**CHAT, "tools": [GOOD_TOOL, dropped], "tool_choice": choice})
     assert error["loc"] == ("tools", 1, "function", "parameters")
-    assert error["msg"] == "cannot enforce the parameters of tool 'a': Invalid type: objectx"
+    assert error["msg"] == "cannot enforce the parameters of tool 'a': " + (
+        'required ["q"]: not among the properties, a call cannot write it'
+    )
 
 
 @pytest.mark.parametrize("choice", ["auto", "none", {"type": "function", "function": {"name": "b"}}])

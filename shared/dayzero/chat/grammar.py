@@ -40,7 +40,32 @@ def json_grammar(schema: dict | None) -> str:
 
 def schema_problem(schema: dict) -> str | None:
     """Why constrained decoding cannot enforce the JSON schema ``schema`` (None: it can)."""
-    return grammar_problem(json_grammar(schema), _byte_tokenizer())
+    return _bound_problem(schema) or grammar_problem(json_grammar(schema), _byte_tokenizer())
+
+
+_I64 = 2**63
+_DATA = ("enum", "const", "default", "examples")  # values, not schemas: their keys bound nothing
+
+
+def _bound_problem(schema: object) -> str | None:
+    """A bound llguidance cannot take (it clamps an integer's bounds into int64): a lower bound past
+    2^63 - 2 (``exclusiveMinimum`` 1e20 with ``maximum`` 1e21 let 2^63 - 1 through), or any bound
+    within 2^32 of -2^63 (``minimum`` -2^63 + 1 with ``maximum`` -2^63 + 5 crashed the process)."""
+    nodes = [schema]
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, list):
+            nodes.extend(node)
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            bound = number and key in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+            if bound and (value <= 2**32 - _I64 or key.endswith("inimum") and value >= _I64 - 1):
+                return f"{key} {value} is past the 64-bit range of numbers that can be enforced"
+            if key not in _DATA:
+                nodes.append(value)
+    return None
 
 
 @functools.cache
@@ -54,18 +79,40 @@ def parser_limits():
     return llguidance.LLParserLimits(initial_lexer_fuel=200_000, step_lexer_fuel=100_000, max_lexer_states=50_000)
 
 
+PROBE_STEPS = 8  # tokens the check walks: a grammar failing there would fail every reply there
+
+
 def grammar_problem(lark: str, tokenizer) -> str | None:
     """Why llguidance cannot enforce ``lark`` over ``tokenizer`` (an ``LLTokenizer``), in short
-    (None: it can): it does not compile, or nothing at all satisfies it (its first step fails)."""
+    (None: it can): it does not compile, nothing at all satisfies it (its first step fails), or it
+    fails within its first steps (past a limit of the parser, or a required property whose $ref is
+    its own object), walked by the lowest token each allows."""
     import llguidance
 
     matcher = llguidance.LLMatcher(tokenizer, lark, log_level=0, limits=parser_limits())
     if matcher.is_error():
         return error_summary(matcher.get_error())
-    matcher.compute_logit_bias()  # the first step: a grammar that admits nothing fails here
-    if matcher.is_error():
-        return "nothing satisfies it (such as a $ref that only refers to itself)"
+    for step in range(PROBE_STEPS):
+        mask = matcher.compute_logit_bias()  # [V] bytes, 200: allowed
+        if matcher.is_error():
+            return (
+                "nothing satisfies it (such as a $ref that only refers to itself)"
+                if step == 0
+                else (error_summary(matcher.get_error()))
+            )
+        token = next((t for t in _allowed(mask) if t != tokenizer.eos_token), None)
+        if token is None:  # complete: only the end is left
+            return None
+        matcher.consume_token(token)
     return None
+
+
+def _allowed(mask: bytes):
+    """The tokens ``mask`` allows, lowest first."""
+    start = 0
+    while (token := mask.find(200, start)) >= 0:
+        yield token
+        start = token + 1
 
 
 def error_summary(error: str) -> str:
@@ -110,6 +157,8 @@ def _invoke_rules(i: int, function: dict, dsml: str) -> list[str]:
     """``invoke_i``: the call's tag, then each parameter on its own line (declared order; the
     optional ones may be left out)."""
     schema = function.get("parameters") or {}
+    if problem := parameters_problem(schema):
+        raise Unenforceable(problem)
     props, required = schema.get("properties") or {}, set(schema.get("required") or ())
     defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}  # where a property's $ref points
     head = _literal(f'invoke name="{function["name"]}">\n')
@@ -137,6 +186,29 @@ def _invoke_rules(i: int, function: dict, dsml: str) -> list[str]:
     return [f'invoke_{i}: "<" {dsml} {head} {params} "</" {dsml} "invoke>"', *rules]
 
 
+# what a call's parameters may say: it writes only the declared properties, so no other can be
+# missing (additionalProperties, unevaluatedProperties: any value holds), each value by its own rule
+_PARAMETER_KEYS = {"type", "properties", "required", "additionalProperties", "unevaluatedProperties", "$defs"}
+_PARAMETER_KEYS |= {"definitions", "description", "title", "$schema", "$id", "$comment", "strict", "default"}
+_PARAMETER_KEYS |= {"examples"}
+
+
+def parameters_problem(schema: dict) -> str | None:
+    """What a forced call's grammar would drop (None: nothing), without compiling anything: a
+    keyword on the parameters object itself it does not enforce (anyOf, minProperties,
+    patternProperties, ...), a required name not among the properties (it could never be
+    written), a type that is not an object."""
+    kind = schema.get("type", "object")
+    if unsupported := sorted(set(schema) - _PARAMETER_KEYS):
+        return f"a call's parameters cannot be constrained by {', '.join(unsupported)}"
+    if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+        return f"a call's parameters are an object, not {to_json(kind)}"
+    props = schema.get("properties") or {}
+    if missing := [name for name in schema.get("required") or () if name not in props]:
+        return f"required {to_json(missing)}: not among the properties, a call cannot write it"
+    return None
+
+
 def _string_branch(prop: dict) -> dict | None:
     """The string schema a non-string-typed property also admits (None: it admits no string): a type
     list with "string" (OpenAI strict mode writes optional fields so), an anyOf / oneOf branch of
@@ -157,8 +229,12 @@ def _string_branch(prop: dict) -> dict | None:
     return None
 
 
-class UnenforceableString(ValueError):
-    """A string parameter whose schema the raw (string="true") form cannot enforce: the gateway's 400."""
+class Unenforceable(ValueError):
+    """Tool parameters whose schema a forced call's grammar cannot enforce: the gateway's 400."""
+
+
+class UnenforceableString(Unenforceable):
+    """A string parameter whose schema the raw (string="true") form cannot enforce."""
 
 
 _STRING_KEYS = {"type", "enum", "const", "minLength", "maxLength", "description", "title", "default", "examples"}
