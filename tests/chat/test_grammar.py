@@ -177,6 +177,12 @@ def test_bounds_within_64_bits_and_bound_like_data_pass():
     assert schema_problem({"const": {"minimum": 10**20}}) is None  # a value, not a bound
 
 
+# a tree whose kids are whole parameters objects ({"tree": ...}); closed at both levels
+TREE = {"type": "object", "properties": {"tree": {"type": "object", "additionalProperties": False}}}
+TREE["properties"]["tree"]["properties"] = {"kids": {"type": "array", "items": {"$ref": "#"}}}
+TREE["additionalProperties"] = False
+
+
 def _forced_call(parameters: dict) -> str:
     return tool_calls_grammar([{"type": "function", "function": {"name": "f", "parameters": parameters}}], '"|DSML|"')
 
@@ -190,6 +196,7 @@ def _forced_call(parameters: dict) -> str:
         ({"type": "object", "properties": {"a": {}}, "patternProperties": {"^a": {"type": "integer"}}}, "patternProp"),
         ({"$ref": "#/$defs/p", "$defs": {"p": {"type": "object", "required": ["x"]}}}, "$ref"),
         ({"type": "string"}, 'not "string"'),
+        (TREE, '$ref only into $defs or definitions, not ["#"]'),  # "#" was the property: kids came out wrong
     ],
 )
 def test_a_forced_call_refuses_parameter_keywords_it_would_drop(parameters, why):

@@ -206,7 +206,25 @@ def parameters_problem(schema: dict) -> str | None:
     props = schema.get("properties") or {}
     if missing := [name for name in schema.get("required") or () if name not in props]:
         return f"required {to_json(missing)}: not among the properties, a call cannot write it"
+    refs = _refs([props, schema.get("$defs"), schema.get("definitions")])
+    if outside := sorted(r for r in refs if not r.startswith(("#/$defs/", "#/definitions/"))):
+        # each value's rule is its own schema (with the $defs): "#" would be the property, not these
+        return f"a call's parameters may $ref only into $defs or definitions, not {to_json(outside)}"
     return None
+
+
+def _refs(schema: object) -> set[str]:
+    """Every ``$ref`` in ``schema`` (values under enum, const, ... are data: skipped)."""
+    found, nodes = set(), [schema]
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, list):
+            nodes.extend(node)
+        elif isinstance(node, dict):
+            if isinstance(node.get("$ref"), str):
+                found.add(node["$ref"])
+            nodes.extend(v for k, v in node.items() if k not in _DATA)
+    return found
 
 
 def _string_branch(prop: dict) -> dict | None:
