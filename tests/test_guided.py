@@ -17,6 +17,8 @@ from dayzero.guided import Grammar, GrammarFailed, Guide, allowed_logits
 from dayzero.params import SamplingParams
 from dayzero.tokenizer import TextCodec
 
+from .conftest import FAILING_LATE
+
 VOCAB = 512  # the model's rows (the demo tokenizer has fewer tokens: the rest is padding)
 
 
@@ -71,18 +73,7 @@ def test_an_invalid_grammar_is_named_without_the_grammar_text(codec):
     assert str(refused.value) == 'invalid grammar: unknown name: "greeting"'
 
 
-# 520 optional properties, no others: past the parser's row limit once its '{' is in
-WIDE = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(520)}}
-WIDE["additionalProperties"] = False
-
-
-@pytest.mark.parametrize(
-    "schema",
-    [
-        {"type": "object", "properties": {"child": {"$ref": "#"}}, "required": ["child"]},  # no finite value
-        WIDE,
-    ],
-)
+@pytest.mark.parametrize("schema", FAILING_LATE)
 def test_a_grammar_failing_mid_reply_fails_the_request_rather_than_end_it_with_stop(codec, schema):
     """Each grammar fails after its first token (past the parser's limits; the gateway refuses both
     now, but a reply may still walk into a limit later): the end its empty mask forces is not an
