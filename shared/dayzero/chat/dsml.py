@@ -106,6 +106,7 @@ class ToolCallStream:
         self._in_block = False
         self._done = 0  # invokes of the open block already reported complete
         self._started = 0  # invokes of the open block whose name was reported
+        self._after_block = False  # a block just closed: the newlines after it are dropped, in any pieces
 
     def feed(self, text: str) -> Parsed:
         self._text += text
@@ -125,6 +126,9 @@ class ToolCallStream:
     def _step(self, out: Parsed) -> bool:
         if self._in_block:
             return self._block_step(out)
+        if self._after_block:
+            self._text = self._text.lstrip("\n")
+            self._after_block = not self._text
         at = self._text.find(DSML)
         if at < 0:
             hold = held_suffix(self._text, _MARKERS)
@@ -148,7 +152,8 @@ class ToolCallStream:
         self._started, self._done = len(heads), len(calls)
         if end < 0:
             return False
-        self._text, self._in_block = self._text[end + len(BLOCK_CLOSE) :].lstrip("\n"), False
+        self._text, self._in_block = self._text[end + len(BLOCK_CLOSE) :], False
+        self._after_block = True
         return True
 
 
