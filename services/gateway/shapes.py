@@ -63,7 +63,7 @@ class Shape:
     ) -> dict | None:
         """The next chunk of a stream (None: nothing to say yet, e.g. text that may open a tag)."""
         if self.kind == "chat":
-            delta = {"role": "assistant", "content": ""} if role else self._delta(text or "", finish is not None)
+            delta = {"role": "assistant", "content": ""} if role else self._delta(text or "", finish)
             if not (delta or finish or role or (self.logprobs and tokens)):
                 return None
             choice = {"index": self.choice, "delta": delta, "finish_reason": self._finish(finish, self.ended)}
@@ -81,11 +81,11 @@ class Shape:
 
     def replay(self, text: str) -> None:
         """Text a resumed stream sent before: it moves the split on, nothing is emitted."""
-        self._delta(text, False)
+        self._delta(text, None)
 
     def body(self, text: str, finish: str, usage: dict, tokens: list[Token]) -> dict:
         if self.kind == "chat":
-            parts = parse_message(text, self.thinking)
+            parts = parse_message(text, self.thinking, stopped=finish == "stop")
             calls = []
             if self.tools:  # the calls made, then one cut short (max_tokens): its id and name, as streamed
                 calls = [self._call(i, c.name, c.arguments) for i, c in enumerate(parts.calls)]
@@ -114,10 +114,12 @@ class Shape:
             echoed = list(self.prompt) if self.prompt is not None else []
             choice["token_ids"] = echoed + [t.token for t in tokens if t.token >= 0]  # not an ending's -1
 
-    def _delta(self, text: str, last: bool) -> dict:
+    def _delta(self, text: str, finish: str | None) -> dict:
+        """What ``text`` adds; ``finish``: it is the last, and why (a call left open at a "stop"
+        ends there, one cut by "length" stays without arguments)."""
         parts = self.parts.feed(text)
-        if last:
-            parts = parts.then(self.parts.finish())
+        if finish is not None:
+            parts = parts.then(self.parts.finish(stopped=finish == "stop"))
         delta: dict = {}
         if parts.reasoning:
             delta["reasoning_content"] = parts.reasoning

@@ -1,5 +1,5 @@
 """DSML the model gets wrong or goes on after, written by hand: the streamed split equals the whole
-text's for every cut."""
+text's for every cut, a call's name and arguments stay paired, and a call left open ends with the reply."""
 
 from __future__ import annotations
 
@@ -9,25 +9,26 @@ from dayzero.chat.output import AssistantStream, parse_message
 
 D = "｜DSML｜"
 X = f'<{D}parameter name="x" string="false">1</{D}parameter>'
+Y = f'<{D}parameter name="y" string="true">two</{D}parameter>'
 
 
 def _calls(parts) -> list[tuple[str, dict]]:
     return [(c.name, json.loads(c.arguments)) for c in parts.calls]
 
 
-def _streamed(text: str, cuts: list[int]):
+def _streamed(text: str, cuts: list[int], stopped: bool = False):
     stream, edges = AssistantStream(False), [0, *cuts, len(text)]
     whole = stream.feed("")
     for a, b in zip(edges, edges[1:], strict=False):
         whole = whole.then(stream.feed(text[a:b]))
-    return whole.then(stream.finish())
+    return whole.then(stream.finish(stopped))
 
 
-def _every_cut(text: str):
+def _every_cut(text: str, stopped: bool = False):
     """The whole text's parts, checked equal to the stream's for one cut anywhere and char by char."""
-    whole = parse_message(text, thinking=False)
+    whole = parse_message(text, thinking=False, stopped=stopped)
     for cuts in [*([c] for c in range(1, len(text))), list(range(1, len(text)))]:
-        part = _streamed(text, cuts)
+        part = _streamed(text, cuts, stopped)
         assert (part.content, part.started, _calls(part)) == (whole.content, whole.started, _calls(whole)), cuts
     return whole
 
@@ -36,3 +37,23 @@ def test_text_after_a_block_reads_the_same_streamed():
     text = f'Hi\n\n<{D}tool_calls>\n<{D}invoke name="f">\n{X}\n</{D}invoke>\n</{D}tool_calls>\n\nDone.'
     parts = _every_cut(text)
     assert parts.content == "HiDone." and _calls(parts) == [("f", {"x": 1})]
+
+
+def test_an_invoke_left_open_ends_at_the_next_one():
+    text = f'<{D}tool_calls>\n<{D}invoke name="a">\n{X}\n<{D}invoke name="b">\n{Y}\n</{D}invoke>\n</{D}tool_calls>'
+    parts = _every_cut(text)
+    assert parts.started == ["a", "b"] and _calls(parts) == [("a", {"x": 1}), ("b", {"y": "two"})]
+
+
+def test_an_invoke_left_open_ends_with_its_block():
+    text = f'<{D}tool_calls>\n<{D}invoke name="a">\n{X}\n</{D}tool_calls>after'
+    parts = _every_cut(text)
+    assert parts.content == "after" and _calls(parts) == [("a", {"x": 1})]
+
+
+def test_a_reply_that_stops_inside_a_call_ends_it_with_its_complete_parameters():
+    text = f'Sure.\n\n<{D}tool_calls>\n<{D}invoke name="a">\n{X}\n<{D}parameter name="y" string="true">tw'
+    stopped = _every_cut(text, stopped=True)
+    assert stopped.content == "Sure." and stopped.started == ["a"] and _calls(stopped) == [("a", {"x": 1})]
+    cut = _every_cut(text, stopped=False)  # max_tokens: begun, without arguments
+    assert cut.started == ["a"] and cut.calls == []

@@ -17,7 +17,7 @@ from .tokens import DSML
 
 BLOCK_OPEN, BLOCK_CLOSE = f"<{DSML}tool_calls>", f"</{DSML}tool_calls>"
 OPENINGS = ("\n\n" + BLOCK_OPEN, BLOCK_OPEN)  # how a reply's calls begin (V4 writes a blank line first)
-_INVOKE = re.compile(rf'<{DSML}invoke\s+name="([^"]*)"\s*>(.*?)</{DSML}invoke>', re.DOTALL)
+INVOKE_CLOSE = f"</{DSML}invoke>"
 _INVOKE_HEAD = re.compile(rf'<{DSML}invoke\s+name="([^"]*)"\s*>')
 _PARAMETER = re.compile(
     rf'<{DSML}parameter\s+name="([^"]*)"\s+string="(true|false)"\s*>(.*?)</{DSML}parameter>', re.DOTALL
@@ -84,9 +84,19 @@ def _json_text(raw: str) -> str:
     return raw.strip()
 
 
-def parse_calls(block: str) -> list[ToolCall]:
-    """The complete invokes of a block's text."""
-    return [ToolCall(name, arguments_of(body)) for name, body in _INVOKE.findall(block)]
+def parse_calls(block: str, ended: bool = True) -> tuple[list[str], list[ToolCall]]:
+    """The names of a block's invokes, and its calls that ended: by their closing tag, or by what
+    follows them (the next invoke, or the block's end when ``ended``). A call's arguments are its
+    complete parameters, so the k-th call is always the k-th name."""
+    heads = list(_INVOKE_HEAD.finditer(block))
+    calls = []
+    for i, head in enumerate(heads):
+        body = block[head.end() : heads[i + 1].start() if i + 1 < len(heads) else len(block)]
+        close = body.find(INVOKE_CLOSE)
+        if close < 0 and i + 1 == len(heads) and not ended:
+            break
+        calls.append(ToolCall(head.group(1), arguments_of(body if close < 0 else body[:close])))
+    return [h.group(1) for h in heads], calls
 
 
 @dataclass(slots=True)
@@ -115,9 +125,13 @@ class ToolCallStream:
             pass
         return out
 
-    def finish(self) -> Parsed:
-        """The end of the text: what is held and is no markup becomes content; a cut block is dropped."""
+    def finish(self, stopped: bool = False) -> Parsed:
+        """The end of the text: what is held and is no markup becomes content; a cut block is dropped.
+        ``stopped``: the model ended its reply (not a limit), so a call it left open ends there, with
+        its complete parameters; else it stays begun only (a call cut by ``max_tokens``)."""
         out = self.feed("")
+        if self._in_block and stopped:
+            self._report(self._text, True, out)
         if not self._in_block and DSML[0] not in self._text:  # a cut "<｜DS..." is markup, a cut "<" is not
             out.content += self._text
         self._text, self._in_block = "", False
@@ -144,17 +158,19 @@ class ToolCallStream:
 
     def _block_step(self, out: Parsed) -> bool:
         end = self._text.find(BLOCK_CLOSE)
-        block = self._text if end < 0 else self._text[:end]
-        heads = [m.group(1) for m in _INVOKE_HEAD.finditer(block)]
-        out.started.extend(heads[self._started :])
-        calls = parse_calls(block)
-        out.calls.extend(calls[self._done :])
-        self._started, self._done = len(heads), len(calls)
+        self._report(self._text if end < 0 else self._text[:end], end >= 0, out)
         if end < 0:
             return False
         self._text, self._in_block = self._text[end + len(BLOCK_CLOSE) :], False
         self._after_block = True
         return True
+
+    def _report(self, block: str, ended: bool, out: Parsed) -> None:
+        """The calls of the open block not reported yet: begun, and ended."""
+        heads, calls = parse_calls(block, ended)
+        out.started.extend(heads[self._started :])
+        out.calls.extend(calls[self._done :])
+        self._started, self._done = len(heads), len(calls)
 
 
 def held_suffix(text: str, markers: tuple[str, ...]) -> int:

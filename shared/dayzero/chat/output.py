@@ -36,15 +36,16 @@ class AssistantStream:
         reasoning, answer = self._reasoning.feed(text)
         return _delta(reasoning, self._calls.feed(answer))
 
-    def finish(self) -> Delta:
-        return _delta(self._reasoning.finish(), self._calls.finish())
+    def finish(self, stopped: bool = False) -> Delta:
+        """``stopped``: the model ended its reply (a call it left open ends too), not a limit."""
+        return _delta(self._reasoning.finish(), self._calls.finish(stopped))
 
 
 def _delta(reasoning: str, parsed: Parsed) -> Delta:
     return Delta(reasoning, parsed.content, parsed.started, parsed.calls)
 
 
-def parse_message(text: str, thinking: bool) -> Delta:
+def parse_message(text: str, thinking: bool, stopped: bool = False) -> Delta:
     """A whole completion's parts."""
     stream = AssistantStream(thinking)
-    return stream.feed(text).then(stream.finish())
+    return stream.feed(text).then(stream.finish(stopped))
