@@ -57,3 +57,9 @@ def test_a_reply_that_stops_inside_a_call_ends_it_with_its_complete_parameters()
     assert stopped.content == "Sure." and stopped.started == ["a"] and _calls(stopped) == [("a", {"x": 1})]
     cut = _every_cut(text, stopped=False)  # max_tokens: begun, without arguments
     assert cut.started == ["a"] and cut.calls == []
+
+
+def test_a_reply_that_ends_with_a_full_width_bar_keeps_it():
+    # "｜" (U+FF5C) is CJK punctuation too; the model's ｜DSML｜ is one token, never cut after its "｜"
+    for text in ("选项A｜选项B｜", "see ｜DS", "a <｜"):
+        assert _every_cut(text, stopped=True).content == text

@@ -132,7 +132,9 @@ class ToolCallStream:
         out = self.feed("")
         if self._in_block and stopped:
             self._report(self._text, True, out)
-        if not self._in_block and DSML[0] not in self._text:  # a cut "<｜DS..." is markup, a cut "<" is not
+        # a cut "<｜DS..." is markup, a cut "<" is not; a reply the model ended was not cut: what it
+        # holds is text (``｜DSML｜`` is one token, so the text never stops inside it)
+        if not self._in_block and (stopped or DSML[0] not in self._text):
             out.content += self._text
         self._text, self._in_block = "", False
         return out
