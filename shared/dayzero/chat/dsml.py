@@ -17,13 +17,16 @@ from .tokens import DSML
 
 BLOCK_OPEN, BLOCK_CLOSE = f"<{DSML}tool_calls>", f"</{DSML}tool_calls>"
 OPENINGS = ("\n\n" + BLOCK_OPEN, BLOCK_OPEN)  # how a reply's calls begin (V4 writes a blank line first)
-INVOKE_CLOSE = f"</{DSML}invoke>"
-_INVOKE_HEAD = re.compile(rf'<{DSML}invoke\s+name="([^"]*)"\s*>')
+PARAMETER_CLOSE = f"</{DSML}parameter>"
+_TAG = re.compile(  # the tags of a block, but a parameter's closing tag (its value is read up to it)
+    rf'<{DSML}invoke\s+name="(?P<invoke>[^"<]*)"\s*>|</{DSML}invoke>|{BLOCK_CLOSE}'
+    rf'|<{DSML}parameter\s+name="(?P<param>[^"<]*)"\s+string="(?P<string>true|false)"\s*>'
+)
 _PARAMETER = re.compile(
     rf'<{DSML}parameter\s+name="([^"]*)"\s+string="(true|false)"\s*>(.*?)</{DSML}parameter>', re.DOTALL
 )
 # text that may begin a DSML tag: held back from the content until the next characters decide
-_MARKERS = ("\n\n<" + DSML, "\n\n</" + DSML, "<" + DSML, "</" + DSML, DSML)
+_MARKERS = ("\n\n<" + DSML, "\n\n</" + DSML, "\n\n" + DSML, "<" + DSML, "</" + DSML, DSML)
 
 
 def to_json(value: object) -> str:
@@ -66,8 +69,12 @@ def arguments_of(body: str) -> str:
     A string="false" value that is JSON is kept as the model wrote it, as DeepSeek's decoder keeps it:
     re-serialising it would lose digits (``0.1000000000000000055511`` -> ``0.1``) or write non-JSON
     (``1e400`` -> ``Infinity``). NaN / Infinity are not JSON: they stay strings."""
+    return _arguments(_PARAMETER.findall(body))
+
+
+def _arguments(params: list[tuple[str, str, str]]) -> str:
     values: dict[str, str] = {}  # key -> its value as JSON text
-    for key, string, raw in _PARAMETER.findall(body):
+    for key, string, raw in params:
         values[key] = to_json(raw) if string == "true" else _json_text(raw)
     return "{" + ", ".join(f"{to_json(k)}: {v}" for k, v in values.items()) + "}"
 
@@ -84,19 +91,37 @@ def _json_text(raw: str) -> str:
     return raw.strip()
 
 
-def parse_calls(block: str, ended: bool = True) -> tuple[list[str], list[ToolCall]]:
-    """The names of a block's invokes, and its calls that ended: by their closing tag, or by what
-    follows them (the next invoke, or the block's end when ``ended``). A call's arguments are its
-    complete parameters, so the k-th call is always the k-th name."""
-    heads = list(_INVOKE_HEAD.finditer(block))
-    calls = []
-    for i, head in enumerate(heads):
-        body = block[head.end() : heads[i + 1].start() if i + 1 < len(heads) else len(block)]
-        close = body.find(INVOKE_CLOSE)
-        if close < 0 and i + 1 == len(heads) and not ended:
-            break
-        calls.append(ToolCall(head.group(1), arguments_of(body if close < 0 else body[:close])))
-    return [h.group(1) for h in heads], calls
+def parse_calls(block: str, ended: bool = True) -> tuple[list[str], list[ToolCall], int]:
+    """A block's text read as DeepSeek's decoder reads it, tag after tag, a parameter's value up to
+    its closing tag (so markup inside a value is the value's): the names of its invokes, its calls
+    that ended, and where the block's closing tag ends (-1: not yet). A call ends at its closing tag,
+    the next invoke, the block's close, or the text's end when ``ended``; its arguments are its
+    complete parameters, so the k-th call always goes with the k-th name."""
+    names: list[str] = []
+    calls: list[ToolCall] = []
+    params: list[tuple[str, str, str]] | None = None  # the open invoke's parameters
+    at = 0
+    while (tag := _TAG.search(block, at)) is not None:
+        at = tag.end()
+        if tag.group("param") is not None:
+            close = block.find(PARAMETER_CLOSE, at)
+            if close < 0:  # the text stops inside a value
+                break
+            if params is not None:
+                params.append((tag.group("param"), tag.group("string"), block[at:close]))
+            at = close + len(PARAMETER_CLOSE)
+            continue
+        if params is not None:  # anything else ends the open invoke
+            calls.append(ToolCall(names[-1], _arguments(params)))
+            params = None
+        if tag.group("invoke") is not None:
+            names.append(tag.group("invoke"))
+            params = []
+        elif tag.group(0) == BLOCK_CLOSE:
+            return names, calls, at
+    if params is not None and ended:
+        calls.append(ToolCall(names[-1], _arguments(params)))
+    return names, calls, -1
 
 
 @dataclass(slots=True)
@@ -131,7 +156,7 @@ class ToolCallStream:
         its complete parameters; else it stays begun only (a call cut by ``max_tokens``)."""
         out = self.feed("")
         if self._in_block and stopped:
-            self._report(self._text, True, out)
+            self._report(True, out)
         # a cut "<｜DS..." is markup, a cut "<" is not; a reply the model ended was not cut: what it
         # holds is text (``｜DSML｜`` is one token, so the text never stops inside it)
         if not self._in_block and (stopped or DSML[0] not in self._text):
@@ -159,20 +184,20 @@ class ToolCallStream:
         return True
 
     def _block_step(self, out: Parsed) -> bool:
-        end = self._text.find(BLOCK_CLOSE)
-        self._report(self._text if end < 0 else self._text[:end], end >= 0, out)
+        end = self._report(False, out)
         if end < 0:
             return False
-        self._text, self._in_block = self._text[end + len(BLOCK_CLOSE) :], False
+        self._text, self._in_block = self._text[end:], False
         self._after_block = True
         return True
 
-    def _report(self, block: str, ended: bool, out: Parsed) -> None:
-        """The calls of the open block not reported yet: begun, and ended."""
-        heads, calls = parse_calls(block, ended)
-        out.started.extend(heads[self._started :])
+    def _report(self, ended: bool, out: Parsed) -> int:
+        """The calls of the open block not reported yet, begun and ended; where the block ends."""
+        names, calls, end = parse_calls(self._text, ended)
+        out.started.extend(names[self._started :])
         out.calls.extend(calls[self._done :])
-        self._started, self._done = len(heads), len(calls)
+        self._started, self._done = len(names), len(calls)
+        return end
 
 
 def held_suffix(text: str, markers: tuple[str, ...]) -> int:
