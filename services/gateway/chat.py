@@ -56,7 +56,7 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
     schema = body.response_format.schema_() if body.response_format else None
     if choice == "required" or isinstance(choice, NamedToolChoice):
         named = choice.function.name if isinstance(choice, NamedToolChoice) else None
-        _check_tools(body.tools, named)
+        _check_tools(body)
         try:
             lark, param = tool_calls_grammar(body.tools, dsml_symbol(gw.codec.token_id(DSML), DSML), named), "tools"
         except Unenforceable as exc:
@@ -75,11 +75,10 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
     return Grammar(lark, after)
 
 
-def _check_tools(tools: list[dict], named: str | None) -> None:
+def _check_tools(body: ChatPrompt) -> None:
     """Each enforced tool's parameters, as a JSON schema, one llguidance can enforce (400 naming
     the tool's field)."""
-    for i, tool in enumerate(tools):
-        name = tool["function"]["name"]
-        if named in (None, name) and (problem := schema_problem(tool["function"].get("parameters") or {})):
+    for i, name, parameters in body.enforced_parameters():
+        if problem := schema_problem(parameters):
             where = f"tools.{i}.function.parameters"
             raise APIError(400, f"{where}: cannot enforce the parameters of tool {name!r}: {problem}", param=where)

@@ -152,10 +152,8 @@ class ChatPrompt(_Body):
         """The parameters of each tool a grammar enforces need a form its call can keep (under
         tool_choice auto the model only reads them: any schema goes). Whether llguidance can
         enforce them is chat.grammar's check, off the event loop: it compiles (seconds for some)."""
-        enforced = {t["function"]["name"] for t in self.enforced_tools()}
-        for i, tool in enumerate(self.tools or []):
-            name, parameters = tool["function"]["name"], tool["function"].get("parameters")
-            if name in enforced and (problem := parameters_problem(parameters or {})):
+        for i, name, parameters in self.enforced_parameters():
+            if problem := parameters_problem(parameters):
                 message = f"cannot enforce the parameters of tool {name!r}: {problem}"
                 error = PydanticCustomError("value_error", "{message}", {"message": message})
                 where = ("tools", i, "function", "parameters")  # the tool's own field, not the whole model
@@ -177,6 +175,15 @@ class ChatPrompt(_Body):
         if isinstance(self.tool_choice, NamedToolChoice):
             return [t for t in self.tools or [] if t["function"]["name"] == self.tool_choice.function.name]
         return list(self.tools or []) if self.tool_choice == "required" else []
+
+    def enforced_parameters(self) -> list[tuple[int, str, dict]]:
+        """(index among the tools, name, parameters schema) of each tool whose calls a grammar enforces."""
+        enforced = {t["function"]["name"] for t in self.enforced_tools()}
+        return [
+            (i, t["function"]["name"], t["function"].get("parameters") or {})
+            for i, t in enumerate(self.tools or [])
+            if t["function"]["name"] in enforced
+        ]
 
     def thinking(self) -> tuple[bool, str]:
         """Thinking mode and its effort (low | high | max): from chat_template_kwargs (vLLM's
