@@ -107,14 +107,17 @@ def test_two_blocks_in_one_piece_give_each_call_once():
 def test_json_arguments_keep_the_text_the_model_wrote():
     """As DeepSeek's decoder: a string="false" value is passed on as written (re-serialised, 1e400
     became Infinity, not JSON, and digits past a double's were lost); NaN, not JSON, stays a string."""
-    from dayzero.chat.dsml import arguments_of
+    from dayzero.chat.dsml import parse_calls
 
     body = (
+        f'<{D}invoke name="f">\n'
         f'<{D}parameter name="big" string="false">1e400</{D}parameter>\n'
         f'<{D}parameter name="exact" string="false">0.1000000000000000055511151231257827</{D}parameter>\n'
         f'<{D}parameter name="nan" string="false">NaN</{D}parameter>\n'
-        f'<{D}parameter name="text" string="true">say "hi"</{D}parameter>'
+        f'<{D}parameter name="text" string="true">say "hi"</{D}parameter>\n'
+        f"</{D}invoke>"
     )
-    got = arguments_of(body)
+    (parsed,) = parse_calls(body)[1]
+    got = parsed.arguments
     assert got == '{"big": 1e400, "exact": 0.1000000000000000055511151231257827, "nan": "NaN", "text": "say \\"hi\\""}'
     assert json.loads(got)["text"] == 'say "hi"'

@@ -205,12 +205,13 @@ def test_a_call_cut_before_its_arguments_renders_without_parameters():
 def test_arguments_nested_past_the_json_parsers_limit_are_rendered_as_text():
     """A history call's arguments nested 5000 deep (Python's json recurses: a RecursionError was a
     500) render as DeepSeek's encoder renders arguments it cannot read: one ``arguments`` parameter."""
-    from dayzero.chat.dsml import arguments_of
+    from dayzero.chat.dsml import parse_calls
 
     deep = "[" * 5000 + "]" * 5000
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": deep}}
     chat = [{"role": "user", "content": "W"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
     got = encode_chat(chat, ChatOptions(tools=(WEATHER,)))
     assert f'<{D}parameter name="arguments" string="true">{deep}</{D}parameter>' in got
-    body = f'<{D}parameter name="k" string="false">{deep}</{D}parameter>'
-    assert json.loads(arguments_of(body)) == {"k": deep}  # the model's own: kept as a string
+    invoke = f'<{D}invoke name="f">\n<{D}parameter name="k" string="false">{deep}</{D}parameter>\n</{D}invoke>'
+    (parsed,) = parse_calls(invoke)[1]
+    assert json.loads(parsed.arguments) == {"k": deep}  # the model's own: kept as a string

@@ -22,9 +22,6 @@ _TAG = re.compile(  # the tags of a block, but a parameter's closing tag (its va
     rf'<{DSML}invoke\s+name="(?P<invoke>[^"<]*)"\s*>|</{DSML}invoke>|{BLOCK_CLOSE}'
     rf'|<{DSML}parameter\s+name="(?P<param>[^"<]*)"\s+string="(?P<string>true|false)"\s*>'
 )
-_PARAMETER = re.compile(
-    rf'<{DSML}parameter\s+name="([^"]*)"\s+string="(true|false)"\s*>(.*?)</{DSML}parameter>', re.DOTALL
-)
 # text that may begin a DSML tag: held back from the content until the next characters decide
 _MARKERS = ("\n\n<" + DSML, "\n\n</" + DSML, "\n\n" + DSML, "<" + DSML, "</" + DSML, DSML)
 
@@ -63,16 +60,13 @@ class ToolCall:
     arguments: str  # a JSON object
 
 
-def arguments_of(body: str) -> str:
-    """An invoke's parameters as a JSON object (a string="false" value that is not JSON stays a string).
+def _arguments(params: list[tuple[str, str, str]]) -> str:
+    """An invoke's parameters (name, string flag, raw value) as a JSON object (a string="false"
+    value that is not JSON stays a string).
 
     A string="false" value that is JSON is kept as the model wrote it, as DeepSeek's decoder keeps it:
     re-serialising it would lose digits (``0.1000000000000000055511`` -> ``0.1``) or write non-JSON
     (``1e400`` -> ``Infinity``). NaN / Infinity are not JSON: they stay strings."""
-    return _arguments(_PARAMETER.findall(body))
-
-
-def _arguments(params: list[tuple[str, str, str]]) -> str:
     values: dict[str, str] = {}  # key -> its value as JSON text
     for key, string, raw in params:
         values[key] = to_json(raw) if string == "true" else _json_text(raw)
