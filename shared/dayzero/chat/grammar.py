@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterator
 
 from .dsml import to_json
 
@@ -51,21 +52,25 @@ def _bound_problem(schema: object) -> str | None:
     """A bound llguidance cannot take (it clamps an integer's bounds into int64): a lower bound past
     2^63 - 2 (``exclusiveMinimum`` 1e20 with ``maximum`` 1e21 let 2^63 - 1 through), or any bound
     within 2^32 of -2^63 (``minimum`` -2^63 + 1 with ``maximum`` -2^63 + 5 crashed the process)."""
-    nodes = [schema]
-    while nodes:
-        node = nodes.pop()
-        if isinstance(node, list):
-            nodes.extend(node)
-        if not isinstance(node, dict):
-            continue
+    for node in _subschemas(schema):
         for key, value in node.items():
             number = isinstance(value, int | float) and not isinstance(value, bool)
             bound = number and key in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
             if bound and (value <= 2**32 - _I64 or key.endswith("inimum") and value >= _I64 - 1):
                 return f"{key} {value} is past the 64-bit range of numbers that can be enforced"
-            if key not in _DATA:
-                nodes.append(value)
     return None
+
+
+def _subschemas(schema: object) -> Iterator[dict]:
+    """Every object in ``schema``, itself included (values under enum, const, ... are data: skipped)."""
+    nodes = [schema]
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, list):
+            nodes.extend(node)
+        elif isinstance(node, dict):
+            yield node
+            nodes.extend(v for k, v in node.items() if k not in _DATA)
 
 
 @functools.cache
@@ -214,17 +219,8 @@ def parameters_problem(schema: dict) -> str | None:
 
 
 def _refs(schema: object) -> set[str]:
-    """Every ``$ref`` in ``schema`` (values under enum, const, ... are data: skipped)."""
-    found, nodes = set(), [schema]
-    while nodes:
-        node = nodes.pop()
-        if isinstance(node, list):
-            nodes.extend(node)
-        elif isinstance(node, dict):
-            if isinstance(node.get("$ref"), str):
-                found.add(node["$ref"])
-            nodes.extend(v for k, v in node.items() if k not in _DATA)
-    return found
+    """Every ``$ref`` in ``schema``."""
+    return {node["$ref"] for node in _subschemas(schema) if isinstance(node.get("$ref"), str)}
 
 
 def _string_branch(prop: dict) -> dict | None:
