@@ -17,6 +17,13 @@ from .vision.images import ImageLimits, PatchSpec
 BUILT_IN_MODEL = Path(__file__).parent / "train" / "demo_model"  # written by ``dayzero train-demo``, shipped
 
 
+_GEOMETRY = {  # PatchSpec's field: the vision_config key naming it
+    "patch_size": "patch_size",
+    "merge_size": "spatial_merge_size",
+    "temporal_patch_size": "temporal_patch_size",
+}
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DAYZERO_", frozen=True)
 
@@ -184,14 +191,10 @@ class Settings(BaseSettings):
 
     def patch_spec(self, vision_config: Mapping | None = None) -> PatchSpec:
         """The resize budget of these settings on the patch geometry of the checkpoint's
-        ``vision_config`` (Qwen2.5-VL's 14 / 2x2 / 2 where it names none)."""
+        ``vision_config`` (PatchSpec's, Qwen2.5-VL's 14 / 2x2 / 2, where it names none)."""
         vision = vision_config or {}
-        return PatchSpec(
-            patch_size=int(vision.get("patch_size", 14)),
-            merge_size=int(vision.get("spatial_merge_size", 2)),
-            temporal_patch_size=int(vision.get("temporal_patch_size", 2)),
-            max_pixels=self.image_resize_max_pixels,
-        )
+        named = {field: int(vision[key]) for field, key in _GEOMETRY.items() if key in vision}
+        return PatchSpec(max_pixels=self.image_resize_max_pixels, **named)
 
     @property
     def demo_checkpoint(self) -> Path:
