@@ -18,9 +18,13 @@ HANDOFF = ("prefill", "decode")  # the stages a request's KV state passes betwee
 async def readiness(gw: Gateway) -> tuple[dict, int]:
     """``/ready``'s body and status (200 or 503)."""
     try:
-        live = await gw.bus.live_workers(("vision",) if gw.image_token is not None else ())
+        return await _readiness(gw)
     except redis.RedisError as exc:
         return {"ready": False, "reason": f"redis unreachable: {exc}"}, 503
+
+
+async def _readiness(gw: Gateway) -> tuple[dict, int]:
+    live = await gw.bus.live_workers(("vision",) if gw.image_token is not None else ())
     body: dict = {"ready": True, "workers": {stage: len(processes) for stage, processes in live.items()}}
     missing = [stage for stage, processes in live.items() if not processes]
     if missing:
@@ -31,10 +35,7 @@ async def readiness(gw: Gateway) -> tuple[dict, int]:
             progress = ", ".join(f"{w} {percent}%" for w, percent in body["loading"].items())
             body["reason"] += f" (loading weights: {progress})"
         return body, 503
-    try:
-        snapshots = await run_in_threadpool(gw.bus.registry.snapshots_of, [p for s in HANDOFF for p in live[s]])
-    except redis.RedisError as exc:
-        return {"ready": False, "reason": f"redis unreachable: {exc}"}, 503
+    snapshots = await run_in_threadpool(gw.bus.registry.snapshots_of, [p for s in HANDOFF for p in live[s]])
     serves = {stage: {p: snapshots[p].get("serves", {}) for p in live[stage] if p in snapshots} for stage in HANDOFF}
     unshared, warnings = compare(serves, gw.context_limit)
     if warnings:
