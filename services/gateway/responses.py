@@ -129,11 +129,11 @@ async def _chunks(
     resumed = after != "0-0"
     if resumed and await _over_by(gw, request, after, progress, used):
         return
-    shape = Shape(request, gw.settings.model_name, gw.codec, echoed=resumed)
-    if not resumed and request.kind == "chat":
-        yield ServerSentEvent(data=json.dumps(shape.chunk(None, None, role=True)))
-    elif request.kind == "chat":
+    shape = Shape(request, gw.settings.model_name, gw.codec)
+    if resumed:
         await _replay(gw, shape, request.request_id, after)
+    elif request.kind == "chat":
+        yield ServerSentEvent(data=json.dumps(shape.chunk(None, None, role=True)))
     held: list[Token] = []  # tokens whose text (and logprobs) wait for the next chunk
     while True:
         event = await sub.next(gw.settings.keepalive_s)
@@ -177,11 +177,11 @@ async def _over_by(gw: Gateway, request: GenerationRequest, after: str, progress
 
 
 async def _replay(gw: Gateway, shape: Shape, rid: str, after: str) -> None:
-    """A resumed chat stream's text up to ``after``, so its split (reasoning, content, tool calls)
-    picks up where the client's left off."""
+    """A resumed stream's tokens up to ``after``, so its chat split (reasoning, content, tool calls)
+    or its completion's text offsets pick up where the client's left off."""
     async with gw.bus.hub.subscribe(rid) as sub:
         while (event := await sub.next(gw.settings.keepalive_s)) is not None:
-            shape.replay(event.text)
+            shape.replay(event)
             if entry_order(event.entry_id) >= entry_order(after):
                 return
 

@@ -32,13 +32,12 @@ class Shape:
         request: GenerationRequest,
         model: str,
         codec: TextCodec | IdsOnlyCodec,
-        echoed: bool = False,
     ) -> None:
         self.kind, self.model, self.created, self.codec = request.kind, model, int(request.created), codec
         self.choice = request.choice  # the choice's index in a response of several
         self.id = f"{'chatcmpl' if request.kind == 'chat' else 'cmpl'}-{request.response_id or request.request_id}"
         self.logprobs = request.sampling.logprobs is not None
-        self.prompt = request.prompt_ids if request.echo and not echoed else None  # still to be echoed
+        self.prompt = request.prompt_ids if request.echo else None  # still to be echoed
         self.offset = 0  # characters of text covered by earlier chunks' logprobs
         self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")  # holds a character's first bytes
         self.thinking, self.tools, self.rid = request.thinking, request.tool_calls, request.request_id
@@ -79,9 +78,14 @@ class Shape:
             body["usage"] = None
         return body
 
-    def replay(self, text: str) -> None:
-        """Text a resumed stream sent before: it moves the split on, nothing is emitted."""
-        self._delta(text, None)
+    def replay(self, token: Token) -> None:
+        """A token a resumed stream sent before: it moves the chat's split, or the completion's
+        text offsets (its echoed prompt's first), on; nothing is emitted."""
+        if self.kind == "chat":
+            self._delta(token.text, None)
+        elif self.logprobs:
+            self._logprobs([token])
+        self.prompt = None
 
     def body(self, text: str, finish: str, usage: dict, tokens: list[Token]) -> dict:
         if self.kind == "chat":

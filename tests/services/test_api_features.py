@@ -139,13 +139,22 @@ def test_text_offsets_index_the_text_past_characters_of_several_tokens(stack):
     """A character whose UTF-8 spans tokens ("é" is two byte tokens) takes one place in the text:
     each token's text_offset is where its text starts (the character's, for its bytes), streamed
     or not; they drifted by one per such token, pointing past the text (as loglikelihood
-    evaluations read them: echo + logprobs)."""
+    evaluations read them: echo + logprobs). A stream resumed midway goes on from its offsets (it
+    began again at 0)."""
     body = {"model": MODEL, "prompt": "Café au lait, naïve", "max_tokens": 4, "temperature": 0, "echo": True}
     body |= {"logprobs": 0, "ignore_eos": True}
     whole = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=120).json()
     with httpx.stream("POST", f"{stack.url}/v1/completions", json={**body, "stream": True}, timeout=120) as r:
-        chunks = [data["choices"][0] for _, data in sse_events(r) if data != "[DONE]"]
+        rid, token = r.headers["x-request-id"], r.headers["x-resume-token"]
+        events = [(i, data["choices"][0]) for i, data in sse_events(r) if data != "[DONE]"]
+    chunks = [chunk for _, chunk in events]
     streamed = [o for chunk in chunks for o in chunk["logprobs"]["text_offset"]]
+    cut = len(chunks) // 2
+    resume = {"Last-Event-ID": events[cut - 1][0], "X-Resume-Token": token}
+    with httpx.stream("GET", f"{stack.url}/v1/requests/{rid}/stream", headers=resume, timeout=120) as r:
+        rest = [data["choices"][0]["logprobs"]["text_offset"] for _, data in sse_events(r) if data != "[DONE]"]
+    assert 0 < cut < len(chunks) and [o for offsets in rest for o in offsets] == streamed[-sum(map(len, rest)) :]
+    assert sum(map(len, rest)) == sum(len(chunk["logprobs"]["text_offset"]) for chunk in chunks[cut:])
     text, lp = whole["choices"][0]["text"], whole["choices"][0]["logprobs"]
     assert "".join(chunk["text"] for chunk in chunks) == text and streamed == lp["text_offset"]
     assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][-1] <= len(text)
