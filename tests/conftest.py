@@ -19,7 +19,8 @@ from typing import Any
 import psutil  # noqa: E402
 import pytest  # noqa: E402
 
-from dayzero.demo import add_mtp, write_checkpoint  # noqa: E402
+from dayzero.demo import add_mtp, build_tokenizer, write_checkpoint  # noqa: E402
+from dayzero.tokenizer import TextCodec  # noqa: E402
 
 TINY: dict[str, Any] = {
     "model_type": "deepseek_v4",
@@ -90,6 +91,12 @@ def mtp_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = write_checkpoint(tmp_path_factory.mktemp("mtp"), tiny_config(), seed=0)
     add_mtp(out, seed=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def codec() -> TextCodec:
+    """The demo tokenizer (V4's special tokens, byte-level BPE) for a model of 512 rows."""
+    return TextCodec(build_tokenizer(512), tokens={"eos_token": "<｜end▁of▁sentence｜>"})
 
 
 def run_dayzero(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

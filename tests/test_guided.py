@@ -12,19 +12,12 @@ import torch
 
 from dayzero.chat.grammar import json_grammar
 from dayzero.completion import Completion
-from dayzero.demo import build_tokenizer
 from dayzero.guided import Grammar, GrammarFailed, Guide, allowed_logits
 from dayzero.params import SamplingParams
-from dayzero.tokenizer import TextCodec
 
 from .conftest import FAILING_LATE
 
 VOCAB = 512  # the model's rows (the demo tokenizer has fewer tokens: the rest is padding)
-
-
-@pytest.fixture(scope="module")
-def codec():
-    return TextCodec(build_tokenizer(VOCAB), tokens={"eos_token": "<｜end▁of▁sentence｜>"})
 
 
 def _strings(codec) -> dict[int, str]:

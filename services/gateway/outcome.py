@@ -77,10 +77,12 @@ def usage(event: Token) -> dict:
 @dataclass
 class Usage:
     """The token counts of a response's finished choices; a prompt counts once, however many
-    choices it has (``n`` > 1), and each prompt of a completions list counts, equal ones too."""
+    choices it has (``n`` > 1), and each prompt of a completions list counts, equal ones too.
+    Thinking mode's reasoning tokens (part of the completion tokens) as OpenAI reports them."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int | None = None  # None: no choice was in thinking mode
     choices: int = 0
     prompts: set[int] = field(default_factory=set)  # the prompt indices counted
 
@@ -88,13 +90,18 @@ class Usage:
         counts = usage(last)
         self.choices += 1
         self.completion_tokens += counts["completion_tokens"]
+        if (details := counts.get("completion_tokens_details")) is not None:
+            self.reasoning_tokens = (self.reasoning_tokens or 0) + details["reasoning_tokens"]
         if request.prompt_index not in self.prompts:
             self.prompts.add(request.prompt_index)
             self.prompt_tokens += counts["prompt_tokens"]
 
     def body(self) -> dict:
-        total = self.prompt_tokens + self.completion_tokens
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": total}
+        counts = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+        counts["total_tokens"] = self.prompt_tokens + self.completion_tokens
+        if self.reasoning_tokens is not None:
+            counts["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return counts
 
 
 def _failure(event: Token) -> APIError:

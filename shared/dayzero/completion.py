@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .chat.reasoning import ReasoningSplitter
 from .config import ModelConfig
 from .guided import Guide, allowed_logits
 from .sampling import SamplingParams, logprobs_of, sample, sample_rows
@@ -92,14 +93,26 @@ class Completion:
         prompt_tokens: int,
         limit: int,
         generated: tuple[int, ...] = (),
+        thinking: bool = False,
     ) -> None:
         self.params, self.eos_ids, self.prompt_tokens, self.limit = params, eos_ids, prompt_tokens, limit
         self.count = 0
+        self.thinking = thinking  # a chat in thinking mode: its reasoning tokens are counted
+        self.reasoning_tokens = 0  # tokens up to the one that ends the thought (``</think>`` or a call block)
+        self._thought = ReasoningSplitter(thinking)
         self.counts: Counter[int] = Counter()  # generated tokens, for the penalties
         self._text, self._stops = StreamDecoder(codec), StopMatcher(params.stop, params.stop_bounds)
         self.guide = Guide(codec.guidance, params.grammar) if params.grammar is not None else None
         for token in generated:  # replay: rebuild the text and stop-string state, output discarded
             self.accept(token)
+
+    def usage(self) -> dict:
+        """The token counts a finished stream's last entry carries; thinking mode adds OpenAI's
+        ``completion_tokens_details.reasoning_tokens``."""
+        counts: dict = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.count}
+        if self.thinking:
+            counts["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return counts
 
     def generator(self) -> torch.Generator | None:
         """The generator of token ``count`` (seed, count), or None without a seed."""
@@ -136,7 +149,11 @@ class Completion:
         self.counts[token] += 1
         if token in self.eos_ids and not self.params.ignore_eos:
             return Step(token, self._stops.flush()[0], "stop")
-        released, stopped = self._stops.feed(self._text.push(token))
+        text = self._text.push(token)
+        if self._thought.thinking:
+            self.reasoning_tokens += 1
+            self._thought.feed(text)
+        released, stopped = self._stops.feed(text)
         if stopped:
             return Step(token, released, "stop")
         if self.count >= self.params.max_tokens or self.prompt_tokens + self.count >= self.limit:

@@ -9,8 +9,6 @@ import sys
 import pytest
 
 from dayzero.chat.grammar import grammar_problem, json_grammar, schema_problem, tool_calls_grammar
-from dayzero.demo import build_tokenizer
-from dayzero.tokenizer import TextCodec
 
 from ..conftest import FAILING_LATE
 
@@ -19,8 +17,8 @@ CYCLE = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}  # the QA r
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return TextCodec(build_tokenizer(512), tokens={"eos_token": "<｜end▁of▁sentence｜>"}).guidance
+def tokenizer(codec):
+    return codec.guidance
 
 
 @pytest.mark.parametrize(

@@ -5,89 +5,68 @@ official ``openai`` client through a tool round trip and a streamed reasoning re
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
+from .chat_requests import (
+    PREFIX,
+    SCHEMA,
+    SEEDS,
+    WEATHER,
+    A,
+    B,
+    D,
+    E,
+    U,
+    accumulate_calls,
+    ask,
+    many,
+    openai_client,
+    post,
+    raw_continuation,
+    valid_person,
+)
 from .conftest import MODEL, sse_events
-
-B, E, U, A, D = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "｜DSML｜"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 12},
-                "days": {"type": "integer", "minimum": 1, "maximum": 7},
-                "unit": {"enum": ["c", "f"]},
-            },
-            "required": ["city", "days"],
-        },
-    },
-}
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 8},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
-    },
-    "required": ["name", "age", "tags"],
-    "additionalProperties": False,
-}
-SEEDS = range(20)
-PREFIX = {"role": "assistant", "content": "```python\n", "prefix": True}
-
-
-def _post(stack, path: str, body: dict) -> httpx.Response:
-    return httpx.post(f"{stack.url}{path}", json={"model": MODEL, **body}, timeout=300)
-
-
-def _ask(content: str = "Weather in Paris?", **kw) -> dict:
-    return {"messages": [{"role": "user", "content": content}], "max_tokens": 400, **kw}
 
 
 def test_tokenize_renders_v4s_prompt_and_detokenize_keeps_special_tokens(stack):
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     body = {"messages": chat, "chat_template_kwargs": {"thinking": True, "reasoning_effort": "low"}}
-    tokens = _post(stack, "/tokenize", body).json()
-    text = _post(stack, "/detokenize", {"tokens": tokens["tokens"]}).json()["prompt"]
+    tokens = post(stack, "/tokenize", body).json()
+    text = post(stack, "/detokenize", {"tokens": tokens["tokens"]}).json()["prompt"]
     assert text == f"{B}Be brief.{U}Hi{A}<think>" and tokens["count"] == len(tokens["tokens"])
     assert tokens["tokens"][0] == 0 and tokens["tokens"][-2:] == [4, 5]  # V4's specials are single tokens
-    plain = _post(stack, "/tokenize", {"prompt": "Hello"}).json()
-    assert _post(stack, "/detokenize", {"tokens": plain["tokens"]}).json()["prompt"] == f"{B}Hello"
+    plain = post(stack, "/tokenize", {"prompt": "Hello"}).json()
+    assert post(stack, "/detokenize", {"tokens": plain["tokens"]}).json()["prompt"] == f"{B}Hello"
 
 
 @pytest.mark.parametrize(
     "body, param",
     [
-        (_ask(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
-        (_ask(tool_choice="required"), "tool_choice"),
-        (_ask(tools=[{"type": "function", "function": {"name": "bad name!"}}]), "tools"),
-        (_ask(response_format={"type": "json_schema", "json_schema": {"schema": {"type": "objectx"}}}), None),
-        (_ask(chat_template_kwargs={"thinking": True, "enable_thinking": True}), "chat_template_kwargs"),
-        (_ask(reasoning_effort="extreme"), "reasoning_effort"),
+        (ask(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
+        (ask(tool_choice="required"), "tool_choice"),
+        (ask(tools=[{"type": "function", "function": {"name": "bad name!"}}]), "tools"),
+        (ask(response_format={"type": "json_schema", "json_schema": {"schema": {"type": "objectx"}}}), None),
+        (ask(chat_template_kwargs={"thinking": True, "enable_thinking": True}), "chat_template_kwargs"),
+        (ask(reasoning_effort="extreme"), "reasoning_effort"),
         ({"prompt": "hi", "tools": [WEATHER]}, "tools"),
         ({"messages": [{"role": "user", "content": "hi", "prefix": True}]}, "messages"),
         (
             {"messages": [{"role": "assistant", "content": "x", "prefix": True}, {"role": "user", "content": "y"}]},
             "messages",
         ),
-        (_ask(tools=[WEATHER], tool_choice="required", messages=[*_ask()["messages"], PREFIX]), None),
+        (ask(tools=[WEATHER], tool_choice="required", messages=[*ask()["messages"], PREFIX]), None),
     ],
 )
 def test_bad_protocol_input_is_refused_with_400(stack, body, param):
     path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
-    r = _post(stack, path, body)
+    r = post(stack, path, body)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
     assert param is None or error["param"].startswith(param), error
-    both = _post(stack, "/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "y"}]})
+    both = post(stack, "/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "y"}]})
     assert both.status_code == 400 and "either" in both.json()["error"]["message"]
 
 
@@ -97,61 +76,40 @@ def test_a_prefix_is_continued_like_the_same_prompt_sent_as_ids(stack, thinking)
     after the reasoning's end), and the reply is what a plain completion of that prompt generates."""
     chat = [{"role": "user", "content": "Sort a list"}, {**PREFIX, "reasoning_content": "Use sorted."}]
     mode = {"chat_template_kwargs": {"thinking": thinking}}
-    ids = _post(stack, "/tokenize", {"messages": chat, **mode}).json()["tokens"]
+    ids = post(stack, "/tokenize", {"messages": chat, **mode}).json()["tokens"]
     opened = "<think>Use sorted.</think>" if thinking else "</think>"
-    assert _post(stack, "/detokenize", {"tokens": ids}).json()["prompt"] == f"{B}{U}Sort a list{A}{opened}```python\n"
+    assert post(stack, "/detokenize", {"tokens": ids}).json()["prompt"] == f"{B}{U}Sort a list{A}{opened}```python\n"
     greedy = {"max_tokens": 12, "temperature": 0}
-    reply = _post(stack, "/v1/chat/completions", {"messages": chat, **mode, **greedy}).json()["choices"][0]
-    plain = _post(stack, "/v1/completions", {"prompt": ids, **greedy}).json()["choices"][0]
+    reply = post(stack, "/v1/chat/completions", {"messages": chat, **mode, **greedy}).json()["choices"][0]
+    plain = post(stack, "/v1/completions", {"prompt": ids, **greedy}).json()["choices"][0]
     assert reply["message"]["content"] == plain["text"] and reply["finish_reason"] == plain["finish_reason"]
     assert reply["message"].get("reasoning_content") is None  # the answer was reached: all of it is content
 
 
-def _valid_person(value) -> bool:
-    return (
-        isinstance(value, dict)
-        and set(value) == {"name", "age", "tags"}
-        and isinstance(value["name"], str)
-        and len(value["name"]) <= 8
-        and type(value["age"]) is int
-        and 0 <= value["age"] <= 120
-        and isinstance(value["tags"], list)
-        and len(value["tags"]) <= 3
-        and all(isinstance(t, bool) for t in value["tags"])
-    )
-
-
-def _many(stack, bodies: list[dict]) -> list[dict]:
-    with ThreadPoolExecutor(len(bodies)) as pool:
-        replies = list(pool.map(lambda b: _post(stack, "/v1/chat/completions", b), bodies))
-    assert all(r.status_code == 200 for r in replies), [r.text for r in replies if r.status_code != 200]
-    return [r.json()["choices"][0] for r in replies]
-
-
 def test_json_schema_replies_are_valid_for_20_seeds(stack):
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
-    choices = _many(stack, [_ask("Who?", response_format=fmt, temperature=1.0, seed=s) for s in SEEDS])
+    choices = many(stack, [ask("Who?", response_format=fmt, temperature=1.0, seed=s) for s in SEEDS])
     for choice in choices:
         assert choice["finish_reason"] == "stop", choice
-        assert _valid_person(json.loads(choice["message"]["content"])), choice
+        assert valid_person(json.loads(choice["message"]["content"])), choice
 
 
 def test_thinking_mode_reasons_freely_then_replies_valid_json(stack):
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
     nudge = {"6": 3}  # the random model closes its thought within a few dozen tokens
     bodies = [
-        _ask("Who?", response_format=fmt, temperature=1.0, seed=s, logit_bias=nudge, reasoning_effort="high")
+        ask("Who?", response_format=fmt, temperature=1.0, seed=s, logit_bias=nudge, reasoning_effort="high")
         for s in range(4)
     ]
-    for choice in _many(stack, bodies):
+    for choice in many(stack, bodies):
         message = choice["message"]
         assert choice["finish_reason"] == "stop" and isinstance(message["reasoning_content"], str), choice
-        assert _valid_person(json.loads(message["content"])), choice
+        assert valid_person(json.loads(message["content"])), choice
 
 
 def test_named_tool_calls_are_valid_for_20_seeds(stack):
     named = {"type": "function", "function": {"name": "get_weather"}}
-    choices = _many(stack, [_ask(tools=[WEATHER], tool_choice=named, temperature=1.0, seed=s) for s in SEEDS])
+    choices = many(stack, [ask(tools=[WEATHER], tool_choice=named, temperature=1.0, seed=s) for s in SEEDS])
     for choice in choices:
         assert choice["finish_reason"] == "tool_calls", choice
         message = choice["message"]
@@ -164,22 +122,8 @@ def test_named_tool_calls_are_valid_for_20_seeds(stack):
         assert type(args["days"]) is int and 1 <= args["days"] <= 7 and args.get("unit", "c") in ("c", "f")
 
 
-def _client(stack):
-    from openai import OpenAI
-
-    return OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=300)
-
-
-def _raw(stack, messages: list[dict], max_tokens: int, **kw) -> str:
-    """The greedy continuation of a chat's prompt from the completions endpoint (no parsing)."""
-    chat = {k: kw.pop(k) for k in ("tools", "chat_template_kwargs") if k in kw}
-    ids = _post(stack, "/tokenize", {"messages": messages, **chat}).json()["tokens"]
-    body = {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, **kw}  # kw may sample instead
-    return _post(stack, "/v1/completions", body).json()["choices"][0]["text"]
-
-
 def test_openai_client_tool_round_trip(stack):
-    client = _client(stack)
+    client = openai_client(stack)
     messages = [{"role": "user", "content": "Weather in Paris?"}]
     named = {"type": "function", "function": {"name": "get_weather"}}
     first = client.chat.completions.create(
@@ -195,8 +139,8 @@ def test_openai_client_tool_round_trip(stack):
         choice.message.model_dump(exclude_none=True),
         {"role": "tool", "tool_call_id": call.id, "content": "21 C"},
     ]
-    ids = _post(stack, "/tokenize", {"messages": messages, "tools": [WEATHER]}).json()["tokens"]
-    prompt = _post(stack, "/detokenize", {"tokens": ids}).json()["prompt"]
+    ids = post(stack, "/tokenize", {"messages": messages, "tools": [WEATHER]}).json()["tokens"]
+    prompt = post(stack, "/detokenize", {"tokens": ids}).json()["prompt"]
     params = [f'<{D}parameter name="city" string="true">{args["city"]}</{D}parameter>']
     params.append(f'<{D}parameter name="days" string="false">{args["days"]}</{D}parameter>')
     if "unit" in args:
@@ -214,7 +158,7 @@ def test_openai_client_tool_round_trip(stack):
     )
     answer = second.choices[0]
     assert answer.finish_reason in ("stop", "length") and not answer.message.tool_calls
-    assert answer.message.content == _raw(stack, messages, 12, tools=[WEATHER], logit_bias=no_dsml)
+    assert answer.message.content == raw_continuation(stack, messages, 12, tools=[WEATHER], logit_bias=no_dsml)[0]
 
 
 def test_openai_client_streams_reasoning(stack):
@@ -222,12 +166,12 @@ def test_openai_client_streams_reasoning(stack):
     thinking = {"chat_template_kwargs": {"thinking": True}}
     sampling = {"temperature": 1.0, "logit_bias": {"6": 3, "9": -100}}  # nudged to close its thought, no DSML
     for seed in range(40):  # a seed with which the random model closes its thought midway
-        text = _raw(stack, messages, 24, seed=seed, **sampling, **thinking)
+        text, tokens = raw_continuation(stack, messages, 24, seed=seed, **sampling, **thinking)
         if text.find("</think>") > 0:
             break
     else:
         pytest.fail("no seed made the demo model close its thought")
-    stream = _client(stack).chat.completions.create(
+    stream = openai_client(stack).chat.completions.create(
         model=MODEL,
         messages=messages,
         max_tokens=24,
@@ -249,26 +193,19 @@ def test_openai_client_streams_reasoning(stack):
     want_reasoning, want_content = text.split("</think>", 1)
     assert (reasoning, content) == (want_reasoning, want_content) and reasoning and content
     assert 0 < usage.completion_tokens <= 24 and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
-
-
-def _accumulate(chunks: list[dict]) -> tuple[dict[int, dict], str | None]:
-    """Streamed tool-call deltas put together as a client does, and the finish reason."""
-    calls, finish = {}, None
-    for chunk in chunks:
-        choice = chunk["choices"][0]
-        finish = choice["finish_reason"] or finish
-        for delta in choice["delta"].get("tool_calls", []):
-            call = calls.setdefault(delta["index"], {"name": "", "arguments": ""})
-            call["name"] += delta.get("function", {}).get("name", "")
-            call["arguments"] += delta.get("function", {}).get("arguments", "")
-        assert D not in (choice["delta"].get("content") or "")
-    return calls, finish
+    # the tokens up to the one that ends the thought, as OpenAI's (and DeepSeek's) usage reports them
+    reasoning_tokens = tokens.index("</think>") + 1
+    assert usage.completion_tokens_details.reasoning_tokens == reasoning_tokens
+    body = {"messages": messages, "max_tokens": 24, "seed": seed, **sampling, **thinking}
+    assert post(stack, "/v1/chat/completions", body).json()["usage"]["completion_tokens_details"] == {
+        "reasoning_tokens": reasoning_tokens
+    }
 
 
 def test_a_streamed_tool_call_resumed_midway_equals_the_body(stack):
     named = {"type": "function", "function": {"name": "get_weather"}}
-    body = {"model": MODEL, **_ask(tools=[WEATHER], tool_choice=named, temperature=1.0, seed=11)}
-    (call,) = _post(stack, "/v1/chat/completions", body).json()["choices"][0]["message"]["tool_calls"]
+    body = {"model": MODEL, **ask(tools=[WEATHER], tool_choice=named, temperature=1.0, seed=11)}
+    (call,) = post(stack, "/v1/chat/completions", body).json()["choices"][0]["message"]["tool_calls"]
     seen, last = [], None
     with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
         rid, token = r.headers["x-request-id"], r.headers["x-resume-token"]
@@ -286,8 +223,8 @@ def test_a_streamed_tool_call_resumed_midway_equals_the_body(stack):
     ) as r:
         assert r.status_code == 200
         rest = [data for _, data in sse_events(r) if data != "[DONE]"]
-    assert _accumulate(seen)[0] == {0: {"name": "get_weather", "arguments": ""}}  # left inside the call
-    calls, finish = _accumulate(seen + rest)
+    assert accumulate_calls(seen)[0] == {0: {"name": "get_weather", "arguments": ""}}  # left inside the call
+    calls, finish = accumulate_calls(seen + rest)
     assert finish == "tool_calls" and list(calls) == [0]
     assert calls[0] == {"name": "get_weather", "arguments": call["function"]["arguments"]}
 
@@ -296,7 +233,7 @@ def test_a_tool_call_cut_by_max_tokens_reads_the_same_streamed_and_in_the_body(s
     """Cut inside the call: a stream has given the call's id and name, so the body gives them too
     (no arguments, finish_reason "length"), as OpenAI's API does."""
     named = {"type": "function", "function": {"name": "get_weather"}}
-    body = {"model": MODEL, **_ask(tools=[WEATHER], tool_choice=named, temperature=1.0, seed=11)}
+    body = {"model": MODEL, **ask(tools=[WEATHER], tool_choice=named, temperature=1.0, seed=11)}
     with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
         named_at = next(
             int(event_id.split("-")[0])  # entry ids count the tokens: "{n}-0" after the n-th
@@ -304,10 +241,10 @@ def test_a_tool_call_cut_by_max_tokens_reads_the_same_streamed_and_in_the_body(s
             if event_id and "tool_calls" in data["choices"][0]["delta"]
         )
     cut = {**body, "max_tokens": named_at + 1}  # the name is out; the arguments cannot close in one token
-    choice = _post(stack, "/v1/chat/completions", cut).json()["choices"][0]
+    choice = post(stack, "/v1/chat/completions", cut).json()["choices"][0]
     with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json={**cut, "stream": True}, timeout=300) as r:
         streamed = [data for _, data in sse_events(r) if data != "[DONE]"]
     (call,) = choice["message"]["tool_calls"]
     assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
     assert call["function"] == {"name": "get_weather", "arguments": ""} and call["id"].startswith("call_")
-    assert _accumulate(streamed) == ({0: {"name": "get_weather", "arguments": ""}}, "length")
+    assert accumulate_calls(streamed) == ({0: {"name": "get_weather", "arguments": ""}}, "length")

@@ -29,7 +29,10 @@ class Active:
         when its own sampling cannot be set up: a grammar refused)."""
         job, cfg = ticket.job, runtime.model.cfg
         prompt = len(job.request.prompt_ids)
-        completion = Completion(runtime.codec, job.request.sampling, cfg.eos_token_ids, prompt, limit, job.generated)
+        request = job.request
+        completion = Completion(
+            runtime.codec, request.sampling, cfg.eos_token_ids, prompt, limit, job.generated, request.thinking
+        )
         with continued(job.trace):
             attributes = {
                 "dayzero.request_id": job.request.request_id,
@@ -38,10 +41,6 @@ class Active:
             }
             span = tracer.start_span("decode.generate", attributes=attributes)
         return cls(ticket, completion, job.generated[-1], span)
-
-    def usage(self, completion_tokens: int) -> dict:
-        """The token counts its stream's last entry carries."""
-        return {"prompt_tokens": len(self.ticket.job.request.prompt_ids), "completion_tokens": completion_tokens}
 
     def end_span(self, reason: str, cfg: ModelConfig, length: int) -> None:
         """The span's last event and counts: tokens, and the CSA entries its last query could read."""

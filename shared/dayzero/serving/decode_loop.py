@@ -90,8 +90,8 @@ class DecodeLoop:
         overdue = time.time() - self.r.settings.task_time_limit_s
         for rid in [rid for rid, a in self.active.items() if a.ticket.job.request.created < overdue]:
             log.warning("request %s: past DAYZERO_TASK_TIME_LIMIT_S; ending it", rid)
-            count = self.active[rid].completion.count
-            self._finish(rid, "length", index=count, usage=self.active[rid].usage(count))
+            completion = self.active[rid].completion
+            self._finish(rid, "length", index=completion.count, usage=completion.usage())
 
     def _drop(self, rid: str) -> None:
         """Stop generating a request whose lease this worker lost (it stalled past the lease and the
@@ -282,7 +282,7 @@ class DecodeLoop:
             log.error("request %s: sampling failed: %r", rid, step)
             failed.append((rid, f"sampling failed: {type(step).__name__}"))
             return False
-        usage = active.usage(index + 1) if step.finish_reason else None
+        usage = active.completion.usage() if step.finish_reason else None  # (the step is its last token)
         if step.finish_reason:
             finished.append((rid, step.finish_reason))
         out.append(Token.of(rid, index, step, usage))

@@ -252,10 +252,11 @@ class PrefillLoop:
             len(prompt),
             limit,
             job.generated,
+            job.request.thinking,
         )
         step = completion.next(logits)
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": completion.count}
-        first = Token.of(rid, completion.count - 1, step, usage if step.finish_reason else None, prompt_logprobs)
+        usage = completion.usage() if step.finish_reason else None
+        first = Token.of(rid, completion.count - 1, step, usage, prompt_logprobs)
         if store.append([first], {rid: job.attempt}, self.r.name).refused:  # re-run while this one stalled
             log.warning("request %s: its lease lapsed and it was re-run (or it ended): dropping this run", rid)
             self.r.ranks.release(rid)

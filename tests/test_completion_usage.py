@@ -1,0 +1,34 @@
+"""A completion's usage: thinking mode's reasoning tokens, counted as OpenAI reports them (the tokens
+up to the one that ends the thought), also when a request is rebuilt from its streamed tokens."""
+
+from __future__ import annotations
+
+from dayzero.completion import Completion
+from dayzero.params import SamplingParams
+
+EOS = (1,)
+
+
+def _run(codec, tokens: list[int], thinking: bool, replayed: int = 0) -> dict:
+    """The usage after ``tokens``, the first ``replayed`` of them rebuilt as another worker would."""
+    params = SamplingParams(max_tokens=len(tokens) + 5)
+    completion = Completion(codec, params, EOS, 7, 4096, tuple(tokens[:replayed]), thinking)
+    for token in tokens[replayed:]:
+        assert completion.accept(token).finish_reason is None
+    return completion.usage()
+
+
+def test_reasoning_tokens_are_those_up_to_the_end_of_the_thought(codec):
+    thought, answer = codec.encode("Hmm, let me think about it."), codec.encode("The answer is 4.")
+    end = [codec.token_id("</think>")]
+    closed = _run(codec, thought + end + answer, thinking=True)
+    want = {"prompt_tokens": 7, "completion_tokens": len(thought) + 1 + len(answer)}
+    assert closed == {**want, "completion_tokens_details": {"reasoning_tokens": len(thought) + 1}}
+    assert _run(codec, thought + end + answer, thinking=True, replayed=len(thought) + 3) == closed
+    assert _run(codec, thought + end + answer, thinking=False) == want  # no thinking, no details
+    unclosed = _run(codec, thought, thinking=True)  # cut before it closed: all of it is reasoning
+    assert unclosed["completion_tokens_details"] == {"reasoning_tokens": len(thought)}
+    # a call block opened without </think> also ends it, once its opening tag is whole
+    block = codec.encode("\n\n<｜DSML｜tool_calls>")
+    calls = _run(codec, thought + block + codec.encode('\n<｜DSML｜invoke name="f">'), thinking=True)
+    assert len(block) > 1 and calls["completion_tokens_details"] == {"reasoning_tokens": len(thought) + len(block)}
