@@ -9,7 +9,8 @@ logprobs are the model's, before logit bias, penalties and temperature.
 A chat's text is split as DeepSeek-V4 writes it (dayzero.chat.output): the reasoning before
 ``</think>`` is ``reasoning_content`` (thinking mode), DSML tool calls become ``tool_calls``
 (``delta.tool_calls`` in streams: a call's id and name when its tag is complete, its arguments
-when it closes; ``finish_reason: "tool_calls"``), and no DSML ever reaches ``content``.
+when it closes; ``finish_reason: "tool_calls"``), and no DSML ever reaches ``content``; without
+tools offered, the text after the reasoning is the content as written.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Shape:
         self.offset = 0  # characters of text covered by earlier chunks' logprobs
         self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")  # holds a character's first bytes
         self.thinking, self.tools, self.rid = request.thinking, request.tool_calls, request.request_id
-        self.parts = AssistantStream(request.thinking)  # a chat stream's text so far, split
+        self.parts = AssistantStream(self.thinking, self.tools)  # a chat stream's text so far, split
         self.started = self.ended = 0  # tool calls of the stream begun / complete
         self.usage_chunk_follows = request.usage_in_stream  # OpenAI: then every chunk has "usage": null
 
@@ -89,11 +90,10 @@ class Shape:
 
     def body(self, text: str, finish: str, usage: dict, tokens: list[Token]) -> dict:
         if self.kind == "chat":
-            parts = parse_message(text, self.thinking, stopped=finish == "stop")
-            calls = []
-            if self.tools:  # the calls made, then one cut short (max_tokens): its id and name, as streamed
-                calls = [self._call(i, c.name, c.arguments) for i, c in enumerate(parts.calls)]
-                calls += [self._call(i, name) for i, name in enumerate(parts.started[len(calls) :], len(calls))]
+            parts = parse_message(text, self.thinking, stopped=finish == "stop", tools=self.tools)
+            # the calls made, then one cut short (max_tokens): its id and name, as streamed
+            calls = [self._call(i, c.name, c.arguments) for i, c in enumerate(parts.calls)]
+            calls += [self._call(i, name) for i, name in enumerate(parts.started[len(calls) :], len(calls))]
             message = {"role": "assistant", "content": parts.content or (None if calls else "")}
             if self.thinking:
                 message["reasoning_content"] = parts.reasoning
@@ -132,7 +132,7 @@ class Shape:
         calls = [{"index": k, **self._call(k, name)} for k, name in enumerate(parts.started, self.started)]
         calls += [{"index": self.ended + i, "function": {"arguments": c.arguments}} for i, c in enumerate(parts.calls)]
         self.started, self.ended = self.started + len(parts.started), self.ended + len(parts.calls)
-        if calls and self.tools:
+        if calls:
             delta["tool_calls"] = calls
         return delta
 
@@ -146,7 +146,7 @@ class Shape:
 
     def _finish(self, finish: str | None, calls: int) -> str | None:
         """A chat that ended after calling tools ends with "tool_calls" (OpenAI's reason)."""
-        return "tool_calls" if finish == "stop" and calls and self.tools else finish
+        return "tool_calls" if finish == "stop" and calls else finish
 
     def _echo(self) -> str:
         """The prompt's text, in the first chunk (or the body) of an echoing completion."""

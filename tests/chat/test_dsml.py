@@ -82,7 +82,7 @@ def test_stray_dsml_is_dropped_and_text_after_a_block_is_content():
     parts = parse_message(f"Hi <{D}invoke oops", thinking=False)
     assert parts.content == "Hi " and not parts.calls
     after = parse_message(f"A\n\n<{D}tool_calls>\n</{D}tool_calls>\nB", thinking=False)
-    assert after.content == "AB" and not after.calls
+    assert after.content == "A\n\nB" and not after.calls  # the block's blank line sets them apart
 
 
 def test_reasoning_cut_before_its_end():
@@ -101,7 +101,7 @@ def test_calls_render_back_as_they_were_parsed():
 def test_two_blocks_in_one_piece_give_each_call_once():
     block = ANSWER.removeprefix("Let me check both.")
     parts = parse_message("One." + block + "Two." + block, thinking=False)
-    assert parts.content == "One.Two." and _calls(parts) == CALLS + CALLS and len(parts.started) == 4
+    assert parts.content == "One.\n\nTwo." and _calls(parts) == CALLS + CALLS and len(parts.started) == 4
 
 
 def test_json_arguments_keep_the_text_the_model_wrote():
@@ -121,3 +121,11 @@ def test_json_arguments_keep_the_text_the_model_wrote():
     got = parsed.arguments
     assert got == '{"big": 1e400, "exact": 0.1000000000000000055511151231257827, "nan": "NaN", "text": "say \\"hi\\""}'
     assert json.loads(got)["text"] == 'say "hi"'
+
+
+def test_without_tools_offered_a_block_is_text_as_written():
+    whole = parse_message(ANSWER, thinking=False, stopped=True, tools=False)
+    assert whole.content == ANSWER and whole.calls == whole.started == []
+    stream = AssistantStream(thinking=True, tools=False)  # the reasoning still ends at </think>
+    parts = stream.feed("Hm.</think>" + ANSWER[:30]).then(stream.feed(ANSWER[30:])).then(stream.finish(True))
+    assert (parts.reasoning, parts.content, parts.calls) == ("Hm.", ANSWER, [])

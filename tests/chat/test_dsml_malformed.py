@@ -36,7 +36,7 @@ def _every_cut(text: str, stopped: bool = False):
 def test_text_after_a_block_reads_the_same_streamed():
     text = f'Hi\n\n<{D}tool_calls>\n<{D}invoke name="f">\n{X}\n</{D}invoke>\n</{D}tool_calls>\n\nDone.'
     parts = _every_cut(text)
-    assert parts.content == "HiDone." and _calls(parts) == [("f", {"x": 1})]
+    assert parts.content == "Hi\n\nDone." and _calls(parts) == [("f", {"x": 1})]
 
 
 def test_an_invoke_left_open_ends_at_the_next_one():
@@ -78,3 +78,17 @@ def test_a_bare_dsml_token_after_a_blank_line_reads_the_same_streamed():
     block = f'<{D}tool_calls>\n<{D}invoke name="f">\n{X}\n</{D}invoke>\n</{D}tool_calls>'
     parts = _every_cut(f"Let me check.\n\n{D}{block}")
     assert parts.content == "Let me check." and _calls(parts) == [("f", {"x": 1})]
+
+
+def test_a_dsml_token_that_begins_no_block_is_dropped_with_its_tag_and_the_text_goes_on():
+    """DeepSeek's decoder refuses such a reply; a server keeps the text (it lost all of it after
+    the token), never the DSML."""
+    block = f'\n\n<{D}tool_calls>\n<{D}invoke name="f">\n{X}\n</{D}invoke>\n</{D}tool_calls>'
+    for stray in (D, f"<{D}", f"</{D}", f"</{D}invoke>", f"</{D}tool_calls>", f'<{D}parameter name="v" string="true">'):
+        for stopped in (True, False):
+            parts = _every_cut(f"The {stray}token, then more.", stopped)
+            assert parts.content == "The token, then more." and parts.started == [], (stray, stopped)
+        parts = _every_cut(f"Check {stray}this.{block}", stopped=True)  # and a real block after it
+        assert parts.content == "Check this." and _calls(parts) == [("f", {"x": 1})], stray
+    assert _every_cut(f"ends <{D}tool_ca", stopped=True).content == "ends "  # a tag the reply ended in
+    assert _every_cut(f"ends <{D}tool_ca", stopped=False).content == "ends "  # cut there by a limit

@@ -248,3 +248,13 @@ def test_a_tool_call_cut_by_max_tokens_reads_the_same_streamed_and_in_the_body(s
     assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
     assert call["function"] == {"name": "get_weather", "arguments": ""} and call["id"].startswith("call_")
     assert accumulate_calls(streamed) == ({0: {"name": "get_weather", "arguments": ""}}, "length")
+
+
+def test_dsml_without_tools_is_text_and_a_stray_dsml_token_with_tools_is_dropped(stack):
+    """The random model made to write only DSML tokens: without tools offered its text comes back as
+    written; with tools offered, tokens that open no call block are dropped, never content."""
+    body = ask("Hi", max_tokens=3, temperature=0, logit_bias={"9": 100})  # 9: ｜DSML｜
+    plain = post(stack, "/v1/chat/completions", body).json()["choices"][0]
+    assert plain["message"] == {"role": "assistant", "content": D * 3} and plain["finish_reason"] == "length"
+    offered = post(stack, "/v1/chat/completions", {**body, "tools": [WEATHER]}).json()["choices"][0]
+    assert offered["message"] == {"role": "assistant", "content": ""} and offered["finish_reason"] == "length"

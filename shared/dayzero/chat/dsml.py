@@ -24,6 +24,12 @@ _TAG = re.compile(  # the tags of a block, but a parameter's closing tag (its va
 )
 # text that may begin a DSML tag: held back from the content until the next characters decide
 _MARKERS = ("\n\n<" + DSML, "\n\n</" + DSML, "\n\n" + DSML, "<" + DSML, "</" + DSML, DSML)
+# what follows ``<｜DSML｜`` where a block begins (a bare invoke: calls written without their wrapper)
+_BLOCK_TAGS = ("tool_calls>", "invoke")
+# a DSML tag outside a block that begins none (a closing tag, a parameter): dropped whole
+_STRAY_TAG = re.compile(r"(?:tool_calls|invoke|parameter)[^<>\n]*>")
+_STRAY_START = re.compile(r"(?:tool_calls|invoke|parameter)[^<>\n]*")
+_TAG_NAMES = ("tool_calls", "invoke", "parameter")
 
 
 def to_json(value: object) -> str:
@@ -128,7 +134,11 @@ class Parsed:
 
 
 class ToolCallStream:
-    """Feeds text in any pieces; content comes out as soon as it cannot be the start of a tag."""
+    """Feeds text in any pieces; content comes out as soon as it cannot be the start of a tag.
+
+    A DSML token that begins no block (a bare token, a closing tag or a parameter outside a block)
+    is dropped with its tag, and the text after it is content. Content after a block is set apart
+    from the content before it by a blank line (the block's own)."""
 
     def __init__(self) -> None:
         self._text = ""  # not yet released: a possible tag start, or an open block
@@ -136,6 +146,8 @@ class ToolCallStream:
         self._done = 0  # invokes of the open block already reported complete
         self._started = 0  # invokes of the open block whose name was reported
         self._after_block = False  # a block just closed: the newlines after it are dropped, in any pieces
+        self._wrote = False  # some content was released
+        self._final = False  # the model ended its text: nothing waits for more
 
     def feed(self, text: str) -> Parsed:
         self._text += text
@@ -148,15 +160,20 @@ class ToolCallStream:
         """The end of the text: what is held and is no markup becomes content; a cut block is dropped.
         ``stopped``: the model ended its reply (not a limit), so a call it left open ends there, with
         its complete parameters; else it stays begun only (a call cut by ``max_tokens``)."""
+        self._final = stopped  # (a text cut by a limit keeps an undecided tag held: dropped below)
         out = self.feed("")
         if self._in_block and stopped:
             self._report(True, out)
         # a cut "<｜DS..." is markup, a cut "<" is not; a reply the model ended was not cut: what it
         # holds is text (``｜DSML｜`` is one token, so the text never stops inside it)
         if not self._in_block and (stopped or DSML[0] not in self._text):
-            out.content += self._text
-        self._text, self._in_block = "", False
+            self._release(out, self._text)
+        self._text, self._in_block, self._final = "", False, False
         return out
+
+    def _release(self, out: Parsed, content: str) -> None:
+        out.content += content
+        self._wrote = self._wrote or bool(content)
 
     def _step(self, out: Parsed) -> bool:
         if self._in_block:
@@ -164,16 +181,26 @@ class ToolCallStream:
         if self._after_block:
             self._text = self._text.lstrip("\n")
             self._after_block = not self._text
+            if self._text and self._wrote:
+                self._release(out, "\n\n")
         at = self._text.find(DSML)
         if at < 0:
             hold = held_suffix(self._text, _MARKERS)
-            out.content += self._text[: len(self._text) - hold]
+            self._release(out, self._text[: len(self._text) - hold])
             self._text = self._text[len(self._text) - hold :]
             return False
-        prefix = self._text[:at]
+        prefix, rest = self._text[:at], self._text[at + len(DSML) :]
         opener = "</" if prefix.endswith("</") else "<" if prefix.endswith("<") else ""
         prefix = prefix[: len(prefix) - len(opener)]
-        out.content += prefix.removesuffix("\n\n")
+        stray = _stray_tag(opener, rest, self._final)
+        before = prefix.removesuffix("\n\n")  # content, whatever the tag (a block takes its blank line)
+        self._release(out, before)
+        if stray is None:  # the next characters decide
+            self._text = self._text[len(before) :]
+            return False
+        if stray >= 0:  # dropped with its tag; the blank line before it may still open a block
+            self._text = prefix[len(before) :] + rest[stray:]
+            return True
         self._text, self._in_block, self._done, self._started = self._text[len(prefix) :], True, 0, 0
         return True
 
@@ -192,6 +219,21 @@ class ToolCallStream:
         out.calls.extend(calls[self._done :])
         self._started, self._done = len(names), len(calls)
         return end
+
+
+def _stray_tag(opener: str, rest: str, final: bool) -> int | None:
+    """A DSML token (after ``opener``, before ``rest``): -1 when it begins a block, else the length of
+    its tag's rest in ``rest`` (dropped with it; 0 for a bare token); None while more text could
+    still decide (never once the model has ended its text: ``final``)."""
+    if opener == "<" and rest.startswith(_BLOCK_TAGS):
+        return -1
+    if (tag := _STRAY_TAG.match(rest)) is not None:
+        return tag.end()
+    begun = len(rest) if any(name.startswith(rest) for name in _TAG_NAMES) else 0  # a tag's name, begun
+    begun = max(begun, (partial.end() if (partial := _STRAY_START.match(rest)) else 0))
+    if final:
+        return begun
+    return None if begun == len(rest) else 0
 
 
 def held_suffix(text: str, markers: tuple[str, ...]) -> int:

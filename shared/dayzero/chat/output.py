@@ -26,26 +26,28 @@ class Delta:
 
 
 class AssistantStream:
-    """Splits text fed in any pieces; ``finish`` at the end (a stream cut anywhere, inside a tag too)."""
+    """Splits text fed in any pieces; ``finish`` at the end (a stream cut anywhere, inside a tag too).
+    Without ``tools`` offered, the answer is its text as written: a call block the model writes
+    anyway is neither a call nor dropped (as vLLM answers a request without tools)."""
 
-    def __init__(self, thinking: bool) -> None:
+    def __init__(self, thinking: bool, tools: bool = True) -> None:
         self._reasoning = ReasoningSplitter(thinking)
-        self._calls = ToolCallStream()
+        self._calls = ToolCallStream() if tools else None
 
     def feed(self, text: str) -> Delta:
         reasoning, answer = self._reasoning.feed(text)
-        return _delta(reasoning, self._calls.feed(answer))
+        return _delta(reasoning, self._calls.feed(answer) if self._calls else Parsed(answer))
 
     def finish(self, stopped: bool = False) -> Delta:
         """``stopped``: the model ended its reply (a call it left open ends too), not a limit."""
-        return _delta(self._reasoning.finish(), self._calls.finish(stopped))
+        return _delta(self._reasoning.finish(), self._calls.finish(stopped) if self._calls else Parsed())
 
 
 def _delta(reasoning: str, parsed: Parsed) -> Delta:
     return Delta(reasoning, parsed.content, parsed.started, parsed.calls)
 
 
-def parse_message(text: str, thinking: bool, stopped: bool = False) -> Delta:
+def parse_message(text: str, thinking: bool, stopped: bool = False, tools: bool = True) -> Delta:
     """A whole completion's parts."""
-    stream = AssistantStream(thinking)
+    stream = AssistantStream(thinking, tools)
     return stream.feed(text).then(stream.finish(stopped))
