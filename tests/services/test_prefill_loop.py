@@ -14,6 +14,7 @@ from dayzero.serving.lifecycle import Lifecycle, key
 from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
+from dayzero.serving.scripts import Take
 from dayzero.settings import Settings
 
 from .conftest import recording, run_jobs
@@ -188,6 +189,35 @@ def test_the_blocks_of_a_handoff_whose_request_was_re_run_are_freed_at_once(demo
         loop.stop.set()
     assert tickets[1].done.is_set() and [job.request.request_id for job in sent] == ["old-run", "next"]
     assert set(runtime.pools.sequences) == {"next"}
+
+
+def test_a_handoff_decode_claimed_keeps_its_blocks_past_the_handoff_timeout(demo_dir, redis_url):
+    """Decode claims a handoff as its message arrives and copies the state once its pools have room,
+    which may come after DAYZERO_HANDOFF_TIMEOUT_S: prefill freed the blocks at the timeout, the next
+    prompt was prefilled into them, and decode copied that request's state for the first one. The
+    blocks now stay while decode holds the request; a handoff nobody claimed is freed at its timeout."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=1, max_batch=1, handoff_timeout_s=0.2)
+    sent: list[DecodeJob] = []
+    loop = PrefillLoop(Runtime.load(settings, "prefill13@test", "prefill", False), recording(sent))
+    runtime, store, tickets = loop.r, Lifecycle.connect(redis_url), []
+    try:
+        tickets.append(loop.intake.submit(admitted(store, "claimed")))
+        loop._iteration()
+        assert store.take("claimed", 0, "decode0@test", 30, handed_off=True) == Take.CLAIMED  # waits for room
+        time.sleep(0.3)  # past the handoff's timeout
+        tickets.append(loop.intake.submit(admitted(store, "behind")))
+        loop._iteration()
+        assert set(runtime.pools.sequences) == {"claimed"} and not tickets[1].done.is_set()
+        store.take_handoffs([("claimed", 0, sent[0].state.holder)], "decode0@test", 5)  # decode has copied it
+        loop._iteration()
+        assert tickets[1].done.is_set() and set(runtime.pools.sequences) == {"behind"}
+        time.sleep(0.3)  # nobody claims this one: its handoff lapses (the reaper re-runs it)
+        tickets.append(loop.intake.submit(admitted(store, "last")))
+        loop._iteration()
+    finally:
+        loop.stop.set()
+    assert tickets[2].done.is_set() and set(runtime.pools.sequences) == {"last"}
+    assert [job.request.request_id for job in sent] == ["claimed", "behind", "last"]
 
 
 def test_a_request_waiting_for_blocks_waits_without_spinning(demo_dir, redis_url):

@@ -24,6 +24,7 @@ from ..telemetry import continued, tracer
 from .handoff import discard_tensor, publish, take_tensor
 from .intake import Intake, Ticket, run_loop
 from .lease import Heartbeat
+from .lifecycle import HANDOFF_OWNER
 from .messages import DecodeJob, PrefillJob
 from .prefill_batch import BatchInput, echo_of, merged
 from .records import Token
@@ -128,14 +129,21 @@ class PrefillLoop:
         return batch
 
     def _reclaim_handoffs(self) -> bool:
-        """Release blocks whose handoff decode has taken (or that expired, or whose request a client
-        cancelled, ended or re-ran); whether any were."""
+        """Release blocks whose handoff decode has taken (or that lapsed unclaimed, or whose request a
+        client cancelled, ended or re-ran); whether any were. A handoff decode claimed keeps its
+        blocks past its timeout: decode copies them once its pools have room (a re-run, should
+        decode die, frees them)."""
         if not self.handed_off:
             return False
         now, freed = time.monotonic(), False
-        lapsed = {rid for rid, (deadline, _) in self.handed_off.items() if deadline < now}
         held = {rid: attempt for rid, (_, attempt) in self.handed_off.items()}
-        for rid in lapsed | self.r.store.released(self.r.name, held):
+        free = self.r.store.released(self.r.name, held)
+        for rid in [rid for rid, (deadline, _) in self.handed_off.items() if deadline < now and rid not in free]:
+            if self.r.store.owner(rid) in (None, HANDOFF_OWNER):  # no decode worker holds it
+                free.add(rid)
+            else:  # asked again a lease later
+                self.handed_off[rid] = (now + self.r.settings.lease_s, held[rid])
+        for rid in free:
             if self.handed_off.pop(rid, None) is not None:
                 self.r.ranks.release(rid)
                 freed = True
