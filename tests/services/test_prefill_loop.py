@@ -95,10 +95,13 @@ def test_identical_prompts_in_a_batch_are_prefilled_once_and_continue_alike(demo
     from dayzero.kv.pools import pools_for
     from dayzero.model.forward import decode, prefill
 
-    runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill2@test", "prefill", False)
+    same, other = (0, 9, 8, 7, 6, 5, 4, 3, 2), (0, 11, 12)
+    # the batch's token budget counts the copies once: counted each, they went in three batches
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, max_prefill_tokens=len(same) + len(other))
+    runtime = Runtime.load(settings, "prefill2@test", "prefill", False)
     sent: list[DecodeJob] = []
     loop = PrefillLoop(runtime, recording(sent))
-    store, same, other = Lifecycle.connect(redis_url), (0, 9, 8, 7, 6, 5, 4, 3, 2), (0, 11, 12)
+    store = Lifecycle.connect(redis_url)
     jobs = []
     for rid, prompt in (("n0", same), ("n1", same), ("n2", same), ("solo", other)):
         request = GenerationRequest(

@@ -7,6 +7,7 @@ vision stage's patches, embedded inside the step (the embedding is split over th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,16 +40,24 @@ class BatchInput:
         return self.tokens if self.prompt_length is None else self.tokens[: self.prompt_length]
 
 
+def shared_forward(tokens: Sequence[int], images: bool, echo: PromptLogprobs | None) -> tuple | None:
+    """What rows sharing one forward have alike: identical text prompts asking for the same prompt
+    logprobs (the choices of an ``n`` > 1 request) run once; image prompts (None) always run alone."""
+    return None if images else (tuple(tokens), echo.top if echo else None)
+
+
+def forward_of(job: PrefillJob) -> tuple | None:
+    """``shared_forward`` of a job's input, before it is taken (its tokens: prompt + tokens streamed)."""
+    return shared_forward((*job.request.prompt_ids, *job.generated), job.embeddings is not None, echo_of(job))
+
+
 def merged(inputs: list[BatchInput]) -> dict[int, int]:
-    """Row -> the row whose forward it shares: identical text prompts asking for the same prompt
-    logprobs (the choices of an ``n`` > 1 request) run once; image prompts always run alone."""
+    """Row -> the row whose forward it shares (``shared_forward``)."""
     first: dict[tuple, int] = {}
     source = {}
     for i, item in enumerate(inputs):
-        if item.images is None:
-            source[i] = first.setdefault((tuple(item.tokens), item.echo.top if item.echo else None), i)
-        else:
-            source[i] = i
+        key = shared_forward(item.tokens, item.images is not None, item.echo)
+        source[i] = i if key is None else first.setdefault(key, i)
     return source
 
 

@@ -26,7 +26,7 @@ from .intake import Intake, Ticket, run_loop
 from .lease import Heartbeat
 from .lifecycle import HANDOFF_OWNER
 from .messages import DecodeJob, PrefillJob
-from .prefill_batch import BatchInput, echo_of, merged
+from .prefill_batch import BatchInput, echo_of, forward_of, merged
 from .records import Token
 from .runtime import Runtime
 
@@ -118,14 +118,18 @@ class PrefillLoop:
         ticket.done.set()
 
     def _take_batch(self) -> list[Ticket[PrefillJob]]:
-        batch, tokens = [], 0
+        """Waiting requests up to DAYZERO_MAX_PREFILL_TOKENS, a prompt the batch runs already counted
+        once (an ``n`` > 1 request's choices share its forward)."""
+        batch, tokens, runs = [], 0, set()
         while self.pending:
             job = self.pending[0].job
-            size = len(job.request.prompt_ids) + len(job.generated)
+            run = forward_of(job)
+            size = 0 if run is not None and run in runs else len(job.request.prompt_ids) + len(job.generated)
             if batch and tokens + size > self.r.settings.max_prefill_tokens:
                 break
             batch.append(self.pending.pop(0))
             tokens += size
+            runs.add(run)
         return batch
 
     def _reclaim_handoffs(self) -> bool:
