@@ -47,13 +47,14 @@ async def admit(
     """Queue all of them or none (429 when the stage's queue cannot take them all now; 400 when it
     never could: a retry would be refused the same way for ever)."""
     bounds = (("DAYZERO_MAX_QUEUED", gw.settings.max_queued), ("DAYZERO_MAX_STREAMS", gw.settings.max_streams))
+    several = len(requests) > len({r.prompt_index for r in requests})  # n > 1 (else a list of prompts)
     for variable, bound in bounds:
         if len(requests) > bound:
             raise APIError(
                 400,
                 f"this request runs {len(requests)} generations (n, times the prompts of a completions list); "
                 f"this server takes at most {bound} at once ({variable})",
-                param="n",
+                param="n" if several else "prompt",
             )
     if gw.bus.hub.open + len(requests) > gw.settings.max_streams:
         _refuse(gw, "too many open streams; retry shortly", "too_many_streams")

@@ -115,6 +115,9 @@ def test_more_choices_than_the_queue_holds_are_a_400_not_a_429_for_ever(lone_gat
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == "n" and "DAYZERO_MAX_QUEUED" in error["message"]
+    if path == "/v1/completions":  # a list of prompts, one choice each: the client sent no n
+        listed = httpx.post(f"{lone_gateway.url}{path}", json={**body, "n": 1, "prompt": [[0], [5], [6]]}, headers=KEY)
+        assert listed.status_code == 400 and listed.json()["error"]["param"] == "prompt", listed.text
 
 
 def test_too_many_images_in_one_request(lone_gateway):
