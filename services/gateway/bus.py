@@ -51,15 +51,15 @@ class Bus:
         """Record the requests (their images' bytes, the digest of who may read their streams) and
         queue them, vision first when they have images, in one round trip and no thread (``send_task``
         would take one, and a round trip each); or none of them, False, when the stage's queue would
-        hold more than ``max_queued``. Each message carries its request's span's context."""
-        stage, messages = "vision" if images else "prefill", []
+        hold more than ``max_queued``. Each request (recorded and queued) carries its span's context."""
+        stage, messages, traced = "vision" if images else "prefill", [], []
         for request, span in zip(requests, spans, strict=True):
             with trace.use_span(span, end_on_exit=False):
                 context = carrier()
-            job = PrefillJob(request=request, trace=context).model_dump_json()
-            messages.append(task_message(self.celery, stage, job, context))
+            traced.append(request.model_copy(update={"trace": context}))  # recorded: a re-run continues it
+            messages.append(task_message(self.celery, stage, PrefillJob(request=traced[-1]).model_dump_json(), context))
         queue = Queue(stage, tuple(messages), self.settings.max_queued)
-        return await self.watching.admit(requests, images, owner, queue)
+        return await self.watching.admit(traced, images, owner, queue)
 
     # -- watchers and cancellation ---------------------------------------------------------------------
     async def unwatch(self, request_id: str, watcher: str, finished: bool, resumable: bool = True) -> None:

@@ -7,8 +7,9 @@ import time
 
 import httpx
 import pytest
+import redis
 
-from .conftest import MODEL, data_url, start_stack
+from .conftest import MODEL, data_url, sse_events, start_stack
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +153,35 @@ def test_a_streams_trace_does_not_grow_with_its_tokens(traced):
     assert many >= few + 4
     assert "decode.generate" in short and "POST /v1/completions" in short
     assert long == short
+
+
+def test_a_rerun_request_stays_in_its_trace(traced):
+    """A request its decode worker lost (its lease taken away, as when the worker stalls) is re-run
+    by the reaper: the re-run's task, prefill and decode spans join the request's trace (without its
+    context recorded with the request, each started a trace of its own)."""
+    stack, folder = traced
+    body = {"model": MODEL, "prompt": [0, 7, 9], "max_tokens": 300, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json=body, timeout=60) as streaming:
+        rid, events = streaming.headers["x-request-id"], sse_events(streaming)
+        assert [next(events) for _ in range(3)]  # decode streams it
+        redis.Redis.from_url(stack.redis_url).set(f"dz:lease:{rid}", "decode9@elsewhere", px=1500)
+        assert [data for _, data in events][-1] == "[DONE]"  # re-run once the taken lease lapsed
+    deadline, ours = time.time() + 30, []
+    while time.time() < deadline and sum(s["name"] == "decode.generate" for s in ours) < 2:
+        time.sleep(0.2)
+        ours = [s for s in _spans(folder) if s["attributes"].get("dayzero.request_id") == rid]
+    root = next(s for s in ours if s["name"] == "gateway.request")
+    trace_id = root["context"]["trace_id"]
+    assert {s["context"]["trace_id"] for s in ours} == {trace_id}
+    forwards = sorted(
+        (s for s in ours if s["name"] == "prefill.forward"), key=lambda s: s["attributes"]["dayzero.attempt"]
+    )
+    assert [s["attributes"]["dayzero.attempt"] for s in forwards] == [0, 1]
+    assert {s["parent_id"] for s in forwards} == {root["context"]["span_id"]}
+    generates = [s for s in ours if s["name"] == "decode.generate"]
+    assert sorted(e["name"] for s in generates for e in s["events"] if e["name"] != "first_token") == [
+        "finish",
+        "lease_lost",
+    ]
+    tasks = [s for s in _spans(folder) if s["context"]["trace_id"] == trace_id and s["name"] == "run/dayzero.prefill"]
+    assert len(tasks) == 2

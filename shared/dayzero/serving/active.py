@@ -33,7 +33,7 @@ class Active:
         completion = Completion(
             runtime.codec, request.sampling, cfg.eos_token_ids, prompt, limit, job.generated, request.thinking
         )
-        with continued(job.trace):
+        with continued(request.trace):
             attributes = {
                 "dayzero.request_id": job.request.request_id,
                 "dayzero.prompt_tokens": prompt,

@@ -188,7 +188,10 @@ class DecodeLoop:
     def _import(self, job: DecodeJob, total: int) -> None:
         """Copy the prefilled state into this worker's pools (``decode.admit`` > ``kv.import``)."""
         rid = job.request.request_id
-        with continued(job.trace), tracer.start_as_current_span("decode.admit", attributes={"dayzero.request_id": rid}):
+        with (
+            continued(job.request.trace),
+            tracer.start_as_current_span("decode.admit", attributes={"dayzero.request_id": rid}),
+        ):
             with tracer.start_as_current_span("kv.import", attributes={"dayzero.transport": job.state.transport}):
                 start = time.perf_counter()
                 self.receiver.receive(job.state, self.r.pools, rid)

@@ -33,6 +33,7 @@ class GenerationRequest(Frozen):
     response_id: str = ""  # the response it is one choice of (several prompts, or n > 1); "": its own
     choice: int = Field(default=0, ge=0)  # its index among that response's choices
     prompt_index: int = Field(default=0, ge=0)  # its prompt's index in that response (a completions list)
+    trace: dict[str, str] = {}  # W3C trace context of its gateway.request span (kept with it: a re-run stays in it)
 
 
 class StateRef(Frozen):
@@ -63,7 +64,6 @@ class PrefillJob(Frozen):
     generated: tuple[int, ...] = ()  # tokens already streamed (a re-prefill after a failure)
     attempt: int = 0
     embeddings: TensorRef | None = None  # the images' merged-patch embeddings, set by the vision stage
-    trace: dict[str, str] = {}  # W3C trace context of the request's gateway span
 
 
 class DecodeJob(Frozen):
@@ -71,4 +71,3 @@ class DecodeJob(Frozen):
     generated: tuple[int, ...]  # streamed so far; the last one is not yet in the state
     state: StateRef
     attempt: int = 0
-    trace: dict[str, str] = {}

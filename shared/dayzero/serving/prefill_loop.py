@@ -242,7 +242,7 @@ class PrefillLoop:
 
     @staticmethod
     def _span(job: PrefillJob, batch: int) -> trace.Span:
-        with continued(job.trace):
+        with continued(job.request.trace):
             return tracer.start_span(
                 "prefill.forward",
                 attributes={
@@ -284,7 +284,7 @@ class PrefillLoop:
             if kept:
                 ref = ref.model_copy(update={"holder": self.r.name})  # decode says when it has taken it
             generated = (*job.generated, step.token)
-            sent = DecodeJob(request=job.request, generated=generated, state=ref, attempt=job.attempt, trace=job.trace)
+            sent = DecodeJob(request=job.request, generated=generated, state=ref, attempt=job.attempt)
             message = self.decode_message(sent)
             if not store.hand_off(rid, job.attempt, self.r.name, settings.handoff_timeout_s, "decode", message):
                 log.warning("request %s: its lease lapsed and it was re-run (or it ended): dropping this run", rid)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from ..telemetry import continued
 from .lifecycle import Lifecycle
 from .messages import PrefillJob
 
@@ -45,8 +46,8 @@ def sweep(
             store.settle(rid, attempt, "", "error", len(generated), "the request failed on several workers")
             continue
         log.warning("request %s lost its worker; re-running from token %d (attempt %d)", rid, len(generated), attempt)
-        send(
-            PrefillJob(request=request, generated=generated, attempt=attempt), "vision" if request.images else "prefill"
-        )
+        job = PrefillJob(request=request, generated=generated, attempt=attempt)
+        with continued(request.trace):  # its message's task span, and the stages' spans, join its trace
+            send(job, "vision" if request.images else "prefill")
         rerun.append(rid)
     return rerun

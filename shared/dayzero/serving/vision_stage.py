@@ -96,7 +96,7 @@ class VisionStage:
         rid = job.request.request_id
         self.stats.add(queued_requests=1, queue_seconds=time.time() - job.request.created)
         try:
-            with self._lock, continued(job.trace):
+            with self._lock, continued(job.request.trace):
                 images = self.encoder.embeddings(self.store.images(rid))
             self.stats.call("vision.encode")
         except (ImageError, ValueError) as exc:
