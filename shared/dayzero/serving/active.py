@@ -42,9 +42,12 @@ class Active:
             span = tracer.start_span("decode.generate", attributes=attributes)
         return cls(ticket, completion, job.generated[-1], span)
 
-    def end_span(self, reason: str, cfg: ModelConfig, length: int) -> None:
-        """The span's last event and counts: tokens, and the CSA entries its last query could read."""
+    def end_span(self, reason: str, cfg: ModelConfig, length: int, message: str = "") -> None:
+        """The span's last event and counts: tokens, and the CSA entries its last query could read;
+        a failure (``reason`` error) sets its status, with ``message``."""
         entries = length // cfg.compress_rates["compressed_sparse_attention"]
+        if reason == "error":
+            self.span.set_status(trace.Status(trace.StatusCode.ERROR, message))
         self.span.add_event("finish", {"finish_reason": reason, "completion_tokens": self.completion.count})
         self.span.set_attribute("dayzero.completion_tokens", self.completion.count)
         self.span.set_attribute("dayzero.csa_selected_entries", min(cfg.index_topk, entries))

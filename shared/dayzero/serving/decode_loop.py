@@ -218,7 +218,7 @@ class DecodeLoop:
     ) -> None:
         self.heartbeat.release(rid)  # no beat in flight outlives its end
         active = self.active.pop(rid)
-        active.end_span(reason, self.r.model.cfg, self.r.pools.length(rid))
+        active.end_span(reason, self.r.model.cfg, self.r.pools.length(rid), message)
         self.r.ranks.release(rid)
         self._settle(active.ticket, reason, message, index=index, usage=usage)
 

@@ -213,17 +213,23 @@ class PrefillLoop:
         # a slow emit of a large batch must not let the last ones lapse (the reaper would re-run a
         # request that is being handed to decode)
         source = merged(inputs)
-        logits = self.r.ranks.prefill(inputs, source)
-        self.r.stats.add(tokens=sum(len(inputs[i].tokens) for i, s in source.items() if s == i))
-        for i, ticket in enumerate(batch):
-            self.heartbeat.release(ids[i])
-            with trace.use_span(spans[i], end_on_exit=True):
-                try:
-                    self._emit(ticket, logits[i], limit, inputs[i].echo.scores if inputs[i].echo else None)
-                except redis.RedisError:
-                    raise
-                except Exception as exc:  # this request's own sampling or handoff: it fails alone
-                    self._fail_one(ticket, exc)
+        try:
+            logits = self.r.ranks.prefill(inputs, source)
+            self.r.stats.add(tokens=sum(len(inputs[i].tokens) for i, s in source.items() if s == i))
+            for i, ticket in enumerate(batch):
+                self.heartbeat.release(ids[i])
+                with trace.use_span(spans[i], end_on_exit=True):
+                    try:
+                        self._emit(ticket, logits[i], limit, inputs[i].echo.scores if inputs[i].echo else None)
+                    except redis.RedisError:
+                        raise
+                    except Exception as exc:  # this request's own sampling or handoff: it fails alone
+                        self._fail_one(ticket, exc)
+        except Exception as exc:  # the forward failed (or Redis, mid-batch): the spans not ended yet end failed
+            for span in (s for s in spans if s.is_recording()):
+                span.set_status(trace.Status(trace.StatusCode.ERROR, f"prefill failed: {type(exc).__name__}"))
+                span.end()
+            raise
 
     def _input(self, job: PrefillJob) -> BatchInput:
         """The request's tokens, its parked image embeddings (taken once), its echo."""
@@ -238,7 +244,9 @@ class PrefillLoop:
         self.handed_off.pop(rid, None)
         self.r.ranks.release(rid)
         streamed = len(self.r.store.streamed_tokens(rid))  # its first token may have gone out already
-        self._settle(ticket, "error", f"failed after prefill: {type(exc).__name__}", streamed)
+        message = f"failed after prefill: {type(exc).__name__}"
+        trace.get_current_span().set_status(trace.Status(trace.StatusCode.ERROR, message))  # its prefill.forward
+        self._settle(ticket, "error", message, streamed)
 
     @staticmethod
     def _span(job: PrefillJob, batch: int) -> trace.Span:

@@ -1,0 +1,92 @@
+"""A failure marks its stage's span: status ERROR with why (``prefill.forward``,
+``decode.generate``), and a failed forward still ends its batch's spans. The loops run in-process on
+a real Redis and a real runtime; their spans are kept in memory."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from dayzero.params import SamplingParams
+from dayzero.serving import active, prefill_loop
+from dayzero.serving.decode_loop import DecodeLoop
+from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
+from dayzero.serving.prefill_loop import PrefillLoop
+from dayzero.serving.runtime import Runtime
+from dayzero.settings import Settings
+
+from .conftest import prompt_ids, recording, run_jobs
+from .test_one_fails_alone import POISON
+
+
+@pytest.fixture
+def exported(monkeypatch) -> InMemorySpanExporter:
+    exporter, provider = InMemorySpanExporter(), TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    for module in (prefill_loop, active):
+        monkeypatch.setattr(module, "tracer", provider.get_tracer("test"))
+    return exporter
+
+
+def _admitted(store: Lifecycle, name: str, samplings: list[SamplingParams]) -> list[PrefillJob]:
+    jobs = []
+    for i, sampling in enumerate(samplings):
+        request = GenerationRequest(
+            request_id=f"{name}-{i}", prompt_ids=tuple(prompt_ids(i)), sampling=sampling, created=time.time()
+        )
+        store.admit(request, [], "", 60)
+        jobs.append(PrefillJob(request=request))
+    return jobs
+
+
+def _statuses(exporter: InMemorySpanExporter, name: str) -> dict[str, tuple[str, str | None]]:
+    """Request id -> (status code, description) of its ``name`` spans."""
+    return {
+        s.attributes["dayzero.request_id"]: (s.status.status_code.name, s.status.description)
+        for s in exporter.get_finished_spans()
+        if s.name == name
+    }
+
+
+def _boom(*_args, **_kwargs):
+    raise RuntimeError("the device fell over")
+
+
+def test_failures_set_their_spans_status(demo_dir, redis_url, exported, monkeypatch):
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store = Lifecycle.connect(redis_url)
+    prefill_rt = Runtime.load(settings, "prefill8@test", "prefill", False)
+    decode_rt = Runtime.load(settings, "decode8@test", "decode", False)
+    fine = SamplingParams(max_tokens=4, ignore_eos=True)
+
+    # one request's own sampling fails: its span alone is marked
+    sent: list[DecodeJob] = []
+    run_jobs(PrefillLoop(prefill_rt, recording(sent)), _admitted(store, "own", [fine, POISON, fine]))
+    assert _statuses(exported, "prefill.forward") == {
+        "own-0": ("UNSET", None),
+        "own-1": ("ERROR", "failed after prefill: ValueError"),
+        "own-2": ("UNSET", None),
+    }
+
+    # decode's step fails: every request of the batch fails, each span says why
+    monkeypatch.setattr(decode_rt.ranks, "decode", _boom)
+    run_jobs(DecodeLoop(decode_rt), sent)
+    assert _statuses(exported, "decode.generate") == {
+        "own-0": ("ERROR", "decode failed: RuntimeError"),
+        "own-2": ("ERROR", "decode failed: RuntimeError"),
+    }
+
+    # the batch's forward fails: its spans end all the same (they were never ended, never exported)
+    exported.clear()
+    monkeypatch.setattr(prefill_rt.ranks, "prefill", _boom)
+    run_jobs(PrefillLoop(prefill_rt, recording([])), _admitted(store, "batch", [fine, fine]))
+    assert _statuses(exported, "prefill.forward") == {
+        "batch-0": ("ERROR", "prefill failed: RuntimeError"),
+        "batch-1": ("ERROR", "prefill failed: RuntimeError"),
+    }
+    assert store.done("batch-0") == store.done("batch-1") == "error"
