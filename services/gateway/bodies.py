@@ -11,6 +11,7 @@ import anyio
 import redis
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from opentelemetry import trace
 from sse_starlette.sse import AppStatus
 
 from dayzero.serving.messages import GenerationRequest
@@ -45,7 +46,7 @@ async def _events(gw: Gateway, progress: Progress) -> list[Token]:
                 if event.finish_reason:
                     return events
     except Exception as exc:
-        progress.end("error")  # unless the failure was the request's own, counted as seen
+        progress.end("error", str(exc) or type(exc).__name__)  # unless the failure was the request's own, as seen
         if isinstance(exc, Closed):
             raise _shutting_down() from None
         raise
@@ -66,11 +67,12 @@ async def _client_present(http: Request) -> None:
 
 
 async def collect(
-    gw: Gateway, requests: list[GenerationRequest], http: Request, headers: dict[str, str]
+    gw: Gateway, requests: list[GenerationRequest], spans: list[trace.Span], http: Request, headers: dict[str, str]
 ) -> JSONResponse:
-    """One body; choice ``i`` is request ``i``'s completion. One failure cancels the others."""
+    """One body; choice ``i`` is request ``i``'s completion (``spans[i]`` its span). One failure
+    cancels the others."""
     results: list[list[Token]] = [[] for _ in requests]
-    progress = [Progress(gw, request) for request in requests]
+    progress = [Progress(gw, request, span) for request, span in zip(requests, spans, strict=True)]
     left = len(requests)
 
     async def run(i: int) -> None:
@@ -91,7 +93,7 @@ async def collect(
             if isinstance(first, APIError) and first.status == CLIENT_CLOSED and not cut.ended:
                 gw.metrics.disconnects.inc()
             else:
-                cut.end("error")
+                cut.end("error", str(first))
         raise first from None
     choices, used = [], Usage()
     for request, events in zip(requests, results, strict=True):

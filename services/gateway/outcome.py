@@ -36,6 +36,7 @@ class Progress:
     over: bool = False  # finished, failed or cancelled: nothing left to cancel
     counted: bool = True  # its latencies and end go into the metrics (not a stream read again)
     ended: bool = False  # its end is in the metrics
+    failed: bool = False  # its span's status says why it failed
     watcher: str = field(default_factory=lambda: uuid.uuid4().hex)  # this read among the stream's readers
 
     def see(self, event: Token) -> None:
@@ -43,8 +44,9 @@ class Progress:
         now, metrics = time.time(), self.gw.metrics
         if event.finish_reason in ("error", "cancelled"):
             self.over = True
-            self.end(event.finish_reason)
-            raise _failure(event)
+            failure = _failure(event)
+            self.end(event.finish_reason, failure.message)
+            raise failure
         if not self.counted:  # a stream read again: its latencies would be the replay's
             self.over = bool(event.finish_reason)
             return
@@ -60,9 +62,13 @@ class Progress:
             self.end(event.finish_reason)
             metrics.e2e.observe(now - self.request.created)
 
-    def end(self, reason: str) -> None:
+    def end(self, reason: str, message: str = "") -> None:
         """Count how this reader's request ended, once: its finish or failure as seen, or "error"
-        when the reading itself failed (Redis lost, the server stopping, another choice failed)."""
+        when the reading itself failed (Redis lost, the server stopping, another choice failed).
+        A failure or cancel sets its span's status (the first one: why it failed)."""
+        if self.span is not None and reason in ("error", "cancelled") and not self.failed:
+            self.failed = True
+            self.span.set_status(trace.Status(trace.StatusCode.ERROR, message or reason))
         if self.counted and not self.ended:
             self.ended = True
             self.gw.metrics.finished.labels(reason).inc()

@@ -98,8 +98,9 @@ async def sse(
             if not merged and used is not None:
                 yield _usage_event(gw, request, used)
         except Exception as exc:  # every failure becomes the stream's error event
-            progress.end("error")  # unless the failure was the request's own, counted as seen
-            yield ServerSentEvent(data=json.dumps(stream_error(exc)))
+            error = stream_error(exc)
+            progress.end("error", error["error"]["message"])  # unless the failure was the request's own, as seen
+            yield ServerSentEvent(data=json.dumps(error))
         left = False
         if not merged:
             yield ServerSentEvent(data="[DONE]")
@@ -213,7 +214,7 @@ async def respond(
         raise
     if not stream:
         try:
-            return await collect(gw, requests, http, headers)
+            return await collect(gw, requests, spans, http, headers)
         finally:
             for span in spans:
                 span.end()

@@ -9,6 +9,8 @@ import httpx
 import pytest
 import redis
 
+from dayzero.serving.lifecycle import Lifecycle
+
 from .conftest import MODEL, data_url, sse_events, start_stack
 
 
@@ -80,6 +82,8 @@ def test_image_request_is_one_trace_with_stage_spans_in_order(traced):
         assert parent[child] == span_id[expected], f"{child} should be a child of {expected}"
     generate = found["decode.generate"]
     assert [e["name"] for e in generate["events"]] == ["first_token", "finish"]
+    assert [e["name"] for e in found["gateway.request"]["events"]] == ["queued", "first_token"]  # (not streamed)
+    assert {s["status"]["status_code"] for s in found.values()} == {"UNSET"}
     assert generate["attributes"]["dayzero.completion_tokens"] == 4
     assert found["prefill.forward"]["attributes"]["dayzero.images"] == 1
     services = {s["resource"]["attributes"]["service.name"] for s in found.values()}
@@ -185,3 +189,25 @@ def test_a_rerun_request_stays_in_its_trace(traced):
     ]
     tasks = [s for s in _spans(folder) if s["context"]["trace_id"] == trace_id and s["name"] == "run/dayzero.prefill"]
     assert len(tasks) == 2
+
+
+def test_a_failed_request_marks_its_gateway_span_failed(traced):
+    """Its worker fails it mid-stream: the request's root span says so (status ERROR, the reason)."""
+    stack, folder = traced
+    store = Lifecycle.connect(stack.redis_url)
+    body = {"model": MODEL, "prompt": [0, 7, 5], "max_tokens": 300, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json=body, timeout=60) as streaming:
+        rid, events = streaming.headers["x-request-id"], sse_events(streaming)
+        assert [next(events) for _ in range(3)]  # decode streams it
+        owner = store.r.get(f"dz:lease:{rid}").decode()
+        assert store.settle(rid, 0, owner, "error", end_at=1000, message="decode failed: RuntimeError")
+        assert "error" in [data for _, data in events][-2]
+    deadline, root = time.time() + 30, None
+    while time.time() < deadline and root is None:
+        time.sleep(0.2)
+        spans = _spans(folder)
+        root = next(
+            (s for s in spans if s["name"] == "gateway.request" and s["attributes"].get("dayzero.request_id") == rid),
+            None,
+        )
+    assert root["status"] == {"status_code": "ERROR", "description": "decode failed: RuntimeError"}
