@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import MODEL, chat, data_url, sse_events
 
@@ -16,8 +17,9 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 SPECULATIVE = "dayzero_spec_decode_"  # only a speculating decode worker has these
 
 
-def _documented() -> list[str]:
-    return re.findall(r"^\| `(dayzero_[a-z_]+)` \|", DOCS.read_text(), flags=re.MULTILINE)
+def _documented() -> dict[str, str]:
+    """Name -> type of each metric docs/metrics.md lists."""
+    return dict(re.findall(r"^\| `(dayzero_[a-z0-9_]+)` \| (\w+) \|", DOCS.read_text(), flags=re.MULTILINE))
 
 
 def test_documented_names_are_scraped_from_a_running_stack(stack):
@@ -30,13 +32,19 @@ def test_documented_names_are_scraped_from_a_running_stack(stack):
     httpx.post(f"{stack.url}/v1/completions", json={"model": "nope", "prompt": "x"}, timeout=30)  # a 400
     time.sleep(1.0)  # a heartbeat publishes the workers' snapshots
     text = httpx.get(f"{stack.url}/metrics", timeout=30).text
-    names = [n for n in _documented() if not n.startswith(SPECULATIVE)]  # see test_speculative_decode
+    documented = _documented()
+    names = [n for n in documented if not n.startswith(SPECULATIVE)]  # see test_speculative_decode
     assert len(names) >= 25
     missing = [n for n in names if not re.search(rf"^{n}(_bucket|_count|_sum|_total)?[{{ ]", text, re.MULTILINE)]
     assert not missing, missing
+    # the exposition parses; each family is documented with its type, and only counters end in _total
+    families = {f.name: f.type for f in text_string_to_metric_families(text) if not f.name.endswith("_created")}
+    exposed = {f"{name}_total" if kind == "counter" else name: kind for name, kind in families.items()}
+    assert exposed == documented
+    assert not [name for name, kind in families.items() if name.endswith("_total")]  # a gauge named as a counter
     for stage in ("vision", "prefill", "decode"):
         assert f'stage="{stage}"' in text
-    assert re.search(r'dayzero_kv_blocks_total\{[^}]*pool="compressed_csa"[^}]*\} [1-9]', text)
+    assert re.search(r'dayzero_kv_blocks_capacity\{[^}]*pool="compressed_csa"[^}]*\} [1-9]', text)
     assert re.search(r"dayzero_encoder_cache_misses_total\{[^}]*\} [1-9]", text)
 
 

@@ -112,7 +112,7 @@ class SnapshotCollector(Collector):
         }
         gauges = {k: GaugeMetricFamily(name, doc, labels=labels) for k, (name, doc) in GAUGES.items()}
         used = GaugeMetricFamily("dayzero_kv_blocks_used", "attention-state blocks in use", labels=[*labels, "pool"])
-        total = GaugeMetricFamily("dayzero_kv_blocks_total", "attention-state blocks", labels=[*labels, "pool"])
+        capacity = GaugeMetricFamily("dayzero_kv_blocks_capacity", "attention-state blocks", labels=[*labels, "pool"])
         memory = GaugeMetricFamily("dayzero_memory_bytes", "resident bytes by region", labels=[*labels, "region"])
         calls = CounterMetricFamily("dayzero_operator_calls", "operator calls", labels=[*labels, "op"])
         failures = CounterMetricFamily(
@@ -134,7 +134,7 @@ class SnapshotCollector(Collector):
                     gauges[key].add_metric(base, value)
             for pool, (n_used, n_total) in snap.get("pools", {}).items():
                 used.add_metric([*base, pool], n_used)
-                total.add_metric([*base, pool], n_total)
+                capacity.add_metric([*base, pool], n_total)
             for region, value in snap.get("memory", {}).items():
                 memory.add_metric([*base, region], value)
             for op, value in snap.get("calls", {}).items():
@@ -143,7 +143,7 @@ class SnapshotCollector(Collector):
         yield from families.values()
         yield from gauges.values()
         yield _per_position(snapshots)
-        yield from (used, total, memory, calls, failures, queue)
+        yield from (used, capacity, memory, calls, failures, queue)
 
 
 def _per_position(snapshots: dict[str, dict]) -> CounterMetricFamily:
