@@ -1,6 +1,7 @@
 """A failure marks its stage's span: status ERROR with why (``prefill.forward``,
-``decode.generate``), and a failed forward still ends its batch's spans. The loops run in-process on
-a real Redis and a real runtime; their spans are kept in memory."""
+``decode.generate``), and a failed forward still ends its batch's spans; its log line names the
+requests it fails. The loops run in-process on a real Redis and a real runtime; their spans are
+kept in memory."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def _boom(*_args, **_kwargs):
     raise RuntimeError("the device fell over")
 
 
-def test_failures_set_their_spans_status(demo_dir, redis_url, exported, monkeypatch):
+def test_failures_set_their_spans_status_and_name_their_requests(demo_dir, redis_url, exported, monkeypatch, caplog):
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
     store = Lifecycle.connect(redis_url)
     prefill_rt = Runtime.load(settings, "prefill8@test", "prefill", False)
@@ -76,6 +77,7 @@ def test_failures_set_their_spans_status(demo_dir, redis_url, exported, monkeypa
     # decode's step fails: every request of the batch fails, each span says why
     monkeypatch.setattr(decode_rt.ranks, "decode", _boom)
     run_jobs(DecodeLoop(decode_rt), sent)
+    assert "own-0" in caplog.text and "own-2" in caplog.text
     assert _statuses(exported, "decode.generate") == {
         "own-0": ("ERROR", "decode failed: RuntimeError"),
         "own-2": ("ERROR", "decode failed: RuntimeError"),
@@ -83,6 +85,7 @@ def test_failures_set_their_spans_status(demo_dir, redis_url, exported, monkeypa
 
     # the batch's forward fails: its spans end all the same (they were never ended, never exported)
     exported.clear()
+    caplog.clear()
     monkeypatch.setattr(prefill_rt.ranks, "prefill", _boom)
     run_jobs(PrefillLoop(prefill_rt, recording([])), _admitted(store, "batch", [fine, fine]))
     assert _statuses(exported, "prefill.forward") == {
@@ -90,3 +93,4 @@ def test_failures_set_their_spans_status(demo_dir, redis_url, exported, monkeypa
         "batch-1": ("ERROR", "prefill failed: RuntimeError"),
     }
     assert store.done("batch-0") == store.done("batch-1") == "error"
+    assert "batch-0" in caplog.text and "batch-1" in caplog.text

@@ -236,7 +236,7 @@ class DecodeLoop:
                 self._settle(waiting[rid], "cancelled", index=len(waiting[rid].job.generated))
 
     def _fail(self, exc: Exception) -> None:
-        log.exception("decode step failed")
+        log.exception("decode step failed: requests %s fail", ", ".join(self.active))
         self.r.stats.call("decode", failed=True)
         for rid in list(self.active):
             self._finish(

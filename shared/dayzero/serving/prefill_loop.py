@@ -74,7 +74,7 @@ class PrefillLoop:
         self.r.ranks.keepalive()  # idle, or every request waiting for blocks: the other ranks still hear
 
     def _fail(self, batch: list[Ticket[PrefillJob]], exc: Exception) -> None:
-        log.exception("prefill of %d request(s) failed", len(batch))
+        log.exception("prefill failed: requests %s fail", ", ".join(t.job.request.request_id for t in batch))
         self.r.stats.call("prefill", failed=True)
         for ticket in batch:
             self.r.ranks.release(ticket.job.request.request_id)
