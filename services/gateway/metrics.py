@@ -27,6 +27,12 @@ class GatewayMetrics:
         self.finished = Counter(
             "dayzero_requests_finished_total", "requests by finish reason", ["finish_reason"], registry=r
         )
+        self.prompt_tokens = Counter(
+            "dayzero_prompt_tokens_total", "prompt tokens of finished choices (usage)", registry=r
+        )
+        self.generation_tokens = Counter(
+            "dayzero_generation_tokens_total", "completion tokens of finished choices (usage)", registry=r
+        )
         self.responses = Counter("dayzero_http_responses_total", "API responses by status", ["status"], registry=r)
         self.rejected = Counter("dayzero_requests_rejected_total", "requests refused by admission control", registry=r)
         self.disconnects = Counter("dayzero_client_disconnects_total", "streams the client left early", registry=r)

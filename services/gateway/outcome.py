@@ -61,6 +61,9 @@ class Progress:
             self.over = True
             self.end(event.finish_reason)
             metrics.e2e.observe(now - self.request.created)
+            counts = usage(event)
+            metrics.prompt_tokens.inc(counts["prompt_tokens"])
+            metrics.generation_tokens.inc(counts["completion_tokens"])
 
     def end(self, reason: str, message: str = "") -> None:
         """Count how this reader's request ended, once: its finish or failure as seen, or "error"

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import MODEL, chat, data_url, sse_events
+from .conftest import MODEL, USAGE, chat, data_url, sse_events
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
@@ -49,15 +49,35 @@ def test_documented_names_are_scraped_from_a_running_stack(stack):
 
 
 def _counts(url: str) -> dict[str, float]:
-    """The finish and disconnect counters (all reasons) and the latency histograms' sample counts."""
+    """The finish, disconnect and token counters (all reasons) and the latency histograms' sample counts."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
     counted = ("requests_finished_total", "client_disconnects_total", "e2e_request_latency", "time_to_first_token")
-    counted += ("inter_token_latency",)
+    counted += ("inter_token_latency", "prompt_tokens_total", "generation_tokens_total")
     counts: dict[str, float] = {}
     for name, value in re.findall(r"^dayzero_(\w+)(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE):
         if name.removesuffix("_seconds_count") in counted:
             counts[name] = counts.get(name, 0.0) + float(value)
     return counts
+
+
+def test_the_metrics_add_up_what_the_answers_said(stack):
+    """A body of two prompts and a stream of two choices: the finishes, the latency samples (a gap
+    per token after each choice's first) and the token counters grow by what their usage says."""
+    before = _counts(stack.url)
+    body = {"model": MODEL, "prompt": [[0, 5, 6], [0, 7]], "max_tokens": 3, "ignore_eos": True}
+    answered = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60).json()["usage"]
+    body = chat("two of them", max_tokens=5, ignore_eos=True, n=2, stream=True, **USAGE)
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=60) as r:
+        streamed = [data for _, data in sse_events(r) if data != "[DONE]"][-1]["usage"]
+    after = _counts(stack.url)
+    grown = {name: after[name] - before.get(name, 0.0) for name in after}
+    completions = answered["completion_tokens"] + streamed["completion_tokens"]
+    assert completions == 2 * 3 + 2 * 5
+    assert grown["requests_finished_total"] == 4 and grown["client_disconnects_total"] == 0
+    assert grown["time_to_first_token_seconds_count"] == grown["e2e_request_latency_seconds_count"] == 4
+    assert grown["inter_token_latency_seconds_count"] == completions - 4
+    assert grown["generation_tokens_total"] == completions
+    assert grown["prompt_tokens_total"] == answered["prompt_tokens"] + 2 * streamed["prompt_tokens"]  # per choice
 
 
 def test_a_stream_read_again_is_not_counted_again_and_keeps_its_place(stack):
