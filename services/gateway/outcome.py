@@ -64,6 +64,8 @@ class Progress:
             counts = usage(event)
             metrics.prompt_tokens.inc(counts["prompt_tokens"])
             metrics.generation_tokens.inc(counts["completion_tokens"])
+            if self.span is not None:
+                self.span.set_attribute("dayzero.completion_tokens", counts["completion_tokens"])
 
     def end(self, reason: str, message: str = "") -> None:
         """Count how this reader's request ended, once: its finish or failure as seen, or "error"

@@ -197,6 +197,7 @@ async def respond(
             "gateway.request",
             attributes={
                 "dayzero.request_id": r.request_id,
+                "dayzero.model": gw.settings.model_name,
                 "dayzero.prompt_tokens": len(r.prompt_ids),
                 "dayzero.images": r.images,
                 "dayzero.stream": stream,

@@ -85,6 +85,9 @@ def test_image_request_is_one_trace_with_stage_spans_in_order(traced):
     assert [e["name"] for e in found["gateway.request"]["events"]] == ["queued", "first_token"]  # (not streamed)
     assert {s["status"]["status_code"] for s in found.values()} == {"UNSET"}
     assert generate["attributes"]["dayzero.completion_tokens"] == 4
+    gateway = found["gateway.request"]["attributes"]
+    assert gateway["dayzero.model"] == MODEL
+    assert gateway["dayzero.completion_tokens"] == r.json()["usage"]["completion_tokens"] == 4
     assert found["prefill.forward"]["attributes"]["dayzero.images"] == 1
     services = {s["resource"]["attributes"]["service.name"] for s in found.values()}
     assert services == {"dayzero-gateway", "dayzero-vision", "dayzero-prefill", "dayzero-decode"}
@@ -181,6 +184,10 @@ def test_a_rerun_request_stays_in_its_trace(traced):
         (s for s in ours if s["name"] == "prefill.forward"), key=lambda s: s["attributes"]["dayzero.attempt"]
     )
     assert [s["attributes"]["dayzero.attempt"] for s in forwards] == [0, 1]
+    assert [s["attributes"]["dayzero.prompt_tokens"] for s in forwards] == [3, 3]  # the prompt's, re-run or not
+    assert (
+        forwards[0]["attributes"]["dayzero.streamed_tokens"] == 0 < forwards[1]["attributes"]["dayzero.streamed_tokens"]
+    )
     assert {s["parent_id"] for s in forwards} == {root["context"]["span_id"]}
     generates = [s for s in ours if s["name"] == "decode.generate"]
     assert sorted(e["name"] for s in generates for e in s["events"] if e["name"] != "first_token") == [

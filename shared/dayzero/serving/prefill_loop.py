@@ -256,7 +256,8 @@ class PrefillLoop:
                 attributes={
                     "dayzero.request_id": job.request.request_id,
                     "dayzero.batch_size": batch,
-                    "dayzero.prompt_tokens": len(job.request.prompt_ids) + len(job.generated),
+                    "dayzero.prompt_tokens": len(job.request.prompt_ids),
+                    "dayzero.streamed_tokens": len(job.generated),  # a re-run's: prefilled after its prompt
                     "dayzero.images": job.request.images,
                     "dayzero.attempt": job.attempt,
                 },
