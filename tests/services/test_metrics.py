@@ -46,6 +46,8 @@ def test_documented_names_are_scraped_from_a_running_stack(stack):
         assert f'stage="{stage}"' in text
     assert re.search(r'dayzero_kv_blocks_capacity\{[^}]*pool="compressed_csa"[^}]*\} [1-9]', text)
     assert re.search(r"dayzero_encoder_cache_misses_total\{[^}]*\} [1-9]", text)
+    running = re.findall(r"^dayzero_(?:batch_size|tokens_per_second)\{[^}]*\} (\S+)$", text, re.MULTILINE)
+    assert len(running) >= 3 and set(running) == {"0.0"}  # idle now: no batch, no rate (not the last step's)
 
 
 def _counts(url: str) -> dict[str, float]:

@@ -67,6 +67,8 @@ class DecodeLoop:
                 raise
             except Exception as exc:  # a failed step ends the batch's requests, never the loop
                 self._fail(exc)
+        else:  # no batch: the step gauges say so (not the last step's size and rate for ever)
+            self.r.stats.set(batch_size=0, tokens_per_s=0.0)
         self._beat()
         self.r.ranks.keepalive()  # only when the group has heard nothing for a while
         if self.waiting and not self.active:

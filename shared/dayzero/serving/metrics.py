@@ -32,8 +32,8 @@ COUNTERS = {  # snapshot key -> (metric, help)
     "spec_accepted_tokens": ("dayzero_spec_decode_num_accepted_tokens_total", "drafted tokens the model accepted"),
 }
 GAUGES = {
-    "batch_size": ("dayzero_batch_size", "sequences in the last batched step"),
-    "tokens_per_s": ("dayzero_tokens_per_second", "tokens per second of the last decode step"),
+    "batch_size": ("dayzero_batch_size", "sequences in the last batched step (0: nothing to run)"),
+    "tokens_per_s": ("dayzero_tokens_per_second", "tokens per second of the last decode step (0: nothing to run)"),
     "selected_fraction": ("dayzero_indexer_selected_fraction", "CSA entries attended / entries available"),
     "expert_cache_hit_rate": ("dayzero_expert_cache_hit_rate", "hits / (hits + misses)"),
     "spec_acceptance_rate": ("dayzero_spec_decode_draft_acceptance_rate", "accepted / drafted tokens since start"),

@@ -66,6 +66,8 @@ class PrefillLoop:
                 raise
             except Exception as exc:  # a failed forward ends its requests, never the loop
                 self._fail(self._unsettled(taken), exc)
+        else:
+            self.r.stats.set(batch_size=0)  # no batch (not the last one's size for ever)
         if self._reclaim_handoffs():  # after the batch, not before it: off the path of a request that just arrived
             self.starved = False  # blocks came free: the waiting requests try again at once
         if self.starved:
