@@ -122,8 +122,8 @@ def _failure(event: Token) -> APIError:
     return APIError(503, message, "service_unavailable", code="cancelled", headers={"Retry-After": "1"})
 
 
-def stream_error(exc: Exception) -> dict:
-    """The data of the error event that ends a stream abnormally."""
+def stream_error(exc: Exception, rid: str) -> dict:
+    """The data of the error event that ends request ``rid``'s stream abnormally."""
     if isinstance(exc, APIError):
         return error_body(exc.message, exc.type, exc.param, exc.code)
     if isinstance(exc, redis.RedisError):
@@ -131,7 +131,7 @@ def stream_error(exc: Exception) -> dict:
         return error_body(message, "service_unavailable", code="queue_unavailable")
     if isinstance(exc, Closed):
         return error_body("the server is shutting down; retry", "service_unavailable", code="shutting_down")
-    log.error("stream failed", exc_info=exc)
+    log.error("the stream of request %s failed", rid, exc_info=exc)
     return error_body("internal error", "server_error")
 
 

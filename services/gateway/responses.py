@@ -98,7 +98,7 @@ async def sse(
             if not merged and used is not None:
                 yield _usage_event(gw, request, used)
         except Exception as exc:  # every failure becomes the stream's error event
-            error = stream_error(exc)
+            error = stream_error(exc, request.request_id)
             progress.end("error", error["error"]["message"])  # unless the failure was the request's own, as seen
             yield ServerSentEvent(data=json.dumps(error))
         left = False

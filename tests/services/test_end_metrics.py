@@ -20,6 +20,7 @@ from dayzero.procs import free_port, scratch_redis, start_redis
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.settings import Settings
 from services.gateway.app import make_app
+from services.gateway.shapes import Shape
 
 from .conftest import MODEL, wait_until
 
@@ -54,6 +55,25 @@ def test_a_stream_that_fails_counts_its_failure(gateway, reason):
         data = [line for line in r.iter_lines() if line.startswith("data:")]
     assert '"error"' in data[0] and data[-1] == "data: [DONE]"
     assert _grown(before, _finished(client)) == {reason: 1.0}
+
+
+def test_a_stream_the_gateway_fails_counts_an_error_and_logs_its_request(gateway, monkeypatch, caplog):
+    """A fault of the gateway's own mid-stream: the client gets an error event, the metrics an error,
+    the log the traceback under the request's id."""
+    client, _ = gateway
+    before = _finished(client)
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("a chunk could not be shaped")
+
+    monkeypatch.setattr(Shape, "chunk", broken)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:  # its first chunk (the role) fails
+        rid = r.headers["x-request-id"]
+        data = [line for line in r.iter_lines() if line.startswith("data:")]
+    assert '"internal error"' in data[0] and data[-1] == "data: [DONE]"
+    assert _grown(before, _finished(client)) == {"error": 1.0}
+    assert f"the stream of request {rid} failed" in caplog.text and "a chunk could not be shaped" in caplog.text
 
 
 def test_a_body_whose_choice_fails_counts_each_choice_once(gateway):
