@@ -16,7 +16,7 @@ from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.records import Token
-from dayzero.telemetry import tracer
+from dayzero.telemetry import continued, tracer
 
 from .access import credential
 from .bodies import collect
@@ -220,6 +220,16 @@ async def respond(
             for span in spans:
                 span.end()
     return event_stream(gw, requests, "0-0", headers, spans)
+
+
+def resumed(gw: Gateway, request: GenerationRequest, after: str, headers: dict[str, str]) -> EventSourceResponse:
+    """A stream read again from ``after`` (not counted in the metrics): its ``gateway.resume`` span
+    joins the request's trace, under its ``gateway.request`` span, linked to this read's HTTP span."""
+    link = trace.Link(trace.get_current_span().get_span_context())
+    with continued(request.trace):
+        attributes = {"dayzero.request_id": request.request_id, "dayzero.after": after}
+        span = tracer.start_span("gateway.resume", links=[link], attributes=attributes)
+    return event_stream(gw, [request], after, headers, [span], counted=False)
 
 
 def event_stream(

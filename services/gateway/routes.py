@@ -21,7 +21,7 @@ from .chat_schemas import ChatCompletionRequest, ChatPrompt, TokenizeRequest
 from .context import Gateway, tokenizing
 from .errors import APIError
 from .images import expand_placeholders
-from .responses import event_stream, respond
+from .responses import respond, resumed
 from .schemas import CompletionRequest, DetokenizeRequest, Sampling
 from .streams import valid_entry_id
 
@@ -218,7 +218,7 @@ async def resume(request_id: str, gw: GatewayDep, http: Request, last_event_id: 
     after = last_event_id or "0-0"
     if not valid_entry_id(after):
         raise APIError(400, "Last-Event-ID must be a stream entry id like '12-0'", param="Last-Event-ID")
-    return event_stream(gw, [request], after, {"X-Request-Id": request_id}, counted=False)
+    return resumed(gw, request, after, {"X-Request-Id": request_id})
 
 
 def _model_card(gw: Gateway) -> dict:

@@ -218,3 +218,27 @@ def test_a_failed_request_marks_its_gateway_span_failed(traced):
             None,
         )
     assert root["status"] == {"status_code": "ERROR", "description": "decode failed: RuntimeError"}
+
+
+def test_a_resumed_stream_reads_in_its_requests_trace(traced):
+    """A client that left and came back: the read again is a span of the request's trace (under its
+    gateway.request span), linked to the resume's own HTTP span (a trace of its own)."""
+    stack, folder = traced
+    body = {"model": MODEL, "prompt": [0, 8, 9], "max_tokens": 40, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json=body, timeout=60) as first:
+        rid, token = first.headers["x-request-id"], first.headers["x-resume-token"]
+        last = next(event_id for event_id, _ in sse_events(first) if event_id)
+    headers = {"X-Resume-Token": token, "Last-Event-ID": last}
+    with httpx.stream("GET", f"{stack.url}/v1/requests/{rid}/stream", headers=headers, timeout=60) as again:
+        assert [data for _, data in sse_events(again)][-1] == "[DONE]"
+    deadline, found = time.time() + 30, {}
+    while time.time() < deadline and len(found) < 3:
+        time.sleep(0.2)
+        spans = _spans(folder)
+        found = {s["name"]: s for s in spans if s["attributes"].get("dayzero.request_id") == rid}
+        found |= {s["name"]: s for s in spans if s["name"] == "GET /v1/requests/{request_id}/stream"}
+    root, resume = found["gateway.request"], found["gateway.resume"]
+    assert resume["context"]["trace_id"] == root["context"]["trace_id"]
+    assert resume["parent_id"] == root["context"]["span_id"] and resume["attributes"]["dayzero.finished"]
+    read = found["GET /v1/requests/{request_id}/stream"]
+    assert [link["context"]["span_id"] for link in resume["links"]] == [read["context"]["span_id"]]
