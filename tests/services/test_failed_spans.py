@@ -1,7 +1,7 @@
 """A failure marks its stage's span: status ERROR with why (``prefill.forward``,
 ``decode.generate``), and a failed forward still ends its batch's spans; its log line names the
-requests it fails. The loops run in-process on a real Redis and a real runtime; their spans are
-kept in memory."""
+requests it fails; the operator counters count each call once, each failure once. The loops run
+in-process on a real Redis and a real runtime; their spans are kept in memory."""
 
 from __future__ import annotations
 
@@ -54,6 +54,11 @@ def _statuses(exporter: InMemorySpanExporter, name: str) -> dict[str, tuple[str,
     }
 
 
+def _operator_counts(runtime: Runtime, op: str) -> tuple[int, int]:
+    """``dayzero_operator_calls_total`` and ``dayzero_operator_failures_total`` of ``op``."""
+    return runtime.stats.calls[op], runtime.stats.failures[op]
+
+
 def _boom(*_args, **_kwargs):
     raise RuntimeError("the device fell over")
 
@@ -65,9 +70,11 @@ def test_failures_set_their_spans_status_and_name_their_requests(demo_dir, redis
     decode_rt = Runtime.load(settings, "decode8@test", "decode", False)
     fine = SamplingParams(max_tokens=4, ignore_eos=True)
 
-    # one request's own sampling fails: its span alone is marked
+    # one request's own sampling fails: its span alone is marked; one call, one failure
     sent: list[DecodeJob] = []
+    before = _operator_counts(prefill_rt, "prefill")
     run_jobs(PrefillLoop(prefill_rt, recording(sent)), _admitted(store, "own", [fine, POISON, fine]))
+    assert _operator_counts(prefill_rt, "prefill") == (before[0] + 1, before[1] + 1)
     assert _statuses(exported, "prefill.forward") == {
         "own-0": ("UNSET", None),
         "own-1": ("ERROR", "failed after prefill: ValueError"),
@@ -76,7 +83,9 @@ def test_failures_set_their_spans_status_and_name_their_requests(demo_dir, redis
 
     # decode's step fails: every request of the batch fails, each span says why
     monkeypatch.setattr(decode_rt.ranks, "decode", _boom)
+    before = _operator_counts(decode_rt, "decode")
     run_jobs(DecodeLoop(decode_rt), sent)
+    assert _operator_counts(decode_rt, "decode") == (before[0] + 1, before[1] + 1)
     assert "own-0" in caplog.text and "own-2" in caplog.text
     assert _statuses(exported, "decode.generate") == {
         "own-0": ("ERROR", "decode failed: RuntimeError"),
@@ -87,7 +96,9 @@ def test_failures_set_their_spans_status_and_name_their_requests(demo_dir, redis
     exported.clear()
     caplog.clear()
     monkeypatch.setattr(prefill_rt.ranks, "prefill", _boom)
+    before = _operator_counts(prefill_rt, "prefill")
     run_jobs(PrefillLoop(prefill_rt, recording([])), _admitted(store, "batch", [fine, fine]))
+    assert _operator_counts(prefill_rt, "prefill") == (before[0] + 1, before[1] + 1)
     assert _statuses(exported, "prefill.forward") == {
         "batch-0": ("ERROR", "prefill failed: RuntimeError"),
         "batch-1": ("ERROR", "prefill failed: RuntimeError"),

@@ -275,7 +275,7 @@ class DecodeLoop:
         for rid, reason in (item for item in finished if item[0] in self.active):
             self._finish(rid, reason)
         for rid, message in (item for item in failed if item[0] in self.active):
-            self.r.stats.call("decode", failed=True)
+            self.r.stats.fail("decode")  # (the step's call is counted)
             self._finish(rid, "error", index=self.active[rid].completion.count, message=message)
 
     def _publish(

@@ -74,10 +74,16 @@ class WorkerStats:
             self.gauges.update(values)
 
     def call(self, op: str, failed: bool = False) -> None:
+        """One call of ``op`` (``failed``: it raised)."""
         with self._lock:
             self.calls[op] += 1
             if failed:
                 self.failures[op] += 1
+
+    def fail(self, op: str) -> None:
+        """A request failed in ``op`` whose call is counted already (or that never reached one)."""
+        with self._lock:
+            self.failures[op] += 1
 
     def snapshot(self) -> dict:
         with self._lock:

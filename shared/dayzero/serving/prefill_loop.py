@@ -77,7 +77,7 @@ class PrefillLoop:
 
     def _fail(self, batch: list[Ticket[PrefillJob]], exc: Exception) -> None:
         log.exception("prefill failed: requests %s fail", ", ".join(t.job.request.request_id for t in batch))
-        self.r.stats.call("prefill", failed=True)
+        self.r.stats.fail("prefill")
         for ticket in batch:
             self.r.ranks.release(ticket.job.request.request_id)
             self._settle(ticket, "error", f"prefill failed: {type(exc).__name__}")
@@ -194,7 +194,7 @@ class PrefillLoop:
                 ready.append((ticket, self._input(ticket.job)))
             except LookupError as exc:  # its image embeddings expired or went with a dead host
                 log.error("request %s: %s", ticket.job.request.request_id, exc)
-                self.r.stats.call("prefill", failed=True)
+                self.r.stats.fail("prefill")
                 self.r.ranks.release(ticket.job.request.request_id)
                 self._settle(ticket, "error", "its images' embeddings are gone (expired or lost with a worker): retry")
         if not ready:
@@ -242,7 +242,7 @@ class PrefillLoop:
     def _fail_one(self, ticket: Ticket[PrefillJob], exc: Exception) -> None:
         rid = ticket.job.request.request_id
         log.exception("request %s failed after its prefill", rid)
-        self.r.stats.call("prefill", failed=True)
+        self.r.stats.fail("prefill")
         self.handed_off.pop(rid, None)
         self.r.ranks.release(rid)
         streamed = len(self.r.store.streamed_tokens(rid))  # its first token may have gone out already
