@@ -21,7 +21,7 @@ from dayzero.serving.queue import STAGES, composer, make_celery
 from dayzero.serving.reaper import sweep
 from dayzero.serving.registry import Registry
 from dayzero.settings import Settings
-from dayzero.telemetry import setup_tracing
+from dayzero.telemetry import flush_spans, setup_tracing
 from dayzero.tokenizer import load_codec
 
 from . import errors
@@ -133,6 +133,7 @@ def make_app(settings: Settings) -> FastAPI:
         yield
         reaper.cancel()
         await gw.bus.close()
+        await run_in_threadpool(flush_spans)  # (the streams' spans have ended by now)
 
     app = FastAPI(
         title="dayzero",

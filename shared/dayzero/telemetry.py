@@ -45,6 +45,14 @@ def setup_tracing(settings: Settings, service: str) -> None:
     trace.set_tracer_provider(provider)
 
 
+def flush_spans() -> None:
+    """Export the spans still batched. A server's last act: uvicorn ends its process with the SIGTERM
+    it caught, and atexit, where the SDK would flush them, never runs."""
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, TracerProvider):
+        provider.force_flush()
+
+
 def carrier() -> dict[str, str]:
     """The current span context as message headers."""
     headers: dict[str, str] = {}

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 import redis
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from dayzero.serving.lifecycle import Lifecycle
 
-from .conftest import MODEL, data_url, sse_events, start_stack
+from .conftest import MODEL, data_url, sse_events, start_gateway_alone, start_stack
 
 
 @pytest.fixture(scope="module")
@@ -242,3 +245,34 @@ def test_a_resumed_stream_reads_in_its_requests_trace(traced):
     assert resume["parent_id"] == root["context"]["span_id"] and resume["attributes"]["dayzero.finished"]
     read = found["GET /v1/requests/{request_id}/stream"]
     assert [link["context"]["span_id"] for link in resume["links"]] == [read["context"]["span_id"]]
+
+
+def test_a_stopped_gateway_exports_its_batched_spans(demo_dir, tmp_path):
+    """OTLP export sends spans in batches (every 5 s); the SDK flushes the rest at exit, but uvicorn
+    ends the process with the SIGTERM it caught and exit handlers never run: the gateway flushes
+    them as it stops (they were lost)."""
+    names: list[str] = []
+
+    class Collector(BaseHTTPRequestHandler):  # an OTLP/HTTP endpoint
+        def do_POST(self) -> None:
+            sent = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["content-length"])))
+            names.extend(s.name for r in sent.resource_spans for scope in r.scope_spans for s in scope.spans)
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *_) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_port}/v1/traces"
+    stack = start_gateway_alone(
+        demo_dir, tmp_path, {"DAYZERO_TRACE_EXPORTER": "otlp-http", "DAYZERO_TRACE_ENDPOINT": endpoint}
+    )
+    try:
+        assert httpx.get(f"{stack.url}/v1/models", timeout=30).status_code == 200
+    finally:
+        stack.stop()
+        server.shutdown()
+    assert names == ["GET /v1/models"]
