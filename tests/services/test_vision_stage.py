@@ -26,7 +26,7 @@ def _request(rid: str, images: int) -> GenerationRequest:
     )
 
 
-def test_stage_encodes_then_hands_the_request_to_prefill(demo_dir, redis_url):
+def test_stage_encodes_then_hands_the_request_to_prefill(demo_dir, redis_url, caplog):
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url)
     sent: list[PrefillJob] = []
     stage = VisionStage(settings, "vision0@test", recording(sent, "prefill"))
@@ -45,6 +45,13 @@ def test_stage_encodes_then_hands_the_request_to_prefill(demo_dir, redis_url):
         store.take("img-2", 0, "vision1@elsewhere", 30)  # a live worker owns it
         stage.handle(PrefillJob(request=_request("img-2", 1)))
         assert len(sent) == 1
+
+        # bytes no decoder reads (the gateway checks them; a worker must still end the request): an
+        # error, in the log under the request's id
+        store.admit(_request("img-3", 1), [b"\x89PNG not really"], "", 60)
+        stage.handle(PrefillJob(request=_request("img-3", 1)))
+        assert len(sent) == 1 and store.done("img-3") == "error"
+        assert "request img-3: image refused" in caplog.text
     finally:
         stage.stop.set()  # its heartbeat thread ends
 

@@ -100,6 +100,7 @@ class VisionStage:
                 images = self.encoder.embeddings(self.store.images(rid))
             self.stats.call("vision.encode")
         except (ImageError, ValueError) as exc:
+            log.warning("request %s: image refused: %s", rid, exc)
             self.stats.call("vision.encode", failed=True)
             self._end(job, "error", f"image refused: {exc}")
             return
