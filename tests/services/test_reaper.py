@@ -9,7 +9,7 @@ import redis
 from dayzero.params import SamplingParams
 from dayzero.serving.lifecycle import Lifecycle, key
 from dayzero.serving.messages import GenerationRequest
-from dayzero.serving.reaper import sweep
+from dayzero.serving.reaper import MAX_ATTEMPTS, sweep
 from dayzero.serving.records import Token
 
 
@@ -51,3 +51,17 @@ def test_a_re_run_whose_message_was_never_pushed_is_re_run_again_after_its_trans
     time.sleep(0.4)
     assert "r-transit" in sweep(store, lambda job, stage: sent.append(job), 0.3, 1, 60)
     assert [job.attempt for job in sent if job.request.request_id == "r-transit"] == [2]
+
+
+def test_a_request_that_lost_its_worker_too_often_ends_with_an_error_in_the_log(redis_url, caplog):
+    """Its runs keep killing their workers: past MAX_ATTEMPTS the reaper ends it rather than
+    re-running it again, and says so under its id."""
+    store, sent = Lifecycle(redis.Redis.from_url(redis_url)), []
+    request = GenerationRequest(request_id="r-cursed", prompt_ids=(0, 5), sampling=SamplingParams(), created=0.0)
+    store.admit(request, [], "", 60)
+    store.take("r-cursed", 0, "decode0", 30)
+    store.r.set(key("attempt", "r-cursed"), MAX_ATTEMPTS)  # its earlier runs were lost the same way
+    store.r.delete(key("lease", "r-cursed"))  # the worker died
+    assert sweep(store, lambda job, stage: sent.append(job), 60, 1, 60) == [] and not sent
+    assert store.done("r-cursed") == "error"
+    assert "request r-cursed lost its worker" in caplog.text

@@ -43,6 +43,7 @@ def sweep(
             continue
         generated = tuple(tokens)
         if attempt > MAX_ATTEMPTS:
+            log.error("request %s lost its worker %d times; ending it with an error", rid, attempt)
             store.settle(rid, attempt, "", "error", len(generated), "the request failed on several workers")
             continue
         log.warning("request %s lost its worker; re-running from token %d (attempt %d)", rid, len(generated), attempt)
