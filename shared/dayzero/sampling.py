@@ -138,8 +138,7 @@ def sample_rows(
         logits = logits.clone()
         for i in adjusted:
             logits[i] = _adjusted(logits[i], params[i], counts[i])
-    if bool(torch.isnan(logits).any()):  # a diverged model: an error its request fails with, never a token
-        raise ValueError("NaN logits")
+    refuse_nan(logits)
     tokens = logits.argmax(dim=-1).tolist()
     drawn = [i for i, p in enumerate(params) if p.temperature != 0.0]
     if drawn:
@@ -152,6 +151,13 @@ def sample_rows(
             if generators[i] is not None:
                 tokens[i] = draw(probs[j], generators[i])
     return tokens
+
+
+def refuse_nan(logits: torch.Tensor) -> None:
+    """A diverged model's NaN logits: an error its request fails with, never a token (greedy's
+    argmax would pick a NaN's position, and a draft's min(1, p/q) test would keep any draft)."""
+    if bool(torch.isnan(logits).any()):
+        raise ValueError("NaN logits")
 
 
 def _penalised(params: SamplingParams) -> bool:

@@ -31,7 +31,7 @@ from .model.mtp import follow, mtp_forward
 from .model.plan import AttentionOptions, plan_step
 from .model.vocab import lm_logits
 from .model.weights import Transformer
-from .sampling import distribution, draw, sample, verify_draft
+from .sampling import distribution, draw, refuse_nan, sample, verify_draft
 
 Proposer = Callable[[list[str], list[list[int]]], list[list[int]]]  # (seq ids, MTP drafts) -> drafts
 
@@ -136,6 +136,7 @@ def _draft(
     under the request's sampling parameters)."""
     drafts: list[list[int]] = [[] for _ in seq_ids]
     qs: list[list[torch.Tensor]] = [[] for _ in seq_ids]
+    ks = list(ks)  # cut short for a sequence whose draft distribution has no mass
     plan = plan_step(model.cfg, pools, seq_ids, [L - 1 for L in starts], [[t] for t in pending], options)
     streams, hidden = mtp_forward(model, plan, pools, pools.hidden(seq_ids, model.head.weight.dtype))
     rows = list(range(len(seq_ids)))  # the sequence of each MTP output row
@@ -145,8 +146,13 @@ def _draft(
             if ks[s] > depth:
                 c = completions[s]
                 q = distribution(logits[r], c.params, c.counts)
+                try:
+                    token = int(q.argmax()) if c.params.temperature == 0.0 else draw(q, generators[s])
+                except ValueError:  # NaN draft logits: no more drafts (its verify fails it if the model is NaN too)
+                    ks[s] = depth
+                    continue
                 qs[s].append(q)
-                drafts[s].append(int(q.argmax()) if c.params.temperature == 0.0 else draw(q, generators[s]))
+                drafts[s].append(token)
         further = [(r, s) for r, s in enumerate(rows) if ks[s] > depth + 1]
         if not further:
             break
@@ -173,6 +179,7 @@ def _accept(
     params, steps = completion.params, []
     try:
         for i, (token, q) in enumerate(zip(drafts, qs, strict=True)):
+            refuse_nan(logits[i])
             p = distribution(logits[i], params, completion.counts)
             kept, token = verify_draft(p, q, token, params.temperature == 0.0, gen)
             steps.append(completion.emit(token, logits[i]))
