@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 
+from dayzero import speculative
 from dayzero.params import Grammar, SamplingParams
+from dayzero.sampling import sample
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
@@ -73,3 +75,25 @@ def test_a_poisoned_request_fails_alone_in_prefill_and_in_decode(demo_dir, redis
         rid = job.request.request_id
         assert store.done(rid) == "length" and store.streamed_tokens(rid) == _expected(demo_dir, job.request), rid
     assert decode_rt.pools.sequences == {}
+
+
+def test_a_speculative_round_that_fails_midway_streams_its_kept_tokens_in_place(demo_dir, redis_url, monkeypatch):
+    """Speculation: both drafts kept, then the bonus row's logits are NaN (a NaN born in the last
+    layer stays in its row). As plain decoding's, the stream holds every token up to the failure,
+    each at its own index, then the error; the kept tokens were appended one index early (the first
+    dropped as a replay of the prefill's, the second in its place)."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", speculative_tokens=2)
+    store = Lifecycle.connect(redis_url)
+    prefill_rt = Runtime.load(settings, "prefill8@test", "prefill", False)
+    decode_rt = Runtime.load(settings, "decode8@test", "decode", False)
+    (request,) = _requests(store, poisoned=-1)[:1]
+    expected = _expected(demo_dir, request)
+    sent: list[DecodeJob] = []
+    run_jobs(PrefillLoop(prefill_rt, recording(sent)), [PrefillJob(request=request)])
+    monkeypatch.setattr(speculative, "sample", lambda logits, *args: sample(logits * float("nan"), *args))
+    loop = DecodeLoop(decode_rt)
+    loop.speculation = speculative.Speculation(2, lambda ids, drafts: [expected[1:3]])  # the true continuation
+    run_jobs(loop, sent)
+    rid = request.request_id
+    assert store.done(rid) == "error" and _last_error(store, rid) == b"sampling failed: ValueError"
+    assert store.streamed_tokens(rid) == expected[:3]

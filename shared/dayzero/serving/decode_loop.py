@@ -262,8 +262,9 @@ class DecodeLoop:
             self.r.stats.set(**self.acceptance.gauges())
         out, finished, failed = [], [], []
         for rid, steps in zip(ids, rounds, strict=True):
+            first = self.active[rid].completion.count - sum(isinstance(s, Step) for s in steps)  # (a failure: last)
             for j, step in enumerate(steps):
-                index = self.active[rid].completion.count - len(steps) + j
+                index = first + j
                 if not self._publish(rid, step, index, len(ids), out, finished, failed):
                     break
         watch = [*self.active, *(t.job.request.request_id for t in self.waiting)]
