@@ -55,6 +55,26 @@ def test_penalised_greedy_generation_follows_the_full_forward_with_penalties_by_
     assert plain != tokens  # the penalties changed the choice somewhere
 
 
+@pytest.mark.parametrize("penalties", [{"frequency_penalty": 2.0}, {"presence_penalty": 1.5, "frequency_penalty": 0.7}])
+def test_penalised_speculation_counts_the_tokens_kept_earlier_in_its_round(demo, penalties):
+    """Drafts that are the plain run's own continuation (each kept, k = 2): every verify row is
+    penalised for the tokens kept before it in the same round, so the tokens are the plain run's
+    (penalised by the counts of earlier rounds only, "abc"'s differ)."""
+    model, codec = demo
+    prompt = codec.encode("abc")
+    params = SamplingParams(max_tokens=16, ignore_eos=True, **penalties)
+    plain = [s.token for s in generate(model, codec, _pools(model), prompt, params)]
+    pools, timings = pools_for(model.cfg, torch.float32, 256, mtp=True), Timings()
+
+    def truth(seq_ids: list[str], drafts: list[list[int]]) -> list[list[int]]:
+        done = pools.length(seq_ids[0]) - len(prompt) + 1  # tokens emitted so far
+        return [plain[done : done + len(drafts[0])]]
+
+    spec = generate(model, codec, pools, prompt, params, timings, speculation=Speculation(2, truth))
+    assert [s.token for s in spec] == plain
+    assert timings.acceptance.accepted == timings.acceptance.drafted  # every draft was kept
+
+
 def test_logprobs_are_the_full_forwards_log_softmax(demo):
     model, codec = demo
     prompt = codec.encode("The quick brown fox")
