@@ -160,3 +160,24 @@ def test_planning_a_decode_step_does_not_wait_for_the_device(tiny_checkpoint):
             reserve_plan(model, pools, seqs, [[ids[30]], [ids[37]]], options)
         finally:
             torch.cuda.set_sync_debug_mode("default")
+
+
+def test_a_prompt_prefilled_over_several_calls_leaves_the_mtp_state_of_one_call(mtp_checkpoint):
+    """Each call kept its last position's streams for the MTP layer with no token after them, and the
+    next call never fed them: the MTP window lacked that row (its drafts read a stale one)."""
+    model = load_model(mtp_checkpoint, progress=False)
+    prompt = random_ids(20, model.cfg.vocab_size, seed=9)
+    whole = pools_for(model.cfg, torch.float32, 64, mtp=True)
+    prefill(model, whole, ["s"], [prompt])
+    parts = pools_for(model.cfg, torch.float32, 64, mtp=True)
+    for begin, end in ((0, 9), (9, 16), (16, 20)):  # a call ends at 15, inside the last window (8)
+        prefill(model, parts, ["s"], [prompt[begin:end]])
+
+    def mtp_window(pools) -> torch.Tensor:
+        """The MTP layer's rows of the last window (it lags the main model by one position)."""
+        table, bs = pools.sequences["s"].tables["window"], pools.layout.block_size
+        slots = [p % (len(table) * bs) for p in range(20 - pools.layout.sliding_window, 19)]
+        return pools.window[model.cfg.num_layers, [table[s // bs] for s in slots], [s % bs for s in slots]]
+
+    assert torch.allclose(mtp_window(parts), mtp_window(whole), atol=1e-5)
+    assert torch.allclose(parts.hidden(["s"], torch.float32), whole.hidden(["s"], torch.float32), atol=1e-5)

@@ -11,7 +11,7 @@ import torch
 from ..kv.pools import KVPools
 from ..sampling import PromptLogprobs, logprobs_of
 from .block import block_forward, stack_head
-from .mtp import follow
+from .mtp import follow, mtp_forward
 from .plan import AttentionOptions, Bucket, StepPlan, plan_step
 from .vocab import embed_tokens, lm_logits
 from .weights import Transformer
@@ -85,6 +85,8 @@ def prefill(
         raise ValueError("prompts must not be empty")
     device = model.head.weight.device
     last = torch.empty(len(prompts), model.cfg.hidden_size, dtype=model.head.weight.dtype, device=device)
+    if pools.layout.mtp_layers:
+        _catch_up_mtp(model, pools, seq_ids, prompts, options)
     for begin in range(0, max(len(p) for p in prompts), chunk_size):
         active = [s for s, p in enumerate(prompts) if len(p) > begin]
         chunks = [prompts[s][begin : begin + chunk_size] for s in active]
@@ -114,6 +116,19 @@ def prefill(
             if len(prompts[s]) <= begin + chunk_size:
                 last[s] = hidden[row]
     return lm_logits(model, last).float()
+
+
+def _catch_up_mtp(
+    model: Transformer, pools: KVPools, seq_ids: list[str], prompts: list[list[int]], options: AttentionOptions
+) -> None:
+    """A continued sequence's MTP layer has yet to consume its last position's streams (``KVPools.hidden``,
+    kept with no token after them): feed them with the first new token, as a speculative step's first
+    draft does, so its window row there is written before the new rows."""
+    continued = [i for i, s in enumerate(seq_ids) if s in pools.sequences and pools.length(s) > 0]
+    if continued:
+        ids, firsts = [seq_ids[i] for i in continued], [[prompts[i][0]] for i in continued]
+        plan = plan_step(model.cfg, pools, ids, [pools.length(s) - 1 for s in ids], firsts, options)
+        mtp_forward(model, plan, pools, pools.hidden(ids, model.head.weight.dtype))
 
 
 def _score(model: Transformer, rows: torch.Tensor, following: list[int], out: PromptLogprobs, slab: int = 512) -> None:
