@@ -27,16 +27,12 @@ class Active:
     def start(cls, runtime: Runtime, ticket: Ticket[DecodeJob], limit: int) -> Active:
         """The imported request's completion, rebuilt from the tokens already streamed (raises
         when its own sampling cannot be set up: a grammar refused)."""
-        job, cfg = ticket.job, runtime.model.cfg
-        prompt = len(job.request.prompt_ids)
-        request = job.request
-        completion = Completion(
-            runtime.codec, request.sampling, cfg.eos_token_ids, prompt, limit, job.generated, request.thinking
-        )
-        with continued(request.trace):
+        job = ticket.job
+        completion = runtime.completion(job.request, job.generated, limit)
+        with continued(job.request.trace):
             attributes = {
                 "dayzero.request_id": job.request.request_id,
-                "dayzero.prompt_tokens": prompt,
+                "dayzero.prompt_tokens": len(job.request.prompt_ids),
                 "dayzero.images": job.request.images,
             }
             span = tracer.start_span("decode.generate", attributes=attributes)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import redis
 from opentelemetry import trace
 
-from ..completion import Completion, context_limit
+from ..completion import context_limit
 from ..kv.pools import OutOfBlocks
 from ..params import Logprob
 from ..telemetry import continued, tracer
@@ -267,16 +267,7 @@ class PrefillLoop:
 
     def _emit(self, ticket: Ticket[PrefillJob], logits, limit: int, prompt_logprobs: list[Logprob] | None) -> None:
         job, store, settings = ticket.job, self.r.store, self.r.settings
-        rid, prompt = job.request.request_id, job.request.prompt_ids
-        completion = Completion(
-            self.r.codec,
-            job.request.sampling,
-            self.r.model.cfg.eos_token_ids,
-            len(prompt),
-            limit,
-            job.generated,
-            job.request.thinking,
-        )
+        rid, completion = job.request.request_id, self.r.completion(job.request, job.generated, limit)
         step = completion.next(logits)
         usage = completion.usage() if step.finish_reason else None
         first = Token.of(rid, completion.count - 1, step, usage, prompt_logprobs)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import redis
 
 from ..checkpoint import load_model
-from ..completion import context_limit
+from ..completion import Completion, context_limit
 from ..kv.pools import KVPools, OutOfBlocks
 from ..kv.shared import CudaSharedPools, Segment, SharedPools, sweep_stale
 from ..model.plan import AttentionOptions
@@ -22,6 +22,7 @@ from ..speculative import speculation_problem
 from ..tokenizer import IdsOnlyCodec, TextCodec, load_codec
 from .budget import planned_pools, torch_dtype
 from .lifecycle import Lifecycle
+from .messages import GenerationRequest
 from .metrics import WorkerStats
 from .prefill_batch import BatchInput
 from .ranks import KEEPALIVE_S, Ranks
@@ -143,6 +144,13 @@ class Runtime:
         runtime.stats.serves = {"layout": ranks.pools.layout_hash, "context": context}  # /ready compares stages
         runtime.weight_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
         return runtime
+
+    def completion(self, request: GenerationRequest, generated: tuple[int, ...], limit: int) -> Completion:
+        """``request``'s completion, rebuilt from the tokens it has streamed (raises when its own
+        sampling cannot be set up: a grammar refused)."""
+        cfg = self.model.cfg
+        prompt = len(request.prompt_ids)
+        return Completion(self.codec, request.sampling, cfg.eos_token_ids, prompt, limit, generated, request.thinking)
 
     def warm_up(self, decode: bool) -> None:
         """Prefill a scratch sequence (``decode``: and decode one step of it) on every rank before
