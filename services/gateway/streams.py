@@ -4,7 +4,8 @@ One reader task issues a single ``XREAD BLOCK`` over all watched streams and han
 to its subscriber's queue, so open streams cost no connection each (redis-py's pool would run
 out long before the admission bound). A new subscriber wakes the blocked read by appending to
 this gateway's own wake stream, which every read includes. A lost connection ends every open
-subscription with the error (the stream's reader turns it into an error event).
+subscription with the error (the stream's reader turns it into an error event), and so does a
+Redis that stops answering (frozen, its host unreachable) for ``READ_MARGIN_S`` past the block.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dayzero.serving.lifecycle import key
 from dayzero.serving.records import Token, decode
 
 log = logging.getLogger("dayzero.gateway")
+READ_MARGIN_S = 10.0  # a blocked read unanswered this long after its block ends: Redis is lost (the commands' bound)
 
 
 def entry_order(entry_id: str) -> tuple[int, int]:
@@ -82,7 +84,8 @@ class StreamHub:
     """``reader``'s one connection blocks in XREAD; ``commands`` (a shared pool) sends the wake-ups."""
 
     def __init__(self, url: str, commands: aioredis.Redis, block_ms: int = 5000) -> None:
-        self.r = aioredis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=None, max_connections=1)
+        timeout = block_ms / 1000 + READ_MARGIN_S  # (none: a frozen Redis held every open stream for ever)
+        self.r = aioredis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=timeout, max_connections=1)
         self.commands, self.block_ms = commands, block_ms
         self.wake_key = key("wake", uuid.uuid4().hex)
         self.subs: set[Subscription] = set()

@@ -6,6 +6,7 @@ import os
 import random
 import re
 import signal
+import threading
 import time
 
 import httpx
@@ -183,10 +184,47 @@ def test_killed_prefill_worker_requests_are_retried_those_waiting_in_it_too(stac
     stack.wait_ready()
 
 
-def test_redis_restart_gives_503_then_recovers(text_dir, tmp_path):
+def _ends_while_redis_is_frozen(stack) -> dict:
+    """A body and a stream in flight when Redis is SIGSTOPped (its connections stay open, nothing
+    answers): how each ended, within a bound (the streams' blocked read waited for ever, so did
+    both requests, the stream sending keep-alives). Redis is continued on the way out."""
+    long, url, ends, streaming = chat("in flight", max_tokens=2000, ignore_eos=True), stack.url, {}, threading.Event()
+
+    def body() -> None:
+        ends["body"] = httpx.post(f"{url}/v1/chat/completions", json=long, timeout=60)
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json={**long, "stream": True}, timeout=60) as r:
+            data = []
+            for _, item in sse_events(r):
+                data.append(item)
+                if len(data) == 3:
+                    streaming.set()
+        ends["stream"] = data[-2:]
+
+    clients = [threading.Thread(target=f, daemon=True) for f in (body, stream)]
+    for client in clients:
+        client.start()
+    try:
+        assert streaming.wait(60)  # (the body was admitted first)
+        stack.redis.send_signal(signal.SIGSTOP)
+        for client in clients:
+            client.join(60)
+        assert [c.is_alive() for c in clients] == [False, False], "a request waited on a frozen Redis"
+    finally:
+        stack.redis.send_signal(signal.SIGCONT)
+    return ends
+
+
+def test_redis_frozen_ends_open_requests_restarted_gives_503_then_recovers(text_dir, tmp_path):
     stack = start_stack(text_dir, tmp_path, {"vision": 0, "prefill": 1, "decode": 1})
     killed = None
     try:
+        ends = _ends_while_redis_is_frozen(stack)
+        assert ends["body"].status_code == 503 and ends["body"].json()["error"]["type"] == "service_unavailable"
+        error, done = ends["stream"]
+        assert error["error"]["code"] == "queue_unavailable" and done == "[DONE]"
+        stack.wait_ready(timeout_s=60)  # continued: the same processes serve on
         body = chat("before", max_tokens=4)
         assert httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=60).status_code == 200
         # Redis goes with a request in flight: the same processes ride it out (with kombu's ack
