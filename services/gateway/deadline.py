@@ -4,7 +4,13 @@ start (or of the previous response's end), its body within as long again plus a 
 408 and the connection closes. uvicorn times out only idle keep-alive connections, so a peer
 trickling a header a byte at a time would hold its socket (and a file descriptor) for ever. An
 answer, however long it takes, is not timed, nor a pipelined request while an earlier answer is
-still going out (uvicorn stops reading until it is done)."""
+still going out (uvicorn stops reading until it is done).
+
+A client must also take its answer: one that reads nothing for ``WRITE_STALL_S`` while the answer
+waits to go out (the socket's buffers full) loses the connection, at once (a close would wait for
+the buffer to drain, for ever). Its app sees the disconnect: a stream's request is cancelled. A
+stream to a client that never reads would otherwise hold its connection, its slot under
+DAYZERO_MAX_STREAMS and the tokens queued for it, for ever."""
 
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ from .errors import error_body
 
 REQUEST_READ_S = 30.0
 BODY_BYTES_PER_S = 64 << 10  # a slow mobile link: an 8 MiB body gets 30 + 128 s
+WRITE_STALL_S = 60.0  # an answer's buffered bytes untaken this long: the client is gone or stalled
 
 
 def _timed_out() -> bytes:
@@ -28,11 +35,13 @@ def _timed_out() -> bytes:
 
 
 class RequestReadDeadline(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline on reading each request."""
+    """uvicorn's httptools protocol with a deadline on reading each request, and on the client
+    taking its answer."""
 
-    read_s, body_bytes_per_s = REQUEST_READ_S, BODY_BYTES_PER_S
+    read_s, body_bytes_per_s, write_stall_s = REQUEST_READ_S, BODY_BYTES_PER_S, WRITE_STALL_S
     max_body_bytes: int = Settings.model_fields["max_request_bytes"].default
     _deadline: asyncio.TimerHandle | None = None
+    _stalled: asyncio.TimerHandle | None = None  # armed while the transport's buffer is full
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -53,9 +62,24 @@ class RequestReadDeadline(HttpToolsProtocol):
         if not self.transport.is_closing():
             self._arm(self.read_s)  # the next request on this connection
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stalled is None:
+            self._stalled = self.loop.call_later(self.write_stall_s, self.transport.abort)
+
+    def resume_writing(self) -> None:
+        self._disarm_stall()
+        super().resume_writing()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_stall()
         super().connection_lost(exc)
+
+    def _disarm_stall(self) -> None:
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
 
     def _arm(self, seconds: float) -> None:
         self._disarm()

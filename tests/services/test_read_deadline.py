@@ -1,5 +1,6 @@
 """A client that sends its request too slowly gets a 408 and a closed connection; one that sends
-it whole is answered however long the answer streams (a real uvicorn server on a real socket)."""
+it whole is answered however long the answer streams; one that takes none of its answer loses the
+connection (a real uvicorn server on a real socket)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,26 @@ READ_S = 0.5
 
 
 class _Quick(RequestReadDeadline):
-    read_s, body_bytes_per_s, max_body_bytes = READ_S, 1000, 2000
+    read_s, body_bytes_per_s, max_body_bytes, write_stall_s = READ_S, 1000, 2000, READ_S
+
+
+FLOOD_ENDED = threading.Event()  # the endless answer saw its client's disconnect
+
+
+async def _flood(receive, send) -> None:
+    """Answers 64 KiB at a time until the connection is lost."""
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    gone = asyncio.ensure_future(receive())  # http.disconnect, once the connection is lost
+    while not gone.done():
+        await send({"type": "http.response.body", "body": bytes(1 << 16), "more_body": True})
+    FLOOD_ENDED.set()
 
 
 async def _slow_stream(scope, receive, send) -> None:
-    """Reads the body, then answers in 4 parts over 4 x READ_S."""
+    """Reads the body, then answers in 4 parts over 4 x READ_S (``/flood``: without end)."""
+    if scope["path"] == "/flood":
+        return await _flood(receive, send)
     while (await receive()).get("more_body"):
         pass
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
@@ -139,3 +155,15 @@ def test_a_request_the_http_parser_refuses_gets_an_openai_error(server, head):
     assert received.startswith(b"HTTP/1.1 400 Bad Request\r\n"), received
     error = json.loads(received.split(b"\r\n\r\n", 1)[1])["error"]
     assert error["code"] == "bad_http" and error["type"] == "invalid_request_error", error
+
+
+def test_a_client_that_takes_nothing_of_its_answer_loses_the_connection(server):
+    """It never reads: the answer fills the socket's buffers, and after ``write_stall_s`` with
+    nothing taken the connection is dropped and the app sees the disconnect (an SSE stream waited
+    in its send for ever, holding the connection and its request)."""
+    FLOOD_ENDED.clear()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", server))
+        s.sendall(b"GET /flood HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert FLOOD_ENDED.wait(10), "the answer waited on a client that reads nothing"
