@@ -48,10 +48,13 @@ def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subpr
 
 
 def terminate(procs: list[subprocess.Popen], timeout_s: float) -> list[subprocess.Popen]:
-    """SIGTERM each process group, wait up to ``timeout_s`` in all, SIGKILL what is left (returned)."""
+    """SIGTERM each process group, wait up to ``timeout_s`` in all, SIGKILL what is left (returned).
+    Each group is continued too: a stopped process (SIGSTOP, a debugger's) acts on SIGTERM only
+    then, and would be killed before it could clean up (as systemd, which sends SIGCONT after)."""
     for proc in procs:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, signal.SIGCONT)
     deadline, killed = time.monotonic() + timeout_s, []
     for proc in procs:
         try:

@@ -14,7 +14,7 @@ import torch
 
 from dayzero.procs import free_port
 
-from .conftest import MODEL
+from .conftest import MODEL, wait_until
 from .launch import consecutive_ports, up_process, wait_ready
 
 LONG = {"model": MODEL, "prompt": [0, 5, 6, 7], "max_tokens": 2000, "ignore_eos": True, "stream": True}
@@ -151,3 +151,22 @@ def test_a_stack_stopping_with_its_redis_unlinks_the_embeddings_its_vision_worke
     finally:
         (SHM_DIR / mine.location).unlink(missing_ok=True)
         theirs.unlink(missing_ok=True)
+
+
+def test_a_stack_stopping_continues_its_stopped_children_which_stop_cleanly(demo_dir, tmp_path):
+    """A SIGSTOPped child acts on SIGTERM only once continued: stop killed it after its timeout,
+    and a worker killed so left its KV pool segment in /dev/shm (256 MB by default) until the
+    next worker started on the host."""
+    from dayzero.shm import SHM_DIR
+    from dayzero.stack import Stack
+
+    env = {"DAYZERO_CHECKPOINT": str(demo_dir), "DAYZERO_KV_BUDGET_MB": "32"}
+    stack = Stack({"vision": 0, "prefill": 1, "decode": 0}, free_port(), tmp_path, env)
+    stack.start()
+    try:
+        worker = stack.child("prefill0").proc
+        assert wait_until(lambda: list(SHM_DIR.glob(f"dz-kv-{worker.pid}-*")), 120), "no pool segment"
+        worker.send_signal(signal.SIGSTOP)
+    finally:
+        killed = stack.stop()
+    assert list(SHM_DIR.glob(f"dz-kv-{worker.pid}-*")) == [] and killed == []
