@@ -104,7 +104,10 @@ class Settings(BaseSettings):
         default=1, ge=1, description="ranks per prefill / decode worker, the model split over them (one GPU each)"
     )
     group_timeout_s: float = Field(
-        default=120.0, gt=0, description="ranks that do not all meet, or a rank gone silent, fail the group after"
+        default=120.0,
+        gt=0,
+        description="ranks that do not all meet, or a rank gone silent, fail the group after; a decode step "
+        "running this long is hung: its leases lapse",
     )
 
     # observability

@@ -1,5 +1,5 @@
 """The heartbeat against a real Redis: held leases stay alive, released and finished ones lapse; a
-slow decode step keeps its requests."""
+slow decode step keeps its requests, a hung one loses them."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
-from .conftest import recording, run_jobs
+from .conftest import recording, run_jobs, wait_until
 
 
 def test_one_thread_keeps_held_leases_alive_until_they_are_released(redis_url):
@@ -78,6 +78,27 @@ def test_a_decode_step_longer_than_the_lease_keeps_its_requests(demo_dir, redis_
     run_jobs(DecodeLoop(decode), handed)
     assert store.done("slow-steps") == "length" and len(store.streamed_tokens("slow-steps")) == 4
     assert decode.pools.sequences == {}
+
+
+def test_a_decode_step_hung_past_the_group_timeout_lets_its_leases_lapse(demo_dir, redis_url):
+    """A forward that never returns (a hung kernel) kept its requests' leases alive for ever: the
+    reaper never re-ran them, nor did the time limit end them (the loop that checks it was in the
+    step), and their streams waited. Past DAYZERO_GROUP_TIMEOUT_S the leases lapse; a step that
+    returns after all drops the request, its blocks freed, and ends nothing."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", lease_s=0.4, group_timeout_s=1.0)
+    store, handed = _handed_off(settings, "hung-step", 6)
+    decode = Runtime.load(settings, "decode9@test", "decode", False)
+    fast, lapsed = decode.ranks.decode, []
+
+    def hung(ids: list[str], tokens: list[int]):
+        if not lapsed:  # hangs until the lease lapses (a bounded wait: a regression fails, never hangs)
+            lapsed.append(wait_until(lambda: store.owner("hung-step") is None, 10.0))
+        return fast(ids, tokens)
+
+    decode.ranks.decode = hung
+    run_jobs(DecodeLoop(decode), handed)
+    assert lapsed == [True]
+    assert store.done("hung-step") is None and decode.pools.sequences == {}
 
 
 def test_a_decode_that_stalled_while_its_request_was_re_run_writes_nothing_more(demo_dir, redis_url):

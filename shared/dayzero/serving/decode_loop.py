@@ -48,8 +48,10 @@ class DecodeLoop:
         self._marked: set[str] = set()  # cancel marks read with the last step's tokens or a take ...
         self._marks_read: set[str] = set()  # ... and whose they are
         # beats during a step: one longer than the lease (a first call compiling kernels, a huge
-        # batch) would let the leases lapse, and the reaper would re-run requests being generated
-        self.heartbeat = Heartbeat(runtime.store, runtime.name, runtime.settings.lease_s, self.stop)
+        # batch) would let the leases lapse, and the reaper would re-run requests being generated;
+        # one past the group timeout is hung (as a silent rank would be): its leases lapse
+        settings = runtime.settings
+        self.heartbeat = Heartbeat(runtime.store, runtime.name, settings.lease_s, self.stop, settings.group_timeout_s)
 
     def run_forever(self) -> None:
         run_loop(self.stop, self._iteration, log)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,17 +21,35 @@ log = logging.getLogger("dayzero.lease")
 class Heartbeat:
     """Refreshes the leases (owned by ``owner``) of the requests it holds, every third of a lease,
     on one thread that starts with the first ``holding`` and ends when ``stop`` is set: a batch
-    starts no thread of its own."""
+    starts no thread of its own.
 
-    def __init__(self, store: Lifecycle, owner: str, lease_s: float, stop: threading.Event) -> None:
-        self._store, self._owner, self._lease_s, self._stop = store, owner, lease_s, stop
+    A ``holding`` block running past ``stuck_s`` (a step whose forward never returns: a hung
+    kernel, a deadlock) is taken as a hung worker: the beats stop, the leases lapse and the reaper
+    re-runs the requests, as it would a frozen process's; the fenced runs keep a step that returns
+    after all from writing. Else a hung step held its requests, and their streams, for ever."""
+
+    def __init__(
+        self, store: Lifecycle, owner: str, lease_s: float, stop: threading.Event, stuck_s: float | None = None
+    ) -> None:
+        self._store, self._owner, self._lease_s, self._stop, self._stuck_s = store, owner, lease_s, stop, stuck_s
         self._ids: set[str] = set()
         self._lock = threading.Lock()  # a beat in flight finishes before a release returns
         self._thread: threading.Thread | None = None
+        self._block_since: float | None = None  # when the running ``holding`` block began (monotonic)
+        self._reported: float | None = None  # the block last logged as stuck
+
+    def _stuck(self) -> bool:
+        since, limit = self._block_since, self._stuck_s
+        return since is not None and limit is not None and time.monotonic() - since > limit
 
     def _beat(self) -> None:
         while not self._stop.wait(self._lease_s / 3):
             with self._lock:
+                if self._stuck():
+                    if self._block_since != self._reported:
+                        self._reported = self._block_since
+                        log.warning("a step has run past %g s; letting its leases lapse", self._stuck_s)
+                    continue
                 try:
                     lost = self._store.heartbeat(sorted(self._ids), self._owner, self._lease_s)
                     if lost:  # lapsed or re-run elsewhere while the work ran: its owner settles it
@@ -85,12 +104,15 @@ class Heartbeat:
 
     @contextlib.contextmanager
     def holding(self, ids: list[str]) -> Iterator[Heartbeat]:
-        """Beat for ``ids`` until the block ends, or until each is ``release``d."""
+        """Beat for ``ids`` until the block ends, or until each is ``release``d (none once the
+        block has run past ``stuck_s``)."""
         self.hold(ids)
+        self._block_since = time.monotonic()
         try:
             yield self
         finally:
             with self._lock:
+                self._block_since = None
                 self._ids.difference_update(ids)
 
     def release(self, request_id: str) -> None:
