@@ -1,5 +1,5 @@
 """The heartbeat against a real Redis: held leases stay alive, released and finished ones lapse; a
-slow decode step keeps its requests, a hung one loses them."""
+slow decode step keeps its requests, a hung step (decode's or prefill's) loses them."""
 
 from __future__ import annotations
 
@@ -47,9 +47,9 @@ def test_one_thread_keeps_held_leases_alive_until_they_are_released(redis_url):
     assert not beats[0].is_alive()
 
 
-def _handed_off(settings: Settings, rid: str, max_tokens: int) -> tuple[Lifecycle, list[DecodeJob]]:
-    """A 4-token prompt admitted and prefilled (a prefill loop of its own): decode's job, handed off."""
-    store, handed = Lifecycle.connect(settings.redis_url), []
+def _admitted(settings: Settings, rid: str, max_tokens: int) -> tuple[Lifecycle, GenerationRequest]:
+    """A 4-token prompt, admitted."""
+    store = Lifecycle.connect(settings.redis_url)
     request = GenerationRequest(
         request_id=rid,
         prompt_ids=(0, 5, 6, 7),
@@ -57,6 +57,12 @@ def _handed_off(settings: Settings, rid: str, max_tokens: int) -> tuple[Lifecycl
         created=time.time(),
     )
     store.admit(request, [], "", 60)
+    return store, request
+
+
+def _handed_off(settings: Settings, rid: str, max_tokens: int) -> tuple[Lifecycle, list[DecodeJob]]:
+    """A 4-token prompt admitted and prefilled (a prefill loop of its own): decode's job, handed off."""
+    (store, request), handed = _admitted(settings, rid, max_tokens), []
     prefill = Runtime.load(settings, f"prefill-{rid}@test", "prefill", False)
     run_jobs(PrefillLoop(prefill, recording(handed)), [PrefillJob(request=request)])
     return store, handed
@@ -99,6 +105,22 @@ def test_a_decode_step_hung_past_the_group_timeout_lets_its_leases_lapse(demo_di
     run_jobs(DecodeLoop(decode), handed)
     assert lapsed == [True]
     assert store.done("hung-step") is None and decode.pools.sequences == {}
+
+
+def test_a_prefill_forward_hung_past_the_group_timeout_lets_its_leases_lapse(demo_dir, redis_url):
+    """The same for prefill, whose claimed requests are beaten for until they are handed on."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", lease_s=0.4, group_timeout_s=1.0)
+    store, request = _admitted(settings, "hung-prefill", 4)
+    prefill = Runtime.load(settings, "prefill9@test", "prefill", False)
+    fast, lapsed = prefill.ranks.prefill, []
+
+    def hung(inputs, source):
+        lapsed.append(wait_until(lambda: store.owner("hung-prefill") is None, 10.0))
+        return fast(inputs, source)
+
+    prefill.ranks.prefill = hung
+    run_jobs(PrefillLoop(prefill, recording([])), [PrefillJob(request=request)])
+    assert lapsed == [True]
 
 
 def test_a_decode_that_stalled_while_its_request_was_re_run_writes_nothing_more(demo_dir, redis_url):

@@ -23,8 +23,8 @@ class Heartbeat:
     on one thread that starts with the first ``holding`` and ends when ``stop`` is set: a batch
     starts no thread of its own.
 
-    A ``holding`` block running past ``stuck_s`` (a step whose forward never returns: a hung
-    kernel, a deadlock) is taken as a hung worker: the beats stop, the leases lapse and the reaper
+    A ``step`` (or ``holding``) block running past ``stuck_s`` (a forward that never returns: a
+    hung kernel, a deadlock) is taken as a hung worker: the beats stop, the leases lapse and the reaper
     re-runs the requests, as it would a frozen process's; the fenced runs keep a step that returns
     after all from writing. Else a hung step held its requests, and their streams, for ever."""
 
@@ -35,8 +35,8 @@ class Heartbeat:
         self._ids: set[str] = set()
         self._lock = threading.Lock()  # a beat in flight finishes before a release returns
         self._thread: threading.Thread | None = None
-        self._block_since: float | None = None  # when the running ``holding`` block began (monotonic)
-        self._reported: float | None = None  # the block last logged as stuck
+        self._block_since: float | None = None  # when the running ``step`` began (monotonic)
+        self._reported: float | None = None  # the step last logged as stuck
 
     def _stuck(self) -> bool:
         since, limit = self._block_since, self._stuck_s
@@ -103,16 +103,24 @@ class Heartbeat:
                 self._thread.start()
 
     @contextlib.contextmanager
-    def holding(self, ids: list[str]) -> Iterator[Heartbeat]:
-        """Beat for ``ids`` until the block ends, or until each is ``release``d (none once the
-        block has run past ``stuck_s``)."""
-        self.hold(ids)
+    def step(self) -> Iterator[None]:
+        """A step of the loop (a forward): once it has run past ``stuck_s`` no lease is beaten."""
         self._block_since = time.monotonic()
         try:
-            yield self
+            yield
         finally:
             with self._lock:
                 self._block_since = None
+
+    @contextlib.contextmanager
+    def holding(self, ids: list[str]) -> Iterator[Heartbeat]:
+        """Beat for ``ids`` until the block (a step) ends, or until each is ``release``d."""
+        self.hold(ids)
+        try:
+            with self.step():
+                yield self
+        finally:
+            with self._lock:
                 self._ids.difference_update(ids)
 
     def release(self, request_id: str) -> None:

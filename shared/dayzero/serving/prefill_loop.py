@@ -45,7 +45,8 @@ class PrefillLoop:
         self.handed_off: dict[str, tuple[float, int]] = {}  # request -> when its handoff lapses (monotonic), attempt
         self.starved = False  # the last batch admitted nothing: its requests wait for blocks
         self.stop = threading.Event()
-        self.heartbeat = Heartbeat(runtime.store, runtime.name, runtime.settings.lease_s, self.stop)
+        settings = runtime.settings  # (a forward past the group timeout is hung: its leases lapse)
+        self.heartbeat = Heartbeat(runtime.store, runtime.name, settings.lease_s, self.stop, settings.group_timeout_s)
 
     def run_forever(self) -> None:
         run_loop(self.stop, self._iteration, log)
@@ -216,7 +217,8 @@ class PrefillLoop:
         # request that is being handed to decode)
         source = merged(inputs)
         try:
-            logits = self.r.ranks.prefill(inputs, source)
+            with self.heartbeat.step():
+                logits = self.r.ranks.prefill(inputs, source)
             self.r.stats.add(tokens=sum(len(inputs[i].tokens) for i, s in source.items() if s == i))
             for i, ticket in enumerate(batch):
                 self.heartbeat.release(ids[i])
