@@ -106,8 +106,8 @@ class Settings(BaseSettings):
     group_timeout_s: float = Field(
         default=120.0,
         gt=0,
-        description="ranks that do not all meet, or a rank gone silent, fail the group after; a prefill or "
-        "decode step running this long is hung: its leases lapse",
+        description="ranks that do not all meet, or a rank gone silent, fail the group after; a vision, prefill "
+        "or decode step running this long is hung: its leases lapse",
     )
 
     # observability

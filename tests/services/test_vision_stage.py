@@ -7,7 +7,7 @@ import time
 
 from dayzero.kv.shared import SHM_DIR
 from dayzero.params import SamplingParams
-from dayzero.serving.handoff import take_tensor
+from dayzero.serving.handoff import discard_tensor, take_tensor
 from dayzero.serving.lifecycle import Lifecycle, key
 from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
@@ -17,7 +17,7 @@ from dayzero.serving.vision_stage import VisionStage
 from dayzero.settings import Settings
 
 from ..vision.conftest import encoded
-from .conftest import recording, run_jobs
+from .conftest import recording, run_jobs, wait_until
 
 
 def _request(rid: str, images: int) -> GenerationRequest:
@@ -54,6 +54,29 @@ def test_stage_encodes_then_hands_the_request_to_prefill(demo_dir, redis_url, ca
         assert "request img-3: image refused" in caplog.text
     finally:
         stage.stop.set()  # its heartbeat thread ends
+
+
+def test_an_encode_hung_past_the_group_timeout_lets_its_lease_lapse(demo_dir, redis_url):
+    """An encode that never returns held the request's lease for ever (the reaper never re-ran it)."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, lease_s=0.4, group_timeout_s=1.0)
+    sent: list[PrefillJob] = []
+    stage = VisionStage(settings, "vision2@test", recording(sent, "prefill"))
+    store, lapsed = Lifecycle.connect(redis_url), []
+    fast = stage.encoder.embeddings
+
+    def hung(images):
+        lapsed.append(wait_until(lambda: store.owner("img-hung") is None, 10.0))
+        return fast(images)
+
+    stage.encoder.embeddings = hung
+    try:
+        store.admit(_request("img-hung", 1), [encoded(28, 28, seed=3)], "", 60)
+        stage.handle(PrefillJob(request=_request("img-hung", 1)))
+        assert lapsed == [True]
+    finally:
+        stage.stop.set()
+        for job in sent:  # (a returning encode hands on: its embeddings were parked)
+            discard_tensor(job.embeddings, store)
 
 
 def test_reaper_sends_lost_image_requests_back_to_vision(redis_url):

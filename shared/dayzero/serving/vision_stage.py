@@ -46,7 +46,8 @@ class VisionStage:
         self.stats = WorkerStats("vision")
         self._lock = threading.Lock()
         self.stop = threading.Event()
-        self.heartbeat = Heartbeat(self.store, self.name, settings.lease_s, self.stop)
+        # (an encode past the group timeout is hung: the leases lapse)
+        self.heartbeat = Heartbeat(self.store, self.name, settings.lease_s, self.stop, settings.group_timeout_s)
 
     def run_forever(self) -> None:
         """Heartbeats (the work itself arrives through ``handle``) and the sweep of parked embeddings."""
@@ -96,7 +97,7 @@ class VisionStage:
         rid = job.request.request_id
         self.stats.add(queued_requests=1, queue_seconds=time.time() - job.request.created)
         try:
-            with self._lock, continued(job.request.trace):
+            with self._lock, continued(job.request.trace), self.heartbeat.step():
                 images = self.encoder.embeddings(self.store.images(rid))
             self.stats.call("vision.encode")
         except (ImageError, ValueError) as exc:
