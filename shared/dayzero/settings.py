@@ -98,7 +98,8 @@ class Settings(BaseSettings):
     task_time_limit_s: int = Field(
         default=3600,
         ge=1,
-        description="a request still generating this long after admission ends (finish_reason length)",
+        description="a request still generating this long after admission ends (finish_reason length); a "
+        "prefill forward running this long is hung: its leases lapse",
     )
     tensor_parallel: int = Field(
         default=1, ge=1, description="ranks per prefill / decode worker, the model split over them (one GPU each)"
@@ -106,7 +107,7 @@ class Settings(BaseSettings):
     group_timeout_s: float = Field(
         default=120.0,
         gt=0,
-        description="ranks that do not all meet, or a rank gone silent, fail the group after; a vision, prefill "
+        description="ranks that do not all meet, or a rank gone silent, fail the group after; a vision encode "
         "or decode step running this long is hung: its leases lapse",
     )
 

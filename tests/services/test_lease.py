@@ -107,12 +107,25 @@ def test_a_decode_step_hung_past_the_group_timeout_lets_its_leases_lapse(demo_di
     assert store.done("hung-step") is None and decode.pools.sequences == {}
 
 
-def test_a_prefill_forward_hung_past_the_group_timeout_lets_its_leases_lapse(demo_dir, redis_url):
-    """The same for prefill, whose claimed requests are beaten for until they are handed on."""
-    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", lease_s=0.4, group_timeout_s=1.0)
-    store, request = _admitted(settings, "hung-prefill", 4)
+def test_a_prefill_forward_hung_past_the_time_limit_lets_its_leases_lapse(demo_dir, redis_url):
+    """The same for prefill, whose claimed requests are beaten for until they are handed on; its
+    bound is the requests' time limit (a long prompt's forward may rightly pass the group timeout)."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", lease_s=0.4, group_timeout_s=0.5)
+    store, request = _admitted(settings, "long-prefill", 4)
     prefill = Runtime.load(settings, "prefill9@test", "prefill", False)
-    fast, lapsed = prefill.ranks.prefill, []
+    fast, held = prefill.ranks.prefill, []
+
+    def long(inputs, source):  # three group timeouts, within the time limit: still its worker's
+        time.sleep(1.5)
+        held.append(store.owner("long-prefill"))
+        return fast(inputs, source)
+
+    prefill.ranks.prefill = long
+    run_jobs(PrefillLoop(prefill, recording([])), [PrefillJob(request=request)])
+    assert held == [prefill.name]
+    prefill.settings = settings.model_copy(update={"task_time_limit_s": 1})
+    store, request = _admitted(settings, "hung-prefill", 4)
+    lapsed = []
 
     def hung(inputs, source):
         lapsed.append(wait_until(lambda: store.owner("hung-prefill") is None, 10.0))

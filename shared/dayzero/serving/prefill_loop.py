@@ -45,8 +45,8 @@ class PrefillLoop:
         self.handed_off: dict[str, tuple[float, int]] = {}  # request -> when its handoff lapses (monotonic), attempt
         self.starved = False  # the last batch admitted nothing: its requests wait for blocks
         self.stop = threading.Event()
-        settings = runtime.settings  # (a forward past the group timeout is hung: its leases lapse)
-        self.heartbeat = Heartbeat(runtime.store, runtime.name, settings.lease_s, self.stop, settings.group_timeout_s)
+        settings = runtime.settings  # (a forward past the time limit is hung: a long prompt's may pass the group's)
+        self.heartbeat = Heartbeat(runtime.store, runtime.name, settings.lease_s, self.stop, settings.task_time_limit_s)
 
     def run_forever(self) -> None:
         run_loop(self.stop, self._iteration, log)
