@@ -16,6 +16,7 @@ tree twice to see the noise left. Run: ``python bench/ttft_ab.py TREE_A TREE_B [
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)  # the children's working directory leads their sys.path (python -m): not a tree
         checkpoint = write_demo_checkpoint(Path(tmp) / "demo")
         engine = Engine(checkpoint)
         prompt = engine.text_prompt(args.prompt_tokens)
