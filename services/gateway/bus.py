@@ -13,7 +13,8 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from starlette.concurrency import run_in_threadpool
 
-from dayzero.serving.lifecycle import Lifecycle, Queue
+from dayzero.serving.admission import Queue
+from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.queue import task_message
 from dayzero.serving.registry import Registry

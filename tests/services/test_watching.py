@@ -7,7 +7,8 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from dayzero.serving.lifecycle import key, record_s
+from dayzero.serving.admission import record_s
+from dayzero.serving.lifecycle import key
 from dayzero.serving.watching import Watching
 
 

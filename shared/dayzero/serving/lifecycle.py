@@ -32,7 +32,6 @@ tensor:{key} parked image embeddings, wake:{gateway} the stream reader's wake-up
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import redis
@@ -40,29 +39,12 @@ from opentelemetry import trace
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from .admission import Queue, admission
+from .keys import HANDOFF_OWNER, QUEUES, key
 from .messages import GenerationRequest
 from .queue_scripts import ADMIT, ENQUEUE, RERUN
 from .records import Token, decode, encode, ending
 from .scripts import APPEND, HAND_OFF, HEARTBEAT, SETTLE, TAKE, TAKE_HANDOFFS, Take
-
-P = "dz:"
-HANDOFF_OWNER = "handoff"
-QUEUES = ("vision", "prefill", "decode")  # the stages whose messages are counted (a mark says which)
-
-
-def key(family: str, name: str = "") -> str:
-    """``dz:{family}:{name}`` (``dz:{family}`` for the global ones: active, reaper)."""
-    return f"{P}{family}:{name}" if name else f"{P}{family}"
-
-
-@dataclass(frozen=True, slots=True)
-class Queue:
-    """Where admitted requests wait: the stage's broker list, a message per request (none: recorded
-    only), and how many messages it may hold (more: the whole admission is refused)."""
-
-    stage: str
-    messages: tuple[str, ...] = ()
-    bound: int = 2**31
 
 
 class Appended(NamedTuple):
@@ -74,29 +56,6 @@ def _entry(t: Token) -> list:
     """A stream entry as ``append_entry`` reads it from a script's arguments."""
     fields = [item for pair in encode(t).items() for item in pair]
     return [t.entry_id, "1" if t.finish_reason else "", len(fields), *fields]
-
-
-def record_s(queued_s: float, stream_ttl_s: int) -> int:
-    """How long an admitted request's record (its JSON, images, reader) lives: a wait in the queue
-    and a generation, each bounded by ``queued_s`` (the broker's visibility timeout, above the task
-    time limit: settings.visibility_timeout_s), then its stream's resumable time. ``settle``
-    shortens it to the stream's time once the request has ended."""
-    return max(4 * stream_ttl_s, int(2 * queued_s) + stream_ttl_s)
-
-
-def admission(
-    requests: list[GenerationRequest], images: list[bytes], reader: str, queued_s: float, ttl_s: int, queue: Queue
-) -> tuple[list[str], list]:
-    """``ADMIT``'s keys and arguments: record each request, its images' bytes and the digest of who
-    may read its stream; queued, its message pushed (when ``queue`` has one)."""
-    keep = record_s(queued_s, ttl_s)
-    keys = [queue.stage, key("pushed", queue.stage), key("active")]
-    args = [queue.bound, keep, int(queued_s * 1000), reader, len(images), *images]
-    for request, message in zip(requests, queue.messages or [""] * len(requests), strict=True):
-        rid = request.request_id
-        keys += [key("req", rid), key("access", rid), key("queued", rid), key("images", rid)]
-        args += [rid, request.model_dump_json(), message]
-    return keys, args
 
 
 class Lifecycle:

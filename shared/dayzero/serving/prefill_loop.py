@@ -23,8 +23,8 @@ from ..params import Logprob
 from ..telemetry import continued, tracer
 from .handoff import discard_tensor, publish, take_tensor
 from .intake import Intake, Ticket, run_loop
+from .keys import HANDOFF_OWNER
 from .lease import Heartbeat
-from .lifecycle import HANDOFF_OWNER
 from .messages import DecodeJob, PrefillJob
 from .prefill_batch import BatchInput, echo_of, forward_of, merged
 from .records import Token

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from .lifecycle import Queue, admission, key, record_s
+from .admission import Queue, admission, record_s
+from .keys import key
 from .messages import GenerationRequest
 from .queue_scripts import ADMIT
 

@@ -1,0 +1,45 @@
+"""Blocks of one pool handed out and back (a free list), and a sequence's block tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .layout import POOL_KINDS
+
+
+class OutOfBlocks(RuntimeError):
+    """The pools cannot hold the request now (retry later) or ever (``permanent``)."""
+
+    def __init__(self, message: str, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+class BlockAllocator:
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._free = list(range(total - 1, -1, -1))
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def alloc(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise OutOfBlocks(f"need {n} blocks, {len(self._free)} free")
+        if not n:
+            return []
+        taken = self._free[-n:]
+        del self._free[-n:]
+        taken.reverse()
+        return taken
+
+    def release(self, blocks: list[int]) -> None:
+        self._free.extend(reversed(blocks))
+
+
+@dataclass(slots=True)
+class SequenceBlocks:
+    length: int = 0
+    tables: dict[str, list[int]] = field(default_factory=lambda: {kind: [] for kind in POOL_KINDS})
+    room: int = 0  # the longest length its blocks hold (a decode step's reservation compares to it)
