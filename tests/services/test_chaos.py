@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from dayzero.procs import free_port
+from dayzero.shm import unlink_parked_by
 
 from .conftest import MODEL, data_url
 from .launch import up_process, wait_ready
@@ -96,6 +97,7 @@ def test_sigkill_every_part_under_traffic(demo_dir, tmp_path):
     wait_ready(url, up)
     supervisor = psutil.Process(up.pid)
     traffic, gateway_down, last_kill = Traffic(url), [], float("inf")
+    visions = {_child(supervisor, "vision0").pid}  # the image embeddings they park (in /dev/shm)
     try:
         for victim in ("decode0", "prefill0", "vision0", "redis", "gateway"):
             time.sleep(2)  # traffic in flight
@@ -103,6 +105,7 @@ def test_sigkill_every_part_under_traffic(demo_dir, tmp_path):
             _child(supervisor, victim).kill()
             time.sleep(1)
             wait_ready(url, up, 180)  # the supervisor restarts it; the others reconnect
+            visions.add(_child(supervisor, "vision0").pid)
             if victim == "gateway":
                 gateway_down.append((killed_at, time.time()))
         time.sleep(3)
@@ -116,6 +119,7 @@ def test_sigkill_every_part_under_traffic(demo_dir, tmp_path):
         up.wait()
         up.stderr.close()
     _, alive = psutil.wait_procs(children, timeout=5)
+    unlink_parked_by(visions)  # a supervisor SIGKILLed cannot (a stopped one does: test_supervision)
     assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
     ((down_from, down_to),) = gateway_down
     unclear = [
