@@ -26,10 +26,9 @@ _TAG = re.compile(  # the tags of a block, but a parameter's closing tag (its va
 _MARKERS = ("\n\n<" + DSML, "\n\n</" + DSML, "\n\n" + DSML, "<" + DSML, "</" + DSML, DSML)
 # what follows ``<｜DSML｜`` where a block begins (a bare invoke: calls written without their wrapper)
 _BLOCK_TAGS = ("tool_calls>", "invoke")
-# a DSML tag outside a block that begins none (a closing tag, a parameter): dropped whole
-_STRAY_TAG = re.compile(r"(?:tool_calls|invoke|parameter)[^<>\n]*>")
-_STRAY_START = re.compile(r"(?:tool_calls|invoke|parameter)[^<>\n]*")
 _TAG_NAMES = ("tool_calls", "invoke", "parameter")
+# a DSML tag outside a block that begins none (a closing tag, a parameter): dropped whole, once closed
+_STRAY_TAG = re.compile(rf"(?:{'|'.join(_TAG_NAMES)})[^<>\n]*(?P<closed>>)?")
 
 
 def to_json(value: object) -> str:
@@ -227,10 +226,11 @@ def _stray_tag(opener: str, rest: str, final: bool) -> int | None:
     still decide (never once the model has ended its text: ``final``)."""
     if opener == "<" and rest.startswith(_BLOCK_TAGS):
         return -1
-    if (tag := _STRAY_TAG.match(rest)) is not None:
+    tag = _STRAY_TAG.match(rest)
+    if tag is not None and tag.group("closed"):
         return tag.end()
     begun = len(rest) if any(name.startswith(rest) for name in _TAG_NAMES) else 0  # a tag's name, begun
-    begun = max(begun, (partial.end() if (partial := _STRAY_START.match(rest)) else 0))
+    begun = max(begun, tag.end() if tag is not None else 0)  # or a tag, not closed yet
     if final:
         return begun
     return None if begun == len(rest) else 0
