@@ -17,7 +17,8 @@ import time
 import redis
 
 from dayzero.procs import scratch_redis
-from dayzero.serving.lifecycle import Lifecycle, key
+from dayzero.serving.keys import key
+from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.records import Token, encode
 
 STEPS = 100  # per round

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import redis
 import redis.asyncio as aioredis
 
-from dayzero.serving.lifecycle import key
+from dayzero.serving.keys import key
 from dayzero.serving.records import Token, decode
 
 log = logging.getLogger("dayzero.gateway")

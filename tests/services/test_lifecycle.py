@@ -9,7 +9,9 @@ import redis
 import redis.asyncio as aioredis
 
 from dayzero.params import SamplingParams
-from dayzero.serving.lifecycle import HANDOFF_OWNER, Lifecycle, Queue, key
+from dayzero.serving.admission import Queue
+from dayzero.serving.keys import HANDOFF_OWNER, key
+from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.records import Token, decode
 from dayzero.serving.scripts import Take

@@ -10,7 +10,8 @@ import pytest
 import redis
 
 from dayzero.params import SamplingParams
-from dayzero.serving.lifecycle import Lifecycle, key
+from dayzero.serving.keys import key
+from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime

@@ -11,7 +11,8 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from pydantic import BaseModel
 
-from dayzero.serving.lifecycle import HANDOFF_OWNER, Lifecycle, key
+from dayzero.serving.keys import HANDOFF_OWNER, key
+from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.queue import TASKS, composer, make_celery, task_message
 from dayzero.serving.scripts import Take
 from dayzero.settings import Settings

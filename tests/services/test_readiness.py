@@ -7,7 +7,7 @@ import httpx
 import pytest
 import redis
 
-from dayzero.serving.lifecycle import key
+from dayzero.serving.keys import key
 from dayzero.serving.registry import Registry
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings

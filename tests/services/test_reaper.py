@@ -7,7 +7,8 @@ import time
 import redis
 
 from dayzero.params import SamplingParams
-from dayzero.serving.lifecycle import Lifecycle, key
+from dayzero.serving.keys import key
+from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.reaper import MAX_ATTEMPTS, sweep
 from dayzero.serving.records import Token

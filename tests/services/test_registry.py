@@ -7,7 +7,7 @@ import time
 
 import redis
 
-from dayzero.serving.lifecycle import key
+from dayzero.serving.keys import key
 from dayzero.serving.registry import FORGET_S, Registry
 
 

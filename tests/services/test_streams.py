@@ -9,7 +9,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from dayzero.serving.lifecycle import key
+from dayzero.serving.keys import key
 from dayzero.serving.records import Token, encode
 from services.gateway.streams import StreamHub, Subscription, valid_entry_id
 

@@ -10,7 +10,8 @@ import httpx
 
 from dayzero.params import SamplingParams
 from dayzero.serving.decode_loop import DecodeLoop
-from dayzero.serving.lifecycle import Lifecycle, key
+from dayzero.serving.keys import key
+from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.records import decode

@@ -8,7 +8,8 @@ import time
 from dayzero.kv.shared import SHM_DIR
 from dayzero.params import SamplingParams
 from dayzero.serving.handoff import discard_tensor, take_tensor
-from dayzero.serving.lifecycle import Lifecycle, key
+from dayzero.serving.keys import key
+from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.reaper import sweep

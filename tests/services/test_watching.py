@@ -8,7 +8,7 @@ import asyncio
 import redis.asyncio as aioredis
 
 from dayzero.serving.admission import record_s
-from dayzero.serving.lifecycle import key
+from dayzero.serving.keys import key
 from dayzero.serving.watching import Watching
 
 

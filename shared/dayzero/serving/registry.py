@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import redis
 
-from .lifecycle import key
+from .keys import key
 
 FORGET_S = 600.0  # a worker process silent this long is forgotten
 
