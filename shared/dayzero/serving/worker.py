@@ -15,7 +15,7 @@ from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
 from ..parallel.collectives import Group
 from ..settings import Settings
-from ..telemetry import setup_tracing
+from ..telemetry import flush_spans, setup_tracing
 from .metrics import serve_metrics
 from .runtime import Runtime
 
@@ -142,6 +142,7 @@ class StageWorker:
             time.sleep(self.settings.shutdown_grace_s)
             log.warning("%s still stopping after %.0f s; exiting", self.stage, self.settings.shutdown_grace_s)
             self._stop()
+            flush_spans()  # os._exit runs no exit handlers, where the SDK would export the last batch
             logging.shutdown()
             os._exit(0)
 
