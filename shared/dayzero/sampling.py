@@ -153,11 +153,14 @@ def sample_rows(
     return tokens
 
 
+NAN_LOGITS = "NaN logits"
+
+
 def refuse_nan(logits: torch.Tensor) -> None:
     """A diverged model's NaN logits: an error its request fails with, never a token (greedy's
     argmax would pick a NaN's position, and a draft's min(1, p/q) test would keep any draft)."""
     if bool(torch.isnan(logits).any()):
-        raise ValueError("NaN logits")
+        raise ValueError(NAN_LOGITS)
 
 
 def _penalised(params: SamplingParams) -> bool:

@@ -31,7 +31,7 @@ from .model.mtp import follow, mtp_forward
 from .model.plan import AttentionOptions, plan_step
 from .model.vocab import lm_logits
 from .model.weights import Transformer
-from .sampling import distribution, draw, refuse_nan, sample, verify_draft
+from .sampling import NAN_LOGITS, distribution, draw, sample, verify_draft
 
 Proposer = Callable[[list[str], list[list[int]]], list[list[int]]]  # (seq ids, MTP drafts) -> drafts
 
@@ -170,16 +170,23 @@ def _draft(
 
 
 def _accept(
-    completion: Completion, logits: torch.Tensor, drafts: list[int], qs: list[torch.Tensor], gen: torch.Generator | None
+    completion: Completion,
+    logits: torch.Tensor,
+    nan: list[bool],
+    drafts: list[int],
+    qs: list[torch.Tensor],
+    gen: torch.Generator | None,
 ) -> Outcome:
-    """Walk one sequence's verified rows ``logits`` [k + 1, V]: keep drafts while they pass, end at
-    the first replacement, the bonus token after all k, or a finished completion."""
+    """Walk one sequence's verified rows ``logits`` [k + 1, V] (``nan``: which hold a NaN): keep
+    drafts while they pass, end at the first replacement, the bonus token after all k, or a
+    finished completion."""
     if not drafts:  # a plain decode step (grammar masks included)
         return Outcome(next_steps([completion], logits[:1]), 0, 0)
     params, steps = completion.params, []
     try:
         for i, (token, q) in enumerate(zip(drafts, qs, strict=True)):
-            refuse_nan(logits[i])
+            if nan[i]:
+                raise ValueError(NAN_LOGITS)
             p = distribution(logits[i], params, completion.counts)
             kept, token = verify_draft(p, q, token, params.temperature == 0.0, gen)
             steps.append(completion.emit(token, logits[i]))
@@ -225,8 +232,9 @@ def speculative_step(
     plan = plan_step(model.cfg, pools, seq_ids, starts, chunks, options)
     streams = run_layers(model, plan, pools)
     logits = lm_logits(model, head(model, streams)).float()
+    nan = torch.isnan(logits).any(dim=-1).tolist()  # one host read for every draft row of the batch
     outcomes = [
-        _accept(c, logits[r : r + len(chunk)], d, q, g)
+        _accept(c, logits[r : r + len(chunk)], nan[r : r + len(chunk)], d, q, g)
         for c, r, chunk, d, q, g in zip(completions, plan.batch.row0s, chunks, drafts, qs, generators, strict=True)
     ]
     kept = [o.accepted + 1 for o in outcomes]
