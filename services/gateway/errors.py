@@ -115,7 +115,7 @@ class CatchAll:
         try:
             await self.app(scope, receive, tracked)
         except Exception:
-            log.exception("internal error")
+            log.exception("internal error answering %s %s", scope["method"], scope["path"])
             if started:  # too late to answer: the connection has to go
                 raise
             await error_response(500, "internal error", "server_error")(scope, receive, send)

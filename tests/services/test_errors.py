@@ -135,9 +135,10 @@ def test_a_method_a_route_does_not_take_is_answered_with_allow(gateway):
     assert r.json()["error"]["type"] == "invalid_request_error"
 
 
-def test_an_unexpected_failure_is_a_counted_500_that_keeps_the_connection():
+def test_an_unexpected_failure_is_a_counted_500_that_keeps_the_connection(caplog):
     """The last resort answers in OpenAI's shape and does not re-raise (re-raised, uvicorn closed the
-    keep-alive connection under the client's next request, and the 500 was never counted)."""
+    keep-alive connection under the client's next request, and the 500 was never counted); its log
+    line names what was asked."""
     from fastapi import FastAPI
 
     from services.gateway import errors
@@ -162,6 +163,7 @@ def test_an_unexpected_failure_is_a_counted_500_that_keeps_the_connection():
         "code": None,
     }
     assert app.state.gateway.metrics.responses.labels("500")._value.get() == 1
+    assert "internal error answering GET /v1/boom" in caplog.text and "boom at 0x7f00" in caplog.text
 
 
 def test_the_openapi_document_says_what_the_gateway_answers(gateway):
