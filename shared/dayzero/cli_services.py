@@ -140,6 +140,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     redis_url = os.environ.get("DAYZERO_REDIS_URL") or os.environ.get("REDIS_URL")  # else an embedded one
     ranks = {"prefill": args.prefill_tp, "decode": args.decode_tp}
     stack = Stack(counts, port, args.log_dir, env, redis_url=redis_url, host=settings.host, ranks=ranks)
+    stack.frozen_s = settings.frozen_worker_s
     _stop_on_signals()
     try:
         stack.start()
@@ -152,7 +153,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
             ports = ", ".join(f"{name} :{port}" for name, port in stack.metrics_ports.items())
             print(f"worker metrics (DAYZERO_METRICS_PORT, one port each): {ports}", file=sys.stderr)
         show = lambda body: print(f"waiting: {body.get('reason')}", file=sys.stderr)
-        restarted = lambda name: print(f"{name} exited; restarted", file=sys.stderr)
+        restarted = lambda name: print(f"{name} {stack.child(name).why}; restarted", file=sys.stderr)
         stack.wait_ready(args.ready_timeout or None, show, on_restart=restarted)
         print(
             f"ready: send OpenAI-style requests to {stack.url}/v1/chat/completions (model "

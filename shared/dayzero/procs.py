@@ -8,6 +8,7 @@ the children in order.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -64,6 +65,24 @@ def terminate(procs: list[subprocess.Popen], timeout_s: float) -> list[subproces
             proc.wait()
             killed.append(proc)
     return killed
+
+
+def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGKILL ``proc``, then what is left of its process group after ``grace_s``. A worker's other
+    ranks die with it (``die_with``), and multiprocessing's resource tracker unlinks the semaphores
+    it created in /dev/shm only if it outlives it: a group killed at once left them behind."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def free_port() -> int:

@@ -101,6 +101,12 @@ class Settings(BaseSettings):
         description="a request still generating this long after admission ends (finish_reason length); a "
         "prefill forward running this long is hung: its leases lapse",
     )
+    frozen_worker_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="dayzero up restarts a worker process that stamped no liveness for this long: SIGSTOPped, or "
+        "hung in a step past its bound (a loading worker stamps; a long forward does not stop it; 0: never)",
+    )
     tensor_parallel: int = Field(
         default=1, ge=1, description="ranks per prefill / decode worker, the model split over them (one GPU each)"
     )

@@ -3,14 +3,16 @@
 Each service runs the same entry point as its container under docker compose
 (``dayzero serve <service>``; a tensor-parallel worker is one child, its rank 0, which starts
 its other ranks and takes them down with it). A child that dies is restarted, the embedded Redis included
-(the gateway and the workers reconnect by themselves); every child dies with the supervisor
-(see dayzero.procs). ``stop`` goes in order: the gateway first (it stops admitting and ends
-its open streams with an error event), then the workers, Redis last.
+(the gateway and the workers reconnect by themselves), and so is a frozen worker (SIGSTOPped, or
+hung in a step past its bound): its liveness stamps (dayzero.serving.liveness) stopped.
+Every child dies with the supervisor (see dayzero.procs). ``stop`` goes in order: the gateway
+first (it stops admitting and ends its open streams with an error event), then the workers, Redis last.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -18,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import redis
 
-from .procs import UnbindableHost, free_port, local_url, port_in_use, spawn, start_redis, terminate
+from .procs import UnbindableHost, free_port, kill_group, local_url, port_in_use, spawn, start_redis, terminate
 from .shm import unlink_parked_by
 
 SERVICES = ("gateway", "vision", "prefill", "decode")
@@ -48,6 +51,8 @@ class Child:
     proc: object | None = None  # subprocess.Popen
     restarts: int = 0
     env: dict[str, str] = field(default_factory=dict)  # its own settings beside the stack's
+    why: str = "exited"  # why it was last restarted
+    started: float = 0.0  # when its process was spawned (time.time())
 
 
 MAX_START_EXITS = 3  # exits of one child before the stack is ready: a failed start, not a crash to ride out
@@ -70,6 +75,9 @@ class Stack:
     redis_port: int | None = None
     metrics_ports: dict[str, int] = field(default_factory=dict)  # DAYZERO_METRICS_PORT: worker -> its port
     vision_pids: set[int] = field(default_factory=set)  # every vision process started (restarts too)
+    frozen_s: float = 0.0  # DAYZERO_FROZEN_WORKER_S: a worker whose liveness stamp is older is restarted (0: never)
+    _liveness: redis.Redis | None = None
+    _unread_at: float = 0.0  # when Redis last could not be read: no stamp counts as older than that
 
     def start(self) -> None:
         try:
@@ -114,6 +122,7 @@ class Stack:
 
     def _spawn(self, child: Child) -> None:
         log = self.log_dir / f"{child.name}.log"
+        child.started = time.time()
         if child.service == "redis":
             child.proc = start_redis(self.redis_port, log)
             return
@@ -174,14 +183,46 @@ class Stack:
         return "\n".join(text[-lines:]) + f"\n(whole log: {path})"
 
     def supervise(self) -> list[str]:
-        """Restart children that exited (Redis on its own port); returns their names."""
-        restarted = []
+        """Restart children that exited (Redis on its own port) and frozen workers (``frozen``: each
+        SIGKILLed first, with its process group, a tensor-parallel worker's other ranks in it);
+        returns their names (each one's ``why``)."""
+        restarted, frozen = [], {c.name: c for c in self.frozen()}
+        for child in frozen.values():
+            kill_group(child.proc)
         for child in self.children:
             if child.proc is not None and child.proc.poll() is not None:
+                child.why = f"froze (no liveness stamp for {self.frozen_s:g} s)" if child.name in frozen else "exited"
                 child.restarts += 1
                 restarted.append(child.name)
                 self._spawn(child)
         return restarted
+
+    def frozen(self) -> list[Child]:
+        """The running workers whose last liveness stamp is older than ``frozen_s``: SIGSTOPped, or
+        hung in a step past its bound. A worker that has not stamped yet (starting) is left
+        alone (a stamp from before its spawn is another process's: a pid used again), and no stamp
+        ages while Redis cannot be read, or answers slowly (a frozen Redis continued)."""
+        from .serving.liveness import STAMP_EVERY_S, connect, process_id, stamps
+
+        if not self.frozen_s or self.redis_url is None:
+            return []
+        self._liveness = self._liveness or connect(self.redis_url)
+        began = time.time()
+        try:
+            seen = {stage: stamps(self._liveness, stage) for stage in SERVICES[1:]}
+        except redis.RedisError:
+            seen = None
+        now = time.time()
+        if seen is None or now - began > STAMP_EVERY_S:  # Redis down or frozen: the workers could not stamp either
+            self._unread_at = now
+            return []
+        host, frozen = socket.gethostname(), []
+        for child in self.children:
+            if child.service in seen and child.proc is not None and child.proc.poll() is None:
+                stamped = seen[child.service].get(process_id(child.proc.pid, host), 0.0)
+                if stamped >= child.started and now - max(stamped, self._unread_at) > self.frozen_s:
+                    frozen.append(child)
+        return frozen
 
     def child(self, name: str) -> Child:
         return next(c for c in self.children if c.name == name)

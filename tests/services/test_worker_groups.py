@@ -101,3 +101,50 @@ def test_a_killed_rank_takes_its_group_down_and_the_stream_completes(tmp_path):
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_a_frozen_group_is_restarted_whole_and_the_stream_completes(tmp_path):
+    """``dayzero up --decode-tp 2``; SIGSTOP decode's rank 0 mid-stream (a frozen worker, not a dead
+    one): its liveness stamps stop, up SIGKILLs the group, rank 1 with it, after
+    DAYZERO_FROZEN_WORKER_S and starts it again; the request is re-run and the client's stream ends
+    with the same greedy tokens. A frozen worker was never restarted: the stream crept on by a
+    token per handoff timeout (60 s), the re-runs' prefill's. Redis frozen past the bound first
+    restarts nobody: no worker could stamp."""
+    checkpoint = write_demo_checkpoint(tmp_path / "text")
+    reference = engine_completer(checkpoint, "cpu")
+    port = free_port()
+    up = up_process(checkpoint, tmp_path / "logs", port, "--vision 0 --decode-tp 2", {"DAYZERO_FROZEN_WORKER_S": "3"})
+    frozen = None
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url, up)
+        supervisor = psutil.Process(up.pid)
+        decode0 = _worker(supervisor, "decode0")
+        follower = _rank(decode0, 1)
+        frozen = next(p for p in supervisor.children() if p.name() == "redis-server")
+        frozen.suspend()
+        time.sleep(6)
+        frozen.resume()
+        time.sleep(4)
+        assert _worker(supervisor, "decode0").pid == decode0.pid
+        ids, tokens = prompt_ids(2), []
+        body = {"model": MODEL, "prompt": ids, "max_tokens": 48, "temperature": 0, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+            for _, data in sse_events(r):
+                if data == "[DONE]":
+                    break
+                tokens.append(data["choices"][0]["text"])
+                if len(tokens) == 4:
+                    decode0.suspend()
+                    frozen = decode0
+        assert "".join(tokens) == reference(ids, 48)
+        assert not _alive(decode0) and not _alive(follower)
+        restarted = _worker(supervisor, "decode0")
+        assert restarted is not None and restarted.pid != decode0.pid
+    finally:
+        if frozen is not None and _alive(frozen):
+            frozen.resume()
+        up.send_signal(signal.SIGTERM)
+        _, err = up.communicate(timeout=60)
+    assert "decode0 froze (no liveness stamp for 3 s); restarted" in err

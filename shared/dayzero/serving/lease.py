@@ -38,14 +38,15 @@ class Heartbeat:
         self._block_since: float | None = None  # when the running ``step`` began (monotonic)
         self._reported: float | None = None  # the step last logged as stuck
 
-    def _stuck(self) -> bool:
+    def stuck(self) -> bool:
+        """The running ``step`` has run past ``stuck_s``."""
         since, limit = self._block_since, self._stuck_s
         return since is not None and limit is not None and time.monotonic() - since > limit
 
     def _beat(self) -> None:
         while not self._stop.wait(self._lease_s / 3):
             with self._lock:
-                if self._stuck():
+                if self.stuck():
                     if self._block_since != self._reported:
                         self._reported = self._block_since
                         log.warning("a step has run past %g s; letting its leases lapse", self._stuck_s)

@@ -75,6 +75,9 @@ class VisionStage:
     def leave(self) -> None:
         self.presence.leave()
 
+    def stuck(self) -> bool:
+        return self.heartbeat.stuck()
+
     def close(self) -> None:
         """Nothing to free: parked embeddings belong to their readers (or the sweep)."""
 

@@ -16,6 +16,7 @@ from opentelemetry.instrumentation.celery import CeleryInstrumentor
 from ..parallel.collectives import Group
 from ..settings import Settings
 from ..telemetry import flush_spans, setup_tracing
+from .liveness import Pulse, connect
 from .metrics import serve_metrics
 from .runtime import Runtime
 
@@ -56,6 +57,9 @@ class Stage(Protocol):
     def leave(self) -> None:
         """Stopping: out of the registry (``/ready``, metrics) while the jobs under way finish."""
 
+    def stuck(self) -> bool:
+        """A step has run past its bound (its leases lapse): the worker is as good as frozen."""
+
     def close(self) -> None: ...
 
 
@@ -89,6 +93,9 @@ class LoopStage:
     def leave(self) -> None:
         self.runtime.presence.leave()
 
+    def stuck(self) -> bool:
+        return self.loop.heartbeat.stuck()
+
     def close(self) -> None:
         self.runtime.close()
 
@@ -114,6 +121,7 @@ class StageWorker:
     def __init__(self, settings: Settings, stage: str, build: Callable[[str], Stage]) -> None:
         self.settings, self.stage, self._build = settings, stage, build
         self.running: Stage | None = None
+        self._pulse: Pulse | None = None  # this process's liveness stamps (liveness.py), from before the load
         self._ready = threading.Event()
         signals.worker_init.connect(exit_on_failure(self._start, stage), weak=False)
         signals.worker_shutting_down.connect(self._exit_soon, weak=False)
@@ -126,7 +134,9 @@ class StageWorker:
             CeleryInstrumentor().instrument()
         for logger in PER_TASK_LOGGERS:
             logging.getLogger(logger).setLevel(logging.WARNING)
+        self._pulse = Pulse(connect(self.settings.redis_url), self.stage).start()  # a loading worker is not frozen
         running = self.running = self._build(name)
+        self._pulse.watch(running.stuck)
         if self.settings.metrics_port:
             serve_metrics(self.settings.metrics_port, lambda: {running.name: running.snapshot()})
         threading.Thread(target=running.run_forever, name=f"{self.stage}-loop", daemon=True).start()
@@ -147,6 +157,8 @@ class StageWorker:
             os._exit(0)
 
         threading.Thread(target=exit_later, name="exit-watchdog", daemon=True).start()
+        if self._pulse is not None:
+            self._pulse.stop()
         if self.running is not None:  # (after the watchdog: Redis unreachable, leaving may wait its timeouts)
             self.running.leave()
 

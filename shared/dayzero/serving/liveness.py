@@ -1,0 +1,86 @@
+"""A worker process's liveness, apart from its work.
+
+The loops' heartbeats (registry.py's presence, lease.py's leases) come from the work itself: a
+long step stops them (a million-token prefill forward may rightly run for many minutes). A
+``Pulse`` thread stamps "this process runs" instead, every ``STAMP_EVERY_S``, from before the
+worker loads its weights: SIGSTOP or a process that no longer runs stops it, a forward however
+long does not. A step past its bound (``lease.Heartbeat.stuck``: its leases already lapsed) stops
+it too, on purpose: that worker is as good as frozen.
+
+Keys (prefix ``dz:``): alive:{stage}, a hash of process ("{host}:{pid}") -> the time of its last
+stamp. ``dayzero up`` restarts a worker whose stamp is older than DAYZERO_FROZEN_WORKER_S (stack.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import redis
+
+from .keys import key
+
+log = logging.getLogger("dayzero.liveness")
+STAMP_EVERY_S = 1.0
+FORGET_S = 600.0  # stamps this old are dropped (a restarted process stamps under a new pid)
+
+
+def process_id(pid: int | None = None, host: str | None = None) -> str:
+    """A worker process as its stamps name it (``up`` names its children the same way)."""
+    return f"{host or socket.gethostname()}:{pid or os.getpid()}"
+
+
+def connect(url: str) -> redis.Redis:
+    """A client that gives up quickly: a stamp or a check never waits long on a hung Redis."""
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+
+
+class Pulse:
+    """Stamps this process alive in ``stage``'s hash until ``stop``, unless ``stuck()`` says its
+    step has run past its bound (``watch`` sets it once the stage is built)."""
+
+    def __init__(self, client: redis.Redis, stage: str) -> None:
+        self.r, self.stage, self.process = client, stage, process_id()
+        self._stuck: Callable[[], bool] = lambda: False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="liveness", daemon=True)
+
+    def start(self) -> Pulse:
+        self._thread.start()
+        return self
+
+    def watch(self, stuck: Callable[[], bool]) -> None:
+        self._stuck = stuck
+
+    def _run(self) -> None:
+        said = False
+        while True:
+            if self._stuck():
+                if not said:
+                    log.error("a step ran past its bound: no more liveness stamps (dayzero up restarts the worker)")
+                said = True
+            else:  # Redis restarting: the next stamp retries (up counts no staleness while it cannot read)
+                with contextlib.suppress(redis.RedisError):
+                    self.r.hset(key("alive", self.stage), self.process, time.time())
+            if self._stop.wait(STAMP_EVERY_S):
+                return
+
+    def stop(self) -> None:
+        """No more stamps, and out of the hash: a stopping worker serves no new request."""
+        self._stop.set()
+        with contextlib.suppress(redis.RedisError):
+            self.r.hdel(key("alive", self.stage), self.process)
+
+
+def stamps(client: redis.Redis, stage: str) -> dict[str, float]:
+    """Each process's last stamp in ``stage`` (those older than ``FORGET_S`` leave the hash)."""
+    found = {p.decode(): float(t) for p, t in client.hgetall(key("alive", stage)).items()}
+    gone = [p for p, t in found.items() if time.time() - t > FORGET_S]
+    if gone:
+        client.hdel(key("alive", stage), *gone)
+    return {p: t for p, t in found.items() if p not in gone}

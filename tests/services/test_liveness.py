@@ -1,0 +1,39 @@
+"""A worker's liveness stamps against a real Redis: a long step does not stop them, a step past its
+bound does (``dayzero up`` then restarts the worker)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import redis
+
+from dayzero.serving.lease import Heartbeat
+from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.liveness import STAMP_EVERY_S, Pulse, connect, stamps
+
+from .conftest import wait_until
+
+
+def test_a_long_step_keeps_stamping_a_step_past_its_bound_stops_until_it_ends(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    store, stop = Lifecycle(client), threading.Event()
+    long_step, hung_step = (Heartbeat(store, "w", 30.0, stop, stuck_s) for stuck_s in (60.0, 0.3))
+    pulse = Pulse(connect(redis_url), "decode").start()
+    stamped = lambda: stamps(client, "decode").get(pulse.process, 0.0)  # noqa: E731
+    try:
+        pulse.watch(long_step.stuck)
+        with long_step.step():  # a million-token prefill forward: minutes, within its bound
+            first = wait_until(stamped, 5)
+            assert wait_until(lambda: stamped() > first, 3 * STAMP_EVERY_S)
+        pulse.watch(hung_step.stuck)
+        with hung_step.step():
+            time.sleep(0.3 + STAMP_EVERY_S)
+            last = stamped()
+            time.sleep(3 * STAMP_EVERY_S)
+            assert stamped() == last
+        assert wait_until(lambda: stamped() > last, 3 * STAMP_EVERY_S)  # the step returned after all
+    finally:
+        pulse.stop()
+        stop.set()
+    assert pulse.process not in stamps(client, "decode")  # a stopping worker leaves at once
