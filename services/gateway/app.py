@@ -15,10 +15,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from dayzero.config import ModelConfig
+from dayzero.serving.liveness import unserved_for
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.metrics import QueueDepthCollector, SnapshotCollector
 from dayzero.serving.queue import STAGES, composer, make_celery
-from dayzero.serving.reaper import sweep
+from dayzero.serving.reaper import end_unserved, sweep
 from dayzero.serving.registry import Registry
 from dayzero.settings import Settings
 from dayzero.telemetry import flush_spans, setup_tracing
@@ -37,17 +38,23 @@ SCRAPE_REDIS_S = 1.0  # each of a scrape's two Redis reads gives up after this (
 
 
 async def _reaper(gw: Gateway) -> None:
-    """Re-run requests whose worker stopped heartbeating (see dayzero.serving.reaper)."""
+    """Re-run requests whose worker stopped heartbeating, end those waiting at a stage that no live
+    worker has served for DAYZERO_NO_WORKER_TIMEOUT_S (see dayzero.serving.reaper)."""
     messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
+    store = gw.bus.store
 
     def send(job: PrefillJob, stage: str) -> None:
-        gw.bus.store.enqueue(job.request.request_id, stage, messages[stage](job), gw.settings.visibility_timeout_s)
+        store.enqueue(job.request.request_id, stage, messages[stage](job), gw.settings.visibility_timeout_s)
+
+    def one_pass() -> None:
+        sweep(store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period)
+        end_unserved(store, lambda stage: unserved_for(store.r, stage), gw.settings.no_worker_timeout_s)
 
     period = gw.settings.lease_s / 2
     while True:
         await asyncio.sleep(period)
         with contextlib.suppress(redis.RedisError):  # Redis down: /ready says so; sweep when it is back
-            await run_in_threadpool(sweep, gw.bus.store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period)
+            await run_in_threadpool(one_pass)
 
 
 _ERROR = {

@@ -107,6 +107,12 @@ class Settings(BaseSettings):
         description="dayzero up restarts a worker process that stamped no liveness for this long: SIGSTOPped, or "
         "hung in a step past its bound (a loading worker stamps; a long forward does not stop it; 0: never)",
     )
+    no_worker_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="a request waiting at a stage that has had no live worker (a loading one counts) this long "
+        "ends: 503 no_worker (a stream: an error event); one waiting behind others on a live worker waits on",
+    )
     tensor_parallel: int = Field(
         default=1, ge=1, description="ranks per prefill / decode worker, the model split over them (one GPU each)"
     )

@@ -21,6 +21,7 @@ def lone_gateway(demo_dir, tmp_path_factory):
         "DAYZERO_METRICS_AUTH": "true",
         "DAYZERO_IMAGE_MAX_COUNT": "2",
         "DAYZERO_MAX_REQUEST_BYTES": str(1 << 20),  # room for a chat far over the context
+        "DAYZERO_NO_WORKER_TIMEOUT_S": "3600",  # requests wait here for workers that never come
     }
     stack = start_gateway_alone(demo_dir, tmp_path_factory.mktemp("logs"), extra)
     yield stack

@@ -26,7 +26,7 @@ any            tokens:{id} the token stream (dayzero.serving.records): only the 
                cancel:{id} a cancel request, watchers:{id} clients reading the stream
 
 Worker keys (not a request's): workers:{stage}, usage:{worker}, loading:{worker} (registry.py),
-alive:{stage} (liveness.py),
+alive:{stage}, unserved:{stage} (liveness.py),
 tensor:{key} parked image embeddings, wake:{gateway} the stream reader's wake-up, reaper (its lock).
 """
 
@@ -193,6 +193,7 @@ class Lifecycle:
         end_at: int | None = None,
         message: str = "",
         usage: dict | None = None,
+        code: str = "",
     ) -> bool:
         """End the request for run ``attempt`` held by ``owner`` ("": the reaper, nobody's lease): its
         stream closes at ``end_at`` with ``reason`` (None: its last token already carried the finish
@@ -203,7 +204,7 @@ class Lifecycle:
         keys += [key(family, rid) for family in ("req", "access", "images")]
         args = [attempt, owner, self.ttl_s, rid, reason]
         if end_at is not None:
-            args += _entry(ending(rid, end_at, reason, message, usage))
+            args += _entry(ending(rid, end_at, reason, message, usage, code))
         return bool(self._settle(keys=keys, args=args))
 
     def done(self, rid: str) -> str | None:
@@ -226,6 +227,21 @@ class Lifecycle:
 
     def active(self) -> list[str]:
         return [m.decode() for m in self.r.smembers(key("active"))]
+
+    def waiting(self, rids: list[str]) -> dict[str, tuple[str, int, str]]:
+        """Of ``rids``, those whose message waits in a stage's queue for a worker to take it: id ->
+        (the stage, the run's attempt, who ``settle`` names for it: "" queued, the handoff's owner
+        handed off). A mark that names no queue (a re-run on its way) is left out. One round trip."""
+        families = ("queued", "handoff", "lease", "attempt")
+        marks = self.r.mget([key(family, rid) for rid in rids for family in families]) if rids else []
+        found = {}
+        for i, rid in enumerate(rids):
+            queued, handoff, lease, attempt = (m.decode() if m else "" for m in marks[4 * i : 4 * i + 4])
+            if lease == HANDOFF_OWNER and ":" in handoff:
+                found[rid] = (handoff.partition(":")[0], int(attempt or 0), HANDOFF_OWNER)
+            elif not lease and ":" in queued:
+                found[rid] = (queued.partition(":")[0], int(attempt or 0), "")
+        return found
 
     def rerun_orphan(self, rid: str, queued_s: float, sighting_s: float) -> int:
         """Queue the request again if it is unfinished, nobody holds its lease, and no message of it

@@ -8,7 +8,10 @@ long does not. A step past its bound (``lease.Heartbeat.stuck``: its leases alre
 it too, on purpose: that worker is as good as frozen.
 
 Keys (prefix ``dz:``): alive:{stage}, a hash of process ("{host}:{pid}") -> the time of its last
-stamp. ``dayzero up`` restarts a worker whose stamp is older than DAYZERO_FROZEN_WORKER_S (stack.py).
+stamp; unserved:{stage}, since when the stage has had no live process (set by the gateway).
+Readers: ``dayzero up`` restarts a worker whose stamp is older than DAYZERO_FROZEN_WORKER_S
+(stack.py); the gateway ends the requests waiting at a stage that has had no live process for
+DAYZERO_NO_WORKER_TIMEOUT_S (reaper.py).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from .keys import key
 
 log = logging.getLogger("dayzero.liveness")
 STAMP_EVERY_S = 1.0
+FRESH_S = 3.0  # a stage whose newest stamp is older has no live process
 FORGET_S = 600.0  # stamps this old are dropped (a restarted process stamps under a new pid)
 
 
@@ -84,3 +88,16 @@ def stamps(client: redis.Redis, stage: str) -> dict[str, float]:
     if gone:
         client.hdel(key("alive", stage), *gone)
     return {p: t for p, t in found.items() if p not in gone}
+
+
+def unserved_for(client: redis.Redis, stage: str) -> float:
+    """How long ``stage`` has had no live process (0: it has one now), counted from the first call
+    that found none (not from its last stamp: after Redis itself was down or frozen every stamp is
+    old, until the workers stamp again within a second)."""
+    now = time.time()
+    if any(now - t <= FRESH_S for t in stamps(client, stage).values()):
+        client.delete(key("unserved", stage))
+        return 0.0
+    client.set(key("unserved", stage), now, nx=True)
+    since = client.get(key("unserved", stage))
+    return now - float(since) if since else 0.0

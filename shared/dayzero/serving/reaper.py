@@ -1,4 +1,5 @@
-"""Re-run requests whose worker died: a lapsed lease means nobody is working on it.
+"""Re-run requests whose worker died: a lapsed lease means nobody is working on it; end those
+that wait at a stage no live worker serves.
 
 The re-run carries the tokens already streamed, so the new prefill continues where the
 stream stopped; stream entry ids derived from the token index make any replayed append a
@@ -11,6 +12,7 @@ import logging
 from collections.abc import Callable
 
 from ..telemetry import continued
+from .keys import QUEUES
 from .lifecycle import Lifecycle
 from .messages import PrefillJob
 
@@ -52,3 +54,25 @@ def sweep(
             send(job, "vision" if request.images else "prefill")
         rerun.append(rid)
     return rerun
+
+
+def end_unserved(store: Lifecycle, unserved_s: Callable[[str], float], bound_s: float) -> list[str]:
+    """End the requests waiting in the queue of a stage that has had no live worker for over
+    ``bound_s`` (``unserved_s(stage)``: for how long; liveness.py): 503 ``no_worker``, a stream's
+    error event. A request waiting behind others on a live worker is never ended here. Returns their ids."""
+    over = {stage: since for stage in QUEUES if (since := unserved_s(stage)) > bound_s}
+    if not over:
+        return []
+    ended = []
+    for rid, (stage, attempt, owner) in store.waiting(store.active()).items():
+        if stage not in over:
+            continue
+        tokens, _ = store.stream(rid)
+        message = (
+            f"no {stage} worker has been alive for {over[stage]:.0f} s to take the request "
+            f"(DAYZERO_NO_WORKER_TIMEOUT_S={bound_s:g}); retry later"
+        )
+        if store.settle(rid, attempt, owner, "error", len(tokens), message, code="no_worker"):
+            log.error("request %s: %s", rid, message)
+            ended.append(rid)
+    return ended

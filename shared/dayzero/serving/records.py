@@ -2,7 +2,8 @@
 by the gateway, encoded and decoded here only.
 
 Fields: i index, t token (-1: an ending without a token), x text, f finish reason, u usage (JSON),
-e error, l logprob, k top alternatives (JSON), p the prompt's logprobs (JSON, on the first token).
+e error, c the error's code (OpenAI's ``code``: no_worker), l logprob, k top alternatives (JSON),
+p the prompt's logprobs (JSON, on the first token).
 The entry id is ``{index + 1}-0``, so Redis itself refuses a duplicate or out-of-order append.
 """
 
@@ -33,6 +34,7 @@ class Token:
     top: tuple[tuple[int, float], ...] = ()
     prompt: list[Logprob] | None = None  # on the first token: the prompt's logprobs, when asked for
     error: str = ""
+    code: str = ""  # the error's kind, when the gateway answers it other than a failed generation
 
     @property
     def entry_id(self) -> str:
@@ -49,9 +51,11 @@ def entry_id(index: int) -> str:
     return f"{index + 1}-0"
 
 
-def ending(request_id: str, index: int, reason: str, message: str = "", usage: dict | None = None) -> Token:
+def ending(
+    request_id: str, index: int, reason: str, message: str = "", usage: dict | None = None, code: str = ""
+) -> Token:
     """The entry that closes a stream without a token (cancelled, error, a time limit's length) at ``index``."""
-    return Token(request_id, index, -1, "", reason, usage, error=message)
+    return Token(request_id, index, -1, "", reason, usage, error=message, code=code)
 
 
 def encode(t: Token) -> dict[str, str | int]:
@@ -67,6 +71,8 @@ def encode(t: Token) -> dict[str, str | int]:
         fields["p"] = json.dumps(t.prompt)
     if t.error:
         fields["e"] = t.error
+    if t.code:
+        fields["c"] = t.code
     return fields
 
 
@@ -82,4 +88,5 @@ def decode(request_id: str, fields: dict[bytes, bytes]) -> Token:
         tuple(map(tuple, json.loads(fields[b"k"]))) if b"k" in fields else (),
         [(lp, tuple(map(tuple, top))) for lp, top in json.loads(fields[b"p"])] if b"p" in fields else None,
         fields.get(b"e", b"").decode(),
+        fields.get(b"c", b"").decode(),
     )
