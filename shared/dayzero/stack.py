@@ -23,6 +23,7 @@ import httpx
 import redis
 
 from .procs import UnbindableHost, free_port, kill_group, local_url, port_in_use, spawn, start_redis, terminate
+from .serving.liveness import STAMP_EVERY_S, connect, process_id, stamps
 from .shm import unlink_parked_by
 
 SERVICES = ("gateway", "vision", "prefill", "decode")
@@ -202,8 +203,6 @@ class Stack:
         hung in a step past its bound. A worker that has not stamped yet (starting) is left
         alone (a stamp from before its spawn is another process's: a pid used again), and no stamp
         ages while Redis cannot be read, or answers slowly (a frozen Redis continued)."""
-        from .serving.liveness import STAMP_EVERY_S, connect, process_id, stamps
-
         if not self.frozen_s or self.redis_url is None:
             return []
         self._liveness = self._liveness or connect(self.redis_url)
