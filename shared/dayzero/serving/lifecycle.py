@@ -3,7 +3,8 @@ move a request from one state to the next. No other module writes these keys but
 gateway's asynchronous side of the same transitions.
 
     admit ─> queued ─> [vision] ─> prefill ─> handed off ─> decoding ─> finished
-               ^          │           │           │             │     ├─> cancelled
+               ^          │           │           │  ^          │     ├─> cancelled
+               │          │           │           │  └ hand back┤     │
                │          └───────────┴───────────┴─────────────┴─────┴─> failed
                └── rerun: a lease lapsed (its worker died); the tokens already streamed go with it
 
@@ -17,9 +18,10 @@ vision,        lease:{id} = the worker, kept alive by heartbeats; attempt:{id} t
 prefill,       older delivery is stale)
 decoding
 handed off     handoff:{id} ("decode:{n}", counted as queued marks are) and lease:{id} = "handoff":
-               prefill's blocks wait for decode to take them (decode's claim takes the lease);
-               kvstate:{id} the state itself when it travels through Redis; taken:{prefill worker}
-               the inbox where decode says it has taken them
+               prefill's blocks wait for decode to take them (decode's claim takes the lease; a
+               claimer whose pools cannot hold it yet may hand it back: the same lease and mark,
+               till the handoff's own deadline); kvstate:{id} the state itself when it travels
+               through Redis; taken:{prefill worker} the inbox where decode says it has taken them
 ended          done:{id} = finished (stop, length) | cancelled | error; tokens:{id} closed
 any            tokens:{id} the token stream (dayzero.serving.records): only the current run (its
                attempt; the lease its own or nobody's) appends to it or ends the request;
@@ -45,7 +47,7 @@ from .keys import HANDOFF_OWNER, QUEUES, key
 from .messages import GenerationRequest
 from .queue_scripts import ADMIT, ENQUEUE, RERUN
 from .records import Token, decode, encode, ending
-from .scripts import APPEND, HAND_OFF, HEARTBEAT, SETTLE, TAKE, TAKE_HANDOFFS, Take
+from .scripts import APPEND, HAND_BACK, HAND_OFF, HEARTBEAT, SETTLE, TAKE, TAKE_HANDOFFS, Take
 
 
 class Appended(NamedTuple):
@@ -67,7 +69,7 @@ class Lifecycle:
         self._admit, self._take = client.register_script(ADMIT), client.register_script(TAKE)
         self._heartbeat, self._hand_off = client.register_script(HEARTBEAT), client.register_script(HAND_OFF)
         self._rerun, self._enqueue = client.register_script(RERUN), client.register_script(ENQUEUE)
-        self._take_handoffs = client.register_script(TAKE_HANDOFFS)
+        self._take_handoffs, self._hand_back = client.register_script(TAKE_HANDOFFS), client.register_script(HAND_BACK)
         self._append, self._settle = client.register_script(APPEND), client.register_script(SETTLE)
 
     def load_scripts(self) -> None:
@@ -75,7 +77,7 @@ class Lifecycle:
         and calls again: two more round trips; after a Redis restart the next call still does).
         The workers do it before they announce themselves, so before the gateway is ready."""
         scripts = (self._admit, self._take, self._heartbeat, self._hand_off, self._rerun, self._enqueue)
-        for script in (*scripts, self._take_handoffs, self._append, self._settle):
+        for script in (*scripts, self._take_handoffs, self._hand_back, self._append, self._settle):
             self.r.script_load(script.script)
 
     @classmethod
@@ -138,6 +140,15 @@ class Lifecycle:
         take the lease from the new run, and decode would drop the old run's job as stale."""
         keys = [*(key(family, rid) for family in ("attempt", "done", "lease", "handoff")), queue, key("pushed", queue)]
         return bool(self._hand_off(keys=keys, args=[attempt, owner, int(ttl_s * 1000), message, HANDOFF_OWNER]))
+
+    def hand_back(self, rid: str, attempt: int, owner: str, queue: str, message: str, least_s: float) -> bool:
+        """A decode worker (``owner``) claimed the handoff of run ``attempt`` and cannot hold it yet: the
+        handoff waits on ``queue`` again with ``message`` for another worker, leased to it till its own
+        deadline, as when prefill handed it off. False, nothing written: the run is over or someone
+        else's, or less than ``least_s`` of the handoff is left (the claimer keeps it). One atomic step."""
+        keys = [*(key(family, rid) for family in ("attempt", "done", "lease", "handoff")), queue, key("pushed", queue)]
+        args = [attempt, owner, message, HANDOFF_OWNER, int(least_s * 1000)]
+        return bool(self._hand_back(keys=keys, args=args))
 
     def take_handoffs(self, handoffs: list[tuple[str, int, str]], owner: str, lease_s: float) -> dict[str, Take]:
         """Decode has imported the states of these (request, attempt, holder) handoffs: decode owns

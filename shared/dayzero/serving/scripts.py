@@ -115,6 +115,27 @@ return 1
 )
 
 
+# KEYS: attempt, done, lease, handoff, decode's queue, its pushed count; ARGV: the run's attempt, the
+# decode worker that claimed it, decode's message, the handoff's lease owner, the least ms of the
+# handoff that must be left. The claimer cannot hold it yet: the handoff waits on the queue again,
+# leased to it till its own deadline (prefill keeps its blocks till then: prefill_loop.py), with a
+# new mark. 1: handed back. 0: nothing written: the run is over or someone else's, or too little
+# of the handoff is left (the claimer keeps it).
+HAND_BACK = (
+    PUSH
+    + _OURS_ONLY
+    + """
+local left = redis.call('PTTL', KEYS[4])
+if left < tonumber(ARGV[5]) then
+    return 0
+end
+redis.call('SET', KEYS[3], ARGV[4], 'PX', left)
+push(KEYS[5], KEYS[6], KEYS[4], ARGV[3], left)
+return 1
+"""
+)
+
+
 # KEYS per handoff: attempt, done, lease, handoff, cancel, its holder's inbox; ARGV: the owner, lease
 # ms, the inboxes' s, the handoff's lease owner, then per handoff: its run's attempt, the request's
 # id for the holder's inbox ('': no holder). Decode has imported the states: each current run's
