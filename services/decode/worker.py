@@ -3,12 +3,14 @@ its ack until the request finishes, so a dead worker's requests come back."""
 
 from __future__ import annotations
 
-from celery import Celery
+from celery import Celery, signals
 
 from dayzero.parallel.collectives import Group
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.messages import DecodeJob
-from dayzero.serving.queue import TASKS, make_celery
+from dayzero.serving.queue import TASKS, composer, make_celery
+from dayzero.serving.room import Prefetch, Room
+from dayzero.serving.runtime import Runtime
 from dayzero.serving.worker import StageWorker, loop_stage
 from dayzero.settings import Settings
 
@@ -16,7 +18,13 @@ from dayzero.settings import Settings
 def make_worker(settings: Settings, group: Group | None = None) -> Celery:
     """``group``: this worker is rank 0 of a tensor-parallel group (dayzero.serving.ranks)."""
     app = make_celery(settings)
-    stage = StageWorker(settings, "decode", loop_stage("decode", settings, False, DecodeLoop, group))
+    prefetch = Prefetch()  # paused while what it handed back to the queue is not its to take
+    signals.worker_ready.connect(prefetch.bind, weak=False)
+
+    def make_loop(runtime: Runtime) -> DecodeLoop:  # what its pools cannot hold yet goes to a peer with room
+        return DecodeLoop(runtime, Room(runtime, prefetch, composer(app, "decode")))
+
+    stage = StageWorker(settings, "decode", loop_stage("decode", settings, False, make_loop, group))
 
     @app.task(name=TASKS["decode"])
     def decode(job_json: str) -> None:

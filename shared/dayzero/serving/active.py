@@ -1,8 +1,9 @@
-"""One request in the decode batch: its completion (sampling, stop rules, text) and its
-``decode.generate`` span, from admission to its end."""
+"""One request in the decode batch: its state imported at admission, its completion (sampling,
+stop rules, text) and its ``decode.generate`` span, from admission to its end."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from opentelemetry import trace
@@ -10,9 +11,27 @@ from opentelemetry import trace
 from ..completion import Completion
 from ..config import ModelConfig
 from ..telemetry import continued, tracer
+from .handoff import Receiver
 from .intake import Ticket
 from .messages import DecodeJob
 from .runtime import Runtime
+
+
+def admit_state(runtime: Runtime, receiver: Receiver, job: DecodeJob, total: int) -> None:
+    """Copy the prefilled state into the worker's pools and reserve ``total`` tokens for the request
+    (``decode.admit`` > ``kv.import``)."""
+    rid, r = job.request.request_id, runtime
+    with (
+        continued(job.request.trace),
+        tracer.start_as_current_span("decode.admit", attributes={"dayzero.request_id": rid}),
+    ):
+        with tracer.start_as_current_span("kv.import", attributes={"dayzero.transport": job.state.transport}):
+            start = time.perf_counter()
+            receiver.receive(job.state, r.pools, rid)
+            r.ranks.adopt(rid)  # the other ranks of the group import the same state
+            r.stats.add(handoff_seconds=time.perf_counter() - start, handoff_bytes=r.pools.sequence_bytes(rid))
+        r.ranks.reserve(rid, total)
+    r.stats.add(queued_requests=1, queue_seconds=time.time() - job.request.created)
 
 
 @dataclass

@@ -18,13 +18,13 @@ from ..completion import Step, context_limit, next_steps
 from ..kv.handoff import LayoutMismatch
 from ..kv.pools import OutOfBlocks
 from ..speculative import Acceptance, Speculation, decode_round
-from ..telemetry import continued, tracer
-from .active import Active
+from .active import Active, admit_state
 from .handoff import Receiver
 from .intake import Intake, Ticket, run_loop
 from .lease import Heartbeat
 from .messages import SAME_LAYOUT, DecodeJob
 from .records import Token
+from .room import Room
 from .runtime import Runtime
 from .scripts import Take
 
@@ -32,8 +32,8 @@ log = logging.getLogger("dayzero.decode")
 
 
 class DecodeLoop:
-    def __init__(self, runtime: Runtime) -> None:
-        self.r = runtime
+    def __init__(self, runtime: Runtime, room: Room | None = None) -> None:
+        self.r, self.room = runtime, room  # room: what it cannot hold goes to a peer with room (room.py)
         self.intake: Intake[DecodeJob] = Intake(  # claimed as they arrive; the handoff stays till imported
             lambda ticket: self.heartbeat.claim(ticket, self._cancelled_on_arrival, handed_off=True)
         )
@@ -60,6 +60,8 @@ class DecodeLoop:
         idle = not self.active and not self.waiting
         self.waiting.extend(self.intake.drain(0.05 if idle else 0))
         self._admit()
+        if self.room is not None:
+            self.room.consume(busy=bool(self.active))
         self._cancel()
         if self.active:
             try:
@@ -85,6 +87,9 @@ class DecodeLoop:
             for rid in self.r.store.heartbeat(list(self.active), self.r.name, self.r.settings.lease_s):
                 self._drop(rid)
             self._end_overdue()
+            if self.room is not None:
+                self.waiting = self.room.hand_back(self.waiting, self._tokens, self.heartbeat)
+            self.r.stats.set(waiting_requests=len(self.waiting))  # (peers read it: room.py)
             self.r.announce(len(self.active) or 1)
 
     def _end_overdue(self) -> None:
@@ -138,7 +143,7 @@ class DecodeLoop:
             if rid in self.active or rid in imported or job.attempt < latest[rid]:
                 ticket.done.set()  # a duplicate delivery, or an older run's
                 continue
-            total = min(self.limit, len(job.request.prompt_ids) + job.request.sampling.max_tokens)
+            total = self._tokens(job)
             if total > self.r.pools.capacity_tokens():
                 self._settle(ticket, "error", f"{total} tokens exceed the decode pools", len(job.generated))
                 continue
@@ -146,7 +151,7 @@ class DecodeLoop:
                 still.append(ticket)  # retry when blocks free up
                 continue
             try:
-                self._import(job, total)
+                admit_state(self.r, self.receiver, job, total)
             except LayoutMismatch as exc:  # the deployment's: every re-run would meet it
                 log.error("request %s: handoff failed: %s", rid, exc)
                 self._settle(ticket, "error", f"{exc}: {SAME_LAYOUT}", len(job.generated))
@@ -171,6 +176,10 @@ class DecodeLoop:
             if answer != Take.STALE:
                 self._start(imported[rid])
 
+    def _tokens(self, job: DecodeJob) -> int:
+        """What a request reserves: its prompt and whole completion, within the context limit."""
+        return min(self.limit, len(job.request.prompt_ids) + job.request.sampling.max_tokens)
+
     def _unimport(self, tickets: list[Ticket[DecodeJob]]) -> None:
         """Free imported states that will not be generated: a failed take (their leases lapse and the
         reaper re-runs them), or a run over since its claim (re-run during a stall, or ended)."""
@@ -188,23 +197,6 @@ class DecodeLoop:
             self.r.ranks.release(rid)
             log.error("request %s: sampling failed: %r", rid, exc)
             self._settle(ticket, "error", f"sampling failed: {type(exc).__name__}", len(ticket.job.generated))
-
-    def _import(self, job: DecodeJob, total: int) -> None:
-        """Copy the prefilled state into this worker's pools (``decode.admit`` > ``kv.import``)."""
-        rid = job.request.request_id
-        with (
-            continued(job.request.trace),
-            tracer.start_as_current_span("decode.admit", attributes={"dayzero.request_id": rid}),
-        ):
-            with tracer.start_as_current_span("kv.import", attributes={"dayzero.transport": job.state.transport}):
-                start = time.perf_counter()
-                self.receiver.receive(job.state, self.r.pools, rid)
-                self.r.ranks.adopt(rid)  # the other ranks of the group import the same state
-                self.r.stats.add(
-                    handoff_seconds=time.perf_counter() - start, handoff_bytes=self.r.pools.sequence_bytes(rid)
-                )
-            self.r.ranks.reserve(rid, total)
-        self.r.stats.add(queued_requests=1, queue_seconds=time.time() - job.request.created)
 
     def _record(self, ids: list[str], emitted: int, seconds: float) -> None:
         """Step metrics: batch size, tokens/s, and the CSA entries the indexer lets each query read."""

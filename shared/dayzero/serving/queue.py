@@ -25,7 +25,7 @@ def make_celery(settings: Settings) -> Celery:
         accept_content=["json"],
         task_acks_late=True,  # acked when its request is finished: the worker's prefetch counts it till then
         task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
+        worker_prefetch_multiplier=1,  # decode's: lowered while what it handed back waits for room (room.py)
         task_time_limit=settings.task_time_limit_s,
         # no ack emulation: kombu's unacked-message bookkeeping in Redis cost a MULTI per message
         # (~2 ms of every request's queue hop here) and, when Redis restarts under a worker with a
