@@ -86,7 +86,7 @@ def test_a_worker_with_decode_graphs_decodes_through_them(tiny_checkpoint):
     logits = []
     for graphs in (False, True):
         pools = pools_for(model.cfg, torch.float32, 40, max_sequences=2)
-        ranks = Ranks(Group(), model, pools, TRITON, chunk_size=8, decode_graphs=graphs)
+        ranks = Ranks(Group(), model, pools, TRITON, decode_graphs=graphs)
         prefill(model, pools, ["s"], [prompt])
         logits.append(ranks.decode(["s"], [5]))
         assert (ranks.graphs is not None) == graphs and pools.length("s") == 13

@@ -1,7 +1,9 @@
 """A worker group in step over real gloo ranks: rank 0 drives ``Ranks`` as the serving loops do
-(reserve, prefill with an image and an echo, decode, release, a state handed in from a
-one-rank worker and one handed out to it); the others ``follow``. The reference is the same checkpoint on one rank in
-this process: fp32 both ways, 1e-5 as in test_tensor_parallel (ranks sum in another order).
+(reserve, prefill a chunk per step with an image and an echo, the prompts' chunks at different
+offsets in one step, a state copied to an identical prompt, decode, release, a state handed in
+from a one-rank worker and one handed out to it); the others ``follow``. The reference is the same
+checkpoint on one rank in this process, each prompt prefilled whole: fp32 both ways, 1e-5 as in
+test_tensor_parallel (ranks sum in another order).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dayzero.parallel.collectives import GroupFailed
 from dayzero.parallel.group import run_group
 from dayzero.parallel.wire import Message, receive, send
 from dayzero.sampling import PromptLogprobs
-from dayzero.serving.prefill_batch import BatchInput, merged, prefill_batch
+from dayzero.serving.prefill_batch import BatchInput, prefill_chunks
 from dayzero.serving.ranks import Ranks
 
 TOL = 1e-5
@@ -71,7 +73,7 @@ def _silent_leader(group, marker: str) -> str:
     if group.config.rank == 0:
         return "leader"
     failures: list[GroupFailed] = []
-    ranks = Ranks(group, None, None, AttentionOptions(), chunk_size=4, on_group_failure=failures.append)
+    ranks = Ranks(group, None, None, AttentionOptions(), on_group_failure=failures.append)
     try:
         ranks.follow()
     except GroupFailed:
@@ -91,11 +93,23 @@ def _inputs(model) -> list[BatchInput]:
     prompt = [0, 5, 9, 11, 40, 41, 42, 43, 44, 45, 46]
     with_image = [0, 7, image, image, image, 9, 10, 11, 12, 13]
     return [
-        BatchInput("a", prompt),
-        BatchInput("b", prompt),  # merged with a
+        BatchInput("a", prompt),  # "b", the same prompt, gets a copy of its state
         BatchInput("c", [*with_image, 30, 31], patches, prompt_length=len(with_image)),  # a re-run: 2 tokens streamed
         BatchInput("d", prompt[:7], echo=PromptLogprobs(2)),
     ]
+
+
+def _staggered(prefill, inputs: list[BatchInput], image_token: int) -> list[torch.Tensor]:
+    """Each input's logits, prefilled in chunks of 4, the i-th input's first chunk at step i: chunks
+    at different offsets share a step, as the prefill loop packs them."""
+    chunks = [item.chunks(4, image_token) for item in inputs]
+    logits = [torch.empty(0)] * len(inputs)
+    for step in range(max(i + len(c) for i, c in enumerate(chunks))):
+        rows = [(i, c[step - i]) for i, c in enumerate(chunks) if 0 <= step - i < len(c)]
+        for (i, _), out in zip(rows, prefill([chunk for _, chunk in rows]), strict=True):
+            if out is not None:
+                logits[i] = out
+    return logits
 
 
 def _serve(group, path) -> dict:
@@ -103,40 +117,43 @@ def _serve(group, path) -> dict:
     including ``h``, whose state came from a one-rank worker's pools."""
     model = load_model(path, progress=False, group=group)
     pools = pools_for(model.cfg, torch.float32, 64, max_sequences=8)
-    ranks = Ranks(group, model, pools, AttentionOptions(), chunk_size=4)
+    ranks = Ranks(group, model, pools, AttentionOptions())
     if group.config.rank:
         ranks.follow()
         return {}
     inputs = _inputs(model)
     for item in inputs:
         ranks.reserve(item.seq_id, len(item.tokens) + STEPS)
-    logits = ranks.prefill(inputs, merged(inputs))
+    logits = _staggered(ranks.prefill, inputs, model.cfg.raw["image_token_id"])
+    ranks.reserve("b", len(inputs[0].tokens) + STEPS)
+    ranks.copy("a", "b")
+    ranks.reserve("gone", 8)
+    ranks.release("gone")
     one = load_model(path, progress=False)  # a one-rank prefill worker hands over "h"
     theirs = pools_for(one.cfg, torch.float32, 64, max_sequences=2)
-    prefill_batch(one, theirs, [BatchInput("h", [3, 1, 4, 1, 5, 9, 2, 6])], {0: 0}, AttentionOptions(), 4)
+    prefill_chunks(one, theirs, [BatchInput("h", [3, 1, 4, 1, 5, 9, 2, 6])], AttentionOptions())
     import_state(pools, theirs, export_state(theirs, "h"), "h")
     ranks.adopt("h")
     ranks.reserve("h", 8 + STEPS)
     import_state(theirs, pools, export_state(pools, "d"), "d")  # and takes "d" back: a 2 -> 1 handoff
-    ranks.release("b")
-    ids = ["a", "c", "d", "h"]
-    tokens = [int(logits[i].argmax()) for i in (0, 2, 3)] + [2]
+    ids = ["a", "b", "c", "d", "h"]
+    tokens = [int(logits[i].argmax()) for i in (0, 0, 1, 2)] + [2]
     steps = []
     for _ in range(STEPS):
         out = ranks.decode(ids, tokens)
         steps.append(out)
         tokens = out.argmax(-1).tolist()
     ranks.stop()
-    handed, token = [], int(logits[3].argmax())
+    handed, token = [], int(logits[2].argmax())
     for _ in range(STEPS):  # "d" continued on the one-rank worker
         handed.append(decode(one, theirs, ["d"], [token], AttentionOptions())[0])
         token = int(handed[-1].argmax())
     return {
         "handed": torch.stack(handed),
         "prefill": torch.stack(logits),
-        "echo": inputs[3].echo.scores,
+        "echo": inputs[2].echo.scores,
         "decode": torch.stack(steps),
-        "b_released": "b" not in pools.sequences,
+        "gone_released": "gone" not in pools.sequences,
     }
 
 
@@ -144,22 +161,21 @@ def _reference(path) -> dict:
     """The same steps on one rank with plain calls, in this process."""
     model = load_model(path, progress=False)
     pools = pools_for(model.cfg, torch.float32, 64, max_sequences=8)
-    inputs = _inputs(model)
-    logits = prefill_batch(model, pools, inputs, merged(inputs), AttentionOptions(), 4)
-    prefill_batch(model, pools, [BatchInput("h", [3, 1, 4, 1, 5, 9, 2, 6])], {0: 0}, AttentionOptions(), 4)
-    ids, tokens, steps = ["a", "c", "d", "h"], [int(logits[i].argmax()) for i in (0, 2, 3)] + [2], []
+    inputs = [*_inputs(model), BatchInput("b", _inputs(model)[0].tokens), BatchInput("h", [3, 1, 4, 1, 5, 9, 2, 6])]
+    logits = [prefill_chunks(model, pools, [item], AttentionOptions())[0] for item in inputs]  # each alone, whole
+    ids, tokens, steps = ["a", "b", "c", "d", "h"], [int(logits[i].argmax()) for i in (0, 3, 1, 2)] + [2], []
     for _ in range(STEPS):
         out = decode(model, pools, ids, tokens, AttentionOptions())
         steps.append(out)
         tokens = out.argmax(-1).tolist()
-    return {"prefill": torch.stack(logits), "echo": inputs[3].echo.scores, "decode": torch.stack(steps)}
+    return {"prefill": torch.stack(logits[:3]), "echo": inputs[2].echo.scores, "decode": torch.stack(steps)}
 
 
 def test_a_group_in_step_equals_one_rank(tmp_path):
     path = write_demo_checkpoint(tmp_path, vision=True)  # FP8 blocks (128) do not split at this size
     want, got = _reference(path), run_group(2, _serve, path)
-    assert got["b_released"]
-    err = (got["handed"] - want["decode"][:, 2]).abs().max().item()
+    assert got["gone_released"]
+    err = (got["handed"] - want["decode"][:, 3]).abs().max().item()
     assert err < TOL, f"a state handed from 2 ranks to 1 decodes {err:.2e} away"
     for key in ("prefill", "decode"):
         err = (got[key] - want[key]).abs().max().item()

@@ -116,10 +116,10 @@ def test_a_prefill_forward_hung_past_the_time_limit_lets_its_leases_lapse(demo_d
     prefill = Runtime.load(settings, "prefill9@test", "prefill", False)
     fast, held = prefill.ranks.prefill, []
 
-    def long(inputs, source):  # three group timeouts, within the time limit: still its worker's
+    def long(chunks):  # three group timeouts, within the time limit: still its worker's
         time.sleep(1.5)
         held.append(store.owner("long-prefill"))
-        return fast(inputs, source)
+        return fast(chunks)
 
     prefill.ranks.prefill = long
     run_jobs(PrefillLoop(prefill, recording([])), [PrefillJob(request=request)])
@@ -128,9 +128,9 @@ def test_a_prefill_forward_hung_past_the_time_limit_lets_its_leases_lapse(demo_d
     store, request = _admitted(settings, "hung-prefill", 4)
     lapsed = []
 
-    def hung(inputs, source):
+    def hung(chunks):
         lapsed.append(wait_until(lambda: store.owner("hung-prefill") is None, 10.0))
-        return fast(inputs, source)
+        return fast(chunks)
 
     prefill.ranks.prefill = hung
     run_jobs(PrefillLoop(prefill, recording([])), [PrefillJob(request=request)])

@@ -54,7 +54,7 @@ def test_a_failed_forward_ends_its_requests_and_frees_their_blocks(demo_dir, red
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(prefill_batch, "prefill", broken)  # the forward itself fails
+    monkeypatch.setattr(prefill_batch, "prefill_step", broken)  # the forward itself fails
     store = Lifecycle.connect(redis_url)
     request = GenerationRequest(
         request_id="broken", prompt_ids=(0, 5, 6), sampling=SamplingParams(max_tokens=4), created=time.time()
@@ -247,3 +247,28 @@ def test_a_request_waiting_for_blocks_waits_without_spinning(demo_dir, redis_url
         loop.stop.set()
         thread.join(5)
     assert [job.request.request_id for job in sent] == ["holds", "waits"]
+
+
+def test_a_short_request_passes_a_long_prompt_in_prefill(demo_dir, redis_url):
+    """Long prompts are prefilled a chunk per step: a short request arriving meanwhile joins the next
+    step and is handed to decode before the long prompt (the loop runs here, one iteration a step)."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, prefill_chunk_size=8)
+    runtime = Runtime.load(settings, "prefill14@test", "prefill", False)
+    sent: list[DecodeJob] = []
+    loop, store = PrefillLoop(runtime, recording(sent)), Lifecycle.connect(redis_url)
+    request = GenerationRequest(
+        request_id="long", prompt_ids=tuple(range(10, 58)), sampling=SamplingParams(max_tokens=4), created=time.time()
+    )
+    store.admit(request, [], "", 60)
+    tickets = {"long": loop.intake.submit(PrefillJob(request=request))}  # six chunks
+    try:
+        loop._iteration()  # its first chunk
+        assert runtime.stats.counters["tokens"] == 8 and not sent
+        tickets["short"] = loop.intake.submit(admitted(store, "short"))
+        while not tickets["long"].done.is_set():
+            loop._iteration()
+    finally:
+        loop.stop.set()
+    assert [job.request.request_id for job in sent] == ["short", "long"]  # short was not held behind long
+    assert runtime.stats.counters["tokens"] == 48 + 5
+    assert set(runtime.pools.sequences) == {"short", "long"}  # leased to decode

@@ -114,7 +114,7 @@ def test_a_failed_forward_ends_only_the_requests_it_claimed(demo_dir, redis_url,
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(prefill_batch, "prefill", broken)
+    monkeypatch.setattr(prefill_batch, "prefill_step", broken)
     runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill6@test", "prefill", False)
     store = Lifecycle.connect(redis_url)
     requests = [

@@ -89,33 +89,59 @@ def prefill(
         _catch_up_mtp(model, pools, seq_ids, prompts, options)
     for begin in range(0, max(len(p) for p in prompts), chunk_size):
         active = [s for s, p in enumerate(prompts) if len(p) > begin]
-        chunks = [prompts[s][begin : begin + chunk_size] for s in active]
-        ids = [seq_ids[s] for s in active]
-        plan = reserve_plan(model, pools, ids, chunks, options)
-        chunk_embeds = None
-        if embeds is not None and any(embeds[s] is not None for s in active):
-            rows = zip(active, plan.batch.row0s, plan.batch.news, strict=True)
-            chunk_embeds = torch.cat(
-                [
-                    embed_tokens(model, plan.token_ids[r : r + n])
-                    if embeds[s] is None
-                    else embeds[s][begin : begin + n]
-                    for s, r, n in rows
-                ]
-            )
-        streams = run_layers(model, plan, pools, chunk_embeds)
-        _commit(pools, ids, plan)
-        if pools.layout.mtp_layers:  # fill the MTP layer's window: each row with the prompt token after it
-            follow(model, pools, ids, plan, streams, [prompts[s][begin + 1 : begin + chunk_size + 1] for s in active])
-        hidden = head(model, streams)
-        for s, row, n in zip(active, plan.batch.row0s, plan.batch.news, strict=True):
-            if prompt_logprobs and s in prompt_logprobs:
-                following = prompts[s][begin + 1 : begin + n + 1]  # the prompt token after each row
-                _score(model, hidden[row : row + len(following)], following, prompt_logprobs[s])
-        for s, row in zip(active, plan.last_rows(), strict=True):
-            if len(prompts[s]) <= begin + chunk_size:
-                last[s] = hidden[row]
+        end = begin + chunk_size
+        hidden = prefill_step(
+            model,
+            pools,
+            [seq_ids[s] for s in active],
+            [prompts[s][begin:end] for s in active],
+            [prompts[s][end] if len(prompts[s]) > end else None for s in active],
+            options,
+            [None if embeds is None or embeds[s] is None else embeds[s][begin:end] for s in active],
+            {j: prompt_logprobs[s] for j, s in enumerate(active) if prompt_logprobs and s in prompt_logprobs},
+        )
+        for j, s in enumerate(active):
+            if len(prompts[s]) <= end:
+                last[s] = hidden[j]
     return lm_logits(model, last).float()
+
+
+@torch.inference_mode()
+def prefill_step(
+    model: Transformer,
+    pools: KVPools,
+    seq_ids: list[str],
+    chunks: list[list[int]],
+    afters: list[int | None],
+    options: AttentionOptions = AttentionOptions(),
+    embeds: list[torch.Tensor | None] | None = None,
+    prompt_logprobs: dict[int, PromptLogprobs] | None = None,
+) -> torch.Tensor:
+    """One packed step of prefill: each sequence's next ``chunks[s]`` tokens after its committed
+    length; -> the normed hidden of each chunk's last row [B, D].
+
+    ``afters[s]``: the prompt token after the chunk (None: the chunk ends the prompt), which the MTP
+    layer and the prompt logprobs read at the chunk's last row. ``embeds[s]`` optionally replaces
+    chunk ``s``'s token embeddings ([len, hidden]); ``prompt_logprobs[s]`` receives the
+    log-probability of each token after one of chunk ``s``'s rows (appended: a prompt's chunks in order).
+    """
+    plan = reserve_plan(model, pools, seq_ids, chunks, options)
+    chunk_embeds = None
+    if embeds is not None and any(e is not None for e in embeds):
+        rows = zip(embeds, plan.batch.row0s, plan.batch.news, strict=True)
+        chunk_embeds = torch.cat(
+            [e if e is not None else embed_tokens(model, plan.token_ids[r : r + n]) for e, r, n in rows]
+        )
+    streams = run_layers(model, plan, pools, chunk_embeds)
+    _commit(pools, seq_ids, plan)
+    following = [c[1:] if after is None else [*c[1:], after] for c, after in zip(chunks, afters, strict=True)]
+    if pools.layout.mtp_layers:  # fill the MTP layer's window: each row with the prompt token after it
+        follow(model, pools, seq_ids, plan, streams, following)
+    hidden = head(model, streams)
+    for s, row in enumerate(plan.batch.row0s):
+        if prompt_logprobs and s in prompt_logprobs:
+            _score(model, hidden[row : row + len(following[s])], following[s], prompt_logprobs[s])
+    return hidden[plan.last_rows()]
 
 
 def _catch_up_mtp(

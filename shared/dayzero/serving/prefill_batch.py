@@ -1,22 +1,20 @@
-"""One packed prefill step as pure units: which prompts run (identical ones once), what each
-request's input embeddings are (images spliced in), whose prompt logprobs are scored, and the
-forward itself. The prefill loop batches, admits and hands off; the maths is here, and every
-rank of a tensor-parallel group runs it alike (dayzero.serving.ranks): images go in as the
-vision stage's patches, embedded inside the step (the embedding is split over the ranks).
+"""One packed prefill step as pure units: which prompts run (identical ones once), a request's
+input cut in chunks (images spliced in at their placeholders), whose prompt logprobs are scored,
+and the step itself. The prefill loop schedules the chunks, admits and hands off; the maths is
+here, and every rank of a tensor-parallel group runs it alike (dayzero.serving.ranks): images go
+in as the vision stage's patches, embedded inside the step (the embedding is split over the ranks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from ..kv.handoff import export_state, import_state
 from ..kv.pools import KVPools
-from ..model.forward import prefill
+from ..model.forward import prefill_step
 from ..model.plan import AttentionOptions
-from ..model.vocab import embed_tokens
+from ..model.vocab import embed_tokens, lm_logits
 from ..model.weights import Transformer
 from ..sampling import PromptLogprobs
 from ..vision.encoder import splice
@@ -25,40 +23,46 @@ from .messages import PrefillJob
 
 @dataclass(frozen=True, slots=True)
 class BatchInput:
-    """One admitted request of the step: its sequence id, its tokens (prompt + tokens already
-    streamed; the first ``prompt_length`` are the prompt), its images' merged patches
-    [patches, hidden] when it has images, and its prompt logprobs when asked for."""
+    """One request's input, or a chunk of it: its sequence id, its tokens (prompt + tokens already
+    streamed; the first ``prompt_length`` are the prompt), its images' merged patches [patches,
+    hidden] at the prompt's placeholders when it has images, its prompt logprobs when asked for,
+    and, for a chunk that does not end its input, the token after it."""
 
     seq_id: str
     tokens: list[int]
     images: torch.Tensor | None = None
     echo: PromptLogprobs | None = None
     prompt_length: int | None = None  # None: all of ``tokens``
+    after: int | None = None
 
     @property
     def prompt(self) -> list[int]:
         return self.tokens if self.prompt_length is None else self.tokens[: self.prompt_length]
 
-
-def shared_forward(tokens: Sequence[int], images: bool, echo: PromptLogprobs | None) -> tuple | None:
-    """What rows sharing one forward have alike: identical text prompts asking for the same prompt
-    logprobs (the choices of an ``n`` > 1 request) run once; image prompts (None) always run alone."""
-    return None if images else (tuple(tokens), echo.top if echo else None)
+    def chunks(self, size: int, image_token: int | None) -> list[BatchInput]:
+        """The input cut in ``size``-token chunks, each prefilled after the one before it: each with
+        the patches of its own placeholders (``image_token``), the echo it adds to, the token after it."""
+        out, patch, prompt = [], 0, len(self.prompt)
+        for begin in range(0, len(self.tokens), size):
+            end, rows = begin + size, min(size, max(0, prompt - begin))  # rows: the chunk's prompt tokens
+            images = None
+            if self.images is not None:
+                placeholders = self.tokens[begin : begin + rows].count(image_token)
+                images = self.images[patch : patch + placeholders] if placeholders else None
+                patch += placeholders
+            after = self.tokens[end] if end < len(self.tokens) else None
+            out.append(BatchInput(self.seq_id, self.tokens[begin:end], images, self.echo, rows, after))
+        return out
 
 
 def forward_of(job: PrefillJob) -> tuple | None:
-    """``shared_forward`` of a job's input, before it is taken (its tokens: prompt + tokens streamed)."""
-    return shared_forward((*job.request.prompt_ids, *job.generated), job.embeddings is not None, echo_of(job))
-
-
-def merged(inputs: list[BatchInput]) -> dict[int, int]:
-    """Row -> the row whose forward it shares (``shared_forward``)."""
-    first: dict[tuple, int] = {}
-    source = {}
-    for i, item in enumerate(inputs):
-        key = shared_forward(item.tokens, item.images is not None, item.echo)
-        source[i] = i if key is None else first.setdefault(key, i)
-    return source
+    """What requests sharing one forward have alike: identical text inputs (prompt + tokens
+    streamed) asking for the same prompt logprobs (the choices of an ``n`` > 1 request) run once;
+    image prompts (None) always run alone."""
+    if job.embeddings is not None:
+        return None
+    echo = echo_of(job)
+    return (*job.request.prompt_ids, *job.generated), echo.top if echo else None
 
 
 def echo_of(job: PrefillJob) -> PromptLogprobs | None:
@@ -78,36 +82,23 @@ def input_embeddings(model: Transformer, item: BatchInput) -> torch.Tensor:
     return torch.cat((rows, tokens[len(prompt) :]))
 
 
-def prefill_batch(
-    model: Transformer,
-    pools: KVPools,
-    inputs: list[BatchInput],
-    source: dict[int, int],
-    options: AttentionOptions,
-    chunk_size: int,
-) -> list[torch.Tensor]:
-    """Each input's next-token logits [V] (its state in ``pools`` under its seq id, its prompt
-    logprobs in its ``echo``); ``source``: ``merged(inputs)``, a merged input gets a copy of its
-    source's state and scores."""
-    run = [i for i, s in source.items() if s == i]
-    with_images = any(inputs[i].images is not None for i in run)
-    logits = prefill(
+@torch.inference_mode()
+def prefill_chunks(
+    model: Transformer, pools: KVPools, chunks: list[BatchInput], options: AttentionOptions
+) -> list[torch.Tensor | None]:
+    """One packed step, each chunk continuing its sequence in ``pools`` (its prompt logprobs added
+    to its ``echo``): the next-token logits [V] of each chunk that ends its input, None for the others."""
+    with_images = any(c.images is not None for c in chunks)
+    hidden = prefill_step(
         model,
         pools,
-        [inputs[i].seq_id for i in run],
-        [inputs[i].tokens for i in run],
+        [c.seq_id for c in chunks],
+        [c.tokens for c in chunks],
+        [c.after for c in chunks],
         options,
-        chunk_size,
-        [input_embeddings(model, inputs[i]) if inputs[i].images is not None else None for i in run]
-        if with_images
-        else None,
-        {j: inputs[i].echo for j, i in enumerate(run) if inputs[i].echo is not None},
+        [input_embeddings(model, c) if c.images is not None else None for c in chunks] if with_images else None,
+        {i: c.echo for i, c in enumerate(chunks) if c.echo is not None},
     )
-    out = dict(zip(run, logits, strict=True))
-    for i, s in source.items():
-        if s != i:
-            import_state(pools, pools, export_state(pools, inputs[s].seq_id), inputs[i].seq_id)
-            out[i] = out[s]
-            if inputs[i].echo is not None:
-                inputs[i].echo.scores = inputs[s].echo.scores
-    return [out[i] for i in range(len(inputs))]
+    ends = [i for i, c in enumerate(chunks) if c.after is None]
+    logits = dict(zip(ends, lm_logits(model, hidden[ends]).float() if ends else [], strict=True))
+    return [logits.get(i) for i in range(len(chunks))]

@@ -1,9 +1,12 @@
 """The prefill stage's loop: pack waiting prompts, run prefill, stream the first token, hand off.
 
 Each prompt is ``prompt + tokens already streamed`` (non-empty only when a request is
-re-run after a worker failure). The first sampled token is appended to the request's
-stream at once (time to first token); unless it ends the request, the attention state is
-published for decode and its blocks stay leased until decode takes them or the lease expires.
+re-run after a worker failure), prefilled a chunk (DAYZERO_PREFILL_CHUNK_SIZE) per step: each
+step packs the next chunk of every prompt under way with the first chunks of newly arrived ones,
+up to DAYZERO_MAX_PREFILL_TOKENS, so a short prompt does not wait for a long one to end. The
+first sampled token is appended to the request's stream at once (time to first token); unless it
+ends the request, the attention state is published for decode and its blocks stay leased until
+decode takes them or the lease expires.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ from opentelemetry import trace
 from ..completion import context_limit
 from ..kv.pools import OutOfBlocks
 from ..params import Logprob
-from ..telemetry import continued, tracer
+from ..telemetry import tracer
 from .handoff import discard_tensor, publish, take_tensor
 from .intake import Intake, Ticket, run_loop
-from .keys import HANDOFF_OWNER
+from .kept_handoffs import KeptHandoffs
 from .lease import Heartbeat
 from .messages import DecodeJob, PrefillJob
-from .prefill_batch import BatchInput, echo_of, forward_of, merged
+from .prefill_batch import BatchInput, echo_of, forward_of
+from .prefilling import Prefilling, end_failed, forward_span, take_batch
 from .records import Token
 from .runtime import Runtime
 
@@ -42,7 +46,8 @@ class PrefillLoop:
             )
         )
         self.pending: list[Ticket[PrefillJob]] = []
-        self.handed_off: dict[str, tuple[float, int]] = {}  # request -> when its handoff lapses (monotonic), attempt
+        self.running: list[Prefilling] = []  # prompts under way, a chunk per step
+        self.handed_off = KeptHandoffs(runtime)
         self.starved = False  # the last batch admitted nothing: its requests wait for blocks
         self.stop = threading.Event()
         settings = runtime.settings  # (a forward past the time limit is hung: a long prompt's may pass the group's)
@@ -53,28 +58,34 @@ class PrefillLoop:
 
     def _iteration(self) -> None:
         # idle, or every request waiting for blocks: wait for the next arrival (or, after a while, a reclaim)
-        self.pending.extend(self.intake.drain(0.05 if not self.pending or self.starved else 0))
-        waiting = len(self.pending) or 1
+        idle = not self.running and (not self.pending or self.starved)
+        self.pending.extend(self.intake.drain(0.05 if idle else 0))
+        waiting = len(self.pending) + sum(len(p.tickets) for p in self.running) or 1
         self.starved = False
         if self.pending:
-            taken = self._take_batch()
-            try:
-                admitted = [t for t in taken if self._admit(t)]
-                self.starved = not admitted and bool(self.pending)
-                self._run(admitted)
-            except redis.RedisError:
-                self._put_back(self._unsettled(taken))
-                raise
-            except Exception as exc:  # a failed forward ends its requests, never the loop
-                self._fail(self._unsettled(taken), exc)
+            settings = self.r.settings
+            taken = take_batch(self.pending, self.running, settings.prefill_chunk_size, settings.max_prefill_tokens)
+            self._guarded(taken, lambda: self._start(taken))
+        if self.running:
+            self._guarded([t for p in self.running for t in p.tickets], self._step)
         else:
             self.r.stats.set(batch_size=0)  # no batch (not the last one's size for ever)
-        if self._reclaim_handoffs():  # after the batch, not before it: off the path of a request that just arrived
+        if self.handed_off.reclaim():  # after the batch, not before it: off the path of a request that just arrived
             self.starved = False  # blocks came free: the waiting requests try again at once
         if self.starved:
             self._drop_cancelled()
         self.r.announce(waiting)  # (a round trip every lease / 4) likewise
         self.r.ranks.keepalive()  # idle, or every request waiting for blocks: the other ranks still hear
+
+    def _guarded(self, tickets: list[Ticket[PrefillJob]], work: Callable[[], None]) -> None:
+        """Redis failing puts ``tickets`` not settled yet back; another failure ends them."""
+        try:
+            work()
+        except redis.RedisError:
+            self._put_back(self._unsettled(tickets))
+            raise
+        except Exception as exc:  # a failed forward ends its requests, never the loop
+            self._fail(self._unsettled(tickets), exc)
 
     def _fail(self, batch: list[Ticket[PrefillJob]], exc: Exception) -> None:
         log.exception("prefill failed: requests %s fail", ", ".join(t.job.request.request_id for t in batch))
@@ -84,8 +95,9 @@ class PrefillLoop:
             self._settle(ticket, "error", f"prefill failed: {type(exc).__name__}")
 
     def _unsettled(self, taken: list[Ticket[PrefillJob]]) -> list[Ticket[PrefillJob]]:
-        """The tickets of a batch neither handed on, nor ended, nor waiting for blocks."""
-        return [t for t in taken if not t.done.is_set() and t not in self.pending]
+        """The tickets of a batch neither handed on, nor ended, nor waiting for blocks, nor under way."""
+        running = {id(t) for p in self.running for t in p.tickets}
+        return [t for t in taken if not t.done.is_set() and t not in self.pending and id(t) not in running]
 
     def _put_back(self, unsettled: list[Ticket[PrefillJob]]) -> None:
         """Redis failed mid-batch: free these requests' blocks and retry them later."""
@@ -120,49 +132,13 @@ class PrefillLoop:
         store.settle(rid, job.attempt, self.r.name, reason, len(job.generated) if index is None else index, message)
         ticket.done.set()
 
-    def _take_batch(self) -> list[Ticket[PrefillJob]]:
-        """Waiting requests up to DAYZERO_MAX_PREFILL_TOKENS, a prompt the batch runs already counted
-        once (an ``n`` > 1 request's choices share its forward)."""
-        batch, tokens, runs = [], 0, set()
-        while self.pending:
-            job = self.pending[0].job
-            run = forward_of(job)
-            size = 0 if run is not None and run in runs else len(job.request.prompt_ids) + len(job.generated)
-            if batch and tokens + size > self.r.settings.max_prefill_tokens:
-                break
-            batch.append(self.pending.pop(0))
-            tokens += size
-            runs.add(run)
-        return batch
-
-    def _reclaim_handoffs(self) -> bool:
-        """Release blocks whose handoff decode has taken (or that lapsed unclaimed, or whose request a
-        client cancelled, ended or re-ran); whether any were. A handoff decode claimed keeps its
-        blocks past its timeout: decode copies them once its pools have room (a re-run, should
-        decode die, frees them)."""
-        if not self.handed_off:
-            return False
-        now, freed = time.monotonic(), False
-        held = {rid: attempt for rid, (_, attempt) in self.handed_off.items()}
-        free = self.r.store.released(self.r.name, held)
-        for rid in [rid for rid, (deadline, _) in self.handed_off.items() if deadline < now and rid not in free]:
-            if self.r.store.owner(rid) in (None, HANDOFF_OWNER):  # no decode worker holds it
-                free.add(rid)
-            else:  # asked again a lease later
-                self.handed_off[rid] = (now + self.r.settings.lease_s, held[rid])
-        for rid in free:
-            if self.handed_off.pop(rid, None) is not None:
-                self.r.ranks.release(rid)
-                freed = True
-        return freed
-
     def _reserve(self, rid: str, tokens: int) -> None:
         """The request's blocks; when none are free, first those of handoffs decode has taken since
         the last batch."""
         try:
             self.r.ranks.reserve(rid, tokens)
         except OutOfBlocks as exc:
-            if exc.permanent or not self._reclaim_handoffs():
+            if exc.permanent or not self.handed_off.reclaim():
                 raise
             self.r.ranks.reserve(rid, tokens)
 
@@ -171,11 +147,11 @@ class PrefillLoop:
         job = ticket.job
         rid = job.request.request_id
         if rid in self.r.pools.sequences:  # this worker still holds blocks of the request
-            held = self.handed_off.get(rid)
+            held = self.handed_off.held.get(rid)
             if held is None or held[1] >= job.attempt:  # a duplicate: it waits till they are free
                 self.pending.append(ticket)
                 return False
-            self.handed_off.pop(rid)  # an older run's handoff (decode drops its job as stale)
+            self.handed_off.held.pop(rid)  # an older run's handoff (decode drops its job as stale)
             self.r.ranks.release(rid)
         try:
             self._reserve(rid, len(job.request.prompt_ids) + len(job.generated))
@@ -187,53 +163,73 @@ class PrefillLoop:
             return False
         return True
 
-    def _run(self, batch: list[Ticket[PrefillJob]]) -> None:
-        """Prefill admitted requests together; emit each one's first token and hand it to decode."""
-        ready = []
-        for ticket in batch:
+    def _start(self, taken: list[Ticket[PrefillJob]]) -> None:
+        """Admit the taken requests (their blocks) and put their prompts under way, identical ones once."""
+        admitted = [t for t in taken if self._admit(t)]
+        self.starved = not admitted and bool(self.pending)
+        runs: dict[object, list[Ticket[PrefillJob]]] = {}
+        for ticket in admitted:
+            runs.setdefault(forward_of(ticket.job) or id(ticket), []).append(ticket)
+        inputs = []
+        for tickets in runs.values():
             try:
-                ready.append((ticket, self._input(ticket.job)))
-            except LookupError as exc:  # its image embeddings expired or went with a dead host
-                log.error("request %s: %s", ticket.job.request.request_id, exc)
+                inputs.append((tickets, self._input(tickets[0].job)))
+            except LookupError as exc:  # its image embeddings expired or went with a dead host (it runs alone)
+                log.error("request %s: %s", tickets[0].job.request.request_id, exc)
                 self.r.stats.fail("prefill")
-                self.r.ranks.release(ticket.job.request.request_id)
-                self._settle(ticket, "error", "its images' embeddings are gone (expired or lost with a worker): retry")
-        if not ready:
-            return
-        batch, inputs = [t for t, _ in ready], [item for _, item in ready]
-        spans = [self._span(t.job, len(batch)) for t in batch]
-        now = time.time()
-        self.r.stats.add(
-            steps=1,
-            queued_requests=len(batch),
-            queue_seconds=sum(now - t.job.request.created for t in batch),
-        )
-        self.r.stats.set(batch_size=len(batch))
+                self.r.ranks.release(tickets[0].job.request.request_id)
+                gone = "its images' embeddings are gone (expired or lost with a worker): retry"
+                self._settle(tickets[0], "error", gone)
+        now, chunk = time.time(), self.r.settings.prefill_chunk_size
+        image_token = self.r.model.cfg.raw.get("image_token_id")
+        started = [t for tickets, _ in inputs for t in tickets]
+        self.r.stats.add(queued_requests=len(started), queue_seconds=sum(now - t.job.request.created for t in started))
+        for tickets, item in inputs:
+            spans = [forward_span(t.job, len(started)) for t in tickets]
+            self.running.append(Prefilling(tickets, item.chunks(chunk, image_token), spans))
+
+    def _step(self) -> None:
+        """Prefill the next chunk of every prompt under way; emit the first token of each that ends and
+        hand it to decode."""
+        rows, self.running = self.running, []  # (a forward that fails ends them all)
+        chunks = [p.next for p in rows]
+        self.r.stats.add(steps=1)
+        self.r.stats.set(batch_size=len(rows))
         self.r.stats.call("prefill")
         limit = context_limit(self.r.model.cfg, self.r.settings.max_context)
-        ids = [item.seq_id for item in inputs]
         # the leases live until each request is handed on (the heartbeat holds them from their claim):
         # a slow emit of a large batch must not let the last ones lapse (the reaper would re-run a
         # request that is being handed to decode)
-        source = merged(inputs)
         try:
             with self.heartbeat.step():
-                logits = self.r.ranks.prefill(inputs, source)
-            self.r.stats.add(tokens=sum(len(inputs[i].tokens) for i, s in source.items() if s == i))
-            for i, ticket in enumerate(batch):
-                self.heartbeat.release(ids[i])
-                with trace.use_span(spans[i], end_on_exit=True):
-                    try:
-                        self._emit(ticket, logits[i], limit, inputs[i].echo.scores if inputs[i].echo else None)
-                    except redis.RedisError:
-                        raise
-                    except Exception as exc:  # this request's own sampling or handoff: it fails alone
-                        self._fail_one(ticket, exc)
+                logits = self.r.ranks.prefill(chunks)
+            self.r.stats.add(tokens=sum(len(c.tokens) for c in chunks))
+            for p in rows:
+                p.done += 1
+            self.running = [p for p, out in zip(rows, logits, strict=True) if out is None]
+            for p, out in zip(rows, logits, strict=True):
+                if out is not None:
+                    self._finish(p, out, limit)
         except Exception as exc:  # the forward failed (or Redis, mid-batch): the spans not ended yet end failed
-            for span in (s for s in spans if s.is_recording()):
-                span.set_status(trace.Status(trace.StatusCode.ERROR, f"prefill failed: {type(exc).__name__}"))
-                span.end()
+            for p in (p for p in rows if all(p is not q for q in self.running)):  # (not the prompts going on)
+                end_failed(p.spans, f"prefill failed: {type(exc).__name__}", p.done)
             raise
+
+    def _finish(self, prefilled: Prefilling, logits, limit: int) -> None:
+        """A prompt's last chunk ran: the requests sharing its forward get its state, then each its first token."""
+        source, echo = prefilled.request_ids[0], prefilled.chunks[0].echo
+        for rid in prefilled.request_ids[1:]:
+            self.r.ranks.copy(source, rid)
+        for ticket, span in zip(prefilled.tickets, prefilled.spans, strict=True):
+            self.heartbeat.release(ticket.job.request.request_id)
+            span.set_attribute("dayzero.prefilled_chunks", prefilled.done)
+            with trace.use_span(span, end_on_exit=True):
+                try:
+                    self._emit(ticket, logits, limit, echo.scores if echo else None)
+                except redis.RedisError:
+                    raise
+                except Exception as exc:  # this request's own sampling or handoff: it fails alone
+                    self._fail_one(ticket, exc)
 
     def _input(self, job: PrefillJob) -> BatchInput:
         """The request's tokens, its parked image embeddings (taken once), its echo."""
@@ -245,27 +241,12 @@ class PrefillLoop:
         rid = ticket.job.request.request_id
         log.exception("request %s failed after its prefill", rid)
         self.r.stats.fail("prefill")
-        self.handed_off.pop(rid, None)
+        self.handed_off.held.pop(rid, None)
         self.r.ranks.release(rid)
         streamed = len(self.r.store.streamed_tokens(rid))  # its first token may have gone out already
         message = f"failed after prefill: {type(exc).__name__}"
         trace.get_current_span().set_status(trace.Status(trace.StatusCode.ERROR, message))  # its prefill.forward
         self._settle(ticket, "error", message, streamed)
-
-    @staticmethod
-    def _span(job: PrefillJob, batch: int) -> trace.Span:
-        with continued(job.request.trace):
-            return tracer.start_span(
-                "prefill.forward",
-                attributes={
-                    "dayzero.request_id": job.request.request_id,
-                    "dayzero.batch_size": batch,
-                    "dayzero.prompt_tokens": len(job.request.prompt_ids),
-                    "dayzero.streamed_tokens": len(job.generated),  # a re-run's: prefilled after its prompt
-                    "dayzero.images": job.request.images,
-                    "dayzero.attempt": job.attempt,
-                },
-            )
 
     def _emit(self, ticket: Ticket[PrefillJob], logits, limit: int, prompt_logprobs: list[Logprob] | None) -> None:
         job, store, settings = ticket.job, self.r.store, self.r.settings
@@ -296,7 +277,7 @@ class PrefillLoop:
                     store.drop_parked(ref.location)
                 self.r.ranks.release(rid)
             elif kept:
-                self.handed_off[rid] = (time.monotonic() + settings.handoff_timeout_s, job.attempt)
+                self.handed_off.keep(rid, job.attempt)
             else:
                 self.r.ranks.release(rid)  # the state travels in Redis: nothing to keep
         ticket.done.set()

@@ -25,7 +25,7 @@ from enum import IntEnum
 
 import torch
 
-from ..kv.handoff import import_state
+from ..kv.handoff import export_state, import_state
 from ..kv.pools import KVPools
 from ..model.forward import decode
 from ..model.graphs import DecodeGraphs
@@ -35,7 +35,7 @@ from ..parallel.collectives import Group, GroupFailed
 from ..parallel.wire import Message, receive, send
 from ..sampling import PromptLogprobs
 from .handoff import pack_state, unpack_state
-from .prefill_batch import BatchInput, merged, prefill_batch
+from .prefill_batch import BatchInput, prefill_chunks
 
 log = logging.getLogger("dayzero.ranks")
 
@@ -48,8 +48,9 @@ class Op(IntEnum):
     RESERVE = 2  # names [seq], ints [tokens]
     RELEASE = 3  # names [seq]
     ADOPT = 4  # names [seq], tensors [packed state]: rank 0 imported it from a handoff
-    PREFILL = 5  # names [seqs], ints [n, (tokens, prompt length, images, echo top) per seq, tokens...]
+    PREFILL = 5  # names [seqs], ints [n, (tokens, prompt length, images, echo top, after) per chunk, tokens...]
     DECODE = 6  # names [seqs], ints [input token per seq]
+    COPY = 7  # names [source seq, copy]: the copy gets the source's state (identical prompts prefilled once)
 
 
 def exit_group(exc: GroupFailed) -> None:
@@ -65,12 +66,11 @@ class Ranks:
         model: Transformer,
         pools: KVPools,
         options: AttentionOptions,
-        chunk_size: int,
         on_group_failure: Callable[[GroupFailed], None] = exit_group,
         keepalive_s: float = KEEPALIVE_S,
         decode_graphs: bool = False,
     ) -> None:
-        self.group, self.model, self.pools, self.options, self.chunk_size = group, model, pools, options, chunk_size
+        self.group, self.model, self.pools, self.options = group, model, pools, options
         self.on_group_failure, self.keepalive_s = on_group_failure, keepalive_s
         self._told = time.monotonic()
         self.graphs = DecodeGraphs(model, pools, options) if decode_graphs else None
@@ -111,15 +111,24 @@ class Ranks:
             packed = torch.frombuffer(bytearray(pack_state(self.pools, seq_id)), dtype=torch.uint8)
             self._tell(Message(Op.ADOPT, names=[seq_id], tensors=[packed]))
 
-    def prefill(self, inputs: list[BatchInput], source: dict[int, int]) -> list[torch.Tensor]:
-        ints = [len(inputs)]
-        for item in inputs:
-            echo = item.echo.top if item.echo else -1
-            ints += [len(item.tokens), len(item.prompt), int(item.images is not None), echo]
-        ints += [t for item in inputs for t in item.tokens]
-        images = [item.images for item in inputs if item.images is not None]
-        self._tell(Message(Op.PREFILL, ints, [item.seq_id for item in inputs], images))
-        return self._guarded(prefill_batch, self.model, self.pools, inputs, source, self.options, self.chunk_size)
+    def prefill(self, chunks: list[BatchInput]) -> list[torch.Tensor | None]:
+        """One packed step of ``chunks`` (``prefill_chunks``): rank 0 decided which, the others run the same."""
+        ints = [len(chunks)]
+        for item in chunks:
+            echo, after = item.echo.top if item.echo else -1, -1 if item.after is None else item.after
+            ints += [len(item.tokens), len(item.prompt), int(item.images is not None), echo, after]
+        ints += [t for item in chunks for t in item.tokens]
+        images = [item.images for item in chunks if item.images is not None]
+        self._tell(Message(Op.PREFILL, ints, [item.seq_id for item in chunks], images))
+        return self._guarded(prefill_chunks, self.model, self.pools, chunks, self.options)
+
+    def copy(self, source: str, seq_id: str) -> None:
+        """``seq_id`` (reserved) gets ``source``'s state."""
+        self._tell(Message(Op.COPY, names=[source, seq_id]))
+        self._copy(source, seq_id)
+
+    def _copy(self, source: str, seq_id: str) -> None:
+        import_state(self.pools, self.pools, export_state(self.pools, source), seq_id)
 
     def decode(self, seq_ids: list[str], tokens: list[int]) -> torch.Tensor:
         self._tell(Message(Op.DECODE, list(tokens), list(seq_ids)))
@@ -156,20 +165,22 @@ class Ranks:
             src, handle = unpack_state(message.tensors[0].cpu().numpy().tobytes(), self.pools)
             import_state(self.pools, src, handle, names[0])
         elif op == Op.PREFILL:
-            inputs = _prefill_inputs(ints, names, message.tensors)
-            prefill_batch(self.model, self.pools, inputs, merged(inputs), self.options, self.chunk_size)
+            prefill_chunks(self.model, self.pools, _prefill_chunks(ints, names, message.tensors), self.options)
         elif op == Op.DECODE:
             self._decode(names, ints)
+        elif op == Op.COPY:
+            self._copy(names[0], names[1])
 
 
-def _prefill_inputs(ints: list[int], names: list[str], images: list[torch.Tensor]) -> list[BatchInput]:
+def _prefill_chunks(ints: list[int], names: list[str], images: list[torch.Tensor]) -> list[BatchInput]:
     n, patches = ints[0], iter(images)
-    heads, tokens = ints[1 : 1 + 4 * n], ints[1 + 4 * n :]
-    inputs, start = [], 0
+    heads, tokens = ints[1 : 1 + 5 * n], ints[1 + 5 * n :]
+    chunks, start = [], 0
     for i in range(n):
-        length, prompt, has_images, echo = heads[4 * i : 4 * i + 4]
+        length, prompt, has_images, echo, after = heads[5 * i : 5 * i + 5]
         row = tokens[start : start + length]
         start += length
         image = next(patches) if has_images else None
-        inputs.append(BatchInput(names[i], row, image, PromptLogprobs(echo) if echo >= 0 else None, prompt))
-    return inputs
+        echoed = PromptLogprobs(echo) if echo >= 0 else None
+        chunks.append(BatchInput(names[i], row, image, echoed, prompt, after if after >= 0 else None))
+    return chunks

@@ -88,8 +88,8 @@ def load_ranks(
     else:
         pools = KVPools(layout, sized.blocks, dtype, group.device)
     keepalive = min(KEEPALIVE_S, settings.group_timeout_s / 4)
-    options, chunk = attention_options(settings), settings.prefill_chunk_size
-    ranks = Ranks(group, model, pools, options, chunk, keepalive_s=keepalive, decode_graphs=settings.decode_graphs)
+    options = attention_options(settings)
+    ranks = Ranks(group, model, pools, options, keepalive_s=keepalive, decode_graphs=settings.decode_graphs)
     return ranks, segment
 
 
@@ -169,7 +169,8 @@ class Runtime:
             return
         try:
             tokens = [1 + i % (cfg.vocab_size - 1) for i in range(length)]
-            self.ranks.prefill([BatchInput(WARM_UP, tokens)], {0: 0})
+            for chunk in BatchInput(WARM_UP, tokens).chunks(self.settings.prefill_chunk_size, None):
+                self.ranks.prefill([chunk])  # the shapes a prompt's steps run
             if decode:
                 self.ranks.decode([WARM_UP], [tokens[-1]])
         finally:

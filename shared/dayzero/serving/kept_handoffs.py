@@ -1,0 +1,39 @@
+"""The handoffs whose attention state stays in a prefill worker's blocks until decode has copied it
+(every transport but Redis): when to free those blocks."""
+
+from __future__ import annotations
+
+import time
+
+from .keys import HANDOFF_OWNER
+from .runtime import Runtime
+
+
+class KeptHandoffs:
+    def __init__(self, runtime: Runtime) -> None:
+        self.r = runtime
+        self.held: dict[str, tuple[float, int]] = {}  # request -> when its handoff lapses (monotonic), attempt
+
+    def keep(self, rid: str, attempt: int) -> None:
+        self.held[rid] = (time.monotonic() + self.r.settings.handoff_timeout_s, attempt)
+
+    def reclaim(self) -> bool:
+        """Release blocks whose handoff decode has taken (or that lapsed unclaimed, or whose request a
+        client cancelled, ended or re-ran); whether any were. A handoff decode claimed keeps its
+        blocks past its timeout: decode copies them once its pools have room (a re-run, should
+        decode die, frees them)."""
+        if not self.held:
+            return False
+        now, freed = time.monotonic(), False
+        attempts = {rid: attempt for rid, (_, attempt) in self.held.items()}
+        free = self.r.store.released(self.r.name, attempts)
+        for rid in [rid for rid, (deadline, _) in self.held.items() if deadline < now and rid not in free]:
+            if self.r.store.owner(rid) in (None, HANDOFF_OWNER):  # no decode worker holds it
+                free.add(rid)
+            else:  # asked again a lease later
+                self.held[rid] = (now + self.r.settings.lease_s, attempts[rid])
+        for rid in free:
+            if self.held.pop(rid, None) is not None:
+                self.r.ranks.release(rid)
+                freed = True
+        return freed

@@ -1,0 +1,78 @@
+"""Prompts under way in the prefill loop, a chunk prefilled per step, and the waiting requests the
+next step takes beside them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opentelemetry import trace
+
+from ..telemetry import continued, tracer
+from .intake import Ticket
+from .messages import PrefillJob
+from .prefill_batch import BatchInput, forward_of
+
+
+@dataclass(slots=True)
+class Prefilling:
+    """``tickets``: the requests sharing the forward (identical inputs), each with its ``prefill.forward``
+    span; the first one's sequence runs, the others get a copy of its state after the last chunk."""
+
+    tickets: list[Ticket[PrefillJob]]
+    chunks: list[BatchInput]
+    spans: list[trace.Span]
+    done: int = 0  # chunks prefilled
+
+    @property
+    def next(self) -> BatchInput:
+        return self.chunks[self.done]
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [t.job.request.request_id for t in self.tickets]
+
+
+def forward_span(job: PrefillJob, batch: int) -> trace.Span:
+    """The request's ``prefill.forward`` span, from its first chunk to its handoff (``batch``: the
+    requests that started with it)."""
+    with continued(job.request.trace):
+        return tracer.start_span(
+            "prefill.forward",
+            attributes={
+                "dayzero.request_id": job.request.request_id,
+                "dayzero.batch_size": batch,
+                "dayzero.prompt_tokens": len(job.request.prompt_ids),
+                "dayzero.streamed_tokens": len(job.generated),  # a re-run's: prefilled after its prompt
+                "dayzero.images": job.request.images,
+                "dayzero.attempt": job.attempt,
+            },
+        )
+
+
+def end_failed(spans: list[trace.Span], message: str, chunks: int) -> None:
+    """End the spans not ended yet as failed, after ``chunks`` chunks prefilled."""
+    for span in (s for s in spans if s.is_recording()):
+        span.set_attribute("dayzero.prefilled_chunks", chunks)
+        span.set_status(trace.Status(trace.StatusCode.ERROR, message))
+        span.end()
+
+
+def take_batch(
+    pending: list[Ticket[PrefillJob]], running: list[Prefilling], chunk_size: int, max_tokens: int
+) -> list[Ticket[PrefillJob]]:
+    """The waiting requests (taken from ``pending``) whose first chunks fit the next step beside the
+    next chunks of the prompts under way, up to ``max_tokens`` (DAYZERO_MAX_PREFILL_TOKENS); a prompt
+    the batch runs already counted once (an ``n`` > 1 request's choices share its forward)."""
+    batch, tokens, runs = [], sum(len(p.next.tokens) for p in running), set()
+    while pending:
+        job = pending[0].job
+        run = forward_of(job)
+        size = (
+            0 if run is not None and run in runs else min(chunk_size, len(job.request.prompt_ids) + len(job.generated))
+        )
+        if (batch or running) and tokens + size > max_tokens:
+            break
+        batch.append(pending.pop(0))
+        tokens += size
+        runs.add(run)
+    return batch
