@@ -249,26 +249,35 @@ def test_a_request_waiting_for_blocks_waits_without_spinning(demo_dir, redis_url
     assert [job.request.request_id for job in sent] == ["holds", "waits"]
 
 
-def test_a_short_request_passes_a_long_prompt_in_prefill(demo_dir, redis_url):
+def test_a_short_request_passes_a_long_prompt_in_prefill_and_a_cancelled_one_stops_between_chunks(demo_dir, redis_url):
     """Long prompts are prefilled a chunk per step: a short request arriving meanwhile joins the next
-    step and is handed to decode before the long prompt (the loop runs here, one iteration a step)."""
+    step and is handed to decode before the long prompt; a long prompt a client cancels stops at
+    the next step, its stream ended and its blocks free (the loop runs here, one iteration a step)."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, prefill_chunk_size=8)
     runtime = Runtime.load(settings, "prefill14@test", "prefill", False)
     sent: list[DecodeJob] = []
     loop, store = PrefillLoop(runtime, recording(sent)), Lifecycle.connect(redis_url)
-    request = GenerationRequest(
-        request_id="long", prompt_ids=tuple(range(10, 58)), sampling=SamplingParams(max_tokens=4), created=time.time()
-    )
-    store.admit(request, [], "", 60)
-    tickets = {"long": loop.intake.submit(PrefillJob(request=request))}  # six chunks
+    jobs = {}
+    for rid, first in (("long", 10), ("left", 60)):  # six chunks each
+        request = GenerationRequest(
+            request_id=rid,
+            prompt_ids=tuple(range(first, first + 48)),
+            sampling=SamplingParams(max_tokens=4),
+            created=time.time(),
+        )
+        store.admit(request, [], "", 60)
+        jobs[rid] = PrefillJob(request=request)
+    tickets = {rid: loop.intake.submit(job) for rid, job in jobs.items()}
     try:
-        loop._iteration()  # its first chunk
-        assert runtime.stats.counters["tokens"] == 8 and not sent
+        loop._iteration()  # the first chunk of each
+        assert runtime.stats.counters["tokens"] == 16 and not sent
         tickets["short"] = loop.intake.submit(admitted(store, "short"))
+        store.cancel("left")
         while not tickets["long"].done.is_set():
             loop._iteration()
     finally:
         loop.stop.set()
     assert [job.request.request_id for job in sent] == ["short", "long"]  # short was not held behind long
-    assert runtime.stats.counters["tokens"] == 48 + 5
-    assert set(runtime.pools.sequences) == {"short", "long"}  # leased to decode
+    assert store.done("left") == "cancelled" and tickets["left"].done.is_set()
+    assert runtime.stats.counters["tokens"] == 48 + 8 + 5  # "left" stopped after its first chunk
+    assert set(runtime.pools.sequences) == {"short", "long"}  # leased to decode; "left"'s blocks are free

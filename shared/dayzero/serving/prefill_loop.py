@@ -3,10 +3,10 @@
 Each prompt is ``prompt + tokens already streamed`` (non-empty only when a request is
 re-run after a worker failure), prefilled a chunk (DAYZERO_PREFILL_CHUNK_SIZE) per step: each
 step packs the next chunk of every prompt under way with the first chunks of newly arrived ones,
-up to DAYZERO_MAX_PREFILL_TOKENS, so a short prompt does not wait for a long one to end. The
-first sampled token is appended to the request's stream at once (time to first token); unless it
-ends the request, the attention state is published for decode and its blocks stay leased until
-decode takes them or the lease expires.
+up to DAYZERO_MAX_PREFILL_TOKENS, so a short prompt does not wait for a long one to end, and a
+prompt whose client cancelled it stops between two chunks. The first sampled token is appended to
+the request's stream at once (time to first token); unless it ends the request, the attention
+state is published for decode and its blocks stay leased until decode takes them or the lease expires.
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ class PrefillLoop:
         self.pending.extend(self.intake.drain(0.05 if idle else 0))
         waiting = len(self.pending) + sum(len(p.tickets) for p in self.running) or 1
         self.starved = False
+        if self.running:
+            self._end_cancelled()  # between two chunks of a prompt
         if self.pending:
             settings = self.r.settings
             taken = take_batch(self.pending, self.running, settings.prefill_chunk_size, settings.max_prefill_tokens)
@@ -113,6 +115,17 @@ class PrefillLoop:
         if ticket.job.embeddings is not None:
             with contextlib.suppress(redis.RedisError):  # (parked in Redis: they expire)
                 discard_tensor(ticket.job.embeddings, self.r.store)
+
+    def _end_cancelled(self) -> None:
+        """Stop the prompts under way whose every request a client cancelled: their blocks are free
+        before their next chunk (on every rank: rank 0 tells the others to release them)."""
+        cancelled = self.r.store.cancelled([t.job.request.request_id for p in self.running for t in p.tickets])
+        for ended in [p for p in self.running if cancelled.issuperset(p.request_ids)]:
+            end_failed(ended.spans, "cancelled", ended.done)
+            for ticket in ended.tickets:  # (Redis failing here: tried again at the next iteration)
+                self._settle(ticket, "cancelled")
+                self.r.ranks.release(ticket.job.request.request_id)
+            self.running.remove(ended)
 
     def _drop_cancelled(self) -> None:
         """End the requests waiting for blocks that a client cancelled meanwhile."""
