@@ -281,3 +281,33 @@ def test_a_short_request_passes_a_long_prompt_in_prefill_and_a_cancelled_one_sto
     assert store.done("left") == "cancelled" and tickets["left"].done.is_set()
     assert runtime.stats.counters["tokens"] == 48 + 8 + 5  # "left" stopped after its first chunk
     assert set(runtime.pools.sequences) == {"short", "long"}  # leased to decode; "left"'s blocks are free
+
+
+def test_long_prompts_leave_every_step_room_for_a_short_request(demo_dir, redis_url):
+    """Steps of two chunks: a long prompt under way keeps the second long one waiting, so that a
+    short request arriving meanwhile still joins the next step (both long ones in the step, it
+    waited for their ends); the second long one starts when the first ends."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, prefill_chunk_size=8, max_prefill_tokens=16)
+    runtime = Runtime.load(settings, "prefill15@test", "prefill", False)
+    sent: list[DecodeJob] = []
+    loop, store = PrefillLoop(runtime, recording(sent)), Lifecycle.connect(redis_url)
+    tickets = {}
+    for rid, first in (("long-1", 10), ("long-2", 60)):  # six chunks each
+        request = GenerationRequest(
+            request_id=rid,
+            prompt_ids=tuple(range(first, first + 48)),
+            sampling=SamplingParams(max_tokens=4),
+            created=time.time(),
+        )
+        store.admit(request, [], "", 60)
+        tickets[rid] = loop.intake.submit(PrefillJob(request=request))
+    try:
+        loop._iteration()
+        assert runtime.stats.counters["tokens"] == 8  # long-2 waits for room
+        tickets["brief"] = loop.intake.submit(admitted(store, "brief"))
+        while not tickets["long-2"].done.is_set():
+            loop._iteration()
+    finally:
+        loop.stop.set()
+    assert [job.request.request_id for job in sent] == ["brief", "long-1", "long-2"]
+    assert runtime.stats.counters["tokens"] == 48 + 48 + 5

@@ -67,7 +67,8 @@ class PrefillLoop:
         if self.pending:
             settings = self.r.settings
             taken = take_batch(self.pending, self.running, settings.prefill_chunk_size, settings.max_prefill_tokens)
-            self._guarded(taken, lambda: self._start(taken))
+            if taken:  # (none: the waiting ones wait for room in a step, not for blocks)
+                self._guarded(taken, lambda: self._start(taken))
         if self.running:
             self._guarded([t for p in self.running for t in p.tickets], self._step)
         else:

@@ -60,19 +60,25 @@ def end_failed(spans: list[trace.Span], message: str, chunks: int) -> None:
 def take_batch(
     pending: list[Ticket[PrefillJob]], running: list[Prefilling], chunk_size: int, max_tokens: int
 ) -> list[Ticket[PrefillJob]]:
-    """The waiting requests (taken from ``pending``) whose first chunks fit the next step beside the
-    next chunks of the prompts under way, up to ``max_tokens`` (DAYZERO_MAX_PREFILL_TOKENS); a prompt
-    the batch runs already counted once (an ``n`` > 1 request's choices share its forward)."""
-    batch, tokens, runs = [], sum(len(p.next.tokens) for p in running), set()
-    while pending:
-        job = pending[0].job
-        run = forward_of(job)
-        size = (
-            0 if run is not None and run in runs else min(chunk_size, len(job.request.prompt_ids) + len(job.generated))
-        )
-        if (batch or running) and tokens + size > max_tokens:
-            break
-        batch.append(pending.pop(0))
-        tokens += size
+    """The waiting requests (taken out of ``pending``, in order) whose first chunks fit the next step
+    beside the next chunks of the prompts under way, up to ``max_tokens`` (DAYZERO_MAX_PREFILL_TOKENS);
+    a prompt the batch runs already counted once (an ``n`` > 1 request's choices share its forward).
+    Prompts longer than a chunk (they go on for more steps) take ``max_tokens - chunk_size`` at most
+    together, once one is under way: every step has room for a newly arrived prompt's first chunk,
+    so no request waits for a long one to end (a long one waits for room, in its turn)."""
+    tokens = lasting = sum(len(p.next.tokens) for p in running)  # (every prompt under way is a long one)
+    batch, kept, runs = [], [], set()
+    for ticket in pending:
+        job = ticket.job
+        run, length = forward_of(job), len(job.request.prompt_ids) + len(job.generated)
+        size = 0 if run is not None and run in runs else min(chunk_size, length)
+        long = size if length > chunk_size else 0
+        crowded = long and lasting and lasting + long > max_tokens - chunk_size
+        if (batch or running) and (tokens + size > max_tokens or crowded):
+            kept.append(ticket)
+            continue
+        batch.append(ticket)
+        tokens, lasting = tokens + size, lasting + long
         runs.add(run)
+    pending[:] = kept
     return batch
