@@ -15,10 +15,10 @@ from dayzero.settings import Settings
 from .conftest import recording
 
 
-def admitted(store: Lifecycle, rid: str) -> PrefillJob:
-    """A five-token request, admitted as the gateway admits it: its prefill job."""
+def admitted(store: Lifecycle, rid: str, prompt: tuple[int, ...] = (0, 5, 6, 7, 8)) -> PrefillJob:
+    """A request (five tokens unless ``prompt``), admitted as the gateway admits it: its prefill job."""
     request = GenerationRequest(
-        request_id=rid, prompt_ids=(0, 5, 6, 7, 8), sampling=SamplingParams(max_tokens=4), created=time.time()
+        request_id=rid, prompt_ids=prompt, sampling=SamplingParams(max_tokens=4), created=time.time()
     )
     store.admit(request, [], "", 60)
     return PrefillJob(request=request)

@@ -145,3 +145,24 @@ def test_a_handoff_from_pools_of_another_layout_fails_its_request_at_once_naming
     assert store.stream("blocks")[1] == "error" and store.done("blocks") == "error"  # (after prefill's token)
     ending = store.r.xrevrange(key("tokens", "blocks"), count=1)[0][1]
     assert b"need the same checkpoint, DAYZERO_BLOCK_SIZE, DAYZERO_DTYPE" in b" ".join(ending.values())
+
+
+def test_a_handoff_the_pools_can_never_hold_fails_at_once_and_the_log_says_so(demo_dir, redis_url, caplog):
+    """A decode worker whose pools hold less than the request may grow to: it ends with the reason
+    and the log names it (it ended without a line)."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store, sent = _prefilled(settings, ("large",))
+    decode = Runtime.load(
+        settings.model_copy(update={"kv_budget_mb": 1, "max_batch": 1}), "decode6@test", "decode", False
+    )
+    job = sent[0].model_copy(
+        update={
+            "request": sent[0].request.model_copy(
+                update={"sampling": SamplingParams(max_tokens=decode.pools.capacity_tokens())}
+            )
+        }
+    )
+    run_jobs(DecodeLoop(decode), [job], timeout_s=30)
+    assert store.done("large") == "error"
+    total = 3 + decode.pools.capacity_tokens()
+    assert f"request large: {total} tokens exceed the decode pools" in caplog.text

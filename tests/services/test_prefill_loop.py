@@ -249,65 +249,11 @@ def test_a_request_waiting_for_blocks_waits_without_spinning(demo_dir, redis_url
     assert [job.request.request_id for job in sent] == ["holds", "waits"]
 
 
-def test_a_short_request_passes_a_long_prompt_in_prefill_and_a_cancelled_one_stops_between_chunks(demo_dir, redis_url):
-    """Long prompts are prefilled a chunk per step: a short request arriving meanwhile joins the next
-    step and is handed to decode before the long prompt; a long prompt a client cancels stops at
-    the next step, its stream ended and its blocks free (the loop runs here, one iteration a step)."""
-    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, prefill_chunk_size=8)
-    runtime = Runtime.load(settings, "prefill14@test", "prefill", False)
-    sent: list[DecodeJob] = []
-    loop, store = PrefillLoop(runtime, recording(sent)), Lifecycle.connect(redis_url)
-    jobs = {}
-    for rid, first in (("long", 10), ("left", 60)):  # six chunks each
-        request = GenerationRequest(
-            request_id=rid,
-            prompt_ids=tuple(range(first, first + 48)),
-            sampling=SamplingParams(max_tokens=4),
-            created=time.time(),
-        )
-        store.admit(request, [], "", 60)
-        jobs[rid] = PrefillJob(request=request)
-    tickets = {rid: loop.intake.submit(job) for rid, job in jobs.items()}
-    try:
-        loop._iteration()  # the first chunk of each
-        assert runtime.stats.counters["tokens"] == 16 and not sent
-        tickets["short"] = loop.intake.submit(admitted(store, "short"))
-        store.cancel("left")
-        while not tickets["long"].done.is_set():
-            loop._iteration()
-    finally:
-        loop.stop.set()
-    assert [job.request.request_id for job in sent] == ["short", "long"]  # short was not held behind long
-    assert store.done("left") == "cancelled" and tickets["left"].done.is_set()
-    assert runtime.stats.counters["tokens"] == 48 + 8 + 5  # "left" stopped after its first chunk
-    assert set(runtime.pools.sequences) == {"short", "long"}  # leased to decode; "left"'s blocks are free
-
-
-def test_long_prompts_leave_every_step_room_for_a_short_request(demo_dir, redis_url):
-    """Steps of two chunks: a long prompt under way keeps the second long one waiting, so that a
-    short request arriving meanwhile still joins the next step (both long ones in the step, it
-    waited for their ends); the second long one starts when the first ends."""
-    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, prefill_chunk_size=8, max_prefill_tokens=16)
-    runtime = Runtime.load(settings, "prefill15@test", "prefill", False)
-    sent: list[DecodeJob] = []
-    loop, store = PrefillLoop(runtime, recording(sent)), Lifecycle.connect(redis_url)
-    tickets = {}
-    for rid, first in (("long-1", 10), ("long-2", 60)):  # six chunks each
-        request = GenerationRequest(
-            request_id=rid,
-            prompt_ids=tuple(range(first, first + 48)),
-            sampling=SamplingParams(max_tokens=4),
-            created=time.time(),
-        )
-        store.admit(request, [], "", 60)
-        tickets[rid] = loop.intake.submit(PrefillJob(request=request))
-    try:
-        loop._iteration()
-        assert runtime.stats.counters["tokens"] == 8  # long-2 waits for room
-        tickets["brief"] = loop.intake.submit(admitted(store, "brief"))
-        while not tickets["long-2"].done.is_set():
-            loop._iteration()
-    finally:
-        loop.stop.set()
-    assert [job.request.request_id for job in sent] == ["brief", "long-1", "long-2"]
-    assert runtime.stats.counters["tokens"] == 48 + 48 + 5
+def test_a_prompt_the_pools_can_never_hold_fails_at_once_and_the_log_says_so(demo_dir, redis_url, caplog):
+    """A worker started with a budget smaller than the context the gateway admits: the request ends
+    with the reason, and the worker's log names it (it ended without a line)."""
+    loop, sent = one_sequence_loop(demo_dir, redis_url, "prefill16@test")
+    store, too_long = Lifecycle.connect(redis_url), loop.r.pools.capacity_tokens() + 1
+    run_jobs(loop, [admitted(store, "huge", tuple(i % 90 for i in range(too_long)))], 30)
+    assert store.done("huge") == "error" and not sent and loop.r.pools.sequences == {}
+    assert f"request huge: {too_long} tokens exceed the attention-state capacity" in caplog.text

@@ -145,6 +145,7 @@ class DecodeLoop:
                 continue
             total = self._tokens(job)
             if total > self.r.pools.capacity_tokens():
+                log.error("request %s: %d tokens exceed the decode pools", rid, total)
                 self._settle(ticket, "error", f"{total} tokens exceed the decode pools", len(job.generated))
                 continue
             if not self.r.pools.fits(total):

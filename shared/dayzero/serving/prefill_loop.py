@@ -171,6 +171,7 @@ class PrefillLoop:
             self._reserve(rid, len(job.request.prompt_ids) + len(job.generated))
         except OutOfBlocks as exc:
             if exc.permanent:
+                log.error("request %s: %s", rid, exc)
                 self._settle(ticket, "error", str(exc))
             else:
                 self.pending.append(ticket)  # waits for blocks, still leased to this worker
