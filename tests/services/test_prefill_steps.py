@@ -13,18 +13,27 @@ from .conftest import recording
 from .prefill_jobs import admitted
 
 
+def _two_long_prompts(demo_dir, redis_url, rids: tuple[str, str], **settings):
+    """A prefill loop (``settings``) with two 48-token prompts submitted -> the loop, the store, the
+    jobs it sends to decode, the tickets by request id. The loop is not running: a test steps it."""
+    runtime = Runtime.load(
+        Settings(checkpoint=demo_dir, redis_url=redis_url, **settings), f"{rids[0]}@test", "prefill", False
+    )
+    sent: list[DecodeJob] = []
+    loop, store = PrefillLoop(runtime, recording(sent)), Lifecycle.connect(redis_url)
+    tickets = {
+        rid: loop.intake.submit(admitted(store, rid, tuple(range(first, first + 48))))
+        for rid, first in zip(rids, (10, 60), strict=True)
+    }
+    return loop, store, sent, tickets
+
+
 def test_a_short_request_passes_a_long_prompt_in_prefill_and_a_cancelled_one_stops_between_chunks(demo_dir, redis_url):
     """Long prompts are prefilled a chunk per step: a short request arriving meanwhile joins the next
     step and is handed to decode before the long prompt; a long prompt a client cancels stops at
     the next step, its stream ended and its blocks free (the loop runs here, one iteration a step)."""
-    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, prefill_chunk_size=8)
-    runtime = Runtime.load(settings, "prefill14@test", "prefill", False)
-    sent: list[DecodeJob] = []
-    loop, store = PrefillLoop(runtime, recording(sent)), Lifecycle.connect(redis_url)
-    tickets = {  # six chunks each
-        rid: loop.intake.submit(admitted(store, rid, tuple(range(first, first + 48))))
-        for rid, first in (("long", 10), ("left", 60))
-    }
+    loop, store, sent, tickets = _two_long_prompts(demo_dir, redis_url, ("long", "left"), prefill_chunk_size=8)
+    runtime = loop.r
     try:
         loop._iteration()  # the first chunk of each
         assert runtime.stats.counters["tokens"] == 16 and not sent
@@ -44,14 +53,11 @@ def test_long_prompts_leave_every_step_room_for_a_short_request(demo_dir, redis_
     """Steps of two chunks: a long prompt under way keeps the second long one waiting, so that a
     short request arriving meanwhile still joins the next step (both long ones in the step, it
     waited for their ends); the second long one starts when the first ends."""
-    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, prefill_chunk_size=8, max_prefill_tokens=16)
-    runtime = Runtime.load(settings, "prefill15@test", "prefill", False)
-    sent: list[DecodeJob] = []
-    loop, store = PrefillLoop(runtime, recording(sent)), Lifecycle.connect(redis_url)
-    tickets = {  # six chunks each
-        rid: loop.intake.submit(admitted(store, rid, tuple(range(first, first + 48))))
-        for rid, first in (("long-1", 10), ("long-2", 60))
-    }
+    ids = ("long-1", "long-2")
+    loop, store, sent, tickets = _two_long_prompts(
+        demo_dir, redis_url, ids, prefill_chunk_size=8, max_prefill_tokens=16
+    )
+    runtime = loop.r
     try:
         loop._iteration()
         assert runtime.stats.counters["tokens"] == 8  # long-2 waits for room

@@ -82,20 +82,15 @@ def test_a_killed_rank_takes_its_group_down_and_the_stream_completes(tmp_path):
         supervisor = psutil.Process(up.pid)
         decode0 = _worker(supervisor, "decode0")
         victim = _rank(decode0, 1)
-        ids, tokens, killed = prompt_ids(2), [], None
-        body = {"model": MODEL, "prompt": ids, "max_tokens": 48, "temperature": 0, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=180) as r:
-            for _, data in sse_events(r):
-                if data == "[DONE]":
-                    break
-                tokens.append(data["choices"][0]["text"])
-                if len(tokens) == 4:
-                    victim.kill()
-                    killed = time.monotonic()
-                    gone = wait_until(lambda: not _alive(decode0), 15.0)
-                    assert gone, "rank 0 outlived its killed rank 1 by 15 s"
-                    assert time.monotonic() - killed < 15.0
-        assert "".join(tokens) == reference(ids, 48)
+
+        def kill_rank_1() -> None:
+            victim.kill()
+            killed = time.monotonic()
+            assert wait_until(lambda: not _alive(decode0), 15.0), "rank 0 outlived its killed rank 1 by 15 s"
+            assert time.monotonic() - killed < 15.0
+
+        ids = prompt_ids(2)
+        assert _stream_acting_after_four_tokens(url, ids, kill_rank_1, 180) == reference(ids, 48)
         restarted = _worker(supervisor, "decode0")
         assert restarted is not None and restarted.pid != decode0.pid
     finally:
@@ -128,17 +123,14 @@ def test_a_frozen_group_is_restarted_whole_and_the_stream_completes(tmp_path):
         frozen.resume()
         time.sleep(4)
         assert _worker(supervisor, "decode0").pid == decode0.pid
-        ids, tokens = prompt_ids(2), []
-        body = {"model": MODEL, "prompt": ids, "max_tokens": 48, "temperature": 0, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
-            for _, data in sse_events(r):
-                if data == "[DONE]":
-                    break
-                tokens.append(data["choices"][0]["text"])
-                if len(tokens) == 4:
-                    decode0.suspend()
-                    frozen = decode0
-        assert "".join(tokens) == reference(ids, 48)
+
+        def freeze_rank_0() -> None:
+            nonlocal frozen
+            decode0.suspend()
+            frozen = decode0
+
+        ids = prompt_ids(2)
+        assert _stream_acting_after_four_tokens(url, ids, freeze_rank_0, 60) == reference(ids, 48)
         assert not _alive(decode0) and not _alive(follower)
         restarted = _worker(supervisor, "decode0")
         assert restarted is not None and restarted.pid != decode0.pid
@@ -148,3 +140,18 @@ def test_a_frozen_group_is_restarted_whole_and_the_stream_completes(tmp_path):
         up.send_signal(signal.SIGTERM)
         _, err = up.communicate(timeout=60)
     assert "decode0 froze (no liveness stamp for 3 s); restarted" in err
+
+
+def _stream_acting_after_four_tokens(url: str, ids: list[int], act, timeout_s: float) -> str:
+    """A greedy streamed completion of 48 tokens of ``ids``, ``act()`` called after its fourth
+    token arrived -> its text."""
+    body = {"model": MODEL, "prompt": ids, "max_tokens": 48, "temperature": 0, "ignore_eos": True, "stream": True}
+    tokens = []
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout_s) as r:
+        for _, data in sse_events(r):
+            if data == "[DONE]":
+                break
+            tokens.append(data["choices"][0]["text"])
+            if len(tokens) == 4:
+                act()
+    return "".join(tokens)
