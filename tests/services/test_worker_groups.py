@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import time
+from contextlib import contextmanager
 
 import httpx
 import psutil
@@ -72,14 +73,7 @@ def test_a_killed_rank_takes_its_group_down_and_the_stream_completes(tmp_path):
     """``dayzero up --decode-tp 2`` (prefill on one rank: a 1 -> 2 handoff); SIGKILL decode's
     rank 1 mid-stream: rank 0 exits within seconds, up restarts the group, the request's lease
     lapses and it is re-run; the client's stream ends with the same greedy tokens."""
-    checkpoint = write_demo_checkpoint(tmp_path / "text")
-    reference = engine_completer(checkpoint, "cpu")
-    port = free_port()
-    up = up_process(checkpoint, tmp_path / "logs", port, "--vision 0 --decode-tp 2")
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(url, up)
-        supervisor = psutil.Process(up.pid)
+    with _decode_in_two_ranks(tmp_path) as (url, supervisor, reference, _):
         decode0 = _worker(supervisor, "decode0")
         victim = _rank(decode0, 1)
 
@@ -93,9 +87,6 @@ def test_a_killed_rank_takes_its_group_down_and_the_stream_completes(tmp_path):
         assert _stream_acting_after_four_tokens(url, ids, kill_rank_1, 180) == reference(ids, 48)
         restarted = _worker(supervisor, "decode0")
         assert restarted is not None and restarted.pid != decode0.pid
-    finally:
-        up.send_signal(signal.SIGTERM)
-        up.wait(timeout=60)
 
 
 @pytest.mark.slow
@@ -106,40 +97,50 @@ def test_a_frozen_group_is_restarted_whole_and_the_stream_completes(tmp_path):
     with the same greedy tokens. A frozen worker was never restarted: the stream crept on by a
     token per handoff timeout (60 s), the re-runs' prefill's. Redis frozen past the bound first
     restarts nobody: no worker could stamp."""
+    frozen = None
+    with _decode_in_two_ranks(tmp_path, {"DAYZERO_FROZEN_WORKER_S": "3"}) as (url, supervisor, reference, stderr):
+        try:
+            decode0 = _worker(supervisor, "decode0")
+            follower = _rank(decode0, 1)
+            frozen = next(p for p in supervisor.children() if p.name() == "redis-server")
+            frozen.suspend()
+            time.sleep(6)
+            frozen.resume()
+            time.sleep(4)
+            assert _worker(supervisor, "decode0").pid == decode0.pid
+
+            def freeze_rank_0() -> None:
+                nonlocal frozen
+                decode0.suspend()
+                frozen = decode0
+
+            ids = prompt_ids(2)
+            assert _stream_acting_after_four_tokens(url, ids, freeze_rank_0, 60) == reference(ids, 48)
+            assert not _alive(decode0) and not _alive(follower)
+            restarted = _worker(supervisor, "decode0")
+            assert restarted is not None and restarted.pid != decode0.pid
+        finally:
+            if frozen is not None and _alive(frozen):
+                frozen.resume()
+    assert "decode0 froze (no liveness stamp for 3 s); restarted" in stderr[0]
+
+
+@contextmanager
+def _decode_in_two_ranks(tmp_path, env: dict[str, str] | None = None):
+    """``dayzero up --vision 0 --decode-tp 2`` (``env`` added) on a text checkpoint, ready -> its URL,
+    the supervisor, the one-rank engine's greedy completer, and a list that holds what up wrote to
+    stderr once it stopped (SIGTERM, on leaving)."""
     checkpoint = write_demo_checkpoint(tmp_path / "text")
     reference = engine_completer(checkpoint, "cpu")
-    port = free_port()
-    up = up_process(checkpoint, tmp_path / "logs", port, "--vision 0 --decode-tp 2", {"DAYZERO_FROZEN_WORKER_S": "3"})
-    frozen = None
+    port, stderr = free_port(), []
+    up = up_process(checkpoint, tmp_path / "logs", port, "--vision 0 --decode-tp 2", env)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, up)
-        supervisor = psutil.Process(up.pid)
-        decode0 = _worker(supervisor, "decode0")
-        follower = _rank(decode0, 1)
-        frozen = next(p for p in supervisor.children() if p.name() == "redis-server")
-        frozen.suspend()
-        time.sleep(6)
-        frozen.resume()
-        time.sleep(4)
-        assert _worker(supervisor, "decode0").pid == decode0.pid
-
-        def freeze_rank_0() -> None:
-            nonlocal frozen
-            decode0.suspend()
-            frozen = decode0
-
-        ids = prompt_ids(2)
-        assert _stream_acting_after_four_tokens(url, ids, freeze_rank_0, 60) == reference(ids, 48)
-        assert not _alive(decode0) and not _alive(follower)
-        restarted = _worker(supervisor, "decode0")
-        assert restarted is not None and restarted.pid != decode0.pid
+        yield url, psutil.Process(up.pid), reference, stderr
     finally:
-        if frozen is not None and _alive(frozen):
-            frozen.resume()
         up.send_signal(signal.SIGTERM)
-        _, err = up.communicate(timeout=60)
-    assert "decode0 froze (no liveness stamp for 3 s); restarted" in err
+        stderr.append(up.communicate(timeout=60)[1])
 
 
 def _stream_acting_after_four_tokens(url: str, ids: list[int], act, timeout_s: float) -> str:
