@@ -3,6 +3,9 @@ bound does (``dayzero up`` then restarts the worker, the gateway counts its stag
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -10,7 +13,7 @@ import redis
 
 from dayzero.serving.lease import Heartbeat
 from dayzero.serving.lifecycle import Lifecycle
-from dayzero.serving.liveness import FRESH_S, STAMP_EVERY_S, Pulse, connect, stamps, unserved_for
+from dayzero.serving.liveness import FRESH_S, STAMP_EVERY_S, Pulse, connect, stamps, stopped_child, unserved_for
 
 from .conftest import wait_until
 
@@ -39,3 +42,27 @@ def test_a_long_step_keeps_stamping_a_step_past_its_bound_stops_until_it_ends(re
         pulse.stop()
         stop.set()
     assert pulse.process not in stamps(client, "decode")  # a stopping worker leaves at once
+
+
+def test_a_stopped_child_rank_stops_the_stamps_until_it_is_continued(redis_url):
+    """A tensor-parallel worker's other ranks are its rank 0's children: one SIGSTOPped hangs the
+    group's next collective until the group's timeout (120 s), so the worker is as good as frozen."""
+    client = redis.Redis.from_url(redis_url)
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    pulse = Pulse(connect(redis_url), "decode").start()
+    stamped = lambda: stamps(client, "decode").get(pulse.process, 0.0)  # noqa: E731
+    try:
+        first = wait_until(stamped, 5)
+        assert not stopped_child() and wait_until(lambda: stamped() > first, 3 * STAMP_EVERY_S)
+        rank.send_signal(signal.SIGSTOP)
+        assert wait_until(stopped_child, 5)
+        time.sleep(2 * STAMP_EVERY_S)  # a stamp under way when it stopped lands
+        last = stamped()
+        time.sleep(2 * STAMP_EVERY_S)
+        assert stamped() == last
+        rank.send_signal(signal.SIGCONT)
+        assert wait_until(lambda: stamped() > last, 3 * STAMP_EVERY_S)
+    finally:
+        pulse.stop()
+        rank.kill()
+        rank.wait()

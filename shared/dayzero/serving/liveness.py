@@ -5,7 +5,9 @@ long step stops them (a million-token prefill forward may rightly run for many m
 ``Pulse`` thread stamps "this process runs" instead, every ``STAMP_EVERY_S``, from before the
 worker loads its weights: SIGSTOP or a process that no longer runs stops it, a forward however
 long does not. A step past its bound (``lease.Heartbeat.stuck``: its leases already lapsed) stops
-it too, on purpose: that worker is as good as frozen.
+it too, on purpose: that worker is as good as frozen; and so does a stopped child (a
+tensor-parallel worker's other ranks are its rank 0's children): the group's next collective waits
+on it until the group's timeout.
 
 Keys (prefix ``dz:``): alive:{stage}, a hash of process ("{host}:{pid}") -> the time of its last
 stamp; unserved:{stage}, since when the stage has had no live process (set by the gateway).
@@ -23,6 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import redis
 
@@ -39,6 +42,18 @@ def process_id(pid: int | None = None, host: str | None = None) -> str:
     return f"{host or socket.gethostname()}:{pid or os.getpid()}"
 
 
+def stopped_child(pid: int | None = None) -> bool:
+    """A child of process ``pid`` (this one) is stopped (SIGSTOP, or held by a tracer); False where
+    /proc lists no children (not Linux)."""
+    for children in Path(f"/proc/{pid or os.getpid()}/task").glob("*/children"):
+        with contextlib.suppress(OSError):  # a thread or child that ended meanwhile
+            for child in children.read_text().split():
+                state = Path(f"/proc/{child}/stat").read_text().rpartition(")")[2].split()[0]
+                if state in ("T", "t"):
+                    return True
+    return False
+
+
 def connect(url: str) -> redis.Redis:
     """A client that gives up quickly: a stamp or a check never waits long on a hung Redis."""
     return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
@@ -46,7 +61,8 @@ def connect(url: str) -> redis.Redis:
 
 class Pulse:
     """Stamps this process alive in ``stage``'s hash until ``stop``, unless ``stuck()`` says its
-    step has run past its bound (``watch`` sets it once the stage is built)."""
+    step has run past its bound (``watch`` sets it once the stage is built) or a child of it (a
+    rank) is stopped."""
 
     def __init__(self, client: redis.Redis, stage: str) -> None:
         self.r, self.stage, self.process = client, stage, process_id()
@@ -62,13 +78,13 @@ class Pulse:
         self._stuck = stuck
 
     def _run(self) -> None:
-        said = False
+        said = None
         while True:
-            if self._stuck():
-                if not said:
-                    log.error("a step ran past its bound: no more liveness stamps (dayzero up restarts the worker)")
-                said = True
-            else:  # Redis restarting: the next stamp retries (up counts no staleness while it cannot read)
+            why = "a step ran past its bound" if self._stuck() else "a rank is stopped" if stopped_child() else None
+            if why is not None and why != said:
+                log.error("%s: no more liveness stamps (dayzero up restarts the worker)", why)
+            said = why
+            if why is None:  # Redis restarting: the next stamp retries (up counts no staleness while it cannot read)
                 with contextlib.suppress(redis.RedisError):
                     self.r.hset(key("alive", self.stage), self.process, time.time())
             if self._stop.wait(STAMP_EVERY_S):
