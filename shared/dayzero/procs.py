@@ -85,6 +85,18 @@ def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+def group_gone(pgid: int, kill_after: float) -> bool:
+    """Whether process group ``pgid`` (an exited child's) is empty; past ``kill_after`` (monotonic)
+    what is left of it is SIGKILLed first: a rank stopped or hung before it could die with its
+    rank 0 (``die_with``) would outlive it for good. Till then it may empty by itself (see
+    ``kill_group``: the resource tracker)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL if time.monotonic() >= kill_after else 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

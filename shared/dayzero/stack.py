@@ -22,12 +22,23 @@ from pathlib import Path
 import httpx
 import redis
 
-from .procs import UnbindableHost, free_port, kill_group, local_url, port_in_use, spawn, start_redis, terminate
+from .procs import (
+    UnbindableHost,
+    free_port,
+    group_gone,
+    kill_group,
+    local_url,
+    port_in_use,
+    spawn,
+    start_redis,
+    terminate,
+)
 from .serving.liveness import STAMP_EVERY_S, connect, process_id, stamps
 from .shm import unlink_parked_by
 
 SERVICES = ("gateway", "vision", "prefill", "decode")
 STOP_TIMEOUT_S = 10.0  # per group (gateway, workers, redis) before SIGKILL
+LEFT_GROUP_S = 5.0  # what is left of an exited child's process group is SIGKILLed after
 
 
 def service_argv(service: str, ranks: int = 1) -> list[str]:
@@ -79,6 +90,7 @@ class Stack:
     frozen_s: float = 0.0  # DAYZERO_FROZEN_WORKER_S: a worker whose liveness stamp is older is restarted (0: never)
     _liveness: redis.Redis | None = None
     _unread_at: float = 0.0  # when Redis last could not be read: no stamp counts as older than that
+    _left: dict[int, float] = field(default_factory=dict)  # exited children's process groups -> when to kill the rest
 
     def start(self) -> None:
         try:
@@ -184,18 +196,21 @@ class Stack:
         return "\n".join(text[-lines:]) + f"\n(whole log: {path})"
 
     def supervise(self) -> list[str]:
-        """Restart children that exited (Redis on its own port) and frozen workers (``frozen``: each
-        SIGKILLed first, with its process group, a tensor-parallel worker's other ranks in it);
+        """Restart children that exited (Redis on its own port; what is left of their process group
+        SIGKILLed) and frozen workers (``frozen``: each SIGKILLed first, with its process group, a
+        tensor-parallel worker's other ranks in it);
         returns their names (each one's ``why``)."""
         restarted, frozen = [], {c.name: c for c in self.frozen()}
         for child in frozen.values():
             kill_group(child.proc)
         for child in self.children:
             if child.proc is not None and child.proc.poll() is not None:
+                self._left[child.proc.pid] = time.monotonic() + LEFT_GROUP_S
                 child.why = f"froze (no liveness stamp for {self.frozen_s:g} s)" if child.name in frozen else "exited"
                 child.restarts += 1
                 restarted.append(child.name)
                 self._spawn(child)
+        self._left = {pgid: at for pgid, at in self._left.items() if not group_gone(pgid, at)}
         return restarted
 
     def frozen(self) -> list[Child]:

@@ -12,7 +12,8 @@ import httpx
 import psutil
 import torch
 
-from dayzero.procs import free_port
+from dayzero.procs import free_port, spawn
+from dayzero.stack import Child, Stack
 
 from .conftest import MODEL, wait_until
 from .launch import consecutive_ports, up_process, wait_ready
@@ -170,3 +171,23 @@ def test_a_stack_stopping_continues_its_stopped_children_which_stop_cleanly(demo
     finally:
         killed = stack.stop()
     assert list(SHM_DIR.glob(f"dz-kv-{worker.pid}-*")) == [] and killed == []
+
+
+def test_restarting_a_child_that_exited_kills_what_is_left_of_its_process_group(tmp_path):
+    """A tensor-parallel rank stopped (or hung) before it could die with its rank 0 (die_with)
+    outlived it for good, in the dead rank 0's process group: a stopped rank is left here by a
+    child that then exits."""
+    stack = Stack({"prefill": 0, "decode": 0}, free_port(), tmp_path, redis_port=free_port())
+    rank_pid = tmp_path / "rank.pid"
+    script = f"sleep 60 & echo $! > {rank_pid}; kill -STOP $!; exit 3"
+    stack.children = [Child("redis", "redis", proc=spawn(["sh", "-c", script], tmp_path / "rank0.log"))]
+    stack.children[0].proc.wait()
+    rank = psutil.Process(int(rank_pid.read_text()))
+    try:
+        assert stack.supervise() == ["redis"]  # restarted (here a Redis: a light child to start)
+        gone = lambda: not rank.is_running() or rank.status() == psutil.STATUS_ZOMBIE  # noqa: E731
+        assert wait_until(lambda: stack.supervise() == [] and gone(), 10)  # (SIGKILLed after LEFT_GROUP_S)
+    finally:
+        stack.stop()
+        if rank.is_running():
+            rank.kill()
