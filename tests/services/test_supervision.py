@@ -166,7 +166,9 @@ def test_a_stack_stopping_continues_its_stopped_children_which_stop_cleanly(demo
     stack.start()
     try:
         worker = stack.child("prefill0").proc
-        assert wait_until(lambda: list(SHM_DIR.glob(f"dz-kv-{worker.pid}-*")), 120), "no pool segment"
+        started = lambda: "prefill0@" in (log := (tmp_path / "prefill0.log").read_text()) and " ready." in log  # noqa: E731
+        assert wait_until(started, 120), "not started"  # (stopped while loading, it has no SIGTERM handler yet)
+        assert list(SHM_DIR.glob(f"dz-kv-{worker.pid}-*")), "no pool segment"
         worker.send_signal(signal.SIGSTOP)
     finally:
         killed = stack.stop()
