@@ -17,6 +17,15 @@ class KeptHandoffs:
     def keep(self, rid: str, attempt: int) -> None:
         self.held[rid] = (time.monotonic() + self.r.settings.handoff_timeout_s, attempt)
 
+    def attempt(self, rid: str) -> int | None:
+        """The run whose handoff holds ``rid``'s blocks (None: none kept)."""
+        held = self.held.get(rid)
+        return None if held is None else held[1]
+
+    def forget(self, rid: str) -> None:
+        """No longer kept (the caller releases its blocks)."""
+        self.held.pop(rid, None)
+
     def reclaim(self) -> bool:
         """Release blocks whose handoff decode has taken (or that lapsed unclaimed, or whose request a
         client cancelled, ended or re-ran); whether any were. A handoff decode claimed keeps its

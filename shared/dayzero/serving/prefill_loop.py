@@ -161,11 +161,11 @@ class PrefillLoop:
         job = ticket.job
         rid = job.request.request_id
         if rid in self.r.pools.sequences:  # this worker still holds blocks of the request
-            held = self.handed_off.held.get(rid)
-            if held is None or held[1] >= job.attempt:  # a duplicate: it waits till they are free
+            kept = self.handed_off.attempt(rid)
+            if kept is None or kept >= job.attempt:  # a duplicate: it waits till they are free
                 self.pending.append(ticket)
                 return False
-            self.handed_off.held.pop(rid)  # an older run's handoff (decode drops its job as stale)
+            self.handed_off.forget(rid)  # an older run's handoff (decode drops its job as stale)
             self.r.ranks.release(rid)
         try:
             self._reserve(rid, len(job.request.prompt_ids) + len(job.generated))
@@ -256,7 +256,7 @@ class PrefillLoop:
         rid = ticket.job.request.request_id
         log.exception("request %s failed after its prefill", rid)
         self.r.stats.fail("prefill")
-        self.handed_off.held.pop(rid, None)
+        self.handed_off.forget(rid)
         self.r.ranks.release(rid)
         streamed = len(self.r.store.streamed_tokens(rid))  # its first token may have gone out already
         message = f"failed after prefill: {type(exc).__name__}"
