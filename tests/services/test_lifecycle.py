@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import pytest
 import redis
 import redis.asyncio as aioredis
 
 from dayzero.params import SamplingParams
+from dayzero.serving import queue_scripts, scripts
 from dayzero.serving.admission import Queue
 from dayzero.serving.keys import HANDOFF_OWNER, key
 from dayzero.serving.lifecycle import Lifecycle
@@ -281,3 +283,15 @@ def test_a_record_outlives_the_longest_generation_and_its_stream_after_the_end(r
     store.settle("long1", 0, "", "stop")
     for family in ("req", "access", "images"):
         assert 0 < store.r.ttl(key(family, "long1")) <= settings.stream_ttl_s
+
+
+def test_load_scripts_loads_every_transition_before_a_request_needs_one(redis_url):
+    """Workers load the scripts before they announce themselves: a script left out would cost a
+    request two more round trips (NOSCRIPT, load, call again) on its way."""
+    client = redis.Redis.from_url(redis_url)
+    client.script_flush()
+    Lifecycle(client).load_scripts()
+    sources = (scripts.TAKE, scripts.HAND_OFF, scripts.HAND_BACK, scripts.TAKE_HANDOFFS, scripts.HEARTBEAT)
+    sources += (scripts.APPEND, scripts.SETTLE, queue_scripts.ADMIT, queue_scripts.ENQUEUE, queue_scripts.RERUN)
+    shas = [hashlib.sha1(source.encode()).hexdigest() for source in sources]
+    assert client.script_exists(*shas) == [True] * len(shas)

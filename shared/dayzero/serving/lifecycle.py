@@ -40,6 +40,7 @@ from typing import NamedTuple
 import redis
 from opentelemetry import trace
 from redis.backoff import NoBackoff
+from redis.commands.core import Script
 from redis.retry import Retry
 
 from .admission import Queue, admission
@@ -61,6 +62,11 @@ def _entry(t: Token) -> list:
     return [t.entry_id, "1" if t.finish_reason else "", len(fields), *fields]
 
 
+def _handoff_keys(rid: str, queue: str) -> list[str]:
+    """What HAND_OFF and HAND_BACK read and write: the run's keys, the queue and its pushed count."""
+    return [*(key(family, rid) for family in ("attempt", "done", "lease", "handoff")), queue, key("pushed", queue)]
+
+
 class Lifecycle:
     """The transitions over one synchronous Redis client (the stages, the gateway's thread pool)."""
 
@@ -76,8 +82,7 @@ class Lifecycle:
         """Load the Lua scripts now, not on a request's way (a first call finds one missing, loads it
         and calls again: two more round trips; after a Redis restart the next call still does).
         The workers do it before they announce themselves, so before the gateway is ready."""
-        scripts = (self._admit, self._take, self._heartbeat, self._hand_off, self._rerun, self._enqueue)
-        for script in (*scripts, self._take_handoffs, self._hand_back, self._append, self._settle):
+        for script in [value for value in vars(self).values() if isinstance(value, Script)]:  # every one
             self.r.script_load(script.script)
 
     @classmethod
@@ -138,17 +143,16 @@ class Lifecycle:
         loses Redis in between leaves no handoff without its job. False, nothing written: this run
         is over (the request ended, or its lease lapsed and it was re-run); a handoff then would
         take the lease from the new run, and decode would drop the old run's job as stale."""
-        keys = [*(key(family, rid) for family in ("attempt", "done", "lease", "handoff")), queue, key("pushed", queue)]
-        return bool(self._hand_off(keys=keys, args=[attempt, owner, int(ttl_s * 1000), message, HANDOFF_OWNER]))
+        args = [attempt, owner, int(ttl_s * 1000), message, HANDOFF_OWNER]
+        return bool(self._hand_off(keys=_handoff_keys(rid, queue), args=args))
 
     def hand_back(self, rid: str, attempt: int, owner: str, queue: str, message: str, least_s: float) -> bool:
         """A decode worker (``owner``) claimed the handoff of run ``attempt`` and cannot hold it yet: the
         handoff waits on ``queue`` again with ``message`` for another worker, leased to it till its own
         deadline, as when prefill handed it off. False, nothing written: the run is over or someone
         else's, or less than ``least_s`` of the handoff is left (the claimer keeps it). One atomic step."""
-        keys = [*(key(family, rid) for family in ("attempt", "done", "lease", "handoff")), queue, key("pushed", queue)]
         args = [attempt, owner, message, HANDOFF_OWNER, int(least_s * 1000)]
-        return bool(self._hand_back(keys=keys, args=args))
+        return bool(self._hand_back(keys=_handoff_keys(rid, queue), args=args))
 
     def take_handoffs(self, handoffs: list[tuple[str, int, str]], owner: str, lease_s: float) -> dict[str, Take]:
         """Decode has imported the states of these (request, attempt, holder) handoffs: decode owns
