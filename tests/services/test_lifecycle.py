@@ -160,6 +160,10 @@ def test_a_holder_may_free_the_handoffs_decode_took_or_whose_run_is_over(redis_u
     assert store.released("prefill5", held) == {"k-taken", "k-cancelled", "k-ended", "k-rerun"}
     assert store.released("prefill5", {"k-waits": 0}) == set()  # the inbox was read once
     assert store.released("prefill5", {}) == set()
+    store.r.set(key("lease", "k-waits"), HANDOFF_OWNER)  # past its deadline: freed unless decode claimed it
+    assert store.released("prefill5", {"k-waits": 0}, lapsed={"k-waits"}) == {"k-waits"}
+    store.r.set(key("lease", "k-waits"), "decode1")  # claimed: decode copies it once it has room
+    assert store.released("prefill5", {"k-waits": 0}, lapsed={"k-waits"}) == set()
 
 
 def test_take_drops_stale_and_ended_deliveries_and_reports_a_cancel(redis_url):

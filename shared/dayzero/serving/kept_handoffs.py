@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-from .keys import HANDOFF_OWNER
 from .runtime import Runtime
 
 
@@ -34,13 +33,10 @@ class KeptHandoffs:
         if not self.held:
             return False
         now, freed = time.monotonic(), False
-        attempts = {rid: attempt for rid, (_, attempt) in self.held.items()}
-        free = self.r.store.released(self.r.name, attempts)
-        for rid in [rid for rid, (deadline, _) in self.held.items() if deadline < now and rid not in free]:
-            if self.r.store.owner(rid) in (None, HANDOFF_OWNER):  # no decode worker holds it
-                free.add(rid)
-            else:  # asked again a lease later
-                self.held[rid] = (now + self.r.settings.lease_s, attempts[rid])
+        lapsed = {rid for rid, (deadline, _) in self.held.items() if deadline < now}
+        free = self.r.store.released(self.r.name, {rid: attempt for rid, (_, attempt) in self.held.items()}, lapsed)
+        for rid in lapsed - free:  # a decode worker claimed it: asked again a lease later
+            self.held[rid] = (now + self.r.settings.lease_s, self.held[rid][1])
         for rid in free:
             if self.held.pop(rid, None) is not None:
                 self.r.ranks.release(rid)

@@ -34,7 +34,7 @@ tensor:{key} parked image embeddings, wake:{gateway} the stream reader's wake-up
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple
 
 import redis
@@ -170,20 +170,24 @@ class Lifecycle:
         answers = self._take_handoffs(keys=keys, args=args)
         return {rid: Take(answer) for (rid, _, _), answer in zip(handoffs, answers, strict=True)}
 
-    def released(self, holder: str, held: Mapping[str, int]) -> set[str]:
+    def released(self, holder: str, held: Mapping[str, int], lapsed: Collection[str] = ()) -> set[str]:
         """Of the handoffs whose blocks ``holder`` keeps (``held``: request -> attempt), those it may
         free: decode has taken them (told through the holder's inbox since the last call), a client
-        cancelled them, or their run is over (the request ended, or was re-run since: decode died
-        before it took the state). One round trip."""
+        cancelled them, their run is over (the request ended, or was re-run since: decode died
+        before it took the state), or they are ``lapsed`` (past their deadline) and no decode worker
+        has claimed them. One round trip."""
         rids = list(held)
         pipe = self.r.pipeline()  # MULTI: nothing pushed between the inbox's read and its delete is lost
         pipe.lrange(key("taken", holder), 0, -1)
         pipe.delete(key("taken", holder))
-        pipe.mget([key(family, rid) for rid in rids for family in ("cancel", "done", "attempt")])
+        pipe.mget([key(family, rid) for rid in rids for family in ("cancel", "done", "attempt", "lease")])
         inbox, _, marks = pipe.execute()
-        over = zip(rids, marks[::3], marks[1::3], marks[2::3], strict=True)
+        over = zip(rids, marks[::4], marks[1::4], marks[2::4], marks[3::4], strict=True)
+        unclaimed = (None, HANDOFF_OWNER.encode())
         return {rid.decode() for rid in inbox} | {
-            rid for rid, cancel, done, attempt in over if cancel or done or held[rid] < int(attempt or 0)
+            rid
+            for rid, cancel, done, attempt, lease in over
+            if cancel or done or held[rid] < int(attempt or 0) or (rid in lapsed and lease in unclaimed)
         }
 
     def park(self, family: str, name: str, data: bytes, ttl_s: float) -> str:
