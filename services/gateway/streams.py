@@ -6,6 +6,8 @@ out long before the admission bound). A new subscriber wakes the blocked read by
 this gateway's own wake stream, which every read includes. A lost connection ends every open
 subscription with the error (the stream's reader turns it into an error event), and so does a
 Redis that stops answering (frozen, its host unreachable) for ``READ_MARGIN_S`` past the block.
+A subscriber ``BACKLOG`` entries behind (its client reads slower than tokens come) is read no
+further until it has taken half of them: the rest wait in Redis, not in this gateway's memory.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import contextlib
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import redis
@@ -26,6 +28,7 @@ from dayzero.serving.records import Token, decode
 
 log = logging.getLogger("dayzero.gateway")
 READ_MARGIN_S = 10.0  # a blocked read unanswered this long after its block ends: Redis is lost (the commands' bound)
+BACKLOG = 512  # entries queued for one subscriber (a stalled client's), at most, plus one read's
 
 
 def entry_order(entry_id: str) -> tuple[int, int]:
@@ -49,6 +52,8 @@ class Subscription:
     last: str  # entries after this id are delivered
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # Token | BaseException
     ahead: Token | BaseException | None = None  # taken from the queue by ``pending``, not yet read
+    resume: Callable[[], None] = lambda: None  # the hub reads a held subscription's stream again
+    held: bool = False  # BACKLOG entries behind: the hub reads its stream no further for now
 
     async def next(self, timeout_s: float) -> Token | None:
         """The next entry; None after ``timeout_s`` without one; raises what ended the stream."""
@@ -60,6 +65,7 @@ class Subscription:
                     item = await self.queue.get()
             except TimeoutError:
                 return None
+        self._taken()
         if isinstance(item, BaseException):
             raise item
         return item
@@ -74,7 +80,13 @@ class Subscription:
                 self.ahead = item
             else:
                 tokens.append(item)
+        self._taken()
         return tokens
+
+    def _taken(self) -> None:
+        if self.held and self.queue.qsize() <= BACKLOG // 2:
+            self.held = False
+            self.resume()
 
     def close(self, reason: BaseException) -> None:
         self.queue.put_nowait(reason)
@@ -90,6 +102,7 @@ class StreamHub:
         self.wake_key = key("wake", uuid.uuid4().hex)
         self.subs: set[Subscription] = set()
         self._reader: asyncio.Task | None = None
+        self._wakes: set[asyncio.Task] = set()  # wake-ups on their way (a held subscription resumes)
 
     @property
     def open(self) -> int:
@@ -97,18 +110,31 @@ class StreamHub:
 
     @contextlib.asynccontextmanager
     async def subscribe(self, request_id: str, after: str = "0-0") -> AsyncIterator[Subscription]:
-        sub = Subscription(request_id, after)
+        sub = Subscription(request_id, after, resume=self._resume)
         self.subs.add(sub)
         try:
             if self._reader is None or self._reader.done():
                 self._reader = asyncio.create_task(self._read_forever())
-            pipe = self.commands.pipeline(transaction=False)
-            pipe.xadd(self.wake_key, {"w": 1}, maxlen=16, approximate=True)  # the blocked read takes sub in
-            pipe.expire(self.wake_key, 3600)
-            await pipe.execute()
+            await self._wake()  # the blocked read takes sub in
             yield sub
         finally:
             self.subs.discard(sub)
+
+    async def _wake(self) -> None:
+        pipe = self.commands.pipeline(transaction=False)
+        pipe.xadd(self.wake_key, {"w": 1}, maxlen=16, approximate=True)
+        pipe.expire(self.wake_key, 3600)
+        await pipe.execute()
+
+    def _resume(self) -> None:
+        task = asyncio.create_task(self._wake())
+        self._wakes.add(task)
+        task.add_done_callback(self._woken)
+
+    def _woken(self, task: asyncio.Task) -> None:
+        self._wakes.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # a lost Redis ends the reads anyway
+            log.warning("token streams: a wake-up failed: %s", task.exception())
 
     async def finish_by(self, request_id: str, after: str) -> Token | None:
         """The stream's finish when it ends at or before ``after`` (a resume from its end: nothing to wait for)."""
@@ -125,7 +151,8 @@ class StreamHub:
             except redis.ResponseError as exc:  # Redis refused the read, not lost: end only who caused it
                 await self._drop_unreadable(exc)
             except redis.RedisError as exc:
-                log.warning("token streams lost redis: %s", exc)
+                if self.subs:  # (none: the hub is closing)
+                    log.warning("token streams lost redis: %s", exc)
                 for sub in list(self.subs):
                     sub.close(exc)
                 self.subs.clear()
@@ -148,6 +175,9 @@ class StreamHub:
         wanted: dict[str, str] = {}
         readers: dict[str, list[Subscription]] = {}
         for sub in self.subs:  # one cursor per stream: the earliest any of its subscribers needs
+            sub.held = sub.queue.qsize() >= BACKLOG
+            if sub.held:
+                continue
             stream = key("tokens", sub.request_id)
             if stream not in wanted or entry_order(sub.last) < entry_order(wanted[stream]):
                 wanted[stream] = sub.last
@@ -164,8 +194,10 @@ class StreamHub:
     async def close(self) -> None:
         for sub in list(self.subs):
             sub.close(Closed())
+        self.subs.clear()
         if self._reader is not None:
-            self._reader.cancel()
+            self._reader.cancel()  # redis-py lets a cancelled read finish: up to a whole block (keepalive_s) ...
+            await self.r.connection_pool.disconnect()  # ... unless its connection closes
             with contextlib.suppress(asyncio.CancelledError, redis.RedisError):
                 await self._reader
         with contextlib.suppress(redis.RedisError):

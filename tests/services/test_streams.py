@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from dayzero.serving.keys import key
 from dayzero.serving.records import Token, encode
-from services.gateway.streams import StreamHub, Subscription, valid_entry_id
+from services.gateway.streams import BACKLOG, StreamHub, Subscription, valid_entry_id
 
 
 def test_a_reader_cancelled_as_an_entry_arrives_is_cancelled():
@@ -98,3 +98,35 @@ def test_a_subscription_whose_read_redis_refuses_ends_alone(redis_url):
 
     first, second = asyncio.run(scenario())
     assert (first.text, second.text, second.finish_reason) == ("a", "b", "length")
+
+
+def test_a_stalled_reader_holds_a_bounded_backlog_and_then_reads_every_entry(redis_url):
+    """A client that stops reading: its gateway queues at most ``BACKLOG`` (plus one read's) of its
+    stream's entries, the rest waiting in Redis; another stream reads on meanwhile; once the client
+    takes half, the hub reads its stream again at once (a wake-up, not after the long block), and
+    every entry arrives once, in order. Closing the hub ends its blocked read at once."""
+    total = 3 * BACKLOG
+
+    async def scenario() -> tuple:
+        commands = aioredis.Redis.from_url(redis_url)
+        pipe = commands.pipeline(transaction=False)
+        for i in range(total):
+            pipe.xadd(key("tokens", "slow"), encode(Token("slow", i, 5, str(i))), id=f"{i + 1}-0")
+        await pipe.execute()
+        hub = StreamHub(redis_url, commands, block_ms=60_000)
+        async with hub.subscribe("slow") as slow, hub.subscribe("other") as other:
+            await asyncio.sleep(0.5)  # the hub reads what it may; the client reads nothing
+            queued = slow.queue.qsize()
+            await commands.xadd(key("tokens", "other"), encode(Token("other", 0, 5, "x")), id="1-0")
+            other_first = await other.next(5)
+            texts = []
+            while len(texts) < total and (entry := await slow.next(5)) is not None:
+                texts.append(entry.text)
+        async with asyncio.timeout(30):  # its read blocks for 60 s: closing does not wait it out
+            await hub.close()
+        await commands.aclose()
+        return queued, other_first, texts
+
+    queued, other_first, texts = asyncio.run(scenario())
+    assert BACKLOG <= queued <= BACKLOG + 64 and other_first.text == "x"
+    assert texts == [str(i) for i in range(total)]
