@@ -166,3 +166,38 @@ def test_a_handoff_the_pools_can_never_hold_fails_at_once_and_the_log_says_so(de
     assert store.done("large") == "error"
     total = 3 + decode.pools.capacity_tokens()
     assert f"request large: {total} tokens exceed the decode pools" in caplog.text
+
+
+def _needing(job: DecodeJob, max_tokens: int, created: float) -> DecodeJob:
+    """``job`` reserving ``max_tokens`` more (decode reserves the whole completion), admitted at ``created``."""
+    request = job.request.model_copy(update={"sampling": SamplingParams(max_tokens=max_tokens), "created": created})
+    return job.model_copy(update={"request": request})
+
+
+def test_waiting_requests_are_admitted_first_come_first_served_none_passing_one_that_does_not_fit(demo_dir, redis_url):
+    """1 MB of pools with room for 4 sequences: 145 CSA blocks of 64 tokens (the budget's split). "holds"
+    takes 94 of them; "large" (admitted first, arriving last: a re-run, or handed back by a peer) needs
+    63 and waits. "small" (1 block) fitted and was admitted past it: a steady stream of small ones
+    could pass it for ever. Now it waits behind it; when "holds" ends, both are admitted."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", kv_budget_mb=1, max_batch=4)
+    store, sent = _prefilled(settings, ("fcfs-holds", "fcfs-small", "fcfs-large"))
+    jobs, now = {job.request.request_id.removeprefix("fcfs-"): job for job in sent}, time.time()
+    runtime = Runtime.load(settings, "decode7@test", "decode", False)
+    assert runtime.pools.allocators["compressed_csa"].total == 145
+    loop = DecodeLoop(runtime)
+    loop.intake.submit(_needing(jobs["holds"], 6000, now - 2))  # 3 + 6000 tokens: 94 blocks
+    loop.waiting.extend(loop.intake.drain(0))
+    loop._admit()
+    for job in (_needing(jobs["small"], 3, now), _needing(jobs["large"], 4000, now - 1)):  # 1 block, 63
+        loop.intake.submit(job)
+    loop.waiting.extend(loop.intake.drain(0))
+    loop._admit()
+    assert set(loop.active) == {"fcfs-holds"}
+    assert [t.job.request.request_id for t in loop.waiting] == ["fcfs-large", "fcfs-small"]  # in admission order
+    loop._finish("fcfs-holds", "stop")
+    loop._admit()
+    assert set(loop.active) == {"fcfs-large", "fcfs-small"} and loop.waiting == []
+    for rid in ("fcfs-large", "fcfs-small"):
+        loop._finish(rid, "stop")
+    loop.stop.set()  # (its heartbeat thread)
+    runtime.close()

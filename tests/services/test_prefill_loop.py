@@ -257,3 +257,34 @@ def test_a_prompt_the_pools_can_never_hold_fails_at_once_and_the_log_says_so(dem
     run_jobs(loop, [admitted(store, "huge", tuple(i % 90 for i in range(too_long)))], 30)
     assert store.done("huge") == "error" and not sent and loop.r.pools.sequences == {}
     assert f"request huge: {too_long} tokens exceed the attention-state capacity" in caplog.text
+
+
+def test_waiting_prompts_are_admitted_first_come_first_served_none_passing_one_that_does_not_fit(demo_dir, redis_url):
+    """Another request's blocks leave 3 CSA blocks of 64 tokens: "large" (300 tokens, admitted first,
+    arriving last: a re-run) waits for more. "small" (5 tokens) fitted and ran past it, and a steady
+    stream of small ones could pass it for ever. Now it waits behind it; once blocks are free, both
+    run, "large" first."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=1, max_batch=4, handoff_timeout_s=600)
+    sent: list[DecodeJob] = []
+    loop = PrefillLoop(Runtime.load(settings, "prefill17@test", "prefill", False), recording(sent))
+    pools, store, now = loop.r.pools, Lifecycle.connect(redis_url), time.time()
+    loop.r.ranks.reserve("elsewhere", pools.capacity_tokens() - 3 * 64)
+    assert pools.fits(5) and not pools.fits(300)
+    jobs = []
+    for rid, length, created in (("small", 5, now), ("large", 300, now - 1)):
+        prompt = tuple(i % 90 for i in range(length))
+        request = GenerationRequest(
+            request_id=rid, prompt_ids=prompt, sampling=SamplingParams(max_tokens=4), created=created
+        )
+        store.admit(request, [], "", 60)
+        jobs.append(PrefillJob(request=request))
+    tickets = [loop.intake.submit(job) for job in jobs]
+    try:
+        loop._iteration()
+        assert not any(t.done.is_set() for t in tickets) and set(pools.sequences) == {"elsewhere"}
+        assert [t.job.request.request_id for t in loop.pending] == ["large", "small"]  # in the order of admission
+        loop.r.ranks.release("elsewhere")
+        loop._iteration()
+    finally:
+        loop.stop.set()
+    assert all(t.done.is_set() for t in tickets) and [job.request.request_id for job in sent] == ["large", "small"]

@@ -27,6 +27,7 @@ from .records import Token
 from .room import Room
 from .runtime import Runtime
 from .scripts import Take
+from .waiting import first_come, latest_runs
 
 log = logging.getLogger("dayzero.decode")
 
@@ -130,26 +131,22 @@ class DecodeLoop:
         ticket.done.set()
 
     def _admit(self) -> None:
-        """Admit what the pools can hold, in one round trip however many arrive: once their states are
-        imported, the takes of their handoffs (each claimed on arrival; a run over since is dropped)."""
-        still, imported = [], {}
-        latest = {}  # a re-run delivered while an older run's delivery waits: the older one is stale
-        for ticket in self.waiting:
-            rid = ticket.job.request.request_id
-            latest[rid] = max(latest.get(rid, 0), ticket.job.attempt)
-        for ticket in self.waiting:
+        """Admit what the pools can hold, first come first served (waiting.py: none passes one whose
+        blocks are not free), in one round trip however many arrive: once their states are imported,
+        the takes of their handoffs (each claimed on arrival; a run over since is dropped)."""
+        first_come(self.waiting)
+        still, imported, full = [], {}, False
+        for ticket in latest_runs(self.waiting, self.active):
             job = ticket.job
             rid = job.request.request_id
-            if rid in self.active or rid in imported or job.attempt < latest[rid]:
-                ticket.done.set()  # a duplicate delivery, or an older run's
-                continue
             total = self._tokens(job)
             if total > self.r.pools.capacity_tokens():
                 log.error("request %s: %d tokens exceed the decode pools", rid, total)
                 self._settle(ticket, "error", f"{total} tokens exceed the decode pools", len(job.generated))
                 continue
-            if not self.r.pools.fits(total):
+            if full or not self.r.pools.fits(total):
                 still.append(ticket)  # retry when blocks free up
+                full = True
                 continue
             try:
                 admit_state(self.r, self.receiver, job, total)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from ..kv.pools import OutOfBlocks
 from .runtime import Runtime
 
 
@@ -16,10 +17,28 @@ class KeptHandoffs:
     def keep(self, rid: str, attempt: int) -> None:
         self.held[rid] = (time.monotonic() + self.r.settings.handoff_timeout_s, attempt)
 
-    def attempt(self, rid: str) -> int | None:
-        """The run whose handoff holds ``rid``'s blocks (None: none kept)."""
+    def holds(self, rid: str, attempt: int) -> bool:
+        """Whether this worker holds blocks of ``rid`` for run ``attempt`` or a later one (under way,
+        or a handoff decode has not taken): a delivery of it waits till they are free. Those of an
+        older run's handoff are released (decode drops its job as stale)."""
+        if rid not in self.r.pools.sequences:
+            return False
         held = self.held.get(rid)
-        return None if held is None else held[1]
+        if held is None or held[1] >= attempt:
+            return True
+        self.forget(rid)
+        self.r.ranks.release(rid)
+        return False
+
+    def reserve(self, rid: str, tokens: int) -> None:
+        """``rid``'s blocks (raises OutOfBlocks); when none are free, first those of handoffs decode
+        has taken since the last batch."""
+        try:
+            self.r.ranks.reserve(rid, tokens)
+        except OutOfBlocks as exc:
+            if exc.permanent or not self.reclaim():
+                raise
+            self.r.ranks.reserve(rid, tokens)
 
     def forget(self, rid: str) -> None:
         """No longer kept (the caller releases its blocks)."""

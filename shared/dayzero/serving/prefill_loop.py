@@ -33,6 +33,7 @@ from .prefill_batch import BatchInput, echo_of, forward_of
 from .prefilling import Prefilling, end_failed, forward_span, take_batch
 from .records import Token
 from .runtime import Runtime
+from .waiting import first_come
 
 log = logging.getLogger("dayzero.prefill")
 
@@ -65,6 +66,7 @@ class PrefillLoop:
         if self.running:
             self._end_cancelled()  # between two chunks of a prompt
         if self.pending:
+            first_come(self.pending)
             settings = self.r.settings
             taken = take_batch(self.pending, self.running, settings.prefill_chunk_size, settings.max_prefill_tokens)
             if taken:  # (none: the waiting ones wait for room in a step, not for blocks)
@@ -146,41 +148,32 @@ class PrefillLoop:
         store.settle(rid, job.attempt, self.r.name, reason, len(job.generated) if index is None else index, message)
         ticket.done.set()
 
-    def _reserve(self, rid: str, tokens: int) -> None:
-        """The request's blocks; when none are free, first those of handoffs decode has taken since
-        the last batch."""
-        try:
-            self.r.ranks.reserve(rid, tokens)
-        except OutOfBlocks as exc:
-            if exc.permanent or not self.handed_off.reclaim():
-                raise
-            self.r.ranks.reserve(rid, tokens)
-
-    def _admit(self, ticket: Ticket[PrefillJob]) -> bool:
-        """The claimed request's blocks; False when it waits for them or is settled without prefill."""
-        job = ticket.job
-        rid = job.request.request_id
-        if rid in self.r.pools.sequences:  # this worker still holds blocks of the request
-            kept = self.handed_off.attempt(rid)
-            if kept is None or kept >= job.attempt:  # a duplicate: it waits till they are free
+    def _admit(self, taken: list[Ticket[PrefillJob]]) -> list[Ticket[PrefillJob]]:
+        """Reserve the taken requests' blocks, first come first served (waiting.py): one the free blocks
+        cannot hold waits in ``pending`` (still leased to this worker) and those after it with it; one
+        the pools can never hold is settled. -> those admitted."""
+        admitted, full = [], False
+        for ticket in taken:
+            job, rid = ticket.job, ticket.job.request.request_id
+            if full or self.handed_off.holds(rid, job.attempt):  # (held: a duplicate, till they are free)
                 self.pending.append(ticket)
-                return False
-            self.handed_off.forget(rid)  # an older run's handoff (decode drops its job as stale)
-            self.r.ranks.release(rid)
-        try:
-            self._reserve(rid, len(job.request.prompt_ids) + len(job.generated))
-        except OutOfBlocks as exc:
-            if exc.permanent:
-                log.error("request %s: %s", rid, exc)
-                self._settle(ticket, "error", str(exc))
-            else:
-                self.pending.append(ticket)  # waits for blocks, still leased to this worker
-            return False
-        return True
+                continue
+            try:
+                self.handed_off.reserve(rid, len(job.request.prompt_ids) + len(job.generated))
+            except OutOfBlocks as exc:
+                if exc.permanent:
+                    log.error("request %s: %s", rid, exc)
+                    self._settle(ticket, "error", str(exc))
+                else:
+                    self.pending.append(ticket)
+                    full = True
+                continue
+            admitted.append(ticket)
+        return admitted
 
     def _start(self, taken: list[Ticket[PrefillJob]]) -> None:
         """Admit the taken requests (their blocks) and put their prompts under way, identical ones once."""
-        admitted = [t for t in taken if self._admit(t)]
+        admitted = self._admit(taken)
         self.starved = not admitted and bool(self.pending)
         runs: dict[object, list[Ticket[PrefillJob]]] = {}
         for ticket in admitted:
