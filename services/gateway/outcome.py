@@ -116,8 +116,8 @@ class Usage:
 
 
 def _failure(event: Token) -> APIError:
-    if event.code == "no_worker":  # nobody took it: the server's state, not the request's fault (reaper.py)
-        return APIError(503, event.error, "service_unavailable", code="no_worker", headers={"Retry-After": "1"})
+    if event.code in ("no_worker", "overloaded"):  # no worker took it, or none had room in time: not its fault
+        return APIError(503, event.error, "service_unavailable", code=event.code, headers={"Retry-After": "1"})
     if event.finish_reason == "error":
         return APIError(500, event.error or "generation failed", "server_error", code="generation_failed")
     message = "the request was cancelled before it finished"

@@ -98,8 +98,9 @@ class Settings(BaseSettings):
     task_time_limit_s: int = Field(
         default=3600,
         ge=1,
-        description="a request still generating this long after admission ends (finish_reason length); a "
-        "prefill forward running this long is hung: its leases lapse",
+        description="a request still generating (or waiting for room) this long after admission ends "
+        "(finish_reason length; one that streamed nothing: 503 overloaded); a prefill forward running this "
+        "long is hung: its leases lapse",
     )
     frozen_worker_s: float = Field(
         default=30.0,

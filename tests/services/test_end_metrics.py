@@ -90,6 +90,33 @@ def test_a_body_whose_choice_fails_counts_each_choice_once(gateway):
     assert _grown(before, _finished(client)) == {"error": 2.0}
 
 
+def test_a_request_that_found_no_room_in_time_is_a_503_overloaded(gateway):
+    """Prefill ends a prompt that waited for blocks past DAYZERO_TASK_TIME_LIMIT_S with the code
+    ``overloaded`` (waiting.py): the server's state, not a failed generation (a 500), so a 503 with
+    Retry-After, as OpenAI answers when overloaded; a stream's error event says the same."""
+    client, store = gateway
+    before, running = _finished(client), set(store.active())
+    body = {"model": MODEL, "prompt": [0, 5], "max_tokens": 3}
+    with ThreadPoolExecutor(1) as pool:  # the answer waits for its end
+        answer = pool.submit(client.post, "/v1/completions", json=body)
+        assert wait_until(lambda: set(store.active()) - running, 10.0)
+        (rid,) = set(store.active()) - running
+        assert store.settle(rid, 0, "", "error", end_at=0, message="no room in time", code="overloaded")
+        r = answer.result(timeout=30)
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert r.json()["error"] == {
+        "message": "no room in time",
+        "type": "service_unavailable",
+        "param": None,
+        "code": "overloaded",
+    }
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as streamed:
+        assert store.settle(streamed.headers["x-request-id"], 0, "", "error", 0, "no room in time", code="overloaded")
+        data = [line for line in streamed.iter_lines() if line.startswith("data:")]
+    assert '"code": "overloaded"' in data[0] and '"service_unavailable"' in data[0] and data[-1] == "data: [DONE]"
+    assert _grown(before, _finished(client)) == {"error": 2.0}
+
+
 def test_metrics_are_served_while_redis_is_down(demo_dir):
     """An outage is when the gateway's own counters matter: the scrape leaves out only what it
     reads from Redis (queue depths, worker snapshots) and says Redis was not reached."""

@@ -92,7 +92,9 @@ def test_a_batch_hands_on_only_the_requests_it_claims(demo_dir, redis_url):
     sent: list[DecodeJob] = []
     store, ids = Lifecycle.connect(redis_url), ("fresh", "left", "old", "elsewhere")
     requests = [
-        GenerationRequest(request_id=rid, prompt_ids=(0, 5, 6, 7), sampling=SamplingParams(max_tokens=4), created=0.0)
+        GenerationRequest(
+            request_id=rid, prompt_ids=(0, 5, 6, 7), sampling=SamplingParams(max_tokens=4), created=time.time()
+        )
         for rid in ids
     ]
     for request in requests:
@@ -118,7 +120,9 @@ def test_a_failed_forward_ends_only_the_requests_it_claimed(demo_dir, redis_url,
     runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill6@test", "prefill", False)
     store = Lifecycle.connect(redis_url)
     requests = [
-        GenerationRequest(request_id=rid, prompt_ids=(0, 5, 6), sampling=SamplingParams(max_tokens=4), created=0.0)
+        GenerationRequest(
+            request_id=rid, prompt_ids=(0, 5, 6), sampling=SamplingParams(max_tokens=4), created=time.time()
+        )
         for rid in ("mine", "theirs")
     ]
     for request in requests:

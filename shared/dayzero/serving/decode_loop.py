@@ -27,7 +27,7 @@ from .records import Token
 from .room import Room
 from .runtime import Runtime
 from .scripts import Take
-from .waiting import first_come, latest_runs
+from .waiting import end_overdue, first_come, latest_runs
 
 log = logging.getLogger("dayzero.decode")
 
@@ -96,12 +96,14 @@ class DecodeLoop:
     def _end_overdue(self) -> None:
         """A request admitted longer ago than ``task_time_limit_s`` ends as a token limit would
         (finish reason "length", its text kept, its usage counted): an error would lose a
-        non-streamed answer's text and make OpenAI's clients run it all again."""
+        non-streamed answer's text and make OpenAI's clients run it all again. One waiting for
+        blocks ends alike, with the tokens it has streamed (waiting.py)."""
         overdue = time.time() - self.r.settings.task_time_limit_s
         for rid in [rid for rid, a in self.active.items() if a.ticket.job.request.created < overdue]:
             log.warning("request %s: past DAYZERO_TASK_TIME_LIMIT_S; ending it", rid)
             completion = self.active[rid].completion
             self._finish(rid, "length", index=completion.count, usage=completion.usage())
+        end_overdue(self.waiting, self.r, self.limit, self._settle)
 
     def _drop(self, rid: str) -> None:
         """Stop generating a request whose lease this worker lost (it stalled past the lease and the
@@ -124,10 +126,11 @@ class DecodeLoop:
         message: str = "",
         index: int | None = None,
         usage: dict | None = None,
+        code: str = "",
     ) -> None:
         rid, attempt = ticket.job.request.request_id, ticket.job.attempt
         self.heartbeat.release(rid)
-        self.r.store.settle(rid, attempt, self.r.name, reason, index, message, usage)
+        self.r.store.settle(rid, attempt, self.r.name, reason, index, message, usage, code)
         ticket.done.set()
 
     def _admit(self) -> None:

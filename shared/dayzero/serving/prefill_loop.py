@@ -33,7 +33,7 @@ from .prefill_batch import BatchInput, echo_of, forward_of
 from .prefilling import Prefilling, end_failed, forward_span, take_batch
 from .records import Token
 from .runtime import Runtime
-from .waiting import first_come
+from .waiting import end_overdue, first_come
 
 log = logging.getLogger("dayzero.prefill")
 
@@ -49,6 +49,7 @@ class PrefillLoop:
         self.pending: list[Ticket[PrefillJob]] = []
         self.running: list[Prefilling] = []  # prompts under way, a chunk per step
         self.handed_off = KeptHandoffs(runtime)
+        self.limit = context_limit(runtime.model.cfg, runtime.settings.max_context)
         self.starved = False  # the last batch admitted nothing: its requests wait for blocks
         self.stop = threading.Event()
         settings = runtime.settings  # (a forward past the time limit is hung: a long prompt's may pass the group's)
@@ -66,6 +67,7 @@ class PrefillLoop:
         if self.running:
             self._end_cancelled()  # between two chunks of a prompt
         if self.pending:
+            end_overdue(self.pending, self.r, self.limit, self._settle)
             first_come(self.pending)
             settings = self.r.settings
             taken = take_batch(self.pending, self.running, settings.prefill_chunk_size, settings.max_prefill_tokens)
@@ -137,7 +139,15 @@ class PrefillLoop:
             self.pending.remove(waiting[rid])
             self._settle(waiting[rid], "cancelled")
 
-    def _settle(self, ticket: Ticket[PrefillJob], reason: str, message: str = "", index: int | None = None) -> None:
+    def _settle(
+        self,
+        ticket: Ticket[PrefillJob],
+        reason: str,
+        message: str = "",
+        index: int | None = None,
+        usage: dict | None = None,
+        code: str = "",
+    ) -> None:
         """End a request without handing it to decode (freeing its parked image embeddings); its
         stream closes at ``index`` (default: after the tokens it came with)."""
         job, store = ticket.job, self.r.store
@@ -145,7 +155,8 @@ class PrefillLoop:
         self.heartbeat.release(rid)
         if job.embeddings is not None:
             discard_tensor(job.embeddings, store)
-        store.settle(rid, job.attempt, self.r.name, reason, len(job.generated) if index is None else index, message)
+        end = len(job.generated) if index is None else index
+        store.settle(rid, job.attempt, self.r.name, reason, end, message, usage, code)
         ticket.done.set()
 
     def _admit(self, taken: list[Ticket[PrefillJob]]) -> list[Ticket[PrefillJob]]:
@@ -204,7 +215,6 @@ class PrefillLoop:
         self.r.stats.add(steps=1)
         self.r.stats.set(batch_size=len(rows))
         self.r.stats.call("prefill")
-        limit = context_limit(self.r.model.cfg, self.r.settings.max_context)
         # the leases live until each request is handed on (the heartbeat holds them from their claim):
         # a slow emit of a large batch must not let the last ones lapse (the reaper would re-run a
         # request that is being handed to decode)
@@ -217,7 +227,7 @@ class PrefillLoop:
             self.running = [p for p, out in zip(rows, logits, strict=True) if out is None]
             for p, out in zip(rows, logits, strict=True):
                 if out is not None:
-                    self._finish(p, out, limit)
+                    self._finish(p, out, self.limit)
         except Exception as exc:  # the forward failed (or Redis, mid-batch): the spans not ended yet end failed
             for p in (p for p in rows if all(p is not q for q in self.running)):  # (not the prompts going on)
                 end_failed(p.spans, f"prefill failed: {type(exc).__name__}", p.done)

@@ -1,5 +1,5 @@
 """Requests a worker has claimed that wait for their turn and their KV blocks (decode's ``waiting``,
-prefill's ``pending``): first come, first served.
+prefill's ``pending``): first come, first served, and none past DAYZERO_TASK_TIME_LIMIT_S.
 
 First come: in the order of their admission (``created``, the time limit's clock), so a request
 re-run after a worker failure, or handed back by a decode peer (room.py), keeps its place ahead of
@@ -11,11 +11,17 @@ room.py hands any of them (it first) to a peer with room for it.
 
 from __future__ import annotations
 
-from collections.abc import Container
+import logging
+import time
+from collections.abc import Callable, Container
 from typing import Protocol, TypeVar
 
 from .intake import Ticket
 from .messages import GenerationRequest
+from .runtime import Runtime
+
+log = logging.getLogger("dayzero.serving")
+OVERLOADED = "overloaded"  # the error code of a request that found no room in time: a 503 (gateway/outcome.py)
 
 
 class Claimed(Protocol):  # a stage's job: PrefillJob, DecodeJob
@@ -28,13 +34,39 @@ class Run(Claimed, Protocol):
     def attempt(self) -> int: ...
 
 
+class Waits(Claimed, Protocol):
+    @property
+    def generated(self) -> tuple[int, ...]: ...
+
+
 J = TypeVar("J", bound=Claimed)
 R = TypeVar("R", bound=Run)
+W = TypeVar("W", bound=Waits)
 
 
 def first_come(tickets: list[Ticket[J]]) -> None:
     """Order ``tickets`` by admission, in place (stable: a request's choices keep their order)."""
     tickets.sort(key=lambda ticket: ticket.job.request.created)
+
+
+def end_overdue(tickets: list[Ticket[W]], runtime: Runtime, limit: int, settle: Callable[..., object]) -> None:
+    """End the requests of ``tickets`` admitted longer ago than DAYZERO_TASK_TIME_LIMIT_S, and take them
+    out. One that has streamed tokens (any decode holds; a re-run in prefill) ends as decode ends one
+    generating: finish reason "length", its text kept, its usage counted (an error would lose a
+    non-streamed answer's text). One that has streamed none (in prefill) ends with a 503 ``overloaded``
+    (a "length" without text would say it had run): its client may retry it when there is room.
+    ``settle(ticket, reason, message, index=, usage=, code=)``: the loop's; ``limit``: the context limit."""
+    limit_s, stage = runtime.settings.task_time_limit_s, runtime.stats.stage
+    for ticket in [t for t in tickets if t.job.request.created < time.time() - limit_s]:
+        job, index = ticket.job, len(ticket.job.generated)
+        log.warning("request %s: waited in %s past DAYZERO_TASK_TIME_LIMIT_S; ending it", job.request.request_id, stage)
+        if job.generated:
+            usage = runtime.completion(job.request, job.generated, limit).usage()
+            settle(ticket, "length", "", index=index, usage=usage)
+        else:
+            message = f"no room for the request within DAYZERO_TASK_TIME_LIMIT_S={limit_s} s; retry later"
+            settle(ticket, "error", message, index=index, code=OVERLOADED)
+        tickets.remove(ticket)  # (once settled: Redis failing leaves it for the next try)
 
 
 def latest_runs(tickets: list[Ticket[R]], running: Container[str]) -> list[Ticket[R]]:
