@@ -49,18 +49,24 @@ def test_a_short_request_passes_a_long_prompt_in_prefill_and_a_cancelled_one_sto
     assert set(runtime.pools.sequences) == {"short", "long"}  # leased to decode; "left"'s blocks are free
 
 
-def test_long_prompts_leave_every_step_room_for_a_short_request(demo_dir, redis_url):
+def test_long_prompts_leave_every_step_room_for_a_short_request_and_a_waiting_one_cancelled_never_runs(
+    demo_dir, redis_url
+):
     """Steps of two chunks: a long prompt under way keeps the second long one waiting, so that a
     short request arriving meanwhile still joins the next step (both long ones in the step, it
-    waited for their ends); the second long one starts when the first ends."""
+    waited for their ends); the second long one starts when the first ends. A third long one that
+    its client cancels while it waits for room ends cancelled, never prefilled (it was prefilled
+    once it started: its cancel was read only between the chunks of prompts under way)."""
     ids = ("long-1", "long-2")
     loop, store, sent, tickets = _two_long_prompts(
         demo_dir, redis_url, ids, prefill_chunk_size=8, max_prefill_tokens=16
     )
     runtime = loop.r
     try:
+        tickets["gone"] = loop.intake.submit(admitted(store, "gone", tuple(range(110, 158))))
         loop._iteration()
-        assert runtime.stats.counters["tokens"] == 8  # long-2 waits for room
+        assert runtime.stats.counters["tokens"] == 8  # long-2 and gone wait for room
+        store.cancel("gone")
         tickets["brief"] = loop.intake.submit(admitted(store, "brief"))
         while not tickets["long-2"].done.is_set():
             loop._iteration()
@@ -68,3 +74,5 @@ def test_long_prompts_leave_every_step_room_for_a_short_request(demo_dir, redis_
         loop.stop.set()
     assert [job.request.request_id for job in sent] == ["brief", "long-1", "long-2"]
     assert runtime.stats.counters["tokens"] == 48 + 48 + 5
+    assert store.done("gone") == "cancelled" and tickets["gone"].done.is_set() and not loop.pending
+    assert set(runtime.pools.sequences) == {"brief", "long-1", "long-2"}  # leased to decode

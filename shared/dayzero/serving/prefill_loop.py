@@ -63,9 +63,9 @@ class PrefillLoop:
         idle = not self.running and (not self.pending or self.starved)
         self.pending.extend(self.intake.drain(0.05 if idle else 0))
         waiting = len(self.pending) + sum(len(p.tickets) for p in self.running) or 1
+        if self.running or self.starved:  # (a request alone on an idle worker: no round trip)
+            self._end_cancelled()  # between two chunks of a prompt, and of the requests waiting meanwhile
         self.starved = False
-        if self.running:
-            self._end_cancelled()  # between two chunks of a prompt
         if self.pending:
             end_overdue(self.pending, self.r, self.limit, self._settle)
             first_come(self.pending)
@@ -79,8 +79,6 @@ class PrefillLoop:
             self.r.stats.set(batch_size=0)  # no batch (not the last one's size for ever)
         if self.handed_off.reclaim():  # after the batch, not before it: off the path of a request that just arrived
             self.starved = False  # blocks came free: the waiting requests try again at once
-        if self.starved:
-            self._drop_cancelled()
         self.r.announce(waiting)  # (a round trip every lease / 4) likewise
         self.r.ranks.keepalive()  # idle, or every request waiting for blocks: the other ranks still hear
 
@@ -122,22 +120,21 @@ class PrefillLoop:
                 discard_tensor(ticket.job.embeddings, self.r.store)
 
     def _end_cancelled(self) -> None:
-        """Stop the prompts under way whose every request a client cancelled: their blocks are free
-        before their next chunk (on every rank: rank 0 tells the others to release them)."""
-        cancelled = self.r.store.cancelled([t.job.request.request_id for p in self.running for t in p.tickets])
+        """End what a client cancelled, with one read of the marks: the prompts under way whose every
+        request it cancelled (their blocks are free before their next chunk, on every rank: rank 0
+        tells the others to release them), and the requests waiting for room in a step or for blocks
+        (never prefilled)."""
+        rids = [t.job.request.request_id for t in (*self.pending, *(t for p in self.running for t in p.tickets))]
+        cancelled = self.r.store.cancelled(rids)
         for ended in [p for p in self.running if cancelled.issuperset(p.request_ids)]:
             end_failed(ended.spans, "cancelled", ended.done)
             for ticket in ended.tickets:  # (Redis failing here: tried again at the next iteration)
                 self._settle(ticket, "cancelled")
                 self.r.ranks.release(ticket.job.request.request_id)
             self.running.remove(ended)
-
-    def _drop_cancelled(self) -> None:
-        """End the requests waiting for blocks that a client cancelled meanwhile."""
-        waiting = {t.job.request.request_id: t for t in self.pending}
-        for rid in self.r.store.cancelled(list(waiting)):
-            self.pending.remove(waiting[rid])
-            self._settle(waiting[rid], "cancelled")
+        for ticket in [t for t in self.pending if t.job.request.request_id in cancelled]:
+            self.pending.remove(ticket)
+            self._settle(ticket, "cancelled")
 
     def _settle(
         self,
