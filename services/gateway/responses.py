@@ -81,7 +81,8 @@ async def sse(
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     """One request's stream; ``merged``: one of several streams merged (no event ids, no usage
     chunk, no [DONE]; its finish is added to ``used``). Every end but a finish (a failure, a cancel,
-    Redis lost, shutdown) sends an error event in OpenAI's error shape; a single stream then ends
+    Redis lost, shutdown) sends an error event in OpenAI's error shape (merged: with the ``index``
+    of the choice it ends, as in ``choices[].index``); a single stream then ends
     with ``[DONE]`` either way, after a finish with the usage chunk when the client asked for it.
     A stream read again by its id is not ``counted`` in the latency and finish metrics."""
     progress, left = Progress(gw, request, span, counted=counted), True
@@ -100,6 +101,8 @@ async def sse(
         except Exception as exc:  # every failure becomes the stream's error event
             error = stream_error(exc, request.request_id)
             progress.end("error", error["error"]["message"])  # unless the failure was the request's own, as seen
+            if merged:  # which choice it ends (the others go on)
+                error["error"]["index"] = request.choice
             yield ServerSentEvent(data=json.dumps(error))
         left = False
         if not merged:

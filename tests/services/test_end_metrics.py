@@ -6,6 +6,7 @@ does, through the request lifecycle."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -55,6 +56,27 @@ def test_a_stream_that_fails_counts_its_failure(gateway, reason):
         data = [line for line in r.iter_lines() if line.startswith("data:")]
     assert '"error"' in data[0] and data[-1] == "data: [DONE]"
     assert _grown(before, _finished(client)) == {reason: 1.0}
+
+
+def test_a_choice_that_fails_in_a_stream_of_two_is_named_by_its_error_event_and_the_other_goes_on(gateway):
+    """n = 2, streamed: choice 1 fails, choice 0 then finishes. Choice 1's error event says which
+    choice it ended (its error object carries the choice's ``index``: it did not, and a client could
+    not tell which choice of several had failed); choice 0's chunks go on; one [DONE] ends the stream."""
+    client, store = gateway
+    before = _finished(client)
+    body = {"model": MODEL, "prompt": [0, 5], "max_tokens": 3, "n": 2, "stream": True}
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        first, second = r.headers["x-request-id"].split(",")
+        _end(store, second, "error")
+        _end(store, first, "length")
+        data = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data:")]
+    events = [json.loads(d) for d in data[:-1]]
+    assert [e["error"] for e in events if "error" in e] == [
+        {"message": "ended by the test", "type": "server_error", "param": None, "code": "generation_failed", "index": 1}
+    ]
+    assert [(c["index"], c["finish_reason"]) for e in events for c in e.get("choices", ())] == [(0, "length")]
+    assert data[-1] == "[DONE]"
+    assert _grown(before, _finished(client)) == {"error": 1.0, "length": 1.0}
 
 
 def test_a_stream_the_gateway_fails_counts_an_error_and_logs_its_request(gateway, monkeypatch, caplog):
