@@ -266,17 +266,20 @@ async def _merged(
 ) -> AsyncIterator[ServerSentEvent]:
     """Several choices' chunks as they come, each marked with its index; not resumable (no ids).
     When every choice finished, one usage chunk (if asked for) totals them. Leaving cancels every
-    choice (each stream's own clean-up unwatches its request)."""
+    choice (each stream's own clean-up unwatches its request), through a cancel scope: delivered
+    again until the choice ends (a Task.cancel() lost in a redis-py command left it generating)."""
     queue: asyncio.Queue[ServerSentEvent | None] = asyncio.Queue()
     used = Usage()
+    stops = [anyio.CancelScope() for _ in requests]
 
     async def pump(i: int) -> None:
-        try:
-            async for event in sse(gw, requests[i], "0-0", spans[i], merged=True, shutdown=shutdown, used=used):
-                if isinstance(event, ServerSentEvent) and event.data is not None:  # the response pings on its own
-                    queue.put_nowait(ServerSentEvent(data=event.data))
-        finally:
-            queue.put_nowait(None)
+        with stops[i]:
+            try:
+                async for event in sse(gw, requests[i], "0-0", spans[i], merged=True, shutdown=shutdown, used=used):
+                    if isinstance(event, ServerSentEvent) and event.data is not None:  # the response pings itself
+                        queue.put_nowait(ServerSentEvent(data=event.data))
+            finally:
+                queue.put_nowait(None)
 
     pumps = [asyncio.create_task(pump(i)) for i in range(len(requests))]
     try:
@@ -292,7 +295,7 @@ async def _merged(
             yield _usage_event(gw, requests[0], used)
         yield ServerSentEvent(data="[DONE]")
     finally:
-        for task in pumps:
-            task.cancel()
+        for stop in stops:
+            stop.cancel()
         with anyio.CancelScope(shield=True):
             await asyncio.gather(*pumps, return_exceptions=True)
