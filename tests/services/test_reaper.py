@@ -10,7 +10,7 @@ from dayzero.params import SamplingParams
 from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest
-from dayzero.serving.reaper import MAX_ATTEMPTS, sweep
+from dayzero.serving.reaper import MAX_ATTEMPTS, end_unserved, sweep
 from dayzero.serving.records import Token
 
 
@@ -66,3 +66,30 @@ def test_a_request_that_lost_its_worker_too_often_ends_with_an_error_in_the_log(
     assert sweep(store, lambda job, stage: sent.append(job), 60, 1, 60) == [] and not sent
     assert store.done("r-cursed") == "error"
     assert "request r-cursed lost its worker" in caplog.text
+
+
+def test_a_request_its_client_left_is_ended_cancelled_not_re_run_nor_failed(redis_url):
+    """The client left (a cancel mark). Its request whose worker died is ended cancelled, not re-run
+    (the next stage's claim would only end it, one queue trip later); one waiting at a stage that has
+    had no live worker past the bound is ended cancelled, not with no_worker's error (an error
+    logged, and a 503 to a reader, for a request nobody wanted any more)."""
+    store, sent = Lifecycle(redis.Redis.from_url(redis_url)), []
+    for rid in ("r-left-dead", "r-left-stranded", "r-stranded"):
+        request = GenerationRequest(request_id=rid, prompt_ids=(0, 5), sampling=SamplingParams(), created=0.0)
+        store.admit(request, [], "", 60)
+    for rid in ("r-left-stranded", "r-stranded"):
+        store.enqueue(rid, "prefill", f"the message of {rid}", 60)  # its message waits on prefill's queue
+    store.take("r-left-dead", 0, "decode0", 30)
+    store.append([Token("r-left-dead", 0, 7, "a")], {"r-left-dead": 0}, "decode0")
+    store.r.delete(key("lease", "r-left-dead"))  # the worker died
+    store.cancel("r-left-dead")
+    store.cancel("r-left-stranded")
+    rerun = sweep(store, lambda job, stage: sent.append(job), 60, 1, 60)
+    assert "r-left-dead" not in rerun and all(job.request.request_id != "r-left-dead" for job in sent)
+    assert store.done("r-left-dead") == "cancelled" and store.stream("r-left-dead") == ([7], "cancelled")
+    ended = end_unserved(store, lambda stage: 100.0, 60)
+    assert {"r-left-stranded", "r-stranded"} <= set(ended)
+    assert store.done("r-left-stranded") == "cancelled" and store.done("r-stranded") == "error"
+    (_, stranded), *_ = store.r.xrevrange(key("tokens", "r-stranded"), count=1)
+    (_, left), *_ = store.r.xrevrange(key("tokens", "r-left-stranded"), count=1)
+    assert stranded[b"c"] == b"no_worker" and b"c" not in left and left[b"f"] == b"cancelled"

@@ -44,6 +44,9 @@ def sweep(
             store.settle(rid, attempt, "", ended)
             continue
         generated = tuple(tokens)
+        if store.cancelled([rid]):  # its client left: no run for it (the next stage would end it)
+            store.settle(rid, attempt, "", "cancelled", len(generated))
+            continue
         if attempt > MAX_ATTEMPTS:
             log.error("request %s lost its worker %d times; ending it with an error", rid, attempt)
             store.settle(rid, attempt, "", "error", len(generated), "the request failed on several workers")
@@ -59,15 +62,21 @@ def sweep(
 def end_unserved(store: Lifecycle, unserved_s: Callable[[str], float], bound_s: float) -> list[str]:
     """End the requests waiting in the queue of a stage that has had no live worker for over
     ``bound_s`` (``unserved_s(stage)``: for how long; liveness.py): 503 ``no_worker``, a stream's
-    error event. A request waiting behind others on a live worker is never ended here. Returns their ids."""
+    error event; one its client cancelled, as cancelled. A request waiting behind others on a live
+    worker is never ended here. Returns their ids."""
     over = {stage: since for stage in QUEUES if (since := unserved_s(stage)) > bound_s}
     if not over:
         return []
-    ended = []
-    for rid, (stage, attempt, owner) in store.waiting(store.active()).items():
+    ended, waiting = [], store.waiting(store.active())
+    cancelled = store.cancelled([rid for rid, (stage, _, _) in waiting.items() if stage in over])
+    for rid, (stage, attempt, owner) in waiting.items():
         if stage not in over:
             continue
         tokens, _ = store.stream(rid)
+        if rid in cancelled:  # its client left: cancelled, not a failure to report
+            if store.settle(rid, attempt, owner, "cancelled", len(tokens)):
+                ended.append(rid)
+            continue
         message = (
             f"no {stage} worker has been alive for {over[stage]:.0f} s to take the request "
             f"(DAYZERO_NO_WORKER_TIMEOUT_S={bound_s:g}); retry later"
