@@ -3,6 +3,7 @@ under a stream, SIGINT to a background job. Real processes throughout."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -173,6 +174,34 @@ def test_a_stack_stopping_continues_its_stopped_children_which_stop_cleanly(demo
     finally:
         killed = stack.stop()
     assert list(SHM_DIR.glob(f"dz-kv-{worker.pid}-*")) == [] and killed == []
+
+
+def test_a_worker_sigtermed_while_it_starts_ends_at_once_and_unlinks_its_pool_segment(demo_dir, tmp_path):
+    """Before Celery installs its SIGTERM handler (loading the weights, warming up) SIGTERM ended a
+    worker by Python's default action: its KV pool segment (256 MB by default) stayed in /dev/shm
+    until the next worker start on the host swept it. Held (SIGSTOP) the moment its segment
+    appears, seconds before it is ready, then SIGTERMed."""
+    from dayzero.shm import SHM_DIR
+
+    env = {"DAYZERO_CHECKPOINT": str(demo_dir), "DAYZERO_KV_BUDGET_MB": "32"}
+    stack = Stack({"vision": 0, "prefill": 1, "decode": 0}, free_port(), tmp_path, env)
+    stack.start()
+    worker = stack.child("prefill0").proc
+    segments = lambda: list(SHM_DIR.glob(f"dz-kv-{worker.pid}-*"))  # noqa: E731
+    try:
+        assert wait_until(segments, 120, step_s=0.01), "no pool segment"
+        worker.send_signal(signal.SIGSTOP)
+        worker.send_signal(signal.SIGTERM)
+        worker.send_signal(signal.SIGCONT)
+        exit_code = worker.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):  # as in a container whose init ended: the rest are killed,
+            os.killpg(worker.pid, signal.SIGKILL)  # multiprocessing's resource tracker too (it could unlink it)
+        assert segments() == []
+        assert exit_code == 128 + signal.SIGTERM  # its own exit, not the signal's (-15)
+    finally:
+        stack.stop()
+        for segment in segments():
+            segment.unlink()
 
 
 def test_restarting_a_child_that_exited_kills_what_is_left_of_its_process_group(tmp_path):

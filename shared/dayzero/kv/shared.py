@@ -138,3 +138,9 @@ def sweep_stale(folder: Path = SHM_DIR) -> list[str]:
     handoff, and the request is re-run from its prompt by the reaper.
     """
     return sweep(PREFIX, _dead, folder)
+
+
+def unlink_own(folder: Path = SHM_DIR) -> list[str]:
+    """Unlink the pool segments this process created: it ends before its runtime could close them
+    (SIGTERM while it starts). Safe in a signal handler: a segment being created is found by name."""
+    return sweep(PREFIX, os.getpid().__eq__, folder)

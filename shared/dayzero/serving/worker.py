@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from typing import Any, Protocol
 from celery import signals
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
+from ..kv.shared import unlink_own
 from ..parallel.collectives import Group
 from ..settings import Settings
 from ..telemetry import flush_spans, setup_tracing
@@ -129,6 +131,7 @@ class StageWorker:
 
     def _start(self, sender: object = None, **_: object) -> None:
         name = getattr(sender, "hostname", None) or self.stage  # celery's -n, e.g. "decode0@host"
+        signal.signal(signal.SIGTERM, self._end_starting)  # Celery installs its own once started
         setup_tracing(self.settings, self.stage)
         if self.settings.trace_exporter != "none":  # only then: off, its signal handlers would still run per task
             CeleryInstrumentor().instrument()
@@ -142,6 +145,17 @@ class StageWorker:
         threading.Thread(target=running.run_forever, name=f"{self.stage}-loop", daemon=True).start()
         self._ready.set()
         log.info("%s ready", running.name)
+
+    def _end_starting(self, signum: int, _frame: object) -> None:
+        """SIGTERM before Celery's handler (loading the weights, warming up): end now, the pool
+        segment unlinked (Python's default action left it, 256 MB by default, in /dev/shm until the
+        next worker start on the host swept it) and this process out of the liveness stamps."""
+        removed = unlink_own()
+        log.warning("%s stopped while starting (SIGTERM); unlinked %s", self.stage, removed or "no pool segment")
+        if self._pulse is not None:
+            self._pulse.stop()
+        logging.shutdown()
+        os._exit(128 + signum)
 
     def _exit_soon(self, **_: object) -> None:
         """SIGTERM: Celery's warm shutdown waits for running tasks (whole generations) and, with
