@@ -111,7 +111,8 @@ class Settings(BaseSettings):
     no_worker_timeout_s: float = Field(
         default=60.0,
         gt=0,
-        description="a request waiting at a stage that has had no live worker (a loading one counts) this long "
+        description="a request waiting at a stage that has had no ready live worker (a loading or crash-looping one "
+        "does not count) this long "
         "ends: 503 no_worker (a stream: an error event); one waiting behind others on a live worker waits on",
     )
     tensor_parallel: int = Field(

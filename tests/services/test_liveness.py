@@ -13,7 +13,16 @@ import redis
 
 from dayzero.serving.lease import Heartbeat
 from dayzero.serving.lifecycle import Lifecycle
-from dayzero.serving.liveness import FRESH_S, STAMP_EVERY_S, Pulse, connect, stamps, stopped_child, unserved_for
+from dayzero.serving.liveness import (
+    FRESH_S,
+    STAMP_EVERY_S,
+    Pulse,
+    connect,
+    serving,
+    stamps,
+    stopped_child,
+    unserved_for,
+)
 
 from .conftest import wait_until
 
@@ -25,6 +34,7 @@ def test_a_long_step_keeps_stamping_a_step_past_its_bound_stops_until_it_ends(re
     pulse = Pulse(connect(redis_url), "decode").start()
     stamped = lambda: stamps(client, "decode").get(pulse.process, 0.0)  # noqa: E731
     try:
+        pulse.ready()
         pulse.watch(long_step.stuck)
         with long_step.step():  # a million-token prefill forward: minutes, within its bound
             first = wait_until(stamped, 5)
@@ -66,3 +76,40 @@ def test_a_stopped_child_rank_stops_the_stamps_until_it_is_continued(redis_url):
         pulse.stop()
         rank.kill()
         rank.wait()
+
+
+def _crashing_worker(redis_url: str, ready: bool) -> None:
+    """A worker process that stamps for a while (ready or still loading), then dies (no clean stop)."""
+    code = (
+        "import os, sys, time; from dayzero.serving.liveness import Pulse, connect\n"
+        "pulse = Pulse(connect(sys.argv[1]), 'prefill').start()\n"
+        f"{'pulse.ready()' if ready else ''}\n"
+        "time.sleep(1.5); os._exit(3)"
+    )
+    subprocess.run([sys.executable, "-c", code, redis_url], check=False, timeout=60)
+
+
+def test_only_a_ready_worker_serves_its_stage_so_a_crash_loop_leaves_it_unserved(redis_url):
+    """Every stamp counted: a worker dying while it loads, restarted again and again, reset the
+    stage's no-worker count at each start, and the requests waiting there waited for ever. Now a
+    loading process stamps (dayzero up sees it alive) but serves only once ready."""
+    client = redis.Redis.from_url(redis_url)
+    client.delete("dz:unserved:prefill")
+    assert unserved_for(client, "prefill") < 1.0  # no process yet: the count starts
+    began, counts = time.time(), []
+    for _ in range(3):  # a crash loop while loading
+        worker = threading.Thread(target=_crashing_worker, args=(redis_url, False))
+        worker.start()
+        assert wait_until(lambda: stamps(client, "prefill"), 30)  # alive, not serving
+        while worker.is_alive():
+            counts.append(unserved_for(client, "prefill"))
+            time.sleep(0.1)
+    elapsed = time.time() - began
+    assert 0.0 not in counts and counts == sorted(counts) and unserved_for(client, "prefill") >= elapsed
+    worker = threading.Thread(target=_crashing_worker, args=(redis_url, True))  # one that loads, then dies
+    worker.start()
+    assert wait_until(lambda: serving(client, "prefill"), 30) and unserved_for(client, "prefill") == 0.0
+    assert not client.exists("dz:unserved:prefill")  # served: a new count when it is gone
+    worker.join()
+    assert wait_until(lambda: unserved_for(client, "prefill") > 0.0, FRESH_S + 2)
+    assert unserved_for(client, "prefill") < FRESH_S

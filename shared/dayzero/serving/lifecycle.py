@@ -28,7 +28,7 @@ any            tokens:{id} the token stream (dayzero.serving.records): only the 
                cancel:{id} a cancel request, watchers:{id} clients reading the stream
 
 Worker keys (not a request's): workers:{stage}, usage:{worker}, loading:{worker} (registry.py),
-alive:{stage}, unserved:{stage} (liveness.py),
+alive:{stage}, ready:{stage}, unserved:{stage} (liveness.py),
 tensor:{key} parked image embeddings, wake:{gateway} the stream reader's wake-up, reaper (its lock).
 """
 

@@ -9,11 +9,17 @@ it too, on purpose: that worker is as good as frozen; and so does a stopped chil
 tensor-parallel worker's other ranks are its rank 0's children): the group's next collective waits
 on it until the group's timeout.
 
+A process serves its stage once it is also ready (loaded, warmed up, its loop running): a
+loading worker cannot take a request, and one that crash-loops (dies while loading or warming up,
+again and again under ``dayzero up`` or a restart policy) stamps at each start but never serves.
+
 Keys (prefix ``dz:``): alive:{stage}, a hash of process ("{host}:{pid}") -> the time of its last
-stamp; unserved:{stage}, since when the stage has had no live process (set by the gateway).
+stamp; ready:{stage}, process -> since when it is ready (written with each stamp: a restarted
+process under the same id, a container's pid 1, is not ready until it says so); unserved:{stage},
+since when the stage has had no serving process (set by the gateway).
 Readers: ``dayzero up`` restarts a worker whose stamp is older than DAYZERO_FROZEN_WORKER_S
-(stack.py); the gateway ends the requests waiting at a stage that has had no live process for
-DAYZERO_NO_WORKER_TIMEOUT_S (reaper.py).
+(stack.py); the gateway ends the requests
+waiting at a stage that has had no serving process for DAYZERO_NO_WORKER_TIMEOUT_S (reaper.py).
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ class Pulse:
 
     def __init__(self, client: redis.Redis, stage: str) -> None:
         self.r, self.stage, self.process = client, stage, process_id()
+        self._ready_at = 0.0  # when it became ready (0: loading)
         self._stuck: Callable[[], bool] = lambda: False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="liveness", daemon=True)
@@ -77,6 +84,10 @@ class Pulse:
     def watch(self, stuck: Callable[[], bool]) -> None:
         self._stuck = stuck
 
+    def ready(self) -> None:
+        """Loaded and taking work: from its next stamp on, it serves its stage."""
+        self._ready_at = time.time()
+
     def _run(self) -> None:
         said = None
         while True:
@@ -86,15 +97,27 @@ class Pulse:
             said = why
             if why is None:  # Redis restarting: the next stamp retries (up counts no staleness while it cannot read)
                 with contextlib.suppress(redis.RedisError):
-                    self.r.hset(key("alive", self.stage), self.process, time.time())
+                    self._stamp()
             if self._stop.wait(STAMP_EVERY_S):
                 return
 
+    def _stamp(self) -> None:
+        """Alive now, and ready since when or not yet, in one transaction (a Redis restarted meanwhile
+        has both again)."""
+        pipe = self.r.pipeline()
+        pipe.hset(key("alive", self.stage), self.process, time.time())
+        if self._ready_at:
+            pipe.hset(key("ready", self.stage), self.process, self._ready_at)
+        else:
+            pipe.hdel(key("ready", self.stage), self.process)
+        pipe.execute()
+
     def stop(self) -> None:
-        """No more stamps, and out of the hash: a stopping worker serves no new request."""
+        """No more stamps, and out of the hashes: a stopping worker serves no new request."""
         self._stop.set()
         with contextlib.suppress(redis.RedisError):
             self.r.hdel(key("alive", self.stage), self.process)
+            self.r.hdel(key("ready", self.stage), self.process)
 
 
 def stamps(client: redis.Redis, stage: str) -> dict[str, float]:
@@ -106,12 +129,23 @@ def stamps(client: redis.Redis, stage: str) -> dict[str, float]:
     return {p: t for p, t in found.items() if p not in gone}
 
 
+def serving(client: redis.Redis, stage: str) -> list[str]:
+    """The processes that serve ``stage`` now: a fresh stamp, and ready; the ready entries of
+    processes whose stamps were forgotten leave their hash."""
+    now, alive = time.time(), stamps(client, stage)
+    ready = [p.decode() for p in client.hkeys(key("ready", stage))]
+    gone = [p for p in ready if p not in alive]
+    if gone:
+        client.hdel(key("ready", stage), *gone)
+    return [p for p in ready if p in alive and now - alive[p] <= FRESH_S]
+
+
 def unserved_for(client: redis.Redis, stage: str) -> float:
-    """How long ``stage`` has had no live process (0: it has one now), counted from the first call
-    that found none (not from its last stamp: after Redis itself was down or frozen every stamp is
-    old, until the workers stamp again within a second)."""
+    """How long ``stage`` has had no serving process (0: it has one now), counted from the first
+    call that found none (not from its last stamp: after Redis itself was down or frozen every stamp
+    is old, until the workers stamp again within a second)."""
     now = time.time()
-    if any(now - t <= FRESH_S for t in stamps(client, stage).values()):
+    if serving(client, stage):
         client.delete(key("unserved", stage))
         return 0.0
     client.set(key("unserved", stage), now, nx=True)

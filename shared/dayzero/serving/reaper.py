@@ -60,10 +60,10 @@ def sweep(
 
 
 def end_unserved(store: Lifecycle, unserved_s: Callable[[str], float], bound_s: float) -> list[str]:
-    """End the requests waiting in the queue of a stage that has had no live worker for over
-    ``bound_s`` (``unserved_s(stage)``: for how long; liveness.py): 503 ``no_worker``, a stream's
-    error event; one its client cancelled, as cancelled. A request waiting behind others on a live
-    worker is never ended here. Returns their ids."""
+    """End the requests waiting in the queue of a stage that has had no serving worker (alive and
+    ready) for over ``bound_s`` (``unserved_s(stage)``: for how long; liveness.py): 503
+    ``no_worker``, a stream's error event; one its client cancelled, as cancelled. A request waiting
+    behind others on a live worker is never ended here. Returns their ids."""
     over = {stage: since for stage in QUEUES if (since := unserved_s(stage)) > bound_s}
     if not over:
         return []
@@ -78,7 +78,7 @@ def end_unserved(store: Lifecycle, unserved_s: Callable[[str], float], bound_s: 
                 ended.append(rid)
             continue
         message = (
-            f"no {stage} worker has been alive for {over[stage]:.0f} s to take the request "
+            f"no {stage} worker has been ready to take the request for {over[stage]:.0f} s "
             f"(DAYZERO_NO_WORKER_TIMEOUT_S={bound_s:g}); retry later"
         )
         if store.settle(rid, attempt, owner, "error", len(tokens), message, code="no_worker"):

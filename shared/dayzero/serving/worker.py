@@ -143,6 +143,7 @@ class StageWorker:
         if self.settings.metrics_port:
             serve_metrics(self.settings.metrics_port, lambda: {running.name: running.snapshot()})
         threading.Thread(target=running.run_forever, name=f"{self.stage}-loop", daemon=True).start()
+        self._pulse.ready()  # from now on it serves its stage (the gateway's no-worker bound)
         self._ready.set()
         log.info("%s ready", running.name)
 
