@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from dayzero.cli import parser
 from dayzero.settings import Settings
 from dayzero.stack import SERVICES, service_argv
 
@@ -98,9 +99,13 @@ def test_restart_policies_and_healthchecks_that_test_their_own_container():
         assert services[name]["healthcheck"]["test"], name
     assert "127.0.0.1" in " ".join(services["gateway"]["healthcheck"]["test"])
     for name, svc in _workers(services).items():
-        check = " ".join(svc["healthcheck"]["test"])
-        assert "inspect ping" in check and f"-d {svc['command'][2]}@$$(hostname)" in check, name  # its own node
+        kind, check = svc["healthcheck"]["test"]
+        stage = svc["command"][2]
+        assert kind == "CMD-SHELL" and "inspect ping" in check and f"-d {stage}@$$(hostname)" in check, name
+        alive = check.split(" && ")[0].split()  # its liveness stamps too: a frozen loop still answers a ping
+        assert alive[:2] == ["dayzero", "alive"] and parser().parse_args(alive[1:]).stage == stage, name
     assert services["gateway"]["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert "does not restart" in (ROOT / "README.md").read_text()  # what an unhealthy worker needs
 
 
 def test_the_image_carries_a_cuda_build_of_the_pinned_torch():

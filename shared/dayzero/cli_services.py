@@ -201,6 +201,31 @@ def _example(url: str, model: str) -> None:
     print()
 
 
+def cmd_alive(args: argparse.Namespace, settings: Settings) -> int:
+    """A container's healthcheck: 0 while this host's worker of the stage stamps its liveness, 1 once
+    its newest stamp is older than the bound (SIGSTOPped, hung in a step past its bound, a rank
+    stopped: Celery's ``inspect ping`` is still answered) or it has none. Redis unreadable: 0 (the
+    workers cannot stamp either; ``dayzero up`` counts no staleness then)."""
+    import socket
+
+    import redis
+
+    from .serving.liveness import connect, newest_on
+
+    bound, host = args.within or settings.frozen_worker_s, socket.gethostname()
+    try:
+        newest = newest_on(connect(settings.redis_url), args.stage)
+    except redis.RedisError as exc:
+        print(f"cannot read the liveness stamps ({exc}); not counted against the worker")
+        return 0
+    if newest is None:
+        print(f"no {args.stage} worker on {host} has stamped its liveness")
+        return 1
+    age = time.time() - newest
+    print(f"the {args.stage} worker on {host} stamped its liveness {age:.1f} s ago (bound {bound:g} s)")
+    return 0 if not bound or age <= bound else 1
+
+
 def add_service_commands(sub) -> None:
     """``serve`` and ``up`` on the ``dayzero`` parser's subcommands."""
     with_settings = {"epilog": settings_help(), "formatter_class": argparse.RawDescriptionHelpFormatter}
@@ -220,6 +245,18 @@ def add_service_commands(sub) -> None:
         "DAYZERO_TENSOR_PARALLEL, 1)",
     )
     serve.set_defaults(run=cmd_serve)
+
+    alive = sub.add_parser(
+        "alive", help="exit 1 when this host's worker of a stage stamped no liveness lately (a healthcheck)"
+    )
+    alive.add_argument("stage", choices=["vision", "prefill", "decode"])
+    alive.add_argument(
+        "--within",
+        type=cli_args.positive_float,
+        metavar="S",
+        help="the bound on its newest stamp's age in seconds (default: DAYZERO_FROZEN_WORKER_S, 30)",
+    )
+    alive.set_defaults(run=cmd_alive)
 
     up = sub.add_parser(
         "up",

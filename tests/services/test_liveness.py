@@ -4,6 +4,7 @@ bound does (``dayzero up`` then restarts the worker, the gateway counts its stag
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -113,3 +114,28 @@ def test_only_a_ready_worker_serves_its_stage_so_a_crash_loop_leaves_it_unserved
     worker.join()
     assert wait_until(lambda: unserved_for(client, "prefill") > 0.0, FRESH_S + 2)
     assert unserved_for(client, "prefill") < FRESH_S
+
+
+def test_dayzero_alive_fails_once_this_hosts_worker_stamps_no_more(redis_url, monkeypatch, capsys):
+    """The compose healthchecks pinged Celery only: a loop hung past its step's bound (no more
+    stamps) still answered, and its container stayed healthy for good. ``dayzero alive <stage>``
+    reads this host's (this container's) stamps."""
+    from dayzero.cli import main
+
+    client, host = redis.Redis.from_url(redis_url), socket.gethostname()
+    client.delete("dz:alive:vision")
+    monkeypatch.setenv("DAYZERO_REDIS_URL", redis_url)
+    client.hset("dz:alive:vision", "another-host:7", time.time())  # another container's worker
+    assert main(["alive", "vision"]) == 1
+    assert capsys.readouterr().out == f"no vision worker on {host} has stamped its liveness\n"
+    client.hset("dz:alive:vision", f"{host}:1", time.time() - 100)  # frozen 100 s ago
+    assert main(["alive", "vision"]) == 1 and "stamped its liveness 100." in capsys.readouterr().out
+    assert main(["alive", "vision", "--within", "200"]) == 0
+    pulse = Pulse(connect(redis_url), "vision").start()  # the same container's worker, restarted
+    try:
+        assert wait_until(lambda: stamps(client, "vision").get(pulse.process), 5)
+        assert main(["alive", "vision"]) == 0
+    finally:
+        pulse.stop()
+    monkeypatch.setenv("DAYZERO_REDIS_URL", "redis://127.0.0.1:1/0")  # nobody: the workers cannot stamp either
+    assert main(["alive", "vision"]) == 0 and "not counted against the worker" in capsys.readouterr().out

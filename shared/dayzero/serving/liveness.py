@@ -18,7 +18,7 @@ stamp; ready:{stage}, process -> since when it is ready (written with each stamp
 process under the same id, a container's pid 1, is not ready until it says so); unserved:{stage},
 since when the stage has had no serving process (set by the gateway).
 Readers: ``dayzero up`` restarts a worker whose stamp is older than DAYZERO_FROZEN_WORKER_S
-(stack.py); the gateway ends the requests
+(stack.py), a compose healthcheck fails one so (``dayzero alive``); the gateway ends the requests
 waiting at a stage that has had no serving process for DAYZERO_NO_WORKER_TIMEOUT_S (reaper.py).
 """
 
@@ -127,6 +127,13 @@ def stamps(client: redis.Redis, stage: str) -> dict[str, float]:
     if gone:
         client.hdel(key("alive", stage), *gone)
     return {p: t for p, t in found.items() if p not in gone}
+
+
+def newest_on(client: redis.Redis, stage: str, host: str | None = None) -> float | None:
+    """The newest stamp of ``stage``'s processes on ``host`` (this one: a container's own worker,
+    whichever pid it had before a restart); None if none of them has stamped."""
+    here = host or socket.gethostname()
+    return max((t for p, t in stamps(client, stage).items() if p.rpartition(":")[0] == here), default=None)
 
 
 def serving(client: redis.Redis, stage: str) -> list[str]:
