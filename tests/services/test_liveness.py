@@ -139,3 +139,15 @@ def test_dayzero_alive_fails_once_this_hosts_worker_stamps_no_more(redis_url, mo
         pulse.stop()
     monkeypatch.setenv("DAYZERO_REDIS_URL", "redis://127.0.0.1:1/0")  # nobody: the workers cannot stamp either
     assert main(["alive", "vision"]) == 0 and "not counted against the worker" in capsys.readouterr().out
+
+
+def test_a_worker_serves_its_stage_the_moment_it_is_ready(redis_url):
+    """Its loop announces it (the gateway takes it for ready) as soon as it runs: a ready entry
+    written only at the next stamp, up to a second later, left the stage unserved meanwhile, and
+    after a load longer than DAYZERO_NO_WORKER_TIMEOUT_S the requests sent then ended no_worker."""
+    client = connect(redis_url)
+    pulse = Pulse(client, "vision")  # no stamping thread: only what ready() itself writes
+    assert pulse.process not in serving(client, "vision")
+    pulse.ready()
+    assert pulse.process in serving(client, "vision")
+    pulse.stop()

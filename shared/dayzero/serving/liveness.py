@@ -85,8 +85,11 @@ class Pulse:
         self._stuck = stuck
 
     def ready(self) -> None:
-        """Loaded and taking work: from its next stamp on, it serves its stage."""
+        """Loaded and taking work: it serves its stage from now on, stamped at once (its requests are
+        taken before the next stamp: ended as unserved meanwhile, after a long load)."""
         self._ready_at = time.time()
+        with contextlib.suppress(redis.RedisError):
+            self._stamp()
 
     def _run(self) -> None:
         said = None

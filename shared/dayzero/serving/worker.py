@@ -142,8 +142,8 @@ class StageWorker:
         self._pulse.watch(running.stuck)
         if self.settings.metrics_port:
             serve_metrics(self.settings.metrics_port, lambda: {running.name: running.snapshot()})
+        self._pulse.ready()  # it serves its stage from now (the no-worker bound), before its loop announces it
         threading.Thread(target=running.run_forever, name=f"{self.stage}-loop", daemon=True).start()
-        self._pulse.ready()  # from now on it serves its stage (the gateway's no-worker bound)
         self._ready.set()
         log.info("%s ready", running.name)
 
