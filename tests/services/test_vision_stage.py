@@ -14,6 +14,7 @@ from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.reaper import sweep
 from dayzero.serving.runtime import Runtime
+from dayzero.serving.scripts import Take
 from dayzero.serving.vision_stage import VisionStage
 from dayzero.settings import Settings
 
@@ -78,6 +79,32 @@ def test_an_encode_hung_past_the_group_timeout_lets_its_lease_lapse(demo_dir, re
         stage.stop.set()
         for job in sent:  # (a returning encode hands on: its embeddings were parked)
             discard_tensor(job.embeddings, store)
+
+
+def test_an_encode_whose_run_moved_on_hands_nothing_on(demo_dir, redis_url):
+    """The worker stalled past its lease while it encoded (SIGSTOPped), the request was re-run and
+    a prefill worker holds it now: the late hand-on deleted that worker's lease (its heartbeat then
+    dropped the request, which the reaper re-ran once more) and parked embeddings nobody reads."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url)
+    sent: list[PrefillJob] = []
+    stage = VisionStage(settings, "vision3@test", recording(sent, "prefill"))
+    store = Lifecycle.connect(redis_url)
+    fast = stage.encoder.embeddings
+
+    def overtaken(images):
+        store.r.delete(key("lease", "img-late"))  # lapsed while the worker stood still
+        assert store.rerun_orphan("img-late", 60, 60) == 1
+        assert store.take("img-late", 1, "prefill1@elsewhere", 30) == Take.CLAIMED  # the re-run's
+        return fast(images)
+
+    stage.encoder.embeddings = overtaken
+    queued = store.r.llen("prefill")
+    try:
+        stage.handle(_register(redis_url, "img-late"))
+    finally:
+        stage.stop.set()
+    assert store.owner("img-late") == "prefill1@elsewhere" and store.r.llen("prefill") == queued
+    assert not (SHM_DIR / sent[0].embeddings.location).exists()
 
 
 def test_reaper_sends_lost_image_requests_back_to_vision(redis_url):

@@ -48,7 +48,7 @@ from .keys import HANDOFF_OWNER, QUEUES, key
 from .messages import GenerationRequest
 from .queue_scripts import ADMIT, ENQUEUE, RERUN
 from .records import Token, decode, encode, ending
-from .scripts import APPEND, HAND_BACK, HAND_OFF, HEARTBEAT, SETTLE, TAKE, TAKE_HANDOFFS, Take
+from .scripts import APPEND, HAND_BACK, HAND_OFF, HAND_ON, HEARTBEAT, SETTLE, TAKE, TAKE_HANDOFFS, Take
 
 
 class Appended(NamedTuple):
@@ -77,6 +77,7 @@ class Lifecycle:
         self._rerun, self._enqueue = client.register_script(RERUN), client.register_script(ENQUEUE)
         self._take_handoffs, self._hand_back = client.register_script(TAKE_HANDOFFS), client.register_script(HAND_BACK)
         self._append, self._settle = client.register_script(APPEND), client.register_script(SETTLE)
+        self._hand_on = client.register_script(HAND_ON)
 
     def load_scripts(self) -> None:
         """Load the Lua scripts now, not on a request's way (a first call finds one missing, loads it
@@ -123,6 +124,13 @@ class Lifecycle:
         so that the stage may claim it: one atomic step."""
         keys = [queue, key("pushed", queue), key("queued", rid), key("lease", rid)]
         self._enqueue(keys=keys, args=[message, int(queued_s * 1000)])
+
+    def hand_on(self, rid: str, attempt: int, owner: str, queue: str, message: str, queued_s: float) -> bool:
+        """``enqueue``, fenced: the vision stage's run ``attempt`` goes on to ``queue``. False, nothing
+        written: the run is over or someone else's (a late hand-on would drop the re-run's lease)."""
+        keys = [*(key(family, rid) for family in ("attempt", "done", "lease")), queue, key("pushed", queue)]
+        keys.append(key("queued", rid))
+        return bool(self._hand_on(keys=keys, args=[attempt, owner, message, int(queued_s * 1000)]))
 
     def heartbeat(self, rids: list[str], owner: str, lease_s: float) -> list[str]:
         """Refresh the leases ``owner`` holds; returns those of ``rids`` it no longer holds (lapsed,

@@ -115,6 +115,21 @@ return 1
 )
 
 
+# KEYS: attempt, done, lease, the next stage's queue, its pushed count, queued; ARGV: the run's
+# attempt, its owner, the next stage's message, the queued mark's ms. The vision stage's run goes on
+# to prefill, its lease dropped so that prefill may claim it. 1: queued there. 0: nothing written,
+# the run is over or someone else's (its lease lapsed while it encoded, and a re-run holds it).
+HAND_ON = (
+    PUSH
+    + _OURS_ONLY
+    + """
+redis.call('DEL', KEYS[3])
+push(KEYS[4], KEYS[5], KEYS[6], ARGV[3], ARGV[4])
+return 1
+"""
+)
+
+
 # KEYS: attempt, done, lease, handoff, decode's queue, its pushed count; ARGV: the run's attempt, the
 # decode worker that claimed it, decode's message, the handoff's lease owner, the least ms of the
 # handoff that must be left. The claimer cannot hold it yet: the handoff waits on the queue again,

@@ -19,7 +19,7 @@ from ..settings import Settings
 from ..telemetry import continued
 from ..vision.encoder import VisionEncoder, load_tower
 from ..vision.images import ImageError
-from .handoff import publish_tensor, sweep_parked
+from .handoff import discard_tensor, publish_tensor, sweep_parked
 from .intake import Ticket
 from .lease import Heartbeat
 from .lifecycle import Lifecycle
@@ -113,4 +113,6 @@ class VisionStage:
         ref = publish_tensor(torch.cat(images), rid, transport, self.store, settings.visibility_timeout_s)
         message = self.prefill_message(job.model_copy(update={"embeddings": ref}))
         self.heartbeat.release(rid)  # no beat in flight outlives the hand-on (prefill may claim it at once)
-        self.store.enqueue(rid, "prefill", message, settings.visibility_timeout_s)
+        if not self.store.hand_on(rid, job.attempt, self.name, "prefill", message, settings.visibility_timeout_s):
+            log.warning("request %s: its run ended or moved on while its images were encoded", rid)
+            discard_tensor(ref, self.store)
