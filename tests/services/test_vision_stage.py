@@ -107,6 +107,27 @@ def test_an_encode_whose_run_moved_on_hands_nothing_on(demo_dir, redis_url):
     assert not (SHM_DIR / sent[0].embeddings.location).exists()
 
 
+def test_a_rerun_unlinks_the_embeddings_its_lost_run_parked(demo_dir, redis_url):
+    """A prefill worker killed, or frozen and restarted, with the message it had taken: the reaper
+    re-ran the request through vision, and the embeddings the lost message pointed to stayed in
+    /dev/shm until their deadline (the broker's visibility timeout, 70 minutes)."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url)
+    sent: list[PrefillJob] = []
+    stage = VisionStage(settings, "vision4@test", recording(sent, "prefill"))
+    store = Lifecycle.connect(redis_url)
+    try:
+        job = _register(redis_url, "img-lost")
+        stage.handle(job)
+        store.r.delete(key("queued", "img-lost"))  # its message left with the prefill worker that took it
+        assert store.rerun_orphan("img-lost", 60, 60) == 1
+        stage.handle(job.model_copy(update={"attempt": 1}))
+    finally:
+        stage.stop.set()
+    lost, rerun = (SHM_DIR / job.embeddings.location for job in sent)
+    assert not lost.exists() and rerun.exists()
+    discard_tensor(sent[1].embeddings, store)
+
+
 def test_reaper_sends_lost_image_requests_back_to_vision(redis_url):
     store = Lifecycle.connect(redis_url)
     store.admit(_request("lost-img", 1), [b"x"], "", 0.001)  # queued; no stage claimed them in time

@@ -139,14 +139,19 @@ class Receiver:
                 self._segments[location] = segment
 
 
-def publish_tensor(tensor: torch.Tensor, key: str, transport: str, store: Lifecycle, ttl_s: float) -> TensorRef:
+def publish_tensor(
+    tensor: torch.Tensor, key: str, transport: str, store: Lifecycle, ttl_s: float, attempt: int = 0
+) -> TensorRef:
     """Park an fp32 tensor for another process for ``ttl_s``: a new shared-memory segment whose
-    name carries its deadline, or a Redis key with that TTL."""
+    name carries its deadline, ``key`` and ``attempt`` (``unlink_parked_before``), or a Redis key
+    with that TTL (a re-run's overwrites it)."""
     data = tensor.detach().float().cpu().contiguous()
     if transport == "redis":
         location = store.park("tensor", key, data.numpy().tobytes(), ttl_s)
     else:
-        segment = shared_memory.SharedMemory(name=parked_name(ttl_s), create=True, size=max(1, data.numel() * 4))
+        segment = shared_memory.SharedMemory(
+            name=parked_name(ttl_s, key, attempt), create=True, size=max(1, data.numel() * 4)
+        )
         torch.frombuffer(segment.buf, dtype=torch.float32, count=data.numel()).copy_(data.flatten())
         location = segment.name
         resource_tracker.unregister(segment._name, "shared_memory")  # noqa: SLF001 - the reader unlinks it

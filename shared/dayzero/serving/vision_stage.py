@@ -16,6 +16,7 @@ from dataclasses import asdict
 import torch
 
 from ..settings import Settings
+from ..shm import unlink_parked_before
 from ..telemetry import continued
 from ..vision.encoder import VisionEncoder, load_tower
 from ..vision.images import ImageError
@@ -85,6 +86,7 @@ class VisionStage:
         """Claim the request (``Heartbeat.claim``: its lease kept alive until it is handed on or
         ended), encode its images, park the embeddings and queue it for prefill."""
         rid = job.request.request_id
+        unlink_parked_before(rid, job.attempt)  # a lost run's (the prefill worker that took it died)
         if not self.heartbeat.claim(Ticket(job), lambda ticket: self._end(ticket.job, "cancelled")):
             return  # a stale redelivery, ended, cancelled, or a live worker has it
         try:
@@ -110,7 +112,7 @@ class VisionStage:
             return
         settings = self.settings
         transport = "redis" if settings.handoff == "redis" else "shm"  # vision and prefill share a host
-        ref = publish_tensor(torch.cat(images), rid, transport, self.store, settings.visibility_timeout_s)
+        ref = publish_tensor(torch.cat(images), rid, transport, self.store, settings.visibility_timeout_s, job.attempt)
         message = self.prefill_message(job.model_copy(update={"embeddings": ref}))
         self.heartbeat.release(rid)  # no beat in flight outlives the hand-on (prefill may claim it at once)
         if not self.store.hand_on(rid, job.attempt, self.name, "prefill", message, settings.visibility_timeout_s):
