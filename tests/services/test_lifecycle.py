@@ -295,7 +295,8 @@ def test_load_scripts_loads_every_transition_before_a_request_needs_one(redis_ur
     client = redis.Redis.from_url(redis_url)
     client.script_flush()
     Lifecycle(client).load_scripts()
-    sources = (scripts.TAKE, scripts.HAND_OFF, scripts.HAND_BACK, scripts.TAKE_HANDOFFS, scripts.HEARTBEAT)
-    sources += (scripts.APPEND, scripts.SETTLE, queue_scripts.ADMIT, queue_scripts.ENQUEUE, queue_scripts.RERUN)
+    sources = (scripts.TAKE, scripts.HAND_ON, scripts.HAND_OFF, scripts.HAND_BACK, scripts.TAKE_HANDOFFS)
+    sources += (scripts.HEARTBEAT, scripts.APPEND, scripts.SETTLE, queue_scripts.ADMIT, queue_scripts.ENQUEUE)
+    sources += (queue_scripts.RERUN,)
     shas = [hashlib.sha1(source.encode()).hexdigest() for source in sources]
     assert client.script_exists(*shas) == [True] * len(shas)

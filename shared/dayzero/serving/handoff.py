@@ -26,6 +26,7 @@ from ..kv.handoff import LayoutMismatch, StateHandle, export_state, import_state
 from ..kv.pools import KVPools
 from ..kv.shared import CudaSharedPools, SharedPools, sweep
 from ..shm import PARKED, SHM_DIR, parked_name
+from .keys import key
 from .lifecycle import Lifecycle
 from .messages import StateRef, TensorRef
 
@@ -68,13 +69,25 @@ def _checked(tensor: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -
     return tensor
 
 
+def park(store: Lifecycle, family: str, name: str, data: bytes, ttl_s: float) -> str:
+    """Bytes another stage takes once, with GETDEL (``kvstate``: a handed-off state, ``tensor``: image
+    embeddings)."""
+    location = key(family, name)
+    store.r.set(location, data, px=int(ttl_s * 1000))
+    return location
+
+
+def drop_parked(store: Lifecycle, location: str) -> None:
+    store.r.delete(location)
+
+
 def publish(pools: KVPools, seq_id: str, request_id: str, transport: str, store: Lifecycle, ttl_s: float) -> StateRef:
     handle = export_state(pools, seq_id)
     location = pools.pool_id  # shm: the segment's name; cuda_ipc: the allocation's IPC handle
     if transport == "cuda_ipc":
         torch.cuda.synchronize(pools.device)  # decode reads from another process: the writes must have landed
     if transport == "redis":
-        location = store.park("kvstate", request_id, pack_state(pools, seq_id), ttl_s)
+        location = park(store, "kvstate", request_id, pack_state(pools, seq_id), ttl_s)
     return StateRef(
         transport=transport,
         location=location,
@@ -99,7 +112,7 @@ class Receiver:
         if ref.layout_hash != dst.layout_hash:
             raise LayoutMismatch(f"prefill state layout {ref.layout_hash} != decode layout {dst.layout_hash}")
         if ref.transport == "redis":
-            data = self.store.take_parked(ref.location)
+            data = self.store.r.getdel(ref.location)
             if data is None:
                 raise LookupError(f"handoff state {ref.location} expired")
             src, handle = unpack_state(data, dst)
@@ -147,7 +160,7 @@ def publish_tensor(
     with that TTL (a re-run's overwrites it)."""
     data = tensor.detach().float().cpu().contiguous()
     if transport == "redis":
-        location = store.park("tensor", key, data.numpy().tobytes(), ttl_s)
+        location = park(store, "tensor", key, data.numpy().tobytes(), ttl_s)
     else:
         segment = shared_memory.SharedMemory(
             name=parked_name(ttl_s, key, attempt), create=True, size=max(1, data.numel() * 4)
@@ -163,7 +176,7 @@ def take_tensor(ref: TensorRef, store: Lifecycle) -> torch.Tensor:
     """Read a parked tensor once and free its storage."""
     count = math.prod(ref.shape)
     if ref.transport == "redis":
-        data = store.take_parked(ref.location)
+        data = store.r.getdel(ref.location)
         if data is None:
             raise LookupError(f"parked tensor {ref.location} expired")
         return torch.frombuffer(bytearray(data), dtype=torch.float32, count=count).view(ref.shape).clone()
@@ -183,7 +196,7 @@ def take_tensor(ref: TensorRef, store: Lifecycle) -> torch.Tensor:
 def discard_tensor(ref: TensorRef, store: Lifecycle) -> None:
     """Free a parked tensor nobody will read (its request ended before prefill)."""
     if ref.transport == "redis":
-        store.drop_parked(ref.location)
+        drop_parked(store, ref.location)
     elif ref.host == socket.gethostname():
         (SHM_DIR / ref.location).unlink(missing_ok=True)
 

@@ -1,6 +1,6 @@
 """A request's life in Redis: its states, every key that holds them, and the only functions that
 move a request from one state to the next. No other module writes these keys but watching.py, the
-gateway's asynchronous side of the same transitions.
+gateway's asynchronous side of the same transitions, and handoff.py the bytes it parks (kvstate).
 
     admit ─> queued ─> [vision] ─> prefill ─> handed off ─> decoding ─> finished
                ^          │           │           │  ^          │     ├─> cancelled
@@ -29,7 +29,8 @@ any            tokens:{id} the token stream (dayzero.serving.records): only the 
 
 Worker keys (not a request's): workers:{stage}, usage:{worker}, loading:{worker} (registry.py),
 alive:{stage}, ready:{stage}, unserved:{stage} (liveness.py),
-tensor:{key} parked image embeddings, wake:{gateway} the stream reader's wake-up, reaper (its lock).
+tensor:{key} parked image embeddings (handoff.py), wake:{gateway} the stream reader's wake-up,
+reaper (its lock: reaper.py).
 """
 
 from __future__ import annotations
@@ -198,18 +199,6 @@ class Lifecycle:
             if cancel or done or held[rid] < int(attempt or 0) or (rid in lapsed and lease in unclaimed)
         }
 
-    def park(self, family: str, name: str, data: bytes, ttl_s: float) -> str:
-        """Bytes another stage takes once (``kvstate``: a handed-off state, ``tensor``: image embeddings)."""
-        location = key(family, name)
-        self.r.set(location, data, px=int(ttl_s * 1000))
-        return location
-
-    def take_parked(self, location: str) -> bytes | None:
-        return self.r.getdel(location)
-
-    def drop_parked(self, location: str) -> None:
-        self.r.delete(location)
-
     # -- ended: finished | cancelled | failed ----------------------------------------------------------
     def settle(
         self,
@@ -248,10 +237,6 @@ class Lifecycle:
         return {rid for rid, mark in zip(rids, marks, strict=True) if mark}
 
     # -- the reaper: a lapsed lease -> queued again -----------------------------------------------------
-    def sweep_lock(self, lock_ms: int) -> bool:
-        """One gateway sweeps at a time."""
-        return bool(self.r.set(key("reaper"), 1, px=lock_ms, nx=True))
-
     def active(self) -> list[str]:
         return [m.decode() for m in self.r.smembers(key("active"))]
 

@@ -24,7 +24,7 @@ from ..completion import context_limit
 from ..kv.pools import OutOfBlocks
 from ..params import Logprob
 from ..telemetry import tracer
-from .handoff import discard_tensor, publish, take_tensor
+from .handoff import discard_tensor, drop_parked, publish, take_tensor
 from .intake import Intake, Ticket, run_loop
 from .kept_handoffs import KeptHandoffs
 from .lease import Heartbeat
@@ -289,7 +289,7 @@ class PrefillLoop:
             if not store.hand_off(rid, job.attempt, self.r.name, settings.handoff_timeout_s, "decode", message):
                 log.warning("request %s: its lease lapsed and it was re-run (or it ended): dropping this run", rid)
                 if not kept:
-                    store.drop_parked(ref.location)
+                    drop_parked(store, ref.location)
                 self.r.ranks.release(rid)
             elif kept:
                 self.handed_off.keep(rid, job.attempt)

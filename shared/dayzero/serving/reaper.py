@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 
 from ..telemetry import continued
-from .keys import QUEUES
+from .keys import QUEUES, key
 from .lifecycle import Lifecycle
 from .messages import PrefillJob
 
@@ -31,7 +31,7 @@ def sweep(
     worker took off its queue and never claimed is re-run by the next sweep that finds it so
     within ``sighting_s`` (above the sweeps' period): the first may be just ahead of a live claim.
     """
-    if not store.sweep_lock(lock_ms):
+    if not store.r.set(key("reaper"), 1, px=lock_ms, nx=True):  # one gateway sweeps at a time
         return []  # another gateway swept just now
     rerun = []
     for rid in store.active():
