@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from dayzero.config import ModelConfig
+from dayzero.serving.keys import QUEUES
 from dayzero.serving.liveness import unserved_for
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.metrics import QueueDepthCollector, SnapshotCollector
@@ -48,7 +49,9 @@ async def _reaper(gw: Gateway) -> None:
 
     def one_pass() -> None:
         sweep(store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period)
-        end_unserved(store, lambda stage: unserved_for(store.r, stage), gw.settings.no_worker_timeout_s)
+        unserved, bound = {stage: unserved_for(store.r, stage) for stage in QUEUES}, gw.settings.no_worker_timeout_s
+        gw.bus.unserved = {stage: seconds for stage, seconds in unserved.items() if seconds > bound}  # (admission)
+        end_unserved(store, unserved.__getitem__, bound)
 
     period = gw.settings.lease_s / 2
     while True:

@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from dayzero.serving.admission import Queue
 from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.liveness import unserved_for
 from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.queue import task_message
 from dayzero.serving.registry import Registry
@@ -45,6 +46,7 @@ class Bus:
         self.store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)  # sync, for the thread pool
         self.registry = Registry(self.store.r)
         self._cancels: set[asyncio.Task] = set()  # pending cancels (one per disconnect: a request may have two)
+        self.unserved: dict[str, float] = {}  # stages past the no-worker bound at the reaper's last pass
 
     async def submit(
         self, requests: list[GenerationRequest], spans: list[trace.Span], images: list[bytes], owner: str
@@ -61,6 +63,16 @@ class Bus:
             messages.append(task_message(self.celery, stage, PrefillJob(request=traced[-1]).model_dump_json(), context))
         queue = Queue(stage, tuple(messages), self.settings.max_queued)
         return await self.watching.admit(traced, images, owner, queue)
+
+    async def unserved_stage(self, stages: tuple[str, ...], bound_s: float) -> tuple[str, float] | None:
+        """The first of ``stages`` without a ready worker for over ``bound_s`` (-> it, for how long),
+        read again only for a stage the reaper's last pass found so: a served stage costs nothing."""
+        for stage in [stage for stage in stages if stage in self.unserved]:
+            unserved_s = await run_in_threadpool(unserved_for, self.store.r, stage)
+            if unserved_s > bound_s:
+                return stage, unserved_s
+            self.unserved.pop(stage, None)
+        return None
 
     # -- watchers and cancellation ---------------------------------------------------------------------
     async def unwatch(self, request_id: str, watcher: str, finished: bool, resumable: bool = True) -> None:

@@ -16,6 +16,7 @@ import redis
 from opentelemetry import trace
 
 from dayzero.serving.messages import GenerationRequest
+from dayzero.serving.reaper import no_worker_message
 from dayzero.serving.records import Token
 
 from .context import Gateway
@@ -113,6 +114,17 @@ class Usage:
         if self.reasoning_tokens is not None:
             counts["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
         return counts
+
+
+async def refuse_unserved(gw: Gateway, images: bool) -> None:
+    """503 ``no_worker`` at once for a request a stage on its way has had no ready worker for past
+    DAYZERO_NO_WORKER_TIMEOUT_S: queued, it would be ended at the reaper's next pass, its message left
+    in the queue (nobody takes it) counting against DAYZERO_MAX_QUEUED (a 429 for the next ones)."""
+    bound = gw.settings.no_worker_timeout_s
+    unserved = await gw.bus.unserved_stage(("vision",) * images + ("prefill", "decode"), bound)
+    if unserved is not None:
+        message = no_worker_message(*unserved, bound)
+        raise APIError(503, message, "service_unavailable", code="no_worker", headers={"Retry-After": "1"})
 
 
 def _failure(event: Token) -> APIError:

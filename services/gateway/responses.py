@@ -22,7 +22,7 @@ from .access import credential
 from .bodies import collect
 from .context import Gateway
 from .errors import APIError
-from .outcome import Progress, Usage, closing, stream_error
+from .outcome import Progress, Usage, closing, refuse_unserved, stream_error
 from .shapes import Shape
 from .streams import Subscription, entry_order
 
@@ -58,6 +58,7 @@ async def admit(
             )
     if gw.bus.hub.open + len(requests) > gw.settings.max_streams:
         _refuse(gw, "too many open streams; retry shortly", "too_many_streams")
+    await refuse_unserved(gw, bool(images))
     if not await gw.bus.submit(requests, spans, images, owner):
         _refuse(gw, "too many queued requests; retry shortly", "queue_full")
     for span in spans:

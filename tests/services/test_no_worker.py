@@ -44,6 +44,11 @@ def test_a_request_no_live_worker_takes_ends_with_503_and_those_behind_a_live_on
         error = refused.json()["error"]
         assert error["code"] == "no_worker" and error["type"] == "service_unavailable" and error["param"] is None
         assert "no prefill worker" in error["message"] and "DAYZERO_NO_WORKER_TIMEOUT_S=2" in error["message"]
+        queued = redis.Redis.from_url(stack.redis_url).llen("prefill")  # the ended request's message stays
+        for _ in range(3):  # refused at once: queued, each would wait for the next pass and fill the queue
+            again = httpx.post(f"{stack.url}/v1/completions", json={**body, "max_tokens": 4}, timeout=30)
+            assert again.status_code == 503 and again.json()["error"]["code"] == "no_worker"
+        assert redis.Redis.from_url(stack.redis_url).llen("prefill") == queued
         prefill.send_signal(signal.SIGCONT)  # live again at its next stamp (a request sent before it: 503)
         assert wait_until(lambda: unserved_for(redis.Redis.from_url(stack.redis_url), "prefill") == 0.0, 10)
 

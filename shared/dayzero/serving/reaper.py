@@ -59,6 +59,13 @@ def sweep(
     return rerun
 
 
+def no_worker_message(stage: str, unserved_s: float, bound_s: float) -> str:
+    return (
+        f"no {stage} worker has been ready to take the request for {unserved_s:.0f} s "
+        f"(DAYZERO_NO_WORKER_TIMEOUT_S={bound_s:g}); retry later"
+    )
+
+
 def end_unserved(store: Lifecycle, unserved_s: Callable[[str], float], bound_s: float) -> list[str]:
     """End the requests waiting in the queue of a stage that has had no serving worker (alive and
     ready) for over ``bound_s`` (``unserved_s(stage)``: for how long; liveness.py): 503
@@ -77,10 +84,7 @@ def end_unserved(store: Lifecycle, unserved_s: Callable[[str], float], bound_s: 
             if store.settle(rid, attempt, owner, "cancelled", len(tokens)):
                 ended.append(rid)
             continue
-        message = (
-            f"no {stage} worker has been ready to take the request for {over[stage]:.0f} s "
-            f"(DAYZERO_NO_WORKER_TIMEOUT_S={bound_s:g}); retry later"
-        )
+        message = no_worker_message(stage, over[stage], bound_s)
         if store.settle(rid, attempt, owner, "error", len(tokens), message, code="no_worker"):
             log.error("request %s: %s", rid, message)
             ended.append(rid)
