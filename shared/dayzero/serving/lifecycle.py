@@ -63,9 +63,10 @@ def _entry(t: Token) -> list:
     return [t.entry_id, "1" if t.finish_reason else "", len(fields), *fields]
 
 
-def _handoff_keys(rid: str, queue: str) -> list[str]:
-    """What HAND_OFF and HAND_BACK read and write: the run's keys, the queue and its pushed count."""
-    return [*(key(family, rid) for family in ("attempt", "done", "lease", "handoff")), queue, key("pushed", queue)]
+def _push_keys(rid: str, mark: str, queue: str) -> list[str]:
+    """What a fenced push of run ``rid`` onto ``queue`` reads and writes (HAND_ON, HAND_OFF, HAND_BACK):
+    the run's keys, the ``mark`` its message leaves (queued, handoff), the queue and its pushed count."""
+    return [*(key(family, rid) for family in ("attempt", "done", "lease", mark)), queue, key("pushed", queue)]
 
 
 class Lifecycle:
@@ -129,9 +130,8 @@ class Lifecycle:
     def hand_on(self, rid: str, attempt: int, owner: str, queue: str, message: str, queued_s: float) -> bool:
         """``enqueue``, fenced: the vision stage's run ``attempt`` goes on to ``queue``. False, nothing
         written: the run is over or someone else's (a late hand-on would drop the re-run's lease)."""
-        keys = [*(key(family, rid) for family in ("attempt", "done", "lease")), queue, key("pushed", queue)]
-        keys.append(key("queued", rid))
-        return bool(self._hand_on(keys=keys, args=[attempt, owner, message, int(queued_s * 1000)]))
+        args = [attempt, owner, message, int(queued_s * 1000)]
+        return bool(self._hand_on(keys=_push_keys(rid, "queued", queue), args=args))
 
     def heartbeat(self, rids: list[str], owner: str, lease_s: float) -> list[str]:
         """Refresh the leases ``owner`` holds; returns those of ``rids`` it no longer holds (lapsed,
@@ -153,7 +153,7 @@ class Lifecycle:
         is over (the request ended, or its lease lapsed and it was re-run); a handoff then would
         take the lease from the new run, and decode would drop the old run's job as stale."""
         args = [attempt, owner, int(ttl_s * 1000), message, HANDOFF_OWNER]
-        return bool(self._hand_off(keys=_handoff_keys(rid, queue), args=args))
+        return bool(self._hand_off(keys=_push_keys(rid, "handoff", queue), args=args))
 
     def hand_back(self, rid: str, attempt: int, owner: str, queue: str, message: str, least_s: float) -> bool:
         """A decode worker (``owner``) claimed the handoff of run ``attempt`` and cannot hold it yet: the
@@ -161,7 +161,7 @@ class Lifecycle:
         deadline, as when prefill handed it off. False, nothing written: the run is over or someone
         else's, or less than ``least_s`` of the handoff is left (the claimer keeps it). One atomic step."""
         args = [attempt, owner, message, HANDOFF_OWNER, int(least_s * 1000)]
-        return bool(self._hand_back(keys=_handoff_keys(rid, queue), args=args))
+        return bool(self._hand_back(keys=_push_keys(rid, "handoff", queue), args=args))
 
     def take_handoffs(self, handoffs: list[tuple[str, int, str]], owner: str, lease_s: float) -> dict[str, Take]:
         """Decode has imported the states of these (request, attempt, holder) handoffs: decode owns

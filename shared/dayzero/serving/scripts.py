@@ -115,7 +115,7 @@ return 1
 )
 
 
-# KEYS: attempt, done, lease, the next stage's queue, its pushed count, queued; ARGV: the run's
+# KEYS: attempt, done, lease, queued, the next stage's queue, its pushed count; ARGV: the run's
 # attempt, its owner, the next stage's message, the queued mark's ms. The vision stage's run goes on
 # to prefill, its lease dropped so that prefill may claim it. 1: queued there. 0: nothing written,
 # the run is over or someone else's (its lease lapsed while it encoded, and a re-run holds it).
@@ -124,7 +124,7 @@ HAND_ON = (
     + _OURS_ONLY
     + """
 redis.call('DEL', KEYS[3])
-push(KEYS[4], KEYS[5], KEYS[6], ARGV[3], ARGV[4])
+push(KEYS[5], KEYS[6], KEYS[4], ARGV[3], ARGV[4])
 return 1
 """
 )
