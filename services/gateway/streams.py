@@ -3,7 +3,9 @@
 One reader task issues a single ``XREAD BLOCK`` over all watched streams and hands each entry
 to its subscriber's queue, so open streams cost no connection each (redis-py's pool would run
 out long before the admission bound). A new subscriber wakes the blocked read by appending to
-this gateway's own wake stream, which every read includes. A lost connection ends every open
+this gateway's own wake stream, which every read includes from the last wake-up it saw (not
+``$``: a wake-up that reaches Redis just before the read would be missed, and the new stream
+left unread until another stream's entry or the block's end). A lost connection ends every open
 subscription with the error (the stream's reader turns it into an error event), and so does a
 Redis that stops answering (frozen, its host unreachable) for ``READ_MARGIN_S`` past the block.
 A subscriber ``BACKLOG`` entries behind (its client reads slower than tokens come) is read no
@@ -100,6 +102,7 @@ class StreamHub:
         self.r = aioredis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=timeout, max_connections=1)
         self.commands, self.block_ms = commands, block_ms
         self.wake_key = key("wake", uuid.uuid4().hex)
+        self.woken = "0-0"  # the last wake-up a read returned
         self.subs: set[Subscription] = set()
         self._reader: asyncio.Task | None = None
         self._wakes: set[asyncio.Task] = set()  # wake-ups on their way (a held subscription resumes)
@@ -182,8 +185,10 @@ class StreamHub:
             if stream not in wanted or entry_order(sub.last) < entry_order(wanted[stream]):
                 wanted[stream] = sub.last
             readers.setdefault(stream, []).append(sub)
-        reply = await self.r.xread({self.wake_key: "$", **wanted}, block=self.block_ms, count=64)
+        reply = await self.r.xread({self.wake_key: self.woken, **wanted}, block=self.block_ms, count=64)
         for raw_key, entries in reply or ():
+            if raw_key.decode() == self.wake_key:
+                self.woken = entries[-1][0].decode()
             for sub in readers.get(raw_key.decode(), ()):
                 for entry_id, fields in entries:
                     entry = entry_id.decode()

@@ -130,3 +130,26 @@ def test_a_stalled_reader_holds_a_bounded_backlog_and_then_reads_every_entry(red
     queued, other_first, texts = asyncio.run(scenario())
     assert BACKLOG <= queued <= BACKLOG + 64 and other_first.text == "x"
     assert texts == [str(i) for i in range(total)]
+
+
+def test_a_wake_up_that_reaches_redis_before_the_read_is_not_missed(redis_url):
+    """A new subscriber's wake-up can reach Redis between the hub computing its next read's streams
+    (without the new one) and that read arriving: the read must return at once and take the new
+    stream in, not block for the whole keepalive (``$`` would see only wake-ups after the read)."""
+    stream = key("tokens", "late")
+
+    async def scenario() -> Token:
+        commands = aioredis.Redis.from_url(redis_url)
+        hub = StreamHub(redis_url, commands, block_ms=60_000)
+        await commands.xadd(stream, encode(Token("late", 0, 5, "a")), id="1-0")
+        sub = Subscription("late", "0-0")
+        await hub._wake()  # the wake-up lands first ...
+        async with asyncio.timeout(10):
+            await hub._read_once()  # ... then the read computed before ``sub`` joined: it returns at once
+            hub.subs.add(sub)
+            await hub._read_once()  # the next read has the new stream's entry
+        await hub.close()
+        await commands.aclose()
+        return await sub.next(0.01)
+
+    assert asyncio.run(scenario()).text == "a"
