@@ -13,14 +13,19 @@ from dayzero import cli
 from .conftest import run_dayzero
 
 
-def test_up_and_serve_help_list_every_setting():
+def test_up_and_serve_help_list_every_setting_within_a_readable_width():
+    """Each setting with its default; argparse prints the settings (and up's description) as they
+    are written, which were lines of up to 250 columns."""
+    import os
+
     from dayzero.settings import Settings
 
     for command in ("up", "serve"):
-        out = run_dayzero(command, "--help").stdout
+        out = run_dayzero(command, "--help", env={**os.environ, "COLUMNS": "80"}).stdout
         missing = [name for name in Settings.model_fields if f"DAYZERO_{name.upper()}" not in out]
         assert not missing, (command, missing)
-    assert "DAYZERO_DEVICE" in out and "cuda_ipc" in out
+        assert max(map(len, out.splitlines())) <= 100, command
+    assert "DAYZERO_DEVICE" in out and "cuda_ipc" in out and "DAYZERO_DTYPE                        dense weights" in out
 
 
 def test_up_refuses_what_it_could_never_make_ready(tmp_path):

@@ -145,7 +145,7 @@ def parser() -> argparse.ArgumentParser:
     tensor_parallel(gen, "run the model on N ranks (local ones: gloo on CPU), as one group" + joining)
     timeout = "ranks that do not all meet, or a collective left waiting by a silent rank, fail after S s (default 120)"
     gen.add_argument("--group-timeout", type=cli_args.positive_float, default=120.0, metavar="S", help=timeout)
-    spec = "tokens the MTP layer drafts per step (default: DAYZERO_SPECULATIVE_TOKENS)"
+    spec = "tokens the MTP layer drafts per step (default: DAYZERO_SPECULATIVE_TOKENS, 0)"
     gen.add_argument("--speculative-tokens", type=int, choices=(0, 1, 2), help=spec)
     gen.set_defaults(run=cmd_generate)
 

@@ -8,12 +8,13 @@ import json
 import os
 import signal
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 from . import cli_args
 from .config import ModelConfig
-from .settings import Settings, settings_help
+from .settings import HELP_WIDTH, Settings, settings_help
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -247,7 +248,12 @@ def add_service_commands(sub) -> None:
     serve.set_defaults(run=cmd_serve)
 
     alive = sub.add_parser(
-        "alive", help="exit 1 when this host's worker of a stage stamped no liveness lately (a healthcheck)"
+        "alive",
+        help="exit 1 when this host's worker of a stage stamped no liveness lately (a healthcheck)",
+        description="Exit 0 while this host's worker of the stage stamps its liveness in Redis (DAYZERO_REDIS_URL), "
+        "1 when its newest stamp is older than --within or it has none: SIGSTOPped, hung in a step past its bound, "
+        "a rank stopped (its Celery still answers a ping). Exit 0 while Redis cannot be read: no worker can stamp "
+        "then, so a wrong DAYZERO_REDIS_URL passes too (compose's healthcheck also pings Celery).",
     )
     alive.add_argument("stage", choices=["vision", "prefill", "decode"])
     alive.add_argument(
@@ -261,32 +267,34 @@ def add_service_commands(sub) -> None:
     up = sub.add_parser(
         "up",
         help="run Redis, the gateway and the workers on this machine",
-        description="Run Redis (DAYZERO_REDIS_URL or REDIS_URL when set, else an embedded one), the gateway and "
-        "the workers on this machine, supervised; with DAYZERO_METRICS_PORT=P each worker serves its own "
-        "/metrics on P, P+1, ... in the order they are listed at start.",
+        description=textwrap.fill(  # printed as is, as the settings' epilog is
+            "Run Redis (DAYZERO_REDIS_URL or REDIS_URL when set, else an embedded one), the gateway and the "
+            "workers on this machine, supervised; with DAYZERO_METRICS_PORT=P each worker serves its own /metrics "
+            "on P, P+1, ... in the order they are listed at start.",
+            HELP_WIDTH,
+        ),
         **with_settings,
     )
-    up.add_argument("--checkpoint", help="checkpoint directory (default: the built-in trained model)")
-    up.add_argument("--prefill", type=cli_args.positive, default=1, help="prefill workers (default 1)")
-    up.add_argument("--decode", type=cli_args.positive, default=1, help="decode workers (default 1)")
+    up.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory (default: the built-in trained model)")
+    up.add_argument("--prefill", type=cli_args.positive, default=1, metavar="N", help="prefill workers (default 1)")
+    up.add_argument("--decode", type=cli_args.positive, default=1, metavar="N", help="decode workers (default 1)")
     up.add_argument(
         "--prefill-tp", type=cli_args.positive, default=1, metavar="N", help="ranks per prefill worker (default 1)"
     )
     up.add_argument(
         "--decode-tp", type=cli_args.positive, default=1, metavar="N", help="ranks per decode worker (default 1)"
     )
-    up.add_argument(
-        "--vision", type=cli_args.count, help="vision workers (default: 1 if the checkpoint has a vision tower, else 0)"
-    )
+    vision = "vision workers (default: 1 if the checkpoint has a vision tower, else 0)"
+    up.add_argument("--vision", type=cli_args.count, metavar="N", help=vision)
     up.add_argument("--port", type=cli_args.port, help="gateway port, 1-65535 (default: DAYZERO_PORT or 8000)")
-    up.add_argument(
-        "--log-dir", type=cli_args.out_dir, default="logs", help="where each service writes its log (default ./logs)"
-    )
+    logs = "where each service writes its log (default ./logs)"
+    up.add_argument("--log-dir", type=cli_args.out_dir, default="logs", metavar="DIR", help=logs)
     up.add_argument("--example", action="store_true", help="once ready, stream one example request")
     up.add_argument(
         "--ready-timeout",
         type=cli_args.non_negative_float,
         default=0.0,
+        metavar="S",
         help="give up if not ready after this many seconds (default 0: wait as long as it takes)",
     )
     up.set_defaults(run=cmd_up)

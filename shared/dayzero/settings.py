@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
@@ -28,7 +29,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DAYZERO_", frozen=True)
 
     cache_dir: Path = Field(default=Path.home() / ".cache" / "dayzero", description="where the demo checkpoint lives")
-    dtype: str = Field(default="float32", pattern="^(float32|bfloat16)$", description="serving dtype of dense weights")
+    dtype: str = Field(
+        default="float32", pattern="^(float32|bfloat16)$", description="dense weights: float32 or bfloat16"
+    )
     prefill_chunk_size: int = Field(default=2048, ge=1, description="prompt tokens per prefill step")
     max_context: int = Field(default=65536, ge=2, description="prompt + completion tokens per request")
     image_max_bytes: int = Field(default=10 << 20, ge=1, description="encoded bytes per image")
@@ -48,8 +51,12 @@ class Settings(BaseSettings):
     image_resize_max_pixels: int = Field(default=28 * 28 * 256, ge=28 * 28, description="pixels after resize")
     encoder_cache_mb: int = Field(default=64, ge=0, description="image embeddings kept for repeated images")
     expert_cache_mb: int = Field(default=256, ge=0, description="dequantized FP4 experts kept hot (0: off)")
-    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="where weights and pools live")
-    attention_backend: Literal["torch", "triton"] = Field(default="torch", description="kernel backend")
+    device: str = Field(
+        default="cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="where weights and pools live: cpu, cuda or cuda:N"
+    )
+    attention_backend: Literal["torch", "triton"] = Field(
+        default="torch", description="kernels: torch, or triton (a GPU)"
+    )
     sparse_attention: bool = Field(default=True, description="CSA layers read only the indexer's top-k entries")
     decode_graphs: bool = Field(
         default=False,
@@ -82,7 +89,7 @@ class Settings(BaseSettings):
     lease_s: float = Field(  # (at most 600: workers beat every quarter lease, and a registry forgets one silent 600 s)
         default=3.0, gt=0, le=600, description="a worker that stops heartbeating loses its requests after this"
     )
-    handoff_timeout_s: float = Field(default=60.0, gt=0, description="an unclaimed prefill->decode lease expires")
+    handoff_timeout_s: float = Field(default=60.0, gt=0, description="a handoff decode has not taken after this lapses")
     handoff: Literal["shm", "cuda_ipc", "redis"] = Field(
         default="shm",
         description="KV handoff transport: shm (CPU, same host), cuda_ipc (same GPU), redis (any); "
@@ -127,13 +134,13 @@ class Settings(BaseSettings):
 
     # observability
     trace_exporter: Literal["none", "console", "otlp-http", "otlp-grpc"] = Field(
-        default="none", description="where spans go (off by default)"
+        default="none", description="where spans go: none, console, otlp-http or otlp-grpc"
     )
     trace_endpoint: str | None = Field(default=None, description="OTLP endpoint (default: the exporter's)")
     trace_file: Path | None = Field(
         default=None, description="console exporter: append JSON spans to this file (a directory: one per process)"
     )
-    metrics_port: int | None = Field(default=None, ge=1, le=65535, description="workers: serve /metrics here")
+    metrics_port: int | None = Field(default=None, ge=1, le=65535, description="workers' /metrics (up: P, P + 1, ...)")
 
     @field_validator("api_keys", "image_allowed_hosts", mode="before")
     @classmethod
@@ -249,6 +256,7 @@ def settings_from_env() -> Settings:
         raise ValueError(f"{name} could not be parsed: {exc.__cause__ or exc}") from None
 
 
+HELP_WIDTH = 100  # columns of the --help texts argparse prints unwrapped (the settings, a long description)
 COMPOSE_VARIABLES = ("DAYZERO_CHECKPOINT_DIR",)  # read by docker-compose.yml on the host, not by dayzero
 
 
@@ -281,10 +289,12 @@ def _problem(error: dict) -> str:
     return f"DAYZERO_{str(field).upper()}{where}={error.get('input')!r}: {message}"
 
 
-def settings_help() -> str:
-    """Every setting as its environment variable, with its meaning and default (for --help)."""
+def settings_help(width: int = HELP_WIDTH) -> str:
+    """Every setting as its environment variable, with its meaning and default (for --help), each
+    wrapped to ``width`` columns under its description."""
     lines = ["settings (environment variables):"]
     for name, field in Settings.model_fields.items():
         default = "" if field.default is None else f" (default {field.default})"
-        lines.append(f"  DAYZERO_{name.upper():<28} {field.description}{default}")
+        variable, text = f"  DAYZERO_{name.upper():<28} ", f"{field.description}{default}"
+        lines += textwrap.wrap(text, width, initial_indent=variable, subsequent_indent=" " * len(variable))
     return "\n".join(lines)
