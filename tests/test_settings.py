@@ -37,10 +37,11 @@ def test_an_item_of_a_list_is_named_by_its_variable_and_index(monkeypatch):
     assert str(error.value) == "DAYZERO_API_KEYS[1]=1: Input should be a valid string"
 
 
-@pytest.mark.parametrize("raw", ['["", "sesame"]', '[" "]', '["sesame", ""]'])
+@pytest.mark.parametrize("raw", ['["", "sesame"]', '[" "]', '["sesame", ""]', ",", "sesame,,open", "sesame,"])
 def test_an_empty_api_key_is_refused_not_an_open_door(monkeypatch, raw):
     """A JSON list with an empty key turned authentication on and let every request without a
-    key in (``Authorization`` absent reads as the key "")."""
+    key in (``Authorization`` absent reads as the key ""). A comma list dropped its empty items
+    unsaid: "," served with no authentication at all."""
     monkeypatch.setenv("DAYZERO_API_KEYS", raw)
     with pytest.raises(ValueError, match=r"^DAYZERO_API_KEYS=.*: an empty key would let every request in"):
         settings_from_env()

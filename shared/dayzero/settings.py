@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from .vision.images import ImageLimits, PatchSpec
@@ -144,10 +144,15 @@ class Settings(BaseSettings):
 
     @field_validator("api_keys", "image_allowed_hosts", mode="before")
     @classmethod
-    def _comma_list(cls, value: object) -> object:
+    def _comma_list(cls, value: object, info: ValidationInfo) -> object:
         if isinstance(value, str):
             text = value.strip()
-            return json.loads(text) if text.startswith("[") else [k.strip() for k in text.split(",") if k.strip()]
+            if text.startswith("["):
+                return json.loads(text)
+            items = [k.strip() for k in text.split(",")] if text else []
+            # a key list keeps its empty items for _keys_a_client_can_send to refuse: "," alone would
+            # have turned authentication off, "a,,b" is a typo
+            return items if info.field_name == "api_keys" else [k for k in items if k]
         return value
 
     @field_validator("api_keys")
