@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from dayzero.chat.grammar import parameters_problem
 from dayzero.settings import validation_message
 
-from .schemas import MAX_TEXT, ResponseFormat, Sampling, _Body
+from .schemas import MAX_TEXT, ResponseFormat, Sampling, _Body, field_error
 
 MAX_MESSAGES = 256
 MAX_PARTS = 1024  # content parts of a message (its images are bounded further)
@@ -155,11 +154,8 @@ class ChatPrompt(_Body):
         for i, name, parameters in self.enforced_parameters():
             if problem := parameters_problem(parameters):
                 message = f"cannot enforce the parameters of tool {name!r}: {problem}"
-                error = PydanticCustomError("value_error", "{message}", {"message": message})
                 where = ("tools", i, "function", "parameters")  # the tool's own field, not the whole model
-                raise ValidationError.from_exception_data(
-                    type(self).__name__, [InitErrorDetails(type=error, loc=where, input=parameters)]
-                )
+                raise field_error(type(self), where, message, parameters)
         return self
 
     @model_validator(mode="after")
@@ -167,7 +163,8 @@ class ChatPrompt(_Body):
         formatted = self.response_format is not None and self.response_format.schema_() is not None
         constrained = bool(self.enforced_tools()) or formatted
         if self.ends_with_prefix() and constrained:
-            raise ValueError("a prefix cannot be continued under tool_choice required / named or response_format")
+            message = "a prefix cannot be continued under tool_choice required / named or response_format"
+            raise field_error(type(self), ("messages", len(self.messages) - 1, "prefix"), message, True)
         return self
 
     def enforced_tools(self) -> list[dict]:
@@ -233,5 +230,5 @@ class TokenizeRequest(ChatPrompt):
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give either prompt or messages")
+            raise field_error(type(self), ("prompt",), "give either prompt or messages", self.prompt)
         return self

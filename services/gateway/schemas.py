@@ -6,7 +6,17 @@ from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from annotated_types import MaxLen
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from dayzero.params import MAX_BIAS, MAX_PENALTY, MIN_TEMPERATURE, MIN_TOP_P
 
@@ -15,6 +25,13 @@ MAX_TEXT = 1 << 20
 MAX_CHOICES = 8  # n
 MAX_PROMPTS = 32  # prompts in one completions request
 LISTS = ("messages", "content", "tool_calls", "tools", "functions", "tokens", "prompt")  # lists of bodies' fields
+
+
+def field_error(model: type, where: tuple, message: str, value: object = None) -> ValidationError:
+    """A check across fields (a model validator's) refused in the name of the field ``where`` (the
+    error body's ``param``), as a field's own check is."""
+    error = PydanticCustomError("value_error", "{message}", {"message": message})
+    return ValidationError.from_exception_data(model.__name__, [InitErrorDetails(type=error, loc=where, input=value)])
 
 
 class _Body(BaseModel):
@@ -217,7 +234,7 @@ class CompletionRequest(Sampling):
     @model_validator(mode="after")
     def _choice_count(self) -> CompletionRequest:
         if len(self.prompts()) * self.n > MAX_PROMPTS:
-            raise ValueError(f"prompts x n must be at most {MAX_PROMPTS}")
+            raise field_error(type(self), ("n",), f"prompts x n must be at most {MAX_PROMPTS}", self.n)
         return self
 
     def prompts(self) -> list[str | list[int]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from services.gateway.chat_schemas import ChatCompletionRequest
+from services.gateway.chat_schemas import ChatCompletionRequest, TokenizeRequest
 from services.gateway.schemas import MAX_STOP, CompletionRequest
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -149,3 +149,23 @@ def test_an_integer_field_takes_an_integral_number_only():
     for refused in ({"max_tokens": 16.5}, {"max_tokens": "16"}, {"n": 1e300}):
         with pytest.raises(ValidationError):
             CompletionRequest.model_validate({**body, **refused})
+
+
+PREFIX = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "A", "prefix": True}]
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "where"),
+    [
+        (CompletionRequest, {**COMPLETION, "prompt": ["a"] * 17, "n": 2}, ("n",)),
+        (
+            ChatCompletionRequest,
+            {**CHAT, "messages": PREFIX, "response_format": {"type": "json_object"}},
+            ("messages", 1, "prefix"),
+        ),
+        (TokenizeRequest, {"model": "m"}, ("prompt",)),
+    ],
+)
+def test_a_check_across_fields_names_the_field_it_refuses(model, body, where):
+    """The error body's ``param`` is the refusal's location: these three were 400s with param null."""
+    assert _refusal(model, body)["loc"] == where
