@@ -1,5 +1,5 @@
 """The service commands of ``dayzero``: ``serve`` (one service in the foreground, as each container
-runs it) and ``up`` (the whole stack on this machine, supervised)."""
+runs it), ``alive`` (its healthcheck) and ``up`` (the whole stack on this machine, supervised)."""
 
 from __future__ import annotations
 
@@ -228,7 +228,7 @@ def cmd_alive(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def add_service_commands(sub) -> None:
-    """``serve`` and ``up`` on the ``dayzero`` parser's subcommands."""
+    """``serve``, ``alive`` and ``up`` on the ``dayzero`` parser's subcommands."""
     with_settings = {"epilog": settings_help(), "formatter_class": argparse.RawDescriptionHelpFormatter}
     serve = sub.add_parser("serve", help="run one service in the foreground (as each container does)", **with_settings)
     serve.add_argument(
