@@ -28,7 +28,8 @@ CLIENT_CLOSED = 499  # nginx's status for a request whose client left before the
 
 
 def _shutting_down() -> APIError:
-    return APIError(503, "the server is shutting down; retry", "service_unavailable", code="shutting_down")
+    message, retry = "the server is shutting down; retry", {"Retry-After": "1"}
+    return APIError(503, message, "service_unavailable", code="shutting_down", headers=retry)
 
 
 async def _events(gw: Gateway, progress: Progress) -> list[Token]:

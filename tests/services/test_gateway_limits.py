@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import httpx
@@ -256,3 +257,23 @@ def test_summed_image_pixels_are_refused_from_the_headers_before_decoding():
     assert (at_budget.value.code, at_budget.value.param) == ("invalid_image", "messages.0.content")
     whole = [data_url(20, 20, i) for i in range(3)]
     assert len(_render(whole, ImageLimits(max_total_pixels=1200)).images) == 3
+
+
+def test_a_request_the_stopping_server_cannot_answer_is_a_503_with_retry_after(demo_dir, tmp_path):
+    """A non-streamed request still waiting when its gateway begins to stop is answered at once:
+    503 ``shutting_down`` with ``Retry-After``, as every other 503 the client may retry."""
+    stack = start_gateway_alone(demo_dir, tmp_path, {"DAYZERO_NO_WORKER_TIMEOUT_S": "3600"})
+    body = {"model": MODEL, "prompt": [0, 5], "max_tokens": 1}
+    answers = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(httpx.post(f"{stack.url}/v1/completions", json=body, timeout=30))
+    )
+    try:
+        waiting.start()
+        time.sleep(1.0)  # queued; no worker will take it
+    finally:
+        stack.stop()
+        waiting.join(30)
+    answer = answers[0]
+    assert (answer.status_code, answer.json()["error"]["code"]) == (503, "shutting_down")
+    assert answer.headers.get("retry-after") == "1"
