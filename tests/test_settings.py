@@ -7,7 +7,8 @@ import pytest
 from pydantic import ValidationError
 
 from dayzero import settings
-from dayzero.settings import Settings, settings_from_env, unknown_settings
+from dayzero.settings import Settings, settings_from_env
+from dayzero.settings_help import unknown_settings
 
 
 @pytest.mark.parametrize("field", ["api_keys", "image_allowed_hosts"])

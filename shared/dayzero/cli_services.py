@@ -14,7 +14,8 @@ from pathlib import Path
 
 from . import cli_args
 from .config import ModelConfig
-from .settings import HELP_WIDTH, Settings, settings_help
+from .settings import Settings
+from .settings_help import HELP_WIDTH, settings_help
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
