@@ -127,7 +127,8 @@ class Settings(BaseSettings):
         default=120.0,
         gt=0,
         description="ranks that do not all meet, or a rank gone silent, fail the group after; a vision encode "
-        "or decode step running this long is hung: its leases lapse",
+        "or decode step running this long is hung: its leases lapse; so is a prefill or decode loop blocked "
+        "this long between steps (its worker stamps no liveness)",
     )
 
     # observability

@@ -3,6 +3,7 @@ bound does (``dayzero up`` then restarts the worker, the gateway counts its stag
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -19,28 +20,32 @@ from dayzero.serving.liveness import (
     STAMP_EVERY_S,
     Pulse,
     connect,
+    process_id,
     serving,
     stamps,
     stopped_child,
     unserved_for,
 )
 
-from .conftest import wait_until
+from .conftest import SETTINGS_ENV, wait_until
 
 
 def test_a_long_step_keeps_stamping_a_step_past_its_bound_stops_until_it_ends(redis_url):
     client = redis.Redis.from_url(redis_url)
     store, stop = Lifecycle(client), threading.Event()
-    long_step, hung_step = (Heartbeat(store, "w", 30.0, stop, stuck_s) for stuck_s in (60.0, 0.3))
+    long_step = Heartbeat(store, "w", 30.0, stop, 60.0, stalled_s=0.5)  # (between steps: 0.5 s)
+    hung_step = Heartbeat(store, "w", 30.0, stop, 0.3)
     pulse = Pulse(connect(redis_url), "decode").start()
     stamped = lambda: stamps(client, "decode").get(pulse.process, 0.0)  # noqa: E731
     try:
         pulse.ready()
         pulse.watch(long_step.stuck)
-        with long_step.step():  # a million-token prefill forward: minutes, within its bound
+        long_step.moved()
+        with long_step.step():  # a million-token prefill forward: minutes, within its bound (not a stall)
             first = wait_until(stamped, 5)
             assert wait_until(lambda: stamped() > first, 3 * STAMP_EVERY_S)
-        assert unserved_for(client, "decode") == 0.0
+        assert not long_step.stuck() and unserved_for(client, "decode") == 0.0  # the step's end moved the loop on
+        assert wait_until(long_step.stuck, 2)  # then no move for 0.5 s between steps
         pulse.watch(hung_step.stuck)
         with hung_step.step():
             time.sleep(0.3 + STAMP_EVERY_S)
@@ -77,6 +82,52 @@ def test_a_stopped_child_rank_stops_the_stamps_until_it_is_continued(redis_url):
         pulse.stop()
         rank.kill()
         rank.wait()
+
+
+# a decode worker whose loop thread, once the file argv[1] exists, blocks between two steps until it
+# is gone (as on a collective or a call that never returns, a deadlock): its other threads run on
+BLOCKED_LOOP = """
+import os, sys, time
+from dayzero.serving import ranks
+keepalive = ranks.Ranks.keepalive
+def blocking(self):
+    while os.path.exists(sys.argv[1]):
+        time.sleep(0.05)
+    keepalive(self)
+ranks.Ranks.keepalive = blocking
+from dayzero.cli import main
+sys.exit(main(["serve", "decode", "--name", "blocked0"]))
+"""
+
+
+def test_a_loop_blocked_between_steps_stops_the_stamps_an_idle_one_does_not(redis_url, text_dir, tmp_path):
+    """A loop thread blocked outside a forward (the process runs, its liveness thread stamps on) was
+    never seen as frozen: ``dayzero up`` never restarted it, and the requests it held waited for the
+    reaper's bounds. Now its worker stamps nothing once its loop has not moved between steps for
+    DAYZERO_GROUP_TIMEOUT_S; an idle loop (waiting on its intake) moves on every 50 ms."""
+    client, block = redis.Redis.from_url(redis_url), tmp_path / "block"
+    env = {**os.environ, **SETTINGS_ENV, "DAYZERO_REDIS_URL": redis_url, "DAYZERO_CHECKPOINT": str(text_dir)}
+    env["DAYZERO_GROUP_TIMEOUT_S"] = "1.5"
+    with (tmp_path / "worker.log").open("wb") as log:
+        worker = subprocess.Popen([sys.executable, "-c", BLOCKED_LOOP, str(block)], env=env, stdout=log, stderr=log)
+    process = process_id(worker.pid)
+    stamped = lambda: stamps(client, "decode").get(process, 0.0)  # noqa: E731
+    try:
+        assert wait_until(lambda: process in serving(client, "decode"), 120), (tmp_path / "worker.log").read_text()
+        time.sleep(3.0)  # idle, twice the bound
+        assert process in serving(client, "decode") and time.time() - stamped() < 2 * STAMP_EVERY_S
+        block.touch()
+        assert wait_until(lambda: process not in serving(client, "decode"), 1.5 + FRESH_S + 3 * STAMP_EVERY_S)
+        last = stamped()
+        time.sleep(2 * STAMP_EVERY_S)
+        assert stamped() == last  # (up restarts it after DAYZERO_FROZEN_WORKER_S)
+        block.unlink()
+        assert wait_until(lambda: process in serving(client, "decode"), 3 * STAMP_EVERY_S)  # it moves on again
+        assert "the loop is stuck: no more liveness stamps" in (tmp_path / "worker.log").read_text()
+    finally:
+        block.unlink(missing_ok=True)
+        worker.terminate()
+        worker.wait(30)
 
 
 def _crashing_worker(redis_url: str, ready: bool) -> None:

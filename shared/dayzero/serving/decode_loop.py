@@ -50,12 +50,13 @@ class DecodeLoop:
         self._marks_read: set[str] = set()  # ... and whose they are
         # beats during a step: one longer than the lease (a first call compiling kernels, a huge
         # batch) would let the leases lapse, and the reaper would re-run requests being generated;
-        # one past the group timeout is hung (as a silent rank would be): its leases lapse
-        settings = runtime.settings
-        self.heartbeat = Heartbeat(runtime.store, runtime.name, settings.lease_s, self.stop, settings.group_timeout_s)
+        # one past the group timeout is hung (as a silent rank would be): its leases lapse, and so is
+        # the loop blocked that long between steps (the worker stamps no liveness: liveness.py)
+        settings, hung_s = runtime.settings, runtime.settings.group_timeout_s
+        self.heartbeat = Heartbeat(runtime.store, runtime.name, settings.lease_s, self.stop, hung_s, hung_s)
 
     def run_forever(self) -> None:
-        run_loop(self.stop, self._iteration, log)
+        run_loop(self.stop, self._iteration, log, self.heartbeat.moved)
 
     def _iteration(self) -> None:
         idle = not self.active and not self.waiting
@@ -140,6 +141,7 @@ class DecodeLoop:
         first_come(self.waiting)
         still, imported, full = [], {}, False
         for ticket in latest_runs(self.waiting, self.active):
+            self.heartbeat.moved()  # (many states imported at once take long together)
             job = ticket.job
             rid = job.request.request_id
             total = self._tokens(job)

@@ -51,10 +51,14 @@ class Intake(Generic[Job]):
             return items
 
 
-def run_loop(stop: threading.Event, iteration: Callable[[], None], log: logging.Logger) -> None:
-    """Call ``iteration`` until ``stop`` is set. Redis restarting or an unexpected error pauses
-    the loop, never ends it: the tasks waiting on its jobs would wait forever."""
+def run_loop(
+    stop: threading.Event, iteration: Callable[[], None], log: logging.Logger, moved: Callable[[], None]
+) -> None:
+    """Call ``iteration`` until ``stop`` is set, ``moved()`` before each (the loop's progress, which
+    its worker's liveness reads: an idle loop's intake wakes it every 50 ms). Redis restarting or an
+    unexpected error pauses the loop, never ends it: the tasks waiting on its jobs would wait forever."""
     while not stop.is_set():
+        moved()
         try:
             iteration()
         except redis.RedisError as exc:  # Redis restarting: keep state, retry

@@ -26,30 +26,60 @@ class Heartbeat:
     A ``step`` (or ``holding``) block running past ``stuck_s`` (a forward that never returns: a
     hung kernel, a deadlock) is taken as a hung worker: the beats stop, the leases lapse and the reaper
     re-runs the requests, as it would a frozen process's; the fenced runs keep a step that returns
-    after all from writing. Else a hung step held its requests, and their streams, for ever."""
+    after all from writing. Else a hung step held its requests, and their streams, for ever.
+
+    A loop that calls ``moved`` as it goes (each iteration, each step's end: a timestamp in memory)
+    and then moves on no more for ``stalled_s`` outside a step (blocked between two steps: a deadlock,
+    a call that never returns) is stuck alike; a step, however long, is judged by ``stuck_s`` alone,
+    and a loop that has not moved yet (the weights loading) by neither."""
 
     def __init__(
-        self, store: Lifecycle, owner: str, lease_s: float, stop: threading.Event, stuck_s: float | None = None
+        self,
+        store: Lifecycle,
+        owner: str,
+        lease_s: float,
+        stop: threading.Event,
+        stuck_s: float | None = None,
+        stalled_s: float | None = None,
     ) -> None:
         self._store, self._owner, self._lease_s, self._stop, self._stuck_s = store, owner, lease_s, stop, stuck_s
+        self._stalled_s = stalled_s
         self._ids: set[str] = set()
         self._lock = threading.Lock()  # a beat in flight finishes before a release returns
         self._thread: threading.Thread | None = None
         self._block_since: float | None = None  # when the running ``step`` began (monotonic)
-        self._reported: float | None = None  # the step last logged as stuck
+        self._moved_at: float | None = None  # when the loop last moved on (monotonic; None: not yet)
+        self._reported: float | None = None  # the step or stall last logged as stuck
+
+    def moved(self) -> None:
+        """The loop moved on (an iteration began, a step ended, a request was taken on or handed on):
+        no round trip, a timestamp."""
+        self._moved_at = time.monotonic()
 
     def stuck(self) -> bool:
-        """The running ``step`` has run past ``stuck_s``."""
-        since, limit = self._block_since, self._stuck_s
-        return since is not None and limit is not None and time.monotonic() - since > limit
+        """The running ``step`` has run past ``stuck_s``, or the loop, between steps, has not moved for
+        ``stalled_s``."""
+        return self._stuck() is not None
+
+    def _stuck(self) -> tuple[float, str] | None:
+        """Since when, and why, it is stuck; None if it is not."""
+        now, since = time.monotonic(), self._block_since  # (first: a step's end moves the loop on, then clears it)
+        if since is not None:
+            limit, why = self._stuck_s, "a step has run past %g s"
+        else:
+            since, limit, why = self._moved_at, self._stalled_s, "the loop has not moved between steps for %g s"
+        if since is None or limit is None or now - since <= limit:
+            return None
+        return since, why % limit
 
     def _beat(self) -> None:
         while not self._stop.wait(self._lease_s / 3):
             with self._lock:
-                if self.stuck():
-                    if self._block_since != self._reported:
-                        self._reported = self._block_since
-                        log.warning("a step has run past %g s; letting its leases lapse", self._stuck_s)
+                stuck = self._stuck()
+                if stuck is not None:
+                    if stuck[0] != self._reported:
+                        self._reported = stuck[0]
+                        log.warning("%s; letting its leases lapse", stuck[1])
                     continue
                 try:
                     lost = self._store.heartbeat(sorted(self._ids), self._owner, self._lease_s)
@@ -110,6 +140,7 @@ class Heartbeat:
         try:
             yield
         finally:
+            self.moved()  # (before the step's start is cleared: no stall is read from before the step)
             with self._lock:
                 self._block_since = None
 

@@ -4,8 +4,9 @@ The loops' heartbeats (registry.py's presence, lease.py's leases) come from the 
 long step stops them (a million-token prefill forward may rightly run for many minutes). A
 ``Pulse`` thread stamps "this process runs" instead, every ``STAMP_EVERY_S``, from before the
 worker loads its weights: SIGSTOP or a process that no longer runs stops it, a forward however
-long does not. A step past its bound (``lease.Heartbeat.stuck``: its leases already lapsed) stops
-it too, on purpose: that worker is as good as frozen; and so does a stopped child (a
+long does not. A step past its bound, or a loop that has not moved between steps for the group
+timeout (``lease.Heartbeat.stuck``: its leases lapse), stops it too, on purpose: that worker is as
+good as frozen (its process runs, its loop does not); and so does a stopped child (a
 tensor-parallel worker's other ranks are its rank 0's children): the group's next collective waits
 on it until the group's timeout.
 
@@ -67,8 +68,7 @@ def connect(url: str) -> redis.Redis:
 
 class Pulse:
     """Stamps this process alive in ``stage``'s hash until ``stop``, unless ``stuck()`` says its
-    step has run past its bound (``watch`` sets it once the stage is built) or a child of it (a
-    rank) is stopped."""
+    loop is stuck (``watch`` sets it once the stage is built) or a child of it (a rank) is stopped."""
 
     def __init__(self, client: redis.Redis, stage: str) -> None:
         self.r, self.stage, self.process = client, stage, process_id()
@@ -94,7 +94,7 @@ class Pulse:
     def _run(self) -> None:
         said = None
         while True:
-            why = "a step ran past its bound" if self._stuck() else "a rank is stopped" if stopped_child() else None
+            why = "the loop is stuck" if self._stuck() else "a rank is stopped" if stopped_child() else None
             if why is not None and why != said:
                 log.error("%s: no more liveness stamps (dayzero up restarts the worker)", why)
             said = why

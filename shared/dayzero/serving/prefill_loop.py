@@ -52,11 +52,13 @@ class PrefillLoop:
         self.limit = context_limit(runtime.model.cfg, runtime.settings.max_context)
         self.starved = False  # the last batch admitted nothing: its requests wait for blocks
         self.stop = threading.Event()
-        settings = runtime.settings  # (a forward past the time limit is hung: a long prompt's may pass the group's)
-        self.heartbeat = Heartbeat(runtime.store, runtime.name, settings.lease_s, self.stop, settings.task_time_limit_s)
+        # hung: a forward past the time limit (a long prompt's may pass the group's timeout), the loop blocked
+        # between forwards past the group's (the worker then stamps no liveness)
+        s, store = runtime.settings, runtime.store
+        self.heartbeat = Heartbeat(store, runtime.name, s.lease_s, self.stop, s.task_time_limit_s, s.group_timeout_s)
 
     def run_forever(self) -> None:
-        run_loop(self.stop, self._iteration, log)
+        run_loop(self.stop, self._iteration, log, self.heartbeat.moved)
 
     def _iteration(self) -> None:
         # idle, or every request waiting for blocks: wait for the next arrival (or, after a while, a reclaim)
@@ -236,6 +238,7 @@ class PrefillLoop:
         for rid in prefilled.request_ids[1:]:
             self.r.ranks.copy(source, rid)
         for ticket, span in zip(prefilled.tickets, prefilled.spans, strict=True):
+            self.heartbeat.moved()  # (a large batch's handoffs, each a state export, take long together)
             self.heartbeat.release(ticket.job.request.request_id)
             span.set_attribute("dayzero.prefilled_chunks", prefilled.done)
             with trace.use_span(span, end_on_exit=True):

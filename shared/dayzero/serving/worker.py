@@ -60,7 +60,8 @@ class Stage(Protocol):
         """Stopping: out of the registry (``/ready``, metrics) while the jobs under way finish."""
 
     def stuck(self) -> bool:
-        """A step has run past its bound (its leases lapse): the worker is as good as frozen."""
+        """A step has run past its bound, or the loop stalled between steps (its leases lapse): the
+        worker is as good as frozen."""
 
     def close(self) -> None: ...
 
