@@ -13,6 +13,7 @@ import time
 
 import redis
 
+from dayzero.serving import liveness
 from dayzero.serving.lease import Heartbeat
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.liveness import (
@@ -130,39 +131,53 @@ def test_a_loop_blocked_between_steps_stops_the_stamps_an_idle_one_does_not(redi
         worker.wait(30)
 
 
-def _crashing_worker(redis_url: str, ready: bool) -> None:
-    """A worker process that stamps for a while (ready or still loading), then dies (no clean stop)."""
+def _crashing_worker(redis_url: str, loading_s: float, ready_s: float | None = None) -> None:
+    """A worker process that stamps while it loads for ``loading_s``, then (``ready_s``) is ready for
+    ``ready_s``, then dies (no clean stop)."""
     code = (
         "import os, sys, time; from dayzero.serving.liveness import Pulse, connect\n"
         "pulse = Pulse(connect(sys.argv[1]), 'prefill').start()\n"
-        f"{'pulse.ready()' if ready else ''}\n"
-        "time.sleep(1.5); os._exit(3)"
+        f"time.sleep({loading_s})\n"
+        f"{f'pulse.ready(); time.sleep({ready_s})' if ready_s is not None else ''}\n"
+        "os._exit(3)"
     )
     subprocess.run([sys.executable, "-c", code, redis_url], check=False, timeout=60)
 
 
-def test_only_a_ready_worker_serves_its_stage_so_a_crash_loop_leaves_it_unserved(redis_url):
+def _unserved_while(client: redis.Redis, worker: threading.Thread) -> list[float]:
+    """The prefill stage's no-worker count, every 0.1 s, while ``worker`` runs (once it stamped)."""
+    worker.start()
+    assert wait_until(lambda: stamps(client, "prefill"), 30)
+    counts = []
+    while worker.is_alive():
+        counts.append(unserved_for(client, "prefill"))
+        time.sleep(0.1)
+    return counts
+
+
+def test_only_a_ready_worker_serves_its_stage_so_a_crash_loop_leaves_it_unserved(redis_url, monkeypatch):
     """Every stamp counted: a worker dying while it loads, restarted again and again, reset the
     stage's no-worker count at each start, and the requests waiting there waited for ever. Now a
-    loading process stamps (dayzero up sees it alive) but serves only once ready."""
+    loading process stamps (dayzero up sees it alive) but serves only once ready. One that dies
+    soon after it is ready, again and again (on its first request, say) reset the count at each
+    start too: now it pauses the count while it serves (nothing waiting ends) and ends it only
+    once it has been ready for PROVEN_S."""
     client = redis.Redis.from_url(redis_url)
     client.delete("dz:unserved:prefill")
     assert unserved_for(client, "prefill") < 1.0  # no process yet: the count starts
     began, counts = time.time(), []
-    for _ in range(3):  # a crash loop while loading
-        worker = threading.Thread(target=_crashing_worker, args=(redis_url, False))
-        worker.start()
-        assert wait_until(lambda: stamps(client, "prefill"), 30)  # alive, not serving
-        while worker.is_alive():
-            counts.append(unserved_for(client, "prefill"))
-            time.sleep(0.1)
-    elapsed = time.time() - began
-    assert 0.0 not in counts and counts == sorted(counts) and unserved_for(client, "prefill") >= elapsed
-    worker = threading.Thread(target=_crashing_worker, args=(redis_url, True))  # one that loads, then dies
-    worker.start()
-    assert wait_until(lambda: serving(client, "prefill"), 30) and unserved_for(client, "prefill") == 0.0
-    assert not client.exists("dz:unserved:prefill")  # served: a new count when it is gone
-    worker.join()
+    for _ in range(2):  # a crash loop while loading
+        counts += _unserved_while(client, threading.Thread(target=_crashing_worker, args=(redis_url, 1.5)))
+    since_began = lambda: time.time() - began <= unserved_for(client, "prefill")  # noqa: E731 (the whole time)
+    assert 0.0 not in counts and counts == sorted(counts) and since_began()
+    for _ in range(2):  # a crash loop past the load
+        counts = _unserved_while(client, threading.Thread(target=_crashing_worker, args=(redis_url, 0.5, 1.5)))
+        assert 0.0 in counts and client.exists("dz:unserved:prefill")  # served meanwhile, the count kept
+    assert wait_until(since_began, FRESH_S + 2)  # (once the last one's stamp is stale)
+    monkeypatch.setattr(liveness, "PROVEN_S", 1.0)
+    worker = threading.Thread(target=_crashing_worker, args=(redis_url, 0.0, 2.5))  # one that serves a while
+    counts = _unserved_while(client, worker)
+    assert counts[-1] == 0.0 and not client.exists("dz:unserved:prefill")  # served: a new count when it is gone
     assert wait_until(lambda: unserved_for(client, "prefill") > 0.0, FRESH_S + 2)
     assert unserved_for(client, "prefill") < FRESH_S
 

@@ -17,7 +17,8 @@ again and again under ``dayzero up`` or a restart policy) stamps at each start b
 Keys (prefix ``dz:``): alive:{stage}, a hash of process ("{host}:{pid}") -> the time of its last
 stamp; ready:{stage}, process -> since when it is ready (written with each stamp: a restarted
 process under the same id, a container's pid 1, is not ready until it says so); unserved:{stage},
-since when the stage has had no serving process (set by the gateway).
+since when the stage has had no serving process (set by the gateway; kept while only processes
+ready for less than ``PROVEN_S`` serve it: ``unserved_for``).
 Readers: ``dayzero up`` restarts a worker whose stamp is older than DAYZERO_FROZEN_WORKER_S
 (stack.py), a compose healthcheck fails one so (``dayzero alive``); the gateway ends the requests
 waiting at a stage that has had no serving process for DAYZERO_NO_WORKER_TIMEOUT_S (reaper.py).
@@ -42,6 +43,7 @@ log = logging.getLogger("dayzero.liveness")
 STAMP_EVERY_S = 1.0
 FRESH_S = 3.0  # a stage whose newest stamp is older has no live process
 FORGET_S = 600.0  # stamps this old are dropped (a restarted process stamps under a new pid)
+PROVEN_S = 10.0  # a process ready this long ends its stage's no-worker count (unserved_for)
 
 
 def process_id(pid: int | None = None, host: str | None = None) -> str:
@@ -139,24 +141,30 @@ def newest_on(client: redis.Redis, stage: str, host: str | None = None) -> float
     return max((t for p, t in stamps(client, stage).items() if p.rpartition(":")[0] == here), default=None)
 
 
-def serving(client: redis.Redis, stage: str) -> list[str]:
-    """The processes that serve ``stage`` now: a fresh stamp, and ready; the ready entries of
-    processes whose stamps were forgotten leave their hash."""
+def serving(client: redis.Redis, stage: str) -> dict[str, float]:
+    """The processes that serve ``stage`` now (a fresh stamp, and ready) -> since when each is ready;
+    the ready entries of processes whose stamps were forgotten leave their hash."""
     now, alive = time.time(), stamps(client, stage)
-    ready = [p.decode() for p in client.hkeys(key("ready", stage))]
+    ready = {p.decode(): float(t) for p, t in client.hgetall(key("ready", stage)).items()}
     gone = [p for p in ready if p not in alive]
     if gone:
         client.hdel(key("ready", stage), *gone)
-    return [p for p in ready if p in alive and now - alive[p] <= FRESH_S]
+    return {p: since for p, since in ready.items() if p in alive and now - alive[p] <= FRESH_S}
 
 
 def unserved_for(client: redis.Redis, stage: str) -> float:
     """How long ``stage`` has had no serving process (0: it has one now), counted from the first
     call that found none (not from its last stamp: after Redis itself was down or frozen every stamp
-    is old, until the workers stamp again within a second)."""
+    is old, until the workers stamp again within a second). A process ready for less than
+    ``PROVEN_S`` pauses the count (it serves: nothing waiting there ends) but does not end it: one
+    that dies soon after each start (a crash loop past its load: on its first request, or its
+    first minutes of work) leaves the count running from before it, as a loading one does."""
     now = time.time()
-    if serving(client, stage):
+    ready = serving(client, stage)
+    if any(now - since >= PROVEN_S for since in ready.values()):
         client.delete(key("unserved", stage))
+        return 0.0
+    if ready:
         return 0.0
     client.set(key("unserved", stage), now, nx=True)
     since = client.get(key("unserved", stage))
