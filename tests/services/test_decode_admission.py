@@ -111,6 +111,31 @@ def test_a_request_cancelled_during_its_handoff_ends_before_a_step_without_a_can
     assert runtime.pools.sequences == {}
 
 
+def test_a_request_cancelled_while_its_first_step_runs_gets_no_token_of_it(demo_dir, redis_url):
+    """Decode took the handoff before the client left, and the cancel came while the step ran (a
+    worker SIGSTOPped there wrote the step's token, on SIGCONT, into the stream of a request
+    cancelled seconds before): nothing of the step is written, the stream ends cancelled after
+    prefill's token, the blocks are free; the other request of the batch goes on."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store, sent = _prefilled(settings, ("goes_on", "left"))
+    runtime = Runtime.load(settings, "decode6@test", "decode", False)
+    loop, real_decode = DecodeLoop(runtime), runtime.ranks.decode
+
+    def decode(ids, tokens):
+        if "left" in ids and not store.cancelled(["left"]):
+            store.cancel("left")  # the client leaves during the step
+        return real_decode(ids, tokens)
+
+    runtime.ranks.decode = decode
+    run_jobs(loop, sent)
+    first = next(job.generated[0] for job in sent if job.request.request_id == "left")
+    assert store.done("left") == "cancelled" and store.stream("left") == ([first], "cancelled")
+    assert [entry for entry, _ in store.r.xrange(key("tokens", "left"))] == [b"1-0", b"2-0"]  # the end at index 1
+    assert store.done("goes_on") == "length" and len(store.streamed_tokens("goes_on")) == 3
+    assert runtime.pools.sequences == {}
+    runtime.close()
+
+
 def test_a_handoff_decode_received_is_leased_to_it_and_re_run_when_it_dies(demo_dir, redis_url):
     """Decode claims a handed-off request as its message arrives, before the loop admits it: the
     request is leased to the worker (its heartbeat) while it waits for room, and the handoff stays

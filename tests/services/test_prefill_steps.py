@@ -76,3 +76,33 @@ def test_long_prompts_leave_every_step_room_for_a_short_request_and_a_waiting_on
     assert runtime.stats.counters["tokens"] == 48 + 48 + 5
     assert store.done("gone") == "cancelled" and tickets["gone"].done.is_set() and not loop.pending
     assert set(runtime.pools.sequences) == {"brief", "long-1", "long-2"}  # leased to decode
+
+
+def test_a_request_cancelled_during_its_last_chunk_streams_nothing_and_is_not_handed_off(demo_dir, redis_url):
+    """The client left while the forward ran (a worker SIGSTOPped then wrote the first token on
+    SIGCONT and handed the request to decode): neither is done, its blocks are free. A choice of an
+    ``n`` = 2 request sharing the forward (the one whose blocks run it) ends so alone; the other
+    choice gets the state and goes on."""
+    runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "cut@test", "prefill", False)
+    sent: list[DecodeJob] = []
+    loop, store = PrefillLoop(runtime, recording(sent)), Lifecycle.connect(redis_url)
+    prompts = {"choice0": (0, 5, 6, 7, 8), "choice1": (0, 5, 6, 7, 8), "alone": (0, 9, 10, 11, 12)}
+    tickets = {rid: loop.intake.submit(admitted(store, rid, prompt)) for rid, prompt in prompts.items()}
+    real_prefill = runtime.ranks.prefill
+
+    def prefill(chunks):
+        for rid in ("choice0", "alone"):
+            store.cancel(rid)  # the clients leave during the forward
+        return real_prefill(chunks)
+
+    runtime.ranks.prefill = prefill
+    try:
+        while not all(ticket.done.is_set() for ticket in tickets.values()):
+            loop._iteration()
+    finally:
+        loop.stop.set()
+    assert runtime.stats.counters["tokens"] == 10  # the pair's forward ran once, beside "alone"
+    assert [job.request.request_id for job in sent] == ["choice1"]
+    assert [store.stream(rid) for rid in ("choice0", "alone")] == [([], "cancelled")] * 2
+    assert store.done("choice0") == store.done("alone") == "cancelled" and store.owner("choice1") == "handoff"
+    assert set(runtime.pools.sequences) == {"choice1"}  # leased to decode

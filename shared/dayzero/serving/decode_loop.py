@@ -257,9 +257,10 @@ class DecodeLoop:
             self.acceptance.merge(acceptance)
             self.r.stats.add(**acceptance.counters())
             self.r.stats.set(**self.acceptance.gauges())
-        out, finished, failed = [], [], []
+        out, finished, failed, firsts = [], [], [], {}
         for rid, steps in zip(ids, rounds, strict=True):
             first = self.active[rid].completion.count - sum(isinstance(s, Step) for s in steps)  # (a failure: last)
+            firsts[rid] = first
             for j, step in enumerate(steps):
                 index = first + j
                 if not self._publish(rid, step, index, len(ids), out, finished, failed):
@@ -270,6 +271,8 @@ class DecodeLoop:
         self._marked, self._marks_read = appended.cancelled, set(watch)
         for rid in appended.refused:  # re-run elsewhere while this worker stalled: nothing was written
             self._drop(rid)
+        for rid in appended.cancelled & self.active.keys():  # cancelled during the step: none of its tokens written
+            self._finish(rid, "cancelled", index=firsts[rid])
         for rid, reason in (item for item in finished if item[0] in self.active):
             self._finish(rid, reason)
         for rid, message in (item for item in failed if item[0] in self.active):

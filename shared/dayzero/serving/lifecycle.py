@@ -54,7 +54,7 @@ from .scripts import APPEND, HAND_BACK, HAND_OFF, HAND_ON, HEARTBEAT, SETTLE, TA
 
 class Appended(NamedTuple):
     refused: set[str]  # requests whose run is over or someone else's: nothing written for them
-    cancelled: set[str]  # of the watched requests, those a client cancelled
+    cancelled: set[str]  # of the watched requests, those a client cancelled (none of their tokens written)
 
 
 def _entry(t: Token) -> list:
@@ -274,9 +274,9 @@ class Lifecycle:
     # -- the token stream ---------------------------------------------------------------------------------
     def append(self, tokens: list[Token], runs: Mapping[str, int], owner: str, watch: Sequence[str] = ()) -> Appended:
         """Append tokens for ``owner`` on each request's run (``runs``: id -> attempt) and read the
-        cancel marks of ``watch``, in one atomic round trip. Only the current run writes: a worker
-        that stalled past its lease while the request was re-run gets nothing into the stream (its
-        tokens would interleave with the re-run's), and learns so at once."""
+        cancel marks of ``watch``, in one atomic round trip. Only the current run writes (a worker
+        that stalled past its lease while the request was re-run would interleave its tokens with
+        the re-run's), and nothing for a watched request a client cancelled: the caller learns both."""
         if not tokens and not watch:
             return Appended(set(), set())
         streams: dict[str, list[Token]] = {}
@@ -284,9 +284,9 @@ class Lifecycle:
             streams.setdefault(t.request_id, []).append(t)
         keys = [key(family, rid) for rid in streams for family in ("attempt", "done", "lease")]
         keys += [key("tokens", rid) for rid in streams] + [key("cancel", rid) for rid in watch]
-        args = [owner, self.ttl_s, len(streams)]
+        args, marks_at = [owner, self.ttl_s, len(streams)], {rid: i + 1 for i, rid in enumerate(watch)}
         for rid, entries in streams.items():
-            args += [runs[rid], len(entries)]
+            args += [runs[rid], marks_at.get(rid, 0), len(entries)]
             for t in entries:
                 args += _entry(t)
         refused, marks = self._append(keys=keys, args=args)

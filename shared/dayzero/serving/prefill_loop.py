@@ -272,9 +272,12 @@ class PrefillLoop:
         step = completion.next(logits)
         usage = completion.usage() if step.finish_reason else None
         first = Token.of(rid, completion.count - 1, step, usage, prompt_logprobs)
-        if store.append([first], {rid: job.attempt}, self.r.name).refused:  # re-run while this one stalled
+        if (appended := store.append([first], {rid: job.attempt}, self.r.name, [rid])).refused:  # re-run meanwhile
             log.warning("request %s: its lease lapsed and it was re-run (or it ended): dropping this run", rid)
             self.r.ranks.release(rid)
+        elif appended.cancelled:  # its client left during the forward: no token, no handoff
+            self.r.ranks.release(rid)
+            self._settle(ticket, "cancelled")
         elif step.finish_reason:
             self.r.ranks.release(rid)
             store.settle(rid, job.attempt, self.r.name, step.finish_reason)

@@ -196,27 +196,32 @@ return lost
 
 # KEYS: each request's attempt, done and lease, then each one's stream, then the cancel marks to
 # read. ARGV: the writer (a lease's owner), a stream's s once it ends, the request count, then per
-# request: its run's attempt, its entry count, the entries (``append_entry``). Only the current run
-# writes: a request whose run is over or whose lease someone else holds (a stalled worker's,
-# re-run since) gets nothing. -> {those refused (1-based), the marks}; or the first XADD's error,
+# request: its run's attempt, where its cancel mark is among those read (1-based; 0: not read), its
+# entry count, the entries (``append_entry``). Only the current run writes: a request whose run is
+# over or whose lease someone else holds (a stalled worker's, re-run since) gets nothing; nor does
+# one whose mark is set (its client left while the tokens were computed: a worker stopped then
+# would write them on waking). -> {those refused (1-based), the marks}; or the first XADD's error,
 # once every other entry is written.
 APPEND = (
     _CURRENT_RUN
     + _APPEND_ENTRY
     + """
 local n, at, refused, failed = tonumber(ARGV[3]), 4, {}, nil
-local marks = mget(1, 3 * n)
+local marks, cancels = mget(1, 3 * n), mget(4 * n + 1, #KEYS)
 for i = 0, n - 1 do
-    local run, count = ARGV[at], tonumber(ARGV[at + 1])
-    at = at + 2
-    if current_run(marks, 3 * i + 1, run, ARGV[1], '') == 'ours' then
+    local run, mark, count = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+    at = at + 3
+    local ours = current_run(marks, 3 * i + 1, run, ARGV[1], '') == 'ours'
+    if ours and not (mark > 0 and cancels[mark]) then
         for _ = 1, count do
             local err
             at, err = append_entry(KEYS[3 * n + i + 1], at, ARGV[2])
             failed = failed or err
         end
     else
-        refused[#refused + 1] = i + 1
+        if not ours then
+            refused[#refused + 1] = i + 1
+        end
         for _ = 1, count do
             at = at + 3 + tonumber(ARGV[at + 2])
         end
@@ -225,7 +230,7 @@ end
 if failed then
     return redis.error_reply(failed)
 end
-return {refused, mget(4 * n + 1, #KEYS)}
+return {refused, cancels}
 """
 )
 
