@@ -1,44 +1,21 @@
-"""Answering admitted requests: one SSE stream (several merged for several prompts or ``n`` > 1),
-or one JSON body (``bodies``). A client that leaves cancels what it asked for."""
+"""Answering admitted requests: one SSE stream (``event_streams``: several merged for several
+prompts or ``n`` > 1), or one JSON body (``bodies``). A client that leaves cancels what it asked for."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-from collections.abc import AsyncIterator
-
-import anyio
-import redis
 from fastapi import Request
 from opentelemetry import trace
-from sse_starlette.sse import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import EventSourceResponse
 
 from dayzero.serving.messages import GenerationRequest
-from dayzero.serving.records import Token
 from dayzero.telemetry import continued, tracer
 
 from .access import credential
 from .bodies import collect
 from .context import Gateway
 from .errors import APIError
-from .outcome import Progress, Usage, closing, refuse_unserved, stream_error
-from .shapes import Shape
-from .streams import Subscription, entry_order
-
-# A keep-alive is a comment line with no blank line after it: the next event's own blank line ends
-# both. A comment followed by a blank line is an empty event to the official openai client once an
-# event id was seen (it keeps last_event_id), and it then fails parsing "" as JSON mid-stream.
-# The same for the reconnect delay: a ``retry:`` line that rides on the first event (alone, with its
-# own blank line, that client would read it as an empty event too).
-KEEP_ALIVE = b": keep-alive\n"
-
-
-def retry_line(ms: int) -> bytes:
-    return f"retry: {ms}\n".encode()
-
-
-SHUTDOWN_GRACE_S = 2.0  # open streams get this long to send their error event when the server stops
+from .event_streams import event_stream
+from .outcome import refuse_unserved
 
 
 async def admit(
@@ -68,128 +45,6 @@ async def admit(
 def _refuse(gw: Gateway, message: str, code: str) -> None:
     gw.metrics.rejected.inc()
     raise APIError(429, message, "rate_limit_error", code=code, headers={"Retry-After": "1"})
-
-
-async def sse(
-    gw: Gateway,
-    request: GenerationRequest,
-    after: str,
-    span: trace.Span | None = None,
-    merged: bool = False,
-    shutdown: anyio.Event | None = None,
-    used: Usage | None = None,
-    counted: bool = True,
-) -> AsyncIterator[ServerSentEvent | bytes]:
-    """One request's stream; ``merged``: one of several streams merged (no event ids, no usage
-    chunk, no [DONE]; its finish is added to ``used``). Every end but a finish (a failure, a cancel,
-    Redis lost, shutdown) sends an error event in OpenAI's error shape (merged: with the ``index``
-    of the choice it ends, as in ``choices[].index``); a single stream then ends
-    with ``[DONE]`` either way, after a finish with the usage chunk when the client asked for it.
-    A stream read again by its id is not ``counted`` in the latency and finish metrics."""
-    progress, left = Progress(gw, request, span, counted=counted), True
-    if not merged and request.usage_in_stream:
-        used = Usage()
-    try:
-        if not merged:
-            yield retry_line(gw.settings.sse_retry_ms)
-        try:
-            await gw.bus.watching.watch(request.request_id, progress.watcher)
-            async with gw.bus.hub.subscribe(request.request_id, after) as sub, closing(sub, shutdown):
-                async for event in _chunks(gw, request, sub, after, progress, used):
-                    yield event
-            if not merged and used is not None:
-                yield _usage_event(gw, request, used)
-        except Exception as exc:  # every failure becomes the stream's error event
-            error = stream_error(exc, request.request_id)
-            progress.end("error", error["error"]["message"])  # unless the failure was the request's own, as seen
-            if merged:  # which choice it ends (the others go on)
-                error["error"]["index"] = request.choice
-            yield ServerSentEvent(data=json.dumps(error))
-        left = False
-        if not merged:
-            yield ServerSentEvent(data="[DONE]")
-    finally:
-        if left and progress.counted:  # (a stream read again: its choice is counted by its own stream)
-            gw.metrics.disconnects.inc()
-        with anyio.CancelScope(shield=True), contextlib.suppress(redis.RedisError):  # the client may be gone
-            await gw.bus.unwatch(request.request_id, progress.watcher, progress.over)
-        if span is not None:
-            span.set_attribute("dayzero.finished", progress.over)
-            span.end()
-
-
-def _usage_event(gw: Gateway, request: GenerationRequest, used: Usage) -> ServerSentEvent:
-    return ServerSentEvent(data=json.dumps(Shape(request, gw.settings.model_name, gw.codec).usage_chunk(used)))
-
-
-async def _chunks(
-    gw: Gateway,
-    request: GenerationRequest,
-    sub: Subscription,
-    after: str,
-    progress: Progress,
-    used: Usage | None,
-) -> AsyncIterator[ServerSentEvent | bytes]:
-    """The chunks of one stream up to its last (a resumed stream has echoed its prompt already);
-    its finish counts in ``used``."""
-    resumed = after != "0-0"
-    if resumed and await _over_by(gw, request, after, progress, used):
-        return
-    shape = Shape(request, gw.settings.model_name, gw.codec)
-    if resumed:
-        await _replay(gw, shape, request.request_id, after)
-    elif request.kind == "chat":
-        yield ServerSentEvent(data=json.dumps(shape.chunk(None, None, role=True)))
-    held: list[Token] = []  # tokens whose text (and logprobs) wait for the next chunk
-    while True:
-        event = await sub.next(gw.settings.keepalive_s)
-        if event is None:
-            if resumed and await _over_by(gw, request, after, progress, used):
-                return
-            yield KEEP_ALIVE
-            continue
-        progress.see(event)
-        if event.finish_reason:
-            chunk = shape.chunk(event.text, event.finish_reason, tokens=[*held, event])
-            yield ServerSentEvent(id=event.entry_id, data=json.dumps(chunk))
-            if used is not None:
-                used.add(request, event)
-            return
-        arrived = [event, *sub.pending()]  # more than one when this gateway lags: one chunk for all
-        for later in arrived[1:]:
-            progress.see(later)
-        held += arrived
-        text = "".join(token.text for token in arrived)
-        # no text: held until some comes (a token of a character's first bytes), unless there is
-        # no tokenizer, whose answers are the ids themselves
-        chunk = shape.chunk(text, None, tokens=held) if text or not gw.codec.has_tokenizer else None
-        if chunk is not None:  # None: the text is held (inside a tool call, a tag cut midway)
-            yield ServerSentEvent(id=arrived[-1].entry_id, data=json.dumps(chunk))
-            held = []
-
-
-async def _over_by(gw: Gateway, request: GenerationRequest, after: str, progress: Progress, used: Usage | None) -> bool:
-    """Whether a resumed stream ended at or before ``after`` (a client that missed only the usage
-    chunk or ``[DONE]``): its failure raises, its finish counts in ``used``."""
-    end = await gw.bus.hub.finish_by(request.request_id, after)
-    if end is None:
-        return False
-    if end.finish_reason in ("error", "cancelled"):
-        progress.see(end)  # raises the stream's error
-    progress.over = True
-    if used is not None:
-        used.add(request, end)
-    return True
-
-
-async def _replay(gw: Gateway, shape: Shape, rid: str, after: str) -> None:
-    """A resumed stream's tokens up to ``after``, so its chat split (reasoning, content, tool calls)
-    or its completion's text offsets pick up where the client's left off."""
-    async with gw.bus.hub.subscribe(rid) as sub:
-        while (event := await sub.next(gw.settings.keepalive_s)) is not None:
-            shape.replay(event)
-            if entry_order(event.entry_id) >= entry_order(after):
-                return
 
 
 async def respond(
@@ -234,69 +89,3 @@ def resumed(gw: Gateway, request: GenerationRequest, after: str, headers: dict[s
         attributes = {"dayzero.request_id": request.request_id, "dayzero.after": after}
         span = tracer.start_span("gateway.resume", links=[link], attributes=attributes)
     return event_stream(gw, [request], after, headers, [span], counted=False)
-
-
-def event_stream(
-    gw: Gateway,
-    requests: list[GenerationRequest],
-    after: str,
-    headers: dict[str, str],
-    spans: list | None = None,
-    counted: bool = True,
-) -> EventSourceResponse:
-    """The SSE response of one request (resumable from ``after``) or of several merged; one read
-    again by its id is not ``counted`` in the metrics (its latencies are the replay's)."""
-    shutdown = anyio.Event()  # set by sse-starlette when the server begins to shut down
-    spans = spans or [None] * len(requests)
-    if len(requests) == 1:
-        events = sse(gw, requests[0], after, spans[0], shutdown=shutdown, counted=counted)
-    else:
-        events = _merged(gw, requests, spans, shutdown)
-    return EventSourceResponse(
-        events,
-        ping=gw.settings.keepalive_s,
-        ping_message_factory=lambda: KEEP_ALIVE,
-        headers=headers,
-        shutdown_event=shutdown,
-        shutdown_grace_period=SHUTDOWN_GRACE_S,
-    )
-
-
-async def _merged(
-    gw: Gateway, requests: list[GenerationRequest], spans: list, shutdown: anyio.Event
-) -> AsyncIterator[ServerSentEvent]:
-    """Several choices' chunks as they come, each marked with its index; not resumable (no ids).
-    When every choice finished, one usage chunk (if asked for) totals them. Leaving cancels every
-    choice (each stream's own clean-up unwatches its request), through a cancel scope: delivered
-    again until the choice ends (a Task.cancel() lost in a redis-py command left it generating)."""
-    queue: asyncio.Queue[ServerSentEvent | None] = asyncio.Queue()
-    used = Usage()
-    stops = [anyio.CancelScope() for _ in requests]
-
-    async def pump(i: int) -> None:
-        with stops[i]:
-            try:
-                async for event in sse(gw, requests[i], "0-0", spans[i], merged=True, shutdown=shutdown, used=used):
-                    if isinstance(event, ServerSentEvent) and event.data is not None:  # the response pings itself
-                        queue.put_nowait(ServerSentEvent(data=event.data))
-            finally:
-                queue.put_nowait(None)
-
-    pumps = [asyncio.create_task(pump(i)) for i in range(len(requests))]
-    try:
-        yield retry_line(gw.settings.sse_retry_ms)
-        running = len(pumps)
-        while running:
-            event = await queue.get()
-            if event is None:
-                running -= 1
-            else:
-                yield event
-        if requests[0].usage_in_stream and used.choices == len(requests):
-            yield _usage_event(gw, requests[0], used)
-        yield ServerSentEvent(data="[DONE]")
-    finally:
-        for stop in stops:
-            stop.cancel()
-        with anyio.CancelScope(shield=True):
-            await asyncio.gather(*pumps, return_exceptions=True)

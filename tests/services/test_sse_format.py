@@ -7,7 +7,7 @@ import json
 from openai._streaming import SSEDecoder
 from sse_starlette.sse import ServerSentEvent
 
-from services.gateway.responses import KEEP_ALIVE, retry_line
+from services.gateway.event_streams import KEEP_ALIVE, retry_line
 
 
 def test_retry_and_keep_alives_are_no_events_to_the_openai_client():

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import anyio
 from sse_starlette.sse import ServerSentEvent
 
-from services.gateway import responses
+from services.gateway import event_streams
 
 
 def test_a_choice_whose_first_command_loses_the_cancel_still_stops_when_the_client_leaves(monkeypatch):
@@ -34,11 +34,11 @@ def test_a_choice_whose_first_command_loses_the_cancel_still_stops_when_the_clie
 
     async def leave_at_once() -> None:
         gw = SimpleNamespace(settings=SimpleNamespace(sse_retry_ms=1000))
-        merged = responses._merged(gw, [0, 1], [None, None], anyio.Event())
+        merged = event_streams._merged(gw, [0, 1], [None, None], anyio.Event())
         await merged.__anext__()  # the retry line: the response has begun
         await anyio.sleep(0.01)  # each choice's reader is in its first command
         await merged.aclose()  # the client left
 
-    monkeypatch.setattr(responses, "sse", choice)
+    monkeypatch.setattr(event_streams, "sse", choice)
     asyncio.run(leave_at_once())
     assert ended == {0: "stopped", 1: "stopped"}
