@@ -9,7 +9,7 @@ from dayzero.parallel.collectives import Group
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.messages import DecodeJob
 from dayzero.serving.queue import TASKS, composer, make_celery
-from dayzero.serving.room import Prefetch, Room
+from dayzero.serving.room import Prefetch, Room, to_decode
 from dayzero.serving.runtime import Runtime
 from dayzero.serving.worker import StageWorker, loop_stage
 from dayzero.settings import Settings
@@ -22,7 +22,7 @@ def make_worker(settings: Settings, group: Group | None = None) -> Celery:
     signals.worker_ready.connect(prefetch.bind, weak=False)
 
     def make_loop(runtime: Runtime) -> DecodeLoop:  # what its pools cannot hold yet goes to a peer with room
-        return DecodeLoop(runtime, Room(runtime, prefetch, composer(app, "decode")))
+        return DecodeLoop(runtime, Room(runtime, prefetch, to_decode(runtime, composer(app, "decode"))))
 
     stage = StageWorker(settings, "decode", loop_stage("decode", settings, False, make_loop, group))
 

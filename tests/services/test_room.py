@@ -1,11 +1,12 @@
-"""Room across decode workers: a request one worker's pools cannot hold yet goes back to the queue for
-a worker with room (its handoff fenced like every transition), where it waited for one of its
-worker's own requests to end while another worker idled."""
+"""Room across decode (and prefill) workers: a request one worker's pools cannot hold yet goes back to
+the queue for a worker with room (its handoff, or its claim, fenced like every transition), where it
+waited for one of its worker's own requests to end while another worker idled."""
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
 
 import httpx
 import redis
@@ -14,10 +15,16 @@ from dayzero.params import SamplingParams
 from dayzero.serving.keys import HANDOFF_OWNER, key
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest
+from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.registry import Registry
+from dayzero.serving.room import Prefetch, Room, to_prefill
+from dayzero.serving.runtime import Runtime
 from dayzero.serving.scripts import Take
+from dayzero.settings import Settings
 
-from .conftest import MODEL, pool_usage, sse_events, start_stack, wait_until
+from .conftest import MODEL, pool_usage, prompt_ids, recording, sse_events, start_stack, wait_until
+from .in_process import engine_completer
+from .prefill_jobs import admitted
 
 # 1 MB of KV with 32 sequences' windows: 55 CSA blocks of 64 tokens per worker. A request of 1250
 # tokens takes 20: a worker holds two of them, never three (hand-computed; the HCA pool agrees).
@@ -60,6 +67,38 @@ def test_a_claimed_handoff_handed_back_waits_on_the_queue_again_till_its_own_dea
     assert store.r.rpop("decode") == b"b-back again"  # a worker takes it and dies before its claim:
     assert [store.rerun_orphan("b-back", 60, 60) for _ in range(2)] == [0, 1]  # the next sweep re-runs it
     assert store.take("b-back", 0, "decode1", 30, handed_off=True) == Take.STALE  # (a late claim is stale)
+
+
+def test_a_prefill_worker_hands_back_only_what_its_blocks_cannot_hold_and_nothing_under_way(demo_dir, redis_url):
+    """Blocks for one 300-token prompt and a short one are left; a live peer's snapshot shows empty pools.
+    In admission order: "dup" (300 tokens, 5 chunks of 64) delivered twice (the second waits: its
+    blocks are this worker's), "big" (300) and "small" (5). "dup" starts; "big" goes back to prefill's
+    queue (fenced: its lease dropped, a counted mark, so the reaper leaves it); "small" is kept and runs
+    here; the second "dup", whose run is under way here, is never handed back (a peer would run it again)."""
+    chunked = {"kv_budget_mb": 1, "max_batch": 4, "handoff_timeout_s": 600, "prefill_chunk_size": 64, "lease_s": 30}
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, **chunked)
+    runtime, handed, sent = Runtime.load(settings, "prefill18@test", "prefill", False), [], []
+    room = Room(runtime, Prefetch(), to_prefill(runtime, recording(handed, "prefill")))  # (its prefetch: unbound)
+    loop = PrefillLoop(runtime, recording(sent), room)
+    pools, store = runtime.pools, Lifecycle.connect(redis_url)
+    runtime.ranks.reserve("elsewhere", pools.capacity_tokens() - 8 * 64)
+    empty = {kind: [0, total] for kind, (_, total) in pools.usage().items()}
+    Registry(store.r).alive("prefill", "prefill19@test:peer", {"stage": "prefill", "pools": empty, "gauges": {}})
+    dup, big = admitted(store, "p-dup", tuple(range(2, 302))), admitted(store, "p-big", tuple(range(3, 303)))
+    tickets = [loop.intake.submit(job) for job in (dup, dup, big, admitted(store, "p-small"))]
+    try:
+        loop._iteration()
+        assert [p.request_ids for p in loop.running] == [["p-dup"]] and not pools.fits(300) and pools.fits(5)
+        assert [job.request.request_id for job in handed] == ["p-big"] and tickets[2].done.is_set()
+        assert store.owner("p-big") is None and store.r.get(key("queued", "p-big")).startswith(b"prefill:")
+        assert store.rerun_orphan("p-big", 60, 60) == 0  # its message waits on the queue
+        assert [t.job.request.request_id for t in loop.pending] == ["p-dup", "p-small"]  # in admission order
+        assert store.owner("p-dup") == runtime.name and not tickets[1].done.is_set()
+        loop._iteration()
+        assert "p-small" in pools.sequences and tickets[3].done.wait(30)  # started here once "big" was gone
+    finally:
+        loop.stop.set()
+    assert not tickets[1].done.is_set() and [job.request.request_id for job in handed] == ["p-big"]
 
 
 def _stream(url: str, events: list, lock: threading.Lock, texts: dict, i: int, done: threading.Event) -> None:
@@ -113,6 +152,77 @@ def test_requests_one_decode_worker_cannot_hold_go_to_the_one_with_room(text_dir
     finally:
         done.set()
         decode1.send_signal(signal.SIGCONT)
+        for thread in threads:
+            thread.join(60)
+        stack.stop()
+
+
+LONG_PROMPT = [(7 * k) % 500 + 2 for k in range(2900)]  # 46 of prefill's 55 CSA blocks: one at a time
+
+
+def _completion(url: str, prompt: list[int], streams: dict, name: str) -> None:
+    """A streamed greedy completion of 4 tokens: its request id first in ``streams[name]``, then its
+    chunks' texts as they come."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "ignore_eos": True, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as r:
+        streams[name] = [r.headers["x-request-id"]]
+        for _, data in sse_events(r):
+            if data == "[DONE]":
+                break
+            streams[name].append(data["choices"][0]["text"])
+
+
+def test_prompts_one_prefill_worker_cannot_start_go_to_the_one_with_room(text_dir, tmp_path):
+    """prefill1 frozen, decode0 frozen (the handoffs wait, holding prefill's blocks): prefill0 prefills a
+    long prompt, then claims a second its blocks cannot hold and two short ones behind it (first come,
+    first served: they wait with it, for the first one's handoff to lapse, 120 s). prefill1 continued,
+    prefill0 hands the long one back to the queue for it and starts the short ones itself: every first
+    token comes while decode is still frozen. Each prompt was prefilled once, none re-run, and every
+    text is the in-process engine's."""
+    env = {**ROOM_ENV, "DAYZERO_HANDOFF_TIMEOUT_S": "120", "DAYZERO_LEASE_S": "3"}  # (a 1 s lease lapsed under load)
+    stack = start_stack(text_dir, tmp_path, {"vision": 0, "prefill": 2, "decode": 1}, env)
+    prefill1, decode0 = stack.child("prefill1").proc, stack.child("decode0").proc
+    r, streams, threads = redis.Redis.from_url(stack.redis_url), {}, []
+    prompts = {"first": LONG_PROMPT, "second": LONG_PROMPT, "short1": prompt_ids(1), "short2": prompt_ids(2)}
+
+    def send(name: str) -> None:  # admitted and claimed by prefill0 before the next one
+        threads.append(threading.Thread(target=_completion, args=(stack.url, prompts[name], streams, name)))
+        threads[-1].start()
+        lease = lambda: name in streams and r.get(key("lease", streams[name][0]))  # noqa: E731
+        assert wait_until(lambda: lease() and lease().startswith(b"prefill0"), 30)
+
+    def first_tokens() -> set[str]:  # those whose first token is in the stream (its text may wait for the next)
+        return {name for name, (rid, *_) in streams.items() if r.xlen(key("tokens", rid))}
+
+    def prefilled() -> dict[str, float]:  # prompt tokens each prefill worker has prefilled
+        snaps = pool_usage(stack).items()
+        return {name.partition("@")[0]: s["counters"].get("tokens", 0) for name, s in snaps if s["stage"] == "prefill"}
+
+    try:
+        decode0.send_signal(signal.SIGSTOP)
+        prefill1.send_signal(signal.SIGSTOP)
+        assert wait_until(lambda: len(Registry(r).live_workers("prefill", 3.5)) == 1, 10)  # (past the lease: no peer)
+        send("first")
+        assert wait_until(lambda: first_tokens() == {"first"}, 60)  # its blocks stay till decode takes them
+        for name in ("second", "short1", "short2"):
+            send(name)
+        time.sleep(1)  # prefill0 alone: they wait for the first one's blocks
+        assert first_tokens() == {"first"}
+        prefill1.send_signal(signal.SIGCONT)
+        assert wait_until(lambda: len(first_tokens()) == 4, 30), first_tokens()
+        shorts = len(prompts["short1"]) + len(prompts["short2"])  # each prompt prefilled once, where it could start
+        expected = {"prefill0": len(LONG_PROMPT) + shorts, "prefill1": len(LONG_PROMPT)}
+        assert wait_until(lambda: prefilled() == expected, 10), prefilled()
+        decode0.send_signal(signal.SIGCONT)
+        for thread in threads:
+            thread.join(120)
+        reference = engine_completer(text_dir, "cpu")
+        for name, (rid, *texts) in streams.items():
+            assert "".join(texts) == reference(prompts[name], 4), name
+            assert int(r.get(key("attempt", rid)) or 0) == 0, name  # never re-run
+    finally:
+        prefill1.send_signal(signal.SIGCONT)
+        decode0.send_signal(signal.SIGCONT)
         for thread in threads:
             thread.join(60)
         stack.stop()

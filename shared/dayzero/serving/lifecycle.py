@@ -128,8 +128,8 @@ class Lifecycle:
         self._enqueue(keys=keys, args=[message, int(queued_s * 1000)])
 
     def hand_on(self, rid: str, attempt: int, owner: str, queue: str, message: str, queued_s: float) -> bool:
-        """``enqueue``, fenced: the vision stage's run ``attempt`` goes on to ``queue``. False, nothing
-        written: the run is over or someone else's (a late hand-on would drop the re-run's lease)."""
+        """``enqueue``, fenced: vision's run ``attempt`` goes on to ``queue`` (prefill's goes back: room.py).
+        False, nothing written: the run is over or someone else's (a late one would drop a re-run's lease)."""
         args = [attempt, owner, message, int(queued_s * 1000)]
         return bool(self._hand_on(keys=_push_keys(rid, "queued", queue), args=args))
 

@@ -24,14 +24,15 @@ from ..completion import context_limit
 from ..kv.pools import OutOfBlocks
 from ..params import Logprob
 from ..telemetry import tracer
-from .handoff import discard_tensor, drop_parked, publish, take_tensor
+from .handoff import discard_tensor, drop_parked, publish
 from .intake import Intake, Ticket, run_loop
 from .kept_handoffs import KeptHandoffs
 from .lease import Heartbeat
 from .messages import DecodeJob, PrefillJob
-from .prefill_batch import BatchInput, echo_of, forward_of
-from .prefilling import Prefilling, end_failed, forward_span, take_batch
+from .prefill_batch import forward_of
+from .prefilling import Prefilling, batch_input, end_failed, forward_span, take_batch, tokens_of
 from .records import Token
+from .room import Room
 from .runtime import Runtime
 from .waiting import end_overdue, first_come
 
@@ -39,8 +40,9 @@ log = logging.getLogger("dayzero.prefill")
 
 
 class PrefillLoop:
-    def __init__(self, runtime: Runtime, decode_message: Callable[[DecodeJob], str]) -> None:
+    def __init__(self, runtime: Runtime, decode_message: Callable[[DecodeJob], str], room: Room | None = None) -> None:
         self.r, self.decode_message = runtime, decode_message  # a job -> its message on decode's queue
+        self.room = room  # what its blocks cannot hold goes to a peer with room (room.py)
         self.intake: Intake[PrefillJob] = Intake(
             lambda ticket: self.heartbeat.claim(
                 ticket, lambda cancelled: self._settle(cancelled, "cancelled"), dropped=self._drop_embeddings
@@ -81,6 +83,10 @@ class PrefillLoop:
             self.r.stats.set(batch_size=0)  # no batch (not the last one's size for ever)
         if self.handed_off.reclaim():  # after the batch, not before it: off the path of a request that just arrived
             self.starved = False  # blocks came free: the waiting requests try again at once
+        if self.room is not None:  # what its blocks cannot hold goes to a peer with room
+            kept = self.room.share(self.pending, tokens_of, self.heartbeat, held=self.r.pools.sequences)
+            self.starved, self.pending = self.starved and len(kept) == len(self.pending), kept
+        self.r.stats.set(waiting_requests=len(self.pending))  # (peers read it: room.py)
         self.r.announce(waiting)  # (a round trip every lease / 4) likewise
         self.r.ranks.keepalive()  # idle, or every request waiting for blocks: the other ranks still hear
 
@@ -169,7 +175,7 @@ class PrefillLoop:
                 self.pending.append(ticket)
                 continue
             try:
-                self.handed_off.reserve(rid, len(job.request.prompt_ids) + len(job.generated))
+                self.handed_off.reserve(rid, tokens_of(job))
             except OutOfBlocks as exc:
                 if exc.permanent:
                     log.error("request %s: %s", rid, exc)
@@ -191,7 +197,7 @@ class PrefillLoop:
         inputs = []
         for tickets in runs.values():
             try:
-                inputs.append((tickets, self._input(tickets[0].job)))
+                inputs.append((tickets, batch_input(tickets[0].job, self.r.store)))
             except LookupError as exc:  # its image embeddings expired or went with a dead host (it runs alone)
                 log.error("request %s: %s", tickets[0].job.request.request_id, exc)
                 self.r.stats.fail("prefill")
@@ -248,12 +254,6 @@ class PrefillLoop:
                     raise
                 except Exception as exc:  # this request's own sampling or handoff: it fails alone
                     self._fail_one(ticket, exc)
-
-    def _input(self, job: PrefillJob) -> BatchInput:
-        """The request's tokens, its parked image embeddings (taken once), its echo."""
-        rid, prompt = job.request.request_id, list(job.request.prompt_ids)
-        images = take_tensor(job.embeddings, self.r.store) if job.embeddings is not None else None
-        return BatchInput(rid, [*prompt, *job.generated], images, echo_of(job), len(prompt))
 
     def _fail_one(self, ticket: Ticket[PrefillJob], exc: Exception) -> None:
         rid = ticket.job.request.request_id

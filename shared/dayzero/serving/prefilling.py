@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from opentelemetry import trace
 
 from ..telemetry import continued, tracer
+from .handoff import take_tensor
 from .intake import Ticket
+from .lifecycle import Lifecycle
 from .messages import PrefillJob
-from .prefill_batch import BatchInput, forward_of
+from .prefill_batch import BatchInput, echo_of, forward_of
 
 
 @dataclass(slots=True)
@@ -30,6 +32,18 @@ class Prefilling:
     @property
     def request_ids(self) -> list[str]:
         return [t.job.request.request_id for t in self.tickets]
+
+
+def tokens_of(job: PrefillJob) -> int:
+    """A prompt's tokens, and those a re-run streamed already: what it prefills and its blocks hold."""
+    return len(job.request.prompt_ids) + len(job.generated)
+
+
+def batch_input(job: PrefillJob, store: Lifecycle) -> BatchInput:
+    """A prompt's input: its tokens, its parked image embeddings (taken once: it starts), its echo."""
+    rid, prompt = job.request.request_id, list(job.request.prompt_ids)
+    images = take_tensor(job.embeddings, store) if job.embeddings is not None else None
+    return BatchInput(rid, [*prompt, *job.generated], images, echo_of(job), len(prompt))
 
 
 def forward_span(job: PrefillJob, batch: int) -> trace.Span:
@@ -70,7 +84,7 @@ def take_batch(
     batch, kept, runs = [], [], set()
     for ticket in pending:
         job = ticket.job
-        run, length = forward_of(job), len(job.request.prompt_ids) + len(job.generated)
+        run, length = forward_of(job), tokens_of(job)
         size = 0 if run is not None and run in runs else min(chunk_size, length)
         long = size if length > chunk_size else 0
         crowded = long and lasting and lasting + long > max_tokens - chunk_size

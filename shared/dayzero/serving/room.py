@@ -1,35 +1,49 @@
-"""Room across a decode stage of several workers: a request that one worker's pools cannot hold yet
-goes to a worker with room for it.
+"""Room across a stage of several workers (decode, prefill): a request that one worker's pools cannot
+hold yet goes to a worker with room for it.
 
-Celery hands a decode worker up to its prefetch count of messages (2 x DAYZERO_MAX_BATCH) whatever
-its pools hold, and each waits claimed in that worker's intake: without this, a request waited for
-one of its worker's own requests to end while another worker idled. Now a worker whose claimed
-requests wait for blocks hands them back to decode's queue (``Lifecycle.hand_back``) when a live
-peer's last snapshot (registry.py) shows nothing waiting and free blocks for them, and takes no
-message until its own pools could hold what it handed back (its consumer's prefetch at the messages
-it holds). Alone, or with every peer full, it keeps them claimed and waiting, as before: never
-refused, never left to lapse on the queue.
+Celery hands a worker up to its prefetch count of messages (decode: 2 x DAYZERO_MAX_BATCH, prefill:
+DAYZERO_MAX_BATCH) whatever its pools hold, and each waits claimed in that worker's intake, first
+come first served (waiting.py): without this, a request waited for one of its worker's own requests
+to end while another worker idled, and on prefill every prompt claimed after one waiting for blocks
+waited with it. Now a worker whose claimed requests wait for blocks hands them back to its stage's
+queue when a live peer's last snapshot (registry.py) shows nothing waiting and free blocks for
+them, and takes no message until its own pools could hold what it handed back (its consumer's
+prefetch at the messages it holds). It walks them in admission order and keeps those its own free
+blocks hold before the first that they do not (it admits them next); past that one, it keeps only
+those no peer has room for. Alone, or with every peer full, it keeps them claimed and waiting, as
+before: never refused, never left to lapse on the queue. A handed-back request keeps its place:
+its admission time (``created``) orders it wherever it lands.
 
-The hand back is fenced like every transition: the handoff keeps its lease, its prefill blocks and
-its deadline, only its message (and mark) is new; a worker killed at any point leaves the request
-to the reaper (a lapsed lease, or a mark whose message was taken and never claimed). It never
-bounces for ever: each hand back needs a peer with room for it and a few leases of the handoff left.
+Only what holds nothing here goes back: decode's waiting requests hold no blocks yet (their state
+waits in prefill's); prefill hands back no prompt under way (mid-chunk, its blocks filled) nor one
+whose request holds blocks here (a kept handoff), and a waiting prompt has read none of its image
+embeddings (read once, when it starts). The hand back is fenced like every transition: decode's
+handoff keeps its lease, its prefill blocks and its deadline (``Lifecycle.hand_back``); prefill's
+prompt is queued again with its lease dropped, as vision hands it on (``Lifecycle.hand_on``); only
+its message and mark are new. A worker killed at any point leaves the request to the reaper (a
+lapsed lease, or a mark whose message was taken and never claimed). It never bounces for ever: each
+hand back needs a peer with room for it (on decode also a few leases of the handoff left).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+import time
+from collections.abc import Callable, Container
+from typing import Any, Generic, TypeVar
+
+import redis
 
 from ..telemetry import continued
 from .intake import Ticket
 from .lease import Heartbeat
-from .messages import DecodeJob
+from .messages import DecodeJob, PrefillJob
 from .runtime import Runtime
+from .waiting import Run, first_come
 
-log = logging.getLogger("dayzero.decode")
-LEAST_LEASES = 4  # of the handoff left for its next claimer (else this worker keeps it)
+log = logging.getLogger("dayzero.serving")
+LEAST_LEASES = 4  # of decode's handoff left for its next claimer (else this worker keeps it)
+J = TypeVar("J", bound=Run)
 
 
 class Prefetch:
@@ -54,37 +68,73 @@ class Prefetch:
             qos.increment_eventually(wanted - qos.value)
 
 
-class Room:
-    """A decode loop's view of its peers' room: ``hand_back`` a few times per lease, ``consume``
-    every iteration."""
+def to_decode(runtime: Runtime, message: Callable[[DecodeJob], str]) -> Callable[[DecodeJob, str], bool]:
+    """Decode's hand back: the claimed handoff waits on decode's queue again, till its own deadline
+    (kept here with fewer than LEAST_LEASES of it left). ``message``: a job -> decode's queue's."""
+    least_s = LEAST_LEASES * runtime.settings.lease_s
+    return lambda job, rid: runtime.store.hand_back(rid, job.attempt, runtime.name, "decode", message(job), least_s)
 
-    def __init__(self, runtime: Runtime, prefetch: Prefetch, message: Callable[[DecodeJob], str]) -> None:
-        self.r, self.prefetch, self.message = runtime, prefetch, message  # message: a job -> decode's queue's
+
+def to_prefill(runtime: Runtime, message: Callable[[PrefillJob], str]) -> Callable[[PrefillJob, str], bool]:
+    """Prefill's hand back: the claimed prompt is queued on prefill's queue again, its lease dropped
+    (vision's hand on, fenced alike). ``message``: a job -> prefill's queue's."""
+    queued_s = runtime.settings.visibility_timeout_s
+    return lambda job, rid: runtime.store.hand_on(rid, job.attempt, runtime.name, "prefill", message(job), queued_s)
+
+
+class Room(Generic[J]):
+    """A loop's view of its peers' room: ``hand_back`` a few times per lease, ``consume`` every
+    iteration. ``push(job, request id)``: the stage's fenced hand back (``to_decode``, ``to_prefill``);
+    False: nothing written (the run is over or someone else's, or the claimer must keep it)."""
+
+    def __init__(self, runtime: Runtime, prefetch: Prefetch, push: Callable[[J, str], bool]) -> None:
+        self.r, self.prefetch, self.push = runtime, prefetch, push
         self.owed: int | None = None  # tokens of the smallest request handed back since the pools last had room
+        self._shared_at = 0.0  # the last ``share``'s hand back (monotonic)
 
     def consume(self, busy: bool) -> None:
         """Take messages unless something was handed back that the pools could not hold yet (with
-        nothing running, they could)."""
+        nothing holding blocks, they could)."""
         if self.owed is not None and (not busy or self.r.pools.fits(self.owed)):
             self.owed = None
         self.prefetch.pause(self.owed is not None)
 
-    def hand_back(
-        self, waiting: list[Ticket[DecodeJob]], tokens: Callable[[DecodeJob], int], heartbeat: Heartbeat
-    ) -> list[Ticket[DecodeJob]]:
-        """Hand the waiting requests that a peer has room for back to decode's queue; -> those still
-        waiting. ``tokens``: what a job reserves; ``heartbeat``: the loop's, beating the claims."""
-        room = self._peer_room() if waiting else []
+    def share(
+        self, waiting: list[Ticket[J]], tokens: Callable[[J], int], heartbeat: Heartbeat, held: Container[str]
+    ) -> list[Ticket[J]]:
+        """For a loop whose waiting requests may hold blocks here (prefill's): ``consume`` every
+        iteration, ``hand_back`` a few times per lease those of ``waiting`` not ``held`` (requests
+        that hold blocks here: a duplicate delivery of one under way, or of a handoff kept: never a
+        second run of it). -> those still waiting, in admission order."""
+        self.consume(busy=bool(held))
+        now = time.monotonic()
+        if not waiting or now - self._shared_at < self.r.settings.lease_s / 4:
+            return waiting
+        self._shared_at = now
+        first_come(waiting)
+        free = [t for t in waiting if t.job.request.request_id not in held]
+        handed = {id(t) for t in free} - {id(t) for t in self.hand_back(free, tokens, heartbeat)}
+        return [t for t in waiting if id(t) not in handed]
+
+    def hand_back(self, waiting: list[Ticket[J]], tokens: Callable[[J], int], heartbeat: Heartbeat) -> list[Ticket[J]]:
+        """Hand the waiting requests (in admission order) that this worker cannot admit and a peer has
+        room for back to the stage's queue; -> those still waiting. ``tokens``: what a job reserves;
+        ``heartbeat``: the loop's, beating the claims."""
+        here, blocks_of = _free(self.r.pools.usage()), self.r.pools.layout.blocks_of
+        needs = [blocks_of(tokens(ticket.job)) for ticket in waiting]
+        room: list[dict[str, int]] | None = None  # the peers' (read once one is wanted)
         still = []
-        for ticket in waiting:
-            total = tokens(ticket.job)
-            need = self.r.pools.layout.blocks_of(total)
-            peer = next((free for free in room if all(free.get(k, 0) >= n for k, n in need.items())), None)
-            if peer is None or not self._hand_back(ticket, heartbeat):
+        for ticket, need in zip(waiting, needs, strict=True):
+            if here is not None and _take(here, need):  # admitted here next, first come first served
                 still.append(ticket)
                 continue
-            for kind, n in need.items():
-                peer[kind] -= n
+            room = self._peer_room() if room is None else room
+            peer = next((free for free in room if _take(free, need)), None)
+            if peer is None or not self._hand_back(ticket, heartbeat):
+                still.append(ticket)
+                here = None  # it waits here: so does every later one no peer takes
+                continue
+            total = tokens(ticket.job)
             self.owed = total if self.owed is None else min(self.owed, total)
         return still
 
@@ -93,20 +143,38 @@ class Room:
         registry, settings = self.r.registry, self.r.settings
         peers = [p for p in registry.live_workers(self.r.stats.stage, settings.lease_s) if p != self.r.name]
         return [
-            {kind: total - used for kind, (used, total) in snap.get("pools", {}).items()}
+            _free(snap.get("pools", {}))
             for snap in registry.snapshots_of(peers).values()
             if not snap.get("gauges", {}).get("waiting_requests")
         ]
 
-    def _hand_back(self, ticket: Ticket[DecodeJob], heartbeat: Heartbeat) -> bool:
-        job, least_s = ticket.job, LEAST_LEASES * self.r.settings.lease_s
+    def _hand_back(self, ticket: Ticket[J], heartbeat: Heartbeat) -> bool:
+        job = ticket.job
         rid = job.request.request_id
         heartbeat.release(rid)  # no beat in flight outlives the claim
-        with continued(job.request.trace):  # its message's task span joins the request's trace
-            message = self.message(job)
-        if not self.r.store.hand_back(rid, job.attempt, self.r.name, "decode", message, least_s):
+        try:
+            with continued(job.request.trace):  # its message's task span joins the request's trace
+                pushed = self.push(job, rid)
+        except redis.RedisError:
+            heartbeat.hold([rid])  # (if it was pushed, its lease is gone: a beat renews nobody's)
+            raise
+        if not pushed:
             heartbeat.hold([rid])  # still this worker's (or its run is over: the take will say so)
             return False
-        log.info("request %s: handed back to the queue for a worker with room", rid)
+        log.info("request %s: handed back to the %s queue for a worker with room", rid, self.r.stats.stage)
         ticket.done.set()
         return True
+
+
+def _free(usage: dict[str, Any]) -> dict[str, int]:
+    """Free blocks per pool, from (used, total) per pool."""
+    return {kind: total - used for kind, (used, total) in usage.items()}
+
+
+def _take(free: dict[str, int], need: dict[str, int]) -> bool:
+    """Take ``need`` out of ``free`` if it holds it."""
+    if any(free.get(kind, 0) < n for kind, n in need.items()):
+        return False
+    for kind, n in need.items():
+        free[kind] -= n
+    return True

@@ -5,8 +5,8 @@ First come: in the order of their admission (``created``, the time limit's clock
 re-run after a worker failure, or handed back by a decode peer (room.py), keeps its place ahead of
 later ones. Admission stops at the first request whose blocks are not free, as vLLM's FCFS scheduler
 does: a worker's blocks come free only as its own requests end, and when later, smaller requests
-took them as they came, a large one could wait for ever. Behind it the later ones wait; on decode,
-room.py hands any of them (it first) to a peer with room for it.
+took them as they came, a large one could wait for ever. Behind it the later ones wait; room.py hands
+any of them (it first) to a peer with room for it.
 """
 
 from __future__ import annotations
