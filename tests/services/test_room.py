@@ -16,6 +16,7 @@ from dayzero.serving.keys import HANDOFF_OWNER, key
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.prefill_loop import PrefillLoop
+from dayzero.serving.prefilling import tokens_of
 from dayzero.serving.registry import Registry
 from dayzero.serving.room import Prefetch, Room, to_prefill
 from dayzero.serving.runtime import Runtime
@@ -99,6 +100,35 @@ def test_a_prefill_worker_hands_back_only_what_its_blocks_cannot_hold_and_nothin
     finally:
         loop.stop.set()
     assert not tickets[1].done.is_set() and [job.request.request_id for job in handed] == ["p-big"]
+
+
+def test_redis_failing_mid_hand_back_leaves_the_rest_waiting_and_the_handed_back_gone(demo_dir, redis_url):
+    """Three prompts this worker's blocks cannot hold, a peer with room: the first goes back to the queue,
+    Redis fails on the second's push. The first stays gone (its ticket done: were it left waiting too,
+    it would run here as well), the other two wait here, leased to this worker; nothing is raised."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=1, max_batch=4, lease_s=30)
+    runtime, handed = Runtime.load(settings, "prefill20@test", "prefill", False), []
+    push = to_prefill(runtime, recording(handed, "prefill"))
+
+    def failing_second(job, rid: str) -> bool:
+        if handed:
+            raise redis.ConnectionError("Redis went away")
+        return push(job, rid)
+
+    room, store = Room(runtime, Prefetch(), failing_second), Lifecycle.connect(redis_url)
+    loop = PrefillLoop(runtime, recording([]), room)
+    runtime.ranks.reserve("elsewhere", runtime.pools.capacity_tokens())
+    empty = {kind: [0, total] for kind, (_, total) in runtime.pools.usage().items()}
+    Registry(store.r).alive("prefill", "prefill21@test:peer", {"stage": "prefill", "pools": empty, "gauges": {}})
+    tickets = [loop.intake.submit(admitted(store, f"f-{i}", tuple(range(2, 302)))) for i in range(3)]
+    try:
+        still = room.hand_back(loop.intake.drain(0), tokens_of, loop.heartbeat)
+    finally:
+        loop.stop.set()
+    assert [t.job.request.request_id for t in still] == ["f-1", "f-2"]
+    assert [job.request.request_id for job in handed] == ["f-0"]
+    assert [t.done.is_set() for t in tickets] == [True, False, False]
+    assert [store.owner(f"f-{i}") for i in range(3)] == [None, runtime.name, runtime.name]
 
 
 def _stream(url: str, events: list, lock: threading.Lock, texts: dict, i: int, done: threading.Event) -> None:

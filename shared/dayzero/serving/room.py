@@ -130,7 +130,12 @@ class Room(Generic[J]):
                 continue
             room = self._peer_room() if room is None else room
             peer = next((free for free in room if _take(free, need)), None)
-            if peer is None or not self._hand_back(ticket, heartbeat):
+            try:
+                handed = peer is not None and self._hand_back(ticket, heartbeat)
+            except redis.RedisError as exc:  # (raised, it would leave those already handed back waiting too)
+                log.warning("hand back failed (%s): the requests left wait here", exc)
+                room, handed = [], False  # (one pushed all the same, its reply lost: a second run is stale)
+            if not handed:
                 still.append(ticket)
                 here = None  # it waits here: so does every later one no peer takes
                 continue
@@ -152,18 +157,17 @@ class Room(Generic[J]):
         job = ticket.job
         rid = job.request.request_id
         heartbeat.release(rid)  # no beat in flight outlives the claim
+        pushed = False
         try:
             with continued(job.request.trace):  # its message's task span joins the request's trace
                 pushed = self.push(job, rid)
-        except redis.RedisError:
-            heartbeat.hold([rid])  # (if it was pushed, its lease is gone: a beat renews nobody's)
-            raise
-        if not pushed:
-            heartbeat.hold([rid])  # still this worker's (or its run is over: the take will say so)
-            return False
-        log.info("request %s: handed back to the %s queue for a worker with room", rid, self.r.stats.stage)
-        ticket.done.set()
-        return True
+        finally:
+            if not pushed:  # still this worker's (or its run is over: the take will say so; a beat renews
+                heartbeat.hold([rid])  # no lease a push that raised may have dropped)
+        if pushed:
+            log.info("request %s: handed back to the %s queue for a worker with room", rid, self.r.stats.stage)
+            ticket.done.set()
+        return pushed
 
 
 def _free(usage: dict[str, Any]) -> dict[str, int]:
