@@ -159,3 +159,41 @@ def test_a_decode_that_stalled_while_its_request_was_re_run_writes_nothing_more(
     assert len(steps) == 2 and len(store.streamed_tokens("stalled-decode")) == 2  # prefill's, the first step's
     assert store.done("stalled-decode") is None and store.owner("stalled-decode") == "prefill9@test"
     assert decode.pools.sequences == {}
+
+
+def test_a_re_run_claimed_while_its_stalled_run_prefilled_keeps_its_lease(demo_dir, redis_url):
+    """A prefill worker stalls past the lease mid-forward; the reaper re-runs the request and the
+    re-run's message comes to the same worker, which claims it while the stalled forward goes on.
+    The stalled run, dropped when its forward returned, stopped the beats of the whole request: the
+    re-run lost its lease a lease later unless its own prefill was quicker, and was re-run again (a
+    soak under faults: a long prompt re-run five times, then failed). The re-run keeps its beats."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", lease_s=0.4)
+    store, request = _admitted(settings, "re-run-here", 4)
+    prefill = Runtime.load(settings, "prefill5@test", "prefill", False)
+    handed, owners, tickets = [], [], []
+    loop = PrefillLoop(prefill, recording(handed))
+    fast = prefill.ranks.prefill
+
+    def stalling(chunks):
+        if not tickets:  # the first run's forward: meanwhile its lease lapsed, it was re-run, the message came here
+            out = fast(chunks)  # (a first forward, compiling, may hold the GIL past a lease: the lapse comes after)
+            store.r.set(key("attempt", "re-run-here"), 1)
+            store.r.delete(key("lease", "re-run-here"))
+            tickets.append(loop.intake.submit(PrefillJob(request=request, attempt=1)))
+            return out
+        time.sleep(1.0)  # the re-run's forward, longer than two leases
+        owners.append(store.owner("re-run-here"))
+        return fast(chunks)
+
+    prefill.ranks.prefill = stalling
+    first = loop.intake.submit(PrefillJob(request=request))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        assert first.done.wait(120) and wait_until(lambda: tickets, 10.0) and tickets[0].done.wait(120)
+    finally:
+        loop.stop.set()
+        thread.join(30)
+    assert owners == [prefill.name]  # still this worker's while the re-run's prefill ran
+    assert [job.attempt for job in handed] == [1] and store.owner("re-run-here") == "handoff"
+    assert len(store.streamed_tokens("re-run-here")) == 1 and store.done("re-run-here") is None

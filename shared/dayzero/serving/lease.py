@@ -45,6 +45,7 @@ class Heartbeat:
         self._store, self._owner, self._lease_s, self._stop, self._stuck_s = store, owner, lease_s, stop, stuck_s
         self._stalled_s = stalled_s
         self._ids: set[str] = set()
+        self._runs: dict[str, int] = {}  # request -> the run (attempt) this worker last claimed of it
         self._lock = threading.Lock()  # a beat in flight finishes before a release returns
         self._thread: threading.Thread | None = None
         self._block_since: float | None = None  # when the running ``step`` began (monotonic)
@@ -116,6 +117,8 @@ class Heartbeat:
                     taken = Take.STALE  # stopping: its message left the queue unclaimed; the reaper re-runs it
                     break
         if taken == Take.CLAIMED:
+            with self._lock:
+                self._runs[rid] = attempt
             self.hold([rid])
         elif taken == Take.CANCELLED:
             cancelled(ticket)
@@ -155,8 +158,13 @@ class Heartbeat:
             with self._lock:
                 self._ids.difference_update(ids)
 
-    def release(self, request_id: str) -> None:
+    def release(self, request_id: str, attempt: int | None = None) -> None:
         """No more beats for ``request_id``: none in flight can overwrite what its owner writes next
-        (a handoff lease, its end)."""
+        (a handoff lease, its end). ``attempt``: the run that is done with it; the beats go on while
+        this worker holds a later run of the request (claimed while that one ran: it was re-run and
+        its message came here)."""
         with self._lock:
+            if attempt is not None and self._runs.get(request_id, attempt) > attempt:
+                return
             self._ids.discard(request_id)
+            self._runs.pop(request_id, None)

@@ -245,7 +245,7 @@ class PrefillLoop:
             self.r.ranks.copy(source, rid)
         for ticket, span in zip(prefilled.tickets, prefilled.spans, strict=True):
             self.heartbeat.moved()  # (a large batch's handoffs, each a state export, take long together)
-            self.heartbeat.release(ticket.job.request.request_id)
+            self.heartbeat.release(ticket.job.request.request_id, ticket.job.attempt)  # (a re-run here keeps its beats)
             span.set_attribute("dayzero.prefilled_chunks", prefilled.done)
             with trace.use_span(span, end_on_exit=True):
                 try:
