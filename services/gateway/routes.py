@@ -212,7 +212,7 @@ async def detokenize(body: DetokenizeRequest, gw: GatewayDep):
 async def resume(request_id: str, gw: GatewayDep, http: Request, last_event_id: Annotated[str | None, Header()] = None):
     """Only the key that created the request (without keys: its resume token) may read it."""
     readable = await gw.bus.watching.known(request_id) and await may_read(gw, http, request_id)
-    request = gw.bus.store.request(request_id) if readable else None
+    request = await run_in_threadpool(gw.bus.store.request, request_id) if readable else None
     if request is None:
         raise APIError(404, f"no request {request_id!r} (unknown or expired)", "not_found_error")
     after = last_event_id or "0-0"
