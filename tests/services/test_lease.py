@@ -48,6 +48,23 @@ def test_one_thread_keeps_held_leases_alive_until_they_are_released(redis_url):
     assert not beats[0].is_alive()
 
 
+def test_a_lease_lost_during_long_work_is_logged_once_not_at_every_beat(redis_url, caplog):
+    """A lease lost while its run works on (re-run elsewhere) stays beaten, and reported lost, until
+    its owner drops the run: the warning comes once (it came at every beat: 26 lines in 9 s)."""
+    store, stop = Lifecycle(redis.Redis.from_url(redis_url)), threading.Event()
+    beat = Heartbeat(store, "prefill0", 0.3, stop)
+    store.take("lost1", 0, "prefill0", 0.3)
+    try:
+        with caplog.at_level("WARNING", logger="dayzero.lease"), beat.holding(["lost1"]):
+            store.r.set(key("lease", "lost1"), "prefill1", px=5000)  # re-run: another worker holds it now
+            time.sleep(1.0)  # three beats and more
+    finally:
+        stop.set()
+    assert [r.getMessage() for r in caplog.records if "leases lost" in r.getMessage()] == [
+        "leases lost during a long piece of work: lost1"
+    ]
+
+
 def _admitted(settings: Settings, rid: str, max_tokens: int) -> tuple[Lifecycle, GenerationRequest]:
     """A 4-token prompt, admitted."""
     store = Lifecycle.connect(settings.redis_url)

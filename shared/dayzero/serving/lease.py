@@ -51,6 +51,7 @@ class Heartbeat:
         self._block_since: float | None = None  # when the running ``step`` began (monotonic)
         self._moved_at: float | None = None  # when the loop last moved on (monotonic; None: not yet)
         self._reported: float | None = None  # the step or stall last logged as stuck
+        self._lost: set[str] = set()  # leases the last beat found lost (each logged once)
 
     def moved(self) -> None:
         """The loop moved on (an iteration began, a step ended, a request was taken on or handed on):
@@ -84,8 +85,9 @@ class Heartbeat:
                     continue
                 try:
                     lost = self._store.heartbeat(sorted(self._ids), self._owner, self._lease_s)
-                    if lost:  # lapsed or re-run elsewhere while the work ran: its owner settles it
-                        log.warning("leases lost during a long piece of work: %s", ", ".join(lost))
+                    if new := [rid for rid in lost if rid not in self._lost]:  # (beaten till its owner drops it)
+                        log.warning("leases lost during a long piece of work: %s", ", ".join(new))
+                    self._lost = set(lost)  # lapsed or re-run elsewhere while the work ran: its owner settles it
                 except redis.RedisError:
                     log.warning("heartbeat failed; retrying")
 
