@@ -281,7 +281,8 @@ class PrefillLoop:
         elif step.finish_reason:
             self.r.ranks.release(rid)
             store.settle(rid, job.attempt, self.r.name, step.finish_reason)
-        else:
+        else:  # its first token is out: a retry after Redis fails below continues after it (or ends with it)
+            ticket.job = job.model_copy(update={"generated": (*job.generated, step.token)})
             with tracer.start_as_current_span("kv.export", attributes={"dayzero.transport": settings.handoff}):
                 start = time.perf_counter()
                 ref = publish(self.r.pools, rid, rid, settings.handoff, store, settings.handoff_timeout_s)
@@ -289,8 +290,7 @@ class PrefillLoop:
             kept = settings.handoff != "redis"  # the state stays in this worker's blocks till decode has it
             if kept:
                 ref = ref.model_copy(update={"holder": self.r.name})  # decode says when it has taken it
-            generated = (*job.generated, step.token)
-            sent = DecodeJob(request=job.request, generated=generated, state=ref, attempt=job.attempt)
+            sent = DecodeJob(request=job.request, generated=ticket.job.generated, state=ref, attempt=job.attempt)
             message = self.decode_message(sent)
             if not store.hand_off(rid, job.attempt, self.r.name, settings.handoff_timeout_s, "decode", message):
                 log.warning("request %s: its lease lapsed and it was re-run (or it ended): dropping this run", rid)
