@@ -44,43 +44,6 @@ def test_a_batch_redis_interrupts_is_retried_without_leaking_blocks(demo_dir, re
     assert all(len(held[k]) == runtime.pools.layout.blocks_for(k, 5) for k in held)
 
 
-def test_a_retry_after_redis_failed_at_the_handoff_continues_after_the_streamed_token(demo_dir, redis_url):
-    """Redis fails as the first token is out and the handoff is not: the retry must know the token
-    went out. Run past the time limit meanwhile, the request ends "length" after that token, its
-    stream closed (it ended as one that streamed nothing, at index 0, where the token already was:
-    no end entry was written, the stream never closed nor expired); else it goes on after it."""
-    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, task_time_limit_s=1)
-    runtime = Runtime.load(settings, "prefill-late@test", "prefill", False)
-    sent: list[DecodeJob] = []
-    loop = PrefillLoop(runtime, recording(sent))
-    real_hand_off = runtime.store.hand_off
-
-    def hand_off_failing(rid, *args):
-        if rid == "late":
-            time.sleep(1.2)  # past the time limit by the retry
-            raise redis.ConnectionError("Redis went away")  # the first token landed; the handoff did not
-        return real_hand_off(rid, *args)
-
-    runtime.store.hand_off = hand_off_failing
-    store = Lifecycle.connect(redis_url)
-    run_jobs(loop, [admitted(store, "late")], 30)
-    tokens, finish = store.stream("late")
-    assert (len(tokens), finish, store.done("late")) == (1, "length", "length")
-    sent.clear()  # (the messages made: the failed handoff's too)
-    on_time = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill-on@test", "prefill", False)
-    retried, failing = PrefillLoop(on_time, recording(sent)), [True]
-
-    def hand_off_failing_once(rid, *args):
-        if failing.pop() if failing else False:
-            raise redis.ConnectionError("Redis went away")
-        return real_on_time(rid, *args)
-
-    real_on_time, on_time.store.hand_off = on_time.store.hand_off, hand_off_failing_once
-    run_jobs(retried, [admitted(store, "retried")], 30)
-    assert store.streamed_tokens("retried") == list(sent[-1].generated)
-    assert len(sent[-1].generated) == 2  # the retry prefilled prompt + the streamed token, then the next one
-
-
 def test_a_failed_forward_ends_its_requests_and_frees_their_blocks(demo_dir, redis_url, monkeypatch):
     import dayzero.serving.prefill_batch as prefill_batch
 
