@@ -1,0 +1,162 @@
+"""``dayzero up``: Redis, the gateway and every worker on this machine, supervised, until SIGINT or
+SIGTERM stops them in order."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from . import cli_args
+from .config import ModelConfig
+from .settings import Settings
+from .settings_help import HELP_WIDTH
+
+
+class _Stop(Exception):
+    """SIGINT or SIGTERM reached the supervisor."""
+
+
+def _stop_on_signals() -> None:
+    """Handle SIGINT and SIGTERM explicitly: a background job inherits SIGINT ignored."""
+
+    def stop(*_: object) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # once: the ordered stop is not interrupted
+            signal.signal(sig, signal.SIG_IGN)
+        raise _Stop
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+
+
+def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
+    from .checkpoint import check_split
+    from .checkpoint_files import checkpoint_directory
+    from .stack import Stack, StartFailed
+    from .tokenizer import load_codec
+
+    settings.require_device()
+    env = {}
+    if args.checkpoint:
+        env["DAYZERO_CHECKPOINT"] = str(Path(args.checkpoint).resolve())
+    checkpoint = checkpoint_directory(args.checkpoint or settings.checkpoint_dir())  # (written once here)
+    config = ModelConfig.from_file(checkpoint)  # (a missing or broken one ends here, not in every child)
+    sees = "vision_config" in config.raw
+    vision = int(sees) if args.vision is None else args.vision
+    if sees and not vision:
+        raise ValueError(f"{checkpoint} has a vision tower: serving it needs --vision 1 or more")
+    if vision and not sees:
+        raise ValueError(f"{checkpoint} has no vision tower: --vision must be 0")
+    # what the workers could not load ends here, not in a restart loop
+    check_split(checkpoint, (args.prefill_tp, args.decode_tp), config)
+    from .serving.budget import planned_pools
+
+    planned_pools(settings, config, strict=True)  # pools too small: one line, not a crash loop or 500s
+    load_codec(checkpoint)  # a damaged tokenizer: one line here, not a gateway's restart loop
+    counts = {"vision": vision, "prefill": args.prefill, "decode": args.decode}
+    port = settings.port if args.port is None else args.port
+    redis_url = os.environ.get("DAYZERO_REDIS_URL") or os.environ.get("REDIS_URL")  # else an embedded one
+    ranks = {"prefill": args.prefill_tp, "decode": args.decode_tp}
+    stack = Stack(counts, port, args.log_dir, env, redis_url=redis_url, host=settings.host, ranks=ranks)
+    stack.frozen_s = settings.frozen_worker_s
+    _stop_on_signals()
+    try:
+        stack.start()
+        print(
+            f"starting: redis {stack.redis_url}, gateway, {vision} vision, {args.prefill} prefill"
+            f"{_ranks(args.prefill_tp)}, {args.decode} decode{_ranks(args.decode_tp)} (logs in {args.log_dir})",
+            file=sys.stderr,
+        )
+        if stack.metrics_ports:
+            ports = ", ".join(f"{name} :{port}" for name, port in stack.metrics_ports.items())
+            print(f"worker metrics (DAYZERO_METRICS_PORT, one port each): {ports}", file=sys.stderr)
+        show = lambda body: print(f"waiting: {body.get('reason')}", file=sys.stderr)
+        restarted = lambda name: print(f"{name} {stack.child(name).why}; restarted", file=sys.stderr)
+        stack.wait_ready(args.ready_timeout or None, show, on_restart=restarted)
+        print(
+            f"ready: send OpenAI-style requests to {stack.url}/v1/chat/completions (model "
+            f"{settings.model_name!r}); Ctrl-C stops",
+            file=sys.stderr,
+        )
+        if args.example:
+            _example(stack.url, settings.model_name)
+        while True:
+            for name in stack.supervise():
+                restarted(name)
+            time.sleep(0.5)
+    except _Stop:
+        print("stopping: gateway, then workers, then redis", file=sys.stderr)
+    except (StartFailed, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        killed = stack.stop()
+        if killed:
+            print(f"stopped; killed {', '.join(killed)} (still running after SIGTERM)", file=sys.stderr)
+    return 0
+
+
+def _ranks(n: int) -> str:
+    return f" ({n} ranks each)" if n > 1 else ""
+
+
+def _example(url: str, model: str) -> None:
+    import httpx
+
+    body = {
+        "model": model,
+        "stream": True,
+        "max_tokens": 32,
+        "messages": [{"role": "user", "content": "The quick brown fox"}],
+    }
+    print("example request: 'The quick brown fox' ->", file=sys.stderr)
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                sys.stdout.write(delta.get("content", ""))
+                sys.stdout.flush()
+    print()
+
+
+def add_up_command(sub, with_settings: dict) -> None:
+    """``up`` on the ``dayzero`` parser's subcommands."""
+    up = sub.add_parser(
+        "up",
+        help="run Redis, the gateway and the workers on this machine",
+        description=textwrap.fill(  # printed as is, as the settings' epilog is
+            "Run Redis (DAYZERO_REDIS_URL or REDIS_URL when set, else an embedded one), the gateway and the "
+            "workers on this machine, supervised; with DAYZERO_METRICS_PORT=P each worker serves its own /metrics "
+            "on P, P+1, ... in the order they are listed at start.",
+            HELP_WIDTH,
+        ),
+        **with_settings,
+    )
+    up.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory (default: the built-in trained model)")
+    up.add_argument("--prefill", type=cli_args.positive, default=1, metavar="N", help="prefill workers (default 1)")
+    up.add_argument("--decode", type=cli_args.positive, default=1, metavar="N", help="decode workers (default 1)")
+    up.add_argument(
+        "--prefill-tp", type=cli_args.positive, default=1, metavar="N", help="ranks per prefill worker (default 1)"
+    )
+    up.add_argument(
+        "--decode-tp", type=cli_args.positive, default=1, metavar="N", help="ranks per decode worker (default 1)"
+    )
+    vision = "vision workers (default: 1 if the checkpoint has a vision tower, else 0)"
+    up.add_argument("--vision", type=cli_args.count, metavar="N", help=vision)
+    up.add_argument("--port", type=cli_args.port, help="gateway port, 1-65535 (default: DAYZERO_PORT or 8000)")
+    logs = "where each service writes its log (default ./logs)"
+    up.add_argument("--log-dir", type=cli_args.out_dir, default="logs", metavar="DIR", help=logs)
+    up.add_argument("--example", action="store_true", help="once ready, stream one example request")
+    up.add_argument(
+        "--ready-timeout",
+        type=cli_args.non_negative_float,
+        default=0.0,
+        metavar="S",
+        help="give up if not ready after this many seconds (default 0: wait as long as it takes)",
+    )
+    up.set_defaults(run=cmd_up)
