@@ -1,0 +1,80 @@
+"""Spans batched for OTLP export reach the collector when a process stops: the gateway stopped by
+SIGTERM, a worker ending past its shutdown grace (a real OTLP/HTTP endpoint on a thread)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from .conftest import MODEL, sse_events, start_gateway_alone, start_stack
+
+
+@contextmanager
+def otlp_collector():
+    """An OTLP/HTTP endpoint on a thread -> (its URL, the names of the spans it received)."""
+    names: list[str] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            sent = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["content-length"])))
+            names.extend(s.name for r in sent.resource_spans for scope in r.scope_spans for s in scope.spans)
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *_) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1/traces", names
+    finally:
+        server.shutdown()
+
+
+def test_a_stopped_gateway_exports_its_batched_spans(demo_dir, tmp_path):
+    """OTLP export sends spans in batches (every 5 s); the SDK flushes the rest at exit, but uvicorn
+    ends the process with the SIGTERM it caught and exit handlers never run: the gateway flushes
+    them as it stops (they were lost)."""
+    with otlp_collector() as (endpoint, names):
+        env = {"DAYZERO_TRACE_EXPORTER": "otlp-http", "DAYZERO_TRACE_ENDPOINT": endpoint}
+        stack = start_gateway_alone(demo_dir, tmp_path, env)
+        try:
+            assert httpx.get(f"{stack.url}/v1/models", timeout=30).status_code == 200
+        finally:
+            stack.stop()
+    assert names == ["GET /v1/models"]
+
+
+def test_a_worker_ending_after_its_shutdown_grace_exports_its_batched_spans(text_dir, tmp_path):
+    """A decode worker still generating when SIGTERM's grace runs out ends with os._exit, which runs
+    no exit handlers: its finished requests' spans, still batched, were lost; it flushes them first."""
+    with otlp_collector() as (endpoint, names):
+        env = {
+            "DAYZERO_TRACE_EXPORTER": "otlp-http",
+            "DAYZERO_TRACE_ENDPOINT": endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "600000",  # no timed export: only a flush sends the batch
+            "DAYZERO_SHUTDOWN_GRACE_S": "1",
+        }
+        stack = start_stack(text_dir, tmp_path, {"prefill": 1, "decode": 1}, env)
+        try:
+            body = {"model": MODEL, "prompt": [0, 8, 9], "max_tokens": 3}
+            assert httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60).status_code == 200
+            endless = {**body, "max_tokens": 2000, "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", f"{stack.url}/v1/completions", json=endless, timeout=60) as running:
+                events = sse_events(running)
+                for _ in range(5):  # tokens past the first: from decode
+                    next(events)
+                decode = stack.child("decode0").proc
+                decode.send_signal(signal.SIGTERM)  # while it generates
+                decode.wait(timeout=60)
+        finally:
+            stack.stop()
+    assert "still stopping after 1 s; exiting" in (tmp_path / "decode0.log").read_text()
+    assert {"decode.admit", "decode.generate"} <= set(names)
