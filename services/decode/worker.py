@@ -18,7 +18,7 @@ from dayzero.settings import Settings
 def make_worker(settings: Settings, group: Group | None = None) -> Celery:
     """``group``: this worker is rank 0 of a tensor-parallel group (dayzero.serving.ranks)."""
     app = make_celery(settings)
-    prefetch = Prefetch()  # paused while what it handed back to the queue is not its to take
+    prefetch = Prefetch(app)  # paused while what it handed back to the queue is not its to take
     signals.worker_ready.connect(prefetch.bind, weak=False)
 
     def make_loop(runtime: Runtime) -> DecodeLoop:  # what its pools cannot hold yet goes to a peer with room

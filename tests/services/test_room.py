@@ -90,7 +90,7 @@ def test_a_prefill_worker_hands_back_only_what_its_blocks_cannot_hold_and_nothin
     try:
         loop._iteration()
         assert [p.request_ids for p in loop.running] == [["p-dup"]] and not pools.fits(300) and pools.fits(5)
-        assert [job.request.request_id for job in handed] == ["p-big"] and tickets[2].done.is_set()
+        assert [job.request.request_id for job in handed] == ["p-big"] and room.held == [tickets[2]]  # (a while)
         assert store.owner("p-big") is None and store.r.get(key("queued", "p-big")).startswith(b"prefill:")
         assert store.rerun_orphan("p-big", 60, 60) == 0  # its message waits on the queue
         assert [t.job.request.request_id for t in loop.pending] == ["p-dup", "p-small"]  # in admission order
@@ -104,8 +104,9 @@ def test_a_prefill_worker_hands_back_only_what_its_blocks_cannot_hold_and_nothin
 
 def test_redis_failing_mid_hand_back_leaves_the_rest_waiting_and_the_handed_back_gone(demo_dir, redis_url):
     """Three prompts this worker's blocks cannot hold, a peer with room: the first goes back to the queue,
-    Redis fails on the second's push. The first stays gone (its ticket done: were it left waiting too,
-    it would run here as well), the other two wait here, leased to this worker; nothing is raised."""
+    Redis fails on the second's push. The first stays gone (its ticket held till it is let go: were
+    it left waiting too, it would run here as well), the other two wait here, leased to this worker;
+    nothing is raised."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=1, max_batch=4, lease_s=30)
     runtime, handed = Runtime.load(settings, "prefill20@test", "prefill", False), []
     push = to_prefill(runtime, recording(handed, "prefill"))
@@ -127,8 +128,52 @@ def test_redis_failing_mid_hand_back_leaves_the_rest_waiting_and_the_handed_back
         loop.stop.set()
     assert [t.job.request.request_id for t in still] == ["f-1", "f-2"]
     assert [job.request.request_id for job in handed] == ["f-0"]
-    assert [t.done.is_set() for t in tickets] == [True, False, False]
+    assert room.held == tickets[:1] and not any(t.done.is_set() for t in tickets)  # f-0's message held a while
     assert [store.owner(f"f-{i}") for i in range(3)] == [None, runtime.name, runtime.name]
+
+
+def _read(client: redis.Redis, got: dict, name: str) -> None:
+    """A worker's queue read: a BRPOP of prefill's queue, blocked in Redis till a message comes (or 30 s)."""
+    got[name] = client.brpop(["prefill"], 30)
+
+
+def test_a_worker_handing_back_ends_its_own_blocked_queue_read_first_so_a_peer_takes_the_message(demo_dir, redis_url):
+    """This worker's consumer has a queue read blocked in Redis (sent while it could take messages),
+    blocked longer than its idle peer's: Redis serves the reader blocked longest, so the prompt it
+    handed back came straight back to it (a bounce: a claim and a push each). It now ends its own
+    read first (a nil, which its consumer takes for a timeout) and the peer's read takes the prompt.
+    The prompt's message stays held here (the worker, paused, takes no other) till ``hold_s`` after."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=1, max_batch=4, lease_s=30)
+    runtime, store, prefetch = (
+        Runtime.load(settings, "prefill22@test", "prefill", False),
+        Lifecycle.connect(redis_url),
+        Prefetch(),
+    )
+    room = Room(runtime, prefetch, to_prefill(runtime, recording([], "prefill")))
+    loop = PrefillLoop(runtime, recording([]), room)
+    runtime.ranks.reserve("elsewhere", runtime.pools.capacity_tokens())
+    empty = {kind: [0, total] for kind, (_, total) in runtime.pools.usage().items()}
+    Registry(store.r).alive("prefill", "prefill23@test:peer", {"stage": "prefill", "pools": empty, "gauges": {}})
+    store.r.delete("prefill")  # (what earlier tests left there)
+    ticket = loop.intake.submit(admitted(store, "r-back", tuple(range(2, 302))))
+    got, reads = {}, []
+    for name in (prefetch.reads, "peer"):  # this worker's read blocks first
+        reads.append(
+            threading.Thread(target=_read, args=(redis.Redis.from_url(redis_url, client_name=name), got, name))
+        )
+        reads[-1].start()
+        assert wait_until(lambda n=name: any(c["name"] == n and "b" in c["flags"] for c in store.r.client_list()), 10)
+    try:
+        assert room.hand_back(loop.intake.drain(0), tokens_of, loop.heartbeat) == []
+        for read in reads:
+            read.join(30)
+        assert got[prefetch.reads] is None and got["peer"][0] == b"prefill"  # the peer has it, this worker not
+        assert store.owner("r-back") is None and not ticket.done.is_set()  # its message held here a while
+        room.hold_s = 0
+        room.consume(busy=True)
+        assert ticket.done.is_set() and not room.held
+    finally:
+        loop.stop.set()
 
 
 def _stream(url: str, events: list, lock: threading.Lock, texts: dict, i: int, done: threading.Event) -> None:

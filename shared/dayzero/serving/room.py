@@ -14,6 +14,13 @@ those no peer has room for. Alone, or with every peer full, it keeps them claime
 before: never refused, never left to lapse on the queue. A handed-back request keeps its place:
 its admission time (``created``) orders it wherever it lands.
 
+Before its first push it ends its own queue read that waits blocked in Redis (a BRPOP its consumer
+sent while it could take messages, which no pause recalls): Redis gives a pushed message to the
+reader blocked longest, often that one, and the worker took back what it had just handed back (a
+claim and a push per bounce; 7 of 16 hand-backs in bench/handback.py). It also holds each
+handed-back message (its task, its prefetch slot) a quarter lease more, so that, paused, it sends
+no new read while a peer's takes them.
+
 Only what holds nothing here goes back: decode's waiting requests hold no blocks yet (their state
 waits in prefill's); prefill hands back no prompt under way (mid-chunk, its blocks filled) nor one
 whose request holds blocks here (a kept handoff), and a waiting prompt has read none of its image
@@ -27,12 +34,15 @@ hand back needs a peer with room for it (on decode also a few leases of the hand
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable, Container
 from typing import Any, Generic, TypeVar
 
 import redis
+from celery import Celery
 
 from ..telemetry import continued
 from .intake import Ticket
@@ -48,10 +58,14 @@ J = TypeVar("J", bound=Run)
 
 class Prefetch:
     """A Celery worker's prefetch count: its own (take messages) or 1 (with a message held: take no
-    more). Set from any thread; Celery's event loop applies it between polls (as its autoscaler's)."""
+    more). Set from any thread; Celery's event loop applies it between polls (as its autoscaler's).
+    ``app``: the worker's, whose broker connections it names ``reads`` (Redis's CLIENT LIST)."""
 
-    def __init__(self) -> None:
+    def __init__(self, app: Celery | None = None) -> None:
         self._consumer: Any = None
+        self.reads = f"dayzero-reads-{uuid.uuid4().hex[:12]}"
+        if app is not None:
+            app.conf.broker_transport_options = {**app.conf.broker_transport_options, "client_name": self.reads}
 
     def bind(self, sender: Any = None, **_: object) -> None:
         """A ``worker_ready`` receiver: ``sender`` is the worker's consumer."""
@@ -66,6 +80,18 @@ class Prefetch:
             qos.decrement_eventually(qos.value - wanted)
         elif qos.value < wanted:
             qos.increment_eventually(wanted - qos.value)
+
+    def withhold(self, client: redis.Redis) -> None:
+        """Take no message from now, before a hand back: pause, and end this worker's queue read that
+        waits blocked in Redis (a BRPOP sent while it could take messages; the pause never recalls
+        one). Redis hands a pushed message to the reader blocked longest: often that one, so the
+        worker took back what it had just handed back. Its consumer reads the nil as a timeout and,
+        paused with a message held (the one it hands back), sends no other."""
+        self.pause(True)
+        with contextlib.suppress(redis.ResponseError):  # a Redis that refuses CLIENT (ACLs): the read stays
+            for reader in client.client_list(_type="normal"):
+                if reader.get("name") == self.reads and reader.get("cmd") == "brpop" and "b" in reader.get("flags", ""):
+                    client.client_unblock(reader["id"])
 
 
 def to_decode(runtime: Runtime, message: Callable[[DecodeJob], str]) -> Callable[[DecodeJob, str], bool]:
@@ -91,10 +117,18 @@ class Room(Generic[J]):
         self.r, self.prefetch, self.push = runtime, prefetch, push
         self.owed: int | None = None  # tokens of the smallest request handed back since the pools last had room
         self._shared_at = 0.0  # the last ``share``'s hand back (monotonic)
+        # the tickets handed back, their messages still held (so this worker, paused, takes none) till
+        # ``hold_s`` after the last push: a peer's queue read takes them meanwhile
+        self.held: list[Ticket[J]] = []
+        self.hold_s, self._held_at = runtime.settings.lease_s / 4, 0.0
 
     def consume(self, busy: bool) -> None:
         """Take messages unless something was handed back that the pools could not hold yet (with
-        nothing holding blocks, they could)."""
+        nothing holding blocks, they could); the messages handed back are let go ``hold_s`` after."""
+        if self.held and time.monotonic() - self._held_at >= self.hold_s:
+            for ticket in self.held:
+                ticket.done.set()  # its task ends, its message is acked: a slot of the prefetch is free
+            self.held = []
         if self.owed is not None and (not busy or self.r.pools.fits(self.owed)):
             self.owed = None
         self.prefetch.pause(self.owed is not None)
@@ -123,7 +157,7 @@ class Room(Generic[J]):
         here, blocks_of = _free(self.r.pools.usage()), self.r.pools.layout.blocks_of
         needs = [blocks_of(tokens(ticket.job)) for ticket in waiting]
         room: list[dict[str, int]] | None = None  # the peers' (read once one is wanted)
-        still = []
+        still, withheld = [], False
         for ticket, need in zip(waiting, needs, strict=True):
             if here is not None and _take(here, need):  # admitted here next, first come first served
                 still.append(ticket)
@@ -131,6 +165,9 @@ class Room(Generic[J]):
             room = self._peer_room() if room is None else room
             peer = next((free for free in room if _take(free, need)), None)
             try:
+                if peer is not None and not withheld:  # (before the walk's first push)
+                    self.prefetch.withhold(self.r.store.r)
+                    withheld = True
                 handed = peer is not None and self._hand_back(ticket, heartbeat)
             except redis.RedisError as exc:  # (raised, it would leave those already handed back waiting too)
                 log.warning("hand back failed (%s): the requests left wait here", exc)
@@ -166,7 +203,8 @@ class Room(Generic[J]):
                 heartbeat.hold([rid])  # no lease a push that raised may have dropped)
         if pushed:
             log.info("request %s: handed back to the %s queue for a worker with room", rid, self.r.stats.stage)
-            ticket.done.set()
+            self.held.append(ticket)
+            self._held_at = time.monotonic()
         return pushed
 
 
