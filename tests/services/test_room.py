@@ -203,6 +203,7 @@ def test_requests_one_decode_worker_cannot_hold_go_to_the_one_with_room(text_dir
     decode1, r = stack.child("decode1").proc, redis.Redis.from_url(stack.redis_url)
     events, lock, texts, done, threads = [], threading.Lock(), {}, threading.Event(), []
     try:
+        assert wait_until(lambda: len(Registry(r).live_workers("decode", 3)) == 2, 60)  # /ready needs only one
         decode1.send_signal(signal.SIGSTOP)
         for i in range(2 * PER_WORKER):
             threads.append(threading.Thread(target=_stream, args=(stack.url, events, lock, texts, i, done)))
@@ -273,7 +274,8 @@ def test_prompts_one_prefill_worker_cannot_start_go_to_the_one_with_room(text_di
         snaps = pool_usage(stack).items()
         return {name.partition("@")[0]: s["counters"].get("tokens", 0) for name, s in snaps if s["stage"] == "prefill"}
 
-    try:
+    try:  # prefill1 stopped while it loads would turn live as prefill0 claims: seen with room, handed to
+        assert wait_until(lambda: len(Registry(r).live_workers("prefill", 3)) == 2, 60)  # (/ready needs one)
         decode0.send_signal(signal.SIGSTOP)
         prefill1.send_signal(signal.SIGSTOP)
         assert wait_until(lambda: len(Registry(r).live_workers("prefill", 3.5)) == 1, 10)  # (past the lease: no peer)
