@@ -11,9 +11,9 @@ gateway's asynchronous side of the same transitions, and handoff.py the bytes it
 state          keys (prefix ``dz:``)
 queued         req:{id} the request JSON, images:{id} its image bytes, active (the set of unfinished
                ids), access:{id} who may read it, queued:{id} until a stage claims it ("{queue}:{n}",
-               its message the queue's n-th, pushed:{queue} their count; lapses with the broker's
-               visibility timeout); orphan:{id} the mark of a message a sweep found taken off its
-               queue and unclaimed (the next such sweep re-runs the request)
+               its message gone once pushed:{queue}, their count, less the queue's length reaches n;
+               lapses with the broker's visibility timeout); orphan:{id} the mark of a message a
+               sweep found taken off its queue and unclaimed (the next such sweep re-runs the request)
 vision,        lease:{id} = the worker, kept alive by heartbeats; attempt:{id} the run it is on (an
 prefill,       older delivery is stale)
 decoding
@@ -127,10 +127,13 @@ class Lifecycle:
         keys = [queue, key("pushed", queue), key("queued", rid), key("lease", rid)]
         self._enqueue(keys=keys, args=[message, int(queued_s * 1000)])
 
-    def hand_on(self, rid: str, attempt: int, owner: str, queue: str, message: str, queued_s: float) -> bool:
-        """``enqueue``, fenced: vision's run ``attempt`` goes on to ``queue`` (prefill's goes back: room.py).
-        False, nothing written: the run is over or someone else's (a late one would drop a re-run's lease)."""
-        args = [attempt, owner, message, int(queued_s * 1000)]
+    def hand_on(
+        self, rid: str, attempt: int, owner: str, queue: str, message: str, queued_s: float, front: bool = False
+    ) -> bool:
+        """``enqueue``, fenced: vision's run ``attempt`` goes on to ``queue`` (prefill's goes back, ``front``:
+        where the next read takes it, room.py). False, nothing written: the run is over or someone
+        else's (a late one would drop a re-run's lease)."""
+        args = [attempt, owner, message, int(queued_s * 1000), "1" if front else ""]
         return bool(self._hand_on(keys=_push_keys(rid, "queued", queue), args=args))
 
     def heartbeat(self, rids: list[str], owner: str, lease_s: float) -> list[str]:
@@ -157,7 +160,7 @@ class Lifecycle:
 
     def hand_back(self, rid: str, attempt: int, owner: str, queue: str, message: str, least_s: float) -> bool:
         """A decode worker (``owner``) claimed the handoff of run ``attempt`` and cannot hold it yet: the
-        handoff waits on ``queue`` again with ``message`` for another worker, leased to it till its own
+        handoff waits at ``queue``'s front again with ``message`` for another worker, leased to it till its own
         deadline, as when prefill handed it off. False, nothing written: the run is over or someone
         else's, or less than ``least_s`` of the handoff is left (the claimer keeps it). One atomic step."""
         args = [attempt, owner, message, HANDOFF_OWNER, int(least_s * 1000)]

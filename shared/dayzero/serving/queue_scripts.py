@@ -18,6 +18,20 @@ end
 """
 
 
+# A claimed message handed back (scripts.py: HAND_ON's and HAND_BACK's ``push_front``) goes where the
+# next read takes it, the list's right end (as kombu restores a message; its priority is always 0,
+# so the list is the stage's own key): pushed to the back, it waited behind every message admitted
+# after it. ``pushed`` stays: each message behind it leaves one read later, and ``pushed`` - LLEN,
+# one lower from here on, says so; its own mark is ``pushed`` - LLEN before it, reached once it left.
+PUSH_FRONT = """
+local function push_front(queue, pushed, mark, message, ms)
+    local count = tonumber(redis.call('GET', pushed) or 0) - redis.call('LLEN', queue)
+    redis.call('SET', mark, queue .. ':' .. math.max(count, 0), 'PX', ms)
+    redis.call('RPUSH', queue, message)
+end
+"""
+
+
 # KEYS: the stage's queue, its pushed count, active, then per request: req, access, queued, images.
 # ARGV: bound, keep s, queued ms, reader, image count k, the k images, then per request: id, record,
 # broker message ('': record only). 0: refused (the queue would pass ``bound``), nothing written.

@@ -12,7 +12,9 @@ prefetch at the messages it holds). It walks them in admission order and keeps t
 blocks hold before the first that they do not (it admits them next); past that one, it keeps only
 those no peer has room for. Alone, or with every peer full, it keeps them claimed and waiting, as
 before: never refused, never left to lapse on the queue. A handed-back request keeps its place:
-its admission time (``created``) orders it wherever it lands.
+it goes to the queue's front, the next read's (at the back, it waited behind every request admitted
+after it: 64 newer ones read first with 64 queued, bench/handback_order.py), and its admission time
+(``created``) orders it wherever it lands.
 
 Before its first push it ends its own queue read that waits blocked in Redis (a BRPOP its consumer
 sent while it could take messages, which no pause recalls): Redis gives a pushed message to the
@@ -95,17 +97,17 @@ class Prefetch:
 
 
 def to_decode(runtime: Runtime, message: Callable[[DecodeJob], str]) -> Callable[[DecodeJob, str], bool]:
-    """Decode's hand back: the claimed handoff waits on decode's queue again, till its own deadline
-    (kept here with fewer than LEAST_LEASES of it left). ``message``: a job -> decode's queue's."""
+    """Decode's hand back: the claimed handoff waits at decode's queue's front again, till its own
+    deadline (kept here with fewer than LEAST_LEASES of it left). ``message``: a job -> decode's queue's."""
     least_s = LEAST_LEASES * runtime.settings.lease_s
     return lambda job, rid: runtime.store.hand_back(rid, job.attempt, runtime.name, "decode", message(job), least_s)
 
 
 def to_prefill(runtime: Runtime, message: Callable[[PrefillJob], str]) -> Callable[[PrefillJob, str], bool]:
-    """Prefill's hand back: the claimed prompt is queued on prefill's queue again, its lease dropped
-    (vision's hand on, fenced alike). ``message``: a job -> prefill's queue's."""
-    queued_s = runtime.settings.visibility_timeout_s
-    return lambda job, rid: runtime.store.hand_on(rid, job.attempt, runtime.name, "prefill", message(job), queued_s)
+    """Prefill's hand back: the claimed prompt is queued at prefill's queue's front again, its lease
+    dropped (vision's hand on, fenced alike). ``message``: a job -> prefill's queue's."""
+    queued_s, store = runtime.settings.visibility_timeout_s, runtime.store
+    return lambda job, rid: store.hand_on(rid, job.attempt, runtime.name, "prefill", message(job), queued_s, front=True)
 
 
 class Room(Generic[J]):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from .queue_scripts import PUSH
+from .queue_scripts import PUSH, PUSH_FRONT
 
 
 class Take(IntEnum):
@@ -116,15 +116,21 @@ return 1
 
 
 # KEYS: attempt, done, lease, queued, the next stage's queue, its pushed count; ARGV: the run's
-# attempt, its owner, the next stage's message, the queued mark's ms. The vision stage's run goes on
-# to prefill, its lease dropped so that prefill may claim it. 1: queued there. 0: nothing written,
-# the run is over or someone else's (its lease lapsed while it encoded, and a re-run holds it).
+# attempt, its owner, the next stage's message, the queued mark's ms, '1' for the queue's front. The
+# vision stage's run goes on to prefill (its back), its lease dropped so that prefill may claim it;
+# a prefill worker's claimed prompt goes back to the front (room.py). 1: queued there. 0: nothing
+# written, the run is over or someone else's (its lease lapsed while it encoded, and a re-run holds it).
 HAND_ON = (
     PUSH
+    + PUSH_FRONT
     + _OURS_ONLY
     + """
 redis.call('DEL', KEYS[3])
-push(KEYS[5], KEYS[6], KEYS[4], ARGV[3], ARGV[4])
+if ARGV[5] == '1' then
+    push_front(KEYS[5], KEYS[6], KEYS[4], ARGV[3], ARGV[4])
+else
+    push(KEYS[5], KEYS[6], KEYS[4], ARGV[3], ARGV[4])
+end
 return 1
 """
 )
@@ -132,12 +138,12 @@ return 1
 
 # KEYS: attempt, done, lease, handoff, decode's queue, its pushed count; ARGV: the run's attempt, the
 # decode worker that claimed it, decode's message, the handoff's lease owner, the least ms of the
-# handoff that must be left. The claimer cannot hold it yet: the handoff waits on the queue again,
-# leased to it till its own deadline (prefill keeps its blocks till then: prefill_loop.py), with a
-# new mark. 1: handed back. 0: nothing written: the run is over or someone else's, or too little
-# of the handoff is left (the claimer keeps it).
+# handoff that must be left. The claimer cannot hold it yet: the handoff waits at the queue's front
+# again (the next read takes it), leased to it till its own deadline (prefill keeps its blocks till
+# then: prefill_loop.py), with a new mark. 1: handed back. 0: nothing written: the run is over or
+# someone else's, or too little of the handoff is left (the claimer keeps it).
 HAND_BACK = (
-    PUSH
+    PUSH_FRONT
     + _OURS_ONLY
     + """
 local left = redis.call('PTTL', KEYS[4])
@@ -145,7 +151,7 @@ if left < tonumber(ARGV[5]) then
     return 0
 end
 redis.call('SET', KEYS[3], ARGV[4], 'PX', left)
-push(KEYS[5], KEYS[6], KEYS[4], ARGV[3], left)
+push_front(KEYS[5], KEYS[6], KEYS[4], ARGV[3], left)
 return 1
 """
 )
