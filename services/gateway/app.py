@@ -20,7 +20,7 @@ from dayzero.serving.liveness import unserved_for
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.metrics import QueueDepthCollector, SnapshotCollector
 from dayzero.serving.queue import STAGES, composer, make_celery
-from dayzero.serving.reaper import end_unserved, sweep
+from dayzero.serving.reaper import OverdueWaits, end_unserved, sweep
 from dayzero.serving.registry import Registry
 from dayzero.settings import Settings
 from dayzero.telemetry import flush_spans, setup_tracing
@@ -40,9 +40,11 @@ SCRAPE_REDIS_S = 1.0  # each of a scrape's two Redis reads gives up after this (
 
 async def _reaper(gw: Gateway) -> None:
     """Re-run requests whose worker stopped heartbeating, end those waiting at a stage that no live
-    worker has served for DAYZERO_NO_WORKER_TIMEOUT_S (see dayzero.serving.reaper)."""
+    worker has served for DAYZERO_NO_WORKER_TIMEOUT_S, or waiting anywhere in a queue past
+    DAYZERO_TASK_TIME_LIMIT_S (see dayzero.serving.reaper)."""
     messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
     store = gw.bus.store
+    overdue = OverdueWaits(store, gw.settings.task_time_limit_s)
 
     def send(job: PrefillJob, stage: str) -> None:
         store.enqueue(job.request.request_id, stage, messages[stage](job), gw.settings.visibility_timeout_s)
@@ -52,6 +54,7 @@ async def _reaper(gw: Gateway) -> None:
         unserved, bound = {stage: unserved_for(store.r, stage) for stage in QUEUES}, gw.settings.no_worker_timeout_s
         gw.bus.unserved = {stage: seconds for stage, seconds in unserved.items() if seconds > bound}  # (admission)
         end_unserved(store, unserved.__getitem__, bound)
+        overdue.end()
 
     period = gw.settings.lease_s / 2
     while True:

@@ -103,7 +103,7 @@ class Settings(BaseSettings):
     task_time_limit_s: int = Field(
         default=3600,
         ge=1,
-        description="a request still generating (or waiting for room) this long after admission ends "
+        description="a request still generating (or waiting: for room, in a queue) this long after admission ends "
         "(finish_reason length; one that streamed nothing: 503 overloaded); a prefill forward running this "
         "long is hung: its leases lapse",
     )

@@ -1,25 +1,29 @@
 """DAYZERO_TASK_TIME_LIMIT_S bounds a request's time from admission: decode ends one that runs past
 it as a token limit would (finish reason "length", its text and usage kept) and lets the others
 run: in the loops (a real Redis) and through a stack's HTTP API, streamed or not. A request waiting
-for a worker's room past it ends too (waiting.py)."""
+for a worker's room past it ends too (waiting.py), and so does one waiting in a stage's queue or as a
+handoff no decode worker takes (the gateway's reaper)."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import httpx
 
 from dayzero.params import SamplingParams
 from dayzero.serving.decode_loop import DecodeLoop
-from dayzero.serving.keys import key
+from dayzero.serving.keys import HANDOFF_OWNER, key
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
-from dayzero.serving.records import decode
+from dayzero.serving.reaper import OverdueWaits
+from dayzero.serving.records import Token, decode
 from dayzero.serving.runtime import Runtime
+from dayzero.serving.scripts import Take
 from dayzero.settings import Settings
 
-from .conftest import chat, recording, run_jobs, sse_events, start_stack
+from .conftest import MODEL, USAGE, chat, recording, run_jobs, sse_events, start_stack, stream_text
 from .prefill_jobs import one_sequence_loop
 
 
@@ -146,4 +150,68 @@ def test_the_api_answers_a_request_cut_by_the_time_limit_with_its_text(text_dir,
         assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
         assert 0 < chunks[-1]["usage"]["completion_tokens"] < 60000
     finally:
+        assert stack.stop() == []
+
+
+def test_requests_waiting_in_a_queue_or_a_handoff_past_the_time_limit_end_once_and_free_what_they_hold(
+    demo_dir, redis_url
+):
+    """No worker claims them, so no worker's limit ended them: a handoff no decode worker took
+    waited (its prefill blocks kept) until DAYZERO_NO_WORKER_TIMEOUT_S, or for ever while a decode
+    worker crash-looped. The reaper ends each: the handoff and a queued re-run with "length" and the
+    tokens they streamed, a queued first run with 503 ``overloaded``, a cancelled one as cancelled;
+    one within the limit waits on. Once: a late claim is stale, and a second pass ends nothing."""
+    loop, sent = one_sequence_loop(demo_dir, redis_url, "prefill-queued@test")
+    store, past = Lifecycle.connect(redis_url), time.time() - 100
+    prompt, params = (0, 5, 6, 7, 8), SamplingParams(max_tokens=4)
+    for rid, created in (("q-handoff", past), ("q-first", past), ("q-rerun", past), ("q-left", past), ("q-new", 0)):
+        request = GenerationRequest(request_id=rid, prompt_ids=prompt, sampling=params, created=created or time.time())
+        store.admit(request, [], "", 60)
+        if rid != "q-handoff":
+            store.enqueue(rid, "prefill", rid, 60)  # its message waits on prefill's queue
+    store.r.set(key("attempt", "q-rerun"), 1)  # re-run after a worker failure, its token streamed
+    store.append([Token("q-rerun", 0, 7, "a")], {"q-rerun": 1}, "")
+    store.cancel("q-left")
+    run_jobs(loop, [PrefillJob(request=store.request("q-handoff"))])  # (the loop's limit: the default hour)
+    assert store.owner("q-handoff") == HANDOFF_OWNER and not loop.r.pools.fits(5)  # its blocks kept for decode
+    ended = OverdueWaits(store, 50).end()
+    assert {"q-handoff", "q-first", "q-rerun", "q-left"} <= set(ended) and "q-new" not in ended
+    handoff, first, rerun = _last(store, "q-handoff"), _last(store, "q-first"), _last(store, "q-rerun")
+    assert (store.done("q-handoff"), handoff.index, handoff.token, handoff.error) == ("length", 1, -1, "")
+    assert handoff.usage == {"prompt_tokens": 5, "completion_tokens": 1} == rerun.usage
+    assert (store.done("q-rerun"), rerun.index) == ("length", 1)
+    assert (store.done("q-first"), first.index, first.code) == ("error", 0, "overloaded")
+    assert "DAYZERO_TASK_TIME_LIMIT_S=50" in first.error and store.done("q-left") == "cancelled"
+    assert store.done("q-new") is None and "q-new" in store.active()
+    assert all(store.r.ttl(key("tokens", rid)) > 0 for rid in ("q-handoff", "q-first", "q-rerun", "q-left"))
+    assert OverdueWaits(store, 50).end() == []  # ended once
+    assert store.take_handoffs([(j.request.request_id, j.attempt, j.state.holder) for j in sent], "decode0", 30) == {
+        "q-handoff": Take.STALE
+    }
+    assert loop.handed_off.reclaim() and loop.r.pools.fits(5)  # the handoff's blocks are free
+    loop.r.close()
+
+
+def test_a_request_handed_to_a_frozen_decode_worker_ends_at_the_time_limit(text_dir, tmp_path):
+    """Decode's only worker SIGSTOPped, DAYZERO_NO_WORKER_TIMEOUT_S far off: prefill streams the
+    first token and hands off to nobody (or to the frozen worker's pending pop: re-run, a second
+    token). The request waited for its handoff to lapse (DAYZERO_HANDOFF_TIMEOUT_S: re-run, and ended
+    by prefill's limit) or the no-worker bound (an error), not the time limit; now it ends at the
+    limit as one generating would: "length", its text and usage kept, streamed or not."""
+    limits = {"DAYZERO_TASK_TIME_LIMIT_S": "3", "DAYZERO_NO_WORKER_TIMEOUT_S": "600"}
+    limits["DAYZERO_HANDOFF_TIMEOUT_S"] = "600"  # (a handoff that lapses is re-run, and prefill ends it)
+    stack = start_stack(text_dir, tmp_path, {"vision": 0, "prefill": 1, "decode": 1}, limits)
+    decode_worker = stack.child("decode0").proc
+    try:
+        decode_worker.send_signal(signal.SIGSTOP)
+        body = {"model": MODEL, "prompt": [0, 5, 6, 7], "max_tokens": 60, "ignore_eos": True, "temperature": 0}
+        answer = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60)  # (no byte before its answer)
+        assert answer.status_code == 200, answer.text  # (its text: what its tokens released, maybe none yet)
+        choice, usage = answer.json()["choices"][0], answer.json()["usage"]
+        assert choice["finish_reason"] == "length" and 1 <= usage["completion_tokens"] < 60
+        _, _, final, usage = stream_text(f"{stack.url}/v1/completions", {**body, **USAGE}, timeout=60)
+        assert final["choices"][0]["finish_reason"] == "length"
+        assert 1 <= usage["completion_tokens"] < 60 and usage["prompt_tokens"] == 4
+    finally:
+        decode_worker.send_signal(signal.SIGCONT)
         assert stack.stop() == []

@@ -27,6 +27,7 @@ from .records import Token
 from .room import Room
 from .runtime import Runtime
 from .scripts import Take
+from .time_limit import overdue
 from .waiting import end_overdue, first_come, latest_runs
 
 log = logging.getLogger("dayzero.decode")
@@ -99,8 +100,8 @@ class DecodeLoop:
         (finish reason "length", its text kept, its usage counted): an error would lose a
         non-streamed answer's text and make OpenAI's clients run it all again. One waiting for
         blocks ends alike, with the tokens it has streamed (waiting.py)."""
-        overdue = time.time() - self.r.settings.task_time_limit_s
-        for rid in [rid for rid, a in self.active.items() if a.ticket.job.request.created < overdue]:
+        limit_s = self.r.settings.task_time_limit_s
+        for rid in [rid for rid, a in self.active.items() if overdue(a.ticket.job.request.created, limit_s)]:
             log.warning("request %s: past DAYZERO_TASK_TIME_LIMIT_S; ending it", rid)
             completion = self.active[rid].completion
             self._finish(rid, "length", index=completion.count, usage=completion.usage())

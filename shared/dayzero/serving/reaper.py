@@ -1,5 +1,5 @@
 """Re-run requests whose worker died: a lapsed lease means nobody is working on it; end those
-that wait at a stage no live worker serves.
+that wait at a stage no live worker serves, or past DAYZERO_TASK_TIME_LIMIT_S.
 
 The re-run carries the tokens already streamed, so the new prefill continues where the
 stream stopped; stream entry ids derived from the token index make any replayed append a
@@ -15,6 +15,7 @@ from ..telemetry import continued
 from .keys import QUEUES, key
 from .lifecycle import Lifecycle
 from .messages import PrefillJob
+from .time_limit import overdue, past_limit
 
 log = logging.getLogger("dayzero.reaper")
 MAX_ATTEMPTS = 4
@@ -89,3 +90,43 @@ def end_unserved(store: Lifecycle, unserved_s: Callable[[str], float], bound_s: 
             log.error("request %s: %s", rid, message)
             ended.append(rid)
     return ended
+
+
+class OverdueWaits:
+    """Ends the requests that wait in a stage's queue (vision's, prefill's, decode's as a handoff no
+    decode worker has taken, or one handed back) longer than ``limit_s`` after their admission: a
+    worker ends those it has claimed (waiting.py, decode_loop.py), nobody these while no worker takes
+    them (a stage without one, or with every one stuck). Each one's admission time is read once (its
+    record may be large: a long prompt) and remembered while it waits."""
+
+    def __init__(self, store: Lifecycle, limit_s: float) -> None:
+        self.store, self.limit_s = store, limit_s
+        self._created: dict[str, float] = {}  # waiting request -> its admission (unix time)
+
+    def end(self) -> list[str]:
+        """One pass: as time_limit.py says ("length" with the tokens streamed, a handoff's first
+        among them; none: 503 ``overloaded``), one its client cancelled as cancelled; each fenced as
+        every end (a worker that claims one meanwhile ends it itself). Returns their ids."""
+        store, waiting = self.store, self.store.waiting(self.store.active())
+        self._created = {rid: self._created[rid] if rid in self._created else self._admitted(rid) for rid in waiting}
+        over = [rid for rid, created in self._created.items() if overdue(created, self.limit_s)]
+        cancelled, ended = store.cancelled(over), []
+        for rid in over:
+            (_, attempt, owner), tokens = waiting[rid], store.streamed_tokens(rid)
+            request = store.request(rid)
+            if request is None:  # its record expired meanwhile (rerun_orphan drops it)
+                continue
+            if rid in cancelled:  # its client left: cancelled, not an answer to give
+                settled = store.settle(rid, attempt, owner, "cancelled", len(tokens))
+            else:
+                usage = {"prompt_tokens": len(request.prompt_ids), "completion_tokens": len(tokens)}
+                end = past_limit(len(tokens), self.limit_s, usage)
+                settled = store.settle(rid, attempt, owner, end.reason, len(tokens), end.message, end.usage, end.code)
+            if settled:
+                log.warning("request %s: waited in a queue past DAYZERO_TASK_TIME_LIMIT_S; ended it", rid)
+                ended.append(rid)
+        return ended
+
+    def _admitted(self, rid: str) -> float:
+        request = self.store.request(rid)
+        return request.created if request is not None else float("inf")  # (no record: never overdue here)

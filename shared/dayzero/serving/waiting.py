@@ -12,16 +12,15 @@ any of them (it first) to a peer with room for it.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Container
 from typing import Protocol, TypeVar
 
 from .intake import Ticket
 from .messages import GenerationRequest
 from .runtime import Runtime
+from .time_limit import overdue, past_limit
 
 log = logging.getLogger("dayzero.serving")
-OVERLOADED = "overloaded"  # the error code of a request that found no room in time: a 503 (gateway/outcome.py)
 
 
 class Claimed(Protocol):  # a stage's job: PrefillJob, DecodeJob
@@ -51,21 +50,16 @@ def first_come(tickets: list[Ticket[J]]) -> None:
 
 def end_overdue(tickets: list[Ticket[W]], runtime: Runtime, limit: int, settle: Callable[..., object]) -> None:
     """End the requests of ``tickets`` admitted longer ago than DAYZERO_TASK_TIME_LIMIT_S, and take them
-    out. One that has streamed tokens (any decode holds; a re-run in prefill) ends as decode ends one
-    generating: finish reason "length", its text kept, its usage counted (an error would lose a
-    non-streamed answer's text). One that has streamed none (in prefill) ends with a 503 ``overloaded``
-    (a "length" without text would say it had run): its client may retry it when there is room.
+    out: one that has streamed tokens (any decode holds; a re-run in prefill) with "length", one that
+    has streamed none (in prefill) with a 503 ``overloaded`` (time_limit.py).
     ``settle(ticket, reason, message, index=, usage=, code=)``: the loop's; ``limit``: the context limit."""
     limit_s, stage = runtime.settings.task_time_limit_s, runtime.stats.stage
-    for ticket in [t for t in tickets if t.job.request.created < time.time() - limit_s]:
-        job, index = ticket.job, len(ticket.job.generated)
+    for ticket in [t for t in tickets if overdue(t.job.request.created, limit_s)]:
+        job = ticket.job
         log.warning("request %s: waited in %s past DAYZERO_TASK_TIME_LIMIT_S; ending it", job.request.request_id, stage)
-        if job.generated:
-            usage = runtime.completion(job.request, job.generated, limit).usage()
-            settle(ticket, "length", "", index=index, usage=usage)
-        else:
-            message = f"no room for the request within DAYZERO_TASK_TIME_LIMIT_S={limit_s} s; retry later"
-            settle(ticket, "error", message, index=index, code=OVERLOADED)
+        usage = runtime.completion(job.request, job.generated, limit).usage() if job.generated else None
+        end = past_limit(len(job.generated), limit_s, usage)
+        settle(ticket, end.reason, end.message, index=len(job.generated), usage=end.usage, code=end.code)
         tickets.remove(ticket)  # (once settled: Redis failing leaves it for the next try)
 
 

@@ -1,0 +1,37 @@
+"""DAYZERO_TASK_TIME_LIMIT_S: how a request still unfinished that long after its admission ends,
+wherever it is: generating (decode_loop.py), claimed and waiting for blocks (waiting.py), or waiting
+in a stage's queue or as a handoff no decode worker has taken (reaper.py: no worker may ever take it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+OVERLOADED = "overloaded"  # the error code of a request that found no room in time: a 503 (gateway/outcome.py)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitEnd:
+    """What ``Lifecycle.settle`` records for a request past the limit."""
+
+    reason: str
+    message: str = ""
+    usage: dict | None = None
+    code: str = ""
+
+
+def overdue(created: float, limit_s: float) -> bool:
+    """Admitted (at ``created``, unix time) longer ago than ``limit_s``."""
+    return created < time.time() - limit_s
+
+
+def past_limit(streamed: int, limit_s: float, usage: dict | None) -> LimitEnd:
+    """A request that has streamed tokens ends as a token limit would: finish reason "length", its
+    text kept, its ``usage`` counted (an error would lose a non-streamed answer's text and make
+    OpenAI's clients run it all again). One that has streamed none ends with a 503 ``overloaded`` (a
+    "length" without text would say it had run): its client may retry it when there is room."""
+    if streamed:
+        return LimitEnd("length", usage=usage)
+    message = f"no room for the request within DAYZERO_TASK_TIME_LIMIT_S={limit_s:g} s; retry later"
+    return LimitEnd("error", message, code=OVERLOADED)
