@@ -1,27 +1,22 @@
-"""The transitions against a real Redis: each is one round trip and leaves the keys it promises."""
+"""The transitions against a real Redis: each is one round trip and leaves the keys it promises (the
+token stream's: test_stream_scripts.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 
-import pytest
 import redis
 import redis.asyncio as aioredis
 
-from dayzero.params import SamplingParams
-from dayzero.serving import queue_scripts, scripts
+from dayzero.serving import queue_scripts, scripts, stream_scripts
 from dayzero.serving.admission import Queue
 from dayzero.serving.keys import HANDOFF_OWNER, key
 from dayzero.serving.lifecycle import Lifecycle
-from dayzero.serving.messages import GenerationRequest
-from dayzero.serving.records import Token, decode
 from dayzero.serving.scripts import Take
 from dayzero.serving.watching import Watching
 
-
-def _request(rid: str) -> GenerationRequest:
-    return GenerationRequest(request_id=rid, prompt_ids=(0, 5), sampling=SamplingParams(max_tokens=2), created=0.0)
+from .lifecycle_requests import request
 
 
 def test_take_claims_a_free_request_once_and_lets_its_owner_take_it_again(redis_url):
@@ -51,7 +46,7 @@ def test_a_run_that_is_over_hands_nothing_off(redis_url):
     store = Lifecycle(redis.Redis.from_url(redis_url))
     store.r.delete("decode")
     for rid in ("h-rerun", "h-taken", "h-ended", "h-lapsed"):
-        store.admit(_request(rid), [], "", 60)
+        store.admit(request(rid), [], "", 60)
         assert store.take(rid, 0, "prefill0", 30) == Take.CLAIMED
         store.r.delete(key("lease", rid))
     assert store.rerun_orphan("h-rerun", 60, 60) == 1
@@ -69,7 +64,7 @@ def test_rerun_orphan_requeues_only_an_unfinished_request_nobody_holds(redis_url
     store = Lifecycle(redis.Redis.from_url(redis_url))
     ids = ("o-queued", "o-leased", "o-ended", "o-expired", "o-orphan")
     for rid in ids:
-        store.admit(_request(rid), [], "", 60)
+        store.admit(request(rid), [], "", 60)
     for rid in ids[1:]:
         store.take(rid, 0, "decode0", 30)
     store.settle("o-ended", 0, "decode0", "stop")
@@ -98,13 +93,13 @@ def test_a_message_a_worker_took_and_never_claimed_is_re_run_at_the_next_sweep(r
 
     async def admit() -> None:  # as the gateway admits: the message pushed with the records
         client = aioredis.Redis.from_url(redis_url)
-        await Watching(client, 60, 60).admit([_request("m-first")], [], "r", Queue("prefill", ("m-first",)))
+        await Watching(client, 60, 60).admit([request("m-first")], [], "r", Queue("prefill", ("m-first",)))
         await client.aclose()
 
     asyncio.run(admit())
-    store.admit(_request("m-second"), [], "", 60)  # recorded, then queued as vision hands it on
+    store.admit(request("m-second"), [], "", 60)  # recorded, then queued as vision hands it on
     store.enqueue("m-second", "prefill", "m-second", 60)
-    store.admit(_request("m-third"), [], "", 60)
+    store.admit(request("m-third"), [], "", 60)
     store.enqueue("m-third", "prefill", "m-third", 60)
     ids = ("m-first", "m-second", "m-third")
     assert [store.rerun_orphan(rid, 60, 60) for rid in ids] == [0, 0, 0]  # each message waits in the queue
@@ -133,7 +128,7 @@ def test_a_handoff_decode_took_and_never_claimed_is_re_run_at_the_next_sweep(red
     store = Lifecycle(redis.Redis.from_url(redis_url))
     store.r.delete("decode", key("pushed", "decode"))
     for rid in ("d-lost", "d-claimed", "d-waits"):
-        store.admit(_request(rid), [], "", 60)
+        store.admit(request(rid), [], "", 60)
         assert store.take(rid, 0, "prefill0", 30) == Take.CLAIMED
         assert store.hand_off(rid, 0, "prefill0", 60, "decode", rid)
     assert [store.rerun_orphan(rid, 60, 60) for rid in ("d-lost", "d-claimed", "d-waits")] == [0, 0, 0]
@@ -151,7 +146,7 @@ def test_a_holder_may_free_the_handoffs_decode_took_or_whose_run_is_over(redis_u
     store = Lifecycle(redis.Redis.from_url(redis_url))
     ids = ("k-taken", "k-cancelled", "k-ended", "k-rerun", "k-waits")
     for rid in ids:
-        store.admit(_request(rid), [], "", 60)
+        store.admit(request(rid), [], "", 60)
     assert store.take_handoffs([("k-taken", 0, "prefill5")], "decode0", 30) == {"k-taken": Take.CLAIMED}
     store.cancel("k-cancelled")
     store.r.set(key("done", "k-ended"), "stop")
@@ -196,72 +191,13 @@ def test_take_loads_its_script_again_after_a_flush(redis_url):
     assert store.take("c2", 0, "prefill0", 30) == Take.CLAIMED
 
 
-def test_append_streams_each_token_once_and_reads_the_cancel_marks_it_watches(redis_url):
-    store = Lifecycle(redis.Redis.from_url(redis_url), stream_ttl_s=60)
-    first = [Token("t1", 0, 7, "a", logprob=-0.5, top=((7, -0.5),)), Token("t2", 0, 8, "b")]
-    store.cancel("t2")
-    runs = {"t1": 0, "t2": 0, "odd": 0}
-    assert store.append(first, runs, "decode0", ["t1", "t2", "t3"]) == (set(), {"t2"})
-    assert not store.r.exists(key("tokens", "t2"))  # cancelled, watched: nothing written
-    again = [Token("t1", 0, 9, "z"), Token("t1", 1, 3, "c", "stop", usage={"n": 1})]
-    assert store.append(again, runs, "decode0") == (set(), set())
-    entries = store.r.xrange(key("tokens", "t1"))
-    assert [decode("t1", fields) for _, fields in entries] == [first[0], Token("t1", 1, 3, "c", "stop", {"n": 1})]
-    assert [entry for entry, _ in entries] == [b"1-0", b"2-0"]  # the replayed index 0 was skipped
-    assert 0 < store.r.ttl(key("tokens", "t1")) <= 60
-    store.r.set(key("tokens", "odd"), "not a stream")
-    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
-        store.append([Token("odd", 0, 1, "x"), Token("t2", 1, 4, "d")], runs, "decode0")
-    assert store.r.xlen(key("tokens", "t2")) == 1 and store.r.ttl(key("tokens", "t2")) == -1  # (unwatched: written)
-
-
-def test_only_the_current_run_writes_into_a_stream_or_ends_it(redis_url):
-    """A worker that stalled past its lease while the request was re-run, or that another worker
-    took over, or whose request ended, gets nothing into the stream and cannot end it: its tokens
-    would interleave with the current run's, which continues from a different token. A lease
-    that lapsed unnoticed (nobody took the request) still writes."""
-    store = Lifecycle(redis.Redis.from_url(redis_url), stream_ttl_s=60)
-    ids = ("w-mine", "w-rerun", "w-taken", "w-ended", "w-lapsed")
-    for rid in ids:
-        store.admit(_request(rid), [], "", 60)
-        assert store.take(rid, 0, "decode0", 30) == Take.CLAIMED
-    for rid in ("w-rerun", "w-lapsed"):
-        store.r.delete(key("lease", rid))
-    assert store.rerun_orphan("w-rerun", 60, 60) == 1
-    assert store.take("w-taken", 0, "decode1", 30) == Take.OWNED
-    store.r.set(key("lease", "w-taken"), "decode1")  # decode0's lease lapsed; decode1 took it over
-    assert store.settle("w-ended", 0, "decode0", "stop")
-    tokens = [Token(rid, 0, 7, "a") for rid in ids]
-    appended = store.append(tokens, dict.fromkeys(ids, 0), "decode0", ["w-mine"])
-    assert appended == ({"w-rerun", "w-taken", "w-ended"}, set())
-    assert [store.r.xlen(key("tokens", rid)) for rid in ids] == [1, 0, 0, 0, 1]
-    assert [store.settle(rid, 0, "decode0", "stop", 1) for rid in ids] == [True, False, False, False, True]
-    assert [store.done(rid) for rid in ids] == ["stop", None, None, "stop", "stop"]
-    assert store.owner("w-taken") == "decode1" and {"w-rerun", "w-taken"} <= set(store.active())
-    assert [store.r.xlen(key("tokens", rid)) for rid in ids] == [2, 0, 0, 0, 2]  # the endings: the current runs'
-    assert store.append([Token("w-rerun", 0, 7, "a")], {"w-rerun": 1}, "prefill3") == (set(), set())  # the re-run
-
-
-def test_append_takes_more_requests_and_marks_than_a_lua_unpack_holds(redis_url):
-    """A step of 3000 requests watching 9000 cancel marks: 9000 run marks and 9000 cancel marks
-    read, past Lua's ~8000 values per unpack (a large ``max_batch``: the step would fail every time)."""
-    store = Lifecycle(redis.Redis.from_url(redis_url), stream_ttl_s=60)
-    ids = [f"big{i}" for i in range(3000)]
-    watch = [*ids, *(f"idle{i}" for i in range(6000))]
-    store.cancel("idle5999")
-    store.r.set(key("attempt", "big2999"), 1)  # re-run since: the last one's run is over
-    appended = store.append([Token(rid, 0, 7, "a") for rid in ids], dict.fromkeys(ids, 0), "decode0", watch)
-    assert appended == ({"big2999"}, {"idle5999"})
-    assert store.r.xlen(key("tokens", "big0")) == 1 and not store.r.exists(key("tokens", "big2999"))
-
-
 def test_admit_queues_every_request_or_none_within_the_bound(redis_url):
     async def run() -> tuple[bool, bool]:
         client = aioredis.Redis.from_url(redis_url)
         watching = Watching(client, stream_ttl_s=60, queued_s=60)
-        first = await watching.admit([_request("a1"), _request("a2")], [b"img"], "r", Queue("q", ("m1", "m2"), 3))
-        again = await watching.admit([_request("a1"), _request("a2")], [b"img"], "r", Queue("q", ("m1", "m2"), 9))
-        second = await watching.admit([_request("a3"), _request("a4")], [], "r", Queue("q", ("m3", "m4"), 3))
+        first = await watching.admit([request("a1"), request("a2")], [b"img"], "r", Queue("q", ("m1", "m2"), 3))
+        again = await watching.admit([request("a1"), request("a2")], [b"img"], "r", Queue("q", ("m1", "m2"), 9))
+        second = await watching.admit([request("a3"), request("a4")], [], "r", Queue("q", ("m3", "m4"), 3))
         await client.aclose()
         return first and again, second
 
@@ -269,7 +205,7 @@ def test_admit_queues_every_request_or_none_within_the_bound(redis_url):
     store = Lifecycle(redis.Redis.from_url(redis_url))
     assert first and not second  # 2 + 2 messages would pass the bound of 3: neither of the second pair
     assert store.r.lrange("q", 0, -1) == [b"m2", b"m1"]  # admitted again (a retry): nothing more written
-    assert store.request("a2") == _request("a2") and store.images("a1") == [b"img"] == store.images("a2")
+    assert store.request("a2") == request("a2") and store.images("a1") == [b"img"] == store.images("a2")
     assert store.r.get(key("access", "a1")) == b"r" and store.r.pttl(key("queued", "a1")) > 0
     assert set(store.active()) >= {"a1", "a2"} and store.request("a3") is None and "a3" not in store.active()
 
@@ -282,7 +218,7 @@ def test_a_record_outlives_the_longest_generation_and_its_stream_after_the_end(r
 
     settings = Settings()
     store = Lifecycle(redis.Redis.from_url(redis_url), settings.stream_ttl_s)
-    store.admit(_request("long1"), [b"img"], "r", settings.visibility_timeout_s)
+    store.admit(request("long1"), [b"img"], "r", settings.visibility_timeout_s)
     for family in ("req", "access", "images"):
         assert store.r.ttl(key(family, "long1")) >= settings.visibility_timeout_s + settings.task_time_limit_s
     store.settle("long1", 0, "", "stop")
@@ -297,7 +233,7 @@ def test_load_scripts_loads_every_transition_before_a_request_needs_one(redis_ur
     client.script_flush()
     Lifecycle(client).load_scripts()
     sources = (scripts.TAKE, scripts.HAND_ON, scripts.HAND_OFF, scripts.HAND_BACK, scripts.TAKE_HANDOFFS)
-    sources += (scripts.HEARTBEAT, scripts.APPEND, scripts.SETTLE, queue_scripts.ADMIT, queue_scripts.ENQUEUE)
-    sources += (queue_scripts.RERUN,)
+    sources += (scripts.HEARTBEAT, stream_scripts.APPEND, stream_scripts.SETTLE, queue_scripts.ADMIT)
+    sources += (queue_scripts.ENQUEUE, queue_scripts.RERUN)
     shas = [hashlib.sha1(source.encode()).hexdigest() for source in sources]
     assert client.script_exists(*shas) == [True] * len(shas)

@@ -36,7 +36,6 @@ reaper (its lock: reaper.py).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import NamedTuple
 
 import redis
 from opentelemetry import trace
@@ -48,25 +47,9 @@ from .admission import Queue, admission
 from .keys import HANDOFF_OWNER, QUEUES, key
 from .messages import GenerationRequest
 from .queue_scripts import ADMIT, ENQUEUE, RERUN
-from .records import Token, decode, encode, ending
-from .scripts import APPEND, HAND_BACK, HAND_OFF, HAND_ON, HEARTBEAT, SETTLE, TAKE, TAKE_HANDOFFS, Take
-
-
-class Appended(NamedTuple):
-    refused: set[str]  # requests whose run is over or someone else's: nothing written for them
-    cancelled: set[str]  # of the watched requests, those a client cancelled (none of their tokens written)
-
-
-def _entry(t: Token) -> list:
-    """A stream entry as ``append_entry`` reads it from a script's arguments."""
-    fields = [item for pair in encode(t).items() for item in pair]
-    return [t.entry_id, "1" if t.finish_reason else "", len(fields), *fields]
-
-
-def _push_keys(rid: str, mark: str, queue: str) -> list[str]:
-    """What a fenced push of run ``rid`` onto ``queue`` reads and writes (HAND_ON, HAND_OFF, HAND_BACK):
-    the run's keys, the ``mark`` its message leaves (queued, handoff), the queue and its pushed count."""
-    return [*(key(family, rid) for family in ("attempt", "done", "lease", mark)), queue, key("pushed", queue)]
+from .records import Token, decode, ending
+from .scripts import HAND_BACK, HAND_OFF, HAND_ON, HEARTBEAT, TAKE, TAKE_HANDOFFS, Take, push_keys
+from .stream_scripts import APPEND, SETTLE, Appended, entry_args
 
 
 class Lifecycle:
@@ -134,7 +117,7 @@ class Lifecycle:
         where the next read takes it, room.py). False, nothing written: the run is over or someone
         else's (a late one would drop a re-run's lease)."""
         args = [attempt, owner, message, int(queued_s * 1000), "1" if front else ""]
-        return bool(self._hand_on(keys=_push_keys(rid, "queued", queue), args=args))
+        return bool(self._hand_on(keys=push_keys(rid, "queued", queue), args=args))
 
     def heartbeat(self, rids: list[str], owner: str, lease_s: float) -> list[str]:
         """Refresh the leases ``owner`` holds; returns those of ``rids`` it no longer holds (lapsed,
@@ -156,7 +139,7 @@ class Lifecycle:
         is over (the request ended, or its lease lapsed and it was re-run); a handoff then would
         take the lease from the new run, and decode would drop the old run's job as stale."""
         args = [attempt, owner, int(ttl_s * 1000), message, HANDOFF_OWNER]
-        return bool(self._hand_off(keys=_push_keys(rid, "handoff", queue), args=args))
+        return bool(self._hand_off(keys=push_keys(rid, "handoff", queue), args=args))
 
     def hand_back(self, rid: str, attempt: int, owner: str, queue: str, message: str, least_s: float) -> bool:
         """A decode worker (``owner``) claimed the handoff of run ``attempt`` and cannot hold it yet: the
@@ -164,7 +147,7 @@ class Lifecycle:
         deadline, as when prefill handed it off. False, nothing written: the run is over or someone
         else's, or less than ``least_s`` of the handoff is left (the claimer keeps it). One atomic step."""
         args = [attempt, owner, message, HANDOFF_OWNER, int(least_s * 1000)]
-        return bool(self._hand_back(keys=_push_keys(rid, "handoff", queue), args=args))
+        return bool(self._hand_back(keys=push_keys(rid, "handoff", queue), args=args))
 
     def take_handoffs(self, handoffs: list[tuple[str, int, str]], owner: str, lease_s: float) -> dict[str, Take]:
         """Decode has imported the states of these (request, attempt, holder) handoffs: decode owns
@@ -223,7 +206,7 @@ class Lifecycle:
         keys += [key(family, rid) for family in ("req", "access", "images")]
         args = [attempt, owner, self.ttl_s, rid, reason]
         if end_at is not None:
-            args += _entry(ending(rid, end_at, reason, message, usage, code))
+            args += entry_args(ending(rid, end_at, reason, message, usage, code))
         return bool(self._settle(keys=keys, args=args))
 
     def done(self, rid: str) -> str | None:
@@ -291,7 +274,7 @@ class Lifecycle:
         for rid, entries in streams.items():
             args += [runs[rid], marks_at.get(rid, 0), len(entries)]
             for t in entries:
-                args += _entry(t)
+                args += entry_args(t)
         refused, marks = self._append(keys=keys, args=args)
         trace.get_current_span().add_event("tokens_appended", {"dayzero.tokens": len(tokens)})  # readers see them
         ids, cancelled = list(streams), {rid for rid, mark in zip(watch, marks, strict=True) if mark}

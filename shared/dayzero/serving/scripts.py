@@ -1,12 +1,14 @@
-"""The Lua scripts behind a run's transitions (take, heartbeat, hand off, append to the token
-stream, end), each fenced: only the request's current run writes. Each runs as one atomic round
-trip; their keys come from dayzero.serving.lifecycle, which alone calls them. The queue's own
-scripts (admission, re-queue, the reaper's re-run) are in dayzero.serving.queue_scripts."""
+"""The Lua scripts behind a run's transitions (take, heartbeat, hand off, hand on, hand back),
+each fenced: only the request's current run writes. Each runs as one atomic round trip; their keys
+come from dayzero.serving.lifecycle, which alone calls them. The queue's own scripts (admission,
+re-queue, the reaper's re-run) are in dayzero.serving.queue_scripts, the token stream's (append,
+end) in dayzero.serving.stream_scripts."""
 
 from __future__ import annotations
 
 from enum import IntEnum
 
+from .keys import key
 from .queue_scripts import PUSH, PUSH_FRONT
 
 
@@ -24,7 +26,7 @@ class Take(IntEnum):
 # marks[at..at + 2] (attempt, done, lease): "over" (an older attempt's, or the request ended),
 # "held" (someone else holds the lease, unless it is ``free``: '' for none), or "ours" (the owner
 # itself holds it, or nobody: a lease that lapsed unnoticed).
-_CURRENT_RUN = """
+CURRENT_RUN = """
 local function mget(from, to)
     local values = {}
     for first = from, to, 4096 do
@@ -49,8 +51,8 @@ end
 
 # The first lines of a script over KEYS attempt, done, lease and ARGV the run's attempt, its owner:
 # 0, nothing written, unless the run is the current one and the lease its owner's or nobody's.
-_OURS_ONLY = (
-    _CURRENT_RUN
+OURS_ONLY = (
+    CURRENT_RUN
     + """
 if current_run(mget(1, 3), 1, ARGV[1], ARGV[2], '') ~= 'ours' then
     return 0
@@ -59,32 +61,12 @@ end
 )
 
 
-# One entry of a request's token stream (dayzero.serving.records), from ARGV[at]: its entry id, "1"
-# when it ends the stream (which then lives ``ttl`` s), its field count (names and values), the
-# fields. A replay of an index already streamed is skipped. -> where the next entry starts in ARGV,
-# and the XADD's error (nil: added, or a replay).
-_APPEND_ENTRY = """
-local function append_entry(stream, at, ttl)
-    local fields = tonumber(ARGV[at + 2])
-    local added = redis.pcall('XADD', stream, ARGV[at], unpack(ARGV, at + 3, at + 2 + fields))
-    if type(added) == 'table' and added.err then
-        if not string.find(added.err, 'equal or smaller', 1, true) then
-            return at + 3 + fields, added.err
-        end
-    elseif ARGV[at + 1] == '1' then
-        redis.call('EXPIRE', stream, ttl)
-    end
-    return at + 3 + fields, nil
-end
-"""
-
-
 # KEYS: attempt, done, lease, queued, cancel; ARGV: the delivery's attempt, owner, lease ms, and
 # the lease that counts as free ('': none; decode's: the handoff's). The owner may take again (a
 # batch it retries after Redis came back): its lease starts afresh, as a first take's does (the
 # heartbeat's next beat may be a third of a lease off).
 TAKE = (
-    _CURRENT_RUN
+    CURRENT_RUN
     + """
 local run = current_run(mget(1, 3), 1, ARGV[1], ARGV[2], ARGV[4])
 if run ~= 'ours' then
@@ -100,13 +82,19 @@ return 3
 )
 
 
+def push_keys(rid: str, mark: str, queue: str) -> list[str]:
+    """The KEYS of a fenced push of run ``rid`` onto ``queue`` (HAND_ON, HAND_OFF, HAND_BACK): the
+    run's keys, the ``mark`` its message leaves (queued, handoff), the queue and its pushed count."""
+    return [*(key(family, rid) for family in ("attempt", "done", "lease", mark)), queue, key("pushed", queue)]
+
+
 # KEYS: attempt, done, lease, handoff, decode's queue, its pushed count; ARGV: the run's attempt,
 # its owner, the handoff's ms, decode's message, the handoff's lease owner. 1: handed off (its
 # lease now). 0: nothing written, the run is over: the request ended, or its lease lapsed and it
 # was re-run (or taken) elsewhere.
 HAND_OFF = (
     PUSH
-    + _OURS_ONLY
+    + OURS_ONLY
     + """
 redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[3])
 push(KEYS[5], KEYS[6], KEYS[4], ARGV[4], ARGV[3])
@@ -123,7 +111,7 @@ return 1
 HAND_ON = (
     PUSH
     + PUSH_FRONT
-    + _OURS_ONLY
+    + OURS_ONLY
     + """
 redis.call('DEL', KEYS[3])
 if ARGV[5] == '1' then
@@ -144,7 +132,7 @@ return 1
 # someone else's, or too little of the handoff is left (the claimer keeps it).
 HAND_BACK = (
     PUSH_FRONT
-    + _OURS_ONLY
+    + OURS_ONLY
     + """
 local left = redis.call('PTTL', KEYS[4])
 if left < tonumber(ARGV[5]) then
@@ -163,7 +151,7 @@ return 1
 # handoff is decode's now (its lease renewed, its holder told). The answer, per handoff (``Take``):
 # 0 the run is over or someone else holds the lease (nothing written), 2 taken but cancelled, 3 taken.
 TAKE_HANDOFFS = (
-    _CURRENT_RUN
+    CURRENT_RUN
     + """
 local taken = {}
 for i = 0, #KEYS / 6 - 1 do
@@ -198,68 +186,3 @@ for i, lease in ipairs(KEYS) do
 end
 return lost
 """
-
-
-# KEYS: each request's attempt, done and lease, then each one's stream, then the cancel marks to
-# read. ARGV: the writer (a lease's owner), a stream's s once it ends, the request count, then per
-# request: its run's attempt, where its cancel mark is among those read (1-based; 0: not read), its
-# entry count, the entries (``append_entry``). Only the current run writes: a request whose run is
-# over or whose lease someone else holds (a stalled worker's, re-run since) gets nothing; nor does
-# one whose mark is set (its client left while the tokens were computed: a worker stopped then
-# would write them on waking). -> {those refused (1-based), the marks}; or the first XADD's error,
-# once every other entry is written.
-APPEND = (
-    _CURRENT_RUN
-    + _APPEND_ENTRY
-    + """
-local n, at, refused, failed = tonumber(ARGV[3]), 4, {}, nil
-local marks, cancels = mget(1, 3 * n), mget(4 * n + 1, #KEYS)
-for i = 0, n - 1 do
-    local run, mark, count = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
-    at = at + 3
-    local ours = current_run(marks, 3 * i + 1, run, ARGV[1], '') == 'ours'
-    if ours and not (mark > 0 and cancels[mark]) then
-        for _ = 1, count do
-            local err
-            at, err = append_entry(KEYS[3 * n + i + 1], at, ARGV[2])
-            failed = failed or err
-        end
-    else
-        if not ours then
-            refused[#refused + 1] = i + 1
-        end
-        for _ = 1, count do
-            at = at + 3 + tonumber(ARGV[at + 2])
-        end
-    end
-end
-if failed then
-    return redis.error_reply(failed)
-end
-return {refused, cancels}
-"""
-)
-
-
-# KEYS: attempt, done, lease, stream, queued, active, req, access, images; ARGV: the run's
-# attempt, the writer, the record's s, the request's id, the reason, then the entry that closes
-# the stream (``append_entry``; none: its last token carried the finish; one that fails ends it
-# all the same). The request ends: done, out of the active set, no lease, no queued mark, its
-# record (and its attempt) kept as long as its stream. 0: nothing written, the run is over or
-# someone else's (a stalled worker's end of a request re-run since).
-SETTLE = (
-    _APPEND_ENTRY
-    + _OURS_ONLY
-    + """
-if #ARGV > 5 then
-    append_entry(KEYS[4], 6, ARGV[3])
-end
-redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[3])
-redis.call('SREM', KEYS[6], ARGV[4])
-redis.call('DEL', KEYS[3], KEYS[5])
-for _, i in ipairs({1, 7, 8, 9}) do
-    redis.call('EXPIRE', KEYS[i], ARGV[3])
-end
-return 1
-"""
-)

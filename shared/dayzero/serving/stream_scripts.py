@@ -1,0 +1,109 @@
+"""The Lua scripts that write a request's token stream (dayzero.serving.records): append its
+tokens, and end the request with its stream's end. Fenced as every transition (only
+the current run writes: dayzero.serving.scripts); one atomic round trip each; called by
+dayzero.serving.lifecycle alone, with the arguments built here."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .records import Token, encode
+from .scripts import CURRENT_RUN, OURS_ONLY
+
+
+class Appended(NamedTuple):
+    """``APPEND``'s answer."""
+
+    refused: set[str]  # requests whose run is over or someone else's: nothing written for them
+    cancelled: set[str]  # of the watched requests, those a client cancelled (none of their tokens written)
+
+
+def entry_args(t: Token) -> list:
+    """A stream entry as ``append_entry`` reads it from a script's arguments."""
+    fields = [item for pair in encode(t).items() for item in pair]
+    return [t.entry_id, "1" if t.finish_reason else "", len(fields), *fields]
+
+
+# One entry of a request's token stream (dayzero.serving.records), from ARGV[at]: its entry id, "1"
+# when it ends the stream (which then lives ``ttl`` s), its field count (names and values), the
+# fields. A replay of an index already streamed is skipped. -> where the next entry starts in ARGV,
+# and the XADD's error (nil: added, or a replay).
+_APPEND_ENTRY = """
+local function append_entry(stream, at, ttl)
+    local fields = tonumber(ARGV[at + 2])
+    local added = redis.pcall('XADD', stream, ARGV[at], unpack(ARGV, at + 3, at + 2 + fields))
+    if type(added) == 'table' and added.err then
+        if not string.find(added.err, 'equal or smaller', 1, true) then
+            return at + 3 + fields, added.err
+        end
+    elseif ARGV[at + 1] == '1' then
+        redis.call('EXPIRE', stream, ttl)
+    end
+    return at + 3 + fields, nil
+end
+"""
+
+
+# KEYS: each request's attempt, done and lease, then each one's stream, then the cancel marks to
+# read. ARGV: the writer (a lease's owner), a stream's s once it ends, the request count, then per
+# request: its run's attempt, where its cancel mark is among those read (1-based; 0: not read), its
+# entry count, the entries (``append_entry``). Only the current run writes: a request whose run is
+# over or whose lease someone else holds (a stalled worker's, re-run since) gets nothing; nor does
+# one whose mark is set (its client left while the tokens were computed: a worker stopped then
+# would write them on waking). -> {those refused (1-based), the marks}; or the first XADD's error,
+# once every other entry is written.
+APPEND = (
+    CURRENT_RUN
+    + _APPEND_ENTRY
+    + """
+local n, at, refused, failed = tonumber(ARGV[3]), 4, {}, nil
+local marks, cancels = mget(1, 3 * n), mget(4 * n + 1, #KEYS)
+for i = 0, n - 1 do
+    local run, mark, count = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+    at = at + 3
+    local ours = current_run(marks, 3 * i + 1, run, ARGV[1], '') == 'ours'
+    if ours and not (mark > 0 and cancels[mark]) then
+        for _ = 1, count do
+            local err
+            at, err = append_entry(KEYS[3 * n + i + 1], at, ARGV[2])
+            failed = failed or err
+        end
+    else
+        if not ours then
+            refused[#refused + 1] = i + 1
+        end
+        for _ = 1, count do
+            at = at + 3 + tonumber(ARGV[at + 2])
+        end
+    end
+end
+if failed then
+    return redis.error_reply(failed)
+end
+return {refused, cancels}
+"""
+)
+
+
+# KEYS: attempt, done, lease, stream, queued, active, req, access, images; ARGV: the run's
+# attempt, the writer, the record's s, the request's id, the reason, then the entry that closes
+# the stream (``append_entry``; none: its last token carried the finish; one that fails ends it
+# all the same). The request ends: done, out of the active set, no lease, no queued mark, its
+# record (and its attempt) kept as long as its stream. 0: nothing written, the run is over or
+# someone else's (a stalled worker's end of a request re-run since).
+SETTLE = (
+    _APPEND_ENTRY
+    + OURS_ONLY
+    + """
+if #ARGV > 5 then
+    append_entry(KEYS[4], 6, ARGV[3])
+end
+redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[3])
+redis.call('SREM', KEYS[6], ARGV[4])
+redis.call('DEL', KEYS[3], KEYS[5])
+for _, i in ipairs({1, 7, 8, 9}) do
+    redis.call('EXPIRE', KEYS[i], ARGV[3])
+end
+return 1
+"""
+)

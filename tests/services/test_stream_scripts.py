@@ -1,0 +1,73 @@
+"""The token stream's transitions against a real Redis (stream_scripts.py through Lifecycle): only
+the current run appends to a request's stream or ends it, each entry once."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from dayzero.serving.keys import key
+from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.records import Token, decode
+from dayzero.serving.scripts import Take
+
+from .lifecycle_requests import request
+
+
+def test_append_streams_each_token_once_and_reads_the_cancel_marks_it_watches(redis_url):
+    store = Lifecycle(redis.Redis.from_url(redis_url), stream_ttl_s=60)
+    first = [Token("t1", 0, 7, "a", logprob=-0.5, top=((7, -0.5),)), Token("t2", 0, 8, "b")]
+    store.cancel("t2")
+    runs = {"t1": 0, "t2": 0, "odd": 0}
+    assert store.append(first, runs, "decode0", ["t1", "t2", "t3"]) == (set(), {"t2"})
+    assert not store.r.exists(key("tokens", "t2"))  # cancelled, watched: nothing written
+    again = [Token("t1", 0, 9, "z"), Token("t1", 1, 3, "c", "stop", usage={"n": 1})]
+    assert store.append(again, runs, "decode0") == (set(), set())
+    entries = store.r.xrange(key("tokens", "t1"))
+    assert [decode("t1", fields) for _, fields in entries] == [first[0], Token("t1", 1, 3, "c", "stop", {"n": 1})]
+    assert [entry for entry, _ in entries] == [b"1-0", b"2-0"]  # the replayed index 0 was skipped
+    assert 0 < store.r.ttl(key("tokens", "t1")) <= 60
+    store.r.set(key("tokens", "odd"), "not a stream")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        store.append([Token("odd", 0, 1, "x"), Token("t2", 1, 4, "d")], runs, "decode0")
+    assert store.r.xlen(key("tokens", "t2")) == 1 and store.r.ttl(key("tokens", "t2")) == -1  # (unwatched: written)
+
+
+def test_only_the_current_run_writes_into_a_stream_or_ends_it(redis_url):
+    """A worker that stalled past its lease while the request was re-run, or that another worker
+    took over, or whose request ended, gets nothing into the stream and cannot end it: its tokens
+    would interleave with the current run's, which continues from a different token. A lease
+    that lapsed unnoticed (nobody took the request) still writes."""
+    store = Lifecycle(redis.Redis.from_url(redis_url), stream_ttl_s=60)
+    ids = ("w-mine", "w-rerun", "w-taken", "w-ended", "w-lapsed")
+    for rid in ids:
+        store.admit(request(rid), [], "", 60)
+        assert store.take(rid, 0, "decode0", 30) == Take.CLAIMED
+    for rid in ("w-rerun", "w-lapsed"):
+        store.r.delete(key("lease", rid))
+    assert store.rerun_orphan("w-rerun", 60, 60) == 1
+    assert store.take("w-taken", 0, "decode1", 30) == Take.OWNED
+    store.r.set(key("lease", "w-taken"), "decode1")  # decode0's lease lapsed; decode1 took it over
+    assert store.settle("w-ended", 0, "decode0", "stop")
+    tokens = [Token(rid, 0, 7, "a") for rid in ids]
+    appended = store.append(tokens, dict.fromkeys(ids, 0), "decode0", ["w-mine"])
+    assert appended == ({"w-rerun", "w-taken", "w-ended"}, set())
+    assert [store.r.xlen(key("tokens", rid)) for rid in ids] == [1, 0, 0, 0, 1]
+    assert [store.settle(rid, 0, "decode0", "stop", 1) for rid in ids] == [True, False, False, False, True]
+    assert [store.done(rid) for rid in ids] == ["stop", None, None, "stop", "stop"]
+    assert store.owner("w-taken") == "decode1" and {"w-rerun", "w-taken"} <= set(store.active())
+    assert [store.r.xlen(key("tokens", rid)) for rid in ids] == [2, 0, 0, 0, 2]  # the endings: the current runs'
+    assert store.append([Token("w-rerun", 0, 7, "a")], {"w-rerun": 1}, "prefill3") == (set(), set())  # the re-run
+
+
+def test_append_takes_more_requests_and_marks_than_a_lua_unpack_holds(redis_url):
+    """A step of 3000 requests watching 9000 cancel marks: 9000 run marks and 9000 cancel marks
+    read, past Lua's ~8000 values per unpack (a large ``max_batch``: the step would fail every time)."""
+    store = Lifecycle(redis.Redis.from_url(redis_url), stream_ttl_s=60)
+    ids = [f"big{i}" for i in range(3000)]
+    watch = [*ids, *(f"idle{i}" for i in range(6000))]
+    store.cancel("idle5999")
+    store.r.set(key("attempt", "big2999"), 1)  # re-run since: the last one's run is over
+    appended = store.append([Token(rid, 0, 7, "a") for rid in ids], dict.fromkeys(ids, 0), "decode0", watch)
+    assert appended == ({"big2999"}, {"idle5999"})
+    assert store.r.xlen(key("tokens", "big0")) == 1 and not store.r.exists(key("tokens", "big2999"))
