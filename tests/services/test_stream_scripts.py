@@ -1,5 +1,5 @@
 """The token stream's transitions against a real Redis (stream_scripts.py through Lifecycle): only
-the current run appends to a request's stream or ends it, each entry once."""
+the current run appends to a request's stream or ends it, each entry once, and the end exactly once."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.records import Token, decode
 from dayzero.serving.scripts import Take
+from dayzero.serving.stream_scripts import Settled
 
 from .lifecycle_requests import request
 
@@ -71,3 +72,43 @@ def test_append_takes_more_requests_and_marks_than_a_lua_unpack_holds(redis_url)
     appended = store.append([Token(rid, 0, 7, "a") for rid in ids], dict.fromkeys(ids, 0), "decode0", watch)
     assert appended == ({"big2999"}, {"idle5999"})
     assert store.r.xlen(key("tokens", "big0")) == 1 and not store.r.exists(key("tokens", "big2999"))
+
+
+def test_settle_closes_a_stream_exactly_once_and_says_how(redis_url, caplog):
+    """A caller whose count of a request's tokens was behind its stream (prefill's retry that had lost
+    its streamed first token) settled at an index a token held: the end was skipped as a replay, and
+    the request recorded as ended, its stream never closed nor expired, the caller told all was well.
+    Now that end goes after the stream's last entry (MOVED); a stream that has ended gets no second
+    end (CLOSED_BEFORE); one that cannot be closed says so (UNCLOSED, logged as an error). A handoff's
+    parked state goes with the end."""
+    store = Lifecycle(redis.Redis.from_url(redis_url), stream_ttl_s=60)
+    ids = ("e-taken", "e-ended", "e-carried", "e-open", "e-broken")
+    for rid in ids:
+        store.admit(request(rid), [], "", 60)
+        assert store.take(rid, 0, "decode0", 30) == Take.CLAIMED
+    done = {"prompt_tokens": 2, "completion_tokens": 1}
+    tokens = [Token("e-taken", 0, 7, "a"), Token("e-open", 0, 7, "a")]
+    tokens += [Token(rid, 0, 7, "a", "length", done) for rid in ("e-ended", "e-carried")]
+    assert store.append(tokens, dict.fromkeys(ids, 0), "decode0") == (set(), set())
+    store.r.set(key("tokens", "e-broken"), "not a stream")
+    store.r.set(key("kvstate", "e-taken"), b"state")
+    settled = [
+        store.settle("e-taken", 0, "decode0", "length", 0, usage=done),
+        store.settle("e-ended", 0, "decode0", "length", 1, usage=done),
+        store.settle("e-carried", 0, "decode0", "length"),
+        store.settle("e-open", 0, "decode0", "stop"),
+        store.settle("e-broken", 0, "decode0", "error", 0, "failed"),
+    ]
+    assert settled == [Settled.MOVED, Settled.CLOSED_BEFORE, Settled.CLOSED, Settled.UNCLOSED, Settled.UNCLOSED]
+    entries = [decode("e-taken", fields) for _, fields in store.r.xrange(key("tokens", "e-taken"))]
+    assert entries == [tokens[0], Token("e-taken", 1, -1, "", "length", done)]
+    assert [entry for entry, _ in store.r.xrange(key("tokens", "e-taken"))] == [b"1-0", b"2-0"]
+    assert 0 < store.r.ttl(key("tokens", "e-taken")) <= 60 and not store.r.exists(key("kvstate", "e-taken"))
+    assert [store.r.xlen(key("tokens", rid)) for rid in ids[1:4]] == [1, 1, 1]  # no second end, nothing to add
+    assert [store.done(rid) for rid in ids] == ["length", "length", "length", "stop", "error"]
+    assert not {*ids} & set(store.active())
+    assert store.settle("e-taken", 0, "decode0", "length", 2) == Settled.STALE  # ended: once
+    logged = {(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records if r.name == "dayzero.serving"}
+    assert ("WARNING", "request e-taken ended length at 0") in logged
+    assert ("ERROR", "request e-open ended stop at None") in logged
+    assert ("ERROR", "request e-broken ended error at 0") in logged

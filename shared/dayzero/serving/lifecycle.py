@@ -22,7 +22,8 @@ handed off     handoff:{id} ("decode:{n}", counted as queued marks are) and leas
                claimer whose pools cannot hold it yet may hand it back: the same lease and mark,
                till the handoff's own deadline); kvstate:{id} the state itself when it travels
                through Redis; taken:{prefill worker} the inbox where decode says it has taken them
-ended          done:{id} = finished (stop, length) | cancelled | error; tokens:{id} closed
+ended          done:{id} = finished (stop, length) | cancelled | error; tokens:{id} closed (once:
+               stream_scripts.py); kvstate:{id} dropped
 any            tokens:{id} the token stream (dayzero.serving.records): only the current run (its
                attempt; the lease its own or nobody's) appends to it or ends the request;
                cancel:{id} a cancel request, watchers:{id} clients reading the stream
@@ -35,6 +36,7 @@ reaper (its lock: reaper.py).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping, Sequence
 
 import redis
@@ -49,7 +51,9 @@ from .messages import GenerationRequest
 from .queue_scripts import ADMIT, ENQUEUE, RERUN
 from .records import Token, decode, ending
 from .scripts import HAND_BACK, HAND_OFF, HAND_ON, HEARTBEAT, TAKE, TAKE_HANDOFFS, Take, push_keys
-from .stream_scripts import APPEND, SETTLE, Appended, entry_args
+from .stream_scripts import APPEND, SETTLE, SETTLED_SAYS, Appended, Settled, entry_args
+
+log = logging.getLogger("dayzero.serving")
 
 
 class Lifecycle:
@@ -196,18 +200,24 @@ class Lifecycle:
         message: str = "",
         usage: dict | None = None,
         code: str = "",
-    ) -> bool:
+    ) -> Settled:
         """End the request for run ``attempt`` held by ``owner`` ("": the reaper, nobody's lease): its
         stream closes at ``end_at`` with ``reason`` (None: its last token already carried the finish
         reason), it leaves the active set, its lease goes; its record stays as long as its stream.
-        False, nothing written: the run is over or someone else's (a stalled worker's, re-run since).
-        One atomic round trip."""
+        STALE (falsy), nothing written: the run is over or someone else's (a stalled worker's, re-run
+        since). Any other: ended, and how its stream closed (``Settled``; one that is not CLOSED is
+        logged). One atomic round trip."""
         keys = [key(family, rid) for family in ("attempt", "done", "lease", "tokens", "queued")] + [key("active")]
-        keys += [key(family, rid) for family in ("req", "access", "images")]
+        keys += [key(family, rid) for family in ("req", "access", "images", "kvstate")]
         args = [attempt, owner, self.ttl_s, rid, reason]
         if end_at is not None:
             args += entry_args(ending(rid, end_at, reason, message, usage, code))
-        return bool(self._settle(keys=keys, args=args))
+        settled = Settled(self._settle(keys=keys, args=args))
+        if settled not in (Settled.STALE, Settled.CLOSED):
+            trace.get_current_span().add_event("stream_end", {"dayzero.settled": settled.name})
+            level = logging.ERROR if settled == Settled.UNCLOSED else logging.WARNING
+            log.log(level, "request %s ended %s at %s: its stream's end %s", rid, reason, end_at, SETTLED_SAYS[settled])
+        return settled
 
     def done(self, rid: str) -> str | None:
         raw = self.r.get(key("done", rid))

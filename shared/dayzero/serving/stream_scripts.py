@@ -1,10 +1,11 @@
 """The Lua scripts that write a request's token stream (dayzero.serving.records): append its
-tokens, and end the request with its stream's end. Fenced as every transition (only
+tokens, and end the request with its stream's end, exactly once. Fenced as every transition (only
 the current run writes: dayzero.serving.scripts); one atomic round trip each; called by
 dayzero.serving.lifecycle alone, with the arguments built here."""
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import NamedTuple
 
 from .records import Token, encode
@@ -18,8 +19,26 @@ class Appended(NamedTuple):
     cancelled: set[str]  # of the watched requests, those a client cancelled (none of their tokens written)
 
 
+class Settled(IntEnum):
+    """What ``SETTLE`` did: ended the request (any but STALE), and how its stream ends (its reader
+    stops at the first entry with a finish reason: there must be exactly one, the last)."""
+
+    STALE = 0  # the run is over or someone else's: nothing written
+    CLOSED = 1  # its stream ends with the entry asked for (or with its last token, as the caller said)
+    MOVED = 2  # the index asked for held a token already (one the caller did not count): the entry went after it
+    CLOSED_BEFORE = 3  # its stream had ended already: no second end added
+    UNCLOSED = 4  # its stream could not be closed (the write failed, or no entry and its last token had no finish)
+
+
+SETTLED_SAYS = {  # how the stream of an ended request closed, when not as asked (logged)
+    Settled.MOVED: "went after the stream's last entry (a token held its index)",
+    Settled.CLOSED_BEFORE: "was there already (no second end)",
+    Settled.UNCLOSED: "could not be written: its reader gets no end",
+}
+
+
 def entry_args(t: Token) -> list:
-    """A stream entry as ``append_entry`` reads it from a script's arguments."""
+    """A stream entry as ``append_entry`` and ``close_stream`` read it from a script's arguments."""
     fields = [item for pair in encode(t).items() for item in pair]
     return [t.entry_id, "1" if t.finish_reason else "", len(fields), *fields]
 
@@ -85,25 +104,66 @@ return {refused, cancels}
 )
 
 
-# KEYS: attempt, done, lease, stream, queued, active, req, access, images; ARGV: the run's
-# attempt, the writer, the record's s, the request's id, the reason, then the entry that closes
-# the stream (``append_entry``; none: its last token carried the finish; one that fails ends it
-# all the same). The request ends: done, out of the active set, no lease, no queued mark, its
-# record (and its attempt) kept as long as its stream. 0: nothing written, the run is over or
-# someone else's (a stalled worker's end of a request re-run since).
+# The end of a request's stream, exactly once, from ARGV[at] (``append_entry``'s layout; none: the
+# caller says its last token carried the finish reason) -> ``Settled``'s code. A stream whose last
+# entry has a finish (``f``) has ended: nothing is added. An entry whose index a token already holds
+# goes after the stream's last entry instead, its index field (``i``) that one's: the client's reader
+# sees the end in any case (an entry skipped as a replay would leave the stream open for ever).
+_CLOSE_STREAM = """
+local function close_stream(stream, at, ttl)
+    local last = redis.pcall('XREVRANGE', stream, '+', '-', 'COUNT', 1)
+    if last.err then
+        return 4
+    end
+    local entry = last[1]
+    if entry then
+        for j = 1, #entry[2], 2 do
+            if entry[2][j] == 'f' then
+                return #ARGV >= at and 3 or 1
+            end
+        end
+    end
+    if #ARGV < at then
+        return 4
+    end
+    local count = tonumber(ARGV[at + 2])
+    local fields, id, code = {unpack(ARGV, at + 3, at + 2 + count)}, ARGV[at], 1
+    local held = entry and tonumber(string.match(entry[1], '^%d+')) or 0
+    if held >= tonumber(string.match(id, '^%d+')) then
+        id, code = (held + 1) .. '-0', 2
+        for j = 1, count, 2 do
+            if fields[j] == 'i' then
+                fields[j + 1] = tostring(held)
+            end
+        end
+    end
+    local added = redis.pcall('XADD', stream, id, unpack(fields))
+    if type(added) == 'table' and added.err then
+        return 4
+    end
+    redis.call('EXPIRE', stream, ttl)
+    return code
+end
+"""
+
+
+# KEYS: attempt, done, lease, stream, queued, active, req, access, images, kvstate; ARGV: the run's
+# attempt, the writer, the record's s, the request's id, the reason, then the entry that closes the
+# stream (``close_stream``). The request ends: done, out of the active set, no lease, no queued mark,
+# no parked state (a handoff no decode worker took), its record (and its attempt) kept as long as
+# its stream, whether its stream could be closed or not (the caller learns which: ``Settled``).
+# 0: nothing written, the run is over or someone else's (a stalled worker's end of a request re-run since).
 SETTLE = (
-    _APPEND_ENTRY
+    _CLOSE_STREAM
     + OURS_ONLY
     + """
-if #ARGV > 5 then
-    append_entry(KEYS[4], 6, ARGV[3])
-end
+local closed = close_stream(KEYS[4], 6, ARGV[3])
 redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[3])
 redis.call('SREM', KEYS[6], ARGV[4])
-redis.call('DEL', KEYS[3], KEYS[5])
+redis.call('DEL', KEYS[3], KEYS[5], KEYS[10])
 for _, i in ipairs({1, 7, 8, 9}) do
     redis.call('EXPIRE', KEYS[i], ARGV[3])
 end
-return 1
+return closed
 """
 )
