@@ -1,10 +1,12 @@
 """A completion's usage: thinking mode's reasoning tokens, counted as OpenAI reports them (the tokens
-up to the one that ends the thought), also when a request is rebuilt from its streamed tokens."""
+up to the one that ends the thought), also when a request is rebuilt from its streamed tokens, or
+counted from them by the gateway (a request it ends itself: usage.py)."""
 
 from __future__ import annotations
 
 from dayzero.completion import Completion
 from dayzero.params import SamplingParams
+from dayzero.usage import streamed_usage
 
 EOS = (1,)
 
@@ -32,3 +34,14 @@ def test_reasoning_tokens_are_those_up_to_the_end_of_the_thought(codec):
     block = codec.encode("\n\n<｜DSML｜tool_calls>")
     calls = _run(codec, thought + block + codec.encode('\n<｜DSML｜invoke name="f">'), thinking=True)
     assert len(block) > 1 and calls["completion_tokens_details"] == {"reasoning_tokens": len(thought) + len(block)}
+
+
+def test_the_gateway_counts_a_streamed_request_as_its_completion_would(codec):
+    """A request the gateway ends past the time limit (waiting in a queue) gets the usage a worker
+    would have given it, thinking mode's reasoning tokens included (its chat answer would otherwise
+    lack ``completion_tokens_details``)."""
+    thought, answer = codec.encode("Hmm, let me think about it."), codec.encode("The answer is 4.")
+    block = codec.encode("\n\n<｜DSML｜tool_calls>")
+    for tokens in (thought, thought + [codec.token_id("</think>")] + answer, thought + block + answer):
+        for thinking in (True, False):
+            assert streamed_usage(codec, 7, tokens, thinking) == _run(codec, tokens, thinking)

@@ -44,7 +44,7 @@ async def _reaper(gw: Gateway) -> None:
     DAYZERO_TASK_TIME_LIMIT_S (see dayzero.serving.reaper)."""
     messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
     store = gw.bus.store
-    overdue = OverdueWaits(store, gw.settings.task_time_limit_s)
+    overdue = OverdueWaits(store, gw.settings.task_time_limit_s, gw.codec)
 
     def send(job: PrefillJob, stage: str) -> None:
         store.enqueue(job.request.request_id, stage, messages[stage](job), gw.settings.visibility_timeout_s)

@@ -12,11 +12,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .chat.reasoning import ReasoningSplitter
+from .chat.reasoning import ReasoningCount
 from .config import ModelConfig
 from .guided import Guide, allowed_logits
 from .sampling import SamplingParams, logprobs_of, sample, sample_rows
 from .tokenizer import StreamDecoder, TextCodec
+from .usage import usage_counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +99,7 @@ class Completion:
         self.params, self.eos_ids, self.prompt_tokens, self.limit = params, eos_ids, prompt_tokens, limit
         self.count = 0
         self.thinking = thinking  # a chat in thinking mode: its reasoning tokens are counted
-        self.reasoning_tokens = 0  # tokens up to the one that ends the thought (``</think>`` or a call block)
-        self._thought = ReasoningSplitter(thinking)
+        self._reasoning = ReasoningCount(thinking)
         self.counts: Counter[int] = Counter()  # generated tokens, for the penalties
         self._text, self._stops = StreamDecoder(codec), StopMatcher(params.stop, params.stop_bounds)
         self.guide = Guide(codec.guidance, params.grammar) if params.grammar is not None else None
@@ -109,10 +109,7 @@ class Completion:
     def usage(self) -> dict:
         """The token counts a finished stream's last entry carries; thinking mode adds OpenAI's
         ``completion_tokens_details.reasoning_tokens``."""
-        counts: dict = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.count}
-        if self.thinking:
-            counts["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
-        return counts
+        return usage_counts(self.prompt_tokens, self.count, self._reasoning.tokens if self.thinking else None)
 
     def generator(self) -> torch.Generator | None:
         """The generator of token ``count`` (seed, count), or None without a seed."""
@@ -150,9 +147,7 @@ class Completion:
         if token in self.eos_ids and not self.params.ignore_eos:
             return Step(token, self._stops.flush()[0], "stop")
         text = self._text.push(token)
-        if self._thought.thinking:
-            self.reasoning_tokens += 1
-            self._thought.feed(text)
+        self._reasoning.add(text)
         released, stopped = self._stops.feed(text)
         if stopped:
             return Step(token, released, "stop")

@@ -174,7 +174,7 @@ def test_requests_waiting_in_a_queue_or_a_handoff_past_the_time_limit_end_once_a
     store.cancel("q-left")
     run_jobs(loop, [PrefillJob(request=store.request("q-handoff"))])  # (the loop's limit: the default hour)
     assert store.owner("q-handoff") == HANDOFF_OWNER and not loop.r.pools.fits(5)  # its blocks kept for decode
-    ended = OverdueWaits(store, 50).end()
+    ended = OverdueWaits(store, 50, loop.r.codec).end()
     assert {"q-handoff", "q-first", "q-rerun", "q-left"} <= set(ended) and "q-new" not in ended
     handoff, first, rerun = _last(store, "q-handoff"), _last(store, "q-first"), _last(store, "q-rerun")
     assert (store.done("q-handoff"), handoff.index, handoff.token, handoff.error) == ("length", 1, -1, "")
@@ -184,7 +184,7 @@ def test_requests_waiting_in_a_queue_or_a_handoff_past_the_time_limit_end_once_a
     assert "DAYZERO_TASK_TIME_LIMIT_S=50" in first.error and store.done("q-left") == "cancelled"
     assert store.done("q-new") is None and "q-new" in store.active()
     assert all(store.r.ttl(key("tokens", rid)) > 0 for rid in ("q-handoff", "q-first", "q-rerun", "q-left"))
-    assert OverdueWaits(store, 50).end() == []  # ended once
+    assert OverdueWaits(store, 50, loop.r.codec).end() == []  # ended once
     assert store.take_handoffs([(j.request.request_id, j.attempt, j.state.holder) for j in sent], "decode0", 30) == {
         "q-handoff": Take.STALE
     }

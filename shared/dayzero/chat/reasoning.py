@@ -37,3 +37,18 @@ class ReasoningSplitter:
         """Reasoning held at the end of the text (it was cut before ``</think>``)."""
         held, self._held = self._held, ""
         return held
+
+
+class ReasoningCount:
+    """A thinking-mode completion's reasoning tokens, counted as their texts come: each token up to
+    the one whose text ends the thought (``</think>`` or a call block); none outside thinking mode."""
+
+    def __init__(self, thinking: bool) -> None:
+        self.tokens = 0
+        self._thought = ReasoningSplitter(thinking)
+
+    def add(self, text: str) -> None:
+        """One more token, which released ``text``."""
+        if self._thought.thinking:
+            self.tokens += 1
+            self._thought.feed(text)

@@ -12,6 +12,8 @@ import logging
 from collections.abc import Callable
 
 from ..telemetry import continued
+from ..tokenizer import IdsOnlyCodec, TextCodec
+from ..usage import streamed_usage
 from .keys import QUEUES, key
 from .lifecycle import Lifecycle
 from .messages import PrefillJob
@@ -99,8 +101,8 @@ class OverdueWaits:
     them (a stage without one, or with every one stuck). Each one's admission time is read once (its
     record may be large: a long prompt) and remembered while it waits."""
 
-    def __init__(self, store: Lifecycle, limit_s: float) -> None:
-        self.store, self.limit_s = store, limit_s
+    def __init__(self, store: Lifecycle, limit_s: float, codec: TextCodec | IdsOnlyCodec) -> None:
+        self.store, self.limit_s, self.codec = store, limit_s, codec  # (codec: thinking mode's usage)
         self._created: dict[str, float] = {}  # waiting request -> its admission (unix time)
 
     def end(self) -> list[str]:
@@ -119,7 +121,7 @@ class OverdueWaits:
             if rid in cancelled:  # its client left: cancelled, not an answer to give
                 settled = store.settle(rid, attempt, owner, "cancelled", len(tokens))
             else:
-                usage = {"prompt_tokens": len(request.prompt_ids), "completion_tokens": len(tokens)}
+                usage = streamed_usage(self.codec, len(request.prompt_ids), tokens, request.thinking)
                 end = past_limit(len(tokens), self.limit_s, usage)
                 settled = store.settle(rid, attempt, owner, end.reason, len(tokens), end.message, end.usage, end.code)
             if settled:
