@@ -74,6 +74,16 @@ def test_an_api_key_with_surrounding_spaces_is_refused(monkeypatch):
             {"DAYZERO_ATTENTION_BACKEND": "triton"},
             "DAYZERO_ATTENTION_BACKEND=triton compiles for a GPU: set DAYZERO_DEVICE=cuda, or use torch on CPU",
         ),
+        (
+            {"DAYZERO_MAX_PREFILL_TOKENS": "1024"},
+            "DAYZERO_PREFILL_CHUNK_SIZE=2048 (its default) is larger than DAYZERO_MAX_PREFILL_TOKENS=1024, the "
+            "tokens of a whole prefill step: set DAYZERO_PREFILL_CHUNK_SIZE to 1024 or less",
+        ),
+        (
+            {"DAYZERO_PREFILL_CHUNK_SIZE": "600", "DAYZERO_MAX_PREFILL_TOKENS": "512"},
+            "DAYZERO_PREFILL_CHUNK_SIZE=600 is larger than DAYZERO_MAX_PREFILL_TOKENS=512, the tokens of a whole "
+            "prefill step: set DAYZERO_PREFILL_CHUNK_SIZE to 512 or less",
+        ),
         *(
             (
                 {"DAYZERO_DECODE_GRAPHS": "1", "DAYZERO_DEVICE": "cuda", "DAYZERO_HANDOFF": "redis", **more},

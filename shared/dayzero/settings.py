@@ -30,7 +30,12 @@ class Settings(BaseSettings):
     dtype: str = Field(
         default="float32", pattern="^(float32|bfloat16)$", description="dense weights: float32 or bfloat16"
     )
-    prefill_chunk_size: int = Field(default=2048, ge=1, description="prompt tokens per prefill step")
+    prefill_chunk_size: int = Field(
+        default=2048,
+        ge=1,
+        description="most tokens of one prompt per prefill step (at most DAYZERO_MAX_PREFILL_TOKENS); a longer "
+        "prompt runs over several steps, its chunks shrunk to leave newly arrived prompts room",
+    )
     max_context: int = Field(default=65536, ge=2, description="prompt + completion tokens per request")
     image_max_bytes: int = Field(default=10 << 20, ge=1, description="encoded bytes per image")
     image_max_pixels: int = Field(
@@ -81,7 +86,9 @@ class Settings(BaseSettings):
     max_batch: int = Field(
         default=16, ge=1, le=4096, description="sequences per decode step; concurrent decode tasks (tested to 3000)"
     )
-    max_prefill_tokens: int = Field(default=8192, ge=1, description="prompt tokens per packed prefill step")
+    max_prefill_tokens: int = Field(
+        default=8192, ge=1, description="prompt tokens per packed prefill step, every prompt's chunk together"
+    )
     kv_budget_mb: int = Field(default=256, ge=1, description="attention-state memory per worker")
     block_size: int = Field(default=16, ge=1, description="rows per pool block")
     lease_s: float = Field(  # (at most 600: workers beat every quarter lease, and a registry forgets one silent 600 s)
@@ -194,6 +201,19 @@ class Settings(BaseSettings):
             raise ValueError(
                 "DAYZERO_DECODE_GRAPHS needs DAYZERO_ATTENTION_BACKEND=triton (on a GPU), one rank per worker "
                 "and no speculative decoding"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _a_chunk_fits_a_step(self) -> Settings:
+        """A prompt's chunk runs within one prefill step: one larger than the step cannot (the step
+        would pass its bound, or the chunk never fit)."""
+        if self.prefill_chunk_size > self.max_prefill_tokens:
+            default = "" if "prefill_chunk_size" in self.model_fields_set else " (its default)"
+            raise ValueError(
+                f"DAYZERO_PREFILL_CHUNK_SIZE={self.prefill_chunk_size}{default} is larger than "
+                f"DAYZERO_MAX_PREFILL_TOKENS={self.max_prefill_tokens}, the tokens of a whole prefill step: set "
+                f"DAYZERO_PREFILL_CHUNK_SIZE to {self.max_prefill_tokens} or less"
             )
         return self
 

@@ -98,7 +98,8 @@ def test_identical_prompts_in_a_batch_are_prefilled_once_and_continue_alike(demo
 
     same, other = (0, 9, 8, 7, 6, 5, 4, 3, 2), (0, 11, 12)
     # the batch's token budget counts the copies once: counted each, they went in three batches
-    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, max_prefill_tokens=len(same) + len(other))
+    step = len(same) + len(other)
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, max_prefill_tokens=step, prefill_chunk_size=step)
     runtime = Runtime.load(settings, "prefill2@test", "prefill", False)
     sent: list[DecodeJob] = []
     loop = PrefillLoop(runtime, recording(sent))
