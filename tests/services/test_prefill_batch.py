@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from dayzero.checkpoint import load_model
@@ -15,6 +16,7 @@ from dayzero.params import SamplingParams
 from dayzero.sampling import PromptLogprobs
 from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.prefill_batch import BatchInput, echo_of, forward_of, input_embeddings, prefill_chunks
+from dayzero.serving.prefilling import Prefilling, plan_step
 from dayzero.vision.encoder import multimodal_prompt
 
 
@@ -52,11 +54,13 @@ def test_input_embeddings_equal_the_encoders_multimodal_prompt(tmp_path):
     assert torch.equal(got[len(expanded) :], model.embed.weight[[9, 10]])  # a re-run's streamed tokens follow
 
 
-def test_prompts_prefilled_a_chunk_per_step_beside_others_end_as_their_own_prefill(tmp_path):
+@pytest.mark.parametrize("budget", [None, 6])
+def test_prompts_prefilled_a_chunk_per_step_beside_others_end_as_their_own_prefill(tmp_path, budget):
     """The prefill loop packs each prompt's next chunk with other prompts' chunks at other offsets
     (and images' patches at their chunk's placeholders): each ends with the logits, prompt logprobs
     and attention state (its MTP layer's included) of the uninterrupted prefill of the forward,
-    which test_alignment compares with transformers."""
+    which test_alignment compares with transformers. Chunks of 4, or as the loop's plan cuts them
+    in steps of ``budget`` tokens (some shorter, the image's placeholders across them)."""
     model = load_model(write_demo_checkpoint(tmp_path, vision=True), torch.float32)
     image_token, options = model.cfg.raw["image_token_id"], AttentionOptions()
     patches = torch.randn(3, model.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
@@ -67,11 +71,15 @@ def test_prompts_prefilled_a_chunk_per_step_beside_others_end_as_their_own_prefi
         BatchInput("short", [0, 5, 6]),
     ]
     packed = pools_for(model.cfg, torch.float32, 64, max_sequences=3, mtp=True)
-    chunks, logits = [item.chunks(4, image_token) for item in inputs], {}
-    for step in range(max(i + len(c) for i, c in enumerate(chunks))):  # input i's first chunk at step i
-        rows = [c[step - i] for i, c in enumerate(chunks) if 0 <= step - i < len(c)]
-        outs = prefill_chunks(model, packed, rows, options)
-        logits |= {c.seq_id: out for c, out in zip(rows, outs, strict=True) if out is not None}
+    if budget is None:
+        logits, chunks = {}, [item.chunks(4, image_token) for item in inputs]
+        for step in range(max(i + len(c) for i, c in enumerate(chunks))):  # input i's first chunk at step i
+            rows = [c[step - i] for i, c in enumerate(chunks) if 0 <= step - i < len(c)]
+            outs = prefill_chunks(model, packed, rows, options)
+            logits |= {c.seq_id: out for c, out in zip(rows, outs, strict=True) if out is not None}
+    else:
+        logits, sizes = _planned(model, packed, inputs, image_token, budget)
+        assert {2, 3} <= sizes <= {1, 2, 3, 4}  # long prompts' chunks cut for the short one's room
     echo = PromptLogprobs(2)  # the long prompt's, prefilled whole
     for item in inputs:
         alone = pools_for(model.cfg, torch.float32, 64, mtp=True)
@@ -88,6 +96,22 @@ def test_prompts_prefilled_a_chunk_per_step_beside_others_end_as_their_own_prefi
     assert len(inputs[0].echo.scores) == 22
     for (ours, our_top), (theirs, their_top) in zip(inputs[0].echo.scores, echo.scores, strict=True):
         assert abs(ours - theirs) < 1e-5 and [t for t, _ in our_top] == [t for t, _ in their_top]
+
+
+def _planned(model, pools, inputs: list[BatchInput], image_token: int, budget: int) -> tuple[dict, set[int]]:
+    """Prefill ``inputs`` as the loop plans its steps (chunks of 4 at most, ``budget`` tokens a step),
+    input i arriving before step i -> the logits of each, the chunk sizes run."""
+    running, logits, sizes = [], {}, set()
+    for step in range(100):
+        running += [Prefilling([], inputs[step], [], image_token)] if step < len(inputs) else []
+        if not running:
+            return logits, sizes
+        rows, chunks = plan_step(running, 4, budget)
+        for p, chunk, out in zip(rows, chunks, prefill_chunks(model, pools, chunks, AttentionOptions()), strict=True):
+            p.prefilled, sizes = p.prefilled + len(chunk.tokens), sizes | {len(chunk.tokens)}
+            logits |= {chunk.seq_id: out} if out is not None else {}
+        running = [p for p in running if p.left]
+    raise AssertionError("not prefilled in 100 steps")
 
 
 def _mtp_window(model, pools, seq_id: str, length: int) -> torch.Tensor:

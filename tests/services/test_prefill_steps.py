@@ -3,6 +3,8 @@ step, beside the first chunks of newly arrived ones; cancels read between steps.
 
 from __future__ import annotations
 
+import pytest
+
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import DecodeJob
 from dayzero.serving.prefill_loop import PrefillLoop
@@ -76,6 +78,39 @@ def test_long_prompts_leave_every_step_room_for_a_short_request_and_a_waiting_on
     assert runtime.stats.counters["tokens"] == 48 + 48 + 5
     assert store.done("gone") == "cancelled" and tickets["gone"].done.is_set() and not loop.pending
     assert set(runtime.pools.sequences) == {"brief", "long-1", "long-2"}  # leased to decode
+
+
+@pytest.mark.parametrize(("budget", "steps", "shared"), [(8, 2, [4, 4]), (12, 1, [7, 5])])
+def test_a_short_request_passes_a_long_prompt_whose_chunk_fills_the_step(demo_dir, redis_url, budget, steps, shared):
+    """A chunk as large as the step (or more than half of it): one long prompt filled every step,
+    and a short request arriving meanwhile waited for its last chunk. The long prompt's chunk now
+    shrinks to leave the short one room (half the step; in steps of 8, 4 tokens of its 5, then its
+    last one): it is handed to decode within ``steps`` steps, the long one going on beside it
+    (``shared``: the step's tokens, the short one's last), no step past the budget."""
+    whole, after, short = (f"{name}-{budget}" for name in ("whole", "after", "short"))  # (one Redis: ids of its own)
+    loop, store, sent, tickets = _two_long_prompts(
+        demo_dir, redis_url, (whole, after), prefill_chunk_size=8, max_prefill_tokens=budget
+    )
+    runtime, real_prefill, steps_run = loop.r, loop.r.ranks.prefill, []
+
+    def prefill(chunks):
+        steps_run.append([len(c.tokens) for c in chunks])
+        return real_prefill(chunks)
+
+    runtime.ranks.prefill = prefill
+    try:
+        loop._iteration()  # the first chunk of "whole" fills the step; "after" waits for room
+        tickets[short] = loop.intake.submit(admitted(store, short))
+        for _ in range(steps):
+            loop._iteration()
+        assert tickets[short].done.is_set() and not tickets[whole].done.is_set()
+        while not tickets[after].done.is_set():
+            loop._iteration()
+    finally:
+        loop.stop.set()
+    assert [job.request.request_id for job in sent] == [short, whole, after]
+    assert steps_run[:2] == [[8], shared] and all(sum(step) <= budget for step in steps_run)
+    assert sum(map(sum, steps_run)) == runtime.stats.counters["tokens"] == 48 + 48 + 5
 
 
 def test_a_request_cancelled_during_its_last_chunk_streams_nothing_and_is_not_handed_off(demo_dir, redis_url):

@@ -40,19 +40,19 @@ class BatchInput:
         return self.tokens if self.prompt_length is None else self.tokens[: self.prompt_length]
 
     def chunks(self, size: int, image_token: int | None) -> list[BatchInput]:
-        """The input cut in ``size``-token chunks, each prefilled after the one before it: each with
-        the patches of its own placeholders (``image_token``), the echo it adds to, the token after it."""
-        out, patch, prompt = [], 0, len(self.prompt)
-        for begin in range(0, len(self.tokens), size):
-            end, rows = begin + size, min(size, max(0, prompt - begin))  # rows: the chunk's prompt tokens
-            images = None
-            if self.images is not None:
-                placeholders = self.tokens[begin : begin + rows].count(image_token)
-                images = self.images[patch : patch + placeholders] if placeholders else None
-                patch += placeholders
-            after = self.tokens[end] if end < len(self.tokens) else None
-            out.append(BatchInput(self.seq_id, self.tokens[begin:end], images, self.echo, rows, after))
-        return out
+        """The input cut in ``size``-token chunks, each prefilled after the one before it."""
+        return [self.cut(begin, begin + size, image_token) for begin in range(0, len(self.tokens), size)]
+
+    def cut(self, begin: int, end: int, image_token: int | None) -> BatchInput:
+        """Tokens ``begin:end`` of the input, prefilled after those before them: with the patches of
+        its own placeholders (``image_token``), the echo it adds to, the token after it."""
+        rows = max(0, min(end, len(self.prompt)) - begin)  # its prompt tokens
+        images = None
+        if self.images is not None:
+            patch, placeholders = self.prompt[:begin].count(image_token), self.prompt[begin:end].count(image_token)
+            images = self.images[patch : patch + placeholders] if placeholders else None
+        after = self.tokens[end] if end < len(self.tokens) else None
+        return BatchInput(self.seq_id, self.tokens[begin:end], images, self.echo, rows, after)
 
 
 def forward_of(job: PrefillJob) -> tuple | None:

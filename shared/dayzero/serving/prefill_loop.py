@@ -1,12 +1,12 @@
 """The prefill stage's loop: pack waiting prompts, run prefill, stream the first token, hand off.
 
 Each prompt is ``prompt + tokens already streamed`` (non-empty only when a request is
-re-run after a worker failure), prefilled a chunk (DAYZERO_PREFILL_CHUNK_SIZE) per step: each
-step packs the next chunk of every prompt under way with the first chunks of newly arrived ones,
-up to DAYZERO_MAX_PREFILL_TOKENS, so a short prompt does not wait for a long one to end, and a
-prompt whose client cancelled it stops between two chunks. The first sampled token is appended to
-the request's stream at once (time to first token); unless it ends the request, the attention
-state is published for decode and its blocks stay leased until decode takes them or the lease expires.
+re-run after a worker failure), prefilled a chunk per step (prefilling.py plans the steps): each
+step packs the prompts under way with newly arrived ones, up to DAYZERO_MAX_PREFILL_TOKENS, so a
+short prompt does not wait for a long one to end, and a prompt whose client cancelled it stops
+between two chunks. The first sampled token is appended to the request's stream at once (time to
+first token); unless it ends the request, the attention state is published for decode and its
+blocks stay leased until decode takes them or the lease expires.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .kept_handoffs import KeptHandoffs
 from .lease import Heartbeat
 from .messages import DecodeJob, PrefillJob
 from .prefill_batch import forward_of
-from .prefilling import Prefilling, batch_input, end_failed, forward_span, take_batch, tokens_of
+from .prefilling import Prefilling, batch_input, end_failed, forward_span, plan_step, take_batch, tokens_of
 from .records import Token
 from .room import Room
 from .runtime import Runtime
@@ -204,19 +204,19 @@ class PrefillLoop:
                 self.r.ranks.release(tickets[0].job.request.request_id)
                 gone = "its images' embeddings are gone (expired or lost with a worker): retry"
                 self._settle(tickets[0], "error", gone)
-        now, chunk = time.time(), self.r.settings.prefill_chunk_size
+        now = time.time()
         image_token = self.r.model.cfg.raw.get("image_token_id")
         started = [t for tickets, _ in inputs for t in tickets]
         self.r.stats.add(queued_requests=len(started), queue_seconds=sum(now - t.job.request.created for t in started))
         for tickets, item in inputs:
             spans = [forward_span(t.job, len(started)) for t in tickets]
-            self.running.append(Prefilling(tickets, item.chunks(chunk, image_token), spans))
+            self.running.append(Prefilling(tickets, item, spans, image_token))
 
     def _step(self) -> None:
-        """Prefill the next chunk of every prompt under way; emit the first token of each that ends and
-        hand it to decode."""
-        rows, self.running = self.running, []  # (a forward that fails ends them all)
-        chunks = [p.next for p in rows]
+        """Prefill the next chunk of the prompts under way the step's plan runs (prefilling.py); emit the
+        first token of each that ends and hand it to decode."""
+        rows, chunks = plan_step(self.running, self.r.settings.prefill_chunk_size, self.r.settings.max_prefill_tokens)
+        self.running = [p for p in self.running if all(p is not q for q in rows)]  # (a failed forward ends rows)
         self.r.stats.add(steps=1)
         self.r.stats.set(batch_size=len(rows))
         self.r.stats.call("prefill")
@@ -227,9 +227,9 @@ class PrefillLoop:
             with self.heartbeat.step():
                 logits = self.r.ranks.prefill(chunks)
             self.r.stats.add(tokens=sum(len(c.tokens) for c in chunks))
-            for p in rows:
-                p.done += 1
-            self.running = [p for p, out in zip(rows, logits, strict=True) if out is None]
+            for p, chunk in zip(rows, chunks, strict=True):
+                p.prefilled, p.done = p.prefilled + len(chunk.tokens), p.done + 1
+            self.running += [p for p, out in zip(rows, logits, strict=True) if out is None]
             for p, out in zip(rows, logits, strict=True):
                 if out is not None:
                     self._finish(p, out, self.limit)
@@ -240,7 +240,7 @@ class PrefillLoop:
 
     def _finish(self, prefilled: Prefilling, logits, limit: int) -> None:
         """A prompt's last chunk ran: the requests sharing its forward get its state, then each its first token."""
-        source, echo = prefilled.request_ids[0], prefilled.chunks[0].echo
+        source, echo = prefilled.request_ids[0], prefilled.input.echo
         for rid in prefilled.request_ids[1:]:
             self.r.ranks.copy(source, rid)
         for ticket, span in zip(prefilled.tickets, prefilled.spans, strict=True):

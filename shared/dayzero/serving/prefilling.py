@@ -1,5 +1,5 @@
-"""Prompts under way in the prefill loop, a chunk prefilled per step, and the waiting requests the
-next step takes beside them."""
+"""Prompts under way in the prefill loop, a chunk prefilled per step, and each step's plan: the
+waiting requests it takes beside them, and the chunk each prompt runs in it."""
 
 from __future__ import annotations
 
@@ -18,16 +18,22 @@ from .prefill_batch import BatchInput, echo_of, forward_of
 @dataclass(slots=True)
 class Prefilling:
     """``tickets``: the requests sharing the forward (identical inputs), each with its ``prefill.forward``
-    span; the first one's sequence runs, the others get a copy of its state after the last chunk."""
+    span; the first one's sequence runs, the others get a copy of its state after its input's last
+    chunk. Each step prefills the next chunk of ``input`` its plan gives it (``plan_step``)."""
 
     tickets: list[Ticket[PrefillJob]]
-    chunks: list[BatchInput]
+    input: BatchInput
     spans: list[trace.Span]
-    done: int = 0  # chunks prefilled
+    image_token: int | None = None  # (a chunk takes the patches of its own placeholders)
+    prefilled: int = 0  # tokens
+    done: int = 0  # steps that ran a chunk of it
 
     @property
-    def next(self) -> BatchInput:
-        return self.chunks[self.done]
+    def left(self) -> int:
+        return len(self.input.tokens) - self.prefilled
+
+    def next(self, size: int) -> BatchInput:
+        return self.input.cut(self.prefilled, self.prefilled + size, self.image_token)
 
     @property
     def request_ids(self) -> list[str]:
@@ -71,28 +77,69 @@ def end_failed(spans: list[trace.Span], message: str, chunks: int) -> None:
         span.end()
 
 
+def newcomers_room(chunk_size: int, max_tokens: int) -> int:
+    """The tokens of a step that prompts longer than a chunk leave to shorter ones while some wait
+    (new arrivals, mostly): a chunk, or half the step when a chunk is more than that."""
+    return min(chunk_size, max_tokens // 2)
+
+
+def _long(tokens: int, chunk_size: int) -> bool:
+    """A prompt longer than a chunk: it runs for several steps, a chunk at most in each."""
+    return tokens > chunk_size
+
+
 def take_batch(
     pending: list[Ticket[PrefillJob]], running: list[Prefilling], chunk_size: int, max_tokens: int
 ) -> list[Ticket[PrefillJob]]:
-    """The waiting requests (taken out of ``pending``, in order) whose first chunks fit the next step
-    beside the next chunks of the prompts under way, up to ``max_tokens`` (DAYZERO_MAX_PREFILL_TOKENS);
-    a prompt the batch runs already counted once (an ``n`` > 1 request's choices share its forward).
-    Prompts longer than a chunk (they go on for more steps) take ``max_tokens - chunk_size`` at most
-    together, once one is under way: every step has room for a newly arrived prompt's first chunk,
-    so no request waits for a long one to end (a long one waits for room, in its turn)."""
-    tokens = lasting = sum(len(p.next.tokens) for p in running)  # (every prompt under way is a long one)
+    """The waiting requests (taken out of ``pending``, in order) whose first chunks have room in the
+    next step (``plan_step``) beside the prompts under way, up to ``max_tokens``
+    (DAYZERO_MAX_PREFILL_TOKENS); a prompt the batch runs already counted once (an ``n`` > 1
+    request's choices share its forward). Prompts of at most a chunk start while the long ones under
+    way leave them any room (``newcomers_room`` at least: a long one's chunk shrinks for them), the
+    first chunk of one that does not fit cut to what is left; a long one starts with a whole chunk
+    beside them, while the long ones under way stay within ``max_tokens`` less that room together
+    (a long one waits for room, in its turn; the first one always starts)."""
+    floor = max_tokens - newcomers_room(chunk_size, max_tokens)  # what long prompts under way keep
+    longs = sum(min(chunk_size, p.left) for p in running if _long(len(p.input.tokens), chunk_size))
+    shorts = sum(p.left for p in running if not _long(len(p.input.tokens), chunk_size))
     batch, kept, runs = [], [], set()
     for ticket in pending:
         job = ticket.job
         run, length = forward_of(job), tokens_of(job)
-        size = 0 if run is not None and run in runs else min(chunk_size, length)
-        long = size if length > chunk_size else 0
-        crowded = long and lasting and lasting + long > max_tokens - chunk_size
-        if (batch or running) and (tokens + size > max_tokens or crowded):
+        if run is not None and run in runs:
+            fits = True  # (its forward is in the batch)
+        elif _long(length, chunk_size):
+            fits = longs + chunk_size <= max_tokens - shorts and (not longs or longs + chunk_size <= floor)
+            longs += chunk_size if fits else 0
+        else:
+            fits = shorts < max_tokens - min(longs, floor)
+            shorts += length if fits else 0
+        if fits:
+            batch.append(ticket)
+            runs.add(run)
+        else:
             kept.append(ticket)
-            continue
-        batch.append(ticket)
-        tokens, lasting = tokens + size, lasting + long
-        runs.add(run)
     pending[:] = kept
     return batch
+
+
+def plan_step(running: list[Prefilling], chunk_size: int, max_tokens: int) -> tuple[list[Prefilling], list[BatchInput]]:
+    """The next step: the prompts under way that run in it and the next chunk of each, ``max_tokens``
+    in all. Prompts of at most a chunk go first, in order (one whose first chunk was cut before those
+    arrived after it), in what the long ones leave them: all they need, up to ``newcomers_room`` of
+    the step; the long ones, oldest first, take the rest, a chunk each at most, the last one cut to
+    what is left (a prompt left no room waits for the next step). The chunks' boundaries change
+    nothing of the maths: ``prefill_step`` continues each sequence where its last chunk ended."""
+    longs = [p for p in running if _long(len(p.input.tokens), chunk_size)]
+    floor = max_tokens - newcomers_room(chunk_size, max_tokens)
+    room = max_tokens - min(sum(min(chunk_size, p.left) for p in longs), floor)
+    sizes: dict[int, int] = {}
+    for p in (p for p in running if not _long(len(p.input.tokens), chunk_size)):
+        sizes[id(p)] = min(p.left, room)
+        room -= sizes[id(p)]
+    room = max_tokens - sum(sizes.values())
+    for p in longs:
+        sizes[id(p)] = min(chunk_size, p.left, room)
+        room -= sizes[id(p)]
+    rows = [p for p in running if sizes[id(p)]]
+    return rows, [p.next(sizes[id(p)]) for p in rows]
