@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from dayzero.params import SamplingParams
-from dayzero.serving import active, prefill_loop, prefilling
+from dayzero.serving import active, kept_handoffs, prefilling
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
@@ -29,7 +29,7 @@ from .test_one_fails_alone import POISON
 def exported(monkeypatch) -> InMemorySpanExporter:
     exporter, provider = InMemorySpanExporter(), TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    for module in (prefill_loop, prefilling, active):
+    for module in (kept_handoffs, prefilling, active):
         monkeypatch.setattr(module, "tracer", provider.get_tracer("test"))
     return exporter
 

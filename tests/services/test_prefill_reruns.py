@@ -58,19 +58,19 @@ def test_a_request_waiting_in_a_worker_is_leased_to_it_and_re_run_when_it_dies(d
 def test_leases_live_until_each_request_of_a_slow_batch_is_handed_on(demo_dir, redis_url, monkeypatch):
     """A batch whose handoffs take longer than a lease: every request is still leased to this worker
     when its turn comes (a lapsed lease lets the reaper re-run a request being handed to decode)."""
-    import dayzero.serving.prefill_loop as prefill_loop
+    import dayzero.serving.kept_handoffs as kept_handoffs
 
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, lease_s=0.3)
     runtime = Runtime.load(settings, "prefill3@test", "prefill", False)
     runtime.warm_up(decode=False)  # as a worker does before it serves: no kernel compiles inside the leases
-    store, owners, real_publish = Lifecycle.connect(redis_url), {}, prefill_loop.publish
+    store, owners, real_publish = Lifecycle.connect(redis_url), {}, kept_handoffs.publish
 
     def slow_publish(pools, seq_id, request_id, *args):
         owners[request_id] = store.owner(request_id)
         time.sleep(0.25)  # a slow handoff: six of them outlast the lease several times over
         return real_publish(pools, seq_id, request_id, *args)
 
-    monkeypatch.setattr(prefill_loop, "publish", slow_publish)
+    monkeypatch.setattr(kept_handoffs, "publish", slow_publish)
     loop = PrefillLoop(runtime, recording([]))
     jobs = []
     for i in range(6):
@@ -141,11 +141,11 @@ def test_a_run_whose_lease_lapsed_and_was_re_run_leaves_the_request_to_the_re_ru
     run must not hand off: its handoff would take the lease from the new run (which then finds the
     request owned and drops it) while decode drops the old run's job as stale, and the request would
     hang until the handoff lapsed. The old run frees its blocks; the re-run goes to decode."""
-    import dayzero.serving.prefill_loop as prefill_loop
+    import dayzero.serving.kept_handoffs as kept_handoffs
     from dayzero.serving.reaper import sweep
 
     runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill8@test", "prefill", False)
-    store, reruns, real_publish = Lifecycle.connect(redis_url), [], prefill_loop.publish
+    store, reruns, real_publish = Lifecycle.connect(redis_url), [], kept_handoffs.publish
     store.r.delete("decode")
 
     def stalled(pools, seq_id, request_id, *args):
@@ -153,7 +153,7 @@ def test_a_run_whose_lease_lapsed_and_was_re_run_leaves_the_request_to_the_re_ru
         assert request_id in sweep(store, lambda job, stage: reruns.append(job), 60, 1, 60)  # (and leftovers)
         return real_publish(pools, seq_id, request_id, *args)
 
-    monkeypatch.setattr(prefill_loop, "publish", stalled)
+    monkeypatch.setattr(kept_handoffs, "publish", stalled)
     job = admitted(store, "lapsed")
     run_jobs(PrefillLoop(runtime, recording([])), [job])
     assert store.r.llen("decode") == 0 and not store.r.exists(key("handoff", "lapsed"))
@@ -161,7 +161,7 @@ def test_a_run_whose_lease_lapsed_and_was_re_run_leaves_the_request_to_the_re_ru
     assert "lapsed" not in runtime.pools.sequences
     [rerun] = [job for job in reruns if job.request.request_id == "lapsed"]
     assert rerun.attempt == 1 and len(rerun.generated) == 1  # the first token was streamed already
-    monkeypatch.setattr(prefill_loop, "publish", real_publish)
+    monkeypatch.setattr(kept_handoffs, "publish", real_publish)
     sent: list[DecodeJob] = []
     run_jobs(PrefillLoop(runtime, recording(sent)), [rerun])
     assert [job.attempt for job in sent] == [1] and store.r.llen("decode") == 1

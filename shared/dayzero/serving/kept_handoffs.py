@@ -1,18 +1,51 @@
-"""The handoffs whose attention state stays in a prefill worker's blocks until decode has copied it
-(every transport but Redis): when to free those blocks."""
+"""A prefill worker's handoffs to decode: the attention state published, the request on decode's
+queue; the blocks of those whose state stays here until decode has copied it (every transport but
+Redis), and when to free them."""
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 
 from ..kv.pools import OutOfBlocks
+from ..telemetry import tracer
+from .handoff import drop_parked, publish
+from .messages import DecodeJob, PrefillJob
 from .runtime import Runtime
+
+log = logging.getLogger("dayzero.prefill")
 
 
 class KeptHandoffs:
     def __init__(self, runtime: Runtime) -> None:
         self.r = runtime
         self.held: dict[str, tuple[float, int]] = {}  # request -> when its handoff lapses (monotonic), attempt
+
+    def hand_off(self, job: PrefillJob, decode_message: Callable[[DecodeJob], str]) -> None:
+        """Publish the state of ``job``'s prompt (its first token streamed, last of ``generated``) and
+        queue the request for decode (``decode_message``: a job -> its message): its blocks kept here
+        till decode has copied them, else released (the state travels in Redis, or the run is over)."""
+        rid, store, settings = job.request.request_id, self.r.store, self.r.settings
+        with tracer.start_as_current_span("kv.export", attributes={"dayzero.transport": settings.handoff}):
+            start = time.perf_counter()
+            ref = publish(self.r.pools, rid, rid, settings.handoff, store, settings.handoff_timeout_s)
+            self.r.stats.add(handoff_seconds=time.perf_counter() - start)
+        kept = settings.handoff != "redis"  # the state stays in this worker's blocks till decode has it
+        if kept:
+            ref = ref.model_copy(update={"holder": self.r.name})  # decode says when it has taken it
+        message = decode_message(
+            DecodeJob(request=job.request, generated=job.generated, state=ref, attempt=job.attempt)
+        )
+        if not store.hand_off(rid, job.attempt, self.r.name, settings.handoff_timeout_s, "decode", message):
+            log.warning("request %s: its lease lapsed and it was re-run (or it ended): dropping this run", rid)
+            if not kept:
+                drop_parked(store, ref.location)
+            self.r.ranks.release(rid)
+        elif kept:
+            self.keep(rid, job.attempt)
+        else:
+            self.r.ranks.release(rid)  # the state travels in Redis: nothing to keep
 
     def keep(self, rid: str, attempt: int) -> None:
         self.held[rid] = (time.monotonic() + self.r.settings.handoff_timeout_s, attempt)

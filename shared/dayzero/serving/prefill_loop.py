@@ -23,8 +23,7 @@ from opentelemetry import trace
 from ..completion import context_limit
 from ..kv.pools import OutOfBlocks
 from ..params import Logprob
-from ..telemetry import tracer
-from .handoff import discard_tensor, drop_parked, publish
+from .handoff import discard_tensor
 from .intake import Intake, Ticket, run_loop
 from .kept_handoffs import KeptHandoffs
 from .lease import Heartbeat
@@ -267,7 +266,7 @@ class PrefillLoop:
         self._settle(ticket, "error", message, streamed)
 
     def _emit(self, ticket: Ticket[PrefillJob], logits, limit: int, prompt_logprobs: list[Logprob] | None) -> None:
-        job, store, settings = ticket.job, self.r.store, self.r.settings
+        job, store = ticket.job, self.r.store
         rid, completion = job.request.request_id, self.r.completion(job.request, job.generated, limit)
         step = completion.next(logits)
         usage = completion.usage() if step.finish_reason else None
@@ -283,22 +282,5 @@ class PrefillLoop:
             store.settle(rid, job.attempt, self.r.name, step.finish_reason)
         else:  # its first token is out: a retry after Redis fails below continues after it (or ends with it)
             ticket.job = job.model_copy(update={"generated": (*job.generated, step.token)})
-            with tracer.start_as_current_span("kv.export", attributes={"dayzero.transport": settings.handoff}):
-                start = time.perf_counter()
-                ref = publish(self.r.pools, rid, rid, settings.handoff, store, settings.handoff_timeout_s)
-                self.r.stats.add(handoff_seconds=time.perf_counter() - start)
-            kept = settings.handoff != "redis"  # the state stays in this worker's blocks till decode has it
-            if kept:
-                ref = ref.model_copy(update={"holder": self.r.name})  # decode says when it has taken it
-            sent = DecodeJob(request=job.request, generated=ticket.job.generated, state=ref, attempt=job.attempt)
-            message = self.decode_message(sent)
-            if not store.hand_off(rid, job.attempt, self.r.name, settings.handoff_timeout_s, "decode", message):
-                log.warning("request %s: its lease lapsed and it was re-run (or it ended): dropping this run", rid)
-                if not kept:
-                    drop_parked(store, ref.location)
-                self.r.ranks.release(rid)
-            elif kept:
-                self.handed_off.keep(rid, job.attempt)
-            else:
-                self.r.ranks.release(rid)  # the state travels in Redis: nothing to keep
+            self.handed_off.hand_off(ticket.job, self.decode_message)
         ticket.done.set()
