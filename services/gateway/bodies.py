@@ -5,10 +5,8 @@ once (a client that times out and retries would otherwise have its copies decode
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import anyio
-import redis
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from opentelemetry import trace
@@ -52,8 +50,7 @@ async def _events(gw: Gateway, progress: Progress) -> list[Token]:
             raise _shutting_down() from None
         raise
     finally:
-        with anyio.CancelScope(shield=True), contextlib.suppress(redis.RedisError):
-            await gw.bus.unwatch(request.request_id, progress.watcher, progress.over, resumable=False)
+        gw.bus.leaving.leave(request.request_id, progress.watcher, request.created, progress.over, resumable=False)
 
 
 async def _client_present(http: Request) -> None:

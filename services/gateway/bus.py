@@ -1,9 +1,6 @@
-"""The gateway's side of the queue: submit requests, read token streams, cancel, check readiness."""
+"""The gateway's side of the queue: submit requests, read token streams, cancel (``leaving``), check readiness."""
 
 from __future__ import annotations
-
-import asyncio
-import contextlib
 
 import redis
 import redis.asyncio as aioredis
@@ -23,6 +20,7 @@ from dayzero.serving.watching import Watching
 from dayzero.settings import Settings
 from dayzero.telemetry import carrier
 
+from .leaving import Leaving
 from .streams import StreamHub
 
 
@@ -45,7 +43,7 @@ class Bus:
         self.watching = Watching(self.r, settings.stream_ttl_s, settings.visibility_timeout_s)
         self.store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)  # sync, for the thread pool
         self.registry = Registry(self.store.r)
-        self._cancels: set[asyncio.Task] = set()  # pending cancels (one per disconnect: a request may have two)
+        self.leaving = Leaving(self.watching, settings.disconnect_grace_s, settings.task_time_limit_s)
         self.unserved: dict[str, float] = {}  # stages past the no-worker bound at the reaper's last pass
 
     async def submit(
@@ -74,26 +72,6 @@ class Bus:
             self.unserved.pop(stage, None)
         return None
 
-    # -- watchers and cancellation ---------------------------------------------------------------------
-    async def unwatch(self, request_id: str, watcher: str, finished: bool, resumable: bool = True) -> None:
-        """A client went away: cancel unless another client is watching; after the grace period if
-        the client may come back for it (a stream), at once if not (a body's request: its id
-        reaches the client only with the body)."""
-        left = await self.watching.unwatch(request_id, watcher)
-        if finished or left > 0:
-            return
-        if not resumable:
-            await self.watching.cancel_unwatched(request_id)
-            return
-        task = asyncio.create_task(self._cancel_later(request_id))
-        self._cancels.add(task)
-        task.add_done_callback(self._cancels.discard)
-
-    async def _cancel_later(self, request_id: str) -> None:
-        with contextlib.suppress(asyncio.CancelledError):  # cancelled: the gateway stops, decide now
-            await asyncio.sleep(self.settings.disconnect_grace_s)
-        await self.watching.cancel_unwatched(request_id)
-
     # -- readiness -------------------------------------------------------------------------------------
     async def live_workers(self, extra_stages: tuple[str, ...] = ()) -> dict[str, list[str]]:
         """Each stage's live worker processes (``extra_stages`` first: vision for a checkpoint with images)."""
@@ -106,9 +84,5 @@ class Bus:
     async def close(self) -> None:
         """Stop reading streams; requests nobody watches any more are cancelled at once."""
         await self.hub.close()
-        pending = list(self._cancels)
-        for task in pending:
-            task.cancel()
-        with contextlib.suppress(redis.RedisError):
-            await asyncio.gather(*pending)
+        await self.leaving.close()
         await self.r.aclose()

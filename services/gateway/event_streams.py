@@ -5,12 +5,10 @@ list), and every end that is not a finish as an error event in OpenAI's shape.""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 
 import anyio
-import redis
 from opentelemetry import trace
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
@@ -57,6 +55,7 @@ async def sse(
     if not merged and request.usage_in_stream:
         used = Usage()
     try:
+        gw.bus.leaving.reading(request.request_id)  # (its cancels pending: this read's leave decides)
         if not merged:
             yield retry_line(gw.settings.sse_retry_ms)
         try:
@@ -78,8 +77,7 @@ async def sse(
     finally:
         if left and progress.counted:  # (a stream read again: its choice is counted by its own stream)
             gw.metrics.disconnects.inc()
-        with anyio.CancelScope(shield=True), contextlib.suppress(redis.RedisError):  # the client may be gone
-            await gw.bus.unwatch(request.request_id, progress.watcher, progress.over)
+        gw.bus.leaving.leave(request.request_id, progress.watcher, request.created, progress.over)
         if span is not None:
             span.set_attribute("dayzero.finished", progress.over)
             span.end()

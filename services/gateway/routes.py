@@ -210,14 +210,16 @@ async def detokenize(body: DetokenizeRequest, gw: GatewayDep):
 
 @router.get("/v1/requests/{request_id}/stream", dependencies=[Authorized])
 async def resume(request_id: str, gw: GatewayDep, http: Request, last_event_id: Annotated[str | None, Header()] = None):
-    """Only the key that created the request (without keys: its resume token) may read it."""
-    readable = await gw.bus.watching.known(request_id) and await may_read(gw, http, request_id)
-    request = await run_in_threadpool(gw.bus.store.request, request_id) if readable else None
-    if request is None:
-        raise APIError(404, f"no request {request_id!r} (unknown or expired)", "not_found_error")
-    after = last_event_id or "0-0"
-    if not valid_entry_id(after):
-        raise APIError(400, "Last-Event-ID must be a stream entry id like '12-0'", param="Last-Event-ID")
+    """Only the key that created the request (without keys: its resume token) may read it. A resume
+    holds its request's pending cancel until it reads (or is refused), however slowly Redis answers."""
+    with gw.bus.leaving.coming(request_id):
+        readable = await gw.bus.watching.known(request_id) and await may_read(gw, http, request_id)
+        request = await run_in_threadpool(gw.bus.store.request, request_id) if readable else None
+        if request is None:
+            raise APIError(404, f"no request {request_id!r} (unknown or expired)", "not_found_error")
+        after = last_event_id or "0-0"
+        if not valid_entry_id(after):
+            raise APIError(400, "Last-Event-ID must be a stream entry id like '12-0'", param="Last-Event-ID")
     return resumed(gw, request, after, {"X-Request-Id": request_id})
 
 

@@ -1,0 +1,159 @@
+"""Clients leaving requests and coming back, with Redis slow or gone at the moment it matters: the
+gateway's pending cancels (services/gateway/leaving.py), against a real Redis and a real gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from dayzero.serving.keys import key
+from dayzero.serving.queue import make_celery
+from dayzero.settings import Settings
+from services.gateway.bus import Bus
+
+from .conftest import MODEL, start_gateway_alone, wait_until
+
+GRACE_S = 1.0
+BODY = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 50, "stream": True}
+
+
+def test_a_request_abandoned_twice_within_the_grace_is_decided_at_close(redis_url):
+    """A resumed stream abandoned again: the gateway stopping decides its request at once (the
+    second read's leave; the first's was superseded by the resume)."""
+
+    async def run() -> bool:
+        settings = Settings(redis_url=redis_url, disconnect_grace_s=60)
+        bus = Bus(settings, make_celery(settings))
+        for watcher in ("first", "resumed"):
+            bus.leaving.reading("r1")
+            await bus.watching.watch("r1", watcher)
+            bus.leaving.leave("r1", watcher, time.time(), finished=False)
+        await asyncio.sleep(0.2)  # both unwatched: their graces run
+        await asyncio.wait_for(bus.close(), 5)
+        client = aioredis.Redis.from_url(redis_url)
+        cancelled = bool(await client.exists(key("cancel", "r1")))
+        await client.aclose()
+        return cancelled
+
+    assert asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def gateway(text_dir, tmp_path_factory):
+    """A gateway alone (nothing takes its requests: they wait, unread, until cancelled)."""
+    extra = {"DAYZERO_DISCONNECT_GRACE_S": str(GRACE_S), "DAYZERO_NO_WORKER_TIMEOUT_S": "600"}
+    stack = start_gateway_alone(text_dir, tmp_path_factory.mktemp("logs"), extra)
+    yield stack
+    stack.stop()
+
+
+def _left_stream(stack) -> tuple[str, str]:
+    """A stream opened, read by its client, then left: its grace runs. -> its id, its resume token."""
+    r = redis.Redis.from_url(stack.redis_url)
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json=BODY, timeout=30) as response:
+        assert response.status_code == 200, response.read()
+        rid, token = response.headers["x-request-id"], response.headers["x-resume-token"]
+        assert wait_until(lambda: r.exists(key("watchers", rid)), 10)
+    assert wait_until(lambda: not r.exists(key("watchers", rid)), 10)
+    return rid, token
+
+
+class Resumed(threading.Thread):
+    """A client reading a stream again by its id, until told to stop (at its next line)."""
+
+    def __init__(self, stack, rid: str, token: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.headers = f"{stack.url}/v1/requests/{rid}/stream", {"X-Resume-Token": token}
+        self.status, self.reading, self.stop = None, threading.Event(), threading.Event()
+
+    def run(self) -> None:
+        with httpx.stream("GET", self.url, headers=self.headers, timeout=60) as response:
+            self.status = response.status_code
+            for _ in response.iter_lines():
+                self.reading.set()
+                if self.stop.is_set():
+                    return
+
+    def leave(self) -> None:
+        self.stop.set()
+        self.join(30)
+
+
+def test_a_stream_resumed_within_the_grace_is_not_cancelled_by_a_redis_stall(gateway):
+    """The client comes back within the grace while Redis is stopped, and Redis answers again only
+    after the grace: the resume wins (the grace's cancel, its three commands queued behind the stall
+    beside the resume's four, was set under the resumed reader). Once the resumed reader leaves too,
+    its own grace cancels the request."""
+    rid, token = _left_stream(gateway)
+    r, client = redis.Redis.from_url(gateway.redis_url), Resumed(gateway, rid, token)
+    gateway.redis.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(GRACE_S / 5)
+        client.start()  # within the grace
+        time.sleep(1.5 * GRACE_S)  # the grace ends while Redis is stopped
+    finally:
+        gateway.redis.send_signal(signal.SIGCONT)
+    try:
+        assert wait_until(lambda: r.exists(key("watchers", rid)), 15) and client.reading.wait(15)
+        assert not wait_until(lambda: r.exists(key("cancel", rid)), 2 * GRACE_S + 1)
+    finally:
+        client.leave()
+    assert wait_until(lambda: r.exists(key("cancel", rid)), 10 * GRACE_S)
+
+
+def test_a_resume_redis_failed_starts_the_grace_again(gateway):
+    """The client comes back within the grace, but Redis, frozen past the commands' bound, fails its
+    resume (503): the grace starts again from there, so its retry once Redis answers reads on."""
+    rid, token = _left_stream(gateway)
+    r, first = redis.Redis.from_url(gateway.redis_url), Resumed(gateway, rid, token)
+    gateway.redis.send_signal(signal.SIGSTOP)
+    try:
+        first.start()
+        first.join(30)
+    finally:
+        gateway.redis.send_signal(signal.SIGCONT)
+    again = Resumed(gateway, rid, token)
+    again.start()
+    try:
+        assert first.status == 503 and again.reading.wait(15)
+        assert not wait_until(lambda: r.exists(key("cancel", rid)), 2 * GRACE_S + 1)
+    finally:
+        again.leave()
+
+
+def test_a_cancel_redis_failed_goes_through_once_it_is_back(gateway):
+    """Redis is down as the grace's cancel fires: the cancel is tried again until Redis answers (it
+    was lost, its exception never retrieved, and the request generated to its end), once in the log."""
+    rid, _ = _left_stream(gateway)
+    gateway.redis.kill()
+    gateway.redis.wait()
+    time.sleep(1.5 * GRACE_S)  # the grace ends while Redis is down
+    assert gateway.supervise() == ["redis"]  # back on its port (empty: the cancel is all there is)
+    r = redis.Redis.from_url(gateway.redis_url)
+    assert wait_until(lambda: r.exists(key("cancel", rid)), 30)
+    log = (gateway.log_dir / "gateway.log").read_text()
+    assert "never retrieved" not in log and log.count(f"request {rid}: its cancel failed") == 1
+
+
+def test_a_client_that_leaves_while_redis_is_frozen_has_its_request_cancelled(gateway):
+    """The client leaves while Redis is frozen past the commands' bound (10 s): its read's unwatch
+    fails, and was dropped (the request kept a reader for good: never cancelled, generated to its end);
+    it is tried again once Redis answers, and the grace's cancel follows."""
+    r = redis.Redis.from_url(gateway.redis_url)
+    with httpx.stream("POST", f"{gateway.url}/v1/completions", json=BODY, timeout=30) as response:
+        assert response.status_code == 200, response.read()
+        rid = response.headers["x-request-id"]
+        assert wait_until(lambda: r.exists(key("watchers", rid)), 10)
+        gateway.redis.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(12)  # the unwatch gives up on the frozen Redis after 10 s
+    finally:
+        gateway.redis.send_signal(signal.SIGCONT)
+    assert wait_until(lambda: r.exists(key("cancel", rid)), 30)
