@@ -148,18 +148,23 @@ class StreamHub:
         return token if token.finish_reason else None
 
     async def _read_forever(self) -> None:
+        """Reads until no subscription is left; a lost Redis ends every one (Redis lost while the
+        reads Redis refused were sorted out too: it ended the task, its exception never retrieved,
+        and left the open streams waiting for ever)."""
         while self.subs:
             try:
-                await self._read_once()
-            except redis.ResponseError as exc:  # Redis refused the read, not lost: end only who caused it
-                await self._drop_unreadable(exc)
+                try:
+                    await self._read_once()
+                except redis.ResponseError as exc:  # Redis refused the read, not lost: end only who caused it
+                    await self._drop_unreadable(exc)
             except redis.RedisError as exc:
                 if self.subs:  # (none: the hub is closing)
                     log.warning("token streams lost redis: %s", exc)
                 for sub in list(self.subs):
                     sub.close(exc)
                 self.subs.clear()
-                await self.r.connection_pool.disconnect()
+                with contextlib.suppress(redis.RedisError):  # (closing a connection to a frozen Redis can time out)
+                    await self.r.connection_pool.disconnect()
 
     async def _drop_unreadable(self, exc: redis.ResponseError) -> None:
         """End each subscription whose own read Redis refuses; all of them when none alone is refused."""

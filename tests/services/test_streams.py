@@ -4,6 +4,9 @@ one bad read ends only its own subscription."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import threading
 
 import pytest
 import redis
@@ -98,6 +101,67 @@ def test_a_subscription_whose_read_redis_refuses_ends_alone(redis_url):
 
     first, second = asyncio.run(scenario())
     assert (first.text, second.text, second.finish_reason) == ("a", "b", "length")
+
+
+class CuttingRelay:
+    """A TCP relay to a Redis that cuts every connection, and takes no new one, right after passing on
+    a reply that holds ``marker`` (Redis lost at that moment, as a real link to it is)."""
+
+    def __init__(self, redis_port: int, marker: bytes) -> None:
+        self.redis_port, self.marker, self.links = redis_port, marker, []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self.listener.getsockname()[1]}/0"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # cut
+                return
+            server = socket.create_connection(("127.0.0.1", self.redis_port))
+            self.links += [client, server]
+            threading.Thread(target=self._pass, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pass, args=(server, client, True), daemon=True).start()
+
+    def _pass(self, source: socket.socket, to: socket.socket, replies: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                to.sendall(data)
+                if replies and self.marker in data:
+                    return self.cut()
+        except OSError:
+            return
+
+    def cut(self) -> None:
+        for s in (self.listener, *self.links):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+
+def test_redis_lost_while_a_refused_read_is_sorted_out_ends_every_stream(redis_url):
+    """Redis refuses the hub's read (one subscription's id) and is lost as the hub sorts out whose read
+    it refused: every open stream ends with the loss. (It ended the hub's reader task, its exception
+    never retrieved, and every open stream waited for ever, sending keep-alives.)"""
+
+    async def scenario() -> tuple[BaseException, BaseException]:
+        commands = aioredis.Redis.from_url(redis_url)
+        relay = CuttingRelay(commands.connection_pool.connection_kwargs["port"], b"Invalid stream ID")
+        hub = StreamHub(relay.url, commands, block_ms=200)  # its reads through the relay, wake-ups not
+        ends = []
+        async with hub.subscribe("other") as other, hub.subscribe("bad", "1-99999999999999999999") as bad:
+            for sub in (bad, other):
+                try:
+                    ends.append(await sub.next(30))
+                except redis.RedisError as exc:
+                    ends.append(exc)
+        await hub.close()
+        await commands.aclose()
+        return tuple(ends)
+
+    bad, other = asyncio.run(scenario())
+    assert isinstance(bad, redis.ConnectionError) and isinstance(other, redis.ConnectionError)
 
 
 def test_a_stalled_reader_holds_a_bounded_backlog_and_then_reads_every_entry(redis_url):
