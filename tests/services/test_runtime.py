@@ -47,3 +47,14 @@ def test_the_warm_up_loads_the_lifecycles_scripts_into_redis(demo_dir, redis_url
     shas = [hashlib.sha1(script.encode()).hexdigest() for script in (ADMIT, TAKE, HEARTBEAT)]
     runtime.warm_up(decode=False)
     assert runtime.store.r.script_exists(*shas) == [True, True, True]  # no request finds one missing
+
+
+def test_prefill_s_activation_estimate_is_a_whole_step_s(demo_dir, redis_url):
+    """A prefill step packs up to DAYZERO_MAX_PREFILL_TOKENS of several prompts' chunks: its
+    activations and hyper-connection state are estimated for that many rows, not one chunk's."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, prefill_chunk_size=64, max_prefill_tokens=256)
+    runtime = Runtime.load(settings, "estimate@test", "prefill", False)
+    cfg, elem = runtime.model.cfg, runtime.model.head.weight.element_size()
+    regions = runtime.memory_regions(batch=1)
+    assert regions["activations"] == 256 * cfg.hidden_size * elem * 8
+    assert regions["hyper_connection_state"] == 256 * cfg.hc_mult * cfg.hidden_size * 4 * 2

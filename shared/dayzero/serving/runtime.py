@@ -184,7 +184,8 @@ class Runtime:
         cfg, model = self.model.cfg, self.model
         converter = getattr(model, "expert_converter", None)
         elem = model.head.weight.element_size()
-        rows = self.settings.prefill_chunk_size if self.stats.stage == "prefill" else batch
+        # a prefill step packs up to DAYZERO_MAX_PREFILL_TOKENS of its prompts' chunks together
+        rows = self.settings.max_prefill_tokens if self.stats.stage == "prefill" else batch
         return {
             "packed_weights": self.weight_bytes,
             "dequant_workspace": converter.counters.workspace_bytes if converter else 0,
