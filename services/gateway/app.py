@@ -59,8 +59,12 @@ async def _reaper(gw: Gateway) -> None:
     period = gw.settings.lease_s / 2
     while True:
         await asyncio.sleep(period)
-        with contextlib.suppress(redis.RedisError):  # Redis down: /ready says so; sweep when it is back
+        try:
             await run_in_threadpool(one_pass)
+        except redis.RedisError:  # Redis down: /ready says so; sweep when it is back
+            pass
+        except Exception:  # nobody awaits this task: ended, it would re-run and end nothing again
+            log.exception("the reaper's pass failed; the next one runs in %.1f s", period)
 
 
 _ERROR = {

@@ -12,6 +12,9 @@ from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.reaper import MAX_ATTEMPTS, end_unserved, sweep
 from dayzero.serving.records import Token
+from dayzero.settings import Settings
+
+from .conftest import wait_until
 
 
 def test_a_request_whose_worker_died_after_streaming_its_end_is_ended_not_re_run(redis_url):
@@ -93,3 +96,24 @@ def test_a_request_its_client_left_is_ended_cancelled_not_re_run_nor_failed(redi
     (_, stranded), *_ = store.r.xrevrange(key("tokens", "r-stranded"), count=1)
     (_, left), *_ = store.r.xrevrange(key("tokens", "r-left-stranded"), count=1)
     assert stranded[b"c"] == b"no_worker" and b"c" not in left and left[b"f"] == b"cancelled"
+
+
+def test_the_gateway_s_reaper_outlives_a_pass_that_fails(demo_dir, redis_url, monkeypatch, caplog):
+    """The reaper is a task nobody awaits: a pass that raised anything but a Redis error ended it for
+    good (no re-run, no time limit, no no-worker end again, nothing said). It logs and passes again."""
+    from fastapi.testclient import TestClient
+
+    from services.gateway import app
+
+    passes = []
+
+    def failing_once(*args) -> list[str]:
+        passes.append(args)
+        if len(passes) == 1:
+            raise RuntimeError("a bug in one pass")
+        return []
+
+    monkeypatch.setattr(app, "sweep", failing_once)
+    with TestClient(app.make_app(Settings(checkpoint=demo_dir, redis_url=redis_url, lease_s=0.1))):
+        assert wait_until(lambda: len(passes) >= 3, 30)
+    assert "the reaper's pass failed" in caplog.text and "a bug in one pass" in caplog.text
