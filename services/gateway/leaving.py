@@ -9,8 +9,9 @@ passed (it has ended by then): a cancel lost there left the request generating t
 client that had gone, its exception never retrieved. A resume that reaches this gateway (its route,
 before any Redis) holds a pending cancel until its stream starts reading, which supersedes the
 cancel: the resumed read's own leave decides again. Left to Redis alone, a stall across the grace's
-end let the cancel's three commands overtake the resume's four (5 of ~600 resumes in the soak's
-Redis stops were cancelled under their client). Resumes on another gateway are judged by Redis.
+end let the cancel overtake the resume's four commands (5 of ~600 resumes in the soak's Redis stops
+were cancelled under their client). Resumes on another gateway are judged by Redis: the cancel is
+one step there (``Watching.cancel_unwatched``), taken only while nobody reads the stream.
 """
 
 from __future__ import annotations

@@ -76,3 +76,58 @@ def test_a_retried_watch_or_unwatch_counts_once(redis_url):
     doubled, after_doubled_leave, last, cancelled_while_read, cancelled = asyncio.run(run())
     assert (doubled, after_doubled_leave, last) == (1, 1, 0)
     assert not cancelled_while_read and cancelled
+
+
+class WriteGate:
+    """A TCP hop to Redis that holds a client's first write (SET, or a script) until ``release``:
+    what that client sent before it has reached Redis, what it sends after waits with it."""
+
+    WRITES = (b"\r\nSET\r\n", b"\r\nEVALSHA\r\n", b"\r\nEVAL\r\n")
+
+    def __init__(self, redis_port: int) -> None:
+        self.redis_port, self.holding, self.released = redis_port, asyncio.Event(), asyncio.Event()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _serve(self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter) -> None:
+        redis_in, redis_out = await asyncio.open_connection("127.0.0.1", self.redis_port)
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, gated: bool) -> None:
+            while data := await source.read(65536):
+                if gated and not self.released.is_set() and any(w in data.upper() for w in self.WRITES):
+                    self.holding.set()
+                    await self.released.wait()
+                sink.write(data)
+                await sink.drain()
+            sink.close()
+
+        await asyncio.gather(pipe(client_in, redis_out, True), pipe(redis_in, client_out, False))
+
+    def release(self) -> None:
+        self.released.set()
+        self.server.close()
+
+
+def test_a_reader_that_comes_while_the_cancel_is_decided_keeps_its_request(redis_url):
+    """A resume's watch that reaches Redis after the cancel's reads and before its write (on another
+    gateway, or the two meeting after a Redis stall) is judged by Redis: the request is not
+    cancelled under its reader (as two reads then a write, it was)."""
+
+    async def run() -> tuple[bool, int]:
+        gate = WriteGate(int(redis_url.rsplit(":", 1)[1].split("/")[0]))
+        gated = aioredis.Redis(port=await gate.start())
+        direct = aioredis.Redis.from_url(redis_url)
+        cancelling = asyncio.create_task(Watching(gated, stream_ttl_s=60, queued_s=60).cancel_unwatched("w4"))
+        await asyncio.wait_for(gate.holding.wait(), 10)  # the cancel's write waits in the gate
+        await Watching(direct, stream_ttl_s=60, queued_s=60).watch("w4", "resumed")
+        gate.release()
+        await asyncio.wait_for(cancelling, 10)
+        cancelled, readers = bool(await direct.exists(key("cancel", "w4"))), await direct.scard(key("watchers", "w4"))
+        await gated.aclose()
+        await direct.aclose()
+        return cancelled, readers
+
+    assert asyncio.run(run()) == (False, 1)

@@ -20,6 +20,16 @@ if n > 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
 return n
 """
 
+# KEYS: the request's readers, done, cancel; ARGV: the cancel mark's s. The worker is asked to stop
+# unless a client reads the stream or the request has ended, decided in one step: as three commands
+# (two reads, then the write), a resume's watch that reached Redis between them (on another gateway,
+# or after a stall) was cancelled under its reader.
+CANCEL_UNWATCHED = """
+if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2]) == 0 then
+    redis.call('SET', KEYS[3], 1, 'EX', ARGV[1])
+end
+"""
+
 
 class Watching:
     """The gateway's asynchronous side: who reads a stream, and the cancel when nobody does."""
@@ -30,6 +40,7 @@ class Watching:
         self.r, self.ttl_s, self.queued_s = client, stream_ttl_s, queued_s
         self.readers_s = record_s(queued_s, stream_ttl_s)
         self._admit, self._readers = client.register_script(ADMIT), client.register_script(READERS)
+        self._cancel = client.register_script(CANCEL_UNWATCHED)
 
     async def admit(self, requests: list[GenerationRequest], images: list[bytes], reader: str, queue: Queue) -> bool:
         """``Lifecycle.admit`` for all of ``requests`` and their messages pushed onto the queue, in
@@ -59,5 +70,4 @@ class Watching:
 
     async def cancel_unwatched(self, rid: str) -> None:
         """Ask the request's worker to stop, unless a client reads it again or it has ended."""
-        if not await self.r.exists(key("watchers", rid)) and not await self.r.exists(key("done", rid)):
-            await self.r.set(key("cancel", rid), 1, ex=self.ttl_s)
+        await self._cancel(keys=[key(family, rid) for family in ("watchers", "done", "cancel")], args=[self.ttl_s])
