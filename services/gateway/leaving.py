@@ -68,17 +68,27 @@ class Leaving:
             self.leave(request_id, uuid.uuid4().hex, time.time(), finished=False)
             raise
         except BaseException:
-            with contextlib.suppress(ValueError):
-                arrivals.remove(now)
-            if not arrivals and self._arrivals.get(request_id) is arrivals:
-                del self._arrivals[request_id]
+            self._arrived(request_id, now)
             raise
 
     def reading(self, request_id: str) -> None:
-        """A stream of the request begins (it leaves in the end): every cancel pending is dropped."""
-        self._arrivals.pop(request_id, None)
+        """A stream of the request begins (it leaves in the end): every cancel pending is dropped, and
+        one resume on its way has arrived (one still on its way holds the cancels of the reads that
+        leave meanwhile: taken with this one's, the request was cancelled under it)."""
+        self._arrived(request_id)
         for leave in self._pending.pop(request_id, ()):
             leave.superseded = True
+
+    def _arrived(self, request_id: str, at: float | None = None) -> None:
+        """A resume on its way no more: its own arrival (``at``) out, else the oldest one (a read that
+        began took this one's: the count is what holds cancels)."""
+        arrivals = self._arrivals.get(request_id, [])
+        if at in arrivals:
+            arrivals.remove(at)
+        elif arrivals:
+            arrivals.pop(0)
+        if not arrivals:
+            self._arrivals.pop(request_id, None)
 
     # -- leaving ---------------------------------------------------------------------------------
     def leave(self, request_id: str, watcher: str, created: float, finished: bool, resumable: bool = True) -> None:

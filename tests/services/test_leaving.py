@@ -45,6 +45,34 @@ def test_a_request_abandoned_twice_within_the_grace_is_decided_at_close(redis_ur
     assert asyncio.run(run())
 
 
+def test_a_resume_on_its_way_holds_the_cancel_of_another_read_that_left(redis_url):
+    """Two resumes of a request reach the gateway; the first reads and leaves while the second is
+    still on its way (its route waits on a slow Redis): the second's arrival holds the first's cancel
+    past the grace until it reads. (The first's start took every arrival with it: the request was
+    cancelled under the second, about to watch.)"""
+
+    async def run() -> tuple[bool, bool]:
+        settings = Settings(redis_url=redis_url, disconnect_grace_s=0.2)
+        bus = Bus(settings, make_celery(settings))
+        client, cancel = aioredis.Redis.from_url(redis_url), key("cancel", "r2")
+        with bus.leaving.coming("r2"):  # the second resume, on its way
+            with bus.leaving.coming("r2"):  # the first one
+                pass
+            bus.leaving.reading("r2")
+            await bus.watching.watch("r2", "first")
+            bus.leaving.leave("r2", "first", time.time(), finished=False)
+            await asyncio.sleep(1.0)  # past the first's grace
+            held = not await client.exists(cancel)
+        bus.leaving.reading("r2")
+        await bus.watching.watch("r2", "second")
+        await asyncio.wait_for(bus.close(), 5)
+        kept = not await client.exists(cancel)
+        await client.aclose()
+        return held, kept
+
+    assert asyncio.run(run()) == (True, True)
+
+
 @pytest.fixture(scope="module")
 def gateway(text_dir, tmp_path_factory):
     """A gateway alone (nothing takes its requests: they wait, unread, until cancelled)."""
