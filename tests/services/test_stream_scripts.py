@@ -105,6 +105,7 @@ def test_settle_closes_a_stream_exactly_once_and_says_how(redis_url, caplog):
     assert [entry for entry, _ in store.r.xrange(key("tokens", "e-taken"))] == [b"1-0", b"2-0"]
     assert 0 < store.r.ttl(key("tokens", "e-taken")) <= 60 and not store.r.exists(key("kvstate", "e-taken"))
     assert [store.r.xlen(key("tokens", rid)) for rid in ids[1:4]] == [1, 1, 1]  # no second end, nothing to add
+    assert all(0 < store.r.ttl(key("tokens", rid)) <= 60 for rid in ids)  # unclosed too: no stream kept for ever
     assert [store.done(rid) for rid in ids] == ["length", "length", "length", "stop", "error"]
     assert not {*ids} & set(store.active())
     assert store.settle("e-taken", 0, "decode0", "length", 2) == Settled.STALE  # ended: once

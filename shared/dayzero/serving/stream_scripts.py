@@ -151,7 +151,7 @@ end
 # attempt, the writer, the record's s, the request's id, the reason, then the entry that closes the
 # stream (``close_stream``). The request ends: done, out of the active set, no lease, no queued mark,
 # no parked state (a handoff no decode worker took), its record (and its attempt) kept as long as
-# its stream, whether its stream could be closed or not (the caller learns which: ``Settled``).
+# its stream, which expires whether it could be closed or not (the caller learns which: ``Settled``).
 # 0: nothing written, the run is over or someone else's (a stalled worker's end of a request re-run since).
 SETTLE = (
     _CLOSE_STREAM
@@ -161,7 +161,7 @@ local closed = close_stream(KEYS[4], 6, ARGV[3])
 redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[3])
 redis.call('SREM', KEYS[6], ARGV[4])
 redis.call('DEL', KEYS[3], KEYS[5], KEYS[10])
-for _, i in ipairs({1, 7, 8, 9}) do
+for _, i in ipairs({1, 4, 7, 8, 9}) do  -- (the stream too: one left unclosed lived for ever)
     redis.call('EXPIRE', KEYS[i], ARGV[3])
 end
 return closed
