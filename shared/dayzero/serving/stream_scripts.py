@@ -25,13 +25,15 @@ class Settled(IntEnum):
 
     STALE = 0  # the run is over or someone else's: nothing written
     CLOSED = 1  # its stream ends with the entry asked for (or with its last token, as the caller said)
-    MOVED = 2  # the index asked for held a token already (one the caller did not count): the entry went after it
+    # the index asked for held a token already (one the caller did not count), or no entry was given and
+    # the last token had no finish (an end without a token): the entry went after the stream's last
+    MOVED = 2
     CLOSED_BEFORE = 3  # its stream had ended already: no second end added
-    UNCLOSED = 4  # its stream could not be closed (the write failed, or no entry and its last token had no finish)
+    UNCLOSED = 4  # its stream could not be closed: the write failed
 
 
 SETTLED_SAYS = {  # how the stream of an ended request closed, when not as asked (logged)
-    Settled.MOVED: "went after the stream's last entry (a token held its index)",
+    Settled.MOVED: "went after the stream's last entry (a token held its index, or the last token had no finish)",
     Settled.CLOSED_BEFORE: "was there already (no second end)",
     Settled.UNCLOSED: "could not be written: its reader gets no end",
 }
@@ -107,10 +109,11 @@ return {refused, cancels}
 # The end of a request's stream, exactly once, from ARGV[at] (``append_entry``'s layout; none: the
 # caller says its last token carried the finish reason) -> ``Settled``'s code. A stream whose last
 # entry has a finish (``f``) has ended: nothing is added. An entry whose index a token already holds
-# goes after the stream's last entry instead, its index field (``i``) that one's: the client's reader
-# sees the end in any case (an entry skipped as a replay would leave the stream open for ever).
+# goes after the stream's last entry instead, its index field (``i``) that one's, and so does an end
+# without a token (``reason``) when none was given and the last token had no finish: the client's
+# reader sees the end in any case (a stream left open was read, with keep-alives, for ever).
 _CLOSE_STREAM = """
-local function close_stream(stream, at, ttl)
+local function close_stream(stream, at, ttl, reason)
     local last = redis.pcall('XREVRANGE', stream, '+', '-', 'COUNT', 1)
     if last.err then
         return 4
@@ -123,15 +126,15 @@ local function close_stream(stream, at, ttl)
             end
         end
     end
-    if #ARGV < at then
-        return 4
+    local fields, id, code = {'i', '0', 't', '-1', 'x', '', 'f', reason}, '1-0', 2
+    if #ARGV >= at then
+        local count = tonumber(ARGV[at + 2])
+        fields, id, code = {unpack(ARGV, at + 3, at + 2 + count)}, ARGV[at], 1
     end
-    local count = tonumber(ARGV[at + 2])
-    local fields, id, code = {unpack(ARGV, at + 3, at + 2 + count)}, ARGV[at], 1
     local held = entry and tonumber(string.match(entry[1], '^%d+')) or 0
     if held >= tonumber(string.match(id, '^%d+')) then
         id, code = (held + 1) .. '-0', 2
-        for j = 1, count, 2 do
+        for j = 1, #fields, 2 do
             if fields[j] == 'i' then
                 fields[j + 1] = tostring(held)
             end
@@ -157,7 +160,7 @@ SETTLE = (
     _CLOSE_STREAM
     + OURS_ONLY
     + """
-local closed = close_stream(KEYS[4], 6, ARGV[3])
+local closed = close_stream(KEYS[4], 6, ARGV[3], ARGV[5])
 redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[3])
 redis.call('SREM', KEYS[6], ARGV[4])
 redis.call('DEL', KEYS[3], KEYS[5], KEYS[10])
