@@ -6,8 +6,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import sys
 
 import httpx
 import psutil
@@ -222,3 +225,20 @@ def test_restarting_a_child_that_exited_kills_what_is_left_of_its_process_group(
         stack.stop()
         if rank.is_running():
             rank.kill()
+
+
+def test_up_with_a_broken_checkpoint_stops_with_the_workers_error(text_dir, tmp_path):
+    """Weights whose headers are sound (up's preflight passes them) but whose FP8 data decodes to NaN."""
+    from safetensors.torch import load_file, save_file
+
+    broken = shutil.copytree(text_dir, tmp_path / "broken")
+    tensors = load_file(broken / "model.safetensors")
+    name = next(k for k, t in tensors.items() if t.dtype == torch.float8_e4m3fn)
+    tensors[name] = torch.full_like(tensors[name].view(torch.uint8), 0x7F).view(torch.float8_e4m3fn)  # E4M3's NaN
+    save_file(tensors, broken / "model.safetensors")
+    up = [sys.executable, "-m", "dayzero.cli", "up", "--checkpoint", str(broken)]  # (no vision tower: no vision worker)
+    up += ["--port", str(free_port()), "--log-dir", str(tmp_path / "logs")]
+    env = {**os.environ, "DAYZERO_LEASE_S": "1.0"}
+    done = subprocess.run(up, capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "keeps exiting while starting" in done.stderr and "FP8 weight decodes to non-finite values" in done.stderr
