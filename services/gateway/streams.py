@@ -160,11 +160,17 @@ class StreamHub:
             except redis.RedisError as exc:
                 if self.subs:  # (none: the hub is closing)
                     log.warning("token streams lost redis: %s", exc)
-                for sub in list(self.subs):
-                    sub.close(exc)
-                self.subs.clear()
+                self._end_all(exc)
                 with contextlib.suppress(redis.RedisError):  # (closing a connection to a frozen Redis can time out)
                     await self.r.connection_pool.disconnect()
+            except Exception as exc:  # nobody awaits this task: ended, it left every open stream waiting
+                log.exception("token streams: the read failed; ending the open streams")
+                self._end_all(exc)
+
+    def _end_all(self, exc: BaseException) -> None:
+        for sub in list(self.subs):
+            sub.close(exc)
+        self.subs.clear()
 
     async def _drop_unreadable(self, exc: redis.ResponseError) -> None:
         """End each subscription whose own read Redis refuses; all of them when none alone is refused."""
@@ -199,7 +205,14 @@ class StreamHub:
                     entry = entry_id.decode()
                     if entry_order(entry) > entry_order(sub.last):
                         sub.last = entry
-                        sub.queue.put_nowait(decode(sub.request_id, fields))
+                        try:
+                            token = decode(sub.request_id, fields)
+                        except (KeyError, ValueError) as exc:  # not a token entry (another writer's): its stream ends
+                            log.error("request %s: its stream holds an entry it cannot read: %r", sub.request_id, exc)
+                            sub.close(exc)
+                            self.subs.discard(sub)
+                            break
+                        sub.queue.put_nowait(token)
 
     async def close(self) -> None:
         for sub in list(self.subs):

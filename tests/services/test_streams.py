@@ -217,3 +217,31 @@ def test_a_wake_up_that_reaches_redis_before_the_read_is_not_missed(redis_url):
         return await sub.next(0.01)
 
     assert asyncio.run(scenario()).text == "a"
+
+
+def test_an_entry_the_hub_cannot_read_ends_its_stream_alone_and_a_failed_read_ends_every_stream(redis_url, monkeypatch):
+    """The hub's reader is a task nobody awaits: an exception other than Redis's ended it, and every
+    open stream waited for ever (keep-alives) until another subscribed. An entry it cannot read (not
+    a token's: another writer's) ends its own stream; any other failure ends every open one."""
+    good_stream, bad_stream = key("tokens", "fine"), key("tokens", "foreign")
+
+    async def scenario() -> tuple:
+        commands = aioredis.Redis.from_url(redis_url)
+        hub = StreamHub(redis_url, commands, block_ms=200)
+        await commands.xadd(good_stream, encode(Token("fine", 0, 5, "a")), id="1-0")
+        await commands.xadd(bad_stream, {"z": "not a token"}, id="1-0")
+        async with hub.subscribe("fine") as good, hub.subscribe("foreign") as bad:
+            with pytest.raises(KeyError):
+                await bad.next(5)
+            first = await good.next(5)
+            failing = RuntimeError("a bug in the read")
+            monkeypatch.setattr(StreamHub, "_read_once", lambda self: (_ for _ in ()).throw(failing))
+            await commands.xadd(good_stream, encode(Token("fine", 1, 6, "b")), id="2-0")
+            with pytest.raises(RuntimeError):
+                while await good.next(5) is not None:
+                    pass
+        await hub.close()
+        await commands.aclose()
+        return first
+
+    assert asyncio.run(scenario()).text == "a"
