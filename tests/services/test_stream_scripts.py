@@ -30,7 +30,7 @@ def test_append_streams_each_token_once_and_reads_the_cancel_marks_it_watches(re
     assert 0 < store.r.ttl(key("tokens", "t1")) <= 60
     store.r.set(key("tokens", "odd"), "not a stream")
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
-        store.append([Token("odd", 0, 1, "x"), Token("t2", 1, 4, "d")], runs, "decode0")
+        store.append([Token("odd", 0, 1, "x"), Token("t2", 0, 4, "d")], runs, "decode0")
     assert store.r.xlen(key("tokens", "t2")) == 1 and store.r.ttl(key("tokens", "t2")) == -1  # (unwatched: written)
 
 
@@ -116,3 +116,23 @@ def test_settle_closes_a_stream_exactly_once_and_says_how(redis_url, caplog):
     assert ("WARNING", "request e-taken ended length at 0") in logged
     assert ("WARNING", "request e-open ended stop at None") in logged
     assert ("ERROR", "request e-broken ended error at 0") in logged
+
+
+def test_a_token_after_a_gap_is_refused_so_a_stream_never_skips_one(redis_url):
+    """A run whose append of token i never landed (its round trip timed out in a Redis stall, and
+    the worker went on to the next step) must not write token i + 1 after i - 1: the client would
+    read a text missing a token, and a re-run, counting the stream's entries, would start at an index
+    the stream holds already (the soak: a stream holding 0..67 and 69, its client left waiting).
+    The run is refused (its worker drops it; the reaper re-runs the request from the stream's end).
+    The late append, landing after, still fits and is written."""
+    store = Lifecycle(redis.Redis.from_url(redis_url), stream_ttl_s=60)
+    store.admit(request("g-1"), [], "", 60)
+    assert store.take("g-1", 0, "decode0", 30) == Take.CLAIMED
+    runs = {"g-1": 0}
+    assert store.append([Token("g-1", 0, 7, "a")], runs, "decode0") == (set(), set())
+    assert store.append([Token("g-1", 2, 9, "c"), Token("g-1", 3, 4, "d")], runs, "decode0") == ({"g-1"}, set())
+    assert [entry for entry, _ in store.r.xrange(key("tokens", "g-1"))] == [b"1-0"]
+    assert store.append([Token("g-1", 1, 8, "b")], runs, "decode0") == (set(), set())  # the late one
+    assert store.append([Token("g-1", 1, 8, "b"), Token("g-1", 2, 9, "c")], runs, "decode0") == (set(), set())
+    entries = store.r.xrange(key("tokens", "g-1"))
+    assert [decode("g-1", fields).index for _, fields in entries] == [0, 1, 2]

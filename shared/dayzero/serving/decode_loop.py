@@ -270,7 +270,7 @@ class DecodeLoop:
         runs = {rid: active.ticket.job.attempt for rid, active in self.active.items()}
         appended = self.r.store.append(out, runs, self.r.name, watch)  # one round trip for the whole batch
         self._marked, self._marks_read = appended.cancelled, set(watch)
-        for rid in appended.refused:  # re-run elsewhere while this worker stalled: nothing was written
+        for rid in appended.refused:  # re-run elsewhere while this worker stalled, or a token of its lost: dropped
             self._drop(rid)
         for rid in appended.cancelled & self.active.keys():  # cancelled during the step: none of its tokens written
             self._finish(rid, "cancelled", index=firsts[rid])

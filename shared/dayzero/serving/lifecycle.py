@@ -25,8 +25,8 @@ handed off     handoff:{id} ("decode:{n}", counted as queued marks are) and leas
 ended          done:{id} = finished (stop, length) | cancelled | error; tokens:{id} closed (once:
                stream_scripts.py); kvstate:{id} dropped
 any            tokens:{id} the token stream (dayzero.serving.records): only the current run (its
-               attempt; the lease its own or nobody's) appends to it or ends the request;
-               cancel:{id} a cancel request, watchers:{id} clients reading the stream
+               attempt; the lease its own or nobody's) appends to it, each index once and none
+               skipped, or ends the request; cancel:{id} a cancel request, watchers:{id} its readers
 
 Worker keys (not a request's): workers:{stage}, usage:{worker}, loading:{worker} (registry.py),
 alive:{stage}, ready:{stage}, unserved:{stage} (liveness.py),

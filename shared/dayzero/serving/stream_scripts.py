@@ -15,7 +15,8 @@ from .scripts import CURRENT_RUN, OURS_ONLY
 class Appended(NamedTuple):
     """``APPEND``'s answer."""
 
-    refused: set[str]  # requests whose run is over or someone else's: nothing written for them
+    refused: set[str]  # requests whose run is over or someone else's (nothing written for them), or
+    # whose stream lacks an earlier token of the run (a lost append: nothing written from the gap on)
     cancelled: set[str]  # of the watched requests, those a client cancelled (none of their tokens written)
 
 
@@ -47,11 +48,19 @@ def entry_args(t: Token) -> list:
 
 # One entry of a request's token stream (dayzero.serving.records), from ARGV[at]: its entry id, "1"
 # when it ends the stream (which then lives ``ttl`` s), its field count (names and values), the
-# fields. A replay of an index already streamed is skipped. -> where the next entry starts in ARGV,
-# and the XADD's error (nil: added, or a replay).
+# fields. A replay of an index already streamed is skipped; an index past the stream's next (a gap:
+# an earlier append of the run never landed, its round trip timed out) is not written. -> where the
+# next entry starts in ARGV, the XADD's error (nil: added, or a replay), and true for a gap.
 _APPEND_ENTRY = """
 local function append_entry(stream, at, ttl)
     local fields = tonumber(ARGV[at + 2])
+    local last = redis.pcall('XREVRANGE', stream, '+', '-', 'COUNT', 1)
+    if not last.err then
+        local held = last[1] and tonumber(string.match(last[1][1], '^%d+')) or 0
+        if tonumber(string.match(ARGV[at], '^%d+')) > held + 1 then
+            return at + 3 + fields, nil, true
+        end
+    end
     local added = redis.pcall('XADD', stream, ARGV[at], unpack(ARGV, at + 3, at + 2 + fields))
     if type(added) == 'table' and added.err then
         if not string.find(added.err, 'equal or smaller', 1, true) then
@@ -71,8 +80,9 @@ end
 # entry count, the entries (``append_entry``). Only the current run writes: a request whose run is
 # over or whose lease someone else holds (a stalled worker's, re-run since) gets nothing; nor does
 # one whose mark is set (its client left while the tokens were computed: a worker stopped then
-# would write them on waking). -> {those refused (1-based), the marks}; or the first XADD's error,
-# once every other entry is written.
+# would write them on waking). A run whose entry would leave a gap is refused from there on (its
+# worker drops it; the reaper re-runs the request from the stream's end). -> {those refused
+# (1-based), the marks}; or the first XADD's error, once every other entry is written.
 APPEND = (
     CURRENT_RUN
     + _APPEND_ENTRY
@@ -84,10 +94,18 @@ for i = 0, n - 1 do
     at = at + 3
     local ours = current_run(marks, 3 * i + 1, run, ARGV[1], '') == 'ours'
     if ours and not (mark > 0 and cancels[mark]) then
+        local gap = false
         for _ = 1, count do
-            local err
-            at, err = append_entry(KEYS[3 * n + i + 1], at, ARGV[2])
-            failed = failed or err
+            if gap then
+                at = at + 3 + tonumber(ARGV[at + 2])
+            else
+                local err
+                at, err, gap = append_entry(KEYS[3 * n + i + 1], at, ARGV[2])
+                failed = failed or err
+                if gap then
+                    refused[#refused + 1] = i + 1
+                end
+            end
         end
     else
         if not ours then
