@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import redis
+
 from dayzero.params import SamplingParams
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
@@ -30,3 +32,17 @@ def one_sequence_loop(demo_dir, redis_url, name: str) -> tuple[PrefillLoop, list
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=1, max_batch=1, handoff_timeout_s=600)
     sent: list[DecodeJob] = []
     return PrefillLoop(Runtime.load(settings, name, "prefill", False), recording(sent)), sent
+
+
+def first_append_fails(runtime: Runtime) -> list:
+    """Redis goes away after the loop's first forward, before its first token landed. -> the appends."""
+    appends, real_append = [], runtime.store.append
+
+    def append_failing_once(tokens, *args):
+        appends.append(tokens)
+        if len(appends) == 1:
+            raise redis.ConnectionError("Redis went away")
+        return real_append(tokens, *args)
+
+    runtime.store.append = append_failing_once
+    return appends

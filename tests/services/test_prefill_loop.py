@@ -7,7 +7,6 @@ import threading
 import time
 
 import pytest
-import redis
 
 from dayzero.params import SamplingParams
 from dayzero.serving.keys import key
@@ -19,22 +18,14 @@ from dayzero.serving.scripts import Take
 from dayzero.settings import Settings
 
 from .conftest import recording, run_jobs
-from .prefill_jobs import admitted, one_sequence_loop
+from .prefill_jobs import admitted, first_append_fails, one_sequence_loop
 
 
 def test_a_batch_redis_interrupts_is_retried_without_leaking_blocks(demo_dir, redis_url):
     runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill0@test", "prefill", False)
     sent: list[DecodeJob] = []
     loop = PrefillLoop(runtime, recording(sent))
-    appends, real_append = [], runtime.store.append
-
-    def append_failing_once(tokens, *args):
-        appends.append(tokens)
-        if len(appends) == 1:
-            raise redis.ConnectionError("Redis went away")  # after the forward, before the first token landed
-        return real_append(tokens, *args)
-
-    runtime.store.append = append_failing_once
+    appends = first_append_fails(runtime)
     store = Lifecycle.connect(redis_url)
     run_jobs(loop, [admitted(store, "flaky")], 30)
     assert len(appends) == 2 and len(sent) == 1  # retried once, handed to decode once
@@ -65,29 +56,6 @@ def test_a_failed_forward_ends_its_requests_and_frees_their_blocks(demo_dir, red
     assert runtime.pools.sequences == {}  # its blocks are free again
     (_, last), *_ = store.r.xrevrange("dz:tokens:broken", count=1)
     assert last[b"e"] == b"prefill failed: RuntimeError"
-
-
-def test_an_image_request_whose_embeddings_are_gone_fails_alone_with_a_clear_error(demo_dir, redis_url):
-    import socket
-
-    from dayzero.serving.messages import TensorRef
-
-    runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill4@test", "prefill", False)
-    sent: list[DecodeJob] = []
-    loop = PrefillLoop(runtime, recording(sent))
-    store = Lifecycle.connect(redis_url)
-    request = GenerationRequest(
-        request_id="lost-images", prompt_ids=(0, 8, 8, 6), sampling=SamplingParams(max_tokens=4), created=time.time()
-    )
-    fine = request.model_copy(update={"request_id": "beside-it", "prompt_ids": (0, 5, 6)})
-    gone = TensorRef(transport="shm", location="dz-parked-0-gone", host=socket.gethostname(), shape=(2, 64))
-    for r in (request, fine):
-        store.admit(r, [], "", 60)
-    run_jobs(loop, [PrefillJob(request=request, embeddings=gone), PrefillJob(request=fine)], 30)  # one batch
-    assert store.done("lost-images") == "error" and "lost-images" not in runtime.pools.sequences
-    assert [job.request.request_id for job in sent] == ["beside-it"]  # the rest of its batch goes on
-    (_, last), *_ = store.r.xrevrange("dz:tokens:lost-images", count=1)
-    assert last[b"e"].startswith(b"its images' embeddings are gone")
 
 
 def test_identical_prompts_in_a_batch_are_prefilled_once_and_continue_alike(demo_dir, redis_url):

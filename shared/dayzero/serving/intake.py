@@ -24,6 +24,7 @@ Job = TypeVar("Job")
 class Ticket(Generic[Job]):
     job: Job
     done: threading.Event = field(default_factory=threading.Event)
+    images: object = None  # prefill: the parked image embeddings once taken (read once: a retry reuses them)
 
 
 class Intake(Generic[Job]):

@@ -196,7 +196,7 @@ class PrefillLoop:
         inputs = []
         for tickets in runs.values():
             try:
-                inputs.append((tickets, batch_input(tickets[0].job, self.r.store)))
+                inputs.append((tickets, batch_input(tickets[0], self.r.store)))
             except LookupError as exc:  # its image embeddings expired or went with a dead host (it runs alone)
                 log.error("request %s: %s", tickets[0].job.request.request_id, exc)
                 self.r.stats.fail("prefill")

@@ -45,11 +45,14 @@ def tokens_of(job: PrefillJob) -> int:
     return len(job.request.prompt_ids) + len(job.generated)
 
 
-def batch_input(job: PrefillJob, store: Lifecycle) -> BatchInput:
-    """A prompt's input: its tokens, its parked image embeddings (taken once: it starts), its echo."""
+def batch_input(ticket: Ticket[PrefillJob], store: Lifecycle) -> BatchInput:
+    """A prompt's input: its tokens, its parked image embeddings (taken once, as it first starts: a
+    start again after Redis failed mid-batch has the ticket's), its echo."""
+    job = ticket.job
     rid, prompt = job.request.request_id, list(job.request.prompt_ids)
-    images = take_tensor(job.embeddings, store) if job.embeddings is not None else None
-    return BatchInput(rid, [*prompt, *job.generated], images, echo_of(job), len(prompt))
+    if job.embeddings is not None and ticket.images is None:
+        ticket.images = take_tensor(job.embeddings, store)
+    return BatchInput(rid, [*prompt, *job.generated], ticket.images, echo_of(job), len(prompt))
 
 
 def forward_span(job: PrefillJob, batch: int) -> trace.Span:
