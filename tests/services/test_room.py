@@ -56,7 +56,7 @@ def test_a_prefill_worker_hands_back_only_what_its_blocks_cannot_hold_and_nothin
     try:
         loop._iteration()
         assert [p.request_ids for p in loop.running] == [["p-dup"]] and not pools.fits(300) and pools.fits(5)
-        assert [job.request.request_id for job in handed] == ["p-big"] and room.held == [tickets[2]]  # (a while)
+        assert [job.request.request_id for job in handed] == ["p-big"] and [t for t, _ in room.held] == [tickets[2]]
         assert store.owner("p-big") is None and store.r.get(key("queued", "p-big")).startswith(b"prefill:")
         assert store.rerun_orphan("p-big", 60, 60) == 0  # its message waits on the queue
         assert [t.job.request.request_id for t in loop.pending] == ["p-dup", "p-small"]  # in admission order
@@ -94,8 +94,11 @@ def test_redis_failing_mid_hand_back_leaves_the_rest_waiting_and_the_handed_back
         loop.stop.set()
     assert [t.job.request.request_id for t in still] == ["f-1", "f-2"]
     assert [job.request.request_id for job in handed] == ["f-0"]
-    assert room.held == tickets[:1] and not any(t.done.is_set() for t in tickets)  # f-0's message held a while
+    assert [t for t, _ in room.held] == tickets[:1] and not any(t.done.is_set() for t in tickets)  # held a while
     assert [store.owner(f"f-{i}") for i in range(3)] == [None, runtime.name, runtime.name]
+    room.held = [(tickets[0], time.monotonic() - room.hold_s), (tickets[2], time.monotonic())]  # (as if f-2's later)
+    room.consume(busy=True)  # each held a hold after its own push: f-0 let go, f-2 not yet (it was: the last push)
+    assert tickets[0].done.is_set() and not tickets[2].done.is_set() and [t for t, _ in room.held] == tickets[2:]
 
 
 def _read(client: redis.Redis, got: dict, name: str) -> None:

@@ -119,18 +119,19 @@ class Room(Generic[J]):
         self.r, self.prefetch, self.push = runtime, prefetch, push
         self.owed: int | None = None  # tokens of the smallest request handed back since the pools last had room
         self._shared_at = 0.0  # the last ``share``'s hand back (monotonic)
-        # the tickets handed back, their messages still held (so this worker, paused, takes none) till
-        # ``hold_s`` after the last push: a peer's queue read takes them meanwhile
-        self.held: list[Ticket[J]] = []
-        self.hold_s, self._held_at = runtime.settings.lease_s / 4, 0.0
+        # the tickets handed back, each with its push's time (monotonic), their messages still held (so
+        # this worker, paused, takes none) till ``hold_s`` after it: a peer's queue read takes them meanwhile
+        self.held: list[tuple[Ticket[J], float]] = []
+        self.hold_s = runtime.settings.lease_s / 4
 
     def consume(self, busy: bool) -> None:
         """Take messages unless something was handed back that the pools could not hold yet (with
-        nothing holding blocks, they could); the messages handed back are let go ``hold_s`` after."""
-        if self.held and time.monotonic() - self._held_at >= self.hold_s:
-            for ticket in self.held:
+        nothing holding blocks, they could); each message handed back is let go ``hold_s`` after its push."""
+        if self.held:
+            now = time.monotonic()
+            for ticket, _ in [(t, at) for t, at in self.held if now - at >= self.hold_s]:
                 ticket.done.set()  # its task ends, its message is acked: a slot of the prefetch is free
-            self.held = []
+            self.held = [(t, at) for t, at in self.held if now - at < self.hold_s]
         if self.owed is not None and (not busy or self.r.pools.fits(self.owed)):
             self.owed = None
         self.prefetch.pause(self.owed is not None)
@@ -205,8 +206,7 @@ class Room(Generic[J]):
                 heartbeat.hold([rid])  # no lease a push that raised may have dropped)
         if pushed:
             log.info("request %s: handed back to the %s queue for a worker with room", rid, self.r.stats.stage)
-            self.held.append(ticket)
-            self._held_at = time.monotonic()
+            self.held.append((ticket, time.monotonic()))
         return pushed
 
 
