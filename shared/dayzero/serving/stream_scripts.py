@@ -46,20 +46,36 @@ def entry_args(t: Token) -> list:
     return [t.entry_id, "1" if t.finish_reason else "", len(fields), *fields]
 
 
+# A stream entry id's order (its first part: the entry's index + 1); a stream's last entry, its order
+# (0: the stream is empty) and the error of a key that is no stream.
+_LAST_ENTRY = """
+local function order(id)
+    return tonumber(string.match(id, '^%d+'))
+end
+
+local function last_entry(stream)
+    local last = redis.pcall('XREVRANGE', stream, '+', '-', 'COUNT', 1)
+    if last.err then
+        return nil, 0, last.err
+    end
+    return last[1], last[1] and order(last[1][1]) or 0, nil
+end
+"""
+
+
 # One entry of a request's token stream (dayzero.serving.records), from ARGV[at]: its entry id, "1"
 # when it ends the stream (which then lives ``ttl`` s), its field count (names and values), the
 # fields. A replay of an index already streamed is skipped; an index past the stream's next (a gap:
 # an earlier append of the run never landed, its round trip timed out) is not written. -> where the
 # next entry starts in ARGV, the XADD's error (nil: added, or a replay), and true for a gap.
-_APPEND_ENTRY = """
+_APPEND_ENTRY = (
+    _LAST_ENTRY
+    + """
 local function append_entry(stream, at, ttl)
     local fields = tonumber(ARGV[at + 2])
-    local last = redis.pcall('XREVRANGE', stream, '+', '-', 'COUNT', 1)
-    if not last.err then
-        local held = last[1] and tonumber(string.match(last[1][1], '^%d+')) or 0
-        if tonumber(string.match(ARGV[at], '^%d+')) > held + 1 then
-            return at + 3 + fields, nil, true
-        end
+    local _, held, err = last_entry(stream)
+    if not err and order(ARGV[at]) > held + 1 then
+        return at + 3 + fields, nil, true
     end
     local added = redis.pcall('XADD', stream, ARGV[at], unpack(ARGV, at + 3, at + 2 + fields))
     if type(added) == 'table' and added.err then
@@ -72,6 +88,7 @@ local function append_entry(stream, at, ttl)
     return at + 3 + fields, nil
 end
 """
+)
 
 
 # KEYS: each request's attempt, done and lease, then each one's stream, then the cancel marks to
@@ -93,25 +110,19 @@ for i = 0, n - 1 do
     local run, mark, count = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
     at = at + 3
     local ours = current_run(marks, 3 * i + 1, run, ARGV[1], '') == 'ours'
-    if ours and not (mark > 0 and cancels[mark]) then
-        local gap = false
-        for _ = 1, count do
-            if gap then
-                at = at + 3 + tonumber(ARGV[at + 2])
-            else
-                local err
-                at, err, gap = append_entry(KEYS[3 * n + i + 1], at, ARGV[2])
-                failed = failed or err
-                if gap then
-                    refused[#refused + 1] = i + 1
-                end
+    local writing = ours and not (mark > 0 and cancels[mark])
+    if not ours then
+        refused[#refused + 1] = i + 1
+    end
+    for _ = 1, count do
+        if writing then
+            local err, gap
+            at, err, gap = append_entry(KEYS[3 * n + i + 1], at, ARGV[2])
+            failed = failed or err
+            if gap then  -- (nothing more of this run: refused)
+                refused[#refused + 1], writing = i + 1, false
             end
-        end
-    else
-        if not ours then
-            refused[#refused + 1] = i + 1
-        end
-        for _ = 1, count do
+        else
             at = at + 3 + tonumber(ARGV[at + 2])
         end
     end
@@ -130,13 +141,14 @@ return {refused, cancels}
 # goes after the stream's last entry instead, its index field (``i``) that one's, and so does an end
 # without a token (``reason``) when none was given and the last token had no finish: the client's
 # reader sees the end in any case (a stream left open was read, with keep-alives, for ever).
-_CLOSE_STREAM = """
+_CLOSE_STREAM = (
+    _LAST_ENTRY
+    + """
 local function close_stream(stream, at, ttl, reason)
-    local last = redis.pcall('XREVRANGE', stream, '+', '-', 'COUNT', 1)
-    if last.err then
+    local entry, held, err = last_entry(stream)
+    if err then
         return 4
     end
-    local entry = last[1]
     if entry then
         for j = 1, #entry[2], 2 do
             if entry[2][j] == 'f' then
@@ -149,8 +161,7 @@ local function close_stream(stream, at, ttl, reason)
         local count = tonumber(ARGV[at + 2])
         fields, id, code = {unpack(ARGV, at + 3, at + 2 + count)}, ARGV[at], 1
     end
-    local held = entry and tonumber(string.match(entry[1], '^%d+')) or 0
-    if held >= tonumber(string.match(id, '^%d+')) then
+    if held >= order(id) then
         id, code = (held + 1) .. '-0', 2
         for j = 1, #fields, 2 do
             if fields[j] == 'i' then
@@ -166,6 +177,7 @@ local function close_stream(stream, at, ttl, reason)
     return code
 end
 """
+)
 
 
 # KEYS: attempt, done, lease, stream, queued, active, req, access, images, kvstate; ARGV: the run's
