@@ -22,6 +22,7 @@ from dayzero.serving.metrics import QueueDepthCollector, SnapshotCollector
 from dayzero.serving.queue import STAGES, composer, make_celery
 from dayzero.serving.reaper import OverdueWaits, end_unserved, sweep
 from dayzero.serving.registry import Registry
+from dayzero.serving.watching import cancel_left
 from dayzero.settings import Settings
 from dayzero.telemetry import flush_spans, setup_tracing
 from dayzero.tokenizer import load_codec
@@ -41,7 +42,8 @@ SCRAPE_REDIS_S = 1.0  # each of a scrape's two Redis reads gives up after this (
 async def _reaper(gw: Gateway) -> None:
     """Re-run requests whose worker stopped heartbeating, end those waiting at a stage that no live
     worker has served for DAYZERO_NO_WORKER_TIMEOUT_S, or waiting anywhere in a queue past
-    DAYZERO_TASK_TIME_LIMIT_S (see dayzero.serving.reaper)."""
+    DAYZERO_TASK_TIME_LIMIT_S (see dayzero.serving.reaper); cancel those a stopped gateway's clients
+    left and have not come back for within the grace (dayzero.serving.watching)."""
     messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
     store = gw.bus.store
     overdue = OverdueWaits(store, gw.settings.task_time_limit_s, gw.codec)
@@ -55,6 +57,7 @@ async def _reaper(gw: Gateway) -> None:
         gw.bus.unserved = {stage: seconds for stage, seconds in unserved.items() if seconds > bound}  # (admission)
         end_unserved(store, unserved.__getitem__, bound)
         overdue.end()
+        cancel_left(store.r, store.ttl_s)  # (left by a gateway that stopped)
 
     period = gw.settings.lease_s / 2
     while True:

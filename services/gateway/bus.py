@@ -82,7 +82,8 @@ class Bus:
         }
 
     async def close(self) -> None:
-        """Stop reading streams; requests nobody watches any more are cancelled at once."""
+        """Stop reading streams; requests nobody reads any more are cancelled, at their grace's end when
+        their clients may resume them (by whichever gateway runs then)."""
         await self.hub.close()
         await self.leaving.close()
         await self.r.aclose()

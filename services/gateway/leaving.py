@@ -11,7 +11,9 @@ before any Redis) holds a pending cancel until its stream starts reading, which 
 cancel: the resumed read's own leave decides again. Left to Redis alone, a stall across the grace's
 end let the cancel overtake the resume's four commands (5 of ~600 resumes in the soak's Redis stops
 were cancelled under their client). Resumes on another gateway are judged by Redis: the cancel is
-one step there (``Watching.cancel_unwatched``), taken only while nobody reads the stream.
+one step there (``Watching.cancel_unwatched``), taken only while nobody reads the stream. A gateway
+that stops leaves the cancels still within their grace to Redis (``Watching.cancel_later``): a rolling
+restart's clients resume on another gateway, or on this one once it runs again.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ T = TypeVar("T")
 class Leave:
     request_id: str
     deadline: float  # unix time: the request has ended by then (its time limit), whatever happens here
+    grace_ends: float  # unix time: its cancel is due (at once: a client that cannot resume it)
     superseded: bool = False  # a client reads it again: that read's own leave decides
 
 
@@ -95,7 +98,7 @@ class Leaving:
         """A read (``watcher``) of a request made at unix time ``created`` ended: unwatch it, then,
         unless the request ``finished`` or others read it, cancel it (after the grace when its
         client may resume it), in a task of its own."""
-        leave = Leave(request_id, created + self.time_limit_s)
+        leave = Leave(request_id, created + self.time_limit_s, time.time() + self.grace_s * resumable)
         task = asyncio.create_task(self._leave(leave, watcher, finished, resumable))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -112,10 +115,13 @@ class Leaving:
             if resumable:
                 await asyncio.sleep(self.grace_s)
             await self._tried(leave, "cancel", lambda: self._cancel(leave))
-        except asyncio.CancelledError:  # the gateway stops: decide now, once
+        except asyncio.CancelledError:  # the gateway stops: its cancel is left to Redis, due as it was
             with contextlib.suppress(redis.RedisError):
                 if await self.watching.unwatch(rid, watcher) == 0 and not (finished or leave.superseded):
-                    await self.watching.cancel_unwatched(rid)
+                    if leave.grace_ends > time.time():
+                        await self.watching.cancel_later(rid, leave.grace_ends)
+                    else:
+                        await self.watching.cancel_unwatched(rid)
         finally:
             pending = self._pending.get(rid, set())
             pending.discard(leave)
@@ -151,7 +157,7 @@ class Leaving:
             return result
 
     async def close(self) -> None:
-        """Decide every pending leave now (each tries once more)."""
+        """Leave every pending cancel to Redis, due at its grace's end (each tries once more)."""
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 
 from dayzero.serving.keys import key
 from dayzero.serving.queue import make_celery
+from dayzero.serving.watching import cancel_left
 from dayzero.settings import Settings
 from services.gateway.bus import Bus
 
@@ -24,11 +25,12 @@ GRACE_S = 1.0
 BODY = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 50, "stream": True}
 
 
-def test_a_request_abandoned_twice_within_the_grace_is_decided_at_close(redis_url):
-    """A resumed stream abandoned again: the gateway stopping decides its request at once (the
-    second read's leave; the first's was superseded by the resume)."""
+def test_a_request_abandoned_twice_within_the_grace_is_left_to_redis_at_close(redis_url):
+    """A resumed stream abandoned again: the gateway stopping leaves its request's cancel to Redis, due
+    at the second read's grace's end (the first's was superseded by the resume), once; a running
+    gateway's reaper pass (``cancel_left``) cancels it then, not before."""
 
-    async def run() -> bool:
+    async def run() -> tuple[float | None, bool]:
         settings = Settings(redis_url=redis_url, disconnect_grace_s=60)
         bus = Bus(settings, make_celery(settings))
         for watcher in ("first", "resumed"):
@@ -38,11 +40,17 @@ def test_a_request_abandoned_twice_within_the_grace_is_decided_at_close(redis_ur
         await asyncio.sleep(0.2)  # both unwatched: their graces run
         await asyncio.wait_for(bus.close(), 5)
         client = aioredis.Redis.from_url(redis_url)
-        cancelled = bool(await client.exists(key("cancel", "r1")))
+        due, cancelled = await client.zscore(key("left"), "r1"), bool(await client.exists(key("cancel", "r1")))
         await client.aclose()
-        return cancelled
+        return due, cancelled
 
-    assert asyncio.run(run())
+    due, cancelled = asyncio.run(run())
+    assert due is not None and 58 < due - time.time() <= 60 and not cancelled
+    client = redis.Redis.from_url(redis_url)
+    assert cancel_left(client, 60) == [] and not client.exists(key("cancel", "r1"))  # not due yet
+    client.zadd(key("left"), {"r1": time.time() - 1})  # (its grace's end, passed)
+    assert cancel_left(client, 60) == ["r1"] and client.exists(key("cancel", "r1"))
+    assert client.zcard(key("left")) == 0
 
 
 def test_a_resume_on_its_way_holds_the_cancel_of_another_read_that_left(redis_url):

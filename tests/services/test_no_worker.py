@@ -8,6 +8,7 @@ import signal
 
 import httpx
 import redis
+from tokenizers import Tokenizer
 
 from dayzero.serving.liveness import unserved_for
 
@@ -53,7 +54,10 @@ def test_a_request_no_live_worker_takes_ends_with_503_and_those_behind_a_live_on
         assert wait_until(lambda: unserved_for(redis.Redis.from_url(stack.redis_url), "prefill") == 0.0, 10)
 
         decode.send_signal(signal.SIGSTOP)  # prefill streams the first token, then hands off to nobody
-        chunks, ended, last = _stream_ending(stack.url, {**body, "temperature": 0})  # (a first token a whole character)
+        # (a whole character, sent at once: greedy's first token here has no text of its own, its chunk waits
+        # for the next token, which came only when the frozen worker's pending read took the handoff)
+        whole = {Tokenizer.from_file(str(text_dir / "tokenizer.json")).token_to_id("C"): 100}
+        chunks, ended, last = _stream_ending(stack.url, {**body, "logit_bias": whole})
         # (a second token when the frozen worker's pending BRPOP took the message: the reaper re-ran it)
         assert 1 <= len(chunks) < 60 and chunks[0]["choices"][0]["text"], (chunks, ended)
         assert ended["error"]["code"] == "no_worker" and "no decode worker" in ended["error"]["message"]

@@ -1,8 +1,14 @@
 """The gateway's asynchronous side of a request's life (dayzero.serving.lifecycle, whose keys these
-are): admission, who reads a stream, and the cancel when nobody does."""
+are): admission, who reads a stream, and the cancel when nobody does; a stopping gateway leaves the
+cancels of its clients' reads still within their grace to Redis, whichever gateway runs cancels them
+when it ends (``cancel_left``, in its reaper's passes), unless a client reads the request again by
+then: a rolling restart's clients resume on another gateway, or on this one restarted."""
 
 from __future__ import annotations
 
+import time
+
+import redis
 import redis.asyncio as aioredis
 
 from .admission import Queue, admission, record_s
@@ -29,6 +35,18 @@ if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2]) == 0 the
     redis.call('SET', KEYS[3], 1, 'EX', ARGV[1])
 end
 """
+
+
+def cancel_left(client: redis.Redis, stream_ttl_s: int) -> list[str]:
+    """Cancel the requests whose grace a stopped gateway left here (``Watching.cancel_later``) and
+    has ended, unless a client reads them again (or they ended); returns their ids. Their entries go."""
+    due = [rid.decode() for rid in client.zrangebyscore(key("left"), "-inf", time.time())]
+    cancel = client.register_script(CANCEL_UNWATCHED)
+    for rid in due:
+        cancel(keys=[key(family, rid) for family in ("watchers", "done", "cancel")], args=[stream_ttl_s])
+    if due:
+        client.zrem(key("left"), *due)
+    return due
 
 
 class Watching:
@@ -67,6 +85,12 @@ class Watching:
 
     async def _change(self, rid: str, watcher: str, coming: bool) -> int:
         return int(await self._readers(keys=[key("watchers", rid)], args=[int(coming), self.readers_s, watcher]))
+
+    async def cancel_later(self, rid: str, at: float) -> None:
+        """The gateway stops: the request is cancelled at unix time ``at`` (its grace's end) unless a
+        client reads it again by then (``cancel_left``; cancelled at once, a rolling restart's resume
+        found its request cancelled on the next gateway)."""
+        await self.r.zadd(key("left"), {rid: at})
 
     async def cancel_unwatched(self, rid: str) -> None:
         """Ask the request's worker to stop, unless a client reads it again or it has ended."""

@@ -1,0 +1,79 @@
+"""A gateway that stops (a rolling restart) ends its streams with ``shutting_down``; their clients may
+resume them within the disconnect grace on another gateway, or on this one restarted. The stopping
+gateway cancelled every request nobody read at once: each resume found its request cancelled. Now it
+leaves the cancel to Redis, due at the grace's end, and a running gateway cancels it then unless a
+client reads the request again. Real processes: Redis, a gateway restarted under a real stack, workers."""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+import redis
+
+from dayzero.serving.keys import key
+
+from .conftest import MODEL, sse_events, start_stack, wait_until
+
+LONG = {"model": MODEL, "prompt": [0, 5, 6, 7], "max_tokens": 2048, "ignore_eos": True, "stream": True}
+
+
+def _read_until_stopped(url: str, gateway) -> tuple[str, str, list[str], dict]:
+    """Stream LONG; stop the gateway (SIGTERM) after three tokens: the request's id, its resume token,
+    the event ids seen, and the stream's error event."""
+    seen, payloads = [], []
+    with httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=60) as r:
+        rid, token = r.headers["x-request-id"], r.headers["x-resume-token"]
+        for event_id, data in sse_events(r):
+            if event_id:
+                seen.append(event_id)
+            payloads.append(data)
+            if len(seen) == 3 and gateway.poll() is None:
+                gateway.send_signal(signal.SIGTERM)
+    assert payloads[-1] == "[DONE]", payloads[-3:]
+    return rid, token, seen, payloads[-2]
+
+
+def _restarted(stack) -> None:
+    gateway = stack.child("gateway").proc
+    gateway.wait(timeout=30)
+    assert stack.supervise() == ["gateway"]
+    stack.wait_ready(timeout_s=120)
+
+
+def test_a_stream_a_stopped_gateway_ended_resumes_on_the_next_one_and_one_left_is_cancelled(text_dir, tmp_path):
+    grace = {"DAYZERO_DISCONNECT_GRACE_S": "60"}
+    stack = start_stack(text_dir, tmp_path, {"vision": 0, "prefill": 1, "decode": 1}, grace)
+    try:
+        r = redis.Redis.from_url(stack.redis_url)
+        rid, token, seen, ended = _read_until_stopped(stack.url, stack.child("gateway").proc)
+        assert ended["error"]["code"] == "shutting_down"
+        stack.child("gateway").env = {"DAYZERO_DISCONNECT_GRACE_S": "2"}  # (the next stop's, below)
+        _restarted(stack)
+        assert r.get(key("cancel", rid)) is None  # (was: cancelled as the gateway stopped)
+        rest = []
+        with httpx.stream(
+            "GET",
+            f"{stack.url}/v1/requests/{rid}/stream?resume_token={token}",
+            headers={"Last-Event-ID": seen[-1]},
+            timeout=120,
+        ) as resumed:
+            assert resumed.status_code == 200
+            for event_id, data in sse_events(resumed):
+                if data == "[DONE]":
+                    break
+                rest.append((event_id, data))
+        assert rest[-1][1]["choices"][0]["finish_reason"] == "length", rest[-1]
+        numbers = [int(i.split("-")[0]) for i in seen + [e for e, _ in rest]]
+        assert numbers == sorted(set(numbers)) and numbers[-1] == LONG["max_tokens"]  # in order, to its end
+
+        # a client that does not come back: its request is cancelled at the grace's end (2 s), by the
+        # gateway that runs then (was: left generating to its end for nobody)
+        left, _, _, ended = _read_until_stopped(stack.url, stack.child("gateway").proc)
+        assert ended["error"]["code"] == "shutting_down"
+        _restarted(stack)
+        assert wait_until(lambda: r.get(key("done", left)) is not None, 60)
+        assert r.get(key("done", left)) == b"cancelled"
+        assert wait_until(lambda: r.zscore(key("left"), left) is None, 5)  # (the resumed one's: due in 60 s)
+    finally:
+        stack.stop()
