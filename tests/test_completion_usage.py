@@ -1,6 +1,6 @@
 """A completion's usage: thinking mode's reasoning tokens, counted as OpenAI reports them (the tokens
 up to the one that ends the thought), also when a request is rebuilt from its streamed tokens, or
-counted from them by the gateway (a request it ends itself: usage.py)."""
+counted from them (a request that waited past the time limit: usage.py, time_limit.py)."""
 
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ def test_reasoning_tokens_are_those_up_to_the_end_of_the_thought(codec):
 
 
 def test_the_gateway_counts_a_streamed_request_as_its_completion_would(codec):
-    """A request the gateway ends past the time limit (waiting in a queue) gets the usage a worker
-    would have given it, thinking mode's reasoning tokens included (its chat answer would otherwise
-    lack ``completion_tokens_details``)."""
+    """A request that waited past the time limit (in a queue: the gateway ends it; for a worker's
+    room: the worker) gets the usage its completion would have given it, thinking mode's reasoning
+    tokens included (its chat answer would otherwise lack ``completion_tokens_details``)."""
     thought, answer = codec.encode("Hmm, let me think about it."), codec.encode("The answer is 4.")
     block = codec.encode("\n\n<｜DSML｜tool_calls>")
     for tokens in (thought, thought + [codec.token_id("</think>")] + answer, thought + block + answer):

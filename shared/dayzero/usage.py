@@ -1,6 +1,7 @@
 """A completion's token counts as OpenAI reports them (``usage``: a finished stream's last entry
-carries them). The workers' completions count as they go (completion.py); the gateway counts a
-request it ends itself from the tokens it streamed (reaper.py). Torch-free: the gateway imports it."""
+carries them). The workers' completions count as they go (completion.py); a request that waited past
+DAYZERO_TASK_TIME_LIMIT_S is counted from the tokens it streamed (time_limit.py), by the gateway
+(reaper.py) and by a worker that claimed it (waiting.py) alike. Torch-free: the gateway imports it."""
 
 from __future__ import annotations
 

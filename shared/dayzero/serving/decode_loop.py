@@ -105,7 +105,7 @@ class DecodeLoop:
             log.warning("request %s: past DAYZERO_TASK_TIME_LIMIT_S; ending it", rid)
             completion = self.active[rid].completion
             self._finish(rid, "length", index=completion.count, usage=completion.usage())
-        end_overdue(self.waiting, self.r, self.limit, self._settle)
+        end_overdue(self.waiting, self.r, self._settle)
 
     def _drop(self, rid: str) -> None:
         """Stop generating a request whose lease this worker lost (it stalled past the lease and the

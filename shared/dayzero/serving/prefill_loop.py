@@ -70,7 +70,7 @@ class PrefillLoop:
             self._end_cancelled()  # between two chunks of a prompt, and of the requests waiting meanwhile
         self.starved = False
         if self.pending:
-            end_overdue(self.pending, self.r, self.limit, self._settle)
+            end_overdue(self.pending, self.r, self._settle)
             first_come(self.pending)
             settings = self.r.settings
             taken = take_batch(self.pending, self.running, settings.prefill_chunk_size, settings.max_prefill_tokens)

@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 from ..telemetry import continued
 from ..tokenizer import IdsOnlyCodec, TextCodec
-from ..usage import streamed_usage
 from .keys import QUEUES, key
 from .lifecycle import Lifecycle
 from .messages import PrefillJob
@@ -121,9 +120,8 @@ class OverdueWaits:
             if rid in cancelled:  # its client left: cancelled, not an answer to give
                 settled = store.settle(rid, attempt, owner, "cancelled", len(tokens))
             else:
-                usage = streamed_usage(self.codec, len(request.prompt_ids), tokens, request.thinking)
-                end = past_limit(len(tokens), self.limit_s, usage)
-                settled = store.settle(rid, attempt, owner, end.reason, len(tokens), end.message, end.usage, end.code)
+                end = past_limit(self.codec, request, tokens, self.limit_s)
+                settled = store.settle(rid, attempt, owner, end.reason, end.index, end.message, end.usage, end.code)
             if settled:
                 log.warning("request %s: waited in a queue past DAYZERO_TASK_TIME_LIMIT_S; ended it", rid)
                 ended.append(rid)

@@ -6,16 +6,22 @@ in a stage's queue or as a handoff no decode worker has taken (reaper.py: no wor
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from ..tokenizer import IdsOnlyCodec, TextCodec
+from ..usage import streamed_usage
+from .messages import GenerationRequest
 
 OVERLOADED = "overloaded"  # the error code of a request that found no room in time: a 503 (gateway/outcome.py)
 
 
 @dataclass(frozen=True, slots=True)
 class LimitEnd:
-    """What ``Lifecycle.settle`` records for a request past the limit."""
+    """What ``Lifecycle.settle`` records for a request past the limit, at ``index`` (its stream's end)."""
 
     reason: str
+    index: int
     message: str = ""
     usage: dict | None = None
     code: str = ""
@@ -26,12 +32,19 @@ def overdue(created: float, limit_s: float) -> bool:
     return created < time.time() - limit_s
 
 
-def past_limit(streamed: int, limit_s: float, usage: dict | None) -> LimitEnd:
-    """A request that has streamed tokens ends as a token limit would: finish reason "length", its
-    text kept, its ``usage`` counted (an error would lose a non-streamed answer's text and make
-    OpenAI's clients run it all again). One that has streamed none ends with a 503 ``overloaded`` (a
-    "length" without text would say it had run): its client may retry it when there is room."""
+def past_limit(
+    codec: TextCodec | IdsOnlyCodec, request: GenerationRequest, streamed: Sequence[int], limit_s: float
+) -> LimitEnd:
+    """The end of ``request``, waiting (not generating) past the limit, that has streamed the tokens
+    ``streamed``: it goes after them.
+
+    One that has streamed tokens ends as a token limit would: finish reason "length", its text kept,
+    its usage counted from them as its completion would count them (thinking mode's reasoning
+    tokens too: usage.py) (an error would lose a non-streamed answer's text and make OpenAI's
+    clients run it all again). One that has streamed none ends with a 503 ``overloaded`` (a "length"
+    without text would say it had run): its client may retry it when there is room."""
     if streamed:
-        return LimitEnd("length", usage=usage)
+        usage = streamed_usage(codec, len(request.prompt_ids), streamed, request.thinking)
+        return LimitEnd("length", len(streamed), usage=usage)
     message = f"no room for the request within DAYZERO_TASK_TIME_LIMIT_S={limit_s:g} s; retry later"
-    return LimitEnd("error", message, code=OVERLOADED)
+    return LimitEnd("error", 0, message, code=OVERLOADED)

@@ -48,18 +48,17 @@ def first_come(tickets: list[Ticket[J]]) -> None:
     tickets.sort(key=lambda ticket: ticket.job.request.created)
 
 
-def end_overdue(tickets: list[Ticket[W]], runtime: Runtime, limit: int, settle: Callable[..., object]) -> None:
+def end_overdue(tickets: list[Ticket[W]], runtime: Runtime, settle: Callable[..., object]) -> None:
     """End the requests of ``tickets`` admitted longer ago than DAYZERO_TASK_TIME_LIMIT_S, and take them
     out: one that has streamed tokens (any decode holds; a re-run in prefill) with "length", one that
     has streamed none (in prefill) with a 503 ``overloaded`` (time_limit.py).
-    ``settle(ticket, reason, message, index=, usage=, code=)``: the loop's; ``limit``: the context limit."""
+    ``settle(ticket, reason, message, index=, usage=, code=)``: the loop's."""
     limit_s, stage = runtime.settings.task_time_limit_s, runtime.stats.stage
     for ticket in [t for t in tickets if overdue(t.job.request.created, limit_s)]:
-        job = ticket.job
-        log.warning("request %s: waited in %s past DAYZERO_TASK_TIME_LIMIT_S; ending it", job.request.request_id, stage)
-        usage = runtime.completion(job.request, job.generated, limit).usage() if job.generated else None
-        end = past_limit(len(job.generated), limit_s, usage)
-        settle(ticket, end.reason, end.message, index=len(job.generated), usage=end.usage, code=end.code)
+        request = ticket.job.request
+        log.warning("request %s: waited in %s past DAYZERO_TASK_TIME_LIMIT_S; ending it", request.request_id, stage)
+        end = past_limit(runtime.codec, request, ticket.job.generated, limit_s)
+        settle(ticket, end.reason, end.message, index=end.index, usage=end.usage, code=end.code)
         tickets.remove(ticket)  # (once settled: Redis failing leaves it for the next try)
 
 
