@@ -10,6 +10,8 @@ import signal
 import time
 
 import httpx
+import pytest
+import redis
 
 from dayzero.params import SamplingParams
 from dayzero.serving.decode_loop import DecodeLoop
@@ -24,7 +26,7 @@ from dayzero.serving.scripts import Take
 from dayzero.settings import Settings
 
 from .conftest import MODEL, USAGE, chat, recording, run_jobs, sse_events, start_stack, stream_text
-from .prefill_jobs import one_sequence_loop
+from .prefill_jobs import admitted, one_sequence_loop
 
 
 def test_a_request_past_the_time_limit_ends_at_length_and_the_others_go_on(demo_dir, redis_url):
@@ -115,6 +117,7 @@ def test_a_prompt_waiting_in_prefill_for_blocks_past_the_time_limit_ends_with_ov
         store.admit(request, [], "", 60)
         jobs.append(PrefillJob(request=request, generated=generated, attempt=len(generated)))
     store.r.set(key("attempt", "p-rerun"), 1)  # re-run after a worker failure, its token streamed
+    store.append([Token("p-rerun", 0, 7, "a")], {"p-rerun": 1}, "")
     try:
         holds = loop.intake.submit(jobs[0])
         loop._iteration()
@@ -130,6 +133,42 @@ def test_a_prompt_waiting_in_prefill_for_blocks_past_the_time_limit_ends_with_ov
     assert (store.done("p-rerun"), rerun.index, rerun.finish_reason) == ("length", 1, "length")
     assert rerun.usage == {"prompt_tokens": 5, "completion_tokens": 1}
     assert [t.job.request.request_id for t in loop.pending] == ["p-in-time"] and len(sent) == 1
+
+
+@pytest.mark.parametrize("streamed_before", [0, 1])
+def test_a_prompt_retried_past_the_time_limit_after_its_tokens_answer_was_lost_ends_after_that_token(
+    demo_dir, redis_url, streamed_before
+):
+    """Redis wrote prefill's token but its answer never came (a reply past the client's socket
+    timeout): the loop puts the request back with the tokens it came with and, past the limit, ends
+    it. The end goes after the token its client got, counted in its usage: counting only the job's
+    own tokens ended a first run with 503 ``overloaded`` after that token's text, and a re-run with
+    "length" and usage one token short of its stream (SETTLE moved the end after the token)."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, task_time_limit_s=1)
+    runtime = Runtime.load(settings, "prefill-lost@test", "prefill", False)
+    loop, store, rid = PrefillLoop(runtime, recording([])), runtime.store, f"lost-{streamed_before}"
+    job = admitted(store, rid)
+    if streamed_before:  # a re-run after a worker failure, with the token it streamed
+        store.r.set(key("attempt", rid), 1)
+        store.append([Token(rid, 0, 7, "a")], {rid: 1}, "")
+        job = job.model_copy(update={"attempt": 1, "generated": (7,)})
+    real_append, lost = store.append, [True]
+
+    def answer_lost_once(tokens, *args):
+        appended = real_append(tokens, *args)
+        if lost and lost.pop():
+            time.sleep(1.2)  # past the time limit by the retry
+            raise redis.TimeoutError("Timeout reading from socket")  # written, its answer lost
+        return appended
+
+    store.append = answer_lost_once
+    run_jobs(loop, [job], 30)
+    tokens, _ = store.stream(rid)
+    last = _last(store, rid)
+    assert len(tokens) == streamed_before + 1 and store.done(rid) == "length"
+    assert (last.index, last.token, last.finish_reason, last.error) == (len(tokens), -1, "length", "")
+    assert last.usage == {"prompt_tokens": 5, "completion_tokens": len(tokens)}
+    runtime.close()
 
 
 def test_the_api_answers_a_request_cut_by_the_time_limit_with_its_text(text_dir, tmp_path):

@@ -35,8 +35,9 @@ def overdue(created: float, limit_s: float) -> bool:
 def past_limit(
     codec: TextCodec | IdsOnlyCodec, request: GenerationRequest, streamed: Sequence[int], limit_s: float
 ) -> LimitEnd:
-    """The end of ``request``, waiting (not generating) past the limit, that has streamed the tokens
-    ``streamed``: it goes after them.
+    """The end of ``request``, waiting (not generating) past the limit, whose stream holds the tokens
+    ``streamed`` (read from it, not from a job's own count: a token whose append landed though Redis's
+    answer was lost is its client's too): it goes after them.
 
     One that has streamed tokens ends as a token limit would: finish reason "length", its text kept,
     its usage counted from them as its completion would count them (thinking mode's reasoning

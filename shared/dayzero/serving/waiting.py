@@ -33,14 +33,8 @@ class Run(Claimed, Protocol):
     def attempt(self) -> int: ...
 
 
-class Waits(Claimed, Protocol):
-    @property
-    def generated(self) -> tuple[int, ...]: ...
-
-
 J = TypeVar("J", bound=Claimed)
 R = TypeVar("R", bound=Run)
-W = TypeVar("W", bound=Waits)
 
 
 def first_come(tickets: list[Ticket[J]]) -> None:
@@ -48,16 +42,17 @@ def first_come(tickets: list[Ticket[J]]) -> None:
     tickets.sort(key=lambda ticket: ticket.job.request.created)
 
 
-def end_overdue(tickets: list[Ticket[W]], runtime: Runtime, settle: Callable[..., object]) -> None:
+def end_overdue(tickets: list[Ticket[J]], runtime: Runtime, settle: Callable[..., object]) -> None:
     """End the requests of ``tickets`` admitted longer ago than DAYZERO_TASK_TIME_LIMIT_S, and take them
     out: one that has streamed tokens (any decode holds; a re-run in prefill) with "length", one that
-    has streamed none (in prefill) with a 503 ``overloaded`` (time_limit.py).
-    ``settle(ticket, reason, message, index=, usage=, code=)``: the loop's."""
+    has streamed none (in prefill) with a 503 ``overloaded`` (time_limit.py), after the tokens its
+    stream holds (read from it: a job's own may lack one whose append landed though Redis failed to
+    answer, and is retried). ``settle(ticket, reason, message, index=, usage=, code=)``: the loop's."""
     limit_s, stage = runtime.settings.task_time_limit_s, runtime.stats.stage
     for ticket in [t for t in tickets if overdue(t.job.request.created, limit_s)]:
         request = ticket.job.request
         log.warning("request %s: waited in %s past DAYZERO_TASK_TIME_LIMIT_S; ending it", request.request_id, stage)
-        end = past_limit(runtime.codec, request, ticket.job.generated, limit_s)
+        end = past_limit(runtime.codec, request, runtime.store.streamed_tokens(request.request_id), limit_s)
         settle(ticket, end.reason, end.message, index=end.index, usage=end.usage, code=end.code)
         tickets.remove(ticket)  # (once settled: Redis failing leaves it for the next try)
 
