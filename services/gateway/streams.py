@@ -10,6 +10,9 @@ subscription with the error (the stream's reader turns it into an error event), 
 Redis that stops answering (frozen, its host unreachable) for ``READ_MARGIN_S`` past the block.
 A subscriber ``BACKLOG`` entries behind (its client reads slower than tokens come) is read no
 further until it has taken half of them: the rest wait in Redis, not in this gateway's memory.
+A request that ended (its ``done`` mark) with a stream its end could not be written to (``Settled``'s
+UNCLOSED) is ended for its readers with the end ``done`` names, once their stream has been quiet
+for a block: the reader looks at most once a block, one MGET of the quiet streams' marks.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import redis
 import redis.asyncio as aioredis
 
 from dayzero.serving.keys import key
-from dayzero.serving.records import Token, decode
+from dayzero.serving.records import Token, decode, ending
 
 log = logging.getLogger("dayzero.gateway")
 READ_MARGIN_S = 10.0  # a blocked read unanswered this long after its block ends: Redis is lost (the commands' bound)
@@ -56,6 +59,7 @@ class Subscription:
     ahead: Token | BaseException | None = None  # taken from the queue by ``pending``, not yet read
     resume: Callable[[], None] = lambda: None  # the hub reads a held subscription's stream again
     held: bool = False  # BACKLOG entries behind: the hub reads its stream no further for now
+    looked: str | None = None  # ``last`` when the hub last looked for ended requests (unchanged since: quiet)
 
     async def next(self, timeout_s: float) -> Token | None:
         """The next entry; None after ``timeout_s`` without one; raises what ended the stream."""
@@ -106,6 +110,7 @@ class StreamHub:
         self.subs: set[Subscription] = set()
         self._reader: asyncio.Task | None = None
         self._wakes: set[asyncio.Task] = set()  # wake-ups on their way (a held subscription resumes)
+        self._look_at = 0.0  # when the reader next looks for ended requests whose streams have no end
 
     @property
     def open(self) -> int:
@@ -155,6 +160,8 @@ class StreamHub:
             try:
                 try:
                     await self._read_once()
+                    if asyncio.get_running_loop().time() >= self._look_at:  # once a block, not per read
+                        await self._end_unclosed()
                 except redis.ResponseError as exc:  # Redis refused the read, not lost: end only who caused it
                     await self._drop_unreadable(exc)
             except redis.RedisError as exc:
@@ -184,6 +191,44 @@ class StreamHub:
         for sub in refused or list(self.subs):
             sub.close(exc)
             self.subs.discard(sub)
+
+    async def _end_unclosed(self) -> None:
+        """Each subscription whose stream was quiet since the last look (a block ago) and whose
+        request ended without its stream's end gets the end its ``done`` mark names."""
+        self._look_at = asyncio.get_running_loop().time() + self.block_ms / 1000
+        quiet = [sub for sub in self.subs if sub.last == sub.looked and not sub.held]
+        for sub in self.subs:
+            sub.looked = sub.last
+        for sub, end in await self._unclosed_ends(quiet) if quiet else ():
+            log.error(
+                "request %s ended %s without its stream's end: its reader is ended", sub.request_id, end.finish_reason
+            )
+            sub.queue.put_nowait(end)
+            self.subs.discard(sub)
+
+    async def _unclosed_ends(self, quiet: list[Subscription]) -> list[tuple[Subscription, Token]]:
+        """Of ``quiet``, those whose request ended (one MGET of their ``done`` marks) while their
+        stream has no end, nor an entry they have not read (SETTLE writes both at once and nothing
+        is appended after it: the stream stays so), each with the end the mark names (its stream's
+        next index, no token: as SETTLE's own end). Only the ended cost a second round trip."""
+        marks = await self.r.mget([key("done", sub.request_id) for sub in quiet])
+        ended = [(sub, mark.decode()) for sub, mark in zip(quiet, marks, strict=True) if mark]
+        if not ended:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for sub, _ in ended:
+            pipe.xrevrange(key("tokens", sub.request_id), count=1)
+        lasts = await pipe.execute(raise_on_error=False)
+        ends = []
+        for (sub, reason), last in zip(ended, lasts, strict=True):
+            if isinstance(last, Exception):  # no stream: the read refuses it too, and ends it
+                continue
+            order = entry_order(last[0][0].decode()) if last else (0, 0)  # (an entry's: its index + 1)
+            if last and (b"f" in last[0][1] or order > entry_order(sub.last)):
+                continue  # its end is there, or entries it has yet to read: the read delivers them
+            message = "generation failed (how could not be recorded)" if reason == "error" else ""
+            ends.append((sub, ending(sub.request_id, order[0], reason, message)))
+        return ends
 
     async def _read_once(self) -> None:
         wanted: dict[str, str] = {}

@@ -30,13 +30,13 @@ class Settled(IntEnum):
     # the last token had no finish (an end without a token): the entry went after the stream's last
     MOVED = 2
     CLOSED_BEFORE = 3  # its stream had ended already: no second end added
-    UNCLOSED = 4  # its stream could not be closed: the write failed
+    UNCLOSED = 4  # its stream could not be closed: the write failed (the gateway ends its readers from ``done``)
 
 
 SETTLED_SAYS = {  # how the stream of an ended request closed, when not as asked (logged)
     Settled.MOVED: "went after the stream's last entry (a token held its index, or the last token had no finish)",
     Settled.CLOSED_BEFORE: "was there already (no second end)",
-    Settled.UNCLOSED: "could not be written: its reader gets no end",
+    Settled.UNCLOSED: "could not be written: the gateway ends its readers from the done mark, a keep-alive or two late",
 }
 
 
