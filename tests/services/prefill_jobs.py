@@ -1,5 +1,6 @@
 """Prefill jobs for the prefill loop's tests: a request admitted as the gateway admits it, and a
-loop whose pools hold one sequence."""
+loop whose pools hold one sequence; decode jobs for the decode loop's tests: requests prefilled and
+handed off."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
-from .conftest import recording
+from .conftest import recording, run_jobs
 
 
 def admitted(store: Lifecycle, rid: str, prompt: tuple[int, ...] = (0, 5, 6, 7, 8)) -> PrefillJob:
@@ -46,3 +47,19 @@ def first_append_fails(runtime: Runtime) -> list:
 
     runtime.store.append = append_failing_once
     return appends
+
+
+def handed_off(settings: Settings, rids: tuple[str, ...], max_tokens: int = 3) -> tuple[Lifecycle, list[DecodeJob]]:
+    """Admit a 3-token request per id and run them through a prefill loop: decode's jobs, handed off."""
+    store, sent = Lifecycle.connect(settings.redis_url), []
+    requests = [
+        GenerationRequest(
+            request_id=rid, prompt_ids=(0, 5, 6), sampling=SamplingParams(max_tokens=max_tokens), created=time.time()
+        )
+        for rid in rids
+    ]
+    for request in requests:
+        store.admit(request, [], "", 60)
+    prefill = PrefillLoop(Runtime.load(settings, f"prefill-{rids[0]}@test", "prefill", False), recording(sent))
+    run_jobs(prefill, [PrefillJob(request=r) for r in requests])
+    return store, sent

@@ -12,29 +12,13 @@ from dayzero.params import SamplingParams
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
-from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
-from dayzero.serving.prefill_loop import PrefillLoop
+from dayzero.serving.messages import DecodeJob
 from dayzero.serving.runtime import Runtime
 from dayzero.serving.scripts import Take
 from dayzero.settings import Settings
 
-from .conftest import recording, run_jobs
-
-
-def _prefilled(settings: Settings, rids: tuple[str, ...]) -> tuple[Lifecycle, list[DecodeJob]]:
-    """Admit a 3-token request per id and run them through a prefill loop: decode's jobs, handed off."""
-    store, sent = Lifecycle.connect(settings.redis_url), []
-    requests = [
-        GenerationRequest(
-            request_id=rid, prompt_ids=(0, 5, 6), sampling=SamplingParams(max_tokens=3), created=time.time()
-        )
-        for rid in rids
-    ]
-    for request in requests:
-        store.admit(request, [], "", 60)
-    prefill = PrefillLoop(Runtime.load(settings, f"prefill-{rids[0]}@test", "prefill", False), recording(sent))
-    run_jobs(prefill, [PrefillJob(request=r) for r in requests])
-    return store, sent
+from .conftest import run_jobs
+from .prefill_jobs import handed_off
 
 
 def test_taking_handoffs_says_which_were_cancelled_and_which_runs_are_over(redis_url):
@@ -62,7 +46,7 @@ def test_a_steps_arrivals_are_admitted_in_one_round_trip_older_runs_and_duplicat
     trip takes the handoffs of those imported. Of two deliveries of one request, the older run's is
     dropped; a run that ends during the import (re-run: its lease lapsed in a stall) is freed."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
-    store, sent = _prefilled(settings, ("a", "b", "late", "old", "twice"))
+    store, sent = handed_off(settings, ("a", "b", "late", "old", "twice"))
     store.r.set(key("attempt", "old"), 1)  # re-run since: its delivery (attempt 0) is stale on arrival
     runtime = Runtime.load(settings, "decode4@test", "decode", False)
     loop, calls = DecodeLoop(runtime), []
@@ -97,7 +81,7 @@ def test_a_steps_arrivals_are_admitted_in_one_round_trip_older_runs_and_duplicat
 
 def test_a_request_cancelled_during_its_handoff_ends_before_a_step_without_a_cancel_read(demo_dir, redis_url):
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
-    store, sent = _prefilled(settings, ("stays", "leaves"))
+    store, sent = handed_off(settings, ("stays", "leaves"))
     store.cancel("leaves")  # the client goes while the job waits on decode's queue
     runtime = Runtime.load(settings, "decode3@test", "decode", False)
     loop, stepped, read = DecodeLoop(runtime), [], []
@@ -117,7 +101,7 @@ def test_a_request_cancelled_while_its_first_step_runs_gets_no_token_of_it(demo_
     cancelled seconds before): nothing of the step is written, the stream ends cancelled after
     prefill's token, the blocks are free; the other request of the batch goes on."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
-    store, sent = _prefilled(settings, ("goes_on", "left"))
+    store, sent = handed_off(settings, ("goes_on", "left"))
     runtime = Runtime.load(settings, "decode6@test", "decode", False)
     loop, real_decode = DecodeLoop(runtime), runtime.ranks.decode
 
@@ -144,7 +128,7 @@ def test_a_handoff_decode_received_is_leased_to_it_and_re_run_when_it_dies(demo_
     from dayzero.serving.reaper import sweep
 
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", lease_s=0.3)
-    store, sent = _prefilled(settings, ("handed",))
+    store, sent = handed_off(settings, ("handed",))
     assert store.owner("handed") == "handoff"
     runtime = Runtime.load(settings, "decode5@test", "decode", False)
     loop = DecodeLoop(runtime)
@@ -164,7 +148,7 @@ def test_a_handoff_from_pools_of_another_layout_fails_its_request_at_once_naming
     """Prefill and decode started with different DAYZERO_BLOCK_SIZE: the request was re-run on every
     worker, then failed after ~22 s with a message naming no setting."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
-    store, sent = _prefilled(settings, ("blocks",))
+    store, sent = handed_off(settings, ("blocks",))
     decode = Runtime.load(settings.model_copy(update={"block_size": 32}), "decode5@test", "decode", False)
     run_jobs(DecodeLoop(decode), sent, timeout_s=30)
     assert store.stream("blocks")[1] == "error" and store.done("blocks") == "error"  # (after prefill's token)
@@ -176,7 +160,7 @@ def test_a_handoff_the_pools_can_never_hold_fails_at_once_and_the_log_says_so(de
     """A decode worker whose pools hold less than the request may grow to: it ends with the reason
     and the log names it (it ended without a line)."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
-    store, sent = _prefilled(settings, ("large",))
+    store, sent = handed_off(settings, ("large",))
     decode = Runtime.load(
         settings.model_copy(update={"kv_budget_mb": 1, "max_batch": 1}), "decode6@test", "decode", False
     )
@@ -205,7 +189,7 @@ def test_waiting_requests_are_admitted_first_come_first_served_none_passing_one_
     63 and waits. "small" (1 block) fitted and was admitted past it: a steady stream of small ones
     could pass it for ever. Now it waits behind it; when "holds" ends, both are admitted."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", kv_budget_mb=1, max_batch=4)
-    store, sent = _prefilled(settings, ("fcfs-holds", "fcfs-small", "fcfs-large"))
+    store, sent = handed_off(settings, ("fcfs-holds", "fcfs-small", "fcfs-large"))
     jobs, now = {job.request.request_id.removeprefix("fcfs-"): job for job in sent}, time.time()
     runtime = Runtime.load(settings, "decode7@test", "decode", False)
     assert runtime.pools.allocators["compressed_csa"].total == 145
