@@ -1,20 +1,25 @@
 """One request in the decode batch: its state imported at admission, its completion (sampling,
-stop rules, text) and its ``decode.generate`` span, from admission to its end."""
+stop rules, text), the tokens a step gave it that are not on its stream yet, and its
+``decode.generate`` span, from admission to its end."""
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
-from ..completion import Completion
+from ..completion import Completion, Step
 from ..config import ModelConfig
 from ..telemetry import continued, tracer
 from .handoff import Receiver
 from .intake import Ticket
 from .messages import DecodeJob
+from .records import Token
 from .runtime import Runtime
+
+log = logging.getLogger("dayzero.decode")
 
 
 def admit_state(runtime: Runtime, receiver: Receiver, job: DecodeJob, total: int) -> None:
@@ -41,6 +46,12 @@ class Active:
     next_token: int
     span: trace.Span
     first_seen: bool = False
+    # its tokens not on its stream yet, in order: the step's, until its append lands (one that raised,
+    # Redis lost or refusing for a moment, leaves them here for the next append to send first)
+    unsent: list[Token] = field(default_factory=list)
+    # (reason, message) once a step ended it: its last token's finish reason, or "error" and why its
+    # own sampling failed; it is settled once its tokens are on its stream, and never stepped again
+    end: tuple[str, str] | None = None
 
     @classmethod
     def start(cls, runtime: Runtime, ticket: Ticket[DecodeJob], limit: int) -> Active:
@@ -56,6 +67,37 @@ class Active:
             }
             span = tracer.start_span("decode.generate", attributes=attributes)
         return cls(ticket, completion, job.generated[-1], span)
+
+    @property
+    def streamed(self) -> int:
+        """Its tokens on its stream: where an end that gives up the unsent ones closes it (no gap)."""
+        return self.completion.count - len(self.unsent)
+
+    @property
+    def stepping(self) -> bool:
+        """The next step decodes it: not ended, no token of its waiting for an append (so at most one
+        step's tokens wait in memory however long Redis refuses them)."""
+        return self.end is None and not self.unsent
+
+    def queue(self, steps: list[Step | Exception], batch: int) -> None:
+        """Queue this step's tokens (``steps``: its own, a sampling failure last) for its stream, and
+        its end when one of them ends it (a finish reason, or its sampling failed: it fails alone)."""
+        rid = self.ticket.job.request.request_id
+        first = self.completion.count - sum(isinstance(s, Step) for s in steps)
+        for index, step in enumerate(steps, first):
+            if isinstance(step, Exception):
+                log.error("request %s: sampling failed: %r", rid, step)
+                self.end = ("error", f"sampling failed: {type(step).__name__}")
+                return
+            usage = self.completion.usage() if step.finish_reason else None  # (the step is its last token)
+            self.unsent.append(Token.of(rid, index, step, usage))
+            if not self.first_seen:
+                self.span.add_event("first_token", {"index": index, "batch_size": batch})
+                self.first_seen = True
+            self.next_token = step.token
+            if step.finish_reason:
+                self.end = (step.finish_reason, "")
+                return
 
     def end_span(self, reason: str, cfg: ModelConfig, length: int, message: str = "") -> None:
         """The span's last event and counts: tokens, and the CSA entries its last query could read;

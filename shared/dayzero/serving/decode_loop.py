@@ -2,8 +2,9 @@
 
 Admission copies a request's attention state from prefill (then releases prefill's lease),
 reserves blocks for the whole completion, and rebuilds the completion from the tokens
-already streamed. Each step checks cancel marks, decodes the whole batch, appends each
-token to its request's stream and heartbeats the requests' leases.
+already streamed. Each step checks cancel marks, decodes the batch, appends each token to its
+request's stream (tokens whose append raised go again, first, with the next append; their
+request steps no further meanwhile) and heartbeats the requests' leases.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 
 import redis
 
-from ..completion import Step, context_limit, next_steps
+from ..completion import context_limit, next_steps
 from ..kv.handoff import LayoutMismatch
 from ..kv.pools import OutOfBlocks
 from ..speculative import Acceptance, Speculation, decode_round
@@ -23,7 +24,6 @@ from .handoff import Receiver
 from .intake import Intake, Ticket, run_loop
 from .lease import Heartbeat
 from .messages import SAME_LAYOUT, DecodeJob
-from .records import Token
 from .room import Room
 from .runtime import Runtime
 from .scripts import Take
@@ -104,7 +104,7 @@ class DecodeLoop:
         for rid in [rid for rid, a in self.active.items() if overdue(a.ticket.job.request.created, limit_s)]:
             log.warning("request %s: past DAYZERO_TASK_TIME_LIMIT_S; ending it", rid)
             completion = self.active[rid].completion
-            self._finish(rid, "length", index=completion.count, usage=completion.usage())
+            self._finish(rid, "length", index=self.active[rid].streamed, usage=completion.usage())
         end_overdue(self.waiting, self.r, self._settle)
 
     def _drop(self, rid: str) -> None:
@@ -230,7 +230,7 @@ class DecodeLoop:
         marked, self._marked, self._marks_read = self._marked | self.r.store.cancelled(unread), set(), set()
         for rid in marked:
             if rid in self.active:
-                self._finish(rid, "cancelled", index=self.active[rid].completion.count)
+                self._finish(rid, "cancelled", index=self.active[rid].streamed)
             elif rid in waiting:
                 self.waiting.remove(waiting[rid])
                 self._settle(waiting[rid], "cancelled", index=len(waiting[rid].job.generated))
@@ -239,12 +239,18 @@ class DecodeLoop:
         log.exception("decode step failed: requests %s fail", ", ".join(self.active))
         self.r.stats.call("decode", failed=True)
         for rid in list(self.active):
-            self._finish(
-                rid, "error", index=self.active[rid].completion.count, message=f"decode failed: {type(exc).__name__}"
-            )
+            self._finish(rid, "error", index=self.active[rid].streamed, message=f"decode failed: {type(exc).__name__}")
 
     def _step(self) -> None:
-        ids = list(self.active)
+        """Decode the requests that step (the others wait for their tokens' append, or their end),
+        then append every request's unsent tokens."""
+        ids = [rid for rid, active in self.active.items() if active.stepping]
+        if ids:
+            self._decode(ids)
+        self._append()
+
+    def _decode(self, ids: list[str]) -> None:
+        """One step of ``ids``: each request's tokens (one, or a speculative round's) queued for its stream."""
         tokens = [self.active[rid].next_token for rid in ids]
         start = time.perf_counter()
         completions = [self.active[rid].completion for rid in ids]
@@ -258,43 +264,28 @@ class DecodeLoop:
             self.acceptance.merge(acceptance)
             self.r.stats.add(**acceptance.counters())
             self.r.stats.set(**self.acceptance.gauges())
-        out, finished, failed, firsts = [], [], [], {}
         for rid, steps in zip(ids, rounds, strict=True):
-            first = self.active[rid].completion.count - sum(isinstance(s, Step) for s in steps)  # (a failure: last)
-            firsts[rid] = first
-            for j, step in enumerate(steps):
-                index = first + j
-                if not self._publish(rid, step, index, len(ids), out, finished, failed):
-                    break
+            self.active[rid].queue(steps, len(ids))
+
+    def _append(self) -> None:
+        """Append every request's unsent tokens, in order, and read the cancel marks: one round trip
+        for the whole batch. One that raises (Redis refusing or lost for a moment) leaves them unsent
+        for the next (a replay of any that landed after all is skipped): no gap, so no re-run; their
+        requests step no further meanwhile, and those a step ended are settled only once it lands."""
+        out = [token for active in self.active.values() for token in active.unsent]
         watch = [*self.active, *(t.job.request.request_id for t in self.waiting)]
         runs = {rid: active.ticket.job.attempt for rid, active in self.active.items()}
-        appended = self.r.store.append(out, runs, self.r.name, watch)  # one round trip for the whole batch
+        appended = self.r.store.append(out, runs, self.r.name, watch)
         self._marked, self._marks_read = appended.cancelled, set(watch)
         for rid in appended.refused:  # re-run elsewhere while this worker stalled, or a token of its lost: dropped
             self._drop(rid)
         for rid in appended.cancelled & self.active.keys():  # cancelled during the step: none of its tokens written
-            self._finish(rid, "cancelled", index=firsts[rid])
-        for rid, reason in (item for item in finished if item[0] in self.active):
-            self._finish(rid, reason)
-        for rid, message in (item for item in failed if item[0] in self.active):
-            self.r.stats.fail("decode")  # (the step's call is counted)
+            self._finish(rid, "cancelled", index=self.active[rid].streamed)
+        for active in self.active.values():
+            active.unsent.clear()  # on their streams
+        for rid, (reason, message) in [(rid, a.end) for rid, a in self.active.items() if a.end is not None]:
+            if reason != "error":
+                self._finish(rid, reason)  # (its last token carried the finish)
+                continue
+            self.r.stats.fail("decode")  # its own sampling (the step's call is counted)
             self._finish(rid, "error", index=self.active[rid].completion.count, message=message)
-
-    def _publish(
-        self, rid: str, step: Step | Exception, index: int, batch: int, out: list, finished: list, failed: list
-    ) -> bool:
-        """Queue token ``index`` of ``rid`` for its stream; False once the request ends or fails."""
-        active = self.active[rid]
-        if isinstance(step, Exception):  # this request's own sampling: it fails alone, the batch goes on
-            log.error("request %s: sampling failed: %r", rid, step)
-            failed.append((rid, f"sampling failed: {type(step).__name__}"))
-            return False
-        usage = active.completion.usage() if step.finish_reason else None  # (the step is its last token)
-        if step.finish_reason:
-            finished.append((rid, step.finish_reason))
-        out.append(Token.of(rid, index, step, usage))
-        if not active.first_seen:
-            active.span.add_event("first_token", {"index": index, "batch_size": batch})
-            active.first_seen = True
-        active.next_token = step.token
-        return not step.finish_reason
