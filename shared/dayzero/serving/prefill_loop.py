@@ -6,7 +6,8 @@ step packs the prompts under way with newly arrived ones, up to DAYZERO_MAX_PREF
 short prompt does not wait for a long one to end, and a prompt whose client cancelled it stops
 between two chunks. The first sampled token is appended to the request's stream at once (time to
 first token); unless it ends the request, the attention state is published for decode and its
-blocks stay leased until decode takes them or the lease expires.
+blocks stay leased until decode takes them or the lease expires. Redis failing on the way puts the
+request back: it is prefilled again, and its first token, if sampled, sent again (not sampled anew).
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ class PrefillLoop:
         self.pending: list[Ticket[PrefillJob]] = []
         self.running: list[Prefilling] = []  # prompts under way, a chunk per step
         self.handed_off = KeptHandoffs(runtime)
+        # (request, run) -> its first token, whose append raised: it may have landed (an answer lost
+        # past the command timeout), so the retry (prefilled again) sends it again, not a new sample
+        self.unsent: dict[tuple[str, int], int] = {}
         self.limit = context_limit(runtime.model.cfg, runtime.settings.max_context)
         self.starved = False  # the last batch admitted nothing: its requests wait for blocks
         self.stop = threading.Event()
@@ -157,6 +161,7 @@ class PrefillLoop:
         job, store = ticket.job, self.r.store
         rid = job.request.request_id
         self.heartbeat.release(rid)
+        self.unsent.pop((rid, job.attempt), None)
         if job.embeddings is not None:
             discard_tensor(job.embeddings, store)
         end = len(job.generated) if index is None else index
@@ -268,10 +273,16 @@ class PrefillLoop:
     def _emit(self, ticket: Ticket[PrefillJob], logits, limit: int, prompt_logprobs: list[Logprob] | None) -> None:
         job, store = ticket.job, self.r.store
         rid, completion = job.request.request_id, self.r.completion(job.request, job.generated, limit)
-        step = completion.next(logits)
+        kept = self.unsent.pop((rid, job.attempt), None)
+        step = completion.next(logits) if kept is None else completion.emit(kept, logits)
         usage = completion.usage() if step.finish_reason else None
         first = Token.of(rid, completion.count - 1, step, usage, prompt_logprobs)
-        if (appended := store.append([first], {rid: job.attempt}, self.r.name, [rid])).refused:  # re-run meanwhile
+        try:
+            appended = store.append([first], {rid: job.attempt}, self.r.name, [rid])
+        except redis.RedisError:  # (a replay of it, if it landed, is skipped)
+            self.unsent[rid, job.attempt] = step.token
+            raise
+        if appended.refused:  # re-run meanwhile
             log.warning("request %s: its lease lapsed and it was re-run (or it ended): dropping this run", rid)
             self.r.ranks.release(rid)
         elif appended.cancelled:  # its client left during the forward: no token, no handoff
