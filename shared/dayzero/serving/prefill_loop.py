@@ -16,7 +16,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 import redis
 from opentelemetry import trace
@@ -87,11 +87,18 @@ class PrefillLoop:
         if self.handed_off.reclaim():  # after the batch, not before it: off the path of a request that just arrived
             self.starved = False  # blocks came free: the waiting requests try again at once
         if self.room is not None:  # what its blocks cannot hold goes to a peer with room
-            kept = self.room.share(self.pending, tokens_of, self.heartbeat, held=self.r.pools.sequences)
+            kept = self.room.share(self.pending, tokens_of, self.heartbeat, held=self._held())
             self.starved, self.pending = self.starved and len(kept) == len(self.pending), kept
         self.r.stats.set(waiting_requests=len(self.pending))  # (peers read it: room.py)
         self.r.announce(waiting)  # (a round trip every lease / 4) likewise
         self.r.ranks.keepalive()  # idle, or every request waiting for blocks: the other ranks still hear
+
+    def _held(self) -> Container[str]:
+        """The requests no peer may take: those holding blocks here, and those whose first token's
+        append raised (it may have landed: a peer would sample another after it)."""
+        if not self.unsent:
+            return self.r.pools.sequences
+        return {*self.r.pools.sequences, *(rid for rid, _ in self.unsent)}
 
     def _guarded(self, tickets: list[Ticket[PrefillJob]], work: Callable[[], None]) -> None:
         """Redis failing puts ``tickets`` not settled yet back; another failure ends them."""
