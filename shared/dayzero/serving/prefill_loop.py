@@ -51,8 +51,8 @@ class PrefillLoop:
         self.pending: list[Ticket[PrefillJob]] = []
         self.running: list[Prefilling] = []  # prompts under way, a chunk per step
         self.handed_off = KeptHandoffs(runtime)
-        # (request, run) -> its first token, whose append raised: it may have landed (an answer lost
-        # past the command timeout), so the retry (prefilled again) sends it again, not a new sample
+        # (request, run) -> its first token, whose append raised: it may have landed (an answer lost past
+        # the command timeout), so the retry (prefilled again here: no peer's) sends it, not a new sample
         self.unsent: dict[tuple[str, int], int] = {}
         self.limit = context_limit(runtime.model.cfg, runtime.settings.max_context)
         self.starved = False  # the last batch admitted nothing: its requests wait for blocks
@@ -94,11 +94,8 @@ class PrefillLoop:
         self.r.ranks.keepalive()  # idle, or every request waiting for blocks: the other ranks still hear
 
     def _held(self) -> Container[str]:
-        """The requests no peer may take: those holding blocks here, and those whose first token's
-        append raised (it may have landed: a peer would sample another after it)."""
-        if not self.unsent:
-            return self.r.pools.sequences
-        return {*self.r.pools.sequences, *(rid for rid, _ in self.unsent)}
+        """The requests no peer may take: holding blocks here, or with a first token kept in ``unsent``."""
+        return {*self.r.pools.sequences, *(rid for rid, _ in self.unsent)} if self.unsent else self.r.pools.sequences
 
     def _guarded(self, tickets: list[Ticket[PrefillJob]], work: Callable[[], None]) -> None:
         """Redis failing puts ``tickets`` not settled yet back; another failure ends them."""
@@ -131,8 +128,7 @@ class PrefillLoop:
 
     def _drop_embeddings(self, ticket: Ticket[PrefillJob]) -> None:
         """A delivery no run will take (an older run's, or its request ended): free its parked image
-        embeddings, which only it refers to (a re-run encodes the images again). They stayed in shared
-        memory until their deadline, the broker's visibility timeout."""
+        embeddings, which only it refers to (a re-run encodes them again), not left till their deadline."""
         if ticket.job.embeddings is not None:
             with contextlib.suppress(redis.RedisError):  # (parked in Redis: they expire)
                 discard_tensor(ticket.job.embeddings, self.r.store)
