@@ -18,6 +18,7 @@ import redis
 
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.keys import key
+from dayzero.serving.records import decode
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
@@ -139,3 +140,27 @@ def test_redis_failing_mid_stream_loses_no_token_and_re_runs_nothing(long_lease,
     assert log.read_text().count("redis unavailable") > met  # the decode loop met the fault
     assert "".join(text) == expected  # every token once
     assert redis.Redis.from_url(long_lease.redis_url).get(key("attempt", rid)) is None  # never re-run
+
+
+def test_a_request_past_its_time_limit_as_its_append_is_refused_ends_after_the_token_sent_again(demo_dir, redis_url):
+    """The time limit passes while a step's append is refused: the request ends "length" once its
+    token is out (the refused append skips the loop's beat, where the limit is checked), its usage
+    the tokens its stream holds."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", task_time_limit_s=2)
+    store, sent = handed_off(settings, ("late",), max_tokens=50)
+    runtime = Runtime.load(settings, "decode-late@test", "decode", False)
+    created = sent[0].request.created
+
+    def third_token(tokens) -> bool:
+        if any(t.index == 2 for t in tokens):
+            time.sleep(max(0.0, created + 2.1 - time.time()))  # (the limit passes as it is refused)
+            return True
+        return False
+
+    _refuse_one_append(runtime, third_token)
+    run_jobs(DecodeLoop(runtime), sent)
+    entries = [decode("late", fields) for _, fields in _entries(store, "late")]
+    assert store.done("late") == "length" and entries[-1].finish_reason == "length"
+    tokens = [t for t in entries if t.token >= 0]
+    assert len(tokens) >= 3 and entries[-1].usage["completion_tokens"] == len(tokens)
+    runtime.close()
