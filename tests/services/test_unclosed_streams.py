@@ -96,30 +96,30 @@ def _admitted_rid(gateway, client: Client) -> str:
     return rid
 
 
-def _end_unclosed(stages, rid: str, reason: str, tokens: int = 0) -> None:
-    streaming, refused = stages
+def _ended_unclosed(gateway, stages, reason: str, tokens: int = 0, stream: bool = True) -> Client:
+    """A client's request that ends ``reason`` after ``tokens`` tokens without its stream's end: the
+    client, once it has its answer or gave up."""
+    client = Client(gateway, stream=stream)
+    client.start()
+    rid, (streaming, refused) = _admitted_rid(gateway, client), stages
     if tokens:
         streaming.append([Token(rid, i, 5 + i, f"t{i}") for i in range(tokens)], {rid: 0}, "decode-1")
     message = "the image could not be decoded" if reason == "error" else ""
     assert refused.settle(rid, 0, "stage-1", reason, tokens, message) == Settled.UNCLOSED
     assert streaming.done(rid) == reason
+    client.join(GIVE_UP_S + 10)
+    return client
 
 
 def test_a_failed_request_without_its_stream_s_end_ends_its_stream_with_an_error_event(gateway, stages):
-    client = Client(gateway, stream=True)
-    client.start()
-    _end_unclosed(stages, _admitted_rid(gateway, client), "error")
-    client.join(GIVE_UP_S + 10)
+    client = _ended_unclosed(gateway, stages, "error")
     assert client.events and client.events[-1] == "[DONE]", f"no end after {client.waited_s:.1f} s"
     error = client.events[-2]["error"]
     assert error["type"] == "server_error" and error["code"] == "generation_failed"
 
 
 def test_a_finished_request_without_its_stream_s_end_ends_its_stream_with_its_finish(gateway, stages):
-    client = Client(gateway, stream=True)
-    client.start()
-    _end_unclosed(stages, _admitted_rid(gateway, client), "length", tokens=2)
-    client.join(GIVE_UP_S + 10)
+    client = _ended_unclosed(gateway, stages, "length", tokens=2)
     assert client.events and client.events[-1] == "[DONE]", f"no end after {client.waited_s:.1f} s"
     chunks = client.events[:-1]
     assert "".join(c["choices"][0]["text"] for c in chunks) == "t0t1"
@@ -127,19 +127,13 @@ def test_a_finished_request_without_its_stream_s_end_ends_its_stream_with_its_fi
 
 
 def test_a_cancelled_request_without_its_stream_s_end_ends_its_stream_as_cancelled(gateway, stages):
-    client = Client(gateway, stream=True)
-    client.start()
-    _end_unclosed(stages, _admitted_rid(gateway, client), "cancelled", tokens=1)
-    client.join(GIVE_UP_S + 10)
+    client = _ended_unclosed(gateway, stages, "cancelled", tokens=1)
     assert client.events and client.events[-1] == "[DONE]", f"no end after {client.waited_s:.1f} s"
     assert client.events[-2]["error"]["code"] == "cancelled"
 
 
 def test_a_failed_request_without_its_stream_s_end_answers_its_body_with_a_500(gateway, stages):
-    client = Client(gateway, stream=False)
-    client.start()
-    _end_unclosed(stages, _admitted_rid(gateway, client), "error")
-    client.join(GIVE_UP_S + 10)
+    client = _ended_unclosed(gateway, stages, "error", stream=False)
     assert client.status == 500, f"no answer after {client.waited_s:.1f} s"
     assert client.body["error"]["code"] == "generation_failed"
 
