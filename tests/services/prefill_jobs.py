@@ -63,3 +63,9 @@ def handed_off(settings: Settings, rids: tuple[str, ...], max_tokens: int = 3) -
     prefill = PrefillLoop(Runtime.load(settings, f"prefill-{rids[0]}@test", "prefill", False), recording(sent))
     run_jobs(prefill, [PrefillJob(request=r) for r in requests])
     return store, sent
+
+
+def needing(job: DecodeJob, max_tokens: int, created: float) -> DecodeJob:
+    """``job`` reserving ``max_tokens`` more (decode reserves the whole completion), admitted at ``created``."""
+    request = job.request.model_copy(update={"sampling": SamplingParams(max_tokens=max_tokens), "created": created})
+    return job.model_copy(update={"request": request})

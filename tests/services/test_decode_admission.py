@@ -12,13 +12,12 @@ from dayzero.params import SamplingParams
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
-from dayzero.serving.messages import DecodeJob
 from dayzero.serving.runtime import Runtime
 from dayzero.serving.scripts import Take
 from dayzero.settings import Settings
 
 from .conftest import run_jobs
-from .prefill_jobs import handed_off
+from .prefill_jobs import handed_off, needing
 
 
 def test_taking_handoffs_says_which_were_cancelled_and_which_runs_are_over(redis_url):
@@ -177,12 +176,6 @@ def test_a_handoff_the_pools_can_never_hold_fails_at_once_and_the_log_says_so(de
     assert f"request large: {total} tokens exceed the decode pools" in caplog.text
 
 
-def _needing(job: DecodeJob, max_tokens: int, created: float) -> DecodeJob:
-    """``job`` reserving ``max_tokens`` more (decode reserves the whole completion), admitted at ``created``."""
-    request = job.request.model_copy(update={"sampling": SamplingParams(max_tokens=max_tokens), "created": created})
-    return job.model_copy(update={"request": request})
-
-
 def test_waiting_requests_are_admitted_first_come_first_served_none_passing_one_that_does_not_fit(demo_dir, redis_url):
     """1 MB of pools with room for 4 sequences: 145 CSA blocks of 64 tokens (the budget's split). "holds"
     takes 94 of them; "large" (admitted first, arriving last: a re-run, or handed back by a peer) needs
@@ -194,10 +187,10 @@ def test_waiting_requests_are_admitted_first_come_first_served_none_passing_one_
     runtime = Runtime.load(settings, "decode7@test", "decode", False)
     assert runtime.pools.allocators["compressed_csa"].total == 145
     loop = DecodeLoop(runtime)
-    loop.intake.submit(_needing(jobs["holds"], 6000, now - 2))  # 3 + 6000 tokens: 94 blocks
+    loop.intake.submit(needing(jobs["holds"], 6000, now - 2))  # 3 + 6000 tokens: 94 blocks
     loop.waiting.extend(loop.intake.drain(0))
     loop._admit()
-    for job in (_needing(jobs["small"], 3, now), _needing(jobs["large"], 4000, now - 1)):  # 1 block, 63
+    for job in (needing(jobs["small"], 3, now), needing(jobs["large"], 4000, now - 1)):  # 1 block, 63
         loop.intake.submit(job)
     loop.waiting.extend(loop.intake.drain(0))
     loop._admit()

@@ -8,7 +8,11 @@ to end while another worker idled, and on prefill every prompt claimed after one
 waited with it. Now a worker whose claimed requests wait for blocks hands them back to its stage's
 queue when a live peer's last snapshot (registry.py) shows nothing waiting and free blocks for
 them, and takes no message until its own pools could hold what it handed back (its consumer's
-prefetch at the messages it holds). It walks them in admission order and keeps those its own free
+prefetch at the messages it holds). Its snapshot says so (``intake_paused``), and its peers hand
+it nothing meanwhile, whatever blocks it shows free: it read none of them, and the peer that handed
+them back took them back itself whenever it had room for its own smallest one, to hand them back
+again (two busy decode workers: 233 of 251 hand-backs in a wave of bench/handback_decode.py were
+such bounces, one request's 62). It walks them in admission order and keeps those its own free
 blocks hold before the first that they do not (it admits them next); past that one, it keeps only
 those no peer has room for. Alone, or with every peer full, it keeps them claimed and waiting, as
 before: never refused, never left to lapse on the queue. A handed-back request keeps its place:
@@ -134,7 +138,14 @@ class Room(Generic[J]):
             self.held = [(t, at) for t, at in self.held if now - at < self.hold_s]
         if self.owed is not None and (not busy or self.r.pools.fits(self.owed)):
             self.owed = None
+        self._pause()
+
+    def _pause(self) -> None:
+        """Take no message while something handed back waits for blocks here. Peers read the gauge
+        (``_peer_room``): a paused worker has no room for them, whatever blocks its snapshot shows
+        free (they handed it requests it never read, and took them back themselves: a bounce)."""
         self.prefetch.pause(self.owed is not None)
+        self.r.stats.set(intake_paused=int(self.owed is not None))
 
     def share(
         self, waiting: list[Ticket[J]], tokens: Callable[[J], int], heartbeat: Heartbeat, held: Container[str]
@@ -181,16 +192,19 @@ class Room(Generic[J]):
                 continue
             total = tokens(ticket.job)
             self.owed = total if self.owed is None else min(self.owed, total)
+        if withheld:
+            self._pause()  # (the snapshot this beat writes says so)
         return still
 
     def _peer_room(self) -> list[dict[str, int]]:
-        """Free blocks per pool of each live peer with nothing waiting, from its last snapshot."""
+        """Free blocks per pool of each live peer with nothing waiting that takes messages, from its
+        last snapshot: a peer paused since its own hand back reads none, whatever blocks it shows free."""
         registry, settings = self.r.registry, self.r.settings
         peers = [p for p in registry.live_workers(self.r.stats.stage, settings.lease_s) if p != self.r.name]
         return [
             _free(snap.get("pools", {}))
             for snap in registry.snapshots_of(peers).values()
-            if not snap.get("gauges", {}).get("waiting_requests")
+            if not any(snap.get("gauges", {}).get(gauge) for gauge in ("waiting_requests", "intake_paused"))
         ]
 
     def _hand_back(self, ticket: Ticket[J], heartbeat: Heartbeat) -> bool:

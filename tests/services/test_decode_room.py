@@ -1,0 +1,58 @@
+"""Decode's room between busy workers: a request is handed back only to a peer that reads the queue."""
+
+from __future__ import annotations
+
+import time
+
+from dayzero.serving.decode_loop import DecodeLoop
+from dayzero.serving.keys import HANDOFF_OWNER, key
+from dayzero.serving.registry import Registry
+from dayzero.serving.room import Prefetch, Room, to_decode
+from dayzero.serving.runtime import Runtime
+from dayzero.settings import Settings
+
+from .conftest import recording
+from .prefill_jobs import handed_off, needing
+
+
+def test_a_decode_worker_paused_since_its_own_hand_back_is_no_peer_with_room(demo_dir, redis_url):
+    """decode "b" handed "big" back (its pools cannot hold it; a peer had room then) and takes no
+    message till they could: its snapshot still shows free blocks, room for "small". decode "a", full,
+    with "small" waiting, handed it back to b all the same: b never read it, and a, once it had room,
+    took it back itself and handed it back again (the bounce of two busy decode workers). Now a keeps
+    it while b's snapshot says its intake is paused, and hands it back once b takes messages again."""
+    tight = {"handoff": "redis", "kv_budget_mb": 1, "max_batch": 4, "lease_s": 30, "handoff_timeout_s": 600}
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, **tight)
+    store, sent = handed_off(settings, ("pause-big", "pause-small"))
+    jobs = {job.request.request_id: job for job in sent}
+    registry, loops = Registry(store.r), []
+    store.r.delete(key("workers", "decode"))  # (no other decode worker of this module's Redis)
+    try:
+        for name in ("decode40@test", "decode41@test"):
+            runtime = Runtime.load(settings, name, "decode", False)
+            loops.append(DecodeLoop(runtime, Room(runtime, Prefetch(), to_decode(runtime, recording([], "decode")))))
+        a, b = loops
+        a.r.ranks.reserve("elsewhere", a.r.pools.capacity_tokens())
+        b.r.ranks.reserve("elsewhere", b.r.pools.capacity_tokens() - 1000)  # room for "small" only
+        empty = {kind: [0, total] for kind, (_, total) in b.r.pools.usage().items()}
+        registry.alive("decode", "decode42@test:peer", {"stage": "decode", "pools": empty, "gauges": {}})
+        b.intake.submit(needing(jobs["pause-big"], 2000, time.time()))
+        b._iteration()  # "big" waits, goes back to the queue for the peer; b pauses, its snapshot says so
+        assert b.waiting == [] and b.room.owed is not None and store.owner("pause-big") == HANDOFF_OWNER
+        registry.leave("decode", "decode42@test:peer")
+        assert b.r.pools.fits(a._tokens(jobs["pause-small"])) and registry.snapshots_of([b.r.name])
+
+        a.intake.submit(jobs["pause-small"])
+        a._iteration()  # its beat's hand back: b's blocks hold it, but b takes no message
+        assert [t.job.request.request_id for t in a.waiting] == ["pause-small"]
+        assert store.owner("pause-small") == a.r.name
+
+        b.r.ranks.release("elsewhere")
+        b.room.consume(busy=False)  # its pools hold what it handed back: it takes messages again
+        b.r.presence.beat(lambda: b.r.snapshot(1))
+        a.waiting = a.room.hand_back(a.waiting, a._tokens, a.heartbeat)
+        assert a.waiting == [] and store.owner("pause-small") == HANDOFF_OWNER  # back on the queue, for b
+    finally:
+        for loop in loops:
+            loop.stop.set()
+            loop.r.close()
