@@ -4,7 +4,10 @@ of a group started elsewhere (torchrun on each host, ``dayzero.parallel.launch``
 ``run_group(n, fn, *args)`` calls ``fn(group, *args)`` on every rank with its ``Group`` and returns
 rank 0's result. Local ranks: rank 0 in this process, ranks 1.. spawned, a torch.distributed
 process group over 127.0.0.1 on a free port, each rank its share of the CPU threads; the spawned
-ranks are joined, or terminated when rank 0 fails. ``launch=``: this process joins as the rank
+ranks are joined, or terminated when rank 0 fails. The meeting begins once every spawned rank has
+started (up to ``START_SECONDS``; one that dies starting fails it at once): ``timeout`` bounds the
+meeting and the collectives, not the ranks' start (spawn, imports), which a loaded host slows past
+any bound kept short to notice a silent rank. ``launch=``: this process joins as the rank
 the launch names (env:// rendezvous at MASTER_ADDR:MASTER_PORT) and gets its own rank's result.
 Either way, a rank that dies makes the others' collectives fail (at once when its sockets close,
 within ``timeout`` when its host stops answering), and ranks that do not all meet within
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import queue
 import socket
 import time
 from collections.abc import Callable
@@ -29,6 +33,8 @@ from .config import ParallelConfig
 from .launch import Launch
 
 JOIN_SECONDS = 60.0
+START_SECONDS = 600.0  # a local rank not at the rendezvous this long after its spawn is stuck
+START_POLL_S = 0.1
 
 
 class RendezvousFailed(TimeoutError):
@@ -91,8 +97,32 @@ def _local(
     return _rank(launch, f"tcp://127.0.0.1:{port}", timeout, fn, args, **teardown)
 
 
-def _spawned(index: int, world_size: int, port: int, timeout: float, cuda: bool, fn: Callable[..., Any], args: tuple):
+def _spawned(
+    index: int, started, ports, world_size: int, timeout: float, cuda: bool, fn: Callable[..., Any], args: tuple
+):
+    """Rank ``index + 1``: imported and unpickled, it says so, and meets the others at the port rank 0
+    picks once every rank has (an orphan whose rank 0 went gives up after ``START_SECONDS``)."""
+    started.put(index)
+    try:
+        port = ports.get(timeout=START_SECONDS)
+    except queue.Empty:
+        raise RendezvousFailed(f"rank {index + 1}: rank 0 named no port within {START_SECONDS:.0f} s") from None
     _local(world_size, index + 1, port, timeout, cuda, fn, args)
+
+
+def _await_start(context: mp.ProcessContext, started, ranks: int) -> None:
+    """Until ``ranks`` spawned ranks have ``started``; a rank that died starting raises here (its
+    error), ranks still starting after ``START_SECONDS`` too."""
+    deadline = time.monotonic() + START_SECONDS
+    for _ in range(ranks):
+        while True:
+            try:
+                started.get(timeout=START_POLL_S)
+                break
+            except queue.Empty:
+                context.join(timeout=0)  # raises when a rank has failed
+                if time.monotonic() >= deadline:
+                    raise RendezvousFailed(f"ranks 1..{ranks} did not start within {START_SECONDS:.0f} s") from None
 
 
 def run_group(
@@ -113,9 +143,14 @@ def run_group(
         return _rank(launch, "env://", timeout, fn, args)
     if world_size == 1:
         return fn(Group(device=device), *args)
-    port, threads, cuda = free_port(), torch.get_num_threads(), device.startswith("cuda")
+    threads, cuda, spawn = torch.get_num_threads(), device.startswith("cuda"), mp.get_context("spawn")
+    started, ports = spawn.Queue(), spawn.Queue()
     context = mp.start_processes(
-        _spawned, (world_size, port, timeout, cuda, fn, args), nprocs=world_size - 1, join=False, start_method="spawn"
+        _spawned,
+        (started, ports, world_size, timeout, cuda, fn, args),
+        nprocs=world_size - 1,
+        join=False,
+        start_method="spawn",
     )
 
     def join_ranks() -> None:
@@ -127,6 +162,10 @@ def run_group(
                 raise RuntimeError(f"ranks 1..{world_size - 1} did not exit within {JOIN_SECONDS:.0f} s")
 
     try:
+        _await_start(context, started, world_size - 1)
+        port = free_port()  # picked now: a port picked before the ranks' start could be taken meanwhile
+        for _ in range(world_size - 1):
+            ports.put(port)
         return _local(world_size, 0, port, timeout, cuda, fn, args, before_teardown=join_ranks)
     finally:
         torch.set_num_threads(threads)
