@@ -17,8 +17,22 @@ from .conftest import (
     chat,
     prompt_ids,
     sse_events,
+    start_stack,
     stream_text,
+    wait_until,
 )
+
+# A resume must reach the gateway within the disconnect grace: the tests' 0.3 s elapsed first on a
+# loaded 2-core machine. This bound is the test's (how long the client takes to come back), not the
+# behaviour's: no test here waits out the grace.
+LONG_GRACE = {"DAYZERO_DISCONNECT_GRACE_S": "60"}
+
+
+@pytest.fixture(scope="module")
+def stack(demo_dir, tmp_path_factory):
+    s = start_stack(demo_dir, tmp_path_factory.mktemp("logs"), {"vision": 1, "prefill": 1, "decode": 2}, LONG_GRACE)
+    yield s
+    s.stop()
 
 
 def test_completion_equals_in_process_engine(stack, reference):
@@ -146,102 +160,30 @@ def test_resume_from_a_finished_streams_end_or_past_it_ends_at_once(stack):
 
 def test_resume_in_flight_after_a_disconnect(stack):
     body = chat("keep going", max_tokens=400, ignore_eos=True, stream=True)
-    seen = []
-    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=60) as r:
-        rid, token = r.headers["x-request-id"], r.headers["x-resume-token"]
-        for event_id, _ in sse_events(r):
+    seen, r = [], redis.Redis.from_url(stack.redis_url)
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=body, timeout=60) as response:
+        rid, token = response.headers["x-request-id"], response.headers["x-resume-token"]
+        for event_id, _ in sse_events(response):
             if event_id:
                 seen.append(event_id)
             if len(seen) == 3:
                 break  # the client drops the connection mid-stream ...
-    rest = []  # ... and reconnects at once, inside the grace period (as EventSource does: token in the query)
+    # ... the gateway sees it go (nobody reads: its cancel waits out the grace) ...
+    assert wait_until(lambda: not r.exists(f"dz:watchers:{rid}"), 60)
+    rest = []  # ... and it comes back within the grace (as EventSource does: the token in the query)
     with httpx.stream(
         "GET",
         f"{stack.url}/v1/requests/{rid}/stream?resume_token={token}",
         headers={"Last-Event-ID": seen[-1]},
         timeout=120,
-    ) as r:
-        for event_id, data in sse_events(r):
+    ) as response:
+        for event_id, data in sse_events(response):
             if data == "[DONE]":
                 break
             rest.append((event_id, data))
-    assert rest[-1][1]["choices"][0]["finish_reason"] == "length"
+    assert rest[-1][1]["choices"][0]["finish_reason"] == "length", rest[-1]
     numbers = [int(i.split("-")[0]) for i in seen + [e for e, _ in rest]]
     assert numbers == sorted(set(numbers))  # no duplicates, in order
-
-
-@pytest.mark.parametrize(
-    ("body", "status", "param"),
-    [
-        (chat("x", model="other"), 400, "model"),
-        (chat("x", temperature=5), 400, "temperature"),
-        (chat("x", max_tokens=0), 400, "max_tokens"),
-        (chat("x", max_tokens="4"), 400, "max_tokens"),  # strict types: no coercion
-        (chat("x", stream="yes"), 400, "stream"),
-        (chat("x", max_tokens=100_000), 400, "max_tokens"),
-        (chat("x", n=9), 400, "n"),
-        ({"model": MODEL, "prompt": ["a"] * 33}, 400, "prompt"),
-        (chat("x", stop=["a"] * 1 + [""]), 400, "stop.1"),
-        ({"model": MODEL, "messages": []}, 400, "messages"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "audio"}]}]}, 400, None),
-        ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, None),
-        ({"model": MODEL, "prompt": [0, 99999]}, 400, "prompt"),
-        ({"model": MODEL, "prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
-        (chat("x", tool_choice="required"), 400, "tool_choice"),  # without tools
-        (chat("x", response_format={"type": "json_schema"}), 400, "response_format"),  # without a schema
-        (chat("x", functions=[{"name": "f"}]), 400, "functions"),  # the legacy spelling: use tools
-        (chat("x", top_logprobs=3), 400, "top_logprobs"),  # without logprobs: true
-        (chat("x", logprobs=True, top_logprobs=21), 400, "top_logprobs"),
-        ({"model": MODEL, "prompt": "x", "logprobs": 6}, 400, "logprobs"),
-        (chat("x", presence_penalty=3), 400, "presence_penalty"),
-        (chat("x", echo=True), 400, "echo"),
-        ({"model": MODEL, "prompt": "x", "best_of": 3}, 400, "best_of"),
-        ({"model": MODEL, "prompt": "word " * 5000}, 400, "prompt"),
-        (
-            {
-                "model": MODEL,
-                "messages": [
-                    {
-                        "role": "user",
-                        "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}],
-                    }
-                ],
-            },
-            400,
-            "messages.0.content",
-        ),
-    ],
-)
-def test_bad_requests_get_openai_errors(stack, body, status, param):
-    path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
-    r = httpx.post(f"{stack.url}{path}", json=body, timeout=30)
-    assert r.status_code == status, r.text
-    error = r.json()["error"]
-    assert error["message"] and error["type"] == "invalid_request_error"
-    if param:
-        assert error["param"] == param
-
-
-def test_malformed_and_oversized_bodies(stack):
-    r = httpx.post(
-        f"{stack.url}/v1/chat/completions",
-        content=b"{not json",
-        timeout=30,
-        headers={"content-type": "application/json"},
-    )
-    assert r.status_code == 400 and "error" in r.json()
-    big = json.dumps(chat("y" * 70_000)).encode()
-    r = httpx.post(
-        f"{stack.url}/v1/chat/completions", content=big, timeout=30, headers={"content-type": "application/json"}
-    )
-    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
-    chunked = httpx.post(  # no Content-Length: the limit holds on the bytes as they come
-        f"{stack.url}/v1/chat/completions",
-        content=iter([big[:40_000], big[40_000:]]),
-        timeout=30,
-        headers={"content-type": "application/json"},
-    )
-    assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "body_too_large"
 
 
 def test_stream_usage_follows_stream_options(stack):
@@ -280,21 +222,3 @@ def test_models_health_ready_metrics_and_openapi(stack):
 
 def test_text_and_image_request_equals_in_process_multimodal_run(stack, demo_dir):
     assert_image_request_equals_in_process_run(stack.url, demo_dir)
-
-
-def test_bad_images_are_refused_with_400(stack):
-    def ask(url: str) -> httpx.Response:
-        content = [{"type": "image_url", "image_url": {"url": url}}]
-        return httpx.post(
-            f"{stack.url}/v1/chat/completions",
-            timeout=30,
-            json={"model": MODEL, "messages": [{"role": "user", "content": content}]},
-        )
-
-    for url, code in (
-        ("https://example.com/a.png", "invalid_image"),
-        ("data:image/png;base64,AAAA", "invalid_image"),
-        ("data:image/png;base64,@@", "invalid_image"),
-    ):
-        r = ask(url)
-        assert r.status_code == 400 and r.json()["error"]["code"] == code, r.text

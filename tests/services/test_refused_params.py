@@ -1,11 +1,13 @@
-"""What the server does not implement is refused with a 400 naming it, never silently ignored: the
-OpenAI parameters it lacks (at values that ask for them) and one image over the per-image pixel
-limit (the same code as a request's images over theirs)."""
+"""What the server refuses gets OpenAI's error naming it: bad values, bodies and images (400; 413
+past the size limit), and what the server does not implement, never silently ignored: the OpenAI
+parameters it lacks (at values that ask for them) and one image over the per-image pixel limit (the
+same code as a request's images over theirs)."""
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 
 import httpx
 import pytest
@@ -116,3 +118,95 @@ def test_the_per_image_limit_holds_in_process_and_at_pillows_bomb_check():
     assert len(render_chat(messages, ImageLimits(max_pixels=600), PatchSpec(), True).images) == 2
     with pytest.raises(TooManyPixels, match="exceeds the limit of 40000000 decoded pixels"):
         probe(_png(10000, 9000), ImageLimits())
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (chat("x", model="other"), 400, "model"),
+        (chat("x", temperature=5), 400, "temperature"),
+        (chat("x", max_tokens=0), 400, "max_tokens"),
+        (chat("x", max_tokens="4"), 400, "max_tokens"),  # strict types: no coercion
+        (chat("x", stream="yes"), 400, "stream"),
+        (chat("x", max_tokens=100_000), 400, "max_tokens"),
+        (chat("x", n=9), 400, "n"),
+        ({"model": MODEL, "prompt": ["a"] * 33}, 400, "prompt"),
+        (chat("x", stop=["a"] * 1 + [""]), 400, "stop.1"),
+        ({"model": MODEL, "messages": []}, 400, "messages"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "audio"}]}]}, 400, None),
+        ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, None),
+        ({"model": MODEL, "prompt": [0, 99999]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+        (chat("x", tool_choice="required"), 400, "tool_choice"),  # without tools
+        (chat("x", response_format={"type": "json_schema"}), 400, "response_format"),  # without a schema
+        (chat("x", functions=[{"name": "f"}]), 400, "functions"),  # the legacy spelling: use tools
+        (chat("x", top_logprobs=3), 400, "top_logprobs"),  # without logprobs: true
+        (chat("x", logprobs=True, top_logprobs=21), 400, "top_logprobs"),
+        ({"model": MODEL, "prompt": "x", "logprobs": 6}, 400, "logprobs"),
+        (chat("x", presence_penalty=3), 400, "presence_penalty"),
+        (chat("x", echo=True), 400, "echo"),
+        ({"model": MODEL, "prompt": "x", "best_of": 3}, 400, "best_of"),
+        ({"model": MODEL, "prompt": "word " * 5000}, 400, "prompt"),
+        (
+            {
+                "model": MODEL,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}],
+                    }
+                ],
+            },
+            400,
+            "messages.0.content",
+        ),
+    ],
+)
+def test_bad_requests_get_openai_errors(stack, body, status, param):
+    path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+    r = httpx.post(f"{stack.url}{path}", json=body, timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["message"] and error["type"] == "invalid_request_error"
+    if param:
+        assert error["param"] == param
+
+
+def test_malformed_and_oversized_bodies(stack):
+    r = httpx.post(
+        f"{stack.url}/v1/chat/completions",
+        content=b"{not json",
+        timeout=30,
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400 and "error" in r.json()
+    big = json.dumps(chat("y" * 70_000)).encode()
+    r = httpx.post(
+        f"{stack.url}/v1/chat/completions", content=big, timeout=30, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    chunked = httpx.post(  # no Content-Length: the limit holds on the bytes as they come
+        f"{stack.url}/v1/chat/completions",
+        content=iter([big[:40_000], big[40_000:]]),
+        timeout=30,
+        headers={"content-type": "application/json"},
+    )
+    assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "body_too_large"
+
+
+def test_bad_images_are_refused_with_400(stack):
+    def ask(url: str) -> httpx.Response:
+        content = [{"type": "image_url", "image_url": {"url": url}}]
+        return httpx.post(
+            f"{stack.url}/v1/chat/completions",
+            timeout=30,
+            json={"model": MODEL, "messages": [{"role": "user", "content": content}]},
+        )
+
+    for url, code in (
+        ("https://example.com/a.png", "invalid_image"),
+        ("data:image/png;base64,AAAA", "invalid_image"),
+        ("data:image/png;base64,@@", "invalid_image"),
+    ):
+        r = ask(url)
+        assert r.status_code == 400 and r.json()["error"]["code"] == code, r.text
