@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import redis
@@ -43,7 +44,10 @@ async def _reaper(gw: Gateway) -> None:
     """Re-run requests whose worker stopped heartbeating, end those waiting at a stage that no live
     worker has served for DAYZERO_NO_WORKER_TIMEOUT_S, or waiting anywhere in a queue past
     DAYZERO_TASK_TIME_LIMIT_S (see dayzero.serving.reaper); cancel those a stopped gateway's clients
-    left and have not come back for within the grace (dayzero.serving.watching)."""
+    left and have not come back for within the grace (dayzero.serving.watching), once this gateway has
+    run for a grace itself: a client of the only gateway cannot resume while it restarts, and a restart
+    longer than the grace (4-6 s against 5 s under load) had their requests cancelled at its first pass,
+    before they could come back."""
     messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
     store = gw.bus.store
     overdue = OverdueWaits(store, gw.settings.task_time_limit_s, gw.codec)
@@ -57,9 +61,10 @@ async def _reaper(gw: Gateway) -> None:
         gw.bus.unserved = {stage: seconds for stage, seconds in unserved.items() if seconds > bound}  # (admission)
         end_unserved(store, unserved.__getitem__, bound)
         overdue.end()
-        cancel_left(store.r, store.ttl_s)  # (left by a gateway that stopped)
+        if time.time() >= started + gw.settings.disconnect_grace_s:
+            cancel_left(store.r, store.ttl_s)  # (left by a gateway that stopped)
 
-    period = gw.settings.lease_s / 2
+    period, started = gw.settings.lease_s / 2, time.time()
     while True:
         await asyncio.sleep(period)
         try:

@@ -13,7 +13,8 @@ end let the cancel overtake the resume's four commands (5 of ~600 resumes in the
 were cancelled under their client). Resumes on another gateway are judged by Redis: the cancel is
 one step there (``Watching.cancel_unwatched``), taken only while nobody reads the stream. A gateway
 that stops leaves the cancels still within their grace to Redis (``Watching.cancel_later``): a rolling
-restart's clients resume on another gateway, or on this one once it runs again.
+restart's clients resume on another gateway, or on this one once it runs again (which cancels
+them no sooner than a grace after its start: app.py's reaper).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ client reads the request again. Real processes: Redis, a gateway restarted under
 from __future__ import annotations
 
 import signal
+import time
 
 import httpx
 import redis
@@ -41,6 +42,21 @@ def _restarted(stack) -> None:
     stack.wait_ready(timeout_s=120)
 
 
+def _resumed_to_its_end(url: str, rid: str, token: str, seen: list[str]) -> None:
+    rest = []
+    with httpx.stream(
+        "GET", f"{url}/v1/requests/{rid}/stream?resume_token={token}", headers={"Last-Event-ID": seen[-1]}, timeout=120
+    ) as resumed:
+        assert resumed.status_code == 200
+        for event_id, data in sse_events(resumed):
+            if data == "[DONE]":
+                break
+            rest.append((event_id, data))
+    assert rest[-1][1]["choices"][0]["finish_reason"] == "length", rest[-1]
+    numbers = [int(i.split("-")[0]) for i in seen + [e for e, _ in rest]]
+    assert numbers == sorted(set(numbers)) and numbers[-1] == LONG["max_tokens"]  # in order, to its end
+
+
 def test_a_stream_a_stopped_gateway_ended_resumes_on_the_next_one_and_one_left_is_cancelled(text_dir, tmp_path):
     grace = {"DAYZERO_DISCONNECT_GRACE_S": "60"}
     stack = start_stack(text_dir, tmp_path, {"vision": 0, "prefill": 1, "decode": 1}, grace)
@@ -51,21 +67,7 @@ def test_a_stream_a_stopped_gateway_ended_resumes_on_the_next_one_and_one_left_i
         stack.child("gateway").env = {"DAYZERO_DISCONNECT_GRACE_S": "2"}  # (the next stop's, below)
         _restarted(stack)
         assert r.get(key("cancel", rid)) is None  # (was: cancelled as the gateway stopped)
-        rest = []
-        with httpx.stream(
-            "GET",
-            f"{stack.url}/v1/requests/{rid}/stream?resume_token={token}",
-            headers={"Last-Event-ID": seen[-1]},
-            timeout=120,
-        ) as resumed:
-            assert resumed.status_code == 200
-            for event_id, data in sse_events(resumed):
-                if data == "[DONE]":
-                    break
-                rest.append((event_id, data))
-        assert rest[-1][1]["choices"][0]["finish_reason"] == "length", rest[-1]
-        numbers = [int(i.split("-")[0]) for i in seen + [e for e, _ in rest]]
-        assert numbers == sorted(set(numbers)) and numbers[-1] == LONG["max_tokens"]  # in order, to its end
+        _resumed_to_its_end(stack.url, rid, token, seen)
 
         # a client that does not come back: its request is cancelled at the grace's end (2 s), by the
         # gateway that runs then (was: left generating to its end for nobody)
@@ -75,5 +77,30 @@ def test_a_stream_a_stopped_gateway_ended_resumes_on_the_next_one_and_one_left_i
         assert wait_until(lambda: r.get(key("done", left)) is not None, 60)
         assert r.get(key("done", left)) == b"cancelled"
         assert wait_until(lambda: r.zscore(key("left"), left) is None, 5)  # (the resumed one's: due in 60 s)
+    finally:
+        stack.stop()
+
+
+def test_a_stream_left_while_the_only_gateway_restarts_past_the_grace_resumes_on_it(text_dir, tmp_path):
+    """The soak: ``dayzero up``'s one gateway took 4-6 s to stop and start again under load, against the
+    5 s grace; a client reconnecting once it answered (SSE's retry: 1 s) found its request cancelled by
+    the new gateway's first reaper pass: the grace had ended while no gateway could take the resume.
+    A gateway now cancels the requests left to Redis only once it has run for a grace itself."""
+    stack = start_stack(
+        text_dir, tmp_path, {"vision": 0, "prefill": 1, "decode": 1}, {"DAYZERO_DISCONNECT_GRACE_S": "3"}
+    )
+    try:
+        r = redis.Redis.from_url(stack.redis_url)
+        rid, token, seen, ended = _read_until_stopped(stack.url, stack.child("gateway").proc)
+        assert ended["error"]["code"] == "shutting_down"
+        stack.child("gateway").proc.wait(timeout=30)
+        due = r.zscore(key("left"), rid)
+        assert due is not None
+        time.sleep(max(0.0, due - time.time()) + 0.5)  # a restart longer than the grace
+        _restarted(stack)
+        time.sleep(1.0)  # the client comes back after SSE's retry
+        assert r.get(key("cancel", rid)) is None  # (was: cancelled by the new gateway's first pass)
+        _resumed_to_its_end(stack.url, rid, token, seen)
+        assert r.get(key("done", rid)) == b"length"
     finally:
         stack.stop()
