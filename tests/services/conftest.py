@@ -98,6 +98,19 @@ def sse_events(response: httpx.Response):
             event_id = None
 
 
+def resumed_events(url: str, rid: str, token: str, last_event_id: str) -> list[tuple[str | None, dict]]:
+    """A stream read again by its id after ``last_event_id`` (as EventSource does: the token in the
+    query), to ``[DONE]``: its (event id, data) pairs, ending with its final chunk."""
+    rest, target = [], f"{url}/v1/requests/{rid}/stream?resume_token={token}"
+    with httpx.stream("GET", target, headers={"Last-Event-ID": last_event_id}, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        for event_id, data in sse_events(response):
+            if data == "[DONE]":
+                break
+            rest.append((event_id, data))
+    return rest
+
+
 def stream_text(url: str, body: dict, timeout: float = 120) -> tuple[str, list[str], dict, dict | None]:
     """Text, event ids, the final chunk of one streamed request, and the usage of its usage chunk
     (OpenAI's: after the final chunk, no choices; None when the body did not ask for it)."""

@@ -16,6 +16,7 @@ from .conftest import (
     assert_image_request_equals_in_process_run,
     chat,
     prompt_ids,
+    resumed_events,
     sse_events,
     start_stack,
     stream_text,
@@ -170,17 +171,7 @@ def test_resume_in_flight_after_a_disconnect(stack):
                 break  # the client drops the connection mid-stream ...
     # ... the gateway sees it go (nobody reads: its cancel waits out the grace) ...
     assert wait_until(lambda: not r.exists(f"dz:watchers:{rid}"), 60)
-    rest = []  # ... and it comes back within the grace (as EventSource does: the token in the query)
-    with httpx.stream(
-        "GET",
-        f"{stack.url}/v1/requests/{rid}/stream?resume_token={token}",
-        headers={"Last-Event-ID": seen[-1]},
-        timeout=120,
-    ) as response:
-        for event_id, data in sse_events(response):
-            if data == "[DONE]":
-                break
-            rest.append((event_id, data))
+    rest = resumed_events(stack.url, rid, token, seen[-1])  # ... and it comes back within the grace
     assert rest[-1][1]["choices"][0]["finish_reason"] == "length", rest[-1]
     numbers = [int(i.split("-")[0]) for i in seen + [e for e, _ in rest]]
     assert numbers == sorted(set(numbers))  # no duplicates, in order
