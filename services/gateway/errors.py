@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from dayzero.settings import validation_message
 from dayzero.tokenizer import NoTokenizerError
 
+QUEUE_UNAVAILABLE = "queue_unavailable"  # Redis unreachable, or refusing what the request needs
 log = logging.getLogger("dayzero.gateway")
 
 
@@ -87,9 +88,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(redis.RedisError)
     async def unavailable(_: Request, exc: redis.RedisError) -> JSONResponse:
         log.warning("redis unavailable: %s", exc)
-        return error_response(
-            503, "the request queue is unavailable; retry shortly", "service_unavailable", headers={"Retry-After": "1"}
-        )
+        message = "the request queue is unavailable; retry shortly"  # (the code a stream's error event has too)
+        return error_response(503, message, "service_unavailable", code=QUEUE_UNAVAILABLE, headers={"Retry-After": "1"})
 
 
 class CatchAll:

@@ -20,7 +20,7 @@ from dayzero.serving.reaper import no_worker_message
 from dayzero.serving.records import Token
 
 from .context import Gateway
-from .errors import APIError, error_body
+from .errors import QUEUE_UNAVAILABLE, APIError, error_body
 from .streams import Closed, Subscription
 
 log = logging.getLogger("dayzero.gateway")
@@ -142,7 +142,7 @@ def stream_error(exc: Exception, rid: str) -> dict:
         return error_body(exc.message, exc.type, exc.param, exc.code)
     if isinstance(exc, redis.RedisError):
         message = "the request queue became unavailable before the request finished; retry"
-        return error_body(message, "service_unavailable", code="queue_unavailable")
+        return error_body(message, "service_unavailable", code=QUEUE_UNAVAILABLE)
     if isinstance(exc, Closed):
         return error_body("the server is shutting down; retry", "service_unavailable", code="shutting_down")
     log.error("the stream of request %s failed", rid, exc_info=exc)

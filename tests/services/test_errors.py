@@ -8,6 +8,7 @@ import base64
 import json
 
 import pytest
+import redis
 from fastapi.testclient import TestClient
 
 from dayzero.settings import Settings
@@ -15,6 +16,7 @@ from services.gateway.app import make_app
 from services.gateway.errors import error_body
 
 from .conftest import MODEL, chat
+from .test_decode_appends import writes_refused
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +181,17 @@ def test_the_openapi_document_says_what_the_gateway_answers(gateway):
         "code",
     ]
     assert "404" in schema["paths"]["/v1/requests/{request_id}/stream"]["get"]["responses"]
+
+
+def test_a_request_redis_cannot_queue_is_a_503_with_the_code_its_stream_would_end_with(gateway, redis_url):
+    """Redis refusing the admission's writes (at its memory limit) or unreachable: 503 with Retry-After
+    and ``queue_unavailable``, as a stream Redis fails ends (the code was null at admission)."""
+    with writes_refused(redis.Redis.from_url(redis_url)):
+        answer = gateway.post("/v1/chat/completions", json=chat("hello", max_tokens=2))
+    assert (answer.status_code, answer.headers.get("retry-after")) == (503, "1")
+    assert answer.json()["error"] == {
+        "message": "the request queue is unavailable; retry shortly",
+        "type": "service_unavailable",
+        "param": None,
+        "code": "queue_unavailable",
+    }
