@@ -4,6 +4,7 @@ again."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 
@@ -11,6 +12,7 @@ import torch
 
 from dayzero.params import SamplingParams
 from dayzero.serving.handoff import publish_tensor
+from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob, TensorRef
 from dayzero.serving.prefill_loop import PrefillLoop
@@ -54,3 +56,36 @@ def test_an_image_request_redis_interrupts_is_retried_with_the_embeddings_it_too
     run_jobs(loop, [job.model_copy(update={"embeddings": parked})], 30)
     assert len(appends) == 2 and [j.request.request_id for j in sent] == ["flaky-image"]
     assert store.done("flaky-image") is None  # handed to decode, not ended
+
+
+def test_a_stale_run_whose_embeddings_its_re_run_unlinked_is_dropped_not_failed(
+    demo_dir, redis_url, monkeypatch, caplog
+):
+    """The worker's step ran past the lease, the reaper re-ran the request at the vision stage, and
+    vision unlinked the old run's embeddings; the stalled worker then starts the old run: 'parked
+    tensor ... is gone' was logged as an ERROR and counted a prefill failure (the soak's). The run is
+    stale: dropped with the stale-run warning, the request left to its re-run."""
+    import dayzero.serving.prefill_loop as prefill_loop
+
+    runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill6@test", "prefill", False)
+    loop, store, real_input = (
+        PrefillLoop(runtime, recording([])),
+        Lifecycle.connect(redis_url),
+        prefill_loop.batch_input,
+    )
+    gone = TensorRef(transport="shm", location="dz-parked-0-stale", host=socket.gethostname(), shape=(2, 64))
+    job = admitted(store, "stale-image", (0, 8, 8, 6)).model_copy(update={"embeddings": gone})
+
+    def re_run_first(ticket, r_store):
+        store.r.delete(key("lease", "stale-image"))  # it lapsed while a long step ran
+        assert store.rerun_orphan("stale-image", 60, 60) == 1  # the reaper re-runs it (attempt 1)
+        return real_input(ticket, r_store)
+
+    monkeypatch.setattr(prefill_loop, "batch_input", re_run_first)
+    with caplog.at_level(logging.WARNING, logger="dayzero.prefill"):
+        run_jobs(loop, [job], 30)
+    assert [r.levelname for r in caplog.records if "stale-image" in r.getMessage()] == ["WARNING"]
+    assert "dropping this run" in caplog.text and "is gone" not in caplog.text
+    assert runtime.stats.snapshot()["failures"].get("prefill", 0) == 0  # (was: 1)
+    assert store.done("stale-image") is None and store.r.exists(key("queued", "stale-image"))  # the re-run's
+    assert "stale-image" not in runtime.pools.sequences

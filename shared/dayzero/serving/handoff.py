@@ -10,6 +10,7 @@ hash; a mismatch is refused, never copied.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import socket
@@ -18,6 +19,7 @@ import time
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
+import redis
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
@@ -205,3 +207,11 @@ def sweep_parked(folder: Path = SHM_DIR) -> list[str]:
     """Unlink parked tensors past their deadline: their reader died, or the request was lost."""
     now_ms = time.time() * 1000
     return sweep(PARKED, lambda deadline_ms: deadline_ms < now_ms, folder)
+
+
+def drop_embeddings(ref: TensorRef | None, store: Lifecycle) -> None:
+    """A delivery no run will take (an older run's, or its request ended): free its parked image
+    embeddings, which only it refers to (a re-run encodes them again), not left till their deadline."""
+    if ref is not None:
+        with contextlib.suppress(redis.RedisError):  # (parked in Redis: they expire)
+            discard_tensor(ref, store)

@@ -38,14 +38,18 @@ class KeptHandoffs:
             DecodeJob(request=job.request, generated=job.generated, state=ref, attempt=job.attempt)
         )
         if not store.hand_off(rid, job.attempt, self.r.name, settings.handoff_timeout_s, "decode", message):
-            log.warning("request %s: its lease lapsed and it was re-run (or it ended): dropping this run", rid)
             if not kept:
                 drop_parked(store, ref.location)
-            self.r.ranks.release(rid)
+            self.drop_over(rid)
         elif kept:
             self.keep(rid, job.attempt)
         else:
             self.r.ranks.release(rid)  # the state travels in Redis: nothing to keep
+
+    def drop_over(self, rid: str) -> None:
+        """A run of the request found over (its lease lapsed and it was re-run, or it ended): its blocks go."""
+        log.warning("request %s: its lease lapsed and it was re-run (or it ended): dropping this run", rid)
+        self.r.ranks.release(rid)
 
     def keep(self, rid: str, attempt: int) -> None:
         self.held[rid] = (time.monotonic() + self.r.settings.handoff_timeout_s, attempt)

@@ -166,7 +166,21 @@ class Heartbeat:
         this worker holds a later run of the request (claimed while that one ran: it was re-run and
         its message came here)."""
         with self._lock:
-            if attempt is not None and self._runs.get(request_id, attempt) > attempt:
+            if attempt is not None and self._later(request_id, attempt):
                 return
             self._ids.discard(request_id)
             self._runs.pop(request_id, None)
+
+    def over(self, request_id: str, attempt: int) -> bool:
+        """Whether this worker's run ``attempt`` of the request is over: its lease lapsed and the request
+        was re-run (a later run of it claimed here, or the lease nobody's or another's), or it ended.
+        Over, the run is beaten no more."""
+        with self._lock:
+            later = self._later(request_id, attempt)
+        if later or self._store.owner(request_id) != self._owner:
+            self.release(request_id, attempt)
+            return True
+        return False
+
+    def _later(self, request_id: str, attempt: int) -> bool:
+        return self._runs.get(request_id, attempt) > attempt

@@ -12,7 +12,6 @@ request back: it is prefilled again, and its first token, if sampled, sent again
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -24,7 +23,7 @@ from opentelemetry import trace
 from ..completion import context_limit
 from ..kv.pools import OutOfBlocks
 from ..params import Logprob
-from .handoff import discard_tensor
+from .handoff import discard_tensor, drop_embeddings
 from .intake import Intake, Ticket, run_loop
 from .kept_handoffs import KeptHandoffs
 from .lease import Heartbeat
@@ -45,7 +44,9 @@ class PrefillLoop:
         self.room = room  # what its blocks cannot hold goes to a peer with room (room.py)
         self.intake: Intake[PrefillJob] = Intake(
             lambda ticket: self.heartbeat.claim(
-                ticket, lambda cancelled: self._settle(cancelled, "cancelled"), dropped=self._drop_embeddings
+                ticket,
+                lambda cancelled: self._settle(cancelled, "cancelled"),
+                dropped=lambda t: drop_embeddings(t.job.embeddings, runtime.store),
             )
         )
         self.pending: list[Ticket[PrefillJob]] = []
@@ -126,13 +127,6 @@ class PrefillLoop:
         self.heartbeat.hold([t.job.request.request_id for t in unsettled])  # one may be released
         self.pending[:0] = unsettled
 
-    def _drop_embeddings(self, ticket: Ticket[PrefillJob]) -> None:
-        """A delivery no run will take (an older run's, or its request ended): free its parked image
-        embeddings, which only it refers to (a re-run encodes them again), not left till their deadline."""
-        if ticket.job.embeddings is not None:
-            with contextlib.suppress(redis.RedisError):  # (parked in Redis: they expire)
-                discard_tensor(ticket.job.embeddings, self.r.store)
-
     def _end_cancelled(self) -> None:
         """End what a client cancelled, with one read of the marks: the prompts under way whose every
         request it cancelled (their blocks are free before their next chunk, on every rank: rank 0
@@ -206,11 +200,7 @@ class PrefillLoop:
             try:
                 inputs.append((tickets, batch_input(tickets[0], self.r.store)))
             except LookupError as exc:  # its image embeddings expired or went with a dead host (it runs alone)
-                log.error("request %s: %s", tickets[0].job.request.request_id, exc)
-                self.r.stats.fail("prefill")
-                self.r.ranks.release(tickets[0].job.request.request_id)
-                gone = "its images' embeddings are gone (expired or lost with a worker): retry"
-                self._settle(tickets[0], "error", gone)
+                self._embeddings_gone(tickets[0], exc)
         now = time.time()
         image_token = self.r.model.cfg.raw.get("image_token_id")
         started = [t for tickets, _ in inputs for t in tickets]
@@ -218,6 +208,17 @@ class PrefillLoop:
         for tickets, item in inputs:
             spans = [forward_span(t.job, len(started)) for t in tickets]
             self.running.append(Prefilling(tickets, item, spans, image_token))
+
+    def _embeddings_gone(self, ticket: Ticket[PrefillJob], exc: LookupError) -> None:
+        """Its image embeddings are gone: it fails, unless its run is over (re-run: vision unlinked them)."""
+        rid = ticket.job.request.request_id
+        if self.heartbeat.over(rid, ticket.job.attempt):  # (was: an ERROR and a failure for a stale run)
+            self.handed_off.drop_over(rid)
+            return ticket.done.set()
+        log.error("request %s: %s", rid, exc)
+        self.r.stats.fail("prefill")
+        self.r.ranks.release(rid)
+        self._settle(ticket, "error", "its images' embeddings are gone (expired or lost with a worker): retry")
 
     def _step(self) -> None:
         """Prefill the next chunk of the prompts under way the step's plan runs (prefilling.py); emit the
@@ -286,8 +287,7 @@ class PrefillLoop:
             self.unsent[rid, job.attempt] = step.token
             raise
         if appended.refused:  # re-run meanwhile
-            log.warning("request %s: its lease lapsed and it was re-run (or it ended): dropping this run", rid)
-            self.r.ranks.release(rid)
+            self.handed_off.drop_over(rid)
         elif appended.cancelled:  # its client left during the forward: no token, no handoff
             self.r.ranks.release(rid)
             self._settle(ticket, "cancelled")
