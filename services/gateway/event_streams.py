@@ -59,7 +59,7 @@ async def sse(
         if not merged:
             yield retry_line(gw.settings.sse_retry_ms)
         try:
-            await gw.bus.watching.watch(request.request_id, progress.watcher)
+            await gw.bus.leaving.watch(request.request_id, progress.watcher, request.created)
             async with gw.bus.hub.subscribe(request.request_id, after) as sub, closing(sub, shutdown):
                 async for event in _chunks(gw, request, sub, after, progress, used):
                     yield event

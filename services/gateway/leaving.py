@@ -53,6 +53,7 @@ class Leaving:
         self._pending: dict[str, set[Leave]] = {}  # leaves that may still cancel, by request
         self._arrivals: dict[str, list[float]] = {}  # resumes on their way in (monotonic), by request
         self._tasks: set[asyncio.Task] = set()
+        self._watches: dict[str, asyncio.Task] = {}  # watches Redis refused, tried again, by watcher
 
     # -- coming back -----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -94,6 +95,23 @@ class Leaving:
         if not arrivals:
             self._arrivals.pop(request_id, None)
 
+    # -- reading ---------------------------------------------------------------------------------
+    async def watch(self, request_id: str, watcher: str, created: float) -> None:
+        """A read (``watcher``) of a request made at unix time ``created`` begins: it is marked as a
+        reader in Redis. Refused (Redis at its memory limit refuses writes, reads answer), the read goes
+        on and the mark is tried again in a task of its own until it goes through, the read ends (its
+        leave drops it) or the request's time limit passes: the read of a request that has ended, or
+        resumed, died with the refusal (``queue_unavailable``). Meanwhile this gateway cancels nothing
+        under it (``reading`` dropped the cancels pending here)."""
+        try:
+            await self.watching.watch(request_id, watcher)
+        except redis.ResponseError:  # (the tries log it)
+            leave = Leave(request_id, created + self.time_limit_s, created + self.time_limit_s)
+            task = asyncio.create_task(self._tried(leave, "watch", lambda: self.watching.watch(request_id, watcher)))
+            self._watches[watcher] = task
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
     # -- leaving ---------------------------------------------------------------------------------
     def leave(self, request_id: str, watcher: str, created: float, finished: bool, resumable: bool = True) -> None:
         """A read (``watcher``) of a request made at unix time ``created`` ended: unwatch it, then,
@@ -106,7 +124,11 @@ class Leaving:
 
     async def _leave(self, leave: Leave, watcher: str, finished: bool, resumable: bool) -> None:
         rid = leave.request_id
+        watch = self._watches.pop(watcher, None)
         try:
+            if watch is not None:  # a watch still tried again: unwatched after it, not before
+                watch.cancel()
+                await asyncio.wait([watch])
             left = await self._tried(leave, "unwatch", lambda: self.watching.unwatch(rid, watcher))
             if finished or left != 0:  # (None: Redis never came back within its time limit)
                 return

@@ -123,8 +123,11 @@ class StreamHub:
         try:
             if self._reader is None or self._reader.done():
                 self._reader = asyncio.create_task(self._read_forever())
-            await self._wake()  # the blocked read takes sub in
-            yield sub
+            try:
+                await self._wake()  # the blocked read takes sub in at once
+            except redis.ResponseError as exc:  # writes refused (Redis at its memory limit), reads answer
+                log.warning("token streams: a wake-up refused, read within a block: %s", exc)
+            yield sub  # (unwoken, the blocked read takes it in at its next block, within block_ms)
         finally:
             self.subs.discard(sub)
 

@@ -1,0 +1,96 @@
+"""A stream read while Redis refuses writes (at its memory limit, no eviction: every write answers
+``OOM command not allowed``, reads answer). A read's first commands were writes (its reader mark,
+the hub's wake-up): refused, the read ended at once with ``queue_unavailable``, even one of a
+request that had finished (the soak's resumes during a refusal). Now the wake-up refused leaves the
+subscription to the hub's next blocked read, and the mark is tried again while the stream is read.
+Real processes: Redis, a gateway, a prefill and a decode worker."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+import redis
+
+from dayzero.serving.keys import key
+
+from .conftest import MODEL, resumed_events, sse_events, start_stack, wait_until
+from .test_decode_appends import writes_refused
+
+SHORT = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 8, "ignore_eos": True, "stream": True}
+LONG = {**SHORT, "max_tokens": 400}
+
+
+@pytest.fixture(scope="module")
+def stack(text_dir, tmp_path_factory):
+    stack = start_stack(text_dir, tmp_path_factory.mktemp("logs"), {"vision": 0, "prefill": 1, "decode": 1})
+    yield stack
+    stack.stop()
+
+
+def _read(url: str, body: dict, events: int | None = None) -> tuple[str, str, list[str]]:
+    """Stream ``body``, leaving after ``events`` token events (None: to [DONE]). -> its id, its resume
+    token, the event ids read."""
+    seen = []
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        rid, token = response.headers["x-request-id"], response.headers["x-resume-token"]
+        for event_id, data in sse_events(response):
+            if data == "[DONE]" or len(seen) == events:
+                break
+            assert "error" not in data, data
+            seen.append(event_id)
+    return rid, token, seen
+
+
+def _to_its_end(rest: list[tuple[str | None, dict]], seen: list[str], max_tokens: int) -> None:
+    assert "error" not in rest[-1][1], rest[-1]  # (was: queue_unavailable at once)
+    assert rest[-1][1]["choices"][0]["finish_reason"] == "length", rest[-1]
+    numbers = [int(i.split("-")[0]) for i in seen + [e for e, _ in rest]]
+    assert numbers == sorted(set(numbers)) and numbers[-1] == max_tokens  # in order, once, to its end
+
+
+def test_a_finished_stream_resumed_while_redis_refuses_writes_gets_its_rest_and_done(stack):
+    r = redis.Redis.from_url(stack.redis_url)
+    rid, token, seen = _read(stack.url, SHORT)
+    assert len(seen) > 1 and seen[-1] == f"{SHORT['max_tokens']}-0"
+    assert wait_until(lambda: r.get(key("done", rid)) == b"length", 10)
+    with writes_refused(r):
+        with pytest.raises(redis.ResponseError, match="maxmemory"):
+            r.set(key("probe", rid), 1)
+        rest = resumed_events(stack.url, rid, token, seen[0])  # (resumed_events: to [DONE])
+    _to_its_end(rest, seen[:1], SHORT["max_tokens"])
+
+
+class Resumed(threading.Thread):
+    """A client reading a stream again by its id after ``last`` to [DONE]."""
+
+    def __init__(self, url: str, rid: str, token: str, last: str) -> None:
+        super().__init__(daemon=True)
+        self.args, self.rest, self.failed = (url, rid, token, last), None, None
+
+    def run(self) -> None:
+        try:
+            self.rest = resumed_events(*self.args)
+        except Exception as exc:  # noqa: BLE001 (the test's assertion shows it)
+            self.failed = exc
+
+
+def test_a_running_stream_resumed_while_redis_refuses_writes_reads_to_its_end(stack):
+    """Its reader's mark, refused, is made once Redis takes writes again: nothing cancels the request
+    under its reader (its leave, after its end, unwatches it)."""
+    r = redis.Redis.from_url(stack.redis_url)
+    rid, token, seen = _read(stack.url, LONG, events=3)
+    assert wait_until(lambda: not r.exists(key("watchers", rid)), 10)  # the first read left: its grace runs
+    resumed, log = Resumed(stack.url, rid, token, seen[-1]), stack.log_dir / "gateway.log"
+    with writes_refused(r):
+        resumed.start()  # the resume begins while every write is refused (was: it ended, queue_unavailable)
+        assert wait_until(lambda: f"request {rid}: its watch failed" in log.read_text() or not resumed.is_alive(), 30)
+        time.sleep(0.5)  # it reads on through the refusal
+    resumed.join(120)
+    assert resumed.failed is None, resumed.failed
+    _to_its_end(resumed.rest, seen, LONG["max_tokens"])
+    assert wait_until(lambda: r.get(key("done", rid)) == b"length", 10) and r.get(key("cancel", rid)) is None
+    assert wait_until(lambda: not r.exists(key("watchers", rid)), 10)  # its leave unwatched it
