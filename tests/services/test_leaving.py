@@ -53,6 +53,30 @@ def test_a_request_abandoned_twice_within_the_grace_is_left_to_redis_at_close(re
     assert client.zcard(key("left")) == 0
 
 
+def test_a_resume_of_a_request_left_to_redis_takes_its_cancel_back(redis_url):
+    """A stopped gateway left a request's cancel to Redis; its client resumes it on another gateway and
+    leaves again there, within that read's grace when the first is due: the resume took the left
+    cancel back (that gateway's own leave decides), the reaper's pass cancels nothing. (The entry
+    stayed: the request was cancelled within its client's grace on the second gateway.)"""
+
+    async def run() -> None:
+        settings = Settings(redis_url=redis_url, disconnect_grace_s=60)
+        bus = Bus(settings, make_celery(settings))
+        await bus.watching.cancel_later("r9", time.time() + 0.5)  # the stopped gateway's
+        bus.leaving.reading("r9")
+        await bus.watching.watch("r9", "resumed")  # resumed here
+        bus.leaving.leave("r9", "resumed", time.time(), finished=False)  # and left again: its grace runs
+        await asyncio.sleep(1.0)  # the stopped gateway's grace has ended
+        client = redis.Redis.from_url(redis_url)
+        assert cancel_left(client, 60) == [] and not client.exists(key("cancel", "r9"))
+        client.close()
+        await asyncio.wait_for(bus.close(), 5)  # this one stops too: its own grace, left to Redis
+
+    asyncio.run(run())
+    client = redis.Redis.from_url(redis_url)
+    assert 55 < client.zscore(key("left"), "r9") - time.time() <= 60 and not client.exists(key("cancel", "r9"))
+
+
 def test_a_resume_on_its_way_holds_the_cancel_of_another_read_that_left(redis_url):
     """Two resumes of a request reach the gateway; the first reads and leaves while the second is
     still on its way (its route waits on a slow Redis): the second's arrival holds the first's cancel

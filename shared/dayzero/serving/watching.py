@@ -18,9 +18,12 @@ from .queue_scripts import ADMIT
 
 # A stream's readers: a set of one id per read (adding or removing one twice, as a retry after a
 # lost reply does, counts once); it lives as long as the request can (ARGV[2]) and goes with its
-# last reader. ARGV[1]: 1 a reader comes, 0 it leaves.
+# last reader. ARGV[1]: 1 a reader comes, 0 it leaves. A reader that comes takes back the cancel a
+# stopped gateway left (KEYS[2], ARGV[4]: the request): its own leave decides (left, it cancelled the
+# request within that read's grace, as soon as the stopped gateway's was over).
 READERS = """
 redis.call(ARGV[1] == '1' and 'SADD' or 'SREM', KEYS[1], ARGV[3])
+if ARGV[1] == '1' then redis.call('ZREM', KEYS[2], ARGV[4]) end
 local n = redis.call('SCARD', KEYS[1])
 if n > 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
 return n
@@ -84,7 +87,8 @@ class Watching:
         return await self._change(rid, watcher, coming=False)
 
     async def _change(self, rid: str, watcher: str, coming: bool) -> int:
-        return int(await self._readers(keys=[key("watchers", rid)], args=[int(coming), self.readers_s, watcher]))
+        keys, args = [key("watchers", rid), key("left")], [int(coming), self.readers_s, watcher, rid]
+        return int(await self._readers(keys=keys, args=args))
 
     async def cancel_later(self, rid: str, at: float) -> None:
         """The gateway stops: the request is cancelled at unix time ``at`` (its grace's end) unless a
