@@ -73,7 +73,7 @@ def test_streams_a_stopped_gateway_ended_resume_on_the_next_one_and_one_left_is_
         time.sleep(1.0)  # the client comes back after SSE's retry
         assert r.get(key("cancel", rid)) is None
         _resumed_to_its_end(stack.url, rid, token, seen)
-        assert r.get(key("done", rid)) == b"length"
+        assert wait_until(lambda: r.get(key("done", rid)) == b"length", 10)  # (recorded after its last token)
 
         # a client that does not come back: its request is cancelled once the grace has passed, by the
         # gateway that runs then (was: cancelled at once, or, left alone, generated to its end for nobody)
