@@ -4,12 +4,14 @@ cancel once nobody reads it."""
 from __future__ import annotations
 
 import asyncio
+import time
 
+import redis
 import redis.asyncio as aioredis
 
 from dayzero.serving.admission import record_s
 from dayzero.serving.keys import key
-from dayzero.serving.watching import Watching
+from dayzero.serving.watching import Watching, cancel_left
 
 
 def test_watch_counts_readers_as_long_as_the_request_can_live(redis_url):
@@ -131,3 +133,25 @@ def test_a_reader_that_comes_while_the_cancel_is_decided_keeps_its_request(redis
         return cancelled, readers
 
     assert asyncio.run(run()) == (False, 1)
+
+
+def test_a_cancel_left_while_another_gateway_reads_the_request_is_not_recorded(redis_url):
+    """A stopping gateway's last read unwatched, then a resume on another gateway watched before the
+    stopping one left the cancel to Redis: nothing is left (the resume's read decides), so that read's
+    leave, within its own grace when the stopped gateway's ends, is not cancelled there. (Two commands:
+    the entry written under the reader stayed, and cancelled the request in its grace.)"""
+
+    async def run() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        watching = Watching(client, stream_ttl_s=60, queued_s=60)
+        await watching.watch("w5", "stopping")
+        assert await watching.unwatch("w5", "stopping") == 0  # the stopping gateway's last read
+        await watching.watch("w5", "resumed")  # another gateway's, in between
+        await watching.cancel_later("w5", time.time() - 1)  # its grace ends now
+        await watching.unwatch("w5", "resumed")  # the resumed read left: its own grace runs
+        await client.aclose()
+
+    asyncio.run(run())
+    client = redis.Redis.from_url(redis_url)
+    assert cancel_left(client, 60) == [] and not client.exists(key("cancel", "w5"))
+    client.close()

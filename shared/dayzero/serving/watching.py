@@ -39,6 +39,16 @@ if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2]) == 0 the
 end
 """
 
+# KEYS: the request's readers, done, the cancels stopped gateways left; ARGV: the cancel's unix time,
+# the request. Left only while nobody reads it (and it has not ended), in one step: a resume on
+# another gateway whose watch came after the stopping one's unwatch, before its ZADD, left an entry
+# under its reader, which cancelled the request when that read left, within its own grace.
+CANCEL_LATER = """
+if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2]) == 0 then
+    redis.call('ZADD', KEYS[3], ARGV[1], ARGV[2])
+end
+"""
+
 
 def cancel_left(client: redis.Redis, stream_ttl_s: int) -> list[str]:
     """Cancel the requests whose grace a stopped gateway left here (``Watching.cancel_later``) and
@@ -61,7 +71,7 @@ class Watching:
         self.r, self.ttl_s, self.queued_s = client, stream_ttl_s, queued_s
         self.readers_s = record_s(queued_s, stream_ttl_s)
         self._admit, self._readers = client.register_script(ADMIT), client.register_script(READERS)
-        self._cancel = client.register_script(CANCEL_UNWATCHED)
+        self._cancel, self._later = client.register_script(CANCEL_UNWATCHED), client.register_script(CANCEL_LATER)
 
     async def admit(self, requests: list[GenerationRequest], images: list[bytes], reader: str, queue: Queue) -> bool:
         """``Lifecycle.admit`` for all of ``requests`` and their messages pushed onto the queue, in
@@ -93,8 +103,8 @@ class Watching:
     async def cancel_later(self, rid: str, at: float) -> None:
         """The gateway stops: the request is cancelled at unix time ``at`` (its grace's end) unless a
         client reads it again by then (``cancel_left``; cancelled at once, a rolling restart's resume
-        found its request cancelled on the next gateway)."""
-        await self.r.zadd(key("left"), {rid: at})
+        found its request cancelled on the next gateway); nothing while a client reads it."""
+        await self._later(keys=[key("watchers", rid), key("done", rid), key("left")], args=[repr(at), rid])
 
     async def cancel_unwatched(self, rid: str) -> None:
         """Ask the request's worker to stop, unless a client reads it again or it has ended."""
