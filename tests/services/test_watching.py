@@ -155,3 +155,22 @@ def test_a_cancel_left_while_another_gateway_reads_the_request_is_not_recorded(r
     client = redis.Redis.from_url(redis_url)
     assert cancel_left(client, 60) == [] and not client.exists(key("cancel", "w5"))
     client.close()
+
+
+def test_a_cancel_left_again_while_a_pass_cancels_the_due_one_stays_till_it_is_due(redis_url):
+    """A reaper pass reads the due cancels; before it removes them, another stopping gateway leaves the
+    request's cancel again, due later (a resumed read of it ended there): that entry stays, due at its
+    own time. (Read, then removed apart: the new entry went unseen, and its cancel was lost.)"""
+    client = redis.Redis.from_url(redis_url)
+    client.zadd(key("left"), {"w6": time.time() - 1})
+    read_due = client.zrangebyscore
+
+    def left_again_after_the_read(*args, **kwargs):
+        due = read_due(*args, **kwargs)
+        client.zadd(key("left"), {"w6": time.time() + 60})  # (the other gateway's cancel_later)
+        return due
+
+    client.zrangebyscore = left_again_after_the_read
+    assert cancel_left(client, 60) == [] and not client.exists(key("cancel", "w6"))
+    assert client.zscore(key("left"), "w6") > time.time() + 50
+    client.close()

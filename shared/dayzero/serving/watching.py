@@ -50,16 +50,32 @@ end
 """
 
 
+# KEYS: the cancels stopped gateways left, the request's readers, done, cancel; ARGV: the request, now
+# (unix time), the cancel mark's s. A left cancel that is due goes, and cancels the request unless a
+# client reads it or it ended, in one step: read, then removed apart, an entry another stopping
+# gateway left again between the two (due later) was removed unseen, its cancel lost.
+CANCEL_DUE = """
+local due = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not due or tonumber(due) > tonumber(ARGV[2]) then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('EXISTS', KEYS[3]) == 0 then
+    redis.call('SET', KEYS[4], 1, 'EX', ARGV[3])
+end
+return 1
+"""
+
+
 def cancel_left(client: redis.Redis, stream_ttl_s: int) -> list[str]:
     """Cancel the requests whose grace a stopped gateway left here (``Watching.cancel_later``) and
     has ended, unless a client reads them again (or they ended); returns their ids. Their entries go."""
-    due = [rid.decode() for rid in client.zrangebyscore(key("left"), "-inf", time.time())]
-    cancel = client.register_script(CANCEL_UNWATCHED)
-    for rid in due:
-        cancel(keys=[key(family, rid) for family in ("watchers", "done", "cancel")], args=[stream_ttl_s])
-    if due:
-        client.zrem(key("left"), *due)
-    return due
+    now, cancel = time.time(), client.register_script(CANCEL_DUE)
+    due = [rid.decode() for rid in client.zrangebyscore(key("left"), "-inf", now)]
+    families = ("watchers", "done", "cancel")
+    return [
+        rid
+        for rid in due
+        if cancel(keys=[key("left"), *(key(f, rid) for f in families)], args=[rid, now, stream_ttl_s])
+    ]
 
 
 class Watching:
