@@ -97,7 +97,8 @@ async def collect(
     for request, events in zip(requests, results, strict=True):
         last = events[-1]
         text = "".join(e.text for e in events)
-        body = Shape(request, gw.settings.model_name, gw.codec).body(text, last.finish_reason, usage(last), events)
+        shape = Shape(request, gw.settings.model_name, gw.codec)
+        body = shape.body(text, last.finish_reason, usage(request, last), events)
         choices.append(body["choices"][0])
         used.add(request, last)
     body["choices"], body["usage"] = choices, used.body()

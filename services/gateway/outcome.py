@@ -62,7 +62,7 @@ class Progress:
             self.over = True
             self.end(event.finish_reason)
             metrics.e2e.observe(now - self.request.created)
-            counts = usage(event)
+            counts = usage(self.request, event)
             metrics.prompt_tokens.inc(counts["prompt_tokens"])
             metrics.generation_tokens.inc(counts["completion_tokens"])
             if self.span is not None:
@@ -80,9 +80,10 @@ class Progress:
             self.gw.metrics.finished.labels(reason).inc()
 
 
-def usage(event: Token) -> dict:
-    """A finished request's token counts (its last event's)."""
-    u = event.usage or {"prompt_tokens": 0, "completion_tokens": event.index}
+def usage(request: GenerationRequest, event: Token) -> dict:
+    """A finished request's token counts (its last event's; one without them, an end the gateway
+    built from the request's ``done`` mark, counts its prompt and the tokens before it)."""
+    u = event.usage or {"prompt_tokens": len(request.prompt_ids), "completion_tokens": event.index}
     return {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
 
 
@@ -99,7 +100,7 @@ class Usage:
     prompts: set[int] = field(default_factory=set)  # the prompt indices counted
 
     def add(self, request: GenerationRequest, last: Token) -> None:
-        counts = usage(last)
+        counts = usage(request, last)
         self.choices += 1
         self.completion_tokens += counts["completion_tokens"]
         if (details := counts.get("completion_tokens_details")) is not None:

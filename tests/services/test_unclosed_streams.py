@@ -173,3 +173,12 @@ def test_the_hub_ends_only_a_quiet_stream_whose_request_ended_without_its_end(re
     assert seen["unclosed"][:2] == [Token("unclosed", 0, 5, "0"), Token("unclosed", 1, 5, "1")]
     assert seen["unclosed"][2:] == [Token("unclosed", 2, -1, "", "length"), None]
     assert seen["running"][2] is None
+
+
+def test_a_finished_body_without_its_stream_s_end_counts_its_prompt_and_tokens(gateway, stages):
+    """The end the gateway builds from ``done`` carries no usage: the body counts the request's prompt
+    (3 tokens) and the tokens streamed (was: 0 prompt tokens)."""
+    client = _ended_unclosed(gateway, stages, "length", tokens=2, stream=False)
+    assert client.status == 200, f"no answer after {client.waited_s:.1f} s"
+    assert client.body["choices"][0]["text"] == "t0t1" and client.body["choices"][0]["finish_reason"] == "length"
+    assert client.body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
