@@ -24,9 +24,9 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis
 
@@ -107,10 +107,9 @@ class Leaving:
             await self.watching.watch(request_id, watcher)
         except redis.ResponseError:  # (the tries log it)
             leave = Leave(request_id, created + self.time_limit_s, created + self.time_limit_s)
-            task = asyncio.create_task(self._tried(leave, "watch", lambda: self.watching.watch(request_id, watcher)))
-            self._watches[watcher] = task
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._watches[watcher] = self._spawn(
+                self._tried(leave, "watch", lambda: self.watching.watch(request_id, watcher))
+            )
 
     # -- leaving ---------------------------------------------------------------------------------
     def leave(self, request_id: str, watcher: str, created: float, finished: bool, resumable: bool = True) -> None:
@@ -118,9 +117,14 @@ class Leaving:
         unless the request ``finished`` or others read it, cancel it (after the grace when its
         client may resume it), in a task of its own."""
         leave = Leave(request_id, created + self.time_limit_s, time.time() + self.grace_s * resumable)
-        task = asyncio.create_task(self._leave(leave, watcher, finished, resumable))
+        self._spawn(self._leave(leave, watcher, finished, resumable))
+
+    def _spawn(self, work: Coroutine[Any, Any, object]) -> asyncio.Task:
+        """``work`` in a task of its own, held till it ends (``close`` decides those still pending)."""
+        task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _leave(self, leave: Leave, watcher: str, finished: bool, resumable: bool) -> None:
         rid = leave.request_id
