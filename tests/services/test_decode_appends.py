@@ -95,6 +95,30 @@ def test_a_request_cancelled_while_its_append_is_refused_ends_at_its_stream_s_en
     runtime.close()
 
 
+def test_a_cancel_after_a_finish_whose_append_landed_unanswered_records_the_finish(demo_dir, redis_url):
+    """The append of the finish token lands but its answer is lost (a Redis stall past the command
+    timeout), and the client's cancel comes before it is sent again: the stream holds the finish
+    (what its readers got), and so does the request's done mark (was: "cancelled")."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store, sent = handed_off(settings, ("read-its-end",), max_tokens=4)
+    runtime = Runtime.load(settings, "decode-unanswered@test", "decode", False)
+    real_append, lost = runtime.store.append, []
+
+    def append(tokens, *args):
+        appended = real_append(tokens, *args)
+        if not lost and any(t.finish_reason for t in tokens):
+            lost.append(tokens)
+            store.cancel("read-its-end")  # the client leaves as the finish reaches it
+            raise redis.TimeoutError("Timeout reading from socket")
+        return appended
+
+    runtime.store.append = append
+    run_jobs(DecodeLoop(runtime), sent)
+    assert lost and store.stream("read-its-end")[1] == "length"
+    assert store.done("read-its-end") == "length"
+    runtime.close()
+
+
 BODY = {"model": MODEL, "prompt": [0, 5, 4, 3, 2], "max_tokens": 200, "temperature": 0, "ignore_eos": True}
 
 

@@ -79,9 +79,11 @@ def test_settle_closes_a_stream_exactly_once_and_says_how(redis_url, caplog):
     its streamed first token) settled at an index a token held: the end was skipped as a replay, and
     the request recorded as ended, its stream never closed nor expired, the caller told all was well.
     Now that end goes after the stream's last entry (MOVED); a stream that has ended gets no second
-    end (CLOSED_BEFORE); one whose caller said its last token ended it, wrongly, gets an end without a
-    token (MOVED: it was left open, its reader waiting for ever); one that cannot be closed says so
-    (UNCLOSED, logged as an error) and expires all the same. A handoff's parked state goes with the end."""
+    end (CLOSED_BEFORE; its done mark the finish its readers got, not the cancel asked); one whose
+    caller said its last token ended it, wrongly, gets an end without a token (MOVED: it was left
+    open, its reader waiting for ever); one that cannot be closed says so (UNCLOSED, logged as an
+    error) and expires all the same. A handoff's parked state goes
+    with the end."""
     store = Lifecycle(redis.Redis.from_url(redis_url), stream_ttl_s=60)
     ids = ("e-taken", "e-ended", "e-carried", "e-open", "e-broken")
     for rid in ids:
@@ -95,7 +97,7 @@ def test_settle_closes_a_stream_exactly_once_and_says_how(redis_url, caplog):
     store.r.set(key("kvstate", "e-taken"), b"state")
     settled = [
         store.settle("e-taken", 0, "decode0", "length", 0, usage=done),
-        store.settle("e-ended", 0, "decode0", "length", 1, usage=done),
+        store.settle("e-ended", 0, "decode0", "cancelled", 1),  # (a cancel after the finish landed)
         store.settle("e-carried", 0, "decode0", "length"),
         store.settle("e-open", 0, "decode0", "stop"),
         store.settle("e-broken", 0, "decode0", "error", 0, "failed"),
@@ -109,7 +111,7 @@ def test_settle_closes_a_stream_exactly_once_and_says_how(redis_url, caplog):
     opened = [decode("e-open", fields) for _, fields in store.r.xrange(key("tokens", "e-open"))]
     assert opened == [tokens[1], Token("e-open", 1, -1, "", "stop")]  # its last token had no finish: one added
     assert all(0 < store.r.ttl(key("tokens", rid)) <= 60 for rid in ids)  # unclosed too: no stream kept for ever
-    assert [store.done(rid) for rid in ids] == ["length", "length", "length", "stop", "error"]
+    assert [store.done(rid) for rid in ids] == ["length", "length", "length", "stop", "error"]  # the streams' ends
     assert not {*ids} & set(store.active())
     assert store.settle("e-taken", 0, "decode0", "length", 2) == Settled.STALE  # ended: once
     logged = {(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records if r.name == "dayzero.serving"}

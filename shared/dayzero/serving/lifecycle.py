@@ -22,8 +22,9 @@ handed off     handoff:{id} ("decode:{n}", counted as queued marks are) and leas
                claimer whose pools cannot hold it yet may hand it back: the same lease and mark,
                till the handoff's own deadline); kvstate:{id} the state itself when it travels
                through Redis; taken:{prefill worker} the inbox where decode says it has taken them
-ended          done:{id} = finished (stop, length) | cancelled | error; tokens:{id} closed (once:
-               stream_scripts.py; left open: the gateway ends its readers by done); kvstate:{id} dropped
+ended          done:{id} = finished (stop, length) | cancelled | error (a stream ended already: its
+               finish); tokens:{id} closed (once: stream_scripts.py; left open: the gateway ends its
+               readers by done); kvstate:{id} dropped
 any            tokens:{id} the token stream (dayzero.serving.records): only the current run (its
                attempt; the lease its own or nobody's) appends to it, each index once and none
                skipped, or ends the request; cancel:{id} a cancel request, watchers:{id} its readers

@@ -29,13 +29,13 @@ class Settled(IntEnum):
     # the index asked for held a token already (one the caller did not count), or no entry was given and
     # the last token had no finish (an end without a token): the entry went after the stream's last
     MOVED = 2
-    CLOSED_BEFORE = 3  # its stream had ended already: no second end added
+    CLOSED_BEFORE = 3  # its stream had ended already: no second end added (``done`` records that end's finish)
     UNCLOSED = 4  # its stream could not be closed: the write failed (the gateway ends its readers from ``done``)
 
 
 SETTLED_SAYS = {  # how the stream of an ended request closed, when not as asked (logged)
     Settled.MOVED: "went after the stream's last entry (a token held its index, or the last token had no finish)",
-    Settled.CLOSED_BEFORE: "was there already (no second end)",
+    Settled.CLOSED_BEFORE: "was there already (no second end; done records its finish)",
     Settled.UNCLOSED: "could not be written: the gateway ends its readers from the done mark, a keep-alive or two late",
 }
 
@@ -136,8 +136,9 @@ return {refused, cancels}
 
 
 # The end of a request's stream, exactly once, from ARGV[at] (``append_entry``'s layout; none: the
-# caller says its last token carried the finish reason) -> ``Settled``'s code. A stream whose last
-# entry has a finish (``f``) has ended: nothing is added. An entry whose index a token already holds
+# caller says its last token carried the finish reason) -> ``Settled``'s code, and the finish its
+# readers were given when the stream had one already. A stream whose last entry has a finish (``f``)
+# has ended: nothing is added. An entry whose index a token already holds
 # goes after the stream's last entry instead, its index field (``i``) that one's, and so does an end
 # without a token (``reason``) when none was given and the last token had no finish: the client's
 # reader sees the end in any case (a stream left open was read, with keep-alives, for ever).
@@ -152,7 +153,7 @@ local function close_stream(stream, at, ttl, reason)
     if entry then
         for j = 1, #entry[2], 2 do
             if entry[2][j] == 'f' then
-                return #ARGV >= at and 3 or 1
+                return #ARGV >= at and 3 or 1, entry[2][j + 1]
             end
         end
     end
@@ -182,16 +183,18 @@ end
 
 # KEYS: attempt, done, lease, stream, queued, active, req, access, images, kvstate; ARGV: the run's
 # attempt, the writer, the record's s, the request's id, the reason, then the entry that closes the
-# stream (``close_stream``). The request ends: done, out of the active set, no lease, no queued mark,
-# no parked state (a handoff no decode worker took), its record (and its attempt) kept as long as
-# its stream, which expires whether it could be closed or not (the caller learns which: ``Settled``).
+# stream (``close_stream``). The request ends: done (the reason; a stream that had ended
+# already, the finish its readers were given: a cancel after a finish that landed unanswered is no
+# cancel), out of the active set, no lease, no queued mark, no parked state (a handoff no decode
+# worker took), its record (and its attempt) kept as long as its stream, which expires whether it
+# could be closed or not (the caller learns which: ``Settled``).
 # 0: nothing written, the run is over or someone else's (a stalled worker's end of a request re-run since).
 SETTLE = (
     _CLOSE_STREAM
     + OURS_ONLY
     + """
-local closed = close_stream(KEYS[4], 6, ARGV[3], ARGV[5])
-redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[3])
+local closed, finished = close_stream(KEYS[4], 6, ARGV[3], ARGV[5])
+redis.call('SET', KEYS[2], finished or ARGV[5], 'EX', ARGV[3])
 redis.call('SREM', KEYS[6], ARGV[4])
 redis.call('DEL', KEYS[3], KEYS[5], KEYS[10])
 for _, i in ipairs({1, 4, 7, 8, 9}) do  -- (the stream too: one left unclosed lived for ever)
