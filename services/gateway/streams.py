@@ -11,14 +11,16 @@ Redis that stops answering (frozen, its host unreachable) for ``READ_MARGIN_S`` 
 A subscriber ``BACKLOG`` entries behind (its client reads slower than tokens come) is read no
 further until it has taken half of them: the rest wait in Redis, not in this gateway's memory.
 A request that ended (its ``done`` mark) with a stream its end could not be written to (``Settled``'s
-UNCLOSED) is ended for its readers with the end ``done`` names, once their stream has been quiet
-for a block: the reader looks at most once a block, one MGET of the quiet streams' marks.
+UNCLOSED) is ended for its readers with the end SETTLE kept beside the mark (``unclosed``: its code,
+its usage), once their stream has been quiet for a block: the reader looks at most once a block,
+one MGET of the quiet streams' marks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 import uuid
@@ -45,6 +47,16 @@ def valid_entry_id(entry: str) -> bool:
     """A stream entry id Redis takes: ``ms-seq``, both parts unsigned 64-bit."""
     parts = re.fullmatch(r"([0-9]{1,20})-([0-9]{1,20})", entry)
     return parts is not None and max(int(parts[1]), int(parts[2])) < 2**64
+
+
+def _kept_end(request_id: str, index: int, reason: str, kept: dict | Exception) -> Token:
+    """The end at ``index`` of a request that ended ``reason`` without its stream's end: the one its
+    stage asked for, kept (``unclosed``); else (none given, or unreadable) one the reason alone names."""
+    if kept and not isinstance(kept, Exception):
+        with contextlib.suppress(KeyError, ValueError):  # (not an end's fields: the reason alone)
+            return dataclasses.replace(decode(request_id, kept), index=index)
+    message = "generation failed (how could not be recorded)" if reason == "error" else ""
+    return ending(request_id, index, reason, message)
 
 
 class Closed(Exception):
@@ -212,8 +224,9 @@ class StreamHub:
     async def _unclosed_ends(self, quiet: list[Subscription]) -> list[tuple[Subscription, Token]]:
         """Of ``quiet``, those whose request ended (one MGET of their ``done`` marks) while their
         stream has no end, nor an entry they have not read (SETTLE writes both at once and nothing
-        is appended after it: the stream stays so), each with the end the mark names (its stream's
-        next index, no token: as SETTLE's own end). Only the ended cost a second round trip."""
+        is appended after it: the stream stays so), each with the end SETTLE kept for it (its error's
+        code, its usage: as the stream's end would have been), or else the one the mark names; at its
+        stream's next index, no token, as SETTLE's own end. Only the ended cost a second round trip."""
         marks = await self.r.mget([key("done", sub.request_id) for sub in quiet])
         ended = [(sub, mark.decode()) for sub, mark in zip(quiet, marks, strict=True) if mark]
         if not ended:
@@ -221,16 +234,16 @@ class StreamHub:
         pipe = self.r.pipeline(transaction=False)
         for sub, _ in ended:
             pipe.xrevrange(key("tokens", sub.request_id), count=1)
-        lasts = await pipe.execute(raise_on_error=False)
+            pipe.hgetall(key("unclosed", sub.request_id))
+        answers = await pipe.execute(raise_on_error=False)
         ends = []
-        for (sub, reason), last in zip(ended, lasts, strict=True):
+        for (sub, reason), last, kept in zip(ended, answers[::2], answers[1::2], strict=True):
             if isinstance(last, Exception):  # no stream: the read refuses it too, and ends it
                 continue
             order = entry_order(last[0][0].decode()) if last else (0, 0)  # (an entry's: its index + 1)
             if last and (b"f" in last[0][1] or order > entry_order(sub.last)):
                 continue  # its end is there, or entries it has yet to read: the read delivers them
-            message = "generation failed (how could not be recorded)" if reason == "error" else ""
-            ends.append((sub, ending(sub.request_id, order[0], reason, message)))
+            ends.append((sub, _kept_end(sub.request_id, order[0], reason, kept)))
         return ends
 
     async def _read_once(self) -> None:

@@ -82,7 +82,7 @@ def test_settle_closes_a_stream_exactly_once_and_says_how(redis_url, caplog):
     end (CLOSED_BEFORE; its done mark the finish its readers got, not the cancel asked); one whose
     caller said its last token ended it, wrongly, gets an end without a token (MOVED: it was left
     open, its reader waiting for ever); one that cannot be closed says so (UNCLOSED, logged as an
-    error) and expires all the same. A handoff's parked state goes
+    error), keeps the end for the gateway, and expires all the same. A handoff's parked state goes
     with the end."""
     store = Lifecycle(redis.Redis.from_url(redis_url), stream_ttl_s=60)
     ids = ("e-taken", "e-ended", "e-carried", "e-open", "e-broken")
@@ -112,6 +112,9 @@ def test_settle_closes_a_stream_exactly_once_and_says_how(redis_url, caplog):
     assert opened == [tokens[1], Token("e-open", 1, -1, "", "stop")]  # its last token had no finish: one added
     assert all(0 < store.r.ttl(key("tokens", rid)) <= 60 for rid in ids)  # unclosed too: no stream kept for ever
     assert [store.done(rid) for rid in ids] == ["length", "length", "length", "stop", "error"]  # the streams' ends
+    kept = store.r.hgetall(key("unclosed", "e-broken"))  # (the end it could not take, for the gateway)
+    assert decode("e-broken", kept) == Token("e-broken", 0, -1, "", "error", error="failed")
+    assert 0 < store.r.ttl(key("unclosed", "e-broken")) <= 60 and not store.r.exists(key("unclosed", "e-taken"))
     assert not {*ids} & set(store.active())
     assert store.settle("e-taken", 0, "decode0", "length", 2) == Settled.STALE  # ended: once
     logged = {(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records if r.name == "dayzero.serving"}

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 
 from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.reaper import no_worker_message
 from dayzero.serving.records import Token, encode
 from dayzero.serving.stream_scripts import Settled
 from services.gateway.streams import StreamHub
@@ -26,6 +27,7 @@ from services.gateway.streams import StreamHub
 from .conftest import MODEL, start_gateway_alone, wait_until
 
 BODY = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 50}
+NO_WORKER = no_worker_message("decode", 11, 10)  # the reaper's no_worker end
 GIVE_UP_S = 30.0  # the client's patience: without the gateway's look at ``done`` it waits this long, for nothing
 
 
@@ -96,16 +98,18 @@ def _admitted_rid(gateway, client: Client) -> str:
     return rid
 
 
-def _ended_unclosed(gateway, stages, reason: str, tokens: int = 0, stream: bool = True) -> Client:
-    """A client's request that ends ``reason`` after ``tokens`` tokens without its stream's end: the
-    client, once it has its answer or gave up."""
+def _ended_unclosed(
+    gateway, stages, reason: str, tokens: int = 0, stream: bool = True, code: str = "", usage: dict | None = None
+) -> Client:
+    """A client's request that ends ``reason`` (an error's ``code``, a finish's ``usage``) after
+    ``tokens`` tokens without its stream's end: the client, once it has its answer or gave up."""
     client = Client(gateway, stream=stream)
     client.start()
     rid, (streaming, refused) = _admitted_rid(gateway, client), stages
     if tokens:
         streaming.append([Token(rid, i, 5 + i, f"t{i}") for i in range(tokens)], {rid: 0}, "decode-1")
-    message = "the image could not be decoded" if reason == "error" else ""
-    assert refused.settle(rid, 0, "stage-1", reason, tokens, message) == Settled.UNCLOSED
+    message = (NO_WORKER if code else "the image could not be decoded") if reason == "error" else ""
+    assert refused.settle(rid, 0, "stage-1", reason, tokens, message, usage, code) == Settled.UNCLOSED
     assert streaming.done(rid) == reason
     client.join(GIVE_UP_S + 10)
     return client
@@ -182,3 +186,25 @@ def test_a_finished_body_without_its_stream_s_end_counts_its_prompt_and_tokens(g
     assert client.status == 200, f"no answer after {client.waited_s:.1f} s"
     assert client.body["choices"][0]["text"] == "t0t1" and client.body["choices"][0]["finish_reason"] == "length"
     assert client.body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+
+
+def test_a_request_no_worker_took_without_its_stream_s_end_ends_its_stream_with_no_worker(gateway, stages):
+    """The end the gateway builds carries the code the stage's end had (was: a generic failure)."""
+    client = _ended_unclosed(gateway, stages, "error", tokens=1, code="no_worker")
+    assert client.events and client.events[-1] == "[DONE]", f"no end after {client.waited_s:.1f} s"
+    error = client.events[-2]["error"]
+    assert (error["type"], error["code"], error["message"]) == ("service_unavailable", "no_worker", NO_WORKER)
+
+
+def test_a_request_no_worker_took_without_its_stream_s_end_answers_its_body_with_a_503(gateway, stages):
+    client = _ended_unclosed(gateway, stages, "error", code="no_worker", stream=False)
+    assert client.status == 503, f"{client.status} after {client.waited_s:.1f} s: {client.body}"
+    assert client.body["error"]["code"] == "no_worker" and client.body["error"]["message"] == NO_WORKER
+
+
+def test_a_finished_body_without_its_stream_s_end_has_the_usage_its_stage_gave(gateway, stages):
+    """A finish with usage (a time limit's "length", thinking mode's reasoning tokens) keeps it."""
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "completion_tokens_details": {"reasoning_tokens": 1}}
+    client = _ended_unclosed(gateway, stages, "length", tokens=2, stream=False, usage=usage)
+    assert client.status == 200, f"no answer after {client.waited_s:.1f} s"
+    assert client.body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 1}

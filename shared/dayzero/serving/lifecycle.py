@@ -24,7 +24,7 @@ handed off     handoff:{id} ("decode:{n}", counted as queued marks are) and leas
                through Redis; taken:{prefill worker} the inbox where decode says it has taken them
 ended          done:{id} = finished (stop, length) | cancelled | error (a stream ended already: its
                finish); tokens:{id} closed (once: stream_scripts.py; left open: the gateway ends its
-               readers by done); kvstate:{id} dropped
+               readers by done, with the end unclosed:{id} keeps); kvstate:{id} dropped
 any            tokens:{id} the token stream (dayzero.serving.records): only the current run (its
                attempt; the lease its own or nobody's) appends to it, each index once and none
                skipped, or ends the request; cancel:{id} a cancel request, watchers:{id} its readers
@@ -209,7 +209,7 @@ class Lifecycle:
         since). Any other: ended, and how its stream closed (``Settled``; one that is not CLOSED is
         logged). One atomic round trip."""
         keys = [key(family, rid) for family in ("attempt", "done", "lease", "tokens", "queued")] + [key("active")]
-        keys += [key(family, rid) for family in ("req", "access", "images", "kvstate")]
+        keys += [key(family, rid) for family in ("req", "access", "images", "kvstate", "unclosed")]
         args = [attempt, owner, self.ttl_s, rid, reason]
         if end_at is not None:
             args += entry_args(ending(rid, end_at, reason, message, usage, code))

@@ -30,7 +30,8 @@ class Settled(IntEnum):
     # the last token had no finish (an end without a token): the entry went after the stream's last
     MOVED = 2
     CLOSED_BEFORE = 3  # its stream had ended already: no second end added (``done`` records that end's finish)
-    UNCLOSED = 4  # its stream could not be closed: the write failed (the gateway ends its readers from ``done``)
+    UNCLOSED = 4  # its stream could not be closed: the write failed (the gateway ends its readers from ``done``
+    # with the end kept beside it: ``unclosed``)
 
 
 SETTLED_SAYS = {  # how the stream of an ended request closed, when not as asked (logged)
@@ -181,13 +182,14 @@ end
 )
 
 
-# KEYS: attempt, done, lease, stream, queued, active, req, access, images, kvstate; ARGV: the run's
-# attempt, the writer, the record's s, the request's id, the reason, then the entry that closes the
-# stream (``close_stream``). The request ends: done (the reason; a stream that had ended
+# KEYS: attempt, done, lease, stream, queued, active, req, access, images, kvstate, unclosed; ARGV:
+# the run's attempt, the writer, the record's s, the request's id, the reason, then the entry that
+# closes the stream (``close_stream``). The request ends: done (the reason; a stream that had ended
 # already, the finish its readers were given: a cancel after a finish that landed unanswered is no
 # cancel), out of the active set, no lease, no queued mark, no parked state (a handoff no decode
 # worker took), its record (and its attempt) kept as long as its stream, which expires whether it
-# could be closed or not (the caller learns which: ``Settled``).
+# could be closed or not (the caller learns which: ``Settled``); an end its stream could not take is
+# kept as unclosed (its fields: the gateway gives it to the stream's readers, its code and usage too).
 # 0: nothing written, the run is over or someone else's (a stalled worker's end of a request re-run since).
 SETTLE = (
     _CLOSE_STREAM
@@ -195,6 +197,10 @@ SETTLE = (
     + """
 local closed, finished = close_stream(KEYS[4], 6, ARGV[3], ARGV[5])
 redis.call('SET', KEYS[2], finished or ARGV[5], 'EX', ARGV[3])
+if closed == 4 and #ARGV >= 6 then  -- (pcall: the end's own write refused, the request still ends)
+    redis.pcall('HSET', KEYS[11], unpack(ARGV, 9, 8 + tonumber(ARGV[8])))
+    redis.pcall('EXPIRE', KEYS[11], ARGV[3])
+end
 redis.call('SREM', KEYS[6], ARGV[4])
 redis.call('DEL', KEYS[3], KEYS[5], KEYS[10])
 for _, i in ipairs({1, 4, 7, 8, 9}) do  -- (the stream too: one left unclosed lived for ever)
