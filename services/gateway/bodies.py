@@ -19,7 +19,7 @@ from .context import Gateway
 from .errors import APIError
 from .outcome import Progress, Usage, usage
 from .shapes import Shape
-from .streams import Closed
+from .subscription import Closed
 
 PRESENCE_CHECK_S = 0.5  # how often a waiting body checks that its client is still connected
 CLIENT_CLOSED = 499  # nginx's status for a request whose client left before the answer

@@ -18,7 +18,7 @@ from dayzero.serving.records import Token
 from .context import Gateway
 from .outcome import Progress, Usage, closing, stream_error
 from .shapes import Shape
-from .streams import Subscription, entry_order
+from .subscription import Subscription, entry_order
 
 # A keep-alive is a comment line with no blank line after it: the next event's own blank line ends
 # both. A comment followed by a blank line is an empty event to the official openai client once an

@@ -21,7 +21,7 @@ from dayzero.serving.records import Token
 
 from .context import Gateway
 from .errors import QUEUE_UNAVAILABLE, APIError, error_body
-from .streams import Closed, Subscription
+from .subscription import Closed, Subscription
 
 log = logging.getLogger("dayzero.gateway")
 

@@ -23,7 +23,7 @@ from .errors import APIError
 from .images import expand_placeholders
 from .responses import respond, resumed
 from .schemas import CompletionRequest, DetokenizeRequest, Sampling
-from .streams import valid_entry_id
+from .subscription import valid_entry_id
 
 router = APIRouter()
 MAX_ECHO_LOGPROB_TOKENS = 32768  # the prompt's logprobs travel in one stream entry

@@ -14,7 +14,8 @@ import redis.asyncio as aioredis
 
 from dayzero.serving.keys import key
 from dayzero.serving.records import Token, encode
-from services.gateway.streams import BACKLOG, StreamHub, Subscription, valid_entry_id
+from services.gateway.streams import StreamHub
+from services.gateway.subscription import BACKLOG, Subscription, valid_entry_id
 
 
 def test_a_reader_cancelled_as_an_entry_arrives_is_cancelled():
