@@ -8,8 +8,10 @@ this gateway's own wake stream, which every read includes from the last wake-up 
 left unread until another stream's entry or the block's end). A lost connection ends every open
 subscription with the error (the stream's reader turns it into an error event), and so does a
 Redis that stops answering (frozen, its host unreachable) for ``READ_MARGIN_S`` past the block.
-A subscriber ``BACKLOG`` entries behind (its client reads slower than tokens come) is read no
-further until it has taken half of them: the rest wait in Redis, not in this gateway's memory.
+A wake-up Redis refuses (writes refused: its memory limit) leaves the new subscriber's stream
+polled (``POLL_S``) till the next blocked read takes it in. A subscriber ``BACKLOG`` entries behind
+(its client reads slower than tokens come) is read no further until it has taken half of them: the
+rest wait in Redis, not in this gateway's memory.
 A request that ended (its ``done`` mark) with a stream its end could not be written to (``Settled``'s
 UNCLOSED) is ended for its readers with the end SETTLE kept beside the mark (``unclosed``: its code,
 its usage), once their stream has been quiet for a block: the reader looks at most once a block,
@@ -35,6 +37,7 @@ from .subscription import BACKLOG, Closed, Subscription, entry_order
 
 log = logging.getLogger("dayzero.gateway")
 READ_MARGIN_S = 10.0  # a blocked read unanswered this long after its block ends: Redis is lost (the commands' bound)
+POLL_S = 0.1  # a subscription whose wake-up Redis refused is read this often till the hub's read takes it in
 
 
 def _kept_end(request_id: str, index: int, reason: str, kept: dict | Exception) -> Token:
@@ -67,7 +70,7 @@ class StreamHub:
 
     @contextlib.asynccontextmanager
     async def subscribe(self, request_id: str, after: str = "0-0") -> AsyncIterator[Subscription]:
-        sub = Subscription(request_id, after, resume=self._resume)
+        sub, polled = Subscription(request_id, after, resume=self._resume), None
         self.subs.add(sub)
         try:
             if self._reader is None or self._reader.done():
@@ -75,10 +78,25 @@ class StreamHub:
             try:
                 await self._wake()  # the blocked read takes sub in at once
             except redis.ResponseError as exc:  # writes refused (Redis at its memory limit), reads answer
-                log.warning("token streams: a wake-up refused, read within a block: %s", exc)
-            yield sub  # (unwoken, the blocked read takes it in at its next block, within block_ms)
+                log.warning("token streams: a wake-up refused, the stream polled till the next read: %s", exc)
+                polled = asyncio.create_task(self._poll(sub))
+            yield sub
         finally:
             self.subs.discard(sub)
+            if polled is not None:
+                polled.cancel()
+
+    async def _poll(self, sub: Subscription) -> None:
+        """Read ``sub``'s stream every POLL_S till a blocked read of the hub's takes it in: its
+        wake-up refused, the read blocked meanwhile began without it, and ends up to a block later
+        (a resume during the refusal waited for it, and so did the entries that came after)."""
+        stream = key("tokens", sub.request_id)
+        with contextlib.suppress(redis.RedisError):  # (the hub's own read meets it, and ends sub)
+            while not sub.taken_in and sub in self.subs:
+                if sub.queue.qsize() < BACKLOG:
+                    reply = await self.commands.xread({stream: sub.last}, count=64)
+                    self._deliver(sub, reply[0][1] if reply else ())
+                await asyncio.sleep(POLL_S)
 
     async def _wake(self) -> None:
         pipe = self.commands.pipeline(transaction=False)
@@ -194,23 +212,28 @@ class StreamHub:
             if stream not in wanted or entry_order(sub.last) < entry_order(wanted[stream]):
                 wanted[stream] = sub.last
             readers.setdefault(stream, []).append(sub)
+            sub.taken_in = True
         reply = await self.r.xread({self.wake_key: self.woken, **wanted}, block=self.block_ms, count=64)
         for raw_key, entries in reply or ():
             if raw_key.decode() == self.wake_key:
                 self.woken = entries[-1][0].decode()
             for sub in readers.get(raw_key.decode(), ()):
-                for entry_id, fields in entries:
-                    entry = entry_id.decode()
-                    if entry_order(entry) > entry_order(sub.last):
-                        sub.last = entry
-                        try:
-                            token = decode(sub.request_id, fields)
-                        except (KeyError, ValueError) as exc:  # not a token entry (another writer's): its stream ends
-                            log.error("request %s: its stream holds an entry it cannot read: %r", sub.request_id, exc)
-                            sub.close(exc)
-                            self.subs.discard(sub)
-                            break
-                        sub.queue.put_nowait(token)
+                self._deliver(sub, entries)
+
+    def _deliver(self, sub: Subscription, entries) -> None:
+        """Queue for ``sub`` the entries after its last (another read, a poll, may have queued some)."""
+        for entry_id, fields in entries:
+            entry = entry_id.decode()
+            if entry_order(entry) > entry_order(sub.last):
+                sub.last = entry
+                try:
+                    token = decode(sub.request_id, fields)
+                except (KeyError, ValueError) as exc:  # not a token entry (another writer's): its stream ends
+                    log.error("request %s: its stream holds an entry it cannot read: %r", sub.request_id, exc)
+                    sub.close(exc)
+                    self.subs.discard(sub)
+                    return
+                sub.queue.put_nowait(token)
 
     async def close(self) -> None:
         for sub in list(self.subs):

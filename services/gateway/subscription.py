@@ -37,6 +37,7 @@ class Subscription:
     resume: Callable[[], None] = lambda: None  # the hub reads a held subscription's stream again
     held: bool = False  # BACKLOG entries behind: the hub reads its stream no further for now
     looked: str | None = None  # ``last`` when the hub last looked for ended requests (unchanged since: quiet)
+    taken_in: bool = False  # a blocked read of the hub's reads its stream (its wake-up refused: not yet)
 
     async def next(self, timeout_s: float) -> Token | None:
         """The next entry; None after ``timeout_s`` without one; raises what ended the stream."""

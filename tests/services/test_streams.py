@@ -246,3 +246,34 @@ def test_an_entry_the_hub_cannot_read_ends_its_stream_alone_and_a_failed_read_en
         return first
 
     assert asyncio.run(scenario()).text == "a"
+
+
+def test_a_stream_whose_wake_up_redis_refuses_is_read_before_the_hub_s_block_ends(redis_url):
+    """A read that begins while Redis refuses writes (its wake-up refused) while the hub's read blocks
+    (60 s here; a keep-alive in a gateway): its stream's entries, and one that comes once the refusal
+    ends, reach it before that block ends (were: only after it)."""
+    stream = key("tokens", "resumed")
+
+    async def scenario() -> tuple[Token | None, Token | None]:
+        commands = aioredis.Redis.from_url(redis_url)
+        hub = StreamHub(redis_url, commands, block_ms=60_000)
+        await commands.xadd(stream, encode(Token("resumed", 0, 5, "a")), id="1-0")
+        async with hub.subscribe("another"):
+            await asyncio.sleep(0.5)  # the hub's read blocks
+            try:
+                await commands.config_set("maxmemory", 1)  # Redis refuses writes (as writes_refused)
+                async with hub.subscribe("resumed") as resumed:
+                    there = await resumed.next(10)
+                    await commands.config_set("maxmemory", 0)  # ... and takes them again
+                    await commands.xadd(stream, encode(Token("resumed", 1, 5, "b")), id="2-0")
+                    came = await resumed.next(10)
+            finally:
+                await commands.config_set("maxmemory", 0)
+        async with asyncio.timeout(30):
+            await hub.close()
+        await commands.aclose()
+        return there, came
+
+    there, came = asyncio.run(scenario())
+    assert there is not None and there.text == "a"
+    assert came is not None and came.text == "b"
