@@ -177,13 +177,30 @@ def test_only_a_ready_worker_serves_its_stage_so_a_crash_loop_leaves_it_unserved
     for _ in range(2):  # a crash loop past the load
         counts = _unserved_while(client, threading.Thread(target=_crashing_worker, args=(redis_url, 0.5, 1.5)))
         assert 0.0 in counts and client.exists("dz:unserved:prefill")  # served meanwhile, the count kept
-    assert wait_until(since_began, FRESH_S + 2)  # (once the last one's stamp is stale)
+    assert wait_until(lambda: unserved_for(client, "prefill") > 0.0, FRESH_S + 2)  # (the last one's stamp stale)
+    served = time.time() - began - unserved_for(client, "prefill")  # (left out: the time they were ready, at most)
+    assert 2 * (1.5 - STAMP_EVERY_S) <= served <= 2 * 1.5 + 0.1  # their loads and restarts counted on
     monkeypatch.setattr(liveness, "PROVEN_S", 1.0)
     worker = threading.Thread(target=_crashing_worker, args=(redis_url, 0.0, 2.5))  # one that serves a while
     counts = _unserved_while(client, worker)
     assert counts[-1] == 0.0 and not client.exists("dz:unserved:prefill")  # served: a new count when it is gone
     assert wait_until(lambda: unserved_for(client, "prefill") > 0.0, FRESH_S + 2)
     assert unserved_for(client, "prefill") < FRESH_S
+
+
+def test_a_young_worker_that_served_and_froze_leaves_its_stage_counting_without_the_time_it_served(redis_url):
+    """A worker ready for less than PROVEN_S that stops stamping (frozen, or dead): the stage's count
+    goes on without the time it served (from its readiness to its last stamp), not through it (a
+    decode that served 9 s and froze had its waiting requests ended ~3 s later, counted from the
+    stack's start)."""
+    client = redis.Redis.from_url(redis_url)
+    client.delete("dz:unserved:prefill")
+    assert unserved_for(client, "prefill") < 1.0  # no process serves: the count starts
+    began = time.time()
+    counts = _unserved_while(client, threading.Thread(target=_crashing_worker, args=(redis_url, 0.0, 5.0)))
+    assert 0.0 in counts  # it served
+    assert wait_until(lambda: unserved_for(client, "prefill") > 0.0, FRESH_S + 2)  # (its stamp stale)
+    assert unserved_for(client, "prefill") <= time.time() - began - (5.0 - STAMP_EVERY_S)
 
 
 def test_dayzero_alive_fails_once_this_hosts_worker_stamps_no_more(redis_url, monkeypatch, capsys):

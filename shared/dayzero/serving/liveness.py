@@ -18,7 +18,7 @@ Keys (prefix ``dz:``): alive:{stage}, a hash of process ("{host}:{pid}") -> the 
 stamp; ready:{stage}, process -> since when it is ready (written with each stamp: a restarted
 process under the same id, a container's pid 1, is not ready until it says so); unserved:{stage},
 since when the stage has had no serving process (set by the gateway; kept while only processes
-ready for less than ``PROVEN_S`` serve it: ``unserved_for``).
+ready for less than ``PROVEN_S`` serve it, the time they served left out of the count: ``unserved_for``).
 Readers: ``dayzero up`` restarts a worker whose stamp is older than DAYZERO_FROZEN_WORKER_S
 (stack.py), a compose healthcheck fails one so (``dayzero alive``); the gateway ends the requests
 waiting at a stage that has had no serving process for DAYZERO_NO_WORKER_TIMEOUT_S (reaper.py).
@@ -145,27 +145,50 @@ def serving(client: redis.Redis, stage: str) -> dict[str, float]:
     """The processes that serve ``stage`` now (a fresh stamp, and ready) -> since when each is ready;
     the ready entries of processes whose stamps were forgotten leave their hash."""
     now, alive = time.time(), stamps(client, stage)
+    return {p: since for p, since in _ready(client, stage, alive).items() if now - alive[p] <= FRESH_S}
+
+
+def _ready(client: redis.Redis, stage: str, alive: dict[str, float]) -> dict[str, float]:
+    """Each process of ``alive`` (its stamps) that is or was ready -> since when (fresh or not)."""
     ready = {p.decode(): float(t) for p, t in client.hgetall(key("ready", stage)).items()}
     gone = [p for p in ready if p not in alive]
     if gone:
         client.hdel(key("ready", stage), *gone)
-    return {p: since for p, since in ready.items() if p in alive and now - alive[p] <= FRESH_S}
+    return {p: since for p, since in ready.items() if p in alive}
 
 
 def unserved_for(client: redis.Redis, stage: str) -> float:
     """How long ``stage`` has had no serving process (0: it has one now), counted from the first
     call that found none (not from its last stamp: after Redis itself was down or frozen every stamp
     is old, until the workers stamp again within a second). A process ready for less than
-    ``PROVEN_S`` pauses the count (it serves: nothing waiting there ends) but does not end it: one
-    that dies soon after each start (a crash loop past its load: on its first request, or its
-    first minutes of work) leaves the count running from before it, as a loading one does."""
-    now = time.time()
-    ready = serving(client, stage)
-    if any(now - since >= PROVEN_S for since in ready.values()):
+    ``PROVEN_S`` pauses the count (it serves: nothing waiting there ends) but does not end it: the
+    time it served (from its readiness to its last stamp) is left out of the count, the rest goes
+    on. So one that served a while and froze leaves its stage the time since its last stamp, and
+    the time before it was ready, not the time it served (a decode that served 9 s and froze had its
+    requests ended ~3 s later); and one that dies soon after each start (a crash loop past its load:
+    on its first request, or its first minutes of work) leaves its loads and restarts counted, as a
+    loading one does: what waits there still ends."""
+    now, alive = time.time(), stamps(client, stage)
+    ready = _ready(client, stage, alive)
+    fresh = [since for p, since in ready.items() if now - alive[p] <= FRESH_S]
+    if any(now - since >= PROVEN_S for since in fresh):
         client.delete(key("unserved", stage))
         return 0.0
-    if ready:
+    if fresh:
         return 0.0
     client.set(key("unserved", stage), now, nx=True)
-    since = client.get(key("unserved", stage))
-    return now - float(since) if since else 0.0
+    raw = client.get(key("unserved", stage))
+    if not raw:
+        return 0.0
+    since = float(raw)
+    return now - since - _covered([(max(since, ready_at), min(alive[p], now)) for p, ready_at in ready.items()])
+
+
+def _covered(spans: list[tuple[float, float]]) -> float:
+    """The time the (start, end) ``spans`` cover together (overlaps once; an empty one nothing)."""
+    total, reached = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        start = max(start, reached)
+        if end > start:
+            total, reached = total + end - start, end
+    return total
