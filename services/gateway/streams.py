@@ -95,7 +95,8 @@ class StreamHub:
             while not sub.taken_in and sub in self.subs:
                 if sub.queue.qsize() < BACKLOG:
                     reply = await self.commands.xread({stream: sub.last}, count=64)
-                    self._deliver(sub, reply[0][1] if reply else ())
+                    if sub in self.subs:  # (not ended meanwhile: nothing after its end)
+                        self._deliver(sub, reply[0][1] if reply else ())
                 await asyncio.sleep(POLL_S)
 
     async def _wake(self) -> None:
