@@ -71,7 +71,7 @@ def step_ms(codec: TextCodec, grammar: Grammar, batch: int, steps: int) -> tuple
     """(ms per request to build its matcher, ms per step to compute the batch's masks, ms per step
     to apply them to the batch's logits)."""
     start = time.perf_counter()
-    guides = [Guide(codec.guidance, grammar) for _ in range(batch)]
+    guides = [Guide(codec.grammars, grammar) for _ in range(batch)]
     build = (time.perf_counter() - start) * 1e3 / batch
     rng, logits, rows = random.Random(0), torch.zeros(batch, codec.vocab_size), list(range(batch))
     fill = apply = 0.0

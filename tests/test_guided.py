@@ -25,7 +25,7 @@ def _strings(codec) -> dict[int, str]:
 
 
 def test_a_batch_masks_only_its_constrained_rows(codec):
-    guide = Guide(codec.guidance, Grammar("start: /[a-c][0-9]*/"))
+    guide = Guide(codec.grammars, Grammar("start: /[a-c][0-9]*/"))
     logits = torch.randn(3, VOCAB)
     out = allowed_logits(logits, [None, guide, None], eos=1)
     assert torch.equal(out[0], logits[0]) and torch.equal(out[2], logits[2])
@@ -36,7 +36,7 @@ def test_a_batch_masks_only_its_constrained_rows(codec):
 
 
 def test_the_state_follows_accepted_tokens_and_ends_with_eos(codec):
-    guide = Guide(codec.guidance, Grammar('start: "fox"'))
+    guide = Guide(codec.grammars, Grammar('start: "fox"'))
     text = ""
     for _ in range(8):
         row = allowed_logits(torch.zeros(1, VOCAB), [guide], eos=1)[0]
@@ -50,7 +50,7 @@ def test_the_state_follows_accepted_tokens_and_ends_with_eos(codec):
 
 def test_a_grammar_after_a_token_leaves_the_text_before_it_free_but_unended(codec):
     end_think = codec.token_id("</think>")
-    guide = Guide(codec.guidance, Grammar('start: "ok"', after=end_think))
+    guide = Guide(codec.grammars, Grammar('start: "ok"', after=end_think))
     logits = torch.randn(1, VOCAB)
     before = allowed_logits(logits, [guide], eos=1)
     assert before[0, 1] == float("-inf") and torch.equal(before[0, 2:], logits[0, 2:]) and before[0, 0] == logits[0, 0]
@@ -62,7 +62,7 @@ def test_a_grammar_after_a_token_leaves_the_text_before_it_free_but_unended(code
 
 def test_an_invalid_grammar_is_named_without_the_grammar_text(codec):
     with pytest.raises(ValueError) as refused:
-        Guide(codec.guidance, Grammar("start: greeting\n"))
+        Guide(codec.grammars, Grammar("start: greeting\n"))
     assert str(refused.value) == 'invalid grammar: unknown name: "greeting"'
 
 

@@ -70,7 +70,7 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
     after = gw.codec.token_id(END_THINK) if thinking else None
     if thinking and after is None:
         raise APIError(400, f"thinking mode with a constrained answer needs {END_THINK} as one token", param=param)
-    if problem := grammar_problem(lark, gw.codec.guidance):
+    if problem := grammar_problem(lark, gw.codec.grammars):
         raise APIError(400, f"cannot enforce this schema: {problem}", param=param)
     return Grammar(lark, after)
 

@@ -102,7 +102,7 @@ class Completion:
         self._reasoning = ReasoningCount(thinking)
         self.counts: Counter[int] = Counter()  # generated tokens, for the penalties
         self._text, self._stops = StreamDecoder(codec), StopMatcher(params.stop, params.stop_bounds)
-        self.guide = Guide(codec.guidance, params.grammar) if params.grammar is not None else None
+        self.guide = Guide(codec.grammars, params.grammar) if params.grammar is not None else None
         for token in generated:  # replay: rebuild the text and stop-string state, output discarded
             self.accept(token)
 

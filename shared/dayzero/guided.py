@@ -2,7 +2,9 @@
 
 The grammar travels with the request as Lark text (plain data on the broker); each stage that
 samples rebuilds its matcher and replays the tokens generated so far, so the state follows the
-request across prefill, decode and a re-run after a failure. ``allowed_logits`` masks a whole
+request across prefill, decode and a re-run after a failure. A grammar is compiled once per
+process (grammars.py: in the background, cached by its text) and each request's matcher starts
+from a copy of it. ``allowed_logits`` masks a whole
 batch in one go: the masks of all constrained rows are computed in parallel (llguidance's
 executor, outside the GIL) into one bitmask [R, ceil(V/32)] int32, then applied by one masked fill.
 """
@@ -13,7 +15,8 @@ import functools
 
 import torch
 
-from .chat.grammar import error_summary, parser_limits
+from .chat.grammar import error_summary
+from .grammars import Grammars
 from .params import Grammar
 
 
@@ -26,11 +29,9 @@ class GrammarFailed(ValueError):
 class Guide:
     """One request's grammar state, advanced by each accepted token."""
 
-    def __init__(self, tokenizer, grammar: Grammar) -> None:
-        import llguidance
-
-        self.matcher = llguidance.LLMatcher(tokenizer, grammar.lark, log_level=0, limits=parser_limits())
-        self.words = (tokenizer.vocab_size + 31) // 32  # the mask's int32 words: the tokenizer's vocabulary
+    def __init__(self, grammars: Grammars, grammar: Grammar) -> None:
+        self.matcher = grammars.matcher(grammar.lark)
+        self.words = (grammars.tokenizer.vocab_size + 31) // 32  # the mask's int32 words: the tokenizer's vocabulary
         if self.matcher.is_error():
             raise ValueError(f"invalid grammar: {error_summary(self.matcher.get_error())}")
         self._after = grammar.after

@@ -137,6 +137,13 @@ class TextCodec:
         eos = self._tok.token_to_id(self._tokens.get("eos_token", ""))
         return llguidance.LLTokenizer(self._tok.to_str(), eos_token=eos)
 
+    @functools.cached_property
+    def grammars(self):
+        """Constrained decoding's grammars over this tokenizer, compiled once each (guided.py)."""
+        from .grammars import Grammars
+
+        return Grammars(self.guidance)
+
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
@@ -190,6 +197,10 @@ class IdsOnlyCodec:
     @property
     def guidance(self):
         raise NoTokenizerError("this checkpoint has no tokenizer.json: constrained decoding needs one")
+
+    @property
+    def grammars(self):
+        return self.guidance
 
     def decode(self, ids: list[int]) -> str:
         return ""

@@ -17,8 +17,8 @@ CYCLE = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}  # the QA r
 
 
 @pytest.fixture(scope="module")
-def tokenizer(codec):
-    return codec.guidance
+def grammars(codec):
+    return codec.grammars
 
 
 @pytest.mark.parametrize(
@@ -29,9 +29,9 @@ def test_a_ref_cycle_that_never_produces_a_value_is_refused(schema):
     assert schema_problem(schema) == NOTHING
 
 
-def test_the_check_does_not_depend_on_the_vocabulary(tokenizer):
-    assert grammar_problem(json_grammar(CYCLE), tokenizer) == NOTHING
-    assert grammar_problem(json_grammar({"type": "object"}), tokenizer) is None
+def test_the_check_does_not_depend_on_the_vocabulary(grammars):
+    assert grammar_problem(json_grammar(CYCLE), grammars) == NOTHING
+    assert grammar_problem(json_grammar({"type": "object"}), grammars) is None
 
 
 @pytest.mark.parametrize(
@@ -62,12 +62,12 @@ def test_a_schema_llguidance_cannot_compile_is_named_without_the_grammar_text(sc
     assert schema_problem(schema) == why
 
 
-def test_a_tool_parameters_ref_resolves_in_the_call_grammar(tokenizer):
+def test_a_tool_parameters_ref_resolves_in_the_call_grammar(grammars):
     ref = {"$ref": "#/$defs/n"}
     parameters = {"type": "object", "properties": {"k": ref}, "required": ["k"], "$defs": {"n": {"type": "integer"}}}
     lark = tool_calls_grammar([{"type": "function", "function": {"name": "f", "parameters": parameters}}], '"|DSML|"')
-    assert grammar_problem(lark, tokenizer) is None
-    assert grammar_problem(json_grammar(ref), tokenizer) == "Pointer '/$defs/n' does not exist"  # alone, it dangles
+    assert grammar_problem(lark, grammars) is None
+    assert grammar_problem(json_grammar(ref), grammars) == "Pointer '/$defs/n' does not exist"  # alone, it dangles
 
 
 def _accepts(lark: str, text: str) -> bool:
@@ -104,12 +104,12 @@ def test_a_forced_call_takes_a_string_as_v4_writes_it(prop, as_text, value, as_j
     assert _accepts(lark, call(f'parameter name="id" string="false">{value}')) == as_json
 
 
-def test_boolean_and_const_parameter_schemas(tokenizer):
+def test_boolean_and_const_parameter_schemas(grammars):
     """``true`` (anything) and ``false`` (nothing: left out) are JSON Schemas too (each was a 500);
     a ``const`` string is the one value allowed."""
     parameters = {"type": "object", "properties": {"any": True, "none": False, "c": {"const": "x"}}, "required": ["c"]}
     lark = tool_calls_grammar([{"type": "function", "function": {"name": "f", "parameters": parameters}}], '"|DSML|"')
-    assert grammar_problem(lark, tokenizer) is None
+    assert grammar_problem(lark, grammars) is None
 
     def call(body: str) -> str:
         return f'\n\n<|DSML|tool_calls>\n<|DSML|invoke name="f">\n{body}</|DSML|invoke>\n</|DSML|tool_calls>'
@@ -200,7 +200,7 @@ def test_a_forced_call_refuses_parameter_keywords_it_would_drop(parameters, why)
         _forced_call(parameters)
 
 
-def test_a_forced_call_keeps_openai_strict_parameters(tokenizer):
+def test_a_forced_call_keeps_openai_strict_parameters(grammars):
     parameters = {
         "type": "object",
         "properties": {"a": {"type": "string"}, "b": {"type": ["integer", "null"]}},
@@ -209,4 +209,4 @@ def test_a_forced_call_keeps_openai_strict_parameters(tokenizer):
         "$defs": {},
         "description": "d",
     }
-    assert grammar_problem(_forced_call(parameters), tokenizer) is None
+    assert grammar_problem(_forced_call(parameters), grammars) is None

@@ -41,7 +41,7 @@ def json_grammar(schema: dict | None) -> str:
 
 def schema_problem(schema: dict) -> str | None:
     """Why constrained decoding cannot enforce the JSON schema ``schema`` (None: it can)."""
-    return _bound_problem(schema) or grammar_problem(json_grammar(schema), _byte_tokenizer())
+    return _bound_problem(schema) or grammar_problem(json_grammar(schema), _byte_grammars())
 
 
 _I64 = 2**63
@@ -87,14 +87,13 @@ def parser_limits():
 PROBE_STEPS = 8  # tokens the check walks: a grammar failing there would fail every reply there
 
 
-def grammar_problem(lark: str, tokenizer) -> str | None:
-    """Why llguidance cannot enforce ``lark`` over ``tokenizer`` (an ``LLTokenizer``), in short
-    (None: it can): it does not compile, nothing at all satisfies it (its first step fails), or it
-    fails within its first steps (past a limit of the parser, or a required property whose $ref is
-    its own object), walked by the lowest token each allows."""
-    import llguidance
-
-    matcher = llguidance.LLMatcher(tokenizer, lark, log_level=0, limits=parser_limits())
+def grammar_problem(lark: str, grammars) -> str | None:
+    """Why llguidance cannot enforce ``lark`` over the tokenizer of ``grammars`` (a
+    ``grammars.Grammars``: compiled once per process), in short (None: it can): it does not
+    compile, nothing at all satisfies it (its first step fails), or it fails within its first steps
+    (past a limit of the parser, or a required property whose $ref is its own object), walked by
+    the lowest token each allows."""
+    matcher, tokenizer = grammars.matcher(lark), grammars.tokenizer
     if matcher.is_error():
         return error_summary(matcher.get_error())
     for step in range(PROBE_STEPS):
@@ -142,6 +141,13 @@ def _byte_tokenizer():
     import llguidance
 
     return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocabulary()))
+
+
+@functools.cache
+def _byte_grammars():
+    from ..grammars import Grammars
+
+    return Grammars(_byte_tokenizer())
 
 
 def tool_calls_grammar(tools: list[dict], dsml: str, one: str | None = None) -> str:

@@ -150,9 +150,13 @@ class DecodeLoop:
                 log.error("request %s: %d tokens exceed the decode pools", rid, total)
                 self._settle(ticket, "error", f"{total} tokens exceed the decode pools", len(job.generated))
                 continue
+            compiled = self.r.grammar_ready(job.request)  # (its grammar compiles meanwhile, off the loop)
             if full or not self.r.pools.fits(total):
                 still.append(ticket)  # retry when blocks free up
                 full = True
+                continue
+            if not compiled:
+                still.append(ticket)  # admitted once compiled: the batch goes on meanwhile
                 continue
             try:
                 admit_state(self.r, self.receiver, job, total)

@@ -33,7 +33,7 @@ from .prefilling import Prefilling, batch_input, end_failed, forward_span, plan_
 from .records import Token
 from .room import Room
 from .runtime import Runtime
-from .waiting import end_overdue, first_come
+from .waiting import compiled, end_overdue, first_come
 
 log = logging.getLogger("dayzero.prefill")
 
@@ -67,18 +67,21 @@ class PrefillLoop:
         run_loop(self.stop, self._iteration, log, self.heartbeat.moved)
 
     def _iteration(self) -> None:
-        # idle, or every request waiting for blocks: wait for the next arrival (or, after a while, a reclaim)
-        idle = not self.running and (not self.pending or self.starved)
-        self.pending.extend(self.intake.drain(0.05 if idle else 0))
+        # idle, or every request waiting for blocks or its grammar: wait for the next arrival (or a while)
+        held = bool(self.pending) and (self.starved or not compiled(self.pending, self.r))
+        self.pending.extend(self.intake.drain(0.05 if not self.running and (held or not self.pending) else 0))
         waiting = len(self.pending) + sum(len(p.tickets) for p in self.running) or 1
-        if self.running or self.starved:  # (a request alone on an idle worker: no round trip)
+        if self.running or held:  # (a request alone on an idle worker: no round trip)
             self._end_cancelled()  # between two chunks of a prompt, and of the requests waiting meanwhile
         self.starved = False
         if self.pending:
             end_overdue(self.pending, self.r, self._settle)
             first_come(self.pending)
             settings = self.r.settings
-            taken = take_batch(self.pending, self.running, settings.prefill_chunk_size, settings.max_prefill_tokens)
+            ready = compiled(self.pending, self.r)  # the others' grammars compile meanwhile, off the loop
+            compiling = [t for t in self.pending if all(t is not r for r in ready)]
+            taken = take_batch(ready, self.running, settings.prefill_chunk_size, settings.max_prefill_tokens)
+            self.pending = ready + compiling
             if taken:  # (none: the waiting ones wait for room in a step, not for blocks)
                 self._guarded(taken, lambda: self._start(taken))
         if self.running:

@@ -152,6 +152,13 @@ class Runtime:
         prompt = len(request.prompt_ids)
         return Completion(self.codec, request.sampling, cfg.eos_token_ids, prompt, limit, generated, request.thinking)
 
+    def grammar_ready(self, request: GenerationRequest) -> bool:
+        """Whether ``request``'s completion can be built without waiting for its grammar (none, or
+        compiled, or refused); the first call starts compiling it, off the serving loop: a loop
+        leaves such a request waiting meanwhile, and the others go on."""
+        grammar = request.sampling.grammar
+        return grammar is None or not self.codec.has_tokenizer or self.codec.grammars.ready(grammar.lark)
+
     def warm_up(self, decode: bool) -> None:
         """Prefill a scratch sequence (``decode``: and decode one step of it) on every rank before
         the worker serves: the first calls compile kernels (numba's on CPU, Triton's on a GPU) and

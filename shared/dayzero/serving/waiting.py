@@ -1,5 +1,6 @@
 """Requests a worker has claimed that wait for their turn and their KV blocks (decode's ``waiting``,
-prefill's ``pending``): first come, first served, and none past DAYZERO_TASK_TIME_LIMIT_S.
+prefill's ``pending``): first come, first served, and none past DAYZERO_TASK_TIME_LIMIT_S. One whose
+grammar compiles (off the loop) waits for it, and the others pass it meanwhile.
 
 First come: in the order of their admission (``created``, the time limit's clock), so a request
 re-run after a worker failure, or handed back by a decode peer (room.py), keeps its place ahead of
@@ -40,6 +41,11 @@ R = TypeVar("R", bound=Run)
 def first_come(tickets: list[Ticket[J]]) -> None:
     """Order ``tickets`` by admission, in place (stable: a request's choices keep their order)."""
     tickets.sort(key=lambda ticket: ticket.job.request.created)
+
+
+def compiled(tickets: list[Ticket[J]], runtime: Runtime) -> list[Ticket[J]]:
+    """The tickets (in order) whose requests need not wait for a grammar's compile (runtime.py)."""
+    return [t for t in tickets if runtime.grammar_ready(t.job.request)]
 
 
 def end_overdue(tickets: list[Ticket[J]], runtime: Runtime, settle: Callable[..., object]) -> None:

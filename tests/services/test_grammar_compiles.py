@@ -1,0 +1,92 @@
+"""A request's grammar compiles off the serving loops, against a real Redis and real loops: llguidance
+takes seconds for a schema of thousands of properties (bench/guided.py), and that compile, run on
+the loop, held every other request of the worker for as long. Here the compile is held open by the
+test (the real llguidance compile runs once released): the others must go on meanwhile."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import llguidance
+import pytest
+
+from dayzero.params import Grammar, SamplingParams
+from dayzero.serving.decode_loop import DecodeLoop
+from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.messages import GenerationRequest, PrefillJob
+from dayzero.serving.prefill_loop import PrefillLoop
+from dayzero.serving.runtime import Runtime
+from dayzero.settings import Settings
+
+from .conftest import recording
+from .prefill_jobs import handed_off
+
+GRAMMAR = Grammar("start: /(.|\\n)*/")  # any text: what the demo model writes holds
+
+
+@pytest.fixture
+def held_compile(monkeypatch) -> threading.Event:
+    """GRAMMAR's compile waits (up to 10 s) until the returned event is set."""
+    release, real = threading.Event(), llguidance.LLMatcher
+
+    def compiling(tokenizer, lark, **kwargs):
+        if lark == GRAMMAR.lark:
+            release.wait(10)
+        return real(tokenizer, lark, **kwargs)
+
+    monkeypatch.setattr(llguidance, "LLMatcher", compiling)
+    return release
+
+
+def _guided(request: GenerationRequest) -> GenerationRequest:
+    return request.model_copy(update={"sampling": dataclasses.replace(request.sampling, grammar=GRAMMAR)})
+
+
+def _iterate(loop, until, iterations: int = 400) -> None:
+    for _ in range(iterations):
+        if until():
+            return
+        loop._iteration()
+
+
+def test_decode_steps_the_batch_while_a_requests_grammar_compiles(demo_dir, redis_url, held_compile):
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store, sent = handed_off(settings, ("plain", "guided"), max_tokens=4)
+    jobs = {job.request.request_id: job for job in sent}
+    jobs["guided"] = jobs["guided"].model_copy(update={"request": _guided(jobs["guided"].request)})
+    runtime = Runtime.load(settings, "decode8@test", "decode", False)
+    loop = DecodeLoop(runtime)
+    tickets = {rid: loop.intake.submit(job) for rid, job in jobs.items()}
+    _iterate(loop, tickets["plain"].done.is_set)
+    assert store.done("plain") == "length" and len(store.streamed_tokens("plain")) == 4
+    assert not tickets["guided"].done.is_set() and len(store.streamed_tokens("guided")) == 1  # prefill's only
+    assert "guided" not in runtime.pools.sequences  # no blocks held while it waits
+    held_compile.set()
+    _iterate(loop, tickets["guided"].done.is_set)
+    assert store.done("guided") == "length" and len(store.streamed_tokens("guided")) == 4
+    assert runtime.pools.sequences == {}
+    runtime.close()
+
+
+def test_prefill_serves_the_others_while_a_requests_grammar_compiles(demo_dir, redis_url, held_compile):
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url)
+    store, sent = Lifecycle.connect(redis_url), []
+    runtime = Runtime.load(settings, "prefill8@test", "prefill", False)
+    loop = PrefillLoop(runtime, recording(sent))
+    tickets = {}
+    for rid in ("guided2", "plain2"):  # the guided one first: it would be emitted first
+        sampling = SamplingParams(max_tokens=4)
+        request = GenerationRequest(request_id=rid, prompt_ids=(0, 5, 6), sampling=sampling, created=time.time())
+        request = _guided(request) if rid == "guided2" else request
+        store.admit(request, [], "", 60)
+        tickets[rid] = loop.intake.submit(PrefillJob(request=request))
+    _iterate(loop, tickets["plain2"].done.is_set)
+    assert [job.request.request_id for job in sent] == ["plain2"] and len(store.streamed_tokens("plain2")) == 1
+    assert not tickets["guided2"].done.is_set() and store.streamed_tokens("guided2") == []
+    held_compile.set()
+    _iterate(loop, tickets["guided2"].done.is_set)
+    assert [job.request.request_id for job in sent] == ["plain2", "guided2"]
+    assert len(store.streamed_tokens("guided2")) == 1
+    runtime.close()

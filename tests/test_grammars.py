@@ -1,0 +1,26 @@
+"""Compiled grammars: each compiled once per process (by its text), every matcher its own copy."""
+
+from __future__ import annotations
+
+import llguidance
+
+from dayzero.grammars import Grammars
+
+
+def test_a_grammar_compiles_once_and_each_matcher_is_its_own(codec, monkeypatch):
+    compiled, real = [], llguidance.LLMatcher
+    monkeypatch.setattr(llguidance, "LLMatcher", lambda tok, lark, **kw: compiled.append(lark) or real(tok, lark, **kw))
+    grammars = Grammars(codec.guidance, cached=2)
+    first, second = grammars.matcher('start: "ab"'), grammars.matcher('start: "ab"')
+    assert compiled == ['start: "ab"'] and grammars.ready('start: "ab"')
+    assert first.consume_tokens(codec.encode("ab")[1:]) and first.is_accepting()
+    assert not second.is_accepting()  # untouched by the other's tokens
+    grammars.matcher('start: "c"')
+    grammars.matcher('start: "d"')  # the least recently used ("ab") goes
+    grammars.matcher('start: "ab"')
+    assert compiled == ['start: "ab"', 'start: "c"', 'start: "d"', 'start: "ab"']
+
+
+def test_a_refused_grammar_gives_a_matcher_in_its_error_state(codec):
+    matcher = Grammars(codec.guidance).matcher("start: greeting\n")
+    assert matcher.is_error() and "greeting" in matcher.get_error()
