@@ -81,3 +81,18 @@ def test_a_grammar_failing_mid_reply_fails_the_request_rather_than_end_it_with_s
                 text += step.text
             text += step.text
             assert step.finish_reason != "stop" or validator.is_valid(json.loads(text)), (text, step)
+
+
+def test_the_cpu_and_the_device_ways_of_masking_agree(codec):
+    """float32 logits on a CPU are masked by numpy, others (bf16 here, any on a GPU) by torch."""
+    guides = [
+        Guide(codec.grammars, Grammar("start: /[a-c][0-9]*/")),
+        None,
+        Guide(codec.grammars, Grammar('start: "ok"')),
+    ]
+    for token in codec.encode("ok")[1:]:
+        guides[2].accept(token)  # complete: only EOS may follow
+    logits = torch.randn(3, VOCAB)
+    by_numpy, by_torch = allowed_logits(logits, guides, eos=1), allowed_logits(logits.bfloat16(), guides, eos=1)
+    assert torch.equal(by_numpy == float("-inf"), by_torch == float("-inf"))
+    assert torch.equal(by_numpy[1], logits[1]) and (by_numpy[2] > float("-inf")).nonzero().flatten().tolist() == [1]
