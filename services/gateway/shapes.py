@@ -3,7 +3,9 @@
 Chat: ``choices[0].logprobs = {"content": [{token, logprob, bytes, top_logprobs}]}``.
 Completions: ``choices[0].logprobs = {tokens, token_logprobs, top_logprobs, text_offset}``;
 with ``echo`` the text and the logprobs start with the prompt's (its first token's are null).
-A token's string is its own decoding (a piece of a multi-byte character shows as U+FFFD);
+A token's string is its own decoding (a piece of a multi-byte character shows as U+FFFD in chat's
+entries, beside its bytes; in the completions format, whose ``top_logprobs`` it keys, as OpenAI
+names it: ``bytes:\\xe4\\xb8``);
 logprobs are the model's, before logit bias, penalties and temperature.
 
 A chat's text is split as DeepSeek-V4 writes it (dayzero.chat.output): the reasoning before
@@ -164,23 +166,32 @@ class Shape:
                     for t in tokens
                 ]
             }
-        ids, logprobs = [t.token for t in tokens], [t.logprob for t in tokens]
-        tops: list[dict | None] = [{piece(tok)[0]: lp for tok, lp in t.top} for t in tokens]
+        ids, logprobs, name = [t.token for t in tokens], [t.logprob for t in tokens], self._legacy_name
+        tops: list[dict | None] = [{name(tok): lp for tok, lp in t.top} for t in tokens]
         first = tokens[0].prompt if tokens and tokens[0].index == 0 else None
         if self.prompt is not None and first is not None:  # echo: the prompt's tokens come first
             ids = list(self.prompt) + ids
             logprobs = [None] + [lp for lp, _ in first] + logprobs  # nothing predicts the first token
-            tops = [None] + [{piece(t)[0]: v for t, v in alts} for _, alts in first] + tops
+            tops = [None] + [{name(t): v for t, v in alts} for _, alts in first] + tops
         offsets = []  # where each token's text begins; a character's bytes over several tokens: its start
         for token in ids:
             offsets.append(self.offset)
             self.offset += len(self.utf8.decode(self._shown_bytes(token)))
         return {
-            "tokens": [piece(t)[0] for t in ids],
+            "tokens": [name(t) for t in ids],
             "token_logprobs": logprobs,
             "top_logprobs": tops,
             "text_offset": offsets,
         }
+
+    def _legacy_name(self, token: int) -> str:
+        """A token's name in the completions format, where names key ``top_logprobs``: its text, or
+        for a piece of a character (U+FFFD as text) its bytes as OpenAI writes them, ``bytes:\\xe4``
+        (two such pieces were one key, and one of them was lost)."""
+        text, raw = self.codec.token_piece(token)
+        if "\ufffd" not in text or raw == text.encode():
+            return text
+        return "bytes:" + "".join(chr(b) if 0x20 <= b < 0x7F and b != 0x5C else f"\\x{b:02x}" for b in raw)
 
     def _shown_bytes(self, token: int) -> bytes:
         """The UTF-8 ``token`` adds to the text the response shows (none: a special token left out)."""
