@@ -7,10 +7,16 @@ import llguidance
 from dayzero.grammars import Grammars
 
 
-def test_a_grammar_compiles_once_and_each_matcher_is_its_own(codec, monkeypatch):
+def _counting(monkeypatch) -> list[str]:
+    """The grammars llguidance compiles, in order."""
     compiled, real = [], llguidance.LLMatcher
     monkeypatch.setattr(llguidance, "LLMatcher", lambda tok, lark, **kw: compiled.append(lark) or real(tok, lark, **kw))
-    grammars = Grammars(codec.guidance, cached=2)
+    return compiled
+
+
+def test_a_grammar_compiles_once_and_each_matcher_is_its_own(codec, monkeypatch):
+    compiled = _counting(monkeypatch)
+    grammars = Grammars(codec.guidance, cached=2, kept_s=0)
     first, second = grammars.matcher('start: "ab"'), grammars.matcher('start: "ab"')
     assert compiled == ['start: "ab"'] and grammars.ready('start: "ab"')
     assert first.consume_tokens(codec.encode("ab")[1:]) and first.is_accepting()
@@ -19,6 +25,19 @@ def test_a_grammar_compiles_once_and_each_matcher_is_its_own(codec, monkeypatch)
     grammars.matcher('start: "d"')  # the least recently used ("ab") goes
     grammars.matcher('start: "ab"')
     assert compiled == ['start: "ab"', 'start: "c"', 'start: "d"', 'start: "ab"']
+
+
+def test_a_burst_of_other_grammars_keeps_one_used_lately(codec, monkeypatch):
+    """A request found its grammar ready, then waits for its step (or its prefill) while other
+    requests bring more new grammars than are cached: its own must still be there (else its
+    completion compiles it again, on the serving loop)."""
+    compiled = _counting(monkeypatch)
+    grammars = Grammars(codec.guidance, cached=2)
+    grammars.matcher('start: "ab"')
+    for i in range(4):
+        grammars.ready(f'start: "x{i}"')  # (their compiles start)
+    grammars.matcher('start: "ab"')
+    assert compiled.count('start: "ab"') == 1
 
 
 def test_a_refused_grammar_gives_a_matcher_in_its_error_state(codec):

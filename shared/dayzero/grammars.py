@@ -4,6 +4,7 @@ loops, and each request's matcher starts from a copy."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future
 
@@ -11,17 +12,20 @@ from .chat.grammar import parser_limits
 
 
 class Grammars:
-    """A process's compiled grammars over one tokenizer (an ``LLTokenizer``), by their text, the
-    ``cached`` latest used kept. Each is compiled once, in a thread of its own (llguidance releases
-    the GIL while it compiles: seconds for a schema of thousands of properties, bench/guided.py), so
-    a serving loop need never wait for one: it admits a request once its grammar is ``ready``, and
-    the request's matcher is a copy of the compiled one (``deep_copy``: well under the compile's
-    time). Requests repeating a grammar (one application's tools or reply schema) compile it once."""
+    """A process's compiled grammars over one tokenizer (an ``LLTokenizer``), by their text: the
+    ``cached`` latest used, and any used within ``kept_s`` (a request that waited for its grammar
+    gets it from here a step or a prefill later: a burst of other grammars must not drop it). Each
+    is compiled once, in a thread of its own (llguidance releases the GIL while it compiles:
+    seconds for a schema of thousands of properties, bench/guided_compile.py), so a serving loop
+    need never wait for one: it admits a request once its grammar is ``ready``, and the request's
+    matcher is a copy of the compiled one (``deep_copy``: well under a millisecond). Requests
+    repeating a grammar (one application's tools or reply schema) compile it once."""
 
-    def __init__(self, tokenizer, cached: int = 32, threads: int = 2) -> None:
+    def __init__(self, tokenizer, cached: int = 32, kept_s: float = 300.0, threads: int = 2) -> None:
         self.tokenizer = tokenizer
-        self._cached, self._threads = cached, threading.BoundedSemaphore(threads)  # compiles at once
-        self._compiled: OrderedDict[str, Future] = OrderedDict()  # least recently used first
+        self._cached, self._kept_s = cached, kept_s
+        self._threads = threading.BoundedSemaphore(threads)  # compiles at once
+        self._compiled: OrderedDict[str, tuple[Future, float]] = OrderedDict()  # (compile, last use): oldest first
         self._lock = threading.Lock()
 
     def ready(self, lark: str) -> bool:
@@ -34,13 +38,14 @@ class Grammars:
         return self._compiling(lark).result().deep_copy()
 
     def _compiling(self, lark: str) -> Future:
+        now = time.monotonic()
         with self._lock:
-            future = self._compiled.pop(lark, None)
+            future, _ = self._compiled.pop(lark, (None, now))
             if future is None:
                 future = Future()
                 threading.Thread(target=self._compile, args=(lark, future), name="grammar", daemon=True).start()
-            self._compiled[lark] = future
-            while len(self._compiled) > self._cached:
+            self._compiled[lark] = (future, now)
+            while len(self._compiled) > self._cached and now - next(iter(self._compiled.values()))[1] > self._kept_s:
                 self._compiled.popitem(last=False)
             return future
 
