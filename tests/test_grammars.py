@@ -43,3 +43,17 @@ def test_a_burst_of_other_grammars_keeps_one_used_lately(codec, monkeypatch):
 def test_a_refused_grammar_gives_a_matcher_in_its_error_state(codec):
     matcher = Grammars(codec.guidance).matcher("start: greeting\n")
     assert matcher.is_error() and "greeting" in matcher.get_error()
+
+
+def test_grammars_used_lately_are_kept_up_to_a_bound(codec, monkeypatch):
+    """However recently used, no more than ``most`` compiled grammars are held (a flood of distinct
+    schemas would otherwise hold them all for ``kept_s``): the least recently used goes first."""
+    compiled = _counting(monkeypatch)
+    grammars = Grammars(codec.guidance, cached=1, most=2)
+    for name in ("a", "b", "c"):
+        grammars.matcher(f'start: "{name}"')
+    grammars.matcher('start: "c"')
+    grammars.matcher('start: "b"')
+    assert compiled == ['start: "a"', 'start: "b"', 'start: "c"']
+    grammars.matcher('start: "a"')  # went when "c" came
+    assert compiled[-1] == 'start: "a"' and len(compiled) == 4

@@ -14,16 +14,17 @@ from .chat.grammar import parser_limits
 class Grammars:
     """A process's compiled grammars over one tokenizer (an ``LLTokenizer``), by their text: the
     ``cached`` latest used, and any used within ``kept_s`` (a request that waited for its grammar
-    gets it from here a step or a prefill later: a burst of other grammars must not drop it). Each
+    gets it from here a step or a prefill later: a burst of other grammars must not drop it), but
+    never more than ``most`` (a flood of distinct grammars holds no unbounded memory). Each
     is compiled once, in a thread of its own (llguidance releases the GIL while it compiles:
     seconds for a schema of thousands of properties, bench/guided_compile.py), so a serving loop
     need never wait for one: it admits a request once its grammar is ``ready``, and the request's
     matcher is a copy of the compiled one (``deep_copy``: well under a millisecond). Requests
     repeating a grammar (one application's tools or reply schema) compile it once."""
 
-    def __init__(self, tokenizer, cached: int = 32, kept_s: float = 300.0, threads: int = 2) -> None:
+    def __init__(self, tokenizer, cached: int = 32, kept_s: float = 300.0, threads: int = 2, most: int = 256) -> None:
         self.tokenizer = tokenizer
-        self._cached, self._kept_s = cached, kept_s
+        self._cached, self._kept_s, self._most = cached, kept_s, max(cached, most)
         self._threads = threading.BoundedSemaphore(threads)  # compiles at once
         self._compiled: OrderedDict[str, tuple[Future, float]] = OrderedDict()  # (compile, last use): oldest first
         self._lock = threading.Lock()
@@ -45,7 +46,9 @@ class Grammars:
                 future = Future()
                 threading.Thread(target=self._compile, args=(lark, future), name="grammar", daemon=True).start()
             self._compiled[lark] = (future, now)
-            while len(self._compiled) > self._cached and now - next(iter(self._compiled.values()))[1] > self._kept_s:
+            while len(self._compiled) > self._cached and (
+                len(self._compiled) > self._most or now - next(iter(self._compiled.values()))[1] > self._kept_s
+            ):
                 self._compiled.popitem(last=False)
             return future
 
