@@ -23,6 +23,8 @@ from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
 from .conftest import recording, run_jobs
+from .prefill_jobs import admitted
+from .test_decode_appends import writes_refused
 
 
 @pytest.fixture
@@ -70,9 +72,10 @@ def test_a_first_token_whose_append_timed_out_but_landed_is_the_one_handed_to_de
 
 
 def test_a_prompt_whose_first_token_may_have_landed_is_not_handed_to_a_peer(demo_dir, redis_url):
-    """Its append refused (Redis out of memory), the prompt is put back; its retry no longer fits this
-    worker's blocks and a live peer's snapshot shows room. It stays here, for its kept token: handed
-    back, the peer sampled another after the one the stream may hold (and this worker kept that one)."""
+    """Its append refused (Redis out of memory), the prompt is put back; the rest of this worker's
+    blocks fill and a live peer's snapshot shows room. It stays here, for its kept token: handed back,
+    the peer sampled another after the one the stream may hold (and this worker kept that one). Its
+    prefilled state is kept too: the retry needs no more blocks, and goes to decode from here."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=1, max_batch=4, lease_s=30)
     runtime, handed, sent = Runtime.load(settings, "prefill-refused@test", "prefill", False), [], []
     loop = PrefillLoop(runtime, recording(sent), Room(runtime, Prefetch(), to_prefill(runtime, recording(handed))))
@@ -101,13 +104,79 @@ def test_a_prompt_whose_first_token_may_have_landed_is_not_handed_to_a_peer(demo
             runtime.ranks.reserve(filled[-1], 64)
         assert not pools.fits(len(request.prompt_ids))
         loop._iteration()
-        assert handed == [] and [t.job.request.request_id for t in loop.pending] == ["refused"]
+        assert ticket.done.is_set() and handed == [] and loop.pending == []
         for name in filled:
             runtime.ranks.release(name)
-        loop._iteration()
-        assert ticket.done.wait(30)
     finally:
         loop.stop.set()
     assert appends[1] == appends[0] and store.streamed_tokens("refused") == appends[0]
     assert [list(job.generated) for job in sent] == [appends[0]]
+    runtime.close()
+
+
+def _counting_prefills(runtime: Runtime) -> list[int]:
+    """-> the tokens of each prefill forward the loop runs from now on."""
+    tokens, real_prefill = [], runtime.ranks.prefill
+    runtime.ranks.prefill = lambda chunks: tokens.append(sum(len(c.tokens) for c in chunks)) or real_prefill(chunks)
+    return tokens
+
+
+def test_a_prompt_whose_first_append_redis_refused_is_sent_again_not_prefilled_again(demo_dir, redis_url):
+    """Redis refuses writes (out of memory) from the first token's append on, for two of the loop's
+    tries. The prompt's state stays in its blocks while it waits: the retries send the same token again,
+    and then the handoff, from the one prefill (each retry was a whole prefill again: a 3,001-token
+    prompt's first token came 2.4-2.8 s late after a 2 s refusal, against 0.5-0.7 s)."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff_timeout_s=600)
+    runtime, sent = Runtime.load(settings, "prefill-kept@test", "prefill", False), []
+    loop, store, prefills = (
+        PrefillLoop(runtime, recording(sent)),
+        Lifecycle.connect(redis_url),
+        _counting_prefills(runtime),
+    )
+    sampling = SamplingParams(max_tokens=4, temperature=2.0)  # unseeded: a new sample is another token
+    request = GenerationRequest(request_id="kept", prompt_ids=(0, 5, 6, 7), sampling=sampling, created=time.time())
+    store.admit(request, [], "", 60)
+    appends, real_append = [], runtime.store.append
+    runtime.store.append = lambda tokens, *args: appends.append([t.token for t in tokens]) or real_append(tokens, *args)
+    ticket = loop.intake.submit(PrefillJob(request=request))
+    try:
+        with writes_refused(store.r):
+            for _ in range(2):
+                with pytest.raises(redis.ResponseError, match="OOM"):
+                    loop._iteration()
+            assert "kept" in runtime.pools.sequences and not ticket.done.is_set()  # its state, waiting
+        loop._iteration()
+    finally:
+        loop.stop.set()
+    assert ticket.done.is_set() and prefills == [4]  # prefilled once
+    assert len(appends) == 3 and appends[0] == appends[1] == appends[2] == store.streamed_tokens("kept")
+    assert [list(job.generated) for job in sent] == appends[:1] and "kept" in runtime.pools.sequences  # for decode
+    runtime.close()
+
+
+def test_a_kept_prefill_s_blocks_go_once_its_request_is_cancelled(demo_dir, redis_url):
+    """Its first append refused, a prefilled prompt waits with its blocks; its client leaves. The
+    cancel is read while Redis still refuses writes (its end cannot be written yet: it stays, and is
+    tried again), then written: the blocks go, with no prefill again and nothing sent to decode."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff_timeout_s=600)
+    runtime, sent = Runtime.load(settings, "prefill-left@test", "prefill", False), []
+    loop, store, prefills = (
+        PrefillLoop(runtime, recording(sent)),
+        Lifecycle.connect(redis_url),
+        _counting_prefills(runtime),
+    )
+    ticket = loop.intake.submit(admitted(store, "left"))
+    try:
+        with writes_refused(store.r), pytest.raises(redis.ResponseError, match="OOM"):
+            loop._iteration()
+        store.cancel("left")
+        with writes_refused(store.r):
+            with pytest.raises(redis.ResponseError, match="OOM"):
+                loop._iteration()  # the cancel read, its end refused
+            assert "left" in runtime.pools.sequences and [t.job.request.request_id for t in loop.pending] == ["left"]
+        loop._iteration()
+    finally:
+        loop.stop.set()
+    assert ticket.done.is_set() and store.done("left") == "cancelled" and store.streamed_tokens("left") == []
+    assert runtime.pools.sequences == {} and loop.pending == [] and not loop.kept and prefills == [5] and sent == []
     runtime.close()

@@ -249,7 +249,8 @@ def test_a_retry_after_redis_failed_at_the_handoff_continues_after_the_streamed_
     """Redis fails as the first token is out and the handoff is not: the retry must know the token
     went out. Run past the time limit meanwhile, the request ends "length" after that token, its
     stream closed (it ended as one that streamed nothing, at index 0, where the token already was:
-    no end entry was written, the stream never closed nor expired); else it goes on after it."""
+    no end entry was written, the stream never closed nor expired); else its handoff goes again, of
+    the state its prefill kept (not prefilled again)."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, task_time_limit_s=1)
     runtime = Runtime.load(settings, "prefill-late@test", "prefill", False)
     sent: list[DecodeJob] = []
@@ -277,6 +278,10 @@ def test_a_retry_after_redis_failed_at_the_handoff_continues_after_the_streamed_
         return real_on_time(rid, *args)
 
     real_on_time, on_time.store.hand_off = on_time.store.hand_off, hand_off_failing_once
+    prefills, real_prefill = [], on_time.ranks.prefill
+    on_time.ranks.prefill = lambda chunks: prefills.append(len(chunks)) or real_prefill(chunks)
     run_jobs(retried, [admitted(store, "on-time-retry")], 30)
     assert store.streamed_tokens("on-time-retry") == list(sent[-1].generated)
-    assert len(sent[-1].generated) == 2  # the retry prefilled prompt + the streamed token, then the next one
+    # the retry hands off the state it kept, after the streamed token (was: prompt + token prefilled again,
+    # and a second token sampled and streamed by prefill)
+    assert len(sent[-1].generated) == 1 and prefills == [1]

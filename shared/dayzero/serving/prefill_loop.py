@@ -7,7 +7,8 @@ short prompt does not wait for a long one to end, and a prompt whose client canc
 between two chunks. The first sampled token is appended to the request's stream at once (time to
 first token); unless it ends the request, the attention state is published for decode and its
 blocks stay leased until decode takes them or the lease expires. Redis failing on the way puts the
-request back: it is prefilled again, and its first token, if sampled, sent again (not sampled anew).
+request back with its state kept (kept_prefills.py): its first token, if sampled, and its handoff
+are sent again (not sampled anew, nor prefilled again).
 """
 
 from __future__ import annotations
@@ -22,15 +23,15 @@ from opentelemetry import trace
 
 from ..completion import context_limit
 from ..kv.pools import OutOfBlocks
-from ..params import Logprob
+from .first_tokens import FirstTokens
 from .handoff import discard_tensor, drop_embeddings
 from .intake import Intake, Ticket, run_loop
 from .kept_handoffs import KeptHandoffs
+from .kept_prefills import KeptPrefills
 from .lease import Heartbeat
 from .messages import DecodeJob, PrefillJob
 from .prefill_batch import forward_of
 from .prefilling import Prefilling, batch_input, end_failed, forward_span, plan_step, take_batch, tokens_of
-from .records import Token
 from .room import Room
 from .runtime import Runtime
 from .waiting import compiled, end_overdue, first_come
@@ -40,7 +41,7 @@ log = logging.getLogger("dayzero.prefill")
 
 class PrefillLoop:
     def __init__(self, runtime: Runtime, decode_message: Callable[[DecodeJob], str], room: Room | None = None) -> None:
-        self.r, self.decode_message = runtime, decode_message  # a job -> its message on decode's queue
+        self.r = runtime
         self.room = room  # what its blocks cannot hold goes to a peer with room (room.py)
         self.intake: Intake[PrefillJob] = Intake(
             lambda ticket: self.heartbeat.claim(
@@ -52,16 +53,17 @@ class PrefillLoop:
         self.pending: list[Ticket[PrefillJob]] = []
         self.running: list[Prefilling] = []  # prompts under way, a chunk per step
         self.handed_off = KeptHandoffs(runtime)
-        # (request, run) -> its first token, whose append raised: it may have landed (an answer lost past
-        # the command timeout), so the retry (prefilled again here: no peer's) sends it, not a new sample
-        self.unsent: dict[tuple[str, int], int] = {}
-        self.limit = context_limit(runtime.model.cfg, runtime.settings.max_context)
+        self.kept = KeptPrefills(runtime.ranks)  # prefilled, their first token or handoff not out yet
         self.starved = False  # the last batch admitted nothing: its requests wait for blocks
         self.stop = threading.Event()
         # hung: a forward past the time limit (a long prompt's may pass the group's timeout), the loop blocked
         # between forwards past the group's (the worker then stamps no liveness)
         s, store = runtime.settings, runtime.store
         self.heartbeat = Heartbeat(store, runtime.name, s.lease_s, self.stop, s.task_time_limit_s, s.group_timeout_s)
+        limit = context_limit(runtime.model.cfg, s.max_context)
+        self.sender = FirstTokens(  # a prefilled prompt's way out: its first token, its handoff
+            runtime, self.kept, self.handed_off, self.heartbeat, decode_message, self._settle, limit
+        )
 
     def run_forever(self) -> None:
         run_loop(self.stop, self._iteration, log, self.heartbeat.moved)
@@ -71,12 +73,15 @@ class PrefillLoop:
         held = bool(self.pending) and (self.starved or not compiled(self.pending, self.r))
         self.pending.extend(self.intake.drain(0.05 if not self.running and (held or not self.pending) else 0))
         waiting = len(self.pending) + sum(len(p.tickets) for p in self.running) or 1
-        if self.running or held:  # (a request alone on an idle worker: no round trip)
+        if self.running or held or self.kept:  # (a request alone on an idle worker: no round trip)
             self._end_cancelled()  # between two chunks of a prompt, and of the requests waiting meanwhile
         self.starved = False
         if self.pending:
             end_overdue(self.pending, self.r, self._settle)
             first_come(self.pending)
+            resend = self.kept.ready(self.pending)  # prefilled already: their first tokens, handoffs go again
+            if resend:  # (Redis failing still: the loop pauses, as for any Redis failure)
+                self._guarded(resend, lambda: self.sender.send_all(resend))
             settings = self.r.settings
             ready = compiled(self.pending, self.r)  # the others' grammars compile meanwhile, off the loop
             compiling = [t for t in self.pending if all(t is not r for r in ready)]
@@ -98,8 +103,9 @@ class PrefillLoop:
         self.r.ranks.keepalive()  # idle, or every request waiting for blocks: the other ranks still hear
 
     def _held(self) -> Container[str]:
-        """The requests no peer may take: holding blocks here, or with a first token kept in ``unsent``."""
-        return {*self.r.pools.sequences, *(rid for rid, _ in self.unsent)} if self.unsent else self.r.pools.sequences
+        """The requests no peer may take: holding blocks here, or with a first token kept unsent."""
+        kept = self.kept.requests()
+        return {*self.r.pools.sequences, *kept} if kept else self.r.pools.sequences
 
     def _guarded(self, tickets: list[Ticket[PrefillJob]], work: Callable[[], None]) -> None:
         """Redis failing puts ``tickets`` not settled yet back; another failure ends them."""
@@ -116,6 +122,7 @@ class PrefillLoop:
         self.r.stats.fail("prefill")
         for ticket in batch:
             self.r.ranks.release(ticket.job.request.request_id)
+            self.kept.drop(ticket)  # (its blocks freed: Redis failing the end leaves nothing kept)
             self._settle(ticket, "error", f"prefill failed: {type(exc).__name__}")
 
     def _unsettled(self, taken: list[Ticket[PrefillJob]]) -> list[Ticket[PrefillJob]]:
@@ -124,8 +131,8 @@ class PrefillLoop:
         return [t for t in taken if not t.done.is_set() and t not in self.pending and id(t) not in running]
 
     def _put_back(self, unsettled: list[Ticket[PrefillJob]]) -> None:
-        """Redis failed mid-batch: free these requests' blocks and retry them later."""
-        for ticket in unsettled:
+        """Redis failed mid-batch: free these requests' blocks (but a prefilled one's) and retry them later."""
+        for ticket in (t for t in unsettled if not self.kept.holds(t)):
             self.r.ranks.release(ticket.job.request.request_id)
         self.heartbeat.hold([t.job.request.request_id for t in unsettled])  # one may be released
         self.pending[:0] = unsettled
@@ -144,8 +151,8 @@ class PrefillLoop:
                 self.r.ranks.release(ticket.job.request.request_id)
             self.running.remove(ended)
         for ticket in [t for t in self.pending if t.job.request.request_id in cancelled]:
+            self._settle(ticket, "cancelled")  # (Redis failing: still pending, ended at the next try)
             self.pending.remove(ticket)
-            self._settle(ticket, "cancelled")
 
     def _settle(
         self,
@@ -156,16 +163,17 @@ class PrefillLoop:
         usage: dict | None = None,
         code: str = "",
     ) -> None:
-        """End a request without handing it to decode (freeing its parked image embeddings); its
-        stream closes at ``index`` (default: after the tokens it came with)."""
+        """End a request without handing it to decode (freeing its parked image embeddings, and once
+        its end is written, the blocks its kept prefill holds); its stream closes at ``index``
+        (default: after the tokens it came with)."""
         job, store = ticket.job, self.r.store
         rid = job.request.request_id
         self.heartbeat.release(rid)
-        self.unsent.pop((rid, job.attempt), None)
         if job.embeddings is not None:
             discard_tensor(job.embeddings, store)
         end = len(job.generated) if index is None else index
         store.settle(rid, job.attempt, self.r.name, reason, end, message, usage, code)
+        self.kept.drop(ticket)  # (Redis failing: kept, and the end tried again, its token the same)
         ticket.done.set()
 
     def _admit(self, taken: list[Ticket[PrefillJob]]) -> list[Ticket[PrefillJob]]:
@@ -241,63 +249,24 @@ class PrefillLoop:
             for p, chunk in zip(rows, chunks, strict=True):
                 p.prefilled, p.done = p.prefilled + len(chunk.tokens), p.done + 1
             self.running += [p for p, out in zip(rows, logits, strict=True) if out is None]
-            for p, out in zip(rows, logits, strict=True):
-                if out is not None:
-                    self._finish(p, out, self.limit)
+            ended = [(p, out) for p, out in zip(rows, logits, strict=True) if out is not None]
+            for p, out in ended:  # (each one's state kept first: Redis failing a send spares them all)
+                self._finish(p, out)
+            for p, _ in ended:
+                for ticket, span in zip(p.tickets, p.spans, strict=True):
+                    span.set_attribute("dayzero.prefilled_chunks", p.done)
+                    with trace.use_span(span, end_on_exit=True):
+                        self.sender.send(ticket)
         except Exception as exc:  # the forward failed (or Redis, mid-batch): the spans not ended yet end failed
             for p in (p for p in rows if all(p is not q for q in self.running)):  # (not the prompts going on)
                 end_failed(p.spans, f"prefill failed: {type(exc).__name__}", p.done)
             raise
 
-    def _finish(self, prefilled: Prefilling, logits, limit: int) -> None:
-        """A prompt's last chunk ran: the requests sharing its forward get its state, then each its first token."""
+    def _finish(self, prefilled: Prefilling, logits) -> None:
+        """A prompt's last chunk ran: the requests sharing its forward get its state, kept with its
+        logits till each one's first token and handoff are out."""
         source, echo = prefilled.request_ids[0], prefilled.input.echo
         for rid in prefilled.request_ids[1:]:
             self.r.ranks.copy(source, rid)
-        for ticket, span in zip(prefilled.tickets, prefilled.spans, strict=True):
-            self.heartbeat.moved()  # (a large batch's handoffs, each a state export, take long together)
-            self.heartbeat.release(ticket.job.request.request_id, ticket.job.attempt)  # (a re-run here keeps its beats)
-            span.set_attribute("dayzero.prefilled_chunks", prefilled.done)
-            with trace.use_span(span, end_on_exit=True):
-                try:
-                    self._emit(ticket, logits, limit, echo.scores if echo else None)
-                except redis.RedisError:
-                    raise
-                except Exception as exc:  # this request's own sampling or handoff: it fails alone
-                    self._fail_one(ticket, exc)
-
-    def _fail_one(self, ticket: Ticket[PrefillJob], exc: Exception) -> None:
-        rid = ticket.job.request.request_id
-        log.exception("request %s failed after its prefill", rid)
-        self.r.stats.fail("prefill")
-        self.handed_off.forget(rid)
-        self.r.ranks.release(rid)
-        streamed = len(self.r.store.streamed_tokens(rid))  # its first token may have gone out already
-        message = f"failed after prefill: {type(exc).__name__}"
-        trace.get_current_span().set_status(trace.Status(trace.StatusCode.ERROR, message))  # its prefill.forward
-        self._settle(ticket, "error", message, streamed)
-
-    def _emit(self, ticket: Ticket[PrefillJob], logits, limit: int, prompt_logprobs: list[Logprob] | None) -> None:
-        job, store = ticket.job, self.r.store
-        rid, completion = job.request.request_id, self.r.completion(job.request, job.generated, limit)
-        kept = self.unsent.pop((rid, job.attempt), None)
-        step = completion.next(logits) if kept is None else completion.emit(kept, logits)
-        usage = completion.usage() if step.finish_reason else None
-        first = Token.of(rid, completion.count - 1, step, usage, prompt_logprobs)
-        try:
-            appended = store.append([first], {rid: job.attempt}, self.r.name, [rid])
-        except redis.RedisError:  # (a replay of it, if it landed, is skipped)
-            self.unsent[rid, job.attempt] = step.token
-            raise
-        if appended.refused:  # re-run meanwhile
-            self.handed_off.drop_over(rid)
-        elif appended.cancelled:  # its client left during the forward: no token, no handoff
-            self.r.ranks.release(rid)
-            self._settle(ticket, "cancelled")
-        elif step.finish_reason:
-            self.r.ranks.release(rid)
-            store.settle(rid, job.attempt, self.r.name, step.finish_reason)
-        else:  # its first token is out: a retry after Redis fails below continues after it (or ends with it)
-            ticket.job = job.model_copy(update={"generated": (*job.generated, step.token)})
-            self.handed_off.hand_off(ticket.job, self.decode_message)
-        ticket.done.set()
+        for ticket in prefilled.tickets:
+            self.kept.keep(ticket, logits, echo.scores if echo else None)

@@ -1,0 +1,94 @@
+"""A prefilled prompt's way out of the prefill loop: its first token appended to its stream (time to
+first token), then, unless that ends the request, its handoff to decode. Redis failing either leaves
+the prompt's state kept (kept_prefills.py) for the loop's retry, which sends what is not out yet."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import redis
+from opentelemetry import trace
+
+from .intake import Ticket
+from .kept_handoffs import KeptHandoffs
+from .kept_prefills import KeptPrefills
+from .lease import Heartbeat
+from .messages import DecodeJob, PrefillJob
+from .records import Token
+from .runtime import Runtime
+
+log = logging.getLogger("dayzero.prefill")
+
+
+class FirstTokens:
+    def __init__(
+        self,
+        runtime: Runtime,
+        kept: KeptPrefills,
+        handed_off: KeptHandoffs,
+        heartbeat: Heartbeat,
+        decode_message: Callable[[DecodeJob], str],  # a job -> its message on decode's queue
+        settle: Callable[..., None],  # the loop's: (ticket, reason, message, index)
+        limit: int,  # the context's
+    ) -> None:
+        self.r, self.kept, self.handed_off, self.heartbeat = runtime, kept, handed_off, heartbeat
+        self.decode_message, self.settle, self.limit = decode_message, settle, limit
+
+    def send_all(self, tickets: list[Ticket[PrefillJob]]) -> None:
+        for ticket in tickets:
+            self.send(ticket)
+
+    def send(self, ticket: Ticket[PrefillJob]) -> None:
+        """A prefilled request's first token, then its handoff (what of them is not out yet). Redis
+        failing raises (the loop puts it back); any other error fails this request alone."""
+        self.heartbeat.moved()  # (a large batch's handoffs, each a state export, take long together)
+        self.heartbeat.release(ticket.job.request.request_id, ticket.job.attempt)  # (a re-run here keeps its beats)
+        try:
+            self._emit(ticket)
+        except redis.RedisError:
+            raise
+        except Exception as exc:  # this request's own sampling or handoff
+            self._fail(ticket, exc)
+
+    def _fail(self, ticket: Ticket[PrefillJob], exc: Exception) -> None:
+        rid = ticket.job.request.request_id
+        log.exception("request %s failed after its prefill", rid)
+        self.r.stats.fail("prefill")
+        self.handed_off.forget(rid)
+        self.r.ranks.release(rid)
+        self.kept.drop(ticket)  # (its blocks freed: Redis failing the end puts it back to be prefilled again)
+        streamed = len(self.r.store.streamed_tokens(rid))  # its first token may have gone out already
+        message = f"failed after prefill: {type(exc).__name__}"
+        trace.get_current_span().set_status(trace.Status(trace.StatusCode.ERROR, message))  # its prefill.forward
+        self.settle(ticket, "error", message, streamed)
+
+    def _emit(self, ticket: Ticket[PrefillJob]) -> None:
+        job, store, prefilled = ticket.job, self.r.store, self.kept.of(ticket)
+        rid = job.request.request_id
+        if not prefilled.streamed:
+            completion, logits = self.r.completion(job.request, job.generated, self.limit), prefilled.logits
+            kept = self.kept.unsent.pop((rid, job.attempt), None)
+            step = completion.next(logits) if kept is None else completion.emit(kept, logits)
+            usage = completion.usage() if step.finish_reason else None
+            first = Token.of(rid, completion.count - 1, step, usage, prefilled.prompt_logprobs)
+            try:
+                appended = store.append([first], {rid: job.attempt}, self.r.name, [rid])
+                if appended.refused:  # re-run meanwhile
+                    self.handed_off.drop_over(rid)
+                elif appended.cancelled:  # its client left during the forward: no token, no handoff
+                    self.r.ranks.release(rid)
+                    self.settle(ticket, "cancelled")
+                elif step.finish_reason:
+                    self.r.ranks.release(rid)
+                    store.settle(rid, job.attempt, self.r.name, step.finish_reason)
+            except redis.RedisError:  # the retry sends this token again (a replay of it, if it landed, is skipped)
+                self.kept.unsent[rid, job.attempt] = step.token
+                raise
+            if not (appended.refused or appended.cancelled or step.finish_reason):  # its first token is out
+                ticket.job = job.model_copy(update={"generated": (*job.generated, step.token)})
+                prefilled.streamed = True  # a retry after Redis fails below hands it off
+        if prefilled.streamed:
+            self.handed_off.hand_off(ticket.job, self.decode_message)
+        self.kept.sent(ticket)
+        ticket.done.set()

@@ -1,0 +1,80 @@
+"""Prompts a prefill worker has prefilled whose first token or handoff has not gone out yet: what
+sending it takes, kept till it has gone, so that a retry after Redis failed the send (a refused
+write: OOM, BUSY, LOADING, READONLY; or an answer lost) sends again instead of prefilling again.
+
+Kept: the prompt's attention state (its blocks, reserved at its admission: nothing more is
+allocated for it), the next-token logits of its last position (a row of its batch's), its prompt
+logprobs, and the first token sampled from them whose append raised (it may have landed: the retry
+sends that token, never a new sample). The blocks go as the request is handed to decode, ends (its
+first token the last, a cancel, DAYZERO_TASK_TIME_LIMIT_S, a failure), or its run is found over (the
+reaper re-ran it): whichever comes first, the loop frees them; nothing else is held meanwhile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..params import Logprob
+from .intake import Ticket
+from .messages import PrefillJob
+from .ranks import Ranks
+
+
+@dataclass(slots=True)
+class Prefilled:
+    ticket: Ticket[PrefillJob]
+    logits: torch.Tensor  # [V]: the next token's, at the prompt's last position
+    prompt_logprobs: list[Logprob] | None
+    streamed: bool = False  # its first token is on the stream: its handoff is what is left to send
+
+
+class KeptPrefills:
+    def __init__(self, ranks: Ranks) -> None:
+        self.ranks = ranks
+        self.states: dict[tuple[str, int], Prefilled] = {}  # (request, run) -> its state, its blocks held
+        # (request, run) -> its first token, whose append raised: it may have landed (an answer lost past
+        # the command timeout), so the retry (prefilled again here: no peer's) sends it, not a new sample
+        self.unsent: dict[tuple[str, int], int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.states)
+
+    def keep(self, ticket: Ticket[PrefillJob], logits: torch.Tensor, prompt_logprobs: list[Logprob] | None) -> None:
+        """``ticket``'s prompt is prefilled (its blocks hold its state): kept till it is ``sent``."""
+        self.states[_run(ticket)] = Prefilled(ticket, logits, prompt_logprobs)
+
+    def of(self, ticket: Ticket[PrefillJob]) -> Prefilled:
+        return self.states[_run(ticket)]
+
+    def holds(self, ticket: Ticket[PrefillJob]) -> bool:
+        """Whether ``ticket``'s prompt is prefilled here (a duplicate delivery of its run is not)."""
+        state = self.states.get(_run(ticket))
+        return state is not None and state.ticket is ticket
+
+    def sent(self, ticket: Ticket[PrefillJob]) -> None:
+        """Its first token and handoff went (or its request ended): its blocks are the handoff's now, or freed."""
+        self.states.pop(_run(ticket), None)
+
+    def drop(self, ticket: Ticket[PrefillJob]) -> None:
+        """Its request ends here without a handoff: its blocks, if kept, and its unsent token go."""
+        self.unsent.pop(_run(ticket), None)
+        if self.holds(ticket):
+            del self.states[_run(ticket)]
+            self.ranks.release(ticket.job.request.request_id)
+
+    def ready(self, pending: list[Ticket[PrefillJob]]) -> list[Ticket[PrefillJob]]:
+        """The tickets of ``pending`` (taken out of it, in order) that are prefilled: sent again, not prefilled."""
+        ready = [t for t in pending if self.holds(t)]
+        pending[:] = [t for t in pending if not self.holds(t)]
+        return ready
+
+    def requests(self) -> set[str]:
+        """The requests whose first token may be on their stream already: no peer may take them (it
+        would sample another), nor prefill them anew (room.py)."""
+        return {rid for rid, _ in (*self.states, *self.unsent)}
+
+
+def _run(ticket: Ticket[PrefillJob]) -> tuple[str, int]:
+    return ticket.job.request.request_id, ticket.job.attempt
