@@ -11,7 +11,8 @@ end to the next token the client reads), the longest gap between two tokens, whe
 equals the undisturbed one, the request's attempts (1: never re-run) and the decode worker's
 "lease lost" drops. ``--at prefill`` instead sends a long prompt and applies the fault as soon as
 the prefill worker holds it, across its first token's append: reports the time to the first token
-against the undisturbed one's, and the prefill worker's Redis errors (each a prefill run again).
+against the undisturbed one's, the prefill worker's Redis errors (each a retry) and the prompt
+tokens it prefilled per faulted request (the prompt's once: no retry prefilled it again).
 Run: ``python bench/append_stall.py [--fault stop|refuse] [--at decode|prefill] [--trials 3]
 [--fault-s 7] [--after 20] [--lease 20]``.
 """
@@ -71,8 +72,9 @@ def trial(stack: Stack, kind: str, seconds: float, after: int) -> dict:
     return {"text": "".join(text), "stall": stall, "gap": max(gaps), "attempt": int(attempt or 0)}
 
 
-def prefill_trial(stack: Stack, kind: str, seconds: float) -> float:
-    """The long prompt with the fault from when prefill holds it. -> its time to first token."""
+def prefill_trial(stack: Stack, kind: str, seconds: float) -> tuple[float, float]:
+    """The long prompt with the fault from when prefill holds it. -> its time to first token, and from
+    the fault's end to it (nan: no fault)."""
     control, ended = redis.Redis.from_url(stack.redis_url), []
     start = time.time()
     with httpx.stream("POST", f"{stack.url}/v1/completions", json={**LONG, "stream": True}, timeout=120) as r:
@@ -83,7 +85,7 @@ def prefill_trial(stack: Stack, kind: str, seconds: float) -> float:
         thread.start()
         first = next(time.time() for line in r.iter_lines() if line.startswith("data: {"))
     thread.join()
-    return first - start
+    return first - start, first - ended[0] if ended else float("nan")
 
 
 def main() -> None:
@@ -123,14 +125,27 @@ def main() -> None:
     print("decode's 'lease lost' drops:", drops)
 
 
+def prefilled_tokens(stack: Stack, lease_s: float) -> float:
+    """The prompt tokens the prefill worker has run through the model, from its latest metrics snapshot
+    (taken a quarter lease apart at most: waited for)."""
+    time.sleep(lease_s / 4 + 1)
+    lines = httpx.get(f"{stack.url}/metrics", timeout=30).text.splitlines()
+    series = [line for line in lines if line.startswith("dayzero_tokens_total{") and 'stage="prefill"' in line]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in series)
+
+
 def prefill(stack: Stack, args: argparse.Namespace) -> None:
     undisturbed = [prefill_trial(stack, args.fault, 0) for _ in range(args.trials)]
+    before = prefilled_tokens(stack, args.lease)
     faulted = [prefill_trial(stack, args.fault, args.fault_s) for _ in range(args.trials)]
+    per_request = (prefilled_tokens(stack, args.lease) - before) / args.trials
     errors = (stack.log_dir / "prefill0.log").read_text().count("redis unavailable")
     print(f"fault: {args.fault} {args.fault_s:g} s from when prefill holds a {len(LONG['prompt'])}-token prompt")
-    print("time to first token, undisturbed:", " ".join(f"{t:.2f} s" for t in undisturbed))
-    print("time to first token, with the fault:", " ".join(f"{t:.2f} s" for t in faulted))
-    print("prefill's 'redis unavailable' (each: the batch put back, prefilled again):", errors)
+    print("time to first token, undisturbed:", " ".join(f"{t:.2f} s" for t, _ in undisturbed))
+    print("time to first token, with the fault:", " ".join(f"{t:.2f} s" for t, _ in faulted))
+    print("  of which after the fault's end:", " ".join(f"{t:.2f} s" for _, t in faulted))
+    print("prefill's 'redis unavailable' (each: a retry of the batch's sends):", errors)
+    print(f"prompt tokens prefilled per faulted request: {per_request:.0f}")
 
 
 if __name__ == "__main__":
