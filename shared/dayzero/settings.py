@@ -36,6 +36,12 @@ class Settings(BaseSettings):
         description="most tokens of one prompt per prefill step (at most DAYZERO_MAX_PREFILL_TOKENS); a longer "
         "prompt runs over several steps, its chunks shrunk to leave newly arrived prompts room",
     )
+    prefill_pass_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="a prompt longer than a chunk waits at most this long after its admission while shorter prompts "
+        "under way fill the prefill step; then it starts beside them and has its share of every step",
+    )
     max_context: int = Field(default=65536, ge=2, description="prompt + completion tokens per request")
     image_max_bytes: int = Field(default=10 << 20, ge=1, description="encoded bytes per image")
     image_max_pixels: int = Field(

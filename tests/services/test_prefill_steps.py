@@ -141,3 +141,33 @@ def test_a_request_cancelled_during_its_last_chunk_streams_nothing_and_is_not_ha
     assert [store.stream(rid) for rid in ("choice0", "alone")] == [([], "cancelled")] * 2
     assert store.done("choice0") == store.done("alone") == "cancelled" and store.owner("choice1") == "handoff"
     assert set(runtime.pools.sequences) == {"choice1"}  # leased to decode
+
+
+def test_a_long_prompt_starts_past_its_pass_s_while_short_prompts_keep_filling_the_steps(demo_dir, redis_url):
+    """Steps of a chunk (8 tokens), an 8-token request arriving at every step after a 1-token one:
+    each step ran the last token of one short request and 7 of the next, so a long prompt never had
+    its chunk of room and waited while they kept coming (for ever). With DAYZERO_PREFILL_PASS_S
+    at 0 it starts at once beside them, its share half of each step, and is handed to decode while
+    they still arrive."""
+    runtime = Runtime.load(
+        Settings(
+            checkpoint=demo_dir, redis_url=redis_url, prefill_chunk_size=8, max_prefill_tokens=8, prefill_pass_s=0
+        ),
+        "passed@test",
+        "prefill",
+        False,
+    )
+    sent: list[DecodeJob] = []
+    loop, store = PrefillLoop(runtime, recording(sent)), Lifecycle.connect(redis_url)
+    loop.intake.submit(admitted(store, "passed-first", (3,)))
+    try:
+        for step in range(1 + 48 // 4 + 2):
+            loop.intake.submit(admitted(store, f"passed-short-{step}", tuple(range(100 + 8 * step, 108 + 8 * step))))
+            if step == 1:
+                long = loop.intake.submit(admitted(store, "passed-long", tuple(range(10, 58))))
+            loop._iteration()
+    finally:
+        loop.stop.set()
+    handed = [job.request.request_id for job in sent]
+    assert long.done.is_set() and "passed-long" in handed
+    assert handed.index("passed-long") < len(handed) - 2  # (short ones handed off after it)

@@ -82,10 +82,10 @@ class PrefillLoop:
             resend = self.kept.ready(self.pending)  # prefilled already: their first tokens, handoffs go again
             if resend:  # (Redis failing still: the loop pauses, as for any Redis failure)
                 self._guarded(resend, lambda: self.sender.send_all(resend))
-            settings = self.r.settings
+            s = self.r.settings
             ready = compiled(self.pending, self.r)  # the others' grammars compile meanwhile, off the loop
             compiling = [t for t in self.pending if all(t is not r for r in ready)]
-            taken = take_batch(ready, self.running, settings.prefill_chunk_size, settings.max_prefill_tokens)
+            taken = take_batch(ready, self.running, s.prefill_chunk_size, s.max_prefill_tokens, s.prefill_pass_s)
             self.pending = ready + compiling
             if taken:  # (none: the waiting ones wait for room in a step, not for blocks)
                 self._guarded(taken, lambda: self._start(taken))

@@ -3,6 +3,8 @@ waiting requests it takes beside them, and the chunk each prompt runs in it."""
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 
 from opentelemetry import trace
@@ -92,7 +94,12 @@ def _long(tokens: int, chunk_size: int) -> bool:
 
 
 def take_batch(
-    pending: list[Ticket[PrefillJob]], running: list[Prefilling], chunk_size: int, max_tokens: int
+    pending: list[Ticket[PrefillJob]],
+    running: list[Prefilling],
+    chunk_size: int,
+    max_tokens: int,
+    pass_s: float = math.inf,
+    now: float | None = None,
 ) -> list[Ticket[PrefillJob]]:
     """The waiting requests (taken out of ``pending``, in order) whose first chunks have room in the
     next step (``plan_step``) beside the prompts under way, up to ``max_tokens``
@@ -101,7 +108,11 @@ def take_batch(
     way leave them any room (``newcomers_room`` at least: a long one's chunk shrinks for them), the
     first chunk of one that does not fit cut to what is left; a long one starts with a whole chunk
     beside them, while the long ones under way stay within ``max_tokens`` less that room together
-    (a long one waits for room, in its turn; the first one always starts)."""
+    (a long one waits for room, in its turn; the first one always starts). The shorter ones under way
+    keep a long one waiting only ``pass_s`` after its admission (DAYZERO_PREFILL_PASS_S; ``now``:
+    unix time): past it, it starts beside them, and from the next step on it has its share of every
+    step, as a long one under way (a stream of short prompts, each taking the room the last one
+    left, kept it waiting for ever)."""
     floor = max_tokens - newcomers_room(chunk_size, max_tokens)  # what long prompts under way keep
     longs = sum(min(chunk_size, p.left) for p in running if _long(len(p.input.tokens), chunk_size))
     shorts = sum(p.left for p in running if not _long(len(p.input.tokens), chunk_size))
@@ -112,7 +123,8 @@ def take_batch(
         if run is not None and run in runs:
             fits = True  # (its forward is in the batch)
         elif _long(length, chunk_size):
-            fits = longs + chunk_size <= max_tokens - shorts and (not longs or longs + chunk_size <= floor)
+            room = longs + chunk_size <= max_tokens - shorts or _waited(job, pass_s, now)
+            fits = room and (not longs or longs + chunk_size <= floor)
             longs += chunk_size if fits else 0
         else:
             fits = shorts < max_tokens - min(longs, floor)
@@ -124,6 +136,11 @@ def take_batch(
             kept.append(ticket)
     pending[:] = kept
     return batch
+
+
+def _waited(job: PrefillJob, pass_s: float, now: float | None) -> bool:
+    """Admitted ``pass_s`` or longer before ``now`` (default: the time now)."""
+    return job.request.created <= (time.time() if now is None else now) - pass_s
 
 
 def plan_step(running: list[Prefilling], chunk_size: int, max_tokens: int) -> tuple[list[Prefilling], list[BatchInput]]:
