@@ -56,3 +56,48 @@ def test_a_decode_worker_paused_since_its_own_hand_back_is_no_peer_with_room(dem
         for loop in loops:
             loop.stop.set()
             loop.r.close()
+
+
+def test_a_peer_is_handed_nothing_its_arrivals_since_its_snapshot_may_have_taken_the_room_for(demo_dir, redis_url):
+    """decode "b"'s snapshot shows room for "waiting" (decode "a" cannot hold it), but b admitted an
+    arrival over the beat before it, and the arrivals it reads before what a hands it take its
+    blocks first: a handed it back all the same (1 in ~60 hand-backs of bench/handback_decode.py),
+    and it waited at b, first in line, till a peer had room. Now a counts what b admitted over its
+    last beat (``admitted_tokens``) as gone from its free blocks, and keeps it; once b's beat shows
+    no arrival, a hands it back."""
+    tight = {"handoff": "redis", "kv_budget_mb": 1, "max_batch": 4, "lease_s": 30, "handoff_timeout_s": 600}
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, **tight)
+    store, sent = handed_off(settings, ("arrival", "waiting"))
+    jobs = {job.request.request_id: job for job in sent}
+    arrival, waiting = needing(jobs["arrival"], 600, time.time()), needing(jobs["waiting"], 1000, time.time())
+    loops = []
+    store.r.delete(key("workers", "decode"))  # (no other decode worker of this module's Redis)
+    try:
+        for name in ("decode50@test", "decode51@test"):
+            runtime = Runtime.load(settings, name, "decode", False)
+            loops.append(DecodeLoop(runtime, Room(runtime, Prefetch(), to_decode(runtime, recording([], "decode")))))
+        a, b = loops
+        a.r.ranks.reserve("elsewhere", a.r.pools.capacity_tokens())
+        b.r.ranks.reserve("elsewhere", b.r.pools.capacity_tokens() - 2000)
+        b.intake.submit(arrival)
+        b._iteration()  # it admits the arrival; its beat says so
+        b.r.presence.beat(lambda: b.r.snapshot(1))
+        assert list(b.active) == ["arrival"] and b.r.stats.gauges["admitted_tokens"] == b._tokens(arrival)
+        assert b.r.pools.fits(a._tokens(waiting))  # its snapshot's free blocks hold "waiting"
+        b.r.ranks.reserve("next", b._tokens(arrival))  # (as the next arrival would)
+        assert not b.r.pools.fits(a._tokens(waiting))
+        b.r.ranks.release("next")
+
+        a.intake.submit(waiting)
+        a._iteration()  # its beat's hand back: b's arrivals may take the room first
+        assert [t.job.request.request_id for t in a.waiting] == ["waiting"] and store.owner("waiting") == a.r.name
+
+        b._last_beat = 0.0
+        b._iteration()  # a beat with no arrival over it
+        b.r.presence.beat(lambda: b.r.snapshot(1))
+        a.waiting = a.room.hand_back(a.waiting, a._tokens, a.heartbeat)
+        assert a.waiting == [] and store.owner("waiting") == HANDOFF_OWNER  # back on the queue, for b
+    finally:
+        for loop in loops:
+            loop.stop.set()
+            loop.r.close()

@@ -47,6 +47,7 @@ class DecodeLoop:
         k = runtime.settings.speculative_tokens
         self.speculation, self.acceptance = (Speculation(k) if k else None), Acceptance()
         self._last_beat = 0.0
+        self._admitted = 0  # tokens of the requests admitted since the last beat (peers read it: room.py)
         self._marked: set[str] = set()  # cancel marks read with the last step's tokens or a take ...
         self._marks_read: set[str] = set()  # ... and whose they are
         # beats during a step: one longer than the lease (a first call compiling kernels, a huge
@@ -92,7 +93,8 @@ class DecodeLoop:
             self._end_overdue()
             if self.room is not None:
                 self.waiting = self.room.hand_back(self.waiting, self._tokens, self.heartbeat)
-            self.r.stats.set(waiting_requests=len(self.waiting))  # (peers read it: room.py)
+            self.r.stats.set(waiting_requests=len(self.waiting), admitted_tokens=self._admitted)  # (peers: room.py)
+            self._admitted = 0
             self.r.announce(len(self.active) or 1)
 
     def _end_overdue(self) -> None:
@@ -183,6 +185,7 @@ class DecodeLoop:
         for rid, answer in taken.items():
             if answer != Take.STALE:
                 self._start(imported[rid])
+                self._admitted += self._tokens(imported[rid].job)
 
     def _tokens(self, job: DecodeJob) -> int:
         """What a request reserves: its prompt and whole completion, within the context limit."""

@@ -35,6 +35,7 @@ GAUGES = {
     "batch_size": ("dayzero_batch_size", "sequences in the last batched step (0: nothing to run)"),
     "waiting_requests": ("dayzero_waiting_requests", "claimed requests waiting for blocks (prefill: or a step)"),
     "intake_paused": ("dayzero_intake_paused", "1: no new request taken till the blocks hold one handed back"),
+    "admitted_tokens": ("dayzero_admitted_tokens", "decode: tokens of the requests admitted over the last beat"),
     "tokens_per_s": ("dayzero_tokens_per_second", "tokens per second of the last decode step (0: nothing to run)"),
     "selected_fraction": ("dayzero_indexer_selected_fraction", "CSA entries attended / entries available"),
     "expert_cache_hit_rate": ("dayzero_expert_cache_hit_rate", "hits / (hits + misses)"),

@@ -198,14 +198,22 @@ class Room(Generic[J]):
 
     def _peer_room(self) -> list[dict[str, int]]:
         """Free blocks per pool of each live peer with nothing waiting that takes messages, from its
-        last snapshot: a peer paused since its own hand back reads none, whatever blocks it shows free."""
-        registry, settings = self.r.registry, self.r.settings
+        last snapshot: a peer paused since its own hand back reads none, whatever blocks it shows free.
+        Its snapshot is up to a beat old, and the arrivals it reads meanwhile take its blocks before
+        what this worker hands it (1 in ~60 hand-backs of bench/handback_decode.py: the request waited
+        there, first in line, till a peer had room): what it admitted over its last beat
+        (``admitted_tokens``) counts as gone since."""
+        registry, settings, blocks_of = self.r.registry, self.r.settings, self.r.pools.layout.blocks_of
         peers = [p for p in registry.live_workers(self.r.stats.stage, settings.lease_s) if p != self.r.name]
-        return [
-            _free(snap.get("pools", {}))
-            for snap in registry.snapshots_of(peers).values()
-            if not any(snap.get("gauges", {}).get(gauge) for gauge in ("waiting_requests", "intake_paused"))
-        ]
+        room = []
+        for snap in registry.snapshots_of(peers).values():
+            gauges = snap.get("gauges", {})
+            if any(gauges.get(gauge) for gauge in ("waiting_requests", "intake_paused")):
+                continue
+            free, arriving = _free(snap.get("pools", {})), int(gauges.get("admitted_tokens", 0))
+            gone = blocks_of(arriving) if arriving else {}
+            room.append({kind: n - gone.get(kind, 0) for kind, n in free.items()})
+        return room
 
     def _hand_back(self, ticket: Ticket[J], heartbeat: Heartbeat) -> bool:
         job = ticket.job
