@@ -1,0 +1,41 @@
+"""A worker that starts while Redis refuses writes (at its memory limit, no eviction) waits for them
+and then serves. Celery's consumer declares its queue at its start in a transaction, which Redis
+refuses then; Celery took that for an unrecoverable error and the process exited, its weights loaded
+for nothing, and ``dayzero up`` started it again (the soak's A5). Real processes: Redis, a gateway,
+a prefill worker restarted during the refusal, a decode worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import httpx
+import redis
+
+from .conftest import MODEL, start_stack, wait_until
+from .test_decode_appends import writes_refused
+
+BODY = {"model": MODEL, "prompt": [0, 5, 6, 7], "max_tokens": 4, "temperature": 0}
+
+
+def test_a_worker_started_while_redis_refuses_writes_waits_and_then_serves(text_dir, tmp_path):
+    stack = start_stack(text_dir, tmp_path, {"vision": 0, "prefill": 1, "decode": 1})
+    r = redis.Redis.from_url(stack.redis_url)
+    prefill, log = stack.child("prefill0"), tmp_path / "prefill0.log"
+    try:
+        with writes_refused(r):
+            os.killpg(prefill.proc.pid, signal.SIGKILL)
+            prefill.proc.wait(10)
+            assert stack.supervise() == ["prefill0"]
+            started = prefill.proc
+            waits = "prefill waits to consume: Redis refuses writes"
+            # loaded, at its consumer's start: it waits (was: Celery's "Unrecoverable error", the process ended)
+            assert wait_until(lambda: started.poll() is not None or waits in log.read_text(errors="replace"), 120)
+            assert not wait_until(lambda: started.poll() is not None, 2), log.read_text(errors="replace")[-3000:]
+        stack.wait_ready(timeout_s=60)
+        assert started.poll() is None and prefill.restarts == 1  # the same process serves: nothing restarted it
+        answer = httpx.post(f"{stack.url}/v1/completions", json=BODY, timeout=60)
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == BODY["max_tokens"]
+        assert "Redis takes writes again" in log.read_text(errors="replace")
+    finally:
+        stack.stop()
