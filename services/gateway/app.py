@@ -34,6 +34,7 @@ from .context import Gateway
 from .metrics import CountResponses, GatewayMetrics
 from .readiness import readiness
 from .routes import authorize, router
+from .stopping import Stopping
 
 log = logging.getLogger("dayzero.gateway")
 RERUN_TRANSIT_S = 30.0  # a re-run's mark until its message is pushed: a sweep's round trips, with room
@@ -172,6 +173,7 @@ def make_app(settings: Settings) -> FastAPI:
         FastAPIInstrumentor.instrument_app(app, excluded_urls="health,ready,metrics", exclude_spans=["receive", "send"])
     app.add_middleware(errors.CatchAll)  # innermost of the three: its 500 is counted
     app.add_middleware(errors.BodyLimit, limit=settings.max_request_bytes)
+    app.add_middleware(Stopping, drain_s=settings.shutdown_grace_s / 2)  # (outside BodyLimit: its body reads)
     app.add_middleware(CountResponses)
     app.include_router(router)
     _openapi_as_served(app, [settings.model_name])

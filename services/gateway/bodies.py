@@ -10,7 +10,6 @@ import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from opentelemetry import trace
-from sse_starlette.sse import AppStatus
 
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.records import Token
@@ -19,15 +18,11 @@ from .context import Gateway
 from .errors import APIError
 from .outcome import Progress, Usage, usage
 from .shapes import Shape
+from .stopping import server_stopping, shutting_down
 from .subscription import Closed
 
 PRESENCE_CHECK_S = 0.5  # how often a waiting body checks that its client is still connected
 CLIENT_CLOSED = 499  # nginx's status for a request whose client left before the answer
-
-
-def _shutting_down() -> APIError:
-    message, retry = "the server is shutting down; retry", {"Retry-After": "1"}
-    return APIError(503, message, "service_unavailable", code="shutting_down", headers=retry)
 
 
 async def _events(gw: Gateway, progress: Progress) -> list[Token]:
@@ -47,7 +42,7 @@ async def _events(gw: Gateway, progress: Progress) -> list[Token]:
     except Exception as exc:
         progress.end("error", str(exc) or type(exc).__name__)  # unless the failure was the request's own, as seen
         if isinstance(exc, Closed):
-            raise _shutting_down() from None
+            raise shutting_down() from None
         raise
     finally:
         gw.bus.leaving.leave(request.request_id, progress.watcher, request.created, progress.over, resumable=False)
@@ -58,8 +53,8 @@ async def _client_present(http: Request) -> None:
     the server begins to stop (answer now, not when cut off); checked while tokens flow too."""
     while True:
         await asyncio.sleep(PRESENCE_CHECK_S)
-        if AppStatus.should_exit:
-            raise _shutting_down()
+        if server_stopping():
+            raise shutting_down()
         if await http.is_disconnected():
             raise APIError(CLIENT_CLOSED, "client disconnected", code="client_closed")
 

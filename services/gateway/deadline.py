@@ -10,7 +10,12 @@ A client must also take its answer: one that reads nothing for ``WRITE_STALL_S``
 waits to go out (the socket's buffers full) loses the connection, at once (a close would wait for
 the buffer to drain, for ever). Its app sees the disconnect: a stream's request is cancelled. A
 stream to a client that never reads would otherwise hold its connection, its slot under
-DAYZERO_MAX_STREAMS and the tokens queued for it, for ever."""
+DAYZERO_MAX_STREAMS and the tokens queued for it, for ever.
+
+When the server begins to stop, uvicorn closes each connection with no request under way at once,
+under a request already on its way (a kept-alive connection's next, a new connection's first): its
+client saw a reset, not an answer. Such a connection now takes requests for ``STOP_LINGER_S`` more
+(the app answers them 503 ``shutting_down`` and ``Connection: close``: stopping.py), then closes."""
 
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from .errors import error_body
 REQUEST_READ_S = 30.0
 BODY_BYTES_PER_S = 64 << 10  # a slow mobile link: an 8 MiB body gets 30 + 128 s
 WRITE_STALL_S = 60.0  # an answer's buffered bytes untaken this long: the client is gone or stalled
+STOP_LINGER_S = 0.5  # a connection idle when the server begins to stop waits this long for a request on its way
 
 
 def _timed_out() -> bytes:
@@ -39,9 +45,11 @@ class RequestReadDeadline(HttpToolsProtocol):
     taking its answer."""
 
     read_s, body_bytes_per_s, write_stall_s = REQUEST_READ_S, BODY_BYTES_PER_S, WRITE_STALL_S
+    stop_linger_s = STOP_LINGER_S
     max_body_bytes: int = Settings.model_fields["max_request_bytes"].default
     _deadline: asyncio.TimerHandle | None = None
     _stalled: asyncio.TimerHandle | None = None  # armed while the transport's buffer is full
+    _lingers: asyncio.TimerHandle | None = None  # the server stops: this idle connection closes then
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -74,7 +82,17 @@ class RequestReadDeadline(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._disarm_stall()
+        if self._lingers is not None:
+            self._lingers.cancel()
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        """The server begins to stop: uvicorn's, at once for a connection with a request under way (it
+        closes after its answer), after ``stop_linger_s`` for one without (a request on its way is answered)."""
+        if self.cycle is None or self.cycle.response_complete:
+            self._lingers = self.loop.call_later(self.stop_linger_s, super().shutdown)
+        else:
+            super().shutdown()
 
     def _disarm_stall(self) -> None:
         if self._stalled is not None:

@@ -1,6 +1,7 @@
 """A client that sends its request too slowly gets a 408 and a closed connection; one that sends
 it whole is answered however long the answer streams; one that takes none of its answer loses the
-connection (a real uvicorn server on a real socket)."""
+connection; a request on its way to a connection that was idle when the server began to stop is
+answered (a real uvicorn server on a real socket)."""
 
 from __future__ import annotations
 
@@ -167,3 +168,36 @@ def test_a_client_that_takes_nothing_of_its_answer_loses_the_connection(server):
         s.connect(("127.0.0.1", server))
         s.sendall(b"GET /flood HTTP/1.1\r\nhost: x\r\n\r\n")
         assert FLOOD_ENDED.wait(10), "the answer waited on a client that reads nothing"
+
+
+class _Lingering(_Quick):
+    stop_linger_s = 4 * READ_S
+
+
+def test_a_request_on_its_way_when_the_server_begins_to_stop_is_answered():
+    """uvicorn closed a connection with no request under way as soon as it began to stop: the request
+    its client had just sent (a kept-alive connection's next, a new connection's first) met a closed
+    connection, not an answer (the soak's dropped bodies at a gateway's stop)."""
+    config = uvicorn.Config(_slow_stream, port=free_port(), http=_Lingering, lifespan="off", log_level="warning")
+    running = uvicorn.Server(config)
+    thread = threading.Thread(target=running.run, daemon=True)
+    thread.start()
+    assert _until(lambda: running.started)
+    with socket.create_connection(("127.0.0.1", config.port), timeout=10) as s:
+        assert _until(lambda: running.server_state.connections)  # accepted: idle, no request yet
+        running.should_exit = True
+        assert _until(lambda: not running.servers[0].is_serving())  # stopping: each connection told so
+        s.sendall(HEAD + b"\r\nabcd")
+        received = b""
+        while chunk := s.recv(65536):
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 200 OK\r\n"), received  # (was: b"", the connection closed)
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def _until(predicate, timeout_s: float = 10) -> bool:
+    deadline = time.time() + timeout_s
+    while not predicate() and time.time() < deadline:
+        time.sleep(0.01)
+    return bool(predicate())
