@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 from opentelemetry import trace
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
+from starlette.types import Receive, Scope, Send
 
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.records import Token
@@ -157,6 +159,47 @@ async def _replay(gw: Gateway, shape: Shape, rid: str, after: str) -> None:
                 return
 
 
+class _EventStream(EventSourceResponse):
+    """sse-starlette's response, and ``never_began`` once it ends if its stream never began: its
+    client gone (or the server stopping) before the first event, sse-starlette cancels the stream at
+    its first step (its disconnect listener runs while the stream waits for its send lock), and the
+    stream's own code (watch, leave, a resume's arrival ended) never ran."""
+
+    def __init__(self, events: AsyncIterator, never_began: Callable[[], None], **options) -> None:
+        super().__init__(self._began(events), **options)
+        self.began, self.never_began = False, never_began
+
+    async def _began(self, events: AsyncIterator) -> AsyncIterator:
+        self.began = True
+        try:
+            async for event in events:
+                yield event
+        finally:
+            await events.aclose()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.began:
+                self.never_began()
+
+
+def _left_unread(gw: Gateway, requests: list[GenerationRequest], spans: list) -> Callable[[], None]:
+    """Leaves ``requests`` as a read that began and ended at once: a resume's arrival ends (it held
+    their cancels), each is cancelled after the grace unless read again (was: a resume's held its
+    request's cancels for ARRIVAL_S, a new stream's was never cancelled)."""
+
+    def leave() -> None:
+        for request, span in zip(requests, spans, strict=True):
+            gw.bus.leaving.reading(request.request_id)
+            gw.bus.leaving.leave(request.request_id, uuid.uuid4().hex, request.created, finished=False)
+            if span is not None:
+                span.end()
+
+    return leave
+
+
 def event_stream(
     gw: Gateway,
     requests: list[GenerationRequest],
@@ -173,8 +216,9 @@ def event_stream(
         events = sse(gw, requests[0], after, spans[0], shutdown=shutdown, counted=counted)
     else:
         events = _merged(gw, requests, spans, shutdown)
-    return EventSourceResponse(
+    return _EventStream(
         events,
+        _left_unread(gw, requests, spans),
         ping=gw.settings.keepalive_s,
         ping_message_factory=lambda: KEEP_ALIVE,
         headers=headers,

@@ -42,3 +42,43 @@ def test_a_choice_whose_first_command_loses_the_cancel_still_stops_when_the_clie
     monkeypatch.setattr(event_streams, "sse", choice)
     asyncio.run(leave_at_once())
     assert ended == {0: "stopped", 1: "stopped"}
+
+
+class _Leaving:
+    """What a stream's end tells the gateway's Leaving, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def reading(self, request_id: str) -> None:
+        self.calls.append(("reading", request_id))
+
+    def leave(self, request_id: str, watcher: str, created: float, finished: bool) -> None:
+        self.calls.append(("leave", request_id))
+
+
+def test_a_stream_that_never_began_leaves_its_request(monkeypatch):
+    """The response's first send waits (its transport paused: a client that reads nothing) and the
+    client leaves meanwhile: sse-starlette cancels the stream before its first step, so the stream's
+    own code never ran. A resume so ended held its request's cancels for 30 s (its arrival ends when
+    its stream begins), a new stream was never cancelled (nothing watched it, nothing left it). Now
+    the response leaves it as a read that began and ended at once."""
+    began = []
+
+    async def stream(gw, request, after, span, shutdown, counted):
+        began.append(request.request_id)
+        yield b"retry: 1000\n"
+
+    async def receive() -> dict:
+        return {"type": "http.disconnect"}
+
+    async def paused_send(message: dict) -> None:
+        await anyio.sleep(0.05)  # (the first send: the response's head, waiting for the transport)
+
+    leaving = _Leaving()
+    gw = SimpleNamespace(settings=SimpleNamespace(keepalive_s=10.0), bus=SimpleNamespace(leaving=leaving))
+    request = SimpleNamespace(request_id="r1", created=0.0)
+    monkeypatch.setattr(event_streams, "sse", stream)
+    response = event_streams.event_stream(gw, [request], "1-0", {}, counted=False)
+    asyncio.run(response({"type": "http", "method": "GET"}, receive, paused_send))
+    assert began == [] and leaving.calls == [("reading", "r1"), ("leave", "r1")]  # (was: [], nothing left)
