@@ -33,12 +33,14 @@ from .procs import (
     start_redis,
     terminate,
 )
+from .serving.keys import key
 from .serving.liveness import STAMP_EVERY_S, connect, process_id, stamps
 from .shm import unlink_parked_by
 
 SERVICES = ("gateway", "vision", "prefill", "decode")
 STOP_TIMEOUT_S = 10.0  # per group (gateway, workers, redis) before SIGKILL
 LEFT_GROUP_S = 5.0  # what is left of an exited child's process group is SIGKILLed after
+WRITE_CHECK_TTL_S = 10  # up's own write beside its read of the stamps (key up:{process}) lapses after
 
 
 def service_argv(service: str, ranks: int = 1) -> list[str]:
@@ -89,7 +91,7 @@ class Stack:
     vision_pids: set[int] = field(default_factory=set)  # every vision process started (restarts too)
     frozen_s: float = 0.0  # DAYZERO_FROZEN_WORKER_S: a worker whose liveness stamp is older is restarted (0: never)
     _liveness: redis.Redis | None = None
-    _unread_at: float = 0.0  # when Redis last could not be read: no stamp counts as older than that
+    _unread_at: float = 0.0  # when Redis last could not be read or written: no stamp counts as older than that
     _left: dict[int, float] = field(default_factory=dict)  # exited children's process groups -> when to kill the rest
 
     def start(self) -> None:
@@ -217,17 +219,20 @@ class Stack:
         """The running workers whose last liveness stamp is older than ``frozen_s``: SIGSTOPped, or
         hung in a step past its bound. A worker that has not stamped yet (starting) is left
         alone (a stamp from before its spawn is another process's: a pid used again), and no stamp
-        ages while Redis cannot be read, or answers slowly (a frozen Redis continued)."""
+        ages while Redis cannot be read, answers slowly (a frozen Redis continued), or refuses
+        writes (at its maxmemory, a read-only replica, writes paused): the stamps are writes, and
+        every worker was found frozen and killed at once."""
         if not self.frozen_s or self.redis_url is None:
             return []
         self._liveness = self._liveness or connect(self.redis_url)
         began = time.time()
         try:
             seen = {stage: stamps(self._liveness, stage) for stage in SERVICES[1:]}
+            self._liveness.set(key("up", process_id()), began, ex=WRITE_CHECK_TTL_S)
         except redis.RedisError:
             seen = None
         now = time.time()
-        if seen is None or now - began > STAMP_EVERY_S:  # Redis down or frozen: the workers could not stamp either
+        if seen is None or now - began > STAMP_EVERY_S:  # Redis down, frozen or refusing writes: no worker could stamp
             self._unread_at = now
             return []
         host, frozen = socket.gethostname(), []

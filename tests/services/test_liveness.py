@@ -27,6 +27,7 @@ from dayzero.serving.liveness import (
     stopped_child,
     unserved_for,
 )
+from dayzero.stack import Child, Stack
 
 from .conftest import SETTINGS_ENV, wait_until
 
@@ -83,6 +84,44 @@ def test_a_stopped_child_rank_stops_the_stamps_until_it_is_continued(redis_url):
         pulse.stop()
         rank.kill()
         rank.wait()
+
+
+# a worker's liveness stamps (its Pulse) in a process of its own, as under `dayzero up`
+PULSE = """
+import sys, time
+from dayzero.serving.liveness import Pulse, connect
+Pulse(connect(sys.argv[1]), "prefill").start().ready()
+time.sleep(300)
+"""
+
+
+def test_redis_refusing_writes_past_the_frozen_bound_freezes_no_worker_for_up(redis_url, tmp_path):
+    """Redis refusing writes (at its maxmemory; also a read-only replica, writes paused) stops every
+    worker's stamps, which are writes, while `dayzero up` still reads them: it found them all old
+    and SIGKILLed every worker at once (the soak: a 7 s write pause against a 6 s bound restarted
+    all five). No stamp ages while Redis refuses up's own write; a worker SIGSTOPped once writes
+    are back is still found frozen."""
+    client = redis.Redis.from_url(redis_url)
+    started = time.time()
+    worker = subprocess.Popen([sys.executable, "-c", PULSE, redis_url])
+    child = Child("prefill0", "prefill", proc=worker, started=started)
+    stack = Stack({}, 0, tmp_path, redis_url=redis_url, children=[child], frozen_s=2.0)
+    try:
+        assert wait_until(lambda: process_id(worker.pid, socket.gethostname()) in stamps(client, "prefill"), 60)
+        client.config_set("maxmemory", 1)
+        try:
+            found, refused_until = [], time.time() + 3 * stack.frozen_s
+            while time.time() < refused_until:
+                found += stack.frozen()
+                time.sleep(0.2)
+        finally:
+            client.config_set("maxmemory", 0)
+        assert found == []
+        worker.send_signal(signal.SIGSTOP)
+        assert wait_until(lambda: stack.frozen() == [child], 5 * stack.frozen_s, step_s=0.2)
+    finally:
+        worker.kill()
+        worker.wait()
 
 
 # a decode worker whose loop thread, once the file argv[1] exists, blocks between two steps until it
