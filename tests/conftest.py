@@ -151,24 +151,31 @@ def _left_behind(allowed: set[int], timeout_s: float = 15) -> list[str]:
     return names
 
 
-def _stack_pids(values: dict) -> set[int]:
-    """The processes of the stacks a test shares with others (module fixtures, checked at the end)."""
-    return {pid for v in values.values() if callable(getattr(v, "pids", None)) for pid in v.pids()}
+def _stack_pids(values) -> set[int]:
+    """The processes of the stacks a test shares with others (module or session fixtures, checked
+    when they end)."""
+    return {pid for v in values if callable(getattr(v, "pids", None)) for pid in v.pids()}
 
 
 @pytest.fixture(autouse=True)
 def no_process_left_by_the_test(request):
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield
-    left = _left_behind(before | _stack_pids(request.node.funcargs))
+    left = _left_behind(before | _stack_pids(request.node.funcargs.values()))
     assert not left, f"processes started by this test still run: {left}"
 
 
+@pytest.fixture(scope="session")
+def session_stacks() -> list:
+    """The stacks several modules share (session fixtures add theirs): they outlive each module."""
+    return []
+
+
 @pytest.fixture(scope="module", autouse=True)
-def no_process_left_by_the_module():
+def no_process_left_by_the_module(session_stacks):
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield
-    left = _left_behind(before)
+    left = _left_behind(before | _stack_pids(session_stacks))
     assert not left, f"processes started in this module still run: {left}"
 
 
