@@ -75,9 +75,15 @@ def start_gateway_alone(demo_dir, log_dir, extra=None) -> Stack:
     raise AssertionError("the gateway did not answer /health within 60 s")
 
 
-@pytest.fixture(scope="module")
-def stack(demo_dir, tmp_path_factory):
-    s = start_stack(demo_dir, tmp_path_factory.mktemp("logs"), {"vision": 1, "prefill": 1, "decode": 2})
+FULL_COUNTS = {"vision": 1, "prefill": 1, "decode": 2}
+
+
+@pytest.fixture(scope="session")
+def stack(demo_dir, tmp_path_factory, session_stacks):
+    """A stack the modules that only send it requests share (a start and a stop each cost ~20 s);
+    a module that kills, stops or reconfigures its parts starts its own (see test_failures)."""
+    s = start_stack(demo_dir, tmp_path_factory.mktemp("logs"), FULL_COUNTS)
+    session_stacks.append(s)
     yield s
     s.stop()
 
@@ -204,14 +210,15 @@ def data_url(width: int, height: int, seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(encoded(width, height, seed=seed)).decode()
 
 
-@pytest.fixture(scope="module")
-def bare_stack(demo_dir, tmp_path_factory):
-    """The demo checkpoint (a vision tower among its parts) downloaded without its tokenizer (a
-    module's own: every module ends the processes it started)."""
+@pytest.fixture(scope="session")
+def bare_stack(demo_dir, tmp_path_factory, session_stacks):
+    """The demo checkpoint (a vision tower among its parts) downloaded without its tokenizer (shared
+    by the modules that send it requests, as ``stack``)."""
     bare = shutil.copytree(demo_dir, tmp_path_factory.mktemp("bare") / "ckpt")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (bare / name).unlink()
     s = start_stack(bare, tmp_path_factory.mktemp("logs"), {"vision": 1, "prefill": 1, "decode": 1})
+    session_stacks.append(s)
     yield s
     s.stop()
 

@@ -15,7 +15,15 @@ import redis
 
 from dayzero.serving.registry import Registry
 
-from .conftest import MODEL, USAGE, chat, pool_usage, sse_events, start_stack, stream_text, wait_until
+from .conftest import FULL_COUNTS, MODEL, USAGE, chat, pool_usage, sse_events, start_stack, stream_text, wait_until
+
+
+@pytest.fixture(scope="module")
+def stack(demo_dir, tmp_path_factory):
+    """A stack of this module's own: its tests kill and restart its workers."""
+    s = start_stack(demo_dir, tmp_path_factory.mktemp("logs"), FULL_COUNTS)
+    yield s
+    s.stop()
 
 
 def _decode_blocks_used(stack) -> int:
