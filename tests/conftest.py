@@ -171,6 +171,34 @@ def session_stacks() -> list:
     return []
 
 
+LAST_USERS = pytest.StashKey[dict]()  # test id -> the session stack that stops after it
+
+
+def shared(request, stack, session_stacks: list):
+    """``stack``, a session fixture's, for the modules that ask for it (a module that defines a
+    fixture of the same name has its own): the module process check lets it outlive each module,
+    and it stops after the last test that uses it (idle beside the rest of the suite it would
+    still take ~3% of a core)."""
+    name = request.fixturename
+    users = [
+        item.nodeid
+        for item in request.session.items
+        if name in getattr(item, "fixturenames", ()) and not hasattr(getattr(item, "module", None), name)
+    ]
+    session_stacks.append(stack)
+    if users:
+        request.config.stash.setdefault(LAST_USERS, {})[users[-1]] = stack
+    return stack
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    stack = item.config.stash.get(LAST_USERS, {}).pop(item.nodeid, None)
+    if stack is not None:
+        stack.stop()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def no_process_left_by_the_module(session_stacks):
     before = {p.pid for p in psutil.Process().children(recursive=True)}

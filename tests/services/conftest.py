@@ -14,6 +14,7 @@ from dayzero.demo import write_demo_checkpoint
 from dayzero.procs import free_port
 from dayzero.stack import Stack
 
+from ..conftest import shared
 from .in_process import engine_completer
 
 MODEL = "dayzero-demo"
@@ -79,13 +80,12 @@ FULL_COUNTS = {"vision": 1, "prefill": 1, "decode": 2}
 
 
 @pytest.fixture(scope="session")
-def stack(demo_dir, tmp_path_factory, session_stacks):
+def stack(request, demo_dir, tmp_path_factory, session_stacks):
     """A stack the modules that only send it requests share (a start and a stop each cost ~20 s);
     a module that kills, stops or reconfigures its parts starts its own (see test_failures)."""
-    s = start_stack(demo_dir, tmp_path_factory.mktemp("logs"), FULL_COUNTS)
-    session_stacks.append(s)
+    s = shared(request, start_stack(demo_dir, tmp_path_factory.mktemp("logs"), FULL_COUNTS), session_stacks)
     yield s
-    s.stop()
+    s.stop()  # (stopped already after its last user, unless the session ended sooner)
 
 
 def chat(content: str, **kw) -> dict:
@@ -211,14 +211,17 @@ def data_url(width: int, height: int, seed: int) -> str:
 
 
 @pytest.fixture(scope="session")
-def bare_stack(demo_dir, tmp_path_factory, session_stacks):
+def bare_stack(request, demo_dir, tmp_path_factory, session_stacks):
     """The demo checkpoint (a vision tower among its parts) downloaded without its tokenizer (shared
     by the modules that send it requests, as ``stack``)."""
     bare = shutil.copytree(demo_dir, tmp_path_factory.mktemp("bare") / "ckpt")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (bare / name).unlink()
-    s = start_stack(bare, tmp_path_factory.mktemp("logs"), {"vision": 1, "prefill": 1, "decode": 1})
-    session_stacks.append(s)
+    s = shared(
+        request,
+        start_stack(bare, tmp_path_factory.mktemp("logs"), {"vision": 1, "prefill": 1, "decode": 1}),
+        session_stacks,
+    )
     yield s
     s.stop()
 
