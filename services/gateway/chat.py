@@ -13,6 +13,7 @@ from dayzero.chat.grammar import (
     schema_problem,
     tool_calls_grammar,
 )
+from dayzero.chat.schema_size import size_problem
 from dayzero.chat.tokens import DSML, END_THINK
 from dayzero.params import Grammar
 
@@ -56,12 +57,14 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
     schema = body.response_format.schema_() if body.response_format else None
     if choice == "required" or isinstance(choice, NamedToolChoice):
         named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        _check_size(gw, [parameters for _, _, parameters in body.enforced_parameters()], "tools")
         _check_tools(body)
         try:
             lark, param = tool_calls_grammar(body.tools, dsml_symbol(gw.codec.token_id(DSML), DSML), named), "tools"
         except Unenforceable as exc:
             raise APIError(400, f"cannot enforce this schema: {exc}", param="tools") from None
     elif schema is not None:
+        _check_size(gw, [schema], "response_format")
         if problem := schema_problem(schema):
             raise APIError(400, f"cannot enforce this schema: {problem}", param="response_format")
         lark, param = json_grammar(schema), "response_format"
@@ -73,6 +76,13 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
     if problem := grammar_problem(lark, gw.codec.grammars):
         raise APIError(400, f"cannot enforce this schema: {problem}", param=param)
     return Grammar(lark, after)
+
+
+def _check_size(gw: Gateway, schemas: list, param: str) -> None:
+    """The schemas one grammar would enforce, measured before anything compiles them: past a limit,
+    400 in milliseconds (llguidance's compile of 8,000 properties took seconds of CPU, then refused)."""
+    if problem := size_problem(schemas, gw.settings.schema_limits()):
+        raise APIError(400, f"cannot enforce this schema: too big: {problem}", param=param)
 
 
 def _check_tools(body: ChatPrompt) -> None:

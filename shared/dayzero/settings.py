@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
+from .chat.schema_size import SchemaLimits
 from .vision.images import ImageLimits, PatchSpec
 
 BUILT_IN_MODEL = Path(__file__).parent / "train" / "demo_model"  # written by ``dayzero train-demo``, shipped
@@ -89,6 +90,19 @@ class Settings(BaseSettings):
     max_streams: int = Field(default=1024, ge=1, description="open streams (and waiting bodies) before 429")
     max_request_bytes: int = Field(default=8 << 20, ge=1024, description="largest request body")
     max_tokens_limit: int = Field(default=4096, ge=1, description="most completion tokens a request may ask for")
+    # llguidance's compile grows about quadratically in a schema's properties (8,000: up to 26 s of CPU, then refused)
+    guided_max_schema_nodes: int = Field(
+        default=3000,
+        ge=1,
+        description="subschemas (properties, items, branches, definitions) of a request's enforced schemas "
+        "(response_format, or the forced tools' parameters), together: 400 beyond, before any compile",
+    )
+    guided_max_literal_chars: int = Field(
+        default=120_000, ge=1, description="characters of the enum and const values of those schemas: 400 beyond"
+    )
+    guided_max_pattern_chars: int = Field(
+        default=10_000, ge=1, description="characters of the regular expressions of those schemas: 400 beyond"
+    )
     max_batch: int = Field(
         default=16, ge=1, le=4096, description="sequences per decode step; concurrent decode tasks (tested to 3000)"
     )
@@ -242,6 +256,13 @@ class Settings(BaseSettings):
             max_images=self.image_max_count,
             max_total_pixels=self.image_max_total_pixels,
             allowed_hosts=tuple(self.image_allowed_hosts),
+        )
+
+    def schema_limits(self) -> SchemaLimits:
+        return SchemaLimits(
+            nodes=self.guided_max_schema_nodes,
+            literal_chars=self.guided_max_literal_chars,
+            pattern_chars=self.guided_max_pattern_chars,
         )
 
     def patch_spec(self, vision_config: Mapping | None = None) -> PatchSpec:

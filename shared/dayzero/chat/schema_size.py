@@ -1,0 +1,99 @@
+"""How big a JSON schema (or a tool set's parameters) is, measured before anything compiles it:
+llguidance's compile grows about quadratically in a schema's properties (8,000 optional ones:
+~26 s of CPU, only to be refused by its lexer limit; bench/RESULTS.md), and a long enum costs
+every decode step. The gateway refuses a schema past these limits with 400 in milliseconds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+_DATA = ("enum", "const", "default", "examples")  # values, not schemas
+_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
+
+
+@dataclass(frozen=True)
+class SchemaLimits:
+    """The most a request's schemas may hold, together (settings: ``Settings.schema_limits``)."""
+
+    nodes: int  # subschemas: each property's, item's, branch's, definition's ...
+    literal_chars: int  # characters of enum and const values
+    pattern_chars: int  # characters of regular expressions (pattern, patternProperties' names)
+
+
+SETTINGS = {
+    "nodes": "DAYZERO_GUIDED_MAX_SCHEMA_NODES",
+    "literal_chars": "DAYZERO_GUIDED_MAX_LITERAL_CHARS",
+    "pattern_chars": "DAYZERO_GUIDED_MAX_PATTERN_CHARS",
+}
+_WHAT = {
+    "nodes": "subschemas (properties, items, branches, definitions)",
+    "literal_chars": "characters of enum and const values",
+    "pattern_chars": "characters of regular expressions (pattern, patternProperties)",
+}
+
+
+def size_problem(schemas: list, limits: SchemaLimits) -> str | None:
+    """Why ``schemas`` (counted together: one grammar enforces them all) are too big to compile
+    (None: they are not). Each subschema is counted once as written: a ``$ref`` is not followed
+    (its definition is counted where it stands), so a recursive schema costs its size, and the walk
+    stops at the first limit passed (an enum of a million numbers is not read to its end)."""
+    used = dict.fromkeys(SETTINGS, 0)
+
+    def past(name: str, count: int) -> bool:
+        used[name] += count
+        return used[name] > getattr(limits, name)
+
+    for node in _schema_nodes(schemas):
+        if past("nodes", 1):
+            return _message("nodes", limits)
+        if not isinstance(node, dict):
+            continue
+        if any(past("literal_chars", _chars(value)) for value in _literals(node)):
+            return _message("literal_chars", limits)
+        if past("pattern_chars", _pattern_chars(node)):
+            return _message("pattern_chars", limits)
+    return None
+
+
+def _message(name: str, limits: SchemaLimits) -> str:
+    most = getattr(limits, name)
+    return f"more than {most:,} {_WHAT[name]}: at most {SETTINGS[name]}={most} can be enforced"
+
+
+def _schema_nodes(schemas: list) -> Iterator[dict | bool]:
+    """Every subschema of ``schemas`` as written, depth first, without recursion (a deep schema
+    costs no stack); values under enum, const, default, examples are data, not schemas."""
+    stack = list(reversed(schemas))
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            if key in _DATA:
+                continue
+            if key in _MAPS and isinstance(value, dict):
+                stack.extend(value.values())
+            elif isinstance(value, dict):
+                stack.append(value)
+            elif isinstance(value, list):
+                stack.extend(v for v in value if isinstance(v, dict | bool))
+
+
+def _literals(node: dict) -> Iterator:
+    enum = node.get("enum")
+    yield from enum if isinstance(enum, list) else ()
+    if "const" in node:
+        yield node["const"]
+
+
+def _chars(value: object) -> int:
+    """``value``'s characters as a grammar spells it: a string's own (not its JSON escapes), else
+    about its JSON text (Python's own spelling of it: as long but for escapes, and 10x quicker)."""
+    return len(value) if isinstance(value, str) else len(str(value))
+
+
+def _pattern_chars(node: dict) -> int:
+    pattern, named = node.get("pattern"), node.get("patternProperties")
+    return (len(pattern) if isinstance(pattern, str) else 0) + (sum(map(len, named)) if isinstance(named, dict) else 0)

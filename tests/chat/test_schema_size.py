@@ -1,0 +1,58 @@
+"""A schema's size, measured before anything compiles it (dayzero.chat.schema_size)."""
+
+from __future__ import annotations
+
+from dayzero.chat.schema_size import SchemaLimits, size_problem
+
+LIMITS = SchemaLimits(nodes=50, literal_chars=500, pattern_chars=100)
+
+
+def _object(properties: int, prefix: str = "p") -> dict:
+    return {"type": "object", "properties": {f"{prefix}{j}": {"type": "integer"} for j in range(properties)}}
+
+
+def test_a_definition_is_counted_once_however_many_refs_point_at_it():
+    """Written: a definition of 40 properties and 4 references to it (45 subschemas and the root);
+    expanded, it would be 160 properties. A recursive definition costs its size too."""
+    schema = {
+        "type": "object",
+        "properties": {f"r{j}": {"$ref": "#/$defs/d"} for j in range(4)},
+        "$defs": {"d": _object(40)},
+    }
+    assert size_problem([schema], LIMITS) is None
+    tree = {"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties": {"kids": {"type": "array"}}}}}
+    tree["$defs"]["node"]["properties"]["kids"]["items"] = {"$ref": "#/$defs/node"}
+    assert size_problem([tree], LIMITS) is None
+
+
+def test_schemas_are_counted_together_and_the_message_names_the_limit_and_its_setting():
+    assert size_problem([_object(30)], LIMITS) is None
+    problem = size_problem([_object(30, "a"), _object(30, "b")], LIMITS)
+    assert problem == (
+        "more than 50 subschemas (properties, items, branches, definitions): "
+        "at most DAYZERO_GUIDED_MAX_SCHEMA_NODES=50 can be enforced"
+    )
+
+
+def test_a_property_named_as_a_data_keyword_is_still_a_schema():
+    """Under ``properties`` the names are the client's: one called "enum" holds a schema, counted."""
+    schema = {"type": "object", "properties": {"enum": _object(60), "const": {"type": "string"}}}
+    assert "DAYZERO_GUIDED_MAX_SCHEMA_NODES=50" in size_problem([schema], LIMITS)
+
+
+def test_literals_and_patterns_are_bounded_by_their_characters():
+    assert size_problem([{"enum": ["a" * 100] * 5}], LIMITS) is None
+    assert "DAYZERO_GUIDED_MAX_LITERAL_CHARS=500" in size_problem([{"enum": ["a" * 100] * 5 + ["b"]}], LIMITS)
+    assert "DAYZERO_GUIDED_MAX_LITERAL_CHARS=500" in size_problem([{"const": {"k": "v" * 500}}], LIMITS)
+    many = [{"enum": [{"n": j} for j in range(100)]}]  # data, not subschemas: its characters count
+    assert "DAYZERO_GUIDED_MAX_LITERAL_CHARS" in size_problem(many, LIMITS)
+    assert size_problem([{"type": "string", "pattern": "a" * 100}], LIMITS) is None
+    named = {"type": "object", "patternProperties": {"^x" + "a" * 60: {}, "^y" + "b" * 60: {}}}
+    assert "DAYZERO_GUIDED_MAX_PATTERN_CHARS=100" in size_problem([named], LIMITS)
+
+
+def test_a_deep_schema_is_walked_without_recursion():
+    schema: dict = {"type": "string"}
+    for _ in range(100_000):
+        schema = {"type": "array", "items": schema}
+    assert "DAYZERO_GUIDED_MAX_SCHEMA_NODES" in size_problem([schema], SchemaLimits(3000, 120_000, 10_000))

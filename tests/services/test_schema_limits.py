@@ -1,0 +1,130 @@
+"""The gateway refuses a schema too big to compile (400 naming its field, the limit and the setting
+that raises it) before llguidance compiles it, and accepts realistic large ones (the gateway
+in-process, on a real Redis: a refused request never queues, so no worker is needed)."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dayzero.params import Grammar
+from dayzero.settings import Settings
+from services.gateway.app import make_app
+from services.gateway.chat import grammar
+from services.gateway.chat_schemas import ChatCompletionRequest
+
+from .conftest import MODEL, chat
+
+TYPES = ("integer", "string", "number", "boolean")
+
+
+def _object(properties: int, prefix: str = "p") -> dict:
+    return {"type": "object", "properties": {f"{prefix}{j}": {"type": TYPES[j % 4]} for j in range(properties)}}
+
+
+def _formatted(schema: dict) -> dict:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+
+
+def _tools(*parameters: dict) -> list[dict]:
+    return [{"type": "function", "function": {"name": f"f{i}", "parameters": p}} for i, p in enumerate(parameters)]
+
+
+@pytest.fixture(scope="module")
+def gateway(demo_dir, redis_url):
+    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def small_limits(demo_dir, redis_url):
+    """Limits lowered: schemas under the defaults' reach them (a request accepted would wait for a
+    worker this module lacks: 503 after a second, not a 400)."""
+    settings = Settings(
+        checkpoint=demo_dir,
+        redis_url=redis_url,
+        guided_max_schema_nodes=50,
+        guided_max_literal_chars=500,
+        guided_max_pattern_chars=100,
+        no_worker_timeout_s=1,
+    )
+    with TestClient(make_app(settings)) as client:
+        yield client
+
+
+def _refused(client, body: dict, path: str = "/v1/chat/completions") -> dict:
+    r = client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"].startswith("cannot enforce this schema: too big: more than ")
+    return error
+
+
+def test_a_schema_of_8000_properties_is_refused_by_its_size_under_the_default_limits(gateway):
+    """It compiled for seconds (26 s under load) before llguidance's lexer limit refused it."""
+    error = _refused(gateway, chat("hi", **_formatted(_object(8000))))
+    assert error["param"] == "response_format"
+    assert error["message"].endswith("at most DAYZERO_GUIDED_MAX_SCHEMA_NODES=3000 can be enforced")
+    error = _refused(gateway, chat("hi", tools=_tools(_object(8000)), tool_choice="required"))
+    assert error["param"] == "tools"
+    completion = {"model": MODEL, "prompt": "hi", **_formatted(_object(8000))}
+    error = _refused(gateway, completion, "/v1/completions")
+    assert error["param"] == "response_format"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "setting"),
+    [
+        (_formatted(_object(60)), "response_format", "DAYZERO_GUIDED_MAX_SCHEMA_NODES=50"),
+        (_formatted({"enum": ["a" * 300, "b" * 300]}), "response_format", "DAYZERO_GUIDED_MAX_LITERAL_CHARS=500"),
+        (_formatted({"type": "string", "pattern": "^" + "a" * 200 + "$"}), "response_format", "PATTERN_CHARS=100"),
+        # two tools of 30 properties: under the limit each, past it together (one grammar enforces both)
+        ({"tools": _tools(_object(30), _object(30)), "tool_choice": "required"}, "tools", "SCHEMA_NODES=50"),
+    ],
+)
+def test_a_schema_past_a_lowered_limit_is_refused_naming_the_limit(small_limits, extra, param, setting):
+    error = _refused(small_limits, chat("hi", **extra))
+    assert error["param"] == param and setting in error["message"], error
+
+
+def test_only_the_enforced_tools_count(small_limits):
+    """tool_choice naming one tool: only its parameters make the grammar (the others are offered)."""
+    named = {"type": "function", "function": {"name": "f0"}}
+    body = ChatCompletionRequest(**chat("hi", tools=_tools(_object(30), _object(30)), tool_choice=named))
+    assert isinstance(grammar(small_limits.app.state.gateway, body), Grammar)
+
+
+def _realistic() -> dict:
+    """300 properties, nested: 20 sections of 12 fields (descriptions, enums, arrays of records),
+    a shared $defs record referenced from each section, 40 top-level fields."""
+    record = {
+        "type": "object",
+        "properties": {"id": {"type": "string"}, "at": {"type": "string", "format": "date-time"}},
+        "required": ["id"],
+    }
+    fields = {f"f{k}": {"type": TYPES[k % 4], "description": f"field {k} of the section"} for k in range(10)} | {
+        "status": {"type": "string", "enum": ["draft", "open", "closed", "archived"]},
+        "history": {"type": "array", "items": {"$ref": "#/$defs/record"}, "maxItems": 5},
+    }
+    sections = {f"s{i}": {"type": "object", "properties": fields, "required": ["status"]} for i in range(20)}
+    top = {f"t{k}": {"type": TYPES[k % 4]} for k in range(40)}
+    return {
+        "type": "object",
+        "properties": sections | top,
+        "required": ["s0", "t0"],
+        "$defs": {"record": record},
+    }
+
+
+def test_a_realistic_large_schema_and_tool_set_are_accepted_under_the_default_limits(gateway):
+    """(The gateway's grammar step itself: accepted, the request would wait for a worker.)"""
+    gw = gateway.app.state.gateway
+    body = ChatCompletionRequest(**chat("hi", **_formatted(_realistic())))
+    assert isinstance(grammar(gw, body), Grammar)
+    tools = [  # 60 tools of 6 parameters: 360 properties, all enforced
+        {"type": "function", "function": {"name": f"tool_{i}", "description": "a tool", "parameters": _object(6)}}
+        for i in range(60)
+    ]
+    body = ChatCompletionRequest(**chat("hi", tools=tools, tool_choice="required"))
+    assert isinstance(grammar(gw, body), Grammar)
