@@ -148,9 +148,10 @@ def _choices(requests: list[GenerationRequest], n: int) -> list[GenerationReques
 
 @router.post("/v1/chat/completions", dependencies=[Authorized])
 async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Request):
-    ids, prompt = await run_in_threadpool(chat_prompt, gw, body)  # images are decoded: off the event loop
     thinking, _ = body.thinking()
+    # first: a schema too big to compile is refused in milliseconds, before its text is rendered and tokenized
     rule = await run_in_threadpool(grammar, gw, body, thinking)  # llguidance compiles it: seconds for some schemas
+    ids, prompt = await run_in_threadpool(chat_prompt, gw, body)  # images are decoded: off the event loop
     limit_param = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
     spec = _spec(gw, body, ids, body.max_completion_tokens or body.max_tokens, rule, limit_param)
     protocol = {
