@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from dayzero import settings
-from dayzero.settings import Settings, settings_from_env
-from dayzero.settings_help import unknown_settings
+from dayzero import settings_help
+from dayzero.settings import Settings
+from dayzero.settings_help import settings_from_env, unknown_settings
 
 
 @pytest.mark.parametrize("field", ["api_keys", "image_allowed_hosts"])
@@ -137,7 +137,7 @@ def test_a_list_the_settings_source_cannot_decode_is_one_line_naming_its_variabl
     class WithNumbers(Settings):  # a list setting decoded by pydantic-settings itself (JSON only)
         numbers: list[int] = []
 
-    monkeypatch.setattr(settings, "Settings", WithNumbers)
+    monkeypatch.setattr(settings_help, "Settings", WithNumbers)
     monkeypatch.setenv("DAYZERO_NUMBERS", "1,2")
     with pytest.raises(ValueError) as error:
         settings_from_env()

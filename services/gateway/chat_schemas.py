@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
 
 from dayzero.chat.grammar import parameters_problem
-from dayzero.settings import validation_message
+from dayzero.settings_help import validation_message
 
 from .schemas import MAX_TEXT, ResponseFormat, Sampling, _Body, field_error
 

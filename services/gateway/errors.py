@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dayzero.settings import validation_message
+from dayzero.settings_help import validation_message
 from dayzero.tokenizer import NoTokenizerError
 
 QUEUE_UNAVAILABLE = "queue_unavailable"  # Redis unreachable, or refusing what the request needs

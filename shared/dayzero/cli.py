@@ -15,8 +15,8 @@ from .checkpoint_files import CheckpointError, checkpoint_directory
 from .cli_generate import cmd_generate, prompt_of
 from .cli_services import add_service_commands
 from .config import ConfigError, ModelConfig
-from .settings import Settings, settings_from_env
-from .settings_help import unknown_settings
+from .settings import Settings
+from .settings_help import settings_from_env, unknown_settings
 from .train.command import add_train_demo
 
 

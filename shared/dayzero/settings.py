@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .chat.schema_size import SchemaLimits
 from .vision.images import ImageLimits, PatchSpec
@@ -293,31 +292,3 @@ class Settings(BaseSettings):
     def visibility_timeout_s(self) -> int:
         """Above the longest allowed generation, so a running task is never redelivered."""
         return self.task_time_limit_s + 600
-
-
-def settings_from_env() -> Settings:
-    """The process's settings; a ValueError of one line naming each bad DAYZERO_* variable."""
-    try:
-        return Settings()
-    except ValidationError as exc:
-        raise ValueError("; ".join(map(_problem, exc.errors()))) from None
-    except SettingsError as exc:  # a value the source could not decode; its message holds 'field "name"'
-        field = re.search(r'field "(\w+)"', str(exc))
-        name = f"DAYZERO_{field[1].upper()}" if field else "a DAYZERO_* variable"
-        raise ValueError(f"{name} could not be parsed: {exc.__cause__ or exc}") from None
-
-
-def validation_message(error: dict) -> str:
-    """A pydantic error's message, without the prefix pydantic puts on a validator's ValueError."""
-    return error["msg"].removeprefix("Value error, ")
-
-
-def _problem(error: dict) -> str:
-    """One validation error as the operator wrote it: ``DAYZERO_PORT=0: ...``, ``DAYZERO_API_KEYS[1]=1: ...``
-    (an item of a list), or a check across variables, which names them itself."""
-    message = validation_message(error)
-    if not error["loc"]:
-        return message
-    field, *item = error["loc"]
-    where = "".join(f"[{i}]" for i in item)
-    return f"DAYZERO_{str(field).upper()}{where}={error.get('input')!r}: {message}"

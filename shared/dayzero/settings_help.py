@@ -1,11 +1,16 @@
-"""What an operator reads about the settings: ``--help``'s list of them, and a warning for each
-DAYZERO_* variable that is none (a misspelt one would be ignored without a word)."""
+"""What an operator reads about the settings: ``--help``'s list of them, a warning for each
+DAYZERO_* variable that is none (a misspelt one would be ignored without a word), and one line
+naming each bad value (``settings_from_env``)."""
 
 from __future__ import annotations
 
 import difflib
+import re
 import textwrap
 from collections.abc import Mapping
+
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from .settings import Settings
 
@@ -35,3 +40,31 @@ def settings_help(width: int = HELP_WIDTH) -> str:
         variable, text = f"  DAYZERO_{name.upper():<28} ", f"{field.description}{default}"
         lines += textwrap.wrap(text, width, initial_indent=variable, subsequent_indent=" " * len(variable))
     return "\n".join(lines)
+
+
+def settings_from_env() -> Settings:
+    """The process's settings; a ValueError of one line naming each bad DAYZERO_* variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise ValueError("; ".join(map(_problem, exc.errors()))) from None
+    except SettingsError as exc:  # a value the source could not decode; its message holds 'field "name"'
+        field = re.search(r'field "(\w+)"', str(exc))
+        name = f"DAYZERO_{field[1].upper()}" if field else "a DAYZERO_* variable"
+        raise ValueError(f"{name} could not be parsed: {exc.__cause__ or exc}") from None
+
+
+def validation_message(error: dict) -> str:
+    """A pydantic error's message, without the prefix pydantic puts on a validator's ValueError."""
+    return error["msg"].removeprefix("Value error, ")
+
+
+def _problem(error: dict) -> str:
+    """One validation error as the operator wrote it: ``DAYZERO_PORT=0: ...``, ``DAYZERO_API_KEYS[1]=1: ...``
+    (an item of a list), or a check across variables, which names them itself."""
+    message = validation_message(error)
+    if not error["loc"]:
+        return message
+    field, *item = error["loc"]
+    where = "".join(f"[{i}]" for i in item)
+    return f"DAYZERO_{str(field).upper()}{where}={error.get('input')!r}: {message}"
