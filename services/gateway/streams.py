@@ -5,9 +5,11 @@ to its subscriber's queue, so open streams cost no connection each (redis-py's p
 out long before the admission bound). A new subscriber wakes the blocked read by appending to
 this gateway's own wake stream, which every read includes from the last wake-up it saw (not
 ``$``: a wake-up that reaches Redis just before the read would be missed, and the new stream
-left unread until another stream's entry or the block's end). A lost connection ends every open
+left unread until another stream's entry or the block's end). A lost Redis ends every open
 subscription with the error (the stream's reader turns it into an error event), and so does a
 Redis that stops answering (frozen, its host unreachable) for ``READ_MARGIN_S`` past the block.
+A read Redis ends while it answers (``UNBLOCKED``, its connection closed: it became a replica, a
+failover's old master) is read again: the streams go on (their wake-ups refused meanwhile, polled).
 A wake-up Redis refuses (writes refused: its memory limit) leaves the new subscriber's stream
 polled (``POLL_S``) till the next blocked read takes it in. A subscriber ``BACKLOG`` entries behind
 (its client reads slower than tokens come) is read no further until it has taken half of them: the
@@ -30,6 +32,7 @@ from collections.abc import AsyncIterator
 import redis
 import redis.asyncio as aioredis
 
+from dayzero.serving.broker import AsyncUnblockedIsLostParser
 from dayzero.serving.keys import key
 from dayzero.serving.records import Token, decode, ending
 
@@ -55,7 +58,13 @@ class StreamHub:
 
     def __init__(self, url: str, commands: aioredis.Redis, block_ms: int = 5000) -> None:
         timeout = block_ms / 1000 + READ_MARGIN_S  # (none: a frozen Redis held every open stream for ever)
-        self.r = aioredis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=timeout, max_connections=1)
+        self.r = aioredis.Redis.from_url(
+            url,
+            socket_connect_timeout=2,
+            socket_timeout=timeout,
+            max_connections=1,
+            parser_class=AsyncUnblockedIsLostParser,  # an UNBLOCKED read: its connection lost (Redis closes it)
+        )
         self.commands, self.block_ms = commands, block_ms
         self.wake_key = key("wake", uuid.uuid4().hex)
         self.woken = "0-0"  # the last wake-up a read returned
@@ -136,6 +145,8 @@ class StreamHub:
                 except redis.ResponseError as exc:  # Redis refused the read, not lost: end only who caused it
                     await self._drop_unreadable(exc)
             except redis.RedisError as exc:
+                if self.subs and await self._still_answers(exc):
+                    continue
                 if self.subs:  # (none: the hub is closing)
                     log.warning("token streams lost redis: %s", exc)
                 self._end_all(exc)
@@ -144,6 +155,23 @@ class StreamHub:
             except Exception as exc:  # nobody awaits this task: ended, it left every open stream waiting
                 log.exception("token streams: the read failed; ending the open streams")
                 self._end_all(exc)
+
+    async def _still_answers(self, exc: redis.RedisError) -> bool:
+        """Whether Redis, having closed the read's connection (or ended the read: UNBLOCKED), answers
+        a PING on a new one: then the read is tried again (it was taken for a lost Redis and ended
+        every open stream, 11 at once in the soak, while Redis answered reads). Not after a read
+        unanswered past its block (frozen: the streams end), nor when the PING fails (Redis lost)."""
+        if not isinstance(exc, redis.ConnectionError):  # (a TimeoutError is none)
+            return False
+        with contextlib.suppress(redis.RedisError):
+            await self.r.connection_pool.disconnect()
+        try:
+            await self.r.ping()
+        except redis.RedisError:
+            return False
+        log.warning("token streams: redis ended the read and answers (%s); reading again", exc)
+        await asyncio.sleep(POLL_S)  # (a Redis that ends every read: a read a POLL_S, not a busy loop)
+        return True
 
     def _end_all(self, exc: BaseException) -> None:
         for sub in list(self.subs):

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import redis
 from celery import signals
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
@@ -27,37 +26,6 @@ log = logging.getLogger("dayzero.worker")
 # Celery's INFO line per task received (formatted and written before the task is handed to a thread)
 # and per task done: the spans and the stage metrics say the same; their warnings and errors stay
 PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
-REFUSED_POLL_S = 0.5  # how often a worker about to consume asks again whether Redis takes writes
-
-
-def wait_for_writes(client: redis.Redis, stage: str) -> None:
-    """Returns once Redis takes the commands Celery's consumer starts with (or cannot be reached:
-    Celery retries its connection itself). The consumer declares the stage's queue in a transaction
-    (kombu: MULTI, LLEN, EXEC) and a Redis at its memory limit refuses every command queued in one;
-    Celery takes that refusal for an unrecoverable error and the process exits, its weights loaded
-    for nothing (``dayzero up`` starts it again). One log line when it waits, one when it goes on."""
-    waited = None
-    while True:
-        try:
-            declare = client.pipeline(transaction=True)
-            declare.llen(stage)  # (the stage's queue is the list of that name)
-            declare.execute()
-        except redis.ResponseError as exc:  # Redis answers, and refuses (OOM, BUSY, READONLY)
-            if waited is None:
-                waited = time.monotonic()
-                log.warning(
-                    "%s waits to consume: Redis refuses writes (%s); asking again every %.1f s",
-                    stage,
-                    exc,
-                    REFUSED_POLL_S,
-                )
-            time.sleep(REFUSED_POLL_S)
-            continue
-        except redis.RedisError:  # unreachable: Celery's start retries its connection
-            return
-        if waited is not None:
-            log.warning("%s consumes: Redis takes writes again after %.1f s", stage, time.monotonic() - waited)
-        return
 
 
 def exit_on_failure(start: Callable[..., None], stage: str) -> Callable[..., None]:
@@ -175,7 +143,6 @@ class StageWorker:
         self._pulse.watch(running.stuck)
         if self.settings.metrics_port:
             serve_metrics(self.settings.metrics_port, lambda: {running.name: running.snapshot()})
-        wait_for_writes(self._pulse.r, self.stage)  # Celery's consumer starts once this returns
         self._pulse.ready()  # it serves its stage from now (the no-worker bound), before its loop announces it
         threading.Thread(target=running.run_forever, name=f"{self.stage}-loop", daemon=True).start()
         self._ready.set()

@@ -1,0 +1,92 @@
+"""Celery's broker transport: kombu's Redis transport, through a Redis that becomes a replica (a
+failover's old master) or refuses writes for a while, consuming on.
+
+A Redis that becomes a replica (``REPLICAOF``) answers every blocked client ``-UNBLOCKED force
+unblock from blocking operation, instance state changed`` and closes its connection, while it goes
+on answering reads. redis-py raises that as a plain ``ResponseError``, which kombu counts among its
+channel errors, not its connection errors: the consumer's blocked ``BRPOP`` ended Celery's worker
+with "Unrecoverable error" (every idle worker at each switch). Parsed as a ``ConnectionError``
+(``UnblockedIsLostParser``; the gateway's blocked XREAD reads with the asyncio one), Celery logs
+"Connection to broker lost" and reconnects, as after a Redis restart.
+
+A consumer (re)starting declares its queue (kombu: its length in a transaction, its binding's SADDs),
+which a replica (``READONLY``) or a Redis at its memory limit (``OOM``) refuses: Celery took that
+for an unrecoverable error too, and the process exited (at a worker's start, its weights loaded for
+nothing). The declaration now waits for Redis to take writes: one log line when it waits, one when
+it goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import redis
+from kombu.transport import redis as kombu_redis
+from redis.asyncio.connection import DefaultParser as AsyncDefaultParser
+from redis.connection import DefaultParser
+
+log = logging.getLogger("dayzero.worker")
+T = TypeVar("T")
+UNBLOCKED = "UNBLOCKED"  # the error code Redis ends a blocked command with when it stops being a master
+_AS_LOST = {UNBLOCKED: redis.ConnectionError}
+REFUSED_POLL_S = 0.5  # how often a consumer about to consume asks again whether Redis takes writes
+
+
+class UnblockedIsLostParser(DefaultParser):
+    EXCEPTION_CLASSES = {**DefaultParser.EXCEPTION_CLASSES, **_AS_LOST}
+
+
+class AsyncUnblockedIsLostParser(AsyncDefaultParser):
+    EXCEPTION_CLASSES = {**AsyncDefaultParser.EXCEPTION_CLASSES, **_AS_LOST}
+
+
+class UnblockedIsLostConnection(redis.Connection):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("parser_class", UnblockedIsLostParser)
+        super().__init__(*args, **kwargs)
+
+
+class Channel(kombu_redis.Channel):
+    connection_class = UnblockedIsLostConnection
+
+    def queue_declare(self, queue: str | None = None, passive: bool = False, **kwargs: object):
+        return self._until_taken(queue, lambda: super(Channel, self).queue_declare(queue, passive, **kwargs))
+
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+        self._until_taken(queue, lambda: super(Channel, self)._queue_bind(exchange, routing_key, pattern, queue))
+
+    @staticmethod
+    def _until_taken(queue: str | None, declare: Callable[[], T]) -> T:
+        """``declare()``, asked again every REFUSED_POLL_S while Redis answers and refuses it (its
+        queue's length in a transaction: OOM; its binding's SADDs: OOM, READONLY); a Redis it
+        cannot reach fails it (Celery retries its connection itself)."""
+        waited = None
+        while True:
+            try:
+                done = declare()
+            except redis.ResponseError as exc:
+                if waited is None:
+                    waited = time.monotonic()
+                    log.warning(
+                        "%s waits to consume: Redis refuses writes (%s); asking again every %.1f s",
+                        queue,
+                        exc,
+                        REFUSED_POLL_S,
+                    )
+                time.sleep(REFUSED_POLL_S)
+                continue
+            if waited is not None:
+                log.warning("%s consumes: Redis takes writes again after %.1f s", queue, time.monotonic() - waited)
+            return done
+
+
+class Transport(kombu_redis.Transport):
+    """The transport of a ``redis://`` broker URL (``make_celery``)."""
+
+    Channel = Channel
+
+
+TRANSPORT = f"{__name__}:Transport"
