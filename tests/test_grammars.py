@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import llguidance
 
 from dayzero.grammars import Grammars
@@ -57,3 +59,25 @@ def test_grammars_used_lately_are_kept_up_to_a_bound(codec, monkeypatch):
     assert compiled == ['start: "a"', 'start: "b"', 'start: "c"']
     grammars.matcher('start: "a"')  # went when "c" came
     assert compiled[-1] == 'start: "a"' and len(compiled) == 4
+
+
+def test_more_grammars_compiling_than_kept_each_compiles_once(codec, monkeypatch):
+    """A serving loop asks ``ready`` of each waiting request's grammar in turn, every iteration. With
+    more distinct grammars compiling than ``most``, each call dropped the oldest, a compile the next
+    call asked for, which began again: none ever ready, a thread more per call."""
+    release, compiled, real = threading.Event(), [], llguidance.LLMatcher
+
+    def held(tok, lark, **kw):
+        compiled.append(lark)
+        release.wait()
+        return real(tok, lark, **kw)
+
+    monkeypatch.setattr(llguidance, "LLMatcher", held)
+    grammars, names = Grammars(codec.guidance, cached=1, most=2), [f'start: "{n}"' for n in "abc"]
+    for _ in range(3):  # three iterations of a loop, its three requests waiting
+        assert not any([grammars.ready(lark) for lark in names])
+    release.set()
+    for thread in [t for t in threading.enumerate() if t.name == "grammar"]:
+        thread.join()
+    assert sorted(compiled) == names  # (not a, b, c, a, b, c, ...: nine compiles)
+    assert grammars.ready(names[-1])

@@ -15,7 +15,8 @@ class Grammars:
     """A process's compiled grammars over one tokenizer (an ``LLTokenizer``), by their text: the
     ``cached`` latest used, and any used within ``kept_s`` (a request that waited for its grammar
     gets it from here a step or a prefill later: a burst of other grammars must not drop it), but
-    never more than ``most`` (a flood of distinct grammars holds no unbounded memory). Each
+    never more than ``most`` compiled (a flood of distinct grammars holds no unbounded memory; those
+    compiling stay, as many as the requests waiting for them). Each
     is compiled once, in a thread of its own (llguidance releases the GIL while it compiles:
     seconds for a schema of thousands of properties, bench/guided_compile.py), so a serving loop
     need never wait for one: it admits a request once its grammar is ``ready``, and the request's
@@ -46,11 +47,23 @@ class Grammars:
                 future = Future()
                 threading.Thread(target=self._compile, args=(lark, future), name="grammar", daemon=True).start()
             self._compiled[lark] = (future, now)
-            while len(self._compiled) > self._cached and (
-                len(self._compiled) > self._most or now - next(iter(self._compiled.values()))[1] > self._kept_s
-            ):
-                self._compiled.popitem(last=False)
+            self._drop_unused(now)
             return future
+
+    def _drop_unused(self, now: float) -> None:
+        """The least recently used compiled grammars go, past ``cached``, while more than ``most`` or
+        unused for ``kept_s``; never one still compiling (some request waits for it: dropped, the next
+        ``ready`` of it compiled it anew, and with more than ``most`` compiling at once each ``ready``
+        dropped the one asked for next: none was ever ready, a thread more per call)."""
+        held, dropped = len(self._compiled), []
+        for lark, (future, used) in self._compiled.items():  # (oldest first: most calls look at one)
+            if held <= self._cached or (held <= self._most and now - used <= self._kept_s):
+                break
+            if future.done():
+                dropped.append(lark)
+                held -= 1
+        for lark in dropped:
+            del self._compiled[lark]
 
     def _compile(self, lark: str, future: Future) -> None:
         import llguidance
