@@ -7,7 +7,7 @@ import time
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.keys import HANDOFF_OWNER, key
 from dayzero.serving.registry import Registry
-from dayzero.serving.room import Prefetch, Room, to_decode
+from dayzero.serving.room import Prefetch, Room, admitted_blocks, to_decode
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
@@ -97,6 +97,41 @@ def test_a_peer_is_handed_nothing_its_arrivals_since_its_snapshot_may_have_taken
         b.r.presence.beat(lambda: b.r.snapshot(1))
         a.waiting = a.room.hand_back(a.waiting, a._tokens, a.heartbeat)
         assert a.waiting == [] and store.owner("waiting") == HANDOFF_OWNER  # back on the queue, for b
+    finally:
+        for loop in loops:
+            loop.stop.set()
+            loop.r.close()
+
+
+def test_a_peer_s_arrivals_over_its_beat_count_a_window_each(demo_dir, redis_url):
+    """decode "b" admitted two arrivals over its last beat: each holds a window of its own (one of
+    four), but a counted the blocks of their tokens together (``admitted_tokens``) as gone, one
+    window, saw room for "waiting" left and handed it back, for b's next arrivals to take first. Now
+    b publishes its arrivals' blocks, each request's own (``admitted_blocks``), and a keeps it."""
+    tight = {"handoff": "redis", "kv_budget_mb": 1, "max_batch": 4, "lease_s": 30, "handoff_timeout_s": 600}
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, **tight)
+    store, sent = handed_off(settings, ("pair-1", "pair-2", "pair-waiting"))
+    jobs = {job.request.request_id: job for job in sent}
+    loops = []
+    store.r.delete(key("workers", "decode"))  # (no other decode worker of this module's Redis)
+    try:
+        for name in ("decode60@test", "decode61@test"):
+            runtime = Runtime.load(settings, name, "decode", False)
+            loops.append(DecodeLoop(runtime, Room(runtime, Prefetch(), to_decode(runtime, recording([], "decode")))))
+        a, b = loops
+        a.r.ranks.reserve("elsewhere", a.r.pools.capacity_tokens())
+        for rid in ("pair-1", "pair-2"):
+            b.intake.submit(needing(jobs[rid], 50, time.time()))
+        b._iteration()  # it admits both; its beat says so
+        b.r.presence.beat(lambda: b.r.snapshot(1))
+        used, total = b.r.pools.usage()["window"]
+        assert sorted(b.active) == ["pair-1", "pair-2"] and (used, total) == (2, 4)
+        assert b.r.stats.gauges[admitted_blocks("window")] == 2
+
+        a.intake.submit(needing(jobs["pair-waiting"], 50, time.time()))
+        a._iteration()  # its beat's hand back: b's next two arrivals would take both windows left
+        assert [t.job.request.request_id for t in a.waiting] == ["pair-waiting"]
+        assert store.owner("pair-waiting") == a.r.name
     finally:
         for loop in loops:
             loop.stop.set()

@@ -201,18 +201,18 @@ class Room(Generic[J]):
         last snapshot: a peer paused since its own hand back reads none, whatever blocks it shows free.
         Its snapshot is up to a beat old, and the arrivals it reads meanwhile take its blocks before
         what this worker hands it (1 in ~60 hand-backs of bench/handback_decode.py: the request waited
-        there, first in line, till a peer had room): what it admitted over its last beat
-        (``admitted_tokens``) counts as gone since."""
-        registry, settings, blocks_of = self.r.registry, self.r.settings, self.r.pools.layout.blocks_of
+        there, first in line, till a peer had room): the blocks of what it admitted over its last beat
+        (``admitted_blocks``, each request's own: N arrivals hold N windows, not the one of their
+        tokens together) count as gone since."""
+        registry, settings = self.r.registry, self.r.settings
         peers = [p for p in registry.live_workers(self.r.stats.stage, settings.lease_s) if p != self.r.name]
         room = []
         for snap in registry.snapshots_of(peers).values():
             gauges = snap.get("gauges", {})
             if any(gauges.get(gauge) for gauge in ("waiting_requests", "intake_paused")):
                 continue
-            free, arriving = _free(snap.get("pools", {})), int(gauges.get("admitted_tokens", 0))
-            gone = blocks_of(arriving) if arriving else {}
-            room.append({kind: n - gone.get(kind, 0) for kind, n in free.items()})
+            free = _free(snap.get("pools", {}))
+            room.append({kind: n - int(gauges.get(admitted_blocks(kind), 0)) for kind, n in free.items()})
         return room
 
     def _hand_back(self, ticket: Ticket[J], heartbeat: Heartbeat) -> bool:
@@ -230,6 +230,12 @@ class Room(Generic[J]):
             log.info("request %s: handed back to the %s queue for a worker with room", rid, self.r.stats.stage)
             self.held.append((ticket, time.monotonic()))
         return pushed
+
+
+def admitted_blocks(pool: str) -> str:
+    """The gauge of a decode worker's blocks in ``pool`` held by the requests it admitted over its
+    last beat (not exported: peers read it from its snapshot)."""
+    return f"admitted_blocks_{pool}"
 
 
 def _free(usage: dict[str, Any]) -> dict[str, int]:
