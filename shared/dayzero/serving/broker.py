@@ -13,7 +13,7 @@ A consumer (re)starting declares its queue (kombu: its length in a transaction, 
 which a replica (``READONLY``) or a Redis at its memory limit (``OOM``) refuses: Celery took that
 for an unrecoverable error too, and the process exited (at a worker's start, its weights loaded for
 nothing). The declaration now waits for Redis to take writes: one log line when it waits, one when
-it goes on.
+it goes on. A refusal no wait ends (WRONGTYPE, an ACL's NOPERM) fails it as before.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ T = TypeVar("T")
 UNBLOCKED = "UNBLOCKED"  # the error code Redis ends a blocked command with when it stops being a master
 _AS_LOST = {UNBLOCKED: redis.ConnectionError}
 REFUSED_POLL_S = 0.5  # how often a consumer about to consume asks again whether Redis takes writes
+# refusals that last a while, of codes redis-py raises as a plain ResponseError: a failed save
+# (stop-writes-on-bgsave-error), too few replicas (min-replicas-to-write)
+_REFUSED_FOR_A_WHILE = {"MISCONF", "NOREPLICAS"}
 
 
 class UnblockedIsLostParser(DefaultParser):
@@ -60,14 +63,16 @@ class Channel(kombu_redis.Channel):
 
     @staticmethod
     def _until_taken(queue: str | None, declare: Callable[[], T]) -> T:
-        """``declare()``, asked again every REFUSED_POLL_S while Redis answers and refuses it (its
-        queue's length in a transaction: OOM; its binding's SADDs: OOM, READONLY); a Redis it
-        cannot reach fails it (Celery retries its connection itself)."""
+        """``declare()``, asked again every REFUSED_POLL_S while Redis answers and refuses it for a
+        while (its queue's length in a transaction: OOM; its binding's SADDs: OOM, READONLY); a Redis
+        it cannot reach fails it (Celery retries its connection itself), and so does a refusal for good."""
         waited = None
         while True:
             try:
                 done = declare()
             except redis.ResponseError as exc:
+                if not _writes_refused(exc):  # (for good: WRONGTYPE, an ACL's NOPERM; Celery ends the worker)
+                    raise
                 if waited is None:
                     waited = time.monotonic()
                     log.warning(
@@ -81,6 +86,17 @@ class Channel(kombu_redis.Channel):
             if waited is not None:
                 log.warning("%s consumes: Redis takes writes again after %.1f s", queue, time.monotonic() - waited)
             return done
+
+
+def _writes_refused(exc: redis.ResponseError) -> bool:
+    """Whether Redis refused a write for a while (its memory limit, a replica, ...), not for good
+    (a key of another type, an ACL user's missing permission: waited for, the worker waited for ever,
+    its one line saying Redis refuses writes)."""
+    if isinstance(exc, redis.exceptions.OutOfMemoryError | redis.exceptions.ReadOnlyError):
+        return True
+    # (a pipeline's: "Command # 1 (...) of pipeline caused error: MISCONF ...")
+    code = str(exc).rpartition("caused error: ")[2].partition(" ")[0]
+    return code in _REFUSED_FOR_A_WHILE or isinstance(exc, redis.exceptions.MasterDownError)
 
 
 class Transport(kombu_redis.Transport):
