@@ -69,6 +69,8 @@ def test_failures_set_their_spans_status_and_name_their_requests(demo_dir, redis
     prefill_rt = Runtime.load(settings, "prefill8@test", "prefill", False)
     decode_rt = Runtime.load(settings, "decode8@test", "decode", False)
     fine = SamplingParams(max_tokens=4, ignore_eos=True)
+    for runtime in (prefill_rt, decode_rt):  # (compiled, refused: the loops admit a request once its grammar
+        runtime.codec.grammars.matcher(POISON.grammar.lark)  # is, so POISON shares its batch with the others)
 
     # one request's own sampling fails: its span alone is marked; one call, one failure
     sent: list[DecodeJob] = []
