@@ -25,6 +25,7 @@ from typing import TypeVar
 
 import redis
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 from redis.asyncio.connection import DefaultParser as AsyncDefaultParser
 from redis.connection import DefaultParser
 
@@ -52,8 +53,29 @@ class UnblockedIsLostConnection(redis.Connection):
         super().__init__(*args, **kwargs)
 
 
+class QoS(virtual.QoS):
+    """The delivered, unacknowledged messages of a channel (no ack emulation: ``make_celery``). At
+    its close (a stop, a lost connection) they go back to their queue; those Redis refuses then (its
+    memory limit, a replica) are logged, not dumped: kombu wrote each into a file in the temporary
+    directory (its requests' prompts among them) that nothing read or removed (one a lost connection
+    under a refusal). Their requests are dayzero's to end or run again (leases, the reaper)."""
+
+    def restore_unacked(self) -> list:
+        unrestored = super().restore_unacked()
+        if unrestored:
+            log.warning(
+                "%d delivered message(s) could not go back to their queue: %r", len(unrestored), unrestored[0][0]
+            )
+        return []
+
+
 class Channel(kombu_redis.Channel):
     connection_class = UnblockedIsLostConnection
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.ack_emulation:
+            self.QoS = QoS
 
     def queue_declare(self, queue: str | None = None, passive: bool = False, **kwargs: object):
         return self._until_taken(queue, lambda: super(Channel, self).queue_declare(queue, passive, **kwargs))
