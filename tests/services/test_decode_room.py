@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from dayzero.serving.decode_loop import DecodeLoop
@@ -14,6 +15,27 @@ from dayzero.settings import Settings
 from .conftest import recording
 from .prefill_jobs import handed_off, needing
 
+TIGHT = {"handoff": "redis", "kv_budget_mb": 1, "max_batch": 4, "lease_s": 30, "handoff_timeout_s": 600}
+
+
+@contextlib.contextmanager
+def two_decoders(demo_dir, redis_url, requests: tuple[str, ...], name: str):
+    """``requests`` handed off (their jobs by id), and two decode loops (``name``0, 1) of tight pools, the
+    only decode workers of this module's Redis: (store, jobs, a, b); the loops stop on the way out."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, **TIGHT)
+    store, sent = handed_off(settings, requests)
+    loops = []
+    store.r.delete(key("workers", "decode"))  # (no other decode worker of this module's Redis)
+    try:
+        for i in range(2):
+            runtime = Runtime.load(settings, f"{name}{i}@test", "decode", False)
+            loops.append(DecodeLoop(runtime, Room(runtime, Prefetch(), to_decode(runtime, recording([], "decode")))))
+        yield store, {job.request.request_id: job for job in sent}, *loops
+    finally:
+        for loop in loops:
+            loop.stop.set()
+            loop.r.close()
+
 
 def test_a_decode_worker_paused_since_its_own_hand_back_is_no_peer_with_room(demo_dir, redis_url):
     """decode "b" handed "big" back (its pools cannot hold it; a peer had room then) and takes no
@@ -21,17 +43,8 @@ def test_a_decode_worker_paused_since_its_own_hand_back_is_no_peer_with_room(dem
     with "small" waiting, handed it back to b all the same: b never read it, and a, once it had room,
     took it back itself and handed it back again (the bounce of two busy decode workers). Now a keeps
     it while b's snapshot says its intake is paused, and hands it back once b takes messages again."""
-    tight = {"handoff": "redis", "kv_budget_mb": 1, "max_batch": 4, "lease_s": 30, "handoff_timeout_s": 600}
-    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, **tight)
-    store, sent = handed_off(settings, ("pause-big", "pause-small"))
-    jobs = {job.request.request_id: job for job in sent}
-    registry, loops = Registry(store.r), []
-    store.r.delete(key("workers", "decode"))  # (no other decode worker of this module's Redis)
-    try:
-        for name in ("decode40@test", "decode41@test"):
-            runtime = Runtime.load(settings, name, "decode", False)
-            loops.append(DecodeLoop(runtime, Room(runtime, Prefetch(), to_decode(runtime, recording([], "decode")))))
-        a, b = loops
+    with two_decoders(demo_dir, redis_url, ("pause-big", "pause-small"), "decode4") as (store, jobs, a, b):
+        registry = Registry(store.r)
         a.r.ranks.reserve("elsewhere", a.r.pools.capacity_tokens())
         b.r.ranks.reserve("elsewhere", b.r.pools.capacity_tokens() - 1000)  # room for "small" only
         empty = {kind: [0, total] for kind, (_, total) in b.r.pools.usage().items()}
@@ -52,10 +65,6 @@ def test_a_decode_worker_paused_since_its_own_hand_back_is_no_peer_with_room(dem
         b.r.presence.beat(lambda: b.r.snapshot(1))
         a.waiting = a.room.hand_back(a.waiting, a._tokens, a.heartbeat)
         assert a.waiting == [] and store.owner("pause-small") == HANDOFF_OWNER  # back on the queue, for b
-    finally:
-        for loop in loops:
-            loop.stop.set()
-            loop.r.close()
 
 
 def test_a_peer_is_handed_nothing_its_arrivals_since_its_snapshot_may_have_taken_the_room_for(demo_dir, redis_url):
@@ -65,18 +74,8 @@ def test_a_peer_is_handed_nothing_its_arrivals_since_its_snapshot_may_have_taken
     and it waited at b, first in line, till a peer had room. Now a counts what b admitted over its
     last beat (``admitted_tokens``) as gone from its free blocks, and keeps it; once b's beat shows
     no arrival, a hands it back."""
-    tight = {"handoff": "redis", "kv_budget_mb": 1, "max_batch": 4, "lease_s": 30, "handoff_timeout_s": 600}
-    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, **tight)
-    store, sent = handed_off(settings, ("arrival", "waiting"))
-    jobs = {job.request.request_id: job for job in sent}
-    arrival, waiting = needing(jobs["arrival"], 600, time.time()), needing(jobs["waiting"], 1000, time.time())
-    loops = []
-    store.r.delete(key("workers", "decode"))  # (no other decode worker of this module's Redis)
-    try:
-        for name in ("decode50@test", "decode51@test"):
-            runtime = Runtime.load(settings, name, "decode", False)
-            loops.append(DecodeLoop(runtime, Room(runtime, Prefetch(), to_decode(runtime, recording([], "decode")))))
-        a, b = loops
+    with two_decoders(demo_dir, redis_url, ("arrival", "waiting"), "decode5") as (store, jobs, a, b):
+        arrival, waiting = needing(jobs["arrival"], 600, time.time()), needing(jobs["waiting"], 1000, time.time())
         a.r.ranks.reserve("elsewhere", a.r.pools.capacity_tokens())
         b.r.ranks.reserve("elsewhere", b.r.pools.capacity_tokens() - 2000)
         b.intake.submit(arrival)
@@ -97,10 +96,6 @@ def test_a_peer_is_handed_nothing_its_arrivals_since_its_snapshot_may_have_taken
         b.r.presence.beat(lambda: b.r.snapshot(1))
         a.waiting = a.room.hand_back(a.waiting, a._tokens, a.heartbeat)
         assert a.waiting == [] and store.owner("waiting") == HANDOFF_OWNER  # back on the queue, for b
-    finally:
-        for loop in loops:
-            loop.stop.set()
-            loop.r.close()
 
 
 def test_a_peer_s_arrivals_over_its_beat_count_a_window_each(demo_dir, redis_url):
@@ -108,17 +103,9 @@ def test_a_peer_s_arrivals_over_its_beat_count_a_window_each(demo_dir, redis_url
     four), but a counted the blocks of their tokens together (``admitted_tokens``) as gone, one
     window, saw room for "waiting" left and handed it back, for b's next arrivals to take first. Now
     b publishes its arrivals' blocks, each request's own (``admitted_blocks``), and a keeps it."""
-    tight = {"handoff": "redis", "kv_budget_mb": 1, "max_batch": 4, "lease_s": 30, "handoff_timeout_s": 600}
-    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, **tight)
-    store, sent = handed_off(settings, ("pair-1", "pair-2", "pair-waiting"))
-    jobs = {job.request.request_id: job for job in sent}
-    loops = []
-    store.r.delete(key("workers", "decode"))  # (no other decode worker of this module's Redis)
-    try:
-        for name in ("decode60@test", "decode61@test"):
-            runtime = Runtime.load(settings, name, "decode", False)
-            loops.append(DecodeLoop(runtime, Room(runtime, Prefetch(), to_decode(runtime, recording([], "decode")))))
-        a, b = loops
+    with two_decoders(
+        demo_dir, redis_url, ("pair-1", "pair-2", "pair-waiting"), ("decode60@test", "decode61@test")
+    ) as (store, jobs, a, b):
         a.r.ranks.reserve("elsewhere", a.r.pools.capacity_tokens())
         for rid in ("pair-1", "pair-2"):
             b.intake.submit(needing(jobs[rid], 50, time.time()))
@@ -132,7 +119,3 @@ def test_a_peer_s_arrivals_over_its_beat_count_a_window_each(demo_dir, redis_url
         a._iteration()  # its beat's hand back: b's next two arrivals would take both windows left
         assert [t.job.request.request_id for t in a.waiting] == ["pair-waiting"]
         assert store.owner("pair-waiting") == a.r.name
-    finally:
-        for loop in loops:
-            loop.stop.set()
-            loop.r.close()
