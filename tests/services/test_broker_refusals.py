@@ -3,8 +3,6 @@ replica), and fails on a refusal no wait ends. Real Redis, kombu's channel over 
 
 from __future__ import annotations
 
-import tempfile
-
 import pytest
 import redis
 from kombu import Connection
@@ -63,26 +61,3 @@ def test_a_declaration_redis_refuses_for_good_fails_at_once(redis_url, monkeypat
     finally:
         channel.close()
         r.delete("_kombu.binding.refused-for-good")
-
-
-def test_messages_that_cannot_go_back_at_a_close_are_logged_not_dumped_to_files(
-    redis_url, monkeypatch, tmp_path, caplog
-):
-    """A channel closing (a lost connection) with a message delivered and unacknowledged while Redis
-    refuses writes: kombu wrote the message (a request's prompt among it) into a file of the
-    temporary directory that nothing read or removed; now one line says so."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    r = redis.Redis.from_url(redis_url)
-    channel = Connection(redis_url, transport=broker.Transport, transport_options={"ack_emulation": False}).channel()
-    try:
-        _consume_from(channel, "closing-refused")
-        message = channel.prepare_message("a prompt")
-        channel.basic_publish(message, exchange="closing-refused", routing_key="closing-refused")
-        assert channel.basic_get("closing-refused", no_ack=False) is not None  # delivered, not acked
-        with writes_refused(r):
-            channel.close()  # (its unacked message goes back to its queue: refused)
-    finally:
-        channel.close()
-        r.delete("closing-refused", "_kombu.binding.closing-refused")
-    assert list(tmp_path.iterdir()) == []
-    assert "1 delivered message(s) could not go back to their queue" in caplog.text

@@ -14,6 +14,9 @@ which a replica (``READONLY``) or a Redis at its memory limit (``OOM``) refuses:
 for an unrecoverable error too, and the process exited (at a worker's start, its weights loaded for
 nothing). The declaration now waits for Redis to take writes: one log line when it waits, one when
 it goes on. A refusal no wait ends (WRONGTYPE, an ACL's NOPERM) fails it as before.
+
+A lost connection closes the consumer's channel: its delivered, unacknowledged messages (the
+requests the worker runs on meanwhile) stay with their tasks, never put back on the queue (``QoS``).
 """
 
 from __future__ import annotations
@@ -54,19 +57,28 @@ class UnblockedIsLostConnection(redis.Connection):
 
 
 class QoS(virtual.QoS):
-    """The delivered, unacknowledged messages of a channel (no ack emulation: ``make_celery``). At
-    its close (a stop, a lost connection) they go back to their queue; those Redis refuses then (its
-    memory limit, a replica) are logged, not dumped: kombu wrote each into a file in the temporary
-    directory (its requests' prompts among them) that nothing read or removed (one a lost connection
-    under a refusal). Their requests are dayzero's to end or run again (leases, the reaper)."""
+    """The delivered, unacknowledged messages of a channel (no ack emulation: ``make_celery``). kombu
+    put them back on their queue when the channel closed: a lost connection (``CLIENT KILL``, a network
+    blip, a Redis restart), after which Celery reconnects in ~0.1 s and its tasks go on running them.
+    Each came back to a worker as a second delivery of a request under way, and the worker running it
+    claimed it again (its own lease): a prompt prefilled twice (3 of 4 long prompts killed mid-prefill),
+    and a "lease lapsed" warning for the run that lost. They now stay with the tasks running them:
+    one line says how many. A process that dies with them leaves its requests' leases to lapse
+    (the reaper re-runs them) and a message it never claimed to its queued mark (the reaper's orphan
+    sweep), as a killed worker's; nothing is written to Redis, nor dumped into a file (kombu did, with
+    the prompts, when Redis refused the restore)."""
 
-    def restore_unacked(self) -> list:
-        unrestored = super().restore_unacked()
-        if unrestored:
-            log.warning(
-                "%d delivered message(s) could not go back to their queue: %r", len(unrestored), unrestored[0][0]
+    restore_at_shutdown = False  # (kombu's switch for the restore at a channel's close)
+
+    def restore_unacked_once(self, stderr: object = None) -> None:
+        self._flush()  # (the acks that came since)
+        if self._delivered:
+            log.info(
+                "broker connection closed: %d delivered message(s) stay with the tasks running them",
+                len(self._delivered),
             )
-        return []
+            self._delivered.clear()
+        super().restore_unacked_once(stderr)
 
 
 class Channel(kombu_redis.Channel):
