@@ -10,6 +10,8 @@ subscription with the error (the stream's reader turns it into an error event), 
 Redis that stops answering (frozen, its host unreachable) for ``READ_MARGIN_S`` past the block.
 A read Redis ends while it answers (``UNBLOCKED``, its connection closed: it became a replica, a
 failover's old master) is read again: the streams go on (their wake-ups refused meanwhile, polled).
+A Redis that restarted in between (another run_id) is read again too, but each stream whose request
+it no longer holds (started empty) ends as a lost Redis's do: nothing would ever write it again.
 A wake-up Redis refuses (writes refused: its memory limit) leaves the new subscriber's stream
 polled (``POLL_S``) till the next blocked read takes it in. A subscriber ``BACKLOG`` entries behind
 (its client reads slower than tokens come) is read no further until it has taken half of them: the
@@ -36,6 +38,7 @@ from dayzero.serving.broker import AsyncUnblockedIsLostParser
 from dayzero.serving.keys import key
 from dayzero.serving.records import Token, decode, ending
 
+from .restarts import RedisRestarted, not_held, run_id
 from .subscription import BACKLOG, Closed, Subscription, entry_order
 
 log = logging.getLogger("dayzero.gateway")
@@ -72,6 +75,7 @@ class StreamHub:
         self._reader: asyncio.Task | None = None
         self._wakes: set[asyncio.Task] = set()  # wake-ups on their way (a held subscription resumes)
         self._look_at = 0.0  # when the reader next looks for ended requests whose streams have no end
+        self.run_id: str | None = None  # the Redis server's run the reads began on (INFO's run_id)
 
     @property
     def open(self) -> int:
@@ -136,6 +140,8 @@ class StreamHub:
         """Reads until no subscription is left; a lost Redis ends every one (Redis lost while the
         reads Redis refused were sorted out too: it ended the task, its exception never retrieved,
         and left the open streams waiting for ever)."""
+        with contextlib.suppress(redis.RedisError):  # (lost: the read meets it)
+            self.run_id = await run_id(self.r)
         while self.subs:
             try:
                 try:
@@ -160,18 +166,31 @@ class StreamHub:
         """Whether Redis, having closed the read's connection (or ended the read: UNBLOCKED), answers
         a PING on a new one: then the read is tried again (it was taken for a lost Redis and ended
         every open stream, 11 at once in the soak, while Redis answered reads). Not after a read
-        unanswered past its block (frozen: the streams end), nor when the PING fails (Redis lost)."""
+        unanswered past its block (frozen: the streams end), nor when the PING fails (Redis lost).
+        The PING is INFO's: a Redis that restarted meanwhile (another run) ends the streams it lost."""
         if not isinstance(exc, redis.ConnectionError):  # (a TimeoutError is none)
             return False
         with contextlib.suppress(redis.RedisError):
             await self.r.connection_pool.disconnect()
         try:
-            await self.r.ping()
+            before, self.run_id = self.run_id, await run_id(self.r)  # (as a PING)
+            if None not in (before, self.run_id) and before != self.run_id:
+                await self._end_lost(exc)
         except redis.RedisError:
             return False
         log.warning("token streams: redis ended the read and answers (%s); reading again", exc)
         await asyncio.sleep(POLL_S)  # (a Redis that ends every read: a read a POLL_S, not a busy loop)
         return True
+
+    async def _end_lost(self, exc: redis.RedisError) -> None:
+        """Redis restarted: end the subscriptions whose requests it no longer holds (restarts.py)."""
+        lost = await not_held(self.r, list(self.subs))
+        log.warning(
+            "token streams: redis restarted (%s); %d of %d open streams it lost end", exc, len(lost), len(self.subs)
+        )
+        for sub in lost:
+            sub.close(RedisRestarted(f"redis restarted without request {sub.request_id}"))
+            self.subs.discard(sub)
 
     def _end_all(self, exc: BaseException) -> None:
         for sub in list(self.subs):
