@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .chat.schema_size import SchemaLimits
@@ -21,6 +21,12 @@ _GEOMETRY = {  # PatchSpec's field: the vision_config key naming it
     "merge_size": "spatial_merge_size",
     "temporal_patch_size": "temporal_patch_size",
 }
+
+
+def _served_redis_url(url: str) -> str:
+    if not url.startswith(("redis://", "rediss://")):  # (redis-py reads no sentinel://, kombu no unix://)
+        raise ValueError("dayzero serves with a redis:// or rediss:// (TLS) URL")
+    return url
 
 
 class Settings(BaseSettings):
@@ -77,7 +83,9 @@ class Settings(BaseSettings):
 
     # serving
     checkpoint: Path | None = Field(default=None, description="checkpoint served (default: the built-in trained model)")
-    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="broker, token streams, leases")
+    redis_url: Annotated[str, AfterValidator(_served_redis_url)] = Field(
+        default="redis://127.0.0.1:6379/0", description="broker, token streams, leases: redis://, or rediss:// (TLS)"
+    )
     model_name: str = Field(default="dayzero-demo", description="the model id the API serves")
     api_keys: Annotated[list[str], NoDecode] = Field(
         default=[], description="accepted Bearer keys, comma-separated (or a JSON list); empty: no authentication"

@@ -22,6 +22,7 @@ requests the worker runs on meanwhile) stay with their tasks, never put back on 
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -50,10 +51,20 @@ class AsyncUnblockedIsLostParser(AsyncDefaultParser):
     EXCEPTION_CLASSES = {**AsyncDefaultParser.EXCEPTION_CLASSES, **_AS_LOST}
 
 
-class UnblockedIsLostConnection(redis.Connection):
+class _UnblockedIsLost:
+    """A connection whose parser raises ``UNBLOCKED`` as a lost connection."""
+
     def __init__(self, *args: object, **kwargs: object) -> None:
         kwargs.setdefault("parser_class", UnblockedIsLostParser)
         super().__init__(*args, **kwargs)
+
+
+class UnblockedIsLostConnection(_UnblockedIsLost, redis.Connection):
+    pass
+
+
+class UnblockedIsLostSSLConnection(_UnblockedIsLost, redis.SSLConnection):  # rediss://
+    pass
 
 
 class QoS(virtual.QoS):
@@ -83,6 +94,7 @@ class QoS(virtual.QoS):
 
 class Channel(kombu_redis.Channel):
     connection_class = UnblockedIsLostConnection
+    connection_class_ssl = UnblockedIsLostSSLConnection
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
@@ -134,9 +146,20 @@ def _writes_refused(exc: redis.ResponseError) -> bool:
 
 
 class Transport(kombu_redis.Transport):
-    """The transport of a ``redis://`` broker URL (``make_celery``)."""
+    """The transport of a ``redis://`` or ``rediss://`` broker URL (``celery_broker``)."""
 
     Channel = Channel
 
 
 TRANSPORT = f"{__name__}:Transport"
+
+
+def celery_broker(url: str) -> dict:
+    """Celery's settings for a broker at ``url`` (``redis://``, or ``rediss://``: TLS; settings.py
+    refuses the rest): this transport. kombu's own, which a ``rediss://`` URL kept, went without the
+    fixes above. Given a transport, kombu would connect to a ``rediss://`` URL without TLS unless told
+    (``broker_use_ssl``): the server's certificate checked, as redis-py checks it for the same URL
+    (the gateway's and the stages' own clients), unless the URL's ``ssl_cert_reqs`` says otherwise."""
+    if url.startswith("rediss://"):
+        return {"broker_transport": TRANSPORT, "broker_use_ssl": {"ssl_cert_reqs": ssl.CERT_REQUIRED}}
+    return {"broker_transport": TRANSPORT}

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from ..settings import Settings
 from ..telemetry import carrier
-from .broker import TRANSPORT
+from .broker import celery_broker
 
 STAGES = ("vision", "prefill", "decode")
 TASKS = {stage: f"dayzero.{stage}" for stage in STAGES}
@@ -22,7 +22,7 @@ def make_celery(settings: Settings) -> Celery:
     app = Celery("dayzero", broker=settings.redis_url)
     app.conf.update(
         # kombu's Redis transport, consuming on through a Redis turned replica or refusing writes (broker.py)
-        broker_transport=TRANSPORT if settings.redis_url.startswith("redis://") else None,
+        **celery_broker(settings.redis_url),
         task_routes={name: {"queue": stage} for stage, name in TASKS.items()},
         task_serializer="json",  # messages are data: never a pickle off the broker
         accept_content=["json"],
