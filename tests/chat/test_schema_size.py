@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from dayzero.chat.schema_size import SchemaLimits, size_problem
 
 LIMITS = SchemaLimits(nodes=50, literal_chars=500, pattern_chars=100)
@@ -56,3 +58,40 @@ def test_a_deep_schema_is_walked_without_recursion():
     for _ in range(100_000):
         schema = {"type": "array", "items": schema}
     assert "DAYZERO_GUIDED_MAX_SCHEMA_NODES" in size_problem([schema], SchemaLimits(3000, 120_000, 10_000))
+
+
+def _optional(properties: int, **extra) -> dict:
+    return {**_object(properties), **extra}
+
+
+def _parser_takes(schema: dict) -> bool:
+    """Whether llguidance's parser (the gateway's limits) walks a reply holding every property."""
+    import json
+
+    import llguidance
+
+    from dayzero.chat.grammar import _byte_tokenizer, json_grammar, parser_limits
+
+    reply = list(json.dumps(dict.fromkeys(schema["properties"], 1)).encode())
+    matcher = llguidance.LLMatcher(_byte_tokenizer(), json_grammar(schema), log_level=0, limits=parser_limits())
+    return matcher.try_consume_tokens(reply) == len(reply) and not matcher.is_error()
+
+
+@pytest.mark.parametrize(("most", "extra"), [(498, {}), (500, {"additionalProperties": False})])
+def test_an_object_of_more_optional_properties_than_the_parser_takes_is_refused_before_its_compile(most, extra):
+    """llguidance compiled such an object (~0.5 s), then refused it for its row limit: past 498
+    optional properties of an open object, 500 of a closed one (the edge is llguidance's own)."""
+    big = SchemaLimits(3000, 120_000, 10_000)
+    assert size_problem([_optional(most, **extra)], big) is None
+    assert _parser_takes(_optional(most, **extra))
+    problem = size_problem([_optional(most + 1, **extra)], big)
+    assert problem.startswith(f"an object of {most + 1} optional properties (not in required): at most {most}")
+    assert not _parser_takes(_optional(most + 1, **extra))
+
+
+def test_required_properties_do_not_count_as_optional():
+    big = SchemaLimits(3000, 120_000, 10_000)
+    schema = _optional(1000, required=[f"p{j}" for j in range(502)] + [{"not": "a name"}])
+    assert size_problem([schema], big) is None
+    schema["required"] = schema["required"][:501]
+    assert "an object of 499 optional properties" in size_problem([schema], big)

@@ -1,7 +1,9 @@
 """How big a JSON schema (or a tool set's parameters) is, measured before anything compiles it:
 llguidance's compile grows about quadratically in a schema's properties (8,000 optional ones:
 ~26 s of CPU, only to be refused by its lexer limit; bench/RESULTS.md), and a long enum costs
-every decode step. The gateway refuses a schema past these limits with 400 in milliseconds."""
+every decode step; and llguidance's parser holds at most ``ROW_ITEMS`` items in one row, which an object
+of some 500 optional properties fills (found only after its compile). The gateway refuses a schema
+past these limits with 400 in milliseconds."""
 
 from __future__ import annotations
 
@@ -10,6 +12,11 @@ from dataclasses import dataclass
 
 _DATA = ("enum", "const", "default", "examples")  # values, not schemas
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
+MOST_TOOLS = 1024  # tools a request may ever offer (the ceiling of DAYZERO_MAX_TOOLS)
+ROW_ITEMS = 2000  # llguidance's max_items_in_row (its default; chat.grammar.parser_limits passes it)
+# an object's optional properties (not in required) fill one row of the parser: 4 items each, plus 7
+# (open: any other property may follow) or less 1 (additionalProperties false), 498 / 500 at most
+_OPEN_ROW, _CLOSED_ROW = 7, -1
 
 
 @dataclass(frozen=True)
@@ -33,17 +40,19 @@ _WHAT = {
 }
 
 
-def size_problem(schemas: list, limits: SchemaLimits) -> str | None:
+def size_problem(schemas: list, limits: SchemaLimits, enforced: bool = True) -> str | None:
     """Why ``schemas`` (counted together: one grammar enforces them all) are too big to compile
     (None: they are not). Each subschema is counted once as written: a ``$ref`` is not followed
     (its definition is counted where it stands), so a recursive schema costs its size, and the walk
-    stops at the first limit passed (an enum of a million numbers is not read to its end)."""
+    stops at the first limit passed (an enum of a million numbers is not read to its end). Schemas a
+    grammar ``enforced`` may not hold an object of more optional properties than llguidance takes."""
     used = dict.fromkeys(SETTINGS, 0)
 
     def past(name: str, count: int) -> bool:
         used[name] += count
         return used[name] > getattr(limits, name)
 
+    optional = None  # the first object past the parser's row (named once the sizes are within their limits)
     for node in _schema_nodes(schemas):
         if past("nodes", 1):
             return _message("nodes", limits)
@@ -53,7 +62,28 @@ def size_problem(schemas: list, limits: SchemaLimits) -> str | None:
             return _message("literal_chars", limits)
         if past("pattern_chars", _pattern_chars(node)):
             return _message("pattern_chars", limits)
-    return None
+        if enforced and optional is None:
+            optional = _optional_problem(node)
+    return optional
+
+
+def _optional_problem(node: dict) -> str | None:
+    """Why llguidance's parser cannot take the object ``node`` (None: it can): more optional
+    properties than a row of its parser holds (the row where the object opens offers every one)."""
+    properties, required = node.get("properties"), node.get("required")
+    if not isinstance(properties, dict):
+        return None
+    named = {r for r in required if isinstance(r, str)} & properties.keys() if isinstance(required, list) else set()
+    optional = len(properties) - len(named)
+    closed = node.get("additionalProperties") is False
+    most = (ROW_ITEMS - (_CLOSED_ROW if closed else _OPEN_ROW)) // 4
+    if optional <= most:
+        return None
+    kind = "with additionalProperties false" if closed else "open to other properties"
+    return (
+        f"an object of {optional:,} optional properties (not in required): at most {most} in one object "
+        f"{kind} can be enforced (llguidance's parser holds {ROW_ITEMS:,} items in a row, 4 per optional property)"
+    )
 
 
 def _message(name: str, limits: SchemaLimits) -> str:
