@@ -1,5 +1,5 @@
 """How long the gateway takes to refuse a huge schema (400): an object of N optional properties as a
-chat's ``response_format``, and as one forced tool's parameters, posted to the gateway app
+chat's ``response_format``, as one forced tool's parameters and as one offered tool's, posted to the gateway app
 in-process (a real Redis of its own; refused before it queues, so no worker), after one warm-up
 request. Each size is new to the process (its compile, if any, is not cached).
 
@@ -35,6 +35,14 @@ def bodies(n: int, model: str) -> dict[str, dict]:
     return {
         "response_format": {"model": model, "messages": messages, "response_format": formatted},
         "tools": {"model": model, "messages": messages, "tools": tools, "tool_choice": "required", "max_tokens": 4},
+        # offered, not enforced: max_tokens past its limit makes an accepted one a 400 too, after its rendering
+        "tools (auto)": {
+            "model": model,
+            "messages": messages,
+            "tools": tools,
+            "tool_choice": "auto",
+            "max_tokens": 10**9,
+        },
     }
 
 

@@ -78,6 +78,22 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
     return Grammar(lark, after)
 
 
+def check_tool_set(gw: Gateway, body: ChatPrompt) -> None:
+    """The tools a chat offers, bounded under any tool_choice before a grammar compiles or the
+    prompt is rendered (8,000 properties took 130-450 ms to render before the prompt's length
+    refused them): at most DAYZERO_MAX_TOOLS tools, their parameters within the schema limits,
+    together (400 naming ``tools`` and the setting)."""
+    tools, most = body.tools or [], gw.settings.max_tools
+    if len(tools) > most:
+        raise APIError(400, f"{len(tools)} tools: at most DAYZERO_MAX_TOOLS={most} can be offered", param="tools")
+    if problem := size_problem(_parameters(tools), gw.settings.schema_limits(), enforced=False):
+        raise APIError(400, f"the tools are too big: {problem}", param="tools")
+
+
+def _parameters(tools: list[dict]) -> list[dict]:
+    return [t["function"].get("parameters") or {} for t in tools]
+
+
 def _check_size(gw: Gateway, schemas: list, param: str) -> None:
     """The schemas one grammar would enforce, measured before anything compiles them: past a limit,
     400 in milliseconds (llguidance's compile of 8,000 properties took seconds of CPU, then refused)."""

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
 
 from dayzero.chat.grammar import parameters_problem
+from dayzero.chat.schema_size import MOST_TOOLS
 from dayzero.settings_help import validation_message
 
 from .schemas import MAX_TEXT, ResponseFormat, Sampling, _Body, field_error
@@ -103,7 +104,8 @@ class ChatPrompt(_Body):
     """What a chat's prompt is made of."""
 
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
-    tools: list[dict] | None = Field(default=None, max_length=128)  # kept as sent: rendered into the prompt
+    # kept as sent: rendered into the prompt (at most DAYZERO_MAX_TOOLS: the gateway's check_tool_set)
+    tools: list[dict] | None = Field(default=None, max_length=MOST_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
     reasoning_effort: Effort | None = None

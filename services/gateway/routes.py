@@ -16,7 +16,7 @@ from dayzero.params import MAX_SEED, Grammar, SamplingParams
 from dayzero.serving.messages import GenerationRequest
 
 from .access import bearer, key_accepted, may_read
-from .chat import chat_prompt, grammar
+from .chat import chat_prompt, check_tool_set, grammar
 from .chat_schemas import ChatCompletionRequest, ChatPrompt, TokenizeRequest
 from .context import Gateway, tokenizing
 from .errors import APIError
@@ -149,7 +149,8 @@ def _choices(requests: list[GenerationRequest], n: int) -> list[GenerationReques
 @router.post("/v1/chat/completions", dependencies=[Authorized])
 async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Request):
     thinking, _ = body.thinking()
-    # first: a schema too big to compile is refused in milliseconds, before its text is rendered and tokenized
+    # first: a tool set or schema too big is refused in milliseconds, before it compiles or its text is rendered
+    check_tool_set(gw, body)
     rule = await run_in_threadpool(grammar, gw, body, thinking)  # llguidance compiles it: seconds for some schemas
     ids, prompt = await run_in_threadpool(chat_prompt, gw, body)  # images are decoded: off the event loop
     limit_param = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
@@ -193,6 +194,7 @@ async def tokenize(body: TokenizeRequest, gw: GatewayDep):
     """A prompt's ids as the server would feed them (a chat: rendered, images expanded)."""
     _served(gw, body.model)
     if body.prompt is None:
+        check_tool_set(gw, body)
         ids = (await run_in_threadpool(chat_prompt, gw, body))[0]
     else:
         with tokenizing("prompt"):

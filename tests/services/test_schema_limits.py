@@ -10,8 +10,9 @@ from fastapi.testclient import TestClient
 from dayzero.params import Grammar
 from dayzero.settings import Settings
 from services.gateway.app import make_app
-from services.gateway.chat import grammar
+from services.gateway.chat import check_tool_set, grammar
 from services.gateway.chat_schemas import ChatCompletionRequest
+from services.gateway.errors import APIError
 
 from .conftest import MODEL, chat
 
@@ -46,6 +47,7 @@ def small_limits(demo_dir, redis_url):
         guided_max_schema_nodes=50,
         guided_max_literal_chars=500,
         guided_max_pattern_chars=100,
+        max_tools=3,
         no_worker_timeout_s=1,
     )
     with TestClient(make_app(settings)) as client:
@@ -57,7 +59,7 @@ def _refused(client, body: dict, path: str = "/v1/chat/completions") -> dict:
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error"
-    assert error["message"].startswith("cannot enforce this schema: too big: more than ")
+    assert "too big: more than " in error["message"]  # a forced tool's: "the tools are too big: ..."
     return error
 
 
@@ -128,3 +130,48 @@ def test_a_realistic_large_schema_and_tool_set_are_accepted_under_the_default_li
     ]
     body = ChatCompletionRequest(**chat("hi", tools=tools, tool_choice="required"))
     assert isinstance(grammar(gw, body), Grammar)
+
+
+@pytest.mark.parametrize("choice", ["auto", "none", "required"])
+def test_the_offered_tools_are_bounded_under_every_tool_choice_before_the_prompt_is_rendered(small_limits, choice):
+    """Under tool_choice auto a tool set of 8,000 properties was rendered into the prompt (130-450 ms)
+    before the prompt's length refused it; under none it was queued as it came."""
+    error = _refused(small_limits, chat("hi", tools=_tools(_object(60)), tool_choice=choice))
+    assert error["param"] == "tools" and "DAYZERO_GUIDED_MAX_SCHEMA_NODES=50" in error["message"], error
+    r = small_limits.post(
+        "/tokenize",
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": _tools(_object(60)),
+            "tool_choice": choice,
+        },
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+
+
+def test_at_most_max_tools_are_offered(small_limits):
+    gw = small_limits.app.state.gateway
+    check_tool_set(gw, ChatCompletionRequest(**chat("hi", tools=_tools(*[_object(1)] * 3), tool_choice="auto")))
+    r = small_limits.post("/v1/chat/completions", json=chat("hi", tools=_tools(*[_object(1)] * 4)))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "tools")
+    assert error["message"] == "4 tools: at most DAYZERO_MAX_TOOLS=3 can be offered"
+
+
+def test_openais_128_tools_with_a_realistic_schema_each_are_offered_under_the_default_limits(gateway):
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "parameters": _object(6)}} for i in range(129)]
+    check_tool_set(gateway.app.state.gateway, ChatCompletionRequest(**chat("hi", tools=tools[:128])))
+    r = gateway.post("/v1/chat/completions", json=chat("hi", tools=tools, max_tokens=1))
+    assert r.status_code == 400 and "DAYZERO_MAX_TOOLS=128" in r.json()["error"]["message"], r.text
+
+
+def test_an_object_past_the_parsers_row_is_refused_before_its_compile(gateway):
+    """One required property, then 1,000 optional ones: the gateway's check (its first steps) let it
+    through, and every reply writing the properties failed mid-way (llguidance's row limit)."""
+    body = ChatCompletionRequest(**chat("hi", **_formatted({**_object(1001), "required": ["p0"]})))
+    with pytest.raises(APIError) as refused:
+        grammar(gateway.app.state.gateway, body)
+    assert refused.value.status == 400 and refused.value.param == "response_format"
+    assert "an object of 1,000 optional properties (not in required): at most 498 in one" in refused.value.message
