@@ -25,7 +25,7 @@ class TextPart(_Body):
 
 class ImageURL(_Body):
     url: str = Field(max_length=16 << 20)
-    detail: str | None = None
+    detail: str | None = Field(default=None, max_length=16)  # OpenAI's auto | low | high: accepted, ignored
 
 
 class ImagePart(_Body):
@@ -197,8 +197,12 @@ class ChatPrompt(_Body):
         return [] if self.tool_choice == "none" else list(self.tools or [])
 
 
+MetadataKey, MetadataValue = Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]
+
+
 class ChatCompletionRequest(Sampling, ChatPrompt):
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=16)  # OpenAI's; ignored
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False

@@ -75,7 +75,7 @@ def _integral(model: type[BaseModel], name: str, value: object) -> object:
 
 class JSONSchemaFormat(_Body):
     name: str | None = Field(default=None, max_length=64)
-    description: str | None = None
+    description: str | None = Field(default=None, max_length=MAX_TEXT)
     json_schema: dict = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
@@ -130,6 +130,7 @@ class Sampling(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    user: str | None = Field(default=None, max_length=256)  # accepted and ignored
     logit_bias: dict[Annotated[int, Strict(False)], Annotated[float, Field(ge=-MAX_BIAS, le=MAX_BIAS)]] | None = Field(
         default=None, max_length=300
     )

@@ -169,3 +169,38 @@ PREFIX = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "A
 def test_a_check_across_fields_names_the_field_it_refuses(model, body, where):
     """The error body's ``param`` is the refusal's location: these three were 400s with param null."""
     assert _refusal(model, body)["loc"] == where
+
+
+IMAGE = {"type": "image_url", "image_url": {"url": "data:,", "detail": "x" * 17}}
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ({**CHAT, "metadata": {f"k{i}": "v" for i in range(17)}}, ("metadata",)),  # OpenAI's 16 pairs
+        ({**CHAT, "metadata": {"k" * 65: "v"}}, ("metadata", "k" * 65, "[key]")),  # keys of 64 characters
+        ({**CHAT, "metadata": {"k": "v" * 513}}, ("metadata", "k")),  # values of 512
+        ({**CHAT, "metadata": {"k": 1}}, ("metadata", "k")),  # strings
+        ({**CHAT, "user": "u" * 257}, ("user",)),
+        (
+            {**CHAT, "messages": [{"role": "user", "content": [IMAGE]}]},
+            ("image_url", "detail"),
+        ),
+        (
+            {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"description": "d" * (1 << 20 | 1)}}},
+            ("response_format", "json_schema", "description"),
+        ),
+    ],
+)
+def test_fields_once_bounded_by_the_body_alone_have_bounds_of_their_own(body, where):
+    with pytest.raises(ValidationError) as refused:
+        ChatCompletionRequest.model_validate(body)
+    assert where in [e["loc"][-len(where) :] for e in refused.value.errors()], refused.value.errors()
+
+
+def test_fields_within_their_bounds_pass():
+    metadata = {"k" * 64: "v" * 512} | {f"k{i}": "v" for i in range(15)}
+    image = {"type": "image_url", "image_url": {"url": "data:,", "detail": "high"}}
+    body = {**CHAT, "metadata": metadata, "user": "u" * 256, "messages": [{"role": "user", "content": [image]}]}
+    assert ChatCompletionRequest.model_validate(body).metadata == metadata
+    assert CompletionRequest.model_validate({**COMPLETION, "user": "u" * 256}).user == "u" * 256
