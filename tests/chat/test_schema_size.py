@@ -65,14 +65,15 @@ def _optional(properties: int, **extra) -> dict:
 
 
 def _parser_takes(schema: dict) -> bool:
-    """Whether llguidance's parser (the gateway's limits) walks a reply holding every property."""
+    """Whether llguidance's parser (the gateway's limits) walks a reply holding every property (of
+    the first branch of an anyOf)."""
     import json
 
     import llguidance
 
     from dayzero.chat.grammar import _byte_tokenizer, json_grammar, parser_limits
 
-    reply = list(json.dumps(dict.fromkeys(schema["properties"], 1)).encode())
+    reply = list(json.dumps(dict.fromkeys(schema.get("anyOf", [schema])[0]["properties"], 1)).encode())
     matcher = llguidance.LLMatcher(_byte_tokenizer(), json_grammar(schema), log_level=0, limits=parser_limits())
     return matcher.try_consume_tokens(reply) == len(reply) and not matcher.is_error()
 
@@ -95,3 +96,18 @@ def test_required_properties_do_not_count_as_optional():
     assert size_problem([schema], big) is None
     schema["required"] = schema["required"][:501]
     assert "an object of 499 optional properties" in size_problem([schema], big)
+
+
+def test_the_objects_of_an_any_of_count_together():
+    """Its branches open in one row: two objects of 249 optional properties passed the check, one at
+    a time, and llguidance refused them (after its compile); 248 each fit (the edge is its own)."""
+    big = SchemaLimits(3000, 120_000, 10_000)
+    fits = {"anyOf": [_object(248, "a"), _object(248, "b")]}
+    assert size_problem([fits], big) is None and _parser_takes(fits)
+    over = {"anyOf": [_object(249, "a"), _object(249, "b")]}
+    assert not _parser_takes(over)
+    assert size_problem([over], big).startswith("the objects of one anyOf / oneOf hold 498 optional properties")
+    closed = {
+        "anyOf": [{**_object(n, prefix), "additionalProperties": False} for n, prefix in ((250, "a"), (249, "b"))]
+    }
+    assert size_problem([closed], big) is None and _parser_takes(closed)

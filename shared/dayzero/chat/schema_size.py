@@ -68,22 +68,43 @@ def size_problem(schemas: list, limits: SchemaLimits, enforced: bool = True) -> 
 
 
 def _optional_problem(node: dict) -> str | None:
-    """Why llguidance's parser cannot take the object ``node`` (None: it can): more optional
-    properties than a row of its parser holds (the row where the object opens offers every one)."""
-    properties, required = node.get("properties"), node.get("required")
+    """Why llguidance's parser cannot take ``node`` (None: it can): an object of more optional
+    properties than a row of its parser holds (the row where the object opens offers every one), or
+    an anyOf / oneOf whose objects, opening in one row, hold more together."""
+    if _row_items(node) > ROW_ITEMS:
+        optional, closed = _optional(node), node.get("additionalProperties") is False
+        most = (ROW_ITEMS - (_CLOSED_ROW if closed else _OPEN_ROW)) // 4
+        kind = "with additionalProperties false" if closed else "open to other properties"
+        return (
+            f"an object of {optional:,} optional properties (not in required): at most {most} in one object "
+            f"{kind} can be enforced (llguidance's parser holds {ROW_ITEMS:,} items in a row, 4 per optional property)"
+        )
+    branches = [b for key in ("anyOf", "oneOf") if isinstance(node.get(key), list) for b in node[key]]
+    if (items := sum(_row_items(b) for b in branches)) > ROW_ITEMS:
+        return (
+            f"the objects of one anyOf / oneOf hold {sum(map(_optional, branches)):,} optional properties (not in "
+            f"required) together: llguidance's parser offers them all in one row, {items:,} items of its "
+            f"{ROW_ITEMS:,} (4 per optional property, 7 per object open to other properties)"
+        )
+    return None
+
+
+def _optional(node: object) -> int:
+    """How many of the object ``node``'s properties are optional (not in required)."""
+    properties = node.get("properties") if isinstance(node, dict) else None
     if not isinstance(properties, dict):
-        return None
+        return 0
+    required = node.get("required")
     named = {r for r in required if isinstance(r, str)} & properties.keys() if isinstance(required, list) else set()
-    optional = len(properties) - len(named)
-    closed = node.get("additionalProperties") is False
-    most = (ROW_ITEMS - (_CLOSED_ROW if closed else _OPEN_ROW)) // 4
-    if optional <= most:
-        return None
-    kind = "with additionalProperties false" if closed else "open to other properties"
-    return (
-        f"an object of {optional:,} optional properties (not in required): at most {most} in one object "
-        f"{kind} can be enforced (llguidance's parser holds {ROW_ITEMS:,} items in a row, 4 per optional property)"
-    )
+    return len(properties) - len(named)
+
+
+def _row_items(node: object) -> int:
+    """The items of llguidance's parser row where the object ``node`` opens (0: not an object of
+    optional properties)."""
+    if not (optional := _optional(node)):
+        return 0
+    return 4 * optional + (_CLOSED_ROW if node.get("additionalProperties") is False else _OPEN_ROW)
 
 
 def _message(name: str, limits: SchemaLimits) -> str:
