@@ -12,9 +12,13 @@ equals the undisturbed one, the request's attempts (1: never re-run) and the dec
 "lease lost" drops. ``--at prefill`` instead sends a long prompt and applies the fault as soon as
 the prefill worker holds it, across its first token's append: reports the time to the first token
 against the undisturbed one's, the prefill worker's Redis errors (each a retry) and the prompt
-tokens it prefilled per faulted request (the prompt's once: no retry prefilled it again).
-Run: ``python bench/append_stall.py [--fault stop|refuse] [--at decode|prefill] [--trials 3]
-[--fault-s 7] [--after 20] [--lease 20]``.
+tokens it prefilled per faulted request (the prompt's once: no retry prefilled it again). With
+``--beside``, per trial a short prompt joins the long one under way (sent once prefill holds the
+long one, the fault once it holds both): the short one's first append is refused while the long one
+still has chunks to prefill (``--chunk``: DAYZERO_PREFILL_CHUNK_SIZE); reports each one's first token
+after the fault's end (the long one's: whether the loop went on prefilling it meanwhile).
+Run: ``python bench/append_stall.py [--fault stop|refuse] [--at decode|prefill] [--beside] [--chunk N]
+[--trials 3] [--fault-s 7] [--after 20] [--lease 20]``.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dayzero.stack import Stack
 MODEL = "dayzero-demo"
 BODY = {"model": MODEL, "prompt": [0, 5, 4, 3, 2], "max_tokens": 300, "temperature": 0, "ignore_eos": True}
 LONG = {**BODY, "prompt": [0] + [(k * 13) % 500 + 2 for k in range(3000)], "max_tokens": 4}
+SHORT = {**BODY, "max_tokens": 4}
 
 
 def fault(stack: Stack, kind: str, seconds: float) -> float:
@@ -88,10 +93,46 @@ def prefill_trial(stack: Stack, kind: str, seconds: float) -> tuple[float, float
     return first - start, first - ended[0] if ended else float("nan")
 
 
+def held_by_prefill(control: redis.Redis, found: dict) -> None:
+    """Wait till the streamed request of ``found`` (its id once its response began) is prefill's."""
+    while "rid" not in found or not (control.get(f"dz:lease:{found['rid']}") or b"").startswith(b"prefill"):
+        time.sleep(0.005)
+
+
+def first_token(stack: Stack, body: dict, found: dict) -> None:
+    """Stream ``body``: its request id, then when its first token came (time.time()), into ``found``."""
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json={**body, "stream": True}, timeout=120) as r:
+        found["rid"] = r.headers["x-request-id"]
+        lines = r.iter_lines()
+        found["first"] = next(time.time() for line in lines if line.startswith("data: {"))
+        for _ in lines:  # (to its end)
+            pass
+
+
+def beside_trial(stack: Stack, kind: str, seconds: float) -> tuple[float, float]:
+    """The long prompt under way while a short one's first append is refused. -> the long one's first
+    token after the fault's end, and the short one's."""
+    control, long, short = redis.Redis.from_url(stack.redis_url), {}, {}
+    threads = [
+        threading.Thread(target=first_token, args=(stack, body, found))
+        for body, found in [(LONG, long), (SHORT, short)]
+    ]
+    threads[0].start()
+    held_by_prefill(control, long)
+    threads[1].start()
+    held_by_prefill(control, short)
+    ended = fault(stack, kind, seconds)
+    for thread in threads:
+        thread.join()
+    return long["first"] - ended, short["first"] - ended
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--fault", choices=("stop", "refuse"), default="stop")
     parser.add_argument("--at", choices=("decode", "prefill"), default="decode")
+    parser.add_argument("--beside", action="store_true", help="--at prefill: a short prompt refused beside it")
+    parser.add_argument("--chunk", type=int, default=0, help="DAYZERO_PREFILL_CHUNK_SIZE (0: its default)")
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--fault-s", type=float, default=7.0)
     parser.add_argument("--after", type=int, default=20)
@@ -104,6 +145,8 @@ def main() -> None:
             "DAYZERO_KEEPALIVE_S": "1.0",
             "OMP_NUM_THREADS": "1",
         }
+        if args.chunk:
+            env["DAYZERO_PREFILL_CHUNK_SIZE"] = str(args.chunk)
         stack = Stack({"vision": 0, "prefill": 1, "decode": 1}, free_port(), Path(tmp) / "logs", env)
         stack.start()
         try:
@@ -135,6 +178,16 @@ def prefilled_tokens(stack: Stack, lease_s: float) -> float:
 
 
 def prefill(stack: Stack, args: argparse.Namespace) -> None:
+    if args.beside:
+        rows = [beside_trial(stack, args.fault, args.fault_s) for _ in range(args.trials)]
+        chunk = f"chunks of {args.chunk} tokens" if args.chunk else "default chunks"
+        print(
+            f"fault: {args.fault} {args.fault_s:g} s once prefill holds a {len(LONG['prompt'])}-token prompt ({chunk})"
+        )
+        print(f"and a {len(SHORT['prompt'])}-token one: first token after the fault's end")
+        print("the long prompt:", " ".join(f"{t:.2f} s" for t, _ in rows))
+        print("the short prompt:", " ".join(f"{t:.2f} s" for _, t in rows))
+        return
     undisturbed = [prefill_trial(stack, args.fault, 0) for _ in range(args.trials)]
     before = prefilled_tokens(stack, args.lease)
     faulted = [prefill_trial(stack, args.fault, args.fault_s) for _ in range(args.trials)]
