@@ -8,12 +8,13 @@ from __future__ import annotations
 import time
 
 import pytest
+import redis
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from dayzero.params import SamplingParams
-from dayzero.serving import active, kept_handoffs, prefilling
+from dayzero.serving import active, first_tokens, kept_handoffs, prefilling
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
@@ -29,7 +30,7 @@ from .test_one_fails_alone import POISON
 def exported(monkeypatch) -> InMemorySpanExporter:
     exporter, provider = InMemorySpanExporter(), TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    for module in (kept_handoffs, prefilling, active):
+    for module in (kept_handoffs, prefilling, active, first_tokens):
         monkeypatch.setattr(module, "tracer", provider.get_tracer("test"))
     return exporter
 
@@ -107,3 +108,37 @@ def test_failures_set_their_spans_status_and_name_their_requests(demo_dir, redis
     }
     assert store.done("batch-0") == store.done("batch-1") == "error"
     assert "batch-0" in caplog.text and "batch-1" in caplog.text
+
+
+def test_a_first_token_sent_again_has_a_resend_span_per_try(demo_dir, redis_url, exported):
+    """Redis refuses a prompt's first append, then its first retry: its ``prefill.forward`` ends with the
+    refusal, and each retry is a ``prefill.resend`` span of its own (it had none: the retries, and the
+    handoff's ``kv.export`` under them, were nowhere in the trace), ERROR while refused."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    runtime, store = Runtime.load(settings, "prefill-resend@test", "prefill", False), Lifecycle.connect(redis_url)
+    tries, real_append = [], runtime.store.append
+
+    def refused_twice(tokens, *args):
+        tries.append(tokens)
+        if len(tries) <= 2:
+            raise redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'.")
+        return real_append(tokens, *args)
+
+    runtime.store.append = refused_twice
+    run_jobs(PrefillLoop(runtime, recording([])), _admitted(store, "resent", [SamplingParams(max_tokens=4)]))
+    spans = {
+        name: [s for s in exported.get_finished_spans() if s.name == name]
+        for name in ("prefill.forward", "prefill.resend")
+    }
+    assert [(s.status.status_code.name, s.attributes["dayzero.request_id"]) for s in spans["prefill.forward"]] == [
+        ("ERROR", "resent-0")
+    ]
+    resends = spans["prefill.resend"]
+    assert [s.status.status_code.name for s in resends] == ["ERROR", "UNSET"] and len(tries) == 3
+    assert all(
+        s.attributes["dayzero.request_id"] == "resent-0" and s.attributes["dayzero.attempt"] == 0 for s in resends
+    )
+    assert not resends[-1].attributes["dayzero.first_token_streamed"]
+    export = [s for s in exported.get_finished_spans() if s.name == "kv.export"]
+    assert [s.parent.span_id for s in export] == [resends[-1].context.span_id]  # the handoff, in the retry that sent it
+    runtime.close()

@@ -1,6 +1,7 @@
 """A prefilled prompt's way out of the prefill loop: its first token appended to its stream (time to
 first token), then, unless that ends the request, its handoff to decode. Redis failing either leaves
-the prompt's state kept (kept_prefills.py) for the loop's retry, which sends what is not out yet."""
+the prompt's state kept (kept_prefills.py) for a retry ``RETRY_S`` later (``again``: a ``prefill.resend``
+span each try), which sends what is not out yet; the loop serves the other prompts meanwhile."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from collections.abc import Callable
 import redis
 from opentelemetry import trace
 
+from ..telemetry import continued, tracer
 from .intake import Ticket
 from .kept_handoffs import KeptHandoffs
-from .kept_prefills import KeptPrefills
+from .kept_prefills import RETRY_S, KeptPrefills
 from .lease import Heartbeat
 from .messages import DecodeJob, PrefillJob
+from .prefilling import Prefilling, end_failed
 from .records import Token
 from .runtime import Runtime
 
@@ -35,9 +38,57 @@ class FirstTokens:
         self.r, self.kept, self.handed_off, self.heartbeat = runtime, kept, handed_off, heartbeat
         self.decode_message, self.settle, self.limit = decode_message, settle, limit
 
-    def send_all(self, tickets: list[Ticket[PrefillJob]]) -> None:
-        for ticket in tickets:
-            self.send(ticket)
+    def first(self, ended: list[Prefilling]) -> list[Ticket[PrefillJob]]:
+        """The prompts just prefilled: each request's first token and handoff, its ``prefill.forward``
+        span ended with them. -> those Redis failed (``each``), their spans ended so."""
+        spans = {id(t): (span, p.done) for p in ended for t, span in zip(p.tickets, p.spans, strict=True)}
+
+        def send(ticket: Ticket[PrefillJob]) -> None:
+            span, chunks = spans[id(ticket)]
+            span.set_attribute("dayzero.prefilled_chunks", chunks)
+            with trace.use_span(span, end_on_exit=True):
+                self.send(ticket)
+
+        unsent = self.each([t for p in ended for t in p.tickets], send)
+        if unsent:  # (the failed one's span ended with its error; those after it, not tried, end here)
+            for p in ended:
+                end_failed(p.spans, "first token not sent: Redis failing (sent again: prefill.resend)", p.done)
+        return unsent
+
+    def again(self, tickets: list[Ticket[PrefillJob]]) -> list[Ticket[PrefillJob]]:
+        """``send`` the kept ``tickets`` again, each in a ``prefill.resend`` span of its own (ERROR if Redis
+        fails again). -> those Redis failed (``each``)."""
+
+        def resend(ticket: Ticket[PrefillJob]) -> None:
+            job = ticket.job
+            attributes = {
+                "dayzero.request_id": job.request.request_id,
+                "dayzero.attempt": job.attempt,
+                "dayzero.first_token_streamed": self.kept.of(ticket).streamed,  # (its handoff alone left)
+            }
+            with continued(job.request.trace), tracer.start_as_current_span("prefill.resend", attributes=attributes):
+                self.send(ticket)
+
+        return self.each(tickets, resend)
+
+    def each(
+        self, tickets: list[Ticket[PrefillJob]], send: Callable[[Ticket[PrefillJob]], None]
+    ) -> list[Ticket[PrefillJob]]:
+        """``send`` each ticket. Redis failing one: it and those after it (not tried: a lost Redis would
+        time each one out) stay kept and go again ``RETRY_S`` later, their leases beaten meanwhile, while
+        the loop serves the others (it paused as a whole: no other prompt advanced). -> those, for the
+        loop's ``pending``."""
+        for i, ticket in enumerate(tickets):
+            try:
+                send(ticket)
+            except redis.RedisError as exc:
+                unsent = [t for t in tickets[i:] if not t.done.is_set()]
+                rids = [t.job.request.request_id for t in unsent]
+                log.warning("redis unavailable (%s); sending again in %g s: %s", exc, RETRY_S, ", ".join(rids))
+                self.kept.retry_later(unsent)
+                self.heartbeat.hold(rids)
+                return unsent
+        return []
 
     def send(self, ticket: Ticket[PrefillJob]) -> None:
         """A prefilled request's first token, then its handoff (what of them is not out yet). Redis

@@ -8,10 +8,13 @@ logprobs, and the first token sampled from them whose append raised (it may have
 sends that token, never a new sample). The blocks go as the request is handed to decode, ends (its
 first token the last, a cancel, DAYZERO_TASK_TIME_LIMIT_S, a failure), or its run is found over (the
 reaper re-ran it): whichever comes first, the loop frees them; nothing else is held meanwhile.
+A prompt whose send Redis failed waits ``RETRY_S`` for the next try, alone: the loop serves the
+others meanwhile (their chunks, their sends).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +31,10 @@ class Prefilled:
     logits: torch.Tensor  # [V]: the next token's, at the prompt's last position
     prompt_logprobs: list[Logprob] | None
     streamed: bool = False  # its first token is on the stream: its handoff is what is left to send
+    retry_at: float = 0.0  # (time.monotonic()) its last send Redis failed: not sent again before this
+
+
+RETRY_S = 0.5  # a send Redis failed goes again after this (the loop's pause for any other Redis failure)
 
 
 class KeptPrefills:
@@ -64,11 +71,22 @@ class KeptPrefills:
             del self.states[_run(ticket)]
             self.ranks.release(ticket.job.request.request_id)
 
-    def ready(self, pending: list[Ticket[PrefillJob]]) -> list[Ticket[PrefillJob]]:
-        """The tickets of ``pending`` (taken out of it, in order) that are prefilled: sent again, not prefilled."""
-        ready = [t for t in pending if self.holds(t)]
+    def retry_later(self, tickets: list[Ticket[PrefillJob]]) -> None:
+        """Redis failed their sends: each is sent again ``RETRY_S`` from now, not before."""
+        at = time.monotonic() + RETRY_S
+        for ticket in (t for t in tickets if self.holds(t)):
+            self.of(ticket).retry_at = at
+
+    def waits(self, ticket: Ticket[PrefillJob]) -> bool:
+        """Whether ``ticket`` is prefilled here and waits for its send's retry (``retry_later``)."""
+        return self.holds(ticket) and self.of(ticket).retry_at > time.monotonic()
+
+    def take(self, pending: list[Ticket[PrefillJob]]) -> tuple[list[Ticket[PrefillJob]], list[Ticket[PrefillJob]]]:
+        """The tickets of ``pending`` that are prefilled (sent again, never prefilled again), taken out of
+        it in order: (those to send now, those waiting for their retry)."""
+        kept = [t for t in pending if self.holds(t)]
         pending[:] = [t for t in pending if not self.holds(t)]
-        return ready
+        return [t for t in kept if not self.waits(t)], [t for t in kept if self.waits(t)]
 
     def requests(self) -> set[str]:
         """The requests whose first token may be on their stream already: no peer may take them (it

@@ -8,7 +8,7 @@ between two chunks. The first sampled token is appended to the request's stream 
 first token); unless it ends the request, the attention state is published for decode and its
 blocks stay leased until decode takes them or the lease expires. Redis failing on the way puts the
 request back with its state kept (kept_prefills.py): its first token, if sampled, and its handoff
-are sent again (not sampled anew, nor prefilled again).
+are sent again (not sampled anew, nor prefilled again) a moment later, the other prompts served meanwhile.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Container
 
 import redis
-from opentelemetry import trace
 
 from ..completion import context_limit
 from ..kv.pools import OutOfBlocks
@@ -69,9 +68,11 @@ class PrefillLoop:
         run_loop(self.stop, self._iteration, log, self.heartbeat.moved)
 
     def _iteration(self) -> None:
-        # idle, or every request waiting for blocks or its grammar: wait for the next arrival (or a while)
-        held = bool(self.pending) and (self.starved or not compiled(self.pending, self.r))
-        self.pending.extend(self.intake.drain(0.05 if not self.running and (held or not self.pending) else 0))
+        ready = compiled(self.pending, self.r)  # (asked once an iteration: the others' compile off the loop)
+        # idle, or every request waiting for blocks, its grammar or its send's retry: wait for the next arrival
+        held = bool(self.pending) and (self.starved or all(self.kept.waits(t) for t in ready))
+        arrived = self.intake.drain(0.05 if not self.running and (held or not self.pending) else 0)
+        self.pending.extend(arrived)
         waiting = len(self.pending) + sum(len(p.tickets) for p in self.running) or 1
         if self.running or held or self.kept:  # (a request alone on an idle worker: no round trip)
             self._end_cancelled()  # between two chunks of a prompt, and of the requests waiting meanwhile
@@ -79,14 +80,16 @@ class PrefillLoop:
         if self.pending:
             end_overdue(self.pending, self.r, self._settle)
             first_come(self.pending)
-            resend = self.kept.ready(self.pending)  # prefilled already: their first tokens, handoffs go again
-            if resend:  # (Redis failing still: the loop pauses, as for any Redis failure)
-                self._guarded(resend, lambda: self.sender.send_all(resend))
+            resend, retrying = self.kept.take(self.pending)  # prefilled already: sent again, not prefilled
+            goes = {id(t) for t in (*ready, *compiled(arrived, self.r))}
+            ready, compiling = (
+                [t for t in self.pending if id(t) in goes],
+                [t for t in self.pending if id(t) not in goes],
+            )
             s = self.r.settings
-            ready = compiled(self.pending, self.r)  # the others' grammars compile meanwhile, off the loop
-            compiling = [t for t in self.pending if all(t is not r for r in ready)]
             taken = take_batch(ready, self.running, s.prefill_chunk_size, s.max_prefill_tokens, s.prefill_pass_s)
-            self.pending = ready + compiling
+            self.pending = retrying + ready + compiling
+            self.pending[:0] = self.sender.again(resend)  # (Redis failing still: they wait, the others go on)
             if taken:  # (none: the waiting ones wait for room in a step, not for blocks)
                 self._guarded(taken, lambda: self._start(taken))
         if self.running:
@@ -252,11 +255,7 @@ class PrefillLoop:
             ended = [(p, out) for p, out in zip(rows, logits, strict=True) if out is not None]
             for p, out in ended:  # (each one's state kept first: Redis failing a send spares them all)
                 self._finish(p, out)
-            for p, _ in ended:
-                for ticket, span in zip(p.tickets, p.spans, strict=True):
-                    span.set_attribute("dayzero.prefilled_chunks", p.done)
-                    with trace.use_span(span, end_on_exit=True):
-                        self.sender.send(ticket)
+            self.pending[:0] = self.sender.first([p for p, _ in ended])  # (Redis failing: kept, sent again)
         except Exception as exc:  # the forward failed (or Redis, mid-batch): the spans not ended yet end failed
             for p in (p for p in rows if all(p is not q for q in self.running)):  # (not the prompts going on)
                 end_failed(p.spans, f"prefill failed: {type(exc).__name__}", p.done)
