@@ -81,3 +81,26 @@ def test_more_grammars_compiling_than_kept_each_compiles_once(codec, monkeypatch
         thread.join()
     assert sorted(compiled) == names  # (not a, b, c, a, b, c, ...: nine compiles)
     assert grammars.ready(names[-1])
+
+
+def test_a_grammar_compiled_but_not_seen_yet_stays_for_its_waiter(codec, monkeypatch):
+    """A serving loop asks ``ready`` of each waiting request's grammar in turn. One that finished after
+    its own request's ask was dropped by the next request's (more than ``most`` held) before its waiter
+    saw it done: the waiter's next ask compiled it again (with more than ``most`` waiting, again and
+    again)."""
+    release, compiled, real = threading.Event(), [], llguidance.LLMatcher
+
+    def held(tok, lark, **kw):
+        compiled.append(lark)
+        if lark == 'start: "a"':
+            release.wait()
+        return real(tok, lark, **kw)
+
+    monkeypatch.setattr(llguidance, "LLMatcher", held)
+    grammars = Grammars(codec.guidance, cached=1, most=1)
+    assert not grammars.ready('start: "a"')
+    release.set()
+    for thread in [t for t in threading.enumerate() if t.name == "grammar"]:
+        thread.join()
+    grammars.ready('start: "b"')  # (the next request's ask: "a" is done, its waiter has not seen it)
+    assert grammars.ready('start: "a"') and compiled.count('start: "a"') == 1

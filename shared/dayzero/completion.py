@@ -8,6 +8,7 @@ request over after a failure; with a seed, token ``i`` is drawn from its own gen
 from __future__ import annotations
 
 from collections import Counter
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 import torch
@@ -95,6 +96,7 @@ class Completion:
         limit: int,
         generated: tuple[int, ...] = (),
         thinking: bool = False,
+        compiled: Future | None = None,  # the grammar's, held since it was ready (Grammars.compiled)
     ) -> None:
         self.params, self.eos_ids, self.prompt_tokens, self.limit = params, eos_ids, prompt_tokens, limit
         self.count = 0
@@ -102,7 +104,7 @@ class Completion:
         self._reasoning = ReasoningCount(thinking)
         self.counts: Counter[int] = Counter()  # generated tokens, for the penalties
         self._text, self._stops = StreamDecoder(codec), StopMatcher(params.stop, params.stop_bounds)
-        self.guide = Guide(codec.grammars, params.grammar) if params.grammar is not None else None
+        self.guide = Guide(codec.grammars, params.grammar, compiled) if params.grammar is not None else None
         for token in generated:  # replay: rebuild the text and stop-string state, output discarded
             self.accept(token)
 

@@ -27,26 +27,41 @@ class Grammars:
         self.tokenizer = tokenizer
         self._cached, self._kept_s, self._most = cached, kept_s, max(cached, most)
         self._threads = threading.BoundedSemaphore(threads)  # compiles at once
-        self._compiled: OrderedDict[str, tuple[Future, float]] = OrderedDict()  # (compile, last use): oldest first
+        self._compiled: OrderedDict[str, tuple[Future, float, bool]] = OrderedDict()  # (compile, last use, seen done)
         self._lock = threading.Lock()
 
     def ready(self, lark: str) -> bool:
         """Whether ``lark`` is compiled (or failed to compile); the first call starts compiling it."""
-        return self._compiling(lark).done()
+        return self.compiled(lark) is not None
 
-    def matcher(self, lark: str):
-        """A matcher of ``lark`` at its start, the caller's own (waits for the compile if not ready:
-        a matcher in its error state when the grammar is refused)."""
-        return self._compiling(lark).result().deep_copy()
+    def compiled(self, lark: str) -> Future | None:
+        """``lark``'s compile once done (or failed), for the caller to hold till it takes its matcher
+        (``matcher(lark, compiled)``): the cache may drop it meanwhile (``most`` others used since),
+        and the matcher would wait for a compile again. None while it compiles (the first call
+        starts it)."""
+        future = self._compiling(lark)
+        return future if future.done() else None
+
+    def matcher(self, lark: str, compiled: Future | None = None):
+        """A matcher of ``lark`` at its start, the caller's own (from ``compiled``, if given; else waits
+        for the compile if not ready: a matcher in its error state when the grammar is refused)."""
+        if compiled is not None:
+            return compiled.result().deep_copy()
+        future = self._compiling(lark)
+        matcher = future.result().deep_copy()
+        with self._lock:  # (seen done: it may go)
+            if lark in self._compiled and self._compiled[lark][0] is future:
+                self._compiled[lark] = (future, self._compiled[lark][1], True)
+        return matcher
 
     def _compiling(self, lark: str) -> Future:
         now = time.monotonic()
         with self._lock:
-            future, _ = self._compiled.pop(lark, (None, now))
+            future, _, seen = self._compiled.pop(lark, (None, now, False))
             if future is None:
                 future = Future()
                 threading.Thread(target=self._compile, args=(lark, future), name="grammar", daemon=True).start()
-            self._compiled[lark] = (future, now)
+            self._compiled[lark] = (future, now, seen or future.done())  # (this caller sees it done)
             self._drop_unused(now)
             return future
 
@@ -54,12 +69,14 @@ class Grammars:
         """The least recently used compiled grammars go, past ``cached``, while more than ``most`` or
         unused for ``kept_s``; never one still compiling (some request waits for it: dropped, the next
         ``ready`` of it compiled it anew, and with more than ``most`` compiling at once each ``ready``
-        dropped the one asked for next: none was ever ready, a thread more per call)."""
+        dropped the one asked for next: none was ever ready, a thread more per call), nor one done
+        that no caller has seen done yet, unless unused for ``kept_s`` (its waiter asks again: dropped
+        as it finished, it compiled again, and so on while more than ``most`` waited)."""
         held, dropped = len(self._compiled), []
-        for lark, (future, used) in self._compiled.items():  # (oldest first: most calls look at one)
+        for lark, (future, used, seen) in self._compiled.items():  # (oldest first: most calls look at one)
             if held <= self._cached or (held <= self._most and now - used <= self._kept_s):
                 break
-            if future.done():
+            if future.done() and (seen or now - used > self._kept_s):
                 dropped.append(lark)
                 held -= 1
         for lark in dropped:

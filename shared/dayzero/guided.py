@@ -12,6 +12,7 @@ executor, outside the GIL) into one bitmask [R, ceil(V/32)] int32, then applied 
 from __future__ import annotations
 
 import functools
+from concurrent.futures import Future
 
 import numpy as np
 import torch
@@ -30,8 +31,8 @@ class GrammarFailed(ValueError):
 class Guide:
     """One request's grammar state, advanced by each accepted token."""
 
-    def __init__(self, grammars: Grammars, grammar: Grammar) -> None:
-        self.matcher = grammars.matcher(grammar.lark)
+    def __init__(self, grammars: Grammars, grammar: Grammar, compiled: Future | None = None) -> None:
+        self.matcher = grammars.matcher(grammar.lark, compiled)  # (``compiled``: Grammars.compiled's, held)
         self.words = (grammars.tokenizer.vocab_size + 31) // 32  # the mask's int32 words: the tokenizer's vocabulary
         if self.matcher.is_error():
             raise ValueError(f"invalid grammar: {error_summary(self.matcher.get_error())}")

@@ -12,6 +12,7 @@ import time
 import llguidance
 import pytest
 
+from dayzero.grammars import Grammars
 from dayzero.params import Grammar, SamplingParams
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.lifecycle import Lifecycle
@@ -20,7 +21,8 @@ from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
-from .conftest import recording
+from ..test_grammars import _counting
+from .conftest import recording, run_jobs
 from .prefill_jobs import handed_off
 
 GRAMMAR = Grammar("start: /(.|\\n)*/")  # any text: what the demo model writes holds
@@ -89,4 +91,53 @@ def test_prefill_serves_the_others_while_a_requests_grammar_compiles(demo_dir, r
     _iterate(loop, tickets["guided2"].done.is_set)
     assert [job.request.request_id for job in sent] == ["plain2", "guided2"]
     assert len(store.streamed_tokens("guided2")) == 1
+    runtime.close()
+
+
+def _tiny_cache(runtime: Runtime, monkeypatch) -> None:
+    """The runtime's grammars cache holds one compiled grammar (as 256 do with more waiting in one worker)."""
+    monkeypatch.setitem(vars(runtime.codec), "grammars", Grammars(runtime.codec.guidance, cached=1, most=1))
+
+
+def _two_grammars(request: GenerationRequest, i: int) -> GenerationRequest:
+    sampling = dataclasses.replace(request.sampling, grammar=Grammar(f"{GRAMMAR.lark}\n// grammar {i}\n"))
+    return request.model_copy(update={"sampling": sampling})
+
+
+def test_a_ready_grammar_the_cache_dropped_is_not_compiled_again_on_the_prefill_loop(demo_dir, redis_url, monkeypatch):
+    """Two requests' grammars compile; asking the second's drops the first's from a full cache. Its
+    request, told its grammar was ready, holds it: its completion (built as its first token is
+    sampled, its blocks held, the batch waiting) compiled it again, on the loop."""
+    compiled = _counting(monkeypatch)
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url)
+    runtime, store, sent = (
+        Runtime.load(settings, "prefill-dropped@test", "prefill", False),
+        Lifecycle.connect(redis_url),
+        [],
+    )
+    _tiny_cache(runtime, monkeypatch)
+    jobs = []
+    for i in range(2):
+        sampling = SamplingParams(max_tokens=4)
+        request = GenerationRequest(
+            request_id=f"dropped{i}", prompt_ids=(0, 5, 6), sampling=sampling, created=time.time()
+        )
+        store.admit(_two_grammars(request, i), [], "", 60)
+        jobs.append(PrefillJob(request=_two_grammars(request, i)))
+    run_jobs(PrefillLoop(runtime, recording(sent)), jobs)
+    assert sorted(job.request.request_id for job in sent) == ["dropped0", "dropped1"]
+    assert sorted(compiled) == sorted(job.request.sampling.grammar.lark for job in jobs)  # each once
+    runtime.close()
+
+
+def test_a_ready_grammar_the_cache_dropped_is_not_compiled_again_on_the_decode_loop(demo_dir, redis_url, monkeypatch):
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store, sent = handed_off(settings, ("decode-dropped0", "decode-dropped1"), max_tokens=4)
+    jobs = [job.model_copy(update={"request": _two_grammars(job.request, i)}) for i, job in enumerate(sent)]
+    compiled = _counting(monkeypatch)
+    runtime = Runtime.load(settings, "decode-dropped@test", "decode", False)
+    _tiny_cache(runtime, monkeypatch)
+    run_jobs(DecodeLoop(runtime), jobs)
+    assert [store.done(job.request.request_id) for job in jobs] == ["length", "length"]
+    assert sorted(compiled) == sorted(job.request.sampling.grammar.lark for job in jobs)  # each once
     runtime.close()

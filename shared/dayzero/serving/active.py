@@ -58,7 +58,7 @@ class Active:
         """The imported request's completion, rebuilt from the tokens already streamed (raises
         when its own sampling cannot be set up: a grammar refused)."""
         job = ticket.job
-        completion = runtime.completion(job.request, job.generated, limit)
+        completion = runtime.completion(ticket, job.generated, limit)
         with continued(job.request.trace):
             attributes = {
                 "dayzero.request_id": job.request.request_id,

@@ -155,7 +155,7 @@ class DecodeLoop:
                 log.error("request %s: %d tokens exceed the decode pools", rid, total)
                 self._settle(ticket, "error", f"{total} tokens exceed the decode pools", len(job.generated))
                 continue
-            compiled = self.r.grammar_ready(job.request)  # (its grammar compiles meanwhile, off the loop)
+            compiled = self.r.grammar_ready(ticket)  # (its grammar compiles meanwhile, off the loop)
             if full or not self.r.pools.fits(total):
                 still.append(ticket)  # retry when blocks free up
                 full = True

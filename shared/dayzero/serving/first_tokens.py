@@ -118,7 +118,7 @@ class FirstTokens:
         job, store, prefilled = ticket.job, self.r.store, self.kept.of(ticket)
         rid = job.request.request_id
         if not prefilled.streamed:
-            completion, logits = self.r.completion(job.request, job.generated, self.limit), prefilled.logits
+            completion, logits = self.r.completion(ticket, job.generated, self.limit), prefilled.logits
             kept = self.kept.unsent.pop((rid, job.attempt), None)
             step = completion.next(logits) if kept is None else completion.emit(kept, logits)
             usage = completion.usage() if step.finish_reason else None

@@ -25,6 +25,7 @@ class Ticket(Generic[Job]):
     job: Job
     done: threading.Event = field(default_factory=threading.Event)
     images: object = None  # prefill: the parked image embeddings once taken (read once: a retry reuses them)
+    grammar: object = None  # its grammar's compile once done, held (Runtime.grammar_ready)
 
 
 class Intake(Generic[Job]):

@@ -21,8 +21,8 @@ from ..settings import Settings
 from ..speculative import speculation_problem
 from ..tokenizer import IdsOnlyCodec, TextCodec, load_codec
 from .budget import planned_pools, torch_dtype
+from .intake import Ticket
 from .lifecycle import Lifecycle
-from .messages import GenerationRequest
 from .metrics import WorkerStats
 from .prefill_batch import BatchInput
 from .ranks import KEEPALIVE_S, Ranks
@@ -145,19 +145,26 @@ class Runtime:
         runtime.weight_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
         return runtime
 
-    def completion(self, request: GenerationRequest, generated: tuple[int, ...], limit: int) -> Completion:
-        """``request``'s completion, rebuilt from the tokens it has streamed (raises when its own
-        sampling cannot be set up: a grammar refused)."""
-        cfg = self.model.cfg
-        prompt = len(request.prompt_ids)
-        return Completion(self.codec, request.sampling, cfg.eos_token_ids, prompt, limit, generated, request.thinking)
+    def completion(self, ticket: Ticket, generated: tuple[int, ...], limit: int) -> Completion:
+        """``ticket``'s request's completion, rebuilt from the tokens it has streamed (raises when its
+        own sampling cannot be set up: a grammar refused)."""
+        request, cfg = ticket.job.request, self.model.cfg
+        prompt, thinking = len(request.prompt_ids), request.thinking
+        args = (self.codec, request.sampling, cfg.eos_token_ids, prompt, limit, generated, thinking)
+        return Completion(*args, compiled=ticket.grammar)
 
-    def grammar_ready(self, request: GenerationRequest) -> bool:
-        """Whether ``request``'s completion can be built without waiting for its grammar (none, or
+    def grammar_ready(self, ticket: Ticket) -> bool:
+        """Whether ``ticket``'s completion can be built without waiting for its grammar (none, or
         compiled, or refused); the first call starts compiling it, off the serving loop: a loop
-        leaves such a request waiting meanwhile, and the others go on."""
-        grammar = request.sampling.grammar
-        return grammar is None or not self.codec.has_tokenizer or self.codec.grammars.ready(grammar.lark)
+        leaves such a request waiting meanwhile, and the others go on. Once compiled, the ticket
+        holds it (``grammar``) till its completion is built: the cache may drop it meanwhile (more
+        than 256 grammars in use), and the build compiled it again, on the loop, the batch frozen."""
+        grammar = ticket.job.request.sampling.grammar
+        if grammar is None or not self.codec.has_tokenizer:
+            return True
+        if ticket.grammar is None:
+            ticket.grammar = self.codec.grammars.compiled(grammar.lark)
+        return ticket.grammar is not None
 
     def warm_up(self, decode: bool) -> None:
         """Prefill a scratch sequence (``decode``: and decode one step of it) on every rank before

@@ -45,7 +45,7 @@ def first_come(tickets: list[Ticket[J]]) -> None:
 
 def compiled(tickets: list[Ticket[J]], runtime: Runtime) -> list[Ticket[J]]:
     """The tickets (in order) whose requests need not wait for a grammar's compile (runtime.py)."""
-    return [t for t in tickets if runtime.grammar_ready(t.job.request)]
+    return [t for t in tickets if runtime.grammar_ready(t)]
 
 
 def end_overdue(tickets: list[Ticket[J]], runtime: Runtime, settle: Callable[..., object]) -> None:
