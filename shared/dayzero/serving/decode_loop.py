@@ -24,7 +24,7 @@ from .handoff import Receiver
 from .intake import Intake, Ticket, run_loop
 from .lease import Heartbeat
 from .messages import SAME_LAYOUT, DecodeJob
-from .room import Room, admitted_blocks
+from .room import Arrivals, Room
 from .runtime import Runtime
 from .scripts import Take
 from .time_limit import overdue
@@ -47,9 +47,7 @@ class DecodeLoop:
         k = runtime.settings.speculative_tokens
         self.speculation, self.acceptance = (Speculation(k) if k else None), Acceptance()
         self._last_beat = 0.0
-        self._admitted = 0  # tokens of the requests admitted since the last beat (a gauge)
-        # ... and their blocks per pool (peers read them: room.py), each request's own: one window each
-        self._admitted_blocks = dict.fromkeys(runtime.pools.layout.blocks_of(0), 0)
+        self.arrivals = Arrivals(runtime.pools.layout)  # admitted since the last beat (peers read them: room.py)
         self._marked: set[str] = set()  # cancel marks read with the last step's tokens or a take ...
         self._marks_read: set[str] = set()  # ... and whose they are
         # beats during a step: one longer than the lease (a first call compiling kernels, a huge
@@ -95,9 +93,7 @@ class DecodeLoop:
             self._end_overdue()
             if self.room is not None:
                 self.waiting = self.room.hand_back(self.waiting, self._tokens, self.heartbeat)
-            admitted = {admitted_blocks(kind): n for kind, n in self._admitted_blocks.items()}  # (peers: room.py)
-            self.r.stats.set(waiting_requests=len(self.waiting), admitted_tokens=self._admitted, **admitted)
-            self._admitted, self._admitted_blocks = 0, dict.fromkeys(self._admitted_blocks, 0)
+            self.r.stats.set(waiting_requests=len(self.waiting), **self.arrivals.gauges())
             self.r.announce(len(self.active) or 1)
 
     def _end_overdue(self) -> None:
@@ -188,10 +184,7 @@ class DecodeLoop:
         for rid, answer in taken.items():
             if answer != Take.STALE:
                 self._start(imported[rid])
-                tokens = self._tokens(imported[rid].job)
-                self._admitted += tokens
-                for kind, n in self.r.pools.layout.blocks_of(tokens).items():
-                    self._admitted_blocks[kind] += n
+                self.arrivals.add(self._tokens(imported[rid].job))
 
     def _tokens(self, job: DecodeJob) -> int:
         """What a request reserves: its prompt and whole completion, within the context limit."""

@@ -50,6 +50,7 @@ from typing import Any, Generic, TypeVar
 import redis
 from celery import Celery
 
+from ..kv.layout import PoolLayout
 from ..telemetry import continued
 from .intake import Ticket
 from .lease import Heartbeat
@@ -230,6 +231,28 @@ class Room(Generic[J]):
             log.info("request %s: handed back to the %s queue for a worker with room", rid, self.r.stats.stage)
             self.held.append((ticket, time.monotonic()))
         return pushed
+
+
+class Arrivals:
+    """What a decode worker admitted over its current beat, as its peers read it (``Room.hand_back``'s
+    estimate of their room): the tokens (``dayzero_admitted_tokens``) and the blocks per pool
+    (``admitted_blocks``) of its arrivals, each request's own (N arrivals hold N windows, not one)."""
+
+    def __init__(self, layout: PoolLayout) -> None:
+        self.layout = layout
+        self.tokens, self.blocks = 0, dict.fromkeys(layout.blocks_of(0), 0)
+
+    def add(self, tokens: int) -> None:
+        """A request reserving ``tokens`` was admitted."""
+        self.tokens += tokens
+        for kind, n in self.layout.blocks_of(tokens).items():
+            self.blocks[kind] += n
+
+    def gauges(self) -> dict[str, int]:
+        """The beat's gauges, for the worker's snapshot; the next beat counts from none."""
+        gauges = {"admitted_tokens": self.tokens, **{admitted_blocks(kind): n for kind, n in self.blocks.items()}}
+        self.tokens, self.blocks = 0, dict.fromkeys(self.blocks, 0)
+        return gauges
 
 
 def admitted_blocks(pool: str) -> str:
