@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dayzero.checkpoint import load_model
-from dayzero.completion import StopMatcher
+from dayzero.completion import Completion, StopMatcher
 from dayzero.demo import write_demo_checkpoint
 from dayzero.engine import Timings, generate
 from dayzero.kv.pools import pools_for
@@ -228,3 +228,28 @@ def test_speculative_generation_cuts_at_the_stop_string_and_reports_acceptance(d
     assert steps[-1].finish_reason == "stop" and "".join(s.text for s in steps) == free[: free.find(stop)]
     summary = timings.summary()
     assert len(summary["acceptance_rate"]) == 2 and summary["mean_accepted_length"] >= 1
+
+
+def _until_finished(completion: Completion, tokens: list[int]) -> tuple[str, str | None]:
+    """The text ``completion`` releases for ``tokens`` up to its finish, and the finish."""
+    text = ""
+    for token in tokens:
+        step = completion.accept(token)
+        text += step.text
+        if step.finish_reason:
+            return text, step.finish_reason
+    return text, None
+
+
+def test_stop_strings_end_the_answer_not_the_thought(codec):
+    """In thinking mode a stop string matches after ``</think>`` only: a thought that restates it
+    runs on (it ended the reply inside the thought, before a forced call or schema could begin)."""
+    thought, answer = codec.encode("Let me see: the end is near."), codec.encode(" Four. The end.")
+    tokens = thought + [codec.token_id("</think>")] + answer
+    params = SamplingParams(max_tokens=len(tokens) + 5, stop=("end",))
+    want = ("Let me see: the end is near.</think> Four. The ", "stop")
+    assert _until_finished(Completion(codec, params, (1,), 7, 4096, thinking=True), tokens) == want
+    replayed = Completion(codec, params, (1,), 7, 4096, tuple(thought[:4]), thinking=True)  # rebuilt mid-thought
+    assert _until_finished(replayed, tokens[4:]) == (want[0][len(codec.decode(thought[:4])) :], "stop")
+    # outside thinking mode the same text is all answer
+    assert _until_finished(Completion(codec, params, (1,), 7, 4096), tokens) == ("Let me see: the ", "stop")

@@ -149,8 +149,12 @@ class Completion:
         if token in self.eos_ids and not self.params.ignore_eos:
             return Step(token, self._stops.flush()[0], "stop")
         text = self._text.push(token)
-        self._reasoning.add(text)
-        released, stopped = self._stops.feed(text)
+        answer_at = self._reasoning.add(text)  # None: still in the thought, where no stop string matches
+        if answer_at is None:
+            released, stopped = text, False
+        else:
+            released, stopped = self._stops.feed(text[answer_at:])
+            released = text[:answer_at] + released
         if stopped:
             return Step(token, released, "stop")
         if self.count >= self.params.max_tokens or self.prompt_tokens + self.count >= self.limit:

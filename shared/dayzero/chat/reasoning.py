@@ -47,8 +47,11 @@ class ReasoningCount:
         self.tokens = 0
         self._thought = ReasoningSplitter(thinking)
 
-    def add(self, text: str) -> None:
-        """One more token, which released ``text``."""
-        if self._thought.thinking:
-            self.tokens += 1
-            self._thought.feed(text)
+    def add(self, text: str) -> int | None:
+        """One more token, which released ``text``: where in ``text`` the answer begins (0 once the
+        thought is over, or outside thinking mode), None while the thought goes on."""
+        if not self._thought.thinking:
+            return 0
+        self.tokens += 1
+        _, answer = self._thought.feed(text)
+        return None if self._thought.thinking else max(0, len(text) - len(answer))
