@@ -33,6 +33,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             timeout_graceful_shutdown=grace,
         )
         return 0
+    from .serving.worker import end_process
+
     settings.require_device()
     tp = args.tensor_parallel or settings.tensor_parallel
     if args.service in ("prefill", "decode"):
@@ -50,11 +52,11 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             run_group(
                 tp, serve_rank, args.service, settings, name, timeout=timeout, launch=launch, device=settings.device
             )
-            return 0
+            end_process()
     elif tp > 1:
         raise ValueError(f"--tensor-parallel is for prefill and decode workers; {args.service} runs on one device")
     _run_worker(args.service, settings, args.name)
-    return 0
+    end_process()
 
 
 def _run_worker(service: str, settings: Settings, name: str | None, group=None) -> None:
