@@ -126,26 +126,40 @@ def _finish(procs: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
     return results
 
 
+def _torchrun(node: int, master_port: int, where: Path) -> list[str]:
+    """torchrun for one of two nodes, its logs in ``where`` (by default torch's agent made a
+    ``torchelastic_*`` folder in the temporary directory per start and left it there)."""
+    meet = ["--master-addr", ADDRESSES[0], "--master-port", str(master_port), "--log-dir", str(where)]
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", *meet]
+
+
+def _scratch(tmp_path: Path) -> Path:
+    """A temporary directory (TMPDIR) for the processes a test starts: left empty, checked."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    return scratch
+
+
 def _generate(path: Path, tokens: int = 8) -> list[str]:
     return ["generate", "--checkpoint", str(path), *PROMPT, "--max-tokens", str(tokens), "--tensor-parallel", "2"]
 
 
 @pytest.mark.slow
-def test_two_hosts_under_torchrun_print_one_ranks_tokens(hosts, checkpoint_factory, capsys):
+def test_two_hosts_under_torchrun_print_one_ranks_tokens(hosts, checkpoint_factory, capsys, tmp_path):
     path = checkpoint_factory("tp4", **TP4)
     assert cli.main(["generate", "--checkpoint", str(path), *PROMPT, "--max-tokens", "8"]) == 0
     single = capsys.readouterr().out
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
-    meet = ["--master-addr", ADDRESSES[0], "--master-port", str(MASTER_PORT)]
-    procs = []
+    procs, scratch = [], _scratch(tmp_path)
     for node, link in enumerate(hosts.links):
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": link}  # gloo's sockets on the veth, not the hostname's address
-        argv = [*torchrun, "--node-rank", str(node), *meet, "-m", "dayzero.cli", *_generate(path)]
-        procs.append(hosts.start(node, argv, env))
+        # gloo's sockets on the veth, not the hostname's address
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": link, "TMPDIR": str(scratch)}
+        argv = [*_torchrun(node, MASTER_PORT, tmp_path / f"torchrun{node}"), "--node-rank", str(node)]
+        procs.append(hosts.start(node, [*argv, "-m", "dayzero.cli", *_generate(path)], env))
     (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
     assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
     assert out0 == single and len(single.split(",")) == 8
     assert out1 == ""  # rank 0 prints; rank 1 only computes
+    assert list(scratch.iterdir()) == []
 
 
 def _by_hand(rank: int, port: int, path: Path, tokens: int) -> subprocess.Popen:
@@ -187,15 +201,14 @@ def test_a_decode_group_across_two_hosts_serves_one_ranks_completions(root_and_h
     env = {**SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(checkpoint)}
     stack = Stack({"vision": 0, "prefill": 1, "decode": 0}, free_port(), tmp_path / "logs", env)
     stack.start()
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
-    meet = ["--master-addr", ADDRESSES[0], "--master-port", str(free_port())]
+    master_port, scratch = free_port(), _scratch(tmp_path)
     serve = ["-m", "dayzero.cli", "serve", "decode", "--tensor-parallel", "2", "--name", "decode0"]
     ranks = []
     try:
         for node, link in enumerate(root_and_host.links):
-            rank_env = {**stack.env, "GLOO_SOCKET_IFNAME": link}
+            rank_env = {**stack.env, "GLOO_SOCKET_IFNAME": link, "TMPDIR": str(scratch)}
             log = (tmp_path / "logs" / f"decode-node{node}.log").open("w")
-            argv = [*torchrun, "--node-rank", str(node), *meet, *serve]
+            argv = [*_torchrun(node, master_port, tmp_path / f"torchrun{node}"), "--node-rank", str(node), *serve]
             ranks.append(root_and_host.start(node, argv, rank_env, stdout=log, stderr=subprocess.STDOUT))
         stack.wait_ready(timeout_s=180)
 
@@ -211,6 +224,7 @@ def test_a_decode_group_across_two_hosts_serves_one_ranks_completions(root_and_h
         stack.stop()
         stopped = _sigterm_rank_zero(ranks)
     assert stopped, "the decode group did not end within 60 s of SIGTERM"
+    assert list(scratch.iterdir()) == []
 
 
 def _sigterm_rank_zero(ranks: list[subprocess.Popen]) -> bool:
