@@ -10,6 +10,7 @@ import time
 
 from . import cli_args
 from .cli_up import add_up_command
+from .procs import end_process
 from .settings import Settings
 from .settings_help import settings_help
 
@@ -33,8 +34,6 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             timeout_graceful_shutdown=grace,
         )
         return 0
-    from .serving.worker import end_process
-
     settings.require_device()
     tp = args.tensor_parallel or settings.tensor_parallel
     if args.service in ("prefill", "decode"):

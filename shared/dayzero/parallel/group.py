@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ..procs import end_process
 from .collectives import Group
 from .config import ParallelConfig
 from .launch import Launch
@@ -108,6 +109,7 @@ def _spawned(
     except queue.Empty:
         raise RendezvousFailed(f"rank {index + 1}: rank 0 named no port within {START_SECONDS:.0f} s") from None
     _local(world_size, index + 1, port, timeout, cuda, fn, args)
+    end_process()  # rank 0 waits for this exit (join_ranks): not for the interpreter's teardown too
 
 
 def _await_start(context: mp.ProcessContext, started, ranks: int) -> None:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
+from typing import Any, Protocol
 
 from celery import signals
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
@@ -189,18 +187,6 @@ class StageWorker:
         """Called by the Celery task: admit the job and wait until the stage settles it."""
         self._ready.wait()
         self.running.handle(job)
-
-
-def end_process(code: int = 0) -> NoReturn:
-    """End a worker process whose service has returned (Celery's warm shutdown done, a group's ranks
-    joined): its spans exported and its exit handlers run (logging's flush, multiprocessing's
-    cleanup), but not the interpreter's teardown of every module (torch, transformers, Celery...),
-    which made up most of a stop: 1.5-4 s of a worker's 2-5 s after its SIGTERM, longer under load."""
-    flush_spans()
-    atexit._run_exitfuncs()  # (what a normal exit runs before that teardown)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def worker_argv(stage: str, concurrency: int, name: str) -> list[str]:
