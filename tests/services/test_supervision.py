@@ -11,9 +11,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import httpx
 import psutil
+import pytest
 import torch
 
 from dayzero.procs import free_port, spawn
@@ -74,16 +76,69 @@ def test_a_metrics_port_in_use_is_refused_at_start_naming_it(text_dir, tmp_path)
     assert not (tmp_path / "gateway.log").exists()  # nothing was started
 
 
-def test_a_killed_supervisor_takes_every_child_with_it(text_dir, tmp_path):
-    port = free_port()
-    up = up_process(text_dir, tmp_path, port)
-    wait_ready(f"http://127.0.0.1:{port}", up)
+class RunningUp:
+    """A ``dayzero up`` (gateway, 1 prefill, 1 decode, each worker's /metrics on a port of its own)
+    for the tests that need one running, each until it ends it (~30 s a start): started again for
+    the next one when the last one ended it. ``err``: its stderr's lines so far."""
+
+    def __init__(self, checkpoint, tmp_path_factory) -> None:
+        self.checkpoint, self.tmp = checkpoint, tmp_path_factory
+        self.proc: subprocess.Popen | None = None
+        self.metrics, self.err = 0, []
+
+    def get(self) -> subprocess.Popen:
+        if self.proc is None or self.proc.poll() is not None:
+            self.close()
+            port, self.metrics, self.err = free_port(), consecutive_ports(2), []
+            extra = {"DAYZERO_METRICS_PORT": str(self.metrics)}
+            self.proc = up_process(self.checkpoint, self.tmp.mktemp("up"), port, extra=extra)
+            # (read on a thread: a pipe nobody reads fills, and the lines are wanted before the end)
+            self.reader = threading.Thread(target=self.err.extend, args=(self.proc.stderr,), daemon=True)
+            self.reader.start()
+            wait_ready(f"http://127.0.0.1:{port}", self.proc)
+        return self.proc
+
+    def pids(self) -> set[int]:
+        """(its children are the fixture's, not a test's: see tests/conftest.py)"""
+        return {self.proc.pid} if self.proc is not None and self.proc.poll() is None else set()
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=60)
+            self.reader.join(10)  # (to the pipe's end)
+            self.proc.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def running_up(text_dir, tmp_path_factory):
+    up = RunningUp(text_dir, tmp_path_factory)
+    yield up
+    up.close()
+
+
+def test_each_worker_serves_metrics_on_its_own_port(running_up):
+    """DAYZERO_METRICS_PORT=P under up: the workers serve their own /metrics on P, P + 1 in the
+    order listed at start (one port for all: every worker but the first died binding it, and up
+    gave up after their restarts)."""
+    up, metrics = running_up.get(), running_up.metrics
+    stages = []
+    for at in (metrics, metrics + 1):
+        scrape = httpx.get(f"http://127.0.0.1:{at}/metrics", timeout=10).text
+        stages.append({s for s in ("prefill", "decode") if f'stage="{s}"' in scrape})
+    listed = f"worker metrics (DAYZERO_METRICS_PORT, one port each): prefill0 :{metrics}, decode0 :{metrics + 1}"
+    assert stages == [{"prefill"}, {"decode"}]
+    assert wait_until(lambda: listed in "".join(running_up.err), 10)
+    assert up.poll() is None and "restarted" not in "".join(running_up.err)  # (its clean stop: the SIGINT test)
+
+
+def test_a_killed_supervisor_takes_every_child_with_it(running_up):
+    up = running_up.get()
     children = psutil.Process(up.pid).children(recursive=True)
     assert {p.name() for p in children} >= {"redis-server"} and len(children) >= 4  # + gateway, prefill, decode
     up.kill()
     up.wait()
     assert _gone(children, 5) == []
-    up.stderr.close()
 
 
 def test_redis_crash_mid_stream_then_sigint_to_a_background_supervisor(text_dir, tmp_path):
@@ -114,24 +169,6 @@ def test_redis_crash_mid_stream_then_sigint_to_a_background_supervisor(text_dir,
     assert "redis exited; restarted" in err and "stopping: gateway, then workers, then redis" in err
     assert "killed" not in err  # every child honoured SIGTERM
     assert _gone(children, 5) == []
-
-
-def test_each_worker_serves_metrics_on_its_own_port(text_dir, tmp_path):
-    """DAYZERO_METRICS_PORT=P under up: the workers serve their own /metrics on P, P + 1 in the
-    order listed at start (one port for all: every worker but the first died binding it, and up
-    gave up after their restarts)."""
-    port, metrics = free_port(), consecutive_ports(2)
-    up = up_process(text_dir, tmp_path, port, extra={"DAYZERO_METRICS_PORT": str(metrics)})
-    wait_ready(f"http://127.0.0.1:{port}", up)
-    stages = []
-    for at in (metrics, metrics + 1):
-        scrape = httpx.get(f"http://127.0.0.1:{at}/metrics", timeout=10).text
-        stages.append({s for s in ("prefill", "decode") if f'stage="{s}"' in scrape})
-    up.send_signal(signal.SIGTERM)
-    _, err = up.communicate(timeout=60)
-    assert stages == [{"prefill"}, {"decode"}]
-    assert f"worker metrics (DAYZERO_METRICS_PORT, one port each): prefill0 :{metrics}, decode0 :{metrics + 1}" in err
-    assert up.returncode == 0 and "restarted" not in err
 
 
 def test_a_stack_stopping_with_its_redis_unlinks_the_embeddings_its_vision_workers_parked(demo_dir, tmp_path):
