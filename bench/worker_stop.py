@@ -1,0 +1,73 @@
+"""How long a worker takes to stop: SIGTERM to its exit, per worker, and a whole ``Stack.stop()``.
+
+Starts a stack of 1 prefill and 1 decode worker on the demo checkpoint (text only) per round, serves
+one request, then SIGTERMs the decode worker and the prefill worker one after the other (each
+waited for), and times a ``Stack.stop()`` of a second stack (gateway, then both workers together,
+then Redis). An idle worker's stop is Celery's warm shutdown (its queue read ends within the
+broker's 1 s poll) and then whatever the process does on its way out.
+Run: ``python bench/worker_stop.py [--rounds 3]``; before/after: run it with PYTHONPATH at each tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from dayzero.demo import write_demo_checkpoint
+from dayzero.procs import free_port
+from dayzero.stack import Stack
+
+ENV = {"DAYZERO_KV_BUDGET_MB": "32", "DAYZERO_MAX_BATCH": "16"}
+BODY = {"model": "dayzero-demo", "prompt": [0, 5, 6], "max_tokens": 4}
+
+
+def ready_stack(checkpoint: Path, logs: Path) -> Stack:
+    env = {**ENV, "DAYZERO_CHECKPOINT": str(checkpoint)}
+    stack = Stack({"vision": 0, "prefill": 1, "decode": 1}, free_port(), logs, env)
+    stack.start()
+    stack.wait_ready(timeout_s=300)
+    assert httpx.post(f"{stack.url}/v1/completions", json=BODY, timeout=120).status_code == 200
+    return stack
+
+
+def rounds(work: Path, n: int) -> dict[str, list[float]]:
+    checkpoint = write_demo_checkpoint(work / "ckpt", fp4=True)
+    took: dict[str, list[float]] = {"decode0": [], "prefill0": [], "Stack.stop()": []}
+    for r in range(n):
+        stack = ready_stack(checkpoint, work / f"logs{r}")
+        try:
+            for name in ("decode0", "prefill0"):
+                proc = stack.child(name).proc
+                began = time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+                took[name].append(time.monotonic() - began)
+        finally:
+            stack.stop()
+        stack = ready_stack(checkpoint, work / f"logs{r}-whole")
+        began = time.monotonic()
+        killed = stack.stop()
+        took["Stack.stop()"].append(time.monotonic() - began)
+        assert not killed, killed
+        print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in took.items()), flush=True)
+    return took
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="worker-stop-") as scratch:  # (the checkpoint, the logs)
+        took = rounds(Path(scratch), args.rounds)
+    for name, values in took.items():
+        print(f"{name}: median {statistics.median(values):.2f} s, min {min(values):.2f}, max {max(values):.2f}")
+
+
+if __name__ == "__main__":
+    main()
