@@ -1,6 +1,6 @@
 """Local ranks meeting: the group's timeout bounds the meeting, not the spawned ranks' start (a
 loaded host slows spawning and importing past any bound kept short to notice a silent rank), and
-a rank that dies while starting fails the group at once."""
+a rank that dies while starting fails the group at once; a spawned rank ends when its work returns."""
 
 from __future__ import annotations
 

@@ -4,11 +4,12 @@ of a group started elsewhere (torchrun on each host, ``dayzero.parallel.launch``
 ``run_group(n, fn, *args)`` calls ``fn(group, *args)`` on every rank with its ``Group`` and returns
 rank 0's result. Local ranks: rank 0 in this process, ranks 1.. spawned, a torch.distributed
 process group over 127.0.0.1 on a free port, each rank its share of the CPU threads; the spawned
-ranks are joined, or terminated when rank 0 fails. The meeting begins once every spawned rank has
-started (up to ``START_SECONDS``; one that dies starting fails it at once): ``timeout`` bounds the
-meeting and the collectives, not the ranks' start (spawn, imports), which a loaded host slows past
-any bound kept short to notice a silent rank. ``launch=``: this process joins as the rank
-the launch names (env:// rendezvous at MASTER_ADDR:MASTER_PORT) and gets its own rank's result.
+ranks are joined (each ends as soon as its work returns), or terminated when rank 0 fails. The
+meeting begins once every spawned rank has started (up to ``START_SECONDS``; one that dies
+starting fails it at once): ``timeout`` bounds the meeting and the collectives, not the ranks'
+start (spawn, imports), which a loaded host slows past any bound kept short to notice a silent
+rank. ``launch=``: this process joins as the rank the launch names (env:// rendezvous at
+MASTER_ADDR:MASTER_PORT) and gets its own rank's result.
 Either way, a rank that dies makes the others' collectives fail (at once when its sockets close,
 within ``timeout`` when its host stops answering), and ranks that do not all meet within
 ``timeout`` fail the rendezvous.
