@@ -10,6 +10,7 @@ from dayzero.serving.queue_scripts import ADMIT
 from dayzero.serving.runtime import WARM_UP, Runtime
 from dayzero.serving.scripts import HEARTBEAT, TAKE
 from dayzero.settings import Settings
+from dayzero.shm import SHM_DIR
 
 
 @pytest.mark.parametrize("decode", [False, True])
@@ -58,3 +59,16 @@ def test_prefill_s_activation_estimate_is_a_whole_step_s(demo_dir, redis_url):
     regions = runtime.memory_regions(batch=1)
     assert regions["activations"] == 256 * cfg.hidden_size * elem * 8
     assert regions["hyper_connection_state"] == 256 * cfg.hc_mult * cfg.hidden_size * 4 * 2
+
+
+def test_a_runtime_closed_twice_unlinks_its_pool_segment_once(demo_dir, redis_url):
+    """SIGTERM: Celery's shutdown closes the runtime, and the stop's watchdog closes it again when the
+    process still runs after the grace (a tensor-parallel group's ranks ending): the second unlink
+    raised FileNotFoundError, the watchdog died before its exit and the worker ran on until
+    ``dayzero up`` SIGKILLed it."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=4)
+    runtime = Runtime.load(settings, "closed@test", "prefill", True)
+    name = runtime.segment.name
+    runtime.close()
+    runtime.close()
+    assert not (SHM_DIR / name).exists()

@@ -231,6 +231,8 @@ class Runtime:
             self.presence.beat(lambda: self.snapshot(batch))
 
     def close(self) -> None:
-        if self.segment is not None:
-            self.segment.close()
-            self.segment.unlink()
+        """Unlink the pool segment, once: SIGTERM's watchdog closes again when Celery's shutdown did."""
+        segment, self.segment = self.segment, None
+        if segment is not None:
+            segment.close()
+            segment.unlink()

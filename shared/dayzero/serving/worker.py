@@ -167,10 +167,12 @@ class StageWorker:
         def exit_later() -> None:
             time.sleep(self.settings.shutdown_grace_s)
             log.warning("%s still stopping after %.0f s; exiting", self.stage, self.settings.shutdown_grace_s)
-            self._stop()
-            flush_spans()  # os._exit runs no exit handlers, where the SDK would export the last batch
-            logging.shutdown()
-            os._exit(0)
+            try:
+                self._stop()
+                flush_spans()  # os._exit runs no exit handlers, where the SDK would export the last batch
+            finally:  # (a failed clean-up: the process still ends)
+                logging.shutdown()
+                os._exit(0)
 
         threading.Thread(target=exit_later, name="exit-watchdog", daemon=True).start()
         if self._pulse is not None:
