@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -58,3 +59,24 @@ def test_a_rank_whose_peers_never_come_fails_within_the_timeout(tiny_checkpoint)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert re.search(r"Timed out after [23] seconds waiting for clients\. 1/2 clients joined", done.stderr)
+
+
+@pytest.mark.slow
+def test_a_master_port_in_use_is_named_not_waited_out(tiny_checkpoint):
+    """Rank 0 serves the rendezvous at MASTER_PORT: another process holding it failed the start at
+    once, but the error said the group "did not meet within 60 s" and asked whether the other
+    ranks had the same MASTER_PORT. It names the port in use."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, **TORCHRUN, "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+        env["MASTER_PORT"] = str(port)
+        args = ["generate", "--checkpoint", str(tiny_checkpoint), "--prompt-ids", "1,2", "--tensor-parallel", "2"]
+        command = [sys.executable, "-m", "dayzero.cli", *args, "--group-timeout", "60"]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: rank 0 of 2 cannot serve the group's rendezvous at 127.0.0.1:{port}: another process holds "
+        f"that port on this host; choose another MASTER_PORT (torchrun: --master-port)"
+    )

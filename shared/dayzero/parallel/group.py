@@ -44,6 +44,10 @@ class RendezvousFailed(TimeoutError):
     MASTER_ADDR / MASTER_PORT, a host that cannot reach rank 0's)."""
 
 
+class MasterPortInUse(OSError):
+    """Rank 0 cannot serve the rendezvous store: another process holds MASTER_PORT on its host."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -69,9 +73,14 @@ def _rank(
             timeout=datetime.timedelta(seconds=timeout),
             device_id=launch.device if launch.cuda else None,
         )
-    except dist.DistError as exc:  # the store's timeout, or rank 0's address unreachable
+    except dist.DistError as exc:  # the store's timeout, rank 0's address unreachable, its port taken
         where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
         reason = str(exc).strip().splitlines()[0]
+        if "EADDRINUSE" in reason:  # rank 0 serves the rendezvous store there, at once: no timeout to blame
+            raise MasterPortInUse(
+                f"rank 0 of {launch.config.world_size} cannot serve the group's rendezvous at {where}: another "
+                f"process holds that port on this host; choose another MASTER_PORT (torchrun: --master-port)"
+            ) from None
         raise RendezvousFailed(
             f"rank {launch.config.rank} of {launch.config.world_size}: the group did not meet at {where} "
             f"within {timeout:g} s ({reason}); are the other ranks started with the same MASTER_ADDR and MASTER_PORT?"
