@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
@@ -37,8 +38,25 @@ Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
 class FunctionCall(_Body):
-    name: str = Field(max_length=256)
+    """A call in the chat's history, rendered as V4 writes one: ``invoke name="NAME"`` and a
+    ``parameter name="KEY"`` per argument, with no escape: a name or key holding a quote or a
+    ``<`` would show the model markup its calls never have (the reply parser reads back what they
+    may hold: ``chat/dsml.py``)."""
+
+    name: str = Field(pattern=r'^[^"<]{0,256}$')  # any call's name (earlier calls may be other tools')
     arguments: str = Field(default="{}", max_length=MAX_TEXT)  # a JSON object
+
+    @field_validator("arguments")
+    @classmethod
+    def _keys_fit_the_call_format(cls, arguments: str) -> str:
+        try:
+            values = json.loads(arguments)
+        except (ValueError, RecursionError):  # rendered as one "arguments" parameter, as DeepSeek's encoder does
+            return arguments
+        for key in values if isinstance(values, dict) else ():
+            if '"' in key or "<" in key:
+                raise ValueError(f"argument name {key!r}: a call's argument names cannot carry '\"' or '<'")
+        return arguments
 
 
 class ToolCall(_Body):

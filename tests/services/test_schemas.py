@@ -204,3 +204,36 @@ def test_fields_within_their_bounds_pass():
     body = {**CHAT, "metadata": metadata, "user": "u" * 256, "messages": [{"role": "user", "content": [image]}]}
     assert ChatCompletionRequest.model_validate(body).metadata == metadata
     assert CompletionRequest.model_validate({**COMPLETION, "user": "u" * 256}).user == "u" * 256
+
+
+def _history_call(name: str, arguments: str) -> dict:
+    call = {"id": "c1", "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {**CHAT, "messages": [*CHAT["messages"], {"role": "assistant", "tool_calls": [call]}]}
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "where"),
+    [
+        ('get">x', "{}", ("name",)),  # closed the invoke tag's name early
+        ("a<b", "{}", ("name",)),
+        ("f", '{"k\\">": 1}', ("arguments",)),  # an argument key closing its parameter tag
+        ("f", '{"<k": 1}', ("arguments",)),
+    ],
+)
+def test_a_history_call_the_call_format_cannot_write_is_refused(name, arguments, where):
+    """V4's calls name functions and arguments inside quotes with no escape: these were accepted and
+    rendered into the prompt as markup the model's calls never have."""
+    with pytest.raises(ValidationError) as refused:
+        ChatCompletionRequest.model_validate(_history_call(name, arguments))
+    assert where in [e["loc"][-len(where) :] for e in refused.value.errors()], refused.value.errors()
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments"),
+    [("", "{}"), ("ns:tool.v2", '{"a b": 1, "é": "x"}'), ("f", "not json"), ("f", "[1, 2]"), ("f", '"s"')],
+)
+def test_history_calls_the_reply_parser_can_produce_pass(name, arguments):
+    """Names and keys holding neither a quote nor a ``<`` are what chat/dsml.py reads from replies
+    (an empty name included); arguments that are no JSON object render as one parameter."""
+    body = ChatCompletionRequest.model_validate(_history_call(name, arguments))
+    assert body.messages[-1].tool_calls[0].function.name == name
