@@ -86,7 +86,10 @@ class KeptPrefills:
         it in order: (those to send now, those waiting for their retry)."""
         kept = [t for t in pending if self.holds(t)]
         pending[:] = [t for t in pending if not self.holds(t)]
-        return [t for t in kept if not self.waits(t)], [t for t in kept if self.waits(t)]
+        now, due, waiting = time.monotonic(), [], []  # (one reading of the clock: read once per list, a retry
+        for ticket in kept:  # falling due in between put its ticket in neither, lost)
+            (waiting if self.of(ticket).retry_at > now else due).append(ticket)
+        return due, waiting
 
     def requests(self) -> set[str]:
         """The requests whose first token may be on their stream already: no peer may take them (it
