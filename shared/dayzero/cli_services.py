@@ -48,18 +48,21 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
             check_split(settings.checkpoint_dir(), [tp])  # before any rank starts
             timeout, name = settings.group_timeout_s, args.name
-            run_group(
+            code = run_group(
                 tp, serve_rank, args.service, settings, name, timeout=timeout, launch=launch, device=settings.device
             )
-            end_process()
+            end_process(code or 0)  # (rank 0's worker's, or a torchrun follower's: None)
     elif tp > 1:
         raise ValueError(f"--tensor-parallel is for prefill and decode workers; {args.service} runs on one device")
-    _run_worker(args.service, settings, args.name)
-    end_process()
+    end_process(_run_worker(args.service, settings, args.name))
 
 
-def _run_worker(service: str, settings: Settings, name: str | None, group=None) -> None:
-    """The stage's Celery worker in this process (rank 0 of ``group``, when it has one)."""
+def _run_worker(service: str, settings: Settings, name: str | None, group=None) -> int:
+    """The stage's Celery worker in this process (rank 0 of ``group``, when it has one). -> its exit
+    code: Celery's (1 when it ended on an error: "Unrecoverable error", a queue Redis refuses for good),
+    which ``worker_main`` drops (the process exited 0: a supervisor's restart-on-failure never came)."""
+    from celery import signals
+
     from .serving.worker import worker_argv
 
     if service == "vision":
@@ -70,16 +73,21 @@ def _run_worker(service: str, settings: Settings, name: str | None, group=None) 
         from services.decode.worker import make_worker
     app = make_worker(settings) if group is None else make_worker(settings, group)
     concurrency = {"vision": 1, "prefill": settings.max_batch, "decode": 2 * settings.max_batch}[service]
+    ended: list[object] = []
+    signals.worker_shutdown.connect(
+        lambda sender=None, **_: ended.append(getattr(sender, "exitcode", None)), weak=False
+    )
     app.worker_main(worker_argv(service, concurrency, f"{name or service}@%h"))
+    code = ended[-1] if ended else None
+    return 0 if code is None else code if isinstance(code, int) else 1  # (None: a cold shutdown; text: 1)
 
 
-def serve_rank(group, service: str, settings: Settings, name: str | None) -> None:
+def serve_rank(group, service: str, settings: Settings, name: str | None) -> int | None:
     """One rank of a prefill or decode group: rank 0 is the stage's worker (Celery, Redis, the
     loop); the others load their share of the model and do each step rank 0 tells them. They
-    ignore SIGTERM and end with rank 0 (its stop message, or its death)."""
+    ignore SIGTERM and end with rank 0 (its stop message, or its death). -> rank 0's exit code."""
     if group.config.rank == 0:
-        _run_worker(service, settings, name, group)
-        return
+        return _run_worker(service, settings, name, group)
     import logging
 
     from .procs import die_with

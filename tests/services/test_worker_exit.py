@@ -5,11 +5,15 @@ not. A real stack's worker, SIGTERMed by ``Stack.stop``."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+
+import redis
 
 from dayzero.procs import free_port
 from dayzero.stack import Stack
 
-from .conftest import wait_until
+from .conftest import SETTINGS_ENV, wait_until
 
 # Loaded by every Python process of the stack (PYTHONPATH): marks, by pid, that its exit handlers ran
 # and that its modules were torn down (an object of this module's finalized with them).
@@ -46,3 +50,23 @@ def test_a_stopped_worker_runs_its_exit_handlers_and_skips_the_interpreter_teard
     assert killed == [] and worker.returncode == 0
     assert (out / f"exit-handlers-{worker.pid}").exists()  # logging's flush, multiprocessing's cleanup, ...
     assert not (out / f"torn-down-{worker.pid}").exists()  # (was: 1.5-4 s of a 2-5 s stop)
+
+
+def test_a_worker_that_ends_on_an_error_exits_non_zero(text_dir, redis_url, tmp_path):
+    """Its queue's binding key holds another type: Celery's consumer fails for good (WRONGTYPE,
+    "Unrecoverable error") and the worker ends. Its exit code says so (was: 0, Celery's code dropped
+    by ``worker_main``: a supervisor's restart-on-failure, a healthcheck on exit, never saw a failure)."""
+    r = redis.Redis.from_url(redis_url)
+    r.set("_kombu.binding.prefill", "not a set")
+    env = {**os.environ, **SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(text_dir), "DAYZERO_REDIS_URL": redis_url}
+    try:
+        ended = subprocess.run(
+            [sys.executable, "-m", "dayzero.cli", "serve", "prefill", "--name", "prefill0"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        r.delete("_kombu.binding.prefill")
+    assert "Unrecoverable error" in ended.stderr and ended.returncode == 1, ended.stderr[-3000:]
