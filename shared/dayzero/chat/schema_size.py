@@ -14,8 +14,13 @@ _DATA = ("enum", "const", "default", "examples")  # values, not schemas
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
 MOST_TOOLS = 1024  # tools a request may ever offer (the ceiling of DAYZERO_MAX_TOOLS)
 ROW_ITEMS = 2000  # llguidance's max_items_in_row (its default; chat.grammar.parser_limits passes it)
-# an object's optional properties (not in required) fill one row of the parser: 4 items each, plus 7
-# (open: any other property may follow) or less 1 (additionalProperties false), 498 / 500 at most
+# The rows of llguidance's parser an object's optional properties (not in required) fill (measured,
+# llguidance 1.x). With no required property: one row, 4 items each, plus 7 (open: any other property
+# may follow) or less 1 (additionalProperties false): 498 / 500 at most. With one: the optional
+# properties declared before the first required one, 3 items each plus 1 (666 at most); then those
+# after each required one, 2 items each plus 1 (3 after the last, when open), plus those before the
+# first and 3 when there are some (998 at most after the last: the row llguidance took for a required
+# property first, 1,000 optional ones after it, which the first steps' check let through)
 _OPEN_ROW, _CLOSED_ROW = 7, -1
 
 
@@ -68,43 +73,75 @@ def size_problem(schemas: list, limits: SchemaLimits, enforced: bool = True) -> 
 
 
 def _optional_problem(node: dict) -> str | None:
-    """Why llguidance's parser cannot take ``node`` (None: it can): an object of more optional
-    properties than a row of its parser holds (the row where the object opens offers every one), or
-    an anyOf / oneOf whose objects, opening in one row, hold more together."""
-    if _row_items(node) > ROW_ITEMS:
-        optional, closed = _optional(node), node.get("additionalProperties") is False
-        most = (ROW_ITEMS - (_CLOSED_ROW if closed else _OPEN_ROW)) // 4
-        kind = "with additionalProperties false" if closed else "open to other properties"
-        return (
-            f"an object of {optional:,} optional properties (not in required): at most {most} in one object "
-            f"{kind} can be enforced (llguidance's parser holds {ROW_ITEMS:,} items in a row, 4 per optional property)"
-        )
+    """Why llguidance's parser cannot take ``node`` (None: it can): an object whose optional
+    properties fill a row of its parser past what it holds, or an anyOf / oneOf whose objects,
+    opening in one row, hold more together."""
+    if (row := _widest_row(node)) is not None and row[0] > ROW_ITEMS:
+        return row[1]
     branches = [b for key in ("anyOf", "oneOf") if isinstance(node.get(key), list) for b in node[key]]
-    if (items := sum(_row_items(b) for b in branches)) > ROW_ITEMS:
+    if (items := sum(_opening_row(b) for b in branches)) > ROW_ITEMS:
+        optional = sum(_runs(b)[0] for b in branches if _runs(b))
         return (
-            f"the objects of one anyOf / oneOf hold {sum(map(_optional, branches)):,} optional properties (not in "
-            f"required) together: llguidance's parser offers them all in one row, {items:,} items of its "
-            f"{ROW_ITEMS:,} (4 per optional property, 7 per object open to other properties)"
+            f"the objects of one anyOf / oneOf hold {optional:,} optional properties that may come first (none "
+            f"required, or declared before the first required one) together: llguidance's parser offers them all "
+            f"in one row, {items:,} items of its {ROW_ITEMS:,}"
         )
     return None
 
 
-def _optional(node: object) -> int:
-    """How many of the object ``node``'s properties are optional (not in required)."""
+def _runs(node: object) -> list[int]:
+    """The object ``node``'s optional properties in runs, as declared: [all of them] when none is
+    required; else [those before the first required one, those after it up to the next, ..., those
+    after the last]. Empty: not an object of properties."""
     properties = node.get("properties") if isinstance(node, dict) else None
     if not isinstance(properties, dict):
-        return 0
+        return []
     required = node.get("required")
     named = {r for r in required if isinstance(r, str)} & properties.keys() if isinstance(required, list) else set()
-    return len(properties) - len(named)
+    runs = [0]
+    for name in properties:
+        if name in named:
+            runs.append(0)
+        else:
+            runs[-1] += 1
+    return runs
 
 
-def _row_items(node: object) -> int:
-    """The items of llguidance's parser row where the object ``node`` opens (0: not an object of
-    optional properties)."""
-    if not (optional := _optional(node)):
+def _opening_row(node: object) -> int:
+    """The items of llguidance's parser row where the object ``node`` opens, of its optional properties
+    (a required one first counts nothing: an undercount, which the compile's check backs)."""
+    runs = _runs(node)
+    if not runs or not runs[0]:
         return 0
-    return 4 * optional + (_CLOSED_ROW if node.get("additionalProperties") is False else _OPEN_ROW)
+    if len(runs) == 1:  # none required
+        return 4 * runs[0] + (_CLOSED_ROW if node.get("additionalProperties") is False else _OPEN_ROW)
+    return 3 * runs[0] + 1
+
+
+def _widest_row(node: object) -> tuple[int, str] | None:
+    """The row of llguidance's parser that the object ``node``'s optional properties fill most: (its
+    items, the refusal were it past the row's). None: no optional property."""
+    runs = _runs(node)
+    if not any(runs):
+        return None
+    closed = node.get("additionalProperties") is False
+    if len(runs) == 1:
+        most = (ROW_ITEMS - (_CLOSED_ROW if closed else _OPEN_ROW)) // 4
+        kind = "with additionalProperties false" if closed else "open to other properties"
+        return _opening_row(node), (
+            f"an object of {runs[0]:,} optional properties (not in required): at most {most} in one object "
+            f"{kind} can be enforced (llguidance's parser holds {ROW_ITEMS:,} items in a row, 4 per optional property)"
+        )
+    rows = [(_opening_row(node), runs[0], (ROW_ITEMS - 1) // 3, "declared before its first required one")]
+    before = runs[0] + 3 if runs[0] else 0
+    for i, run in enumerate(runs[1:], 1):
+        end = 3 if i == len(runs) - 1 and not closed else 1  # (after the last required one, open)
+        rows.append((2 * run + end + before, run, (ROW_ITEMS - end - before) // 2, "declared after a required one"))
+    items, optional, most, where = max(rows)
+    return items, (
+        f"an object of {optional:,} optional properties {where} in a row: at most {most} can be enforced "
+        f"(llguidance's parser offers them in one row, which holds {ROW_ITEMS:,} items)"
+    )
 
 
 def _message(name: str, limits: SchemaLimits) -> str:
