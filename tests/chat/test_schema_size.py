@@ -131,6 +131,19 @@ def test_the_optional_properties_after_a_required_one_fill_a_row_of_their_own(le
     assert problem.startswith(f"an object of {most + 1} optional properties declared after a required one"), problem
 
 
+def test_the_optional_properties_between_two_required_ones_fill_a_row_of_their_own():
+    """Between two required properties: 2 items each and 1, 2 more when optional ones come before the
+    first required one (999 fit with none before it, 998 with 100: llguidance's edges)."""
+    big = SchemaLimits(3000, 120_000, 10_000)
+    for leading, most in ((0, 999), (100, 998)):
+        fits, over = _leading(leading, most + 1), _leading(leading, most + 2)
+        for schema in (fits, over):  # (a second required property closes the run)
+            schema["required"] = [*schema["required"], list(schema["properties"])[-1]]
+        assert size_problem([fits], big) is None and _parser_takes(fits), leading
+        assert not _parser_takes(over)
+        assert size_problem([over], big).startswith(f"an object of {most + 1:,} optional properties declared after")
+
+
 def test_the_objects_of_an_any_of_each_beginning_with_a_required_property_fit():
     """A union of objects each led by a required property (a discriminator) and optional fields after
     it: the row where they open holds their first properties only. 300 of them fit (was: refused, 4

@@ -18,9 +18,10 @@ ROW_ITEMS = 2000  # llguidance's max_items_in_row (its default; chat.grammar.par
 # llguidance 1.x). With no required property: one row, 4 items each, plus 7 (open: any other property
 # may follow) or less 1 (additionalProperties false): 498 / 500 at most. With one: the optional
 # properties declared before the first required one, 3 items each plus 1 (666 at most); then those
-# after each required one, 2 items each plus 1 (3 after the last, when open), plus those before the
-# first and 3 when there are some (998 at most after the last: the row llguidance took for a required
-# property first, 1,000 optional ones after it, which the first steps' check let through)
+# after each required one, 2 items each plus 1, and 2 more when some come before the first required
+# one; after the last, plus 3 when open, and those before the first and 3 when there are some (998
+# at most after a required one first: llguidance took the object of 1,000 after it, which the first
+# steps' check let through, and failed each reply mid-way)
 _OPEN_ROW, _CLOSED_ROW = 7, -1
 
 
@@ -133,10 +134,12 @@ def _widest_row(node: object) -> tuple[int, str] | None:
             f"{kind} can be enforced (llguidance's parser holds {ROW_ITEMS:,} items in a row, 4 per optional property)"
         )
     rows = [(_opening_row(node), runs[0], (ROW_ITEMS - 1) // 3, "declared before its first required one")]
-    before = runs[0] + 3 if runs[0] else 0
     for i, run in enumerate(runs[1:], 1):
-        end = 3 if i == len(runs) - 1 and not closed else 1  # (after the last required one, open)
-        rows.append((2 * run + end + before, run, (ROW_ITEMS - end - before) // 2, "declared after a required one"))
+        if i == len(runs) - 1:  # after the last required one
+            end = (1 if closed else 3) + (runs[0] + 3 if runs[0] else 0)
+        else:
+            end = 1 + (2 if runs[0] else 0)
+        rows.append((2 * run + end, run, (ROW_ITEMS - end) // 2, "declared after a required one"))
     items, optional, most, where = max(rows)
     return items, (
         f"an object of {optional:,} optional properties {where} in a row: at most {most} can be enforced "
