@@ -144,6 +144,19 @@ def test_the_optional_properties_between_two_required_ones_fill_a_row_of_their_o
         assert size_problem([over], big).startswith(f"an object of {most + 1:,} optional properties declared after")
 
 
+def test_the_objects_of_an_any_of_count_their_opening_rows_even_with_no_optional_property():
+    """An open object of no properties holds 7 items of the row its union opens in, one led by a required
+    property 1: 285 empty objects fit, 286 not; 1,000 led by a required property fit (llguidance's
+    counts; was: 0 each, such a union passed the check and llguidance refused it after its compile)."""
+    big = SchemaLimits(30_000, 120_000, 10_000)
+    empty = {"type": "object", "properties": {}}
+    fits, over = {"anyOf": [empty] * 285}, {"anyOf": [empty] * 286}
+    assert size_problem([fits], big) is None and _parser_takes(fits)
+    assert not _parser_takes(over) and size_problem([over], big).startswith("the objects of one anyOf / oneOf")
+    led = {"anyOf": [_leading(0, 0, f"b{i}_") for i in range(1000)]}
+    assert size_problem([led], big) is None and _parser_takes(led)
+
+
 def test_the_objects_of_an_any_of_each_beginning_with_a_required_property_fit():
     """A union of objects each led by a required property (a discriminator) and optional fields after
     it: the row where they open holds their first properties only. 300 of them fit (was: refused, 4

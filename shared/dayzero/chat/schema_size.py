@@ -109,14 +109,12 @@ def _runs(node: object) -> list[int]:
 
 
 def _opening_row(node: object) -> int:
-    """The items of llguidance's parser row where the object ``node`` opens, of its optional properties
-    (a required one first counts nothing: an undercount, which the compile's check backs)."""
+    """The items of llguidance's parser row where the object ``node`` opens, of its properties (an
+    object with no ``properties`` counts nothing: an undercount, which the compile's check backs)."""
     runs = _runs(node)
-    if not runs or not runs[0]:
-        return 0
-    if len(runs) == 1:  # none required
-        return 4 * runs[0] + (_CLOSED_ROW if node.get("additionalProperties") is False else _OPEN_ROW)
-    return 3 * runs[0] + 1
+    if len(runs) == 1:  # none required (none at all: 7 items open, 1 closed)
+        return max(1, 4 * runs[0] + (_CLOSED_ROW if node.get("additionalProperties") is False else _OPEN_ROW))
+    return 3 * runs[0] + 1 if runs else 0
 
 
 def _widest_row(node: object) -> tuple[int, str] | None:
