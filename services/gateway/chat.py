@@ -13,7 +13,7 @@ from dayzero.chat.grammar import (
     schema_problem,
     tool_calls_grammar,
 )
-from dayzero.chat.schema_size import size_problem
+from dayzero.chat.schema_size import more_nodes_than, size_problem
 from dayzero.chat.tokens import DSML, END_THINK
 from dayzero.params import Grammar
 
@@ -81,13 +81,15 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
 def check_tool_set(gw: Gateway, body: ChatPrompt) -> None:
     """The tools a chat offers, bounded under any tool_choice before a grammar compiles or the
     prompt is rendered (8,000 properties took 130-450 ms to render before the prompt's length
-    refused them): at most DAYZERO_MAX_TOOLS tools, their parameters within the schema limits,
-    together (400 naming ``tools`` and the setting)."""
+    refused them): at most DAYZERO_MAX_TOOLS tools, and the tools the model is shown no more
+    subschemas than the context has tokens (each renders to one at least: a set past it could never
+    fit). The enforced ones' compile limits are the grammar's check (``grammar``), also before it."""
     tools, most = body.tools or [], gw.settings.max_tools
     if len(tools) > most:
         raise APIError(400, f"{len(tools)} tools: at most DAYZERO_MAX_TOOLS={most} can be offered", param="tools")
-    if problem := size_problem(_parameters(tools), gw.settings.schema_limits(), enforced=False):
-        raise APIError(400, f"the tools are too big: {problem}", param="tools")
+    if more_nodes_than(_parameters(body.offered_tools()), limit := gw.context_limit):
+        message = f"the tools are too big: more than {limit:,} subschemas, each at least one token of the prompt, "
+        raise APIError(400, message + f"whose context holds {limit:,}", param="tools")
 
 
 def _parameters(tools: list[dict]) -> list[dict]:

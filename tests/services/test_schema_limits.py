@@ -132,22 +132,36 @@ def test_a_realistic_large_schema_and_tool_set_are_accepted_under_the_default_li
     assert isinstance(grammar(gw, body), Grammar)
 
 
-@pytest.mark.parametrize("choice", ["auto", "none", "required"])
-def test_the_offered_tools_are_bounded_under_every_tool_choice_before_the_prompt_is_rendered(small_limits, choice):
+@pytest.fixture(scope="module")
+def short_context(demo_dir, redis_url):
+    """A context of 100 tokens: a tool set of more subschemas than that can never be shown."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, max_context=100, no_worker_timeout_s=1)
+    with TestClient(make_app(settings)) as client:
+        yield client
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_the_offered_tools_are_bounded_by_the_context_before_the_prompt_is_rendered(short_context, choice, path):
     """Under tool_choice auto a tool set of 8,000 properties was rendered into the prompt (130-450 ms)
-    before the prompt's length refused it; under none it was queued as it came."""
-    error = _refused(small_limits, chat("hi", tools=_tools(_object(60)), tool_choice=choice))
-    assert error["param"] == "tools" and "DAYZERO_GUIDED_MAX_SCHEMA_NODES=50" in error["message"], error
-    r = small_limits.post(
-        "/tokenize",
-        json={
-            "model": MODEL,
-            "messages": [{"role": "user", "content": "hi"}],
-            "tools": _tools(_object(60)),
-            "tool_choice": choice,
-        },
-    )
-    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    before the prompt's length refused it: more subschemas than the context's tokens (each renders to
+    one at least) are refused first, whatever the tool_choice shows the model."""
+    body = {**chat("hi", tools=_tools(_object(60), _object(40))), "tool_choice": choice}
+    r = short_context.post(path, json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "tools" and "more than 100 subschemas" in error["message"], error
+
+
+def test_offered_tools_are_not_held_to_the_compile_limits(small_limits, short_context):
+    """Under auto the model only reads the tools: a set past DAYZERO_GUIDED_MAX_SCHEMA_NODES (50 here)
+    but within the context is rendered (DAYZERO_MAX_TOOLS=128 tools of 24 properties each: 3,200
+    subschemas, past the default limit of 3,000, were refused); under none they are not shown at all."""
+    check_tool_set(small_limits.app.state.gateway, ChatCompletionRequest(**chat("hi", tools=_tools(_object(60)))))
+    gw = short_context.app.state.gateway
+    none = {**chat("hi", tools=_tools(_object(60), _object(40))), "tool_choice": "none"}
+    check_tool_set(gw, ChatCompletionRequest(**none))
+    check_tool_set(gw, ChatCompletionRequest(**chat("hi", tools=_tools(_object(50), _object(48)))))  # 100 nodes
 
 
 def test_at_most_max_tools_are_offered(small_limits):

@@ -46,12 +46,12 @@ _WHAT = {
 }
 
 
-def size_problem(schemas: list, limits: SchemaLimits, enforced: bool = True) -> str | None:
+def size_problem(schemas: list, limits: SchemaLimits) -> str | None:
     """Why ``schemas`` (counted together: one grammar enforces them all) are too big to compile
     (None: they are not). Each subschema is counted once as written: a ``$ref`` is not followed
     (its definition is counted where it stands), so a recursive schema costs its size, and the walk
-    stops at the first limit passed (an enum of a million numbers is not read to its end). Schemas a
-    grammar ``enforced`` may not hold an object of more optional properties than llguidance takes."""
+    stops at the first limit passed (an enum of a million numbers is not read to its end). Nor may
+    they hold an object of more optional properties than llguidance's parser takes."""
     used = dict.fromkeys(SETTINGS, 0)
 
     def past(name: str, count: int) -> bool:
@@ -68,7 +68,7 @@ def size_problem(schemas: list, limits: SchemaLimits, enforced: bool = True) -> 
             return _message("literal_chars", limits)
         if past("pattern_chars", _pattern_chars(node)):
             return _message("pattern_chars", limits)
-        if enforced and optional is None:
+        if optional is None:
             optional = _optional_problem(node)
     return optional
 
@@ -143,6 +143,11 @@ def _widest_row(node: object) -> tuple[int, str] | None:
         f"an object of {optional:,} optional properties {where} in a row: at most {most} can be enforced "
         f"(llguidance's parser offers them in one row, which holds {ROW_ITEMS:,} items)"
     )
+
+
+def more_nodes_than(schemas: list, most: int) -> bool:
+    """Whether ``schemas`` hold more than ``most`` subschemas (the walk stops there)."""
+    return any(i >= most for i, _ in enumerate(_schema_nodes(schemas)))
 
 
 def _message(name: str, limits: SchemaLimits) -> str:
