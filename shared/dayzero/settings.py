@@ -97,19 +97,13 @@ class Settings(BaseSettings):
     max_streams: int = Field(default=1024, ge=1, description="open streams (and waiting bodies) before 429")
     max_request_bytes: int = Field(default=8 << 20, ge=1024, description="largest request body")
     max_tokens_limit: int = Field(default=4096, ge=1, description="most completion tokens a request may ask for")
-    max_tools: int = Field(
-        default=128,
-        ge=0,
-        le=MOST_TOOLS,
-        description=f"tools one chat request may offer (OpenAI's 128; {MOST_TOOLS} at most)",
-    )
+    max_tools: int = Field(default=128, ge=0, le=MOST_TOOLS, description=f"tools a chat may offer (<= {MOST_TOOLS})")
     # llguidance's compile grows about quadratically in a schema's properties (8,000: up to 26 s of CPU, then refused)
     guided_max_schema_nodes: int = Field(
         default=3000,
         ge=1,
         description="subschemas (properties, items, branches, definitions) of a request's enforced schemas "
-        "(response_format, or the forced tools' parameters), together, and of all its tools' parameters under any "
-        "tool_choice: 400 beyond, before any compile or rendering",
+        "(response_format, or the forced tools' parameters), together: 400 beyond, before any compile",
     )
     guided_max_literal_chars: int = Field(
         default=120_000, ge=1, description="characters of the enum and const values of those schemas: 400 beyond"
