@@ -75,7 +75,7 @@ class StreamHub:
         self._reader: asyncio.Task | None = None
         self._wakes: set[asyncio.Task] = set()  # wake-ups on their way (a held subscription resumes)
         self._look_at = 0.0  # when the reader next looks for ended requests whose streams have no end
-        self.run_id: str | None = None  # the Redis server's run the reads began on (INFO's run_id)
+        self.run_id: str | None = None  # the Redis server's run last seen (INFO's run_id)
 
     @property
     def open(self) -> int:
@@ -140,8 +140,11 @@ class StreamHub:
         """Reads until no subscription is left; a lost Redis ends every one (Redis lost while the
         reads Redis refused were sorted out too: it ended the task, its exception never retrieved,
         and left the open streams waiting for ever)."""
-        with contextlib.suppress(redis.RedisError):  # (lost: the read meets it)
-            self.run_id = await run_id(self.r)
+        # the server's run, asked once, not before each reader's first read (a reader starts per request
+        # on an idle stack); a restart while no reader ran is found at the next closed read as any other
+        if self.run_id is None:
+            with contextlib.suppress(redis.RedisError):  # (lost: the read meets it)
+                self.run_id = await run_id(self.r)
         while self.subs:
             try:
                 try:
