@@ -23,7 +23,7 @@ TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "1
 def test_torchruns_variables_name_this_rank_and_its_device():
     assert launch_from({"MASTER_ADDR": "10.0.0.1"}, "cpu") is None  # no RANK, no WORLD_SIZE: local ranks
     cpu = launch_from(TORCHRUN, "cpu")
-    assert cpu == Launch(ParallelConfig(2, 1), local_rank=1) and cpu.backend == "gloo"
+    assert cpu == Launch(ParallelConfig(2, 1), 1, master_addr="10.0.0.1", master_port=29500) and cpu.backend == "gloo"
     assert cpu.device == torch.device("cpu")
     gpu = launch_from(TORCHRUN, "cuda")
     assert gpu.backend == "nccl" and gpu.device == torch.device("cuda", 1)  # its host's GPU LOCAL_RANK
@@ -36,6 +36,11 @@ def test_incomplete_or_wrong_variables_are_refused():
         launch_from({**TORCHRUN, "RANK": "2"}, "cpu")
     with pytest.raises(ParallelError, match="must be integers"):
         launch_from({**TORCHRUN, "MASTER_PORT": "http"}, "cpu")
+    for port in ("70000", "0", "-5"):  # 70000: torch's own "port must have value from 0 to 65535", no name
+        with pytest.raises(ParallelError, match=rf"^MASTER_PORT must be a port number, 1 to 65535; got {port} "):
+            launch_from({**TORCHRUN, "MASTER_PORT": port}, "cpu")
+    with pytest.raises(ParallelError, match="LOCAL_RANK must be 0 or more; got -1"):
+        launch_from({**TORCHRUN, "LOCAL_RANK": "-1"}, "cpu")
 
 
 def test_generate_refuses_a_group_of_another_size(tiny_checkpoint, monkeypatch, capsys):
@@ -48,15 +53,20 @@ def test_generate_refuses_a_group_of_another_size(tiny_checkpoint, monkeypatch, 
     assert capsys.readouterr().err.strip().endswith("sample alike only with one --seed: pass --seed")
 
 
+def _rank_alone(rank: int, master_addr: str, port: int, timeout: float, tiny_checkpoint) -> subprocess.CompletedProcess:
+    """``generate`` as ``rank`` of 2 meeting at ``master_addr``:``port``, the other rank never started."""
+    env = {**os.environ, **TORCHRUN, "RANK": str(rank), "LOCAL_RANK": "0", "MASTER_ADDR": master_addr}
+    env["MASTER_PORT"] = str(port)
+    args = ["generate", "--checkpoint", str(tiny_checkpoint), "--prompt-ids", "1,2", "--tensor-parallel", "2"]
+    command = [sys.executable, "-m", "dayzero.cli", *args, "--group-timeout", f"{timeout:g}"]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.slow
 def test_a_rank_whose_peers_never_come_fails_within_the_timeout(tiny_checkpoint):
     """In a process of its own: a failed rendezvous leaves torch's count of process groups raised,
     so this process's later groups would be named unlike their spawned peers'."""
-    env = {**os.environ, **TORCHRUN, "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
-    env["MASTER_PORT"] = str(free_port())
-    args = ["generate", "--checkpoint", str(tiny_checkpoint), "--prompt-ids", "1,2", "--tensor-parallel", "2"]
-    command = [sys.executable, "-m", "dayzero.cli", *args, "--group-timeout", "2"]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    done = _rank_alone(0, "127.0.0.1", free_port(), 2, tiny_checkpoint)
     assert done.returncode != 0
     assert re.search(r"Timed out after [23] seconds waiting for clients\. 1/2 clients joined", done.stderr)
 
@@ -70,13 +80,19 @@ def test_a_master_port_in_use_is_named_not_waited_out(tiny_checkpoint):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = {**os.environ, **TORCHRUN, "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
-        env["MASTER_PORT"] = str(port)
-        args = ["generate", "--checkpoint", str(tiny_checkpoint), "--prompt-ids", "1,2", "--tensor-parallel", "2"]
-        command = [sys.executable, "-m", "dayzero.cli", *args, "--group-timeout", "60"]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        done = _rank_alone(0, "127.0.0.1", port, 60, tiny_checkpoint)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == (
         f"error: rank 0 of 2 cannot serve the group's rendezvous at 127.0.0.1:{port}: another process holds "
         f"that port on this host; choose another MASTER_PORT (torchrun: --master-port)"
     )
+
+
+@pytest.mark.slow
+def test_a_master_addr_that_does_not_resolve_is_refused_at_once(tiny_checkpoint):
+    """A typo in MASTER_ADDR's host name: torch's store retried it until the group timeout (600 s
+    here: past the run's 120 s bound) and reported a timeout. It is named at the start."""
+    done = _rank_alone(1, "rank0-host.invalid", 29500, 600, tiny_checkpoint)
+    assert done.returncode == 2
+    said = done.stderr.strip().splitlines()[-1]
+    assert said.startswith("error: MASTER_ADDR 'rank0-host.invalid' does not resolve to an address (")

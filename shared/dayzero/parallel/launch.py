@@ -3,13 +3,18 @@ host, or by hand with the same variables.
 
 ``launch_from(environ, device)`` reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT
 (the caller passes the entry point's environment; nothing else here reads it) and gives ``None``
-when neither RANK nor WORLD_SIZE is set: the command then starts its own local ranks. The ranks
+when neither RANK nor WORLD_SIZE is set: the command then starts its own local ranks. A value that
+cannot work is refused at once, naming the variable: a MASTER_ADDR that does not resolve (a typo in
+a host name waited out the whole group timeout), a MASTER_PORT that is not a port. The ranks
 meet at MASTER_ADDR:MASTER_PORT by env:// rendezvous (``dayzero.parallel.group``), gloo on CPU,
 NCCL with ``cuda:LOCAL_RANK`` when the device is CUDA.
 """
 
 from __future__ import annotations
 
+import queue
+import socket
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -18,6 +23,7 @@ import torch
 from .config import ParallelConfig, ParallelError
 
 VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+RESOLVE_SECONDS = 10.0  # a resolver silent this long will not answer the rendezvous either
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +31,8 @@ class Launch:
     config: ParallelConfig  # RANK of WORLD_SIZE
     local_rank: int = 0  # this rank's index on its host: its GPU
     cuda: bool = False
+    master_addr: str = "127.0.0.1"  # where the ranks meet: rank 0's host (torchrun's agent there)
+    master_port: int = 0
 
     @property
     def backend(self) -> str:
@@ -52,7 +60,38 @@ def launch_from(environ: Mapping[str, str], device: str) -> Launch | None:
     if missing:
         raise ParallelError(f"joining a group needs {', '.join(VARIABLES)}; not set: {', '.join(missing)}")
     try:
-        rank, world_size, local_rank, _ = (int(environ[n]) for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"))
+        rank, world_size, local_rank, port = (int(environ[n]) for n in VARIABLES if n != "MASTER_ADDR")
     except ValueError as exc:
         raise ParallelError(f"RANK, WORLD_SIZE, LOCAL_RANK and MASTER_PORT must be integers: {exc}") from None
-    return Launch(ParallelConfig(world_size, rank), local_rank, cuda=device.startswith("cuda"))
+    if not 0 < port < 1 << 16:
+        raise ParallelError(f"MASTER_PORT must be a port number, 1 to 65535; got {port} (torchrun: --master-port)")
+    if local_rank < 0:
+        raise ParallelError(f"LOCAL_RANK must be 0 or more; got {local_rank}")
+    address = environ["MASTER_ADDR"]
+    check_resolves(address)
+    return Launch(ParallelConfig(world_size, rank), local_rank, device.startswith("cuda"), address, port)
+
+
+def check_resolves(host: str, bound: float = RESOLVE_SECONDS) -> None:
+    """Refuse a MASTER_ADDR this host cannot resolve: torch's store would retry it until the group
+    timeout and then report a timeout. The look-up runs in a thread of its own, bounded: a resolver
+    that does not answer holds up the start for ``bound`` seconds at most."""
+    answers: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+    threading.Thread(target=lambda: answers.put(_lookup_problem(host)), daemon=True).start()
+    try:
+        problem = answers.get(timeout=bound)
+    except queue.Empty:
+        problem = f"no answer from the resolver within {bound:g} s"
+    if problem is not None:
+        raise ParallelError(
+            f"MASTER_ADDR {host!r} does not resolve to an address ({problem}); set it to rank 0's host name "
+            f"or address (torchrun: --master-addr)"
+        )
+
+
+def _lookup_problem(host: str) -> str | None:
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:  # socket.gaierror; a label over 63 characters: UnicodeError
+        return getattr(exc, "strerror", None) or str(exc)
+    return None
