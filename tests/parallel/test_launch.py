@@ -96,3 +96,17 @@ def test_a_master_addr_that_does_not_resolve_is_refused_at_once(tiny_checkpoint)
     assert done.returncode == 2
     said = done.stderr.strip().splitlines()[-1]
     assert said.startswith("error: MASTER_ADDR 'rank0-host.invalid' does not resolve to an address (")
+
+
+@pytest.mark.slow
+def test_a_rank_whose_rank_0_never_serves_says_so_in_one_line(tiny_checkpoint):
+    """Rank 1 waits for the rendezvous store rank 0 serves: torch's own failed connect logged each try
+    with ~40 lines of C++ frames before the error. Only the error is printed."""
+    port = free_port()  # nobody serves it
+    done = _rank_alone(1, "127.0.0.1", port, 2, tiny_checkpoint)
+    assert done.returncode == 1
+    assert "frame #" not in done.stderr and "TCPStore" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: rank 1 of 2: the group did not meet at 127.0.0.1:{port} within 2 s (no rendezvous "
+        f"store answered: Connection refused); are the other ranks started with the same MASTER_ADDR and MASTER_PORT?"
+    )

@@ -37,6 +37,7 @@ from .launch import Launch
 JOIN_SECONDS = 60.0
 START_SECONDS = 600.0  # a local rank not at the rendezvous this long after its spawn is stuck
 START_POLL_S = 0.1
+STORE_POLL_S = 0.25  # a joining rank's tries to reach the rendezvous store, until the group timeout
 
 
 class RendezvousFailed(TimeoutError):
@@ -74,23 +75,46 @@ def _rank(
             device_id=launch.device if launch.cuda else None,
         )
     except dist.DistError as exc:  # the store's timeout, rank 0's address unreachable, its port taken
-        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
         reason = str(exc).strip().splitlines()[0]
         if "EADDRINUSE" in reason:  # rank 0 serves the rendezvous store there, at once: no timeout to blame
             raise MasterPortInUse(
-                f"rank 0 of {launch.config.world_size} cannot serve the group's rendezvous at {where}: another "
-                f"process holds that port on this host; choose another MASTER_PORT (torchrun: --master-port)"
+                f"rank 0 of {launch.config.world_size} cannot serve the group's rendezvous at {_where(launch)}: "
+                f"another process holds that port on this host; choose another MASTER_PORT (torchrun: --master-port)"
             ) from None
-        raise RendezvousFailed(
-            f"rank {launch.config.rank} of {launch.config.world_size}: the group did not meet at {where} "
-            f"within {timeout:g} s ({reason}); are the other ranks started with the same MASTER_ADDR and MASTER_PORT?"
-        ) from None
+        raise _not_met(launch, timeout, reason) from None
     try:
         result = fn(Group(launch.config, dist.group.WORLD, launch.device), *args)
         before_teardown()
         return result
     finally:
         dist.destroy_process_group()
+
+
+def _where(launch: Launch) -> str:
+    return f"{launch.master_addr}:{launch.master_port}"
+
+
+def _not_met(launch: Launch, timeout: float, reason: str) -> RendezvousFailed:
+    return RendezvousFailed(
+        f"rank {launch.config.rank} of {launch.config.world_size}: the group did not meet at {_where(launch)} "
+        f"within {timeout:g} s ({reason}); are the other ranks started with the same MASTER_ADDR and MASTER_PORT?"
+    )
+
+
+def _await_store(launch: Launch, timeout: float) -> None:
+    """Until the rendezvous store at MASTER_ADDR:MASTER_PORT (rank 0's, or its host's torchrun agent's)
+    accepts a connection, tried here in Python: torch's own connect to a store that never comes logs
+    each failed try with ~40 lines of C++ frames (TCPStore.cpp, at WARNING and ERROR: the level that
+    shows gloo's and NCCL's warnings later) before it raises. Within ``timeout``, or RendezvousFailed."""
+    deadline, address = time.monotonic() + timeout, (launch.master_addr, launch.master_port)
+    while True:
+        try:
+            with socket.create_connection(address, timeout=max(STORE_POLL_S, deadline - time.monotonic())):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise _not_met(launch, timeout, f"no rendezvous store answered: {exc.strerror or exc}") from None
+        time.sleep(max(0.0, min(STORE_POLL_S, deadline - time.monotonic())))
 
 
 def _local(
@@ -104,7 +128,7 @@ def _local(
     **teardown: Any,
 ) -> Any:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    launch = Launch(ParallelConfig(world_size, rank), rank, cuda)
+    launch = Launch(ParallelConfig(world_size, rank), rank, cuda, "127.0.0.1", port)
     return _rank(launch, f"tcp://127.0.0.1:{port}", timeout, fn, args, **teardown)
 
 
@@ -151,6 +175,8 @@ def run_group(
     gloo on the CPU)."""
     if launch is not None:
         launch.check(world_size)
+        if launch.config.rank:  # rank 0 serves the store itself when started by hand: nothing to wait for
+            _await_store(launch, timeout)
         # env://, not tcp://: under torchrun its agent already serves the store at MASTER_PORT
         return _rank(launch, "env://", timeout, fn, args)
     if world_size == 1:
