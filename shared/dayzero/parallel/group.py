@@ -8,7 +8,7 @@ ranks are joined (each ends as soon as its work returns), or terminated when ran
 meeting begins once every spawned rank has started (up to ``START_SECONDS``; one that dies
 starting fails it at once): ``timeout`` bounds the meeting and the collectives, not the ranks'
 start (spawn, imports), which a loaded host slows past any bound kept short to notice a silent
-rank. ``launch=``: this process joins as the rank the launch names (env:// rendezvous at
+rank. ``launch=``: this process joins as the rank the launch names (the rendezvous store at
 MASTER_ADDR:MASTER_PORT) and gets its own rank's result.
 Either way, a rank that dies makes the others' collectives fail (at once when its sockets close,
 within ``timeout`` when its host stops answering), and ranks that do not all meet within
@@ -57,7 +57,6 @@ def free_port() -> int:
 
 def _rank(
     launch: Launch,
-    init_method: str,
     timeout: float,
     fn: Callable[..., Any],
     args: tuple,
@@ -68,7 +67,7 @@ def _rank(
     try:
         dist.init_process_group(
             launch.backend,
-            init_method=init_method,
+            store=_store(launch, timeout),
             rank=launch.config.rank,
             world_size=launch.config.world_size,
             timeout=datetime.timedelta(seconds=timeout),
@@ -88,6 +87,23 @@ def _rank(
         return result
     finally:
         dist.destroy_process_group()
+
+
+def _store(launch: Launch, timeout: float) -> dist.Store:
+    """The group's rendezvous store at MASTER_ADDR:MASTER_PORT, served by rank 0 (local ranks, ranks
+    started by hand) or by torchrun's agent on rank 0's host, under a prefix of torchrun's attempt.
+    torchrun's agent keeps one store across ``--max-restarts`` restarts and env:// prefixes nothing,
+    so a rank restarted before rank 0 read the dead rank 0's gloo address and failed: the group never
+    came back."""
+    store = dist.TCPStore(
+        launch.master_addr,
+        launch.master_port,
+        launch.config.world_size,
+        is_master=launch.config.rank == 0 and not launch.agent_store,
+        timeout=datetime.timedelta(seconds=timeout),
+        multi_tenant=True,  # as env:// and tcp://: other stores of this process may share the server
+    )
+    return dist.PrefixStore(f"dayzero/attempt{launch.attempt}", store)
 
 
 def _where(launch: Launch) -> str:
@@ -129,7 +145,7 @@ def _local(
 ) -> Any:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     launch = Launch(ParallelConfig(world_size, rank), rank, cuda, "127.0.0.1", port)
-    return _rank(launch, f"tcp://127.0.0.1:{port}", timeout, fn, args, **teardown)
+    return _rank(launch, timeout, fn, args, **teardown)
 
 
 def _spawned(
@@ -177,8 +193,7 @@ def run_group(
         launch.check(world_size)
         if launch.config.rank:  # rank 0 serves the store itself when started by hand: nothing to wait for
             _await_store(launch, timeout)
-        # env://, not tcp://: under torchrun its agent already serves the store at MASTER_PORT
-        return _rank(launch, "env://", timeout, fn, args)
+        return _rank(launch, timeout, fn, args)
     if world_size == 1:
         return fn(Group(device=device), *args)
     threads, cuda, spawn = torch.get_num_threads(), device.startswith("cuda"), mp.get_context("spawn")

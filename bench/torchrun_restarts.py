@@ -1,0 +1,138 @@
+"""A decode group across two hosts under ``torchrun --max-restarts``: one rank SIGKILLed, does the
+group come back and serve?
+
+The stack (Redis, gateway, one prefill) in this network namespace; ``serve decode --tensor-parallel
+2`` under torchrun with rank 0 here and rank 1 in a namespace of its own (a veth between them, gloo
+over it: tests/parallel/test_hosts.py's set-up). Once a completion is served, the worker process of
+``--kill`` rank is SIGKILLed; completions are then asked for until one is served (each compared with
+the one-rank engine's). Reports when each rank started again (torchrun's TORCHELASTIC_RESTART_COUNT,
+from the ranks' logs), how long after the kill the first completion was served, whether both
+torchruns still run, and how the group ends on SIGTERM. Needs root (``ip netns``). Run:
+``python bench/torchrun_restarts.py [--kill 1] [--max-restarts 1] [--rdzv static|c10d]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' namespace helpers
+
+from dayzero.demo import write_demo_checkpoint  # noqa: E402
+from dayzero.procs import free_port  # noqa: E402
+from dayzero.stack import Stack  # noqa: E402
+from tests.parallel.test_hosts import ADDRESSES, Hosts, _stop  # noqa: E402
+from tests.services.conftest import SETTINGS_ENV, prompt_ids  # noqa: E402
+from tests.services.in_process import engine_completer  # noqa: E402
+
+SERVE = ["-m", "dayzero.cli", "serve", "decode", "--tensor-parallel", "2", "--name", "decode0"]
+
+
+def torchrun(node: int, port: int, rdzv: str, restarts: int, logs: Path) -> list[str]:
+    """torchrun for ``node`` of 2: static rendezvous (--master-addr/--master-port, --node-rank) or
+    c10d (--rdzv-endpoint; node 0 hosts the store: is_host, since a veth address is not its hostname's)."""
+    if rdzv == "static":
+        meet = ["--master-addr", ADDRESSES[0], "--master-port", str(port), "--node-rank", str(node)]
+    else:
+        meet = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{ADDRESSES[0]}:{port}", "--rdzv-id", "decode"]
+        meet += ["--local-addr", ADDRESSES[node], *(["--rdzv-conf", "is_host=1"] if node == 0 else [])]
+    head = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+    return [*head, *meet, "--max-restarts", str(restarts), "--log-dir", str(logs / f"torchrun{node}"), *SERVE]
+
+
+def worker_of(agent: subprocess.Popen) -> psutil.Process:
+    """The rank torchrun's agent runs (its child running dayzero.cli; ``ip netns exec`` execs torchrun)."""
+    for child in psutil.Process(agent.pid).children():
+        if "dayzero.cli" in child.cmdline():
+            return child
+    raise RuntimeError("torchrun runs no rank")
+
+
+def complete(url: str, i: int, timeout: float) -> tuple[str, str]:
+    """(outcome, text) of one greedy completion: "served", or the HTTP status / error."""
+    body = {"model": "dayzero-demo", "prompt": prompt_ids(i), "max_tokens": 8 + i, "temperature": 0}
+    try:
+        r = httpx.post(f"{url}/v1/completions", json={**body, "ignore_eos": True}, timeout=timeout)
+    except httpx.HTTPError as exc:
+        return type(exc).__name__, ""
+    return ("served", r.json()["choices"][0]["text"]) if r.status_code == 200 else (f"HTTP {r.status_code}", "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kill", type=int, default=1, choices=(0, 1), help="the rank SIGKILLed")
+    parser.add_argument("--max-restarts", type=int, default=1)
+    parser.add_argument("--rdzv", default="static", choices=("static", "c10d"))
+    parser.add_argument("--wait", type=float, default=240.0, help="seconds after the kill to keep asking")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run(Path(tmp), args)
+
+
+def run(tmp: Path, args: argparse.Namespace) -> None:
+    checkpoint = write_demo_checkpoint(tmp / "float")
+    reference = engine_completer(checkpoint, "cpu")
+    hosts = Hosts(f"dzr{os.getpid() % 10000}", root=True)
+    hosts.add()
+    env = {**SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(checkpoint)}
+    stack = Stack({"vision": 0, "prefill": 1, "decode": 0}, free_port(), tmp / "logs", env)
+    agents: list[subprocess.Popen] = []
+    try:
+        hosts.connect()
+        stack.start()
+        port = free_port()
+        for node, link in enumerate(hosts.links):
+            env = {**stack.env, "GLOO_SOCKET_IFNAME": link, "PYTHONUNBUFFERED": "1"}
+            log = (tmp / "logs" / f"decode-node{node}.log").open("w")
+            argv = torchrun(node, port, args.rdzv, args.max_restarts, tmp / "logs")
+            agents.append(hosts.start(node, argv, env, stdout=log, stderr=subprocess.STDOUT))
+        started = time.monotonic()
+        stack.wait_ready(timeout_s=240)
+        print(f"group ready {time.monotonic() - started:.1f} s after torchrun started")
+        outcome, text = complete(stack.url, 0, 120)
+        print(f"before the kill: {outcome}, equal to one rank's: {text == reference(prompt_ids(0), 8)}")
+        victim = worker_of(agents[args.kill])
+        victim.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        print(f"SIGKILLed rank {args.kill} (pid {victim.pid})")
+        i, outcome = 0, ""
+        while outcome != "served" and time.monotonic() - killed < args.wait:
+            i += 1
+            outcome, text = complete(stack.url, i, max(1.0, args.wait - (time.monotonic() - killed)))
+            ago = time.monotonic() - killed
+            same = text == reference(prompt_ids(i), 8 + i) if outcome == "served" else None
+            print(f"  request {i}: {outcome} {ago:.1f} s after the kill (equal to one rank's: {same})")
+            if outcome != "served":
+                time.sleep(1.0)
+        print(f"torchrun exit codes now (None: running): {[agent.poll() for agent in agents]}")
+    finally:
+        stack.stop()
+        stop_started = time.monotonic()
+        if agents and agents[0].poll() is None:
+            agents[0].send_signal(signal.SIGTERM)
+        for agent in agents:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                agent.wait(timeout=60)
+        codes = [agent.poll() for agent in agents]
+        print(f"after SIGTERM to host 0's torchrun: exit codes {codes} in {time.monotonic() - stop_started:.1f} s")
+        _stop(agents)
+        hosts.delete()
+        for node in (0, 1):
+            lines = (tmp / "logs" / f"decode-node{node}.log").read_text().splitlines()
+            shown = [line for line in lines if "failed (exitcode" in line or "group failed" in line]
+            shown += [line for line in lines if "Restarting" in line or "rendezvous" in line.lower()][:6]
+            print(f"node {node} log ({len(lines)} lines):", *(f"    {line[:220]}" for line in shown), sep="\n")
+
+
+if __name__ == "__main__":
+    main()
