@@ -204,9 +204,10 @@ def test_only_a_ready_worker_serves_its_stage_so_a_crash_loop_leaves_it_unserved
     loading process stamps (dayzero up sees it alive) but serves only once ready. One that dies
     soon after it is ready, again and again (on its first request, say) reset the count at each
     start too: now it pauses the count while it serves (nothing waiting ends) and ends it only
-    once it has been ready for PROVEN_S."""
+    once it has been ready for PROVEN_S; the first one ready restarts it (it loaded), the next
+    ones do not."""
     client = redis.Redis.from_url(redis_url)
-    client.delete("dz:unserved:prefill")
+    client.delete("dz:unserved:prefill", "dz:restart:prefill")
     assert unserved_for(client, "prefill") < 1.0  # no process yet: the count starts
     began, counts = time.time(), []
     for _ in range(2):  # a crash loop while loading
@@ -217,8 +218,9 @@ def test_only_a_ready_worker_serves_its_stage_so_a_crash_loop_leaves_it_unserved
         counts = _unserved_while(client, threading.Thread(target=_crashing_worker, args=(redis_url, 0.5, 1.5)))
         assert 0.0 in counts and client.exists("dz:unserved:prefill")  # served meanwhile, the count kept
     assert wait_until(lambda: unserved_for(client, "prefill") > 0.0, FRESH_S + 2)  # (the last one's stamp stale)
-    served = time.time() - began - unserved_for(client, "prefill")  # (left out: the time they were ready, at most)
-    assert 2 * (1.5 - STAMP_EVERY_S) <= served <= 2 * 1.5 + 0.1  # their loads and restarts counted on
+    first_ready = min(float(t) for t in client.hgetall("dz:ready:prefill").values() if float(t) > began)
+    served = time.time() - first_ready - unserved_for(client, "prefill")  # (left out: the time they were ready)
+    assert 2 * (1.5 - STAMP_EVERY_S) <= served <= 2 * 1.5 + 0.1  # the second one's load and restarts counted
     monkeypatch.setattr(liveness, "PROVEN_S", 1.0)
     worker = threading.Thread(target=_crashing_worker, args=(redis_url, 0.0, 2.5))  # one that serves a while
     counts = _unserved_while(client, worker)
@@ -227,13 +229,34 @@ def test_only_a_ready_worker_serves_its_stage_so_a_crash_loop_leaves_it_unserved
     assert unserved_for(client, "prefill") < FRESH_S
 
 
+def test_the_first_worker_ready_restarts_the_count_so_its_death_waits_for_its_restart(redis_url):
+    """A slow first load (the stage unserved all along), then its worker killed within PROVEN_S of
+    its readiness: the load was counted, and the 8 requests waiting there ended at once, "no
+    prefill worker ... for 63 s", where its restart served them ~30 s later. The first process
+    ready since the count began restarts it from its readiness (it loaded: a start, not a crash
+    loop), for good: its entries gone (forgotten, or a restart under the same id) change nothing."""
+    client = redis.Redis.from_url(redis_url)
+    client.delete("dz:unserved:prefill", "dz:restart:prefill", "dz:alive:prefill", "dz:ready:prefill")
+    assert unserved_for(client, "prefill") < 1.0  # no process yet: the count starts
+    time.sleep(3.0)  # (a long first load)
+    counts = _unserved_while(client, threading.Thread(target=_crashing_worker, args=(redis_url, 1.0, 1.5)))
+    assert 0.0 in counts
+    assert wait_until(lambda: unserved_for(client, "prefill") > 0.0, FRESH_S + 2)  # (its stamp stale)
+    (process, ready_at), last = client.hgetall("dz:ready:prefill").popitem(), stamps(client, "prefill")
+    unserved = unserved_for(client, "prefill")
+    assert unserved <= time.time() - last[process.decode()]  # counted from its readiness, less the time it served
+    client.hdel("dz:ready:prefill", process)  # (as a restart under the same id does)
+    unserved = unserved_for(client, "prefill")
+    assert unserved <= time.time() - float(ready_at)  # (now counted: the time it served)
+
+
 def test_a_young_worker_that_served_and_froze_leaves_its_stage_counting_without_the_time_it_served(redis_url):
     """A worker ready for less than PROVEN_S that stops stamping (frozen, or dead): the stage's count
     goes on without the time it served (from its readiness to its last stamp), not through it (a
     decode that served 9 s and froze had its waiting requests ended ~3 s later, counted from the
     stack's start)."""
     client = redis.Redis.from_url(redis_url)
-    client.delete("dz:unserved:prefill")
+    client.delete("dz:unserved:prefill", "dz:restart:prefill")
     assert unserved_for(client, "prefill") < 1.0  # no process serves: the count starts
     began = time.time()
     counts = _unserved_while(client, threading.Thread(target=_crashing_worker, args=(redis_url, 0.0, 5.0)))

@@ -18,7 +18,8 @@ Keys (prefix ``dz:``): alive:{stage}, a hash of process ("{host}:{pid}") -> the 
 stamp; ready:{stage}, process -> since when it is ready (written with each stamp: a restarted
 process under the same id, a container's pid 1, is not ready until it says so); unserved:{stage},
 since when the stage has had no serving process (set by the gateway; kept while only processes
-ready for less than ``PROVEN_S`` serve it, the time they served left out of the count: ``unserved_for``).
+ready for less than ``PROVEN_S`` serve it, the time they served left out of the count: ``unserved_for``);
+restart:{stage}, since when that count runs instead (the readiness of the first process ready after it).
 Readers: ``dayzero up`` restarts a worker whose stamp is older than DAYZERO_FROZEN_WORKER_S
 (stack.py), a compose healthcheck fails one so (``dayzero alive``); the gateway ends the requests
 waiting at a stage that has had no serving process for DAYZERO_NO_WORKER_TIMEOUT_S (reaper.py).
@@ -167,21 +168,44 @@ def unserved_for(client: redis.Redis, stage: str) -> float:
     the time before it was ready, not the time it served (a decode that served 9 s and froze had its
     requests ended ~3 s later); and one that dies soon after each start (a crash loop past its load:
     on its first request, or its first minutes of work) leaves its loads and restarts counted, as a
-    loading one does: what waits there still ends."""
+    loading one does: what waits there still ends. Except for the first process ready since the
+    count began (``_restart``): the time before it was a start that loaded (a long first load, a
+    restart), not a crash loop."""
     now, alive = time.time(), stamps(client, stage)
     ready = _ready(client, stage, alive)
     fresh = [since for p, since in ready.items() if now - alive[p] <= FRESH_S]
     if any(now - since >= PROVEN_S for since in fresh):
-        client.delete(key("unserved", stage))
+        client.delete(key("unserved", stage), key("restart", stage))
         return 0.0
-    if fresh:
-        return 0.0
-    client.set(key("unserved", stage), now, nx=True)
+    if not fresh:
+        client.set(key("unserved", stage), now, nx=True)
     raw = client.get(key("unserved", stage))
     if not raw:
         return 0.0
-    since = float(raw)
+    since = _restart(client, stage, float(raw), list(ready.values()))
+    if fresh:
+        return 0.0
     return now - since - _covered([(max(since, ready_at), min(alive[p], now)) for p, ready_at in ready.items()])
+
+
+def _restart(client: redis.Redis, stage: str, since: float, ready_since: list[float]) -> float:
+    """Where the count begun at ``since`` runs from: the readiness of the first process ready after
+    it (of those ready since ``ready_since``), once one is. Such a process loaded: the time before
+    it was a start (a long first load, a worker's restart), not a crash loop, and its death soon
+    after (killed, or out of memory on a request) is one as any worker's: its restart gets the whole
+    bound (one killed 5 s after the stack's first readiness had the 8 requests waiting at its stage
+    ended at once, the first load counted, where its restart served them ~30 s later). Once per
+    count: kept (``restart:{stage}``) where the process's entries go (forgotten, or overwritten by a
+    restart under the same id: then the time it served is counted); the next one dead as young is
+    a crash loop past its load, its load and restart counted."""
+    raw = client.get(key("restart", stage))
+    if raw and float(raw) >= since:  # (one of an earlier count, left by a gateway that deleted only its mark: not)
+        return float(raw)
+    young = [ready_at for ready_at in ready_since if ready_at >= since]
+    if not young:
+        return since
+    client.set(key("restart", stage), min(young))  # (every gateway finds the same)
+    return min(young)
 
 
 def _covered(spans: list[tuple[float, float]]) -> float:
