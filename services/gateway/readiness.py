@@ -1,13 +1,20 @@
 """``/ready``: a live worker for every stage, and prefill and decode workers that can hand a
 request on. Workers started by hand may disagree with each other or with the gateway: a KV layout
 no worker of the other stage shares fails every request it meets (not ready when no pair shares
-one), a shorter context cuts requests the gateway admitted (a warning)."""
+one), a shorter context cuts requests the gateway admitted (a warning).
+
+A stage's workers are its processes that serve it by their liveness stamps (liveness.py: ready,
+stamped within ``FRESH_S``, every second from a thread, a long step too): one killed or frozen is out
+within ~3 s. The registry's heartbeats come from the loops between steps and count a worker for 3
+leases + 2 s after its last (a step may run that long between two): 11 s after a SIGKILL at the
+default lease, with nothing left to serve; they name the processes whose snapshots are compared."""
 
 from __future__ import annotations
 
 import redis
 from starlette.concurrency import run_in_threadpool
 
+from dayzero.serving.liveness import serving
 from dayzero.serving.messages import SAME_LAYOUT
 
 from .context import Gateway
@@ -25,8 +32,9 @@ async def readiness(gw: Gateway) -> tuple[dict, int]:
 
 async def _readiness(gw: Gateway) -> tuple[dict, int]:
     live = await gw.bus.live_workers(("vision",) if gw.image_token is not None else ())
-    body: dict = {"ready": True, "workers": {stage: len(processes) for stage, processes in live.items()}}
-    missing = [stage for stage, processes in live.items() if not processes]
+    workers = await run_in_threadpool(lambda: {stage: len(serving(gw.bus.store.r, stage)) for stage in live})
+    body: dict = {"ready": True, "workers": workers}
+    missing = [stage for stage, count in workers.items() if not count]
     if missing:
         body |= {"ready": False, "reason": f"no live worker for {', '.join(missing)}"}
         loading = await run_in_threadpool(gw.bus.registry.loading_workers)

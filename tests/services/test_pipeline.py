@@ -204,8 +204,9 @@ def test_models_health_ready_metrics_and_openapi(stack):
     missing = httpx.get(f"{stack.url}/v1/models/other")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     assert httpx.get(f"{stack.url}/health").json() == {"status": "ok"}
-    ready = httpx.get(f"{stack.url}/ready").json()
-    assert ready["ready"] and ready["workers"]["decode"] == 2
+    ready = lambda: httpx.get(f"{stack.url}/ready").json()  # noqa: E731
+    assert wait_until(lambda: ready()["workers"]["decode"] == 2, 60)  # (the stack is ready once one is)
+    assert ready()["ready"]
     metrics = httpx.get(f"{stack.url}/metrics").text
     assert "dayzero_time_to_first_token_seconds_bucket" in metrics
     assert "/v1/chat/completions" in httpx.get(f"{stack.url}/openapi.json").json()["paths"]

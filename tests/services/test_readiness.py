@@ -1,18 +1,25 @@
 """``/ready`` on a real gateway and Redis, the workers' side played by real worker runtimes that
-announce themselves as a worker does (started by hand, they may disagree with each other)."""
+announce themselves as a worker does (started by hand, they may disagree with each other), and
+stamp their liveness as its Pulse does."""
 
 from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
 
 import httpx
 import pytest
 import redis
 
 from dayzero.serving.keys import key
+from dayzero.serving.liveness import FRESH_S, Pulse, connect, process_id, serving
 from dayzero.serving.registry import Registry
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
-from .conftest import start_gateway_alone
+from .conftest import SETTINGS_ENV, start_gateway_alone, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +33,8 @@ def gateway(demo_dir, tmp_path_factory):
 def registry(gateway):
     store = Registry(redis.Redis.from_url(gateway.redis_url))
     yield store
-    store.r.delete(*(key("workers", stage) for stage in ("vision", "prefill", "decode")))
+    stages = ("vision", "prefill", "decode")
+    store.r.delete(*(key(family, stage) for stage in stages for family in ("workers", "alive", "ready")))
 
 
 def _runtime(demo_dir, gateway, name: str, stage: str, **settings) -> Runtime:
@@ -34,12 +42,62 @@ def _runtime(demo_dir, gateway, name: str, stage: str, **settings) -> Runtime:
     return Runtime.load(base.model_copy(update=settings), name, stage, False)
 
 
+def _stamped(gateway, stage: str, process: str) -> None:
+    """A ready worker process's liveness stamp, now (as its Pulse writes it)."""
+    pulse = Pulse(connect(gateway.redis_url), stage)
+    pulse.process = process
+    pulse.ready()
+
+
 def _ready(gateway, workers: list[Runtime], registry: Registry) -> tuple[int, dict]:
+    """``/ready`` once ``workers`` announce themselves and stamp their liveness."""
     registry.alive("vision", "vision0@test:0a0b0c")  # the demo checkpoint reads images
+    _stamped(gateway, "vision", "test:0a0b0c")
     for runtime in workers:
         runtime.announce(1)  # a heartbeat with the worker's metrics snapshot
+        _stamped(gateway, runtime.stats.stage, runtime.name)
     answer = httpx.get(f"{gateway.url}/ready", timeout=5)
     return answer.status_code, answer.json()
+
+
+# a decode worker's liveness stamps in a process of its own (a thread, every second, a long step too)
+PULSE = """
+import sys, time
+from dayzero.serving.liveness import Pulse, connect
+Pulse(connect(sys.argv[1]), "decode").start().ready()
+time.sleep(300)
+"""
+
+
+def test_ready_follows_the_workers_liveness_stamps_not_their_loops_heartbeats(demo_dir, gateway, registry):
+    """/ready counted a worker by its loop's heartbeats, for 3 leases + 2 s after the last one (a
+    step may run that long between two): a SIGKILLed decode worker left /ready at 200 for ~11 s at
+    the default lease, with nothing to serve. Now its liveness stamps say: one killed is out once
+    its stamp is older than FRESH_S, its loop's heartbeat however recent; one busy in a step longer
+    than the heartbeats' window (its loop silent, its stamps going on) stays ready."""
+    prefill = _runtime(demo_dir, gateway, "prefill0@test", "prefill")
+    decode = _runtime(demo_dir, gateway, "decode0@test", "decode")
+    worker = subprocess.Popen([sys.executable, "-c", PULSE, gateway.redis_url])
+    try:
+        assert wait_until(lambda: serving(registry.r, "decode"), 60)
+        decode.announce(1)  # its loop's heartbeat (its stamps: the process's)
+        status, body = _ready(gateway, [prefill], registry)
+        assert status == 200 and body["workers"]["decode"] == 1, body
+        time.sleep(3 * float(SETTINGS_ENV["DAYZERO_LEASE_S"]) + 3)  # every step past the heartbeats' window
+        _stamped(gateway, "prefill", prefill.name)  # (their stamps go on)
+        _stamped(gateway, "vision", "test:0a0b0c")
+        answer = httpx.get(f"{gateway.url}/ready", timeout=5)
+        assert answer.status_code == 200, answer.json()
+
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        assert wait_until(lambda: process_id(worker.pid) not in serving(registry.r, "decode"), FRESH_S + 2)
+        decode.announce(1)  # its loop's heartbeat: now
+        status, body = _ready(gateway, [prefill], registry)
+        assert status == 503 and body["reason"] == "no live worker for decode" and body["workers"]["decode"] == 0
+    finally:
+        worker.kill()
+        worker.wait()
 
 
 def test_ready_shows_how_far_starting_workers_have_loaded(gateway, registry):

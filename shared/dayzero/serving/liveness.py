@@ -22,7 +22,8 @@ ready for less than ``PROVEN_S`` serve it, the time they served left out of the 
 restart:{stage}, since when that count runs instead (the readiness of the first process ready after it).
 Readers: ``dayzero up`` restarts a worker whose stamp is older than DAYZERO_FROZEN_WORKER_S
 (stack.py), a compose healthcheck fails one so (``dayzero alive``); the gateway ends the requests
-waiting at a stage that has had no serving process for DAYZERO_NO_WORKER_TIMEOUT_S (reaper.py).
+waiting at a stage that has had no serving process for DAYZERO_NO_WORKER_TIMEOUT_S (reaper.py), and
+``/ready`` counts each stage's serving processes (gateway/readiness.py).
 """
 
 from __future__ import annotations
