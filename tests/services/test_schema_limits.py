@@ -191,3 +191,23 @@ def test_an_object_past_the_parsers_row_is_refused_before_its_compile(gateway):
     assert "an object of 1,000 optional properties declared after a required one in a row: at most 998" in (
         refused.value.message
     )
+
+
+def test_a_union_of_referred_objects_past_the_parsers_row_is_refused_before_it_queues(short_context):
+    """Its branches' $refs were not followed: the gateway took it (its check's first steps end before a
+    reply reaches the union) and llguidance failed the reply there, a 500 "sampling failed" after the
+    prompt's prefill (a stream: 200, the first tokens, then the error)."""
+    union = {"anyOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}]}
+    flags = {f"b{i}": {"type": "boolean"} for i in range(4)}
+    schema = {
+        "type": "object",
+        "properties": flags | {"u": union},
+        "required": [*flags, "u"],
+        "$defs": {"a": _object(249, "a"), "b": _object(249, "b")},
+    }
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 50, **_formatted(schema)}
+    r = short_context.post("/v1/completions", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "response_format", error
+    assert "the objects of one anyOf / oneOf hold 498 optional properties" in error["message"], error

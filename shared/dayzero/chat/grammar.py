@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 
 from .dsml import to_json
-from .schema_size import ROW_ITEMS
+from .schema_rows import ROW_ITEMS
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # llguidance's errors: "at LINE(COL): what\n   LINE | the grammar's line\n   ^" (the grammar is ours)
@@ -80,7 +80,7 @@ def parser_limits():
     as ``^((a{1000}){1000}){100}$`` took ~1-3 s of CPU before failing at its first token, on the
     gateway's event loop and again in a worker; 0.07 s under these, bench/guided.py), and still
     several times what schemas in use take (2000-value enums, 128 tools: the bench's table). A row of
-    its parser holds ``ROW_ITEMS`` (its default, named: schema_size refuses an object past it)."""
+    its parser holds ``ROW_ITEMS`` (its default, named: schema_rows refuses an object past it)."""
     import llguidance
 
     fuel = {"initial_lexer_fuel": 200_000, "step_lexer_fuel": 100_000}
