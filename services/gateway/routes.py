@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Annotated
 
@@ -84,7 +86,7 @@ def _spec(
         )
     if body.stops() and not gw.codec.has_tokenizer:
         raise APIError(400, "stop strings need text; this checkpoint has no tokenizer.json", param="stop")
-    if any(t < 0 or t >= gw.vocab_size for t in prompt_ids):
+    if min(prompt_ids) < 0 or max(prompt_ids) >= gw.vocab_size:  # (2 M ids: 42 ms of CPU, 80 in a Python loop)
         raise APIError(400, f"prompt token ids must be in [0, {gw.vocab_size})", param="prompt")
     if max_tokens is not None and max_tokens > s.max_tokens_limit:
         raise APIError(400, f"{limit_param} {max_tokens} exceeds the limit {s.max_tokens_limit}", param=limit_param)
@@ -170,23 +172,36 @@ async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Re
 async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
     scored = body.echo and body.logprobs is not None
     rule = await run_in_threadpool(grammar, gw, body)  # once for all prompts, off the event loop
-    requests = []
-    for prompt in body.prompts():
-        if isinstance(prompt, str):
-            with tokenizing("prompt"):  # off the event loop; one far over the context: refused from its size
-                ids = await run_in_threadpool(gw.codec.encode, prompt, gw.context_limit)
-            if gw.image_token is not None:  # no images here: a placeholder typed into the text stands for none
-                ids = expand_placeholders(ids, gw.image_token, [], "prompt")
-        else:
-            ids = list(prompt)  # token ids are the client's own: taken as they are
-        spec = _spec(gw, body, ids, body.max_tokens, rule)
-        if scored and len(ids) > MAX_ECHO_LOGPROB_TOKENS:
-            limit = MAX_ECHO_LOGPROB_TOKENS
-            raise APIError(400, f"echo with logprobs takes prompts of up to {limit} tokens", param="prompt")
+    requests, prompts = [], body.prompts()
+    for p, prompt in enumerate(prompts):
+        with _named_prompt(p if len(prompts) > 1 else None):
+            if isinstance(prompt, str):
+                with tokenizing("prompt"):  # off the event loop; one far over the context: refused from its size
+                    ids = await run_in_threadpool(gw.codec.encode, prompt, gw.context_limit)
+                if gw.image_token is not None:  # no images here: a placeholder typed into the text stands for none
+                    ids = expand_placeholders(ids, gw.image_token, [], "prompt")
+            else:
+                ids = list(prompt)  # token ids are the client's own: taken as they are
+            spec = _spec(gw, body, ids, body.max_tokens, rule)
+            if scored and len(ids) > MAX_ECHO_LOGPROB_TOKENS:
+                limit = MAX_ECHO_LOGPROB_TOKENS
+                raise APIError(400, f"echo with logprobs takes prompts of up to {limit} tokens", param="prompt")
         echo = {"echo": body.echo, "prompt_logprobs": spec.logprobs if scored else None}
         echo["usage_in_stream"] = body.usage_in_stream()
         requests.append(_new_request(ids, spec, "completion", **echo))
     return await respond(gw, _choices(requests, body.n), body.stream, http)
+
+
+@contextmanager
+def _named_prompt(index: int | None) -> Iterator[None]:
+    """A refusal of prompt ``index`` of several named as that prompt's (``prompt.3``; None: the only one)."""
+    try:
+        yield
+    except APIError as refused:
+        if index is None or refused.param != "prompt":
+            raise
+        message, param = f"prompt {index}: {refused.message}", f"prompt.{index}"
+        raise APIError(refused.status, message, refused.type, param, refused.code, refused.headers) from None
 
 
 @router.post("/tokenize", dependencies=[Authorized])

@@ -115,6 +115,9 @@ UNIMPLEMENTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "suffix": (lambda v: not v, "is not supported by this server"),
 }
 
+_PROMPT_KINDS = {str: "text", list: "ids"}  # what each of several prompts may be
+_PROMPT_NAMES = {"text": "a string", "ids": "a token-id list", "neither": "neither a string nor a token-id list"}
+
 StopString = Annotated[str, Field(min_length=1, max_length=256)]
 
 
@@ -227,9 +230,21 @@ class CompletionRequest(Sampling):
 
     @field_validator("prompt", mode="before")  # before the prompts' items are validated
     @classmethod
-    def _prompt_count(cls, value: object) -> object:
-        if isinstance(value, list) and value and not isinstance(value[0], int) and len(value) > MAX_PROMPTS:
+    def _prompt_shape(cls, value: object) -> object:
+        """At most MAX_PROMPTS prompts, of one kind: each a string, or each a token-id list (a mix was
+        refused as the first union branch saw it: "prompt.0: Input should be a valid integer" for
+        ``["text", [1]]``, whose prompt 0 is a string)."""
+        if not isinstance(value, list) or not value or isinstance(value[0], int):
+            return value  # one text, or one prompt of token ids (pydantic names a stray item in it)
+        if len(value) > MAX_PROMPTS:
             raise ValueError(f"at most {MAX_PROMPTS} prompts in one request")
+        kinds = [_PROMPT_KINDS.get(type(item), "neither") for item in value]
+        if (odd := next((i for i, kind in enumerate(kinds) if kind != kinds[0]), None)) is not None:
+            raise PydanticCustomError(
+                "value_error",
+                "prompt {odd} is {kind} and prompt 0 {first}: the prompts must all be strings or all token-id lists",
+                {"odd": odd, "kind": _PROMPT_NAMES[kinds[odd]], "first": _PROMPT_NAMES[kinds[0]]},
+            )
         return value
 
     @model_validator(mode="after")
