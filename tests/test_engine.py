@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from dayzero.chat import dsml
 from dayzero.checkpoint import load_model
 from dayzero.completion import Completion, StopMatcher
 from dayzero.demo import write_demo_checkpoint
@@ -253,3 +254,29 @@ def test_stop_strings_end_the_answer_not_the_thought(codec):
     assert _until_finished(replayed, tokens[4:]) == (want[0][len(codec.decode(thought[:4])) :], "stop")
     # outside thinking mode the same text is all answer
     assert _until_finished(Completion(codec, params, (1,), 7, 4096), tokens) == ("Let me see: the ", "stop")
+
+
+def test_a_call_block_that_ends_the_thought_bounds_the_stop_strings(codec):
+    """A thought may end with a call block instead of ``</think>``: its opening, split over tokens,
+    was found once whole and the stop strings were fed only the last token's text, never the
+    opening that bounds them; so "\\n" or "invoke" matched inside the block's markup and cut the
+    call (finish "stop", no call). A stop string is not matched across ``</think>`` either: one
+    beginning with the thought's closing blank line stays in the thought."""
+    block = dsml.render_calls([{"function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}])
+    tokens = codec.encode("Let me check.") + codec.encode(block)
+    for stop in ("\n", "invoke", "Paris"):
+        params = SamplingParams(max_tokens=len(tokens) + 5, stop=(stop,), stop_bounds=dsml.OPENINGS)
+        assert _until_finished(Completion(codec, params, (1,), 7, 4096, thinking=True), tokens) == (
+            "Let me check." + block,
+            None,
+        ), stop
+        replayed = Completion(codec, params, (1,), 7, 4096, tuple(tokens[:-12]), thinking=True)  # rebuilt mid-block
+        assert _until_finished(replayed, tokens[-12:]) == (codec.decode(tokens[-12:]), None)
+    end, params = [codec.token_id("</think>")], SamplingParams(max_tokens=99, stop=("\n\nHi",))
+    blank_in_the_thought = codec.encode("Hm.\n\n") + end + codec.encode("Hi there")
+    assert _until_finished(Completion(codec, params, (1,), 7, 4096, thinking=True), blank_in_the_thought)[1] is None
+    blank_in_the_answer = codec.encode("Hm.") + end + codec.encode("\n\nHi there")
+    assert _until_finished(Completion(codec, params, (1,), 7, 4096, thinking=True), blank_in_the_answer) == (
+        "Hm.</think>",
+        "stop",
+    )

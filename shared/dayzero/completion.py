@@ -149,12 +149,13 @@ class Completion:
         if token in self.eos_ids and not self.params.ignore_eos:
             return Step(token, self._stops.flush()[0], "stop")
         text = self._text.push(token)
-        answer_at = self._reasoning.add(text)  # None: still in the thought, where no stop string matches
-        if answer_at is None:
+        answer = self._reasoning.add(text)  # None: still in the thought, where no stop string matches
+        if answer is None:
             released, stopped = text, False
-        else:
-            released, stopped = self._stops.feed(text[answer_at:])
-            released = text[:answer_at] + released
+        else:  # the stop strings see the answer from its start: a call block's opening bounds them
+            answered, stopped = self._stops.feed(answer)
+            earlier = len(answer) - len(text)  # > 0: the answer began in texts released as the thought's
+            released = text[: max(0, -earlier)] + answered[max(0, earlier) :]
         if stopped:
             return Step(token, released, "stop")
         if self.count >= self.params.max_tokens or self.prompt_tokens + self.count >= self.limit:

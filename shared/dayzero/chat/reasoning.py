@@ -47,11 +47,13 @@ class ReasoningCount:
         self.tokens = 0
         self._thought = ReasoningSplitter(thinking)
 
-    def add(self, text: str) -> int | None:
-        """One more token, which released ``text``: where in ``text`` the answer begins (0 once the
-        thought is over, or outside thinking mode), None while the thought goes on."""
+    def add(self, text: str) -> str | None:
+        """One more token, which released ``text``: the answer it begins or goes on with (``text``
+        once the thought is over, or outside thinking mode), None while the thought goes on. The
+        answer may begin before ``text``: a call block that ends the thought is found once its
+        opening is whole, in texts of earlier tokens too (released as the thought's meanwhile)."""
         if not self._thought.thinking:
-            return 0
+            return text
         self.tokens += 1
         _, answer = self._thought.feed(text)
-        return None if self._thought.thinking else max(0, len(text) - len(answer))
+        return None if self._thought.thinking else answer
