@@ -210,3 +210,19 @@ def test_a_forced_call_keeps_openai_strict_parameters(grammars):
         "description": "d",
     }
     assert grammar_problem(_forced_call(parameters), grammars) is None
+
+
+def test_a_string_parameters_enum_is_one_lexeme(grammars):
+    """As a rule of alternatives each value was an item of the parser's row: 2,000 values were past
+    it (every such forced call refused, after a compile of 2-4 s for 17,000-19,000 values); one
+    lexeme (a terminal, as a JSON enum is) takes 5,000, a value that begins another and an empty one."""
+    values = [f"v{i}" for i in range(5000)] + [""]
+    lark = _forced_call({"type": "object", "properties": {"k": {"type": "string", "enum": values}}, "required": ["k"]})
+    assert grammar_problem(lark, grammars) is None
+
+    def call(value: str) -> str:
+        parameter = f'<|DSML|parameter name="k" string="true">{value}</|DSML|parameter>\n'
+        return f'\n\n<|DSML|tool_calls>\n<|DSML|invoke name="f">\n{parameter}</|DSML|invoke>\n</|DSML|tool_calls>'
+
+    assert all(_accepts(lark, call(value)) for value in ("v1", "v10", "v4999", ""))
+    assert not _accepts(lark, call("v5000")) and not _accepts(lark, call("v1 "))

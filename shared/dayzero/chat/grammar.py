@@ -189,10 +189,11 @@ def _invoke_rules(i: int, function: dict, dsml: str) -> list[str]:
         )
         as_string = _string_branch(prop) if not string else None  # a union that admits a string
         tag = _literal(f'parameter name="{key}" string="{"true" if string else "false"}">')
-        rules.append(f"value_{i}_{j}: " + (_string_rule(prop) if string else _json_rule({**prop, **defs})))
-        value = f"{tag} value_{i}_{j}"
+        name = f"value_{i}_{j}"
+        rules.extend(_string_rules(name, prop) if string else [f"{name}: " + _json_rule(prop | defs)])
+        value = f"{tag} {name}"
         if as_string is not None:  # as V4 writes a str value: string="true" and the text as is
-            rules.append(f"text_{i}_{j}: " + _string_rule(as_string))
+            rules.extend(_string_rules(f"text_{i}_{j}", as_string))
             value = f"({value} | " + _literal(f'parameter name="{key}" string="true">') + f" text_{i}_{j})"
         item = f'"<" {dsml} {value} "</" {dsml} "parameter>\\n"'
         body.append(f"({item})" if key in required else f"({item})?")
@@ -263,14 +264,17 @@ class UnenforceableString(Unenforceable):
 _STRING_KEYS = {"type", "enum", "const", "minLength", "maxLength", "description", "title", "default", "examples"}
 
 
-def _string_rule(prop: dict) -> str:
-    """A string="true" value: written as is, so it may hold anything but "<" (tags start with it)."""
+def _string_rules(name: str, prop: dict) -> list[str]:
+    """The rule ``name`` of a string="true" value, written as is, so it may hold anything but "<"
+    (tags start with it). An enum is one lexeme (a terminal, as a JSON enum is): as a rule, each
+    value was an item of the parser's row, and 2,000 values were past it (every such tool refused,
+    after a compile of seconds for 20,000)."""
     if unsupported := sorted(set(prop) - _STRING_KEYS):  # pattern, format, ...: refused, never silently dropped
         raise UnenforceableString(f"string parameters cannot be constrained by {', '.join(unsupported)}")
     if prop.get("enum"):
         values = [_literal(v) for v in prop["enum"] if isinstance(v, str) and "<" not in v]
         if not values:
             raise UnenforceableString('every enum value of a string parameter contains "<"')
-        return " | ".join(values)
+        return [f"{name}: {name.upper()}", f"{name.upper()}: " + " | ".join(values)]
     low, high = int(prop.get("minLength", 0)), prop.get("maxLength")
-    return f"/[^<]{{{low},{int(high)}}}/" if high is not None else f"/[^<]{{{low},}}/"
+    return [f"{name}: " + (f"/[^<]{{{low},{int(high)}}}/" if high is not None else f"/[^<]{{{low},}}/")]
