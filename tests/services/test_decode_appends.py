@@ -23,7 +23,7 @@ from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
 from .conftest import MODEL, run_jobs, sse_events, start_stack
-from .prefill_jobs import handed_off
+from .prefill_jobs import handed_off, needing
 
 
 @contextlib.contextmanager
@@ -169,11 +169,13 @@ def test_redis_failing_mid_stream_loses_no_token_and_re_runs_nothing(long_lease,
 def test_a_request_past_its_time_limit_as_its_append_is_refused_ends_after_the_token_sent_again(demo_dir, redis_url):
     """The time limit passes while a step's append is refused: the request ends "length" once its
     token is out (the refused append skips the loop's beat, where the limit is checked), its usage
-    the tokens its stream holds."""
+    the tokens its stream holds. Its clock starts once decode's runtime is ready (prefill and two
+    runtime loads took the 2 s under load: the limit ran out before the third token)."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", task_time_limit_s=2)
     store, sent = handed_off(settings, ("late",), max_tokens=50)
     runtime = Runtime.load(settings, "decode-late@test", "decode", False)
-    created = sent[0].request.created
+    created = time.time()
+    sent = [needing(job, 50, created) for job in sent]
 
     def third_token(tokens) -> bool:
         if any(t.index == 2 for t in tokens):
