@@ -6,7 +6,6 @@ model never saw). Nor may a peer take it meanwhile (room.py's hand-back): it wou
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import time
 from collections.abc import Callable
@@ -116,13 +115,12 @@ def test_a_prompt_whose_first_token_may_have_landed_is_not_handed_to_a_peer(demo
 
 
 def _iterate(loop: PrefillLoop, until: Callable[[], bool], iterations: int = 400) -> None:
-    """Run the loop's iterations until ``until()``. One may raise, Redis refusing a write of its own (the
-    worker's metrics): as ``run_loop`` does, the next goes on."""
+    """Run the loop's iterations until ``until()`` (none raises: Redis refusing writes fails the
+    sends, which wait for their retry, and the worker's metrics, which wait for its next beat)."""
     for _ in range(iterations):
         if until():
             return
-        with contextlib.suppress(redis.ResponseError):
-            loop._iteration()
+        loop._iteration()
     assert until()
 
 
@@ -237,4 +235,30 @@ def test_prompts_under_way_advance_while_a_refused_first_token_waits_to_be_sent_
     assert (
         store.streamed_tokens("refused-beside") == [tries[0][0][1]] and sum(prefills) == 41 + 5
     )  # each prefilled once
+    runtime.close()
+
+
+def test_a_prompt_under_way_advances_while_redis_refuses_every_write(demo_dir, redis_url):
+    """Redis at its memory limit refuses every write: the worker's own metrics too, published with
+    its liveness a few times a lease. That write raised out of the loop's iteration, which paused
+    the whole loop (0.5 s each quarter lease) while the prompts under way needed no write. Now a
+    long prompt advances a chunk every iteration, none raising; its first token waits, kept, and
+    goes once Redis takes writes again."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, prefill_chunk_size=4, handoff_timeout_s=600)
+    runtime, sent = Runtime.load(settings, "prefill-refusing@test", "prefill", False), []
+    loop, store, prefills = (
+        PrefillLoop(runtime, recording(sent)),
+        Lifecycle.connect(redis_url),
+        _counting_prefills(runtime),
+    )
+    long = loop.intake.submit(admitted(store, "long-refused", (0, *range(5, 45))))  # 41 tokens: 11 chunks
+    try:
+        with writes_refused(store.r):
+            for _ in range(11):  # (no iteration raises: the metrics wait for the next beat)
+                loop._iteration()
+            assert prefills == [4] * 10 + [1] and loop.kept.holds(long) and not long.done.is_set()
+        _iterate(loop, long.done.is_set)
+    finally:
+        loop.stop.set()
+    assert [job.request.request_id for job in sent] == ["long-refused"] and sum(prefills) == 41
     runtime.close()

@@ -224,11 +224,16 @@ class Runtime:
         return self.stats.snapshot()
 
     def announce(self, batch: int) -> None:
-        """This worker is alive, with its metrics: a few times per lease period, not every step."""
+        """This worker is alive, with its metrics: a few times per lease period, not every step.
+        Redis refusing the write (at its memory limit, a replica) or lost: the next beat tries again;
+        raised, it paused the whole loop, whose prompts under way need no write."""
         now = time.monotonic()
         if now - self._announced >= self.settings.lease_s / 4:
             self._announced = now
-            self.presence.beat(lambda: self.snapshot(batch))
+            try:
+                self.presence.beat(lambda: self.snapshot(batch))
+            except redis.RedisError as exc:
+                log.warning("metrics not published (Redis: %s); the next beat tries again", exc)
 
     def close(self) -> None:
         """Unlink the pool segment, once: SIGTERM's watchdog closes again when Celery's shutdown did."""
