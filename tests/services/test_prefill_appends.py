@@ -124,11 +124,12 @@ def _iterate(loop: PrefillLoop, until: Callable[[], bool], iterations: int = 400
     assert until()
 
 
-def _counting_prefills(runtime: Runtime) -> list[int]:
-    """-> the tokens of each prefill forward the loop runs from now on."""
-    tokens, real_prefill = [], runtime.ranks.prefill
+def _counted_loop(settings: Settings, name: str) -> tuple[PrefillLoop, list[DecodeJob], list[int]]:
+    """A prefill loop, the jobs it sends to decode, and the tokens of each prefill forward it runs."""
+    runtime, sent, tokens = Runtime.load(settings, name, "prefill", False), [], []
+    real_prefill = runtime.ranks.prefill
     runtime.ranks.prefill = lambda chunks: tokens.append(sum(len(c.tokens) for c in chunks)) or real_prefill(chunks)
-    return tokens
+    return PrefillLoop(runtime, recording(sent)), sent, tokens
 
 
 def test_a_prompt_whose_first_append_redis_refused_is_sent_again_not_prefilled_again(demo_dir, redis_url):
@@ -137,12 +138,8 @@ def test_a_prompt_whose_first_append_redis_refused_is_sent_again_not_prefilled_a
     and then the handoff, from the one prefill (each retry was a whole prefill again: a 3,001-token
     prompt's first token came 2.4-2.8 s late after a 2 s refusal, against 0.5-0.7 s)."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff_timeout_s=600)
-    runtime, sent = Runtime.load(settings, "prefill-kept@test", "prefill", False), []
-    loop, store, prefills = (
-        PrefillLoop(runtime, recording(sent)),
-        Lifecycle.connect(redis_url),
-        _counting_prefills(runtime),
-    )
+    loop, sent, prefills = _counted_loop(settings, "prefill-kept@test")
+    runtime, store = loop.r, Lifecycle.connect(redis_url)
     sampling = SamplingParams(max_tokens=4, temperature=2.0)  # unseeded: a new sample is another token
     request = GenerationRequest(request_id="kept", prompt_ids=(0, 5, 6, 7), sampling=sampling, created=time.time())
     store.admit(request, [], "", 60)
@@ -167,12 +164,8 @@ def test_a_kept_prefill_s_blocks_go_once_its_request_is_cancelled(demo_dir, redi
     cancel is read while Redis still refuses writes (its end cannot be written yet: it stays, and is
     tried again), then written: the blocks go, with no prefill again and nothing sent to decode."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff_timeout_s=600)
-    runtime, sent = Runtime.load(settings, "prefill-left@test", "prefill", False), []
-    loop, store, prefills = (
-        PrefillLoop(runtime, recording(sent)),
-        Lifecycle.connect(redis_url),
-        _counting_prefills(runtime),
-    )
+    loop, sent, prefills = _counted_loop(settings, "prefill-left@test")
+    runtime, store = loop.r, Lifecycle.connect(redis_url)
     ticket = loop.intake.submit(admitted(store, "left"))
     try:
         with writes_refused(store.r):
@@ -197,12 +190,8 @@ def test_prompts_under_way_advance_while_a_refused_first_token_waits_to_be_sent_
     raising: no prompt advanced while one waited). Once Redis takes it, the refused one goes, from its
     one prefill."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, prefill_chunk_size=4, handoff_timeout_s=600)
-    runtime, sent = Runtime.load(settings, "prefill-beside@test", "prefill", False), []
-    loop, store, prefills = (
-        PrefillLoop(runtime, recording(sent)),
-        Lifecycle.connect(redis_url),
-        _counting_prefills(runtime),
-    )
+    loop, sent, prefills = _counted_loop(settings, "prefill-beside@test")
+    runtime, store = loop.r, Lifecycle.connect(redis_url)
     refusing, appends, real_append = [True], [], runtime.store.append
 
     def refusing_one(tokens, *args):
@@ -245,12 +234,8 @@ def test_a_prompt_under_way_advances_while_redis_refuses_every_write(demo_dir, r
     long prompt advances a chunk every iteration, none raising; its first token waits, kept, and
     goes once Redis takes writes again."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, prefill_chunk_size=4, handoff_timeout_s=600)
-    runtime, sent = Runtime.load(settings, "prefill-refusing@test", "prefill", False), []
-    loop, store, prefills = (
-        PrefillLoop(runtime, recording(sent)),
-        Lifecycle.connect(redis_url),
-        _counting_prefills(runtime),
-    )
+    loop, sent, prefills = _counted_loop(settings, "prefill-refusing@test")
+    runtime, store = loop.r, Lifecycle.connect(redis_url)
     long = loop.intake.submit(admitted(store, "long-refused", (0, *range(5, 45))))  # 41 tokens: 11 chunks
     try:
         with writes_refused(store.r):
