@@ -151,9 +151,8 @@ class Settings(BaseSettings):
     no_worker_timeout_s: float = Field(
         default=60.0,
         gt=0,
-        description="a request waiting at a stage that has had no ready live worker (a loading or crash-looping one "
-        "does not count) this long "
-        "ends: 503 no_worker (a stream: an error event); one waiting behind others on a live worker waits on",
+        description="a request waiting this long at a stage with no ready live worker (a loading or crash-looping "
+        "one does not count) ends: 503 no_worker (a stream: an error event); one behind others on a live one waits on",
     )
     tensor_parallel: int = Field(
         default=1, ge=1, description="ranks per prefill / decode worker, the model split over them (one GPU each)"
@@ -280,22 +279,20 @@ class Settings(BaseSettings):
         named = {field: int(vision[key]) for field, key in _GEOMETRY.items() if key in vision}
         return PatchSpec(max_pixels=self.image_resize_max_pixels, **named)
 
-    @property
-    def demo_checkpoint(self) -> Path:
-        return self.cache_dir / "demo-checkpoint-v4-release"
-
     def checkpoint_dir(self) -> Path:
         """The configured checkpoint, else the trained demo model the package ships, else a random
-        demo checkpoint (written by the first process that needs it; only that one imports torch)."""
+        demo checkpoint in ``cache_dir`` (written by the first process that needs it; only that one
+        imports torch)."""
         if self.checkpoint is not None:
             return self.checkpoint
         if (BUILT_IN_MODEL / "model.safetensors").exists():
             return BUILT_IN_MODEL
-        if not (self.demo_checkpoint / "model.safetensors").exists():
+        demo = self.cache_dir / "demo-checkpoint-v4-release"
+        if not (demo / "model.safetensors").exists():
             from .demo import ensure_demo_checkpoint
 
-            ensure_demo_checkpoint(self.demo_checkpoint)
-        return self.demo_checkpoint
+            ensure_demo_checkpoint(demo)
+        return demo
 
     @property
     def visibility_timeout_s(self) -> int:

@@ -30,10 +30,9 @@ any            tokens:{id} the token stream (dayzero.serving.records): only the 
                skipped, or ends the request; cancel:{id} a cancel request, watchers:{id} its readers
 
 Worker keys (not a request's): workers:{stage}, usage:{worker}, loading:{worker} (registry.py),
-alive:{stage}, ready:{stage}, unserved:{stage}, restart:{stage} (liveness.py), up:{process}
-`dayzero up`'s check that Redis takes writes (stack.py),
-tensor:{key} parked image embeddings (handoff.py), wake:{gateway} the stream reader's wake-up,
-reaper (its lock: reaper.py).
+alive:{stage}, ready:{stage}, unserved:{stage}, restart:{stage} (liveness.py), up:{process} `dayzero
+up`'s check that Redis takes writes (stack.py), tensor:{key} parked image embeddings (handoff.py),
+wake:{gateway} the stream reader's wake-up, reaper (its lock: reaper.py).
 """
 
 from __future__ import annotations
@@ -261,11 +260,8 @@ class Lifecycle:
         ``sighting_s`` of the first: a live worker's claim may be just behind its pop. A request that
         ended or whose record expired leaves the active set here. One atomic step."""
         keys = [key(family, rid) for family in ("done", "req", "queued", "lease", "attempt")] + [key("active")]
-        keys += [
-            key("handoff", rid),
-            key("orphan", rid),
-            *(k for queue in QUEUES for k in (queue, key("pushed", queue))),
-        ]
+        keys += [key("handoff", rid), key("orphan", rid)]
+        keys += [k for queue in QUEUES for k in (queue, key("pushed", queue))]
         args = [int(queued_s * 1000), rid, HANDOFF_OWNER, int(sighting_s * 1000)]
         return int(self._rerun(keys=keys, args=args))
 
