@@ -102,8 +102,10 @@ def test_greedy_equals_plain_decoding(model, references, batch, k):
 def test_greedy_equals_plain_decoding_on_the_triton_kernels(model):
     """The Triton kernels (interpreted here, compiled on a GPU) under speculation: the verify's few
     rows per sequence through the prefill kernel and the window-write kernel, the compressors
-    folded a column of rows at a time, the rollback; prompts cross window and compressor bounds."""
-    options, prompts, ids, tokens = AttentionOptions(backend="triton"), _prompts(model, 2), ["s0", "s1"], 6
+    folded a column of rows at a time, the rollback; prompts cross window and compressor bounds (5
+    tokens, drafts all rejected: each sequence commits the row that completes a block of both
+    compressors, 15 and 7, and has it verified and rolled back once before)."""
+    options, prompts, ids, tokens = AttentionOptions(backend="triton"), _prompts(model, 2), ["s0", "s1"], 5
     pools = pools_for(model.cfg, torch.float32, 64, max_sequences=2)
     plain = [[int(t)] for t in prefill(model, pools, ids, prompts, options).argmax(-1)]
     for _ in range(tokens - 1):
