@@ -6,15 +6,18 @@ A leave unwatches its read; with nobody left reading, it waits out the grace and
 cancelled. A step Redis fails (stopped, restarting, frozen past the commands' bound) is tried again,
 the pause doubling up to ``RETRY_S[1]``, until it goes through or the request's time limit has
 passed (it has ended by then): a cancel lost there left the request generating to its end for a
-client that had gone, its exception never retrieved. A resume that reaches this gateway (its route,
-before any Redis) holds a pending cancel until its stream starts reading, which supersedes the
-cancel: the resumed read's own leave decides again. Left to Redis alone, a stall across the grace's
-end let the cancel overtake the resume's four commands (5 of ~600 resumes in the soak's Redis stops
-were cancelled under their client). Resumes on another gateway are judged by Redis: the cancel is
-one step there (``Watching.cancel_unwatched``), taken only while nobody reads the stream. A gateway
-that stops leaves the cancels still within their grace to Redis (``Watching.cancel_later``): a rolling
-restart's clients resume on another gateway, or on this one once it runs again (which cancels
-them no sooner than a grace after its start: app.py's reaper).
+client that had gone, its exception never retrieved. Once Redis failed a step, the cancel is left to
+Redis, due ``AFTER_REFUSAL_S`` later: a resume on another gateway whose watch Redis refused too
+takes it back on its next try (the retried cancel landed first, and cancelled it under its reader).
+A resume that reaches this gateway (its route, before any Redis) holds a pending cancel until its
+stream starts reading, which supersedes the cancel: the resumed read's own leave decides again. Left
+to Redis alone, a stall across the grace's end let the cancel overtake the resume's four commands (5
+of ~600 resumes in the soak's Redis stops were cancelled under their client). Resumes on another
+gateway are judged by Redis: the cancel is one step there (``Watching.cancel_unwatched``), taken
+only while nobody reads the stream. A gateway that stops leaves the cancels still within their grace
+to Redis (``Watching.cancel_later``): a rolling restart's clients resume on another gateway, or on
+this one once it runs again (which cancels them no sooner than a grace after its start: app.py's
+reaper).
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ from dayzero.serving.watching import Watching
 
 log = logging.getLogger("dayzero.gateway")
 RETRY_S = (0.2, 5.0)  # the first and the longest pause between tries of a step Redis failed
+# A cancel of a leave Redis failed a step of goes to Redis due this long after (``Watching.cancel_later``):
+# a resume on another gateway whose watch Redis refused too is tried again within RETRY_S[1] and takes
+# it back (cancelled at once, the retried cancel could land first: cancelled under its reader).
+AFTER_REFUSAL_S = RETRY_S[1] + 2.0
 ARRIVAL_S = 30.0  # a resume not reading this long after it came (its response never began) holds no cancel
 ARRIVAL_POLL_S = 0.05
 T = TypeVar("T")
@@ -45,6 +52,7 @@ class Leave:
     deadline: float  # unix time: the request has ended by then (its time limit), whatever happens here
     grace_ends: float  # unix time: its cancel is due (at once: a client that cannot resume it)
     superseded: bool = False  # a client reads it again: that read's own leave decides
+    refused: bool = False  # Redis failed one of its steps (its cancel is left to Redis, AFTER_REFUSAL_S on)
 
 
 class Leaving:
@@ -158,7 +166,11 @@ class Leaving:
     async def _cancel(self, leave: Leave) -> None:
         while any(time.monotonic() - at < ARRIVAL_S for at in self._arrivals.get(leave.request_id, ())):
             await asyncio.sleep(ARRIVAL_POLL_S)  # a resume under way: it reads, or it is turned away
-        if not leave.superseded:
+        if leave.superseded:
+            return
+        if leave.refused:  # a resume elsewhere may be retrying its refused watch (AFTER_REFUSAL_S)
+            await self.watching.cancel_later(leave.request_id, time.time() + AFTER_REFUSAL_S)
+        else:
             await self.watching.cancel_unwatched(leave.request_id)
 
     async def _tried(self, leave: Leave, step: str, attempt: Callable[[], Awaitable[T]]) -> T | None:
@@ -175,7 +187,7 @@ class Leaving:
                     return None
                 if not failed:
                     log.warning("request %s: its %s failed, tried again until Redis answers: %s", rid, step, why)
-                failed = True
+                failed = leave.refused = True
                 await asyncio.sleep(pause)
                 pause = min(2 * pause, RETRY_S[1])
                 continue
