@@ -1,18 +1,21 @@
-"""A worker that starts while Redis refuses writes (at its memory limit, no eviction) waits for them
-and then serves. Celery's consumer declares its queue at its start in a transaction, which Redis
-refuses then; Celery took that for an unrecoverable error and the process exited, its weights loaded
-for nothing, and ``dayzero up`` started it again (the soak's A5). Real processes: Redis, a gateway,
-a prefill worker restarted during the refusal, a decode worker."""
+"""A worker that starts while Redis refuses writes (at its memory limit, no eviction), or while Redis
+is down, waits for it and then serves. Celery's consumer declares its queue at its start in a
+transaction, which Redis refuses then; Celery took that for an unrecoverable error and the process
+exited, its weights loaded for nothing, and ``dayzero up`` started it again (the soak's A5). Real
+processes: Redis, a gateway, a prefill worker restarted during the refusal, a decode worker."""
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 
 import httpx
 import redis
 
-from .conftest import MODEL, start_stack, wait_until
+from dayzero.procs import free_port, spawn, start_redis, terminate
+
+from .conftest import MODEL, SETTINGS_ENV, start_stack, wait_until
 from .test_decode_appends import writes_refused
 
 BODY = {"model": MODEL, "prompt": [0, 5, 6, 7], "max_tokens": 4, "temperature": 0}
@@ -39,3 +42,30 @@ def test_a_worker_started_while_redis_refuses_writes_waits_and_then_serves(text_
         assert "Redis takes writes again" in log.read_text(errors="replace")
     finally:
         stack.stop()
+
+
+def test_a_worker_started_while_redis_is_down_waits_for_it_and_then_serves(text_dir, tmp_path):
+    """Redis is down (stopped, restarting) when a worker has loaded: it waits, and serves once Redis is
+    back (was: it exited at its warm-up's script load, and ``dayzero up`` loaded its weights again and
+    again: 6 starts in a 39 s Redis outage of the two-gateway soak)."""
+    port, log = free_port(), tmp_path / "prefill0.log"
+    env = {**os.environ, **SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(text_dir)}
+    env["DAYZERO_REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
+    worker = spawn([sys.executable, "-m", "dayzero.cli", "serve", "prefill", "--name", "prefill0"], log, env)
+
+    def ended_or_logged(line: str) -> bool:
+        return worker.poll() is not None or line in log.read_text(errors="replace")
+
+    try:
+        assert wait_until(lambda: ended_or_logged("waits for Redis"), 180)
+        assert not wait_until(lambda: worker.poll() is not None, 2), log.read_text(errors="replace")[-3000:]
+        server = start_redis(port, tmp_path / "redis.log")
+        try:
+            assert wait_until(lambda: ended_or_logged(" ready."), 120)
+            assert worker.poll() is None and "reached Redis after" in log.read_text(errors="replace")
+        finally:
+            terminate([worker], 10)
+            server.terminate()
+            server.wait()
+    finally:
+        terminate([worker], 10)

@@ -30,6 +30,7 @@ from .registry import Presence, Registry, process_name
 
 log = logging.getLogger("dayzero.worker")
 WARM_UP = "warm-up"  # the scratch sequence of ``Runtime.warm_up``
+UNREACHABLE_POLL_S = 1.0  # a starting worker asks an unreachable Redis again this often
 
 
 def attention_options(settings: Settings) -> AttentionOptions:
@@ -174,7 +175,7 @@ class Runtime:
         lifecycle's Lua scripts are loaded into Redis too; with decode graphs, every batch size's
         shortest bucket is captured."""
         cfg, start = self.model.cfg, time.monotonic()
-        self.store.load_scripts()
+        self._load_scripts()
         length = max(cfg.compress_rates.values(), default=1) + 2
         try:
             self.ranks.reserve(WARM_UP, length + 1)
@@ -192,6 +193,25 @@ class Runtime:
         if decode and self.ranks.graphs is not None:
             self.ranks.graphs.capture_batches(self.settings.max_batch)
         log.info("%s warmed up in %.2f s", self.name, time.monotonic() - start)
+
+    def _load_scripts(self) -> None:
+        """The lifecycle's scripts loaded, waiting while Redis cannot be reached (down, restarting,
+        loading its save): one line when it begins waiting, one when it goes on. The worker exited
+        there, its weights loaded for nothing, and ``dayzero up`` loaded them again and again (6 starts
+        in a 39 s Redis outage of the soak). SIGTERM still ends it (``StageWorker``: while starting)."""
+        waited = None
+        while True:
+            try:
+                self.store.load_scripts()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:  # (loading its save: BusyLoadingError)
+                if waited is None:
+                    waited = time.monotonic()
+                    log.warning("%s waits for Redis (%s); asking every %.0f s", self.name, exc, UNREACHABLE_POLL_S)
+                time.sleep(UNREACHABLE_POLL_S)
+                continue
+            if waited is not None:
+                log.warning("%s reached Redis after %.1f s", self.name, time.monotonic() - waited)
+            return
 
     def memory_regions(self, batch: int) -> dict[str, int]:
         """Resident bytes by region (activations and hyper-connection state: estimates for ``batch``)."""
