@@ -195,3 +195,15 @@ def test_a_request_redis_cannot_queue_is_a_503_with_the_code_its_stream_would_en
         "param": None,
         "code": "queue_unavailable",
     }
+
+
+def test_requests_redis_cannot_queue_are_logged_once_not_one_line_each(demo_dir, redis_url, caplog):
+    """A Redis outage's 503s: the first logged with its reason, the next ones counted into a later line
+    (was: one line each, as many as the access log's: 508 per gateway in the soak's outages)."""
+    settings, client = Settings(checkpoint=demo_dir, redis_url=redis_url), redis.Redis.from_url(redis_url)
+    refusing = writes_refused(client)
+    with TestClient(make_app(settings)) as gateway, refusing, caplog.at_level("WARNING", "dayzero.gateway"):
+        answers = [gateway.post("/v1/chat/completions", json=chat("hello", max_tokens=2)) for _ in range(20)]
+    assert [a.status_code for a in answers] == [503] * 20
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("redis unavailable")]
+    assert len(lines) == 1 and lines[0].endswith("answering 503 queue_unavailable"), lines
