@@ -27,6 +27,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -62,6 +63,7 @@ class Leaving:
         self._arrivals: dict[str, list[float]] = {}  # resumes on their way in (monotonic), by request
         self._tasks: set[asyncio.Task] = set()
         self._watches: dict[str, asyncio.Task] = {}  # watches Redis refused, tried again, by watcher
+        self._retrying: Counter[tuple[str, str]] = Counter()  # steps tried again, by request and step
 
     # -- coming back -----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -175,25 +177,37 @@ class Leaving:
 
     async def _tried(self, leave: Leave, step: str, attempt: Callable[[], Awaitable[T]]) -> T | None:
         """``attempt``'s result, tried again while Redis fails it (logged once when it fails, once when
-        it goes through after); None once the request's time limit has passed."""
-        pause, failed = RETRY_S[0], False
-        while True:
-            try:
-                result = await attempt()
-            except redis.RedisError as exc:
-                rid, why = leave.request_id, str(exc) or type(exc).__name__
-                if time.time() + pause > leave.deadline:
-                    log.warning("request %s: its %s gave up, Redis down to its time limit: %s", rid, step, why)
-                    return None
-                if not failed:
-                    log.warning("request %s: its %s failed, tried again until Redis answers: %s", rid, step, why)
-                failed = leave.refused = True
-                await asyncio.sleep(pause)
-                pause = min(2 * pause, RETRY_S[1])
-                continue
+        it goes through after: once per request and step, however many of its reads are tried again
+        meanwhile: a client resuming every second through an outage logged two lines a try); None
+        once the request's time limit has passed."""
+        pause, failed, rid = RETRY_S[0], False, leave.request_id
+        try:
+            while True:
+                try:
+                    result = await attempt()
+                except redis.RedisError as exc:
+                    why = str(exc) or type(exc).__name__
+                    if time.time() + pause > leave.deadline:
+                        log.warning("request %s: its %s gave up, Redis down to its time limit: %s", rid, step, why)
+                        return None
+                    if not failed:
+                        if not self._retrying[rid, step]:
+                            log.warning(
+                                "request %s: its %s failed, tried again until Redis answers: %s", rid, step, why
+                            )
+                        self._retrying[rid, step] += 1
+                    failed = leave.refused = True
+                    await asyncio.sleep(pause)
+                    pause = min(2 * pause, RETRY_S[1])
+                    continue
+                if failed and self._retrying[rid, step] == 1:
+                    log.warning("request %s: its %s went through, Redis back", rid, step)
+                return result
+        finally:
             if failed:
-                log.warning("request %s: its %s went through, Redis back", leave.request_id, step)
-            return result
+                self._retrying[rid, step] -= 1
+                if not self._retrying[rid, step]:
+                    del self._retrying[rid, step]
 
     async def close(self) -> None:
         """Leave every pending cancel to Redis, due at its grace's end (each tries once more)."""

@@ -255,3 +255,20 @@ def test_a_client_that_leaves_while_redis_is_frozen_has_its_request_cancelled(ga
     finally:
         gateway.redis.send_signal(signal.SIGCONT)
     assert wait_until(lambda: r.exists(key("cancel", rid)), 30)
+
+
+def test_resumes_redis_refuses_through_an_outage_log_their_request_once(gateway):
+    """A client resumes its stream again and again while Redis is down (each answered 503): each
+    refused resume's leave is tried again until Redis answers, and the request's log says so once,
+    and once when it goes through (was: two lines per resume, for every try of every client)."""
+    rid, token = _left_stream(gateway)
+    gateway.redis.kill()
+    gateway.redis.wait()
+    url, headers = f"{gateway.url}/v1/requests/{rid}/stream", {"X-Resume-Token": token}
+    assert [httpx.get(url, headers=headers, timeout=30).status_code for _ in range(4)] == [503] * 4
+    assert gateway.supervise() == ["redis"]
+    log = gateway.log_dir / "gateway.log"
+    assert wait_until(lambda: f"request {rid}: its unwatch went through" in log.read_text(), 30)  # (the last one's)
+    text = log.read_text()
+    assert text.count(f"request {rid}: its unwatch failed") == 1
+    assert text.count(f"request {rid}: its unwatch went through") == 1
