@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import time
 
 from . import cli_args
 from .cli_up import add_up_command
@@ -111,18 +110,17 @@ def cmd_alive(args: argparse.Namespace, settings: Settings) -> int:
 
     import redis
 
-    from .serving.liveness import connect, newest_on
+    from .serving.liveness import connect, stamped_ago
 
     bound, host = args.within or settings.frozen_worker_s, socket.gethostname()
     try:
-        newest = newest_on(connect(settings.redis_url), args.stage)
+        age = stamped_ago(connect(settings.redis_url), args.stage)
     except redis.RedisError as exc:
         print(f"cannot read the liveness stamps ({exc}); not counted against the worker")
         return 0
-    if newest is None:
+    if age is None:
         print(f"no {args.stage} worker on {host} has stamped its liveness")
         return 1
-    age = time.time() - newest
     print(f"the {args.stage} worker on {host} stamped its liveness {age:.1f} s ago (bound {bound:g} s)")
     return 0 if not bound or age <= bound else 1
 

@@ -34,7 +34,7 @@ from .procs import (
     terminate,
 )
 from .serving.keys import key
-from .serving.liveness import STAMP_EVERY_S, connect, process_id, stamps
+from .serving.liveness import STAMP_EVERY_S, connect, process_id, seen
 from .shm import unlink_parked_by
 
 SERVICES = ("gateway", "vision", "prefill", "decode")
@@ -227,18 +227,19 @@ class Stack:
         self._liveness = self._liveness or connect(self.redis_url)
         began = time.time()
         try:
-            seen = {stage: stamps(self._liveness, stage) for stage in SERVICES[1:]}
+            found = {stage: seen(self._liveness, stage) for stage in SERVICES[1:]}
             self._liveness.set(key("up", process_id()), began, ex=WRITE_CHECK_TTL_S)
         except redis.RedisError:
-            seen = None
+            found = None
         now = time.time()
-        if seen is None or now - began > STAMP_EVERY_S:  # Redis down, frozen or refusing writes: no worker could stamp
+        if found is None or now - began > STAMP_EVERY_S:  # Redis down, frozen or refusing writes: no worker could stamp
             self._unread_at = now
             return []
         host, frozen = socket.gethostname(), []
         for child in self.children:
-            if child.service in seen and child.proc is not None and child.proc.poll() is None:
-                stamped = seen[child.service].get(process_id(child.proc.pid, host), 0.0)
+            if child.service in found and child.proc is not None and child.proc.poll() is None:
+                read = found[child.service]  # (stamped by Redis's clock: on this host's, as old as there)
+                stamped = now - read.now + read.alive.get(process_id(child.proc.pid, host), float("-inf"))
                 if stamped >= child.started and now - max(stamped, self._unread_at) > self.frozen_s:
                     frozen.append(child)
         return frozen

@@ -14,12 +14,13 @@ import pytest
 import redis
 
 from dayzero.serving.keys import key
-from dayzero.serving.liveness import FRESH_S, Pulse, connect, process_id, serving
+from dayzero.serving.liveness import FRESH_S, Pulse, connect, process_id, serving, unserved_for
 from dayzero.serving.registry import Registry
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
 from .conftest import SETTINGS_ENV, start_gateway_alone, wait_until
+from .test_liveness_clock import SKEWED_CLOCK
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +99,34 @@ def test_ready_follows_the_workers_liveness_stamps_not_their_loops_heartbeats(de
     finally:
         worker.kill()
         worker.wait()
+
+
+@pytest.mark.parametrize("skew", [-4 * FRESH_S, 4 * FRESH_S])
+def test_a_worker_on_a_host_whose_clock_is_off_is_live_while_it_stamps_and_out_once_it_stops(
+    demo_dir, gateway, registry, skew
+):
+    """Workers stamped their liveness by their own clocks, the gateway read them by its: a worker on
+    a host 3 s or more behind the gateway's was never live (/ready 503 "no live worker", its stage's
+    no-worker count running: its requests ended), one ahead stayed live that long after a SIGKILL.
+    Now both sides use Redis's clock: the hosts' clocks play no part."""
+    prefill = _runtime(demo_dir, gateway, "prefill0@test", "prefill")
+    worker = subprocess.Popen([sys.executable, "-c", SKEWED_CLOCK.format(skew=skew) + PULSE, gateway.redis_url])
+    process = process_id(worker.pid)
+    try:
+        assert wait_until(lambda: registry.r.hexists(key("ready", "decode"), process), 60)
+        status, body = _ready(gateway, [prefill], registry)
+        assert status == 200 and body["workers"]["decode"] == 1, body
+        assert unserved_for(registry.r, "decode") == 0.0
+
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        assert wait_until(lambda: process not in serving(registry.r, "decode"), FRESH_S + 2)
+        status, body = _ready(gateway, [prefill], registry)
+        assert status == 503 and body["reason"] == "no live worker for decode", body
+    finally:
+        worker.kill()
+        worker.wait()
+        registry.r.delete(key("unserved", "decode"), key("restart", "decode"))
 
 
 def test_ready_shows_how_far_starting_workers_have_loaded(gateway, registry):

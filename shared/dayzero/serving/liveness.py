@@ -20,6 +20,9 @@ process under the same id, a container's pid 1, is not ready until it says so); 
 since when the stage has had no serving process (set by the gateway; kept while only processes
 ready for less than ``PROVEN_S`` serve it, the time they served left out of the count: ``unserved_for``);
 restart:{stage}, since when that count runs instead (the readiness of the first process ready after it).
+One clock: Redis's (TIME). The stamps are written with it (``STAMP``) and read with it, in the read's
+own round trip (``seen``): a worker host whose clock is behind the gateway's by ``FRESH_S`` looked
+dead to ``/ready``, one ahead kept a dead worker serving as long; the hosts' clocks need not agree.
 Readers: ``dayzero up`` restarts a worker whose stamp is older than DAYZERO_FROZEN_WORKER_S
 (stack.py), a compose healthcheck fails one so (``dayzero alive``); the gateway ends the requests
 waiting at a stage that has had no serving process for DAYZERO_NO_WORKER_TIMEOUT_S (reaper.py), and
@@ -33,9 +36,9 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import redis
 
@@ -46,6 +49,21 @@ STAMP_EVERY_S = 1.0
 FRESH_S = 3.0  # a stage whose newest stamp is older has no live process
 FORGET_S = 600.0  # stamps this old are dropped (a restarted process stamps under a new pid)
 PROVEN_S = 10.0  # a process ready this long ends its stage's no-worker count (unserved_for)
+
+# A stamp at Redis's time now (KEYS: alive, ready; ARGV: the process, and since when it is ready:
+# "" loading, "now", or a time of an earlier stamp) -> that time. (TIME before a write: Redis >= 5
+# replicates a script's effects, not the script.)
+STAMP = """
+local time = redis.call('TIME')
+local now = string.format('%d.%06d', time[1], time[2])
+redis.call('HSET', KEYS[1], ARGV[1], now)
+if ARGV[2] == '' then
+    redis.call('HDEL', KEYS[2], ARGV[1])
+else
+    redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] == 'now' and now or ARGV[2])
+end
+return now
+"""
 
 
 def process_id(pid: int | None = None, host: str | None = None) -> str:
@@ -76,7 +94,9 @@ class Pulse:
 
     def __init__(self, client: redis.Redis, stage: str) -> None:
         self.r, self.stage, self.process = client, stage, process_id()
-        self._ready_at = 0.0  # when it became ready (0: loading)
+        self._script = client.register_script(STAMP)
+        self._ready, self._ready_at = False, ""  # ready, and since when by Redis's clock ("": not stamped yet)
+        self._stamping = threading.Lock()  # (``ready`` stamps from the worker's thread, ``_run`` from its own)
         self._stuck: Callable[[], bool] = lambda: False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="liveness", daemon=True)
@@ -91,7 +111,7 @@ class Pulse:
     def ready(self) -> None:
         """Loaded and taking work: it serves its stage from now on, stamped at once (its requests are
         taken before the next stamp: ended as unserved meanwhile, after a long load)."""
-        self._ready_at = time.time()
+        self._ready = True
         with contextlib.suppress(redis.RedisError):
             self._stamp()
 
@@ -109,15 +129,13 @@ class Pulse:
                 return
 
     def _stamp(self) -> None:
-        """Alive now, and ready since when or not yet, in one transaction (a Redis restarted meanwhile
-        has both again)."""
-        pipe = self.r.pipeline()
-        pipe.hset(key("alive", self.stage), self.process, time.time())
-        if self._ready_at:
-            pipe.hset(key("ready", self.stage), self.process, self._ready_at)
-        else:
-            pipe.hdel(key("ready", self.stage), self.process)
-        pipe.execute()
+        """Alive now, and ready since when (the first stamp since ``ready``) or not yet, in one script
+        (a Redis restarted meanwhile has both again), at Redis's time."""
+        with self._stamping:
+            since = (self._ready_at or "now") if self._ready else ""
+            now = self._script(keys=[key("alive", self.stage), key("ready", self.stage)], args=[self.process, since])
+            if since == "now":
+                self._ready_at = now.decode()
 
     def stop(self) -> None:
         """No more stamps, and out of the hashes: a stopping worker serves no new request."""
@@ -127,36 +145,49 @@ class Pulse:
             self.r.hdel(key("ready", self.stage), self.process)
 
 
+class Seen(NamedTuple):
+    """A stage's stamps as one read found them, with Redis's time then (their clock)."""
+
+    now: float
+    alive: dict[str, float]  # process -> its last stamp
+    ready: dict[str, float]  # process (of ``alive``) -> since when it is ready (fresh or not)
+
+
+def seen(client: redis.Redis, stage: str) -> Seen:
+    """``stage``'s stamps and Redis's time, in one round trip; stamps older than ``FORGET_S`` leave
+    the hash, and ready entries of processes without a stamp theirs."""
+    pipe = client.pipeline()
+    pipe.time()
+    pipe.hgetall(key("alive", stage))
+    pipe.hgetall(key("ready", stage))
+    (seconds, micros), alive, ready = pipe.execute()
+    now = seconds + micros / 1e6
+    stamped = {p.decode(): float(t) for p, t in alive.items() if now - float(t) <= FORGET_S}
+    ready_since = {p.decode(): float(t) for p, t in ready.items()}
+    gone = {p.decode() for p in alive} - stamped.keys(), ready_since.keys() - stamped.keys()
+    for family, processes in zip(("alive", "ready"), gone, strict=True):
+        if processes:
+            client.hdel(key(family, stage), *processes)
+    return Seen(now, stamped, {p: since for p, since in ready_since.items() if p in stamped})
+
+
 def stamps(client: redis.Redis, stage: str) -> dict[str, float]:
-    """Each process's last stamp in ``stage`` (those older than ``FORGET_S`` leave the hash)."""
-    found = {p.decode(): float(t) for p, t in client.hgetall(key("alive", stage)).items()}
-    gone = [p for p, t in found.items() if time.time() - t > FORGET_S]
-    if gone:
-        client.hdel(key("alive", stage), *gone)
-    return {p: t for p, t in found.items() if p not in gone}
+    """Each process's last stamp in ``stage`` (Redis's time)."""
+    return seen(client, stage).alive
 
 
-def newest_on(client: redis.Redis, stage: str, host: str | None = None) -> float | None:
-    """The newest stamp of ``stage``'s processes on ``host`` (this one: a container's own worker,
-    whichever pid it had before a restart); None if none of them has stamped."""
-    here = host or socket.gethostname()
-    return max((t for p, t in stamps(client, stage).items() if p.rpartition(":")[0] == here), default=None)
+def stamped_ago(client: redis.Redis, stage: str, host: str | None = None) -> float | None:
+    """How long ago the newest of ``stage``'s processes on ``host`` (this one: a container's own
+    worker, whichever pid it had before a restart) stamped; None if none of them has."""
+    here, found = host or socket.gethostname(), seen(client, stage)
+    newest = max((t for p, t in found.alive.items() if p.rpartition(":")[0] == here), default=None)
+    return None if newest is None else found.now - newest
 
 
 def serving(client: redis.Redis, stage: str) -> dict[str, float]:
-    """The processes that serve ``stage`` now (a fresh stamp, and ready) -> since when each is ready;
-    the ready entries of processes whose stamps were forgotten leave their hash."""
-    now, alive = time.time(), stamps(client, stage)
-    return {p: since for p, since in _ready(client, stage, alive).items() if now - alive[p] <= FRESH_S}
-
-
-def _ready(client: redis.Redis, stage: str, alive: dict[str, float]) -> dict[str, float]:
-    """Each process of ``alive`` (its stamps) that is or was ready -> since when (fresh or not)."""
-    ready = {p.decode(): float(t) for p, t in client.hgetall(key("ready", stage)).items()}
-    gone = [p for p in ready if p not in alive]
-    if gone:
-        client.hdel(key("ready", stage), *gone)
-    return {p: since for p, since in ready.items() if p in alive}
+    """The processes that serve ``stage`` now (a fresh stamp, and ready) -> since when each is ready."""
+    found = seen(client, stage)
+    return {p: since for p, since in found.ready.items() if found.now - found.alive[p] <= FRESH_S}
 
 
 def unserved_for(client: redis.Redis, stage: str) -> float:
@@ -172,8 +203,7 @@ def unserved_for(client: redis.Redis, stage: str) -> float:
     loading one does: what waits there still ends. Except for the first process ready since the
     count began (``_restart``): the time before it was a start that loaded (a long first load, a
     restart), not a crash loop."""
-    now, alive = time.time(), stamps(client, stage)
-    ready = _ready(client, stage, alive)
+    now, alive, ready = seen(client, stage)
     fresh = [since for p, since in ready.items() if now - alive[p] <= FRESH_S]
     if any(now - since >= PROVEN_S for since in fresh):
         client.delete(key("unserved", stage), key("restart", stage))
