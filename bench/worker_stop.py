@@ -3,8 +3,9 @@
 Starts a stack of 1 prefill and 1 decode worker on the demo checkpoint (text only) per round, serves
 one request, then SIGTERMs the decode worker and the prefill worker one after the other (each
 waited for), and times a ``Stack.stop()`` of a second stack (gateway, then both workers together,
-then Redis). An idle worker's stop is Celery's warm shutdown (its queue read ends within the
-broker's 1 s poll) and then whatever the process does on its way out.
+then Redis). An idle worker's stop is Celery's warm shutdown (its queue read blocked in Redis ended
+as the stop begins: it waited for the broker's 1 s poll) and then whatever the process does on its
+way out.
 Run: ``python bench/worker_stop.py [--rounds 3]``; before/after: run it with PYTHONPATH at each tree.
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import Celery, signals
 
 from dayzero.parallel.collectives import Group
+from dayzero.serving.broker import QueueReads
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.queue import TASKS, composer, make_celery
@@ -18,7 +19,8 @@ def make_worker(settings: Settings, group: Group | None = None) -> Celery:
     """``group``: this worker is rank 0 of a tensor-parallel group (dayzero.serving.ranks)."""
     app = make_celery(settings)
     shared = settings.handoff != "redis"  # decode reads prefill's pools in place
-    prefetch = Prefetch(app)  # paused while what it handed back to the queue is not its to take
+    reads = QueueReads(app)  # its broker connections, named: its blocked queue read can be ended
+    prefetch = Prefetch(reads)  # paused while what it handed back to the queue is not its to take
     signals.worker_ready.connect(prefetch.bind, weak=False)
 
     def make_loop(runtime: Runtime) -> PrefillLoop:  # decode's jobs go out with their handoff marks; what its
@@ -26,7 +28,7 @@ def make_worker(settings: Settings, group: Group | None = None) -> Celery:
         room = Room(runtime, prefetch, to_prefill(runtime, composer(app, "prefill")))
         return PrefillLoop(runtime, composer(app, "decode"), room)
 
-    stage = StageWorker(settings, "prefill", loop_stage("prefill", settings, shared, make_loop, group))
+    stage = StageWorker(settings, "prefill", loop_stage("prefill", settings, shared, make_loop, group), reads)
 
     @app.task(name=TASKS["prefill"])
     def prefill(job_json: str) -> None:

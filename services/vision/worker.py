@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from dayzero.serving.broker import QueueReads
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.queue import TASKS, composer, make_celery
 from dayzero.serving.vision_stage import VisionStage
@@ -14,7 +15,8 @@ from dayzero.settings import Settings
 def make_worker(settings: Settings) -> Celery:
     app = make_celery(settings)
     prefill_message = composer(app, "prefill")
-    stage = StageWorker(settings, "vision", lambda name: VisionStage(settings, name, prefill_message))
+    reads = QueueReads(app)  # its broker connections, named: its blocked queue read can be ended
+    stage = StageWorker(settings, "vision", lambda name: VisionStage(settings, name, prefill_message), reads)
 
     @app.task(name=TASKS["vision"])
     def vision(job_json: str) -> None:

@@ -29,7 +29,7 @@ LONG_PROMPT = [(7 * j) % 200 + 3 for j in range(2500)]  # prefilled over several
 
 
 def kill_broker_connections(r: redis.Redis) -> int:
-    """Close every worker's broker connection (``room.Prefetch`` names them): how many."""
+    """Close every worker's broker connection (``broker.QueueReads`` names them): how many."""
     named = [c for c in r.client_list() if c.get("name", "").startswith("dayzero-reads-")]
     for client in named:
         r.execute_command("CLIENT", "KILL", "ID", client["id"])

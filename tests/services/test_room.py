@@ -126,7 +126,7 @@ def test_a_worker_handing_back_ends_its_own_blocked_queue_read_first_so_a_peer_t
     store.r.delete("prefill")  # (what earlier tests left there)
     ticket = loop.intake.submit(admitted(store, "r-back", tuple(range(2, 302))))
     got, reads = {}, []
-    for name in (prefetch.reads, "peer"):  # this worker's read blocks first
+    for name in (prefetch.reads.name, "peer"):  # this worker's read blocks first
         reads.append(
             threading.Thread(target=_read, args=(redis.Redis.from_url(redis_url, client_name=name), got, name))
         )
@@ -136,7 +136,7 @@ def test_a_worker_handing_back_ends_its_own_blocked_queue_read_first_so_a_peer_t
         assert room.hand_back(loop.intake.drain(0), tokens_of, loop.heartbeat) == []
         for read in reads:
             read.join(30)
-        assert got[prefetch.reads] is None and got["peer"][0] == b"prefill"  # the peer has it, this worker not
+        assert got[prefetch.reads.name] is None and got["peer"][0] == b"prefill"  # the peer has it, this worker not
         assert store.owner("r-back") is None and not ticket.done.is_set()  # its message held here a while
         room.hold_s = 0
         room.consume(busy=True)

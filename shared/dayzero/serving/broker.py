@@ -17,17 +17,24 @@ it goes on. A refusal no wait ends (WRONGTYPE, an ACL's NOPERM) fails it as befo
 
 A lost connection closes the consumer's channel: its delivered, unacknowledged messages (the
 requests the worker runs on meanwhile) stay with their tasks, never put back on the queue (``QoS``).
+
+A worker names its broker connections (``QueueReads``) so that its consumer's queue read blocked in
+Redis (a BRPOP of up to 1 s) can be ended at once: before it hands messages back (room.py), and when
+it begins to stop (worker.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import ssl
 import time
+import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
 import redis
+from celery import Celery
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from redis.asyncio.connection import DefaultParser as AsyncDefaultParser
@@ -143,6 +150,27 @@ def _writes_refused(exc: redis.ResponseError) -> bool:
     # (a pipeline's: "Command # 1 (...) of pipeline caused error: MISCONF ...")
     code = str(exc).rpartition("caused error: ")[2].partition(" ")[0]
     return code in _REFUSED_FOR_A_WHILE or isinstance(exc, redis.exceptions.MasterDownError)
+
+
+class QueueReads:
+    """A worker's reads of its queue: its broker connections, named ``name`` (Redis's CLIENT LIST;
+    ``app``: the worker's Celery app, None: named nothing), and ``end``, which ends the consumer's
+    read that waits blocked in Redis: a BRPOP, sent while the worker could take messages, that takes
+    the next message pushed up to 1 s later (kombu's poll), whatever the worker decided since."""
+
+    def __init__(self, app: Celery | None = None) -> None:
+        self.name = f"dayzero-reads-{uuid.uuid4().hex[:12]}"
+        if app is not None:
+            app.conf.broker_transport_options = {**app.conf.broker_transport_options, "client_name": self.name}
+
+    def end(self, client: redis.Redis) -> None:
+        """End this worker's queue read blocked in Redis, if one is (``CLIENT UNBLOCK``): it answers
+        nil, which the consumer reads as its poll's timeout. A Redis that refuses CLIENT (ACLs): the
+        read ends with its poll."""
+        with contextlib.suppress(redis.ResponseError):
+            for reader in client.client_list(_type="normal"):
+                if reader.get("name") == self.name and reader.get("cmd") == "brpop" and "b" in reader.get("flags", ""):
+                    client.client_unblock(reader["id"])
 
 
 class Transport(kombu_redis.Transport):

@@ -40,18 +40,16 @@ hand back needs a peer with room for it (on decode also a few leases of the hand
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable, Container
 from typing import Any, Generic, TypeVar
 
 import redis
-from celery import Celery
 
 from ..kv.layout import PoolLayout
 from ..telemetry import continued
+from .broker import QueueReads
 from .intake import Ticket
 from .lease import Heartbeat
 from .messages import DecodeJob, PrefillJob
@@ -66,13 +64,11 @@ J = TypeVar("J", bound=Run)
 class Prefetch:
     """A Celery worker's prefetch count: its own (take messages) or 1 (with a message held: take no
     more). Set from any thread; Celery's event loop applies it between polls (as its autoscaler's).
-    ``app``: the worker's, whose broker connections it names ``reads`` (Redis's CLIENT LIST)."""
+    ``reads``: the worker's queue reads (none named: a loop without Celery)."""
 
-    def __init__(self, app: Celery | None = None) -> None:
+    def __init__(self, reads: QueueReads | None = None) -> None:
         self._consumer: Any = None
-        self.reads = f"dayzero-reads-{uuid.uuid4().hex[:12]}"
-        if app is not None:
-            app.conf.broker_transport_options = {**app.conf.broker_transport_options, "client_name": self.reads}
+        self.reads = reads or QueueReads()
 
     def bind(self, sender: Any = None, **_: object) -> None:
         """A ``worker_ready`` receiver: ``sender`` is the worker's consumer."""
@@ -90,15 +86,12 @@ class Prefetch:
 
     def withhold(self, client: redis.Redis) -> None:
         """Take no message from now, before a hand back: pause, and end this worker's queue read that
-        waits blocked in Redis (a BRPOP sent while it could take messages; the pause never recalls
-        one). Redis hands a pushed message to the reader blocked longest: often that one, so the
-        worker took back what it had just handed back. Its consumer reads the nil as a timeout and,
-        paused with a message held (the one it hands back), sends no other."""
+        waits blocked in Redis (the pause never recalls one). Redis hands a pushed message to the
+        reader blocked longest: often that one, so the worker took back what it had just handed back.
+        Its consumer reads the nil as a timeout and, paused with a message held (the one it hands
+        back), sends no other."""
         self.pause(True)
-        with contextlib.suppress(redis.ResponseError):  # a Redis that refuses CLIENT (ACLs): the read stays
-            for reader in client.client_list(_type="normal"):
-                if reader.get("name") == self.reads and reader.get("cmd") == "brpop" and "b" in reader.get("flags", ""):
-                    client.client_unblock(reader["id"])
+        self.reads.end(client)
 
 
 def to_decode(runtime: Runtime, message: Callable[[DecodeJob], str]) -> Callable[[DecodeJob, str], bool]:
