@@ -3,8 +3,9 @@ proxy restarting): Celery reconnects in ~0.1 s and its tasks go on running them.
 delivered, unacknowledged messages back on the queue as the channel closed (``Restoring 4
 unacknowledged message(s)``) and the worker claimed them again, its own lease: long prompts were
 prefilled twice (4 prompts of 2,500 tokens: 17,500 tokens prefilled, not 10,000). Now they stay with
-their tasks: each prompt is prefilled once, each stream is the same as without the loss. Real Redis,
-gateway and worker processes; kombu's channel over dayzero's transport."""
+their tasks: each prompt is prefilled once, each stream is the same as without the loss; and the
+worker, reconnected, takes a message only while one of its threads is free. Real Redis, gateway and
+worker processes; kombu's channel over dayzero's transport."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import logging
 import tempfile
 import threading
 
+import httpx
 import pytest
 import redis
+from celery import Celery
 from kombu import Connection
 
 from dayzero.serving import broker
@@ -49,9 +52,20 @@ def idle_at(r: redis.Redis, stage: str, tokens: float) -> float | None:
     return count if count >= tokens and batch == 0 else None
 
 
-def leased_to(r: redis.Redis, stage: str) -> bool:
-    """A request is claimed by a worker of ``stage`` (its task's message delivered, unacknowledged)."""
-    return any((r.get(k) or b"").startswith(stage.encode()) for k in r.scan_iter(key("lease", "*")))
+def leased_to(r: redis.Redis, stage: str) -> int:
+    """How many requests workers of ``stage`` have claimed (their tasks' messages delivered, unacknowledged)."""
+    return sum((r.get(k) or b"").startswith(stage.encode()) for k in r.scan_iter(key("lease", "*")))
+
+
+def named_reads(r: redis.Redis) -> set[str]:
+    """The names of the workers' broker connections (``broker.QueueReads``)."""
+    return {c["name"] for c in r.client_list() if c.get("name", "").startswith("dayzero-reads-")}
+
+
+def sent(url: str, body: dict) -> None:
+    """A request whose answer nobody reads (the stack may stop under it)."""
+    with contextlib.suppress(httpx.HTTPError):
+        httpx.post(url, json=body, timeout=300)
 
 
 def test_requests_under_way_when_the_broker_connection_is_lost_are_run_once(text_dir, tmp_path):
@@ -101,3 +115,33 @@ def test_a_closing_channel_puts_no_delivered_message_back(redis_url, monkeypatch
         r.delete("closing", "_kombu.binding.closing")
     assert list(tmp_path.iterdir()) == []  # (refused, was: a dump file)
     assert "1 delivered message(s) stay with the tasks running them" in caplog.text
+
+
+def test_a_worker_whose_every_thread_is_busy_takes_no_message_after_a_reconnect(text_dir, tmp_path):
+    """A decode worker of 2 threads (DAYZERO_MAX_BATCH=1: 2 tasks) runs 2 long requests when its
+    broker connection is lost. Its new channel counted no delivery (the lost one's stay with their
+    tasks) and Celery lowers no prefetch after a reconnect on Redis (per-consumer QoS): it took the
+    next request's message at once, to wait unstarted for one of its threads while a peer could have
+    run it. It now takes a message only while a thread is free: the message waits on the queue."""
+    # (handoffs through Redis: prefill keeps no blocks of the handoff waiting here, and takes the next prompt)
+    extra = {"DAYZERO_MAX_BATCH": "1", "DAYZERO_MAX_TOKENS_LIMIT": "4000", "DAYZERO_HANDOFF": "redis"}
+    stack = start_stack(text_dir, tmp_path, {"vision": 0, "prefill": 1, "decode": 1}, extra)
+    r, url = redis.Redis.from_url(stack.redis_url), f"{stack.url}/v1/completions"
+    long = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 4000, "ignore_eos": True}
+    app = Celery(broker=stack.redis_url)
+    try:
+        for _ in range(2):
+            threading.Thread(target=sent, args=(url, long), daemon=True).start()
+        assert wait_until(lambda: leased_to(r, "decode") == 2, 60)  # one decoding, one waiting: every thread
+        workers = named_reads(r)
+        assert kill_broker_connections(r) >= 2
+        assert wait_until(lambda: named_reads(r) == workers, 30)  # Celery connected again
+        threading.Thread(target=sent, args=(url, {**long, "max_tokens": 2}), daemon=True).start()
+        assert wait_until(lambda: r.llen("decode") == 1, 60)  # its message waits (was: taken at once)
+        for _ in range(2):  # the worker's event loop has turned since (it answers between its reads)
+            reserved = app.control.inspect(timeout=30, limit=2).reserved()
+        (unstarted,) = [tasks for worker, tasks in reserved.items() if worker.startswith("decode0@")]
+        assert r.llen("decode") == 1 and unstarted == []
+        assert leased_to(r, "decode") == 2  # (the long ones still ran)
+    finally:
+        stack.stop()

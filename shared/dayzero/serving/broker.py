@@ -187,7 +187,15 @@ def celery_broker(url: str) -> dict:
     refuses the rest): this transport. kombu's own, which a ``rediss://`` URL kept, went without the
     fixes above. Given a transport, kombu would connect to a ``rediss://`` URL without TLS unless told
     (``broker_use_ssl``): the server's certificate checked, as redis-py checks it for the same URL
-    (the gateway's and the stages' own clients), unless the URL's ``ssl_cert_reqs`` says otherwise."""
+    (the gateway's and the stages' own clients), unless the URL's ``ssl_cert_reqs`` says otherwise.
+
+    A worker takes a message only while one of its pool's threads is free (``worker_disable_prefetch``:
+    its reserved tasks counted, not the channel's deliveries). The count a channel keeps starts from
+    none on a new connection while the tasks of the lost one run on (``QoS``), and Celery lowers no
+    prefetch after a reconnect on Redis (its reduction is skipped with per-consumer QoS): a worker
+    whose every thread ran a long prompt took as many messages again, each waiting unstarted for one
+    of those to end while an idle peer could have run it (bench/prefetch_after_reconnect.py)."""
+    worker = {"broker_transport": TRANSPORT, "worker_disable_prefetch": True}
     if url.startswith("rediss://"):
-        return {"broker_transport": TRANSPORT, "broker_use_ssl": {"ssl_cert_reqs": ssl.CERT_REQUIRED}}
-    return {"broker_transport": TRANSPORT}
+        return {**worker, "broker_use_ssl": {"ssl_cert_reqs": ssl.CERT_REQUIRED}}
+    return worker

@@ -1,0 +1,145 @@
+"""A worker whose broker connection was lost while it ran requests, then a burst: does it take
+messages it cannot start (every thread of its pool busy) while an idle peer could run them?
+
+Starts a stack of 2 prefill workers and 1 decode worker on the demo checkpoint with
+DAYZERO_MAX_BATCH=``--batch`` (a prefill worker runs that many tasks at once: its Celery pool's
+threads and its prefetch count) and DAYZERO_PREFILL_CHUNK_SIZE=``--chunk`` (a long prompt takes many
+steps). Per round it streams ``--batch`` 2,500-token prompts to one prefill worker (the other stopped
+meanwhile: SIGSTOP, its blocked queue read ended), then closes every worker's broker connection
+(``CLIENT KILL`` of the connections ``broker.QueueReads`` names; ``--no-kill``: none) and, once they
+are back, streams ``--burst`` short prompts. Reports per round the burst's times to first token and
+the long prompts' (from the burst's start), and the most messages the prefill workers held unstarted
+at once (Celery's ``inspect reserved``, sampled while the burst ran: a message waiting for one of its
+worker's threads, here the busy worker's, while its peer idled), and the requests the gateway's
+reaper re-ran as lost (a message taken off the queue and not claimed within a few leases).
+Run: ``python bench/prefetch_after_reconnect.py [--rounds 3] [--batch 2] [--burst 2] [--chunk 64]
+[--no-kill]``; before/after: run it from each tree's folder with PYTHONPATH at it (``python -m``
+puts the working directory first on the workers' path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import redis
+from celery import Celery
+
+from dayzero.demo import write_demo_checkpoint
+from dayzero.procs import free_port
+from dayzero.stack import Stack
+
+MODEL = "dayzero-demo"
+LONG = [(7 * j) % 200 + 3 for j in range(2500)]
+
+
+def streamed(url: str, prompt: list[int], out: dict, i: int) -> None:
+    """A streamed completion of ``prompt``: when it was sent, its first token came, it ended (monotonic)."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0, "ignore_eos": True, "stream": True}
+    began, first = time.monotonic(), None
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as r:
+        for line in r.iter_lines():
+            if first is None and line.startswith("data: {") and json.loads(line[6:]).get("choices"):
+                first = time.monotonic()
+    out[i] = (began, first, time.monotonic())
+
+
+def held_by(r: redis.Redis, stage: str) -> int:
+    """How many requests workers of ``stage`` hold (their leases)."""
+    return sum((r.get(k) or b"").startswith(stage.encode()) for k in r.scan_iter("dz:lease:*"))
+
+
+def named_reads(r: redis.Redis) -> set[str]:
+    """The names of the workers' broker connections (one per worker)."""
+    return {c["name"] for c in r.client_list() if c.get("name", "").startswith("dayzero-reads-")}
+
+
+def one_round(stack: Stack, app: Celery, args: argparse.Namespace) -> dict:
+    r = redis.Redis.from_url(stack.redis_url)
+    longs, bursts = {}, {}
+    while len(named_reads(r)) < 3:  # every worker's consumer connected (ready: its loop announced)
+        time.sleep(0.05)
+    idle = stack.child("prefill1").proc
+    idle.send_signal(signal.SIGSTOP)  # the long prompts go to prefill0: prefill1 sends no read meanwhile
+    for client in r.client_list(_type="normal"):  # (and the one it sent ends: nil)
+        if client.get("name", "").startswith("dayzero-reads-") and "b" in client.get("flags", ""):
+            r.client_unblock(client["id"])
+    threads = [threading.Thread(target=streamed, args=(stack.url, LONG, longs, i)) for i in range(args.batch)]
+    for t in threads:
+        t.start()
+    while held_by(r, "prefill") < args.batch:
+        time.sleep(0.005)
+    idle.send_signal(signal.SIGCONT)
+    workers = named_reads(r)
+    if not args.no_kill:
+        for client in r.client_list():
+            if client.get("name", "").startswith("dayzero-reads-"):
+                r.execute_command("CLIENT", "KILL", "ID", client["id"])
+        while named_reads(r) != workers:  # every worker connected again (Celery: ~0.1 s)
+            time.sleep(0.005)
+    burst = [threading.Thread(target=streamed, args=(stack.url, [0, 5 + i, 6], bursts, i)) for i in range(args.burst)]
+    for t in burst:
+        t.start()
+    unstarted = {"prefill0": 0, "prefill1": 0}
+    while any(t.is_alive() for t in burst):
+        for worker, tasks in (app.control.inspect(timeout=0.3).reserved() or {}).items():
+            name = worker.partition("@")[0]
+            if name in unstarted:
+                unstarted[name] = max(unstarted[name], len(tasks))
+    for t in threads + burst:
+        t.join(600)
+    began = min(began for began, _, _ in bursts.values())
+    return {
+        "first": sorted(first - began for _, first, _ in bursts.values()),
+        "long": sorted(first - began for _, first, _ in longs.values()),  # (prefill done: its first token)
+        "unstarted": unstarted,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--burst", type=int, default=2)
+    ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--no-kill", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {
+            "DAYZERO_CHECKPOINT": str(write_demo_checkpoint(Path(tmp) / "demo", fp4=True)),
+            "DAYZERO_LEASE_S": "1.0",
+            "DAYZERO_MAX_CONTEXT": "4096",
+            "DAYZERO_KEEPALIVE_S": "1.0",
+            "DAYZERO_MAX_BATCH": str(args.batch),
+            "DAYZERO_PREFILL_CHUNK_SIZE": str(args.chunk),
+        }
+        stack = Stack({"vision": 0, "prefill": 2, "decode": 1}, free_port(), Path(tmp) / "logs", env)
+        stack.start()
+        try:
+            stack.wait_ready(timeout_s=300)
+            app = Celery(broker=stack.redis_url)
+            rounds = [one_round(stack, app, args) for _ in range(args.rounds)]
+        finally:
+            stack.stop()
+        reruns = (Path(tmp) / "logs" / "gateway.log").read_text(errors="replace").count("lost its worker; re-running")
+    for n, got in enumerate(rounds):
+        firsts, longs = (", ".join(f"{f:.2f}" for f in got[k]) for k in ("first", "long"))
+        print(
+            f"round {n}: first tokens: the burst's {firsts} s, the long prompts' {longs} s;"
+            f" messages held unstarted (most at once): the busy prefill0 {got['unstarted']['prefill0']},"
+            f" prefill1 {got['unstarted']['prefill1']}"
+        )
+    slowest = statistics.median(got["first"][-1] for got in rounds)
+    print(f"median of each round's slowest first token of the burst: {slowest:.2f} s")
+    print(f"requests re-run by the reaper (a message taken, never claimed: 'lost its worker'): {reruns}")
+
+
+if __name__ == "__main__":
+    main()
