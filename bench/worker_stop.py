@@ -6,7 +6,9 @@ waited for), and times a ``Stack.stop()`` of a second stack (gateway, then both 
 then Redis). An idle worker's stop is Celery's warm shutdown (its queue read blocked in Redis ended
 as the stop begins: it waited for the broker's 1 s poll) and then whatever the process does on its
 way out.
-Run: ``python bench/worker_stop.py [--rounds 3]``; before/after: run it with PYTHONPATH at each tree.
+Run: ``python bench/worker_stop.py [--rounds 3]``; before/after: run it from each tree's folder with
+PYTHONPATH at it (``python -m`` puts the working directory first on the workers' path: from another
+folder they import its ``services``).
 """
 
 from __future__ import annotations
