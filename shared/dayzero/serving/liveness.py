@@ -20,9 +20,10 @@ process under the same id, a container's pid 1, is not ready until it says so); 
 since when the stage has had no serving process (set by the gateway; kept while only processes
 ready for less than ``PROVEN_S`` serve it, the time they served left out of the count: ``unserved_for``);
 restart:{stage}, since when that count runs instead (the readiness of the first process ready after it).
-One clock: Redis's (TIME). The stamps are written with it (``STAMP``) and read with it, in the read's
-own round trip (``seen``): a worker host whose clock is behind the gateway's by ``FRESH_S`` looked
-dead to ``/ready``, one ahead kept a dead worker serving as long; the hosts' clocks need not agree.
+One clock: Redis's (TIME, redis_clock.py). The stamps are written with it (``STAMP``) and read with
+it, in the read's own round trip (``seen``): a worker host whose clock is behind the gateway's by
+``FRESH_S`` looked dead to ``/ready``, one ahead kept a dead worker serving as long; the hosts'
+clocks need not agree.
 Readers: ``dayzero up`` restarts a worker whose stamp is older than DAYZERO_FROZEN_WORKER_S
 (stack.py), a compose healthcheck fails one so (``dayzero alive``); the gateway ends the requests
 waiting at a stage that has had no serving process for DAYZERO_NO_WORKER_TIMEOUT_S (reaper.py), and
@@ -43,6 +44,7 @@ from typing import NamedTuple
 import redis
 
 from .keys import key
+from .redis_clock import NOW, hashes_at
 
 log = logging.getLogger("dayzero.liveness")
 STAMP_EVERY_S = 1.0
@@ -51,11 +53,10 @@ FORGET_S = 600.0  # stamps this old are dropped (a restarted process stamps unde
 PROVEN_S = 10.0  # a process ready this long ends its stage's no-worker count (unserved_for)
 
 # A stamp at Redis's time now (KEYS: alive, ready; ARGV: the process, and since when it is ready:
-# "" loading, "now", or a time of an earlier stamp) -> that time. (TIME before a write: Redis >= 5
-# replicates a script's effects, not the script.)
-STAMP = """
-local time = redis.call('TIME')
-local now = string.format('%d.%06d', time[1], time[2])
+# "" loading, "now", or a time of an earlier stamp) -> that time.
+STAMP = (
+    NOW
+    + """
 redis.call('HSET', KEYS[1], ARGV[1], now)
 if ARGV[2] == '' then
     redis.call('HDEL', KEYS[2], ARGV[1])
@@ -64,6 +65,7 @@ else
 end
 return now
 """
+)
 
 
 def process_id(pid: int | None = None, host: str | None = None) -> str:
@@ -156,12 +158,7 @@ class Seen(NamedTuple):
 def seen(client: redis.Redis, stage: str) -> Seen:
     """``stage``'s stamps and Redis's time, in one round trip; stamps older than ``FORGET_S`` leave
     the hash, and ready entries of processes without a stamp theirs."""
-    pipe = client.pipeline()
-    pipe.time()
-    pipe.hgetall(key("alive", stage))
-    pipe.hgetall(key("ready", stage))
-    (seconds, micros), alive, ready = pipe.execute()
-    now = seconds + micros / 1e6
+    now, (alive, ready) = hashes_at(client, key("alive", stage), key("ready", stage))
     stamped = {p.decode(): float(t) for p, t in alive.items() if now - float(t) <= FORGET_S}
     ready_since = {p.decode(): float(t) for p, t in ready.items()}
     gone = {p.decode() for p in alive} - stamped.keys(), ready_since.keys() - stamped.keys()
