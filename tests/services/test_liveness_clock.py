@@ -5,15 +5,18 @@ real ones (``/ready``: test_readiness.py)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import redis
 
 from dayzero.cli import main
+from dayzero.procs import spawn
 from dayzero.serving.keys import key
 from dayzero.serving.liveness import process_id
 from dayzero.stack import Child, Stack
@@ -22,6 +25,29 @@ from .conftest import wait_until
 
 # put before a worker's script: its process's clock ``skew`` seconds off this host's (another host's)
 SKEWED_CLOCK = "import time; _host_time = time.time; time.time = lambda: _host_time() + {skew}\n"
+
+# a real worker: ``dayzero serve`` argv[1] (the stage) ``--name`` argv[2]
+SERVE = """
+import sys
+from dayzero.cli import main
+sys.exit(main(["serve", sys.argv[1], "--name", sys.argv[2]]))
+"""
+
+
+def skewed_worker(stage: str, name: str, skew: float, log: Path, env: dict[str, str]) -> subprocess.Popen:
+    """A real worker of ``stage`` (its settings in ``env``) whose process's clock is ``skew`` s off this host's."""
+    return spawn(
+        [sys.executable, "-c", SKEWED_CLOCK.format(skew=skew) + SERVE, stage, name], log, {**os.environ, **env}
+    )
+
+
+def announced(client: redis.Redis, stage: str, worker: str) -> str | None:
+    """The process of ``worker`` (its ``--name``) whose heartbeat and snapshot are in the registry (None: none yet)."""
+    for process in client.hkeys(key("workers", stage)):
+        if process.startswith(f"{worker}@".encode()) and client.exists(key("usage", process.decode())):
+            return process.decode()
+    return None
+
 
 # a prefill worker's liveness stamps in a process of its own, ready
 PULSE = """

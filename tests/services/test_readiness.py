@@ -20,7 +20,7 @@ from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
 from .conftest import SETTINGS_ENV, start_gateway_alone, wait_until
-from .test_liveness_clock import SKEWED_CLOCK
+from .test_liveness_clock import SKEWED_CLOCK, announced, skewed_worker
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +127,24 @@ def test_a_worker_on_a_host_whose_clock_is_off_is_live_while_it_stamps_and_out_o
         worker.kill()
         worker.wait()
         registry.r.delete(key("unserved", "decode"), key("restart", "decode"))
+
+
+def test_a_worker_on_a_host_whose_clock_is_behind_has_its_settings_compared(demo_dir, gateway, registry, tmp_path):
+    """/ready compared the settings of the workers whose heartbeats were within 3 leases + 2 s of the
+    gateway's clock: a decode worker on a host further behind was left out, and /ready said ready
+    with prefill and decode sharing no KV layout (every request failing at decode's admission). Now
+    the heartbeats are on Redis's clock: the real decode worker, its process's clock 20 s behind,
+    is compared."""
+    prefill = _runtime(demo_dir, gateway, "prefill0@test", "prefill", block_size=16)
+    env = {**SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(demo_dir), "DAYZERO_REDIS_URL": gateway.redis_url}
+    worker = skewed_worker("decode", "decode0", -20.0, tmp_path / "decode0.log", {**env, "DAYZERO_BLOCK_SIZE": "32"})
+    try:
+        assert wait_until(lambda: announced(registry.r, "decode", "decode0") and serving(registry.r, "decode"), 120)
+        status, body = _ready(gateway, [prefill], registry)
+        assert status == 503 and "share no KV layout" in body["reason"], body
+    finally:
+        worker.terminate()
+        worker.wait(60)
 
 
 def test_ready_shows_how_far_starting_workers_have_loaded(gateway, registry):

@@ -1,20 +1,39 @@
 """Workers in Redis: heartbeats per stage, pool usage and metrics snapshots, loading progress, and
-the depth of each stage's Celery queue (keys: see lifecycle.py)."""
+the depth of each stage's Celery queue (keys: see lifecycle.py).
+
+The heartbeats are on Redis's clock (redis_clock.py), written and read: a worker on a host whose
+clock was a lease behind its peer's was never live to it (no request handed back to it, whatever
+room it had), one ahead stayed live that long after it stopped (requests handed back to a dead
+peer); ``/ready`` compared the settings of only the workers whose hosts' clocks agreed with its.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import threading
-import time
 import uuid
 from collections.abc import Callable
 
 import redis
 
 from .keys import key
+from .redis_clock import NOW, hashes_at
 
 FORGET_S = 600.0  # a worker process silent this long is forgotten
+SNAPSHOT_S = 60  # a worker's snapshot lapses this long after its last beat
+
+# A beat at Redis's time (KEYS: workers:{stage}, usage:{worker}; ARGV: the worker, its snapshot
+# ("": none), how long the snapshot lasts).
+BEAT = (
+    NOW
+    + """
+redis.call('HSET', KEYS[1], ARGV[1], now)
+if ARGV[2] ~= '' then
+    redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+end
+"""
+)
 
 
 def process_name(worker: str) -> str:
@@ -26,13 +45,12 @@ def process_name(worker: str) -> str:
 class Registry:
     def __init__(self, client: redis.Redis) -> None:
         self.r = client
+        self._beat = client.register_script(BEAT)
 
     def alive(self, stage: str, worker: str, usage: dict | None = None) -> None:
-        pipe = self.r.pipeline()
-        pipe.hset(key("workers", stage), worker, time.time())
-        if usage is not None:
-            pipe.set(key("usage", worker), json.dumps(usage), ex=60)
-        pipe.execute()
+        """A beat of ``worker``, with its snapshot ``usage``, in one round trip."""
+        snapshot = "" if usage is None else json.dumps(usage)
+        self._beat(keys=[key("workers", stage), key("usage", worker)], args=[worker, snapshot, SNAPSHOT_S])
 
     def leave(self, stage: str, worker: str) -> None:
         pipe = self.r.pipeline()
@@ -51,11 +69,12 @@ class Registry:
         return {name: json.loads(v) for name, v in self._family("loading").items()}
 
     def live_workers(self, stage: str, within_s: float) -> list[str]:
-        """The stage's workers that beat within ``within_s``: one per worker, a restarted process
-        (the same name, a new ``:suffix``) standing for the one it replaced; processes silent for
-        ``FORGET_S`` leave the registry (a crash-looping worker would add one a restart)."""
-        now = time.time()
-        beats = {w.decode(): float(t) for w, t in self.r.hgetall(key("workers", stage)).items()}
+        """The stage's workers that beat within ``within_s`` (by Redis's clock): one per worker, a
+        restarted process (the same name, a new ``:suffix``) standing for the one it replaced;
+        processes silent for ``FORGET_S`` leave the registry (a crash-looping worker would add one a
+        restart)."""
+        now, (found,) = hashes_at(self.r, key("workers", stage))
+        beats = {w.decode(): float(t) for w, t in found.items()}
         gone = [w for w, t in beats.items() if now - t > FORGET_S]
         if gone:
             self.r.hdel(key("workers", stage), *gone)
