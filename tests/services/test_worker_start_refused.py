@@ -13,7 +13,7 @@ import sys
 import httpx
 import redis
 
-from dayzero.procs import free_port, spawn, start_redis, terminate
+from dayzero.procs import free_port, scratch_redis, spawn, start_redis, terminate
 
 from .conftest import MODEL, SETTINGS_ENV, start_stack, wait_until
 from .test_decode_appends import writes_refused
@@ -69,3 +69,24 @@ def test_a_worker_started_while_redis_is_down_waits_for_it_and_then_serves(text_
             server.wait()
     finally:
         terminate([worker], 10)
+
+
+def test_a_worker_whose_redis_password_is_wrong_ends_its_start(text_dir, tmp_path):
+    """Redis refuses the URL's password: the start fails, saying so (was: it waited for Redis forever,
+    "waits for Redis (invalid username-password pair ...)", and ``dayzero alive`` counted it alive:
+    a Redis it cannot read is not counted against a worker)."""
+    log = tmp_path / "prefill0.log"
+    with scratch_redis(tmp_path) as port:
+        redis.Redis(port=port).config_set("requirepass", "right")
+        env = {**os.environ, **SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(text_dir)}
+        env["DAYZERO_REDIS_URL"] = f"redis://:wrong@127.0.0.1:{port}/0"
+        worker = spawn([sys.executable, "-m", "dayzero.cli", "serve", "prefill", "--name", "prefill0"], log, env)
+        try:
+            assert wait_until(
+                lambda: worker.poll() is not None or "waits for Redis" in log.read_text("utf-8", "replace"), 180
+            )
+            assert worker.poll() is not None, log.read_text(errors="replace")[-3000:]
+            assert "cannot start" in log.read_text(errors="replace")
+            assert "invalid username-password pair" in log.read_text(errors="replace")
+        finally:
+            terminate([worker], 10)

@@ -198,11 +198,15 @@ class Runtime:
         """The lifecycle's scripts loaded, waiting while Redis cannot be reached (down, restarting,
         loading its save): one line when it begins waiting, one when it goes on. The worker exited
         there, its weights loaded for nothing, and ``dayzero up`` loaded them again and again (6 starts
-        in a 39 s Redis outage of the soak). SIGTERM still ends it (``StageWorker``: while starting)."""
+        in a 39 s Redis outage of the soak). SIGTERM still ends it (``StageWorker``: while starting).
+        A Redis that refuses the URL's credentials ends the start: no wait mends a wrong password (it
+        waited forever, a compose healthcheck counting it alive, where it had exited)."""
         waited = None
         while True:
             try:
                 self.store.load_scripts()
+            except redis.AuthenticationError:  # (a ConnectionError to redis-py)
+                raise
             except (redis.ConnectionError, redis.TimeoutError) as exc:  # (loading its save: BusyLoadingError)
                 if waited is None:
                     waited = time.monotonic()
