@@ -41,6 +41,7 @@ RETRY_S = (0.2, 5.0)  # the first and the longest pause between tries of a step 
 # A cancel of a leave Redis failed a step of goes to Redis due this long after (``Watching.cancel_later``):
 # a resume on another gateway whose watch Redis refused too is tried again within RETRY_S[1] and takes
 # it back (cancelled at once, the retried cancel could land first: cancelled under its reader).
+# Not a request answered in one body: nobody can resume it (it decoded 7 s on for a client gone).
 AFTER_REFUSAL_S = RETRY_S[1] + 2.0
 ARRIVAL_S = 30.0  # a resume not reading this long after it came (its response never began) holds no cancel
 ARRIVAL_POLL_S = 0.05
@@ -151,7 +152,7 @@ class Leaving:
             self._pending.setdefault(rid, set()).add(leave)
             if resumable:
                 await asyncio.sleep(self.grace_s)
-            await self._tried(leave, "cancel", lambda: self._cancel(leave))
+            await self._tried(leave, "cancel", lambda: self._cancel(leave, resumable))
         except asyncio.CancelledError:  # the gateway stops: its cancel is left to Redis, due as it was
             with contextlib.suppress(redis.RedisError):
                 if await self.watching.unwatch(rid, watcher) == 0 and not (finished or leave.superseded):
@@ -165,12 +166,12 @@ class Leaving:
             if not pending:
                 self._pending.pop(rid, None)
 
-    async def _cancel(self, leave: Leave) -> None:
+    async def _cancel(self, leave: Leave, resumable: bool) -> None:
         while any(time.monotonic() - at < ARRIVAL_S for at in self._arrivals.get(leave.request_id, ())):
             await asyncio.sleep(ARRIVAL_POLL_S)  # a resume under way: it reads, or it is turned away
         if leave.superseded:
             return
-        if leave.refused:  # a resume elsewhere may be retrying its refused watch (AFTER_REFUSAL_S)
+        if leave.refused and resumable:  # a resume elsewhere may be retrying its refused watch (AFTER_REFUSAL_S)
             await self.watching.cancel_later(leave.request_id, time.time() + AFTER_REFUSAL_S)
         else:
             await self.watching.cancel_unwatched(leave.request_id)

@@ -17,7 +17,6 @@ from dayzero.serving.keys import key
 from dayzero.serving.queue import make_celery
 from dayzero.serving.watching import cancel_left
 from dayzero.settings import Settings
-from services.gateway import leaving
 from services.gateway.bus import Bus
 
 from .conftest import MODEL, start_gateway_alone, wait_until
@@ -104,43 +103,6 @@ def test_a_resume_on_its_way_holds_the_cancel_of_another_read_that_left(redis_ur
         return held, kept
 
     assert asyncio.run(run()) == (True, True)
-
-
-def test_a_cancel_redis_refused_waits_for_a_resume_elsewhere_whose_watch_it_refused_too(redis_url, monkeypatch):
-    """Redis refuses writes (at its memory limit): a client left its stream on one gateway (its grace
-    over) and resumed it on another, whose watch Redis refused too (tried again every RETRY_S[1] at
-    most). Once Redis took writes, the first gateway's retried leave landed before the watch's next
-    try and cancelled the request under its reader; now that cancel goes to Redis, due AFTER_REFUSAL_S
-    on, and the watch takes it back."""
-    monkeypatch.setattr(leaving, "RETRY_S", (3.0, 3.0))  # the watch's tries: 3 s apart
-
-    async def run() -> tuple[bool, float | None, bool]:
-        settings = Settings(redis_url=redis_url, disconnect_grace_s=60)
-        first, other = Bus(settings, make_celery(settings)), Bus(settings, make_celery(settings))
-        client, readers = aioredis.Redis.from_url(redis_url), key("watchers", "r6")
-        first.leaving.reading("r6")
-        await first.watching.watch("r6", "first")
-        await client.config_set("maxmemory", 1)
-        try:
-            first.leaving.leave("r6", "first", time.time(), finished=False, resumable=False)
-            await asyncio.sleep(1.0)  # its cancel refused (the unwatch, a removal, went through): tried again in 3 s
-            other.leaving.reading("r6")
-            await other.leaving.watch("r6", "resumed", time.time())  # refused: tried again in 3 s, after
-            await asyncio.sleep(0.1)  # (its task's first try, at once: refused too)
-        finally:
-            await client.config_set("maxmemory", 0)
-        for _ in range(100):  # the watch's next try
-            if await client.sismember(readers, "resumed"):
-                break
-            await asyncio.sleep(0.1)
-        watched, cancelled = await client.sismember(readers, "resumed"), bool(await client.exists(key("cancel", "r6")))
-        due = await client.zscore(key("left"), "r6")
-        await client.aclose()
-        for bus in (first, other):
-            await asyncio.wait_for(bus.close(), 5)
-        return watched, due, cancelled
-
-    assert asyncio.run(run()) == (True, None, False)  # (the entry it left was taken back by the watch)
 
 
 @pytest.fixture(scope="module")
