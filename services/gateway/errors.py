@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -23,20 +24,31 @@ log = logging.getLogger("dayzero.gateway")
 
 class Refusals:
     """The 503s answered because Redis failed a request, in the log: the first with its reason, then
-    one line per ``every_s`` at most, counting those answered since (a line per refused request, as
-    many as the uvicorn access log's: 508 per gateway in the soak's 8 minutes of Redis outages)."""
+    one line per ``every_s`` at most, counting those answered since, the last ones too (a line per
+    refused request, as many as the uvicorn access log's: 508 per gateway in the soak's 8 minutes of
+    Redis outages; counted only into the next refusal's line, an outage's last ones went unsaid)."""
 
     def __init__(self, every_s: float = REFUSALS_LOGGED_EVERY_S) -> None:
         self.every_s, self.logged_at, self.unlogged = every_s, float("-inf"), 0
+        self._tally: asyncio.TimerHandle | None = None  # the line that will count the refusals since
 
     def refused(self, exc: redis.RedisError) -> None:
+        """One more 503 (on the event loop)."""
         now = time.monotonic()
-        if now - self.logged_at < self.every_s:
+        if self._tally is not None or now - self.logged_at < self.every_s:  # (the tally may run late)
             self.unlogged += 1
+            if self._tally is None:
+                self._tally = asyncio.get_running_loop().call_later(self.logged_at + self.every_s - now, self._count)
             return
-        since = f" ({self.unlogged} more refused since the last line)" if self.unlogged else ""
-        log.warning("redis unavailable: %s; answering 503 %s%s", exc, QUEUE_UNAVAILABLE, since)
-        self.logged_at, self.unlogged = now, 0
+        log.warning("redis unavailable: %s; answering 503 %s", exc, QUEUE_UNAVAILABLE)
+        self.logged_at = now
+
+    def _count(self) -> None:
+        self._tally = None
+        log.warning(
+            "%d more requests answered 503 %s (Redis unavailable) since the last line", self.unlogged, QUEUE_UNAVAILABLE
+        )
+        self.logged_at, self.unlogged = time.monotonic(), 0
 
 
 class APIError(Exception):
