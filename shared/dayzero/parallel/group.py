@@ -111,9 +111,19 @@ def _where(launch: Launch) -> str:
 
 
 def _not_met(launch: Launch, timeout: float, reason: str) -> RendezvousFailed:
+    """The group did not meet; under torchrun's agent, its ranks meet per attempt (``_store``): a host
+    whose torchrun started again alone (a reboot, a restarted pod) counts from 0 and never meets the
+    others, whose agents count on (the message asked only about MASTER_ADDR and MASTER_PORT)."""
+    attempt = (
+        f" and at the same torchrun attempt (TORCHELASTIC_RESTART_COUNT={launch.attempt} here: a host whose "
+        f"torchrun started again alone counts from 0; start every host's torchrun again)"
+        if launch.agent_store
+        else ""
+    )
     return RendezvousFailed(
         f"rank {launch.config.rank} of {launch.config.world_size}: the group did not meet at {_where(launch)} "
-        f"within {timeout:g} s ({reason}); are the other ranks started with the same MASTER_ADDR and MASTER_PORT?"
+        f"within {timeout:g} s ({reason}); are the other ranks started with the same MASTER_ADDR and MASTER_PORT"
+        f"{attempt}?"
     )
 
 
