@@ -191,10 +191,12 @@ def celery_broker(url: str) -> dict:
 
     A worker takes a message only while one of its pool's threads is free (``worker_disable_prefetch``:
     its reserved tasks counted, not the channel's deliveries). The count a channel keeps starts from
-    none on a new connection while the tasks of the lost one run on (``QoS``), and Celery lowers no
-    prefetch after a reconnect on Redis (its reduction is skipped with per-consumer QoS): a worker
-    whose every thread ran a long prompt took as many messages again, each waiting unstarted for one
-    of those to end while an idle peer could have run it (bench/prefetch_after_reconnect.py)."""
+    none on a new connection while the tasks of the lost one run on (``QoS``), and Celery 5.7 lowers
+    no prefetch after a reconnect on Redis (its reduction is skipped with per-consumer QoS; 5.6 lowers
+    it to the threads left free, one at least): a worker whose every thread ran a long prompt took as
+    many messages again (5.6: one), each waiting unstarted for one of those to end while an idle peer
+    could have run it (bench/prefetch_after_reconnect.py). Its reserved tasks outlive the connection:
+    Celery keeps the running ones when it closes (``Consumer.on_close``)."""
     worker = {"broker_transport": TRANSPORT, "worker_disable_prefetch": True}
     if url.startswith("rediss://"):
         return {**worker, "broker_use_ssl": {"ssl_cert_reqs": ssl.CERT_REQUIRED}}
