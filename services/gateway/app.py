@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from dayzero.config import ModelConfig
+from dayzero.serving import redis_clock as clock
 from dayzero.serving.keys import QUEUES
 from dayzero.serving.liveness import unserved_for
 from dayzero.serving.messages import PrefillJob
@@ -57,6 +58,7 @@ async def _reaper(gw: Gateway) -> None:
         store.enqueue(job.request.request_id, stage, messages[stage](job), gw.settings.visibility_timeout_s)
 
     def one_pass() -> None:
+        clock.sync(store.r)  # (the admission stamps' clock: redis_clock.now)
         sweep(store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period)
         unserved, bound = {stage: unserved_for(store.r, stage) for stage in QUEUES}, gw.settings.no_worker_timeout_s
         gw.bus.unserved = {stage: seconds for stage, seconds in unserved.items() if seconds > bound}  # (admission)
@@ -66,6 +68,8 @@ async def _reaper(gw: Gateway) -> None:
             cancel_left(store.r, store.ttl_s)  # (left by a gateway that stopped)
 
     period, started = gw.settings.lease_s / 2, time.time()
+    with contextlib.suppress(redis.RedisError):  # (Redis down: the first pass measures it)
+        await run_in_threadpool(clock.sync, store.r)
     while True:
         await asyncio.sleep(period)
         try:

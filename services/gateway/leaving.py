@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from dayzero.serving import redis_clock as clock
 from dayzero.serving.watching import Watching
 
 log = logging.getLogger("dayzero.gateway")
@@ -81,7 +82,7 @@ class Leaving:
             yield
         except redis.RedisError:
             self.reading(request_id)
-            self.leave(request_id, uuid.uuid4().hex, time.time(), finished=False)
+            self.leave(request_id, uuid.uuid4().hex, clock.now(), finished=False)
             raise
         except BaseException:
             self._arrived(request_id, now)
@@ -127,7 +128,7 @@ class Leaving:
         """A read (``watcher``) of a request made at unix time ``created`` ended: unwatch it, then,
         unless the request ``finished`` or others read it, cancel it (after the grace when its
         client may resume it), in a task of its own."""
-        leave = Leave(request_id, created + self.time_limit_s, time.time() + self.grace_s * resumable)
+        leave = Leave(request_id, created + self.time_limit_s, clock.now() + self.grace_s * resumable)
         self._spawn(self._leave(leave, watcher, finished, resumable))
 
     def _spawn(self, work: Coroutine[Any, Any, object]) -> asyncio.Task:
@@ -156,7 +157,7 @@ class Leaving:
         except asyncio.CancelledError:  # the gateway stops: its cancel is left to Redis, due as it was
             with contextlib.suppress(redis.RedisError):
                 if await self.watching.unwatch(rid, watcher) == 0 and not (finished or leave.superseded):
-                    if leave.grace_ends > time.time():
+                    if leave.grace_ends > clock.now():
                         await self.watching.cancel_later(rid, leave.grace_ends)
                     else:
                         await self.watching.cancel_unwatched(rid)
@@ -188,7 +189,7 @@ class Leaving:
                     result = await attempt()
                 except redis.RedisError as exc:
                     why = str(exc) or type(exc).__name__
-                    if time.time() + pause > leave.deadline:
+                    if clock.now() + pause > leave.deadline:
                         log.warning("request %s: its %s gave up, Redis down to its time limit: %s", rid, step, why)
                         return None
                     if not failed:

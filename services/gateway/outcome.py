@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ import anyio
 import redis
 from opentelemetry import trace
 
+from dayzero.serving import redis_clock as clock
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.reaper import no_worker_message
 from dayzero.serving.records import Token
@@ -42,7 +42,7 @@ class Progress:
 
     def see(self, event: Token) -> None:
         """Record ``event``; an end that is not a finish raises (APIError) after marking it over."""
-        now, metrics = time.time(), self.gw.metrics
+        now, metrics = clock.now(), self.gw.metrics
         if event.finish_reason in ("error", "cancelled"):
             self.over = True
             failure = _failure(event)

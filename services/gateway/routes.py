@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from dayzero.chat import dsml
 from dayzero.chat.encoding import continues_reasoning
 from dayzero.params import MAX_SEED, Grammar, SamplingParams
+from dayzero.serving import redis_clock as clock
 from dayzero.serving.messages import GenerationRequest
 
 from .access import bearer, key_accepted, may_read
@@ -127,7 +127,7 @@ def _new_request(ids: list[int], spec: SamplingParams, kind: str, images: int = 
         kind=kind,
         prompt_ids=tuple(ids),
         sampling=spec,
-        created=time.time(),
+        created=clock.now(),
         images=images,
         **fields,
     )

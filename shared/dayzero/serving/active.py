@@ -13,6 +13,7 @@ from opentelemetry import trace
 from ..completion import Completion, Step
 from ..config import ModelConfig
 from ..telemetry import continued, tracer
+from . import redis_clock as clock
 from .handoff import Receiver
 from .intake import Ticket
 from .messages import DecodeJob
@@ -36,7 +37,7 @@ def admit_state(runtime: Runtime, receiver: Receiver, job: DecodeJob, total: int
             r.ranks.adopt(rid)  # the other ranks of the group import the same state
             r.stats.add(handoff_seconds=time.perf_counter() - start, handoff_bytes=r.pools.sequence_bytes(rid))
         r.ranks.reserve(rid, total)
-    r.stats.add(queued_requests=1, queue_seconds=time.time() - job.request.created)
+    r.stats.add(queued_requests=1, queue_seconds=clock.now() - job.request.created)
 
 
 @dataclass

@@ -23,7 +23,8 @@ restart:{stage}, since when that count runs instead (the readiness of the first 
 One clock: Redis's (TIME, redis_clock.py). The stamps are written with it (``STAMP``) and read with
 it, in the read's own round trip (``seen``): a worker host whose clock is behind the gateway's by
 ``FRESH_S`` looked dead to ``/ready``, one ahead kept a dead worker serving as long; the hosts'
-clocks need not agree.
+clocks need not agree. Each stamp's answer also measures this process's offset to Redis's clock
+(``redis_clock.now``: the time limit's).
 Readers: ``dayzero up`` restarts a worker whose stamp is older than DAYZERO_FROZEN_WORKER_S
 (stack.py), a compose healthcheck fails one so (``dayzero alive``); the gateway ends the requests
 waiting at a stage that has had no serving process for DAYZERO_NO_WORKER_TIMEOUT_S (reaper.py), and
@@ -37,6 +38,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -44,7 +46,7 @@ from typing import NamedTuple
 import redis
 
 from .keys import key
-from .redis_clock import NOW, hashes_at
+from .redis_clock import NOW, hashes_at, measured
 
 log = logging.getLogger("dayzero.liveness")
 STAMP_EVERY_S = 1.0
@@ -135,7 +137,9 @@ class Pulse:
         (a Redis restarted meanwhile has both again), at Redis's time."""
         with self._stamping:
             since = (self._ready_at or "now") if self._ready else ""
+            sent = time.time()
             now = self._script(keys=[key("alive", self.stage), key("ready", self.stage)], args=[self.process, since])
+            measured(float(now), sent, time.time())  # (this process's offset to Redis's clock: redis_clock.now)
             if since == "now":
                 self._ready_at = now.decode()
 

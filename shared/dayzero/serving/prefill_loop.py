@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Container
 
 import redis
 
 from ..completion import context_limit
 from ..kv.pools import OutOfBlocks
+from . import redis_clock as clock
 from .first_tokens import FirstTokens
 from .handoff import discard_tensor, drop_embeddings
 from .intake import Intake, Ticket, run_loop
@@ -215,7 +215,7 @@ class PrefillLoop:
                 inputs.append((tickets, batch_input(tickets[0], self.r.store)))
             except LookupError as exc:  # its image embeddings expired or went with a dead host (it runs alone)
                 self._embeddings_gone(tickets[0], exc)
-        now = time.time()
+        now = clock.now()
         image_token = self.r.model.cfg.raw.get("image_token_id")
         started = [t for tickets, _ in inputs for t in tickets]
         self.r.stats.add(queued_requests=len(started), queue_seconds=sum(now - t.job.request.created for t in started))

@@ -4,12 +4,12 @@ waiting requests it takes beside them, and the chunk each prompt runs in it."""
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 from opentelemetry import trace
 
 from ..telemetry import continued, tracer
+from . import redis_clock as clock
 from .handoff import take_tensor
 from .intake import Ticket
 from .lifecycle import Lifecycle
@@ -140,7 +140,7 @@ def take_batch(
 
 def _waited(job: PrefillJob, pass_s: float, now: float | None) -> bool:
     """Admitted ``pass_s`` or longer before ``now`` (default: the time now)."""
-    return job.request.created <= (time.time() if now is None else now) - pass_s
+    return job.request.created <= (clock.now() if now is None else now) - pass_s
 
 
 def plan_step(running: list[Prefilling], chunk_size: int, max_tokens: int) -> tuple[list[Prefilling], list[BatchInput]]:

@@ -4,9 +4,16 @@ A stamp of the writer's own time.time() read against the reader's was off by the
 worker on a host behind by the reader's window was never live, one ahead stayed live that long
 after it stopped. A stamp is written by a script that reads TIME (``NOW``) and read with TIME in
 the read's own round trip (``hashes_at``): the hosts' clocks need not agree.
+
+A time kept in a record and read by other processes (a request's admission, ``created``, that
+DAYZERO_TASK_TIME_LIMIT_S counts from) is on Redis's clock too, without a round trip per read:
+``now()`` is this process's clock plus its offset to Redis's, measured on a call it makes anyway (a
+worker's liveness stamp every second, the gateway's reaper pass) with ``measured``, or ``sync``.
 """
 
 from __future__ import annotations
+
+import time
 
 import redis
 
@@ -16,6 +23,28 @@ NOW = """
 local time = redis.call('TIME')
 local now = string.format('%d.%06d', time[1], time[2])
 """
+
+
+_offset_s = 0.0  # Redis's clock less this process's, as last measured (0 before: the host's clock)
+
+
+def now() -> float:
+    """Redis's time now (unix seconds) as this process knows it: no round trip."""
+    return time.time() + _offset_s
+
+
+def measured(redis_now: float, sent: float, received: float) -> None:
+    """Redis said ``redis_now`` to a call sent at ``sent`` and answered at ``received`` (this
+    process's time.time()): its offset, taking Redis's reading at the round trip's middle."""
+    global _offset_s
+    _offset_s = redis_now - (sent + received) / 2
+
+
+def sync(client: redis.Redis) -> None:
+    """Measure this process's offset to Redis's clock (a TIME)."""
+    sent = time.time()
+    seconds, micros = client.time()
+    measured(seconds + micros / 1e6, sent, time.time())
 
 
 def hashes_at(client: redis.Redis, *names: str) -> tuple[float, list[dict[bytes, bytes]]]:

@@ -5,12 +5,12 @@ in a stage's queue or as a handoff no decode worker has taken (reaper.py: no wor
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..tokenizer import IdsOnlyCodec, TextCodec
 from ..usage import streamed_usage
+from . import redis_clock as clock
 from .messages import GenerationRequest
 
 OVERLOADED = "overloaded"  # the error code of a request that found no room in time: a 503 (gateway/outcome.py)
@@ -28,8 +28,8 @@ class LimitEnd:
 
 
 def overdue(created: float, limit_s: float) -> bool:
-    """Admitted (at ``created``, unix time) longer ago than ``limit_s``."""
-    return created < time.time() - limit_s
+    """Admitted (at ``created``, Redis's unix time: redis_clock.py) longer ago than ``limit_s``."""
+    return created < clock.now() - limit_s
 
 
 def past_limit(

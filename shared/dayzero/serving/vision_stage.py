@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import asdict
 
@@ -20,6 +19,7 @@ from ..shm import unlink_parked_before
 from ..telemetry import continued
 from ..vision.encoder import VisionEncoder, load_tower
 from ..vision.images import ImageError
+from . import redis_clock as clock
 from .handoff import discard_tensor, publish_tensor, sweep_parked
 from .intake import Ticket
 from .lease import Heartbeat
@@ -100,7 +100,7 @@ class VisionStage:
 
     def _encode_and_hand_on(self, job: PrefillJob) -> None:
         rid = job.request.request_id
-        self.stats.add(queued_requests=1, queue_seconds=time.time() - job.request.created)
+        self.stats.add(queued_requests=1, queue_seconds=clock.now() - job.request.created)
         try:
             with self._lock, continued(job.request.trace), self.heartbeat.step():
                 images = self.encoder.embeddings(self.store.images(rid))
