@@ -58,7 +58,6 @@ async def _reaper(gw: Gateway) -> None:
         store.enqueue(job.request.request_id, stage, messages[stage](job), gw.settings.visibility_timeout_s)
 
     def one_pass() -> None:
-        clock.sync(store.r)  # (the admission stamps' clock: redis_clock.now)
         sweep(store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period)
         unserved, bound = {stage: unserved_for(store.r, stage) for stage in QUEUES}, gw.settings.no_worker_timeout_s
         gw.bus.unserved = {stage: seconds for stage, seconds in unserved.items() if seconds > bound}  # (admission)
@@ -68,7 +67,7 @@ async def _reaper(gw: Gateway) -> None:
             cancel_left(store.r, store.ttl_s)  # (left by a gateway that stopped)
 
     period, started = gw.settings.lease_s / 2, time.time()
-    with contextlib.suppress(redis.RedisError):  # (Redis down: the first pass measures it)
+    with contextlib.suppress(redis.RedisError):  # (the admission stamps' clock; Redis down: the passes measure it)
         await run_in_threadpool(clock.sync, store.r)
     while True:
         await asyncio.sleep(period)

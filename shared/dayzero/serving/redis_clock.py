@@ -8,7 +8,7 @@ the read's own round trip (``hashes_at``): the hosts' clocks need not agree.
 A time kept in a record and read by other processes (a request's admission, ``created``, that
 DAYZERO_TASK_TIME_LIMIT_S counts from) is on Redis's clock too, without a round trip per read:
 ``now()`` is this process's clock plus its offset to Redis's, measured on a call it makes anyway (a
-worker's liveness stamp every second, the gateway's reaper pass) with ``measured``, or ``sync``.
+worker's liveness stamp every second, the gateway's reaper reading them) with ``measured``, or ``sync``.
 """
 
 from __future__ import annotations
@@ -48,10 +48,14 @@ def sync(client: redis.Redis) -> None:
 
 
 def hashes_at(client: redis.Redis, *names: str) -> tuple[float, list[dict[bytes, bytes]]]:
-    """Redis's time now and the hashes ``names``, in one round trip."""
+    """Redis's time now and the hashes ``names``, in one round trip (which measures this process's
+    offset too: the gateway's reaper reads the stamps every pass)."""
     pipe = client.pipeline()
     pipe.time()
     for name in names:
         pipe.hgetall(name)
+    sent = time.time()
     (seconds, micros), *hashes = pipe.execute()
-    return seconds + micros / 1e6, hashes
+    redis_now = seconds + micros / 1e6
+    measured(redis_now, sent, time.time())
+    return redis_now, hashes
