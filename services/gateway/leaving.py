@@ -173,7 +173,7 @@ class Leaving:
         if leave.superseded:
             return
         if leave.refused and resumable:  # a resume elsewhere may be retrying its refused watch (AFTER_REFUSAL_S)
-            await self.watching.cancel_later(leave.request_id, time.time() + AFTER_REFUSAL_S)
+            await self.watching.cancel_later(leave.request_id, clock.now() + AFTER_REFUSAL_S)
         else:
             await self.watching.cancel_unwatched(leave.request_id)
 

@@ -6,11 +6,10 @@ then: a rolling restart's clients resume on another gateway, or on this one rest
 
 from __future__ import annotations
 
-import time
-
 import redis
 import redis.asyncio as aioredis
 
+from . import redis_clock as clock
 from .admission import Queue, admission, record_s
 from .keys import key
 from .messages import GenerationRequest
@@ -39,10 +38,12 @@ if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2]) == 0 the
 end
 """
 
-# KEYS: the request's readers, done, the cancels stopped gateways left; ARGV: the cancel's unix time,
-# the request. Left only while nobody reads it (and it has not ended), in one step: a resume on
-# another gateway whose watch came after the stopping one's unwatch, before its ZADD, left an entry
-# under its reader, which cancelled the request when that read left, within its own grace.
+# KEYS: the request's readers, done, the cancels stopped gateways left; ARGV: the cancel's unix time on
+# Redis's clock (another gateway's reaper cancels it: by a host's clock 30 s ahead, a rolling restart's
+# client that would resume found its request cancelled), the request. Left only while nobody reads it
+# (and it has not ended), in one step: a resume on another gateway whose watch came after the stopping
+# one's unwatch, before its ZADD, left an entry under its reader, which cancelled the request when that
+# read left, within its own grace.
 CANCEL_LATER = """
 if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', KEYS[2]) == 0 then
     redis.call('ZADD', KEYS[3], ARGV[1], ARGV[2])
@@ -67,8 +68,9 @@ return 1
 
 def cancel_left(client: redis.Redis, stream_ttl_s: int) -> list[str]:
     """Cancel the requests whose grace a stopped gateway left here (``Watching.cancel_later``) and
-    has ended, unless a client reads them again (or they ended); returns their ids. Their entries go."""
-    now, cancel = time.time(), client.register_script(CANCEL_DUE)
+    has ended, unless a client reads them again (or they ended); returns their ids. Their entries go.
+    Due by Redis's time as this process knows it (``redis_clock.now``: the reaper's pass measured it)."""
+    now, cancel = clock.now(), client.register_script(CANCEL_DUE)
     due = [rid.decode() for rid in client.zrangebyscore(key("left"), "-inf", now)]
     families = ("watchers", "done", "cancel")
     return [
@@ -117,9 +119,10 @@ class Watching:
         return int(await self._readers(keys=keys, args=args))
 
     async def cancel_later(self, rid: str, at: float) -> None:
-        """The gateway stops: the request is cancelled at unix time ``at`` (its grace's end) unless a
-        client reads it again by then (``cancel_left``; cancelled at once, a rolling restart's resume
-        found its request cancelled on the next gateway); nothing while a client reads it."""
+        """The gateway stops: the request is cancelled at ``at`` (its grace's end; Redis's unix time,
+        ``redis_clock.now``: another gateway's reaper cancels it) unless a client reads it again by
+        then (``cancel_left``; cancelled at once, a rolling restart's resume found its request
+        cancelled on the next gateway); nothing while a client reads it."""
         await self._later(keys=[key("watchers", rid), key("done", rid), key("left")], args=[repr(at), rid])
 
     async def cancel_unwatched(self, rid: str) -> None:
