@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dayzero.config import ModelConfig
 from dayzero.serving import redis_clock as clock
@@ -39,6 +40,7 @@ from .stopping import Stopping
 
 log = logging.getLogger("dayzero.gateway")
 RERUN_TRANSIT_S = 30.0  # a re-run's mark until its message is pushed: a sweep's round trips, with room
+START_CLOCK_S = 1.0  # the start waits this long at most for Redis's TIME (frozen: the first request measures)
 SCRAPE_REDIS_S = 1.0  # each of a scrape's two Redis reads gives up after this (Prometheus waits 5 s here)
 
 
@@ -67,8 +69,6 @@ async def _reaper(gw: Gateway) -> None:
             cancel_left(store.r, store.ttl_s)  # (left by a gateway that stopped)
 
     period, started = gw.settings.lease_s / 2, time.time()
-    with contextlib.suppress(redis.RedisError):  # (the admission stamps' clock; Redis down: the passes measure it)
-        await run_in_threadpool(clock.sync, store.r)
     while True:
         await asyncio.sleep(period)
         try:
@@ -77,6 +77,29 @@ async def _reaper(gw: Gateway) -> None:
             pass
         except Exception:  # nobody awaits this task: ended, it would re-run and end nothing again
             log.exception("the reaper's pass failed; the next one runs in %.1f s", period)
+
+
+async def _measure_clock(gw: Gateway, within_s: float | None = None) -> None:
+    """This process's offset to Redis's clock (a TIME), which the admissions' stamps and the cancels'
+    due times are on (redis_clock.py), waited for ``within_s`` at most (the TIME's answer still counts
+    when it comes later); Redis down: measured by the next request, or reaper pass."""
+    with contextlib.suppress(redis.RedisError, TimeoutError):
+        await asyncio.wait_for(asyncio.to_thread(clock.sync, gw.bus.store.r), within_s)
+
+
+class ClockFirst:
+    """A request that comes before the gateway knew its offset to Redis's clock (Redis was down at its
+    start) measures it first: its admission was stamped with the host's clock, by a host 30 s ahead a
+    request 30 s old, ended at once by a 30 s time limit. Nothing once it is known (every later
+    request: one check), nor for a GET (/health, /ready: a probe while Redis hangs does not wait on it)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not clock.known():  # (a probe: never waits)
+            await _measure_clock(scope["app"].state.gateway)
+        await self.app(scope, receive, send)
 
 
 _ERROR = {
@@ -157,6 +180,7 @@ def make_app(settings: Settings) -> FastAPI:
         gw.metrics.registry.register(QueueDepthCollector(lambda: scraped.queue_depths(STAGES)))
         if not settings.api_keys:
             log.warning("no API key configured (DAYZERO_API_KEYS): the gateway accepts every request")
+        await _measure_clock(gw, START_CLOCK_S)  # before the first request: its admission is on Redis's clock
         reaper = asyncio.create_task(_reaper(gw))
         await run_in_threadpool(lambda: None)  # anyio's backend and thread pool start on first use (~25 ms)
         yield
@@ -178,6 +202,7 @@ def make_app(settings: Settings) -> FastAPI:
     app.add_middleware(errors.BodyLimit, limit=settings.max_request_bytes)
     app.add_middleware(Stopping, drain_s=settings.shutdown_grace_s / 2)  # (outside BodyLimit: its body reads)
     app.add_middleware(CountResponses)
+    app.add_middleware(ClockFirst)
     app.include_router(router)
     _openapi_as_served(app, [settings.model_name])
 

@@ -1,6 +1,6 @@
 """A gateway whose host's clock is off Redis's (30 s ahead, 20 s behind): its admissions' stamps, the
 time limit its reaper keeps, the cancels a stopped gateway leaves to the others (due at its grace's
-end) are on Redis's clock (redis_clock.py). Real gateways, each a process of
+end) and its first requests are on Redis's clock (redis_clock.py). Real gateways, each a process of
 its own whose ``time.time`` is moved (as test_liveness_clock.py's workers), on a real Redis; no
 worker (requests wait in their queue)."""
 
@@ -17,7 +17,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from dayzero.procs import free_port
+from dayzero.procs import free_port, start_redis
 from dayzero.serving import redis_clock
 from dayzero.serving.keys import key
 from dayzero.serving.queue import make_celery
@@ -109,9 +109,11 @@ def test_a_skewed_gateway_cancels_what_a_stopped_one_left_and_ends_requests_by_r
     Redis's clock, and both gateways stamp their admissions and the due time with Redis's."""
     client = redis.Redis.from_url(redis_url)
     limit = {"DAYZERO_TASK_TIME_LIMIT_S": str(LIMIT_S)}
-    first, first_url = start_gateway("gateway_s", stopping, redis_url, text_dir, tmp_path)
-    other, other_url = start_gateway("gateway_t", survivor, redis_url, text_dir, tmp_path, **limit)
+    gateways = []
     try:
+        gateways.append(start_gateway("gateway_s", stopping, redis_url, text_dir, tmp_path))
+        gateways.append(start_gateway("gateway_t", survivor, redis_url, text_dir, tmp_path, **limit))
+        (first, first_url), (_, other_url) = gateways
         waits = admitted(other_url, client)  # (nobody takes it: it waits out its time limit)
         assert abs(created(client, waits) - redis_now(client)) < 1.0
 
@@ -124,8 +126,30 @@ def test_a_skewed_gateway_cancels_what_a_stopped_one_left_and_ends_requests_by_r
         assert wait_until(lambda: client.get(key("done", waits)) is not None, LIMIT_S + 8)
         assert redis_now(client) >= created(client, waits) + LIMIT_S
     finally:
-        stopped(first)
-        stopped(other)
+        for proc, _ in gateways:
+            stopped(proc)
+
+
+def test_a_skewed_gateway_whose_redis_was_down_at_its_start_stamps_its_first_request_on_redis_clock(text_dir, tmp_path):
+    """A gateway that started while Redis was down could not measure its offset to Redis's clock
+    until its reaper's next pass: a request admitted before that was stamped with the host's clock,
+    30 s ahead a request already 30 s old (ended at once by a 30 s time limit). Now the gateway
+    measures before it takes a request."""
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    lease = {"DAYZERO_LEASE_S": "60"}  # (a reaper pass every 30 s: none measures within the test)
+    gateway, gateway_url = start_gateway("gateway_r", 30.0, url, text_dir, tmp_path, **lease)
+    server = None
+    try:
+        server = start_redis(port, tmp_path / "redis.log")
+        client = redis.Redis.from_url(url)
+        rid = admitted(gateway_url, client)
+        assert abs(created(client, rid) - redis_now(client)) < 1.0  # (was: 30 s ahead)
+    finally:
+        stopped(gateway)
+        if server is not None:
+            server.terminate()
+            server.wait(10)
 
 
 def test_a_cancel_redis_refused_is_due_after_the_refusal_on_redis_clock(redis_url, monkeypatch, caplog):

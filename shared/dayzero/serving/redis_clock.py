@@ -9,6 +9,9 @@ A time kept in a record and read by other processes (a request's admission, ``cr
 DAYZERO_TASK_TIME_LIMIT_S counts from) is on Redis's clock too, without a round trip per read:
 ``now()`` is this process's clock plus its offset to Redis's, measured on a call it makes anyway (a
 worker's liveness stamp every second, the gateway's reaper reading them) with ``measured``, or ``sync``.
+So are the due times of the cancels a stopped gateway leaves to the others (watching.py). A process
+that has not measured yet (``known``) is on its host's clock: the gateway measures before it takes
+requests (services/gateway/app.py).
 """
 
 from __future__ import annotations
@@ -25,12 +28,18 @@ local now = string.format('%d.%06d', time[1], time[2])
 """
 
 
-_offset_s = 0.0  # Redis's clock less this process's, as last measured (0 before: the host's clock)
+_offset_s: float | None = None  # Redis's clock less this process's, as last measured (None: not yet)
 
 
 def now() -> float:
-    """Redis's time now (unix seconds) as this process knows it: no round trip."""
-    return time.time() + _offset_s
+    """Redis's time now (unix seconds) as this process knows it: no round trip (before ``known``,
+    the host's time)."""
+    return time.time() + (_offset_s or 0.0)
+
+
+def known() -> bool:
+    """This process has measured its offset to Redis's clock (``now`` is Redis's time)."""
+    return _offset_s is not None
 
 
 def measured(redis_now: float, sent: float, received: float) -> None:
