@@ -70,6 +70,42 @@ return now
 )
 
 
+# The no-worker count's marks after a read of the stamps, in one step (one round trip where reads and
+# writes apart were up to five a stage each reaper pass). KEYS: unserved, restart; ARGV: Redis's time at
+# the read, whether the stage is served ("proven": by a process ready PROVEN_S, "young", or "none"),
+# the processes' readiness times. -> where the count runs from (nil: no count). A proven process ends
+# the count; none begins it (kept if begun). The count runs from the readiness of the first process
+# ready after it began, once one is (``restart``): such a process loaded, the time before it was a start
+# (a long first load, a worker's restart), not a crash loop, and its death soon after (killed, or out of
+# memory on a request) is one as any worker's: its restart gets the whole bound (one killed 5 s after
+# the stack's first readiness had the 8 requests waiting at its stage ended at once, the first load
+# counted, where its restart served them ~30 s later). Once per count: kept where the process's entries
+# go (forgotten, or overwritten by a restart under the same id: then the time it served is counted);
+# the next one dead as young is a crash loop past its load, its load and restart counted. A restart
+# mark older than the count is of an earlier one (left by a gateway that deleted only its mark): not.
+# Every gateway finds the same.
+COUNT = """
+if ARGV[2] == 'proven' then
+    redis.call('DEL', KEYS[1], KEYS[2])
+    return false
+end
+if ARGV[2] == 'none' then redis.call('SET', KEYS[1], ARGV[1], 'NX') end
+local since = redis.call('GET', KEYS[1])
+if not since then return false end
+local restart = redis.call('GET', KEYS[2])
+if restart and tonumber(restart) >= tonumber(since) then return restart end
+local first
+for i = 3, #ARGV do
+    if tonumber(ARGV[i]) >= tonumber(since) and (not first or tonumber(ARGV[i]) < tonumber(first)) then
+        first = ARGV[i]
+    end
+end
+if not first then return since end
+redis.call('SET', KEYS[2], first)
+return first
+"""
+
+
 def process_id(pid: int | None = None, host: str | None = None) -> str:
     """A worker process as its stamps name it (``up`` names its children the same way)."""
     return f"{host or socket.gethostname()}:{pid or os.getpid()}"
@@ -202,42 +238,17 @@ def unserved_for(client: redis.Redis, stage: str) -> float:
     requests ended ~3 s later); and one that dies soon after each start (a crash loop past its load:
     on its first request, or its first minutes of work) leaves its loads and restarts counted, as a
     loading one does: what waits there still ends. Except for the first process ready since the
-    count began (``_restart``): the time before it was a start that loaded (a long first load, a
+    count began (``COUNT``): the time before it was a start that loaded (a long first load, a
     restart), not a crash loop."""
     now, alive, ready = seen(client, stage)
     fresh = [since for p, since in ready.items() if now - alive[p] <= FRESH_S]
-    if any(now - since >= PROVEN_S for since in fresh):
-        client.delete(key("unserved", stage), key("restart", stage))
+    serves = "proven" if any(now - since >= PROVEN_S for since in fresh) else "young" if fresh else "none"
+    keys = [key("unserved", stage), key("restart", stage)]
+    raw = client.register_script(COUNT)(keys=keys, args=[repr(now), serves, *map(repr, ready.values())])
+    if raw is None or fresh:
         return 0.0
-    if not fresh:
-        client.set(key("unserved", stage), now, nx=True)
-    raw = client.get(key("unserved", stage))
-    if not raw:
-        return 0.0
-    since = _restart(client, stage, float(raw), list(ready.values()))
-    if fresh:
-        return 0.0
+    since = float(raw)
     return now - since - _covered([(max(since, ready_at), min(alive[p], now)) for p, ready_at in ready.items()])
-
-
-def _restart(client: redis.Redis, stage: str, since: float, ready_since: list[float]) -> float:
-    """Where the count begun at ``since`` runs from: the readiness of the first process ready after
-    it (of those ready since ``ready_since``), once one is. Such a process loaded: the time before
-    it was a start (a long first load, a worker's restart), not a crash loop, and its death soon
-    after (killed, or out of memory on a request) is one as any worker's: its restart gets the whole
-    bound (one killed 5 s after the stack's first readiness had the 8 requests waiting at its stage
-    ended at once, the first load counted, where its restart served them ~30 s later). Once per
-    count: kept (``restart:{stage}``) where the process's entries go (forgotten, or overwritten by a
-    restart under the same id: then the time it served is counted); the next one dead as young is
-    a crash loop past its load, its load and restart counted."""
-    raw = client.get(key("restart", stage))
-    if raw and float(raw) >= since:  # (one of an earlier count, left by a gateway that deleted only its mark: not)
-        return float(raw)
-    young = [ready_at for ready_at in ready_since if ready_at >= since]
-    if not young:
-        return since
-    client.set(key("restart", stage), min(young))  # (every gateway finds the same)
-    return min(young)
 
 
 def _covered(spans: list[tuple[float, float]]) -> float:
