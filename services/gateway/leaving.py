@@ -52,8 +52,8 @@ T = TypeVar("T")
 @dataclass(eq=False, slots=True)
 class Leave:
     request_id: str
-    deadline: float  # unix time: the request has ended by then (its time limit), whatever happens here
-    grace_ends: float  # unix time: its cancel is due (at once: a client that cannot resume it)
+    deadline: float  # Redis's unix time (redis_clock.now): the request has ended by then (its time limit)
+    grace_ends: float  # Redis's unix time: its cancel is due (at once: a client that cannot resume it)
     superseded: bool = False  # a client reads it again: that read's own leave decides
     refused: bool = False  # Redis failed one of its steps (its cancel is left to Redis, AFTER_REFUSAL_S on)
 
