@@ -1,5 +1,8 @@
 """Shared-memory segment names in ``/dev/shm`` (no torch here: the supervisor reads them too).
 
+A KV pool segment (kv/shared.py) is ``dz-kv-<pid>-<id>``: the creating process, for the sweep of a
+dead worker's at the next start and for the supervisor that saw it die (``unlink_pools_by``).
+
 A parked tensor (image embeddings waiting for prefill) is
 ``dz-parked-<deadline ms>-<pid>-<id>.<key>.<attempt>``: the deadline for the sweep of those no reader
 took, the creating process for a supervisor that stops a whole stack with its Redis (its queued
@@ -16,6 +19,7 @@ from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
 PARKED = "dz-parked"
+POOL = "dz-kv"
 
 
 def parked_name(ttl_s: float, key: str = "", attempt: int = 0) -> str:
@@ -39,9 +43,21 @@ def unlink_parked_before(key: str, attempt: int, folder: Path = SHM_DIR) -> list
 
 def unlink_parked_by(pids: Iterable[int], folder: Path = SHM_DIR) -> list[str]:
     """Unlink the parked tensors these processes created (their stack stopped: nobody reads them)."""
+    return _unlink_matching([f"{PARKED}-*-{pid}-*" for pid in set(pids)], folder)
+
+
+def unlink_pools_by(pids: Iterable[int], folder: Path = SHM_DIR) -> list[str]:
+    """Unlink the KV pool segments these processes created, once they are gone: a worker SIGKILLed
+    (its multiprocessing resource tracker, which would unlink them, killed with its process group)
+    left its pool (256 MB by default) until the next worker start on the host swept it. A decode
+    worker attached to it keeps its mapping (as after that sweep)."""
+    return _unlink_matching([f"{POOL}-{pid}-*" for pid in set(pids)], folder)
+
+
+def _unlink_matching(patterns: Iterable[str], folder: Path) -> list[str]:
     removed = []
-    for pid in set(pids):
-        for path in folder.glob(f"{PARKED}-*-{pid}-*"):
+    for pattern in patterns:
+        for path in folder.glob(pattern):
             path.unlink(missing_ok=True)
             removed.append(path.name)
     return removed

@@ -35,7 +35,7 @@ from .procs import (
 )
 from .serving.keys import key
 from .serving.liveness import STAMP_EVERY_S, connect, process_id, seen
-from .shm import unlink_parked_by
+from .shm import unlink_parked_by, unlink_pools_by
 
 SERVICES = ("gateway", "vision", "prefill", "decode")
 STOP_TIMEOUT_S = 10.0  # per group (gateway, workers, redis) before SIGKILL
@@ -90,6 +90,7 @@ class Stack:
     metrics_ports: dict[str, int] = field(default_factory=dict)  # DAYZERO_METRICS_PORT: worker -> its port
     vision_pids: set[int] = field(default_factory=set)  # every vision process started (restarts too)
     frozen_s: float = 0.0  # DAYZERO_FROZEN_WORKER_S: a worker whose liveness stamp is older is restarted (0: never)
+    stop_timeout_s: float = STOP_TIMEOUT_S  # per group at ``stop``, before SIGKILL
     _liveness: redis.Redis | None = None
     _unread_at: float = 0.0  # when Redis last could not be read or written: no stamp counts as older than that
     _left: dict[int, float] = field(default_factory=dict)  # exited children's process groups -> when to kill the rest
@@ -212,7 +213,9 @@ class Stack:
                 child.restarts += 1
                 restarted.append(child.name)
                 self._spawn(child)
-        self._left = {pgid: at for pgid, at in self._left.items() if not group_gone(pgid, at)}
+        gone = {pgid for pgid, at in self._left.items() if group_gone(pgid, at)}
+        unlink_pools_by(gone)  # (its rank 0's pid: the segment's creator)
+        self._left = {pgid: at for pgid, at in self._left.items() if pgid not in gone}
         return restarted
 
     def frozen(self) -> list[Child]:
@@ -248,14 +251,16 @@ class Stack:
         return next(c for c in self.children if c.name == name)
 
     def stop(self) -> list[str]:
-        """Gateway, then workers, then Redis: each group SIGTERMed, SIGKILLed after STOP_TIMEOUT_S.
-        With its own Redis, the image embeddings its vision workers parked go too (the requests
-        queued to read them went with the Redis). Returns the names of the children SIGKILLed."""
+        """Gateway, then workers, then Redis: each group SIGTERMed, SIGKILLed after ``stop_timeout_s``.
+        The pool segments of the workers killed so go too (``unlink_pools_by``), and with its own
+        Redis the image embeddings its vision workers parked (the requests queued to read them went
+        with the Redis). Returns the names of the children SIGKILLed."""
         killed = []
         for group in (("gateway",), ("vision", "prefill", "decode"), ("redis",)):
             members = [c for c in self.children if c.service in group and c.proc is not None]
-            gone = terminate([c.proc for c in members], STOP_TIMEOUT_S)
+            gone = terminate([c.proc for c in members], self.stop_timeout_s)
             killed += [c.name for c in members if c.proc in gone]
+        unlink_pools_by([*self.pids(), *self._left])  # (every child exited: SIGKILLed with its group if not)
         if self.redis_port is not None:
             unlink_parked_by(self.vision_pids)
         return killed

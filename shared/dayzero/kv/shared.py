@@ -16,12 +16,12 @@ import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 from torch.storage import TypedStorage
 
-from ..shm import SHM_DIR
+from ..shm import POOL, SHM_DIR
 from .layout import PoolLayout
 from .pools import KVPools
 
 _ALIGN = 64
-PREFIX = "dz-kv"
+PREFIX = POOL
 Segment = shared_memory.SharedMemory
 
 
