@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -44,6 +45,8 @@ log = logging.getLogger("dayzero.worker")
 T = TypeVar("T")
 UNBLOCKED = "UNBLOCKED"  # the error code Redis ends a blocked command with when it stops being a master
 _AS_LOST = {UNBLOCKED: redis.ConnectionError}
+READ_S = 1.0  # how long the consumer's queue read waits in Redis (kombu's BRPOP timeout, its poll)
+AGAIN_S = 0.01  # how often a stopping worker's queue read is looked for again (QueueReads.end_at_stop)
 REFUSED_POLL_S = 0.5  # how often a consumer about to consume asks again whether Redis takes writes
 # refusals that last a while, of codes redis-py raises as a plain ResponseError: a failed save
 # (stop-writes-on-bgsave-error), too few replicas (min-replicas-to-write)
@@ -156,21 +159,40 @@ class QueueReads:
     """A worker's reads of its queue: its broker connections, named ``name`` (Redis's CLIENT LIST;
     ``app``: the worker's Celery app, None: named nothing), and ``end``, which ends the consumer's
     read that waits blocked in Redis: a BRPOP, sent while the worker could take messages, that takes
-    the next message pushed up to 1 s later (kombu's poll), whatever the worker decided since."""
+    the next message pushed up to READ_S later (kombu's poll), whatever the worker decided since."""
 
     def __init__(self, app: Celery | None = None) -> None:
         self.name = f"dayzero-reads-{uuid.uuid4().hex[:12]}"
         if app is not None:
             app.conf.broker_transport_options = {**app.conf.broker_transport_options, "client_name": self.name}
 
-    def end(self, client: redis.Redis) -> None:
+    def end(self, client: redis.Redis) -> bool:
         """End this worker's queue read blocked in Redis, if one is (``CLIENT UNBLOCK``): it answers
         nil, which the consumer reads as its poll's timeout. A Redis that refuses CLIENT (ACLs): the
-        read ends with its poll."""
+        read ends with its poll. -> whether one was ended."""
+        ended = False
         with contextlib.suppress(redis.ResponseError):
             for reader in client.client_list(_type="normal"):
                 if reader.get("name") == self.name and reader.get("cmd") == "brpop" and "b" in reader.get("flags", ""):
-                    client.client_unblock(reader["id"])
+                    ended = bool(client.client_unblock(reader["id"])) or ended
+        return ended
+
+    def end_at_stop(self, client: redis.Redis) -> None:
+        """``end`` for a worker that begins to stop (Celery's stop flag set as this returns). Celery
+        checks the flag between two reads: a stop that lands after the check and before the next
+        read is sent (or while it is on its way to Redis) finds no read blocked, and the next one
+        waited its whole READ_S. Then ended again every AGAIN_S on a thread, until one was or READ_S
+        passed (the consumer, which sends at most one more read before it sees the flag, saw it)."""
+        if self.end(client):
+            return
+
+        def again() -> None:
+            until = time.monotonic() + READ_S
+            with contextlib.suppress(redis.RedisError):  # (Redis down: it ends with its poll)
+                while time.monotonic() < until and not self.end(client):
+                    time.sleep(AGAIN_S)
+
+        threading.Thread(target=again, name="end-queue-read", daemon=True).start()
 
 
 class Transport(kombu_redis.Transport):
