@@ -6,7 +6,11 @@ waited for), and times a ``Stack.stop()`` of a second stack (gateway, then both 
 then Redis). An idle worker's stop is Celery's warm shutdown (its queue read blocked in Redis ended
 as the stop begins: it waited for the broker's 1 s poll) and then whatever the process does on its
 way out.
-Run: ``python bench/worker_stop.py [--rounds 3]``; before/after: run it from each tree's folder with
+``--stops N``: instead, N stops of one stack's workers (decode0 and prefill0 in turn, each restarted by
+the supervision and ready again before the next, then 0-1 s at random: a stop lands anywhere in the
+consumer's 1 s poll), and how many took longer than the poll (a stop Celery noticed only at its
+next read's end).
+Run: ``python bench/worker_stop.py [--rounds 3 | --stops 30]``; before/after: run it from each tree's folder with
 PYTHONPATH at it (``python -m`` puts the working directory first on the workers' path: from another
 folder they import its ``services``).
 """
@@ -14,6 +18,7 @@ folder they import its ``services``).
 from __future__ import annotations
 
 import argparse
+import random
 import signal
 import statistics
 import tempfile
@@ -62,12 +67,44 @@ def rounds(work: Path, n: int) -> dict[str, list[float]]:
     return took
 
 
+def stops(work: Path, n: int) -> list[float]:
+    """``n`` stops of one stack's workers, each restarted and ready again before the next."""
+    checkpoint = write_demo_checkpoint(work / "ckpt", fp4=True)
+    stack, took = ready_stack(checkpoint, work / "logs"), []
+    try:
+        for i in range(n):
+            name = ("decode0", "prefill0")[i % 2]
+            log = stack.log_dir / f"{name}.log"
+            readied = log.read_text().count(" ready.")
+            time.sleep(random.uniform(0, 1))
+            proc = stack.child(name).proc
+            began = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+            took.append(time.monotonic() - began)
+            print(f"stop {i}: {name} {took[-1]:.2f} s", flush=True)
+            while stack.supervise() != [name]:
+                time.sleep(0.05)
+            while log.read_text().count(" ready.") == readied:
+                stack.supervise()
+                time.sleep(0.2)
+    finally:
+        stack.stop()
+    return took
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--stops", type=int, default=0, help="N stops of one stack's workers instead of rounds")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="worker-stop-") as scratch:  # (the checkpoint, the logs)
-        took = rounds(Path(scratch), args.rounds)
+        if args.stops:
+            took = {"worker stop": stops(Path(scratch), args.stops)}
+            slow = [t for t in took["worker stop"] if t > 1.0]
+            print(f"longer than the 1 s poll: {len(slow)} of {args.stops} ({', '.join(f'{t:.2f}' for t in slow)})")
+        else:
+            took = rounds(Path(scratch), args.rounds)
     for name, values in took.items():
         print(f"{name}: median {statistics.median(values):.2f} s, min {min(values):.2f}, max {max(values):.2f}")
 
