@@ -1,6 +1,6 @@
 """A group restarted by torchrun (``--max-restarts``) meets again: torchrun's agent on rank 0's host
 serves one rendezvous store for every attempt (static rendezvous keeps it), and the ranks of the
-new attempt must not meet what the dead one left there.
+new attempt must not meet what the dead one left there, whatever each host's count of attempts.
 
 The agent's part is played here (the store, TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT
 as torchrun sets them); every rank is a real process joining through ``run_group(launch=...)``.
@@ -27,6 +27,7 @@ def total(group):
     return int(group.all_reduce_sum(torch.full((1,), group.config.rank + 1.0)).item())
 print(run_group(2, total, launch=launch_from(os.environ, "cpu"), timeout=float(os.environ["GROUP_TIMEOUT_S"])))
 """
+JOINED_FIRST = "dayzero/meeting1/rank1"  # rank 1's starts that found the first meeting (the newest) there
 RUN_S = 90  # a rank that has not exited by then has hung (the group timeout: 30 s)
 
 
@@ -56,6 +57,10 @@ def _results(ranks: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
             rank.stderr.close()
 
 
+def _agent_store(port: int) -> dist.TCPStore:
+    return dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(60))
+
+
 @pytest.mark.slow
 def test_a_restarted_group_meets_again_on_the_agents_store():
     """Attempt 1's rank 1 starting before its rank 0 (as when rank 1 was the one killed: its agent
@@ -63,28 +68,50 @@ def test_a_restarted_group_meets_again_on_the_agents_store():
     address from the store, connected to a process long gone and failed: the restarted group never
     served. Each attempt meets under its own name now."""
     port = free_port()
-    agent = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(60))
+    agent = _agent_store(port)
     first = _results([_rank(0, 0, port), _rank(1, 0, port)])
     assert [(code, out) for code, out, _ in first] == [(0, "3\n"), (0, "3\n")], first
-    keys = agent.num_keys()
     follower = _rank(1, 1, port)
     deadline = time.monotonic() + RUN_S
-    while agent.num_keys() == keys and follower.poll() is None and time.monotonic() < deadline:
+    while agent.add(JOINED_FIRST, 0) < 2 and follower.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)  # until rank 1 has reached the store (or failed there): then rank 0 starts
     second = _results([_rank(0, 1, port), follower])
     assert [(code, out) for code, out, _ in second] == [(0, "3\n"), (0, "3\n")], second[1][2][-3000:]
 
 
 @pytest.mark.slow
-def test_ranks_of_different_torchrun_attempts_are_told_why_they_do_not_meet():
-    """A host whose torchrun started again alone (a reboot, a restarted pod) counts its attempts from
-    0 while the other hosts' agents count on: its ranks and theirs meet under different names, never.
-    The refusal asked only whether they shared MASTER_ADDR and MASTER_PORT, which they did."""
+def test_a_host_whose_torchrun_started_again_alone_meets_the_others():
+    """Host 1 rebooted (its torchrun counts from 0 again) while host 0's agent restarted its rank 0
+    (count 1): the ranks met under their own host's count, attempt 1 and attempt 0, never; rank 1
+    read the dead attempt 0's rank 0 address and failed. The other way round (host 0's torchrun,
+    and the store with it, started again alone: a fresh store, rank 0 at count 0, rank 1 at 1) they
+    waited out the group timeout. Each start of rank 0 opens a meeting in the store now."""
     port = free_port()
-    agent = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(60))
-    results = _results([_rank(0, 1, port, timeout=3), _rank(1, 0, port, timeout=3)])
-    assert [code for code, _, _ in results] == [1, 1], results
-    for rank, (_, _, err) in enumerate(results):
-        assert f"rank {rank} of 2: the group did not meet at 127.0.0.1:{port} within 3 s" in err, err[-3000:]
-        assert f"TORCHELASTIC_RESTART_COUNT={1 - rank} here" in err, err[-3000:]
+    agent = _agent_store(port)
+    first = _results([_rank(0, 0, port), _rank(1, 0, port)])
+    assert [(code, out) for code, out, _ in first] == [(0, "3\n"), (0, "3\n")], first
+    again = _results([_rank(0, 1, port), _rank(1, 0, port)])
+    assert [(code, out) for code, out, _ in again] == [(0, "3\n"), (0, "3\n")], again[1][2][-3000:]
+    del agent
+    port = free_port()
+    agent = _agent_store(port)
+    fresh = _results([_rank(0, 0, port), _rank(1, 1, port)])
+    assert [(code, out) for code, out, _ in fresh] == [(0, "3\n"), (0, "3\n")], fresh[1][2][-3000:]
+    del agent
+
+
+@pytest.mark.slow
+def test_a_rank_whose_rank_0_never_starts_again_is_told_why():
+    """A restarted rank 1 finds the store's newest meeting joined by its dead self already and waits
+    for rank 0 to open the next one: within the group timeout, or it says that this is what it waited for."""
+    port = free_port()
+    agent = _agent_store(port)
+    first = _results([_rank(0, 0, port), _rank(1, 0, port)])
+    assert [code for code, _, _ in first] == [0, 0], first
+    [(code, _, err)] = _results([_rank(1, 1, port, timeout=3)])
+    assert code == 1, err[-3000:]
+    assert (
+        f"rank 1 of 2: the group did not meet at 127.0.0.1:{port} within 3 s (rank 0 started no new meeting of "
+        "the group within 3 s (meeting 1 joined by rank 1 already))" in err
+    ), err[-3000:]
     del agent

@@ -33,6 +33,7 @@ from ..procs import end_process
 from .collectives import Group
 from .config import ParallelConfig
 from .launch import Launch
+from .meeting import NoMeetingOpened, join_meeting
 
 JOIN_SECONDS = 60.0
 START_SECONDS = 600.0  # a local rank not at the rendezvous this long after its spawn is stuck
@@ -73,7 +74,7 @@ def _rank(
             timeout=datetime.timedelta(seconds=timeout),
             device_id=launch.device if launch.cuda else None,
         )
-    except dist.DistError as exc:  # the store's timeout, rank 0's address unreachable, its port taken
+    except (dist.DistError, NoMeetingOpened) as exc:  # a timeout, rank 0's address unreachable, its port taken
         reason = str(exc).strip().splitlines()[0]
         if "EADDRINUSE" in reason:  # rank 0 serves the rendezvous store there, at once: no timeout to blame
             raise MasterPortInUse(
@@ -91,10 +92,10 @@ def _rank(
 
 def _store(launch: Launch, timeout: float) -> dist.Store:
     """The group's rendezvous store at MASTER_ADDR:MASTER_PORT, served by rank 0 (local ranks, ranks
-    started by hand) or by torchrun's agent on rank 0's host, under a prefix of torchrun's attempt.
-    torchrun's agent keeps one store across ``--max-restarts`` restarts and env:// prefixes nothing,
-    so a rank restarted before rank 0 read the dead rank 0's gloo address and failed: the group never
-    came back."""
+    started by hand) or by torchrun's agent on rank 0's host, under the name of this start's meeting
+    (``dayzero.parallel.meeting``): torchrun's agent keeps one store across ``--max-restarts``
+    restarts and env:// prefixes nothing, so a rank restarted before rank 0 read the dead rank 0's
+    gloo address and failed: the group never came back."""
     store = dist.TCPStore(
         launch.master_addr,
         launch.master_port,
@@ -103,7 +104,7 @@ def _store(launch: Launch, timeout: float) -> dist.Store:
         timeout=datetime.timedelta(seconds=timeout),
         multi_tenant=True,  # as env:// and tcp://: other stores of this process may share the server
     )
-    return dist.PrefixStore(f"dayzero/attempt{launch.attempt}", store)
+    return join_meeting(store, launch.config.rank, timeout)
 
 
 def _where(launch: Launch) -> str:
@@ -111,19 +112,9 @@ def _where(launch: Launch) -> str:
 
 
 def _not_met(launch: Launch, timeout: float, reason: str) -> RendezvousFailed:
-    """The group did not meet; under torchrun's agent, its ranks meet per attempt (``_store``): a host
-    whose torchrun started again alone (a reboot, a restarted pod) counts from 0 and never meets the
-    others, whose agents count on (the message asked only about MASTER_ADDR and MASTER_PORT)."""
-    attempt = (
-        f" and at the same torchrun attempt (TORCHELASTIC_RESTART_COUNT={launch.attempt} here: a host whose "
-        f"torchrun started again alone counts from 0; start every host's torchrun again)"
-        if launch.agent_store
-        else ""
-    )
     return RendezvousFailed(
         f"rank {launch.config.rank} of {launch.config.world_size}: the group did not meet at {_where(launch)} "
-        f"within {timeout:g} s ({reason}); are the other ranks started with the same MASTER_ADDR and MASTER_PORT"
-        f"{attempt}?"
+        f"within {timeout:g} s ({reason}); are the other ranks started with the same MASTER_ADDR and MASTER_PORT?"
     )
 
 

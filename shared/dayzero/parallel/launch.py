@@ -6,9 +6,10 @@ host, or by hand with the same variables.
 when neither RANK nor WORLD_SIZE is set: the command then starts its own local ranks. A value that
 cannot work is refused at once, naming the variable: a MASTER_ADDR that does not resolve (a typo in
 a host name waited out the whole group timeout), a MASTER_PORT that is not a port. From torchrun's
-agent also TORCHELASTIC_USE_AGENT_STORE (it serves the store) and TORCHELASTIC_RESTART_COUNT. The ranks
-meet at the rendezvous store at MASTER_ADDR:MASTER_PORT (``dayzero.parallel.group``), gloo on CPU,
-NCCL with ``cuda:LOCAL_RANK`` when the device is CUDA.
+agent also TORCHELASTIC_USE_AGENT_STORE (it serves the store), not TORCHELASTIC_RESTART_COUNT (one
+host's count; ``dayzero.parallel.meeting`` says why). The ranks meet at the rendezvous store at
+MASTER_ADDR:MASTER_PORT (``dayzero.parallel.group``), gloo on CPU, NCCL with ``cuda:LOCAL_RANK``
+when the device is CUDA.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ class Launch:
     master_addr: str = "127.0.0.1"  # where the ranks meet: rank 0's host (torchrun's agent there)
     master_port: int = 0
     agent_store: bool = False  # torchrun's agent serves the rendezvous store, not rank 0
-    attempt: int = 0  # torchrun's restarts of this group so far: the ranks of one attempt meet
 
     @property
     def backend(self) -> str:
@@ -72,9 +72,8 @@ def launch_from(environ: Mapping[str, str], device: str) -> Launch | None:
         raise ParallelError(f"LOCAL_RANK must be 0 or more; got {local_rank}")
     address = environ["MASTER_ADDR"]
     check_resolves(address)
-    agent, attempt = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True", environ.get("TORCHELASTIC_RESTART_COUNT")
-    cuda = device.startswith("cuda")
-    return Launch(ParallelConfig(world_size, rank), local_rank, cuda, address, port, agent, int(attempt or 0))
+    agent, cuda = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True", device.startswith("cuda")
+    return Launch(ParallelConfig(world_size, rank), local_rank, cuda, address, port, agent)
 
 
 def check_resolves(host: str, bound: float = RESOLVE_SECONDS) -> None:
