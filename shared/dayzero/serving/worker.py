@@ -29,6 +29,7 @@ log = logging.getLogger("dayzero.worker")
 # Celery's INFO line per task received (formatted and written before the task is handed to a thread)
 # and per task done: the spans and the stage metrics say the same; their warnings and errors stay
 PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
+LOOP_END_S = 2.0  # a stop waits this long at most for the loop to end (a step under way finishes first)
 
 
 def exit_on_failure(start: Callable[..., None], stage: str) -> Callable[..., None]:
@@ -130,6 +131,7 @@ class StageWorker:
         self.running: Stage | None = None
         self._pulse: Pulse | None = None  # this process's liveness stamps (liveness.py), from before the load
         self._ready = threading.Event()
+        self._loop: threading.Thread | None = None
         signals.worker_init.connect(exit_on_failure(self._start, stage), weak=False)
         signals.worker_shutting_down.connect(self._exit_soon, weak=False)
         signals.worker_shutdown.connect(self._stop, weak=False)
@@ -148,7 +150,8 @@ class StageWorker:
         if self.settings.metrics_port:
             serve_metrics(self.settings.metrics_port, lambda: {running.name: running.snapshot()})
         self._pulse.ready()  # it serves its stage from now (the no-worker bound), before its loop announces it
-        threading.Thread(target=running.run_forever, name=f"{self.stage}-loop", daemon=True).start()
+        self._loop = threading.Thread(target=running.run_forever, name=f"{self.stage}-loop", daemon=True)
+        self._loop.start()
         self._ready.set()
         log.info("%s ready", running.name)
 
@@ -191,8 +194,13 @@ class StageWorker:
             self.running.leave()
 
     def _stop(self, **_: object) -> None:
+        """End the loop and wait for it (within ``LOOP_END_S``): as it ends it tells a group's other
+        ranks to stop (``LoopStage.run_forever``). The process ended right after (SIGTERM's watchdog,
+        Redis gone) before the loop had told them: rank 1 took it for a failed group and exited 4."""
         if self.running is not None:
             self.running.stop.set()
+            if self._loop is not None and self._loop is not threading.current_thread():
+                self._loop.join(LOOP_END_S)
             self.running.close()
 
     def run(self, job: Any) -> None:
