@@ -4,11 +4,13 @@ group come back and serve?
 The stack (Redis, gateway, one prefill) in this network namespace; ``serve decode --tensor-parallel
 2`` under torchrun with rank 0 here and rank 1 in a namespace of its own (a veth between them, gloo
 over it: tests/parallel/test_hosts.py's set-up). Once a completion is served, the worker process of
-``--kill`` rank is SIGKILLed; completions are then asked for until one is served (each compared with
+``--kill`` rank is SIGKILLed (``--fault rank``), or that host's torchrun with its rank, and its
+torchrun is started again alone (``--fault torchrun``: a rebooted host, a restarted pod; it counts
+its attempts from 0 again); completions are then asked for until one is served (each compared with
 the one-rank engine's). Reports when each rank started again (torchrun's TORCHELASTIC_RESTART_COUNT,
 from the ranks' logs), how long after the kill the first completion was served, whether both
 torchruns still run, and how the group ends on SIGTERM. Needs root (``ip netns``). Run:
-``python bench/torchrun_restarts.py [--kill 1] [--max-restarts 1] [--rdzv static|c10d]``.
+``python bench/torchrun_restarts.py [--kill 1] [--fault rank|torchrun] [--max-restarts 1] [--rdzv static|c10d]``.
 """
 
 from __future__ import annotations
@@ -70,7 +72,13 @@ def complete(url: str, i: int, timeout: float) -> tuple[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kill", type=int, default=1, choices=(0, 1), help="the rank SIGKILLed")
+    parser.add_argument("--kill", type=int, default=1, choices=(0, 1), help="the rank (and host) SIGKILLed")
+    parser.add_argument(
+        "--fault",
+        default="rank",
+        choices=("rank", "torchrun"),
+        help="kill the rank, or its torchrun too, started again",
+    )
     parser.add_argument("--max-restarts", type=int, default=1)
     parser.add_argument("--rdzv", default="static", choices=("static", "c10d"))
     parser.add_argument("--wait", type=float, default=240.0, help="seconds after the kill to keep asking")
@@ -87,24 +95,33 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
     env = {**SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(checkpoint)}
     stack = Stack({"vision": 0, "prefill": 1, "decode": 0}, free_port(), tmp / "logs", env)
     agents: list[subprocess.Popen] = []
+    logs = [tmp / "logs" / f"decode-node{node}.log" for node in (0, 1)]
     try:
         hosts.connect()
         stack.start()
         port = free_port()
-        for node, link in enumerate(hosts.links):
-            env = {**stack.env, "GLOO_SOCKET_IFNAME": link, "PYTHONUNBUFFERED": "1"}
-            log = (tmp / "logs" / f"decode-node{node}.log").open("w")
+
+        def start(node: int) -> subprocess.Popen:
+            env = {**stack.env, "GLOO_SOCKET_IFNAME": hosts.links[node], "PYTHONUNBUFFERED": "1"}
             argv = torchrun(node, port, args.rdzv, args.max_restarts, tmp / "logs")
-            agents.append(hosts.start(node, argv, env, stdout=log, stderr=subprocess.STDOUT))
+            return hosts.start(node, argv, env, stdout=logs[node].open("a"), stderr=subprocess.STDOUT)
+
+        agents += [start(0), start(1)]
         started = time.monotonic()
         stack.wait_ready(timeout_s=240)
         print(f"group ready {time.monotonic() - started:.1f} s after torchrun started")
         outcome, text = complete(stack.url, 0, 120)
         print(f"before the kill: {outcome}, equal to one rank's: {text == reference(prompt_ids(0), 8)}")
         victim = worker_of(agents[args.kill])
-        victim.send_signal(signal.SIGKILL)
+        if args.fault == "rank":
+            victim.send_signal(signal.SIGKILL)
+        else:
+            _stop([agents[args.kill]])  # torchrun and its rank, SIGKILLed (reaped)
         killed = time.monotonic()
-        print(f"SIGKILLed rank {args.kill} (pid {victim.pid})")
+        print(f"SIGKILLed rank {args.kill} (pid {victim.pid}){' and its torchrun' if args.fault != 'rank' else ''}")
+        if args.fault == "torchrun":
+            agents[args.kill] = start(args.kill)
+            print(f"started host {args.kill}'s torchrun again ({time.monotonic() - killed:.1f} s after the kill)")
         i, outcome = 0, ""
         while outcome != "served" and time.monotonic() - killed < args.wait:
             i += 1
@@ -128,9 +145,10 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
         _stop(agents)
         hosts.delete()
         for node in (0, 1):
-            lines = (tmp / "logs" / f"decode-node{node}.log").read_text().splitlines()
+            lines = logs[node].read_text().splitlines()
             shown = [line for line in lines if "failed (exitcode" in line or "group failed" in line]
             shown += [line for line in lines if "Restarting" in line or "rendezvous" in line.lower()][:6]
+            shown += [line for line in lines[-3:] if line not in shown]  # how it ended (a traceback's last lines)
             print(f"node {node} log ({len(lines)} lines):", *(f"    {line[:220]}" for line in shown), sep="\n")
 
 
