@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 
 import redis
 from fastapi import FastAPI, Request
@@ -14,41 +13,28 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dayzero.serving.outage_log import LOGGED_EVERY_S, OutageLog
 from dayzero.settings_help import validation_message
 from dayzero.tokenizer import NoTokenizerError
 
 QUEUE_UNAVAILABLE = "queue_unavailable"  # Redis unreachable, or refusing what the request needs
-REFUSALS_LOGGED_EVERY_S = 10.0  # 503s for Redis lost: a line at most this often, with the count since
+REFUSALS_LOGGED_EVERY_S = LOGGED_EVERY_S  # 503s for Redis lost: a line at most this often, with the count since
 log = logging.getLogger("dayzero.gateway")
 
 
-class Refusals:
+def refusals(every_s: float = REFUSALS_LOGGED_EVERY_S) -> OutageLog:
     """The 503s answered because Redis failed a request, in the log: the first with its reason, then
     one line per ``every_s`` at most, counting those answered since, the last ones too (a line per
     refused request, as many as the uvicorn access log's: 508 per gateway in the soak's 8 minutes of
-    Redis outages; counted only into the next refusal's line, an outage's last ones went unsaid)."""
-
-    def __init__(self, every_s: float = REFUSALS_LOGGED_EVERY_S) -> None:
-        self.every_s, self.logged_at, self.unlogged = every_s, float("-inf"), 0
-        self._tally: asyncio.TimerHandle | None = None  # the line that will count the refusals since
-
-    def refused(self, exc: redis.RedisError) -> None:
-        """One more 503 (on the event loop)."""
-        now = time.monotonic()
-        if self._tally is not None or now - self.logged_at < self.every_s:  # (the tally may run late)
-            self.unlogged += 1
-            if self._tally is None:
-                self._tally = asyncio.get_running_loop().call_later(self.logged_at + self.every_s - now, self._count)
-            return
-        log.warning("redis unavailable: %s; answering 503 %s", exc, QUEUE_UNAVAILABLE)
-        self.logged_at = now
-
-    def _count(self) -> None:
-        self._tally = None
-        log.warning(
-            "%d more requests answered 503 %s (Redis unavailable) since the last line", self.unlogged, QUEUE_UNAVAILABLE
-        )
-        self.logged_at, self.unlogged = time.monotonic(), 0
+    Redis outages; counted only into the next refusal's line, an outage's last ones went unsaid).
+    ``failed(exc)`` on the event loop (its timer counts the last ones)."""
+    return OutageLog(
+        log,
+        f"redis unavailable: %s; answering 503 {QUEUE_UNAVAILABLE}",
+        f"%d more requests answered 503 {QUEUE_UNAVAILABLE} (Redis unavailable) since the last line",
+        every_s=every_s,
+        later=lambda delay_s, call: asyncio.get_running_loop().call_later(delay_s, call),
+    )
 
 
 class APIError(Exception):
@@ -117,11 +103,11 @@ def install(app: FastAPI) -> None:
     async def no_tokenizer(_: Request, exc: NoTokenizerError) -> JSONResponse:
         return error_response(400, str(exc), "invalid_request_error", code="no_tokenizer")
 
-    refusals = Refusals()
+    refused = refusals()
 
     @app.exception_handler(redis.RedisError)
     async def unavailable(_: Request, exc: redis.RedisError) -> JSONResponse:
-        refusals.refused(exc)
+        refused.failed(exc)
         message = "the request queue is unavailable; retry shortly"  # (the code a stream's error event has too)
         return error_response(503, message, "service_unavailable", code=QUEUE_UNAVAILABLE, headers={"Retry-After": "1"})
 

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from dayzero.settings import Settings
 from services.gateway.app import make_app
-from services.gateway.errors import Refusals, error_body
+from services.gateway.errors import error_body, refusals
 
 from .conftest import MODEL, chat
 from .test_decode_appends import writes_refused
@@ -215,9 +215,9 @@ def test_the_last_503s_of_an_outage_are_counted_in_the_log(caplog):
     last ones (up to 10 s of them) went unsaid. Now a line counts them once the 10 s are over."""
 
     async def outage() -> None:
-        refusals = Refusals(every_s=0.2)
+        refused = refusals(every_s=0.2)
         for _ in range(5):
-            refusals.refused(redis.ConnectionError("Connection refused"))
+            refused.failed(redis.ConnectionError("Connection refused"))
         while not any(r.getMessage().startswith("4 more") for r in caplog.records):
             await asyncio.sleep(0.02)
 

@@ -17,6 +17,7 @@ from .kept_handoffs import KeptHandoffs
 from .kept_prefills import RETRY_S, KeptPrefills
 from .lease import Heartbeat
 from .messages import DecodeJob, PrefillJob
+from .outage_log import OutageLog
 from .prefilling import Prefilling, end_failed
 from .records import Token
 from .runtime import Runtime
@@ -37,6 +38,12 @@ class FirstTokens:
     ) -> None:
         self.r, self.kept, self.handed_off, self.heartbeat = runtime, kept, handed_off, heartbeat
         self.decode_message, self.settle, self.limit = decode_message, settle, limit
+        self._sends_failed = OutageLog(
+            log,
+            f"redis unavailable (%s); sending again in {RETRY_S:g} s: %s",
+            "%d more sends of first tokens failed on Redis since the last line; sending again",
+            "first tokens go out again after %.1f s (%d more failed sends since the last line)",
+        )
 
     def first(self, ended: list[Prefilling]) -> list[Ticket[PrefillJob]]:
         """The prompts just prefilled: each request's first token and handoff, its ``prefill.forward``
@@ -81,10 +88,11 @@ class FirstTokens:
         for i, ticket in enumerate(tickets):
             try:
                 send(ticket)
+                self._sends_failed.back()
             except redis.RedisError as exc:
                 unsent = [t for t in tickets[i:] if not t.done.is_set()]
                 rids = [t.job.request.request_id for t in unsent]
-                log.warning("redis unavailable (%s); sending again in %g s: %s", exc, RETRY_S, ", ".join(rids))
+                self._sends_failed.failed(exc, ", ".join(rids))
                 self.kept.retry_later(unsent)
                 self.heartbeat.hold(rids)
                 return unsent

@@ -17,6 +17,8 @@ from typing import Generic, TypeVar
 
 import redis
 
+from .outage_log import OutageLog
+
 Job = TypeVar("Job")
 
 
@@ -58,13 +60,21 @@ def run_loop(
 ) -> None:
     """Call ``iteration`` until ``stop`` is set, ``moved()`` before each (the loop's progress, which
     its worker's liveness reads: an idle loop's intake wakes it every 50 ms). Redis restarting or an
-    unexpected error pauses the loop, never ends it: the tasks waiting on its jobs would wait forever."""
+    unexpected error pauses the loop, never ends it: the tasks waiting on its jobs would wait forever.
+    An outage is logged at its start, each ``LOGGED_EVERY_S`` and at its end (outage_log.py)."""
+    outage = OutageLog(
+        log,
+        "redis unavailable (%s); retrying",
+        "%d more passes of the loop failed on Redis since the last line; retrying",
+        "the loop reaches Redis again after %.1f s (%d more failed passes since the last line)",
+    )
     while not stop.is_set():
         moved()
         try:
             iteration()
+            outage.back()
         except redis.RedisError as exc:  # Redis restarting: keep state, retry
-            log.warning("redis unavailable (%s); retrying", exc)
+            outage.failed(exc)
             stop.wait(0.5)
         except Exception:
             log.exception("unexpected error in the loop; continuing")

@@ -13,6 +13,7 @@ import redis
 
 from .intake import Ticket
 from .lifecycle import Lifecycle
+from .outage_log import OutageLog
 from .scripts import Take
 
 log = logging.getLogger("dayzero.lease")
@@ -52,6 +53,18 @@ class Heartbeat:
         self._moved_at: float | None = None  # when the loop last moved on (monotonic; None: not yet)
         self._reported: float | None = None  # the step or stall last logged as stuck
         self._lost: set[str] = set()  # leases the last beat found lost (each logged once)
+        self._beats_failed = OutageLog(
+            log,
+            "heartbeat failed (%s); retrying",
+            "%d more heartbeats failed on Redis since the last line; retrying",
+            "heartbeats go through again after %.1f s (%d more failed since the last line)",
+        )
+        self._claims_failed = OutageLog(
+            log,
+            "redis unavailable (%s); retrying the claim of %s",
+            "%d more tries of claims failed on Redis since the last line; retrying",
+            "claims go through again after %.1f s (%d more failed tries since the last line)",
+        )
 
     def moved(self) -> None:
         """The loop moved on (an iteration began, a step ended, a request was taken on or handed on):
@@ -88,8 +101,9 @@ class Heartbeat:
                     if new := [rid for rid in lost if rid not in self._lost]:  # (beaten till its owner drops it)
                         log.warning("leases lost during a long piece of work: %s", ", ".join(new))
                     self._lost = set(lost)  # lapsed or re-run elsewhere while the work ran: its owner settles it
-                except redis.RedisError:
-                    log.warning("heartbeat failed; retrying")
+                    self._beats_failed.back()
+                except redis.RedisError as exc:
+                    self._beats_failed.failed(exc)
 
     def claim(
         self,
@@ -112,9 +126,10 @@ class Heartbeat:
         while True:
             try:
                 taken = self._store.take(rid, attempt, self._owner, self._lease_s, handed_off)
+                self._claims_failed.back()
                 break
             except redis.RedisError as exc:
-                log.warning("redis unavailable (%s); retrying the claim of %s", exc, rid)
+                self._claims_failed.failed(exc, rid)
                 if self._stop.wait(0.5):
                     taken = Take.STALE  # stopping: its message left the queue unclaimed; the reaper re-runs it
                     break

@@ -24,6 +24,7 @@ from .budget import planned_pools, torch_dtype
 from .intake import Ticket
 from .lifecycle import Lifecycle
 from .metrics import WorkerStats
+from .outage_log import OutageLog
 from .prefill_batch import BatchInput
 from .ranks import KEEPALIVE_S, Ranks
 from .registry import Presence, Registry, process_name
@@ -112,6 +113,12 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.presence = Presence(self.registry, self.stats.stage, self.name)
+        self.unpublished = OutageLog(
+            log,
+            "metrics not published (Redis: %s); the next beat tries again",
+            "%d more beats' metrics not published (Redis) since the last line",
+            "metrics published again after %.1f s (%d more beats failed since the last line)",
+        )
 
     @classmethod
     def load(cls, settings: Settings, name: str, stage: str, shared: bool, group: Group | None = None) -> Runtime:
@@ -256,8 +263,9 @@ class Runtime:
             self._announced = now
             try:
                 self.presence.beat(lambda: self.snapshot(batch))
+                self.unpublished.back()
             except redis.RedisError as exc:
-                log.warning("metrics not published (Redis: %s); the next beat tries again", exc)
+                self.unpublished.failed(exc)
 
     def close(self) -> None:
         """Unlink the pool segment, once: SIGTERM's watchdog closes again when Celery's shutdown did."""

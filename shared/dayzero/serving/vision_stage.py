@@ -26,6 +26,7 @@ from .lease import Heartbeat
 from .lifecycle import Lifecycle
 from .messages import PrefillJob
 from .metrics import WorkerStats
+from .outage_log import OutageLog
 from .registry import Presence, Registry, process_name
 
 log = logging.getLogger("dayzero.vision")
@@ -52,14 +53,21 @@ class VisionStage:
 
     def run_forever(self) -> None:
         """Heartbeats (the work itself arrives through ``handle``) and the sweep of parked embeddings."""
+        beats_failed = OutageLog(
+            log,
+            "heartbeat failed (%s)",
+            "%d more heartbeats failed since the last line",
+            "heartbeats go through again after %.1f s (%d more failed since the last line)",
+        )
         while not self.stop.wait(self.settings.lease_s / 3):
             swept = sweep_parked()
             if swept:
                 log.warning("unlinked %d parked embedding segment(s) nobody read: %s", len(swept), swept)
             try:
                 self.presence.beat(self.snapshot)
-            except Exception:  # noqa: BLE001 - Redis restarting: the next beat retries
-                log.warning("heartbeat failed")
+                beats_failed.back()
+            except Exception as exc:  # noqa: BLE001 - Redis restarting: the next beat retries
+                beats_failed.failed(exc)
 
     def snapshot(self) -> dict:
         c = self.encoder.counters

@@ -1,0 +1,115 @@
+"""A worker's log through a Redis outage: a line when it begins, one per 10 s with a count, one when
+Redis answers again (was: the decode loop's "redis unavailable; retrying" every 0.5 s, prefill's
+"metrics not published" every quarter lease: 100 and 167 lines in a 35 s outage at a 1 s lease).
+Real processes: Redis (killed, then restarted on its port), a gateway, a prefill and a decode worker."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import httpx
+
+from dayzero.serving.outage_log import OutageLog
+
+from .conftest import MODEL, start_stack, wait_until
+
+LOOP, METRICS = "redis unavailable (", "metrics not published (Redis: "  # each outage's first lines
+STREAM = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 2000, "ignore_eos": True, "stream": True}
+
+
+def _stream_in_flight(url: str) -> threading.Event:
+    """A long stream, read to its end or its error (decode holds it while Redis goes). -> set once
+    its tokens arrive."""
+    decoding = threading.Event()
+
+    def read() -> None:
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", json=STREAM, timeout=120) as response:
+                for i, _ in enumerate(response.iter_lines()):
+                    if i == 10:
+                        decoding.set()
+        except httpx.HTTPError:
+            pass
+
+    threading.Thread(target=read, daemon=True).start()
+    return decoding
+
+
+def _said_or_repeated(log, counted: str, first: str) -> bool:
+    text = log.read_text()
+    return counted in text or text.count(first) > 1
+
+
+def test_a_redis_outage_is_a_few_lines_in_each_workers_log(text_dir, tmp_path):
+    stack = start_stack(text_dir, tmp_path, {"vision": 0, "prefill": 1, "decode": 1})
+    try:
+        decode, prefill = tmp_path / "decode0.log", tmp_path / "prefill0.log"
+        assert _stream_in_flight(stack.url).wait(60)
+        stack.redis.kill()
+        stack.redis.wait()
+        # the loop fails every 0.5 s, metrics every quarter lease: each said once, the rest counted
+        loop, metrics = ("more passes of the loop failed", LOOP), ("more beats' metrics not published", METRICS)
+        assert wait_until(lambda: _said_or_repeated(decode, *loop) and _said_or_repeated(prefill, *metrics), 30)
+        assert decode.read_text().count(LOOP) == 1 and prefill.read_text().count(METRICS) == 1
+        assert stack.supervise() == ["redis"]
+        stack.wait_ready(timeout_s=60)
+        assert wait_until(lambda: "the loop reaches Redis again after" in decode.read_text(), 30)
+        assert wait_until(lambda: "metrics published again after" in prefill.read_text(), 30)
+    finally:
+        stack.stop()
+    assert decode.read_text().count(LOOP) == 1 and prefill.read_text().count(METRICS) == 1  # (and once back)
+
+
+class _Timers:
+    """``later`` for an OutageLog whose timers the test runs by hand."""
+
+    def __init__(self) -> None:
+        self.due: list = []
+
+    def __call__(self, delay_s: float, call):
+        self.due.append(call)
+        return self
+
+    def cancel(self) -> None:
+        self.due.clear()
+
+    def run(self) -> None:
+        due, self.due = self.due, []
+        for call in due:
+            call()
+
+
+def _outage(timers: _Timers) -> OutageLog:
+    log = logging.getLogger("test.outage")
+    return OutageLog(log, "down (%s)", "%d more", "back after %.0f s (%d more)", 60, timers)
+
+
+def test_an_outage_log_says_its_start_counts_its_middle_and_says_its_end(caplog):
+    timers = _Timers()
+    outage = _outage(timers)
+    with caplog.at_level("WARNING", "test.outage"):
+        for _ in range(5):
+            outage.failed("refused")
+        timers.run()  # the every_s is over: the four since the first are counted
+        outage.failed("refused")
+        outage.back()
+        outage.back()  # (nothing failed since: no line)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["down (refused)", "4 more", "back after 0 s (1 more)"]
+
+
+def test_passes_that_flap_between_failing_and_not_reaching_redis_log_a_line_per_period(caplog):
+    """A loop whose idle passes reach no Redis calls ``back`` between its failures: within the
+    period after the last line, neither the failures nor their ends are said at once."""
+    timers = _Timers()
+    outage = _outage(timers)
+    with caplog.at_level("WARNING", "test.outage"):
+        outage.failed("refused")
+        outage.back()
+        for _ in range(10):
+            outage.failed("refused")
+            outage.back()
+        timers.run()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["down (refused)", "back after 0 s (0 more)", "10 more"]
