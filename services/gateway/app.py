@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dayzero.config import ModelConfig
 from dayzero.serving import redis_clock as clock
 from dayzero.serving.keys import QUEUES
-from dayzero.serving.liveness import unserved_for
+from dayzero.serving.liveness import count_again, unserved_for
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.metrics import QueueDepthCollector, SnapshotCollector
 from dayzero.serving.queue import STAGES, composer, make_celery
@@ -51,7 +51,8 @@ async def _reaper(gw: Gateway) -> None:
     left and have not come back for within the grace (dayzero.serving.watching), once this gateway has
     run for a grace itself: a client of the only gateway cannot resume while it restarts, and a restart
     longer than the grace (4-6 s against 5 s under load) had their requests cancelled at its first pass,
-    before they could come back."""
+    before they could come back. A pass that failed on Redis (down, frozen, refusing writes: no
+    worker could stamp) begins the no-worker counts again at the next (liveness.count_again)."""
     messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
     store = gw.bus.store
     overdue = OverdueWaits(store, gw.settings.task_time_limit_s, gw.codec)
@@ -69,12 +70,16 @@ async def _reaper(gw: Gateway) -> None:
             cancel_left(store.r, store.ttl_s)  # (left by a gateway that stopped)
 
     period, started = gw.settings.lease_s / 2, time.time()
+    failed = False  # the last pass failed on Redis: the stamps aged meanwhile (liveness.count_again)
     while True:
         await asyncio.sleep(period)
         try:
+            if failed:
+                await run_in_threadpool(count_again, store.r, QUEUES)
             await run_in_threadpool(one_pass)
-        except redis.RedisError:  # Redis down: /ready says so; sweep when it is back
-            pass
+            failed = False
+        except redis.RedisError:  # Redis down or refusing writes: /ready says so; sweep when it is back
+            failed, gw.bus.unserved = True, {}  # (admissions check no count until the next pass)
         except Exception:  # nobody awaits this task: ended, it would re-run and end nothing again
             log.exception("the reaper's pass failed; the next one runs in %.1f s", period)
 

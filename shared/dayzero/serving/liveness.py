@@ -19,7 +19,8 @@ stamp; ready:{stage}, process -> since when it is ready (written with each stamp
 process under the same id, a container's pid 1, is not ready until it says so); unserved:{stage},
 since when the stage has had no serving process (set by the gateway; kept while only processes
 ready for less than ``PROVEN_S`` serve it, the time they served left out of the count: ``unserved_for``);
-restart:{stage}, since when that count runs instead (the readiness of the first process ready after it).
+restart:{stage}, since when that count runs instead (the readiness of the first process ready after it);
+both begun again after Redis was lost or refused writes (``count_again``: the stamps aged meanwhile).
 One clock: Redis's (TIME, redis_clock.py). The stamps are written with it (``STAMP``) and read with
 it, in the read's own round trip (``seen``): a worker host whose clock is behind the gateway's by
 ``FRESH_S`` looked dead to ``/ready``, one ahead kept a dead worker serving as long; the hosts'
@@ -249,6 +250,15 @@ def unserved_for(client: redis.Redis, stage: str) -> float:
         return 0.0
     since = float(raw)
     return now - since - _covered([(max(since, ready_at), min(alive[p], now)) for p, ready_at in ready.items()])
+
+
+def count_again(client: redis.Redis, stages: tuple[str, ...]) -> None:
+    """Begin ``stages``' no-worker counts again (``unserved_for``), after Redis was lost, frozen or
+    refused writes: every stamp aged through the outage, and a count that was running then (its
+    worker ready for less than ``PROVEN_S``) took the whole outage for time unserved at Redis's
+    return, before the worker could stamp again (a 26 s refusal ended requests as ``no_worker`` at
+    a 5 s bound). From the first pass that finds none again, as for a stage whose count began there."""
+    client.delete(*(key(family, stage) for stage in stages for family in ("unserved", "restart")))
 
 
 def _covered(spans: list[tuple[float, float]]) -> float:
