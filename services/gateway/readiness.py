@@ -7,19 +7,24 @@ A stage's workers are its processes that serve it by their liveness stamps (live
 stamped within ``FRESH_S``, every second from a thread, a long step too): one killed or frozen is out
 within ~3 s. The registry's heartbeats come from the loops between steps and count a worker for 3
 leases + 2 s after its last (a step may run that long between two): 11 s after a SIGKILL at the
-default lease, with nothing left to serve; they name the processes whose snapshots are compared."""
+default lease, with nothing left to serve; they name the processes whose snapshots are compared.
+Redis must take writes (each admission is some): /ready writes a key of its own first, and a refusal
+is its reason ("redis refuses writes: ..."), not the workers' stamps it stops."""
 
 from __future__ import annotations
 
 import redis
 from starlette.concurrency import run_in_threadpool
 
+from dayzero.serving.broker import writes_refused
+from dayzero.serving.keys import key
 from dayzero.serving.liveness import serving
 from dayzero.serving.messages import SAME_LAYOUT
 
 from .context import Gateway
 
 HANDOFF = ("prefill", "decode")  # the stages a request's KV state passes between
+WRITE_PROBE_TTL_MS = 10_000  # /ready's own write (key writable) lapses after
 
 
 async def readiness(gw: Gateway) -> tuple[dict, int]:
@@ -27,10 +32,14 @@ async def readiness(gw: Gateway) -> tuple[dict, int]:
     try:
         return await _readiness(gw)
     except redis.RedisError as exc:
-        return {"ready": False, "reason": f"redis unreachable: {exc}"}, 503
+        refused = isinstance(exc, redis.ResponseError) and writes_refused(exc)
+        return {"ready": False, "reason": f"redis {'refuses writes' if refused else 'unreachable'}: {exc}"}, 503
 
 
 async def _readiness(gw: Gateway) -> tuple[dict, int]:
+    # A Redis that answers reads and refuses writes (at its maxmemory, a replica, too few replicas)
+    # admits no request; its stamps are writes too: ready for their 3 s, then "no live worker".
+    await gw.bus.r.set(key("writable"), 1, px=WRITE_PROBE_TTL_MS)
     live = await gw.bus.live_workers(("vision",) if gw.image_token is not None else ())
     workers = await run_in_threadpool(lambda: {stage: len(serving(gw.bus.store.r, stage)) for stage in live})
     body: dict = {"ready": True, "workers": workers}

@@ -127,7 +127,7 @@ class Channel(kombu_redis.Channel):
             try:
                 done = declare()
             except redis.ResponseError as exc:
-                if not _writes_refused(exc):  # (for good: WRONGTYPE, an ACL's NOPERM; Celery ends the worker)
+                if not writes_refused(exc):  # (for good: WRONGTYPE, an ACL's NOPERM; Celery ends the worker)
                     raise
                 if waited is None:
                     waited = time.monotonic()
@@ -144,7 +144,7 @@ class Channel(kombu_redis.Channel):
             return done
 
 
-def _writes_refused(exc: redis.ResponseError) -> bool:
+def writes_refused(exc: redis.ResponseError) -> bool:
     """Whether Redis refused a write for a while (its memory limit, a replica, ...), not for good
     (a key of another type, an ACL user's missing permission: waited for, the worker waited for ever,
     its one line saying Redis refuses writes)."""

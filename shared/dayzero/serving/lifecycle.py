@@ -31,8 +31,8 @@ any            tokens:{id} the token stream (dayzero.serving.records): only the 
 
 Worker keys (not a request's): workers:{stage}, usage:{worker}, loading:{worker} (registry.py),
 alive:{stage}, ready:{stage}, unserved:{stage}, restart:{stage} (liveness.py), up:{process} `dayzero
-up`'s check that Redis takes writes (stack.py), tensor:{key} parked image embeddings (handoff.py),
-wake:{gateway} the stream reader's wake-up, reaper (its lock: reaper.py).
+up`'s check that Redis takes writes (stack.py), writable /ready's (gateway/readiness.py), tensor:{key}
+parked image embeddings (handoff.py), wake:{gateway} the stream reader's wake-up, reaper (its lock: reaper.py).
 """
 
 from __future__ import annotations

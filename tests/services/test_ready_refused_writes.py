@@ -1,0 +1,44 @@
+"""``/ready`` while Redis answers reads and refuses writes: every admission is a write, so the
+gateway serves nothing. With too few replicas (``min-replicas-to-write``, a replica's READONLY) the
+stamps still read fresh: 200 for their 3 s while every request was 503 ``queue_unavailable``, then
+"no live worker" for as long as the refusal lasted (an operator looked at the workers); at the
+memory limit (its reads in a transaction refused too) "redis unreachable". Now its reason says Redis
+refuses writes, at once. Real processes: Redis and a gateway (no worker: /ready's reason was theirs)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import httpx
+import pytest
+import redis
+
+from .conftest import start_gateway_alone
+from .test_decode_appends import writes_refused
+
+
+@contextlib.contextmanager
+def _too_few_replicas(client: redis.Redis):
+    """Redis refuses every write (NOREPLICAS) while inside, as a primary that lost its replicas does."""
+    client.config_set("min-replicas-to-write", 1)
+    try:
+        yield
+    finally:
+        client.config_set("min-replicas-to-write", 0)
+
+
+@pytest.fixture(scope="module")
+def gateway(text_dir, tmp_path_factory):
+    gateway = start_gateway_alone(text_dir, tmp_path_factory.mktemp("logs"))
+    yield gateway
+    gateway.stop()
+
+
+@pytest.mark.parametrize("refusal", [_too_few_replicas, writes_refused], ids=["noreplicas", "maxmemory"])
+def test_ready_says_redis_refuses_writes(gateway, refusal):
+    r = redis.Redis.from_url(gateway.redis_url)
+    assert "no live worker" in httpx.get(f"{gateway.url}/ready", timeout=10).json()["reason"]
+    with refusal(r):
+        answer = httpx.get(f"{gateway.url}/ready", timeout=10)
+        assert answer.status_code == 503 and answer.json()["reason"].startswith("redis refuses writes: ")
+    assert "no live worker" in httpx.get(f"{gateway.url}/ready", timeout=10).json()["reason"]
