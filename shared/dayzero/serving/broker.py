@@ -13,7 +13,8 @@ A consumer (re)starting declares its queue (kombu: its length in a transaction, 
 which a replica (``READONLY``) or a Redis at its memory limit (``OOM``) refuses: Celery took that
 for an unrecoverable error too, and the process exited (at a worker's start, its weights loaded for
 nothing). The declaration now waits for Redis to take writes: one log line when it waits, one when
-it goes on. A refusal no wait ends (WRONGTYPE, an ACL's NOPERM) fails it as before.
+it goes on. A refusal no wait ends (WRONGTYPE, an ACL's NOPERM) fails it as before. The consumer's
+queue read refused so (its BRPOP pops: too few replicas refuse it) is a lost connection too.
 
 A lost connection closes the consumer's channel: its delivered, unacknowledged messages (the
 requests the worker runs on meanwhile) stay with their tasks, never put back on the queue (``QoS``).
@@ -110,6 +111,19 @@ class Channel(kombu_redis.Channel):
         super().__init__(*args, **kwargs)
         if not self.ack_emulation:
             self.QoS = QoS
+
+    def _brpop_read(self, **options: object) -> bool:
+        """The consumer's queue read (BRPOP: a pop, a write) refused for a while (too few replicas, a
+        failed save; a Redis at its memory limit lets it through) is a lost connection: Celery
+        reconnects, and its declaration waits for writes (``_until_taken``). kombu took it for a
+        channel error, and Celery ended the worker ("Unrecoverable error"): every worker at once."""
+        try:
+            return super()._brpop_read(**options)
+        except redis.ResponseError as exc:
+            if not writes_refused(exc):
+                raise
+            self.client.connection.disconnect()
+            raise redis.ConnectionError(f"Redis refused the queue read: {exc}") from exc
 
     def queue_declare(self, queue: str | None = None, passive: bool = False, **kwargs: object):
         return self._until_taken(queue, lambda: super(Channel, self).queue_declare(queue, passive, **kwargs))
