@@ -25,16 +25,13 @@ from __future__ import annotations
 
 import argparse
 import signal
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import redis
+from demo_stack import demo_stack, scratch
 
-from dayzero.demo import write_demo_checkpoint
-from dayzero.procs import free_port
 from dayzero.stack import Stack
 
 MODEL = "dayzero-demo"
@@ -138,27 +135,16 @@ def main() -> None:
     parser.add_argument("--after", type=int, default=20)
     parser.add_argument("--lease", type=float, default=20.0)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {
-            "DAYZERO_CHECKPOINT": str(write_demo_checkpoint(Path(tmp) / "demo", fp4=True)),
-            "DAYZERO_LEASE_S": str(args.lease),
-            "DAYZERO_KEEPALIVE_S": "1.0",
-            "OMP_NUM_THREADS": "1",
-        }
-        if args.chunk:
-            env["DAYZERO_PREFILL_CHUNK_SIZE"] = str(args.chunk)
-        stack = Stack({"vision": 0, "prefill": 1, "decode": 1}, free_port(), Path(tmp) / "logs", env)
-        stack.start()
-        try:
-            stack.wait_ready(timeout_s=300)
-            if args.at == "prefill":
-                prefill(stack, args)
-                return
-            expected = httpx.post(f"{stack.url}/v1/completions", json=BODY, timeout=120).json()["choices"][0]["text"]
-            rows = [trial(stack, args.fault, args.fault_s, args.after) for _ in range(args.trials)]
-            drops = (Path(tmp) / "logs" / "decode0.log").read_text().count("lease lost; dropping")
-        finally:
-            stack.stop()
+    settings = {"DAYZERO_LEASE_S": str(args.lease), "DAYZERO_KEEPALIVE_S": "1.0", "OMP_NUM_THREADS": "1"}
+    if args.chunk:
+        settings["DAYZERO_PREFILL_CHUNK_SIZE"] = str(args.chunk)
+    with scratch() as tmp, demo_stack(tmp, {"vision": 0, "prefill": 1, "decode": 1}, settings, fp4=True) as stack:
+        if args.at == "prefill":
+            prefill(stack, args)
+            return
+        expected = httpx.post(f"{stack.url}/v1/completions", json=BODY, timeout=120).json()["choices"][0]["text"]
+        rows = [trial(stack, args.fault, args.fault_s, args.after) for _ in range(args.trials)]
+        drops = (stack.log_dir / "decode0.log").read_text().count("lease lost; dropping")
     print(f"fault: {args.fault} {args.fault_s:g} s after {args.after} tokens, lease {args.lease:g} s")
     print("| trial | stall after the fault | longest gap | same text | attempts |")
     print("|---:|---:|---:|---|---:|")

@@ -19,16 +19,13 @@ import argparse
 import contextlib
 import json
 import re
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import redis
+from demo_stack import QUICK_LEASES, demo_stack, scratch
 
-from dayzero.demo import write_demo_checkpoint
-from dayzero.procs import free_port
 from dayzero.stack import Stack
 
 MODEL = "dayzero-demo"
@@ -105,35 +102,24 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=4)
     parser.add_argument("--decode", type=int, default=1)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {
-            "DAYZERO_CHECKPOINT": str(write_demo_checkpoint(Path(tmp) / "demo", fp4=True)),
-            "DAYZERO_LEASE_S": "1.0",
-            "DAYZERO_MAX_CONTEXT": "4096",
-            "DAYZERO_KEEPALIVE_S": "1.0",
-        }
-        stack = Stack({"vision": 0, "prefill": 1, "decode": args.decode}, free_port(), Path(tmp) / "logs", env)
-        stack.start()
-        try:
-            stack.wait_ready(timeout_s=300)
-            r, pushes = redis.Redis.from_url(stack.redis_url), []
-            monitor = redis.Redis.from_url(stack.redis_url, socket_timeout=None).monitor()
+    workers = {"vision": 0, "prefill": 1, "decode": args.decode}
+    with scratch() as tmp, demo_stack(tmp, workers, QUICK_LEASES, fp4=True) as stack:
+        r, pushes = redis.Redis.from_url(stack.redis_url), []
+        monitor = redis.Redis.from_url(stack.redis_url, socket_timeout=None).monitor()
 
-            def watch() -> None:
-                with contextlib.suppress(redis.RedisError, OSError), monitor as m:  # (closed with the stack)
-                    for command in m.listen():
-                        if QUEUE_PUSH.match(command["command"]) and command.get("client_type") != "lua":
-                            pushes.append(command["command"][:40])
+        def watch() -> None:
+            with contextlib.suppress(redis.RedisError, OSError), monitor as m:  # (closed with the stack)
+                for command in m.listen():
+                    if QUEUE_PUSH.match(command["command"]) and command.get("client_type") != "lua":
+                        pushes.append(command["command"][:40])
 
-            threading.Thread(target=watch, daemon=True).start()
-            before = settled(r, 0)
-            reference, _ = one_round(stack, args, kill=False)
-            undisturbed = settled(r)
-            got, killed = one_round(stack, args, kill=True)
-            disturbed = settled(r)
-            logs = "".join(p.read_text(errors="replace") for p in (Path(tmp) / "logs").glob("*0.log"))
-        finally:
-            stack.stop()
+        threading.Thread(target=watch, daemon=True).start()
+        before = settled(r, 0)
+        reference, _ = one_round(stack, args, kill=False)
+        undisturbed = settled(r)
+        got, killed = one_round(stack, args, kill=True)
+        disturbed = settled(r)
+        logs = "".join(p.read_text(errors="replace") for p in stack.log_dir.glob("*0.log"))
     print(f"at {args.at}: {args.requests} requests, {args.decode} decode worker(s); {killed} connections killed")
     print("| | undisturbed | connections killed |")
     print("|---|---|---|")
