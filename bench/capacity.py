@@ -15,10 +15,8 @@ import collections
 import concurrent.futures
 import io
 import json
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -85,31 +83,19 @@ def main() -> None:
     parser.add_argument("--side", type=int, default=1500, help="PNG side in pixels (8 per request, noise)")
     args = parser.parse_args()
 
-    from dayzero.demo import write_demo_checkpoint
-    from dayzero.procs import free_port
-    from dayzero.stack import Stack
+    from demo_stack import demo_stack, scratch
 
-    with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = write_demo_checkpoint(Path(tmp) / "demo", vision=True, fp4=True)
-        env = {
-            "DAYZERO_CHECKPOINT": str(checkpoint),
-            "DAYZERO_IMAGE_RESIZE_MAX_PIXELS": str(28 * 28 * 64),
-            "DAYZERO_MAX_REQUEST_BYTES": str(128 << 20),
-        }
-        stack = Stack({"vision": 1, "prefill": 1, "decode": 2}, free_port(), Path(tmp) / "logs", env)
-        stack.start()
-        try:
-            stack.wait_ready(300)
-            waits = health_under_images(stack.url, args.image_requests, args.side)
-            print(
-                f"/health while {args.image_requests} requests x 8 PNGs of {args.side}^2 are checked: "
-                f"{len(waits)} probes, median {np.median(waits) * 1000:.1f} ms, max {max(waits) * 1000:.1f} ms"
-            )
-            start = time.perf_counter()
-            outcomes = asyncio.run(streams(stack.url, args.streams))
-            print(f"{args.streams} concurrent streams in {time.perf_counter() - start:.1f} s: {dict(outcomes)}")
-        finally:
-            stack.stop()
+    workers = {"vision": 1, "prefill": 1, "decode": 2}
+    settings = {"DAYZERO_IMAGE_RESIZE_MAX_PIXELS": str(28 * 28 * 64), "DAYZERO_MAX_REQUEST_BYTES": str(128 << 20)}
+    with scratch() as tmp, demo_stack(tmp, workers, settings, fp4=True, vision=True) as stack:
+        waits = health_under_images(stack.url, args.image_requests, args.side)
+        print(
+            f"/health while {args.image_requests} requests x 8 PNGs of {args.side}^2 are checked: "
+            f"{len(waits)} probes, median {np.median(waits) * 1000:.1f} ms, max {max(waits) * 1000:.1f} ms"
+        )
+        start = time.perf_counter()
+        outcomes = asyncio.run(streams(stack.url, args.streams))
+        print(f"{args.streams} concurrent streams in {time.perf_counter() - start:.1f} s: {dict(outcomes)}")
 
 
 if __name__ == "__main__":

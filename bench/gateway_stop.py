@@ -18,16 +18,11 @@ import argparse
 import collections
 import random
 import signal
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import httpx
-
-from dayzero.demo import write_demo_checkpoint
-from dayzero.procs import free_port
-from dayzero.stack import Stack
+from demo_stack import demo_stack, scratch
 
 MODEL = "dayzero-demo"
 KINDS = ("keep-alive", "new connection", "slow body")
@@ -93,19 +88,10 @@ class Round:
 
 
 def run(rounds: int, clients: int, slow_s: float) -> None:
-    with tempfile.TemporaryDirectory(prefix="dz-gwstop-") as tmp:
-        rounds_run(Path(tmp), rounds, clients, slow_s)
-
-
-def rounds_run(root: Path, rounds: int, clients: int, slow_s: float) -> None:
-    checkpoint = write_demo_checkpoint(root / "ckpt", fp4=True)
-    env = {"DAYZERO_CHECKPOINT": str(checkpoint), "DAYZERO_LEASE_S": "1.0", "DAYZERO_MAX_BATCH": "16"}
-    stack = Stack({"vision": 0, "prefill": 1, "decode": 1}, free_port(), root / "logs", env)
-    stack.start()
     counts: collections.Counter = collections.Counter()
     drops = []
-    try:
-        stack.wait_ready(timeout_s=300)
+    settings = {"DAYZERO_LEASE_S": "1.0", "DAYZERO_MAX_BATCH": "16"}
+    with scratch() as tmp, demo_stack(tmp, {"vision": 0, "prefill": 1, "decode": 1}, settings, fp4=True) as stack:
         for n in range(rounds):
             one = Round(stack.url, clients, slow_s, n)
             for thread in one.threads:
@@ -128,8 +114,6 @@ def rounds_run(root: Path, rounds: int, clients: int, slow_s: float) -> None:
             print(f"round {n}: gateway exited {exited - stopped:.2f} s after its SIGTERM", flush=True)
             assert stack.supervise() == ["gateway"]
             stack.wait_ready(timeout_s=120)
-    finally:
-        stack.stop()
     print("\noutcome of each request sent before its gateway exited (kind, outcome: count)")
     for (kind, outcome), count in sorted(counts.items()):
         print(f"  {kind:15s} {outcome:40s} {count}")

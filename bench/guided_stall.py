@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import httpx
+from demo_stack import demo_stack, scratch
 
-from dayzero.demo import write_demo_checkpoint
-from dayzero.procs import free_port
 from dayzero.stack import Stack
 
 MODEL = "dayzero-demo"
@@ -59,15 +56,8 @@ def main() -> None:
     parser.add_argument("--after", type=int, default=20)
     parser.add_argument("--trials", type=int, default=2)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {"DAYZERO_CHECKPOINT": str(write_demo_checkpoint(Path(tmp) / "demo")), "OMP_NUM_THREADS": "1"}
-        stack = Stack({"vision": 0, "prefill": 1, "decode": 1}, free_port(), Path(tmp) / "logs", env)
-        stack.start()
-        try:
-            stack.wait_ready(timeout_s=300)
-            rows = [trial(stack, args.tokens, args.after, args.properties, i) for i in range(args.trials)]
-        finally:
-            stack.stop()
+    with scratch() as tmp, demo_stack(tmp, {"vision": 0, "prefill": 1, "decode": 1}, {"OMP_NUM_THREADS": "1"}) as stack:
+        rows = [trial(stack, args.tokens, args.after, args.properties, i) for i in range(args.trials)]
     print(f"a plain stream of {args.tokens} tokens; after {args.after}, a schema of {args.properties} properties")
     print("| trial | plain: longest gap | plain: median gap | constrained: status | constrained: s |")
     print("|---:|---:|---:|---:|---:|")

@@ -15,18 +15,16 @@ import argparse
 import collections
 import re
 import signal
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import httpx
 import redis
+from demo_stack import running, scratch, stack_on
 
 from dayzero.demo import write_demo_checkpoint
-from dayzero.procs import free_port
 from dayzero.serving.keys import key
-from dayzero.stack import Stack
 
 ENV = {
     "DAYZERO_LEASE_S": "1.0",
@@ -63,11 +61,7 @@ def hand_backs(log_dir: Path) -> list[tuple[str, str]]:
 
 
 def trial(ckpt: Path, log_dir: Path) -> dict:
-    env = {**ENV, "DAYZERO_CHECKPOINT": str(ckpt)}
-    stack = Stack({"vision": 0, "prefill": 2, "decode": 1}, free_port(), log_dir, env)
-    stack.start()
-    try:
-        stack.wait_ready(timeout_s=240)
+    with running(stack_on(ckpt, {"vision": 0, "prefill": 2, "decode": 1}, log_dir, ENV), ready_s=240) as stack:
         r, out, threads = redis.Redis.from_url(stack.redis_url), {}, []
         decode = stack.child("decode0").proc
         decode.send_signal(signal.SIGSTOP)
@@ -86,8 +80,6 @@ def trial(ckpt: Path, log_dir: Path) -> dict:
         rows = hand_backs(log_dir)
         decode.send_signal(signal.SIGCONT)
         threads[0].join(60)
-    finally:
-        stack.stop()
     per: dict[str, list[str]] = collections.defaultdict(list)
     for rid, worker in rows:
         per[rid].append(worker)
@@ -105,11 +97,10 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--keep", default="", help="a folder for the stacks' logs (else a temporary one)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as scratch:
-        tmp = args.keep or scratch
-        ckpt = write_demo_checkpoint(Path(tmp) / "ckpt", fp4=True)
+    with scratch(args.keep) as tmp:
+        ckpt = write_demo_checkpoint(tmp / "ckpt", fp4=True)
         for i in range(args.trials):
-            print(trial(ckpt, Path(tmp) / f"logs{i}"), flush=True)
+            print(trial(ckpt, tmp / f"logs{i}"), flush=True)
 
 
 if __name__ == "__main__":

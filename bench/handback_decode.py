@@ -21,18 +21,15 @@ import json
 import random
 import re
 import statistics
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import httpx
 import redis
+from demo_stack import demo_stack, scratch
 
-from dayzero.demo import write_demo_checkpoint
-from dayzero.procs import free_port
 from dayzero.serving.registry import Registry
-from dayzero.stack import Stack
 
 ENV = {
     "DAYZERO_LEASE_S": "1.0",
@@ -106,27 +103,15 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--keep", default="", help="a folder for the stack's logs (else a temporary one)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as scratch:
-        tmp = Path(args.keep or scratch)
-        ckpt = write_demo_checkpoint(tmp / "ckpt", fp4=True)
-        stack = Stack(
-            {"vision": 0, "prefill": 1, "decode": 2},
-            free_port(),
-            tmp / "logs",
-            {**ENV, "DAYZERO_CHECKPOINT": str(ckpt)},
-        )
-        stack.start()
-        try:
-            stack.wait_ready(timeout_s=240)
-            registry, deadline = Registry(redis.Redis.from_url(stack.redis_url)), time.time() + 120
-            while len(registry.live_workers("decode", 3)) < len(WORKERS) and time.time() < deadline:
-                time.sleep(0.2)  # /ready needs only one
-            rows = []
-            for seed in range(args.waves):
-                rows.append(wave(stack.url, tmp / "logs", args.streams, seed))
-                print(rows[-1], flush=True)
-        finally:
-            stack.stop()
+    workers = {"vision": 0, "prefill": 1, "decode": 2}
+    with scratch(args.keep) as tmp, demo_stack(tmp, workers, ENV, fp4=True, ready_s=240) as stack:
+        registry, deadline = Registry(redis.Redis.from_url(stack.redis_url)), time.time() + 120
+        while len(registry.live_workers("decode", 3)) < len(WORKERS) and time.time() < deadline:
+            time.sleep(0.2)  # /ready needs only one
+        rows = []
+        for seed in range(args.waves):
+            rows.append(wave(stack.url, tmp / "logs", args.streams, seed))
+            print(rows[-1], flush=True)
     for name in ("hand_backs", "bounces", "bouncing_s", "wall_s"):
         print(f"median {name}: {statistics.median(r[name] for r in rows)}")
 

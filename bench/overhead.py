@@ -205,19 +205,15 @@ def run_stack(
     """One stack; per run: p50 of gateway TTFT, in-process TTFT, and (traced) of each hop, in ms;
     the TTFT (ms) of the fresh stack's first request, sent as soon as it is ready, and (traced)
     that request's hops."""
-    from dayzero.procs import free_port
-    from dayzero.stack import Stack
+    from demo_stack import running, stack_on
 
     spans = folder / "spans"
     spans.mkdir(parents=True)
-    env = {"DAYZERO_CHECKPOINT": str(checkpoint), "OMP_NUM_THREADS": str(args.threads)}
+    settings = {"OMP_NUM_THREADS": str(args.threads)}
     if traced:
-        env.update(DAYZERO_TRACE_EXPORTER="console", DAYZERO_TRACE_FILE=str(spans))
-    stack = Stack({"prefill": 1, "decode": 1}, free_port(), folder / "logs", env)
-    stack.start()
+        settings.update(DAYZERO_TRACE_EXPORTER="console", DAYZERO_TRACE_FILE=str(spans))
     runs = []
-    try:
-        stack.wait_ready(timeout_s=300)
+    with running(stack_on(checkpoint, {"prefill": 1, "decode": 1}, folder / "logs", settings)) as stack:
         fresh = RawClient(stack.url)
         sent = fresh.stream(prompt)
         fresh.close()
@@ -241,8 +237,6 @@ def run_stack(
                 row["requests with every span"] = len(marked)
             runs.append(row)
         first_hops = next((hops(m) for m in span_marks(spans, [sent])), {}) if traced else {}
-    finally:
-        stack.stop()
     return runs, first_ms, first_hops
 
 

@@ -21,18 +21,13 @@ import collections
 import contextlib
 import os
 import signal
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import redis
+from demo_stack import demo_stack, scratch
 from serve import pct
-
-from dayzero.demo import write_demo_checkpoint
-from dayzero.procs import free_port
-from dayzero.stack import Stack
 
 MODEL = "dayzero-demo"
 
@@ -96,30 +91,26 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=1, help="prefill workers")
     ap.add_argument("--kill", default="prefill0,decode0", help="the workers SIGKILLed together, comma-separated")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {"DAYZERO_CHECKPOINT": str(write_demo_checkpoint(Path(tmp) / "demo")), "OMP_NUM_THREADS": "1"}
-        stack = Stack({"vision": 0, "prefill": args.prefill, "decode": 1}, free_port(), Path(tmp) / "logs", env)
-        runs, killed, done = [], [], threading.Event()
-        stack.start()
+    runs, killed, done = [], [], threading.Event()
+    workers = {"vision": 0, "prefill": args.prefill, "decode": 1}
+    with scratch() as tmp, demo_stack(tmp, workers, {"OMP_NUM_THREADS": "1"}) as stack:
+
+        def kill_then_supervise() -> None:
+            while sum(run[1] is not None for run in runs) < args.kill_at * args.clients * args.requests:
+                time.sleep(0.01)
+            killed.append(time.time())
+            for name in args.kill.split(","):
+                os.killpg(stack.child(name).proc.pid, signal.SIGKILL)
+            while not done.wait(0.5):
+                stack.supervise()
+
         try:
-            stack.wait_ready(timeout_s=300)
-
-            def kill_then_supervise() -> None:
-                while sum(run[1] is not None for run in runs) < args.kill_at * args.clients * args.requests:
-                    time.sleep(0.01)
-                killed.append(time.time())
-                for name in args.kill.split(","):
-                    os.killpg(stack.child(name).proc.pid, signal.SIGKILL)
-                while not done.wait(0.5):
-                    stack.supervise()
-
             threading.Thread(target=kill_then_supervise, daemon=True).start()
             asyncio.run(until_after(clients(stack.url, args.clients, args.requests, runs), killed, args.wait))
             time.sleep(1)
             stuck = leftovers(redis.Redis.from_url(stack.redis_url))
         finally:
             done.set()  # no restarts while the stack stops
-            stack.stop()
     at = killed[0]
     in_flight = [(start, end) for start, end, _ in runs if start < at and (end is None or end > at)]
     after = [end - at for _, end in in_flight if end is not None]

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
-import tempfile
 import time
 from pathlib import Path
 
@@ -175,34 +175,21 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=0, help="closed-loop clients: throughput, CPU per token")
     args = parser.parse_args()
 
-    from dayzero.demo import write_demo_checkpoint
-    from dayzero.procs import free_port
-    from dayzero.stack import Stack
+    from demo_stack import running, scratch, stack_on
 
-    with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = write_demo_checkpoint(Path(tmp) / "demo")
-        stack = None
-        url = args.url
-        if url is None:
-            stack = Stack(
-                {"prefill": 1, "decode": args.decode},
-                free_port(),
-                Path(tmp) / "logs",
-                {"DAYZERO_CHECKPOINT": str(checkpoint)},
-            )
-            stack.start()
-            stack.wait_ready()
-            url = stack.url
-        try:
+    from dayzero.demo import write_demo_checkpoint
+
+    with scratch() as tmp:
+        checkpoint = write_demo_checkpoint(tmp / "demo")
+        own = stack_on(checkpoint, {"prefill": 1, "decode": args.decode}, tmp / "logs") if args.url is None else None
+        with running(own, ready_s=120) if own is not None else contextlib.nullcontext() as stack:
+            url = args.url or stack.url
             asyncio.run(load(url, 2.0, 4, args.prompt_tokens, 4, seed=99))  # warm-up
             results, wall = asyncio.run(load(url, args.rate, args.requests, args.prompt_tokens, args.max_tokens, 0))
             if args.clients and stack is not None:
                 cpu_per_token(stack, args.clients, args.prompt_tokens, args.max_tokens)
             if args.plot:
                 sweep_and_plot(url, args.prompt_tokens, args.max_tokens, Path(__file__).parent)
-        finally:
-            if stack is not None:
-                stack.stop()
         ok = [r for r in results if r["ok"]]
         ttft, e2e = [r["ttft"] for r in ok], [r["e2e"] for r in ok]
         itl = [g for r in ok for g in r["itl"]]

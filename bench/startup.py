@@ -23,10 +23,9 @@ from pathlib import Path
 
 import httpx
 import psutil
+from demo_stack import running, stack_on
 
 from dayzero.demo import write_demo_checkpoint
-from dayzero.procs import free_port
-from dayzero.stack import Stack
 
 
 def tree_env(tree: Path) -> dict[str, str]:
@@ -42,26 +41,23 @@ def help_s(tree: Path, scratch: Path) -> float:
 
 def stack_start(tree: Path, checkpoint: Path, scratch: Path) -> dict[str, float]:
     """Seconds to ready, then per process: CPU seconds to ready and MiB resident after a request."""
-    env = {**tree_env(tree), "DAYZERO_CHECKPOINT": str(checkpoint)}
-    stack = Stack({"prefill": 1, "decode": 1}, free_port(), scratch / "logs", env)
+    stack = stack_on(checkpoint, {"prefill": 1, "decode": 1}, scratch / "logs", tree_env(tree))
     here = os.getcwd()
     os.chdir(scratch)  # the children's ``-m`` puts their working directory first on sys.path
     try:
         start = time.perf_counter()
-        stack.start()
-        stack.wait_ready(timeout_s=300)
-        row = {"ready s": time.perf_counter() - start}
-        procs = {c.name: psutil.Process(c.proc.pid) for c in stack.children if c.name != "redis"}
-        for name, proc in procs.items():
-            row[f"{name} cpu s"] = sum(proc.cpu_times()[:2])
-        body = {"model": "dayzero-demo", "prompt": "hello", "max_tokens": 2}
-        httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60).raise_for_status()
-        for name, proc in procs.items():
-            row[f"{name} MiB"] = proc.memory_info().rss / 2**20
-        return row
+        with running(stack):
+            row = {"ready s": time.perf_counter() - start}
+            procs = {c.name: psutil.Process(c.proc.pid) for c in stack.children if c.name != "redis"}
+            for name, proc in procs.items():
+                row[f"{name} cpu s"] = sum(proc.cpu_times()[:2])
+            body = {"model": "dayzero-demo", "prompt": "hello", "max_tokens": 2}
+            httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60).raise_for_status()
+            for name, proc in procs.items():
+                row[f"{name} MiB"] = proc.memory_info().rss / 2**20
+            return row
     finally:
         os.chdir(here)
-        stack.stop()
 
 
 def main() -> None:

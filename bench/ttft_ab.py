@@ -22,11 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from demo_stack import stack_on
 from overhead import Engine, RawClient
 
 from dayzero.demo import write_demo_checkpoint
-from dayzero.procs import free_port
-from dayzero.stack import Stack
 
 
 def main() -> None:
@@ -43,9 +42,8 @@ def main() -> None:
         stacks = []
         for i, tree in enumerate(args.trees):
             tree = tree.resolve()
-            env = {"DAYZERO_CHECKPOINT": str(checkpoint), "OMP_NUM_THREADS": "1"}
-            env["PYTHONPATH"] = f"{tree / 'shared'}:{tree}"
-            stacks.append(Stack({"prefill": 1, "decode": 1}, free_port(), Path(tmp) / f"logs{i}", env))
+            settings = {"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{tree / 'shared'}:{tree}"}
+            stacks.append(stack_on(checkpoint, {"prefill": 1, "decode": 1}, Path(tmp) / f"logs{i}", settings))
         try:
             for stack in stacks:
                 stack.start()
