@@ -1,9 +1,9 @@
-"""The gateway on its own (no workers): admission control, API keys, per-request image limits."""
+"""The gateway on its own (no workers): admission control, API keys, per-request image limits, the
+checks of bodies and prompts."""
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import httpx
@@ -251,54 +251,3 @@ def test_several_prompts_are_refused_naming_the_one_at_fault(lone_gateway, promp
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
     assert error["message"].startswith(message), error
-
-
-def _render(urls: list[str], limits):
-    from dayzero.vision.images import PatchSpec
-    from services.gateway.chat_schemas import ChatCompletionRequest
-    from services.gateway.images import render_chat
-
-    body = _image_chat(*urls)
-    return render_chat(ChatCompletionRequest(**body).messages, limits, PatchSpec(), True)
-
-
-def test_summed_image_pixels_are_refused_from_the_headers_before_decoding():
-    """In-process: three 20x20 images are 1200 pixels. Their pixel data is cut off, so only a check
-    from the headers can refuse them as over budget; at the budget they reach the decoder."""
-    import base64
-
-    from dayzero.vision.images import ImageLimits
-    from services.gateway.errors import APIError
-
-    from ..vision.conftest import encoded
-
-    cut = ["data:image/png;base64," + base64.b64encode(encoded(20, 20, seed=i)[:100]).decode() for i in range(3)]
-    with pytest.raises(APIError) as over:
-        _render(cut, ImageLimits(max_total_pixels=1199))
-    assert (over.value.status, over.value.param, over.value.code) == (400, "messages", "too_many_image_pixels")
-    assert over.value.message == "1200 image pixels (width x height, summed) in one request; the limit is 1199"
-    with pytest.raises(APIError) as at_budget:
-        _render(cut, ImageLimits(max_total_pixels=1200))
-    assert (at_budget.value.code, at_budget.value.param) == ("invalid_image", "messages.0.content")
-    whole = [data_url(20, 20, i) for i in range(3)]
-    assert len(_render(whole, ImageLimits(max_total_pixels=1200)).images) == 3
-
-
-def test_a_request_the_stopping_server_cannot_answer_is_a_503_with_retry_after(demo_dir, tmp_path):
-    """A non-streamed request still waiting when its gateway begins to stop is answered at once:
-    503 ``shutting_down`` with ``Retry-After``, as every other 503 the client may retry."""
-    stack = start_gateway_alone(demo_dir, tmp_path, {"DAYZERO_NO_WORKER_TIMEOUT_S": "3600"})
-    body = {"model": MODEL, "prompt": [0, 5], "max_tokens": 1}
-    answers = []
-    waiting = threading.Thread(
-        target=lambda: answers.append(httpx.post(f"{stack.url}/v1/completions", json=body, timeout=30))
-    )
-    try:
-        waiting.start()
-        time.sleep(1.0)  # queued; no worker will take it
-    finally:
-        stack.stop()
-        waiting.join(30)
-    answer = answers[0]
-    assert (answer.status_code, answer.json()["error"]["code"]) == (503, "shutting_down")
-    assert answer.headers.get("retry-after") == "1"

@@ -18,7 +18,7 @@ from services.gateway.chat_schemas import ChatCompletionRequest
 from services.gateway.errors import APIError
 from services.gateway.images import render_chat
 
-from .conftest import MODEL, chat
+from .conftest import MODEL, chat, data_url
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 
@@ -118,6 +118,27 @@ def test_the_per_image_limit_holds_in_process_and_at_pillows_bomb_check():
     assert len(render_chat(messages, ImageLimits(max_pixels=600), PatchSpec(), True).images) == 2
     with pytest.raises(TooManyPixels, match="exceeds the limit of 40000000 decoded pixels"):
         probe(_png(10000, 9000), ImageLimits())
+
+
+def _rendered(urls: list[str], limits: ImageLimits):
+    return render_chat(ChatCompletionRequest(**_image_chat(*urls)).messages, limits, PatchSpec(), True)
+
+
+def test_summed_image_pixels_are_refused_from_the_headers_before_decoding():
+    """In-process: three 20x20 images are 1200 pixels. Their pixel data is cut off, so only a check
+    from the headers can refuse them as over budget; at the budget they reach the decoder."""
+    from ..vision.conftest import encoded
+
+    cut = [_url(encoded(20, 20, seed=i)[:100]) for i in range(3)]
+    with pytest.raises(APIError) as over:
+        _rendered(cut, ImageLimits(max_total_pixels=1199))
+    assert (over.value.status, over.value.param, over.value.code) == (400, "messages", "too_many_image_pixels")
+    assert over.value.message == "1200 image pixels (width x height, summed) in one request; the limit is 1199"
+    with pytest.raises(APIError) as at_budget:
+        _rendered(cut, ImageLimits(max_total_pixels=1200))
+    assert (at_budget.value.code, at_budget.value.param) == ("invalid_image", "messages.0.content")
+    whole = [data_url(20, 20, i) for i in range(3)]
+    assert len(_rendered(whole, ImageLimits(max_total_pixels=1200)).images) == 3
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """A gateway that begins to stop answers what it will not serve with 503 ``shutting_down`` and
 ``Retry-After``, never a dropped connection or a 500: a body still arriving (uvicorn cancelled its
 request at the end of the shutdown grace and answered 500, the soak's slow bodies), a request that
-arrives while it stops. Real processes: Redis and a gateway; the refusal itself also on plain ASGI."""
+arrives while it stops, one still waiting for a worker. Real processes: Redis and a gateway; the
+refusal itself also on plain ASGI."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import asyncio
 import json
 import signal
 import socket
+import threading
+import time
 
 import httpx
 import pytest
@@ -46,6 +49,26 @@ def test_a_body_still_arriving_when_the_gateway_stops_gets_503_shutting_down(tex
         stack.stop()
     assert status == b"HTTP/1.1 503 Service Unavailable", (status, body)  # (was: uvicorn's 500, plain text)
     assert body["error"]["code"] == "shutting_down" and headers[b"retry-after"] == b"1", body
+
+
+def test_a_request_the_stopping_server_cannot_answer_is_a_503_with_retry_after(text_dir, tmp_path):
+    """A non-streamed request still waiting when its gateway begins to stop is answered at once:
+    503 ``shutting_down`` with ``Retry-After``, as every other 503 the client may retry."""
+    stack = start_gateway_alone(text_dir, tmp_path, {"DAYZERO_NO_WORKER_TIMEOUT_S": "3600"})
+    body = {"model": MODEL, "prompt": [0, 5], "max_tokens": 1}
+    answers = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(httpx.post(f"{stack.url}/v1/completions", json=body, timeout=30))
+    )
+    try:
+        waiting.start()
+        time.sleep(1.0)  # queued; no worker will take it
+    finally:
+        stack.stop()
+        waiting.join(30)
+    answer = answers[0]
+    assert (answer.status_code, answer.json()["error"]["code"]) == (503, "shutting_down")
+    assert answer.headers.get("retry-after") == "1"
 
 
 async def _served(scope, receive, send) -> None:
