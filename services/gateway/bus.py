@@ -43,7 +43,9 @@ class Bus:
         self.watching = Watching(self.r, settings.stream_ttl_s, settings.visibility_timeout_s)
         self.store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)  # sync, for the thread pool
         self.registry = Registry(self.store.r)
-        self.leaving = Leaving(self.watching, settings.disconnect_grace_s, settings.task_time_limit_s)
+        self.leaving = Leaving(
+            self.watching, settings.disconnect_grace_s, settings.task_time_limit_s, settings.refused_cancel_after_s
+        )
         self.unserved: dict[str, float] = {}  # stages past the no-worker bound at the reaper's last pass
 
     async def submit(

@@ -7,8 +7,9 @@ cancelled. A step Redis fails (stopped, restarting, frozen past the commands' bo
 the pause doubling up to ``RETRY_S[1]``, until it goes through or the request's time limit has
 passed (it has ended by then): a cancel lost there left the request generating to its end for a
 client that had gone, its exception never retrieved. Once Redis failed a step, the cancel is left to
-Redis, due ``AFTER_REFUSAL_S`` later: a resume on another gateway whose watch Redis refused too
-takes it back on its next try (the retried cancel landed first, and cancelled it under its reader).
+Redis, due ``DAYZERO_REFUSED_CANCEL_AFTER_S`` later: a resume on another gateway whose watch Redis
+refused too takes it back on its next try (the retried cancel landed first, and cancelled it under
+its reader).
 A resume that reaches this gateway (its route, before any Redis) holds a pending cancel until its
 stream starts reading, which supersedes the cancel: the resumed read's own leave decides again. Left
 to Redis alone, a stall across the grace's end let the cancel overtake the resume's four commands (5
@@ -38,12 +39,12 @@ from dayzero.serving import redis_clock as clock
 from dayzero.serving.watching import Watching
 
 log = logging.getLogger("dayzero.gateway")
-RETRY_S = (0.2, 5.0)  # the first and the longest pause between tries of a step Redis failed
-# A cancel of a leave Redis failed a step of goes to Redis due this long after (``Watching.cancel_later``):
+# The first and the longest pause between tries of a step Redis failed. A cancel of a leave Redis
+# failed a step of goes to Redis due ``refused_cancel_after_s`` (7 s) after (``Watching.cancel_later``):
 # a resume on another gateway whose watch Redis refused too is tried again within RETRY_S[1] and takes
 # it back (cancelled at once, the retried cancel could land first: cancelled under its reader).
 # Not a request answered in one body: nobody can resume it (it decoded 7 s on for a client gone).
-AFTER_REFUSAL_S = RETRY_S[1] + 2.0
+RETRY_S = (0.2, 5.0)
 ARRIVAL_S = 30.0  # a resume not reading this long after it came (its response never began) holds no cancel
 ARRIVAL_POLL_S = 0.05
 T = TypeVar("T")
@@ -55,12 +56,13 @@ class Leave:
     deadline: float  # Redis's unix time (redis_clock.now): the request has ended by then (its time limit)
     grace_ends: float  # Redis's unix time: its cancel is due (at once: a client that cannot resume it)
     superseded: bool = False  # a client reads it again: that read's own leave decides
-    refused: bool = False  # Redis failed one of its steps (its cancel is left to Redis, AFTER_REFUSAL_S on)
+    refused: bool = False  # Redis failed one of its steps (its cancel is left to Redis, refused_cancel_after_s on)
 
 
 class Leaving:
-    def __init__(self, watching: Watching, grace_s: float, time_limit_s: float) -> None:
+    def __init__(self, watching: Watching, grace_s: float, time_limit_s: float, refused_cancel_after_s: float) -> None:
         self.watching, self.grace_s, self.time_limit_s = watching, grace_s, time_limit_s
+        self.refused_cancel_after_s = refused_cancel_after_s
         self._pending: dict[str, set[Leave]] = {}  # leaves that may still cancel, by request
         self._arrivals: dict[str, list[float]] = {}  # resumes on their way in (monotonic), by request
         self._tasks: set[asyncio.Task] = set()
@@ -172,8 +174,8 @@ class Leaving:
             await asyncio.sleep(ARRIVAL_POLL_S)  # a resume under way: it reads, or it is turned away
         if leave.superseded:
             return
-        if leave.refused and resumable:  # a resume elsewhere may be retrying its refused watch (AFTER_REFUSAL_S)
-            await self.watching.cancel_later(leave.request_id, clock.now() + AFTER_REFUSAL_S)
+        if leave.refused and resumable:  # a resume elsewhere may be retrying its refused watch
+            await self.watching.cancel_later(leave.request_id, clock.now() + self.refused_cancel_after_s)
         else:
             await self.watching.cancel_unwatched(leave.request_id)
 

@@ -107,8 +107,11 @@ def test_a_resume_on_its_way_holds_the_cancel_of_another_read_that_left(redis_ur
 
 @pytest.fixture(scope="module")
 def gateway(text_dir, tmp_path_factory):
-    """A gateway alone (nothing takes its requests: they wait, unread, until cancelled)."""
+    """A gateway alone (nothing takes its requests: they wait, unread, until cancelled). A cancel Redis
+    refused goes to Redis 1 s on, not 7 (no resume elsewhere here: the delay's own tests are in
+    test_leaving_refused.py, in-process)."""
     extra = {"DAYZERO_DISCONNECT_GRACE_S": str(GRACE_S), "DAYZERO_NO_WORKER_TIMEOUT_S": "600"}
+    extra["DAYZERO_REFUSED_CANCEL_AFTER_S"] = "1.0"
     stack = start_gateway_alone(text_dir, tmp_path_factory.mktemp("logs"), extra)
     yield stack
     stack.stop()

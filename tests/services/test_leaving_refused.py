@@ -1,6 +1,7 @@
 """A client's leave whose cancel Redis refused (at its memory limit): the cancel goes to Redis due
-``AFTER_REFUSAL_S`` later when a resume on another gateway may be retrying its own refused watch, at
-once when nobody can resume the request (services/gateway/leaving.py), against a real Redis."""
+``DAYZERO_REFUSED_CANCEL_AFTER_S`` (7 s) later when a resume on another gateway may be retrying its
+own refused watch, at once when nobody can resume the request (services/gateway/leaving.py), against
+a real Redis."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_a_cancel_redis_refused_waits_for_a_resume_elsewhere_whose_watch_it_refu
     """Redis refuses writes (at its memory limit): a client left its stream on one gateway (its grace
     over) and resumed it on another, whose watch Redis refused too (tried again every RETRY_S[1] at
     most). Once Redis took writes, the first gateway's retried leave landed before the watch's next
-    try and cancelled the request under its reader; now that cancel goes to Redis, due AFTER_REFUSAL_S
+    try and cancelled the request under its reader; now that cancel goes to Redis, due 7 s
     on, and the watch takes it back."""
     monkeypatch.setattr(leaving, "RETRY_S", (3.0, 3.0))  # the tries: 3 s apart
 
@@ -63,7 +64,7 @@ def test_a_cancel_redis_refused_waits_for_a_resume_elsewhere_whose_watch_it_refu
 def test_a_cancel_redis_refused_of_a_request_nobody_can_resume_goes_at_once(redis_url, monkeypatch, caplog):
     """A request answered in one body whose client left while Redis refused writes: nobody can resume
     it (its id comes only with the body), so its cancel goes as soon as Redis takes it (was: left to
-    Redis AFTER_REFUSAL_S on, 7 s more decoding for a client gone, plus a reaper's period)."""
+    Redis 7 s on, 7 s more decoding for a client gone, plus a reaper's period)."""
     monkeypatch.setattr(leaving, "RETRY_S", (0.5, 0.5))
 
     async def run() -> tuple[bool, float | None]:
