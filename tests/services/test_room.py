@@ -263,8 +263,10 @@ def test_prompts_one_prefill_worker_cannot_start_go_to_the_one_with_room(text_di
         for thread in threads:
             thread.join(120)
         reference = engine_completer(text_dir, "cpu")
+        expected = {name: reference(prompt, 4) for name, prompt in prompts.items() if name != "second"}
+        expected["second"] = expected["first"]  # the same prompt, greedy: one run (~35 s on a loaded CPU)
         for name, (rid, *texts) in streams.items():
-            assert "".join(texts) == reference(prompts[name], 4), name
+            assert "".join(texts) == expected[name], name
             assert int(r.get(key("attempt", rid)) or 0) == 0, name  # never re-run
     finally:
         prefill1.send_signal(signal.SIGCONT)
