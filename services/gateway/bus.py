@@ -35,7 +35,7 @@ class Bus:
             max_connections=64,
             timeout=10,
             socket_connect_timeout=2,
-            socket_timeout=10,
+            socket_timeout=settings.gateway_redis_timeout_s,  # (a frozen Redis: the command fails, 503 or tried again)
             retry=AsyncRetry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
         )
         self.r = aioredis.Redis(connection_pool=pool)

@@ -22,6 +22,7 @@ from services.gateway.bus import Bus
 from .conftest import MODEL, start_gateway_alone, wait_until
 
 GRACE_S = 1.0
+COMMANDS_S = 5.0  # the gateway's Redis commands' bound (DAYZERO_GATEWAY_REDIS_TIMEOUT_S)
 BODY = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 50, "stream": True}
 
 
@@ -109,9 +110,10 @@ def test_a_resume_on_its_way_holds_the_cancel_of_another_read_that_left(redis_ur
 def gateway(text_dir, tmp_path_factory):
     """A gateway alone (nothing takes its requests: they wait, unread, until cancelled). A cancel Redis
     refused goes to Redis 1 s on, not 7 (no resume elsewhere here: the delay's own tests are in
-    test_leaving_refused.py, in-process)."""
+    test_leaving_refused.py, in-process); its commands give up on a frozen Redis after COMMANDS_S, not
+    10 s (still well past the stalls its tests want ridden out: 1.7 s)."""
     extra = {"DAYZERO_DISCONNECT_GRACE_S": str(GRACE_S), "DAYZERO_NO_WORKER_TIMEOUT_S": "600"}
-    extra["DAYZERO_REFUSED_CANCEL_AFTER_S"] = "1.0"
+    extra |= {"DAYZERO_REFUSED_CANCEL_AFTER_S": "1.0", "DAYZERO_GATEWAY_REDIS_TIMEOUT_S": str(COMMANDS_S)}
     stack = start_gateway_alone(text_dir, tmp_path_factory.mktemp("logs"), extra)
     yield stack
     stack.stop()
@@ -206,7 +208,7 @@ def test_a_cancel_redis_failed_goes_through_once_it_is_back(gateway):
 
 
 def test_a_client_that_leaves_while_redis_is_frozen_has_its_request_cancelled(gateway):
-    """The client leaves while Redis is frozen past the commands' bound (10 s): its read's unwatch
+    """The client leaves while Redis is frozen past the commands' bound (COMMANDS_S): its read's unwatch
     fails, and was dropped (the request kept a reader for good: never cancelled, generated to its end);
     it is tried again once Redis answers, and the grace's cancel follows."""
     r = redis.Redis.from_url(gateway.redis_url)
@@ -216,7 +218,7 @@ def test_a_client_that_leaves_while_redis_is_frozen_has_its_request_cancelled(ga
         assert wait_until(lambda: r.exists(key("watchers", rid)), 10)
         gateway.redis.send_signal(signal.SIGSTOP)
     try:
-        time.sleep(12)  # the unwatch gives up on the frozen Redis after 10 s
+        time.sleep(COMMANDS_S + 2)  # the unwatch gives up on the frozen Redis after COMMANDS_S
     finally:
         gateway.redis.send_signal(signal.SIGCONT)
     assert wait_until(lambda: r.exists(key("cancel", rid)), 30)
