@@ -27,13 +27,14 @@ from .prefill_jobs import handed_off, needing
 
 
 @contextlib.contextmanager
-def writes_refused(client: redis.Redis):
-    """Redis refuses every write while inside (out of memory, no eviction), as a loaded one does."""
-    client.config_set("maxmemory", 1)
+def writes_refused(client: redis.Redis, setting: str = "maxmemory"):
+    """Redis refuses every write while inside: out of memory with no eviction (``maxmemory``), as a
+    loaded one does, or too few replicas (``min-replicas-to-write``), as a primary that lost them."""
+    client.config_set(setting, 1)
     try:
         yield
     finally:
-        client.config_set("maxmemory", 0)
+        client.config_set(setting, 0)
 
 
 def _refuse_one_append(runtime: Runtime, when) -> list:

@@ -12,15 +12,14 @@ from kombu import Connection, Exchange, Queue
 
 from dayzero.serving import broker
 
+from .test_decode_appends import writes_refused
+
 
 def test_a_queue_read_redis_refuses_for_a_while_is_a_lost_connection(redis_url):
     r, queue = redis.Redis.from_url(redis_url), Queue("refused-read", Exchange("refused-read"), "refused-read")
     with Connection(redis_url, transport=broker.Transport) as connection:
         consumer = connection.Consumer(queue, callbacks=[lambda *_: None])  # (declared while Redis takes writes)
         consumer.consume()
-        r.config_set("min-replicas-to-write", 1)
-        try:
-            with pytest.raises(redis.ConnectionError, match="NOREPLICAS"):  # (was: a ResponseError)
-                connection.drain_events(timeout=2)  # the consumer's blocked read, as Celery's loop sends it
-        finally:
-            r.config_set("min-replicas-to-write", 0)
+        with writes_refused(r, "min-replicas-to-write"), pytest.raises(redis.ConnectionError, match="NOREPLICAS"):
+            connection.drain_events(timeout=2)  # the consumer's blocked read, as Celery's loop sends it (was: a
+            # ResponseError)

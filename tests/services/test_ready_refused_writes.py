@@ -7,24 +7,12 @@ refuses writes, at once. Real processes: Redis and a gateway (no worker: /ready'
 
 from __future__ import annotations
 
-import contextlib
-
 import httpx
 import pytest
 import redis
 
 from .conftest import start_gateway_alone
 from .test_decode_appends import writes_refused
-
-
-@contextlib.contextmanager
-def _too_few_replicas(client: redis.Redis):
-    """Redis refuses every write (NOREPLICAS) while inside, as a primary that lost its replicas does."""
-    client.config_set("min-replicas-to-write", 1)
-    try:
-        yield
-    finally:
-        client.config_set("min-replicas-to-write", 0)
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +22,11 @@ def gateway(text_dir, tmp_path_factory):
     gateway.stop()
 
 
-@pytest.mark.parametrize("refusal", [_too_few_replicas, writes_refused], ids=["noreplicas", "maxmemory"])
-def test_ready_says_redis_refuses_writes(gateway, refusal):
+@pytest.mark.parametrize("setting", ["min-replicas-to-write", "maxmemory"], ids=["noreplicas", "maxmemory"])
+def test_ready_says_redis_refuses_writes(gateway, setting):
     r = redis.Redis.from_url(gateway.redis_url)
     assert "no live worker" in httpx.get(f"{gateway.url}/ready", timeout=10).json()["reason"]
-    with refusal(r):
+    with writes_refused(r, setting):
         answer = httpx.get(f"{gateway.url}/ready", timeout=10)
         assert answer.status_code == 503 and answer.json()["reason"].startswith("redis refuses writes: ")
     assert "no live worker" in httpx.get(f"{gateway.url}/ready", timeout=10).json()["reason"]
