@@ -42,16 +42,33 @@ def unlink_parked_before(key: str, attempt: int, folder: Path = SHM_DIR) -> list
 
 
 def unlink_parked_by(pids: Iterable[int], folder: Path = SHM_DIR) -> list[str]:
-    """Unlink the parked tensors these processes created (their stack stopped: nobody reads them)."""
-    return _unlink_matching([f"{PARKED}-*-{pid}-*" for pid in set(pids)], folder)
+    """Unlink the parked tensors these processes created (their stack stopped: nobody reads them);
+    a pid a live process holds again is skipped (``unlink_pools_by``)."""
+    return _unlink_matching([f"{PARKED}-*-{pid}-*" for pid in set(pids) if gone(pid)], folder)
 
 
 def unlink_pools_by(pids: Iterable[int], folder: Path = SHM_DIR) -> list[str]:
     """Unlink the KV pool segments these processes created, once they are gone: a worker SIGKILLed
     (its multiprocessing resource tracker, which would unlink them, killed with its process group)
     left its pool (256 MB by default) until the next worker start on the host swept it. A decode
-    worker attached to it keeps its mapping (as after that sweep)."""
-    return _unlink_matching([f"{POOL}-{pid}-*" for pid in set(pids)], folder)
+    worker attached to it keeps its mapping (as after that sweep). A pid a live process holds again
+    (used again since its exit) is skipped: that process's segment is in use."""
+    return _unlink_matching([f"{POOL}-{pid}-*" for pid in set(pids) if gone(pid)], folder)
+
+
+def gone(pid: int) -> bool:
+    """Whether no live process has this pid: none (exited and reaped), or its exited process not
+    reaped yet (a zombie: its parent, or an init that reaps nothing, has not waited for it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, or a zombie, of another user
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False  # (no /proc: not Linux)
 
 
 def _unlink_matching(patterns: Iterable[str], folder: Path) -> list[str]:

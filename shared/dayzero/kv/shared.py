@@ -16,7 +16,7 @@ import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 from torch.storage import TypedStorage
 
-from ..shm import POOL, SHM_DIR
+from ..shm import POOL, SHM_DIR, gone
 from .layout import PoolLayout
 from .pools import KVPools
 
@@ -121,23 +121,13 @@ def sweep(prefix: str, expired: Callable[[int], bool], folder: Path = SHM_DIR) -
     return removed
 
 
-def _dead(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # alive, another user's
-    return False
-
-
 def sweep_stale(folder: Path = SHM_DIR) -> list[str]:
     """Unlink pool segments whose creating process is gone (a worker killed before it could).
 
     A decode worker already attached keeps its mapping; one not yet attached fails its
     handoff, and the request is re-run from its prompt by the reaper.
     """
-    return sweep(PREFIX, _dead, folder)
+    return sweep(PREFIX, gone, folder)
 
 
 def unlink_own(folder: Path = SHM_DIR) -> list[str]:
