@@ -19,18 +19,15 @@ from __future__ import annotations
 import argparse
 import signal
 import statistics
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import redis
 from celery import Celery
+from demo_stack import QUICK_LEASES, demo_stack, scratch
 from prefetch_after_reconnect import MODEL, held_by, named_reads, streamed
 
-from dayzero.demo import write_demo_checkpoint
-from dayzero.procs import free_port
 from dayzero.stack import Stack
 
 DECODE = ("decode0", "decode1")
@@ -116,23 +113,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1500)
     ap.add_argument("--no-kill", action="store_true")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {
-            "DAYZERO_CHECKPOINT": str(write_demo_checkpoint(Path(tmp) / "demo", fp4=True)),
-            "DAYZERO_LEASE_S": "1.0",
-            "DAYZERO_MAX_CONTEXT": "4096",
-            "DAYZERO_KEEPALIVE_S": "1.0",
-            "DAYZERO_MAX_BATCH": str(args.batch),
-        }
-        stack = Stack({"vision": 0, "prefill": 1, "decode": 2}, free_port(), Path(tmp) / "logs", env)
-        stack.start()
-        try:
-            stack.wait_ready(timeout_s=300)
+    settings = {**QUICK_LEASES, "DAYZERO_MAX_BATCH": str(args.batch)}
+    with scratch() as tmp:
+        with demo_stack(tmp, {"vision": 0, "prefill": 1, "decode": 2}, settings, fp4=True) as stack:
             app = Celery(broker=stack.redis_url)
             rounds = [one_round(stack, app, args) for _ in range(args.rounds)]
-        finally:
-            stack.stop()
-        reruns = (Path(tmp) / "logs" / "gateway.log").read_text(errors="replace").count("lost its worker; re-running")
+        reruns = (stack.log_dir / "gateway.log").read_text(errors="replace").count("lost its worker; re-running")
     for n, got in enumerate(rounds):
         firsts = ", ".join(f"{f:.2f}" for f in got["first"])
         unstarted, held, at_start = got["unstarted"], got["held"], got["at_start"]
