@@ -33,6 +33,8 @@ log = logging.getLogger("dayzero.vision")
 
 
 class VisionStage:
+    grouped = False  # one process (worker.Stage)
+
     def __init__(self, settings: Settings, name: str, prefill_message: Callable[[PrefillJob], str]) -> None:
         tower = load_tower(settings.checkpoint_dir())
         if tower is None:

@@ -52,6 +52,7 @@ class Stage(Protocol):
 
     name: str
     stop: threading.Event
+    grouped: bool  # other ranks follow its loop (a tensor-parallel group): a stop waits for the loop's end
 
     def run_forever(self) -> None: ...
 
@@ -84,6 +85,10 @@ class LoopStage:
     @property
     def stop(self) -> threading.Event:
         return self.loop.stop
+
+    @property
+    def grouped(self) -> bool:
+        return self.runtime.ranks.size > 1
 
     def run_forever(self) -> None:
         try:
@@ -194,12 +199,13 @@ class StageWorker:
             self.running.leave()
 
     def _stop(self, **_: object) -> None:
-        """End the loop and wait for it (within ``LOOP_END_S``): as it ends it tells a group's other
+        """End the loop; a group's, waited for (within ``LOOP_END_S``): as it ends it tells the other
         ranks to stop (``LoopStage.run_forever``). The process ended right after (SIGTERM's watchdog,
-        Redis gone) before the loop had told them: rank 1 took it for a failed group and exited 4."""
+        Redis gone) before the loop had told them: rank 1 took it for a failed group and exited 4.
+        A one-rank worker's is not: its stop stays within the grace."""
         if self.running is not None:
             self.running.stop.set()
-            if self._loop is not None and self._loop is not threading.current_thread():
+            if self.running.grouped and self._loop is not None and self._loop is not threading.current_thread():
                 self._loop.join(LOOP_END_S)
             self.running.close()
 
