@@ -40,7 +40,7 @@ from .stopping import Stopping
 
 log = logging.getLogger("dayzero.gateway")
 RERUN_TRANSIT_S = 30.0  # a re-run's mark until its message is pushed: a sweep's round trips, with room
-START_CLOCK_S = 1.0  # the start waits this long at most for Redis's TIME (frozen: the first request measures)
+START_CLOCK_S = 1.0  # the start, or a POST before it is known, waits this long at most for Redis's TIME
 SCRAPE_REDIS_S = 1.0  # each of a scrape's two Redis reads gives up after this (Prometheus waits 5 s here)
 
 
@@ -84,26 +84,35 @@ async def _reaper(gw: Gateway) -> None:
             log.exception("the reaper's pass failed; the next one runs in %.1f s", period)
 
 
-async def _measure_clock(gw: Gateway, within_s: float | None = None) -> None:
+async def _measure_clock(app: FastAPI) -> None:
     """This process's offset to Redis's clock (a TIME), which the admissions' stamps and the cancels'
-    due times are on (redis_clock.py), waited for ``within_s`` at most (the TIME's answer still counts
-    when it comes later); Redis down: measured by the next request, or reaper pass."""
+    due times are on (redis_clock.py), waited for START_CLOCK_S at most (the TIME's answer still counts
+    when it comes later); Redis down: measured by the next request, or reaper pass. One TIME at a
+    time: a call while one is under way waits on that one (each sent its own, on the default
+    executor's few threads: while Redis hung, 40 POSTs queued 40 TIMEs of 5 s each behind 6 threads)."""
+    measuring = getattr(app.state, "measuring_clock", None)
+    if measuring is None or measuring.done():
+        measuring = asyncio.ensure_future(asyncio.to_thread(clock.sync, app.state.gateway.bus.store.r))
+        measuring.add_done_callback(lambda done: done.cancelled() or done.exception())  # (its failure: said nowhere)
+        app.state.measuring_clock = measuring
     with contextlib.suppress(redis.RedisError, TimeoutError):
-        await asyncio.wait_for(asyncio.to_thread(clock.sync, gw.bus.store.r), within_s)
+        await asyncio.wait_for(asyncio.shield(measuring), START_CLOCK_S)
 
 
 class ClockFirst:
     """A request that comes before the gateway knew its offset to Redis's clock (Redis was down at its
     start) measures it first: its admission was stamped with the host's clock, by a host 30 s ahead a
     request 30 s old, ended at once by a 30 s time limit. Nothing once it is known (every later
-    request: one check), nor for a GET (/health, /ready: a probe while Redis hangs does not wait on it)."""
+    request: one check), nor for a GET (/health, /ready: a probe while Redis hangs does not wait on it).
+    Redis hung: the requests meanwhile wait on one TIME, START_CLOCK_S at most, and go on (to fail on
+    Redis themselves); each waited for a TIME of its own, its 5 s timeout after those queued before it."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not clock.known():  # (a probe: never waits)
-            await _measure_clock(scope["app"].state.gateway)
+            await _measure_clock(scope["app"])
         await self.app(scope, receive, send)
 
 
@@ -185,7 +194,7 @@ def make_app(settings: Settings) -> FastAPI:
         gw.metrics.registry.register(QueueDepthCollector(lambda: scraped.queue_depths(STAGES)))
         if not settings.api_keys:
             log.warning("no API key configured (DAYZERO_API_KEYS): the gateway accepts every request")
-        await _measure_clock(gw, START_CLOCK_S)  # before the first request: its admission is on Redis's clock
+        await _measure_clock(app)  # before the first request: its admission is on Redis's clock
         reaper = asyncio.create_task(_reaper(gw))
         await run_in_threadpool(lambda: None)  # anyio's backend and thread pool start on first use (~25 ms)
         yield
