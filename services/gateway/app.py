@@ -70,16 +70,17 @@ async def _reaper(gw: Gateway) -> None:
             cancel_left(store.r, store.ttl_s)  # (left by a gateway that stopped)
 
     period, started = gw.settings.lease_s / 2, time.time()
-    failed = False  # the last pass failed on Redis: the stamps aged meanwhile (liveness.count_again)
+    failed_at = None  # when the first of the passes that failed on Redis failed (Redis's time; liveness.count_again)
     while True:
         await asyncio.sleep(period)
         try:
-            if failed:
-                await run_in_threadpool(count_again, store.r, QUEUES)
+            if failed_at is not None:
+                await run_in_threadpool(count_again, store.r, QUEUES, failed_at)
             await run_in_threadpool(one_pass)
-            failed = False
+            failed_at = None
         except redis.RedisError:  # Redis down or refusing writes: /ready says so; sweep when it is back
-            failed, gw.bus.unserved = True, {}  # (admissions check no count until the next pass)
+            failed_at = clock.now() if failed_at is None else failed_at  # (its own pass counted before)
+            gw.bus.unserved = {}  # (admissions check no count until the next pass)
         except Exception:  # nobody awaits this task: ended, it would re-run and end nothing again
             log.exception("the reaper's pass failed; the next one runs in %.1f s", period)
 

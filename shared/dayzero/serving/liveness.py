@@ -20,7 +20,8 @@ process under the same id, a container's pid 1, is not ready until it says so); 
 since when the stage has had no serving process (set by the gateway; kept while only processes
 ready for less than ``PROVEN_S`` serve it, the time they served left out of the count: ``unserved_for``);
 restart:{stage}, since when that count runs instead (the readiness of the first process ready after it);
-both begun again after Redis was lost or refused writes (``count_again``: the stamps aged meanwhile).
+counted:{stage}, when a gateway last counted (the Redis time of its read of the stamps); unserved and
+restart begun again after Redis was lost or refused writes (``count_again``: the stamps aged meanwhile).
 One clock: Redis's (TIME, redis_clock.py). The stamps are written with it (``STAMP``) and read with
 it, in the read's own round trip (``seen``): a worker host whose clock is behind the gateway's by
 ``FRESH_S`` looked dead to ``/ready``, one ahead kept a dead worker serving as long; the hosts'
@@ -72,7 +73,7 @@ return now
 
 
 # The no-worker count's marks after a read of the stamps, in one step (one round trip where reads and
-# writes apart were up to five a stage each reaper pass). KEYS: unserved, restart; ARGV: Redis's time at
+# writes apart were up to five a stage each reaper pass). KEYS: unserved, restart, counted; ARGV: Redis's time at
 # the read, whether the stage is served ("proven": by a process ready PROVEN_S, "young", or "none"),
 # the processes' readiness times. -> where the count runs from (nil: no count). A proven process ends
 # the count; none begins it (kept if begun). The count runs from the readiness of the first process
@@ -84,8 +85,9 @@ return now
 # go (forgotten, or overwritten by a restart under the same id: then the time it served is counted);
 # the next one dead as young is a crash loop past its load, its load and restart counted. A restart
 # mark older than the count is of an earlier one (left by a gateway that deleted only its mark): not.
-# Every gateway finds the same.
+# Every gateway finds the same. Each call marks when it counted (``count_again``).
 COUNT = """
+redis.call('SET', KEYS[3], ARGV[1])
 if ARGV[2] == 'proven' then
     redis.call('DEL', KEYS[1], KEYS[2])
     return false
@@ -244,7 +246,7 @@ def unserved_for(client: redis.Redis, stage: str) -> float:
     now, alive, ready = seen(client, stage)
     fresh = [since for p, since in ready.items() if now - alive[p] <= FRESH_S]
     serves = "proven" if any(now - since >= PROVEN_S for since in fresh) else "young" if fresh else "none"
-    keys = [key("unserved", stage), key("restart", stage)]
+    keys = [key("unserved", stage), key("restart", stage), key("counted", stage)]
     raw = client.register_script(COUNT)(keys=keys, args=[repr(now), serves, *map(repr, ready.values())])
     if raw is None or fresh:
         return 0.0
@@ -252,13 +254,28 @@ def unserved_for(client: redis.Redis, stage: str) -> float:
     return now - since - _covered([(max(since, ready_at), min(alive[p], now)) for p, ready_at in ready.items()])
 
 
-def count_again(client: redis.Redis, stages: tuple[str, ...]) -> None:
+# KEYS: each stage's unserved, restart and counted; ARGV: since when the caller failed (Redis's time).
+# A stage counted since by anyone keeps its count.
+COUNT_AGAIN = """
+for i = 1, #KEYS, 3 do
+    local counted = redis.call('GET', KEYS[i + 2])
+    if not counted or tonumber(counted) < tonumber(ARGV[1]) then redis.call('DEL', KEYS[i], KEYS[i + 1]) end
+end
+"""
+
+
+def count_again(client: redis.Redis, stages: tuple[str, ...], failed_at: float) -> None:
     """Begin ``stages``' no-worker counts again (``unserved_for``), after Redis was lost, frozen or
-    refused writes: every stamp aged through the outage, and a count that was running then (its
-    worker ready for less than ``PROVEN_S``) took the whole outage for time unserved at Redis's
-    return, before the worker could stamp again (a 26 s refusal ended requests as ``no_worker`` at
-    a 5 s bound). From the first pass that finds none again, as for a stage whose count began there."""
-    client.delete(*(key(family, stage) for stage in stages for family in ("unserved", "restart")))
+    refused writes since ``failed_at`` (Redis's time: ``redis_clock.now``): every stamp aged through
+    the outage, and a count that was running then (its worker ready for less than ``PROVEN_S``) took
+    the whole outage for time unserved at Redis's return, before the worker could stamp again (a 26 s
+    refusal ended requests as ``no_worker`` at a 5 s bound). From the first pass that finds none
+    again, as for a stage whose count began there. Not a stage some gateway counted since
+    ``failed_at``: Redis answered it (the outage was this caller's alone, or one that gateway began
+    again already); reset, a gateway whose own passes failed now and then (its network) began every
+    gateway's counts again, and what waited at a stage with no worker never ended as ``no_worker``."""
+    keys = [key(family, stage) for stage in stages for family in ("unserved", "restart", "counted")]
+    client.register_script(COUNT_AGAIN)(keys=keys, args=[repr(failed_at)])
 
 
 def _covered(spans: list[tuple[float, float]]) -> float:
