@@ -153,7 +153,7 @@ def test_a_skewed_gateway_whose_redis_was_down_at_its_start_stamps_its_first_req
 
 
 def test_a_cancel_redis_refused_is_due_after_the_refusal_on_redis_clock(redis_url, monkeypatch, caplog):
-    """A leave whose cancel Redis refused goes to Redis due ``AFTER_REFUSAL_S`` on, for a resume on
+    """A leave whose cancel Redis refused goes to Redis due ``DAYZERO_REFUSED_CANCEL_AFTER_S`` on, for a resume on
     another gateway retrying its own refused watch to take back. It was due by the host's clock: 20 s
     behind, 13 s past already, cancelled by any gateway's next pass under the resume on its way. The
     gateway's clock is moved in this process (as SKEWED_CLOCK moves a worker's)."""
@@ -163,8 +163,9 @@ def test_a_cancel_redis_refused_is_due_after_the_refusal_on_redis_clock(redis_ur
     monkeypatch.setattr(leaving, "RETRY_S", (0.5, 0.5))
     redis_clock.sync(redis.Redis.from_url(redis_url))
 
+    settings = Settings(redis_url=redis_url, disconnect_grace_s=0.2)
+
     async def run() -> tuple[float | None, float]:
-        settings = Settings(redis_url=redis_url, disconnect_grace_s=0.2)
         bus, client = Bus(settings, make_celery(settings)), aioredis.Redis.from_url(redis_url)
         bus.leaving.reading("r20")
         await bus.watching.watch("r20", "first")
@@ -185,4 +186,4 @@ def test_a_cancel_redis_refused_is_due_after_the_refusal_on_redis_clock(redis_ur
 
     with caplog.at_level("WARNING", "dayzero.gateway"):
         due, now = asyncio.run(run())
-    assert due is not None and due - now > leaving.AFTER_REFUSAL_S - 2  # (was: 13 s past)
+    assert due is not None and due - now > settings.refused_cancel_after_s - 2  # (was: 13 s past)
