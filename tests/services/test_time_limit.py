@@ -32,6 +32,9 @@ from .prefill_jobs import admitted, one_sequence_loop
 def test_a_request_past_the_time_limit_ends_at_length_and_the_others_go_on(demo_dir, redis_url):
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", task_time_limit_s=2)
     store, sent = Lifecycle.connect(settings.redis_url), []
+    # loaded first: the 2 s limit counts from the requests' admission (loads under load took longer)
+    prefill = PrefillLoop(Runtime.load(settings, "prefill-limit@test", "prefill", False), recording(sent))
+    runtime = Runtime.load(settings, "decode-limit@test", "decode", False)
     long = SamplingParams(max_tokens=2000, ignore_eos=True)
     requests = [
         GenerationRequest(request_id="overdue", prompt_ids=(0, 5, 6), sampling=long, created=time.time()),
@@ -41,9 +44,7 @@ def test_a_request_past_the_time_limit_ends_at_length_and_the_others_go_on(demo_
     ]
     for request in requests:
         store.admit(request, [], "", 60)
-    prefill = PrefillLoop(Runtime.load(settings, "prefill-limit@test", "prefill", False), recording(sent))
     run_jobs(prefill, [PrefillJob(request=r) for r in requests])
-    runtime = Runtime.load(settings, "decode-limit@test", "decode", False)
     started = time.time()
     run_jobs(DecodeLoop(runtime), sent, timeout_s=60)
     assert store.done("short") == "length" and store.done("overdue") == "length"
