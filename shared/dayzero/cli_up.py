@@ -63,7 +63,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     redis_url = os.environ.get("DAYZERO_REDIS_URL") or os.environ.get("REDIS_URL")  # else an embedded one
     ranks = {"prefill": args.prefill_tp, "decode": args.decode_tp}
     stack = Stack(counts, port, args.log_dir, env, redis_url=redis_url, host=settings.host, ranks=ranks)
-    stack.frozen_s = settings.frozen_worker_s
+    stack.frozen_s, stack.start_exits = settings.frozen_worker_s, settings.start_exits
     _stop_on_signals()
     try:
         stack.start()

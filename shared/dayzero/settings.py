@@ -150,6 +150,7 @@ class Settings(BaseSettings):
         description="dayzero up restarts a worker process that stamped no liveness for this long: SIGSTOPped, or "
         "hung in a step past its bound (a loading worker stamps; a long forward does not stop it; 0: never)",
     )
+    start_exits: int = Field(default=3, ge=1, description="dayzero up gives up on a child exiting this often unready")
     no_worker_timeout_s: float = Field(
         default=60.0,
         gt=0,

@@ -69,9 +69,6 @@ class Child:
     started: float = 0.0  # when its process was spawned (time.time())
 
 
-MAX_START_EXITS = 3  # exits of one child before the stack is ready: a failed start, not a crash to ride out
-
-
 class StartFailed(RuntimeError):
     """A service cannot start (a bad checkpoint, a missing dependency, a port in use, ...)."""
 
@@ -89,6 +86,7 @@ class Stack:
     redis_port: int | None = None
     metrics_ports: dict[str, int] = field(default_factory=dict)  # DAYZERO_METRICS_PORT: worker -> its port
     vision_pids: set[int] = field(default_factory=set)  # every vision process started (restarts too)
+    start_exits: int = 3  # DAYZERO_START_EXITS: exits of one child before the stack is ready that are a failed start
     frozen_s: float = 0.0  # DAYZERO_FROZEN_WORKER_S: a worker whose liveness stamp is older is restarted (0: never)
     stop_timeout_s: float = STOP_TIMEOUT_S  # per group at ``stop``, before SIGKILL
     _liveness: redis.Redis | None = None
@@ -169,13 +167,13 @@ class Stack:
     ) -> None:
         """Until ``/ready`` answers 200 (``timeout_s`` None: no limit). ``on_wait(body)`` gets
         ``/ready``'s latest answer every ``every_s``; ``on_restart(name)`` each child restarted
-        meanwhile; a child that exits ``MAX_START_EXITS`` times first is a failed start
+        meanwhile; a child that exits ``start_exits`` times first is a failed start
         (StartFailed, with the end of its log)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         reported, body = time.monotonic(), {}
         while deadline is None or time.monotonic() < deadline:
             for name in self.supervise():
-                if self.child(name).restarts >= MAX_START_EXITS:
+                if self.child(name).restarts >= self.start_exits:
                     tail = self.log_tail(name)
                     raise StartFailed(f"{name} keeps exiting while starting; the end of its log:\n{tail}")
                 if on_restart is not None:
