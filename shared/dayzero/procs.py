@@ -14,6 +14,7 @@ import ctypes
 import errno
 import functools
 import os
+import random
 import shutil
 import signal
 import socket
@@ -114,10 +115,37 @@ def group_gone(pgid: int, kill_after: float) -> bool:
     return False
 
 
+PORT_FLOOR = 10000  # free ports are picked at and above this (below: well-known services')
+
+
+def ephemeral_floor() -> int:
+    """Where the kernel's ephemeral ports begin: an outgoing connection takes its local port from
+    there up (Linux's default range: 32768-60999)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def consecutive_ports(n: int) -> int:
+    """The first of ``n`` consecutive free ports on 127.0.0.1, below the ephemeral range where the
+    host has room: between this pick and its server's bind, no outgoing connection (a Redis client,
+    an HTTP poll, a parallel test worker's) can take one, as it can the ephemeral port bind(0) gives."""
+    top = floor if (floor := ephemeral_floor()) - n > PORT_FLOOR else 65536
+    for _ in range(1000):
+        base = random.randrange(PORT_FLOOR, top - n)
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base, base + n):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return base
+    raise OSError(errno.EADDRINUSE, f"no {n} consecutive free ports from {PORT_FLOOR} to {top}")
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return consecutive_ports(1)
 
 
 class UnbindableHost(ValueError):

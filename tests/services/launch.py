@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
-import socket
 import subprocess
 import sys
 import time
@@ -35,18 +33,3 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 180) -> None
         time.sleep(0.3)
     said = proc.stderr.read()[-3000:] if proc.poll() is not None and proc.stderr else ""
     raise AssertionError(f"not ready (exit code {proc.poll()})\n{said}")
-
-
-def consecutive_ports(n: int) -> int:
-    """The first of ``n`` consecutive free ports below the kernel's ephemeral range (32768 and
-    up), where no outgoing connection (a Redis client, an HTTP poll) takes one while a stack
-    starts: free_port() + 1 is an ephemeral port any connection may hold."""
-    while True:
-        base = random.randrange(20000, 32768 - n)
-        with contextlib.ExitStack() as held:
-            try:
-                for port in range(base, base + n):
-                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return base

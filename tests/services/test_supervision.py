@@ -19,11 +19,11 @@ import psutil
 import pytest
 import torch
 
-from dayzero.procs import free_port, spawn
+from dayzero.procs import consecutive_ports, free_port, spawn
 from dayzero.stack import Child, Stack
 
 from .conftest import MODEL, SETTINGS_ENV, wait_until
-from .launch import consecutive_ports, up_process, wait_ready
+from .launch import up_process, wait_ready
 
 LONG = {"model": MODEL, "prompt": [0, 5, 6, 7], "max_tokens": 2000, "ignore_eos": True, "stream": True}
 
