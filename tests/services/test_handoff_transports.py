@@ -171,9 +171,8 @@ def test_discarded_parked_tensor_is_gone(store, transport):
 def test_sweep_unlinks_only_parked_segments_past_their_deadline(store):
     expired = publish_tensor(torch.randn(2), "old", "shm", store, ttl_s=-1)
     alive = publish_tensor(torch.randn(2), "new", "shm", store, ttl_s=30)
-    swept = sweep_parked()
-    assert expired.location in swept and alive.location not in swept
-    assert not (SHM_DIR / expired.location).exists()
+    swept = sweep_parked()  # (a stack's vision worker, this run's or a parallel one's, may sweep it first)
+    assert alive.location not in swept and not (SHM_DIR / expired.location).exists()
     assert take_tensor(alive, store).shape == (2,)  # still readable
 
 
