@@ -22,6 +22,12 @@ import pytest  # noqa: E402
 from dayzero.demo import add_mtp, build_tokenizer, write_checkpoint  # noqa: E402
 from dayzero.tokenizer import TextCodec  # noqa: E402
 
+from .xdist_groups import (  # noqa: E402, F401 - hooks: each file, and the files sharing a stack, in one worker
+    pytest_collection_modifyitems,
+    pytest_configure_node,
+    pytest_xdist_make_scheduler,
+)
+
 TINY: dict[str, Any] = {
     "model_type": "deepseek_v4",
     "vocab_size": 96,
@@ -178,7 +184,8 @@ def shared(request, stack, session_stacks: list):
     """``stack``, a session fixture's, for the modules that ask for it (a module that defines a
     fixture of the same name has its own): the module process check lets it outlive each module,
     and it stops after the last test that uses it (idle beside the rest of the suite it would
-    still take ~3% of a core)."""
+    still take ~3% of a core). Under pytest-xdist all its users run in one worker, in collection
+    order (xdist_groups.py): the others never start it."""
     name = request.fixturename
     users = [
         item.nodeid
