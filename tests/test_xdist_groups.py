@@ -63,7 +63,7 @@ def test_{n}():
 """
 
 
-@pytest.mark.parametrize("dist", ["loadfile", "load", "no"])
+@pytest.mark.parametrize("dist", ["load", "loadfile"])  # (load: what -n N alone asks for)
 def test_a_shared_stack_starts_once_and_stops_after_its_last_user(pytester, monkeypatch, dist):
     """xdist's own ``loadfile`` hands the files out largest first (``load``, test by test): both
     workers were given some of the stack's users and started one each."""
@@ -71,8 +71,7 @@ def test_a_shared_stack_starts_once_and_stops_after_its_last_user(pytester, monk
     pytester.makeconftest(CONFTEST)
     for n in range(4):
         pytester.makepyfile(**{f"test_user{n}": USER.format(n=n), f"test_other{n}": OTHER.format(n=n)})
-    workers = ["-n", "2", "--dist", dist] if dist != "no" else ["-p", "no:xdist"]
-    result = pytester.runpytest_subprocess(*workers, "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("-n", "2", "--dist", dist, "-p", "no:cacheprovider")
     result.assert_outcomes(passed=12)
     events = (pytester.path / "events").read_text().split("\n")[:-1]
     assert [e.split()[1] for e in events] == ["start", *["use"] * 8, "stop"]
