@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dayzero.parallel.group import free_port
+from dayzero.procs import free_port
 
 from .test_hosts import _stop
 

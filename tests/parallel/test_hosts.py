@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from dayzero import cli
-from dayzero.parallel.group import free_port
+from dayzero.procs import free_port
 
 from .test_tensor_parallel import TP4
 

@@ -14,8 +14,8 @@ import torch
 
 from dayzero import cli
 from dayzero.parallel import ParallelConfig, ParallelError
-from dayzero.parallel.group import free_port
 from dayzero.parallel.launch import Launch, launch_from
+from dayzero.procs import free_port
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
 

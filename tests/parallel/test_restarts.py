@@ -17,7 +17,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from dayzero.parallel.group import free_port
+from dayzero.procs import free_port
 
 RANK_SUM = """
 import os, torch

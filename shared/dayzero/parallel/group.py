@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..procs import end_process
+from ..procs import end_process, free_port
 from .collectives import Group
 from .config import ParallelConfig
 from .launch import Launch
@@ -48,12 +48,6 @@ class RendezvousFailed(TimeoutError):
 
 class MasterPortInUse(OSError):
     """Rank 0 cannot serve the rendezvous store: another process holds MASTER_PORT on its host."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(
