@@ -14,10 +14,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Two test processes (pytest-xdist; tests/xdist_groups.py keeps a file, and the files that share a
+# stack, in one), one torch intra-op thread each: several torch processes run at once on CI's two
+# cores (stack workers, in-process references), where two threads each spin-wait against the others.
 test: $(STAMP)
 	$(BIN)/ruff check shared services tests bench
 	$(BIN)/ruff format --check shared services tests bench
-	TRITON_INTERPRET=1 $(BIN)/pytest -q
+	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(BIN)/pytest -q -n 2
 
 run: $(STAMP)
 	$(BIN)/dayzero up --example
