@@ -18,11 +18,10 @@ from dayzero.settings_help import validation_message
 from dayzero.tokenizer import NoTokenizerError
 
 QUEUE_UNAVAILABLE = "queue_unavailable"  # Redis unreachable, or refusing what the request needs
-REFUSALS_LOGGED_EVERY_S = LOGGED_EVERY_S  # 503s for Redis lost: a line at most this often, with the count since
 log = logging.getLogger("dayzero.gateway")
 
 
-def refusals(every_s: float = REFUSALS_LOGGED_EVERY_S) -> OutageLog:
+def refusals(every_s: float = LOGGED_EVERY_S) -> OutageLog:
     """The 503s answered because Redis failed a request, in the log: the first with its reason, then
     one line per ``every_s`` at most, counting those answered since, the last ones too (a line per
     refused request, as many as the uvicorn access log's: 508 per gateway in the soak's 8 minutes of
