@@ -47,6 +47,7 @@ from typing import NamedTuple
 
 import redis
 
+from .client_scripts import registered
 from .keys import key
 from .redis_clock import NOW, hashes_at, measured
 
@@ -247,7 +248,7 @@ def unserved_for(client: redis.Redis, stage: str) -> float:
     fresh = [since for p, since in ready.items() if now - alive[p] <= FRESH_S]
     serves = "proven" if any(now - since >= PROVEN_S for since in fresh) else "young" if fresh else "none"
     keys = [key("unserved", stage), key("restart", stage), key("counted", stage)]
-    raw = client.register_script(COUNT)(keys=keys, args=[repr(now), serves, *map(repr, ready.values())])
+    raw = registered(client, COUNT)(keys=keys, args=[repr(now), serves, *map(repr, ready.values())])
     if raw is None or fresh:
         return 0.0
     since = float(raw)
@@ -275,7 +276,7 @@ def count_again(client: redis.Redis, stages: tuple[str, ...], failed_at: float) 
     again already); reset, a gateway whose own passes failed now and then (its network) began every
     gateway's counts again, and what waited at a stage with no worker never ended as ``no_worker``."""
     keys = [key(family, stage) for stage in stages for family in ("unserved", "restart", "counted")]
-    client.register_script(COUNT_AGAIN)(keys=keys, args=[repr(failed_at)])
+    registered(client, COUNT_AGAIN)(keys=keys, args=[repr(failed_at)])
 
 
 def _covered(spans: list[tuple[float, float]]) -> float:

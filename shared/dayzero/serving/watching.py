@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from . import redis_clock as clock
 from .admission import Queue, admission, record_s
+from .client_scripts import registered
 from .keys import key
 from .messages import GenerationRequest
 from .queue_scripts import ADMIT
@@ -70,7 +71,7 @@ def cancel_left(client: redis.Redis, stream_ttl_s: int) -> list[str]:
     """Cancel the requests whose grace a stopped gateway left here (``Watching.cancel_later``) and
     has ended, unless a client reads them again (or they ended); returns their ids. Their entries go.
     Due by Redis's time as this process knows it (``redis_clock.now``: the reaper's pass measured it)."""
-    now, cancel = clock.now(), client.register_script(CANCEL_DUE)
+    now, cancel = clock.now(), registered(client, CANCEL_DUE)
     due = [rid.decode() for rid in client.zrangebyscore(key("left"), "-inf", now)]
     families = ("watchers", "done", "cancel")
     return [
