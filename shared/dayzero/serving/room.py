@@ -53,6 +53,7 @@ from .broker import QueueReads
 from .intake import Ticket
 from .lease import Heartbeat
 from .messages import DecodeJob, PrefillJob
+from .outage_log import OutageLog
 from .runtime import Runtime
 from .waiting import Run, first_come
 
@@ -121,6 +122,12 @@ class Room(Generic[J]):
         # this worker, paused, takes none) till ``hold_s`` after it: a peer's queue read takes them meanwhile
         self.held: list[tuple[Ticket[J], float]] = []
         self.hold_s = runtime.settings.lease_s / 4
+        self._failed = OutageLog(  # (a line each: 4 a second at a 1 s lease while Redis refuses writes)
+            log,
+            "hand back failed (%s): the requests left wait here",
+            "%d more hand backs failed on Redis since the last line: the requests left wait here",
+            "hand backs go through again after %.1f s (%d more failed since the last line)",
+        )
 
     def consume(self, busy: bool) -> None:
         """Take messages unless something was handed back that the pools could not hold yet (with
@@ -177,8 +184,10 @@ class Room(Generic[J]):
                     self.prefetch.withhold(self.r.store.r)
                     withheld = True
                 handed = peer is not None and self._hand_back(ticket, heartbeat)
+                if peer is not None:
+                    self._failed.back()
             except redis.RedisError as exc:  # (raised, it would leave those already handed back waiting too)
-                log.warning("hand back failed (%s): the requests left wait here", exc)
+                self._failed.failed(exc)
                 room, handed = [], False  # (one pushed all the same, its reply lost: a second run is stale)
             if not handed:
                 still.append(ticket)
