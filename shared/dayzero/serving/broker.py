@@ -47,7 +47,7 @@ T = TypeVar("T")
 UNBLOCKED = "UNBLOCKED"  # the error code Redis ends a blocked command with when it stops being a master
 _AS_LOST = {UNBLOCKED: redis.ConnectionError}
 READ_S = 1.0  # how long the consumer's queue read waits in Redis (kombu's BRPOP timeout, its poll)
-AGAIN_S = 0.01  # how often a stopping worker's queue read is looked for again (QueueReads.end_at_stop)
+AGAIN_S = 0.01  # how often a queue read is looked for again (QueueReads.end_now_or_next)
 REFUSED_POLL_S = 0.5  # how often a consumer about to consume asks again whether Redis takes writes
 # refusals that last a while, of codes redis-py raises as a plain ResponseError: a failed save
 # (stop-writes-on-bgsave-error), too few replicas (min-replicas-to-write)
@@ -177,6 +177,8 @@ class QueueReads:
 
     def __init__(self, app: Celery | None = None) -> None:
         self.name = f"dayzero-reads-{uuid.uuid4().hex[:12]}"
+        self._looking = threading.Lock()  # (end_now_or_next's thread)
+        self._looking_until: float | None = None  # (till when it looks; None: no thread looks)
         if app is not None:
             app.conf.broker_transport_options = {**app.conf.broker_transport_options, "client_name": self.name}
 
@@ -191,22 +193,34 @@ class QueueReads:
                     ended = bool(client.client_unblock(reader["id"])) or ended
         return ended
 
-    def end_at_stop(self, client: redis.Redis) -> None:
-        """``end`` for a worker that begins to stop (Celery's stop flag set as this returns). Celery
-        checks the flag between two reads: a stop that lands after the check and before the next
-        read is sent (or while it is on its way to Redis) finds no read blocked, and the next one
-        waited its whole READ_S. Then ended again every AGAIN_S on a thread, until one was or READ_S
-        passed (the consumer, which sends at most one more read before it sees the flag, saw it)."""
+    def end_now_or_next(self, client: redis.Redis) -> None:
+        """``end`` for a consumer just told to take no more messages: its worker begins to stop
+        (Celery's stop flag), or pauses before a hand back (room.py's ``Prefetch.withhold``). Celery
+        sees either between two reads: told after its check and before its next read is sent (or
+        while it is on its way to Redis), it found no read blocked, and the next one waited its whole
+        READ_S (taking a message pushed meanwhile). Then ended again every AGAIN_S on a thread, until
+        one was or READ_S passed (the consumer, which sends at most one more read before it sees
+        what it was told, saw it); one such thread at a time (told again meanwhile: it looks READ_S
+        from then)."""
         if self.end(client):
             return
+        with self._looking:
+            starts = self._looking_until is None
+            self._looking_until = time.monotonic() + READ_S
+        if starts:
+            threading.Thread(target=self._end_next, args=(client,), name=f"end-{self.name}", daemon=True).start()
 
-        def again() -> None:
-            until = time.monotonic() + READ_S
-            with contextlib.suppress(redis.RedisError):  # (Redis down: it ends with its poll)
-                while time.monotonic() < until and not self.end(client):
-                    time.sleep(AGAIN_S)
-
-        threading.Thread(target=again, name="end-queue-read", daemon=True).start()
+    def _end_next(self, client: redis.Redis) -> None:
+        while True:
+            time.sleep(AGAIN_S)
+            with self._looking:  # (a call meanwhile waits for this look: it then starts another, or extends it)
+                try:
+                    over = self.end(client) or time.monotonic() >= (self._looking_until or 0.0)
+                except redis.RedisError:  # (Redis down: the read ends with its poll)
+                    over = True
+                if over:
+                    self._looking_until = None
+                    return
 
 
 class Transport(kombu_redis.Transport):

@@ -90,9 +90,10 @@ class Prefetch:
         waits blocked in Redis (the pause never recalls one). Redis hands a pushed message to the
         reader blocked longest: often that one, so the worker took back what it had just handed back.
         Its consumer reads the nil as a timeout and, paused with a message held (the one it hands
-        back), sends no other."""
+        back), sends no other; a read it sent before it saw the pause is ended too (``end_now_or_next``:
+        one that reached Redis after the first look stayed blocked its whole poll)."""
         self.pause(True)
-        self.reads.end(client)
+        self.reads.end_now_or_next(client)
 
 
 def to_decode(runtime: Runtime, message: Callable[[DecodeJob], str]) -> Callable[[DecodeJob, str], bool]:

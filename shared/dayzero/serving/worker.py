@@ -194,7 +194,7 @@ class StageWorker:
             # message pushed meanwhile (run by a worker on its way out, or pushed back by kombu).
             # Ended now, before it leaves the registry (nil: the read's timeout, to Celery).
             with contextlib.suppress(redis.RedisError):  # (Redis down: it ends with its poll)
-                self.reads.end_at_stop(self._pulse.r)
+                self.reads.end_now_or_next(self._pulse.r)
         if self.running is not None:  # (after the watchdog: Redis unreachable, leaving may wait its timeouts)
             self.running.leave()
 

@@ -1,0 +1,74 @@
+"""A worker's queue read ended when the worker takes no more messages (``broker.QueueReads.
+end_now_or_next``): when it begins to stop, and when it pauses before a hand back (room.py's
+``Prefetch.withhold``). Celery sees either between two reads of its queue, so one that lands after
+its check finds no read blocked in Redis yet; the read sent next waited its whole poll (1 s) before
+Celery saw it (and took the next message pushed meanwhile: a paused worker held it unstarted). Real
+Redis; the consumer is a client that reads as kombu's does (BRPOP, named as the worker's connections)."""
+
+from __future__ import annotations
+
+import threading
+
+import redis
+
+from dayzero.serving.broker import QueueReads
+from dayzero.serving.room import Prefetch
+
+from .conftest import wait_until
+
+
+def _read_sent_next_is_answered(reads: QueueReads, redis_url: str, told, queue: str) -> bool:
+    """``told(client)`` with no read blocked (the consumer between its check and its next read), then
+    the consumer's next read: -> whether it was answered (ended) within 30 s."""
+    r, consumer = redis.Redis.from_url(redis_url), redis.Redis.from_url(redis_url, client_name=reads.name)
+    consumer.ping()
+    told(r)
+    answered = threading.Event()
+
+    def read_next() -> None:
+        consumer.brpop([queue], timeout=0)  # (0: for ever, where kombu's waits 1 s)
+        answered.set()
+
+    threading.Thread(target=read_next, daemon=True).start()
+    try:
+        return answered.wait(30)
+    finally:
+        r.lpush(queue, b"x")  # (ends the read if it still waits)
+
+
+def test_a_read_sent_just_after_the_stop_began_is_ended(redis_url):
+    reads = QueueReads()
+    assert _read_sent_next_is_answered(reads, redis_url, reads.end_now_or_next, "queue-at-stop")
+
+
+def test_a_read_sent_just_after_a_withhold_is_ended(redis_url):
+    """The worker pauses before a hand back as its consumer, which checked it could take messages,
+    sends its next read: that read stayed blocked its whole poll, taking the next message pushed."""
+    prefetch = Prefetch(QueueReads())  # (no consumer bound: the pause itself is Celery's)
+    assert _read_sent_next_is_answered(prefetch.reads, redis_url, prefetch.withhold, "queue-held")
+
+
+def test_told_again_while_it_looks_it_looks_on_one_thread(redis_url):
+    """A worker that hands back again (or stops) while the read is looked for: one thread looks."""
+    reads = QueueReads()
+
+    def told_thrice(r: redis.Redis) -> None:
+        for _ in range(3):
+            reads.end_now_or_next(r)
+        assert [t.name for t in threading.enumerate()].count(f"end-{reads.name}") == 1
+
+    assert _read_sent_next_is_answered(reads, redis_url, told_thrice, "queue-thrice")
+
+
+def test_a_read_blocked_at_the_stop_is_ended_at_once(redis_url):
+    reads, r = QueueReads(), redis.Redis.from_url(redis_url)
+    consumer = redis.Redis.from_url(redis_url, client_name=reads.name)
+    answered = threading.Event()
+    threading.Thread(target=lambda: (consumer.brpop(["queue-blocked"], timeout=0), answered.set()), daemon=True).start()
+    blocked = lambda: any(c.get("name") == reads.name and "b" in c["flags"] for c in r.client_list())  # noqa: E731
+    try:
+        assert wait_until(blocked, 30)
+        reads.end_now_or_next(r)
+        assert answered.wait(30)
+    finally:
+        r.lpush("queue-blocked", b"x")
