@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 
 import redis
+from kombu.common import QoS
 
 from dayzero.serving.broker import QueueReads
 from dayzero.serving.room import Prefetch
@@ -41,11 +42,35 @@ def test_a_read_sent_just_after_the_stop_began_is_ended(redis_url):
     assert _read_sent_next_is_answered(reads, redis_url, reads.end_now_or_next, "queue-at-stop")
 
 
+class _Consumer:
+    """Celery's consumer as ``Prefetch`` sees it: its prefetch and its QoS (kombu's), which Celery's
+    event loop applies between polls (here: never; the consumer is the test's client)."""
+
+    def __init__(self, prefetch: int) -> None:
+        self.initial_prefetch_count, self.qos = prefetch, QoS(lambda prefetch_count: None, prefetch)
+
+
+def _looking(reads: QueueReads) -> bool:
+    return f"end-{reads.name}" in [thread.name for thread in threading.enumerate()]
+
+
 def test_a_read_sent_just_after_a_withhold_is_ended(redis_url):
     """The worker pauses before a hand back as its consumer, which checked it could take messages,
     sends its next read: that read stayed blocked its whole poll, taking the next message pushed."""
-    prefetch = Prefetch(QueueReads())  # (no consumer bound: the pause itself is Celery's)
+    prefetch = Prefetch(QueueReads())
+    prefetch.bind(_Consumer(8))
     assert _read_sent_next_is_answered(prefetch.reads, redis_url, prefetch.withhold, "queue-held")
+
+
+def test_a_withhold_while_paused_already_looks_once(redis_url):
+    """Paused since an earlier hand back, the consumer has seen the pause (or that one's look goes
+    on): each withhold looked on for 1 s, a CLIENT LIST every 10 ms, while a worker handed back
+    through its waiting requests."""
+    prefetch = Prefetch(QueueReads())
+    prefetch.bind(_Consumer(8))
+    assert prefetch.pause(True) and not prefetch.pause(True)  # (the earlier hand back's: 8 -> 1)
+    prefetch.withhold(redis.Redis.from_url(redis_url))
+    assert not _looking(prefetch.reads)
 
 
 def test_told_again_while_it_looks_it_looks_on_one_thread(redis_url):
@@ -55,7 +80,7 @@ def test_told_again_while_it_looks_it_looks_on_one_thread(redis_url):
     def told_thrice(r: redis.Redis) -> None:
         for _ in range(3):
             reads.end_now_or_next(r)
-        assert [t.name for t in threading.enumerate()].count(f"end-{reads.name}") == 1
+        assert [thread.name for thread in threading.enumerate()].count(f"end-{reads.name}") == 1
 
     assert _read_sent_next_is_answered(reads, redis_url, told_thrice, "queue-thrice")
 

@@ -75,15 +75,19 @@ class Prefetch:
         """A ``worker_ready`` receiver: ``sender`` is the worker's consumer."""
         self._consumer = sender
 
-    def pause(self, paused: bool) -> None:
+    def pause(self, paused: bool) -> bool:
+        """-> whether this lowered the prefetch (its consumer sees it at its next poll), or may have:
+        no consumer bound yet to ask."""
         qos = getattr(self._consumer, "qos", None)
         if qos is None:  # not started yet
-            return
+            return True
         wanted = 1 if paused else self._consumer.initial_prefetch_count
         if qos.value > wanted:
             qos.decrement_eventually(qos.value - wanted)
-        elif qos.value < wanted:
+            return True
+        if qos.value < wanted:
             qos.increment_eventually(wanted - qos.value)
+        return False
 
     def withhold(self, client: redis.Redis) -> None:
         """Take no message from now, before a hand back: pause, and end this worker's queue read that
@@ -91,9 +95,14 @@ class Prefetch:
         reader blocked longest: often that one, so the worker took back what it had just handed back.
         Its consumer reads the nil as a timeout and, paused with a message held (the one it hands
         back), sends no other; a read it sent before it saw the pause is ended too (``end_now_or_next``:
-        one that reached Redis after the first look stayed blocked its whole poll)."""
-        self.pause(True)
-        self.reads.end_now_or_next(client)
+        one that reached Redis after the first look stayed blocked its whole poll). Paused already (a
+        hand back since the last resume), one look: the consumer saw that pause, or its own look goes
+        on (looking on each time, a worker handing back through its waiting requests sent a CLIENT
+        LIST every 10 ms: with 150 clients in Redis, ~1 ms of this process's CPU each, 0.1 ms of Redis's)."""
+        if self.pause(True):
+            self.reads.end_now_or_next(client)
+        else:
+            self.reads.end(client)
 
 
 def to_decode(runtime: Runtime, message: Callable[[DecodeJob], str]) -> Callable[[DecodeJob, str], bool]:
