@@ -14,6 +14,7 @@ import time
 
 import redis
 
+from dayzero.serving import liveness
 from dayzero.serving.lease import Heartbeat
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.liveness import (
@@ -30,6 +31,7 @@ from dayzero.serving.liveness import (
 from dayzero.stack import Child, Stack
 
 from .conftest import SETTINGS_ENV, wait_until
+from .test_decode_appends import writes_refused
 
 
 def test_a_long_step_keeps_stamping_a_step_past_its_bound_stops_until_it_ends(redis_url):
@@ -209,3 +211,23 @@ def test_a_worker_serves_its_stage_the_moment_it_is_ready(redis_url):
     pulse.ready()
     assert pulse.process in serving(client, "vision")
     pulse.stop()
+
+
+def test_a_stamp_redis_refused_goes_again_at_once_so_the_worker_serves_as_writes_come_back(redis_url, monkeypatch):
+    """A stamp Redis refused (out of memory, too few replicas, or down) waited for the next one, a
+    period later: every stamp had aged through the refusal, and ``/ready`` said "no live worker" for
+    0.4-0.8 s after it, the workers serving throughout. Now a failed stamp goes again after
+    STAMP_RETRY_S (here the period is longer than the wait for it)."""
+    monkeypatch.setattr(liveness, "STAMP_EVERY_S", 60.0)
+    client = redis.Redis.from_url(redis_url)
+    pulse = Pulse(connect(redis_url), "prefill")
+    refused = lambda: sum(error["count"] for error in client.info("errorstats").values())  # noqa: E731
+    try:
+        with writes_refused(client):
+            pulse.ready()  # (refused: ready, not stamped)
+            before = refused()
+            pulse.start()  # its first stamp refused
+            assert wait_until(lambda: refused() > before, 10)
+        assert wait_until(lambda: pulse.process in serving(client, "prefill"), 10)  # (was: a period later)
+    finally:
+        pulse.stop()

@@ -2,13 +2,13 @@
 
 The loops' heartbeats (registry.py's presence, lease.py's leases) come from the work itself: a
 long step stops them (a million-token prefill forward may rightly run for many minutes). A
-``Pulse`` thread stamps "this process runs" instead, every ``STAMP_EVERY_S``, from before the
-worker loads its weights: SIGSTOP or a process that no longer runs stops it, a forward however
-long does not. A step past its bound, or a loop that has not moved between steps for the group
-timeout (``lease.Heartbeat.stuck``: its leases lapse), stops it too, on purpose: that worker is as
-good as frozen (its process runs, its loop does not); and so does a stopped child (a
-tensor-parallel worker's other ranks are its rank 0's children): the group's next collective waits
-on it until the group's timeout.
+``Pulse`` thread stamps "this process runs" instead, every ``STAMP_EVERY_S`` (a stamp Redis failed:
+again after ``STAMP_RETRY_S``), from before the worker loads its weights: SIGSTOP or a process that
+no longer runs stops it, a forward however long does not. A step past its bound, or a loop that has
+not moved between steps for the group timeout (``lease.Heartbeat.stuck``: its leases lapse), stops
+it too, on purpose: that worker is as good as frozen (its process runs, its loop does not); and so
+does a stopped child (a tensor-parallel worker's other ranks are its rank 0's children): the group's
+next collective waits on it until the group's timeout.
 
 A process serves its stage once it is also ready (loaded, warmed up, its loop running): a
 loading worker cannot take a request, and one that crash-loops (dies while loading or warming up,
@@ -53,6 +53,9 @@ from .redis_clock import NOW, hashes_at, measured
 
 log = logging.getLogger("dayzero.liveness")
 STAMP_EVERY_S = 1.0
+# A stamp Redis failed (refused, down) goes again after this: every stamp aged through the outage, and
+# /ready said "no live worker" (its workers serving) until their next ones, 0.4-0.9 s after it.
+STAMP_RETRY_S = 0.1
 FRESH_S = 3.0  # a stage whose newest stamp is older has no live process
 FORGET_S = 600.0  # stamps this old are dropped (a restarted process stamps under a new pid)
 PROVEN_S = 10.0  # a process ready this long ends its stage's no-worker count (unserved_for)
@@ -165,11 +168,13 @@ class Pulse:
             why = "the loop is stuck" if self._stuck() else "a rank is stopped" if stopped_child() else None
             if why is not None and why != said:
                 log.error("%s: no more liveness stamps (dayzero up restarts the worker)", why)
-            said = why
-            if why is None:  # Redis restarting: the next stamp retries (up counts no staleness while it cannot read)
-                with contextlib.suppress(redis.RedisError):
+            said, again_s = why, STAMP_EVERY_S
+            if why is None:  # (up counts no staleness while it cannot read)
+                try:
                     self._stamp()
-            if self._stop.wait(STAMP_EVERY_S):
+                except redis.RedisError:
+                    again_s = STAMP_RETRY_S
+            if self._stop.wait(again_s):
                 return
 
     def _stamp(self) -> None:
