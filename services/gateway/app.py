@@ -52,7 +52,8 @@ async def _reaper(gw: Gateway) -> None:
     run for a grace itself: a client of the only gateway cannot resume while it restarts, and a restart
     longer than the grace (4-6 s against 5 s under load) had their requests cancelled at its first pass,
     before they could come back. A pass that failed on Redis (down, frozen, refusing writes: no
-    worker could stamp) begins the no-worker counts again at the next (liveness.count_again)."""
+    worker could stamp) begins the no-worker counts again at the next, those of the stages a worker
+    served before the outage (liveness.count_again)."""
     messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
     store = gw.bus.store
     overdue = OverdueWaits(store, gw.settings.task_time_limit_s, gw.codec)

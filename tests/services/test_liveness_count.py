@@ -13,7 +13,8 @@ import time
 import redis
 
 from dayzero.serving import liveness
-from dayzero.serving.liveness import FRESH_S, STAMP_EVERY_S, stamps, unserved_for
+from dayzero.serving.keys import key
+from dayzero.serving.liveness import FRESH_S, STAMP_EVERY_S, count_again, stamps, unserved_for
 
 from .conftest import wait_until
 
@@ -107,3 +108,29 @@ def test_a_young_worker_that_served_and_froze_leaves_its_stage_counting_without_
     assert 0.0 in counts  # it served
     assert wait_until(lambda: unserved_for(client, "prefill") > 0.0, FRESH_S + 2)  # (its stamp stale)
     assert unserved_for(client, "prefill") <= time.time() - began - (5.0 - STAMP_EVERY_S)
+
+
+def test_an_outage_keeps_the_count_of_a_stage_nobody_served_since_its_last_count(redis_url):
+    """After a Redis outage (``count_again``) every stage's count began again, one that had no worker
+    before the outage and none after too: what waited there waited one more no-worker bound after it
+    (a 4 s bound, writes refused 4 s: its 503 ``no_worker`` 4.2 s after the refusal). Now such a stage
+    keeps its count; one that a ready process served at its last count or since begins again (its
+    stamps aged through the outage)."""
+    client = redis.Redis.from_url(redis_url)
+    stages, families = ("vision", "prefill", "decode"), ("unserved", "restart", "counted", "alive", "ready")
+    client.delete(*(key(family, stage) for stage in stages for family in families))
+    seconds, micros = client.time()
+    now = seconds + micros / 1e6
+    client.hset(key("alive", "prefill"), "host:1", repr(now - 60))  # its only worker dead a minute
+    client.hset(key("ready", "prefill"), "host:1", repr(now - 70))
+    assert all(unserved_for(client, stage) < 1.0 for stage in stages)  # each stage's count begins
+    client.hset(key("alive", "decode"), "host:2", repr(now + 1))  # ready after decode's last count
+    client.hset(key("ready", "decode"), "host:2", repr(now + 1))
+    client.hset(key("alive", "vision"), "host:3", repr(now - FRESH_S / 2))  # served at vision's last count
+    client.hset(key("ready", "vision"), "host:3", repr(now - 5))
+    began = client.get(key("unserved", "prefill"))
+    time.sleep(0.01)
+    seconds, micros = client.time()
+    count_again(client, stages, seconds + micros / 1e6)
+    assert client.get(key("unserved", "prefill")) == began  # (was: begun again)
+    assert not client.exists(key("unserved", "decode"), key("unserved", "vision"))

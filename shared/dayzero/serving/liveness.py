@@ -21,7 +21,8 @@ since when the stage has had no serving process (set by the gateway; kept while 
 ready for less than ``PROVEN_S`` serve it, the time they served left out of the count: ``unserved_for``);
 restart:{stage}, since when that count runs instead (the readiness of the first process ready after it);
 counted:{stage}, when a gateway last counted (the Redis time of its read of the stamps); unserved and
-restart begun again after Redis was lost or refused writes (``count_again``: the stamps aged meanwhile).
+restart begun again after Redis was lost or refused writes (``count_again``: the stamps aged meanwhile),
+for a stage some process served at its last count or since (one that none served keeps its count).
 One clock: Redis's (TIME, redis_clock.py). The stamps are written with it (``STAMP``) and read with
 it, in the read's own round trip (``seen``): a worker host whose clock is behind the gateway's by
 ``FRESH_S`` looked dead to ``/ready``, one ahead kept a dead worker serving as long; the hosts'
@@ -260,28 +261,35 @@ def unserved_for(client: redis.Redis, stage: str) -> float:
     return now - since - _covered([(max(since, ready_at), min(alive[p], now)) for p, ready_at in ready.items()])
 
 
-# KEYS: each stage's unserved, restart and counted; ARGV: since when the caller failed (Redis's time).
-# A stage counted since by anyone keeps its count.
+# KEYS: each stage's unserved, restart, counted, alive, ready; ARGV: since when the caller failed (Redis's
+# time), FRESH_S. Kept: a stage counted since by anyone, or that no ready process served at its last count or since.
 COUNT_AGAIN = """
-for i = 1, #KEYS, 3 do
+for i = 1, #KEYS, 5 do
     local counted = redis.call('GET', KEYS[i + 2])
-    if not counted or tonumber(counted) < tonumber(ARGV[1]) then redis.call('DEL', KEYS[i], KEYS[i + 1]) end
+    if not counted or tonumber(counted) < tonumber(ARGV[1]) then
+        local served = not counted
+        local ready = redis.call('HKEYS', KEYS[i + 4])
+        for j = 1, #ready do
+            local stamp = redis.call('HGET', KEYS[i + 3], ready[j])
+            if stamp and tonumber(stamp) >= tonumber(counted or 0) - tonumber(ARGV[2]) then served = true end
+        end
+        if served then redis.call('DEL', KEYS[i], KEYS[i + 1]) end
+    end
 end
 """
 
 
 def count_again(client: redis.Redis, stages: tuple[str, ...], failed_at: float) -> None:
-    """Begin ``stages``' no-worker counts again (``unserved_for``), after Redis was lost, frozen or
-    refused writes since ``failed_at`` (Redis's time: ``redis_clock.now``): every stamp aged through
-    the outage, and a count that was running then (its worker ready for less than ``PROVEN_S``) took
-    the whole outage for time unserved at Redis's return, before the worker could stamp again (a 26 s
-    refusal ended requests as ``no_worker`` at a 5 s bound). From the first pass that finds none
-    again, as for a stage whose count began there. Not a stage some gateway counted since
-    ``failed_at``: Redis answered it (the outage was this caller's alone, or one that gateway began
-    again already); reset, a gateway whose own passes failed now and then (its network) began every
-    gateway's counts again, and what waited at a stage with no worker never ended as ``no_worker``."""
-    keys = [key(family, stage) for stage in stages for family in ("unserved", "restart", "counted")]
-    registered(client, COUNT_AGAIN)(keys=keys, args=[repr(failed_at)])
+    """Begin ``stages``' no-worker counts again (``unserved_for``) after Redis was lost, frozen or
+    refused writes since ``failed_at`` (Redis's time): the stamps aged through the outage, and a count
+    running then (a worker ready under ``PROVEN_S``) took it all for time unserved at Redis's return
+    (a 26 s refusal ended requests ``no_worker`` at a 5 s bound). Not a stage that no ready process
+    served at its last count or since (a stamp within ``FRESH_S`` of it): it keeps its count, the
+    outage in it (what waited there waited one bound more). Nor one some gateway counted since
+    ``failed_at`` (Redis answered it: one gateway's flapping network reset everyone's counts)."""
+    families = ("unserved", "restart", "counted", "alive", "ready")
+    keys = [key(family, stage) for stage in stages for family in families]
+    registered(client, COUNT_AGAIN)(keys=keys, args=[repr(failed_at), repr(FRESH_S)])
 
 
 def _covered(spans: list[tuple[float, float]]) -> float:
