@@ -231,6 +231,9 @@ def make_app(settings: Settings) -> FastAPI:
         body, status = await readiness(request.app.state.gateway)
         return JSONResponse(body, status_code=status)
 
+    for route, probe in (("/health", health), ("/ready", ready)):  # uptime monitors probe with HEAD (it was 405)
+        app.add_api_route(route, probe, methods=["HEAD"], include_in_schema=False)
+
     @app.get("/metrics", dependencies=[Depends(authorize)] if settings.metrics_auth else [])
     async def metrics(request: Request) -> Response:
         registry = request.app.state.gateway.metrics.registry

@@ -192,3 +192,11 @@ def test_a_worker_whose_pools_hold_less_than_the_context_is_a_warning(demo_dir, 
     assert status == 200, body
     (warning,) = [w for w in body["warnings"] if w.startswith(f"prefill worker {prefill.name} serves ")]
     assert prefill.pools.capacity_tokens() < 4096 and "DAYZERO_KV_BUDGET_MB" in warning
+
+
+def test_health_and_ready_answer_head_as_get(gateway, registry):
+    """Uptime monitors and load balancers probe with HEAD: it was 405 on both."""
+    for path in ("/health", "/ready"):
+        got, head = httpx.get(f"{gateway.url}{path}", timeout=5), httpx.head(f"{gateway.url}{path}", timeout=5)
+        assert head.status_code == got.status_code != 405, (path, head.status_code, got.status_code)
+        assert head.content == b""
