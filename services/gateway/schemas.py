@@ -115,6 +115,24 @@ UNIMPLEMENTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "suffix": (lambda v: not v, "is not supported by this server"),
 }
 
+# vLLM's sampling extensions, which change the reply: accepted at vLLM's defaults, refused otherwise
+# (ignored as unknown fields are, a vLLM client got another reply than it asked for: its guided_json
+# unconstrained text, its stop_token_ids passed over)
+VLLM_ONLY = "(vLLM's) is not supported by this server"
+VLLM_EXTENSIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    **dict.fromkeys(
+        ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"),
+        (lambda _: False, f"{VLLM_ONLY}; use response_format"),
+    ),
+    "min_tokens": (lambda v: v == 0, f"other than 0 {VLLM_ONLY}"),
+    "min_p": (lambda v: v == 0, f"other than 0 {VLLM_ONLY}"),
+    "repetition_penalty": (lambda v: v == 1, f"other than 1 {VLLM_ONLY}; use presence_penalty or frequency_penalty"),
+    "stop_token_ids": (lambda v: v == [], f"{VLLM_ONLY}; use stop"),
+    "bad_words": (lambda v: v == [], f"{VLLM_ONLY}; use logit_bias"),
+    "use_beam_search": (lambda v: v is False, VLLM_ONLY),
+    "include_stop_str_in_output": (lambda v: v is False, VLLM_ONLY),
+}
+
 _PROMPT_KINDS = {str: "text", list: "ids"}  # what each of several prompts may be
 _PROMPT_NAMES = {"text": "a string", "ids": "a token-id list", "neither": "neither a string nor a token-id list"}
 
@@ -175,6 +193,14 @@ class Sampling(_Body):
         if not accepted(value):  # null never gets here: it is the default
             raise ValueError(f"{info.field_name} {why}")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_vllm_extensions(cls, data: object) -> object:
+        for name, (accepted, why) in VLLM_EXTENSIONS.items():
+            if isinstance(data, dict) and data.get(name) is not None and not accepted(data[name]):
+                raise field_error(cls, (name,), f"{name} {why}", data[name])
+        return data
 
     @field_validator("stream_options")
     @classmethod

@@ -69,6 +69,41 @@ def test_unimplemented_chat_parameters_are_refused_when_they_ask_for_something(s
     assert r.json() == {"error": {"message": message, "type": "invalid_request_error", "param": field, "code": None}}
 
 
+VLLM_ONLY = "(vLLM's) is not supported by this server"
+
+
+@pytest.mark.parametrize(
+    ("field", "default", "refused", "why"),
+    [
+        ("guided_json", None, {"type": "object"}, f"{VLLM_ONLY}; use response_format"),
+        ("guided_choice", None, ["a", "b"], f"{VLLM_ONLY}; use response_format"),
+        ("structured_outputs", None, {"json": {"type": "object"}}, f"{VLLM_ONLY}; use response_format"),
+        ("min_tokens", 0, 8, f"other than 0 {VLLM_ONLY}"),
+        ("min_p", 0.0, 0.1, f"other than 0 {VLLM_ONLY}"),
+        ("repetition_penalty", 1.0, 1.2, f"other than 1 {VLLM_ONLY}; use presence_penalty or frequency_penalty"),
+        ("stop_token_ids", [], [1], f"{VLLM_ONLY}; use stop"),
+        ("bad_words", [], ["x"], f"{VLLM_ONLY}; use logit_bias"),
+        ("use_beam_search", False, True, VLLM_ONLY),
+        ("include_stop_str_in_output", False, True, VLLM_ONLY),
+    ],
+)
+def test_vllm_extensions_that_change_the_reply_are_refused(stack, field, default, refused, why):
+    """vLLM's sampling extensions were ignored as unknown fields are: a vLLM client's guided_json got
+    unconstrained text with 200. At vLLM's defaults they ask for nothing and are served."""
+    for path, body in (
+        ("/v1/chat/completions", chat("x", max_tokens=1)),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1}),
+    ):
+        r = httpx.post(f"{stack.url}{path}", json={**body, field: default}, timeout=60)
+        assert r.status_code == 200, r.text
+        r = httpx.post(f"{stack.url}{path}", json={**body, field: refused}, timeout=30)
+        assert r.status_code == 400, r.text
+        message = f"{field}: {field} {why}"
+        assert r.json() == {
+            "error": {"message": message, "type": "invalid_request_error", "param": field, "code": None}
+        }
+
+
 def test_they_are_refused_by_completions_too(stack):
     body = {"model": MODEL, "prompt": "x", "max_tokens": 1, "function_call": {"name": "f"}}
     r = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=30)
