@@ -33,7 +33,7 @@ from ..procs import end_process, free_port
 from .collectives import Group
 from .config import ParallelConfig
 from .launch import Launch
-from .meeting import NoMeetingOpened, join_meeting
+from .meeting import MeetingFailed, RankSilent, join_meeting
 
 JOIN_SECONDS = 60.0
 START_SECONDS = 600.0  # a local rank not at the rendezvous this long after its spawn is stuck
@@ -53,22 +53,32 @@ class MasterPortInUse(OSError):
 def _rank(
     launch: Launch,
     timeout: float,
+    deadline: float,
     fn: Callable[..., Any],
     args: tuple,
     before_teardown: Callable[[], None] = lambda: None,
 ) -> Any:
+    """``deadline`` (time.monotonic()) ends the whole start: the store's connection, the meeting and
+    the process group's forming each get what is left of it, not ``timeout`` each (a rank != 0 waited
+    up to three timeouts). ``timeout`` stays the collectives' bound."""
     if launch.cuda:
         torch.cuda.set_device(launch.device)
     try:
         dist.init_process_group(
             launch.backend,
-            store=_store(launch, timeout),
+            store=_store(launch, deadline),
             rank=launch.config.rank,
             world_size=launch.config.world_size,
-            timeout=datetime.timedelta(seconds=timeout),
+            timeout=_left(deadline),
             device_id=launch.device if launch.cuda else None,
         )
-    except (dist.DistError, NoMeetingOpened) as exc:  # a timeout, rank 0's address unreachable, its port taken
+        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout))  # the collectives' own
+    except RankSilent as exc:  # seen before the timeout: not a timeout to blame
+        raise RendezvousFailed(
+            f"rank {launch.config.rank} of {launch.config.world_size}: the group did not meet at {_where(launch)} "
+            f"({exc}); this start of the group fails (torchrun --max-restarts starts it again)"
+        ) from None
+    except (dist.DistError, MeetingFailed) as exc:  # a timeout, rank 0's address unreachable, its port taken
         reason = str(exc).strip().splitlines()[0]
         if "EADDRINUSE" in reason:  # rank 0 serves the rendezvous store there, at once: no timeout to blame
             raise MasterPortInUse(
@@ -84,7 +94,12 @@ def _rank(
         dist.destroy_process_group()
 
 
-def _store(launch: Launch, timeout: float) -> dist.Store:
+def _left(deadline: float) -> datetime.timedelta:
+    """What is left until ``deadline``: at least a moment, so that a step at the deadline fails as a timeout."""
+    return datetime.timedelta(seconds=max(STORE_POLL_S, deadline - time.monotonic()))
+
+
+def _store(launch: Launch, deadline: float) -> dist.Store:
     """The group's rendezvous store at MASTER_ADDR:MASTER_PORT, served by rank 0 (local ranks, ranks
     started by hand) or by torchrun's agent on rank 0's host, under the name of this start's meeting
     (``dayzero.parallel.meeting``): torchrun's agent keeps one store across ``--max-restarts``
@@ -95,10 +110,10 @@ def _store(launch: Launch, timeout: float) -> dist.Store:
         launch.master_port,
         launch.config.world_size,
         is_master=launch.config.rank == 0 and not launch.agent_store,
-        timeout=datetime.timedelta(seconds=timeout),
+        timeout=_left(deadline),
         multi_tenant=True,  # as env:// and tcp://: other stores of this process may share the server
     )
-    return join_meeting(store, launch.config.rank, timeout)
+    return join_meeting(store, launch.config.rank, launch.config.world_size, deadline)
 
 
 def _where(launch: Launch) -> str:
@@ -112,12 +127,13 @@ def _not_met(launch: Launch, timeout: float, reason: str) -> RendezvousFailed:
     )
 
 
-def _await_store(launch: Launch, timeout: float) -> None:
+def _await_store(launch: Launch, timeout: float, deadline: float) -> None:
     """Until the rendezvous store at MASTER_ADDR:MASTER_PORT (rank 0's, or its host's torchrun agent's)
     accepts a connection, tried here in Python: torch's own connect to a store that never comes logs
     each failed try with ~40 lines of C++ frames (TCPStore.cpp, at WARNING and ERROR: the level that
-    shows gloo's and NCCL's warnings later) before it raises. Within ``timeout``, or RendezvousFailed."""
-    deadline, address = time.monotonic() + timeout, (launch.master_addr, launch.master_port)
+    shows gloo's and NCCL's warnings later) before it raises. By ``deadline`` (the start's, ``timeout``
+    after it began), or RendezvousFailed."""
+    address = (launch.master_addr, launch.master_port)
     while True:
         try:
             with socket.create_connection(address, timeout=max(STORE_POLL_S, deadline - time.monotonic())):
@@ -140,7 +156,7 @@ def _local(
 ) -> Any:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     launch = Launch(ParallelConfig(world_size, rank), rank, cuda, "127.0.0.1", port)
-    return _rank(launch, timeout, fn, args, **teardown)
+    return _rank(launch, timeout, time.monotonic() + timeout, fn, args, **teardown)
 
 
 def _spawned(
@@ -186,9 +202,10 @@ def run_group(
     gloo on the CPU)."""
     if launch is not None:
         launch.check(world_size)
+        deadline = time.monotonic() + timeout
         if launch.config.rank:  # rank 0 serves the store itself when started by hand: nothing to wait for
-            _await_store(launch, timeout)
-        return _rank(launch, timeout, fn, args)
+            _await_store(launch, timeout, deadline)
+        return _rank(launch, timeout, deadline, fn, args)
     if world_size == 1:
         return fn(Group(device=device), *args)
     threads, cuda, spawn = torch.get_num_threads(), device.startswith("cuda"), mp.get_context("spawn")

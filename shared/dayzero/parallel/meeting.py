@@ -1,4 +1,5 @@
-"""Which meeting of a long-lived rendezvous store a starting rank joins: the group's name there.
+"""Which meeting of a long-lived rendezvous store a starting rank joins, and the meeting itself:
+every rank there, alive, before the process group forms.
 
 torchrun's agent on rank 0's host serves one store for every restart of the group, so the ranks of
 a new start must not meet what a dead one left there (its rank 0's gloo address). Each start of
@@ -10,6 +11,14 @@ reboot, a restarted pod) counts from 0 while the others count on, and its ranks 
 A rank restarted before its rank 0 finds the newest meeting joined already (by its dead self) and
 waits for the next; a rank that comes back after rank 0 started again (its host rebooted) joins rank
 0's meeting at once. A store of one start only (local ranks, ranks started by hand) holds one meeting.
+
+In the meeting each rank beats (a count of its own in the store, up by one each ``POLL_S``) until
+every rank has arrived and said it saw them all (``ready``); only then do the ranks form the process
+group. A rank that arrived and fell silent before it was ready (killed, crashed, hung) is seen by the
+others within ``SILENT_S``: the group's start fails then, not after the group timeout (gloo waited
+the whole timeout for a silent rank's address, and a rank that came to a dead rank 0's meeting
+retried its connection for several timeouts: 104 s at a 20 s timeout). Everything here ends at the
+caller's ``deadline`` (time.monotonic()), the same one as its other steps of the start.
 """
 
 from __future__ import annotations
@@ -19,11 +28,24 @@ import time
 import torch.distributed as dist
 
 MEETINGS = "dayzero/meetings"  # how many meetings rank 0 has opened in this store
-POLL_S = 0.1  # a waiting rank looks for a newly opened meeting this often
+POLL_S = 0.1  # a waiting rank beats and looks at the others this often
+SILENT_S = 5.0  # a rank in the meeting, not ready, whose beat has not moved this long died or hung
 
 
-class NoMeetingOpened(TimeoutError):
-    """No rank 0 opened a meeting this rank had not joined before, within the group timeout."""
+class MeetingFailed(TimeoutError):
+    """This start of the group cannot meet: the reason says what was missing."""
+
+
+class NoMeetingOpened(MeetingFailed):
+    """No rank 0 opened a meeting this rank had not joined before, by the deadline."""
+
+
+class RanksMissing(MeetingFailed):
+    """Ranks that did not come to the meeting (or not get ready there) by the deadline."""
+
+
+class RankSilent(MeetingFailed):
+    """A rank came to the meeting and then gave no sign for ``SILENT_S``: it died or hung."""
 
 
 def _opened(meeting: int) -> str:
@@ -34,20 +56,29 @@ def _joined(meeting: int, rank: int) -> str:
     return f"dayzero/meeting{meeting}/rank{rank}"
 
 
-def join_meeting(store: dist.Store, rank: int, timeout: float) -> dist.PrefixStore:
-    """The store under this start's meeting's name: rank 0 opens the next meeting; another rank joins
-    the newest meeting not joined before by its rank, waiting up to ``timeout`` for rank 0 to open it."""
+def _beat(meeting: int, rank: int) -> str:
+    return f"dayzero/meeting{meeting}/beat{rank}"
+
+
+def _ready(meeting: int, rank: int) -> str:
+    return f"dayzero/meeting{meeting}/ready{rank}"
+
+
+def join_meeting(store: dist.Store, rank: int, world_size: int, deadline: float) -> dist.PrefixStore:
+    """The store under this start's meeting's name, once every rank is there: rank 0 opens the next
+    meeting; another rank joins the newest meeting not joined before by its rank, waiting for rank 0
+    to open it. MeetingFailed when the meeting cannot be complete by ``deadline`` (time.monotonic())."""
     if rank == 0:
         meeting = store.add(MEETINGS, 1)
         store.set(_opened(meeting), b"")
     else:
-        meeting = _newest_unjoined(store, rank, timeout)
+        meeting = _newest_unjoined(store, rank, deadline)
+    _meet(store, meeting, rank, world_size, deadline)
     return dist.PrefixStore(f"dayzero/meeting{meeting}/group", store)
 
 
-def _newest_unjoined(store: dist.Store, rank: int, timeout: float) -> int:
+def _newest_unjoined(store: dist.Store, rank: int, deadline: float) -> int:
     """Polled (``check``, no wait in the store): a store's wait that times out logs C++ warnings."""
-    deadline = time.monotonic() + timeout
     while True:
         meeting = store.add(MEETINGS, 0)
         if meeting and store.add(_joined(meeting, rank), 1) == 1:  # the first of this rank here: this start
@@ -55,5 +86,34 @@ def _newest_unjoined(store: dist.Store, rank: int, timeout: float) -> int:
         while not store.check([_opened(meeting + 1)]):
             if time.monotonic() >= deadline:
                 joined = f"meeting {meeting} joined by rank {rank} already" if meeting else "none opened"
-                raise NoMeetingOpened(f"rank 0 started no new meeting of the group within {timeout:g} s ({joined})")
+                raise NoMeetingOpened(f"rank 0 started no new meeting of the group ({joined})")
             time.sleep(POLL_S)
+
+
+def _meet(store: dist.Store, meeting: int, rank: int, world_size: int, deadline: float) -> None:
+    """Beat until every rank has arrived and is ready (has seen every rank arrive). Only ranks not
+    ready are watched for silence: a ready rank stops beating once it sees all ready, and all are
+    then (the marks stay), so no rank waits on one that left."""
+    beats = [_beat(meeting, r) for r in range(world_size)]
+    readies = [_ready(meeting, r) for r in range(world_size)]
+    moved: dict[int, tuple[int, float]] = {}  # rank: (its beat count, when this rank saw it change)
+    while True:
+        counts = [store.add(beat, 1 if r == rank else 0) for r, beat in enumerate(beats)]  # 0: not arrived
+        if all(counts) and not store.check([readies[rank]]):
+            store.set(readies[rank], b"")
+        if store.check(readies):
+            return
+        now, unready = time.monotonic(), [r for r in range(world_size) if not store.check([readies[r]])]
+        for r in unready:
+            count, since = moved.get(r, (None, now))
+            if count != counts[r]:
+                moved[r] = (counts[r], now)
+            elif counts[r] and now - since >= SILENT_S:
+                raise RankSilent(
+                    f"rank {r} came to meeting {meeting} and then gave no sign for {now - since:.0f} s: "
+                    "it died or hung before the group formed"
+                )
+        if now >= deadline:
+            missing = ", ".join(str(r) for r in unready)
+            raise RanksMissing(f"ranks not at meeting {meeting}, or not ready there: {missing}")
+        time.sleep(POLL_S)
