@@ -9,15 +9,20 @@ torchrun is started again alone (``--fault torchrun``: a rebooted host, a restar
 its attempts from 0 again); completions are then asked for until one is served (each compared with
 the one-rank engine's). Reports when each rank started again (torchrun's TORCHELASTIC_RESTART_COUNT,
 from the ranks' logs), how long after the kill the first completion was served, whether both
-torchruns still run, and how the group ends on SIGTERM. Needs root (``ip netns``). Run:
-``python bench/torchrun_restarts.py [--kill 1] [--fault rank|torchrun] [--max-restarts 1] [--rdzv static|c10d]``.
+torchruns still run, and how the group ends on SIGTERM with the stack's Redis gone (``--stop``: every
+torchrun, as docs/parallel.md says, host 0's alone, or rank 0's process): when each rank, torchrun
+and other child exited, and the logs' time-stamped lines after the SIGTERM. Needs root (``ip netns``). Run:
+``python bench/torchrun_restarts.py [--kill 1] [--fault rank|torchrun] [--max-restarts 1] [--rdzv static|c10d]
+[--stop torchrun|torchruns|rank]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -60,6 +65,51 @@ def worker_of(agent: subprocess.Popen) -> psutil.Process:
     raise RuntimeError("torchrun runs no rank")
 
 
+def worker_or_none(agent: subprocess.Popen) -> psutil.Process | None:
+    with contextlib.suppress(RuntimeError, psutil.NoSuchProcess):
+        return worker_of(agent)
+    return None
+
+
+def exits(
+    watched: dict[str, psutil.Process], agents: list[subprocess.Popen], since: float, deadline: float
+) -> list[tuple[str, float]]:
+    """(name, seconds after ``since``) as each watched process exits (reaped or a zombie), in order."""
+    ended: dict[str, float] = {}
+    while len(ended) < len(watched) and time.monotonic() - since < deadline:
+        for agent in agents:
+            agent.poll()  # reaps an exited torchrun
+        for name, proc in watched.items():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if name not in ended and proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    continue
+            ended.setdefault(name, time.monotonic() - since)
+        time.sleep(0.02)
+    return sorted(ended.items(), key=lambda item: item[1])
+
+
+STAMPS = (  # Celery's and dayzero's log lines, torchrun's (glog: I/W/E MMDD HH:MM:SS.ffffff)
+    (re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})"), "%Y-%m-%d %H:%M:%S,%f"),
+    (re.compile(r"^[IWE](\d{4} \d\d:\d\d:\d\d\.\d{6})"), "%m%d %H:%M:%S.%f"),
+)
+
+
+def stamped_after(log: Path, offset: int, since: float) -> list[str]:
+    """The log's lines written after byte ``offset`` that carry a time stamp, each with its seconds after ``since``."""
+    with log.open("rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
+    shown, year = [], datetime.datetime.fromtimestamp(since).year
+    for line in text.splitlines():
+        for pattern, form in STAMPS:
+            if found := pattern.search(line):
+                stamp = found.group(1) if "%Y" in form else f"{year}{found.group(1)}"
+                at = datetime.datetime.strptime(stamp, form if "%Y" in form else f"%Y{form}").timestamp()
+                shown.append(f"    {at - since:6.2f}  {line[:180]}")
+                break
+    return shown
+
+
 def complete(url: str, i: int, timeout: float) -> tuple[str, str]:
     """(outcome, text) of one greedy completion: "served", or the HTTP status / error."""
     body = {"model": "dayzero-demo", "prompt": prompt_ids(i), "max_tokens": 8 + i, "temperature": 0}
@@ -82,6 +132,12 @@ def main() -> None:
     parser.add_argument("--max-restarts", type=int, default=1)
     parser.add_argument("--rdzv", default="static", choices=("static", "c10d"))
     parser.add_argument("--wait", type=float, default=240.0, help="seconds after the kill to keep asking")
+    parser.add_argument(
+        "--stop",
+        default="torchruns",
+        choices=("torchruns", "torchrun", "rank"),
+        help="the end, Redis gone: SIGTERM to both hosts' torchruns, to host 0's alone, or to rank 0 itself",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run(Path(tmp), args)
@@ -134,14 +190,30 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
         print(f"torchrun exit codes now (None: running): {[agent.poll() for agent in agents]}")
     finally:
         stack.stop()
-        stop_started = time.monotonic()
-        if agents and agents[0].poll() is None:
-            agents[0].send_signal(signal.SIGTERM)
-        for agent in agents:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                agent.wait(timeout=60)
+        watched = {f"rank {node}": worker for node, worker in enumerate(map(worker_or_none, agents)) if worker}
+        watched |= {f"host {node}'s torchrun": psutil.Process(agent.pid) for node, agent in enumerate(agents)}
+        watched |= {  # anything else the agents or the ranks started
+            f"host {node}'s pid {proc.pid} ({' '.join(proc.cmdline())[:60]})": proc
+            for node, agent in enumerate(agents)
+            for proc in psutil.Process(agent.pid).children(recursive=True)
+            if proc not in watched.values()
+        }
+        sizes = [log.stat().st_size if log.exists() else 0 for log in logs]
+        stop_started, stop_wall = time.monotonic(), time.time()
+        stopped = {"torchrun": agents[:1], "torchruns": agents, "rank": []}[args.stop]
+        for agent in stopped:
+            if agent.poll() is None:
+                agent.send_signal(signal.SIGTERM)
+        if args.stop == "rank" and "rank 0" in watched:
+            watched["rank 0"].send_signal(signal.SIGTERM)
+        ended = exits(watched, agents, stop_started, deadline=60)
         codes = [agent.poll() for agent in agents]
-        print(f"after SIGTERM to host 0's torchrun: exit codes {codes} in {time.monotonic() - stop_started:.1f} s")
+        whom = {"torchrun": "host 0's torchrun", "torchruns": "both torchruns", "rank": "rank 0"}[args.stop]
+        print(f"after SIGTERM to {whom}: exit codes {codes} in {time.monotonic() - stop_started:.1f} s")
+        print(*(f"  {at:5.2f} s  {name} exited" for name, at in ended), sep="\n")
+        for node in (0, 1):
+            print(f"  node {node}'s lines after the SIGTERM (s since it, by the line's own clock):")
+            print(*stamped_after(logs[node], sizes[node], stop_wall), sep="\n")
         _stop(agents)
         hosts.delete()
         for node in (0, 1):
