@@ -31,6 +31,7 @@ import time
 import httpx
 import redis
 from demo_stack import demo_stack, scratch
+from options import bench_parser
 
 from dayzero.stack import Stack
 
@@ -125,7 +126,7 @@ def beside_trial(stack: Stack, kind: str, seconds: float) -> tuple[float, float]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--fault", choices=("stop", "refuse"), default="stop")
     parser.add_argument("--at", choices=("decode", "prefill"), default="decode")
     parser.add_argument("--beside", action="store_true", help="--at prefill: a short prompt refused beside it")

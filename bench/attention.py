@@ -8,6 +8,7 @@
 3. Prefill time and peak RSS, dayzero vs transformers, on a tiny checkpoint, 1k-32k tokens;
    each run in its own process with a 12 GiB address-space cap, so that transformers'
    quadratic prefill fails cleanly where it stops fitting.
+``--device cuda`` without a GPU: a message, exit 0.
 Writes bench/attention.png. Run: ``python bench/attention.py [--quick] [--parts decode,state,prefill]
 [--contexts 4096,65536] [--dtype bfloat16] [--device cuda --backend triton] [--batch 32] [--lengths 8192,32768]
 [--no-reference]``.
@@ -15,7 +16,6 @@ Writes bench/attention.png. Run: ``python bench/attention.py [--quick] [--parts 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from options import bench_parser, need_cuda
 from timing import median_seconds
 
 from dayzero.config import ModelConfig
@@ -229,7 +230,7 @@ def _cells(run: dict) -> tuple[str, str, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer sizes and runs")
     parser.add_argument("--plot", default=str(Path(__file__).with_name("attention.png")))
     parser.add_argument("--parts", default="decode,state,prefill", help="which of the three to run")
@@ -241,6 +242,8 @@ def main() -> None:
     parser.add_argument("--backend", choices=("torch", "triton"), default="torch", help="decode: the kernels")
     parser.add_argument("--batch", type=int, default=1, help="decode: sequences a step (each at the context)")
     args = parser.parse_args()
+    if args.device == "cuda":
+        need_cuda("bench/attention.py --device cuda")
     if args.backend == "triton" and args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error("the triton backend runs on --device cuda (or interpreted: TRITON_INTERPRET=1)")
     parts = args.parts.split(",")

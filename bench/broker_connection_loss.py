@@ -25,6 +25,7 @@ import time
 import httpx
 import redis
 from demo_stack import QUICK_LEASES, demo_stack, scratch
+from options import bench_parser
 
 from dayzero.stack import Stack
 
@@ -97,7 +98,7 @@ def settled(r: redis.Redis, seconds: float = 3.0) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--at", choices=("prefill", "decode"), default="prefill")
     parser.add_argument("--requests", type=int, default=4)
     parser.add_argument("--decode", type=int, default=1)

@@ -8,7 +8,6 @@ queue, no worker is needed for part 1). Run: ``python bench/capacity.py [--strea
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import collections
@@ -20,6 +19,7 @@ import time
 
 import httpx
 import numpy as np
+from options import bench_parser
 from PIL import Image
 
 MODEL = "dayzero-demo"
@@ -77,7 +77,7 @@ async def streams(url: str, count: int) -> collections.Counter:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--streams", type=int, default=256)
     parser.add_argument("--image-requests", type=int, default=3)
     parser.add_argument("--side", type=int, default=1500, help="PNG side in pixels (8 per request, noise)")

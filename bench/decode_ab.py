@@ -16,7 +16,6 @@ bench/decode_ab.py TREE_A TREE_B [--rounds 200] [--steps 8] [--batch 1] [--specu
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import shutil
 import statistics
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from options import bench_parser
 
 NAMES = ("tree_a", "tree_b")
 MODULES = (
@@ -80,7 +80,7 @@ class Decoder:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("trees", nargs=2, type=Path, help="two source trees (each with shared/dayzero)")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--steps", type=int, default=8, help="decode steps of each tree a round")

@@ -12,6 +12,7 @@ step synchronised) and the same steps again under torch.profiler: kernels on the
 their busy time (the union of their intervals), or on a CPU the top-level torch ops per step.
 ``--graphs`` (triton backend) then times as many steps replayed from CUDA graphs
 (``model.graphs.DecodeGraphs``; on a CPU, the forward re-run on the captured plan) beside them.
+``--device cuda`` without a GPU: a message, exit 0.
 Run: ``python bench/decode_launches.py [--device cuda] [--backend triton] [--batch 1,32]
 [--steps 20] [--prompt-tokens 300] [--top 12] [--graphs]``.
 """
@@ -25,6 +26,7 @@ import time
 
 import torch
 from host_syncs import prefilled_demo
+from options import bench_parser, need_cuda
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
@@ -105,7 +107,7 @@ def _in_aten(event) -> bool:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", choices=("torch", "triton"), default="torch")
     parser.add_argument("--batch", default="1,32", help="sequences a step, comma-separated")
@@ -114,7 +116,11 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12, help="list the most frequent launches")
     parser.add_argument("--graphs", action="store_true", help="also time steps replayed from CUDA graphs (triton)")
     args = parser.parse_args()
+    if args.graphs and args.backend != "triton":
+        parser.error("--graphs replays the triton backend's steps: add --backend triton")
     cuda = args.device.startswith("cuda")
+    if cuda:
+        need_cuda(f"bench/decode_launches.py --device {args.device}")
     rows = {int(b): measure(int(b), args) for b in args.batch.split(",")}
     layers = next(iter(rows.values()))["layers"]
     what = "kernels" if cuda else "top-level torch ops"

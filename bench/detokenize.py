@@ -1,53 +1,72 @@
 """The decode worker's text work per token: streaming detokenization and stop-string matching.
 
 ``StreamDecoder.push`` on the demo tokenizer, one output of plain English pushed token by token;
-prints the total and the cost per token at 500, 2000 and 4000 tokens (flat: each push decodes only
-the text since the last release; growing: it re-decodes everything). Then ``StopMatcher.feed`` on
-the same text with 0, 4 and 16 stop strings of 256 characters that each begin like the text (the
-worst case: a partial match is held at nearly every token). Run: ``python bench/detokenize.py``.
+prints the total and the cost per token at ``--tokens`` counts (flat: each push decodes only the text
+since the last release; growing: it re-decodes everything). Then ``StopMatcher.feed`` on the same text
+(its first 2,000 tokens) with ``--stops`` counts of stop strings of 256 characters that each begin like
+the text (the worst case: a partial match is held at nearly every token). Median of ``--runs``.
+Run: ``python bench/detokenize.py [--tokens 500 2000 4000] [--stops 0 4 16] [--runs 3]``.
 """
 
-import pathlib
+from __future__ import annotations
+
+import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
+
+from options import bench_parser
 
 from dayzero.completion import StopMatcher
 from dayzero.demo import write_demo_checkpoint
 from dayzero.tokenizer import StreamDecoder, TextCodec
 
-codec = TextCodec.from_checkpoint(write_demo_checkpoint(pathlib.Path(tempfile.mkdtemp()) / "demo"))
-text = "The quick brown fox jumps over the lazy dog. "
-ids = codec.encode(text * 400)[1:][:4000]
+TEXT = "The quick brown fox jumps over the lazy dog. "
 
 
-def median_of_3(run) -> float:
+def median_of(runs: int, run: Callable[[], None]) -> float:
     times = []
-    for _ in range(3):
+    for _ in range(runs):
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    return sorted(times)[1]
+    return statistics.median(times)
 
 
-def detokenize(n: int) -> None:
+def detokenize(codec: TextCodec, ids: list[int]) -> None:
     stream = StreamDecoder(codec)
-    for token in ids[:n]:
+    for token in ids:
         stream.push(token)
 
 
-print("| output tokens | total ms | us per token |\n|---|---|---|")
-for n in (500, 2000, 4000):
-    best = median_of_3(lambda n=n: detokenize(n))
-    print(f"| {n} | {best * 1e3:.1f} | {best / n * 1e6:.1f} |")
+def match(stops: tuple[str, ...], deltas: list[str]) -> None:
+    matcher = StopMatcher(stops)
+    for delta in deltas:
+        matcher.feed(delta)
 
-deltas = [codec.decode([token]) for token in ids[:2000]]
-print("\n| stop strings (256 characters) | us per token |\n|---|---|")
-for count in (0, 4, 16):
-    stops = tuple((text * 6)[: 255 - len(str(i))] + f"{i}!" for i in range(count))
 
-    def match(stops=stops) -> None:
-        matcher = StopMatcher(stops)
-        for delta in deltas:
-            matcher.feed(delta)
+def main() -> None:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[500, 2000, 4000], help="output lengths (<= 4000)")
+    parser.add_argument("--stops", type=int, nargs="+", default=[0, 4, 16], help="stop-string counts")
+    parser.add_argument("--runs", type=int, default=3, help="runs per median")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        codec = TextCodec.from_checkpoint(write_demo_checkpoint(Path(tmp) / "demo"))
+    ids = codec.encode(TEXT * 400)[1:][:4000]
 
-    print(f"| {count} | {median_of_3(match) / len(deltas) * 1e6:.1f} |")
+    print(f"median of {args.runs}\n| output tokens | total ms | us per token |\n|---|---|---|")
+    for n in args.tokens:
+        took = median_of(args.runs, lambda n=n: detokenize(codec, ids[:n]))
+        print(f"| {n} | {took * 1e3:.1f} | {took / n * 1e6:.1f} |")
+
+    deltas = [codec.decode([token]) for token in ids[:2000]]
+    print("\n| stop strings (256 characters) | us per token |\n|---|---|")
+    for count in args.stops:
+        stops = tuple((TEXT * 6)[: 255 - len(str(i))] + f"{i}!" for i in range(count))
+        print(f"| {count} | {median_of(args.runs, lambda stops=stops: match(stops, deltas)) / len(deltas) * 1e6:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

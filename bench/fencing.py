@@ -10,11 +10,11 @@ medians of the rounds. Run: ``python bench/fencing.py [--batch 1,16,64] [--round
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import redis
+from options import bench_parser
 
 from dayzero.procs import scratch_redis
 from dayzero.serving.keys import key
@@ -58,7 +58,7 @@ def rounds(store: Lifecycle, batch: int, count: int) -> dict[str, tuple[list[flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--batch", default="1,16,64", help="requests per step, comma-separated")
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()

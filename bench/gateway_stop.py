@@ -14,7 +14,6 @@ Run: ``python bench/gateway_stop.py [--rounds 8] [--clients 6] [--slow-s 2]``.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import random
 import signal
@@ -23,6 +22,7 @@ import time
 
 import httpx
 from demo_stack import demo_stack, scratch
+from options import bench_parser
 
 MODEL = "dayzero-demo"
 KINDS = ("keep-alive", "new connection", "slow body")
@@ -123,7 +123,7 @@ def run(rounds: int, clients: int, slow_s: float) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--slow-s", type=float, default=2.0)

@@ -11,7 +11,6 @@ lexer's cost does not depend on it), matched over a valid text.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import random
@@ -19,6 +18,7 @@ import string
 import time
 
 import torch
+from options import bench_parser
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from dayzero.chat.grammar import _byte_tokenizer, dsml_symbol, json_grammar, parser_limits, tool_calls_grammar
@@ -89,7 +89,7 @@ def step_ms(codec: TextCodec, grammar: Grammar, batch: int, steps: int) -> tuple
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=1)  # torch's; llguidance's pool is its own
     args = parser.parse_args()

@@ -12,10 +12,10 @@ whole batch waited).
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
+from options import bench_parser
 
 from dayzero.chat.grammar import error_summary, json_grammar
 from dayzero.chat.tokens import SPECIAL_TOKENS
@@ -72,7 +72,7 @@ def enum_costs(codecs: dict[str, TextCodec], chars: int, steps: int = 8) -> None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--properties", type=int, nargs="+", default=[1000, 2000, 4000, 8000, 10000])
     parser.add_argument("--enum-chars", type=int, nargs="+", default=[100_000, 20_000])
     parser.add_argument("--v4", action="store_true", help="the enum also at V4's vocabulary size (slow to build)")

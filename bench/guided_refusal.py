@@ -1,19 +1,20 @@
 """How long the gateway takes to refuse a huge schema (400): an object of N optional properties as a
 chat's ``response_format``, as one forced tool's parameters and as one offered tool's, posted to the gateway app
 in-process (a real Redis of its own; refused before it queues, so no worker), after one warm-up
-request. Each size is new to the process (its compile, if any, is not cached).
+request. Each size is new to the process (its compile, if any, is not cached). A schema small enough to
+be accepted is queued and answered 503 ``no_worker`` after 1 s (no worker here).
 
     .venv/bin/python bench/guided_refusal.py [--properties 8000 4000 300]
 """
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
 
 from fastapi.testclient import TestClient
+from options import bench_parser
 
 from dayzero.demo import write_demo_checkpoint
 from dayzero.procs import scratch_redis
@@ -47,12 +48,14 @@ def bodies(n: int, model: str) -> dict[str, dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--properties", type=int, nargs="+", default=[8000, 4000])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, scratch_redis(Path(tmp)) as port:
         settings = Settings(
-            checkpoint=write_demo_checkpoint(Path(tmp) / "demo"), redis_url=f"redis://127.0.0.1:{port}/0"
+            checkpoint=write_demo_checkpoint(Path(tmp) / "demo"),
+            redis_url=f"redis://127.0.0.1:{port}/0",
+            no_worker_timeout_s=1.0,  # a schema small enough to be queued: 503 no_worker within 1 s (no worker here)
         )
         with TestClient(make_app(settings)) as client:
             warm = {**bodies(3, settings.model_name)["response_format"], "max_tokens": 10**9}  # 400 after the grammar

@@ -11,13 +11,13 @@ stream's gap was the compile.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import threading
 import time
 
 import httpx
 from demo_stack import demo_stack, scratch
+from options import bench_parser
 
 from dayzero.stack import Stack
 
@@ -50,7 +50,7 @@ def trial(stack: Stack, tokens: int, after: int, properties: int, salt: int) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--properties", type=int, default=4000)
     parser.add_argument("--tokens", type=int, default=1500)
     parser.add_argument("--after", type=int, default=20)

@@ -11,7 +11,6 @@ per hand back) are the record. Run: ``python bench/handback.py [--trials 3]``.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import re
 import signal
@@ -22,6 +21,7 @@ from pathlib import Path
 import httpx
 import redis
 from demo_stack import running, scratch, stack_on
+from options import bench_parser
 
 from dayzero.demo import write_demo_checkpoint
 from dayzero.serving.keys import key
@@ -93,7 +93,7 @@ def trial(ckpt: Path, log_dir: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--keep", default="", help="a folder for the stacks' logs (else a temporary one)")
     args = parser.parse_args()

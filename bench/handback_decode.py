@@ -14,7 +14,6 @@ finish reason "length"). Waves run on one stack, one after another. Run:
 
 from __future__ import annotations
 
-import argparse
 import collections
 import datetime
 import json
@@ -28,6 +27,7 @@ from pathlib import Path
 import httpx
 import redis
 from demo_stack import demo_stack, scratch
+from options import bench_parser
 
 from dayzero.serving.registry import Registry
 
@@ -98,7 +98,7 @@ def wave(url: str, log_dir: Path, streams: int, seed: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--waves", type=int, default=3)
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--keep", default="", help="a folder for the stack's logs (else a temporary one)")

@@ -12,12 +12,13 @@ Run: ``python bench/handback_order.py [--newer 1 8 64]``.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import tempfile
 import time
 from pathlib import Path
+
+from options import bench_parser
 
 from dayzero.demo import write_demo_checkpoint
 from dayzero.params import SamplingParams
@@ -89,7 +90,7 @@ def trial(ckpt: Path, url: str, newer: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--newer", type=int, nargs="+", default=[1, 8, 64])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, scratch_redis(Path(tmp)) as port:

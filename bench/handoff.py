@@ -6,19 +6,19 @@ its own then attaches them as decode does (a shared-memory segment, or on a GPU 
 allocation: its exporter cannot open it) and copies the state into its own pools, timed
 interleaved with a plain copy of as many bytes between two contiguous tensors on the same
 device, median of ``--runs`` (CUDA-synchronised). The pools hold random values (the copy does
-not depend on them). ``--transport cuda_ipc`` needs a GPU (bench/gpu.sh runs it). Run:
-``python bench/handoff.py [--runs 9] [--transport shm|cuda_ipc] [--profile]``.
+not depend on them). ``--transport cuda_ipc`` needs a GPU (bench/gpu.sh runs it; without one: a message, exit 0). Run:
+``python bench/handoff.py [--runs 9] [--transport shm|cuda_ipc] [--profile] [--tokens 4096 65536]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import statistics
 import time
 from multiprocessing import resource_tracker
 
 import torch
+from options import bench_parser, need_cuda
 
 from dayzero.config import ModelConfig
 from dayzero.demo import DEMO_CONFIG
@@ -126,20 +126,24 @@ def bandwidth(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--transport", choices=("shm", "cuda_ipc"), default="shm")
     parser.add_argument(
         "--profile", action="store_true", help="cuda_ipc: after the table, one import profiled per case"
     )
+    parser.add_argument("--tokens", type=int, nargs="+", help="only the cases of these sequence lengths (default: all)")
     args = parser.parse_args()
+    if args.transport == "cuda_ipc":
+        need_cuda("bench/handoff.py --transport cuda_ipc")
     torch.manual_seed(0)
     where = "GPU, CUDA IPC" if args.transport == "cuda_ipc" else "CPU, shared memory"
     print(f"KV handoff (prefill's shared pools -> decode's own, in another process) vs a plain copy, {where}")
     print("| model | dtype | tokens | state MB | handoff GB/s | copy GB/s | handoff / copy |")
     print("|---|---|---:|---:|---:|---:|---:|")
     profiles = []
-    for name, tokens in GPU_CASES if args.transport == "cuda_ipc" else CASES:
+    cases = GPU_CASES if args.transport == "cuda_ipc" else CASES
+    for name, tokens in [(name, tokens) for name, tokens in cases if tokens in (args.tokens or [tokens])]:
         dtype = torch.float32 if name == "demo" else torch.bfloat16
         handoff, copy, moved, profile = bandwidth(_config(name), tokens, dtype, args.runs, args.transport, args.profile)
         print(

@@ -12,11 +12,12 @@ Run: ``python bench/handoff_hold.py [--timeout 5] [--lease 2]``.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+from options import bench_parser
 
 from dayzero.demo import write_demo_checkpoint
 from dayzero.params import SamplingParams
@@ -58,7 +59,7 @@ def case(loop: PrefillLoop, store: Lifecycle, how: str, lease_s: float) -> tuple
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--timeout", type=float, default=5.0)
     parser.add_argument("--lease", type=float, default=2.0)
     args = parser.parse_args()

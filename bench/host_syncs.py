@@ -13,13 +13,13 @@ numpy) are not counted: only tensors. Run: ``python bench/host_syncs.py [--batch
 
 from __future__ import annotations
 
-import argparse
 import collections
 import tempfile
 import traceback
 from pathlib import Path
 
 import torch
+from options import bench_parser
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dayzero.kernels.hyper as hyper
@@ -105,7 +105,7 @@ def prefilled_demo(batch: int, prompt_tokens: int, steps: int, backend: str, fp4
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3, help="decode steps counted (a window closes every few)")
     parser.add_argument("--prompt-tokens", type=int, default=300)

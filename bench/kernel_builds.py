@@ -12,13 +12,15 @@ bench/kernel_builds.py [--budget 174336]`` (tests/kernels/test_hopper_builds.py 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 from dataclasses import dataclass
 
-if os.environ.get("TRITON_INTERPRET") == "1":  # interpreted kernels cannot be compiled
+from options import bench_parser
+
+# interpreted kernels cannot be compiled (``--help`` compiles nothing: it answers anyway)
+if os.environ.get("TRITON_INTERPRET") == "1" and not {"-h", "--help"} & set(sys.argv[1:]):
     sys.exit("unset TRITON_INTERPRET: this compiles the kernels")
 # a cache of its own (removed at exit): a cached build would skip the rules checked here
 CACHE = tempfile.TemporaryDirectory(prefix="kernel-builds-")
@@ -155,7 +157,7 @@ def launches() -> dict[str, list[Launch]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--budget", type=int, default=BUDGET, help=f"shared bytes a kernel may take (default {BUDGET})")
     args = parser.parse_args()
     print(f"Triton kernels compiled for sm_90 by Triton {triton.__version__}: shared memory per block")

@@ -6,15 +6,16 @@ experts, 6 per token, RMS norms of the hidden 4096 and of the 4 x 4096 streams).
 Each row: the twin's and the kernel's median time (CUDA-synchronised, several runs) on the same
 inputs, their ratio, and the largest difference between the two outputs (a wrong kernel shows
 here too). ``--smoke`` runs tiny shapes anywhere (CPU with TRITON_INTERPRET=1) to check the
-script itself. Run on a GPU host: ``python bench/kernels.py`` (bench/gpu.sh does).
+script itself. Run on a GPU host: ``python bench/kernels.py`` (bench/gpu.sh does); without a GPU it
+says so and exits 0 (bench/options.py's ``need_cuda``).
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 
 import torch
+from options import bench_parser, need_cuda
 from timing import median_seconds
 
 from dayzero.kernels import CompressedKeys, RaggedBatch, indexer_topk, sparse_attention_decode, sparse_attention_prefill
@@ -142,14 +143,14 @@ def cases(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes: check the script (CPU: TRITON_INTERPRET=1)")
     parser.add_argument("--runs", type=int, default=7, help="timed runs per median (default 7)")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="pools and queries")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" and not args.smoke:
-        parser.error("no CUDA device: the kernels are timed on a GPU (use --smoke to check the script)")
+    if not args.smoke:
+        need_cuda("bench/kernels.py (--smoke: tiny shapes, on a CPU too)")
     dtype = getattr(torch, args.dtype)
     where = torch.cuda.get_device_name() if device == "cuda" else "CPU (interpreted)"
     print(f"compiled Triton kernels vs torch twins, {where}, {args.dtype}, median of {args.runs}")

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from options import bench_parser
+
 CONFIG = {
     "model_type": "deepseek_v4",
     "vocab_size": 4096,
@@ -81,7 +83,7 @@ def measure(path: str, warmup: str) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = bench_parser(__doc__)
     p.add_argument("--shards", type=int, default=4)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--measure", nargs=2, help=argparse.SUPPRESS)

@@ -9,13 +9,13 @@ rounds); then the aten ops each engine dispatches per decode step (counted, not 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import tempfile
 import time
 
 import torch
+from options import bench_parser
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dayzero.checkpoint import load_model
@@ -64,7 +64,7 @@ def transformers_run(ref, prompt: list[int], new: int, counter: OpCount | None =
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--runs", type=int, default=5)

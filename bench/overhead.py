@@ -22,7 +22,6 @@ run, then the median of the runs. Run: ``python bench/overhead.py [--runs 3] [--
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import httpx
 import torch
+from options import bench_parser
 
 MODEL = "dayzero-demo"
 HOPS = (
@@ -253,7 +253,7 @@ def table(title: str, runs: list[dict]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--requests", type=int, default=15, help="gateway requests (and in-process runs) per run")
     parser.add_argument("--prompt-tokens", type=int, default=128)

@@ -7,7 +7,8 @@ dayzero.parallel.Group), and the median decode step with the part of it spent in
 collectives, and what a worker group adds to each step: rank 0 broadcasting the step's plan
 (dayzero.serving.ranks). Gloo on a shared 2-core machine is slow: the collective share is the
 figure to watch. One rank is timed with all the threads and with one (a rank of two gets one).
-Run: ``python bench/parallel.py``.
+``--layers`` and ``--experts`` size the model (bench/moe.py's ``sized``).
+Run: ``python bench/parallel.py [--batch 4] [--prompt-tokens 64] [--steps 24] [--layers 4] [--experts 64]``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import time
 from pathlib import Path
 
 import torch
-from moe import CONFIG
+from moe import CONFIG, sized
+from options import bench_parser
 
 from dayzero.checkpoint import load_model
 from dayzero.demo import write_checkpoint
@@ -29,28 +31,26 @@ from dayzero.parallel.wire import Message, receive, send
 from dayzero.quant.quantize import quantize_checkpoint
 from dayzero.serving.ranks import Op
 
-PROMPT, STEPS, BATCH = 64, 24, 4
 
-
-def rank_run(group, path: Path) -> dict:
+def rank_run(group, path: Path, batch: int, prompt: int, decode_steps: int) -> dict:
     model = load_model(path, progress=False, group=group)
     state = model.state_dict().items()
     experts = sum(t.numel() * t.element_size() for n, t in state if ".ffn.experts." in n)
     total = sum(t.numel() * t.element_size() for _, t in state)
-    seqs = [f"s{i}" for i in range(BATCH)]
-    pools = pools_for(model.cfg, torch.float32, PROMPT + STEPS + 2, max_sequences=BATCH)
-    prompts = [[(7 * i + j) % model.cfg.vocab_size for j in range(PROMPT)] for i in range(BATCH)]
+    seqs = [f"s{i}" for i in range(batch)]
+    pools = pools_for(model.cfg, torch.float32, prompt + decode_steps + 2, max_sequences=batch)
+    prompts = [[(7 * i + j) % model.cfg.vocab_size for j in range(prompt)] for i in range(batch)]
     tokens = prefill(model, pools, seqs, prompts).argmax(-1).tolist()
     steps, comm = [], []
     counts_before = sum(group.counts.values())
-    for _ in range(STEPS):
+    for _ in range(decode_steps):
         start, spent = time.perf_counter(), group.seconds
         tokens = decode(model, pools, seqs, tokens).argmax(-1).tolist()
         steps.append(time.perf_counter() - start)
         comm.append(group.seconds - spent)
-    per_step = (sum(group.counts.values()) - counts_before) / STEPS
+    per_step = (sum(group.counts.values()) - counts_before) / decode_steps
     plans = []  # what a worker group adds per step: rank 0 sends the step's plan (ids, tokens)
-    for _ in range(STEPS):
+    for _ in range(decode_steps):
         start = time.perf_counter()
         if group.config.rank == 0:
             send(group, Message(Op.DECODE, tokens, seqs))
@@ -69,10 +69,21 @@ def rank_run(group, path: Path) -> dict:
 
 
 def main() -> None:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--batch", type=int, default=4, help="sequences a decode step")
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=24, help="decode steps timed (their median)")
+    parser.add_argument("--layers", type=int, default=CONFIG["num_hidden_layers"], help="2 or more")
+    parser.add_argument("--experts", type=int, default=CONFIG["n_routed_experts"], help="a multiple of the ranks (2)")
+    args = parser.parse_args()
+    sizes = (args.batch, args.prompt_tokens, args.steps)
     with tempfile.TemporaryDirectory() as tmp:
-        src = write_checkpoint(Path(tmp) / "src", CONFIG, seed=0)
+        src = write_checkpoint(Path(tmp) / "src", sized(max(2, args.layers), args.experts), seed=0)
         path = quantize_checkpoint(src, Path(tmp) / "fp4", progress=False)
-        print(f"decode: batch {BATCH}, {PROMPT}-token prompts, median of {STEPS} steps; bytes of rank 0")
+        print(
+            f"decode: batch {args.batch}, {args.prompt_tokens}-token prompts, median of {args.steps} steps;"
+            " bytes of rank 0"
+        )
         print(
             "| ranks | experts MiB | other MiB | collectives / step (/ layer) | step ms | collectives ms (share) "
             "| plan broadcast ms |"
@@ -81,7 +92,7 @@ def main() -> None:
         threads = torch.get_num_threads()
         for n, label in ((1, f"1 ({threads} threads)"), (1, "1 (1 thread)"), (2, "2 (1 thread each)")):
             torch.set_num_threads(threads if "threads" in label else 1)
-            r = run_group(n, rank_run, path)  # two ranks: run_group gives each its share of the threads
+            r = run_group(n, rank_run, path, *sizes)  # two ranks: run_group gives each its share of the threads
             share = r["comm_ms"] / r["step_ms"]
             print(
                 f"| {label} | {r['experts'] / 2**20:.2f} | {r['other'] / 2**20:.2f} | {r['collectives_per_step']:.0f} "

@@ -30,6 +30,7 @@ import httpx
 import redis
 from celery import Celery
 from demo_stack import QUICK_LEASES, demo_stack, scratch
+from options import bench_parser
 
 from dayzero.stack import Stack
 
@@ -101,7 +102,7 @@ def one_round(stack: Stack, app: Celery, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--burst", type=int, default=2)

@@ -13,11 +13,12 @@ until every prompt ended). Run: ``python bench/prefill_starvation.py [--chunk 25
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import time
 from dataclasses import dataclass
+
+from options import bench_parser
 
 from dayzero.params import SamplingParams
 from dayzero.serving.intake import Ticket
@@ -99,7 +100,7 @@ def _ticket(rid: str, length: int, created: float) -> Ticket[PrefillJob]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--chunk", type=int, default=256, help="DAYZERO_PREFILL_CHUNK_SIZE")
     parser.add_argument("--budget", type=int, default=256, help="DAYZERO_MAX_PREFILL_TOKENS")
     parser.add_argument("--short", type=int, nargs=2, default=(16, 96), help="short prompts' lengths, min max")

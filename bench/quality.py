@@ -12,7 +12,6 @@ Run: ``python bench/quality.py [--checkpoint DIR] [--float DIR]``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import tempfile
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from options import bench_parser
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
@@ -73,7 +73,7 @@ def row(name: str, loss: float, top1: float | None = None) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = bench_parser(__doc__)
     p.add_argument("--checkpoint", type=Path, default=BUILT_IN_MODEL, help="the release-layout checkpoint")
     p.add_argument("--float", type=Path, dest="float_dir", help="the float weights (train-demo --float)")
     p.add_argument("--windows", type=int, help="only the first N windows (default: all)")

@@ -8,12 +8,12 @@ connection (a pipeline's or a script's: one). Real Redis (embedded); the stamps 
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
 import redis
 import redis.connection
+from options import bench_parser
 
 from dayzero.procs import scratch_redis
 from dayzero.serving.keys import QUEUES, key
@@ -55,7 +55,7 @@ def one_pass(store: Lifecycle, overdue: OverdueWaits) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--passes", type=int, default=20)
     args = parser.parse_args()
     redis.connection.Connection.send_packed_command = counted(redis.connection.Connection.send_packed_command)

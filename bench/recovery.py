@@ -15,7 +15,6 @@ The stack's settings come from the environment (``DAYZERO_KV_BUDGET_MB=8``: smal
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import contextlib
@@ -27,6 +26,7 @@ import time
 import httpx
 import redis
 from demo_stack import demo_stack, scratch
+from options import bench_parser
 from serve import pct
 
 MODEL = "dayzero-demo"
@@ -83,7 +83,7 @@ def leftovers(r: redis.Redis) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = bench_parser(__doc__)
     ap.add_argument("--clients", type=int, default=48)
     ap.add_argument("--requests", type=int, default=3, help="requests per client, one after another")
     ap.add_argument("--kill-at", type=float, default=0.25, help="the share of the requests ended before the kill")

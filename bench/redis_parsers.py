@@ -13,13 +13,13 @@ bench/redis_parsers.py [--batch 1,16,64] [--calls 300]``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import time
 
 import redis
 import redis.asyncio as aioredis
+from options import bench_parser
 from redis._parsers import _AsyncHiredisParser, _AsyncRESP3Parser, _HiredisParser, _RESP3Parser
 from redis.connection import Encoder, HiredisRespSerializer, PythonRespSerializer
 
@@ -63,7 +63,7 @@ def measure(batch: int, sync: list[redis.Redis], aio: list[aioredis.Redis], loop
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--batch", default="1,16,64", help="streams in flight (comma-separated)")
     parser.add_argument("--calls", type=int, default=300)
     args = parser.parse_args()

@@ -13,7 +13,6 @@ Run: ``python bench/serve.py [--rate 4] [--requests 64] [--clients 0] [--url htt
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -24,6 +23,7 @@ from pathlib import Path
 import httpx
 import torch
 from handoff import bandwidth
+from options import bench_parser
 
 from dayzero.config import ModelConfig
 
@@ -164,7 +164,7 @@ def sweep_and_plot(url: str, prompt_len: int, max_tokens: int, folder: Path) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--url", help="a running gateway (default: start a stack here)")
     parser.add_argument("--rate", type=float, default=4.0, help="request arrivals per second (Poisson)")
     parser.add_argument("--requests", type=int, default=64)

@@ -9,7 +9,6 @@ Run: ``python bench/speculative.py [--checkpoint DIR | --random]``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 import torch
+from options import bench_parser
 from tokenizers import Tokenizer
 
 from dayzero.checkpoint import load_model
@@ -59,7 +59,7 @@ def _held_out_stream(checkpoint: Path) -> torch.Tensor:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--checkpoint", type=Path, default=BUILT_IN_MODEL, help="default: the shipped trained model")
     parser.add_argument("--random", action="store_true", help="the random demo checkpoint, random prompts")
     parser.add_argument("--prompt-tokens", type=int, default=64)

@@ -12,7 +12,6 @@ spent to get there and its resident memory once one request has been served. A t
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -24,6 +23,7 @@ from pathlib import Path
 import httpx
 import psutil
 from demo_stack import running, stack_on
+from options import bench_parser
 
 from dayzero.demo import write_demo_checkpoint
 
@@ -61,7 +61,7 @@ def stack_start(tree: Path, checkpoint: Path, scratch: Path) -> dict[str, float]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__)
     parser.add_argument("trees", nargs="*", type=Path, default=[Path(__file__).resolve().parents[1]])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()

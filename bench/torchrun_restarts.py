@@ -32,6 +32,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from options import bench_parser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' namespace helpers
 
@@ -121,7 +122,7 @@ def complete(url: str, i: int, timeout: float) -> tuple[str, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--kill", type=int, default=1, choices=(0, 1), help="the rank (and host) SIGKILLed")
     parser.add_argument(
         "--fault",

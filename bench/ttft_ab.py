@@ -15,7 +15,6 @@ tree twice to see the noise left. Run: ``python bench/ttft_ab.py TREE_A TREE_B [
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import tempfile
@@ -23,13 +22,14 @@ import time
 from pathlib import Path
 
 from demo_stack import stack_on
+from options import bench_parser
 from overhead import Engine, RawClient
 
 from dayzero.demo import write_demo_checkpoint
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("trees", nargs=2, type=Path, help="two source trees (each with shared/ and services/)")
     parser.add_argument("--requests", type=int, default=80, help="requests to each stack")
     parser.add_argument("--prompt-tokens", type=int, default=128)

@@ -13,7 +13,6 @@ Medians. Run: ``python bench/wakeups.py [--samples 200]
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -21,6 +20,7 @@ import sys
 import time
 
 import redis
+from options import bench_parser
 
 from dayzero.procs import scratch_redis
 
@@ -56,7 +56,7 @@ def row(name: str, call, args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--pause-ms", type=float, default=10.0, help="idle time before each timed round trip")
     args = parser.parse_args()

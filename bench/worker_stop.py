@@ -17,7 +17,6 @@ folder they import its ``services``).
 
 from __future__ import annotations
 
-import argparse
 import random
 import signal
 import statistics
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 
 import httpx
+from options import bench_parser
 
 from dayzero.demo import write_demo_checkpoint
 from dayzero.procs import free_port
@@ -94,7 +94,7 @@ def stops(work: Path, n: int) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--stops", type=int, default=0, help="N stops of one stack's workers instead of rounds")
     args = ap.parse_args()
