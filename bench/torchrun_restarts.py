@@ -26,19 +26,18 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import psutil
+from demo_stack import scratch, stack_on
 from options import bench_parser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' namespace helpers
 
 from dayzero.demo import write_demo_checkpoint  # noqa: E402
 from dayzero.procs import free_port  # noqa: E402
-from dayzero.stack import Stack  # noqa: E402
 from tests.parallel.test_hosts import ADDRESSES, Hosts, _stop  # noqa: E402
 from tests.services.conftest import SETTINGS_ENV, prompt_ids  # noqa: E402
 from tests.services.in_process import engine_completer  # noqa: E402
@@ -140,8 +139,8 @@ def main() -> None:
         help="the end, Redis gone: SIGTERM to both hosts' torchruns, to host 0's alone, or to rank 0 itself",
     )
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        run(Path(tmp), args)
+    with scratch() as tmp:
+        run(tmp, args)
 
 
 def run(tmp: Path, args: argparse.Namespace) -> None:
@@ -149,8 +148,7 @@ def run(tmp: Path, args: argparse.Namespace) -> None:
     reference = engine_completer(checkpoint, "cpu")
     hosts = Hosts(f"dzr{os.getpid() % 10000}", root=True)
     hosts.add()
-    env = {**SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(checkpoint)}
-    stack = Stack({"vision": 0, "prefill": 1, "decode": 0}, free_port(), tmp / "logs", env)
+    stack = stack_on(checkpoint, {"vision": 0, "prefill": 1, "decode": 0}, tmp / "logs", SETTINGS_ENV)
     agents: list[subprocess.Popen] = []
     logs = [tmp / "logs" / f"decode-node{node}.log" for node in (0, 1)]
     try:

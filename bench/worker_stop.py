@@ -20,48 +20,45 @@ from __future__ import annotations
 import random
 import signal
 import statistics
-import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from demo_stack import running, scratch, stack_on
 from options import bench_parser
 
 from dayzero.demo import write_demo_checkpoint
-from dayzero.procs import free_port
 from dayzero.stack import Stack
 
 ENV = {"DAYZERO_KV_BUDGET_MB": "32", "DAYZERO_MAX_BATCH": "16"}
 BODY = {"model": "dayzero-demo", "prompt": [0, 5, 6], "max_tokens": 4}
 
 
-def ready_stack(checkpoint: Path, logs: Path) -> Stack:
-    env = {**ENV, "DAYZERO_CHECKPOINT": str(checkpoint)}
-    stack = Stack({"vision": 0, "prefill": 1, "decode": 1}, free_port(), logs, env)
-    stack.start()
-    stack.wait_ready(timeout_s=300)
-    assert httpx.post(f"{stack.url}/v1/completions", json=BODY, timeout=120).status_code == 200
-    return stack
+@contextmanager
+def served(checkpoint: Path, logs: Path) -> Iterator[Stack]:
+    """A running stack of 1 prefill and 1 decode worker on ``checkpoint`` that has served a request."""
+    with running(stack_on(checkpoint, {"vision": 0, "prefill": 1, "decode": 1}, logs, ENV)) as stack:
+        assert httpx.post(f"{stack.url}/v1/completions", json=BODY, timeout=120).status_code == 200
+        yield stack
 
 
 def rounds(work: Path, n: int) -> dict[str, list[float]]:
     checkpoint = write_demo_checkpoint(work / "ckpt", fp4=True)
     took: dict[str, list[float]] = {"decode0": [], "prefill0": [], "Stack.stop()": []}
     for r in range(n):
-        stack = ready_stack(checkpoint, work / f"logs{r}")
-        try:
+        with served(checkpoint, work / f"logs{r}") as stack:
             for name in ("decode0", "prefill0"):
                 proc = stack.child(name).proc
                 began = time.monotonic()
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=60)
                 took[name].append(time.monotonic() - began)
-        finally:
-            stack.stop()
-        stack = ready_stack(checkpoint, work / f"logs{r}-whole")
-        began = time.monotonic()
-        killed = stack.stop()
-        took["Stack.stop()"].append(time.monotonic() - began)
+        with served(checkpoint, work / f"logs{r}-whole") as stack:
+            began = time.monotonic()
+            killed = stack.stop()  # (timed here; running's own stop after finds nothing left to stop)
+            took["Stack.stop()"].append(time.monotonic() - began)
         assert not killed, killed
         print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in took.items()), flush=True)
     return took
@@ -70,8 +67,8 @@ def rounds(work: Path, n: int) -> dict[str, list[float]]:
 def stops(work: Path, n: int) -> list[float]:
     """``n`` stops of one stack's workers, each restarted and ready again before the next."""
     checkpoint = write_demo_checkpoint(work / "ckpt", fp4=True)
-    stack, took = ready_stack(checkpoint, work / "logs"), []
-    try:
+    took = []
+    with served(checkpoint, work / "logs") as stack:
         for i in range(n):
             name = ("decode0", "prefill0")[i % 2]
             log = stack.log_dir / f"{name}.log"
@@ -88,8 +85,6 @@ def stops(work: Path, n: int) -> list[float]:
             while log.read_text().count(" ready.") == readied:
                 stack.supervise()
                 time.sleep(0.2)
-    finally:
-        stack.stop()
     return took
 
 
@@ -98,13 +93,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--stops", type=int, default=0, help="N stops of one stack's workers instead of rounds")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="worker-stop-") as scratch:  # (the checkpoint, the logs)
+    with scratch() as work:  # (the checkpoint, the logs)
         if args.stops:
-            took = {"worker stop": stops(Path(scratch), args.stops)}
+            took = {"worker stop": stops(work, args.stops)}
             slow = [t for t in took["worker stop"] if t > 1.0]
             print(f"longer than the 1 s poll: {len(slow)} of {args.stops} ({', '.join(f'{t:.2f}' for t in slow)})")
         else:
-            took = rounds(Path(scratch), args.rounds)
+            took = rounds(work, args.rounds)
     for name, values in took.items():
         print(f"{name}: median {statistics.median(values):.2f} s, min {min(values):.2f}, max {max(values):.2f}")
 
