@@ -59,32 +59,54 @@ def named_reads(r: redis.Redis) -> set[str]:
     return {c["name"] for c in r.client_list() if c.get("name", "").startswith("dayzero-reads-")}
 
 
-def one_round(stack: Stack, app: Celery, args: argparse.Namespace) -> dict:
-    r = redis.Redis.from_url(stack.redis_url)
-    longs, bursts = {}, {}
-    while len(named_reads(r)) < 3:  # every worker's consumer connected (ready: its loop announced)
-        time.sleep(0.05)
-    idle = stack.child("prefill1").proc
-    idle.send_signal(signal.SIGSTOP)  # the long prompts go to prefill0: prefill1 sends no read meanwhile
-    for client in r.client_list(_type="normal"):  # (and the one it sent ends: nil)
-        if client.get("name", "").startswith("dayzero-reads-") and "b" in client.get("flags", ""):
-            r.client_unblock(client["id"])
-    threads = [threading.Thread(target=streamed, args=(stack.url, LONG, longs, i)) for i in range(args.batch)]
-    for t in threads:
-        t.start()
-    while held_by(r, "prefill") < args.batch:
-        time.sleep(0.005)
-    idle.send_signal(signal.SIGCONT)
+def held_back(stack: Stack, r: redis.Redis, name: str):
+    """Worker ``name`` stopped (SIGSTOP: it sends no queue read meanwhile) and the read it sent ended
+    (nil); its process, to continue."""
+    proc = stack.child(name).proc
+    proc.send_signal(signal.SIGSTOP)
+    blocked = [c["id"] for c in r.client_list(_type="normal") if c.get("name", "").startswith("dayzero-reads-")]
+    for reader in blocked:
+        r.client_unblock(reader)
+    return proc
+
+
+def reconnected(r: redis.Redis) -> None:
+    """Every worker's broker connection closed (``CLIENT KILL``), and each back (Celery: ~0.1 s)."""
     workers = named_reads(r)
+    for reader in [c["id"] for c in r.client_list() if c.get("name", "").startswith("dayzero-reads-")]:
+        r.execute_command("CLIENT", "KILL", "ID", reader)
+    while named_reads(r) != workers:
+        time.sleep(0.005)
+
+
+def busy_then_burst(
+    stack: Stack, r: redis.Redis, args: argparse.Namespace, idle: str, longs: list[threading.Thread], bursts: dict
+) -> list[threading.Thread]:
+    """A round up to its burst: every worker's consumer connected; worker ``idle`` held back while the
+    ``longs`` (started here) are taken by its stage's other worker; ``idle`` let go, every broker
+    connection closed and back (``--no-kill``: not); the burst's ``args.burst`` short streams started
+    (their times into ``bursts``), returned."""
+    while len(named_reads(r)) < 3:  # (ready: its loop announced)
+        time.sleep(0.05)
+    held = held_back(stack, r, idle)
+    for t in longs:
+        t.start()
+    while held_by(r, stack.child(idle).service) < len(longs):
+        time.sleep(0.005)
+    held.send_signal(signal.SIGCONT)
     if not args.no_kill:
-        for client in r.client_list():
-            if client.get("name", "").startswith("dayzero-reads-"):
-                r.execute_command("CLIENT", "KILL", "ID", client["id"])
-        while named_reads(r) != workers:  # every worker connected again (Celery: ~0.1 s)
-            time.sleep(0.005)
+        reconnected(r)
     burst = [threading.Thread(target=streamed, args=(stack.url, [0, 5 + i, 6], bursts, i)) for i in range(args.burst)]
     for t in burst:
         t.start()
+    return burst
+
+
+def one_round(stack: Stack, app: Celery, args: argparse.Namespace) -> dict:
+    r = redis.Redis.from_url(stack.redis_url)
+    longs, bursts = {}, {}
+    threads = [threading.Thread(target=streamed, args=(stack.url, LONG, longs, i)) for i in range(args.batch)]
+    burst = busy_then_burst(stack, r, args, "prefill1", threads, bursts)  # the long prompts go to prefill0
     unstarted = {"prefill0": 0, "prefill1": 0}
     while any(t.is_alive() for t in burst):
         for worker, tasks in (app.control.inspect(timeout=0.3).reserved() or {}).items():
@@ -101,20 +123,41 @@ def one_round(stack: Stack, app: Celery, args: argparse.Namespace) -> dict:
     }
 
 
-def main() -> None:
-    ap = bench_parser(__doc__)
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options of this bench and of bench/prefetch_two_decode.py (a round's own: the caller's)."""
+    ap = bench_parser(doc)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--burst", type=int, default=2)
-    ap.add_argument("--chunk", type=int, default=64)
-    ap.add_argument("--no-kill", action="store_true")
-    args = ap.parse_args()
-    settings = {**QUICK_LEASES, "DAYZERO_MAX_BATCH": str(args.batch), "DAYZERO_PREFILL_CHUNK_SIZE": str(args.chunk)}
+    ap.add_argument("--batch", type=int, default=2, help="DAYZERO_MAX_BATCH")
+    ap.add_argument("--burst", type=int, default=2, help="short requests after the reconnect")
+    ap.add_argument("--no-kill", action="store_true", help="no broker connection closed (the control)")
+    return ap
+
+
+def run_rounds(args: argparse.Namespace, workers: dict[str, int], settings: dict[str, str], one_round) -> tuple:
+    """``args.rounds`` of ``one_round(stack, app, args)`` on a stack of ``workers`` (short leases,
+    DAYZERO_MAX_BATCH ``args.batch``, ``settings``); their results, and how many requests the gateway's
+    reaper re-ran as lost (a message taken off the queue and never claimed)."""
+    settings = {**QUICK_LEASES, "DAYZERO_MAX_BATCH": str(args.batch), **settings}
     with scratch() as tmp:
-        with demo_stack(tmp, {"vision": 0, "prefill": 2, "decode": 1}, settings, fp4=True) as stack:
+        with demo_stack(tmp, workers, settings, fp4=True) as stack:
             app = Celery(broker=stack.redis_url)
             rounds = [one_round(stack, app, args) for _ in range(args.rounds)]
         reruns = (stack.log_dir / "gateway.log").read_text(errors="replace").count("lost its worker; re-running")
+    return rounds, reruns
+
+
+def burst_summary(rounds: list[dict], reruns: int) -> None:
+    slowest = statistics.median(got["first"][-1] for got in rounds)
+    print(f"median of each round's slowest first token of the burst: {slowest:.2f} s")
+    print(f"requests re-run by the reaper (a message taken, never claimed: 'lost its worker'): {reruns}")
+
+
+def main() -> None:
+    ap = parser(__doc__)
+    ap.add_argument("--chunk", type=int, default=64, help="DAYZERO_PREFILL_CHUNK_SIZE")
+    args = ap.parse_args()
+    workers = {"vision": 0, "prefill": 2, "decode": 1}
+    rounds, reruns = run_rounds(args, workers, {"DAYZERO_PREFILL_CHUNK_SIZE": str(args.chunk)}, one_round)
     for n, got in enumerate(rounds):
         firsts, longs = (", ".join(f"{f:.2f}" for f in got[k]) for k in ("first", "long"))
         print(
@@ -122,9 +165,7 @@ def main() -> None:
             f" messages held unstarted (most at once): the busy prefill0 {got['unstarted']['prefill0']},"
             f" prefill1 {got['unstarted']['prefill1']}"
         )
-    slowest = statistics.median(got["first"][-1] for got in rounds)
-    print(f"median of each round's slowest first token of the burst: {slowest:.2f} s")
-    print(f"requests re-run by the reaper (a message taken, never claimed: 'lost its worker'): {reruns}")
+    burst_summary(rounds, reruns)
 
 
 if __name__ == "__main__":

@@ -17,17 +17,14 @@ Run: ``python bench/prefetch_two_decode.py [--rounds 3] [--batch 2] [--burst 2] 
 from __future__ import annotations
 
 import argparse
-import signal
-import statistics
 import threading
 import time
 
 import httpx
 import redis
 from celery import Celery
-from demo_stack import QUICK_LEASES, demo_stack, scratch
-from options import bench_parser
-from prefetch_after_reconnect import MODEL, held_by, named_reads, streamed
+from prefetch_after_reconnect import MODEL, burst_summary, busy_then_burst, run_rounds
+from prefetch_after_reconnect import parser as reconnect_parser
 
 from dayzero.stack import Stack
 
@@ -49,44 +46,12 @@ def holders(r: redis.Redis) -> dict[str, int]:
     return {name: sum(lease.startswith(name) for lease in leases) for name in DECODE}
 
 
-def held_back(stack: Stack, r: redis.Redis, name: str):
-    """Worker ``name`` stopped (SIGSTOP: it sends no queue read meanwhile) and the read it sent ended
-    (nil); its process, to continue."""
-    proc = stack.child(name).proc
-    proc.send_signal(signal.SIGSTOP)
-    blocked = [c["id"] for c in r.client_list(_type="normal") if c.get("name", "").startswith("dayzero-reads-")]
-    for reader in blocked:
-        r.client_unblock(reader)
-    return proc
-
-
-def reconnected(r: redis.Redis) -> None:
-    """Every worker's broker connection closed (``CLIENT KILL``), and each back (Celery: ~0.1 s)."""
-    workers = named_reads(r)
-    for reader in [c["id"] for c in r.client_list() if c.get("name", "").startswith("dayzero-reads-")]:
-        r.execute_command("CLIENT", "KILL", "ID", reader)
-    while named_reads(r) != workers:
-        time.sleep(0.005)
-
-
 def one_round(stack: Stack, app: Celery, args: argparse.Namespace) -> dict:
     r = redis.Redis.from_url(stack.redis_url)
     longs, bursts = {}, {}
-    while len(named_reads(r)) < 3:  # every worker's consumer connected
-        time.sleep(0.05)
-    idle = held_back(stack, r, "decode1")  # the long generations go to decode0
     busy = 2 * args.batch  # (decode0's threads)
     threads = [threading.Thread(target=generation, args=(stack.url, args.tokens, longs, i)) for i in range(busy)]
-    for t in threads:
-        t.start()
-    while held_by(r, "decode") < busy:
-        time.sleep(0.005)
-    idle.send_signal(signal.SIGCONT)
-    if not args.no_kill:
-        reconnected(r)
-    burst = [threading.Thread(target=streamed, args=(stack.url, [0, 5 + i, 6], bursts, i)) for i in range(args.burst)]
-    for t in burst:
-        t.start()
+    burst = busy_then_burst(stack, r, args, "decode1", threads, bursts)  # the long generations go to decode0
     unstarted, held, at_start = dict.fromkeys(DECODE, 0), dict.fromkeys(DECODE, 0), holders(r)
     while any(t.is_alive() for t in burst):
         reserved = app.control.inspect(timeout=0.3).reserved() or {}
@@ -107,19 +72,10 @@ def one_round(stack: Stack, app: Celery, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    ap = bench_parser(__doc__)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--burst", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=1500)
-    ap.add_argument("--no-kill", action="store_true")
+    ap = reconnect_parser(__doc__)
+    ap.add_argument("--tokens", type=int, default=1500, help="the long generations' tokens")
     args = ap.parse_args()
-    settings = {**QUICK_LEASES, "DAYZERO_MAX_BATCH": str(args.batch)}
-    with scratch() as tmp:
-        with demo_stack(tmp, {"vision": 0, "prefill": 1, "decode": 2}, settings, fp4=True) as stack:
-            app = Celery(broker=stack.redis_url)
-            rounds = [one_round(stack, app, args) for _ in range(args.rounds)]
-        reruns = (stack.log_dir / "gateway.log").read_text(errors="replace").count("lost its worker; re-running")
+    rounds, reruns = run_rounds(args, {"vision": 0, "prefill": 1, "decode": 2}, {}, one_round)
     for n, got in enumerate(rounds):
         firsts = ", ".join(f"{f:.2f}" for f in got["first"])
         unstarted, held, at_start = got["unstarted"], got["held"], got["at_start"]
@@ -129,9 +85,7 @@ def main() -> None:
             f" at the burst's start / most at once: decode0 {at_start['decode0']} / {held['decode0']},"
             f" decode1 {at_start['decode1']} / {held['decode1']}"
         )
-    slowest = statistics.median(got["first"][-1] for got in rounds)
-    print(f"median of each round's slowest first token of the burst: {slowest:.2f} s")
-    print(f"requests re-run by the reaper (a message taken, never claimed: 'lost its worker'): {reruns}")
+    burst_summary(rounds, reruns)
 
 
 if __name__ == "__main__":
