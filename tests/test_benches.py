@@ -1,0 +1,156 @@
+"""The benches run: each ``bench/*.py`` (found by glob: a new one is covered) answers ``--help`` with its
+options and exits 0 without doing its work, and the ones quick on a CPU run for real at their smallest
+sizes, one stack bench (``bench/serve.py``) among them, so that ``bench/demo_stack.py`` is run end to end.
+
+``--help`` and the in-process smoke runs are run as ``python bench/X.py ARGS`` would run them (the
+script as ``__main__``, ``bench/`` first on the path), but one after another in one fresh interpreter
+(``RUNNER``): a process each paid torch's import 42 times (2-8 s each on two shared cores). The CUDA
+paths run too: on a host without CUDA each says so and exits 0."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+HELPERS = {"demo_stack.py", "options.py", "timing.py"}  # modules the benches import, not benches
+BENCHES = sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS)
+WORK_S = 20  # a --help still running after this is doing its work: ended (its test fails), the rest go on
+
+# Runs each of argv's JSON invocations ([script, args...]) as ``python script args...`` would, in turn;
+# prints one JSON line per invocation: its exit code, its output, its seconds. A run past its alarm
+# (``seconds`` in the invocation, else none) is ended and reported as exit code "alarm".
+RUNNER = """
+import contextlib, io, json, runpy, signal, sys, time, traceback
+
+class Alarm(BaseException):
+    pass
+
+def ring(*_):
+    raise Alarm()
+
+signal.signal(signal.SIGALRM, ring)
+for spec in map(json.loads, sys.argv[1:]):
+    script, args, out, began = spec["argv"][0], spec["argv"][1:], io.StringIO(), time.perf_counter()
+    sys.argv, code = [script, *args], 0
+    sys.path.insert(0, script.rsplit("/", 1)[0])
+    signal.alarm(spec.get("seconds", 0))
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:  # (a message as its code: printed, exit code 1, as the interpreter does)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=out)
+    except Alarm:
+        code = "alarm"
+    except BaseException:
+        code, _ = 1, out.write(traceback.format_exc())
+    finally:
+        signal.alarm(0)
+        sys.path.pop(0)
+    print(json.dumps({"code": code, "output": out.getvalue(), "seconds": time.perf_counter() - began}), flush=True)
+"""
+
+
+def run_in_one_process(invocations: list[dict]) -> list[dict]:
+    """Each invocation's result (``RUNNER``), in order, run in one fresh interpreter."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # (TRITON_INTERPRET: conftest.py sets it where no GPU is)
+    done = subprocess.run(
+        [sys.executable, "-c", RUNNER, *map(json.dumps, invocations)], capture_output=True, text=True, env=env
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith('{"code"')]
+    assert len(lines) == len(invocations), done.stdout[-3000:] + done.stderr[-3000:]
+    return [json.loads(line) for line in lines]
+
+
+@pytest.fixture(scope="module")
+def helped() -> dict[str, dict]:
+    """Each bench's ``--help``: its result."""
+    specs = [{"argv": [str(BENCH / name), "--help"], "seconds": WORK_S} for name in BENCHES]
+    return dict(zip(BENCHES, run_in_one_process(specs), strict=True))
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_bench_answers_help_without_its_work(helped, name):
+    got = helped[name]
+    assert got["code"] == 0, got["output"][-3000:]
+    assert got["output"].startswith("usage: "), got["output"][-3000:]  # (argparse: its options, then exit)
+    summary = ast.get_docstring(ast.parse((BENCH / name).read_text())).splitlines()[0]
+    assert summary in got["output"], got["output"][-3000:]  # (bench_parser: its docstring)
+
+
+def test_helpers_are_no_benches():
+    """A module the benches import is named in HELPERS and has no main of its own (else it is a bench)."""
+    for name in HELPERS:
+        assert "__main__" not in (BENCH / name).read_text(), name
+
+
+# The in-process benches at their smallest: each a few seconds on a CPU (bench/handoff.py's measure runs
+# in test_stack_bench_runs: serve.py's last step; its own cases each spawn an importer process)
+SMOKE = {
+    "model.py": ["--prompt-tokens", "16", "--new-tokens", "2", "--runs", "1"],
+    "attention.py": ["--quick", "--parts", "decode,state", "--contexts", "256"],
+    "detokenize.py": ["--tokens", "50", "--stops", "0", "2", "--runs", "1"],
+    "moe.py": ["--layers", "2", "--experts", "4", "--tokens", "4", "--runs", "1"],
+    "parallel.py": ["--layers", "2", "--experts", "4", "--steps", "2", "--batch", "1", "--prompt-tokens", "8"],
+    "vision.py": ["--sides", "56", "--runs", "1", "--depth", "2"],
+    "guided.py": ["--steps", "2"],
+    "guided_compile.py": ["--properties", "10", "--enum-chars", "100"],
+    "kernels.py": ["--smoke", "--runs", "1"],
+    "host_syncs.py": ["--steps", "1", "--batch", "1", "--prompt-tokens", "16"],
+    "fencing.py": ["--batch", "1", "--rounds", "1"],
+    "redis_parsers.py": ["--batch", "1", "--calls", "5"],
+    "reaper_round_trips.py": ["--passes", "1"],
+    "prefill_starvation.py": ["--loads", "1.0", "--horizon", "50", "--seeds", "1", "--long", "300", "--long-at", "10"],
+}
+# What needs a CUDA GPU, on a host without one: a line saying so, exit 0 (bench/options.py's need_cuda)
+NEED_CUDA = {
+    "kernels.py": [],
+    "handoff.py": ["--transport", "cuda_ipc"],
+    "attention.py": ["--device", "cuda"],
+    "decode_launches.py": ["--device", "cuda"],
+}
+
+
+@pytest.fixture(scope="module")
+def smoked() -> dict[str, dict]:
+    """Each smoke run's result (``SMOKE``), then each CUDA run's (``NEED_CUDA``, keys ``cuda:NAME``)."""
+    specs = [{"argv": [str(BENCH / name), *args]} for name, args in SMOKE.items()]
+    cudas = {} if torch.cuda.is_available() else NEED_CUDA  # (with a GPU these would run the real thing)
+    specs += [{"argv": [str(BENCH / name), *args], "seconds": WORK_S} for name, args in cudas.items()]
+    names = [*SMOKE, *(f"cuda:{name}" for name in cudas)]
+    return dict(zip(names, run_in_one_process(specs), strict=True))
+
+
+@pytest.mark.parametrize("name", SMOKE)
+def test_bench_runs_at_its_smallest(smoked, name):
+    got = smoked[name]
+    assert got["code"] == 0, got["output"][-3000:]
+    assert got["output"].strip(), name  # (its figures)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is here: these run for real")
+@pytest.mark.parametrize("name", NEED_CUDA)
+def test_bench_needing_cuda_says_so_on_a_cpu(smoked, name):
+    got = smoked[f"cuda:{name}"]
+    assert got["code"] == 0, got["output"][-3000:]
+    assert "needs a CUDA GPU and this host has none" in got["output"], got["output"][-3000:]
+
+
+def test_stack_bench_runs():
+    """``bench/serve.py`` at its smallest on a stack of its own (``demo_stack``): started, served, stopped."""
+    args = ["--requests", "2", "--rate", "50", "--prompt-tokens", "8", "--max-tokens", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "serve.py"), *args], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["failed"] == 0, done.stdout[-3000:]
