@@ -10,7 +10,6 @@ Redis frozen (SIGSTOP) or killed and started again (empty), each longer than the
 
 from __future__ import annotations
 
-import argparse
 import signal
 import statistics
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import httpx
 import redis
 from demo_stack import QUICK_LEASES, demo_stack, scratch
+from options import bench_parser
 
 from dayzero.serving.liveness import unserved_for
 from dayzero.stack import Stack
@@ -97,7 +97,7 @@ def no_worker_after_s(stack: Stack, outage_s: float) -> tuple[float, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--outage-s", type=float, default=4.0)
     parser.add_argument("--bound-s", type=float, default=4.0, help="DAYZERO_NO_WORKER_TIMEOUT_S")

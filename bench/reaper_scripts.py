@@ -8,7 +8,6 @@ and ``count_again``, ``watching.cancel_left``; a stage without a worker, no canc
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -16,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis
+from options import bench_parser
 
 from dayzero.procs import scratch_redis
 from dayzero.serving.keys import key
@@ -38,7 +38,7 @@ def per_call_us(call: Callable[[], object], calls: int, rounds: int) -> tuple[fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()

@@ -10,7 +10,6 @@ side (a random offset per trial). A read that stays blocked takes the next messa
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import tempfile
@@ -19,6 +18,7 @@ import time
 from pathlib import Path
 
 import redis
+from options import bench_parser
 
 from dayzero.procs import scratch_redis
 from dayzero.serving.broker import READ_S, QueueReads
@@ -49,7 +49,7 @@ def trial(r: redis.Redis, consumer: redis.Redis, prefetch: Prefetch, offset_s: f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--window-ms", type=float, default=2.0)
     args = parser.parse_args()
