@@ -2,19 +2,25 @@
 llguidance's compile grows about quadratically in a schema's properties (8,000 optional ones:
 ~26 s of CPU, only to be refused by its lexer limit; bench/RESULTS.md), and a long enum costs
 every decode step; and llguidance's parser holds so many items in one row, which an object of some
-500 optional properties fills (found after its compile, or mid-reply: ``schema_rows``). The gateway
-refuses a schema past these limits with 400 in milliseconds."""
+500 optional properties fills (found after its compile, or mid-reply: ``schema_rows``). Subschemas
+are counted as llguidance builds them (``schema_merge``: the copies an allOf, a ``$ref`` or a union
+with sibling keywords make), not as written. The gateway refuses a schema past these limits with
+400 in milliseconds."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .schema_merge import MOST_NESTED, Merged, TooBig, TooDeep
 from .schema_rows import RowCheck
 
 _DATA = ("enum", "const", "default", "examples")  # values, not schemas
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
 MOST_TOOLS = 1024  # tools a request may ever offer (the ceiling of DAYZERO_MAX_TOOLS)
+# patternProperties' names in one object: llguidance's compile grows steeply in them, whatever their
+# length (names such as "^q17$", all 5 characters: 100 took 0.05-0.4 s, 200 1.4 s, 250 2.2 s, 400 55 s)
+MOST_PATTERN_NAMES = 100
 
 
 @dataclass(frozen=True)
@@ -40,30 +46,40 @@ _WHAT = {
 
 def size_problem(schemas: list, limits: SchemaLimits) -> str | None:
     """Why ``schemas`` (counted together: one grammar enforces them all) are too big to compile
-    (None: they are not). Each subschema is counted once as written: a ``$ref`` is not followed
-    (its definition is counted where it stands), so a recursive schema costs its size, and the walk
-    stops at the first limit passed (an enum of a million numbers is not read to its end). Nor may
-    they hold an object, or a union of objects, past a row of llguidance's parser (``schema_rows``:
-    there a union's ``$ref``'d branches are followed, each definition once)."""
-    used = dict.fromkeys(SETTINGS, 0)
+    (None: they are not). Each subschema is counted as llguidance builds it (``schema_merge``): a
+    plain ``$ref`` is not followed (its definition is counted where it stands), so a recursive
+    schema costs its size, but one with sibling keywords, an allOf, a union with siblings are
+    counted merged, each copy where it is made; the walk stops at the first limit passed (an enum
+    of a million numbers is not read to its end). Nor may they hold an object, or a union of
+    objects, past a row of llguidance's parser (``schema_rows``: there a union's ``$ref``'d
+    branches are followed, each definition once)."""
+    used, merged = dict.fromkeys(SETTINGS, 0), Merged(limits.nodes)
 
     def past(name: str, count: int) -> bool:
         used[name] += count
         return used[name] > getattr(limits, name)
 
-    for node in _schema_nodes(schemas):
-        if past("nodes", 1):
-            return _message("nodes", limits)
-        if not isinstance(node, dict):
-            continue
-        if any(past("literal_chars", _chars(value)) for value in _literals(node)):
-            return _message("literal_chars", limits)
-        if past("pattern_chars", _pattern_chars(node)):
-            return _message("pattern_chars", limits)
-    for schema in schemas:  # within the limits: so many subschemas at most to look at again
-        rows = RowCheck(schema)  # its $refs point into it (a tool's: into its parameters)
-        if problem := next(filter(None, map(rows.problem, _objects([schema]))), None):
-            return problem
+    try:
+        for node in _schema_nodes(schemas, merged):
+            if past("nodes", 1):
+                return _message("nodes", limits)
+            if not isinstance(node, dict):
+                continue
+            if any(past("literal_chars", _chars(value)) for value in _literals(node)):
+                return _message("literal_chars", limits)
+            if past("pattern_chars", _pattern_chars(node)):
+                return _message("pattern_chars", limits)
+            if isinstance(named := node.get("patternProperties"), dict) and len(named) > MOST_PATTERN_NAMES:
+                most = MOST_PATTERN_NAMES
+                return f"an object of {len(named):,} patternProperties: at most {most} in one can be enforced"
+        for schema in schemas:  # within the limits: so many subschemas at most to look at again
+            rows = RowCheck(schema, merged)  # its $refs point into it (a tool's: into its parameters)
+            if problem := next(filter(None, map(rows.problem, _objects(schema, merged))), None):
+                return problem
+    except TooBig:
+        return _message("nodes", limits)
+    except TooDeep:
+        return f"allOf, or $ref / anyOf / oneOf with other keywords, merged within each other over {MOST_NESTED} deep"
     return None
 
 
@@ -77,28 +93,32 @@ def _message(name: str, limits: SchemaLimits) -> str:
     return f"more than {most:,} {_WHAT[name]}: at most {SETTINGS[name]}={most} can be enforced"
 
 
-def _schema_nodes(schemas: list) -> Iterator[dict | bool]:
-    """Every subschema of ``schemas`` as written, depth first, without recursion (a deep schema
-    costs no stack); values under enum, const, default, examples are data, not schemas."""
-    stack = list(reversed(schemas))
-    while stack:
-        node = stack.pop()
-        yield node
-        if not isinstance(node, dict):
-            continue
-        for key, value in node.items():
-            if key in _DATA:
+def _schema_nodes(schemas: list, merged: Merged | None = None) -> Iterator[dict | bool]:
+    """Every subschema of ``schemas``, depth first, without recursion (a deep schema costs no
+    stack): as written, or as llguidance builds it when ``merged`` (each schema's ``$ref``s
+    pointing into it); values under enum, const, default, examples are data, not schemas."""
+    for schema in schemas:
+        if merged is not None:
+            merged.within(schema)
+        stack = [schema]
+        while stack:
+            node = stack.pop() if merged is None else merged.merged(stack.pop())
+            yield node
+            if not isinstance(node, dict):
                 continue
-            if key in _MAPS and isinstance(value, dict):
-                stack.extend(value.values())
-            elif isinstance(value, dict):
-                stack.append(value)
-            elif isinstance(value, list):
-                stack.extend(v for v in value if isinstance(v, dict | bool))
+            for key, value in node.items():
+                if key in _DATA:
+                    continue
+                if key in _MAPS and isinstance(value, dict):
+                    stack.extend(value.values())
+                elif isinstance(value, dict):
+                    stack.append(value)
+                elif isinstance(value, list):
+                    stack.extend(v for v in value if isinstance(v, dict | bool))
 
 
-def _objects(schemas: list) -> Iterator[dict]:
-    return (node for node in _schema_nodes(schemas) if isinstance(node, dict))
+def _objects(schema: object, merged: Merged) -> Iterator[dict]:
+    return (node for node in _schema_nodes([schema], merged) if isinstance(node, dict))
 
 
 def _literals(node: dict) -> Iterator:
