@@ -12,6 +12,7 @@ from dayzero.chat.grammar import (
     json_grammar,
     schema_problem,
     tool_calls_grammar,
+    value_definitions,
 )
 from dayzero.chat.schema_size import more_nodes_than, size_problem
 from dayzero.chat.tokens import DSML, END_THINK
@@ -57,7 +58,7 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
     schema = body.response_format.schema_() if body.response_format else None
     if choice == "required" or isinstance(choice, NamedToolChoice):
         named = choice.function.name if isinstance(choice, NamedToolChoice) else None
-        _check_size(gw, [parameters for _, _, parameters in body.enforced_parameters()], "tools")
+        _check_size(gw, _enforced_schemas(body), "tools")
         _check_tools(body)
         try:
             lark, param = tool_calls_grammar(body.tools, dsml_symbol(gw.codec.token_id(DSML), DSML), named), "tools"
@@ -94,6 +95,18 @@ def check_tool_set(gw: Gateway, body: ChatPrompt) -> None:
 
 def _parameters(tools: list[dict]) -> list[dict]:
     return [t["function"].get("parameters") or {} for t in tools]
+
+
+def _enforced_schemas(body: ChatPrompt) -> list[dict]:
+    """What a forced call's grammar compiles: each enforced tool's parameters, and each property's
+    own copy of the definitions its value needs (``value_definitions``: 10 properties referring to
+    a definition compile it 10 times)."""
+    schemas = []
+    for _, _, parameters in body.enforced_parameters():
+        properties = parameters.get("properties")
+        copies = (value_definitions(p, parameters) for p in properties.values()) if isinstance(properties, dict) else ()
+        schemas.extend([parameters, *filter(None, copies)])
+    return schemas
 
 
 def _check_size(gw: Gateway, schemas: list, param: str) -> None:

@@ -150,3 +150,16 @@ def test_pydantic_style_schemas_count_as_written():
     assert sum(1 for _ in _schema_nodes([schema], Merged(3000))) == written - 1  # (the allOf of one: its member)
     assert size_problem([schema], SchemaLimits(written - 1, 500, 100)) is None
     assert size_problem([schema], SchemaLimits(written - 2, 500, 100)) is not None
+
+
+def test_a_forced_tools_value_rule_carries_only_the_definitions_it_needs():
+    """Each value's rule is a JSON schema of its own with its copy of the definitions: every one in
+    each made a tool of 1,000 properties and 1,000 defined ones a 37 MB grammar (~0.9 GB, seconds
+    of the gateway's compile before llguidance refused it); the size check counts each copy."""
+    from dayzero.chat.grammar import value_definitions
+
+    defs = {"a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}}, "b": {"type": "integer"}}
+    parameters = {"type": "object", "properties": {}, "$defs": defs | {"c": _object(40)}}
+    assert value_definitions({"$ref": "#/$defs/a"}, parameters) == {"$defs": {"a": defs["a"], "b": defs["b"]}}
+    assert value_definitions({"type": "integer"}, parameters) == {}
+    assert value_definitions({"$ref": "#/definitions/a"}, parameters) == {}  # (none there)

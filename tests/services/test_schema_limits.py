@@ -31,6 +31,13 @@ def _tools(*parameters: dict) -> list[dict]:
     return [{"type": "function", "function": {"name": f"f{i}", "parameters": p}} for i, p in enumerate(parameters)]
 
 
+def _referred(refs: int, properties: int, sibling: dict | None = None) -> dict:
+    """An object of ``refs`` properties, each a $ref (with ``sibling`` beside it) to a definition of
+    ``properties``."""
+    referring = {f"r{i}": {"$ref": "#/$defs/d", **(sibling or {})} for i in range(refs)}
+    return {"type": "object", "properties": referring, "$defs": {"d": _object(properties)}}
+
+
 @pytest.fixture(scope="module")
 def gateway(demo_dir, redis_url):
     with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:
@@ -83,6 +90,10 @@ def test_a_schema_of_8000_properties_is_refused_by_its_size_under_the_default_li
         (_formatted({"type": "string", "pattern": "^" + "a" * 200 + "$"}), "response_format", "PATTERN_CHARS=100"),
         # two tools of 30 properties: under the limit each, past it together (one grammar enforces both)
         ({"tools": _tools(_object(30), _object(30)), "tool_choice": "required"}, "tools", "SCHEMA_NODES=50"),
+        # 10 $refs with a sibling keyword to a definition of 10: 23 subschemas as written, 10 copies merged
+        (_formatted(_referred(10, 10, {"type": "object"})), "response_format", "SCHEMA_NODES=50"),
+        # a tool's 10 properties referring to a definition of 10: each property's rule compiles a copy
+        ({"tools": _tools(_referred(10, 10)), "tool_choice": "required"}, "tools", "SCHEMA_NODES=50"),
     ],
 )
 def test_a_schema_past_a_lowered_limit_is_refused_naming_the_limit(small_limits, extra, param, setting):
@@ -129,6 +140,9 @@ def test_a_realistic_large_schema_and_tool_set_are_accepted_under_the_default_li
         for i in range(60)
     ]
     body = ChatCompletionRequest(**chat("hi", tools=tools, tool_choice="required"))
+    assert isinstance(grammar(gw, body), Grammar)
+    # a tool whose 40 properties refer to a shared definition (each rule compiles its own copy)
+    body = ChatCompletionRequest(**chat("hi", tools=_tools(_referred(40, 12)), tool_choice="required"))
     assert isinstance(grammar(gw, body), Grammar)
 
 
@@ -181,6 +195,19 @@ def test_openais_128_tools_with_a_realistic_schema_each_are_offered_under_the_de
     assert r.status_code == 400 and "DAYZERO_MAX_TOOLS=128" in r.json()["error"]["message"], r.text
 
 
+def test_an_object_of_hundreds_of_pattern_properties_is_refused_before_its_compile(gateway):
+    """400 short patterns (2,000 characters, within DAYZERO_GUIDED_MAX_PATTERN_CHARS) compiled for
+    55 s in the gateway (llguidance's compile grows steeply in an object's patterns)."""
+    named = {f"^q{j}$": {"type": "integer"} for j in range(400)}
+    r = gateway.post(
+        "/v1/chat/completions", json=chat("hi", **_formatted({"type": "object", "patternProperties": named}))
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "response_format"), error
+    assert error["message"].endswith("an object of 400 patternProperties: at most 100 in one can be enforced")
+
+
 def test_an_object_past_the_parsers_row_is_refused_before_its_compile(gateway):
     """One required property, then 1,000 optional ones: the gateway's check (its first steps) let it
     through, and every reply writing the properties failed mid-way (llguidance's row limit)."""
@@ -221,3 +248,30 @@ def test_a_forced_tool_whose_string_parameter_has_thousands_of_values_is_enforce
     parameters = {"type": "object", "properties": {"k": {"type": "string", "enum": values}}, "required": ["k"]}
     body = ChatCompletionRequest(**chat("hi", tools=_tools(parameters), tool_choice="required"))
     assert isinstance(grammar(short_context.app.state.gateway, body), Grammar)
+
+
+@pytest.mark.parametrize("merging", ["allOf", "$ref with siblings"])
+def test_a_union_of_merged_objects_past_the_parsers_row_is_refused_before_it_queues(short_context, merging):
+    """Each branch an allOf of two objects of 200 optional properties, or a $ref to one beside the
+    other's properties: llguidance merges them (400 each, 3,214 items of a row), the count saw 400
+    in all (1,614 items), and every reply failed as it reached the union (its first steps pass)."""
+
+    def branch(i: int) -> dict:
+        second = _object(200, f"y{i}_")
+        if merging == "allOf":
+            return {"allOf": [_object(200, f"x{i}_"), second]}
+        return {"$ref": f"#/$defs/d{i}", "properties": second["properties"]}
+
+    flags = {f"b{i}": {"type": "boolean"} for i in range(4)}
+    schema = {
+        "type": "object",
+        "properties": flags | {"u": {"anyOf": [branch(0), branch(1)]}},
+        "required": [*flags, "u"],
+        "$defs": {f"d{i}": _object(200, f"x{i}_") for i in range(2)},
+    }
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 50, **_formatted(schema)}
+    r = short_context.post("/v1/completions", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "response_format"), error
+    assert "the objects of one anyOf / oneOf hold 800 optional properties" in error["message"], error
