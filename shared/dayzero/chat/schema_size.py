@@ -19,7 +19,7 @@ _DATA = ("enum", "const", "default", "examples")  # values, not schemas
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
 MOST_TOOLS = 1024  # tools a request may ever offer (the ceiling of DAYZERO_MAX_TOOLS)
 # patternProperties' names in one object: llguidance's compile grows steeply in them, whatever their
-# length (names such as "^q17$", all 5 characters: 100 took 0.05-0.4 s, 200 1.4 s, 250 2.2 s, 400 55 s)
+# length (names such as "^q17$", all 5 characters: 100 took 0.05-0.4 s, 200 0.8-6.7 s, 400 25-63 s)
 MOST_PATTERN_NAMES = 100
 
 
