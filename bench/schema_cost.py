@@ -12,10 +12,11 @@ passes them).
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
+
+from options import bench_parser
 
 from dayzero.chat.grammar import tool_calls_grammar
 from dayzero.chat.schema_size import SchemaLimits, _schema_nodes, size_problem
@@ -124,7 +125,7 @@ def verdict(kind: str, schema: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = bench_parser(__doc__)
     parser.add_argument("--only", nargs="*", help="the cases to run (by name): all by default")
     args = parser.parse_args()
     print("| case | as written | check (default limits) | compile s | peak MB | llguidance | reply fails mid-way |")
