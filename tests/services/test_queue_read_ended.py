@@ -97,3 +97,27 @@ def test_a_read_blocked_at_the_stop_is_ended_at_once(redis_url):
         assert answered.wait(30)
     finally:
         r.lpush("queue-blocked", b"x")
+
+
+def test_a_look_lists_only_the_workers_own_connections(redis_url):
+    """Looking on for a read (the consumer saw the pause: none comes), every AGAIN_S for READ_S, each
+    look was a whole CLIENT LIST, a line per client in Redis: ~16 ms of Redis's time a look at 150
+    clients, ~40 ms at 500-1,000 (and 0.1-0.3 s of the worker's CPU), at each pause and stop of every
+    worker. Now the first look lists them all, the rest this worker's connections by id."""
+    reads, r = QueueReads(), redis.Redis.from_url(redis_url)
+    others = [redis.Redis.from_url(redis_url, client_name=f"another-{n}") for n in range(300)]
+    mine = [redis.Redis.from_url(redis_url, client_name=reads.name) for _ in range(2)]  # (consumer, producer)
+    try:
+        for client in others + mine:
+            client.ping()
+        sent = lambda: r.info("stats")["total_net_output_bytes"]  # noqa: E731 (Redis's replies, in bytes)
+        before = sent()
+        r.client_list(_type="normal")
+        whole_list = sent() - before
+        before = sent()
+        reads.end_now_or_next(r)
+        assert wait_until(lambda: not _looking(reads), 30)
+        assert sent() - before < 3 * whole_list  # (was: a whole list per look, ~50-90 of them)
+    finally:
+        for client in others + mine:
+            client.close()
