@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.prefill_loop import PrefillLoop
@@ -35,16 +36,28 @@ def _failures_counted(lines: list[str]) -> int:
     return sum(int(n) for line in lines for n in re.findall(r"^(\d+) more|\((\d+) more", line)[0] if n)
 
 
-def test_hand_backs_failing_while_redis_refuses_writes_are_a_few_lines(demo_dir, redis_url, caplog):
+def _walker(demo_dir, redis_url, worker: str, request: str):
+    """A prefill worker with no room, one request claimed (-> the waiting tickets), a peer with room
+    (``peer_room(bool)`` sets its snapshot; None: it leaves), its room, loop."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, kv_budget_mb=1, max_batch=4, lease_s=30)
-    runtime, store = Runtime.load(settings, "prefill30@test", "prefill", False), Lifecycle.connect(redis_url)
+    runtime, store = Runtime.load(settings, f"{worker}@test", "prefill", False), Lifecycle.connect(redis_url)
     room = Room(runtime, Prefetch(), to_prefill(runtime, recording([], "prefill")))
     loop = PrefillLoop(runtime, recording([]), room)
     runtime.ranks.reserve("elsewhere", runtime.pools.capacity_tokens())  # (no room here: it goes to the peer)
-    empty = {kind: [0, total] for kind, (_, total) in runtime.pools.usage().items()}
-    Registry(store.r).alive("prefill", "prefill31@test:peer", {"stage": "prefill", "pools": empty, "gauges": {}})
-    loop.intake.submit(admitted(store, "refused-back", tuple(range(2, 302))))
-    waiting = loop.intake.drain(0)  # (claimed here)
+
+    def peer_room(free: bool | None) -> None:
+        if free is None:
+            return Registry(store.r).leave("prefill", f"{worker}@test:peer")
+        pools = {kind: [0 if free else total, total] for kind, (_, total) in runtime.pools.usage().items()}
+        Registry(store.r).alive("prefill", f"{worker}@test:peer", {"stage": "prefill", "pools": pools, "gauges": {}})
+
+    peer_room(True)
+    loop.intake.submit(admitted(store, request, tuple(range(2, 302))))
+    return loop.intake.drain(0), peer_room, room, loop, store  # (claimed here)
+
+
+def test_hand_backs_failing_while_redis_refuses_writes_are_a_few_lines(demo_dir, redis_url, caplog):
+    waiting, peer_room, room, loop, store = _walker(demo_dir, redis_url, "prefill30", "refused-back")
     try:
         with caplog.at_level(logging.WARNING, "dayzero.serving"):
             with writes_refused(store.r, "min-replicas-to-write"):
@@ -53,6 +66,30 @@ def test_hand_backs_failing_while_redis_refuses_writes_are_a_few_lines(demo_dir,
             assert room.hand_back(waiting, tokens_of, loop.heartbeat) == []  # writes taken: it goes
     finally:
         loop.stop.set()
+        peer_room(None)
     lines = _hand_back_lines(caplog)
     assert lines[0].startswith("hand back failed (") and lines[-1].startswith("hand backs go through again"), lines
     assert len(lines) <= 3 and _failures_counted(lines[1:]) == WALKS - 1, lines  # (a count between: walks over 10 s)
+
+
+def test_the_line_after_the_outage_counts_the_failures_not_the_wait_for_a_peers_room(demo_dir, redis_url, caplog):
+    """A walk pushes only where a peer has room: the line that hand backs go through again came with
+    the next push, however long after the outage, and counted that time as the outage's (3 walks
+    refused within milliseconds, then 2 s without a peer's room: "after 2.0 s"; an hour: 3600 s)."""
+    waiting, peer_room, room, loop, store = _walker(demo_dir, redis_url, "prefill32", "refused-then-full")
+    try:
+        with caplog.at_level(logging.WARNING, "dayzero.serving"):
+            with writes_refused(store.r, "min-replicas-to-write"):
+                for _ in range(3):
+                    assert room.hand_back(waiting, tokens_of, loop.heartbeat) == waiting
+            peer_room(False)  # writes taken again; no peer has room for a while
+            time.sleep(2.0)
+            assert room.hand_back(waiting, tokens_of, loop.heartbeat) == waiting
+            peer_room(True)
+            assert room.hand_back(waiting, tokens_of, loop.heartbeat) == []
+    finally:
+        loop.stop.set()
+        peer_room(None)
+    back = _hand_back_lines(caplog)[-1]
+    assert back.startswith("hand backs go through again"), back
+    assert float(re.findall(r"([\d.]+) s", back)[0]) < 1.0, back  # (was: 2.0 s and more)

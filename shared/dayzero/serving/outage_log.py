@@ -36,7 +36,9 @@ class OutageLog:
     the failures instead, into ``counted % count`` once the ``every_s`` is over (a timer: ``later``,
     a thread's by default; the gateway's, its event loop's): the last ones of an outage are said
     too. ``back()``: the call that failed went through; an outage whose failure was said ends with
-    ``ended % (seconds out, failures not said yet)`` (None: no such line). A failure within
+    ``ended % (seconds out, failures not said yet)`` (None: no such line; ``to_last_failure``: the
+    seconds from the first failure to the last, for a place whose calls are far apart, where its
+    next call that went through may come long after the outage). A failure within
     ``every_s`` of that line is counted, not said at once: a place that calls ``back`` after a pass
     that did not reach Redis (an idle loop's) logs a line per ``every_s`` at most, not two per
     flap. Thread-safe."""
@@ -49,11 +51,14 @@ class OutageLog:
         ended: str | None = None,
         every_s: float = LOGGED_EVERY_S,
         later: Callable[[float, Callable[[], None]], Cancellable] = on_a_thread,
+        to_last_failure: bool = False,
     ) -> None:
         self.log, self.first, self.counted, self.ended = log, first, counted, ended
+        self.to_last_failure = to_last_failure
         self.every_s, self.later = every_s, later
         self._lock = threading.Lock()
         self._since: float | None = None  # when the outage's first failure came (monotonic; None: none now)
+        self._last = 0.0  # when its last failure came (monotonic)
         self._said = False  # a line of this outage was logged: its end is said too
         self._logged_at, self._unlogged = float("-inf"), 0
         self._tally: Cancellable | None = None  # the line that will count the failures since the last
@@ -63,6 +68,7 @@ class OutageLog:
             now = time.monotonic()
             if self._since is None:
                 self._since = now
+            self._last = now
             if self._tally is not None or now - self._logged_at < self.every_s:  # (the tally may run late)
                 self._unlogged += 1
                 if self._tally is None:
@@ -91,6 +97,7 @@ class OutageLog:
                     self._tally.cancel()
                     self._tally = None
                 self._logged_at = time.monotonic()
-                self.log.warning(self.ended, self._logged_at - self._since, self._unlogged)
+                out_s = (self._last if self.to_last_failure else self._logged_at) - self._since
+                self.log.warning(self.ended, out_s, self._unlogged)
                 self._unlogged = 0
             self._since, self._said = None, False  # (not said: the tally counts its failures)

@@ -136,7 +136,9 @@ class Room(Generic[J]):
             log,
             "hand back failed (%s): the requests left wait here",
             "%d more hand backs failed on Redis since the last line: the requests left wait here",
-            "hand backs go through again after %.1f s (%d more failed since the last line)",
+            "hand backs go through again; they failed over %.1f s (%d more failed since the last line)",
+            # (a walk pushes only with a peer's room: the next push may come long after the outage)
+            to_last_failure=True,
         )
 
     def consume(self, busy: bool) -> None:
