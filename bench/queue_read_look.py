@@ -9,10 +9,10 @@ the worker's own two (its consumer's, its producer's): the CLIENT calls sent, Re
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import redis
+from options import bench_parser
 
 from dayzero.procs import scratch_redis
 from dayzero.serving.broker import QueueReads
@@ -37,7 +37,7 @@ def look(url: str, r: redis.Redis) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--clients", type=int, nargs="+", default=[150, 500, 1000])
     parser.add_argument("--looks", type=int, default=3)
     args = parser.parse_args()
