@@ -14,7 +14,10 @@ which a replica (``READONLY``) or a Redis at its memory limit (``OOM``) refuses:
 for an unrecoverable error too, and the process exited (at a worker's start, its weights loaded for
 nothing). The declaration now waits for Redis to take writes: one log line when it waits, one when
 it goes on. A refusal no wait ends (WRONGTYPE, an ACL's NOPERM) fails it as before. The consumer's
-queue read refused so (its BRPOP pops: too few replicas refuse it) is a lost connection too.
+queue read refused so (its BRPOP pops: too few replicas refuse it) is a lost connection too, and so
+is a refused health check: a Redis whose save failed (MISCONF) refuses PING, which redis-py sends on
+a connection idle past its ``health_check_interval`` (kombu's: 25 s). (A new channel's PING, which
+it refuses too, fails Celery's connect, which it tries again, as with Redis down.)
 
 A lost connection closes the consumer's channel: its delivered, unacknowledged messages (the
 requests the worker runs on meanwhile) stay with their tasks, never put back on the queue (``QoS``).
@@ -122,8 +125,33 @@ class Channel(kombu_redis.Channel):
         except redis.ResponseError as exc:
             if not writes_refused(exc):
                 raise
-            self.client.connection.disconnect()
-            raise redis.ConnectionError(f"Redis refused the queue read: {exc}") from exc
+            raise _lost("the queue read", exc, self.client.connection) from exc
+
+    def _brpop_start(self, timeout: float | None = None) -> None:
+        """The queue read's send: on a connection idle past redis-py's ``health_check_interval``
+        (kombu's: 25 s; a worker whose every thread ran a task that long sent no read meanwhile), a
+        PING first, which a Redis whose save failed refuses (MISCONF, as it refuses writes): a lost
+        connection too (was: "Unrecoverable error"). No BRPOP was sent: the channel's close reads
+        none (kombu's waited for its reply for ever)."""
+        try:
+            super()._brpop_start(timeout)
+        except redis.ResponseError as exc:
+            self._in_poll = None
+            if not writes_refused(exc):
+                raise
+            raise _lost("the queue read's health check", exc, self.client.connection) from exc
+
+    def _receive_one(self, c: redis.client.PubSub):
+        """A read of the subscriptions' connection (Celery's remote control), whose health check (a
+        PING every ``health_check_interval``, its answer read here) a Redis whose save failed refuses:
+        a lost connection (was: every worker's "Unrecoverable error" within 25 s of the failed save)."""
+        try:
+            return super()._receive_one(c)
+        except redis.ResponseError as exc:
+            if not writes_refused(exc):
+                raise
+            self._in_listen = None
+            raise _lost("the subscriptions' health check", exc, c.connection) from exc
 
     def queue_declare(self, queue: str | None = None, passive: bool = False, **kwargs: object):
         return self._until_taken(queue, lambda: super(Channel, self).queue_declare(queue, passive, **kwargs))
@@ -156,6 +184,13 @@ class Channel(kombu_redis.Channel):
             if waited is not None:
                 log.warning("%s consumes: Redis takes writes again after %.1f s", queue, time.monotonic() - waited)
             return done
+
+
+def _lost(what: str, exc: redis.ResponseError, connection: redis.Connection) -> redis.ConnectionError:
+    """Redis's refusal for a while (``writes_refused``) of ``what`` on ``connection`` as a lost
+    connection, which Celery reconnects from (the connection closed)."""
+    connection.disconnect()
+    return redis.ConnectionError(f"Redis refused {what}: {exc}")
 
 
 def writes_refused(exc: redis.ResponseError) -> bool:
