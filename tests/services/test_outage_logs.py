@@ -1,7 +1,10 @@
 """A worker's log through a Redis outage: a line when it begins, one per 10 s with a count, one when
 Redis answers again (was: the decode loop's "redis unavailable; retrying" every 0.5 s, prefill's
 "metrics not published" every quarter lease: 100 and 167 lines in a 35 s outage at a 1 s lease).
-Real processes: Redis (killed, then restarted on its port), a gateway, a prefill and a decode worker."""
+Celery's own lines too: its consumer's first, then a count per 10 s, and its "Connected to" (was:
+"Cannot connect to ... Trying again in N seconds" at each try, 2, 4, 6, ... s apart: 32 lines a
+worker in a 30 s outage). Real processes: Redis (killed, then restarted on its port), a gateway, a
+prefill and a decode worker."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import threading
 
 import httpx
 
-from dayzero.serving.outage_log import OutageLog
+from dayzero.serving.outage_log import BrokerOutageFilter, OutageLog
 
 from .conftest import MODEL, start_stack, wait_until
 
@@ -19,6 +22,8 @@ PLACES = {
     "loop": ("redis unavailable (", "more passes of the loop failed", "the loop reaches Redis again after"),
     "metrics": ("metrics not published (Redis: ", "more beats' metrics not published", "metrics published again after"),
 }
+CELERY_TRIES = "consumer: Cannot connect to "  # Celery's line at each try to connect again (3 lines)
+CELERY_BACK = "Connected to "
 STREAM = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 2000, "ignore_eos": True, "stream": True}
 
 
@@ -68,13 +73,19 @@ def test_a_redis_outage_is_a_few_lines_in_each_workers_log(text_dir, tmp_path):
         assert said, f"decode:\n{_warnings(decode)}\nprefill:\n{_warnings(prefill)}"
         assert _said_once(decode) and _said_once(prefill)
         backs = [(log, PLACES[place][2]) for log in (decode, prefill) for place in _counted(log)]
+        connected = {log: log.read_text().count(CELERY_BACK) for log in (decode, prefill)}
         assert stack.supervise() == ["redis"]
         stack.wait_ready(timeout_s=60)
         for log, back in backs:
             assert wait_until(lambda log=log, back=back: back in log.read_text(), 30), back
+        for log, before in connected.items():  # (Celery's next try: up to 12 s later)
+            assert wait_until(lambda log=log, before=before: log.read_text().count(CELERY_BACK) > before, 30)
     finally:
         stack.stop()
     assert _said_once(decode) and _said_once(prefill)  # (and once back)
+    for log in (decode, prefill):  # >= 10 s out: Celery tried at 0, 2, 6 s at least (was: a line each)
+        assert log.read_text().count(CELERY_TRIES) <= 1, _warnings(log)
+        assert "Celery's lines about it held back" in log.read_text(), _warnings(log)
 
 
 class _Timers:
@@ -129,3 +140,23 @@ def test_passes_that_flap_between_failing_and_not_reaching_redis_log_a_line_per_
         timers.run()
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["down (refused)", "back after 0 s (0 more)", "10 more"]
+
+
+def _celerys(logger: str, message: str, level: int = logging.ERROR) -> logging.LogRecord:
+    return logging.LogRecord(logger, level, __file__, 0, message, (), None)
+
+
+def test_celerys_lines_of_a_lost_connection_are_its_first_a_count_and_its_connected_line(caplog):
+    timers, lost, back = _Timers(), BrokerOutageFilter.LOST, BrokerOutageFilter.BACK
+    held = BrokerOutageFilter(logging.getLogger("test.outage"), 60, timers)
+    with caplog.at_level("WARNING", "test.outage"):
+        passed = [held.filter(_celerys(lost, "Connection to broker lost", logging.WARNING))]
+        passed += [held.filter(_celerys(lost, "Cannot connect to redis://")) for _ in range(4)]
+        passed.append(held.filter(_celerys(lost, "Skipping prefetch count reduction", logging.INFO)))
+        timers.run()  # the period is over: the tries since the first are counted
+        passed.append(held.filter(_celerys(lost, "Cannot connect to redis://")))
+        passed.append(held.filter(_celerys(back, "Connected to redis://", logging.INFO)))
+    assert passed == [True, False, False, False, False, True, False, True]
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "4 more of Celery's broker connection lines held back since the last"
+    assert lines[1].startswith("the broker connection is back after 0.0 s (1 more of Celery's lines")

@@ -65,17 +65,28 @@ class OutageLog:
 
     def failed(self, *args: Any) -> None:
         with self._lock:
-            now = time.monotonic()
-            if self._since is None:
-                self._since = now
-            self._last = now
-            if self._tally is not None or now - self._logged_at < self.every_s:  # (the tally may run late)
-                self._unlogged += 1
-                if self._tally is None:
-                    self._tally = self.later(self._logged_at + self.every_s - now, self._count)
-                return
-            self.log.warning(self.first, *args)
-            self._logged_at, self._said = now, True
+            if self._said_now():
+                self.log.warning(self.first, *args)
+
+    def passes(self) -> bool:
+        """``failed`` for a failure that says itself (a log record: ``BrokerOutageFilter``): whether
+        it is said now, as ``first`` would be (else it is counted)."""
+        with self._lock:
+            return self._said_now()
+
+    def _said_now(self) -> bool:
+        """A failure (the lock held): to be said now, or counted (False)."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        self._last = now
+        if self._tally is not None or now - self._logged_at < self.every_s:  # (the tally may run late)
+            self._unlogged += 1
+            if self._tally is None:
+                self._tally = self.later(self._logged_at + self.every_s - now, self._count)
+            return False
+        self._logged_at, self._said = now, True
+        return True
 
     def _count(self) -> None:
         with self._lock:
@@ -101,3 +112,45 @@ class OutageLog:
                 self.log.warning(self.ended, out_s, self._unlogged)
                 self._unlogged = 0
             self._since, self._said = None, False  # (not said: the tally counts its failures)
+
+
+class BrokerOutageFilter(logging.Filter):
+    """Celery's own lines of a lost broker connection, bounded as an ``OutageLog`` bounds dayzero's:
+    its consumer's warnings and errors ("Connection to broker lost", then "Cannot connect to ...
+    Trying again in N seconds" at each of its tries, 2, 4, 6, ... s apart, three lines each: 19
+    lines a worker in a 30 s outage) pass while the outage's first or the first a period after the last
+    line; the rest are counted (a line per period, from ``log``). Its "Connected to" line passes
+    too, after a line that says how long the connection was lost and how many lines were held back.
+    On the loggers of ``LOGGERS`` (``install``)."""
+
+    LOST = "celery.worker.consumer.consumer"  # "Connection to broker lost", "Cannot connect to ..."
+    BACK = "celery.worker.consumer.connection"  # "Connected to redis://..."
+    LOGGERS = (LOST, BACK)
+
+    def __init__(
+        self,
+        log: logging.Logger,
+        every_s: float = LOGGED_EVERY_S,
+        later: Callable[[float, Callable[[], None]], Cancellable] = on_a_thread,
+    ) -> None:
+        super().__init__()
+        self.outage = OutageLog(
+            log,
+            "%s",  # (not used: each first line is Celery's own)
+            "%d more of Celery's broker connection lines held back since the last",
+            "the broker connection is back after %.1f s (%d more of Celery's lines about it held back since the last)",
+            every_s,
+            later,
+        )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == self.LOST and record.levelno >= logging.WARNING:
+            return self.outage.passes()
+        if record.name == self.BACK:
+            self.outage.back()
+        return True
+
+    def install(self) -> BrokerOutageFilter:
+        for name in self.LOGGERS:
+            logging.getLogger(name).addFilter(self)
+        return self

@@ -38,6 +38,8 @@ def make_celery(settings: Settings) -> Celery:
         # an unclaimed message's through its lapsed queued mark, as before.
         broker_transport_options={"visibility_timeout": settings.visibility_timeout_s, "ack_emulation": False},
         broker_connection_retry_on_startup=True,
+        # a lost connection leaves the tasks running (broker.QoS); Celery 6's default would cancel them
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         task_ignore_result=True,
         worker_send_task_events=False,
         worker_hijack_root_logger=False,

@@ -8,12 +8,14 @@ import os
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import redis
 from celery import signals
+from celery.exceptions import CPendingDeprecationWarning
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
 from ..kv.shared import unlink_own
@@ -23,13 +25,22 @@ from ..telemetry import flush_spans, setup_tracing
 from .broker import QueueReads
 from .liveness import Pulse, connect
 from .metrics import serve_metrics
+from .outage_log import BrokerOutageFilter
 from .runtime import Runtime
 
 log = logging.getLogger("dayzero.worker")
 # Celery's INFO line per task received (formatted and written before the task is handed to a thread)
 # and per task done: the spans and the stage metrics say the same; their warnings and errors stay
 PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
+# Celery 5's warning at a worker's first lost broker connection (9 lines) that Celery 6 cancels the
+# tasks running then by default: dayzero's settings keep them running (queue.make_celery, broker.QoS)
+CANCEL_AT_CONNECTION_LOSS = r"\s*In Celery 5.1 we introduced an optional breaking change"
 LOOP_END_S = 2.0  # a stop waits this long at most for the loop to end (a step under way finishes first)
+
+
+def _without_cancel_warning(**_: object) -> None:
+    """(Once Celery's logging is set up: it shows every CPendingDeprecationWarning, each time.)"""
+    warnings.filterwarnings("ignore", CANCEL_AT_CONNECTION_LOSS, CPendingDeprecationWarning)
 
 
 def exit_on_failure(start: Callable[..., None], stage: str) -> Callable[..., None]:
@@ -139,6 +150,7 @@ class StageWorker:
         self._loop: threading.Thread | None = None
         signals.worker_init.connect(exit_on_failure(self._start, stage), weak=False)
         signals.worker_shutting_down.connect(self._exit_soon, weak=False)
+        signals.worker_ready.connect(_without_cancel_warning, weak=False)
         signals.worker_shutdown.connect(self._stop, weak=False)
 
     def _start(self, sender: object = None, **_: object) -> None:
@@ -149,6 +161,7 @@ class StageWorker:
             CeleryInstrumentor().instrument()
         for logger in PER_TASK_LOGGERS:
             logging.getLogger(logger).setLevel(logging.WARNING)
+        BrokerOutageFilter(log).install()  # Celery's reconnect lines: the first, then a line per period
         self._pulse = Pulse(connect(self.settings.redis_url), self.stage).start()  # a loading worker is not frozen
         running = self.running = self._build(name)
         self._pulse.watch(running.stuck)
