@@ -11,13 +11,13 @@ Run: ``python bench/outage_log_lines.py [--outage-s 30] [--after-s 12] [--show]`
 
 from __future__ import annotations
 
-import argparse
 import re
 import threading
 import time
 
 import httpx
 from demo_stack import QUICK_LEASES, demo_stack, scratch
+from options import bench_parser
 
 MODEL = "dayzero-demo"
 STREAM = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 2000, "ignore_eos": True, "stream": True}
@@ -57,7 +57,7 @@ def stream_in_flight(url: str) -> threading.Event:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = bench_parser(__doc__)
     p.add_argument("--outage-s", type=float, default=30.0)
     p.add_argument("--after-s", type=float, default=12.0)
     p.add_argument("--show", action="store_true", help="print Celery's records, the first of each kind")

@@ -10,7 +10,6 @@ Run: ``python bench/save_failed_workers.py [--refused-s 40] [--keep DIR]``.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import httpx
 import redis
 from demo_stack import QUICK_LEASES, demo_stack, scratch
+from options import bench_parser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.services.save_failed import save_failed  # noqa: E402
@@ -26,7 +26,7 @@ WORKERS = ("prefill0", "decode0")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = bench_parser(__doc__)
     p.add_argument("--refused-s", type=float, default=40.0)
     p.add_argument("--keep", default="", help="a folder to keep the stack's logs in")
     args = p.parse_args()
