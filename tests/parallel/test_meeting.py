@@ -7,6 +7,8 @@ as in test_restarts); the deadline's test runs rank 1 in this process.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -17,6 +19,7 @@ import torch.distributed as dist
 from dayzero.parallel.config import ParallelConfig
 from dayzero.parallel.group import RendezvousFailed, run_group
 from dayzero.parallel.launch import Launch
+from dayzero.parallel.meeting import SILENT_S
 from dayzero.procs import free_port
 
 from .test_restarts import RUN_S, _agent_store, _rank, _results
@@ -52,6 +55,34 @@ def test_a_rank_that_came_to_the_meeting_and_died_fails_the_others_start():
     told = f"rank 0 of 3: the group did not meet at 127.0.0.1:{port} (rank 1 came to meeting 1 and then gave no sign"
     assert told in err, err[-3000:]
     assert "s: it died or hung before the group formed)" in err, err[-3000:]
+    del agent
+
+
+@pytest.mark.slow
+def test_ranks_stalled_together_do_not_take_each_other_for_silent():
+    """Ranks 0 and 1 of 3 in the meeting stall together past SILENT_S (a frozen or starved host; SIGSTOP
+    here), rank 0 going on a moment before rank 1: rank 0 read rank 1's beat unmoved across its own
+    stall and failed the start, naming rank 1 silent, as alive as itself. A watcher now counts silence
+    in beats of its own, not in time alone; the group forms once rank 2 comes."""
+    port = free_port()
+    agent = _agent_store(port)
+    ranks = [_rank(r, 0, port, TIMEOUT_S, world_size=3) for r in (0, 1)]
+    try:
+        for rank in (0, 1):
+            _until_in_meeting(agent, rank)
+        os.kill(ranks[1].pid, signal.SIGSTOP)
+        beats, deadline = agent.add("dayzero/meeting1/beat0", 0), time.monotonic() + RUN_S
+        while agent.add("dayzero/meeting1/beat0", 0) < beats + 2 and time.monotonic() < deadline:
+            time.sleep(0.02)  # until rank 0 has read rank 1's last beat
+        os.kill(ranks[0].pid, signal.SIGSTOP)
+        time.sleep(SILENT_S + 1.0)
+        for process in ranks:
+            os.kill(process.pid, signal.SIGCONT)
+            time.sleep(1.0)  # rank 0 beats ~10 times before rank 1 goes on
+        ranks.append(_rank(2, 0, port, TIMEOUT_S, world_size=3))
+    finally:
+        results = _results(ranks)
+    assert [(code, out) for code, out, _ in results] == [(0, "6\n")] * 3, [err[-3000:] for _, _, err in results]
     del agent
 
 

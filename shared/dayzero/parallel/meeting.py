@@ -17,8 +17,10 @@ every rank has arrived and said it saw them all (``ready``); only then do the ra
 group. A rank that arrived and fell silent before it was ready (killed, crashed, hung) is seen by the
 others within ``SILENT_S``: the group's start fails then, not after the group timeout (gloo waited
 the whole timeout for a silent rank's address, and a rank that came to a dead rank 0's meeting
-retried its connection for several timeouts: 104 s at a 20 s timeout). Everything here ends at the
-caller's ``deadline`` (time.monotonic()), the same one as its other steps of the start.
+retried its connection for several timeouts: 104 s at a 20 s timeout); the watcher must have
+beaten all along too (``SILENT_BEATS``), or ranks stalled together blame each other when they go on.
+Everything here ends at the caller's ``deadline`` (time.monotonic()), the same one as its other
+steps of the start.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch.distributed as dist
 MEETINGS = "dayzero/meetings"  # how many meetings rank 0 has opened in this store
 POLL_S = 0.1  # a waiting rank beats and looks at the others this often
 SILENT_S = 5.0  # a rank in the meeting, not ready, whose beat has not moved this long died or hung
+SILENT_BEATS = round(SILENT_S / POLL_S)  # ... while the rank watching it beat this often (not stalled itself)
 
 
 class MeetingFailed(TimeoutError):
@@ -93,10 +96,12 @@ def _newest_unjoined(store: dist.Store, rank: int, deadline: float) -> int:
 def _meet(store: dist.Store, meeting: int, rank: int, world_size: int, deadline: float) -> None:
     """Beat until every rank has arrived and is ready (has seen every rank arrive). Only ranks not
     ready are watched for silence: a ready rank stops beating once it sees all ready, and all are
-    then (the marks stay), so no rank waits on one that left."""
+    then (the marks stay), so no rank waits on one that left. A rank is silent when its beat has not
+    moved for SILENT_S while this rank beat SILENT_BEATS times: ranks stalled together (a frozen or
+    starved host, the store's server stalled) do not take each other for silent when they go on."""
     beats = [_beat(meeting, r) for r in range(world_size)]
     readies = [_ready(meeting, r) for r in range(world_size)]
-    moved: dict[int, tuple[int, float]] = {}  # rank: (its beat count, when this rank saw it change)
+    moved: dict[int, tuple[int, float, int]] = {}  # rank: (its beat count, when and at which beat of ours it changed)
     while True:
         counts = [store.add(beat, 1 if r == rank else 0) for r, beat in enumerate(beats)]  # 0: not arrived
         if all(counts) and not store.check([readies[rank]]):
@@ -105,10 +110,10 @@ def _meet(store: dist.Store, meeting: int, rank: int, world_size: int, deadline:
             return
         now, unready = time.monotonic(), [r for r in range(world_size) if not store.check([readies[r]])]
         for r in unready:
-            count, since = moved.get(r, (None, now))
+            count, since, ours = moved.get(r, (None, now, counts[rank]))
             if count != counts[r]:
-                moved[r] = (counts[r], now)
-            elif counts[r] and now - since >= SILENT_S:
+                moved[r] = (counts[r], now, counts[rank])
+            elif counts[r] and now - since >= SILENT_S and counts[rank] - ours >= SILENT_BEATS:
                 raise RankSilent(
                     f"rank {r} came to meeting {meeting} and then gave no sign for {now - since:.0f} s: "
                     "it died or hung before the group formed"
