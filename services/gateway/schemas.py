@@ -144,7 +144,7 @@ class Sampling(_Body):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)  # 0 (greedy) or at least MIN_TEMPERATURE
     top_p: float = Field(default=1.0, ge=MIN_TOP_P, le=1.0)
-    top_k: int = Field(default=0, ge=0, le=1_000_000)
+    top_k: int = Field(default=0, ge=-1, le=1_000_000)  # 0 or -1 (vLLM's, SGLang's): every token
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # OpenAI's int64 (routes reduce it)
     stop: StopString | list[StopString] | None = None
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
@@ -178,6 +178,12 @@ class Sampling(_Body):
         if 0.0 < value < MIN_TEMPERATURE:
             raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}")
         return value
+
+    @field_validator("top_k")
+    @classmethod
+    def _all_tokens_is_0(cls, value: int) -> int:
+        """-1 is vLLM's and SGLang's "every token" (their clients send it by default): 0 here."""
+        return max(value, 0)
 
     @field_validator("stop")
     @classmethod

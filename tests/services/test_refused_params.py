@@ -17,6 +17,7 @@ from dayzero.vision.images import ImageLimits, PatchSpec, probe
 from services.gateway.chat_schemas import ChatCompletionRequest
 from services.gateway.errors import APIError
 from services.gateway.images import render_chat
+from services.gateway.schemas import CompletionRequest
 
 from .conftest import MODEL, chat, data_url
 
@@ -102,6 +103,15 @@ def test_vllm_extensions_that_change_the_reply_are_refused(stack, field, default
         assert r.json() == {
             "error": {"message": message, "type": "invalid_request_error", "param": field, "code": None}
         }
+
+
+def test_vllm_and_sglang_defaults_their_clients_send_are_served():
+    """vLLM's and SGLang's clients send their sampling defaults; top_k -1 (every token, theirs) was
+    refused with 400 ("greater than or equal to 0") though top_k is accepted "as in vLLM"."""
+    defaults = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "min_tokens": 0, "stop_token_ids": []}
+    defaults |= {"skip_special_tokens": True, "spaces_between_special_tokens": True}
+    for kind, body in ((ChatCompletionRequest, chat("x")), (CompletionRequest, {"model": MODEL, "prompt": "x"})):
+        assert kind.model_validate({**body, **defaults}).top_k == 0
 
 
 def test_they_are_refused_by_completions_too(stack):
