@@ -273,3 +273,13 @@ def test_content_parts_and_tool_calls_are_bounded_in_all_messages_together(lone_
             "param": "messages",
             "code": None,
         }
+
+
+def test_too_many_messages_are_refused_before_their_parts_are_counted(lone_gateway):
+    """The parts' count went through every message first: 2 M empty messages (8 MiB) were counted on
+    the event loop for ~0.5 s before the messages' own bound refused them. Past 256 messages their
+    bound answers, whatever the parts."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": ""}] * 16}] * 257  # 4,112 parts
+    r = httpx.post(f"{lone_gateway.url}/tokenize", json={"model": MODEL, "messages": messages}, headers=KEY, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == "messages: at most 256 items, not 257", r.json()
