@@ -129,6 +129,7 @@ VLLM_EXTENSIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "repetition_penalty": (lambda v: v == 1, f"other than 1 {VLLM_ONLY}; use presence_penalty or frequency_penalty"),
     "stop_token_ids": (lambda v: v == [], f"{VLLM_ONLY}; use stop"),
     "bad_words": (lambda v: v == [], f"{VLLM_ONLY}; use logit_bias"),
+    "allowed_token_ids": (lambda _: False, f"{VLLM_ONLY}; use logit_bias"),  # a token list (vLLM: null only)
     "use_beam_search": (lambda v: v is False, VLLM_ONLY),
     "include_stop_str_in_output": (lambda v: v is False, VLLM_ONLY),
 }

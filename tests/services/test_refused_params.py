@@ -84,6 +84,7 @@ VLLM_ONLY = "(vLLM's) is not supported by this server"
         ("repetition_penalty", 1.0, 1.2, f"other than 1 {VLLM_ONLY}; use presence_penalty or frequency_penalty"),
         ("stop_token_ids", [], [1], f"{VLLM_ONLY}; use stop"),
         ("bad_words", [], ["x"], f"{VLLM_ONLY}; use logit_bias"),
+        ("allowed_token_ids", None, [1, 2], f"{VLLM_ONLY}; use logit_bias"),
         ("use_beam_search", False, True, VLLM_ONLY),
         ("include_stop_str_in_output", False, True, VLLM_ONLY),
     ],
