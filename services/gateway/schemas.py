@@ -115,11 +115,12 @@ UNIMPLEMENTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "suffix": (lambda v: not v, "is not supported by this server"),
 }
 
-# vLLM's sampling extensions, which change the reply: accepted at vLLM's defaults, refused otherwise
+# vLLM's and SGLang's extensions, which change the reply: accepted at their defaults, refused otherwise
 # (ignored as unknown fields are, a vLLM client got another reply than it asked for: its guided_json
 # unconstrained text, its stop_token_ids passed over)
 VLLM_ONLY = "(vLLM's) is not supported by this server"
-VLLM_EXTENSIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
+SGLANG_ONLY = "(SGLang's) is not supported by this server"
+ENGINE_EXTENSIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
     **dict.fromkeys(
         ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"),
         (lambda _: False, f"{VLLM_ONLY}; use response_format"),
@@ -132,6 +133,10 @@ VLLM_EXTENSIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "allowed_token_ids": (lambda _: False, f"{VLLM_ONLY}; use logit_bias"),  # a token list (vLLM: null only)
     "use_beam_search": (lambda v: v is False, VLLM_ONLY),
     "include_stop_str_in_output": (lambda v: v is False, VLLM_ONLY),
+    "skip_special_tokens": (lambda v: v is True, f"false {VLLM_ONLY}"),
+    "spaces_between_special_tokens": (lambda v: v is True, f"false {VLLM_ONLY}"),
+    "prompt_logprobs": (lambda _: False, VLLM_ONLY),
+    **dict.fromkeys(("regex", "ebnf", "json_schema"), (lambda _: False, f"{SGLANG_ONLY}; use response_format")),
 }
 
 _PROMPT_KINDS = {str: "text", list: "ids"}  # what each of several prompts may be
@@ -203,8 +208,8 @@ class Sampling(_Body):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_vllm_extensions(cls, data: object) -> object:
-        for name, (accepted, why) in VLLM_EXTENSIONS.items():
+    def _no_engine_extensions(cls, data: object) -> object:
+        for name, (accepted, why) in ENGINE_EXTENSIONS.items():
             if isinstance(data, dict) and data.get(name) is not None and not accepted(data[name]):
                 raise field_error(cls, (name,), f"{name} {why}", data[name])
         return data

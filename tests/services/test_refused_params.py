@@ -71,6 +71,7 @@ def test_unimplemented_chat_parameters_are_refused_when_they_ask_for_something(s
 
 
 VLLM_ONLY = "(vLLM's) is not supported by this server"
+SGLANG_ONLY = "(SGLang's) is not supported by this server"
 
 
 @pytest.mark.parametrize(
@@ -87,11 +88,16 @@ VLLM_ONLY = "(vLLM's) is not supported by this server"
         ("allowed_token_ids", None, [1, 2], f"{VLLM_ONLY}; use logit_bias"),
         ("use_beam_search", False, True, VLLM_ONLY),
         ("include_stop_str_in_output", False, True, VLLM_ONLY),
+        ("skip_special_tokens", True, False, f"false {VLLM_ONLY}"),
+        ("prompt_logprobs", None, 1, VLLM_ONLY),
+        ("regex", None, "[ab]+", f"{SGLANG_ONLY}; use response_format"),
+        ("json_schema", None, '{"type": "object"}', f"{SGLANG_ONLY}; use response_format"),
     ],
 )
-def test_vllm_extensions_that_change_the_reply_are_refused(stack, field, default, refused, why):
-    """vLLM's sampling extensions were ignored as unknown fields are: a vLLM client's guided_json got
-    unconstrained text with 200. At vLLM's defaults they ask for nothing and are served."""
+def test_engine_extensions_that_change_the_reply_are_refused(stack, field, default, refused, why):
+    """vLLM's and SGLang's extensions were ignored as unknown fields are: a vLLM client's guided_json
+    (SGLang's regex) got unconstrained text with 200. At their defaults they ask for nothing and are
+    served."""
     for path, body in (
         ("/v1/chat/completions", chat("x", max_tokens=1)),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 1}),
