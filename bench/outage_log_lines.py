@@ -12,15 +12,16 @@ Run: ``python bench/outage_log_lines.py [--outage-s 30] [--after-s 12] [--show]`
 from __future__ import annotations
 
 import re
-import threading
+import sys
 import time
+from pathlib import Path
 
-import httpx
 from demo_stack import QUICK_LEASES, demo_stack, scratch
 from options import bench_parser
 
-MODEL = "dayzero-demo"
-STREAM = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 2000, "ignore_eos": True, "stream": True}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.services.launch import stream_in_flight  # noqa: E402
+
 RECORD = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,]+: \w+/[\w-]+\] ")
 # Celery's own lines of a lost broker connection, and dayzero's lines that count those it held back
 CELERYS = re.compile(
@@ -38,22 +39,6 @@ def records(text: str) -> list[str]:
         else:
             found[-1] += "\n" + line
     return found
-
-
-def stream_in_flight(url: str) -> threading.Event:
-    decoding = threading.Event()
-
-    def read() -> None:
-        try:
-            with httpx.stream("POST", f"{url}/v1/completions", json=STREAM, timeout=300) as response:
-                for i, _ in enumerate(response.iter_lines()):
-                    if i == 10:
-                        decoding.set()
-        except httpx.HTTPError:
-            pass
-
-    threading.Thread(target=read, daemon=True).start()
-    return decoding
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""``dayzero up`` started as a user starts it, for the supervision and chaos tests."""
+"""``dayzero up`` started as a user starts it, for the supervision and chaos tests; a long stream in flight."""
 
 from __future__ import annotations
 
@@ -6,11 +6,14 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
 
-from .conftest import SETTINGS_ENV
+from .conftest import MODEL, SETTINGS_ENV
+
+LONG_STREAM = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 2000, "ignore_eos": True, "stream": True}
 
 
 def up_process(
@@ -33,3 +36,21 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 180) -> None
         time.sleep(0.3)
     said = proc.stderr.read()[-3000:] if proc.poll() is not None and proc.stderr else ""
     raise AssertionError(f"not ready (exit code {proc.poll()})\n{said}")
+
+
+def stream_in_flight(url: str, timeout_s: float = 300) -> threading.Event:
+    """A long stream (``LONG_STREAM``), read on a thread to its end or its error (a decode worker
+    holds it while Redis goes). -> set once its tokens arrive."""
+    decoding = threading.Event()
+
+    def read() -> None:
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", json=LONG_STREAM, timeout=timeout_s) as response:
+                for i, _ in enumerate(response.iter_lines()):
+                    if i == 10:
+                        decoding.set()
+        except httpx.HTTPError:
+            pass
+
+    threading.Thread(target=read, daemon=True).start()
+    return decoding

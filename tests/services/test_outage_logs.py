@@ -9,13 +9,11 @@ prefill and a decode worker."""
 from __future__ import annotations
 
 import logging
-import threading
-
-import httpx
 
 from dayzero.serving.outage_log import BrokerOutageFilter, OutageLog
 
-from .conftest import MODEL, start_stack, wait_until
+from .conftest import start_stack, wait_until
+from .launch import stream_in_flight
 
 # the places a worker's outage is said: its first line, the count of those since, the line once back
 PLACES = {
@@ -24,25 +22,6 @@ PLACES = {
 }
 CELERY_TRIES = "consumer: Cannot connect to "  # Celery's line at each try to connect again (3 lines)
 CELERY_BACK = "Connected to "
-STREAM = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 2000, "ignore_eos": True, "stream": True}
-
-
-def _stream_in_flight(url: str) -> threading.Event:
-    """A long stream, read to its end or its error (decode holds it while Redis goes). -> set once
-    its tokens arrive."""
-    decoding = threading.Event()
-
-    def read() -> None:
-        try:
-            with httpx.stream("POST", f"{url}/v1/completions", json=STREAM, timeout=120) as response:
-                for i, _ in enumerate(response.iter_lines()):
-                    if i == 10:
-                        decoding.set()
-        except httpx.HTTPError:
-            pass
-
-    threading.Thread(target=read, daemon=True).start()
-    return decoding
 
 
 def _counted(log) -> list[str]:
@@ -66,7 +45,7 @@ def test_a_redis_outage_is_a_few_lines_in_each_workers_log(text_dir, tmp_path):
     stack = start_stack(text_dir, tmp_path, {"vision": 0, "prefill": 1, "decode": 1})
     try:
         decode, prefill = tmp_path / "decode0.log", tmp_path / "prefill0.log"
-        assert _stream_in_flight(stack.url).wait(60)
+        assert stream_in_flight(stack.url, 120).wait(60)
         stack.redis.kill()
         stack.redis.wait()
         said = wait_until(lambda: "loop" in _counted(decode) and _counted(prefill), 45)  # (decode: a stream's steps)
