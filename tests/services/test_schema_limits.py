@@ -275,3 +275,12 @@ def test_a_union_of_merged_objects_past_the_parsers_row_is_refused_before_it_que
     error = r.json()["error"]
     assert (error["type"], error["param"]) == ("invalid_request_error", "response_format"), error
     assert "the objects of one anyOf / oneOf hold 800 optional properties" in error["message"], error
+
+
+def test_a_ref_the_merge_cannot_resolve_is_a_400_not_a_500(gateway):
+    """A JSON pointer's index in digits other than ASCII ones ("²" is a digit to Python, not to int)
+    raised from the merge of an allOf's $ref: the gateway answered 500."""
+    schema = {"allOf": [{"type": "object"}, {"$ref": "#/allOf/²"}]}
+    r = gateway.post("/v1/chat/completions", json=chat("hi", **_formatted(schema)))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "response_format"

@@ -173,7 +173,7 @@ def resolve(root: object, ref: str) -> object:
         part = unquote(part).replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict):
             node = node.get(part)
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        elif isinstance(node, list) and part.isascii() and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
             return None
