@@ -284,3 +284,14 @@ def test_a_ref_the_merge_cannot_resolve_is_a_400_not_a_500(gateway):
     r = gateway.post("/v1/chat/completions", json=chat("hi", **_formatted(schema)))
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "response_format"
+
+
+def test_a_forced_tool_keeps_the_definitions_referred_to_under_a_property_named_default(gateway):
+    """A value's rule carries the definitions its $refs reach: those under a property named
+    "default" (or "enum", "const", "examples") were taken for data and dropped, and the tool,
+    enforced before, was refused ("Pointer '/$defs/Profile' does not exist")."""
+    profile = {"type": "object", "properties": {"level": {"type": "integer"}}}
+    config = {"type": "object", "properties": {"default": {"$ref": "#/$defs/Profile"}, "name": {"type": "string"}}}
+    parameters = {"type": "object", "properties": {"config": config}, "$defs": {"Profile": profile}}
+    body = ChatCompletionRequest(**chat("hi", tools=_tools(parameters), tool_choice="required"))
+    assert isinstance(grammar(gateway.app.state.gateway, body), Grammar)

@@ -17,6 +17,7 @@ from urllib.parse import unquote
 
 from .dsml import to_json
 from .schema_rows import ROW_ITEMS
+from .schema_size import _MAPS
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # llguidance's errors: "at LINE(COL): what\n   LINE | the grammar's line\n   ^" (the grammar is ours)
@@ -64,7 +65,8 @@ def _bound_problem(schema: object) -> str | None:
 
 
 def _subschemas(schema: object) -> Iterator[dict]:
-    """Every object in ``schema``, itself included (values under enum, const, ... are data: skipped)."""
+    """Every object in ``schema``, itself included (values under enum, const, ... are data: skipped;
+    a map's schemas by value: a property named "default" is no data, its $refs are needed)."""
     nodes = [schema]
     while nodes:
         node = nodes.pop()
@@ -72,7 +74,11 @@ def _subschemas(schema: object) -> Iterator[dict]:
             nodes.extend(node)
         elif isinstance(node, dict):
             yield node
-            nodes.extend(v for k, v in node.items() if k not in _DATA)
+            for key, value in node.items():
+                if key in _MAPS and isinstance(value, dict):
+                    nodes.extend(value.values())
+                elif key not in _DATA:
+                    nodes.append(value)
 
 
 @functools.cache
@@ -222,7 +228,7 @@ def parameters_problem(schema: dict) -> str | None:
     props = schema.get("properties") or {}
     if missing := [name for name in schema.get("required") or () if name not in props]:
         return f"required {to_json(missing)}: not among the properties, a call cannot write it"
-    refs = _refs([props, schema.get("$defs"), schema.get("definitions")])
+    refs = _refs({key: schema.get(key) for key in ("properties", "$defs", "definitions")})
     if outside := sorted(r for r in refs if not r.startswith(("#/$defs/", "#/definitions/"))):
         # each value's rule is its own schema (with the $defs): "#" would be the property, not these
         return f"a call's parameters may $ref only into $defs or definitions, not {to_json(outside)}"
