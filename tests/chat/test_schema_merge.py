@@ -163,3 +163,15 @@ def test_a_forced_tools_value_rule_carries_only_the_definitions_it_needs():
     assert value_definitions({"$ref": "#/$defs/a"}, parameters) == {"$defs": {"a": defs["a"], "b": defs["b"]}}
     assert value_definitions({"type": "integer"}, parameters) == {}
     assert value_definitions({"$ref": "#/definitions/a"}, parameters) == {}  # (none there)
+
+
+def test_a_merge_reading_past_its_bound_is_refused_without_reading_on():
+    """Copies share what they copy, so the intersections' bound did not bound what merges read: an
+    allOf of 900 $refs to a definition requiring 10,000 names rebuilt the list 900 times (1.2 s, then
+    accepted); 3,000 $refs to one of 10,000 prefixItems (40 kB) took 30 s. Each refused, reading
+    ``MOST_READ_PER_NODE`` items per subschema allowed at most (0.02-0.1 s)."""
+    required = {"required": [f"n{i}" for i in range(10_000)]}
+    problem = size_problem([{"allOf": [{"$ref": "#/$defs/r"}] * 900, "$defs": {"r": required}}], DEFAULTS)
+    assert problem is not None and "DAYZERO_GUIDED_MAX_SCHEMA_NODES=3000" in problem
+    few = {"required": [f"n{i}" for i in range(20)]}  # (a definition of 20 names merged 100 times: read 4,000)
+    assert size_problem([{"allOf": [{"$ref": "#/$defs/r"}] * 100, "$defs": {"r": few}}], DEFAULTS) is None

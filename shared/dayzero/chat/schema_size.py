@@ -106,6 +106,8 @@ def _schema_nodes(schemas: list, merged: Merged | None = None) -> Iterator[dict 
             yield node
             if not isinstance(node, dict):
                 continue
+            if merged is not None:  # (a copy's subschemas are walked in each copy: their items read again)
+                merged.read(len(node) + sum(len(v) for k, v in node.items() if k not in _DATA and isinstance(v, list)))
             for key, value in node.items():
                 if key in _DATA:
                     continue
