@@ -31,6 +31,10 @@ class TooBig(Exception):
     """Merging the schema took more than its bound of intersections (the walk's limit)."""
 
 
+class Circular(Exception):
+    """A merged copy within a copy of itself (``schema_size``'s walk finds it)."""
+
+
 class TooDeep(Exception):
     """Merges nested past ``MOST_NESTED`` (each a few frames of Python's stack)."""
 

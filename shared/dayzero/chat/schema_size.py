@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .schema_merge import MOST_NESTED, Merged, TooBig, TooDeep
+from .schema_merge import MOST_NESTED, Circular, Merged, TooBig, TooDeep
 from .schema_rows import RowCheck
 
 _DATA = ("enum", "const", "default", "examples")  # values, not schemas
@@ -78,6 +78,8 @@ def size_problem(schemas: list, limits: SchemaLimits) -> str | None:
                 return problem
     except TooBig:
         return _message("nodes", limits)
+    except Circular:
+        return "a $ref with other keywords within the definition it refers to: circular references with sibling keys"
     except TooDeep:
         return f"allOf, or $ref / anyOf / oneOf with other keywords, merged within each other over {MOST_NESTED} deep"
     return None
@@ -100,9 +102,12 @@ def _schema_nodes(schemas: list, merged: Merged | None = None) -> Iterator[dict 
     for schema in schemas:
         if merged is not None:
             merged.within(schema)
-        stack = [schema]
+        stack: list[tuple[object, tuple | None]] = [(schema, None)]  # (a subschema, the copies it is in)
         while stack:
-            node = stack.pop() if merged is None else merged.merged(stack.pop())
+            written, copies = stack.pop()
+            node = written if merged is None else merged.merged(written)
+            if node is not written:  # a merged copy: one within a copy of itself would never end
+                copies = _copied(written, copies)
             yield node
             if not isinstance(node, dict):
                 continue
@@ -112,11 +117,23 @@ def _schema_nodes(schemas: list, merged: Merged | None = None) -> Iterator[dict 
                 if key in _DATA:
                     continue
                 if key in _MAPS and isinstance(value, dict):
-                    stack.extend(value.values())
+                    stack.extend((v, copies) for v in value.values())
                 elif isinstance(value, dict):
-                    stack.append(value)
+                    stack.append((value, copies))
                 elif isinstance(value, list):
-                    stack.extend(v for v in value if isinstance(v, dict | bool))
+                    stack.extend((v, copies) for v in value if isinstance(v, dict | bool))
+
+
+def _copied(written: object, copies: tuple | None) -> tuple:
+    """``copies`` (the merged copies a walk is in, innermost first: (subschema, outer ones)) and
+    ``written``'s; ``Circular`` when it is in them already (a $ref with siblings within the definition
+    it refers to: walked, its copy held itself without end; llguidance refuses it)."""
+    outer = copies
+    while outer is not None:
+        if outer[0] is written:
+            raise Circular
+        outer = outer[1]
+    return written, copies
 
 
 def _objects(schema: object, merged: Merged) -> Iterator[dict]:
