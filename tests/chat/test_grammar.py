@@ -154,9 +154,20 @@ def test_integer_bounds_past_64_bits_are_refused_not_clamped(schema):
     assert "past the 64-bit range" in schema_problem(schema)
 
 
-def test_a_range_at_the_bottom_of_64_bits_is_refused_before_llguidance_crashes_on_it():
+BOTTOM = {"type": "integer", "minimum": -(2**63) + 1, "maximum": -(2**63) + 5}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        BOTTOM,
+        {"type": "object", "properties": {"default": BOTTOM}},  # (a property's name, taken for data: unchecked)
+        {"const": -(2**63) + 100},  # a const or enum value is both its bounds (refused within 2^32, as they are)
+        {"type": "object", "properties": {"k": {"enum": [0, {"a": [-(2**63)]}]}}},
+    ],
+)
+def test_a_range_at_the_bottom_of_64_bits_is_refused_before_llguidance_crashes_on_it(schema):
     """llguidance segfaulted building it: the gateway's check ran in its process (one request ended it)."""
-    schema = {"type": "integer", "minimum": -(2**63) + 1, "maximum": -(2**63) + 5}
     code = f"from dayzero.chat.grammar import schema_problem; print(schema_problem({schema!r}))"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and "past the 64-bit range" in run.stdout, (run.returncode, run.stderr[-300:])

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator
 from urllib.parse import unquote
 
 from .dsml import to_json
+from .schema_bounds import bound_problem, subschemas
 from .schema_rows import ROW_ITEMS
-from .schema_size import _MAPS
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # llguidance's errors: "at LINE(COL): what\n   LINE | the grammar's line\n   ^" (the grammar is ours)
@@ -44,41 +43,7 @@ def json_grammar(schema: dict | None) -> str:
 
 def schema_problem(schema: dict) -> str | None:
     """Why constrained decoding cannot enforce the JSON schema ``schema`` (None: it can)."""
-    return _bound_problem(schema) or grammar_problem(json_grammar(schema), _byte_grammars())
-
-
-_I64 = 2**63
-_DATA = ("enum", "const", "default", "examples")  # values, not schemas: their keys bound nothing
-
-
-def _bound_problem(schema: object) -> str | None:
-    """A bound llguidance cannot take (it clamps an integer's bounds into int64): a lower bound past
-    2^63 - 2 (``exclusiveMinimum`` 1e20 with ``maximum`` 1e21 let 2^63 - 1 through), or any bound
-    within 2^32 of -2^63 (``minimum`` -2^63 + 1 with ``maximum`` -2^63 + 5 crashed the process)."""
-    for node in _subschemas(schema):
-        for key, value in node.items():
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            bound = number and key in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
-            if bound and (value <= 2**32 - _I64 or key.endswith("inimum") and value >= _I64 - 1):
-                return f"{key} {value} is past the 64-bit range of numbers that can be enforced"
-    return None
-
-
-def _subschemas(schema: object) -> Iterator[dict]:
-    """Every object in ``schema``, itself included (values under enum, const, ... are data: skipped;
-    a map's schemas by value: a property named "default" is no data, its $refs are needed)."""
-    nodes = [schema]
-    while nodes:
-        node = nodes.pop()
-        if isinstance(node, list):
-            nodes.extend(node)
-        elif isinstance(node, dict):
-            yield node
-            for key, value in node.items():
-                if key in _MAPS and isinstance(value, dict):
-                    nodes.extend(value.values())
-                elif key not in _DATA:
-                    nodes.append(value)
+    return bound_problem(schema) or grammar_problem(json_grammar(schema), _byte_grammars())
 
 
 @functools.cache
@@ -255,7 +220,7 @@ def value_definitions(prop: object, parameters: dict) -> dict:
 
 def _refs(schema: object) -> set[str]:
     """Every ``$ref`` in ``schema``."""
-    return {node["$ref"] for node in _subschemas(schema) if isinstance(node.get("$ref"), str)}
+    return {node["$ref"] for node in subschemas(schema) if isinstance(node.get("$ref"), str)}
 
 
 def _string_branch(prop: dict) -> dict | None:

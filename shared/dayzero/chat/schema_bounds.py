@@ -1,0 +1,59 @@
+"""The numbers of a JSON schema llguidance cannot take (it clamps integers into int64, and some near
+-2^63 crash its process), found before anything compiles it; and the walk over a schema's
+subschemas the grammar's checks share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from .schema_size import _MAPS
+
+_I64 = 2**63
+_DATA = ("enum", "const", "default", "examples")  # values, not schemas: their keys bound nothing
+
+
+def bound_problem(schema: object) -> str | None:
+    """A bound llguidance cannot take (it clamps an integer's bounds into int64): a lower bound past
+    2^63 - 2 (``exclusiveMinimum`` 1e20 with ``maximum`` 1e21 let 2^63 - 1 through), or any bound
+    within 2^32 of -2^63 (``minimum`` -2^63 + 1 with ``maximum`` -2^63 + 5 crashed the process), and
+    so an integer of a const or enum value (``const`` -2^63 + 100, alone or in an object or array,
+    crashed it: its bounds both)."""
+    for node in subschemas(schema):
+        for key, value in node.items():
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            bound = number and key in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+            if bound and (value <= 2**32 - _I64 or key.endswith("inimum") and value >= _I64 - 1):
+                return f"{key} {value} is past the 64-bit range of numbers that can be enforced"
+        if (value := _lowest_literal(node)) is not None:
+            return f"the const or enum value {value} is past the 64-bit range of numbers that can be enforced"
+    return None
+
+
+def _lowest_literal(node: dict) -> int | None:
+    """An integer within 2^32 of -2^63 among ``node``'s const and enum values, their arrays' and
+    objects' too (None: none)."""
+    values = [node["const"]] if "const" in node else []
+    values += node["enum"] if isinstance(node.get("enum"), list) else []
+    while values:
+        value = values.pop()
+        if isinstance(value, int) and not isinstance(value, bool) and value <= 2**32 - _I64:
+            return value
+        values.extend(value.values() if isinstance(value, dict) else value if isinstance(value, list) else ())
+    return None
+
+
+def subschemas(schema: object) -> Iterator[dict]:
+    """Every object in ``schema``, itself included (values under enum, const, ... are data: skipped;
+    a map's schemas by value: a property named "default" is no data, its $refs are needed)."""
+    nodes = [schema]
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, list):
+            nodes.extend(node)
+        elif isinstance(node, dict):
+            yield node
+            for key, value in node.items():
+                if key in _MAPS and isinstance(value, dict):
+                    nodes.extend(value.values())
+                elif key not in _DATA:
+                    nodes.append(value)
