@@ -266,9 +266,15 @@ class TokenizeRequest(ChatPrompt):
     model: str = Field(max_length=256)
     prompt: str | None = Field(default=None, max_length=MAX_TEXT)
     messages: list[Message] | None = Field(default=None, min_length=1, max_length=MAX_MESSAGES)
+    # vLLM's: the tokenizer's special tokens (BOS) added to the text; by default to a prompt (as
+    # completions add them), not to a chat (its encoding writes its own BOS, kept either way)
+    add_special_tokens: bool | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise field_error(type(self), ("prompt",), "give either prompt or messages", self.prompt)
+        if self.messages is not None and self.add_special_tokens:  # vLLM: a second BOS, no request's prompt
+            why = "true is for a prompt: a chat's encoding writes its own special tokens"
+            raise field_error(type(self), ("add_special_tokens",), why, self.add_special_tokens)
         return self

@@ -213,7 +213,8 @@ async def tokenize(body: TokenizeRequest, gw: GatewayDep):
         ids = (await run_in_threadpool(chat_prompt, gw, body))[0]
     else:
         with tokenizing("prompt"):
-            ids = await run_in_threadpool(gw.codec.encode, body.prompt)
+            special = body.add_special_tokens is not False  # (vLLM's default for a prompt: added)
+            ids = await run_in_threadpool(gw.codec.encode, body.prompt, None, special)
     return {"tokens": ids, "count": len(ids), "max_model_len": gw.context_limit}
 
 

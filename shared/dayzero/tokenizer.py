@@ -96,10 +96,10 @@ class TextCodec:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, limit: int | None = None) -> list[int]:
-        """Prompt ids (BOS added); PromptTooLongError, without tokenizing, when the text's size
-        alone proves it has ``limit`` tokens or more (the exact count is the caller's to check)."""
-        return self._ids(text, True, limit)
+    def encode(self, text: str, limit: int | None = None, special: bool = True) -> list[int]:
+        """Prompt ids (BOS added; ``special`` False: none); PromptTooLongError, without tokenizing, when
+        the text's size alone proves it has ``limit`` tokens or more (the exact count is the caller's)."""
+        return self._ids(text, special, limit)
 
     def _ids(self, text: str, add_special_tokens: bool, limit: int | None) -> list[int]:
         try:
@@ -185,7 +185,7 @@ class IdsOnlyCodec:
     chat_template = None
     has_tokenizer = False
 
-    def encode(self, text: str, limit: int | None = None) -> list[int]:
+    def encode(self, text: str, limit: int | None = None, special: bool = True) -> list[int]:
         raise NoTokenizerError("this checkpoint has no tokenizer.json: send the prompt as token ids")
 
     def chat_prompt(self, messages: list[dict], options: ChatOptions = CHAT_MODE) -> str:

@@ -136,3 +136,24 @@ def test_a_completions_text_prompt_holding_the_image_placeholder_is_refused(gate
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == "prompt" and error["message"].endswith("must not appear in text"), error
+
+
+def test_tokenize_takes_vllms_add_special_tokens(gateway):
+    """vLLM's: a prompt gets the tokenizer's BOS unless add_special_tokens is false (it was added
+    anyway); a chat gets none added (its encoding writes its own BOS: kept), and true there is refused."""
+
+    def tokens(**body) -> list[int]:
+        r = gateway.post("/tokenize", json={"model": MODEL, **body})
+        assert r.status_code == 200, r.text
+        assert r.json()["count"] == len(r.json()["tokens"])
+        return r.json()["tokens"]
+
+    with_bos = tokens(prompt="hello world")
+    assert tokens(prompt="hello world", add_special_tokens=True) == with_bos
+    assert tokens(prompt="hello world", add_special_tokens=False) == with_bos[1:]
+    text = gateway.post("/detokenize", json={"model": MODEL, "tokens": with_bos[:1]}).json()["prompt"]
+    assert text == "<｜begin▁of▁sentence｜>", text
+    chat = tokens(messages=_user("hi"))
+    assert tokens(messages=_user("hi"), add_special_tokens=False) == chat and chat[0] == with_bos[0]
+    refused = gateway.post("/tokenize", json={"model": MODEL, "messages": _user("hi"), "add_special_tokens": True})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "add_special_tokens", refused.text
