@@ -96,7 +96,7 @@ class Shape:
             # the calls made, then one cut short (max_tokens): its id and name, as streamed
             calls = [self._call(i, c.name, c.arguments) for i, c in enumerate(parts.calls)]
             calls += [self._call(i, name) for i, name in enumerate(parts.started[len(calls) :], len(calls))]
-            message = {"role": "assistant", "content": parts.content or (None if calls else "")}
+            message = {"role": "assistant", "content": parts.content or (None if calls else ""), "refusal": None}
             if self.thinking:
                 message["reasoning_content"] = parts.reasoning
             if calls:
@@ -107,8 +107,7 @@ class Shape:
         else:
             choice = {"index": self.choice, "text": self._echo() + text, "finish_reason": finish}
             body = {**self._head("text_completion"), "choices": [choice], "usage": usage}
-        if self.logprobs:
-            choice["logprobs"] = self._logprobs(tokens)
+        choice["logprobs"] = self._logprobs(tokens) if self.logprobs else None  # OpenAI's: there, null unasked
         self._ids_without_text(choice, tokens)
         self.prompt = None
         return body

@@ -196,3 +196,16 @@ def test_any_int64_seed_openai_takes_is_taken_and_reproduces(stack):
 
     for seed in (-1, 2**63 - 1, -(2**63)):
         assert text(seed) == text(seed) == text(seed % (2**44 + 1))
+
+
+def test_bodies_carry_the_fields_openai_lists_as_null(stack):
+    """OpenAI's schema requires a non-streamed choice's ``logprobs`` and a chat message's ``refusal``
+    (nullable): they were left out unless logprobs were asked for."""
+    r = httpx.post(f"{stack.url}/v1/chat/completions", json=chat("null fields", max_tokens=2), timeout=60)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["logprobs"] is None and choice["message"]["refusal"] is None, choice
+    body = {"model": MODEL, "prompt": "null fields", "max_tokens": 2}
+    r = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["logprobs"] is None, r.json()

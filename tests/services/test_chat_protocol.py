@@ -256,6 +256,8 @@ def test_dsml_without_tools_is_text_and_a_stray_dsml_token_with_tools_is_dropped
     written; with tools offered, tokens that open no call block are dropped, never content."""
     body = ask("Hi", max_tokens=3, temperature=0, logit_bias={"9": 100})  # 9: ｜DSML｜
     plain = post(stack, "/v1/chat/completions", body).json()["choices"][0]
-    assert plain["message"] == {"role": "assistant", "content": D * 3} and plain["finish_reason"] == "length"
+    assert plain["message"] == {"role": "assistant", "content": D * 3, "refusal": None}, plain
+    assert plain["finish_reason"] == "length"
     offered = post(stack, "/v1/chat/completions", {**body, "tools": [WEATHER]}).json()["choices"][0]
-    assert offered["message"] == {"role": "assistant", "content": ""} and offered["finish_reason"] == "length"
+    assert offered["message"] == {"role": "assistant", "content": "", "refusal": None}, offered
+    assert offered["finish_reason"] == "length"
