@@ -38,8 +38,16 @@ def _bearer(http: Request) -> str:
     return bearer(http.headers.get("authorization"))
 
 
-def credential(gw: Gateway, http: Request) -> tuple[str, dict[str, str]]:
-    """The digest new requests are bound to, and the headers that hand out a fresh token."""
+UNREADABLE = ""  # the digest of a request answered in one body: no key or token matches it
+
+
+def credential(gw: Gateway, http: Request, streamed: bool) -> tuple[str, dict[str, str]]:
+    """The digest new requests are bound to, and the headers that hand out a fresh token. A request
+    answered in one body is nobody's to read again: its client has the whole answer (its id comes
+    only with it: nobody could resume it while it ran, and the client's leaving cancelled it at
+    once); its finished stream, replayed from its URL, was the body again in chunks."""
+    if not streamed:
+        return UNREADABLE, {}
     if gw.settings.api_keys:
         return _digest(_bearer(http)), {}
     token = secrets.token_urlsafe(24)

@@ -64,7 +64,7 @@ async def respond(
         )
         for r in requests
     ]
-    owner, headers = credential(gw, http)
+    owner, headers = credential(gw, http, stream)
     headers["X-Request-Id"] = ",".join(r.request_id for r in requests)
     try:
         await admit(gw, requests, list(images), spans, owner)

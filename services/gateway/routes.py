@@ -235,7 +235,8 @@ async def resume(request_id: str, gw: GatewayDep, http: Request, last_event_id: 
         readable = await gw.bus.watching.known(request_id) and await may_read(gw, http, request_id)
         request = await run_in_threadpool(gw.bus.store.request, request_id) if readable else None
         if request is None:
-            raise APIError(404, f"no request {request_id!r} (unknown or expired)", "not_found_error")
+            message = f"no stream of request {request_id!r} to read (unknown, expired, or answered in one body)"
+            raise APIError(404, message, "not_found_error")
         after = last_event_id or "0-0"
         if not valid_entry_id(after):
             raise APIError(400, "Last-Event-ID must be a stream entry id like '12-0'", param="Last-Event-ID")

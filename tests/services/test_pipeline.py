@@ -111,6 +111,17 @@ def test_resume_with_last_event_id_gives_exactly_the_rest(stack):
     assert order == sorted(set(order))  # each after the one before
 
 
+def test_a_request_answered_in_one_body_has_no_stream_to_read(stack):
+    """Its client has the whole answer, and its id only with it (README: nobody can resume it): no
+    resume token is handed out, and its stream's URL is a 404 (its token replayed the body in chunks)."""
+    r = httpx.post(f"{stack.url}/v1/chat/completions", json=chat("one body", max_tokens=4), timeout=60)
+    assert r.status_code == 200 and "x-resume-token" not in r.headers, r.headers
+    url = f"{stack.url}/v1/requests/{r.headers['x-request-id']}/stream"
+    for token in ({}, {"X-Resume-Token": "guess"}):
+        refused = httpx.get(url, headers=token, timeout=10)
+        assert refused.status_code == 404 and "answered in one body" in refused.json()["error"]["message"]
+
+
 def test_a_stream_read_behind_sends_its_queued_tokens_as_one_chunk(stack):
     """Read back from the start once finished (a gateway lagging its decode worker at its worst):
     every token queued, so they go out as one chunk with all their logprobs, then the finish."""
