@@ -35,7 +35,7 @@ from .bus import Bus
 from .context import Gateway
 from .metrics import CountResponses, GatewayMetrics
 from .readiness import readiness
-from .routes import authorize, router
+from .routes import answer_head_as_get, authorize, router
 from .stopping import Stopping
 
 log = logging.getLogger("dayzero.gateway")
@@ -231,12 +231,10 @@ def make_app(settings: Settings) -> FastAPI:
         body, status = await readiness(request.app.state.gateway)
         return JSONResponse(body, status_code=status)
 
-    for route, probe in (("/health", health), ("/ready", ready)):  # uptime monitors probe with HEAD (it was 405)
-        app.add_api_route(route, probe, methods=["HEAD"], include_in_schema=False)
-
     @app.get("/metrics", dependencies=[Depends(authorize)] if settings.metrics_auth else [])
     async def metrics(request: Request) -> Response:
         registry = request.app.state.gateway.metrics.registry
         return Response(await run_in_threadpool(generate_latest, registry), media_type=CONTENT_TYPE_LATEST)
 
+    answer_head_as_get(app.router)  # last: its own GET routes are in by now (the router's answer already)
     return app

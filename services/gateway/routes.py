@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -9,6 +10,8 @@ from dataclasses import replace
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request
+from fastapi.routing import APIRoute
+from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from dayzero.chat import dsml
@@ -227,7 +230,7 @@ async def detokenize(body: DetokenizeRequest, gw: GatewayDep):
     return {"prompt": gw.codec.decode_all(body.tokens)}
 
 
-@router.get("/v1/requests/{request_id}/stream", dependencies=[Authorized])
+@router.get("/v1/requests/{request_id}/stream", dependencies=[Authorized], response_class=EventSourceResponse)
 async def resume(request_id: str, gw: GatewayDep, http: Request, last_event_id: Annotated[str | None, Header()] = None):
     """Only the key that created the request (without keys: its resume token) may read it. A resume
     holds its request's pending cancel until it reads (or is refused), however slowly Redis answers."""
@@ -271,3 +274,19 @@ async def model(model: str, gw: GatewayDep):
             code="model_not_found",
         )
     return _model_card(gw)
+
+
+def answer_head_as_get(routes: APIRouter) -> None:
+    """Each GET route answers HEAD too, as its GET (status, headers, dependencies: a key where GET
+    asks for one) without the body (uvicorn sends none to a HEAD), as Starlette's own routes do
+    (/docs, /openapi.json); FastAPI's answered 405 (uptime monitors probe /health with HEAD). Not an
+    event stream's (a HEAD would open the stream): 405 with ``Allow: GET``. The twin is the route
+    itself under another method, out of the OpenAPI schema. Once per router (at import for this one)."""
+    for route in list(routes.routes):
+        if isinstance(route, APIRoute) and "GET" in route.methods and route.response_class is not EventSourceResponse:
+            head = copy.copy(route)
+            head.methods, head.include_in_schema = {"HEAD"}, False
+            routes.routes.append(head)
+
+
+answer_head_as_get(router)

@@ -19,7 +19,7 @@ from dayzero.serving.registry import Registry
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
-from .conftest import SETTINGS_ENV, start_gateway_alone, wait_until
+from .conftest import MODEL, SETTINGS_ENV, start_gateway_alone, wait_until
 from .test_liveness_clock import SKEWED_CLOCK, announced, skewed_worker
 
 
@@ -194,9 +194,18 @@ def test_a_worker_whose_pools_hold_less_than_the_context_is_a_warning(demo_dir, 
     assert prefill.pools.capacity_tokens() < 4096 and "DAYZERO_KV_BUDGET_MB" in warning
 
 
-def test_health_and_ready_answer_head_as_get(gateway, registry):
-    """Uptime monitors and load balancers probe with HEAD: it was 405 on both."""
-    for path in ("/health", "/ready"):
+def test_every_get_route_answers_head_as_get(gateway, registry):
+    """Uptime monitors and load balancers probe with HEAD: it was 405 on /health and /ready, then on
+    /metrics and /v1/models (every route GET serves, listed in the OpenAPI schema, is checked). An
+    event stream's HEAD would open the stream: 405 with Allow: GET."""
+    paths = httpx.get(f"{gateway.url}/openapi.json", timeout=5).json()["paths"]
+    served = [
+        path.replace("{model}", MODEL) for path, ops in paths.items() if "get" in ops and "{request_id}" not in path
+    ]
+    assert {"/health", "/ready", "/metrics", "/v1/models", f"/v1/models/{MODEL}"} <= set(served), served
+    for path in [*served, "/v1/models/unknown", "/docs"]:
         got, head = httpx.get(f"{gateway.url}{path}", timeout=5), httpx.head(f"{gateway.url}{path}", timeout=5)
         assert head.status_code == got.status_code != 405, (path, head.status_code, got.status_code)
-        assert head.content == b""
+        assert head.headers["content-type"] == got.headers["content-type"] and head.content == b"", path
+    stream = httpx.head(f"{gateway.url}/v1/requests/abc/stream", timeout=5)
+    assert stream.status_code == 405 and stream.headers["allow"] == "GET", stream.headers
