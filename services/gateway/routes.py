@@ -26,11 +26,12 @@ from .chat_schemas import ChatCompletionRequest, ChatPrompt, TokenizeRequest
 from .context import Gateway, tokenizing
 from .errors import APIError
 from .images import expand_placeholders
+from .json_body import ParsingRoute
 from .responses import respond, resumed
 from .schemas import CompletionRequest, DetokenizeRequest, Sampling
 from .subscription import valid_entry_id
 
-router = APIRouter()
+router = APIRouter(route_class=ParsingRoute)  # (bodies that are not JSON are told where)
 MAX_ECHO_LOGPROB_TOKENS = 32768  # the prompt's logprobs travel in one stream entry
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 
 import pytest
 import redis
@@ -227,3 +228,41 @@ def test_the_last_503s_of_an_outage_are_counted_in_the_log(caplog):
         "redis unavailable: Connection refused; answering 503 queue_unavailable",
         "4 more requests answered 503 queue_unavailable (Redis unavailable) since the last line",
     ]
+
+
+@pytest.mark.parametrize(
+    ("body", "what", "character", "byte"),
+    [
+        (b'{"model": "m", "prompt": "caf\xe9"}', "invalid continuation byte", 29, 29),
+        (b'{"p": "\xc3\xa9", "x": "\xff"}', "invalid start byte", 17, 18),
+        (b'{"model": "m", "prompt": "\xc3', "unexpected end of data", 26, 26),
+    ],
+    ids=["continuation", "start_after_two_bytes", "cut"],
+)
+def test_a_body_that_is_not_utf8_is_told_what_and_where(gateway, body, what, character, byte):
+    """It was "There was an error parsing the body", with no position."""
+    r = gateway.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    sequence = f"in the sequence that begins with byte 0x{body[byte]:02x}"
+    expected = f"the body is not UTF-8: {what} {sequence} (at character {character}, byte {byte})"
+    assert r.json()["error"] == {"message": expected, "type": "invalid_request_error", "param": None, "code": None}
+
+
+BEFORE_THE_NESTING = ["", '{"model": "m", "x": "[[[{{\ud800", "prompt": ']  # a lone surrogate's UTF-8: json takes it
+
+
+@pytest.mark.parametrize("before", BEFORE_THE_NESTING, ids=["bare", "in_a_field"])
+def test_json_nested_past_the_parser_is_told_how_deep_and_where(gateway, before):
+    """Brackets inside strings do not count. It was "There was an error parsing the body"."""
+    body = (before + "[" * 100_000).encode("utf-8", "surrogatepass")
+    r = gateway.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    found = re.fullmatch(
+        r"the body nests JSON deeper than this server parses \((\d+) levels; at character (\d+)\)", message
+    )
+    deepest = int(found[1]) - (1 if before else 0)  # the arrays' own (the field's object is a level)
+    assert found and deepest > 500 and int(found[2]) == len(before) + deepest, message
+    within = (before + "[" * deepest + "]" * deepest + ("}" if before else "")).encode("utf-8", "surrogatepass")
+    r = gateway.post("/v1/completions", content=within, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "nests" not in r.text, r.text  # parsed: refused for its fields
