@@ -117,9 +117,9 @@ class OutageLog:
 class BrokerOutageFilter(logging.Filter):
     """Celery's own lines of a lost broker connection, bounded as an ``OutageLog`` bounds dayzero's:
     its consumer's warnings and errors ("Connection to broker lost", then "Cannot connect to ...
-    Trying again in N seconds" at each of its tries, 2, 4, 6, ... s apart, three lines each: 19
-    lines a worker in a 30 s outage) pass while the outage's first or the first a period after the last
-    line; the rest are counted (a line per period, from ``log``). Its "Connected to" line passes
+    Trying again in N seconds" at each of its tries, a second apart (reconnect.py; kombu's were 2,
+    4, 6, ... s apart), three lines each) pass while the outage's first or the first a period after
+    the last line; the rest are counted (a line per period, from ``log``). Its "Connected to" line passes
     too, after a line that says how long the connection was lost and how many lines were held back.
     On the loggers of ``LOGGERS`` (``install``)."""
 

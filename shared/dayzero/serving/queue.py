@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from ..settings import Settings
 from ..telemetry import carrier
 from .broker import celery_broker
+from .reconnect import CONSUMER, RETRY_INTERVALS
 
 STAGES = ("vision", "prefill", "decode")
 TASKS = {stage: f"dayzero.{stage}" for stage in STAGES}
@@ -36,8 +37,16 @@ def make_celery(settings: Settings) -> Celery:
         # process then waits for its running generations before it exits: ~48 s of a decode stage
         # taking no work). A dead worker's requests come back through their lapsed leases (reaper.py),
         # an unclaimed message's through its lapsed queued mark, as before.
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s, "ack_emulation": False},
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout_s,
+            "ack_emulation": False,
+            **RETRY_INTERVALS,  # the consumer's tries to connect again: a second apart at most (reconnect.py)
+        },
+        worker_consumer=CONSUMER,
         broker_connection_retry_on_startup=True,
+        # tried for as long as Redis is out: Celery's 100 tries, a second apart, ended the worker
+        # ("Unrecoverable error") after a 100 s outage (at kombu's default intervals: ~47 min)
+        broker_connection_max_retries=None,
         # a lost connection leaves the tasks running (broker.QoS); Celery 6's default would cancel them
         worker_cancel_long_running_tasks_on_connection_loss=False,
         task_ignore_result=True,

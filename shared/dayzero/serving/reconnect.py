@@ -1,0 +1,32 @@
+"""A worker's consumer trying its broker connection again every second at most, for as long as Redis
+is out: one serves again within ~1 s of Redis's return.
+
+Celery's consumer tries again at kombu's default intervals, 2, 4, 6, ... up to 30 s apart (it passes
+none of its own, and no setting of Celery's changes them): a worker took work again up to 12 s
+after Redis was back from a 30 s outage, up to 30 s after a longer one, while the gateway queued
+or refused its requests (bench/serve_after_outage.py). ``Consumer`` passes kombu's transport
+options for them (``interval_start``, ``interval_step``, ``interval_max``, which kombu itself reads
+only for a channel's connection): ``RETRY_INTERVALS`` (``queue.make_celery``). A try against a Redis
+that is down costs a refused connect; Celery's line about each is bounded (``BrokerOutageFilter``).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from celery.worker.consumer import Consumer as CeleryConsumer
+from kombu import Connection
+
+# the consumer's next try: 0.5 s after a lost connection, then every 1 s (kombu's default: 2, 4, ... 30 s)
+RETRY_INTERVALS = {"interval_start": 0.5, "interval_step": 0.5, "interval_max": 1.0}
+CONSUMER = f"{__name__}:Consumer"  # Celery's ``worker_consumer``
+
+
+class Consumer(CeleryConsumer):
+    """Celery's worker consumer, whose tries to connect again are spaced as its connection's transport
+    options say (``RETRY_INTERVALS``), not by kombu's defaults."""
+
+    def ensure_connected(self, conn: Connection) -> Connection:
+        intervals = {name: conn.transport_options[name] for name in RETRY_INTERVALS if name in conn.transport_options}
+        conn.ensure_connection = partial(conn.ensure_connection, **intervals)  # (Celery's call passes none)
+        return super().ensure_connected(conn)

@@ -1,0 +1,58 @@
+"""A worker's consumer tries its broker connection again a second apart at most while Redis is out,
+and consumes once it is back (was: kombu's default intervals, 2, 4, 6, ... up to 30 s apart: a worker
+took work again up to 12 s after Redis was back from a 30 s outage, up to 30 s after a longer one).
+It tries for as long as Redis is out (was: 100 tries, then "Unrecoverable error"). Real Redis (killed,
+then started again on its port), a real Celery worker process on dayzero's app
+(tests/services/reconnecting.py)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dayzero.procs import free_port, start_redis
+
+from .conftest import wait_until
+from .reconnecting import QUEUE, touching_app
+
+ROOT = Path(__file__).resolve().parents[2]
+OUTAGE_S = 5.0  # kombu's default tries in it: at 0, 2 and 6 s (waits of 2 and 4 s)
+# Celery's line at each try: "... Trying again in 1.00 second... (3/None)" ("now": under a second)
+TRIED = re.compile(r"Trying again (now|in ([\d.]+) seconds?)\.\.\. \((\d+)/(\w+)\)")
+
+
+def _stopped(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_worker_tries_again_each_second_while_redis_is_out_and_consumes_once_it_is_back(tmp_path):
+    port, log, mark = free_port(), tmp_path / "worker.log", tmp_path / "touched"
+    url = f"redis://127.0.0.1:{port}/0"
+    server = start_redis(port, tmp_path / "redis.log")
+    cmd = [sys.executable, "-m", "tests.services.reconnecting", url]
+    worker = subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        assert wait_until(lambda: "ready." in log.read_text(), 60), log.read_text()
+        server.kill()
+        server.wait()
+        assert wait_until(lambda: "Connection to broker lost" in log.read_text(), 30), log.read_text()
+        time.sleep(OUTAGE_S)
+        server = start_redis(port, tmp_path / "redis.log")
+        touching_app(url).send_task("touch", args=[str(mark)], queue=QUEUE)
+        assert wait_until(mark.exists, 60), log.read_text()[-3000:]  # it consumes again
+    finally:
+        _stopped(worker)
+        _stopped(server)
+    tries = TRIED.findall(log.read_text())
+    waits = [float(seconds or 0) for _, seconds, _, _ in tries]
+    assert len(tries) >= 4 and max(waits) <= 1.0, waits  # was: [2.0, 4.0] (a try at 0, 2, 6 s)
+    assert {limit for _, _, _, limit in tries} == {"None"}  # no limit (was: 100)
+    assert "Unrecoverable error" not in log.read_text()
