@@ -3,10 +3,11 @@ lines) and dayzero's, per worker.
 
 Starts a stack of 1 prefill and 1 decode worker on the demo checkpoint (leases of 1 s), streams a long
 request (decode holds it as Redis goes), kills Redis for ``--outage-s``, restarts it on its port and
-waits for ``/ready`` and ``--after-s`` more (the counts that close a period). Counts, in each worker's
+waits for ``/ready`` and ``--after-s`` more (the counts that close a period); ``--refuse``: Redis at its
+memory limit for ``--outage-s`` instead (it refuses writes and scripts; the queue reads go on). Counts, in each worker's
 log from the kill on, the log records (a traceback's lines are one record's) and the physical lines,
 Celery's and kombu's apart (``--show``: their records, one per kind).
-Run: ``python bench/outage_log_lines.py [--outage-s 30] [--after-s 12] [--show]``.
+Run: ``python bench/outage_log_lines.py [--outage-s 30] [--after-s 12] [--refuse] [--show]``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import redis
 from demo_stack import QUICK_LEASES, demo_stack, scratch
 from options import bench_parser
 
@@ -26,7 +28,7 @@ RECORD = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,]+: \w+/[\w-]+\] ")
 # Celery's own lines of a lost broker connection, and dayzero's lines that count those it held back
 CELERYS = re.compile(
     r"consumer: |Connected to |CPendingDeprecationWarning|Skipping prefetch count|Frequent restarts|"
-    r"Redis BRPOP got no reply|Unrecoverable error|Celery's"
+    r"Redis BRPOP got no reply|Unrecoverable error|Celery's|maybe_refresh_binding_expiry|bindings refreshed"
 )
 
 
@@ -46,6 +48,7 @@ def main() -> None:
     p.add_argument("--outage-s", type=float, default=30.0)
     p.add_argument("--after-s", type=float, default=12.0)
     p.add_argument("--show", action="store_true", help="print Celery's records, the first of each kind")
+    p.add_argument("--refuse", action="store_true", help="Redis at its memory limit, not killed")
     p.add_argument("--keep", default="", help="a folder to keep the stack's logs in")
     args = p.parse_args()
     workers = {"vision": 0, "prefill": 1, "decode": 1}
@@ -53,13 +56,20 @@ def main() -> None:
         logs = {name: folder / "logs" / f"{name}.log" for name in ("prefill0", "decode0")}
         assert stream_in_flight(stack.url).wait(60), "the stream did not start"
         start = {name: len(log.read_text()) for name, log in logs.items()}
-        stack.redis.kill()
-        stack.redis.wait()
-        time.sleep(args.outage_s)
-        assert stack.supervise() == ["redis"]
+        if args.refuse:
+            r = redis.Redis.from_url(stack.redis_url)
+            r.config_set("maxmemory", 1)
+            time.sleep(args.outage_s)
+            r.config_set("maxmemory", 0)
+        else:
+            stack.redis.kill()
+            stack.redis.wait()
+            time.sleep(args.outage_s)
+            assert stack.supervise() == ["redis"]
         stack.wait_ready(timeout_s=120)
         time.sleep(args.after_s)
-        print(f"Redis out {args.outage_s:.0f} s, logs read {args.after_s:.0f} s after /ready")
+        outage = "at its memory limit" if args.refuse else "out"
+        print(f"Redis {outage} {args.outage_s:.0f} s, logs read {args.after_s:.0f} s after /ready")
         print(f"{'worker':10} {'records':>8} {'celery':>7} {'dayzero':>8} {'lines':>6} {'celery lines':>13}")
         for name, log in logs.items():
             report(name, log.read_text()[start[name] :], args.show)

@@ -45,6 +45,8 @@ from kombu.transport import virtual
 from redis.asyncio.connection import DefaultParser as AsyncDefaultParser
 from redis.connection import DefaultParser
 
+from .outage_log import OutageLog
+
 log = logging.getLogger("dayzero.worker")
 T = TypeVar("T")
 UNBLOCKED = "UNBLOCKED"  # the error code Redis ends a blocked command with when it stops being a master
@@ -114,6 +116,24 @@ class Channel(kombu_redis.Channel):
         super().__init__(*args, **kwargs)
         if not self.ack_emulation:
             self.QoS = QoS
+        self._refresh_refused = OutageLog(
+            log,
+            "Redis refuses kombu's refresh of its expiring bindings (%s); tried again each second",
+            "%d more refreshes of kombu's expiring bindings refused",
+            "kombu's expiring bindings refreshed again after %.1f s (%d more refused)",
+        )
+
+    def maybe_refresh_binding_expiry(self) -> None:
+        """kombu's refresh of its expiring queues' bindings (Celery's remote control queue's), a script
+        tried each second until it goes through: refused (a Redis at its memory limit refuses scripts
+        while the queue read goes on), kombu logged a warning with its traceback at each try, a second
+        apart (20 warnings, 920 lines in a worker's log in a 20 s refusal). Now its ``OutageLog``'s lines."""
+        try:
+            super().maybe_refresh_binding_expiry()
+        except redis.ResponseError as exc:
+            self._refresh_refused.failed(exc)
+            return
+        self._refresh_refused.back()
 
     def _brpop_read(self, **options: object) -> bool:
         """The consumer's queue read (BRPOP: a pop, a write) refused for a while (too few replicas, a
