@@ -4,7 +4,7 @@ Starts a stack of 1 prefill and ``--decode`` decode workers on the demo checkpoi
 ``--requests`` greedy requests once undisturbed (the reference texts), then again and, once they run
 (``--at prefill``: 2,500-token prompts, as soon as prefill holds one; ``--at decode``: short prompts,
 300 tokens each, once decode holds every one), closes every worker's broker connection (``CLIENT KILL`` of
-the connections ``broker.QueueReads`` names): Celery reconnects and its tasks run on. Reports, for the
+the connections ``queue_reads.QueueReads`` names): Celery reconnects and its tasks run on. Reports, for the
 disturbed round against the undisturbed one: the messages pushed back onto a stage's queue by
 kombu (re-deliveries: LPUSH/RPUSH outside dayzero's scripts, seen by MONITOR), the prompt tokens
 prefilled and the tokens decoded (counted by the workers: more than the undisturbed round's is

@@ -6,7 +6,7 @@ DAYZERO_MAX_BATCH=``--batch`` (a prefill worker runs that many tasks at once: it
 threads and its prefetch count) and DAYZERO_PREFILL_CHUNK_SIZE=``--chunk`` (a long prompt takes many
 steps). Per round it streams ``--batch`` 2,500-token prompts to one prefill worker (the other stopped
 meanwhile: SIGSTOP, its blocked queue read ended), then closes every worker's broker connection
-(``CLIENT KILL`` of the connections ``broker.QueueReads`` names; ``--no-kill``: none) and, once they
+(``CLIENT KILL`` of the connections ``queue_reads.QueueReads`` names; ``--no-kill``: none) and, once they
 are back, streams ``--burst`` short prompts. Reports per round the burst's times to first token and
 the long prompts' (from the burst's start), and the most messages the prefill workers held unstarted
 at once (Celery's ``inspect reserved``, sampled while the burst ran: a message waiting for one of its

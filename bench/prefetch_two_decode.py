@@ -5,7 +5,7 @@ bench/prefetch_after_reconnect.py asks this of two prefill workers; here prefill
 decode two, with DAYZERO_MAX_BATCH=``--batch`` (a decode worker runs twice that many tasks at once: its
 Celery pool's threads). Per round it streams twice ``--batch`` long generations (``--tokens`` tokens
 each, ignore_eos) to decode0 (decode1 stopped meanwhile: SIGSTOP, its blocked queue read ended), then
-closes every worker's broker connection (``CLIENT KILL`` of the connections ``broker.QueueReads``
+closes every worker's broker connection (``CLIENT KILL`` of the connections ``queue_reads.QueueReads``
 names; ``--no-kill``: none) and, once they are back, streams ``--burst`` short requests. Reports per
 round the burst's times to first token, the most messages each decode worker held unstarted at once
 (Celery's ``inspect reserved``, sampled while the burst ran), the requests each held (its leases) at

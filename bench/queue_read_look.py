@@ -1,4 +1,4 @@
-"""What one look for a worker's queue read costs (``broker.QueueReads.end_now_or_next``: at a
+"""What one look for a worker's queue read costs (``queue_reads.QueueReads.end_now_or_next``: at a
 worker's stop and at each new pause before a hand back, the read looked for every ``AGAIN_S`` for
 ``READ_S`` while none comes, its consumer having seen the pause), with N other clients in Redis and
 the worker's own two (its consumer's, its producer's): the CLIENT calls sent, Redis's time on them
@@ -15,7 +15,7 @@ import redis
 from options import bench_parser
 
 from dayzero.procs import scratch_redis
-from dayzero.serving.broker import QueueReads
+from dayzero.serving.queue_reads import QueueReads
 
 
 def look(url: str, r: redis.Redis) -> str:

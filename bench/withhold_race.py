@@ -1,6 +1,6 @@
 """How often a worker's queue read sent just as the worker withholds (``room.Prefetch.withhold``,
 before a hand back) stays blocked in Redis, and for how long. The consumer, a client named as the
-worker's reads and reading as kombu does (a BRPOP of ``broker.READ_S``), checked that it could take
+worker's reads and reading as kombu does (a BRPOP of ``queue_reads.READ_S``), checked that it could take
 messages before the pause; its read reaches Redis within ``--window-ms`` of the withhold, either
 side (a random offset per trial). A read that stays blocked takes the next message pushed meanwhile
 (the worker, paused, holds it unstarted). Real Redis (embedded).
@@ -21,7 +21,7 @@ import redis
 from options import bench_parser
 
 from dayzero.procs import scratch_redis
-from dayzero.serving.broker import READ_S, QueueReads
+from dayzero.serving.queue_reads import READ_S, QueueReads
 from dayzero.serving.room import Prefetch
 
 QUEUE = "withhold-race"

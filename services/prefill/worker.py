@@ -5,10 +5,10 @@ from __future__ import annotations
 from celery import Celery, signals
 
 from dayzero.parallel.collectives import Group
-from dayzero.serving.broker import QueueReads
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.queue import TASKS, composer, make_celery
+from dayzero.serving.queue_reads import QueueReads
 from dayzero.serving.room import Prefetch, Room, to_prefill
 from dayzero.serving.runtime import Runtime
 from dayzero.serving.worker import StageWorker, loop_stage

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from celery import Celery
 
-from dayzero.serving.broker import QueueReads
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.queue import TASKS, composer, make_celery
+from dayzero.serving.queue_reads import QueueReads
 from dayzero.serving.vision_stage import VisionStage
 from dayzero.serving.worker import StageWorker
 from dayzero.settings import Settings

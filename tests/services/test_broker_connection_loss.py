@@ -32,7 +32,7 @@ LONG_PROMPT = [(7 * j) % 200 + 3 for j in range(2500)]  # prefilled over several
 
 
 def kill_broker_connections(r: redis.Redis) -> int:
-    """Close every worker's broker connection (``broker.QueueReads`` names them): how many."""
+    """Close every worker's broker connection (``queue_reads.QueueReads`` names them): how many."""
     named = [c for c in r.client_list() if c.get("name", "").startswith("dayzero-reads-")]
     for client in named:
         r.execute_command("CLIENT", "KILL", "ID", client["id"])
@@ -58,7 +58,7 @@ def leased_to(r: redis.Redis, stage: str) -> int:
 
 
 def named_reads(r: redis.Redis) -> set[str]:
-    """The names of the workers' broker connections (``broker.QueueReads``)."""
+    """The names of the workers' broker connections (``queue_reads.QueueReads``)."""
     return {c["name"] for c in r.client_list() if c.get("name", "").startswith("dayzero-reads-")}
 
 

@@ -1,4 +1,4 @@
-"""A worker's queue read ended when the worker takes no more messages (``broker.QueueReads.
+"""A worker's queue read ended when the worker takes no more messages (``queue_reads.QueueReads.
 end_now_or_next``): when it begins to stop, and when it pauses before a hand back (room.py's
 ``Prefetch.withhold``). Celery sees either between two reads of its queue, so one that lands after
 its check finds no read blocked in Redis yet; the read sent next waited its whole poll (1 s) before
@@ -12,7 +12,7 @@ import threading
 import redis
 from kombu.common import QoS
 
-from dayzero.serving.broker import QueueReads
+from dayzero.serving.queue_reads import QueueReads
 from dayzero.serving.room import Prefetch
 
 from .conftest import wait_until

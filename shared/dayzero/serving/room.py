@@ -49,11 +49,11 @@ import redis
 
 from ..kv.layout import PoolLayout
 from ..telemetry import continued
-from .broker import QueueReads
 from .intake import Ticket
 from .lease import Heartbeat
 from .messages import DecodeJob, PrefillJob
 from .outage_log import OutageLog
+from .queue_reads import QueueReads
 from .runtime import Runtime
 from .waiting import Run, first_come
 

@@ -22,10 +22,10 @@ from ..kv.shared import unlink_own
 from ..parallel.collectives import Group
 from ..settings import Settings
 from ..telemetry import flush_spans, setup_tracing
-from .broker import QueueReads
 from .liveness import Pulse, connect
 from .metrics import serve_metrics
 from .outage_log import BrokerOutageFilter
+from .queue_reads import QueueReads
 from .runtime import Runtime
 
 log = logging.getLogger("dayzero.worker")
