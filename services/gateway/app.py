@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dayzero.config import ModelConfig
 from dayzero.serving import redis_clock as clock
 from dayzero.serving.keys import QUEUES
-from dayzero.serving.liveness import count_again, unserved_for
+from dayzero.serving.liveness import STAMP_RETRY_S, count_again, unserved_for
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.metrics import QueueDepthCollector, SnapshotCollector
 from dayzero.serving.queue import STAGES, composer, make_celery
@@ -42,6 +42,9 @@ log = logging.getLogger("dayzero.gateway")
 RERUN_TRANSIT_S = 30.0  # a re-run's mark until its message is pushed: a sweep's round trips, with room
 START_CLOCK_S = 1.0  # the start, or a POST before it is known, waits this long at most for Redis's TIME
 SCRAPE_REDIS_S = 1.0  # each of a scrape's two Redis reads gives up after this (Prometheus waits 5 s here)
+# The workers' stamps after Redis's return come within a stamp's retry and its round trip: the reaper's
+# pass after its first one after an outage comes this long after it (that one ended nothing as no_worker).
+RESTAMPED_S = 2 * STAMP_RETRY_S
 
 
 async def _reaper(gw: Gateway) -> None:
@@ -53,7 +56,10 @@ async def _reaper(gw: Gateway) -> None:
     longer than the grace (4-6 s against 5 s under load) had their requests cancelled at its first pass,
     before they could come back. A pass that failed on Redis (down, frozen, refusing writes: no
     worker could stamp) begins the no-worker counts again at the next, those of the stages a worker
-    served before the outage (liveness.count_again)."""
+    served before the outage (liveness.count_again); that pass ends nothing as ``no_worker``, and the
+    next one comes ``RESTAMPED_S`` later: a worker ready during the outage, at a stage none served
+    before it, stamps within a retry of Redis's return, and a first pass before that stamp took its
+    stage for unserved (the outage in its count) and ended what waited there."""
     messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
     store = gw.bus.store
     overdue = OverdueWaits(store, gw.settings.task_time_limit_s, gw.codec)
@@ -61,9 +67,11 @@ async def _reaper(gw: Gateway) -> None:
     def send(job: PrefillJob, stage: str) -> None:
         store.enqueue(job.request.request_id, stage, messages[stage](job), gw.settings.visibility_timeout_s)
 
-    def one_pass() -> None:
+    def one_pass(after_outage: bool) -> None:
         sweep(store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period)
         unserved, bound = {stage: unserved_for(store.r, stage) for stage in QUEUES}, gw.settings.no_worker_timeout_s
+        if after_outage:  # (the stamps since Redis's return may not all be in yet: counted, nothing ended)
+            unserved = dict.fromkeys(unserved, 0.0)
         gw.bus.unserved = {stage: seconds for stage, seconds in unserved.items() if seconds > bound}  # (admission)
         end_unserved(store, unserved.__getitem__, bound)
         overdue.end()
@@ -72,13 +80,15 @@ async def _reaper(gw: Gateway) -> None:
 
     period, started = gw.settings.lease_s / 2, time.time()
     failed_at = None  # when the first of the passes that failed on Redis failed (Redis's time; liveness.count_again)
+    wait_s = period
     while True:
-        await asyncio.sleep(period)
+        await asyncio.sleep(wait_s)
+        wait_s, after_outage = period, failed_at is not None
         try:
-            if failed_at is not None:
+            if after_outage:
                 await run_in_threadpool(count_again, store.r, QUEUES, failed_at)
-            await run_in_threadpool(one_pass)
-            failed_at = None
+            await run_in_threadpool(one_pass, after_outage)
+            wait_s, failed_at = RESTAMPED_S if after_outage else period, None
         except redis.RedisError:  # Redis down or refusing writes: /ready says so; sweep when it is back
             failed_at = clock.now() if failed_at is None else failed_at  # (its own pass counted before)
             gw.bus.unserved = {}  # (admissions check no count until the next pass)
