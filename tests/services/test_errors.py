@@ -266,3 +266,19 @@ def test_json_nested_past_the_parser_is_told_how_deep_and_where(gateway, before)
     within = (before + "[" * deepest + "]" * deepest + ("}" if before else "")).encode("utf-8", "surrogatepass")
     r = gateway.post("/v1/completions", content=within, headers={"content-type": "application/json"})
     assert r.status_code == 400 and "nests" not in r.text, r.text  # parsed: refused for its fields
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-le", "utf-32"])
+def test_json_nested_past_the_parser_in_utf16_32_or_after_a_bom_is_told_where(gateway, encoding):
+    """JSON in UTF-16 or -32 (RFC 8259's older encodings, which the parse reads) nested too deep: it was
+    "There was an error parsing the body" (the position was looked for in the body read as UTF-8);
+    after UTF-8's byte order mark, a character past it (the parse skips the mark)."""
+    before = '{"model": "é", "prompt": '
+    body = (before + "[" * 100_000).encode(encoding)
+    r = gateway.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    found = re.fullmatch(
+        r"the body nests JSON deeper than this server parses \((\d+) levels; at character (\d+)\)",
+        r.json()["error"]["message"],
+    )
+    assert found and int(found[2]) == len(before) + int(found[1]) - 1, r.text
