@@ -18,13 +18,13 @@ from starlette.exceptions import HTTPException
 _STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 
 
-def _not_text(exc: UnicodeDecodeError) -> HTTPException:
+def _not_text(exc: UnicodeDecodeError, body: bytes) -> HTTPException:
     byte = exc.object[exc.start]
-    where = len(exc.object[: exc.start].decode(exc.encoding))  # (what comes before it decodes)
+    # what comes before it decodes, as the parse decoded it (a lone surrogate's bytes pass)
+    where = len(exc.object[: exc.start].decode(exc.encoding, "surrogatepass"))
+    at_byte = exc.start + len(body) - len(exc.object)  # (the parse decoded what follows a byte order mark)
     what = f"{exc.reason} in the sequence that begins with byte 0x{byte:02x}"
-    return HTTPException(
-        400, f"the body is not {exc.encoding.upper()}: {what} (at character {where}, byte {exc.start})"
-    )
+    return HTTPException(400, f"the body is not {exc.encoding.upper()}: {what} (at character {where}, byte {at_byte})")
 
 
 def _deepest_parsed() -> int:
@@ -59,7 +59,7 @@ async def parse(body: bytes) -> Any:
     try:
         return json.loads(body)
     except UnicodeDecodeError as exc:
-        raise _not_text(exc) from None
+        raise _not_text(exc, body) from None
     except RecursionError:
         deepest = _deepest_parsed() + 1  # (measured one call deeper than the parse)
     # as the parse decoded it: UTF-8, -16 or -32 as its first bytes say (a lone surrogate's bytes pass)

@@ -236,11 +236,15 @@ def test_the_last_503s_of_an_outage_are_counted_in_the_log(caplog):
         (b'{"model": "m", "prompt": "caf\xe9"}', "invalid continuation byte", 29, 29),
         (b'{"p": "\xc3\xa9", "x": "\xff"}', "invalid start byte", 17, 18),
         (b'{"model": "m", "prompt": "\xc3', "unexpected end of data", 26, 26),
+        (b'{"p": "\xed\xa0\x80", "x": "\xff"}', "invalid start byte", 17, 19),
+        (b'\xef\xbb\xbf{"p": "\xff"}', "invalid start byte", 7, 10),
     ],
-    ids=["continuation", "start_after_two_bytes", "cut"],
+    ids=["continuation", "start_after_two_bytes", "cut", "after_a_lone_surrogate", "after_a_bom"],
 )
 def test_a_body_that_is_not_utf8_is_told_what_and_where(gateway, body, what, character, byte):
-    """It was "There was an error parsing the body", with no position."""
+    """It was "There was an error parsing the body", with no position (after a lone surrogate, which
+    the parse takes, too: its position was looked for in strict UTF-8); after a byte order mark, the
+    byte was 3 short (counted from the mark's end; the character is the parse's, which skips it)."""
     r = gateway.post("/v1/completions", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     sequence = f"in the sequence that begins with byte 0x{body[byte]:02x}"
