@@ -17,14 +17,26 @@ import torch
 import torch.distributed as dist
 
 from dayzero.parallel.config import ParallelConfig
-from dayzero.parallel.group import RendezvousFailed, run_group
+from dayzero.parallel.group import FORM_S, RendezvousFailed, run_group
 from dayzero.parallel.launch import Launch
 from dayzero.parallel.meeting import SILENT_S
 from dayzero.procs import free_port
 
-from .test_restarts import RUN_S, _agent_store, _rank, _results
+from .test_restarts import RANK_SUM, RUN_S, _agent_store, _rank, _results
 
 TIMEOUT_S = 60  # the group timeout: far past meeting.SILENT_S, so a start failing first did not wait it out
+DIES_AS_THE_GROUP_FORMS = (
+    """
+import os
+import dayzero.parallel.group as group
+meet = group.join_meeting
+def meet_then_die(*args, **kwargs):
+    meet(*args, **kwargs)  # every rank came and is ready
+    os._exit(9)  # gone before gloo's exchange of addresses
+group.join_meeting = meet_then_die
+"""
+    + RANK_SUM
+)
 
 
 def _until_in_meeting(agent: dist.TCPStore, rank: int) -> None:
@@ -129,6 +141,24 @@ def test_a_rank_waits_one_timeout_in_all_not_one_per_step():
         opened.join()
     assert "within 6 s (rank 0 started no new meeting of the group (none opened))" in str(failed.value)
     stores.clear()  # the store's server ends
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_as_the_group_forms_fails_the_others_start_before_the_timeout():
+    """Every rank ready at the meeting, rank 1 gone before gloo's exchange of addresses (a window of
+    milliseconds): rank 0 waited in gloo for what was left of the group timeout (30.1 s at 30 s) and
+    then asked whether the ranks had the same MASTER_ADDR and MASTER_PORT."""
+    port = free_port()
+    agent = _agent_store(port)
+    started = time.monotonic()
+    ranks = [_rank(0, 0, port, TIMEOUT_S), _rank(1, 0, port, TIMEOUT_S, script=DIES_AS_THE_GROUP_FORMS)]
+    [(code, _, err), (died, _, _)] = _results(ranks)
+    took = time.monotonic() - started
+    assert (code, died) == (1, 9), err[-3000:]
+    told = f"rank 0 of 2: every rank was ready at 127.0.0.1:{port}, then the group did not form within {FORM_S:g} s ("
+    assert told in err and "a rank died or hung as it formed" in err, err[-3000:]
+    assert took < TIMEOUT_S, f"rank 0 failed {took:.1f} s after its start: the group timeout is {TIMEOUT_S} s"
+    del agent
 
 
 def _backend_timeout(group) -> float:

@@ -32,7 +32,9 @@ JOINED_FIRST = "dayzero/meeting1/rank1"  # rank 1's starts that found the first 
 RUN_S = 90  # a rank that has not exited by then has hung (the group timeout: 30 s)
 
 
-def _rank(rank: int, attempt: int, port: int, timeout: float = 30, world_size: int = 2) -> subprocess.Popen:
+def _rank(
+    rank: int, attempt: int, port: int, timeout: float = 30, world_size: int = 2, script: str = RANK_SUM
+) -> subprocess.Popen:
     env = {
         **os.environ,
         "GROUP_TIMEOUT_S": str(timeout),
@@ -43,7 +45,7 @@ def _rank(rank: int, attempt: int, port: int, timeout: float = 30, world_size: i
     }
     env |= {"MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
     env["TORCHELASTIC_RESTART_COUNT"] = str(attempt)  # as torchrun's agent sets them
-    argv = [sys.executable, "-c", RANK_SUM]
+    argv = [sys.executable, "-c", script]
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

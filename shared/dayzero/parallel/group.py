@@ -39,6 +39,8 @@ JOIN_SECONDS = 60.0
 START_SECONDS = 600.0  # a local rank not at the rendezvous this long after its spawn is stuck
 START_POLL_S = 0.1
 STORE_POLL_S = 0.25  # a joining rank's tries to reach the rendezvous store, until the group timeout
+FORM_S = 15.0  # every rank was ready at the meeting: gloo's exchange of addresses takes well under 1 s
+# (NCCL's forming keeps what is left of the start: its communicators' set-up grows with the GPUs)
 
 
 class RendezvousFailed(TimeoutError):
@@ -60,38 +62,56 @@ def _rank(
 ) -> Any:
     """``deadline`` (time.monotonic()) ends the whole start: the store's connection, the meeting and
     the process group's forming each get what is left of it, not ``timeout`` each (a rank != 0 waited
-    up to three timeouts). ``timeout`` stays the collectives' bound."""
+    up to three timeouts); gloo's forming, once every rank is ready, ``FORM_S`` at most (a rank that
+    died in between was waited for until the deadline). ``timeout`` stays the collectives' bound."""
     if launch.cuda:
         torch.cuda.set_device(launch.device)
     try:
-        dist.init_process_group(
-            launch.backend,
-            store=_store(launch, deadline),
-            rank=launch.config.rank,
-            world_size=launch.config.world_size,
-            timeout=_left(deadline),
-            device_id=launch.device if launch.cuda else None,
-        )
-        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout))  # the collectives' own
+        store = _store(launch, deadline)  # every rank came to this start's meeting and is ready
     except RankSilent as exc:  # seen before the timeout: not a timeout to blame
         raise RendezvousFailed(
             f"rank {launch.config.rank} of {launch.config.world_size}: the group did not meet at {_where(launch)} "
             f"({exc}); this start of the group fails (torchrun --max-restarts starts it again)"
         ) from None
     except (dist.DistError, MeetingFailed) as exc:  # a timeout, rank 0's address unreachable, its port taken
-        reason = str(exc).strip().splitlines()[0]
-        if "EADDRINUSE" in reason:  # rank 0 serves the rendezvous store there, at once: no timeout to blame
-            raise MasterPortInUse(
-                f"rank 0 of {launch.config.world_size} cannot serve the group's rendezvous at {_where(launch)}: "
-                f"another process holds that port on this host; choose another MASTER_PORT (torchrun: --master-port)"
-            ) from None
-        raise _not_met(launch, timeout, reason) from None
+        raise _unmet(launch, timeout, exc) from None
+    form = _left(deadline) if launch.cuda else min(_left(deadline), datetime.timedelta(seconds=FORM_S))
+    try:
+        dist.init_process_group(
+            launch.backend,
+            store=store,
+            rank=launch.config.rank,
+            world_size=launch.config.world_size,
+            timeout=form,
+            device_id=launch.device if launch.cuda else None,
+        )
+    except dist.DistError as exc:
+        raise RendezvousFailed(
+            f"rank {launch.config.rank} of {launch.config.world_size}: every rank was ready at {_where(launch)}, "
+            f"then the group did not form within {form.total_seconds():.0f} s ({_first_line(exc)}): a rank died "
+            "or hung as it formed; this start of the group fails (torchrun --max-restarts starts it again)"
+        ) from None
+    dist.group.WORLD.set_timeout(datetime.timedelta(seconds=timeout))  # the collectives' own bound
     try:
         result = fn(Group(launch.config, dist.group.WORLD, launch.device), *args)
         before_teardown()
         return result
     finally:
         dist.destroy_process_group()
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0]
+
+
+def _unmet(launch: Launch, timeout: float, exc: Exception) -> OSError:
+    reason = _first_line(exc)
+    if "EADDRINUSE" in reason:  # rank 0 serves the rendezvous store there, at once: no timeout to blame
+        return MasterPortInUse(
+            f"rank 0 of {launch.config.world_size} cannot serve the group's rendezvous at {_where(launch)}: "
+            f"another process holds that port on this host; choose another MASTER_PORT (torchrun: --master-port)"
+        )
+    return _not_met(launch, timeout, reason)
 
 
 def _left(deadline: float) -> datetime.timedelta:
