@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -31,11 +32,13 @@ class Group:
         config: ParallelConfig | None = None,
         process_group: object | None = None,
         device: torch.device | str = "cpu",
+        diagnose: Callable[[], str | None] = lambda: None,
     ) -> None:
         config = config or ParallelConfig()
         if config.world_size > 1 and process_group is None:
             raise ValueError(f"{config.world_size} ranks need a torch.distributed process group")
         self.config, self.process_group, self.device = config, process_group, device
+        self.diagnose = diagnose  # after a failed collective: what else is gone, said in GroupFailed's message
         self.counts: Counter[str] = Counter()
         self.seconds = 0.0
 
@@ -69,12 +72,12 @@ class Group:
             self._call(dist.broadcast, x, src=0, group=self.process_group)
         return x
 
-    @staticmethod
-    def _call(collective, *args, **kwargs) -> None:
+    def _call(self, collective, *args, **kwargs) -> None:
         try:
             collective(*args, **kwargs)
         except RuntimeError as exc:  # gloo / NCCL: a peer's connection closed, or the timeout passed
-            raise GroupFailed(f"{collective.__name__} failed: {exc}") from exc
+            also = self.diagnose()
+            raise GroupFailed(f"{collective.__name__} failed: {exc}{f'; {also}' if also else ''}") from exc
 
     def _count(self, name: str, start: float) -> None:
         self.counts[name] += 1

@@ -32,7 +32,7 @@ import torch.multiprocessing as mp
 from ..procs import end_process, free_port
 from .collectives import Group
 from .config import ParallelConfig
-from .launch import Launch
+from .launch import Launch, store_gone
 from .meeting import MeetingFailed, RankSilent, join_meeting
 
 JOIN_SECONDS = 60.0
@@ -92,8 +92,9 @@ def _rank(
             "or hung as it formed; this start of the group fails (torchrun --max-restarts starts it again)"
         ) from None
     dist.group.WORLD.set_timeout(datetime.timedelta(seconds=timeout))  # the collectives' own bound
+    diagnose = (lambda: store_gone(store, _where(launch))) if launch.agent_store else (lambda: None)
     try:
-        result = fn(Group(launch.config, dist.group.WORLD, launch.device), *args)
+        result = fn(Group(launch.config, dist.group.WORLD, launch.device, diagnose), *args)
         before_teardown()
         return result
     finally:

@@ -14,6 +14,7 @@ when the device is CUDA.
 
 from __future__ import annotations
 
+import datetime
 import queue
 import socket
 import threading
@@ -21,11 +22,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from .config import ParallelConfig, ParallelError
+from .meeting import MEETINGS
 
 VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 RESOLVE_SECONDS = 10.0  # a resolver silent this long will not answer the rendezvous either
+PROBE_S = 2.0  # a rendezvous store's server that is there answers a look-up at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,4 +102,24 @@ def _lookup_problem(host: str) -> str | None:
         socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:  # socket.gaierror; a label over 63 characters: UnicodeError
         return getattr(exc, "strerror", None) or str(exc)
+    return None
+
+
+def store_gone(store: dist.PrefixStore, where: str) -> str | None:
+    """After a failed collective, under torchrun's agent store: whether that store's server (the
+    torchrun on rank 0's host) is gone too, and what that means. This rank's connection to it is the
+    like of its own host's agent's: a torchrun started again on rank 0's host serves a new store, and
+    the other hosts' agents, still connected to the gone one, fail at their next restart (static and
+    c10d rendezvous alike; torchrun exits 1 with a DistNetworkError) and never meet it. Bounded: ``PROBE_S``."""
+    server = store.underlying_store
+    server.set_timeout(datetime.timedelta(seconds=PROBE_S))
+    try:
+        server.check([MEETINGS])  # any key: one round trip to the server this rank met at
+    except dist.DistError:  # the connection closed (DistNetworkError), or no answer (DistStoreError)
+        return (
+            f"the rendezvous store at {where} does not answer either: the torchrun on rank 0's host ended, was "
+            "started again or cannot be reached, and the torchrun on every other host, connected to the gone "
+            "store, cannot meet a new one (it exits 1 at its restart): start every host's torchrun again (run "
+            "each under a supervisor that restarts it when it exits)"
+        )
     return None

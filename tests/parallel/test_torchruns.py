@@ -1,0 +1,122 @@
+"""Two hosts' torchruns (static rendezvous, both on this machine's loopback), each running one rank
+that all-reduces until its group fails: what each host sees when rank 0 dies alone, and when the
+torchrun on rank 0's host is started again alone (a rebooted host, a restarted pod).
+
+Every process is real (torchrun's agents, gloo ranks); every test stops every process it started.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from dayzero.procs import free_port
+
+from .test_hosts import _stop
+
+RANK = """
+import os, sys, time, torch
+from dayzero.parallel.collectives import GroupFailed
+from dayzero.parallel.group import run_group
+from dayzero.parallel.launch import launch_from
+def reduce_until_failed(group):
+    print("formed", flush=True)
+    while True:
+        group.all_reduce_sum(torch.ones(1))
+        time.sleep(0.2)
+try:
+    run_group(2, reduce_until_failed, launch=launch_from(os.environ, "cpu"), timeout=30.0)
+except GroupFailed as exc:
+    print(f"group failed: {exc}", flush=True)
+    sys.exit(4)
+"""
+RUN_S = 120  # a torchrun that has not done what it was waited for by then will not
+GONE = "the rendezvous store at 127.0.0.1:{port} does not answer either"
+
+
+class Torchruns:
+    """Host ``node``'s torchrun, started (again) on demand; each host's output appended to its log.
+    ``rdzv``: static (--master-addr/--master-port, --node-rank) or c10d (host 0 serves its store:
+    is_host, as both hosts' addresses are this machine's)."""
+
+    def __init__(self, tmp_path: Path, rdzv: str = "static") -> None:
+        self.port, self.tmp, self.rdzv = free_port(), tmp_path, rdzv
+        (tmp_path / "rank.py").write_text(RANK)
+        self.agents: list[subprocess.Popen | None] = [None, None]
+
+    def start(self, node: int) -> None:
+        if self.rdzv == "static":
+            meet = ["--master-addr", "127.0.0.1", "--master-port", str(self.port), "--node-rank", str(node)]
+        else:
+            meet = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "dz"]
+            meet += ["--rdzv-conf", f"is_host={int(node == 0)}"]
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", *meet]
+        argv += ["--max-restarts", "3", "--log-dir", str(self.tmp / f"torchrun{node}"), str(self.tmp / "rank.py")]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with self.log(node).open("a") as log:
+            self.agents[node] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def log(self, node: int) -> Path:
+        return self.tmp / f"host{node}.log"
+
+    def text(self, node: int) -> str:
+        return self.log(node).read_text() if self.log(node).exists() else ""
+
+    def until(self, done, what: str) -> None:
+        deadline = time.monotonic() + RUN_S
+        while not done():
+            logs = "\n".join(self.text(node)[-3000:] for node in (0, 1))
+            assert time.monotonic() < deadline, f"{what}: not within {RUN_S} s\n{logs}"
+            time.sleep(0.2)
+
+    def formed(self, times: int) -> None:
+        """Until both hosts' ranks have formed the group ``times`` times in all."""
+        self.until(lambda: all(self.text(n).count("formed\n") >= times for n in (0, 1)), f"formed {times} times")
+
+    def rank(self, node: int) -> psutil.Process:
+        script = str(self.tmp / "rank.py")
+        [rank] = [child for child in psutil.Process(self.agents[node].pid).children() if script in child.cmdline()]
+        return rank
+
+    def stop(self) -> None:
+        _stop([agent for agent in self.agents if agent is not None])
+
+
+@pytest.fixture
+def torchruns(tmp_path):
+    made = Torchruns(tmp_path)
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
+@pytest.mark.slow
+def test_a_torchrun_started_again_alone_on_rank_0s_host_is_named_and_met_once_the_others_start_again(torchruns):
+    """Rank 0 killed alone: both agents restart their ranks and the group forms again; rank 1's
+    failure does not blame the store. Then host 0's torchrun killed with its rank and started
+    again: host 1's agent, connected to the gone store, failed at its restart (torchrun exit 1,
+    "DistNetworkError: Broken pipe") and host 0's new torchrun waited for it (600 s, static
+    rendezvous): nothing said why. Rank 1 now says the store is gone and every host's torchrun must
+    start again; once host 1's does (its supervisor), the group forms."""
+    for node in (0, 1):
+        torchruns.start(node)
+    torchruns.formed(1)
+    torchruns.rank(0).kill()
+    torchruns.formed(2)  # each agent's one restart
+    [failed] = [line for line in torchruns.text(1).splitlines() if line.startswith("group failed")]
+    assert GONE.format(port=torchruns.port) not in failed, failed
+    _stop([torchruns.agents[0]])  # host 0's torchrun and its rank: gone
+    torchruns.start(0)
+    torchruns.until(lambda: torchruns.agents[1].poll() is not None, "host 1's torchrun exited")
+    assert torchruns.agents[1].returncode == 1
+    since = torchruns.text(1).split("formed\n")[-1]  # host 1's lines since its rank's group last formed
+    assert GONE.format(port=torchruns.port) in since and "start every host's torchrun again" in since, since[-3000:]
+    torchruns.start(1)  # as host 1's supervisor would
+    torchruns.formed(3)
