@@ -16,6 +16,7 @@ from urllib.parse import unquote
 
 from .dsml import to_json
 from .schema_bounds import bound_problem, subschemas
+from .schema_discriminator import without_discriminators
 from .schema_rows import ROW_ITEMS
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -33,7 +34,7 @@ def _literal(text: str) -> str:
 
 
 def _json_rule(schema: dict) -> str:
-    return "%json " + to_json({**schema, "x-guidance": JSON_STYLE})
+    return "%json " + to_json({**without_discriminators(schema), "x-guidance": JSON_STYLE})
 
 
 def json_grammar(schema: dict | None) -> str:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from urllib.parse import unquote
 
-# keywords that enforce nothing (llguidance's META_AND_ANNOTATIONS): siblings of only these leave a
-# $ref or a union as it is
+# keywords that enforce nothing (llguidance's META_AND_ANNOTATIONS, and OpenAPI's discriminator, dropped
+# before it compiles: schema_discriminator): siblings of only these leave a $ref or a union as it is
 ANNOTATIONS = frozenset(
     ("$anchor", "$defs", "definitions", "$schema", "$id", "id", "$comment", "title", "description", "default")
-) | frozenset(("readOnly", "writeOnly", "examples", "contentMediaType", "contentEncoding"))
+) | frozenset(("readOnly", "writeOnly", "examples", "contentMediaType", "contentEncoding", "discriminator"))
 _UNIONS = ("anyOf", "oneOf")
 _DEFINITIONS = ("$defs", "definitions")
 _SCHEMAS = ("items", "additionalItems", "contains", "propertyNames")  # one subschema each

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .schema_merge import MOST_NESTED, Circular, Merged, TooBig, TooDeep
 from .schema_rows import RowCheck
 
-_DATA = ("enum", "const", "default", "examples")  # values, not schemas
+_DATA = ("enum", "const", "default", "examples", "discriminator")  # values, not schemas (nor compiled)
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
 MOST_TOOLS = 1024  # tools a request may ever offer (the ceiling of DAYZERO_MAX_TOOLS)
 # patternProperties' names in one object: llguidance's compile grows steeply in them, whatever their

@@ -1,0 +1,65 @@
+"""OpenAPI's ``discriminator`` (pydantic writes one beside each tagged union's ``oneOf``:
+``Field(discriminator="kind")``) as llguidance is given it: dropped, for it only names the property
+that tells the branches apart and validates nothing (JSON Schema has no such keyword). Left in,
+llguidance took it for a constraint beside the union: a copy of it in each branch, and in a
+recursive model "circular references with sibling keys" (every recursive tagged union refused).
+A ``oneOf`` whose branches it does tell apart (each an object requiring the property, each with its
+own string ``const`` there) is written as ``anyOf``: no value can match two branches, so both allow
+the same (llguidance proves that only of branches written inline: pydantic's are ``$ref``s)."""
+
+from __future__ import annotations
+
+import json
+
+from .schema_bounds import subschemas
+from .schema_merge import resolve
+
+
+def without_discriminators(schema: object) -> object:
+    """``schema`` as llguidance compiles it: itself when no subschema has a ``discriminator``, else a
+    copy without any (and each oneOf they tell apart an anyOf)."""
+    if not any(_property_named(node) is not None for node in subschemas(schema)):
+        return schema
+    copy = json.loads(json.dumps(schema))
+    for node in subschemas(copy):  # (each node changed before the walk reads its subschemas)
+        if (name := _property_named(node)) is None:
+            continue
+        del node["discriminator"]
+        if "anyOf" not in node and _told_apart(copy, node.get("oneOf"), name):
+            node["anyOf"] = node.pop("oneOf")
+    return copy
+
+
+def _property_named(node: dict) -> str | None:
+    """The property ``node``'s discriminator names (None: it has no OpenAPI discriminator; a
+    ``dependentRequired`` naming a property "discriminator" is left alone)."""
+    found = node.get("discriminator")
+    return found["propertyName"] if isinstance(found, dict) and isinstance(found.get("propertyName"), str) else None
+
+
+def _told_apart(root: object, branches: object, name: str) -> bool:
+    """Whether each of ``branches`` requires the property ``name`` of an object, each a different
+    string (a branch with a ``$ref`` allows at most what its definition does: either proves it)."""
+    if not isinstance(branches, list) or not branches:
+        return False
+    tags = []
+    for branch in branches:
+        tag = _tag(branch, name)
+        if tag is None and isinstance(branch, dict) and isinstance(ref := branch.get("$ref"), str):
+            tag = _tag(resolve(root, ref), name)
+        tags.append(tag)
+    return None not in tags and len(set(tags)) == len(tags)
+
+
+def _tag(schema: object, name: str) -> str | None:
+    """The one string an object ``schema`` requires its property ``name`` to be (None: none)."""
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return None
+    required, properties = schema.get("required"), schema.get("properties")
+    if not isinstance(required, list) or name not in required or not isinstance(properties, dict):
+        return None
+    prop = properties.get(name)
+    if not isinstance(prop, dict):
+        return None
+    values = [prop["const"]] if "const" in prop else prop.get("enum")
+    return values[0] if isinstance(values, list) and len(values) == 1 and isinstance(values[0], str) else None
