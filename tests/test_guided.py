@@ -12,10 +12,10 @@ import torch
 
 from dayzero.chat.grammar import json_grammar
 from dayzero.completion import Completion
-from dayzero.guided import Grammar, GrammarFailed, Guide, allowed_logits
+from dayzero.guided import GRAMMAR_FAILED, Grammar, GrammarFailed, Guide, allowed_logits
 from dayzero.params import SamplingParams
 
-from .conftest import FAILING_LATE
+from .conftest import FAILING_LATE, LATE_PATTERN
 
 VOCAB = 512  # the model's rows (the demo tokenizer has fewer tokens: the rest is padding)
 
@@ -76,11 +76,38 @@ def test_a_grammar_failing_mid_reply_fails_the_request_rather_than_end_it_with_s
         params = SamplingParams(max_tokens=24, temperature=1.0, seed=seed, grammar=Grammar(json_grammar(schema)))
         completion = Completion(codec, params, (1,), 4, 4096)
         text, logits = "", torch.Generator().manual_seed(seed)
-        with pytest.raises(GrammarFailed, match="the grammar failed: "):
+        with pytest.raises(GrammarFailed, match="its grammar failed mid-reply: "):
             while not (step := completion.next(torch.randn(VOCAB, generator=logits))).finish_reason:
                 text += step.text
             text += step.text
             assert step.finish_reason != "stop" or validator.is_valid(json.loads(text)), (text, step)
+
+
+def test_a_grammar_failing_on_a_token_its_mask_allowed_fails_on_it_as_the_schemas(codec):
+    """The gateway's check passes it (its first steps end long before the string); the lexer then
+    fails on a token the mask allowed (as the string's lexeme comes in reach): the token was streamed,
+    then the end the empty mask forced failed the request as a bare 500 "sampling failed:
+    GrammarFailed". It fails on that token now (not streamed), as the schema's failure (the gateway's
+    400), naming llguidance's why."""
+    from dayzero.chat.grammar import schema_problem
+
+    assert schema_problem(LATE_PATTERN) is None
+    params = SamplingParams(max_tokens=64, temperature=1.0, seed=0, grammar=Grammar(json_grammar(LATE_PATTERN)))
+    completion, text, logits = Completion(codec, params, (1,), 4, 4096), "", torch.Generator().manual_seed(0)
+    with pytest.raises(GrammarFailed) as failed:
+        while not (step := completion.next(torch.randn(VOCAB, generator=logits))).finish_reason:
+            assert not completion.guide.matcher.is_error(), text + step.text  # (a token it failed on: not streamed)
+            text += step.text
+    assert '"b3": ' in text and failed.value.code == GRAMMAR_FAILED  # (past the check's first steps)
+    assert str(failed.value) == "its grammar failed mid-reply: lexer error: too many expressions constructed"
+    assert completion.guide.matcher.is_error()
+
+
+def test_a_token_outside_the_mask_is_the_servers_failure_not_the_schemas(codec):
+    guide = Guide(codec.grammars, Grammar('start: "ok"'))
+    with pytest.raises(GrammarFailed, match="^the grammar refused the token sampled: .*satisfy the grammar") as failed:
+        guide.accept(codec.token_id("The"))
+    assert failed.value.code == ""
 
 
 def test_the_cpu_and_the_device_ways_of_masking_agree(codec):

@@ -131,6 +131,8 @@ async def refuse_unserved(gw: Gateway, images: bool) -> None:
 def _failure(event: Token) -> APIError:
     if event.code in ("no_worker", "overloaded"):  # no worker took it, or none had room in time: not its fault
         return APIError(503, event.error, "service_unavailable", code=event.code, headers={"Retry-After": "1"})
+    if event.code == "grammar_failed":  # the request's schema past a limit of llguidance, found mid-reply (guided.py)
+        return APIError(400, f"cannot enforce this schema: {event.error}", code=event.code)
     if event.finish_reason == "error":
         return APIError(500, event.error or "generation failed", "server_error", code="generation_failed")
     message = "the request was cancelled before it finished"

@@ -21,11 +21,30 @@ from .chat.grammar import error_summary
 from .grammars import Grammars
 from .params import Grammar
 
+GRAMMAR_FAILED = "grammar_failed"  # the code of a request's end its grammar failed by itself (the gateway's 400)
+
 
 class GrammarFailed(ValueError):
-    """The grammar failed mid-reply (a limit of llguidance's parser or lexer, or a schema nothing
-    finite satisfies, such as a required property whose ``$ref`` is its own object): the end it
-    forced is not a valid reply, so the request fails rather than finish with "stop"."""
+    """The grammar failed mid-reply: the request fails rather than finish with "stop" (the end an
+    empty mask forces is not a valid reply). ``code``: ``GRAMMAR_FAILED`` when it failed by itself
+    (past a limit of llguidance's parser or lexer, such as a pattern too big for its lexer or a
+    schema nothing finite satisfies, a required property whose ``$ref`` is its own object: the
+    request's schema, as the gateway's checks refuse most before it queues), "" when it refused a
+    token it was given (one its mask did not allow: the server's fault)."""
+
+    def __init__(self, why: str) -> None:
+        self.code = "" if _REFUSED in why else GRAMMAR_FAILED
+        what = "the grammar refused the token sampled" if not self.code else "its grammar failed mid-reply"
+        super().__init__(f"{what}: {why}")
+
+
+_REFUSED = "doesn't satisfy the grammar"  # llguidance's error for a token it refuses ("Parser Error: token ...")
+
+
+def failure(exc: Exception, what: str) -> tuple[str, str]:
+    """The message and code of the end of a request ``exc`` failed (``what``: "sampling failed", ...):
+    a failed grammar's own (it says why), else the exception's type."""
+    return (str(exc), exc.code) if isinstance(exc, GrammarFailed) else (f"{what}: {type(exc).__name__}", "")
 
 
 class Guide:
@@ -40,11 +59,13 @@ class Guide:
         self.active = grammar.after is None
 
     def accept(self, token: int) -> None:
+        """Advance by ``token``; ``GrammarFailed`` when the grammar has failed (its mask admitted
+        nothing: ``token`` is the end that forced) or fails on it (it is not streamed)."""
         if self.active:
-            if self.matcher.is_error():  # its mask admitted nothing: ``token`` is the forced end
-                raise GrammarFailed(f"the grammar failed: {error_summary(self.matcher.get_error())}")
-            if not self.matcher.is_stopped():
+            if not self.matcher.is_error() and not self.matcher.is_stopped():
                 self.matcher.consume_token(token)  # a token it refuses leaves it in its error state
+            if self.matcher.is_error():
+                raise GrammarFailed(error_summary(self.matcher.get_error()))
         elif token == self._after:
             self.active = True
 

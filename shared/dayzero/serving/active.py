@@ -12,6 +12,7 @@ from opentelemetry import trace
 
 from ..completion import Completion, Step
 from ..config import ModelConfig
+from ..guided import failure
 from ..telemetry import continued, tracer
 from . import redis_clock as clock
 from .handoff import Receiver
@@ -52,7 +53,7 @@ class Active:
     unsent: list[Token] = field(default_factory=list)
     # (reason, message) once a step ended it: its last token's finish reason, or "error" and why its
     # own sampling failed; it is settled once its tokens are on its stream, and never stepped again
-    end: tuple[str, str] | None = None
+    end: tuple[str, str, str] | None = None
 
     @classmethod
     def start(cls, runtime: Runtime, ticket: Ticket[DecodeJob], limit: int) -> Active:
@@ -88,7 +89,7 @@ class Active:
         for index, step in enumerate(steps, first):
             if isinstance(step, Exception):
                 log.error("request %s: sampling failed: %r", rid, step)
-                self.end = ("error", f"sampling failed: {type(step).__name__}")
+                self.end = ("error", *failure(step, "sampling failed"))
                 return
             usage = self.completion.usage() if step.finish_reason else None  # (the step is its last token)
             self.unsent.append(Token.of(rid, index, step, usage))
@@ -97,7 +98,7 @@ class Active:
                 self.first_seen = True
             self.next_token = step.token
             if step.finish_reason:
-                self.end = (step.finish_reason, "")
+                self.end = (step.finish_reason, "", "")
                 return
 
     def end_span(self, reason: str, cfg: ModelConfig, length: int, message: str = "") -> None:

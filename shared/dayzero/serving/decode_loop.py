@@ -219,14 +219,13 @@ class DecodeLoop:
         fraction = sum(min(cfg.index_topk, n) for n in entries) / available if available else 1.0
         stats.set(batch_size=len(ids), tokens_per_s=emitted / seconds if seconds else 0.0, selected_fraction=fraction)
 
-    def _finish(
-        self, rid: str, reason: str, index: int | None = None, message: str = "", usage: dict | None = None
-    ) -> None:
+    def _finish(self, rid: str, reason: str, index: int | None = None, message: str = "", **end: dict | str) -> None:
+        """End active request ``rid`` (``end``: its ``usage``, its error's ``code``)."""
         self.heartbeat.release(rid)  # no beat in flight outlives its end
         active = self.active.pop(rid)
         active.end_span(reason, self.r.model.cfg, self.r.pools.length(rid), message)
         self.r.ranks.release(rid)
-        self._settle(active.ticket, reason, message, index=index, usage=usage)
+        self._settle(active.ticket, reason, message, index=index, **end)
 
     def _cancel(self) -> None:
         """Act on the cancel marks of every active and waiting request: read with the last step's
@@ -289,9 +288,9 @@ class DecodeLoop:
             self._finish(rid, "cancelled", index=self.active[rid].streamed)
         for active in self.active.values():
             active.unsent.clear()  # on their streams
-        for rid, (reason, message) in [(rid, a.end) for rid, a in self.active.items() if a.end is not None]:
+        for rid, (reason, message, code) in [(rid, a.end) for rid, a in self.active.items() if a.end is not None]:
             if reason != "error":
                 self._finish(rid, reason)  # (its last token carried the finish)
                 continue
             self.r.stats.fail("decode")  # its own sampling (the step's call is counted)
-            self._finish(rid, "error", index=self.active[rid].completion.count, message=message)
+            self._finish(rid, "error", index=self.active[rid].completion.count, message=message, code=code)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import redis
 from opentelemetry import trace
 
+from ..guided import failure
 from ..telemetry import continued, tracer
 from .intake import Ticket
 from .kept_handoffs import KeptHandoffs
@@ -33,7 +34,7 @@ class FirstTokens:
         handed_off: KeptHandoffs,
         heartbeat: Heartbeat,
         decode_message: Callable[[DecodeJob], str],  # a job -> its message on decode's queue
-        settle: Callable[..., None],  # the loop's: (ticket, reason, message, index)
+        settle: Callable[..., None],  # the loop's: (ticket, reason, message, index, code=)
         limit: int,  # the context's
     ) -> None:
         self.r, self.kept, self.handed_off, self.heartbeat = runtime, kept, handed_off, heartbeat
@@ -118,9 +119,9 @@ class FirstTokens:
         self.r.ranks.release(rid)
         self.kept.drop(ticket)  # (its blocks freed: Redis failing the end puts it back to be prefilled again)
         streamed = len(self.r.store.streamed_tokens(rid))  # its first token may have gone out already
-        message = f"failed after prefill: {type(exc).__name__}"
+        message, code = failure(exc, "failed after prefill")
         trace.get_current_span().set_status(trace.Status(trace.StatusCode.ERROR, message))  # its prefill.forward
-        self.settle(ticket, "error", message, streamed)
+        self.settle(ticket, "error", message, streamed, code=code)
 
     def _emit(self, ticket: Ticket[PrefillJob]) -> None:
         job, store, prefilled = ticket.job, self.r.store, self.kept.of(ticket)

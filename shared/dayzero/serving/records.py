@@ -2,8 +2,8 @@
 by the gateway, encoded and decoded here only.
 
 Fields: i index, t token (-1: an ending without a token), x text, f finish reason, u usage (JSON),
-e error, c the error's code (OpenAI's ``code``: no_worker, overloaded), l logprob, k top alternatives (JSON),
-p the prompt's logprobs (JSON, on the first token).
+e error, c the error's code (OpenAI's ``code``: no_worker, overloaded, grammar_failed), l logprob,
+k top alternatives (JSON), p the prompt's logprobs (JSON, on the first token).
 The entry id is ``{index + 1}-0``, so Redis itself refuses a duplicate or out-of-order append.
 """
 

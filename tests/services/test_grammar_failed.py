@@ -1,0 +1,93 @@
+"""A request whose grammar fails mid-reply by itself (past a limit of llguidance, with a schema the
+gateway's checks let through) ends as the schema's failure: its stream's last entry names
+llguidance's why under the code ``grammar_failed``, and the gateway answers it as a 400 (a stream:
+an error event, then [DONE]), not a bare 500 "sampling failed: GrammarFailed". The loops run
+in-process on a real Redis and a real runtime; the gateway in-process, ending a request as a
+worker does."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dayzero.chat.grammar import json_grammar
+from dayzero.params import Grammar, SamplingParams
+from dayzero.serving.decode_loop import DecodeLoop
+from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
+from dayzero.serving.prefill_loop import PrefillLoop
+from dayzero.serving.runtime import Runtime
+from dayzero.settings import Settings
+from services.gateway.app import make_app
+
+from ..conftest import LATE_PATTERN
+from .conftest import MODEL, prompt_ids, recording, run_jobs, wait_until
+
+WHY = "its grammar failed mid-reply: lexer error: too many expressions constructed"
+
+
+def _last(store: Lifecycle, rid: str) -> dict[bytes, bytes]:
+    (_, last), *_ = store.r.xrevrange(f"dz:tokens:{rid}", count=1)
+    return last
+
+
+def test_a_grammar_failing_mid_reply_ends_its_stream_with_its_why(demo_dir, redis_url):
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store = Lifecycle.connect(redis_url)
+    sampling = SamplingParams(max_tokens=200, temperature=1.0, seed=3, grammar=Grammar(json_grammar(LATE_PATTERN)))
+    request = GenerationRequest(
+        request_id="late-1", prompt_ids=tuple(prompt_ids(0)), sampling=sampling, created=time.time()
+    )
+    store.admit(request, [], "", 60)
+    sent: list[DecodeJob] = []
+    run_jobs(
+        PrefillLoop(Runtime.load(settings, "prefill7@test", "prefill", False), recording(sent)),
+        [PrefillJob(request=request)],
+    )
+    run_jobs(DecodeLoop(Runtime.load(settings, "decode7@test", "decode", False)), sent)
+    last = _last(store, "late-1")
+    assert store.done("late-1") == "error", last
+    assert (last[b"e"].decode(), last[b"c"]) == (WHY, b"grammar_failed")
+    assert len(store.streamed_tokens("late-1")) > 8  # (past the first steps the gateway's check walks)
+
+
+@pytest.fixture(scope="module")
+def gateway(demo_dir, redis_url):
+    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:
+        yield client, Lifecycle.connect(redis_url, 60)
+
+
+def _fail(store: Lifecycle, rid: str) -> None:
+    assert store.settle(rid, 0, "", "error", end_at=0, message=WHY, code="grammar_failed")  # as decode ends it
+
+
+def test_the_gateway_answers_it_as_the_schemas_400(gateway):
+    client, store = gateway
+    running = set(store.active())
+    body = {"model": MODEL, "prompt": [0, 5], "max_tokens": 3}
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(client.post, "/v1/completions", json=body)
+        assert wait_until(lambda: len(set(store.active()) - running) == 1, 10.0)
+        _fail(store, (set(store.active()) - running).pop())
+        r = answer.result(timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == {
+        "message": f"cannot enforce this schema: {WHY}",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "grammar_failed",
+    }
+
+
+def test_a_stream_ends_with_its_error_event_then_done(gateway):
+    client, store = gateway
+    body = {"model": MODEL, "prompt": [0, 5], "max_tokens": 3, "stream": True}
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        _fail(store, r.headers["x-request-id"])
+        data = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data:")]
+    assert json.loads(data[0])["error"]["code"] == "grammar_failed" and data[-1] == "[DONE]"
+    assert json.loads(data[0])["error"]["type"] == "invalid_request_error"
