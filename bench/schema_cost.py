@@ -4,8 +4,9 @@ forced tool's properties referring to a shared definition, objects merged past a
 llguidance's parser, an object of hundreds of short patternProperties), the subschemas as written,
 the check's verdict (``size_problem`` under the default limits; a tool: the gateway's
 ``_enforced_schemas``), llguidance's compile of the grammar in a fresh process (seconds, peak RSS,
-its verdict), and whether a reply fails mid-way (the row cases: the gateway's first-steps check
-passes them).
+the symbols of the grammar it built: its size, its verdict), and whether a reply fails mid-way (the
+row cases: the gateway's first-steps check passes them). The first row, a schema as written at the
+default limit of subschemas, is the size that limit admits.
 
     .venv/bin/python bench/schema_cost.py [--only NAME ...]
 """
@@ -13,6 +14,7 @@ passes them).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -35,6 +37,20 @@ def _late(schema: dict, defs: dict | None = None) -> dict:
     return late | ({"$defs": defs} if defs else {})
 
 
+def _tagged_fields(fields: int, variants: int, properties: int) -> dict:
+    """``fields`` required properties, each one union of ``variants`` tagged objects (by ``$ref``) and
+    a sibling keyword (so each field is a copy of the union, each branch merged with it)."""
+    tagged = lambda j: {"properties": {"kind": {"const": f"v{j}"}} | _object(properties, f"f{j}_")["properties"]}  # noqa: E731
+    defs = {f"v{j}": {"type": "object", **tagged(j), "required": ["kind"]} for j in range(variants)}
+    union = {"anyOf": [{"$ref": f"#/$defs/v{j}"} for j in range(variants)], "type": "object"}
+    return {
+        "type": "object",
+        "properties": {f"x{i}": union for i in range(fields)},
+        "required": [f"x{i}" for i in range(fields)],
+        "$defs": defs,
+    }
+
+
 def _allof_unions(count: int, branches: int) -> dict:
     return {"allOf": [{"anyOf": [_object(1, f"k{i}_{j}_", True) for j in range(branches)]} for i in range(count)]}
 
@@ -55,10 +71,12 @@ def cases() -> dict[str, tuple[str, dict]]:
     defs = {f"d{i}": _object(200, f"x{i}_") for i in range(2)}
     named = lambda count: {f"^q{j}$": {"type": "integer"} for j in range(count)}  # noqa: E731
     return {
+        "as written: 2,999 required": ("json", _object(2999, required=True)),
         "ref+sibling 20 x 490": ("json", refs(20, 490, {"type": "object"})),
         "plain ref 20 x 490": ("json", refs(20, 490, {})),
         "allOf of 3 unions of 10": ("json", _allof_unions(3, 10)),
         "allOf of 4 unions of 5": ("json", _allof_unions(4, 5)),
+        "30 fields of one 10-variant union": ("json", _tagged_fields(30, 10, 8)),
         "union+siblings 40 x 60": (
             "json",
             _late(_object(60) | {"anyOf": [{"required": [f"p{j}"]} for j in range(40)]}),
@@ -80,7 +98,7 @@ import llguidance
 from dayzero.chat.grammar import _byte_tokenizer, error_summary, parser_limits
 lark, reply = json.loads(sys.stdin.read())
 start = time.perf_counter()
-matcher = llguidance.LLMatcher(_byte_tokenizer(), lark, log_level=0, limits=parser_limits())
+matcher = llguidance.LLMatcher(_byte_tokenizer(), lark, log_level=2, limits=parser_limits())  # (its size: stderr)
 seconds = time.perf_counter() - start
 verdict = error_summary(matcher.get_error())[:60] if matcher.is_error() else "ok"
 fails = None
@@ -106,7 +124,10 @@ def measure(kind: str, schema: dict) -> list:
     run = subprocess.run(
         [sys.executable, "-c", _COMPILE], input=json.dumps([lark, reply]), capture_output=True, text=True
     )
-    return json.loads(run.stdout) if run.returncode == 0 else [None, None, run.stderr.strip()[-60:], None]
+    if run.returncode != 0:
+        return [None, None, run.stderr.strip()[-60:], None, None]
+    built = re.search(r"==> \d+ terminals; .* with (\d+) symbols", run.stderr)  # (after llguidance's optimization)
+    return [*json.loads(run.stdout), int(built[1]) if built else None]
 
 
 def verdict(kind: str, schema: dict) -> str:
@@ -128,14 +149,17 @@ def main() -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--only", nargs="*", help="the cases to run (by name): all by default")
     args = parser.parse_args()
-    print("| case | as written | check (default limits) | compile s | peak MB | llguidance | reply fails mid-way |")
-    print("|---|--:|---|--:|--:|---|---|")
+    print(
+        "| case | as written | check (default limits) | compile s | peak MB | symbols | llguidance | fails mid-reply |"
+    )
+    print("|---|--:|---|--:|--:|--:|---|---|")
     for name, (kind, schema) in cases().items():
         if args.only and name not in args.only:
             continue
         written = sum(1 for _ in _schema_nodes([schema]))
-        seconds, rss, compiled, fails = measure(kind, schema)
+        seconds, rss, compiled, fails, symbols = measure(kind, schema)
         timing = f"{seconds:.2f} | {rss:.0f}" if seconds is not None else "- | -"
+        timing += f" | {symbols:,}" if symbols is not None else " | -"
         print(f"| {name} | {written:,} | {verdict(kind, schema)} | {timing} | {compiled} | {fails} |", flush=True)
 
 
