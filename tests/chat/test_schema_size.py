@@ -56,3 +56,14 @@ def test_a_deep_schema_is_walked_without_recursion():
     for _ in range(100_000):
         schema = {"type": "array", "items": schema}
     assert "DAYZERO_GUIDED_MAX_SCHEMA_NODES" in size_problem([schema], SchemaLimits(3000, 120_000, 10_000))
+
+
+def test_required_names_not_among_the_properties_are_counted_as_properties():
+    """llguidance builds each as a property of its own: 100,000 of them (~1 MB, within the body's
+    limit) were no subschemas to the count, and took 62 s of the gateway's compile to be refused."""
+    defaults, names = SchemaLimits(3000, 120_000, 10_000), [f"r{i}" for i in range(100_000)]
+    for many in (names, names[:3000]):  # (the object and 3,000 properties: one past the limit)
+        assert "DAYZERO_GUIDED_MAX_SCHEMA_NODES=3000" in size_problem([{"type": "object", "required": many}], defaults)
+    assert size_problem([{"type": "object", "required": names[:2999]}], defaults) is None
+    declared = _object(40) | {"required": [f"p{j}" for j in range(40)] * 2}  # declared, or repeated: counted once
+    assert size_problem([declared], LIMITS) is None
