@@ -214,14 +214,16 @@ def no_process_left_by_the_module(session_stacks):
     assert not left, f"processes started in this module still run: {left}"
 
 
-# A pattern past llguidance's lexer, in reach only after the first steps the gateway's check walks (it
-# passes it): the lexer fails on a token its mask allowed, near the string
-LATE_PATTERN = {
-    "type": "object",
-    "properties": {f"b{i}": {"type": "boolean"} for i in range(4)}
-    | {"s": {"type": "string", "pattern": "^((a{1000}){1000}){100}$"}},
-    "required": ["b0", "b1", "b2", "b3", "s"],
-}
+def late(value: dict, flags: int = 12) -> dict:
+    """An object of ``flags`` required booleans, then ``value``, required: a reply reaches it after some
+    14 bytes a flag (12: past the bytes the gateway's check walks, ``SCHEMA_PROBE_STEPS``)."""
+    properties = {f"b{i}": {"type": "boolean"} for i in range(flags)} | {"s": value}
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+# A pattern past llguidance's lexer, in reach only past the bytes the gateway's check walks (it passes
+# it): the lexer fails on a token its mask allowed, near the string
+LATE_PATTERN = late({"type": "string", "pattern": "^((a{1000}){1000}){100}$"})
 
 # Schemas whose grammar fails after its first step (llguidance's limits, or no finite value): a
 # self-referring required property; 520 optional properties, no others, past the parser's row limit

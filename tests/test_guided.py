@@ -84,7 +84,7 @@ def test_a_grammar_failing_mid_reply_fails_the_request_rather_than_end_it_with_s
 
 
 def test_a_grammar_failing_on_a_token_its_mask_allowed_fails_on_it_as_the_schemas(codec):
-    """The gateway's check passes it (its first steps end long before the string); the lexer then
+    """The gateway's check passes it (the bytes it walks end before the string); the lexer then
     fails on a token the mask allowed (as the string's lexeme comes in reach): the token was streamed,
     then the end the empty mask forced failed the request as a bare 500 "sampling failed:
     GrammarFailed". It fails on that token now (not streamed), as the schema's failure (the gateway's
@@ -92,13 +92,13 @@ def test_a_grammar_failing_on_a_token_its_mask_allowed_fails_on_it_as_the_schema
     from dayzero.chat.grammar import schema_problem
 
     assert schema_problem(LATE_PATTERN) is None
-    params = SamplingParams(max_tokens=64, temperature=1.0, seed=0, grammar=Grammar(json_grammar(LATE_PATTERN)))
+    params = SamplingParams(max_tokens=400, temperature=1.0, seed=0, grammar=Grammar(json_grammar(LATE_PATTERN)))
     completion, text, logits = Completion(codec, params, (1,), 4, 4096), "", torch.Generator().manual_seed(0)
     with pytest.raises(GrammarFailed) as failed:
         while not (step := completion.next(torch.randn(VOCAB, generator=logits))).finish_reason:
             assert not completion.guide.matcher.is_error(), text + step.text  # (a token it failed on: not streamed)
             text += step.text
-    assert '"b3": ' in text and failed.value.code == GRAMMAR_FAILED  # (past the check's first steps)
+    assert '"b11": ' in text and failed.value.code == GRAMMAR_FAILED  # (past the bytes the check walks)
     assert str(failed.value) == "its grammar failed mid-reply: lexer error: too many expressions constructed"
     assert completion.guide.matcher.is_error()
 

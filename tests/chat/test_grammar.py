@@ -10,7 +10,7 @@ import pytest
 
 from dayzero.chat.grammar import grammar_problem, json_grammar, schema_problem, tool_calls_grammar
 
-from ..conftest import FAILING_LATE
+from ..conftest import FAILING_LATE, LATE_PATTERN, late
 
 NOTHING = "nothing satisfies it (such as a $ref that only refers to itself)"
 CYCLE = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}  # the QA report's
@@ -139,6 +139,22 @@ def test_a_string_constraint_the_raw_form_cannot_keep_is_named(prop):
 def test_a_schema_whose_grammar_fails_after_its_first_step_is_refused(schema):
     """Each passed a first-step check, then every reply ended after one token as "stop", unparsable."""
     assert schema_problem(schema) is not None
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ({"type": "string", "pattern": "^((a{1000}){1000}){100}$"}, "lexer error: too many expressions constructed"),
+        ({"$ref": "#/$defs/n"}, "parser error: Too many items"),  # (an object requiring itself: nothing finite)
+    ],
+)
+def test_a_required_value_failing_a_few_properties_in_is_refused(value, why):
+    """Four properties in, past the 8 steps the check walked: each passed it, then failed every reply
+    there (mid-way: a 500). The check walks 64 bytes now, a quote first (a string ends soon)."""
+    schema = late(value, flags=4) | {"$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}}}}
+    schema["$defs"]["n"]["required"] = ["c"]
+    assert schema_problem(schema).startswith(why)
+    assert schema_problem(LATE_PATTERN) is None  # (further in: a reply may still fail there, guided.GrammarFailed)
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,8 @@ def json_grammar(schema: dict | None) -> str:
 
 def schema_problem(schema: dict) -> str | None:
     """Why constrained decoding cannot enforce the JSON schema ``schema`` (None: it can)."""
-    return bound_problem(schema) or grammar_problem(json_grammar(schema), _byte_grammars())
+    walk = {"steps": SCHEMA_PROBE_STEPS, "first": ord('"')}  # (the byte vocabulary's quote: a string ends soon)
+    return bound_problem(schema) or grammar_problem(json_grammar(schema), _byte_grammars(), **walk)
 
 
 @functools.cache
@@ -61,18 +62,21 @@ def parser_limits():
 
 
 PROBE_STEPS = 8  # tokens the check walks: a grammar failing there would fail every reply there
+# bytes a JSON schema's check walks (a byte each: cheap): past a few properties, to a required one's
+# value (a pattern past llguidance's lexer, a $ref to its own object: each failed every reply there)
+SCHEMA_PROBE_STEPS = 64
 
 
-def grammar_problem(lark: str, grammars) -> str | None:
+def grammar_problem(lark: str, grammars, steps: int = PROBE_STEPS, first: int | None = None) -> str | None:
     """Why llguidance cannot enforce ``lark`` over the tokenizer of ``grammars`` (a
     ``grammars.Grammars``: compiled once per process), in short (None: it can): it does not
-    compile, nothing at all satisfies it (its first step fails), or it fails within its first steps
-    (past a limit of the parser, or a required property whose $ref is its own object), walked by
-    the lowest token each allows."""
+    compile, nothing at all satisfies it (its first step fails), or it fails within its first
+    ``steps`` (past a limit of the parser, or a required property whose $ref is its own object),
+    walked by the lowest token each allows (``first`` whenever it is allowed)."""
     matcher, tokenizer = grammars.matcher(lark), grammars.tokenizer
     if matcher.is_error():
         return error_summary(matcher.get_error())
-    for step in range(PROBE_STEPS):
+    for step in range(steps):
         mask = matcher.compute_logit_bias()  # [V] bytes, 200: allowed
         if matcher.is_error():
             return (
@@ -80,18 +84,19 @@ def grammar_problem(lark: str, grammars) -> str | None:
                 if step == 0
                 else (error_summary(matcher.get_error()))
             )
-        token = next((t for t in _allowed(mask) if t != tokenizer.eos_token), None)
+        token = first if first is not None and mask[first] == 200 else next(_allowed(mask, tokenizer.eos_token), None)
         if token is None:  # complete: only the end is left
             return None
-        matcher.consume_token(token)
-    return None
+        matcher.consume_token(token)  # (a lexer past its limits fails here: on a token its mask allowed)
+    return error_summary(matcher.get_error()) if matcher.is_error() else None
 
 
-def _allowed(mask: bytes):
-    """The tokens ``mask`` allows, lowest first."""
+def _allowed(mask: bytes, end: int):
+    """The tokens ``mask`` allows but ``end``, lowest first."""
     start = 0
     while (token := mask.find(200, start)) >= 0:
-        yield token
+        if token != end:
+            yield token
         start = token + 1
 
 
