@@ -62,6 +62,15 @@ def test_a_schema_llguidance_cannot_compile_is_named_without_the_grammar_text(sc
     assert schema_problem(schema) == why
 
 
+@pytest.mark.parametrize(
+    ("schema", "named"), [({"enum": ["\ud800"]}, "d800"), ({"type": "string", "description": "a \udfff"}, "dfff")]
+)
+def test_a_lone_surrogate_is_named_without_the_grammar_text(schema, named):
+    """JSON may escape one (a body's "\\ud800" parses to it); llguidance refused the grammar quoting
+    all of its text (ours: "start: %json ... x-guidance ...") as the client's 400."""
+    assert schema_problem(schema) == f"a string holds a lone surrogate (\\u{named}): not Unicode, it cannot be enforced"
+
+
 def test_a_tool_parameters_ref_resolves_in_the_call_grammar(grammars):
     ref = {"$ref": "#/$defs/n"}
     parameters = {"type": "object", "properties": {"k": ref}, "required": ["k"], "$defs": {"n": {"type": "integer"}}}

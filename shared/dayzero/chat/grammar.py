@@ -73,6 +73,10 @@ def grammar_problem(lark: str, grammars, steps: int = PROBE_STEPS, first: int | 
     compile, nothing at all satisfies it (its first step fails), or it fails within its first
     ``steps`` (past a limit of the parser, or a required property whose $ref is its own object),
     walked by the lowest token each allows (``first`` whenever it is allowed)."""
+    try:
+        lark.encode()
+    except UnicodeEncodeError as exc:  # (llguidance's error quoted the whole grammar, ours)
+        return f"a string holds a lone surrogate (\\u{ord(lark[exc.start]):04x}): not Unicode, it cannot be enforced"
     matcher, tokenizer = grammars.matcher(lark), grammars.tokenizer
     if matcher.is_error():
         return error_summary(matcher.get_error())
