@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from ..settings import Settings
 from ..telemetry import carrier
 from .broker import celery_broker
-from .reconnect import CONSUMER, RETRY_INTERVALS
+from .reconnect import CONSUMER, HANG_BOUNDS, RETRY_INTERVALS
 
 STAGES = ("vision", "prefill", "decode")
 TASKS = {stage: f"dayzero.{stage}" for stage in STAGES}
@@ -41,6 +41,7 @@ def make_celery(settings: Settings) -> Celery:
             "visibility_timeout": settings.visibility_timeout_s,
             "ack_emulation": False,
             **RETRY_INTERVALS,  # the consumer's tries to connect again: a second apart at most (reconnect.py)
+            **HANG_BOUNDS,  # a Redis frozen or unreachable: its connects, commands, queue reads bounded (reconnect.py)
         },
         worker_consumer=CONSUMER,
         broker_connection_retry_on_startup=True,

@@ -8,6 +8,15 @@ or refused its requests (bench/serve_after_outage.py). ``Consumer`` passes kombu
 options for them (``interval_start``, ``interval_step``, ``interval_max``, which kombu itself reads
 only for a channel's connection): ``RETRY_INTERVALS`` (``queue.make_celery``). A try against a Redis
 that is down costs a refused connect; Celery's line about each is bounded (``BrokerOutageFilter``).
+
+A Redis that hangs rather than refuses (frozen; its host unreachable, its packets dropped) is bounded
+too (``HANG_BOUNDS``, kombu's transport options for redis-py). kombu set no timeout on a connect or a
+command, and looked for a queue read unanswered only every 25 s (its ``health_check_interval``; the read
+dropped once 26 s overdue): a BRPOP whose reply was dropped waited for Redis's TCP retransmission (at
+~25 and ~51 s of backoff) or that check, and a connect for the kernel's SYN retries (1, 3, 7, 15, 31 s
+apart). After 30 s of dropped packets the workers took work again ~16 s after Redis was reachable
+(bench/hung_redis.py). Now a read 1 + 5 s overdue (checked every 5 s) drops its connection, a connect
+gives up after 2 s and is tried again a second later (``RETRY_INTERVALS``), a command after 5 s.
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ from kombu import Connection
 
 # the consumer's next try: 0.5 s after a lost connection, then every 1 s (kombu's default: 2, 4, ... 30 s)
 RETRY_INTERVALS = {"interval_start": 0.5, "interval_step": 0.5, "interval_max": 1.0}
+# a connect, a command, a queue read (BRPOP: 1 s in Redis) that Redis leaves unanswered this long fails
+HANG_BOUNDS = {"socket_connect_timeout": 2.0, "socket_timeout": 5.0, "health_check_interval": 5}
 CONSUMER = f"{__name__}:Consumer"  # Celery's ``worker_consumer``
 
 

@@ -1,0 +1,72 @@
+"""A real redis-server that can be made unreachable: run in a network namespace of its own behind a veth
+pair, its end of the pair set down (every packet to and from it dropped: connections hang, none is
+refused or reset) and up again. Root and ``ip netns`` (iproute2) needed: ``netns_usable``."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from dayzero.procs import redis_binary
+
+PORT = 6379
+
+
+def netns_usable() -> bool:
+    """Whether this process may make network namespaces and veth pairs (root, iproute2 here)."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("ip") is not None
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@dataclass(frozen=True)
+class UnreachableRedis:
+    url: str
+    namespace: str
+    link: str  # Redis's end of the veth pair, in ``namespace``
+
+    def cut(self) -> None:
+        """Every packet dropped from now on (the host's end: NO-CARRIER), no connection refused or reset."""
+        _ip("-n", self.namespace, "link", "set", self.link, "down")
+
+    def mend(self) -> None:
+        _ip("-n", self.namespace, "link", "set", self.link, "up")
+
+
+@contextmanager
+def unreachable_redis(log: Path) -> Iterator[UnreachableRedis]:
+    """A redis-server in a namespace of its own (its log in ``log``), reachable from this host at its
+    ``url`` until ``cut``; server, pair and namespace gone on the way out."""
+    tag = f"{os.getpid() % 100000}{random.randrange(100)}"
+    namespace, host_end, redis_end, subnet = f"dz{tag}", f"dz{tag}h", f"dz{tag}r", f"10.213.{random.randrange(1, 250)}"
+    _ip("netns", "add", namespace)
+    server = None
+    try:
+        _ip("link", "add", host_end, "type", "veth", "peer", "name", redis_end)
+        _ip("link", "set", redis_end, "netns", namespace)
+        _ip("addr", "add", f"{subnet}.1/24", "dev", host_end)
+        _ip("link", "set", host_end, "up")
+        _ip("-n", namespace, "addr", "add", f"{subnet}.2/24", "dev", redis_end)
+        _ip("-n", namespace, "link", "set", redis_end, "up")
+        argv = ["ip", "netns", "exec", namespace, redis_binary(), "--port", str(PORT), "--bind", f"{subnet}.2"]
+        argv += ["--save", "", "--appendonly", "no", "--protected-mode", "no"]
+        server = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while "Ready to accept connections" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield UnreachableRedis(f"redis://{subnet}.2:{PORT}/0", namespace, redis_end)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait()
+        subprocess.run(["ip", "link", "del", host_end], check=False, capture_output=True)
+        _ip("netns", "del", namespace)
