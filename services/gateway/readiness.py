@@ -9,9 +9,14 @@ within ~3 s. The registry's heartbeats come from the loops between steps and cou
 leases + 2 s after its last (a step may run that long between two): 11 s after a SIGKILL at the
 default lease, with nothing left to serve; they name the processes whose snapshots are compared.
 Redis must take writes (each admission is some): /ready writes a key of its own first, and a refusal
-is its reason ("redis refuses writes: ..."), not the workers' stamps it stops."""
+is its reason ("redis refuses writes: ..."), not the workers' stamps it stops. A Redis that hangs
+(frozen, its host unreachable) is the reason once it has left that write unanswered ``ANSWER_WITHIN_S``:
+/ready waited on the gateway's command timeout (10 s), longer than a probe waits (Kubernetes': 1 s),
+so a probe saw a hang, not a reason."""
 
 from __future__ import annotations
+
+import asyncio
 
 import redis
 from starlette.concurrency import run_in_threadpool
@@ -25,12 +30,15 @@ from .context import Gateway
 
 HANDOFF = ("prefill", "decode")  # the stages a request's KV state passes between
 WRITE_PROBE_TTL_MS = 10_000  # /ready's own write (key writable) lapses after
+ANSWER_WITHIN_S = 1.0  # /ready's write unanswered this long: its answer is 503, "redis unanswered"
 
 
 async def readiness(gw: Gateway) -> tuple[dict, int]:
     """``/ready``'s body and status (200 or 503)."""
     try:
         return await _readiness(gw)
+    except TimeoutError:
+        return {"ready": False, "reason": f"redis unanswered for {ANSWER_WITHIN_S:g} s (frozen or unreachable)"}, 503
     except redis.RedisError as exc:
         refused = isinstance(exc, redis.ResponseError) and writes_refused(exc)
         return {"ready": False, "reason": f"redis {'refuses writes' if refused else 'unreachable'}: {exc}"}, 503
@@ -39,7 +47,7 @@ async def readiness(gw: Gateway) -> tuple[dict, int]:
 async def _readiness(gw: Gateway) -> tuple[dict, int]:
     # A Redis that answers reads and refuses writes (at its maxmemory, a replica, too few replicas)
     # admits no request; its stamps are writes too: ready for their 3 s, then "no live worker".
-    await gw.bus.r.set(key("writable"), 1, px=WRITE_PROBE_TTL_MS)
+    await asyncio.wait_for(gw.bus.r.set(key("writable"), 1, px=WRITE_PROBE_TTL_MS), ANSWER_WITHIN_S)
     live = await gw.bus.live_workers(("vision",) if gw.image_token is not None else ())
     workers = await run_in_threadpool(lambda: {stage: len(serving(gw.bus.store.r, stage)) for stage in live})
     body: dict = {"ready": True, "workers": workers}

@@ -209,3 +209,18 @@ def test_every_get_route_answers_head_as_get(gateway, registry):
         assert head.headers["content-type"] == got.headers["content-type"] and head.content == b"", path
     stream = httpx.head(f"{gateway.url}/v1/requests/abc/stream", timeout=5)
     assert stream.status_code == 405 and stream.headers["allow"] == "GET", stream.headers
+
+
+def test_ready_says_redis_is_unanswered_within_a_probes_wait_while_redis_is_frozen(gateway, registry):
+    """A frozen Redis (SIGSTOP: its connections open, nothing answered) is /ready's reason within a
+    probe's wait: it was answered after the gateway's 10 s command timeout, a probe (Kubernetes' waits
+    1 s, this one 4 s) seeing a hang. Continued, Redis is ready's again."""
+    gateway.redis.send_signal(signal.SIGSTOP)
+    try:
+        answer = httpx.get(f"{gateway.url}/ready", timeout=4)
+    finally:
+        gateway.redis.send_signal(signal.SIGCONT)
+    assert answer.status_code == 503 and answer.json()["reason"].startswith("redis unanswered"), answer.text
+    assert wait_until(
+        lambda: httpx.get(f"{gateway.url}/ready", timeout=5).json()["reason"] != answer.json()["reason"], 30
+    )
