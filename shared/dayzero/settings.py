@@ -151,6 +151,12 @@ class Settings(BaseSettings):
         "hung in a step past its bound (a loading worker stamps; a long forward does not stop it; 0: never)",
     )
     start_exits: int = Field(default=3, ge=1, description="dayzero up gives up on a child exiting this often unready")
+    credentials_refused_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a worker whose broker connection Redis refuses its credentials (a password changed) this long "
+        "exits 3, for its supervisor (dayzero up, compose) to start it again with its current settings",
+    )
     no_worker_timeout_s: float = Field(
         default=60.0,
         gt=0,

@@ -7,11 +7,14 @@ then started again on its port), a real Celery worker process on dayzero's app
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import redis
 
 from dayzero.procs import free_port, start_redis
 
@@ -56,3 +59,28 @@ def test_a_worker_tries_again_each_second_while_redis_is_out_and_consumes_once_i
     assert len(tries) >= 4 and max(waits) <= 1.0, waits  # was: [2.0, 4.0] (a try at 0, 2, 6 s)
     assert {limit for _, _, _, limit in tries} == {"None"}  # no limit (was: 100)
     assert "Unrecoverable error" not in log.read_text()
+
+
+def test_a_worker_whose_redis_refuses_its_credentials_past_the_bound_exits_3(tmp_path):
+    """Redis's password changed under a running worker (its connections then closed): no try mends it.
+    The consumer tried for ever (a line each 10 s), the worker alive and taking no work; after
+    DAYZERO_CREDENTIALS_REFUSED_S of refusals it says so and exits 3, for its supervisor to start it
+    again with its current settings."""
+    port, log = free_port(), tmp_path / "worker.log"
+    url = f"redis://127.0.0.1:{port}/0"
+    server = start_redis(port, tmp_path / "redis.log")
+    cmd = [sys.executable, "-m", "tests.services.reconnecting", url]
+    env = {**os.environ, "DAYZERO_CREDENTIALS_REFUSED_S": "3"}
+    worker = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        assert wait_until(lambda: "ready." in log.read_text(), 60), log.read_text()
+        r = redis.Redis(port=port)
+        r.config_set("requirepass", "changed")
+        for kind in ("normal", "pubsub"):  # (the worker's connections: its consumer's, its remote control's)
+            r.client_kill_filter(_type=kind, skipme=True)
+        assert worker.wait(60) == 3, log.read_text()[-3000:]
+    finally:
+        _stopped(worker)
+        _stopped(server)
+    said = re.search(r"Redis has refused this worker's credentials for (\d+) s \((.*)\): exiting 3", log.read_text())
+    assert said and int(said[1]) >= 3 and "Authentication required" in said[2], log.read_text()[-3000:]

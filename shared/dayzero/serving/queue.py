@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from ..settings import Settings
 from ..telemetry import carrier
 from .broker import celery_broker
-from .reconnect import CONSUMER, HANG_BOUNDS, RETRY_INTERVALS
+from .reconnect import CONSUMER, CREDENTIALS_REFUSED_S, HANG_BOUNDS, RETRY_INTERVALS
 
 STAGES = ("vision", "prefill", "decode")
 TASKS = {stage: f"dayzero.{stage}" for stage in STAGES}
@@ -44,6 +44,7 @@ def make_celery(settings: Settings) -> Celery:
             **HANG_BOUNDS,  # a Redis frozen or unreachable: its connects, commands, queue reads bounded (reconnect.py)
         },
         worker_consumer=CONSUMER,
+        **{CREDENTIALS_REFUSED_S: settings.credentials_refused_s},  # (its consumer exits past it: reconnect.py)
         broker_connection_retry_on_startup=True,
         # tried for as long as Redis is out: Celery's 100 tries, a second apart, ended the worker
         # ("Unrecoverable error") after a 100 s outage (at kombu's default intervals: ~47 min)

@@ -17,27 +17,81 @@ dropped once 26 s overdue): a BRPOP whose reply was dropped waited for Redis's T
 apart). After 30 s of dropped packets the workers took work again ~16 s after Redis was reachable
 (bench/hung_redis.py). Now a read 1 + 5 s overdue (checked every 5 s) drops its connection, a connect
 gives up after 2 s and is tried again a second later (``RETRY_INTERVALS``), a command after 5 s.
+
+A Redis that refuses the worker's credentials (its password changed under a running worker, or it
+restarted with another) is no outage: no try mends it. The consumer tried for ever, a line each 10 s,
+its worker alive and taking no work (its requests waited for the no-worker bound, or for ever while its
+liveness stamps' older connection went on). After ``credentials_refused_s`` of refusals it now says so
+and exits 3, as a worker whose start Redis refuses does (runtime.py): its supervisor (``dayzero up``,
+compose's restart policy) starts it again, with the settings it has then.
 """
 
 from __future__ import annotations
 
-from functools import partial
+import logging
+import os
+import time
+from collections.abc import Callable
 
+import redis
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu import Connection
+
+log = logging.getLogger("dayzero.worker")
 
 # the consumer's next try: 0.5 s after a lost connection, then every 1 s (kombu's default: 2, 4, ... 30 s)
 RETRY_INTERVALS = {"interval_start": 0.5, "interval_step": 0.5, "interval_max": 1.0}
 # a connect, a command, a queue read (BRPOP: 1 s in Redis) that Redis leaves unanswered this long fails
 HANG_BOUNDS = {"socket_connect_timeout": 2.0, "socket_timeout": 5.0, "health_check_interval": 5}
 CONSUMER = f"{__name__}:Consumer"  # Celery's ``worker_consumer``
+CREDENTIALS_REFUSED_S = "dayzero_credentials_refused_s"  # the Celery app's setting: Settings.credentials_refused_s
+REFUSED_EXIT = 3  # (a worker that cannot serve with its settings: exit_on_failure's code too)
 
 
 class Consumer(CeleryConsumer):
     """Celery's worker consumer, whose tries to connect again are spaced as its connection's transport
-    options say (``RETRY_INTERVALS``), not by kombu's defaults."""
+    options say (``RETRY_INTERVALS``), not by kombu's defaults, and whose process exits once Redis has
+    refused its credentials for ``CREDENTIALS_REFUSED_S`` (its app's setting)."""
 
     def ensure_connected(self, conn: Connection) -> Connection:
         intervals = {name: conn.transport_options[name] for name in RETRY_INTERVALS if name in conn.transport_options}
-        conn.ensure_connection = partial(conn.ensure_connection, **intervals)  # (Celery's call passes none)
+        refused = RefusedCredentials(self.app.conf[CREDENTIALS_REFUSED_S])
+        ensure = conn.ensure_connection
+
+        def ensure_connection(errback: Callable | None = None, *args: object, **kwargs: object) -> Connection:
+            def failed(exc: Exception, interval: float) -> None:
+                refused.tried(exc)
+                if errback is not None:
+                    errback(exc, interval)
+
+            return ensure(failed, *args, **{**intervals, **kwargs})  # (Celery's call passes no intervals)
+
+        conn.ensure_connection = ensure_connection
         return super().ensure_connected(conn)
+
+
+class RefusedCredentials:
+    """A connection's failed tries, one after another: once Redis has refused its credentials (a
+    wrong or changed password: ``AuthenticationError``) for ``bound_s``, the process exits
+    ``REFUSED_EXIT`` (any other failure between begins the count again)."""
+
+    def __init__(self, bound_s: float) -> None:
+        self.bound_s = bound_s
+        self._since: float | None = None
+
+    def tried(self, exc: Exception) -> None:
+        if not isinstance(exc, redis.AuthenticationError):
+            self._since = None
+            return
+        now = time.monotonic()
+        self._since = now if self._since is None else self._since
+        if now - self._since >= self.bound_s:
+            log.error(
+                "Redis has refused this worker's credentials for %.0f s (%s): exiting %d for its supervisor to "
+                "start it again with its current settings (DAYZERO_REDIS_URL)",
+                now - self._since,
+                exc,
+                REFUSED_EXIT,
+            )
+            logging.shutdown()
+            os._exit(REFUSED_EXIT)
