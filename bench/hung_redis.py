@@ -1,0 +1,198 @@
+"""How a stack comes through a Redis that hangs rather than refuses: ``frozen`` (redis-server SIGSTOPped,
+then SIGCONTed: its connections and its listen backlog kept, no reply meanwhile) or ``unreachable``
+(redis-server in a network namespace whose end of the veth pair goes down: every packet dropped, then
+the link up again; needs root and ``ip netns``). For each fault and each of ``--outages`` seconds, on
+a stack of 1 vision, 1 prefill and 1 decode worker on the demo checkpoint (with its vision tower,
+leases of 1 s): a long stream in flight as Redis goes; ``/ready`` asked every 0.5 s meanwhile; from
+Redis back, a text request, then one with an image, sent again until answered 200 (each first 200's
+seconds after Redis back); how the stream ended and when; each worker's log records from the fault on.
+Run: ``sudo .venv/bin/python bench/hung_redis.py [--faults frozen,unreachable] [--outages 5,30]``.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from statistics import median
+
+import httpx
+from demo_stack import QUICK_LEASES, running, scratch, stack_on
+from options import bench_parser
+from outage_log_lines import records
+from PIL import Image
+
+from dayzero.demo import write_demo_checkpoint
+from dayzero.procs import free_port, start_redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.services.unreachable import unreachable_redis  # noqa: E402
+
+MODEL = "dayzero-demo"
+LONG = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 400, "ignore_eos": True, "stream": True}
+TEXT = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 4}
+GIVE_UP_S = 120.0  # a request not answered 200 this long after Redis is back: "never"
+WORKERS = ("vision0", "prefill0", "decode0")
+
+
+def image_body() -> dict:
+    buf = io.BytesIO()
+    Image.new("RGB", (56, 56), (120, 30, 200)).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    content = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": url}}]
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4}
+
+
+class FrozenRedis:
+    """A redis-server of the bench's own, ``cut``: SIGSTOPped (its connections kept, nothing answered)."""
+
+    def __init__(self, server: subprocess.Popen, port: int) -> None:
+        self.server, self.url = server, f"redis://127.0.0.1:{port}/0"
+
+    def cut(self) -> None:
+        self.server.send_signal(signal.SIGSTOP)
+
+    def mend(self) -> None:
+        self.server.send_signal(signal.SIGCONT)
+
+
+@contextmanager
+def frozen_redis(log: Path) -> Iterator[FrozenRedis]:
+    port = free_port()
+    server = start_redis(port, log)
+    try:
+        yield FrozenRedis(server, port)
+    finally:
+        server.send_signal(signal.SIGCONT)
+        server.terminate()
+        server.wait()
+
+
+class LongStream:
+    """``LONG`` streamed on a thread: its tokens, how it ended (``finish``, ``error: <code>``, ``cut``)."""
+
+    def __init__(self, url: str) -> None:
+        self.tokens, self.end, self.ended_at = 0, "", None
+        self.decoding = threading.Event()
+        threading.Thread(target=self._read, args=(url,), daemon=True).start()
+
+    def _read(self, url: str) -> None:
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=GIVE_UP_S * 3) as response:
+                for line in response.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        self.end = f"error: {event['error'].get('code')}"
+                    elif event["choices"][0].get("finish_reason"):
+                        self.end = event["choices"][0]["finish_reason"]
+                    else:
+                        self.tokens += 1
+                        if self.tokens == 10:
+                            self.decoding.set()
+        except httpx.HTTPError as exc:
+            self.end = f"cut ({type(exc).__name__})"
+        self.ended_at = time.monotonic()
+
+
+def ready_during(url: str, stop: threading.Event, seen: list[str]) -> None:
+    while not stop.is_set():
+        try:
+            seen.append(str(httpx.get(f"{url}/ready", timeout=2).status_code))
+        except httpx.HTTPError:
+            seen.append("hung")
+        stop.wait(0.5)
+
+
+def served_after(url: str, path: str, body: dict, back: float) -> float | None:
+    """Seconds from ``back`` to the first 200 of ``body`` sent again and again; None: not in GIVE_UP_S."""
+    while time.monotonic() - back < GIVE_UP_S:
+        try:
+            if httpx.post(f"{url}{path}", json=body, timeout=GIVE_UP_S).status_code == 200:
+                return time.monotonic() - back
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return None
+
+
+def one_outage(stack, fault: FrozenRedis, outage_s: float, logs: Path) -> dict:
+    stream = LongStream(stack.url)
+    assert stream.decoding.wait(120), "the long stream did not start"
+    marks = {name: len((logs / f"{name}.log").read_text()) for name in WORKERS}
+    stop, seen = threading.Event(), []
+    poll = threading.Thread(target=ready_during, args=(stack.url, stop, seen), daemon=True)
+    fault.cut()
+    poll.start()
+    time.sleep(outage_s)
+    fault.mend()
+    back = time.monotonic()
+    stop.set()
+    poll.join()
+    text = served_after(stack.url, "/v1/completions", TEXT, back)
+    image = served_after(stack.url, "/v1/chat/completions", image_body(), back)
+    while stream.ended_at is None and time.monotonic() - back < GIVE_UP_S:
+        time.sleep(0.5)
+    time.sleep(2.0)  # (the lines of the recovery written)
+    lines = {n: len(records((logs / f"{n}.log").read_text()[marks[n] :])) for n in WORKERS}
+    ended = "running" if stream.ended_at is None else f"{stream.end} {stream.ended_at - back:+.1f}"
+    ready = ",".join(f"{s}x{seen.count(s)}" for s in sorted(set(seen)))
+    return {"text": text, "image": image, "stream": ended, "tokens": stream.tokens, "ready": ready, "lines": lines}
+
+
+HEADS = ("fault", "s", "text s", "image s", "stream: end, s after Redis back", "/ready meanwhile", "log records")
+WIDTHS = (11, 3, 7, 8, 34, 22, 0)
+
+
+def row(*cells: object) -> str:
+    return " ".join(f"{cell:>{width}}" if width else str(cell) for cell, width in zip(cells, WIDTHS, strict=True))
+
+
+def outages_on(stack, fault: FrozenRedis, name: str, outages: list[float], logs: Path) -> dict[float, list]:
+    """Each of ``outages`` in turn on ``stack``: its row printed. -> per outage, its (text, image) seconds."""
+    served: dict[float, list] = {}
+    for outage_s in outages:
+        got = one_outage(stack, fault, outage_s, logs)
+        said = [f"{got[k]:.1f}" if got[k] is not None else "never" for k in ("text", "image")]
+        lines = " ".join(f"{n}={c}" for n, c in got["lines"].items())
+        print(row(name, f"{outage_s:.0f}", *said, got["stream"], got["ready"], lines), flush=True)
+        served.setdefault(outage_s, []).append((got["text"], got["image"]))
+        stack.wait_ready(timeout_s=GIVE_UP_S)
+    return served
+
+
+def main() -> None:
+    p = bench_parser(__doc__)
+    p.add_argument("--faults", default="frozen,unreachable", help="comma-separated: frozen, unreachable")
+    p.add_argument("--outages", default="5,30", help="seconds Redis hangs, comma-separated")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--keep", default="", help="a folder to keep the stack's logs in")
+    args = p.parse_args()
+    faults = {"frozen": frozen_redis, "unreachable": unreachable_redis}
+    outages = [float(s) for s in args.outages.split(",")] * args.rounds
+    print(row(*HEADS))
+    with scratch(args.keep) as folder:
+        checkpoint = write_demo_checkpoint(folder / "demo", vision=True)
+        for name in args.faults.split(","):
+            logs = folder / f"logs-{name}"
+            with faults[name](folder / f"redis-{name}.log") as fault:
+                stack = stack_on(checkpoint, {"vision": 1, "prefill": 1, "decode": 1}, logs, QUICK_LEASES)
+                stack.redis_url = fault.url
+                with running(stack):
+                    served = outages_on(stack, fault, name, outages, logs)
+            for outage_s, times in served.items():
+                medians = [median(t[i] if t[i] is not None else GIVE_UP_S for t in times) for i in (0, 1)]
+                print(row(f"{name} median", f"{outage_s:.0f}", *(f"{m:.1f}" for m in medians), "", "", ""))
+
+
+if __name__ == "__main__":
+    main()
