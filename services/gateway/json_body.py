@@ -5,17 +5,19 @@ was an error parsing the body" and no position (its other JSON errors name the c
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import numpy as np
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+_STEP = np.zeros(256, np.int8)  # what each byte does to the nesting, outside strings
+_STEP[[ord("["), ord("{")]], _STEP[[ord("]"), ord("}")]] = 1, -1
+_SCANNED_BYTES = 1 << 20  # the nesting scan's slice of the body (its arrays: ~8 bytes a byte)
 
 
 def _not_text(exc: UnicodeDecodeError, body: bytes) -> HTTPException:
@@ -42,16 +44,23 @@ def _deepest_parsed() -> int:
 
 
 def _first_past(text: str, depth: int) -> int:
-    """Where ``text`` (JSON that failed to parse for its nesting) first opens a level past ``depth``."""
-    level = 0
-    for token in _STRING_OR_BRACKET.finditer(text):
-        mark = token.group()
-        if mark in "[{":
-            level += 1
-            if level > depth:
-                return token.start()
-        elif mark in "]}":
-            level -= 1
+    """Where ``text`` (JSON that failed to parse for its nesting) first opens a level past ``depth``.
+    Everything before that bracket parsed, so it is JSON: a backslash is an escape's, in a string,
+    and every escape but ``\\uXXXX`` (harmless: hex digits) is two bytes; blanked, the quotes left
+    open and close strings. Vectorised over the body as UTF-8, a slice at a time: ~8 bytes of arrays
+    a byte of the slice."""
+    data = text.encode("utf-8", "surrogatepass")
+    plain = np.frombuffer(data.replace(b"\\\\", b"__").replace(b'\\"', b"__"), np.uint8)
+    level, in_string = 0, 0
+    for start in range(0, len(plain), _SCANNED_BYTES):
+        chunk = plain[start : start + _SCANNED_BYTES]
+        quoted = np.bitwise_xor.accumulate((chunk == ord('"')).view(np.uint8)) ^ in_string  # 1: in a string
+        steps = _STEP[chunk]
+        steps[quoted.view(bool)] = 0
+        levels = np.cumsum(steps, dtype=np.int32) + level
+        if (past := np.flatnonzero(levels > depth)).size:  # [B] -> its character: the bytes that begin one
+            return int(np.count_nonzero((np.frombuffer(data, np.uint8, start + past[0]) & 0xC0) != 0x80))
+        level, in_string = int(levels[-1]), int(quoted[-1])
     return len(text)
 
 
@@ -64,8 +73,7 @@ async def parse(body: bytes) -> Any:
         deepest = _deepest_parsed() + 1  # (measured one call deeper than the parse)
     # as the parse decoded it: UTF-8, -16 or -32 as its first bytes say (a lone surrogate's bytes pass)
     text = body.decode(json.detect_encoding(body), "surrogatepass")
-    # a Python loop, off the event loop (1.2 s of CPU for 8 MB of "[]," here; numpy's cumsum was no faster)
-    where = await run_in_threadpool(_first_past, text, deepest)
+    where = await run_in_threadpool(_first_past, text, deepest)  # (numpy lets go of the GIL: off the loop)
     message = f"the body nests JSON deeper than this server parses ({deepest} levels; at character {where})"
     raise HTTPException(400, message)
 
