@@ -65,16 +65,17 @@ class Shape:
     ) -> dict | None:
         """The next chunk of a stream (None: nothing to say yet, e.g. text that may open a tag)."""
         if self.kind == "chat":
-            delta = {"role": "assistant", "content": ""} if role else self._delta(text or "", finish)
+            delta = {"role": "assistant", "content": "", "refusal": None} if role else self._delta(text or "", finish)
             if not (delta or finish or role or (self.logprobs and tokens)):
                 return None
-            choice = {"index": self.choice, "delta": delta, "finish_reason": self._finish(finish, self.ended)}
+            choice, finish = {"index": self.choice, "delta": delta}, self._finish(finish, self.ended)
             body = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
-            choice = {"index": self.choice, "text": self._echo() + (text or ""), "finish_reason": finish}
+            choice = {"index": self.choice, "text": self._echo() + (text or "")}
             body = {**self._head("text_completion"), "choices": [choice]}
-        if self.logprobs and tokens:
-            choice["logprobs"] = self._logprobs(tokens)
+        # OpenAI's chunks carry both, null when there is nothing
+        choice["logprobs"] = self._logprobs(tokens) if self.logprobs and tokens else None
+        choice["finish_reason"] = finish
         self._ids_without_text(choice, tokens)
         self.prompt = None
         if self.usage_chunk_follows:
