@@ -1,0 +1,61 @@
+"""What a body is told for a field this server does not implement, an OpenAI parameter (declared, with
+its type) or a vLLM / SGLang extension (not OpenAI's: any value), at a value that asks for something
+or of the wrong type, alone and beside another field's error (the gateway in-process, on a real Redis:
+every request here is refused before it queues)."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dayzero.settings import Settings
+from services.gateway.app import make_app
+
+from .conftest import MODEL
+
+VLLM_ONLY = "(vLLM's) is not supported by this server"
+SGLANG_ONLY = "(SGLang's) is not supported by this server"
+TEMPERATURE = "temperature: Input should be less than or equal to 2"
+
+
+@pytest.fixture(scope="module")
+def gateway(demo_dir, redis_url):
+    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "message"),
+    [
+        # OpenAI's, declared: a value of the wrong type is told so; one that asks for something, why not
+        ({"best_of": "1"}, "best_of", "best_of: Input should be a valid integer"),
+        ({"best_of": 2}, "best_of", "best_of: best_of must be 1 on this server"),
+        ({"suffix": ["x"]}, "suffix", "suffix: Input should be a valid string"),
+        ({"suffix": "x"}, "suffix", "suffix: suffix is not supported by this server"),
+        # vLLM's and SGLang's: any value but the default is refused, whatever its type
+        ({"min_tokens": "0"}, "min_tokens", f"min_tokens: min_tokens other than 0 {VLLM_ONLY}"),
+        ({"min_tokens": 3}, "min_tokens", f"min_tokens: min_tokens other than 0 {VLLM_ONLY}"),
+        (
+            {"skip_special_tokens": "yes"},
+            "skip_special_tokens",
+            f"skip_special_tokens: skip_special_tokens false {VLLM_ONLY}",
+        ),
+        ({"regex": 5}, "regex", f"regex: regex {SGLANG_ONLY}; use response_format"),
+        # beside another field's error: the OpenAI field's in field order, the extension's first
+        ({"temperature": 5, "best_of": 2}, "temperature", TEMPERATURE),
+        ({"temperature": 5, "min_tokens": 3}, "min_tokens", f"min_tokens: min_tokens other than 0 {VLLM_ONLY}"),
+    ],
+    ids=lambda v: "-".join(f"{k}={v[k]!r}" for k in v) if isinstance(v, dict) else None,
+)
+def test_what_an_unimplemented_field_is_told(gateway, fields, param, message):
+    r = gateway.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1, **fields})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+
+
+@pytest.mark.parametrize(
+    "fields", [{"best_of": 1, "suffix": ""}, {"min_tokens": 0, "skip_special_tokens": True, "regex": None}]
+)
+def test_defaults_ask_for_nothing_and_pass(gateway, fields):
+    r = gateway.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1, "n": 0, **fields})
+    assert r.json()["error"]["param"] == "n", r.text  # refused for the one field set wrong on purpose
