@@ -13,9 +13,11 @@ from pydantic import (
     Strict,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from dayzero.params import MAX_BIAS, MAX_PENALTY, MIN_TEMPERATURE, MIN_TOP_P
@@ -101,7 +103,8 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
-# name: (whether a value asks for nothing this server lacks, why the others are refused)
+# name: (whether a value asks for nothing this server lacks, why the others are refused): OpenAI's
+# parameters, declared with their types in Sampling (a value of another type is told so)
 UNIMPLEMENTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "functions": (lambda v: not v, "is not supported by this server; use tools"),
     "function_call": (lambda v: v == "none", 'is not supported by this server (only "none"); use tool_choice'),
@@ -115,9 +118,9 @@ UNIMPLEMENTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "suffix": (lambda v: not v, "is not supported by this server"),
 }
 
-# vLLM's and SGLang's extensions, which change the reply: accepted at their defaults, refused otherwise
-# (ignored as unknown fields are, a vLLM client got another reply than it asked for: its guided_json
-# unconstrained text, its stop_token_ids passed over)
+# vLLM's and SGLang's extensions, which change the reply (ignored as unknown fields are, a vLLM client
+# got another reply than it asked for: its guided_json unconstrained text, its stop_token_ids passed
+# over): the same, declared as any value (not OpenAI's: no type to tell)
 VLLM_ONLY = "(vLLM's) is not supported by this server"
 SGLANG_ONLY = "(SGLang's) is not supported by this server"
 ENGINE_EXTENSIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -138,6 +141,13 @@ ENGINE_EXTENSIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "prompt_logprobs": (lambda _: False, VLLM_ONLY),
     **dict.fromkeys(("regex", "ebnf", "json_schema"), (lambda _: False, f"{SGLANG_ONLY}; use response_format")),
 }
+UNSUPPORTED = UNIMPLEMENTED | ENGINE_EXTENSIONS  # each accepted at its default (null is), refused otherwise
+
+# the first fields of a request (of equally deep errors one of theirs is named, as when they were
+# checked on the raw body first); left out of the OpenAPI document (not OpenAI's)
+_EngineExtensions = create_model(
+    "_EngineExtensions", __base__=_Body, **{name: (SkipJsonSchema[Any], None) for name in ENGINE_EXTENSIONS}
+)
 
 _PROMPT_KINDS = {str: "text", list: "ids"}  # what each of several prompts may be
 _PROMPT_NAMES = {"text": "a string", "ids": "a token-id list", "neither": "neither a string nor a token-id list"}
@@ -145,7 +155,7 @@ _PROMPT_NAMES = {"text": "a string", "ids": "a token-id list", "neither": "neith
 StopString = Annotated[str, Field(min_length=1, max_length=256)]
 
 
-class Sampling(_Body):
+class Sampling(_EngineExtensions):
     model: str = Field(max_length=256)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)  # 0 (greedy) or at least MIN_TEMPERATURE
@@ -166,7 +176,7 @@ class Sampling(_Body):
     response_format: ResponseFormat | None = None  # json_object / json_schema: constrained decoding
     # OpenAI parameters this server does not implement: accepted at values that ask for nothing
     # more (their defaults), refused otherwise (a client asking for them must not get a silently
-    # different answer); see _unsupported, and UNIMPLEMENTED for what each accepts
+    # different answer); see _unsupported, and UNSUPPORTED for what each accepts
     functions: list[dict] | None = Field(default=None, max_length=128)
     function_call: str | dict | None = None
     parallel_tool_calls: bool | None = None
@@ -198,21 +208,13 @@ class Sampling(_Body):
             raise ValueError(f"at most {MAX_STOP} stop strings, not {len(value)}")
         return value
 
-    @field_validator(*UNIMPLEMENTED)
+    @field_validator(*UNSUPPORTED)
     @classmethod
     def _unsupported(cls, value: object, info: ValidationInfo) -> object:
-        accepted, why = UNIMPLEMENTED[info.field_name]
+        accepted, why = UNSUPPORTED[info.field_name]
         if not accepted(value):  # null never gets here: it is the default
             raise ValueError(f"{info.field_name} {why}")
         return value
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_engine_extensions(cls, data: object) -> object:
-        for name, (accepted, why) in ENGINE_EXTENSIONS.items():
-            if isinstance(data, dict) and data.get(name) is not None and not accepted(data[name]):
-                raise field_error(cls, (name,), f"{name} {why}", data[name])
-        return data
 
     @field_validator("stream_options")
     @classmethod

@@ -41,9 +41,15 @@ def gateway(demo_dir, redis_url):
             f"skip_special_tokens: skip_special_tokens false {VLLM_ONLY}",
         ),
         ({"regex": 5}, "regex", f"regex: regex {SGLANG_ONLY}; use response_format"),
-        # beside another field's error: the OpenAI field's in field order, the extension's first
+        # beside another field's error as deep: the OpenAI field's in field order, the extension's first
         ({"temperature": 5, "best_of": 2}, "temperature", TEMPERATURE),
         ({"temperature": 5, "min_tokens": 3}, "min_tokens", f"min_tokens: min_tokens other than 0 {VLLM_ONLY}"),
+        # beside a deeper error, the deeper one, as for every field (the extension's was: checked first)
+        (
+            {"stream": True, "stream_options": {"include_usage": "x"}, "min_tokens": 3},
+            "stream_options.include_usage",
+            "stream_options.include_usage: Input should be a valid boolean",
+        ),
     ],
     ids=lambda v: "-".join(f"{k}={v[k]!r}" for k in v) if isinstance(v, dict) else None,
 )
