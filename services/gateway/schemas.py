@@ -26,7 +26,8 @@ MAX_STOP = 16  # stop strings per request (OpenAI takes 4)
 MAX_TEXT = 1 << 20
 MAX_CHOICES = 8  # n
 MAX_PROMPTS = 32  # prompts in one completions request
-LISTS = ("messages", "content", "tool_calls", "tools", "functions", "tokens", "prompt")  # lists of bodies' fields
+# lists and maps of bodies' fields, bounded before their items are validated
+BOUNDED = ("messages", "content", "tool_calls", "tools", "functions", "tokens", "prompt", "logit_bias", "metadata")
 
 
 def field_error(model: type, where: tuple, message: str, value: object = None) -> ValidationError:
@@ -52,13 +53,13 @@ class _Body(BaseModel):
             return data
         return {k: _integral(cls, k, v) for k, v in data.items() if v is not None}
 
-    @field_validator(*LISTS, mode="before", check_fields=False)
+    @field_validator(*BOUNDED, mode="before", check_fields=False)
     @classmethod
     def _not_too_many(cls, value: object, info: ValidationInfo) -> object:
-        """A list longer than its field takes is refused before its items are validated: pydantic
-        checks max_length after them (2 M one-token prompts, 190 k content parts: seconds of the
-        event loop each)."""
-        if isinstance(value, list) and info.field_name is not None:
+        """A list or map longer than its field takes is refused before its items are validated:
+        pydantic checks a list's max_length after them (2 M one-token prompts, 190 k content parts:
+        seconds of the event loop each); a map's, told with its count as a list's is."""
+        if isinstance(value, list | dict) and info.field_name is not None:
             field = cls.model_fields[info.field_name]
             limit = cls.list_limits.get(info.field_name)
             limit = limit or next((m.max_length for m in field.metadata if isinstance(m, MaxLen)), None)
