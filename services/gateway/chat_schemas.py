@@ -5,7 +5,16 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from dayzero.chat.grammar import parameters_problem
 from dayzero.chat.schema_size import MOST_TOOLS
@@ -278,3 +287,12 @@ class TokenizeRequest(ChatPrompt):
             why = "true is for a prompt: a chat's encoding writes its own special tokens"
             raise field_error(type(self), ("add_special_tokens",), why, self.add_special_tokens)
         return self
+
+
+class Tokenized(BaseModel):
+    """/tokenize's answer (a response model: written by pydantic's serializer; a plain dict went through
+    FastAPI's jsonable_encoder, a Python walk of every id on the event loop: ~0.8 s for 1 M)."""
+
+    tokens: list[int]
+    count: int
+    max_model_len: int

@@ -22,7 +22,7 @@ from dayzero.serving.messages import GenerationRequest
 
 from .access import bearer, key_accepted, may_read
 from .chat import chat_prompt, check_tool_set, grammar
-from .chat_schemas import ChatCompletionRequest, ChatPrompt, TokenizeRequest
+from .chat_schemas import ChatCompletionRequest, ChatPrompt, Tokenized, TokenizeRequest
 from .context import Gateway, tokenizing
 from .errors import APIError
 from .images import expand_placeholders
@@ -209,7 +209,7 @@ def _named_prompt(index: int | None) -> Iterator[None]:
 
 
 @router.post("/tokenize", dependencies=[Authorized])
-async def tokenize(body: TokenizeRequest, gw: GatewayDep):
+async def tokenize(body: TokenizeRequest, gw: GatewayDep) -> Tokenized:
     """A prompt's ids as the server would feed them (a chat: rendered, images expanded)."""
     _served(gw, body.model)
     if body.prompt is None:
@@ -219,7 +219,7 @@ async def tokenize(body: TokenizeRequest, gw: GatewayDep):
         with tokenizing("prompt"):
             special = body.add_special_tokens is not False  # (vLLM's default for a prompt: added)
             ids = await run_in_threadpool(gw.codec.encode, body.prompt, None, special)
-    return {"tokens": ids, "count": len(ids), "max_model_len": gw.context_limit}
+    return Tokenized(tokens=ids, count=len(ids), max_model_len=gw.context_limit)
 
 
 @router.post("/detokenize", dependencies=[Authorized])
