@@ -119,9 +119,8 @@ UNIMPLEMENTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "suffix": (lambda v: not v, "is not supported by this server"),
 }
 
-# vLLM's and SGLang's extensions, which change the reply (ignored as unknown fields are, a vLLM client
-# got another reply than it asked for: its guided_json unconstrained text, its stop_token_ids passed
-# over): the same, declared as any value (not OpenAI's: no type to tell)
+# vLLM's and SGLang's extensions, which change the reply (ignored, a vLLM client got another reply than
+# it asked for: guided_json unconstrained text): the same, declared as any value (no type to tell)
 VLLM_ONLY = "(vLLM's) is not supported by this server"
 SGLANG_ONLY = "(SGLang's) is not supported by this server"
 ENGINE_EXTENSIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
