@@ -130,6 +130,13 @@ class ChatTemplateKwargs(_Body):
     reasoning_effort: Literal["low", "high", "max"] | None = None
 
 
+class ThinkingSwitch(_Body):
+    """DeepSeek's API convention (its OpenAI format) for thinking mode on or off."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["enabled", "disabled"]
+
+
 class ChatPrompt(_Body):
     """What a chat's prompt is made of."""
 
@@ -139,6 +146,7 @@ class ChatPrompt(_Body):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None
     reasoning_effort: Effort | None = None
+    switch: ThinkingSwitch | None = Field(default=None, alias="thinking")  # (thinking() is the mode)
     response_format: ResponseFormat | None = None  # json_object / json_schema: a section of the system prompt
 
     @field_validator("messages", mode="before")
@@ -227,12 +235,23 @@ class ChatPrompt(_Body):
             if t["function"]["name"] in enforced
         ]
 
+    @model_validator(mode="after")
+    def _one_thinking_mode(self) -> ChatPrompt:
+        asked = (self.chat_template_kwargs or ChatTemplateKwargs()).thinking
+        if self.switch is not None and asked is not None and asked != (self.switch.type == "enabled"):
+            message = f"thinking {self.switch.type!r} contradicts chat_template_kwargs.thinking {asked}"
+            raise field_error(type(self), ("thinking", "type"), message, self.switch.type)
+        return self
+
     def thinking(self) -> tuple[bool, str]:
         """Thinking mode and its effort (low | high | max): from chat_template_kwargs (vLLM's
-        convention), else from OpenAI's reasoning_effort; chat mode by default."""
+        convention) or DeepSeek's ``thinking`` switch, else from OpenAI's reasoning_effort; chat
+        mode by default."""
         kwargs = self.chat_template_kwargs or ChatTemplateKwargs()
         effort = self.reasoning_effort
-        thinking = kwargs.thinking if kwargs.thinking is not None else effort not in (None, "none")
+        thinking = kwargs.thinking
+        if thinking is None:
+            thinking = self.switch.type == "enabled" if self.switch else effort not in (None, "none")
         return thinking, kwargs.reasoning_effort or _EFFORTS.get(effort or "", "low")
 
     def offered_tools(self) -> list[dict]:

@@ -1,0 +1,70 @@
+"""DeepSeek's own API turns thinking mode on and off with ``"thinking": {"type": "enabled" |
+"disabled"}`` (its OpenAI format; the official SDK examples pass it in ``extra_body``). The gateway
+in-process on a real Redis, no workers: /tokenize shows the prompt a chat is given."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dayzero.settings import Settings
+from services.gateway.app import make_app
+
+from .conftest import MODEL
+
+CHAT = [{"role": "user", "content": "Hi"}]
+OPENS_A_THOUGHT, SKIPS_THE_THOUGHT = "<｜Assistant｜><think>", "<｜Assistant｜></think>"
+# what DeepSeek-V4's 0731 table (the default without the checkpoint's own file) opens "high" with
+HIGH = "Reasoning Effort: Absolute maximum with no shortcuts permitted."
+
+
+@pytest.fixture(scope="module")
+def gateway(demo_dir, redis_url):
+    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:
+        yield client
+
+
+def _prompt(gateway, **body) -> str:
+    r = gateway.post("/tokenize", json={"model": MODEL, "messages": CHAT, **body})
+    assert r.status_code == 200, r.text
+    return gateway.post("/detokenize", json={"model": MODEL, "tokens": r.json()["tokens"]}).json()["prompt"]
+
+
+@pytest.mark.parametrize(
+    "body, opened",
+    [
+        ({"thinking": {"type": "enabled"}}, True),
+        ({"thinking": {"type": "disabled"}}, False),
+        ({"thinking": {"type": "disabled"}, "reasoning_effort": "high"}, False),  # the switch decides
+        ({"thinking": {"type": "enabled"}, "chat_template_kwargs": {"thinking": True}}, True),
+        ({"thinking": None}, False),  # null: the default, chat mode
+    ],
+)
+def test_deepseeks_switch_sets_thinking_mode(gateway, body, opened):
+    prompt = _prompt(gateway, **body)
+    assert prompt.endswith(OPENS_A_THOUGHT if opened else SKIPS_THE_THOUGHT), prompt
+
+
+def test_the_effort_goes_with_deepseeks_switch(gateway):
+    """DeepSeek's own example: ``reasoning_effort="high"`` with ``thinking`` enabled."""
+    prompt = _prompt(gateway, thinking={"type": "enabled"}, reasoning_effort="high")
+    assert prompt.startswith("<｜begin▁of▁sentence｜>" + HIGH) and prompt.endswith(OPENS_A_THOUGHT), prompt
+    assert HIGH not in _prompt(gateway, thinking={"type": "enabled"})  # low, V4's default, adds nothing
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"thinking": {"type": "enabled"}, "chat_template_kwargs": {"thinking": False}},
+        {"thinking": {"type": "disabled"}, "chat_template_kwargs": {"thinking": True}},
+        {"thinking": {"type": "adaptive"}},
+        {"thinking": {"type": "enabled", "budget_tokens": 1024}},  # Anthropic's: would change the reply
+        {"thinking": True},
+    ],
+)
+@pytest.mark.parametrize("route", ["/tokenize", "/v1/chat/completions"])
+def test_a_switch_this_server_cannot_follow_is_refused(gateway, route, body):
+    r = gateway.post(route, json={"model": MODEL, "messages": CHAT, "max_tokens": 4, **body})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"].startswith("thinking"), error
