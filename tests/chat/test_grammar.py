@@ -262,3 +262,18 @@ def test_a_string_parameters_enum_is_one_lexeme(grammars):
 
     assert all(_accepts(lark, call(value)) for value in ("v1", "v10", "v4999", ""))
     assert not _accepts(lark, call("v5000")) and not _accepts(lark, call("v1 "))
+
+
+TWO_TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}} for name in "fg"]
+
+
+def _block(*names: str) -> str:
+    invokes = [f'<|DSML|invoke name="{name}">\n\n</|DSML|invoke>' for name in names]
+    return "\n\n<|DSML|tool_calls>\n" + "\n".join(invokes) + "\n</|DSML|tool_calls>"
+
+
+def test_a_forced_call_grammar_takes_parallel_calls():
+    """tool_choice required: one or more calls (a second call's ``<`` was refused after the first's
+    newline, which the lexer took as the start of the block's close: never more than one call)."""
+    lark = tool_calls_grammar(TWO_TOOLS, '"|DSML|"')
+    assert _accepts(lark, _block("g")) and _accepts(lark, _block("f", "g")) and _accepts(lark, _block("g", "g", "f"))

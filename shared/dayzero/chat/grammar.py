@@ -139,8 +139,9 @@ def tool_calls_grammar(tools: list[dict], dsml: str, one: str | None = None) -> 
     """A DSML block of calls to ``tools`` (OpenAI tool dicts): exactly one call to the function
     named ``one``, or one or more calls to any of them."""
     functions = [t["function"] for t in tools if one is None or t["function"]["name"] == one]
-    lines = [
-        f'start: "\\n\\n<" {dsml} "tool_calls>\\n" calls "\\n</" {dsml} "tool_calls>"',
+    lines = [  # the newline before the close is a lexeme of its own, as between calls (as part of
+        # "\\n</" it was the lexer's choice after a call's newline, and a second call's "<" refused)
+        f'start: "\\n\\n<" {dsml} "tool_calls>\\n" calls "\\n" "</" {dsml} "tool_calls>"',
         "calls: call" if one is not None else 'calls: call ("\\n" call)*',
         "call: " + " | ".join(f"invoke_{i}" for i in range(len(functions))),
     ]
