@@ -61,7 +61,8 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
         _check_size(gw, _enforced_schemas(body), "tools")
         _check_tools(body)
         try:
-            lark, param = tool_calls_grammar(body.tools, dsml_symbol(gw.codec.token_id(DSML), DSML), named), "tools"
+            dsml, parallel = dsml_symbol(gw.codec.token_id(DSML), DSML), body.parallel_tool_calls is not False
+            lark, param = tool_calls_grammar(body.tools, dsml, named, parallel), "tools"
         except Unenforceable as exc:
             raise APIError(400, f"cannot enforce this schema: {exc}", param="tools") from None
     elif schema is not None:

@@ -5,30 +5,20 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    TypeAdapter,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
 
 from dayzero.chat.grammar import parameters_problem
 from dayzero.chat.schema_size import MOST_TOOLS
 from dayzero.settings_help import validation_message
 
 from .schemas import MAX_TEXT, ResponseFormat, Sampling, _Body, field_error
+from .thinking_mode import EFFORTS, ChatTemplateKwargs, Effort, ThinkingSwitch
 
 MAX_MESSAGES = 256
 MAX_PARTS = 1024  # content parts of a message (its images are bounded further)
 # content parts and tool calls of all messages together: each is a model validated on the event loop
 # before anything else runs (256 messages of 1,024 parts, 7.9 MB, stalled every stream ~2 s)
 MAX_REQUEST_PARTS = 4096
-Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]  # OpenAI's, and V4's max
-_EFFORTS = {"high": "high", "xhigh": "max", "max": "max"}  # OpenAI's lower levels: V4's default (low)
 
 
 class TextPart(_Body):
@@ -120,21 +110,6 @@ class NamedFunction(_Body):
 class NamedToolChoice(_Body):
     type: Literal["function"]
     function: NamedFunction
-
-
-class ChatTemplateKwargs(_Body):
-    """vLLM's convention for choosing thinking mode per request."""
-
-    model_config = ConfigDict(extra="forbid")
-    thinking: bool | None = None
-    reasoning_effort: Literal["low", "high", "max"] | None = None
-
-
-class ThinkingSwitch(_Body):
-    """DeepSeek's API convention (its OpenAI format) for thinking mode on or off."""
-
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["enabled", "disabled"]
 
 
 class ChatPrompt(_Body):
@@ -252,7 +227,7 @@ class ChatPrompt(_Body):
         thinking = kwargs.thinking
         if thinking is None:
             thinking = self.switch.type == "enabled" if self.switch else effort not in (None, "none")
-        return thinking, kwargs.reasoning_effort or _EFFORTS.get(effort or "", "low")
+        return thinking, kwargs.reasoning_effort or EFFORTS.get(effort or "", "low")
 
     def offered_tools(self) -> list[dict]:
         """The tools the model is told about (none with tool_choice "none")."""
@@ -268,6 +243,7 @@ class ChatCompletionRequest(Sampling, ChatPrompt):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
+    parallel_tool_calls: bool | None = None  # false: held to one call (tool_choice required / named)
 
     @field_validator("echo")
     @classmethod
@@ -282,6 +258,15 @@ class ChatCompletionRequest(Sampling, ChatPrompt):
         if value and not info.data.get("logprobs"):
             raise ValueError("top_logprobs requires logprobs: true")
         return value
+
+    @model_validator(mode="after")
+    def _one_call_can_be_held(self) -> ChatCompletionRequest:
+        """One call at most: a grammar holds tool_choice required to one, a named one is one, none
+        and no tools call nothing; under auto nothing stops the model writing several."""
+        if self.parallel_tool_calls is False and self.offered_tools() and self.tool_choice in (None, "auto"):
+            message = "false needs tool_choice required or a named function: under auto a reply may call several tools"
+            raise field_error(type(self), ("parallel_tool_calls",), f"parallel_tool_calls {message}", False)
+        return self
 
     def logprob_count(self) -> int | None:
         """Alternatives per token to report (None: no logprobs)."""

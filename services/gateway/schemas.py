@@ -109,7 +109,6 @@ class StreamOptions(_Body):
 UNIMPLEMENTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "functions": (lambda v: not v, "is not supported by this server; use tools"),
     "function_call": (lambda v: v == "none", 'is not supported by this server (only "none"); use tool_choice'),
-    "parallel_tool_calls": (lambda v: v, "false is not supported by this server: a reply may call several tools"),
     "modalities": (lambda v: set(v) <= {"text"}, 'other than ["text"] are not supported by this server'),
     "audio": (lambda _: False, "output is not supported by this server"),
     "prediction": (lambda _: False, "(predicted outputs) is not supported by this server"),
@@ -179,7 +178,6 @@ class Sampling(_EngineExtensions):
     # different answer); see _unsupported, and UNSUPPORTED for what each accepts
     functions: list[dict] | None = Field(default=None, max_length=128)
     function_call: str | dict | None = None
-    parallel_tool_calls: bool | None = None
     modalities: list[str] | None = Field(default=None, max_length=8)
     audio: dict | None = None
     prediction: dict | None = None

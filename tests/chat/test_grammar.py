@@ -277,3 +277,10 @@ def test_a_forced_call_grammar_takes_parallel_calls():
     newline, which the lexer took as the start of the block's close: never more than one call)."""
     lark = tool_calls_grammar(TWO_TOOLS, '"|DSML|"')
     assert _accepts(lark, _block("g")) and _accepts(lark, _block("f", "g")) and _accepts(lark, _block("g", "g", "f"))
+
+
+def test_a_forced_call_grammar_holds_parallel_tool_calls_false_to_one_call():
+    """``parallel_tool_calls: false`` under tool_choice required: one call, to any of the tools."""
+    lark = tool_calls_grammar(TWO_TOOLS, '"|DSML|"', parallel=False)
+    assert _accepts(lark, _block("g")) and _accepts(lark, _block("f"))
+    assert not _accepts(lark, _block("f", "g"))

@@ -35,12 +35,6 @@ COMMON = {"user": "u-1", "store": False, "metadata": {"k": "v"}, "service_tier":
     [
         ("function_call", {"function_call": "none"}, "auto", ONLY_NONE),
         ("function_call", {"function_call": None}, {"name": "f"}, ONLY_NONE),
-        (
-            "parallel_tool_calls",
-            {"parallel_tool_calls": True, "tools": [TOOL]},
-            False,
-            "false is not supported by this server: a reply may call several tools",
-        ),
         ("modalities", {"modalities": ["text"]}, ["text", "audio"], NOT_TEXT),
         ("modalities", {"modalities": []}, ["audio"], NOT_TEXT),
         ("audio", {"audio": None}, {"voice": "alloy", "format": "wav"}, "output is not supported by this server"),

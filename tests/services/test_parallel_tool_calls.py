@@ -1,0 +1,52 @@
+"""``parallel_tool_calls: false`` (LangChain's structured output sends it with a named tool_choice)
+is served where a reply can be held to one call: tool_choice required (its grammar takes one call)
+or named (one call already), and where no call can come (no tools, tool_choice none). Under auto
+the model may write several: 400. The gateway in-process on a real Redis, no workers: a request let
+through is refused after its grammar compiled, for max_tokens past the context, never queued."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dayzero.settings import Settings
+from services.gateway.app import make_app
+
+from .conftest import MODEL
+
+CONTEXT = 4096
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("f", "g")]
+
+
+@pytest.fixture(scope="module")
+def gateway(demo_dir, redis_url):
+    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url, max_context=CONTEXT))) as client:
+        yield client
+
+
+def _post(gateway, **body):
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": CONTEXT}
+    return gateway.post("/v1/chat/completions", json={**chat, "parallel_tool_calls": False, **body})
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "g"}}},
+        {"tools": TOOLS, "tool_choice": "required"},
+        {"tools": TOOLS, "tool_choice": "none"},
+        {},
+    ],
+    ids=["named", "required", "none", "no_tools"],
+)
+def test_one_call_at_most_is_served(gateway, body):
+    r = _post(gateway, **body)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+
+
+@pytest.mark.parametrize("choice", [{"tool_choice": "auto"}, {}], ids=["auto", "default"])
+def test_several_calls_the_server_cannot_prevent_are_refused(gateway, choice):
+    r = _post(gateway, tools=TOOLS, **choice)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "parallel_tool_calls" and "tool_choice" in error["message"], error
