@@ -214,7 +214,7 @@ class ChatPrompt(_Body):
     def _one_thinking_mode(self) -> ChatPrompt:
         asked = (self.chat_template_kwargs or ChatTemplateKwargs()).thinking
         if self.switch is not None and asked is not None and asked != (self.switch.type == "enabled"):
-            message = f"thinking {self.switch.type!r} contradicts chat_template_kwargs.thinking {asked}"
+            message = f"thinking {self.switch.type!r} contradicts chat_template_kwargs.thinking {str(asked).lower()}"
             raise field_error(type(self), ("thinking", "type"), message, self.switch.type)
         return self
 

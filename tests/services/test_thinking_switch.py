@@ -68,3 +68,4 @@ def test_a_switch_this_server_cannot_follow_is_refused(gateway, route, body):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"].startswith("thinking"), error
+    assert "True" not in error["message"] and "False" not in error["message"], error  # JSON's spelling
