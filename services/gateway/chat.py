@@ -11,6 +11,7 @@ from dayzero.chat.grammar import (
     grammar_problem,
     json_grammar,
     schema_problem,
+    spelled_token,
     tool_calls_grammar,
     value_definitions,
 )
@@ -72,6 +73,10 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
         lark, param = json_grammar(schema), "response_format"
     else:
         return None
+    enforced = [p for _, _, p in body.enforced_parameters()] if param == "tools" else [schema]
+    if gw.codec.has_tokenizer and (token := spelled_token(enforced, gw.codec.special_texts)):
+        message = f"cannot enforce this schema: it spells the special token {token}, which a reply cannot write as text"
+        raise APIError(400, message, param=param)
     after = gw.codec.token_id(END_THINK) if thinking else None
     if thinking and after is None:
         raise APIError(400, f"thinking mode with a constrained answer needs {END_THINK} as one token", param=param)

@@ -138,6 +138,11 @@ class TextCodec:
         return llguidance.LLTokenizer(self._tok.to_str(), eos_token=eos)
 
     @functools.cached_property
+    def special_texts(self) -> tuple[str, ...]:
+        """The special tokens' texts (a text spelling one is read as that token)."""
+        return tuple(t.content for t in self._tok.get_added_tokens_decoder().values() if t.special and t.content)
+
+    @functools.cached_property
     def grammars(self):
         """Constrained decoding's grammars over this tokenizer, compiled once each (guided.py)."""
         from .grammars import Grammars

@@ -1,0 +1,76 @@
+"""An enforced schema whose literal spells a special token (``<｜User｜>`` as a property name, a
+const or enum string) is refused with 400 before it queues: llguidance offered the special token
+itself where the grammar forced those bytes, then refused it, and the reply failed mid-way with 500.
+Annotations may spell one. The gateway in-process on a real Redis, no workers: a request let
+through is refused for max_tokens past the context, never queued."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dayzero.settings import Settings
+from services.gateway.app import make_app
+
+from .conftest import MODEL
+
+CONTEXT = 4096
+
+
+@pytest.fixture(scope="module")
+def gateway(demo_dir, redis_url):
+    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url, max_context=CONTEXT))) as client:
+        yield client
+
+
+def _post(gateway, **body):
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": CONTEXT}
+    return gateway.post("/v1/chat/completions", json={**chat, **body})
+
+
+def _forced(parameters: dict) -> dict:
+    return {
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": parameters}}],
+        "tool_choice": "required",
+    }
+
+
+def _format(schema: dict) -> dict:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+
+
+NAMED = {"type": "object", "properties": {"<｜User｜>": {"type": "integer"}}, "required": ["<｜User｜>"]}
+
+
+@pytest.mark.parametrize(
+    "body, param, token",
+    [
+        (_forced(NAMED), "tools", "<｜User｜>"),
+        (
+            _forced({"type": "object", "properties": {"a": {"enum": ["x｜DSML｜y"]}}, "required": ["a"]}),
+            "tools",
+            "｜DSML｜",
+        ),
+        (_format(NAMED), "response_format", "<｜User｜>"),
+        (_format({"const": {"k": ["a</think>"]}}), "response_format", "</think>"),
+    ],
+    ids=["tool_property", "tool_enum", "format_property", "format_nested_const"],
+)
+def test_a_literal_spelling_a_special_token_is_refused(gateway, body, param, token):
+    r = _post(gateway, **body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and f"special token {token}" in error["message"], error
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        _format({"type": "object", "description": "answer after </think>", "properties": {"a": {"type": "integer"}}}),
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": NAMED}}]},  # auto: shown, not enforced
+    ],
+    ids=["annotation", "auto"],
+)
+def test_what_no_grammar_writes_may_spell_one(gateway, body):
+    r = _post(gateway, **body)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
