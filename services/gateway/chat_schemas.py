@@ -87,11 +87,12 @@ class Function(_Body):
     @classmethod
     def _names_fit_the_call_format(cls, schema: dict | None) -> dict | None:
         """V4 writes each argument as ``parameter name="KEY"`` with no escape: a KEY holding a quote
-        would come back cut, its value lost."""
+        would come back cut, its value lost; one holding a ``<`` the reply parser does not read (as
+        in a history call's argument names)."""
         properties = (schema or {}).get("properties")
         for key in properties if isinstance(properties, dict) else ():
-            if '"' in key:
-                raise ValueError(f"parameter name {key!r}: the model's tool calls cannot carry a '\"' in a name")
+            if mark := next((m for m in ('"', "<") if m in key), None):
+                raise ValueError(f"parameter name {key!r}: the model's tool calls cannot carry a {mark!r} in a name")
         return schema
 
 

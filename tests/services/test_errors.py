@@ -97,17 +97,18 @@ def test_a_schema_that_cannot_be_enforced_is_refused_in_short(gateway, extra, pa
     assert "cannot enforce" in error["message"] and "%json" not in error["message"] and "\n" not in error["message"]
 
 
+@pytest.mark.parametrize("mark", ['"', "<"])
 @pytest.mark.parametrize("choice", ["auto", "required"])
-def test_a_tool_parameter_name_the_call_format_cannot_carry_is_refused(gateway, choice):
-    """V4 writes ``parameter name="KEY"`` unescaped: a quote in KEY would lose its value."""
-    parameters = {"type": "object", "properties": {'a"b': {"type": "string"}}, "required": ['a"b']}
+def test_a_tool_parameter_name_the_call_format_cannot_carry_is_refused(gateway, choice, mark):
+    """V4 writes ``parameter name="KEY"`` unescaped: a quote in KEY would lose its value, and the
+    reply parser reads no name holding a ``<`` (a forced call's required ``a<b`` came back ``{}``)."""
+    key = f"a{mark}b"
+    parameters = {"type": "object", "properties": {key: {"type": "string"}}, "required": [key]}
     tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
     error = _error(gateway, chat("hi", tools=tools, tool_choice=choice))
     assert error["param"] == "tools"
-    assert (
-        error["message"]
-        == "tools: 0.function.parameters: parameter name 'a\"b': the model's tool calls cannot carry a '\"' in a name"
-    )
+    why = f"the model's tool calls cannot carry a {mark!r} in a name"
+    assert error["message"] == f"tools: 0.function.parameters: parameter name {key!r}: {why}"
 
 
 def test_an_empty_list_of_content_parts_is_refused(gateway):
