@@ -146,3 +146,21 @@ def test_a_property_named_discriminator_is_kept():
     schema = {"type": "object", "properties": {"discriminator": {"type": "integer"}}, "required": ["discriminator"]}
     lark = json_grammar(schema)
     assert _accepts(lark, '{"discriminator": 1}') and not _accepts(lark, "{}")
+
+
+def test_a_one_of_under_an_id_is_told_apart_by_its_own_definitions():
+    """``#/$defs/a`` under an ``$id`` is that resource's ``a`` (llguidance's lookup, as JSON Schema's):
+    looked up from the document's root, whose ``a`` and ``b`` differ, the oneOf was written as anyOf
+    and its grammar accepted ``{"k": "a"}``, which both of the resource's own branches match (oneOf:
+    invalid)."""
+
+    def tagged(tag: str) -> dict:
+        return {"type": "object", "properties": {"k": {"const": tag}}, "required": ["k"]}
+
+    refs = [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}]
+    inner = {"$id": "http://x/inner.json", "$defs": {"a": tagged("a"), "b": tagged("a")}, "oneOf": refs}
+    inner["discriminator"] = {"propertyName": "k"}
+    schema = {"$id": "http://x/root.json", "$defs": {"inner": inner, "a": tagged("p"), "b": tagged("q")}}
+    schema["$ref"] = "#/$defs/inner"
+    assert not jsonschema_rs.validator_for(schema).is_valid({"k": "a"})
+    assert schema_problem(schema) is not None or not _accepts(json_grammar(schema), '{"k": "a"}')

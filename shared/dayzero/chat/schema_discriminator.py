@@ -5,7 +5,9 @@ llguidance took it for a constraint beside the union: a copy of it in each branc
 recursive model "circular references with sibling keys" (every recursive tagged union refused).
 A ``oneOf`` whose branches it does tell apart (each an object requiring the property, each with its
 own string ``const`` there) is written as ``anyOf``: no value can match two branches, so both allow
-the same (llguidance proves that only of branches written inline: pydantic's are ``$ref``s)."""
+the same (llguidance proves that only of branches written inline: pydantic's are ``$ref``s). A
+``$ref`` is followed from the document's root only when no subschema below it has an ``$id``:
+llguidance resolves one from the nearest ``$id``, which may name other, overlapping, branches."""
 
 from __future__ import annotations
 
@@ -21,11 +23,12 @@ def without_discriminators(schema: object) -> object:
     if not any(_property_named(node) is not None for node in subschemas(schema)):
         return schema
     copy = json.loads(json.dumps(schema))
+    root = None if any("$id" in node for node in subschemas(copy) if node is not copy) else copy
     for node in subschemas(copy):  # (each node changed before the walk reads its subschemas)
         if (name := _property_named(node)) is None:
             continue
         del node["discriminator"]
-        if "anyOf" not in node and _told_apart(copy, node.get("oneOf"), name):
+        if "anyOf" not in node and _told_apart(root, node.get("oneOf"), name):
             node["anyOf"] = node.pop("oneOf")
     return copy
 
@@ -39,13 +42,14 @@ def _property_named(node: dict) -> str | None:
 
 def _told_apart(root: object, branches: object, name: str) -> bool:
     """Whether each of ``branches`` requires the property ``name`` of an object, each a different
-    string (a branch with a ``$ref`` allows at most what its definition does: either proves it)."""
+    string (a branch with a ``$ref`` allows at most what its definition does: either proves it; its
+    definition is looked up in ``root``, None: not at all)."""
     if not isinstance(branches, list) or not branches:
         return False
     tags = []
     for branch in branches:
         tag = _tag(branch, name)
-        if tag is None and isinstance(branch, dict) and isinstance(ref := branch.get("$ref"), str):
+        if tag is None and root is not None and isinstance(branch, dict) and isinstance(ref := branch.get("$ref"), str):
             tag = _tag(resolve(root, ref), name)
         tags.append(tag)
     return None not in tags and len(set(tags)) == len(tags)
