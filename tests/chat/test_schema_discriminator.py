@@ -164,3 +164,15 @@ def test_a_one_of_under_an_id_is_told_apart_by_its_own_definitions():
     schema["$ref"] = "#/$defs/inner"
     assert not jsonschema_rs.validator_for(schema).is_valid({"k": "a"})
     assert schema_problem(schema) is not None or not _accepts(json_grammar(schema), '{"k": "a"}')
+
+
+@pytest.mark.parametrize("discriminator", ["kind", {"propertyName": 5}, {"mapping": {}}])
+def test_a_discriminator_in_any_form_is_dropped_as_the_size_check_counts_it(discriminator):
+    """The size check counts no discriminator; one not as OpenAPI writes it was kept, and llguidance
+    merged each ``$ref`` beside it with its definition: 100 uses of one 200-property definition
+    passed the check, then the compile refused them ("initial lexer configuration too big")."""
+    big = {"type": "object", "properties": {f"f{i}": {"type": "integer"} for i in range(200)}}
+    uses = {f"p{i}": {"$ref": "#/$defs/big", "discriminator": discriminator} for i in range(100)}
+    schema = {"type": "object", "properties": uses, "$defs": {"big": big}}
+    assert size_problem([schema], DEFAULTS) is None
+    assert schema_problem(schema) is None

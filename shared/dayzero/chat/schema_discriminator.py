@@ -1,8 +1,11 @@
 """OpenAPI's ``discriminator`` (pydantic writes one beside each tagged union's ``oneOf``:
-``Field(discriminator="kind")``) as llguidance is given it: dropped, for it only names the property
-that tells the branches apart and validates nothing (JSON Schema has no such keyword). Left in,
-llguidance took it for a constraint beside the union: a copy of it in each branch, and in a
-recursive model "circular references with sibling keys" (every recursive tagged union refused).
+``Field(discriminator="kind")``) as llguidance is given it: dropped, in whatever form, for it only
+names the property that tells the branches apart and validates nothing (JSON Schema has no such
+keyword, and the size check counts none). Left in, llguidance took it for a constraint beside the
+union: a copy of it in each branch, of each ``$ref``'s definition beside it (one kept as
+``"discriminator": "kind"``: 100 uses of a 200-property definition passed the size check, then took
+1-3 s of compile to be refused), and in a recursive model "circular references with sibling keys"
+(every recursive tagged union refused).
 A ``oneOf`` whose branches it does tell apart (each an object requiring the property, each with its
 own string ``const`` there) is written as ``anyOf``: no value can match two branches, so both allow
 the same (llguidance proves that only of branches written inline: pydantic's are ``$ref``s). A
@@ -19,23 +22,24 @@ from .schema_merge import resolve
 
 def without_discriminators(schema: object) -> object:
     """``schema`` as llguidance compiles it: itself when no subschema has a ``discriminator``, else a
-    copy without any (and each oneOf they tell apart an anyOf)."""
-    if not any(_property_named(node) is not None for node in subschemas(schema)):
+    copy without any (and each oneOf they tell apart an anyOf). (A ``dependentRequired`` or
+    ``dependencies`` naming a property "discriminator" loses it: llguidance refuses both keywords.)"""
+    if not any("discriminator" in node for node in subschemas(schema)):
         return schema
     copy = json.loads(json.dumps(schema))
     root = None if any("$id" in node for node in subschemas(copy) if node is not copy) else copy
     for node in subschemas(copy):  # (each node changed before the walk reads its subschemas)
-        if (name := _property_named(node)) is None:
+        if "discriminator" not in node:
             continue
+        name = _property_named(node)
         del node["discriminator"]
-        if "anyOf" not in node and _told_apart(root, node.get("oneOf"), name):
+        if name is not None and "anyOf" not in node and _told_apart(root, node.get("oneOf"), name):
             node["anyOf"] = node.pop("oneOf")
     return copy
 
 
 def _property_named(node: dict) -> str | None:
-    """The property ``node``'s discriminator names (None: it has no OpenAPI discriminator; a
-    ``dependentRequired`` naming a property "discriminator" is left alone)."""
+    """The property ``node``'s discriminator names (None: it names none, as OpenAPI writes one)."""
     found = node.get("discriminator")
     return found["propertyName"] if isinstance(found, dict) and isinstance(found.get("propertyName"), str) else None
 
