@@ -142,9 +142,9 @@ class Completion:
         return replace(step, logprob=logprob, top=top)
 
     def accept(self, token: int) -> Step:
-        self.count += 1
-        if self.guide is not None:
+        if self.guide is not None:  # (first: a token its grammar fails on is not counted, never streamed)
             self.guide.accept(token)
+        self.count += 1
         self.counts[token] += 1
         if token in self.eos_ids and not self.params.ignore_eos:
             return Step(token, self._stops.flush()[0], "stop")

@@ -52,7 +52,9 @@ def test_a_grammar_failing_mid_reply_ends_its_stream_with_its_why(demo_dir, redi
     last = _last(store, "late-1")
     assert store.done("late-1") == "error", last
     assert (last[b"e"].decode(), last[b"c"]) == (WHY, b"grammar_failed")
-    assert len(store.streamed_tokens("late-1")) > 8
+    streamed = len(store.streamed_tokens("late-1"))
+    assert streamed > 8
+    assert int(last[b"i"]) == streamed, last  # next to its last token (one further: the token it failed on counted)
 
 
 @pytest.fixture(scope="module")
