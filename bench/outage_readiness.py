@@ -22,7 +22,7 @@ import redis
 from demo_stack import QUICK_LEASES, demo_stack, scratch
 from options import bench_parser
 
-from dayzero.serving.liveness import unserved_for
+from dayzero.serving.no_worker_count import unserved_for
 from dayzero.stack import Stack
 
 BODY = {"model": "dayzero-demo", "prompt": [0, 5, 6], "max_tokens": 4}

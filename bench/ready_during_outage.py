@@ -1,6 +1,6 @@
 """How often a worker that gets going during a Redis outage, at a stage nobody served before it,
 has the request waiting there ended 503 ``no_worker`` at Redis's return. The gateway's first pass
-after the outage keeps that stage's count (``liveness.count_again``: none served it), and the
+after the outage keeps that stage's count (``no_worker_count.count_again``: none served it), and the
 worker's first stamp comes within a retry (``STAMP_RETRY_S``) of the return: a pass before it took
 the stage for unserved. A real stack: the demo checkpoint, embedded Redis, a gateway, one prefill
 and one decode worker. Each round: prefill frozen (SIGSTOP) until the stage's count has run past
@@ -25,7 +25,8 @@ from demo_stack import QUICK_LEASES, demo_stack, scratch
 from options import bench_parser
 
 from dayzero.serving.keys import key
-from dayzero.serving.liveness import FRESH_S, PROVEN_S, unserved_for
+from dayzero.serving.liveness import FRESH_S
+from dayzero.serving.no_worker_count import PROVEN_S, unserved_for
 from dayzero.stack import Stack
 
 BODY = {"model": "dayzero-demo", "prompt": [0, 5, 6], "max_tokens": 4}
@@ -66,7 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     settings = {**QUICK_LEASES, "DAYZERO_LEASE_S": str(args.lease_s), "DAYZERO_NO_WORKER_TIMEOUT_S": str(args.bound_s)}
     with scratch(args.keep) as folder, demo_stack(Path(folder), {"prefill": 1, "decode": 1}, settings) as stack:
-        time.sleep(PROVEN_S)  # (a worker ready for less pauses its stage's count, not ends it: liveness.unserved_for)
+        time.sleep(PROVEN_S)  # (one ready for less pauses its count, not ends it: no_worker_count.unserved_for)
         answers = []
         for _ in range(args.rounds):
             answers.append(one_round(stack, args.bound_s, args.lease_s / 2))

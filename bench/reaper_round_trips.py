@@ -18,7 +18,7 @@ from options import bench_parser
 from dayzero.procs import scratch_redis
 from dayzero.serving.keys import QUEUES, key
 from dayzero.serving.lifecycle import Lifecycle
-from dayzero.serving.liveness import unserved_for
+from dayzero.serving.no_worker_count import unserved_for
 from dayzero.serving.reaper import OverdueWaits, end_unserved, sweep
 from dayzero.serving.watching import cancel_left
 

@@ -1,4 +1,4 @@
-"""Microseconds per call of the reaper pass's script calls that take a client (``liveness.unserved_for``
+"""Microseconds per call of the reaper pass's script calls that take a client (``no_worker_count.unserved_for``
 and ``count_again``, ``watching.cancel_left``; a stage without a worker, no cancel due), and of
 ``register_script`` alone (what each call paid before ``client_scripts.registered``). Real Redis
 (embedded), one client; the medians of ``--rounds`` rounds of ``--calls`` calls each, wall and CPU.
@@ -19,7 +19,7 @@ from options import bench_parser
 
 from dayzero.procs import scratch_redis
 from dayzero.serving.keys import key
-from dayzero.serving.liveness import COUNT, count_again, unserved_for
+from dayzero.serving.no_worker_count import COUNT, count_again, unserved_for
 from dayzero.serving.watching import cancel_left
 
 

@@ -19,9 +19,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dayzero.config import ModelConfig
 from dayzero.serving import redis_clock as clock
 from dayzero.serving.keys import QUEUES
-from dayzero.serving.liveness import STAMP_RETRY_S, count_again, unserved_for
+from dayzero.serving.liveness import STAMP_RETRY_S
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.metrics import QueueDepthCollector, SnapshotCollector
+from dayzero.serving.no_worker_count import count_again, unserved_for
 from dayzero.serving.queue import STAGES, composer, make_celery
 from dayzero.serving.reaper import OverdueWaits, end_unserved, sweep
 from dayzero.serving.registry import Registry
@@ -56,7 +57,7 @@ async def _reaper(gw: Gateway) -> None:
     longer than the grace (4-6 s against 5 s under load) had their requests cancelled at its first pass,
     before they could come back. A pass that failed on Redis (down, frozen, refusing writes: no
     worker could stamp) begins the no-worker counts again at the next, those of the stages a worker
-    served before the outage (liveness.count_again); that pass ends nothing as ``no_worker``, and the
+    served before the outage (no_worker_count.count_again); that pass ends nothing as ``no_worker``, and the
     next one comes ``RESTAMPED_S`` later: a worker ready during the outage, at a stage none served
     before it, stamps within a retry of Redis's return, and a first pass before that stamp took its
     stage for unserved (the outage in its count) and ended what waited there."""
@@ -79,7 +80,7 @@ async def _reaper(gw: Gateway) -> None:
             cancel_left(store.r, store.ttl_s)  # (left by a gateway that stopped)
 
     period, started = gw.settings.lease_s / 2, time.time()
-    failed_at = None  # when the first of the passes that failed on Redis failed (Redis's time; liveness.count_again)
+    failed_at = None  # when the first of the passes that failed on Redis failed (Redis's time; count_again)
     wait_s = period
     while True:
         await asyncio.sleep(wait_s)

@@ -12,8 +12,8 @@ from starlette.concurrency import run_in_threadpool
 
 from dayzero.serving.admission import Queue
 from dayzero.serving.lifecycle import Lifecycle
-from dayzero.serving.liveness import unserved_for
 from dayzero.serving.messages import GenerationRequest, PrefillJob
+from dayzero.serving.no_worker_count import unserved_for
 from dayzero.serving.queue import task_message
 from dayzero.serving.registry import Registry
 from dayzero.serving.watching import Watching

@@ -12,7 +12,7 @@ import redis
 
 from dayzero.serving.client_scripts import registered
 from dayzero.serving.keys import key
-from dayzero.serving.liveness import COUNT, COUNT_AGAIN, count_again, unserved_for
+from dayzero.serving.no_worker_count import COUNT, COUNT_AGAIN, count_again, unserved_for
 from dayzero.serving.watching import CANCEL_DUE, cancel_left
 
 

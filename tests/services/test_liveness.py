@@ -26,8 +26,8 @@ from dayzero.serving.liveness import (
     serving,
     stamps,
     stopped_child,
-    unserved_for,
 )
+from dayzero.serving.no_worker_count import unserved_for
 from dayzero.stack import Child, Stack
 
 from .conftest import SETTINGS_ENV, wait_until

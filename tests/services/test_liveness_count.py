@@ -12,9 +12,10 @@ import time
 
 import redis
 
-from dayzero.serving import liveness
+from dayzero.serving import no_worker_count
 from dayzero.serving.keys import key
-from dayzero.serving.liveness import FRESH_S, STAMP_EVERY_S, count_again, stamps, unserved_for
+from dayzero.serving.liveness import FRESH_S, STAMP_EVERY_S, stamps
+from dayzero.serving.no_worker_count import count_again, unserved_for
 
 from .conftest import wait_until
 
@@ -66,7 +67,7 @@ def test_only_a_ready_worker_serves_its_stage_so_a_crash_loop_leaves_it_unserved
     first_ready = min(float(t) for t in client.hgetall("dz:ready:prefill").values() if float(t) > began)
     served = time.time() - first_ready - unserved_for(client, "prefill")  # (left out: the time they were ready)
     assert 2 * (1.5 - STAMP_EVERY_S) <= served <= 2 * 1.5 + 0.1  # the second one's load and restarts counted
-    monkeypatch.setattr(liveness, "PROVEN_S", 1.0)
+    monkeypatch.setattr(no_worker_count, "PROVEN_S", 1.0)
     worker = threading.Thread(target=_crashing_worker, args=(redis_url, 0.0, 2.5))  # one that serves a while
     counts = _unserved_while(client, worker)
     assert counts[-1] == 0.0 and not client.exists("dz:unserved:prefill")  # served: a new count when it is gone

@@ -10,7 +10,7 @@ import httpx
 import redis
 from tokenizers import Tokenizer
 
-from dayzero.serving.liveness import unserved_for
+from dayzero.serving.no_worker_count import unserved_for
 
 from .conftest import MODEL, sse_events, start_stack, stream_text, wait_until
 

@@ -14,7 +14,8 @@ import pytest
 import redis
 
 from dayzero.serving.keys import key
-from dayzero.serving.liveness import FRESH_S, Pulse, connect, process_id, serving, unserved_for
+from dayzero.serving.liveness import FRESH_S, Pulse, connect, process_id, serving
+from dayzero.serving.no_worker_count import unserved_for
 from dayzero.serving.registry import Registry
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings

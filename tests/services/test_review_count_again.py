@@ -1,5 +1,5 @@
 """The no-worker count is one per stage, in Redis, kept by every gateway's reaper. A gateway whose
-pass failed on Redis began every stage's count again at its next pass (liveness.count_again), for
+pass failed on Redis began every stage's count again at its next pass (no_worker_count.count_again), for
 all the gateways: one that lost Redis alone (its network; here its Redis user disabled a while)
 reset a count the others had kept running, and one whose passes failed now and then reset it each
 time: what waited at a stage with no worker never ended as ``no_worker``. Now a count some gateway

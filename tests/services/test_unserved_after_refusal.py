@@ -18,7 +18,7 @@ import httpx
 import redis
 
 from dayzero.serving.keys import key
-from dayzero.serving.liveness import unserved_for
+from dayzero.serving.no_worker_count import unserved_for
 
 from .conftest import MODEL, start_stack, wait_until
 from .test_decode_appends import writes_refused

@@ -1,6 +1,6 @@
 """Lua scripts registered once per Redis client, for the calls that take a client rather than an
 object that holds one: the classes that hold a client (lifecycle.py, registry.py, watching.py's
-``Watching``) register theirs in their constructor; the reaper's calls (``liveness.unserved_for``
+``Watching``) register theirs in their constructor; the reaper's calls (``no_worker_count.unserved_for``
 and ``count_again``, ``watching.cancel_left``) registered theirs on every call (a registration
 hashes the script's text). A script Redis has lost since (SCRIPT FLUSH, a Redis restarted without
 it) is loaded again by redis-py on its NOSCRIPT, as for any registered script."""

@@ -18,7 +18,7 @@ Keys (prefix ``dz:``): alive:{stage}, a hash of process ("{host}:{pid}") -> the 
 stamp; ready:{stage}, process -> since when it is ready (written with each stamp: a restarted
 process under the same id, a container's pid 1, is not ready until it says so); unserved:{stage},
 since when the stage has had no serving process (set by the gateway; kept while only processes
-ready for less than ``PROVEN_S`` serve it, the time they served left out of the count: ``unserved_for``);
+ready for less than ``PROVEN_S`` serve it, the time they served left out of the count: no_worker_count.py);
 restart:{stage}, since when that count runs instead (the readiness of the first process ready after it);
 counted:{stage}, when a gateway last counted (the Redis time of its read of the stamps); unserved and
 restart begun again after Redis was lost or refused writes (``count_again``: the stamps aged meanwhile),
@@ -48,7 +48,6 @@ from typing import NamedTuple
 
 import redis
 
-from .client_scripts import registered
 from .keys import key
 from .redis_clock import NOW, hashes_at, measured
 
@@ -59,7 +58,6 @@ STAMP_EVERY_S = 1.0
 STAMP_RETRY_S = 0.1
 FRESH_S = 3.0  # a stage whose newest stamp is older has no live process
 FORGET_S = 600.0  # stamps this old are dropped (a restarted process stamps under a new pid)
-PROVEN_S = 10.0  # a process ready this long ends its stage's no-worker count (unserved_for)
 
 # A stamp at Redis's time now (KEYS: alive, ready; ARGV: the process, and since when it is ready:
 # "" loading, "now", or a time of an earlier stamp) -> that time.
@@ -75,43 +73,6 @@ end
 return now
 """
 )
-
-
-# The no-worker count's marks after a read of the stamps, in one step (one round trip where reads and
-# writes apart were up to five a stage each reaper pass). KEYS: unserved, restart, counted; ARGV: Redis's time at
-# the read, whether the stage is served ("proven": by a process ready PROVEN_S, "young", or "none"),
-# the processes' readiness times. -> where the count runs from (nil: no count). A proven process ends
-# the count; none begins it (kept if begun). The count runs from the readiness of the first process
-# ready after it began, once one is (``restart``): such a process loaded, the time before it was a start
-# (a long first load, a worker's restart), not a crash loop, and its death soon after (killed, or out of
-# memory on a request) is one as any worker's: its restart gets the whole bound (one killed 5 s after
-# the stack's first readiness had the 8 requests waiting at its stage ended at once, the first load
-# counted, where its restart served them ~30 s later). Once per count: kept where the process's entries
-# go (forgotten, or overwritten by a restart under the same id: then the time it served is counted);
-# the next one dead as young is a crash loop past its load, its load and restart counted. A restart
-# mark older than the count is of an earlier one (left by a gateway that deleted only its mark): not.
-# Every gateway finds the same. Each call marks when it counted (``count_again``).
-COUNT = """
-redis.call('SET', KEYS[3], ARGV[1])
-if ARGV[2] == 'proven' then
-    redis.call('DEL', KEYS[1], KEYS[2])
-    return false
-end
-if ARGV[2] == 'none' then redis.call('SET', KEYS[1], ARGV[1], 'NX') end
-local since = redis.call('GET', KEYS[1])
-if not since then return false end
-local restart = redis.call('GET', KEYS[2])
-if restart and tonumber(restart) >= tonumber(since) then return restart end
-local first
-for i = 3, #ARGV do
-    if tonumber(ARGV[i]) >= tonumber(since) and (not first or tonumber(ARGV[i]) < tonumber(first)) then
-        first = ARGV[i]
-    end
-end
-if not first then return since end
-redis.call('SET', KEYS[2], first)
-return first
-"""
 
 
 def process_id(pid: int | None = None, host: str | None = None) -> str:
@@ -235,68 +196,3 @@ def serving(client: redis.Redis, stage: str) -> dict[str, float]:
     """The processes that serve ``stage`` now (a fresh stamp, and ready) -> since when each is ready."""
     found = seen(client, stage)
     return {p: since for p, since in found.ready.items() if found.now - found.alive[p] <= FRESH_S}
-
-
-def unserved_for(client: redis.Redis, stage: str) -> float:
-    """How long ``stage`` has had no serving process (0: it has one now), counted from the first
-    call that found none (not from its last stamp: after Redis itself was down or frozen every stamp
-    is old, until the workers stamp again within a second). A process ready for less than
-    ``PROVEN_S`` pauses the count (it serves: nothing waiting there ends) but does not end it: the
-    time it served (from its readiness to its last stamp) is left out of the count, the rest goes
-    on. So one that served a while and froze leaves its stage the time since its last stamp, and
-    the time before it was ready, not the time it served (a decode that served 9 s and froze had its
-    requests ended ~3 s later); and one that dies soon after each start (a crash loop past its load:
-    on its first request, or its first minutes of work) leaves its loads and restarts counted, as a
-    loading one does: what waits there still ends. Except for the first process ready since the
-    count began (``COUNT``): the time before it was a start that loaded (a long first load, a
-    restart), not a crash loop."""
-    now, alive, ready = seen(client, stage)
-    fresh = [since for p, since in ready.items() if now - alive[p] <= FRESH_S]
-    serves = "proven" if any(now - since >= PROVEN_S for since in fresh) else "young" if fresh else "none"
-    keys = [key("unserved", stage), key("restart", stage), key("counted", stage)]
-    raw = registered(client, COUNT)(keys=keys, args=[repr(now), serves, *map(repr, ready.values())])
-    if raw is None or fresh:
-        return 0.0
-    since = float(raw)
-    return now - since - _covered([(max(since, ready_at), min(alive[p], now)) for p, ready_at in ready.items()])
-
-
-# KEYS: each stage's unserved, restart, counted, alive, ready; ARGV: since when the caller failed (Redis's
-# time), FRESH_S. Kept: a stage counted since by anyone, or that no ready process served at its last count or since.
-COUNT_AGAIN = """
-for i = 1, #KEYS, 5 do
-    local counted = redis.call('GET', KEYS[i + 2])
-    if not counted or tonumber(counted) < tonumber(ARGV[1]) then
-        local served = not counted
-        local ready = redis.call('HKEYS', KEYS[i + 4])
-        for j = 1, #ready do
-            local stamp = redis.call('HGET', KEYS[i + 3], ready[j])
-            if stamp and tonumber(stamp) >= tonumber(counted or 0) - tonumber(ARGV[2]) then served = true end
-        end
-        if served then redis.call('DEL', KEYS[i], KEYS[i + 1]) end
-    end
-end
-"""
-
-
-def count_again(client: redis.Redis, stages: tuple[str, ...], failed_at: float) -> None:
-    """Begin ``stages``' no-worker counts again (``unserved_for``) after Redis was lost, frozen or
-    refused writes since ``failed_at`` (Redis's time): the stamps aged through the outage, and a count
-    running then (a worker ready under ``PROVEN_S``) took it all for time unserved at Redis's return
-    (a 26 s refusal ended requests ``no_worker`` at a 5 s bound). Not a stage that no ready process
-    served at its last count or since (a stamp within ``FRESH_S`` of it): it keeps its count, the
-    outage in it (what waited there waited one bound more). Nor one some gateway counted since
-    ``failed_at`` (Redis answered it: one gateway's flapping network reset everyone's counts)."""
-    families = ("unserved", "restart", "counted", "alive", "ready")
-    keys = [key(family, stage) for stage in stages for family in families]
-    registered(client, COUNT_AGAIN)(keys=keys, args=[repr(failed_at), repr(FRESH_S)])
-
-
-def _covered(spans: list[tuple[float, float]]) -> float:
-    """The time the (start, end) ``spans`` cover together (overlaps once; an empty one nothing)."""
-    total, reached = 0.0, float("-inf")
-    for start, end in sorted(spans):
-        start = max(start, reached)
-        if end > start:
-            total, reached = total + end - start, end
-    return total
