@@ -43,8 +43,8 @@ log = logging.getLogger("dayzero.gateway")
 RERUN_TRANSIT_S = 30.0  # a re-run's mark until its message is pushed: a sweep's round trips, with room
 START_CLOCK_S = 1.0  # the start, or a POST before it is known, waits this long at most for Redis's TIME
 SCRAPE_REDIS_S = 1.0  # each of a scrape's two Redis reads gives up after this (Prometheus waits 5 s here)
-# The workers' stamps after Redis's return come within a stamp's retry and its round trip: the reaper's
-# pass after its first one after an outage comes this long after it (that one ended nothing as no_worker).
+# The workers' stamps after Redis's return come within a stamp's retry and its round trip: a stage a
+# reaper pass first finds past its no-worker bound is looked at again this long after, and ends nothing before.
 RESTAMPED_S = 2 * STAMP_RETRY_S
 
 
@@ -57,10 +57,13 @@ async def _reaper(gw: Gateway) -> None:
     longer than the grace (4-6 s against 5 s under load) had their requests cancelled at its first pass,
     before they could come back. A pass that failed on Redis (down, frozen, refusing writes: no
     worker could stamp) begins the no-worker counts again at the next, those of the stages a worker
-    served before the outage (no_worker_count.count_again); that pass ends nothing as ``no_worker``, and the
-    next one comes ``RESTAMPED_S`` later: a worker ready during the outage, at a stage none served
-    before it, stamps within a retry of Redis's return, and a first pass before that stamp took its
-    stage for unserved (the outage in its count) and ended what waited there."""
+    served before the outage (no_worker_count.count_again). What waits at a stage ends ``no_worker``
+    only at a pass that finds it past its bound after one that did too (none when that one failed),
+    and the pass after one that first finds a stage so comes ``RESTAMPED_S`` later: a worker ready
+    during an outage, at a stage none served before it, stamps within a retry of Redis's return, and
+    a pass before that stamp took its stage for unserved (the outage in its count) and ended what
+    waited there; the first pass after an outage the reaper saw (5 of 49 rounds), or the first after
+    one wholly between two passes, which no pass saw fail."""
     messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
     store = gw.bus.store
     overdue = OverdueWaits(store, gw.settings.task_time_limit_s, gw.codec)
@@ -68,32 +71,34 @@ async def _reaper(gw: Gateway) -> None:
     def send(job: PrefillJob, stage: str) -> None:
         store.enqueue(job.request.request_id, stage, messages[stage](job), gw.settings.visibility_timeout_s)
 
-    def one_pass(after_outage: bool) -> None:
+    def one_pass(past_before: set[str]) -> set[str]:
+        """One pass; ``past_before``: the stages past the no-worker bound at the last one. -> those now."""
         sweep(store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period)
         unserved, bound = {stage: unserved_for(store.r, stage) for stage in QUEUES}, gw.settings.no_worker_timeout_s
-        if after_outage:  # (the stamps since Redis's return may not all be in yet: counted, nothing ended)
-            unserved = dict.fromkeys(unserved, 0.0)
-        gw.bus.unserved = {stage: seconds for stage, seconds in unserved.items() if seconds > bound}  # (admission)
-        end_unserved(store, unserved.__getitem__, bound)
+        past = {stage: seconds for stage, seconds in unserved.items() if seconds > bound}
+        gw.bus.unserved = {stage: seconds for stage, seconds in past.items() if stage in past_before}  # (admission)
+        end_unserved(store, lambda stage: gw.bus.unserved.get(stage, 0.0), bound)
         overdue.end()
         if time.time() >= started + gw.settings.disconnect_grace_s:
             cancel_left(store.r, store.ttl_s)  # (left by a gateway that stopped)
+        return set(past)
 
     period, started = gw.settings.lease_s / 2, time.time()
     failed_at = None  # when the first of the passes that failed on Redis failed (Redis's time; count_again)
-    wait_s = period
+    wait_s, past = period, set()  # (the stages past the bound at the last pass)
     while True:
         await asyncio.sleep(wait_s)
-        wait_s, after_outage = period, failed_at is not None
         try:
-            if after_outage:
+            if failed_at is not None:
                 await run_in_threadpool(count_again, store.r, QUEUES, failed_at)
-            await run_in_threadpool(one_pass, after_outage)
-            wait_s, failed_at = RESTAMPED_S if after_outage else period, None
+            found = await run_in_threadpool(one_pass, past)
+            wait_s, past, failed_at = RESTAMPED_S if found - past else period, found, None
         except redis.RedisError:  # Redis down or refusing writes: /ready says so; sweep when it is back
             failed_at = clock.now() if failed_at is None else failed_at  # (its own pass counted before)
+            wait_s, past = period, set()
             gw.bus.unserved = {}  # (admissions check no count until the next pass)
         except Exception:  # nobody awaits this task: ended, it would re-run and end nothing again
+            wait_s = period
             log.exception("the reaper's pass failed; the next one runs in %.1f s", period)
 
 
