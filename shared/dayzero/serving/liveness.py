@@ -3,12 +3,13 @@
 The loops' heartbeats (registry.py's presence, lease.py's leases) come from the work itself: a
 long step stops them (a million-token prefill forward may rightly run for many minutes). A
 ``Pulse`` thread stamps "this process runs" instead, every ``STAMP_EVERY_S`` (a stamp Redis failed:
-again after ``STAMP_RETRY_S``), from before the worker loads its weights: SIGSTOP or a process that
-no longer runs stops it, a forward however long does not. A step past its bound, or a loop that has
-not moved between steps for the group timeout (``lease.Heartbeat.stuck``: its leases lapse), stops
-it too, on purpose: that worker is as good as frozen (its process runs, its loop does not); and so
-does a stopped child (a tensor-parallel worker's other ranks are its rank 0's children): the group's
-next collective waits on it until the group's timeout.
+again after ``STAMP_RETRY_S``, later once it has failed ``QUICK_RETRIES_S``: ``retry_after``), from
+before the worker loads its weights: SIGSTOP or a process that no longer runs stops it, a forward
+however long does not. A step past its bound, or a loop that has not moved between steps for the
+group timeout (``lease.Heartbeat.stuck``: its leases lapse), stops it too, on purpose: that worker
+is as good as frozen (its process runs, its loop does not); and so does a stopped child (a
+tensor-parallel worker's other ranks are its rank 0's children): the group's next collective waits
+on it until the group's timeout.
 
 A process serves its stage once it is also ready (loaded, warmed up, its loop running): a
 loading worker cannot take a request, and one that crash-loops (dies while loading or warming up,
@@ -39,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -50,17 +52,20 @@ import redis
 
 from .keys import key
 from .redis_clock import NOW, hashes_at, measured
+from .redis_clock import now as redis_now
 
 log = logging.getLogger("dayzero.liveness")
 STAMP_EVERY_S = 1.0
 # A stamp Redis failed (refused, down) goes again after this: every stamp aged through the outage, and
 # /ready said "no live worker" (its workers serving) until their next ones, 0.4-0.9 s after it.
 STAMP_RETRY_S = 0.1
+QUICK_RETRIES_S = 5.0  # so for this long (an outage of seconds: a failover, a restart); then ``retry_after``
 FRESH_S = 3.0  # a stage whose newest stamp is older has no live process
 FORGET_S = 600.0  # stamps this old are dropped (a restarted process stamps under a new pid)
 
-# A stamp at Redis's time now (KEYS: alive, ready; ARGV: the process, and since when it is ready:
-# "" loading, "now", or a time of an earlier stamp) -> that time.
+# A stamp at Redis's time now (KEYS: alive, ready, stamped; ARGV: the process, since when it is ready:
+# "" loading, "now", or a time of an earlier stamp; "again" after failed ones, else "") -> that time.
+# Again: an entry in the stream ``stamped``, which the processes backing off wait on (``retry_after``).
 STAMP = (
     NOW
     + """
@@ -70,6 +75,7 @@ if ARGV[2] == '' then
 else
     redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] == 'now' and now or ARGV[2])
 end
+if ARGV[3] == 'again' then redis.call('XADD', KEYS[3], 'MAXLEN', '1', '*', 'at', now) end
 return now
 """
 )
@@ -92,6 +98,30 @@ def stopped_child(pid: int | None = None) -> bool:
     return False
 
 
+def retry_after(failing_s: float) -> float:
+    """How long a stamp that has failed since ``failing_s`` ago (every try since) waits before it goes
+    again: ``STAMP_RETRY_S`` for ``QUICK_RETRIES_S``, then a stamp period, jittered by half either way.
+    Every worker retrying every 0.1 s while Redis refused was ten stamps a second each (1,000
+    workers: ~10,000 refused scripts a second, bench/refused_stamps.py); after the quick ones they
+    cost Redis what the workers' stamps cost it when it takes them, spread apart."""
+    if failing_s < QUICK_RETRIES_S:
+        return STAMP_RETRY_S
+    return STAMP_EVERY_S * random.uniform(0.5, 1.5)
+
+
+def await_stamp(client: redis.Redis, seconds: float, stop: threading.Event) -> None:
+    """Wait ``seconds``, or until some process stamps again after failed stamps (Redis takes writes
+    again: the first of the backing-off workers to find so wakes the others, which stamp within a
+    round trip, not a period later), or ``stop``; Redis down: the whole time, or ``stop``."""
+    until, since = time.monotonic() + seconds, f"{int(redis_now() * 1000)}-0"  # (an entry from now on)
+    while (left_s := until - time.monotonic()) > 0 and not stop.is_set():
+        try:  # (1.5 s at most at a time: the client's socket times out at 2 s)
+            if client.xread({key("stamped"): since}, block=max(1, int(1000 * min(left_s, 1.5)))):
+                return
+        except redis.RedisError:
+            stop.wait(left_s)
+
+
 def connect(url: str) -> redis.Redis:
     """A client that gives up quickly: a stamp or a check never waits long on a hung Redis."""
     return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
@@ -105,6 +135,7 @@ class Pulse:
         self.r, self.stage, self.process = client, stage, process_id()
         self._script = client.register_script(STAMP)
         self._ready, self._ready_at = False, ""  # ready, and since when by Redis's clock ("": not stamped yet)
+        self._failed = False  # its last stamp failed
         self._stamping = threading.Lock()  # (``ready`` stamps from the worker's thread, ``_run`` from its own)
         self._stuck: Callable[[], bool] = lambda: False
         self._stop = threading.Event()
@@ -125,7 +156,7 @@ class Pulse:
             self._stamp()
 
     def _run(self) -> None:
-        said = None
+        said, failed_at = None, None  # (since when every stamp failed: retry_after)
         while True:
             why = "the loop is stuck" if self._stuck() else "a rank is stopped" if stopped_child() else None
             if why is not None and why != said:
@@ -134,9 +165,14 @@ class Pulse:
             if why is None:  # (up counts no staleness while it cannot read)
                 try:
                     self._stamp()
+                    failed_at = None
                 except redis.RedisError:
-                    again_s = STAMP_RETRY_S
-            if self._stop.wait(again_s):
+                    failed_at = time.monotonic() if failed_at is None else failed_at
+                    again_s = retry_after(time.monotonic() - failed_at)
+            backing_off = failed_at is not None and again_s > STAMP_RETRY_S
+            if backing_off:
+                await_stamp(self.r, again_s, self._stop)
+            if self._stop.wait(0 if backing_off else again_s):
                 return
 
     def _stamp(self) -> None:
@@ -144,8 +180,14 @@ class Pulse:
         (a Redis restarted meanwhile has both again), at Redis's time."""
         with self._stamping:
             since = (self._ready_at or "now") if self._ready else ""
+            keys = [key("alive", self.stage), key("ready", self.stage), key("stamped")]
             sent = time.time()
-            now = self._script(keys=[key("alive", self.stage), key("ready", self.stage)], args=[self.process, since])
+            try:
+                now = self._script(keys=keys, args=[self.process, since, "again" if self._failed else ""])
+            except redis.RedisError:
+                self._failed = True
+                raise
+            self._failed = False
             measured(float(now), sent, time.time())  # (this process's offset to Redis's clock: redis_clock.now)
             if since == "now":
                 self._ready_at = now.decode()

@@ -1,0 +1,69 @@
+"""A worker's liveness stamps while Redis refuses writes, against a real Redis: every refused stamp
+went again 0.1 s later however long the refusal (ten refused scripts a second a worker: 1,000
+workers ~9,000 a second, bench/refused_stamps.py); now after ``QUICK_RETRIES_S`` one a stamp
+period, jittered (``retry_after``), and a stamp that Redis takes again after failed ones wakes the
+workers backing off, which stamp at once (not up to a period and a half later)."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from dayzero.serving import liveness
+from dayzero.serving.keys import key
+from dayzero.serving.liveness import Pulse, connect
+
+from .conftest import wait_until
+from .test_decode_appends import writes_refused
+
+
+def _errors(client: redis.Redis) -> int:
+    """The error replies Redis has sent (a refused stamp is one)."""
+    return sum(error["count"] for error in client.info("errorstats").values())
+
+
+def _stamp(client: redis.Redis, pulse: Pulse) -> float:
+    return float(client.hget(key("alive", pulse.stage), pulse.process) or 0)
+
+
+def _pulse(redis_url: str, name: str) -> Pulse:
+    pulse = Pulse(connect(redis_url), "prefill")
+    pulse.process = name  # (two in one process)
+    return pulse
+
+
+def test_refused_stamps_back_off_after_the_quick_retries(redis_url, monkeypatch):
+    monkeypatch.setattr(liveness, "QUICK_RETRIES_S", 0.5)
+    client = redis.Redis.from_url(redis_url)
+    pulse = _pulse(redis_url, "worker:backing-off")
+    try:
+        with writes_refused(client):
+            pulse.start()
+            time.sleep(1.0)  # (past the quick retries)
+            before = _errors(client)
+            time.sleep(3.0)
+            refused = _errors(client) - before
+        assert 1 <= refused <= 6  # a stamp period apart (was: every 0.1 s, ~30)
+    finally:
+        pulse.stop()
+
+
+def test_a_stamp_taken_again_wakes_the_workers_backing_off(redis_url, monkeypatch):
+    monkeypatch.setattr(liveness, "QUICK_RETRIES_S", 0.0)
+    monkeypatch.setattr(liveness, "STAMP_EVERY_S", 30.0)  # (backing off 15-45 s)
+    client = redis.Redis.from_url(redis_url)
+    first, other = _pulse(redis_url, "worker:first"), _pulse(redis_url, "worker:other")
+    try:
+        with writes_refused(client):
+            before = _errors(client)
+            first.start(), other.start()
+            assert wait_until(lambda: _errors(client) >= before + 2, 10)  # both refused, backing off
+            time.sleep(0.5)  # (both waiting)
+        seconds, micros = client.time()
+        back = seconds + micros / 1e6
+        first.ready()  # a stamp Redis takes, after its refused one
+        assert _stamp(client, first) > back
+        assert wait_until(lambda: _stamp(client, other) > back, 5)  # (was: its wait's end, 15-45 s on)
+    finally:
+        first.stop(), other.stop()
