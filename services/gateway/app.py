@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dayzero.config import ModelConfig
 from dayzero.serving import redis_clock as clock
 from dayzero.serving.keys import QUEUES
-from dayzero.serving.liveness import STAMP_RETRY_S
+from dayzero.serving.liveness import STAMP_RETRY_S, wake_stampers
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.metrics import QueueDepthCollector, SnapshotCollector
 from dayzero.serving.no_worker_count import count_again, unserved_for
@@ -63,7 +63,8 @@ async def _reaper(gw: Gateway) -> None:
     during an outage, at a stage none served before it, stamps within a retry of Redis's return, and
     a pass before that stamp took its stage for unserved (the outage in its count) and ended what
     waited there; the first pass after an outage the reaper saw (5 of 49 rounds), or the first after
-    one wholly between two passes, which no pass saw fail."""
+    one wholly between two passes, which no pass saw fail. That pass wakes the workers whose stamps
+    back off after a long refusal (liveness.wake_stampers): they stamp again before the next."""
     messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
     store = gw.bus.store
     overdue = OverdueWaits(store, gw.settings.task_time_limit_s, gw.codec)
@@ -76,6 +77,8 @@ async def _reaper(gw: Gateway) -> None:
         sweep(store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period)
         unserved, bound = {stage: unserved_for(store.r, stage) for stage in QUEUES}, gw.settings.no_worker_timeout_s
         past = {stage: seconds for stage, seconds in unserved.items() if seconds > bound}
+        if past.keys() - past_before:  # (looked at again RESTAMPED_S on: its workers backing off stamp now)
+            wake_stampers(store.r)
         gw.bus.unserved = {stage: seconds for stage, seconds in past.items() if stage in past_before}  # (admission)
         end_unserved(store, lambda stage: gw.bus.unserved.get(stage, 0.0), bound)
         overdue.end()

@@ -8,11 +8,13 @@ the worker's liveness ``Pulse`` stamping when the test says (after that pass: th
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import redis
 from fastapi.testclient import TestClient
 
+from dayzero.serving import liveness
 from dayzero.serving.keys import key
 from dayzero.serving.liveness import Pulse, connect
 from dayzero.settings import Settings
@@ -27,6 +29,11 @@ BOUND_S = 1.0
 BODY = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 4}
 
 
+def _read(client: redis.Redis) -> bool:
+    """A request's stream has a reader (admitted, and its reader counted: a write refused after)."""
+    return any(client.scan_iter(key("watchers", "*")))
+
+
 def _counted(client: redis.Redis) -> float:
     """When a reaper pass last read prefill's stamps (Redis's time; 0: none has)."""
     return float(client.get(key("counted", "prefill")) or 0)
@@ -37,14 +44,14 @@ def test_an_outage_between_two_passes_ends_nothing_at_a_stage_whose_worker_got_r
 ):
     monkeypatch.setattr(gateway_app, "RESTAMPED_S", 2.0)  # (the stamp below falls in it, whatever the load)
     client = redis.Redis.from_url(redis_url)
-    client.delete(key("unserved", "prefill"), key("restart", "prefill"), key("counted", "prefill"))
+    client.flushdb()  # (another test's request or count)
     settings = Settings(redis_url=redis_url, checkpoint=demo_dir, lease_s=LEASE_S, no_worker_timeout_s=BOUND_S)
     worker = Pulse(connect(redis_url), "prefill")  # (started once the test lets it stamp)
     with TestClient(make_app(settings)) as gateway, ThreadPoolExecutor(1) as pool:
         assert wait_until(lambda: _counted(client), 15)  # a pass: prefill's count begins, under its bound
         counted = _counted(client)
         answer = pool.submit(gateway.post, "/v1/completions", json=BODY)
-        assert wait_until(lambda: client.scard(key("active")), 10)  # waiting at prefill, which none serves
+        assert wait_until(lambda: _read(client), 10)  # waiting at prefill, which none serves
         with writes_refused(client):  # (well before the next pass)
             worker.ready()  # refused: it stamps once Redis takes writes again
         assert _counted(client) == counted  # (no pass saw the outage)
@@ -53,7 +60,40 @@ def test_an_outage_between_two_passes_ends_nothing_at_a_stage_whose_worker_got_r
         assert wait_until(lambda: client.hlen(key("ready", "prefill")), 10)
         stamped = _counted(client)
         assert wait_until(lambda: _counted(client) > stamped, 15)  # a pass that sees it
-        assert client.scard(key("active")) == 1 and not answer.done()  # (was: 503 no_worker at the pass before)
+        assert not answer.done()  # (was: 503 no_worker at the pass before)
         worker.stop()  # none serves again: it ends at the bound from the worker's readiness
+        ended = answer.result(timeout=30)
+        assert ended.status_code == 503 and ended.json()["error"]["code"] == "no_worker"
+
+
+def test_the_pass_after_a_long_refusal_wakes_a_worker_backing_off_before_it_looks_again(
+    redis_url, demo_dir, monkeypatch
+):
+    """Its stamps refused past ``QUICK_RETRIES_S``, a worker retries once a stamp period, jittered
+    (up to 1.5 s): the pass ``RESTAMPED_S`` after the first one that found its stage past the bound
+    came before its stamp and ended what waited there. That first pass wakes it (here its wait is
+    15-45 s: it stamps only if woken)."""
+    monkeypatch.setattr(liveness, "QUICK_RETRIES_S", 0.0)
+    monkeypatch.setattr(liveness, "STAMP_EVERY_S", 30.0)
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()  # (another test's request or count)
+    settings = Settings(redis_url=redis_url, checkpoint=demo_dir, lease_s=0.4, no_worker_timeout_s=BOUND_S)
+    worker = Pulse(connect(redis_url), "prefill")
+    with TestClient(make_app(settings)) as gateway, ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(gateway.post, "/v1/completions", json=BODY)
+        assert wait_until(lambda: _read(client), 10)  # waiting at prefill, which none serves
+        assert wait_until(lambda: client.exists(key("unserved", "prefill")), 10)  # (its count runs)
+        with writes_refused(client):
+            worker.ready()  # refused
+            worker.start()  # refused: backing off
+            time.sleep(BOUND_S + 0.5)  # (its count past the bound)
+            seconds, micros = client.time()
+        back = seconds + micros / 1e6
+        stamp = lambda: float(client.hget(key("alive", "prefill"), worker.process) or 0)  # noqa: E731
+        assert wait_until(lambda: stamp() > back, 5)  # woken (was: 15-45 s on)
+        stamped = _counted(client)
+        assert wait_until(lambda: _counted(client) > stamped + 0.5, 10)  # passes that see it
+        assert not answer.done()
+        worker.stop()
         ended = answer.result(timeout=30)
         assert ended.status_code == 503 and ended.json()["error"]["code"] == "no_worker"

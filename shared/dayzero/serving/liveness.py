@@ -63,9 +63,9 @@ QUICK_RETRIES_S = 5.0  # so for this long (an outage of seconds: a failover, a r
 FRESH_S = 3.0  # a stage whose newest stamp is older has no live process
 FORGET_S = 600.0  # stamps this old are dropped (a restarted process stamps under a new pid)
 
-# A stamp at Redis's time now (KEYS: alive, ready, stamped; ARGV: the process, since when it is ready:
+# A stamp at Redis's time now (KEYS: alive, ready, stamp_now; ARGV: the process, since when it is ready:
 # "" loading, "now", or a time of an earlier stamp; "again" after failed ones, else "") -> that time.
-# Again: an entry in the stream ``stamped``, which the processes backing off wait on (``retry_after``).
+# Again: Redis takes writes again, said to the processes backing off (``wake_stampers``).
 STAMP = (
     NOW
     + """
@@ -75,7 +75,7 @@ if ARGV[2] == '' then
 else
     redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] == 'now' and now or ARGV[2])
 end
-if ARGV[3] == 'again' then redis.call('XADD', KEYS[3], 'MAXLEN', '1', '*', 'at', now) end
+if ARGV[3] == 'again' then redis.call('XADD', KEYS[3], 'MAXLEN', '1', '*', 'at', now) end  -- (wake_stampers)
 return now
 """
 )
@@ -98,25 +98,31 @@ def stopped_child(pid: int | None = None) -> bool:
     return False
 
 
-def retry_after(failing_s: float) -> float:
-    """How long a stamp that has failed since ``failing_s`` ago (every try since) waits before it goes
-    again: ``STAMP_RETRY_S`` for ``QUICK_RETRIES_S``, then a stamp period, jittered by half either way.
-    Every worker retrying every 0.1 s while Redis refused was ten stamps a second each (1,000
-    workers: ~10,000 refused scripts a second, bench/refused_stamps.py); after the quick ones they
-    cost Redis what the workers' stamps cost it when it takes them, spread apart."""
-    if failing_s < QUICK_RETRIES_S:
+def retry_after(refused_s: float) -> float:
+    """How long a stamp that Redis has refused since ``refused_s`` ago (every try since) waits before
+    it goes again: ``STAMP_RETRY_S`` for ``QUICK_RETRIES_S``, then a stamp period, jittered by half
+    either way. Every worker retrying every 0.1 s while Redis refused was ten refused scripts a second
+    each (1,000 workers: ~10,000 a second, bench/refused_stamps.py); after the quick ones they cost
+    Redis what the workers' stamps cost it when it takes them, spread apart. (A Redis down or frozen
+    costs nothing to try: every ``STAMP_RETRY_S``.)"""
+    if refused_s < QUICK_RETRIES_S:
         return STAMP_RETRY_S
     return STAMP_EVERY_S * random.uniform(0.5, 1.5)
 
 
-def await_stamp(client: redis.Redis, seconds: float, stop: threading.Event) -> None:
-    """Wait ``seconds``, or until some process stamps again after failed stamps (Redis takes writes
-    again: the first of the backing-off workers to find so wakes the others, which stamp within a
-    round trip, not a period later), or ``stop``; Redis down: the whole time, or ``stop``."""
+def wake_stampers(client: redis.Redis) -> None:
+    """Tell the processes whose stamps back off after refusals (``retry_after``) to stamp now: Redis
+    takes writes again (the first of them whose stamp it takes says so too, in its ``STAMP``)."""
+    client.xadd(key("stamp_now"), {"at": ""}, maxlen=1, approximate=False)
+
+
+def await_wake(client: redis.Redis, seconds: float, stop: threading.Event) -> None:
+    """Wait ``seconds``, or until ``wake_stampers`` (the workers backing off stamp again within a
+    round trip of it, not up to a period and a half later), or ``stop``."""
     until, since = time.monotonic() + seconds, f"{int(redis_now() * 1000)}-0"  # (an entry from now on)
     while (left_s := until - time.monotonic()) > 0 and not stop.is_set():
         try:  # (1.5 s at most at a time: the client's socket times out at 2 s)
-            if client.xread({key("stamped"): since}, block=max(1, int(1000 * min(left_s, 1.5)))):
+            if client.xread({key("stamp_now"): since}, block=max(1, int(1000 * min(left_s, 1.5)))):
                 return
         except redis.RedisError:
             stop.wait(left_s)
@@ -156,7 +162,7 @@ class Pulse:
             self._stamp()
 
     def _run(self) -> None:
-        said, failed_at = None, None  # (since when every stamp failed: retry_after)
+        said, refused_at = None, None  # (since when Redis has refused every stamp: retry_after)
         while True:
             why = "the loop is stuck" if self._stuck() else "a rank is stopped" if stopped_child() else None
             if why is not None and why != said:
@@ -165,13 +171,15 @@ class Pulse:
             if why is None:  # (up counts no staleness while it cannot read)
                 try:
                     self._stamp()
-                    failed_at = None
-                except redis.RedisError:
-                    failed_at = time.monotonic() if failed_at is None else failed_at
-                    again_s = retry_after(time.monotonic() - failed_at)
-            backing_off = failed_at is not None and again_s > STAMP_RETRY_S
+                    refused_at = None
+                except redis.ResponseError:  # refused (its reads answered: a wake can come)
+                    refused_at = time.monotonic() if refused_at is None else refused_at
+                    again_s = retry_after(time.monotonic() - refused_at)
+                except redis.RedisError:  # down, frozen
+                    refused_at, again_s = None, STAMP_RETRY_S
+            backing_off = again_s > STAMP_RETRY_S and refused_at is not None
             if backing_off:
-                await_stamp(self.r, again_s, self._stop)
+                await_wake(self.r, again_s, self._stop)
             if self._stop.wait(0 if backing_off else again_s):
                 return
 
@@ -180,7 +188,7 @@ class Pulse:
         (a Redis restarted meanwhile has both again), at Redis's time."""
         with self._stamping:
             since = (self._ready_at or "now") if self._ready else ""
-            keys = [key("alive", self.stage), key("ready", self.stage), key("stamped")]
+            keys = [key("alive", self.stage), key("ready", self.stage), key("stamp_now")]
             sent = time.time()
             try:
                 now = self._script(keys=keys, args=[self.process, since, "again" if self._failed else ""])
