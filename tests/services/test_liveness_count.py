@@ -12,7 +12,7 @@ import time
 
 import redis
 
-from dayzero.serving import no_worker_count
+from dayzero.serving import liveness, no_worker_count
 from dayzero.serving.keys import key
 from dayzero.serving.liveness import FRESH_S, STAMP_EVERY_S, stamps
 from dayzero.serving.no_worker_count import count_again, unserved_for
@@ -135,3 +135,28 @@ def test_an_outage_keeps_the_count_of_a_stage_nobody_served_since_its_last_count
     count_again(client, stages, seconds + micros / 1e6)
     assert client.get(key("unserved", "prefill")) == began  # (was: begun again)
     assert not client.exists(key("unserved", "decode"), key("unserved", "vision"))
+
+
+def test_the_time_a_young_worker_served_stays_out_of_the_count_after_its_stamps_are_old(redis_url, monkeypatch):
+    """Its stamps left the hashes ``FORGET_S`` after its last (a restart stamps under a new pid), and
+    with them the time it served, which the count took for time unserved again: a count past 600 s (a
+    bound above it: a long load) jumped by that time. Now a ready process's stamps stay while its
+    stage's count runs. Stamps written as a worker's: it served 5 s, from 13 s ago to 8 s ago."""
+    client, stage = redis.Redis.from_url(redis_url), "vision"
+    seconds, micros = client.time()
+    now = seconds + micros / 1e6
+    client.delete(*(key(family, stage) for family in ("alive", "ready", "unserved", "restart", "counted")))
+    client.set(key("unserved", stage), repr(now - 20))  # (a count begun before it was ready)
+    client.hset(key("alive", stage), "host:1", repr(now - 8))
+    client.hset(key("ready", stage), "host:1", repr(now - 13))
+    counted = unserved_for(client, stage)  # from its readiness (a start that loaded), less the 5 s it served
+    assert 8 <= counted < 9
+    monkeypatch.setattr(liveness, "FORGET_S", 6.0)  # (its stamps now as old)
+    assert unserved_for(client, stage) < counted + 1  # (was: + 5, the time it served)
+    assert client.hexists(key("ready", stage), "host:1")
+    client.delete(key("unserved", stage), key("restart", stage))  # no count: its stamps go
+    monkeypatch.setattr(no_worker_count, "PROVEN_S", 0.0)  # (no count begins: as if a proven one served)
+    client.hset(key("alive", stage), "host:2", repr(now))
+    client.hset(key("ready", stage), "host:2", repr(now))
+    assert unserved_for(client, stage) == 0.0
+    assert not client.hexists(key("ready", stage), "host:1") and not client.hexists(key("alive", stage), "host:1")

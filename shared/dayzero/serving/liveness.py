@@ -218,15 +218,23 @@ class Seen(NamedTuple):
 
 def seen(client: redis.Redis, stage: str) -> Seen:
     """``stage``'s stamps and Redis's time, in one round trip; stamps older than ``FORGET_S`` leave
-    the hash, and ready entries of processes without a stamp theirs."""
+    the hash, but a ready process's (the time it served is left out of its stage's no-worker count:
+    no_worker_count.unserved_for forgets them once no count runs), and ready entries of processes
+    without a stamp theirs."""
     now, (alive, ready) = hashes_at(client, key("alive", stage), key("ready", stage))
-    stamped = {p.decode(): float(t) for p, t in alive.items() if now - float(t) <= FORGET_S}
     ready_since = {p.decode(): float(t) for p, t in ready.items()}
+    stamped = {p: float(t) for p, t in ((p.decode(), t) for p, t in alive.items())}
+    stamped = {p: t for p, t in stamped.items() if now - t <= FORGET_S or p in ready_since}
     gone = {p.decode() for p in alive} - stamped.keys(), ready_since.keys() - stamped.keys()
     for family, processes in zip(("alive", "ready"), gone, strict=True):
         if processes:
             client.hdel(key(family, stage), *processes)
     return Seen(now, stamped, {p: since for p, since in ready_since.items() if p in stamped})
+
+
+def kept_old(found: Seen) -> list[str]:
+    """The ready processes whose stamps ``seen`` kept past ``FORGET_S`` (for the no-worker count)."""
+    return [p for p in found.ready if found.now - found.alive[p] > FORGET_S]
 
 
 def stamps(client: redis.Redis, stage: str) -> dict[str, float]:

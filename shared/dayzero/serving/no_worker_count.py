@@ -8,7 +8,7 @@ import redis
 
 from .client_scripts import registered
 from .keys import key
-from .liveness import FRESH_S, seen
+from .liveness import FRESH_S, kept_old, seen
 
 PROVEN_S = 10.0  # a process ready this long ends its stage's no-worker count (unserved_for)
 
@@ -62,11 +62,15 @@ def unserved_for(client: redis.Redis, stage: str) -> float:
     loading one does: what waits there still ends. Except for the first process ready since the
     count began (``COUNT``): the time before it was a start that loaded (a long first load, a
     restart), not a crash loop."""
-    now, alive, ready = seen(client, stage)
+    found = seen(client, stage)
+    now, alive, ready = found
     fresh = [since for p, since in ready.items() if now - alive[p] <= FRESH_S]
     serves = "proven" if any(now - since >= PROVEN_S for since in fresh) else "young" if fresh else "none"
     keys = [key("unserved", stage), key("restart", stage), key("counted", stage)]
     raw = registered(client, COUNT)(keys=keys, args=[repr(now), serves, *map(repr, ready.values())])
+    if raw is None and (old := kept_old(found)):  # no count runs: the time they served counts no more
+        for family in ("alive", "ready"):
+            client.hdel(key(family, stage), *old)
     if raw is None or fresh:
         return 0.0
     since = float(raw)
