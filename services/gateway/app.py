@@ -22,7 +22,7 @@ from dayzero.serving.keys import QUEUES
 from dayzero.serving.liveness import STAMP_RETRY_S, wake_stampers
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.metrics import QueueDepthCollector, SnapshotCollector
-from dayzero.serving.no_worker_count import count_again, unserved_for
+from dayzero.serving.no_worker_count import count_again, unserved_stages
 from dayzero.serving.queue import STAGES, composer, make_celery
 from dayzero.serving.reaper import OverdueWaits, end_unserved, sweep
 from dayzero.serving.registry import Registry
@@ -75,7 +75,7 @@ async def _reaper(gw: Gateway) -> None:
     def one_pass(past_before: set[str]) -> set[str]:
         """One pass; ``past_before``: the stages past the no-worker bound at the last one. -> those now."""
         sweep(store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period)
-        unserved, bound = {stage: unserved_for(store.r, stage) for stage in QUEUES}, gw.settings.no_worker_timeout_s
+        unserved, bound = unserved_stages(store.r, QUEUES), gw.settings.no_worker_timeout_s
         past = {stage: seconds for stage, seconds in unserved.items() if seconds > bound}
         if past.keys() - past_before:  # (looked at again RESTAMPED_S on: its workers backing off stamp now)
             wake_stampers(store.r)

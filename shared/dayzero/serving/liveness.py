@@ -217,19 +217,27 @@ class Seen(NamedTuple):
 
 
 def seen(client: redis.Redis, stage: str) -> Seen:
-    """``stage``'s stamps and Redis's time, in one round trip; stamps older than ``FORGET_S`` leave
-    the hash, but a ready process's (the time it served is left out of its stage's no-worker count:
-    no_worker_count.unserved_for forgets them once no count runs), and ready entries of processes
-    without a stamp theirs."""
-    now, (alive, ready) = hashes_at(client, key("alive", stage), key("ready", stage))
-    ready_since = {p.decode(): float(t) for p, t in ready.items()}
-    stamped = {p: float(t) for p, t in ((p.decode(), t) for p, t in alive.items())}
-    stamped = {p: t for p, t in stamped.items() if now - t <= FORGET_S or p in ready_since}
-    gone = {p.decode() for p in alive} - stamped.keys(), ready_since.keys() - stamped.keys()
-    for family, processes in zip(("alive", "ready"), gone, strict=True):
-        if processes:
-            client.hdel(key(family, stage), *processes)
-    return Seen(now, stamped, {p: since for p, since in ready_since.items() if p in stamped})
+    """``stage``'s stamps and Redis's time, in one round trip (``seen_stages``)."""
+    return seen_stages(client, (stage,))[stage]
+
+
+def seen_stages(client: redis.Redis, stages: tuple[str, ...]) -> dict[str, Seen]:
+    """Each of ``stages``' stamps and Redis's time, in one round trip; stamps older than ``FORGET_S``
+    leave the hash, but a ready process's (the time it served is left out of its stage's no-worker
+    count: no_worker_count.unserved_stages forgets them once no count runs), and ready entries of
+    processes without a stamp theirs."""
+    now, hashes = hashes_at(client, *(key(family, stage) for stage in stages for family in ("alive", "ready")))
+    found = {}
+    for stage, alive, ready in zip(stages, hashes[::2], hashes[1::2], strict=True):
+        ready_since = {p.decode(): float(t) for p, t in ready.items()}
+        stamped = {p: float(t) for p, t in ((p.decode(), t) for p, t in alive.items())}
+        stamped = {p: t for p, t in stamped.items() if now - t <= FORGET_S or p in ready_since}
+        gone = {p.decode() for p in alive} - stamped.keys(), ready_since.keys() - stamped.keys()
+        for family, processes in zip(("alive", "ready"), gone, strict=True):
+            if processes:
+                client.hdel(key(family, stage), *processes)
+        found[stage] = Seen(now, stamped, {p: since for p, since in ready_since.items() if p in stamped})
+    return found
 
 
 def kept_old(found: Seen) -> list[str]:
