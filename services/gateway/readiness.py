@@ -12,7 +12,9 @@ Redis must take writes (each admission is some): /ready writes a key of its own 
 is its reason ("redis refuses writes: ..."), not the workers' stamps it stops. A Redis that hangs
 (frozen, its host unreachable) is the reason once it has left that write unanswered ``ANSWER_WITHIN_S``:
 /ready waited on the gateway's command timeout (10 s), longer than a probe waits (Kubernetes': 1 s),
-so a probe saw a hang, not a reason."""
+so a probe saw a hang, not a reason. Past a refusal of seconds the workers' stamps back off (a stamp
+period apart: liveness.retry_after): a stage without a live worker wakes them (``wake_stampers``), so
+/ready is right again a round trip after Redis's return."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from dayzero.serving.broker import writes_refused
 from dayzero.serving.keys import key
-from dayzero.serving.liveness import serving
+from dayzero.serving.liveness import serving, wake_stampers
 from dayzero.serving.messages import SAME_LAYOUT
 
 from .context import Gateway
@@ -53,6 +55,8 @@ async def _readiness(gw: Gateway) -> tuple[dict, int]:
     body: dict = {"ready": True, "workers": workers}
     missing = [stage for stage, count in workers.items() if not count]
     if missing:
+        # (Redis took /ready's write: workers whose stamps back off after a long refusal stamp now)
+        await run_in_threadpool(wake_stampers, gw.bus.store.r)
         body |= {"ready": False, "reason": f"no live worker for {', '.join(missing)}"}
         loading = await run_in_threadpool(gw.bus.registry.loading_workers)
         if loading:  # a long start: say how far the workers' weights have come

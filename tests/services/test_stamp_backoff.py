@@ -9,10 +9,13 @@ from __future__ import annotations
 import time
 
 import redis
+from fastapi.testclient import TestClient
 
 from dayzero.serving import liveness
 from dayzero.serving.keys import key
-from dayzero.serving.liveness import Pulse, connect
+from dayzero.serving.liveness import FRESH_S, Pulse, connect
+from dayzero.settings import Settings
+from services.gateway.app import make_app
 
 from .conftest import wait_until
 from .test_decode_appends import writes_refused
@@ -67,3 +70,27 @@ def test_a_stamp_taken_again_wakes_the_workers_backing_off(redis_url, monkeypatc
         assert wait_until(lambda: _stamp(client, other) > back, 5)  # (was: its wait's end, 15-45 s on)
     finally:
         first.stop(), other.stop()
+
+
+def test_ready_that_finds_no_live_worker_wakes_the_workers_backing_off(redis_url, demo_dir, monkeypatch):
+    """After a refusal longer than ``QUICK_RETRIES_S`` and the stamps' freshness, /ready said "no live
+    worker" until the workers' next tries, up to 1.5 s on; now the first answer so wakes them."""
+    monkeypatch.setattr(liveness, "QUICK_RETRIES_S", 0.0)
+    monkeypatch.setattr(liveness, "STAMP_EVERY_S", 30.0)  # (backing off 15-45 s)
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    worker = _pulse(redis_url, "worker:decode")
+    worker.stage = "decode"
+    settings = Settings(redis_url=redis_url, checkpoint=demo_dir)
+    try:
+        with TestClient(make_app(settings)) as gateway:
+            worker.ready()
+            with writes_refused(client):
+                worker.start()  # refused: backing off
+                time.sleep(FRESH_S + 0.5)  # (its stamp stale)
+            seconds, micros = client.time()
+            back = seconds + micros / 1e6
+            assert "no live worker" in gateway.get("/ready").json()["reason"]
+            assert wait_until(lambda: _stamp(client, worker) > back, 5)  # (was: 15-45 s on)
+    finally:
+        worker.stop()
