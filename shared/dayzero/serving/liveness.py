@@ -103,8 +103,8 @@ def retry_after(refused_s: float) -> float:
     it goes again: ``STAMP_RETRY_S`` for ``QUICK_RETRIES_S``, then a stamp period, jittered by half
     either way. Every worker retrying every 0.1 s while Redis refused was ten refused scripts a second
     each (1,000 workers: ~10,000 a second, bench/refused_stamps.py); after the quick ones they cost
-    Redis what the workers' stamps cost it when it takes them, spread apart. (A Redis down or frozen
-    costs nothing to try: every ``STAMP_RETRY_S``.)"""
+    Redis what the workers' stamps cost it when it takes them, spread apart. (A Redis down costs
+    nothing to try: every ``STAMP_RETRY_S``; one that answers late, loaded, is backed off from.)"""
     if refused_s < QUICK_RETRIES_S:
         return STAMP_RETRY_S
     return STAMP_EVERY_S * random.uniform(0.5, 1.5)
@@ -124,8 +124,8 @@ def await_wake(client: redis.Redis, seconds: float, stop: threading.Event) -> No
         try:  # (1.5 s at most at a time: the client's socket times out at 2 s)
             if client.xread({key("stamp_now"): since}, block=max(1, int(1000 * min(left_s, 1.5)))):
                 return
-        except redis.RedisError:
-            stop.wait(left_s)
+        except redis.RedisError:  # (down: looked at again soon, which costs it nothing)
+            stop.wait(min(left_s, STAMP_RETRY_S))
 
 
 def connect(url: str) -> redis.Redis:
@@ -172,11 +172,11 @@ class Pulse:
                 try:
                     self._stamp()
                     refused_at = None
-                except redis.ResponseError:  # refused (its reads answered: a wake can come)
+                except (redis.ResponseError, redis.TimeoutError):  # refused, or slow to answer: back off
                     refused_at = time.monotonic() if refused_at is None else refused_at
                     again_s = retry_after(time.monotonic() - refused_at)
-                except redis.RedisError:  # down, frozen
-                    refused_at, again_s = None, STAMP_RETRY_S
+                except redis.RedisError:  # down (its connection refused): a try costs it nothing
+                    again_s = STAMP_RETRY_S
             backing_off = again_s > STAMP_RETRY_S and refused_at is not None
             if backing_off:
                 await_wake(self.r, again_s, self._stop)
