@@ -30,7 +30,8 @@ any            tokens:{id} the token stream (dayzero.serving.records): only the 
                skipped, or ends the request; cancel:{id} a cancel request, watchers:{id} its readers
 
 Worker keys (not a request's): workers:{stage}, usage:{worker}, loading:{worker} (registry.py),
-alive:{stage}, ready:{stage}, unserved:{stage}, restart:{stage}, counted:{stage} (liveness.py), up:{process}
+alive:{stage}, ready:{stage}, stamp_now (liveness.py), unserved:{stage}, restart:{stage}, counted:{stage}
+(no_worker_count.py), up:{process}
 `dayzero up`'s check that Redis takes writes (stack.py), writable /ready's (gateway/readiness.py), tensor:{key}
 parked image embeddings (handoff.py), wake:{gateway} the stream reader's wake-up, reaper (its lock: reaper.py).
 """

@@ -23,7 +23,8 @@ ready for less than ``PROVEN_S`` serve it, the time they served left out of the 
 restart:{stage}, since when that count runs instead (the readiness of the first process ready after it);
 counted:{stage}, when a gateway last counted (the Redis time of its read of the stamps); unserved and
 restart begun again after Redis was lost or refused writes (``count_again``: the stamps aged meanwhile),
-for a stage some process served at its last count or since (one that none served keeps its count).
+for a stage some process served at its last count or since (one that none served keeps its count);
+stamp_now, a stream whose new entry wakes the stamps backing off after a refusal (``wake_stampers``).
 One clock: Redis's (TIME, redis_clock.py). The stamps are written with it (``STAMP``) and read with
 it, in the read's own round trip (``seen``): a worker host whose clock is behind the gateway's by
 ``FRESH_S`` looked dead to ``/ready``, one ahead kept a dead worker serving as long; the hosts'
