@@ -52,12 +52,23 @@ def _field_holding_the_tag(options: ChatOptions) -> str:
     return "messages"
 
 
+def _calls_enforced(body: Sampling) -> bool:
+    choice = getattr(body, "tool_choice", None)
+    return choice == "required" or isinstance(choice, NamedToolChoice)
+
+
+def constrained(body: Sampling) -> bool:
+    """Whether ``grammar`` has anything to enforce: a call, or a JSON reply. Without, a request
+    takes no hop to the thread pool (where a grammar compiles) on its way to the queue."""
+    return _calls_enforced(body) or (body.response_format is not None and body.response_format.schema_() is not None)
+
+
 def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | None:
     """What constrained decoding enforces: a call (tool_choice required or named), else a JSON
     reply (response_format json_object / json_schema); in thinking mode only after ``</think>``."""
     choice = getattr(body, "tool_choice", None)
     schema = body.response_format.schema_() if body.response_format else None
-    if choice == "required" or isinstance(choice, NamedToolChoice):
+    if _calls_enforced(body):
         named = choice.function.name if isinstance(choice, NamedToolChoice) else None
         _check_size(gw, _enforced_schemas(body), "tools")
         _check_tools(body)
