@@ -14,7 +14,7 @@ from dayzero.serving.admission import Queue
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.no_worker_count import unserved_for
-from dayzero.serving.queue import task_message
+from dayzero.serving.queue import TaskMessages
 from dayzero.serving.registry import Registry
 from dayzero.serving.watching import Watching
 from dayzero.settings import Settings
@@ -27,7 +27,8 @@ from .streams import StreamHub
 class Bus:
     def __init__(self, settings: Settings, celery: Celery) -> None:
         self.settings, self.celery = settings, celery
-        task_message(celery, "prefill", "", {})  # Celery builds its message machinery on first use (~3.5 ms)
+        # Celery builds its message machinery on first use (~3.5 ms): here, not in the first request
+        self.messages = {stage: TaskMessages(celery, stage) for stage in ("vision", "prefill")}
         # short commands only (token streams go through the hub): a bounded pool that waits, never fails;
         # a command on a connection Redis closed (it restarted) goes once more on a new one
         pool = aioredis.BlockingConnectionPool.from_url(
@@ -60,7 +61,7 @@ class Bus:
             with trace.use_span(span, end_on_exit=False):
                 context = carrier()
             traced.append(request.model_copy(update={"trace": context}))  # recorded: a re-run continues it
-            messages.append(task_message(self.celery, stage, PrefillJob(request=traced[-1]).model_dump_json(), context))
+            messages.append(self.messages[stage](PrefillJob(request=traced[-1]).model_dump_json(), context))
         queue = Queue(stage, tuple(messages), self.settings.max_queued)
         return await self.watching.admit(traced, images, owner, queue)
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from dayzero.serving.keys import HANDOFF_OWNER, key
 from dayzero.serving.lifecycle import Lifecycle
-from dayzero.serving.queue import TASKS, composer, make_celery, task_message
+from dayzero.serving.queue import TASKS, TaskMessages, composer, make_celery
 from dayzero.serving.scripts import Take
 from dayzero.settings import Settings
 
@@ -31,7 +31,7 @@ def test_a_task_message_is_what_send_task_writes(redis_url):
     client.delete("prefill")
     app.send_task(TASKS["prefill"], args=['{"job": 1}'])
     sent = json.loads(client.rpop("prefill"))
-    ours = json.loads(task_message(app, "prefill", '{"job": 1}', {"traceparent": "00-ab-cd-01"}))
+    ours = json.loads(TaskMessages(app, "prefill")('{"job": 1}', {"traceparent": "00-ab-cd-01"}))
     assert ours["headers"].pop("traceparent") == "00-ab-cd-01"
     for message in (sent, ours):
         message["headers"].pop("ignore_result")  # None from send_task, False here: both mean keep none
@@ -42,6 +42,25 @@ def test_a_task_message_is_what_send_task_writes(redis_url):
         "routing_key": "prefill",
     }
     assert json.loads(base64.b64decode(ours["body"]))[:2] == json.loads(base64.b64decode(sent["body"]))[:2]
+    app.close()
+
+
+def test_each_message_is_the_one_celery_builds_for_its_own_id_and_payload(redis_url):
+    """Messages made from the one Celery built: each with an id of its own (in every field that
+    carries it), and otherwise what ``as_task_v2`` builds for that id and payload."""
+    app = make_celery(Settings(redis_url=redis_url))
+    messages = TaskMessages(app, "decode")
+    sent = [json.loads(messages(payload, {"traceparent": "t"})) for payload in ('{"a": 1}', '{"b": "\\u00e9"}')]
+    ids = [message["headers"]["id"] for message in sent]
+    tags = [message["properties"]["delivery_tag"] for message in sent]
+    assert len(set(ids)) == len(set(tags)) == 2
+    for message, payload in zip(sent, ('{"a": 1}', '{"b": "\\u00e9"}'), strict=True):
+        task_id = message["headers"]["id"]
+        built = app.amqp.as_task_v2(task_id, TASKS["decode"], args=[payload], argsrepr=f"<{len(payload)} bytes>")
+        assert message["headers"] == {**built.headers, "traceparent": "t"}
+        assert message["properties"]["correlation_id"] == task_id == message["headers"]["root_id"]
+        assert {k: message["properties"][k] for k in built.properties} == built.properties
+        assert json.loads(base64.b64decode(message["body"])) == json.loads(json.dumps(built.body))
     app.close()
 
 

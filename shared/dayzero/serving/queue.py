@@ -17,6 +17,7 @@ from .reconnect import CONSUMER, CREDENTIALS_REFUSED_S, HANG_BOUNDS, RETRY_INTER
 
 STAGES = ("vision", "prefill", "decode")
 TASKS = {stage: f"dayzero.{stage}" for stage in STAGES}
+_PROBE_ID = "dayzero-probe-task-id"  # the id of the message TaskMessages has Celery build
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -58,39 +59,54 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-def task_message(app: Celery, stage: str, payload: str, headers: dict[str, str]) -> str:
-    """The broker message ``send_task`` writes for the stage's task with ``payload`` as its one
-    argument: Celery's task protocol 2 in kombu's Redis envelope, for an LPUSH onto the stage's
-    list (the default exchange: the list is the queue). ``headers``: extra message headers (the
-    trace context, which Celery's instrumentation reads on the worker)."""
-    task_id = str(uuid.uuid4())
-    message = app.amqp.as_task_v2(task_id, TASKS[stage], args=[payload], argsrepr=f"<{len(payload)} bytes>")
-    properties = {
-        **message.properties,
-        "delivery_mode": 2,  # persistent
-        "delivery_info": {"exchange": "", "routing_key": stage},
-        "priority": 0,
-        "body_encoding": "base64",
-        "delivery_tag": str(uuid.uuid4()),
-    }
-    return json.dumps(
-        {
-            "body": base64.b64encode(json.dumps(message.body).encode()).decode(),
-            "content-encoding": "utf-8",
-            "content-type": "application/json",
-            "headers": {**message.headers, **headers},
-            "properties": properties,
+class TaskMessages:
+    """A stage's broker messages as ``send_task`` writes them, a payload (its task's one argument)
+    each: Celery's task protocol 2 in kombu's Redis envelope, for an LPUSH onto the stage's list
+    (the default exchange: the list is the queue). Celery builds the first one; the others are that
+    one with their own ids and payload (``as_task_v2`` per message cost ~25 us of each admission's
+    and each handoff's CPU: the headers but the ids are the same for every message of a process)."""
+
+    def __init__(self, app: Celery, stage: str) -> None:
+        probe = app.amqp.as_task_v2(_PROBE_ID, TASKS[stage], args=[""], argsrepr="")
+        self._headers = dict(probe.headers)
+        self._properties = {
+            **probe.properties,
+            "delivery_mode": 2,  # persistent
+            "delivery_info": {"exchange": "", "routing_key": stage},
+            "priority": 0,
+            "body_encoding": "base64",
         }
-    )
+        # the fields that carry the task's id (id, root_id, correlation_id): each message's own
+        self._ids = [k for k, v in self._headers.items() if v == _PROBE_ID]
+        self._property_ids = [k for k, v in self._properties.items() if v == _PROBE_ID]
+        self._rest = list(probe.body[1:])  # (args), kwargs, embed
+
+    def __call__(self, payload: str, headers: dict[str, str]) -> str:
+        """The message of ``payload``; ``headers``: extra message headers (the trace context, which
+        Celery's instrumentation reads on the worker)."""
+        task_id = str(uuid.uuid4())
+        properties = {**self._properties, **dict.fromkeys(self._property_ids, task_id)}
+        properties["delivery_tag"] = str(uuid.uuid4())
+        own = {**dict.fromkeys(self._ids, task_id), "argsrepr": f"<{len(payload)} bytes>"}
+        return json.dumps(
+            {
+                "body": base64.b64encode(json.dumps([[payload], *self._rest]).encode()).decode(),
+                "content-encoding": "utf-8",
+                "content-type": "application/json",
+                "headers": {**self._headers, **own, **headers},
+                "properties": properties,
+            }
+        )
 
 
 def composer(app: Celery, stage: str) -> Callable[[BaseModel], str]:
-    """A job -> the stage's ``task_message`` for it, the current span's context in its headers, for
-    a caller that pushes it with the request's marks in one step (Lifecycle's hand_off, enqueue):
-    one LPUSH where ``send_task`` would take kombu's producer, its own connections, ~1.5 ms of a
-    worker's CPU and several round trips."""
+    """A job -> the stage's task message (``TaskMessages``) for it, the current span's context in its
+    headers, for a caller that pushes it with the request's marks in one step (Lifecycle's hand_off,
+    enqueue): one LPUSH where ``send_task`` would take kombu's producer, its own connections, ~1.5 ms
+    of a worker's CPU and several round trips."""
+    messages = TaskMessages(app, stage)
 
     def compose(job: BaseModel) -> str:
-        return task_message(app, stage, job.model_dump_json(), carrier())
+        return messages(job.model_dump_json(), carrier())
 
     return compose
