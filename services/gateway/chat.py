@@ -3,6 +3,8 @@ dayzero.chat)."""
 
 from __future__ import annotations
 
+from starlette.concurrency import run_in_threadpool
+
 from dayzero.chat.dsml import to_json
 from dayzero.chat.encoding import ChatOptions
 from dayzero.chat.grammar import (
@@ -61,6 +63,13 @@ def constrained(body: Sampling) -> bool:
     """Whether ``grammar`` has anything to enforce: a call, or a JSON reply. Without, a request
     takes no hop to the thread pool (where a grammar compiles) on its way to the queue."""
     return _calls_enforced(body) or (body.response_format is not None and body.response_format.schema_() is not None)
+
+
+async def enforced(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | None:
+    """``grammar``, checked and compiled off the event loop (llguidance: seconds for some schemas);
+    none asked for, no thread hop (~0.1 ms of CPU, 0.2 ms of the admission on an idle stack, more
+    under load: the pool's thread and then the loop wait for a core)."""
+    return await run_in_threadpool(grammar, gw, body, thinking) if constrained(body) else None
 
 
 def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | None:

@@ -7,6 +7,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from starlette.concurrency import run_in_threadpool
+
 from dayzero.settings import Settings
 from dayzero.tokenizer import IdsOnlyCodec, InvalidTextError, PromptTooLongError, TextCodec
 
@@ -43,3 +45,17 @@ def tokenizing(param: str) -> Iterator[None]:
         raise APIError(400, str(exc), param=param) from None
     except PromptTooLongError as exc:
         raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
+
+
+# Prompt text up to this many characters is tokenized on the event loop: ~25 us for 100 characters,
+# less than the thread pool's hop (~0.1 ms of CPU, and the wait for a pool thread and then for the
+# loop); longer text off the loop (~0.2 ms per 1,000 characters, 2 ms per 10,000: the loop's other
+# requests would wait).
+ENCODED_ON_THE_LOOP = 256
+
+
+async def encoded(gw: Gateway, text: str, limit: int | None, special: bool = True) -> list[int]:
+    """``gw.codec.encode(text, limit, special)``, off the event loop unless ``text`` is short."""
+    if len(text) <= ENCODED_ON_THE_LOOP:
+        return gw.codec.encode(text, limit, special)
+    return await run_in_threadpool(gw.codec.encode, text, limit, special)

@@ -21,9 +21,9 @@ from dayzero.serving import redis_clock as clock
 from dayzero.serving.messages import GenerationRequest
 
 from .access import bearer, key_accepted, may_read
-from .chat import chat_prompt, check_tool_set, constrained, grammar
+from .chat import chat_prompt, check_tool_set, enforced
 from .chat_schemas import ChatCompletionRequest, ChatPrompt, Tokenized, TokenizeRequest
-from .context import Gateway, tokenizing
+from .context import Gateway, encoded, tokenizing
 from .errors import APIError
 from .images import expand_placeholders
 from .json_body import ParsingRoute
@@ -152,18 +152,12 @@ def _choices(requests: list[GenerationRequest], n: int) -> list[GenerationReques
     return [r.model_copy(update={"response_id": out[0].request_id, "choice": i}) for i, r in enumerate(out)]
 
 
-async def _grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | None:
-    """The body's grammar, checked and compiled off the event loop (llguidance: seconds for some
-    schemas); none asked for, no thread hop (~0.2 ms of every request's admission on an idle stack)."""
-    return await run_in_threadpool(grammar, gw, body, thinking) if constrained(body) else None
-
-
 @router.post("/v1/chat/completions", dependencies=[Authorized])
 async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Request):
     thinking, _ = body.thinking()
     # first: a tool set or schema too big is refused in milliseconds, before it compiles or its text is rendered
     check_tool_set(gw, body)
-    rule = await _grammar(gw, body, thinking)
+    rule = await enforced(gw, body, thinking)
     ids, prompt = await run_in_threadpool(chat_prompt, gw, body)  # images are decoded: off the event loop
     limit_param = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
     spec = _spec(gw, body, ids, body.max_completion_tokens or body.max_tokens, rule, limit_param)
@@ -181,13 +175,13 @@ async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Re
 @router.post("/v1/completions", dependencies=[Authorized])
 async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
     scored = body.echo and body.logprobs is not None
-    rule = await _grammar(gw, body)  # once for all prompts
+    rule = await enforced(gw, body)  # once for all prompts
     requests, prompts = [], body.prompts()
     for p, prompt in enumerate(prompts):
         with _named_prompt(p if len(prompts) > 1 else None):
             if isinstance(prompt, str):
-                with tokenizing("prompt"):  # off the event loop; one far over the context: refused from its size
-                    ids = await run_in_threadpool(gw.codec.encode, prompt, gw.context_limit)
+                with tokenizing("prompt"):  # one far over the context: refused from its size
+                    ids = await encoded(gw, prompt, gw.context_limit)
                 if gw.image_token is not None:  # no images here: a placeholder typed into the text stands for none
                     ids = expand_placeholders(ids, gw.image_token, [], "prompt")
             else:
@@ -224,7 +218,7 @@ async def tokenize(body: TokenizeRequest, gw: GatewayDep) -> Tokenized:
     else:
         with tokenizing("prompt"):
             special = body.add_special_tokens is not False  # (vLLM's default for a prompt: added)
-            ids = await run_in_threadpool(gw.codec.encode, body.prompt, None, special)
+            ids = await encoded(gw, body.prompt, None, special)
     return Tokenized(tokens=ids, count=len(ids), max_model_len=gw.context_limit)
 
 
