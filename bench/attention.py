@@ -154,6 +154,8 @@ PREFILL_CHILD = """
 import json, resource, sys, time, torch
 resource.setrlimit(resource.RLIMIT_AS, (12 << 30, 12 << 30))
 engine, path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sys.path.insert(0, sys.argv[4])
+from peak_rss import peak_above, start_peak
 ids = torch.randint(2, 500, (n,)).tolist()
 try:
     if engine == "dayzero":
@@ -172,18 +174,18 @@ try:
         attention.indexer_topk = timed
         model = load_model(path, progress=False)
         pools = pools_for(model.cfg, torch.float32, n)
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        base = start_peak()
         start = time.perf_counter()
         prefill(model, pools, ["s"], [ids], chunk_size=2048)
     else:
         from transformers import DeepseekV4ForCausalLM
         model = DeepseekV4ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        base = start_peak()
         start = time.perf_counter()
         with torch.no_grad():
             model(torch.tensor([ids]), logits_to_keep=1)
     seconds = time.perf_counter() - start
-    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+    peak = peak_above(base)
     extra = {"indexer_s": spent[0]} if engine == "dayzero" else {}
     print(json.dumps({"seconds": seconds, "peak_mib": peak, **extra}))
 except (MemoryError, RuntimeError) as exc:
@@ -193,7 +195,7 @@ except (MemoryError, RuntimeError) as exc:
 
 def prefill_run(engine: str, path: Path, tokens: int) -> dict:
     out = subprocess.run(
-        [sys.executable, "-c", PREFILL_CHILD, engine, str(path), str(tokens)],
+        [sys.executable, "-c", PREFILL_CHILD, engine, str(path), str(tokens), str(Path(__file__).parent)],
         capture_output=True,
         text=True,
         timeout=900,

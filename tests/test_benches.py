@@ -20,7 +20,7 @@ import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-HELPERS = {"demo_stack.py", "options.py", "timing.py"}  # modules the benches import, not benches
+HELPERS = {"demo_stack.py", "options.py", "peak_rss.py", "timing.py"}  # modules the benches import, not benches
 BENCHES = sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS)
 WORK_S = 20  # a --help still running after this is doing its work: ended (its test fails), the rest go on
 
