@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .batch import Backend
-from .hyper_cpu import FEW_TOKENS, collapse_cpu, fits_cpu, merge_cpu, mix_weights_cpu
+from .hyper_cpu import FEW_TOKENS, fits_cpu, merge_cpu, mix_collapse_cpu, mix_weights_cpu
 
 
 def hyper_mix_torch(
@@ -160,8 +160,10 @@ def hyper_mix(
     if mixes.shape != (t, (2 + n) * n) or base.shape != ((2 + n) * n,) or scale.numel() != 3:
         raise ValueError(f"bad shapes mixes {tuple(mixes.shape)} base {tuple(base.shape)} streams {(t, n, d)}")
     if backend == "torch" and streams.device.type == "cpu" and t <= FEW_TOKENS:
+        if fits_cpu(streams):
+            return mix_collapse_cpu(mixes, base, scale, streams, n, iters, eps)
         pre, post, comb = mix_weights_cpu(mixes, base, scale, n, iters, eps)
-        return collapse_cpu(pre, streams) if fits_cpu(streams) else _collapse(pre, streams), post, comb
+        return _collapse(pre, streams), post, comb
     if backend == "torch" or n & (n - 1):  # the kernel's N x N tile needs a power of two
         return hyper_mix_torch(mixes, base, scale, streams, iters, eps)
     out = torch.empty(t, d, dtype=streams.dtype, device=streams.device)

@@ -107,13 +107,21 @@ def mix_weights_cpu(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(pre [T, N], post [T, N], comb [T, N, N]) fp32 of contiguous fp32 CPU tensors ``mixes``
     [T, (2 + N) * N], ``base`` and ``scale`` (no torch op: a decode step's op count is its cost)."""
-    arrays = (x.numpy() for x in (mixes, base, scale))
-    return tuple(torch.from_numpy(a) for a in _mix(*arrays, n, iters, np.float32(eps)))
+    return tuple(torch.from_numpy(a) for a in _mix_arrays(mixes, base, scale, n, iters, eps))
 
 
-def collapse_cpu(pre: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
-    """The collapse [T, D] of streams that ``fits_cpu`` with ``pre`` [T, N] fp32, as one loop."""
-    return torch.from_numpy(_collapse(pre.numpy(), streams.numpy()))
+def mix_collapse_cpu(
+    mixes: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, streams: torch.Tensor, n: int, iters: int, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(collapsed [T, D], post, comb) of ``streams`` that ``fits_cpu``: ``mix_weights_cpu``, then the
+    collapse as one loop, pre handed from one loop to the other in numpy (to torch and back it was
+    five aten ops, forty a demo decode step)."""
+    pre, post, comb = _mix_arrays(mixes, base, scale, n, iters, eps)
+    return torch.from_numpy(_collapse(pre, streams.numpy())), torch.from_numpy(post), torch.from_numpy(comb)
+
+
+def _mix_arrays(mixes, base, scale, n, iters, eps) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return _mix(*(x.numpy() for x in (mixes, base, scale)), n, iters, np.float32(eps))
 
 
 def merge_cpu(streams: torch.Tensor, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
