@@ -15,8 +15,10 @@ def from_host(values: np.ndarray, device: torch.device | str) -> torch.Tensor:
     """Step metadata built with numpy on the host, on ``device`` (a torch op per small tensor costs
     several times a numpy one). To a GPU it goes from pinned memory without waiting: a copy from
     pageable memory synchronises the stream (torch's memcpy_and_sync), a dozen times a step."""
-    tensor = torch.from_numpy(values)
-    if torch.device(device).type != "cuda":
+    tensor, kind = torch.from_numpy(values), torch.device(device).type
+    if kind == "cpu":  # there already (``.to`` would return it, as one more aten op: 16 a demo decode step)
+        return tensor
+    if kind != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)  # (pinned: held until the copy is done)
 
