@@ -42,26 +42,34 @@ def _product_type(keys: torch.Tensor) -> torch.dtype:
     return torch.float32
 
 
-def _weighted_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+def _weighted_scores(
+    q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """sum_h weights[x, h] * relu(q[x, h] . keys[x, n]) * Di^-0.5 -> [X, n] fp32; ``keys`` [X or 1, n, Di]
     (or [n, Di]: one matmul [X * Hi, Di] x [Di, n]), the heads summed by a batched matvec; one
     query's [n, Hi] scores on a CPU in one compiled pass (``indexer_cpu``: a cache-sized block of
-    several queries' gains nothing from it, ~450 ms either way for 2048 rows at 32k)."""
+    several queries' gains nothing from it, ~450 ms either way for 2048 rows at 32k). ``out``: an
+    fp32 [X, n] to write them to (a block's rows, where several queries are scored)."""
     kind = _product_type(keys)
     if q.shape[0] == 1 and keys.dim() == 2:  # one query (decode): [n, Di] x [Di, Hi], ~12% faster at 16k entries
         heads = torch.mm(keys.to(kind), q[0].to(kind).T)  # [n, Hi]
         if heads.device.type == "cpu":
-            return weighted_relu_rows(heads, weights[0], q.shape[-1] ** -0.5)[None]
-        return torch.mv(heads.float().relu_(), weights[0].float()).mul_(q.shape[-1] ** -0.5)[None]
+            scores = weighted_relu_rows(heads, weights[0], q.shape[-1] ** -0.5)[None]
+        else:
+            scores = torch.mv(heads.float().relu_(), weights[0].float()).mul_(q.shape[-1] ** -0.5)[None]
+        return scores if out is None else out.copy_(scores)
     heads = torch.matmul(q.to(kind), keys.to(kind).transpose(-1, -2)).float().relu_()  # [X, Hi, n]
-    return torch.matmul(weights.float()[:, None, :], heads)[:, 0].mul_(q.shape[-1] ** -0.5)
+    summed = torch.matmul(weights.float()[:, None, :], heads, out=None if out is None else out[:, None])
+    return summed[:, 0].mul_(q.shape[-1] ** -0.5)
 
 
-def _scores_in_pieces(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """``_weighted_scores`` over ``keys`` [n, Di] a cache-sized piece of rows at a time -> [X, n]."""
+def _scores_in_pieces(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``_weighted_scores`` over ``keys`` [n, Di] a cache-sized piece of rows at a time, each written
+    into its rows of ``out`` [X, n] fp32 (no pieces to concatenate) -> ``out``."""
     step = max(1, HEADS_BUDGET // (q.shape[1] * keys.shape[0]))
-    pieces = [_weighted_scores(q[r : r + step], weights[r : r + step], keys) for r in range(0, q.shape[0], step)]
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+    for r in range(0, q.shape[0], step):
+        _weighted_scores(q[r : r + step], weights[r : r + step], keys, out[r : r + step])
+    return out
 
 
 def indexer_scores_torch(
@@ -212,18 +220,24 @@ def _torch_blocks(q, weights, batch, keys, table, visible, visible_max, rows_max
             args = (q[rows], weights[rows], batch, keys, table[rows], visible[rows], 0, visible_max)
             yield rows, indexer_scores_decode_torch(*args)
         return
-    tables = table.tolist()
+    tables, held = table.tolist(), None  # held: the scores of each block of several rows in turn
     for s in range(batch.num_seqs):  # positions, so visible counts, grow along a sequence's rows
         row0, end = batch.row0s[s], batch.row0s[s] + batch.news[s]
         last = visible_max if batch.num_seqs == 1 else int(visible[end - 1])  # (one sequence: no read)
         step = rows_max or max(1, BUDGET // max(1, last))
         for r0 in range(row0, end, step):
-            rows = slice(r0, min(r0 + step, end))
+            rows, n_rows = slice(r0, min(r0 + step, end)), min(step, end - r0)
             count = last if rows.stop == end else int(visible[rows.stop - 1])
             if count == 0:  # nothing visible yet: the output's -1 stands
                 continue
-            scores = _scores_in_pieces(q[rows], weights[rows], _sequence_keys(keys, tables[s], count))
-            least = count if rows.stop - r0 == 1 else int(visible[r0])  # every row sees its first row's
+            seq_keys = _sequence_keys(keys, tables[s], count)
+            if n_rows == 1:  # one query (a decode step): its scores as computed, no buffer
+                scores = _weighted_scores(q[rows], weights[rows], seq_keys)
+            else:
+                if held is None or held.numel() < n_rows * count:
+                    held = torch.empty(min(step, end - row0) * last, device=q.device)
+                scores = _scores_in_pieces(q[rows], weights[rows], seq_keys, held[: n_rows * count].view(n_rows, count))
+            least = count if n_rows == 1 else int(visible[r0])  # every row sees its first row's
             yield rows, _masked(scores, visible[rows], least) if least < count else scores
 
 
