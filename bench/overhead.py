@@ -9,9 +9,12 @@ prompt's prefill and first-token pick in this process, so all three see the same
 The stack runs twice: tracing off (the default: the headline), then on (console exporter, a JSON
 file per process), where each request's spans give the hops:
 
-    client send ─ gateway (HTTP) ─ admission (validate, record, enqueue) ─ queue hop (enqueue ->
-    prefill task starts) ─ intake (task -> forward starts) ─ forward + first-token sampling (-> XADD)
-    ─ gateway read (XADD -> the gateway has the entry) ─ SSE write (-> the client has it)
+    client send ─ gateway (HTTP) ─ admission (validate, until the enqueue is sent) ─ queue hop
+    (enqueue sent -> prefill task starts) ─ intake (task -> forward starts) ─ forward + first-token
+    sampling (-> XADD sent) ─ gateway read (XADD sent -> the gateway has the entry) ─ SSE write (->
+    the client has it)
+
+(A mark is stamped when its side sends, not when its call returns: the other side may act first.)
 
 Each stack's processes report the CPU time they spent per request (psutil: user + system, a
 round's warm-ups included; idle they use next to none). Each stack's first request, sent as soon
@@ -38,11 +41,11 @@ from options import bench_parser
 MODEL = "dayzero-demo"
 HOPS = (
     ("client -> gateway (HTTP)", "send", "server"),
-    ("gateway admission (validate, record, enqueue)", "server", "queued"),
-    ("queue hop (enqueue -> prefill task starts)", "queued", "task"),
+    ("gateway admission (validate, until the enqueue is sent)", "server", "queued"),
+    ("queue hop (enqueue sent -> prefill task starts)", "queued", "task"),
     ("prefill intake (task -> forward starts)", "task", "forward"),
-    ("forward + first-token sampling (-> XADD)", "forward", "published"),
-    ("gateway read (XADD -> stream entry read)", "published", "read"),
+    ("forward + first-token sampling (-> XADD sent)", "forward", "published"),
+    ("gateway read (XADD sent -> stream entry read)", "published", "read"),
     ("SSE write (-> client has the first token)", "read", "first"),
 )
 
@@ -153,7 +156,7 @@ MARKS = {  # mark: (span, its event; None: the span's start)
     "queued": ("gateway.request", "queued"),
     "task": ("run/dayzero.prefill", None),
     "forward": ("prefill.forward", None),
-    "published": ("prefill.forward", "tokens_appended"),  # the first token's XADD returned
+    "published": ("prefill.forward", "tokens_appended"),  # the first token's XADD sent
     "read": ("gateway.request", "first_token"),
 }
 

@@ -3,6 +3,8 @@ prompts or ``n`` > 1), or one JSON body (``bodies``). A client that leaves cance
 
 from __future__ import annotations
 
+import time
+
 from fastapi import Request
 from opentelemetry import trace
 from sse_starlette.sse import EventSourceResponse
@@ -36,10 +38,11 @@ async def admit(
     if gw.bus.hub.open + len(requests) > gw.settings.max_streams:
         _refuse(gw, "too many open streams; retry shortly", "too_many_streams")
     await refuse_unserved(gw, bool(images))
+    sent = time.time_ns()  # (a worker may start the task before the submit returns: stamped at its send)
     if not await gw.bus.submit(requests, spans, images, owner):
         _refuse(gw, "too many queued requests; retry shortly", "queue_full")
     for span in spans:
-        span.add_event("queued")
+        span.add_event("queued", timestamp=sent)
 
 
 def _refuse(gw: Gateway, message: str, code: str) -> None:

@@ -8,8 +8,12 @@ import time
 import httpx
 import pytest
 import redis
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.records import Token
 
 from .conftest import MODEL, data_url, sse_events, start_stack
 
@@ -132,7 +136,32 @@ def test_a_request_marks_its_hops(traced):
     gateway = found["gateway.request"]
     assert [e["name"] for e in gateway["events"]] == ["queued", "first_token"]
     assert found["run/dayzero.prefill"]["parent_id"] == gateway["context"]["span_id"]
-    assert "tokens_appended" in [e["name"] for e in found["prefill.forward"]["events"]]
+    appended = next(e for e in found["prefill.forward"]["events"] if e["name"] == "tokens_appended")
+    # each mark is stamped no later than the other side can act on it: the hops are never negative
+    assert gateway["events"][0]["timestamp"] <= found["run/dayzero.prefill"]["start_time"]
+    assert appended["timestamp"] <= gateway["events"][1]["timestamp"]
+
+
+def test_an_append_is_marked_when_it_is_sent(redis_url):
+    """bench/overhead.py's "published" mark: a reader (the gateway) may have the entries before the
+    append's call returns to its thread; stamped after the return, the gateway's read could come
+    before it (its hop negative)."""
+    exporter, provider = InMemorySpanExporter(), TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    store = Lifecycle.connect(redis_url)
+    script, reached = store._append, []
+
+    def late_back(**kw):
+        reached.append(time.time_ns())
+        answer = script(**kw)
+        time.sleep(0.05)  # (the thread gets the CPU back late; the entry is readable already)
+        return answer
+
+    store._append = late_back
+    with provider.get_tracer("test").start_as_current_span("prefill.forward"):
+        store.append([Token("marked", 0, 5, "x")], {"marked": 0}, "prefill0@test")
+    [event] = exporter.get_finished_spans()[0].events
+    assert event.name == "tokens_appended" and event.timestamp <= reached[0]  # was: 50 ms after
 
 
 def test_a_streams_trace_does_not_grow_with_its_tokens(traced):

@@ -39,6 +39,7 @@ parked image embeddings (handoff.py), wake:{gateway} the stream reader's wake-up
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection, Mapping, Sequence
 
 import redis
@@ -284,8 +285,9 @@ class Lifecycle:
             args += [runs[rid], marks_at.get(rid, 0), len(entries)]
             for t in entries:
                 args += entry_args(t)
+        sent = time.time_ns()  # (a reader may have the entries before this call returns: stamped at their send)
         refused, marks = self._append(keys=keys, args=args)
-        trace.get_current_span().add_event("tokens_appended", {"dayzero.tokens": len(tokens)})  # readers see them
+        trace.get_current_span().add_event("tokens_appended", {"dayzero.tokens": len(tokens)}, timestamp=sent)
         ids, cancelled = list(streams), {rid for rid, mark in zip(watch, marks, strict=True) if mark}
         return Appended({ids[int(i) - 1] for i in refused}, cancelled)
 
