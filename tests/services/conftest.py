@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import threading
 import time
 
@@ -160,6 +161,16 @@ def wait_until(predicate, timeout_s: float, step_s: float = 0.05):
             return value
         time.sleep(step_s)
     return predicate()
+
+
+def stopped(proc: subprocess.Popen, grace_s: float = 15) -> None:
+    """SIGTERM ``proc`` (a test's own child, not a group leader), SIGKILL it after ``grace_s``, reap it."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def run_jobs(loop, jobs, timeout_s: float = 120) -> None:

@@ -19,7 +19,7 @@ from kombu import Connection, Exchange, Queue
 
 from dayzero.serving import broker
 
-from .conftest import wait_until
+from .conftest import stopped, wait_until
 from .save_failed import QUEUE, napping_app, save_failed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,12 +42,7 @@ def test_a_worker_lives_through_a_failed_save_and_consumes_after(redis_url, tmp_
         app.send_task("nap", args=[0, str(second)], queue=QUEUE)
         assert wait_until(second.exists, 60), log.read_text()[-3000:]
     finally:
-        worker.terminate()
-        try:
-            worker.wait(15)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        stopped(worker)
     assert "Unrecoverable error" not in log.read_text()
 
 

@@ -18,22 +18,13 @@ import redis
 
 from dayzero.procs import free_port, start_redis
 
-from .conftest import wait_until
+from .conftest import stopped, wait_until
 from .reconnecting import QUEUE, touching_app
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTAGE_S = 5.0  # kombu's default tries in it: at 0, 2 and 6 s (waits of 2 and 4 s)
 # Celery's line at each try: "... Trying again in 1.00 second... (3/None)" ("now": under a second)
 TRIED = re.compile(r"Trying again (now|in ([\d.]+) seconds?)\.\.\. \((\d+)/(\w+)\)")
-
-
-def _stopped(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def test_a_worker_tries_again_each_second_while_redis_is_out_and_consumes_once_it_is_back(tmp_path):
@@ -52,8 +43,8 @@ def test_a_worker_tries_again_each_second_while_redis_is_out_and_consumes_once_i
         touching_app(url).send_task("touch", args=[str(mark)], queue=QUEUE)
         assert wait_until(mark.exists, 60), log.read_text()[-3000:]  # it consumes again
     finally:
-        _stopped(worker)
-        _stopped(server)
+        stopped(worker)
+        stopped(server)
     tries = TRIED.findall(log.read_text())
     waits = [float(seconds or 0) for _, seconds, _, _ in tries]
     assert len(tries) >= 4 and max(waits) <= 1.0, waits  # was: [2.0, 4.0] (a try at 0, 2, 6 s)
