@@ -18,13 +18,18 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/dayzero-gpu}
 mkdir -p "$out"
+# torch without CUDA would pass every step below (each bench says it needs a GPU and exits 0, the GPU
+# tests skip): a session that measured nothing would read as a success
+python3 -c "import sys, torch; torch.cuda.is_available() or sys.exit(f'bench/gpu.sh: this host\'s torch \
+{torch.__version__} (CUDA build: {torch.version.cuda}) sees no CUDA GPU: nothing to measure')" 2>&1 |
+  tee "$out/gpu.log" || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
   exit 1
 export PYTHONPATH=$PWD/shared:$PWD:/tmp/site PYTHONUNBUFFERED=1 DAYZERO_CACHE_DIR=/tmp/dayzero-cache
 unset TRITON_INTERPRET
 status=0
 python3 -c "import torch, triton, transformers as t; print(torch.__version__, triton.__version__, t.__version__,
-torch.cuda.get_device_name())" 2>&1 | tee "$out/gpu.log"
+torch.cuda.get_device_name())" 2>&1 | tee -a "$out/gpu.log"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$out/gpu.log"
 timeout 200 python3 -m pytest -q -p no:cacheprovider --timeout 90 -rfE tests/kernels tests/test_forward.py \
   tests/test_decode_graphs.py tests/services/test_handoff_transports.py tests/services/test_gpu_pipeline.py 2>&1 | tee -a "$out/gpu.log" ||

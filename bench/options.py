@@ -1,6 +1,7 @@
 """What the benches' command lines share: ``--help`` prints the bench's docstring as written (what it
 measures, how to run it) above its options, and a bench that needs a CUDA GPU, run on a host without
-one, says so and exits ``NO_GPU_EXIT`` (0: nothing failed, nothing measured)."""
+one, says so and exits ``NO_GPU_EXIT`` (0: nothing failed, nothing measured; ``bench/gpu.sh``, a GPU
+session, refuses such a host first)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -154,3 +155,16 @@ def test_stack_bench_runs():
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["failed"] == 0, done.stdout[-3000:]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is here")
+def test_gpu_session_fails_where_torch_sees_no_cuda(tmp_path):
+    """``bench/gpu.sh`` on a host whose torch has no CUDA: each bench there would say so and exit 0
+    (``NO_GPU_EXIT``), each GPU test skip: the session passed having measured nothing. It fails first."""
+    (tmp_path / "bench").mkdir()
+    shutil.copy(BENCH / "gpu.sh", tmp_path / "bench")  # (no .whl/ there: what follows the check would fail too)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "bench/gpu.sh"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "sees no CUDA GPU: nothing to measure" in done.stderr + done.stdout
+    assert "sees no CUDA GPU" in (tmp_path / "out" / "gpu.log").read_text()  # (the log the device tool brings back)
