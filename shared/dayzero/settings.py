@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
@@ -10,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from . import settings_checks as checks
 from .chat.schema_size import MOST_TOOLS, SchemaLimits
 from .vision.images import ImageLimits, PatchSpec
 
@@ -187,83 +187,27 @@ class Settings(BaseSettings):
     @field_validator("api_keys", "image_allowed_hosts", mode="before")
     @classmethod
     def _comma_list(cls, value: object, info: ValidationInfo) -> object:
-        if isinstance(value, str):
-            text = value.strip()
-            if text.startswith("["):
-                return json.loads(text)
-            items = [k.strip() for k in text.split(",")] if text else []
-            # a key list keeps its empty items for _keys_a_client_can_send to refuse: "," alone would
-            # have turned authentication off, "a,,b" is a typo
-            return items if info.field_name == "api_keys" else [k for k in items if k]
-        return value
+        return checks.comma_list(value, keep_empty=info.field_name == "api_keys")
 
     @field_validator("api_keys")
     @classmethod
     def _keys_a_client_can_send(cls, keys: list[str]) -> list[str]:
-        """An empty key would accept every request without one (its Bearer key reads as ""), and
-        one with surrounding spaces matches no header (HTTP strips them): refused, not silent."""
-        for key in keys:
-            if not key.strip():
-                raise ValueError("an empty key would let every request in without one; leave it out")
-            if key != key.strip():
-                raise ValueError(f"key {key!r} has surrounding whitespace, which no Authorization header can carry")
-        return keys
+        return checks.keys_a_client_can_send(keys)
 
     @model_validator(mode="before")
     @classmethod
     def _handoff_follows_the_device(cls, data: object) -> object:
-        """Unset, the handoff is the device's own: CUDA IPC for pools on a GPU (shm moves CPU pools)."""
-        if isinstance(data, dict) and data.get("handoff") is None and str(data.get("device", "")).startswith("cuda"):
-            return {**data, "handoff": "cuda_ipc"}
-        return data
+        return checks.handoff_follows_the_device(data)
 
     @model_validator(mode="after")
-    def _fits_device(self) -> Settings:
-        on_gpu = self.device.startswith("cuda")
-        if self.attention_backend == "triton" and not on_gpu:
-            raise ValueError(
-                "DAYZERO_ATTENTION_BACKEND=triton compiles for a GPU: set DAYZERO_DEVICE=cuda, or use torch on CPU"
-            )
-        if self.handoff == "shm" and on_gpu:
-            raise ValueError(
-                f"DAYZERO_HANDOFF=shm moves CPU pools; with DAYZERO_DEVICE={self.device} use cuda_ipc (same GPU) "
-                "or redis"
-            )
-        if self.handoff == "cuda_ipc" and not on_gpu:
-            raise ValueError(f"DAYZERO_HANDOFF=cuda_ipc needs DAYZERO_DEVICE=cuda, not {self.device}")
-        if self.decode_graphs and (
-            self.attention_backend != "triton" or self.speculative_tokens or self.tensor_parallel > 1
-        ):
-            raise ValueError(
-                "DAYZERO_DECODE_GRAPHS needs DAYZERO_ATTENTION_BACKEND=triton (on a GPU), one rank per worker "
-                "and no speculative decoding"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _a_chunk_fits_a_step(self) -> Settings:
-        """A prompt's chunk runs within one prefill step: one larger than the step cannot (the step
-        would pass its bound, or the chunk never fit)."""
-        if self.prefill_chunk_size > self.max_prefill_tokens:
-            default = "" if "prefill_chunk_size" in self.model_fields_set else " (its default)"
-            raise ValueError(
-                f"DAYZERO_PREFILL_CHUNK_SIZE={self.prefill_chunk_size}{default} is larger than "
-                f"DAYZERO_MAX_PREFILL_TOKENS={self.max_prefill_tokens}, the tokens of a whole prefill step: set "
-                f"DAYZERO_PREFILL_CHUNK_SIZE to {self.max_prefill_tokens} or less"
-            )
+    def _consistent(self) -> Settings:
+        checks.fits_device(self)
+        checks.a_chunk_fits_a_step(self)
         return self
 
     def require_device(self) -> None:
         """Refuse a CUDA device this host does not have, for the commands that compute (imports torch)."""
-        if not self.device.startswith("cuda"):
-            return
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError(f"DAYZERO_DEVICE={self.device} but CUDA is not available on this host")
-        index, count = int(self.device.partition(":")[2] or 0), torch.cuda.device_count()
-        if index >= count:
-            raise ValueError(f"DAYZERO_DEVICE={self.device} but this host has {count} CUDA device(s)")
+        checks.device_on_this_host(self.device)
 
     def image_limits(self) -> ImageLimits:
         return ImageLimits(
