@@ -11,9 +11,7 @@ pass's now). Real Redis (embedded); the stamps written as a worker's.
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import redis
 import redis.connection
@@ -75,7 +73,7 @@ def main() -> None:
         "decode unserved": {"vision": 60.0, "prefill": 60.0},
         "none served": {},
     }
-    with tempfile.TemporaryDirectory() as tmp, scratch_redis(Path(tmp)) as port:
+    with scratch_redis() as port:
         store = Lifecycle.connect(f"redis://127.0.0.1:{port}/0")
         overdue = OverdueWaits(store, 3600, None)
         for case, ready_ago in cases.items():

@@ -9,10 +9,8 @@ and ``count_again``, ``watching.cancel_left``; a stage without a worker, no canc
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import redis
 from options import bench_parser
@@ -42,7 +40,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, scratch_redis(Path(tmp)) as port:
+    with scratch_redis() as port:
         client = redis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
         client.zadd(key("left"), {"later": time.time() + 3600})  # (a cancel left, not due: a pass's usual case)
         calls = {

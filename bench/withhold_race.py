@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import random
 import statistics
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import redis
 from options import bench_parser
@@ -53,7 +51,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--window-ms", type=float, default=2.0)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, scratch_redis(Path(tmp)) as port:
+    with scratch_redis() as port:
         url = f"redis://127.0.0.1:{port}/0"
         prefetch = Prefetch(QueueReads())
         r, consumer = redis.Redis.from_url(url), redis.Redis.from_url(url, client_name=prefetch.reads.name)
