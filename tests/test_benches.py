@@ -72,16 +72,9 @@ def run_in_one_process(invocations: list[dict]) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
-@pytest.fixture(scope="module")
-def helped() -> dict[str, dict]:
-    """Each bench's ``--help``: its result."""
-    specs = [{"argv": [str(BENCH / name), "--help"], "seconds": WORK_S} for name in BENCHES]
-    return dict(zip(BENCHES, run_in_one_process(specs), strict=True))
-
-
 @pytest.mark.parametrize("name", BENCHES)
-def test_bench_answers_help_without_its_work(helped, name):
-    got = helped[name]
+def test_bench_answers_help_without_its_work(ran, name):
+    got = ran[f"help:{name}"]
     assert got["code"] == 0, got["output"][-3000:]
     assert got["output"].startswith("usage: "), got["output"][-3000:]  # (argparse: its options, then exit)
     summary = ast.get_docstring(ast.parse((BENCH / name).read_text())).splitlines()[0]
@@ -122,26 +115,28 @@ NEED_CUDA = {
 
 
 @pytest.fixture(scope="module")
-def smoked() -> dict[str, dict]:
-    """Each smoke run's result (``SMOKE``), then each CUDA run's (``NEED_CUDA``, keys ``cuda:NAME``)."""
-    specs = [{"argv": [str(BENCH / name), *args]} for name, args in SMOKE.items()]
+def ran() -> dict[str, dict]:
+    """Each bench's ``--help`` (keys ``help:NAME``), each smoke run (``SMOKE``, keys ``NAME``), each CUDA
+    run (``NEED_CUDA``, keys ``cuda:NAME``): their results, all from one interpreter (torch and dayzero
+    imported once; two interpreters paid them twice, 8-19 s on two shared cores)."""
     cudas = {} if torch.cuda.is_available() else NEED_CUDA  # (with a GPU these would run the real thing)
-    specs += [{"argv": [str(BENCH / name), *args], "seconds": WORK_S} for name, args in cudas.items()]
-    names = [*SMOKE, *(f"cuda:{name}" for name in cudas)]
-    return dict(zip(names, run_in_one_process(specs), strict=True))
+    runs = {f"help:{name}": {"argv": [str(BENCH / name), "--help"], "seconds": WORK_S} for name in BENCHES}
+    runs |= {name: {"argv": [str(BENCH / name), *args]} for name, args in SMOKE.items()}
+    runs |= {f"cuda:{name}": {"argv": [str(BENCH / name), *args], "seconds": WORK_S} for name, args in cudas.items()}
+    return dict(zip(runs, run_in_one_process(list(runs.values())), strict=True))
 
 
 @pytest.mark.parametrize("name", SMOKE)
-def test_bench_runs_at_its_smallest(smoked, name):
-    got = smoked[name]
+def test_bench_runs_at_its_smallest(ran, name):
+    got = ran[name]
     assert got["code"] == 0, got["output"][-3000:]
     assert got["output"].strip(), name  # (its figures)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is here: these run for real")
 @pytest.mark.parametrize("name", NEED_CUDA)
-def test_bench_needing_cuda_says_so_on_a_cpu(smoked, name):
-    got = smoked[f"cuda:{name}"]
+def test_bench_needing_cuda_says_so_on_a_cpu(ran, name):
+    got = ran[f"cuda:{name}"]
     assert got["code"] == 0, got["output"][-3000:]
     assert "needs a CUDA GPU and this host has none" in got["output"], got["output"][-3000:]
 
