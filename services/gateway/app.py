@@ -64,7 +64,9 @@ async def _reaper(gw: Gateway) -> None:
     a pass before that stamp took its stage for unserved (the outage in its count) and ended what
     waited there; the first pass after an outage the reaper saw (5 of 49 rounds), or the first after
     one wholly between two passes, which no pass saw fail. That pass wakes the workers whose stamps
-    back off after a long refusal (liveness.wake_stampers): they stamp again before the next."""
+    back off after a long refusal (liveness.wake_stampers): they stamp again before the next. Nothing
+    is re-run for a lease after a failed pass: a live worker's lease that lapsed in the outage is its
+    to take back (lease.py); re-run at once, each outage past a lease cost a re-prefill per request."""
     messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
     store = gw.bus.store
     overdue = OverdueWaits(store, gw.settings.task_time_limit_s, gw.codec)
@@ -72,9 +74,10 @@ async def _reaper(gw: Gateway) -> None:
     def send(job: PrefillJob, stage: str) -> None:
         store.enqueue(job.request.request_id, stage, messages[stage](job), gw.settings.visibility_timeout_s)
 
-    def one_pass(past_before: set[str]) -> set[str]:
+    def one_pass(past_before: set[str], rerun: bool) -> set[str]:
         """One pass; ``past_before``: the stages past the no-worker bound at the last one. -> those now."""
-        sweep(store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period)
+        if rerun:
+            sweep(store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period)
         unserved, bound = unserved_stages(store.r, QUEUES), gw.settings.no_worker_timeout_s
         past = {stage: seconds for stage, seconds in unserved.items() if seconds > bound}
         if past.keys() - past_before:  # (looked at again RESTAMPED_S on: its workers backing off stamp now)
@@ -88,13 +91,14 @@ async def _reaper(gw: Gateway) -> None:
 
     period, started = gw.settings.lease_s / 2, time.time()
     failed_at = None  # when the first of the passes that failed on Redis failed (Redis's time; count_again)
-    wait_s, past = period, set()  # (the stages past the bound at the last pass)
+    wait_s, past, rerun_from = period, set(), 0.0  # (the stages past the bound at the last pass; monotonic)
     while True:
         await asyncio.sleep(wait_s)
         try:
             if failed_at is not None:
+                rerun_from = time.monotonic() + gw.settings.lease_s  # (the live workers beat within a lease)
                 await run_in_threadpool(count_again, store.r, QUEUES, failed_at)
-            found = await run_in_threadpool(one_pass, past)
+            found = await run_in_threadpool(one_pass, past, time.monotonic() >= rerun_from)
             wait_s, past, failed_at = RESTAMPED_S if found - past else period, found, None
         except redis.RedisError:  # Redis down or refusing writes: /ready says so; sweep when it is back
             failed_at = clock.now() if failed_at is None else failed_at  # (its own pass counted before)

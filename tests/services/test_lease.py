@@ -108,7 +108,7 @@ def test_a_decode_step_hung_past_the_group_timeout_lets_its_leases_lapse(demo_di
     """A forward that never returns (a hung kernel) kept its requests' leases alive for ever: the
     reaper never re-ran them, nor did the time limit end them (the loop that checks it was in the
     step), and their streams waited. Past DAYZERO_GROUP_TIMEOUT_S the leases lapse; a step that
-    returns after all drops the request, its blocks freed, and ends nothing."""
+    returns after all, its request re-run meanwhile, drops the request, its blocks freed, and ends nothing."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", lease_s=0.4, group_timeout_s=1.0)
     store, handed = _handed_off(settings, "hung-step", 6)
     decode = Runtime.load(settings, "decode9@test", "decode", False)
@@ -117,11 +117,12 @@ def test_a_decode_step_hung_past_the_group_timeout_lets_its_leases_lapse(demo_di
     def hung(ids: list[str], tokens: list[int]):
         if not lapsed:  # hangs until the lease lapses (a bounded wait: a regression fails, never hangs)
             lapsed.append(wait_until(lambda: store.owner("hung-step") is None, 10.0))
+            lapsed.append(store.rerun_orphan("hung-step", 60, 60))  # the reaper's re-run: attempt 1
         return fast(ids, tokens)
 
     decode.ranks.decode = hung
     run_jobs(DecodeLoop(decode), handed)
-    assert lapsed == [True]
+    assert lapsed == [True, 1]
     assert store.done("hung-step") is None and decode.pools.sequences == {}
 
 

@@ -179,10 +179,11 @@ def test_heartbeat_refreshes_only_its_own_leases_and_names_the_ones_it_lost(redi
     store.r.pexpire(key("lease", "b1"), 100)
     store.r.set(key("lease", "b2"), "decode1")  # it lapsed and was re-run elsewhere
     store.r.delete(key("lease", "b3"))  # lapsed, or gone with Redis's data
-    assert store.heartbeat(["b1", "b2", "b3"], "decode0", 30) == ["b2", "b3"]
+    runs = {"b1": 0, "b2": 0, "b3": 0}
+    assert store.heartbeat(["b1", "b2", "b3"], "decode0", 30, runs) == ["b2", "b3"]
     assert store.r.pttl(key("lease", "b1")) > 10_000  # refreshed
     assert store.owner("b2") == "decode1" and store.owner("b3") is None  # never taken back, never made
-    assert store.heartbeat([], "decode0", 30) == []
+    assert store.heartbeat([], "decode0", 30, {}) == []
 
 
 def test_take_loads_its_script_again_after_a_flush(redis_url):

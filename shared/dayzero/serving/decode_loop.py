@@ -88,7 +88,8 @@ class DecodeLoop:
         now = time.monotonic()
         if now - self._last_beat >= self.r.settings.lease_s / 4:
             self._last_beat = now
-            for rid in self.r.store.heartbeat(list(self.active), self.r.name, self.r.settings.lease_s):
+            runs = {rid: active.ticket.job.attempt for rid, active in self.active.items()}
+            for rid in self.r.store.heartbeat(list(runs), self.r.name, self.r.settings.lease_s, runs):
                 self._drop(rid)
             self._end_overdue()
             if self.room is not None:

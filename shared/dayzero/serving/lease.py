@@ -22,7 +22,8 @@ log = logging.getLogger("dayzero.lease")
 class Heartbeat:
     """Refreshes the leases (owned by ``owner``) of the requests it holds, every third of a lease,
     on one thread that starts with the first ``holding`` and ends when ``stop`` is set: a batch
-    starts no thread of its own.
+    starts no thread of its own. A claimed run's lease that lapsed (Redis out, or a step run, past a
+    lease) is taken back if no re-run of it began: else each outage longer than a lease re-ran it.
 
     A ``step`` (or ``holding``) block running past ``stuck_s`` (a forward that never returns: a
     hung kernel, a deadlock) is taken as a hung worker: the beats stop, the leases lapse and the reaper
@@ -97,7 +98,7 @@ class Heartbeat:
                         log.warning("%s; letting its leases lapse", stuck[1])
                     continue
                 try:
-                    lost = self._store.heartbeat(sorted(self._ids), self._owner, self._lease_s)
+                    lost = self._store.heartbeat(sorted(self._ids), self._owner, self._lease_s, self._runs)
                     if new := [rid for rid in lost if rid not in self._lost]:  # (beaten till its owner drops it)
                         log.warning("leases lost during a long piece of work: %s", ", ".join(new))
                     self._lost = set(lost)  # lapsed or re-run elsewhere while the work ran: its owner settles it

@@ -126,12 +126,14 @@ class Lifecycle:
         args = [attempt, owner, message, int(queued_s * 1000), "1" if front else ""]
         return bool(self._hand_on(keys=push_keys(rid, "queued", queue), args=args))
 
-    def heartbeat(self, rids: list[str], owner: str, lease_s: float) -> list[str]:
-        """Refresh the leases ``owner`` holds; returns those of ``rids`` it no longer holds (lapsed,
-        re-run elsewhere, or lost with Redis's data): never someone else's lease, never a new one."""
+    def heartbeat(self, rids: list[str], owner: str, lease_s: float, runs: Mapping[str, int]) -> list[str]:
+        """Refresh the leases ``owner`` holds, take back lapsed ones of ``runs`` (id -> its attempt) not re-run
+        since; -> those of ``rids`` it lost (re-run, ended, gone with Redis's data): never another's."""
         if not rids:
             return []
-        lost = self._heartbeat(keys=[key("lease", rid) for rid in rids], args=[owner, int(lease_s * 1000)])
+        keys = [key(family, rid) for rid in rids for family in ("lease", "attempt", "done", "queued", "req")]
+        held = [runs.get(rid, "") for rid in rids]
+        lost = self._heartbeat(keys=keys, args=[owner, int(lease_s * 1000), *held])
         return [rids[int(i) - 1] for i in lost]
 
     def owner(self, rid: str) -> str | None:

@@ -173,15 +173,24 @@ return taken
 )
 
 
-# KEYS: leases; ARGV: owner, lease ms. Each lease the owner still holds is refreshed; the answer
-# lists (1-based) those it does not: lapsed, taken over after a lapse, or gone with Redis's data.
+# KEYS per lease: lease, attempt, done, queued, req; ARGV: owner, lease ms, then per lease the run
+# (attempt) the owner holds ('': none known). Each lease the owner still holds is refreshed. One
+# that lapsed (nobody's: Redis was out, or a step ran, past a lease) is taken back while its run is
+# still the request's current one: no re-run began (the attempt is the run's; the reaper's re-run
+# bumps it in the script that would see this lease), it has not ended, no message of it waits, its
+# record is there. The answer lists (1-based) the rest: re-run elsewhere, ended, gone with Redis's data.
 HEARTBEAT = """
 local lost = {}
-for i, lease in ipairs(KEYS) do
-    if redis.call('GET', lease) == ARGV[1] then
-        redis.call('PEXPIRE', lease, ARGV[2])
+for i = 0, #KEYS / 5 - 1 do
+    local k, run = 5 * i, ARGV[3 + i]
+    local lease = redis.call('GET', KEYS[k + 1])
+    if lease == ARGV[1] then
+        redis.call('PEXPIRE', KEYS[k + 1], ARGV[2])
+    elseif not lease and run ~= '' and tonumber(redis.call('GET', KEYS[k + 2]) or 0) == tonumber(run)
+        and redis.call('EXISTS', KEYS[k + 3], KEYS[k + 4]) == 0 and redis.call('EXISTS', KEYS[k + 5]) == 1 then
+        redis.call('SET', KEYS[k + 1], ARGV[1], 'PX', ARGV[2])
     else
-        lost[#lost + 1] = i
+        lost[#lost + 1] = i + 1
     end
 end
 return lost
