@@ -1,7 +1,8 @@
 """Constrained decoding's cost per decode step: the grammar masks of a whole batch (one parallel
-fill + one masked fill, ``dayzero.guided.allowed_logits``), for a JSON schema and for a named
-DSML tool call, at the demo tokenizer's vocabulary and at V4's (129,280 tokens, a synthetic
-byte-level vocabulary of that size: the released tokenizer is not shipped here). Then what
+fill + one masked fill, ``dayzero.guided.allowed_logits``), for a JSON schema, a named DSML tool
+call, and tool_choice auto with a strict tool (walked in its free text, and inside its call), at
+the demo tokenizer's vocabulary and at V4's (129,280 tokens, a synthetic byte-level vocabulary of
+that size: the released tokenizer is not shipped here). Then what
 building a grammar's lexer costs under dayzero's limits (``chat.grammar.parser_limits``) and
 llguidance's defaults, for schemas in use and for a pathological pattern (a byte vocabulary: the
 lexer's cost does not depend on it), matched over a valid text.
@@ -21,8 +22,9 @@ import torch
 from options import bench_parser
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from dayzero.chat.auto_grammar import auto_calls_grammar
 from dayzero.chat.grammar import _byte_tokenizer, dsml_symbol, json_grammar, parser_limits, tool_calls_grammar
-from dayzero.chat.tokens import DSML, SPECIAL_TOKENS
+from dayzero.chat.tokens import DSML, END_THINK, SPECIAL_TOKENS, THINK
 from dayzero.demo import build_tokenizer
 from dayzero.guided import Grammar, Guide, apply_masks, fill_masks
 from dayzero.tokenizer import TextCodec
@@ -44,6 +46,7 @@ TOOL = {
         },
     },
 }
+STRICT_TOOL = {"type": "function", "function": {**TOOL["function"], "strict": True}}
 
 
 def synthetic_tokenizer(size: int) -> Tokenizer:
@@ -67,12 +70,16 @@ def synthetic_tokenizer(size: int) -> Tokenizer:
     raise AssertionError("unreachable")
 
 
-def step_ms(codec: TextCodec, grammar: Grammar, batch: int, steps: int) -> tuple[float, float, float]:
+def step_ms(codec: TextCodec, grammar: Grammar, batch: int, steps: int, opening: str = "") -> tuple[float, ...]:
     """(ms per request to build its matcher, ms per step to compute the batch's masks, ms per step
-    to apply them to the batch's logits)."""
+    to apply them to the batch's logits), each row walked at random from ``opening`` (its tokens
+    accepted first, not timed)."""
     start = time.perf_counter()
     guides = [Guide(codec.grammars, grammar) for _ in range(batch)]
     build = (time.perf_counter() - start) * 1e3 / batch
+    for token in (t for t in codec.encode(opening) if t != 0) if opening else ():  # (0: BOS)
+        for guide in guides:
+            guide.accept(token)
     rng, logits, rows = random.Random(0), torch.zeros(batch, codec.vocab_size), list(range(batch))
     fill = apply = 0.0
     for _ in range(steps):
@@ -86,6 +93,11 @@ def step_ms(codec: TextCodec, grammar: Grammar, batch: int, steps: int) -> tuple
             token = rng.choice(choices)
             guide.accept(token if token != 1 else choices[0])
     return build, fill * 1e3 / steps, apply * 1e3 / steps
+
+
+def _kept(codec: TextCodec) -> tuple[str, ...]:
+    """The thought's marks, which free text under auto may hold (as the gateway's grammar)."""
+    return tuple(f"<[{codec.token_id(t)}]>" for t in (THINK, END_THINK))
 
 
 def main() -> None:
@@ -110,8 +122,12 @@ def main() -> None:
                 tool_calls_grammar([TOOL], dsml_symbol(codec.token_id(DSML), DSML), "get_weather")
             ),
         }
+        auto = Grammar(auto_calls_grammar([STRICT_TOOL], dsml_symbol(codec.token_id(DSML), DSML), _kept(codec)))
+        grammars["auto, strict tool: text"] = auto
+        grammars["auto, strict tool: its call"] = auto, f"Sure.\n\n<{DSML}tool_calls>\n"
         for (name, grammar), batch in itertools.product(grammars.items(), (1, 8, 32)):
-            build, fill, apply = step_ms(codec, grammar, batch, args.steps)
+            grammar, opening = grammar if isinstance(grammar, tuple) else (grammar, "")
+            build, fill, apply = step_ms(codec, grammar, batch, args.steps, opening)
             print(f"| {label} | {name} | {batch} | {build:.2f} | {fill:.2f} | {apply:.2f} |")
     print(json.dumps({"torch_threads": torch.get_num_threads()}))
     lexer_costs()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from starlette.concurrency import run_in_threadpool
 
+from dayzero.chat.auto_grammar import auto_calls_grammar, strict_tools
 from dayzero.chat.dsml import to_json
 from dayzero.chat.encoding import ChatOptions
 from dayzero.chat.grammar import (
@@ -18,7 +19,7 @@ from dayzero.chat.grammar import (
     value_definitions,
 )
 from dayzero.chat.schema_size import more_nodes_than, size_problem
-from dayzero.chat.tokens import DSML, END_THINK
+from dayzero.chat.tokens import DSML, END_THINK, THINK
 from dayzero.params import Grammar
 
 from .chat_schemas import ChatPrompt, NamedToolChoice
@@ -59,10 +60,21 @@ def _calls_enforced(body: Sampling) -> bool:
     return choice == "required" or isinstance(choice, NamedToolChoice)
 
 
+def _json_reply(body: Sampling) -> bool:
+    return body.response_format is not None and body.response_format.schema_() is not None
+
+
+def _auto_strict(body: Sampling) -> bool:
+    """Under "auto" (or no tool_choice) with a ``strict`` tool and no JSON reply: its call blocks held."""
+    choice = getattr(body, "tool_choice", None)
+    return choice in (None, "auto") and not _json_reply(body) and bool(strict_tools(getattr(body, "tools", None) or []))
+
+
 def constrained(body: Sampling) -> bool:
-    """Whether ``grammar`` has anything to enforce: a call, or a JSON reply. Without, a request
-    takes no hop to the thread pool (where a grammar compiles) on its way to the queue."""
-    return _calls_enforced(body) or (body.response_format is not None and body.response_format.schema_() is not None)
+    """Whether ``grammar`` has anything to enforce: a call, a JSON reply, or a strict tool's calls under
+    "auto". Without, a request takes no hop to the thread pool (where a grammar compiles) on its way
+    to the queue."""
+    return _calls_enforced(body) or _json_reply(body) or _auto_strict(body)
 
 
 async def enforced(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | None:
@@ -74,16 +86,23 @@ async def enforced(gw: Gateway, body: Sampling, thinking: bool = False) -> Gramm
 
 def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | None:
     """What constrained decoding enforces: a call (tool_choice required or named), else a JSON
-    reply (response_format json_object / json_schema); in thinking mode only after ``</think>``."""
+    reply (response_format json_object / json_schema), in thinking mode only after ``</think>``;
+    else, under "auto" with a ``strict`` tool, each call block the reply writes (auto_grammar)."""
     choice = getattr(body, "tool_choice", None)
     schema = body.response_format.schema_() if body.response_format else None
-    if _calls_enforced(body):
+    auto_strict = _auto_strict(body)
+    if _calls_enforced(body) or auto_strict:
         named = choice.function.name if isinstance(choice, NamedToolChoice) else None
         _check_size(gw, _enforced_schemas(body), "tools")
         _check_tools(body)
         try:
             dsml, parallel = dsml_symbol(gw.codec.token_id(DSML), DSML), body.parallel_tool_calls is not False
-            lark, param = tool_calls_grammar(body.tools, dsml, named, parallel), "tools"
+            lark = (
+                auto_calls_grammar(body.tools, dsml, _kept_tokens(gw), parallel)
+                if auto_strict
+                else tool_calls_grammar(body.tools, dsml, named, parallel)
+            )
+            param = "tools"
         except Unenforceable as exc:
             raise APIError(400, f"cannot enforce this schema: {exc}", param="tools") from None
     elif schema is not None:
@@ -97,12 +116,18 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
     if gw.codec.has_tokenizer and (token := spelled_token(enforced, gw.codec.special_texts)):
         message = f"cannot enforce this schema: it spells the special token {token}, which a reply cannot write as text"
         raise APIError(400, message, param=param)
-    after = gw.codec.token_id(END_THINK) if thinking else None
-    if thinking and after is None:
+    after = None  # (under "auto" the grammar holds the thought too: its text is free, a block is not)
+    if thinking and not auto_strict and (after := gw.codec.token_id(END_THINK)) is None:
         raise APIError(400, f"thinking mode with a constrained answer needs {END_THINK} as one token", param=param)
     if problem := grammar_problem(lark, gw.codec.grammars):
         raise APIError(400, f"cannot enforce this schema: {problem}", param=param)
     return Grammar(lark, after)
+
+
+def _kept_tokens(gw: Gateway) -> tuple[str, ...]:
+    """The special tokens free text under "auto" may hold: those the reply's text keeps (the thought's
+    marks; the marker opens a block)."""
+    return tuple(f"<[{i}]>" for t in (THINK, END_THINK) if (i := gw.codec.token_id(t)) is not None)
 
 
 def check_tool_set(gw: Gateway, body: ChatPrompt) -> None:

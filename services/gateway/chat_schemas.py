@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
 
+from dayzero.chat.auto_grammar import strict_tools
 from dayzero.chat.grammar import parameters_problem
 from dayzero.chat.schema_size import MOST_TOOLS
 from dayzero.settings_help import validation_message
@@ -192,14 +193,17 @@ class ChatPrompt(_Body):
         formatted = self.response_format is not None and self.response_format.schema_() is not None
         constrained = bool(self.enforced_tools()) or formatted
         if self.ends_with_prefix() and constrained:
-            message = "a prefix cannot be continued under tool_choice required / named or response_format"
+            message = "a prefix cannot be continued under tool_choice required / named, a strict tool, response_format"
             raise field_error(type(self), ("messages", len(self.messages) - 1, "prefix"), message, True)
         return self
 
     def enforced_tools(self) -> list[dict]:
-        """The tools whose calls a grammar enforces: all under tool_choice required, the named one."""
+        """The tools whose calls a grammar enforces: all under tool_choice required, the named one,
+        the ``strict`` ones under auto."""
         if isinstance(self.tool_choice, NamedToolChoice):
             return [t for t in self.tools or [] if t["function"]["name"] == self.tool_choice.function.name]
+        if self.tool_choice in (None, "auto"):
+            return strict_tools(self.tools or [])
         return list(self.tools or []) if self.tool_choice == "required" else []
 
     def enforced_parameters(self) -> list[tuple[int, str, dict]]:
@@ -263,9 +267,12 @@ class ChatCompletionRequest(Sampling, ChatPrompt):
     @model_validator(mode="after")
     def _one_call_can_be_held(self) -> ChatCompletionRequest:
         """One call at most: a grammar holds tool_choice required to one, a named one is one, none
-        and no tools call nothing; under auto nothing stops the model writing several."""
-        if self.parallel_tool_calls is False and self.offered_tools() and self.tool_choice in (None, "auto"):
-            message = "false needs tool_choice required or a named function: under auto a reply may call several tools"
+        and no tools call nothing, a strict tool's grammar holds auto to one; else under auto nothing
+        stops the model writing several."""
+        free = self.tool_choice in (None, "auto") and not self.enforced_tools()
+        if self.parallel_tool_calls is False and self.offered_tools() and free:
+            message = "false needs tool_choice required, a named function or a strict tool: "
+            message += "under auto a reply may call several tools"
             raise field_error(type(self), ("parallel_tool_calls",), f"parallel_tool_calls {message}", False)
         return self
 

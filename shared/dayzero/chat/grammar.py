@@ -165,11 +165,11 @@ def tool_calls_grammar(tools: list[dict], dsml: str, one: str | None = None, par
         "call: " + " | ".join(f"invoke_{i}" for i in range(len(functions))),
     ]
     for i, function in enumerate(functions):
-        lines.extend(_invoke_rules(i, function, dsml))
+        lines.extend(invoke_rules(i, function, dsml))
     return "\n".join(lines) + "\n"
 
 
-def _invoke_rules(i: int, function: dict, dsml: str) -> list[str]:
+def invoke_rules(i: int, function: dict, dsml: str) -> list[str]:
     """``invoke_i``: the call's tag, then each parameter on its own line (declared order; the
     optional ones may be left out)."""
     schema = function.get("parameters") or {}

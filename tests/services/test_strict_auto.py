@@ -1,0 +1,57 @@
+"""``strict: true`` under tool_choice "auto" through the real stack (the random demo checkpoint,
+nudged towards a call block): each streamed reply is text, or calls whose strict tool's arguments
+follow its schema; the other tool's calls come back as written."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from .chat_requests import SEEDS, WEATHER, D, accumulate_calls, ask, post
+from .conftest import MODEL, sse_events
+
+STRICT_WEATHER = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+NOTE = {"type": "function", "function": {"name": "note", "parameters": {"type": "object"}}}
+
+
+def _streamed(stack, body: dict) -> tuple[str, dict[int, dict], str | None]:
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        chunks = [data for _, data in sse_events(r) if data != "[DONE]" and data["choices"]]
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    return (content, *accumulate_calls(chunks))
+
+
+def _valid_weather(args: dict) -> bool:
+    return (
+        {"city", "days"} <= set(args) <= {"city", "days", "unit"}
+        and isinstance(args["city"], str)
+        and len(args["city"]) <= 12
+        and type(args["days"]) is int
+        and 1 <= args["days"] <= 7
+        and args.get("unit", "c") in ("c", "f")
+    )
+
+
+def test_streamed_replies_under_auto_are_text_or_calls_that_follow_the_strict_schema(stack):
+    opening = post(stack, "/tokenize", {"prompt": f"<{D}"}).json()["tokens"][-2:]  # "<", the marker
+    nudge = {str(token): 4 for token in opening}
+    bodies = [
+        {"model": MODEL, **ask(tools=[STRICT_WEATHER, NOTE], temperature=1.0, seed=s, logit_bias=nudge)} for s in SEEDS
+    ]
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda b: _streamed(stack, b), bodies))
+    called = 0
+    for content, calls, finish in replies:
+        assert D not in content
+        if finish == "tool_calls":
+            called += 1
+            for call in calls.values():
+                args = json.loads(call["arguments"])
+                assert call["name"] in ("get_weather", "note") and isinstance(args, dict), call
+                assert call["name"] != "get_weather" or _valid_weather(args), call
+        else:
+            assert finish in ("stop", "length") and (not calls or finish == "length"), (content, calls, finish)
+    assert called, replies  # the nudge made some calls: the schema was held where it mattered
