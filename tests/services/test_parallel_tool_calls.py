@@ -1,8 +1,10 @@
 """``parallel_tool_calls: false`` (LangChain's structured output sends it with a named tool_choice)
 is served where a reply can be held to one call: tool_choice required (its grammar takes one call)
-or named (one call already), and where no call can come (no tools, tool_choice none). Under auto
-the model may write several: 400. The gateway in-process on a real Redis, no workers: a request let
-through is refused after its grammar compiled, for max_tokens past the context, never queued."""
+or named (one call already), under auto with a strict tool (its grammar holds every call block to
+one call), and where no call can come (no tools, tool_choice none). Else under auto the model may
+write several: 400. A strict tool's schema is checked under auto as under required. The gateway
+in-process on a real Redis, no workers: a request let through is refused after its grammar
+compiled, for max_tokens past the context, never queued."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from .conftest import MODEL
 
 CONTEXT = 4096
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("f", "g")]
+PATTERN = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}$"}}}
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +53,25 @@ def test_several_calls_the_server_cannot_prevent_are_refused(gateway, choice):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == "parallel_tool_calls" and "tool_choice" in error["message"], error
+
+
+def _strict(tool: dict, parameters: dict | None = None) -> dict:
+    function = {**tool["function"], "strict": True}
+    return {**tool, "function": function if parameters is None else {**function, "parameters": parameters}}
+
+
+@pytest.mark.parametrize("thinking", [False, True], ids=["chat", "thinking"])
+def test_a_strict_tool_holds_auto_to_one_call(gateway, thinking):
+    r = _post(gateway, tools=[_strict(TOOLS[0]), TOOLS[1]], chat_template_kwargs={"thinking": thinking})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+
+
+@pytest.mark.parametrize("choice", [{"tool_choice": "auto"}, {}], ids=["auto", "default"])
+def test_a_strict_schema_no_grammar_can_enforce_is_refused_under_auto(gateway, choice):
+    r = _post(gateway, tools=[_strict(TOOLS[0], PATTERN)], parallel_tool_calls=None, **choice)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "tools" and "pattern" in error["message"], error
+    plain = {**TOOLS[0], "function": {**TOOLS[0]["function"], "parameters": PATTERN}}  # only read: served
+    r = _post(gateway, tools=[plain], parallel_tool_calls=None, **choice)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
