@@ -76,9 +76,15 @@ def test_tokenize_shows_the_response_format_section(gateway):
     assert section + '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}' in prompt
 
 
-def test_tokenize_refuses_a_prefix_chat_would_not_continue(gateway):
+STRICT = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": True}}
+
+
+@pytest.mark.parametrize(
+    "constraint", [{"response_format": {"type": "json_object"}}, {"tools": [STRICT]}], ids=["json", "strict_tool"]
+)
+def test_tokenize_refuses_a_prefix_chat_would_not_continue(gateway, constraint):
     messages = [*_user("q"), {"role": "assistant", "content": "{", "prefix": True}]
-    body = {"model": MODEL, "messages": messages, "response_format": {"type": "json_object"}}
+    body = {"model": MODEL, "messages": messages, **constraint}  # (a strict tool: held under auto too)
     for route in ("/tokenize", "/v1/chat/completions"):
         r = gateway.post(route, json=body)
         assert r.status_code == 400 and "a prefix cannot be continued" in r.json()["error"]["message"], r.text
