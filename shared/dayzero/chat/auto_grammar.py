@@ -12,7 +12,8 @@ tag that followed (llguidance's lexer is greedy and does not go back).
 
 from __future__ import annotations
 
-from .grammar import _literal, invoke_rules
+from .dsml import to_json
+from .grammar import invoke_rules
 from .tokens import DSML
 
 # text without "<" or the marker's text (llguidance's regex: & intersects, ~ complements)
@@ -42,7 +43,7 @@ def auto_calls_grammar(tools: list[dict], dsml: str, kept: tuple[str, ...] = (),
     for i, function in enumerate(strict):
         lines.extend(invoke_rules(i, function, dsml))
     if free:
-        names = " | ".join(_literal(f'invoke name="{f["name"]}">\n') for f in free)
+        names = " | ".join(to_json(f'invoke name="{f["name"]}">\n') for f in free)
         lines += [
             f'free_invoke: "<" {dsml} ({names}) free_parameter* "<" "/" {dsml} "invoke>"',
             f'free_parameter: "<" {dsml} "parameter name=\\"" NAME "\\" string=\\"" ("true" | "false") "\\">"'
