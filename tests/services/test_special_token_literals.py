@@ -40,12 +40,14 @@ def _format(schema: dict) -> dict:
 
 
 NAMED = {"type": "object", "properties": {"<｜User｜>": {"type": "integer"}}, "required": ["<｜User｜>"]}
+# (a tool's parameter name may hold no "<" at all: the reply parser reads none; this one spells the marker)
+TOOL_NAMED = {"type": "object", "properties": {"x｜DSML｜y": {"type": "integer"}}, "required": ["x｜DSML｜y"]}
 
 
 @pytest.mark.parametrize(
     "body, param, token",
     [
-        (_forced(NAMED), "tools", "<｜User｜>"),
+        (_forced(TOOL_NAMED), "tools", "｜DSML｜"),
         (
             _forced({"type": "object", "properties": {"a": {"enum": ["x｜DSML｜y"]}}, "required": ["a"]}),
             "tools",
@@ -67,7 +69,9 @@ def test_a_literal_spelling_a_special_token_is_refused(gateway, body, param, tok
     "body",
     [
         _format({"type": "object", "description": "answer after </think>", "properties": {"a": {"type": "integer"}}}),
-        {"tools": [{"type": "function", "function": {"name": "f", "parameters": NAMED}}]},  # auto: shown, not enforced
+        {
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": TOOL_NAMED}}]
+        },  # auto: shown, not enforced
     ],
     ids=["annotation", "auto"],
 )
