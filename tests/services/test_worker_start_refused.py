@@ -71,10 +71,12 @@ def test_a_worker_started_while_redis_is_down_waits_for_it_and_then_serves(text_
         terminate([worker], 10)
 
 
-def test_a_worker_whose_redis_password_is_wrong_ends_its_start(text_dir, tmp_path):
+def test_a_worker_whose_redis_password_is_wrong_ends_its_start_before_loading_its_weights(text_dir, tmp_path):
     """Redis refuses the URL's password: the start fails, saying so (was: it waited for Redis forever,
     "waits for Redis (invalid username-password pair ...)", and ``dayzero alive`` counted it alive:
-    a Redis it cannot read is not counted against a worker)."""
+    a Redis it cannot read is not counted against a worker), before its weights load (they loaded for
+    nothing: under ``dayzero up`` again at each restart, a worker whose credentials Redis refused for
+    DAYZERO_CREDENTIALS_REFUSED_S exiting 3 to be started again with the same URL)."""
     log = tmp_path / "prefill0.log"
     with scratch_redis(tmp_path) as port:
         redis.Redis(port=port).config_set("requirepass", "right")
@@ -88,5 +90,6 @@ def test_a_worker_whose_redis_password_is_wrong_ends_its_start(text_dir, tmp_pat
             assert worker.poll() is not None, log.read_text(errors="replace")[-3000:]
             assert "cannot start" in log.read_text(errors="replace")
             assert "invalid username-password pair" in log.read_text(errors="replace")
+            assert "in warm_up" not in log.read_text(errors="replace")  # (its refusal's traceback: after loading)
         finally:
             terminate([worker], 10)

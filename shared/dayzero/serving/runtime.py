@@ -61,6 +61,19 @@ class LoadProgress:
             self.registry.loading(self.worker, self.stage, percent)
 
 
+def _credentials_taken(client: redis.Redis) -> None:
+    """Raises ``AuthenticationError`` where Redis refuses the URL's credentials: the start ends before
+    the weights load (they loaded for nothing, and again at each restart under ``dayzero up``: a worker
+    whose credentials Redis refuses for DAYZERO_CREDENTIALS_REFUSED_S exits to be started again). A
+    Redis down or loading is waited for at the warm-up (``Runtime._load_scripts``), once loaded."""
+    try:
+        client.ping()
+    except redis.AuthenticationError:  # (a ConnectionError to redis-py)
+        raise
+    except redis.RedisError:
+        pass
+
+
 def load_ranks(
     settings: Settings, group: Group, shared: bool, on_progress: Callable[[int, int], None] | None = None
 ) -> tuple[Ranks, Segment | None]:
@@ -127,6 +140,7 @@ class Runtime:
         ``group``: this worker is rank 0 of a tensor-parallel group (the others ``follow``)."""
         name = process_name(name)
         store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)
+        _credentials_taken(store.r)
         registry = Registry(store.r)
         progress = LoadProgress(registry, name, stage)
         ranks, segment = load_ranks(settings, group or Group(device=settings.device), shared, progress)
