@@ -78,9 +78,10 @@ def one_round(client: redis.Redis, url: str, args, quick_s: float) -> tuple[floa
             before, wall = counters(client), time.monotonic()
             time.sleep(args.window_s)
             after, wall_s = counters(client), time.monotonic() - wall
-        finally:
+        finally:  # (the time read before Redis takes writes: a stamp taken as they come back is after it)
+            back = redis_now(client)
             client.config_set("maxmemory", 0)
-        back, again = redis_now(client), {}  # worker -> its first stamp after the refusal
+        again = {}  # worker -> its first stamp after the refusal
         while len(again) < args.workers and time.monotonic() < deadline + 120:
             stamps = client.hgetall(key("alive", STAGE))
             again |= {p: float(t) for p, t in stamps.items() if float(t) > back and p not in again}
