@@ -94,3 +94,31 @@ def test_ready_that_finds_no_live_worker_wakes_the_workers_backing_off(redis_url
             assert wait_until(lambda: _stamp(client, worker) > back, 5)  # (was: 15-45 s on)
     finally:
         worker.stop()
+
+
+def test_a_wake_between_a_refused_stamp_and_its_wait_is_not_missed(redis_url, monkeypatch):
+    """Redis takes writes again and a stamp wakes the others (``wake_stampers``) after a worker's
+    stamp was refused but before its wait began: the wait looked only for wakes from its own start,
+    so that worker missed it and stamped up to a period and a half later; a wake since its refused
+    stamp was sent counts."""
+    monkeypatch.setattr(liveness, "QUICK_RETRIES_S", 0.0)
+    monkeypatch.setattr(liveness, "STAMP_EVERY_S", 30.0)  # (backing off 15-45 s)
+    client = redis.Redis.from_url(redis_url)
+    woken, wait = [], liveness.await_wake
+
+    def woken_before_waiting(*args):
+        if not woken:  # (the first wait: Redis back, and the others woken, before it reads)
+            client.config_set("maxmemory", 0)
+            liveness.wake_stampers(client)
+            woken.append(time.monotonic())
+        wait(*args)
+
+    monkeypatch.setattr(liveness, "await_wake", woken_before_waiting)
+    pulse = _pulse(redis_url, "worker:late")
+    try:
+        with writes_refused(client):
+            pulse.start()
+            assert wait_until(lambda: woken, 10)
+        assert wait_until(lambda: _stamp(client, pulse) > 0, 5)  # (was: 15-45 s on)
+    finally:
+        pulse.stop()

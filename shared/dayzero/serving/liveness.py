@@ -117,10 +117,12 @@ def wake_stampers(client: redis.Redis) -> None:
     client.xadd(key("stamp_now"), {"at": ""}, maxlen=1, approximate=False)
 
 
-def await_wake(client: redis.Redis, seconds: float, stop: threading.Event) -> None:
-    """Wait ``seconds``, or until ``wake_stampers`` (the workers backing off stamp again within a
-    round trip of it, not up to a period and a half later), or ``stop``."""
-    until, since = time.monotonic() + seconds, f"{int(redis_now() * 1000)}-0"  # (an entry from now on)
+def await_wake(client: redis.Redis, seconds: float, stop: threading.Event, tried_at: float) -> None:
+    """Wait ``seconds``, or until ``wake_stampers`` since ``tried_at`` (Redis's time as this process
+    knows it: when the refused stamp was sent; a wake before the wait began counts: from the wait's
+    start it was missed), or ``stop``: the workers backing off stamp again within a round trip of it,
+    not up to a period and a half later."""
+    until, since = time.monotonic() + seconds, f"{int(tried_at * 1000) - 1}-0"  # (an entry from then on)
     while (left_s := until - time.monotonic()) > 0 and not stop.is_set():
         try:  # (1.5 s at most at a time: the client's socket times out at 2 s)
             if client.xread({key("stamp_now"): since}, block=max(1, int(1000 * min(left_s, 1.5)))):
@@ -168,7 +170,7 @@ class Pulse:
             why = "the loop is stuck" if self._stuck() else "a rank is stopped" if stopped_child() else None
             if why is not None and why != said:
                 log.error("%s: no more liveness stamps (dayzero up restarts the worker)", why)
-            said, again_s = why, STAMP_EVERY_S
+            said, again_s, tried_at = why, STAMP_EVERY_S, redis_now()  # (a wake from then on ends the wait)
             if why is None:  # (up counts no staleness while it cannot read)
                 try:
                     self._stamp()
@@ -180,7 +182,7 @@ class Pulse:
                     again_s = STAMP_RETRY_S
             backing_off = again_s > STAMP_RETRY_S and refused_at is not None
             if backing_off:
-                await_wake(self.r, again_s, self._stop)
+                await_wake(self.r, again_s, self._stop, tried_at)
             if self._stop.wait(0 if backing_off else again_s):
                 return
 
