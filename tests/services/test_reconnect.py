@@ -71,7 +71,7 @@ def test_a_worker_whose_redis_refuses_its_credentials_past_the_bound_exits_3(tmp
             r.client_kill_filter(_type=kind, skipme=True)
         assert worker.wait(60) == 3, log.read_text()[-3000:]
     finally:
-        _stopped(worker)
-        _stopped(server)
+        stopped(worker)
+        stopped(server)
     said = re.search(r"Redis has refused this worker's credentials for (\d+) s \((.*)\): exiting 3", log.read_text())
     assert said and int(said[1]) >= 3 and "Authentication required" in said[2], log.read_text()[-3000:]
