@@ -10,10 +10,13 @@ import time
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
 from dayzero.demo import write_demo_checkpoint
 from dayzero.procs import free_port
+from dayzero.settings import Settings
 from dayzero.stack import Stack
+from services.gateway.app import make_app
 
 from ..conftest import shared
 from .in_process import engine_completer
@@ -35,6 +38,17 @@ SETTINGS_ENV = {
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory):
     return write_demo_checkpoint(tmp_path_factory.mktemp("served"), vision=True, fp4=True)
+
+
+CAPPED_CONTEXT = 4096  # a request let through asks max_tokens of it: refused for the context, never queued
+
+
+@pytest.fixture(scope="module")
+def capped_gateway(demo_dir, redis_url):
+    """The gateway in-process on a real Redis, no workers, its context ``CAPPED_CONTEXT``."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, max_context=CAPPED_CONTEXT)
+    with TestClient(make_app(settings)) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

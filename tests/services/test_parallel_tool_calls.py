@@ -9,22 +9,17 @@ compiled, for max_tokens past the context, never queued."""
 from __future__ import annotations
 
 import pytest
-from fastapi.testclient import TestClient
 
-from dayzero.settings import Settings
-from services.gateway.app import make_app
-
+from .conftest import CAPPED_CONTEXT as CONTEXT
 from .conftest import MODEL
 
-CONTEXT = 4096
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("f", "g")]
 PATTERN = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}$"}}}
 
 
 @pytest.fixture(scope="module")
-def gateway(demo_dir, redis_url):
-    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url, max_context=CONTEXT))) as client:
-        yield client
+def gateway(capped_gateway):
+    return capped_gateway
 
 
 def _post(gateway, **body):

@@ -7,20 +7,14 @@ through is refused for max_tokens past the context, never queued."""
 from __future__ import annotations
 
 import pytest
-from fastapi.testclient import TestClient
 
-from dayzero.settings import Settings
-from services.gateway.app import make_app
-
+from .conftest import CAPPED_CONTEXT as CONTEXT
 from .conftest import MODEL
-
-CONTEXT = 4096
 
 
 @pytest.fixture(scope="module")
-def gateway(demo_dir, redis_url):
-    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url, max_context=CONTEXT))) as client:
-        yield client
+def gateway(capped_gateway):
+    return capped_gateway
 
 
 def _post(gateway, **body):
