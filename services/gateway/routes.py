@@ -22,14 +22,15 @@ from dayzero.serving.messages import GenerationRequest
 
 from .access import bearer, key_accepted, may_read
 from .chat import chat_prompt, check_tool_set, enforced
-from .chat_schemas import ChatCompletionRequest, ChatPrompt, Tokenized, TokenizeRequest
+from .chat_schemas import ChatCompletionRequest, ChatPrompt
 from .context import Gateway, encoded, tokenizing
 from .errors import APIError
 from .images import expand_placeholders
 from .json_body import ParsingRoute
 from .responses import respond, resumed
-from .schemas import CompletionRequest, DetokenizeRequest, Sampling
+from .schemas import CompletionRequest, Sampling
 from .subscription import valid_entry_id
+from .tokenize_schemas import DetokenizeRequest, Tokenized, TokenizeRequest
 
 router = APIRouter(route_class=ParsingRoute)  # (bodies that are not JSON are told where)
 MAX_ECHO_LOGPROB_TOKENS = 32768  # the prompt's logprobs travel in one stream entry

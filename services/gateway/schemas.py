@@ -234,11 +234,6 @@ class Sampling(_EngineExtensions):
         return tuple(stops)
 
 
-class DetokenizeRequest(_Body):
-    model: str = Field(max_length=256)
-    tokens: list[int] = Field(max_length=1 << 20)
-
-
 class CompletionRequest(Sampling):
     tools: list[dict] | None = Field(default=None, max_length=128)
     tool_choice: str | dict | None = None

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from services.gateway.chat_schemas import ChatCompletionRequest, TokenizeRequest
+from services.gateway.chat_schemas import ChatCompletionRequest
 from services.gateway.schemas import MAX_STOP, CompletionRequest
+from services.gateway.tokenize_schemas import TokenizeRequest
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "m", "prompt": "hi"}
