@@ -191,20 +191,22 @@ class ChatPrompt(_Body):
 
     @model_validator(mode="after")
     def _prefix_is_not_constrained(self) -> ChatPrompt:
-        formatted = self.response_format is not None and self.response_format.schema_() is not None
-        constrained = bool(self.enforced_tools()) or formatted
+        constrained = bool(self.enforced_tools()) or self.json_reply()
         if self.ends_with_prefix() and constrained:
             message = "a prefix cannot be continued under tool_choice required / named, a strict tool, response_format"
             raise field_error(type(self), ("messages", len(self.messages) - 1, "prefix"), message, True)
         return self
 
+    def json_reply(self) -> bool:
+        return self.response_format is not None and self.response_format.schema_() is not None
+
     def enforced_tools(self) -> list[dict]:
         """The tools whose calls a grammar enforces: all under tool_choice required, the named one,
-        the ``strict`` ones under auto."""
+        the ``strict`` ones under auto (none beside a JSON reply: its grammar applies, no call's)."""
         if isinstance(self.tool_choice, NamedToolChoice):
             return [t for t in self.tools or [] if t["function"]["name"] == self.tool_choice.function.name]
         if self.tool_choice in (None, "auto"):
-            return strict_tools(self.tools or [])
+            return [] if self.json_reply() else strict_tools(self.tools or [])
         return list(self.tools or []) if self.tool_choice == "required" else []
 
     def enforced_parameters(self) -> list[tuple[int, str, dict]]:

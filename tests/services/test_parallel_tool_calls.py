@@ -70,3 +70,12 @@ def test_a_strict_schema_no_grammar_can_enforce_is_refused_under_auto(gateway, c
     plain = {**TOOLS[0], "function": {**TOOLS[0]["function"], "parameters": PATTERN}}  # only read: served
     r = _post(gateway, tools=[plain], parallel_tool_calls=None, **choice)
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+
+
+def test_a_strict_tool_beside_a_json_reply_is_only_read(gateway):
+    """With response_format the JSON reply's grammar applies under auto, no call's (README): a strict
+    tool's parameters no call grammar can keep are only read, as a plain tool's."""
+    unkept = {"type": "object", "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}
+    reply = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}
+    r = _post(gateway, tools=[_strict(TOOLS[0], unkept)], response_format=reply, parallel_tool_calls=None)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
