@@ -5,6 +5,7 @@ the hop and back, on the loop; long text off it: the loop's other requests would
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from types import SimpleNamespace
 
@@ -56,3 +57,37 @@ def test_a_grammar_is_made_off_the_loop_and_only_when_the_body_asks_for_one(monk
     rules, loop = asyncio.run(all_three())
     assert rules == [None, None, "rule"]
     assert len(threads) == 1 and threads[0] is not loop
+
+
+_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+_STRICT = {"type": "function", "function": {**_TOOL["function"], "strict": True}}
+_CHOICES = [None, "none", "auto", "required", {"type": "function", "function": {"name": "f"}}]
+_TOOLSETS = [None, [_TOOL], [_STRICT], [_TOOL, _STRICT]]
+_FORMATS = [None, {"type": "text"}, {"type": "json_object"}]
+_FORMATS += [{"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}]
+
+
+def test_a_chat_body_takes_the_hop_exactly_when_the_real_grammar_enforces_something(demo_dir, redis_url):
+    """``constrained`` (the hop's gate) against the real ``grammar``, for every tool_choice, tools
+    (none, free, strict, both), response_format and parallel_tool_calls the schemas accept: a gate
+    False where a grammar exists drops the grammar silently (the reply unenforced)."""
+    from fastapi.testclient import TestClient
+    from pydantic import ValidationError
+
+    from dayzero.settings import Settings
+    from services.gateway.app import make_app
+    from services.gateway.chat_schemas import ChatCompletionRequest
+
+    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:
+        gw, seen = client.app.state.gateway, set()
+        for choice, tools, fmt, parallel in itertools.product(_CHOICES, _TOOLSETS, _FORMATS, [None, False]):
+            fields = {"tool_choice": choice, "tools": tools, "response_format": fmt, "parallel_tool_calls": parallel}
+            try:
+                body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], **fields)
+            except ValidationError:
+                continue
+            for thinking in (False, True):
+                made = chat.grammar(gw, body, thinking) is not None
+                assert chat.constrained(body) == made, (fields, thinking)
+                seen.add(made)
+    assert seen == {True, False}
