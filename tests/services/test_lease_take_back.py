@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import redis
 
 from dayzero.params import SamplingParams
+from dayzero.serving.first_tokens import FirstTokens
+from dayzero.serving.intake import Ticket
 from dayzero.serving.keys import key
+from dayzero.serving.lease import Heartbeat
 from dayzero.serving.lifecycle import Lifecycle
-from dayzero.serving.messages import GenerationRequest
+from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.scripts import Take
 
-from .conftest import MODEL, sse_events, start_gateway_alone, start_stack
+from .conftest import MODEL, sse_events, start_gateway_alone, start_stack, wait_until
 from .test_decode_appends import writes_refused
 
 
@@ -113,3 +117,28 @@ def test_the_reaper_re_runs_nothing_for_a_lease_after_an_outage_so_a_live_worker
         assert store.owner("beaten-back") == "decode9" and store.r.get(key("attempt", "beaten-back")) is None
     finally:
         stack.stop()
+
+
+def test_a_prefilled_request_whose_send_redis_failed_is_taken_back_after_the_outage(redis_url):
+    """Its send releases the request's beats, then Redis fails it: it is held again (beaten while it
+    waits for the retry) but was beaten without its run, so a lease that lapsed in the outage was not
+    taken back, and the reaper re-ran it: a re-prefill per outage past a lease, the path this change was for."""
+    store, stop = Lifecycle(redis.Redis.from_url(redis_url)), threading.Event()
+    beat = Heartbeat(store, "prefill0", 0.3, stop)
+    sampling = SamplingParams(max_tokens=2)
+    request = GenerationRequest(request_id="tb-send", prompt_ids=(0, 5), sampling=sampling, created=0)
+    store.admit(request, [], "", 60)
+    ticket = Ticket(PrefillJob(request=request))
+    first = FirstTokens(None, SimpleNamespace(retry_later=lambda unsent: None), None, beat, None, None, 0)
+
+    def redis_failing(ticket: Ticket[PrefillJob]) -> None:
+        raise redis.ConnectionError("Redis down")
+
+    first._emit = redis_failing
+    try:
+        assert beat.claim(ticket, lambda ticket: None)
+        assert first.each([ticket], first.send) == [ticket]  # kept for a retry, held again
+        store.r.delete(key("lease", "tb-send"))  # the outage outlasted the lease
+        assert wait_until(lambda: store.owner("tb-send") == "prefill0", 2)
+    finally:
+        stop.set()

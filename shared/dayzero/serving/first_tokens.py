@@ -95,7 +95,7 @@ class FirstTokens:
                 rids = [t.job.request.request_id for t in unsent]
                 self._sends_failed.failed(exc, ", ".join(rids))
                 self.kept.retry_later(unsent)
-                self.heartbeat.hold(rids)
+                self.heartbeat.hold(rids, {t.job.request.request_id: t.job.attempt for t in unsent})
                 return unsent
         return []
 

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import redis
@@ -146,10 +146,14 @@ class Heartbeat:
             ticket.done.set()
         return taken == Take.CLAIMED
 
-    def hold(self, ids: list[str]) -> None:
-        """Beat for ``ids`` until each is ``release``d."""
+    def hold(self, ids: list[str], runs: Mapping[str, int] | None = None) -> None:
+        """Beat for ``ids`` until each is ``release``d; ``runs`` (id -> attempt): the runs of those held
+        again after a release (a send or push Redis failed), whose leases a beat may take back."""
         with self._lock:
             self._ids.update(ids)
+            for rid, attempt in (runs or {}).items():
+                if not self._later(rid, attempt):
+                    self._runs[rid] = attempt
             if self._thread is None:
                 self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
                 self._thread.start()

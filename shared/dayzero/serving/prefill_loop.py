@@ -137,7 +137,8 @@ class PrefillLoop:
         """Redis failed mid-batch: free these requests' blocks (but a prefilled one's) and retry them later."""
         for ticket in (t for t in unsettled if not self.kept.holds(t)):
             self.r.ranks.release(ticket.job.request.request_id)
-        self.heartbeat.hold([t.job.request.request_id for t in unsettled])  # one may be released
+        runs = {t.job.request.request_id: t.job.attempt for t in unsettled}
+        self.heartbeat.hold(list(runs), runs)  # one may be released
         self.pending[:0] = unsettled
 
     def _end_cancelled(self) -> None:

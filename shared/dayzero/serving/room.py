@@ -240,7 +240,7 @@ class Room(Generic[J]):
                 pushed = self.push(job, rid)
         finally:
             if not pushed:  # still this worker's (or its run is over: the take will say so; a beat renews
-                heartbeat.hold([rid])  # no lease a push that raised may have dropped)
+                heartbeat.hold([rid], {rid: job.attempt})  # no lease a push that raised may have dropped)
         if pushed:
             log.info("request %s: handed back to the %s queue for a worker with room", rid, self.r.stats.stage)
             self.held.append((ticket, time.monotonic()))
