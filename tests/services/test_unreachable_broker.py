@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from .conftest import wait_until
+from .conftest import stopped, wait_until
 from .reconnecting import QUEUE, touching_app
-from .test_reconnect import ROOT, _stopped
+from .test_reconnect import ROOT
 from .unreachable import netns_usable, unreachable_redis
 
 pytestmark = pytest.mark.skipif(not netns_usable(), reason="needs root and ip netns (a Redis made unreachable)")
@@ -39,6 +39,6 @@ def test_a_worker_consumes_again_within_seconds_once_an_unreachable_redis_is_rea
             assert wait_until(mark.exists, 60), log.read_text()[-3000:]
             took_s = time.monotonic() - reachable
         finally:
-            _stopped(worker)
+            stopped(worker)
     assert took_s < SERVED_WITHIN_S, (took_s, log.read_text()[-3000:])
     assert "Unrecoverable error" not in log.read_text()
