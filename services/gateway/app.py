@@ -65,8 +65,9 @@ async def _reaper(gw: Gateway) -> None:
     waited there; the first pass after an outage the reaper saw (5 of 49 rounds), or the first after
     one wholly between two passes, which no pass saw fail. That pass wakes the workers whose stamps
     back off after a long refusal (liveness.wake_stampers): they stamp again before the next. Nothing
-    is re-run for a lease after a failed pass: a live worker's lease that lapsed in the outage is its
-    to take back (lease.py); re-run at once, each outage past a lease cost a re-prefill per request."""
+    is re-run for a lease after a failed pass (or one Redis answered a quarter lease late: frozen within
+    the command timeout, it fails nothing): a live worker's lease that lapsed in the outage is its to
+    take back (lease.py); re-run at once, each outage past a lease cost a re-prefill per request."""
     messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
     store = gw.bus.store
     overdue = OverdueWaits(store, gw.settings.task_time_limit_s, gw.codec)
@@ -77,7 +78,7 @@ async def _reaper(gw: Gateway) -> None:
     def one_pass(past_before: set[str], rerun: bool) -> set[str]:
         """One pass; ``past_before``: the stages past the no-worker bound at the last one. -> those now."""
         if rerun:
-            sweep(store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period)
+            sweep(store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period, period / 2)  # (Stalled: failed)
         unserved, bound = unserved_stages(store.r, QUEUES), gw.settings.no_worker_timeout_s
         past = {stage: seconds for stage, seconds in unserved.items() if seconds > bound}
         if past.keys() - past_before:  # (looked at again RESTAMPED_S on: its workers backing off stamp now)

@@ -5,6 +5,7 @@ beat finds its lease lost, and the re-run's worker takes it."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from types import SimpleNamespace
@@ -142,3 +143,28 @@ def test_a_prefilled_request_whose_send_redis_failed_is_taken_back_after_the_out
         assert wait_until(lambda: store.owner("tb-send") == "prefill0", 2)
     finally:
         stop.set()
+
+
+def test_a_redis_frozen_past_a_lease_but_within_the_gateways_timeout_re_runs_nothing(demo_dir, tmp_path):
+    """Redis frozen (SIGSTOP) for 2.5 s, three leases of 1 s, within the gateway's 10 s command timeout:
+    the reaper's pass waits on Redis, fails nothing, and went on re-running the lapsed lease at once when
+    Redis came back, before the live worker's next beat (a third of a lease on) could take it back."""
+    stack = start_gateway_alone(demo_dir, tmp_path)
+    try:
+        store = Lifecycle(redis.Redis.from_url(stack.redis_url))
+        sampling = SamplingParams(max_tokens=2)
+        request = GenerationRequest(request_id="frozen", prompt_ids=(0, 5), sampling=sampling, created=time.time())
+        store.admit(request, [], "", 60)
+        assert store.take("frozen", 0, "decode9", 1.0) == Take.CLAIMED
+        stack.redis.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(2.5)  # the lease lapses; the reaper's pass waits on Redis
+        finally:
+            stack.redis.send_signal(signal.SIGCONT)
+        time.sleep(0.3)
+        for _ in range(6):
+            assert store.heartbeat(["frozen"], "decode9", 1.0, {"frozen": 0}) == []
+            time.sleep(0.3)
+        assert store.owner("frozen") == "decode9" and store.r.get(key("attempt", "frozen")) is None
+    finally:
+        stack.stop()

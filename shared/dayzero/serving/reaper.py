@@ -9,7 +9,10 @@ no-op, and the attempt counter makes a late redelivery of the old task stale.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+
+import redis
 
 from ..telemetry import continued
 from ..tokenizer import IdsOnlyCodec, TextCodec
@@ -22,10 +25,21 @@ log = logging.getLogger("dayzero.reaper")
 MAX_ATTEMPTS = 4
 
 
+class Stalled(redis.RedisError):
+    """Redis answered a sweep's first round trips late: frozen a while, the workers' beats waited too."""
+
+
 def sweep(
-    store: Lifecycle, send: Callable[[PrefillJob, str], None], transit_s: float, lock_ms: int, sighting_s: float
+    store: Lifecycle,
+    send: Callable[[PrefillJob, str], None],
+    transit_s: float,
+    lock_ms: int,
+    sighting_s: float,
+    stalled_s: float | None = None,
 ) -> list[str]:
-    """One pass over the unfinished requests; returns the ids re-enqueued.
+    """One pass over the unfinished requests; returns the ids re-enqueued. ``stalled_s``: Redis
+    answering the lock and the list of requests later than this raises ``Stalled``, nothing re-run
+    (a freeze within the client's timeout fails no call: a lease that lapsed in it is its worker's).
 
     ``send(job, stage)`` queues a re-run (``Lifecycle.enqueue``): at the vision stage when the
     request has images. Until it does, the re-run's queued mark holds for ``transit_s``: a gateway
@@ -33,10 +47,14 @@ def sweep(
     worker took off its queue and never claimed is re-run by the next sweep that finds it so
     within ``sighting_s`` (above the sweeps' period): the first may be just ahead of a live claim.
     """
+    began = time.monotonic()
     if not store.r.set(key("reaper"), 1, px=lock_ms, nx=True):  # one gateway sweeps at a time
         return []  # another gateway swept just now
+    active, took = store.active(), time.monotonic() - began
+    if stalled_s is not None and took > stalled_s:
+        raise Stalled(f"Redis answered the sweep's first round trips in {took:.1f} s")
     rerun = []
-    for rid in store.active():
+    for rid in active:
         attempt = store.rerun_orphan(rid, transit_s, sighting_s)
         request = store.request(rid) if attempt else None
         if request is None:
