@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.concurrency import run_in_threadpool
 
-from dayzero.chat.auto_grammar import auto_calls_grammar, strict_tools
+from dayzero.chat.auto_grammar import auto_calls_grammar
 from dayzero.chat.dsml import to_json
 from dayzero.chat.encoding import ChatOptions
 from dayzero.chat.grammar import (
@@ -26,7 +26,7 @@ from .chat_schemas import ChatPrompt, NamedToolChoice
 from .context import Gateway, tokenizing
 from .errors import APIError
 from .images import IMAGE_TAG, Prompt, expand_placeholders, render_chat
-from .schemas import Sampling
+from .schemas import Sampling, json_reply
 
 
 def chat_prompt(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
@@ -55,26 +55,15 @@ def _field_holding_the_tag(options: ChatOptions) -> str:
     return "messages"
 
 
-def _calls_enforced(body: Sampling) -> bool:
-    choice = getattr(body, "tool_choice", None)
-    return choice == "required" or isinstance(choice, NamedToolChoice)
-
-
-def _json_reply(body: Sampling) -> bool:
-    return body.response_format is not None and body.response_format.schema_() is not None
-
-
-def _auto_strict(body: Sampling) -> bool:
-    """Under "auto" (or no tool_choice) with a ``strict`` tool and no JSON reply: its call blocks held."""
-    choice = getattr(body, "tool_choice", None)
-    return choice in (None, "auto") and not _json_reply(body) and bool(strict_tools(getattr(body, "tools", None) or []))
+def _enforced_tools(body: Sampling) -> list[dict]:
+    return body.enforced_tools() if isinstance(body, ChatPrompt) else []  # (a completion calls no tool)
 
 
 def constrained(body: Sampling) -> bool:
-    """Whether ``grammar`` has anything to enforce: a call, a JSON reply, or a strict tool's calls under
-    "auto". Without, a request takes no hop to the thread pool (where a grammar compiles) on its way
-    to the queue."""
-    return _calls_enforced(body) or _json_reply(body) or _auto_strict(body)
+    """Whether ``grammar`` has anything to enforce: a call (a strict tool's under "auto" too), or a
+    JSON reply. Without, a request takes no hop to the thread pool (where a grammar compiles) on its
+    way to the queue."""
+    return bool(_enforced_tools(body)) or json_reply(body)
 
 
 async def enforced(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | None:
@@ -90,8 +79,9 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
     else, under "auto" with a ``strict`` tool, each call block the reply writes (auto_grammar)."""
     choice = getattr(body, "tool_choice", None)
     schema = body.response_format.schema_() if body.response_format else None
-    auto_strict = _auto_strict(body)
-    if _calls_enforced(body) or auto_strict:
+    calls = _enforced_tools(body)
+    auto_strict = bool(calls) and choice in (None, "auto")  # (a strict tool's calls, enforced under auto)
+    if calls:
         named = choice.function.name if isinstance(choice, NamedToolChoice) else None
         _check_size(gw, _enforced_schemas(body), "tools")
         _check_tools(body)

@@ -13,7 +13,7 @@ from dayzero.chat.grammar import parameters_problem
 from dayzero.chat.schema_size import MOST_TOOLS
 from dayzero.settings_help import validation_message
 
-from .schemas import MAX_TEXT, ResponseFormat, Sampling, _Body, field_error
+from .schemas import MAX_TEXT, ResponseFormat, Sampling, _Body, field_error, json_reply
 from .thinking_mode import EFFORTS, ChatTemplateKwargs, Effort, ThinkingSwitch
 
 MAX_MESSAGES = 256
@@ -191,14 +191,11 @@ class ChatPrompt(_Body):
 
     @model_validator(mode="after")
     def _prefix_is_not_constrained(self) -> ChatPrompt:
-        constrained = bool(self.enforced_tools()) or self.json_reply()
+        constrained = bool(self.enforced_tools()) or json_reply(self)
         if self.ends_with_prefix() and constrained:
             message = "a prefix cannot be continued under tool_choice required / named, a strict tool, response_format"
             raise field_error(type(self), ("messages", len(self.messages) - 1, "prefix"), message, True)
         return self
-
-    def json_reply(self) -> bool:
-        return self.response_format is not None and self.response_format.schema_() is not None
 
     def enforced_tools(self) -> list[dict]:
         """The tools whose calls a grammar enforces: all under tool_choice required, the named one,
@@ -206,7 +203,7 @@ class ChatPrompt(_Body):
         if isinstance(self.tool_choice, NamedToolChoice):
             return [t for t in self.tools or [] if t["function"]["name"] == self.tool_choice.function.name]
         if self.tool_choice in (None, "auto"):
-            return [] if self.json_reply() else strict_tools(self.tools or [])
+            return [] if json_reply(self) else strict_tools(self.tools or [])
         return list(self.tools or []) if self.tool_choice == "required" else []
 
     def enforced_parameters(self) -> list[tuple[int, str, dict]]:

@@ -37,6 +37,11 @@ def field_error(model: type, where: tuple, message: str, value: object = None) -
     return ValidationError.from_exception_data(model.__name__, [InitErrorDetails(type=error, loc=where, input=value)])
 
 
+def json_reply(body: Any) -> bool:
+    """Whether a request (a completion's or a chat's) asks for a JSON reply: a grammar enforces it."""
+    return body.response_format is not None and body.response_format.schema_() is not None
+
+
 class _Body(BaseModel):
     # "max_tokens": "4" is refused, not coerced; NaN and infinities are refused as not finite
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
