@@ -14,7 +14,7 @@ from dayzero.chat.schema_size import MOST_TOOLS
 from dayzero.settings_help import validation_message
 
 from .schemas import MAX_TEXT, ResponseFormat, Sampling, _Body, field_error, json_reply
-from .thinking_mode import EFFORTS, ChatTemplateKwargs, Effort, ThinkingSwitch
+from .thinking_mode import EFFORTS, ChatTemplateKwargs, Effort, ThinkingSwitch, thinking_conflict
 
 MAX_MESSAGES = 256
 MAX_PARTS = 1024  # content parts of a message (its images are bounded further)
@@ -217,10 +217,10 @@ class ChatPrompt(_Body):
 
     @model_validator(mode="after")
     def _one_thinking_mode(self) -> ChatPrompt:
-        asked = (self.chat_template_kwargs or ChatTemplateKwargs()).thinking
-        if self.switch is not None and asked is not None and asked != (self.switch.type == "enabled"):
-            message = f"thinking {self.switch.type!r} contradicts chat_template_kwargs.thinking {str(asked).lower()}"
-            raise field_error(type(self), ("thinking", "type"), message, self.switch.type)
+        if conflict := thinking_conflict(
+            self.chat_template_kwargs or ChatTemplateKwargs(), self.switch, self.reasoning_effort
+        ):
+            raise field_error(type(self), *conflict)
         return self
 
     def thinking(self) -> tuple[bool, str]:

@@ -69,3 +69,38 @@ def test_a_switch_this_server_cannot_follow_is_refused(gateway, route, body):
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"].startswith("thinking"), error
     assert "True" not in error["message"] and "False" not in error["message"], error  # JSON's spelling
+
+
+@pytest.mark.parametrize(
+    "body, other",
+    [
+        ({"thinking": {"type": "enabled"}, "reasoning_effort": "none"}, "thinking 'enabled'"),
+        ({"chat_template_kwargs": {"thinking": True}, "reasoning_effort": "none"}, "chat_template_kwargs.thinking"),
+        (
+            {"chat_template_kwargs": {"thinking": True, "reasoning_effort": "max"}, "reasoning_effort": "high"},
+            "chat_template_kwargs.reasoning_effort 'max'",
+        ),
+    ],
+)
+@pytest.mark.parametrize("route", ["/tokenize", "/v1/chat/completions"])
+def test_two_ways_of_asking_for_different_thinking_are_refused_naming_both(gateway, route, body, other):
+    """They were settled silently: the switch turned thinking on beside an effort of "none", and
+    chat_template_kwargs' effort won over a different reasoning_effort."""
+    r = gateway.post(route, json={"model": MODEL, "messages": CHAT, "max_tokens": 4, **body})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "reasoning_effort" and other in error["message"], error
+
+
+@pytest.mark.parametrize(
+    "body, opened",
+    [
+        ({"thinking": {"type": "disabled"}, "reasoning_effort": "none"}, False),
+        ({"chat_template_kwargs": {"thinking": False}, "reasoning_effort": "max"}, False),  # the switch decides
+        ({"chat_template_kwargs": {"thinking": True, "reasoning_effort": "max"}, "reasoning_effort": "xhigh"}, True),
+        ({"chat_template_kwargs": {"thinking": True, "reasoning_effort": "low"}, "reasoning_effort": "minimal"}, True),
+    ],
+)
+def test_agreeing_ways_and_a_switch_turning_thinking_off_are_taken(gateway, body, opened):
+    prompt = _prompt(gateway, **body)
+    assert prompt.endswith(OPENS_A_THOUGHT if opened else SKIPS_THE_THOUGHT), prompt
