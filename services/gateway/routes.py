@@ -82,13 +82,7 @@ def _spec(
     limit = gw.context_limit
     if not prompt_ids:
         raise APIError(400, "the prompt is empty", param="prompt")
-    if len(prompt_ids) >= limit:
-        raise APIError(
-            400,
-            f"the prompt has {len(prompt_ids)} tokens; the context limit is {limit}",
-            param="messages" if isinstance(body, ChatPrompt) else "prompt",
-            code="context_length_exceeded",
-        )
+    _within_context(gw, prompt_ids, "messages" if isinstance(body, ChatPrompt) else "prompt")
     if body.stops() and not gw.codec.has_tokenizer:
         raise APIError(400, "stop strings need text; this checkpoint has no tokenizer.json", param="stop")
     if min(prompt_ids) < 0 or max(prompt_ids) >= gw.vocab_size:  # (2 M ids: 42 ms of CPU, 80 in a Python loop)
@@ -117,6 +111,13 @@ def _spec(
         logprobs=body.logprob_count(),
         grammar=rule,
     )
+
+
+def _within_context(gw: Gateway, prompt_ids: list[int], param: str) -> None:
+    """A prompt leaves room for a token of completion (else 400 naming ``param``)."""
+    if len(prompt_ids) >= gw.context_limit:
+        message = f"the prompt has {len(prompt_ids)} tokens; the context limit is {gw.context_limit}"
+        raise APIError(400, message, param=param, code="context_length_exceeded")
 
 
 def _bias(gw: Gateway, body: Sampling) -> dict[int, float]:
@@ -211,7 +212,8 @@ def _named_prompt(index: int | None) -> Iterator[None]:
 
 @router.post("/tokenize", dependencies=[Authorized])
 async def tokenize(body: TokenizeRequest, gw: GatewayDep) -> Tokenized:
-    """A prompt's ids as the server would feed them (a chat: rendered, images expanded)."""
+    """A prompt's ids as the server would feed them (a chat: rendered, images expanded); one the
+    routes would refuse for the context is refused here too (one far over it: untokenized)."""
     _served(gw, body.model)
     if body.prompt is None:
         check_tool_set(gw, body)
@@ -219,7 +221,8 @@ async def tokenize(body: TokenizeRequest, gw: GatewayDep) -> Tokenized:
     else:
         with tokenizing("prompt"):
             special = body.add_special_tokens is not False  # (vLLM's default for a prompt: added)
-            ids = await encoded(gw, body.prompt, None, special)
+            ids = await encoded(gw, body.prompt, gw.context_limit, special)
+    _within_context(gw, ids, "prompt" if body.messages is None else "messages")
     return Tokenized(tokens=ids, count=len(ids), max_model_len=gw.context_limit)
 
 

@@ -256,12 +256,14 @@ def test_several_prompts_are_refused_naming_the_one_at_fault(lone_gateway, promp
 def test_content_parts_and_tool_calls_are_bounded_in_all_messages_together(lone_gateway):
     """Each part and call is validated on the event loop before anything else runs: 256 messages of
     1,024 parts (7.9 MB) stalled every stream ~2 s, to be refused over the context after. At the
-    bound (4,096), a chat of empty parts is taken; one more is refused, counted before validation."""
+    bound (4,096), a chat of empty parts is taken (rendered, then refused for the context); one more
+    is refused, counted before validation."""
     empty, call = {"type": "text", "text": ""}, {"id": "c", "type": "function", "function": {"name": "f"}}
     messages = [{"role": "user", "content": [empty] * 1024}] * 3 + [{"role": "user", "content": [empty] * 1023}]
     messages.append({"role": "assistant", "tool_calls": [call]})
     body = {"model": MODEL, "messages": messages}
-    assert httpx.post(f"{lone_gateway.url}/tokenize", json=body, headers=KEY, timeout=30).status_code == 200
+    at_bound = httpx.post(f"{lone_gateway.url}/tokenize", json=body, headers=KEY, timeout=30)  # rendered, counted:
+    assert at_bound.json()["error"]["code"] == "context_length_exceeded", at_bound.text  # 8,249 tokens, over 4,096
     body["messages"] = [*messages, {"role": "user", "content": [empty]}]
     message = "messages: at most 4096 content parts and tool calls in all messages, not 4097"
     for path in ("/tokenize", "/v1/chat/completions"):

@@ -177,3 +177,21 @@ def test_the_ids_are_written_by_pydantic_not_walked_by_jsonable_encoder(gateway,
     r = gateway.post("/tokenize", json={"model": MODEL, "prompt": "hello world"})
     assert r.status_code == 200 and r.json()["count"] == len(r.json()["tokens"]) > 1, r.text
     assert [w for w in walked if isinstance(w, dict) and "tokens" in w] == []
+
+
+@pytest.mark.parametrize(
+    "body, at_least",
+    [
+        ({"prompt": "x" * (CONTEXT + 100)}, False),  # a token a character: over the context, counted
+        ({"prompt": "x" * (1 << 20)}, True),  # 1 MB: over it from its size alone, untokenized
+        ({"messages": _user("x" * (CONTEXT + 100))}, False),
+    ],
+    ids=["prompt", "prompt_far_over", "chat"],
+)
+def test_tokenize_refuses_a_prompt_over_the_context_as_the_routes_do(gateway, body, at_least):
+    """A prompt text had no bound: 1 M characters were tokenized (1.9 s of CPU) and counted."""
+    r = gateway.post("/tokenize", json={"model": MODEL, **body})
+    assert r.status_code == 400, r.text[:200]
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == next(iter(body)), error
+    assert ("at least" in error["message"]) == at_least and error["message"].endswith(f"limit is {CONTEXT}"), error
