@@ -10,7 +10,7 @@ import pytest
 
 from dayzero.chat.auto_grammar import auto_calls_grammar
 from dayzero.chat.grammar import dsml_symbol
-from dayzero.chat.output import parse_message
+from dayzero.chat.output import AssistantStream, parse_message
 from dayzero.chat.tokens import DSML, END_THINK, LATEST_REMINDER, THINK, USER
 
 ALLOWED = 200  # compute_logit_bias's byte for a token the grammar allows
@@ -149,6 +149,27 @@ def test_the_thought_is_free_and_a_call_after_it_is_held(codec):
     assert (reply.reasoning, reply.content, [c.name for c in reply.calls]) == (thought, "Checking.", ["weather"])
     bad = Walk(codec, [WEATHER]).feed(thought + _block(_call("weather", ("days", True, "x"))))  # ends the thought
     assert bad is not None and bad.endswith('string="')
+
+
+@pytest.mark.parametrize("gap", ["", "\n", "\n\n"], ids=["no_blank_line", "newline", "blank_line"])
+@pytest.mark.parametrize("stream", [False, True], ids=["body", "stream"])
+def test_a_block_the_grammar_lets_the_thought_write_is_read_as_calls(codec, gap, stream):
+    """The grammar holds a marker in the thought to a valid block wherever it opens; the parser read
+    one as calls only after a blank line: the block written right after the thought's text (no
+    blank line) stayed in reasoning_content, DSML and all, and its call was lost."""
+    thought, block = "I need the weather." + gap, _block(GOOD).removeprefix("\n\n")
+    text = thought + block
+    assert Walk(codec, [WEATHER]).feed(text) is None
+    if stream:  # a token at a time, as a stream's shape feeds it
+        stream_parts = AssistantStream(thinking=True, tools=True)
+        parts = [stream_parts.feed(codec.decode_all([t])) for t in codec.encode(text)[1:]]
+        parts.append(stream_parts.finish(stopped=True))
+        reasoning, calls = "".join(p.reasoning for p in parts), [c for p in parts for c in p.calls]
+    else:
+        reply = parse_message(text, thinking=True, stopped=True)
+        reasoning, calls = reply.reasoning, reply.calls
+    assert reasoning == thought.removesuffix("\n\n") and DSML not in reasoning, reasoning
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("weather", {"days": 3, "city": "Paris"})]
 
 
 def test_one_call_when_parallel_calls_are_off(codec):

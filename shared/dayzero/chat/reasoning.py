@@ -1,8 +1,10 @@
 """Thinking mode's output: the text before ``</think>`` is the reasoning, the rest the answer.
 
 A tool-call block also ends the reasoning (a model that starts calling without closing its
-thought still gets its calls parsed). Streaming-safe: an end that could still grow into
-``</think>`` is held back until the next text decides.
+thought still gets its calls parsed), with or without the blank line V4 writes before one: the
+answer's parser (dsml) reads a block either way, and so does the grammar of tool_choice "auto"
+with a strict tool (auto_grammar), which holds the thought too. Streaming-safe: an end that could
+still grow into ``</think>`` or a block is held back until the next text decides.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from .dsml import BLOCK_OPEN, held_suffix
 from .tokens import END_THINK
 
-_ENDS = (END_THINK, "\n\n" + BLOCK_OPEN)
+_ENDS = (END_THINK, "\n\n" + BLOCK_OPEN, BLOCK_OPEN)  # (the blank line before a block is the block's)
 
 
 class ReasoningSplitter:
