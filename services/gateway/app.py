@@ -33,7 +33,7 @@ from dayzero.tokenizer import load_codec
 
 from . import errors
 from .bus import Bus
-from .context import Gateway
+from .context import Gateway, system_fingerprint
 from .metrics import CountResponses, GatewayMetrics
 from .readiness import readiness
 from .routes import answer_head_as_get, authorize, router
@@ -206,6 +206,7 @@ def make_app(settings: Settings) -> FastAPI:
             cfg.raw.get("image_token_id") if "vision_config" in cfg.raw else None,
             cfg.eos_token_ids[0],
             vision_config=cfg.raw.get("vision_config") or {},
+            fingerprint=system_fingerprint(cfg.raw),
         )
         if gw.codec.has_tokenizer:  # load the template renderer now, fail early
             gw.codec.chat_ids([{"role": "user", "content": "hi"}])

@@ -92,7 +92,7 @@ async def collect(
     for request, events in zip(requests, results, strict=True):
         last = events[-1]
         text = "".join(e.text for e in events)
-        shape = Shape(request, gw.settings.model_name, gw.codec)
+        shape = Shape(request, gw.settings.model_name, gw.codec, gw.fingerprint)
         body = shape.body(text, last.finish_reason, usage(request, last), events)
         choices.append(body["choices"][0])
         used.add(request, last)

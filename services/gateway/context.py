@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from importlib.metadata import version
 
 from starlette.concurrency import run_in_threadpool
 
@@ -29,11 +32,19 @@ class Gateway:
     eos_token: int
     started: int = field(default_factory=lambda: int(time.time()))  # unix time; the model card's ``created``
     vision_config: dict = field(default_factory=dict)  # the checkpoint's: its patch geometry sizes the images
+    fingerprint: str | None = None  # OpenAI's system_fingerprint (system_fingerprint())
 
     @property
     def context_limit(self) -> int:
         """Tokens a prompt plus its completion may take."""
         return min(self.settings.max_context, self.max_positions)
+
+
+def system_fingerprint(config: dict) -> str:
+    """OpenAI's ``system_fingerprint``: the backend a reply came from, dayzero's version and the
+    checkpoint's config (a change to either may change what a seed draws)."""
+    backend = json.dumps([version("dayzero"), config], sort_keys=True, default=str)
+    return "fp_" + hashlib.sha256(backend.encode()).hexdigest()[:12]
 
 
 @contextlib.contextmanager

@@ -86,7 +86,9 @@ async def sse(
 
 
 def _usage_event(gw: Gateway, request: GenerationRequest, used: Usage) -> ServerSentEvent:
-    return ServerSentEvent(data=json.dumps(Shape(request, gw.settings.model_name, gw.codec).usage_chunk(used)))
+    return ServerSentEvent(
+        data=json.dumps(Shape(request, gw.settings.model_name, gw.codec, gw.fingerprint).usage_chunk(used))
+    )
 
 
 async def _chunks(
@@ -102,7 +104,7 @@ async def _chunks(
     resumed = after != "0-0"
     if resumed and await _over_by(gw, request, after, progress, used):
         return
-    shape = Shape(request, gw.settings.model_name, gw.codec)
+    shape = Shape(request, gw.settings.model_name, gw.codec, gw.fingerprint)
     if resumed:
         await _replay(gw, shape, request.request_id, after)
     elif request.kind == "chat":

@@ -35,8 +35,10 @@ class Shape:
         request: GenerationRequest,
         model: str,
         codec: TextCodec | IdsOnlyCodec,
+        fingerprint: str | None = None,  # OpenAI's system_fingerprint (None: unknown, as OpenAI's may be)
     ) -> None:
         self.kind, self.model, self.created, self.codec = request.kind, model, int(request.created), codec
+        self.fingerprint = fingerprint
         self.choice = request.choice  # the choice's index in a response of several
         self.id = f"{'chatcmpl' if request.kind == 'chat' else 'cmpl'}-{request.response_id or request.request_id}"
         self.logprobs = request.sampling.logprobs is not None
@@ -49,7 +51,8 @@ class Shape:
         self.usage_chunk_follows = request.usage_in_stream  # OpenAI: then every chunk has "usage": null
 
     def _head(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        head = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        return {**head, "system_fingerprint": self.fingerprint}
 
     def usage_chunk(self, used: Usage) -> dict:
         """OpenAI's last chunk of a stream that asked for usage (``stream_options.include_usage``)."""

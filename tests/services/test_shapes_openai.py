@@ -20,6 +20,7 @@ from services.gateway.outcome import Usage
 from services.gateway.shapes import Shape
 
 EXTENSIONS = {"reasoning_content", "token_ids"}  # DeepSeek's thinking, vLLM's ids (README)
+FINGERPRINT = "fp_0123456789ab"
 
 
 def _extra_fields(model: object, where: str = "") -> list[str]:
@@ -43,7 +44,7 @@ def _stream(codec, kind: str, logprobs: int | None) -> list[dict]:
         created=time.time(),
         usage_in_stream=True,
     )
-    shape = Shape(request, "m", codec)
+    shape = Shape(request, "m", codec, FINGERPRINT)
     a, b = codec.encode("a")[1], codec.encode("b")[1]
     tokens = [Token("r", 0, a, "a", None, logprob=-0.5, top=((b, -1.0),)), Token("r", 1, b, "b", "stop", logprob=-1.0)]
     chunks = [shape.chunk(None, None, role=True)] if kind == "chat" else []
@@ -83,6 +84,21 @@ def test_completion_chunks_read_as_openai_writes_them(codec, logprobs):
 def test_bodies_read_as_openai_writes_them(codec, kind):
     request = GenerationRequest(request_id="r", kind=kind, prompt_ids=(1,), sampling=SamplingParams(), created=1.0)
     usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-    body = Shape(request, "m", codec).body("a", "stop", usage, [])
+    body = Shape(request, "m", codec, FINGERPRINT).body("a", "stop", usage, [])
     parsed = (ChatCompletion if kind == "chat" else Completion).model_validate(body)
     assert _extra_fields(parsed) == [] and body["choices"][0]["logprobs"] is None
+    assert parsed.system_fingerprint == FINGERPRINT
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_every_chunk_names_the_backend_as_openai_s_do(codec, kind):
+    """OpenAI's chunks and bodies carry system_fingerprint (LangChain reads it off the chunk with the
+    finish_reason); none did."""
+    chunks = _stream(codec, kind, None)
+    assert [c["system_fingerprint"] for c in chunks] == [FINGERPRINT] * len(chunks)
+
+
+def test_the_gateway_names_its_backend(capped_gateway):
+    """The fingerprint the shapes write is the gateway's: its version and checkpoint, one per gateway."""
+    fingerprint = capped_gateway.app.state.gateway.fingerprint
+    assert fingerprint.startswith("fp_") and len(fingerprint) == 15, fingerprint
