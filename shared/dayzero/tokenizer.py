@@ -12,7 +12,8 @@ markup are how the model structures its answer, and the gateway parses them out.
 
 Prompt text is refused before tokenizing when it is not Unicode the tokenizer can take (a lone
 UTF-16 surrogate, as JSON's ``"\ud800"`` decodes) or when its UTF-8 size alone proves it longer
-than a limit; tokenizing itself runs without the GIL (the gateway's event loop goes on meanwhile).
+than a limit, and a long one when its head alone does (``dayzero.prompt_head``: only the head is
+tokenized); tokenizing itself runs without the GIL (the gateway's event loop goes on meanwhile).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 from .chat.encoding import CHAT_MODE, ChatOptions, encode_chat
 from .chat.prompts import effort_table_of
 from .chat.tokens import OUTPUT_MARKERS
+from .prompt_head import tokens_of_head
 
 _TEMPLATE_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
 _KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Split", "Digits", "Punctuation"}  # split text, drop none of it
@@ -109,7 +111,13 @@ class TextCodec:
         at_least = -(-size // self.max_token_bytes) if self.max_token_bytes else 0
         if limit is not None and at_least >= limit:
             raise PromptTooLongError(at_least, limit)
+        count = functools.partial(self._count, add_special_tokens=add_special_tokens)
+        if limit is not None and self.max_token_bytes and (from_head := tokens_of_head(text, limit, count)):
+            raise PromptTooLongError(from_head, limit)
         return self._tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids  # GIL released
+
+    def _count(self, text: str, add_special_tokens: bool) -> int:
+        return len(self._tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def decode(self, ids: list[int]) -> str:
         """Generated text: special tokens left out, except the output protocol's markers."""
