@@ -14,10 +14,10 @@ from dayzero.chat.grammar import (
     grammar_problem,
     json_grammar,
     schema_problem,
-    spelled_token,
     tool_calls_grammar,
     value_definitions,
 )
+from dayzero.chat.schema_literals import spelled_token
 from dayzero.chat.schema_size import more_nodes_than, size_problem
 from dayzero.chat.tokens import DSML, END_THINK, THINK
 from dayzero.params import Grammar

@@ -72,3 +72,24 @@ def test_a_literal_spelling_a_special_token_is_refused(gateway, body, param, tok
 def test_what_no_grammar_writes_may_spell_one(gateway, body):
     r = _post(gateway, **body)
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+
+
+def test_a_required_name_spelling_one_is_refused_in_our_words(gateway):
+    """A required name that is no property is still written as one: llguidance's parser error
+    ("token ... doesn't satisfy the grammar") reached the client."""
+    r = _post(gateway, **_format({"type": "object", "required": ["<｜User｜>"]}))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "response_format" and "special token <｜User｜>" in error["message"], error
+
+
+@pytest.mark.parametrize("defs", ["$defs", "definitions"])
+def test_a_definition_nothing_refers_to_may_spell_one(gateway, defs):
+    unused = {"type": "object", "properties": {"<｜User｜>": {"type": "integer"}}}
+    used = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    schema = {"$ref": f"#/{defs}/used", defs: {"used": used, "unused": unused}}
+    r = _post(gateway, **_format(schema))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    referred = {**schema, defs: {"used": {**used, "properties": {"a": {"$ref": f"#/{defs}/unused"}}}, "unused": unused}}
+    r = _post(gateway, **_format(referred))  # reached through another definition: refused
+    assert r.status_code == 400 and "special token <｜User｜>" in r.json()["error"]["message"], r.text

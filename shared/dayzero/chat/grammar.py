@@ -42,25 +42,6 @@ def json_grammar(schema: dict | None) -> str:
     return "start: " + _json_rule(schema if schema is not None else {"type": "object"}) + "\n"
 
 
-def spelled_token(schemas: list, tokens: tuple[str, ...]) -> str | None:
-    """The first of ``tokens`` (a tokenizer's special tokens' texts) that a literal of ``schemas``
-    spells: a property name, a const or enum string (None: none). llguidance cannot write one as
-    text: where the grammar forced its bytes it offered the special token itself, which it then
-    refused (a reply failed mid-way: 500)."""
-    literals: list[str] = []
-    for node in (node for schema in schemas for node in subschemas(schema)):
-        properties = node.get("properties")
-        literals.extend(properties if isinstance(properties, dict) else ())
-        values = [node["const"]] if "const" in node else []
-        values += node["enum"] if isinstance(node.get("enum"), list) else []
-        while values:
-            value = values.pop()
-            literals.extend([value] if isinstance(value, str) else value if isinstance(value, dict) else ())
-            values.extend(value.values() if isinstance(value, dict) else value if isinstance(value, list) else ())
-    text = "\0".join(literals)
-    return next((token for token in tokens if token in text), None)
-
-
 def schema_problem(schema: dict) -> str | None:
     """Why constrained decoding cannot enforce the JSON schema ``schema`` (None: it can)."""
     walk = {"steps": SCHEMA_PROBE_STEPS, "first": ord('"')}  # (the byte vocabulary's quote: a string ends soon)
@@ -124,9 +105,18 @@ def _allowed(mask: bytes, end: int):
 
 
 def error_summary(error: str) -> str:
-    """What llguidance found wrong, without the grammar text it quotes (ours, not the client's)."""
+    """What llguidance found wrong, without the grammar text it quotes (ours, not the client's), and
+    in the client's terms where it names an option of its own."""
     located = _LOCATED.match(error)
-    return (located[1] if located else error.splitlines()[0]).strip()
+    summary = (located[1] if located else error.splitlines()[0]).strip()
+    return next((ours for theirs, ours in _OURS.items() if theirs in summary), summary)
+
+
+# llguidance's words the client cannot act on (an option of its API), in theirs
+_OURS = {
+    "Enable 'coerce_one_of'": "a oneOf whose branches a value could match more than one of cannot be enforced "
+    "(write anyOf, or tell the branches apart: each an object requiring a property of its own const)",
+}
 
 
 class _ByteVocabulary:

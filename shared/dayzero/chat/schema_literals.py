@@ -1,0 +1,40 @@
+"""The literals of a JSON schema a reply may write, for the ones a tokenizer cannot: a special
+token's text, which llguidance offers as that token where the grammar forces its bytes."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+from .grammar import value_definitions
+from .schema_bounds import subschemas
+
+
+def spelled_token(schemas: list, tokens: tuple[str, ...]) -> str | None:
+    """The first of ``tokens`` (a tokenizer's special tokens' texts) that a literal a reply may write
+    spells: a property name (or a required one, written as a property), a const or enum string, in
+    ``schemas`` or the definitions they refer to (None: none; a definition nothing refers to writes
+    nothing). llguidance cannot write one as text: where the grammar forced its bytes it offered the
+    special token itself, which it then refused (a reply failed mid-way: 500)."""
+    literals: list[str] = []
+    for node in (node for schema in schemas for node in _reachable(schema)):
+        properties, required = node.get("properties"), node.get("required")
+        literals.extend(properties if isinstance(properties, dict) else ())
+        literals.extend(n for n in (required if isinstance(required, list) else ()) if isinstance(n, str))
+        values = [node["const"]] if "const" in node else []
+        values += node["enum"] if isinstance(node.get("enum"), list) else []
+        while values:
+            value = values.pop()
+            literals.extend([value] if isinstance(value, str) else value if isinstance(value, dict) else ())
+            values.extend(value.values() if isinstance(value, dict) else value if isinstance(value, list) else ())
+    text = "\0".join(literals)
+    return next((token for token in tokens if token in text), None)
+
+
+def _reachable(schema: object) -> Iterator[dict]:
+    """The subschemas of ``schema`` a reply may follow: all but its ``$defs`` / ``definitions``, and
+    of those the ones its ``$ref``s reach (and theirs)."""
+    if not isinstance(schema, dict):
+        return subschemas(schema)
+    written = {key: value for key, value in schema.items() if key not in ("$defs", "definitions")}
+    return itertools.chain(subschemas(written), subschemas(value_definitions(written, schema)))
