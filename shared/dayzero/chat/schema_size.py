@@ -21,6 +21,12 @@ MOST_TOOLS = 1024  # tools a request may ever offer (the ceiling of DAYZERO_MAX_
 # patternProperties' names in one object: llguidance's compile grows steeply in them, whatever their
 # length (names such as "^q17$", all 5 characters: 100 took 0.05-0.4 s, 200 0.8-6.7 s, 400 25-63 s)
 MOST_PATTERN_NAMES = 100
+# characters of one string a grammar spells (a property name, an enum or const string) and of one
+# regular expression: llguidance's lexer builds a state or more per character, and one past its
+# limits fails only where a reply reaches it (a name of 50,000: its state limit, after ~0.9 s of
+# the gateway's check; a const of ~103,000, a pattern of 7,000-9,000 literal characters: "too many
+# expressions"), each 400 after a 200 stream began
+MOST_STRING_CHARS, MOST_REGEX_CHARS = 10_000, 5_000
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,8 @@ def size_problem(schemas: list, limits: SchemaLimits) -> str | None:
                 return _message("literal_chars", limits)
             if past("pattern_chars", _pattern_chars(node)):
                 return _message("pattern_chars", limits)
+            if problem := _long_string(node):
+                return problem
             if isinstance(named := node.get("patternProperties"), dict) and len(named) > MOST_PATTERN_NAMES:
                 most = MOST_PATTERN_NAMES
                 return f"an object of {len(named):,} patternProperties: at most {most} in one can be enforced"
@@ -155,6 +163,39 @@ def _literals(node: dict) -> Iterator:
     yield from enum if isinstance(enum, list) else ()
     if "const" in node:
         yield node["const"]
+
+
+def _long_string(node: dict) -> str | None:
+    """A string of ``node`` one grammar lexeme spells past its bound, a few times under what
+    llguidance's lexer takes (None: none): a property or required name, an enum or const string (in an array or object
+    value too, its keys as well), a regular expression."""
+    properties, required, pattern, named = (
+        node.get(k) for k in ("properties", "required", "pattern", "patternProperties")
+    )
+    regexes = ([pattern] if isinstance(pattern, str) else []) + list(named if isinstance(named, dict) else ())
+    found = [
+        ("a property name", properties if isinstance(properties, dict) else (), MOST_STRING_CHARS),
+        ("a required name", required if isinstance(required, list) else (), MOST_STRING_CHARS),
+        ("an enum or const string", _strings(list(_literals(node))), MOST_STRING_CHARS),
+        ("a regular expression", regexes, MOST_REGEX_CHARS),
+    ]
+    for what, strings, most in found:
+        if (longest := max((len(s) for s in strings if isinstance(s, str)), default=0)) > most:
+            return f"{what} of {longest:,} characters: at most {most:,} in one can be enforced"
+    return None
+
+
+def _strings(values: list) -> Iterator[str]:
+    """The strings within ``values`` (JSON values), an object's keys too."""
+    while values:
+        value = values.pop()
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            yield from value
+            values.extend(value.values())
+        elif isinstance(value, list):
+            values.extend(value)
 
 
 def _chars(value: object) -> int:

@@ -1,0 +1,73 @@
+"""A string one lexeme of a grammar spells (a property name, an enum or const string) or a regular
+expression, past a bound a few times under what llguidance's lexer takes, is refused at admission with a 400 naming it:
+it passed the size check and the 64-byte walk, then failed every reply where the reply reached it
+(a name of 50,000 characters after ~0.9 s of the gateway's check: a 400 after a 200 stream began).
+The gateway in-process on a real Redis, no workers: a request let through is refused for max_tokens
+past the context, never queued. The longest let through do compile and take a whole reply."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dayzero.chat.grammar import _byte_grammars, json_grammar
+from dayzero.chat.schema_size import MOST_REGEX_CHARS, MOST_STRING_CHARS
+
+from .conftest import CAPPED_CONTEXT as CONTEXT
+from .conftest import MODEL
+
+LONG = "a" * 50_000
+
+
+def _post(gateway, **body):
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": CONTEXT}
+    return gateway.post("/v1/chat/completions", json={**chat, **body})
+
+
+def _format(schema: dict) -> dict:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+
+
+def _forced(parameters: dict) -> dict:
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    return {"tools": [tool], "tool_choice": "required"}
+
+
+@pytest.mark.parametrize(
+    "body, param, what",
+    [
+        (_format({"type": "object", "properties": {LONG: {"type": "integer"}}}), "response_format", "a property name"),
+        (_forced({"type": "object", "properties": {LONG: {"type": "integer"}}}), "tools", "a property name"),
+        (_format({"type": "object", "required": [LONG]}), "response_format", "a required name"),
+        (_format({"const": {"k": [LONG]}}), "response_format", "an enum or const string"),
+        (_format({"enum": ["b", "a" * 20_000]}), "response_format", "an enum or const string"),
+        (_format({"type": "string", "pattern": "^" + "a" * 9_000 + "$"}), "response_format", "a regular expression"),
+    ],
+    ids=["name", "tool_name", "required", "nested_const", "enum", "pattern"],
+)
+def test_a_string_past_the_lexer_is_refused_at_admission(capped_gateway, body, param, what):
+    r = _post(capped_gateway, **body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and f"too big: {what} of " in error["message"], error
+
+
+def _walks(schema: dict, reply: object) -> bool:
+    """Whether the whole of ``reply`` is written under ``schema``'s grammar (a byte a token)."""
+    matcher = _byte_grammars().matcher(json_grammar(schema))
+    for byte in json.dumps(reply).encode():
+        matcher.consume_token(byte)
+    return not matcher.is_error() and matcher.is_accepting()
+
+
+def test_the_longest_let_through_are_written_whole(capped_gateway):
+    name, text = "n" * MOST_STRING_CHARS, "p" * (MOST_REGEX_CHARS - 2)
+    schema = {
+        "type": "object",
+        "properties": {name: {"const": "c" * MOST_STRING_CHARS}, "p": {"type": "string", "pattern": f"^{text}$"}},
+        "required": [name, "p"],
+    }
+    r = _post(capped_gateway, **_format(schema))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    assert _walks(schema, {name: "c" * MOST_STRING_CHARS, "p": text})
