@@ -111,7 +111,7 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
         raise APIError(400, f"thinking mode with a constrained answer needs {END_THINK} as one token", param=param)
     if problem := grammar_problem(lark, gw.codec.grammars):
         raise APIError(400, f"cannot enforce this schema: {problem}", param=param)
-    return Grammar(lark, after)
+    return Grammar(lark, after, param)
 
 
 def _kept_tokens(gw: Gateway) -> tuple[str, ...]:

@@ -45,7 +45,7 @@ class Progress:
         now, metrics = clock.now(), self.gw.metrics
         if event.finish_reason in ("error", "cancelled"):
             self.over = True
-            failure = _failure(event)
+            failure = _failure(event, self.request)
             self.end(event.finish_reason, failure.message)
             raise failure
         if not self.counted:  # a stream read again: its latencies would be the replay's
@@ -128,11 +128,12 @@ async def refuse_unserved(gw: Gateway, images: bool) -> None:
         raise APIError(503, message, "service_unavailable", code="no_worker", headers={"Retry-After": "1"})
 
 
-def _failure(event: Token) -> APIError:
+def _failure(event: Token, request: GenerationRequest) -> APIError:
     if event.code in ("no_worker", "overloaded"):  # no worker took it, or none had room in time: not its fault
         return APIError(503, event.error, "service_unavailable", code=event.code, headers={"Retry-After": "1"})
     if event.code == "grammar_failed":  # the request's schema past a limit of llguidance, found mid-reply (guided.py)
-        return APIError(400, f"cannot enforce this schema: {event.error}", code=event.code)
+        param = request.sampling.grammar.param if request.sampling.grammar else None
+        return APIError(400, f"cannot enforce this schema: {event.error}", param=param, code=event.code)
     if event.finish_reason == "error":
         return APIError(500, event.error or "generation failed", "server_error", code="generation_failed")
     message = "the request was cancelled before it finished"

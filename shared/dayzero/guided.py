@@ -41,6 +41,12 @@ class GrammarFailed(ValueError):
 _REFUSED = "doesn't satisfy the grammar"  # llguidance's error for a token it refuses ("Parser Error: token ...")
 
 
+def by_its_schema(exc: Exception) -> bool:
+    """Whether ``exc`` failed a request by its own schema (a client's error: counted as one, logged
+    at INFO, for a client can send such schemas at will), not by the server."""
+    return isinstance(exc, GrammarFailed) and exc.code == GRAMMAR_FAILED
+
+
 def failure(exc: Exception, what: str) -> tuple[str, str]:
     """The message and code of the end of a request ``exc`` failed (``what``: "sampling failed", ...):
     a failed grammar's own (it says why), else the exception's type."""

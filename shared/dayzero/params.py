@@ -28,6 +28,7 @@ class Grammar:
 
     lark: str
     after: int | None = None  # the grammar starts after this token (``</think>``: reasoning is free)
+    param: str | None = None  # the request's field it enforces (response_format, tools): its 400's param
 
 
 @dataclass(frozen=True, slots=True)

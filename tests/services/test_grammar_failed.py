@@ -8,6 +8,7 @@ worker does."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -35,7 +36,10 @@ def _last(store: Lifecycle, rid: str) -> dict[bytes, bytes]:
     return last
 
 
-def test_a_grammar_failing_mid_reply_ends_its_stream_with_its_why(demo_dir, redis_url):
+def test_a_grammar_failing_mid_reply_ends_its_stream_with_its_why(demo_dir, redis_url, caplog):
+    """... as the client's error: counted as a grammar failure, not decode's, and logged at INFO (a
+    client sending such schemas at will inflated the decode failures and the ERROR log)."""
+    caplog.set_level(logging.INFO, logger="dayzero.decode")
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
     store = Lifecycle.connect(redis_url)
     sampling = SamplingParams(max_tokens=400, temperature=1.0, seed=3, grammar=Grammar(json_grammar(LATE_PATTERN)))
@@ -48,13 +52,18 @@ def test_a_grammar_failing_mid_reply_ends_its_stream_with_its_why(demo_dir, redi
         PrefillLoop(Runtime.load(settings, "prefill7@test", "prefill", False), recording(sent)),
         [PrefillJob(request=request)],
     )
-    run_jobs(DecodeLoop(Runtime.load(settings, "decode7@test", "decode", False)), sent)
+    decode = Runtime.load(settings, "decode7@test", "decode", False)
+    run_jobs(DecodeLoop(decode), sent)
     last = _last(store, "late-1")
     assert store.done("late-1") == "error", last
     assert (last[b"e"].decode(), last[b"c"]) == (WHY, b"grammar_failed")
     streamed = len(store.streamed_tokens("late-1"))
     assert streamed > 8
     assert int(last[b"i"]) == streamed, last  # next to its last token (one further: the token it failed on counted)
+    snapshot = decode.stats.snapshot()
+    assert (snapshot["counters"].get("grammar_failures"), snapshot["failures"].get("decode", 0)) == (1, 0), snapshot
+    failed = [r for r in caplog.records if "late-1" in r.getMessage()]
+    assert failed and all(r.levelno == logging.INFO for r in failed), [(r.levelname, r.getMessage()) for r in failed]
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +102,25 @@ def test_a_stream_ends_with_its_error_event_then_done(gateway):
         data = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data:")]
     assert json.loads(data[0])["error"]["code"] == "grammar_failed" and data[-1] == "[DONE]"
     assert json.loads(data[0])["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("path, field", [("/v1/completions", "response_format"), ("/v1/chat/completions", "tools")])
+def test_the_400_names_the_field_whose_schema_failed(gateway, path, field):
+    """(``param`` was null: the client had to guess which of its schemas; ended here as decode ends it.)"""
+    client, store = gateway
+    running = set(store.active())
+    if field == "tools":
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+        body = {"messages": [{"role": "user", "content": "Hi"}], "tools": [tool], "tool_choice": "required"}
+    else:
+        body = {
+            "prompt": [0, 5],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+        }
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(client.post, path, json={"model": MODEL, "max_tokens": 3, **body})
+        assert wait_until(lambda: len(set(store.active()) - running) == 1, 30.0), answer.result(timeout=30).text
+        _fail(store, (set(store.active()) - running).pop())
+        r = answer.result(timeout=30)
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == (field, "grammar_failed"), r.text

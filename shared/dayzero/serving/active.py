@@ -12,7 +12,7 @@ from opentelemetry import trace
 
 from ..completion import Completion, Step
 from ..config import ModelConfig
-from ..guided import failure
+from ..guided import by_its_schema, failure
 from ..telemetry import continued, tracer
 from . import redis_clock as clock
 from .handoff import Receiver
@@ -88,7 +88,8 @@ class Active:
         first = self.completion.count - sum(isinstance(s, Step) for s in steps)
         for index, step in enumerate(steps, first):
             if isinstance(step, Exception):
-                log.error("request %s: sampling failed: %r", rid, step)
+                level = logging.INFO if by_its_schema(step) else logging.ERROR  # (a client's schema: its own end)
+                log.log(level, "request %s: sampling failed: %r", rid, step)
                 self.end = ("error", *failure(step, "sampling failed"))
                 return
             usage = self.completion.usage() if step.finish_reason else None  # (the step is its last token)

@@ -16,6 +16,7 @@ import time
 import redis
 
 from ..completion import context_limit, next_steps
+from ..guided import GRAMMAR_FAILED
 from ..kv.handoff import LayoutMismatch
 from ..kv.pools import OutOfBlocks
 from ..speculative import Acceptance, Speculation, decode_round
@@ -293,5 +294,8 @@ class DecodeLoop:
             if reason != "error":
                 self._finish(rid, reason)  # (its last token carried the finish)
                 continue
-            self.r.stats.fail("decode")  # its own sampling (the step's call is counted)
+            if code == GRAMMAR_FAILED:  # its schema's: the client's error, not decode's
+                self.r.stats.add(grammar_failures=1)
+            else:
+                self.r.stats.fail("decode")  # its own sampling (the step's call is counted)
             self._finish(rid, "error", index=self.active[rid].completion.count, message=message, code=code)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import redis
 from opentelemetry import trace
 
-from ..guided import failure
+from ..guided import by_its_schema, failure
 from ..telemetry import continued, tracer
 from .intake import Ticket
 from .kept_handoffs import KeptHandoffs
@@ -113,8 +113,12 @@ class FirstTokens:
 
     def _fail(self, ticket: Ticket[PrefillJob], exc: Exception) -> None:
         rid = ticket.job.request.request_id
-        log.exception("request %s failed after its prefill", rid)
-        self.r.stats.fail("prefill")
+        if by_its_schema(exc):  # the client's error, not prefill's
+            log.info("request %s failed after its prefill: %s", rid, exc)
+            self.r.stats.add(grammar_failures=1)
+        else:
+            log.exception("request %s failed after its prefill", rid)
+            self.r.stats.fail("prefill")
         self.handed_off.forget(rid)
         self.r.ranks.release(rid)
         self.kept.drop(ticket)  # (its blocks freed: Redis failing the end puts it back to be prefilled again)

@@ -30,6 +30,10 @@ COUNTERS = {  # snapshot key -> (metric, help)
     "spec_drafts": ("dayzero_spec_decode_num_drafts_total", "sequence-steps that drafted tokens with the MTP layer"),
     "spec_draft_tokens": ("dayzero_spec_decode_num_draft_tokens_total", "tokens drafted by the MTP layer"),
     "spec_accepted_tokens": ("dayzero_spec_decode_num_accepted_tokens_total", "drafted tokens the model accepted"),
+    "grammar_failures": (
+        "dayzero_grammar_failures_total",
+        "requests whose own schema failed their grammar mid-reply (the client's 400 grammar_failed)",
+    ),
 }
 GAUGES = {
     "batch_size": ("dayzero_batch_size", "sequences in the last batched step (0: nothing to run)"),
