@@ -5,14 +5,24 @@ max_tokens past the context, never queued."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from dayzero.chat.grammar import _byte_grammars, json_grammar
+
 from .conftest import CAPPED_CONTEXT as CONTEXT
 from .conftest import MODEL
 
 
 def _post(gateway, schema: dict):
-    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": CONTEXT}
     response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
-    return gateway.post("/v1/chat/completions", json={**chat, "response_format": response_format})
+    return _post_body(gateway, {"response_format": response_format})
+
+
+def _post_body(gateway, body: dict):
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": CONTEXT}
+    return gateway.post("/v1/chat/completions", json={**chat, **body})
 
 
 def _let_through(r) -> bool:
@@ -24,3 +34,48 @@ def test_a_one_of_it_cannot_tell_apart_is_refused_in_our_words(capped_gateway):
     assert r.status_code == 400, r.text
     message = r.json()["error"]["message"]
     assert "coerce_one_of" not in message and "write anyOf" in message, message
+
+
+def _forced(parameters: dict) -> dict:
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    return {"tools": [tool], "tool_choice": "required"}
+
+
+def _written(schema: dict, reply: object) -> bool:
+    """Whether ``reply`` is written whole under ``schema``'s grammar (a byte a token)."""
+    matcher = _byte_grammars().matcher(json_grammar(schema))
+    for byte in json.dumps(reply).encode():
+        matcher.consume_token(byte)
+    return not matcher.is_error() and matcher.is_accepting()
+
+
+NULLABLE = {"type": "object", "properties": {"a": {"type": "integer", "nullable": True}}, "required": ["a"]}
+
+
+def test_a_nullable_field_takes_null(capped_gateway):
+    """OpenAPI 3.0's ``nullable``: ignored, a nullable field refused null."""
+    assert _let_through(_post(capped_gateway, NULLABLE))
+    assert _written(NULLABLE, {"a": None}) and _written(NULLABLE, {"a": 3})
+    listed = {"type": ["integer", "string"], "nullable": True, "enum": [1, "x"]}  # an enum has to list null (3.0.3)
+    assert _written({"type": "integer", "nullable": True, "enum": [1, None]}, None) and not _written(listed, None)
+
+
+def test_a_nullable_tool_parameter_is_enforced(capped_gateway):
+    """A string parameter with ``nullable`` was refused ("string parameters cannot be constrained by
+    nullable")."""
+    parameters = {"type": "object", "properties": {"s": {"type": "string", "nullable": True}}, "required": ["s"]}
+    assert _let_through(_post_body(capped_gateway, _forced(parameters)))
+
+
+@pytest.mark.parametrize("format_", ["uri-reference", "int64", "byte", "password", "iri"])
+def test_a_format_llguidance_does_not_know_is_ignored(capped_gateway, format_):
+    """Refused whole ("Unknown format"): JSON schema has an unknown format an annotation."""
+    schema = {"type": "object", "properties": {"v": {"type": "string", "format": format_}}, "required": ["v"]}
+    assert _let_through(_post(capped_gateway, schema)), format_
+    assert _written(schema, {"v": "any text"})
+    assert _let_through(_post_body(capped_gateway, _forced(schema)))
+
+
+def test_a_known_format_is_still_enforced():
+    schema = {"type": "string", "format": "date"}
+    assert _written(schema, "2026-12-06") and not _written(schema, "any text")

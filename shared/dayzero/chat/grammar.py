@@ -17,6 +17,7 @@ from urllib.parse import unquote
 from .dsml import to_json
 from .schema_bounds import bound_problem, subschemas
 from .schema_discriminator import without_discriminators
+from .schema_openapi import as_llguidance
 from .schema_rows import ROW_ITEMS
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -34,7 +35,7 @@ def _literal(text: str) -> str:
 
 
 def _json_rule(schema: dict) -> str:
-    return "%json " + to_json({**without_discriminators(schema), "x-guidance": JSON_STYLE})
+    return "%json " + to_json({**as_llguidance(without_discriminators(schema)), "x-guidance": JSON_STYLE})
 
 
 def json_grammar(schema: dict | None) -> str:
@@ -162,7 +163,7 @@ def tool_calls_grammar(tools: list[dict], dsml: str, one: str | None = None, par
 def invoke_rules(i: int, function: dict, dsml: str) -> list[str]:
     """``invoke_i``: the call's tag, then each parameter on its own line (declared order; the
     optional ones may be left out)."""
-    schema = function.get("parameters") or {}
+    schema = as_llguidance(function.get("parameters") or {})
     if problem := parameters_problem(schema):
         raise Unenforceable(problem)
     props, required = schema.get("properties") or {}, set(schema.get("required") or ())

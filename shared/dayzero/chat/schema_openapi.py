@@ -1,0 +1,48 @@
+"""OpenAPI's dialect of JSON schema as llguidance is given it. ``nullable: true`` (OpenAPI 3.0, what
+many clients' generators write for an optional field) adds "null" to the node's ``type`` (as 3.0.3
+reads it: only where a type is given, and an ``enum`` still has to list null): llguidance ignored
+it, and a nullable field refused null. A ``format`` llguidance does not know (OpenAPI's int32,
+int64, byte, password, JSON schema's uri-reference, ...) is dropped, as JSON schema has validators
+treat one (an annotation): llguidance refused the whole schema ("Unknown format"). OpenAI documents
+nine formats; those, and uri, it still enforces."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+
+from .schema_bounds import subschemas
+
+log = logging.getLogger("dayzero.gateway")
+
+# the string formats llguidance enforces (its others are refused, unknown)
+KNOWN_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri"})
+
+
+def as_llguidance(schema: object) -> object:
+    """``schema`` as llguidance compiles it: itself when it has no ``nullable`` and no format
+    llguidance does not know, else a copy with each nullable type a union with "null" and each
+    such format dropped."""
+    if not any(_openapi(node) for node in subschemas(schema)):
+        return schema
+    copy = json.loads(json.dumps(schema))
+    for node in subschemas(copy):  # (each node changed before the walk reads its subschemas)
+        if node.pop("nullable", False) is True and isinstance(kind := node.get("type"), str | list):
+            node["type"] = (
+                [kind, "null"] if isinstance(kind, str) else [*kind, *(["null"] if "null" not in kind else [])]
+            )
+        if isinstance(node.get("format"), str) and node["format"] not in KNOWN_FORMATS:
+            _ignored(node.pop("format")[:64])
+    return copy
+
+
+def _openapi(node: dict) -> bool:
+    written = node.get("format")
+    return "nullable" in node or isinstance(written, str) and written not in KNOWN_FORMATS
+
+
+@functools.lru_cache(maxsize=64)
+def _ignored(format_: str) -> None:
+    """A warning once per format (a client can send schemas at will: no log line per request)."""
+    log.warning("format %r is not enforced (llguidance does not know it): ignored, as an annotation", format_)
