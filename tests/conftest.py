@@ -214,9 +214,9 @@ def no_process_left_by_the_module(session_stacks):
     assert not left, f"processes started in this module still run: {left}"
 
 
-def late(value: dict, flags: int = 12) -> dict:
+def late(value: dict, flags: int = 24) -> dict:
     """An object of ``flags`` required booleans, then ``value``, required: a reply reaches it after some
-    14 bytes a flag (12: past the bytes the gateway's check walks, ``SCHEMA_PROBE_STEPS``)."""
+    14 bytes a flag (24: past the bytes the gateway's check walks, ``SCHEMA_PROBE_STEPS``)."""
     properties = {f"b{i}": {"type": "boolean"} for i in range(flags)} | {"s": value}
     return {"type": "object", "properties": properties, "required": list(properties)}
 

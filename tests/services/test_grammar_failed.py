@@ -25,7 +25,7 @@ from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 from services.gateway.app import make_app
 
-from ..conftest import LATE_PATTERN
+from ..conftest import LATE_PATTERN, late
 from .conftest import MODEL, prompt_ids, recording, run_jobs, wait_until
 
 WHY = "its grammar failed mid-reply: lexer error: too many expressions constructed"
@@ -124,3 +124,14 @@ def test_the_400_names_the_field_whose_schema_failed(gateway, path, field):
         r = answer.result(timeout=30)
     assert r.status_code == 400, r.text
     assert (r.json()["error"]["param"], r.json()["error"]["code"]) == (field, "grammar_failed"), r.text
+
+
+def test_one_failing_twelve_properties_in_is_refused_at_admission(gateway):
+    """~170 bytes in: past the 64 bytes the check walked, it failed here mid-reply (a 400 after a 200
+    stream began); the check walks 256 now."""
+    client, _ = gateway
+    schema = late({"type": "string", "pattern": "^((a{1000}){1000}){100}$"}, flags=12)
+    format_ = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": [0, 5], "response_format": format_})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "response_format" and "lexer error" in r.json()["error"]["message"], r.text

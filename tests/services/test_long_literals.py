@@ -1,21 +1,20 @@
 """A string one lexeme of a grammar spells (a property name, an enum or const string) or a regular
-expression, past a bound a few times under what llguidance's lexer takes, is refused at admission with a 400 naming it:
-it passed the size check and the 64-byte walk, then failed every reply where the reply reached it
-(a name of 50,000 characters after ~0.9 s of the gateway's check: a 400 after a 200 stream began).
-The gateway in-process on a real Redis, no workers: a request let through is refused for max_tokens
-past the context, never queued. The longest let through do compile and take a whole reply."""
+expression, past a bound a few times under what llguidance's lexer takes, is refused at admission
+with a 400 naming it: it passed the size check and the walk of the first bytes, then failed every
+reply where the reply reached it (a name of 50,000 characters after ~0.9 s of the gateway's check:
+a 400 after a 200 stream began). The gateway in-process on a real Redis, no workers: a request let
+through is refused for max_tokens past the context, never queued. The longest let through do compile
+and take a whole reply."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from dayzero.chat.grammar import _byte_grammars, json_grammar
 from dayzero.chat.schema_size import MOST_REGEX_CHARS, MOST_STRING_CHARS
 
 from .conftest import CAPPED_CONTEXT as CONTEXT
 from .conftest import MODEL
+from .test_schema_dialects import _written
 
 LONG = "a" * 50_000
 
@@ -53,14 +52,6 @@ def test_a_string_past_the_lexer_is_refused_at_admission(capped_gateway, body, p
     assert error["param"] == param and f"too big: {what} of " in error["message"], error
 
 
-def _walks(schema: dict, reply: object) -> bool:
-    """Whether the whole of ``reply`` is written under ``schema``'s grammar (a byte a token)."""
-    matcher = _byte_grammars().matcher(json_grammar(schema))
-    for byte in json.dumps(reply).encode():
-        matcher.consume_token(byte)
-    return not matcher.is_error() and matcher.is_accepting()
-
-
 def test_the_longest_let_through_are_written_whole(capped_gateway):
     name, text = "n" * MOST_STRING_CHARS, "p" * (MOST_REGEX_CHARS - 2)
     schema = {
@@ -70,4 +61,4 @@ def test_the_longest_let_through_are_written_whole(capped_gateway):
     }
     r = _post(capped_gateway, **_format(schema))
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
-    assert _walks(schema, {name: "c" * MOST_STRING_CHARS, "p": text})
+    assert _written(schema, {name: "c" * MOST_STRING_CHARS, "p": text})

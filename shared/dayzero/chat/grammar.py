@@ -64,8 +64,9 @@ def parser_limits():
 
 PROBE_STEPS = 8  # tokens the check walks: a grammar failing there would fail every reply there
 # bytes a JSON schema's check walks (a byte each: cheap): past a few properties, to a required one's
-# value (a pattern past llguidance's lexer, a $ref to its own object: each failed every reply there)
-SCHEMA_PROBE_STEPS = 64
+# value (a pattern past llguidance's lexer, a $ref to its own object: each failed every reply there;
+# 64 bytes let one ~170 bytes in through): ~0.8 ms a walk (64: ~0.2; 1,024: ~30, bench/schema_walk.py)
+SCHEMA_PROBE_STEPS = 256
 
 
 def grammar_problem(lark: str, grammars, steps: int = PROBE_STEPS, first: int | None = None) -> str | None:

@@ -1,0 +1,81 @@
+"""What the gateway's walk of a JSON schema's grammar costs by its length, beside what it catches:
+``grammar_problem`` over the byte vocabulary (the gateway's check: the quote whenever allowed, else
+the lowest byte), its compile cached (as for a schema sent again), for walks of 64 bytes (the check's
+``SCHEMA_PROBE_STEPS``) and longer. Schemas: realistic ones (what every constrained request pays),
+and ones failing late (a pattern past llguidance's lexer, a required property whose ``$ref`` is its
+own object, behind so many required booleans: ~14 bytes each), each failing mid-reply unless the
+walk reaches it. Each cell: median ms of ``--runs`` walks, and "caught" where the walk found it.
+
+    .venv/bin/python bench/schema_walk.py [--runs 5] [--steps 64 256 1024 4096]
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from options import bench_parser
+
+from dayzero.chat.grammar import SCHEMA_PROBE_STEPS, _byte_grammars, grammar_problem, json_grammar
+
+STRING, INTEGER = {"type": "string"}, {"type": "integer"}
+
+
+def _late(flags: int, value: dict) -> dict:
+    properties = {f"b{i}": {"type": "boolean"} for i in range(flags)} | {"s": value}
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+def _wide(count: int) -> dict:
+    """An object of ``count`` required properties of a few types (an extraction schema)."""
+    kinds = [STRING, INTEGER, {"type": "array", "items": STRING}, {"enum": ["a", "b", "c"]}]
+    properties = {f"field_{j}": kinds[j % 4] for j in range(count)}
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": STRING, "age": INTEGER, "tags": {"type": "array", "items": STRING}},
+    "required": ["name", "age", "tags"],
+}
+PATTERN = {"type": "string", "pattern": "^((a{1000}){1000}){100}$"}
+SELF = {"$ref": "#/$defs/node"}
+SCHEMAS = {
+    "person (3 fields)": PERSON,
+    "extraction (40 required)": _wide(40),
+    "extraction (200 required)": _wide(200),
+    "late pattern @ ~170 B": _late(12, PATTERN),
+    "late pattern @ ~560 B": _late(40, PATTERN),
+    "late pattern @ ~1.7 KB": _late(120, PATTERN),
+    "late self-$ref @ ~560 B": {
+        **_late(40, SELF),
+        "$defs": {"node": {"type": "object", "properties": {"c": SELF}, "required": ["c"]}},
+    },
+}
+
+
+def _walk(lark: str, steps: int) -> tuple[float, str | None]:
+    start = time.perf_counter()
+    problem = grammar_problem(lark, _byte_grammars(), steps=steps, first=ord('"'))
+    return (time.perf_counter() - start) * 1000, problem
+
+
+def main() -> None:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--steps", type=int, nargs="+", default=[SCHEMA_PROBE_STEPS, 256, 1024, 4096])
+    args = parser.parse_args()
+    print("| schema | " + " | ".join(f"{s} B walk: ms" for s in args.steps) + " |")
+    print("|---|" + "---|" * len(args.steps))
+    for name, schema in SCHEMAS.items():
+        lark, cells = json_grammar(schema), []
+        _walk(lark, 1)  # (its compile, cached)
+        for steps in args.steps:
+            runs = [_walk(lark, steps) for _ in range(args.runs)]
+            median = statistics.median(ms for ms, _ in runs)
+            cells.append(f"{median:.1f}" + (" caught" if runs[0][1] else ""))
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
