@@ -1,12 +1,14 @@
 """What the gateway's walk of a JSON schema's grammar costs by its length, beside what it catches:
 ``grammar_problem`` over the byte vocabulary (the gateway's check: the quote whenever allowed, else
 the lowest byte), its compile cached (as for a schema sent again), for walks of 64 bytes (the check's
-``SCHEMA_PROBE_STEPS``) and longer. Schemas: realistic ones (what every constrained request pays),
-and ones failing late (a pattern past llguidance's lexer, a required property whose ``$ref`` is its
-own object, behind so many required booleans: ~14 bytes each), each failing mid-reply unless the
-walk reaches it. Each cell: median ms of ``--runs`` walks, and "caught" where the walk found it.
+before, each forced tool's still: ``TOOL_PROBE_STEPS``), 256 (``SCHEMA_PROBE_STEPS``) and longer.
+Schemas: realistic ones (what every constrained request pays; 128 forced tools: each one's
+parameters walked, ms in all), and ones failing late (a pattern past llguidance's lexer, a required
+property whose ``$ref`` is its own object, behind so many required booleans: ~14 bytes each), each
+failing mid-reply unless the walk reaches it. Each cell: median ms of ``--runs`` walks, and "caught"
+where the walk found it.
 
-    .venv/bin/python bench/schema_walk.py [--runs 5] [--steps 64 256 1024 4096]
+    .venv/bin/python bench/schema_walk.py [--runs 5] [--steps 64 256 1024]
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 
 from options import bench_parser
 
-from dayzero.chat.grammar import SCHEMA_PROBE_STEPS, _byte_grammars, grammar_problem, json_grammar
+from dayzero.chat.grammar import SCHEMA_PROBE_STEPS, TOOL_PROBE_STEPS, _byte_grammars, grammar_problem, json_grammar
 
 STRING, INTEGER = {"type": "string"}, {"type": "integer"}
 
@@ -44,6 +46,10 @@ SCHEMAS = {
     "person (3 fields)": PERSON,
     "extraction (40 required)": _wide(40),
     "extraction (200 required)": _wide(200),
+    "open object (a tool's: 4 optional)": {
+        "type": "object",
+        "properties": {"city": STRING, "unit": {"enum": ["c", "f"]}, "days": INTEGER, "detail": {"type": "boolean"}},
+    },
     "late pattern @ ~170 B": _late(12, PATTERN),
     "late pattern @ ~560 B": _late(40, PATTERN),
     "late pattern @ ~1.7 KB": _late(120, PATTERN),
@@ -54,21 +60,37 @@ SCHEMAS = {
 }
 
 
-def _walk(lark: str, steps: int) -> tuple[float, str | None]:
-    start = time.perf_counter()
-    problem = grammar_problem(lark, _byte_grammars(), steps=steps, first=ord('"'))
-    return (time.perf_counter() - start) * 1000, problem
+def _tool(i: int) -> dict:
+    """A forced tool's parameters (open: no additionalProperties), its names its own."""
+    kinds = {
+        "city": STRING,
+        "unit": {"enum": ["c", "f"]},
+        "days": {**INTEGER, "minimum": 1},
+        "detail": {"type": "boolean"},
+    }
+    return {"type": "object", "properties": {f"{k}{i}": v for k, v in kinds.items()}, "required": [f"city{i}"]}
+
+
+TOOLS = [json_grammar(_tool(i)) for i in range(128)]
+
+
+def _walk(larks: str | list[str], steps: int) -> tuple[float, str | None]:
+    start, problems = time.perf_counter(), []
+    for lark in [larks] if isinstance(larks, str) else larks:
+        problems.append(grammar_problem(lark, _byte_grammars(), steps=steps, first=ord('"')))
+    return (time.perf_counter() - start) * 1000, next(filter(None, problems), None)
 
 
 def main() -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--steps", type=int, nargs="+", default=[SCHEMA_PROBE_STEPS, 256, 1024, 4096])
+    parser.add_argument("--steps", type=int, nargs="+", default=[TOOL_PROBE_STEPS, SCHEMA_PROBE_STEPS, 1024])
     args = parser.parse_args()
     print("| schema | " + " | ".join(f"{s} B walk: ms" for s in args.steps) + " |")
     print("|---|" + "---|" * len(args.steps))
-    for name, schema in SCHEMAS.items():
-        lark, cells = json_grammar(schema), []
+    rows = {name: json_grammar(schema) for name, schema in SCHEMAS.items()} | {"128 forced tools (each walked)": TOOLS}
+    for name, lark in rows.items():
+        cells = []
         _walk(lark, 1)  # (its compile, cached)
         for steps in args.steps:
             runs = [_walk(lark, steps) for _ in range(args.runs)]

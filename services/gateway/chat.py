@@ -9,6 +9,7 @@ from dayzero.chat.auto_grammar import auto_calls_grammar
 from dayzero.chat.dsml import to_json
 from dayzero.chat.encoding import ChatOptions
 from dayzero.chat.grammar import (
+    TOOL_PROBE_STEPS,
     Unenforceable,
     dsml_symbol,
     grammar_problem,
@@ -161,6 +162,6 @@ def _check_tools(body: ChatPrompt) -> None:
     """Each enforced tool's parameters, as a JSON schema, one llguidance can enforce (400 naming
     the tool's field)."""
     for i, name, parameters in body.enforced_parameters():
-        if problem := schema_problem(parameters):
+        if problem := schema_problem(parameters, TOOL_PROBE_STEPS):
             where = f"tools.{i}.function.parameters"
             raise APIError(400, f"{where}: cannot enforce the parameters of tool {name!r}: {problem}", param=where)

@@ -43,9 +43,20 @@ def json_grammar(schema: dict | None) -> str:
     return "start: " + _json_rule(schema if schema is not None else {"type": "object"}) + "\n"
 
 
-def schema_problem(schema: dict) -> str | None:
-    """Why constrained decoding cannot enforce the JSON schema ``schema`` (None: it can)."""
-    walk = {"steps": SCHEMA_PROBE_STEPS, "first": ord('"')}  # (the byte vocabulary's quote: a string ends soon)
+PROBE_STEPS = 8  # tokens the check walks: a grammar failing there would fail every reply there
+# bytes a JSON schema's check walks (a byte each: cheap): past a few properties, to a required one's
+# value (a pattern past llguidance's lexer, a $ref to its own object: each failed every reply there;
+# 64 bytes let one ~170 bytes in through): ~0.8 ms a walk (64: ~0.2; 1,024: ~30, bench/schema_walk.py)
+SCHEMA_PROBE_STEPS = 256
+# and each forced tool's parameters (a request may force 128: at 256 bytes each, 0.4 -> 1.7 s of its
+# admission under load 16; an open object's walk writes keys without end)
+TOOL_PROBE_STEPS = 64
+
+
+def schema_problem(schema: dict, steps: int = SCHEMA_PROBE_STEPS) -> str | None:
+    """Why constrained decoding cannot enforce the JSON schema ``schema`` (None: it can), walked
+    ``steps`` bytes."""
+    walk = {"steps": steps, "first": ord('"')}  # (the byte vocabulary's quote: a string ends soon)
     return bound_problem(schema) or grammar_problem(json_grammar(schema), _byte_grammars(), **walk)
 
 
@@ -60,13 +71,6 @@ def parser_limits():
 
     fuel = {"initial_lexer_fuel": 200_000, "step_lexer_fuel": 100_000}
     return llguidance.LLParserLimits(**fuel, max_lexer_states=50_000, max_items_in_row=ROW_ITEMS)
-
-
-PROBE_STEPS = 8  # tokens the check walks: a grammar failing there would fail every reply there
-# bytes a JSON schema's check walks (a byte each: cheap): past a few properties, to a required one's
-# value (a pattern past llguidance's lexer, a $ref to its own object: each failed every reply there;
-# 64 bytes let one ~170 bytes in through): ~0.8 ms a walk (64: ~0.2; 1,024: ~30, bench/schema_walk.py)
-SCHEMA_PROBE_STEPS = 256
 
 
 def grammar_problem(lark: str, grammars, steps: int = PROBE_STEPS, first: int | None = None) -> str | None:
