@@ -70,6 +70,7 @@ async def sse(
         except Exception as exc:  # every failure becomes the stream's error event
             error = stream_error(exc, request.request_id)
             progress.end("error", error["error"]["message"])  # unless the failure was the request's own, as seen
+            gw.metrics.error_sent(error["error"])
             if merged:  # which choice it ends (the others go on)
                 error["error"]["index"] = request.choice
             yield ServerSentEvent(data=json.dumps(error))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -36,10 +38,22 @@ class GatewayMetrics:
         self.responses = Counter("dayzero_http_responses_total", "API responses by status", ["status"], registry=r)
         self.rejected = Counter("dayzero_requests_rejected_total", "requests refused by admission control", registry=r)
         self.disconnects = Counter("dayzero_client_disconnects_total", "streams the client left early", registry=r)
+        self.errors = Counter(
+            "dayzero_request_errors_total",
+            "errors sent to clients (error bodies, streams' error events) by their code (else their type)",
+            ["code"],
+            registry=r,
+        )
+
+    def error_sent(self, error: dict) -> None:
+        """Count one error sent to a client: ``error`` is OpenAI's error object (``{"message", "type",
+        "param", "code"}``). By its code, else its type (a validation 400 has none)."""
+        self.errors.labels(str(error.get("code") or error.get("type") or "unknown")).inc()
 
 
 class CountResponses:
-    """API responses by status (probes such as start-up ``/ready`` polls are not API traffic).
+    """API responses by status (probes such as start-up ``/ready`` polls are not API traffic), and the
+    error bodies among them by their code (``GatewayMetrics.error_sent``).
     Plain ASGI: a streamed body goes straight through (BaseHTTPMiddleware would relay each chunk
     through a memory stream and a task of its own)."""
 
@@ -51,10 +65,26 @@ class CountResponses:
             await self.app(scope, receive, send)
             return
 
+        failed = False  # an error answer: its body (one message, a JSONResponse's) names the error
+
         async def counted(message: Message) -> None:
+            nonlocal failed
             gateway = getattr(scope["app"].state, "gateway", None)
             if message["type"] == "http.response.start" and gateway is not None:
                 gateway.metrics.responses.labels(str(message["status"])).inc()
+                failed = message["status"] >= 400
+            elif message["type"] == "http.response.body" and failed and gateway is not None:
+                failed = False
+                gateway.metrics.error_sent(_error_of(message.get("body", b"")))
             await send(message)
 
         await self.app(scope, receive, counted)
+
+
+def _error_of(body: bytes) -> dict:
+    """The error object of an error answer's body ({} for one not in OpenAI's shape)."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return {}
+    return error if isinstance(error, dict) else {}

@@ -139,6 +139,42 @@ def test_a_request_that_found_no_room_in_time_is_a_503_overloaded(gateway):
     assert _grown(before, _finished(client)) == {"error": 2.0}
 
 
+def _errors(client: TestClient) -> dict[str, float]:
+    text = client.get("/metrics").text
+    found = re.findall(r'^dayzero_request_errors_total\{code="(\w+)"\} (\S+)$', text, re.MULTILINE)
+    return {code: float(value) for code, value in found}
+
+
+def test_the_errors_sent_are_counted_by_their_code(gateway):
+    """An operator tells the failures apart in /metrics: each error body and each stream's error
+    event counts under its code (a 503 was a no_worker, an overload or Redis lost; a stream's error
+    came in a 200). Before, only the HTTP status and a finish "error" were counted."""
+    client, store = gateway
+    before = _errors(client)
+    assert client.post("/v1/completions", json={"model": "nope", "prompt": "x"}).status_code == 400
+    assert client.post("/v1/completions", json={"model": MODEL, "prompt": [0, 5], "top_p": 7}).status_code == 400
+    running = set(store.active())
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(client.post, "/v1/completions", json={"model": MODEL, "prompt": [0, 5], "max_tokens": 3})
+        assert wait_until(lambda: set(store.active()) - running, 10.0)
+        (rid,) = set(store.active()) - running
+        assert store.settle(rid, 0, "", "error", end_at=0, message="no room in time", code="overloaded")
+        assert answer.result(timeout=30).status_code == 503
+    for code in ("no_worker", None):  # None: a failed generation
+        body = {"model": MODEL, "prompt": [0, 5], "max_tokens": 3, "stream": True}
+        with client.stream("POST", "/v1/completions", json=body) as r:
+            assert store.settle(r.headers["x-request-id"], 0, "", "error", 0, "ended by the test", code=code)
+            assert r.status_code == 200 and any('"error"' in line for line in r.iter_lines())
+    grown = _grown(before, _errors(client))
+    assert grown == {
+        "model_not_found": 1.0,
+        "invalid_request_error": 1.0,
+        "overloaded": 1.0,
+        "no_worker": 1.0,
+        "generation_failed": 1.0,
+    }
+
+
 def test_metrics_are_served_while_redis_is_down(demo_dir):
     """An outage is when the gateway's own counters matter: the scrape leaves out only what it
     reads from Redis (queue depths, worker snapshots) and says Redis was not reached."""
