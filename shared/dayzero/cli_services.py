@@ -19,6 +19,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     if args.service == "gateway":
         import uvicorn
 
+        from services.gateway.access_log import access_log_config
         from services.gateway.app import make_app
         from services.gateway.deadline import request_read_deadline
 
@@ -30,6 +31,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             port=settings.port,
             http=request_read_deadline(settings.max_request_bytes),  # a request sent too slowly gets a 408
             log_level="info",
+            log_config=access_log_config(),  # its access lines name the requests answered
             timeout_graceful_shutdown=grace,
         )
         return 0
