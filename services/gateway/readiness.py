@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from dayzero.serving.broker import writes_refused
 from dayzero.serving.keys import key
-from dayzero.serving.liveness import serving, wake_stampers
+from dayzero.serving.liveness import FRESH_S, seen_stages, serving, wake_stampers
 from dayzero.serving.messages import SAME_LAYOUT
 
 from .context import Gateway
@@ -58,9 +58,9 @@ async def _readiness(gw: Gateway) -> tuple[dict, int]:
         # (Redis took /ready's write: workers whose stamps back off after a long refusal stamp now)
         await run_in_threadpool(wake_stampers, gw.bus.store.r)
         body |= {"ready": False, "reason": f"no live worker for {', '.join(missing)}"}
-        loading = await run_in_threadpool(gw.bus.registry.loading_workers)
+        loading = await run_in_threadpool(_loading, gw)
         if loading:  # a long start: say how far the workers' weights have come
-            body["loading"] = {worker: p["percent"] for worker, p in loading.items()}
+            body["loading"] = loading
             progress = ", ".join(f"{w} {percent}%" for w, percent in body["loading"].items())
             body["reason"] += f" (loading weights: {progress})"
         return body, 503
@@ -73,6 +73,22 @@ async def _readiness(gw: Gateway) -> tuple[dict, int]:
         body |= {"ready": False, "reason": unshared}
         return body, 503
     return body, 200
+
+
+def _loading(gw: Gateway) -> dict[str, int]:
+    """The starting workers' progress (percent), those whose process still stamps its liveness: one
+    that died loading left its entry for 2 minutes, and a crash loop's ``waiting:`` lines listed each
+    dead start beside the new one (``prefill0@vm:41dcd4 0%, prefill0@vm:dada7c 0%``)."""
+    found = gw.bus.registry.loading_workers()
+    if not found:
+        return {}
+    stamps = seen_stages(gw.bus.store.r, tuple(sorted({p["stage"] for p in found.values()})))
+
+    def stamping(p: dict) -> bool:  # (an entry without its process: a worker of an earlier version)
+        read = stamps[p["stage"]]
+        return "process" not in p or read.now - read.alive.get(p["process"], float("-inf")) <= FRESH_S
+
+    return {worker: p["percent"] for worker, p in found.items() if stamping(p)}
 
 
 def compare(serves: dict[str, dict[str, dict]], context: int) -> tuple[str, list[str]]:

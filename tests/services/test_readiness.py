@@ -156,6 +156,23 @@ def test_ready_shows_how_far_starting_workers_have_loaded(gateway, registry):
     assert "loading" not in httpx.get(f"{gateway.url}/ready", timeout=5).json()
 
 
+def test_ready_leaves_out_the_loading_progress_of_a_start_that_died(gateway, registry):
+    """A worker that dies while it loads (a crash loop under ``dayzero up``) left its progress for
+    2 minutes: ``up``'s waiting lines listed each dead start beside the new one. A start counts while
+    its process stamps its liveness (as a loading worker does, not ready yet)."""
+    loading = Pulse(connect(gateway.redis_url), "decode")
+    loading.process = "host:1001"
+    loading._stamp()  # alive, loading (what its Pulse thread writes every second)
+    registry.loading("decode0@host:0a0a0a", "decode", 30, process="host:1001")
+    registry.loading("decode0@host:dead00", "decode", 0, process="host:1000")  # never stamped: gone
+    try:
+        body = httpx.get(f"{gateway.url}/ready", timeout=5).json()
+        assert body["loading"] == {"decode0@host:0a0a0a": 30}, body
+    finally:
+        registry.loading("decode0@host:0a0a0a", "decode", None)
+        registry.loading("decode0@host:dead00", "decode", None)
+
+
 def test_prefill_and_decode_of_different_block_sizes_are_not_ready_naming_the_settings(demo_dir, gateway, registry):
     """Started by hand with different DAYZERO_BLOCK_SIZE: /ready said ready, and every request failed
     at decode's admission."""

@@ -58,12 +58,14 @@ class Registry:
         pipe.delete(key("usage", worker))
         pipe.execute()
 
-    def loading(self, worker: str, stage: str, percent: int | None) -> None:
-        """A starting worker's weight-loading progress (None: done); lapses if the worker dies."""
+    def loading(self, worker: str, stage: str, percent: int | None, process: str | None = None) -> None:
+        """A starting worker's weight-loading progress (None: done); lapses if the worker dies.
+        ``process``: its liveness stamps' name, by which ``/ready`` leaves out a dead start's."""
         if percent is None:
             self.r.delete(key("loading", worker))
         else:
-            self.r.set(key("loading", worker), json.dumps({"stage": stage, "percent": percent}), ex=120)
+            progress = {"stage": stage, "percent": percent, **({"process": process} if process else {})}
+            self.r.set(key("loading", worker), json.dumps(progress), ex=120)
 
     def loading_workers(self) -> dict[str, dict]:
         return {name: json.loads(v) for name, v in self._family("loading").items()}

@@ -23,6 +23,7 @@ from ..tokenizer import IdsOnlyCodec, TextCodec, load_codec
 from .budget import planned_pools, torch_dtype
 from .intake import Ticket
 from .lifecycle import Lifecycle
+from .liveness import process_id
 from .metrics import WorkerStats
 from .outage_log import OutageLog
 from .prefill_batch import BatchInput
@@ -58,7 +59,7 @@ class LoadProgress:
 
     def _report(self, percent: int | None) -> None:
         with contextlib.suppress(redis.RedisError):  # Redis not up yet: the log still has it
-            self.registry.loading(self.worker, self.stage, percent)
+            self.registry.loading(self.worker, self.stage, percent, process_id())
 
 
 def _credentials_taken(client: redis.Redis) -> None:
