@@ -178,7 +178,11 @@ class Settings(BaseSettings):
     trace_exporter: Literal["none", "console", "otlp-http", "otlp-grpc"] = Field(
         default="none", description="where spans go: none, console, otlp-http or otlp-grpc"
     )
-    trace_endpoint: str | None = Field(default=None, description="OTLP endpoint (default: the exporter's)")
+    trace_endpoint: str | None = Field(
+        default=None,
+        description="OTLP collector: otlp-grpc http://host:4317, otlp-http http://host:4318 (/v1/traces added to a URL "
+        "without a path) (default: the exporter's, on localhost)",
+    )
     trace_file: Path | None = Field(
         default=None, description="console exporter: append JSON spans to this file (a directory: one per process)"
     )

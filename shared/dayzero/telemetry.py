@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from urllib.parse import urlsplit, urlunsplit
 
 from opentelemetry import context, propagate, trace
 from opentelemetry.sdk.resources import Resource
@@ -40,9 +41,21 @@ def setup_tracing(settings: Settings, service: str) -> None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         else:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        exporter = OTLPSpanExporter(endpoint=settings.trace_endpoint) if settings.trace_endpoint else OTLPSpanExporter()
+        endpoint = settings.trace_endpoint
+        if endpoint and settings.trace_exporter == "otlp-http":
+            endpoint = otlp_http_traces_url(endpoint)
+        exporter = OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+
+
+def otlp_http_traces_url(endpoint: str) -> str:
+    """The URL spans are posted to at an OTLP/HTTP ``endpoint``: a collector's address without a path
+    (``http://otel-collector:4318``) gets ``/v1/traces``, as the SDK adds it to OTEL_EXPORTER_OTLP_ENDPOINT.
+    The exporter takes its ``endpoint`` as the whole URL: spans went to the collector's root, which
+    answers 404, and were dropped."""
+    url = urlsplit(endpoint)
+    return urlunsplit(url._replace(path="/v1/traces")) if url.path in ("", "/") else endpoint
 
 
 def flush_spans() -> None:

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from .conftest import MODEL, sse_events, start_gateway_alone, start_stack
@@ -16,11 +17,17 @@ from .conftest import MODEL, sse_events, start_gateway_alone, start_stack
 
 @contextmanager
 def otlp_collector():
-    """An OTLP/HTTP endpoint on a thread -> (its URL, the names of the spans it received)."""
+    """An OTLP/HTTP collector on a thread -> (its address, the names of the spans it received at
+    ``/v1/traces``)."""
     names: list[str] = []
 
     class Collector(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
+            if self.path != "/v1/traces":  # as the OpenTelemetry collector answers
+                self.send_response(404)
+                self.send_header("content-length", "0")
+                self.end_headers()
+                return
             sent = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["content-length"])))
             names.extend(s.name for r in sent.resource_spans for scope in r.scope_spans for s in scope.spans)
             self.send_response(200)
@@ -33,17 +40,19 @@ def otlp_collector():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_port}/v1/traces", names
+        yield f"http://127.0.0.1:{server.server_port}", names
     finally:
         server.shutdown()
 
 
-def test_a_stopped_gateway_exports_its_batched_spans(demo_dir, tmp_path):
+@pytest.mark.parametrize("path", ["/v1/traces", ""])
+def test_a_stopped_gateway_exports_its_batched_spans(demo_dir, tmp_path, path):
     """OTLP export sends spans in batches (every 5 s); the SDK flushes the rest at exit, but uvicorn
     ends the process with the SIGTERM it caught and exit handlers never run: the gateway flushes
-    them as it stops (they were lost)."""
-    with otlp_collector() as (endpoint, names):
-        env = {"DAYZERO_TRACE_EXPORTER": "otlp-http", "DAYZERO_TRACE_ENDPOINT": endpoint}
+    them as it stops (they were lost). DAYZERO_TRACE_ENDPOINT may be the collector's address alone
+    (``path`` ""), as OTEL_EXPORTER_OTLP_ENDPOINT is: its spans went to the root, a 404, and were lost."""
+    with otlp_collector() as (address, names):
+        env = {"DAYZERO_TRACE_EXPORTER": "otlp-http", "DAYZERO_TRACE_ENDPOINT": address + path}
         stack = start_gateway_alone(demo_dir, tmp_path, env)
         try:
             assert httpx.get(f"{stack.url}/v1/models", timeout=30).status_code == 200
@@ -58,7 +67,7 @@ def test_a_worker_ending_after_its_shutdown_grace_exports_its_batched_spans(text
     with otlp_collector() as (endpoint, names):
         env = {
             "DAYZERO_TRACE_EXPORTER": "otlp-http",
-            "DAYZERO_TRACE_ENDPOINT": endpoint,
+            "DAYZERO_TRACE_ENDPOINT": f"{endpoint}/v1/traces",
             "OTEL_BSP_SCHEDULE_DELAY": "600000",  # no timed export: only a flush sends the batch
             "DAYZERO_SHUTDOWN_GRACE_S": "1",
         }
