@@ -3,7 +3,7 @@ per choice) end the line, as the workers' lines name them (``request <id>: ...``
 complaint carries the header; its access line could not be told from the others (uvicorn's line
 is the client's address, the route and the status).
 
-uvicorn logs a response's line as the app sends its start, in the app's task: ``NameRequests``
+uvicorn logs a response's line as the app sends its start, in the app's task: ``name_answered``
 puts the ids the response carries in a context variable just before, and the access handler's
 ``RequestIds`` filter adds them to the record (``%(request_ids)s`` in its format)."""
 
@@ -13,30 +13,17 @@ import copy
 import logging
 from contextvars import ContextVar
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message
 from uvicorn.config import LOGGING_CONFIG
 
 _ANSWERED: ContextVar[str] = ContextVar("answered_request_ids", default="")
 
 
-class NameRequests:
-    """Plain ASGI: the response's ``X-Request-Id`` into ``_ANSWERED`` as its start goes out."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def named(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                ids = next((v for k, v in message.get("headers", ()) if k.lower() == b"x-request-id"), b"")
-                _ANSWERED.set(ids.decode("latin-1"))
-            await send(message)
-
-        await self.app(scope, receive, named)
+def name_answered(start: Message) -> None:
+    """Before a response's ``start`` goes out (its access line is logged then): the request ids it
+    carries, for that line (``CountResponses`` calls it for the API's responses: only they carry ids)."""
+    ids = next((v for k, v in start.get("headers", ()) if k.lower() == b"x-request-id"), b"")
+    _ANSWERED.set(ids.decode("latin-1"))
 
 
 class RequestIds(logging.Filter):

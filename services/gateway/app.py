@@ -32,7 +32,6 @@ from dayzero.telemetry import flush_spans, setup_tracing
 from dayzero.tokenizer import load_codec
 
 from . import errors
-from .access_log import NameRequests
 from .bus import Bus
 from .context import Gateway, system_fingerprint
 from .metrics import CountResponses, GatewayMetrics
@@ -245,7 +244,6 @@ def make_app(settings: Settings) -> FastAPI:
     app.add_middleware(Stopping, drain_s=settings.shutdown_grace_s / 2)  # (outside BodyLimit: its body reads)
     app.add_middleware(CountResponses)
     app.add_middleware(ClockFirst)
-    app.add_middleware(NameRequests)  # the access log's line names the requests it answers
     app.include_router(router)
     _openapi_as_served(app, [settings.model_name])
 

@@ -7,6 +7,8 @@ import json
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .access_log import name_answered
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -53,7 +55,8 @@ class GatewayMetrics:
 
 class CountResponses:
     """API responses by status (probes such as start-up ``/ready`` polls are not API traffic), and the
-    error bodies among them by their code (``GatewayMetrics.error_sent``).
+    error bodies among them by their code (``GatewayMetrics.error_sent``); the request ids each
+    carries go to its access line (access_log.py).
     Plain ASGI: a streamed body goes straight through (BaseHTTPMiddleware would relay each chunk
     through a memory stream and a task of its own)."""
 
@@ -70,6 +73,8 @@ class CountResponses:
         async def counted(message: Message) -> None:
             nonlocal failed
             gateway = getattr(scope["app"].state, "gateway", None)
+            if message["type"] == "http.response.start":
+                name_answered(message)  # the ids it carries end its access line
             if message["type"] == "http.response.start" and gateway is not None:
                 gateway.metrics.responses.labels(str(message["status"])).inc()
                 failed = message["status"] >= 400
