@@ -134,7 +134,7 @@ def parser() -> argparse.ArgumentParser:
     joining = "; under torchrun (RANK, WORLD_SIZE, ... set) join its group as one rank"
 
     gen = sub.add_parser("generate", help="stream a completion to the terminal")
-    gen.add_argument("--checkpoint", help="checkpoint directory (default: the built-in trained model)")
+    gen.add_argument("--checkpoint", metavar="DIR", help=cli_args.CHECKPOINT_HELP)
     prompt_args(gen, required=True)
     gen.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate (default 64)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")

@@ -24,6 +24,8 @@ def at_least(least: int):
 
 positive = at_least(1)
 count = at_least(0)
+# ``--checkpoint`` of the commands that serve or run a model: DAYZERO_CHECKPOINT is its default
+CHECKPOINT_HELP = "checkpoint directory (default: DAYZERO_CHECKPOINT, else the built-in trained model)"
 
 
 def port(text: str) -> int:

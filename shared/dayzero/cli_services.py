@@ -155,7 +155,7 @@ def add_service_commands(sub) -> None:
         "a rank stopped (its Celery still answers a ping). Exit 0 while Redis cannot be read: no worker can stamp "
         "then, so a wrong DAYZERO_REDIS_URL passes too (compose's healthcheck also pings Celery).",
     )
-    alive.add_argument("stage", choices=["vision", "prefill", "decode"])
+    alive.add_argument("stage", choices=["vision", "prefill", "decode"], help="the stage whose worker runs here")
     alive.add_argument(
         "--within",
         type=cli_args.positive_float,

@@ -137,7 +137,7 @@ def add_up_command(sub, with_settings: dict) -> None:
         ),
         **with_settings,
     )
-    up.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory (default: the built-in trained model)")
+    up.add_argument("--checkpoint", metavar="DIR", help=cli_args.CHECKPOINT_HELP)
     up.add_argument("--prefill", type=cli_args.positive, default=1, metavar="N", help="prefill workers (default 1)")
     up.add_argument("--decode", type=cli_args.positive, default=1, metavar="N", help="decode workers (default 1)")
     up.add_argument(
