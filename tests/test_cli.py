@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -289,19 +288,3 @@ def test_an_empty_checkpoint_path_is_named_empty(capsys):
 def test_doctor_takes_only_an_http_url(url, why, capsys):
     assert cli.main(["doctor", url]) == 2
     assert capsys.readouterr().err == f"error: {url!r} is not a gateway URL such as http://127.0.0.1:8000{why}\n"
-
-
-@pytest.mark.parametrize("command", ["generate", "up"])
-def test_checkpoint_help_names_the_variable_that_is_its_default(command, tmp_path):
-    """``--checkpoint``'s help said its default was the built-in model, while DAYZERO_CHECKPOINT (which
-    ``generate --help`` names nowhere) is read first: a variable left set served another checkpoint."""
-    helped = run_dayzero(command, "--help")
-    option = helped.stdout.split("--checkpoint DIR", 2)[-1].split("\n  --", 1)[0]
-    assert "default: DAYZERO_CHECKPOINT, else the built-in" in " ".join(option.split())
-    gone = tmp_path / "gone"
-    ran = run_dayzero(
-        command,
-        *(["--prompt-ids", "1"] if command == "generate" else ["--port", "1"]),
-        env={**os.environ, "DAYZERO_CHECKPOINT": str(gone)},
-    )
-    assert ran.returncode == 2 and f"checkpoint directory {gone} does not exist" in ran.stderr
