@@ -29,7 +29,7 @@ async def _events(gw: Gateway, progress: Progress) -> list[Token]:
     """A request's stream entries up to its last; raises when it fails."""
     request, events = progress.request, []
     try:
-        await gw.bus.watching.watch(request.request_id, progress.watcher)
+        await gw.bus.leaving.watch(request.request_id, progress.watcher, request.created)  # (refused: tried again)
         async with gw.bus.hub.subscribe(request.request_id) as sub:
             while True:
                 event = await sub.next(gw.settings.keepalive_s)

@@ -2,8 +2,9 @@
 ``OOM command not allowed``, reads answer). A read's first commands were writes (its reader mark,
 the hub's wake-up): refused, the read ended at once with ``queue_unavailable``, even one of a
 request that had finished (the soak's resumes during a refusal). Now the wake-up refused leaves the
-subscription to the hub's next blocked read, and the mark is tried again while the stream is read.
-Real processes: Redis, a gateway, a prefill and a decode worker."""
+subscription to the hub's next blocked read, and the mark is tried again while the stream is read;
+so for a request answered in one body. Real processes: Redis, a gateway, a prefill and a decode
+worker (and a gateway in-process, to refuse writes right after its admission)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,12 @@ import time
 import httpx
 import pytest
 import redis
+from fastapi.testclient import TestClient
 
 from dayzero.serving.keys import key
+from dayzero.serving.watching import Watching
+from dayzero.settings import Settings
+from services.gateway.app import make_app
 
 from .conftest import MODEL, resumed_events, sse_events, start_stack, wait_until
 from .test_decode_appends import writes_refused
@@ -96,3 +101,30 @@ def test_a_running_stream_resumed_while_redis_refuses_writes_reads_to_its_end(st
     _to_its_end(resumed.rest, seen, LONG["max_tokens"])
     assert wait_until(lambda: r.get(key("done", rid)) == b"length", 10) and r.get(key("cancel", rid)) is None
     assert wait_until(lambda: not r.exists(key("watchers", rid)), 10)  # its leave unwatched it
+
+
+def test_a_request_answered_in_one_body_waits_through_a_refusal_that_begins_after_its_admission(
+    stack, text_dir, monkeypatch, caplog
+):
+    """Writes refused from the moment Redis took the request (under load the test's refusal came
+    between the admission and the body's reader mark, 6 of 20 rounds at load 10): the mark, refused,
+    ended the request 503 ``queue_unavailable`` although it was queued and then served. Now the mark
+    is tried again as a stream's is, and the body comes once Redis takes writes."""
+    r, real_admit = redis.Redis.from_url(stack.redis_url), Watching.admit
+
+    async def admitted_then_refused(self, *args) -> bool:
+        admitted = await real_admit(self, *args)
+        await self.r.config_set("maxmemory", 1)  # every write refused from here: the reader mark first
+        threading.Timer(1.0, r.config_set, ("maxmemory", 0)).start()
+        return admitted
+
+    monkeypatch.setattr(Watching, "admit", admitted_then_refused)
+    settings = Settings(checkpoint=text_dir, redis_url=stack.redis_url, lease_s=1.0, keepalive_s=1.0)
+    try:
+        with TestClient(make_app(settings)) as gateway, caplog.at_level("WARNING", "dayzero.gateway"):
+            answer = gateway.post("/v1/completions", json={**SHORT, "stream": False})
+    finally:
+        assert wait_until(lambda: r.config_get("maxmemory")["maxmemory"] == "0", 5)
+    assert answer.status_code == 200, answer.text  # (was: 503 queue_unavailable)
+    assert answer.json()["choices"][0]["finish_reason"] == "length"
+    assert any("its watch failed" in record.getMessage() for record in caplog.records)  # (refused, tried again)
