@@ -5,7 +5,9 @@ the link up again; needs root and ``ip netns``). For each fault and each of ``--
 a stack of 1 vision, 1 prefill and 1 decode worker on the demo checkpoint (with its vision tower,
 leases of 1 s): a long stream in flight as Redis goes; ``/ready`` asked every 0.5 s meanwhile; from
 Redis back, a text request, then one with an image, sent again until answered 200 (each first 200's
-seconds after Redis back); how the stream ended and when; each worker's log records from the fault on.
+seconds after Redis back); how the stream ended and when, and how many tokens its request generated
+past the last one the client got (its stream's last entry, once the request ended, or GIVE_UP_S after
+Redis's return) and how it ended (its ``done`` mark); each worker's log records from the fault on.
 Run: ``sudo .venv/bin/python bench/hung_redis.py [--faults frozen,unreachable] [--outages 5,30]``.
 """
 
@@ -25,6 +27,7 @@ from pathlib import Path
 from statistics import median
 
 import httpx
+import redis
 from demo_stack import QUICK_LEASES, running, scratch, stack_on
 from options import bench_parser
 from outage_log_lines import records
@@ -32,6 +35,7 @@ from PIL import Image
 
 from dayzero.demo import write_demo_checkpoint
 from dayzero.procs import free_port, start_redis
+from dayzero.serving.keys import key
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.services.unreachable import unreachable_redis  # noqa: E402
@@ -77,17 +81,21 @@ def frozen_redis(log: Path) -> Iterator[FrozenRedis]:
 
 
 class LongStream:
-    """``LONG`` streamed on a thread: its tokens, how it ended (``finish``, ``error: <code>``, ``cut``)."""
+    """``LONG`` streamed on a thread: its tokens, how it ended (``finish``, ``error: <code>``, ``cut``),
+    its request's id and the last event id it got."""
 
     def __init__(self, url: str) -> None:
-        self.tokens, self.end, self.ended_at = 0, "", None
+        self.tokens, self.end, self.ended_at, self.request_id, self.last_id = 0, "", None, "", "0-0"
         self.decoding = threading.Event()
         threading.Thread(target=self._read, args=(url,), daemon=True).start()
 
     def _read(self, url: str) -> None:
         try:
             with httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=GIVE_UP_S * 3) as response:
+                self.request_id = response.headers["x-request-id"]
                 for line in response.iter_lines():
+                    if line.startswith("id: "):
+                        self.last_id = line[4:]
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     event = json.loads(line[6:])
@@ -142,15 +150,38 @@ def one_outage(stack, fault: FrozenRedis, outage_s: float, logs: Path) -> dict:
     image = served_after(stack.url, "/v1/chat/completions", image_body(), back)
     while stream.ended_at is None and time.monotonic() - back < GIVE_UP_S:
         time.sleep(0.5)
+    after = generated_after(fault.url, stream, back)
     time.sleep(2.0)  # (the lines of the recovery written)
     lines = {n: len(records((logs / f"{n}.log").read_text()[marks[n] :])) for n in WORKERS}
     ended = "running" if stream.ended_at is None else f"{stream.end} {stream.ended_at - back:+.1f}"
     ready = ",".join(f"{s}x{seen.count(s)}" for s in sorted(set(seen)))
-    return {"text": text, "image": image, "stream": ended, "tokens": stream.tokens, "ready": ready, "lines": lines}
+    got = {"text": text, "image": image, "stream": ended, "tokens": stream.tokens, "ready": ready, "lines": lines}
+    return {**got, "after": after}
 
 
-HEADS = ("fault", "s", "text s", "image s", "stream: end, s after Redis back", "/ready meanwhile", "log records")
-WIDTHS = (11, 3, 7, 8, 34, 22, 0)
+def generated_after(url: str, stream: LongStream, back: float) -> str:
+    """Tokens the stream's request generated after the last one its client got, and its end (its
+    ``done`` mark), once it ended (or "running" GIVE_UP_S after Redis's return)."""
+    r, rid = redis.Redis.from_url(url), stream.request_id
+    while not (done := r.get(key("done", rid))) and time.monotonic() - back < GIVE_UP_S:
+        time.sleep(0.2)
+    last = r.xrevrange(key("tokens", rid), count=1)
+    generated = int(last[0][1][b"i"]) + (int(last[0][1][b"t"]) >= 0) if last else 0  # (an end without a token: -1)
+    got = int(stream.last_id.split("-")[0])  # (entry n-0 holds the nth token)
+    return f"{generated - got} {done.decode() if done else 'running'}"
+
+
+HEADS = (
+    "fault",
+    "s",
+    "text s",
+    "image s",
+    "stream: end, s after Redis back",
+    "tokens after it, end",
+    "/ready meanwhile",
+    "log records",
+)
+WIDTHS = (11, 3, 7, 8, 34, 20, 22, 0)
 
 
 def row(*cells: object) -> str:
@@ -164,7 +195,7 @@ def outages_on(stack, fault: FrozenRedis, name: str, outages: list[float], logs:
         got = one_outage(stack, fault, outage_s, logs)
         said = [f"{got[k]:.1f}" if got[k] is not None else "never" for k in ("text", "image")]
         lines = " ".join(f"{n}={c}" for n, c in got["lines"].items())
-        print(row(name, f"{outage_s:.0f}", *said, got["stream"], got["ready"], lines), flush=True)
+        print(row(name, f"{outage_s:.0f}", *said, got["stream"], got["after"], got["ready"], lines), flush=True)
         served.setdefault(outage_s, []).append((got["text"], got["image"]))
         stack.wait_ready(timeout_s=GIVE_UP_S)
     return served
@@ -191,7 +222,7 @@ def main() -> None:
                     served = outages_on(stack, fault, name, outages, logs)
             for outage_s, times in served.items():
                 medians = [median(t[i] if t[i] is not None else GIVE_UP_S for t in times) for i in (0, 1)]
-                print(row(f"{name} median", f"{outage_s:.0f}", *(f"{m:.1f}" for m in medians), "", "", ""))
+                print(row(f"{name} median", f"{outage_s:.0f}", *(f"{m:.1f}" for m in medians), "", "", "", ""))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 import anyio
+import redis
 from opentelemetry import trace
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 from starlette.types import Receive, Scope, Send
@@ -52,8 +53,11 @@ async def sse(
     Redis lost, shutdown) sends an error event in OpenAI's error shape (merged: with the ``index``
     of the choice it ends, as in ``choices[].index``); a single stream then ends
     with ``[DONE]`` either way, after a finish with the usage chunk when the client asked for it.
-    A stream read again by its id is not ``counted`` in the latency and finish metrics."""
-    progress, left = Progress(gw, request, span, counted=counted), True
+    A stream read again by its id is not ``counted`` in the latency and finish metrics. One this
+    gateway ended because Redis failed its read (lost, frozen, its stream refused) told its client so
+    (``queue_unavailable``, retry): nobody resumes it, its request is cancelled as soon as Redis takes
+    the cancel (it generated on for the disconnect grace, then 7 s more for a leave Redis had failed)."""
+    progress, left, lost = Progress(gw, request, span, counted=counted), True, False
     if not merged and request.usage_in_stream:
         used = Usage()
     try:
@@ -68,6 +72,7 @@ async def sse(
             if not merged and used is not None:
                 yield _usage_event(gw, request, used)
         except Exception as exc:  # every failure becomes the stream's error event
+            lost = isinstance(exc, redis.RedisError)
             error = stream_error(exc, request.request_id)
             progress.end("error", error["error"]["message"])  # unless the failure was the request's own, as seen
             gw.metrics.error_sent(error["error"])
@@ -80,7 +85,7 @@ async def sse(
     finally:
         if left and progress.counted:  # (a stream read again: its choice is counted by its own stream)
             gw.metrics.disconnects.inc()
-        gw.bus.leaving.leave(request.request_id, progress.watcher, request.created, progress.over)
+        gw.bus.leaving.leave(request.request_id, progress.watcher, request.created, progress.over, not lost)
         if span is not None:
             span.set_attribute("dayzero.finished", progress.over)
             span.end()
