@@ -8,6 +8,9 @@ Redis back, a text request, then one with an image, sent again until answered 20
 seconds after Redis back); how the stream ended and when, and how many tokens its request generated
 past the last one the client got (its stream's last entry, once the request ended, or GIVE_UP_S after
 Redis's return) and how it ended (its ``done`` mark); each worker's log records from the fault on.
+``--redis-rto-max-ms``: the unreachable Redis's TCP retransmissions at most this far apart (the Redis
+host's ``net.ipv4.tcp_rto_max_ms``, Linux 6.15 on): its replies sent during the cut (a worker's queue
+read, 1 s blocks) otherwise come back with TCP's backoff, up to ~3 s after a 5 s cut.
 Run: ``sudo .venv/bin/python bench/hung_redis.py [--faults frozen,unreachable] [--outages 5,30]``.
 """
 
@@ -23,6 +26,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from statistics import median
 
@@ -207,8 +211,10 @@ def main() -> None:
     p.add_argument("--outages", default="5,30", help="seconds Redis hangs, comma-separated")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--keep", default="", help="a folder to keep the stack's logs in")
+    p.add_argument("--redis-rto-max-ms", type=int, default=None, help="unreachable: Redis's net.ipv4.tcp_rto_max_ms")
     args = p.parse_args()
-    faults = {"frozen": frozen_redis, "unreachable": unreachable_redis}
+    capped = partial(unreachable_redis, rto_max_ms=args.redis_rto_max_ms)
+    faults = {"frozen": frozen_redis, "unreachable": capped}
     outages = [float(s) for s in args.outages.split(",")] * args.rounds
     print(row(*HEADS))
     with scratch(args.keep) as folder:

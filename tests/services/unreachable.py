@@ -1,6 +1,8 @@
 """A real redis-server that can be made unreachable: run in a network namespace of its own behind a veth
 pair, its end of the pair set down (every packet to and from it dropped: connections hang, none is
-refused or reset) and up again. Root and ``ip netns`` (iproute2) needed: ``netns_usable``."""
+refused or reset) and up again. Root and ``ip netns`` (iproute2) needed: ``netns_usable``. Its replies
+sent while cut are retransmitted with TCP's backoff (0.2, 0.4, 0.8, ... s apart): ``rto_max_ms`` caps
+it (the namespace's ``net.ipv4.tcp_rto_max_ms``, Linux 6.15 on), as that sysctl on a Redis host would."""
 
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ class UnreachableRedis:
 
 
 @contextmanager
-def unreachable_redis(log: Path) -> Iterator[UnreachableRedis]:
+def unreachable_redis(log: Path, rto_max_ms: int | None = None) -> Iterator[UnreachableRedis]:
     """A redis-server in a namespace of its own (its log in ``log``), reachable from this host at its
     ``url`` until ``cut``; server, pair and namespace gone on the way out."""
     tag = f"{os.getpid() % 100000}{random.randrange(100)}"
@@ -51,6 +53,8 @@ def unreachable_redis(log: Path) -> Iterator[UnreachableRedis]:
     _ip("netns", "add", namespace)
     server = None
     try:
+        if rto_max_ms is not None:  # (before the server starts: a socket takes it when made)
+            _ip("netns", "exec", namespace, "sysctl", "-qw", f"net.ipv4.tcp_rto_max_ms={rto_max_ms}")
         _ip("link", "add", host_end, "type", "veth", "peer", "name", redis_end)
         _ip("link", "set", redis_end, "netns", namespace)
         _ip("addr", "add", f"{subnet}.1/24", "dev", host_end)
