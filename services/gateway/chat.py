@@ -24,7 +24,7 @@ from dayzero.chat.tokens import DSML, END_THINK, THINK
 from dayzero.params import Grammar
 
 from .chat_schemas import ChatPrompt, NamedToolChoice
-from .context import Gateway, tokenizing
+from .context import ENCODED_ON_THE_LOOP, Gateway, tokenizing
 from .errors import APIError
 from .images import IMAGE_TAG, Prompt, expand_placeholders, render_chat
 from .schemas import Sampling, json_reply
@@ -45,6 +45,28 @@ def chat_prompt(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
         except APIError as refused:  # the field the tag was typed into, looked for only now
             raise APIError(400, refused.message, param=_field_holding_the_tag(options)) from None
     return ids, prompt
+
+
+async def prompted(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
+    """``chat_prompt``, off the event loop (images decode there, long text tokenizes there) unless
+    the chat is short text alone: rendered and tokenized on the loop, as a completion's short
+    prompt is (``context.encoded``), for less than the thread pool's hop and back."""
+    return chat_prompt(gw, body) if _short_text(body) else await run_in_threadpool(chat_prompt, gw, body)
+
+
+def _short_text(body: ChatPrompt) -> bool:
+    """No tools, no reply schema, no image, no call in the history, and the messages' text (their
+    content and reasoning) within ``ENCODED_ON_THE_LOOP`` characters."""
+    if body.tools or (body.response_format and body.response_format.schema_() is not None):
+        return False
+    size = 0
+    for message in body.messages:
+        parts = message.content if isinstance(message.content, list) else [message.content or ""]
+        if message.tool_calls or any(not isinstance(part, str) and part.type != "text" for part in parts):
+            return False
+        size += sum(len(part if isinstance(part, str) else part.text) for part in parts)
+        size += len(message.reasoning_content or "")
+    return size <= ENCODED_ON_THE_LOOP
 
 
 def _field_holding_the_tag(options: ChatOptions) -> str:

@@ -21,7 +21,7 @@ from dayzero.serving import redis_clock as clock
 from dayzero.serving.messages import GenerationRequest
 
 from .access import bearer, key_accepted, may_read
-from .chat import chat_prompt, check_tool_set, enforced
+from .chat import check_tool_set, enforced, prompted
 from .chat_schemas import ChatCompletionRequest, ChatPrompt
 from .context import Gateway, encoded, tokenizing
 from .errors import APIError
@@ -160,7 +160,7 @@ async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Re
     # first: a tool set or schema too big is refused in milliseconds, before it compiles or its text is rendered
     check_tool_set(gw, body)
     rule = await enforced(gw, body, thinking)
-    ids, prompt = await run_in_threadpool(chat_prompt, gw, body)  # images are decoded: off the event loop
+    ids, prompt = await prompted(gw, body)  # (images are decoded, long text tokenized: off the event loop)
     limit_param = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
     spec = _spec(gw, body, ids, body.max_completion_tokens or body.max_tokens, rule, limit_param)
     protocol = {
@@ -217,7 +217,7 @@ async def tokenize(body: TokenizeRequest, gw: GatewayDep) -> Tokenized:
     _served(gw, body.model)
     if body.prompt is None:
         check_tool_set(gw, body)
-        ids = (await run_in_threadpool(chat_prompt, gw, body))[0]
+        ids = (await prompted(gw, body))[0]
     else:
         with tokenizing("prompt"):
             special = body.add_special_tokens is not False  # (vLLM's default for a prompt: added)

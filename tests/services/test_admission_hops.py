@@ -91,3 +91,39 @@ def test_a_chat_body_takes_the_hop_exactly_when_the_real_grammar_enforces_someth
                 assert chat.constrained(body) == made, (fields, thinking)
                 seen.add(made)
     assert seen == {True, False}
+
+
+def test_a_short_text_chat_is_rendered_on_the_loop_and_any_other_off_it(monkeypatch):
+    """A chat of short text alone renders and tokenizes on the event loop, as a completion's short
+    prompt does (it took the thread pool's hop and back for ~60 us of work); an image, long text,
+    tools, a reply schema or a call in the history still go off the loop."""
+    from services.gateway.chat_schemas import ChatCompletionRequest
+
+    threads = []
+
+    def chat_prompt(gw, body):
+        threads.append(threading.current_thread())
+        return [1], None
+
+    monkeypatch.setattr(chat, "chat_prompt", chat_prompt)
+    short = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    call = {"id": "c", "function": {"name": "f", "arguments": "{}"}}
+    bodies = [
+        {"messages": short},
+        {"messages": [{"role": "user", "content": "x" * ENCODED_ON_THE_LOOP}]},
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, image]}]},
+        {"messages": [{"role": "user", "content": "x" * (ENCODED_ON_THE_LOOP + 1)}]},
+        {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "reasoning_content": "y" * 300}]},
+        {"messages": short, "tools": [_TOOL]},
+        {"messages": short, "response_format": {"type": "json_object"}},
+        {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [call]}]},
+    ]
+
+    async def all_of_them() -> threading.Thread:
+        for fields in bodies:
+            await chat.prompted(None, ChatCompletionRequest(model="m", **fields))
+        return threading.current_thread()
+
+    loop = asyncio.run(all_of_them())
+    assert [thread is loop for thread in threads] == [True, True] + [False] * 6
