@@ -23,7 +23,7 @@ from options import bench_parser
 from dayzero.demo import write_demo_checkpoint
 from dayzero.params import SamplingParams
 from dayzero.procs import scratch_redis
-from dayzero.serving.admission import Queue, admission
+from dayzero.serving.admission import Queue, Record, admission
 from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest, PrefillJob
@@ -43,7 +43,7 @@ def admit(store: Lifecycle, rid: str, compose) -> PrefillJob:
         request_id=rid, prompt_ids=tuple(range(2, 302)), sampling=SamplingParams(max_tokens=4), created=time.time()
     )
     job = PrefillJob(request=request)
-    keys, args = admission([request], [], "", 60, 600, Queue("prefill", (compose(job),)))
+    keys, args = admission([Record.of(request)], [], "", 60, 600, Queue("prefill", (compose(job),)))
     store.r.register_script(ADMIT)(keys=keys, args=args)
     return job
 

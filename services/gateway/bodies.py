@@ -26,10 +26,9 @@ CLIENT_CLOSED = 499  # nginx's status for a request whose client left before the
 
 
 async def _events(gw: Gateway, progress: Progress) -> list[Token]:
-    """A request's stream entries up to its last; raises when it fails."""
+    """A request's stream entries up to its last (its read watched at admission); raises when it fails."""
     request, events = progress.request, []
     try:
-        await gw.bus.leaving.watch(request.request_id, progress.watcher, request.created)  # (refused: tried again)
         async with gw.bus.hub.subscribe(request.request_id) as sub:
             while True:
                 event = await sub.next(gw.settings.keepalive_s)
@@ -60,12 +59,20 @@ async def _client_present(http: Request) -> None:
 
 
 async def collect(
-    gw: Gateway, requests: list[GenerationRequest], spans: list[trace.Span], http: Request, headers: dict[str, str]
+    gw: Gateway,
+    requests: list[GenerationRequest],
+    spans: list[trace.Span],
+    http: Request,
+    headers: dict[str, str],
+    watchers: list[str],
 ) -> JSONResponse:
-    """One body; choice ``i`` is request ``i``'s completion (``spans[i]`` its span). One failure
-    cancels the others."""
+    """One body; choice ``i`` is request ``i``'s completion (``spans[i]`` its span, ``watchers[i]``
+    its read, watched at admission). One failure cancels the others."""
     results: list[list[Token]] = [[] for _ in requests]
-    progress = [Progress(gw, request, span) for request, span in zip(requests, spans, strict=True)]
+    progress = [
+        Progress(gw, request, span, watcher=watcher)
+        for request, span, watcher in zip(requests, spans, watchers, strict=True)
+    ]
     left = len(requests)
 
     async def run(i: int) -> None:

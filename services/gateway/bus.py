@@ -10,9 +10,9 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from starlette.concurrency import run_in_threadpool
 
-from dayzero.serving.admission import Queue
+from dayzero.serving.admission import Queue, Record
 from dayzero.serving.lifecycle import Lifecycle
-from dayzero.serving.messages import GenerationRequest, PrefillJob
+from dayzero.serving.messages import GenerationRequest, prefill_job_json
 from dayzero.serving.no_worker_count import unserved_for
 from dayzero.serving.queue import TaskMessages
 from dayzero.serving.registry import Registry
@@ -50,20 +50,27 @@ class Bus:
         self.unserved: dict[str, float] = {}  # stages past the no-worker bound at the reaper's last pass
 
     async def submit(
-        self, requests: list[GenerationRequest], spans: list[trace.Span], images: list[bytes], owner: str
+        self,
+        requests: list[GenerationRequest],
+        spans: list[trace.Span],
+        images: list[bytes],
+        owner: str,
+        watchers: list[str],
     ) -> bool:
-        """Record the requests (their images' bytes, the digest of who may read their streams) and
-        queue them, vision first when they have images, in one round trip and no thread (``send_task``
-        would take one, and a round trip each); or none of them, False, when the stage's queue would
-        hold more than ``max_queued``. Each request (recorded and queued) carries its span's context."""
-        stage, messages, traced = "vision" if images else "prefill", [], []
-        for request, span in zip(requests, spans, strict=True):
+        """Record the requests (their images' bytes, the digest of who may read their streams, their
+        responses' reads: ``watchers``, one each) and queue them, vision first when they have
+        images, in one round trip and no thread (``send_task`` would take one, and a round trip
+        each); or none of them, False, when the stage's queue would hold more than ``max_queued``.
+        Each request (recorded and queued) carries its span's context; it is serialized once."""
+        stage, messages, records = "vision" if images else "prefill", [], []
+        for request, span, watcher in zip(requests, spans, watchers, strict=True):
             with trace.use_span(span, end_on_exit=False):
                 context = carrier()
-            traced.append(request.model_copy(update={"trace": context}))  # recorded: a re-run continues it
-            messages.append(self.messages[stage](PrefillJob(request=traced[-1]).model_dump_json(), context))
+            # recorded with its span's context (a re-run continues it), its message from the same JSON
+            records.append(Record.of(request.model_copy(update={"trace": context}), watcher))
+            messages.append(self.messages[stage](prefill_job_json(records[-1].json), context))
         queue = Queue(stage, tuple(messages), self.settings.max_queued)
-        return await self.watching.admit(traced, images, owner, queue)
+        return await self.watching.admit(records, images, owner, queue)
 
     async def unserved_stage(self, stages: tuple[str, ...], bound_s: float) -> tuple[str, float] | None:
         """The first of ``stages`` without a ready worker for over ``bound_s`` (-> it, for how long),

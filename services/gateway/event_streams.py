@@ -47,9 +47,11 @@ async def sse(
     shutdown: anyio.Event | None = None,
     used: Usage | None = None,
     counted: bool = True,
+    watcher: str | None = None,
 ) -> AsyncIterator[ServerSentEvent | bytes]:
     """One request's stream; ``merged``: one of several streams merged (no event ids, no usage
-    chunk, no [DONE]; its finish is added to ``used``). Every end but a finish (a failure, a cancel,
+    chunk, no [DONE]; its finish is added to ``used``); ``watcher``: this read, watched at the
+    request's admission (None: a read of its own, watched as it begins). Every end but a finish (a failure, a cancel,
     Redis lost, shutdown) sends an error event in OpenAI's error shape (merged: with the ``index``
     of the choice it ends, as in ``choices[].index``); a single stream then ends
     with ``[DONE]`` either way, after a finish with the usage chunk when the client asked for it.
@@ -58,6 +60,8 @@ async def sse(
     (``queue_unavailable``, retry): nobody resumes it, its request is cancelled as soon as Redis takes
     the cancel (it generated on for the disconnect grace, then 7 s more for a leave Redis had failed)."""
     progress, left, lost = Progress(gw, request, span, counted=counted), True, False
+    if watcher is not None:
+        progress.watcher = watcher
     if not merged and request.usage_in_stream:
         used = Usage()
     try:
@@ -65,7 +69,8 @@ async def sse(
         if not merged:
             yield retry_line(gw.settings.sse_retry_ms)
         try:
-            await gw.bus.leaving.watch(request.request_id, progress.watcher, request.created)
+            if watcher is None:
+                await gw.bus.leaving.watch(request.request_id, progress.watcher, request.created)
             async with gw.bus.hub.subscribe(request.request_id, after) as sub, closing(sub, shutdown):
                 async for event in _chunks(gw, request, sub, after, progress, used):
                     yield event
@@ -193,15 +198,18 @@ class _EventStream(EventSourceResponse):
                 self.never_began()
 
 
-def _left_unread(gw: Gateway, requests: list[GenerationRequest], spans: list) -> Callable[[], None]:
-    """Leaves ``requests`` as a read that began and ended at once: a resume's arrival ends (it held
-    their cancels), each is cancelled after the grace unless read again (was: a resume's held its
-    request's cancels for ARRIVAL_S, a new stream's was never cancelled)."""
+def _left_unread(
+    gw: Gateway, requests: list[GenerationRequest], spans: list, watchers: list[str | None]
+) -> Callable[[], None]:
+    """Leaves ``requests`` as a read that began and ended at once (by its ``watchers``: the reads
+    admission watched; None, one never watched): a resume's arrival ends (it held their cancels),
+    each is cancelled after the grace unless read again (was: a resume's held its request's cancels
+    for ARRIVAL_S, a new stream's was never cancelled)."""
 
     def leave() -> None:
-        for request, span in zip(requests, spans, strict=True):
+        for request, span, watcher in zip(requests, spans, watchers, strict=True):
             gw.bus.leaving.reading(request.request_id)
-            gw.bus.leaving.leave(request.request_id, uuid.uuid4().hex, request.created, finished=False)
+            gw.bus.leaving.leave(request.request_id, watcher or uuid.uuid4().hex, request.created, finished=False)
             if span is not None:
                 span.end()
 
@@ -215,18 +223,20 @@ def event_stream(
     headers: dict[str, str],
     spans: list | None = None,
     counted: bool = True,
+    watchers: list[str] | None = None,
 ) -> EventSourceResponse:
     """The SSE response of one request (resumable from ``after``) or of several merged; one read
-    again by its id is not ``counted`` in the metrics (its latencies are the replay's)."""
+    again by its id is not ``counted`` in the metrics (its latencies are the replay's); ``watchers``:
+    the reads admission watched, one per request (None: a read watched as it begins)."""
     shutdown = anyio.Event()  # set by sse-starlette when the server begins to shut down
-    spans = spans or [None] * len(requests)
+    spans, watchers = spans or [None] * len(requests), watchers or [None] * len(requests)
     if len(requests) == 1:
-        events = sse(gw, requests[0], after, spans[0], shutdown=shutdown, counted=counted)
+        events = sse(gw, requests[0], after, spans[0], shutdown=shutdown, counted=counted, watcher=watchers[0])
     else:
-        events = _merged(gw, requests, spans, shutdown)
+        events = _merged(gw, requests, spans, watchers, shutdown)
     return _EventStream(
         events,
-        _left_unread(gw, requests, spans),
+        _left_unread(gw, requests, spans, watchers),
         ping=gw.settings.keepalive_s,
         ping_message_factory=lambda: KEEP_ALIVE,
         headers=headers,
@@ -236,7 +246,7 @@ def event_stream(
 
 
 async def _merged(
-    gw: Gateway, requests: list[GenerationRequest], spans: list, shutdown: anyio.Event
+    gw: Gateway, requests: list[GenerationRequest], spans: list, watchers: list[str | None], shutdown: anyio.Event
 ) -> AsyncIterator[ServerSentEvent]:
     """Several choices' chunks as they come, each marked with its index; not resumable (no ids).
     When every choice finished, one usage chunk (if asked for) totals them. Leaving cancels every
@@ -249,7 +259,8 @@ async def _merged(
     async def pump(i: int) -> None:
         with stops[i]:
             try:
-                async for event in sse(gw, requests[i], "0-0", spans[i], merged=True, shutdown=shutdown, used=used):
+                choice = sse(gw, requests[i], "0-0", spans[i], True, shutdown, used, watcher=watchers[i])
+                async for event in choice:
                     if isinstance(event, ServerSentEvent) and event.data is not None:  # the response pings itself
                         queue.put_nowait(ServerSentEvent(data=event.data))
             finally:

@@ -1,26 +1,25 @@
 """Every open token stream of this gateway read over one Redis connection.
 
-One reader task issues a single ``XREAD BLOCK`` over all watched streams and hands each entry
-to its subscriber's queue, so open streams cost no connection each (redis-py's pool would run
-out long before the admission bound). A new subscriber wakes the blocked read by appending to
-this gateway's own wake stream, which every read includes from the last wake-up it saw (not
-``$``: a wake-up that reaches Redis just before the read would be missed, and the new stream
-left unread until another stream's entry or the block's end). A lost Redis ends every open
-subscription with the error (the stream's reader turns it into an error event), and so does a
-Redis that stops answering (frozen, its host unreachable) for ``READ_MARGIN_S`` past the block.
-A read Redis ends while it answers (``UNBLOCKED``, its connection closed: it became a replica, a
-failover's old master) is read again: the streams go on (their wake-ups refused meanwhile, polled).
-A Redis that restarted in between (another run_id) is read again too, but each stream whose request
-it no longer holds (started empty) ends as a lost Redis's do: nothing would ever write it again.
-A wake-up Redis refuses (writes refused: its memory limit) leaves the new subscriber's stream
-polled (``POLL_S``) till the next blocked read takes it in. A subscriber ``BACKLOG`` entries behind
-(its client reads slower than tokens come) is read no further until it has taken half of them: the
-rest wait in Redis, not in this gateway's memory.
-A request that ended (its ``done`` mark) with a stream its end could not be written to (``Settled``'s
-UNCLOSED) is ended for its readers with the end SETTLE kept beside the mark (``unclosed``: its code,
-its usage), once their stream has been quiet for a block: the reader looks at most once a block,
-one MGET of the quiet streams' marks.
-"""
+One reader task issues a single ``XREAD BLOCK`` over all watched streams and hands each entry to its
+subscriber's queue, so open streams cost no connection each (redis-py's pool would run out long
+before the admission bound). A new subscriber wakes the blocked read (a reader it starts reads its
+stream at once) by appending to this gateway's own wake stream, which every read includes from the
+last wake-up it saw (not ``$``: a wake-up that reaches Redis just before the read would be missed,
+and the new stream left unread until another stream's entry or the block's end). A lost Redis ends
+every open subscription with the error (the stream's reader turns it into an error event), and so
+does a Redis that stops answering (frozen, its host unreachable) for ``READ_MARGIN_S`` past the
+block. A read Redis ends while it answers (``UNBLOCKED``, its connection closed: it became a
+replica, a failover's old master) is read again: the streams go on (their wake-ups refused
+meanwhile, polled). A Redis that restarted in between (another run_id) is read again too, but each
+stream whose request it no longer holds (started empty) ends as a lost Redis's do: nothing would
+ever write it again. A wake-up Redis refuses (writes refused: its memory limit) leaves the new
+subscriber's stream polled (``POLL_S``) till the next blocked read takes it in. A subscriber
+``BACKLOG`` entries behind (its client reads slower than tokens come) is read no further until it
+has taken half of them: the rest wait in Redis, not in this gateway's memory. A request that ended
+(its ``done`` mark) with a stream its end could not be written to (``Settled``'s UNCLOSED) is ended
+for its readers with the end SETTLE kept beside the mark (``unclosed``: its code, its usage), once
+their stream has been quiet for a block: the reader looks at most once a block, one MGET of the
+quiet streams' marks."""
 
 from __future__ import annotations
 
@@ -87,12 +86,13 @@ class StreamHub:
         self.subs.add(sub)
         try:
             if self._reader is None or self._reader.done():
-                self._reader = asyncio.create_task(self._read_forever())
-            try:
-                await self._wake()  # the blocked read takes sub in at once
-            except redis.ResponseError as exc:  # writes refused (Redis at its memory limit), reads answer
-                log.warning("token streams: a wake-up refused, the stream polled till the next read: %s", exc)
-                polled = asyncio.create_task(self._poll(sub))
+                self._reader = asyncio.create_task(self._read_forever())  # its first read takes sub in: no wake-up
+            else:
+                try:
+                    await self._wake()  # the blocked read takes sub in at once
+                except redis.ResponseError as exc:  # writes refused (Redis at its memory limit), reads answer
+                    log.warning("token streams: a wake-up refused, the stream polled till the next read: %s", exc)
+                    polled = asyncio.create_task(self._poll(sub))
             yield sub
         finally:
             self.subs.discard(sub)

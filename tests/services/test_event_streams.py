@@ -20,7 +20,7 @@ def test_a_choice_whose_first_command_loses_the_cancel_still_stops_when_the_clie
     Here each choice's first await swallows the cancel as that command does: both must still stop."""
     ended: dict[int, str] = {}
 
-    async def choice(gw, request, after, span, merged, shutdown, used):
+    async def choice(gw, request, after, span, merged, shutdown, used, watcher):
         with contextlib.suppress(asyncio.CancelledError):  # lost, as redis-py loses it
             await anyio.sleep(0.05)  # the stream's first command
         try:
@@ -34,7 +34,7 @@ def test_a_choice_whose_first_command_loses_the_cancel_still_stops_when_the_clie
 
     async def leave_at_once() -> None:
         gw = SimpleNamespace(settings=SimpleNamespace(sse_retry_ms=1000))
-        merged = event_streams._merged(gw, [0, 1], [None, None], anyio.Event())
+        merged = event_streams._merged(gw, [0, 1], [None, None], [None, None], anyio.Event())
         await merged.__anext__()  # the retry line: the response has begun
         await anyio.sleep(0.01)  # each choice's reader is in its first command
         await merged.aclose()  # the client left
@@ -49,12 +49,14 @@ class _Leaving:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
+        self.watchers: list[str] = []
 
     def reading(self, request_id: str) -> None:
         self.calls.append(("reading", request_id))
 
     def leave(self, request_id: str, watcher: str, created: float, finished: bool) -> None:
         self.calls.append(("leave", request_id))
+        self.watchers.append(watcher)
 
 
 def test_a_stream_that_never_began_leaves_its_request(monkeypatch):
@@ -65,7 +67,7 @@ def test_a_stream_that_never_began_leaves_its_request(monkeypatch):
     the response leaves it as a read that began and ended at once."""
     began = []
 
-    async def stream(gw, request, after, span, shutdown, counted):
+    async def stream(gw, request, after, span, shutdown, counted, watcher):
         began.append(request.request_id)
         yield b"retry: 1000\n"
 
@@ -82,3 +84,29 @@ def test_a_stream_that_never_began_leaves_its_request(monkeypatch):
     response = event_streams.event_stream(gw, [request], "1-0", {}, counted=False)
     asyncio.run(response({"type": "http", "method": "GET"}, receive, paused_send))
     assert began == [] and leaving.calls == [("reading", "r1"), ("leave", "r1")]  # (was: [], nothing left)
+
+
+def test_a_new_stream_that_never_began_leaves_as_the_read_its_admission_watched(monkeypatch):
+    """Admission marks the response's read among the stream's readers (its watcher); a response
+    that never began must leave as that read: left as another, the first stays in the readers' set
+    and the request, read by nobody, is never cancelled (Redis's cancel waits for an empty set)."""
+
+    async def stream(gw, request, after, span, shutdown, counted, watcher):
+        yield b"retry: 1000\n"
+
+    async def receive() -> dict:
+        return {"type": "http.disconnect"}
+
+    async def paused_send(message: dict) -> None:
+        await anyio.sleep(0.05)
+
+    leaving = _Leaving()
+    gw = SimpleNamespace(settings=SimpleNamespace(keepalive_s=10.0), bus=SimpleNamespace(leaving=leaving))
+    requests = [SimpleNamespace(request_id=f"r{i}", created=0.0) for i in range(2)]
+    monkeypatch.setattr(event_streams, "sse", stream)
+    for chosen in (requests[:1], requests):  # one stream, and several merged
+        leaving.watchers.clear()
+        watchers = [f"read-{r.request_id}" for r in chosen]
+        response = event_streams.event_stream(gw, chosen, "0-0", {}, watchers=watchers)
+        asyncio.run(response({"type": "http", "method": "GET"}, receive, paused_send))
+        assert leaving.watchers == watchers

@@ -10,7 +10,7 @@ import redis
 import redis.asyncio as aioredis
 
 from dayzero.serving import queue_scripts, scripts, stream_scripts
-from dayzero.serving.admission import Queue
+from dayzero.serving.admission import Queue, Record
 from dayzero.serving.keys import HANDOFF_OWNER, key
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.scripts import Take
@@ -93,7 +93,7 @@ def test_a_message_a_worker_took_and_never_claimed_is_re_run_at_the_next_sweep(r
 
     async def admit() -> None:  # as the gateway admits: the message pushed with the records
         client = aioredis.Redis.from_url(redis_url)
-        await Watching(client, 60, 60).admit([request("m-first")], [], "r", Queue("prefill", ("m-first",)))
+        await Watching(client, 60, 60).admit([Record.of(request("m-first"))], [], "r", Queue("prefill", ("m-first",)))
         await client.aclose()
 
     asyncio.run(admit())
@@ -196,9 +196,10 @@ def test_admit_queues_every_request_or_none_within_the_bound(redis_url):
     async def run() -> tuple[bool, bool]:
         client = aioredis.Redis.from_url(redis_url)
         watching = Watching(client, stream_ttl_s=60, queued_s=60)
-        first = await watching.admit([request("a1"), request("a2")], [b"img"], "r", Queue("q", ("m1", "m2"), 3))
-        again = await watching.admit([request("a1"), request("a2")], [b"img"], "r", Queue("q", ("m1", "m2"), 9))
-        second = await watching.admit([request("a3"), request("a4")], [], "r", Queue("q", ("m3", "m4"), 3))
+        a, b = [Record.of(request(rid)) for rid in ("a1", "a2")], [Record.of(request(rid)) for rid in ("a3", "a4")]
+        first = await watching.admit(a, [b"img"], "r", Queue("q", ("m1", "m2"), 3))
+        again = await watching.admit(a, [b"img"], "r", Queue("q", ("m1", "m2"), 9))
+        second = await watching.admit(b, [], "r", Queue("q", ("m3", "m4"), 3))
         await client.aclose()
         return first and again, second
 

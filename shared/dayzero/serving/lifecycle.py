@@ -48,7 +48,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.retry import Retry
 
-from .admission import Queue, admission
+from .admission import Queue, Record, admission
 from .keys import HANDOFF_OWNER, QUEUES, key
 from .messages import GenerationRequest
 from .queue_scripts import ADMIT, ENQUEUE, RERUN
@@ -91,7 +91,7 @@ class Lifecycle:
         """Record the request, its images' bytes and the digest of who may read its stream; queued
         (its message is the caller's to send)."""
         queue = Queue("vision" if images else "prefill")
-        keys, args = admission([request], images, reader, queued_s, self.ttl_s, queue)
+        keys, args = admission([Record.of(request)], images, reader, queued_s, self.ttl_s, queue)
         self._admit(keys=keys, args=args)
 
     def request(self, rid: str) -> GenerationRequest | None:

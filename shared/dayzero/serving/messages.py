@@ -66,6 +66,12 @@ class PrefillJob(Frozen):
     embeddings: TensorRef | None = None  # the images' merged-patch embeddings, set by the vision stage
 
 
+def prefill_job_json(request_json: str) -> str:
+    """A new request's ``PrefillJob`` as JSON, from the request's own JSON (its other fields left to
+    their defaults): the gateway serializes a request once, for its record and its message."""
+    return f'{{"request":{request_json}}}'
+
+
 class DecodeJob(Frozen):
     request: GenerationRequest
     generated: tuple[int, ...]  # streamed so far; the last one is not yet in the state

@@ -32,30 +32,35 @@ end
 """
 
 
-# KEYS: the stage's queue, its pushed count, active, then per request: req, access, queued, images.
-# ARGV: bound, keep s, queued ms, reader, image count k, the k images, then per request: id, record,
-# broker message ('': record only). 0: refused (the queue would pass ``bound``), nothing written.
-# An admission that ran already (a client retried it when the reply was lost) writes nothing more.
+# KEYS: the stage's queue, its pushed count, active, then per request: req, access, queued, images,
+# watchers. ARGV: bound, keep s, queued ms, reader, image count k, the k images, then per request:
+# id, record, broker message ('': record only), its first reader ('': none yet). 0: refused (the
+# queue would pass ``bound``), nothing written. An admission that ran already (a client retried it
+# when the reply was lost) writes nothing more.
 ADMIT = (
     PUSH
     + """
 if redis.call('EXISTS', KEYS[4]) == 1 then
     return 1
 end
-local n, k = (#KEYS - 3) / 4, tonumber(ARGV[5])
+local n, k = (#KEYS - 3) / 5, tonumber(ARGV[5])
 if redis.call('LLEN', KEYS[1]) + n > tonumber(ARGV[1]) then
     return 0
 end
 for i = 0, n - 1 do
-    local rid, at = ARGV[6 + k + 3 * i], 3 + 4 * i
-    redis.call('SET', KEYS[at + 1], ARGV[7 + k + 3 * i], 'EX', ARGV[2])
+    local rid, at, first = ARGV[6 + k + 4 * i], 3 + 5 * i, 7 + k + 4 * i
+    redis.call('SET', KEYS[at + 1], ARGV[first], 'EX', ARGV[2])
     if k > 0 then
         redis.call('RPUSH', KEYS[at + 4], unpack(ARGV, 6, 5 + k))
         redis.call('EXPIRE', KEYS[at + 4], ARGV[2])
     end
     redis.call('SET', KEYS[at + 2], ARGV[4], 'EX', ARGV[2])
     redis.call('SADD', KEYS[3], rid)
-    local message = ARGV[8 + k + 3 * i]
+    local message, watcher = ARGV[first + 1], ARGV[first + 2]
+    if watcher ~= '' then
+        redis.call('SADD', KEYS[at + 5], watcher)
+        redis.call('EXPIRE', KEYS[at + 5], ARGV[2])
+    end
     if message ~= '' then
         push(KEYS[1], KEYS[2], KEYS[at + 3], message, ARGV[3])
     else

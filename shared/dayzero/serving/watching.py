@@ -10,10 +10,9 @@ import redis
 import redis.asyncio as aioredis
 
 from . import redis_clock as clock
-from .admission import Queue, admission, record_s
+from .admission import Queue, Record, admission, record_s
 from .client_scripts import registered
 from .keys import key
-from .messages import GenerationRequest
 from .queue_scripts import ADMIT
 
 # A stream's readers: a set of one id per read (adding or removing one twice, as a retry after a
@@ -92,10 +91,11 @@ class Watching:
         self._admit, self._readers = client.register_script(ADMIT), client.register_script(READERS)
         self._cancel, self._later = client.register_script(CANCEL_UNWATCHED), client.register_script(CANCEL_LATER)
 
-    async def admit(self, requests: list[GenerationRequest], images: list[bytes], reader: str, queue: Queue) -> bool:
-        """``Lifecycle.admit`` for all of ``requests`` and their messages pushed onto the queue, in
-        one round trip; or nothing, False, when the queue cannot take them all."""
-        keys, args = admission(requests, images, reader, self.queued_s, self.ttl_s, queue)
+    async def admit(self, records: list[Record], images: list[bytes], reader: str, queue: Queue) -> bool:
+        """``Lifecycle.admit`` for all of ``records``, their messages pushed onto the queue and their
+        first reads watched (``watch``), in one round trip; or nothing, False, when the queue cannot
+        take them all."""
+        keys, args = admission(records, images, reader, self.queued_s, self.ttl_s, queue)
         return bool(await self._admit(keys=keys, args=args))
 
     async def known(self, rid: str) -> bool:
