@@ -155,7 +155,7 @@ import json, resource, sys, time, torch
 resource.setrlimit(resource.RLIMIT_AS, (12 << 30, 12 << 30))
 engine, path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 sys.path.insert(0, sys.argv[4])
-from peak_rss import peak_above, start_peak
+from peak_rss import PeakRSS
 ids = torch.randint(2, 500, (n,)).tolist()
 try:
     if engine == "dayzero":
@@ -174,20 +174,19 @@ try:
         attention.indexer_topk = timed
         model = load_model(path, progress=False)
         pools = pools_for(model.cfg, torch.float32, n)
-        base = start_peak()
+        peak = PeakRSS()
         start = time.perf_counter()
         prefill(model, pools, ["s"], [ids], chunk_size=2048)
     else:
         from transformers import DeepseekV4ForCausalLM
         model = DeepseekV4ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        base = start_peak()
+        peak = PeakRSS()
         start = time.perf_counter()
         with torch.no_grad():
             model(torch.tensor([ids]), logits_to_keep=1)
     seconds = time.perf_counter() - start
-    peak = peak_above(base)
     extra = {"indexer_s": spent[0]} if engine == "dayzero" else {}
-    print(json.dumps({"seconds": seconds, "peak_mib": peak, **extra}))
+    print(json.dumps({"seconds": seconds, "peak_mib": peak.mib(), **extra}))
 except (MemoryError, RuntimeError) as exc:
     print(json.dumps({"error": type(exc).__name__}))
 """
