@@ -10,7 +10,8 @@ millisecond (a concurrent request's stall). Bodies of ``--mb`` MiB, the gateway'
   (refused at the parse, with the position of the first bracket too deep).
 
 The gateway's modules are imported first (its heap: a collection of it is part of what a body costs).
-Medians of ``--runs``. Compare two commits back to back: run it in each one's checkout.
+Medians of ``--runs``. Compare two commits back to back: run it in each one's checkout (it imports
+the gateway of the tree it is in, whichever tree the venv installed).
 
     .venv/bin/python bench/body_parse.py [--mb 8] [--runs 5] [--only NAME ...]
 """
@@ -20,12 +21,16 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 from options import bench_parser
 
-import services.gateway.app  # noqa: F401  (the gateway's heap)
-from services.gateway.json_body import parse
+TREE = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(TREE / "shared"), str(TREE)]  # (ahead of the venv's editable install: maybe another tree)
+import services.gateway.app  # noqa: E402, F401  (the gateway's heap)
+from services.gateway.json_body import parse  # noqa: E402
 
 PROBE_S = 0.001
 

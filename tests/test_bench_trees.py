@@ -1,0 +1,29 @@
+"""A bench that compares two trees is run in each one's checkout with one venv: it must import the
+code of the tree it is in, not the tree the venv's editable install points at (bench/body_parse.py
+measured the install's gateway from any checkout unless PYTHONPATH was set)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+MARK = "the other tree's gateway"
+
+
+def test_body_parse_imports_the_gateway_of_its_own_tree(tmp_path):
+    (tmp_path / "bench").mkdir()
+    for name in ("body_parse.py", "options.py"):
+        shutil.copy(BENCH / name, tmp_path / "bench")
+    gateway = tmp_path / "services" / "gateway"
+    gateway.mkdir(parents=True)
+    for module in (tmp_path / "services" / "__init__.py", gateway / "__init__.py", gateway / "json_body.py"):
+        module.write_text("async def parse(body):\n    return None\n" if module.name == "json_body.py" else "")
+    (gateway / "app.py").write_text(f"print({MARK!r})\n")
+    cmd = [sys.executable, "bench/body_parse.py", "--mb", "1", "--runs", "1", "--only", "token ids"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert MARK in done.stdout, done.stdout
+    assert "| token ids | parsed |" in done.stdout, done.stdout
