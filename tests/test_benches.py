@@ -4,8 +4,10 @@ sizes, one stack bench (``bench/serve.py``) among them, so that ``bench/demo_sta
 
 ``--help`` and the in-process smoke runs are run as ``python bench/X.py ARGS`` would run them (the
 script as ``__main__``, ``bench/`` first on the path), but one after another in one fresh interpreter
-(``RUNNER``): a process each paid torch's import 42 times (2-8 s each on two shared cores). The CUDA
-paths run too: on a host without CUDA each says so and exits 0."""
+(``RUNNER``): a process each paid torch's import 42 times (2-8 s each on two shared cores). Each run
+gets back the process state the benches change (the environment, the working directory, torch's
+thread count and default dtype, sys.path) as it was before it, and an alarm: a hang is ended and named by its
+bench's test. The CUDA paths run too: on a host without CUDA each says so and exits 0."""
 
 from __future__ import annotations
 
@@ -24,12 +26,15 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 HELPERS = {"demo_stack.py", "options.py", "peak_rss.py", "timing.py"}  # modules the benches import, not benches
 BENCHES = sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS)
 WORK_S = 20  # a --help still running after this is doing its work: ended (its test fails), the rest go on
+SMOKE_S = 300  # a smoke run still running after this hangs (each takes seconds): ended, named, the rest go on
 
 # Runs each of argv's JSON invocations ([script, args...]) as ``python script args...`` would, in turn;
 # prints one JSON line per invocation: its exit code, its output, its seconds. A run past its alarm
-# (``seconds`` in the invocation, else none) is ended and reported as exit code "alarm".
+# (``seconds`` in the invocation) is ended and reported as exit code "alarm". What a run changes of the
+# process's state (``kept``, ``put_back``) is put back before the next.
 RUNNER = """
-import contextlib, io, json, runpy, signal, sys, time, traceback
+import contextlib, io, json, os, runpy, signal, sys, time, traceback
+import torch  # (every bench's: its state is put back after each run)
 
 class Alarm(BaseException):
     pass
@@ -37,12 +42,23 @@ class Alarm(BaseException):
 def ring(*_):
     raise Alarm()
 
+def kept():
+    return list(sys.path), dict(os.environ), os.getcwd(), torch.get_num_threads(), torch.get_default_dtype()
+
+def put_back(path, environ, cwd, threads, dtype):
+    sys.path[:] = path
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
+    torch.set_num_threads(threads)
+    torch.set_default_dtype(dtype)
+
 signal.signal(signal.SIGALRM, ring)
 for spec in map(json.loads, sys.argv[1:]):
     script, args, out, began = spec["argv"][0], spec["argv"][1:], io.StringIO(), time.perf_counter()
-    sys.argv, code = [script, *args], 0
+    sys.argv, code, state = [script, *args], 0, kept()
     sys.path.insert(0, script.rsplit("/", 1)[0])
-    signal.alarm(spec.get("seconds", 0))
+    signal.alarm(spec["seconds"])
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             runpy.run_path(script, run_name="__main__")
@@ -56,7 +72,7 @@ for spec in map(json.loads, sys.argv[1:]):
         code, _ = 1, out.write(traceback.format_exc())
     finally:
         signal.alarm(0)
-        sys.path.pop(0)
+        put_back(*state)
     print(json.dumps({"code": code, "output": out.getvalue(), "seconds": time.perf_counter() - began}), flush=True)
 """
 
@@ -70,6 +86,36 @@ def run_in_one_process(invocations: list[dict]) -> list[dict]:
     lines = [line for line in done.stdout.splitlines() if line.startswith('{"code"')]
     assert len(lines) == len(invocations), done.stdout[-3000:] + done.stderr[-3000:]
     return [json.loads(line) for line in lines]
+
+
+# A bench that changes what the runner puts back, one that reads it, one that hangs
+CHANGES = """
+import os, sys, torch
+os.environ["DAYZERO_BENCH_LEFT"], _ = "1", os.chdir("/")
+sys.path.insert(0, "/nowhere")
+torch.set_num_threads(torch.get_num_threads() + 1)
+torch.set_default_dtype(torch.float64)
+"""
+READS = """
+import os, sys, torch
+print(os.environ.get("DAYZERO_BENCH_LEFT"), os.getcwd(), "/nowhere" in sys.path, torch.get_num_threads(),
+      torch.get_default_dtype())
+"""
+HANGS = "import time\ntime.sleep(600)\n"
+
+
+def test_each_run_gets_the_state_before_it_and_a_hang_ends_alone(tmp_path):
+    """tests/test_benches.py's runner: what one bench set (kernel_builds.py its TRITON_CACHE_DIR,
+    parallel.py torch's thread count) is not what the next one runs under; a hang past its alarm is
+    reported as that run's, and the runs after it go on."""
+    for name, text in (("changes.py", CHANGES), ("reads.py", READS), ("hangs.py", HANGS)):
+        (tmp_path / name).write_text(text)
+    names = ["reads.py", "changes.py", "reads.py", "hangs.py", "reads.py"]
+    got = run_in_one_process([{"argv": [str(tmp_path / n)], "seconds": 2} for n in names])
+    assert [g["code"] for g in got] == [0, 0, 0, "alarm", 0], got
+    first = got[0]["output"]
+    assert first.startswith("None ") and "float32" in first, first
+    assert got[2]["output"] == got[4]["output"] == first, got
 
 
 @pytest.mark.parametrize("name", BENCHES)
@@ -121,7 +167,7 @@ def ran() -> dict[str, dict]:
     imported once; two interpreters paid them twice, 8-19 s on two shared cores)."""
     cudas = {} if torch.cuda.is_available() else NEED_CUDA  # (with a GPU these would run the real thing)
     runs = {f"help:{name}": {"argv": [str(BENCH / name), "--help"], "seconds": WORK_S} for name in BENCHES}
-    runs |= {name: {"argv": [str(BENCH / name), *args]} for name, args in SMOKE.items()}
+    runs |= {name: {"argv": [str(BENCH / name), *args], "seconds": SMOKE_S} for name, args in SMOKE.items()}
     runs |= {f"cuda:{name}": {"argv": [str(BENCH / name), *args], "seconds": WORK_S} for name, args in cudas.items()}
     return dict(zip(runs, run_in_one_process(list(runs.values())), strict=True))
 
