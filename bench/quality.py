@@ -29,11 +29,6 @@ from dayzero.model.forward import score
 from dayzero.model.plan import AttentionOptions
 from dayzero.quant.quantize import DENSE, EXPERT, quantization_config
 from dayzero.settings import BUILT_IN_MODEL
-from dayzero.train.corpus import split
-from dayzero.train.data import windows
-from dayzero.train.export import load_reference
-from dayzero.train.loop import evaluate
-from dayzero.train.pipeline import held_out_stream
 
 LENGTH = 256
 
@@ -78,6 +73,13 @@ def main() -> None:
     p.add_argument("--float", type=Path, dest="float_dir", help="the float weights (train-demo --float)")
     p.add_argument("--windows", type=int, help="only the first N windows (default: all)")
     args = p.parse_args()
+    # (after --help: the training side imports transformers' model code, ~20 s on a loaded CPU)
+    from dayzero.train.corpus import split
+    from dayzero.train.data import windows
+    from dayzero.train.export import load_reference
+    from dayzero.train.loop import evaluate
+    from dayzero.train.pipeline import held_out_stream
+
     stream = held_out_stream(Tokenizer.from_file(str(args.checkpoint / "tokenizer.json")), split(0))
     rows = windows(stream, LENGTH)[: args.windows]
     stream = rows.flatten()
