@@ -1,4 +1,12 @@
-"""The names of dayzero's keys in Redis (what each holds: lifecycle.py's table)."""
+"""The names of dayzero's keys in Redis. What a request's keys hold, state by state: lifecycle.py's
+table. The others, no request's:
+
+workers:{stage}, usage:{worker}, loading:{worker} (registry.py), alive:{stage}, ready:{stage},
+stamp_now (liveness.py), unserved:{stage}, restart:{stage}, counted:{stage} (no_worker_count.py),
+up:{process} `dayzero up`'s check that Redis takes writes (stack.py), writable /ready's
+(gateway/readiness.py), tensor:{key} parked image embeddings (handoff.py), wake:{gateway} the stream
+reader's wake-up, reaper (its lock: reaper.py).
+"""
 
 from __future__ import annotations
 

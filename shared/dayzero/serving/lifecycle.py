@@ -29,11 +29,7 @@ any            tokens:{id} the token stream (dayzero.serving.records): only the 
                attempt; the lease its own or nobody's) appends to it, each index once and none
                skipped, or ends the request; cancel:{id} a cancel request, watchers:{id} its readers
 
-Worker keys (not a request's): workers:{stage}, usage:{worker}, loading:{worker} (registry.py),
-alive:{stage}, ready:{stage}, stamp_now (liveness.py), unserved:{stage}, restart:{stage}, counted:{stage}
-(no_worker_count.py), up:{process}
-`dayzero up`'s check that Redis takes writes (stack.py), writable /ready's (gateway/readiness.py), tensor:{key}
-parked image embeddings (handoff.py), wake:{gateway} the stream reader's wake-up, reaper (its lock: reaper.py).
+The keys that are no request's (the workers', the gateways'): keys.py.
 """
 
 from __future__ import annotations
