@@ -12,8 +12,6 @@ import redis
 from .conftest import (
     MODEL,
     USAGE,
-    assert_concurrent_streams_equal_reference,
-    assert_image_request_equals_in_process_run,
     chat,
     prompt_ids,
     resumed_events,
@@ -22,6 +20,7 @@ from .conftest import (
     stream_text,
     wait_until,
 )
+from .served_equals import assert_concurrent_streams_equal_reference, assert_image_request_equals_in_process_run
 
 # A resume must reach the gateway within the disconnect grace: the tests' 0.3 s elapsed first on a
 # loaded 2-core machine. This bound is the test's (how long the client takes to come back), not the

@@ -20,8 +20,6 @@ from dayzero.procs import free_port
 
 from .conftest import (
     MODEL,
-    assert_concurrent_streams_equal_reference,
-    assert_image_request_equals_in_process_run,
     pool_usage,
     prompt_ids,
     sse_events,
@@ -30,6 +28,7 @@ from .conftest import (
 )
 from .in_process import engine_completer
 from .launch import up_process, wait_ready
+from .served_equals import assert_concurrent_streams_equal_reference, assert_image_request_equals_in_process_run
 
 
 @pytest.fixture(scope="module")
