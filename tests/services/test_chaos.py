@@ -9,6 +9,7 @@ import collections
 import json
 import threading
 import time
+from functools import partial
 
 import httpx
 import psutil
@@ -17,7 +18,7 @@ import pytest
 from dayzero.procs import free_port
 from dayzero.shm import unlink_parked_by
 
-from .conftest import MODEL, data_url
+from .conftest import MODEL, data_url, wait_until
 from .launch import up_process, wait_ready
 
 ERROR_KEYS = {"message", "type", "param", "code"}
@@ -89,6 +90,14 @@ def _child(up: psutil.Process, log_name: str) -> psutil.Process:
     raise LookupError(log_name)
 
 
+def _restarted(up: psutil.Process, log_name: str, was: int) -> bool:
+    """The supervisor runs a process named ``log_name`` again, not pid ``was``."""
+    try:
+        return _child(up, log_name).pid != was
+    except (LookupError, psutil.Error):  # (between its death and its restart)
+        return False
+
+
 @pytest.mark.slow
 def test_sigkill_every_part_under_traffic(demo_dir, tmp_path):
     port = free_port()
@@ -100,11 +109,11 @@ def test_sigkill_every_part_under_traffic(demo_dir, tmp_path):
     visions = {_child(supervisor, "vision0").pid}  # the image embeddings they park (in /dev/shm)
     try:
         for victim in ("decode0", "prefill0", "vision0", "redis", "gateway"):
-            time.sleep(2)  # traffic in flight
-            killed_at = time.time()
-            _child(supervisor, victim).kill()
-            time.sleep(1)
-            wait_ready(url, up, 180)  # the supervisor restarts it; the others reconnect
+            time.sleep(2)  # traffic in flight (the last kill's re-runs among it, unless they were quick)
+            killed_at, victim_pid = time.time(), _child(supervisor, victim).pid
+            psutil.Process(victim_pid).kill()
+            assert wait_until(partial(_restarted, supervisor, victim, victim_pid), 120)
+            wait_ready(url, up, 180)  # ready again: the others reconnected
             visions.add(_child(supervisor, "vision0").pid)
             if victim == "gateway":
                 gateway_down.append((killed_at, time.time()))
