@@ -36,6 +36,12 @@ def vision_dir(tmp_path_factory):
     return write_demo_checkpoint(tmp_path_factory.mktemp("tp-vision"), vision=True)
 
 
+@pytest.fixture(scope="module")
+def text_checkpoint(tmp_path_factory):
+    """The two fault tests' float text checkpoint (read only: one written, one reference loaded)."""
+    return write_demo_checkpoint(tmp_path_factory.mktemp("tp-text"))
+
+
 def test_two_rank_prefill_and_decode_groups_serve_what_one_rank_computes(vision_dir, tmp_path):
     reference = engine_completer(vision_dir, "cpu")
     counts, ranks = {"vision": 1, "prefill": 1, "decode": 1}, {"prefill": 2, "decode": 2}
@@ -68,11 +74,11 @@ def _worker(up: psutil.Process, name: str) -> psutil.Process | None:
 
 
 @pytest.mark.slow
-def test_a_killed_rank_takes_its_group_down_and_the_stream_completes(tmp_path):
+def test_a_killed_rank_takes_its_group_down_and_the_stream_completes(text_checkpoint, tmp_path):
     """``dayzero up --decode-tp 2`` (prefill on one rank: a 1 -> 2 handoff); SIGKILL decode's
     rank 1 mid-stream: rank 0 exits within seconds, up restarts the group, the request's lease
     lapses and it is re-run; the client's stream ends with the same greedy tokens."""
-    with _decode_in_two_ranks(tmp_path) as (url, supervisor, reference, _):
+    with _decode_in_two_ranks(text_checkpoint, tmp_path) as (url, supervisor, reference, _):
         decode0 = _worker(supervisor, "decode0")
         victim = _rank(decode0, 1)
 
@@ -89,7 +95,7 @@ def test_a_killed_rank_takes_its_group_down_and_the_stream_completes(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_frozen_group_is_restarted_whole_and_the_stream_completes(tmp_path):
+def test_a_frozen_group_is_restarted_whole_and_the_stream_completes(text_checkpoint, tmp_path):
     """``dayzero up --decode-tp 2``; SIGSTOP decode's rank 0 mid-stream (a frozen worker, not a dead
     one): its liveness stamps stop, up SIGKILLs the group, rank 1 with it, after
     DAYZERO_FROZEN_WORKER_S and starts it again; the request is re-run and the client's stream ends
@@ -97,7 +103,8 @@ def test_a_frozen_group_is_restarted_whole_and_the_stream_completes(tmp_path):
     token per handoff timeout (60 s), the re-runs' prefill's. Redis frozen past the bound first
     restarts nobody: no worker could stamp."""
     frozen = None
-    with _decode_in_two_ranks(tmp_path, {"DAYZERO_FROZEN_WORKER_S": "3"}) as (url, supervisor, reference, stderr):
+    frozen_s = {"DAYZERO_FROZEN_WORKER_S": "3"}
+    with _decode_in_two_ranks(text_checkpoint, tmp_path, frozen_s) as (url, supervisor, reference, stderr):
         try:
             decode0 = _worker(supervisor, "decode0")
             follower = _rank(decode0, 1)
@@ -125,11 +132,10 @@ def test_a_frozen_group_is_restarted_whole_and_the_stream_completes(tmp_path):
 
 
 @contextmanager
-def _decode_in_two_ranks(tmp_path, env: dict[str, str] | None = None):
-    """``dayzero up --vision 0 --decode-tp 2`` (``env`` added) on a text checkpoint, ready -> its URL,
-    the supervisor, the one-rank engine's greedy completer, and a list that holds what up wrote to
-    stderr once it stopped (SIGTERM, on leaving)."""
-    checkpoint = write_demo_checkpoint(tmp_path / "text")
+def _decode_in_two_ranks(checkpoint, tmp_path, env: dict[str, str] | None = None):
+    """``dayzero up --vision 0 --decode-tp 2`` (``env`` added) on a text ``checkpoint``, ready -> its
+    URL, the supervisor, the one-rank engine's greedy completer, and a list that holds what up wrote
+    to stderr once it stopped (SIGTERM, on leaving)."""
     reference = engine_completer(checkpoint, "cpu")
     port, stderr = free_port(), []
     up = up_process(checkpoint, tmp_path / "logs", port, "--vision 0 --decode-tp 2", env)
