@@ -68,3 +68,30 @@ def test_compiled_cpu_merge_matches_the_twin(n, t):
     assert (got - want).abs().max().item() < 1e-5
     twin = hyper_merge(streams.bfloat16(), block_out.bfloat16(), post, comb).float()  # bf16: the torch path
     assert (twin - want).abs().max().item() < 0.1
+
+
+@pytest.mark.parametrize(("n", "t"), [(4, 1), (3, 5)])
+def test_compiled_cpu_collapse_and_merge_match_the_twins(n, t):
+    """A block's hyper-connection on the CPU decode path (``collapse`` in numpy from the streams to
+    the merge, post and comb never in torch) against the torch twins one after the other."""
+    import torch.nn.functional as F
+
+    from dayzero.kernels.hyper import hyper_merge_torch, hyper_mix_torch
+    from dayzero.kernels.hyper_cpu import fits_cpu
+    from dayzero.kernels.norms import rms_scale_torch
+    from dayzero.model.hyper import collapse
+
+    gen = torch.Generator().manual_seed(13)
+    width = (2 + n) * n
+    streams, fn = torch.randn(t, n, 40, generator=gen), torch.randn(width, n * 40, generator=gen) / 8
+    base, scale = torch.randn(width, generator=gen), torch.rand(3, generator=gen) + 0.5
+    block_out = torch.randn(t, 40, generator=gen)
+    assert fits_cpu(streams)  # so collapse takes the compiled loops
+    mixes = F.linear(rms_scale_torch(streams.flatten(1), 1e-6), fn)
+    want, post, comb = hyper_mix_torch(mixes, base, scale, streams, 20, 1e-6)
+    want_merged = hyper_merge_torch(streams, block_out, post, comb)
+    got, mix = collapse(streams, fn, base, scale, 20, 1e-6, 1e-6)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert (got - want).abs().max().item() < 1e-5
+    merged = mix.merge(streams, block_out)
+    assert merged.dtype == torch.float32 and (merged - want_merged).abs().max().item() < 1e-5

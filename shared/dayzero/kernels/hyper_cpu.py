@@ -12,6 +12,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 import torch
+import torch.nn.functional as F
+
+from .norms_cpu import rms_scale_rows, weight_array
 
 FEW_TOKENS = 256  # above this the twin's vectorised passes are faster (measured: 512 tokens 1.2 vs 1.5 ms)
 
@@ -93,13 +96,31 @@ def _merge(streams, block_out, post, comb):
 
 def fits_cpu(streams: torch.Tensor) -> bool:
     """Whether a step's tensor [T, ...] takes the compiled loops (these and ``norms_cpu``'s): few
-    tokens of contiguous fp32 on the CPU."""
+    tokens of contiguous fp32 on the CPU (``is_cpu``: ``.device`` builds a device object, ~1 us)."""
     return (
-        streams.device.type == "cpu"
-        and streams.dtype == torch.float32
-        and streams.shape[0] <= FEW_TOKENS
-        and streams.is_contiguous()
+        streams.is_cpu and streams.dtype == torch.float32 and streams.shape[0] <= FEW_TOKENS and streams.is_contiguous()
     )
+
+
+def collapse_cpu(
+    streams: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    iters: int,
+    eps: float,
+    norm_eps: float,
+) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """A hyper-connection collapse of streams [T, N, D] that ``fits_cpu`` (fp32 ``fn``, ``base``,
+    ``scale``: weights): the rms-scaled streams' projection by ``fn`` (torch's matmul), the mix and
+    the collapse, the streams viewed in numpy once -> (collapsed [T, D], post [T, N], comb [T, N, N]
+    in numpy, for ``merge_cpu``). The arithmetic of ``rms_scale``, ``F.linear`` and ``hyper_mix``
+    one after the other, in ~11 aten ops where they took ~28."""
+    rows = streams.numpy()
+    t, n, d = rows.shape
+    flat = torch.from_numpy(rms_scale_rows(rows.reshape(t, n * d), np.float32(norm_eps)))
+    pre, post, comb = _mix_arrays(F.linear(flat, fn).numpy(), base, scale, n, iters, eps)
+    return torch.from_numpy(_collapse(pre, rows)), post, comb
 
 
 def mix_weights_cpu(
@@ -107,7 +128,7 @@ def mix_weights_cpu(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(pre [T, N], post [T, N], comb [T, N, N]) fp32 of contiguous fp32 CPU tensors ``mixes``
     [T, (2 + N) * N], ``base`` and ``scale`` (no torch op: a decode step's op count is its cost)."""
-    return tuple(torch.from_numpy(a) for a in _mix_arrays(mixes, base, scale, n, iters, eps))
+    return tuple(torch.from_numpy(a) for a in _mix_arrays(mixes.numpy(), base, scale, n, iters, eps))
 
 
 def mix_collapse_cpu(
@@ -116,15 +137,18 @@ def mix_collapse_cpu(
     """(collapsed [T, D], post, comb) of ``streams`` that ``fits_cpu``: ``mix_weights_cpu``, then the
     collapse as one loop, pre handed from one loop to the other in numpy (to torch and back it was
     five aten ops, forty a demo decode step)."""
-    pre, post, comb = _mix_arrays(mixes, base, scale, n, iters, eps)
+    pre, post, comb = _mix_arrays(mixes.numpy(), base, scale, n, iters, eps)
     return torch.from_numpy(_collapse(pre, streams.numpy())), torch.from_numpy(post), torch.from_numpy(comb)
 
 
-def _mix_arrays(mixes, base, scale, n, iters, eps) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return _mix(*(x.numpy() for x in (mixes, base, scale)), n, iters, np.float32(eps))
+def _mix_arrays(mixes: np.ndarray, base, scale, n, iters, eps) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return _mix(mixes, weight_array(base), weight_array(scale), n, iters, np.float32(eps))
 
 
-def merge_cpu(streams: torch.Tensor, block_out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """``hyper_merge`` of streams that ``fits_cpu`` (block_out [T, D] fp32), as one loop."""
-    arrays = (x.contiguous().numpy() for x in (streams, block_out, post, comb))  # (a no-op when contiguous)
-    return torch.from_numpy(_merge(*arrays))
+def merge_cpu(
+    streams: torch.Tensor, block_out: torch.Tensor, post: torch.Tensor | np.ndarray, comb: torch.Tensor | np.ndarray
+) -> torch.Tensor:
+    """``hyper_merge`` of streams that ``fits_cpu`` (block_out [T, D] fp32), as one loop; ``post`` and
+    ``comb`` as tensors or as ``collapse_cpu`` left them in numpy."""
+    arrays = (x if isinstance(x, np.ndarray) else x.contiguous().numpy() for x in (streams, block_out, post, comb))
+    return torch.from_numpy(_merge(*arrays))  # (.contiguous(): a no-op when contiguous)

@@ -32,7 +32,7 @@ def _rms_norm(x, weight, eps):
 
 
 @numba.njit(cache=True)
-def _rms_scale(x, eps):
+def rms_scale_rows(x, eps):
     out = np.empty_like(x)
     for r in range(x.shape[0]):
         scale = _inverse_rms(x[r], eps)
@@ -41,12 +41,25 @@ def _rms_scale(x, eps):
     return out
 
 
+def weight_array(weight: torch.Tensor) -> np.ndarray:
+    """The numpy view of a weight the compiled loops read every step (a norm's, a mix's base and
+    scale), made once and kept on it: ``.numpy()`` dispatches four aten ops (detach, to,
+    resolve_conj, resolve_neg), ~130 a demo decode step for weights that never change. Kept with
+    the address it views: a weight given new memory (``param.data = ...``, a move) is viewed
+    afresh; one that requires grad is not kept (``.numpy()`` refuses it, as before)."""
+    kept, at = weight.__dict__.get("_host_view"), weight.data_ptr()
+    if kept is None or kept[0] != at or weight.requires_grad:
+        kept = at, weight.numpy()
+        weight._host_view = kept
+    return kept[1]
+
+
 def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``rms_norm`` of ``x`` that ``fits_cpu`` with an fp32 ``weight``, as one loop."""
     rows = x.reshape(-1, x.shape[-1]).numpy()
-    return torch.from_numpy(_rms_norm(rows, weight.numpy(), np.float32(eps))).view(x.shape)
+    return torch.from_numpy(_rms_norm(rows, weight_array(weight), np.float32(eps))).view(x.shape)
 
 
 def rms_scale_cpu(x: torch.Tensor, eps: float) -> torch.Tensor:
     """``rms_scale`` of ``x`` that ``fits_cpu``, as one loop."""
-    return torch.from_numpy(_rms_scale(x.reshape(-1, x.shape[-1]).numpy(), np.float32(eps))).view(x.shape)
+    return torch.from_numpy(rms_scale_rows(x.reshape(-1, x.shape[-1]).numpy(), np.float32(eps))).view(x.shape)

@@ -9,22 +9,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..kernels.batch import Backend
 from ..kernels.hyper import hyper_merge, hyper_mix
+from ..kernels.hyper_cpu import collapse_cpu, fits_cpu, merge_cpu
 from ..kernels.norms import rms_scale
 
 
 @dataclass(frozen=True, slots=True)
 class HyperMix:
-    post: torch.Tensor  # [T, N]
-    comb: torch.Tensor  # [T, N, N]
+    post: torch.Tensor | np.ndarray  # [T, N] (numpy: the CPU decode path's, ``collapse_cpu``)
+    comb: torch.Tensor | np.ndarray  # [T, N, N]
     backend: Backend = "torch"
 
     def merge(self, streams: torch.Tensor, block_out: torch.Tensor) -> torch.Tensor:
         """streams [T, N, D], block_out [T, D] -> new streams [T, N, D]."""
+        if isinstance(self.post, np.ndarray):  # the compiled loops' mix, merged by theirs
+            return merge_cpu(streams, block_out, self.post, self.comb)
         return hyper_merge(streams, block_out, self.post, self.comb, self.backend)
 
 
@@ -38,7 +42,11 @@ def collapse(
     norm_eps: float,
     backend: Backend = "torch",
 ) -> tuple[torch.Tensor, HyperMix]:
-    """streams [T, N, D] -> (block input [T, D], the mix to apply after the block)."""
+    """streams [T, N, D] -> (block input [T, D], the mix to apply after the block). A few fp32
+    tokens on the CPU take the compiled loops from the streams to the merge (``collapse_cpu``)."""
+    if backend == "torch" and fits_cpu(streams) and fn.dtype == torch.float32:
+        collapsed, post, comb = collapse_cpu(streams, fn, base, scale, iters, eps, norm_eps)
+        return collapsed, HyperMix(post, comb)
     flat = rms_scale(streams.flatten(1).float(), norm_eps, backend)
     mixes = F.linear(flat, fn.float())  # [T, (2 + N) * N]
     collapsed, post, comb = hyper_mix(mixes, base, scale, streams, iters, eps, backend)

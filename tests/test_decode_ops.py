@@ -1,0 +1,70 @@
+"""What a CPU decode step dispatches to torch: the weights its compiled loops read are viewed in
+numpy once, not per step (``kernels.norms_cpu.weight_array``), and a view follows a weight given
+new memory."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dayzero.checkpoint import load_model
+from dayzero.kv.pools import pools_for
+from dayzero.model.forward import decode, prefill
+
+from .conftest import random_ids
+
+
+class OpsOn(TorchDispatchMode):
+    """The aten ops dispatched inside it that take one of ``tensors`` (by memory) as an argument."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.addresses = {t.data_ptr(): name for name, t in tensors}
+        self.seen: list[tuple[str, str]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        for arg in [*args, *(kwargs or {}).values()]:
+            if isinstance(arg, torch.Tensor) and arg.data_ptr() in self.addresses:
+                self.seen.append((str(func), self.addresses[arg.data_ptr()]))
+        return func(*args, **(kwargs or {}))
+
+
+def _loop_weights(model) -> list[tuple[str, torch.Tensor]]:
+    """The fp32 weights the CPU decode path's compiled loops read: the blocks' norms (a compressor's
+    goes into torch ops with its entries) and each mix's base and scale."""
+    return [
+        (name, p)
+        for name, p in model.named_parameters()
+        if name.endswith(("norm.weight", "hc_attn_base", "hc_attn_scale", "hc_ffn_base", "hc_ffn_scale"))
+        and "compressor" not in name
+    ]
+
+
+def test_a_decode_step_dispatches_no_op_on_the_weights_its_loops_read(tiny_checkpoint):
+    """``.numpy()`` is four aten ops (detach, to, resolve_conj, resolve_neg); it ran on every norm's
+    weight and every mix's base and scale each step (~130 ops a demo decode step)."""
+    model = load_model(tiny_checkpoint, progress=False)
+    ids = random_ids(30, model.cfg.vocab_size, seed=3)
+    pools = pools_for(model.cfg, torch.float32, 40, max_sequences=2)
+    logits = prefill(model, pools, ["a", "b"], [ids[:20], ids[5:]])
+    weights = _loop_weights(model)
+    assert len(weights) > 4 * model.cfg.num_layers
+    decode(model, pools, ["a", "b"], logits.argmax(-1).tolist())  # the first step may view them
+    ops = OpsOn(weights)
+    with ops:
+        for _ in range(2):
+            logits = decode(model, pools, ["a", "b"], logits.argmax(-1).tolist())
+    assert ops.seen == []
+
+
+def test_a_norm_weight_given_new_memory_is_read_anew():
+    """The kept view is of the memory the weight had: ``param.data = ...`` (or a move) gives it new."""
+    from dayzero.kernels.norms import rms_norm
+
+    weight = torch.nn.Parameter(torch.ones(8), requires_grad=False)
+    x = torch.randn(1, 8, generator=torch.Generator().manual_seed(2))
+    first = rms_norm(x, weight, 1e-6)
+    weight.data = torch.full((8,), 2.0)
+    assert torch.equal(rms_norm(x, weight, 1e-6), 2 * first)
+    weight.data.mul_(3)  # in place: the same memory, the view sees it
+    assert torch.equal(rms_norm(x, weight, 1e-6), 6 * first)
