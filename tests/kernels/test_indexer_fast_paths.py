@@ -84,3 +84,25 @@ def test_the_compiled_head_sum_equals_torchs():
         bound = 40 * 2**-23 * torch.mv(wide.relu(), weights.abs()) * 0.25
         assert got.dtype == torch.float32 and got[5] == 0
         assert bool(((got - want).abs() <= bound).all())
+
+
+def test_the_scores_are_fp32_whatever_torchs_default_dtype():
+    """A prefill block's score buffer and the spec's scores are fp32 as documented, not torch's
+    default dtype (a program that sets float64 had its buffer in float64: the head sum's fp32 out=
+    refused it)."""
+    q, w, batch, keys, table, visible = _case([400, 0], [24, 30])
+    q, w, keys = q.float(), w.float(), keys.float()
+    count = int(visible.max())
+    want = indexer_topk(q, w, batch, keys, table, visible, 20)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        picked = indexer_topk(q, w, batch, keys, table, visible, 20)
+        spec = indexer_scores_torch(q, w, batch, keys, table, visible, 0, count)
+        decode = indexer_scores_decode_torch(
+            q[:2], w[:2], RaggedBatch.build([40, 70], [1, 1]), keys, table, visible[:2], 0, 8
+        )
+    finally:
+        torch.set_default_dtype(default)
+    assert torch.equal(picked, want)
+    assert spec.dtype == torch.float32 and decode.dtype == torch.float32

@@ -84,7 +84,7 @@ def indexer_scores_torch(
 ) -> torch.Tensor:
     """Scores of entries [first, first + count) for every query: [T, count] fp32, by the definition
     in plain fp32 torch (the spec the fast paths and the Triton kernel are tested against)."""
-    out = torch.full((q.shape[0], count), float("-inf"), device=q.device)
+    out = torch.full((q.shape[0], count), float("-inf"), dtype=torch.float32, device=q.device)
     entry = torch.arange(first, first + count, device=q.device)
     for s in range(batch.num_seqs):
         rows = batch.rows(s)
@@ -111,7 +111,7 @@ def indexer_scores_decode_torch(
 ) -> torch.Tensor:
     """``indexer_scores_torch`` for rows that each have their own row of ``table`` (one query per
     sequence, or each row's sequence's), all at once (the CPU decode path). Tested equal to the spec."""
-    out = torch.full((q.shape[0], count), float("-inf"), device=q.device)
+    out = torch.full((q.shape[0], count), float("-inf"), dtype=torch.float32, device=q.device)
     used = table[:, : -(-(first + count) // keys.shape[1])]
     pool = keys[used.long()].flatten(1, 2)  # [B, used blocks * bs, Di]
     have = min(first + count, pool.shape[1]) - first
@@ -235,7 +235,7 @@ def _torch_blocks(q, weights, batch, keys, table, visible, visible_max, rows_max
                 scores = _weighted_scores(q[rows], weights[rows], seq_keys)
             else:
                 if held is None or held.numel() < n_rows * count:
-                    held = torch.empty(min(step, end - row0) * last, device=q.device)
+                    held = torch.empty(min(step, end - row0) * last, dtype=torch.float32, device=q.device)
                 scores = _scores_in_pieces(q[rows], weights[rows], seq_keys, held[: n_rows * count].view(n_rows, count))
             least = count if n_rows == 1 else int(visible[r0])  # every row sees its first row's
             yield rows, _masked(scores, visible[rows], least) if least < count else scores
