@@ -56,10 +56,13 @@ def weight_array(weight: torch.Tensor) -> np.ndarray:
 
 def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``rms_norm`` of ``x`` that ``fits_cpu`` with an fp32 ``weight``, as one loop."""
-    rows = x.reshape(-1, x.shape[-1]).numpy()
-    return torch.from_numpy(_rms_norm(rows, weight_array(weight), np.float32(eps))).view(x.shape)
+    rows = x.numpy()
+    out = _rms_norm(rows.reshape(-1, rows.shape[-1]), weight_array(weight), np.float32(eps))
+    return torch.from_numpy(out.reshape(rows.shape))
 
 
 def rms_scale_cpu(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """``rms_scale`` of ``x`` that ``fits_cpu``, as one loop."""
-    return torch.from_numpy(rms_scale_rows(x.reshape(-1, x.shape[-1]).numpy(), np.float32(eps))).view(x.shape)
+    """``rms_scale`` of ``x`` that ``fits_cpu``, as one loop (the rows shaped in numpy: torch's
+    reshape and view are an aten op each)."""
+    rows = x.numpy()
+    return torch.from_numpy(rms_scale_rows(rows.reshape(-1, rows.shape[-1]), np.float32(eps)).reshape(rows.shape))

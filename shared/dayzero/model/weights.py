@@ -99,7 +99,21 @@ class Experts(nn.Module):
         sizes = counts.tolist()  # the one read of the step's routing to the host
         if pads_cheaply(sizes, *self.w1.shape[1:]):
             return expert_mlp_stacked(xs, counts, max(sizes), self.w1, self.w2, self.w3, limit)
-        return expert_mlp(xs, sizes, lambda ids: {e: (self.w1[e], self.w2[e], self.w3[e]) for e in ids}, limit)
+        each = self._each_expert()
+        return expert_mlp(xs, sizes, lambda ids: {e: each[e] for e in ids}, limit)
+
+    def _each_expert(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Each expert's (w1, w2, w3) views, made once and kept with the memory they view (``w1[e]``
+        is an aten op: three an expert a step, ~24 a demo decode step); weights given new memory
+        (``param.data = ...``, a move) are viewed afresh."""
+        at = (self.w1.data_ptr(), self.w2.data_ptr(), self.w3.data_ptr())
+        kept = self.__dict__.get("_views")
+        if kept is None or kept[0] != at:
+            kept = self.__dict__["_views"] = (
+                at,
+                list(zip(self.w1.unbind(0), self.w2.unbind(0), self.w3.unbind(0), strict=True)),
+            )
+        return kept[1]
 
 
 class SharedExpert(nn.Module):
