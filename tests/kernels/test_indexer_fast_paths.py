@@ -1,11 +1,12 @@
 """The indexer's fast paths against fp32 torch maths: products in a bf16 cache's own type (AVX512-BF16
-CPUs, GPUs), the head sums as compiled CPU loops."""
+CPUs, GPUs), the head sums and a prefill block's scores as compiled CPU loops."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from dayzero.kernels import RaggedBatch, indexer_topk
+from dayzero.kernels import RaggedBatch, indexer_cpu, indexer_topk
 from dayzero.kernels.indexer import _product_type, indexer_scores_decode_torch, indexer_scores_torch
 
 BS, HI, DI = 16, 8, 32
@@ -106,3 +107,46 @@ def test_the_scores_are_fp32_whatever_torchs_default_dtype():
         torch.set_default_dtype(default)
     assert torch.equal(picked, want)
     assert spec.dtype == torch.float32 and decode.dtype == torch.float32
+
+
+@pytest.mark.parametrize("heads, depth", [(6, 16), (3, 8)])  # four heads at a time and the rest; Di 16 (the demo's)
+def test_the_compiled_block_scores_equal_the_spec(heads, depth, monkeypatch):
+    """A prefill block's scores by the compiled loop (16 entries a pass here: several passes, a row
+    ending inside one), against fp32 torch: -inf past each row's visible entries, and within fp32's
+    rounding of the Di-term dots and the head sum (either order) elsewhere."""
+    gen = torch.Generator().manual_seed(9)
+    rows, n = 12, 70
+    q, w = torch.randn(rows, heads, depth, generator=gen), torch.randn(rows, heads, generator=gen)
+    keys = torch.randn(n, depth, generator=gen)
+    visible = torch.tensor([0, 1, 15, 16, 17, 31, 33, 50, 64, 69, 70, 70], dtype=torch.int32)
+    monkeypatch.setattr(indexer_cpu, "ENTRY_CHUNK_BYTES", 16 * 4 * depth)
+    got = indexer_cpu.weighted_relu_scores(q, w, keys, visible, torch.full((rows, n), 7.0))
+    dots = torch.einsum("rhd,nd->rhn", q.double(), keys.double())
+    want = torch.einsum("rh,rhn->rn", w.double(), dots.relu()) * depth**-0.5
+    bound = torch.einsum(
+        "rh,rhn->rn", w.double().abs(), torch.einsum("rhd,nd->rhn", q.double().abs(), keys.double().abs())
+    )
+    hidden = torch.arange(n)[None, :] >= visible[:, None]
+    assert bool(torch.isneginf(got[hidden]).all()) and bool(torch.isfinite(got[~hidden]).all())
+    err = (got.double() - want).abs()[~hidden]
+    assert bool((err <= (depth + heads + 2) * 2**-24 * bound[~hidden] * depth**-0.5 + 1e-30).all())
+
+
+def test_a_prefill_block_with_a_small_di_takes_the_compiled_loop(monkeypatch):
+    """fp32 keys of Di <= 16 on a CPU: the block is scored by the compiled loop (its picks are the
+    spec's: test_kernels' full-sort test); a Di of 32 stays in torch."""
+    from dayzero.kernels import indexer
+
+    calls = []
+    monkeypatch.setattr(
+        indexer, "weighted_relu_scores", lambda *a: calls.append(a[0].shape) or indexer_cpu.weighted_relu_scores(*a)
+    )
+    for depth in (16, 32):
+        gen = torch.Generator().manual_seed(depth)
+        batch = RaggedBatch.build([40], [24])
+        q, w = torch.randn(24, 4, depth, generator=gen), torch.randn(24, 4, generator=gen)
+        keys = torch.randn(8, BS, depth, generator=gen)
+        table = torch.arange(8, dtype=torch.int32)[None]
+        visible = torch.div(batch.positions + 1, 4, rounding_mode="floor").to(torch.int32)
+        indexer_topk(q, w, batch, keys, table, visible, 4)
+    assert calls == [(24, 4, 16)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dayzero.kernels.topk import SORTED_OUTRIGHT, earliest_topk, keyed_topk
+from dayzero.kernels.topk import SORTED_OUTRIGHT, earliest_topk, keyed_topk, scanned_topk
 
 
 def _stable_sorts_prefix(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -43,3 +43,18 @@ def test_keyed_topk_is_a_stable_sorts_prefix():
     wide = torch.randn(3, 5000, generator=torch.Generator().manual_seed(13)).round(decimals=1)  # ties
     wide[1, 2500:] = float("-inf")
     assert torch.equal(keyed_topk(wide, 512), _stable_sorts_prefix(wide, 512))
+
+
+def test_scanned_topk_is_a_stable_sorts_prefix():
+    """The CPU's one pass a row: the same selection, ties, -0.0, -inf and the most negative finite
+    score included, k above a row's finite entries and above its width, and on wide rows."""
+    scores = _tied_scores(64, seed=14)
+    scores[4, 0] = -torch.finfo(torch.float32).max
+    for k in (1, 5, 12, 15):
+        want = _stable_sorts_prefix(scores, k)
+        got = scanned_topk(scores, k, torch.zeros(64, k, dtype=torch.int32))
+        assert torch.equal(got[:, :12].long(), want) and bool((got[:, 12:] == -1).all())
+    wide = torch.randn(3, 5000, generator=torch.Generator().manual_seed(15)).round(decimals=1)  # ties
+    wide[1, 2500:] = float("-inf")
+    got = scanned_topk(wide, 64, torch.zeros(3, 64, dtype=torch.int32))
+    assert torch.equal(got.long(), _stable_sorts_prefix(wide, 64))

@@ -7,9 +7,11 @@
 score(t, e) = sum_h weights[t, h] * relu(q[t, h] . keys[e]) * Di^-0.5, -inf when e >= visible.
 Queries are scored in blocks of rows against every entry visible to the block (matmuls on the
 pool's contiguous block view where the sequence's blocks are consecutive, a cache-sized piece of
-rows at a time: the [rows, Hi, entries] intermediate stays near 2 MiB); each block's [rows, entries]
-scores get one top-k, into one preallocated output. Ties go to the lower entry index, and the
-selection is ordered by (score descending, entry ascending). Output [T, topk] int32, -1 where fewer entries are visible.
+rows at a time: the [rows, Hi, entries] intermediate stays near 2 MiB; on a CPU with Di <= 16, one
+compiled loop that keeps the products in registers); each block's [rows, entries] scores get one
+top-k (a CPU's for k <= 64: one compiled pass a row), into one preallocated output. Ties go to the
+lower entry index, and the selection is ordered by (score descending, entry ascending). Output
+[T, topk] int32, -1 where fewer entries are visible.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import triton.language as tl
 
 from .attention_torch import FEW_ROWS
 from .batch import Backend, RaggedBatch, dot_side
-from .indexer_cpu import weighted_relu_rows
-from .topk import earliest_topk
+from .indexer_cpu import FUSED_DEPTH_MAX, weighted_relu_rows, weighted_relu_scores
+from .topk import SCAN_TOPK_MAX, earliest_topk, scanned_topk
 
 BUDGET = 1 << 22  # fp32 scores [rows, entries] of a block (one Triton launch, or one top-k)
 CPU_BF16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()  # oneDNN multiplies bf16 fast
@@ -232,13 +234,23 @@ def _torch_blocks(q, weights, batch, keys, table, visible, visible_max, rows_max
                 continue
             seq_keys = _sequence_keys(keys, tables[s], count)
             if n_rows == 1:  # one query (a decode step): its scores as computed, no buffer
-                scores = _weighted_scores(q[rows], weights[rows], seq_keys)
-            else:
-                if held is None or held.numel() < n_rows * count:
-                    held = torch.empty(min(step, end - row0) * last, dtype=torch.float32, device=q.device)
-                scores = _scores_in_pieces(q[rows], weights[rows], seq_keys, held[: n_rows * count].view(n_rows, count))
-            least = count if n_rows == 1 else int(visible[r0])  # every row sees its first row's
-            yield rows, _masked(scores, visible[rows], least) if least < count else scores
+                yield rows, _weighted_scores(q[rows], weights[rows], seq_keys)
+                continue
+            if held is None or held.numel() < n_rows * count:
+                held = torch.empty(min(step, end - row0) * last, dtype=torch.float32, device=q.device)
+            yield rows, _block_scores(q[rows], weights[rows], seq_keys, visible[rows], held[: n_rows * count])
+
+
+def _block_scores(q, weights, keys, visible, held: torch.Tensor) -> torch.Tensor:
+    """Masked scores [R, n] of a block's rows against ``keys`` [n, Di], written into ``held``: on a
+    CPU with fp32 products and a small Di by one compiled loop (``indexer_cpu``: the products never
+    reach memory, each row stops at its visible entries), else in torch pieces."""
+    out = held.view(q.shape[0], keys.shape[0])
+    if keys.device.type == "cpu" and q.shape[-1] <= FUSED_DEPTH_MAX and _product_type(keys) == torch.float32:
+        return weighted_relu_scores(q, weights, keys, visible, out)
+    least = int(visible[0])  # every row sees its first row's
+    scores = _scores_in_pieces(q, weights, keys, out)
+    return _masked(scores, visible, least) if least < keys.shape[0] else scores
 
 
 def _triton_blocks(q, weights, batch, keys, table, visible, visible_max, rows_max):
@@ -277,8 +289,12 @@ def indexer_topk(
     if visible_max == 0:
         return out
     blocks = _torch_blocks if backend == "torch" else _triton_blocks
+    scan = q.device.type == "cpu" and topk <= SCAN_TOPK_MAX  # one compiled pass a row (kernels/topk.py)
     for rows, scores in blocks(q, weights, batch, keys, table, visible, visible_max, rows_max):
         if reduce is not None:
             scores = reduce(scores)
-        out[rows] = earliest_topk(scores, topk)
+        if scan and scores.dtype == torch.float32 and scores.is_contiguous():
+            scanned_topk(scores, topk, out[rows])
+        else:
+            out[rows] = earliest_topk(scores, topk)
     return out
