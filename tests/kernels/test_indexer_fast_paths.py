@@ -109,17 +109,18 @@ def test_the_scores_are_fp32_whatever_torchs_default_dtype():
     assert spec.dtype == torch.float32 and decode.dtype == torch.float32
 
 
-@pytest.mark.parametrize("heads, depth", [(6, 16), (3, 8)])  # four heads at a time and the rest; Di 16 (the demo's)
-def test_the_compiled_block_scores_equal_the_spec(heads, depth, monkeypatch):
+@pytest.mark.parametrize("heads, depth, threads", [(6, 16, 1), (3, 8, 1), (6, 16, 5)])  # 4 heads at a time and the rest
+def test_the_compiled_block_scores_equal_the_spec(heads, depth, threads, monkeypatch):
     """A prefill block's scores by the compiled loop (16 entries a pass here: several passes, a row
-    ending inside one), against fp32 torch: -inf past each row's visible entries, and within fp32's
-    rounding of the Di-term dots and the head sum (either order) elsewhere."""
+    ending inside one; rows split among threads), against fp32 torch: -inf past each row's visible
+    entries, and within fp32's rounding of the Di-term dots and the head sum (either order) elsewhere."""
     gen = torch.Generator().manual_seed(9)
     rows, n = 12, 70
     q, w = torch.randn(rows, heads, depth, generator=gen), torch.randn(rows, heads, generator=gen)
     keys = torch.randn(n, depth, generator=gen)
     visible = torch.tensor([0, 1, 15, 16, 17, 31, 33, 50, 64, 69, 70, 70], dtype=torch.int32)
     monkeypatch.setattr(indexer_cpu, "ENTRY_CHUNK_BYTES", 16 * 4 * depth)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     got = indexer_cpu.weighted_relu_scores(q, w, keys, visible, torch.full((rows, n), 7.0))
     dots = torch.einsum("rhd,nd->rhn", q.double(), keys.double())
     want = torch.einsum("rh,rhn->rn", w.double(), dots.relu()) * depth**-0.5

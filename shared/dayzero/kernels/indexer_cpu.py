@@ -18,6 +18,7 @@ small Di only, where torch's product is bound by writing its output, not by its 
 from __future__ import annotations
 
 import functools
+import threading
 
 import numba
 import numpy as np
@@ -69,7 +70,7 @@ FUSED_DEPTH_MAX = 16  # largest Di for the compiled loop: at 32 LLVM leaves the 
 def _block_kernel(depth: int):
     """The compiled block loop for Di = ``depth`` (a constant: the dot unrolls, entries fill the lanes)."""
 
-    @numba.njit(cache=True, fastmath={"reassoc", "contract"}, boundscheck=False)
+    @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"}, boundscheck=False)
     def kernel(q, w, keys_t, visible, scale, out):
         rows, heads = w.shape
         chunks, chunk = keys_t.shape[0], keys_t.shape[2]
@@ -115,12 +116,26 @@ def weighted_relu_scores(
 ) -> torch.Tensor:
     """A block's scores into ``out`` [R, n] fp32: ``Di^-0.5 * sum_h weights[r, h] * relu(q[r, h] .
     keys[e])`` for e < visible[r], -inf after; q [R, Hi, Di], weights [R, Hi], keys [n, Di] (fp32
-    products), visible [R] int32, Di <= FUSED_DEPTH_MAX."""
+    products), visible [R] int32, Di <= FUSED_DEPTH_MAX. The rows are split among torch's intra-op
+    thread count (threads started per call: nothing held across a worker's fork)."""
     depth = q.shape[-1]
     n, chunk = keys.shape[0], max(16, ENTRY_CHUNK_BYTES // (4 * depth))
     chunks = -(-n // chunk)
     padded = torch.nn.functional.pad(keys.float(), (0, 0, 0, chunks * chunk - n))
     keys_t = padded.view(chunks, chunk, depth).transpose(1, 2).contiguous().numpy()  # [chunks, Di, chunk]
-    args = (q.float().contiguous().numpy(), weights.float().contiguous().numpy(), keys_t, visible.numpy())
-    _block_kernel(depth)(*args, np.float32(depth**-0.5), out.numpy())
+    kernel, scale = _block_kernel(depth), np.float32(depth**-0.5)
+    q, w, visible, scores = (
+        q.float().contiguous().numpy(),
+        weights.float().contiguous().numpy(),
+        visible.numpy(),
+        out.numpy(),
+    )
+    cut = np.linspace(0, q.shape[0], min(torch.get_num_threads(), q.shape[0]) + 1).astype(int)  # torch's threads' share
+    parts = [(q[a:b], w[a:b], keys_t, visible[a:b], scale, scores[a:b]) for a, b in zip(cut[:-1], cut[1:], strict=True)]
+    helpers = [threading.Thread(target=kernel, args=part) for part in parts[1:]]  # (the loop lets go of the GIL)
+    for helper in helpers:
+        helper.start()
+    kernel(*parts[0])
+    for helper in helpers:
+        helper.join()
     return out
