@@ -86,7 +86,7 @@ def constrained(body: Sampling) -> bool:
     """Whether ``grammar`` has anything to enforce: a call (a strict tool's under "auto" too), or a
     JSON reply. Without, a request takes no hop to the thread pool (where a grammar compiles) on its
     way to the queue."""
-    return bool(_enforced_tools(body)) or json_reply(body)
+    return body.constrained() if isinstance(body, ChatPrompt) else json_reply(body)
 
 
 async def enforced(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | None:

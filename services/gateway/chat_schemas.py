@@ -191,11 +191,14 @@ class ChatPrompt(_Body):
 
     @model_validator(mode="after")
     def _prefix_is_not_constrained(self) -> ChatPrompt:
-        constrained = bool(self.enforced_tools()) or json_reply(self)
-        if self.ends_with_prefix() and constrained:
+        if self.ends_with_prefix() and self.constrained():
             message = "a prefix cannot be continued under tool_choice required / named, a strict tool, response_format"
             raise field_error(type(self), ("messages", len(self.messages) - 1, "prefix"), message, True)
         return self
+
+    def constrained(self) -> bool:
+        """Whether a grammar has anything to enforce: a call (a strict tool's under "auto" too), or a JSON reply."""
+        return bool(self.enforced_tools()) or json_reply(self)
 
     def enforced_tools(self) -> list[dict]:
         """The tools whose calls a grammar enforces: all under tool_choice required, the named one,
