@@ -19,6 +19,13 @@ from uvicorn.config import LOGGING_CONFIG
 _ANSWERED: ContextVar[str] = ContextVar("answered_request_ids", default="")
 
 
+def answering() -> None:
+    """A request's answer begins to be made: it names no request yet. (uvicorn starts a pipelined
+    request, sent before the answer to the one ahead of it, from the task that answered that one: its
+    context came along, and a probe's line named the request before it.)"""
+    _ANSWERED.set("")
+
+
 def name_answered(start: Message) -> None:
     """Before a response's ``start`` goes out (its access line is logged then): the request ids it
     carries, for that line (``CountResponses`` calls it for the API's responses: only they carry ids)."""
