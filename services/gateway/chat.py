@@ -54,15 +54,25 @@ async def prompted(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
     return chat_prompt(gw, body) if _short_text(body) else await run_in_threadpool(chat_prompt, gw, body)
 
 
+# A short chat's messages and content parts in all (a message's string content: one part): each
+# costs its rendering whatever its text (~3 us a message, ~0.4 us a part: 256 empty messages, or 4,096
+# empty parts, took 0.8 and 1.6 ms on the loop, text of 0 characters)
+RENDERED_ON_THE_LOOP = 8
+
+
 def _short_text(body: ChatPrompt) -> bool:
-    """No tools, no reply schema, no image, no call in the history, and the messages' text (their
-    content and reasoning) within ``ENCODED_ON_THE_LOOP`` characters."""
+    """No tools, no reply schema, no image, no call in the history, at most ``RENDERED_ON_THE_LOOP``
+    messages' content parts, and the messages' text (their content and reasoning) within
+    ``ENCODED_ON_THE_LOOP`` characters."""
     if body.tools or (body.response_format and body.response_format.schema_() is not None):
         return False
-    size = 0
+    size = count = 0
     for message in body.messages:
         parts = message.content if isinstance(message.content, list) else [message.content or ""]
-        if message.tool_calls or any(not isinstance(part, str) and part.type != "text" for part in parts):
+        count += len(parts)
+        if count > RENDERED_ON_THE_LOOP or message.tool_calls:
+            return False
+        if any(not isinstance(part, str) and part.type != "text" for part in parts):
             return False
         size += sum(len(part if isinstance(part, str) else part.text) for part in parts)
         size += len(message.reasoning_content or "")

@@ -127,3 +127,37 @@ def test_a_short_text_chat_is_rendered_on_the_loop_and_any_other_off_it(monkeypa
 
     loop = asyncio.run(all_of_them())
     assert [thread is loop for thread in threads] == [True, True] + [False] * 6
+
+
+def test_a_chat_of_many_empty_messages_or_parts_is_rendered_off_the_loop(monkeypatch):
+    """Rendering costs per message and per content part whatever their text: 256 empty messages
+    (0 characters: within the text bound) took 0.8 ms on the loop, 4,096 empty parts 1.6 ms, 20
+    times the short chat's. Up to ``RENDERED_ON_THE_LOOP`` parts in all stay on the loop."""
+    from services.gateway.chat_schemas import ChatCompletionRequest
+
+    threads = []
+
+    def chat_prompt(gw, body):
+        threads.append(threading.current_thread())
+        return [1], None
+
+    monkeypatch.setattr(chat, "chat_prompt", chat_prompt)
+    most = chat.RENDERED_ON_THE_LOOP
+    turns = [{"role": ("user", "assistant")[i % 2], "content": ""} for i in range(256)]
+    empty = {"type": "text", "text": ""}
+    bodies = [
+        {"messages": turns[:most]},
+        {"messages": [{"role": "user", "content": [empty] * most}]},
+        {"messages": turns},
+        {"messages": turns[: most + 1]},
+        {"messages": [{"role": "user", "content": [empty] * 1024}] * 4},
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [empty] * most}]},
+    ]
+
+    async def all_of_them() -> threading.Thread:
+        for fields in bodies:
+            await chat.prompted(None, ChatCompletionRequest(model="m", **fields))
+        return threading.current_thread()
+
+    loop = asyncio.run(all_of_them())
+    assert [thread is loop for thread in threads] == [True, True, False, False, False, False]
