@@ -93,3 +93,24 @@ def test_a_definition_nothing_refers_to_may_spell_one(gateway, defs):
     referred = {**schema, defs: {"used": {**used, "properties": {"a": {"$ref": f"#/{defs}/unused"}}}, "unused": unused}}
     r = _post(gateway, **_format(referred))  # reached through another definition: refused
     assert r.status_code == 400 and "special token <｜User｜>" in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize(
+    "ref, root",
+    [
+        ("#/%24defs/bad", {}),  # "$defs" percent-encoded, as a URI fragment may spell it
+        ("#bad", {}),  # the definition's $anchor
+        ("https://x.test/s#/$defs/bad", {"$id": "https://x.test/s"}),  # the root's $id, absolute
+        ("s#/$defs/bad", {"$id": "https://x.test/s"}),  # and relative to it
+    ],
+    ids=["percent_encoded", "anchor", "absolute_uri", "relative_uri"],
+)
+def test_a_definition_reached_by_any_spelling_of_its_ref_is_read(gateway, ref, root):
+    """llguidance follows each of these $refs to the definition (a reply must write its name), but the
+    check read only "#/$defs/name": the schema passed and every reply failed at the name."""
+    bad = {**NAMED, "$anchor": "bad"}
+    schema = {**root, "type": "object", "properties": {"a": {"$ref": ref}}, "required": ["a"], "$defs": {"bad": bad}}
+    r = _post(gateway, **_format(schema))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "response_format" and "special token <｜User｜>" in error["message"], error

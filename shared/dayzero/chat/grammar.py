@@ -219,7 +219,7 @@ def parameters_problem(schema: dict) -> str | None:
     props = schema.get("properties") or {}
     if missing := [name for name in schema.get("required") or () if name not in props]:
         return f"required {to_json(missing)}: not among the properties, a call cannot write it"
-    refs = _refs({key: schema.get(key) for key in ("properties", "$defs", "definitions")})
+    refs = refs_of({key: schema.get(key) for key in ("properties", "$defs", "definitions")})
     if outside := sorted(r for r in refs if not r.startswith(("#/$defs/", "#/definitions/"))):
         # each value's rule is its own schema (with the $defs): "#" would be the property, not these
         return f"a call's parameters may $ref only into $defs or definitions, not {to_json(outside)}"
@@ -232,7 +232,7 @@ def value_definitions(prop: object, parameters: dict) -> dict:
     (compiled each time). Every definition in each rule made a tool of 1,000 properties and 1,000
     defined ones a grammar of 37 MB (871 MB, 3.1 s of the gateway's compile, then refused)."""
     needed: dict[str, dict] = {}
-    refs = list(_refs(prop))
+    refs = list(refs_of(prop))
     while refs:
         where, _, rest = refs.pop()[2:].partition("/")
         name = unquote(rest.split("/")[0]).replace("~1", "/").replace("~0", "~")
@@ -240,11 +240,11 @@ def value_definitions(prop: object, parameters: dict) -> dict:
         if not isinstance(held, dict) or name not in held or name in needed.setdefault(where, {}):
             continue
         needed[where][name] = held[name]
-        refs.extend(_refs(held[name]))
+        refs.extend(refs_of(held[name]))
     return {where: named for where, named in needed.items() if named}
 
 
-def _refs(schema: object) -> set[str]:
+def refs_of(schema: object) -> set[str]:
     """Every ``$ref`` in ``schema``."""
     return {node["$ref"] for node in subschemas(schema) if isinstance(node.get("$ref"), str)}
 

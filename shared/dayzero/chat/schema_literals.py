@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from .grammar import value_definitions
+from .grammar import refs_of, value_definitions
 from .schema_bounds import subschemas
 
 
@@ -33,8 +33,19 @@ def spelled_token(schemas: list, tokens: tuple[str, ...]) -> str | None:
 
 def _reachable(schema: object) -> Iterator[dict]:
     """The subschemas of ``schema`` a reply may follow: all but its ``$defs`` / ``definitions``, and
-    of those the ones its ``$ref``s reach (and theirs)."""
+    of those the ones its ``$ref``s reach (and theirs). All of them where a ``$ref`` reaches a
+    definition otherwise than as "#/$defs/name" (llguidance follows an $anchor, the $id's URI, a
+    percent-encoded "%24defs" too: which definition is not read here)."""
     if not isinstance(schema, dict):
         return subschemas(schema)
     written = {key: value for key, value in schema.items() if key not in ("$defs", "definitions")}
-    return itertools.chain(subschemas(written), subschemas(value_definitions(written, schema)))
+    reached = value_definitions(written, schema)
+    if not all(_plain(ref, schema) for ref in refs_of([written, reached])):
+        return subschemas(schema)
+    return itertools.chain(subschemas(written), subschemas(reached))
+
+
+def _plain(ref: str, schema: dict) -> bool:
+    """Whether ``ref`` is "#/" and a key of ``schema`` as written (value_definitions' reading)."""
+    where = ref.removeprefix("#/").partition("/")[0]
+    return ref.startswith("#/") and where in schema and not any(c in where for c in "%~")
