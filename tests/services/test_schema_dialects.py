@@ -6,10 +6,13 @@ max_tokens past the context, never queued."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
+from dayzero.chat import schema_openapi
 from dayzero.chat.grammar import _byte_grammars, json_grammar
+from dayzero.chat.schema_openapi import MOST_WARNED, as_llguidance
 
 from .conftest import CAPPED_CONTEXT as CONTEXT
 from .conftest import MODEL
@@ -79,3 +82,15 @@ def test_a_format_llguidance_does_not_know_is_ignored(capped_gateway, format_):
 def test_a_known_format_is_still_enforced():
     schema = {"type": "string", "format": "date"}
     assert _written(schema, "2026-12-06") and not _written(schema, "any text")
+
+
+def test_unknown_formats_are_warned_about_a_bounded_number_of_times(caplog, monkeypatch):
+    """ "Once per format" held 64 in an LRU cache: a schema naming 200 formats of its own logged 200
+    warnings on every request."""
+    monkeypatch.setattr(schema_openapi, "_WARNED", set(), raising=False)  # (none warned about yet)
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string", "format": f"flood-{i}"} for i in range(200)}}
+    with caplog.at_level(logging.WARNING, logger="dayzero.gateway"):
+        as_llguidance(schema)
+        first = len(caplog.records)
+        as_llguidance(schema)
+    assert 0 < first <= MOST_WARNED and len(caplog.records) == first, (first, len(caplog.records))

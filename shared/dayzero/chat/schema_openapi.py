@@ -8,7 +8,6 @@ nine formats; those, and uri, it still enforces."""
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 
@@ -18,6 +17,8 @@ log = logging.getLogger("dayzero.gateway")
 
 # the string formats llguidance enforces (its others are refused, unknown)
 KNOWN_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri"})
+MOST_WARNED = 64  # unknown formats warned about, once each, in a process's life
+_WARNED: set[str] = set()
 
 
 def as_llguidance(schema: object) -> object:
@@ -42,7 +43,11 @@ def _openapi(node: dict) -> bool:
     return "nullable" in node or isinstance(written, str) and written not in KNOWN_FORMATS
 
 
-@functools.lru_cache(maxsize=64)
 def _ignored(format_: str) -> None:
-    """A warning once per format (a client can send schemas at will: no log line per request)."""
-    log.warning("format %r is not enforced (llguidance does not know it): ignored, as an annotation", format_)
+    """A warning once per format, for the first ``MOST_WARNED`` formats only (a client can send
+    schemas at will, each naming formats of its own: no log line per request)."""
+    if format_ in _WARNED or len(_WARNED) >= MOST_WARNED:
+        return
+    _WARNED.add(format_)
+    later = "; later unknown formats go unlogged" if len(_WARNED) == MOST_WARNED else ""
+    log.warning("format %r is not enforced (llguidance does not know it): ignored, as an annotation%s", format_, later)
