@@ -9,7 +9,7 @@ import random
 import pytest
 
 from dayzero.demo import write_demo_checkpoint
-from dayzero.prompt_head import HEAD_CHARACTERS_PER_TOKEN, tokens_of_head
+from dayzero.prompt_head import HEAD_CHARACTERS_PER_TOKEN, _word_end, tokens_of_head
 from dayzero.tokenizer import PromptTooLongError, TextCodec
 
 LIMIT = 256
@@ -65,3 +65,16 @@ def test_the_head_never_counts_more_than_the_whole_text_has(codec, seed):
     proved = [tokens_of_head(text, limit, count) for limit in (64, 128, 256)]
     assert any(proved), proved  # (a head that proves nothing checks nothing)
     assert all(from_head is None or from_head <= whole for from_head in proved), (proved, whole)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_head_is_tokenized_as_the_whole_text_begins(codec, seed):
+    """The head's own tokens are the whole text's first ones, where it is cut (a word's end): the
+    test above compares the head with a text at least twice as long, which no cut could fail."""
+    rng = random.Random(seed)
+    text = "".join(rng.choice(PIECES) for _ in range(3_000))
+    ids = codec.encode(text)
+    for limit in (64, 128, 256):
+        if (cut := _word_end(text, limit * HEAD_CHARACTERS_PER_TOKEN)) is not None:
+            head = codec.encode(text[:cut])
+            assert head == ids[: len(head)], (limit, text[cut - 20 : cut + 5])
