@@ -114,3 +114,25 @@ def test_a_definition_reached_by_any_spelling_of_its_ref_is_read(gateway, ref, r
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == "response_format" and "special token <｜User｜>" in error["message"], error
+
+
+FLAGS = {f"b{i}": {"type": "boolean"} for i in range(30)}  # ~420 bytes in: past the check's walk
+ONLY_NAMED = {"type": "object", "patternProperties": {"^<｜User｜>$": {}}, "additionalProperties": False}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"type": "string", "pattern": "^<｜User｜>$"},
+        {**ONLY_NAMED, "minProperties": 1},
+    ],
+    ids=["pattern", "pattern_property"],
+)
+def test_a_regular_expression_spelling_one_is_refused(gateway, value):
+    """A reply forced through a regular expression's literal writes it as a name or const would; the
+    check read no regular expression: past the walk's bytes it passed, and every reply failed there."""
+    schema = {"type": "object", "properties": {**FLAGS, "s": value}, "required": [*FLAGS, "s"]}
+    r = _post(gateway, **_format(schema))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "response_format" and "special token <｜User｜>" in error["message"], error

@@ -8,19 +8,22 @@ from collections.abc import Iterator
 
 from .grammar import refs_of, value_definitions
 from .schema_bounds import subschemas
+from .schema_size import regexes
 
 
 def spelled_token(schemas: list, tokens: tuple[str, ...]) -> str | None:
     """The first of ``tokens`` (a tokenizer's special tokens' texts) that a literal a reply may write
-    spells: a property name (or a required one, written as a property), a const or enum string, in
-    ``schemas`` or the definitions they refer to (None: none; a definition nothing refers to writes
-    nothing). llguidance cannot write one as text: where the grammar forced its bytes it offered the
+    spells: a property name (or a required one, written as a property), a const or enum string, a
+    regular expression's text (a pattern, a patternProperties name: one merely allowing the token is
+    refused too), in ``schemas`` or the definitions they refer to (None: none; a definition nothing
+    refers to writes nothing). llguidance cannot write one as text: where the grammar forced its bytes it offered the
     special token itself, which it then refused (a reply failed mid-way: 500)."""
     literals: list[str] = []
     for node in (node for schema in schemas for node in _reachable(schema)):
         properties, required = node.get("properties"), node.get("required")
         literals.extend(properties if isinstance(properties, dict) else ())
         literals.extend(n for n in (required if isinstance(required, list) else ()) if isinstance(n, str))
+        literals.extend(regexes(node))  # (a literal in one is forced as the same text)
         values = [node["const"]] if "const" in node else []
         values += node["enum"] if isinstance(node.get("enum"), list) else []
         while values:

@@ -169,15 +169,12 @@ def _long_string(node: dict) -> str | None:
     """A string of ``node`` one grammar lexeme spells past its bound, a few times under what
     llguidance's lexer takes (None: none): a property or required name, an enum or const string (in an array or object
     value too, its keys as well), a regular expression."""
-    properties, required, pattern, named = (
-        node.get(k) for k in ("properties", "required", "pattern", "patternProperties")
-    )
-    regexes = ([pattern] if isinstance(pattern, str) else []) + list(named if isinstance(named, dict) else ())
+    properties, required = node.get("properties"), node.get("required")
     found = [
         ("a property name", properties if isinstance(properties, dict) else (), MOST_STRING_CHARS),
         ("a required name", required if isinstance(required, list) else (), MOST_STRING_CHARS),
         ("an enum or const string", _strings(list(_literals(node))), MOST_STRING_CHARS),
-        ("a regular expression", regexes, MOST_REGEX_CHARS),
+        ("a regular expression", regexes(node), MOST_REGEX_CHARS),
     ]
     for what, strings, most in found:
         if (longest := max((len(s) for s in strings if isinstance(s, str)), default=0)) > most:
@@ -205,5 +202,10 @@ def _chars(value: object) -> int:
 
 
 def _pattern_chars(node: dict) -> int:
+    return sum(map(len, regexes(node)))
+
+
+def regexes(node: dict) -> list[str]:
+    """``node``'s regular expressions: its pattern, its patternProperties' names."""
     pattern, named = node.get("pattern"), node.get("patternProperties")
-    return (len(pattern) if isinstance(pattern, str) else 0) + (sum(map(len, named)) if isinstance(named, dict) else 0)
+    return ([pattern] if isinstance(pattern, str) else []) + list(named if isinstance(named, dict) else ())
