@@ -99,8 +99,9 @@ class TextCodec:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, limit: int | None = None, special: bool = True) -> list[int]:
-        """Prompt ids (BOS added; ``special`` False: none); PromptTooLongError, without tokenizing, when
-        the text's size alone proves it has ``limit`` tokens or more (the exact count is the caller's)."""
+        """Prompt ids (BOS added; ``special`` False: none); PromptTooLongError when the text's size
+        alone (untokenized) or its head's tokens (``prompt_head``) prove it has ``limit`` tokens or
+        more (the exact count is the caller's)."""
         return self._ids(text, special, limit)
 
     def _ids(self, text: str, add_special_tokens: bool, limit: int | None) -> list[int]:
