@@ -95,6 +95,14 @@ def test_a_definition_nothing_refers_to_may_spell_one(gateway, defs):
     assert r.status_code == 400 and "special token <｜User｜>" in r.json()["error"]["message"], r.text
 
 
+def test_a_recursive_schema_s_unused_definition_may_spell_one(gateway):
+    """A $ref to the root ("#": a tree's children) reaches no definition: one nothing refers to is
+    not read (reading every definition for any $ref but "#/$defs/name" would)."""
+    tree = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}}
+    r = _post(gateway, **_format({**tree, "$defs": {"unused": NAMED}}))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+
+
 @pytest.mark.parametrize(
     "ref, root",
     [

@@ -49,6 +49,7 @@ def _reachable(schema: object) -> Iterator[dict]:
 
 
 def _plain(ref: str, schema: dict) -> bool:
-    """Whether ``ref`` is "#/" and a key of ``schema`` as written (value_definitions' reading)."""
+    """Whether ``ref`` is "#" (the root: read) or "#/" and a key of ``schema`` as written
+    (value_definitions' reading)."""
     where = ref.removeprefix("#/").partition("/")[0]
-    return ref.startswith("#/") and where in schema and not any(c in where for c in "%~")
+    return ref == "#" or ref.startswith("#/") and where in schema and not any(c in where for c in "%~")
