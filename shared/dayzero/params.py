@@ -8,6 +8,9 @@ inside ``GenerationRequest``) and is rebuilt, re-checked, in every stage. Plain 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
 
 # Floors and bounds that sampling needs: a temperature of 1e-310 divides logits into infinities, and
 # token i of a seeded request draws from seed * 1_000_003 + i, which must fit torch's 64-bit seed.
@@ -28,7 +31,10 @@ class Grammar:
 
     lark: str
     after: int | None = None  # the grammar starts after this token (``</think>``: reasoning is free)
-    param: str | None = None  # the request's field it enforces (response_format, tools): its 400's param
+    # the request's field it enforces (response_format, tools): its 400's param. The admitting gateway's
+    # own, never on the wire: the previous version's workers and gateways refuse a grammar with a field
+    # they do not know (a stream resumed on another gateway names none)
+    param: Annotated[str | None, Field(exclude=True)] = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,9 @@ SAME_LAYOUT = (  # what a handoff's layout hash covers, as settings
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # a field it does not know is ignored, in the sampling parameters too: a message or a record of a
+    # later version (a rolling upgrade) is read as it was before the field came
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
 
 class GenerationRequest(Frozen):
