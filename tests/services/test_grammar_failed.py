@@ -25,7 +25,7 @@ from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 from services.gateway.app import make_app
 
-from ..conftest import LATE_PATTERN, late
+from ..conftest import FAILING_LATE, LATE_PATTERN, late
 from .conftest import MODEL, prompt_ids, recording, run_jobs, wait_until
 
 WHY = "its grammar failed mid-reply: lexer error: too many expressions constructed"
@@ -64,6 +64,32 @@ def test_a_grammar_failing_mid_reply_ends_its_stream_with_its_why(demo_dir, redi
     assert (snapshot["counters"].get("grammar_failures"), snapshot["failures"].get("decode", 0)) == (1, 0), snapshot
     failed = [r for r in caplog.records if "late-1" in r.getMessage()]
     assert failed and all(r.levelno == logging.INFO for r in failed), [(r.levelname, r.getMessage()) for r in failed]
+
+
+def test_a_grammar_failing_at_its_first_token_ends_in_prefill(demo_dir, redis_url, caplog):
+    """Its first token (prefill's, '{') leaves a required property that is its own object: the grammar
+    fails there, before decode. Prefill counts it as the client's, as decode does: a grammar failure,
+    logged at INFO (it was prefill's failure, logged at ERROR with a stack)."""
+    caplog.set_level(logging.INFO, logger="dayzero.prefill")
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store = Lifecycle.connect(redis_url)
+    sampling = SamplingParams(max_tokens=8, grammar=Grammar(json_grammar(FAILING_LATE[0])))
+    request = GenerationRequest(
+        request_id="first-1", prompt_ids=tuple(prompt_ids(1)), sampling=sampling, created=time.time()
+    )
+    store.admit(request, [], "", 60)
+    sent: list[DecodeJob] = []
+    prefill = Runtime.load(settings, "prefill8@test", "prefill", False)
+    run_jobs(PrefillLoop(prefill, recording(sent)), [PrefillJob(request=request)])
+    last = _last(store, "first-1")
+    assert (store.done("first-1"), last[b"c"], sent) == ("error", b"grammar_failed", []), last
+    assert last[b"e"].decode().startswith("its grammar failed mid-reply: ") and not store.streamed_tokens("first-1")
+    snapshot = prefill.stats.snapshot()
+    assert (snapshot["counters"].get("grammar_failures"), snapshot["failures"].get("prefill", 0)) == (1, 0), snapshot
+    failed = [r for r in caplog.records if "first-1" in r.getMessage()]
+    assert failed and all(r.levelno == logging.INFO and not r.exc_info for r in failed), [
+        (r.levelname, r.getMessage()) for r in failed
+    ]
 
 
 @pytest.fixture(scope="module")
