@@ -5,8 +5,11 @@ before, each forced tool's still: ``TOOL_PROBE_STEPS``), 256 (``SCHEMA_PROBE_STE
 Schemas: realistic ones (what every constrained request pays; 128 forced tools: each one's
 parameters walked, ms in all), and ones failing late (a pattern past llguidance's lexer, a required
 property whose ``$ref`` is its own object, behind so many required booleans: ~14 bytes each), each
-failing mid-reply unless the walk reaches it. Each cell: median ms of ``--runs`` walks, and "caught"
-where the walk found it.
+failing mid-reply unless the walk reaches it. Each cell: median ms of ``--runs`` walks, wall / CPU
+(the thread's), and "caught" where the walk found it. Compare rows by CPU: on a loaded machine a row
+of 128 walks (30-100 ms) is preempted by other processes and its wall time stretches (1-3x at load
+4-5 on 2 cores; the 2.7 ms a tool read at load 16 was wall), where one walk (0.2 ms) fits in a time
+slice; each tool's walk costs the CPU one schema's does.
 
     .venv/bin/python bench/schema_walk.py [--runs 5] [--steps 64 256 1024]
 """
@@ -74,11 +77,13 @@ def _tool(i: int) -> dict:
 TOOLS = [json_grammar(_tool(i)) for i in range(128)]
 
 
-def _walk(larks: str | list[str], steps: int) -> tuple[float, str | None]:
-    start, problems = time.perf_counter(), []
+def _walk(larks: str | list[str], steps: int) -> tuple[float, float, str | None]:
+    """The walks' wall and CPU ms, and the first problem one found."""
+    start, cpu, problems = time.perf_counter(), time.thread_time(), []
     for lark in [larks] if isinstance(larks, str) else larks:
         problems.append(grammar_problem(lark, _byte_grammars(), steps=steps, first=ord('"')))
-    return (time.perf_counter() - start) * 1000, next(filter(None, problems), None)
+    wall, cpu = (time.perf_counter() - start) * 1000, (time.thread_time() - cpu) * 1000
+    return wall, cpu, next(filter(None, problems), None)
 
 
 def main() -> None:
@@ -86,7 +91,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--steps", type=int, nargs="+", default=[TOOL_PROBE_STEPS, SCHEMA_PROBE_STEPS, 1024])
     args = parser.parse_args()
-    print("| schema | " + " | ".join(f"{s} B walk: ms" for s in args.steps) + " |")
+    print("| schema | " + " | ".join(f"{s} B walk: ms (wall / CPU)" for s in args.steps) + " |")
     print("|---|" + "---|" * len(args.steps))
     rows = {name: json_grammar(schema) for name, schema in SCHEMAS.items()} | {"128 forced tools (each walked)": TOOLS}
     for name, lark in rows.items():
@@ -94,8 +99,8 @@ def main() -> None:
         _walk(lark, 1)  # (its compile, cached)
         for steps in args.steps:
             runs = [_walk(lark, steps) for _ in range(args.runs)]
-            median = statistics.median(ms for ms, _ in runs)
-            cells.append(f"{median:.1f}" + (" caught" if runs[0][1] else ""))
+            wall, cpu = (statistics.median(run[i] for run in runs) for i in (0, 1))
+            cells.append(f"{wall:.1f} / {cpu:.1f}" + (" caught" if runs[0][2] else ""))
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
