@@ -108,3 +108,26 @@ def test_a_nan_scale_in_an_expert_the_weight_check_does_not_sample_is_refused(re
 
     with pytest.raises(CheckpointError, match=rf"{key}: a scale is 0xFF \(NaN in E8M0\)"):
         load_model(_edited(release, tmp_path / "nan", nan_scale), progress=False)
+
+
+@pytest.mark.parametrize(
+    ("key", "bad"),
+    [
+        ("hc_head_scale", float("nan")),  # served NaN logits for every request
+        ("layers.0.attn_norm.weight", float("inf")),
+        ("layers.1.hc_ffn_base", float("nan")),
+        ("embed.weight", float("-inf")),  # a large one: every float tensor is checked, not only small ones
+    ],
+)
+def test_a_non_finite_value_in_a_plain_float_tensor_is_refused(release, key, bad, tmp_path):
+    """Tensors stored without scales (norms, hyper-connection base and scale, embeddings) were loaded
+    as they are: one NaN there served NaN output with no error at start."""
+
+    def poisoned(shards):
+        named = _where(shards, key)
+        tensor = shards[named][key].clone()
+        tensor.view(-1)[-1] = bad
+        shards[named][key] = tensor
+
+    with pytest.raises(CheckpointError, match=rf"^{key}: non-finite values \(NaN or inf\)$"):
+        load_model(_edited(release, tmp_path / "poisoned", poisoned), progress=False)
