@@ -137,6 +137,19 @@ def test_up_refuses_pools_its_workers_could_not_serve_from(env, message, tmp_pat
     assert not (tmp_path / "logs").exists()
 
 
+@pytest.mark.parametrize("log_dir", ["/proc/dayzero-logs", "/sys/dayzero-logs/up"])
+def test_a_log_dir_the_filesystem_refuses_is_one_line_naming_the_flag(log_dir, tiny_checkpoint, capsys, monkeypatch):
+    """As root the parent passes the writable check, and making the directory failed: a bare
+    "[Errno 2] No such file or directory: '/proc/dayzero-logs'" (exit 2) or "[Errno 1] Operation not
+    permitted" (exit 1), neither naming --log-dir."""
+    from dayzero import stack
+
+    monkeypatch.setattr(stack.Stack, "start", lambda self: pytest.fail("up started a stack"))
+    assert cli.main(["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", log_dir]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--log-dir" in err and "Errno" not in err, err
+
+
 def test_up_keeps_a_group_size_and_torchrun_variables_from_its_workers():
     """Each worker's ranks come from `up`'s flags: DAYZERO_TENSOR_PARALLEL or torchrun's variables
     in `up`'s environment overrode --decode-tp 1 (and made vision refuse to start)."""

@@ -58,6 +58,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
 
     planned_pools(settings, config, strict=True)  # pools too small: one line, not a crash loop or 500s
     load_codec(checkpoint)  # a damaged tokenizer: one line here, not a gateway's restart loop
+    _make_log_dir(args.log_dir)
     counts = {"vision": vision, "prefill": args.prefill, "decode": args.decode}
     port = settings.port if args.port is None else args.port
     redis_url = os.environ.get("DAYZERO_REDIS_URL") or os.environ.get("REDIS_URL")  # else an embedded one
@@ -99,6 +100,15 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
         if killed:
             print(f"stopped; killed {', '.join(killed)} (still running after SIGTERM)", file=sys.stderr)
     return 0
+
+
+def _make_log_dir(path: Path) -> None:
+    """``--log-dir``, made now: a directory the filesystem refuses though its parent looks writable
+    (``/proc/x``, ``/sys/x`` as root) was a bare OS error naming no flag."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--log-dir {path} cannot be made: {exc.strerror}") from None
 
 
 def _ranks(n: int) -> str:
