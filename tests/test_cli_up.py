@@ -137,6 +137,30 @@ def test_up_refuses_pools_its_workers_could_not_serve_from(env, message, tmp_pat
     assert not (tmp_path / "logs").exists()
 
 
+def test_up_gives_up_on_a_redis_it_is_given_that_does_not_answer(tiny_checkpoint, tmp_path):
+    """DAYZERO_REDIS_URL to a closed port: up started the gateway and the workers and waited for ever
+    (without --ready-timeout), printing "waiting: redis unreachable" every 10 s."""
+    import os
+    import subprocess
+    import sys
+
+    from dayzero.procs import free_port
+    from dayzero.stack import REDIS_ANSWER_WITHIN_S
+
+    closed, logs = free_port(), tmp_path / "logs"
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env["DAYZERO_REDIS_URL"] = f"redis://:secret@127.0.0.1:{closed}/0"
+    argv = [sys.executable, "-m", "dayzero.cli", "up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(logs)]
+    argv += ["--port", str(free_port())]
+    # (without the bound: killed here, its children with it)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60 + REDIS_ANSWER_WITHIN_S)
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: the Redis at redis://:***@127.0.0.1:{closed}/0 (DAYZERO_REDIS_URL or REDIS_URL)")
+    assert "secret" not in done.stderr and "unset both to run an embedded one" in last
+    assert not (logs / "gateway.log").exists()  # nothing was started
+
+
 @pytest.mark.parametrize("log_dir", ["/proc/dayzero-logs", "/sys/dayzero-logs/up"])
 def test_a_log_dir_the_filesystem_refuses_is_one_line_naming_the_flag(log_dir, tiny_checkpoint, capsys, monkeypatch):
     """As root the parent passes the writable check, and making the directory failed: a bare

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import redis
@@ -41,6 +42,7 @@ SERVICES = ("gateway", "vision", "prefill", "decode")
 STOP_TIMEOUT_S = 10.0  # per group (gateway, workers, redis) before SIGKILL
 LEFT_GROUP_S = 5.0  # what is left of an exited child's process group is SIGKILLed after
 WRITE_CHECK_TTL_S = 10  # up's own write beside its read of the stamps (key up:{process}) lapses after
+REDIS_ANSWER_WITHIN_S = 10.0  # an external Redis that has not answered a ping by then is a failed start
 
 
 def service_argv(service: str, ranks: int = 1) -> list[str]:
@@ -56,6 +58,35 @@ def inherited(environ: dict[str, str]) -> dict[str, str]:
     from .parallel.launch import VARIABLES as RENDEZVOUS
 
     return {k: v for k, v in environ.items() if k not in ("DAYZERO_TENSOR_PARALLEL", *RENDEZVOUS)}
+
+
+def _answering(url: str, within_s: float) -> None:
+    """StartFailed unless the Redis at ``url`` answers a ping within ``within_s``: one that was
+    unreachable (a closed port, a wrong host) kept ``up`` waiting for ever, "waiting: redis
+    unreachable" every 10 s, without --ready-timeout."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    deadline = time.monotonic() + within_s
+    try:
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.RedisError as exc:
+                if time.monotonic() >= deadline:
+                    raise StartFailed(
+                        f"the Redis at {_without_password(url)} (DAYZERO_REDIS_URL or REDIS_URL) did not answer "
+                        f"within {within_s:g} s: {exc}; start it, or unset both to run an embedded one"
+                    ) from None
+                time.sleep(0.5)
+    finally:
+        client.close()
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
 
 
 @dataclass
@@ -101,6 +132,8 @@ class Stack:
         if taken:
             raise StartFailed(f"port {self.port} is already in use on {self.host}; stop that process or pass --port")
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.redis_url is not None:
+            _answering(self.redis_url, REDIS_ANSWER_WITHIN_S)
         if self.redis_url is None:
             self.redis_port = free_port()
             self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
