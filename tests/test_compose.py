@@ -128,6 +128,19 @@ def test_the_checkpoint_has_a_documented_way_in():
     )
 
 
+def test_the_gateway_serves_the_downloaded_model_by_its_id_unless_told_otherwise():
+    """Compose set no DAYZERO_MODEL_NAME: clients of a V4-Flash deployment had to send
+    ``model: dayzero-demo``, the demo's name. Now the id of the repository the compose file and the
+    README download (what vLLM and SGLang serve it as), which DAYZERO_MODEL_NAME from the shell overrides."""
+    import re
+
+    compose = (ROOT / "docker-compose.yml").read_text()
+    (downloaded,) = set(re.findall(r"huggingface-cli download (\S+) --local-dir", compose))
+    assert f"huggingface-cli download {downloaded} --local-dir" in (ROOT / "README.md").read_text()
+    served = _compose()["services"]["gateway"]["environment"]["DAYZERO_MODEL_NAME"]
+    assert served == f"${{DAYZERO_MODEL_NAME:-{downloaded}}}"
+
+
 def test_observability_profile_dashboard_and_scrape_config_are_valid():
     import json
     import re
