@@ -3,6 +3,8 @@ CPUs, GPUs), the head sums and a prefill block's scores as compiled CPU loops.""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -151,3 +153,20 @@ def test_a_prefill_block_with_a_small_di_takes_the_compiled_loop(monkeypatch):
         visible = torch.div(batch.positions + 1, 4, rounding_mode="floor").to(torch.int32)
         indexer_topk(q, w, batch, keys, table, visible, 4)
     assert calls == [(24, 4, 16)]
+
+
+def test_a_failure_in_a_helper_thread_reaches_the_caller(monkeypatch):
+    """A block loop that fails on a helper thread's rows raises in the caller (and no helper still
+    writes into the buffer after it returns) instead of leaving those rows' old scores."""
+    compiled = indexer_cpu._block_kernel(8)
+
+    def kernel(q, w, keys_t, visible, scale, out):
+        if threading.current_thread() is not threading.main_thread():
+            raise MemoryError("helper")
+        return compiled(q, w, keys_t, visible, scale, out)
+
+    monkeypatch.setattr(indexer_cpu, "_block_kernel", lambda depth: kernel)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    q, w, keys = torch.randn(6, 4, 8), torch.randn(6, 4), torch.randn(20, 8)
+    with pytest.raises(MemoryError, match="helper"):
+        indexer_cpu.weighted_relu_scores(q, w, keys, torch.full((6,), 20, dtype=torch.int32), torch.zeros(6, 20))

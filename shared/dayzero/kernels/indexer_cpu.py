@@ -18,7 +18,7 @@ small Di only, where torch's product is bound by writing its output, not by its 
 from __future__ import annotations
 
 import functools
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -117,7 +117,8 @@ def weighted_relu_scores(
     """A block's scores into ``out`` [R, n] fp32: ``Di^-0.5 * sum_h weights[r, h] * relu(q[r, h] .
     keys[e])`` for e < visible[r], -inf after; q [R, Hi, Di], weights [R, Hi], keys [n, Di] (fp32
     products), visible [R] int32, Di <= FUSED_DEPTH_MAX. The rows are split among torch's intra-op
-    thread count (threads started per call: nothing held across a worker's fork)."""
+    thread count (threads started per call: nothing held across a worker's fork; a thread's failure
+    raises here)."""
     depth = q.shape[-1]
     n, chunk = keys.shape[0], max(16, ENTRY_CHUNK_BYTES // (4 * depth))
     chunks = -(-n // chunk)
@@ -132,10 +133,9 @@ def weighted_relu_scores(
     )
     cut = np.linspace(0, q.shape[0], min(torch.get_num_threads(), q.shape[0]) + 1).astype(int)  # torch's threads' share
     parts = [(q[a:b], w[a:b], keys_t, visible[a:b], scale, scores[a:b]) for a, b in zip(cut[:-1], cut[1:], strict=True)]
-    helpers = [threading.Thread(target=kernel, args=part) for part in parts[1:]]  # (the loop lets go of the GIL)
-    for helper in helpers:
-        helper.start()
-    kernel(*parts[0])
-    for helper in helpers:
-        helper.join()
+    with ThreadPoolExecutor(max(1, len(parts) - 1)) as helpers:  # (the loop lets go of the GIL); joined on exit
+        started = [helpers.submit(kernel, *part) for part in parts[1:]]
+        kernel(*parts[0])
+        for part in started:
+            part.result()  # a helper's failure raises here, not left as its rows' old scores
     return out
