@@ -1,0 +1,98 @@
+"""``dayzero up`` and a frozen Redis (SIGSTOP, then SIGCONT): no worker's liveness stamp ages while
+up cannot read Redis, or reads it late, for no worker could stamp meanwhile (``Stack.frozen``).
+Without that, every worker was found frozen and SIGKILLed at once the moment Redis answered again.
+
+The worker here is a process that never stamps by itself: the test writes its stamps (the workers'
+own script, at Redis's time), so none lands at SIGCONT before up's read. (A real worker's stamp
+sent during the freeze often did, which hid a missing guard: test_worker_groups.py's freeze never
+failed without it.)
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+from dayzero.procs import free_port, start_redis
+from dayzero.serving.keys import key
+from dayzero.serving.liveness import STAMP, connect, process_id
+from dayzero.stack import Child, Stack
+
+from .conftest import wait_until
+
+FROZEN_S = 2.0  # DAYZERO_FROZEN_WORKER_S here
+# up's client's read timeout (liveness.connect; it connects on its first command): a longer freeze fails a read
+TIMEOUT_S = connect("redis://127.0.0.1:1/0").connection_pool.connection_kwargs["socket_timeout"]
+
+
+def _frozen_redis_and_a_quiet_worker(tmp_path):
+    """A Redis of the test's own (to SIGSTOP), a worker process that does not stamp, and a Stack
+    that watches it with a bound of ``FROZEN_S`` -> (redis, worker, child, stack, a stamp of the worker)."""
+    port = free_port()
+    server = start_redis(port, tmp_path / "redis.log")
+    url = f"redis://127.0.0.1:{port}/0"
+    client = connect(url)
+    started = time.time()
+    worker = subprocess.Popen(["sleep", "300"])
+    child = Child("prefill0", "prefill", proc=worker, started=started)
+    stack = Stack({}, 0, tmp_path, redis_url=url, children=[child], frozen_s=FROZEN_S)
+    script = client.register_script(STAMP)
+    process = process_id(worker.pid, socket.gethostname())
+    keys = [key("alive", "prefill"), key("ready", "prefill"), key("stamp_now")]
+    return server, worker, child, stack, lambda: script(keys=keys, args=[process, "now", ""])
+
+
+def _stop(*procs: subprocess.Popen) -> None:
+    for proc in procs:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+
+
+def test_redis_unreadable_past_the_bound_then_back_ages_no_stamp_meanwhile(tmp_path):
+    """Redis frozen for twice the bound: up's reads time out. Once it answers again, a stamp from
+    before the freeze is older than the bound, but the worker could not stamp: it is not frozen
+    until the bound has passed since Redis was last unreadable (``_unread_at``); then it is."""
+    server, worker, child, stack, stamp = _frozen_redis_and_a_quiet_worker(tmp_path)
+    try:
+        stamp()
+        assert stack.frozen() == []
+        server.send_signal(signal.SIGSTOP)
+        found, frozen_until = [], time.monotonic() + 2 * FROZEN_S
+        while time.monotonic() < frozen_until:
+            found += stack.frozen()  # (each read times out)
+        server.send_signal(signal.SIGCONT)
+        answered = time.monotonic()
+        found += stack.frozen()
+        assert time.monotonic() - answered < 1.0, "Redis answered late: the slow-read clause's case, not this one"
+        assert found == []
+        assert wait_until(lambda: stack.frozen() == [child], 3 * FROZEN_S, step_s=0.2)
+    finally:
+        _stop(worker, server)
+
+
+def test_a_read_redis_answers_late_ages_no_stamp_meanwhile(tmp_path):
+    """Redis frozen for less than up's read timeout, the read sent meanwhile answered at SIGCONT: the
+    stamp it returns aged through the freeze, past the bound, while no worker could stamp. That read
+    counts as one of a Redis up could not read (``now - began > STAMP_EVERY_S``), and so does the
+    next; the worker is found frozen only once the bound has passed since."""
+    server, worker, child, stack, stamp = _frozen_redis_and_a_quiet_worker(tmp_path)
+    try:
+        stamp()
+        time.sleep(FROZEN_S - 0.5)  # (a stamp period and a loaded scheduler's delay)
+        server.send_signal(signal.SIGSTOP)
+        continued = threading.Timer(1.0, server.send_signal, (signal.SIGCONT,))
+        continued.start()
+        began = time.monotonic()
+        found = stack.frozen()
+        read_s = time.monotonic() - began
+        continued.join()
+        assert 0.5 < read_s < TIMEOUT_S, f"the read took {read_s:.2f} s: it was not answered late by a continued Redis"
+        assert found == []
+        assert stack.frozen() == []
+        assert wait_until(lambda: stack.frozen() == [child], 3 * FROZEN_S, step_s=0.2)
+    finally:
+        _stop(worker, server)
