@@ -4,13 +4,15 @@ with a 400 naming it: it passed the size check and the walk of the first bytes, 
 reply where the reply reached it (a name of 50,000 characters after ~0.9 s of the gateway's check:
 a 400 after a 200 stream began). The gateway in-process on a real Redis, no workers: a request let
 through is refused for max_tokens past the context, never queued. The longest let through do compile
-and take a whole reply."""
+and take a whole reply. So with counts of characters: a minLength or a regular expression's {n,m}
+past what the lexer holds is refused (``^.{20000}$`` failed at ~16.6 KB of a reply), a maxLength
+past it clamped (30,000 failed at ~10 KB)."""
 
 from __future__ import annotations
 
 import pytest
 
-from dayzero.chat.schema_size import MOST_REGEX_CHARS, MOST_STRING_CHARS
+from dayzero.chat.schema_size import MOST_COUNTED_CHARS, MOST_REGEX_CHARS, MOST_STRING_CHARS
 
 from .conftest import CAPPED_CONTEXT as CONTEXT
 from .conftest import MODEL
@@ -62,3 +64,32 @@ def test_the_longest_let_through_are_written_whole(capped_gateway):
     r = _post(capped_gateway, **_format(schema))
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
     assert _written(schema, {name: "c" * MOST_STRING_CHARS, "p": text})
+
+
+@pytest.mark.parametrize(
+    "schema, what",
+    [
+        ({"type": "string", "minLength": 20_000}, "minLength 20,000: "),
+        ({"type": "string", "pattern": "^.{20000}$"}, "a regular expression counting 20,000 repeats"),
+        ({"type": "object", "patternProperties": {"^a{1,30000}$": {}}}, "a regular expression counting 30,000 "),
+    ],
+    ids=["min_length", "pattern", "pattern_name"],
+)
+def test_a_count_past_the_lexer_is_refused_at_admission(capped_gateway, schema, what):
+    r = _post(capped_gateway, **_format(schema))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "response_format" and f"too big: {what}" in error["message"], error
+
+
+def test_a_max_length_past_the_lexer_is_clamped_to_it(capped_gateway):
+    """Let through, and a string as long as the clamp is written whole, one longer refused where the
+    clamp ends it (it was let on until the lexer failed, a few thousand characters on)."""
+    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": 100_000}}, "required": ["s"]}
+    r = _post(capped_gateway, **_format(schema))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    assert _written(schema, {"s": "a" * MOST_COUNTED_CHARS})
+    assert not _written(schema, {"s": "a" * (MOST_COUNTED_CHARS + 1)})
+    for counted in ({"minLength": MOST_COUNTED_CHARS}, {"pattern": f"^.{{{MOST_COUNTED_CHARS}}}$"}):
+        r = _post(capped_gateway, **_format({"type": "string", **counted}))
+        assert r.json()["error"]["code"] == "context_length_exceeded", r.text
