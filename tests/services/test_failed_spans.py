@@ -13,7 +13,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from dayzero.params import SamplingParams
+from dayzero.chat.grammar import json_grammar
+from dayzero.guided import GRAMMAR_FAILED
+from dayzero.params import Grammar, SamplingParams
 from dayzero.serving import active, first_tokens, kept_handoffs, prefilling
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.lifecycle import Lifecycle
@@ -22,6 +24,7 @@ from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
+from ..conftest import FAILING_LATE, LATE_PATTERN
 from .conftest import prompt_ids, recording, run_jobs
 from .test_one_fails_alone import POISON
 
@@ -142,3 +145,26 @@ def test_a_first_token_sent_again_has_a_resend_span_per_try(demo_dir, redis_url,
     export = [s for s in exported.get_finished_spans() if s.name == "kv.export"]
     assert [s.parent.span_id for s in export] == [resends[-1].context.span_id]  # the handoff, in the retry that sent it
     runtime.close()
+
+
+def test_a_schema_failing_its_grammar_marks_no_span_an_error(demo_dir, redis_url, exported):
+    """The client's schema failing its grammar (``grammar_failed``, a 400) is no failure of the
+    worker: its span holds the why as an event, its status unset, in prefill (at its first token)
+    and in decode (mid-reply); both were ERROR, among the operator's real failures."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store = Lifecycle.connect(redis_url)
+    first = SamplingParams(max_tokens=8, grammar=Grammar(json_grammar(FAILING_LATE[0])))
+    late = SamplingParams(max_tokens=400, temperature=1.0, seed=3, grammar=Grammar(json_grammar(LATE_PATTERN)))
+    sent: list[DecodeJob] = []
+    prefill = Runtime.load(settings, "prefill-schema@test", "prefill", False)
+    run_jobs(PrefillLoop(prefill, recording(sent)), _admitted(store, "schema", [first, late]))
+    run_jobs(DecodeLoop(Runtime.load(settings, "decode-schema@test", "decode", False)), sent)
+    assert store.done("schema-0") == store.done("schema-1") == "error"
+    spans = [s for s in exported.get_finished_spans() if s.name in ("prefill.forward", "decode.generate")]
+    failed = {(s.name, s.attributes["dayzero.request_id"]) for s in spans if GRAMMAR_FAILED in _events(s)}
+    assert failed == {("prefill.forward", "schema-0"), ("decode.generate", "schema-1")}, failed
+    assert all(s.status.status_code.name == "UNSET" for s in spans), [(s.name, s.status) for s in spans]
+
+
+def _events(span) -> list[str]:
+    return [event.name for event in span.events]

@@ -18,6 +18,7 @@ from . import redis_clock as clock
 from .handoff import Receiver
 from .intake import Ticket
 from .messages import DecodeJob
+from .prefilling import mark_failed
 from .records import Token
 from .runtime import Runtime
 
@@ -102,12 +103,12 @@ class Active:
                 self.end = (step.finish_reason, "", "")
                 return
 
-    def end_span(self, reason: str, cfg: ModelConfig, length: int, message: str = "") -> None:
+    def end_span(self, reason: str, cfg: ModelConfig, length: int, message: str = "", code: str = "") -> None:
         """The span's last event and counts: tokens, and the CSA entries its last query could read;
-        a failure (``reason`` error) sets its status, with ``message``."""
+        a failure (``reason`` error) marks it, with ``message`` (and its error's ``code``: ``mark_failed``)."""
         entries = length // cfg.compress_rates["compressed_sparse_attention"]
         if reason == "error":
-            self.span.set_status(trace.Status(trace.StatusCode.ERROR, message))
+            mark_failed(self.span, message, code)
         self.span.add_event("finish", {"finish_reason": reason, "completion_tokens": self.completion.count})
         self.span.set_attribute("dayzero.completion_tokens", self.completion.count)
         self.span.set_attribute("dayzero.csa_selected_entries", min(cfg.index_topk, entries))

@@ -225,7 +225,7 @@ class DecodeLoop:
         """End active request ``rid`` (``end``: its ``usage``, its error's ``code``)."""
         self.heartbeat.release(rid)  # no beat in flight outlives its end
         active = self.active.pop(rid)
-        active.end_span(reason, self.r.model.cfg, self.r.pools.length(rid), message)
+        active.end_span(reason, self.r.model.cfg, self.r.pools.length(rid), message, str(end.get("code", "")))
         self.r.ranks.release(rid)
         self._settle(active.ticket, reason, message, index=index, **end)
 

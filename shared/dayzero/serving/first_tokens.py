@@ -19,7 +19,7 @@ from .kept_prefills import RETRY_S, KeptPrefills
 from .lease import Heartbeat
 from .messages import DecodeJob, PrefillJob
 from .outage_log import OutageLog
-from .prefilling import Prefilling, end_failed
+from .prefilling import Prefilling, end_failed, mark_failed
 from .records import Token
 from .runtime import Runtime
 
@@ -124,7 +124,7 @@ class FirstTokens:
         self.kept.drop(ticket)  # (its blocks freed: Redis failing the end puts it back to be prefilled again)
         streamed = len(self.r.store.streamed_tokens(rid))  # its first token may have gone out already
         message, code = failure(exc, "failed after prefill")
-        trace.get_current_span().set_status(trace.Status(trace.StatusCode.ERROR, message))  # its prefill.forward
+        mark_failed(trace.get_current_span(), message, code)  # its prefill.forward
         self.settle(ticket, "error", message, streamed, code=code)
 
     def _emit(self, ticket: Ticket[PrefillJob]) -> None:

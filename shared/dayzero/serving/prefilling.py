@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 
+from ..guided import GRAMMAR_FAILED
 from ..telemetry import continued, tracer
 from . import redis_clock as clock
 from .handoff import take_tensor
@@ -80,6 +81,16 @@ def end_failed(spans: list[trace.Span], message: str, chunks: int) -> None:
         span.set_attribute("dayzero.prefilled_chunks", chunks)
         span.set_status(trace.Status(trace.StatusCode.ERROR, message))
         span.end()
+
+
+def mark_failed(span: trace.Span, message: str, code: str) -> None:
+    """Mark ``span`` (a worker's, of a request ending in error) with its failure: ERROR with
+    ``message``, but for its schema's (``GRAMMAR_FAILED``: the client's error, a 400, as the gateway
+    answers it), an event (an operator's trace of ERRORs held every client's unsatisfiable schema)."""
+    if code == GRAMMAR_FAILED:
+        span.add_event(GRAMMAR_FAILED, {"message": message})
+    else:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, message))
 
 
 def newcomers_room(chunk_size: int, max_tokens: int) -> int:
