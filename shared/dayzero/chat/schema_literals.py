@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from .grammar import refs_of, value_definitions
 from .schema_bounds import subschemas
-from .schema_size import regexes
+from .schema_size import written_literals
 
 
 def spelled_token(schemas: list, tokens: tuple[str, ...]) -> str | None:
@@ -18,18 +18,12 @@ def spelled_token(schemas: list, tokens: tuple[str, ...]) -> str | None:
     refused too), in ``schemas`` or the definitions they refer to (None: none; a definition nothing
     refers to writes nothing). llguidance cannot write one as text: where the grammar forced its bytes it offered the
     special token itself, which it then refused (a reply failed mid-way: 500)."""
-    literals: list[str] = []
-    for node in (node for schema in schemas for node in _reachable(schema)):
-        properties, required = node.get("properties"), node.get("required")
-        literals.extend(properties if isinstance(properties, dict) else ())
-        literals.extend(n for n in (required if isinstance(required, list) else ()) if isinstance(n, str))
-        literals.extend(regexes(node))  # (a literal in one is forced as the same text)
-        values = [node["const"]] if "const" in node else []
-        values += node["enum"] if isinstance(node.get("enum"), list) else []
-        while values:
-            value = values.pop()
-            literals.extend([value] if isinstance(value, str) else value if isinstance(value, dict) else ())
-            values.extend(value.values() if isinstance(value, dict) else value if isinstance(value, list) else ())
+    literals = [
+        text
+        for node in (node for schema in schemas for node in _reachable(schema))
+        for strings in written_literals(node).values()
+        for text in strings
+    ]
     text = "\0".join(literals)
     return next((token for token in tokens if token in text), None)
 

@@ -175,19 +175,25 @@ def _literals(node: dict) -> Iterator:
 
 def _long_string(node: dict) -> str | None:
     """A string of ``node`` one grammar lexeme spells past its bound, a few times under what
-    llguidance's lexer takes (None: none): a property or required name, an enum or const string (in an array or object
-    value too, its keys as well), a regular expression."""
-    properties, required = node.get("properties"), node.get("required")
-    found = [
-        ("a property name", properties if isinstance(properties, dict) else (), MOST_STRING_CHARS),
-        ("a required name", required if isinstance(required, list) else (), MOST_STRING_CHARS),
-        ("an enum or const string", _strings(list(_literals(node))), MOST_STRING_CHARS),
-        ("a regular expression", regexes(node), MOST_REGEX_CHARS),
-    ]
-    for what, strings, most in found:
-        if (longest := max((len(s) for s in strings if isinstance(s, str)), default=0)) > most:
+    llguidance's lexer takes (None: none): any of ``written_literals``."""
+    for what, strings in written_literals(node).items():
+        most = MOST_REGEX_CHARS if what == "a regular expression" else MOST_STRING_CHARS
+        if (longest := max(map(len, strings), default=0)) > most:
             return f"{what} of {longest:,} characters: at most {most:,} in one can be enforced"
     return _long_count(node)
+
+
+def written_literals(node: dict) -> dict[str, list[str]]:
+    """The strings of ``node`` a reply writes as they are, by kind: its property and required names
+    (a required one is written as a property), its enum and const strings (in an array or object
+    value too, its keys as well), its regular expressions (a literal in one is forced as the same text)."""
+    properties, required = node.get("properties"), node.get("required")
+    return {
+        "a property name": list(properties) if isinstance(properties, dict) else [],
+        "a required name": [n for n in required if isinstance(n, str)] if isinstance(required, list) else [],
+        "an enum or const string": list(_strings(list(_literals(node)))),
+        "a regular expression": regexes(node),
+    }
 
 
 def _long_count(node: dict) -> str | None:
