@@ -8,9 +8,14 @@ value), the sum left to right where torch's runs in vector lanes: they agree to 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import numba
 import numpy as np
 import torch
+
+T = TypeVar("T")
 
 
 @numba.njit(cache=True)
@@ -43,14 +48,20 @@ def rms_scale_rows(x, eps):
 
 def weight_array(weight: torch.Tensor) -> np.ndarray:
     """The numpy view of a weight the compiled loops read every step (a norm's, a mix's base and
-    scale), made once and kept on it: ``.numpy()`` dispatches four aten ops (detach, to,
-    resolve_conj, resolve_neg), ~130 a demo decode step for weights that never change. Kept with
-    the address it views: a weight given new memory (``param.data = ...``, a move) is viewed
-    afresh; one that requires grad is not kept (``.numpy()`` refuses it, as before)."""
-    kept, at = weight.__dict__.get("_host_view"), weight.data_ptr()
-    if kept is None or kept[0] != at or weight.requires_grad:
-        kept = at, weight.numpy()
-        weight._host_view = kept
+    scale), made once and kept on it (``kept_view``): ``.numpy()`` dispatches four aten ops (detach,
+    to, resolve_conj, resolve_neg), ~130 a demo decode step for weights that never change. One that
+    requires grad is not kept (``.numpy()`` refuses it, as before)."""
+    return weight.numpy() if weight.requires_grad else kept_view(weight, "_host_view", (weight,), weight.numpy)
+
+
+def kept_view(owner: object, name: str, viewed: tuple[torch.Tensor, ...], make: Callable[[], T]) -> T:
+    """``make()`` (views of the tensors ``viewed``), made once and kept on ``owner`` as ``name`` with
+    the addresses it views: made afresh when one of them was given new memory (``param.data = ...``,
+    a move); in-place changes show through the views kept."""
+    at = tuple(tensor.data_ptr() for tensor in viewed)
+    kept = owner.__dict__.get(name)
+    if kept is None or kept[0] != at:
+        kept = owner.__dict__[name] = at, make()
     return kept[1]
 
 

@@ -15,6 +15,7 @@ from torch import nn
 from ..config import CSA, SLIDING, ModelConfig
 from ..kernels.batch import Backend
 from ..kernels.expert_mlp import expert_mlp, expert_mlp_stacked, pads_cheaply
+from ..kernels.norms_cpu import kept_view
 from ..parallel import Group
 from ..quant.experts import PackedExperts
 
@@ -106,14 +107,8 @@ class Experts(nn.Module):
         """Each expert's (w1, w2, w3) views, made once and kept with the memory they view (``w1[e]``
         is an aten op: three an expert a step, ~24 a demo decode step); weights given new memory
         (``param.data = ...``, a move) are viewed afresh."""
-        at = (self.w1.data_ptr(), self.w2.data_ptr(), self.w3.data_ptr())
-        kept = self.__dict__.get("_views")
-        if kept is None or kept[0] != at:
-            kept = self.__dict__["_views"] = (
-                at,
-                list(zip(self.w1.unbind(0), self.w2.unbind(0), self.w3.unbind(0), strict=True)),
-            )
-        return kept[1]
+        weights = (self.w1, self.w2, self.w3)
+        return kept_view(self, "_views", weights, lambda: list(zip(*(w.unbind(0) for w in weights), strict=True)))
 
 
 class SharedExpert(nn.Module):
