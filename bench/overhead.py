@@ -3,9 +3,12 @@
 Starts an idle stack (``dayzero up`` machinery: embedded Redis, the gateway, 1 prefill and 1
 decode worker, demo checkpoint) and alternates, request by request, one streamed completion
 through the gateway (greedy, 2 tokens, a prompt whose first token is text on its own) sent by
-httpx, the same request sent by a minimal client (HTTP/1.1 on a socket, reading the bytes until
-the first event's id: what httpx's own parsing costs shows as the difference), and the same
-prompt's prefill and first-token pick in this process, so all three see the same machine load.
+httpx (each answer read to its end: one kept-alive connection, as a user's client has), the same
+request sent by a minimal client (``sse_clients.RawClient``), and the same prompt's prefill and
+first-token pick in this process, so all three see the same machine load. After each run both
+clients are timed against a local server that replays the gateway's answer at once: each
+client's own time to the first event, the part of its TTFT that no server work can cut; the
+table shows the overhead with httpx as measured, and less httpx's own time.
 The stack runs twice: tracing off (the default: the headline), then on (console exporter, a JSON
 file per process), where each request's spans give the hops:
 
@@ -27,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -37,8 +39,8 @@ from pathlib import Path
 import httpx
 import torch
 from options import bench_parser
+from sse_clients import RawClient, own_ttft, stream_once
 
-MODEL = "dayzero-demo"
 HOPS = (
     ("client -> gateway (HTTP)", "send", "server"),
     ("gateway admission (validate, until the enqueue is sent)", "server", "queued"),
@@ -79,56 +81,9 @@ class Engine:
         raise RuntimeError("no prompt of this length starts with a whole character")
 
 
-def stream_once(client: httpx.Client, url: str, prompt: list[int]) -> dict:
-    """One streamed request: its id and the client's clock (ns) at send and at the first token."""
-    sent, first = time.time_ns(), None
-    with client.stream("POST", f"{url}/v1/completions", json=_body(prompt)) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if first is None and line.startswith("id:"):
-                first = time.time_ns()
-            elif line == "data: [DONE]":
-                break
-    if first is None:
-        raise RuntimeError("the stream ended without a token")
-    return {"rid": r.headers["x-request-id"], "send": sent, "first": first}
-
-
-class RawClient:
-    """The same streamed request over one keep-alive socket, parsing nothing but the first two
-    events' ``id:`` lines and the chunked body's end: a client with (next to) no cost of its own."""
-
-    def __init__(self, url: str) -> None:
-        host, port = url.removeprefix("http://").split(":")
-        self.host, self.sock = host, socket.create_connection((host, int(port)))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def stream(self, prompt: list[int]) -> dict:
-        body = json.dumps(_body(prompt)).encode()
-        head = f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}\r\ncontent-type: application/json\r\n"
-        sent, stamps, data = time.time_ns(), [], b""
-        self.sock.sendall(f"{head}content-length: {len(body)}\r\n\r\n".encode() + body)
-        while not data.endswith(b"\r\n0\r\n\r\n"):  # the chunked body's last chunk
-            data += self.sock.recv(65536)
-            events = data.partition(b"\r\n\r\n")[2].count(b"\nid: ")
-            stamps += [time.time_ns()] * (min(events, 2) - len(stamps))
-        if not stamps:
-            raise RuntimeError("the stream ended without a token")
-        head_lines = data.partition(b"\r\n\r\n")[0].decode().lower().splitlines()
-        rid = next(line.split(":", 1)[1].strip() for line in head_lines if line.startswith("x-request-id:"))
-        return {"rid": rid, "send": sent, "first": stamps[0], "second": stamps[1] if len(stamps) > 1 else None}
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def _body(prompt: list[int]) -> dict:
-    return {"model": MODEL, "prompt": prompt, "max_tokens": 2, "stream": True, "temperature": 0, "ignore_eos": True}
-
-
-def alternate(url: str, engine: Engine, prompt: list[int], n: int) -> tuple[list[dict], list[dict], list[float]]:
+def alternate(url: str, engine: Engine, prompt: list[int], n: int) -> tuple[list[dict], list[dict], list[float], bytes]:
     """``n`` rounds on an idle stack: a gateway request by httpx, one by the raw client, one
-    in-process run."""
+    in-process run; and the bytes of the gateway's last answer."""
     requests, raw, local = [], [], []
     bare = RawClient(url)
     with httpx.Client(timeout=60) as client:
@@ -144,7 +99,7 @@ def alternate(url: str, engine: Engine, prompt: list[int], n: int) -> tuple[list
             local.append(engine.first_token(prompt)[0])
             time.sleep(0.05)
     bare.close()
-    return requests, raw, local
+    return requests, raw, local, bare.answer
 
 
 def _ns(stamp: str) -> int:
@@ -223,11 +178,14 @@ def run_stack(
         first_ms = (sent["first"] - sent["send"]) / 1e6
         for _ in range(args.runs):
             before = cpu_seconds(stack)
-            requests, raw, local = alternate(stack.url, engine, prompt, args.requests)
+            requests, raw, local, answer = alternate(stack.url, engine, prompt, args.requests)
+            own = own_ttft(answer, prompt, args.requests)
             row = {
                 "gateway": statistics.median((r["first"] - r["send"]) / 1e6 for r in requests),
                 "gateway, raw client": statistics.median((r["first"] - r["send"]) / 1e6 for r in raw),
                 "in-process": statistics.median(local) * 1e3,
+                "client's own (its answer replayed at once): httpx": own["httpx"],
+                "client's own (its answer replayed at once): raw client": own["raw"],
             }
             served = 2 * (len(requests) + 3)  # both clients' requests, the warm-ups' included
             for name, seconds in cpu_seconds(stack).items():
@@ -250,6 +208,8 @@ def table(title: str, runs: list[dict]) -> None:
     for row in runs:
         row["overhead (gateway - in-process)"] = row["gateway"] - row["in-process"]
         row["overhead, raw client"] = row["gateway, raw client"] - row["in-process"]
+        own = row["client's own (its answer replayed at once): httpx"]
+        row["overhead less httpx's own time"] = row["overhead (gateway - in-process)"] - own
     for name in runs[0]:
         values = [row[name] for row in runs]
         print(f"| {name} | " + " | ".join(f"{v:.1f}" for v in values) + f" | {statistics.median(values):.1f} |")

@@ -4,7 +4,7 @@ path, A/B.
 Starts one idle stack per tree (embedded Redis, gateway, 1 prefill + 1 decode worker, demo
 checkpoint; each stack's processes import that tree's ``shared/`` and ``services/``) and sends
 them the same streamed completion in turns, the order swapped every round, from a minimal client
-(``overhead.RawClient``), with an in-process prefill between rounds as the other benchmarks do.
+(``sse_clients.RawClient``), with an in-process prefill between rounds as the other benchmarks do.
 Both stacks see the same machine at the same time, so the paired difference of their TTFTs
 carries far less noise than two runs of ``overhead.py`` one after the other (whose overhead
 moved by ~1 ms from stack to stack here). The gap from the first token to the second (decode's
@@ -23,7 +23,8 @@ from pathlib import Path
 
 from demo_stack import stack_on
 from options import bench_parser
-from overhead import Engine, RawClient
+from overhead import Engine
+from sse_clients import RawClient
 
 from dayzero.demo import write_demo_checkpoint
 

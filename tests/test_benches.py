@@ -24,7 +24,7 @@ import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 # modules the benches import, not benches
-HELPERS = {"attention_prefill.py", "demo_stack.py", "options.py", "peak_rss.py", "timing.py"}
+HELPERS = {"attention_prefill.py", "demo_stack.py", "options.py", "peak_rss.py", "sse_clients.py", "timing.py"}
 BENCHES = sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS)
 WORK_S = 20  # a --help still running after this is doing its work: ended (its test fails), the rest go on
 SMOKE_S = 300  # a smoke run still running after this hangs (each takes seconds): ended, named, the rest go on

@@ -1,0 +1,61 @@
+"""bench/sse_clients.py: the TTFT benches' clients. httpx stopped reading each answer at ``data: [DONE]``,
+before the chunked body's end: httpx then closed the connection, and every request of
+bench/overhead.py's "gateway" row paid a new one (the client's connect, the gateway's accept), which
+the minimal client on its kept-alive socket never did: a part of the "httpx vs raw client" gap
+that was the bench's, not the gateway's. Answers here come from the bench's canned server, whose
+count of accepted connections is the check."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from sse_clients import CannedServer, RawClient, own_ttft, stream_once  # noqa: E402
+
+
+def _chunk(payload: bytes) -> bytes:
+    return f"{len(payload):x}\r\n".encode() + payload + b"\r\n"
+
+
+EVENT = b'id: %d\r\ndata: {"choices":[{"index":0,"text":"a"}]}\r\n\r\n'
+ANSWER = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\nx-request-id: cmpl-1\r\n"
+    b"transfer-encoding: chunked\r\n\r\n"
+    + _chunk(EVENT % 1)
+    + _chunk(EVENT % 2)
+    + _chunk(b"data: [DONE]\r\n\r\n")
+    + b"0\r\n\r\n"
+)
+
+
+def test_httpx_requests_share_one_connection():
+    server = CannedServer(ANSWER)
+    try:
+        with httpx.Client(timeout=10) as client:
+            answers = [stream_once(client, server.url, [0, 5, 7]) for _ in range(3)]
+    finally:
+        server.close()
+    assert [a["rid"] for a in answers] == ["cmpl-1"] * 3
+    assert all(a["send"] <= a["first"] for a in answers)
+    assert server.connections == 1
+
+
+def test_raw_client_keeps_the_answer_the_canned_server_replays():
+    server = CannedServer(ANSWER)
+    try:
+        client = RawClient(server.url)
+        sent = client.stream([0, 5, 7])
+        client.close()
+    finally:
+        server.close()
+    assert client.answer == ANSWER
+    assert sent["rid"] == "cmpl-1" and sent["send"] <= sent["first"] <= sent["second"]
+
+
+def test_own_ttft_times_both_clients():
+    own = own_ttft(ANSWER, [0, 5, 7], 5)
+    assert set(own) == {"httpx", "raw"}
+    assert all(ms > 0 for ms in own.values())
