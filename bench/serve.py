@@ -53,8 +53,8 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: list[int], ma
                     stamps.append(time.perf_counter())
                 elif line.startswith("data: {") and '"completion_tokens"' in line:
                     tokens = json.loads(line[6:])["usage"]["completion_tokens"]
-                elif line == "data: [DONE]":
-                    break
+            # read to the body's end (past [DONE]): a stream left unread closes its connection and
+            # the next request paid a new one, which a user's kept-alive client does not (sse_clients.py)
     except httpx.HTTPError as exc:
         return {"ok": False, "status": type(exc).__name__}
     if not stamps or not tokens:
