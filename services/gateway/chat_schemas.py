@@ -14,7 +14,7 @@ from dayzero.chat.schema_size import MOST_TOOLS
 from dayzero.settings_help import validation_message
 
 from .schemas import MAX_TEXT, ResponseFormat, Sampling, _Body, field_error, json_reply
-from .thinking_mode import EFFORTS, ChatTemplateKwargs, Effort, ThinkingSwitch, thinking_conflict
+from .thinking_mode import ChatTemplateKwargs, Effort, ThinkingSwitch, thinking_conflict, v4_effort
 
 MAX_MESSAGES = 256
 MAX_PARTS = 1024  # content parts of a message (its images are bounded further)
@@ -235,7 +235,7 @@ class ChatPrompt(_Body):
         thinking = kwargs.thinking
         if thinking is None:
             thinking = self.switch.type == "enabled" if self.switch else effort not in (None, "none")
-        return thinking, kwargs.reasoning_effort or EFFORTS.get(effort or "", "low")
+        return thinking, kwargs.reasoning_effort or v4_effort(effort)
 
     def offered_tools(self) -> list[dict]:
         """The tools the model is told about (none with tool_choice "none")."""

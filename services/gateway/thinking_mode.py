@@ -16,8 +16,23 @@ from pydantic import ConfigDict
 
 from .schemas import _Body
 
-Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]  # OpenAI's, and V4's max
-EFFORTS = {"high": "high", "xhigh": "max", "max": "max"}  # OpenAI's lower levels: V4's default (low)
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra"]  # OpenAI's, DeepSeek's
+# DeepSeek's API table (api-docs.deepseek.com, guides/thinking_mode): each effort -> the level V4 reads
+EFFORTS = {
+    "minimal": "low",
+    "low": "low",
+    "medium": "high",
+    "high": "high",
+    "xhigh": "high",
+    "max": "max",
+    "ultra": "max",
+}
+
+
+def v4_effort(effort: Effort | None) -> str:
+    """The level (low | high | max) V4's encoding gets for a request's ``reasoning_effort``: low,
+    the encoding's default (no paragraph), for none."""
+    return EFFORTS.get(effort or "", "low")
 
 
 class ChatTemplateKwargs(_Body):
@@ -46,7 +61,7 @@ def thinking_conflict(
     if effort == "none" and (turned_on or asked):
         other = "thinking 'enabled'" if turned_on else "chat_template_kwargs.thinking true"
         return ("reasoning_effort",), f"reasoning_effort 'none' (thinking off) contradicts {other}", effort
-    level = EFFORTS.get(effort or "", "low")
+    level = v4_effort(effort)
     if kwargs.reasoning_effort and effort not in (None, "none") and level != kwargs.reasoning_effort:
         message = (
             f"reasoning_effort {effort!r} (V4's {level!r}) contradicts"

@@ -16,6 +16,7 @@ CHAT = [{"role": "user", "content": "Hi"}]
 OPENS_A_THOUGHT, SKIPS_THE_THOUGHT = "<｜Assistant｜><think>", "<｜Assistant｜></think>"
 # what DeepSeek-V4's 0731 table (the default without the checkpoint's own file) opens "high" with
 HIGH = "Reasoning Effort: Absolute maximum with no shortcuts permitted."
+MAX = "Reasoning Effort: Beyond maximum"
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +51,26 @@ def test_the_effort_goes_with_deepseeks_switch(gateway):
     prompt = _prompt(gateway, thinking={"type": "enabled"}, reasoning_effort="high")
     assert prompt.startswith("<｜begin▁of▁sentence｜>" + HIGH) and prompt.endswith(OPENS_A_THOUGHT), prompt
     assert HIGH not in _prompt(gateway, thinking={"type": "enabled"})  # low, V4's default, adds nothing
+
+
+@pytest.mark.parametrize(
+    "effort, paragraph",
+    [
+        ("minimal", ""),
+        ("low", ""),
+        ("medium", HIGH),
+        ("high", HIGH),
+        ("xhigh", HIGH),
+        ("max", MAX),
+        ("ultra", MAX),
+    ],
+)
+def test_each_effort_gets_the_level_deepseeks_api_maps_it_to(gateway, effort, paragraph):
+    """DeepSeek's table (api-docs.deepseek.com, guides/thinking_mode): minimal and low -> low, medium
+    to xhigh -> high, max and ultra -> max. Medium was read as low and xhigh as max, ultra refused."""
+    prompt = _prompt(gateway, thinking={"type": "enabled"}, reasoning_effort=effort)
+    opening = prompt.removeprefix("<｜begin▁of▁sentence｜>")
+    assert opening.startswith(paragraph) and (paragraph or "Reasoning Effort" not in opening), prompt
 
 
 @pytest.mark.parametrize(
@@ -97,7 +118,7 @@ def test_two_ways_of_asking_for_different_thinking_are_refused_naming_both(gatew
     [
         ({"thinking": {"type": "disabled"}, "reasoning_effort": "none"}, False),
         ({"chat_template_kwargs": {"thinking": False}, "reasoning_effort": "max"}, False),  # the switch decides
-        ({"chat_template_kwargs": {"thinking": True, "reasoning_effort": "max"}, "reasoning_effort": "xhigh"}, True),
+        ({"chat_template_kwargs": {"thinking": True, "reasoning_effort": "max"}, "reasoning_effort": "ultra"}, True),
         ({"chat_template_kwargs": {"thinking": True, "reasoning_effort": "low"}, "reasoning_effort": "minimal"}, True),
     ],
 )
