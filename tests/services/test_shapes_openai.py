@@ -96,9 +96,3 @@ def test_every_chunk_names_the_backend_as_openai_s_do(codec, kind):
     finish_reason); none did."""
     chunks = _stream(codec, kind, None)
     assert [c["system_fingerprint"] for c in chunks] == [FINGERPRINT] * len(chunks)
-
-
-def test_the_gateway_names_its_backend(capped_gateway):
-    """The fingerprint the shapes write is the gateway's: its version and checkpoint, one per gateway."""
-    fingerprint = capped_gateway.app.state.gateway.fingerprint
-    assert fingerprint.startswith("fp_") and len(fingerprint) == 15, fingerprint

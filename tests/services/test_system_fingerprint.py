@@ -1,0 +1,61 @@
+"""OpenAI's ``system_fingerprint`` names the backend a reply came from: a seed draws the same only
+while it stays the same. So it must change with the checkpoint's config, and stay one value across
+the requests of a stack, whichever decode worker serves them, and across a gateway's restarts (a
+process-salted hash, Python's ``hash()``, would differ per process)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+from fastapi.testclient import TestClient
+
+from dayzero.settings import Settings
+from services.gateway.app import make_app
+
+from .conftest import MODEL, USAGE, chat
+
+
+def _fingerprint_of(checkpoint, redis_url) -> str:
+    """The fingerprint a gateway started on ``checkpoint`` writes in a reply (a refused one: no workers)."""
+    with TestClient(make_app(Settings(checkpoint=checkpoint, redis_url=redis_url))) as gateway:
+        return gateway.app.state.gateway.fingerprint
+
+
+def test_the_fingerprint_changes_with_the_checkpoints_config(demo_dir, redis_url, tmp_path):
+    same, changed = tmp_path / "same", tmp_path / "changed"
+    shutil.copytree(demo_dir, same)
+    shutil.copytree(demo_dir, changed)
+    config = json.loads((changed / "config.json").read_text())
+    (changed / "config.json").write_text(json.dumps({**config, "routed_scaling_factor": 2.5}))
+    original = _fingerprint_of(demo_dir, redis_url)
+    assert original.startswith("fp_") and len(original) == 15, original
+    assert _fingerprint_of(same, redis_url) == original  # the weights' place is not the backend
+    assert _fingerprint_of(changed, redis_url) != original
+
+
+def _fingerprints(url: str, body: dict, route: str) -> set[str]:
+    """Every system_fingerprint a reply carries (each chunk's, in a stream)."""
+    if not body.get("stream"):
+        r = httpx.post(f"{url}{route}", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return {r.json()["system_fingerprint"]}
+    with httpx.stream("POST", f"{url}{route}", json=body, timeout=120) as r:
+        events = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", events
+    return {json.loads(e)["system_fingerprint"] for e in events[:-1]}
+
+
+def test_one_stack_names_one_backend(stack, demo_dir, redis_url):
+    """Bodies and every chunk of streams, chat and completions, sent at once so that both decode
+    workers serve some: one fingerprint, the one a gateway started in this process on the same
+    checkpoint writes (the stack's gateway is another process)."""
+    asks = [(chat(f"Hi {i}", max_tokens=3), "/v1/chat/completions") for i in range(4)]
+    asks += [({**chat("Hey", max_tokens=3), "stream": True, **USAGE}, "/v1/chat/completions")]
+    asks += [({"model": MODEL, "prompt": "Once", "max_tokens": 3, "n": 2, "stream": True}, "/v1/completions")]
+    asks += [({"model": MODEL, "prompt": "Twice", "max_tokens": 3}, "/v1/completions")]
+    with ThreadPoolExecutor(len(asks)) as pool:
+        seen = set().union(*pool.map(lambda ask: _fingerprints(stack.url, *ask), asks))
+    assert seen == {_fingerprint_of(demo_dir, redis_url)}, seen
