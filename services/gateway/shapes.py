@@ -46,7 +46,8 @@ class Shape:
         self.offset = 0  # characters of text covered by earlier chunks' logprobs
         self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")  # holds a character's first bytes
         self.thinking, self.tools, self.rid = request.thinking, request.tool_calls, request.request_id
-        self.parts = AssistantStream(self.thinking, self.tools)  # a chat stream's text so far, split
+        self.calls_only = request.calls_only
+        self.parts = AssistantStream(self.thinking, self.tools, self.calls_only)  # a chat stream's text so far
         self.started = self.ended = 0  # tool calls of the stream begun / complete
         self.usage_chunk_follows = request.usage_in_stream  # OpenAI: then every chunk has "usage": null
 
@@ -96,7 +97,7 @@ class Shape:
 
     def body(self, text: str, finish: str, usage: dict, tokens: list[Token]) -> dict:
         if self.kind == "chat":
-            parts = parse_message(text, self.thinking, stopped=finish == "stop", tools=self.tools)
+            parts = parse_message(text, self.thinking, finish == "stop", self.tools, self.calls_only)
             # the calls made, then one cut short (max_tokens): its id and name, as streamed
             calls = [self._call(i, c.name, c.arguments) for i, c in enumerate(parts.calls)]
             calls += [self._call(i, name) for i, name in enumerate(parts.started[len(calls) :], len(calls))]

@@ -72,6 +72,17 @@ def test_a_stream_cut_anywhere_never_shows_dsml():
         assert _calls(parts) == CALLS[: len(parts.calls)], end  # only complete calls, each correct
 
 
+@pytest.mark.parametrize("cut", ["\n", "\n\n", "\n\n<"])
+def test_a_call_only_answer_cut_before_its_marker_has_no_content(cut):
+    """Under tool_choice required or named a grammar lets the answer write only calls: the start of
+    a block's opening cut by max_tokens is markup. It came back as content."""
+    assert parse_message(cut, thinking=False, calls_only=True).content == ""
+    stream = AssistantStream(False, calls_only=True)
+    pieces = [stream.feed(character) for character in cut]
+    assert [p.content for p in pieces] == [""] * len(cut) and stream.finish().content == ""
+    assert parse_message(cut, thinking=False).content == cut  # else it may be text ("ends with <")
+
+
 def test_text_that_only_looks_like_a_tag_start_is_content():
     assert parse_message("a < b and x <| y", thinking=False).content == "a < b and x <| y"
     assert parse_message("ends with <", thinking=False).content == "ends with <"

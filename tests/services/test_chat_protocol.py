@@ -251,6 +251,22 @@ def test_a_tool_call_cut_by_max_tokens_reads_the_same_streamed_and_in_the_body(s
     assert accumulate_calls(streamed) == ({0: {"name": "get_weather", "arguments": ""}}, "length")
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_call_cut_before_its_marker_leaves_no_content(stack, choice):
+    """The answer can only be a call: cut in the blank line and "<" that open its block, before the
+    DSML token, it came back as content ("\\n\\n<"), in the body and the stream."""
+    body = {**ask(tools=[WEATHER], tool_choice=choice, temperature=0), "logprobs": True}
+    for max_tokens in (1, 2, 3):
+        reply = post(stack, "/v1/chat/completions", {**body, "max_tokens": max_tokens}).json()["choices"][0]
+        written = "".join(t["token"] for t in reply["logprobs"]["content"])
+        assert f"\n\n<{D}".startswith(written) and reply["finish_reason"] == "length", reply
+        assert reply["message"]["content"] == "" and "tool_calls" not in reply["message"], reply
+        cut = {**body, "max_tokens": max_tokens, "stream": True}
+        with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=cut, timeout=300) as r:
+            deltas = [data["choices"][0]["delta"] for _, data in sse_events(r) if data != "[DONE]"]
+        assert "".join(d.get("content", "") for d in deltas) == "", deltas
+
+
 def test_dsml_without_tools_is_text_and_a_stray_dsml_token_with_tools_is_dropped(stack):
     """The random model made to write only DSML tokens: without tools offered its text comes back as
     written; with tools offered, tokens that open no call block are dropped, never content."""

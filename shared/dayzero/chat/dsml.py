@@ -139,7 +139,8 @@ class ToolCallStream:
     is dropped with its tag, and the text after it is content. Content after a block is set apart
     from the content before it by a blank line (the block's own)."""
 
-    def __init__(self) -> None:
+    def __init__(self, calls_only: bool = False) -> None:
+        self._calls_only = calls_only  # a grammar holds the text to calls: what it holds is their markup
         self._text = ""  # not yet released: a possible tag start, or an open block
         self._in_block = False
         self._done = 0  # invokes of the open block already reported complete
@@ -163,9 +164,10 @@ class ToolCallStream:
         out = self.feed("")
         if self._in_block and stopped:
             self._report(True, out)
-        # a cut "<｜DS..." is markup, a cut "<" is not; a reply the model ended was not cut: what it
-        # holds is text (``｜DSML｜`` is one token, so the text never stops inside it)
-        if not self._in_block and (stopped or DSML[0] not in self._text):
+        # a cut "<｜DS..." is markup, a cut "<" is not (but where only calls can be written); a reply
+        # the model ended was not cut: what it holds is text (``｜DSML｜`` is one token, so the text
+        # never stops inside it)
+        if not self._in_block and (stopped or not (self._calls_only or DSML[0] in self._text)):
             self._release(out, self._text)
         self._text, self._in_block, self._final = "", False, False
         return out

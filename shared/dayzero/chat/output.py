@@ -28,11 +28,12 @@ class Delta:
 class AssistantStream:
     """Splits text fed in any pieces; ``finish`` at the end (a stream cut anywhere, inside a tag too).
     Without ``tools`` offered, the answer is its text as written: a call block the model writes
-    anyway is neither a call nor dropped (as vLLM answers a request without tools)."""
+    anyway is neither a call nor dropped (as vLLM answers a request without tools). ``calls_only``:
+    a grammar holds the answer to calls (tool_choice required or named)."""
 
-    def __init__(self, thinking: bool, tools: bool = True) -> None:
+    def __init__(self, thinking: bool, tools: bool = True, calls_only: bool = False) -> None:
         self._reasoning = ReasoningSplitter(thinking)
-        self._calls = ToolCallStream() if tools else None
+        self._calls = ToolCallStream(calls_only) if tools else None
 
     def feed(self, text: str) -> Delta:
         reasoning, answer = self._reasoning.feed(text)
@@ -47,7 +48,9 @@ def _delta(reasoning: str, parsed: Parsed) -> Delta:
     return Delta(reasoning, parsed.content, parsed.started, parsed.calls)
 
 
-def parse_message(text: str, thinking: bool, stopped: bool = False, tools: bool = True) -> Delta:
+def parse_message(
+    text: str, thinking: bool, stopped: bool = False, tools: bool = True, calls_only: bool = False
+) -> Delta:
     """A whole completion's parts."""
-    stream = AssistantStream(thinking, tools)
+    stream = AssistantStream(thinking, tools, calls_only)
     return stream.feed(text).then(stream.finish(stopped))

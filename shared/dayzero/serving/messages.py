@@ -31,6 +31,10 @@ class GenerationRequest(Frozen):
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # with echo: the prompt's too
     thinking: bool = False  # a chat in thinking mode: its text opens with the reasoning
     tool_calls: bool = False  # a chat offered tools: DSML calls in its text are reported as tool_calls
+    # its answer is held to calls (tool_choice required / named): a cut text is no content. The
+    # admitting gateway's own, never on the wire (the previous version refuses a field it does not
+    # know): a stream resumed from the record reads a cut opening as an "auto" answer does
+    calls_only: bool = Field(default=False, exclude=True)
     usage_in_stream: bool = False  # a streamed answer ends with a usage chunk (stream_options.include_usage)
     response_id: str = ""  # the response it is one choice of (several prompts, or n > 1); "": its own
     choice: int = Field(default=0, ge=0)  # its index among that response's choices
