@@ -9,8 +9,8 @@ from dayzero.kernels.topk import SORTED_OUTRIGHT, earliest_topk, keyed_topk, sca
 
 
 def _stable_sorts_prefix(scores: torch.Tensor, k: int) -> torch.Tensor:
-    ordered = scores.sort(dim=1, descending=True, stable=True)
-    return ordered.indices.masked_fill(torch.isinf(ordered.values), -1)[:, :k]
+    ordered = scores.sort(dim=1, descending=True, stable=True)  # NaN first, as torch ranks it
+    return ordered.indices.masked_fill(torch.isneginf(ordered.values), -1)[:, :k]
 
 
 def _tied_scores(rows: int, seed: int) -> torch.Tensor:
@@ -58,3 +58,33 @@ def test_scanned_topk_is_a_stable_sorts_prefix():
     wide[1, 2500:] = float("-inf")
     got = scanned_topk(wide, 64, torch.zeros(3, 64, dtype=torch.int32))
     assert torch.equal(got.long(), _stable_sorts_prefix(wide, 64))
+
+
+def _scores_with_nan_and_inf(rows: int, width: int, seed: int) -> torch.Tensor:
+    """Random finite scores with NaN (both signs: x86's inf - inf is 0xFFC00000), +inf and -inf
+    injected, several of each in some rows (ties among them), a row of NaN only."""
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(rows, width, generator=gen)
+    negative_nan = (torch.tensor(float("inf")) - float("inf")).item()
+    for value, share in ((float("nan"), 0.05), (negative_nan, 0.05), (float("inf"), 0.05), (float("-inf"), 0.2)):
+        scores[torch.rand(rows, width, generator=gen) < share] = value
+    scores[0] = float("nan")
+    return scores
+
+
+@pytest.mark.parametrize("rows, width", [(4, 24), (64, 300)])  # sorted outright, topk + tie checks
+def test_nan_and_inf_scores_are_picked_as_torchs_topk_ranks_them(rows, width):
+    """NaN ranks above +inf, +inf above every finite score (torch's topk and sort, so transformers'
+    indexer, rank them so), ties among them to the earliest entry, -inf never picked (-1): the
+    CPU's one pass, the torch twin and the GPU's keys pick alike, the set torch's topk picks."""
+    scores = _scores_with_nan_and_inf(rows, width, seed=16)
+    for k in (1, 3, 8, 40):
+        want = _stable_sorts_prefix(scores, k)
+        assert torch.equal(earliest_topk(scores, k)[:, : want.shape[1]], want), k
+        assert torch.equal(keyed_topk(scores, k) if k <= width else want, want), k
+        if k <= 64:
+            scanned = scanned_topk(scores, k, torch.zeros(rows, k, dtype=torch.int32)).long()
+            assert torch.equal(scanned[:, : want.shape[1]], want), k
+        if k <= width:  # the values picked are those torch's topk picks, row by row
+            picked = scores.gather(1, want.clamp(min=0)).masked_fill(want < 0, float("-inf"))
+            assert torch.equal(picked.nan_to_num(), scores.topk(k, dim=1).values.nan_to_num()), k
