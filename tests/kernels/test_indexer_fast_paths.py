@@ -170,3 +170,31 @@ def test_a_failure_in_a_helper_thread_reaches_the_caller(monkeypatch):
     q, w, keys = torch.randn(6, 4, 8), torch.randn(6, 4), torch.randn(20, 8)
     with pytest.raises(MemoryError, match="helper"):
         indexer_cpu.weighted_relu_scores(q, w, keys, torch.full((6,), 20, dtype=torch.int32), torch.zeros(6, 20))
+
+
+def test_a_stalled_thread_holds_up_only_the_rows_it_claimed(monkeypatch):
+    """A thread the OS leaves waiting (here: a helper held in its first claim) holds up only that
+    claim: the caller's thread scores every other row, and the scores are the bits of one thread
+    scoring them all. (Rows split in fixed shares left the helper's half to it: the caller waited.)"""
+    compiled = indexer_cpu._block_kernel(8)
+    q, w, keys = torch.randn(64, 4, 8), torch.randn(64, 4), torch.randn(40, 8)
+    visible = torch.arange(64, dtype=torch.int32) % 41
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    alone = indexer_cpu.weighted_relu_scores(q, w, keys, visible, torch.zeros(64, 40))
+    held, by_caller, resumed = [], [], threading.Event()
+
+    def kernel(q, w, keys_t, visible, scale, out):
+        if threading.current_thread() is threading.main_thread():
+            by_caller.append(len(q))
+            if sum(by_caller) + sum(held) == 64:
+                resumed.set()
+        elif not held:
+            held.append(len(q))
+            resumed.wait(timeout=5)  # (fixed shares: never set, the test fails after this)
+        return compiled(q, w, keys_t, visible, scale, out)
+
+    monkeypatch.setattr(indexer_cpu, "_block_kernel", lambda depth: kernel)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    shared = indexer_cpu.weighted_relu_scores(q, w, keys, visible, torch.zeros(64, 40))
+    assert resumed.is_set() and sum(by_caller) == 64 - held[0] and held[0] <= 4
+    assert torch.equal(shared, alone)

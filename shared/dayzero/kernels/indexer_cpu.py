@@ -18,6 +18,7 @@ small Di only, where torch's product is bound by writing its output, not by its 
 from __future__ import annotations
 
 import functools
+import itertools
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
@@ -63,6 +64,7 @@ def weighted_relu_rows(heads: torch.Tensor, weights: torch.Tensor, scale: float)
 
 
 ENTRY_CHUNK_BYTES = 1 << 18  # keys [Di, chunk] read by every row of a block: 256 KiB stays in L2
+CLAIMS_PER_THREAD = 8  # row claims per thread: a stalled thread holds up 1/8 of a share (2 threads, 512 rows: 32)
 FUSED_DEPTH_MAX = 16  # largest Di for the compiled loop: at 32 LLVM leaves the dot rolled (1.2 GMAC/s)
 
 
@@ -116,9 +118,11 @@ def weighted_relu_scores(
 ) -> torch.Tensor:
     """A block's scores into ``out`` [R, n] fp32: ``Di^-0.5 * sum_h weights[r, h] * relu(q[r, h] .
     keys[e])`` for e < visible[r], -inf after; q [R, Hi, Di], weights [R, Hi], keys [n, Di] (fp32
-    products), visible [R] int32, Di <= FUSED_DEPTH_MAX. The rows are split among torch's intra-op
-    thread count (threads started per call: nothing held across a worker's fork; a thread's failure
-    raises here)."""
+    products), visible [R] int32, Di <= FUSED_DEPTH_MAX. torch's intra-op thread count of threads
+    claim the rows a few at a time (``CLAIMS_PER_THREAD``): a thread the OS leaves waiting holds up
+    only the rows it claimed, the others score the rest (threads started per call: nothing held
+    across a worker's fork; a thread's failure raises here). A row's scores do not depend on the
+    thread or the claim: the same bits however the rows are shared."""
     depth = q.shape[-1]
     n, chunk = keys.shape[0], max(16, ENTRY_CHUNK_BYTES // (4 * depth))
     chunks = -(-n // chunk)
@@ -131,11 +135,18 @@ def weighted_relu_scores(
         visible.numpy(),
         out.numpy(),
     )
-    cut = np.linspace(0, q.shape[0], min(torch.get_num_threads(), q.shape[0]) + 1).astype(int)  # torch's threads' share
-    parts = [(q[a:b], w[a:b], keys_t, visible[a:b], scale, scores[a:b]) for a, b in zip(cut[:-1], cut[1:], strict=True)]
-    with ThreadPoolExecutor(max(1, len(parts) - 1)) as helpers:  # (the loop lets go of the GIL); joined on exit
-        started = [helpers.submit(kernel, *part) for part in parts[1:]]
-        kernel(*parts[0])
-        for part in started:
-            part.result()  # a helper's failure raises here, not left as its rows' old scores
+    rows = q.shape[0]
+    threads = max(1, min(torch.get_num_threads(), rows))
+    claim = -(-rows // (threads * CLAIMS_PER_THREAD))
+    starts = itertools.count(0, claim)  # each next() hands one claim to one thread (a single step under the GIL)
+
+    def score_claims() -> None:
+        while (a := next(starts)) < rows:
+            kernel(q[a : a + claim], w[a : a + claim], keys_t, visible[a : a + claim], scale, scores[a : a + claim])
+
+    with ThreadPoolExecutor(max(1, threads - 1)) as helpers:  # (the loop lets go of the GIL); joined on exit
+        started = [helpers.submit(score_claims) for _ in range(threads - 1)]
+        score_claims()
+        for helper in started:
+            helper.result()  # a helper's failure raises here, not left as its rows' old scores
     return out
