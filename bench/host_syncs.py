@@ -23,7 +23,7 @@ from options import bench_parser
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dayzero.kernels.hyper as hyper
-import dayzero.kernels.indexer as indexer
+import dayzero.kernels.indexer_torch as indexer_torch
 import dayzero.kernels.norms as norms
 from dayzero.checkpoint import load_model
 from dayzero.demo import write_demo_checkpoint
@@ -82,8 +82,8 @@ def gpu_paths() -> None:
         assert hasattr(module, name), f"{module.__name__}.{name} is gone: update this bench"
     norms.fits_cpu = hyper.fits_cpu = lambda t: False
     hyper.FEW_TOKENS = -1
-    assert hasattr(indexer, "weighted_relu_rows")
-    indexer.weighted_relu_rows = lambda heads, w, scale: torch.mv(heads.float().relu_(), w.float()).mul_(scale)
+    assert hasattr(indexer_torch, "weighted_relu_rows")
+    indexer_torch.weighted_relu_rows = lambda heads, w, scale: torch.mv(heads.float().relu_(), w.float()).mul_(scale)
 
 
 def prefilled_demo(batch: int, prompt_tokens: int, steps: int, backend: str, fp4: bool = True, device: str = "cpu"):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dayzero.kernels import RaggedBatch, indexer_cpu, indexer_topk
-from dayzero.kernels.indexer import _product_type, indexer_scores_decode_torch, indexer_scores_torch
+from dayzero.kernels.indexer_torch import _product_type, indexer_scores_decode_torch, indexer_scores_torch
 
 BS, HI, DI = 16, 8, 32
 
@@ -138,12 +138,11 @@ def test_the_compiled_block_scores_equal_the_spec(heads, depth, threads, monkeyp
 def test_a_prefill_block_with_a_small_di_takes_the_compiled_loop(monkeypatch):
     """fp32 keys of Di <= 16 on a CPU: the block is scored by the compiled loop (its picks are the
     spec's: test_kernels' full-sort test); a Di of 32 stays in torch."""
-    from dayzero.kernels import indexer
+    from dayzero.kernels import indexer_torch
 
     calls = []
-    monkeypatch.setattr(
-        indexer, "weighted_relu_scores", lambda *a: calls.append(a[0].shape) or indexer_cpu.weighted_relu_scores(*a)
-    )
+    compiled = indexer_cpu.weighted_relu_scores
+    monkeypatch.setattr(indexer_torch, "weighted_relu_scores", lambda *a: calls.append(a[0].shape) or compiled(*a))
     for depth in (16, 32):
         gen = torch.Generator().manual_seed(depth)
         batch = RaggedBatch.build([40], [24])

@@ -14,7 +14,7 @@ from dayzero.kernels import (
     sparse_attention_prefill,
     write_window,
 )
-from dayzero.kernels.indexer import indexer_scores_torch
+from dayzero.kernels.indexer_torch import indexer_scores_torch
 
 BS, D, H, WINDOW = 4, 16, 4, 8
 
@@ -145,7 +145,7 @@ def test_indexer_topk_matches_twin_and_full_sort(topk, starts, news, device):
 
 def test_indexer_scores_a_row_at_a_time_as_in_one_piece(monkeypatch):
     """The torch twin's cache-sized pieces of rows (here one row each) change no selection."""
-    from dayzero.kernels import indexer
+    from dayzero.kernels import indexer_torch
 
     gen = torch.Generator().manual_seed(12)
     batch = RaggedBatch.build([3, 40], [9, 6])
@@ -154,7 +154,7 @@ def test_indexer_scores_a_row_at_a_time_as_in_one_piece(monkeypatch):
     table = torch.arange(30, dtype=torch.int32).view(2, 15)
     visible = torch.div(batch.positions + 1, 4, rounding_mode="floor").to(torch.int32)
     whole = indexer_topk(q, w, batch, keys, table, visible, 3)
-    monkeypatch.setattr(indexer, "HEADS_BUDGET", 1)
+    monkeypatch.setattr(indexer_torch, "HEADS_BUDGET", 1)
     assert torch.equal(indexer_topk(q, w, batch, keys, table, visible, 3), whole)
 
 
@@ -244,7 +244,7 @@ def test_window_write_of_a_decode_step_equals_the_spec(news, device):
 
 
 def test_batched_indexer_scores_of_a_decode_step_equal_the_spec(device):
-    from dayzero.kernels.indexer import indexer_scores_decode_torch
+    from dayzero.kernels.indexer_torch import indexer_scores_decode_torch
 
     gen = torch.Generator().manual_seed(10)
     batch = RaggedBatch.build([3, 30, 61, 0], [1, 1, 1, 1], device)
