@@ -119,6 +119,8 @@ class KVPools:
         self.allocators = {kind: BlockAllocator(blocks[kind]) for kind in POOL_KINDS}
         self.sequences: dict[str, SequenceBlocks] = {}
         self._capacity = layout.longest_held({k: a.total for k, a in self.allocators.items()})
+        # bytes of one block (all layers) of each pool, in POOL_KINDS order
+        self._block_bytes = [t.shape[0] * math.prod(t.shape[2:]) * t.element_size() for t in self.tensors()]
         # host pools' storage as bytes [layers, blocks, bytes per block]: a handoff copies between
         # them without torch's per-operation cost (~10 us, most of a small state's copy)
         on_host = self.window.device.type == "cpu"  # (sizing pools are carved on the meta device)
@@ -242,13 +244,10 @@ class KVPools:
         return {k: (a.total - a.free, a.total) for k, a in self.allocators.items()}
 
     def sequence_bytes(self, seq_id: str) -> int:
-        """Bytes of one sequence's state: its blocks in every pool and its compressor slot."""
+        """Bytes of one sequence's state: its blocks in every pool and its compressor slot (counted,
+        not gathered: decode counts every state it imports)."""
         tables = self.sequences[seq_id].tables
-        total = self.window[:, tables["window"]].numel() * self.window.element_size()
-        for name, storage in self.compressed.items():
-            total += storage[:, tables[name]].numel() * storage.element_size()
-        slots = self.compressor_storage[:, tables["compressor"]]
-        return total + slots.numel() * slots.element_size()
+        return sum(len(tables[kind]) * size for kind, size in zip(POOL_KINDS, self._block_bytes, strict=True))
 
     def storage_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
