@@ -130,7 +130,10 @@ def test_handoff_moves_every_kind_of_state(tiny_checkpoint, forgotten):
 
 
 @pytest.mark.parametrize("as_bytes", [False, True])
-@pytest.mark.parametrize(("dst_ids", "src_ids"), [([2, 3, 4], [5, 6, 7]), ([4, 0, 2], [1, 6, 3]), ([1, 2], [7, 5])])
+@pytest.mark.parametrize(
+    ("dst_ids", "src_ids"),
+    [([2, 3, 4], [5, 6, 7]), ([4, 0, 2], [1, 6, 3]), ([1, 2], [7, 5]), ([2, 3], [3, 4]), ([2, 4, 3, 5], [1, 2, 3, 4])],
+)
 def test_block_copy_equals_indexed_assignment(dst_ids, src_ids, as_bytes):
     """Stretches of consecutive blocks are one slice copy, scattered ids a gather + scatter; on
     tensors, or on host pools' bytes (bf16 here: numpy has no such type)."""

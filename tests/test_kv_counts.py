@@ -3,11 +3,14 @@ from its block tables, never by touching the state (decode counts every state it
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dayzero.config import ModelConfig
+from dayzero.kv.layout import GROWING_POOLS, PoolLayout
 from dayzero.kv.pools import pools_for
 
 from .conftest import tiny_config
@@ -39,3 +42,23 @@ def test_sequence_bytes_counts_blocks_without_gathering_them(dtype, mtp):
             counted = pools.sequence_bytes(seq)
         assert seen.ops == []  # (it gathered every block of the state: ~0.1 ms for a 4k demo state)
         assert counted == sum(t.numel() * t.element_size() for t in gathered)
+
+
+@pytest.mark.parametrize(("csa", "hca"), [((1,), (2,)), ((1,), ()), ((), (2,)), ((), ())])
+def test_longest_held_is_the_longest_length_the_blocks_hold(csa, hca):
+    layout = dataclasses.replace(
+        PoolLayout.of(ModelConfig.from_dict(tiny_config()), 4, "float32"), csa_layers=csa, hca_layers=hca
+    )
+    for blocks in (
+        {"compressed_csa": 3, "compressed_hca": 1, "index_keys": 3},
+        {"compressed_csa": 2, "compressed_hca": 5, "index_keys": 1},
+    ):
+
+        def fits(length: int, blocks=blocks) -> bool:
+            return all(layout.blocks_of(length)[pool] <= blocks[pool] for pool in GROWING_POOLS)
+
+        held = layout.longest_held(blocks)
+        if fits(10_000):  # no growing pool: any length
+            assert held >= 10_000
+        else:
+            assert fits(held) and not fits(held + 1)

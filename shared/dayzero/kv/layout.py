@@ -103,9 +103,10 @@ class PoolLayout:
     def longest_held(self, blocks: dict[str, int]) -> int:
         """The longest sequence ``blocks`` (per growing pool) hold: its entries (length // rate)
         must fit in them; the window and compressor pools hold any length."""
-        limits = [
-            (blocks[p] * self.block_size + 1) * self.rate(p) - 1 for p in GROWING_POOLS if self.entries(p, 1 << 40)
-        ]
+        size, csa, hca = self.block_size, self.csa_rate, self.hca_rate  # (every import measures its sequence)
+        limits = [(blocks[p] * size + 1) * csa - 1 for p in ("compressed_csa", "index_keys")] if self.csa_layers else []
+        if self.hca_layers:
+            limits.append((blocks["compressed_hca"] * size + 1) * hca - 1)
         return min(limits, default=1 << 62)
 
     def row_bytes(self, pool: str, elem: int) -> int:

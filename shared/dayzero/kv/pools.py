@@ -158,7 +158,10 @@ class KVPools:
         return self._capacity
 
     def missing_blocks(self, seq_id: str | None, total_tokens: int) -> dict[str, int]:
-        wanted, seq = self.layout.blocks_of(total_tokens), self.sequences.get(seq_id)
+        return self._missing(self.sequences.get(seq_id), total_tokens)
+
+    def _missing(self, seq: SequenceBlocks | None, total_tokens: int) -> dict[str, int]:
+        wanted = self.layout.blocks_of(total_tokens)
         return wanted if seq is None else {k: max(0, n - len(seq.tables[k])) for k, n in wanted.items()}
 
     def fits(self, total_tokens: int, seq_id: str | None = None) -> bool:
@@ -166,19 +169,20 @@ class KVPools:
         return self._free_for(self.missing_blocks(seq_id, total_tokens))
 
     def _free_for(self, need: dict[str, int]) -> bool:
-        return all(self.allocators[k].free >= n for k, n in need.items())
+        allocators = self.allocators
+        return all([allocators[k].free >= n for k, n in need.items()])  # (a list: no generator to start)
 
     def reserve(self, seq_id: str, total_tokens: int) -> dict[str, list[int]]:
         """Allocate what ``seq_id`` needs to hold ``total_tokens``; all or nothing. -> the blocks added."""
-        if total_tokens > self.capacity_tokens():
+        if total_tokens > self._capacity:
             raise OutOfBlocks(
-                f"{total_tokens} tokens exceed the attention-state capacity of {self.capacity_tokens()}",
+                f"{total_tokens} tokens exceed the attention-state capacity of {self._capacity}",
                 permanent=True,
             )
         seq = self.sequences.get(seq_id)
         if seq is not None and total_tokens <= seq.room:
             return {}  # (most decode steps)
-        need = self.missing_blocks(seq_id, total_tokens)
+        need = self._missing(seq, total_tokens)
         if not self._free_for(need):
             raise OutOfBlocks(f"no free blocks for {total_tokens} tokens now")
         added = {kind: self.allocators[kind].alloc(n) for kind, n in need.items()}
