@@ -1,11 +1,13 @@
-"""KV handoff bandwidth: ``import_state`` from prefill's shared pools vs a plain memory copy.
+"""KV handoff bandwidth: decode's ``Receiver.receive`` of prefill's published state vs a plain memory copy.
 
 One sequence's whole attention state (window ring, compressed entries, indexer keys,
-compressor state) is written by this process into shared pools, as prefill's are; a process of
-its own then attaches them as decode does (a shared-memory segment, or on a GPU a CUDA IPC
-allocation: its exporter cannot open it) and copies the state into its own pools, timed
+compressor state) is written by this process into shared pools and published, as prefill's
+are; a process of its own then receives it as decode does (its first receive attaches the
+shared-memory segment, or on a GPU the CUDA IPC allocation: its exporter cannot open it; the
+others copy the state into its own pools, what decode times as handoff_seconds), timed
 interleaved with a plain copy of as many bytes between two contiguous tensors on the same
-device, median of ``--runs`` (CUDA-synchronised). The pools hold random values (the copy does
+device, median of ``--runs`` (CUDA-synchronised). The 16-token state is the handoff's fixed
+cost: its copy is a few microseconds. The pools hold random values (the copy does
 not depend on them). ``--transport cuda_ipc`` needs a GPU (bench/gpu.sh runs it; without one: a message, exit 0). Run:
 ``python bench/handoff.py [--runs 9] [--transport shm|cuda_ipc] [--profile] [--tokens 4096 65536]``.
 """
@@ -22,12 +24,13 @@ from options import bench_parser, need_cuda
 
 from dayzero.config import ModelConfig
 from dayzero.demo import DEMO_CONFIG
-from dayzero.kv.handoff import StateHandle, export_state, import_state
 from dayzero.kv.layout import PoolLayout
 from dayzero.kv.pools import KVPools
 from dayzero.kv.shared import CudaSharedPools, SharedPools
+from dayzero.serving.handoff import Receiver, publish
+from dayzero.serving.messages import StateRef
 
-CASES = (("demo", 4096), ("demo", 65536), ("V4-Flash", 4096))
+CASES = (("demo", 16), ("demo", 4096), ("demo", 65536), ("V4-Flash", 4096))
 GPU_CASES = (*CASES, ("V4-Flash", 65536))  # 0.7 GB of state: on a GPU only
 
 
@@ -36,25 +39,14 @@ def _config(name: str) -> ModelConfig:
 
 
 def _decode_side(
-    transport: str,
-    layout: PoolLayout,
-    blocks: dict,
-    dtype: torch.dtype,
-    handle: StateHandle,
-    moved: int,
-    runs: int,
-    profiled: bool,
-    out,
+    transport: str, layout: PoolLayout, dtype: torch.dtype, ref: StateRef, moved: int, runs: int, profiled: bool, out
 ) -> None:
-    """In a process of its own, as decode: attach, then import ``runs + 1`` times (the first a
-    warm-up) interleaved with a plain copy of the ``moved`` bytes; puts (handoff s, copy s) medians
-    and, when ``profiled``, the profiler's table of one more import."""
+    """In a process of its own, as decode: receive ``runs + 1`` times (the first a warm-up, which
+    attaches) interleaved with a plain copy of the ``moved`` bytes; puts (handoff s, copy s) medians
+    and, when ``profiled``, the profiler's table of one more receive."""
     device = "cuda" if transport == "cuda_ipc" else "cpu"
-    if device == "cuda":
-        view, segment = CudaSharedPools.attach(handle.pool_id, layout, blocks, dtype), None
-    else:
-        view, segment = SharedPools.attach(handle.pool_id, layout, blocks, dtype)
-    dst = KVPools(layout, blocks, dtype, device)
+    receiver = Receiver(store=None)  # (the store serves the redis transport only)
+    dst = KVPools(layout, ref.pool_blocks, dtype, device)
     flat = torch.ones(moved, dtype=torch.uint8, device=device)
     target = torch.empty_like(flat)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -63,7 +55,7 @@ def _decode_side(
         dst.release("d")
         sync()
         start = time.perf_counter()
-        import_state(dst, view, handle, "d")
+        receiver.receive(ref, dst, "d")
         sync()
         handoffs.append(time.perf_counter() - start)
         start = time.perf_counter()
@@ -71,22 +63,20 @@ def _decode_side(
         sync()
         copies.append(time.perf_counter() - start)
     assert dst.sequence_bytes("d") == moved
-    profile = _profiled(dst, view, handle, sync) if profiled else ""
-    del view
-    if segment is not None:
-        segment.close()
+    profile = _profiled(dst, receiver, ref, sync) if profiled else ""
+    receiver.close()
     out.put((statistics.median(handoffs[1:]), statistics.median(copies[1:]), profile))
 
 
-def _profiled(dst: KVPools, view: KVPools, handle: StateHandle, sync) -> str:
-    """torch.profiler's table of one import: where its time goes, on the host (and the GPU)."""
+def _profiled(dst: KVPools, receiver: Receiver, ref: StateRef, sync) -> str:
+    """torch.profiler's table of one receive: where its time goes, on the host (and the GPU)."""
     from torch.profiler import ProfilerActivity, profile
 
     dst.release("d")
     sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dst.device.type == "cuda" else [])
     with profile(activities=activities) as prof:
-        import_state(dst, view, handle, "d")
+        receiver.receive(ref, dst, "d")
         sync()
     order = "self_device_time_total" if dst.device.type == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=order, row_limit=12)
@@ -110,7 +100,8 @@ def bandwidth(
         moved = src.sequence_bytes("s")
         context = multiprocessing.get_context("spawn")
         out = context.Queue()
-        args = (transport, layout, blocks, dtype, export_state(src, "s"), moved, runs, profiled, out)
+        ref = publish(src, "s", "bench", transport, store=None, ttl_s=600)
+        args = (transport, layout, dtype, ref, moved, runs, profiled, out)
         child = context.Process(target=_decode_side, args=args)
         child.start()
         handoff, copy, profile = out.get(timeout=600)
@@ -138,9 +129,9 @@ def main() -> None:
         need_cuda("bench/handoff.py --transport cuda_ipc")
     torch.manual_seed(0)
     where = "GPU, CUDA IPC" if args.transport == "cuda_ipc" else "CPU, shared memory"
-    print(f"KV handoff (prefill's shared pools -> decode's own, in another process) vs a plain copy, {where}")
-    print("| model | dtype | tokens | state MB | handoff GB/s | copy GB/s | handoff / copy |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print(f"KV handoff (decode receives prefill's published state, in another process) vs a plain copy, {where}")
+    print("| model | dtype | tokens | state MB | handoff us | copy us | handoff GB/s | copy GB/s | handoff / copy |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     profiles = []
     cases = GPU_CASES if args.transport == "cuda_ipc" else CASES
     for name, tokens in [(name, tokens) for name, tokens in cases if tokens in (args.tokens or [tokens])]:
@@ -148,6 +139,7 @@ def main() -> None:
         handoff, copy, moved, profile = bandwidth(_config(name), tokens, dtype, args.runs, args.transport, args.profile)
         print(
             f"| {name} | {str(dtype).removeprefix('torch.')} | {tokens} | {moved / 1e6:.2f} | "
+            f"{moved / handoff * 1e6:.1f} | {moved / copy * 1e6:.1f} | "
             f"{handoff / 1e9:.2f} | {copy / 1e9:.2f} | {handoff / copy:.2f}x |"
         )
         profiles.append(f"\n{name}, {tokens} tokens: one import\n{profile}" if profile else "")

@@ -117,6 +117,27 @@ def test_decode_unmaps_the_segment_of_a_prefill_worker_that_was_replaced(tiny_ch
         segments[1].unlink()
 
 
+@pytest.mark.skipif(not SHM_DIR.is_dir(), reason="needs /dev/shm")
+def test_a_closed_receiver_has_unmapped_every_segment(tiny_checkpoint, store):
+    model = load_model(tiny_checkpoint, progress=False)
+    layout = PoolLayout.of(model.cfg, 16, "float32")
+    blocks = KVPools.sized(layout, 32, 1, torch.float32, device="meta").blocks
+    src, segment = SharedPools.create(layout, blocks, torch.float32)
+    try:
+        prefill(model, src, ["s"], [random_ids(9, model.cfg.vocab_size, seed=3)])
+        receiver = Receiver(store)
+        receiver.receive(
+            publish(src, "s", "req-close", "shm", store, ttl_s=30), pools_for(model.cfg, torch.float32, 32), "d"
+        )
+        del src
+        segment.close()  # the creator's own mapping
+        assert _mapped(segment.name)  # the receiver's
+        receiver.close()
+        assert not _mapped(segment.name)
+    finally:
+        segment.unlink()
+
+
 def _decode_elsewhere(checkpoint, ref, redis_url, follow, out) -> None:
     """In a fresh process (CUDA IPC handles cannot be opened by their exporter): receive, decode."""
     model = load_model(checkpoint, device="cuda", progress=False)

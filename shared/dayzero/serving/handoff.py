@@ -146,12 +146,20 @@ class Receiver:
         allocated while it is mapped, so each prefill restart would otherwise pin one more pool
         segment in this worker for its whole life."""
         for location in [loc for loc in self._segments if not (SHM_DIR / loc).exists()]:
-            self._attached.pop(location, None)  # its tensors hold the mapping's buffer
-            segment = self._segments.pop(location)
-            try:
-                segment.close()
-            except BufferError:  # an import still holds a view of it: keep it mapped
-                self._segments[location] = segment
+            self._detach(location)
+
+    def close(self) -> None:
+        """Unmap every attached segment."""
+        for location in list(self._segments):
+            self._detach(location)
+
+    def _detach(self, location: str) -> None:
+        self._attached.pop(location, None)  # its tensors hold the mapping's buffer
+        segment = self._segments.pop(location)
+        try:
+            segment.close()
+        except BufferError:  # an import still holds a view of it: keep it mapped
+            self._segments[location] = segment
 
 
 def publish_tensor(
