@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from dayzero.chat.schema_size import MOST_COUNTED_CHARS
+from dayzero.chat.schema_counts import MOST_COUNTED_CHARS
 
 from .chat_requests import ask, post
 from .conftest import start_stack

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from dayzero.chat.schema_size import MOST_COUNTED_CHARS, MOST_REGEX_CHARS, MOST_STRING_CHARS
+from dayzero.chat.schema_counts import MOST_COUNTED_CHARS
+from dayzero.chat.schema_size import MOST_REGEX_CHARS, MOST_STRING_CHARS
 
 from .conftest import CAPPED_CONTEXT as CONTEXT
 from .conftest import MODEL
@@ -93,3 +94,32 @@ def test_a_max_length_past_the_lexer_is_clamped_to_it(capped_gateway):
     for counted in ({"minLength": MOST_COUNTED_CHARS}, {"pattern": f"^.{{{MOST_COUNTED_CHARS}}}$"}):
         r = _post(capped_gateway, **_format({"type": "string", **counted}))
         assert r.json()["error"]["code"] == "context_length_exceeded", r.text
+
+
+def _strings(*counts: dict) -> dict:
+    properties = {f"s{i}": {"type": "string", **counted} for i, counted in enumerate(counts)}
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+def _two_tools(first: dict, second: dict) -> dict:
+    tools = [{"type": "function", "function": {"name": n, "parameters": p}} for n, p in (("f", first), ("g", second))]
+    return {"tools": tools, "tool_choice": "required"}
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        (_format(_strings({"minLength": 3000}, {"minLength": 2900})), "response_format"),
+        (_format(_strings({"pattern": "^.{3000}$"}, {"pattern": "^.{2900}$"})), "response_format"),
+        (_format(_strings({"pattern": "^(.{100}){60}$"})), "response_format"),
+        (_two_tools(_strings({"minLength": 3000}), _strings({"minLength": 2900})), "tools"),
+    ],
+    ids=["min_lengths", "patterns", "nested", "tools"],
+)
+def test_counts_past_the_lexer_together_are_refused_at_admission(capped_gateway, body, param):
+    """Each under a lexeme's bound, they were let through, and every reply writing them failed
+    ~5,560 bytes in (llguidance's lexer: "too many states"): a 400 after a 200 stream began."""
+    r = _post(capped_gateway, **body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and f"at most {MOST_COUNTED_CHARS:,}" in error["message"], error

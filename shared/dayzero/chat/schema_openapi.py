@@ -14,7 +14,7 @@ import json
 import logging
 
 from .schema_bounds import subschemas
-from .schema_size import MOST_COUNTED_CHARS
+from .schema_counts import MOST_COUNTED_CHARS
 
 log = logging.getLogger("dayzero.gateway")
 

@@ -9,10 +9,10 @@ with sibling keywords make), not as written. The gateway refuses a schema past t
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .schema_counts import CountedChars
 from .schema_merge import MOST_NESTED, Circular, Merged, TooBig, TooDeep
 from .schema_rows import RowCheck
 
@@ -28,13 +28,6 @@ MOST_PATTERN_NAMES = 100
 # the gateway's check; a const of ~103,000, a pattern of 7,000-9,000 literal characters: "too many
 # expressions"), each 400 after a 200 stream began
 MOST_STRING_CHARS, MOST_REGEX_CHARS = 10_000, 5_000
-# characters one string's length bound or a regular expression's {n,m} may count: llguidance's lexer
-# builds ~9 states a character counted (under ``parser_limits``' 50,000: 5,553 at most, the rest of
-# the grammar's lexemes sharing them), and one past them failed only where a reply reached it (a
-# maxLength of 30,000 at ~10 KB, a minLength of 20,000 at ~16.6 KB, a 400 after a 200 stream began).
-# A minLength or a count past it is refused; a maxLength past it is clamped to it (``as_llguidance``)
-MOST_COUNTED_CHARS = 4_000
-_COUNT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")  # a quantifier's {n}, {n,}, {n,m}
 
 
 @dataclass(frozen=True)
@@ -67,7 +60,7 @@ def size_problem(schemas: list, limits: SchemaLimits) -> str | None:
     of a million numbers is not read to its end). Nor may they hold an object, or a union of
     objects, past a row of llguidance's parser (``schema_rows``: there a union's ``$ref``'d
     branches are followed, each definition once)."""
-    used, merged = dict.fromkeys(SETTINGS, 0), Merged(limits.nodes)
+    used, merged, counted = dict.fromkeys(SETTINGS, 0), Merged(limits.nodes), CountedChars()
 
     def past(name: str, count: int) -> bool:
         used[name] += count
@@ -83,7 +76,7 @@ def size_problem(schemas: list, limits: SchemaLimits) -> str | None:
                 return _message("literal_chars", limits)
             if past("pattern_chars", _pattern_chars(node)):
                 return _message("pattern_chars", limits)
-            if problem := _long_string(node):
+            if problem := _long_string(node) or counted.problem(node, regexes(node)):
                 return problem
             if isinstance(named := node.get("patternProperties"), dict) and len(named) > MOST_PATTERN_NAMES:
                 most = MOST_PATTERN_NAMES
@@ -180,7 +173,7 @@ def _long_string(node: dict) -> str | None:
         most = MOST_REGEX_CHARS if what == "a regular expression" else MOST_STRING_CHARS
         if (longest := max(map(len, strings), default=0)) > most:
             return f"{what} of {longest:,} characters: at most {most:,} in one can be enforced"
-    return _long_count(node)
+    return None
 
 
 def written_literals(node: dict) -> dict[str, list[str]]:
@@ -194,19 +187,6 @@ def written_literals(node: dict) -> dict[str, list[str]]:
         "an enum or const string": list(_strings(list(_literals(node)))),
         "a regular expression": regexes(node),
     }
-
-
-def _long_count(node: dict) -> str | None:
-    """A count of characters ``node`` requires past what llguidance's lexer holds (None: none): its
-    minLength, or a quantifier's bound in its regular expressions (a reply could never be written
-    whole). A maxLength past it is clamped instead (``as_llguidance``: shorter still satisfies it)."""
-    most, low = MOST_COUNTED_CHARS, node.get("minLength")
-    if isinstance(low, int | float) and not isinstance(low, bool) and low > most:
-        return f"minLength {low:,}: at most {most:,} characters counted in one can be enforced"
-    counts = (int(n or 0) for regex in regexes(node) for match in _COUNT.finditer(regex) for n in match.groups())
-    if (count := max(counts, default=0)) > most:
-        return f"a regular expression counting {count:,} repeats: at most {most:,} in one can be enforced"
-    return None
 
 
 def _strings(values: list) -> Iterator[str]:

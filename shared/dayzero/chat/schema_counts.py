@@ -1,0 +1,79 @@
+"""The characters llguidance's lexer counts out, one state or more each, for a grammar's string
+lexemes: a string's ``minLength``, a regular expression's ``{n}`` / ``{n,m}`` (a group's times what
+it counts itself: ``(.{100}){60}`` is 6,000). Its states are the grammar's, not a lexeme's: built
+as a reply walks each lexeme and kept, a second lexeme's add to the first's (one lexeme seen again,
+an array's items, reuses its own). So a minLength of 3,000 and another of 2,900, each within a
+lexeme's bound, were ~5,900 characters counted together, and every reply writing both failed past
+llguidance's 50,000 states (``parser_limits``) ~5,560 bytes in: a 400 after a 200 stream began."""
+
+from __future__ import annotations
+
+import re
+
+# characters the counts of one request's grammar may spell, in all: llguidance's lexer builds ~9
+# states a character counted (a string's character, ``.``: UTF-8's bytes) under ``parser_limits``'
+# 50,000 (5,553 at most, the rest of the grammar's lexemes sharing them). Past it, one count is
+# refused, or the counts together; a maxLength past it is clamped to it (``as_llguidance``)
+MOST_COUNTED_CHARS = 4_000
+_QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")  # a quantifier's {n}, {n,}, {n,m}
+_CLASS = re.compile(r"\[\^?\]?(?:\\.|[^\]\\])*\]?")  # a character class, as one atom
+
+
+def counted_repeats(regex: str) -> int:
+    """The characters ``regex``'s counts spell: each count's larger bound times what it repeats (a
+    character, or a group's own counted characters if any), added up over the pieces (an
+    alternation's branches too: the lexer's states hold every branch)."""
+    groups = [0]  # counted characters of each group open, innermost last
+    last = added = 0  # what the piece just read repeats (1: a character; a group's count), and added of it
+    i = 0
+    while i < len(regex):
+        char = regex[i]
+        if char == "{" and (count := _QUANTIFIER.match(regex, i)):
+            groups[-1] += max(int(count[1]), int(count[2] or 0)) * last - added
+            last, i = 0, count.end()
+            continue
+        last, added = 1, 0
+        if char == "(":
+            groups.append(0)
+            last = 0
+        elif char == ")" and len(groups) > 1:
+            added = groups.pop()
+            groups[-1] += added
+            last = max(added, 1)
+        elif char == "[":
+            i = _CLASS.match(regex, i).end() - 1
+        elif char == "\\":
+            i += 1
+        elif char in "|*+?^$":
+            last = 0
+        i += 1
+    return sum(groups)
+
+
+class CountedChars:
+    """The counts of one request's schemas (one grammar), each distinct lexeme's once."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple] = set()
+        self.total = 0
+
+    def problem(self, node: dict, regexes: list[str]) -> str | None:
+        """A count of ``node`` past ``MOST_COUNTED_CHARS`` alone, or with the counts seen before it
+        (None: none): its minLength, or its regular expressions' counts (a reply could never be written
+        whole). A maxLength past it is clamped instead (``as_llguidance``: shorter still satisfies it)."""
+        most, low = MOST_COUNTED_CHARS, node.get("minLength")
+        repeats = ((regex, counted_repeats(regex)) for regex in regexes)
+        counts = [(("regex", r), n, f"a regular expression counting {n:,} repeats") for r, n in repeats if n]
+        if isinstance(low, int | float) and not isinstance(low, bool) and low > 0:
+            lexeme = ("string", *(repr(node.get(k)) for k in ("minLength", "maxLength", "pattern", "format")))
+            counts.append((lexeme, low, f"minLength {low:,}"))
+        for lexeme, count, what in counts:
+            if count > most:
+                return f"{what}: at most {most:,} characters counted in one can be enforced"
+            if lexeme not in self._seen:
+                self._seen.add(lexeme)
+                self.total += count
+            if self.total > most:
+                together = f"{self.total:,} characters counted with the request's other counts"
+                return f"{what}: {together}, at most {most:,} in all can be enforced (one grammar's lexer holds them)"
+        return None

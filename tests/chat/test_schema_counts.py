@@ -1,0 +1,92 @@
+"""The characters llguidance's lexer counts across one grammar (dayzero.chat.schema_counts), checked
+against llguidance itself: what is refused fails a reply that writes it, what is let through does not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dayzero.chat.grammar import _byte_grammars, json_grammar
+from dayzero.chat.schema_counts import MOST_COUNTED_CHARS, counted_repeats
+from dayzero.chat.schema_size import SchemaLimits, size_problem
+
+DEFAULTS = SchemaLimits(nodes=3000, literal_chars=100_000, pattern_chars=20_000)
+
+
+@pytest.mark.parametrize(
+    "regex, count",
+    [
+        ("^.{3000}$", 3000),
+        ("^(.{100}){60}$", 6000),  # a group's count times its own
+        ("((a{10}){10}){100}", 10_000),
+        ("^.{3000}-.{2900}$", 5900),  # a sequence's counts add up
+        ("(?:a{3}b{4}){2}", 14),
+        ("a{1,30000}", 30_000),  # the larger bound
+        ("(abc){2000}", 2000),  # a group with no count of its own: its count alone
+        ("[a-z{5}]{7}", 7),  # a class is one character
+        (r"\{5}", 0),  # an escaped brace counts nothing
+        ("abc", 0),
+    ],
+)
+def test_counted_repeats(regex, count):
+    assert counted_repeats(regex) == count
+
+
+def _strings(*counts: dict) -> dict:
+    properties = {f"s{i}": {"type": "string", **counted} for i, counted in enumerate(counts)}
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+def _fails_mid_reply(schema: dict, reply: dict) -> bool:
+    """Whether llguidance (the gateway's limits) fails writing ``reply`` a byte a step, each step's
+    mask computed as in decoding (where its lexer builds its states)."""
+    matcher = _byte_grammars().matcher(json_grammar(schema))
+    assert not matcher.is_error()
+    for byte in json.dumps(reply).encode():
+        matcher.compute_logit_bias()
+        matcher.consume_token(byte)
+        if matcher.is_error():
+            return "too many states" in matcher.get_error()
+    return False
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [
+        ({"minLength": 3000}, {"minLength": 2900}),
+        ({"pattern": "^.{3000}$"}, {"pattern": "^.{2900}$"}),
+        ({"minLength": 3000}, {"pattern": "^.{2900}$"}),
+        ({"pattern": "^(.{100}){60}$"},),
+    ],
+    ids=["min_lengths", "patterns", "both", "nested"],
+)
+def test_counts_past_the_lexer_together_are_refused(counts):
+    """Each within a lexeme's bound (but nested), together past the lexer's states: every reply
+    writing them failed ~5,560 bytes in."""
+    schema = _strings(*counts)
+    lengths = [c.get("minLength") or counted_repeats(c["pattern"]) for c in counts]
+    assert _fails_mid_reply(schema, {f"s{i}": "a" * n for i, n in enumerate(lengths)})
+    problem = size_problem([schema], DEFAULTS) or ""
+    named = [
+        f"minLength {n:,}" if "minLength" in c else f"regular expression counting {n:,}"
+        for c, n in zip(counts, lengths, strict=True)
+    ]
+    assert any(name in problem for name in named) and f"at most {MOST_COUNTED_CHARS:,}" in problem, problem
+
+
+def test_counts_are_summed_once_a_lexeme_and_across_schemas():
+    """The same string schema in two properties (or an array's items) is one lexeme: counted once;
+    two schemas of one request (tools' parameters) are one grammar: counted together."""
+    half = {"minLength": MOST_COUNTED_CHARS // 2 + 1}
+    assert size_problem([_strings(half, half)], DEFAULTS) is None
+    assert not _fails_mid_reply(_strings(half, half), {"s0": "a" * half["minLength"], "s1": "b" * half["minLength"]})
+    other = {"minLength": MOST_COUNTED_CHARS // 2}
+    assert size_problem([_strings(half), _strings(other)], DEFAULTS) is not None
+    assert size_problem([_strings(other), _strings(other)], DEFAULTS) is None
+
+
+def test_the_most_let_through_is_written_whole():
+    schema = _strings({"minLength": MOST_COUNTED_CHARS - 1000}, {"pattern": "^.{1000}$"})
+    assert size_problem([schema], DEFAULTS) is None
+    assert not _fails_mid_reply(schema, {"s0": "a" * (MOST_COUNTED_CHARS - 1000), "s1": "b" * 1000})
