@@ -1,15 +1,21 @@
 """The numbers of a JSON schema llguidance cannot take (it clamps integers into int64, and some near
--2^63 crash its process), found before anything compiles it; and the walk over a schema's
-subschemas the grammar's checks share."""
+-2^63 crash its process), found before anything compiles it; and the walks over a schema's
+subschemas the grammar's checks (every object, to be safe) and its rewrites (only the schemas) share."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from urllib.parse import unquote
 
 from .schema_size import _MAPS
 
 _I64 = 2**63
 _DATA = ("enum", "const", "default", "examples")  # values, not schemas: their keys bound nothing
+# the keywords whose value is a schema, a list of them, or a map of names to them (JSON schema's)
+_ONE = ("items", "additionalItems", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "contains")
+_ONE += ("not", "if", "then", "else", "propertyNames", "contentSchema")
+_LIST = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_NAMED = (*_MAPS, "dependencies")  # (a dependencies value may be a list of names: no schema)
 
 
 def bound_problem(schema: object) -> str | None:
@@ -57,3 +63,40 @@ def subschemas(schema: object) -> Iterator[dict]:
                     nodes.extend(value.values())
                 elif key not in _DATA:
                     nodes.append(value)
+
+
+def schemas_within(schema: object) -> Iterator[dict]:
+    """``schema`` and its subschemas as a schema keyword holds them (properties' values, items,
+    anyOf's branches, ...), and those its "#/..." $refs point at (llguidance follows a JSON pointer
+    anywhere in the document: "#/components/schemas/X"), each once; not the client's data under
+    other keys (enum, const, dependentRequired, a discriminator's mapping, an extension's x-...)."""
+    seen, nodes = set(), [schema]
+    while nodes:
+        node = nodes.pop()
+        if not isinstance(node, dict) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node  # (before its subschemas are read: a rewrite of it is walked)
+        for key, value in node.items():
+            if key in _NAMED and isinstance(value, dict):
+                nodes.extend(value.values())
+            elif key in _LIST and isinstance(value, list):
+                nodes.extend(value)
+            elif key in _ONE:
+                nodes.append(value)
+            elif key == "$ref" and isinstance(value, str) and value.startswith("#/"):
+                nodes.append(_pointed(schema, value[2:]))
+
+
+def _pointed(document: object, pointer: str) -> object:
+    """What the JSON pointer ``pointer`` (its "/"-separated names, percent-encoded or not) points at
+    within ``document`` (None: nothing)."""
+    for name in pointer.split("/"):
+        name = unquote(name).replace("~1", "/").replace("~0", "~")
+        if isinstance(document, dict):
+            document = document.get(name)
+        elif isinstance(document, list) and name.isdigit() and int(name) < len(document):
+            document = document[int(name)]
+        else:
+            return None
+    return document

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 
-from .schema_bounds import subschemas
+from .schema_bounds import schemas_within
 from .schema_counts import MOST_COUNTED_CHARS
 
 log = logging.getLogger("dayzero.gateway")
@@ -28,10 +28,10 @@ def as_llguidance(schema: object) -> object:
     """``schema`` as llguidance compiles it: itself when it has no ``nullable`` and no format
     llguidance does not know and no maxLength past ``MOST_COUNTED_CHARS``, else a copy with each
     nullable type a union with "null", each such format dropped and each such maxLength clamped."""
-    if not any(_openapi(node) for node in subschemas(schema)):
+    if not any(_openapi(node) for node in schemas_within(schema)):
         return schema
     copy = json.loads(json.dumps(schema))
-    for node in subschemas(copy):  # (each node changed before the walk reads its subschemas)
+    for node in schemas_within(copy):  # (each node changed before the walk reads its subschemas)
         if node.pop("nullable", False) is True and isinstance(kind := node.get("type"), str | list):
             node["type"] = (
                 [kind, "null"] if isinstance(kind, str) else [*kind, *(["null"] if "null" not in kind else [])]
