@@ -9,6 +9,7 @@ import pytest
 
 from dayzero.chat.grammar import _byte_grammars, json_grammar
 from dayzero.chat.schema_counts import MOST_COUNTED_CHARS, counted_repeats
+from dayzero.chat.schema_openapi import as_llguidance
 from dayzero.chat.schema_size import SchemaLimits, size_problem
 
 DEFAULTS = SchemaLimits(nodes=3000, literal_chars=100_000, pattern_chars=20_000)
@@ -35,7 +36,7 @@ def test_counted_repeats(regex, count):
 
 def _strings(*counts: dict) -> dict:
     properties = {f"s{i}": {"type": "string", **counted} for i, counted in enumerate(counts)}
-    return {"type": "object", "properties": properties, "required": list(properties)}
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
 
 
 def _fails_mid_reply(schema: dict, reply: dict) -> bool:
@@ -90,3 +91,35 @@ def test_the_most_let_through_is_written_whole():
     schema = _strings({"minLength": MOST_COUNTED_CHARS - 1000}, {"pattern": "^.{1000}$"})
     assert size_problem([schema], DEFAULTS) is None
     assert not _fails_mid_reply(schema, {"s0": "a" * (MOST_COUNTED_CHARS - 1000), "s1": "b" * 1000})
+
+
+def _longest_reply_fails(schema: dict) -> bool:
+    """Whether the reply writing each string as long as the grammar lets it (an "a" wherever one is
+    allowed, else the lowest byte allowed) fails on llguidance's lexer: as a model that writes on."""
+    matcher, end = _byte_grammars().matcher(json_grammar(schema)), _byte_grammars().tokenizer.eos_token
+    for _ in range(20_000):
+        mask = matcher.compute_logit_bias()
+        if matcher.is_error():
+            return "too many states" in matcher.get_error()
+        allowed = [token for token in range(256) if mask[token] == 200 and token != end]
+        if not allowed:
+            return False
+        matcher.consume_token(ord("a") if ord("a") in allowed else allowed[0])
+    raise AssertionError("no end within 20,000 bytes")
+
+
+@pytest.mark.parametrize(
+    "bounds, clamped",
+    [
+        ((4000, 3999), (2000, 2000)),
+        ((100_000,), (MOST_COUNTED_CHARS,)),
+        ((100, 200, 1000, 5000), (100, 200, 1000, 2700)),  # the short kept, the long cut to what is left
+    ],
+)
+def test_max_lengths_are_clamped_to_fit_the_lexer_together(bounds, clamped):
+    """Each within a lexeme's bound, a maxLength of 4,000 and one of 3,999 let a reply writing 3,000
+    characters in each fail ~5,560 bytes in."""
+    schema = _strings(*({"maxLength": bound} for bound in bounds))
+    assert not _longest_reply_fails(schema)
+    written = as_llguidance(schema)
+    assert tuple(p["maxLength"] for p in written["properties"].values()) == clamped

@@ -9,6 +9,7 @@ llguidance's 50,000 states (``parser_limits``) ~5,560 bytes in: a 400 after a 20
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 # characters the counts of one request's grammar may spell, in all: llguidance's lexer builds ~9
 # states a character counted (a string's character, ``.``: UTF-8's bytes) under ``parser_limits``'
@@ -57,14 +58,14 @@ class CountedChars:
         self._seen: set[tuple] = set()
         self.total = 0
 
-    def problem(self, node: dict, regexes: list[str]) -> str | None:
+    def problem(self, node: dict) -> str | None:
         """A count of ``node`` past ``MOST_COUNTED_CHARS`` alone, or with the counts seen before it
         (None: none): its minLength, or its regular expressions' counts (a reply could never be written
         whole). A maxLength past it is clamped instead (``as_llguidance``: shorter still satisfies it)."""
         most, low = MOST_COUNTED_CHARS, node.get("minLength")
-        repeats = ((regex, counted_repeats(regex)) for regex in regexes)
+        repeats = ((regex, counted_repeats(regex)) for regex in regexes(node))
         counts = [(("regex", r), n, f"a regular expression counting {n:,} repeats") for r, n in repeats if n]
-        if isinstance(low, int | float) and not isinstance(low, bool) and low > 0:
+        if (low := as_number(low)) is not None and low > 0:
             lexeme = ("string", *(repr(node.get(k)) for k in ("minLength", "maxLength", "pattern", "format")))
             counts.append((lexeme, low, f"minLength {low:,}"))
         for lexeme, count, what in counts:
@@ -77,3 +78,43 @@ class CountedChars:
                 together = f"{self.total:,} characters counted with the request's other counts"
                 return f"{what}: {together}, at most {most:,} in all can be enforced (one grammar's lexer holds them)"
         return None
+
+
+def length_cap(nodes: Iterable[dict]) -> int | None:
+    """The longest ``maxLength`` that the strings of ``nodes`` (one grammar's schemas) may keep so
+    that what a reply may write in them stays, together, within ``MOST_COUNTED_CHARS`` (None: as
+    written it does): the lexer counts a string's characters up to its maxLength (to its minLength
+    where none: past it, it loops on states it has), each distinct lexeme's once, and a regular
+    expression's counted repeats. Bounds over the cap are cut to it (each to its minLength at the
+    least); the shorter ones are kept. A maxLength of 4,000 and one of 3,999, each within its own
+    bound, let a reply of 3,000 characters in each fail ~5,560 bytes in."""
+    lexemes, fixed = {}, {}
+    for node in nodes:
+        fixed.update((regex, counted_repeats(regex)) for regex in regexes(node))
+        low, high = (as_number(node.get(bound)) for bound in ("minLength", "maxLength"))
+        if low is not None or high is not None:
+            key = tuple(repr(node.get(k)) for k in ("minLength", "maxLength", "pattern", "format"))
+            low = low or 0
+            lexemes[key] = (low, max(low, high) if high is not None else low)
+
+    def counted(cap: float) -> float:
+        return sum(fixed.values()) + sum(min(high, max(low, cap)) for low, high in lexemes.values())
+
+    if counted(float("inf")) <= MOST_COUNTED_CHARS:
+        return None
+    fits, over = 0, MOST_COUNTED_CHARS + 1  # counted(fits) within (or the least there is), counted(over) past
+    while over - fits > 1:
+        middle = (fits + over) // 2
+        fits, over = (middle, over) if counted(middle) <= MOST_COUNTED_CHARS else (fits, middle)
+    return fits
+
+
+def as_number(value: object) -> float | None:
+    """``value`` if a JSON number (None: not one, a bool neither)."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def regexes(node: dict) -> list[str]:
+    """``node``'s regular expressions: its pattern, its patternProperties' names."""
+    pattern, named = node.get("pattern"), node.get("patternProperties")
+    return ([pattern] if isinstance(pattern, str) else []) + list(named if isinstance(named, dict) else ())

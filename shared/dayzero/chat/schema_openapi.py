@@ -4,9 +4,9 @@ reads it: only where a type is given, and an ``enum`` still has to list null): l
 it, and a nullable field refused null. A ``format`` llguidance does not know (OpenAPI's int32,
 int64, byte, password, JSON schema's uri-reference, ...) is dropped, as JSON schema has validators
 treat one (an annotation): llguidance refused the whole schema ("Unknown format"). OpenAI documents
-nine formats; those, and uri, it still enforces. A ``maxLength`` past what llguidance's lexer holds
-(``MOST_COUNTED_CHARS``) is clamped to it: a reply failed mid-way once that long (maxLength 30,000
-at ~10 KB), and one within the clamp still satisfies the client's schema."""
+nine formats; those, and uri, it still enforces. The ``maxLength``s past what llguidance's lexer
+holds together (``length_cap``: one of 30,000 failed a reply at ~10 KB, two of 4,000 and 3,999 at
+~5,560 bytes) are clamped to a cap: a reply within it still satisfies the client's schema."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import json
 import logging
 
 from .schema_bounds import schemas_within
-from .schema_counts import MOST_COUNTED_CHARS
+from .schema_counts import as_number, length_cap
 
 log = logging.getLogger("dayzero.gateway")
 
@@ -26,9 +26,11 @@ _WARNED: set[str] = set()
 
 def as_llguidance(schema: object) -> object:
     """``schema`` as llguidance compiles it: itself when it has no ``nullable`` and no format
-    llguidance does not know and no maxLength past ``MOST_COUNTED_CHARS``, else a copy with each
-    nullable type a union with "null", each such format dropped and each such maxLength clamped."""
-    if not any(_openapi(node) for node in schemas_within(schema)):
+    llguidance does not know and its maxLengths fit the lexer together, else a copy with each
+    nullable type a union with "null", each such format dropped and each maxLength over the cap
+    cut to it (its minLength at the least)."""
+    cap = length_cap(schemas_within(schema))
+    if cap is None and not any(_openapi(node) for node in schemas_within(schema)):
         return schema
     copy = json.loads(json.dumps(schema))
     for node in schemas_within(copy):  # (each node changed before the walk reads its subschemas)
@@ -38,19 +40,14 @@ def as_llguidance(schema: object) -> object:
             )
         if isinstance(node.get("format"), str) and node["format"] not in KNOWN_FORMATS:
             _ignored(node.pop("format")[:64])
-        if _long_bound(node):
-            node["maxLength"] = MOST_COUNTED_CHARS
+        if cap is not None and (as_number(node.get("maxLength")) or 0) > cap:
+            node["maxLength"] = max(cap, as_number(node.get("minLength")) or 0)
     return copy
 
 
 def _openapi(node: dict) -> bool:
     written = node.get("format")
-    return "nullable" in node or isinstance(written, str) and written not in KNOWN_FORMATS or _long_bound(node)
-
-
-def _long_bound(node: dict) -> bool:
-    bound = node.get("maxLength")
-    return isinstance(bound, int | float) and not isinstance(bound, bool) and bound > MOST_COUNTED_CHARS
+    return "nullable" in node or isinstance(written, str) and written not in KNOWN_FORMATS
 
 
 def _ignored(format_: str) -> None:

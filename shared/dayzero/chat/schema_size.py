@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .schema_counts import CountedChars
+from .schema_counts import CountedChars, regexes
 from .schema_merge import MOST_NESTED, Circular, Merged, TooBig, TooDeep
 from .schema_rows import RowCheck
 
@@ -76,7 +76,7 @@ def size_problem(schemas: list, limits: SchemaLimits) -> str | None:
                 return _message("literal_chars", limits)
             if past("pattern_chars", _pattern_chars(node)):
                 return _message("pattern_chars", limits)
-            if problem := _long_string(node) or counted.problem(node, regexes(node)):
+            if problem := _long_string(node) or counted.problem(node):
                 return problem
             if isinstance(named := node.get("patternProperties"), dict) and len(named) > MOST_PATTERN_NAMES:
                 most = MOST_PATTERN_NAMES
@@ -210,9 +210,3 @@ def _chars(value: object) -> int:
 
 def _pattern_chars(node: dict) -> int:
     return sum(map(len, regexes(node)))
-
-
-def regexes(node: dict) -> list[str]:
-    """``node``'s regular expressions: its pattern, its patternProperties' names."""
-    pattern, named = node.get("pattern"), node.get("patternProperties")
-    return ([pattern] if isinstance(pattern, str) else []) + list(named if isinstance(named, dict) else ())
