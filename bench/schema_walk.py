@@ -5,7 +5,9 @@ before, each forced tool's still: ``TOOL_PROBE_STEPS``), 256 (``SCHEMA_PROBE_STE
 Schemas: realistic ones (what every constrained request pays; 128 forced tools: each one's
 parameters walked, ms in all), and ones failing late (a pattern past llguidance's lexer, a required
 property whose ``$ref`` is its own object, behind so many required booleans: ~14 bytes each), each
-failing mid-reply unless the walk reaches it. Each cell: median ms of ``--runs`` walks, wall / CPU
+failing mid-reply unless the walk reaches it; and the 128 tools seen again (the gateway's walks are
+remembered by each schema's text: ``WalkedSchemas``, first sight as the row above). Each cell:
+median ms of ``--runs`` walks, wall / CPU
 (the thread's), and "caught" where the walk found it. Compare rows by CPU: on a loaded machine a row
 of 128 walks (30-100 ms) is preempted by other processes and its wall time stretches (1-3x at load
 4-5 on 2 cores; the 2.7 ms a tool read at load 16 was wall), where one walk (0.2 ms) fits in a time
@@ -22,6 +24,7 @@ import time
 from options import bench_parser
 
 from dayzero.chat.grammar import SCHEMA_PROBE_STEPS, TOOL_PROBE_STEPS, _byte_grammars, grammar_problem, json_grammar
+from dayzero.chat.schema_walks import WalkedSchemas
 
 STRING, INTEGER = {"type": "string"}, {"type": "integer"}
 
@@ -74,13 +77,17 @@ def _tool(i: int) -> dict:
     return {"type": "object", "properties": {f"{k}{i}": v for k, v in kinds.items()}, "required": [f"city{i}"]}
 
 
-TOOLS = [json_grammar(_tool(i)) for i in range(128)]
+TOOL_SCHEMAS = [_tool(i) for i in range(128)]
+TOOLS = [json_grammar(schema) for schema in TOOL_SCHEMAS]
+SEEN = WalkedSchemas()  # the tools' walks, remembered
 
 
-def _walk(larks: str | list[str], steps: int) -> tuple[float, float, str | None]:
+def _walk(larks: str | list[str] | WalkedSchemas, steps: int) -> tuple[float, float, str | None]:
     """The walks' wall and CPU ms, and the first problem one found."""
     start, cpu, problems = time.perf_counter(), time.thread_time(), []
-    for lark in [larks] if isinstance(larks, str) else larks:
+    if larks is SEEN:  # (each tool's schema, its walk remembered: seen before)
+        problems = [SEEN.problem(schema, steps) for schema in TOOL_SCHEMAS]
+    for lark in [larks] if isinstance(larks, str) else larks if isinstance(larks, list) else ():
         problems.append(grammar_problem(lark, _byte_grammars(), steps=steps, first=ord('"')))
     wall, cpu = (time.perf_counter() - start) * 1000, (time.thread_time() - cpu) * 1000
     return wall, cpu, next(filter(None, problems), None)
@@ -94,10 +101,12 @@ def main() -> None:
     print("| schema | " + " | ".join(f"{s} B walk: ms (wall / CPU)" for s in args.steps) + " |")
     print("|---|" + "---|" * len(args.steps))
     rows = {name: json_grammar(schema) for name, schema in SCHEMAS.items()} | {"128 forced tools (each walked)": TOOLS}
+    rows["128 forced tools seen again (remembered)"] = SEEN
     for name, lark in rows.items():
         cells = []
         _walk(lark, 1)  # (its compile, cached)
         for steps in args.steps:
+            _walk(lark, steps)  # (the walks remembered, for the row seen again)
             runs = [_walk(lark, steps) for _ in range(args.runs)]
             wall, cpu = (statistics.median(run[i] for run in runs) for i in (0, 1))
             cells.append(f"{wall:.1f} / {cpu:.1f}" + (" caught" if runs[0][2] else ""))

@@ -14,12 +14,12 @@ from dayzero.chat.grammar import (
     dsml_symbol,
     grammar_problem,
     json_grammar,
-    schema_problem,
     tool_calls_grammar,
     value_definitions,
 )
 from dayzero.chat.schema_literals import spelled_token
 from dayzero.chat.schema_size import more_nodes_than, size_problem
+from dayzero.chat.schema_walks import walked_schemas
 from dayzero.chat.tokens import DSML, END_THINK, THINK
 from dayzero.params import Grammar
 
@@ -130,7 +130,7 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
             raise APIError(400, f"cannot enforce this schema: {exc}", param="tools") from None
     elif schema is not None:
         _check_size(gw, [schema], "response_format")
-        if problem := schema_problem(schema):
+        if problem := walked_schemas().problem(schema):
             raise APIError(400, f"cannot enforce this schema: {problem}", param="response_format")
         lark, param = json_grammar(schema), "response_format"
     else:
@@ -194,6 +194,6 @@ def _check_tools(body: ChatPrompt) -> None:
     """Each enforced tool's parameters, as a JSON schema, one llguidance can enforce (400 naming
     the tool's field)."""
     for i, name, parameters in body.enforced_parameters():
-        if problem := schema_problem(parameters, TOOL_PROBE_STEPS):
+        if problem := walked_schemas().problem(parameters, TOOL_PROBE_STEPS):
             where = f"tools.{i}.function.parameters"
             raise APIError(400, f"{where}: cannot enforce the parameters of tool {name!r}: {problem}", param=where)
