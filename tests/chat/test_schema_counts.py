@@ -7,10 +7,11 @@ import json
 
 import pytest
 
-from dayzero.chat.grammar import _byte_grammars, json_grammar
+from dayzero.chat.grammar import _byte_grammars, dsml_symbol, json_grammar, tool_calls_grammar
 from dayzero.chat.schema_counts import MOST_COUNTED_CHARS, counted_repeats
 from dayzero.chat.schema_openapi import as_llguidance
 from dayzero.chat.schema_size import SchemaLimits, size_problem
+from dayzero.chat.tokens import DSML
 
 DEFAULTS = SchemaLimits(nodes=3000, literal_chars=100_000, pattern_chars=20_000)
 
@@ -123,3 +124,35 @@ def test_max_lengths_are_clamped_to_fit_the_lexer_together(bounds, clamped):
     assert not _longest_reply_fails(schema)
     written = as_llguidance(schema)
     assert tuple(p["maxLength"] for p in written["properties"].values()) == clamped
+
+
+def test_max_lengths_of_forced_tools_are_clamped_together():
+    """Two tools, each a string of a maxLength within the lexer alone (4,000; 3,999): their calls
+    in one reply (one grammar: one lexer's states) failed ~5,560 bytes in, each tool's clamped on
+    its own. Walked here as a reply writing both calls, each string as long as the grammar lets it."""
+    tools = [
+        {"type": "function", "function": {"name": name, "parameters": _strings({"maxLength": 4000 - i})}}
+        for i, name in enumerate("fg")
+    ]
+    matcher = _byte_grammars().matcher(tool_calls_grammar(tools, dsml_symbol(None, DSML)))
+    tag = "<" + DSML
+    calls = [f'{tag}invoke name="{name}">\n{tag}parameter name="s0" string="true">' for name in "fg"]
+    pieces = [
+        "\n\n" + tag + "tool_calls>\n" + calls[0],
+        None,
+        f"</{DSML}parameter>\n</{DSML}invoke>\n" + calls[1],
+        None,
+    ]
+    written = []
+    for piece in pieces:
+        count = 0
+        for byte in piece.encode() if piece is not None else iter(lambda: ord("a"), None):
+            mask = matcher.compute_logit_bias()
+            assert not matcher.is_error(), matcher.get_error()[:80]
+            if piece is None and mask[byte] != 200:
+                break
+            matcher.consume_token(byte)
+            count += 1
+        written.append(count)
+    assert not matcher.is_error(), (written, matcher.get_error()[:80])
+    assert sum(written[1::2]) <= MOST_COUNTED_CHARS, written

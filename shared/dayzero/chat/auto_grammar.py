@@ -41,7 +41,7 @@ def auto_calls_grammar(tools: list[dict], dsml: str, kept: tuple[str, ...] = (),
         "call: " + " | ".join([f"invoke_{i}" for i in range(len(strict))] + ["free_invoke"] * bool(free)),
     ]
     for i, function in enumerate(strict):
-        lines.extend(invoke_rules(i, function, dsml))
+        lines.extend(invoke_rules(i, function, dsml, [f.get("parameters") or {} for f in strict]))
     if free:
         names = " | ".join(to_json(f'invoke name="{f["name"]}">\n') for f in free)
         lines += [

@@ -161,14 +161,14 @@ def tool_calls_grammar(tools: list[dict], dsml: str, one: str | None = None, par
         "call: " + " | ".join(f"invoke_{i}" for i in range(len(functions))),
     ]
     for i, function in enumerate(functions):
-        lines.extend(invoke_rules(i, function, dsml))
+        lines.extend(invoke_rules(i, function, dsml, [f.get("parameters") or {} for f in functions]))
     return "\n".join(lines) + "\n"
 
 
-def invoke_rules(i: int, function: dict, dsml: str) -> list[str]:
+def invoke_rules(i: int, function: dict, dsml: str, tools: list) -> list[str]:
     """``invoke_i``: the call's tag, then each parameter on its own line (declared order; the
-    optional ones may be left out)."""
-    schema = as_llguidance(function.get("parameters") or {})
+    optional ones may be left out). ``tools``: every enforced tool's parameters (one lexer's)."""
+    schema = as_llguidance(function.get("parameters") or {}, tools)
     if problem := parameters_problem(schema):
         raise Unenforceable(problem)
     props, required = schema.get("properties") or {}, set(schema.get("required") or ())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 
 from .schema_bounds import schemas_within
 from .schema_counts import as_number, length_cap
@@ -24,12 +25,13 @@ MOST_WARNED = 64  # unknown formats warned about, once each, in a process's life
 _WARNED: set[str] = set()
 
 
-def as_llguidance(schema: object) -> object:
+def as_llguidance(schema: object, beside: Sequence[object] = ()) -> object:
     """``schema`` as llguidance compiles it: itself when it has no ``nullable`` and no format
-    llguidance does not know and its maxLengths fit the lexer together, else a copy with each
-    nullable type a union with "null", each such format dropped and each maxLength over the cap
-    cut to it (its minLength at the least)."""
-    cap = length_cap(schemas_within(schema))
+    llguidance does not know and its maxLengths fit the lexer together (with those of ``beside``,
+    the other schemas of its grammar: the tools of a call's), else a copy with each nullable type
+    a union with "null", each such format dropped and each maxLength over the cap cut to it (its
+    minLength at the least)."""
+    cap = length_cap(node for within in (schema, *beside) for node in schemas_within(within))
     if cap is None and not any(_openapi(node) for node in schemas_within(schema)):
         return schema
     copy = json.loads(json.dumps(schema))
