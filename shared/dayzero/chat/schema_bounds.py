@@ -5,8 +5,8 @@ subschemas the grammar's checks (every object, to be safe) and its rewrites (onl
 from __future__ import annotations
 
 from collections.abc import Iterator
-from urllib.parse import unquote
 
+from .schema_merge import resolve
 from .schema_size import _MAPS
 
 _I64 = 2**63
@@ -85,18 +85,4 @@ def schemas_within(schema: object) -> Iterator[dict]:
             elif key in _ONE:
                 nodes.append(value)
             elif key == "$ref" and isinstance(value, str) and value.startswith("#/"):
-                nodes.append(_pointed(schema, value[2:]))
-
-
-def _pointed(document: object, pointer: str) -> object:
-    """What the JSON pointer ``pointer`` (its "/"-separated names, percent-encoded or not) points at
-    within ``document`` (None: nothing)."""
-    for name in pointer.split("/"):
-        name = unquote(name).replace("~1", "/").replace("~0", "~")
-        if isinstance(document, dict):
-            document = document.get(name)
-        elif isinstance(document, list) and name.isdigit() and int(name) < len(document):
-            document = document[int(name)]
-        else:
-            return None
-    return document
+                nodes.append(resolve(schema, value))
