@@ -4,6 +4,7 @@ they hand their children."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -158,6 +159,57 @@ def test_up_gives_up_on_a_redis_it_is_given_that_does_not_answer(tiny_checkpoint
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: the Redis at redis://:***@127.0.0.1:{closed}/0 (DAYZERO_REDIS_URL or REDIS_URL)")
     assert "secret" not in done.stderr and "unset both to run an embedded one" in last
+    assert not (logs / "gateway.log").exists()  # nothing was started
+
+
+def test_up_prints_a_redis_url_without_its_password_and_how_long_it_has_waited(
+    tiny_checkpoint, tmp_path, capsys, monkeypatch
+):
+    """``starting: redis redis://:secret@...`` printed the password of the URL it was given, and each
+    ``waiting: ...`` line (every 10 s, without end without --ready-timeout) said nothing of how long."""
+    from dayzero import cli_up, stack
+
+    def wait_ready(self, timeout_s, on_wait, on_restart=None):
+        on_wait({"reason": "redis unreachable: Error 111 connecting to 10.0.0.2:6379. Connection refused."})
+        raise TimeoutError("enough")
+
+    monkeypatch.setattr(stack.Stack, "start", lambda self: None)
+    monkeypatch.setattr(stack.Stack, "wait_ready", wait_ready)
+    monkeypatch.setattr(cli_up, "_stop_on_signals", lambda: None)  # (pytest's own handlers kept)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.setenv("DAYZERO_REDIS_URL", "redis://default:s3cret@10.0.0.2:6379/0")
+    assert cli.main(["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(tmp_path / "logs")]) == 1
+    err = capsys.readouterr().err
+    assert "starting: redis redis://default:***@10.0.0.2:6379/0, gateway" in err and "s3cret" not in err, err
+    assert re.search(r"^waiting \(\d+ s\): redis unreachable: Error 111 ", err, re.MULTILINE), err
+
+
+def test_up_fails_at_once_on_a_redis_that_refuses_its_password(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """An AuthenticationError (a ConnectionError to redis-py) was retried as an unreachable Redis for
+    the full REDIS_ANSWER_WITHIN_S, then "did not answer"; no wait mends a wrong password."""
+    import time
+
+    import redis
+
+    from dayzero import cli_up
+    from dayzero.procs import free_port, scratch_redis
+    from dayzero.stack import REDIS_ANSWER_WITHIN_S
+
+    monkeypatch.setattr(cli_up, "_stop_on_signals", lambda: None)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    logs = tmp_path / "logs"
+    with scratch_redis(tmp_path) as port:
+        redis.Redis(port=port).config_set("requirepass", "right")
+        url = f"redis://:wrong@127.0.0.1:{port}/0"
+        monkeypatch.setenv("DAYZERO_REDIS_URL", url)
+        began = time.monotonic()
+        argv = ["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(logs), "--port", str(free_port())]
+        assert cli.main(argv) == 1
+        waited_s = time.monotonic() - began
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: the Redis at redis://:***@127.0.0.1:{port}/0 (DAYZERO_REDIS_URL or REDIS_URL): ")
+    assert "password refused" in err and len(err.splitlines()) == 1 and "wrong" not in err, err
+    assert waited_s < REDIS_ANSWER_WITHIN_S  # (it did not wait out the unreachable Redis's bound)
     assert not (logs / "gateway.log").exists()  # nothing was started
 
 

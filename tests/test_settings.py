@@ -66,6 +66,14 @@ def test_a_redis_url_dayzero_cannot_serve_with_is_refused_at_start(monkeypatch, 
         settings_from_env()
 
 
+def test_a_refused_redis_url_is_named_without_its_password(monkeypatch):
+    """The refusal printed the value as given, a password in it (``sentinel://:secret@...``)."""
+    monkeypatch.setenv("DAYZERO_REDIS_URL", "sentinel://admin:s3cret@10.0.0.2:26379/0")
+    with pytest.raises(ValueError, match=r"^DAYZERO_REDIS_URL='sentinel://admin:\*\*\*@10\.0\.0\.2:26379/0': ") as err:
+        settings_from_env()
+    assert "s3cret" not in str(err.value)
+
+
 def test_an_api_key_with_surrounding_spaces_is_refused(monkeypatch):
     monkeypatch.setenv("DAYZERO_API_KEYS", '[" sesame"]')
     with pytest.raises(ValueError, match="surrounding whitespace"):

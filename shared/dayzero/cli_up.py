@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import cli_args
 from .config import ModelConfig
-from .settings import Settings
+from .settings import Settings, without_password
 from .settings_help import HELP_WIDTH
 
 
@@ -69,14 +69,15 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     try:
         stack.start()
         print(
-            f"starting: redis {stack.redis_url}, gateway, {vision} vision, {args.prefill} prefill"
+            f"starting: redis {without_password(stack.redis_url)}, gateway, {vision} vision, {args.prefill} prefill"
             f"{_ranks(args.prefill_tp)}, {args.decode} decode{_ranks(args.decode_tp)} (logs in {args.log_dir})",
             file=sys.stderr,
         )
         if stack.metrics_ports:
             ports = ", ".join(f"{name} :{port}" for name, port in stack.metrics_ports.items())
             print(f"worker metrics (DAYZERO_METRICS_PORT, one port each): {ports}", file=sys.stderr)
-        show = lambda body: print(f"waiting: {body.get('reason')}", file=sys.stderr)
+        began = time.monotonic()  # each waiting line says how long (a wait without --ready-timeout has no end)
+        show = lambda body: print(f"waiting ({time.monotonic() - began:.0f} s): {body.get('reason')}", file=sys.stderr)
         restarted = lambda name: print(f"{name} {stack.child(name).why}; restarted", file=sys.stderr)
         stack.wait_ready(args.ready_timeout or None, show, on_restart=restarted)
         print(

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from .settings import Settings
+from .settings import Settings, without_password
 
 HELP_WIDTH = 100  # columns of the --help texts argparse prints unwrapped (the settings, a long description)
 COMPOSE_VARIABLES = ("DAYZERO_CHECKPOINT_DIR",)  # read by docker-compose.yml on the host, not by dayzero
@@ -66,5 +66,6 @@ def _problem(error: dict) -> str:
     if not error["loc"]:
         return message
     field, *item = error["loc"]
-    where = "".join(f"[{i}]" for i in item)
-    return f"DAYZERO_{str(field).upper()}{where}={error.get('input')!r}: {message}"
+    where, value = "".join(f"[{i}]" for i in item), error.get("input")
+    shown = without_password(value) if isinstance(value, str) else value  # (a Redis URL's password)
+    return f"DAYZERO_{str(field).upper()}{where}={shown!r}: {message}"

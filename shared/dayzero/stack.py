@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import redis
@@ -36,6 +35,7 @@ from .procs import (
 )
 from .serving.keys import key
 from .serving.liveness import STAMP_EVERY_S, connect, process_id, seen
+from .settings import without_password
 from .shm import unlink_parked_by, unlink_pools_by
 
 SERVICES = ("gateway", "vision", "prefill", "decode")
@@ -63,7 +63,7 @@ def inherited(environ: dict[str, str]) -> dict[str, str]:
 def _answering(url: str, within_s: float) -> None:
     """StartFailed unless the Redis at ``url`` answers a ping within ``within_s``: one that was
     unreachable (a closed port, a wrong host) kept ``up`` waiting for ever, "waiting: redis
-    unreachable" every 10 s, without --ready-timeout."""
+    unreachable" every 10 s, without --ready-timeout. One that refuses the password fails at once."""
     client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
     deadline = time.monotonic() + within_s
     try:
@@ -71,22 +71,19 @@ def _answering(url: str, within_s: float) -> None:
             try:
                 client.ping()
                 return
+            except redis.AuthenticationError as exc:  # (a ConnectionError to redis-py) no wait mends it
+                raise StartFailed(
+                    f"the Redis at {without_password(url)} (DAYZERO_REDIS_URL or REDIS_URL): password refused ({exc})"
+                ) from None
             except redis.RedisError as exc:
                 if time.monotonic() >= deadline:
                     raise StartFailed(
-                        f"the Redis at {_without_password(url)} (DAYZERO_REDIS_URL or REDIS_URL) did not answer "
+                        f"the Redis at {without_password(url)} (DAYZERO_REDIS_URL or REDIS_URL) did not answer "
                         f"within {within_s:g} s: {exc}; start it, or unset both to run an embedded one"
                     ) from None
                 time.sleep(0.5)
     finally:
         client.close()
-
-
-def _without_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
 
 
 @dataclass
