@@ -177,3 +177,21 @@ def test_observability_profile_dashboard_and_scrape_config_are_valid():
                 assert base in documented, f"{panel['title']}: {name} is not a documented metric"
     datasource = yaml.safe_load((obs / "grafana" / "provisioning" / "datasources" / "prometheus.yaml").read_text())
     assert datasource["datasources"][0]["uid"] == "prometheus"
+
+
+def test_the_trace_endpoint_reaches_the_collector_on_the_port_of_either_exporter():
+    """Compose set ``http://otel-collector:4317`` whatever the exporter: otlp-http posted its spans to
+    the collector's gRPC port. Each service's endpoint, as dayzero reads it, is the collector's
+    receiver of the exporter's protocol (its own config's port)."""
+    from urllib.parse import urlsplit
+
+    from dayzero.telemetry import collector_url
+
+    receivers = yaml.safe_load((ROOT / "docker" / "observability" / "otel-collector.yaml").read_text())
+    protocols = receivers["receivers"]["otlp"]["protocols"]
+    services = _compose()["services"]
+    for name in SERVICES:
+        endpoint = services[name]["environment"]["DAYZERO_TRACE_ENDPOINT"]
+        for exporter, protocol in (("otlp-grpc", "grpc"), ("otlp-http", "http")):
+            url = urlsplit(collector_url(exporter, endpoint))
+            assert url.hostname == "otel-collector" and f"{url.port}" == protocols[protocol]["endpoint"].split(":")[1]

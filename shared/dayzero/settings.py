@@ -187,8 +187,9 @@ class Settings(BaseSettings):
     )
     trace_endpoint: str | None = Field(
         default=None,
-        description="OTLP collector: otlp-grpc http://host:4317, otlp-http http://host:4318 (/v1/traces added to a URL "
-        "without a path) (default: the exporter's, on localhost)",
+        description="OTLP collector: a host alone (its port follows the exporter: otlp-grpc 4317, otlp-http 4318), or "
+        "a URL, otlp-grpc http://host:4317, otlp-http http://host:4318 (/v1/traces added to a URL without a path) "
+        "(default: the exporter's, on localhost)",
     )
     trace_file: Path | None = Field(
         default=None, description="console exporter: append JSON spans to this file (a directory: one per process)"

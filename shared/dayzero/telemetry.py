@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit, urlunsplit
@@ -22,6 +23,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from .settings import Settings
 
 tracer = trace.get_tracer("dayzero")
+OTLP_PORTS = {"otlp-grpc": 4317, "otlp-http": 4318}  # the protocol's standard ports (the collector's defaults)
 
 
 def setup_tracing(settings: Settings, service: str) -> None:
@@ -41,12 +43,20 @@ def setup_tracing(settings: Settings, service: str) -> None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         else:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        endpoint = settings.trace_endpoint
-        if endpoint and settings.trace_exporter == "otlp-http":
-            endpoint = otlp_http_traces_url(endpoint)
+        endpoint = settings.trace_endpoint and collector_url(settings.trace_exporter, settings.trace_endpoint)
         exporter = OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+
+
+def collector_url(exporter: str, endpoint: str) -> str:
+    """Where ``exporter`` (otlp-grpc, otlp-http) sends spans, from DAYZERO_TRACE_ENDPOINT: a host
+    alone (docker-compose.yml's ``otel-collector``) is that host on the exporter's OTLP port, 4317 for
+    gRPC, 4318 for HTTP; compose gave ``http://otel-collector:4317`` whatever the exporter, and
+    otlp-http posted its spans to the gRPC port."""
+    if re.fullmatch(r"[\w.-]+", endpoint):
+        endpoint = f"http://{endpoint}:{OTLP_PORTS[exporter]}"
+    return otlp_http_traces_url(endpoint) if exporter == "otlp-http" else endpoint
 
 
 def otlp_http_traces_url(endpoint: str) -> str:
