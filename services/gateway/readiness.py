@@ -76,19 +76,25 @@ async def _readiness(gw: Gateway) -> tuple[dict, int]:
 
 
 def _loading(gw: Gateway) -> dict[str, int]:
-    """The starting workers' progress (percent), those whose process still stamps its liveness: one
-    that died loading left its entry for 2 minutes, and a crash loop's ``waiting:`` lines listed each
-    dead start beside the new one (``prefill0@vm:41dcd4 0%, prefill0@vm:dada7c 0%``)."""
+    """The starting workers' progress (percent): of each process its latest start, while that process
+    stamps its liveness and is not ready yet. One that died loading left its entry for 2 minutes, and a
+    crash loop's ``waiting:`` lines listed each dead start beside the new one (``prefill0@vm:41dcd4 0%,
+    prefill0@vm:dada7c 0%``); a restarted container's worker stamps under the same name (its host's,
+    pid 1 again), so the process stamping was not enough: its dead start was listed beside it too."""
     found = gw.bus.registry.loading_workers()
     if not found:
         return {}
     stamps = seen_stages(gw.bus.store.r, tuple(sorted({p["stage"] for p in found.values()})))
+    latest = {}  # process -> the worker name of its latest start (an entry without one: an earlier version's)
+    for worker, p in sorted(found.items(), key=lambda item: item[1].get("started", 0.0)):
+        latest[p.get("process", worker)] = worker
 
-    def stamping(p: dict) -> bool:  # (an entry without its process: a worker of an earlier version)
+    def loading(p: dict) -> bool:
         read = stamps[p["stage"]]
-        return "process" not in p or read.now - read.alive.get(p["process"], float("-inf")) <= FRESH_S
+        fresh = read.now - read.alive.get(p.get("process"), float("-inf")) <= FRESH_S
+        return "process" not in p or (fresh and p["process"] not in read.ready)
 
-    return {worker: p["percent"] for worker, p in found.items() if stamping(p)}
+    return {worker: found[worker]["percent"] for worker in latest.values() if loading(found[worker])}
 
 
 def compare(serves: dict[str, dict[str, dict]], context: int) -> tuple[str, list[str]]:

@@ -173,6 +173,26 @@ def test_ready_leaves_out_the_loading_progress_of_a_start_that_died(gateway, reg
         registry.loading("decode0@host:dead00", "decode", None)
 
 
+def test_ready_leaves_out_a_dead_start_of_a_restarted_container_under_the_same_process_name(gateway, registry):
+    """A container restarted keeps its hostname and its worker's pid 1: the new start stamps under
+    the dead one's process name, and /ready listed the dead start's progress beside the new one's
+    for up to 2 minutes, and after the new one had loaded too."""
+    restarted = Pulse(connect(gateway.redis_url), "decode")
+    restarted.process = "container-7:1"
+    restarted._stamp()  # alive, loading
+    registry.loading("decode0@container-7:dead01", "decode", 60, process="container-7:1", started=1000.0)
+    registry.loading("decode0@container-7:0a0a01", "decode", 10, process="container-7:1", started=1090.0)
+    try:
+        body = httpx.get(f"{gateway.url}/ready", timeout=5).json()
+        assert body["loading"] == {"decode0@container-7:0a0a01": 10}, body
+        registry.loading("decode0@container-7:0a0a01", "decode", None)  # loaded,
+        restarted.ready()  # warmed up and serving
+        assert "loading" not in httpx.get(f"{gateway.url}/ready", timeout=5).json()
+    finally:
+        restarted.stop()
+        registry.loading("decode0@container-7:dead01", "decode", None)
+
+
 def test_prefill_and_decode_of_different_block_sizes_are_not_ready_naming_the_settings(demo_dir, gateway, registry):
     """Started by hand with different DAYZERO_BLOCK_SIZE: /ready said ready, and every request failed
     at decode's admission."""

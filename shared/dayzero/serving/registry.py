@@ -58,14 +58,17 @@ class Registry:
         pipe.delete(key("usage", worker))
         pipe.execute()
 
-    def loading(self, worker: str, stage: str, percent: int | None, process: str | None = None) -> None:
+    def loading(
+        self, worker: str, stage: str, percent: int | None, process: str | None = None, started: float = 0.0
+    ) -> None:
         """A starting worker's weight-loading progress (None: done); lapses if the worker dies.
-        ``process``: its liveness stamps' name, by which ``/ready`` leaves out a dead start's."""
+        ``process``: its liveness stamps' name, and ``started``: when this start of it began (its host's
+        clock), by which ``/ready`` leaves out a dead start's (readiness._loading)."""
         if percent is None:
             self.r.delete(key("loading", worker))
         else:
             progress = {"stage": stage, "percent": percent, **({"process": process} if process else {})}
-            self.r.set(key("loading", worker), json.dumps(progress), ex=120)
+            self.r.set(key("loading", worker), json.dumps({**progress, "started": started}), ex=120)
 
     def loading_workers(self) -> dict[str, dict]:
         return {name: json.loads(v) for name, v in self._family("loading").items()}

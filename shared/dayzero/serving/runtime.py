@@ -44,7 +44,7 @@ class LoadProgress:
 
     def __init__(self, registry: Registry, worker: str, stage: str, step: int = 5) -> None:
         self.registry, self.worker, self.stage, self.step = registry, worker, stage, step
-        self.shown, self.started = -step, time.monotonic()
+        self.shown, self.started, self.started_at = -step, time.monotonic(), time.time()
 
     def __call__(self, done: int, total: int) -> None:
         percent = done * 100 // max(total, 1)
@@ -59,7 +59,7 @@ class LoadProgress:
 
     def _report(self, percent: int | None) -> None:
         with contextlib.suppress(redis.RedisError):  # Redis not up yet: the log still has it
-            self.registry.loading(self.worker, self.stage, percent, process_id())
+            self.registry.loading(self.worker, self.stage, percent, process_id(), self.started_at)
 
 
 def _credentials_taken(client: redis.Redis) -> None:
