@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -34,12 +35,6 @@ WRITE_STALL_S = 60.0  # an answer's buffered bytes untaken this long: the client
 STOP_LINGER_S = 0.5  # a connection idle when the server begins to stop waits this long for a request on its way
 
 
-def _timed_out() -> bytes:
-    body = json.dumps(error_body("the request was not sent in time", "invalid_request_error", code="request_timeout"))
-    head = "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-    return f"{head}content-length: {len(body)}\r\n\r\n{body}".encode()
-
-
 class RequestReadDeadline(HttpToolsProtocol):
     """uvicorn's httptools protocol with a deadline on reading each request, and on the client
     taking its answer."""
@@ -47,6 +42,9 @@ class RequestReadDeadline(HttpToolsProtocol):
     read_s, body_bytes_per_s, write_stall_s = REQUEST_READ_S, BODY_BYTES_PER_S, WRITE_STALL_S
     stop_linger_s = STOP_LINGER_S
     max_body_bytes: int = Settings.model_fields["max_request_bytes"].default
+    # each error it sends itself, before any route (a 408, a malformed request's 400): the gateway
+    # counts them with the routes' (dayzero_request_errors_total); they went uncounted
+    error_sent: Callable[[dict], None] = staticmethod(lambda error: None)
     _deadline: asyncio.TimerHandle | None = None
     _stalled: asyncio.TimerHandle | None = None  # armed while the transport's buffer is full
     _lingers: asyncio.TimerHandle | None = None  # the server stops: this idle connection closes then
@@ -119,18 +117,29 @@ class RequestReadDeadline(HttpToolsProtocol):
         return cycle.more_body and not cycle.response_started
 
     def send_400_response(self, msg: str) -> None:  # uvicorn's, for what httptools cannot parse
-        body = json.dumps(error_body(f"malformed HTTP request: {msg}", "invalid_request_error", code="bad_http"))
-        head = "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n"
-        self.transport.write(f"{head}content-length: {len(body)}\r\n\r\n{body}".encode())
-        self.transport.close()
+        self._refuse(
+            "400 Bad Request", error_body(f"malformed HTTP request: {msg}", "invalid_request_error", code="bad_http")
+        )
 
     def _too_slow(self) -> None:
         self._deadline = None
         if self._reading() and not self.transport.is_closing():
-            self.transport.write(_timed_out())
-            self.transport.close()
+            self._refuse(
+                "408 Request Timeout",
+                error_body("the request was not sent in time", "invalid_request_error", code="request_timeout"),
+            )
+
+    def _refuse(self, status: str, body: dict) -> None:
+        """Answer ``status`` with the error ``body`` and close the connection."""
+        text = json.dumps(body)
+        head = f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        self.transport.write(f"{head}content-length: {len(text)}\r\n\r\n{text}".encode())
+        self.transport.close()
+        self.error_sent(body["error"])
 
 
-def request_read_deadline(max_body_bytes: int) -> type[RequestReadDeadline]:
-    """The protocol for a gateway taking bodies of up to ``max_body_bytes``."""
-    return type("RequestReadDeadline", (RequestReadDeadline,), {"max_body_bytes": max_body_bytes})
+def request_read_deadline(max_body_bytes: int, error_sent: Callable[[dict], None]) -> type[RequestReadDeadline]:
+    """The protocol for a gateway taking bodies of up to ``max_body_bytes``, counting the errors it
+    sends with ``error_sent`` (OpenAI's error object)."""
+    own = {"max_body_bytes": max_body_bytes, "error_sent": staticmethod(error_sent)}
+    return type("RequestReadDeadline", (RequestReadDeadline,), own)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -51,6 +52,18 @@ class GatewayMetrics:
         """Count one error sent to a client: ``error`` is OpenAI's error object (``{"message", "type",
         "param", "code"}``). By its code, else its type (a validation 400 has none)."""
         self.errors.labels(str(error.get("code") or error.get("type") or "unknown")).inc()
+
+
+def error_counter(app) -> Callable[[dict], None]:
+    """Counts an error sent to a client on ``app``'s gateway metrics (``error_sent``), from outside
+    its routes (the connection handler's 408s and 400s: deadline.py); none before the app has started."""
+
+    def sent(error: dict) -> None:
+        gateway = getattr(app.state, "gateway", None)
+        if gateway is not None:
+            gateway.metrics.error_sent(error)
+
+    return sent
 
 
 class CountResponses:

@@ -22,6 +22,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         from services.gateway.access_log import access_log_config
         from services.gateway.app import make_app
         from services.gateway.deadline import request_read_deadline
+        from services.gateway.metrics import error_counter
 
         app = make_app(settings)
         grace = settings.shutdown_grace_s  # open streams end with an error event well within it
@@ -29,7 +30,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             app,
             host=settings.host,
             port=settings.port,
-            http=request_read_deadline(settings.max_request_bytes),  # a request sent too slowly gets a 408
+            # a request sent too slowly gets a 408, a malformed one a 400: counted as the routes' errors
+            http=request_read_deadline(settings.max_request_bytes, error_counter(app)),
             log_level="info",
             log_config=access_log_config(),  # its access lines name the requests answered
             timeout_graceful_shutdown=grace,

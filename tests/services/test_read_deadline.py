@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 
+import httpx
 import pytest
 import uvicorn
 
@@ -20,8 +21,12 @@ from services.gateway.deadline import RequestReadDeadline
 READ_S = 0.5
 
 
+SENT: list[dict] = []  # the errors the protocol said it sent (the gateway counts them)
+
+
 class _Quick(RequestReadDeadline):
     read_s, body_bytes_per_s, max_body_bytes, write_stall_s = READ_S, 1000, 2000, READ_S
+    error_sent = staticmethod(SENT.append)
 
 
 FLOOD_ENDED = threading.Event()  # the endless answer saw its client's disconnect
@@ -86,11 +91,13 @@ HEAD = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\nconnection: close\r\
     ids=["half a head", "half a body", "nothing", "a byte at a time"],
 )
 def test_a_request_not_sent_whole_in_time_gets_408_and_the_connection_closes(server, parts):
+    SENT.clear()
     started = time.monotonic()
     received = _exchange(server, parts, pause_s=READ_S / 5)  # all sent before the deadline: no reset
     assert received.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), received
     body = json.loads(received.split(b"\r\n\r\n", 1)[1])
     assert body["error"]["code"] == "request_timeout" and body["error"]["type"] == "invalid_request_error"
+    assert [body["error"]] == SENT  # (counted: dayzero_request_errors_total)
     assert time.monotonic() - started < READ_S + 2
 
 
@@ -152,10 +159,32 @@ def test_a_pipelined_request_is_not_timed_while_an_earlier_answer_goes_out(serve
     ids=["a negative length", "a bad chunk size"],
 )
 def test_a_request_the_http_parser_refuses_gets_an_openai_error(server, head):
+    SENT.clear()
     received = _exchange(server, [b"POST / HTTP/1.1\r\nhost: x\r\n" + head + b"\r\n"], pause_s=0)
     assert received.startswith(b"HTTP/1.1 400 Bad Request\r\n"), received
     error = json.loads(received.split(b"\r\n\r\n", 1)[1])["error"]
     assert error["code"] == "bad_http" and error["type"] == "invalid_request_error", error
+    assert [error] == SENT  # (counted: dayzero_request_errors_total)
+
+
+def test_the_gateway_counts_the_errors_its_connections_send_before_any_route(demo_dir, tmp_path):
+    """A malformed request's 400 (as a 408) is sent by the connection's protocol, before the app:
+    dayzero_request_errors_total{code} left it out, and a client hammering malformed requests
+    showed on no metric."""
+    from .conftest import start_gateway_alone
+
+    gateway = start_gateway_alone(demo_dir, tmp_path)
+    try:
+        port = int(gateway.url.rpartition(":")[2])
+        for _ in range(2):
+            received = _exchange(
+                port, [b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nContent-Length: -1\r\n\r\n"], 0
+            )
+            assert received.startswith(b"HTTP/1.1 400 Bad Request\r\n"), received
+        scraped = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+        assert 'dayzero_request_errors_total{code="bad_http"} 2.0' in scraped, scraped[-2000:]
+    finally:
+        gateway.stop()
 
 
 def test_a_client_that_takes_nothing_of_its_answer_loses_the_connection(server):
