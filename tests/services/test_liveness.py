@@ -185,18 +185,21 @@ def test_dayzero_alive_fails_once_this_hosts_worker_stamps_no_more(redis_url, mo
     client, host = redis.Redis.from_url(redis_url), socket.gethostname()
     client.delete("dz:alive:vision")
     monkeypatch.setenv("DAYZERO_REDIS_URL", redis_url)
-    client.hset("dz:alive:vision", "another-host:7", time.time())  # another container's worker
-    assert main(["alive", "vision"]) == 1
-    assert capsys.readouterr().out == f"no vision worker on {host} has stamped its liveness\n"
-    client.hset("dz:alive:vision", f"{host}:1", time.time() - 100)  # frozen 100 s ago
-    assert main(["alive", "vision"]) == 1 and "stamped its liveness 100." in capsys.readouterr().out
-    assert main(["alive", "vision", "--within", "200"]) == 0
-    pulse = Pulse(connect(redis_url), "vision").start()  # the same container's worker, restarted
     try:
-        assert wait_until(lambda: stamps(client, "vision").get(pulse.process), 5)
-        assert main(["alive", "vision"]) == 0
-    finally:
-        pulse.stop()
+        client.hset("dz:alive:vision", "another-host:7", time.time())  # another container's worker
+        assert main(["alive", "vision"]) == 1
+        assert capsys.readouterr().out == f"no vision worker on {host} has stamped its liveness\n"
+        client.hset("dz:alive:vision", f"{host}:1", time.time() - 100)  # frozen 100 s ago
+        assert main(["alive", "vision"]) == 1 and "stamped its liveness 100." in capsys.readouterr().out
+        assert main(["alive", "vision", "--within", "200"]) == 0
+        pulse = Pulse(connect(redis_url), "vision").start()  # the same container's worker, restarted
+        try:
+            assert wait_until(lambda: stamps(client, "vision").get(pulse.process), 5)
+            assert main(["alive", "vision"]) == 0
+        finally:
+            pulse.stop()
+    finally:  # (its made-up stamps left for the module's next tests)
+        client.hdel("dz:alive:vision", "another-host:7", f"{host}:1")
     monkeypatch.setenv("DAYZERO_REDIS_URL", "redis://127.0.0.1:1/0")  # nobody: the workers cannot stamp either
     assert main(["alive", "vision"]) == 0 and "not counted against the worker" in capsys.readouterr().out
 
