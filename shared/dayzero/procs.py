@@ -171,6 +171,12 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+def exited(returncode: int) -> str:
+    """How a child ended, as ``up`` says it (``decode0 exited (SIGKILL); restarted``): it said
+    "exited" alone, a crash, an OOM kill and a clean exit alike."""
+    return f"exited ({signal.Signals(-returncode).name})" if returncode < 0 else f"exited (code {returncode})"
+
+
 def local_url(host: str, port: int) -> str:
     """Where this host reaches a server bound to ``host``: a wildcard through loopback, an IPv6
     address in brackets, any other address or name as it is."""

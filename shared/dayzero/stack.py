@@ -24,6 +24,7 @@ import redis
 
 from .procs import (
     UnbindableHost,
+    exited,
     free_port,
     group_gone,
     kill_group,
@@ -237,7 +238,8 @@ class Stack:
         for child in self.children:
             if child.proc is not None and child.proc.poll() is not None:
                 self._left[child.proc.pid] = time.monotonic() + LEFT_GROUP_S
-                child.why = f"froze (no liveness stamp for {self.frozen_s:g} s)" if child.name in frozen else "exited"
+                froze = f"froze (no liveness stamp for {self.frozen_s:g} s)"
+                child.why = froze if child.name in frozen else exited(child.proc.returncode)
                 child.restarts += 1
                 restarted.append(child.name)
                 self._spawn(child)

@@ -183,7 +183,7 @@ def test_redis_crash_mid_stream_then_sigint_to_a_background_supervisor(text_dir,
     assert ended[-1] == "[DONE]" and ended[-2]["error"]["code"] == "shutting_down"
     _, err = up.communicate(timeout=60)
     assert up.returncode == 0, err[-2000:]
-    assert "redis exited; restarted" in err and "stopping: gateway, then workers, then redis" in err
+    assert "redis exited (SIGKILL); restarted" in err and "stopping: gateway, then workers, then redis" in err
     assert "killed" not in err  # every child honoured SIGTERM
     assert _gone(children, 5) == []
 
@@ -273,6 +273,7 @@ def test_restarting_a_child_that_exited_kills_what_is_left_of_its_process_group(
     rank = psutil.Process(int(rank_pid.read_text()))
     try:
         assert stack.supervise() == ["redis"]  # restarted (here a Redis: a light child to start)
+        assert stack.child("redis").why == "exited (code 3)"  # (was "exited": a crash, a kill, alike)
         gone = lambda: not rank.is_running() or rank.status() == psutil.STATUS_ZOMBIE  # noqa: E731
         assert wait_until(lambda: stack.supervise() == [] and gone(), 10)  # (SIGKILLed after LEFT_GROUP_S)
     finally:
@@ -297,4 +298,5 @@ def test_up_with_a_broken_checkpoint_stops_with_the_workers_error(text_dir, tmp_
     assert done.returncode == 1, done.stderr[-2000:]
     assert "FP8 weight decodes to non-finite values" in done.stderr
     name = re.search(r"error: (\S+) keeps exiting while starting", done.stderr)[1]
-    assert done.stderr.count(f"{name} exited; restarted") == 1  # restarted once, then given up on its second exit
+    restarts = re.findall(rf"^{name} exited \(code [1-9]\d*\); restarted$", done.stderr, re.MULTILINE)
+    assert len(restarts) == 1, done.stderr[-2000:]  # restarted once, then given up on its second exit
