@@ -42,8 +42,14 @@ async def readiness(gw: Gateway) -> tuple[dict, int]:
     except TimeoutError:
         return {"ready": False, "reason": f"redis unanswered for {ANSWER_WITHIN_S:g} s (frozen or unreachable)"}, 503
     except redis.RedisError as exc:
-        refused = isinstance(exc, redis.ResponseError) and writes_refused(exc)
-        return {"ready": False, "reason": f"redis {'refuses writes' if refused else 'unreachable'}: {exc}"}, 503
+        return {"ready": False, "reason": f"redis {_refusal(exc)}: {exc}"}, 503
+
+
+def _refusal(exc: redis.RedisError) -> str:
+    """What Redis's error says of it, for ``/ready``'s reason (credentials refused: it said "unreachable")."""
+    if isinstance(exc, redis.AuthenticationError):  # (a ConnectionError to redis-py)
+        return "refuses DAYZERO_REDIS_URL's credentials"
+    return "refuses writes" if isinstance(exc, redis.ResponseError) and writes_refused(exc) else "unreachable"
 
 
 async def _readiness(gw: Gateway) -> tuple[dict, int]:

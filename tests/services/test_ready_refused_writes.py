@@ -3,7 +3,8 @@ gateway serves nothing. With too few replicas (``min-replicas-to-write``, a repl
 stamps still read fresh: 200 for their 3 s while every request was 503 ``queue_unavailable``, then
 "no live worker" for as long as the refusal lasted (an operator looked at the workers); at the
 memory limit (its reads in a transaction refused too) "redis unreachable". Now its reason says Redis
-refuses writes, at once. Real processes: Redis and a gateway (no worker: /ready's reason was theirs)."""
+refuses writes, at once; and credentials refused are said so (not "unreachable"). Real processes:
+Redis and a gateway (no worker: /ready's reason was theirs)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import httpx
 import pytest
 import redis
 
-from .conftest import start_gateway_alone
+from .conftest import start_gateway_alone, wait_until
 from .test_decode_appends import writes_refused
 
 
@@ -30,3 +31,18 @@ def test_ready_says_redis_refuses_writes(gateway, setting):
         answer = httpx.get(f"{gateway.url}/ready", timeout=10)
         assert answer.status_code == 503 and answer.json()["reason"].startswith("redis refuses writes: ")
     assert "no live worker" in httpx.get(f"{gateway.url}/ready", timeout=10).json()["reason"]
+
+
+def test_ready_says_redis_refuses_the_gateways_credentials(gateway):
+    """Redis's password set (or changed) under a running gateway: its new connections are refused,
+    and /ready said "redis unreachable: Authentication required." of a Redis that answers."""
+    r = redis.Redis.from_url(gateway.redis_url)
+    r.config_set("requirepass", "changed")
+    try:
+        r.client_kill_filter(_type="normal", skipme=True)  # the gateway's connections: made again, refused
+        answer = httpx.get(f"{gateway.url}/ready", timeout=10)
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["reason"].startswith("redis refuses DAYZERO_REDIS_URL's credentials: "), answer.json()
+    finally:
+        r.config_set("requirepass", "")
+    assert wait_until(lambda: "no live worker" in httpx.get(f"{gateway.url}/ready", timeout=10).json()["reason"], 10)
