@@ -35,7 +35,7 @@ def test_an_item_of_a_list_is_named_by_its_variable_and_index(monkeypatch):
     monkeypatch.setenv("DAYZERO_API_KEYS", '["a", 1]')
     with pytest.raises(ValueError) as error:
         settings_from_env()
-    assert str(error.value) == "DAYZERO_API_KEYS[1]=1: Input should be a valid string"
+    assert str(error.value) == "DAYZERO_API_KEYS[1]=***: Input should be a valid string"  # (a key: not shown)
 
 
 @pytest.mark.parametrize("raw", ['["", "sesame"]', '[" "]', '["sesame", ""]', ",", "sesame,,open", "sesame,"])
@@ -75,9 +75,19 @@ def test_a_refused_redis_url_is_named_without_its_password(monkeypatch):
 
 
 def test_an_api_key_with_surrounding_spaces_is_refused(monkeypatch):
-    monkeypatch.setenv("DAYZERO_API_KEYS", '[" sesame"]')
+    monkeypatch.setenv("DAYZERO_API_KEYS", '["open", " sesame"]')
     with pytest.raises(ValueError, match="surrounding whitespace"):
         settings_from_env()
+
+
+@pytest.mark.parametrize("raw", ['["open", " sesame"]', "open-sesame,"])
+def test_a_refused_api_key_setting_shows_no_key(monkeypatch, raw):
+    """The refusal printed the setting as given, every key in it, and the whitespace check the key
+    itself (``key ' sesame' has surrounding whitespace``): an operator's terminal, a CI log."""
+    monkeypatch.setenv("DAYZERO_API_KEYS", raw)
+    with pytest.raises(ValueError) as error:
+        settings_from_env()
+    assert "sesame" not in str(error.value) and str(error.value).startswith("DAYZERO_API_KEYS"), error.value
 
 
 @pytest.mark.parametrize(

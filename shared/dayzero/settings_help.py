@@ -16,6 +16,7 @@ from .settings import Settings, without_password
 
 HELP_WIDTH = 100  # columns of the --help texts argparse prints unwrapped (the settings, a long description)
 COMPOSE_VARIABLES = ("DAYZERO_CHECKPOINT_DIR",)  # read by docker-compose.yml on the host, not by dayzero
+SECRETS = ("api_keys",)  # settings whose refused values are not printed (they were, keys and all)
 
 
 def unknown_settings(environ: Mapping[str, str]) -> list[str]:
@@ -68,4 +69,5 @@ def _problem(error: dict) -> str:
     field, *item = error["loc"]
     where, value = "".join(f"[{i}]" for i in item), error.get("input")
     shown = without_password(value) if isinstance(value, str) else value  # (a Redis URL's password)
-    return f"DAYZERO_{str(field).upper()}{where}={shown!r}: {message}"
+    shown = "***" if field in SECRETS else repr(shown)
+    return f"DAYZERO_{str(field).upper()}{where}={shown}: {message}"
