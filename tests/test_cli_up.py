@@ -138,7 +138,17 @@ def test_up_refuses_pools_its_workers_could_not_serve_from(env, message, tmp_pat
     assert not (tmp_path / "logs").exists()
 
 
-def test_up_gives_up_on_a_redis_it_is_given_that_does_not_answer(tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize(
+    ("url", "starred"),
+    [
+        ("redis://:secret@127.0.0.1:{port}/0", "redis://:***@127.0.0.1:{port}/0"),
+        (  # no sentinel answers
+            "redis+sentinel://:secret@127.0.0.1:{port}/dz/0?sentinel_password=secret",
+            "redis+sentinel://:***@127.0.0.1:{port}/dz/0?sentinel_password=***",
+        ),
+    ],
+)
+def test_up_gives_up_on_a_redis_it_is_given_that_does_not_answer(url, starred, tiny_checkpoint, tmp_path):
     """DAYZERO_REDIS_URL to a closed port: up started the gateway and the workers and waited for ever
     (without --ready-timeout), printing "waiting: redis unreachable" every 10 s."""
     import os
@@ -150,14 +160,14 @@ def test_up_gives_up_on_a_redis_it_is_given_that_does_not_answer(tiny_checkpoint
 
     closed, logs = free_port(), tmp_path / "logs"
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    env["DAYZERO_REDIS_URL"] = f"redis://:secret@127.0.0.1:{closed}/0"
+    env["DAYZERO_REDIS_URL"] = url.format(port=closed)
     argv = [sys.executable, "-m", "dayzero.cli", "up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(logs)]
     argv += ["--port", str(free_port())]
     # (without the bound: killed here, its children with it)
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60 + REDIS_ANSWER_WITHIN_S)
     assert done.returncode == 1, done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: the Redis at redis://:***@127.0.0.1:{closed}/0 (DAYZERO_REDIS_URL or REDIS_URL)")
+    assert last.startswith(f"error: the Redis at {starred.format(port=closed)} (DAYZERO_REDIS_URL or REDIS_URL)")
     assert "secret" not in done.stderr and "unset both to run an embedded one" in last
     assert not (logs / "gateway.log").exists()  # nothing was started
 

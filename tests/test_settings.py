@@ -58,11 +58,13 @@ def test_a_lease_longer_than_the_registry_remembers_a_worker_is_refused(monkeypa
 
 @pytest.mark.parametrize("url", ["sentinel://127.0.0.1:26379", "unix:///run/redis.sock", "127.0.0.1:6379"])
 def test_a_redis_url_dayzero_cannot_serve_with_is_refused_at_start(monkeypatch, url):
-    """redis-py (the gateway's and the stages' clients) reads no sentinel:// URL, kombu (the broker)
-    no unix://: ``dayzero up`` started every process before one failed ("Redis URL must specify one
-    of the following schemes"), and a unix:// broker failed in the workers (kombu)."""
+    """redis-py (the gateway's and the stages' clients) reads no sentinel:// URL (kombu's form: no
+    master named; dayzero's is redis+sentinel://), kombu (the broker) no unix://: ``dayzero up``
+    started every process before one failed ("Redis URL must specify one of the following
+    schemes"), and a unix:// broker failed in the workers (kombu)."""
     monkeypatch.setenv("DAYZERO_REDIS_URL", url)
-    with pytest.raises(ValueError, match=r"^DAYZERO_REDIS_URL=.*: dayzero serves with a redis:// or rediss:// \(TLS\)"):
+    served = r"dayzero serves with a redis://, rediss:// \(TLS\) or redis\+sentinel://"
+    with pytest.raises(ValueError, match=rf"^DAYZERO_REDIS_URL=.*: {served}"):
         settings_from_env()
 
 

@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dayzero.config import ModelConfig
+from dayzero.redis_clients import sync_client
 from dayzero.serving import redis_clock as clock
 from dayzero.serving.keys import QUEUES
 from dayzero.serving.liveness import STAMP_RETRY_S, wake_stampers
@@ -216,7 +217,7 @@ def make_app(settings: Settings) -> FastAPI:
         # the workers and the queues, read at each scrape on a client that gives up quickly: a scrape
         # while Redis hangs answers within Prometheus' timeout, with the gateway's own series
         timeout = {"socket_timeout": SCRAPE_REDIS_S, "socket_connect_timeout": SCRAPE_REDIS_S}
-        scraped = Registry(redis.Redis.from_url(settings.redis_url, **timeout))
+        scraped = Registry(sync_client(settings.redis_url, **timeout))
         gw.metrics.registry.register(SnapshotCollector(scraped.snapshots))
         gw.metrics.registry.register(QueueDepthCollector(lambda: scraped.queue_depths(STAGES)))
         if not settings.api_keys:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import redis
-import redis.asyncio as aioredis
 from celery import Celery
 from opentelemetry import trace
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from starlette.concurrency import run_in_threadpool
 
+from dayzero.redis_clients import async_client
 from dayzero.serving.admission import Queue, Record
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest, prefill_job_json
@@ -31,15 +31,15 @@ class Bus:
         self.messages = {stage: TaskMessages(celery, stage) for stage in ("vision", "prefill")}
         # short commands only (token streams go through the hub): a bounded pool that waits, never fails;
         # a command on a connection Redis closed (it restarted) goes once more on a new one
-        pool = aioredis.BlockingConnectionPool.from_url(
+        self.r = async_client(
             settings.redis_url,
+            blocking=True,
             max_connections=64,
             timeout=10,
             socket_connect_timeout=2,
             socket_timeout=settings.gateway_redis_timeout_s,  # (a frozen Redis: the command fails, 503 or tried again)
             retry=AsyncRetry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
         )
-        self.r = aioredis.Redis(connection_pool=pool)
         self.hub = StreamHub(settings.redis_url, self.r, block_ms=int(settings.keepalive_s * 1000))
         self.watching = Watching(self.r, settings.stream_ttl_s, settings.visibility_timeout_s)
         self.store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)  # sync, for the thread pool

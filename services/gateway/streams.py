@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator
 import redis
 import redis.asyncio as aioredis
 
+from dayzero.redis_clients import async_client
 from dayzero.serving.broker import AsyncUnblockedIsLostParser
 from dayzero.serving.keys import key
 from dayzero.serving.records import Token, decode, ending
@@ -60,7 +61,7 @@ class StreamHub:
 
     def __init__(self, url: str, commands: aioredis.Redis, block_ms: int = 5000) -> None:
         timeout = block_ms / 1000 + READ_MARGIN_S  # (none: a frozen Redis held every open stream for ever)
-        self.r = aioredis.Redis.from_url(
+        self.r = async_client(
             url,
             socket_connect_timeout=2,
             socket_timeout=timeout,

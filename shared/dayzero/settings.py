@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from . import settings_checks as checks
 from .chat.schema_size import MOST_TOOLS, SchemaLimits
+from .redis_clients import sentinel_address
 from .vision.images import ImageLimits, PatchSpec
 
 BUILT_IN_MODEL = Path(__file__).parent / "train" / "demo_model"  # written by ``dayzero train-demo``, shipped
@@ -31,8 +32,7 @@ def without_password(url: str) -> str:
 
 
 def _served_redis_url(url: str) -> str:
-    if not url.startswith(("redis://", "rediss://")):  # (redis-py reads no sentinel://, kombu no unix://)
-        raise ValueError("dayzero serves with a redis:// or rediss:// (TLS) URL")
+    sentinel_address(url)  # (its ValueError for any other URL: kombu reads no unix://)
     return url
 
 
@@ -91,7 +91,8 @@ class Settings(BaseSettings):
     # serving
     checkpoint: Path | None = Field(default=None, description="checkpoint served (default: the built-in trained model)")
     redis_url: Annotated[str, AfterValidator(_served_redis_url)] = Field(
-        default="redis://127.0.0.1:6379/0", description="broker, token streams, leases: redis://, or rediss:// (TLS)"
+        default="redis://127.0.0.1:6379/0",
+        description="broker, token streams, leases: redis://, rediss:// (TLS), or redis+sentinel://",
     )
     model_name: str = Field(default="dayzero-demo", description="the model id the API serves")
     api_keys: Annotated[list[str], NoDecode] = Field(

@@ -34,6 +34,7 @@ from .procs import (
     start_redis,
     terminate,
 )
+from .redis_clients import sync_client
 from .serving.keys import key
 from .serving.liveness import STAMP_EVERY_S, connect, process_id, seen
 from .settings import without_password
@@ -65,7 +66,7 @@ def _answering(url: str, within_s: float) -> None:
     """StartFailed unless the Redis at ``url`` answers a ping within ``within_s``: one that was
     unreachable (a closed port, a wrong host) kept ``up`` waiting for ever, "waiting: redis
     unreachable" every 10 s, without --ready-timeout. One that refuses the password fails at once."""
-    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    client = sync_client(url, socket_connect_timeout=2, socket_timeout=2)
     deadline = time.monotonic() + within_s
     try:
         while True:

@@ -60,10 +60,11 @@ def redis_url(tmp_path_factory):
         yield f"redis://127.0.0.1:{port}/0"
 
 
-def start_stack(demo_dir, log_dir, counts, extra=None, ranks=None) -> Stack:
-    """``ranks``: tensor-parallel ranks per prefill / decode worker."""
+def start_stack(demo_dir, log_dir, counts, extra=None, ranks=None, redis_url=None) -> Stack:
+    """``ranks``: tensor-parallel ranks per prefill / decode worker; ``redis_url``: a Redis of the
+    caller's (else the stack's own)."""
     env = {**SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(demo_dir), **(extra or {})}
-    stack = Stack(counts, free_port(), log_dir, env, ranks=ranks or {})
+    stack = Stack(counts, free_port(), log_dir, env, ranks=ranks or {}, redis_url=redis_url)
     stack.start()
     try:
         stack.wait_ready(timeout_s=180)

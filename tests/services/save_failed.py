@@ -39,10 +39,9 @@ def save_failed(r: redis.Redis):
 
 def napping_app(url: str, health_check_s: float) -> Celery:
     """``nap(seconds, mark)``: sleeps, then makes the file ``mark`` (Redis may refuse writes as it ends)."""
-    app = Celery("save_failed", broker=url)
+    app = Celery("save_failed")
     app.conf.update(
-        **celery_broker(url),
-        broker_transport_options={"ack_emulation": False, "health_check_interval": health_check_s},
+        **celery_broker(url, {"ack_emulation": False, "health_check_interval": health_check_s}),
         task_acks_late=True,
         worker_prefetch_multiplier=1,
         task_ignore_result=True,

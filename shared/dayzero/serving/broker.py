@@ -30,13 +30,16 @@ import ssl
 import time
 from collections.abc import Callable
 from typing import TypeVar
+from urllib.parse import quote
 
 import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from redis.asyncio.connection import DefaultParser as AsyncDefaultParser
 from redis.connection import DefaultParser
+from redis.sentinel import SentinelManagedConnection
 
+from ..redis_clients import sentinel_address
 from .outage_log import OutageLog
 
 log = logging.getLogger("dayzero.worker")
@@ -70,6 +73,10 @@ class UnblockedIsLostConnection(_UnblockedIsLost, redis.Connection):
 
 
 class UnblockedIsLostSSLConnection(_UnblockedIsLost, redis.SSLConnection):  # rediss://
+    pass
+
+
+class UnblockedIsLostSentinelConnection(_UnblockedIsLost, SentinelManagedConnection):  # redis+sentinel://
     pass
 
 
@@ -214,21 +221,33 @@ def writes_refused(exc: redis.ResponseError) -> bool:
     return code in _REFUSED_FOR_A_WHILE or isinstance(exc, redis.exceptions.MasterDownError)
 
 
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """The channel above, to the master its sentinels name (kombu's, which asks them at each connect)."""
+
+    connection_class = UnblockedIsLostSentinelConnection
+
+
 class Transport(kombu_redis.Transport):
     """The transport of a ``redis://`` or ``rediss://`` broker URL (``celery_broker``)."""
 
     Channel = Channel
 
 
-TRANSPORT = f"{__name__}:Transport"
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """The transport of a ``redis+sentinel://`` URL: kombu's ``sentinel://`` one, with the channel above."""
+
+    Channel = SentinelChannel
 
 
-def celery_broker(url: str) -> dict:
-    """Celery's settings for a broker at ``url`` (``redis://``, or ``rediss://``: TLS; settings.py
-    refuses the rest): this transport. kombu's own, which a ``rediss://`` URL kept, went without the
-    fixes above. Given a transport, kombu would connect to a ``rediss://`` URL without TLS unless told
-    (``broker_use_ssl``): the server's certificate checked, as redis-py checks it for the same URL
-    (the gateway's and the stages' own clients), unless the URL's ``ssl_cert_reqs`` says otherwise.
+def celery_broker(url: str, transport_options: dict) -> dict:
+    """Celery's settings for a broker at ``url`` (``redis://``, ``rediss://``: TLS, or
+    ``redis+sentinel://``; settings.py refuses the rest): this module's transport. kombu's own, which
+    a ``rediss://`` URL kept, went without the fixes above. Given a transport, kombu would connect to
+    a ``rediss://`` URL without TLS unless told (``broker_use_ssl``): the server's certificate
+    checked, as redis-py checks it for the same URL (the gateway's and the stages' own clients),
+    unless the URL's ``ssl_cert_reqs`` says otherwise. A sentinel URL becomes kombu's form (one
+    ``sentinel://`` URL a sentinel, the first with the master's password and db) and its master's
+    name a transport option, beside ``transport_options`` (``broker_transport_options``).
 
     A worker takes a message only while one of its pool's threads is free (``worker_disable_prefetch``:
     its reserved tasks counted, not the channel's deliveries). The count a channel keeps starts from
@@ -238,7 +257,20 @@ def celery_broker(url: str) -> dict:
     many messages again (5.6: one), each waiting unstarted for one of those to end while an idle peer
     could have run it (bench/prefetch_after_reconnect.py). Its reserved tasks outlive the connection:
     Celery keeps the running ones when it closes (``Consumer.on_close``)."""
-    worker = {"broker_transport": TRANSPORT, "worker_disable_prefetch": True}
+    worker = {"broker_url": url, "broker_transport": TRANSPORT, "worker_disable_prefetch": True}
+    worker["broker_transport_options"] = transport_options
+    where = sentinel_address(url)
+    if where is not None:
+        user = f"{quote(where.username or '')}:{quote(where.password)}@" if where.password is not None else ""
+        sentinels = [f"sentinel://{host}:{port}" for host, port in where.sentinels]
+        sentinels[0] = f"sentinel://{user}{where.sentinels[0][0]}:{where.sentinels[0][1]}/{where.db}"
+        options = {"master_name": where.master_name, "sentinel_kwargs": where.sentinel_kwargs()}
+        worker["broker_transport_options"] = {**transport_options, **options}
+        return {**worker, "broker_url": ";".join(sentinels), "broker_transport": SENTINEL}
     if url.startswith("rediss://"):
         return {**worker, "broker_use_ssl": {"ssl_cert_reqs": ssl.CERT_REQUIRED}}
     return worker
+
+
+TRANSPORT = f"{__name__}:Transport"
+SENTINEL = f"{__name__}:SentinelTransport"

@@ -44,6 +44,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.retry import Retry
 
+from ..redis_clients import sync_client
 from .admission import Queue, Record, admission
 from .keys import HANDOFF_OWNER, QUEUES, key
 from .messages import GenerationRequest
@@ -77,9 +78,7 @@ class Lifecycle:
     @classmethod
     def connect(cls, url: str, stream_ttl_s: int = 600) -> Lifecycle:
         once_more = Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))  # Redis closed the connection
-        client = redis.Redis.from_url(
-            url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=5, retry=once_more
-        )
+        client = sync_client(url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=5, retry=once_more)
         return cls(client, stream_ttl_s)
 
     # -- admit: -> queued ---------------------------------------------------------------------------

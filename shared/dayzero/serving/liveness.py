@@ -51,6 +51,7 @@ from typing import NamedTuple
 
 import redis
 
+from ..redis_clients import sync_client
 from .keys import key
 from .redis_clock import NOW, hashes_at, measured
 from .redis_clock import now as redis_now
@@ -133,7 +134,7 @@ def await_wake(client: redis.Redis, seconds: float, stop: threading.Event, tried
 
 def connect(url: str) -> redis.Redis:
     """A client that gives up quickly: a stamp or a check never waits long on a hung Redis."""
-    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    return sync_client(url, socket_timeout=2, socket_connect_timeout=2)
 
 
 class Pulse:

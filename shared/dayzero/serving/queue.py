@@ -21,10 +21,16 @@ _PROBE_ID = "dayzero-probe-task-id"  # the id of the message TaskMessages has Ce
 
 
 def make_celery(settings: Settings) -> Celery:
-    app = Celery("dayzero", broker=settings.redis_url)
+    app = Celery("dayzero")
+    transport_options = {
+        "visibility_timeout": settings.visibility_timeout_s,
+        "ack_emulation": False,
+        **RETRY_INTERVALS,  # the consumer's tries to connect again: a second apart at most (reconnect.py)
+        **HANG_BOUNDS,  # a Redis frozen or unreachable: its connects, commands, queue reads bounded (reconnect.py)
+    }
     app.conf.update(
         # kombu's Redis transport, consuming on through a Redis turned replica or refusing writes (broker.py)
-        **celery_broker(settings.redis_url),
+        **celery_broker(settings.redis_url, transport_options),
         task_routes={name: {"queue": stage} for stage, name in TASKS.items()},
         task_serializer="json",  # messages are data: never a pickle off the broker
         accept_content=["json"],
@@ -38,12 +44,6 @@ def make_celery(settings: Settings) -> Celery:
         # process then waits for its running generations before it exits: ~48 s of a decode stage
         # taking no work). A dead worker's requests come back through their lapsed leases (reaper.py),
         # an unclaimed message's through its lapsed queued mark, as before.
-        broker_transport_options={
-            "visibility_timeout": settings.visibility_timeout_s,
-            "ack_emulation": False,
-            **RETRY_INTERVALS,  # the consumer's tries to connect again: a second apart at most (reconnect.py)
-            **HANG_BOUNDS,  # a Redis frozen or unreachable: its connects, commands, queue reads bounded (reconnect.py)
-        },
         worker_consumer=CONSUMER,
         **{CREDENTIALS_REFUSED_S: settings.credentials_refused_s},  # (its consumer exits past it: reconnect.py)
         broker_connection_retry_on_startup=True,

@@ -1,0 +1,127 @@
+"""Every Redis client dayzero builds, from its one URL (``DAYZERO_REDIS_URL``): ``redis://``,
+``rediss://`` (TLS), or a master that Redis Sentinel watches::
+
+    redis+sentinel://[[user]:password@]host[:26379][,host2[:port]...]/master_name[/db][?sentinel_password=...]
+
+The user and password are the master's (and its replicas'); ``sentinel_password`` the sentinels'
+own (``requirepass`` in sentinel.conf), none when left out. A sentinel client asks the sentinels
+for the master's address at each new connection, and drops its connection when the server it holds
+stops being the master (READONLY, or the UNBLOCKED that ends a blocked read): the caller's retry of
+a lost connection (each client's ``Retry``, Celery's reconnect, the gateway's stream reader) then
+reaches the new master. kombu's own form (``sentinel://h:p;sentinel://h2:p`` and a master name in
+``broker_transport_options``) carries no master name, so it is refused, with this one's spelling.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
+from redis.sentinel import Sentinel
+
+SENTINEL_SCHEME = "redis+sentinel"
+SENTINEL_PORT = 26379
+FORM = f"{SENTINEL_SCHEME}://[[user]:password@]host[:port][,host2[:port]...]/master_name[/db][?sentinel_password=...]"
+_SENTINEL_ASKED_S = 2.0  # how long a question to one sentinel may take (the next is asked then)
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelAddress:
+    """A master that sentinels watch: where to ask, and what to connect with."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    master_name: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    sentinel_password: str | None = None
+
+    def connection_kwargs(self) -> dict[str, Any]:
+        """The master's connections' own keywords (redis-py's)."""
+        return {"db": self.db, "username": self.username, "password": self.password}
+
+    def sentinel_kwargs(self) -> dict[str, Any]:
+        """The keywords of the connections to the sentinels themselves."""
+        timeouts = {"socket_timeout": _SENTINEL_ASKED_S, "socket_connect_timeout": _SENTINEL_ASKED_S}
+        return {**timeouts, "password": self.sentinel_password}
+
+
+def sentinel_address(url: str) -> SentinelAddress | None:
+    """The sentinels and master ``url`` names (None for a ``redis://`` or ``rediss://`` URL); a
+    ValueError, naming the form, for any other URL or a sentinel URL without a master name."""
+    scheme = url.partition("://")[0]
+    if scheme in ("redis", "rediss"):
+        return None
+    if scheme != SENTINEL_SCHEME:
+        hint = f" ({scheme}:// is kombu's form, which names no master)" if scheme == "sentinel" else ""
+        raise ValueError(f"dayzero serves with a redis://, rediss:// (TLS) or {FORM} URL{hint}")
+    parts = urlsplit(url)
+    hosts = parts.netloc.rpartition("@")[2]
+    path = [p for p in parts.path.split("/") if p]
+    if not hosts or not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError(f"a Redis Sentinel URL names its sentinels and its master: {FORM}")
+    query = parse_qs(parts.query)
+    unknown = set(query) - {"sentinel_password"}
+    if unknown:
+        raise ValueError(f"a Redis Sentinel URL takes sentinel_password alone, not {', '.join(sorted(unknown))}")
+    return SentinelAddress(
+        sentinels=tuple(_host_port(h) for h in hosts.split(",")),
+        master_name=unquote(path[0]),
+        db=int(path[1]) if len(path) == 2 else 0,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password is not None else None,
+        sentinel_password=query["sentinel_password"][0] if "sentinel_password" in query else None,
+    )
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, colon, port = text.rpartition(":") if not text.endswith("]") else (text, "", "")
+    if not colon:
+        host, port = text, str(SENTINEL_PORT)
+    if not host or not port.isdigit():
+        raise ValueError(f"a sentinel is host[:port], not {text!r}: {FORM}")
+    return host.strip("[]"), int(port)
+
+
+def sync_client(url: str, **kwargs: Any) -> redis.Redis:
+    """A client of the Redis (the current master) at ``url``; ``kwargs``: its connections'."""
+    where = sentinel_address(url)
+    if where is None:
+        return redis.Redis.from_url(url, **kwargs)
+    sentinel = Sentinel(list(where.sentinels), sentinel_kwargs=where.sentinel_kwargs())
+    return sentinel.master_for(where.master_name, redis.Redis, **where.connection_kwargs(), **kwargs)
+
+
+class _BlockingSentinelPool(AsyncSentinelPool, aioredis.BlockingConnectionPool):
+    """A sentinel's master pool that waits for a free connection (``max_connections``), never fails."""
+
+
+def async_client(url: str, *, blocking: bool = False, **kwargs: Any) -> aioredis.Redis:
+    """An asyncio client of the Redis (the current master) at ``url``; ``blocking``: its pool waits
+    for a free connection past ``max_connections`` (``timeout`` s at most) instead of failing."""
+    where = sentinel_address(url)
+    if where is None:
+        if blocking:
+            return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(url, **kwargs))
+        return aioredis.Redis.from_url(url, **kwargs)
+    sentinel = AsyncSentinel(list(where.sentinels), sentinel_kwargs=where.sentinel_kwargs())
+    pool_class = _BlockingSentinelPool if blocking else AsyncSentinelPool
+    return sentinel.master_for(
+        where.master_name, aioredis.Redis, connection_pool_class=pool_class, **where.connection_kwargs(), **kwargs
+    )
+
+
+def shown(url: str) -> str:
+    """``url`` with its password (and its sentinels' password) starred, for a log or an error."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
+    query = re.sub(r"(?<![^&])sentinel_password=[^&]*", "sentinel_password=***", parts.query)
+    return parts._replace(netloc=netloc, query=query).geturl()

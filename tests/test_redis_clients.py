@@ -1,0 +1,61 @@
+"""The one Redis URL parser: redis://, rediss:// and redis+sentinel:// URLs, what each becomes."""
+
+from __future__ import annotations
+
+import pytest
+
+from dayzero.redis_clients import SentinelAddress, sentinel_address, shown
+from dayzero.serving import broker
+from dayzero.serving.queue import make_celery
+from dayzero.settings import Settings
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("redis://127.0.0.1:6379/0", None),
+        ("rediss://h:6380/1?ssl_cert_reqs=none", None),
+        ("redis+sentinel://s1/mymaster", SentinelAddress((("s1", 26379),), "mymaster")),
+        (
+            "redis+sentinel://app:p%40ss@s1:26380,s2,[::1]:26381/mymaster/3?sentinel_password=sp",
+            SentinelAddress((("s1", 26380), ("s2", 26379), ("::1", 26381)), "mymaster", 3, "app", "p@ss", "sp"),
+        ),
+        ("redis+sentinel://:pw@s1/m", SentinelAddress((("s1", 26379),), "m", password="pw")),
+    ],
+)
+def test_a_url_names_its_sentinels_and_master(url, expected):
+    assert sentinel_address(url) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("sentinel://s1:26379;sentinel://s2:26379", "kombu's form"),
+        ("unix:///tmp/redis.sock", "redis+sentinel://"),
+        ("redis+sentinel://s1", "names its sentinels and its master"),
+        ("redis+sentinel://s1/m/x", "names its sentinels and its master"),
+        ("redis+sentinel://s1:port/m", "host[:port], not 's1:port'"),
+        ("redis+sentinel://s1/m?ssl=true", "not ssl"),
+    ],
+)
+def test_another_url_is_refused_at_start_naming_the_form(url, says):
+    with pytest.raises(ValueError, match="redis_url") as refused:
+        Settings(redis_url=url)
+    assert says in str(refused.value)
+
+
+def test_passwords_are_starred_where_shown():
+    url = "redis+sentinel://app:secret@s1,s2/m/0?sentinel_password=other"
+    assert shown(url) == "redis+sentinel://app:***@s1,s2/m/0?sentinel_password=***"
+    assert shown("redis://:secret@h:6379/0") == "redis://:***@h:6379/0"
+
+
+def test_the_broker_gets_kombus_sentinel_form_with_the_master_named():
+    url = "redis+sentinel://:pw@127.0.0.1:26379,127.0.0.2:26390/mymaster/2?sentinel_password=sp"
+    connection = make_celery(Settings(redis_url=url)).connection_for_write()
+    assert connection.transport_cls == broker.SENTINEL
+    assert connection.alt == ["sentinel://:pw@127.0.0.1:26379/2", "sentinel://127.0.0.2:26390"]
+    assert (connection.password, connection.virtual_host) == ("pw", "2")
+    options = connection.transport_options
+    assert options["master_name"] == "mymaster" and options["sentinel_kwargs"]["password"] == "sp"
+    assert options["ack_emulation"] is False  # (make_celery's own options kept beside)
