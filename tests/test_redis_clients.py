@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import redis
 
-from dayzero.redis_clients import SentinelAddress, sentinel_address, shown
+from dayzero.procs import free_port
+from dayzero.redis_clients import SentinelAddress, sentinel_address, shown, sync_client, unreached
 from dayzero.serving import broker
 from dayzero.serving.queue import make_celery
 from dayzero.settings import Settings
@@ -59,3 +61,13 @@ def test_the_broker_gets_kombus_sentinel_form_with_the_master_named():
     options = connection.transport_options
     assert options["master_name"] == "mymaster" and options["sentinel_kwargs"]["password"] == "sp"
     assert options["ack_emulation"] is False  # (make_celery's own options kept beside)
+
+
+def test_sentinels_that_name_no_master_are_one_short_line():
+    """redis-py's MasterNotFoundError repeats each sentinel client's repr (~1,500 characters)."""
+    closed = free_port()
+    url = f"redis+sentinel://:pw@127.0.0.1:{closed}/dz/0"
+    with pytest.raises(redis.RedisError) as failed:
+        sync_client(url, socket_connect_timeout=1).ping()
+    said = unreached(url, failed.value)
+    assert said.startswith(f"no sentinel (127.0.0.1:{closed}) named the master 'dz': Error 111") and len(said) < 120

@@ -114,13 +114,14 @@ def cmd_alive(args: argparse.Namespace, settings: Settings) -> int:
 
     import redis
 
+    from .redis_clients import unreached
     from .serving.liveness import connect, stamped_ago
 
     bound, host = args.within or settings.frozen_worker_s, socket.gethostname()
     try:
         age = stamped_ago(connect(settings.redis_url), args.stage)
     except redis.RedisError as exc:
-        print(f"cannot read the liveness stamps ({exc}); not counted against the worker")
+        print(f"cannot read the liveness stamps ({unreached(settings.redis_url, exc)}); not counted against the worker")
         return 0
     if age is None:
         print(f"no {args.stage} worker on {host} has stamped its liveness")

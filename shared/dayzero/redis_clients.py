@@ -23,7 +23,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
-from redis.sentinel import Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 SENTINEL_SCHEME = "redis+sentinel"
 SENTINEL_PORT = 26379
@@ -115,6 +115,16 @@ def async_client(url: str, *, blocking: bool = False, **kwargs: Any) -> aioredis
     return sentinel.master_for(
         where.master_name, aioredis.Redis, connection_pool_class=pool_class, **where.connection_kwargs(), **kwargs
     )
+
+
+def unreached(url: str, exc: redis.RedisError) -> str:
+    """Why the Redis at ``url`` was not reached, in one line: for sentinels that named no master,
+    which (redis-py's own text repeats each sentinel client's repr, some 1,500 characters)."""
+    if not isinstance(exc, MasterNotFoundError) or (where := sentinel_address(url)) is None:
+        return str(exc)
+    text, sentinels = str(exc), ", ".join(f"{host}:{port}" for host, port in where.sentinels)
+    why = text.rpartition(": ")[2] if " : " in text else "those that answer name none up"  # (the last one's error)
+    return f"no sentinel ({sentinels}) named the master {where.master_name!r}: {why}"
 
 
 def shown(url: str) -> str:

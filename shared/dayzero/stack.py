@@ -34,7 +34,7 @@ from .procs import (
     start_redis,
     terminate,
 )
-from .redis_clients import sync_client
+from .redis_clients import sync_client, unreached
 from .serving.keys import key
 from .serving.liveness import STAMP_EVERY_S, connect, process_id, seen
 from .settings import without_password
@@ -81,7 +81,7 @@ def _answering(url: str, within_s: float) -> None:
                 if time.monotonic() >= deadline:
                     raise StartFailed(
                         f"the Redis at {without_password(url)} (DAYZERO_REDIS_URL or REDIS_URL) did not answer "
-                        f"within {within_s:g} s: {exc}; start it, or unset both to run an embedded one"
+                        f"within {within_s:g} s: {unreached(url, exc)}; start it, or unset both to run an embedded one"
                     ) from None
                 time.sleep(0.5)
     finally:
