@@ -6,7 +6,7 @@ import pytest
 import redis
 
 from dayzero.procs import free_port
-from dayzero.redis_clients import SentinelAddress, sentinel_address, shown, sync_client, unreached
+from dayzero.redis_clients import SentinelAddress, sentinel_address, sync_client, unreached, without_password
 from dayzero.serving import broker
 from dayzero.serving.queue import make_celery
 from dayzero.settings import Settings
@@ -46,10 +46,10 @@ def test_another_url_is_refused_at_start_naming_the_form(url, says):
     assert says in str(refused.value)
 
 
-def test_passwords_are_starred_where_shown():
+def test_passwords_are_starred_where_without_password():
     url = "redis+sentinel://app:secret@s1,s2/m/0?sentinel_password=other"
-    assert shown(url) == "redis+sentinel://app:***@s1,s2/m/0?sentinel_password=***"
-    assert shown("redis://:secret@h:6379/0") == "redis://:***@h:6379/0"
+    assert without_password(url) == "redis+sentinel://app:***@s1,s2/m/0?sentinel_password=***"
+    assert without_password("redis://:secret@h:6379/0") == "redis://:***@h:6379/0"
 
 
 def test_the_broker_gets_kombus_sentinel_form_with_the_master_named():

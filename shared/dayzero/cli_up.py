@@ -14,7 +14,8 @@ from pathlib import Path
 
 from . import cli_args
 from .config import ModelConfig
-from .settings import Settings, without_password
+from .redis_clients import without_password
+from .settings import Settings
 from .settings_help import HELP_WIDTH
 
 

@@ -127,11 +127,8 @@ def unreached(url: str, exc: redis.RedisError) -> str:
     return f"no sentinel ({sentinels}) named the master {where.master_name!r}: {why}"
 
 
-def shown(url: str) -> str:
-    """``url`` with its password (and its sentinels' password) starred, for a log or an error."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if parts.password is not None:
-        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
-    query = re.sub(r"(?<![^&])sentinel_password=[^&]*", "sentinel_password=***", parts.query)
-    return parts._replace(netloc=netloc, query=query).geturl()
+def without_password(url: str) -> str:
+    """``url`` as it may be printed or logged: its password and its sentinels' (``sentinel_password=``)
+    as ``***`` (any text: no parse that could fail, in an error's message)."""
+    url = re.sub(r"^(\w[\w+.-]*://[^:/@]*:)[^/]*@", r"\1***@", url)
+    return re.sub(r"([?&]sentinel_password=)[^&#]*", r"\1***", url)

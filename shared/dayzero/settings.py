@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
@@ -23,12 +22,6 @@ _GEOMETRY = {  # PatchSpec's field: the vision_config key naming it
     "merge_size": "spatial_merge_size",
     "temporal_patch_size": "temporal_patch_size",
 }
-
-
-def without_password(url: str) -> str:
-    """``url`` as it may be printed or logged: its password, if any, as ``***`` (any text: no parse
-    that could fail, in an error's message)."""
-    return re.sub(r"^(\w[\w+.-]*://[^:/@]*:)[^/]*@", r"\1***@", url)
 
 
 def _served_redis_url(url: str) -> str:

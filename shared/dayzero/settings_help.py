@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from .settings import Settings, without_password
+from .redis_clients import without_password
+from .settings import Settings
 
 HELP_WIDTH = 100  # columns of the --help texts argparse prints unwrapped (the settings, a long description)
 COMPOSE_VARIABLES = ("DAYZERO_CHECKPOINT_DIR",)  # read by docker-compose.yml on the host, not by dayzero

@@ -34,10 +34,9 @@ from .procs import (
     start_redis,
     terminate,
 )
-from .redis_clients import sync_client, unreached
+from .redis_clients import sync_client, unreached, without_password
 from .serving.keys import key
 from .serving.liveness import STAMP_EVERY_S, connect, process_id, seen
-from .settings import without_password
 from .shm import unlink_parked_by, unlink_pools_by
 
 SERVICES = ("gateway", "vision", "prefill", "decode")
