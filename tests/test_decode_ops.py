@@ -68,3 +68,46 @@ def test_a_norm_weight_given_new_memory_is_read_anew():
     assert torch.equal(rms_norm(x, weight, 1e-6), 2 * first)
     weight.data.mul_(3)  # in place: the same memory, the view sees it
     assert torch.equal(rms_norm(x, weight, 1e-6), 6 * first)
+
+
+def test_rope_on_the_cpu_reads_its_step_table_through_numpy_views_kept_once():
+    """A CPU step's rope (14 calls a demo decode step) ran the torch twin: a copy, a slice, an unflatten,
+    a complex view and the multiply on the table, five aten ops a call. The compiled loop reads the
+    table through the numpy views the table keeps (``RopeTable.host``), so no aten op touches it;
+    bitwise the twin's result."""
+    from dayzero.kernels.rope import rotate_torch
+    from dayzero.model.rope import RopeTable, apply_rope
+
+    table = RopeTable.at(1.0 / 10000 ** (torch.arange(0, 16, 2) / 16), torch.tensor([5, 130, 9]))
+    gen = torch.Generator().manual_seed(4)
+    q, kv = torch.randn(3, 4, 32, generator=gen), torch.randn(3, 32, generator=gen)
+    ops = OpsOn([("rotation", table.rotation), ("inverse", table.inverse)])
+    with ops:
+        got = [apply_rope(x, table, inverse) for x in (q, kv) for inverse in (False, True)]
+    assert ops.seen == []
+    want = [rotate_torch(x, r) for x in (q, kv) for r in (table.rotation, table.inverse)]
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_a_decode_step_rotates_by_no_complex_view(tiny_checkpoint):
+    """The torch twin's rope views its rows as complex numbers (``view_as_complex``), once a call; a
+    CPU decode step of few fp32 tokens rotates in the compiled loop, so it dispatches none."""
+    model = load_model(tiny_checkpoint, progress=False)
+    pools = pools_for(model.cfg, torch.float32, 40, max_sequences=2)
+    logits = prefill(model, pools, ["a", "b"], [random_ids(9, model.cfg.vocab_size, seed=5)] * 2)
+    ops = OpNames()
+    with ops:
+        decode(model, pools, ["a", "b"], logits.argmax(-1).tolist())
+    assert ops.names and "aten.view_as_complex.default" not in ops.names
+
+
+class OpNames(TorchDispatchMode):
+    """The names of the aten ops dispatched inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))

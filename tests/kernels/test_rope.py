@@ -35,3 +35,45 @@ def test_rope_kernel_rounds_bf16_once_as_the_twin_does():
     got, twin = rotate(x, rotation, "triton"), rotate_torch(x, rotation)
     assert got.dtype == torch.bfloat16
     assert ((got.float() - twin.float()).abs() <= twin.float().abs() * 2.0**-7 + 1e-6).all()
+
+
+def _rotation_pair(tokens: int, half: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    angles = torch.rand(tokens, half, generator=gen) * 1000  # positions up to ~1000 at theta's fastest
+    rotation = torch.complex(angles.cos(), angles.sin())
+    return rotation, rotation.conj().resolve_conj()
+
+
+@pytest.mark.parametrize("half", [8, 16, 32])  # the demo's rope dims (16) and V4's (64), a third width
+@pytest.mark.parametrize("shape", [(1, 4), (3, 16), (7, 1)])  # (tokens, heads) or (tokens, 1) for a [T, D] row
+def test_rope_cpu_loop_is_the_twin_bitwise(shape, half):
+    """Few fp32 tokens on the CPU take the compiled loop (``rope_cpu``): the twin's complex multiply
+    (a c - b s, a s + b c, each product rounded), so bitwise equal to it where torch's multiply runs
+    in vector lanes: every pair when ``half`` is a multiple of the lanes (8 complex64 in AVX-512, 4 in
+    AVX2; 8 in the demo, 32 in V4). The by-hand rotation in float64 bounds both."""
+    from dayzero.kernels.hyper_cpu import fits_cpu
+    from dayzero.kernels.rope_cpu import rotate_cpu
+
+    tokens, heads = shape
+    gen = torch.Generator().manual_seed(half + tokens)
+    x = torch.randn(tokens, heads, 2 * half + 6, generator=gen) * 8
+    x = x[:, 0] if heads == 1 else x
+    assert fits_cpu(x)
+    for r in _rotation_pair(tokens, half, seed=half):
+        got, twin = rotate(x, r), rotate_torch(x, r)
+        assert torch.equal(got, twin) and torch.equal(rotate_cpu(x, r.numpy()), twin)
+        r64 = r.view(tokens, *([1] * (x.dim() - 2)), half).to(torch.complex128)
+        a, b = x[..., -2 * half :: 2].double(), x[..., -2 * half + 1 :: 2].double()
+        assert (got[..., -2 * half :: 2] - (a * r64.real - b * r64.imag)).abs().max().item() < 1e-5
+        assert (got[..., -2 * half + 1 :: 2] - (a * r64.imag + b * r64.real)).abs().max().item() < 1e-5
+        assert torch.equal(got[..., : -2 * half], x[..., : -2 * half])
+
+
+@pytest.mark.parametrize("half", [3, 5, 22])
+def test_rope_cpu_loop_of_odd_widths_is_within_an_ulp_or_so_of_the_twin(half):
+    """Pairs past the last full vector lane of torch's multiply go through its scalar loop, compiled
+    with fused multiply-adds where the CPU has them: there the two differ in the last bit or two."""
+    x = torch.randn(5, 3, 2 * half + 2, generator=torch.Generator().manual_seed(half)) * 8
+    for r in _rotation_pair(5, half, seed=half):
+        got, twin = rotate(x, r), rotate_torch(x, r)
+        assert ((got - twin).abs() <= twin.abs() * 2.0**-22 + 1e-6).all()

@@ -6,16 +6,20 @@
 
 The twin multiplies an fp32 copy of ``x`` by the rotation as complex numbers in place (three
 launches for a bf16 ``x``, two for fp32); the kernel reads the row once and writes it once (a
-layer rotates its queries, its KV and its output, and in CSA layers the indexer's queries).
+layer rotates its queries, its KV and its output, and in CSA layers the indexer's queries). On the
+CPU steps of few fp32 tokens take a compiled loop with the twin's arithmetic (``rope_cpu``).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from .batch import Backend
+from .hyper_cpu import fits_cpu
+from .rope_cpu import rotate_cpu
 
 
 def rotate_torch(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
@@ -44,12 +48,18 @@ def _rope_kernel(x_ptr, table_ptr, out_ptr, rows_per_token, D, half, BD: tl.cons
     tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def rotate(x: torch.Tensor, rotation: torch.Tensor, backend: Backend = "torch") -> torch.Tensor:
-    """``x`` with its trailing pairs rotated by ``rotation`` (see the module docstring)."""
+def rotate(
+    x: torch.Tensor, rotation: torch.Tensor, backend: Backend = "torch", host: np.ndarray | None = None
+) -> torch.Tensor:
+    """``x`` with its trailing pairs rotated by ``rotation`` (see the module docstring); ``host``:
+    the caller's numpy view of a CPU ``rotation``, kept for every call of a step (``.numpy()`` is
+    four aten ops)."""
     half, dim = rotation.shape[-1], x.shape[-1]
     if rotation.shape[0] != x.shape[0] or 2 * half > dim or dim % 2:
         raise ValueError(f"bad shapes x {tuple(x.shape)} rotation {tuple(rotation.shape)}")
     if backend == "torch":
+        if fits_cpu(x):  # few fp32 tokens on the CPU: one compiled loop
+            return rotate_cpu(x, rotation.numpy() if host is None else host)
         return rotate_torch(x, rotation)
     rows = x.contiguous()
     out = torch.empty_like(rows)

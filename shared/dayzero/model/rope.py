@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..config import RopeConfig
@@ -50,19 +51,23 @@ def cos_sin(freqs: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor,
 class RopeTable:
     """A step's rotations: ``rotation`` = cos + i sin and ``inverse`` = cos - i sin
     [T, rope_dim/2] complex64, built once with the table (a step's tables serve every layer;
-    multiplying by a lazy ``conj()`` resolves it on every call)."""
+    multiplying by a lazy ``conj()`` resolves it on every call); on the CPU ``host`` holds their
+    numpy views (rotation, inverse) for the compiled loop, viewed once a step, not once a call."""
 
     rotation: torch.Tensor
     inverse: torch.Tensor
+    host: tuple[np.ndarray, np.ndarray] | None = None
 
     @staticmethod
     def at(freqs: torch.Tensor, positions: torch.Tensor) -> RopeTable:
         rotation = torch.complex(*cos_sin(freqs, positions))
-        return RopeTable(rotation, rotation.conj().resolve_conj())
+        inverse = rotation.conj().resolve_conj()
+        return RopeTable(rotation, inverse, (rotation.numpy(), inverse.numpy()) if rotation.is_cpu else None)
 
 
 def apply_rope(x: torch.Tensor, table: RopeTable, inverse: bool = False, backend: Backend = "torch") -> torch.Tensor:
     """Rotate the trailing rope channels of ``x [T, ..., D]``; pairs are (2i, 2i+1) (kernels.rope).
 
     ``inverse`` rotates by ``-angle`` (used to undo RoPE on the attention output)."""
-    return rotate(x, table.inverse if inverse else table.rotation, backend)
+    host = None if table.host is None else table.host[inverse]
+    return rotate(x, table.inverse if inverse else table.rotation, backend, host)
