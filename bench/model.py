@@ -3,8 +3,8 @@
 Batch 1, 512 prompt tokens, 64 new tokens (greedy), fp32 on CPU; median of several runs,
 both engines measured side by side in one process, rounds alternating which goes first (the
 ratio of the medians, and the median of each round's own ratio: this VM's speed drifts between
-rounds); then the aten ops each engine dispatches per decode step (counted, not timed). Run:
-``python bench/model.py``.
+rounds); then the aten ops each engine dispatches per decode step (counted, not timed) at batch 1
+and at batch 8 (eight prompts of the same length). Run: ``python bench/model.py``.
 """
 
 from __future__ import annotations
@@ -36,30 +36,31 @@ class OpCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def dayzero_run(model, prompt: list[int], new: int, counter: OpCount | None = None) -> tuple[float, float]:
-    pools = pools_for(model.cfg, torch.float32, len(prompt) + new)
+def dayzero_run(model, prompts: list[list[int]], new: int, counter: OpCount | None = None) -> tuple[float, float]:
+    seqs = [f"s{i}" for i in range(len(prompts))]
+    pools = pools_for(model.cfg, torch.float32, len(prompts[0]) + new, max_sequences=len(prompts))
     start = time.perf_counter()
-    logits = prefill(model, pools, ["s"], [prompt])[0]
+    logits = prefill(model, pools, seqs, prompts)
     prefill_s = time.perf_counter() - start
     start = time.perf_counter()
     with counter or contextlib.nullcontext():
         for _ in range(new):
-            logits = decode(model, pools, ["s"], [int(logits.argmax())])[0]
+            logits = decode(model, pools, seqs, logits.argmax(-1).tolist())
     return prefill_s, time.perf_counter() - start
 
 
 @torch.inference_mode()
-def transformers_run(ref, prompt: list[int], new: int, counter: OpCount | None = None) -> tuple[float, float]:
+def transformers_run(ref, prompts: list[list[int]], new: int, counter: OpCount | None = None) -> tuple[float, float]:
     from transformers import DynamicCache
 
     cache = DynamicCache(config=ref.config)
     start = time.perf_counter()
-    logits = ref(torch.tensor([prompt]), cache=cache, use_cache=True).logits[0, -1]
+    logits = ref(torch.tensor(prompts), cache=cache, use_cache=True).logits[:, -1]
     prefill_s = time.perf_counter() - start
     start = time.perf_counter()
     with counter or contextlib.nullcontext():
         for _ in range(new):
-            logits = ref(torch.tensor([[int(logits.argmax())]]), cache=cache, use_cache=True).logits[0, -1]
+            logits = ref(logits.argmax(-1)[:, None], cache=cache, use_cache=True).logits[:, -1]
     return prefill_s, time.perf_counter() - start
 
 
@@ -81,9 +82,9 @@ def main() -> None:
     for i in range(args.runs + 1):  # first round is warm-up, dropped; the order alternates
         for name in ("dayzero", "transformers") if i % 2 else ("transformers", "dayzero"):
             run = (
-                dayzero_run(ours, prompt, args.new_tokens)
+                dayzero_run(ours, [prompt], args.new_tokens)
                 if name == "dayzero"
-                else transformers_run(ref, prompt, args.new_tokens)
+                else transformers_run(ref, [prompt], args.new_tokens)
             )
             results[name].append(run)
     rates = {}
@@ -109,11 +110,15 @@ def main() -> None:
         for k in (0, 1)
     ]
     print(f"| {'paired ratio':<13} | {paired[0]:12.2f}x | {paired[1]:11.2f}x |  (median of the rounds' own ratios)")
-    counts = {name: OpCount() for name in results}
-    dayzero_run(ours, prompt, args.new_tokens, counts["dayzero"])
-    transformers_run(ref, prompt, args.new_tokens, counts["transformers"])
-    per_step = ", ".join(f"{name} {c.ops / args.new_tokens:.0f}" for name, c in counts.items())
-    print(f"aten ops per decode step: {per_step}")
+    others = torch.randint(2, ours.cfg.vocab_size, (7, args.prompt_tokens)).tolist()
+    batches = {1: [prompt], 8: [prompt, *others]}  # prompts of one length: transformers' batch needs no padding
+    print(f"| {'aten ops a decode step':<24} | {'batch 1':>7} | {'batch 8':>7} |")
+    print(f"|{'-' * 26}|{'-' * 9}|{'-' * 9}|")
+    for name, run, engine in (("dayzero", dayzero_run, ours), ("transformers", transformers_run, ref)):
+        counters = {batch: OpCount() for batch in batches}
+        for batch, prompts in batches.items():
+            run(engine, prompts, args.new_tokens, counters[batch])
+        print(f"| {name:<24} | {counters[1].ops / args.new_tokens:7.0f} | {counters[8].ops / args.new_tokens:7.0f} |")
 
 
 if __name__ == "__main__":
