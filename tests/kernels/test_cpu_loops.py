@@ -3,6 +3,7 @@ the torch definitions and float64: the same fp32 arithmetic, so within an ulp or
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -95,3 +96,28 @@ def test_compiled_cpu_collapse_and_merge_match_the_twins(n, t):
     assert (got - want).abs().max().item() < 1e-5
     merged = mix.merge(streams, block_out)
     assert merged.dtype == torch.float32 and (merged - want_merged).abs().max().item() < 1e-5
+
+
+def test_a_cpu_collapse_mixes_and_collapses_in_one_call_of_compiled_code(monkeypatch):
+    """A call of compiled code from Python checks its arguments' types (~2 us): the mix and the
+    collapse after it are one call (``_mix_collapse``), eight fewer a demo decode step. With the
+    separate loops unreachable from Python, both CPU collapses still run and match the twin."""
+    from dayzero.kernels import hyper_cpu
+    from dayzero.kernels.hyper import hyper_mix_torch
+
+    gen = torch.Generator().manual_seed(15)
+    streams, fn = torch.randn(2, 4, 40, generator=gen), torch.randn(24, 160, generator=gen)
+    base, scale = torch.randn(24, generator=gen), torch.rand(3, generator=gen) + 0.5
+    flat = torch.from_numpy(hyper_cpu.rms_scale_rows(streams.flatten(1).numpy(), np.float32(1e-6)))
+    mixes = torch.nn.functional.linear(flat, fn)
+    want = hyper_mix_torch(mixes, base, scale, streams, 20, 1e-6)
+    hyper_cpu.collapse_cpu(streams, fn, base, scale, 20, 1e-6, 1e-6)  # compiled (or loaded) before the patch
+    hyper_cpu.mix_collapse_cpu(mixes, base, scale, streams, 4, 20, 1e-6)
+    for name in ("_mix", "_collapse"):
+        monkeypatch.setattr(hyper_cpu, name, lambda *args: pytest.fail("a separate call of compiled code"))
+    collapsed, post, comb = hyper_cpu.collapse_cpu(streams, fn, base, scale, 20, 1e-6, 1e-6)
+    for got in (
+        (collapsed, torch.from_numpy(post), torch.from_numpy(comb)),
+        hyper_cpu.mix_collapse_cpu(mixes, base, scale, streams, 4, 20, 1e-6),
+    ):
+        assert all((g - w).abs().max().item() < 1e-5 for g, w in zip(got, want, strict=True))

@@ -94,6 +94,14 @@ def _merge(streams, block_out, post, comb):
     return out
 
 
+@numba.njit(cache=True)
+def _mix_collapse(mixes, base, scale, n, iters, eps, streams):
+    """``_mix``, then the collapse of ``streams`` by its pre, in one call (a call of compiled code
+    from Python costs ~2 us here, its arguments' types checked; eight collapses a demo decode step)."""
+    pre, post, comb = _mix(mixes, base, scale, n, iters, eps)
+    return _collapse(pre, streams), post, comb
+
+
 def fits_cpu(streams: torch.Tensor) -> bool:
     """Whether a step's tensor [T, ...] takes the compiled loops (these and ``norms_cpu``'s): few
     tokens of contiguous fp32 on the CPU (``is_cpu``: ``.device`` builds a device object, ~1 us)."""
@@ -119,8 +127,8 @@ def collapse_cpu(
     rows = streams.numpy()
     t, n, d = rows.shape
     flat = torch.from_numpy(rms_scale_rows(rows.reshape(t, n * d), np.float32(norm_eps)))
-    pre, post, comb = _mix_arrays(F.linear(flat, fn).numpy(), base, scale, n, iters, eps)
-    return torch.from_numpy(_collapse(pre, rows)), post, comb
+    collapsed, post, comb = _mix_arrays(F.linear(flat, fn).numpy(), base, scale, n, iters, eps, rows)
+    return torch.from_numpy(collapsed), post, comb
 
 
 def mix_weights_cpu(
@@ -137,12 +145,15 @@ def mix_collapse_cpu(
     """(collapsed [T, D], post, comb) of ``streams`` that ``fits_cpu``: ``mix_weights_cpu``, then the
     collapse as one loop, pre handed from one loop to the other in numpy (to torch and back it was
     five aten ops, forty a demo decode step)."""
-    pre, post, comb = _mix_arrays(mixes.numpy(), base, scale, n, iters, eps)
-    return torch.from_numpy(_collapse(pre, streams.numpy())), torch.from_numpy(post), torch.from_numpy(comb)
+    arrays = _mix_arrays(mixes.numpy(), base, scale, n, iters, eps, streams.numpy())
+    return tuple(torch.from_numpy(a) for a in arrays)
 
 
-def _mix_arrays(mixes: np.ndarray, base, scale, n, iters, eps) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return _mix(mixes, weight_array(base), weight_array(scale), n, iters, np.float32(eps))
+def _mix_arrays(mixes: np.ndarray, base, scale, n, iters, eps, streams: np.ndarray | None = None):
+    """``_mix`` of the weights' kept views -> (pre, post, comb); given ``streams``, ``_mix_collapse``
+    -> (collapsed, post, comb)."""
+    args = (mixes, weight_array(base), weight_array(scale), n, iters, np.float32(eps))
+    return _mix(*args) if streams is None else _mix_collapse(*args, streams)
 
 
 def merge_cpu(
