@@ -61,8 +61,11 @@ class RopeTable:
     @staticmethod
     def at(freqs: torch.Tensor, positions: torch.Tensor) -> RopeTable:
         rotation = torch.complex(*cos_sin(freqs, positions))
-        inverse = rotation.conj().resolve_conj()
-        return RopeTable(rotation, inverse, (rotation.numpy(), inverse.numpy()) if rotation.is_cpu else None)
+        if not rotation.is_cpu:
+            return RopeTable(rotation, rotation.conj().resolve_conj())
+        host = rotation.numpy()
+        inverse = np.conj(host)  # (numpy's: torch's conj and resolve_conj, then its view, are six aten ops)
+        return RopeTable(rotation, torch.from_numpy(inverse), (host, inverse))
 
 
 def apply_rope(x: torch.Tensor, table: RopeTable, inverse: bool = False, backend: Backend = "torch") -> torch.Tensor:
