@@ -1,17 +1,19 @@
 """How a stack comes through a Redis that hangs rather than refuses: ``frozen`` (redis-server SIGSTOPped,
 then SIGCONTed: its connections and its listen backlog kept, no reply meanwhile) or ``unreachable``
 (redis-server in a network namespace whose end of the veth pair goes down: every packet dropped, then
-the link up again; needs root and ``ip netns``). For each fault and each of ``--outages`` seconds, on
-a stack of 1 vision, 1 prefill and 1 decode worker on the demo checkpoint (with its vision tower,
-leases of 1 s): a long stream in flight as Redis goes; ``/ready`` asked every 0.5 s meanwhile; from
-Redis back, a text request, then one with an image, sent again until answered 200 (each first 200's
-seconds after Redis back); how the stream ended and when, and how many tokens its request generated
-past the last one the client got (its stream's last entry, once the request ended, or GIVE_UP_S after
-Redis's return) and how it ended (its ``done`` mark); each worker's log records from the fault on.
-``--redis-rto-max-ms``: the unreachable Redis's TCP retransmissions at most this far apart (the Redis
-host's ``net.ipv4.tcp_rto_max_ms``, Linux 6.15 on): its replies sent during the cut (a worker's queue
-read, 1 s blocks) otherwise come back with TCP's backoff, up to ~3 s after a 5 s cut.
-Run: ``sudo .venv/bin/python bench/hung_redis.py [--faults frozen,unreachable] [--outages 5,30]``.
+the link up again; needs root and ``ip netns``) or ``partitioned`` (the same namespace, both links left
+up and every packet dropped both ways by a ``blackhole`` qdisc on each end; root, ``ip``, ``tc``). For
+each fault and each of ``--outages`` seconds, on a stack of 1 vision, 1 prefill and 1 decode worker on
+the demo checkpoint (with its vision tower, leases of 1 s): a long stream in flight as Redis goes;
+``/ready`` asked every 0.5 s meanwhile; from Redis back, a text request, then one with an image, sent
+again until answered 200 (each first 200's seconds after Redis back); how the stream ended and when, and
+how many tokens its request generated past the last one the client got (its stream's last entry, once
+the request ended, or GIVE_UP_S after Redis's return) and how it ended (its ``done`` mark); each
+worker's log records from the fault on. ``--redis-rto-max-ms``: the unreachable (or partitioned) Redis's
+TCP retransmissions at most this far apart (the Redis host's ``net.ipv4.tcp_rto_max_ms``, Linux 6.15
+on): its replies sent during the cut (a worker's queue read, 1 s blocks) otherwise come back with TCP's
+backoff, up to ~3 s after a 5 s cut.
+Run: ``sudo .venv/bin/python bench/hung_redis.py [--faults frozen,unreachable,partitioned] [--outages 5,30]``.
 """
 
 from __future__ import annotations
@@ -207,14 +209,14 @@ def outages_on(stack, fault: FrozenRedis, name: str, outages: list[float], logs:
 
 def main() -> None:
     p = bench_parser(__doc__)
-    p.add_argument("--faults", default="frozen,unreachable", help="comma-separated: frozen, unreachable")
+    p.add_argument("--faults", default="frozen,unreachable", help="comma-separated: frozen, unreachable, partitioned")
     p.add_argument("--outages", default="5,30", help="seconds Redis hangs, comma-separated")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--keep", default="", help="a folder to keep the stack's logs in")
     p.add_argument("--redis-rto-max-ms", type=int, default=None, help="unreachable: Redis's net.ipv4.tcp_rto_max_ms")
     args = p.parse_args()
     capped = partial(unreachable_redis, rto_max_ms=args.redis_rto_max_ms)
-    faults = {"frozen": frozen_redis, "unreachable": capped}
+    faults = {"frozen": frozen_redis, "unreachable": capped, "partitioned": partial(capped, partitioned=True)}
     outages = [float(s) for s in args.outages.split(",")] * args.rounds
     print(row(*HEADS))
     with scratch(args.keep) as folder:
