@@ -195,3 +195,19 @@ def test_tokenize_refuses_a_prompt_over_the_context_as_the_routes_do(gateway, bo
     error = r.json()["error"]
     assert error["code"] == "context_length_exceeded" and error["param"] == next(iter(body)), error
     assert ("at least" in error["message"]) == at_least and error["message"].endswith(f"limit is {CONTEXT}"), error
+
+
+def test_detokenize_takes_up_to_the_context_and_refuses_more_and_ids_outside_the_vocabulary(gateway):
+    """Past the context the ids are refused before the tokenizer decodes them (it holds the event loop:
+    ~1 s for the 1 M ids the schema lets through, every stream of the gateway waiting)."""
+
+    def detokenize(tokens: list[int]):
+        return gateway.post("/detokenize", json={"model": MODEL, "tokens": tokens})
+
+    assert detokenize([5] * CONTEXT).status_code == 200
+    refused = detokenize([5] * (CONTEXT + 1))
+    assert refused.status_code == 400, refused.text[:200]
+    assert refused.json()["error"]["code"] == "context_length_exceeded" and refused.json()["error"]["param"] == "tokens"
+    for outside in (-1, 512):
+        refused = detokenize([5] * 10 + [outside])
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "tokens", refused.text[:200]
