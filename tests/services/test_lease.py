@@ -9,6 +9,7 @@ import time
 import redis
 
 from dayzero.params import SamplingParams
+from dayzero.procs import free_port
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.keys import key
 from dayzero.serving.lease import Heartbeat
@@ -63,6 +64,25 @@ def test_a_lease_lost_during_long_work_is_logged_once_not_at_every_beat(redis_ur
     assert [r.getMessage() for r in caplog.records if "leases lost" in r.getMessage()] == [
         "leases lost during a long piece of work: lost1"
     ]
+
+
+def test_beats_holding_nothing_do_not_say_an_unreachable_redis_is_back(caplog):
+    """A worker whose requests ended during an outage beat nothing (no round trip) and logged
+    "heartbeats go through again" while Redis was still out (the soak: 1 s into a 15 s and a 45 s
+    partition, before its loop's "reaches Redis again")."""
+    unreachable = redis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=0.2)
+    store, stop = Lifecycle(unreachable), threading.Event()
+    beat = Heartbeat(store, "decode0", 0.3, stop)
+    try:
+        with caplog.at_level("WARNING", logger="dayzero.lease"):
+            with beat.holding(["ended1"]):
+                time.sleep(0.5)  # beats that fail: nothing listens there
+            time.sleep(0.5)  # beats holding nothing
+    finally:
+        stop.set()
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("heartbeat failed") for m in said), said
+    assert not any("go through again" in m for m in said), said
 
 
 def _admitted(settings: Settings, rid: str, max_tokens: int) -> tuple[Lifecycle, GenerationRequest]:

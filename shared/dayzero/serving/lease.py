@@ -97,6 +97,8 @@ class Heartbeat:
                         self._reported = stuck[0]
                         log.warning("%s; letting its leases lapse", stuck[1])
                     continue
+                if not self._ids:  # nothing to beat, no round trip: it cannot tell Redis is back
+                    continue
                 try:
                     lost = self._store.heartbeat(sorted(self._ids), self._owner, self._lease_s, self._runs)
                     if new := [rid for rid in lost if rid not in self._lost]:  # (beaten till its owner drops it)
