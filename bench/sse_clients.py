@@ -78,7 +78,8 @@ class CannedServer:
         self.answer, self.connections = answer, 0
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._acceptor = threading.Thread(target=self._accept, daemon=True)
+        self._acceptor.start()
 
     def _accept(self) -> None:
         while True:
@@ -103,6 +104,9 @@ class CannedServer:
                     conn.sendall(self.answer)
 
     def close(self) -> None:
+        """Stops accepting; its accept thread ends (a closed socket alone left it blocked in accept())."""
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self._acceptor.join()
         self.sock.close()
 
 

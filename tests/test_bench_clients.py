@@ -8,6 +8,7 @@ count of accepted connections is the check."""
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -59,3 +60,14 @@ def test_own_ttft_times_both_clients():
     own = own_ttft(ANSWER, [0, 5, 7], 5)
     assert set(own) == {"httpx", "raw"}
     assert all(ms > 0 for ms in own.values())
+
+
+def test_a_closed_canned_server_leaves_no_thread_behind():
+    """Its accept thread stayed blocked in accept() after close() (a closed socket does not wake
+    it): one thread and its listening socket for the process's life per own_ttft, each bench run."""
+    before = set(threading.enumerate())
+    server = CannedServer(ANSWER)
+    with httpx.Client(timeout=10) as client:
+        stream_once(client, server.url, [0, 5, 7])
+    server.close()
+    assert set(threading.enumerate()) == before
