@@ -55,9 +55,15 @@ class RawClient:
         head = f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}\r\ncontent-type: application/json\r\n"
         sent, stamps, data = time.time_ns(), [], b""
         self.sock.sendall(f"{head}content-length: {len(body)}\r\n\r\n".encode() + body)
-        while not data.endswith(ANSWER_END):
-            data += self.sock.recv(65536)
-            events = data.partition(b"\r\n\r\n")[2].count(b"\nid: ")
+        while not data.endswith(ANSWER_END):  # (an answer of another shape never ends so: refused below)
+            received = self.sock.recv(65536)
+            if not received:
+                raise ConnectionError(f"the server closed the connection mid-answer: {data[:300]!r}")
+            data += received
+            head, ended, rest = data.partition(b"\r\n\r\n")
+            if ended and not head.startswith(b"HTTP/1.1 200 "):  # an error's body has a length, no chunks
+                raise RuntimeError(f"the server refused the request: {data[:300]!r}")
+            events = rest.count(b"\nid: ")
             stamps += [time.time_ns()] * (min(events, 2) - len(stamps))
         if not stamps:
             raise RuntimeError("the stream ended without a token")

@@ -7,11 +7,13 @@ count of accepted connections is the check."""
 
 from __future__ import annotations
 
+import socket
 import sys
 import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from sse_clients import CannedServer, RawClient, own_ttft, stream_once  # noqa: E402
@@ -71,3 +73,45 @@ def test_a_closed_canned_server_leaves_no_thread_behind():
         stream_once(client, server.url, [0, 5, 7])
     server.close()
     assert set(threading.enumerate()) == before
+
+
+REFUSAL = b'HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"error":1}'
+
+
+def test_raw_client_says_a_refusal_and_a_closed_connection_instead_of_waiting_forever():
+    """It read until a chunked body's end: an error (a length, no chunks) kept it in recv() for good,
+    and a connection closed under it spun on recv()'s b"" for good."""
+    server = CannedServer(REFUSAL)
+    client = RawClient(server.url)
+    client.sock.settimeout(10)  # (before: TimeoutError here)
+    try:
+        with pytest.raises(RuntimeError, match="refused the request: b'HTTP/1.1 503"):
+            client.stream([0, 5, 7])
+    finally:
+        client.close()
+        server.close()
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = RawClient(f"http://127.0.0.1:{listener.getsockname()[1]}")
+    threading.Thread(target=_close_after_the_request, args=(listener,), daemon=True).start()
+    ended = []
+    reader = threading.Thread(target=lambda: ended.append(_raised(client.stream, [0, 5, 7])), daemon=True)
+    reader.start()
+    reader.join(10)  # (before: still spinning)
+    client.close()
+    listener.close()
+    assert ended == [ConnectionError], ended
+
+
+def _close_after_the_request(listener: socket.socket) -> None:
+    """Reads the request, then closes (a FIN: a close before it read would be a reset)."""
+    conn = listener.accept()[0]
+    conn.recv(65536)
+    conn.close()
+
+
+def _raised(call, *args) -> type | None:
+    try:
+        call(*args)
+    except Exception as exc:
+        return type(exc)
+    return None
