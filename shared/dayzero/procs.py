@@ -173,8 +173,14 @@ def port_in_use(host: str, port: int) -> bool:
 
 def exited(returncode: int) -> str:
     """How a child ended, as ``up`` says it (``decode0 exited (SIGKILL); restarted``): it said
-    "exited" alone, a crash, an OOM kill and a clean exit alike."""
-    return f"exited ({signal.Signals(-returncode).name})" if returncode < 0 else f"exited (code {returncode})"
+    "exited" alone, a crash, an OOM kill and a clean exit alike. A signal without a name (a real-time
+    one, ``kill -40``) by its number: naming it raised in ``supervise``, and ``up`` stopped the stack."""
+    if returncode >= 0:
+        return f"exited (code {returncode})"
+    try:
+        return f"exited ({signal.Signals(-returncode).name})"
+    except ValueError:
+        return f"exited (signal {-returncode})"
 
 
 def local_url(host: str, port: int) -> str:
