@@ -10,6 +10,7 @@ from dayzero.redis_clients import SentinelAddress, sentinel_address, sync_client
 from dayzero.serving import broker
 from dayzero.serving.queue import make_celery
 from dayzero.settings import Settings
+from dayzero.settings_help import settings_from_env
 
 
 @pytest.mark.parametrize(
@@ -46,10 +47,21 @@ def test_another_url_is_refused_at_start_naming_the_form(url, says):
     assert says in str(refused.value)
 
 
-def test_passwords_are_starred_where_without_password():
+def test_passwords_are_starred_where_shown():
     url = "redis+sentinel://app:secret@s1,s2/m/0?sentinel_password=other"
     assert without_password(url) == "redis+sentinel://app:***@s1,s2/m/0?sentinel_password=***"
     assert without_password("redis://:secret@h:6379/0") == "redis://:***@h:6379/0"
+
+
+def test_a_password_in_the_query_is_starred_too(monkeypatch):
+    """redis-py takes ``?password=`` as the URL's password (``Redis.from_url``): ``up``'s "starting:"
+    line and a refused URL's message printed it as given."""
+    assert redis.connection.parse_url("redis://h:6379/0?password=secret")["password"] == "secret"
+    assert without_password("redis://h:6379/0?db=1&password=secret") == "redis://h:6379/0?db=1&password=***"
+    monkeypatch.setenv("DAYZERO_REDIS_URL", "redis+sentinel://s1/m?password=secret")
+    with pytest.raises(ValueError, match="takes sentinel_password alone") as refused:
+        settings_from_env()
+    assert "secret" not in str(refused.value) and "?password=***" in str(refused.value)
 
 
 def test_the_broker_gets_kombus_sentinel_form_with_the_master_named():

@@ -128,7 +128,8 @@ def unreached(url: str, exc: redis.RedisError) -> str:
 
 
 def without_password(url: str) -> str:
-    """``url`` as it may be printed or logged: its password and its sentinels' (``sentinel_password=``)
-    as ``***`` (any text: no parse that could fail, in an error's message)."""
+    """``url`` as it may be printed or logged: its password (also ``password=``, redis-py's query form)
+    and its sentinels' (``sentinel_password=``) as ``***`` (any text: no parse that could fail, in an
+    error's message)."""
     url = re.sub(r"^(\w[\w+.-]*://[^:/@]*:)[^/]*@", r"\1***@", url)
-    return re.sub(r"([?&]sentinel_password=)[^&#]*", r"\1***", url)
+    return re.sub(r"([?&](?:sentinel_)?password=)[^&#]*", r"\1***", url)
