@@ -89,6 +89,12 @@ def _host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def password_of(url: str) -> str | None:
+    """The password ``url``'s clients log in to the master with (None: none)."""
+    where = sentinel_address(url)
+    return redis.connection.parse_url(url).get("password") if where is None else where.password
+
+
 def sync_client(url: str, **kwargs: Any) -> redis.Redis:
     """A client of the Redis (the current master) at ``url``; ``kwargs``: its connections'."""
     where = sentinel_address(url)

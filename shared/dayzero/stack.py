@@ -34,7 +34,7 @@ from .procs import (
     start_redis,
     terminate,
 )
-from .redis_clients import sync_client, unreached, without_password
+from .redis_clients import password_of, sync_client, unreached, without_password
 from .serving.keys import key
 from .serving.liveness import STAMP_EVERY_S, connect, process_id, seen
 from .shm import unlink_parked_by, unlink_pools_by
@@ -73,8 +73,9 @@ def _answering(url: str, within_s: float) -> None:
                 client.ping()
                 return
             except redis.AuthenticationError as exc:  # (a ConnectionError to redis-py) no wait mends it
+                why = "password refused" if password_of(url) else "it asks for a password, and the URL gives none"
                 raise StartFailed(
-                    f"the Redis at {without_password(url)} (DAYZERO_REDIS_URL or REDIS_URL): password refused ({exc})"
+                    f"the Redis at {without_password(url)} (DAYZERO_REDIS_URL or REDIS_URL): {why} ({exc})"
                 ) from None
             except redis.RedisError as exc:
                 if time.monotonic() >= deadline:
