@@ -176,7 +176,8 @@ def test_ready_leaves_out_the_loading_progress_of_a_start_that_died(gateway, reg
 def test_ready_leaves_out_a_dead_start_of_a_restarted_container_under_the_same_process_name(gateway, registry):
     """A container restarted keeps its hostname and its worker's pid 1: the new start stamps under
     the dead one's process name, and /ready listed the dead start's progress beside the new one's
-    for up to 2 minutes, and after the new one had loaded too."""
+    for up to 2 minutes, and after the new one had loaded too (while it warmed up, the dead start,
+    the only entry left of its process, was taken for the latest)."""
     restarted = Pulse(connect(gateway.redis_url), "decode")
     restarted.process = "container-7:1"
     restarted._stamp()  # alive, loading
@@ -185,7 +186,9 @@ def test_ready_leaves_out_a_dead_start_of_a_restarted_container_under_the_same_p
     try:
         body = httpx.get(f"{gateway.url}/ready", timeout=5).json()
         assert body["loading"] == {"decode0@container-7:0a0a01": 10}, body
-        registry.loading("decode0@container-7:0a0a01", "decode", None)  # loaded,
+        registry.loading("decode0@container-7:0a0a01", "decode", None, process="container-7:1")  # loaded,
+        restarted._stamp()  # warming up (alive, not ready)
+        assert "loading" not in httpx.get(f"{gateway.url}/ready", timeout=5).json()
         restarted.ready()  # warmed up and serving
         assert "loading" not in httpx.get(f"{gateway.url}/ready", timeout=5).json()
     finally:

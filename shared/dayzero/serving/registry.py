@@ -63,9 +63,13 @@ class Registry:
     ) -> None:
         """A starting worker's weight-loading progress (None: done); lapses if the worker dies.
         ``process``: its liveness stamps' name, and ``started``: when this start of it began (its host's
-        clock), by which ``/ready`` leaves out a dead start's (readiness._loading)."""
+        clock), by which ``/ready`` leaves out a dead start's (readiness._loading). Done, the entries
+        of the process's earlier starts go too (dead: a restarted container's pid 1 again): left the
+        only entry of the process, one was listed as loading while the new start warmed up."""
         if percent is None:
-            self.r.delete(key("loading", worker))
+            found = self.loading_workers() if process else {}
+            earlier = [w for w, p in found.items() if p.get("process") == process]
+            self.r.delete(*{key("loading", w) for w in (worker, *earlier)})
         else:
             progress = {"stage": stage, "percent": percent, **({"process": process} if process else {})}
             self.r.set(key("loading", worker), json.dumps({**progress, "started": started}), ex=120)
