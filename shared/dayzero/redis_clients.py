@@ -56,6 +56,10 @@ def sentinel_address(url: str) -> SentinelAddress | None:
     """The sentinels and master ``url`` names (None for a ``redis://`` or ``rediss://`` URL); a
     ValueError, naming the form, for any other URL or a sentinel URL without a master name."""
     scheme = url.partition("://")[0]
+    if "password" in parse_qs(urlsplit(url).query):  # (redis-py reads it; kombu, Celery's broker, fails on it)
+        raise ValueError(
+            f"a Redis URL's password goes before its host ({scheme}://[user]:password@host...), not ?password="
+        )
     if scheme in ("redis", "rediss"):
         return None
     if scheme != SENTINEL_SCHEME:
