@@ -4,9 +4,12 @@ against llguidance itself: what is refused fails a reply that writes it, what is
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 
+from dayzero.chat import schema_openapi
+from dayzero.chat.auto_grammar import auto_calls_grammar
 from dayzero.chat.grammar import _byte_grammars, dsml_symbol, json_grammar, tool_calls_grammar
 from dayzero.chat.schema_counts import MOST_COUNTED_CHARS, counted_repeats
 from dayzero.chat.schema_openapi import as_llguidance
@@ -156,3 +159,27 @@ def test_max_lengths_of_forced_tools_are_clamped_together():
         written.append(count)
     assert not matcher.is_error(), (written, matcher.get_error()[:80])
     assert sum(written[1::2]) <= MOST_COUNTED_CHARS, written
+
+
+def test_the_bounds_of_a_calls_tools_are_read_once_for_all_of_them(monkeypatch):
+    """Each tool's were read with every enforced tool's, once per tool: 128 forced tools read
+    16,384 schemas, 8 -> 178 ms of the gateway's CPU for a request's grammar (1,024: 60 ms -> 11 s)."""
+    read, cap = Counter(), schema_openapi.length_cap
+
+    def counting(nodes):
+        nodes = list(nodes)
+        read.update(id(node) for node in nodes)
+        return cap(nodes)
+
+    monkeypatch.setattr(schema_openapi, "length_cap", counting)
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": f"f{i}", "parameters": _strings({"maxLength": 1000 + i}), "strict": True},
+        }
+        for i in range(8)
+    ]
+    for grammar in (tool_calls_grammar, auto_calls_grammar):
+        read.clear()
+        assert "{0,500}" in grammar(tools, dsml_symbol(None, DSML))  # 8 strings share 4,000
+        assert [read[id(tool["function"]["parameters"])] for tool in tools] == [1] * len(tools), grammar.__name__

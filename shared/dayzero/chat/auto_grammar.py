@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from .dsml import to_json
 from .grammar import invoke_rules
+from .schema_openapi import grammar_cap
 from .tokens import DSML
 
 # text without "<" or the marker's text (llguidance's regex: & intersects, ~ complements)
@@ -40,8 +41,8 @@ def auto_calls_grammar(tools: list[dict], dsml: str, kept: tuple[str, ...] = (),
         "calls: call" if not parallel else 'calls: call ("\\n" call)*',
         "call: " + " | ".join([f"invoke_{i}" for i in range(len(strict))] + ["free_invoke"] * bool(free)),
     ]
-    for i, function in enumerate(strict):
-        lines.extend(invoke_rules(i, function, dsml, [f.get("parameters") or {} for f in strict]))
+    cap = grammar_cap(f.get("parameters") or {} for f in strict)
+    lines.extend(rule for i, function in enumerate(strict) for rule in invoke_rules(i, function, dsml, cap))
     if free:
         names = " | ".join(to_json(f'invoke name="{f["name"]}">\n') for f in free)
         lines += [

@@ -17,7 +17,7 @@ from urllib.parse import unquote
 from .dsml import to_json
 from .schema_bounds import bound_problem, subschemas
 from .schema_discriminator import without_discriminators
-from .schema_openapi import as_llguidance
+from .schema_openapi import as_llguidance, grammar_cap
 from .schema_rows import ROW_ITEMS
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -160,15 +160,16 @@ def tool_calls_grammar(tools: list[dict], dsml: str, one: str | None = None, par
         "calls: call" if one is not None or not parallel else 'calls: call ("\\n" call)*',
         "call: " + " | ".join(f"invoke_{i}" for i in range(len(functions))),
     ]
-    for i, function in enumerate(functions):
-        lines.extend(invoke_rules(i, function, dsml, [f.get("parameters") or {} for f in functions]))
+    cap = grammar_cap(f.get("parameters") or {} for f in functions)
+    lines.extend(rule for i, function in enumerate(functions) for rule in invoke_rules(i, function, dsml, cap))
     return "\n".join(lines) + "\n"
 
 
-def invoke_rules(i: int, function: dict, dsml: str, tools: list) -> list[str]:
+def invoke_rules(i: int, function: dict, dsml: str, cap: int | None) -> list[str]:
     """``invoke_i``: the call's tag, then each parameter on its own line (declared order; the
-    optional ones may be left out). ``tools``: every enforced tool's parameters (one lexer's)."""
-    schema = as_llguidance(function.get("parameters") or {}, tools)
+    optional ones may be left out). ``cap``: the maxLength cap of every enforced tool's parameters
+    together (``grammar_cap``: one lexer's)."""
+    schema = as_llguidance(function.get("parameters") or {}, cap)
     if problem := parameters_problem(schema):
         raise Unenforceable(problem)
     props, required = schema.get("properties") or {}, set(schema.get("required") or ())

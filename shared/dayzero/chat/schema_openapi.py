@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable
+from types import EllipsisType
 
 from .schema_bounds import schemas_within
 from .schema_counts import as_number, length_cap
@@ -25,13 +26,19 @@ MOST_WARNED = 64  # unknown formats warned about, once each, in a process's life
 _WARNED: set[str] = set()
 
 
-def as_llguidance(schema: object, beside: Sequence[object] = ()) -> object:
+def grammar_cap(schemas: Iterable[object]) -> int | None:
+    """``length_cap`` of the schemas one grammar enforces together (a call's tools: one lexer's
+    states), read once for the grammar: read again for each tool, 128 forced tools read 16,384."""
+    return length_cap(node for schema in schemas for node in schemas_within(schema))
+
+
+def as_llguidance(schema: object, cap: int | None | EllipsisType = ...) -> object:
     """``schema`` as llguidance compiles it: itself when it has no ``nullable`` and no format
-    llguidance does not know and its maxLengths fit the lexer together (with those of ``beside``,
-    the other schemas of its grammar: the tools of a call's), else a copy with each nullable type
-    a union with "null", each such format dropped and each maxLength over the cap cut to it (its
+    llguidance does not know and its maxLengths fit the lexer together (``cap``: its grammar's,
+    ``grammar_cap`` of a call's tools; by default its own), else a copy with each nullable type a
+    union with "null", each such format dropped and each maxLength over the cap cut to it (its
     minLength at the least)."""
-    cap = length_cap(node for within in (schema, *beside) for node in schemas_within(within))
+    cap = grammar_cap([schema]) if cap is ... else cap
     if cap is None and not any(_openapi(node) for node in schemas_within(schema)):
         return schema
     copy = json.loads(json.dumps(schema))
