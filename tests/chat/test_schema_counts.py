@@ -32,6 +32,8 @@ DEFAULTS = SchemaLimits(nodes=3000, literal_chars=100_000, pattern_chars=20_000)
         ("[a-z{5}]{7}", 7),  # a class is one character
         (r"\{5}", 0),  # an escaped brace counts nothing
         ("abc", 0),
+        ("a{" + "9" * 4400 + "}", 10**12),  # (Python reads no number of over 4,300 digits)
+        ("(" * 44 + "a" + ("){" + "9" * 100 + "}") * 44, 10**12),  # (nor writes one: 4,400 digits)
     ],
 )
 def test_counted_repeats(regex, count):

@@ -123,3 +123,24 @@ def test_counts_past_the_lexer_together_are_refused_at_admission(capped_gateway,
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and f"at most {MOST_COUNTED_CHARS:,}" in error["message"], error
+
+
+HUGE = "9" * 4400  # digits: past the 4,300 Python reads or writes as a number
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["^a{" + HUGE + "}$", "(" * 44 + "a" + ("){" + HUGE[:100] + "}") * 44],
+    ids=["count", "counts_multiplied"],
+)
+@pytest.mark.parametrize("where", ["response_format", "tools"])
+def test_a_count_of_thousands_of_digits_is_refused_with_a_400(capped_gateway, pattern, where):
+    """Its count was read with int() (past 4,300 digits: ValueError), or written with its digits'
+    commas (counts multiplied): the gateway answered 500."""
+    string = {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}}
+    r = _post(capped_gateway, **(_format(string) if where == "response_format" else _forced(string)))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == where and "regular expression counting 1,000,000,000,000 or more" in error["message"], (
+        error
+    )

@@ -16,6 +16,9 @@ from collections.abc import Iterable
 # 50,000 (5,553 at most, the rest of the grammar's lexemes sharing them). Past it, one count is
 # refused, or the counts together; a maxLength past it is clamped to it (``as_llguidance``)
 MOST_COUNTED_CHARS = 4_000
+# a count told as it or more: a larger one is no more refused, and Python reads no number of over
+# 4,300 digits (``a{99...9}``) nor writes one (counts multiplied: ``(((a{99..}){99..})...)``: 500s)
+MOST_TOLD = 10**12
 _QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")  # a quantifier's {n}, {n,}, {n,m}
 _CLASS = re.compile(r"\[\^?\]?(?:\\.|[^\]\\])*\]?")  # a character class, as one atom
 
@@ -30,7 +33,7 @@ def counted_repeats(regex: str) -> int:
     while i < len(regex):
         char = regex[i]
         if char == "{" and (count := _QUANTIFIER.match(regex, i)):
-            groups[-1] += max(int(count[1]), int(count[2] or 0)) * last - added
+            groups[-1] += max(_bound(count[1]), _bound(count[2] or "0")) * last - added
             last, i = 0, count.end()
             continue
         last, added = 1, 0
@@ -48,7 +51,11 @@ def counted_repeats(regex: str) -> int:
         elif char in "|*+?^$":
             last = 0
         i += 1
-    return sum(groups)
+    return min(sum(groups), MOST_TOLD)
+
+
+def _bound(digits: str) -> int:
+    return int(digits) if len(digits) < len(str(MOST_TOLD)) else MOST_TOLD
 
 
 class CountedChars:
@@ -64,7 +71,7 @@ class CountedChars:
         whole). A maxLength past it is clamped instead (``as_llguidance``: shorter still satisfies it)."""
         most, low = MOST_COUNTED_CHARS, node.get("minLength")
         repeats = ((regex, counted_repeats(regex)) for regex in regexes(node))
-        counts = [(("regex", r), n, f"a regular expression counting {n:,} repeats") for r, n in repeats if n]
+        counts = [(("regex", r), n, f"a regular expression counting {_told(n)} repeats") for r, n in repeats if n]
         if (low := as_number(low)) is not None and low > 0:
             lexeme = ("string", *(repr(node.get(k)) for k in ("minLength", "maxLength", "pattern", "format")))
             counts.append((lexeme, low, f"minLength {low:,}"))
@@ -78,6 +85,10 @@ class CountedChars:
                 together = f"{self.total:,} characters counted with the request's other counts"
                 return f"{what}: {together}, at most {most:,} in all can be enforced (one grammar's lexer holds them)"
         return None
+
+
+def _told(count: int) -> str:
+    return f"{count:,}" if count < MOST_TOLD else f"{MOST_TOLD:,} or more"
 
 
 def length_cap(nodes: Iterable[dict]) -> int | None:
