@@ -10,7 +10,7 @@ import pytest
 
 from dayzero.chat import schema_openapi
 from dayzero.chat.auto_grammar import auto_calls_grammar
-from dayzero.chat.grammar import _byte_grammars, dsml_symbol, json_grammar, tool_calls_grammar
+from dayzero.chat.grammar import _byte_grammars, dsml_symbol, json_grammar, schema_problem, tool_calls_grammar
 from dayzero.chat.schema_counts import MOST_COUNTED_CHARS, counted_repeats
 from dayzero.chat.schema_openapi import as_llguidance
 from dayzero.chat.schema_size import SchemaLimits, size_problem
@@ -129,6 +129,23 @@ def test_max_lengths_are_clamped_to_fit_the_lexer_together(bounds, clamped):
     assert not _longest_reply_fails(schema)
     written = as_llguidance(schema)
     assert tuple(p["maxLength"] for p in written["properties"].values()) == clamped
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [
+        ({"pattern": "^[0-9]{3000}$", "maxLength": 5000},),
+        ({"pattern": "^[0-9]{2000}$", "maxLength": 3000}, {"maxLength": 3000}),
+    ],
+    ids=["alone", "beside_another"],
+)
+def test_a_max_length_is_not_cut_under_what_its_pattern_counts(counts):
+    """Its pattern's count and its maxLength were counted as two lexemes (llguidance's is one, their
+    intersection), and the maxLength cut under the pattern's length (to 1,000; 1,000): nothing matched
+    it and the schema, served before, was refused ("Unable to determine if regex is empty")."""
+    schema = _strings(*counts)
+    assert schema_problem(schema) is None
+    assert not _longest_reply_fails(schema)
 
 
 def test_max_lengths_of_forced_tools_are_clamped_together():

@@ -96,16 +96,21 @@ def length_cap(nodes: Iterable[dict]) -> int | None:
     that what a reply may write in them stays, together, within ``MOST_COUNTED_CHARS`` (None: as
     written it does): the lexer counts a string's characters up to its maxLength (to its minLength
     where none: past it, it loops on states it has), each distinct lexeme's once, and a regular
-    expression's counted repeats. Bounds over the cap are cut to it (each to its minLength at the
-    least); the shorter ones are kept. A maxLength of 4,000 and one of 3,999, each within its own
+    expression's counted repeats. Bounds over the cap are cut to it (each to ``shortest_cut`` at
+    the least); the shorter ones are kept. A maxLength of 4,000 and one of 3,999, each within its own
     bound, let a reply of 3,000 characters in each fail ~5,560 bytes in."""
     lexemes, fixed = {}, {}
     for node in nodes:
-        fixed.update((regex, counted_repeats(regex)) for regex in regexes(node))
         low, high = (as_number(node.get(bound)) for bound in ("minLength", "maxLength"))
-        if low is not None or high is not None:
+        bounded = low is not None or high is not None  # (its pattern one lexeme with its bounds: counted there)
+        fixed.update(
+            (regex, counted_repeats(regex))
+            for regex in regexes(node)
+            if not bounded or regex is not node.get("pattern")
+        )
+        if bounded:
             key = tuple(repr(node.get(k)) for k in ("minLength", "maxLength", "pattern", "format"))
-            low = low or 0
+            low = shortest_cut(node)
             lexemes[key] = (low, max(low, high) if high is not None else low)
 
     def counted(cap: float) -> float:
@@ -118,6 +123,14 @@ def length_cap(nodes: Iterable[dict]) -> int | None:
         middle = (fits + over) // 2
         fits, over = (middle, over) if counted(middle) <= MOST_COUNTED_CHARS else (fits, middle)
     return fits
+
+
+def shortest_cut(node: dict) -> float:
+    """The least a string's maxLength is cut to: its minLength, and what its pattern counts (cut
+    under it, ``^[0-9]{3000}$`` with a maxLength of 1,000, nothing matched it: llguidance refused
+    the schema, "Unable to determine if regex is empty")."""
+    pattern = node.get("pattern")
+    return max(as_number(node.get("minLength")) or 0, counted_repeats(pattern) if isinstance(pattern, str) else 0)
 
 
 def as_number(value: object) -> float | None:

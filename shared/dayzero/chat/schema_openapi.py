@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from types import EllipsisType
 
 from .schema_bounds import schemas_within
-from .schema_counts import as_number, length_cap
+from .schema_counts import as_number, length_cap, shortest_cut
 
 log = logging.getLogger("dayzero.gateway")
 
@@ -37,7 +37,7 @@ def as_llguidance(schema: object, cap: int | None | EllipsisType = ...) -> objec
     llguidance does not know and its maxLengths fit the lexer together (``cap``: its grammar's,
     ``grammar_cap`` of a call's tools; by default its own), else a copy with each nullable type a
     union with "null", each such format dropped and each maxLength over the cap cut to it (its
-    minLength at the least)."""
+    minLength and its pattern's count at the least)."""
     cap = grammar_cap([schema]) if cap is ... else cap
     if cap is None and not any(_openapi(node) for node in schemas_within(schema)):
         return schema
@@ -50,7 +50,7 @@ def as_llguidance(schema: object, cap: int | None | EllipsisType = ...) -> objec
         if isinstance(node.get("format"), str) and node["format"] not in KNOWN_FORMATS:
             _ignored(node.pop("format")[:64])
         if cap is not None and (as_number(node.get("maxLength")) or 0) > cap:
-            node["maxLength"] = max(cap, as_number(node.get("minLength")) or 0)
+            node["maxLength"] = max(cap, shortest_cut(node))
     return copy
 
 
