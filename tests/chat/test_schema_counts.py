@@ -148,6 +148,27 @@ def test_a_max_length_is_not_cut_under_what_its_pattern_counts(counts):
     assert not _longest_reply_fails(schema)
 
 
+NEEDS_3000 = {"type": "string", "minLength": 3000}
+
+
+@pytest.mark.parametrize(
+    "string",
+    [
+        {"allOf": [NEEDS_3000, {"maxLength": 3500}]},
+        {"$ref": "#/$defs/long", "maxLength": 3500},
+        {"anyOf": [NEEDS_3000, {"type": "null"}], "maxLength": 3500},
+    ],
+    ids=["all_of", "ref_beside", "union_beside"],
+)
+def test_a_max_length_is_not_cut_under_a_min_length_merged_with_it(string):
+    """A minLength of 3,000 and a maxLength of 3,500 in two schemas llguidance merges into one
+    string were counted as two (6,500) and the maxLength cut to 1,000: the schema, within the
+    lexer and served before, was refused ("minLength (3000) is greater than maxLength (1000)")."""
+    schema = {**_strings(string), "$defs": {"long": NEEDS_3000}}
+    assert schema_problem(schema) is None
+    assert not _longest_reply_fails(schema)
+
+
 def test_max_lengths_of_forced_tools_are_clamped_together():
     """Two tools, each a string of a maxLength within the lexer alone (4,000; 3,999): their calls
     in one reply (one grammar: one lexer's states) failed ~5,560 bytes in, each tool's clamped on
@@ -185,10 +206,10 @@ def test_the_bounds_of_a_calls_tools_are_read_once_for_all_of_them(monkeypatch):
     16,384 schemas, 8 -> 178 ms of the gateway's CPU for a request's grammar (1,024: 60 ms -> 11 s)."""
     read, cap = Counter(), schema_openapi.length_cap
 
-    def counting(nodes):
-        nodes = list(nodes)
-        read.update(id(node) for node in nodes)
-        return cap(nodes)
+    def counting(groups):
+        groups = list(groups)
+        read.update(id(node) for group in groups for node in group)
+        return cap(groups)
 
     monkeypatch.setattr(schema_openapi, "length_cap", counting)
     tools = [

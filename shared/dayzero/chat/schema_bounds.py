@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .schema_merge import resolve
+from .schema_merge import ANNOTATIONS, resolve
 from .schema_size import _MAPS
 
 _I64 = 2**63
@@ -86,3 +86,34 @@ def schemas_within(schema: object) -> Iterator[dict]:
                 nodes.append(value)
             elif key == "$ref" and isinstance(value, str) and value.startswith("#/"):
                 nodes.append(resolve(schema, value))
+
+
+def merged_groups(schema: object) -> list[list[dict]]:
+    """``schema``'s subschemas (``schemas_within``) in groups llguidance merges into one schema
+    each: an allOf with its members, a $ref or a union with sibling keywords and its definition or
+    branches (a minLength in one, a maxLength in another bound one string)."""
+    nodes = list(schemas_within(schema))
+    parent = {id(node): id(node) for node in nodes}
+
+    def root(key: int) -> int:
+        while parent[key] != key:
+            parent[key] = key = parent[parent[key]]
+        return key
+
+    def join(node: dict, other: object) -> None:
+        if isinstance(other, dict) and id(other) in parent:
+            parent[root(id(other))] = root(id(node))
+
+    for node in nodes:
+        for member in node.get("allOf") if isinstance(node.get("allOf"), list) else ():
+            join(node, member)
+        if any(key not in ANNOTATIONS and key not in ("$ref", "anyOf", "oneOf") for key in node):
+            if isinstance(ref := node.get("$ref"), str):
+                join(node, resolve(schema, ref))
+            for key in ("anyOf", "oneOf"):
+                for branch in node.get(key) if isinstance(node.get(key), list) else ():
+                    join(node, branch)
+    groups: dict[int, list[dict]] = {}
+    for node in nodes:
+        groups.setdefault(root(id(node)), []).append(node)
+    return list(groups.values())

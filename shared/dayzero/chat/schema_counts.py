@@ -91,27 +91,31 @@ def _told(count: int) -> str:
     return f"{count:,}" if count < MOST_TOLD else f"{MOST_TOLD:,} or more"
 
 
-def length_cap(nodes: Iterable[dict]) -> int | None:
-    """The longest ``maxLength`` that the strings of ``nodes`` (one grammar's schemas) may keep so
-    that what a reply may write in them stays, together, within ``MOST_COUNTED_CHARS`` (None: as
-    written it does): the lexer counts a string's characters up to its maxLength (to its minLength
-    where none: past it, it loops on states it has), each distinct lexeme's once, and a regular
-    expression's counted repeats. Bounds over the cap are cut to it (each to ``shortest_cut`` at
-    the least); the shorter ones are kept. A maxLength of 4,000 and one of 3,999, each within its own
-    bound, let a reply of 3,000 characters in each fail ~5,560 bytes in."""
+def length_cap(groups: Iterable[list[dict]]) -> int | None:
+    """The longest ``maxLength`` that the strings of ``groups`` (one grammar's schemas, in groups
+    llguidance merges into one: ``merged_groups``) may keep so that what a reply may write in them
+    stays, together, within ``MOST_COUNTED_CHARS`` (None: as written it does): the lexer counts a
+    string's characters up to its maxLength (to its minLength where none: past it, it loops on
+    states it has), each distinct lexeme's once, and a regular expression's counted repeats. Bounds
+    over the cap are cut to it (each to its group's ``shortest_cut`` at the least); the shorter
+    ones are kept. A maxLength of 4,000 and one of 3,999, each within its own bound, let a reply of
+    3,000 characters in each fail ~5,560 bytes in."""
     lexemes, fixed = {}, {}
-    for node in nodes:
-        low, high = (as_number(node.get(bound)) for bound in ("minLength", "maxLength"))
-        bounded = low is not None or high is not None  # (its pattern one lexeme with its bounds: counted there)
-        fixed.update(
-            (regex, counted_repeats(regex))
-            for regex in regexes(node)
-            if not bounded or regex is not node.get("pattern")
-        )
+    for group in groups:
+        highs = [h for node in group if (h := as_number(node.get("maxLength"))) is not None]
+        bounded = bool(highs) or any(as_number(node.get("minLength")) is not None for node in group)
+        for node in group:  # (a bounded string's pattern: one lexeme with its bounds, counted there)
+            fixed.update(
+                (regex, counted_repeats(regex))
+                for regex in regexes(node)
+                if not bounded or regex is not node.get("pattern")
+            )
         if bounded:
-            key = tuple(repr(node.get(k)) for k in ("minLength", "maxLength", "pattern", "format"))
-            low = shortest_cut(node)
-            lexemes[key] = (low, max(low, high) if high is not None else low)
+            key = tuple(
+                sorted(repr([node.get(k) for k in ("minLength", "maxLength", "pattern", "format")]) for node in group)
+            )
+            low = group_floor(group)
+            lexemes[key] = (low, max(low, *highs) if highs else low)
 
     def counted(cap: float) -> float:
         return sum(fixed.values()) + sum(min(high, max(low, cap)) for low, high in lexemes.values())
@@ -131,6 +135,13 @@ def shortest_cut(node: dict) -> float:
     the schema, "Unable to determine if regex is empty")."""
     pattern = node.get("pattern")
     return max(as_number(node.get("minLength")) or 0, counted_repeats(pattern) if isinstance(pattern, str) else 0)
+
+
+def group_floor(group: list[dict]) -> float:
+    """The least the maxLengths of ``group`` (schemas merged into one) are cut to: the most any of
+    them needs (``shortest_cut``; an allOf's minLength of 3,000 beside a maxLength of 3,500 cut to
+    1,000: "Unsatisfiable schema", the schema refused)."""
+    return max(map(shortest_cut, group), default=0)
 
 
 def as_number(value: object) -> float | None:

@@ -15,8 +15,8 @@ import logging
 from collections.abc import Iterable
 from types import EllipsisType
 
-from .schema_bounds import schemas_within
-from .schema_counts import as_number, length_cap, shortest_cut
+from .schema_bounds import merged_groups, schemas_within
+from .schema_counts import as_number, group_floor, length_cap
 
 log = logging.getLogger("dayzero.gateway")
 
@@ -29,7 +29,7 @@ _WARNED: set[str] = set()
 def grammar_cap(schemas: Iterable[object]) -> int | None:
     """``length_cap`` of the schemas one grammar enforces together (a call's tools: one lexer's
     states), read once for the grammar: read again for each tool, 128 forced tools read 16,384."""
-    return length_cap(node for schema in schemas for node in schemas_within(schema))
+    return length_cap(group for schema in schemas for group in merged_groups(schema))
 
 
 def as_llguidance(schema: object, cap: int | None | EllipsisType = ...) -> object:
@@ -37,11 +37,14 @@ def as_llguidance(schema: object, cap: int | None | EllipsisType = ...) -> objec
     llguidance does not know and its maxLengths fit the lexer together (``cap``: its grammar's,
     ``grammar_cap`` of a call's tools; by default its own), else a copy with each nullable type a
     union with "null", each such format dropped and each maxLength over the cap cut to it (its
-    minLength and its pattern's count at the least)."""
+    group's floor at the least: ``group_floor``)."""
     cap = grammar_cap([schema]) if cap is ... else cap
     if cap is None and not any(_openapi(node) for node in schemas_within(schema)):
         return schema
     copy = json.loads(json.dumps(schema))
+    floors = (
+        {id(node): group_floor(group) for group in merged_groups(copy) for node in group} if cap is not None else {}
+    )
     for node in schemas_within(copy):  # (each node changed before the walk reads its subschemas)
         if node.pop("nullable", False) is True and isinstance(kind := node.get("type"), str | list):
             node["type"] = (
@@ -50,7 +53,7 @@ def as_llguidance(schema: object, cap: int | None | EllipsisType = ...) -> objec
         if isinstance(node.get("format"), str) and node["format"] not in KNOWN_FORMATS:
             _ignored(node.pop("format")[:64])
         if cap is not None and (as_number(node.get("maxLength")) or 0) > cap:
-            node["maxLength"] = max(cap, shortest_cut(node))
+            node["maxLength"] = max(cap, floors[id(node)])
     return copy
 
 
