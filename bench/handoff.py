@@ -130,7 +130,7 @@ def main() -> None:
     torch.manual_seed(0)
     where = "GPU, CUDA IPC" if args.transport == "cuda_ipc" else "CPU, shared memory"
     print(f"KV handoff (decode receives prefill's published state, in another process) vs a plain copy, {where}")
-    print("| model | dtype | tokens | state MB | handoff us | copy us | handoff GB/s | copy GB/s | handoff / copy |")
+    print("| model | dtype | tokens | state MB | handoff us | copy us | handoff GB/s | copy GB/s | GB/s ratio |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     profiles = []
     cases = GPU_CASES if args.transport == "cuda_ipc" else CASES
