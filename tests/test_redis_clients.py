@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import redis
+from kombu.utils.url import parse_url
 
 from dayzero.procs import free_port
 from dayzero.redis_clients import SentinelAddress, sentinel_address, sync_client, unreached, without_password
@@ -86,3 +87,20 @@ def test_sentinels_that_name_no_master_are_one_short_line():
         sync_client(url, socket_connect_timeout=1).ping()
     said = unreached(url, failed.value)
     assert said.startswith(f"no sentinel (127.0.0.1:{closed}) named the master 'dz': Error 111") and len(said) < 120
+
+
+@pytest.mark.parametrize(
+    ("url", "sentinels", "user", "password"),
+    [  # a password with "/" (percent-encoded, as a URL's must be), an IPv6 sentinel
+        ("redis+sentinel://:p%2Fw%3Fx%40@s1:26379,s2:26390/m/2", [("s1", 26379), ("s2", 26390)], None, "p/w?x@"),
+        ("redis+sentinel://app:pw@[::1]:26379,[fe80::2]/m/2", [("::1", 26379), ("fe80::2", 26379)], "app", "pw"),
+    ],
+)
+def test_the_broker_reaches_the_sentinels_with_the_masters_password(url, sentinels, user, password):
+    """The broker's kombu URL was built with the password percent-encoded but for "/", and an IPv6
+    sentinel unbracketed: kombu could not parse it ("Port could not be cast to integer value"), the
+    gateway's enqueue and every worker's start failed on a URL settings.py took."""
+    connection = make_celery(Settings(redis_url=url)).connection_for_write()
+    asked = [parse_url(alt) for alt in connection.alt]  # (kombu's own parse, as its sentinel channel's)
+    assert [(each["hostname"], each["port"]) for each in asked] == sentinels
+    assert (connection.userid, connection.password, connection.virtual_host) == (user, password, "2")

@@ -261,15 +261,23 @@ def celery_broker(url: str, transport_options: dict) -> dict:
     worker["broker_transport_options"] = transport_options
     where = sentinel_address(url)
     if where is not None:
-        user = f"{quote(where.username or '')}:{quote(where.password)}@" if where.password is not None else ""
-        sentinels = [f"sentinel://{host}:{port}" for host, port in where.sentinels]
-        sentinels[0] = f"sentinel://{user}{where.sentinels[0][0]}:{where.sentinels[0][1]}/{where.db}"
+        user = "" if where.password is None else f"{_quoted(where.username or '')}:{_quoted(where.password)}@"
+        sentinels = [f"sentinel://{_netloc(host, port)}" for host, port in where.sentinels]
+        sentinels[0] = f"sentinel://{user}{_netloc(*where.sentinels[0])}/{where.db}"
         options = {"master_name": where.master_name, "sentinel_kwargs": where.sentinel_kwargs()}
         worker["broker_transport_options"] = {**transport_options, **options}
         return {**worker, "broker_url": ";".join(sentinels), "broker_transport": SENTINEL}
     if url.startswith("rediss://"):
         return {**worker, "broker_use_ssl": {"ssl_cert_reqs": ssl.CERT_REQUIRED}}
     return worker
+
+
+def _quoted(text: str) -> str:
+    return quote(text, safe="")  # ("/" too: quote's default keeps it, and kombu read it as the host's end)
+
+
+def _netloc(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # (an IPv6 address in brackets)
 
 
 TRANSPORT = f"{__name__}:Transport"
