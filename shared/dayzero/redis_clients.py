@@ -23,6 +23,8 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
 
 SENTINEL_SCHEME = "redis+sentinel"
@@ -135,6 +137,28 @@ def unreached(url: str, exc: redis.RedisError) -> str:
     text, sentinels = str(exc), ", ".join(f"{host}:{port}" for host, port in where.sentinels)
     why = text.rpartition(": ")[2] if " : " in text else "those that answer name none up"  # (the last one's error)
     return f"no sentinel ({sentinels}) named the master {where.master_name!r}: {why}"
+
+
+def sentinel_refusal(url: str, exc: redis.RedisError) -> str | None:
+    """Why sentinels named no master (``exc``) when no wait mends it: every sentinel that answers
+    refuses the URL's ``sentinel_password`` (a wrong one, or none given to a sentinel that asks for
+    one), in one line; else None (none answers, or the master is down: waited for)."""
+    if not isinstance(exc, MasterNotFoundError) or (where := sentinel_address(url)) is None:
+        return None
+    refused = None
+    for host, port in where.sentinels:
+        sentinel = redis.Redis(host, port, retry=Retry(NoBackoff(), 0), **where.sentinel_kwargs())  # (asked once)
+        try:
+            sentinel.ping()
+            return None  # (one takes it: the master is what it could not name)
+        except redis.AuthenticationError as refusal:
+            what = "sentinel_password" if where.sentinel_password is not None else "a client without sentinel_password"
+            refused = refused or f"sentinel {host}:{port} refuses {what} ({refusal})"
+        except redis.RedisError:
+            continue  # (unreachable: no answer either way)
+        finally:
+            sentinel.close()
+    return refused
 
 
 def without_password(url: str) -> str:

@@ -34,7 +34,7 @@ from .procs import (
     start_redis,
     terminate,
 )
-from .redis_clients import password_of, sync_client, unreached, without_password
+from .redis_clients import password_of, sentinel_refusal, sync_client, unreached, without_password
 from .serving.keys import key
 from .serving.liveness import STAMP_EVERY_S, connect, process_id, seen
 from .shm import unlink_parked_by, unlink_pools_by
@@ -66,6 +66,7 @@ def _answering(url: str, within_s: float) -> None:
     unreachable (a closed port, a wrong host) kept ``up`` waiting for ever, "waiting: redis
     unreachable" every 10 s, without --ready-timeout. One that refuses the password fails at once."""
     client = sync_client(url, socket_connect_timeout=2, socket_timeout=2)
+    redis_at = f"the Redis at {without_password(url)} (DAYZERO_REDIS_URL or REDIS_URL)"
     deadline = time.monotonic() + within_s
     try:
         while True:
@@ -74,14 +75,14 @@ def _answering(url: str, within_s: float) -> None:
                 return
             except redis.AuthenticationError as exc:  # (a ConnectionError to redis-py) no wait mends it
                 why = "password refused" if password_of(url) else "it asks for a password, and the URL gives none"
-                raise StartFailed(
-                    f"the Redis at {without_password(url)} (DAYZERO_REDIS_URL or REDIS_URL): {why} ({exc})"
-                ) from None
+                raise StartFailed(f"{redis_at}: {why} ({exc})") from None
             except redis.RedisError as exc:
+                if refused := sentinel_refusal(url, exc):  # (no wait mends it either)
+                    raise StartFailed(f"{redis_at}: {refused}") from None
                 if time.monotonic() >= deadline:
                     raise StartFailed(
-                        f"the Redis at {without_password(url)} (DAYZERO_REDIS_URL or REDIS_URL) did not answer "
-                        f"within {within_s:g} s: {unreached(url, exc)}; start it, or unset both to run an embedded one"
+                        f"{redis_at} did not answer within {within_s:g} s: {unreached(url, exc)}; start it, or unset "
+                        "both to run an embedded one"
                     ) from None
                 time.sleep(0.5)
     finally:
