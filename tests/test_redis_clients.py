@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import pytest
 import redis
 from kombu.utils.url import parse_url
 
 from dayzero.procs import free_port
-from dayzero.redis_clients import SentinelAddress, sentinel_address, sync_client, unreached, without_password
+from dayzero.redis_clients import (
+    SentinelAddress,
+    async_client,
+    sentinel_address,
+    sync_client,
+    unreached,
+    without_password,
+)
 from dayzero.serving import broker
 from dayzero.serving.queue import make_celery
 from dayzero.settings import Settings
 from dayzero.settings_help import settings_from_env
+from services.gateway.readiness import readiness
 
 
 @pytest.mark.parametrize(
@@ -104,3 +115,14 @@ def test_the_broker_reaches_the_sentinels_with_the_masters_password(url, sentine
     asked = [parse_url(alt) for alt in connection.alt]  # (kombu's own parse, as its sentinel channel's)
     assert [(each["hostname"], each["port"]) for each in asked] == sentinels
     assert (connection.userid, connection.password, connection.virtual_host) == (user, password, "2")
+
+
+def test_ready_names_the_sentinels_that_named_no_master_in_one_line():
+    """``/ready``'s reason was redis-py's asyncio MasterNotFoundError text (each sentinel client's
+    repr, ~1,100 characters): ``unreached`` shortened the sync client's alone (a class of its own)."""
+    closed = free_port()
+    url = f"redis+sentinel://127.0.0.1:{closed}/dz/0"
+    gw = SimpleNamespace(settings=SimpleNamespace(redis_url=url), bus=SimpleNamespace(r=async_client(url)))
+    body, status = asyncio.run(readiness(gw))
+    expected = f"redis unreachable: no sentinel (127.0.0.1:{closed}) named the master 'dz': Error 111"
+    assert status == 503 and body["reason"].startswith(expected) and len(body["reason"]) < 200, body

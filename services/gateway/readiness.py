@@ -23,6 +23,7 @@ import asyncio
 import redis
 from starlette.concurrency import run_in_threadpool
 
+from dayzero.redis_clients import unreached
 from dayzero.serving.broker import writes_refused
 from dayzero.serving.keys import key
 from dayzero.serving.liveness import FRESH_S, seen_stages, serving, wake_stampers
@@ -42,7 +43,7 @@ async def readiness(gw: Gateway) -> tuple[dict, int]:
     except TimeoutError:
         return {"ready": False, "reason": f"redis unanswered for {ANSWER_WITHIN_S:g} s (frozen or unreachable)"}, 503
     except redis.RedisError as exc:
-        return {"ready": False, "reason": f"redis {_refusal(exc)}: {exc}"}, 503
+        return {"ready": False, "reason": f"redis {_refusal(exc)}: {unreached(gw.settings.redis_url, exc)}"}, 503
 
 
 def _refusal(exc: redis.RedisError) -> str:

@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.sentinel import MasterNotFoundError as AsyncMasterNotFoundError
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.backoff import NoBackoff
@@ -131,8 +132,9 @@ def async_client(url: str, *, blocking: bool = False, **kwargs: Any) -> aioredis
 
 def unreached(url: str, exc: redis.RedisError) -> str:
     """Why the Redis at ``url`` was not reached, in one line: for sentinels that named no master,
-    which (redis-py's own text repeats each sentinel client's repr, some 1,500 characters)."""
-    if not isinstance(exc, MasterNotFoundError) or (where := sentinel_address(url)) is None:
+    which (redis-py's own text repeats each sentinel client's repr, some 1,500 characters; its
+    asyncio client's error is a class of its own)."""
+    if not isinstance(exc, (MasterNotFoundError, AsyncMasterNotFoundError)) or (where := sentinel_address(url)) is None:
         return str(exc)
     text, sentinels = str(exc), ", ".join(f"{host}:{port}" for host, port in where.sentinels)
     why = text.rpartition(": ")[2] if " : " in text else "those that answer name none up"  # (the last one's error)
