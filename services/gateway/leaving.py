@@ -4,9 +4,10 @@ Redis is down, and a resume that reached this gateway within the grace keeps its
 
 A leave unwatches its read; with nobody left reading, it waits out the grace and marks the request
 cancelled. A step Redis fails (stopped, restarting, frozen past the commands' bound) is tried again,
-the pause doubling up to ``RETRY_S[1]``, until it goes through or the request's time limit has
-passed (it has ended by then): a cancel lost there left the request generating to its end for a
-client that had gone, its exception never retrieved. Once Redis failed a step, the cancel is left to
+the pause doubling up to ``RETRY_S[1]`` (cut short once Redis, unreached, answers a PING again),
+until it goes through or the request's time limit has passed (it has ended by then): a cancel lost
+there left the request generating to its end for a client that had gone, its exception never
+retrieved. Once Redis failed a step, the cancel is left to
 Redis, due ``DAYZERO_REFUSED_CANCEL_AFTER_S`` later: a resume on another gateway whose watch Redis
 refused too takes it back on its next try (the retried cancel landed first, and cancelled it under
 its reader).
@@ -45,6 +46,12 @@ log = logging.getLogger("dayzero.gateway")
 # it back (cancelled at once, the retried cancel could land first: cancelled under its reader).
 # Not a request answered in one body: nobody can resume it (it decoded 7 s on for a client gone).
 RETRY_S = (0.2, 5.0)
+# While Redis is unreached (a step's try timed out or its connection failed), one PING at a time asks
+# whether it answers again, each bounded by PROBE_S (a connect during a partition waits for the SYN's
+# retries, a command for TCP's backoff): once one answers, every step paused goes at once, not at the
+# end of its pause (up to RETRY_S[1] and a try's bound after Redis was back: a two-way partition's
+# lost streams decoded 4-7 s more for nobody: 146-384 of the demo's tokens, bench/hung_redis.py).
+PROBE_S = 1.0
 ARRIVAL_S = 30.0  # a resume not reading this long after it came (its response never began) holds no cancel
 ARRIVAL_POLL_S = 0.05
 T = TypeVar("T")
@@ -68,6 +75,8 @@ class Leaving:
         self._tasks: set[asyncio.Task] = set()
         self._watches: dict[str, asyncio.Task] = {}  # watches Redis refused, tried again, by watcher
         self._retrying: Counter[tuple[str, str]] = Counter()  # steps tried again, by request and step
+        self._answered = asyncio.Event()  # the probe's: Redis answers again (the paused steps go)
+        self._probe: asyncio.Task | None = None  # asking whether Redis answers again
 
     # -- coming back -----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -201,7 +210,7 @@ class Leaving:
                             )
                         self._retrying[rid, step] += 1
                     failed = leave.refused = True
-                    await asyncio.sleep(pause)
+                    await self._pause(pause, unreached=not isinstance(exc, redis.ResponseError))
                     pause = min(2 * pause, RETRY_S[1])
                     continue
                 if failed and self._retrying[rid, step] == 1:
@@ -212,6 +221,31 @@ class Leaving:
                 self._retrying[rid, step] -= 1
                 if not self._retrying[rid, step]:
                     del self._retrying[rid, step]
+
+    async def _pause(self, seconds: float, unreached: bool) -> None:
+        """``seconds``, or less while Redis is ``unreached``: till it answers again (a refusal answers:
+        its tries keep their pauses)."""
+        if not unreached:
+            await asyncio.sleep(seconds)
+            return
+        if self._probe is None or self._probe.done():
+            self._answered = asyncio.Event()
+            self._probe = self._spawn(self._ask_redis(self._answered))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._answered.wait(), seconds)
+
+    async def _ask_redis(self, answered: asyncio.Event) -> None:
+        """PING Redis while steps are tried again, till it answers (a refusal too): ``answered`` set."""
+        while self._retrying:
+            try:
+                await asyncio.wait_for(self.watching.ping(), PROBE_S)
+            except redis.ResponseError:
+                pass
+            except (redis.RedisError, TimeoutError):  # (a connection refused fails at once)
+                await asyncio.sleep(RETRY_S[0])
+                continue
+            answered.set()
+            return
 
     async def close(self) -> None:
         """Leave every pending cancel to Redis, due at its grace's end (each tries once more)."""

@@ -98,6 +98,9 @@ class Watching:
         keys, args = admission(records, images, reader, self.queued_s, self.ttl_s, queue)
         return bool(await self._admit(keys=keys, args=args))
 
+    async def ping(self) -> None:
+        await self.r.ping()
+
     async def known(self, rid: str) -> bool:
         return bool(await self.r.exists(key("req", rid)))
 
