@@ -66,6 +66,26 @@ def test_a_lease_lost_during_long_work_is_logged_once_not_at_every_beat(redis_ur
     ]
 
 
+def test_a_lease_lost_again_after_its_worker_held_nothing_is_logged_again(redis_url, caplog):
+    """Beats holding nothing skip Redis (a6494c4), and skipped forgetting the leases the last beat
+    found lost: the same request, dropped, taken again (its re-run) and lost again went unlogged."""
+    store, stop = Lifecycle(redis.Redis.from_url(redis_url)), threading.Event()
+    beat = Heartbeat(store, "prefill0", 0.3, stop)
+    try:
+        with caplog.at_level("WARNING", logger="dayzero.lease"):
+            for attempt in (0, 1):
+                store.r.delete(key("lease", "lost2"))  # (the other worker's run ended)
+                assert store.take("lost2", attempt, "prefill0", 0.3)
+                with beat.holding(["lost2"]):
+                    store.r.set(key("lease", "lost2"), "prefill1", px=5000)  # re-run by another worker
+                    time.sleep(0.6)  # beats that find it lost
+                time.sleep(0.5)  # beats holding nothing
+    finally:
+        stop.set()
+    lost = [r.getMessage() for r in caplog.records if "leases lost" in r.getMessage()]
+    assert lost == ["leases lost during a long piece of work: lost2"] * 2, lost
+
+
 def test_beats_holding_nothing_do_not_say_an_unreachable_redis_is_back(caplog):
     """A worker whose requests ended during an outage beat nothing (no round trip) and logged
     "heartbeats go through again" while Redis was still out (the soak: 1 s into a 15 s and a 45 s

@@ -98,6 +98,7 @@ class Heartbeat:
                         log.warning("%s; letting its leases lapse", stuck[1])
                     continue
                 if not self._ids:  # nothing to beat, no round trip: it cannot tell Redis is back
+                    self._lost.clear()  # (their owners dropped them: one taken again and lost is new)
                     continue
                 try:
                     lost = self._store.heartbeat(sorted(self._ids), self._owner, self._lease_s, self._runs)
