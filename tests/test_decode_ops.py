@@ -12,6 +12,7 @@ from dayzero.kv.pools import pools_for
 from dayzero.model.forward import decode, prefill
 
 from .conftest import random_ids
+from .dispatched import OpNames
 
 
 class OpsOn(TorchDispatchMode):
@@ -103,15 +104,3 @@ def test_a_decode_step_rotates_by_no_complex_view(tiny_checkpoint):
     with ops:
         decode(model, pools, ["a", "b"], logits.argmax(-1).tolist())
     assert ops.names and "aten.view_as_complex.default" not in ops.names
-
-
-class OpNames(TorchDispatchMode):
-    """The names of the aten ops dispatched inside it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))

@@ -7,25 +7,13 @@ import dataclasses
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from dayzero.config import ModelConfig
 from dayzero.kv.layout import GROWING_POOLS, PoolLayout
 from dayzero.kv.pools import pools_for
 
 from .conftest import tiny_config
-
-
-class _TorchOps(TorchDispatchMode):
-    """Records every torch operation run inside it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
+from .dispatched import OpNames
 
 
 @pytest.mark.parametrize("mtp", [False, True])
@@ -38,9 +26,9 @@ def test_sequence_bytes_counts_blocks_without_gathering_them(dtype, mtp):
         tables = pools.sequences[seq].tables
         gathered = [pools.window[:, tables["window"]], pools.compressor_storage[:, tables["compressor"]]]
         gathered += [storage[:, tables[kind]] for kind, storage in pools.compressed.items()]
-        with _TorchOps() as seen:
+        with OpNames() as seen:
             counted = pools.sequence_bytes(seq)
-        assert seen.ops == []  # (it gathered every block of the state: ~0.1 ms for a 4k demo state)
+        assert seen.names == []  # (it gathered every block of the state: ~0.1 ms for a 4k demo state)
         assert counted == sum(t.numel() * t.element_size() for t in gathered)
 
 
