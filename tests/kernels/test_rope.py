@@ -77,3 +77,12 @@ def test_rope_cpu_loop_of_odd_widths_is_within_an_ulp_or_so_of_the_twin(half):
     for r in _rotation_pair(5, half, seed=half):
         got, twin = rotate(x, r), rotate_torch(x, r)
         assert ((got - twin).abs() <= twin.abs() * 2.0**-22 + 1e-6).all()
+
+
+@pytest.mark.parametrize("shape", [(0, 4, 22), (0, 22)])
+def test_rope_of_no_tokens_on_the_cpu_is_empty_as_the_twins(shape):
+    """No tokens fit the compiled loop's test (``fits_cpu``) as the other CPU loops' (which give an empty
+    result): numpy could not reshape an empty [0, ..., D] to [0, -1, D] and the call raised."""
+    x, rotation = torch.randn(*shape), torch.complex(torch.ones(0, 8), torch.zeros(0, 8))
+    got = rotate(x, rotation)
+    assert got.shape == x.shape and torch.equal(got, rotate_torch(x, rotation))

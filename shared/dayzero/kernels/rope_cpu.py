@@ -9,6 +9,8 @@ vectorised complex multiply): bitwise the twin's (``tests/kernels/test_rope.py``
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 import torch
@@ -34,6 +36,6 @@ def _rotate(x, rotation):
 def rotate_cpu(x: torch.Tensor, rotation: np.ndarray) -> torch.Tensor:
     """``rotate`` of ``x [T, ..., D]`` that ``fits_cpu`` by ``rotation`` [T, half] complex64 in numpy
     (the caller's kept view: ``.numpy()`` of the table is four aten ops a call), as one loop."""
-    rows = x.numpy()
-    out = _rotate(rows.reshape(rows.shape[0], -1, rows.shape[-1]), rotation)
+    rows = x.numpy()  # [T, R, D]: R counted, not -1 (numpy cannot infer it for no tokens)
+    out = _rotate(rows.reshape(rows.shape[0], math.prod(rows.shape[1:-1]), rows.shape[-1]), rotation)
     return torch.from_numpy(out.reshape(rows.shape))
