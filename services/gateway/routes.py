@@ -229,12 +229,11 @@ async def tokenize(body: TokenizeRequest, gw: GatewayDep) -> Tokenized:
 
 @router.post("/detokenize", dependencies=[Authorized])
 async def detokenize(body: DetokenizeRequest, gw: GatewayDep):
-    """Ids -> text, special tokens kept: at most the context's (as vLLM's): the tokenizer holds the event
-    loop while it decodes (a thread does not free it), ~1 s for the 1 M ids the schema lets through."""
+    """Ids -> text, special tokens kept; at most the context's (the tokenizer holds the loop: 1 M ids ~1 s)."""
     _served(gw, body.model)
-    if len(body.tokens) > gw.context_limit:
-        message = f"{len(body.tokens)} token ids; the context limit is {gw.context_limit}"
-        raise APIError(400, message, param="tokens", code="context_length_exceeded")
+    if (n := len(body.tokens)) > gw.context_limit:
+        limit = f"{n} token ids; the context limit is {gw.context_limit}"
+        raise APIError(400, limit, param="tokens", code="context_length_exceeded")
     if body.tokens and not (min(body.tokens) >= 0 and max(body.tokens) < gw.vocab_size):  # (in C, not a generator)
         raise APIError(400, f"token ids must be in [0, {gw.vocab_size})", param="tokens")
     return {"prompt": gw.codec.decode_all(body.tokens)}
