@@ -73,7 +73,7 @@ class CountedChars:
         repeats = ((regex, counted_repeats(regex)) for regex in regexes(node))
         counts = [(("regex", r), n, f"a regular expression counting {_told(n)} repeats") for r, n in repeats if n]
         if (low := as_number(low)) is not None and low > 0:
-            lexeme = ("string", *(repr(node.get(k)) for k in ("minLength", "maxLength", "pattern", "format")))
+            lexeme = ("string", string_lexeme(node))
             counts.append((lexeme, low, f"minLength {low:,}"))
         for lexeme, count, what in counts:
             if count > most:
@@ -85,6 +85,11 @@ class CountedChars:
                 together = f"{self.total:,} characters counted with the request's other counts"
                 return f"{what}: {together}, at most {most:,} in all can be enforced (one grammar's lexer holds them)"
         return None
+
+
+def string_lexeme(node: dict) -> str:
+    """What makes a string schema's lexeme the one it is (the same seen again: the lexer's states reused)."""
+    return repr([node.get(k) for k in ("minLength", "maxLength", "pattern", "format")])
 
 
 def _told(count: int) -> str:
@@ -111,9 +116,7 @@ def length_cap(groups: Iterable[list[dict]]) -> int | None:
                 if not bounded or regex is not node.get("pattern")
             )
         if bounded:
-            key = tuple(
-                sorted(repr([node.get(k) for k in ("minLength", "maxLength", "pattern", "format")]) for node in group)
-            )
+            key = tuple(sorted(map(string_lexeme, group)))
             low = group_floor(group)
             lexemes[key] = (low, max(low, *highs) if highs else low)
 
