@@ -10,6 +10,7 @@ bytes of an answer the gateway gave: what the client itself adds to a TTFT.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import statistics
@@ -82,6 +83,7 @@ class CannedServer:
 
     def __init__(self, answer: bytes) -> None:
         self.answer, self.connections = answer, 0
+        self._served: list[tuple[socket.socket, threading.Thread]] = []  # each connection, its thread
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self._acceptor = threading.Thread(target=self._accept, daemon=True)
@@ -94,7 +96,8 @@ class CannedServer:
             except OSError:  # closed
                 return
             self.connections += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            self._served.append((conn, threading.Thread(target=self._serve, args=(conn,), daemon=True)))
+            self._served[-1][1].start()
 
     def _serve(self, conn: socket.socket) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -110,10 +113,15 @@ class CannedServer:
                     conn.sendall(self.answer)
 
     def close(self) -> None:
-        """Stops accepting; its accept thread ends (a closed socket alone left it blocked in accept())."""
+        """Stops accepting and serving; every thread of its ends (a closed socket alone left the accept
+        thread blocked in accept(); a connection's thread could still be reading its client's close)."""
         self.sock.shutdown(socket.SHUT_RDWR)
         self._acceptor.join()
         self.sock.close()
+        for conn, thread in self._served:
+            with contextlib.suppress(OSError):  # (closed already: its client left first)
+                conn.shutdown(socket.SHUT_RDWR)
+            thread.join()
 
 
 def own_ttft(answer: bytes, prompt: list[int], n: int) -> dict[str, float]:
