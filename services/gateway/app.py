@@ -39,6 +39,7 @@ from .metrics import CountResponses, GatewayMetrics
 from .readiness import readiness
 from .routes import answer_head_as_get, authorize, router
 from .stopping import Stopping
+from .tokenize_routes import tokenize_router
 
 log = logging.getLogger("dayzero.gateway")
 RERUN_TRANSIT_S = 30.0  # a re-run's mark until its message is pushed: a sweep's round trips, with room
@@ -246,6 +247,7 @@ def make_app(settings: Settings) -> FastAPI:
     app.add_middleware(CountResponses)
     app.add_middleware(ClockFirst)
     app.include_router(router)
+    app.include_router(tokenize_router)
     _openapi_as_served(app, [settings.model_name])
 
     @app.get("/health")

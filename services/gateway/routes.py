@@ -30,7 +30,6 @@ from .json_body import ParsingRoute
 from .responses import respond, resumed
 from .schemas import CompletionRequest, Sampling
 from .subscription import valid_entry_id
-from .tokenize_schemas import DetokenizeRequest, Tokenized, TokenizeRequest
 
 router = APIRouter(route_class=ParsingRoute)  # (bodies that are not JSON are told where)
 MAX_ECHO_LOGPROB_TOKENS = 32768  # the prompt's logprobs travel in one stream entry
@@ -58,7 +57,7 @@ async def authorize(gw: GatewayDep, authorization: Annotated[str | None, Header(
 Authorized = Depends(authorize)
 
 
-def _served(gw: Gateway, model: str) -> None:
+def served(gw: Gateway, model: str) -> None:
     if model != gw.settings.model_name:
         raise APIError(
             400,
@@ -78,11 +77,11 @@ def _spec(
 ) -> SamplingParams:
     """``limit_param``: the field ``max_tokens`` came from (chat's max_completion_tokens, or max_tokens)."""
     s = gw.settings
-    _served(gw, body.model)
+    served(gw, body.model)
     limit = gw.context_limit
     if not prompt_ids:
         raise APIError(400, "the prompt is empty", param="prompt")
-    _within_context(gw, prompt_ids, "messages" if isinstance(body, ChatPrompt) else "prompt")
+    within_context(gw, prompt_ids, "messages" if isinstance(body, ChatPrompt) else "prompt")
     if body.stops() and not gw.codec.has_tokenizer:
         raise APIError(400, "stop strings need text; this checkpoint has no tokenizer.json", param="stop")
     if min(prompt_ids) < 0 or max(prompt_ids) >= gw.vocab_size:  # (2 M ids: 42 ms of CPU, 80 in a Python loop)
@@ -113,7 +112,7 @@ def _spec(
     )
 
 
-def _within_context(gw: Gateway, prompt_ids: list[int], param: str) -> None:
+def within_context(gw: Gateway, prompt_ids: list[int], param: str) -> None:
     """A prompt leaves room for a token of completion (else 400 naming ``param``)."""
     if len(prompt_ids) >= gw.context_limit:
         message = f"the prompt has {len(prompt_ids)} tokens; the context limit is {gw.context_limit}"
@@ -209,34 +208,6 @@ def _named_prompt(index: int | None) -> Iterator[None]:
             raise
         message, param = f"prompt {index}: {refused.message}", f"prompt.{index}"
         raise APIError(refused.status, message, refused.type, param, refused.code, refused.headers) from None
-
-
-@router.post("/tokenize", dependencies=[Authorized])
-async def tokenize(body: TokenizeRequest, gw: GatewayDep) -> Tokenized:
-    """A prompt's ids as the server would feed them (a chat: rendered, images expanded); one the
-    routes would refuse for the context is refused here too (one far over it: untokenized)."""
-    _served(gw, body.model)
-    if body.prompt is None:
-        check_tool_set(gw, body)
-        ids = (await prompted(gw, body))[0]
-    else:
-        with tokenizing("prompt"):
-            special = body.add_special_tokens is not False  # (vLLM's default for a prompt: added)
-            ids = await encoded(gw, body.prompt, gw.context_limit, special)
-    _within_context(gw, ids, "prompt" if body.messages is None else "messages")
-    return Tokenized(tokens=ids, count=len(ids), max_model_len=gw.context_limit)
-
-
-@router.post("/detokenize", dependencies=[Authorized])
-async def detokenize(body: DetokenizeRequest, gw: GatewayDep):
-    """Ids -> text, special tokens kept; at most the context's (the tokenizer holds the loop: 1 M ids ~1 s)."""
-    _served(gw, body.model)
-    if (n := len(body.tokens)) > gw.context_limit:
-        limit = f"{n} token ids; the context limit is {gw.context_limit}"
-        raise APIError(400, limit, param="tokens", code="context_length_exceeded")
-    if body.tokens and not (min(body.tokens) >= 0 and max(body.tokens) < gw.vocab_size):  # (in C, not a generator)
-        raise APIError(400, f"token ids must be in [0, {gw.vocab_size})", param="tokens")
-    return {"prompt": gw.codec.decode_all(body.tokens)}
 
 
 @router.get("/v1/requests/{request_id}/stream", dependencies=[Authorized], response_class=EventSourceResponse)

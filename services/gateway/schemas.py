@@ -8,6 +8,7 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 from annotated_types import MaxLen
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     Strict,
@@ -82,7 +83,7 @@ def _integral(model: type[BaseModel], name: str, value: object) -> object:
 
 
 class JSONSchemaFormat(_Body):
-    name: str | None = Field(default=None, max_length=64)
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's: required (it was optional here)
     description: str | None = Field(default=None, max_length=MAX_TEXT)
     json_schema: dict = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
@@ -159,6 +160,18 @@ _PROMPT_NAMES = {"text": "a string", "ids": "a token-id list", "neither": "neith
 StopString = Annotated[str, Field(min_length=1, max_length=256)]
 
 
+def _decimal_token_id(key: object) -> object:
+    """A ``logit_bias`` key is a token id as OpenAI writes one: decimal digits, no sign, spaces or
+    leading zeros. pydantic's lax int read "5.0", " 5", "+5" and "05" as token 5 ("5_0" as 50), and
+    two spellings of one id ("5" and "05") as one key, the last bias winning unsaid."""
+    if isinstance(key, str) and not (key.isascii() and key.isdigit() and (key == "0" or key[0] != "0")):
+        raise ValueError(f"invalid key {key!r}: a token id is a non-negative integer in decimal, such as '5'")
+    return key
+
+
+TokenId = Annotated[int, Strict(False), BeforeValidator(_decimal_token_id)]
+
+
 class Sampling(_EngineExtensions):
     model: str = Field(max_length=256)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -172,7 +185,7 @@ class Sampling(_EngineExtensions):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     user: str | None = Field(default=None, max_length=256)  # accepted and ignored
-    logit_bias: dict[Annotated[int, Strict(False)], Annotated[float, Field(ge=-MAX_BIAS, le=MAX_BIAS)]] | None = Field(
+    logit_bias: dict[TokenId, Annotated[float, Field(ge=-MAX_BIAS, le=MAX_BIAS)]] | None = Field(
         default=None, max_length=300
     )
     presence_penalty: float = Field(default=0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)

@@ -47,7 +47,10 @@ def test_tokenize_renders_v4s_prompt_and_detokenize_keeps_special_tokens(stack):
         (ask(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
         (ask(tool_choice="required"), "tool_choice"),
         (ask(tools=[{"type": "function", "function": {"name": "bad name!"}}]), "tools"),
-        (ask(response_format={"type": "json_schema", "json_schema": {"schema": {"type": "objectx"}}}), None),
+        (
+            ask(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}),
+            None,
+        ),
         (ask(chat_template_kwargs={"thinking": True, "enable_thinking": True}), "chat_template_kwargs"),
         (ask(reasoning_effort="extreme"), "reasoning_effort"),
         ({"prompt": "hi", "tools": [WEATHER]}, "tools"),

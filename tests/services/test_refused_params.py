@@ -22,6 +22,7 @@ from services.gateway.schemas import CompletionRequest
 from .conftest import MODEL, chat, data_url
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+NAMELESS = "response_format.json_schema.name"  # OpenAI requires it (it was optional here)
 
 
 ONLY_NONE = 'is not supported by this server (only "none"); use tool_choice'
@@ -206,6 +207,8 @@ def test_summed_image_pixels_are_refused_from_the_headers_before_decoding():
         ({"model": MODEL, "prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
         (chat("x", tool_choice="required"), 400, "tool_choice"),  # without tools
         (chat("x", response_format={"type": "json_schema"}), 400, "response_format"),  # without a schema
+        (chat("x", response_format={"type": "json_schema", "json_schema": {"schema": {}}}), 400, NAMELESS),
+        (chat("x", logit_bias={"05": 1}), 400, "logit_bias"),  # was token 5 ("5" is: OpenAI's spelling)
         (chat("x", functions=[{"name": "f"}]), 400, "functions"),  # the legacy spelling: use tools
         (chat("x", top_logprobs=3), 400, "top_logprobs"),  # without logprobs: true
         (chat("x", logprobs=True, top_logprobs=21), 400, "top_logprobs"),

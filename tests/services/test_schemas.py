@@ -188,7 +188,13 @@ IMAGE = {"type": "image_url", "image_url": {"url": "data:,", "detail": "x" * 17}
             ("image_url", "detail"),
         ),
         (
-            {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"description": "d" * (1 << 20 | 1)}}},
+            {
+                **CHAT,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "n", "description": "d" * (1 << 20 | 1)},
+                },
+            },
             ("response_format", "json_schema", "description"),
         ),
     ],
@@ -251,3 +257,37 @@ def test_a_map_over_its_bound_is_refused_before_its_items_are_validated(field, l
         ChatCompletionRequest.model_validate(body)
     errors = [(e["loc"], e["msg"]) for e in refused.value.errors()]
     assert errors == [((field,), f"Value error, at most {limit} items, not {limit + 1}")]
+
+
+@pytest.mark.parametrize(
+    "key", ["5.0", " 5", "5 ", "+5", "05", "00", "5_0", "-5", "-0", "0x5", "\u0665", "1e1", "five"]
+)
+def test_a_logit_bias_key_that_is_not_a_token_id_in_decimal_is_refused_by_name(key):
+    """OpenAI's keys are token ids as strings ("Invalid key in 'logit_bias': ..." otherwise):
+    "5.0", " 5", "+5" and "05" were read as token 5, "5_0" as 50, and "5" beside "05" was one key."""
+    error = _refusal(CompletionRequest, {**COMPLETION, "logit_bias": {key: 1}})
+    why = f"invalid key {key!r}: a token id is a non-negative integer in decimal, such as '5'"
+    assert (error["loc"], error["msg"]) == (("logit_bias", key, "[key]"), f"Value error, {why}")
+
+
+def test_logit_bias_keys_in_decimal_are_token_ids():
+    body = CompletionRequest.model_validate({**COMPLETION, "logit_bias": {"0": -1, "5": 2, "102400": 100}})
+    assert body.logit_bias == {0: -1.0, 5: 2.0, 102400: 100.0}
+
+
+PATTERN = "string_pattern_mismatch"
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [(None, "missing"), *[(name, PATTERN) for name in ("", "a b", "a.b", "x" * 65)], ("A_2-" + "x" * 60, None)],
+)
+def test_a_json_schema_format_needs_a_name_as_openai_spells_one(name, kind):
+    """OpenAI requires ``json_schema.name`` (a-z, A-Z, 0-9, _ and -, at most 64): one without was accepted."""
+    named = {"schema": {"type": "object"}} | ({} if name is None else {"name": name})
+    body = {**CHAT, "response_format": {"type": "json_schema", "json_schema": named}}
+    if kind is None:
+        assert ChatCompletionRequest.model_validate(body).response_format.json_schema.name == name
+    else:
+        error = _refusal(ChatCompletionRequest, body)
+        assert error["loc"] == ("response_format", "json_schema", "name") and error["type"] == kind
