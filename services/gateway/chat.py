@@ -121,7 +121,7 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
         try:
             dsml, parallel = dsml_symbol(gw.codec.token_id(DSML), DSML), body.parallel_tool_calls is not False
             lark = (
-                auto_calls_grammar(body.tools, dsml, _kept_tokens(gw), parallel)
+                auto_calls_grammar(body.tools, dsml, _kept_tokens(gw, thinking), parallel)
                 if auto_strict
                 else tool_calls_grammar(body.tools, dsml, named, parallel)
             )
@@ -147,10 +147,12 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
     return Grammar(lark, after, param)
 
 
-def _kept_tokens(gw: Gateway) -> tuple[str, ...]:
-    """The special tokens free text under "auto" may hold: those the reply's text keeps (the thought's
-    marks; the marker opens a block)."""
-    return tuple(f"<[{i}]>" for t in (THINK, END_THINK) if (i := gw.codec.token_id(t)) is not None)
+def _kept_tokens(gw: Gateway, thinking: bool) -> tuple[str, ...]:
+    """The special tokens free text under "auto" may hold: in thinking mode the thought's marks (the
+    grammar holds the thought too; the marker opens a block). In chat mode none: the answer drops
+    them (chat.output), and the text on either side would join."""
+    marks = (THINK, END_THINK) if thinking else ()
+    return tuple(f"<[{i}]>" for t in marks if (i := gw.codec.token_id(t)) is not None)
 
 
 def check_tool_set(gw: Gateway, body: ChatPrompt) -> None:

@@ -280,3 +280,15 @@ def test_dsml_without_tools_is_text_and_a_stray_dsml_token_with_tools_is_dropped
     offered = post(stack, "/v1/chat/completions", {**body, "tools": [WEATHER]}).json()["choices"][0]
     assert offered["message"] == {"role": "assistant", "content": "", "refusal": None}, offered
     assert offered["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(("thinking", "mark"), [(False, "5"), (False, "6"), (True, "6")])  # 5: <think>, 6: </think>
+def test_a_thought_mark_written_in_the_answer_is_dropped(stack, thinking, mark):
+    """DeepSeek's decoder refuses a reply whose content holds ``<think>`` or ``</think>``: the random
+    model made to write only one came back with content "<think><think><think>" in chat mode."""
+    body = ask("Hi", max_tokens=3, temperature=0, logit_bias={mark: 100}, chat_template_kwargs={"thinking": thinking})
+    whole = post(stack, "/v1/chat/completions", body).json()["choices"][0]
+    assert whole["message"]["content"] == "" and whole["finish_reason"] == "length", whole
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
+        deltas = [data["choices"][0]["delta"] for _, data in sse_events(r) if data != "[DONE]"]
+    assert "".join(d.get("content", "") for d in deltas) == "", deltas
