@@ -165,7 +165,6 @@ async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Re
     protocol = {
         "thinking": continues_reasoning(prompt.messages, thinking),
         "tool_calls": bool(body.offered_tools()),
-        "calls_only": body.tool_choice not in (None, "none", "auto"),
         "usage_in_stream": body.usage_in_stream(),
     }
     if protocol["tool_calls"] and spec.stop:  # stop strings end the reply's text, not its calls' markup

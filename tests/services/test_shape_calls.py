@@ -9,8 +9,11 @@ import time
 
 import pytest
 
-from dayzero.params import SamplingParams
+from dayzero.chat.auto_grammar import auto_calls_grammar
+from dayzero.chat.grammar import tool_calls_grammar
+from dayzero.params import Grammar, SamplingParams
 from dayzero.serving.messages import GenerationRequest
+from dayzero.serving.records import Token
 from services.gateway.shapes import Shape
 
 D = "｜DSML｜"
@@ -63,3 +66,22 @@ def test_a_reply_ended_inside_a_call(finish, expected):
         assert _stream(OPEN_CALL, cut, finish) == expected, cut
     if finish == "stop":
         assert json.loads(expected[1][0][1]) == {"x": 1}
+
+
+@pytest.mark.parametrize(("choice", "held"), [("required", True), ("auto", False)])
+def test_a_forced_call_cut_in_its_opening_is_no_content_read_back_from_the_record_too(choice, held):
+    """A stream resumed (Last-Event-ID) is shaped from the request's record, the JSON on the wire: a
+    forced call's request read back was an "auto" one, and its cut opening "\\n\\n<" came back as
+    content where the stream it resumes dropped it."""
+    tools = [{"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}}]
+    lark = tool_calls_grammar(tools, '"D"') if choice == "required" else auto_calls_grammar(tools, '"D"')
+    request = GenerationRequest(
+        request_id="r" * 20, kind="chat", prompt_ids=(1,), sampling=SamplingParams(max_tokens=2, grammar=Grammar(lark)),
+        created=time.time(), tool_calls=True,
+    )  # fmt: skip
+    record = GenerationRequest.model_validate_json(request.model_dump_json())
+    for admitted in (request, record):
+        shape = Shape(admitted, "m", _Codec())
+        shape.replay(Token(request_id="r" * 20, index=0, token=0, text="\n\n"))
+        chunk = shape.chunk("<", "length")
+        assert chunk["choices"][0]["delta"].get("content", "") == ("" if held else "\n\n<"), chunk

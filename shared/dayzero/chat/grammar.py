@@ -150,13 +150,21 @@ def _byte_grammars():
     return Grammars(_byte_tokenizer())
 
 
+_CALLS_START = 'start: "\\n\\n<" '  # a forced call's grammar: the reply opens with the block
+
+
+def holds_calls_only(lark: str) -> bool:
+    """Whether ``lark`` is tool_calls_grammar's (tool_choice required or named): the reply holds only calls."""
+    return lark.startswith(_CALLS_START)
+
+
 def tool_calls_grammar(tools: list[dict], dsml: str, one: str | None = None, parallel: bool = True) -> str:
     """A DSML block of calls to ``tools`` (OpenAI tool dicts): exactly one call to the function
     named ``one``, or one or more calls to any of them (one: not ``parallel``)."""
     functions = [t["function"] for t in tools if one is None or t["function"]["name"] == one]
     lines = [  # the newline before the close is a lexeme of its own, as between calls (as part of
         # "\\n</" it was the lexer's choice after a call's newline, and a second call's "<" refused)
-        f'start: "\\n\\n<" {dsml} "tool_calls>\\n" calls "\\n" "</" {dsml} "tool_calls>"',
+        f'{_CALLS_START}{dsml} "tool_calls>\\n" calls "\\n" "</" {dsml} "tool_calls>"',
         "calls: call" if one is not None or not parallel else 'calls: call ("\\n" call)*',
         "call: " + " | ".join(f"invoke_{i}" for i in range(len(functions))),
     ]

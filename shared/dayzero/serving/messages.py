@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..chat.grammar import holds_calls_only
 from ..params import MAX_LOGPROBS, SamplingParams
 
 SAME_LAYOUT = (  # what a handoff's layout hash covers, as settings
@@ -31,15 +32,20 @@ class GenerationRequest(Frozen):
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # with echo: the prompt's too
     thinking: bool = False  # a chat in thinking mode: its text opens with the reasoning
     tool_calls: bool = False  # a chat offered tools: DSML calls in its text are reported as tool_calls
-    # its answer is held to calls (tool_choice required / named): a cut text is no content. The
-    # admitting gateway's own, never on the wire (the previous version refuses a field it does not
-    # know): a stream resumed from the record reads a cut opening as an "auto" answer does
-    calls_only: bool = Field(default=False, exclude=True)
     usage_in_stream: bool = False  # a streamed answer ends with a usage chunk (stream_options.include_usage)
     response_id: str = ""  # the response it is one choice of (several prompts, or n > 1); "": its own
     choice: int = Field(default=0, ge=0)  # its index among that response's choices
     prompt_index: int = Field(default=0, ge=0)  # its prompt's index in that response (a completions list)
     trace: dict[str, str] = {}  # W3C trace context of its gateway.request span (kept with it: a re-run stays in it)
+
+    @property
+    def calls_only(self) -> bool:
+        """Its answer is held to calls (tool_choice required / named): a cut text is no content. Read
+        from its grammar, which its record carries: a field of its own stayed on the admitting gateway
+        (the previous version refuses one it does not know), and a stream resumed from the record
+        showed a cut block's opening ("\\n\\n<") as content, as an "auto" answer does."""
+        grammar = self.sampling.grammar
+        return self.tool_calls and grammar is not None and holds_calls_only(grammar.lark)
 
 
 class StateRef(Frozen):
