@@ -27,7 +27,7 @@ from .chat_requests import (
     raw_continuation,
     valid_person,
 )
-from .conftest import MODEL, sse_events
+from .conftest import MODEL, resumed_events, sse_events
 
 
 def test_tokenize_renders_v4s_prompt_and_detokenize_keeps_special_tokens(stack):
@@ -257,16 +257,20 @@ def test_a_tool_call_cut_by_max_tokens_reads_the_same_streamed_and_in_the_body(s
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_a_forced_call_cut_before_its_marker_leaves_no_content(stack, choice):
     """The answer can only be a call: cut in the blank line and "<" that open its block, before the
-    DSML token, it came back as content ("\\n\\n<"), in the body and the stream."""
+    DSML token, it came back as content ("\\n\\n<"), in the body and the stream; then in a stream
+    resumed with Last-Event-ID only."""
     body = {**ask(tools=[WEATHER], tool_choice=choice, temperature=0), "logprobs": True}
     for max_tokens in (1, 2, 3):
         reply = post(stack, "/v1/chat/completions", {**body, "max_tokens": max_tokens}).json()["choices"][0]
         written = "".join(t["token"] for t in reply["logprobs"]["content"])
         assert f"\n\n<{D}".startswith(written) and reply["finish_reason"] == "length", reply
         assert reply["message"]["content"] == "" and "tool_calls" not in reply["message"], reply
-        cut = {**body, "max_tokens": max_tokens, "stream": True}
+        cut = {"model": MODEL, **body, "max_tokens": max_tokens, "stream": True}  # (it had none: a 400, no events)
         with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=cut, timeout=300) as r:
             deltas = [data["choices"][0]["delta"] for _, data in sse_events(r) if data != "[DONE]"]
+            read_again = resumed_events(stack.url, r.headers["x-request-id"], r.headers["x-resume-token"], "0-0")
+        assert "".join(d.get("content", "") for d in deltas) == "", deltas
+        deltas = [data["choices"][0]["delta"] for _, data in read_again]  # (it came back: read from the record)
         assert "".join(d.get("content", "") for d in deltas) == "", deltas
 
 
@@ -289,6 +293,7 @@ def test_a_thought_mark_written_in_the_answer_is_dropped(stack, thinking, mark):
     body = ask("Hi", max_tokens=3, temperature=0, logit_bias={mark: 100}, chat_template_kwargs={"thinking": thinking})
     whole = post(stack, "/v1/chat/completions", body).json()["choices"][0]
     assert whole["message"]["content"] == "" and whole["finish_reason"] == "length", whole
-    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
+    streamed = {"model": MODEL, **body, "stream": True}
+    with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json=streamed, timeout=300) as r:
         deltas = [data["choices"][0]["delta"] for _, data in sse_events(r) if data != "[DONE]"]
-    assert "".join(d.get("content", "") for d in deltas) == "", deltas
+    assert deltas and "".join(d.get("content", "") for d in deltas) == "", deltas
