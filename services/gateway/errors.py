@@ -91,7 +91,7 @@ def install(app: FastAPI) -> None:
             return error_response(400, message, "invalid_request_error")
         param = ".".join(str(p) for p in first.get("loc", ()) if _field_part(p)) or None
         why = validation_message(first)
-        return error_response(400, f"{param}: {why}" if param else why, "invalid_request_error", param)
+        return error_response(400, f"{param}: {why}" if param else why, "invalid_request_error", param, _code(first))
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
@@ -141,6 +141,25 @@ class CatchAll:
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "body"}
+# the code OpenAI's API gives a body's invalid field, by pydantic's error type (with a bound: by the
+# bound's kind, integer or decimal); null for the others, as OpenAI's for many (a logit_bias key)
+_CODES = {
+    "missing": "missing_required_parameter",
+    "literal_error": "invalid_value",
+    "string_too_long": "string_above_max_length",
+    "too_long": "array_above_max_length",
+}
+_BOUNDS = {"greater_than_equal": "below_min", "less_than_equal": "above_max"}  # (the bounds fields use)
+
+
+def _code(error: dict) -> str | None:
+    """OpenAI's ``code`` for a validation error: ``invalid_type``, ``integer_below_min_value``,
+    ``decimal_above_max_value``, ... (they were all null)."""
+    kind = error.get("type", "")
+    if kind in _BOUNDS:
+        bound = next(iter(error.get("ctx", {}).values()), None)
+        return f"{'decimal' if isinstance(bound, float) else 'integer'}_{_BOUNDS[kind]}_value"
+    return "invalid_type" if kind.endswith("_type") else _CODES.get(kind)
 
 
 def _specificity(error: dict) -> tuple[int, bool]:

@@ -1,7 +1,8 @@
 """What a body is told for a field this server does not implement, an OpenAI parameter (declared, with
 its type) or a vLLM / SGLang extension (not OpenAI's: any value), at a value that asks for something
 or of the wrong type, alone and beside another field's error (the gateway in-process, on a real Redis:
-every request here is refused before it queues)."""
+every request here is refused before it queues); and the ``code`` OpenAI's API gives an invalid field
+(they were all null)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from fastapi.testclient import TestClient
 from dayzero.settings import Settings
 from services.gateway.app import make_app
 
-from .conftest import MODEL
+from .conftest import MODEL, chat
 
 VLLM_ONLY = "(vLLM's) is not supported by this server"
 SGLANG_ONLY = "(SGLang's) is not supported by this server"
@@ -56,7 +57,10 @@ def gateway(demo_dir, redis_url):
 def test_what_an_unimplemented_field_is_told(gateway, fields, param, message):
     r = gateway.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1, **fields})
     assert r.status_code == 400, r.text
-    assert r.json()["error"] == {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+    code = (
+        "invalid_type" if "should be a valid" in message else "decimal_above_max_value" if "less" in message else None
+    )
+    assert r.json()["error"] == {"message": message, "type": "invalid_request_error", "param": param, "code": code}
 
 
 @pytest.mark.parametrize(
@@ -65,3 +69,27 @@ def test_what_an_unimplemented_field_is_told(gateway, fields, param, message):
 def test_defaults_ask_for_nothing_and_pass(gateway, fields):
     r = gateway.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1, "n": 0, **fields})
     assert r.json()["error"]["param"] == "n", r.text  # refused for the one field set wrong on purpose
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        (chat("x", max_tokens=0), "max_tokens", "integer_below_min_value"),  # OpenAI's, for max_tokens 0
+        (chat("x", n=9), "n", "integer_above_max_value"),
+        (chat("x", temperature=2.5), "temperature", "decimal_above_max_value"),  # OpenAI's, for 2.1
+        (chat("x", temperature=-1), "temperature", "decimal_below_min_value"),  # a decimal field, an integer sent
+        (chat("x", logit_bias={"5": 101}), "logit_bias", "decimal_above_max_value"),
+        (chat("x", max_tokens="4"), "max_tokens", "invalid_type"),
+        (chat("x", stream="yes"), "stream", "invalid_type"),
+        ({"messages": [{"role": "user", "content": "x"}]}, "model", "missing_required_parameter"),  # no model
+        (chat("x", reasoning_effort="extreme"), "reasoning_effort", "invalid_value"),
+        (chat("x", user="u" * 257), "user", "string_above_max_length"),
+        (chat("x", logit_bias={"05": 1}), "logit_bias", None),  # OpenAI's own for a key that is no token id
+        (chat("x", stop=["s"] * 17), "stop", None),  # a check of this server's own
+    ],
+)
+def test_an_invalid_field_is_coded_as_openai_codes_it(gateway, body, param, code):
+    r = gateway.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["param"], error["code"], error["type"]) == (param, code, "invalid_request_error"), error
