@@ -175,3 +175,11 @@ def test_a_merge_reading_past_its_bound_is_refused_without_reading_on():
     assert problem is not None and "DAYZERO_GUIDED_MAX_SCHEMA_NODES=3000" in problem
     few = {"required": [f"n{i}" for i in range(20)]}  # (a definition of 20 names merged 100 times: read 4,000)
     assert size_problem([{"allOf": [{"$ref": "#/$defs/r"}] * 100, "$defs": {"r": few}}], DEFAULTS) is None
+
+
+def test_a_ref_indexing_a_list_by_thousands_of_digits_is_no_error():
+    """Python reads no int of over 4,300 digits: a $ref "#/allOf/111...1" (5,000 digits) with a
+    sibling was a ValueError (a 500); it points at nothing, as llguidance finds."""
+    ref = "#/allOf/" + "1" * 5000
+    schema = {"type": "object", "allOf": [{"type": "object"}], "properties": {"a": {"$ref": ref, "minLength": 1}}}
+    assert size_problem([schema], LIMITS) is None

@@ -67,3 +67,23 @@ def test_required_names_not_among_the_properties_are_counted_as_properties():
     assert size_problem([{"type": "object", "required": names[:2999]}], defaults) is None
     declared = _object(40) | {"required": [f"p{j}" for j in range(40)] * 2}  # declared, or repeated: counted once
     assert size_problem([declared], LIMITS) is None
+
+
+def test_client_data_beside_a_schema_counts_as_no_subschema():
+    """An OpenAPI ``example``, an ``x-`` extension, a ``default`` hold the client's data, which
+    llguidance compiles nowhere (it takes such a schema whole): a ``{"minLength": 5000}`` or 60
+    objects there were refused as subschemas."""
+    data = {"minLength": 5000, "items": [_object(0) for _ in range(60)]}
+    for key in ("example", "x-meta", "default"):
+        schema = {"type": "object", "properties": {"a": {"type": "string", key: data}}, key: data}
+        assert size_problem([schema], LIMITS) is None, key
+
+
+def test_data_a_ref_points_at_is_counted_as_the_schema_it_becomes():
+    """llguidance follows a JSON pointer anywhere (after the root's $id too): there data is a schema."""
+    for ref in ("#/x-defs/long", "https://example.com/s#/x-defs/long", "#/properties/a/example"):
+        schema = {"$id": "https://example.com/s", "x-defs": {"long": {"type": "string", "minLength": 5000}}}
+        schema |= {"type": "object", "properties": {"a": {"example": {"minLength": 5000}}, "b": {"$ref": ref}}}
+        assert "minLength 5,000" in size_problem([schema], LIMITS), ref
+    wide = {"type": "object", "x-defs": {"wide": _object(60)}, "properties": {"a": {"$ref": "#/x-defs/wide"}}}
+    assert "DAYZERO_GUIDED_MAX_SCHEMA_NODES=50" in size_problem([wide], LIMITS)

@@ -6,16 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from .schema_keywords import MAPS, schema_values
 from .schema_merge import ANNOTATIONS, resolve
-from .schema_size import _MAPS
 
 _I64 = 2**63
 _DATA = ("enum", "const", "default", "examples")  # values, not schemas: their keys bound nothing
-# the keywords whose value is a schema, a list of them, or a map of names to them (JSON schema's)
-_ONE = ("items", "additionalItems", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "contains")
-_ONE += ("not", "if", "then", "else", "propertyNames", "contentSchema")
-_LIST = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-_NAMED = (*_MAPS, "dependencies")  # (a dependencies value may be a list of names: no schema)
 
 
 def bound_problem(schema: object) -> str | None:
@@ -59,7 +54,7 @@ def subschemas(schema: object) -> Iterator[dict]:
         elif isinstance(node, dict):
             yield node
             for key, value in node.items():
-                if key in _MAPS and isinstance(value, dict):
+                if key in MAPS and isinstance(value, dict):
                     nodes.extend(value.values())
                 elif key not in _DATA:
                     nodes.append(value)
@@ -77,15 +72,9 @@ def schemas_within(schema: object) -> Iterator[dict]:
             continue
         seen.add(id(node))
         yield node  # (before its subschemas are read: a rewrite of it is walked)
-        for key, value in node.items():
-            if key in _NAMED and isinstance(value, dict):
-                nodes.extend(value.values())
-            elif key in _LIST and isinstance(value, list):
-                nodes.extend(value)
-            elif key in _ONE:
-                nodes.append(value)
-            elif key == "$ref" and isinstance(value, str) and value.startswith("#/"):
-                nodes.append(resolve(schema, value))
+        nodes.extend(schema_values(node))
+        if isinstance(ref := node.get("$ref"), str) and ref.startswith("#/"):
+            nodes.append(resolve(schema, ref))
 
 
 def merged_groups(schema: object) -> list[list[dict]]:

@@ -187,12 +187,23 @@ def resolve(root: object, ref: str) -> object:
     if ref != "#" and not ref.startswith("#/"):
         return None
     node = root
-    for part in ref[2:].split("/") if ref != "#" else ():
-        part = unquote(part).replace("~1", "/").replace("~0", "~")
+    for part in pointer_parts(ref[1:]):
         if isinstance(node, dict):
             node = node.get(part)
-        elif isinstance(node, list) and part.isascii() and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
+        elif isinstance(node, list):
+            node = list_item(node, part)
         else:
             return None
     return node
+
+
+def list_item(values: list, part: str) -> object:
+    """The item of ``values`` a JSON pointer's ``part`` indexes (None: none; a part of 5,000 digits
+    was a ValueError past Python's int limit: a 500)."""
+    index = int(part) if part.isascii() and part.isdigit() and len(part) <= len(str(len(values))) else len(values)
+    return values[index] if index < len(values) else None
+
+
+def pointer_parts(pointer: str) -> list[str]:
+    """The keys and indexes of the JSON pointer ``pointer`` ("" or "/a/b"), unescaped."""
+    return [unquote(part).replace("~1", "/").replace("~0", "~") for part in pointer.split("/")[1:]]

@@ -13,11 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .schema_counts import CountedChars, regexes
-from .schema_merge import MOST_NESTED, Circular, Merged, TooBig, TooDeep
+from .schema_keywords import LISTS, schema_values, within_keywords
+from .schema_merge import MOST_NESTED, Circular, Merged, TooBig, TooDeep, resolve
 from .schema_rows import RowCheck
 
-_DATA = ("enum", "const", "default", "examples", "discriminator")  # values, not schemas (nor compiled)
-_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
 MOST_TOOLS = 1024  # tools a request may ever offer (the ceiling of DAYZERO_MAX_TOOLS)
 # patternProperties' names in one object: llguidance's compile grows steeply in them, whatever their
 # length (names such as "^q17$", all 5 characters: 100 took 0.05-0.4 s, 200 0.8-6.7 s, 400 25-63 s)
@@ -107,10 +106,13 @@ def _message(name: str, limits: SchemaLimits) -> str:
 def _schema_nodes(schemas: list, merged: Merged | None = None) -> Iterator[dict | bool]:
     """Every subschema of ``schemas``, depth first, without recursion (a deep schema costs no
     stack): as written, or as llguidance builds it when ``merged`` (each schema's ``$ref``s
-    pointing into it); values under enum, const, default, examples are data, not schemas."""
+    pointing into it). Only what schema keywords hold, and what a ``$ref`` points at elsewhere
+    (``_elsewhere``): values under enum, const, default, an example, an ``x-`` extension are the
+    client's data, not schemas (an example holding ``{"minLength": 5000}`` was refused as one)."""
     for schema in schemas:
         if merged is not None:
             merged.within(schema)
+        followed: set[int] = set()  # the definitions walked outside schema keywords (each once)
         stack: list[tuple[object, tuple | None]] = [(schema, None)]  # (a subschema, the copies it is in)
         while stack:
             written, copies = stack.pop()
@@ -121,16 +123,24 @@ def _schema_nodes(schemas: list, merged: Merged | None = None) -> Iterator[dict 
             if not isinstance(node, dict):
                 continue
             if merged is not None:  # (a copy's subschemas are walked in each copy: their items read again)
-                merged.read(len(node) + sum(len(v) for k, v in node.items() if k not in _DATA and isinstance(v, list)))
-            for key, value in node.items():
-                if key in _DATA:
-                    continue
-                if key in _MAPS and isinstance(value, dict):
-                    stack.extend((v, copies) for v in value.values())
-                elif isinstance(value, dict):
-                    stack.append((value, copies))
-                elif isinstance(value, list):
-                    stack.extend((v, copies) for v in value if isinstance(v, dict | bool))
+                merged.read(len(node) + sum(len(v) for k, v in node.items() if k in _READ and isinstance(v, list)))
+            stack.extend((v, copies) for v in schema_values(node) if isinstance(v, dict | bool))
+            if (target := _elsewhere(schema, node.get("$ref"))) is not None and id(target) not in followed:
+                followed.add(id(target))
+                stack.append((target, copies))
+
+
+_READ = (*LISTS, "required", "type")  # a node's lists a walk reads
+
+
+def _elsewhere(root: object, ref: object) -> object:
+    """The subschema ``ref`` points at when no schema keyword holds it (None: one does, or it is
+    no JSON pointer): "#/x-defs/a", or a pointer after the root's $id ("https://x/s#/x-defs/a"),
+    which llguidance compiles as a schema wherever it stands."""
+    if not isinstance(ref, str) or "#/" not in ref:
+        return None
+    pointer = "#" + ref.partition("#")[2]
+    return None if within_keywords(root, pointer[1:]) else resolve(root, pointer)
 
 
 def _copied(written: object, copies: tuple | None) -> tuple:
