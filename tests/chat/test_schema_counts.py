@@ -11,7 +11,7 @@ import pytest
 from dayzero.chat import schema_openapi
 from dayzero.chat.auto_grammar import auto_calls_grammar
 from dayzero.chat.grammar import _byte_grammars, dsml_symbol, json_grammar, schema_problem, tool_calls_grammar
-from dayzero.chat.schema_counts import MOST_COUNTED_CHARS, counted_repeats
+from dayzero.chat.schema_counts import MOST_COUNTED_CHARS, counted_repeats, counted_weight
 from dayzero.chat.schema_openapi import as_llguidance
 from dayzero.chat.schema_size import SchemaLimits, size_problem
 from dayzero.chat.tokens import DSML
@@ -97,6 +97,31 @@ def test_the_most_let_through_is_written_whole():
     schema = _strings({"minLength": MOST_COUNTED_CHARS - 1000}, {"pattern": "^.{1000}$"})
     assert size_problem([schema], DEFAULTS) is None
     assert not _fails_mid_reply(schema, {"s0": "a" * (MOST_COUNTED_CHARS - 1000), "s1": "b" * 1000})
+
+
+@pytest.mark.parametrize(
+    "regex, weight",
+    [
+        ("^[a-z]{6000}$", 667),  # a class of ASCII characters: 1 of the lexer's states a character, not 9
+        (r"^\d{900}[\-_A-Z]{900}\w{900}$", 300),  # (\d, \w: ASCII in llguidance's regexes)
+        ("^.{6000}$", 6000),
+        ("^[^a]{90}[a-zé]{90}\\s{90}[\\p{L}]{90}a{90}$", 450),  # negated, non-ASCII, \s, \p, a literal: 9
+    ],
+)
+def test_counted_weight(regex, weight):
+    assert counted_weight(regex) == weight
+
+
+def test_a_class_of_ascii_characters_is_counted_by_the_states_it_builds():
+    """``^[a-z]{6000}$`` builds ~6,000 of the lexer's 50,000 states, where ``.{6000}`` fails at byte
+    5,554: it was refused with ``.``'s count, and a reply writes it whole; two of 30,000 together
+    are still refused (a reply failed ~50,000 bytes in)."""
+    narrow = _strings({"pattern": "^[a-z]{6000}$"}, {"pattern": "^\\d{6000}$"})
+    assert size_problem([narrow], DEFAULTS) is None
+    assert not _fails_mid_reply(narrow, {"s0": "q" * 6000, "s1": "7" * 6000})
+    both = _strings({"pattern": "^[a-z]{30000}$"}, {"pattern": "^[0-9]{30000}$"})
+    assert "counting 3,334 repeats (a class of ASCII characters" in size_problem([both], DEFAULTS)
+    assert _fails_mid_reply(both, {"s0": "q" * 30000, "s1": "7" * 30000})
 
 
 def _longest_reply_fails(schema: dict) -> bool:
@@ -223,3 +248,10 @@ def test_the_bounds_of_a_calls_tools_are_read_once_for_all_of_them(monkeypatch):
         read.clear()
         assert "{0,500}" in grammar(tools, dsml_symbol(None, DSML))  # 8 strings share 4,000
         assert [read[id(tool["function"]["parameters"])] for tool in tools] == [1] * len(tools), grammar.__name__
+
+
+def test_a_refusal_says_ninths_only_where_it_weighed_them():
+    wide = size_problem([{"type": "string", "pattern": "^.{5000}$"}], DEFAULTS)
+    assert wide.startswith("a regular expression counting 5,000 repeats: "), wide
+    narrow = size_problem([{"type": "string", "pattern": "^[a-z]{45000}$"}], DEFAULTS)
+    assert narrow.startswith("a regular expression counting 5,000 repeats (a class of ASCII characters"), narrow

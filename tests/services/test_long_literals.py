@@ -68,6 +68,21 @@ def test_the_longest_let_through_are_written_whole(capped_gateway):
 
 
 @pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "pattern": "^[a-z]{6000}$"},  # ~6,000 of the lexer's 50,000 states, not 54,000
+        {"type": "string", "example": {"minLength": 5000}, "x-meta": {"pattern": "^.{9000}$"}},  # the client's data
+    ],
+    ids=["ascii_class", "example_data"],
+)
+def test_a_schema_costing_the_lexer_little_is_let_through(capped_gateway, schema):
+    """Both were refused as too big ("at most 4,000 characters counted") though llguidance compiles
+    them in ~1 ms and a reply walks ^[a-z]{6000}$ whole (its states: 1 a character, ``.``'s 9)."""
+    r = _post(capped_gateway, **_format(schema))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+
+
+@pytest.mark.parametrize(
     "schema, what",
     [
         ({"type": "string", "minLength": 20_000}, "minLength 20,000: "),
