@@ -1,9 +1,10 @@
 """What the gateway's walk of a JSON schema's grammar costs by its length, beside what it catches:
 ``grammar_problem`` over the byte vocabulary (the gateway's check: the quote whenever allowed, else
 the lowest byte), its compile cached (as for a schema sent again), for walks of 64 bytes (the check's
-before, each forced tool's still: ``TOOL_PROBE_STEPS``), 256 (``SCHEMA_PROBE_STEPS``) and longer.
-Schemas: realistic ones (what every constrained request pays; 128 forced tools: each one's
-parameters walked, ms in all), and ones failing late (a pattern past llguidance's lexer, a required
+before, 128 forced tools' each: ``TOOL_PROBE_STEPS``), 256 (``SCHEMA_PROBE_STEPS``, each of up to 32
+forced tools': ``tool_probe_steps``) and longer. Schemas: realistic ones (what every constrained
+request pays; 32 and 128 forced tools: each one's parameters walked, ms in all), and ones failing
+late (a pattern past llguidance's lexer, a required
 property whose ``$ref`` is its own object, behind so many required booleans: ~14 bytes each), each
 failing mid-reply unless the walk reaches it; and the 128 tools seen again (the gateway's walks are
 remembered by each schema's text: ``WalkedSchemas``, first sight as the row above). Each cell:
@@ -23,8 +24,8 @@ import time
 
 from options import bench_parser
 
-from dayzero.chat.grammar import SCHEMA_PROBE_STEPS, TOOL_PROBE_STEPS, _byte_grammars, grammar_problem, json_grammar
-from dayzero.chat.schema_walks import WalkedSchemas
+from dayzero.chat.grammar import SCHEMA_PROBE_STEPS, _byte_grammars, grammar_problem, json_grammar
+from dayzero.chat.schema_walks import TOOL_PROBE_STEPS, WalkedSchemas
 
 STRING, INTEGER = {"type": "string"}, {"type": "integer"}
 
@@ -100,7 +101,8 @@ def main() -> None:
     args = parser.parse_args()
     print("| schema | " + " | ".join(f"{s} B walk: ms (wall / CPU)" for s in args.steps) + " |")
     print("|---|" + "---|" * len(args.steps))
-    rows = {name: json_grammar(schema) for name, schema in SCHEMAS.items()} | {"128 forced tools (each walked)": TOOLS}
+    rows = {name: json_grammar(schema) for name, schema in SCHEMAS.items()}
+    rows |= {"32 forced tools (each walked)": TOOLS[:32], "128 forced tools (each walked)": TOOLS}
     rows["128 forced tools seen again (remembered)"] = SEEN
     for name, lark in rows.items():
         cells = []

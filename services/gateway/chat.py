@@ -9,7 +9,6 @@ from dayzero.chat.auto_grammar import auto_calls_grammar
 from dayzero.chat.dsml import to_json
 from dayzero.chat.encoding import ChatOptions
 from dayzero.chat.grammar import (
-    TOOL_PROBE_STEPS,
     Unenforceable,
     dsml_symbol,
     grammar_problem,
@@ -19,7 +18,7 @@ from dayzero.chat.grammar import (
 )
 from dayzero.chat.schema_literals import spelled_token
 from dayzero.chat.schema_size import more_nodes_than, size_problem
-from dayzero.chat.schema_walks import walked_schemas
+from dayzero.chat.schema_walks import tool_probe_steps, walked_schemas
 from dayzero.chat.tokens import DSML, END_THINK, THINK
 from dayzero.params import Grammar
 
@@ -195,7 +194,8 @@ def _check_size(gw: Gateway, schemas: list, param: str) -> None:
 def _check_tools(body: ChatPrompt) -> None:
     """Each enforced tool's parameters, as a JSON schema, one llguidance can enforce (400 naming
     the tool's field)."""
-    for i, name, parameters in body.enforced_parameters():
-        if problem := walked_schemas().problem(parameters, TOOL_PROBE_STEPS):
+    enforced = body.enforced_parameters()
+    for i, name, parameters in enforced:
+        if problem := walked_schemas().problem(parameters, tool_probe_steps(len(enforced))):
             where = f"tools.{i}.function.parameters"
             raise APIError(400, f"{where}: cannot enforce the parameters of tool {name!r}: {problem}", param=where)

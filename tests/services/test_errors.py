@@ -97,6 +97,25 @@ def test_a_schema_that_cannot_be_enforced_is_refused_in_short(gateway, extra, pa
     assert "cannot enforce" in error["message"] and "%json" not in error["message"] and "\n" not in error["message"]
 
 
+def _tool(i: int, parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": f"f{i}", "parameters": parameters}}
+
+
+def test_a_forced_tool_failing_past_64_bytes_is_refused_where_few_are_forced(gateway):
+    """A required property whose $ref is its own object, behind 12 required booleans (~170 bytes
+    in): walked 64 bytes, each forced tool's parameters passed and every reply failed there; one
+    forced tool is walked 256 bytes, as a response_format schema (128 still 64 each: their CPU)."""
+    node = {"$ref": "#/$defs/node"}
+    late = {"type": "object", "properties": {f"b{i}": {"type": "boolean"} for i in range(12)} | {"s": node}}
+    late |= {"required": [*late["properties"]], "$defs": {"node": {"type": "object", "properties": {"c": node}}}}
+    late["$defs"]["node"]["required"] = ["c"]
+    error = _error(gateway, chat("hi", tools=[_tool(0, late)], tool_choice="required"))
+    assert error["param"] == "tools.0.function.parameters" and "Too many items" in error["message"], error
+    many = [_tool(i, {"type": "object", "properties": {"a": {"type": "integer"}}}) for i in range(127)]
+    r = gateway.post("/v1/chat/completions", json=chat("hi", tools=[*many, _tool(127, late)], tool_choice="required"))
+    assert r.status_code != 400 or r.json()["error"]["param"] != "tools.127.function.parameters", r.text
+
+
 @pytest.mark.parametrize("mark", ['"', "<"])
 @pytest.mark.parametrize("choice", ["auto", "required"])
 def test_a_tool_parameter_name_the_call_format_cannot_carry_is_refused(gateway, choice, mark):

@@ -48,9 +48,6 @@ PROBE_STEPS = 8  # tokens the check walks: a grammar failing there would fail ev
 # value (a pattern past llguidance's lexer, a $ref to its own object: each failed every reply there;
 # 64 bytes let one ~170 bytes in through): ~0.8 ms a walk (64: ~0.2; 1,024: ~30, bench/schema_walk.py)
 SCHEMA_PROBE_STEPS = 256
-# and each forced tool's parameters (a request may force 128: at 256 bytes each, 30 -> 100-150 ms of
-# CPU, 0.4 -> 1.7 s of its admission under load 16; an open object's walk writes keys without end)
-TOOL_PROBE_STEPS = 64
 
 
 def schema_problem(schema: dict, steps: int = SCHEMA_PROBE_STEPS) -> str | None:

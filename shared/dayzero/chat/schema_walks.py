@@ -13,6 +13,19 @@ from collections import OrderedDict
 from .dsml import to_json
 from .grammar import SCHEMA_PROBE_STEPS, schema_problem
 
+# bytes each forced tool's parameters are walked, all of them sharing ``TOOL_PROBE_BYTES``: 256 each
+# for up to 32 tools, down to 64 for 128 (a request may force 128: at 256 bytes each, 30 -> 100-150 ms
+# of CPU, 0.4 -> 1.7 s of its admission under load 16; an open object's walk writes keys without end)
+TOOL_PROBE_STEPS, TOOL_PROBE_BYTES = 64, 8192
+
+
+def tool_probe_steps(tools: int) -> int:
+    """The bytes each of ``tools`` forced tools' parameters is walked: ``SCHEMA_PROBE_STEPS``, as a
+    response_format schema, while they share ``TOOL_PROBE_BYTES`` so (the CPU of 128 walked 64
+    bytes each, ~30 ms), fewer down to ``TOOL_PROBE_STEPS`` (one tool walked 64 bytes let its
+    parameters failing ~170 bytes in through: every reply failed there)."""
+    return max(TOOL_PROBE_STEPS, min(SCHEMA_PROBE_STEPS, TOOL_PROBE_BYTES // max(tools, 1)))
+
 
 class WalkedSchemas:
     """The problems found walking schemas (None: none), by a digest of each schema's text and the
