@@ -271,6 +271,8 @@ class StreamHub:
                 self.woken = entries[-1][0].decode()
             for sub in readers.get(raw_key.decode(), ()):
                 self._deliver(sub, entries)
+        if reply:  # the subscribers woken write their events first: the next read's send is not theirs to wait for
+            await asyncio.sleep(0)
 
     def _deliver(self, sub: Subscription, entries) -> None:
         """Queue for ``sub`` the entries after its last (another read, a poll, may have queued some)."""
