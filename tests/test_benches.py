@@ -150,6 +150,7 @@ SMOKE = {
     "fencing.py": ["--batch", "1", "--rounds", "1"],
     "redis_parsers.py": ["--batch", "1", "--calls", "5"],
     "reaper_round_trips.py": ["--passes", "1"],
+    "gateway_read_ab.py": [str(BENCH.parent), str(BENCH.parent), "--rounds", "1", "--entries", "2"],
     "prefill_starvation.py": ["--loads", "1.0", "--horizon", "50", "--seeds", "1", "--long", "300", "--long-at", "10"],
 }
 # What needs a CUDA GPU, on a host without one: a line saying so, exit 0 (bench/options.py's need_cuda)
