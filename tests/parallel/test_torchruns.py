@@ -1,6 +1,7 @@
 """Two hosts' torchruns (static rendezvous, both on this machine's loopback), each running one rank
 that all-reduces until its group fails: what each host sees when rank 0 dies alone, and when the
-torchrun on rank 0's host is started again alone (a rebooted host, a restarted pod).
+torchrun on rank 0's host is started again alone (a rebooted host, a restarted pod); and how host
+1's torchrun ends when host 0's is stopped.
 
 Every process is real (torchrun's agents, gloo ranks); every test stops every process it started.
 """
@@ -8,6 +9,8 @@ Every process is real (torchrun's agents, gloo ranks); every test stops every pr
 from __future__ import annotations
 
 import os
+import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -36,6 +39,21 @@ except GroupFailed as exc:
     print(f"group failed: {exc}", flush=True)
     sys.exit(4)
 """
+STOPPED_BY_RANK_0 = """
+import signal, sys, time, torch, torch.distributed as dist
+stop = torch.zeros(1)
+signal.signal(signal.SIGTERM, lambda *_: stop.fill_(1.0))
+dist.init_process_group("gloo")
+print("formed", flush=True)
+while True:  # rank 0's SIGTERM ends every rank at the next sum, as dayzero's stop message does
+    flags = stop.clone()
+    dist.all_reduce(flags)
+    if flags.item():
+        dist.destroy_process_group()
+        sys.exit(0)
+    time.sleep(0.1)
+"""
+ROOT = Path(__file__).resolve().parents[2]
 RUN_S = 120  # a torchrun that has not done what it was waited for by then will not
 GONE = "the rendezvous store at 127.0.0.1:{port} does not answer either"
 
@@ -45,20 +63,21 @@ class Torchruns:
     ``rdzv``: static (--master-addr/--master-port, --node-rank) or c10d (host 0 serves its store:
     is_host, as both hosts' addresses are this machine's)."""
 
-    def __init__(self, tmp_path: Path, rdzv: str = "static") -> None:
-        self.port, self.tmp, self.rdzv = free_port(), tmp_path, rdzv
-        (tmp_path / "rank.py").write_text(RANK)
+    def __init__(self, tmp_path: Path, rdzv: str = "static", rank: str = RANK, env: dict | None = None) -> None:
+        self.port, self.tmp, self.rdzv, self.env = free_port(), tmp_path, rdzv, env or {}
+        (tmp_path / "rank.py").write_text(rank)
         self.agents: list[subprocess.Popen | None] = [None, None]
 
-    def start(self, node: int) -> None:
+    def start(self, node: int, python: tuple[str, ...] = ()) -> None:
+        """``python``: the interpreter's own options for that torchrun (``-X importtime``)."""
         if self.rdzv == "static":
             meet = ["--master-addr", "127.0.0.1", "--master-port", str(self.port), "--node-rank", str(node)]
         else:
             meet = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "dz"]
             meet += ["--rdzv-conf", f"is_host={int(node == 0)}"]
-        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", *meet]
+        argv = [sys.executable, *python, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", *meet]
         argv += ["--max-restarts", "3", "--log-dir", str(self.tmp / f"torchrun{node}"), str(self.tmp / "rank.py")]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with self.log(node).open("a") as log:
             self.agents[node] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -120,3 +139,32 @@ def test_a_torchrun_started_again_alone_on_rank_0s_host_is_named_and_met_once_th
     assert GONE.format(port=torchruns.port) in since and "start every host's torchrun again" in since, since[-3000:]
     torchruns.start(1)  # as host 1's supervisor would
     torchruns.formed(3)
+
+
+def image_env() -> dict[str, str]:
+    """The variables docker/base.Dockerfile's ``ENV`` lines set (every dayzero image's)."""
+    lines = (ROOT / "docker" / "base.Dockerfile").read_text().splitlines()
+    words = [word for line in lines if line.startswith("ENV ") for word in shlex.split(line[len("ENV ") :])]
+    return dict(word.split("=", 1) for word in words)
+
+
+@pytest.mark.slow
+def test_host_1s_torchrun_ends_without_importing_dynamo_when_host_0s_is_stopped(tmp_path):
+    """SIGTERM to host 0's torchrun (its supervisor stopping it): rank 0 ends the group, host 1's rank
+    exits 0, and host 1's agent finds host 0's store gone at torchrun's exit barrier. Printing that
+    traceback made torch's own log format import torch._dynamo (3.5-8 s, more under load) before
+    host 1's torchrun could exit. The image's TORCH_LOGS_FORMAT, a plain format, imports nothing."""
+    torchruns = Torchruns(tmp_path, rank=STOPPED_BY_RANK_0, env=image_env())
+    try:
+        torchruns.start(0)
+        torchruns.start(1, python=("-X", "importtime"))  # each import's line on stderr, in host 1's log
+        torchruns.formed(1)
+        torchruns.agents[0].send_signal(signal.SIGTERM)
+        torchruns.until(lambda: torchruns.agents[1].poll() is not None, "host 1's torchrun exited")
+    finally:
+        torchruns.stop()
+    host1 = torchruns.text(1)
+    assert torchruns.agents[1].returncode == 0, host1[-3000:]
+    assert "Error waiting on exit barrier" in host1, host1[-3000:]  # the path this is about
+    dynamo = [line for line in host1.splitlines() if line.startswith("import time:") and "torch._dynamo" in line]
+    assert dynamo == [], f"host 1's torchrun imported torch._dynamo: {dynamo[-1]}"
