@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' names
 
 from dayzero.demo import write_demo_checkpoint  # noqa: E402
 from dayzero.procs import free_port  # noqa: E402
-from tests.parallel.test_hosts import ADDRESSES, Hosts, _stop  # noqa: E402
+from tests.parallel.test_hosts import Hosts, _stop, meeting  # noqa: E402
 from tests.services.conftest import SETTINGS_ENV, prompt_ids  # noqa: E402
 from tests.services.in_process import engine_completer  # noqa: E402
 
@@ -46,14 +46,9 @@ SERVE = ["-m", "dayzero.cli", "serve", "decode", "--tensor-parallel", "2", "--na
 
 
 def torchrun(node: int, port: int, rdzv: str, restarts: int, logs: Path) -> list[str]:
-    """torchrun for ``node`` of 2: static rendezvous (--master-addr/--master-port, --node-rank) or
-    c10d (--rdzv-endpoint; node 0 hosts the store: is_host, since a veth address is not its hostname's)."""
-    if rdzv == "static":
-        meet = ["--master-addr", ADDRESSES[0], "--master-port", str(port), "--node-rank", str(node)]
-    else:
-        meet = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{ADDRESSES[0]}:{port}", "--rdzv-id", "decode"]
-        meet += ["--local-addr", ADDRESSES[node], *(["--rdzv-conf", "is_host=1"] if node == 0 else [])]
+    """torchrun for ``node`` of 2, static or c10d rendezvous (test_hosts' ``meeting``)."""
     head = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+    meet = meeting(node, port, rdzv)
     return [*head, *meet, "--max-restarts", str(restarts), "--log-dir", str(logs / f"torchrun{node}"), *SERVE]
 
 

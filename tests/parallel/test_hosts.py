@@ -126,10 +126,20 @@ def _finish(procs: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
     return results
 
 
-def _torchrun(node: int, master_port: int, where: Path) -> list[str]:
+def meeting(node: int, port: int, rdzv: str = "static") -> list[str]:
+    """torchrun's options for where ``node`` of 2 meets the other: static rendezvous
+    (--master-addr/--master-port, --node-rank) or c10d (--rdzv-endpoint; node 0 hosts the store:
+    is_host, since a veth address is not its hostname's)."""
+    if rdzv == "static":
+        return ["--master-addr", ADDRESSES[0], "--master-port", str(port), "--node-rank", str(node)]
+    meet = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{ADDRESSES[0]}:{port}", "--rdzv-id", "dayzero"]
+    return [*meet, "--local-addr", ADDRESSES[node], *(["--rdzv-conf", "is_host=1"] if node == 0 else [])]
+
+
+def _torchrun(node: int, master_port: int, where: Path, rdzv: str = "static") -> list[str]:
     """torchrun for one of two nodes, its logs in ``where`` (by default torch's agent made a
     ``torchelastic_*`` folder in the temporary directory per start and left it there)."""
-    meet = ["--master-addr", ADDRESSES[0], "--master-port", str(master_port), "--log-dir", str(where)]
+    meet = [*meeting(node, master_port, rdzv), "--log-dir", str(where)]
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", *meet]
 
 
@@ -153,7 +163,7 @@ def test_two_hosts_under_torchrun_print_one_ranks_tokens(hosts, checkpoint_facto
     for node, link in enumerate(hosts.links):
         # gloo's sockets on the veth, not the hostname's address
         env = {**os.environ, "GLOO_SOCKET_IFNAME": link, "TMPDIR": str(scratch)}
-        argv = [*_torchrun(node, MASTER_PORT, tmp_path / f"torchrun{node}"), "--node-rank", str(node)]
+        argv = _torchrun(node, MASTER_PORT, tmp_path / f"torchrun{node}")
         procs.append(hosts.start(node, [*argv, "-m", "dayzero.cli", *_generate(path)], env))
     (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
     assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
@@ -186,10 +196,11 @@ def test_a_killed_rank_brings_the_other_down_within_seconds(checkpoint_factory):
 
 
 @pytest.mark.slow
-def test_a_decode_group_across_two_hosts_serves_one_ranks_completions(root_and_host, tmp_path):
+@pytest.mark.parametrize("rdzv", ["static", "c10d"])
+def test_a_decode_group_across_two_hosts_serves_one_ranks_completions(root_and_host, tmp_path, rdzv):
     """The stack (Redis, gateway, one prefill) here; ``serve decode --tensor-parallel 2`` under
-    torchrun with rank 0 here (it talks to Redis) and rank 1 on the other host (it talks only to
-    rank 0, over the veth). Completions equal the one-rank engine's."""
+    torchrun (static or c10d rendezvous) with rank 0 here (it talks to Redis) and rank 1 on the
+    other host (it talks only to rank 0, over the veth). Completions equal the one-rank engine's."""
     from dayzero.demo import write_demo_checkpoint
     from dayzero.stack import Stack
 
@@ -208,7 +219,7 @@ def test_a_decode_group_across_two_hosts_serves_one_ranks_completions(root_and_h
         for node, link in enumerate(root_and_host.links):
             rank_env = {**stack.env, "GLOO_SOCKET_IFNAME": link, "TMPDIR": str(scratch)}
             log = (tmp_path / "logs" / f"decode-node{node}.log").open("w")
-            argv = [*_torchrun(node, master_port, tmp_path / f"torchrun{node}"), "--node-rank", str(node), *serve]
+            argv = [*_torchrun(node, master_port, tmp_path / f"torchrun{node}", rdzv), *serve]
             ranks.append(root_and_host.start(node, argv, rank_env, stdout=log, stderr=subprocess.STDOUT))
         stack.wait_ready(timeout_s=180)
 
