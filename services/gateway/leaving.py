@@ -44,7 +44,9 @@ log = logging.getLogger("dayzero.gateway")
 # failed a step of goes to Redis due ``refused_cancel_after_s`` (7 s) after (``Watching.cancel_later``):
 # a resume on another gateway whose watch Redis refused too is tried again within RETRY_S[1] and takes
 # it back (cancelled at once, the retried cancel could land first: cancelled under its reader).
-# Not a request answered in one body: nobody can resume it (it decoded 7 s on for a client gone).
+# Not a request answered in one body: nobody can resume it (it decoded 7 s on for a client gone); nor
+# any at 0 s, the only gateway on its Redis (``dayzero up``'s own): no other can resume it, and a
+# resume here holds or supersedes the cancel (``coming``, ``reading``): it decoded 7 s on for nobody.
 RETRY_S = (0.2, 5.0)
 # While Redis is unreached (a step's try timed out or its connection failed), one PING at a time asks
 # whether it answers again, each bounded by PROBE_S (a connect during a partition waits for the SYN's
@@ -73,7 +75,7 @@ class Leaving:
         self._pending: dict[str, set[Leave]] = {}  # leaves that may still cancel, by request
         self._arrivals: dict[str, list[float]] = {}  # resumes on their way in (monotonic), by request
         self._tasks: set[asyncio.Task] = set()
-        self._watches: dict[str, asyncio.Task] = {}  # watches Redis refused, tried again, by watcher
+        self._watches: dict[str, tuple[str, asyncio.Task]] = {}  # watches Redis refused, tried again: by watcher
         self._retrying: Counter[tuple[str, str]] = Counter()  # steps tried again, by request and step
         self._answered = asyncio.Event()  # the probe's: Redis answers again (the paused steps go)
         self._probe: asyncio.Task | None = None  # asking whether Redis answers again
@@ -130,8 +132,9 @@ class Leaving:
             await self.watching.watch(request_id, watcher)
         except redis.ResponseError:  # (the tries log it)
             leave = Leave(request_id, created + self.time_limit_s, created + self.time_limit_s)
-            self._watches[watcher] = self._spawn(
-                self._tried(leave, "watch", lambda: self.watching.watch(request_id, watcher))
+            self._watches[watcher] = (
+                request_id,
+                self._spawn(self._tried(leave, "watch", lambda: self.watching.watch(request_id, watcher))),
             )
 
     # -- leaving ---------------------------------------------------------------------------------
@@ -151,7 +154,7 @@ class Leaving:
 
     async def _leave(self, leave: Leave, watcher: str, finished: bool, resumable: bool) -> None:
         rid = leave.request_id
-        watch = self._watches.pop(watcher, None)
+        _, watch = self._watches.pop(watcher, (rid, None))
         try:
             if watch is not None:  # a watch still tried again: unwatched after it, not before
                 watch.cancel()
@@ -181,12 +184,18 @@ class Leaving:
     async def _cancel(self, leave: Leave, resumable: bool) -> None:
         while any(time.monotonic() - at < ARRIVAL_S for at in self._arrivals.get(leave.request_id, ())):
             await asyncio.sleep(ARRIVAL_POLL_S)  # a resume under way: it reads, or it is turned away
-        if leave.superseded:
+        if leave.superseded or self._watch_tried(leave.request_id):
             return
-        if leave.refused and resumable:  # a resume elsewhere may be retrying its refused watch
+        if leave.refused and resumable and self.refused_cancel_after_s:  # a resume elsewhere may retry its watch
             await self.watching.cancel_later(leave.request_id, clock.now() + self.refused_cancel_after_s)
         else:
             await self.watching.cancel_unwatched(leave.request_id)
+
+    def _watch_tried(self, request_id: str) -> bool:
+        """A read here whose watch Redis refused is tried again: it reads the request (its own leave
+        decides) though Redis cannot tell a cancel so yet (one refused write each, the leave's unwatch
+        went through first: cancelled at once under the resumed read, at 0 s for a lone gateway)."""
+        return any(rid == request_id and not task.done() for rid, task in self._watches.values())
 
     async def _tried(self, leave: Leave, step: str, attempt: Callable[[], Awaitable[T]]) -> T | None:
         """``attempt``'s result, tried again while Redis fails it (logged once when it fails, once when

@@ -132,7 +132,9 @@ class Settings(BaseSettings):
     disconnect_grace_s: float = Field(
         default=5.0, ge=0, description="a disconnected stream is cancelled after (above EventSource's ~3 s retry)"
     )
-    refused_cancel_after_s: float = Field(default=7.0, gt=0, description="a refused stream cancel goes this long after")
+    refused_cancel_after_s: float = Field(
+        default=7.0, ge=0, description="a refused stream cancel goes this long after (0: at once, a lone gateway)"
+    )
     gateway_redis_timeout_s: float = Field(default=10.0, gt=0, description="the gateway's Redis commands fail after")
     sse_retry_ms: int = Field(default=1000, ge=0, description="reconnect delay sent to SSE clients (retry:)")
     shutdown_grace_s: float = Field(default=5.0, gt=0, description="SIGTERM: a process ends within this")

@@ -1,18 +1,22 @@
 """A client's leave whose cancel Redis refused (at its memory limit): the cancel goes to Redis due
 ``DAYZERO_REFUSED_CANCEL_AFTER_S`` (7 s) later when a resume on another gateway may be retrying its
-own refused watch, at once when nobody can resume the request (services/gateway/leaving.py), against
-a real Redis."""
+own refused watch, at once when nobody can resume the request or no other gateway shares the Redis
+(services/gateway/leaving.py; ``dayzero up``'s own), against a real Redis."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+import psutil
+import pytest
 import redis.asyncio as aioredis
 
+from dayzero.procs import free_port
 from dayzero.serving.keys import key
 from dayzero.serving.queue import make_celery
 from dayzero.settings import Settings
+from dayzero.stack import Stack
 from services.gateway import leaving
 from services.gateway.bus import Bus
 
@@ -61,21 +65,30 @@ def test_a_cancel_redis_refused_waits_for_a_resume_elsewhere_whose_watch_it_refu
         assert asyncio.run(run()) == (True, None, False)  # (the entry it left was taken back by the watch)
 
 
-def test_a_cancel_redis_refused_of_a_request_nobody_can_resume_goes_at_once(redis_url, monkeypatch, caplog):
-    """A request answered in one body whose client left while Redis refused writes: nobody can resume
-    it (its id comes only with the body), so its cancel goes as soon as Redis takes it (was: left to
-    Redis 7 s on, 7 s more decoding for a client gone, plus a reaper's period)."""
+@pytest.mark.parametrize(
+    ("resumable", "after_s", "grace_s"),
+    [(False, 7.0, 60.0), (True, 0.0, 0.2)],
+    ids=["one body: nobody can resume it", "a stream on the only gateway: after 0 s"],
+)
+def test_a_cancel_redis_refused_that_nobody_else_can_resume_goes_at_once(
+    redis_url, monkeypatch, caplog, resumable, after_s, grace_s
+):
+    """A client left while Redis refused writes and nobody on another gateway can resume its request:
+    answered in one body (its id comes only with the body), or a stream on the only gateway of its
+    Redis (DAYZERO_REFUSED_CANCEL_AFTER_S=0; a resume here holds or supersedes the cancel). Its
+    cancel goes as soon as Redis takes it (was: left to Redis 7 s on, 7 s more decoding for a client
+    gone, plus a reaper's period)."""
     monkeypatch.setattr(leaving, "RETRY_S", (0.5, 0.5))
 
     async def run() -> tuple[bool, float | None]:
-        settings = Settings(redis_url=redis_url, disconnect_grace_s=60)
+        settings = Settings(redis_url=redis_url, disconnect_grace_s=grace_s, refused_cancel_after_s=after_s)
         bus, client = Bus(settings, make_celery(settings)), aioredis.Redis.from_url(redis_url)
         cancel, left = key("cancel", "r7"), key("left")
         bus.leaving.reading("r7")
-        await bus.watching.watch("r7", "body")
+        await bus.watching.watch("r7", "read")
         await client.config_set("maxmemory", 1)
         try:
-            bus.leaving.leave("r7", "body", time.time(), finished=False, resumable=False)
+            bus.leaving.leave("r7", "read", time.time(), finished=False, resumable=resumable)
             await asyncio.wait_for(_logged(caplog, "request r7: its cancel failed"), 10)
         finally:
             await client.config_set("maxmemory", 0)
@@ -87,3 +100,66 @@ def test_a_cancel_redis_refused_of_a_request_nobody_can_resume_goes_at_once(redi
 
     with caplog.at_level("WARNING", "dayzero.gateway"):
         assert asyncio.run(run()) == (True, None)
+
+
+def test_up_tells_its_gateway_it_is_alone_only_on_its_own_redis(demo_dir, redis_url, tmp_path):
+    """``dayzero up``'s embedded Redis listens on 127.0.0.1 for its one gateway (restarted only once
+    gone): its refused stream cancels go at once. On a Redis of the user's, other gateways may resume
+    its streams: the 7 s stay; a value the user set stays too."""
+    env = {"DAYZERO_CHECKPOINT": str(demo_dir)}
+    none = {"vision": 0, "prefill": 0, "decode": 0}
+    cases = {
+        "embedded": (Stack(none, free_port(), tmp_path / "a", env), "0"),
+        "external": (Stack(none, free_port(), tmp_path / "b", env, redis_url=redis_url), None),
+        "set": (Stack(none, free_port(), tmp_path / "c", {**env, "DAYZERO_REFUSED_CANCEL_AFTER_S": "3"}), "3"),
+    }
+    for name, (stack, want) in cases.items():
+        stack.start()
+        try:
+            [gateway] = [child for child in stack.children if child.service == "gateway"]
+            got = psutil.Process(gateway.proc.pid).environ().get("DAYZERO_REFUSED_CANCEL_AFTER_S")
+        finally:
+            stack.stop()
+        assert got == want, name
+
+
+def test_a_refused_cancel_waits_for_a_resume_here_whose_watch_redis_refused_too(redis_url, monkeypatch, caplog):
+    """The same race on one gateway: a client left while Redis refused every write (a refusal that
+    takes the unwatch too: no replica for min-replicas-to-write; READONLY, MISCONF) and resumed on
+    the same gateway within the grace, its watch refused too. Once Redis took writes the leave's
+    unwatch went through first (nobody read the request in Redis), and with no 7 s left to Redis
+    (0: the only gateway) its cancel landed before the watch's next try, under the resumed reader. A
+    read here whose watch is still tried again now holds the cancel; its own leave decides."""
+    monkeypatch.setattr(leaving, "RETRY_S", (3.0, 3.0))  # the tries: 3 s apart
+
+    async def run() -> tuple[bool, bool]:
+        settings = Settings(redis_url=redis_url, disconnect_grace_s=0.2, refused_cancel_after_s=0)
+        bus, client, readers = (
+            Bus(settings, make_celery(settings)),
+            aioredis.Redis.from_url(redis_url),
+            key("watchers", "r9"),
+        )
+        bus.leaving.reading("r9")
+        await bus.watching.watch("r9", "first")
+        await client.config_set("min-replicas-to-write", 1)  # NOREPLICAS: every write refused, reads answer
+        try:
+            bus.leaving.leave("r9", "first", time.time(), finished=False)
+            await asyncio.wait_for(_logged(caplog, "request r9: its unwatch failed"), 10)
+            await asyncio.sleep(1.0)  # the resume's watch is tried again ~1 s after the unwatch
+            bus.leaving.reading("r9")
+            await bus.leaving.watch("r9", "resumed", time.time())
+            await asyncio.wait_for(_logged(caplog, "request r9: its watch failed"), 10)
+        finally:
+            await client.config_set("min-replicas-to-write", 0)
+        for _ in range(100):  # the watch's next try, after the unwatch's and the grace
+            if await client.sismember(readers, "resumed"):
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+        watched, cancelled = await client.sismember(readers, "resumed"), bool(await client.exists(key("cancel", "r9")))
+        await client.aclose()
+        await asyncio.wait_for(bus.close(), 5)
+        return bool(watched), cancelled
+
+    with caplog.at_level("WARNING", "dayzero.gateway"):
+        assert asyncio.run(run()) == (True, False)
