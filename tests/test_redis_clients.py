@@ -126,3 +126,14 @@ def test_ready_names_the_sentinels_that_named_no_master_in_one_line():
     body, status = asyncio.run(readiness(gw))
     expected = f"redis unreachable: no sentinel (127.0.0.1:{closed}) named the master 'dz': Error 111"
     assert status == 503 and body["reason"].startswith(expected) and len(body["reason"]) < 200, body
+
+
+def test_a_plus_in_the_sentinel_password_is_itself_and_a_sentinel_user_is_taken():
+    """``parse_qs`` read the query: ``sentinel_password=a+b`` became ``"a b"`` (the sentinel refused
+    it), and ``sentinel_username`` was refused as an unknown key (an ACL user's sentinels)."""
+    url = "redis+sentinel://s1/m?sentinel_password=a+b%2Bc&sentinel_username=watcher"
+    where = sentinel_address(url)
+    assert (where.sentinel_password, where.sentinel_username) == ("a+b+c", "watcher")
+    assert where.sentinel_kwargs()["username"] == "watcher" and where.sentinel_kwargs()["password"] == "a+b+c"
+    options = make_celery(Settings(redis_url=url)).connection_for_write().transport_options
+    assert options["sentinel_kwargs"]["username"] == "watcher"

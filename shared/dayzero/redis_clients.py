@@ -1,10 +1,14 @@
 """Every Redis client dayzero builds, from its one URL (``DAYZERO_REDIS_URL``): ``redis://``,
 ``rediss://`` (TLS), or a master that Redis Sentinel watches::
 
-    redis+sentinel://[[user]:password@]host[:26379][,host2[:port]...]/master_name[/db][?sentinel_password=...]
+    redis+sentinel://[[user]:password@]host[:26379][,host2[:port]...]/master_name[/db][?sentinel_password=...[&sentinel_username=...]]
 
-The user and password are the master's (and its replicas'); ``sentinel_password`` the sentinels'
-own (``requirepass`` in sentinel.conf), none when left out. A sentinel client asks the sentinels
+The user and password are the master's (and its replicas'); ``sentinel_password`` (and
+``sentinel_username``, an ACL user's) the sentinels' own (``requirepass`` in sentinel.conf), none
+when left out. The query's values are percent-decoded only: a ``+`` is itself (a password's), not a
+space. TLS (``rediss+sentinel://``) is refused: redis-py and kombu carry it (``ssl`` in the
+sentinels' kwargs, the master's ``SentinelManagedSSLConnection``), broker.py's sentinel connection
+(a blocked read ended on a demoted master) has no TLS twin yet. A sentinel client asks the sentinels
 for the master's address at each new connection, and drops its connection when the server it holds
 stops being the master (READONLY, or the UNBLOCKED that ends a blocked read): the caller's retry of
 a lost connection (each client's ``Retry``, Celery's reconnect, the gateway's stream reader) then
@@ -17,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio as aioredis
@@ -31,6 +35,7 @@ from redis.sentinel import MasterNotFoundError, Sentinel
 SENTINEL_SCHEME = "redis+sentinel"
 SENTINEL_PORT = 26379
 FORM = f"{SENTINEL_SCHEME}://[[user]:password@]host[:port][,host2[:port]...]/master_name[/db][?sentinel_password=...]"
+QUERY_KEYS = ("sentinel_password", "sentinel_username")
 _SENTINEL_ASKED_S = 2.0  # how long a question to one sentinel may take (the next is asked then)
 
 
@@ -44,6 +49,7 @@ class SentinelAddress:
     username: str | None = None
     password: str | None = None
     sentinel_password: str | None = None
+    sentinel_username: str | None = None
 
     def connection_kwargs(self) -> dict[str, Any]:
         """The master's connections' own keywords (redis-py's)."""
@@ -52,14 +58,14 @@ class SentinelAddress:
     def sentinel_kwargs(self) -> dict[str, Any]:
         """The keywords of the connections to the sentinels themselves."""
         timeouts = {"socket_timeout": _SENTINEL_ASKED_S, "socket_connect_timeout": _SENTINEL_ASKED_S}
-        return {**timeouts, "password": self.sentinel_password}
+        return {**timeouts, "username": self.sentinel_username, "password": self.sentinel_password}
 
 
 def sentinel_address(url: str) -> SentinelAddress | None:
     """The sentinels and master ``url`` names (None for a ``redis://`` or ``rediss://`` URL); a
     ValueError, naming the form, for any other URL or a sentinel URL without a master name."""
     scheme = url.partition("://")[0]
-    if "password" in parse_qs(urlsplit(url).query):  # (redis-py reads it; kombu, Celery's broker, fails on it)
+    if "password" in _query(urlsplit(url).query):  # (redis-py reads it; kombu, Celery's broker, fails on it)
         raise ValueError(
             f"a Redis URL's password goes before its host ({scheme}://[user]:password@host...), not ?password="
         )
@@ -73,18 +79,28 @@ def sentinel_address(url: str) -> SentinelAddress | None:
     path = [p for p in parts.path.split("/") if p]
     if not hosts or not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
         raise ValueError(f"a Redis Sentinel URL names its sentinels and its master: {FORM}")
-    query = parse_qs(parts.query)
-    unknown = set(query) - {"sentinel_password"}
+    query = _query(parts.query)
+    unknown = set(query) - set(QUERY_KEYS)
     if unknown:
-        raise ValueError(f"a Redis Sentinel URL takes sentinel_password alone, not {', '.join(sorted(unknown))}")
+        raise ValueError(
+            f"a Redis Sentinel URL takes {' and '.join(QUERY_KEYS)} alone, not {', '.join(sorted(unknown))}"
+        )
     return SentinelAddress(
         sentinels=tuple(_host_port(h) for h in hosts.split(",")),
         master_name=unquote(path[0]),
         db=int(path[1]) if len(path) == 2 else 0,
         username=unquote(parts.username) if parts.username else None,
         password=unquote(parts.password) if parts.password is not None else None,
-        sentinel_password=query["sentinel_password"][0] if "sentinel_password" in query else None,
+        sentinel_password=query.get("sentinel_password"),
+        sentinel_username=query.get("sentinel_username"),
     )
+
+
+def _query(text: str) -> dict[str, str]:
+    """A URL's query, each value percent-decoded alone (``parse_qs`` reads a ``+`` as a space: a
+    sentinel password with one was refused); the last of a key's values."""
+    pairs = (item.partition("=") for item in text.split("&") if item)
+    return {unquote(name): unquote(value) for name, _, value in pairs}
 
 
 def _host_port(text: str) -> tuple[str, int]:

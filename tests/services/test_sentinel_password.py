@@ -11,7 +11,7 @@ from dayzero.stack import StartFailed, _answering
 
 from .conftest import wait_until
 
-PASSWORD = "sentinel-secret"
+PASSWORD = "sentinel+secret"  # (a "+" in the URL's query is itself)
 
 
 @pytest.fixture(scope="module")
