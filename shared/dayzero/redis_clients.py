@@ -18,6 +18,7 @@ reaches the new master. kombu's own form (``sentinel://h:p;sentinel://h2:p`` and
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -28,9 +29,10 @@ import redis.asyncio as aioredis
 from redis.asyncio.sentinel import MasterNotFoundError as AsyncMasterNotFoundError
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
+from redis.asyncio.sentinel import SentinelManagedConnection as AsyncSentinelConnection
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from redis.sentinel import MasterNotFoundError, Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelManagedConnection
 
 SENTINEL_SCHEME = "redis+sentinel"
 SENTINEL_PORT = 26379
@@ -118,13 +120,77 @@ def password_of(url: str) -> str | None:
     return redis.connection.parse_url(url).get("password") if where is None else where.password
 
 
+class SentinelRefused(redis.AuthenticationError):
+    """No sentinel named the master, and every one that answers refuses the URL's ``sentinel_password``
+    (a wrong one, none given to one that asks, a sentinel restarted with another ``requirepass``):
+    credentials refused, which no wait mends and each caller says as it says a master's refusal (``up``
+    at once; a worker exits past DAYZERO_CREDENTIALS_REFUSED_S; ``/ready``'s reason). redis-py's
+    MasterNotFoundError, a lost connection, was an outage: retried for ever, "unreachable"."""
+
+
+def _refused_by_sentinels(sentinels: list[dict[str, Any]]) -> str | None:
+    """Which sentinel refuses its client's credentials, in one line, when every one that answers does;
+    None when one takes them or none answers. ``sentinels``: each one's connection keywords (redis-py's
+    sentinel clients'), each asked once (a connection of its own: no retry, no pool)."""
+    refused = None
+    for kwargs in sentinels:
+        asked = {name: kwargs.get(name) for name in ("host", "port", "username", "password")}
+        timeouts = {name: kwargs.get(name) for name in ("socket_timeout", "socket_connect_timeout")}
+        connection = redis.Connection(**asked, **timeouts, retry=Retry(NoBackoff(), 0))
+        try:
+            connection.connect()  # (AUTH, when a password is given)
+            connection.send_command("PING")
+            connection.read_response()
+            return None  # (one takes it: the master is what it could not name)
+        except redis.AuthenticationError as refusal:
+            what = "sentinel_password" if asked["password"] is not None else "a client without sentinel_password"
+            refused = refused or f"sentinel {asked['host']}:{asked['port']} refuses {what} ({refusal})"
+        except redis.RedisError:
+            continue  # (unreachable: no answer either way)
+        finally:
+            connection.disconnect()
+    return refused
+
+
+def _sentinels_of(connection: SentinelManagedConnection | AsyncSentinelConnection) -> list[dict[str, Any]]:
+    return [
+        sentinel.connection_pool.connection_kwargs for sentinel in connection.connection_pool.sentinel_manager.sentinels
+    ]
+
+
+class RefusalSaidSentinelConnection(SentinelManagedConnection):
+    """A connection to the master its sentinels name, which fails with ``SentinelRefused`` where they
+    named none because every one that answers refuses the URL's sentinel credentials."""
+
+    def connect(self) -> None:
+        try:
+            super().connect()
+        except MasterNotFoundError as exc:
+            if refused := _refused_by_sentinels(_sentinels_of(self)):
+                raise SentinelRefused(refused) from exc
+            raise
+
+
+class _RefusalSaidAsyncSentinelConnection(AsyncSentinelConnection):
+    """``RefusalSaidSentinelConnection``'s asyncio twin (the sentinels asked on a thread: a failed connect's cost)."""
+
+    async def connect(self) -> None:
+        try:
+            await super().connect()
+        except AsyncMasterNotFoundError as exc:
+            if refused := await asyncio.to_thread(_refused_by_sentinels, _sentinels_of(self)):
+                raise SentinelRefused(refused) from exc
+            raise
+
+
 def sync_client(url: str, **kwargs: Any) -> redis.Redis:
     """A client of the Redis (the current master) at ``url``; ``kwargs``: its connections'."""
     where = sentinel_address(url)
     if where is None:
         return redis.Redis.from_url(url, **kwargs)
     sentinel = Sentinel(list(where.sentinels), sentinel_kwargs=where.sentinel_kwargs())
-    return sentinel.master_for(where.master_name, redis.Redis, **where.connection_kwargs(), **kwargs)
+    connections = {"connection_class": RefusalSaidSentinelConnection, **where.connection_kwargs()}
+    return sentinel.master_for(where.master_name, redis.Redis, **connections, **kwargs)
 
 
 class _BlockingSentinelPool(AsyncSentinelPool, aioredis.BlockingConnectionPool):
@@ -141,8 +207,9 @@ def async_client(url: str, *, blocking: bool = False, **kwargs: Any) -> aioredis
         return aioredis.Redis.from_url(url, **kwargs)
     sentinel = AsyncSentinel(list(where.sentinels), sentinel_kwargs=where.sentinel_kwargs())
     pool_class = _BlockingSentinelPool if blocking else AsyncSentinelPool
+    connections = {"connection_class": _RefusalSaidAsyncSentinelConnection, **where.connection_kwargs()}
     return sentinel.master_for(
-        where.master_name, aioredis.Redis, connection_pool_class=pool_class, **where.connection_kwargs(), **kwargs
+        where.master_name, aioredis.Redis, connection_pool_class=pool_class, **connections, **kwargs
     )
 
 
@@ -155,28 +222,6 @@ def unreached(url: str, exc: redis.RedisError) -> str:
     text, sentinels = str(exc), ", ".join(f"{host}:{port}" for host, port in where.sentinels)
     why = text.rpartition(": ")[2] if " : " in text else "those that answer name none up"  # (the last one's error)
     return f"no sentinel ({sentinels}) named the master {where.master_name!r}: {why}"
-
-
-def sentinel_refusal(url: str, exc: redis.RedisError) -> str | None:
-    """Why sentinels named no master (``exc``) when no wait mends it: every sentinel that answers
-    refuses the URL's ``sentinel_password`` (a wrong one, or none given to a sentinel that asks for
-    one), in one line; else None (none answers, or the master is down: waited for)."""
-    if not isinstance(exc, MasterNotFoundError) or (where := sentinel_address(url)) is None:
-        return None
-    refused = None
-    for host, port in where.sentinels:
-        sentinel = redis.Redis(host, port, retry=Retry(NoBackoff(), 0), **where.sentinel_kwargs())  # (asked once)
-        try:
-            sentinel.ping()
-            return None  # (one takes it: the master is what it could not name)
-        except redis.AuthenticationError as refusal:
-            what = "sentinel_password" if where.sentinel_password is not None else "a client without sentinel_password"
-            refused = refused or f"sentinel {host}:{port} refuses {what} ({refusal})"
-        except redis.RedisError:
-            continue  # (unreachable: no answer either way)
-        finally:
-            sentinel.close()
-    return refused
 
 
 def without_password(url: str) -> str:

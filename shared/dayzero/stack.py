@@ -34,7 +34,7 @@ from .procs import (
     start_redis,
     terminate,
 )
-from .redis_clients import password_of, sentinel_refusal, sync_client, unreached, without_password
+from .redis_clients import SentinelRefused, password_of, sync_client, unreached, without_password
 from .serving.keys import key
 from .serving.liveness import STAMP_EVERY_S, connect, process_id, seen
 from .shm import unlink_parked_by, unlink_pools_by
@@ -73,12 +73,12 @@ def _answering(url: str, within_s: float) -> None:
             try:
                 client.ping()
                 return
+            except SentinelRefused as exc:  # (no wait mends it either)
+                raise StartFailed(f"{redis_at}: {exc}") from None
             except redis.AuthenticationError as exc:  # (a ConnectionError to redis-py) no wait mends it
                 why = "password refused" if password_of(url) else "it asks for a password, and the URL gives none"
                 raise StartFailed(f"{redis_at}: {why} ({exc})") from None
             except redis.RedisError as exc:
-                if refused := sentinel_refusal(url, exc):  # (no wait mends it either)
-                    raise StartFailed(f"{redis_at}: {refused}") from None
                 if time.monotonic() >= deadline:
                     raise StartFailed(
                         f"{redis_at} did not answer within {within_s:g} s: {unreached(url, exc)}; start it, or unset "

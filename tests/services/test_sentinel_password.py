@@ -1,12 +1,23 @@
 """A sentinel that asks for a password (``requirepass`` in sentinel.conf): ``up``'s check of a
-``redis+sentinel://`` URL whose ``sentinel_password`` the sentinel refuses. Real processes: a
-master and a sentinel (the bundled redis-server)."""
+``redis+sentinel://`` URL whose ``sentinel_password`` the sentinel refuses, and the clients of a
+running stack when the sentinel is restarted with another password. Real processes: a master and a
+sentinel (the bundled redis-server)."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
+import redis
+from kombu.exceptions import OperationalError
 
 from dayzero.procs import consecutive_ports, redis_binary, spawn, start_redis
+from dayzero.redis_clients import SentinelRefused, async_client, sync_client
+from dayzero.serving.queue import make_celery
+from dayzero.settings import Settings
 from dayzero.stack import StartFailed, _answering
 
 from .conftest import wait_until
@@ -14,25 +25,42 @@ from .conftest import wait_until
 PASSWORD = "sentinel+secret"  # (a "+" in the URL's query is itself)
 
 
-@pytest.fixture(scope="module")
-def sentinel_port(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("sentinel")
-    master_port = consecutive_ports(2)
-    port, procs = master_port + 1, []
-    try:
-        procs.append(start_redis(master_port, folder / "master.log"))
-        conf = folder / "sentinel.conf"  # (the sentinel rewrites it: its own file)
+class PasswordSentinel:
+    """A master and a sentinel on the next port that asks for ``password``; ``restart`` with another."""
+
+    def __init__(self, folder: Path, password: str) -> None:
+        self.folder, self.master_port = folder, consecutive_ports(2)
+        self.port, self.sentinel = self.master_port + 1, None
+        self.master = start_redis(self.master_port, folder / "master.log")
+        self.restart(password)
+
+    def url(self, password: str | None) -> str:
+        query = "" if password is None else f"?sentinel_password={password}"
+        return f"redis+sentinel://127.0.0.1:{self.port}/dz/0{query}"
+
+    def restart(self, password: str) -> None:
+        self.stop_sentinel()
+        conf = self.folder / "sentinel.conf"  # (the sentinel rewrites it: its own file, written anew)
         conf.write_text(
-            f"port {port}\nbind 127.0.0.1\nrequirepass {PASSWORD}\nsentinel monitor dz 127.0.0.1 {master_port} 1\n"
+            f"port {self.port}\nbind 127.0.0.1\nrequirepass {password}\n"
+            f"sentinel monitor dz 127.0.0.1 {self.master_port} 1\n"
         )
-        procs.append(spawn([redis_binary(), str(conf), "--sentinel"], folder / "sentinel.log"))
-        url = f"redis+sentinel://127.0.0.1:{port}/dz/0?sentinel_password={PASSWORD}"
-        assert wait_until(lambda: _answered(url), 10)
-        yield port
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+        self.sentinel = spawn([redis_binary(), str(conf), "--sentinel"], self.folder / "sentinel.log")
+        assert wait_until(lambda: _answered(self.url(password)), 10)
+
+    def stop_sentinel(self) -> None:
+        if self.sentinel is not None:
+            _stopped(self.sentinel)
+            self.sentinel = None
+
+    def stop(self) -> None:
+        self.stop_sentinel()
+        _stopped(self.master)
+
+
+def _stopped(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait()
 
 
 def _answered(url: str) -> bool:
@@ -43,20 +71,66 @@ def _answered(url: str) -> bool:
     return True
 
 
+@pytest.fixture(scope="module")
+def sentinel(tmp_path_factory):
+    group = PasswordSentinel(tmp_path_factory.mktemp("sentinel"), PASSWORD)
+    try:
+        yield group
+    finally:
+        group.stop()
+
+
 @pytest.mark.parametrize(
-    ("query", "says"),
-    [("?sentinel_password=wrong", "refuses sentinel_password"), ("", "refuses a client without sentinel_password")],
+    ("password", "says"), [("wrong", "refuses sentinel_password"), (None, "refuses a client without sentinel_password")]
 )
-def test_a_refused_sentinel_password_ends_the_start_at_once_saying_so(sentinel_port, query, says):
+def test_a_refused_sentinel_password_ends_the_start_at_once_saying_so(sentinel, password, says):
     """It waited the whole bound (10 s in ``up``) as for a Redis down, then said the Redis "did not
     answer ...; start it": the sentinel answered, and refused the password (no wait mends that)."""
-    url = f"redis+sentinel://127.0.0.1:{sentinel_port}/dz/0{query}"
     with pytest.raises(StartFailed) as failed:
-        _answering(url, 5)
+        _answering(sentinel.url(password), 5)
     said = str(failed.value)
-    assert f"sentinel 127.0.0.1:{sentinel_port} {says}" in said and "did not answer" not in said, said
+    assert f"sentinel 127.0.0.1:{sentinel.port} {says}" in said and "did not answer" not in said, said
     assert "wrong" not in said  # (the password is starred)
 
 
-def test_the_sentinels_password_taken_the_master_answers(sentinel_port):
-    assert _answered(f"redis+sentinel://127.0.0.1:{sentinel_port}/dz/0?sentinel_password={PASSWORD}")
+def test_the_sentinels_password_taken_the_master_answers(sentinel):
+    assert _answered(sentinel.url(PASSWORD))
+
+
+async def _gateways_client_refused_after(url: str, restart: Callable[[], None]) -> None:
+    aio = async_client(url, socket_timeout=2)
+    try:
+        assert await aio.ping()
+        restart()
+        await aio.connection_pool.disconnect()  # (a failover, a lost connection: the next asks the sentinel)
+        with pytest.raises(SentinelRefused):
+            await aio.ping()
+    finally:
+        await aio.aclose()
+
+
+def test_a_sentinel_restarted_with_another_password_is_refused_credentials_not_an_outage(tmp_path):
+    """A running stack's clients, their sentinel restarted with another ``requirepass``: each new
+    connection's question went unanswered (redis-py's MasterNotFoundError, a lost connection), an
+    outage retried for ever (the workers' consumers, "unreachable" in /ready). Now credentials
+    refused (an AuthenticationError): the consumer's bound then its exit (reconnect.py), /ready's
+    "refuses DAYZERO_REDIS_URL's credentials"."""
+    group = PasswordSentinel(tmp_path, "before")
+    url = group.url("before")
+    client = sync_client(url, socket_timeout=2)
+    consumer = make_celery(Settings(redis_url=url)).connection_for_write()
+    try:
+        assert client.ping()
+        consumer.ensure_connection(max_retries=1)
+        asyncio.run(_gateways_client_refused_after(url, lambda: group.restart("after")))
+        client.connection_pool.disconnect()
+        with pytest.raises(redis.AuthenticationError, match=f"sentinel 127.0.0.1:{group.port} refuses sentinel_"):
+            client.ping()
+        consumer.close()
+        with pytest.raises(OperationalError) as lost:
+            consumer.ensure_connection(max_retries=0)
+        assert isinstance(lost.value.__cause__ or lost.value.__context__, redis.AuthenticationError), lost.value
+    finally:
+        client.close()
+        consumer.release()
+        group.stop()

@@ -37,9 +37,8 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from redis.asyncio.connection import DefaultParser as AsyncDefaultParser
 from redis.connection import DefaultParser
-from redis.sentinel import SentinelManagedConnection
 
-from ..redis_clients import sentinel_address
+from ..redis_clients import RefusalSaidSentinelConnection, sentinel_address
 from .outage_log import OutageLog
 
 log = logging.getLogger("dayzero.worker")
@@ -76,7 +75,7 @@ class UnblockedIsLostSSLConnection(_UnblockedIsLost, redis.SSLConnection):  # re
     pass
 
 
-class UnblockedIsLostSentinelConnection(_UnblockedIsLost, SentinelManagedConnection):  # redis+sentinel://
+class UnblockedIsLostSentinelConnection(_UnblockedIsLost, RefusalSaidSentinelConnection):  # redis+sentinel://
     pass
 
 
