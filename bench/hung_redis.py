@@ -44,13 +44,15 @@ from dayzero.procs import free_port, start_redis
 from dayzero.serving.keys import key
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.services.unreachable import unreachable_redis  # noqa: E402
+from tests.services.unreachable import netns_usable, partition_usable, unreachable_redis  # noqa: E402
 
 MODEL = "dayzero-demo"
 LONG = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 400, "ignore_eos": True, "stream": True}
 TEXT = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 4}
 GIVE_UP_S = 120.0  # a request not answered 200 this long after Redis is back: "never"
 WORKERS = ("vision0", "prefill0", "decode0")
+# what each fault made of the network needs here, and its check (frozen: nothing)
+NEEDS = {"unreachable": ("root and ip (iproute2)", netns_usable), "partitioned": ("root, ip and tc", partition_usable)}
 
 
 def image_body() -> dict:
@@ -217,6 +219,13 @@ def main() -> None:
     args = p.parse_args()
     capped = partial(unreachable_redis, rto_max_ms=args.redis_rto_max_ms)
     faults = {"frozen": frozen_redis, "unreachable": capped, "partitioned": partial(capped, partitioned=True)}
+    for name in args.faults.split(","):  # (else a missing tool failed mid-run, a stack started, in a traceback)
+        if name not in faults:
+            p.error(f"--faults: {name!r} is none of {', '.join(faults)}")
+        if name in NEEDS and not NEEDS[name][1]():
+            p.error(
+                f"--faults {name} needs {NEEDS[name][0]} on PATH (sudo .venv/bin/python ...); --faults frozen does not"
+            )
     outages = [float(s) for s in args.outages.split(",")] * args.rounds
     print(row(*HEADS))
     with scratch(args.keep) as folder:
