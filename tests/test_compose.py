@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
+import os
 from pathlib import Path
 
+import pytest
 import yaml
+from celery import Celery
 
 from dayzero.cli import parser
+from dayzero.redis_clients import sentinel_address
+from dayzero.serving.queue import make_celery
 from dayzero.settings import Settings
 from dayzero.stack import SERVICES, service_argv
 
@@ -108,6 +114,31 @@ def test_restart_policies_and_healthchecks_that_test_their_own_container():
     assert "does not restart" in (ROOT / "README.md").read_text()  # what an unhealthy worker needs
 
 
+def _celery_cli_app(argv: list[str]) -> Celery:
+    """The app Celery's command line ``argv`` runs with: ``-A module``'s, or one on ``-b URL``'s broker."""
+    if "-A" in argv:
+        return importlib.reload(importlib.import_module(argv[argv.index("-A") + 1])).app
+    return Celery(broker=os.path.expandvars(argv[argv.index("-b") + 1].replace("$$", "$")))
+
+
+@pytest.mark.parametrize("url", ["redis+sentinel://s1:26379,s2/dz/0", "rediss://h:6380/0", "redis://redis:6379/0"])
+def test_a_workers_celery_ping_reaches_its_broker_as_the_worker_does(monkeypatch, url):
+    """``celery -b $$DAYZERO_REDIS_URL`` read a redis+sentinel:// URL as kombu's plain redis transport
+    (the sentinel asked as the Redis, "dz" as the database: each worker unhealthy where it served) and
+    a rediss:// one with kombu's transport and TLS defaults (CERT_NONE). The ping's broker is the
+    workers' own now, whatever the URL."""
+    monkeypatch.setenv("DAYZERO_REDIS_URL", url)
+    served = make_celery(Settings(redis_url=url)).connection_for_write()
+    for name, svc in _workers(_compose()["services"]).items():
+        ping = svc["healthcheck"]["test"][1].split(" && ")[1].split()
+        pinged = _celery_cli_app(ping).connection_for_write()
+        assert (pinged.transport_cls, pinged.alt, pinged.transport_options) == (
+            served.transport_cls,
+            served.alt,
+            served.transport_options,
+        ), name
+
+
 def test_the_image_carries_a_cuda_build_of_the_pinned_torch():
     import re
 
@@ -195,3 +226,21 @@ def test_the_trace_endpoint_reaches_the_collector_on_the_port_of_either_exporter
         for exporter, protocol in (("otlp-grpc", "grpc"), ("otlp-http", "http")):
             url = urlsplit(collector_url(exporter, endpoint))
             assert url.hostname == "otel-collector" and f"{url.port}" == protocols[protocol]["endpoint"].split(":")[1]
+
+
+def test_the_sentinel_override_puts_every_service_on_its_sentinels():
+    """docker/sentinel.compose.yml (no example of Sentinel under compose before): each dayzero service's
+    URL is a redis+sentinel:// one that Settings takes, naming every sentinel it adds and the master
+    name they monitor, the master docker-compose.yml's own ``redis``."""
+    services = _compose()["services"]
+    override = yaml.safe_load((ROOT / "docker" / "sentinel.compose.yml").read_text())["services"]
+    sentinels = sorted(name for name, svc in override.items() if "--sentinel" in svc.get("command", [""])[-1])
+    assert len(sentinels) >= 3  # (a quorum that outlives one sentinel's loss)
+    for name in SERVICES:
+        where = sentinel_address(Settings(redis_url=override[name]["environment"]["DAYZERO_REDIS_URL"]).redis_url)
+        assert sorted(host for host, _ in where.sentinels) == sentinels, name
+        assert set(override[name]["depends_on"]) == set(sentinels), name
+    for name in sentinels:
+        monitor = override[name]["command"][-1].split("sentinel monitor ")[1].split()
+        assert monitor[:3] == [where.master_name, "redis", "6379"] and "redis" in services, name
+    assert override["redis-replica"]["command"][1:4] == ["--replicaof", "redis", "6379"]
