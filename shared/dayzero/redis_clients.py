@@ -158,6 +158,13 @@ def _sentinels_of(connection: SentinelManagedConnection | AsyncSentinelConnectio
     ]
 
 
+def _refusal_among(exc: redis.ConnectionError) -> bool:
+    """Whether a sentinel's refusal is among the errors redis-py's MasterNotFoundError lists (each
+    sentinel's, by its class's name): only then are the sentinels asked again (an outage, sentinels
+    that hang among them, costs no second round of their timeouts)."""
+    return redis.AuthenticationError.__name__ in str(exc)
+
+
 class RefusalSaidSentinelConnection(SentinelManagedConnection):
     """A connection to the master its sentinels name, which fails with ``SentinelRefused`` where they
     named none because every one that answers refuses the URL's sentinel credentials."""
@@ -166,7 +173,7 @@ class RefusalSaidSentinelConnection(SentinelManagedConnection):
         try:
             super().connect()
         except MasterNotFoundError as exc:
-            if refused := _refused_by_sentinels(_sentinels_of(self)):
+            if _refusal_among(exc) and (refused := _refused_by_sentinels(_sentinels_of(self))):
                 raise SentinelRefused(refused) from exc
             raise
 
@@ -178,7 +185,7 @@ class _RefusalSaidAsyncSentinelConnection(AsyncSentinelConnection):
         try:
             await super().connect()
         except AsyncMasterNotFoundError as exc:
-            if refused := await asyncio.to_thread(_refused_by_sentinels, _sentinels_of(self)):
+            if _refusal_among(exc) and (refused := await asyncio.to_thread(_refused_by_sentinels, _sentinels_of(self))):
                 raise SentinelRefused(refused) from exc
             raise
 
