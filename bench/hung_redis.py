@@ -18,6 +18,7 @@ Run: ``sudo .venv/bin/python bench/hung_redis.py [--faults frozen,unreachable,pa
 
 from __future__ import annotations
 
+import argparse
 import base64
 import io
 import json
@@ -51,6 +52,7 @@ LONG = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 400, "ignore_eos": Tr
 TEXT = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 4}
 GIVE_UP_S = 120.0  # a request not answered 200 this long after Redis is back: "never"
 WORKERS = ("vision0", "prefill0", "decode0")
+RTO_MAX_MS = (1000, 120_000)  # the sysctl's range (Linux's TCP_RTO_MAX_MIN_SEC .. TCP_RTO_MAX_SEC)
 # what each fault made of the network needs here, and its check (frozen: nothing)
 NEEDS = {"unreachable": ("root and ip (iproute2)", netns_usable), "partitioned": ("root, ip and tc", partition_usable)}
 
@@ -209,13 +211,25 @@ def outages_on(stack, fault: FrozenRedis, name: str, outages: list[float], logs:
     return served
 
 
+def rto_max_ms(text: str) -> int:
+    """``--redis-rto-max-ms``: what the kernel's sysctl takes (1000 to 120000; else the bench ended,
+    its namespace made, in a traceback of ``ip netns exec ... sysctl``)."""
+    if not text.isdigit() or not RTO_MAX_MS[0] <= int(text) <= RTO_MAX_MS[1]:
+        raise argparse.ArgumentTypeError(
+            f"net.ipv4.tcp_rto_max_ms takes {RTO_MAX_MS[0]} to {RTO_MAX_MS[1]}, not {text}"
+        )
+    return int(text)
+
+
 def main() -> None:
     p = bench_parser(__doc__)
     p.add_argument("--faults", default="frozen,unreachable", help="comma-separated: frozen, unreachable, partitioned")
     p.add_argument("--outages", default="5,30", help="seconds Redis hangs, comma-separated")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--keep", default="", help="a folder to keep the stack's logs in")
-    p.add_argument("--redis-rto-max-ms", type=int, default=None, help="unreachable: Redis's net.ipv4.tcp_rto_max_ms")
+    p.add_argument(
+        "--redis-rto-max-ms", type=rto_max_ms, default=None, help="unreachable: Redis's net.ipv4.tcp_rto_max_ms"
+    )
     args = p.parse_args()
     capped = partial(unreachable_redis, rto_max_ms=args.redis_rto_max_ms)
     faults = {"frozen": frozen_redis, "unreachable": capped, "partitioned": partial(capped, partitioned=True)}

@@ -39,3 +39,11 @@ def test_a_fault_whose_tools_are_missing_is_refused_in_one_line(tmp_path, fault,
 def test_a_fault_of_another_name_is_refused():
     ran = subprocess.run([sys.executable, str(BENCH), "--faults", "frozn"], capture_output=True, text=True, timeout=120)
     assert ran.returncode == 2 and "'frozn' is none of frozen, unreachable, partitioned" in ran.stderr, ran.stderr
+
+
+def test_a_retransmission_cap_out_of_the_sysctls_range_is_refused():
+    """200 ms (below the sysctl's 1000) made the namespace, then ended in a traceback of ``sysctl``."""
+    ran = subprocess.run(
+        [sys.executable, str(BENCH), "--redis-rto-max-ms", "200"], capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 2 and "tcp_rto_max_ms takes 1000 to 120000, not 200" in ran.stderr, ran.stderr
