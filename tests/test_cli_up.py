@@ -196,42 +196,6 @@ def test_up_prints_a_redis_url_without_its_password_and_how_long_it_has_waited(
     assert re.search(r"^waiting \(\d+ s\): redis unreachable: Error 111 ", err, re.MULTILINE), err
 
 
-@pytest.mark.parametrize(
-    ("userinfo", "shown", "says"),
-    [(":wrong@", ":***@", "password refused"), ("", "", "it asks for a password, and the URL gives none")],
-)
-def test_up_fails_at_once_on_a_redis_that_refuses_its_password(
-    userinfo, shown, says, tiny_checkpoint, tmp_path, capsys, monkeypatch
-):
-    """An AuthenticationError (a ConnectionError to redis-py) was retried as an unreachable Redis for
-    the full REDIS_ANSWER_WITHIN_S, then "did not answer"; no wait mends a wrong password. A URL
-    without a password was "password refused" too (redis-py's "HELLO must be called with the client
-    already authenticated ...")."""
-    import time
-
-    import redis
-
-    from dayzero import cli_up
-    from dayzero.procs import free_port, scratch_redis
-    from dayzero.stack import REDIS_ANSWER_WITHIN_S
-
-    monkeypatch.setattr(cli_up, "_stop_on_signals", lambda: None)
-    monkeypatch.delenv("REDIS_URL", raising=False)
-    logs = tmp_path / "logs"
-    with scratch_redis(tmp_path) as port:
-        redis.Redis(port=port).config_set("requirepass", "right")
-        monkeypatch.setenv("DAYZERO_REDIS_URL", f"redis://{userinfo}127.0.0.1:{port}/0")
-        began = time.monotonic()
-        argv = ["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(logs), "--port", str(free_port())]
-        assert cli.main(argv) == 1
-        waited_s = time.monotonic() - began
-    err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: the Redis at redis://{shown}127.0.0.1:{port}/0 (DAYZERO_REDIS_URL or REDIS_URL): ")
-    assert says in err and len(err.splitlines()) == 1 and "wrong" not in err, err
-    assert waited_s < REDIS_ANSWER_WITHIN_S  # (it did not wait out the unreachable Redis's bound)
-    assert not (logs / "gateway.log").exists()  # nothing was started
-
-
 @pytest.mark.parametrize("log_dir", ["/proc/dayzero-logs", "/sys/dayzero-logs/up"])
 def test_a_log_dir_the_filesystem_refuses_is_one_line_naming_the_flag(log_dir, tiny_checkpoint, capsys, monkeypatch):
     """As root the parent passes the writable check, and making the directory failed: a bare

@@ -17,6 +17,7 @@ from .settings_help import settings_help
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     """One service in the foreground: the entry point of both ``dayzero up`` and docker compose."""
     if args.service == "gateway":
+        _credentials_taken(settings.redis_url)
         import uvicorn
 
         from services.gateway.access_log import access_log_config
@@ -58,6 +59,16 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     elif tp > 1:
         raise ValueError(f"--tensor-parallel is for prefill and decode workers; {args.service} runs on one device")
     end_process(_run_worker(args.service, settings, args.name))
+
+
+def _credentials_taken(url: str) -> None:
+    """A ValueError (one line, exit 2) where the gateway's Redis refuses it for good: started alone
+    (compose's way) with a wrong password, it served /ready's 503 for ever. A Redis not up yet is
+    waited for, as compose starts the two side by side."""
+    from .redis_clients import refusal_at_start, without_password
+
+    if refused := refusal_at_start(url):
+        raise ValueError(f"the Redis at {without_password(url)} (DAYZERO_REDIS_URL): {refused}")
 
 
 def _run_worker(service: str, settings: Settings, name: str | None, group=None) -> int:

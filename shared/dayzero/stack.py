@@ -34,7 +34,7 @@ from .procs import (
     start_redis,
     terminate,
 )
-from .redis_clients import SentinelRefused, password_of, sync_client, unreached, without_password
+from .redis_clients import refused_for_good, sync_client, unreached, without_password
 from .serving.keys import key
 from .serving.liveness import STAMP_EVERY_S, connect, process_id, seen
 from .shm import unlink_parked_by, unlink_pools_by
@@ -64,7 +64,8 @@ def inherited(environ: dict[str, str]) -> dict[str, str]:
 def _answering(url: str, within_s: float) -> None:
     """StartFailed unless the Redis at ``url`` answers a ping within ``within_s``: one that was
     unreachable (a closed port, a wrong host) kept ``up`` waiting for ever, "waiting: redis
-    unreachable" every 10 s, without --ready-timeout. One that refuses the password fails at once."""
+    unreachable" every 10 s, without --ready-timeout. One that refuses it for good (``refused_for_good``:
+    a wrong password, a user not allowed PING, which waited the 10 s) fails at once."""
     client = sync_client(url, socket_connect_timeout=2, socket_timeout=2)
     redis_at = f"the Redis at {without_password(url)} (DAYZERO_REDIS_URL or REDIS_URL)"
     deadline = time.monotonic() + within_s
@@ -73,12 +74,9 @@ def _answering(url: str, within_s: float) -> None:
             try:
                 client.ping()
                 return
-            except SentinelRefused as exc:  # (no wait mends it either)
-                raise StartFailed(f"{redis_at}: {exc}") from None
-            except redis.AuthenticationError as exc:  # (a ConnectionError to redis-py) no wait mends it
-                why = "password refused" if password_of(url) else "it asks for a password, and the URL gives none"
-                raise StartFailed(f"{redis_at}: {why} ({exc})") from None
             except redis.RedisError as exc:
+                if refused := refused_for_good(url, exc):  # a wrong password, a refused PING: no wait mends it
+                    raise StartFailed(f"{redis_at}: {refused}") from None
                 if time.monotonic() >= deadline:
                     raise StartFailed(
                         f"{redis_at} did not answer within {within_s:g} s: {unreached(url, exc)}; start it, or unset "
