@@ -65,6 +65,32 @@ def test_passwords_are_starred_where_shown():
     assert without_password("redis://:secret@h:6379/0") == "redis://:***@h:6379/0"
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:top/secret@h:6379/0",
+        "redis://app:top?secret@h:6379/0",
+        "redis://:top#secret@h:6379/0",
+        "redis+sentinel://:top/secret@s1:26379/m/0",
+    ],
+)
+def test_a_password_that_cuts_its_url_short_is_refused_at_start_and_starred(monkeypatch, url):
+    """A raw / (or ? or #) in the password ends the URL's host there: redis-py refused it with "Port
+    could not be cast to integer value as 'top'", part of the password, and the starred URL showed
+    the rest ("redis://:***@..." kept "/secret@h")."""
+    assert "top" not in without_password(url) and "secret" not in without_password(url)
+    monkeypatch.setenv("DAYZERO_REDIS_URL", url)
+    with pytest.raises(ValueError, match="percent-encode them") as refused:
+        settings_from_env()
+    assert "top" not in str(refused.value) and "secret" not in str(refused.value)
+
+
+def test_an_at_sign_after_the_host_is_no_cut_password():
+    """(a sentinel_password may hold an @; a password with one, redis-py reads to the last @)"""
+    assert Settings(redis_url="redis+sentinel://s1/m/0?sentinel_password=a@b").redis_url.endswith("a@b")
+    assert without_password("redis://:top@secret@h:6379/0") == "redis://:***@h:6379/0"
+
+
 @pytest.mark.parametrize("url", ["redis://h:6379/0?db=1&password=secret", "redis+sentinel://s1/m?password=secret"])
 def test_a_password_in_the_query_is_refused_at_start_and_starred(monkeypatch, url):
     """redis-py takes ``?password=`` as the URL's password (``Redis.from_url``), and kombu, Celery's

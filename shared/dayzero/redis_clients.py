@@ -22,7 +22,7 @@ import asyncio
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 import redis
 import redis.asyncio as aioredis
@@ -67,6 +67,11 @@ def sentinel_address(url: str) -> SentinelAddress | None:
     """The sentinels and master ``url`` names (None for a ``redis://`` or ``rediss://`` URL); a
     ValueError, naming the form, for any other URL or a sentinel URL without a master name."""
     scheme = url.partition("://")[0]
+    if _userinfo_cut(urlsplit(url)):
+        raise ValueError(
+            "a Redis URL's password with a raw /, ? or # cuts the URL short (redis-py's message showed part of it): "
+            "percent-encode them (%2F, %3F, %23)"
+        )
     if "password" in _query(urlsplit(url).query):  # (redis-py reads it; kombu, Celery's broker, fails on it)
         raise ValueError(
             f"a Redis URL's password goes before its host ({scheme}://[user]:password@host...), not ?password="
@@ -103,6 +108,12 @@ def _query(text: str) -> dict[str, str]:
     sentinel password with one was refused); the last of a key's values."""
     pairs = (item.partition("=") for item in text.split("&") if item)
     return {unquote(name): unquote(value) for name, _, value in pairs}
+
+
+def _userinfo_cut(parts: SplitResult) -> bool:
+    """A raw /, ? or # in a URL's password ends its netloc there: the rest, "@" and the host, reads
+    as the path, the query or the fragment (and what came before the cut as a host and a port)."""
+    return "@" not in parts.netloc and "@" in parts.path + parts.query.partition("=")[0] + parts.fragment
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -264,6 +275,6 @@ def refusal_at_start(url: str) -> str | None:
 def without_password(url: str) -> str:
     """``url`` as it may be printed or logged: its password (also ``password=``, redis-py's query form)
     and its sentinels' (``sentinel_password=``) as ``***`` (any text: no parse that could fail, in an
-    error's message)."""
-    url = re.sub(r"^(\w[\w+.-]*://[^:/@]*:)[^/]*@", r"\1***@", url)
-    return re.sub(r"([?&](?:sentinel_)?password=)[^&#]*", r"\1***", url)
+    error's message; a password with a raw / showed from the /)."""
+    url = re.sub(r"([?&](?:sentinel_)?password=)[^&#]*", r"\1***", url)
+    return re.sub(r"^(\w[\w+.-]*://[^:/@]*:).*@", r"\1***@", url)  # (to the last @: a password may hold /, ?, @)
