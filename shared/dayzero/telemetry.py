@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from urllib.parse import urlsplit, urlunsplit
 
@@ -24,6 +24,8 @@ from .settings import Settings
 
 tracer = trace.get_tracer("dayzero")
 OTLP_PORTS = {"otlp-grpc": 4317, "otlp-http": 4318}  # the protocol's standard ports (the collector's defaults)
+_HOST_PORT = re.compile(r"(\[[\w:.]+\]|[\w.-]+):\d+(/.*)?")  # an endpoint without its scheme
+SDK_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")  # (the first wins)
 
 
 def setup_tracing(settings: Settings, service: str) -> None:
@@ -44,6 +46,8 @@ def setup_tracing(settings: Settings, service: str) -> None:
         else:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         endpoint = settings.trace_endpoint and collector_url(settings.trace_exporter, settings.trace_endpoint)
+        if not endpoint and settings.trace_exporter == "otlp-http":
+            _sdk_endpoint_has_a_scheme(os.environ)
         exporter = OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
@@ -52,11 +56,26 @@ def setup_tracing(settings: Settings, service: str) -> None:
 def collector_url(exporter: str, endpoint: str) -> str:
     """Where ``exporter`` (otlp-grpc, otlp-http) sends spans, from DAYZERO_TRACE_ENDPOINT: a host
     alone (docker-compose.yml's ``otel-collector``) is that host on the exporter's OTLP port, 4317 for
-    gRPC, 4318 for HTTP; compose gave ``http://otel-collector:4317`` whatever the exporter, and
-    otlp-http posted its spans to the gRPC port."""
+    gRPC, 4318 for HTTP (compose gave ``http://otel-collector:4317`` whatever the exporter, and
+    otlp-http posted its spans to the gRPC port); ``host:port`` is ``http://host:port``."""
     if re.fullmatch(r"[\w.-]+", endpoint):
         endpoint = f"http://{endpoint}:{OTLP_PORTS[exporter]}"
+    elif _HOST_PORT.fullmatch(endpoint):  # host:port, as the gRPC exporter takes it (otlp-http's dropped every span)
+        endpoint = f"http://{endpoint}"
     return otlp_http_traces_url(endpoint) if exporter == "otlp-http" else endpoint
+
+
+def _sdk_endpoint_has_a_scheme(environ: Mapping[str, str]) -> None:
+    """A ValueError, at start, for the OpenTelemetry SDK's own endpoint variable (which it reads where
+    DAYZERO_TRACE_ENDPOINT is unset) without http:// or https://: the spec asks for a URL, and the
+    SDK's otlp-http exporter took ``host:4318`` for one, failing every export ("No connection
+    adapters were found for 'host:4318/v1/traces'"), its spans dropped."""
+    name = next((name for name in SDK_ENDPOINTS if environ.get(name)), None)
+    if name is not None and not re.match(r"https?://", environ[name]):
+        raise ValueError(
+            f"{name}={environ[name]!r} is no URL: the otlp-http exporter sends to http://host:port (or https://); "
+            "or set DAYZERO_TRACE_ENDPOINT, which also takes host:port"
+        )
 
 
 def otlp_http_traces_url(endpoint: str) -> str:

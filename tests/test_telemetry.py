@@ -1,0 +1,41 @@
+"""Where the OTLP exporters send spans: DAYZERO_TRACE_ENDPOINT's forms, and the SDK's own variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from dayzero.settings import Settings
+from dayzero.telemetry import collector_url, setup_tracing
+
+
+@pytest.mark.parametrize(
+    ("exporter", "endpoint", "url"),
+    [
+        ("otlp-http", "collector:4318", "http://collector:4318/v1/traces"),
+        ("otlp-http", "10.0.0.5:9999/otlp/v1/traces", "http://10.0.0.5:9999/otlp/v1/traces"),
+        ("otlp-grpc", "collector:4317", "http://collector:4317"),
+        ("otlp-http", "[::1]:4318", "http://[::1]:4318/v1/traces"),
+        ("otlp-http", "collector", "http://collector:4318/v1/traces"),
+        ("otlp-http", "https://collector:443", "https://collector:443/v1/traces"),
+    ],
+)
+def test_a_host_and_port_without_a_scheme_is_that_host(exporter, endpoint, url):
+    """``collector:4318`` went to the otlp-http exporter as it was, which failed every export ("No
+    connection adapters were found for 'collector:4318'"): its spans were dropped."""
+    assert collector_url(exporter, endpoint) == url
+
+
+@pytest.mark.parametrize("name", ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"])
+def test_the_sdks_endpoint_without_a_scheme_is_refused_at_start(name, monkeypatch):
+    """Where DAYZERO_TRACE_ENDPOINT is unset the SDK reads its own variable, and its otlp-http exporter
+    took ``host:4318`` for a URL and dropped every span; gRPC's takes host:port (the spec asks for a URL)."""
+    from dayzero import telemetry
+
+    installed = []  # (the test process's own provider stays)
+    monkeypatch.setattr(telemetry.trace, "set_tracer_provider", installed.append)
+    monkeypatch.setenv(name, "collector:4318")
+    with pytest.raises(ValueError, match=rf"^{name}='collector:4318' is no URL: .*http://host:port"):
+        setup_tracing(Settings(trace_exporter="otlp-http"), "gateway")
+    monkeypatch.setenv(name, "http://collector:4318")
+    setup_tracing(Settings(trace_exporter="otlp-http"), "gateway")  # (a URL: taken)
+    assert len(installed) == 1
