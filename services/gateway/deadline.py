@@ -48,6 +48,11 @@ class RequestReadDeadline(HttpToolsProtocol):
     _deadline: asyncio.TimerHandle | None = None
     _stalled: asyncio.TimerHandle | None = None  # armed while the transport's buffer is full
     _lingers: asyncio.TimerHandle | None = None  # the server stops: this idle connection closes then
+    _heard = False  # whether its client sent a byte: a browser's preconnect sends none, and is not counted
+
+    def data_received(self, data: bytes) -> None:
+        self._heard = True
+        super().data_received(data)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -130,12 +135,15 @@ class RequestReadDeadline(HttpToolsProtocol):
             )
 
     def _refuse(self, status: str, body: dict) -> None:
-        """Answer ``status`` with the error ``body`` and close the connection."""
+        """Answer ``status`` with the error ``body`` and close the connection; counted where its client
+        sent something (an idle connection opened ahead of a request it never made is no error of
+        a client's: each page a browser preconnected from counted a 408 after 30 s)."""
         text = json.dumps(body)
         head = f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n"
         self.transport.write(f"{head}content-length: {len(text)}\r\n\r\n{text}".encode())
         self.transport.close()
-        self.error_sent(body["error"])
+        if self._heard:
+            self.error_sent(body["error"])
 
 
 def request_read_deadline(max_body_bytes: int, error_sent: Callable[[dict], None]) -> type[RequestReadDeadline]:

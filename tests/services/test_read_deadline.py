@@ -97,7 +97,9 @@ def test_a_request_not_sent_whole_in_time_gets_408_and_the_connection_closes(ser
     assert received.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), received
     body = json.loads(received.split(b"\r\n\r\n", 1)[1])
     assert body["error"]["code"] == "request_timeout" and body["error"]["type"] == "invalid_request_error"
-    assert [body["error"]] == SENT  # (counted: dayzero_request_errors_total)
+    # counted (dayzero_request_errors_total), but for a connection that sent nothing: a browser's
+    # preconnect, opened ahead of a request it may never make, counted one after 30 s
+    assert ([body["error"]] if parts else []) == SENT
     assert time.monotonic() - started < READ_S + 2
 
 
