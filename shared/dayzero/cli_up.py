@@ -15,6 +15,7 @@ from pathlib import Path
 from . import cli_args
 from .config import ModelConfig
 from .redis_clients import without_password
+from .redis_watch import RedisWatch
 from .settings import Settings
 from .settings_help import HELP_WIDTH
 
@@ -88,9 +89,12 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
         )
         if args.example:
             _example(stack.url, settings.model_name)
+        watch = RedisWatch(redis_url, lambda line: print(line, file=sys.stderr)) if redis_url else None
         while True:
             for name in stack.supervise():
                 restarted(name)
+            if watch is not None:
+                watch.check()
             time.sleep(0.5)
     except _Stop:
         print("stopping: gateway, then workers, then redis", file=sys.stderr)

@@ -1,0 +1,45 @@
+"""``dayzero up``'s watch on a Redis it was given, once the stack is ready: one line when the Redis
+is lost, one when it is back (a Redis of its own is a child: its exit is said as a restart). It
+said nothing: the stack's requests failed, /ready answered 503, and up's terminal looked well."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .redis_clients import sync_client, unreached, without_password
+
+CHECK_EVERY_S = 1.0  # a ping at most this often; each waits as long at most (a frozen Redis)
+
+
+class RedisWatch:
+    """``check()`` from up's supervising loop: pings the Redis at ``url`` (every ``CHECK_EVERY_S``
+    at most) and ``say``s a line when the first ping fails and one when a ping goes through again."""
+
+    def __init__(self, url: str, say: Callable[[str], None]) -> None:
+        self.url, self.say = url, say
+        timeouts = {"socket_connect_timeout": CHECK_EVERY_S, "socket_timeout": CHECK_EVERY_S}
+        self.client = sync_client(url, retry=Retry(NoBackoff(), 0), **timeouts)
+        self._checked = float("-inf")
+        self._lost_at: float | None = None  # when the first ping of this outage failed (monotonic)
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < CHECK_EVERY_S:
+            return
+        self._checked = now
+        try:
+            self.client.ping()
+        except redis.RedisError as exc:
+            if self._lost_at is None:
+                self._lost_at = now
+                why = unreached(self.url, exc)
+                self.say(f"redis {without_password(self.url)} lost: {why}; /ready answers 503 until it is back")
+            return
+        if self._lost_at is not None:
+            self.say(f"redis {without_password(self.url)} back after {time.monotonic() - self._lost_at:.0f} s")
+            self._lost_at = None

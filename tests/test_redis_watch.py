@@ -1,0 +1,66 @@
+"""``dayzero up`` says when a Redis it was given is lost after the stack was ready, and when it is
+back: one line each, however long the outage (it said nothing). A real Redis, stopped and continued."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from dayzero import redis_watch
+from dayzero.procs import free_port, start_redis
+from dayzero.redis_watch import RedisWatch
+
+
+def _checks(watch: RedisWatch, seconds: float) -> None:
+    """up's loop: a check every 0.05 s for ``seconds``."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        watch.check()
+        time.sleep(0.05)
+
+
+def test_a_lost_redis_is_one_line_and_its_return_another(tmp_path, monkeypatch):
+    monkeypatch.setattr(redis_watch, "CHECK_EVERY_S", 0.2)
+    port = free_port()
+    server = start_redis(port, tmp_path / "redis.log")
+    said: list[str] = []
+    try:
+        watch = RedisWatch(f"redis://:secret@127.0.0.1:{port}/0", said.append)  # (it asks for none: taken)
+        _checks(watch, 0.5)
+        assert said == []
+        server.send_signal(signal.SIGSTOP)  # a frozen Redis: its pings time out
+        _checks(watch, 1.5)
+        server.send_signal(signal.SIGCONT)
+        _checks(watch, 1.0)
+    finally:
+        server.send_signal(signal.SIGCONT)
+        server.terminate()
+        server.wait()
+    assert len(said) == 2, said
+    assert (
+        said[0].startswith(f"redis redis://:***@127.0.0.1:{port}/0 lost: Timeout ") and "/ready answers 503" in said[0]
+    )
+    assert said[1].startswith(f"redis redis://:***@127.0.0.1:{port}/0 back after ")
+    assert "secret" not in "".join(said)
+
+
+def test_up_watches_the_redis_it_was_given_once_ready(tiny_checkpoint, tmp_path, monkeypatch):
+    from dayzero import cli, cli_up, stack
+
+    watched = []
+
+    class Watch:
+        def __init__(self, url, say):
+            watched.append(url)
+
+        def check(self):
+            raise cli_up._Stop  # (up's loop ends as on Ctrl-C)
+
+    for name, stub in {"start": None, "wait_ready": None, "supervise": [], "stop": []}.items():
+        monkeypatch.setattr(stack.Stack, name, lambda self, *_, stub=stub, **__: stub)
+    monkeypatch.setattr(cli_up, "RedisWatch", Watch)
+    monkeypatch.setattr(cli_up, "_stop_on_signals", lambda: None)  # (pytest's own handlers kept)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.setenv("DAYZERO_REDIS_URL", "redis://10.0.0.2:6379/0")
+    assert cli.main(["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(tmp_path / "logs")]) == 0
+    assert watched == ["redis://10.0.0.2:6379/0"]
