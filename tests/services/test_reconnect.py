@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from dayzero.procs import free_port, start_redis
@@ -52,11 +53,23 @@ def test_a_worker_tries_again_each_second_while_redis_is_out_and_consumes_once_i
     assert "Unrecoverable error" not in log.read_text()
 
 
-def test_a_worker_whose_redis_refuses_its_credentials_past_the_bound_exits_3(tmp_path):
+def _password_changed(r: redis.Redis) -> None:
+    r.config_set("requirepass", "changed")
+
+
+def _ping_taken_away(r: redis.Redis) -> None:
+    r.acl_setuser("default", enabled=True, nopass=True, keys=["*"], channels=["*"], commands=["+@all", "-ping"])
+
+
+@pytest.mark.parametrize(
+    ("refusal", "said"),
+    [(_password_changed, "Authentication required"), (_ping_taken_away, "no permissions to run the 'ping' command")],
+)
+def test_a_worker_whose_redis_refuses_its_credentials_past_the_bound_exits_3(refusal, said, tmp_path):
     """Redis's password changed under a running worker (its connections then closed): no try mends it.
     The consumer tried for ever (a line each 10 s), the worker alive and taking no work; after
     DAYZERO_CREDENTIALS_REFUSED_S of refusals it says so and exits 3, for its supervisor to start it
-    again with its current settings."""
+    again with its current settings. So too where its user's ACL takes PING away (it tried for ever)."""
     port, log = free_port(), tmp_path / "worker.log"
     url = f"redis://127.0.0.1:{port}/0"
     server = start_redis(port, tmp_path / "redis.log")
@@ -66,12 +79,12 @@ def test_a_worker_whose_redis_refuses_its_credentials_past_the_bound_exits_3(tmp
     try:
         assert wait_until(lambda: "ready." in log.read_text(), 60), log.read_text()
         r = redis.Redis(port=port)
-        r.config_set("requirepass", "changed")
+        refusal(r)
         for kind in ("normal", "pubsub"):  # (the worker's connections: its consumer's, its remote control's)
             r.client_kill_filter(_type=kind, skipme=True)
         assert worker.wait(60) == 3, log.read_text()[-3000:]
     finally:
         stopped(worker)
         stopped(server)
-    said = re.search(r"Redis has refused this worker's credentials for (\d+) s \((.*)\): exiting 3", log.read_text())
-    assert said and int(said[1]) >= 3 and "Authentication required" in said[2], log.read_text()[-3000:]
+    line = re.search(r"Redis has refused this worker's credentials for (\d+) s \((.*)\): exiting 3", log.read_text())
+    assert line and int(line[1]) >= 3 and said in line[2], log.read_text()[-3000:]

@@ -19,9 +19,10 @@ apart). After 30 s of dropped packets the workers took work again ~16 s after Re
 gives up after 2 s and is tried again a second later (``RETRY_INTERVALS``), a command after 5 s.
 
 A Redis that refuses the worker's credentials (its password changed under a running worker, or it
-restarted with another) is no outage: no try mends it. The consumer tried for ever, a line each 10 s,
-its worker alive and taking no work (its requests waited for the no-worker bound, or for ever while its
-liveness stamps' older connection went on). After ``credentials_refused_s`` of refusals it now says so
+restarted with another), or refuses its user a command (an ACL without PING: NOPERM), is no outage:
+no try mends it. The consumer tried for ever, a line each 10 s, its worker alive and taking no work
+(its requests waited for the no-worker bound, or for ever while its liveness stamps' older connection
+went on). After ``credentials_refused_s`` of refusals it now says so
 and exits 3, as a worker whose start Redis refuses does (runtime.py): its supervisor (``dayzero up``,
 compose's restart policy) starts it again, with the settings it has then.
 """
@@ -72,7 +73,8 @@ class Consumer(CeleryConsumer):
 
 class RefusedCredentials:
     """A connection's failed tries, one after another: once Redis has refused its credentials (a
-    wrong or changed password: ``AuthenticationError``) for ``bound_s``, the process exits
+    wrong or changed password: ``AuthenticationError``; a command its user may not run: ``NoPermissionError``)
+    for ``bound_s``, the process exits
     ``REFUSED_EXIT`` (any other failure between begins the count again)."""
 
     def __init__(self, bound_s: float) -> None:
@@ -80,7 +82,7 @@ class RefusedCredentials:
         self._since: float | None = None
 
     def tried(self, exc: Exception) -> None:
-        if not isinstance(exc, redis.AuthenticationError):
+        if not isinstance(exc, (redis.AuthenticationError, redis.exceptions.NoPermissionError)):
             self._since = None
             return
         now = time.monotonic()
