@@ -11,6 +11,7 @@ import signal
 import sys
 
 import httpx
+import pytest
 import redis
 
 from dayzero.procs import free_port, scratch_redis, spawn, start_redis, terminate
@@ -71,7 +72,20 @@ def test_a_worker_started_while_redis_is_down_waits_for_it_and_then_serves(text_
         terminate([worker], 10)
 
 
-def test_a_worker_whose_redis_password_is_wrong_ends_its_start_before_loading_its_weights(text_dir, tmp_path):
+def _ping_taken_away(r: redis.Redis) -> None:
+    r.acl_setuser("worker", enabled=True, passwords=["+wrong"], keys=["*"], channels=["*"], commands=["+@all", "-ping"])
+
+
+@pytest.mark.parametrize(
+    ("guard", "userinfo", "said"),
+    [
+        (lambda r: r.config_set("requirepass", "right"), ":wrong", "invalid username-password pair"),
+        (_ping_taken_away, "worker:wrong", "no permissions to run the 'ping' command"),  # (was: loaded first)
+    ],
+)
+def test_a_worker_whose_redis_refuses_it_ends_its_start_before_loading_its_weights(
+    guard, userinfo, said, text_dir, tmp_path
+):
     """Redis refuses the URL's password: the start fails, saying so (was: it waited for Redis forever,
     "waits for Redis (invalid username-password pair ...)", and ``dayzero alive`` counted it alive:
     a Redis it cannot read is not counted against a worker), before its weights load (they loaded for
@@ -79,9 +93,9 @@ def test_a_worker_whose_redis_password_is_wrong_ends_its_start_before_loading_it
     DAYZERO_CREDENTIALS_REFUSED_S exiting 3 to be started again with the same URL)."""
     log = tmp_path / "prefill0.log"
     with scratch_redis(tmp_path) as port:
-        redis.Redis(port=port).config_set("requirepass", "right")
+        guard(redis.Redis(port=port))
         env = {**os.environ, **SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(text_dir)}
-        env["DAYZERO_REDIS_URL"] = f"redis://:wrong@127.0.0.1:{port}/0"
+        env["DAYZERO_REDIS_URL"] = f"redis://{userinfo}@127.0.0.1:{port}/0"
         worker = spawn([sys.executable, "-m", "dayzero.cli", "serve", "prefill", "--name", "prefill0"], log, env)
         try:
             assert wait_until(
@@ -89,7 +103,7 @@ def test_a_worker_whose_redis_password_is_wrong_ends_its_start_before_loading_it
             )
             assert worker.poll() is not None, log.read_text(errors="replace")[-3000:]
             assert "cannot start" in log.read_text(errors="replace")
-            assert "invalid username-password pair" in log.read_text(errors="replace")
+            assert said in log.read_text(errors="replace")
             assert "in warm_up" not in log.read_text(errors="replace")  # (its refusal's traceback: after loading)
         finally:
             terminate([worker], 10)

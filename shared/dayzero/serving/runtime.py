@@ -63,13 +63,14 @@ class LoadProgress:
 
 
 def _credentials_taken(client: redis.Redis) -> None:
-    """Raises ``AuthenticationError`` where Redis refuses the URL's credentials: the start ends before
+    """Raises ``AuthenticationError`` where Redis refuses the URL's credentials (``NoPermissionError``
+    where it refuses their user PING): the start ends before
     the weights load (they loaded for nothing, and again at each restart under ``dayzero up``: a worker
     whose credentials Redis refuses for DAYZERO_CREDENTIALS_REFUSED_S exits to be started again). A
     Redis down or loading is waited for at the warm-up (``Runtime._load_scripts``), once loaded."""
     try:
         client.ping()
-    except redis.AuthenticationError:  # (a ConnectionError to redis-py)
+    except (redis.AuthenticationError, redis.exceptions.NoPermissionError):  # (a user's ACL without PING too)
         raise
     except redis.RedisError:
         pass
