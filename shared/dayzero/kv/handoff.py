@@ -8,16 +8,16 @@ window ring, compressed entries (CSA and HCA), indexer keys, compressor running 
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from .host_copy import copy_host_blocks
 from .layout import POOL_KINDS
 from .pools import KVPools
-
-Storage = torch.Tensor | np.ndarray
 
 
 class LayoutMismatch(ValueError):
@@ -48,12 +48,25 @@ def import_state(dst: KVPools, src: KVPools, handle: StateHandle, seq_id: str) -
     dst.reserve(seq_id, handle.length)  # (a sequence it holds already keeps its blocks)
     seq = dst.sequences[seq_id]
     seq.length = handle.length
-    same_host = dst.host_bytes is not None and src.host_bytes is not None and dst.dtype == src.dtype
-    dst_storage, src_storage = (dst.host_bytes, src.host_bytes) if same_host else (dst.tensors(), src.tensors())
     counts = dst.layout.blocks_of(handle.length)
-    for kind, dst_t, src_t in zip(POOL_KINDS, dst_storage, src_storage, strict=True):
+    if dst.host_places is not None and src.host_places is not None and dst.dtype == src.dtype:
+        copy_host_blocks(dst.host_places, src.host_places, _plan(counts, seq.tables, handle.blocks))
+        return
+    for kind, dst_t, src_t in zip(POOL_KINDS, dst.tensors(), src.tensors(), strict=True):
         if n := counts[kind]:
             copy_blocks(dst_t, src_t, seq.tables[kind][:n], handle.blocks[kind][:n])
+
+
+def _plan(counts: dict[str, int], dst: dict[str, list[int]], src: dict[str, tuple[int, ...]]) -> np.ndarray:
+    """``copy_host_blocks``' plan: each kind's count, then the blocks of each kind in ``dst``, then
+    those in ``src`` (int64). One list, converted once: struct packs a list of ints in half
+    numpy's time (np.array ~17 ns an id, a 4k demo state has ~300)."""
+    plan = [counts[kind] for kind in POOL_KINDS]
+    for kind in POOL_KINDS:
+        plan += dst[kind][: counts[kind]]
+    for kind in POOL_KINDS:
+        plan += src[kind][: counts[kind]]
+    return np.frombuffer(struct.pack(f"{len(plan)}q", *plan), dtype=np.int64)
 
 
 def _stretch(ids: Sequence[int]) -> bool:
@@ -62,18 +75,13 @@ def _stretch(ids: Sequence[int]) -> bool:
     return ids[-1] - first == n - 1 and (n < 3 or list(ids) == list(range(first, first + n)))
 
 
-def copy_blocks(dst: Storage, src: Storage, dst_ids: Sequence[int], src_ids: Sequence[int]) -> None:
-    """dst[:, dst_ids] = src[:, src_ids] for pool tensors [layers, blocks, ...] (any devices and
-    dtypes) or host pools' bytes: one strided copy when both id lists count up by one (what a
-    fresh allocator hands out), else one gather into a contiguous buffer and one scatter."""
+def copy_blocks(dst: torch.Tensor, src: torch.Tensor, dst_ids: Sequence[int], src_ids: Sequence[int]) -> None:
+    """dst[:, dst_ids] = src[:, src_ids] for pool tensors [layers, blocks, ...] on any devices and of
+    any dtypes: one strided copy when both id lists count up by one, else one gather into a
+    contiguous buffer and one scatter (``host_copy`` is its compiled twin for host pools)."""
     if _stretch(src_ids) and _stretch(dst_ids):
         n, at, start = len(src_ids), dst_ids[0], src_ids[0]
-        if isinstance(dst, np.ndarray):  # (an assignment: np.copyto costs ~1.4 us more a call)
-            dst[:, at : at + n] = src[:, start : start + n]
-        else:
-            dst[:, at : at + n].copy_(src[:, start : start + n])
-    elif isinstance(dst, np.ndarray):
-        dst[:, list(dst_ids)] = src[:, list(src_ids)]
+        dst[:, at : at + n].copy_(src[:, start : start + n])
     else:
         src_idx = torch.tensor(src_ids, dtype=torch.long, device=src.device)
         dst_idx = torch.tensor(dst_ids, dtype=torch.long, device=dst.device)

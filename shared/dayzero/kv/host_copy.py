@@ -1,0 +1,93 @@
+"""Copy a sequence's blocks between two host pools in one compiled call (numba): every kind of
+state, the blocks of each counted off one id list, each stretch of consecutive blocks one memmove
+a layer. Python's per-copy cost (a numpy slice assignment ~1.3 us, five a handoff, or a gather
+and a scatter when the ids do not count up) was most of a small state's handoff.
+
+A host pool's storage is described once, when its pools are built, as ``places``: int64
+[kinds, 5] rows (address, blocks, layers, bytes between layers, bytes of a block in a layer), in
+``POOL_KINDS`` order; the copy moves bytes, so any dtype. The addresses hold while the pools
+keep their tensors (for life: no pool's storage is ever replaced). ``copy_blocks`` (kv.handoff)
+is its torch twin: the same blocks for tensors on any device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import torch
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+PLACE_FIELDS = ("address", "blocks", "layers", "layer_stride", "block_bytes")
+
+
+def places_of(tensors: list[torch.Tensor]) -> np.ndarray:
+    """``places`` of pool tensors [layers, blocks, ...], each contiguous (int64 [len(tensors), 5])."""
+    rows = []
+    for tensor in tensors:
+        if not tensor.is_contiguous() or tensor.device.type != "cpu":
+            raise ValueError(f"a host pool tensor must be contiguous on the CPU, not {tensor.device} {tensor.stride()}")
+        layers, blocks = tensor.shape[:2]
+        block_bytes = math.prod(tensor.shape[2:]) * tensor.element_size()
+        rows.append((tensor.data_ptr(), blocks, layers, blocks * block_bytes, block_bytes))
+    return np.array(rows, dtype=np.int64).reshape(len(rows), len(PLACE_FIELDS))
+
+
+@intrinsic
+def _memmove(typingctx, dst, src, nbytes):  # noqa: ARG001 - numba's signature for an intrinsic
+    """memmove(dst, src, nbytes) on addresses (llvm.memmove: libc's, not a byte loop)."""
+
+    def codegen(context, builder, signature, args):  # noqa: ARG001
+        byte_ptr = ir.IntType(8).as_pointer()
+        dst_ptr, src_ptr = (builder.inttoptr(arg, byte_ptr) for arg in args[:2])
+        cgutils.raw_memmove(builder, dst_ptr, src_ptr, args[2], 1)
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64, types.int64), codegen
+
+
+@numba.njit(cache=True, nogil=True)
+def copy_host_blocks(dst_places, src_places, plan):
+    """For each kind k (a row of both ``places``): its blocks in ``dst`` = its blocks in ``src``,
+    in every layer. ``plan`` (int64): the count of each kind (K of them), then the ids of each
+    kind's blocks in dst, kind after kind, then those in src. All is checked before a byte moves
+    (src's ids come from a message): ids outside their pool raise IndexError, a plan or pools
+    that do not match ValueError."""
+    kinds = min(dst_places.shape[0], src_places.shape[0])
+    if plan.shape[0] < kinds:
+        raise ValueError("a plan shorter than its counts")
+    counts = plan[:kinds]
+    total = counts.sum()
+    if counts.min() < 0 or plan.shape[0] != kinds + 2 * total:
+        raise ValueError("a plan whose ids do not match its counts")
+    dst_ids, src_ids = plan[kinds : kinds + total], plan[kinds + total :]
+    start = 0
+    for kind in range(counts.shape[0]):
+        end = start + counts[kind]
+        dst_blocks, layers, size = dst_places[kind, 1], dst_places[kind, 2], dst_places[kind, 4]
+        src_blocks = src_places[kind, 1]
+        if src_places[kind, 2] != layers or src_places[kind, 4] != size:
+            raise ValueError("the two pools' blocks differ in layers or bytes")
+        for i in range(start, end):
+            if not (0 <= dst_ids[i] < dst_blocks and 0 <= src_ids[i] < src_blocks):
+                raise IndexError("a block id is outside its pool")
+        start = end
+    start = 0
+    for kind in range(counts.shape[0]):
+        end = start + counts[kind]
+        dst_at, _, layers, dst_stride, size = dst_places[kind]
+        src_at, src_stride = src_places[kind, 0], src_places[kind, 3]
+        i = start
+        while i < end:  # a stretch: the pairs after i that count up by one in both lists
+            j = i + 1
+            while j < end and dst_ids[j] == dst_ids[j - 1] + 1 and src_ids[j] == src_ids[j - 1] + 1:
+                j += 1
+            dst_from, src_from = dst_at + dst_ids[i] * size, src_at + src_ids[i] * size
+            for layer in range(layers):
+                _memmove(dst_from + layer * dst_stride, src_from + layer * src_stride, (j - i) * size)
+            i = j
+        start = end
