@@ -47,6 +47,19 @@ def test_reserve_release_and_usage():
     assert pools.usage() == baseline
 
 
+def test_a_reservation_that_fails_at_a_later_pool_gives_back_what_it_took_as_it_was():
+    """All or nothing: "b" gets its window blocks, then finds no compressed block; the window blocks
+    go back to where they were in the free list (the next reservation takes the same ones)."""
+    pools = KVPools.sized(_layout(), max_tokens=64, max_sequences=2, dtype=torch.float32)
+    pools.reserve("a", 120)  # the growing pools' blocks meant for a second sequence too
+    free = {kind: list(allocator._free) for kind, allocator in pools.allocators.items()}  # noqa: SLF001
+    assert free["window"] and not free["compressed_csa"]
+    with pytest.raises(OutOfBlocks) as err:
+        pools.reserve("b", 40)
+    assert not err.value.permanent and "b" not in pools.sequences
+    assert {kind: list(allocator._free) for kind, allocator in pools.allocators.items()} == free  # noqa: SLF001
+
+
 def test_a_reservation_adds_blocks_exactly_when_the_held_ones_run_out():
     """Counted by hand for the tiny layout (a CSA entry every 4 tokens, an HCA entry every 8, 4
     entries a block): 40 tokens hold 3 CSA blocks (room for 12 entries: up to 51 tokens) and 2 HCA

@@ -25,13 +25,13 @@ class BlockAllocator:
         return len(self._free)
 
     def alloc(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise OutOfBlocks(f"need {n} blocks, {len(self._free)} free")
+        free = self._free
+        if n > len(free):
+            raise OutOfBlocks(f"need {n} blocks, {len(free)} free")
         if not n:
             return []
-        taken = self._free[-n:]
-        del self._free[-n:]
-        taken.reverse()
+        taken = free[: -n - 1 : -1]  # the last n, last first
+        del free[-n:]
         return taken
 
     def release(self, blocks: list[int]) -> None:

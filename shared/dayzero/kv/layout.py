@@ -103,11 +103,12 @@ class PoolLayout:
     def longest_held(self, blocks: dict[str, int]) -> int:
         """The longest sequence ``blocks`` (per growing pool) hold: its entries (length // rate)
         must fit in them; the window and compressor pools hold any length."""
-        size, csa, hca = self.block_size, self.csa_rate, self.hca_rate  # (every import measures its sequence)
-        limits = [(blocks[p] * size + 1) * csa - 1 for p in ("compressed_csa", "index_keys")] if self.csa_layers else []
+        held, size = 1 << 62, self.block_size  # (every import measures its sequence: no list, no min of one)
+        if self.csa_layers:
+            held = (min(blocks["compressed_csa"], blocks["index_keys"]) * size + 1) * self.csa_rate - 1
         if self.hca_layers:
-            limits.append((blocks["compressed_hca"] * size + 1) * hca - 1)
-        return min(limits, default=1 << 62)
+            held = min(held, (blocks["compressed_hca"] * size + 1) * self.hca_rate - 1)
+        return held
 
     def row_bytes(self, pool: str, elem: int) -> int:
         """Bytes of one block-row (all layers) in a pool, or of one compressor slot."""

@@ -178,19 +178,26 @@ class KVPools:
         seq = self.sequences.get(seq_id)
         if seq is not None and total_tokens <= seq.room:
             return {}  # (most decode steps)
-        need = self._missing(seq, total_tokens)
-        if not self._free_for(need):
-            raise OutOfBlocks(f"no free blocks for {total_tokens} tokens now")
-        added = {kind: self.allocators[kind].alloc(n) for kind, n in need.items()}
-        if seq is None:
-            seq = self.sequences[seq_id] = SequenceBlocks()
-        for kind, blocks in added.items():
-            seq.tables[kind].extend(blocks)
+        need, allocators, added = self._missing(seq, total_tokens), self.allocators, {}
+        try:  # (all or nothing: what was taken goes back as it was; no count of the free blocks first)
+            for kind, n in need.items():
+                added[kind] = allocators[kind].alloc(n)
+        except OutOfBlocks:
+            for kind, blocks in added.items():
+                allocators[kind].release(blocks)
+            raise OutOfBlocks(f"no free blocks for {total_tokens} tokens now") from None
+        if seq is None:  # (its tables copies of the blocks added: those are the caller's)
+            tables = {kind: [*blocks] for kind, blocks in added.items()}
+            seq = self.sequences[seq_id] = SequenceBlocks(tables=tables)
+        else:
+            for kind, blocks in added.items():
+                seq.tables[kind] += blocks
         self._measure(seq)
         return added
 
     def _measure(self, seq: SequenceBlocks) -> None:
-        seq.room = self.layout.longest_held({kind: len(table) for kind, table in seq.tables.items()})
+        tables = seq.tables
+        seq.room = self.layout.longest_held({pool: len(tables[pool]) for pool in GROWING_POOLS})
 
     def commit(self, seq_id: str, n: int) -> None:
         """The step's first ``n`` tokens of ``seq_id`` are kept: its length grows by ``n``."""
