@@ -138,6 +138,31 @@ def test_a_closed_receiver_has_unmapped_every_segment(tiny_checkpoint, store):
         segment.unlink()
 
 
+def test_a_receiver_takes_a_state_from_its_host_renamed_since_it_started(tiny_checkpoint, store):
+    """The receiver reads its host's name once; a state published under a new name (the host
+    renamed) is its own host's still, not refused as another host's."""
+    model = load_model(tiny_checkpoint, progress=False)
+    layout = PoolLayout.of(model.cfg, 16, "float32")
+    src, segment = SharedPools.create(
+        layout, KVPools.sized(layout, 32, 1, torch.float32, device="meta").blocks, torch.float32
+    )
+    try:
+        prefill(model, src, ["s"], [random_ids(9, model.cfg.vocab_size, seed=3)])
+        receiver = Receiver(store)
+        receiver.host = "its-name-before"
+        dst = pools_for(model.cfg, torch.float32, 32)
+        receiver.receive(publish(src, "s", "req-renamed", "shm", store, ttl_s=30), dst, "d")
+        assert dst.length("d") == 9
+        elsewhere = publish(src, "s", "req-elsewhere", "shm", store, ttl_s=30).model_copy(update={"host": "other"})
+        with pytest.raises(LookupError, match="lives on host other"):
+            receiver.receive(elsewhere, dst, "e")
+        receiver.close()
+        del src
+    finally:
+        segment.close()
+        segment.unlink()
+
+
 def _decode_elsewhere(checkpoint, ref, redis_url, follow, out) -> None:
     """In a fresh process (CUDA IPC handles cannot be opened by their exporter): receive, decode."""
     model = load_model(checkpoint, device="cuda", progress=False)

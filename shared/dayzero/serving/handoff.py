@@ -107,6 +107,7 @@ class Receiver:
 
     def __init__(self, store: Lifecycle) -> None:
         self.store = store
+        self.host = socket.gethostname()  # (a system call: read again only when a state's host differs)
         self._attached: dict[str, KVPools] = {}
         self._segments: dict[str, shared_memory.SharedMemory] = {}  # keep the shm mappings open
 
@@ -119,7 +120,7 @@ class Receiver:
                 raise LookupError(f"handoff state {ref.location} expired")
             src, handle = unpack_state(data, dst)
         else:
-            if ref.host != socket.gethostname():
+            if ref.host != self.host and ref.host != self._host_now():
                 raise LookupError(f"{ref.transport} state lives on host {ref.host}; use handoff=redis across hosts")
             if ref.location not in self._attached:
                 self._detach_swept()
@@ -129,6 +130,11 @@ class Receiver:
         import_state(dst, src, handle, seq_id)
         if ref.transport == "cuda_ipc":
             torch.cuda.synchronize(dst.device)  # prefill may reuse the blocks once the handoff is taken
+
+    def _host_now(self) -> str:
+        """This host's name, read again (it may have been renamed since)."""
+        self.host = socket.gethostname()
+        return self.host
 
     def _attach(self, ref: StateRef, dst: KVPools) -> KVPools:
         if ref.transport == "cuda_ipc":
