@@ -4,6 +4,7 @@ new memory."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -104,3 +105,23 @@ def test_a_decode_step_rotates_by_no_complex_view(tiny_checkpoint):
     with ops:
         decode(model, pools, ["a", "b"], logits.argmax(-1).tolist())
     assert ops.names and "aten.view_as_complex.default" not in ops.names
+
+
+def test_the_window_metadata_of_a_decode_step_is_built_on_the_host():
+    """``DecodeWindow.build`` (once a step) took ~27 small torch ops (aranges, remainders, cats, the
+    mask's comparisons, the ring slots' gathers): numpy on the host, only its results' wrapping
+    (``lift_fresh``) dispatched; each layer writes its window rows with one ``index_copy_`` into the
+    pool's rows, not an ``index_put_`` by block and row. What they compute: test_kernels' decode
+    attention and window write against the spec."""
+    from dayzero.kernels import DecodeWindow, RaggedBatch, write_window
+
+    batch = RaggedBatch.build([0, 5, 37, 8], [1, 1, 1, 1])
+    table = np.arange(8, dtype=np.int32).reshape(4, 2)
+    built = OpNames()
+    with built:
+        ring = DecodeWindow.build(batch, table, 4, 8)
+    assert set(built.names) == {"aten.lift_fresh.default"}
+    kv, window, written = torch.ones(4, 16), torch.zeros(8, 4, 16), OpNames()
+    with written:
+        write_window(kv, batch, window, torch.from_numpy(table), at=ring.write_at)
+    assert "aten.index_copy_.default" in written.names and "aten.index_put_.default" not in written.names

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from .batch import RaggedBatch
-from .kv_write import ring_slots
+from .batch import RaggedBatch, from_host
+from .kv_write import ring_rows
 
 QUERY_BLOCK = 256  # query rows the torch spec attends together, at most
 BLOCK_LOGITS = 1 << 18  # fp32 logits [rows, heads, keys] a block aims at (1 MiB: 2x faster per row at 32k)
@@ -140,30 +141,38 @@ class DecodeWindow:
     sequence with fewer is padded with the rows after its own, hidden) and seq [T] long each row's
     sequence, both None when every sequence has one row; hidden [T, C + W] bool, true where a ring
     slot (positions before the step) or a step row is outside the row's window or after it;
-    ``write_at`` (block, row) [T] long, where each row goes in the ring (``kv_write.ring_slots``)."""
+    ``write_at`` [T] long, where each row goes in the ring (``kv_write.ring_rows``)."""
 
     blocks: torch.Tensor
     rows: torch.Tensor | None
     seq: torch.Tensor | None
     hidden: torch.Tensor
-    write_at: tuple[torch.Tensor, torch.Tensor]
+    write_at: torch.Tensor
 
     @staticmethod
-    def build(batch: RaggedBatch, window_table: torch.Tensor, block_size: int, window_size: int) -> DecodeWindow:
+    def build(batch: RaggedBatch, window_table: np.ndarray, block_size: int, window_size: int) -> DecodeWindow:
+        """From the batch's host values and the host block table [B, wb]: numpy, not torch (the ~27
+        small torch ops it took were ~5% of a demo decode step; integers and masks, so the same)."""
         width, capacity = max(batch.news), window_table.shape[1] * block_size
         if width > min(FEW_ROWS, capacity):
             raise ValueError(f"{width} new tokens in a sequence: the all-rows path takes {FEW_ROWS} at most")
-        start = batch.start.long()[:, None]  # [B, 1]
-        step = torch.arange(width, device=start.device)
-        key_pos = torch.cat((_ring_positions(start, capacity, start.device), start + step), dim=1)  # [B, C + W]
-        rows = seq = None
+        start, step = np.asarray(batch.starts, dtype=np.int64)[:, None], np.arange(width)  # [B, 1], [W]
+        ring = start - 1 - np.remainder(start - 1 - np.arange(capacity), capacity)  # as _ring_positions
+        key_pos = np.concatenate((ring, start + step), axis=1)  # [B, C + W]
+        seq, positions = batch.host_rows()  # [T]
+        rows = seq_of = None
+        device = batch.positions.device
         if width > 1:
-            seq = batch.seq_of_token.long()
-            rows = (batch.row0.long()[:, None] + step).clamp(max=seq.shape[0] - 1)
+            seq_of = from_host(seq, device)
+            row0 = np.asarray(batch.row0s, dtype=np.int64)[:, None]
+            rows = from_host(np.minimum(row0 + step, seq.shape[0] - 1), device)
             key_pos = key_pos[seq]  # [T, C + W]
-        delta = batch.positions.long()[:, None] - key_pos  # a padding row's position is past every row's
+        delta = positions[:, None] - key_pos  # a padding row's position is past every row's
         hidden = (key_pos < 0) | (delta < 0) | (delta >= window_size)
-        return DecodeWindow(window_table.long(), rows, seq, hidden, ring_slots(batch, window_table, block_size))
+        blocks = window_table.astype(np.int64)
+        return DecodeWindow(
+            from_host(blocks, device), rows, seq_of, from_host(hidden, device), ring_rows(batch, blocks, block_size)
+        )
 
 
 def sparse_decode_torch(
@@ -181,7 +190,7 @@ def sparse_decode_torch(
     once (the CPU path of decode and of a speculative verify: no loop over sequences). Tested equal
     to the spec."""
     t, _, dim = q.shape
-    ring = ring or DecodeWindow.build(batch, window_table, window.shape[1], window_size)
+    ring = ring or DecodeWindow.build(batch, window_table.cpu().numpy(), window.shape[1], window_size)
     step_kv = kv[:, None] if ring.rows is None else kv[ring.rows]  # [B, W, D]
     values = torch.cat((window[ring.blocks].flatten(1, 2), step_kv), dim=1)  # [B, C + W, D], the cache's type
     hidden = ring.hidden

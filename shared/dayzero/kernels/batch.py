@@ -69,5 +69,13 @@ class RaggedBatch:
     def num_seqs(self) -> int:
         return len(self.news)
 
+    def host_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each packed row's sequence and position [T] int64 on the host (``seq_of_token`` and
+        ``positions``' values, from ``starts`` / ``row0s`` / ``news``: no read of a tensor)."""
+        news = np.asarray(self.news)
+        seq = np.repeat(np.arange(len(news)), news)
+        firsts = np.asarray(self.starts, dtype=np.int64) - np.asarray(self.row0s, dtype=np.int64)  # position - row
+        return seq, firsts[seq] + np.arange(seq.shape[0])
+
     def rows(self, s: int) -> slice:
         return slice(self.row0s[s], self.row0s[s] + self.news[s])

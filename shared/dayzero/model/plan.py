@@ -116,10 +116,14 @@ class StepPlan:
         return [r + n - 1 for r, n in zip(self.batch.row0s, self.batch.news, strict=True)]
 
 
-def _table(blocks: list[list[int]], device: torch.device, width: int = 0) -> torch.Tensor:
+def _host_table(blocks: list[list[int]], width: int = 0) -> np.ndarray:
     """Block lists -> [B, max(width, longest)] int32, zero-padded."""
     width = max(1, width, max(map(len, blocks)))
-    return from_host(np.array([ids + [0] * (width - len(ids)) for ids in blocks], dtype=np.int32), device)
+    return np.array([ids + [0] * (width - len(ids)) for ids in blocks], dtype=np.int32)
+
+
+def _table(blocks: list[list[int]], device: torch.device, width: int = 0) -> torch.Tensor:
+    return from_host(_host_table(blocks, width), device)
 
 
 def _columns(
@@ -211,13 +215,14 @@ def plan_step(
     main = _freqs(cfg.rope_main, cfg.rope_head_dim, device)
     compress = _freqs(cfg.rope_compress, cfg.rope_head_dim, device)
     slots = tuple(s.tables["compressor"][0] if s.tables["compressor"] else 0 for s in seqs)
-    window_table = _table([s.tables["window"] for s in seqs], device)
+    window_blocks = _host_table([s.tables["window"] for s in seqs])
+    window_table = from_host(window_blocks, device)
     attend, ring = sparse_attention_prefill, None
     rates = {r for r in cfg.compress_rates.values() if r}
     widest, bs = max(batch.news), layout.block_size
     if options.backend == "torch" and widest <= min(FEW_ROWS, window_table.shape[1] * bs):
         # decode or a speculative verify: the window's gathers, masks and write slots serve every layer
-        ring = DecodeWindow.build(batch, window_table, bs, cfg.sliding_window)
+        ring = DecodeWindow.build(batch, window_blocks, bs, cfg.sliding_window)
     if ring is not None or widest == 1:
         attend = partial(sparse_attention_decode, ring=ring)
     if bucket is None:
