@@ -4,6 +4,8 @@ new memory."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -143,3 +145,21 @@ def test_a_cpu_moe_groups_its_pairs_on_the_host(experts):
     assert set(ops.names) == {"aten.lift_fresh.default"}
     assert torch.equal(order, ids.flatten().argsort(stable=True))
     assert torch.equal(counts, torch.bincount(ids.flatten(), minlength=8))
+
+
+def test_a_decode_step_buffers_fp32_compressor_rows_without_a_cast():
+    """Each compressor buffers the step's kv and gate rows: ``float()`` of the fp32 rows was an aten
+    op each (``to``, 10 a demo decode step) for nothing; bf16 rows are still cast (the buffer is fp32)."""
+    from dayzero.model.compressor import CompressorSlots, _decode_windows
+
+    compressor = SimpleNamespace(ape=torch.zeros(4, 8))
+    slots, rows = torch.tensor([2, 0]), torch.tensor([1, 3])
+    for dtype in (torch.float32, torch.bfloat16):
+        state = CompressorSlots(torch.zeros(3, 4, 8), torch.zeros(3, 4, 8))
+        kv, gate, ops = torch.ones(2, 8, dtype=dtype), torch.full((2, 8), 2.0, dtype=dtype), OpNames()
+        with torch.inference_mode(), ops:  # as a step runs (outside it torch skips a same-type cast unseen)
+            assert _decode_windows(compressor, state, kv, gate, slots, rows, None) is None
+        if dtype == torch.float32:
+            assert ops.names == ["aten.index_put_.default"] * 2
+        assert torch.equal(state.kv[2, 1], torch.ones(8)) and torch.equal(state.gate[0, 3], torch.full((8,), 2.0))
+        assert state.kv.count_nonzero() == 16 and state.gate.count_nonzero() == 16

@@ -71,6 +71,12 @@ def _pool_overlap(
 Windows = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # kv, gate, their sequences and entries
 
 
+def _fp32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in fp32, the buffer's type: ``float()`` of an fp32 tensor is still an aten op (``to``),
+    two a compressor a decode step, 10 of a demo step's."""
+    return x if x.dtype == torch.float32 else x.float()
+
+
 def _decode_windows(
     w: Compressor,
     state: CompressorSlots,
@@ -84,7 +90,7 @@ def _decode_windows(
     window, position % rate), all at once: buffer each row -> the kv, gate of the windows the
     ``closing`` tokens complete."""
     width = w.ape.shape[1]
-    state.kv[slots, rows], state.gate[slots, rows] = kv.float(), gate.float()
+    state.kv[slots, rows], state.gate[slots, rows] = _fp32(kv), _fp32(gate)
     if closing is None:
         return None
     windows_kv, windows_gate = state.kv[closing.slots], state.gate[closing.slots] + w.ape
