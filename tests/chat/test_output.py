@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from dayzero.chat.auto_grammar import auto_calls_grammar
+from dayzero.chat.grammar import dsml_symbol
 from dayzero.chat.output import AssistantStream, parse_message
+from dayzero.chat.tokens import DSML, END_THINK, THINK
 
 CALL = '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>'
 
@@ -33,3 +36,33 @@ def test_the_answer_drops_the_thoughts_marks_whole_or_streamed(thinking, text, r
 def test_a_call_after_a_dropped_mark_is_still_a_call():
     reply = parse_message("Sure.</think>" + CALL, thinking=False, stopped=True)
     assert reply.content == "Sure." and [c.name for c in reply.calls] == ["f"]
+
+
+WEATHER = {
+    "type": "function",
+    "function": {"name": "weather", "strict": True, "parameters": {"type": "object", "properties": {"days": {}}}},
+}
+TAGS = ("tool_calls>\n<", 'invoke name="weather">\n<', 'parameter name="days" string="true">soon</', "parameter>\n</")
+
+
+@pytest.mark.parametrize("thinking", [True, False], ids=["token_after_the_thought", "spelled_in_chat_mode"])
+def test_text_joined_across_a_dropped_mark_is_no_call_and_spells_no_marker(codec, thinking):
+    """The strict-auto grammar lets free text hold a thought's mark (after the thought its token, in
+    chat mode its text in pieces): ``<｜DS</think>ML｜tool_calls>`` was read as a block once the mark
+    was dropped, a strict tool's call the grammar never held (days "soon")."""
+    mark = [codec.token_id(END_THINK)] if thinking else codec.encode("<")[1:] + codec.encode("/think>")[1:]
+    ids = codec.encode("plan")[1:] + mark if thinking else []
+    for text in ("ok <", *TAGS, "invoke>\n</", "tool_calls>"):
+        ids += codec.encode(text)[1:] + (codec.encode(DSML[:3])[1:] + mark + codec.encode(DSML[3:])[1:]) * (
+            text != "tool_calls>"
+        )
+    kept = tuple(f"<[{codec.token_id(t)}]>" for t in (THINK, END_THINK)) if thinking else ()
+    matcher = codec.grammars.matcher(auto_calls_grammar([WEATHER], dsml_symbol(codec.token_id(DSML), DSML), kept))
+    assert matcher.try_consume_tokens(ids) == len(ids), "the grammar takes it: a reply may write it"
+    text = codec.decode_all(ids)
+    content = "ok <" + "".join((*TAGS, "invoke>\n</", "tool_calls>"))
+    whole = parse_message(text, thinking, stopped=True)
+    assert (whole.calls, whole.content) == ([], content), whole
+    stream = AssistantStream(thinking)
+    parts = [stream.feed(c) for c in text] + [stream.finish(stopped=True)]
+    assert [c for p in parts for c in p.calls] == [] and "".join(p.content for p in parts) == content

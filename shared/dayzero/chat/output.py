@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from .dsml import Parsed, ToolCall, ToolCallStream, held_suffix
 from .reasoning import ReasoningSplitter
-from .tokens import END_THINK, THINK
+from .tokens import DSML, END_THINK, THINK
 
 _THOUGHT_MARKS = (THINK, END_THINK)
 
@@ -36,44 +36,47 @@ class AssistantStream:
 
     The answer never holds ``<think>`` or ``</think>`` (a model in chat mode may write them, or write
     them again after its thought): DeepSeek's decoder refuses such a reply ("Unexpected special token
-    in content"); they are dropped, as a stray DSML tag is, and the text around them kept."""
+    in content"); they are dropped from the content, as a stray DSML tag is, and the text around them
+    kept. Calls are read first, from the text as written: text joined across a dropped mark is never
+    read as DSML (``<｜DS</think>ML｜`` is text, as the auto grammar, which lets free text hold the
+    mark, saw it; it was read as a block, a strict tool's call off its schema), and the marker it
+    spells is dropped too."""
 
     def __init__(self, thinking: bool, tools: bool = True, calls_only: bool = False) -> None:
         self._reasoning = ReasoningSplitter(thinking)
         self._calls = ToolCallStream(calls_only) if tools else None
-        self._held = ""  # the answer's end that may grow into a thought's mark
+        # what the content never holds: the thought's marks; with tools, the DSML marker that text
+        # joined across a dropped mark may spell (the content the calls left holds none)
+        self._dropped = _THOUGHT_MARKS + ((DSML,) if tools else ())
+        self._held = ""  # the content's end that may grow into one of them
 
     def feed(self, text: str) -> Delta:
         reasoning, answer = self._reasoning.feed(text)
-        return _delta(reasoning, self._parsed(self._unmarked(answer)))
+        parsed = self._calls.feed(answer) if self._calls else Parsed(answer)
+        return _delta(reasoning, parsed, self._unmarked(parsed.content))
 
     def finish(self, stopped: bool = False) -> Delta:
         """``stopped``: the model ended its reply (a call it left open ends too), not a limit."""
-        reasoning, held = self._reasoning.finish(), self._held
+        reasoning = self._reasoning.finish()
+        parsed = self._calls.finish(stopped) if self._calls else Parsed()
+        content = self._unmarked(parsed.content) + self._held  # (an end that never became a mark is text)
         self._held = ""
-        if not self._calls:
-            return _delta(reasoning, Parsed(held))
-        return _delta(reasoning, _joined(self._calls.feed(held), self._calls.finish(stopped)))
+        return _delta(reasoning, parsed, content)
 
-    def _unmarked(self, answer: str) -> str:
-        """``answer`` without the thought's marks, in whatever pieces they come."""
-        text = self._held + answer
-        for mark in _THOUGHT_MARKS:
-            text = text.replace(mark, "")
-        hold = held_suffix(text, _THOUGHT_MARKS)
+    def _unmarked(self, content: str) -> str:
+        """``content`` without the thought's marks (nor a marker they split), in whatever pieces they come."""
+        text = self._held + content
+        while any(mark in text for mark in self._dropped):  # (each removal may join another)
+            for mark in self._dropped:
+                text = text.replace(mark, "")
+        if hold := held_suffix(text, self._dropped):  # (and a marker's start that a mark's would join)
+            hold += held_suffix(text[: len(text) - hold], self._dropped[2:])
         self._held = text[len(text) - hold :]
         return text[: len(text) - hold]
 
-    def _parsed(self, answer: str) -> Parsed:
-        return self._calls.feed(answer) if self._calls else Parsed(answer)
 
-
-def _joined(first: Parsed, then: Parsed) -> Parsed:
-    return Parsed(first.content + then.content, first.calls + then.calls, first.started + then.started)
-
-
-def _delta(reasoning: str, parsed: Parsed) -> Delta:
-    return Delta(reasoning, parsed.content, parsed.started, parsed.calls)
+def _delta(reasoning: str, parsed: Parsed, content: str) -> Delta:
+    return Delta(reasoning, content, parsed.started, parsed.calls)
 
 
 def parse_message(
