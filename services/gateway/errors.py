@@ -91,7 +91,9 @@ def install(app: FastAPI) -> None:
             return error_response(400, message, "invalid_request_error")
         param = ".".join(str(p) for p in first.get("loc", ()) if _field_part(p)) or None
         why = validation_message(first)
-        return error_response(400, f"{param}: {why}" if param else why, "invalid_request_error", param, _code(first))
+        if param is None:  # the body's own (none, or not an object): no parameter to code
+            return error_response(400, why, "invalid_request_error")
+        return error_response(400, f"{param}: {why}", "invalid_request_error", param, _code(first))
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:

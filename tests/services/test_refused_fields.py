@@ -93,3 +93,12 @@ def test_an_invalid_field_is_coded_as_openai_codes_it(gateway, body, param, code
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert (error["param"], error["code"], error["type"]) == (param, code, "invalid_request_error"), error
+
+
+@pytest.mark.parametrize("body", [b"", b"null", b"[]"], ids=["empty", "null", "list"])
+def test_a_body_that_is_no_object_names_no_parameter_in_its_code(gateway, body):
+    """The body's own error, no field's (param null): its code was missing_required_parameter (an
+    empty body: "Field required") or invalid_type, the code of a parameter that no field names."""
+    r = gateway.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == (None, None), r.text
