@@ -6,6 +6,7 @@ from __future__ import annotations
 from starlette.concurrency import run_in_threadpool
 
 from dayzero.chat.auto_grammar import auto_calls_grammar
+from dayzero.chat.call_parameters import value_definitions
 from dayzero.chat.dsml import to_json
 from dayzero.chat.encoding import ChatOptions
 from dayzero.chat.grammar import (
@@ -14,7 +15,6 @@ from dayzero.chat.grammar import (
     grammar_problem,
     json_grammar,
     tool_calls_grammar,
-    value_definitions,
 )
 from dayzero.chat.schema_literals import spelled_token
 from dayzero.chat.schema_size import more_nodes_than, size_problem

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
 
 from dayzero.chat.auto_grammar import strict_tools
-from dayzero.chat.grammar import parameters_problem
+from dayzero.chat.call_parameters import parameters_problem
 from dayzero.chat.schema_size import MOST_TOOLS
 from dayzero.settings_help import validation_message
 

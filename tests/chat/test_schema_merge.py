@@ -156,7 +156,7 @@ def test_a_forced_tools_value_rule_carries_only_the_definitions_it_needs():
     """Each value's rule is a JSON schema of its own with its copy of the definitions: every one in
     each made a tool of 1,000 properties and 1,000 defined ones a 37 MB grammar (~0.9 GB, seconds
     of the gateway's compile before llguidance refused it); the size check counts each copy."""
-    from dayzero.chat.grammar import value_definitions
+    from dayzero.chat.call_parameters import value_definitions
 
     defs = {"a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}}, "b": {"type": "integer"}}
     parameters = {"type": "object", "properties": {}, "$defs": defs | {"c": _object(40)}}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from .grammar import refs_of, value_definitions
+from .call_parameters import refs_of, value_definitions
 from .schema_bounds import subschemas
 from .schema_size import written_literals
 
