@@ -132,7 +132,7 @@ def password_of(url: str) -> str | None:
 
 
 class SentinelRefused(redis.AuthenticationError):
-    """No sentinel named the master, and every one that answers refuses the URL's ``sentinel_password``
+    """No sentinel named the master, and every one the URL names refuses its ``sentinel_password``
     (a wrong one, none given to one that asks, a sentinel restarted with another ``requirepass``):
     credentials refused, which no wait mends and each caller says as it says a master's refusal (``up``
     at once; a worker exits past DAYZERO_CREDENTIALS_REFUSED_S; ``/ready``'s reason). redis-py's
@@ -140,9 +140,10 @@ class SentinelRefused(redis.AuthenticationError):
 
 
 def _refused_by_sentinels(sentinels: list[dict[str, Any]]) -> str | None:
-    """Which sentinel refuses its client's credentials, in one line, when every one that answers does;
-    None when one takes them or none answers. ``sentinels``: each one's connection keywords (redis-py's
-    sentinel clients'), each asked once (a connection of its own: no retry, no pool)."""
+    """Which sentinel refuses its client's credentials, in one line, when every one does; None when one
+    takes them or does not answer (it may take them: a worker cut from all but a misconfigured one exited,
+    past DAYZERO_CREDENTIALS_REFUSED_S, in an outage). ``sentinels``: each one's connection keywords
+    (redis-py's sentinel clients'), each asked once (a connection of its own: no retry, no pool)."""
     refused = None
     for kwargs in sentinels:
         asked = {name: kwargs.get(name) for name in ("host", "port", "username", "password")}
@@ -157,7 +158,7 @@ def _refused_by_sentinels(sentinels: list[dict[str, Any]]) -> str | None:
             what = "sentinel_password" if asked["password"] is not None else "a client without sentinel_password"
             refused = refused or f"sentinel {asked['host']}:{asked['port']} refuses {what} ({refusal})"
         except redis.RedisError:
-            continue  # (unreachable: no answer either way)
+            return None  # (unreachable: an outage, waited for)
         finally:
             connection.disconnect()
     return refused
@@ -178,7 +179,7 @@ def _refusal_among(exc: redis.ConnectionError) -> bool:
 
 class RefusalSaidSentinelConnection(SentinelManagedConnection):
     """A connection to the master its sentinels name, which fails with ``SentinelRefused`` where they
-    named none because every one that answers refuses the URL's sentinel credentials."""
+    named none because every one refuses the URL's sentinel credentials."""
 
     def connect(self) -> None:
         try:

@@ -14,7 +14,7 @@ import pytest
 import redis
 from kombu.exceptions import OperationalError
 
-from dayzero.procs import consecutive_ports, redis_binary, spawn, start_redis
+from dayzero.procs import consecutive_ports, free_port, redis_binary, spawn, start_redis
 from dayzero.redis_clients import SentinelRefused, async_client, sync_client
 from dayzero.serving.queue import make_celery
 from dayzero.settings import Settings
@@ -134,3 +134,19 @@ def test_a_sentinel_restarted_with_another_password_is_refused_credentials_not_a
         client.close()
         consumer.release()
         group.stop()
+
+
+def test_a_refusing_sentinel_beside_an_unreachable_one_is_an_outage_not_a_refusal(sentinel):
+    """The URL's other sentinel unreachable (a partition, its restart) may well take the URL's
+    ``sentinel_password``; the answering one's refusal alone was said as the credentials refused: a
+    worker cut from its sentinels but the one misconfigured exited after DAYZERO_CREDENTIALS_REFUSED_S
+    (its weights loaded again) in an outage that the network's return mends."""
+    unreachable = free_port()
+    url = f"redis+sentinel://127.0.0.1:{unreachable},127.0.0.1:{sentinel.port}/dz/0?sentinel_password=other"
+    client = sync_client(url, socket_timeout=2)
+    try:
+        with pytest.raises(redis.ConnectionError) as lost:
+            client.ping()
+        assert not isinstance(lost.value, redis.AuthenticationError), lost.value
+    finally:
+        client.close()
