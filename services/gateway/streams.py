@@ -19,13 +19,12 @@ has taken half of them: the rest wait in Redis, not in this gateway's memory. A 
 (its ``done`` mark) with a stream its end could not be written to (``Settled``'s UNCLOSED) is ended
 for its readers with the end SETTLE kept beside the mark (``unclosed``: its code, its usage), once
 their stream has been quiet for a block: the reader looks at most once a block, one MGET of the
-quiet streams' marks."""
+quiet streams' marks (unclosed.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -36,24 +35,15 @@ import redis.asyncio as aioredis
 from dayzero.redis_clients import async_client
 from dayzero.serving.broker import AsyncUnblockedIsLostParser
 from dayzero.serving.keys import key
-from dayzero.serving.records import Token, decode, ending
+from dayzero.serving.records import Token, decode
 
 from .restarts import RedisRestarted, not_held, run_id
 from .subscription import BACKLOG, Closed, Subscription, entry_order
+from .unclosed import unclosed_ends
 
 log = logging.getLogger("dayzero.gateway")
 READ_MARGIN_S = 10.0  # a blocked read unanswered this long after its block ends: Redis is lost (the commands' bound)
 POLL_S = 0.1  # a subscription whose wake-up Redis refused is read this often till the hub's read takes it in
-
-
-def _kept_end(request_id: str, index: int, reason: str, kept: dict | Exception) -> Token:
-    """The end at ``index`` of a request that ended ``reason`` without its stream's end: the one its
-    stage asked for, kept (``unclosed``); else (none given, or unreadable) one the reason alone names."""
-    if kept and not isinstance(kept, Exception):
-        with contextlib.suppress(KeyError, ValueError):  # (not an end's fields: the reason alone)
-            return dataclasses.replace(decode(request_id, kept), index=index)
-    message = "generation failed (how could not be recorded)" if reason == "error" else ""
-    return ending(request_id, index, reason, message)
 
 
 class StreamHub:
@@ -221,37 +211,12 @@ class StreamHub:
         quiet = [sub for sub in self.subs if sub.last == sub.looked and not sub.held]
         for sub in self.subs:
             sub.looked = sub.last
-        for sub, end in await self._unclosed_ends(quiet) if quiet else ():
+        for sub, end in await unclosed_ends(self.r, quiet) if quiet else ():
             log.error(
                 "request %s ended %s without its stream's end: its reader is ended", sub.request_id, end.finish_reason
             )
             sub.queue.put_nowait(end)
             self.subs.discard(sub)
-
-    async def _unclosed_ends(self, quiet: list[Subscription]) -> list[tuple[Subscription, Token]]:
-        """Of ``quiet``, those whose request ended (one MGET of their ``done`` marks) while their
-        stream has no end, nor an entry they have not read (SETTLE writes both at once and nothing
-        is appended after it: the stream stays so), each with the end SETTLE kept for it (its error's
-        code, its usage: as the stream's end would have been), or else the one the mark names; at its
-        stream's next index, no token, as SETTLE's own end. Only the ended cost a second round trip."""
-        marks = await self.r.mget([key("done", sub.request_id) for sub in quiet])
-        ended = [(sub, mark.decode()) for sub, mark in zip(quiet, marks, strict=True) if mark]
-        if not ended:
-            return []
-        pipe = self.r.pipeline(transaction=False)
-        for sub, _ in ended:
-            pipe.xrevrange(key("tokens", sub.request_id), count=1)
-            pipe.hgetall(key("unclosed", sub.request_id))
-        answers = await pipe.execute(raise_on_error=False)
-        ends = []
-        for (sub, reason), last, kept in zip(ended, answers[::2], answers[1::2], strict=True):
-            if isinstance(last, Exception):  # no stream: the read refuses it too, and ends it
-                continue
-            order = entry_order(last[0][0].decode()) if last else (0, 0)  # (an entry's: its index + 1)
-            if last and (b"f" in last[0][1] or order > entry_order(sub.last)):
-                continue  # its end is there, or entries it has yet to read: the read delivers them
-            ends.append((sub, _kept_end(sub.request_id, order[0], reason, kept)))
-        return ends
 
     async def _read_once(self) -> None:
         wanted: dict[str, str] = {}
