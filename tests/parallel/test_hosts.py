@@ -129,7 +129,8 @@ def _finish(procs: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
 def meeting(node: int, port: int, rdzv: str = "static") -> list[str]:
     """torchrun's options for where ``node`` of 2 meets the other: static rendezvous
     (--master-addr/--master-port, --node-rank) or c10d (--rdzv-endpoint; node 0 hosts the store:
-    is_host, since a veth address is not its hostname's)."""
+    is_host, since a veth address is not its hostname's; c10d's rank 0 is the host whose --local-addr
+    sorts first: ADDRESSES[0], rank 0 here, with Redis)."""
     if rdzv == "static":
         return ["--master-addr", ADDRESSES[0], "--master-port", str(port), "--node-rank", str(node)]
     meet = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{ADDRESSES[0]}:{port}", "--rdzv-id", "dayzero"]

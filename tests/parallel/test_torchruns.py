@@ -1,7 +1,7 @@
-"""Two hosts' torchruns (static rendezvous, both on this machine's loopback), each running one rank
-that all-reduces until its group fails: what each host sees when rank 0 dies alone, and when the
-torchrun on rank 0's host is started again alone (a rebooted host, a restarted pod); and how host
-1's torchrun ends when host 0's is stopped.
+"""Two hosts' torchruns (static rendezvous unless c10d is named, both on this machine's loopback),
+each running one rank that all-reduces until its group fails: what each host sees when rank 0 dies
+alone, and when the torchrun on rank 0's host is started again alone (a rebooted host, a restarted
+pod); how host 1's torchrun ends when host 0's is stopped; and which host c10d makes rank 0.
 
 Every process is real (torchrun's agents, gloo ranks); every test stops every process it started.
 """
@@ -53,6 +53,13 @@ while True:  # rank 0's SIGTERM ends every rank at the next sum, as dayzero's st
         sys.exit(0)
     time.sleep(0.1)
 """
+NUMBERED = """
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print(f"rank {dist.get_rank()}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
 ROOT = Path(__file__).resolve().parents[2]
 RUN_S = 120  # a torchrun that has not done what it was waited for by then will not
 GONE = "the rendezvous store at 127.0.0.1:{port} does not answer either"
@@ -61,10 +68,13 @@ GONE = "the rendezvous store at 127.0.0.1:{port} does not answer either"
 class Torchruns:
     """Host ``node``'s torchrun, started (again) on demand; each host's output appended to its log.
     ``rdzv``: static (--master-addr/--master-port, --node-rank) or c10d (host 0 serves its store:
-    is_host, as both hosts' addresses are this machine's)."""
+    is_host, as both hosts' addresses are this machine's; ``local_addrs``: each host's --local-addr)."""
 
-    def __init__(self, tmp_path: Path, rdzv: str = "static", rank: str = RANK, env: dict | None = None) -> None:
+    def __init__(
+        self, tmp_path: Path, rdzv: str = "static", rank: str = RANK, env: dict | None = None, local_addrs=()
+    ) -> None:
         self.port, self.tmp, self.rdzv, self.env = free_port(), tmp_path, rdzv, env or {}
+        self.local_addrs = local_addrs
         (tmp_path / "rank.py").write_text(rank)
         self.agents: list[subprocess.Popen | None] = [None, None]
 
@@ -75,6 +85,7 @@ class Torchruns:
         else:
             meet = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "dz"]
             meet += ["--rdzv-conf", f"is_host={int(node == 0)}"]
+            meet += ["--local-addr", self.local_addrs[node]] if self.local_addrs else []
         argv = [sys.executable, *python, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", *meet]
         argv += ["--max-restarts", "3", "--log-dir", str(self.tmp / f"torchrun{node}"), str(self.tmp / "rank.py")]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
@@ -168,3 +179,21 @@ def test_host_1s_torchrun_ends_without_importing_dynamo_when_host_0s_is_stopped(
     assert "Error waiting on exit barrier" in host1, host1[-3000:]  # the path this is about
     dynamo = [line for line in host1.splitlines() if line.startswith("import time:") and "torch._dynamo" in line]
     assert dynamo == [], f"host 1's torchrun imported torch._dynamo: {dynamo[-1]}"
+
+
+@pytest.mark.slow
+def test_c10d_makes_rank_0_the_host_whose_local_address_sorts_first_not_the_store_s(tmp_path):
+    """docs/parallel.md said to give ``is_host=1`` to rank 0's host under c10d rendezvous: is_host
+    only serves the store; torch numbers the hosts by their --local-addr (else hostname) sorted as
+    text. Host 0 serves the store, is the endpoint's and starts first, its address sorting second:
+    its rank is 1 (rank 0, the one that talks to Redis, is on the other host)."""
+    torchruns = Torchruns(tmp_path, "c10d", rank=NUMBERED, local_addrs=("127.0.0.2", "127.0.0.1"))
+    try:
+        torchruns.start(0)
+        time.sleep(2)  # host 0's store first
+        torchruns.start(1)
+        torchruns.until(lambda: all(agent.poll() is not None for agent in torchruns.agents), "both torchruns exited")
+    finally:
+        torchruns.stop()
+    ranks = [[line for line in torchruns.text(node).splitlines() if line.startswith("rank ")] for node in (0, 1)]
+    assert ranks == [["rank 1"], ["rank 0"]], torchruns.text(0)[-2000:] + torchruns.text(1)[-2000:]
