@@ -4,7 +4,7 @@ gateway's leave is refused, tried again, and its cancel went to Redis due
 gateway, the only one on its embedded Redis, now cancels at once (0).
 
 A stack of 1 prefill and 1 decode worker on the demo checkpoint (disconnect grace ``--grace`` s):
-per round a long stream (``ignore_eos``), 10 tokens read, Redis refuses writes (``maxmemory 1``), the
+per round a long stream (``ignore_eos``), 10 events read, Redis refuses writes (``maxmemory 1``), the
 client leaves, ``--refusal`` s later Redis takes writes again; then the seconds until the request
 ended (its ``done`` mark) and the tokens it generated past the client's last. ``up's default``:
 DAYZERO_REFUSED_CANCEL_AFTER_S unset (0 under ``up``); ``7 s``: set to 7, as before. Medians of
@@ -34,13 +34,15 @@ GIVE_UP_S = 60.0
 
 def one_round(url: str, r: redis.Redis, refusal_s: float) -> tuple[float, int, str]:
     """Seconds from Redis taking writes to the request's end, tokens past the client's last, its end."""
-    got, rid = 0, ""
+    events, got, rid = 0, 0, ""
     with httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=60) as response:
         rid = response.headers["x-request-id"]
         for line in response.iter_lines():
+            if line.startswith("id: "):  # an event's last entry: index + 1, the tokens read (an event may hold several)
+                got = int(line[4:].split("-")[0])
             if line.startswith("data: {") and "error" not in json.loads(line[6:]):
-                got += 1
-            if got == 10:
+                events += 1
+            if events == 10:
                 break
         r.config_set("maxmemory", 1)
     try:
