@@ -50,11 +50,11 @@ def _fails_mid_reply(schema: dict, reply: dict) -> bool:
     mask computed as in decoding (where its lexer builds its states)."""
     matcher = _byte_grammars().matcher(json_grammar(schema))
     assert not matcher.is_error()
-    for byte in json.dumps(reply).encode():
+    for byte in json.dumps(reply, ensure_ascii=False).encode():  # (as a model writes: UTF-8, no escapes)
         matcher.compute_logit_bias()
         matcher.consume_token(byte)
         if matcher.is_error():
-            return "too many states" in matcher.get_error()
+            return "lexer error: too many" in matcher.get_error()  # (states, or expressions)
     return False
 
 
@@ -106,6 +106,9 @@ def test_the_most_let_through_is_written_whole():
         (r"^\d{900}[\-_A-Z]{900}\w{900}$", 300),  # (\d, \w: ASCII in llguidance's regexes)
         ("^.{6000}$", 6000),
         ("^[^a]{90}[a-zé]{90}\\s{90}[\\p{L}]{90}a{90}$", 450),  # negated, non-ASCII, \s, \p, a literal: 9
+        (r"^[\x20-\x7e]{900}[\x{10000}-\x{10FFFF}]{90}[\u00e9]{90}$", 280),  # \x{..}, \u: non-ASCII ones
+        ("(?i)^[a-z]{900}$", 900),  # case-insensitive: [a-z] holds the Kelvin sign, the long s
+        (r"^(\d{1,2}){900}[0-9]{900}$", 1900),  # within a counted group (at the top: a ninth)
     ],
 )
 def test_counted_weight(regex, weight):
@@ -122,6 +125,24 @@ def test_a_class_of_ascii_characters_is_counted_by_the_states_it_builds():
     both = _strings({"pattern": "^[a-z]{30000}$"}, {"pattern": "^[0-9]{30000}$"})
     assert "counting 3,334 repeats (a class of ASCII characters" in size_problem([both], DEFAULTS)
     assert _fails_mid_reply(both, {"s0": "q" * 30000, "s1": "7" * 30000})
+
+
+@pytest.mark.parametrize(
+    "regex, text",
+    [
+        (r"^[\x{10000}-\x{10FFFF}]{30000}$", "\U0001f600" * 30000),
+        ("(?i)^[a-z]{30000}$", "q" * 30000),
+        (r"^(\d{1,2}){18000}$", "7" * 36000),
+    ],
+    ids=["astral_class", "caseless", "counted_group"],
+)
+def test_a_class_a_ninth_would_let_through_fails_the_lexer(regex, text):
+    """Each weighed a ninth (3,334; 3,334; 4,000: let through) though its states are more than one
+    a character: every reply writing it failed 33,319, 16,663 or 2,227 bytes in (too many states;
+    too many expressions)."""
+    schema = _strings({"pattern": regex})
+    assert "a regular expression counting" in (size_problem([schema], DEFAULTS) or "")
+    assert _fails_mid_reply(schema, {"s0": text})
 
 
 def _longest_reply_fails(schema: dict) -> bool:
