@@ -194,6 +194,29 @@ def test_a_max_length_is_not_cut_under_what_its_pattern_counts(counts):
     assert not _longest_reply_fails(schema)
 
 
+def _refers(ref: str, **beside) -> dict:  # an object of one required property, a plain $ref
+    return {**_strings(), "properties": {"a": {"$ref": ref}}, "required": ["a"], **beside}
+
+
+LONG = {"type": "string", "maxLength": 100_000}
+INNER = _refers("#/x-long", **{"$id": "https://example.com/inner", "x-long": LONG})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        _refers("https://example.com/s#/x-long", **{"$id": "https://example.com/s", "x-long": LONG}),
+        _refers("#/$defs/inner", **{"$defs": {"inner": INNER}}),
+    ],
+    ids=["after_the_roots_id", "within_a_definitions_id"],
+)
+def test_a_max_length_a_ref_reaches_after_an_id_is_clamped(schema):
+    """A $ref to data after the root's $id, or "#/..." within a definition of its own $id (llguidance
+    resolves it there): the rewrite followed "#/..." from the root only, the maxLength of 100,000
+    stayed, and a reply writing it failed ~11,100 bytes in (é: past the lexer's states)."""
+    assert not _longest_reply_fails(schema)
+
+
 NEEDS_3000 = {"type": "string", "minLength": 3000}
 
 

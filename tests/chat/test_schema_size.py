@@ -87,3 +87,16 @@ def test_data_a_ref_points_at_is_counted_as_the_schema_it_becomes():
         assert "minLength 5,000" in size_problem([schema], LIMITS), ref
     wide = {"type": "object", "x-defs": {"wide": _object(60)}, "properties": {"a": {"$ref": "#/x-defs/wide"}}}
     assert "DAYZERO_GUIDED_MAX_SCHEMA_NODES=50" in size_problem([wide], LIMITS)
+
+
+def test_data_a_ref_points_at_after_a_definitions_id_is_counted():
+    """llguidance resolves a pointer against the nearest $id: a definition's own ("#/x-big" within
+    it, or its URI's "https://example.com/inner#/x-big"), not the root's. Refs into a definition's data
+    so were let through (a reply of the minLength of 6,000 failed 5,559 bytes in, past the lexer)."""
+    inner = {"$id": "https://example.com/inner", "x-big": {"type": "string", "minLength": 6000}}
+    for ref in ("https://example.com/inner#/x-big", "inner#/x-big"):
+        schema = {"$id": "https://example.com/s", "type": "object", "properties": {"a": {"$ref": ref}}}
+        assert "minLength 6,000" in size_problem([schema | {"$defs": {"inner": inner}}], LIMITS), ref
+    within = inner | {"type": "object", "properties": {"a": {"$ref": "#/x-big"}}}
+    schema = {"type": "object", "properties": {"a": {"$ref": "#/$defs/inner"}}, "$defs": {"inner": within}}
+    assert "minLength 6,000" in size_problem([schema], LIMITS)

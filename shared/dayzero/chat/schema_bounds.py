@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .schema_keywords import MAPS, schema_values
+from .schema_keywords import own_resource, schema_values, values_within
 from .schema_merge import ANNOTATIONS, resolve
 
 _I64 = 2**63
-_DATA = ("enum", "const", "default", "examples")  # values, not schemas: their keys bound nothing
 
 
 def bound_problem(schema: object) -> str | None:
@@ -53,11 +52,7 @@ def subschemas(schema: object) -> Iterator[dict]:
             nodes.extend(node)
         elif isinstance(node, dict):
             yield node
-            for key, value in node.items():
-                if key in MAPS and isinstance(value, dict):
-                    nodes.extend(value.values())
-                elif key not in _DATA:
-                    nodes.append(value)
+            nodes.extend(values_within(node))
 
 
 def schemas_within(schema: object) -> Iterator[dict]:
@@ -65,16 +60,19 @@ def schemas_within(schema: object) -> Iterator[dict]:
     anyOf's branches, ...), and those its "#/..." $refs point at (llguidance follows a JSON pointer
     anywhere in the document: "#/components/schemas/X"), each once; not the client's data under
     other keys (enum, const, dependentRequired, a discriminator's mapping, an extension's x-...)."""
-    seen, nodes = set(), [schema]
+    seen, nodes, everything = set(), [schema], set()  # everything: ids of nodes within an $id's resource
     while nodes:
         node = nodes.pop()
         if not isinstance(node, dict) or id(node) in seen:
             continue
         seen.add(id(node))
         yield node  # (before its subschemas are read: a rewrite of it is walked)
-        nodes.extend(schema_values(node))
-        if isinstance(ref := node.get("$ref"), str) and ref.startswith("#/"):
-            nodes.append(resolve(schema, ref))
+        within = id(node) in everything or own_resource(node, schema)
+        children = list(values_within(node) if within else schema_values(node))
+        everything.update(id(child) for child in children if within)
+        nodes.extend(children)
+        if isinstance(ref := node.get("$ref"), str) and "#/" in ref:  # (after the root's $id too: "https://x/s#/x-a")
+            nodes.append(resolve(schema, "#" + ref.partition("#")[2]))
 
 
 def merged_groups(schema: object) -> list[list[dict]]:

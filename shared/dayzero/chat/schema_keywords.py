@@ -14,6 +14,7 @@ _NAMED = (*MAPS, "dependencies")  # (a dependencies value may be a list of names
 _ONE = ("items", "additionalItems", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "contains")
 _ONE += ("not", "if", "then", "else", "propertyNames", "contentSchema")
 LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+DATA = ("enum", "const", "default", "examples")  # values, not schemas: their keys bound nothing
 
 
 def schema_values(node: dict) -> Iterator[object]:
@@ -26,6 +27,25 @@ def schema_values(node: dict) -> Iterator[object]:
             yield from value
         elif key in _ONE:
             yield value
+
+
+def values_within(node: dict) -> Iterator[object]:
+    """Every value of ``node`` but its ``DATA``'s, a map's schemas by value, a list's items (a
+    property named "default" is no data): where an ``$id`` of its own lets a ``$ref`` point, its
+    "#/x-big" within it and "https://x/inner#/x-big" anywhere (llguidance resolves a pointer against
+    the nearest $id, which a walk reads all of, not each ``$ref`` against each $id: quadratic)."""
+    for key, value in node.items():
+        if key in MAPS and isinstance(value, dict):
+            yield from value.values()
+        elif isinstance(value, list) and key not in DATA:
+            yield from value
+        elif key not in DATA:
+            yield value
+
+
+def own_resource(node: object, root: object) -> bool:
+    """Whether ``node``, within ``root``, holds an ``$id`` of its own (its data: ``values_within``)."""
+    return node is not root and isinstance(node, dict) and isinstance(node.get("$id"), str)
 
 
 def within_keywords(root: object, pointer: str) -> bool:

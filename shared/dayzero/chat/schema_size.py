@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .schema_counts import CountedChars, regexes
-from .schema_keywords import LISTS, schema_values, within_keywords
+from .schema_keywords import LISTS, own_resource, schema_values, values_within, within_keywords
 from .schema_merge import MOST_NESTED, Circular, Merged, TooBig, TooDeep, resolve
 from .schema_rows import RowCheck
 
@@ -106,16 +106,18 @@ def _message(name: str, limits: SchemaLimits) -> str:
 def _schema_nodes(schemas: list, merged: Merged | None = None) -> Iterator[dict | bool]:
     """Every subschema of ``schemas``, depth first, without recursion (a deep schema costs no
     stack): as written, or as llguidance builds it when ``merged`` (each schema's ``$ref``s
-    pointing into it). Only what schema keywords hold, and what a ``$ref`` points at elsewhere
-    (``_elsewhere``): values under enum, const, default, an example, an ``x-`` extension are the
-    client's data, not schemas (an example holding ``{"minLength": 5000}`` was refused as one)."""
+    pointing into it). Only what schema keywords hold, what a ``$ref`` points at elsewhere
+    (``_elsewhere``), and all but data within a definition of its own $id (``values_within``):
+    values under enum, const, default, an example, an ``x-`` extension are the client's data, not
+    schemas (an example holding ``{"minLength": 5000}`` was refused as one)."""
     for schema in schemas:
         if merged is not None:
             merged.within(schema)
         followed: set[int] = set()  # the definitions walked outside schema keywords (each once)
-        stack: list[tuple[object, tuple | None]] = [(schema, None)]  # (a subschema, the copies it is in)
+        # (a subschema, the copies it is in, whether within a resource of its own $id: its data read)
+        stack: list[tuple[object, tuple | None, bool]] = [(schema, None, False)]
         while stack:
-            written, copies = stack.pop()
+            written, copies, everything = stack.pop()
             node = written if merged is None else merged.merged(written)
             if node is not written:  # a merged copy: one within a copy of itself would never end
                 copies = _copied(written, copies)
@@ -124,10 +126,12 @@ def _schema_nodes(schemas: list, merged: Merged | None = None) -> Iterator[dict 
                 continue
             if merged is not None:  # (a copy's subschemas are walked in each copy: their items read again)
                 merged.read(len(node) + sum(len(v) for k, v in node.items() if k in _READ and isinstance(v, list)))
-            stack.extend((v, copies) for v in schema_values(node) if isinstance(v, dict | bool))
+            everything = everything or own_resource(written, schema)
+            values = values_within(node) if everything else schema_values(node)
+            stack.extend((v, copies, everything) for v in values if isinstance(v, dict | bool))
             if (target := _elsewhere(schema, node.get("$ref"))) is not None and id(target) not in followed:
                 followed.add(id(target))
-                stack.append((target, copies))
+                stack.append((target, copies, everything))
 
 
 _READ = (*LISTS, "required", "type")  # a node's lists a walk reads
@@ -136,7 +140,8 @@ _READ = (*LISTS, "required", "type")  # a node's lists a walk reads
 def _elsewhere(root: object, ref: object) -> object:
     """The subschema ``ref`` points at when no schema keyword holds it (None: one does, or it is
     no JSON pointer): "#/x-defs/a", or a pointer after the root's $id ("https://x/s#/x-defs/a"),
-    which llguidance compiles as a schema wherever it stands."""
+    which llguidance compiles as a schema wherever it stands (a pointer after a definition's own
+    $id: ``values_within``)."""
     if not isinstance(ref, str) or "#/" not in ref:
         return None
     pointer = "#" + ref.partition("#")[2]
