@@ -13,7 +13,6 @@ from dayzero.telemetry import collector_url, setup_tracing
     [
         ("otlp-http", "collector:4318", "http://collector:4318/v1/traces"),
         ("otlp-http", "10.0.0.5:9999/otlp/v1/traces", "http://10.0.0.5:9999/otlp/v1/traces"),
-        ("otlp-grpc", "collector:4317", "http://collector:4317"),
         ("otlp-http", "[::1]:4318", "http://[::1]:4318/v1/traces"),
         ("otlp-http", "collector", "http://collector:4318/v1/traces"),
         ("otlp-http", "https://collector:443", "https://collector:443/v1/traces"),
@@ -23,6 +22,24 @@ def test_a_host_and_port_without_a_scheme_is_that_host(exporter, endpoint, url):
     """``collector:4318`` went to the otlp-http exporter as it was, which failed every export ("No
     connection adapters were found for 'collector:4318'"): its spans were dropped."""
     assert collector_url(exporter, endpoint) == url
+
+
+@pytest.mark.parametrize("insecure", [None, "true", "false"])
+def test_a_host_and_port_reaches_the_grpc_exporter_as_it_reads_it(insecure, monkeypatch):
+    """The gRPC exporter reads ``collector:4317`` as a TLS endpoint unless OTEL_EXPORTER_OTLP_INSECURE
+    is true (OTLP's spec); an ``http://`` put before it made its channel plain text."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    if insecure is None:
+        monkeypatch.delenv("OTEL_EXPORTER_OTLP_INSECURE", raising=False)
+    else:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", insecure)
+    exporters = [OTLPSpanExporter(endpoint=e) for e in ("collector:4317", collector_url("otlp-grpc", "collector:4317"))]
+    try:
+        assert exporters[1]._insecure == exporters[0]._insecure
+    finally:
+        for exporter in exporters:
+            exporter.shutdown()
 
 
 @pytest.mark.parametrize("name", ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"])

@@ -184,8 +184,8 @@ class Settings(BaseSettings):
     trace_endpoint: str | None = Field(
         default=None,
         description="OTLP collector: a host alone (its port follows the exporter: otlp-grpc 4317, otlp-http 4318), "
-        "host:port (http://host:port), or a URL, otlp-grpc http://host:4317, otlp-http http://host:4318 (/v1/traces "
-        "added to a URL without a path) "
+        "host:port (otlp-http: http://host:port; otlp-grpc: TLS unless OTEL_EXPORTER_OTLP_INSECURE=true), or a "
+        "URL, otlp-grpc http://host:4317, otlp-http http://host:4318 (/v1/traces added to a URL without a path) "
         "(default: the exporter's, on localhost)",
     )
     trace_file: Path | None = Field(

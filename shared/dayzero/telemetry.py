@@ -57,10 +57,12 @@ def collector_url(exporter: str, endpoint: str) -> str:
     """Where ``exporter`` (otlp-grpc, otlp-http) sends spans, from DAYZERO_TRACE_ENDPOINT: a host
     alone (docker-compose.yml's ``otel-collector``) is that host on the exporter's OTLP port, 4317 for
     gRPC, 4318 for HTTP (compose gave ``http://otel-collector:4317`` whatever the exporter, and
-    otlp-http posted its spans to the gRPC port); ``host:port`` is ``http://host:port``."""
+    otlp-http posted its spans to the gRPC port); ``host:port`` is ``http://host:port`` for otlp-http
+    (which dropped every span), and left to the gRPC exporter, which reads it as TLS unless
+    OTEL_EXPORTER_OTLP_INSECURE=true (an ``http://`` put before it sent the spans in plain text)."""
     if re.fullmatch(r"[\w.-]+", endpoint):
         endpoint = f"http://{endpoint}:{OTLP_PORTS[exporter]}"
-    elif _HOST_PORT.fullmatch(endpoint):  # host:port, as the gRPC exporter takes it (otlp-http's dropped every span)
+    elif exporter == "otlp-http" and _HOST_PORT.fullmatch(endpoint):
         endpoint = f"http://{endpoint}"
     return otlp_http_traces_url(endpoint) if exporter == "otlp-http" else endpoint
 
