@@ -72,6 +72,8 @@ def test_passwords_are_starred_where_shown():
         "redis://app:top?secret@h:6379/0",
         "redis://:top#secret@h:6379/0",
         "redis+sentinel://:top/secret@s1:26379/m/0",
+        "redis://:top?se=cret@h:6379/0",  # (taken: "Port could not be cast to integer value as 'top'")
+        "redis://app:1234?se=cret@h:6379/0",  # (taken: "unexpected keyword argument 'se'", a traceback)
     ],
 )
 def test_a_password_that_cuts_its_url_short_is_refused_at_start_and_starred(monkeypatch, url):

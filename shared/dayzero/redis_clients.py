@@ -112,8 +112,10 @@ def _query(text: str) -> dict[str, str]:
 
 def _userinfo_cut(parts: SplitResult) -> bool:
     """A raw /, ? or # in a URL's password ends its netloc there: the rest, "@" and the host, reads
-    as the path, the query or the fragment (and what came before the cut as a host and a port)."""
-    return "@" not in parts.netloc and "@" in parts.path + parts.query.partition("=")[0] + parts.fragment
+    as the path, the query or the fragment (and what came before the cut as a host and a port). An @
+    in the query is a cut's unless a sentinel key's value holds it (``:a?b=c@h`` read as ``b``'s value)."""
+    items = (item for item in parts.query.split("&") if item.partition("=")[0] not in QUERY_KEYS)
+    return "@" not in parts.netloc and "@" in parts.path + parts.fragment + "&".join(items)
 
 
 def _host_port(text: str) -> tuple[str, int]:
