@@ -91,6 +91,12 @@ def test_an_at_sign_after_the_host_is_no_cut_password():
     """(a sentinel_password may hold an @; a password with one, redis-py reads to the last @)"""
     assert Settings(redis_url="redis+sentinel://s1/m/0?sentinel_password=a@b").redis_url.endswith("a@b")
     assert without_password("redis://:top@secret@h:6379/0") == "redis://:***@h:6379/0"
+    shown = "redis+sentinel://s1:26379/m/0?sentinel_username=ops@corp&sentinel_password=***"  # (was: "s1:***@corp")
+    assert without_password("redis+sentinel://s1:26379/m/0?sentinel_username=ops@corp&sentinel_password=x") == shown
+    assert (
+        without_password("redis+sentinel://:a/b@s1/m?sentinel_username=o@c")
+        == "redis+sentinel://:***@s1/m?sentinel_username=o@c"
+    )
 
 
 @pytest.mark.parametrize("url", ["redis://h:6379/0?db=1&password=secret", "redis+sentinel://s1/m?password=secret"])

@@ -280,4 +280,8 @@ def without_password(url: str) -> str:
     and its sentinels' (``sentinel_password=``) as ``***`` (any text: no parse that could fail, in an
     error's message; a password with a raw / showed from the /)."""
     url = re.sub(r"([?&](?:sentinel_)?password=)[^&#]*", r"\1***", url)
-    return re.sub(r"^(\w[\w+.-]*://[^:/@]*:).*@", r"\1***@", url)  # (to the last @: a password may hold /, ?, @)
+    # to the last @ before the sentinel keys (a password may hold /, ?, @; "sentinel_username=ops@corp" starred
+    # the host's port and the path)
+    keys = re.search(r"[?&]sentinel_(?:username|password)=", url)
+    end = keys.start() if keys else len(url)
+    return re.sub(r"^(\w[\w+.-]*://[^:/@]*:).*@", r"\1***@", url[:end]) + url[end:]
