@@ -6,7 +6,9 @@ sentinel (the bundled redis-server)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -95,6 +97,21 @@ def test_a_refused_sentinel_password_ends_the_start_at_once_saying_so(sentinel, 
 
 def test_the_sentinels_password_taken_the_master_answers(sentinel):
     assert _answered(sentinel.url(PASSWORD))
+
+
+def test_a_gateway_started_alone_ends_at_once_on_a_refused_sentinel_password(sentinel, tiny_checkpoint):
+    """``dayzero serve gateway`` (compose's way) checks its Redis once before it serves: sentinels
+    refusing ``sentinel_password`` are that Redis refusing it for good (exit 2, one line)."""
+    env = {**os.environ, "DAYZERO_CHECKPOINT": str(tiny_checkpoint), "DAYZERO_PORT": str(free_port())}
+    env["DAYZERO_REDIS_URL"] = sentinel.url("wrong")
+    argv = [sys.executable, "-m", "dayzero.cli", "serve", "gateway"]
+    try:  # (on the bound: killed by subprocess.run)
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    except subprocess.TimeoutExpired as served:
+        pytest.fail(f"the gateway served: {served.stderr!r}")
+    err = done.stderr.strip()
+    assert done.returncode == 2 and len(err.splitlines()) == 1, err
+    assert f"sentinel 127.0.0.1:{sentinel.port} refuses sentinel_password" in err and "wrong" not in err, err
 
 
 async def _gateways_client_refused_after(url: str, restart: Callable[[], None]) -> None:
