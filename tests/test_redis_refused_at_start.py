@@ -4,16 +4,19 @@ shows no password; no wait mends it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import redis
 
 from dayzero import cli
 from dayzero.procs import free_port, scratch_redis
+from dayzero.redis_clients import async_client
 from dayzero.stack import REDIS_ANSWER_WITHIN_S
 
 REFUSALS = [
@@ -83,3 +86,28 @@ def test_a_gateway_started_alone_ends_at_once_on_a_redis_that_refuses_it(
     err = done.stderr.strip()
     assert err.startswith(f"error: the Redis at redis://{shown}127.0.0.1:{port}/0 (DAYZERO_REDIS_URL): ")
     assert says in err and len(err.splitlines()) == 1 and "wrong" not in err, err
+
+
+async def _readiness_of(url: str) -> tuple[dict, int]:
+    from services.gateway.readiness import readiness
+
+    gw = SimpleNamespace(settings=SimpleNamespace(redis_url=url), bus=SimpleNamespace(r=async_client(url)))
+    try:
+        return await readiness(gw)
+    finally:
+        await gw.bus.r.aclose()
+
+
+def test_ready_says_a_command_its_user_is_refused_no_unreachable_redis(tmp_path):
+    """A Redis whose ACL takes SET from the gateway's user (NOPERM): /ready's reason said "redis
+    unreachable", which sends one looking for an outage."""
+    with scratch_redis(tmp_path) as port:
+        server = redis.Redis(port=port)
+        every_command_but_set = ["+@all", "-set"]
+        server.acl_setuser(
+            "noset", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"], commands=every_command_but_set
+        )
+        url = f"redis://noset:pw@127.0.0.1:{port}/0"
+        body, status = asyncio.run(_readiness_of(url))
+    assert status == 503 and body["reason"].startswith("redis refuses DAYZERO_REDIS_URL's user a command: "), body
+    assert "no permissions to run the 'set' command" in body["reason"], body

@@ -50,6 +50,8 @@ def _refusal(exc: redis.RedisError) -> str:
     """What Redis's error says of it, for ``/ready``'s reason (credentials refused: it said "unreachable")."""
     if isinstance(exc, redis.AuthenticationError):  # (a ConnectionError to redis-py)
         return "refuses DAYZERO_REDIS_URL's credentials"
+    if isinstance(exc, redis.exceptions.NoPermissionError):  # (its ACL without the command: it said "unreachable")
+        return "refuses DAYZERO_REDIS_URL's user a command"
     return "refuses writes" if isinstance(exc, redis.ResponseError) and writes_refused(exc) else "unreachable"
 
 
