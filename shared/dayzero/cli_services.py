@@ -16,6 +16,9 @@ from .settings_help import settings_help
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     """One service in the foreground: the entry point of both ``dayzero up`` and docker compose."""
+    from .telemetry import sdk_endpoint_checked
+
+    sdk_endpoint_checked(settings, os.environ)  # (a worker sets its tracer up in Celery's worker_init)
     if args.service == "gateway":
         _credentials_taken(settings.redis_url)
         import uvicorn

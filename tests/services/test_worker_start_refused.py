@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 
 import httpx
@@ -107,3 +108,18 @@ def test_a_worker_whose_redis_refuses_it_ends_its_start_before_loading_its_weigh
             assert "in warm_up" not in log.read_text(errors="replace")  # (its refusal's traceback: after loading)
         finally:
             terminate([worker], 10)
+
+
+def test_a_worker_given_the_sdks_endpoint_without_a_scheme_ends_its_start_in_one_line(text_dir, tmp_path):
+    """71476d9 refused OTEL_EXPORTER_OTLP_ENDPOINT=host:4318 (otlp-http dropped every span) where the
+    tracer is set up: a gateway's start said it in one line, a worker's in a traceback from Celery's
+    worker_init, exiting 3 (a refusal its supervisor starts it again for: compose's crash loop)."""
+    with scratch_redis(tmp_path) as port:
+        env = {**os.environ, **SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(text_dir), "DAYZERO_TRACE_EXPORTER": "otlp-http"}
+        env |= {"DAYZERO_REDIS_URL": f"redis://127.0.0.1:{port}/0", "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}
+        env.pop("DAYZERO_TRACE_ENDPOINT", None)
+        argv = [sys.executable, "-m", "dayzero.cli", "serve", "prefill", "--name", "prefill0"]
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    err = done.stderr.strip()
+    assert done.returncode == 2 and len(err.splitlines()) == 1, err[-3000:]
+    assert err.startswith("error: OTEL_EXPORTER_OTLP_ENDPOINT='collector:4318' is no URL"), err
