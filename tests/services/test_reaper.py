@@ -7,14 +7,17 @@ import time
 import redis
 
 from dayzero.params import SamplingParams
-from dayzero.serving.keys import key
+from dayzero.serving.keys import HANDOFF_OWNER, key
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest
-from dayzero.serving.reaper import MAX_ATTEMPTS, end_unserved, sweep
+from dayzero.serving.reaper import MAX_ATTEMPTS, OverdueWaits, end_unserved, sweep
 from dayzero.serving.records import Token
+from dayzero.serving.scripts import Take
 from dayzero.settings import Settings
+from dayzero.tokenizer import IdsOnlyCodec
 
 from .conftest import wait_until
+from .prefill_jobs import handed_off
 
 
 def test_a_request_whose_worker_died_after_streaming_its_end_is_ended_not_re_run(redis_url):
@@ -96,6 +99,34 @@ def test_a_request_its_client_left_is_ended_cancelled_not_re_run_nor_failed(redi
     (_, stranded), *_ = store.r.xrevrange(key("tokens", "r-stranded"), count=1)
     (_, left), *_ = store.r.xrevrange(key("tokens", "r-left-stranded"), count=1)
     assert stranded[b"c"] == b"no_worker" and b"c" not in left and left[b"f"] == b"cancelled"
+
+
+def test_a_request_cancelled_while_it_waits_in_a_queue_ends_at_the_next_pass_not_at_its_lease_s_lapse(
+    demo_dir, redis_url
+):
+    """Its client left while the request waited on a queue no worker read yet: a handoff behind a busy
+    decode stage (its state in Redis, its lease DAYZERO_HANDOFF_TIMEOUT_S: 600 s here), a prompt on
+    prefill's. Nothing ended them till a worker's claim, or the lease's lapse and the sweep after:
+    the handoff's state, record and open stream stayed for the handoff's timeout. The reaper's next
+    pass ends each cancelled (the handoff after prefill's token) and drops the state; a handoff its
+    client still reads waits on, and a decode worker's late take of the cancelled one is stale."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", handoff_timeout_s=600)
+    store, sent = handed_off(settings, ("w-left", "w-read"))
+    queued = GenerationRequest(request_id="w-queued", prompt_ids=(0, 5), sampling=SamplingParams(), created=time.time())
+    store.admit(queued, [], "", 60)
+    store.enqueue("w-queued", "prefill", "the message of w-queued", 60)
+    for rid in ("w-left", "w-queued"):
+        store.cancel(rid)
+    assert store.owner("w-left") == HANDOFF_OWNER and store.r.exists(key("kvstate", "w-left"))
+    assert sorted(OverdueWaits(store, 3600, IdsOnlyCodec()).end()) == ["w-left", "w-queued"]
+    first = next(job.generated[0] for job in sent if job.request.request_id == "w-left")
+    assert store.stream("w-left") == ([first], "cancelled") and store.stream("w-queued") == ([], "cancelled")
+    assert store.done("w-left") == store.done("w-queued") == "cancelled"
+    assert not store.r.exists(key("kvstate", "w-left")) and {"w-left", "w-queued"}.isdisjoint(store.active())
+    assert store.done("w-read") is None and store.owner("w-read") == HANDOFF_OWNER
+    assert store.r.exists(key("kvstate", "w-read"))
+    handoffs = [(job.request.request_id, job.attempt, job.state.holder) for job in sent]
+    assert store.take_handoffs(handoffs, "decode0", 30) == {"w-left": Take.STALE, "w-read": Take.CLAIMED}
 
 
 def test_the_gateway_s_reaper_outlives_a_pass_that_fails(demo_dir, redis_url, monkeypatch, caplog):

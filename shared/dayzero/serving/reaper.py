@@ -99,11 +99,11 @@ def end_unserved(store: Lifecycle, unserved_s: Callable[[str], float], bound_s: 
     for rid, (stage, attempt, owner) in waiting.items():
         if stage not in over:
             continue
-        tokens, _ = store.stream(rid)
         if rid in cancelled:  # its client left: cancelled, not a failure to report
-            if store.settle(rid, attempt, owner, "cancelled", len(tokens)):
+            if end_cancelled(store, rid, attempt, owner):
                 ended.append(rid)
             continue
+        tokens, _ = store.stream(rid)
         message = no_worker_message(stage, over[stage], bound_s)
         if store.settle(rid, attempt, owner, "error", len(tokens), message, code="no_worker"):
             log.error("request %s: %s", rid, message)
@@ -111,36 +111,46 @@ def end_unserved(store: Lifecycle, unserved_s: Callable[[str], float], bound_s: 
     return ended
 
 
+def end_cancelled(store: Lifecycle, rid: str, attempt: int, owner: str) -> bool:
+    """End run ``attempt`` of a waiting request (``owner``: who ``settle`` names for it) its client
+    cancelled, after the tokens it streamed (a handoff's first); whether it ended."""
+    return bool(store.settle(rid, attempt, owner, "cancelled", len(store.streamed_tokens(rid))))
+
+
 class OverdueWaits:
     """Ends the requests that wait in a stage's queue (vision's, prefill's, decode's as a handoff no
-    decode worker has taken, or one handed back) longer than ``limit_s`` after their admission: a
-    worker ends those it has claimed (waiting.py, decode_loop.py), nobody these while no worker takes
-    them (a stage without one, or with every one stuck). Each one's admission time is read once (its
-    record may be large: a long prompt) and remembered while it waits."""
+    decode worker has taken, or one handed back): at once those their client cancelled, the others
+    once they are past ``limit_s`` from their admission. A worker ends those it has claimed
+    (waiting.py, decode_loop.py); these, nobody until a worker takes their message: a handoff
+    cancelled behind a busy decode stage kept its record, its open stream and, through Redis, its
+    state's bytes till its lease lapsed (DAYZERO_HANDOFF_TIMEOUT_S); with no worker taking them (a
+    stage without one, or with every one stuck), for ever. Each one's admission time is read once
+    (its record may be large: a long prompt) and remembered while it waits."""
 
     def __init__(self, store: Lifecycle, limit_s: float, codec: TextCodec | IdsOnlyCodec) -> None:
         self.store, self.limit_s, self.codec = store, limit_s, codec  # (codec: thinking mode's usage)
         self._created: dict[str, float] = {}  # waiting request -> its admission (unix time)
 
     def end(self) -> list[str]:
-        """One pass: as time_limit.py says ("length" with the tokens streamed, a handoff's first
-        among them; none: 503 ``overloaded``), one its client cancelled as cancelled; each fenced as
+        """One pass: one its client cancelled as cancelled (the next stage's claim would only end it,
+        once its message's turn came), the others past the limit as time_limit.py says ("length" with
+        the tokens streamed, a handoff's first among them; none: 503 ``overloaded``); each fenced as
         every end (a worker that claims one meanwhile ends it itself). Returns their ids."""
         store, waiting = self.store, self.store.waiting(self.store.active())
-        self._created = {rid: self._created[rid] if rid in self._created else self._admitted(rid) for rid in waiting}
-        over = [rid for rid, created in self._created.items() if overdue(created, self.limit_s)]
-        cancelled, ended = store.cancelled(over), []
-        for rid in over:
+        cancelled = store.cancelled(list(waiting))
+        ended = [rid for rid in cancelled if end_cancelled(store, rid, *waiting[rid][1:])]
+        self._created = {
+            rid: self._created[rid] if rid in self._created else self._admitted(rid)
+            for rid in waiting
+            if rid not in cancelled
+        }
+        for rid in [rid for rid, created in self._created.items() if overdue(created, self.limit_s)]:
             (_, attempt, owner), tokens = waiting[rid], store.streamed_tokens(rid)
             request = store.request(rid)
             if request is None:  # its record expired meanwhile (rerun_orphan drops it)
                 continue
-            if rid in cancelled:  # its client left: cancelled, not an answer to give
-                settled = store.settle(rid, attempt, owner, "cancelled", len(tokens))
-            else:
-                end = past_limit(self.codec, request, tokens, self.limit_s)
-                settled = store.settle(rid, attempt, owner, end.reason, end.index, end.message, end.usage, end.code)
-            if settled:
+            end = past_limit(self.codec, request, tokens, self.limit_s)
+            if store.settle(rid, attempt, owner, end.reason, end.index, end.message, end.usage, end.code):
                 log.warning("request %s: waited in a queue past DAYZERO_TASK_TIME_LIMIT_S; ended it", rid)
                 ended.append(rid)
         return ended
