@@ -94,6 +94,29 @@ def test_a_request_cancelled_during_its_handoff_ends_before_a_step_without_a_can
     assert runtime.pools.sequences == {}
 
 
+def test_a_waiting_request_whose_cancel_came_with_a_step_s_tokens_ends_without_its_state_imported(demo_dir, redis_url):
+    """A claimed request waited for blocks and its client left: the step's append read its mark. The
+    admission after (blocks free) copied its state in all the same (a Redis handoff's bytes taken, a
+    prefill's blocks read), set its sampling up, then the cancel pass freed it: now it ends cancelled
+    after prefill's token, nothing imported."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store, sent = handed_off(settings, ("waited",))
+    runtime = Runtime.load(settings, "decode8@test", "decode", False)
+    loop, imported = DecodeLoop(runtime), []
+    real_receive = loop.receiver.receive
+    loop.receiver.receive = lambda ref, pools, rid: imported.append(rid) or real_receive(ref, pools, rid)
+    ticket = loop.intake.submit(sent[0])
+    loop.waiting.extend(loop.intake.drain(0))
+    store.cancel("waited")
+    loop._append()  # a step's round trip: its tokens (none here), the marks of those active and waiting
+    loop._admit()
+    loop._cancel()
+    assert imported == [] and runtime.pools.sequences == {} and loop.active == {} and ticket.done.is_set()
+    assert store.done("waited") == "cancelled" and store.stream("waited") == ([sent[0].generated[0]], "cancelled")
+    assert not store.r.exists(key("kvstate", "waited"))
+    runtime.close()
+
+
 def test_a_request_cancelled_while_its_first_step_runs_gets_no_token_of_it(demo_dir, redis_url):
     """Decode took the handoff before the client left, and the cancel came while the step ran (a
     worker SIGSTOPped there wrote the step's token, on SIGCONT, into the stream of a request

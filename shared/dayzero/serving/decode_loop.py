@@ -148,6 +148,9 @@ class DecodeLoop:
             self.heartbeat.moved()  # (many states imported at once take long together)
             job = ticket.job
             rid = job.request.request_id
+            if rid in self._marked:  # cancelled as it waited (read with the last step's tokens): nothing imported
+                self._settle(ticket, "cancelled", index=len(job.generated))
+                continue
             total = self._tokens(job)
             if total > self.r.pools.capacity_tokens():
                 log.error("request %s: %d tokens exceed the decode pools", rid, total)
