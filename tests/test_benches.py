@@ -144,6 +144,7 @@ SMOKE = {
     "parallel.py": ["--layers", "2", "--experts", "4", "--steps", "2", "--batch", "1", "--prompt-tokens", "8"],
     "vision.py": ["--sides", "56", "--runs", "1", "--depth", "2"],
     "guided.py": ["--steps", "2"],
+    "literal_steps.py": ["--runs", "1", "--steps", "2", "--chars", "50"],
     "guided_compile.py": ["--properties", "10", "--enum-chars", "100"],
     "kernels.py": ["--smoke", "--runs", "1"],
     "host_syncs.py": ["--steps", "1", "--batch", "1", "--prompt-tokens", "16"],

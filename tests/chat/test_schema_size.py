@@ -100,3 +100,28 @@ def test_data_a_ref_points_at_after_a_definitions_id_is_counted():
     within = inner | {"type": "object", "properties": {"a": {"$ref": "#/x-big"}}}
     schema = {"type": "object", "properties": {"a": {"$ref": "#/$defs/inner"}}, "$defs": {"inner": within}}
     assert "minLength 6,000" in size_problem([schema], LIMITS)
+
+
+ROOMY = SchemaLimits(nodes=3000, literal_chars=120_000, pattern_chars=10_000)  # the settings' defaults
+
+
+def _named(name: str) -> dict:
+    return {"type": "object", "properties": {name: {"type": "integer"}}}
+
+
+def test_one_literal_is_bounded_by_the_bytes_a_reply_writes():
+    """llguidance's lexer pays at each decode step for every byte of a literal still to write (one
+    row's mask: ~0.22 ms per 1,000 bytes, bench/literal_steps.py): 10,000 characters were let
+    through (~2.2 ms a step at its start), 10,000 CJK ones (30,000 bytes: ~6 ms) too. At most
+    4,000 bytes (~0.9 ms), as UTF-8 and JSON-escaped as the reply writes them."""
+    assert size_problem([{"const": "c" * 4000}, _named("n" * 4000)], ROOMY) is None
+    assert size_problem([{"type": "string", "pattern": "p" * 4000}], ROOMY) is None
+    refused = {
+        "an enum or const string of 4,001 bytes": {"const": "c" * 4001},
+        "an enum or const string of 4,200 bytes": {"enum": ["a", "数" * 1400]},  # 3 bytes a character
+        "an enum or const string of 4,002 bytes": {"const": {"k": ['"' * 2001]}},  # written \"
+        "a property name of 4,001 bytes": _named("n" * 4001),
+        "a regular expression of 4,002 bytes": {"type": "string", "pattern": "é" * 2001},
+    }
+    for what, schema in refused.items():
+        assert what in (size_problem([schema], ROOMY) or ""), (what, size_problem([schema], ROOMY))

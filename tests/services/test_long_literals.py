@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from dayzero.chat.schema_counts import MOST_COUNTED_CHARS
-from dayzero.chat.schema_size import MOST_REGEX_CHARS, MOST_STRING_CHARS
+from dayzero.chat.schema_size import MOST_LITERAL_BYTES
 
 from .conftest import CAPPED_CONTEXT as CONTEXT
 from .conftest import MODEL
@@ -56,15 +56,15 @@ def test_a_string_past_the_lexer_is_refused_at_admission(capped_gateway, body, p
 
 
 def test_the_longest_let_through_are_written_whole(capped_gateway):
-    name, text = "n" * MOST_STRING_CHARS, "p" * (MOST_REGEX_CHARS - 2)
+    name, text = "n" * MOST_LITERAL_BYTES, "p" * (MOST_LITERAL_BYTES - 2)
     schema = {
         "type": "object",
-        "properties": {name: {"const": "c" * MOST_STRING_CHARS}, "p": {"type": "string", "pattern": f"^{text}$"}},
+        "properties": {name: {"const": "c" * MOST_LITERAL_BYTES}, "p": {"type": "string", "pattern": f"^{text}$"}},
         "required": [name, "p"],
     }
     r = _post(capped_gateway, **_format(schema))
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
-    assert _written(schema, {name: "c" * MOST_STRING_CHARS, "p": text})
+    assert _written(schema, {name: "c" * MOST_LITERAL_BYTES, "p": text})
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .dsml import to_json
 from .schema_counts import CountedChars, regexes
 from .schema_keywords import LISTS, own_resource, schema_values, values_within, within_keywords
 from .schema_merge import MOST_NESTED, Circular, Merged, TooBig, TooDeep, resolve
@@ -21,12 +22,15 @@ MOST_TOOLS = 1024  # tools a request may ever offer (the ceiling of DAYZERO_MAX_
 # patternProperties' names in one object: llguidance's compile grows steeply in them, whatever their
 # length (names such as "^q17$", all 5 characters: 100 took 0.05-0.4 s, 200 0.8-6.7 s, 400 25-63 s)
 MOST_PATTERN_NAMES = 100
-# characters of one string a grammar spells (a property name, an enum or const string) and of one
-# regular expression: llguidance's lexer builds a state or more per character, and one past its
-# limits fails only where a reply reaches it (a name of 50,000: its state limit, after ~0.9 s of
-# the gateway's check; a const of ~103,000, a pattern of 7,000-9,000 literal characters: "too many
-# expressions"), each 400 after a 200 stream began
-MOST_STRING_CHARS, MOST_REGEX_CHARS = 10_000, 5_000
+# UTF-8 bytes of one string a grammar spells (a property name, an enum or const string: JSON-escaped,
+# as a reply writes it) and of one regular expression's text. llguidance's lexer pays at each decode
+# step for every byte of a literal still to write: one row's mask ~0.22 ms per 1,000 bytes at the
+# built-in and at V4's vocabulary size alike (10,000 characters, the bound before: ~2.2 ms a step
+# at its start, 10,000 CJK ones ~6 ms; 4,000 bytes ~0.9 ms; bench/literal_steps.py), and a whole
+# reply grows quadratically in it. Far past it, a literal fails only where a reply reaches it (a
+# name of 50,000 characters: the lexer's state limit; a const of ~103,000, a pattern of 7,000-9,000
+# literal characters: "too many expressions"), a 400 after a 200 stream began
+MOST_LITERAL_BYTES = 4_000
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ def size_problem(schemas: list, limits: SchemaLimits) -> str | None:
                 return _message("literal_chars", limits)
             if past("pattern_chars", _pattern_chars(node)):
                 return _message("pattern_chars", limits)
-            if problem := _long_string(node) or counted.problem(node):
+            if problem := counted.problem(node) or _long_string(node):  # (a count names its own problem)
                 return problem
             if isinstance(named := node.get("patternProperties"), dict) and len(named) > MOST_PATTERN_NAMES:
                 most = MOST_PATTERN_NAMES
@@ -182,13 +186,23 @@ def _literals(node: dict) -> Iterator:
 
 
 def _long_string(node: dict) -> str | None:
-    """A string of ``node`` one grammar lexeme spells past its bound, a few times under what
-    llguidance's lexer takes (None: none): any of ``written_literals``."""
+    """A string of ``node`` one grammar lexeme spells past ``MOST_LITERAL_BYTES`` (None: none): any
+    of ``written_literals``."""
     for what, strings in written_literals(node).items():
-        most = MOST_REGEX_CHARS if what == "a regular expression" else MOST_STRING_CHARS
-        if (longest := max(map(len, strings), default=0)) > most:
-            return f"{what} of {longest:,} characters: at most {most:,} in one can be enforced"
+        written = _utf8 if what == "a regular expression" else _json_utf8
+        if (longest := max(map(written, strings), default=0)) > MOST_LITERAL_BYTES:
+            most = MOST_LITERAL_BYTES
+            return f"{what} of {longest:,} bytes (UTF-8, as written): at most {most:,} in one can be enforced"
     return None
+
+
+def _utf8(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))  # (a lone surrogate is refused by grammar_problem)
+
+
+def _json_utf8(text: str) -> int:
+    """Bytes of ``text`` as a JSON string's inside (its quotes left out)."""
+    return _utf8(to_json(text)) - 2
 
 
 def written_literals(node: dict) -> dict[str, list[str]]:
