@@ -1,4 +1,4 @@
-"""An assistant's text as OpenAI's message parts: the thought's marks never reach the answer."""
+"""An assistant's text as OpenAI's message parts: the thought's marks never reach the answer nor the thought."""
 
 from __future__ import annotations
 
@@ -21,11 +21,17 @@ CALL = '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n</｜DSML｜inv
         (True, "plan</think>Hi </think>x<think>", "plan", "Hi x"),  # again after the thought
         (False, "a <thi", "", "a <thi"),  # an end that never became a mark is text
         (False, "1 < 2 <b>", "", "1 < 2 <b>"),
+        (True, "a <think>b<think></think>c", "a b", "c"),  # within the thought
+        (True, "<think>plan", "plan", ""),  # a thought cut before its end
+        (True, "a <thi</think>b", "a <thi", "b"),  # the thought's end is no mark's start
+        (True, "</<think>think>x", "x", ""),  # nor is text joined across a dropped one
+        (False, "</<</think>think>think>x", "", "x"),  # (streamed, "</think>x" came: marks' starts nested)
     ],
 )
 def test_the_answer_drops_the_thoughts_marks_whole_or_streamed(thinking, text, reasoning, content, tools):
     """DeepSeek's decoder refuses a reply whose content holds ``<think>`` or ``</think>`` ("Unexpected
-    special token in content"); a chat-mode reply showed them in ``content``."""
+    special token in content"); a chat-mode reply showed them in ``content``, and a thought showed a
+    ``<think>`` written within it in ``reasoning_content``."""
     whole = parse_message(text, thinking, stopped=True, tools=tools)
     assert (whole.reasoning, whole.content) == (reasoning, content)
     stream = AssistantStream(thinking, tools)
@@ -66,3 +72,20 @@ def test_text_joined_across_a_dropped_mark_is_no_call_and_spells_no_marker(codec
     stream = AssistantStream(thinking)
     parts = [stream.feed(c) for c in text] + [stream.finish(stopped=True)]
     assert [c for p in parts for c in p.calls] == [] and "".join(p.content for p in parts) == content
+
+
+@pytest.mark.parametrize("as_text", [False, True], ids=["its_token", "its_text_in_pieces"])
+def test_a_mark_within_the_thought_is_dropped_in_order_streamed_or_whole(codec, as_text):
+    """Token by token as a stream gets them: ``<think>`` within the thought as its token or its text
+    in pieces, dropped from the reasoning as from the one body's; and a mark's start held back in
+    the thought is released when the thought ends, before the answer (not after it, at the end)."""
+    think = codec.encode("<th")[1:] + codec.encode("ink>")[1:] if as_text else [codec.token_id(THINK)]
+    ids = codec.encode("plan ")[1:] + think + codec.encode("more <thi")[1:] + [codec.token_id(END_THINK)]
+    ids += codec.encode("Hi")[1:]
+    whole = parse_message(codec.decode(ids), thinking=True, stopped=True)
+    assert (whole.reasoning, whole.content) == ("plan more <thi", "Hi"), whole
+    stream = AssistantStream(thinking=True)
+    parts = [stream.feed(codec.decode([token])) for token in ids] + [stream.finish(stopped=True)]
+    assert "".join(p.reasoning for p in parts) == whole.reasoning and "".join(p.content for p in parts) == "Hi"
+    answered = next(i for i, p in enumerate(parts) if p.content)
+    assert not any(p.reasoning for p in parts[answered + 1 :]), parts

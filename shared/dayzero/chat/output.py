@@ -9,6 +9,10 @@ from .reasoning import ReasoningSplitter
 from .tokens import DSML, END_THINK, THINK
 
 _THOUGHT_MARKS = (THINK, END_THINK)
+# marks' starts held within each other at the end of a piece ("</<thi": "<think>" dropped would join
+# "</" and what follows into "</think>"): so deep, a stream drops what one body does (each start
+# held costs a look at the text's end: a run of "<" must not cost each piece the whole run)
+_MOST_NESTED = 4
 
 
 @dataclass(slots=True)
@@ -35,9 +39,10 @@ class AssistantStream:
     a grammar holds the answer to calls (tool_choice required or named).
 
     The answer never holds ``<think>`` or ``</think>`` (a model in chat mode may write them, or write
-    them again after its thought): DeepSeek's decoder refuses such a reply ("Unexpected special token
-    in content"); they are dropped from the content, as a stray DSML tag is, and the text around them
-    kept. Calls are read first, from the text as written: text joined across a dropped mark is never
+    them again after its thought), nor does the thought (a ``<think>`` within it): DeepSeek's decoder
+    refuses such a reply ("Unexpected special token in content"); they are dropped, as a stray DSML
+    tag is, and the text around them kept (in a stream too: the thought's end is released as it
+    ends, before the answer). Calls are read first, from the text as written: text joined across a dropped mark is never
     read as DSML (``<｜DS</think>ML｜`` is text, as the auto grammar, which lets free text hold the
     mark, saw it; it was read as a block, a strict tool's call off its schema), and the marker it
     spells is dropped too."""
@@ -45,32 +50,41 @@ class AssistantStream:
     def __init__(self, thinking: bool, tools: bool = True, calls_only: bool = False) -> None:
         self._reasoning = ReasoningSplitter(thinking)
         self._calls = ToolCallStream(calls_only) if tools else None
-        # what the content never holds: the thought's marks; with tools, the DSML marker that text
-        # joined across a dropped mark may spell (the content the calls left holds none)
-        self._dropped = _THOUGHT_MARKS + ((DSML,) if tools else ())
-        self._held = ""  # the content's end that may grow into one of them
+        self._thought = _Unmarked(_THOUGHT_MARKS)
+        # with tools, the content never holds the DSML marker that text joined across a dropped mark
+        # may spell either (the content the calls left holds none)
+        self._content = _Unmarked(_THOUGHT_MARKS + ((DSML,) if tools else ()))
 
     def feed(self, text: str) -> Delta:
         reasoning, answer = self._reasoning.feed(text)
+        reasoning = self._thought.feed(reasoning, last=not self._reasoning.thinking)  # (its end released)
         parsed = self._calls.feed(answer) if self._calls else Parsed(answer)
-        return _delta(reasoning, parsed, self._unmarked(parsed.content))
+        return _delta(reasoning, parsed, self._content.feed(parsed.content))
 
     def finish(self, stopped: bool = False) -> Delta:
         """``stopped``: the model ended its reply (a call it left open ends too), not a limit."""
-        reasoning = self._reasoning.finish()
+        reasoning = self._thought.feed(self._reasoning.finish(), last=True)
         parsed = self._calls.finish(stopped) if self._calls else Parsed()
-        content = self._unmarked(parsed.content) + self._held  # (an end that never became a mark is text)
-        self._held = ""
-        return _delta(reasoning, parsed, content)
+        return _delta(reasoning, parsed, self._content.feed(parsed.content, last=True))
 
-    def _unmarked(self, content: str) -> str:
-        """``content`` without the thought's marks (nor a marker they split), in whatever pieces they come."""
-        text = self._held + content
+
+class _Unmarked:
+    """A text without ``dropped`` (the thought's marks, and any marker their removal may spell), in
+    whatever pieces they come: an end that may grow into one is held till the next piece, and
+    released as text by the ``last``."""
+
+    def __init__(self, dropped: tuple[str, ...]) -> None:
+        self._dropped = dropped
+        self._held = ""
+
+    def feed(self, piece: str, last: bool = False) -> str:
+        text = self._held + piece
         while any(mark in text for mark in self._dropped):  # (each removal may join another)
             for mark in self._dropped:
                 text = text.replace(mark, "")
-        if hold := held_suffix(text, self._dropped):  # (and a marker's start that a mark's would join)
-            hold += held_suffix(text[: len(text) - hold], self._dropped[2:])
+        hold, nested = 0, 0
+        while not last and nested < _MOST_NESTED and (start := held_suffix(text[: len(text) - hold], self._dropped)):
+            hold, nested = hold + start, nested + 1  # (and the start before it, which its removal would join)
         self._held = text[len(text) - hold :]
         return text[: len(text) - hold]
 
