@@ -51,14 +51,18 @@ class RoutedExperts(Protocol):
         host knows without reading ``counts`` back from the device."""
 
 
+HOST_GROUPED_PAIRS = 32  # routed pairs up to which one CPU rank groups them in numpy (faster up to ~32-64)
+
+
 def _group_pairs(experts: torch.Tensor, n_experts: int, comm: Group) -> tuple[torch.Tensor, torch.Tensor]:
     """experts [T, k] -> the (token, slot) pairs grouped by expert [P] long (a stable sort: in pair
     order within an expert; another rank's pairs left out) and this rank's experts' counts [E_local]
     long. One rank's CPU step sorts and counts the ids on the host (read back: nothing to wait for),
     the same order and counts: torch's stable argsort and the scatter that counted, five small ops,
-    were ~20 us of a demo layer's MoE."""
+    were ~20 us of a demo layer's MoE. Only a few pairs (``HOST_GROUPED_PAIRS``: a decode batch's): a
+    prefill chunk's hundreds read back as Python ints took ~1 ms a layer (bench/group_pairs.py)."""
     first, n_local = comm.config.span(n_experts)[0], comm.config.part(n_experts)
-    if comm.size == 1 and experts.is_cpu:
+    if comm.size == 1 and experts.is_cpu and experts.numel() <= HOST_GROUPED_PAIRS:
         ids = np.array(experts.tolist(), dtype=np.int64).reshape(-1)  # (``tolist``: no aten op)
         return from_host(np.argsort(ids, kind="stable"), "cpu"), from_host(np.bincount(ids, minlength=n_local), "cpu")
     local = experts.flatten() - first if first else experts.flatten()
