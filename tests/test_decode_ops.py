@@ -133,16 +133,16 @@ def test_the_window_metadata_of_a_decode_step_is_built_on_the_host():
 @pytest.mark.parametrize("experts", [[[5, 2]], [[3, 1], [1, 3], [7, 1], [0, 0]]])  # a token's; a batch's, ties
 def test_a_cpu_moe_groups_its_pairs_on_the_host(experts):
     """One rank's CPU step sorts the routed pairs by expert and counts them in numpy from the ids
-    read back (torch's stable argsort and the counting scatter were five ops, ~20 us a layer):
-    no aten op but the results' wrapping, the order and counts torch's stable sort and bincount give."""
+    read back (torch's stable argsort and the counting scatter were five ops, ~20 us a layer): in
+    inference mode, as a step runs, ``tolist`` dispatches resolve_conj and resolve_neg (outside it,
+    nothing), then the results' wrapping; the order and counts torch's stable sort and bincount give."""
     from dayzero.model.moe import _group_pairs
     from dayzero.parallel import Group
 
-    ids = torch.tensor(experts)
-    ops = OpNames()
-    with ops:
+    ids, ops = torch.tensor(experts), OpNames()
+    with torch.inference_mode(), ops:
         order, counts = _group_pairs(ids, 8, Group())
-    assert set(ops.names) == {"aten.lift_fresh.default"}
+    assert ops.names == ["aten.resolve_conj.default", "aten.resolve_neg.default", *["aten.lift_fresh.default"] * 2]
     assert torch.equal(order, ids.flatten().argsort(stable=True))
     assert torch.equal(counts, torch.bincount(ids.flatten(), minlength=8))
 

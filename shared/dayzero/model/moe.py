@@ -63,7 +63,7 @@ def _group_pairs(experts: torch.Tensor, n_experts: int, comm: Group) -> tuple[to
     prefill chunk's hundreds read back as Python ints took ~1 ms a layer (bench/group_pairs.py)."""
     first, n_local = comm.config.span(n_experts)[0], comm.config.part(n_experts)
     if comm.size == 1 and experts.is_cpu and experts.numel() <= HOST_GROUPED_PAIRS:
-        ids = np.array(experts.tolist(), dtype=np.int64).reshape(-1)  # (``tolist``: no aten op)
+        ids = np.array(experts.tolist(), dtype=np.int64).reshape(-1)  # (``tolist``: resolve_conj / _neg)
         return from_host(np.argsort(ids, kind="stable"), "cpu"), from_host(np.bincount(ids, minlength=n_local), "cpu")
     local = experts.flatten() - first if first else experts.flatten()
     if comm.size > 1:  # another rank's pairs go to a last bucket, sorted after this rank's
