@@ -101,6 +101,10 @@ def test_a_plan_or_pools_that_do_not_match_raise():
         copy_host_blocks(places_of([dst]), places_of([src]), plan[:-1])  # a src id short
     with pytest.raises(ValueError, match="counts"):
         copy_host_blocks(places_of([dst]), places_of([src]), np.array([-1, 3], dtype=np.int64))
+    wrapping = np.zeros(1 << 16, dtype=np.int64)  # counts whose sum wraps to 0 past int64; zeros after the
+    wrapping[:4] = 1 << 62  # plan's end, in the same buffer, read as ids if the sum were trusted
+    with pytest.raises(ValueError, match="counts"):
+        copy_host_blocks(places_of([dst] * 4), places_of([src] * 4), wrapping[:4])
     other = _random((2, 11, 3, 4), torch.float32, 3)  # blocks of other bytes
     with pytest.raises(ValueError, match="differ"):
         copy_host_blocks(places_of([dst]), places_of([other]), plan)

@@ -61,8 +61,10 @@ def copy_host_blocks(dst_places, src_places, plan):
     if plan.shape[0] < kinds:
         raise ValueError("a plan shorter than its counts")
     counts = plan[:kinds]
+    if counts.min() < 0 or counts.max() > plan.shape[0]:  # (bounded first: their sum cannot wrap past int64)
+        raise ValueError("a plan whose ids do not match its counts")
     total = counts.sum()
-    if counts.min() < 0 or plan.shape[0] != kinds + 2 * total:
+    if plan.shape[0] != kinds + 2 * total:
         raise ValueError("a plan whose ids do not match its counts")
     dst_ids, src_ids = plan[kinds : kinds + total], plan[kinds + total :]
     start = 0
