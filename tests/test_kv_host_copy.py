@@ -143,3 +143,19 @@ def test_import_state_on_host_equals_the_twins_import(dtype, mtp):
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), kind
         n = len(src.sequences["s"].tables[kind])
         assert torch.equal(got[:, table[kind]], original[:, src.sequences["s"].tables[kind][:n]]), kind
+
+
+def test_a_host_pools_storage_cannot_be_put_in_another_tensors_place():
+    """``host_places`` holds the storage's addresses: a tensor assigned in its place would leave the
+    compiled copy writing memory freed with the old one; it is refused instead."""
+    pools = pools_for(ModelConfig.from_dict(tiny_config()), torch.float32, 8)
+    addresses = pools.host_places[:, 0].tolist()
+    with pytest.raises(AttributeError):
+        pools.window = pools.window.clone()
+    with pytest.raises(AttributeError):
+        pools.compressor_storage = pools.compressor_storage.clone()
+    with pytest.raises(TypeError):
+        pools.compressed["index_keys"] = pools.compressed["index_keys"].clone()
+    with pytest.raises(AttributeError):
+        pools.compressed = {}
+    assert [t.data_ptr() for t in pools.tensors()] == addresses

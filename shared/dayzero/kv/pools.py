@@ -19,6 +19,7 @@ import json
 import math
 import uuid
 from collections.abc import Callable
+from types import MappingProxyType
 
 import torch
 
@@ -101,13 +102,17 @@ class KVPools:
         def storage(layers: int, n: int, width: int) -> torch.Tensor:
             return allocate((layers, n, bs, width), dtype)
 
-        self.window = storage(layout.window_layers, blocks["window"], layout.head_dim)
-        self.compressed = {
+        window = storage(layout.window_layers, blocks["window"], layout.head_dim)
+        compressed = {
             "compressed_csa": storage(len(layout.csa_layers), blocks["compressed_csa"], layout.head_dim),
             "compressed_hca": storage(len(layout.hca_layers), blocks["compressed_hca"], layout.head_dim),
             "index_keys": storage(len(layout.csa_layers), blocks["index_keys"], layout.index_head_dim),
         }
-        self.compressor_storage, self.compressor = _compressor_tensors(layout, blocks["compressor"], allocate)
+        compressor_storage, self.compressor = _compressor_tensors(layout, blocks["compressor"], allocate)
+        # the storage, set for life (read-only: host_places holds its addresses, a tensor put in its
+        # place would leave them to freed memory)
+        self._storage = (window, *compressed.values(), compressor_storage)
+        self._compressed = MappingProxyType(compressed)
         self._states: dict[tuple[str, int], tuple[torch.Tensor, ...]] = {}  # compressor_state's views
         # what a handoff must agree on: the layout and the order and shapes the storage is carved in
         order += [[name, t.shape[0], *t.shape[2:]] for name, t in self.compressor.items()]  # a slot's carving
@@ -259,8 +264,20 @@ class KVPools:
     def storage_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
+    @property
+    def window(self) -> torch.Tensor:
+        return self._storage[0]
+
+    @property
+    def compressed(self) -> MappingProxyType[str, torch.Tensor]:
+        return self._compressed
+
+    @property
+    def compressor_storage(self) -> torch.Tensor:
+        return self._storage[-1]
+
     def tensors(self) -> list[torch.Tensor]:
-        return [self.window, *self.compressed.values(), self.compressor_storage]
+        return list(self._storage)
 
 
 def pools_for(
