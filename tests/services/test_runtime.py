@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 
+import numba
 import pytest
 
+from dayzero.kv import handoff
 from dayzero.serving.queue_scripts import ADMIT
 from dayzero.serving.runtime import WARM_UP, Runtime
 from dayzero.serving.scripts import HEARTBEAT, TAKE
@@ -31,6 +33,26 @@ def test_the_warm_up_runs_a_prefill_and_a_decode_step_and_frees_its_blocks(demo_
     assert ran[0] == ("prefill", max(rates) + 2)  # every compressor folds an entry: the indexer runs
     assert ran[1:] == ([("decode", max(rates) + 2)] if decode else [])
     assert runtime.pools.sequences == {} and all(used == 0 for used, _ in runtime.pools.usage().values())
+
+
+@pytest.mark.parametrize(
+    ("stage", "transport", "compiled"), [("decode", "shm", True), ("prefill", "shm", False), ("prefill", "redis", True)]
+)
+def test_the_warm_up_compiles_the_host_copy_a_handoff_calls(
+    demo_dir, redis_url, monkeypatch, stage, transport, compiled
+):
+    """Decode's first import (prefill's first pack for Redis) waited 1-2 s for numba's cache, ~10 s
+    for a compile: the warm-up calls the copy with the types a handoff calls it with (numba
+    compiles once per types: a writable plan would be another compile)."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff=transport)
+    runtime = Runtime.load(settings, "copy@test", stage, False)
+    calls = []
+    monkeypatch.setattr(handoff, "copy_host_blocks", lambda *args: calls.append([numba.typeof(a) for a in args]))
+    runtime.warm_up(decode=stage == "decode")
+    pools = runtime.pools
+    pools.reserve("s", 5)
+    handoff.import_state(pools, pools, handoff.export_state(pools, "s"), "copy")  # a handoff's call
+    assert calls[:-1] == ([calls[-1]] if compiled else [])
 
 
 def test_pools_too_small_for_the_warm_up_skip_it(demo_dir, redis_url, caplog):

@@ -57,7 +57,16 @@ def import_state(dst: KVPools, src: KVPools, handle: StateHandle, seq_id: str) -
             copy_blocks(dst_t, src_t, seq.tables[kind][:n], handle.blocks[kind][:n])
 
 
-def _plan(counts: dict[str, int], dst: dict[str, list[int]], src: dict[str, tuple[int, ...]]) -> np.ndarray:
+def warm_up_host_copy(pools: KVPools) -> None:
+    """Compile host pools' copy now (or load it from numba's cache): the first handoff waited on it,
+    1-2 s from the cache, ~10 s compiling, on a loaded host. The plan is ``_plan``'s (a read-only
+    array: numba compiles another copy for a writable one)."""
+    if pools.host_places is not None:
+        none = dict.fromkeys(POOL_KINDS, ())
+        copy_host_blocks(pools.host_places, pools.host_places, _plan(dict.fromkeys(POOL_KINDS, 0), none, none))
+
+
+def _plan(counts: dict[str, int], dst: dict[str, Sequence[int]], src: dict[str, Sequence[int]]) -> np.ndarray:
     """``copy_host_blocks``' plan: each kind's count, then the blocks of each kind in ``dst``, then
     those in ``src`` (int64). One list, converted once: struct packs a list of ints in half
     numpy's time (np.array ~17 ns an id, a 4k demo state has ~300)."""

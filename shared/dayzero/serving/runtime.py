@@ -12,6 +12,7 @@ import redis
 
 from ..checkpoint import load_model
 from ..completion import Completion, context_limit
+from ..kv.handoff import warm_up_host_copy
 from ..kv.pools import KVPools, OutOfBlocks
 from ..kv.shared import CudaSharedPools, Segment, SharedPools, sweep_stale
 from ..model.plan import AttentionOptions
@@ -196,10 +197,12 @@ class Runtime:
         the worker serves: the first calls compile kernels (numba's on CPU, Triton's on a GPU) and
         fill caches, which would otherwise be the first request's wait (0.25-0.5 s on CPU here). The
         prompt is long enough for every compressor to fold an entry (the indexer's path runs). The
-        lifecycle's Lua scripts are loaded into Redis too; with decode graphs, every batch size's
-        shortest bucket is captured."""
+        host pools' handoff copy is compiled where it will run, the lifecycle's Lua scripts loaded
+        into Redis; with decode graphs, every batch size's shortest bucket is captured."""
         cfg, start = self.model.cfg, time.monotonic()
         self._load_scripts()
+        if decode or self.settings.handoff == "redis":  # (decode imports every state; prefill packs them for Redis)
+            warm_up_host_copy(self.pools)
         length = max(cfg.compress_rates.values(), default=1) + 2
         try:
             self.ranks.reserve(WARM_UP, length + 1)
