@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -159,3 +161,18 @@ def test_a_host_pools_storage_cannot_be_put_in_another_tensors_place():
     with pytest.raises(AttributeError):
         pools.compressed = {}
     assert [t.data_ptr() for t in pools.tensors()] == addresses
+
+
+@pytest.mark.parametrize("bad", ["past int64", "too few", "negative"])
+def test_a_states_ids_that_do_not_fit_raise_a_lookup_error(bad):
+    """Decode's admission gives a LookupError's request back to be re-run; any other error was
+    retried every pass of its loop (struct.error for an id past int64: numpy's IndexError before)."""
+    cfg = ModelConfig.from_dict(tiny_config())
+    src, dst = (pools_for(cfg, torch.float32, 40) for _ in range(2))
+    src.reserve("s", 29)
+    src.sequences["s"].length = 29
+    handle = export_state(src, "s")
+    ids = {"past int64": (1 << 63,), "too few": (), "negative": (-1,)}[bad]
+    blocks = {**handle.blocks, "compressed_csa": ids + handle.blocks["compressed_csa"][len(ids) or 1 :]}
+    with pytest.raises(LookupError):
+        import_state(dst, src, dataclasses.replace(handle, blocks=blocks), "moved")

@@ -40,7 +40,9 @@ def export_state(pools: KVPools, seq_id: str) -> StateHandle:
 
 
 def import_state(dst: KVPools, src: KVPools, handle: StateHandle, seq_id: str) -> None:
-    """Copy the handle's state from ``src`` into new blocks of ``dst`` under ``seq_id``."""
+    """Copy the handle's state from ``src`` into new blocks of ``dst`` under ``seq_id``. Block ids
+    (a message's) outside the source pool, or fewer than its length needs, raise IndexError (a
+    LookupError: decode gives the request back to be re-run)."""
     if handle.pool_id != src.pool_id:
         raise ValueError(f"handle refers to pool {handle.pool_id}, not {src.pool_id}")
     if handle.layout_hash != dst.layout_hash or handle.layout_hash != src.layout_hash:
@@ -50,7 +52,10 @@ def import_state(dst: KVPools, src: KVPools, handle: StateHandle, seq_id: str) -
     seq.length = handle.length
     counts = dst.layout.blocks_of(handle.length)
     if dst.host_places is not None and src.host_places is not None and dst.dtype == src.dtype:
-        copy_host_blocks(dst.host_places, src.host_places, _plan(counts, seq.tables, handle.blocks))
+        try:
+            copy_host_blocks(dst.host_places, src.host_places, _plan(counts, seq.tables, handle.blocks))
+        except (ValueError, struct.error) as exc:  # fewer ids than its length needs, or one past int64
+            raise IndexError(f"the state's block ids do not fit its length or pools ({exc})") from None
         return
     for kind, dst_t, src_t in zip(POOL_KINDS, dst.tensors(), src.tensors(), strict=True):
         if n := counts[kind]:
