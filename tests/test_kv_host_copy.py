@@ -70,7 +70,8 @@ def test_a_pool_with_no_blocks_of_a_kind_takes_the_others():
     assert torch.equal(dst[0][:, 0], src[0][:, 3])
 
 
-def test_overlapping_blocks_of_one_pool_copy_as_through_a_buffer():
+def test_a_stretch_overlapping_its_source_in_one_pool_copies_as_through_a_buffer():
+    """(One stretch: memmove. Stretches that swap blocks do not: host_copy says so.)"""
     pool = _random((2, 8, 3, 5), torch.float32, 0)
     want = pool.clone()
     want[:, [1, 2, 3]] = pool[:, [2, 3, 4]].clone()

@@ -56,7 +56,9 @@ def copy_host_blocks(dst_places, src_places, plan):
     in every layer. ``plan`` (int64): the count of each kind (K of them), then the ids of each
     kind's blocks in dst, kind after kind, then those in src. All is checked before a byte moves
     (src's ids come from a message): ids outside their pool raise IndexError, a plan or pools
-    that do not match ValueError."""
+    that do not match ValueError. One pool as both: a stretch may overlap its own source (memmove),
+    but a block one stretch writes is read after it by a later one (the twin gathers first: blocks
+    swapped differ); import_state's lists share no block (a sequence's blocks are not its source's)."""
     kinds = min(dst_places.shape[0], src_places.shape[0])
     if plan.shape[0] < kinds:
         raise ValueError("a plan shorter than its counts")
