@@ -153,6 +153,12 @@ def test_the_errors_sent_are_counted_by_their_code(gateway):
     before = _errors(client)
     assert client.post("/v1/completions", json={"model": "nope", "prompt": "x"}).status_code == 400
     assert client.post("/v1/completions", json={"model": MODEL, "prompt": [0, 5], "top_p": 7}).status_code == 400
+    refused_key = {
+        "model": MODEL,
+        "prompt": [0, 5],
+        "logit_bias": {"5.0": 1},
+    }  # (OpenAI codes it null: its type counts)
+    assert client.post("/v1/completions", json=refused_key).status_code == 400
     running = set(store.active())
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(client.post, "/v1/completions", json={"model": MODEL, "prompt": [0, 5], "max_tokens": 3})
@@ -168,6 +174,7 @@ def test_the_errors_sent_are_counted_by_their_code(gateway):
     grown = _grown(before, _errors(client))
     assert grown == {
         "model_not_found": 1.0,
+        "decimal_above_max_value": 1.0,  # (a validation 400's code, as OpenAI's)
         "invalid_request_error": 1.0,
         "overloaded": 1.0,
         "no_worker": 1.0,

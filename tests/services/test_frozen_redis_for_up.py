@@ -84,7 +84,10 @@ def test_a_read_redis_answers_late_ages_no_stamp_meanwhile(tmp_path):
         stamp()
         time.sleep(FROZEN_S - 0.5)  # (a stamp period and a loaded scheduler's delay)
         server.send_signal(signal.SIGSTOP)
-        continued = threading.Timer(1.0, server.send_signal, (signal.SIGCONT,))
+        # frozen 1.5 s: the read, sent just after, must outlast STAMP_EVERY_S (1 s) by a loaded scheduler's
+        # delay (frozen 1.0 s, a read began late under CI load took 0.99 s: counted as answered in time)
+        # and end within up's read timeout (2 s)
+        continued = threading.Timer(1.5, server.send_signal, (signal.SIGCONT,))
         continued.start()
         began = time.monotonic()
         found = stack.frozen()
