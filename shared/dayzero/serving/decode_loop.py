@@ -21,6 +21,7 @@ from ..kv.handoff import LayoutMismatch
 from ..kv.pools import OutOfBlocks
 from ..speculative import Acceptance, Speculation, decode_round
 from .active import Active, admit_state
+from .decode_stats import record_step
 from .handoff import Receiver
 from .intake import Intake, Ticket, run_loop
 from .lease import Heartbeat
@@ -213,17 +214,6 @@ class DecodeLoop:
             log.error("request %s: sampling failed: %r", rid, exc)
             self._settle(ticket, "error", f"sampling failed: {type(exc).__name__}", len(ticket.job.generated))
 
-    def _record(self, ids: list[str], emitted: int, seconds: float) -> None:
-        """Step metrics: batch size, tokens/s, and the CSA entries the indexer lets each query read."""
-        cfg, stats = self.r.model.cfg, self.r.stats
-        stats.call("decode")
-        stats.add(steps=1, tokens=emitted)
-        rate = cfg.compress_rates["compressed_sparse_attention"]
-        entries = [self.r.pools.length(rid) // rate for rid in ids]
-        available = sum(entries)
-        fraction = sum(min(cfg.index_topk, n) for n in entries) / available if available else 1.0
-        stats.set(batch_size=len(ids), tokens_per_s=emitted / seconds if seconds else 0.0, selected_fraction=fraction)
-
     def _finish(self, rid: str, reason: str, index: int | None = None, message: str = "", **end: dict | str) -> None:
         """End active request ``rid`` (``end``: its ``usage``, its error's ``code``)."""
         self.heartbeat.release(rid)  # no beat in flight outlives its end
@@ -269,7 +259,7 @@ class DecodeLoop:
         else:
             model, pools, options = self.r.model, self.r.pools, self.r.options
             rounds, acceptance = decode_round(model, pools, ids, tokens, completions, self.speculation, options)
-        self._record(ids, sum(len(steps) for steps in rounds), time.perf_counter() - start)
+        record_step(self.r, ids, sum(len(steps) for steps in rounds), time.perf_counter() - start)
         if self.speculation is not None:
             self.acceptance.merge(acceptance)
             self.r.stats.add(**acceptance.counters())
