@@ -125,3 +125,17 @@ def test_one_literal_is_bounded_by_the_bytes_a_reply_writes():
     }
     for what, schema in refused.items():
         assert what in (size_problem([schema], ROOMY) or ""), (what, size_problem([schema], ROOMY))
+
+
+def test_an_enum_or_const_value_that_is_no_string_is_bounded_whole():
+    """llguidance spells a const (or an enum's value) that is an array or object as one literal, its
+    whole JSON text: ten strings of 3,990 bytes each, every one within the bound, cost ~11-16 ms a
+    step (bench/literal_steps.py's measure: 0.9 at 4,000 bytes) and were let through."""
+    assert size_problem([{"const": ["x" * 3996]}], ROOMY) is None  # ["x...x"]: 4,000 bytes
+    assert "an enum or const value (its JSON text) of 4,001 bytes" in size_problem([{"const": ["x" * 3997]}], ROOMY)
+    refused = {  # (JSON as DeepSeek writes it: ", " and ": ")
+        "39,940": {"const": ["x" * 3990] * 10},
+        "40,000": {"enum": [1, {f"k{i}": "x" * 3990 for i in range(10)}]},
+    }
+    for written, schema in refused.items():
+        assert f"an enum or const value (its JSON text) of {written} bytes" in (size_problem([schema], ROOMY) or "")

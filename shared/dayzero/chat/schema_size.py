@@ -187,10 +187,15 @@ def _literals(node: dict) -> Iterator:
 
 def _long_string(node: dict) -> str | None:
     """A string of ``node`` one grammar lexeme spells past ``MOST_LITERAL_BYTES`` (None: none): any
-    of ``written_literals``."""
-    for what, strings in written_literals(node).items():
-        written = _utf8 if what == "a regular expression" else _json_utf8
-        if (longest := max(map(written, strings), default=0)) > MOST_LITERAL_BYTES:
+    of ``written_literals``, or an enum or const value that is no string, written whole (its JSON
+    text: strings each within the bound, an array or object of them spelled ~11-16 ms a step)."""
+    lengths = {what: list(map(_json_utf8, strings)) for what, strings in written_literals(node).items()}
+    lengths["a regular expression"] = list(map(_utf8, regexes(node)))
+    lengths["an enum or const value (its JSON text)"] = [
+        _utf8(to_json(v)) for v in _literals(node) if not isinstance(v, str)
+    ]
+    for what, written in lengths.items():
+        if (longest := max(written, default=0)) > MOST_LITERAL_BYTES:
             most = MOST_LITERAL_BYTES
             return f"{what} of {longest:,} bytes (UTF-8, as written): at most {most:,} in one can be enforced"
     return None
