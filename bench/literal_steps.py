@@ -1,13 +1,14 @@
 """What a long literal costs each decode step under constrained decoding: a JSON schema whose reply
 must write one long string (a ``const`` of ASCII words or of CJK ones, 3 UTF-8 bytes a character;
-an ``enum`` of strings sharing all but their last character, so all stay live; a ``pattern`` of
-the text), beside a string only counted (minLength), at the built-in model's tokenizer (2,048
-tokens) and at V4's vocabulary size (129,280, the synthetic byte-level one of bench/guided.py: the
-released tokenizer is not shipped here). llguidance's lexer pays at each step for every byte of
-the literal still to write: a step near its start costs the most, and a whole reply grows
-quadratically in its length. Each cell: the median CPU ms (the process's: llguidance's threads
-too) of one row's mask (``guided.fill_masks``) over the reply's first ``--steps`` tokens (its
-canonical tokens, accepted), median of ``--runs``.
+an ``enum`` of strings sharing all but their last character, so all stay live; a ``const`` array
+of ten strings of a tenth each, one literal as a whole; a ``pattern`` of the text), beside a string
+only counted (minLength), at the built-in model's tokenizer (2,048 tokens) and at V4's vocabulary
+size (129,280, the synthetic byte-level one of bench/guided.py: the released tokenizer is not
+shipped here). llguidance's lexer pays at each step for every byte of the literal still to write:
+a step near its start costs the most, and a whole reply grows quadratically in its length. Each
+cell: the median CPU ms (the process's: llguidance's threads too) of one row's mask
+(``guided.fill_masks``) over the reply's first ``--steps`` tokens (its canonical tokens, accepted),
+median of ``--runs``.
 
     .venv/bin/python bench/literal_steps.py [--runs 3] [--steps 32] [--chars 1000 4000 5000 10000]
 """
@@ -49,6 +50,7 @@ def schemas(chars: int) -> dict[str, tuple[dict, str]]:
         "const, ASCII": ({"const": text}, text),
         "const, CJK (3 B/char)": ({"const": cjk}, cjk),
         "enum of 8 (one prefix)": ({"enum": [text[:-1] + c for c in "abcdefgh"]}, text[:-1] + "a"),
+        "const, an array of 10": ({"const": [text[: chars // 10]] * 10}, [text[: chars // 10]] * 10),
         "pattern, the ASCII text": ({"type": "string", "pattern": f"^{text}$"}, text),
         "minLength (no literal)": ({"type": "string", "minLength": chars, "maxLength": chars}, "x" * chars),
     }
