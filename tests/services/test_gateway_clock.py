@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -79,6 +81,25 @@ def admitted(url: str, client: redis.Redis) -> str:
     return rid
 
 
+def read_to_its_end(url: str, client: redis.Redis) -> tuple[str, threading.Thread]:
+    """A stream admitted on the gateway at ``url``, its client reading on until the stream ends (a
+    thread): a request nobody takes waits out its time limit (one whose client left is ended by the
+    reaper's next pass) -> its id, the reading thread."""
+    ids: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        with httpx.stream("POST", f"{url}/v1/completions", json=STREAM, timeout=60) as response:
+            ids.put(response.headers["x-request-id"])
+            for _ in response.iter_lines():
+                pass
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    rid = ids.get(timeout=30)
+    assert wait_until(lambda: client.exists(key("req", rid)), 10)
+    return rid, reader
+
+
 def created(client: redis.Redis, rid: str) -> float:
     return json.loads(client.get(key("req", rid)))["created"]
 
@@ -114,7 +135,7 @@ def test_a_skewed_gateway_cancels_what_a_stopped_one_left_and_ends_requests_by_r
         gateways.append(start_gateway("gateway_s", stopping, redis_url, text_dir, tmp_path))
         gateways.append(start_gateway("gateway_t", survivor, redis_url, text_dir, tmp_path, **limit))
         (first, first_url), (_, other_url) = gateways
-        waits = admitted(other_url, client)  # (nobody takes it: it waits out its time limit)
+        waits, reader = read_to_its_end(other_url, client)  # (nobody takes it: it waits out its time limit)
         assert abs(created(client, waits) - redis_now(client)) < 1.0
 
         rid = read_until_stopped(first_url, first, client)
@@ -125,6 +146,7 @@ def test_a_skewed_gateway_cancels_what_a_stopped_one_left_and_ends_requests_by_r
 
         assert wait_until(lambda: client.get(key("done", waits)) is not None, LIMIT_S + 8)
         assert redis_now(client) >= created(client, waits) + LIMIT_S
+        reader.join(30)
     finally:
         for proc, _ in gateways:
             stopped(proc)
