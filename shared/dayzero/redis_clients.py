@@ -245,6 +245,11 @@ def unreached(url: str, exc: redis.RedisError) -> str:
     return f"no sentinel ({sentinels}) named the master {where.master_name!r}: {why}"
 
 
+# what Redis answers credentials no wait mends: a wrong password (or none where one is asked; a
+# sentinel's too: SentinelRefused), a command the URL's user may not run (an ACL without PING...)
+REFUSED_FOR_GOOD = (redis.AuthenticationError, redis.exceptions.NoPermissionError)
+
+
 def refused_for_good(url: str, exc: redis.RedisError) -> str | None:
     """Why the Redis at ``url`` refuses its clients (``exc``) where no wait mends it, in one line: a
     wrong password, none given where one is asked, a command the URL's user may not run (an ACL

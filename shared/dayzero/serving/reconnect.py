@@ -34,9 +34,10 @@ import os
 import time
 from collections.abc import Callable
 
-import redis
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu import Connection
+
+from ..redis_clients import REFUSED_FOR_GOOD
 
 log = logging.getLogger("dayzero.worker")
 
@@ -82,7 +83,7 @@ class RefusedCredentials:
         self._since: float | None = None
 
     def tried(self, exc: Exception) -> None:
-        if not isinstance(exc, (redis.AuthenticationError, redis.exceptions.NoPermissionError)):
+        if not isinstance(exc, REFUSED_FOR_GOOD):
             self._since = None
             return
         now = time.monotonic()

@@ -18,6 +18,7 @@ from ..kv.shared import CudaSharedPools, Segment, SharedPools, sweep_stale
 from ..model.plan import AttentionOptions
 from ..model.weights import Transformer
 from ..parallel.collectives import Group
+from ..redis_clients import REFUSED_FOR_GOOD
 from ..settings import Settings
 from ..speculative import speculation_problem
 from ..tokenizer import IdsOnlyCodec, TextCodec, load_codec
@@ -71,7 +72,7 @@ def _credentials_taken(client: redis.Redis) -> None:
     Redis down or loading is waited for at the warm-up (``Runtime._load_scripts``), once loaded."""
     try:
         client.ping()
-    except (redis.AuthenticationError, redis.exceptions.NoPermissionError):  # (a user's ACL without PING too)
+    except REFUSED_FOR_GOOD:  # (a wrong password, a user's ACL without PING)
         raise
     except redis.RedisError:
         pass
