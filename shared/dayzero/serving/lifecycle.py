@@ -21,7 +21,8 @@ handed off     handoff:{id} ("decode:{n}", counted as queued marks are) and leas
                prefill's blocks wait for decode to take them (decode's claim takes the lease; a
                claimer whose pools cannot hold it yet may hand it back: the same lease and mark,
                till the handoff's own deadline); kvstate:{id} the state itself when it travels
-               through Redis; taken:{prefill worker} the inbox where decode says it has taken them
+               through Redis (living on with a claimer's lease: TAKE, HEARTBEAT); taken:{prefill
+               worker} the inbox where decode says it has taken them
 ended          done:{id} = finished (stop, length) | cancelled | error (a stream ended already: its
                finish); tokens:{id} closed (once: stream_scripts.py; left open: the gateway ends its
                readers by done, with the end unclosed:{id} keeps); kvstate:{id} dropped
@@ -102,7 +103,7 @@ class Lifecycle:
         someone else alive does (the owner may take it again; ``handed_off``: decode, from the
         handoff, whose mark stays till ``take_handoffs``), then whether it was cancelled: one round
         trip."""
-        keys = [key("attempt", rid), key("done", rid), key("lease", rid), key("queued", rid), key("cancel", rid)]
+        keys = [key(family, rid) for family in ("attempt", "done", "lease", "queued", "cancel", "kvstate")]
         args = [attempt, owner, int(lease_s * 1000), HANDOFF_OWNER if handed_off else ""]
         return Take(self._take(keys=keys, args=args))
 
@@ -126,7 +127,7 @@ class Lifecycle:
         since; -> those of ``rids`` it lost (re-run, ended, gone with Redis's data): never another's."""
         if not rids:
             return []
-        keys = [key(family, rid) for rid in rids for family in ("lease", "attempt", "done", "queued", "req")]
+        keys = [key(family, rid) for rid in rids for family in ("lease", "attempt", "done", "queued", "req", "kvstate")]
         held = [runs.get(rid, "") for rid in rids]
         lost = self._heartbeat(keys=keys, args=[owner, int(lease_s * 1000), *held])
         return [rids[int(i) - 1] for i in lost]

@@ -61,18 +61,33 @@ end
 )
 
 
-# KEYS: attempt, done, lease, queued, cancel; ARGV: the delivery's attempt, owner, lease ms, and
-# the lease that counts as free ('': none; decode's: the handoff's). The owner may take again (a
+# ``outlive(state, ms)``: the request's state parked in Redis (kvstate:{id}, a handoff's across hosts),
+# if any, lives ``ms`` more, never less than it had: as long as its claimer's lease, which a dead
+# claimer's beats no longer renew (the state then lapses with it).
+OUTLIVE = """
+local function outlive(state, ms)
+    local left = redis.call('PTTL', state)
+    if left >= 0 and left < tonumber(ms) then
+        redis.call('PEXPIRE', state, ms)
+    end
+end
+"""
+
+
+# KEYS: attempt, done, lease, queued, cancel, kvstate; ARGV: the delivery's attempt, owner, lease ms,
+# and the lease that counts as free ('': none; decode's: the handoff's). The owner may take again (a
 # batch it retries after Redis came back): its lease starts afresh, as a first take's does (the
-# heartbeat's next beat may be a third of a lease off).
+# heartbeat's next beat may be a third of a lease off), and so does its parked state's life.
 TAKE = (
     CURRENT_RUN
+    + OUTLIVE
     + """
 local run = current_run(mget(1, 3), 1, ARGV[1], ARGV[2], ARGV[4])
 if run ~= 'ours' then
     return run == 'held' and 1 or 0
 end
 redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
+outlive(KEYS[6], ARGV[3])
 redis.call('DEL', KEYS[4])
 if redis.call('EXISTS', KEYS[5]) == 1 then
     return 2
@@ -173,25 +188,31 @@ return taken
 )
 
 
-# KEYS per lease: lease, attempt, done, queued, req; ARGV: owner, lease ms, then per lease the run
-# (attempt) the owner holds ('': none known). Each lease the owner still holds is refreshed. One
-# that lapsed (nobody's: Redis was out, or a step ran, past a lease) is taken back while its run is
-# still the request's current one: no re-run began (the attempt is the run's; the reaper's re-run
-# bumps it in the script that would see this lease), it has not ended, no message of it waits, its
-# record is there. The answer lists (1-based) the rest: re-run elsewhere, ended, gone with Redis's data.
-HEARTBEAT = """
+# KEYS per lease: lease, attempt, done, queued, req, kvstate; ARGV: owner, lease ms, then per lease the
+# run (attempt) the owner holds ('': none known). Each lease the owner still holds is refreshed, and
+# its parked state's life with it. One that lapsed (nobody's: Redis was out, or a step ran, past a
+# lease) is taken back while its run is still the request's current one: no re-run began (the
+# attempt is the run's; the reaper's re-run bumps it in the script that would see this lease), it has
+# not ended, no message of it waits, its record is there. The answer lists (1-based) the rest:
+# re-run elsewhere, ended, gone with Redis's data.
+HEARTBEAT = (
+    OUTLIVE
+    + """
 local lost = {}
-for i = 0, #KEYS / 5 - 1 do
-    local k, run = 5 * i, ARGV[3 + i]
+for i = 0, #KEYS / 6 - 1 do
+    local k, run = 6 * i, ARGV[3 + i]
     local lease = redis.call('GET', KEYS[k + 1])
     if lease == ARGV[1] then
         redis.call('PEXPIRE', KEYS[k + 1], ARGV[2])
+        outlive(KEYS[k + 6], ARGV[2])
     elseif not lease and run ~= '' and tonumber(redis.call('GET', KEYS[k + 2]) or 0) == tonumber(run)
         and redis.call('EXISTS', KEYS[k + 3], KEYS[k + 4]) == 0 and redis.call('EXISTS', KEYS[k + 5]) == 1 then
         redis.call('SET', KEYS[k + 1], ARGV[1], 'PX', ARGV[2])
+        outlive(KEYS[k + 6], ARGV[2])
     else
         lost[#lost + 1] = i + 1
     end
 end
 return lost
 """
+)

@@ -1,0 +1,58 @@
+"""A state carried through Redis (handoff=redis, prefill and decode on different hosts) lives as long
+as a decode worker holds its claim, and no longer: a claimed request waiting in decode (for room in
+its pools, for its grammar) past the handoff's timeout found its state expired and was re-prefilled."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import redis
+
+from dayzero.serving.decode_loop import DecodeLoop
+from dayzero.serving.handoff import park
+from dayzero.serving.keys import key
+from dayzero.serving.lease import Heartbeat
+from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.messages import PrefillJob
+from dayzero.serving.prefill_loop import PrefillLoop
+from dayzero.serving.runtime import Runtime
+from dayzero.settings import Settings
+
+from .conftest import recording, run_jobs
+from .test_lease import _admitted
+
+
+def test_a_claimed_request_waiting_in_decode_past_the_handoff_timeout_keeps_its_state(demo_dir, redis_url):
+    """Decode claims the handoff (1.5 s) as it arrives, then waits 3 s before importing it: the
+    state must still be there (it expired: "handoff state ... expired", the request left to lapse
+    and be re-run from prefill)."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", lease_s=0.4, handoff_timeout_s=1.5)
+    decode = Runtime.load(settings, "decode-w@test", "decode", False)  # (first: claims as soon as handed off)
+    (store, request), handed = _admitted(settings, "waits-claimed", 3), []
+    prefill = Runtime.load(settings, "prefill-w@test", "prefill", False)
+    run_jobs(PrefillLoop(prefill, recording(handed)), [PrefillJob(request=request)])
+    ready_at, ready = time.monotonic() + 3.0, decode.grammar_ready
+    decode.grammar_ready = lambda ticket: time.monotonic() > ready_at and ready(ticket)  # waits, claimed
+    run_jobs(DecodeLoop(decode), handed)
+    assert store.done("waits-claimed") == "length" and len(store.streamed_tokens("waits-claimed")) == 3
+    assert not store.r.exists(key("kvstate", "waits-claimed"))  # taken, and the request ended
+
+
+def test_a_held_state_is_beaten_with_its_lease_and_lapses_with_it_once_its_holder_is_gone(redis_url):
+    """The claim and each beat keep the parked state alive for a lease; once nobody beats (its decode
+    worker died) it lapses with the lease, as it would unclaimed."""
+    store, stop = Lifecycle(redis.Redis.from_url(redis_url)), threading.Event()
+    store.r.set(key("attempt", "held-state"), 0)
+    park(store, "kvstate", "held-state", b"state", 0.2)
+    store.r.set(key("lease", "held-state"), "handoff", px=200)
+    beat = Heartbeat(store, "decode0", 0.4, stop)
+    try:
+        store.take("held-state", 0, "decode0", 0.4, handed_off=True)
+        with beat.holding(["held-state"]):
+            time.sleep(1.0)  # five times the state's own TTL: only the claim and the beats keep it
+            assert store.r.get(key("kvstate", "held-state")) == b"state"
+        time.sleep(0.8)  # two leases with no beat
+        assert not store.r.exists(key("kvstate", "held-state"))
+    finally:
+        stop.set()
