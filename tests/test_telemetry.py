@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from dayzero.settings import Settings
-from dayzero.telemetry import collector_url, setup_tracing
+from dayzero.telemetry import collector_url, sdk_endpoint_checked, setup_tracing
 
 
 @pytest.mark.parametrize(
@@ -52,7 +54,8 @@ def test_the_sdks_endpoint_without_a_scheme_is_refused_at_start(name, monkeypatc
     monkeypatch.setattr(telemetry.trace, "set_tracer_provider", installed.append)
     monkeypatch.setenv(name, "collector:4318")
     with pytest.raises(ValueError, match=rf"^{name}='collector:4318' is no URL: .*http://host:port"):
-        setup_tracing(Settings(trace_exporter="otlp-http"), "gateway")
+        sdk_endpoint_checked(Settings(trace_exporter="otlp-http"), os.environ)  # (``dayzero serve``'s first step)
     monkeypatch.setenv(name, "http://collector:4318")
-    setup_tracing(Settings(trace_exporter="otlp-http"), "gateway")  # (a URL: taken)
+    sdk_endpoint_checked(Settings(trace_exporter="otlp-http"), os.environ)  # (a URL: taken)
+    setup_tracing(Settings(trace_exporter="otlp-http"), "gateway")
     assert len(installed) == 1

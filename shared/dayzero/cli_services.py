@@ -20,7 +20,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
     sdk_endpoint_checked(settings, os.environ)  # (a worker sets its tracer up in Celery's worker_init)
     if args.service == "gateway":
-        _credentials_taken(settings.redis_url)
+        _gateway_redis_refusal_checked(settings.redis_url)
         import uvicorn
 
         from services.gateway.access_log import access_log_config
@@ -64,7 +64,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     end_process(_run_worker(args.service, settings, args.name))
 
 
-def _credentials_taken(url: str) -> None:
+def _gateway_redis_refusal_checked(url: str) -> None:
     """A ValueError (one line, exit 2) where the gateway's Redis refuses it for good: started alone
     (compose's way) with a wrong password, it served /ready's 503 for ever. A Redis not up yet is
     waited for, as compose starts the two side by side."""

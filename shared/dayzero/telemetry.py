@@ -46,7 +46,6 @@ def setup_tracing(settings: Settings, service: str) -> None:
         else:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         endpoint = settings.trace_endpoint and collector_url(settings.trace_exporter, settings.trace_endpoint)
-        sdk_endpoint_checked(settings, os.environ)
         exporter = OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
@@ -70,8 +69,9 @@ def sdk_endpoint_checked(settings: Settings, environ: Mapping[str, str]) -> None
     """A ValueError, at start, for the OpenTelemetry SDK's own endpoint variable (which otlp-http reads
     where DAYZERO_TRACE_ENDPOINT is unset) without http:// or https://: the spec asks for a URL, and the
     SDK's otlp-http exporter took ``host:4318`` for one, failing every export ("No connection
-    adapters were found for 'host:4318/v1/traces'"), its spans dropped. ``dayzero serve`` asks first:
-    a worker's tracer is set up in Celery's worker_init, where it was a traceback and an exit 3."""
+    adapters were found for 'host:4318/v1/traces'"), its spans dropped. ``dayzero serve`` asks, before
+    any service starts (every process's ``setup_tracing`` runs under it): a worker's tracer is set up
+    in Celery's worker_init, where it was a traceback and an exit 3."""
     if settings.trace_exporter != "otlp-http" or settings.trace_endpoint:
         return
     name = next((name for name in SDK_ENDPOINTS if environ.get(name)), None)

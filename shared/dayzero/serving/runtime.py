@@ -64,7 +64,7 @@ class LoadProgress:
             self.registry.loading(self.worker, self.stage, percent, process_id(), self.started_at)
 
 
-def _credentials_taken(client: redis.Redis) -> None:
+def _worker_credentials_checked(client: redis.Redis) -> None:
     """Raises ``AuthenticationError`` where Redis refuses the URL's credentials (``NoPermissionError``
     where it refuses their user PING): the start ends before
     the weights load (they loaded for nothing, and again at each restart under ``dayzero up``: a worker
@@ -144,7 +144,7 @@ class Runtime:
         ``group``: this worker is rank 0 of a tensor-parallel group (the others ``follow``)."""
         name = process_name(name)
         store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)
-        _credentials_taken(store.r)
+        _worker_credentials_checked(store.r)
         registry = Registry(store.r)
         progress = LoadProgress(registry, name, stage)
         ranks, segment = load_ranks(settings, group or Group(device=settings.device), shared, progress)
