@@ -86,8 +86,8 @@ async def _reaper(gw: Gateway) -> None:
         if past.keys() - past_before:  # (looked at again RESTAMPED_S on: its workers backing off stamp now)
             wake_stampers(store.r)
         gw.bus.unserved = {stage: seconds for stage, seconds in past.items() if stage in past_before}  # (admission)
+        overdue.end()  # (first: the cancelled waits, an unserved stage's among them)
         end_unserved(store, lambda stage: gw.bus.unserved.get(stage, 0.0), bound)
-        overdue.end()
         if time.time() >= started + gw.settings.disconnect_grace_s:
             cancel_left(store.r, store.ttl_s)  # (left by a gateway that stopped)
         return set(past)

@@ -23,7 +23,7 @@ import asyncio
 import redis
 from starlette.concurrency import run_in_threadpool
 
-from dayzero.redis_clients import unreached
+from dayzero.redis_clients import refused_for_good, unreached
 from dayzero.serving.broker import writes_refused
 from dayzero.serving.keys import key
 from dayzero.serving.liveness import FRESH_S, seen_stages, serving, wake_stampers
@@ -43,16 +43,17 @@ async def readiness(gw: Gateway) -> tuple[dict, int]:
     except TimeoutError:
         return {"ready": False, "reason": f"redis unanswered for {ANSWER_WITHIN_S:g} s (frozen or unreachable)"}, 503
     except redis.RedisError as exc:
-        return {"ready": False, "reason": f"redis {_refusal(exc)}: {unreached(gw.settings.redis_url, exc)}"}, 503
+        return {"ready": False, "reason": _redis_reason(gw.settings.redis_url, exc)}, 503
 
 
-def _refusal(exc: redis.RedisError) -> str:
-    """What Redis's error says of it, for ``/ready``'s reason (credentials refused: it said "unreachable")."""
-    if isinstance(exc, redis.AuthenticationError):  # (a ConnectionError to redis-py)
-        return "refuses DAYZERO_REDIS_URL's credentials"
-    if isinstance(exc, redis.exceptions.NoPermissionError):  # (its ACL without the command: it said "unreachable")
-        return "refuses DAYZERO_REDIS_URL's user a command"
-    return "refuses writes" if isinstance(exc, redis.ResponseError) and writes_refused(exc) else "unreachable"
+def _redis_reason(url: str, exc: redis.RedisError) -> str:
+    """``/ready``'s reason for Redis's error: credentials refused (redis_clients.refused_for_good's line:
+    it said "unreachable"), writes refused, else unreachable."""
+    if (refused := refused_for_good(url, exc)) is not None:
+        return f"redis refuses DAYZERO_REDIS_URL's credentials: {refused}"
+    if isinstance(exc, redis.ResponseError) and writes_refused(exc):
+        return f"redis refuses writes: {exc}"
+    return f"redis unreachable: {unreached(url, exc)}"
 
 
 async def _readiness(gw: Gateway) -> tuple[dict, int]:

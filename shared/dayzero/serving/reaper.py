@@ -89,19 +89,16 @@ def no_worker_message(stage: str, unserved_s: float, bound_s: float) -> str:
 def end_unserved(store: Lifecycle, unserved_s: Callable[[str], float], bound_s: float) -> list[str]:
     """End the requests waiting in the queue of a stage that has had no serving worker (alive and
     ready) for over ``bound_s`` (``unserved_s(stage)``: for how long; liveness.py): 503
-    ``no_worker``, a stream's error event; one its client cancelled, as cancelled. A request waiting
-    behind others on a live worker is never ended here. Returns their ids."""
+    ``no_worker``, a stream's error event. One its client cancelled is ``OverdueWaits``' to end (as
+    cancelled, not a failure to report: each pass runs it first). A request waiting behind others on a
+    live worker is never ended here. Returns their ids."""
     over = {stage: since for stage in QUEUES if (since := unserved_s(stage)) > bound_s}
     if not over:
         return []
     ended, waiting = [], store.waiting(store.active())
     cancelled = store.cancelled([rid for rid, (stage, _, _) in waiting.items() if stage in over])
     for rid, (stage, attempt, owner) in waiting.items():
-        if stage not in over:
-            continue
-        if rid in cancelled:  # its client left: cancelled, not a failure to report
-            if end_cancelled(store, rid, attempt, owner):
-                ended.append(rid)
+        if stage not in over or rid in cancelled:
             continue
         tokens, _ = store.stream(rid)
         message = no_worker_message(stage, over[stage], bound_s)
