@@ -1,0 +1,44 @@
+"""Replies walked through llguidance under the gateway's limits, a byte a step as a model writes
+them, for the tests of what one grammar's lexer holds (schema_counts, schema_splits)."""
+
+from __future__ import annotations
+
+import json
+
+from dayzero.chat.grammar import _byte_grammars, json_grammar
+from dayzero.chat.schema_size import SchemaLimits
+
+DEFAULTS = SchemaLimits(nodes=3000, literal_chars=100_000, pattern_chars=20_000)
+
+
+def strings(*counts: dict) -> dict:
+    properties = {f"s{i}": {"type": "string", **counted} for i, counted in enumerate(counts)}
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+
+
+def fails_mid_reply(schema: dict, reply: dict) -> bool:
+    """Whether llguidance (the gateway's limits) fails writing ``reply`` a byte a step, each step's
+    mask computed as in decoding (where its lexer builds its states)."""
+    matcher = _byte_grammars().matcher(json_grammar(schema))
+    assert not matcher.is_error()
+    for byte in json.dumps(reply, ensure_ascii=False).encode():  # (as a model writes: UTF-8, no escapes)
+        matcher.compute_logit_bias()
+        matcher.consume_token(byte)
+        if matcher.is_error():
+            return "lexer error: too many" in matcher.get_error()  # (states, or expressions)
+    return False
+
+
+def longest_reply_fails(schema: dict) -> bool:
+    """Whether the reply writing each string as long as the grammar lets it (an "a" wherever one is
+    allowed, else the lowest byte allowed) fails on llguidance's lexer: as a model that writes on."""
+    matcher, end = _byte_grammars().matcher(json_grammar(schema)), _byte_grammars().tokenizer.eos_token
+    for _ in range(20_000):
+        mask = matcher.compute_logit_bias()
+        if matcher.is_error():
+            return "too many states" in matcher.get_error()
+        allowed = [token for token in range(256) if mask[token] == 200 and token != end]
+        if not allowed:
+            return False
+        matcher.consume_token(ord("a") if ord("a") in allowed else allowed[0])
+    raise AssertionError("no end within 20,000 bytes")
