@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from .schema_splits import MOST_SPLITS, split_ways
+
 # characters the counts of one request's grammar may spell, in all: llguidance's lexer builds ~9
 # states a character counted (a string's character, ``.``: UTF-8's bytes) under ``parser_limits``'
 # 50,000 (5,553 at most, the rest of the grammar's lexemes sharing them). Past it, one count is
@@ -97,7 +99,8 @@ class CountedChars:
     def problem(self, node: dict) -> str | None:
         """A count of ``node`` past ``MOST_COUNTED_CHARS`` alone, or with the counts seen before it
         (None: none): its minLength, or its regular expressions' counts (a reply could never be written
-        whole). A maxLength past it is clamped instead (``as_llguidance``: shorter still satisfies it)."""
+        whole), or their counted groups of varying length past ``MOST_SPLITS`` (``schema_splits``). A
+        maxLength past it is clamped instead (``as_llguidance``: shorter still satisfies it)."""
         most, low = MOST_COUNTED_CHARS, node.get("minLength")
         repeats = ((regex, counted_weight(regex)) for regex in regexes(node))
         counts = [(("regex", r), n, _counting(r, n)) for r, n in repeats if n]
@@ -113,6 +116,9 @@ class CountedChars:
             if self.total > most:
                 together = f"{self.total:,} characters counted with the request's other counts"
                 return f"{what}: {together}, at most {most:,} in all can be enforced (one grammar's lexer holds them)"
+        if (ways := sum(map(split_ways, regexes(node)))) > MOST_SPLITS:
+            why = f"its repeats split a reply's text {_told(ways)} ways, at most {MOST_SPLITS} can be enforced"
+            return f"a regular expression repeating a group of varying length: {why}"
         return None
 
 

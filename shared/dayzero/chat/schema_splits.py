@@ -1,0 +1,106 @@
+"""The ways llguidance's lexer holds at once to split a reply's text among a counted group's
+repeats, where the group's own length varies: ``^(.{1,2}){1900}$`` counts 3,800 characters, within
+``MOST_COUNTED_CHARS``, but after k characters written its lexer holds every count of repeats done
+(k/2 to k) with every offset within the one begun, and builds each anew at every step: its fuel
+(``parser_limits``' ``step_lexer_fuel``) ran out 1,106 characters in ("too many expressions
+constructed"), a broken stream after a 200. Measured (llguidance 1.9, the gateway's limits): a
+group of lengths [lo, hi] fails where ``written * (1/lo - 1/hi) * (hi - lo + 1)`` reaches ~800-1,100
+(``(.{1,2})`` 1,106 characters in, ``(.{1,3})`` 505, ``(.{2,3})`` 2,445, ``(.{1,20})`` 55, ``(.+)``
+858; UTF-8's é as many characters); written at most ``repeats * hi``, that is
+``repeats * (hi - lo) * (hi - lo + 1) / lo`` ways (``(.+){n}``: n)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+# ways a regular expression's counted groups may split a reply's text among their repeats, in all
+# (a count of ~800 failed the lexer first: ``(.{2,3}){1000}``, 3,000 characters, writes whole at 667)
+MOST_SPLITS = 600
+_QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")  # {n}, {n,}, {n,m}
+_CLASS = re.compile(r"\[\^?\]?(?:\\.|[^\]\\])*\]?")  # a character class, as one atom
+_BRACED_ESCAPE = re.compile(r"\\[xupP]\{[^}]*\}")  # \x{10000}, \p{L}: one character, no count
+_MOST_DIGITS = 12  # a count of more is read as 10^12 (Python reads no number of over 4,300 digits)
+
+
+@dataclass(slots=True)
+class _Group:
+    branches: list[tuple[float, float]] = field(default_factory=list)  # finished branches' [lo, hi]
+    sequence: tuple[float, float] = (0, 0)  # the branch being read, but its last atom
+    last: tuple[float, float] | None = None  # the last atom's [lo, hi] (None: none a count may repeat)
+
+    def add(self, atom: tuple[float, float] | None) -> None:
+        """Read ``atom`` after the last one (None: an anchor, a quantifier's end)."""
+        if self.last is not None:
+            self.sequence = (self.sequence[0] + self.last[0], self.sequence[1] + self.last[1])
+        self.last = atom
+
+    def lengths(self) -> tuple[float, float]:
+        self.add(None)
+        branches = [*self.branches, self.sequence]
+        return min(lo for lo, _ in branches), max(hi for _, hi in branches)
+
+
+def split_ways(regex: str) -> int:
+    """The ways ``regex``'s counted groups of varying length split a reply's text among their
+    repeats, added up (see the module's docstring); 0 where none varies."""
+    groups, ways, i = [_Group()], 0, 0
+    while i < len(regex):
+        char, top = regex[i], groups[-1]
+        if char == "{" and (count := _QUANTIFIER.match(regex, i)):
+            if top.last is not None:
+                low = _number(count[1])
+                high = low if count[2] is None else _number(count[2]) if count[2] else math.inf
+                ways += _ways(top.last, high if high < math.inf else low)
+                top.last = (_times(top.last[0], low), _times(top.last[1], high))
+            top.add(None)
+            i = count.end()
+            continue
+        if char == "(":
+            groups.append(_Group())
+            if regex.startswith("?", i + 1):  # (?:, (?P<name>: read on past its ":" or ">"; (?i) to its ")"
+                ends = [j for j in map(regex.find, ":>)", (i,) * 3) if j >= 0]
+                end = min(ends, default=len(regex))
+                i = end if regex[end : end + 1] in (":", ">") else end - 1
+        elif char == ")" and len(groups) > 1:
+            groups.pop()
+            groups[-1].add(top.lengths())
+        elif char == "|":
+            top.add(None)
+            top.branches.append(top.sequence)
+            top.sequence = (0, 0)
+        elif char in "*+?":
+            if top.last is not None:
+                lo, hi = top.last
+                top.last = (0 if char != "+" else lo, hi if char == "?" else math.inf)
+            top.add(None)  # (a lazy or possessive mark after it: nothing to repeat)
+        elif char in "^$":
+            top.add(None)
+        else:
+            if char == "[":
+                i = _CLASS.match(regex, i).end() - 1
+            elif char == "\\":
+                braced = _BRACED_ESCAPE.match(regex, i)
+                i = braced.end() - 1 if braced else i + 1
+            top.add((1, 1))
+        i += 1
+    return ways
+
+
+def _ways(lengths: tuple[float, float], repeats: float) -> int:
+    """The ways a group of ``lengths`` [lo, hi] repeated ``repeats`` times splits its text."""
+    lo, hi = lengths
+    if repeats <= 1 or lo == hi:
+        return 0
+    if hi == math.inf:
+        return int(repeats)
+    return math.ceil(repeats * (hi - lo) * (hi - lo + 1) / max(lo, 1))
+
+
+def _number(digits: str) -> int:
+    return int(digits) if len(digits) <= _MOST_DIGITS else 10**_MOST_DIGITS
+
+
+def _times(length: float, repeats: float) -> float:
+    return length * repeats if length and repeats else 0  # (no 0 * inf)

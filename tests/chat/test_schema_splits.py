@@ -1,0 +1,54 @@
+"""Counted groups of varying length (dayzero.chat.schema_splits): the ways llguidance's lexer holds
+to split a reply's text among their repeats, checked against llguidance itself: what is refused
+fails a reply that writes it, what is let through is written whole."""
+
+from __future__ import annotations
+
+import pytest
+
+from dayzero.chat.schema_size import size_problem
+from dayzero.chat.schema_splits import MOST_SPLITS, split_ways
+
+from .lexer_replies import DEFAULTS, fails_mid_reply, strings
+
+
+@pytest.mark.parametrize(
+    "regex, ways",
+    [
+        ("^(.{1,2}){1900}$", 3800),  # 1,900 repeats * (2 - 1) * (2 - 1 + 1) / 1
+        ("^(.{2,3}){1000}$", 1000),  # / 2: a longer least repeat, fewer repeats in a text
+        ("^(.+){2000}$", 2000),  # unbounded: as many as its repeats
+        ("^(a|aa){3000}$", 6000),  # branches of lengths 1 and 2
+        ("^(?:.{1,2}){300}$", 600),
+        ("^(?P<n>.{1,2}){300}$", 600),
+        ("^.{3000}$", 0),  # no group
+        ("(abc){2000}", 0),  # a group of one length
+        (r"^(\d{3}-){3}\d{4}$", 0),
+        (r"^\x{10000}{5}$", 0),  # (a braced escape is one character)
+        (r"^([a-z]+\.)*[a-z]+$", 0),  # repeated without a count: states the lexer reuses
+    ],
+)
+def test_split_ways(regex, ways):
+    assert split_ways(regex) == ways
+
+
+@pytest.mark.parametrize(
+    "regex, written",
+    [("^(.{1,2}){1900}$", 3800), ("^(.+){2000}$", 2000)],
+    ids=["range", "unbounded"],
+)
+def test_a_group_split_past_the_lexer_is_refused(regex, written):
+    """Counted 3,800 and 2,000 characters (let through), every reply writing them failed 1,106 and
+    858 characters in ("too many expressions constructed"): a broken stream after a 200."""
+    schema = strings({"pattern": regex})
+    assert fails_mid_reply(schema, {"s0": "a" * written})
+    problem = size_problem([schema], DEFAULTS) or ""
+    assert "repeating a group of varying length" in problem and f"at most {MOST_SPLITS}" in problem, problem
+
+
+@pytest.mark.parametrize("regex, written", [("^(.{1,2}){300}$", 600), ("^(.{2,3}){600}$", 1800)])
+def test_the_most_splits_let_through_are_written_whole(regex, written):
+    schema = strings({"pattern": regex})
+    assert split_ways(regex) == MOST_SPLITS
+    assert size_problem([schema], DEFAULTS) is None
+    assert not fails_mid_reply(schema, {"s0": "a" * written})

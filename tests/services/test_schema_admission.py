@@ -1,0 +1,34 @@
+"""What a reply under a schema could never write is refused at admission, through the HTTP API as
+a client meets it (a 400 in our words, not a stream broken past a 200); what it can write is let
+through. The gateway in-process on a real Redis, no workers: a request let through is refused for
+max_tokens past the context, never queued."""
+
+from __future__ import annotations
+
+from .conftest import CAPPED_CONTEXT, MODEL
+
+
+def _post(gateway, schema: dict):
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": CAPPED_CONTEXT}
+    return gateway.post("/v1/chat/completions", json={**chat, "response_format": response_format})
+
+
+def _let_through(r) -> bool:
+    return r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def _refused(r) -> str:
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+    return r.json()["error"]["message"]
+
+
+def _pattern(regex: str) -> dict:
+    return {"type": "object", "properties": {"s": {"type": "string", "pattern": regex}}, "required": ["s"]}
+
+
+def test_a_counted_group_of_varying_length_past_the_lexer_is_refused(capped_gateway):
+    """Counted 3,800 characters, let through: every reply writing it failed 1,106 characters in."""
+    message = _refused(_post(capped_gateway, _pattern("^(.{1,2}){1900}$")))
+    assert "a regular expression repeating a group of varying length" in message, message
+    assert _let_through(_post(capped_gateway, _pattern("^(.{1,2}){300}$")))
