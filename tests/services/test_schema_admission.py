@@ -5,7 +5,11 @@ max_tokens past the context, never queued."""
 
 from __future__ import annotations
 
+import pytest
+
 from .conftest import CAPPED_CONTEXT, MODEL
+
+NEAR_LEAST_I64 = -(2**63) + 1  # a bound llguidance crashed on (schema_bounds)
 
 
 def _post(gateway, schema: dict):
@@ -32,3 +36,25 @@ def test_a_counted_group_of_varying_length_past_the_lexer_is_refused(capped_gate
     message = _refused(_post(capped_gateway, _pattern("^(.{1,2}){1900}$")))
     assert "a regular expression repeating a group of varying length" in message, message
     assert _let_through(_post(capped_gateway, _pattern("^(.{1,2}){300}$")))
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer", "example": {"minimum": NEAR_LEAST_I64}},
+        {"type": "integer", "x-range": {"minimum": NEAR_LEAST_I64, "const": NEAR_LEAST_I64}},
+        {"type": "integer", "examples": [{"enum": [NEAR_LEAST_I64]}]},
+    ],
+    ids=["example", "extension", "examples"],
+)
+def test_a_bound_in_the_clients_data_is_not_read(capped_gateway, schema):
+    """An OpenAPI ``example`` or an ``x-`` extension is data llguidance never compiles: its
+    "minimum" was read as a bound and the schema refused."""
+    assert _let_through(_post(capped_gateway, schema))
+
+
+def test_a_bound_a_ref_reaches_in_data_is_still_refused(capped_gateway):
+    """llguidance follows a $ref anywhere in the document: there the bound is compiled."""
+    schema = {"type": "object", "properties": {"a": {"$ref": "#/x-range"}}, "required": ["a"]}
+    schema["x-range"] = {"type": "integer", "minimum": NEAR_LEAST_I64}
+    assert "64-bit range" in _refused(_post(capped_gateway, schema))

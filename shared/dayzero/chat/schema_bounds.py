@@ -17,8 +17,9 @@ def bound_problem(schema: object) -> str | None:
     2^63 - 2 (``exclusiveMinimum`` 1e20 with ``maximum`` 1e21 let 2^63 - 1 through), or any bound
     within 2^32 of -2^63 (``minimum`` -2^63 + 1 with ``maximum`` -2^63 + 5 crashed the process), and
     so an integer of a const or enum value (``const`` -2^63 + 100, alone or in an object or array,
-    crashed it: its bounds both)."""
-    for node in subschemas(schema):
+    crashed it: its bounds both). Only what llguidance compiles is read (``schemas_within``: not a
+    client's ``example`` or ``x-`` data, unless a ``$ref`` points there)."""
+    for node in schemas_within(schema):
         for key, value in node.items():
             number = isinstance(value, int | float) and not isinstance(value, bool)
             bound = number and key in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
