@@ -79,3 +79,19 @@ def test_a_refusal_says_ninths_only_where_it_weighed_them():
     narrow = size_problem([{"type": "string", "pattern": "^[a-z]{45000}$"}], DEFAULTS)
     assert narrow.startswith("a regular expression counting 5,000 repeats (a class of ASCII characters"), narrow
 
+
+def _object(name: str, low: int) -> dict:
+    string = {"type": "string", "minLength": low}
+    return {"type": "object", "properties": {name: string}, "required": [name], "additionalProperties": False}
+
+
+def test_the_branches_of_a_union_are_counted_together():
+    """One reply writes one branch, but a compiled grammar's lexer is shared by every matcher of it
+    (``Grammars.matcher``: a copy of the compiled one; a worker's requests repeating a schema), its
+    states kept: a reply writing the first branch (2,900 characters) let one writing the second
+    (3,000, each within the lexer alone) fail 2,658 bytes in, and every later one at its first
+    byte. Counted as the most of the branches (3,000), it would be let through."""
+    union = {"anyOf": [_object("t", 2900), _object("s", 3000)]}
+    assert not fails_mid_reply(union, {"t": "a" * 2900})
+    assert fails_mid_reply(union, {"s": "a" * 3000})
+    assert "5,900 characters counted with the request's other counts" in (size_problem([union], DEFAULTS) or "")
