@@ -100,10 +100,11 @@ def _tool(i: int, parameters: dict) -> dict:
     return {"type": "function", "function": {"name": f"f{i}", "parameters": parameters}}
 
 
-def test_a_forced_tool_failing_past_64_bytes_is_refused_where_few_are_forced(gateway):
+def test_a_forced_tool_with_no_finite_value_is_refused_among_many(gateway):
     """A required property whose $ref is its own object, behind 12 required booleans (~170 bytes
-    in): walked 64 bytes, each forced tool's parameters passed and every reply failed there; one
-    forced tool is walked 256 bytes, as a response_format schema (128 still 64 each: their CPU)."""
+    in): one forced tool is walked 256 bytes and its walk finds it; 128 are walked 64 bytes each
+    (their CPU), and the 128th was let through to fail every reply there. Now found in the schema
+    (``schema_endless``), however many are forced."""
     node = {"$ref": "#/$defs/node"}
     late = {"type": "object", "properties": {f"b{i}": {"type": "boolean"} for i in range(12)} | {"s": node}}
     late |= {"required": [*late["properties"]], "$defs": {"node": {"type": "object", "properties": {"c": node}}}}
@@ -111,8 +112,9 @@ def test_a_forced_tool_failing_past_64_bytes_is_refused_where_few_are_forced(gat
     error = _error(gateway, chat("hi", tools=[_tool(0, late)], tool_choice="required"))
     assert error["param"] == "tools.0.function.parameters" and "Too many items" in error["message"], error
     many = [_tool(i, {"type": "object", "properties": {"a": {"type": "integer"}}}) for i in range(127)]
-    r = gateway.post("/v1/chat/completions", json=chat("hi", tools=[*many, _tool(127, late)], tool_choice="required"))
-    assert r.status_code != 400 or r.json()["error"]["param"] != "tools.127.function.parameters", r.text
+    error = _error(gateway, chat("hi", tools=[*many, _tool(127, late)], tool_choice="required"))
+    assert error["param"] == "tools.127.function.parameters", error
+    assert "no finite value satisfies it" in error["message"], error
 
 
 @pytest.mark.parametrize("mark", ['"', "<"])

@@ -17,6 +17,7 @@ from .call_parameters import parameters_problem, value_definitions
 from .dsml import to_json
 from .schema_bounds import bound_problem
 from .schema_discriminator import without_discriminators
+from .schema_endless import endless_problem
 from .schema_openapi import as_llguidance, grammar_cap
 from .schema_rows import ROW_ITEMS
 
@@ -52,9 +53,10 @@ SCHEMA_PROBE_STEPS = 256
 
 def schema_problem(schema: dict, steps: int = SCHEMA_PROBE_STEPS) -> str | None:
     """Why constrained decoding cannot enforce the JSON schema ``schema`` (None: it can), walked
-    ``steps`` bytes."""
+    ``steps`` bytes, or with no finite value (``endless_problem``: failing wherever a reply reaches it)."""
     walk = {"steps": steps, "first": ord('"')}  # (the byte vocabulary's quote: a string ends soon)
-    return bound_problem(schema) or grammar_problem(json_grammar(schema), _byte_grammars(), **walk)
+    walked = bound_problem(schema) or grammar_problem(json_grammar(schema), _byte_grammars(), **walk)
+    return walked or endless_problem(schema)  # (what it found past the bytes walked)
 
 
 @functools.cache

@@ -1,0 +1,74 @@
+"""Schemas no finite JSON value satisfies: an object requiring a property whose schema requires the
+object again (``{"$ref": "#/$defs/n"}``, n an object requiring "c", c n again). llguidance compiles
+them and fails only where a reply reaches the recursion ("parser error: Too many items"; ~170 bytes
+in behind 12 required booleans), so a walk of the grammar found it only within the bytes it walked:
+128 forced tools are walked 64 bytes each (``tool_probe_steps``: their CPU), and one such tool among
+them was let through to fail every reply. Found here without a walk, in the schema itself: the
+least fixpoint of "some finite value satisfies it" over its subschemas, by rules weaker than JSON
+schema's (what they do not read is taken as satisfiable), so a schema refused has no finite value."""
+
+from __future__ import annotations
+
+from .schema_bounds import schemas_within
+from .schema_merge import resolve
+
+_LEADS_BACK = "a required property, an item or a $ref leading back to it"
+
+
+def endless_problem(schema: object) -> str | None:
+    """Why no finite value satisfies ``schema`` (None: one may, as far as these rules read). Each
+    subschema waits on what it needs (``_needed``) and on one branch of each of its unions; one
+    whose waits are all met is satisfiable, and meets its dependents' (linear: Horn clauses)."""
+    if not isinstance(schema, dict):
+        return None
+    nodes = list(schemas_within(schema))
+    walked = {id(node) for node in nodes}
+    waits: dict[int, int] = {}  # a subschema's conditions not met yet
+    dependents: dict[int, list[tuple[int, object]]] = {}  # a subschema's -> (dependent, its need or union)
+    for node in nodes:
+        conditions = [{id(sub)} for sub in _needed(node, schema) if _walked(sub, walked)]
+        conditions += [{id(sub) for sub in union} for union in _unions(node) if all(_walked(s, walked) for s in union)]
+        waits[id(node)] = len(conditions)
+        for condition in conditions:
+            for sub in condition:
+                dependents.setdefault(sub, []).append((id(node), condition))
+    ready, finite = [key for key, count in waits.items() if not count], set()
+    while ready:
+        key = ready.pop()
+        finite.add(key)
+        for dependent, condition in dependents.get(key, ()):
+            if condition:  # (a condition met once: a union's other branches no more)
+                condition.clear()
+                waits[dependent] -= 1
+                if not waits[dependent]:
+                    ready.append(dependent)
+    if id(schema) in finite:
+        return None
+    return f"it requires itself again without end ({_LEADS_BACK}): no finite value satisfies it"
+
+
+def _walked(sub: object, walked: set[int]) -> bool:
+    """Whether ``sub`` is a subschema waited on (True, False, a reference outside: satisfiable)."""
+    return isinstance(sub, dict) and id(sub) in walked
+
+
+def _needed(node: dict, root: dict) -> list[object]:
+    """The subschemas a value of ``node`` must satisfy, each: its $ref's, its allOf's, its required
+    properties' (an object's only), its first minItems items' (an array's only)."""
+    needed = [resolve(root, ref)] if isinstance(ref := node.get("$ref"), str) else []
+    needed += node["allOf"] if isinstance(node.get("allOf"), list) else []
+    kind = node.get("type")
+    kind = kind[0] if isinstance(kind, list) and len(kind) == 1 else kind
+    properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    if kind == "object" and isinstance(required := node.get("required"), list):
+        needed += [properties.get(name) for name in required if isinstance(name, str)]
+    least = node.get("minItems")
+    if kind == "array" and isinstance(least, int) and not isinstance(least, bool) and least > 0:
+        prefix = node.get("prefixItems")
+        needed += prefix[:least] if isinstance(prefix, list) else [node.get("items")]
+    return needed
+
+
+def _unions(node: dict) -> list[list]:
+    """``node``'s anyOf and oneOf (a value satisfies one branch of each)."""
+    return [union for key in ("anyOf", "oneOf") if isinstance(union := node.get(key), list) and union]

@@ -1,0 +1,54 @@
+"""Schemas no finite value satisfies (dayzero.chat.schema_endless), checked against llguidance: what
+is refused fails a reply walked deep enough ("Too many items"), what is let through is written whole."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dayzero.chat.grammar import _byte_grammars, grammar_problem, json_grammar
+from dayzero.chat.schema_endless import endless_problem
+
+NODE = {"$ref": "#/$defs/node"}
+
+
+def _defining(node: dict, top: dict | None = None) -> dict:
+    """An object requiring "s", a ``NODE`` defined as ``node``."""
+    return (top or {"type": "object", "properties": {"s": NODE}, "required": ["s"]}) | {"$defs": {"node": node}}
+
+
+def _requiring(kind: str = "object", **more) -> dict:  # a node whose required "c" is itself
+    return {"type": kind, "properties": {"c": NODE}, "required": ["c"], **more}
+
+
+ENDLESS = {
+    "required_ref": _defining(_requiring()),
+    "type_list": _defining(_requiring(["object"])),
+    "all_of": _defining({"allOf": [_requiring()]}),
+    "every_branch": _defining({"anyOf": [_requiring(), {"$ref": "#/$defs/node"}]}),
+    "least_items": _defining({"type": "array", "items": NODE, "minItems": 1}),
+    "root": {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+}
+FINITE = {  # (a schema, a finite value of it)
+    "optional": (_defining({"type": "object", "properties": {"c": NODE}}), {"s": {}}),
+    "nullable": (_defining(_requiring(["object", "null"])), {"s": None}),
+    "a_branch_out": (_defining({"anyOf": [_requiring(), {"type": "null"}]}), {"s": None}),
+    "no_least_items": (_defining({"type": "array", "items": NODE}), {"s": []}),
+    "not_required": (_defining(_requiring(), {"type": "object", "properties": {"s": NODE}}), {}),
+}
+
+
+@pytest.mark.parametrize("schema", ENDLESS.values(), ids=ENDLESS.keys())
+def test_a_schema_requiring_itself_without_end_is_refused(schema):
+    assert "no finite value satisfies it" in (endless_problem(schema) or "")
+    assert "Too many items" in (grammar_problem(json_grammar(schema), _byte_grammars(), steps=2048) or "")
+
+
+@pytest.mark.parametrize("schema, value", FINITE.values(), ids=FINITE.keys())
+def test_a_schema_with_a_finite_value_is_let_through(schema, value):
+    assert endless_problem(schema) is None
+    matcher = _byte_grammars().matcher(json_grammar(schema))
+    for byte in json.dumps(value).encode():
+        matcher.consume_token(byte)
+    assert not matcher.is_error() and matcher.is_accepting(), matcher.get_error()
