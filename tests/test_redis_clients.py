@@ -9,7 +9,7 @@ import pytest
 import redis
 from kombu.utils.url import parse_url
 
-from dayzero.procs import free_port
+from dayzero.procs import free_port, start_redis
 from dayzero.redis_clients import (
     SentinelAddress,
     async_client,
@@ -97,6 +97,20 @@ def test_an_at_sign_after_the_host_is_no_cut_password():
         without_password("redis+sentinel://:a/b@s1/m?sentinel_username=o@c")
         == "redis+sentinel://:***@s1/m?sentinel_username=o@c"
     )
+
+
+def test_an_at_sign_in_a_plain_urls_query_value_is_taken(tmp_path):
+    """A key the client takes (``client_name``) with an @ in its value: a plain URL's was refused as a
+    cut password; the name reaches a real Redis as written."""
+    port = free_port()
+    server = start_redis(port, tmp_path / "redis.log")
+    url = f"redis://127.0.0.1:{port}/0?client_name=app@web"
+    try:
+        assert Settings(redis_url=url).redis_url == url
+        assert sync_client(url).client_getname() == "app@web"
+    finally:
+        server.terminate()
+        server.wait()
 
 
 @pytest.mark.parametrize("url", ["redis://h:6379/0?db=1&password=secret", "redis+sentinel://s1/m?password=secret"])

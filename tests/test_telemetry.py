@@ -57,5 +57,7 @@ def test_the_sdks_endpoint_without_a_scheme_is_refused_at_start(name, monkeypatc
         sdk_endpoint_checked(Settings(trace_exporter="otlp-http"), os.environ)  # (``dayzero serve``'s first step)
     monkeypatch.setenv(name, "http://collector:4318")
     sdk_endpoint_checked(Settings(trace_exporter="otlp-http"), os.environ)  # (a URL: taken)
+    monkeypatch.setenv(name, "HTTP://collector:4318")
+    sdk_endpoint_checked(Settings(trace_exporter="otlp-http"), os.environ)  # (a scheme has no case: taken, was refused)
     setup_tracing(Settings(trace_exporter="otlp-http"), "gateway")
     assert len(installed) == 1

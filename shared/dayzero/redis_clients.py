@@ -19,6 +19,7 @@ reaches the new master. kombu's own form (``sentinel://h:p;sentinel://h2:p`` and
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,16 @@ SENTINEL_PORT = 26379
 FORM = f"{SENTINEL_SCHEME}://[[user]:password@]host[:port][,host2[:port]...]/master_name[/db][?sentinel_password=...]"
 QUERY_KEYS = ("sentinel_password", "sentinel_username")
 _SENTINEL_ASKED_S = 2.0  # how long a question to one sentinel may take (the next is asked then)
+
+
+def _keys_taken() -> frozenset[str]:
+    """The query keys a URL's client takes: redis-py passes each to its connection (any other fails there)."""
+    classes = (redis.connection.AbstractConnection, redis.SSLConnection)
+    keywords = {name for c in classes for name in inspect.signature(c.__init__).parameters} - {"self", "kwargs"}
+    return frozenset((*QUERY_KEYS, *redis.connection.URL_QUERY_ARGUMENT_PARSERS, *keywords))
+
+
+_KEYS_TAKEN = _keys_taken()
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +124,9 @@ def _query(text: str) -> dict[str, str]:
 def _userinfo_cut(parts: SplitResult) -> bool:
     """A raw /, ? or # in a URL's password ends its netloc there: the rest, "@" and the host, reads
     as the path, the query or the fragment (and what came before the cut as a host and a port). An @
-    in the query is a cut's unless a sentinel key's value holds it (``:a?b=c@h`` read as ``b``'s value)."""
-    items = (item for item in parts.query.split("&") if item.partition("=")[0] not in QUERY_KEYS)
+    in the query is a cut's unless the value of a key the client takes holds it (``:a?b=c@h`` read as
+    ``b``'s value; ``?client_name=app@web`` taken: a plain URL's was refused)."""
+    items = (item for item in parts.query.split("&") if item.partition("=")[0] not in _KEYS_TAKEN)
     return "@" not in parts.netloc and "@" in parts.path + parts.fragment + "&".join(items)
 
 

@@ -75,7 +75,7 @@ def sdk_endpoint_checked(settings: Settings, environ: Mapping[str, str]) -> None
     if settings.trace_exporter != "otlp-http" or settings.trace_endpoint:
         return
     name = next((name for name in SDK_ENDPOINTS if environ.get(name)), None)
-    if name is not None and not re.match(r"https?://", environ[name]):
+    if name is not None and not re.match(r"https?://", environ[name], re.IGNORECASE):  # (a scheme has no case)
         raise ValueError(
             f"{name}={environ[name]!r} is no URL: the otlp-http exporter sends to http://host:port (or https://); "
             "or set DAYZERO_TRACE_ENDPOINT, which also takes host:port"
