@@ -98,3 +98,31 @@ def test_a_sentinel_restarted_is_the_same_sentinel(tmp_path):
         assert client.execute_command("SENTINEL", "MYID") == first
     finally:
         _stopped(sentinel)
+
+
+def _healthy(sentinel_port: int) -> bool:
+    """The sentinels' compose healthcheck, run as the container runs it (``$$`` is compose's ``$``)."""
+    kind, *command = yaml.safe_load((ROOT / "docker" / "sentinel.compose.yml").read_text())["x-sentinel"][
+        "healthcheck"
+    ]["test"]
+    command = [part.replace("$$", "$").replace("26379", str(sentinel_port)) for part in command]
+    argv = ["sh", "-c", *command] if kind == "CMD-SHELL" else command
+    env = {**os.environ, "PATH": f"{Path(redis_binary()).parent}:{os.environ['PATH']}"}
+    return subprocess.run(argv, env=env, timeout=10, capture_output=True).returncode == 0
+
+
+def test_a_sentinel_is_healthy_only_once_it_sees_its_master_up(tmp_path):
+    """The check asked for the master's address, which a sentinel answers from its config before it
+    reaches the master (exit 0 for none at all): healthy with no master up, and the services that wait
+    on it started against sentinels that named none."""
+    port = consecutive_ports(2)
+    sentinel = _sentinel(port + 1, port, tmp_path / "sentinel")
+    master = None
+    try:
+        client = redis.Redis(port=port + 1, socket_timeout=2)
+        assert wait_until(lambda: _answers(client), 10)
+        assert not _healthy(port + 1)
+        master = _server("redis", port, port, tmp_path / "redis")
+        assert wait_until(lambda: _healthy(port + 1), 15, step_s=0.5)
+    finally:
+        _stopped(sentinel, *([master] if master else []))
