@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import redis
 from redis.backoff import NoBackoff
@@ -18,25 +19,37 @@ CHECK_EVERY_S = 1.0  # a ping at most this often; each waits as long at most (a 
 
 class RedisWatch:
     """``check()`` from up's supervising loop: pings the Redis at ``url`` (every ``CHECK_EVERY_S``
-    at most) and ``say``s a line when the first ping fails and one when a ping goes through again."""
+    at most) and ``say``s a line when the first ping fails and one when a ping goes through again.
+    Each ping runs on a thread of its own and ``check()`` never waits for it: inline, a frozen Redis
+    or sentinel held up's loop (its restarts of exited workers) for each ping's timeout, 2 s a pass
+    behind a sentinel."""
 
     def __init__(self, url: str, say: Callable[[str], None]) -> None:
         self.url, self.say = url, say
         timeouts = {"socket_connect_timeout": CHECK_EVERY_S, "socket_timeout": CHECK_EVERY_S}
         self.client = sync_client(url, retry=Retry(NoBackoff(), 0), **timeouts)
-        self._checked = float("-inf")
-        self._lost_at: float | None = None  # when the first ping of this outage failed (monotonic)
+        self._pinger = ThreadPoolExecutor(1, thread_name_prefix="redis-watch")
+        self._ping: Future | None = None  # the ping in flight, or answered and not yet read
+        self._checked = float("-inf")  # when that ping was sent (monotonic)
+        self._lost_at: float | None = None  # when the first ping of this outage was sent (monotonic)
 
     def check(self) -> None:
+        if self._ping is not None:
+            if not self._ping.done():
+                return
+            self._read(self._ping)
+            self._ping = None
         now = time.monotonic()
-        if now - self._checked < CHECK_EVERY_S:
-            return
-        self._checked = now
+        if now - self._checked >= CHECK_EVERY_S:
+            self._checked = now
+            self._ping = self._pinger.submit(self.client.ping)
+
+    def _read(self, ping: Future) -> None:
         try:
-            self.client.ping()
+            ping.result()
         except redis.RedisError as exc:
             if self._lost_at is None:
-                self._lost_at = now
+                self._lost_at = self._checked
                 why = unreached(self.url, exc)
                 self.say(f"redis {without_password(self.url)} lost: {why}; /ready answers 503 until it is back")
             return
