@@ -68,10 +68,10 @@ def _gateway_redis_refusal_checked(url: str) -> None:
     """A ValueError (one line, exit 2) where the gateway's Redis refuses it for good: started alone
     (compose's way) with a wrong password, it served /ready's 503 for ever. A Redis not up yet is
     waited for, as compose starts the two side by side."""
-    from .redis_clients import refusal_at_start, without_password
+    from .redis_refusals import refusal_at_start, refusal_said
 
     if refused := refusal_at_start(url):
-        raise ValueError(f"the Redis at {without_password(url)} (DAYZERO_REDIS_URL): {refused}")
+        raise ValueError(refusal_said(url, refused))
 
 
 def _run_worker(service: str, settings: Settings, name: str | None, group=None) -> int:

@@ -34,7 +34,8 @@ from .procs import (
     start_redis,
     terminate,
 )
-from .redis_clients import refused_for_good, sync_client, unreached, without_password
+from .redis_clients import sync_client, unreached, without_password
+from .redis_refusals import refused_for_good
 from .serving.keys import key
 from .serving.liveness import STAMP_EVERY_S, connect, process_id, seen
 from .shm import unlink_parked_by, unlink_pools_by

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu import Connection
 
-from ..redis_clients import REFUSED_FOR_GOOD
+from ..redis_refusals import REFUSED_FOR_GOOD
 
 log = logging.getLogger("dayzero.worker")
 

@@ -18,7 +18,7 @@ from ..kv.shared import CudaSharedPools, Segment, SharedPools, sweep_stale
 from ..model.plan import AttentionOptions
 from ..model.weights import Transformer
 from ..parallel.collectives import Group
-from ..redis_clients import REFUSED_FOR_GOOD
+from ..redis_refusals import REFUSED_FOR_GOOD
 from ..settings import Settings
 from ..speculative import speculation_problem
 from ..tokenizer import IdsOnlyCodec, TextCodec, load_codec

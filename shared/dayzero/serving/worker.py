@@ -20,12 +20,14 @@ from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
 from ..kv.shared import unlink_own
 from ..parallel.collectives import Group
+from ..redis_refusals import REFUSED_FOR_GOOD, refusal_said, refused_for_good
 from ..settings import Settings
 from ..telemetry import flush_spans, setup_tracing
 from .liveness import Pulse, connect
 from .metrics import serve_metrics
 from .outage_log import BrokerOutageFilter
 from .queue_reads import QueueReads
+from .reconnect import REFUSED_EXIT
 from .runtime import Runtime
 
 log = logging.getLogger("dayzero.worker")
@@ -43,17 +45,24 @@ def _without_cancel_warning(**_: object) -> None:
     warnings.filterwarnings("ignore", CANCEL_AT_CONNECTION_LOSS, CPendingDeprecationWarning)
 
 
-def exit_on_failure(start: Callable[..., None], stage: str) -> Callable[..., None]:
+def exit_on_failure(start: Callable[..., None], stage: str, url: str) -> Callable[..., None]:
     """A ``worker_init`` receiver that ends the process when the start fails: Celery would log
-    nothing and serve on without a runtime (a silent hang); ``dayzero up`` reports the exits."""
+    nothing and serve on without a runtime (a silent hang); ``dayzero up`` reports the exits. The
+    Redis at ``url`` refusing the worker for good is said in one line (its traceback followed it)."""
 
     def receiver(*args: object, **kwargs: object) -> None:
         try:
             start(*args, **kwargs)
+        except REFUSED_FOR_GOOD as exc:
+            log.error(
+                "the %s worker cannot start: %s", stage, refusal_said(url, refused_for_good(url, exc) or str(exc))
+            )
+            logging.shutdown()
+            os._exit(REFUSED_EXIT)
         except Exception:
             log.exception("the %s worker cannot start", stage)
             logging.shutdown()
-            os._exit(3)
+            os._exit(REFUSED_EXIT)
 
     return receiver
 
@@ -148,7 +157,7 @@ class StageWorker:
         self._pulse: Pulse | None = None  # this process's liveness stamps (liveness.py), from before the load
         self._ready = threading.Event()
         self._loop: threading.Thread | None = None
-        signals.worker_init.connect(exit_on_failure(self._start, stage), weak=False)
+        signals.worker_init.connect(exit_on_failure(self._start, stage, settings.redis_url), weak=False)
         signals.worker_shutting_down.connect(self._exit_soon, weak=False)
         signals.worker_ready.connect(_without_cancel_warning, weak=False)
         signals.worker_shutdown.connect(self._stop, weak=False)
