@@ -5,11 +5,18 @@ serving exits to be started again with its current settings."""
 
 from __future__ import annotations
 
+import logging
+import os
+import time
+
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .redis_clients import SentinelRefused, password_of, sentinel_address, sync_client, without_password
+
+log = logging.getLogger("dayzero.redis")
+REFUSED_EXIT = 3  # a service that cannot serve with its settings (a worker's failed start too)
 
 # what Redis answers credentials no wait mends: a wrong password (or none where one is asked; a
 # sentinel's too: SentinelRefused), a command the URL's user may not run (an ACL without PING...)
@@ -49,3 +56,36 @@ def refusal_at_start(url: str) -> str | None:
     finally:
         client.close()
     return None
+
+
+class RefusedCredentials:
+    """A service's failed tries at Redis, one after another: once Redis has refused its credentials (a
+    wrong or changed password: ``AuthenticationError``; a command its user may not run: ``NoPermissionError``)
+    for ``bound_s``, the process says so and exits ``REFUSED_EXIT`` for its supervisor to start it again
+    (any other failure between, or a try that went through: ``taken``, begins the count again).
+    ``process``: what the line calls it (a worker's broker connection, the gateway's reaper passes)."""
+
+    def __init__(self, bound_s: float, process: str = "worker") -> None:
+        self.bound_s, self.process = bound_s, process
+        self._since: float | None = None
+
+    def taken(self) -> None:
+        self._since = None
+
+    def tried(self, exc: Exception) -> None:
+        if not isinstance(exc, REFUSED_FOR_GOOD):
+            self._since = None
+            return
+        now = time.monotonic()
+        self._since = now if self._since is None else self._since
+        if now - self._since >= self.bound_s:
+            log.error(
+                "Redis has refused this %s's credentials for %.0f s (%s): exiting %d for its supervisor to "
+                "start it again with its current settings (DAYZERO_REDIS_URL)",
+                self.process,
+                now - self._since,
+                exc,
+                REFUSED_EXIT,
+            )
+            logging.shutdown()
+            os._exit(REFUSED_EXIT)

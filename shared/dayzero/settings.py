@@ -157,9 +157,9 @@ class Settings(BaseSettings):
     credentials_refused_s: float = Field(
         default=30.0,
         gt=0,
-        description="a worker whose broker connection Redis refuses its credentials (a password changed, its user "
-        "refused a command: NOPERM) this long exits 3, for its supervisor (dayzero up, compose) to start it again "
-        "with its current settings",
+        description="a worker whose broker connection (a gateway whose reaper) Redis refuses its credentials (a "
+        "password changed, its user refused a command: NOPERM) this long exits 3, for its supervisor (dayzero up, "
+        "compose) to start it again with its current settings",
     )
     no_worker_timeout_s: float = Field(
         default=60.0,

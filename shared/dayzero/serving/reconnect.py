@@ -29,17 +29,12 @@ compose's restart policy) starts it again, with the settings it has then.
 
 from __future__ import annotations
 
-import logging
-import os
-import time
 from collections.abc import Callable
 
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu import Connection
 
-from ..redis_refusals import REFUSED_FOR_GOOD
-
-log = logging.getLogger("dayzero.worker")
+from ..redis_refusals import RefusedCredentials
 
 # the consumer's next try: 0.5 s after a lost connection, then every 1 s (kombu's default: 2, 4, ... 30 s)
 RETRY_INTERVALS = {"interval_start": 0.5, "interval_step": 0.5, "interval_max": 1.0}
@@ -47,7 +42,6 @@ RETRY_INTERVALS = {"interval_start": 0.5, "interval_step": 0.5, "interval_max": 
 HANG_BOUNDS = {"socket_connect_timeout": 2.0, "socket_timeout": 5.0, "health_check_interval": 5}
 CONSUMER = f"{__name__}:Consumer"  # Celery's ``worker_consumer``
 CREDENTIALS_REFUSED_S = "dayzero_credentials_refused_s"  # the Celery app's setting: Settings.credentials_refused_s
-REFUSED_EXIT = 3  # (a worker that cannot serve with its settings: exit_on_failure's code too)
 
 
 class Consumer(CeleryConsumer):
@@ -70,31 +64,3 @@ class Consumer(CeleryConsumer):
 
         conn.ensure_connection = ensure_connection
         return super().ensure_connected(conn)
-
-
-class RefusedCredentials:
-    """A connection's failed tries, one after another: once Redis has refused its credentials (a
-    wrong or changed password: ``AuthenticationError``; a command its user may not run: ``NoPermissionError``)
-    for ``bound_s``, the process exits
-    ``REFUSED_EXIT`` (any other failure between begins the count again)."""
-
-    def __init__(self, bound_s: float) -> None:
-        self.bound_s = bound_s
-        self._since: float | None = None
-
-    def tried(self, exc: Exception) -> None:
-        if not isinstance(exc, REFUSED_FOR_GOOD):
-            self._since = None
-            return
-        now = time.monotonic()
-        self._since = now if self._since is None else self._since
-        if now - self._since >= self.bound_s:
-            log.error(
-                "Redis has refused this worker's credentials for %.0f s (%s): exiting %d for its supervisor to "
-                "start it again with its current settings (DAYZERO_REDIS_URL)",
-                now - self._since,
-                exc,
-                REFUSED_EXIT,
-            )
-            logging.shutdown()
-            os._exit(REFUSED_EXIT)

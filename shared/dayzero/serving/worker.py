@@ -20,14 +20,13 @@ from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
 from ..kv.shared import unlink_own
 from ..parallel.collectives import Group
-from ..redis_refusals import REFUSED_FOR_GOOD, refusal_said, refused_for_good
+from ..redis_refusals import REFUSED_EXIT, REFUSED_FOR_GOOD, refusal_said, refused_for_good
 from ..settings import Settings
 from ..telemetry import flush_spans, setup_tracing
 from .liveness import Pulse, connect
 from .metrics import serve_metrics
 from .outage_log import BrokerOutageFilter
 from .queue_reads import QueueReads
-from .reconnect import REFUSED_EXIT
 from .runtime import Runtime
 
 log = logging.getLogger("dayzero.worker")
