@@ -23,7 +23,8 @@ import asyncio
 import redis
 from starlette.concurrency import run_in_threadpool
 
-from dayzero.redis_clients import refused_for_good, unreached
+from dayzero.redis_clients import unreached
+from dayzero.redis_refusals import refused_for_good
 from dayzero.serving.broker import writes_refused
 from dayzero.serving.keys import key
 from dayzero.serving.liveness import FRESH_S, seen_stages, serving, wake_stampers
@@ -47,7 +48,7 @@ async def readiness(gw: Gateway) -> tuple[dict, int]:
 
 
 def _redis_reason(url: str, exc: redis.RedisError) -> str:
-    """``/ready``'s reason for Redis's error: credentials refused (redis_clients.refused_for_good's line:
+    """``/ready``'s reason for Redis's error: credentials refused (redis_refusals.refused_for_good's line:
     it said "unreachable"), writes refused, else unreachable."""
     if (refused := refused_for_good(url, exc)) is not None:
         return f"redis refuses DAYZERO_REDIS_URL's credentials: {refused}"
