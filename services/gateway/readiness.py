@@ -48,10 +48,12 @@ async def readiness(gw: Gateway) -> tuple[dict, int]:
 
 
 def _redis_reason(url: str, exc: redis.RedisError) -> str:
-    """``/ready``'s reason for Redis's error: credentials refused (redis_refusals.refused_for_good's line:
-    it said "unreachable"), writes refused, else unreachable."""
+    """``/ready``'s reason for Redis's error: credentials refused, or its user a command (an ACL: the
+    credentials are good), in redis_refusals.refused_for_good's line (it said "unreachable"), writes
+    refused, else unreachable."""
     if (refused := refused_for_good(url, exc)) is not None:
-        return f"redis refuses DAYZERO_REDIS_URL's credentials: {refused}"
+        what = "user a command" if isinstance(exc, redis.exceptions.NoPermissionError) else "credentials"
+        return f"redis refuses DAYZERO_REDIS_URL's {what}: {refused}"
     if isinstance(exc, redis.ResponseError) and writes_refused(exc):
         return f"redis refuses writes: {exc}"
     return f"redis unreachable: {unreached(url, exc)}"

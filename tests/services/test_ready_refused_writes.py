@@ -46,3 +46,21 @@ def test_ready_says_redis_refuses_the_gateways_credentials(gateway):
     finally:
         r.config_set("requirepass", "")
     assert wait_until(lambda: "no live worker" in httpx.get(f"{gateway.url}/ready", timeout=10).json()["reason"], 10)
+
+
+def test_ready_says_redis_refuses_the_gateways_user_a_command_not_its_credentials(gateway):
+    """An ACL that takes the gateway's user but not a command /ready sends (SET): the credentials are
+    good, so the reason says a command was refused and names the user (it said "credentials", and an
+    operator changed a password that was right)."""
+    r = redis.Redis.from_url(gateway.redis_url)
+    r.acl_setuser("default", enabled=True, commands=["-set"])
+    try:
+        answer = httpx.get(f"{gateway.url}/ready", timeout=10)
+        reason = answer.json()["reason"]
+        assert answer.status_code == 503 and reason.startswith("redis refuses DAYZERO_REDIS_URL's user a command: "), (
+            reason
+        )
+        assert "credentials" not in reason and "'default'" in reason and "'set'" in reason, reason
+    finally:
+        r.acl_setuser("default", enabled=True, commands=["+@all"])
+    assert wait_until(lambda: "no live worker" in httpx.get(f"{gateway.url}/ready", timeout=10).json()["reason"], 10)
