@@ -57,8 +57,8 @@ def one_pass(store: Lifecycle, overdue: OverdueWaits, counts) -> None:
     store.r.delete(key("reaper"))  # (the next pass sweeps too, as one gateway alone would, a lease on)
     SENDS[0] -= 1  # (not counted: the bench's own)
     unserved = counts(store.r)
+    overdue.end()  # (first, as the gateway's pass: the cancelled waits)
     end_unserved(store, unserved.__getitem__, 600.0)
-    overdue.end()
     cancel_left(store.r, 600)
 
 
