@@ -26,6 +26,9 @@ CALL = '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n</｜DSML｜inv
         (True, "a <thi</think>b", "a <thi", "b"),  # the thought's end is no mark's start
         (True, "</<think>think>x", "x", ""),  # nor is text joined across a dropped one
         (False, "</<</think>think>think>x", "", "x"),  # (streamed, "</think>x" came: marks' starts nested)
+        (False, "<" * 9 + "think>" * 9 + "x", "", "x"),  # (streamed, a fifth nested "<" came)
+        (True, "<" * 6 + "think>" * 6 + "x</think>y", "x", "y"),  # (in the thought)
+        (False, "</" * 5 + "think>" * 5 + "x", "", "x"),
     ],
 )
 def test_the_answer_drops_the_thoughts_marks_whole_or_streamed(thinking, text, reasoning, content, tools):

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .dsml import Parsed, ToolCall, ToolCallStream, held_suffix
+from .dsml import Parsed, ToolCall, ToolCallStream
 from .reasoning import ReasoningSplitter
 from .tokens import DSML, END_THINK, THINK
 
 _THOUGHT_MARKS = (THINK, END_THINK)
-# marks' starts held within each other at the end of a piece ("</<thi": "<think>" dropped would join
-# "</" and what follows into "</think>"): so deep, a stream drops what one body does (each start
-# held costs a look at the text's end: a run of "<" must not cost each piece the whole run)
-_MOST_NESTED = 4
 
 
 @dataclass(slots=True)
@@ -70,23 +66,51 @@ class AssistantStream:
 
 class _Unmarked:
     """A text without ``dropped`` (the thought's marks, and any marker their removal may spell), in
-    whatever pieces they come: an end that may grow into one is held till the next piece, and
-    released as text by the ``last``."""
+    whatever pieces they come, removed as they complete (each removal may join the text around it
+    into another): the end that may still grow into one, however deep marks' starts nest in it
+    ("<<think>think>" and so on), is held till the next piece, and released as text by the ``last``.
+
+    Every mark opens with a character it holds nowhere else but its last (``<``, ``｜``), so a held
+    end splits at those openers into marks' starts one way only, and the start of what was held
+    before a piece needs no second look after it: a piece costs its own length, never the held run's.
+    """
 
     def __init__(self, dropped: tuple[str, ...]) -> None:
         self._dropped = dropped
-        self._held = ""
+        self._openers = {mark[0] for mark in dropped}
+        self._closers = {mark[-1] for mark in dropped}
+        self._longest = max(map(len, dropped))
+        self._held: list[str] = []  # marks' starts, each at an opener
 
     def feed(self, piece: str, last: bool = False) -> str:
-        text = self._held + piece
-        while any(mark in text for mark in self._dropped):  # (each removal may join another)
-            for mark in self._dropped:
-                text = text.replace(mark, "")
-        hold, nested = 0, 0
-        while not last and nested < _MOST_NESTED and (start := held_suffix(text[: len(text) - hold], self._dropped)):
-            hold, nested = hold + start, nested + 1  # (and the start before it, which its removal would join)
-        self._held = text[len(text) - hold :]
-        return text[: len(text) - hold]
+        held = self._held
+        if not held and not any(opener in piece for opener in self._openers):
+            return piece
+        unchanged = len(held)  # held[:unchanged] is what earlier pieces left: marks' starts already
+        for char in piece:
+            held.append(char)
+            if char in self._closers and (mark := self._completed(held)):
+                del held[-len(mark) :]
+                unchanged = min(unchanged, len(held))
+        kept = 0 if last else self._marks_start(unchanged)
+        released = "".join(held[: len(held) - kept])
+        del held[: len(held) - kept]
+        return released
+
+    def _completed(self, held: list[str]) -> str | None:
+        return next((m for m in self._dropped if len(held) >= len(m) and "".join(held[-len(m) :]) == m), None)
+
+    def _marks_start(self, unchanged: int) -> int:
+        """Length of the held text's end that is marks' starts, one after another."""
+        held, end = self._held, len(self._held)
+        while end > unchanged:
+            begin = next(
+                (i for i in range(end - 1, max(end - self._longest, -1), -1) if held[i] in self._openers), None
+            )
+            if begin is None or not any(m.startswith("".join(held[begin:end])) for m in self._dropped):
+                return len(held) - end
+            end = begin
+        return len(held)
 
 
 def _delta(reasoning: str, parsed: Parsed, content: str) -> Delta:
