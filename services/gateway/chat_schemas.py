@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from pydantic import Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationInfo, field_validator, model_validator
 
 from dayzero.chat.auto_grammar import strict_tools
 from dayzero.chat.call_parameters import parameters_problem
 from dayzero.chat.schema_size import MOST_TOOLS
-from dayzero.settings_help import validation_message
 
 from .schemas import MAX_TEXT, ResponseFormat, Sampling, _Body, field_error, json_reply
 from .thinking_mode import ChatTemplateKwargs, Effort, ThinkingSwitch, thinking_conflict, v4_effort
@@ -158,11 +157,8 @@ class ChatPrompt(_Body):
     @field_validator("tools")
     @classmethod
     def _tool_definitions(cls, value: list[dict] | None) -> list[dict] | None:
-        try:
-            names = [t.function.name for t in _TOOLS.validate_python(value or [])]
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise ValueError(f"{'.'.join(map(str, first['loc']))}: {validation_message(first)}") from None
+        # a tool's own error keeps its place and kind (param tools.0.function.name, a code)
+        names = [t.function.name for t in _TOOLS.validate_python(value or [])]
         if len(set(names)) < len(names):
             raise ValueError("tool names must be unique")
         return value

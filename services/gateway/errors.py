@@ -92,7 +92,9 @@ def install(app: FastAPI) -> None:
         param = ".".join(str(p) for p in first.get("loc", ()) if _field_part(p)) or None
         why = validation_message(first)
         if param is None:  # the body's own (none, or not an object): no parameter to code
-            return error_response(400, why, "invalid_request_error")
+            return error_response(
+                400, _no_body(request) if first.get("type") == "missing" else why, "invalid_request_error"
+            )
         return error_response(400, f"{param}: {why}", "invalid_request_error", param, _code(first))
 
     @app.exception_handler(HTTPException)
@@ -149,6 +151,7 @@ _CODES = {
     "missing": "missing_required_parameter",
     "literal_error": "invalid_value",
     "string_too_long": "string_above_max_length",
+    "string_pattern_mismatch": "invalid_value",  # (a tool's name)
     "too_long": "array_above_max_length",
 }
 _BOUNDS = {"greater_than_equal": "below_min", "less_than_equal": "above_max"}  # (the bounds fields use)
@@ -161,7 +164,16 @@ def _code(error: dict) -> str | None:
     if kind in _BOUNDS:
         bound = next(iter(error.get("ctx", {}).values()), None)
         return f"{'decimal' if isinstance(bound, float) else 'integer'}_{_BOUNDS[kind]}_value"
+    if kind == "too_short":  # OpenAI's for empty messages (a list's least length is 1 here)
+        return "empty_array" if error.get("ctx", {}).get("min_length") == 1 else None
     return "invalid_type" if kind.endswith("_type") else _CODES.get(kind)
+
+
+def _no_body(request: Request) -> str:
+    """What an empty body is told: the fields the route's body needs (pydantic said "Field required")."""
+    body = request.scope["route"].body_field.field_info.annotation
+    needed = [field.alias or name for name, field in body.model_fields.items() if field.is_required()]
+    return f"the request has no body: send a JSON object with {', '.join(needed)}"
 
 
 def _specificity(error: dict) -> tuple[int, bool]:

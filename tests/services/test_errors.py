@@ -126,9 +126,9 @@ def test_a_tool_parameter_name_the_call_format_cannot_carry_is_refused(gateway, 
     parameters = {"type": "object", "properties": {key: {"type": "string"}}, "required": [key]}
     tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
     error = _error(gateway, chat("hi", tools=tools, tool_choice=choice))
-    assert error["param"] == "tools"
+    assert error["param"] == "tools.0.function.parameters"
     why = f"the model's tool calls cannot carry a {mark!r} in a name"
-    assert error["message"] == f"tools: 0.function.parameters: parameter name {key!r}: {why}"
+    assert error["message"] == f"tools.0.function.parameters: parameter name {key!r}: {why}"
 
 
 def test_an_empty_list_of_content_parts_is_refused(gateway):

@@ -86,6 +86,13 @@ def test_defaults_ask_for_nothing_and_pass(gateway, fields):
         (chat("x", user="u" * 257), "user", "string_above_max_length"),
         (chat("x", logit_bias={"05": 1}), "logit_bias", None),  # OpenAI's own for a key that is no token id
         (chat("x", stop=["s"] * 17), "stop", None),  # a check of this server's own
+        # OpenAI's (they were null, a tool's under param "tools")
+        ({"model": MODEL, "messages": []}, "messages", "empty_array"),
+        (
+            chat("x", tools=[{"type": "function", "function": {"name": "a b"}}]),
+            "tools.0.function.name",
+            "invalid_value",
+        ),
     ],
 )
 def test_an_invalid_field_is_coded_as_openai_codes_it(gateway, body, param, code):
@@ -102,3 +109,13 @@ def test_a_body_that_is_no_object_names_no_parameter_in_its_code(gateway, body):
     r = gateway.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     assert (r.json()["error"]["param"], r.json()["error"]["code"]) == (None, None), r.text
+
+
+@pytest.mark.parametrize(
+    ("path", "needed"), [("/v1/chat/completions", "messages, model"), ("/v1/completions", "model, prompt")]
+)
+def test_an_empty_body_is_told_what_it_needs(gateway, path, needed):
+    """It was told pydantic's bare "Field required", of no field."""
+    r = gateway.post(path, content=b"", headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == f"the request has no body: send a JSON object with {needed}", r.text
