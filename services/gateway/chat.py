@@ -20,7 +20,7 @@ from dayzero.chat.schema_literals import spelled_token
 from dayzero.chat.schema_size import more_nodes_than, size_problem
 from dayzero.chat.schema_walks import tool_probe_steps, walked_schemas
 from dayzero.chat.tokens import DSML, END_THINK, THINK
-from dayzero.params import Grammar
+from dayzero.params import Grammar, is_unicode
 
 from .chat_schemas import ChatPrompt, NamedToolChoice
 from .context import ENCODED_ON_THE_LOOP, Gateway, tokenizing
@@ -36,8 +36,14 @@ def chat_prompt(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
     thinking, effort = body.thinking()
     schema = body.response_format.schema_() if body.response_format else None
     options = ChatOptions(thinking, effort, tuple(body.offered_tools()), schema)
-    with tokenizing("messages"):  # a chat far over the context is refused from its size, untokenized
-        ids = gw.codec.chat_ids(prompt.messages, options, gw.context_limit)
+    try:
+        with tokenizing("messages"):  # a chat far over the context is refused from its size, untokenized
+            ids = gw.codec.chat_ids(prompt.messages, options, gw.context_limit)
+    except APIError as refused:
+        if refused.code is not None:  # (the context's)
+            raise
+        where = _field_holding_a_lone_surrogate(body)  # the text's: looked for only now
+        raise APIError(400, f"{where}: {refused.message}", param=where) from None
     if gw.image_token is not None:  # every placeholder must be an attached image's, none typed in text
         try:
             ids = expand_placeholders(ids, gw.image_token, prompt.patches, "messages")
@@ -84,6 +90,22 @@ def _field_holding_the_tag(options: ChatOptions) -> str:
     for field, value in (("tools", options.tools), ("response_format", options.response_format)):
         if IMAGE_TAG in to_json(value):
             return field
+    return "messages"
+
+
+def _field_holding_a_lone_surrogate(body: ChatPrompt) -> str:
+    """The first rendered field whose text is not Unicode (``messages.0.content``; for a key, the
+    object it is in: ``tools.0.function.parameters.properties``): the tokenizer refused the prompt."""
+    rendered = body.model_dump(include={"messages", "tools", "response_format"}, by_alias=True, exclude_none=True)
+    walk: list[tuple[object, tuple]] = [(rendered, ())]
+    while walk:
+        value, where = walk.pop()
+        if where and not is_unicode(str(where[-1])):  # (the param names no surrogate: it could not be sent)
+            return ".".join(map(str, where[:-1]))
+        if isinstance(value, str) and not is_unicode(value):
+            return ".".join(map(str, where))
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        walk += [(item, (*where, key)) for key, item in reversed(list(items))]
     return "messages"
 
 

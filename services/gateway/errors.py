@@ -89,7 +89,7 @@ def install(app: FastAPI) -> None:
             sent = request.headers.get("content-type", "none")
             message = f"the body must be JSON sent with content-type: application/json (got {sent})"
             return error_response(400, message, "invalid_request_error")
-        param = ".".join(str(p) for p in first.get("loc", ()) if _field_part(p)) or None
+        param = ".".join(map(str, _field_path(first.get("loc", ()), exc.body))) or None
         why = validation_message(first)
         if param is None:  # the body's own (none, or not an object): no parameter to code
             return error_response(
@@ -180,6 +180,32 @@ def _specificity(error: dict) -> tuple[int, bool]:
     """The deepest error is the most specific of a union's; of equally deep ones, a value's fault
     (a lone surrogate in a string) says more than another member's type ("not an integer")."""
     return len(error.get("loc", ())), not error.get("type", "").endswith("_type")
+
+
+def _field_path(loc: tuple, body: object) -> list:
+    """The fields and indexes of ``loc`` (pydantic's error location) that lead into the body as sent:
+    a union member's tag is left out though it may look like a field ("messages.0.content.0.text.text"
+    named a text part's text with its tag "text"; "tool_choice.NamedToolChoice.function"), and the last
+    part kept where the object it is in lacks it (a missing field). Of the ways to read ``loc``, the one that
+    follows the body furthest."""
+    parts = [part for part in loc if _field_part(part)]
+
+    def read(i: int, within: object) -> tuple[int, list]:  # (parts followed into the body, path)
+        if i == len(parts):
+            return 0, []
+        part, ways = parts[i], [read(i + 1, within)]  # the part as a tag
+        if isinstance(within, dict) and part in within or isinstance(within, list) and _indexes(part, within):
+            followed, path = read(i + 1, within[part])
+            ways.append((followed + 1, [part, *path]))
+        elif i == len(parts) - 1 and isinstance(within, dict):  # (a field a string lacks is a tag)
+            ways.append((0, [part]))
+        return max(ways, key=lambda way: (way[0], len(way[1])))
+
+    return read(0, body)[1]
+
+
+def _indexes(part: object, items: list) -> bool:
+    return isinstance(part, int) and 0 <= part < len(items)
 
 
 def _field_part(part: object) -> bool:

@@ -71,7 +71,7 @@ def _checks(p: SamplingParams) -> list[tuple[bool, str]]:
         (p.seed is not None and not 0 <= p.seed <= MAX_SEED, f"seed must be in [0, {MAX_SEED}]"),
         (any(not s for s in p.stop), "stop strings must not be empty"),
         (any(not s for s in p.stop_bounds), "stop bounds must not be empty"),
-        (not all(map(_unicode, p.stop)), "stop strings must be Unicode text (a lone surrogate never matches)"),
+        (not all(map(is_unicode, p.stop)), "stop strings must be Unicode text (a lone surrogate never matches)"),
         (any(not -MAX_BIAS <= b <= MAX_BIAS for _, b in p.logit_bias), f"logit_bias values must be in ±{MAX_BIAS}"),
         (
             not (abs(p.presence_penalty) <= MAX_PENALTY and abs(p.frequency_penalty) <= MAX_PENALTY),
@@ -81,7 +81,7 @@ def _checks(p: SamplingParams) -> list[tuple[bool, str]]:
     ]
 
 
-def _unicode(text: str) -> bool:
+def is_unicode(text: str) -> bool:
     try:
         text.encode()
     except UnicodeEncodeError:  # a lone surrogate (JSON's "\ud800", argv's undecodable bytes)

@@ -192,10 +192,11 @@ def _post_raw(gateway: Stack, path: str, body: dict) -> httpx.Response:
         ("/tokenize", [{"role": "user", "content": "a \ud800"}]),
     ],
 )
-def test_chat_text_that_is_not_unicode_is_refused_naming_messages(lone_gateway, path, messages):
+def test_chat_text_that_is_not_unicode_is_refused_naming_its_field(lone_gateway, path, messages):
     r = _post_raw(lone_gateway, path, {"model": MODEL, "max_tokens": 3, "messages": messages})
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == "messages" and "lone surrogate" in r.json()["error"]["message"]
+    error = r.json()["error"]
+    assert error["param"] == "messages.0.content" and "lone surrogate" in error["message"], error
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,8 @@ every request here is refused before it queues); and the ``code`` OpenAI's API g
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -119,3 +121,53 @@ def test_an_empty_body_is_told_what_it_needs(gateway, path, needed):
     r = gateway.post(path, content=b"", headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"] == f"the request has no body: send a JSON object with {needed}", r.text
+
+
+def _tool(parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (chat("\ud800"), "messages.0.content"),
+        (
+            chat("x", tools=[_tool({"type": "object", "description": "\udc00"})]),
+            "tools.0.function.parameters.description",
+        ),
+        (
+            chat("x", tools=[_tool({"type": "object", "properties": {"\udc00": {}}})]),
+            "tools.0.function.parameters.properties",
+        ),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "a\ud83d"}]}]},
+            "messages.0.content.0.text",
+        ),
+    ],
+    ids=["content", "tool", "tool_key", "part"],
+)
+def test_a_lone_surrogate_is_refused_in_the_field_that_holds_it(gateway, body, param):
+    """The tokenizer refuses the whole rendered prompt: every field's was refused as "messages" (a
+    tool's too); a text part's was named with its union tag ("messages.0.content.0.text.text")."""
+    r = gateway.post("/v1/chat/completions", content=json.dumps(body), headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"].startswith(f"{param}: "), error
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (chat("x", tool_choice={"type": "function"}), "tool_choice.function"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0.text"),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+            "messages.0.content.0.text",
+        ),
+    ],
+    ids=["named_tool_choice", "missing_text", "text_type"],
+)
+def test_a_union_members_tag_is_no_part_of_the_param(gateway, body, param):
+    """It was: "tool_choice.NamedToolChoice.function", "messages.0.content.0.text.text"."""
+    r = gateway.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
