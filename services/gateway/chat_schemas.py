@@ -14,6 +14,7 @@ from dayzero.chat.schema_size import MOST_TOOLS
 
 from .schemas import MAX_TEXT, ResponseFormat, Sampling, _Body, field_error, json_reply
 from .thinking_mode import ChatTemplateKwargs, Effort, ThinkingSwitch, thinking_conflict, v4_effort
+from .tool_results import unanswered_result
 
 MAX_MESSAGES = 256
 MAX_PARTS = 1024  # content parts of a message (its images are bounded further)
@@ -149,6 +150,14 @@ class ChatPrompt(_Body):
                 raise ValueError(f"{i}.prefix: only the last message, an assistant's, can be a prefix")
             if m.tool_calls:
                 raise ValueError(f"{i}.prefix: a prefix holds text, not tool_calls")
+        return messages
+
+    @field_validator("messages")
+    @classmethod
+    def _tool_results_answer_calls(cls, messages: list[Message] | None) -> list[Message] | None:
+        if unanswered := unanswered_result(messages or []):
+            where, message = unanswered
+            raise field_error(cls, where, message, messages[where[0]].model_dump()[where[1]])
         return messages
 
     def ends_with_prefix(self) -> bool:

@@ -171,3 +171,33 @@ def test_a_union_members_tag_is_no_part_of_the_param(gateway, body, param):
     """It was: "tool_choice.NamedToolChoice.function", "messages.0.content.0.text.text"."""
     r = gateway.post("/v1/chat/completions", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+ASKED = [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [CALL]}]
+
+
+@pytest.mark.parametrize(
+    ("messages", "param"),
+    [
+        ([{"role": "tool", "tool_call_id": "c1", "content": "r"}, {"role": "user", "content": "q"}], "messages.0.role"),
+        ([*ASKED[:1], {"role": "assistant", "content": "a"}, {"role": "tool", "content": "r"}], "messages.2.role"),
+        ([*ASKED, {"role": "tool", "tool_call_id": "zz", "content": "r"}], "messages.2.tool_call_id"),
+        (
+            [*ASKED, {"role": "tool", "tool_call_id": "c1", "content": "r"}, {"role": "assistant", "content": "a"}]
+            + [{"role": "tool", "tool_call_id": "c1", "content": "again"}],
+            "messages.4.role",
+        ),
+    ],
+    ids=["first", "after_a_reply", "unknown_id", "after_the_next_reply"],
+)
+def test_a_tool_message_that_answers_no_call_is_refused(gateway, messages, param):
+    """As OpenAI and DeepSeek refuse it; it was rendered: a result of a call the model never made
+    (an unknown id also put the results out of their calls' order)."""
+    # (a max_tokens over the limit, refused after the body's checks: a body let through never queues)
+    for path, fields in (("/v1/chat/completions", {"max_tokens": 10**6}), ("/tokenize", {})):
+        r = gateway.post(path, json={"model": MODEL, "messages": messages, **fields})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    answered = [*ASKED, {"role": "tool", "tool_call_id": "c1", "content": "r"}, {"role": "user", "content": "more"}]
+    r = gateway.post("/tokenize", json={"model": MODEL, "messages": answered})
+    assert r.status_code == 200, r.text
