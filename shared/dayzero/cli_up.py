@@ -88,7 +88,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         if args.example:
-            _example(stack.url, settings.model_name)
+            _example(stack.url, settings)
         watch = RedisWatch(redis_url, lambda line: print(line, file=sys.stderr)) if redis_url else None
         while True:
             for name in stack.supervise():
@@ -121,22 +121,38 @@ def _ranks(n: int) -> str:
     return f" ({n} ranks each)" if n > 1 else ""
 
 
-def _example(url: str, model: str) -> None:
+def _example(url: str, settings: Settings) -> None:
+    """One streamed request, sent as a client would (with the first API key when keys are asked for).
+    A refusal or an error is one line: a 401 under DAYZERO_API_KEYS printed nothing, an error event
+    a KeyError's traceback."""
     import httpx
 
     body = {
-        "model": model,
+        "model": settings.model_name,
         "stream": True,
         "max_tokens": 32,
         "messages": [{"role": "user", "content": "The quick brown fox"}],
     }
+    headers = {"authorization": f"Bearer {settings.api_keys[0]}"} if settings.api_keys else {}
     print("example request: 'The quick brown fox' ->", file=sys.stderr)
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
-        for line in response.iter_lines():
-            if line.startswith("data: {"):
-                delta = json.loads(line[6:])["choices"][0]["delta"]
-                sys.stdout.write(delta.get("content", ""))
-                sys.stdout.flush()
+    try:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60) as response:
+            if response.status_code != 200:
+                print(
+                    f"example request refused: HTTP {response.status_code} {response.read().decode()}", file=sys.stderr
+                )
+                return
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        print(f"\nexample request failed: {chunk['error'].get('message')}", file=sys.stderr)
+                        return
+                    sys.stdout.write(chunk["choices"][0]["delta"].get("content") or "")
+                    sys.stdout.flush()
+    except httpx.HTTPError as exc:  # the stack serves on: the example only shows it
+        print(f"\nexample request failed: {exc!r}", file=sys.stderr)
+        return
     print()
 
 
