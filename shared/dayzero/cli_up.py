@@ -20,8 +20,8 @@ from .settings import Settings
 from .settings_help import HELP_WIDTH
 
 
-class _Stop(Exception):
-    """SIGINT or SIGTERM reached the supervisor."""
+class _Stop(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the supervisor (before the stack starts: main's Ctrl-C, exit 130)."""
 
 
 def _stop_on_signals() -> None:
@@ -42,6 +42,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     from .stack import Stack, StartFailed
     from .tokenizer import load_codec
 
+    _stop_on_signals()  # first: a background job's SIGINT (inherited ignored) was lost during the checks
     settings.require_device()
     env = {}
     if args.checkpoint:
@@ -67,7 +68,6 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     ranks = {"prefill": args.prefill_tp, "decode": args.decode_tp}
     stack = Stack(counts, port, args.log_dir, env, redis_url=redis_url, host=settings.host, ranks=ranks)
     stack.frozen_s, stack.start_exits = settings.frozen_worker_s, settings.start_exits
-    _stop_on_signals()
     try:
         stack.start()
         print(
