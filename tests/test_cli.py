@@ -87,9 +87,11 @@ def test_a_sampling_option_out_of_range_is_named_as_an_option(tiny_checkpoint, o
     assert capsys.readouterr().err == f"error: {message}\n"
 
 
-def test_bad_checkpoint_is_a_clear_error(tmp_path, capsys):
-    assert cli.main(["generate", "--checkpoint", str(tmp_path), "--prompt-ids", "1,2"]) == 2
-    assert "error:" in capsys.readouterr().err
+@pytest.mark.parametrize("prompt", [["--prompt-ids", "1,2"], ["--prompt", "hi"], ["--prompt", "hi", "--stop", "x"]])
+def test_a_directory_without_a_config_is_named_so(prompt, tmp_path, capsys):
+    """(A text prompt was told "this checkpoint has no tokenizer.json: send the prompt as token ids".)"""
+    assert cli.main(["generate", "--checkpoint", str(tmp_path), *prompt]) == 2
+    assert capsys.readouterr().err == f"error: no config.json at {tmp_path / 'config.json'}\n"
 
 
 def test_ctrl_c_ends_a_command_in_one_line_with_exit_130():

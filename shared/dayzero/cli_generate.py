@@ -32,8 +32,8 @@ def prompt_of(args: argparse.Namespace, checkpoint: Path) -> list[int]:
     """The prompt's ids, each checked against the checkpoint's vocabulary."""
     from .tokenizer import load_codec
 
+    vocab = ModelConfig.from_file(checkpoint).vocab_size  # first: a directory without one is named so
     ids = _ids(args.prompt_ids) if args.prompt_ids is not None else load_codec(checkpoint).encode(args.prompt)
-    vocab = ModelConfig.from_file(checkpoint).vocab_size
     outside = [t for t in ids if not 0 <= t < vocab]
     if outside:
         raise ValueError(f"token id {outside[0]} is outside the vocabulary [0, {vocab})")
@@ -52,6 +52,7 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     checkpoint = checkpoint_directory(args.checkpoint or settings.checkpoint_dir())
     if args.tensor_parallel > 1:
         check_split(checkpoint, [args.tensor_parallel])  # before any rank starts
+    prompt = prompt_of(args, checkpoint)
     if args.stop and not load_codec(checkpoint).has_tokenizer:
         raise ValueError("--stop needs text, and this checkpoint has no tokenizer.json")
     launch, seed = launch_from(os.environ, settings.device), args.seed  # torchrun's variables, if set
@@ -72,7 +73,7 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         raise ValueError(re.sub(r"\b(max_tokens|temperature|top_p|top_k|seed|stop)\b", _option, str(exc))) from None
     if args.speculative_tokens is not None:
         settings = settings.model_copy(update={"speculative_tokens": args.speculative_tokens})
-    tp, prompt, timeout = args.tensor_parallel, prompt_of(args, checkpoint), args.group_timeout
+    tp, timeout = args.tensor_parallel, args.group_timeout
     run_group(
         tp,
         _generate_on,
