@@ -86,6 +86,10 @@ class Doctor:
     # -- checks -----------------------------------------------------------------------------------------
     def check_ready(self) -> str:
         answer = self.http.get("/v1/models", timeout=self.ready_wait_s)
+        if answer.status_code == 401:  # the gateway refusing a key (it was asked whether this is the gateway)
+            keyed = "Authorization" in self.http.headers
+            why = "the gateway refuses the --api-key given" if keyed else "the gateway asks for an API key (--api-key)"
+            raise AssertionError(f"GET {answer.url} answered HTTP 401: {why}")
         try:
             card = answer.json()["data"][0]
             self.model, self.max_len = card["id"], int(card.get("max_model_len") or self.max_len)

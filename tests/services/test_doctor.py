@@ -88,6 +88,34 @@ def test_doctor_reports_a_server_that_is_not_the_gateway_in_one_line():
     assert check.detail.startswith(f"GET http://127.0.0.1:{site.server_port}/v1/models answered HTTP 404 ")
 
 
+@pytest.mark.parametrize(
+    ("key", "why"),
+    [(None, "the gateway asks for an API key (--api-key)"), ("wrong", "the gateway refuses the --api-key given")],
+)
+def test_a_key_the_gateway_refuses_is_named_so(key, why):
+    """A gateway under DAYZERO_API_KEYS was asked whether it was the gateway ("is URL the gateway's URL?")."""
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b'{"error": {"message": "missing or invalid API key", "code": "invalid_api_key"}}'
+            self.send_response(401)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=site.serve_forever, daemon=True).start()
+    try:
+        (check,) = Doctor(f"http://127.0.0.1:{site.server_port}", api_key=key).run()
+    finally:
+        site.shutdown()
+        site.server_close()
+    assert check.detail == f"GET http://127.0.0.1:{site.server_port}/v1/models answered HTTP 401: {why}"
+
+
 def test_doctor_gives_up_on_a_gateway_that_never_answers():
     """A socket that takes connections and never replies: readiness fails after its wait (at most
     10 s; here ``--timeout 1``), with exit 1."""
