@@ -25,6 +25,10 @@ from .lexer_replies import DEFAULTS, fails_mid_reply, strings
         ("(abc){2000}", 0),  # a group of one length
         (r"^(\d{3}-){3}\d{4}$", 0),
         (r"^\x{10000}{5}$", 0),  # (a braced escape is one character)
+        (r"^(\pL|..){1900}$", 3800),  # (as is any escape of one: not two, as lengths [2, 2])
+        (r"^(\x61|\u0061\U00000062){300}$", 600),
+        (r"^([[:alpha:]]|..){300}$", 600),  # (a class within a class is one character)
+        (r"^([a[\]b]]|..){300}$", 600),
         (r"^([a-z]+\.)*[a-z]+$", 0),  # repeated without a count: states the lexer reuses
     ],
 )
@@ -44,6 +48,18 @@ def test_a_group_split_past_the_lexer_is_refused(regex, written):
     assert fails_mid_reply(schema, {"s0": "a" * written})
     problem = size_problem([schema], DEFAULTS) or ""
     assert "repeating a group of varying length" in problem and f"at most {MOST_SPLITS}" in problem, problem
+
+
+@pytest.mark.parametrize(
+    "regex", [r"^(\pL|..){1900}$", r"^(\PN|..){1900}$", r"^([[:alpha:]]|..){1900}$", r"^([a[b]]|..){1900}$"]
+)
+def test_a_group_of_one_character_escapes_or_classes_is_split_as_one(regex):
+    r"""A one-character escape (\pL) read as two characters, a class within a class ended at its
+    first "]": lengths [2, 2], no ways, let through; every reply writing 3,800 failed (\pL 332
+    bytes in, \PN 398)."""
+    schema = strings({"pattern": regex})
+    assert fails_mid_reply(schema, {"s0": "a" * 3800})
+    assert "repeating a group of varying length" in (size_problem([schema], DEFAULTS) or "")
 
 
 @pytest.mark.parametrize("regex, written", [("^(.{1,2}){300}$", 600), ("^(.{2,3}){600}$", 1800)])

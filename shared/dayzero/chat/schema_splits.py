@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 # (a count of ~800 failed the lexer first: ``(.{2,3}){1000}``, 3,000 characters, writes whole at 667)
 MOST_SPLITS = 600
 _QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")  # {n}, {n,}, {n,m}
-_CLASS = re.compile(r"\[\^?\]?(?:\\.|[^\]\\])*\]?")  # a character class, as one atom
-_BRACED_ESCAPE = re.compile(r"\\[xupP]\{[^}]*\}")  # \x{10000}, \p{L}: one character, no count
+# an escape of one character: \x{10000}, \x61, \u0061, \U00000061, \p{L}, \pL (read a character a
+# backslash, ``(\pL|..){1900}`` was lengths [2, 2], let through: every reply failed 332 bytes in)
+_ESCAPE = re.compile(r"\\(?:[xuUpP]\{[^}]*\}|x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|[pP].|.)", re.DOTALL)
 _MOST_DIGITS = 12  # a count of more is read as 10^12 (Python reads no number of over 4,300 digits)
 
 
@@ -79,13 +80,32 @@ def split_ways(regex: str) -> int:
             top.add(None)
         else:
             if char == "[":
-                i = _CLASS.match(regex, i).end() - 1
+                i = _class_end(regex, i) - 1
             elif char == "\\":
-                braced = _BRACED_ESCAPE.match(regex, i)
-                i = braced.end() - 1 if braced else i + 1
+                i = _ESCAPE.match(regex, i).end() - 1 if i + 1 < len(regex) else i
             top.add((1, 1))
         i += 1
     return ways
+
+
+def _class_end(regex: str, start: int) -> int:
+    """Where the character class opened at ``start`` ends (past its "]"; the text's end: none), its
+    nested classes within it (``[a[bc]]``, ``[[:alpha:]]``: one character, as "]" ended them
+    before: ``([[:alpha:]]|..){1900}`` was let through to fail every reply)."""
+    depth, i = 0, start
+    while i < len(regex):
+        if regex[i] == "\\":
+            i += 1
+        elif regex[i] == "[":
+            depth += 1
+            i += regex.startswith("^", i + 1)  # (a "]" first in a class, negated or not, is a character)
+            i += regex.startswith("]", i + 1)
+        elif regex[i] == "]":
+            depth -= 1
+            if not depth:
+                return i + 1
+        i += 1
+    return len(regex)
 
 
 def _ways(lengths: tuple[float, float], repeats: float) -> int:
