@@ -11,6 +11,7 @@ from dayzero.chat.grammar import _byte_grammars, grammar_problem, json_grammar
 from dayzero.chat.schema_endless import endless_problem
 
 NODE = {"$ref": "#/$defs/node"}
+OWN_NULL = {"$id": "https://example.com/own", "$defs": {"node": {"type": "null"}}} | NODE
 
 
 def _defining(node: dict, top: dict | None = None) -> dict:
@@ -36,6 +37,11 @@ FINITE = {  # (a schema, a finite value of it)
     "a_branch_out": (_defining({"anyOf": [_requiring(), {"type": "null"}]}), {"s": None}),
     "no_least_items": (_defining({"type": "array", "items": NODE}), {"s": []}),
     "not_required": (_defining(_requiring(), {"type": "object", "properties": {"s": NODE}}), {}),
+    # its "#/$defs/node" is its own resource's (null), not the document's endless one
+    "own_id": (
+        _defining(_requiring(), {"type": "object", "properties": {"s": OWN_NULL}, "required": ["s"]}),
+        {"s": None},
+    ),
 }
 
 

@@ -10,6 +10,7 @@ schema's (what they do not read is taken as satisfiable), so a schema refused ha
 from __future__ import annotations
 
 from .schema_bounds import schemas_within
+from .schema_keywords import own_resource, values_within
 from .schema_merge import resolve
 
 _LEADS_BACK = "a required property, an item or a $ref leading back to it"
@@ -22,11 +23,11 @@ def endless_problem(schema: object) -> str | None:
     if not isinstance(schema, dict):
         return None
     nodes = list(schemas_within(schema))
-    walked = {id(node) for node in nodes}
+    walked, elsewhere = {id(node) for node in nodes}, _within_resources(nodes, schema)
     waits: dict[int, int] = {}  # a subschema's conditions not met yet
     dependents: dict[int, list[tuple[int, object]]] = {}  # a subschema's -> (dependent, its need or union)
     for node in nodes:
-        conditions = [{id(sub)} for sub in _needed(node, schema) if _walked(sub, walked)]
+        conditions = [{id(sub)} for sub in _needed(node, schema, id(node) not in elsewhere) if _walked(sub, walked)]
         conditions += [{id(sub) for sub in union} for union in _unions(node) if all(_walked(s, walked) for s in union)]
         waits[id(node)] = len(conditions)
         for condition in conditions:
@@ -52,10 +53,28 @@ def _walked(sub: object, walked: set[int]) -> bool:
     return isinstance(sub, dict) and id(sub) in walked
 
 
-def _needed(node: dict, root: dict) -> list[object]:
-    """The subschemas a value of ``node`` must satisfy, each: its $ref's, its allOf's, its required
-    properties' (an object's only), its first minItems items' (an array's only)."""
-    needed = [resolve(root, ref)] if isinstance(ref := node.get("$ref"), str) else []
+def _within_resources(nodes: list[dict], root: dict) -> set[int]:
+    """The ids of ``nodes`` within an ``$id`` of their own below ``root``: llguidance resolves their
+    "#/..." $refs against it, not the document (read against the document, one pointing at its own
+    {"type": "null"} was taken for the root's endless object of that name: a false refusal)."""
+    inside: set[int] = set()
+    for resource in (node for node in nodes if own_resource(node, root) and id(node) not in inside):
+        stack: list[object] = [resource]
+        while stack:
+            if isinstance(sub := stack.pop(), dict) and id(sub) not in inside:
+                inside.add(id(sub))
+                stack.extend(values_within(sub))
+            elif isinstance(sub, list):
+                stack.extend(sub)
+    return inside
+
+
+def _needed(node: dict, root: dict, resolved: bool) -> list[object]:
+    """The subschemas a value of ``node`` must satisfy, each: its $ref's (where ``resolved``: a
+    pointer into ``root``), its allOf's, its required properties' (an object's only), its first
+    minItems items' (an array's only)."""
+    ref = node.get("$ref")
+    needed = [resolve(root, ref)] if resolved and isinstance(ref, str) else []
     needed += node["allOf"] if isinstance(node.get("allOf"), list) else []
     kind = node.get("type")
     kind = kind[0] if isinstance(kind, list) and len(kind) == 1 else kind
