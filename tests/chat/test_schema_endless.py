@@ -28,6 +28,7 @@ ENDLESS = {
     "type_list": _defining(_requiring(["object"])),
     "all_of": _defining({"allOf": [_requiring()]}),
     "every_branch": _defining({"anyOf": [_requiring(), {"$ref": "#/$defs/node"}]}),
+    "additional": _defining({"type": "object", "additionalProperties": NODE, "required": ["c"]}),
     "least_items": _defining({"type": "array", "items": NODE, "minItems": 1}),
     "root": {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
 }
@@ -37,6 +38,12 @@ FINITE = {  # (a schema, a finite value of it)
     "a_branch_out": (_defining({"anyOf": [_requiring(), {"type": "null"}]}), {"s": None}),
     "no_least_items": (_defining({"type": "array", "items": NODE}), {"s": []}),
     "not_required": (_defining(_requiring(), {"type": "object", "properties": {"s": NODE}}), {}),
+    "a_pattern_may_hold_it": (
+        _defining(
+            {"type": "object", "patternProperties": {"^c$": {}}, "additionalProperties": NODE, "required": ["c"]}
+        ),
+        {"s": {"c": 1}},
+    ),
     # its "#/$defs/node" is its own resource's (null), not the document's endless one
     "own_id": (
         _defining(_requiring(), {"type": "object", "properties": {"s": OWN_NULL}, "required": ["s"]}),

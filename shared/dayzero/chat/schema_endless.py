@@ -71,16 +71,19 @@ def _within_resources(nodes: list[dict], root: dict) -> set[int]:
 
 def _needed(node: dict, root: dict, resolved: bool) -> list[object]:
     """The subschemas a value of ``node`` must satisfy, each: its $ref's (where ``resolved``: a
-    pointer into ``root``), its allOf's, its required properties' (an object's only), its first
-    minItems items' (an array's only)."""
+    pointer into ``root``), its allOf's, its required properties' or additional properties' (an
+    object's only), its first minItems items' (an array's only)."""
     ref = node.get("$ref")
     needed = [resolve(root, ref)] if resolved and isinstance(ref, str) else []
     needed += node["allOf"] if isinstance(node.get("allOf"), list) else []
     kind = node.get("type")
     kind = kind[0] if isinstance(kind, list) and len(kind) == 1 else kind
     properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    # (a name no property nor pattern holds: additionalProperties' value, a $ref to its object
+    # behind it failed every reply "Too many items" and was let through among 128 forced tools)
+    others = None if node.get("patternProperties") else node.get("additionalProperties")
     if kind == "object" and isinstance(required := node.get("required"), list):
-        needed += [properties.get(name) for name in required if isinstance(name, str)]
+        needed += [properties.get(name, others) for name in required if isinstance(name, str)]
     least = node.get("minItems")
     if kind == "array" and isinstance(least, int) and not isinstance(least, bool) and least > 0:
         prefix = node.get("prefixItems")
