@@ -29,6 +29,10 @@ from .lexer_replies import DEFAULTS, fails_mid_reply, strings
         (r"^(\x61|\u0061\U00000062){300}$", 600),
         (r"^([[:alpha:]]|..){300}$", 600),  # (a class within a class is one character)
         (r"^([a[\]b]]|..){300}$", 600),
+        (r"(?x)^(. |..){300}$", 600),  # (under the x flag whitespace and comments are no characters)
+        ("^(?x:(. # one\n|..)){300}$", 600),
+        (r"^(?x)(?-x)(. |..){300}$", 0),
+        (r"^(?P<x>. |..){300}$", 0),
         (r"^([a-z]+\.)*[a-z]+$", 0),  # repeated without a count: states the lexer reuses
     ],
 )
@@ -51,12 +55,19 @@ def test_a_group_split_past_the_lexer_is_refused(regex, written):
 
 
 @pytest.mark.parametrize(
-    "regex", [r"^(\pL|..){1900}$", r"^(\PN|..){1900}$", r"^([[:alpha:]]|..){1900}$", r"^([a[b]]|..){1900}$"]
+    "regex",
+    [
+        r"^(\pL|..){1900}$",
+        r"^(\PN|..){1900}$",
+        r"^([[:alpha:]]|..){1900}$",
+        r"^([a[b]]|..){1900}$",
+        r"(?x)^(. |..){1900}$",
+    ],
 )
 def test_a_group_of_one_character_escapes_or_classes_is_split_as_one(regex):
     r"""A one-character escape (\pL) read as two characters, a class within a class ended at its
-    first "]": lengths [2, 2], no ways, let through; every reply writing 3,800 failed (\pL 332
-    bytes in, \PN 398)."""
+    first "]", a space under the x flag read as one: lengths [2, 2], no ways, let through; every
+    reply writing 3,800 failed (\pL 332 bytes in, \PN 398)."""
     schema = strings({"pattern": regex})
     assert fails_mid_reply(schema, {"s0": "a" * 3800})
     assert "repeating a group of varying length" in (size_problem([schema], DEFAULTS) or "")

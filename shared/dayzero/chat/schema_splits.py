@@ -22,6 +22,7 @@ _QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")  # {n}, {n,}, {n,m}
 # an escape of one character: \x{10000}, \x61, \u0061, \U00000061, \p{L}, \pL (read a character a
 # backslash, ``(\pL|..){1900}`` was lengths [2, 2], let through: every reply failed 332 bytes in)
 _ESCAPE = re.compile(r"\\(?:[xuUpP]\{[^}]*\}|x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|[pP].|.)", re.DOTALL)
+_FLAGS = re.compile(r"[A-Za-z-]*")  # (?flags) and (?flags:...): i, x, -x, ...
 _MOST_DIGITS = 12  # a count of more is read as 10^12 (Python reads no number of over 4,300 digits)
 
 
@@ -30,6 +31,7 @@ class _Group:
     branches: list[tuple[float, float]] = field(default_factory=list)  # finished branches' [lo, hi]
     sequence: tuple[float, float] = (0, 0)  # the branch being read, but its last atom
     last: tuple[float, float] | None = None  # the last atom's [lo, hi] (None: none a count may repeat)
+    verbose: bool = False  # under the x flag: whitespace and # comments are no characters
 
     def add(self, atom: tuple[float, float] | None) -> None:
         """Read ``atom`` after the last one (None: an anchor, a quantifier's end)."""
@@ -49,6 +51,10 @@ def split_ways(regex: str) -> int:
     groups, ways, i = [_Group()], 0, 0
     while i < len(regex):
         char, top = regex[i], groups[-1]
+        if top.verbose and (char.isspace() or char == "#"):  # ((?x)(. |..){1900}: [2, 2] read, no ways)
+            line_end = regex.find("\n", i) if char == "#" else i + 1
+            i = line_end if line_end >= 0 else len(regex)
+            continue
         if char == "{" and (count := _QUANTIFIER.match(regex, i)):
             if top.last is not None:
                 low = _number(count[1])
@@ -59,10 +65,13 @@ def split_ways(regex: str) -> int:
             i = count.end()
             continue
         if char == "(":
-            groups.append(_Group())
+            groups.append(_Group(verbose=top.verbose))
             if regex.startswith("?", i + 1):  # (?:, (?P<name>: read on past its ":" or ">"; (?i) to its ")"
                 ends = [j for j in map(regex.find, ":>)", (i,) * 3) if j >= 0]
                 end = min(ends, default=len(regex))
+                if _FLAGS.fullmatch(flags := regex[i + 2 : end]) and regex[end : end + 1] in (":", ")"):
+                    on, _, off = flags.partition("-")  # (x: for the group (?x:...), or on in this one (?x))
+                    (groups[-1] if regex[end] == ":" else top).verbose = "x" in on or top.verbose and "x" not in off
                 i = end if regex[end : end + 1] in (":", ">") else end - 1
         elif char == ")" and len(groups) > 1:
             groups.pop()
