@@ -35,6 +35,7 @@ ENDLESS = {
 FINITE = {  # (a schema, a finite value of it)
     "optional": (_defining({"type": "object", "properties": {"c": NODE}}), {"s": {}}),
     "nullable": (_defining(_requiring(["object", "null"])), {"s": None}),
+    "openapi_nullable": (_defining(_requiring(nullable=True)), {"s": None}),  # (as_llguidance: type or null)
     "a_branch_out": (_defining({"anyOf": [_requiring(), {"type": "null"}]}), {"s": None}),
     "no_least_items": (_defining({"type": "array", "items": NODE}), {"s": []}),
     "not_required": (_defining(_requiring(), {"type": "object", "properties": {"s": NODE}}), {}),

@@ -76,7 +76,7 @@ def _needed(node: dict, root: dict, resolved: bool) -> list[object]:
     ref = node.get("$ref")
     needed = [resolve(root, ref)] if resolved and isinstance(ref, str) else []
     needed += node["allOf"] if isinstance(node.get("allOf"), list) else []
-    kind = node.get("type")
+    kind = node.get("type") if node.get("nullable") is not True else None  # (OpenAPI's: null too)
     kind = kind[0] if isinstance(kind, list) and len(kind) == 1 else kind
     properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
     # (a name no property nor pattern holds: additionalProperties' value, a $ref to its object
