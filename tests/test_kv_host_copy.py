@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -36,8 +34,10 @@ def _random(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tens
 
 
 def _plan(ids: list[tuple[list[int], list[int]]]) -> np.ndarray:
+    """Each kind's count, its lists' lengths (the count: the lists copied whole), the lists."""
     counts = [len(dst) for dst, _ in ids]
-    return np.array(counts + [b for dst, _ in ids for b in dst] + [b for _, src in ids for b in src], dtype=np.int64)
+    lists = [b for dst, _ in ids for b in dst] + [b for _, src in ids for b in src]
+    return np.array(counts * 3 + lists, dtype=np.int64)
 
 
 def _twin(dst: torch.Tensor, src: torch.Tensor, dst_ids: list[int], src_ids: list[int]) -> None:
@@ -100,14 +100,18 @@ def test_ids_outside_their_pool_raise_before_a_byte_moves(ids, error):
 def test_a_plan_or_pools_that_do_not_match_raise():
     src, dst = _random((2, 11, 3, 5), torch.float32, 1), _random((2, 9, 3, 5), torch.float32, 2)
     plan = _plan([([1, 2], [3, 4])])
-    with pytest.raises(ValueError, match="counts"):
+    with pytest.raises(ValueError, match="lengths"):
         copy_host_blocks(places_of([dst]), places_of([src]), plan[:-1])  # a src id short
     with pytest.raises(ValueError, match="counts"):
-        copy_host_blocks(places_of([dst]), places_of([src]), np.array([-1, 3], dtype=np.int64))
-    wrapping = np.zeros(1 << 16, dtype=np.int64)  # counts whose sum wraps to 0 past int64; zeros after the
-    wrapping[:4] = 1 << 62  # plan's end, in the same buffer, read as ids if the sum were trusted
-    with pytest.raises(ValueError, match="counts"):
-        copy_host_blocks(places_of([dst] * 4), places_of([src] * 4), wrapping[:4])
+        copy_host_blocks(places_of([dst]), places_of([src]), np.array([1, 1], dtype=np.int64))
+    with pytest.raises(ValueError, match="lengths"):
+        copy_host_blocks(places_of([dst]), places_of([src]), np.array([-1, 0, 0], dtype=np.int64))
+    wrapping = np.zeros(1 << 16, dtype=np.int64)  # lengths whose sum wraps to 0 past int64; zeros after the
+    wrapping[4:12] = 1 << 62  # plan's end, in the same buffer, read as ids if the sum were trusted
+    with pytest.raises(ValueError, match="lengths"):
+        copy_host_blocks(places_of([dst] * 4), places_of([src] * 4), wrapping[:12])
+    with pytest.raises(IndexError, match="fewer"):  # a list shorter than its count (a message's)
+        copy_host_blocks(places_of([dst]), places_of([src]), np.array([2, 2, 1, 1, 2, 3], dtype=np.int64))
     other = _random((2, 11, 3, 4), torch.float32, 3)  # blocks of other bytes
     with pytest.raises(ValueError, match="differ"):
         copy_host_blocks(places_of([dst]), places_of([other]), plan)
@@ -176,4 +180,4 @@ def test_a_states_ids_that_do_not_fit_raise_a_lookup_error(bad):
     ids = {"past int64": (1 << 63,), "too few": (), "negative": (-1,)}[bad]
     blocks = {**handle.blocks, "compressed_csa": ids + handle.blocks["compressed_csa"][len(ids) or 1 :]}
     with pytest.raises(LookupError):
-        import_state(dst, src, dataclasses.replace(handle, blocks=blocks), "moved")
+        import_state(dst, src, handle._replace(blocks=blocks), "moved")

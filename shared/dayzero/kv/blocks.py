@@ -38,6 +38,20 @@ class BlockAllocator:
         self._free.extend(reversed(blocks))
 
 
+def take(allocators: dict[str, BlockAllocator], need: dict[str, int], tokens: int) -> dict[str, list[int]]:
+    """``need[kind]`` blocks of each kind, all or nothing: where one pool has too few, the blocks
+    taken go back as they were (no count of the free blocks first) and OutOfBlocks says ``tokens``."""
+    taken = {}
+    try:
+        for kind, n in need.items():
+            taken[kind] = allocators[kind].alloc(n)
+    except OutOfBlocks:
+        for kind, blocks in taken.items():
+            allocators[kind].release(blocks)
+        raise OutOfBlocks(f"no free blocks for {tokens} tokens now") from None
+    return taken
+
+
 @dataclass(slots=True)
 class SequenceBlocks:
     length: int = 0

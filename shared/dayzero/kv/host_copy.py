@@ -52,40 +52,43 @@ def _memmove(typingctx, dst, src, nbytes):  # noqa: ARG001 - numba's signature f
 
 @numba.njit(cache=True, nogil=True)
 def copy_host_blocks(dst_places, src_places, plan):
-    """For each kind k (a row of both ``places``): its blocks in ``dst`` = its blocks in ``src``,
-    in every layer. ``plan`` (int64): the count of each kind (K of them), then the ids of each
-    kind's blocks in dst, kind after kind, then those in src. All is checked before a byte moves
-    (src's ids come from a message): ids outside their pool raise IndexError, a plan or pools
-    that do not match ValueError. One pool as both: a stretch may overlap its own source (memmove),
-    but a block one stretch writes is read after it by a later one (the twin gathers first: blocks
-    swapped differ); import_state's lists share no block (a sequence's blocks are not its source's)."""
+    """For each kind k (a row of both ``places``): its first ``counts[k]`` blocks of its list in
+    ``dst`` = those of its list in ``src``, in every layer. ``plan`` (int64), for K kinds: the count
+    of each kind, the length of each kind's list in dst, the same in src, then dst's lists, kind
+    after kind, then src's (a list may hold more ids than its count: a sequence's tables, a
+    message's, taken as they are). All is checked before a byte moves (src's ids come from a
+    message): a list shorter than its count or ids outside their pool raise IndexError, a plan or
+    pools that do not match ValueError. One pool as both: a stretch may overlap its own source
+    (memmove), but a block one stretch writes is read after it by a later one (the twin gathers
+    first: blocks swapped differ); import_state's lists share no block (a sequence's blocks are
+    not its source's)."""
     kinds = min(dst_places.shape[0], src_places.shape[0])
-    if plan.shape[0] < kinds:
+    if plan.shape[0] < 3 * kinds:
         raise ValueError("a plan shorter than its counts")
-    counts = plan[:kinds]
-    if counts.min() < 0 or counts.max() > plan.shape[0]:  # (bounded first: their sum cannot wrap past int64)
-        raise ValueError("a plan whose ids do not match its counts")
-    total = counts.sum()
-    if plan.shape[0] != kinds + 2 * total:
-        raise ValueError("a plan whose ids do not match its counts")
-    dst_ids, src_ids = plan[kinds : kinds + total], plan[kinds + total :]
-    start = 0
-    for kind in range(counts.shape[0]):
-        end = start + counts[kind]
+    head = plan[: 3 * kinds]
+    if head.min() < 0 or head.max() > plan.shape[0]:  # (bounded first: their sum cannot wrap past int64)
+        raise ValueError("a plan whose ids do not match its lengths")
+    counts, dst_lens, src_lens = head[:kinds], head[kinds : 2 * kinds], head[2 * kinds :]
+    if plan.shape[0] != 3 * kinds + dst_lens.sum() + src_lens.sum():
+        raise ValueError("a plan whose ids do not match its lengths")
+    dst_list, src_list = 3 * kinds, 3 * kinds + dst_lens.sum()  # where each kind's list starts
+    for kind in range(kinds):
         dst_blocks, layers, size = dst_places[kind, 1], dst_places[kind, 2], dst_places[kind, 4]
         src_blocks = src_places[kind, 1]
         if src_places[kind, 2] != layers or src_places[kind, 4] != size:
             raise ValueError("the two pools' blocks differ in layers or bytes")
-        for i in range(start, end):
-            if not (0 <= dst_ids[i] < dst_blocks and 0 <= src_ids[i] < src_blocks):
+        if counts[kind] > dst_lens[kind] or counts[kind] > src_lens[kind]:
+            raise IndexError("fewer block ids than their count")
+        for i in range(counts[kind]):
+            if not (0 <= plan[dst_list + i] < dst_blocks and 0 <= plan[src_list + i] < src_blocks):
                 raise IndexError("a block id is outside its pool")
-        start = end
-    start = 0
-    for kind in range(counts.shape[0]):
-        end = start + counts[kind]
+        dst_list, src_list = dst_list + dst_lens[kind], src_list + src_lens[kind]
+    dst_list, src_list = 3 * kinds, 3 * kinds + dst_lens.sum()
+    for kind in range(kinds):
+        dst_ids, src_ids = plan[dst_list : dst_list + counts[kind]], plan[src_list : src_list + counts[kind]]
         dst_at, _, layers, dst_stride, size = dst_places[kind]
         src_at, src_stride = src_places[kind, 0], src_places[kind, 3]
-        i = start
+        i, end = 0, counts[kind]
         while i < end:  # a stretch: the pairs after i that count up by one in both lists
             j = i + 1
             while j < end and dst_ids[j] == dst_ids[j - 1] + 1 and src_ids[j] == src_ids[j - 1] + 1:
@@ -94,4 +97,4 @@ def copy_host_blocks(dst_places, src_places, plan):
             for layer in range(layers):
                 _memmove(dst_from + layer * dst_stride, src_from + layer * src_stride, (j - i) * size)
             i = j
-        start = end
+        dst_list, src_list = dst_list + dst_lens[kind], src_list + src_lens[kind]

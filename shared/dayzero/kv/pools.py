@@ -24,7 +24,7 @@ from types import MappingProxyType
 import torch
 
 from ..config import ModelConfig
-from .blocks import BlockAllocator, OutOfBlocks, SequenceBlocks
+from .blocks import BlockAllocator, OutOfBlocks, SequenceBlocks, take
 from .host_copy import places_of
 from .layout import GROWING_POOLS, POOL_KINDS, PoolLayout
 
@@ -183,14 +183,7 @@ class KVPools:
         seq = self.sequences.get(seq_id)
         if seq is not None and total_tokens <= seq.room:
             return {}  # (most decode steps)
-        need, allocators, added = self._missing(seq, total_tokens), self.allocators, {}
-        try:  # (all or nothing: what was taken goes back as it was; no count of the free blocks first)
-            for kind, n in need.items():
-                added[kind] = allocators[kind].alloc(n)
-        except OutOfBlocks:
-            for kind, blocks in added.items():
-                allocators[kind].release(blocks)
-            raise OutOfBlocks(f"no free blocks for {total_tokens} tokens now") from None
+        added = take(self.allocators, self._missing(seq, total_tokens), total_tokens)
         if seq is None:  # (its tables copies of the blocks added: those are the caller's)
             tables = {kind: [*blocks] for kind, blocks in added.items()}
             seq = self.sequences[seq_id] = SequenceBlocks(tables=tables)
@@ -199,6 +192,19 @@ class KVPools:
                 seq.tables[kind] += blocks
         self._measure(seq)
         return added
+
+    def hold(self, seq_id: str, length: int, counts: dict[str, int]) -> SequenceBlocks:
+        """``seq_id`` holds a state of ``length`` tokens (an import; ``counts``: ``layout.blocks_of(length)``):
+        one held already reserves as ``reserve`` does, a new one takes ``counts`` blocks as its tables."""
+        seq = self.sequences.get(seq_id)
+        if seq is None and length <= self._capacity:
+            tables = take(self.allocators, counts, length)
+            seq = self.sequences[seq_id] = SequenceBlocks(tables=tables, room=self.layout.longest_held(counts))
+        else:  # (longer than the pools hold: reserve's permanent OutOfBlocks)
+            self.reserve(seq_id, length)
+            seq = self.sequences[seq_id]
+        seq.length = length
+        return seq
 
     def _measure(self, seq: SequenceBlocks) -> None:
         tables = seq.tables
