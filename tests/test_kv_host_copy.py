@@ -168,16 +168,27 @@ def test_a_host_pools_storage_cannot_be_put_in_another_tensors_place():
     assert [t.data_ptr() for t in pools.tensors()] == addresses
 
 
-@pytest.mark.parametrize("bad", ["past int64", "too few", "negative"])
-def test_a_states_ids_that_do_not_fit_raise_a_lookup_error(bad):
+@pytest.mark.parametrize("on_host", [True, False])
+@pytest.mark.parametrize("bad", ["past int64", "too few", "negative", "past the pool", "a stretch from the end"])
+def test_a_states_ids_that_do_not_fit_raise_a_lookup_error(bad, on_host):
     """Decode's admission gives a LookupError's request back to be re-run; any other error was
-    retried every pass of its loop (struct.error for an id past int64: numpy's IndexError before)."""
+    retried every pass of its loop (struct.error for an id past int64: numpy's IndexError before).
+    The torch path (pools on a GPU) the same: it raised RuntimeError, or copied a stretch counted
+    from the pool's end, and on a GPU an id past the pool is a device-side assert."""
     cfg = ModelConfig.from_dict(tiny_config())
-    src, dst = (pools_for(cfg, torch.float32, 40) for _ in range(2))
+    src, dst = (pools_for(cfg, torch.float32, 40, block_size=3) for _ in range(2))  # 3 compressed_csa blocks
+    if not on_host:
+        src.host_places = dst.host_places = None
     src.reserve("s", 29)
     src.sequences["s"].length = 29
     handle = export_state(src, "s")
-    ids = {"past int64": (1 << 63,), "too few": (), "negative": (-1,)}[bad]
-    blocks = {**handle.blocks, "compressed_csa": ids + handle.blocks["compressed_csa"][len(ids) or 1 :]}
+    csa, blocks = handle.blocks["compressed_csa"], src.blocks["compressed_csa"]
+    ids = {
+        "past int64": (1 << 63, *csa[1:]),
+        "too few": csa[1:],
+        "negative": (-1, *csa[1:]),
+        "past the pool": (blocks, *csa[1:]),
+        "a stretch from the end": tuple(range(-len(csa) - 1, -1)),
+    }[bad]
     with pytest.raises(LookupError):
-        import_state(dst, src, handle._replace(blocks=blocks), "moved")
+        import_state(dst, src, handle._replace(blocks={**handle.blocks, "compressed_csa": ids}), "moved")

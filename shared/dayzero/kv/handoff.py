@@ -41,7 +41,7 @@ def export_state(pools: KVPools, seq_id: str) -> StateHandle:
 def import_state(dst: KVPools, src: KVPools, handle: StateHandle, seq_id: str) -> None:
     """Copy the handle's state from ``src`` into new blocks of ``dst`` under ``seq_id``. Block ids
     (a message's) outside the source pool, or fewer than its length needs, raise IndexError (a
-    LookupError: decode gives the request back to be re-run)."""
+    LookupError: decode gives the request back to be re-run), on either path."""
     if handle.pool_id != src.pool_id:
         raise ValueError(f"handle refers to pool {handle.pool_id}, not {src.pool_id}")
     if handle.layout_hash != dst.layout_hash or handle.layout_hash != src.layout_hash:
@@ -60,10 +60,17 @@ def import_state(dst: KVPools, src: KVPools, handle: StateHandle, seq_id: str) -
 def _copy_on_devices(
     dst: KVPools, src: KVPools, counts: dict[str, int], tables: dict[str, list[int]], blocks: dict[str, Sequence[int]]
 ) -> None:
-    """import_state's copy between pools on any devices, kind by kind."""
+    """import_state's copy between pools on any devices, kind by kind (``copy_blocks`` checks each
+    kind's ids first: on a GPU an id past its pool was a device-side assert, a negative one read
+    from the pool's end)."""
     for kind, dst_t, src_t in zip(POOL_KINDS, dst.tensors(), src.tensors(), strict=True):
         if n := counts[kind]:
             copy_blocks(dst_t, src_t, tables[kind][:n], blocks[kind][:n])
+
+
+def _within(ids: Sequence[int], blocks: int) -> None:
+    if ids and not (min(ids) >= 0 and max(ids) < blocks):
+        raise IndexError(f"a block id is outside its pool of {blocks}")
 
 
 def warm_up_host_copy(pools: KVPools) -> None:
@@ -105,7 +112,12 @@ def _stretch(ids: Sequence[int]) -> bool:
 def copy_blocks(dst: torch.Tensor, src: torch.Tensor, dst_ids: Sequence[int], src_ids: Sequence[int]) -> None:
     """dst[:, dst_ids] = src[:, src_ids] for pool tensors [layers, blocks, ...] on any devices and of
     any dtypes: one strided copy when both id lists count up by one, else one gather into a
-    contiguous buffer and one scatter (``host_copy`` is its compiled twin for host pools)."""
+    contiguous buffer and one scatter (``host_copy`` is its compiled twin for host pools). Lists of
+    two lengths raise ValueError, an id outside its pool IndexError, before anything is copied."""
+    if len(dst_ids) != len(src_ids):
+        raise ValueError(f"{len(dst_ids)} destination blocks for {len(src_ids)} source blocks")
+    _within(dst_ids, dst.shape[1])
+    _within(src_ids, src.shape[1])
     if _stretch(src_ids) and _stretch(dst_ids):
         n, at, start = len(src_ids), dst_ids[0], src_ids[0]
         dst[:, at : at + n].copy_(src[:, start : start + n])
