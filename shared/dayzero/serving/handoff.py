@@ -60,7 +60,9 @@ def unpack_state(data: bytes, like: KVPools) -> tuple[KVPools, StateHandle]:
             pool_id=header["pool_id"],
         )
         tables = {kind: tuple(int(b) for b in ids) for kind, ids in header["tables"].items()}
-        return carrier, StateHandle(header["pool_id"], metadata["layout_hash"], int(header["length"]), tables)
+        if (length := int(header["length"])) < 0:  # (as StateRef's: blocks_of counts -1 blocks)
+            raise ValueError(f"a state of length {length}")
+        return carrier, StateHandle(header["pool_id"], metadata["layout_hash"], length, tables)
     except (KeyError, ValueError, TypeError, StopIteration, struct.error, SafetensorError) as exc:
         raise LayoutMismatch(f"handoff state is not a dayzero state: {exc}") from exc
 
