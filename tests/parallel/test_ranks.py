@@ -13,8 +13,10 @@ from pathlib import Path
 import torch
 
 from dayzero.checkpoint import load_model
-from dayzero.demo import write_demo_checkpoint
-from dayzero.kv.handoff import export_state, import_state
+from dayzero.config import ModelConfig
+from dayzero.demo import DEMO_CONFIG, write_demo_checkpoint
+from dayzero.kv.handoff import export_state, import_state, warm_up_host_copy
+from dayzero.kv.host_copy import copy_host_blocks
 from dayzero.kv.pools import pools_for
 from dayzero.model.forward import decode
 from dayzero.model.plan import AttentionOptions
@@ -73,7 +75,8 @@ def _silent_leader(group, marker: str) -> str:
     if group.config.rank == 0:
         return "leader"
     failures: list[GroupFailed] = []
-    ranks = Ranks(group, None, None, AttentionOptions(), on_group_failure=failures.append)
+    pools = pools_for(ModelConfig.from_dict(DEMO_CONFIG), torch.float32, 32)
+    ranks = Ranks(group, None, pools, AttentionOptions(), on_group_failure=failures.append)
     try:
         ranks.follow()
     except GroupFailed:
@@ -85,6 +88,26 @@ def test_a_follower_whose_leader_falls_silent_ends_through_on_group_failure(tmp_
     marker = tmp_path / "failed"
     assert run_group(2, _silent_leader, str(marker), timeout=5.0) == "leader"
     assert marker.read_text() == "GroupFailed"
+
+
+def _follower_compiled(group, marker: str) -> None:
+    """Rank 0 stops at once; the follower records the host copy's signatures it has compiled (or
+    loaded from numba's cache) by then."""
+    ranks = Ranks(group, None, pools_for(ModelConfig.from_dict(DEMO_CONFIG), torch.float32, 32), AttentionOptions())
+    if group.config.rank == 0:
+        ranks.stop()
+        return
+    ranks.follow()
+    Path(marker).write_text(repr(copy_host_blocks.signatures))
+
+
+def test_a_follower_compiles_the_host_copy_before_it_follows(tmp_path):
+    """Rank 0's warm-up compiles its handoff copy; the others' first state (a decode's adopted
+    handoff, a prefill's copy to an identical prompt) waited 1.7-12 s for theirs, rank 0 with them."""
+    warm_up_host_copy(pools_for(ModelConfig.from_dict(DEMO_CONFIG), torch.float32, 32))  # a handoff's types
+    marker = tmp_path / "compiled"
+    run_group(2, _follower_compiled, str(marker))
+    assert marker.read_text() == repr(copy_host_blocks.signatures)
 
 
 def _inputs(model) -> list[BatchInput]:

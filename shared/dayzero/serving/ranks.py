@@ -25,7 +25,7 @@ from enum import IntEnum
 
 import torch
 
-from ..kv.handoff import export_state, import_state
+from ..kv.handoff import export_state, import_state, warm_up_host_copy
 from ..kv.pools import KVPools
 from ..model.forward import decode
 from ..model.graphs import DecodeGraphs
@@ -146,7 +146,10 @@ class Ranks:
 
     def follow(self) -> None:
         """Ranks 1..N-1: do what rank 0 says until it says stop. A failed collective (rank 0 gone, or
-        silent past the group's timeout) ends this rank as it ends rank 0: ``on_group_failure``."""
+        silent past the group's timeout) ends this rank as it ends rank 0: ``on_group_failure``. The
+        host pools' handoff copy is compiled first, as rank 0's warm-up compiles its own: the first
+        state adopted or copied waited for it (1.7-12 s), and rank 0 with it."""
+        warm_up_host_copy(self.pools)
         while (message := self._guarded(receive, self.group)).op != Op.STOP:
             try:
                 self._guarded(self._do, message)
