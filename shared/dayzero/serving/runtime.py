@@ -202,8 +202,7 @@ class Runtime:
         into Redis; with decode graphs, every batch size's shortest bucket is captured."""
         cfg, start = self.model.cfg, time.monotonic()
         self._load_scripts()
-        if decode or self.settings.handoff == "redis":  # (decode imports every state; prefill packs them for Redis)
-            warm_up_host_copy(self.pools)
+        warm_up_host_copy(self.pools)  # (decode imports every state; prefill copies one to identical prompts)
         length = max(cfg.compress_rates.values(), default=1) + 2
         try:
             self.ranks.reserve(WARM_UP, length + 1)
