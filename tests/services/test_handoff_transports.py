@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import torch
 
@@ -231,3 +233,15 @@ def test_settings_refuse_a_transport_the_device_cannot_use(device, transport):
     with pytest.raises(ValidationError, match="handoff"):
         Settings(device=device, handoff=transport)
     assert Settings(device=device, handoff="redis").device == device  # Redis carries state from anywhere
+
+
+def test_publish_reads_the_hosts_name_once(tiny_checkpoint, store, monkeypatch):
+    """Each handoff read it (a system call) on prefill's loop."""
+    model = load_model(tiny_checkpoint, progress=False)
+    src = pools_for(model.cfg, torch.float32, 32)
+    src.reserve("s", 9)
+    first = publish(src, "s", "req-1", "shm", store, ttl_s=30)
+    reads = []
+    monkeypatch.setattr(socket, "gethostname", lambda: reads.append(1) or "read again")
+    refs = [publish(src, "s", f"req-{i}", "shm", store, ttl_s=30) for i in range(2, 5)]
+    assert not reads and {ref.host for ref in refs} == {first.host}

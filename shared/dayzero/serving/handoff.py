@@ -11,6 +11,7 @@ hash; a mismatch is refused, never copied.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import socket
@@ -95,13 +96,21 @@ def publish(pools: KVPools, seq_id: str, request_id: str, transport: str, store:
     return StateRef(
         transport=transport,
         location=location,
-        host=socket.gethostname(),
+        host=_publishing_host(),
         layout_hash=handle.layout_hash,
         dtype=str(pools.dtype).removeprefix("torch."),
         pool_blocks=pools.blocks,
         length=handle.length,
         blocks=handle.blocks,
     )
+
+
+@functools.cache
+def _publishing_host() -> str:
+    """This host's name, read once (a system call each handoff was). A host renamed while its prefill
+    worker runs still names its states by the old name: a decode worker that read the old one too
+    takes them, one started after the rename refuses them as another host's (re-runs) till prefill restarts."""
+    return socket.gethostname()
 
 
 class Receiver:
