@@ -149,20 +149,23 @@ def test_a_cpu_moe_groups_its_pairs_on_the_host(experts):
 
 def test_a_decode_step_buffers_fp32_compressor_rows_without_a_cast():
     """Each compressor buffers the step's kv and gate rows: ``float()`` of the fp32 rows was an aten
-    op each (``to``, 10 a demo decode step) for nothing; bf16 rows are still cast (the buffer is fp32)."""
+    op each (``to``, 10 a demo decode step) for nothing; bf16 rows are still cast (the buffer is fp32).
+    One row (batch 1) was viewed first (``state.kv[slots, rows] =`` drops the value's leading 1): 10
+    ``view`` ops a demo step more."""
     from dayzero.model.compressor import CompressorSlots, _decode_windows
 
     compressor = SimpleNamespace(ape=torch.zeros(4, 8))
-    slots, rows = torch.tensor([2, 0]), torch.tensor([1, 3])
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype, n in ((torch.float32, 2), (torch.bfloat16, 2), (torch.float32, 1)):  # 1: a batch-1 step
+        slots, rows = torch.tensor([2, 0][:n]), torch.tensor([1, 3][:n])
         state = CompressorSlots(torch.zeros(3, 4, 8), torch.zeros(3, 4, 8))
-        kv, gate, ops = torch.ones(2, 8, dtype=dtype), torch.full((2, 8), 2.0, dtype=dtype), OpNames()
+        kv, gate, ops = torch.ones(n, 8, dtype=dtype), torch.full((n, 8), 2.0, dtype=dtype), OpNames()
         with torch.inference_mode(), ops:  # as a step runs (outside it torch skips a same-type cast unseen)
             assert _decode_windows(compressor, state, kv, gate, slots, rows, None) is None
         if dtype == torch.float32:
             assert ops.names == ["aten.index_put_.default"] * 2
-        assert torch.equal(state.kv[2, 1], torch.ones(8)) and torch.equal(state.gate[0, 3], torch.full((8,), 2.0))
-        assert state.kv.count_nonzero() == 16 and state.gate.count_nonzero() == 16
+        assert torch.equal(state.kv[2, 1], torch.ones(8)) and torch.equal(state.gate[2, 1], torch.full((8,), 2.0))
+        assert state.kv.count_nonzero() == 8 * n and state.gate.count_nonzero() == 8 * n
+        assert n == 1 or torch.equal(state.gate[0, 3], torch.full((8,), 2.0))
 
 
 def test_a_cpu_prefill_chunk_groups_its_pairs_with_torch():

@@ -90,7 +90,8 @@ def _decode_windows(
     window, position % rate), all at once: buffer each row -> the kv, gate of the windows the
     ``closing`` tokens complete."""
     width = w.ape.shape[1]
-    state.kv[slots, rows], state.gate[slots, rows] = _fp32(kv), _fp32(gate)
+    state.kv.index_put_((slots, rows), _fp32(kv))  # (``state.kv[slots, rows] =`` views a single row first)
+    state.gate.index_put_((slots, rows), _fp32(gate))
     if closing is None:
         return None
     windows_kv, windows_gate = state.kv[closing.slots], state.gate[closing.slots] + w.ape
