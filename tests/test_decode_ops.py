@@ -130,6 +130,16 @@ def test_the_window_metadata_of_a_decode_step_is_built_on_the_host():
     assert "aten.index_copy_.default" in written.names and "aten.index_put_.default" not in written.names
 
 
+def test_a_batch_keeps_its_rows_host_values_as_built():
+    """The window metadata and ring rows (twice a step) recomputed each row's sequence and position
+    from ``starts`` / ``row0s`` / ``news`` (~15 us each): the builder's own arrays, the tensors' values."""
+    from dayzero.kernels import RaggedBatch
+
+    batch = RaggedBatch.build([0, 5, 37, 8], [1, 3, 0, 2])
+    assert batch.host_seq.tolist() == batch.seq_of_token.tolist() == [0, 1, 1, 1, 3, 3]
+    assert batch.host_positions.tolist() == batch.positions.tolist() == [0, 5, 6, 7, 8, 9]
+
+
 @pytest.mark.parametrize("experts", [[[5, 2]], [[3, 1], [1, 3], [7, 1], [0, 0]]])  # a token's; a batch's, ties
 def test_a_cpu_moe_groups_its_pairs_on_the_host(experts):
     """One rank's CPU step sorts the routed pairs by expert and counts them in numpy from the ids

@@ -159,11 +159,11 @@ class DecodeWindow:
         start, step = np.asarray(batch.starts, dtype=np.int64)[:, None], np.arange(width)  # [B, 1], [W]
         ring = start - 1 - np.remainder(start - 1 - np.arange(capacity), capacity)  # as _ring_positions
         key_pos = np.concatenate((ring, start + step), axis=1)  # [B, C + W]
-        seq, positions = batch.host_rows()  # [T]
+        seq, positions = batch.host_seq, batch.host_positions  # [T]
         rows = seq_of = None
         device = batch.positions.device
         if width > 1:
-            seq_of = from_host(seq, device)
+            seq_of = from_host(seq.astype(np.int64), device)
             row0 = np.asarray(batch.row0s, dtype=np.int64)[:, None]
             rows = from_host(np.minimum(row0 + step, seq.shape[0] - 1), device)
             key_pos = key_pos[seq]  # [T, C + W]

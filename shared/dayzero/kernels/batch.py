@@ -34,7 +34,9 @@ class RaggedBatch:
     """Sequence ``s`` owns packed rows ``[row0[s], row0[s] + new[s])`` at positions from ``start[s]``.
 
     seq_of_token [T] int32, positions [T] int32, start / row0 / new [B] int32.
-    ``starts`` / ``row0s`` / ``news`` are the same values as Python ints for the torch twins.
+    ``starts`` / ``row0s`` / ``news`` are the same values as Python ints for the torch twins;
+    ``host_seq`` / ``host_positions`` are ``seq_of_token``'s and ``positions``' values as the builder
+    made them (numpy int32 on the host: a step's window metadata reads them, no tensor read).
     """
 
     seq_of_token: torch.Tensor
@@ -45,6 +47,8 @@ class RaggedBatch:
     starts: tuple[int, ...]
     row0s: tuple[int, ...]
     news: tuple[int, ...]
+    host_seq: np.ndarray
+    host_positions: np.ndarray
 
     @staticmethod
     def build(starts: list[int], news: list[int], device: torch.device | str = "cpu") -> RaggedBatch:
@@ -63,19 +67,13 @@ class RaggedBatch:
             tuple(starts),
             tuple(row0.tolist()),
             tuple(news),
+            seq_of,
+            positions,
         )
 
     @property
     def num_seqs(self) -> int:
         return len(self.news)
-
-    def host_rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """Each packed row's sequence and position [T] int64 on the host (``seq_of_token`` and
-        ``positions``' values, from ``starts`` / ``row0s`` / ``news``: no read of a tensor)."""
-        news = np.asarray(self.news)
-        seq = np.repeat(np.arange(len(news)), news)
-        firsts = np.asarray(self.starts, dtype=np.int64) - np.asarray(self.row0s, dtype=np.int64)  # position - row
-        return seq, firsts[seq] + np.arange(seq.shape[0])
 
     def rows(self, s: int) -> slice:
         return slice(self.row0s[s], self.row0s[s] + self.news[s])

@@ -19,7 +19,7 @@ def ring_rows(batch: RaggedBatch, window_table: np.ndarray, block_size: int) -> 
     """Where each row of the step goes in its sequence's ring, from the host block table [B, wb]:
     its row of the pool viewed as [blocks * bs, D], [T] long on the batch's device (distinct while
     no sequence has more new tokens than its ring has slots)."""
-    seq, positions = batch.host_rows()
+    seq, positions = batch.host_seq, batch.host_positions
     slot = positions % (window_table.shape[1] * block_size)
     rows = window_table[seq, slot // block_size].astype(np.int64) * block_size + slot % block_size
     return from_host(rows, batch.positions.device)
