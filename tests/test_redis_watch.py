@@ -4,6 +4,8 @@ back: one line each, however long the outage (it said nothing). A real Redis, st
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 
 from dayzero import redis_watch
@@ -64,3 +66,26 @@ def test_up_watches_the_redis_it_was_given_once_ready(tiny_checkpoint, tmp_path,
     monkeypatch.setenv("DAYZERO_REDIS_URL", "redis://10.0.0.2:6379/0")
     assert cli.main(["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(tmp_path / "logs")]) == 0
     assert watched == ["redis://10.0.0.2:6379/0"]
+
+
+_SILENT_SENTINELS = """
+import socket, sys, time
+from dayzero.redis_watch import RedisWatch
+listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(3)]  # (they accept, and never answer)
+url = "redis+sentinel://" + ",".join(f"127.0.0.1:{s.getsockname()[1]}" for s in listeners) + "/dz/0"
+RedisWatch(url, print).check()
+time.sleep(0.2)
+print(time.time(), flush=True)
+"""
+
+
+def test_up_exits_without_waiting_for_a_ping_in_flight():
+    """up's loop ends (Ctrl-C) while a ping waits on three frozen sentinels (2 s each): the process
+    exits then. The pinger was an executor's thread, which Python joins at exit: up's exit waited 6 s."""
+    from dayzero.redis_clients import _SENTINEL_ASKED_S
+
+    done = subprocess.run([sys.executable, "-c", _SILENT_SENTINELS], capture_output=True, text=True, timeout=60)
+    exited = time.time()
+    assert done.returncode == 0, done.stderr[-2000:]
+    returned = float(done.stdout.split()[-1])
+    assert exited - returned < _SENTINEL_ASKED_S, f"up's exit waited {exited - returned:.1f} s for its ping"

@@ -4,9 +4,10 @@ said nothing: the stack's requests failed, /ready answered 503, and up's termina
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import redis
 from redis.backoff import NoBackoff
@@ -22,13 +23,13 @@ class RedisWatch:
     at most) and ``say``s a line when the first ping fails and one when a ping goes through again.
     Each ping runs on a thread of its own and ``check()`` never waits for it: inline, a frozen Redis
     or sentinel held up's loop (its restarts of exited workers) for each ping's timeout, 2 s a pass
-    behind a sentinel."""
+    behind a sentinel. Each thread is a daemon: the executor's thread was joined at up's exit, which
+    waited out the ping in flight (6 s behind three frozen sentinels) where Ctrl-C cut it inline."""
 
     def __init__(self, url: str, say: Callable[[str], None]) -> None:
         self.url, self.say = url, say
         timeouts = {"socket_connect_timeout": CHECK_EVERY_S, "socket_timeout": CHECK_EVERY_S}
         self.client = sync_client(url, retry=Retry(NoBackoff(), 0), **timeouts)
-        self._pinger = ThreadPoolExecutor(1, thread_name_prefix="redis-watch")
         self._ping: Future | None = None  # the ping in flight, or answered and not yet read
         self._checked = float("-inf")  # when that ping was sent (monotonic)
         self._lost_at: float | None = None  # when the first ping of this outage was sent (monotonic)
@@ -42,7 +43,14 @@ class RedisWatch:
         now = time.monotonic()
         if now - self._checked >= CHECK_EVERY_S:
             self._checked = now
-            self._ping = self._pinger.submit(self.client.ping)
+            self._ping = Future()
+            threading.Thread(target=self._send, args=(self._ping,), name="redis-watch", daemon=True).start()
+
+    def _send(self, ping: Future) -> None:
+        try:
+            ping.set_result(self.client.ping())
+        except BaseException as exc:  # (raised in up's loop by check(), as the inline ping's was)
+            ping.set_exception(exc)
 
     def _read(self, ping: Future) -> None:
         try:
