@@ -2,7 +2,7 @@
 sentinel (SIGSTOPped: every new connection asks it for the master, and waits out the question's
 timeout, 2 s). All real processes: a master, its replica, one sentinel (tests/services/sentinel_group).
 For ``--seconds`` of up's loop (a check, then 0.5 s of sleep, as cli_up), each pass's wait in the
-watch: ``inline``, the ping sent from the loop's own thread (the watch before 92bedbe, each due
+watch: ``inline``, the ping sent from the loop's own thread (the watch before 9778da9, each due
 ping: ``client.ping()``), and ``threaded``, ``RedisWatch.check()`` (the ping on a thread of its own).
 Medians and maxima of the passes, each mode run ``--runs`` times back to back.
 Run: ``.venv/bin/python bench/redis_watch_pass.py [--seconds 6] [--runs 3]``.
