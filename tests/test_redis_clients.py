@@ -7,9 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 import redis
+from kombu import Connection
 from kombu.utils.url import parse_url
+from pydantic import ValidationError
 
-from dayzero.procs import free_port, start_redis
+from dayzero.procs import free_port
 from dayzero.redis_clients import (
     SentinelAddress,
     async_client,
@@ -99,18 +101,33 @@ def test_an_at_sign_after_the_host_is_no_cut_password():
     )
 
 
-def test_an_at_sign_in_a_plain_urls_query_value_is_taken(tmp_path):
-    """A key the client takes (``client_name``) with an @ in its value: a plain URL's was refused as a
-    cut password; the name reaches a real Redis as written."""
-    port = free_port()
-    server = start_redis(port, tmp_path / "redis.log")
-    url = f"redis://127.0.0.1:{port}/0?client_name=app@web"
+def test_an_at_sign_in_a_plain_urls_query_value_is_no_cut_password():
+    """An @ in a query value (``?client_name=app@web``) was refused as a cut password; it is a key the
+    broker does not take, and said so."""
+    with pytest.raises(ValidationError, match=r"query takes ssl_\* keys \(TLS\) alone, not client_name: Celery"):
+        Settings(redis_url="redis://127.0.0.1:6379/0?client_name=app@web")
+
+
+@pytest.mark.parametrize(
+    ("query", "taken"),
+    [("client_name=app", False), ("socket_timeout=1", False), ("db=1", False), ("ssl_cert_reqs=required", True)],
+)
+def test_a_plain_urls_query_keys_are_those_the_broker_takes(query, taken):
+    """redis-py takes ``client_name``, ``socket_timeout``...; kombu (the workers' Celery broker) fails
+    on each with a TypeError at every connection: the URL passed the settings and each worker's start
+    failed. Those kombu takes (its ssl options) are taken, the others refused at the settings."""
+    url = f"rediss://127.0.0.1:6379/0?{query}"
     try:
+        Connection(url)
+    except TypeError:
+        assert not taken
+    else:
+        assert taken
+    if taken:
         assert Settings(redis_url=url).redis_url == url
-        assert sync_client(url).client_getname() == "app@web"
-    finally:
-        server.terminate()
-        server.wait()
+    else:
+        with pytest.raises(ValidationError, match=f"alone, not {query.partition('=')[0]}: Celery's broker"):
+            Settings(redis_url=url)
 
 
 @pytest.mark.parametrize("url", ["redis://h:6379/0?db=1&password=secret", "redis+sentinel://s1/m?password=secret"])

@@ -39,6 +39,7 @@ SENTINEL_SCHEME = "redis+sentinel"
 SENTINEL_PORT = 26379
 FORM = f"{SENTINEL_SCHEME}://[[user]:password@]host[:port][,host2[:port]...]/master_name[/db][?sentinel_password=...]"
 QUERY_KEYS = ("sentinel_password", "sentinel_username")
+BROKER_QUERY_PREFIX = "ssl_"  # the query keys of a plain URL that kombu takes too (its ssl options)
 _SENTINEL_ASKED_S = 2.0  # how long a question to one sentinel may take (the next is asked then)
 
 
@@ -88,6 +89,12 @@ def sentinel_address(url: str) -> SentinelAddress | None:
             f"a Redis URL's password goes before its host ({scheme}://[user]:password@host...), not ?password="
         )
     if scheme in ("redis", "rediss"):
+        refused = sorted(name for name in _query(urlsplit(url).query) if not name.startswith(BROKER_QUERY_PREFIX))
+        if refused:  # (redis-py takes them; each Celery connection, a worker's start, raised a TypeError)
+            raise ValueError(
+                f"a Redis URL's query takes {BROKER_QUERY_PREFIX}* keys (TLS) alone, not {', '.join(refused)}: "
+                "Celery's broker (kombu) fails on any other (a TypeError at each connection)"
+            )
         return None
     if scheme != SENTINEL_SCHEME:
         hint = f" ({scheme}:// is kombu's form, which names no master)" if scheme == "sentinel" else ""
