@@ -86,13 +86,17 @@ class _Unmarked:
         held = self._held
         if not held and not any(opener in piece for opener in self._openers):
             return piece
+        if not held and not any(mark in piece for mark in self._dropped):  # nothing to remove: kept as it is
+            kept = 0 if last else self._marks_start(piece, 0)  # (a body's code full of "<": 200x, char by char)
+            held.extend(piece[len(piece) - kept :])
+            return piece[: len(piece) - kept]
         unchanged = len(held)  # held[:unchanged] is what earlier pieces left: marks' starts already
         for char in piece:
             held.append(char)
             if char in self._closers and (mark := self._completed(held)):
                 del held[-len(mark) :]
                 unchanged = min(unchanged, len(held))
-        kept = 0 if last else self._marks_start(unchanged)
+        kept = 0 if last else self._marks_start(held, unchanged)
         released = "".join(held[: len(held) - kept])
         del held[: len(held) - kept]
         return released
@@ -100,17 +104,17 @@ class _Unmarked:
     def _completed(self, held: list[str]) -> str | None:
         return next((m for m in self._dropped if len(held) >= len(m) and "".join(held[-len(m) :]) == m), None)
 
-    def _marks_start(self, unchanged: int) -> int:
-        """Length of the held text's end that is marks' starts, one after another."""
-        held, end = self._held, len(self._held)
+    def _marks_start(self, text: list[str] | str, unchanged: int) -> int:
+        """Length of the text's end that is marks' starts, one after another (``text[:unchanged]`` is)."""
+        end = len(text)
         while end > unchanged:
             begin = next(
-                (i for i in range(end - 1, max(end - self._longest, -1), -1) if held[i] in self._openers), None
+                (i for i in range(end - 1, max(end - self._longest, -1), -1) if text[i] in self._openers), None
             )
-            if begin is None or not any(m.startswith("".join(held[begin:end])) for m in self._dropped):
-                return len(held) - end
+            if begin is None or not any(m.startswith("".join(text[begin:end])) for m in self._dropped):
+                return len(text) - end
             end = begin
-        return len(held)
+        return len(text)
 
 
 def _delta(reasoning: str, parsed: Parsed, content: str) -> Delta:
