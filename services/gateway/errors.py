@@ -173,7 +173,9 @@ def _no_body(request: Request) -> str:
     """What an empty body is told: the fields the route's body needs (pydantic said "Field required")."""
     body = request.scope["route"].body_field.field_info.annotation
     needed = [field.alias or name for name, field in body.model_fields.items() if field.is_required()]
-    return f"the request has no body: send a JSON object with {', '.join(needed)}"
+    either = " or ".join(getattr(body, "one_of", ()))  # (/tokenize's: messages or prompt)
+    message = f"the request has no body: send a JSON object with {', '.join(needed)}"
+    return f"{message}, and {either}" if either else message
 
 
 def _specificity(error: dict) -> tuple[int, bool]:

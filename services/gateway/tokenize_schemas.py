@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import BaseModel, Field, model_validator
 
 from .chat_schemas import MAX_MESSAGES, ChatPrompt, Message
@@ -17,6 +19,7 @@ class TokenizeRequest(ChatPrompt):
     # vLLM's: the tokenizer's special tokens (BOS) added to the text; by default to a prompt (as
     # completions add them), not to a chat (its encoding writes its own BOS, kept either way)
     add_special_tokens: bool | None = None
+    one_of: ClassVar[tuple[str, ...]] = ("messages", "prompt")  # (what an empty body is told: errors._no_body)
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:

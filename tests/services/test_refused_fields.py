@@ -114,7 +114,13 @@ def test_a_body_that_is_no_object_names_no_parameter_in_its_code(gateway, body):
 
 
 @pytest.mark.parametrize(
-    ("path", "needed"), [("/v1/chat/completions", "messages, model"), ("/v1/completions", "model, prompt")]
+    ("path", "needed"),
+    [
+        ("/v1/chat/completions", "messages, model"),
+        ("/v1/completions", "model, prompt"),
+        ("/tokenize", "model, and messages or prompt"),  # (it was told "model" alone, then refused for it)
+        ("/detokenize", "model, tokens"),
+    ],
 )
 def test_an_empty_body_is_told_what_it_needs(gateway, path, needed):
     """It was told pydantic's bare "Field required", of no field."""
