@@ -179,7 +179,7 @@ def test_up_prints_a_redis_url_without_its_password_and_how_long_it_has_waited(
 ):
     """``starting: redis redis://:secret@...`` printed the password of the URL it was given, and each
     ``waiting: ...`` line (every 10 s, without end without --ready-timeout) said nothing of how long."""
-    from dayzero import cli_up, stack
+    from dayzero import stack
 
     def wait_ready(self, timeout_s, on_wait, on_restart=None):
         on_wait({"reason": "redis unreachable: Error 111 connecting to 10.0.0.2:6379. Connection refused."})
@@ -187,7 +187,6 @@ def test_up_prints_a_redis_url_without_its_password_and_how_long_it_has_waited(
 
     monkeypatch.setattr(stack.Stack, "start", lambda self: None)
     monkeypatch.setattr(stack.Stack, "wait_ready", wait_ready)
-    monkeypatch.setattr(cli_up, "_stop_on_signals", lambda: None)  # (pytest's own handlers kept)
     monkeypatch.delenv("REDIS_URL", raising=False)
     monkeypatch.setenv("DAYZERO_REDIS_URL", "redis://default:s3cret@10.0.0.2:6379/0")
     assert cli.main(["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(tmp_path / "logs")]) == 1

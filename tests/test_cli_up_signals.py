@@ -1,8 +1,10 @@
-"""`dayzero up` stopped by SIGINT before its stack starts, as a background job (`dayzero up &`,
-which inherits SIGINT ignored) is stopped."""
+"""`dayzero up` stopped by SIGINT or SIGTERM before its stack starts, as a background job (`dayzero
+up &`, which inherits SIGINT ignored) is stopped; its stop after a failed start; the handlers it
+hands back."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -11,6 +13,8 @@ import sys
 import time
 
 import pytest
+
+from dayzero import cli
 
 
 def _writer_once_read(fifo, process: subprocess.Popen, within: float) -> int:
@@ -23,13 +27,17 @@ def _writer_once_read(fifo, process: subprocess.Popen, within: float) -> int:
             if exc.errno != errno.ENXIO:  # (no reader yet)
                 raise
             time.sleep(0.05)
-    pytest.fail(f"up never read its config.json: {process.communicate(timeout=5)}")
+    pytest.fail(f"up never read its config.json (exit {process.poll()})")
 
 
-def test_sigint_to_a_background_up_stops_it_during_its_checks(tmp_path):
+@pytest.mark.parametrize(
+    ("signum", "code", "said"), [(signal.SIGINT, 130, "\ninterrupted\n"), (signal.SIGTERM, 143, "terminated\n")]
+)
+def test_a_signal_to_a_background_up_stops_it_during_its_checks(signum, code, said, tmp_path):
     """Up handled SIGINT only once its checks passed (seconds under load: the config, the weights'
     headers, the pools, the tokenizer), so a background job ignored a SIGINT sent meanwhile and
-    started the stack anyway. A config.json that is a FIFO holds `up` in that window."""
+    started the stack anyway; a SIGTERM then was SIGINT's "interrupted", exit 130. A config.json
+    that is a FIFO holds `up` in that window."""
     checkpoint = tmp_path / "checkpoint"
     checkpoint.mkdir()
     os.mkfifo(checkpoint / "config.json")
@@ -40,15 +48,48 @@ def test_sigint_to_a_background_up_stops_it_during_its_checks(tmp_path):
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as the shell starts `up &`
     )
-    writer = _writer_once_read(checkpoint / "config.json", up, within=120)
-    try:
-        up.send_signal(signal.SIGINT)
-        try:
-            code = up.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            code = None
+    writer, ended = None, None
+    try:  # (up is killed however this ends: one waiting on the FIFO would wait forever)
+        writer = _writer_once_read(checkpoint / "config.json", up, within=120)
+        up.send_signal(signum)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            ended = up.wait(timeout=20)
     finally:
-        os.close(writer)  # (a read still waiting ends: the config is empty)
+        if writer is not None:
+            os.close(writer)  # (a read still waiting ends: the config is empty)
         up.kill()
         err = up.communicate(timeout=30)[1]
-    assert (code, err) == (130, "\ninterrupted\n")
+    assert (ended, err) == (code, said)
+
+
+def test_a_signal_during_the_stop_after_a_failed_start_does_not_cut_it_short(tiny_checkpoint, tmp_path, monkeypatch):
+    """After a failed start (a child crash-looping, --ready-timeout) the stop ran with up's handlers
+    live: a Ctrl-C then ended it where it was, and the groups it had not reached ran on (each in a
+    session of its own)."""
+    from dayzero import stack
+
+    stopped = []
+
+    def stop(self):
+        os.kill(os.getpid(), signal.SIGINT)  # (the handler runs at the next bytecode)
+        stopped.append("every group")
+        return []
+
+    def start(self):
+        raise stack.StartFailed("gateway keeps exiting while starting")
+
+    monkeypatch.setattr(stack.Stack, "start", start)
+    monkeypatch.setattr(stack.Stack, "stop", stop)
+    argv = ["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(tmp_path)]
+    try:
+        code = cli.main(argv)
+    except KeyboardInterrupt:  # (what up's handler raised, out of the stop)
+        code = "interrupted"
+    assert (code, stopped) == (1, ["every group"])
+
+
+def test_up_hands_back_the_signal_handlers_it_found(tmp_path):
+    """A caller (a test's process) kept up's handlers, which ignore SIGINT and SIGTERM after a first."""
+    before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+    assert cli.main(["up", "--checkpoint", str(tmp_path)]) == 2  # (no config.json)
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before

@@ -49,9 +49,6 @@ def test_up_fails_at_once_on_a_redis_that_refuses_it(
     the full REDIS_ANSWER_WITHIN_S, then "did not answer"; no wait mends a wrong password. A URL
     without a password was "password refused" too (redis-py's "HELLO must be called with the client
     already authenticated ...")."""
-    from dayzero import cli_up
-
-    monkeypatch.setattr(cli_up, "_stop_on_signals", lambda: None)
     monkeypatch.delenv("REDIS_URL", raising=False)
     logs = tmp_path / "logs"
     with scratch_redis(tmp_path) as port:

@@ -56,12 +56,11 @@ def test_up_watches_the_redis_it_was_given_once_ready(tiny_checkpoint, tmp_path,
             watched.append(url)
 
         def check(self):
-            raise cli_up._Stop  # (up's loop ends as on Ctrl-C)
+            raise cli_up._Stop(signal.SIGINT)  # (up's loop ends as on Ctrl-C)
 
     for name, stub in {"start": None, "wait_ready": None, "supervise": [], "stop": []}.items():
         monkeypatch.setattr(stack.Stack, name, lambda self, *_, stub=stub, **__: stub)
     monkeypatch.setattr(cli_up, "RedisWatch", Watch)
-    monkeypatch.setattr(cli_up, "_stop_on_signals", lambda: None)  # (pytest's own handlers kept)
     monkeypatch.delenv("REDIS_URL", raising=False)
     monkeypatch.setenv("DAYZERO_REDIS_URL", "redis://10.0.0.2:6379/0")
     assert cli.main(["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(tmp_path / "logs")]) == 0

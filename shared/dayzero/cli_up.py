@@ -10,6 +10,8 @@ import signal
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from . import cli_args
@@ -21,28 +23,60 @@ from .settings_help import HELP_WIDTH
 
 
 class _Stop(KeyboardInterrupt):
-    """SIGINT or SIGTERM reached the supervisor (before the stack starts: main's Ctrl-C, exit 130)."""
+    """SIGINT or SIGTERM reached the supervisor (before the stack starts: SIGINT is main's Ctrl-C,
+    exit 130; SIGTERM exit 143, its own shell code)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
-def _stop_on_signals() -> None:
-    """Handle SIGINT and SIGTERM explicitly: a background job inherits SIGINT ignored."""
+_STOPS = (signal.SIGINT, signal.SIGTERM)
 
-    def stop(*_: object) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):  # once: the ordered stop is not interrupted
-            signal.signal(sig, signal.SIG_IGN)
-        raise _Stop
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+def _ignore_stops() -> None:
+    """The ordered stop is not interrupted: a second Ctrl-C (or one after a failed start) left the
+    children it had not reached running, each in a session of its own."""
+    for sig in _STOPS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """Handle SIGINT and SIGTERM explicitly (a background job inherits SIGINT ignored), and give the
+    caller its own handlers back (a test's process kept up's, which ignored its second Ctrl-C)."""
+
+    def stop(signum: int, _frame: object) -> None:
+        _ignore_stops()
+        raise _Stop(signum)
+
+    previous = {sig: signal.getsignal(sig) for sig in _STOPS}
+    for sig in _STOPS:
         signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
+    with _stop_on_signals():  # first: a background job's SIGINT (inherited ignored) was lost during the checks
+        try:
+            return _up(args, settings)
+        except _Stop as stop:  # before the stack started (a SIGTERM was "interrupted", exit 130)
+            if stop.signum != signal.SIGTERM:
+                raise
+            print("terminated", file=sys.stderr)
+            return 128 + signal.SIGTERM
+
+
+def _up(args: argparse.Namespace, settings: Settings) -> int:
     from .checkpoint import check_split
     from .checkpoint_files import checkpoint_directory
     from .stack import Stack, StartFailed
     from .tokenizer import load_codec
 
-    _stop_on_signals()  # first: a background job's SIGINT (inherited ignored) was lost during the checks
     settings.require_device()
     env = {}
     if args.checkpoint:
@@ -102,6 +136,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
+        _ignore_stops()
         killed = stack.stop()
         if killed:
             print(f"stopped; killed {', '.join(killed)} (still running after SIGTERM)", file=sys.stderr)
