@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from dayzero import cli
+from dayzero import cli, engine
 from dayzero.align import reference_model
 from dayzero.checkpoint import load_model
 from dayzero.kv.pools import pools_for
@@ -43,8 +43,17 @@ def test_bf16_prompt_and_decode_steps_follow_transformers_in_bf16(tiny_checkpoin
 
 
 def test_generate_in_bf16_on_the_cpu_prints_the_engines_greedy_tokens(tiny_checkpoint, monkeypatch, capsys):
+    """The tokens alone do not show the dtype (an fp32 run prints the same ones here): the engine's
+    model and pools are checked to be bf16 too."""
     monkeypatch.setenv("DAYZERO_DTYPE", "bfloat16")
     monkeypatch.setenv("DAYZERO_DEVICE", "cpu")
+    ran_in, run = [], engine.generate
+
+    def generate(model, codec, pools, *rest):
+        ran_in.append((model.head.weight.dtype, pools.window.dtype))
+        return run(model, codec, pools, *rest)
+
+    monkeypatch.setattr(engine, "generate", generate)
     prompt = [3, 14, 15, 9, 26]
     args = ["--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", "6", "--temperature", "0"]
     assert cli.main(["generate", "--checkpoint", str(tiny_checkpoint), *args]) == 0
@@ -55,3 +64,4 @@ def test_generate_in_bf16_on_the_cpu_prints_the_engines_greedy_tokens(tiny_check
     while len(tokens) < 6:
         tokens.append(decode(model, pools, ["s"], tokens[-1:])[0].argmax().item())
     assert printed == tokens
+    assert ran_in == [(torch.bfloat16, torch.bfloat16)]
