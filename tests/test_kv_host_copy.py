@@ -119,15 +119,19 @@ def test_a_plan_or_pools_that_do_not_match_raise():
         places_of([src[:, :, :2]])
 
 
+@pytest.mark.parametrize("held", [False, True])
 @pytest.mark.parametrize("mtp", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_import_state_on_host_equals_the_twins_import(dtype, mtp):
+def test_import_state_on_host_equals_the_twins_import(dtype, mtp, held):
     """A 29-token state in blocks of 3 rows (the last compressed blocks partial) into pools whose
-    free blocks are scattered: the compiled import leaves the pools bitwise as the twin's does."""
+    free blocks are scattered: the compiled import leaves the pools bitwise as the twin's does.
+    Its blocks run past what 29 tokens need (prefill reserved more), and ``held``: the destination
+    already holds a longer sequence (Ranks.copy's identical prompt): the plan's lists are longer
+    than their counts, each one's first ``count`` copied."""
     cfg = ModelConfig.from_dict(tiny_config())
     src = pools_for(cfg, dtype, 40, max_sequences=2, block_size=3, mtp=mtp)
     src.reserve("other", 20)
-    src.reserve("s", 29)
+    src.reserve("s", 38)
     src.sequences["s"].length = 29
     for i, tensor in enumerate(src.tensors()):
         tensor.copy_(_random(tuple(tensor.shape), tensor.dtype, i))
@@ -142,14 +146,18 @@ def test_import_state_on_host_equals_the_twins_import(dtype, mtp):
     compiled, twin = dsts
     twin.host_places = None  # (the torch path, as pools on a device take)
     for dst in dsts:
+        if held:
+            dst.reserve("moved", 38)
         import_state(dst, src, export_state(src, "s"), "moved")
-    table = compiled.sequences["moved"].tables
+    table, counts = compiled.sequences["moved"].tables, src.layout.blocks_of(29)
+    assert any(len(src.sequences["s"].tables[kind]) > n for kind, n in counts.items())
+    assert any(len(table[kind]) > n for kind, n in counts.items()) == held
     assert table == twin.sequences["moved"].tables
     assert any(ids != list(range(ids[0], ids[0] + len(ids))) for ids in table.values())  # scattered
     for kind, got, want, original in zip(POOL_KINDS, compiled.tensors(), twin.tensors(), src.tensors(), strict=True):
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), kind
-        n = len(src.sequences["s"].tables[kind])
-        assert torch.equal(got[:, table[kind]], original[:, src.sequences["s"].tables[kind][:n]]), kind
+        n = counts[kind]
+        assert torch.equal(got[:, table[kind][:n]], original[:, src.sequences["s"].tables[kind][:n]]), kind
 
 
 def test_a_host_pools_storage_cannot_be_put_in_another_tensors_place():
