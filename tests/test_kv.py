@@ -89,6 +89,29 @@ def test_over_long_request_is_a_permanent_error():
     assert err.value.permanent
 
 
+def test_an_import_takes_its_blocks_all_or_nothing_and_refuses_a_state_longer_than_the_pools():
+    """``hold`` (an import's new sequence) as ``reserve``: pools full now give back what they took
+    as it was (a retry), a state longer than the pools ever hold is the permanent error."""
+    src = KVPools.sized(_layout(), max_tokens=200, max_sequences=1, dtype=torch.float32)
+    src.reserve("s", 40)
+    src.sequences["s"].length = 40
+    full = KVPools.sized(_layout(), max_tokens=64, max_sequences=2, dtype=torch.float32)
+    full.reserve("a", 120)  # a window slot left, no compressed block
+    free = {kind: list(allocator._free) for kind, allocator in full.allocators.items()}  # noqa: SLF001
+    with pytest.raises(OutOfBlocks) as err:
+        import_state(full, src, export_state(src, "s"), "moved")
+    assert not err.value.permanent and "moved" not in full.sequences
+    assert {kind: list(allocator._free) for kind, allocator in full.allocators.items()} == free  # noqa: SLF001
+    short = KVPools.sized(_layout(), max_tokens=16, max_sequences=1, dtype=torch.float32)
+    with pytest.raises(OutOfBlocks, match="exceed the attention-state capacity") as err:
+        import_state(short, src, export_state(src, "s"), "moved")
+    assert (
+        err.value.permanent
+        and "moved" not in short.sequences
+        and short.usage() == {kind: (0, total) for kind, (_, total) in short.usage().items()}
+    )
+
+
 def test_budget_sizes_the_pools():
     layout = _layout()
     pools = KVPools.from_budget(layout, budget_bytes=1 << 20, max_sequences=4, dtype=torch.float32)
