@@ -13,6 +13,7 @@ from dayzero.kv.layout import PoolLayout
 from dayzero.kv.pools import KVPools, pools_for
 from dayzero.kv.shared import SHM_DIR, CudaSharedPools, SharedPools
 from dayzero.model.forward import decode, prefill
+from dayzero.serving import handoff
 from dayzero.serving.handoff import Receiver, discard_tensor, publish, publish_tensor, sweep_parked, take_tensor
 from dayzero.serving.lifecycle import Lifecycle
 
@@ -245,3 +246,18 @@ def test_publish_reads_the_hosts_name_once(tiny_checkpoint, store, monkeypatch):
     monkeypatch.setattr(socket, "gethostname", lambda: reads.append(1) or "read again")
     refs = [publish(src, "s", f"req-{i}", "shm", store, ttl_s=30) for i in range(2, 5)]
     assert not reads and {ref.host for ref in refs} == {first.host}
+
+
+def test_a_state_named_before_a_rename_is_refused_with_what_mends_it(tiny_checkpoint, monkeypatch):
+    """publish reads the host's name once: a decode worker started after the host was renamed
+    refuses the states of a prefill worker started before it as another host's. Its error said
+    "use handoff=redis across hosts" of one host: it names this host too, and the restart that mends it."""
+    model = load_model(tiny_checkpoint, progress=False)
+    src = pools_for(model.cfg, torch.float32, 32)
+    src.reserve("s", 9)
+    monkeypatch.setattr(handoff, "_publishing_host", lambda: "its-name-before")
+    ref = publish(src, "s", "req-1", "shm", None, ttl_s=30)
+    receiver = Receiver(None)
+    with pytest.raises(LookupError, match=rf"not this one \({socket.gethostname()}\).*restart that worker"):
+        receiver.receive(ref, pools_for(model.cfg, torch.float32, 32), "d")
+    receiver.close()

@@ -132,7 +132,10 @@ class Receiver:
             src, handle = unpack_state(data, dst)
         else:
             if ref.host != self.host and ref.host != self._host_now():
-                raise LookupError(f"{ref.transport} state lives on host {ref.host}; use handoff=redis across hosts")
+                raise LookupError(
+                    f"{ref.transport} state lives on host {ref.host}, not this one ({self.host}): use handoff=redis "
+                    "across hosts (this host renamed since its prefill worker started: restart that worker)"
+                )
             if ref.location not in self._attached:
                 self._detach_swept()
                 self._attached[ref.location] = self._attach(ref, dst)
