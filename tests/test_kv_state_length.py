@@ -12,6 +12,7 @@ import torch
 from pydantic import ValidationError
 
 from dayzero.config import ModelConfig
+from dayzero.kv.blocks import BlockAllocator, take
 from dayzero.kv.handoff import LayoutMismatch
 from dayzero.kv.pools import pools_for
 from dayzero.serving.handoff import pack_state, publish, unpack_state
@@ -47,3 +48,18 @@ def test_a_parked_state_of_negative_length_is_refused():
     assert unpack_state(data, pools)[1].length == 9
     with pytest.raises(LayoutMismatch, match="length"):
         unpack_state(tampered, pools)
+
+
+def test_the_allocator_refuses_a_negative_count():
+    """Only message parsing guarded it: ``alloc(-1)`` handed out every block but one."""
+    allocator = BlockAllocator(8)
+    with pytest.raises(ValueError, match="-1 blocks"):
+        allocator.alloc(-1)
+    assert allocator.free == 8
+
+
+def test_take_refusing_a_negative_count_gives_back_what_it_took():
+    allocators = {"window": BlockAllocator(4), "compressor": BlockAllocator(4)}
+    with pytest.raises(ValueError, match="-2 blocks"):
+        take(allocators, {"window": 3, "compressor": -2}, 9)
+    assert [a.free for a in allocators.values()] == [4, 4]

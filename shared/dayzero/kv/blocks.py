@@ -28,7 +28,9 @@ class BlockAllocator:
         free = self._free
         if n > len(free):
             raise OutOfBlocks(f"need {n} blocks, {len(free)} free")
-        if not n:
+        if n <= 0:
+            if n < 0:  # (free[: -n - 1 : -1] of n = -1 is every block but one)
+                raise ValueError(f"cannot allocate {n} blocks")
             return []
         taken = free[: -n - 1 : -1]  # the last n, last first
         del free[-n:]
@@ -40,14 +42,17 @@ class BlockAllocator:
 
 def take(allocators: dict[str, BlockAllocator], need: dict[str, int], tokens: int) -> dict[str, list[int]]:
     """``need[kind]`` blocks of each kind, all or nothing: where one pool has too few, the blocks
-    taken go back as they were (no count of the free blocks first) and OutOfBlocks says ``tokens``."""
+    taken go back as they were (no count of the free blocks first) and OutOfBlocks says ``tokens``;
+    so do they where a count is refused (below 0)."""
     taken = {}
     try:
         for kind, n in need.items():
             taken[kind] = allocators[kind].alloc(n)
-    except OutOfBlocks:
+    except (OutOfBlocks, ValueError) as exc:
         for kind, blocks in taken.items():
             allocators[kind].release(blocks)
+        if isinstance(exc, ValueError):
+            raise
         raise OutOfBlocks(f"no free blocks for {tokens} tokens now") from None
     return taken
 
