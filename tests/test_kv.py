@@ -208,18 +208,17 @@ def test_segments_of_dead_workers_are_swept(tmp_path):
 def test_layout_hash_covers_how_the_storage_is_carved(tiny_checkpoint, monkeypatch):
     """Two processes map one shared segment by allocating in the same order with the same shapes:
     the hash a handoff checks must change when either does, and not with the pools' sizes."""
-    import dayzero.kv.pools as pools_module
     from dayzero.config import ModelConfig
 
     cfg = ModelConfig.from_file(tiny_checkpoint)
     small, large = pools_for(cfg, torch.float32, 32), pools_for(cfg, torch.float32, 256, max_sequences=3)
     assert small.layout.hash() == large.layout.hash() and small.layout_hash == large.layout_hash
-    real = pools_module._compressor_shapes
+    real = PoolLayout.compressor_shapes
 
     def reordered(layout):  # the same compressor states carved from a slot in another order
         shapes = real(layout)
         return {name: shapes[name] for name in reversed(shapes)}
 
-    monkeypatch.setattr(pools_module, "_compressor_shapes", reordered)
+    monkeypatch.setattr(PoolLayout, "compressor_shapes", reordered)
     moved = pools_for(cfg, torch.float32, 32)
     assert moved.layout.hash() == small.layout.hash() and moved.layout_hash != small.layout_hash

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 
 from ..config import CSA, HCA, SLIDING, ModelConfig
@@ -119,12 +120,30 @@ class PoolLayout:
         if pool in GROWING_POOLS:
             layers = self.hca_layers if pool == "compressed_hca" else self.csa_layers
             return len(layers) * self.head_dim * elem
-        # compressor slot: CSA buffer kv+gate (two series) and overlap kv+gate (one series), the
-        # same for the indexer's compressor; HCA buffer kv+gate
-        csa = self.csa_rate * 6 * (self.head_dim + self.index_head_dim)
-        hca = self.hca_rate * 2 * self.head_dim
-        mtp = self.mtp_layers * self.hc_mult * self.hidden_size
-        return (len(self.csa_layers) * csa + len(self.hca_layers) * hca + mtp) * elem
+        return sum(math.prod(shape) for shape in self.compressor_shapes().values()) * elem
+
+    def compressor_shapes(self) -> dict[str, tuple[int, int, int]]:
+        """[layers, rows, width] of each compressor's running state in one compressor slot, in the
+        order the slot is carved: CSA buffer kv+gate (two series) and overlap kv+gate (one series),
+        the same for the indexer's compressor, HCA buffer kv+gate; fp32 (the reference adds the fp32
+        position bias before keeping the overlap); rows past ``length % rate`` are stale."""
+        d, di, csa, hca = self.head_dim, self.index_head_dim, len(self.csa_layers), len(self.hca_layers)
+        r, rh = self.csa_rate, self.hca_rate
+        shapes = {
+            "csa_kv": (csa, r, 2 * d),
+            "csa_gate": (csa, r, 2 * d),
+            "csa_overlap_kv": (csa, r, d),
+            "csa_overlap_gate": (csa, r, d),
+            "index_kv": (csa, r, 2 * di),
+            "index_gate": (csa, r, 2 * di),
+            "index_overlap_kv": (csa, r, di),
+            "index_overlap_gate": (csa, r, di),
+            "hca_kv": (hca, rh, d),
+            "hca_gate": (hca, rh, d),
+        }
+        if self.mtp_layers:  # the streams at the last position, not yet fed to the MTP layer
+            shapes["mtp_hidden"] = (self.mtp_layers, self.hc_mult, self.hidden_size)
+        return shapes
 
     def hash(self) -> str:
         """Identifies the memory layout: a handoff between different layouts is refused."""

@@ -35,36 +35,13 @@ def zeros_on(device: torch.device | str) -> Allocate:
     return lambda shape, dtype: torch.zeros(shape, dtype=dtype, device=device)
 
 
-def _compressor_shapes(layout: PoolLayout) -> dict[str, tuple[int, int, int]]:
-    """[layers, rows, width] of each compressor's running state in one slot, in the order the slot
-    is carved: fp32 (the reference adds the fp32 position bias before keeping the overlap); rows
-    past ``length % rate`` are stale."""
-    d, di, csa, hca = layout.head_dim, layout.index_head_dim, len(layout.csa_layers), len(layout.hca_layers)
-    r, rh = layout.csa_rate, layout.hca_rate
-    shapes = {
-        "csa_kv": (csa, r, 2 * d),
-        "csa_gate": (csa, r, 2 * d),
-        "csa_overlap_kv": (csa, r, d),
-        "csa_overlap_gate": (csa, r, d),
-        "index_kv": (csa, r, 2 * di),
-        "index_gate": (csa, r, 2 * di),
-        "index_overlap_kv": (csa, r, di),
-        "index_overlap_gate": (csa, r, di),
-        "hca_kv": (hca, rh, d),
-        "hca_gate": (hca, rh, d),
-    }
-    if layout.mtp_layers:  # the streams at the last position, not yet fed to the MTP layer
-        shapes["mtp_hidden"] = (layout.mtp_layers, layout.hc_mult, layout.hidden_size)
-    return shapes
-
-
 def _compressor_tensors(
     layout: PoolLayout, slots: int, allocate: Allocate
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One fp32 storage [1, slots, floats per slot], slot-major: a sequence's whole running state is
     one row, which a handoff copies at once; each named tensor [layers, slots, rows, width] is a
-    view of it."""
-    shapes = _compressor_shapes(layout)
+    view of it (``layout.compressor_shapes``)."""
+    shapes = layout.compressor_shapes()
     storage = allocate((1, slots, sum(math.prod(shape) for shape in shapes.values())), torch.float32)
     views, offset = {}, 0
     for name, shape in shapes.items():
