@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 
@@ -13,7 +11,6 @@ from dayzero.kv.layout import PoolLayout
 from dayzero.kv.pools import KVPools, pools_for
 from dayzero.kv.shared import SHM_DIR, CudaSharedPools, SharedPools
 from dayzero.model.forward import decode, prefill
-from dayzero.serving import handoff
 from dayzero.serving.handoff import Receiver, discard_tensor, publish, publish_tensor, sweep_parked, take_tensor
 from dayzero.serving.lifecycle import Lifecycle
 
@@ -141,31 +138,6 @@ def test_a_closed_receiver_has_unmapped_every_segment(tiny_checkpoint, store):
         segment.unlink()
 
 
-def test_a_receiver_takes_a_state_from_its_host_renamed_since_it_started(tiny_checkpoint, store):
-    """The receiver reads its host's name once; a state published under a new name (the host
-    renamed) is its own host's still, not refused as another host's."""
-    model = load_model(tiny_checkpoint, progress=False)
-    layout = PoolLayout.of(model.cfg, 16, "float32")
-    src, segment = SharedPools.create(
-        layout, KVPools.sized(layout, 32, 1, torch.float32, device="meta").blocks, torch.float32
-    )
-    try:
-        prefill(model, src, ["s"], [random_ids(9, model.cfg.vocab_size, seed=3)])
-        receiver = Receiver(store)
-        receiver.host = "its-name-before"
-        dst = pools_for(model.cfg, torch.float32, 32)
-        receiver.receive(publish(src, "s", "req-renamed", "shm", store, ttl_s=30), dst, "d")
-        assert dst.length("d") == 9
-        elsewhere = publish(src, "s", "req-elsewhere", "shm", store, ttl_s=30).model_copy(update={"host": "other"})
-        with pytest.raises(LookupError, match="lives on host other"):
-            receiver.receive(elsewhere, dst, "e")
-        receiver.close()
-        del src
-    finally:
-        segment.close()
-        segment.unlink()
-
-
 def _decode_elsewhere(checkpoint, ref, redis_url, follow, out) -> None:
     """In a fresh process (CUDA IPC handles cannot be opened by their exporter): receive, decode."""
     model = load_model(checkpoint, device="cuda", progress=False)
@@ -234,30 +206,3 @@ def test_settings_refuse_a_transport_the_device_cannot_use(device, transport):
     with pytest.raises(ValidationError, match="handoff"):
         Settings(device=device, handoff=transport)
     assert Settings(device=device, handoff="redis").device == device  # Redis carries state from anywhere
-
-
-def test_publish_reads_the_hosts_name_once(tiny_checkpoint, store, monkeypatch):
-    """Each handoff read it (a system call) on prefill's loop."""
-    model = load_model(tiny_checkpoint, progress=False)
-    src = pools_for(model.cfg, torch.float32, 32)
-    src.reserve("s", 9)
-    first = publish(src, "s", "req-1", "shm", store, ttl_s=30)
-    reads = []
-    monkeypatch.setattr(socket, "gethostname", lambda: reads.append(1) or "read again")
-    refs = [publish(src, "s", f"req-{i}", "shm", store, ttl_s=30) for i in range(2, 5)]
-    assert not reads and {ref.host for ref in refs} == {first.host}
-
-
-def test_a_state_named_before_a_rename_is_refused_with_what_mends_it(tiny_checkpoint, monkeypatch):
-    """publish reads the host's name once: a decode worker started after the host was renamed
-    refuses the states of a prefill worker started before it as another host's. Its error said
-    "use handoff=redis across hosts" of one host: it names this host too, and the restart that mends it."""
-    model = load_model(tiny_checkpoint, progress=False)
-    src = pools_for(model.cfg, torch.float32, 32)
-    src.reserve("s", 9)
-    monkeypatch.setattr(handoff, "_publishing_host", lambda: "its-name-before")
-    ref = publish(src, "s", "req-1", "shm", None, ttl_s=30)
-    receiver = Receiver(None)
-    with pytest.raises(LookupError, match=rf"not this one \({socket.gethostname()}\).*restart that worker"):
-        receiver.receive(ref, pools_for(model.cfg, torch.float32, 32), "d")
-    receiver.close()

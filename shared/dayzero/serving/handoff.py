@@ -96,7 +96,7 @@ def publish(pools: KVPools, seq_id: str, request_id: str, transport: str, store:
     return StateRef(
         transport=transport,
         location=location,
-        host=_publishing_host(),
+        host=this_host(),
         layout_hash=handle.layout_hash,
         dtype=str(pools.dtype).removeprefix("torch."),
         pool_blocks=pools.blocks,
@@ -106,11 +106,28 @@ def publish(pools: KVPools, seq_id: str, request_id: str, transport: str, store:
 
 
 @functools.cache
-def _publishing_host() -> str:
-    """This host's name, read once (a system call each handoff was). A host renamed while its prefill
-    worker runs still names its states by the old name: a decode worker that read the old one too
-    takes them, one started after the rename refuses them as another host's (re-runs) till prefill restarts."""
+def this_host() -> str:
+    """This host's name, read once per process (a system call each handoff and parked tensor was). A host
+    renamed while a worker runs: its prefill (vision) worker names states (tensors) by the old name till it
+    reads again; a reader that read the old one too takes them, one started after the rename refuses them
+    as another host's (re-runs, ``elsewhere``) till that worker restarts."""
     return socket.gethostname()
+
+
+def is_this_host(host: str) -> bool:
+    """Whether a state or tensor published on ``host`` lives here: the name read once, read again
+    where they differ (this host renamed since, and ``host`` its new name)."""
+    if host == this_host():
+        return True
+    this_host.cache_clear()
+    return host == this_host()
+
+
+def elsewhere(what: str, host: str, publisher: str) -> LookupError:
+    return LookupError(
+        f"{what} lives on host {host}, not this one ({this_host()}): use handoff=redis across hosts "
+        f"(this host renamed since its {publisher} worker started: restart that {publisher} worker)"
+    )
 
 
 class Receiver:
@@ -118,7 +135,6 @@ class Receiver:
 
     def __init__(self, store: Lifecycle) -> None:
         self.store = store
-        self.host = socket.gethostname()  # (a system call: read again only when a state's host differs)
         self._attached: dict[str, KVPools] = {}
         self._segments: dict[str, shared_memory.SharedMemory] = {}  # keep the shm mappings open
 
@@ -131,11 +147,8 @@ class Receiver:
                 raise LookupError(f"handoff state {ref.location} expired")
             src, handle = unpack_state(data, dst)
         else:
-            if ref.host != self.host and ref.host != self._host_now():
-                raise LookupError(
-                    f"{ref.transport} state lives on host {ref.host}, not this one ({self.host}): use handoff=redis "
-                    "across hosts (this host renamed since its prefill worker started: restart that worker)"
-                )
+            if not is_this_host(ref.host):
+                raise elsewhere(f"{ref.transport} state", ref.host, "prefill")
             if ref.location not in self._attached:
                 self._detach_swept()
                 self._attached[ref.location] = self._attach(ref, dst)
@@ -144,11 +157,6 @@ class Receiver:
         import_state(dst, src, handle, seq_id)
         if ref.transport == "cuda_ipc":
             torch.cuda.synchronize(dst.device)  # prefill may reuse the blocks once the handoff is taken
-
-    def _host_now(self) -> str:
-        """This host's name, read again (it may have been renamed since)."""
-        self.host = socket.gethostname()
-        return self.host
 
     def _attach(self, ref: StateRef, dst: KVPools) -> KVPools:
         if ref.transport == "cuda_ipc":
@@ -199,7 +207,7 @@ def publish_tensor(
         location = segment.name
         resource_tracker.unregister(segment._name, "shared_memory")  # noqa: SLF001 - the reader unlinks it
         segment.close()
-    return TensorRef(transport=transport, location=location, host=socket.gethostname(), shape=tuple(data.shape))
+    return TensorRef(transport=transport, location=location, host=this_host(), shape=tuple(data.shape))
 
 
 def take_tensor(ref: TensorRef, store: Lifecycle) -> torch.Tensor:
@@ -210,8 +218,8 @@ def take_tensor(ref: TensorRef, store: Lifecycle) -> torch.Tensor:
         if data is None:
             raise LookupError(f"parked tensor {ref.location} expired")
         return torch.frombuffer(bytearray(data), dtype=torch.float32, count=count).view(ref.shape).clone()
-    if ref.host != socket.gethostname():
-        raise LookupError(f"shared-memory tensor lives on host {ref.host}; use handoff=redis across hosts")
+    if not is_this_host(ref.host):
+        raise elsewhere("shared-memory tensor", ref.host, "vision")
     try:
         segment = shared_memory.SharedMemory(name=ref.location)
     except FileNotFoundError:  # expired and swept, or its host's vision worker died
@@ -227,7 +235,7 @@ def discard_tensor(ref: TensorRef, store: Lifecycle) -> None:
     """Free a parked tensor nobody will read (its request ended before prefill)."""
     if ref.transport == "redis":
         drop_parked(store, ref.location)
-    elif ref.host == socket.gethostname():
+    elif is_this_host(ref.host):
         (SHM_DIR / ref.location).unlink(missing_ok=True)
 
 
