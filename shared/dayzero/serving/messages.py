@@ -57,7 +57,7 @@ class StateRef(Frozen):
     layout_hash: str
     dtype: str
     pool_blocks: dict[str, int]  # block counts of the source pools (to attach to the segment)
-    length: int = Field(ge=0)  # (below 0: blocks_of counts -1 compressed blocks, and alloc(-1) took all but one)
+    length: int = Field(ge=0)  # (below 0: blocks_of counts -1 compressed blocks, alloc refuses those unclearly)
     blocks: dict[str, tuple[int, ...]]
     holder: str = ""  # the prefill worker keeping the blocks, told when decode has taken them
 
