@@ -212,13 +212,14 @@ def test_a_streamed_tool_call_resumed_midway_equals_the_body(stack):
     seen, last = [], None
     with httpx.stream("POST", f"{stack.url}/v1/chat/completions", json={**body, "stream": True}, timeout=300) as r:
         rid, token = r.headers["x-request-id"], r.headers["x-resume-token"]
-        for event_id, data in sse_events(r):
+        events = sse_events(r)  # held: a reader dropped at its break closes the connection (httpcore)
+        for event_id, data in events:
             seen.append(data)
             if event_id and "tool_calls" in data["choices"][0]["delta"]:
                 last = event_id  # the call's name has come: read no more here, before its arguments
                 break
-        # resumed before this read leaves (its leave's 0.3 s grace: a resume the load held longer found
-        # its request cancelled, CI at load ~5)
+        # resumed while this read is still open (it left at the break before: a resume the load held past
+        # the leave's 0.3 s grace found its request cancelled, CI at load ~5 and ~15)
         with httpx.stream(
             "GET",
             f"{stack.url}/v1/requests/{rid}/stream",
