@@ -28,7 +28,8 @@ def endless_problem(schema: object) -> str | None:
     dependents: dict[int, list[tuple[int, object]]] = {}  # a subschema's -> (dependent, its need or union)
     for node in nodes:
         conditions = [{id(sub)} for sub in _needed(node, schema, id(node) not in elsewhere) if _walked(sub, walked)]
-        conditions += [{id(sub) for sub in union} for union in _unions(node) if all(_walked(s, walked) for s in union)]
+        unions = [union for union in _unions(node) if union and all(_walked(s, walked) for s in union)]
+        conditions += [{id(sub) for sub in union} for union in unions]
         waits[id(node)] = len(conditions)
         for condition in conditions:
             for sub in condition:
@@ -92,5 +93,28 @@ def _needed(node: dict, root: dict, resolved: bool) -> list[object]:
 
 
 def _unions(node: dict) -> list[list]:
-    """``node``'s anyOf and oneOf (a value satisfies one branch of each)."""
-    return [union for key in ("anyOf", "oneOf") if isinstance(union := node.get(key), list) and union]
+    """``node``'s anyOf and oneOf (a value satisfies one branch of each), less the branches its own
+    ``type`` rules out (llguidance drops them: ``{"type": "object", "anyOf": [{"type": "null"}, n]}``
+    is n's alone; read as satisfied by its null, one requiring itself failed every reply "Too many
+    items"). A union left with none is left to llguidance ("Unsatisfiable schema")."""
+    kinds = _kinds(node)
+    unions = [union for key in ("anyOf", "oneOf") if isinstance(union := node.get(key), list) and union]
+    return [
+        [branch for branch in union if not isinstance(branch, dict) or _meet(kinds, _kinds(branch))] for union in unions
+    ]
+
+
+def _kinds(node: dict) -> set[str] | None:
+    """The JSON types ``node`` allows by its ``type`` (and OpenAPI's ``nullable``); None: any."""
+    kind = node.get("type")
+    kinds = {kind} if isinstance(kind, str) else set(kind) if isinstance(kind, list) else None
+    if kinds is None or not all(isinstance(name, str) for name in kinds):
+        return None
+    return kinds | {"null"} if node.get("nullable") is True else kinds
+
+
+def _meet(kinds: set[str] | None, others: set[str] | None) -> bool:
+    """Whether a value may be of both ``kinds`` and ``others`` (an integer is a number)."""
+    if kinds is None or others is None or kinds & others:
+        return True
+    return "integer" in kinds and "number" in others or "number" in kinds and "integer" in others
