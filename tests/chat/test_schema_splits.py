@@ -33,7 +33,9 @@ from .lexer_replies import DEFAULTS, fails_mid_reply, strings
         ("^(?x:(. # one\n|..)){300}$", 600),
         (r"^(?x)(?-x)(. |..){300}$", 0),
         (r"^(?P<x>. |..){300}$", 0),
-        ("^(.?){4000}$", 0),  # (an optional character: .{0,4000} to the lexer)
+        ("^(.?){4000}$", 0),
+        ("^(.{0,2}){300}$", 600),  # (a least of 0: as its twin (.{1,2}){300}, both failing from ~725)
+        ("^(a?b?c?){300}$", 1800),  # (an optional character: .{0,4000} to the lexer)
         (r"^([a-z]+\.)*[a-z]+$", 0),  # repeated without a count: states the lexer reuses
     ],
 )
@@ -88,3 +90,16 @@ def test_the_most_splits_let_through_are_written_whole(regex, written):
     assert split_ways(regex) == MOST_SPLITS
     assert size_problem([schema], DEFAULTS) is None
     assert not fails_mid_reply(schema, {"s0": "a" * written})
+
+
+def _opened(pattern: str) -> dict:  # (more properties allowed: its lexer fails sooner than strings')
+    return {"type": "object", "properties": {"s0": {"type": "string", "pattern": pattern}}, "required": ["s0"]}
+
+
+@pytest.mark.parametrize("repeats, written_whole", [(300, True), (1000, False)])
+def test_a_group_of_least_zero_is_split_as_its_twin_of_least_one(repeats, written_whole):
+    """``(.{0,2}){300}``, counted 1,800 ways (as [0, 2]), was refused though written whole; with
+    1,000 repeats every reply writing it fails 742 bytes in: still refused."""
+    schema = _opened(f"^(.{{0,2}}){{{repeats}}}$")
+    assert fails_mid_reply(schema, {"s0": "a" * 2 * repeats}) is not written_whole
+    assert (size_problem([schema], DEFAULTS) is None) is written_whole
