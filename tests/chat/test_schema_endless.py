@@ -23,6 +23,7 @@ def _requiring(kind: str = "object", **more) -> dict:  # a node whose required "
     return {"type": kind, "properties": {"c": NODE}, "required": ["c"], **more}
 
 
+NULL_BY_REF = {"type": "object", "anyOf": [{"$ref": "#/$defs/nul"}, _requiring()]}  # (a branch: null)
 ENDLESS = {
     "required_ref": _defining(_requiring()),
     "type_list": _defining(_requiring(["object"])),
@@ -33,6 +34,7 @@ ENDLESS = {
     # a branch its sibling type rules out (llguidance drops it): n's alone
     "branch_ruled_out": _defining({"type": "object", "anyOf": [{"type": "null"}, _requiring()]}),
     "one_of_ruled_out": _defining({"type": "object", "oneOf": [{"type": ["null", "string"]}, _requiring()]}),
+    "ref_branch_ruled_out": _defining(NULL_BY_REF) | {"$defs": {"node": NULL_BY_REF, "nul": {"type": "null"}}},
     "root": {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
 }
 FINITE = {  # (a schema, a finite value of it)

@@ -28,7 +28,11 @@ def endless_problem(schema: object) -> str | None:
     dependents: dict[int, list[tuple[int, object]]] = {}  # a subschema's -> (dependent, its need or union)
     for node in nodes:
         conditions = [{id(sub)} for sub in _needed(node, schema, id(node) not in elsewhere) if _walked(sub, walked)]
-        unions = [union for union in _unions(node) if union and all(_walked(s, walked) for s in union)]
+        unions = [
+            union
+            for union in _unions(node, schema, id(node) not in elsewhere)
+            if union and all(_walked(s, walked) for s in union)
+        ]
         conditions += [{id(sub) for sub in union} for union in unions]
         waits[id(node)] = len(conditions)
         for condition in conditions:
@@ -92,16 +96,24 @@ def _needed(node: dict, root: dict, resolved: bool) -> list[object]:
     return needed
 
 
-def _unions(node: dict) -> list[list]:
+def _unions(node: dict, root: dict, resolved: bool) -> list[list]:
     """``node``'s anyOf and oneOf (a value satisfies one branch of each), less the branches its own
     ``type`` rules out (llguidance drops them: ``{"type": "object", "anyOf": [{"type": "null"}, n]}``
     is n's alone; read as satisfied by its null, one requiring itself failed every reply "Too many
-    items"). A union left with none is left to llguidance ("Unsatisfiable schema")."""
+    items"; a branch's $ref to a null's: its type read there, where ``resolved``). A union left with
+    none is left to llguidance ("Unsatisfiable schema")."""
     kinds = _kinds(node)
     unions = [union for key in ("anyOf", "oneOf") if isinstance(union := node.get(key), list) and union]
-    return [
-        [branch for branch in union if not isinstance(branch, dict) or _meet(kinds, _kinds(branch))] for union in unions
-    ]
+    return [[branch for branch in union if _meet(kinds, _branch_kinds(branch, root, resolved))] for union in unions]
+
+
+def _branch_kinds(branch: object, root: dict, resolved: bool) -> set[str] | None:
+    """The JSON types a union's ``branch`` allows: its own ``type``'s, else its $ref's (one step;
+    where it is read against ``root``: neither within nor at an ``$id`` of its own)."""
+    own = isinstance(branch, dict) and ({"type", "$id"} & branch.keys() or not resolved)
+    if isinstance(branch, dict) and not own and isinstance(ref := branch.get("$ref"), str):
+        branch = resolve(root, ref)
+    return _kinds(branch) if isinstance(branch, dict) else None
 
 
 def _kinds(node: dict) -> set[str] | None:
