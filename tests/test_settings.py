@@ -82,7 +82,16 @@ def test_an_api_key_with_surrounding_spaces_is_refused(monkeypatch):
         settings_from_env()
 
 
-@pytest.mark.parametrize("raw", ['["open", " sesame"]', "open-sesame,"])
+@pytest.mark.parametrize("key", ["clé", "tab\tkey", "sesame\u200b"])
+def test_an_api_key_no_client_can_send_is_refused(monkeypatch, key):
+    """A key beyond printable ASCII was accepted: httpx and curl cannot send it as a header, and
+    ``dayzero up --example`` died on a UnicodeEncodeError, stopping the whole stack."""
+    monkeypatch.setenv("DAYZERO_API_KEYS", f"open,{key}")
+    with pytest.raises(ValueError, match=r"^DAYZERO_API_KEYS=\*\*\*: key 1 has a character beyond printable ASCII"):
+        settings_from_env()
+
+
+@pytest.mark.parametrize("raw", ['["open", " sesame"]', "open-sesame,", "open,clé"])
 def test_a_refused_api_key_setting_shows_no_key(monkeypatch, raw):
     """The refusal printed the setting as given, every key in it, and the whitespace check the key
     itself (``key ' sesame' has surrounding whitespace``): an operator's terminal, a CI log."""

@@ -28,8 +28,8 @@ def bearer(authorization: str | None) -> str:
 
 def key_accepted(offered: str, keys: list[str]) -> bool:
     """Whether ``offered`` (a bearer key as the server decoded its header: latin-1) is one of
-    ``keys``, each compared in constant time on the bytes the client sent (a key with non-ASCII
-    characters matches as clients send it, in UTF-8)."""
+    ``keys`` (printable ASCII: settings refuse others), each compared in constant time on the bytes
+    the client sent."""
     sent = offered.encode("latin-1", "replace")
     return any([hmac.compare_digest(sent, key.encode()) for key in keys])  # every key compared
 

@@ -25,13 +25,17 @@ def comma_list(value: object, keep_empty: bool) -> object:
 
 
 def keys_a_client_can_send(keys: list[str]) -> list[str]:
-    """An empty key would accept every request without one (its Bearer key reads as ""), and one
-    with surrounding spaces matches no header (HTTP strips them): refused, not silent."""
+    """An empty key would accept every request without one (its Bearer key reads as ""), one with
+    surrounding spaces matches no header (HTTP strips them), and one beyond printable ASCII is a
+    header httpx and curl refuse to send (``dayzero up --example`` died on it, taking the stack
+    down with it): refused, not silent."""
     for i, key in enumerate(keys):  # (a key is a secret: named by its place, not shown)
         if not key.strip():
             raise ValueError("an empty key would let every request in without one; leave it out")
         if key != key.strip():
             raise ValueError(f"key {i} has surrounding whitespace, which no Authorization header can carry")
+        if not all(" " <= c <= "~" for c in key):
+            raise ValueError(f"key {i} has a character beyond printable ASCII, which HTTP clients cannot send")
     return keys
 
 
