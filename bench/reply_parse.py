@@ -4,6 +4,7 @@ characters (``AssistantStream``), for replies of ``--kb`` KiB:
 
 - ``prose``: text with no ``<`` (nothing a thought's mark could start);
 - ``markup``: HTML and comparisons, a ``<`` every ~12 characters (code a model writes);
+- ``stray mark``: ``markup`` with one ``<think>`` in it (HTML or code that mentions the mark);
 - ``nested marks``: ``<`` x N then ``think>`` x N (the marks' starts held N deep, then dropped).
 
 Medians of ``--runs``, milliseconds. Compare two commits back to back: run it in each one's checkout
@@ -33,6 +34,7 @@ def replies(kb: int) -> dict[str, str]:
     return {
         "prose": prose * (size // len(prose)),
         "markup": markup * (size // len(markup)),
+        "stray mark": "<think>" + markup * (size // len(markup)),
         "nested marks": "<" * deep + "think>" * deep + "x",
     }
 

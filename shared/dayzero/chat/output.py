@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from .dsml import Parsed, ToolCall, ToolCallStream
@@ -78,7 +79,8 @@ class _Unmarked:
     def __init__(self, dropped: tuple[str, ...]) -> None:
         self._dropped = dropped
         self._openers = {mark[0] for mark in dropped}
-        self._closers = {mark[-1] for mark in dropped}
+        self._closer_at = re.compile("[" + re.escape("".join({mark[-1] for mark in dropped})) + "]")
+        self._mark_at = re.compile("|".join(map(re.escape, dropped)))
         self._longest = max(map(len, dropped))
         self._held: list[str] = []  # marks' starts, each at an opener
 
@@ -91,11 +93,20 @@ class _Unmarked:
             held.extend(piece[len(piece) - kept :])
             return piece[: len(piece) - kept]
         unchanged = len(held)  # held[:unchanged] is what earlier pieces left: marks' starts already
-        for char in piece:
-            held.append(char)
-            if char in self._closers and (mark := self._completed(held)):
+        walked = joined = 0  # (piece[joined:] follows what is held unbroken: no removal since)
+        while True:  # to each place a mark completes, the text before it taken whole (it was char by char)
+            # a mark that starts in what is held ends within a mark's length of the join; past that,
+            # only a mark as the piece writes it can complete
+            near = self._closer_at.search(piece, walked, joined + self._longest - 1)
+            found = near or self._mark_at.search(piece, joined)
+            if found is None:
+                break
+            held.extend(piece[walked : found.end()])
+            walked = found.end()
+            if mark := self._completed(held):
                 del held[-len(mark) :]
-                unchanged = min(unchanged, len(held))
+                unchanged, joined = min(unchanged, len(held)), walked
+        held.extend(piece[walked:])
         kept = 0 if last else self._marks_start(held, unchanged)
         released = "".join(held[: len(held) - kept])
         del held[: len(held) - kept]
