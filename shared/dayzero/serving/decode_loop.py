@@ -56,8 +56,10 @@ class DecodeLoop:
         # batch) would let the leases lapse, and the reaper would re-run requests being generated;
         # one past the group timeout is hung (as a silent rank would be): its leases lapse, and so is
         # the loop blocked that long between steps (the worker stamps no liveness: liveness.py)
+        # (a claimed state waiting in Redis, handoff=redis, lives with its lease; an imported one is taken)
         settings, hung_s = runtime.settings, runtime.settings.group_timeout_s
-        self.heartbeat = Heartbeat(runtime.store, runtime.name, settings.lease_s, self.stop, hung_s, hung_s)
+        parked = settings.handoff == "redis"
+        self.heartbeat = Heartbeat(runtime.store, runtime.name, settings.lease_s, self.stop, hung_s, hung_s, parked)
 
     def run_forever(self) -> None:
         run_loop(self.stop, self._iteration, log, self.heartbeat.moved)

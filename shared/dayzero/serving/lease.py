@@ -33,7 +33,10 @@ class Heartbeat:
     A loop that calls ``moved`` as it goes (each iteration, each step's end: a timestamp in memory)
     and then moves on no more for ``stalled_s`` outside a step (blocked between two steps: a deadlock,
     a call that never returns) is stuck alike; a step, however long, is judged by ``stuck_s`` alone,
-    and a loop that has not moved yet (the weights loading) by neither."""
+    and a loop that has not moved yet (the weights loading) by neither.
+
+    ``parked``: the requests it claims may have their states parked in Redis (decode, handoff=redis),
+    kept alive with their leases; elsewhere no claim or beat reads their keys."""
 
     def __init__(
         self,
@@ -43,9 +46,10 @@ class Heartbeat:
         stop: threading.Event,
         stuck_s: float | None = None,
         stalled_s: float | None = None,
+        parked: bool = False,
     ) -> None:
         self._store, self._owner, self._lease_s, self._stop, self._stuck_s = store, owner, lease_s, stop, stuck_s
-        self._stalled_s = stalled_s
+        self._stalled_s, self._parked = stalled_s, parked
         self._ids: set[str] = set()
         self._runs: dict[str, int] = {}  # request -> the run (attempt) this worker last claimed of it
         self._lock = threading.Lock()  # a beat in flight finishes before a release returns
@@ -101,7 +105,9 @@ class Heartbeat:
                     self._lost.clear()  # (their owners dropped them: one taken again and lost is new)
                     continue
                 try:
-                    lost = self._store.heartbeat(sorted(self._ids), self._owner, self._lease_s, self._runs)
+                    lost = self._store.heartbeat(
+                        sorted(self._ids), self._owner, self._lease_s, self._runs, self._parked
+                    )
                     if new := [rid for rid in lost if rid not in self._lost]:  # (beaten till its owner drops it)
                         log.warning("leases lost during a long piece of work: %s", ", ".join(new))
                     self._lost = set(lost)  # lapsed or re-run elsewhere while the work ran: its owner settles it
@@ -129,7 +135,7 @@ class Heartbeat:
         rid, attempt = ticket.job.request.request_id, ticket.job.attempt
         while True:
             try:
-                taken = self._store.take(rid, attempt, self._owner, self._lease_s, handed_off)
+                taken = self._store.take(rid, attempt, self._owner, self._lease_s, handed_off, self._parked)
                 self._claims_failed.back()
                 break
             except redis.RedisError as exc:

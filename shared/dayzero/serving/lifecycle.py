@@ -1,6 +1,7 @@
 """A request's life in Redis: its states, every key that holds them, and the only functions that
-move a request from one state to the next. No other module writes these keys but watching.py, the
-gateway's asynchronous side of the same transitions, and handoff.py the bytes it parks (kvstate).
+move a request from one state to the next (the token stream's: token_stream.py, its base). No other
+module writes these keys but watching.py, the gateway's asynchronous side of the same transitions,
+and handoff.py the bytes it parks (kvstate).
 
     admit ─> queued ─> [vision] ─> prefill ─> handed off ─> decoding ─> finished
                ^          │           │           │  ^          │     ├─> cancelled
@@ -36,8 +37,7 @@ The keys that are no request's (the workers', the gateways'): keys.py.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 
 import redis
 from opentelemetry import trace
@@ -50,15 +50,17 @@ from .admission import Queue, Record, admission
 from .keys import HANDOFF_OWNER, QUEUES, key
 from .messages import GenerationRequest
 from .queue_scripts import ADMIT, ENQUEUE, RERUN
-from .records import Token, decode, ending
-from .scripts import HAND_BACK, HAND_OFF, HAND_ON, HEARTBEAT, TAKE, TAKE_HANDOFFS, Take, push_keys
-from .stream_scripts import APPEND, SETTLE, SETTLED_SAYS, Appended, Settled, entry_args
+from .records import ending
+from .scripts import HAND_BACK, HAND_OFF, HAND_ON, HEARTBEAT, TAKE, TAKE_HANDOFFS, Take, parked_state, push_keys
+from .stream_scripts import APPEND, SETTLE, SETTLED_SAYS, Settled, entry_args
+from .token_stream import TokenStream
 
 log = logging.getLogger("dayzero.serving")
 
 
-class Lifecycle:
-    """The transitions over one synchronous Redis client (the stages, the gateway's thread pool)."""
+class Lifecycle(TokenStream):
+    """The transitions over one synchronous Redis client (the stages, the gateway's thread pool); the
+    token stream's: ``TokenStream``."""
 
     def __init__(self, client: redis.Redis, stream_ttl_s: int = 600) -> None:
         self.r, self.ttl_s = client, stream_ttl_s
@@ -98,12 +100,14 @@ class Lifecycle:
         return list(self.r.lrange(key("images", rid), 0, -1))
 
     # -- a stage takes it: queued -> vision | prefill -------------------------------------------------
-    def take(self, rid: str, attempt: int, owner: str, lease_s: float, handed_off: bool = False) -> Take:
+    def take(
+        self, rid: str, attempt: int, owner: str, lease_s: float, handed_off: bool = False, parked: bool = False
+    ) -> Take:
         """Unless the delivery is stale (an older run's, or the request ended), own the request unless
         someone else alive does (the owner may take it again; ``handed_off``: decode, from the
-        handoff, whose mark stays till ``take_handoffs``), then whether it was cancelled: one round
-        trip."""
-        keys = [key(family, rid) for family in ("attempt", "done", "lease", "queued", "cancel", "kvstate")]
+        handoff, whose mark stays till ``take_handoffs``; ``parked``: its state may wait in Redis, kept
+        alive with the lease), then whether it was cancelled: one round trip."""
+        keys = [key(family, rid) for family in ("attempt", "done", "lease", "queued", "cancel", *parked_state(parked))]
         args = [attempt, owner, int(lease_s * 1000), HANDOFF_OWNER if handed_off else ""]
         return Take(self._take(keys=keys, args=args))
 
@@ -122,14 +126,17 @@ class Lifecycle:
         args = [attempt, owner, message, int(queued_s * 1000), "1" if front else ""]
         return bool(self._hand_on(keys=push_keys(rid, "queued", queue), args=args))
 
-    def heartbeat(self, rids: list[str], owner: str, lease_s: float, runs: Mapping[str, int]) -> list[str]:
-        """Refresh the leases ``owner`` holds, take back lapsed ones of ``runs`` (id -> its attempt) not re-run
-        since; -> those of ``rids`` it lost (re-run, ended, gone with Redis's data): never another's."""
+    def heartbeat(
+        self, rids: list[str], owner: str, lease_s: float, runs: Mapping[str, int], parked: bool = False
+    ) -> list[str]:
+        """Refresh the leases ``owner`` holds (``parked``: and their states waiting in Redis), take back lapsed ones of
+        ``runs`` (id -> its attempt) not re-run since; -> those of ``rids`` it lost (re-run, ended, gone with Redis's
+        data): never another's."""
         if not rids:
             return []
-        keys = [key(family, rid) for rid in rids for family in ("lease", "attempt", "done", "queued", "req", "kvstate")]
-        held = [runs.get(rid, "") for rid in rids]
-        lost = self._heartbeat(keys=keys, args=[owner, int(lease_s * 1000), *held])
+        families = ("lease", "attempt", "done", "queued", "req", *parked_state(parked))
+        keys, held = [key(family, rid) for rid in rids for family in families], [runs.get(rid, "") for rid in rids]
+        lost = self._heartbeat(keys=keys, args=[owner, int(lease_s * 1000), len(families), *held])
         return [rids[int(i) - 1] for i in lost]
 
     def owner(self, rid: str) -> str | None:
@@ -264,36 +271,3 @@ class Lifecycle:
         keys += [k for queue in QUEUES for k in (queue, key("pushed", queue))]
         args = [int(queued_s * 1000), rid, HANDOFF_OWNER, int(sighting_s * 1000)]
         return int(self._rerun(keys=keys, args=args))
-
-    # -- the token stream ---------------------------------------------------------------------------------
-    def append(self, tokens: list[Token], runs: Mapping[str, int], owner: str, watch: Sequence[str] = ()) -> Appended:
-        """Append tokens for ``owner`` on each request's run (``runs``: id -> attempt) and read the
-        cancel marks of ``watch``, in one atomic round trip. Only the current run writes (a worker
-        that stalled past its lease while the request was re-run would interleave its tokens with
-        the re-run's), and nothing for a watched request a client cancelled: the caller learns both."""
-        if not tokens and not watch:
-            return Appended(set(), set())
-        streams: dict[str, list[Token]] = {}
-        for t in tokens:
-            streams.setdefault(t.request_id, []).append(t)
-        keys = [key(family, rid) for rid in streams for family in ("attempt", "done", "lease")]
-        keys += [key("tokens", rid) for rid in streams] + [key("cancel", rid) for rid in watch]
-        args, marks_at = [owner, self.ttl_s, len(streams)], {rid: i + 1 for i, rid in enumerate(watch)}
-        for rid, entries in streams.items():
-            args += [runs[rid], marks_at.get(rid, 0), len(entries)]
-            for t in entries:
-                args += entry_args(t)
-        sent = time.time_ns()  # (a reader may have the entries before this call returns: stamped at their send)
-        refused, marks = self._append(keys=keys, args=args)
-        trace.get_current_span().add_event("tokens_appended", {"dayzero.tokens": len(tokens)}, timestamp=sent)
-        ids, cancelled = list(streams), {rid for rid, mark in zip(watch, marks, strict=True) if mark}
-        return Appended({ids[int(i) - 1] for i in refused}, cancelled)
-
-    def streamed_tokens(self, rid: str) -> list[int]:
-        return self.stream(rid)[0]
-
-    def stream(self, rid: str) -> tuple[list[int], str | None]:
-        """The tokens streamed so far, and the finish reason the stream already ends with (None
-        while it is open): one read."""
-        entries = [decode(rid, fields) for _, fields in self.r.xrange(key("tokens", rid))]
-        return [t.token for t in entries if t.token >= 0], entries[-1].finish_reason if entries else None

@@ -61,11 +61,20 @@ end
 )
 
 
+def parked_state(parked: bool) -> tuple[str, ...]:
+    """The key family TAKE and HEARTBEAT keep alive with a lease where a state can be parked in Redis
+    (decode's claims, handoff=redis); none elsewhere: no state is parked there, no key read for it."""
+    return ("kvstate",) if parked else ()
+
+
 # ``outlive(state, ms)``: the request's state parked in Redis (kvstate:{id}, a handoff's across hosts),
-# if any, lives ``ms`` more, never less than it had: as long as its claimer's lease, which a dead
-# claimer's beats no longer renew (the state then lapses with it).
+# if any (``state`` nil: none can be, no command), lives ``ms`` more, never less than it had: as long as
+# its claimer's lease, which a dead claimer's beats no longer renew (the state then lapses with it).
 OUTLIVE = """
 local function outlive(state, ms)
+    if not state then
+        return
+    end
     local left = redis.call('PTTL', state)
     if left >= 0 and left < tonumber(ms) then
         redis.call('PEXPIRE', state, ms)
@@ -74,7 +83,7 @@ end
 """
 
 
-# KEYS: attempt, done, lease, queued, cancel, kvstate; ARGV: the delivery's attempt, owner, lease ms,
+# KEYS: attempt, done, lease, queued, cancel[, kvstate]; ARGV: the delivery's attempt, owner, lease ms,
 # and the lease that counts as free ('': none; decode's: the handoff's). The owner may take again (a
 # batch it retries after Redis came back): its lease starts afresh, as a first take's does (the
 # heartbeat's next beat may be a third of a lease off), and so does its parked state's life.
@@ -188,27 +197,27 @@ return taken
 )
 
 
-# KEYS per lease: lease, attempt, done, queued, req, kvstate; ARGV: owner, lease ms, then per lease the
-# run (attempt) the owner holds ('': none known). Each lease the owner still holds is refreshed, and
-# its parked state's life with it. One that lapsed (nobody's: Redis was out, or a step ran, past a
-# lease) is taken back while its run is still the request's current one: no re-run began (the
-# attempt is the run's; the reaper's re-run bumps it in the script that would see this lease), it has
-# not ended, no message of it waits, its record is there. The answer lists (1-based) the rest:
-# re-run elsewhere, ended, gone with Redis's data.
+# KEYS per lease: lease, attempt, done, queued, req[, kvstate]; ARGV: owner, lease ms, the keys per lease
+# (5, or 6 with kvstate), then per lease the run (attempt) the owner holds ('': none known). Each lease
+# the owner still holds is refreshed, and its parked state's life with it. One that lapsed (nobody's:
+# Redis was out, or a step ran, past a lease) is taken back while its run is still the request's
+# current one: no re-run began (the attempt is the run's; the reaper's re-run bumps it in the script
+# that would see this lease), it has not ended, no message of it waits, its record is there. The
+# answer lists (1-based) the rest: re-run elsewhere, ended, gone with Redis's data.
 HEARTBEAT = (
     OUTLIVE
     + """
-local lost = {}
-for i = 0, #KEYS / 6 - 1 do
-    local k, run = 6 * i, ARGV[3 + i]
+local lost, n = {}, tonumber(ARGV[3])
+for i = 0, #KEYS / n - 1 do
+    local k, run = n * i, ARGV[4 + i]
     local lease = redis.call('GET', KEYS[k + 1])
     if lease == ARGV[1] then
         redis.call('PEXPIRE', KEYS[k + 1], ARGV[2])
-        outlive(KEYS[k + 6], ARGV[2])
+        if n == 6 then outlive(KEYS[k + 6], ARGV[2]) end
     elseif not lease and run ~= '' and tonumber(redis.call('GET', KEYS[k + 2]) or 0) == tonumber(run)
         and redis.call('EXISTS', KEYS[k + 3], KEYS[k + 4]) == 0 and redis.call('EXISTS', KEYS[k + 5]) == 1 then
         redis.call('SET', KEYS[k + 1], ARGV[1], 'PX', ARGV[2])
-        outlive(KEYS[k + 6], ARGV[2])
+        if n == 6 then outlive(KEYS[k + 6], ARGV[2]) end
     else
         lost[#lost + 1] = i + 1
     end
