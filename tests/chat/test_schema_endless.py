@@ -35,6 +35,8 @@ ENDLESS = {
     "branch_ruled_out": _defining({"type": "object", "anyOf": [{"type": "null"}, _requiring()]}),
     "one_of_ruled_out": _defining({"type": "object", "oneOf": [{"type": ["null", "string"]}, _requiring()]}),
     "ref_branch_ruled_out": _defining(NULL_BY_REF) | {"$defs": {"node": NULL_BY_REF, "nul": {"type": "null"}}},
+    "const_branch_ruled_out": _defining({"type": "object", "anyOf": [{"const": None}, _requiring()]}),
+    "enum_branch_ruled_out": _defining({"type": "object", "anyOf": [{"enum": [None, "x", 1]}, _requiring()]}),
     "root": {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
 }
 FINITE = {  # (a schema, a finite value of it)
@@ -50,6 +52,15 @@ FINITE = {  # (a schema, a finite value of it)
         _defining({"type": "object", "nullable": True, "anyOf": [{"type": "null"}, _requiring()]}),
         {"s": None},
     ),
+    "a_const_branch_of_its_types": (
+        _defining({"type": ["object", "null"], "anyOf": [{"const": None}, _requiring()]}),
+        {"s": None},
+    ),
+    "an_enum_branch_of_its_types": (
+        _defining({"type": "object", "anyOf": [{"enum": [None, {"k": 1}]}, _requiring()]}),
+        {"s": {"k": 1}},
+    ),
+    "a_const_integer_is_a_number": (_defining({"type": "number", "anyOf": [{"const": 2}, _requiring()]}), {"s": 2}),
     "an_integer_is_a_number": (_defining({"type": "number", "anyOf": [{"type": "integer"}, _requiring()]}), {"s": 1}),
     "no_least_items": (_defining({"type": "array", "items": NODE}), {"s": []}),
     "not_required": (_defining(_requiring(), {"type": "object", "properties": {"s": NODE}}), {}),

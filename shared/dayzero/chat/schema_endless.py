@@ -117,12 +117,24 @@ def _branch_kinds(branch: object, root: dict, resolved: bool) -> set[str] | None
 
 
 def _kinds(node: dict) -> set[str] | None:
-    """The JSON types ``node`` allows by its ``type`` (and OpenAPI's ``nullable``); None: any."""
+    """The JSON types ``node`` allows by its ``type`` (and OpenAPI's ``nullable``), else by its
+    ``const`` or ``enum`` (``{"type": "object", "anyOf": [{"const": null}, n]}`` is n's alone to
+    llguidance too); None: any."""
     kind = node.get("type")
     kinds = {kind} if isinstance(kind, str) else set(kind) if isinstance(kind, list) else None
+    if kind is None and ("const" in node or isinstance(node.get("enum"), list)):
+        kinds = {_kind_of(value) for value in ([node["const"]] if "const" in node else node["enum"])}
     if kinds is None or not all(isinstance(name, str) for name in kinds):
         return None
     return kinds | {"null"} if node.get("nullable") is True else kinds
+
+
+def _kind_of(value: object) -> str | None:
+    """The JSON type of a parsed JSON ``value`` (None: not one)."""
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else "boolean"
+    kinds = ((int, "integer"), (float, "number"), (str, "string"), (list, "array"), (dict, "object"))
+    return next((name for cls, name in kinds if isinstance(value, cls)), None)
 
 
 def _meet(kinds: set[str] | None, others: set[str] | None) -> bool:
