@@ -68,9 +68,11 @@ def test_a_state_named_before_a_rename_is_refused_with_what_mends_it(tiny_checkp
     src.reserve("s", 9)
     ref = publish(src, "s", "req-1", "shm", None, ttl_s=30).model_copy(update={"host": "its-name-before"})
     receiver = Receiver(None)
-    with pytest.raises(LookupError, match=rf"not this one \({socket.gethostname()}\).*restart that prefill worker"):
-        receiver.receive(ref, pools_for(model.cfg, torch.float32, 32), "d")
-    receiver.close()
+    try:
+        with pytest.raises(LookupError, match=rf"not this one \({socket.gethostname()}\).*restart that prefill worker"):
+            receiver.receive(ref, pools_for(model.cfg, torch.float32, 32), "d")
+    finally:
+        receiver.close()
 
 
 def test_a_tensor_named_before_a_rename_is_refused_with_what_mends_it(store):
