@@ -60,8 +60,9 @@ def test_a_held_state_is_beaten_with_its_lease_and_lapses_with_it_once_its_holde
         stop.set()
 
 
-def _monitored(url: str, lines: list[str], stop: threading.Event) -> None:
-    with redis.Redis.from_url(url).monitor() as monitor:
+def _monitored(url: str, lines: list[str], watching: threading.Event, stop: threading.Event) -> None:
+    with redis.Redis.from_url(url).monitor() as monitor:  # (MONITOR answered OK: each command from now on)
+        watching.set()
         for command in monitor.listen():
             lines.append(command["command"])
             if stop.is_set():
@@ -71,24 +72,25 @@ def _monitored(url: str, lines: list[str], stop: threading.Event) -> None:
 def test_shm_claims_and_beats_touch_no_parked_state(demo_dir, redis_url):
     """With handoff=shm no state is ever parked in Redis: decode's claim and its beats (the claimed
     request waiting, then generating) name no kvstate key and run no command on one (each beat read
-    every held request's: +29% of a beat's Redis time). Watched through Redis's MONITOR."""
+    every held request's: bench/heartbeat_keys.py). Watched through Redis's MONITOR."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="shm", lease_s=0.3)
     decode = Runtime.load(settings, "decode-shm@test", "decode", False)
     (store, request), handed = _admitted(settings, "shm-beaten", 8), []
     prefill = Runtime.load(settings, "prefill-shm@test", "prefill", True)  # (its pools in a shared segment)
-    lines, stop = [], threading.Event()
-    watcher = threading.Thread(target=_monitored, args=(redis_url, lines, stop), daemon=True)
+    lines, watching, stop = [], threading.Event(), threading.Event()
+    watcher = threading.Thread(target=_monitored, args=(redis_url, lines, watching, stop), daemon=True)
     try:
         run_jobs(PrefillLoop(prefill, recording(handed)), [PrefillJob(request=request)])
         watcher.start()
-        time.sleep(0.3)
+        assert watching.wait(30)  # (a fixed sleep missed decode's claim on a loaded machine)
         ready_at, ready = time.monotonic() + 0.6, decode.grammar_ready
         decode.grammar_ready = lambda ticket: time.monotonic() > ready_at and ready(ticket)  # beaten, claimed
         run_jobs(DecodeLoop(decode), handed)
     finally:
         stop.set()
         store.r.ping()  # (the monitor's loop sees ``stop``)
-        watcher.join(5)
+        if watcher.is_alive():
+            watcher.join(5)
         prefill.close()
     assert store.done("shm-beaten") == "length"
     take_sha, beat_sha = (hashlib.sha1(script.encode()).hexdigest() for script in (TAKE, HEARTBEAT))
