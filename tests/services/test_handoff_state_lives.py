@@ -41,6 +41,21 @@ def test_a_claimed_request_waiting_in_decode_past_the_handoff_timeout_keeps_its_
     assert not store.r.exists(key("kvstate", "waits-claimed"))  # taken, and the request ended
 
 
+def test_a_decode_worker_left_at_its_own_handoff_setting_keeps_a_redis_carried_state(demo_dir, redis_url):
+    """Only prefill's DAYZERO_HANDOFF picks the transport (decode reads whatever the handoff names):
+    a decode worker left at its device's default (shm on a CPU, cuda_ipc on a GPU) on another host
+    than a handoff=redis prefill claims a state parked in Redis all the same, and keeps it alive."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", lease_s=0.4, handoff_timeout_s=1.5)
+    decode = Runtime.load(settings.model_copy(update={"handoff": "shm"}), "decode-d@test", "decode", False)
+    (store, request), handed = _admitted(settings, "waits-default", 3), []
+    prefill = Runtime.load(settings, "prefill-d@test", "prefill", False)
+    run_jobs(PrefillLoop(prefill, recording(handed)), [PrefillJob(request=request)])
+    ready_at, ready = time.monotonic() + 3.0, decode.grammar_ready
+    decode.grammar_ready = lambda ticket: time.monotonic() > ready_at and ready(ticket)  # waits, claimed
+    run_jobs(DecodeLoop(decode), handed)
+    assert store.done("waits-default") == "length" and len(store.streamed_tokens("waits-default")) == 3
+
+
 def test_a_held_state_is_beaten_with_its_lease_and_lapses_with_it_once_its_holder_is_gone(redis_url):
     """The claim and each beat keep the parked state alive for a lease; once nobody beats (its decode
     worker died) it lapses with the lease, as it would unclaimed."""

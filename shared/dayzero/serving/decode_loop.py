@@ -39,7 +39,9 @@ class DecodeLoop:
     def __init__(self, runtime: Runtime, room: Room | None = None) -> None:
         self.r, self.room = runtime, room  # room: what it cannot hold goes to a peer with room (room.py)
         self.intake: Intake[DecodeJob] = Intake(  # claimed as they arrive; the handoff stays till imported
-            lambda ticket: self.heartbeat.claim(ticket, self._cancelled_on_arrival, handed_off=True)
+            lambda ticket: self.heartbeat.claim(
+                ticket, self._cancelled_on_arrival, handed_off=True, parked=ticket.job.state.transport == "redis"
+            )
         )
         self.waiting: list[Ticket[DecodeJob]] = []
         self.active: dict[str, Active] = {}
@@ -56,10 +58,10 @@ class DecodeLoop:
         # batch) would let the leases lapse, and the reaper would re-run requests being generated;
         # one past the group timeout is hung (as a silent rank would be): its leases lapse, and so is
         # the loop blocked that long between steps (the worker stamps no liveness: liveness.py)
-        # (a claimed state waiting in Redis, handoff=redis, lives with its lease; an imported one is taken)
+        # (a claimed state waiting in Redis lives with its lease, from the first such claim on: prefill's
+        # DAYZERO_HANDOFF picks the transport, not this worker's; an imported one is taken)
         settings, hung_s = runtime.settings, runtime.settings.group_timeout_s
-        parked = settings.handoff == "redis"
-        self.heartbeat = Heartbeat(runtime.store, runtime.name, settings.lease_s, self.stop, hung_s, hung_s, parked)
+        self.heartbeat = Heartbeat(runtime.store, runtime.name, settings.lease_s, self.stop, hung_s, hung_s)
 
     def run_forever(self) -> None:
         run_loop(self.stop, self._iteration, log, self.heartbeat.moved)

@@ -35,8 +35,9 @@ class Heartbeat:
     a call that never returns) is stuck alike; a step, however long, is judged by ``stuck_s`` alone,
     and a loop that has not moved yet (the weights loading) by neither.
 
-    ``parked``: the requests it claims may have their states parked in Redis (decode, handoff=redis),
-    kept alive with their leases; elsewhere no claim or beat reads their keys."""
+    ``parked``: the requests it claims may have their states parked in Redis (decode's, once it claims
+    one handed off through Redis: ``claim(parked=)``), kept alive with their leases; elsewhere no claim
+    or beat reads their keys."""
 
     def __init__(
         self,
@@ -121,6 +122,7 @@ class Heartbeat:
         cancelled: Callable[[Ticket[Any]], None],
         handed_off: bool = False,
         dropped: Callable[[Ticket[Any]], None] | None = None,
+        parked: bool = False,
     ) -> bool:
         """A loop's ``Intake`` claim, on the delivering task's thread as the message arrives: take the
         request for the owner (``Lifecycle.take``; ``handed_off``: decode's, from the handoff) and
@@ -131,8 +133,12 @@ class Heartbeat:
         messages again). While Redis restarts the take is retried, until ``stop`` is set. False: the
         ticket is settled here: ``cancelled(ticket)`` for a cancelled request, done for a stale
         delivery, an ended request, one a live worker holds, or a take given up on stopping; the
-        first two and the last (no run will read what the message carries) after ``dropped(ticket)``."""
+        first two and the last (no run will read what the message carries) after ``dropped(ticket)``.
+        ``parked``: its state waits in Redis; this claim and every beat from now on keep such states alive."""
         rid, attempt = ticket.job.request.request_id, ticket.job.attempt
+        if parked:
+            with self._lock:
+                self._parked = True
         while True:
             try:
                 taken = self._store.take(rid, attempt, self._owner, self._lease_s, handed_off, self._parked)
