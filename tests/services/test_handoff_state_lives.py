@@ -25,18 +25,25 @@ from .conftest import recording, run_jobs
 from .test_lease import _admitted
 
 
-def test_a_claimed_request_waiting_in_decode_past_the_handoff_timeout_keeps_its_state(demo_dir, redis_url):
-    """Decode claims the handoff (1.5 s) as it arrives, then waits 3 s before importing it: the
-    state must still be there (it expired: "handoff state ... expired", the request left to lapse
-    and be re-run from prefill)."""
+def _waits_claimed(demo_dir: str, redis_url: str, rid: str, decode_handoff: str) -> Lifecycle:
+    """A handoff=redis prefill hands ``rid`` (3 tokens) off with a 1.5 s timeout; a decode worker of
+    ``decode_handoff`` claims it as it arrives, then waits 3 s (its grammar) before importing it."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", lease_s=0.4, handoff_timeout_s=1.5)
-    decode = Runtime.load(settings, "decode-w@test", "decode", False)  # (first: claims as soon as handed off)
-    (store, request), handed = _admitted(settings, "waits-claimed", 3), []
-    prefill = Runtime.load(settings, "prefill-w@test", "prefill", False)
+    decode_settings = settings.model_copy(update={"handoff": decode_handoff})
+    decode = Runtime.load(decode_settings, f"decode-{rid}@test", "decode", False)  # (first: claims at once)
+    (store, request), handed = _admitted(settings, rid, 3), []
+    prefill = Runtime.load(settings, f"prefill-{rid}@test", "prefill", False)
     run_jobs(PrefillLoop(prefill, recording(handed)), [PrefillJob(request=request)])
     ready_at, ready = time.monotonic() + 3.0, decode.grammar_ready
     decode.grammar_ready = lambda ticket: time.monotonic() > ready_at and ready(ticket)  # waits, claimed
     run_jobs(DecodeLoop(decode), handed)
+    return store
+
+
+def test_a_claimed_request_waiting_in_decode_past_the_handoff_timeout_keeps_its_state(demo_dir, redis_url):
+    """The state must still be there once decode imports it (it expired: "handoff state ...
+    expired", the request left to lapse and be re-run from prefill)."""
+    store = _waits_claimed(demo_dir, redis_url, "waits-claimed", "redis")
     assert store.done("waits-claimed") == "length" and len(store.streamed_tokens("waits-claimed")) == 3
     assert not store.r.exists(key("kvstate", "waits-claimed"))  # taken, and the request ended
 
@@ -45,14 +52,7 @@ def test_a_decode_worker_left_at_its_own_handoff_setting_keeps_a_redis_carried_s
     """Only prefill's DAYZERO_HANDOFF picks the transport (decode reads whatever the handoff names):
     a decode worker left at its device's default (shm on a CPU, cuda_ipc on a GPU) on another host
     than a handoff=redis prefill claims a state parked in Redis all the same, and keeps it alive."""
-    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", lease_s=0.4, handoff_timeout_s=1.5)
-    decode = Runtime.load(settings.model_copy(update={"handoff": "shm"}), "decode-d@test", "decode", False)
-    (store, request), handed = _admitted(settings, "waits-default", 3), []
-    prefill = Runtime.load(settings, "prefill-d@test", "prefill", False)
-    run_jobs(PrefillLoop(prefill, recording(handed)), [PrefillJob(request=request)])
-    ready_at, ready = time.monotonic() + 3.0, decode.grammar_ready
-    decode.grammar_ready = lambda ticket: time.monotonic() > ready_at and ready(ticket)  # waits, claimed
-    run_jobs(DecodeLoop(decode), handed)
+    store = _waits_claimed(demo_dir, redis_url, "waits-default", "shm")
     assert store.done("waits-default") == "length" and len(store.streamed_tokens("waits-default")) == 3
 
 
