@@ -1,7 +1,7 @@
 """Milliseconds of one lease heartbeat (``Lifecycle.heartbeat``: one HEARTBEAT script call) for
 ``--leases`` leases a worker holds, without and with the parked states' keys (``parked``: decode's
-beats with handoff=redis keep kvstate:{id} alive with the lease; every other beat leaves them
-alone: shm and cuda_ipc park none in Redis): the call's wall time and Redis's own (INFO commandstats'
+beats, once it claimed a Redis-carried handoff, keep kvstate:{id} alive with the lease; every other
+beat leaves them alone: shm and cuda_ipc park none in Redis): the call's wall time and Redis's own (INFO commandstats'
 EVALSHA usec, reset before each call; steadier on a loaded machine). Real Redis (embedded), one
 client, each lease held, no state parked (shm's case); the two kinds alternate, medians of
 ``--rounds`` calls each.

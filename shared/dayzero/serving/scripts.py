@@ -63,7 +63,8 @@ end
 
 def parked_state(parked: bool) -> tuple[str, ...]:
     """The key family TAKE and HEARTBEAT keep alive with a lease where a state can be parked in Redis
-    (decode's claims, handoff=redis); none elsewhere: no state is parked there, no key read for it."""
+    (decode's, once it claims a state handed off through Redis); none elsewhere: no state is parked
+    there, no key read for it."""
     return ("kvstate",) if parked else ()
 
 
