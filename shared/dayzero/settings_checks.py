@@ -26,16 +26,19 @@ def comma_list(value: object, keep_empty: bool) -> object:
 
 def keys_a_client_can_send(keys: list[str]) -> list[str]:
     """An empty key would accept every request without one (its Bearer key reads as ""), one with
-    surrounding spaces matches no header (HTTP strips them), and one beyond printable ASCII is a
-    header httpx and curl refuse to send (``dayzero up --example`` died on it, taking the stack
-    down with it): refused, not silent."""
+    surrounding spaces matches no header (HTTP strips them), and one beyond printable ASCII is no
+    Bearer token (RFC 6750): clients send it as bytes they do not agree on (curl UTF-8) or not at
+    all (httpx: ``dayzero up --example`` died on it, taking the stack down): refused, not silent."""
     for i, key in enumerate(keys):  # (a key is a secret: named by its place, not shown)
         if not key.strip():
             raise ValueError("an empty key would let every request in without one; leave it out")
         if key != key.strip():
             raise ValueError(f"key {i} has surrounding whitespace, which no Authorization header can carry")
         if not all(" " <= c <= "~" for c in key):
-            raise ValueError(f"key {i} has a character beyond printable ASCII, which HTTP clients cannot send")
+            raise ValueError(
+                f"key {i} has a character outside printable ASCII (a tab, 'é'), which clients send as differing bytes"
+                " (curl: UTF-8) or not at all (httpx); use printable ASCII"
+            )
     return keys
 
 
