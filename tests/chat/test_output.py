@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from dayzero.chat.auto_grammar import auto_calls_grammar
 from dayzero.chat.grammar import dsml_symbol
-from dayzero.chat.output import AssistantStream, parse_message
+from dayzero.chat.output import AssistantStream, _Unmarked, parse_message
 from dayzero.chat.tokens import DSML, END_THINK, THINK
 
 CALL = '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>'
@@ -92,3 +94,28 @@ def test_a_mark_within_the_thought_is_dropped_in_order_streamed_or_whole(codec, 
     assert "".join(p.reasoning for p in parts) == whole.reasoning and "".join(p.content for p in parts) == "Hi"
     answered = next(i for i, p in enumerate(parts) if p.content)
     assert not any(p.reasoning for p in parts[answered + 1 :]), parts
+
+
+def _unmarked_by_hand(text: str, marks: tuple[str, ...]) -> str:
+    """The text walked one character at a time, a mark dropped as soon as what is kept ends with it."""
+    kept = ""
+    for char in text:
+        kept += char
+        kept = next((kept[: -len(m)] for m in marks if kept.endswith(m)), kept)
+    return kept
+
+
+@pytest.mark.parametrize("marks", [(THINK, END_THINK), (THINK, END_THINK, DSML)])
+def test_marks_dropped_in_random_pieces_as_one_character_at_a_time(marks):
+    """Marks are removed at the places they can complete, not at every character: a closer after a
+    removal joins what was held (``<</think>think>``), a mark written in the piece completes alone.
+    Random texts of marks, their parts and nests, cut at random, against the walk by hand."""
+    rng = random.Random(16)
+    parts = ["<", "</", "think>", "hink>", ">", "x", DSML, "｜", "DSML", "｜DS", "ML｜", "<thi", "nk>", "<<", "｜｜"]
+    for _ in range(3000):
+        text = "".join(rng.choice(parts + list(marks)) for _ in range(rng.randint(0, 40)))
+        cuts = sorted(rng.choices(range(len(text) + 1), k=rng.randint(1, 10)))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        unmarked = _Unmarked(marks)
+        streamed = "".join(unmarked.feed(p) for p in pieces[:-1]) + unmarked.feed(pieces[-1], last=True)
+        assert streamed == _unmarked_by_hand(text, marks), pieces
