@@ -98,7 +98,7 @@ def _follower_compiled(group, marker: str) -> None:
         ranks.stop()
         return
     ranks.follow()
-    Path(marker).write_text(repr(copy_host_blocks.signatures))
+    Path(marker).write_text("\n".join(repr(signature) for signature in copy_host_blocks.signatures))
 
 
 def test_a_follower_compiles_the_host_copy_before_it_follows(tmp_path):
@@ -107,7 +107,9 @@ def test_a_follower_compiles_the_host_copy_before_it_follows(tmp_path):
     warm_up_host_copy(pools_for(ModelConfig.from_dict(DEMO_CONFIG), torch.float32, 32))  # a handoff's types
     marker = tmp_path / "compiled"
     run_group(2, _follower_compiled, str(marker))
-    assert marker.read_text() == repr(copy_host_blocks.signatures)
+    followed = set(marker.read_text().splitlines())  # (none without the warm-up)
+    # a handoff's among them (this process may hold others: another test's read-only arrays)
+    assert followed and followed <= {repr(signature) for signature in copy_host_blocks.signatures}
 
 
 def _inputs(model) -> list[BatchInput]:
