@@ -23,7 +23,18 @@ def _requiring(kind: str = "object", **more) -> dict:  # a node whose required "
     return {"type": kind, "properties": {"c": NODE}, "required": ["c"], **more}
 
 
+SHORT_PREFIX = {"type": "array", "prefixItems": [{"type": "null"}], "items": NODE, "minItems": 2}
 NULL_BY_REF = {"type": "object", "anyOf": [{"$ref": "#/$defs/nul"}, _requiring()]}  # (a branch: null)
+
+
+def _chained(end: dict, steps: int = 2, kinds: object = "object") -> dict:
+    """``NODE`` a union of its ``kinds`` with a branch ruled out or not: a $ref ``steps`` links long
+    to ``end``, beside ``_requiring()``."""
+    links = {f"l{i}": {"$ref": f"#/$defs/l{i + 1}"} for i in range(steps - 1)} | {f"l{steps - 1}": end}
+    node = {"type": kinds, "anyOf": [{"$ref": "#/$defs/l0"}, _requiring()]}
+    return _defining(node) | {"$defs": {"node": node, **links}}
+
+
 ENDLESS = {
     "required_ref": _defining(_requiring()),
     "type_list": _defining(_requiring(["object"])),
@@ -31,10 +42,18 @@ ENDLESS = {
     "every_branch": _defining({"anyOf": [_requiring(), {"$ref": "#/$defs/node"}]}),
     "additional": _defining({"type": "object", "additionalProperties": NODE, "required": ["c"]}),
     "least_items": _defining({"type": "array", "items": NODE, "minItems": 1}),
+    # (items past a prefix shorter than minItems are ``items``': its prefix alone was read, let through)
+    "items_past_a_short_prefix": _defining(
+        _requiring(), {"type": "object", "properties": {"s": SHORT_PREFIX}, "required": ["s"]}
+    ),
     # a branch its sibling type rules out (llguidance drops it): n's alone
     "branch_ruled_out": _defining({"type": "object", "anyOf": [{"type": "null"}, _requiring()]}),
     "one_of_ruled_out": _defining({"type": "object", "oneOf": [{"type": ["null", "string"]}, _requiring()]}),
     "ref_branch_ruled_out": _defining(NULL_BY_REF) | {"$defs": {"node": NULL_BY_REF, "nul": {"type": "null"}}},
+    # ... behind a $ref to a $ref (the union's pruning followed one step: let through)
+    "ref_chain_branch_ruled_out": _chained({"type": "null"}),
+    "ref_chain_const_branch_ruled_out": _chained({"const": None}, steps=3),
+    "ref_chain_enum_branch_ruled_out": _chained({"enum": [None, 1]}),
     "const_branch_ruled_out": _defining({"type": "object", "anyOf": [{"const": None}, _requiring()]}),
     "enum_branch_ruled_out": _defining({"type": "object", "anyOf": [{"enum": [None, "x", 1]}, _requiring()]}),
     "root": {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
@@ -62,6 +81,13 @@ FINITE = {  # (a schema, a finite value of it)
     ),
     "a_const_integer_is_a_number": (_defining({"type": "number", "anyOf": [{"const": 2}, _requiring()]}), {"s": 2}),
     "an_integer_is_a_number": (_defining({"type": "number", "anyOf": [{"type": "integer"}, _requiring()]}), {"s": 1}),
+    "a_ref_chain_to_its_types": (_chained({"type": "null"}, kinds=["object", "null"]), {"s": None}),
+    "a_ref_chain_to_an_object": (_chained({"type": "object"}, steps=3), {"s": {}}),
+    "a_prefix_as_long_as_its_least": (
+        _defining({"type": "array", "prefixItems": [{}], "items": NODE, "minItems": 1}),
+        {"s": [1]},
+    ),
+    "a_short_prefix_items_any": (_defining({"type": "array", "prefixItems": [NODE], "minItems": 0}), {"s": []}),
     "no_least_items": (_defining({"type": "array", "items": NODE}), {"s": []}),
     "not_required": (_defining(_requiring(), {"type": "object", "properties": {"s": NODE}}), {}),
     "a_pattern_may_hold_it": (

@@ -29,9 +29,7 @@ def endless_problem(schema: object) -> str | None:
     for node in nodes:
         conditions = [{id(sub)} for sub in _needed(node, schema, id(node) not in elsewhere) if _walked(sub, walked)]
         unions = [
-            union
-            for union in _unions(node, schema, id(node) not in elsewhere)
-            if union and all(_walked(s, walked) for s in union)
+            union for union in _unions(node, schema, elsewhere) if union and all(_walked(s, walked) for s in union)
         ]
         conditions += [{id(sub) for sub in union} for union in unions]
         waits[id(node)] = len(conditions)
@@ -91,27 +89,34 @@ def _needed(node: dict, root: dict, resolved: bool) -> list[object]:
         needed += [properties.get(name, others) for name in required if isinstance(name, str)]
     least = node.get("minItems")
     if kind == "array" and isinstance(least, int) and not isinstance(least, bool) and least > 0:
-        prefix = node.get("prefixItems")
-        needed += prefix[:least] if isinstance(prefix, list) else [node.get("items")]
+        # (the items past a prefix shorter than minItems: ``items``' own, [{}] with minItems 2 and an
+        # endless ``items`` was let through, every reply failed "Too many items" past its first item)
+        prefix = node.get("prefixItems") if isinstance(node.get("prefixItems"), list) else []
+        needed += prefix[:least] + ([node.get("items")] if len(prefix) < least else [])
     return needed
 
 
-def _unions(node: dict, root: dict, resolved: bool) -> list[list]:
+def _unions(node: dict, root: dict, elsewhere: set[int]) -> list[list]:
     """``node``'s anyOf and oneOf (a value satisfies one branch of each), less the branches its own
     ``type`` rules out (llguidance drops them: ``{"type": "object", "anyOf": [{"type": "null"}, n]}``
     is n's alone; read as satisfied by its null, one requiring itself failed every reply "Too many
-    items"; a branch's $ref to a null's: its type read there, where ``resolved``). A union left with
+    items"; a branch's $ref to a null's: its type read there, unless ``elsewhere``). A union left with
     none is left to llguidance ("Unsatisfiable schema")."""
     kinds = _kinds(node)
     unions = [union for key in ("anyOf", "oneOf") if isinstance(union := node.get(key), list) and union]
-    return [[branch for branch in union if _meet(kinds, _branch_kinds(branch, root, resolved))] for union in unions]
+    return [[branch for branch in union if _meet(kinds, _branch_kinds(branch, root, elsewhere))] for union in unions]
 
 
-def _branch_kinds(branch: object, root: dict, resolved: bool) -> set[str] | None:
-    """The JSON types a union's ``branch`` allows: its own ``type``'s, else its $ref's (one step;
-    where it is read against ``root``: neither within nor at an ``$id`` of its own)."""
-    own = isinstance(branch, dict) and ({"type", "$id"} & branch.keys() or not resolved)
-    if isinstance(branch, dict) and not own and isinstance(ref := branch.get("$ref"), str):
+def _branch_kinds(branch: object, root: dict, elsewhere: set[int]) -> set[str] | None:
+    """The JSON types a union's ``branch`` allows: its own ``type``'s, else those at the end of its
+    $ref's chain (each link read against ``root``: not ``elsewhere``, within an ``$id`` of its own;
+    a ``$ref`` to a ``$ref`` to a null's, followed one step, was read as any type: a branch
+    llguidance drops taken as satisfiable, every reply failing "Too many items")."""
+    followed: set[int] = set()  # (a chain leading back to itself: any type)
+    while isinstance(branch, dict) and id(branch) not in elsewhere and id(branch) not in followed:
+        if {"type", "$id", "const", "enum"} & branch.keys() or not isinstance(ref := branch.get("$ref"), str):
+            break
+        followed.add(id(branch))
         branch = resolve(root, ref)
     return _kinds(branch) if isinstance(branch, dict) else None
 
