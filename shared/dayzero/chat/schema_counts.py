@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from .schema_classes import CASELESS, class_end, posix_spelled
 from .schema_splits import MOST_SPLITS, split_ways
 
 # characters the counts of one request's grammar may spell, in all: llguidance's lexer builds ~9
@@ -28,12 +29,9 @@ MOST_TOLD = 10**12
 # in 0.06 s); a ninth of a character counted
 STATES_PER_CHAR, NARROW_STATES = 9, 1
 _QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")  # a quantifier's {n}, {n,}, {n,m}
-_CLASS = re.compile(r"\[\^?\]?(?:\\.|[^\]\\])*\]?")  # a character class, as one atom
 # a class of ASCII characters only (none negated, nor \s, \p, \W, \D, \S: they hold others; nor
 # \x{..}, \u: [\x{10000}-\x{10FFFF}]{30000} failed a reply 33,319 bytes in; \x00-\x7F are ASCII)
 _NARROW_CLASS = re.compile(r"\[(?!\^)\]?(?:\\(?:x[0-7][0-9A-Fa-f]|(?![WDSsPpxuU])[!-~])|[ -\[\^-~])*\]")
-# case-insensitive: (?i)[a-z] holds the Kelvin sign and the long s (a reply of 30,000 failed 16,663 bytes in)
-_CASELESS = re.compile(r"\(\?[a-zA-Z]*i")
 _NARROW_ESCAPES = ("d", "w")  # \d, \w: [0-9], [A-Za-z0-9_] in llguidance's regexes
 
 
@@ -56,7 +54,8 @@ def _counted(regex: str, weigh: bool) -> int:
     wide, most = (STATES_PER_CHAR, MOST_TOLD * STATES_PER_CHAR) if weigh else (1, MOST_TOLD)
     # a ninth only for a class counted outside any group: within a counted one its states multiply
     # ((\d{1,2}){18000}, 4,000 weighed so: "too many expressions" 2,227 bytes into a reply)
-    narrow = weigh and not _CASELESS.search(regex)
+    # (case-insensitive: (?i)[a-z] holds the Kelvin sign and the long s: 30,000 failed 16,663 bytes in)
+    narrow = weigh and not CASELESS.search(regex)
     i = 0
     while i < len(regex):
         char = regex[i]
@@ -73,9 +72,10 @@ def _counted(regex: str, weigh: bool) -> int:
             groups[-1] += added
             last = added or wide  # (a group counting nothing itself: a character)
         elif char == "[":
-            ascii_class = narrow and len(groups) == 1 and _NARROW_CLASS.match(regex, i)
-            i = _CLASS.match(regex, i).end() - 1
-            last = NARROW_STATES if ascii_class and ascii_class.end() == i + 1 else wide
+            end = class_end(regex, i)  # (a POSIX class by what it holds: [[:alpha:]] is [A-Za-z])
+            spelled = posix_spelled(regex[i:end]) if narrow and len(groups) == 1 else None
+            last = NARROW_STATES if spelled is not None and _NARROW_CLASS.fullmatch(spelled) else wide
+            i = end - 1
         elif char == "\\":
             i += 1
             last = NARROW_STATES if narrow and len(groups) == 1 and regex[i : i + 1] in _NARROW_ESCAPES else wide

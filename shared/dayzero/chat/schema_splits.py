@@ -15,6 +15,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from .schema_classes import class_end
+
 # ways a regular expression's counted groups may split a reply's text among their repeats, in all
 # (a count of ~800 failed the lexer first: ``(.{2,3}){1000}``, 3,000 characters, writes whole at 667)
 MOST_SPLITS = 600
@@ -89,32 +91,12 @@ def split_ways(regex: str) -> int:
             top.add(None)
         else:
             if char == "[":
-                i = _class_end(regex, i) - 1
+                i = class_end(regex, i) - 1
             elif char == "\\":
                 i = _ESCAPE.match(regex, i).end() - 1 if i + 1 < len(regex) else i
             top.add((1, 1))
         i += 1
     return ways
-
-
-def _class_end(regex: str, start: int) -> int:
-    """Where the character class opened at ``start`` ends (past its "]"; the text's end: none), its
-    nested classes within it (``[a[bc]]``, ``[[:alpha:]]``: one character, as "]" ended them
-    before: ``([[:alpha:]]|..){1900}`` was let through to fail every reply)."""
-    depth, i = 0, start
-    while i < len(regex):
-        if regex[i] == "\\":
-            i += 1
-        elif regex[i] == "[":
-            depth += 1
-            i += regex.startswith("^", i + 1)  # (a "]" first in a class, negated or not, is a character)
-            i += regex.startswith("]", i + 1)
-        elif regex[i] == "]":
-            depth -= 1
-            if not depth:
-                return i + 1
-        i += 1
-    return len(regex)
 
 
 def _ways(lengths: tuple[float, float], repeats: float) -> int:
