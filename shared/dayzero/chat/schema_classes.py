@@ -1,10 +1,13 @@
 """Character classes of a regular expression as llguidance reads them (Rust's regex syntax): where
 one ends, the classes nested within it (``[a[bc]]``, ``[[:alpha:]]``); a POSIX class by the ASCII
-characters it holds (``[[:alpha:]]`` is ``[A-Za-z]`` to it)."""
+characters it holds (``[[:alpha:]]`` is ``[A-Za-z]`` to it); and the characters an atom of one
+character may read, of some tried (``characters``: two atoms sharing none share no character)."""
 
 from __future__ import annotations
 
+import functools
 import re
+import warnings
 
 # the POSIX classes, ASCII only in Rust's regex syntax (measured, llguidance 1.9: a reply of
 # ``[[:alpha:]]{52000}`` failed 49,969 characters in, as ``[a-z]``'s; ``[[:^alpha:]]{6000}`` 5,552)
@@ -26,6 +29,9 @@ POSIX = {
 }
 _POSIX = re.compile(r"\[:(\^?)([a-z]*):\]")
 CASELESS = re.compile(r"\(\?[a-zA-Z]*i")  # an i flag: (?i), (?ix:...)
+# characters an atom is tried on: ASCII, and some outside it (a Kelvin sign, an emoji, ...)
+_TRIED = [chr(c) for c in range(128)] + ["\u00e9", "\u212a", "\u017f", "\u4e2d", "\u0660", "\U0001f600"]
+_ALL = frozenset(_TRIED)
 
 
 def class_end(regex: str, start: int) -> int:
@@ -55,3 +61,22 @@ def posix_spelled(text: str) -> str | None:
     if any(negated or name not in POSIX for negated, name in names):
         return None
     return _POSIX.sub(lambda found: POSIX[found[2]], text)
+
+
+@functools.lru_cache(maxsize=4096)
+def characters(atom: str | None, caseless: bool) -> frozenset[str]:
+    """The characters of ``_TRIED`` that ``atom`` (the text of one character: a literal, an escape,
+    ".", a class; None: a group) may read, as Python reads it: all of them where it cannot read one
+    (a group, ``\\pL``, a class nested within a class) or reads none of them (``[\\u0100]``), so
+    two atoms sharing none of them share no character."""
+    spelled = posix_spelled(atom) if atom is not None and atom.startswith("[") else atom
+    if spelled is None or spelled.startswith("[") and "[" in spelled[1:].replace("\\[", ""):
+        return _ALL
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (Python's FutureWarning on a "[" within a class)
+            # (caseless: Unicode's folding, as Rust's: (?i)k reads the Kelvin sign)
+            reading = re.compile(spelled, re.IGNORECASE if caseless else re.ASCII)
+    except (re.error, OverflowError, RecursionError):
+        return _ALL
+    return frozenset(c for c in _TRIED if reading.fullmatch(c)) or _ALL

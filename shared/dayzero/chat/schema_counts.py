@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 
 from .schema_classes import CASELESS, class_end, posix_spelled
-from .schema_splits import MOST_SPLITS, split_ways
+from .schema_splits import MOST_AFTER_UNBOUNDED, MOST_SPLITS, counted_after_unbounded, split_ways
 
 # characters the counts of one request's grammar may spell, in all: llguidance's lexer builds ~9
 # states a character counted (a string's character, ``.``: UTF-8's bytes) under ``parser_limits``'
@@ -99,7 +99,8 @@ class CountedChars:
     def problem(self, node: dict) -> str | None:
         """A count of ``node`` past ``MOST_COUNTED_CHARS`` alone, or with the counts seen before it
         (None: none): its minLength, or its regular expressions' counts (a reply could never be written
-        whole), or their counted groups of varying length past ``MOST_SPLITS`` (``schema_splits``). A
+        whole), or their counted groups of varying length past ``MOST_SPLITS`` (``schema_splits``), or
+        a count after a repeat without bound of its characters past ``MOST_AFTER_UNBOUNDED``. A
         maxLength past it is clamped instead (``as_llguidance``: shorter still satisfies it)."""
         most, low = MOST_COUNTED_CHARS, node.get("minLength")
         repeats = ((regex, counted_weight(regex)) for regex in regexes(node))
@@ -119,6 +120,9 @@ class CountedChars:
         if (ways := sum(map(split_ways, regexes(node)))) > MOST_SPLITS:
             why = f"its repeats split a reply's text {_told(ways)} ways, at most {MOST_SPLITS} can be enforced"
             return f"a regular expression repeating a group of varying length: {why}"
+        if (repeats := max(map(counted_after_unbounded, regexes(node)), default=0)) > MOST_AFTER_UNBOUNDED:
+            most, what = MOST_AFTER_UNBOUNDED, "a regular expression counting repeats after a repeat without bound"
+            return f"{what} of the same characters: {_told(repeats)} repeats, at most {most:,} can be enforced"
         return None
 
 

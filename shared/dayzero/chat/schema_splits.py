@@ -11,20 +11,31 @@ group of lengths [lo, hi] fails where ``written * (1/lo - 1/hi) * (hi - lo + 1)`
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
 
-from .schema_classes import class_end
+from .schema_classes import CASELESS, characters, class_end
 
 # ways a regular expression's counted groups may split a reply's text among their repeats, in all
 # (a count of ~800 failed the lexer first: ``(.{2,3}){1000}``, 3,000 characters, writes whole at 667)
 MOST_SPLITS = 600
+# repeats one count may hold after a repeat without bound of characters it shares: past some, each
+# character written builds its lexer a branch more (``.*.{2000}``: ``.*.{2000} | .{1999} | ...``).
+# Measured (llguidance 1.9, the gateway's limits), a reply written on past the count: in a closed
+# object ``.*.{n}`` is written whole to n = 1,550 and fails 1,558 characters in from 1,600 (``a*.{n}``
+# 1,512 in from 1,550; ``.*a{2000}``, ``.*-.{2000}``, ``(.*)x{2000}`` ~1,515); in an open one
+# (additionalProperties) sooner: ``.*.{1000}`` whole, ``.*.{1200}`` 1,060 in (``\w*\d{2000}``,
+# ``[[:alpha:]]*[[:alpha:]]{2000}``, ``.*.{2000,}``, ``.*.{1,2000}`` ~1,060; ``.*(ab){1300}`` 2,125,
+# its 1,062nd repeat). None shared, none: ``a*b{2000}``, ``[a-z]*[0-9]{2000}`` written whole
+MOST_AFTER_UNBOUNDED = 1_000
 _QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")  # {n}, {n,}, {n,m}
 # an escape of one character: \x{10000}, \x61, \u0061, \U00000061, \p{L}, \pL (read a character a
 # backslash, ``(\pL|..){1900}`` was lengths [2, 2], let through: every reply failed 332 bytes in)
 _ESCAPE = re.compile(r"\\(?:[xuUpP]\{[^}]*\}|x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|[pP].|.)", re.DOTALL)
 _FLAGS = re.compile(r"[A-Za-z-]*")  # (?flags) and (?flags:...): i, x, -x, ...
+_MOST_ATOMS_READ = 64  # atoms repeated without bound read before one count (4,000 distinct: 0.6 s)
 _MOST_DIGITS = 12  # a count of more is read as 10^12 (Python reads no number of over 4,300 digits)
 
 
@@ -33,7 +44,12 @@ class _Group:
     branches: list[tuple[float, float]] = field(default_factory=list)  # finished branches' [lo, hi]
     sequence: tuple[float, float] = (0, 0)  # the branch being read, but its last atom
     last: tuple[float, float] | None = None  # the last atom's [lo, hi] (None: none a count may repeat)
+    text: str | None = None  # the last atom's text, a character's (None: a group's)
     verbose: bool = False  # under the x flag: whitespace and # comments are no characters
+    # the atoms (their texts) repeated without bound: before the atom read in the branch being read
+    # (its groups' too), and in the finished branches
+    unbounded: set[str | None] = field(default_factory=set)
+    unbounded_branches: set[str | None] = field(default_factory=set)
 
     def add(self, atom: tuple[float, float] | None) -> None:
         """Read ``atom`` after the last one (None: an anchor, a quantifier's end)."""
@@ -50,7 +66,21 @@ class _Group:
 def split_ways(regex: str) -> int:
     """The ways ``regex``'s counted groups of varying length split a reply's text among their
     repeats, added up (see the module's docstring); 0 where none varies."""
-    groups, ways, i = [_Group()], 0, 0
+    return _read(regex)[0]
+
+
+def counted_after_unbounded(regex: str) -> int:
+    """The most repeats one count of ``regex`` holds after a repeat without bound that may read the
+    same characters (its own branch's, or an enclosing group's, before it), of those past
+    ``MOST_AFTER_UNBOUNDED`` (0: none): ``.*.{2000}`` 2,000, ``.*(ab){1200}`` 1,200,
+    ``[a-z]*[0-9]{2000}`` 0."""
+    return _read(regex)[1]
+
+
+@functools.lru_cache(maxsize=256)
+def _read(regex: str) -> tuple[int, int]:
+    groups, ways, after, i = [_Group()], 0, 0, 0
+    caseless = bool(CASELESS.search(regex))
     while i < len(regex):
         char, top = regex[i], groups[-1]
         if top.verbose and (char.isspace() or char == "#"):  # ((?x)(. |..){1900}: [2, 2] read, no ways)
@@ -61,7 +91,12 @@ def split_ways(regex: str) -> int:
             if top.last is not None:
                 low = _number(count[1])
                 high = low if count[2] is None else _number(count[2]) if count[2] else math.inf
-                ways += _ways(top.last, high if high < math.inf else low)
+                repeats = high if high < math.inf else low
+                ways += _ways(top.last, repeats)
+                if repeats > MOST_AFTER_UNBOUNDED and _shared(top.text, groups, caseless):
+                    after = max(after, repeats)
+                if high == math.inf:
+                    top.unbounded.add(top.text)
                 top.last = (_times(top.last[0], low), _times(top.last[1], high))
             top.add(None)
             i = count.end()
@@ -78,25 +113,43 @@ def split_ways(regex: str) -> int:
         elif char == ")" and len(groups) > 1:
             groups.pop()
             groups[-1].add(top.lengths())
+            groups[-1].text = None
+            groups[-1].unbounded |= top.unbounded | top.unbounded_branches  # (``(.*)x{2000}``: after it)
         elif char == "|":
             top.add(None)
             top.branches.append(top.sequence)
             top.sequence = (0, 0)
+            top.unbounded_branches |= top.unbounded
+            top.unbounded = set()
         elif char in "*+?":
             if top.last is not None:
+                if char != "?":
+                    top.unbounded.add(top.text)
                 lo, hi = top.last
                 top.last = (0 if char != "+" else lo, hi if char == "?" else math.inf)
             top.add(None)  # (a lazy or possessive mark after it: nothing to repeat)
         elif char in "^$":
             top.add(None)
         else:
+            start = i
             if char == "[":
                 i = class_end(regex, i) - 1
             elif char == "\\":
                 i = _ESCAPE.match(regex, i).end() - 1 if i + 1 < len(regex) else i
             top.add((1, 1))
+            top.text = regex[start : i + 1]
         i += 1
-    return ways
+    return ways, after
+
+
+def _shared(atom: str | None, groups: list[_Group], caseless: bool) -> bool:
+    """Whether ``atom`` may read a character one of the atoms repeated without bound before it in
+    ``groups`` (those open) reads (``characters``); past ``_MOST_ATOMS_READ`` of them, taken as so
+    (each read costs Python a regex's compile)."""
+    before = {text for group in groups for text in group.unbounded}
+    if len(before) > _MOST_ATOMS_READ:
+        return True
+    return bool(characters(atom, caseless) & frozenset().union(*(characters(t, caseless) for t in before)))
 
 
 def _ways(lengths: tuple[float, float], repeats: float) -> int:

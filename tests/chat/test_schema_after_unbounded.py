@@ -1,0 +1,80 @@
+"""A count after a repeat without bound of the same characters (dayzero.chat.schema_splits'
+``counted_after_unbounded``): each character written builds llguidance's lexer a branch more, checked
+against llguidance itself: what is refused fails a reply that writes on past it, what is let through
+is written whole."""
+
+from __future__ import annotations
+
+import pytest
+
+from dayzero.chat.schema_size import size_problem
+from dayzero.chat.schema_splits import MOST_AFTER_UNBOUNDED, counted_after_unbounded
+
+from .lexer_replies import DEFAULTS, fails_mid_reply, strings
+
+
+def _opened(pattern: str) -> dict:  # (more properties allowed: its lexer fails sooner than a closed one's)
+    return {"type": "object", "properties": {"s0": {"type": "string", "pattern": pattern}}, "required": ["s0"]}
+
+
+@pytest.mark.parametrize(
+    "regex, repeats",
+    [
+        ("^.*.{2000}$", 2000),
+        ("^.+.{1,2000}$", 2000),  # (its larger bound)
+        ("^.*.{2000,}$", 2000),  # (its least, none larger)
+        ("^.*-.{2000}$", 2000),  # (a character between, which the repeat reads too)
+        ("^(.*)x{2000}$", 2000),  # (within a group before it)
+        ("^(a|.*|b).{2000}$", 2000),
+        ("^.*(ab){1200}$", 1200),  # (a group's repeats)
+        ("^(ab)*(ab){1200}$", 1200),
+        ("^.*.{1000}$", 0),  # (within MOST_AFTER_UNBOUNDED: not read)
+        (r"^\w*\d{2000}$", 2000),
+        ("^[[:alpha:]]*[[:alpha:]]{2000}$", 2000),
+        ("(?i)^k*K{2000}$", 2000),  # (case-insensitive: the same letter)
+        ("^.{2000}.*$", 0),  # (the count first)
+        ("^a*b{2000}$", 0),  # (no character in common)
+        ("^[a-z]*[0-9]{2000}$", 0),
+        ("^[[:alpha:]]*[[:digit:]]{2000}$", 0),
+        ("^(a*|b)|.{2000}$", 0),  # (another branch's)
+        ("^.?.{2000}$", 0),  # (a bound)
+    ],
+)
+def test_counted_after_unbounded(regex, repeats):
+    assert counted_after_unbounded(regex) == repeats
+
+
+@pytest.mark.parametrize(
+    "schema, reply",
+    [
+        (strings({"pattern": "^.*.{2000}$"}), "a" * 2100),  # 1,558 characters in
+        (strings({"pattern": "^a*.{2000}$"}), "a" * 2100),  # 1,512
+        (strings({"pattern": "^.*-.{2000}$"}), "-" * 2100),  # 1,512
+        (_opened("^.*.{1200}$"), "a" * 1800),  # 1,060
+        (_opened(r"^\w*\d{2000}$"), "1" * 2100),  # 1,063 (a closed object's writes it whole)
+        (_opened("^.*(ab){1300}$"), "ab" * 1400),  # 2,125: its 1,062nd repeat
+    ],
+    ids=["closed", "a_literal_before", "a_character_between", "open", "ascii_classes", "a_group"],
+)
+def test_a_count_after_an_unbounded_repeat_is_refused(schema, reply):
+    """Each let through (counted within ``MOST_COUNTED_CHARS``, no group of varying length): every
+    reply writing on past it failed ("too many expressions constructed"), a broken stream after a 200."""
+    assert fails_mid_reply(schema, {"s0": reply})
+    problem = size_problem([schema], DEFAULTS) or ""
+    assert "after a repeat without bound" in problem and f"at most {MOST_AFTER_UNBOUNDED:,}" in problem, problem
+
+
+@pytest.mark.parametrize(
+    "schema, reply",
+    [
+        (_opened(f"^.*.{{{MOST_AFTER_UNBOUNDED}}}$"), "a" * 1600),
+        (_opened(f"^.*(ab){{{MOST_AFTER_UNBOUNDED}}}$"), "ab" * 1100),
+        (_opened("^.{2000}.*$"), "a" * 2600),
+        (_opened("^a*b{2000}$"), "a" * 100 + "b" * 2000),
+        (_opened("^[a-z]*[0-9]{2000}$"), "x" * 100 + "1" * 2000),
+    ],
+    ids=["the_most", "the_most_groups", "the_count_first", "no_literal_in_common", "no_class_in_common"],
+)
+def test_what_a_reply_writes_whole_is_let_through(schema, reply):
+    assert size_problem([schema], DEFAULTS) is None
+    assert not fails_mid_reply(schema, {"s0": reply})
