@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
+import pytest
 import redis
 import redis.asyncio as aioredis
 
@@ -184,6 +185,21 @@ def test_heartbeat_refreshes_only_its_own_leases_and_names_the_ones_it_lost(redi
     assert store.r.pttl(key("lease", "b1")) > 10_000  # refreshed
     assert store.owner("b2") == "decode1" and store.owner("b3") is None  # never taken back, never made
     assert store.heartbeat([], "decode0", 30, {}) == []
+
+
+@pytest.mark.parametrize("count, runs", [(6, 2), (5, 1), (4, 2), (7, 2)])  # the keys are two leases of 5
+def test_a_heartbeat_whose_keys_are_not_whole_leases_is_refused_and_refreshes_none(redis_url, count, runs):
+    """Read 6 at a time, two requests' 10 keys refreshed the first lease and took the second's lease key
+    for the first's parked state, the second unread and not lost; read 5 at a time with one run, the
+    second lease was refreshed for a run it was not given. Now the script refuses and writes nothing."""
+    store = Lifecycle(redis.Redis.from_url(redis_url))
+    for rid in ("k1", "k2"):
+        store.take(rid, 0, "decode0", 30)
+        store.r.pexpire(key("lease", rid), 5_000)
+    keys = [key(family, rid) for rid in ("k1", "k2") for family in ("lease", "attempt", "done", "queued", "req")]
+    with pytest.raises(redis.ResponseError, match="are not leases of"):
+        store._heartbeat(keys=keys, args=["decode0", 30_000, count, *[0] * runs])
+    assert all(store.r.pttl(key("lease", rid)) <= 5_000 for rid in ("k1", "k2"))  # neither refreshed
 
 
 def test_take_loads_its_script_again_after_a_flush(redis_url):

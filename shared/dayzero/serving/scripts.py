@@ -204,11 +204,17 @@ return taken
 # Redis was out, or a step ran, past a lease) is taken back while its run is still the request's
 # current one: no re-run began (the attempt is the run's; the reaper's re-run bumps it in the script
 # that would see this lease), it has not ended, no message of it waits, its record is there. The
-# answer lists (1-based) the rest: re-run elsewhere, ended, gone with Redis's data.
+# answer lists (1-based) the rest: re-run elsewhere, ended, gone with Redis's data. Keys that are not
+# whole leases of 5 or 6, or runs not one per lease, are refused: read by a wrong count, one request's
+# keys were another's (a lease refreshed as a parked state) and leases went unread, none lost.
 HEARTBEAT = (
     OUTLIVE
     + """
 local lost, n = {}, tonumber(ARGV[3])
+if (n ~= 5 and n ~= 6) or #KEYS % n ~= 0 or #ARGV ~= 3 + #KEYS / n then
+    return redis.error_reply('HEARTBEAT: ' .. #KEYS .. ' keys and ' .. #ARGV - 3 .. ' runs are not leases of '
+        .. tostring(ARGV[3]) .. ' keys (5, or 6 with kvstate) and a run each')
+end
 for i = 0, #KEYS / n - 1 do
     local k, run = n * i, ARGV[4 + i]
     local lease = redis.call('GET', KEYS[k + 1])
