@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from dayzero.procs import free_port
 from dayzero.redis_clients import (
+    _KEYS_TAKEN,
     SentinelAddress,
     async_client,
     sentinel_address,
@@ -106,6 +107,34 @@ def test_an_at_sign_in_a_plain_urls_query_value_is_no_cut_password():
     broker does not take, and said so."""
     with pytest.raises(ValidationError, match=r"query takes ssl_\* keys \(TLS\) alone, not client_name: Celery"):
         Settings(redis_url="redis://127.0.0.1:6379/0?client_name=app@web")
+
+
+# redis-py 8.2's: its URL parser's (URL_QUERY_ARGUMENT_PARSERS), its connections' keywords
+# (AbstractConnection's, SSLConnection's), and the sentinel URL's own two
+URL_QUERY_KEYS_TAKEN = {
+    *("db", "health_check_interval", "legacy_responses", "max_connections", "protocol", "retry_on_error"),
+    *("retry_on_timeout", "socket_connect_timeout", "socket_keepalive", "socket_read_size", "socket_timeout"),
+    "timeout",
+    *("password", "username", "client_name", "lib_name", "lib_version", "driver_info", "credential_provider"),
+    *("encoding", "encoding_errors", "decode_responses", "parser_class", "retry", "redis_connect_func"),
+    *("command_packer", "event_dispatcher", "himport_registry", "orig_host_address", "orig_socket_timeout"),
+    *("orig_socket_connect_timeout", "maint_notifications_config", "maint_notifications_pool_handler"),
+    *("maintenance_state", "maintenance_notification_hash", "oss_cluster_maint_notifications_handler"),
+    *("ssl_keyfile", "ssl_certfile", "ssl_cert_reqs", "ssl_include_verify_flags", "ssl_exclude_verify_flags"),
+    *("ssl_ca_certs", "ssl_ca_data", "ssl_check_hostname", "ssl_ca_path", "ssl_password", "ssl_validate_ocsp"),
+    *("ssl_validate_ocsp_stapled", "ssl_ocsp_context", "ssl_ocsp_expected_cert", "ssl_min_version", "ssl_ciphers"),
+    *("sentinel_password", "sentinel_username"),
+}
+
+
+def test_the_query_keys_a_url_takes_are_redis_py_8_2s():
+    """The keys whose value may hold an @ (not a cut password's) are read from redis-py's signatures
+    at import: an upgrade that adds or drops one changes which URLs start. It shows here first."""
+    added, dropped = sorted(_KEYS_TAKEN - URL_QUERY_KEYS_TAKEN), sorted(URL_QUERY_KEYS_TAKEN - _KEYS_TAKEN)
+    assert not added and not dropped, (
+        f"redis-py {redis.__version__} changed the query keys a Redis URL takes: added {added}, dropped {dropped}; "
+        "check what each does in a URL (redis_clients._userinfo_cut, Settings' refusals), then update this list"
+    )
 
 
 @pytest.mark.parametrize(
