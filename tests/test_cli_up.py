@@ -157,7 +157,7 @@ def test_up_gives_up_on_a_redis_it_is_given_that_does_not_answer(url, starred, w
     import sys
 
     from dayzero.procs import free_port
-    from dayzero.stack import REDIS_ANSWER_WITHIN_S
+    from dayzero.stack_start import REDIS_ANSWER_WITHIN_S
 
     closed, logs = free_port(), tmp_path / "logs"
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
@@ -211,7 +211,7 @@ def test_a_log_dir_the_filesystem_refuses_is_one_line_naming_the_flag(log_dir, t
 def test_up_keeps_a_group_size_and_torchrun_variables_from_its_workers():
     """Each worker's ranks come from `up`'s flags: DAYZERO_TENSOR_PARALLEL or torchrun's variables
     in `up`'s environment overrode --decode-tp 1 (and made vision refuse to start)."""
-    from dayzero.stack import inherited
+    from dayzero.service_commands import inherited
 
     group = {"DAYZERO_TENSOR_PARALLEL": "2", "WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
     kept = {"PATH": "/bin", "DAYZERO_DEVICE": "cpu", "LOCAL_RANK_HINT": "x"}

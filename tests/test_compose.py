@@ -12,9 +12,9 @@ from celery import Celery
 
 from dayzero.cli import parser
 from dayzero.redis_clients import sentinel_address
+from dayzero.service_commands import SERVICES, service_argv
 from dayzero.serving.queue import make_celery
 from dayzero.settings import Settings
-from dayzero.stack import SERVICES, service_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -34,58 +34,15 @@ from .procs import (
     start_redis,
     terminate,
 )
-from .redis_clients import sync_client, unreached, without_password
-from .redis_refusals import refused_for_good
+from .service_commands import SERVICES, inherited, service_argv
 from .serving.keys import key
 from .serving.liveness import STAMP_EVERY_S, connect, process_id, seen
 from .shm import unlink_parked_by, unlink_pools_by
+from .stack_start import REDIS_ANSWER_WITHIN_S, StartFailed, answering
 
-SERVICES = ("gateway", "vision", "prefill", "decode")
 STOP_TIMEOUT_S = 10.0  # per group (gateway, workers, redis) before SIGKILL
 LEFT_GROUP_S = 5.0  # what is left of an exited child's process group is SIGKILLed after
 WRITE_CHECK_TTL_S = 10  # up's own write beside its read of the stamps (key up:{process}) lapses after
-REDIS_ANSWER_WITHIN_S = 10.0  # an external Redis that has not answered a ping by then is a failed start
-
-
-def service_argv(service: str, ranks: int = 1) -> list[str]:
-    """The arguments of ``dayzero`` that run one service (a worker of ``ranks`` ranks);
-    docker-compose.yml runs the same."""
-    return ["serve", service, *(["--tensor-parallel", str(ranks)] if ranks > 1 else [])]
-
-
-def inherited(environ: dict[str, str]) -> dict[str, str]:
-    """The environment the children get from ``up``'s, less a group size and torchrun's variables:
-    each worker's ranks are its own (``ranks``), else every child would be a rank of one group
-    (and vision refuses to be one)."""
-    from .parallel.launch import VARIABLES as RENDEZVOUS
-
-    return {k: v for k, v in environ.items() if k not in ("DAYZERO_TENSOR_PARALLEL", *RENDEZVOUS)}
-
-
-def _answering(url: str, within_s: float) -> None:
-    """StartFailed unless the Redis at ``url`` answers a ping within ``within_s``: one that was
-    unreachable (a closed port, a wrong host) kept ``up`` waiting for ever, "waiting: redis
-    unreachable" every 10 s, without --ready-timeout. One that refuses it for good (``refused_for_good``:
-    a wrong password, a user not allowed PING, which waited the 10 s) fails at once."""
-    client = sync_client(url, socket_connect_timeout=2, socket_timeout=2)
-    redis_at = f"the Redis at {without_password(url)} (DAYZERO_REDIS_URL or REDIS_URL)"
-    deadline = time.monotonic() + within_s
-    try:
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.RedisError as exc:
-                if refused := refused_for_good(url, exc):  # a wrong password, a refused PING: no wait mends it
-                    raise StartFailed(f"{redis_at}: {refused}") from None
-                if time.monotonic() >= deadline:
-                    raise StartFailed(
-                        f"{redis_at} did not answer within {within_s:g} s: {unreached(url, exc)}; start it, or unset "
-                        "both to run an embedded one"
-                    ) from None
-                time.sleep(0.5)
-    finally:
-        client.close()
 
 
 @dataclass
@@ -97,10 +54,6 @@ class Child:
     env: dict[str, str] = field(default_factory=dict)  # its own settings beside the stack's
     why: str = "exited"  # why it was last restarted
     started: float = 0.0  # when its process was spawned (time.time())
-
-
-class StartFailed(RuntimeError):
-    """A service cannot start (a bad checkpoint, a missing dependency, a port in use, ...)."""
 
 
 @dataclass
@@ -132,7 +85,7 @@ class Stack:
             raise StartFailed(f"port {self.port} is already in use on {self.host}; stop that process or pass --port")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.redis_url is not None:
-            _answering(self.redis_url, REDIS_ANSWER_WITHIN_S)
+            answering(self.redis_url, REDIS_ANSWER_WITHIN_S)
         embedded = self.redis_url is None
         if embedded:
             self.redis_port = free_port()

@@ -20,7 +20,7 @@ from dayzero.procs import consecutive_ports, free_port, redis_binary, spawn, sta
 from dayzero.redis_clients import SentinelRefused, async_client, sync_client
 from dayzero.serving.queue import make_celery
 from dayzero.settings import Settings
-from dayzero.stack import StartFailed, _answering
+from dayzero.stack_start import StartFailed, answering
 
 from .conftest import wait_until
 
@@ -67,7 +67,7 @@ def _stopped(proc: subprocess.Popen) -> None:
 
 def _answered(url: str) -> bool:
     try:
-        _answering(url, 0)
+        answering(url, 0)
     except StartFailed:
         return False
     return True
@@ -89,7 +89,7 @@ def test_a_refused_sentinel_password_ends_the_start_at_once_saying_so(sentinel, 
     """It waited the whole bound (10 s in ``up``) as for a Redis down, then said the Redis "did not
     answer ...; start it": the sentinel answered, and refused the password (no wait mends that)."""
     with pytest.raises(StartFailed) as failed:
-        _answering(sentinel.url(password), 5)
+        answering(sentinel.url(password), 5)
     said = str(failed.value)
     assert f"sentinel 127.0.0.1:{sentinel.port} {says}" in said and "did not answer" not in said, said
     assert "wrong" not in said  # (the password is starred)
