@@ -17,7 +17,7 @@ from dayzero.kv.pools import pools_for
 from dayzero.model.forward import prefill
 from dayzero.parallel import Group
 from dayzero.sampling import SamplingParams
-from dayzero.serving.runtime import load_ranks
+from dayzero.serving.rank_loading import load_ranks
 from dayzero.settings import Settings
 from dayzero.speculative import Speculation, speculation_problem, speculative_step
 from dayzero.tokenizer import IdsOnlyCodec

@@ -30,7 +30,7 @@ def cmd_demo_checkpoint(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
     from .align import align
     from .parallel.launch import launch_from
-    from .serving.runtime import attention_options
+    from .serving.rank_loading import attention_options
 
     checkpoint = checkpoint_directory(args.checkpoint)
     cfg = ModelConfig.from_file(checkpoint)

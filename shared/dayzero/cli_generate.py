@@ -95,7 +95,7 @@ def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: S
     from .engine import Timings, generate
     from .kv.pools import pools_for
     from .serving.budget import torch_dtype
-    from .serving.runtime import attention_options
+    from .serving.rank_loading import attention_options
     from .speculative import Speculation, speculation_problem
     from .tokenizer import load_codec
 

@@ -108,7 +108,7 @@ def serve_rank(group, service: str, settings: Settings, name: str | None) -> int
     import logging
 
     from .procs import die_with
-    from .serving.runtime import load_ranks
+    from .serving.rank_loading import load_ranks
 
     die_with(os.getppid())
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,0 +1,86 @@
+"""Loading a worker's rank: its share of the model (progress reported every few percent, to the log
+and to ``/ready``) and its attention pools, of the kind its handoff needs."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import redis
+
+from ..checkpoint import load_model
+from ..kv.pools import KVPools
+from ..kv.shared import CudaSharedPools, Segment, SharedPools, sweep_stale
+from ..model.plan import AttentionOptions
+from ..parallel.collectives import Group
+from ..settings import Settings
+from ..speculative import speculation_problem
+from .budget import planned_pools, torch_dtype
+from .liveness import process_id
+from .ranks import KEEPALIVE_S, Ranks
+from .registry import Registry
+
+log = logging.getLogger("dayzero.worker")
+
+
+def attention_options(settings: Settings) -> AttentionOptions:
+    return AttentionOptions(settings.attention_backend, settings.sparse_attention)
+
+
+class LoadProgress:
+    """Weight loading, reported every few percent to the log and to Redis (``/ready`` shows it)."""
+
+    def __init__(self, registry: Registry, worker: str, stage: str, step: int = 5) -> None:
+        self.registry, self.worker, self.stage, self.step = registry, worker, stage, step
+        self.shown, self.started, self.started_at = -step, time.monotonic(), time.time()
+
+    def __call__(self, done: int, total: int) -> None:
+        percent = done * 100 // max(total, 1)
+        if percent >= self.shown + self.step:
+            self.shown = percent
+            log.info("%s loading weights: %d%% (%d/%d tensors)", self.worker, percent, done, total)
+            self._report(percent)
+
+    def done(self) -> None:
+        log.info("%s loaded its weights in %.1f s", self.worker, time.monotonic() - self.started)
+        self._report(None)
+
+    def _report(self, percent: int | None) -> None:
+        with contextlib.suppress(redis.RedisError):  # Redis not up yet: the log still has it
+            self.registry.loading(self.worker, self.stage, percent, process_id(), self.started_at)
+
+
+def load_ranks(
+    settings: Settings, group: Group, shared: bool, on_progress: Callable[[int, int], None] | None = None
+) -> tuple[Ranks, Segment | None]:
+    """This rank's share of the model and its pools (``shared``: another process can read them)."""
+    dtype = torch_dtype(settings)
+    model = load_model(
+        settings.checkpoint_dir(),
+        dtype,
+        group.device,
+        progress=False,
+        expert_cache_bytes=settings.expert_cache_mb << 20,
+        on_progress=on_progress,
+        group=group,
+    )
+    if settings.speculative_tokens and (problem := speculation_problem(model, settings.speculative_tokens)):
+        raise ValueError(f"DAYZERO_SPECULATIVE_TOKENS {problem}")
+    sized = planned_pools(settings, model.cfg)
+    layout = sized.layout
+    segment = None
+    if shared and settings.handoff == "shm":
+        swept = sweep_stale()
+        if swept:
+            log.warning("unlinked %d pool segment(s) left by dead workers: %s", len(swept), swept)
+        pools, segment = SharedPools.create(layout, sized.blocks, dtype)
+    elif shared and settings.handoff == "cuda_ipc":
+        pools = CudaSharedPools.create(layout, sized.blocks, dtype, group.device)
+    else:
+        pools = KVPools(layout, sized.blocks, dtype, group.device)
+    keepalive = min(KEEPALIVE_S, settings.group_timeout_s / 4)
+    options = attention_options(settings)
+    ranks = Ranks(group, model, pools, options, keepalive_s=keepalive, decode_graphs=settings.decode_graphs)
+    return ranks, segment
