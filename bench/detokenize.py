@@ -20,7 +20,8 @@ from options import bench_parser
 
 from dayzero.completion import StopMatcher
 from dayzero.demo import write_demo_checkpoint
-from dayzero.tokenizer import StreamDecoder, TextCodec
+from dayzero.stream_decoder import StreamDecoder
+from dayzero.tokenizer import TextCodec
 
 TEXT = "The quick brown fox jumps over the lazy dog. "
 

@@ -205,7 +205,7 @@ def test_stop_strings_match_only_before_a_bound():
 
 
 def test_tokenizer_round_trip_and_stream_decoder(demo):
-    from dayzero.tokenizer import StreamDecoder
+    from dayzero.stream_decoder import StreamDecoder
 
     _, codec = demo
     text = "dayzero: héllo — 4 bits"

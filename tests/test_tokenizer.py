@@ -9,7 +9,8 @@ import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from dayzero.demo import build_tokenizer, write_demo_checkpoint
-from dayzero.tokenizer import InvalidTextError, PromptTooLongError, StreamDecoder, TextCodec
+from dayzero.stream_decoder import StreamDecoder
+from dayzero.tokenizer import InvalidTextError, PromptTooLongError, TextCodec
 
 # the demo vocabulary's longest string: <｜begin▁of▁sentence｜>, "<" 1 + "｜" 3 + "begin" 5 + "▁" 3
 # + "of" 2 + "▁" 3 + "sentence" 8 + "｜" 3 + ">" 1 bytes

@@ -17,7 +17,8 @@ from .chat.reasoning import ReasoningCount
 from .config import ModelConfig
 from .guided import Guide, allowed_logits
 from .sampling import SamplingParams, logprobs_of, sample, sample_rows
-from .tokenizer import StreamDecoder, TextCodec
+from .stream_decoder import StreamDecoder
+from .tokenizer import TextCodec
 from .usage import usage_counts
 
 

@@ -23,15 +23,15 @@ import functools
 import json
 from pathlib import Path
 
-from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers import Tokenizer
 
+from .byte_level import byte_level_values, max_token_bytes
 from .chat.encoding import CHAT_MODE, ChatOptions, encode_chat
 from .chat.prompts import effort_table_of
 from .chat.tokens import OUTPUT_MARKERS
 from .prompt_head import tokens_of_head
 
 _TEMPLATE_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
-_KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Split", "Digits", "Punctuation"}  # split text, drop none of it
 
 
 class InvalidTextError(ValueError):
@@ -65,7 +65,7 @@ class TextCodec:
         special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
         special |= {i for t in self._tokens.values() if (i := tokenizer.token_to_id(t)) is not None}
         self._hidden = special - {tokenizer.token_to_id(t) for t in OUTPUT_MARKERS}  # left out of decoded text
-        self.max_token_bytes = _max_token_bytes(tokenizer)
+        self.max_token_bytes = max_token_bytes(tokenizer)
 
     @classmethod
     def from_checkpoint(cls, root: str | Path) -> TextCodec:
@@ -135,7 +135,7 @@ class TextCodec:
         text = self._tok.decode([token], skip_special_tokens=False)
         if "\ufffd" not in text:
             return text, text.encode()
-        piece, byte = self._tok.id_to_token(token) or "", _byte_level_values()
+        piece, byte = self._tok.id_to_token(token) or "", byte_level_values()
         return text, bytes(byte[c] for c in piece) if all(c in byte for c in piece) else text.encode()
 
     @functools.cached_property
@@ -240,57 +240,3 @@ def _content(config: Path, key: str, token: str | dict) -> str:
     if not isinstance(text, str):
         raise ValueError(f"{config}: {key} must be a string or an object with a string content, got {token!r}")
     return text
-
-
-def _max_token_bytes(tokenizer: Tokenizer) -> int | None:
-    """The most UTF-8 bytes of text one token can stand for, when the tokenizer is lossless
-    byte-level (then a text of B bytes has at least B / this many tokens); None otherwise.
-
-    Byte-level: no normalizer, pre-tokenizers that split without dropping, ByteLevel's 256 byte
-    characters all in the vocabulary, added tokens that absorb no neighbouring spaces. Then each
-    byte of the text lands in exactly one token, written as one character of its vocabulary string
-    (an added token as its own text), so no token stands for more bytes than its string has."""
-    spec = json.loads(tokenizer.to_str())
-    normalizer, pre = spec.get("normalizer"), spec.get("pre_tokenizer") or {}
-    splitters = pre.get("pretokenizers", [pre])
-    vocab = tokenizer.get_vocab(with_added_tokens=True)
-    lossless = (
-        (normalizer is None or normalizer.get("normalizers") == [])  # none, or an empty Sequence
-        and "ByteLevel" in {p.get("type") for p in splitters}
-        and all(p.get("type") in _KEEPING_PRE_TOKENIZERS and p.get("behavior") != "Removed" for p in splitters)
-        and all(c in vocab for c in pre_tokenizers.ByteLevel.alphabet())
-        and not any(t.lstrip or t.rstrip for t in tokenizer.get_added_tokens_decoder().values())
-    )
-    return max(len(t.encode()) for t in vocab) if lossless else None
-
-
-@functools.cache
-def _byte_level_values() -> dict[str, int]:
-    """ByteLevel's vocabulary characters -> the bytes they write (GPT-2's table: printable bytes
-    as themselves, the other bytes as the characters from U+0100 on, in byte order)."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
-    moved = [b for b in range(256) if b not in kept]
-    return {chr(b): b for b in kept} | {chr(256 + i): b for i, b in enumerate(moved)}
-
-
-class StreamDecoder:
-    """Turns a growing list of ids into text deltas, holding back incomplete UTF-8.
-
-    Each push decodes only the ids since the last text it released, after those of the release
-    before (a decoder may render a token by its neighbours, e.g. a word's leading space): the cost
-    per token stays flat however long the output grows."""
-
-    def __init__(self, codec: TextCodec) -> None:
-        self._codec = codec
-        self._ids: list[int] = []
-        self._context = 0  # ids[_context:_released] decoded as the context of what follows
-        self._released = 0  # the ids up to here are out as text
-
-    def push(self, token: int) -> str:
-        self._ids.append(token)
-        before = self._codec.decode(self._ids[self._context : self._released])
-        text = self._codec.decode(self._ids[self._context :])
-        if len(text) <= len(before) or text.endswith("\ufffd"):  # a multi-byte character is not complete yet
-            return ""
-        self._context, self._released = self._released, len(self._ids)
-        return text[len(before) :]

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .chat.reasoning import ReasoningCount
-from .tokenizer import IdsOnlyCodec, StreamDecoder, TextCodec
+from .stream_decoder import StreamDecoder
+from .tokenizer import IdsOnlyCodec, TextCodec
 
 
 def usage_counts(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None) -> dict:
