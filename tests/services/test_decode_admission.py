@@ -9,6 +9,7 @@ import time
 import redis
 
 from dayzero.params import SamplingParams
+from dayzero.serving.decode_admission import admit
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
@@ -65,7 +66,7 @@ def test_a_steps_arrivals_are_admitted_in_one_round_trip_older_runs_and_duplicat
     store.r.set(key("attempt", "twice"), 1)  # "twice" re-run and delivered again to this worker
     tickets.append(loop.intake.submit(jobs["twice"].model_copy(update={"attempt": 1})))
     loop.waiting.extend(loop.intake.drain(0))
-    loop._admit()
+    admit(loop)
     assert [[(rid, attempt) for rid, attempt, _ in handoffs] for handoffs in calls] == [
         [("a", 0), ("b", 0), ("late", 0), ("twice", 1)]
     ]
@@ -109,7 +110,7 @@ def test_a_waiting_request_whose_cancel_came_with_a_step_s_tokens_ends_without_i
     loop.waiting.extend(loop.intake.drain(0))
     store.cancel("waited")
     loop._append()  # a step's round trip: its tokens (none here), the marks of those active and waiting
-    loop._admit()
+    admit(loop)
     loop._cancel()
     assert imported == [] and runtime.pools.sequences == {} and loop.active == {} and ticket.done.is_set()
     assert store.done("waited") == "cancelled" and store.stream("waited") == ([sent[0].generated[0]], "cancelled")
@@ -212,15 +213,15 @@ def test_waiting_requests_are_admitted_first_come_first_served_none_passing_one_
     loop = DecodeLoop(runtime)
     loop.intake.submit(needing(jobs["holds"], 6000, now - 2))  # 3 + 6000 tokens: 94 blocks
     loop.waiting.extend(loop.intake.drain(0))
-    loop._admit()
+    admit(loop)
     for job in (needing(jobs["small"], 3, now), needing(jobs["large"], 4000, now - 1)):  # 1 block, 63
         loop.intake.submit(job)
     loop.waiting.extend(loop.intake.drain(0))
-    loop._admit()
+    admit(loop)
     assert set(loop.active) == {"fcfs-holds"}
     assert [t.job.request.request_id for t in loop.waiting] == ["fcfs-large", "fcfs-small"]  # in admission order
     loop._finish("fcfs-holds", "stop")
-    loop._admit()
+    admit(loop)
     assert set(loop.active) == {"fcfs-large", "fcfs-small"} and loop.waiting == []
     for rid in ("fcfs-large", "fcfs-small"):
         loop._finish(rid, "stop")

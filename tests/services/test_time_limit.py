@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from dayzero.params import SamplingParams
+from dayzero.serving.decode_admission import admit
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.keys import HANDOFF_OWNER, key
 from dayzero.serving.lifecycle import Lifecycle
@@ -83,7 +84,7 @@ def test_a_request_waiting_in_decode_for_blocks_past_the_time_limit_ends_at_leng
     for batch in (["holds"], ["waited", "in-time"]):
         tickets = [loop.intake.submit(jobs[rid]) for rid in batch]
         loop.waiting.extend(loop.intake.drain(0))
-        loop._admit()
+        admit(loop)
     assert set(loop.active) == {"holds"} and len(loop.waiting) == 2
     loop._end_overdue()
     assert store.done("waited") == "length" and tickets[0].done.is_set()

@@ -17,20 +17,18 @@ import redis
 
 from ..completion import context_limit, next_steps
 from ..guided import GRAMMAR_FAILED
-from ..kv.handoff import LayoutMismatch
-from ..kv.pools import OutOfBlocks
 from ..speculative import Acceptance, Speculation, decode_round
-from .active import Active, admit_state
+from .active import Active
+from .decode_admission import admit
 from .decode_stats import record_step
 from .handoff import Receiver
 from .intake import Intake, Ticket, run_loop
 from .lease import Heartbeat
-from .messages import SAME_LAYOUT, DecodeJob
+from .messages import DecodeJob
 from .room import Arrivals, Room
 from .runtime import Runtime
-from .scripts import Take
 from .time_limit import overdue
-from .waiting import end_overdue, first_come, latest_runs
+from .waiting import end_overdue
 
 log = logging.getLogger("dayzero.decode")
 
@@ -69,7 +67,7 @@ class DecodeLoop:
     def _iteration(self) -> None:
         idle = not self.active and not self.waiting
         self.waiting.extend(self.intake.drain(0.05 if idle else 0))
-        self._admit()
+        admit(self)
         if self.room is not None:
             self.room.consume(busy=bool(self.active))
         self._cancel()
@@ -143,80 +141,9 @@ class DecodeLoop:
         self.r.store.settle(rid, attempt, self.r.name, reason, index, message, usage, code)
         ticket.done.set()
 
-    def _admit(self) -> None:
-        """Admit what the pools can hold, first come first served (waiting.py: none passes one whose
-        blocks are not free), in one round trip however many arrive: once their states are imported,
-        the takes of their handoffs (each claimed on arrival; a run over since is dropped)."""
-        first_come(self.waiting)
-        still, imported, full = [], {}, False
-        for ticket in latest_runs(self.waiting, self.active):
-            self.heartbeat.moved()  # (many states imported at once take long together)
-            job = ticket.job
-            rid = job.request.request_id
-            if rid in self._marked:  # cancelled as it waited (read with the last step's tokens): nothing imported
-                self._settle(ticket, "cancelled", index=len(job.generated))
-                continue
-            total = self._tokens(job)
-            if total > self.r.pools.capacity_tokens():
-                log.error("request %s: %d tokens exceed the decode pools", rid, total)
-                self._settle(ticket, "error", f"{total} tokens exceed the decode pools", len(job.generated))
-                continue
-            compiled = self.r.grammar_ready(ticket)  # (its grammar compiles meanwhile, off the loop)
-            if full or not self.r.pools.fits(total):
-                still.append(ticket)  # retry when blocks free up
-                full = True
-                continue
-            if not compiled:
-                still.append(ticket)  # admitted once compiled: the batch goes on meanwhile
-                continue
-            try:
-                admit_state(self.r, self.receiver, job, total)
-            except LayoutMismatch as exc:  # the deployment's: every re-run would meet it
-                log.error("request %s: handoff failed: %s", rid, exc)
-                self._settle(ticket, "error", f"{exc}: {SAME_LAYOUT}", len(job.generated))
-                continue
-            except (LookupError, OutOfBlocks) as exc:
-                log.error("request %s: handoff failed: %s", rid, exc)
-                self._unimport([ticket])  # its lease lapses; the reaper re-runs it
-                continue
-            imported[rid] = ticket
-        self.waiting = still
-        # the takes read the cancel marks: ``_cancel`` ends a request cancelled meanwhile before a step
-        handoffs = [(rid, t.job.attempt, t.job.state.holder) for rid, t in imported.items()]
-        try:
-            taken = self.r.store.take_handoffs(handoffs, self.r.name, self.r.settings.lease_s)
-        except redis.RedisError:  # their leases lapse and the reaper re-runs them
-            self._unimport(list(imported.values()))
-            raise
-        self._unimport([imported[rid] for rid, answer in taken.items() if answer == Take.STALE])
-        self._marked |= {rid for rid, answer in taken.items() if answer == Take.CANCELLED}
-        self._marks_read |= imported.keys()
-        for rid, answer in taken.items():
-            if answer != Take.STALE:
-                self._start(imported[rid])
-                self.arrivals.add(self._tokens(imported[rid].job))
-
     def _tokens(self, job: DecodeJob) -> int:
         """What a request reserves: its prompt and whole completion, within the context limit."""
         return min(self.limit, len(job.request.prompt_ids) + job.request.sampling.max_tokens)
-
-    def _unimport(self, tickets: list[Ticket[DecodeJob]]) -> None:
-        """Free imported states that will not be generated: a failed take (their leases lapse and the
-        reaper re-runs them), or a run over since its claim (re-run during a stall, or ended)."""
-        for ticket in tickets:
-            self.r.ranks.release(ticket.job.request.request_id)
-            self.heartbeat.release(ticket.job.request.request_id)
-            ticket.done.set()
-
-    def _start(self, ticket: Ticket[DecodeJob]) -> None:
-        """An imported request joins the batch (or fails alone: its own sampling could not be set up)."""
-        rid = ticket.job.request.request_id
-        try:
-            self.active[rid] = Active.start(self.r, ticket, self.limit)
-        except Exception as exc:  # noqa: BLE001 - its own sampling (a grammar refused): it fails alone
-            self.r.ranks.release(rid)
-            log.error("request %s: sampling failed: %r", rid, exc)
-            self._settle(ticket, "error", f"sampling failed: {type(exc).__name__}", len(ticket.job.generated))
 
     def _finish(self, rid: str, reason: str, index: int | None = None, message: str = "", **end: dict | str) -> None:
         """End active request ``rid`` (``end``: its ``usage``, its error's ``code``)."""
