@@ -15,7 +15,14 @@ DAYZERO_MAX_STREAMS and the tokens queued for it, for ever.
 When the server begins to stop, uvicorn closes each connection with no request under way at once,
 under a request already on its way (a kept-alive connection's next, a new connection's first): its
 client saw a reset, not an answer. Such a connection now takes requests for ``STOP_LINGER_S`` more
-(the app answers them 503 ``shutting_down`` and ``Connection: close``: stopping.py), then closes."""
+(the app answers them 503 ``shutting_down`` and ``Connection: close``: stopping.py), then closes.
+
+A request's head is bounded too: one whose line and headers go past ``MAX_HEAD_BYTES`` (counted
+from the read after the one it began in) gets a 431, and the connection closes. httptools bounds
+neither (h11, uvicorn's other parser, refuses a head over 16 KiB): 20 MB sent as 2 million headers
+in 7 s were taken whole, the gateway's memory 179 -> 475 MB (kept after), its event loop held ~7 s
+for every other client; one header's value is gathered by copying it whole at each read (25 MB:
+5.3 s of the loop's time, 90 MB in the 30 s a head has)."""
 
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ REQUEST_READ_S = 30.0
 BODY_BYTES_PER_S = 64 << 10  # a slow mobile link: an 8 MiB body gets 30 + 128 s
 WRITE_STALL_S = 60.0  # an answer's buffered bytes untaken this long: the client is gone or stalled
 STOP_LINGER_S = 0.5  # a connection idle when the server begins to stop waits this long for a request on its way
+MAX_HEAD_BYTES = 64 << 10  # a request's line and headers (nginx's default buffers: 32 KiB), and a read's more
 
 
 class RequestReadDeadline(HttpToolsProtocol):
@@ -40,7 +48,7 @@ class RequestReadDeadline(HttpToolsProtocol):
     taking its answer."""
 
     read_s, body_bytes_per_s, write_stall_s = REQUEST_READ_S, BODY_BYTES_PER_S, WRITE_STALL_S
-    stop_linger_s = STOP_LINGER_S
+    stop_linger_s, max_head_bytes = STOP_LINGER_S, MAX_HEAD_BYTES
     max_body_bytes: int = Settings.model_fields["max_request_bytes"].default
     # each error it sends itself, before any route (a 408, a malformed request's 400): the gateway
     # counts them with the routes' (dayzero_request_errors_total); they went uncounted
@@ -49,16 +57,31 @@ class RequestReadDeadline(HttpToolsProtocol):
     _stalled: asyncio.TimerHandle | None = None  # armed while the transport's buffer is full
     _lingers: asyncio.TimerHandle | None = None  # the server stops: this idle connection closes then
     _heard = False  # whether its client sent a byte: a browser's preconnect sends none, and is not counted
+    _head_open = _head_began = False  # a request's head is being read; it began in the read at hand
+    _head_bytes = 0  # the head's bytes read so far
 
     def data_received(self, data: bytes) -> None:
-        self._heard = True
+        self._heard, self._head_began = True, False
         super().data_received(data)
+        if self._head_open and not self._head_began and not self.transport.is_closing():  # all of it head
+            self._head_bytes += len(data)  # (a head's first read is not counted: it may end a request before)
+            if self._head_bytes > self.max_head_bytes:
+                message = f"the request line and headers are over {self.max_head_bytes} bytes"
+                self._refuse(
+                    "431 Request Header Fields Too Large",
+                    error_body(message, "invalid_request_error", code="headers_too_large"),
+                )
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm(self.read_s)
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_open, self._head_began, self._head_bytes = True, True, 0
+
     def on_headers_complete(self) -> None:
+        self._head_open = False
         super().on_headers_complete()
         declared = next((v for name, v in self.headers if name == b"content-length"), None)
         length = int(declared) if declared is not None and declared.isdigit() else self.max_body_bytes

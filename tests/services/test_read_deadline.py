@@ -19,6 +19,7 @@ from dayzero.procs import free_port
 from services.gateway.deadline import RequestReadDeadline
 
 READ_S = 0.5
+HEAD_BYTES = 1024
 
 
 SENT: list[dict] = []  # the errors the protocol said it sent (the gateway counts them)
@@ -26,6 +27,7 @@ SENT: list[dict] = []  # the errors the protocol said it sent (the gateway count
 
 class _Quick(RequestReadDeadline):
     read_s, body_bytes_per_s, max_body_bytes, write_stall_s = READ_S, 1000, 2000, READ_S
+    max_head_bytes = HEAD_BYTES
     error_sent = staticmethod(SENT.append)
 
 
@@ -167,6 +169,36 @@ def test_a_request_the_http_parser_refuses_gets_an_openai_error(server, head):
     error = json.loads(received.split(b"\r\n\r\n", 1)[1])["error"]
     assert error["code"] == "bad_http" and error["type"] == "invalid_request_error", error
     assert [error] == SENT  # (counted: dayzero_request_errors_total)
+
+
+def _headers(n: int) -> bytes:
+    return b"".join(b"x-%04d: v\r\n" % i for i in range(n))  # 11 bytes each
+
+
+@pytest.mark.parametrize(
+    "start, unit",
+    [(b"GET /?q=", b"a"), (b"GET / HTTP/1.1\r\n", _headers(1)), (b"GET / HTTP/1.1\r\nx-big: ", b"a")],
+    ids=["a long URL", "many headers", "one long header"],
+)
+def test_a_head_over_the_bound_is_refused_before_it_ends(server, start, unit):
+    """httptools bounds no head: 20 MB of headers were taken whole (the gateway's memory +300 MB,
+    its event loop held ~7 s), one header's value gathered in time quadratic in its length. The head
+    never ends here: refused once over the bound (within the bound before its last part)."""
+    SENT.clear()
+    halfway, over = unit * (HEAD_BYTES // 2 // len(unit)), unit * (HEAD_BYTES // len(unit) + 1)
+    received = _exchange(server, [start, halfway, over], pause_s=0.05)
+    assert received.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"), received
+    error = json.loads(received.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error["code"] == "headers_too_large" and error["type"] == "invalid_request_error", error
+    assert [error] == SENT  # (counted: dayzero_request_errors_total)
+
+
+def test_a_head_within_the_bound_is_answered_and_the_next_is_counted_afresh(server):
+    """Each request on a kept connection is counted anew: two heads near the bound are answered."""
+    head = b"GET / HTTP/1.1\r\nhost: x\r\n" + _headers(HEAD_BYTES // 11 - 10)
+    parts = [head[:20], head[20:] + b"\r\n", head[:20], head[20:] + b"connection: close\r\n\r\n"]
+    received = _exchange(server, parts, pause_s=0.1)
+    assert received.count(b"HTTP/1.1 200 OK\r\n") == 2 and received.endswith(b"xxxx"), received
 
 
 def test_the_gateway_counts_the_errors_its_connections_send_before_any_route(demo_dir, tmp_path):
