@@ -220,7 +220,10 @@ def _field_part(part: object) -> bool:
 
 class BodyLimit:
     """Refuses request bodies over ``limit`` bytes with 413, declared or chunked: the body is
-    read (up to the limit) before the app sees it, so an oversized one never reaches a parser."""
+    read (up to the limit) before the app sees it, so an oversized one never reaches a parser.
+    A body sent compressed (``Content-Encoding``) is refused with 415 before it is read: nothing
+    here decodes one, so gzip was parsed as it came ("the body is not UTF-8 ... byte 0x8b"), and
+    a JSON body sent as br went through as if not compressed."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app, self.limit = app, limit
@@ -229,7 +232,20 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers", [])).get(b"content-length")
+        headers = dict(scope.get("headers", []))
+        encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
+        if encoding not in ("", "identity"):
+            message = f"the body is sent with content-encoding {encoding!r}: send it uncompressed"
+            answer = error_response(
+                415,
+                message,
+                "invalid_request_error",
+                code="unsupported_content_encoding",
+                headers={"Accept-Encoding": "identity"},
+            )  # (RFC 7694: the codings the server takes)
+            await answer(scope, receive, send)
+            return
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             await self._refuse(scope, receive, send)
             return

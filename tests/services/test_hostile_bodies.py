@@ -1,0 +1,52 @@
+"""Bodies a broken or hostile client sends that the JSON parse and the body gate must answer with a
+clear 4xx: a body sent compressed (the gateway in-process, on a real Redis: every request here is
+refused before it queues)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dayzero.settings import Settings
+from services.gateway.app import make_app
+
+from .conftest import chat
+
+
+@pytest.fixture(scope="module")
+def gateway(demo_dir, redis_url):
+    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:
+        yield client
+
+
+def _post(gateway, body: bytes, **headers: str):
+    return gateway.post("/v1/chat/completions", content=body, headers={"content-type": "application/json", **headers})
+
+
+@pytest.mark.parametrize(
+    "encoding, body",
+    [("gzip", gzip.compress(json.dumps(chat("hi")).encode())), ("br", json.dumps(chat("hi")).encode())],
+    ids=["gzip", "br_not_compressed"],
+)
+def test_a_compressed_body_is_refused_as_such(gateway, encoding, body):
+    """Nothing here decodes a body: gzip was parsed as it came ("the body is not UTF-8 ... byte 0x8b"),
+    and JSON marked br was answered as if no coding had been named."""
+    r = _post(gateway, body, **{"content-encoding": encoding})
+    assert r.status_code == 415, r.text
+    assert r.headers["accept-encoding"] == "identity"  # (RFC 7694: the codings the server takes)
+    assert r.json()["error"] == {
+        "message": f"the body is sent with content-encoding '{encoding}': send it uncompressed",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "unsupported_content_encoding",
+    }
+
+
+@pytest.mark.parametrize("coding", ["identity", "Identity ", ""])
+def test_a_body_in_no_coding_is_read(gateway, coding):
+    """Read and answered as usual: here refused for its model's name."""
+    r = _post(gateway, json.dumps(chat("hi", model="nope")).encode(), **{"content-encoding": coding})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
