@@ -1,6 +1,7 @@
 """Request bodies parsed as JSON, with what is wrong and where when they cannot be: FastAPI's own
-parse answered bytes that are not UTF-8, and JSON nested past the parser's recursion, with "There
-was an error parsing the body" and no position (its other JSON errors name the character)."""
+parse answered bytes that are not UTF-8, JSON nested past the parser's recursion, and an integer
+longer than Python converts, with "There was an error parsing the body" and no position or reason
+(its other JSON errors name the character)."""
 
 from __future__ import annotations
 
@@ -85,6 +86,13 @@ async def parse(body: bytes) -> Any:
         raise _not_text(exc, body) from None
     except RecursionError:
         deepest = _deepest_parsed()  # (measured as _loads parses: one call below this one)
+    except json.JSONDecodeError:
+        raise  # (FastAPI's answer: what is wrong, at which character)
+    except ValueError:  # (neither: an integer longer than Python converts, a guard against quadratic time)
+        limit = sys.get_int_max_str_digits()
+        raise HTTPException(
+            400, f"the body has an integer of more than {limit} digits (the most this server parses)"
+        ) from None
     # as the parse decoded it: UTF-8, -16 or -32 as its first bytes say (a lone surrogate's bytes pass)
     text = body.decode(json.detect_encoding(body), "surrogatepass")
     where = await run_in_threadpool(_first_past, text, deepest)  # (numpy lets go of the GIL: off the loop)

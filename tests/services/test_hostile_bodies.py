@@ -1,11 +1,12 @@
 """Bodies a broken or hostile client sends that the JSON parse and the body gate must answer with a
-clear 4xx: a body sent compressed (the gateway in-process, on a real Redis: every request here is
-refused before it queues)."""
+clear 4xx: a body sent compressed, an integer longer than Python converts (the gateway in-process,
+on a real Redis: every request here is refused before it queues)."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import sys
 
 import pytest
 from fastapi.testclient import TestClient
@@ -50,3 +51,17 @@ def test_a_body_in_no_coding_is_read(gateway, coding):
     """Read and answered as usual: here refused for its model's name."""
     r = _post(gateway, json.dumps(chat("hi", model="nope")).encode(), **{"content-encoding": coding})
     assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
+
+
+def test_an_integer_longer_than_python_converts_is_refused_saying_so(gateway):
+    """It was FastAPI's "There was an error parsing the body" (json.loads raised a ValueError: Python
+    converts integers of at most sys.get_int_max_str_digits() digits)."""
+    limit = sys.get_int_max_str_digits()
+    r = _post(
+        gateway, json.dumps(chat("hi")).replace('"temperature": 0', f'"max_tokens": {"9" * (limit + 1)}').encode()
+    )
+    assert r.status_code == 400, r.text
+    message = f"the body has an integer of more than {limit} digits (the most this server parses)"
+    assert r.json()["error"] == {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    r = _post(gateway, json.dumps(chat("hi")).replace('"temperature": 0', f'"max_tokens": {"9" * limit}').encode())
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text  # parsed: over its bound
