@@ -17,12 +17,13 @@ under a request already on its way (a kept-alive connection's next, a new connec
 client saw a reset, not an answer. Such a connection now takes requests for ``STOP_LINGER_S`` more
 (the app answers them 503 ``shutting_down`` and ``Connection: close``: stopping.py), then closes.
 
-A request's head is bounded too: one whose line and headers go past ``MAX_HEAD_BYTES`` (counted
-from the read after the one it began in) gets a 431, and the connection closes. httptools bounds
-neither (h11, uvicorn's other parser, refuses a head over 16 KiB): 20 MB sent as 2 million headers
-in 7 s were taken whole, the gateway's memory 179 -> 475 MB (kept after), its event loop held ~7 s
-for every other client; one header's value is gathered by copying it whole at each read (25 MB:
-5.3 s of the loop's time, 90 MB in the 30 s a head has)."""
+A request's head is bounded too: one whose line and headers are over ``MAX_HEAD_BYTES`` gets a
+431, and the connection closes; one still coming, once its reads after the one it began in are
+over it (its end is not waited for). httptools bounds none (h11, uvicorn's other parser, refuses
+a head over 16 KiB): 20 MB sent as 2 million headers in 7 s were taken whole, the gateway's memory
+179 -> 475 MB (kept after), its event loop held ~7 s for every other client; one header's value is
+gathered by copying it whole at each read (25 MB: 5.3 s of the loop's time; 90 MB in the 30 s a
+head has)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,11 @@ REQUEST_READ_S = 30.0
 BODY_BYTES_PER_S = 64 << 10  # a slow mobile link: an 8 MiB body gets 30 + 128 s
 WRITE_STALL_S = 60.0  # an answer's buffered bytes untaken this long: the client is gone or stalled
 STOP_LINGER_S = 0.5  # a connection idle when the server begins to stop waits this long for a request on its way
-MAX_HEAD_BYTES = 64 << 10  # a request's line and headers (nginx's default buffers: 32 KiB), and a read's more
+MAX_HEAD_BYTES = 64 << 10  # a request's line and headers (nginx's default buffers: 32 KiB)
+
+
+class _HeadTooLarge(Exception):
+    """Raised in a parser callback: httptools stops there."""
 
 
 class RequestReadDeadline(HttpToolsProtocol):
@@ -59,6 +64,7 @@ class RequestReadDeadline(HttpToolsProtocol):
     _heard = False  # whether its client sent a byte: a browser's preconnect sends none, and is not counted
     _head_open = _head_began = False  # a request's head is being read; it began in the read at hand
     _head_bytes = 0  # the head's bytes read so far
+    _head_over = False  # a whole head was over the bound (``on_headers_complete`` stopped the parse)
 
     def data_received(self, data: bytes) -> None:
         self._heard, self._head_began = True, False
@@ -66,11 +72,7 @@ class RequestReadDeadline(HttpToolsProtocol):
         if self._head_open and not self._head_began and not self.transport.is_closing():  # all of it head
             self._head_bytes += len(data)  # (a head's first read is not counted: it may end a request before)
             if self._head_bytes > self.max_head_bytes:
-                message = f"the request line and headers are over {self.max_head_bytes} bytes"
-                self._refuse(
-                    "431 Request Header Fields Too Large",
-                    error_body(message, "invalid_request_error", code="headers_too_large"),
-                )
+                self._refuse_head()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -82,6 +84,9 @@ class RequestReadDeadline(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._head_open = False
+        if len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers) > self.max_head_bytes:
+            self._head_over = True  # (a head that ended within its reads: as sent, ": " and line ends counted)
+            raise _HeadTooLarge  # httptools stops here, and uvicorn calls send_400_response: a 431 then
         super().on_headers_complete()
         declared = next((v for name, v in self.headers if name == b"content-length"), None)
         length = int(declared) if declared is not None and declared.isdigit() else self.max_body_bytes
@@ -145,6 +150,9 @@ class RequestReadDeadline(HttpToolsProtocol):
         return cycle.more_body and not cycle.response_started
 
     def send_400_response(self, msg: str) -> None:  # uvicorn's, for what httptools cannot parse
+        if self._head_over:
+            self._refuse_head()
+            return
         self._refuse(
             "400 Bad Request", error_body(f"malformed HTTP request: {msg}", "invalid_request_error", code="bad_http")
         )
@@ -156,6 +164,13 @@ class RequestReadDeadline(HttpToolsProtocol):
                 "408 Request Timeout",
                 error_body("the request was not sent in time", "invalid_request_error", code="request_timeout"),
             )
+
+    def _refuse_head(self) -> None:
+        message = f"the request line and headers are over {self.max_head_bytes} bytes"
+        self._refuse(
+            "431 Request Header Fields Too Large",
+            error_body(message, "invalid_request_error", code="headers_too_large"),
+        )
 
     def _refuse(self, status: str, body: dict) -> None:
         """Answer ``status`` with the error ``body`` and close the connection; counted where its client

@@ -193,6 +193,14 @@ def test_a_head_over_the_bound_is_refused_before_it_ends(server, start, unit):
     assert [error] == SENT  # (counted: dayzero_request_errors_total)
 
 
+def test_a_whole_head_over_the_bound_is_refused(server):
+    """Sent in one read (none of whose bytes the reads' count sees): refused for the head as parsed."""
+    SENT.clear()
+    received = _exchange(server, [b"GET / HTTP/1.1\r\n" + _headers(HEAD_BYTES // 11 + 1) + b"\r\n"], pause_s=0)
+    assert received.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"), received
+    assert [error["code"] for error in SENT] == ["headers_too_large"]
+
+
 def test_a_head_within_the_bound_is_answered_and_the_next_is_counted_afresh(server):
     """Each request on a kept connection is counted anew: two heads near the bound are answered."""
     head = b"GET / HTTP/1.1\r\nhost: x\r\n" + _headers(HEAD_BYTES // 11 - 10)
