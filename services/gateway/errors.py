@@ -98,9 +98,13 @@ def install(app: FastAPI) -> None:
         return error_response(400, f"{param}: {why}", "invalid_request_error", param, _code(first))
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(exc.status_code, str(exc.detail), type_, headers=exc.headers)  # 405's Allow
+        message = str(exc.detail)
+        if exc.status_code == 405:  # OpenAI's words, and the methods it takes (Starlette's: "Method Not Allowed")
+            taken = (exc.headers or {}).get("Allow", "")
+            message = f"Invalid method for URL ({request.method} {request.url.path}): it takes {taken}"
+        return error_response(exc.status_code, message, type_, headers=exc.headers)  # 405's Allow
 
     @app.exception_handler(NoTokenizerError)
     async def no_tokenizer(_: Request, exc: NoTokenizerError) -> JSONResponse:

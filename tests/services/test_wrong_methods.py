@@ -1,0 +1,48 @@
+"""Every route the gateway serves, asked with each method it does not take: a 405 that says so in
+OpenAI's shape and words, with the methods it takes in Allow (the gateway in-process, on a real Redis)."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dayzero.settings import Settings
+from services.gateway.app import make_app
+
+METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
+
+
+@pytest.fixture(scope="module")
+def gateway(demo_dir, redis_url):
+    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:
+        yield client
+
+
+def _routes(routes: list) -> list:
+    """The routes, those of the routers included (FastAPI keeps each as one entry) among them."""
+    found = []
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        found += _routes(inner.routes) if inner is not None else [route] if getattr(route, "methods", None) else []
+    return found
+
+
+def test_each_route_answers_each_method_it_does_not_take_with_a_405_naming_it(gateway):
+    """Starlette's message was "Method Not Allowed", with nothing of the method or the URL."""
+    taken: dict[str, set[str]] = {}
+    for route in _routes(gateway.app.routes):
+        path = route.path.replace("{request_id}", "r1").replace("{model:path}", "m")
+        taken.setdefault(path, set()).update(route.methods)
+    assert {"/v1/chat/completions", "/v1/completions", "/tokenize", "/v1/models", "/health"} <= taken.keys()
+    for path, methods in taken.items():
+        for method in sorted(METHODS - methods):
+            r = gateway.request(method, path)
+            assert r.status_code == 405, (method, path, r.text)
+            allow = set(r.headers["allow"].split(", "))  # (a GET's HEAD twin is a route apart: not named)
+            assert allow and allow <= methods and allow | {"HEAD"} >= methods, (method, path, allow)
+            if method == "HEAD":
+                continue  # (no body)
+            message = f"Invalid method for URL ({method} {path}): it takes {r.headers['allow']}"
+            assert r.json() == {
+                "error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+            }, (method, path)
