@@ -105,6 +105,16 @@ def codec() -> TextCodec:
     return TextCodec(build_tokenizer(512), tokens={"eos_token": "<｜end▁of▁sentence｜>"})
 
 
+@pytest.fixture
+def without_dayzero_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settings' environment variables (DAYZERO_*, REDIS_URL) of the shell pytest runs in, out of
+    this test's process and of what it starts: the commands read them (``Settings()``), and a shell that
+    serves dayzero (DAYZERO_API_KEYS, DAYZERO_REDIS_URL, DAYZERO_CHECKPOINT) failed tests that expect
+    the defaults."""
+    for name in [name for name in os.environ if name.startswith("DAYZERO_") or name == "REDIS_URL"]:
+        monkeypatch.delenv(name)
+
+
 def run_dayzero(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """``dayzero ARGS`` in a process of its own, as a user runs it."""
     return subprocess.run(
