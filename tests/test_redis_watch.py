@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import redis
+
 from dayzero import redis_watch
 from dayzero.procs import free_port, start_redis
 from dayzero.redis_watch import RedisWatch
@@ -49,7 +51,7 @@ def test_a_lost_redis_is_one_line_and_its_return_another(tmp_path, monkeypatch):
 def test_up_watches_the_redis_it_was_given_once_ready(tiny_checkpoint, tmp_path, monkeypatch):
     from dayzero import cli, cli_up, stack
 
-    watched = []
+    watched, closed = [], []
 
     class Watch:
         def __init__(self, url, say):
@@ -58,6 +60,9 @@ def test_up_watches_the_redis_it_was_given_once_ready(tiny_checkpoint, tmp_path,
         def check(self):
             raise cli_up._Stop(signal.SIGINT)  # (up's loop ends as on Ctrl-C)
 
+        def close(self):
+            closed.append(True)
+
     for name, stub in {"start": None, "wait_ready": None, "supervise": [], "stop": []}.items():
         monkeypatch.setattr(stack.Stack, name, lambda self, *_, stub=stub, **__: stub)
     monkeypatch.setattr(cli_up, "RedisWatch", Watch)
@@ -65,6 +70,24 @@ def test_up_watches_the_redis_it_was_given_once_ready(tiny_checkpoint, tmp_path,
     monkeypatch.setenv("DAYZERO_REDIS_URL", "redis://10.0.0.2:6379/0")
     assert cli.main(["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(tmp_path / "logs")]) == 0
     assert watched == ["redis://10.0.0.2:6379/0"]
+    assert closed == [True]  # (up's watch left its connection open)
+
+
+def test_a_closed_watch_leaves_no_connection_to_the_redis(tmp_path):
+    port = free_port()
+    server = start_redis(port, tmp_path / "redis.log")
+    try:
+        watch = RedisWatch(f"redis://127.0.0.1:{port}/0", print)
+        _checks(watch, 0.3)  # (its first ping answered)
+        other = redis.Redis(port=port)
+        clients = lambda: [c for c in other.client_list() if c["id"] != str(other.client_id())]  # noqa: E731
+        assert len(clients()) == 1
+        watch.close()
+        assert clients() == []
+        other.close()
+    finally:
+        server.terminate()
+        server.wait()
 
 
 _SILENT_SENTINELS = """

@@ -102,6 +102,7 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
     ranks = {"prefill": args.prefill_tp, "decode": args.decode_tp}
     stack = Stack(counts, port, args.log_dir, env, redis_url=redis_url, host=settings.host, ranks=ranks)
     stack.frozen_s, stack.start_exits = settings.frozen_worker_s, settings.start_exits
+    watch = None
     try:
         stack.start()
         print(
@@ -137,6 +138,8 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
         return 1
     finally:
         _ignore_stops()
+        if watch is not None:  # (its client's connection was left open)
+            watch.close()
         killed = stack.stop()
         if killed:
             print(f"stopped; killed {', '.join(killed)} (still running after SIGTERM)", file=sys.stderr)

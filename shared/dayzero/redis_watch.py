@@ -46,6 +46,16 @@ class RedisWatch:
             self._ping = Future()
             threading.Thread(target=self._send, args=(self._ping,), name="redis-watch", daemon=True).start()
 
+    def close(self) -> None:
+        """Its connections closed (a sentinel URL's to the sentinels too), at up's end: they were left
+        open. A ping still in flight fails, unread."""
+        self.client.close()
+        sentinels = getattr(
+            self.client.connection_pool, "sentinel_manager", None
+        )  # (redis-py's SentinelConnectionPool)
+        if sentinels is not None:
+            sentinels.close()
+
     def _send(self, ping: Future) -> None:
         try:
             ping.set_result(self.client.ping())
