@@ -87,5 +87,8 @@ class RefusedCredentials:
                 exc,
                 REFUSED_EXIT,
             )
+            from .telemetry import flush_spans
+
+            flush_spans()  # (os._exit runs no exit handlers: the last batch of spans was dropped)
             logging.shutdown()
             os._exit(REFUSED_EXIT)

@@ -25,6 +25,9 @@ from .settings import Settings
 tracer = trace.get_tracer("dayzero")
 OTLP_PORTS = {"otlp-grpc": 4317, "otlp-http": 4318}  # the protocol's standard ports (the collector's defaults)
 _HOST_PORT = re.compile(r"(\[[\w:.]+\]|[\w.-]+):\d+(/.*)?")  # an endpoint without its scheme
+FLUSH_WITHIN_S = (
+    5.0  # a process's last flush waits this long at most (the SDK's default, 30 s, outlived a stop's grace)
+)
 SDK_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")  # (the first wins)
 
 
@@ -92,11 +95,12 @@ def otlp_http_traces_url(endpoint: str) -> str:
 
 
 def flush_spans() -> None:
-    """Export the spans still batched. A server's last act: uvicorn ends its process with the SIGTERM
-    it caught, and atexit, where the SDK would flush them, never runs."""
+    """Export the spans still batched, waiting ``FLUSH_WITHIN_S`` at most for the collector. A process's
+    last act before an exit that runs no exit handlers (where the SDK would flush them): uvicorn ends
+    its process with the SIGTERM it caught, and ``os._exit`` (a refusal of Redis's, a failed group)."""
     provider = trace.get_tracer_provider()
     if isinstance(provider, TracerProvider):
-        provider.force_flush()
+        provider.force_flush(timeout_millis=int(FLUSH_WITHIN_S * 1000))
 
 
 def carrier() -> dict[str, str]:

@@ -1,7 +1,8 @@
 """A gateway whose Redis starts refusing its password while it serves (a password changed, a Redis
 restarted with another): it answered 503 for ever and never exited, while its workers exit 3 past
 DAYZERO_CREDENTIALS_REFUSED_S for their supervisor to start them again with their current settings.
-Now it says so and exits 3 the same way. Real processes: Redis and a gateway."""
+Now it says so and exits 3 the same way, its spans still batched for export flushed first (os._exit
+dropped them). Real processes: Redis and a gateway."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import redis
 from dayzero.procs import free_port, scratch_redis, spawn, terminate
 
 from .conftest import SETTINGS_ENV, wait_until
+from .otlp import otlp_collector
 
 REFUSED_S = 2.0  # DAYZERO_CREDENTIALS_REFUSED_S here
 
@@ -28,16 +30,19 @@ def _answers(url: str) -> bool:
 
 def test_a_gateway_whose_password_redis_refuses_midrun_says_so_and_exits_3(tiny_checkpoint, tmp_path):
     port, log = free_port(), tmp_path / "gateway.log"
-    with scratch_redis(tmp_path) as redis_port:
+    with scratch_redis(tmp_path) as redis_port, otlp_collector() as (collector, spans):
         server = redis.Redis(port=redis_port)
         server.config_set("requirepass", "right")
         server = redis.Redis(port=redis_port, password="right")
         env = {**os.environ, **SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(tiny_checkpoint), "DAYZERO_PORT": str(port)}
         env |= {"DAYZERO_REDIS_URL": f"redis://:right@127.0.0.1:{redis_port}/0"}
         env |= {"DAYZERO_CREDENTIALS_REFUSED_S": str(REFUSED_S)}
+        env |= {"DAYZERO_TRACE_EXPORTER": "otlp-http", "DAYZERO_TRACE_ENDPOINT": f"{collector}/v1/traces"}
+        env |= {"OTEL_BSP_SCHEDULE_DELAY": "600000"}  # no timed export: only a flush sends the batch
         gateway = spawn([sys.executable, "-m", "dayzero.cli", "serve", "gateway"], log, env)
         try:
             assert wait_until(lambda: _answers(f"http://127.0.0.1:{port}/ready"), 120), log.read_text()[-3000:]
+            assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 200
             server.config_set("requirepass", "changed")  # (Redis keeps the connections that logged in: cut them)
             server.client_kill_filter(_type="normal", skipme=True)
             assert wait_until(lambda: gateway.poll() is not None, 30), (
@@ -50,3 +55,5 @@ def test_a_gateway_whose_password_redis_refuses_midrun_says_so_and_exits_3(tiny_
     said = re.search(r"Redis has refused this gateway's credentials for (\d+) s \((.*)\): exiting 3", text)
     assert said and int(said[1]) >= REFUSED_S and "invalid username-password pair" in said[2], text[-3000:]
     assert "right" not in said[0]
+    assert "GET /v1/models" in spans  # (batched when the gateway exited)
+

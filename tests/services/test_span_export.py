@@ -4,45 +4,12 @@ SIGTERM, a worker ending past its shutdown grace (a real OTLP/HTTP endpoint on a
 from __future__ import annotations
 
 import signal
-import threading
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from .conftest import MODEL, sse_events, start_gateway_alone, start_stack
-
-
-@contextmanager
-def otlp_collector():
-    """An OTLP/HTTP collector on a thread -> (its address, the names of the spans it received at
-    ``/v1/traces``)."""
-    names: list[str] = []
-
-    class Collector(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            if self.path != "/v1/traces":  # as the OpenTelemetry collector answers
-                self.send_response(404)
-                self.send_header("content-length", "0")
-                self.end_headers()
-                return
-            sent = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["content-length"])))
-            names.extend(s.name for r in sent.resource_spans for scope in r.scope_spans for s in scope.spans)
-            self.send_response(200)
-            self.send_header("content-length", "0")
-            self.end_headers()
-
-        def log_message(self, *_) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}", names
-    finally:
-        server.shutdown()
+from .otlp import otlp_collector
 
 
 @pytest.mark.parametrize("path", ["/v1/traces", ""])
