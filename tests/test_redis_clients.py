@@ -216,7 +216,9 @@ def test_ready_names_the_sentinels_that_named_no_master_in_one_line():
     repr, ~1,100 characters): ``unreached`` shortened the sync client's alone (a class of its own)."""
     closed = free_port()
     url = f"redis+sentinel://127.0.0.1:{closed}/dz/0"
-    gw = SimpleNamespace(settings=SimpleNamespace(redis_url=url), bus=SimpleNamespace(r=async_client(url)))
+    gw = SimpleNamespace(
+        settings=SimpleNamespace(redis_url=url), bus=SimpleNamespace(r=async_client(url)), command_refused=None
+    )
     body, status = asyncio.run(readiness(gw))
     expected = f"redis unreachable: no sentinel (127.0.0.1:{closed}) named the master 'dz': Error 111"
     assert status == 503 and body["reason"].startswith(expected) and len(body["reason"]) < 200, body

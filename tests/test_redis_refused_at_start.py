@@ -88,7 +88,9 @@ def test_a_gateway_started_alone_ends_at_once_on_a_redis_that_refuses_it(
 async def _readiness_of(url: str) -> tuple[dict, int]:
     from services.gateway.readiness import readiness
 
-    gw = SimpleNamespace(settings=SimpleNamespace(redis_url=url), bus=SimpleNamespace(r=async_client(url)))
+    gw = SimpleNamespace(
+        settings=SimpleNamespace(redis_url=url), bus=SimpleNamespace(r=async_client(url)), command_refused=None
+    )
     try:
         return await readiness(gw)
     finally:

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dayzero.config import ModelConfig
 from dayzero.redis_clients import sync_client
-from dayzero.redis_refusals import RefusedCredentials
+from dayzero.redis_refusals import CommandRefused, RefusedCredentials
 from dayzero.serving import redis_clock as clock
 from dayzero.serving.keys import QUEUES
 from dayzero.serving.liveness import STAMP_RETRY_S, wake_stampers
@@ -95,6 +95,7 @@ async def _reaper(gw: Gateway) -> None:
 
     period, started = gw.settings.lease_s / 2, time.time()
     refused = RefusedCredentials(gw.settings.credentials_refused_s, "gateway")  # (its passes: 503s for ever)
+    command = CommandRefused(gw.settings.redis_url)  # (NOPERM: no exit, a restart meets the same ACL)
     failed_at = None  # when the first of the passes that failed on Redis failed (Redis's time; count_again)
     wait_s, past, rerun_from = period, set(), 0.0  # (the stages past the bound at the last pass; monotonic)
     while True:
@@ -106,14 +107,17 @@ async def _reaper(gw: Gateway) -> None:
             found = await run_in_threadpool(one_pass, past, time.monotonic() >= rerun_from)
             wait_s, past, failed_at = RESTAMPED_S if found - past else period, found, None
             refused.taken()
+            command.taken()
         except redis.RedisError as exc:  # Redis down or refusing writes: /ready says so; sweep when it is back
-            refused.tried(exc)  # (its credentials refused for DAYZERO_CREDENTIALS_REFUSED_S: the gateway exits 3)
+            if not command.tried(exc):
+                refused.tried(exc)  # (its credentials refused for DAYZERO_CREDENTIALS_REFUSED_S: the gateway exits 3)
             failed_at = clock.now() if failed_at is None else failed_at  # (its own pass counted before)
             wait_s, past = period, set()
             gw.bus.unserved = {}  # (admissions check no count until the next pass)
         except Exception:  # nobody awaits this task: ended, it would re-run and end nothing again
             wait_s = period
             log.exception("the reaper's pass failed; the next one runs in %.1f s", period)
+        gw.command_refused = command.reason
 
 
 async def _measure_clock(app: FastAPI) -> None:

@@ -33,6 +33,7 @@ class Gateway:
     started: int = field(default_factory=lambda: int(time.time()))  # unix time; the model card's ``created``
     vision_config: dict = field(default_factory=dict)  # the checkpoint's: its patch geometry sizes the images
     fingerprint: str | None = None  # OpenAI's system_fingerprint (system_fingerprint())
+    command_refused: str | None = None  # a command its Redis user is refused (NOPERM), met by the reaper: /ready's
 
     @property
     def context_limit(self) -> int:

@@ -1,7 +1,8 @@
 """What a Redis (or its sentinels) answers that no wait mends, said in one line: a wrong password,
 none given where one is asked, a command the URL's user may not run. A service that meets one at
 its start ends (``refusal_at_start``); one that meets it for DAYZERO_CREDENTIALS_REFUSED_S while
-serving exits to be started again with its current settings."""
+serving exits to be started again with its current settings, but for a gateway refused one command
+(``CommandRefused``: it serves on, and says so)."""
 
 from __future__ import annotations
 
@@ -92,3 +93,33 @@ class RefusedCredentials:
             flush_spans()  # (os._exit runs no exit handlers: the last batch of spans was dropped)
             logging.shutdown()
             os._exit(REFUSED_EXIT)
+
+
+class CommandRefused:
+    """A command the gateway's Redis user is refused while it serves (an ACL without it: NOPERM), met by
+    its reaper's passes. It exited 3 past DAYZERO_CREDENTIALS_REFUSED_S as a worker that cannot reach
+    its queue does, and was started again every 30 s, its open streams ended each time: the same user
+    meets the same ACL after a restart, and an ACL change mends it live. Said once when first met and
+    once when a pass goes through again; ``reason`` (``refused_for_good``'s line) meanwhile: /ready's."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.reason: str | None = None
+
+    def tried(self, exc: Exception) -> bool:
+        """Whether ``exc`` is such a refusal (said if it is the first of its run)."""
+        if not isinstance(exc, redis.exceptions.NoPermissionError):
+            return False
+        if self.reason is None:
+            self.reason = refused_for_good(self.url, exc)
+            log.error(
+                "%s: the gateway serves on, without its reaper's passes (requests of dead workers are not run "
+                "again, nor are waits past their bounds ended), till the ACL allows the command",
+                refusal_said(self.url, self.reason),
+            )
+        return True
+
+    def taken(self) -> None:
+        if self.reason is not None:
+            log.warning("the Redis at %s takes the gateway's commands again", without_password(self.url))
+            self.reason = None

@@ -158,8 +158,9 @@ class Settings(BaseSettings):
         default=30.0,
         gt=0,
         description="a worker whose broker connection (a gateway whose reaper) Redis refuses its credentials (a "
-        "password changed, its user refused a command: NOPERM) this long exits 3, for its supervisor (dayzero up, "
-        "compose) to start it again with its current settings",
+        "password changed; a worker's user refused a command: NOPERM) this long exits 3, for its supervisor (dayzero "
+        "up, compose) to start it again with its current settings (a gateway refused a command serves on: /ready says "
+        "which)",
     )
     no_worker_timeout_s: float = Field(
         default=60.0,

@@ -57,3 +57,40 @@ def test_a_gateway_whose_password_redis_refuses_midrun_says_so_and_exits_3(tiny_
     assert "right" not in said[0]
     assert "GET /v1/models" in spans  # (batched when the gateway exited)
 
+
+def _ready_reason(url: str) -> str:
+    try:
+        return httpx.get(url, timeout=2).json().get("reason", "")
+    except (httpx.HTTPError, ValueError):
+        return ""
+
+
+def test_a_gateway_whose_user_is_refused_a_command_midrun_serves_on_and_says_so_once(tiny_checkpoint, tmp_path):
+    """An ACL that takes a command of the reaper's passes from the gateway's user (NOPERM): it exited 3
+    past DAYZERO_CREDENTIALS_REFUSED_S and was started again every 30 s, its open streams ended each
+    time, and met the same ACL again. Now it serves on: one line in its log, /ready's reason while it
+    lasts, one line once the ACL allows the command again."""
+    port, log = free_port(), tmp_path / "gateway.log"
+    ready = f"http://127.0.0.1:{port}/ready"
+    with scratch_redis(tmp_path) as redis_port:
+        server = redis.Redis(port=redis_port)
+        grants = {"enabled": True, "passwords": ["+pw"], "keys": ["*"], "channels": ["*"]}
+        server.acl_setuser("dz", commands=["+@all"], **grants)
+        env = {**os.environ, **SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(tiny_checkpoint), "DAYZERO_PORT": str(port)}
+        env |= {"DAYZERO_REDIS_URL": f"redis://dz:pw@127.0.0.1:{redis_port}/0"}
+        env |= {"DAYZERO_CREDENTIALS_REFUSED_S": str(REFUSED_S)}
+        gateway = spawn([sys.executable, "-m", "dayzero.cli", "serve", "gateway"], log, env)
+        try:
+            assert wait_until(lambda: _answers(ready), 120), log.read_text()[-3000:]
+            server.acl_setuser("dz", commands=["+@all", "-smembers"], **grants)  # (the sweep's)
+            assert wait_until(lambda: "user a command" in _ready_reason(ready), 30), log.read_text()[-3000:]
+            assert "'smembers'" in _ready_reason(ready) and "ACL GETUSER dz" in _ready_reason(ready)
+            assert not wait_until(lambda: gateway.poll() is not None, 3 * REFUSED_S), log.read_text()[-3000:]
+            server.acl_setuser("dz", commands=["+@all"], **grants)
+            assert wait_until(lambda: "user a command" not in _ready_reason(ready), 30), log.read_text()[-3000:]
+        finally:
+            terminate([gateway], 10)
+    text = log.read_text(errors="replace")
+    assert text.count("is refused a command dayzero sends") == 1, text[-3000:]
+    assert text.count("takes the gateway's commands again") == 1, text[-3000:]
+    assert "Redis has refused this gateway's credentials" not in text, text[-3000:]
