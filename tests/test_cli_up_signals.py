@@ -93,3 +93,54 @@ def test_up_hands_back_the_signal_handlers_it_found(tmp_path):
     before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
     assert cli.main(["up", "--checkpoint", str(tmp_path)]) == 2  # (no config.json)
     assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
+
+
+_IMPORT_HELD = """
+import os, sys
+
+
+class HeldImport:
+    '''Holds the import of dayzero.cli (the commands) till the FIFO's writer closes it.'''
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "dayzero.cli":
+            with open(os.environ["HELD_IMPORT_FIFO"], "rb") as fifo:
+                fifo.read()
+        return None
+
+
+sys.meta_path.insert(0, HeldImport())
+"""
+
+
+def test_a_signal_to_a_background_up_stops_it_while_it_imports(tmp_path):
+    """`dayzero up &` ignored a SIGINT for its first ~1 s (2 s under load: the imports of its commands)
+    and went on to start its stack. The import is held here on a FIFO (sitecustomize), a checkpoint
+    that does not exist past it (an `up` that went on says so, exit 2)."""
+    (tmp_path / "sitecustomize.py").write_text(_IMPORT_HELD)
+    fifo = tmp_path / "held"
+    os.mkfifo(fifo)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "HELD_IMPORT_FIFO": str(fifo)}
+    argv = [sys.executable, "-m", "dayzero", "up", "--checkpoint", str(tmp_path / "none"), "--log-dir", str(tmp_path)]
+    up = subprocess.Popen(
+        argv,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    writer, ended = None, None
+    try:
+        writer = _writer_once_read(fifo, up, within=60)
+        up.send_signal(signal.SIGINT)
+        time.sleep(0.5)  # (an `up` that ignored it is still held: closing the FIFO lets it go on)
+        os.close(writer)
+        writer = None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            ended = up.wait(timeout=60)
+    finally:
+        if writer is not None:
+            os.close(writer)
+        up.kill()
+        err = up.communicate(timeout=30)[1]
+    assert (ended, err) == (130, "\ninterrupted\n")
