@@ -144,3 +144,34 @@ def test_a_signal_to_a_background_up_stops_it_while_it_imports(tmp_path):
         up.kill()
         err = up.communicate(timeout=30)[1]
     assert (ended, err) == (130, "\ninterrupted\n")
+
+
+def test_a_stop_between_a_childs_fork_and_its_record_still_stops_that_child(tmp_path, monkeypatch):
+    """A SIGINT that reached `up` after a child's fork, before its Popen was kept on the stack, raised
+    there: the child was left out of the ordered stop (killed only at up's own exit, its pool segment
+    left behind). The stop is handled once the child is kept; here it arrives right after the embedded
+    Redis's fork."""
+    from dayzero import cli_up, procs
+    from dayzero.stack import Stack
+
+    forked = []
+
+    def spawn_then_stop(*args, **kwargs):
+        forked.append(real_spawn(*args, **kwargs))
+        os.kill(os.getpid(), signal.SIGINT)  # (its handler runs at the next bytecode: here)
+        for _ in range(1000):
+            pass
+        return forked[-1]
+
+    real_spawn = procs.spawn
+    monkeypatch.setattr(procs, "spawn", spawn_then_stop)  # (start_redis's)
+    stack = Stack({"vision": 0, "prefill": 0, "decode": 0}, procs.free_port(), tmp_path)
+    try:
+        with cli_up._stop_on_signals(), pytest.raises(cli_up._Stop):
+            stack.start()
+        stack.stop()
+        assert forked and forked[0].poll() is not None, "the embedded Redis outlived up's stop"
+    finally:
+        for proc in forked:
+            proc.kill()
+            proc.wait()

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,6 +50,27 @@ def end_process(code: int = 0) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+@contextmanager
+def stops_held() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive in the block are handled at its end, by the handlers of before
+    (in the main thread; elsewhere the block holds nothing): ``up``'s stop, raised between a child's
+    fork and its ``Popen`` kept on the stack, left that child out of the ordered stop."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    before = {
+        sig: signal.signal(sig, lambda signum, _: arrived.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        for signum in arrived[:1]:  # (the first: a stop ignores the rest)
+            signal.raise_signal(signum)
 
 
 def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:

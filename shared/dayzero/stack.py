@@ -32,6 +32,7 @@ from .procs import (
     port_in_use,
     spawn,
     start_redis,
+    stops_held,
     terminate,
 )
 from .service_commands import SERVICES, inherited, service_argv
@@ -122,14 +123,14 @@ class Stack:
             self.metrics_ports[child.name] = int(base) + i
 
     def _spawn(self, child: Child) -> None:
-        log = self.log_dir / f"{child.name}.log"
-        child.started = time.time()
-        if child.service == "redis":
-            child.proc = start_redis(self.redis_port, log)
-            return
+        log, child.started = self.log_dir / f"{child.name}.log", time.time()
         argv = service_argv(child.service, self.ranks.get(child.service, 1))
         cmd = [sys.executable, "-m", "dayzero.cli", *argv, "--name", child.name]
-        child.proc = spawn(cmd, log, {**self.env, **child.env})
+        with stops_held():  # (a stop before ``child.proc`` is set would leave the child out of ``stop``)
+            if child.service == "redis":
+                child.proc = start_redis(self.redis_port, log)
+                return
+            child.proc = spawn(cmd, log, {**self.env, **child.env})
         if child.service == "vision":
             self.vision_pids.add(child.proc.pid)
 
