@@ -13,11 +13,13 @@ The stack runs twice: tracing off (the default: the headline), then on (console 
 file per process), where each request's spans give the hops:
 
     client send ─ gateway (HTTP) ─ admission (validate, until the enqueue is sent) ─ queue hop
-    (enqueue sent -> prefill task starts) ─ intake (task -> forward starts) ─ forward + first-token
-    sampling (-> XADD sent) ─ gateway read (XADD sent -> the gateway has the entry) ─ SSE write (->
-    the client has it)
+    (enqueue sent -> prefill task starts: Redis, Celery's consumer, its pool thread) ─ claim (task
+    -> its take answered: the job parsed, one round trip) ─ loop pickup (-> forward starts: the loop
+    thread's wake, blocks reserved) ─ forward (-> logits) ─ first-token sampling (-> XADD sent) ─
+    gateway read (XADD sent -> the gateway has the entry) ─ SSE write (-> the client has it)
 
-(A mark is stamped when its side sends, not when its call returns: the other side may act first.)
+(A mark is stamped when its side sends, not when its call returns: the other side may act first;
+the claim's once its answer is back: the loop can have the job no sooner.)
 
 Each stack's processes report the CPU time they spent per request (psutil: user + system, a
 round's warm-ups included; idle they use next to none). Each stack's first request, sent as soon
@@ -45,8 +47,10 @@ HOPS = (
     ("client -> gateway (HTTP)", "send", "server"),
     ("gateway admission (validate, until the enqueue is sent)", "server", "queued"),
     ("queue hop (enqueue sent -> prefill task starts)", "queued", "task"),
-    ("prefill intake (task -> forward starts)", "task", "forward"),
-    ("forward + first-token sampling (-> XADD sent)", "forward", "published"),
+    ("claim (task -> its take answered)", "task", "claimed"),
+    ("loop pickup (claimed -> forward starts)", "claimed", "forward"),
+    ("forward (-> the last chunk's logits)", "forward", "forwarded"),
+    ("first-token sampling (logits -> XADD sent)", "forwarded", "published"),
     ("gateway read (XADD sent -> stream entry read)", "published", "read"),
     ("SSE write (-> client has the first token)", "read", "first"),
 )
@@ -110,7 +114,9 @@ MARKS = {  # mark: (span, its event; None: the span's start)
     "server": ("POST /v1/completions", None),
     "queued": ("gateway.request", "queued"),
     "task": ("run/dayzero.prefill", None),
+    "claimed": ("run/dayzero.prefill", "claimed"),  # the claim's take answered, on the task's thread
     "forward": ("prefill.forward", None),
+    "forwarded": ("prefill.forward", "forward_ended"),
     "published": ("prefill.forward", "tokens_appended"),  # the first token's XADD sent
     "read": ("gateway.request", "first_token"),
 }

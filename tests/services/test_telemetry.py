@@ -113,7 +113,8 @@ def test_text_request_takes_no_vision_span(traced):
 
 def test_a_request_marks_its_hops(traced):
     """What bench/overhead.py reads: the gateway's admission and first read, the task's start on
-    the prefill worker (its message carries the trace), the first token's append."""
+    the prefill worker (its message carries the trace) and its claim, the forward's end, the first
+    token's append."""
     stack, folder = traced
     body = {"model": MODEL, "prompt": [0, 7, 8, 9], "max_tokens": 2, "stream": True}
     with httpx.stream("POST", f"{stack.url}/v1/completions", json=body, timeout=60) as r:
@@ -136,9 +137,15 @@ def test_a_request_marks_its_hops(traced):
     gateway = found["gateway.request"]
     assert [e["name"] for e in gateway["events"]] == ["queued", "first_token"]
     assert found["run/dayzero.prefill"]["parent_id"] == gateway["context"]["span_id"]
-    appended = next(e for e in found["prefill.forward"]["events"] if e["name"] == "tokens_appended")
+    task, forward = found["run/dayzero.prefill"], found["prefill.forward"]
+    [claimed] = [e for e in task["events"] if e["name"] == "claimed"]
+    assert claimed["attributes"] == {"dayzero.take": "CLAIMED"}
+    [forwarded] = [e for e in forward["events"] if e["name"] == "forward_ended"]
+    appended = next(e for e in forward["events"] if e["name"] == "tokens_appended")
     # each mark is stamped no later than the other side can act on it: the hops are never negative
-    assert gateway["events"][0]["timestamp"] <= found["run/dayzero.prefill"]["start_time"]
+    assert gateway["events"][0]["timestamp"] <= task["start_time"]
+    assert task["start_time"] <= claimed["timestamp"] <= forward["start_time"]
+    assert forward["start_time"] <= forwarded["timestamp"] <= appended["timestamp"]
     assert appended["timestamp"] <= gateway["events"][1]["timestamp"]
 
 

@@ -109,7 +109,9 @@ class Lifecycle(TokenStream):
         alive with the lease), then whether it was cancelled: one round trip."""
         keys = [key(family, rid) for family in ("attempt", "done", "lease", "queued", "cancel", *parked_state(parked))]
         args = [attempt, owner, int(lease_s * 1000), HANDOFF_OWNER if handed_off else ""]
-        return Take(self._take(keys=keys, args=args))
+        taken = Take(self._take(keys=keys, args=args))
+        trace.get_current_span().add_event("claimed", {"dayzero.take": taken.name})  # (the task's; bench/overhead.py)
+        return taken
 
     def enqueue(self, rid: str, queue: str, message: str, queued_s: float) -> None:
         """Queued again with ``message`` on ``queue`` (vision -> prefill, a re-run), its lease dropped

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Container
 
 import redis
@@ -249,12 +250,15 @@ class PrefillLoop:
         try:
             with self.heartbeat.step():
                 logits = self.r.ranks.prefill(chunks)
+            ended_at = time.time_ns()  # (bench/overhead.py's hop from the forward's end to the first token's append)
             self.r.stats.add(tokens=sum(len(c.tokens) for c in chunks))
             for p, chunk in zip(rows, chunks, strict=True):
                 p.prefilled, p.done = p.prefilled + len(chunk.tokens), p.done + 1
             self.running += [p for p, out in zip(rows, logits, strict=True) if out is None]
             ended = [(p, out) for p, out in zip(rows, logits, strict=True) if out is not None]
             for p, out in ended:  # (each one's state kept first: Redis failing a send spares them all)
+                for span in p.spans:
+                    span.add_event("forward_ended", timestamp=ended_at)
                 self._finish(p, out)
             self.pending[:0] = self.sender.first([p for p, _ in ended])  # (Redis failing: kept, sent again)
         except Exception as exc:  # the forward failed (or Redis, mid-batch): the spans not ended yet end failed
