@@ -130,8 +130,9 @@ def _stamp(span: dict | None, event: str | None) -> int | None:
     return next((_ns(e["timestamp"]) for e in span["events"] if e["name"] == event), None)
 
 
-def span_marks(folder: Path, requests: list[dict]) -> list[dict]:
-    """Each request's marks (ns) from its trace's spans; requests with a mark missing drop out."""
+def span_marks(folder: Path, requests: list[dict], whole: bool = True) -> list[dict]:
+    """Each request's marks (ns) from its trace's spans; requests with a mark missing drop out
+    (``whole``), else keep it as None (a tree from before the mark: bench/hops_ab.py)."""
     spans = [json.loads(line) for f in folder.glob("*.jsonl") for line in f.read_text().splitlines() if line]
     by_trace: dict[str, dict[str, dict]] = {}
     for span in spans:
@@ -142,14 +143,14 @@ def span_marks(folder: Path, requests: list[dict]) -> list[dict]:
         root = roots.get(req["rid"])
         trace = by_trace[root["context"]["trace_id"]] if root else {}
         marks = {mark: _stamp(trace.get(name), event) for mark, (name, event) in MARKS.items()}
-        if None not in marks.values():
+        if root and (None not in marks.values() or not whole):
             out.append({**req, **marks})
     return out
 
 
 def hops(marked: dict) -> dict[str, float]:
-    """A request's hops (ms) from its marks."""
-    return {name: (marked[b] - marked[a]) / 1e6 for name, a, b in HOPS}
+    """A request's hops (ms) from its marks (those whose two marks it has)."""
+    return {name: (marked[b] - marked[a]) / 1e6 for name, a, b in HOPS if None not in (marked[a], marked[b])}
 
 
 def cpu_seconds(stack) -> dict[str, float]:

@@ -19,6 +19,8 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from demo_stack import stack_on
@@ -27,6 +29,7 @@ from overhead import Engine
 from sse_clients import RawClient
 
 from dayzero.demo import write_demo_checkpoint
+from dayzero.stack import Stack
 
 
 def main() -> None:
@@ -40,20 +43,8 @@ def main() -> None:
         checkpoint = write_demo_checkpoint(Path(tmp) / "demo")
         engine = Engine(checkpoint)
         prompt = engine.text_prompt(args.prompt_tokens)
-        stacks = []
-        for i, tree in enumerate(args.trees):
-            tree = tree.resolve()
-            settings = {"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{tree / 'shared'}:{tree}"}
-            stacks.append(stack_on(checkpoint, {"prefill": 1, "decode": 1}, Path(tmp) / f"logs{i}", settings))
-        try:
-            for stack in stacks:
-                stack.start()
-            for stack in stacks:
-                stack.wait_ready(timeout_s=300)
+        with trees_running(tree_stacks(args.trees, checkpoint, Path(tmp))) as stacks:
             ttft, gaps = rounds([RawClient(s.url) for s in stacks], engine, prompt, args.requests)
-        finally:
-            for stack in stacks:
-                stack.stop()
     print(f"A streamed {args.prompt_tokens}-token completion of 2 tokens, {args.requests} requests each, alternated")
     for title, values in (("TTFT", ttft), ("first -> second token (decode's first)", gaps)):
         print(f"\n{title}\n| tree | p25 ms | p50 ms | p75 ms |\n|---|---:|---:|---:|")
@@ -64,26 +55,57 @@ def main() -> None:
         print(f"paired difference, B - A: median {paired:+.2f} ms")
 
 
-def rounds(
-    clients: list[RawClient], engine: Engine, prompt: list[int], n: int
-) -> tuple[list[list[float]], list[list[float]]]:
-    """Each round one request to each stack (first A then B, then B then A, ...) -> each stack's
-    TTFTs and first -> second token gaps (decode's first token), ms."""
+def tree_stacks(
+    trees: list[Path], checkpoint: Path, folder: Path, own: Callable[[int], dict] | None = None
+) -> list[Stack]:
+    """A stack per tree, not started, whose processes import that tree's ``shared/`` and ``services/``
+    (its logs in ``folder``); ``own(i)``: the i-th stack's settings of its own."""
+    stacks = []
+    for i, tree in enumerate(trees):
+        tree = tree.resolve()
+        settings = {"OMP_NUM_THREADS": "1", "PYTHONPATH": f"{tree / 'shared'}:{tree}", **(own(i) if own else {})}
+        stacks.append(stack_on(checkpoint, {"prefill": 1, "decode": 1}, folder / f"logs{i}", settings))
+    return stacks
+
+
+@contextmanager
+def trees_running(stacks: list[Stack]) -> Iterator[list[Stack]]:
+    """``stacks`` started side by side and ready; stopped after."""
+    try:
+        for stack in stacks:
+            stack.start()
+        for stack in stacks:
+            stack.wait_ready(timeout_s=300)
+        yield stacks
+    finally:
+        for stack in stacks:
+            stack.stop()
+
+
+def alternated(clients: list[RawClient], engine: Engine, prompt: list[int], n: int) -> list[list[dict]]:
+    """Each round one request to each stack (first A then B, then B then A, ...) -> each stack's sends."""
     for client in clients:
         for _ in range(3):  # warm-up: connections, first-call paths
             client.stream(prompt)
-    ttft: list[list[float]] = [[], []]
-    gaps: list[list[float]] = [[], []]
+    sent: list[list[dict]] = [[], []]
     for k in range(n):
         for i in (0, 1) if k % 2 == 0 else (1, 0):
-            sent = clients[i].stream(prompt)
-            ttft[i].append((sent["first"] - sent["send"]) / 1e6)
-            gaps[i].append((sent["second"] - sent["first"]) / 1e6)
+            sent[i].append(clients[i].stream(prompt))
             time.sleep(0.05)  # decode's token and the stream's end settle
         engine.first_token(prompt)
         time.sleep(0.05)
     for client in clients:
         client.close()
+    return sent
+
+
+def rounds(
+    clients: list[RawClient], engine: Engine, prompt: list[int], n: int
+) -> tuple[list[list[float]], list[list[float]]]:
+    """``alternated`` -> each stack's TTFTs and first -> second token gaps (decode's first token), ms."""
+    sent = alternated(clients, engine, prompt, n)
+    ttft = [[(s["first"] - s["send"]) / 1e6 for s in tree] for tree in sent]
+    gaps = [[(s["second"] - s["first"]) / 1e6 for s in tree] for tree in sent]
     return ttft, gaps
 
 
