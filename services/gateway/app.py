@@ -37,6 +37,7 @@ from . import errors
 from .bus import Bus
 from .context import Gateway, system_fingerprint
 from .metrics import CountResponses, GatewayMetrics
+from .pass_steps import PassSteps
 from .readiness import readiness
 from .routes import answer_head_as_get, authorize, router
 from .stopping import Stopping
@@ -70,7 +71,8 @@ async def _reaper(gw: Gateway) -> None:
     back off after a long refusal (liveness.wake_stampers): they stamp again before the next. Nothing
     is re-run for a lease after a failed pass (or one Redis answered a quarter lease late: frozen within
     the command timeout, it fails nothing): a live worker's lease that lapsed in the outage is its to
-    take back (lease.py); re-run at once, each outage past a lease cost a re-prefill per request."""
+    take back (lease.py); re-run at once, each outage past a lease cost a re-prefill per request. A
+    pass's steps go on their own (pass_steps.py)."""
     messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
     store = gw.bus.store
     overdue = OverdueWaits(store, gw.settings.task_time_limit_s, gw.codec)
@@ -80,20 +82,20 @@ async def _reaper(gw: Gateway) -> None:
 
     def one_pass(past_before: set[str], rerun: bool) -> set[str]:
         """One pass; ``past_before``: the stages past the no-worker bound at the last one. -> those now."""
-        if rerun:
-            sweep(store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period, period / 2)  # (Stalled: failed)
+        if rerun:  # (Stalled: failed)
+            steps.run("re-run", sweep, store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period, period / 2)
         unserved, bound = unserved_stages(store.r, QUEUES), gw.settings.no_worker_timeout_s
         past = {stage: seconds for stage, seconds in unserved.items() if seconds > bound}
         if past.keys() - past_before:  # (looked at again RESTAMPED_S on: its workers backing off stamp now)
             wake_stampers(store.r)
         gw.bus.unserved = {stage: seconds for stage, seconds in past.items() if stage in past_before}  # (admission)
-        overdue.end()  # (first: the cancelled waits, an unserved stage's among them)
-        end_unserved(store, lambda stage: gw.bus.unserved.get(stage, 0.0), bound)
-        if time.time() >= started + gw.settings.disconnect_grace_s:
-            cancel_left(store.r, store.ttl_s)  # (left by a gateway that stopped)
+        steps.run("end of overdue waits", overdue.end)  # (first: the cancelled waits, an unserved stage's among them)
+        steps.run("end of unserved waits", end_unserved, store, lambda stage: gw.bus.unserved.get(stage, 0.0), bound)
+        if time.time() >= started + gw.settings.disconnect_grace_s:  # (left by a gateway that stopped)
+            steps.run("cancel of left requests", cancel_left, store.r, store.ttl_s)
         return set(past)
 
-    period, started = gw.settings.lease_s / 2, time.time()
+    period, started, steps = gw.settings.lease_s / 2, time.time(), PassSteps()
     refused = RefusedCredentials(gw.settings.credentials_refused_s, "gateway")  # (its passes: 503s for ever)
     command = CommandRefused(gw.settings.redis_url)  # (NOPERM: no exit, a restart meets the same ACL)
     failed_at = None  # when the first of the passes that failed on Redis failed (Redis's time; count_again)

@@ -148,4 +148,33 @@ def test_the_gateway_s_reaper_outlives_a_pass_that_fails(demo_dir, redis_url, mo
     monkeypatch.setattr(app, "sweep", failing_once)
     with TestClient(app.make_app(Settings(checkpoint=demo_dir, redis_url=redis_url, lease_s=0.1))):
         assert wait_until(lambda: len(passes) >= 3, 30)
-    assert "the reaper's pass failed" in caplog.text and "a bug in one pass" in caplog.text
+    assert "the reaper's re-run failed" in caplog.text and "a bug in one pass" in caplog.text
+
+
+def test_a_reaper_step_that_fails_every_pass_skips_none_after_it_and_is_logged_once(
+    demo_dir, redis_url, monkeypatch, caplog
+):
+    """The end of the cancelled and overdue waits raised at every pass (a bug, a record it cannot
+    read): the steps after it in the pass (the no-worker ends, the cancels a stopped gateway left)
+    never ran, and the trace was logged every pass. Each step goes on its own now, the failure
+    logged once."""
+    from fastapi.testclient import TestClient
+
+    from services.gateway import app
+
+    class FailingWaits:
+        def __init__(self, *args) -> None:
+            pass
+
+        def end(self) -> list[str]:
+            raise RuntimeError("a record the pass cannot read")
+
+    unserved_passes, left_passes = [], []
+    monkeypatch.setattr(app, "OverdueWaits", FailingWaits)
+    monkeypatch.setattr(app, "end_unserved", lambda *args: unserved_passes.append(args))
+    monkeypatch.setattr(app, "cancel_left", lambda *args: left_passes.append(args))
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, lease_s=0.1, disconnect_grace_s=0)
+    with caplog.at_level("WARNING", "dayzero.gateway"), TestClient(app.make_app(settings)):
+        assert wait_until(lambda: len(unserved_passes) >= 3 and len(left_passes) >= 3, 30)
+    logged = [record for record in caplog.records if "the reaper's end of overdue waits failed" in record.getMessage()]
+    assert len(logged) == 1 and "a record the pass cannot read" in caplog.text
