@@ -25,10 +25,17 @@ def scratch(keep: str = "") -> Iterator[Path]:
         yield Path(keep or tmp)
 
 
-def stack_on(checkpoint: Path, workers: dict[str, int], logs: Path, settings: dict[str, str] | None = None) -> Stack:
+def stack_on(
+    checkpoint: Path,
+    workers: dict[str, int],
+    logs: Path,
+    settings: dict[str, str] | None = None,
+    redis_url: str | None = None,
+) -> Stack:
     """A stack, not started, of ``workers`` per stage on ``checkpoint`` (its gateway on a free port, its
-    logs in ``logs``), with ``settings`` in its environment."""
-    return Stack(workers, free_port(), logs, {"DAYZERO_CHECKPOINT": str(checkpoint), **(settings or {})})
+    logs in ``logs``), with ``settings`` in its environment, on ``redis_url`` (else a Redis of its own)."""
+    env = {"DAYZERO_CHECKPOINT": str(checkpoint), **(settings or {})}
+    return Stack(workers, free_port(), logs, env, redis_url=redis_url)
 
 
 @contextmanager
@@ -50,9 +57,11 @@ def demo_stack(
     fp4: bool = False,
     vision: bool = False,
     ready_s: float | None = READY_S,
+    redis_url: str | None = None,
 ) -> Iterator[Stack]:
     """In ``folder``: the demo checkpoint (``demo/``; ``fp4``: the release's formats, ``vision``: with
-    its vision tower) and a running stack of ``workers`` on it (logs in ``logs/``)."""
+    its vision tower) and a running stack of ``workers`` on it (logs in ``logs/``; on ``redis_url``,
+    else a Redis of its own)."""
     checkpoint = write_demo_checkpoint(folder / "demo", vision=vision, fp4=fp4)
-    with running(stack_on(checkpoint, workers, folder / "logs", settings), ready_s) as stack:
+    with running(stack_on(checkpoint, workers, folder / "logs", settings, redis_url), ready_s) as stack:
         yield stack

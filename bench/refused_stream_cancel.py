@@ -1,19 +1,21 @@
 """What a stream's client leaving while Redis refuses writes costs once Redis takes them again: the
-gateway's leave is refused, tried again, and its cancel went to Redis due
-``DAYZERO_REFUSED_CANCEL_AFTER_S`` (7 s) later for a resume on another gateway; ``dayzero up``'s
-gateway, the only one on its embedded Redis, now cancels at once (0).
+gateway's leave is refused, tried again, and its cancel goes to Redis due
+``DAYZERO_REFUSED_CANCEL_AFTER_S`` (7 s) later for a resume on another gateway, when one runs on the
+Redis (dayzero.serving.gateways); a gateway alone cancels at once.
 
 A stack of 1 prefill and 1 decode worker on the demo checkpoint (disconnect grace ``--grace`` s):
 per round a long stream (``ignore_eos``), 10 events read, Redis refuses writes (``maxmemory 1``), the
 client leaves, ``--refusal`` s later Redis takes writes again; then the seconds until the request
-ended (its ``done`` mark) and the tokens it generated past the client's last. ``up's default``:
-DAYZERO_REFUSED_CANCEL_AFTER_S unset (0 under ``up``); ``7 s``: set to 7, as before. Medians of
-``--rounds`` per setting, one stack after the other. Run:
+ended (its ``done`` mark) and the tokens it generated past the client's last. Settings: ``up's own
+Redis`` (embedded), ``user's Redis`` (a redis-server of the bench's, the gateway alone on it),
+``another gateway`` (the same, another gateway's stamp in ``dz:gateways``: the 7 s wait for its
+resumes). Medians of ``--rounds`` per setting, one stack after the other. Run:
 ``python bench/refused_stream_cancel.py [--rounds 3] [--refusal 3] [--grace 1]``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -25,10 +27,11 @@ import redis
 from demo_stack import QUICK_LEASES, demo_stack, scratch
 from options import bench_parser
 
+from dayzero.procs import scratch_redis
 from dayzero.serving.keys import key
 
 LONG = {"model": "dayzero-demo", "prompt": [0, 5, 6], "max_tokens": 3000, "ignore_eos": True, "stream": True}
-SETTINGS = {"up's default": {}, "7 s": {"DAYZERO_REFUSED_CANCEL_AFTER_S": "7"}}
+SETTINGS = ("up's own Redis", "user's Redis", "another gateway")  # (see the docstring)
 GIVE_UP_S = 60.0
 
 
@@ -66,11 +69,16 @@ def main() -> None:
     args = parser.parse_args()
     print(f"load {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
     results: dict[str, list[tuple[float, int, str]]] = {}
-    for name, settings in SETTINGS.items():
-        env = {**QUICK_LEASES, "DAYZERO_DISCONNECT_GRACE_S": str(args.grace), **settings}
-        with scratch() as tmp, demo_stack(Path(tmp), {"vision": 0, "prefill": 1, "decode": 1}, env) as stack:
+    env = {**QUICK_LEASES, "DAYZERO_DISCONNECT_GRACE_S": str(args.grace)}
+    for name in SETTINGS:
+        with contextlib.ExitStack() as held:
+            tmp = Path(held.enter_context(scratch()))
+            url = None if name == "up's own Redis" else f"redis://127.0.0.1:{held.enter_context(scratch_redis())}/0"
+            stack = held.enter_context(demo_stack(tmp, {"vision": 0, "prefill": 1, "decode": 1}, env, redis_url=url))
             r = redis.Redis.from_url(stack.redis_url)
             for i in range(args.rounds):
+                if name == "another gateway":  # (its reaper's stamp, fresh each round)
+                    r.zadd(key("gateways"), {"another gateway": r.time()[0]})
                 results.setdefault(name, []).append(one_round(stack.url, r, args.refusal))
                 ended, tokens, end = results[name][-1]
                 print(f"{name} round {i + 1}: ended {ended:.2f} s after Redis took writes, {tokens} tokens on, {end}")

@@ -20,6 +20,7 @@ from dayzero.config import ModelConfig
 from dayzero.redis_clients import sync_client
 from dayzero.redis_refusals import CommandRefused, RefusedCredentials
 from dayzero.serving import redis_clock as clock
+from dayzero.serving.gateways import gone_after_s, stamp
 from dayzero.serving.keys import QUEUES
 from dayzero.serving.liveness import STAMP_RETRY_S, wake_stampers
 from dayzero.serving.messages import PrefillJob
@@ -71,8 +72,9 @@ async def _reaper(gw: Gateway) -> None:
     back off after a long refusal (liveness.wake_stampers): they stamp again before the next. Nothing
     is re-run for a lease after a failed pass (or one Redis answered a quarter lease late: frozen within
     the command timeout, it fails nothing): a live worker's lease that lapsed in the outage is its to
-    take back (lease.py); re-run at once, each outage past a lease cost a re-prefill per request. A
-    pass's steps go on their own (pass_steps.py)."""
+    take back (lease.py); re-run at once, each outage past a lease cost a re-prefill per request. Each
+    pass stamps this gateway among those on the Redis (dayzero.serving.gateways: alone, a cancel Redis
+    refused goes at once); its other steps go on their own (pass_steps.py)."""
     messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
     store = gw.bus.store
     overdue = OverdueWaits(store, gw.settings.task_time_limit_s, gw.codec)
@@ -80,8 +82,9 @@ async def _reaper(gw: Gateway) -> None:
     def send(job: PrefillJob, stage: str) -> None:
         store.enqueue(job.request.request_id, stage, messages[stage](job), gw.settings.visibility_timeout_s)
 
-    def one_pass(past_before: set[str], rerun: bool) -> set[str]:
-        """One pass; ``past_before``: the stages past the no-worker bound at the last one. -> those now."""
+    def one_pass(past_before: set[str], rerun: bool, back_since: float) -> set[str]:
+        """One pass; ``past_before``: the stages past the no-worker bound at the last one. -> those now.
+        ``back_since``: when its passes came back from one that failed on Redis (gateways.stamp)."""
         if rerun:  # (Stalled: failed)
             steps.run("re-run", sweep, store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period, period / 2)
         unserved, bound = unserved_stages(store.r, QUEUES), gw.settings.no_worker_timeout_s
@@ -93,6 +96,9 @@ async def _reaper(gw: Gateway) -> None:
         steps.run("end of unserved waits", end_unserved, store, lambda stage: gw.bus.unserved.get(stage, 0.0), bound)
         if time.time() >= started + gw.settings.disconnect_grace_s:  # (left by a gateway that stopped)
             steps.run("cancel of left requests", cancel_left, store.r, store.ttl_s)
+        # last: as the pass's first command it took a frozen Redis's stall, the sweep's own read answered
+        # at once, and it re-ran a live worker's lease that lapsed in the freeze
+        stamp(store.r, gw.bus.gateway, clock.now(), back_since, gone_after_s(period))
         return set(past)
 
     period, started, steps = gw.settings.lease_s / 2, time.time(), PassSteps()
@@ -100,13 +106,15 @@ async def _reaper(gw: Gateway) -> None:
     command = CommandRefused(gw.settings.redis_url)  # (NOPERM: no exit, a restart meets the same ACL)
     failed_at = None  # when the first of the passes that failed on Redis failed (Redis's time; count_again)
     wait_s, past, rerun_from = period, set(), 0.0  # (the stages past the bound at the last pass; monotonic)
+    back_since = clock.now()  # (Redis's time)
     while True:
         await asyncio.sleep(wait_s)
         try:
             if failed_at is not None:
                 rerun_from = time.monotonic() + gw.settings.lease_s  # (the live workers beat within a lease)
+                back_since = clock.now()
                 await run_in_threadpool(count_again, store.r, QUEUES, failed_at)
-            found = await run_in_threadpool(one_pass, past, time.monotonic() >= rerun_from)
+            found = await run_in_threadpool(one_pass, past, time.monotonic() >= rerun_from, back_since)
             wait_s, past, failed_at = RESTAMPED_S if found - past else period, found, None
             refused.taken()
             command.taken()

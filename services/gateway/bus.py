@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import uuid
+
 import redis
 from celery import Celery
 from opentelemetry import trace
@@ -11,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from dayzero.redis_clients import async_client
 from dayzero.serving.admission import Queue, Record
+from dayzero.serving.gateways import forget
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest, prefill_job_json
 from dayzero.serving.no_worker_count import unserved_for
@@ -22,6 +27,8 @@ from dayzero.telemetry import carrier
 
 from .leaving import Leaving
 from .streams import StreamHub
+
+FORGET_S = 1.0  # a stopping gateway's leave of the gateways on its Redis waits no longer (down, frozen)
 
 
 class Bus:
@@ -44,8 +51,13 @@ class Bus:
         self.watching = Watching(self.r, settings.stream_ttl_s, settings.visibility_timeout_s)
         self.store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)  # sync, for the thread pool
         self.registry = Registry(self.store.r)
+        self.gateway = uuid.uuid4().hex  # among those on the Redis (its reaper stamps it: dayzero.serving.gateways)
         self.leaving = Leaving(
-            self.watching, settings.disconnect_grace_s, settings.task_time_limit_s, settings.refused_cancel_after_s
+            self.watching,
+            self.gateway,
+            settings.disconnect_grace_s,
+            settings.task_time_limit_s,
+            settings.refused_cancel_after_s,
         )
         self.unserved: dict[str, float] = {}  # stages past the no-worker bound at the reaper's last pass
 
@@ -96,4 +108,6 @@ class Bus:
         their clients may resume them (by whichever gateway runs then)."""
         await self.hub.close()
         await self.leaving.close()
+        with contextlib.suppress(redis.RedisError, TimeoutError):  # (else its stamp goes once old: gateways.py)
+            await asyncio.wait_for(forget(self.r, self.gateway), FORGET_S)
         await self.r.aclose()

@@ -8,9 +8,9 @@ the pause doubling up to ``RETRY_S[1]`` (cut short once Redis, unreached, answer
 until it goes through or the request's time limit has passed (it has ended by then): a cancel lost
 there left the request generating to its end for a client that had gone, its exception never
 retrieved. Once Redis failed a step, the cancel is left to
-Redis, due ``DAYZERO_REFUSED_CANCEL_AFTER_S`` later: a resume on another gateway whose watch Redis
-refused too takes it back on its next try (the retried cancel landed first, and cancelled it under
-its reader).
+Redis, due ``DAYZERO_REFUSED_CANCEL_AFTER_S`` later, when another gateway runs on the Redis
+(dayzero.serving.gateways): a resume there whose watch Redis refused too takes it back on its next
+try (the retried cancel landed first, and cancelled it under its reader); alone, it goes at once.
 A resume that reaches this gateway (its route, before any Redis) holds a pending cancel until its
 stream starts reading, which supersedes the cancel: the resumed read's own leave decides again. Left
 to Redis alone, a stall across the grace's end let the cancel overtake the resume's four commands (5
@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 import redis
 
 from dayzero.serving import redis_clock as clock
+from dayzero.serving.gateways import others_run
 from dayzero.serving.watching import Watching
 
 log = logging.getLogger("dayzero.gateway")
@@ -45,8 +46,8 @@ log = logging.getLogger("dayzero.gateway")
 # a resume on another gateway whose watch Redis refused too is tried again within RETRY_S[1] and takes
 # it back (cancelled at once, the retried cancel could land first: cancelled under its reader).
 # Not a request answered in one body: nobody can resume it (it decoded 7 s on for a client gone); nor
-# any at 0 s, the only gateway on its Redis (``dayzero up``'s own): no other can resume it, and a
-# resume here holds or supersedes the cancel (``coming``, ``reading``): it decoded 7 s on for nobody.
+# any while no other gateway runs on the Redis (dayzero.serving.gateways): a resume here holds or
+# supersedes the cancel (``coming``, ``reading``): it decoded 7 s on for nobody.
 RETRY_S = (0.2, 5.0)
 # While Redis is unreached (a step's try timed out or its connection failed), one PING at a time asks
 # whether it answers again, each bounded by PROBE_S (a connect during a partition waits for the SYN's
@@ -69,8 +70,11 @@ class Leave:
 
 
 class Leaving:
-    def __init__(self, watching: Watching, grace_s: float, time_limit_s: float, refused_cancel_after_s: float) -> None:
-        self.watching, self.grace_s, self.time_limit_s = watching, grace_s, time_limit_s
+    def __init__(
+        self, watching: Watching, gateway: str, grace_s: float, time_limit_s: float, refused_cancel_after_s: float
+    ) -> None:
+        """``gateway``: this gateway's id among those on the Redis (dayzero.serving.gateways)."""
+        self.watching, self.gateway, self.grace_s, self.time_limit_s = watching, gateway, grace_s, time_limit_s
         self.refused_cancel_after_s = refused_cancel_after_s
         self._pending: dict[str, set[Leave]] = {}  # leaves that may still cancel, by request
         self._arrivals: dict[str, list[float]] = {}  # resumes on their way in (monotonic), by request
@@ -186,7 +190,8 @@ class Leaving:
             await asyncio.sleep(ARRIVAL_POLL_S)  # a resume under way: it reads, or it is turned away
         if leave.superseded or self._watch_tried(leave.request_id):
             return
-        if leave.refused and resumable and self.refused_cancel_after_s:  # a resume elsewhere may retry its watch
+        deferred = leave.refused and resumable and self.refused_cancel_after_s  # a resume elsewhere may retry its watch
+        if deferred and await others_run(self.watching.r, self.gateway):
             await self.watching.cancel_later(leave.request_id, clock.now() + self.refused_cancel_after_s)
         else:
             await self.watching.cancel_unwatched(leave.request_id)

@@ -87,15 +87,13 @@ class Stack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.redis_url is not None:
             answering(self.redis_url, REDIS_ANSWER_WITHIN_S)
-        embedded = self.redis_url is None
-        if embedded:
+        if self.redis_url is None:  # (embedded)
             self.redis_port = free_port()
             self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
             self.children = [Child("redis", "redis")]
         own = {"DAYZERO_REDIS_URL": self.redis_url, "DAYZERO_PORT": str(self.port)}
         self.env = {**inherited(os.environ), **self.env, **own}
-        lone = embedded and "DAYZERO_REFUSED_CANCEL_AFTER_S" not in self.env  # the only gateway on that Redis
-        self.children.append(Child("gateway", "gateway", env={"DAYZERO_REFUSED_CANCEL_AFTER_S": "0"} if lone else {}))
+        self.children.append(Child("gateway", "gateway"))
         for service in ("vision", "prefill", "decode"):
             self.children += [
                 Child(f"{service}{i}", service) for i in range(self.counts.get(service, int(service != "vision")))

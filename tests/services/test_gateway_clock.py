@@ -176,9 +176,9 @@ def test_a_skewed_gateway_whose_redis_was_down_at_its_start_stamps_its_first_req
 
 def test_a_cancel_redis_refused_is_due_after_the_refusal_on_redis_clock(redis_url, monkeypatch, caplog):
     """A leave whose cancel Redis refused goes to Redis due ``DAYZERO_REFUSED_CANCEL_AFTER_S`` on, for a resume on
-    another gateway retrying its own refused watch to take back. It was due by the host's clock: 20 s
-    behind, 13 s past already, cancelled by any gateway's next pass under the resume on its way. The
-    gateway's clock is moved in this process (as SKEWED_CLOCK moves a worker's)."""
+    another gateway (one runs beside it) retrying its own refused watch to take back. It was due by
+    the host's clock: 20 s behind, 13 s past already, cancelled by any gateway's next pass under the
+    resume on its way. The gateway's clock is moved in this process (as SKEWED_CLOCK moves a worker's)."""
     host_time = time.time
     monkeypatch.setattr(time, "time", lambda: host_time() - 20.0)
     monkeypatch.setattr(redis_clock, "_offset_s", None)
@@ -189,6 +189,7 @@ def test_a_cancel_redis_refused_is_due_after_the_refusal_on_redis_clock(redis_ur
 
     async def run() -> tuple[float | None, float]:
         bus, client = Bus(settings, make_celery(settings)), aioredis.Redis.from_url(redis_url)
+        await client.zadd(key("gateways"), {"another gateway": redis_clock.now()})  # (its reaper's stamp)
         bus.leaving.reading("r20")
         await bus.watching.watch("r20", "first")
         await client.config_set("maxmemory", 1)

@@ -108,12 +108,12 @@ def test_a_resume_on_its_way_holds_the_cancel_of_another_read_that_left(redis_ur
 
 @pytest.fixture(scope="module")
 def gateway(text_dir, tmp_path_factory):
-    """A gateway alone (nothing takes its requests: they wait, unread, until cancelled). A cancel Redis
-    refused goes to Redis 1 s on, not 7 (no resume elsewhere here: the delay's own tests are in
-    test_leaving_refused.py, in-process); its commands give up on a frozen Redis after COMMANDS_S, not
-    10 s (still well past the stalls its tests want ridden out: 1.7 s)."""
+    """A gateway alone (nothing takes its requests: they wait, unread, until cancelled; a cancel Redis
+    refused goes at once: no other gateway runs on its Redis, the delay's own tests are in
+    test_leaving_refused.py). Its commands give up on a frozen Redis after COMMANDS_S, not 10 s
+    (still well past the stalls its tests want ridden out: 1.7 s)."""
     extra = {"DAYZERO_DISCONNECT_GRACE_S": str(GRACE_S), "DAYZERO_NO_WORKER_TIMEOUT_S": "600"}
-    extra |= {"DAYZERO_REFUSED_CANCEL_AFTER_S": "1.0", "DAYZERO_GATEWAY_REDIS_TIMEOUT_S": str(COMMANDS_S)}
+    extra |= {"DAYZERO_GATEWAY_REDIS_TIMEOUT_S": str(COMMANDS_S)}
     stack = start_gateway_alone(text_dir, tmp_path_factory.mktemp("logs"), extra)
     yield stack
     stack.stop()

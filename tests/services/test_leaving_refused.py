@@ -1,24 +1,34 @@
 """A client's leave whose cancel Redis refused (at its memory limit): the cancel goes to Redis due
 ``DAYZERO_REFUSED_CANCEL_AFTER_S`` (7 s) later when a resume on another gateway may be retrying its
 own refused watch, at once when nobody can resume the request or no other gateway shares the Redis
-(services/gateway/leaving.py; ``dayzero up``'s own), against a real Redis."""
+(services/gateway/leaving.py, dayzero.serving.gateways), against a real Redis."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-import psutil
+import httpx
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from dayzero.procs import free_port
+from dayzero.serving import gateways
 from dayzero.serving.keys import key
 from dayzero.serving.queue import make_celery
 from dayzero.settings import Settings
 from dayzero.stack import Stack
 from services.gateway import leaving
 from services.gateway.bus import Bus
+
+from .conftest import MODEL, SETTINGS_ENV, wait_until
+
+
+def _running(redis_url: str, *buses: Bus) -> None:
+    """The gateways of ``buses`` run on the Redis: each stamped as its reaper's pass does."""
+    for bus in buses:
+        gateways.stamp(redis.Redis.from_url(redis_url), bus.gateway, time.time(), time.time(), 60.0)
 
 
 async def _logged(caplog, line: str) -> None:
@@ -39,6 +49,7 @@ def test_a_cancel_redis_refused_waits_for_a_resume_elsewhere_whose_watch_it_refu
         settings = Settings(redis_url=redis_url, disconnect_grace_s=0.2)
         first, other = Bus(settings, make_celery(settings)), Bus(settings, make_celery(settings))
         client, readers = aioredis.Redis.from_url(redis_url), key("watchers", "r6")
+        _running(redis_url, first, other)
         first.leaving.reading("r6")
         await first.watching.watch("r6", "first")
         await client.config_set("maxmemory", 1)
@@ -66,24 +77,34 @@ def test_a_cancel_redis_refused_waits_for_a_resume_elsewhere_whose_watch_it_refu
 
 
 @pytest.mark.parametrize(
-    ("resumable", "after_s", "grace_s"),
-    [(False, 7.0, 60.0), (True, 0.0, 0.2)],
-    ids=["one body: nobody can resume it", "a stream on the only gateway: after 0 s"],
+    ("resumable", "others", "grace_s"),
+    [(False, True, 60.0), (True, False, 0.2), (True, None, 0.2)],
+    ids=[
+        "one body: nobody can resume it",
+        "a stream on the only gateway",
+        "a stream on the only gateway, another one stopped",
+    ],
 )
 def test_a_cancel_redis_refused_that_nobody_else_can_resume_goes_at_once(
-    redis_url, monkeypatch, caplog, resumable, after_s, grace_s
+    redis_url, monkeypatch, caplog, resumable, others, grace_s
 ):
     """A client left while Redis refused writes and nobody on another gateway can resume its request:
-    answered in one body (its id comes only with the body), or a stream on the only gateway of its
-    Redis (DAYZERO_REFUSED_CANCEL_AFTER_S=0; a resume here holds or supersedes the cancel). Its
-    cancel goes as soon as Redis takes it (was: left to Redis 7 s on, 7 s more decoding for a client
-    gone, plus a reaper's period)."""
+    answered in one body (its id comes only with the body), or a stream on the only gateway running
+    on its Redis (a resume here holds or supersedes the cancel; ``others`` None: another one ran and
+    stopped). Its cancel goes as soon as Redis takes it (was: left to Redis 7 s on, 7 s more
+    decoding for a client gone, plus a reaper's period; a lone gateway on a Redis of the user's, not
+    ``dayzero up``'s own, still was)."""
     monkeypatch.setattr(leaving, "RETRY_S", (0.5, 0.5))
 
     async def run() -> tuple[bool, float | None]:
-        settings = Settings(redis_url=redis_url, disconnect_grace_s=grace_s, refused_cancel_after_s=after_s)
+        settings = Settings(redis_url=redis_url, disconnect_grace_s=grace_s)
         bus, client = Bus(settings, make_celery(settings)), aioredis.Redis.from_url(redis_url)
         cancel, left = key("cancel", "r7"), key("left")
+        await client.delete(key("gateways"))  # (the module's other tests' gateways)
+        other = Bus(settings, make_celery(settings))
+        _running(redis_url, bus, *([other] if others is not False else []))
+        if others is None:
+            await other.close()
         bus.leaving.reading("r7")
         await bus.watching.watch("r7", "read")
         await client.config_set("maxmemory", 1)
@@ -95,32 +116,45 @@ def test_a_cancel_redis_refused_that_nobody_else_can_resume_goes_at_once(
         await asyncio.wait_for(_logged(caplog, "request r7: its cancel went through"), 10)
         cancelled, due = bool(await client.exists(cancel)), await client.zscore(left, "r7")
         await client.aclose()
-        await asyncio.wait_for(bus.close(), 5)
+        for gone in [bus] + ([other] if others is not None else []):
+            await asyncio.wait_for(gone.close(), 5)
         return cancelled, due
 
     with caplog.at_level("WARNING", "dayzero.gateway"):
         assert asyncio.run(run()) == (True, None)
 
 
-def test_up_tells_its_gateway_it_is_alone_only_on_its_own_redis(demo_dir, redis_url, tmp_path):
-    """``dayzero up``'s embedded Redis listens on 127.0.0.1 for its one gateway (restarted only once
-    gone): its refused stream cancels go at once. On a Redis of the user's, other gateways may resume
-    its streams: the 7 s stay; a value the user set stays too."""
-    env = {"DAYZERO_CHECKPOINT": str(demo_dir)}
-    none = {"vision": 0, "prefill": 0, "decode": 0}
-    cases = {
-        "embedded": (Stack(none, free_port(), tmp_path / "a", env), "0"),
-        "external": (Stack(none, free_port(), tmp_path / "b", env, redis_url=redis_url), None),
-        "set": (Stack(none, free_port(), tmp_path / "c", {**env, "DAYZERO_REFUSED_CANCEL_AFTER_S": "3"}), "3"),
-    }
-    for name, (stack, want) in cases.items():
-        stack.start()
+def test_up_on_a_redis_of_the_user_s_cancels_a_refused_stream_at_once_while_its_gateway_is_alone(
+    text_dir, redis_url, tmp_path
+):
+    """``dayzero up`` on a Redis of the user's (not its embedded one): its one gateway's refused stream
+    cancel was left to Redis 7 s on, for a resume on another gateway there was none of (360 tokens
+    decoded for nobody against 54 under the embedded Redis: bench/refused_stream_cancel.py). It runs
+    alone there (its reaper's stamps say so): the cancel goes once Redis takes writes. Real processes:
+    the gateway (no worker: its request waits, unread), a Redis of the test's."""
+    r = redis.Redis.from_url(redis_url)
+    r.delete(key("gateways"))  # (the module's other tests' gateways)
+    env = {**SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(text_dir), "DAYZERO_NO_WORKER_TIMEOUT_S": "600"}
+    stack = Stack({"vision": 0, "prefill": 0, "decode": 0}, free_port(), tmp_path, env, redis_url=redis_url)
+    stack.start()
+    try:
+        assert wait_until(lambda: r.zcard(key("gateways")) == 1, 60)  # (up: its reaper stamped it)
+        body = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 50, "stream": True}
+        with httpx.stream("POST", f"{stack.url}/v1/completions", json=body, timeout=30) as response:
+            assert response.status_code == 200, response.read()
+            rid = response.headers["x-request-id"]
+            assert wait_until(lambda: r.exists(key("watchers", rid)), 10)
+            r.config_set("maxmemory", 1)
         try:
-            [gateway] = [child for child in stack.children if child.service == "gateway"]
-            got = psutil.Process(gateway.proc.pid).environ().get("DAYZERO_REFUSED_CANCEL_AFTER_S")
+            time.sleep(1.0)  # the client left, its unwatch refused
         finally:
-            stack.stop()
-        assert got == want, name
+            r.config_set("maxmemory", 0)
+        assert wait_until(lambda: r.exists(key("cancel", rid)), 5)  # (was: left to Redis, due 7 s on)
+        assert r.zscore(key("left"), rid) is None
+    finally:
+        r.config_set("maxmemory", 0)
+        stack.stop()
+    assert r.zcard(key("gateways")) == 0  # (it stopped: it runs no more)
 
 
 def test_a_refused_cancel_waits_for_a_resume_here_whose_watch_redis_refused_too(redis_url, monkeypatch, caplog):
