@@ -1,10 +1,12 @@
 """Milliseconds of one lease heartbeat (``Lifecycle.heartbeat``: one HEARTBEAT script call) for
 ``--leases`` leases a worker holds, without and with the parked states' keys (``parked``: decode's
-beats, once it claimed a Redis-carried handoff, keep kvstate:{id} alive with the lease; every other
-beat leaves them alone: shm and cuda_ipc park none in Redis): the call's wall time and Redis's own (INFO commandstats'
-EVALSHA usec, reset before each call; steadier on a loaded machine). Real Redis (embedded), one
-client, each lease held, no state parked (shm's case); the two kinds alternate, medians of
-``--rounds`` calls each.
+beats keep kvstate:{id} alive with the lease while a Redis-carried state waits, claimed, not
+imported; every other beat leaves them alone: shm and cuda_ipc park none in Redis, and an imported
+state is gone. Before, a decode worker that had claimed one such state named every held request's
+kvstate in every beat, a missing key once imported: the ``with`` row for every request it
+generated): the call's wall time and Redis's own (INFO commandstats' EVALSHA usec, reset before each
+call; steadier on a loaded machine). Real Redis (embedded), one client, each lease held, no state
+parked (shm's case); the two kinds alternate, medians of ``--rounds`` calls each.
 
     .venv/bin/python bench/heartbeat_keys.py [--leases 3000] [--rounds 15]
 """
@@ -38,12 +40,12 @@ def main() -> None:
         took: dict[bool, list[float]] = {False: [], True: []}
         spent: dict[bool, list[float]] = {False: [], True: []}  # ms in Redis
         for parked in took:  # (the script loaded)
-            assert store.heartbeat(rids, "worker", 600, runs, parked) == []
+            assert store.heartbeat(rids, "worker", 600, runs, rids if parked else ()) == []
         for _ in range(args.rounds):
             for parked, times in took.items():
                 store.r.config_resetstat()
                 start = time.perf_counter()
-                store.heartbeat(rids, "worker", 600, runs, parked)
+                store.heartbeat(rids, "worker", 600, runs, rids if parked else ())
                 times.append(time.perf_counter() - start)
                 spent[parked].append(store.r.info("commandstats")["cmdstat_evalsha"]["usec"] / 1e3)
         for parked, times in took.items():

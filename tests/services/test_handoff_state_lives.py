@@ -63,7 +63,8 @@ def test_a_held_state_is_beaten_with_its_lease_and_lapses_with_it_once_its_holde
     store.r.set(key("attempt", "held-state"), 0)
     park(store, "kvstate", "held-state", b"state", 0.2)
     store.r.set(key("lease", "held-state"), "handoff", px=200)
-    beat = Heartbeat(store, "decode0", 0.4, stop, parked=True)  # (decode's, handoff=redis)
+    beat = Heartbeat(store, "decode0", 0.4, stop)  # (decode's, handoff=redis)
+    beat.state_parked("held-state")
     try:
         store.take("held-state", 0, "decode0", 0.4, handed_off=True, parked=True)
         with beat.holding(["held-state"]):
@@ -84,16 +85,14 @@ def _monitored(url: str, lines: list[str], watching: threading.Event, stop: thre
                 return
 
 
-def test_shm_claims_and_beats_touch_no_parked_state(demo_dir, redis_url):
-    """With handoff=shm no state is ever parked in Redis: decode's claim and its beats (the claimed
-    request waiting, then generating) name no kvstate key and run no command on one (each beat read
-    every held request's: bench/heartbeat_keys.py). Watched through Redis's MONITOR."""
-    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="shm", lease_s=0.3)
-    decode = Runtime.load(settings, "decode-shm@test", "decode", False)
-    (store, request), handed = _admitted(settings, "shm-beaten", 8), []
-    prefill = Runtime.load(settings, "prefill-shm@test", "prefill", True)  # (its pools in a shared segment)
+def _watched(settings: Settings, rid: str, max_tokens: int) -> tuple[Lifecycle, list[str]]:
+    """``rid`` prefilled, then claimed by decode as it arrives, beaten 0.6 s while it waits (its
+    grammar), imported and generated; -> its store and Redis's commands from the claim on (MONITOR)."""
+    decode = Runtime.load(settings, f"decode-{rid}@test", "decode", False)
+    (store, request), handed = _admitted(settings, rid, max_tokens), []
+    prefill = Runtime.load(settings, f"prefill-{rid}@test", "prefill", True)  # (shm: its pools in a shared segment)
     lines, watching, stop = [], threading.Event(), threading.Event()
-    watcher = threading.Thread(target=_monitored, args=(redis_url, lines, watching, stop), daemon=True)
+    watcher = threading.Thread(target=_monitored, args=(settings.redis_url, lines, watching, stop), daemon=True)
     try:
         run_jobs(PrefillLoop(prefill, recording(handed)), [PrefillJob(request=request)])
         watcher.start()
@@ -107,9 +106,33 @@ def test_shm_claims_and_beats_touch_no_parked_state(demo_dir, redis_url):
         if watcher.is_alive():
             watcher.join(5)
         prefill.close()
-    assert store.done("shm-beaten") == "length"
+    assert store.done(rid) == "length"
+    return store, lines
+
+
+def test_shm_claims_and_beats_touch_no_parked_state(demo_dir, redis_url):
+    """With handoff=shm no state is ever parked in Redis: decode's claim and its beats (the claimed
+    request waiting, then generating) name no kvstate key and run no command on one (each beat read
+    every held request's: bench/heartbeat_keys.py). Watched through Redis's MONITOR."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="shm", lease_s=0.3)
+    _, lines = _watched(settings, "shm-beaten", 8)
     take_sha, beat_sha = (hashlib.sha1(script.encode()).hexdigest() for script in (TAKE, HEARTBEAT))
     assert sum(take_sha in line for line in lines) == 1 and sum(beat_sha in line for line in lines) >= 2
     kvstate = key("kvstate", "shm-beaten")
     assert [line for line in lines if kvstate in line and ("PTTL" in line or "PEXPIRE" in line)] == []
     assert [line for line in lines if (take_sha in line or beat_sha in line) and "kvstate" in line] == []
+
+
+def test_beats_name_a_redis_carried_state_no_more_once_decode_imported_it(demo_dir, redis_url):
+    """handoff=redis: decode's claim and its beats while the request waits keep its parked state
+    alive; once decode imported it (read and deleted) the beats of the generating request name its
+    kvstate no more (each named it, a PTTL on a missing key per request per beat: every request a
+    decode worker generated once it had claimed one state through Redis). Watched through MONITOR."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", lease_s=0.3)
+    _, lines = _watched(settings, "imported-beaten", 200)
+    kvstate, beat_sha = key("kvstate", "imported-beaten"), hashlib.sha1(HEARTBEAT.encode()).hexdigest()
+    [imported] = [i for i, line in enumerate(lines) if "GETDEL" in line and kvstate in line]
+    beats = [(i, kvstate in line) for i, line in enumerate(lines) if beat_sha in line]
+    assert any(named for i, named in beats if i < imported)  # (waiting, claimed: its state kept alive)
+    after = [named for i, named in beats if i > imported]
+    assert after and not any(after)  # (beats came while it generated, none named the state)

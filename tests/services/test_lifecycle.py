@@ -187,19 +187,36 @@ def test_heartbeat_refreshes_only_its_own_leases_and_names_the_ones_it_lost(redi
     assert store.heartbeat([], "decode0", 30, {}) == []
 
 
-@pytest.mark.parametrize("count, runs", [(6, 2), (5, 1), (4, 2), (7, 2)])  # the keys are two leases of 5
-def test_a_heartbeat_whose_keys_are_not_whole_leases_is_refused_and_refreshes_none(redis_url, count, runs):
-    """Read 6 at a time, two requests' 10 keys refreshed the first lease and took the second's lease key
-    for the first's parked state, the second unread and not lost; read 5 at a time with one run, the
-    second lease was refreshed for a run it was not given. Now the script refuses and writes nothing."""
+@pytest.mark.parametrize(
+    "leases, tail",
+    [(2, [0]), (1, [0] * 2), (3, [0] * 3), (2, [0] * 3), ("x", [0] * 2)],  # the keys are two leases of 5
+)
+def test_a_heartbeat_whose_keys_are_not_whole_leases_is_refused_and_refreshes_none(redis_url, leases, tail):
+    """A lease count that disagreed with the keys read one request's keys as another's (a lease key taken
+    for a parked state, a lease refreshed for a run it was not given) and left leases unread and not
+    lost. Now the script refuses and writes nothing."""
     store = Lifecycle(redis.Redis.from_url(redis_url))
     for rid in ("k1", "k2"):
         store.take(rid, 0, "decode0", 30)
         store.r.pexpire(key("lease", rid), 5_000)
     keys = [key(family, rid) for rid in ("k1", "k2") for family in ("lease", "attempt", "done", "queued", "req")]
-    with pytest.raises(redis.ResponseError, match="are not leases of"):
-        store._heartbeat(keys=keys, args=["decode0", 30_000, count, *[0] * runs])
+    with pytest.raises(redis.ResponseError, match="are not .* leases of 5 keys"):
+        store._heartbeat(keys=keys, args=["decode0", 30_000, leases, *tail])
     assert all(store.r.pttl(key("lease", rid)) <= 5_000 for rid in ("k1", "k2"))  # neither refreshed
+
+
+@pytest.mark.parametrize("of", [0, 3, "x"])
+def test_a_heartbeat_naming_a_state_by_no_lease_of_its_own_is_refused(redis_url, of):
+    """A parked state named by a lease the beat does not hold (0, past the last, not a number) would be
+    kept alive for no request, or not at all: refused, nothing written."""
+    store = Lifecycle(redis.Redis.from_url(redis_url))
+    for rid in ("k1", "k2"):
+        store.take(rid, 0, "decode0", 30)
+        store.r.pexpire(key("lease", rid), 5_000)
+    keys = [key(family, rid) for rid in ("k1", "k2") for family in ("lease", "attempt", "done", "queued", "req")]
+    with pytest.raises(redis.ResponseError, match="named by their lease"):
+        store._heartbeat(keys=[*keys, key("kvstate", "k1")], args=["decode0", 30_000, 2, 0, 0, of])
+    assert all(store.r.pttl(key("lease", rid)) <= 5_000 for rid in ("k1", "k2"))
 
 
 def test_take_loads_its_script_again_after_a_flush(redis_url):

@@ -51,6 +51,7 @@ def admit(loop: DecodeLoop) -> None:
             continue
         try:
             admit_state(loop.r, loop.receiver, job, total)
+            loop.heartbeat.state_gone(rid)  # (a state carried through Redis is read: gone from there)
         except LayoutMismatch as exc:  # the deployment's: every re-run would meet it
             log.error("request %s: handoff failed: %s", rid, exc)
             loop._settle(ticket, "error", f"{exc}: {SAME_LAYOUT}", len(job.generated))

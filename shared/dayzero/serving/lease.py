@@ -35,9 +35,9 @@ class Heartbeat:
     a call that never returns) is stuck alike; a step, however long, is judged by ``stuck_s`` alone,
     and a loop that has not moved yet (the weights loading) by neither.
 
-    ``parked``: the requests it claims may have their states parked in Redis (decode's, once it claims
-    one handed off through Redis: ``claim(parked=)``), kept alive with their leases; elsewhere no claim
-    or beat reads their keys."""
+    The states of the requests it claimed parked in Redis (decode's, handed off through Redis:
+    ``claim(parked=)``) are kept alive with their leases till read (``state_gone``); no other claim or
+    beat reads their keys."""
 
     def __init__(
         self,
@@ -47,11 +47,11 @@ class Heartbeat:
         stop: threading.Event,
         stuck_s: float | None = None,
         stalled_s: float | None = None,
-        parked: bool = False,
     ) -> None:
         self._store, self._owner, self._lease_s, self._stop, self._stuck_s = store, owner, lease_s, stop, stuck_s
-        self._stalled_s, self._parked = stalled_s, parked
+        self._stalled_s = stalled_s
         self._ids: set[str] = set()
+        self._parked: set[str] = set()  # of those, the requests whose states wait in Redis (till read)
         self._runs: dict[str, int] = {}  # request -> the run (attempt) this worker last claimed of it
         self._lock = threading.Lock()  # a beat in flight finishes before a release returns
         self._thread: threading.Thread | None = None
@@ -134,14 +134,13 @@ class Heartbeat:
         ticket is settled here: ``cancelled(ticket)`` for a cancelled request, done for a stale
         delivery, an ended request, one a live worker holds, or a take given up on stopping; the
         first two and the last (no run will read what the message carries) after ``dropped(ticket)``.
-        ``parked``: its state waits in Redis; this claim and every beat from now on keep such states alive."""
+        ``parked``: its state waits in Redis; this claim and every beat keep it alive till ``state_gone``."""
         rid, attempt = ticket.job.request.request_id, ticket.job.attempt
         if parked:
-            with self._lock:
-                self._parked = True
+            self.state_parked(rid)
         while True:
             try:
-                taken = self._store.take(rid, attempt, self._owner, self._lease_s, handed_off, self._parked)
+                taken = self._store.take(rid, attempt, self._owner, self._lease_s, handed_off, parked)
                 self._claims_failed.back()
                 break
             except redis.RedisError as exc:
@@ -149,6 +148,8 @@ class Heartbeat:
                 if self._stop.wait(0.5):
                     taken = Take.STALE  # stopping: its message left the queue unclaimed; the reaper re-runs it
                     break
+        if taken != Take.CLAIMED:
+            self.state_gone(rid)  # (never beaten)
         if taken == Take.CLAIMED:
             with self._lock:
                 self._runs[rid] = attempt
@@ -195,6 +196,17 @@ class Heartbeat:
             with self._lock:
                 self._ids.difference_update(ids)
 
+    def state_parked(self, request_id: str) -> None:
+        """The request's state waits in Redis (kvstate): the beats keep it alive with the lease."""
+        with self._lock:
+            self._parked.add(request_id)
+
+    def state_gone(self, request_id: str) -> None:
+        """The request's state is no more in Redis for this worker to keep (read out of it, or its claim
+        failed): the beats name it no more (each read it, a missing key, while its request generated)."""
+        with self._lock:
+            self._parked.discard(request_id)
+
     def release(self, request_id: str, attempt: int | None = None) -> None:
         """No more beats for ``request_id``: none in flight can overwrite what its owner writes next
         (a handoff lease, its end). ``attempt``: the run that is done with it; the beats go on while
@@ -204,6 +216,7 @@ class Heartbeat:
             if attempt is not None and self._later(request_id, attempt):
                 return
             self._ids.discard(request_id)
+            self._parked.discard(request_id)
             self._runs.pop(request_id, None)
 
     def over(self, request_id: str, attempt: int) -> bool:

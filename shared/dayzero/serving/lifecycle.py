@@ -129,16 +129,19 @@ class Lifecycle(TokenStream):
         return bool(self._hand_on(keys=push_keys(rid, "queued", queue), args=args))
 
     def heartbeat(
-        self, rids: list[str], owner: str, lease_s: float, runs: Mapping[str, int], parked: bool = False
+        self, rids: list[str], owner: str, lease_s: float, runs: Mapping[str, int], parked: Collection[str] = ()
     ) -> list[str]:
-        """Refresh the leases ``owner`` holds (``parked``: and their states waiting in Redis), take back lapsed ones of
-        ``runs`` (id -> its attempt) not re-run since; -> those of ``rids`` it lost (re-run, ended, gone with Redis's
-        data): never another's."""
+        """Refresh the leases ``owner`` holds (and the states of those ``parked``: still waiting in Redis), take back
+        lapsed ones of ``runs`` (id -> its attempt) not re-run since; -> those of ``rids`` it lost (re-run, ended,
+        gone with Redis's data): never another's."""
         if not rids:
             return []
-        families = ("lease", "attempt", "done", "queued", "req", *parked_state(parked))
+        families = ("lease", "attempt", "done", "queued", "req")
         keys, held = [key(family, rid) for rid in rids for family in families], [runs.get(rid, "") for rid in rids]
-        lost = self._heartbeat(keys=keys, args=[owner, int(lease_s * 1000), len(families), *held])
+        parked = parked if isinstance(parked, (set, frozenset)) else set(parked)  # (each lease looked up in it)
+        states = [(i, rid) for i, rid in enumerate(rids, 1) if rid in parked]
+        keys += [key("kvstate", rid) for _, rid in states]
+        lost = self._heartbeat(keys=keys, args=[owner, int(lease_s * 1000), len(rids), *held, *(i for i, _ in states)])
         return [rids[int(i) - 1] for i in lost]
 
     def owner(self, rid: str) -> str | None:

@@ -62,9 +62,9 @@ end
 
 
 def parked_state(parked: bool) -> tuple[str, ...]:
-    """The key family TAKE and HEARTBEAT keep alive with a lease where a state can be parked in Redis
-    (decode's, once it claims a state handed off through Redis); none elsewhere: no state is parked
-    there, no key read for it."""
+    """The key family TAKE keeps alive with a lease where a state is parked in Redis (decode's claim of
+    a state handed off through Redis; HEARTBEAT's: those ``Lifecycle.heartbeat`` is told of); none
+    elsewhere: no state is parked there, no key read for it."""
     return ("kvstate",) if parked else ()
 
 
@@ -198,36 +198,47 @@ return taken
 )
 
 
-# KEYS per lease: lease, attempt, done, queued, req[, kvstate]; ARGV: owner, lease ms, the keys per lease
-# (5, or 6 with kvstate), then per lease the run (attempt) the owner holds ('': none known). Each lease
-# the owner still holds is refreshed, and its parked state's life with it. One that lapsed (nobody's:
+# KEYS per lease: lease, attempt, done, queued, req; then the kvstate of those whose states wait in
+# Redis; ARGV: owner, lease ms, the leases, then per lease the run (attempt) the owner holds ('': none
+# known), then per kvstate its lease (1-based). Each lease the owner still holds is refreshed, and its
+# parked state's life with it (only a state still parked: one its claimer took, as decode reads each
+# once it imports it, was read every beat, a missing key, while its request generated). One that lapsed (nobody's:
 # Redis was out, or a step ran, past a lease) is taken back while its run is still the request's
 # current one: no re-run began (the attempt is the run's; the reaper's re-run bumps it in the script
 # that would see this lease), it has not ended, no message of it waits, its record is there. The
 # answer lists (1-based) the rest: re-run elsewhere, ended, gone with Redis's data. Keys that are not
-# whole leases of 5 or 6, or runs not one per lease, are refused: read by a wrong count, one request's
-# keys were another's (a lease refreshed as a parked state) and leases went unread, none lost.
+# whole leases of 5 with a run each, then states each named by a lease, are refused, nothing written:
+# read by a wrong count, one request's keys were another's and leases went unread, none lost.
 HEARTBEAT = (
     OUTLIVE
     + """
-local lost, n = {}, tonumber(ARGV[3])
-if (n ~= 5 and n ~= 6) or #KEYS % n ~= 0 or #ARGV ~= 3 + #KEYS / n then
-    return redis.error_reply('HEARTBEAT: ' .. #KEYS .. ' keys and ' .. #ARGV - 3 .. ' runs are not leases of '
-        .. tostring(ARGV[3]) .. ' keys (5, or 6 with kvstate) and a run each')
+local lost, held, leases = {}, {}, tonumber(ARGV[3])
+local states = leases and #KEYS - 5 * leases
+local whole = leases and leases >= 0 and leases % 1 == 0 and states >= 0 and #ARGV == 3 + leases + states
+for j = 1, whole and states or 0 do
+    local of = tonumber(ARGV[3 + leases + j])
+    whole = whole and of and of >= 1 and of <= leases and of % 1 == 0
 end
-for i = 0, #KEYS / n - 1 do
-    local k, run = n * i, ARGV[4 + i]
+if not whole then
+    return redis.error_reply('HEARTBEAT: ' .. #KEYS .. ' keys and ' .. #ARGV - 3 .. ' arguments are not '
+        .. tostring(ARGV[3]) .. ' leases of 5 keys and a run each, then states named by their lease')
+end
+for i = 0, leases - 1 do
+    local k, run = 5 * i, ARGV[4 + i]
     local lease = redis.call('GET', KEYS[k + 1])
     if lease == ARGV[1] then
         redis.call('PEXPIRE', KEYS[k + 1], ARGV[2])
-        if n == 6 then outlive(KEYS[k + 6], ARGV[2]) end
+        held[i + 1] = true
     elseif not lease and run ~= '' and tonumber(redis.call('GET', KEYS[k + 2]) or 0) == tonumber(run)
         and redis.call('EXISTS', KEYS[k + 3], KEYS[k + 4]) == 0 and redis.call('EXISTS', KEYS[k + 5]) == 1 then
         redis.call('SET', KEYS[k + 1], ARGV[1], 'PX', ARGV[2])
-        if n == 6 then outlive(KEYS[k + 6], ARGV[2]) end
+        held[i + 1] = true
     else
         lost[#lost + 1] = i + 1
     end
+end
+for j = 1, #KEYS - 5 * leases do
+    if held[tonumber(ARGV[3 + leases + j])] then outlive(KEYS[5 * leases + j], ARGV[2]) end
 end
 return lost
 """
