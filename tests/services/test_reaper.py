@@ -178,3 +178,18 @@ def test_a_reaper_step_that_fails_every_pass_skips_none_after_it_and_is_logged_o
         assert wait_until(lambda: len(unserved_passes) >= 3 and len(left_passes) >= 3, 30)
     logged = [record for record in caplog.records if "the reaper's end of overdue waits failed" in record.getMessage()]
     assert len(logged) == 1 and "a record the pass cannot read" in caplog.text
+
+
+def test_a_re_run_drops_the_state_its_dead_run_parked_in_redis(demo_dir, redis_url):
+    """handoff=redis: a decode worker claimed a handoff and died before it imported the state (its
+    lease lapsed). The reaper's re-run made that run's state one nobody reads, and it stayed in Redis
+    for the handoff's timeout (600 s here), or till the new run's prefill parked anew. The re-run,
+    in the same step that ends the old run (its attempt bumped: fenced), drops it."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", handoff_timeout_s=600)
+    store, [job] = handed_off(settings, ("dead-claimer",))
+    kvstate = key("kvstate", "dead-claimer")
+    assert store.take("dead-claimer", job.attempt, "decode0", 0.2, handed_off=True, parked=True) == Take.CLAIMED
+    assert wait_until(lambda: not store.r.exists(key("lease", "dead-claimer")), 10)  # (no beat: died)
+    assert store.r.pttl(kvstate) > 60_000  # (the handoff's timeout: nobody reads it)
+    assert store.rerun_orphan("dead-claimer", 60, 60) == job.attempt + 1
+    assert not store.r.exists(kvstate)

@@ -270,9 +270,10 @@ class Lifecycle(TokenStream):
         ``enqueue``s it, its queued mark holding ``queued_s`` till then); else 0. A message a worker
         took and never claimed (it died in between) is re-run when a second call finds it so, within
         ``sighting_s`` of the first: a live worker's claim may be just behind its pop. A request that
-        ended or whose record expired leaves the active set here. One atomic step."""
+        ended or whose record expired leaves the active set here; a re-run drops the state the run
+        over parked in Redis. One atomic step."""
         keys = [key(family, rid) for family in ("done", "req", "queued", "lease", "attempt")] + [key("active")]
-        keys += [key("handoff", rid), key("orphan", rid)]
+        keys += [key("handoff", rid), key("orphan", rid), key("kvstate", rid)]
         keys += [k for queue in QUEUES for k in (queue, key("pushed", queue))]
         args = [int(queued_s * 1000), rid, HANDOFF_OWNER, int(sighting_s * 1000)]
         return int(self._rerun(keys=keys, args=args))

@@ -83,8 +83,8 @@ push(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2])
 )
 
 
-# KEYS: done, req, queued, lease, attempt, active, handoff, orphan, then each stage's queue and
-# its pushed count; ARGV: queued ms, the request's id, the handoff's lease owner, a sighting's ms.
+# KEYS: done, req, queued, lease, attempt, active, handoff, orphan, kvstate, then each stage's queue
+# and its pushed count; ARGV: queued ms, the request's id, the handoff's lease owner, a sighting's ms.
 # The reaper's check and re-run in one step, so no transition can come between them: an unfinished
 # request that nobody holds (the handoff's lease counts only while decode's message waits) and
 # whose message no longer waits in its queue is queued again (-> its new attempt; its message is
@@ -92,11 +92,13 @@ push(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2])
 # other is left alone (-> 0). The attempt lives as long as the request's record. A message that
 # left its queue unclaimed is re-run only when a sweep finds it so a second time with the same
 # mark (the ``orphan`` sighting): a live worker's claim may be just behind its pop, and the first
-# sweep's re-run would prefill the request twice.
+# sweep's re-run would prefill the request twice. The run re-run is over: its state parked in Redis
+# (a handoff's, claimed by a decode worker that died, or lost with its message) goes with it, read by
+# nobody (it stayed till its TTL, the handoff's timeout, or till the new run's prefill parked anew).
 RERUN = """
 local function waits(mark)
     local queue, count = string.match(mark, '^(.+):(%d+)$')
-    for i = 9, #KEYS, 2 do
+    for i = 10, #KEYS, 2 do
         if KEYS[i] == queue then
             return tonumber(count) > tonumber(redis.call('GET', KEYS[i + 1]) or 0) - redis.call('LLEN', KEYS[i])
         end
@@ -125,7 +127,7 @@ if left and redis.call('GET', KEYS[8]) ~= left then
     redis.call('SET', KEYS[8], left, 'PX', ARGV[4])
     return 0
 end
-redis.call('DEL', KEYS[4], KEYS[7], KEYS[8])
+redis.call('DEL', KEYS[4], KEYS[7], KEYS[8], KEYS[9])
 redis.call('SET', KEYS[3], 1, 'PX', ARGV[1])
 local attempt, record_ms = redis.call('INCR', KEYS[5]), redis.call('PTTL', KEYS[2])
 if record_ms > 0 then
