@@ -3,6 +3,8 @@ dayzero.chat)."""
 
 from __future__ import annotations
 
+import json
+
 from starlette.concurrency import run_in_threadpool
 
 from dayzero.chat.auto_grammar import auto_calls_grammar
@@ -102,11 +104,22 @@ def _field_holding_a_lone_surrogate(body: ChatPrompt) -> str:
         value, where = walk.pop()
         if where and not is_unicode(str(where[-1])):  # (the param names no surrogate: it could not be sent)
             return ".".join(map(str, where[:-1]))
-        if isinstance(value, str) and not is_unicode(value):
+        if isinstance(value, str) and not is_unicode(_as_rendered(value, where)):
             return ".".join(map(str, where))
         items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
         walk += [(item, (*where, key)) for key, item in reversed(list(items))]
     return "messages"
+
+
+def _as_rendered(text: str, where: tuple) -> str:
+    """A field's text as the prompt holds it: a past call's arguments decoded from JSON (their
+    ``"\\ud800"``, plain ASCII as sent, is a lone surrogate there; the field was never named)."""
+    if "tool_calls" not in where or where[-2:] != ("function", "arguments"):
+        return text
+    try:
+        return to_json(json.loads(text))
+    except (ValueError, RecursionError):  # rendered as it is
+        return text
 
 
 def _enforced_tools(body: Sampling) -> list[dict]:

@@ -129,6 +129,9 @@ def test_an_empty_body_is_told_what_it_needs(gateway, path, needed):
     assert r.json()["error"]["message"] == f"the request has no body: send a JSON object with {needed}", r.text
 
 
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
 def _tool(parameters: dict) -> dict:
     return {"type": "function", "function": {"name": "f", "parameters": parameters}}
 
@@ -149,8 +152,36 @@ def _tool(parameters: dict) -> dict:
             {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "a\ud83d"}]}]},
             "messages.0.content.0.text",
         ),
+        (
+            {
+                "model": MODEL,
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{**CALL, "function": {"name": "f", "arguments": '{"a": "\ud800"}'}}],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": "r"},
+                ],
+            },
+            "messages.1.tool_calls.0.function.arguments",
+        ),
+        (
+            {
+                "model": MODEL,
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{**CALL, "function": {"name": "f", "arguments": '{"a": "\\ud800"}'}}],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": "r"},
+                ],
+            },
+            "messages.1.tool_calls.0.function.arguments",
+        ),
     ],
-    ids=["content", "tool", "tool_key", "part"],
+    ids=["content", "tool", "tool_key", "part", "call_arguments", "escaped_in_call_arguments"],
 )
 def test_a_lone_surrogate_is_refused_in_the_field_that_holds_it(gateway, body, param):
     """The tokenizer refuses the whole rendered prompt: every field's was refused as "messages" (a
@@ -179,7 +210,6 @@ def test_a_union_members_tag_is_no_part_of_the_param(gateway, body, param):
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
-CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 ASKED = [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [CALL]}]
 
 
