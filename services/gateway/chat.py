@@ -26,7 +26,7 @@ from dayzero.params import Grammar, is_unicode
 
 from .chat_schemas import ChatPrompt, NamedToolChoice
 from .context import ENCODED_ON_THE_LOOP, Gateway, tokenizing
-from .errors import APIError
+from .errors import APIError, param_path
 from .images import IMAGE_TAG, Prompt, expand_placeholders, render_chat
 from .schemas import Sampling, json_reply
 
@@ -96,16 +96,16 @@ def _field_holding_the_tag(options: ChatOptions) -> str:
 
 
 def _field_holding_a_lone_surrogate(body: ChatPrompt) -> str:
-    """The first rendered field whose text is not Unicode (``messages.0.content``; for a key, the
-    object it is in: ``tools.0.function.parameters.properties``): the tokenizer refused the prompt."""
+    """The first rendered field whose text is not Unicode (``messages[0].content``; for a key, the
+    object it is in: ``tools[0].function.parameters.properties``): the tokenizer refused the prompt."""
     rendered = body.model_dump(include={"messages", "tools", "response_format"}, by_alias=True, exclude_none=True)
     walk: list[tuple[object, tuple]] = [(rendered, ())]
     while walk:
         value, where = walk.pop()
         if where and not is_unicode(str(where[-1])):  # (the param names no surrogate: it could not be sent)
-            return ".".join(map(str, where[:-1]))
+            return param_path(where[:-1])
         if isinstance(value, str) and not is_unicode(_as_rendered(value, where)):
-            return ".".join(map(str, where))
+            return param_path(where)
         items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
         walk += [(item, (*where, key)) for key, item in reversed(list(items))]
     return "messages"
@@ -232,5 +232,5 @@ def _check_tools(body: ChatPrompt) -> None:
     enforced = body.enforced_parameters()
     for i, name, parameters in enforced:
         if problem := walked_schemas().problem(parameters, tool_probe_steps(len(enforced))):
-            where = f"tools.{i}.function.parameters"
+            where = param_path(("tools", i, "function", "parameters"))
             raise APIError(400, f"{where}: cannot enforce the parameters of tool {name!r}: {problem}", param=where)

@@ -166,7 +166,7 @@ class ChatPrompt(_Body):
     @field_validator("tools")
     @classmethod
     def _tool_definitions(cls, value: list[dict] | None) -> list[dict] | None:
-        # a tool's own error keeps its place and kind (param tools.0.function.name, a code)
+        # a tool's own error keeps its place and kind (param tools[0].function.name, a code)
         names = [t.function.name for t in _TOOLS.validate_python(value or [])]
         if len(set(names)) < len(names):
             raise ValueError("tool names must be unique")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Iterable
 
 import redis
 from fastapi import FastAPI, Request
@@ -54,6 +55,12 @@ class APIError(Exception):
 _ADDRESS = re.compile(r" (object )?at 0x[0-9a-fA-F]+")
 
 
+def param_path(parts: Iterable[str | int]) -> str:
+    """A field's path as OpenAI's ``param`` writes it: ``messages[0].content`` (it was dotted:
+    ``messages.0.content``, as pydantic's locations are)."""
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in parts).removeprefix(".")
+
+
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
     """OpenAI's error shape (also the data of a stream's error event); no memory addresses."""
     return {"error": {"message": _ADDRESS.sub("", message), "type": type_, "param": param, "code": code}}
@@ -89,7 +96,7 @@ def install(app: FastAPI) -> None:
             sent = request.headers.get("content-type", "none")
             message = f"the body must be JSON sent with content-type: application/json (got {sent})"
             return error_response(400, message, "invalid_request_error")
-        param = ".".join(map(str, _field_path(first.get("loc", ()), exc.body))) or None
+        param = param_path(_field_path(first.get("loc", ()), exc.body)) or None
         why = validation_message(first)
         if param is None:  # the body's own (none, or not an object): no parameter to code
             return error_response(
@@ -190,7 +197,7 @@ def _specificity(error: dict) -> tuple[int, bool]:
 
 def _field_path(loc: tuple, body: object) -> list:
     """The fields and indexes of ``loc`` (pydantic's error location) that lead into the body as sent:
-    a union member's tag is left out though it may look like a field ("messages.0.content.0.text.text"
+    a union member's tag is left out though it may look like a field ("messages[0].content[0].text.text"
     named a text part's text with its tag "text"; "tool_choice.NamedToolChoice.function"), and the last
     part kept where the object it is in lacks it (a missing field). Of the ways to read ``loc``, the one that
     follows the body furthest."""

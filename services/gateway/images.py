@@ -23,7 +23,7 @@ from dayzero.vision.images import (
 )
 
 from .chat_schemas import Message
-from .errors import APIError
+from .errors import APIError, param_path
 
 IMAGE_TAG = IMAGE
 
@@ -43,22 +43,22 @@ def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, v
     turns, images = [], []
     for i, m in enumerate(messages):
         parts = m.content if isinstance(m.content, list) else [m.content or ""]
-        text = []
+        text, where = [], param_path(("messages", i, "content"))
         for part in parts:
             if isinstance(part, str) or part.type == "text":
                 value = part if isinstance(part, str) else part.text
                 if IMAGE_TAG in value:
-                    raise APIError(400, f"message text must not contain {IMAGE_TAG}", param=f"messages.{i}.content")
+                    raise APIError(400, f"message text must not contain {IMAGE_TAG}", param=where)
                 text.append(value)
                 continue
             if not vision:
                 raise APIError(
                     400,
                     "this checkpoint has no vision tower: image_url parts are not supported",
-                    param=f"messages.{i}.content",
+                    param=where,
                     code="images_unsupported",
                 )
-            images.append((part.image_url.url, f"messages.{i}.content"))
+            images.append((part.image_url.url, where))
             text.append(IMAGE_TAG)
         extra = m.model_dump(include={"reasoning_content", "tool_calls", "tool_call_id", "prefix"}, exclude_none=True)
         turns.append({"role": m.role, "content": text if isinstance(m.content, list) else text[0], **extra})

@@ -24,7 +24,7 @@ from .access import bearer, key_accepted, may_read
 from .chat import check_tool_set, enforced, prompted
 from .chat_schemas import ChatCompletionRequest, ChatPrompt
 from .context import Gateway, encoded, tokenizing
-from .errors import APIError
+from .errors import APIError, param_path
 from .images import expand_placeholders
 from .json_body import ParsingRoute
 from .responses import respond, resumed
@@ -199,13 +199,13 @@ async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
 
 @contextmanager
 def _named_prompt(index: int | None) -> Iterator[None]:
-    """A refusal of prompt ``index`` of several named as that prompt's (``prompt.3``; None: the only one)."""
+    """A refusal of prompt ``index`` of several named as that prompt's (``prompt[3]``; None: the only one)."""
     try:
         yield
     except APIError as refused:
         if index is None or refused.param != "prompt":
             raise
-        message, param = f"prompt {index}: {refused.message}", f"prompt.{index}"
+        message, param = f"prompt {index}: {refused.message}", param_path(("prompt", index))
         raise APIError(refused.status, message, refused.type, param, refused.code, refused.headers) from None
 
 

@@ -62,7 +62,7 @@ def test_an_unreadable_image_is_refused_without_internal_names(gateway):
     url = "data:image/png;base64," + base64.b64encode(b"plain text, not a picture").decode()
     content = [{"type": "image_url", "image_url": {"url": url}}]
     error = _error(gateway, {"model": MODEL, "messages": [{"role": "user", "content": content}]})
-    assert error["code"] == "invalid_image" and error["param"] == "messages.0.content"
+    assert error["code"] == "invalid_image" and error["param"] == "messages[0].content"
     assert error["message"].startswith("not a readable image") and "<" not in error["message"], error
 
 
@@ -86,7 +86,7 @@ def test_an_unreadable_image_is_refused_without_internal_names(gateway):
                 "tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "objectx"}}}],
                 "tool_choice": "required",
             },
-            "tools.0.function.parameters",
+            "tools[0].function.parameters",
         ),
     ],
 )
@@ -110,10 +110,10 @@ def test_a_forced_tool_with_no_finite_value_is_refused_among_many(gateway):
     late |= {"required": [*late["properties"]], "$defs": {"node": {"type": "object", "properties": {"c": node}}}}
     late["$defs"]["node"]["required"] = ["c"]
     error = _error(gateway, chat("hi", tools=[_tool(0, late)], tool_choice="required"))
-    assert error["param"] == "tools.0.function.parameters" and "Too many items" in error["message"], error
+    assert error["param"] == "tools[0].function.parameters" and "Too many items" in error["message"], error
     many = [_tool(i, {"type": "object", "properties": {"a": {"type": "integer"}}}) for i in range(127)]
     error = _error(gateway, chat("hi", tools=[*many, _tool(127, late)], tool_choice="required"))
-    assert error["param"] == "tools.127.function.parameters", error
+    assert error["param"] == "tools[127].function.parameters", error
     assert "no finite value satisfies it" in error["message"], error
 
 
@@ -126,14 +126,14 @@ def test_a_tool_parameter_name_the_call_format_cannot_carry_is_refused(gateway, 
     parameters = {"type": "object", "properties": {key: {"type": "string"}}, "required": [key]}
     tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
     error = _error(gateway, chat("hi", tools=tools, tool_choice=choice))
-    assert error["param"] == "tools.0.function.parameters"
+    assert error["param"] == "tools[0].function.parameters"
     why = f"the model's tool calls cannot carry a {mark!r} in a name"
-    assert error["message"] == f"tools.0.function.parameters: parameter name {key!r}: {why}"
+    assert error["message"] == f"tools[0].function.parameters: parameter name {key!r}: {why}"
 
 
 def test_an_empty_list_of_content_parts_is_refused(gateway):
     error = _error(gateway, {"model": MODEL, "messages": [{"role": "user", "content": []}]})
-    assert error["param"] == "messages.0.content" and "at least 1 item" in error["message"], error
+    assert error["param"] == "messages[0].content" and "at least 1 item" in error["message"], error
 
 
 def test_a_string_parameter_constraint_a_forced_call_cannot_keep_is_refused(gateway):

@@ -196,12 +196,12 @@ def test_chat_text_that_is_not_unicode_is_refused_naming_its_field(lone_gateway,
     r = _post_raw(lone_gateway, path, {"model": MODEL, "max_tokens": 3, "messages": messages})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert error["param"] == "messages.0.content" and "lone surrogate" in error["message"], error
+    assert error["param"] == "messages[0].content" and "lone surrogate" in error["message"], error
 
 
 @pytest.mark.parametrize(
     ("prompt", "stream", "param"),
-    [("a \udfff", False, "prompt"), ("a \udfff", True, "prompt"), (["ok", "a \udfff"], False, "prompt.1")],
+    [("a \udfff", False, "prompt"), ("a \udfff", True, "prompt"), (["ok", "a \udfff"], False, "prompt[1]")],
 )
 def test_a_completions_prompt_that_is_not_unicode_is_refused_naming_it(lone_gateway, prompt, stream, param):
     r = _post_raw(
@@ -232,10 +232,10 @@ def test_a_completions_prompt_over_the_context_is_refused_naming_prompt(lone_gat
 @pytest.mark.parametrize(
     ("prompt", "param", "message"),
     [
-        ([[1, 2], []], "prompt.1", "prompt 1: the prompt is empty"),
-        ([[1], [-1]], "prompt.1", "prompt 1: prompt token ids must be in [0, 512)"),
-        ([[1], [2], [10**9]], "prompt.2", "prompt 2: prompt token ids must be in [0, 512)"),
-        ([[5] * 5000, [1]], "prompt.0", "prompt 0: the prompt has 5000 tokens; the context limit is 4096"),
+        ([[1, 2], []], "prompt[1]", "prompt 1: the prompt is empty"),
+        ([[1], [-1]], "prompt[1]", "prompt 1: prompt token ids must be in [0, 512)"),
+        ([[1], [2], [10**9]], "prompt[2]", "prompt 2: prompt token ids must be in [0, 512)"),
+        ([[5] * 5000, [1]], "prompt[0]", "prompt 0: the prompt has 5000 tokens; the context limit is 4096"),
         (["text", [1]], "prompt", "prompt: prompt 1 is a token-id list and prompt 0 a string: the prompts must all"),
         ([[1], "text"], "prompt", "prompt: prompt 1 is a string and prompt 0 a token-id list: the prompts must all"),
         ([[1], None], "prompt", "prompt: prompt 1 is neither a string nor a token-id list and prompt 0 a token-id"),
@@ -245,7 +245,7 @@ def test_a_completions_prompt_over_the_context_is_refused_naming_prompt(lone_gat
 def test_several_prompts_are_refused_naming_the_one_at_fault(lone_gateway, prompt, param, message):
     """Token-id lists: which of several was empty, out of the vocabulary or over the context went
     unsaid (param "prompt"); prompts of mixed kinds were refused as the first union branch saw them
-    ("prompt.0: Input should be a valid integer" for ["text", [1]], whose prompt 0 is a string)."""
+    ("prompt[0]: Input should be a valid integer" for ["text", [1]], whose prompt 0 is a string)."""
     body = {"model": MODEL, "max_tokens": 3, "prompt": prompt}
     r = httpx.post(f"{lone_gateway.url}/v1/completions", json=body, headers=KEY, timeout=30)
     assert r.status_code == 400, r.text

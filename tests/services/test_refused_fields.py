@@ -92,7 +92,7 @@ def test_defaults_ask_for_nothing_and_pass(gateway, fields):
         ({"model": MODEL, "messages": []}, "messages", "empty_array"),
         (
             chat("x", tools=[{"type": "function", "function": {"name": "a b"}}]),
-            "tools.0.function.name",
+            "tools[0].function.name",
             "invalid_value",
         ),
     ],
@@ -139,18 +139,18 @@ def _tool(parameters: dict) -> dict:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        (chat("\ud800"), "messages.0.content"),
+        (chat("\ud800"), "messages[0].content"),
         (
             chat("x", tools=[_tool({"type": "object", "description": "\udc00"})]),
-            "tools.0.function.parameters.description",
+            "tools[0].function.parameters.description",
         ),
         (
             chat("x", tools=[_tool({"type": "object", "properties": {"\udc00": {}}})]),
-            "tools.0.function.parameters.properties",
+            "tools[0].function.parameters.properties",
         ),
         (
             {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "a\ud83d"}]}]},
-            "messages.0.content.0.text",
+            "messages[0].content[0].text",
         ),
         (
             {
@@ -164,7 +164,7 @@ def _tool(parameters: dict) -> dict:
                     {"role": "tool", "tool_call_id": "c1", "content": "r"},
                 ],
             },
-            "messages.1.tool_calls.0.function.arguments",
+            "messages[1].tool_calls[0].function.arguments",
         ),
         (
             {
@@ -178,14 +178,14 @@ def _tool(parameters: dict) -> dict:
                     {"role": "tool", "tool_call_id": "c1", "content": "r"},
                 ],
             },
-            "messages.1.tool_calls.0.function.arguments",
+            "messages[1].tool_calls[0].function.arguments",
         ),
     ],
     ids=["content", "tool", "tool_key", "part", "call_arguments", "escaped_in_call_arguments"],
 )
 def test_a_lone_surrogate_is_refused_in_the_field_that_holds_it(gateway, body, param):
     """The tokenizer refuses the whole rendered prompt: every field's was refused as "messages" (a
-    tool's too); a text part's was named with its union tag ("messages.0.content.0.text.text")."""
+    tool's too); a text part's was named with its union tag ("messages[0].content[0].text.text")."""
     r = gateway.post("/v1/chat/completions", content=json.dumps(body), headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
@@ -196,16 +196,19 @@ def test_a_lone_surrogate_is_refused_in_the_field_that_holds_it(gateway, body, p
     ("body", "param"),
     [
         (chat("x", tool_choice={"type": "function"}), "tool_choice.function"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0.text"),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+            "messages[0].content[0].text",
+        ),
         (
             {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
-            "messages.0.content.0.text",
+            "messages[0].content[0].text",
         ),
     ],
     ids=["named_tool_choice", "missing_text", "text_type"],
 )
 def test_a_union_members_tag_is_no_part_of_the_param(gateway, body, param):
-    """It was: "tool_choice.NamedToolChoice.function", "messages.0.content.0.text.text"."""
+    """It was: "tool_choice.NamedToolChoice.function", "messages[0].content[0].text.text"."""
     r = gateway.post("/v1/chat/completions", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
@@ -216,13 +219,16 @@ ASKED = [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [
 @pytest.mark.parametrize(
     ("messages", "param"),
     [
-        ([{"role": "tool", "tool_call_id": "c1", "content": "r"}, {"role": "user", "content": "q"}], "messages.0.role"),
-        ([*ASKED[:1], {"role": "assistant", "content": "a"}, {"role": "tool", "content": "r"}], "messages.2.role"),
-        ([*ASKED, {"role": "tool", "tool_call_id": "zz", "content": "r"}], "messages.2.tool_call_id"),
+        (
+            [{"role": "tool", "tool_call_id": "c1", "content": "r"}, {"role": "user", "content": "q"}],
+            "messages[0].role",
+        ),
+        ([*ASKED[:1], {"role": "assistant", "content": "a"}, {"role": "tool", "content": "r"}], "messages[2].role"),
+        ([*ASKED, {"role": "tool", "tool_call_id": "zz", "content": "r"}], "messages[2].tool_call_id"),
         (
             [*ASKED, {"role": "tool", "tool_call_id": "c1", "content": "r"}, {"role": "assistant", "content": "a"}]
             + [{"role": "tool", "tool_call_id": "c1", "content": "again"}],
-            "messages.4.role",
+            "messages[4].role",
         ),
     ],
     ids=["first", "after_a_reply", "unknown_id", "after_the_next_reply"],
