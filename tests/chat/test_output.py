@@ -8,7 +8,7 @@ import pytest
 
 from dayzero.chat.auto_grammar import auto_calls_grammar
 from dayzero.chat.grammar import dsml_symbol
-from dayzero.chat.output import AssistantStream, _Unmarked, parse_message
+from dayzero.chat.output import HELD_MOST, AssistantStream, _Unmarked, parse_message
 from dayzero.chat.tokens import DSML, END_THINK, THINK
 
 CALL = '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>'
@@ -96,26 +96,73 @@ def test_a_mark_within_the_thought_is_dropped_in_order_streamed_or_whole(codec, 
     assert not any(p.reasoning for p in parts[answered + 1 :]), parts
 
 
-def _unmarked_by_hand(text: str, marks: tuple[str, ...]) -> str:
-    """The text walked one character at a time, a mark dropped as soon as what is kept ends with it."""
-    kept = ""
+def _starts(text: str, marks: tuple[str, ...]) -> list[int]:
+    """Where each of the marks' starts (proper prefixes of a mark, one after another) that end
+    ``text`` begins, last first (every mark opens with a character it holds nowhere before its end)."""
+    openers, begins, end = {m[0] for m in marks}, [], len(text)
+    for i in range(len(text) - 1, -1, -1):
+        if text[i] in openers:
+            if not any(len(text[i:end]) < len(m) and m.startswith(text[i:end]) for m in marks):
+                break
+            begins.append(i)
+            end = i
+        elif end - i >= max(map(len, marks)):
+            break
+    return begins
+
+
+def _unmarked_by_hand(text: str, marks: tuple[str, ...], most: int) -> tuple[str, list[int]]:
+    """The text walked one character at a time, a mark dropped as soon as what is kept ends with it,
+    but never what was released: the characters before the marks' starts that end it, and of those
+    starts all but the last ``most`` characters (whole starts). The text kept, and how much of it was
+    released after each character."""
+    kept, out, released = "", 0, []
     for char in text:
         kept += char
-        kept = next((kept[: -len(m)] for m in marks if kept.endswith(m)), kept)
-    return kept
+        kept = next((kept[: max(len(kept) - len(m), out)] for m in marks if kept.endswith(m)), kept)
+        begins = [i for i in _starts(kept, marks) if i >= len(kept) - most]
+        out = max(out, min(begins, default=len(kept)))
+        released.append(out)
+    return kept, released
 
 
 @pytest.mark.parametrize("marks", [(THINK, END_THINK), (THINK, END_THINK, DSML)])
 def test_marks_dropped_in_random_pieces_as_one_character_at_a_time(marks):
     """Marks are removed at the places they can complete, not at every character: a closer after a
     removal joins what was held (``<</think>think>``), a mark written in the piece completes alone.
-    Random texts of marks, their parts and nests, cut at random, against the walk by hand."""
+    Random texts of marks, their parts and nests, cut at random, against the walk by hand; runs of
+    starts past what is held (``HELD_MOST``) released as the walk releases them, whatever the cuts."""
     rng = random.Random(16)
+    most = HELD_MOST * (max(map(len, marks)) - 1)
     parts = ["<", "</", "think>", "hink>", ">", "x", DSML, "｜", "DSML", "｜DS", "ML｜", "<thi", "nk>", "<<", "｜｜"]
-    for _ in range(3000):
-        text = "".join(rng.choice(parts + list(marks)) for _ in range(rng.randint(0, 40)))
+    for _ in range(800):
+        text = "".join(rng.choice(parts + list(marks) + ["<" * 12, "</" * 6]) for _ in range(rng.randint(0, 40)))
         cuts = sorted(rng.choices(range(len(text) + 1), k=rng.randint(1, 10)))
         pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
         unmarked = _Unmarked(marks)
-        streamed = "".join(unmarked.feed(p) for p in pieces[:-1]) + unmarked.feed(pieces[-1], last=True)
-        assert streamed == _unmarked_by_hand(text, marks), pieces
+        released = [unmarked.feed(p) for p in pieces[:-1]]
+        streamed = "".join(released) + unmarked.feed(pieces[-1], last=True)
+        kept, by_hand = _unmarked_by_hand(text, marks, most)
+        assert streamed == kept, pieces
+        streamed_by = [len("".join(released[: i + 1])) for i in range(len(released))]
+        assert streamed_by == [by_hand[end - 1] if end else 0 for end in cuts], pieces  # each piece's
+
+
+@pytest.mark.parametrize("run", ["<", "<｜", "</"])
+@pytest.mark.parametrize("thinking", [False, True])
+def test_a_run_of_marks_starts_streams_but_for_its_end(run, thinking):
+    """A model stuck writing ``<`` (or ``<｜``) streamed nothing till it stopped: the whole run was
+    held, as marks' starts nested however deep. It streams as it comes but for its last
+    ``HELD_MOST`` starts' length (and a mark's start the splitter before holds), and the stream is
+    the body."""
+    text = run * 500 + "think>" * 3 + "x"
+    most = HELD_MOST * (len(END_THINK) - 1) + len(END_THINK)
+    stream = AssistantStream(thinking)
+    parts = [stream.feed(c) for c in run * 500]
+    streamed = "".join(p.reasoning if thinking else p.content for p in parts)
+    assert len(run * 500) - most <= len(streamed) < len(run * 500), len(streamed)
+    parts += [stream.feed(c) for c in text[len(run) * 500 :]] + [stream.finish(stopped=True)]
+    whole = parse_message(text, thinking, stopped=True)
+    assert "".join(p.reasoning for p in parts) == whole.reasoning
+    assert "".join(p.content for p in parts) == whole.content
+    assert not any(mark in part for mark in (THINK, END_THINK) for part in (whole.reasoning, whole.content))

@@ -10,6 +10,7 @@ from .reasoning import ReasoningSplitter
 from .tokens import DSML, END_THINK, THINK
 
 _THOUGHT_MARKS = (THINK, END_THINK)
+HELD_MOST = 4  # a stream holds marks' starts nested this deep at most ("<<<<": the longest's length each)
 
 
 @dataclass(slots=True)
@@ -68,12 +69,14 @@ class AssistantStream:
 class _Unmarked:
     """A text without ``dropped`` (the thought's marks, and any marker their removal may spell), in
     whatever pieces they come, removed as they complete (each removal may join the text around it
-    into another): the end that may still grow into one, however deep marks' starts nest in it
-    ("<<think>think>" and so on), is held till the next piece, and released as text by the ``last``.
+    into another): the end that may still grow into one, marks' starts nested ("<<think>think>"), is
+    held till the next piece, and released as text by the ``last``; at most its last ``HELD_MOST``
+    characters (whole starts): a longer run of starts ("<" x 1000, a model stuck on it) is released
+    but for those (it streamed nothing till it stopped). A mark that then completes across
+    released text loses only its unreleased part: the text out never holds one, streamed or whole.
 
     Every mark opens with a character it holds nowhere else but its last (``<``, ``｜``), so a held
-    end splits at those openers into marks' starts one way only, and the start of what was held
-    before a piece needs no second look after it: a piece costs its own length, never the held run's.
+    end splits at those openers into marks' starts one way only: a piece costs its own length.
     """
 
     def __init__(self, dropped: tuple[str, ...]) -> None:
@@ -82,17 +85,18 @@ class _Unmarked:
         self._closer_at = re.compile("[" + re.escape("".join({mark[-1] for mark in dropped})) + "]")
         self._mark_at = re.compile("|".join(map(re.escape, dropped)))
         self._longest = max(map(len, dropped))
-        self._held: list[str] = []  # marks' starts, each at an opener
+        self._most = HELD_MOST * (self._longest - 1)  # held: marks' starts nested this deep
+        self._held: list[str] = []  # the text's end that a mark may still complete in
+        self._out = 0  # held[:_out] is released already (starts released past the cap)
 
     def feed(self, piece: str, last: bool = False) -> str:
         held = self._held
         if not held and not any(opener in piece for opener in self._openers):
             return piece
         if not held and not any(mark in piece for mark in self._dropped):  # nothing to remove: kept as it is
-            kept = 0 if last else self._marks_start(piece, 0)  # (a body's code full of "<": 200x, char by char)
-            held.extend(piece[len(piece) - kept :])
-            return piece[: len(piece) - kept]
-        unchanged = len(held)  # held[:unchanged] is what earlier pieces left: marks' starts already
+            return self._release(piece, 0, 0, last)  # (a body's code full of "<": 200x, char by char)
+        out = floor = self._out  # removals stop at floor: held[:floor] is released (or will be)
+        known = len(held)  # held[:known] is marks' starts (what earlier pieces left, and what removals leave)
         walked = joined = 0  # (piece[joined:] follows what is held unbroken: no removal since)
         while True:  # to each place a mark completes, the text before it taken whole (it was char by char)
             # a mark that starts in what is held ends within a mark's length of the join; past that,
@@ -104,28 +108,45 @@ class _Unmarked:
             held.extend(piece[walked : found.end()])
             walked = found.end()
             if mark := self._completed(held):
-                del held[-len(mark) :]
-                unchanged, joined = min(unchanged, len(held)), walked
+                if len(held) - 1 - self._most > floor:  # released before it came (never a part of it)
+                    floor = max(floor, self._release_point(held, len(held) - 1, known)[1])
+                del held[max(len(held) - len(mark), floor) :]
+                known, joined = min(known, len(held)), walked
         held.extend(piece[walked:])
-        kept = 0 if last else self._marks_start(held, unchanged)
-        released = "".join(held[: len(held) - kept])
-        del held[: len(held) - kept]
-        return released
+        return "".join(held[out:floor]) + self._release(held, floor, known, last)
+
+    def _release(self, text: list[str] | str, released: int, known: int, last: bool) -> str:
+        """What ``text`` (the held text and all after it) releases from ``released`` on: what no mark
+        can complete in any more (all of it when ``last``). Held after it: marks' starts,
+        ``HELD_MOST`` starts' length at most, after those of their characters a mark may still
+        complete across (released). ``text[:known]`` is marks' starts."""
+        chain, cut = (len(text), len(text)) if last else self._release_point(text, len(text), known)
+        cut = max(cut, released)
+        kept_from = min(max(chain, cut - (self._longest - 1)), cut)
+        self._held, self._out = list(text[kept_from:]), cut - kept_from
+        return text[released:cut] if isinstance(text, str) else "".join(text[released:cut])
+
+    def _release_point(self, text: list[str] | str, end: int, known: int) -> tuple[int, int]:
+        """(where the marks' starts that end ``text[:end]`` begin, at or below a floor the caller
+        needs no lower; where the last ``_most`` characters of them begin, whole starts).
+        ``text[:known]`` is marks' starts: a walk back that reaches it needs to go no further."""
+        floor = max(end - self._most - self._longest, 0)
+        chain = end
+        while chain > floor:
+            if chain <= known:  # (all before it is starts too)
+                chain = 0
+                break
+            begin = next(
+                (i for i in range(chain - 1, max(chain - self._longest, -1), -1) if text[i] in self._openers), None
+            )
+            if begin is None or not any(m.startswith("".join(text[begin:chain])) for m in self._dropped):
+                break
+            chain = begin
+        cut = next((i for i in range(max(chain, end - self._most), end) if text[i] in self._openers), end)
+        return chain, cut
 
     def _completed(self, held: list[str]) -> str | None:
         return next((m for m in self._dropped if len(held) >= len(m) and "".join(held[-len(m) :]) == m), None)
-
-    def _marks_start(self, text: list[str] | str, unchanged: int) -> int:
-        """Length of the text's end that is marks' starts, one after another (``text[:unchanged]`` is)."""
-        end = len(text)
-        while end > unchanged:
-            begin = next(
-                (i for i in range(end - 1, max(end - self._longest, -1), -1) if text[i] in self._openers), None
-            )
-            if begin is None or not any(m.startswith("".join(text[begin:end])) for m in self._dropped):
-                return len(text) - end
-            end = begin
-        return len(text)
 
 
 def _delta(reasoning: str, parsed: Parsed, content: str) -> Delta:
