@@ -197,7 +197,12 @@ def check_tool_set(gw: Gateway, body: ChatPrompt) -> None:
     fit). The enforced ones' compile limits are the grammar's check (``grammar``), also before it."""
     tools, most = body.tools or [], gw.settings.max_tools
     if len(tools) > most:
-        raise APIError(400, f"{len(tools)} tools: at most DAYZERO_MAX_TOOLS={most} can be offered", param="tools")
+        raise APIError(
+            400,
+            f"{len(tools)} tools: at most DAYZERO_MAX_TOOLS={most} can be offered",
+            param="tools",
+            code="array_above_max_length",
+        )
     if more_nodes_than(_parameters(body.offered_tools()), limit := gw.context_limit):
         message = f"the tools are too big: more than {limit:,} subschemas, each at least one token of the prompt, "
         raise APIError(400, message + f"whose context holds {limit:,}", param="tools")

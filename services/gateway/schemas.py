@@ -71,7 +71,10 @@ class _Body(BaseModel):
             limit = cls.list_limits.get(info.field_name)
             limit = limit or next((m.max_length for m in field.metadata if isinstance(m, MaxLen)), None)
             if limit is not None and len(value) > limit:
-                raise ValueError(f"at most {limit} items, not {len(value)}")
+                # (pydantic's type for a list past max_length: its code is OpenAI's array_above_max_length)
+                raise PydanticCustomError(
+                    "too_long", "at most {limit} items, not {count}", {"limit": limit, "count": len(value)}
+                )
         return value
 
 

@@ -88,8 +88,17 @@ def test_defaults_ask_for_nothing_and_pass(gateway, fields):
         (chat("x", user="u" * 257), "user", "string_above_max_length"),
         (chat("x", logit_bias={"05": 1}), "logit_bias", None),  # OpenAI's own for a key that is no token id
         (chat("x", stop=["s"] * 17), "stop", None),  # a check of this server's own
-        # OpenAI's (they were null, a tool's under param "tools")
+        # OpenAI's (they were null, a tool's under param "tools"; a list past its bound, read before its
+        # items, as pydantic's past max_length)
         ({"model": MODEL, "messages": []}, "messages", "empty_array"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "q"}] * 257}, "messages", "array_above_max_length"),
+        (chat("x", logit_bias={str(i): 1 for i in range(301)}), "logit_bias", "array_above_max_length"),
+        (chat("x", metadata={f"k{i}": "v" for i in range(17)}), "metadata", "array_above_max_length"),
+        (
+            chat("x", tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]),
+            "tools",
+            "array_above_max_length",
+        ),
         (
             chat("x", tools=[{"type": "function", "function": {"name": "a b"}}]),
             "tools[0].function.name",
