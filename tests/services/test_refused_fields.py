@@ -141,6 +141,13 @@ def test_an_empty_body_is_told_what_it_needs(gateway, path, needed):
 CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
+def _past_call(arguments: str) -> dict:
+    """A chat whose assistant turn called f with ``arguments``, answered."""
+    called = {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": arguments}}]}
+    answer = {"role": "tool", "tool_call_id": "c1", "content": "r"}
+    return {"model": MODEL, "messages": [{"role": "user", "content": "q"}, called, answer]}
+
+
 def _tool(parameters: dict) -> dict:
     return {"type": "function", "function": {"name": "f", "parameters": parameters}}
 
@@ -161,34 +168,8 @@ def _tool(parameters: dict) -> dict:
             {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "a\ud83d"}]}]},
             "messages[0].content[0].text",
         ),
-        (
-            {
-                "model": MODEL,
-                "messages": [
-                    {"role": "user", "content": "q"},
-                    {
-                        "role": "assistant",
-                        "tool_calls": [{**CALL, "function": {"name": "f", "arguments": '{"a": "\ud800"}'}}],
-                    },
-                    {"role": "tool", "tool_call_id": "c1", "content": "r"},
-                ],
-            },
-            "messages[1].tool_calls[0].function.arguments",
-        ),
-        (
-            {
-                "model": MODEL,
-                "messages": [
-                    {"role": "user", "content": "q"},
-                    {
-                        "role": "assistant",
-                        "tool_calls": [{**CALL, "function": {"name": "f", "arguments": '{"a": "\\ud800"}'}}],
-                    },
-                    {"role": "tool", "tool_call_id": "c1", "content": "r"},
-                ],
-            },
-            "messages[1].tool_calls[0].function.arguments",
-        ),
+        (_past_call('{"a": "\ud800"}'), "messages[1].tool_calls[0].function.arguments"),
+        (_past_call('{"a": "\\ud800"}'), "messages[1].tool_calls[0].function.arguments"),  # (JSON's escape)
     ],
     ids=["content", "tool", "tool_key", "part", "call_arguments", "escaped_in_call_arguments"],
 )
