@@ -1,6 +1,7 @@
 """Move a sequence's complete attention state from one set of pools to another.
 
-``export_state`` names the blocks (a small handle: pool id, layout hash, length, block ids);
+``export_state`` names the blocks (a small handle: pool id, layout hash, length, block ids: lists,
+or ``ids_bytes``' int64 bytes, which a message carries faster to parse, copied as they are);
 ``import_state`` allocates blocks in the destination and copies all four kinds of state:
 window ring, compressed entries (CSA and HCA), indexer keys, compressor running state
 (across devices when the two pools live on different ones).
@@ -28,7 +29,22 @@ class StateHandle(NamedTuple):  # (a tuple: each handoff makes one, a frozen dat
     pool_id: str
     layout_hash: str
     length: int
-    blocks: dict[str, tuple[int, ...]]
+    blocks: dict[str, tuple[int, ...]] | bytes  # bytes: ``ids_bytes``'
+
+
+def ids_bytes(blocks: dict[str, Sequence[int]], counts: dict[str, int]) -> bytes:
+    """The first ``counts[kind]`` ids of each kind's list, kind after kind (``POOL_KINDS``' order),
+    as int64 little-endian: the ids a state of those counts needs, split again by the counts."""
+    ids = [i for kind in POOL_KINDS for i in blocks[kind][: counts[kind]]]
+    return struct.pack(f"<{len(ids)}q", *ids)
+
+
+def _split(data: bytes, counts: dict[str, int]) -> dict[str, list[int]]:
+    """``ids_bytes``' lists again (the copy between devices takes lists)."""
+    ids, at, lists = np.frombuffer(data, dtype="<i8").tolist(), 0, {}
+    for kind in POOL_KINDS:
+        lists[kind], at = ids[at : at + counts[kind]], at + counts[kind]
+    return lists
 
 
 def export_state(pools: KVPools, seq_id: str) -> StateHandle:
@@ -47,12 +63,18 @@ def import_state(dst: KVPools, src: KVPools, handle: StateHandle, seq_id: str) -
     if handle.layout_hash != dst.layout_hash or handle.layout_hash != src.layout_hash:
         raise LayoutMismatch(f"state layout {handle.layout_hash} does not match the destination's {dst.layout_hash}")
     counts = dst.layout.blocks_of(handle.length)
-    tables = dst.hold(seq_id, handle.length, counts).tables  # (a sequence it holds already keeps its blocks)
+    held = seq_id in dst.sequences  # (it keeps its blocks, maybe more than ``counts``: the copy takes those)
+    tables = dst.hold(seq_id, handle.length, counts).tables
+    if held:
+        tables = {kind: tables[kind][: counts[kind]] for kind in POOL_KINDS}
+    blocks = handle.blocks
     try:
+        if isinstance(blocks, bytes) and len(blocks) != 8 * sum(counts.values()):
+            raise ValueError(f"{len(blocks)} bytes of block ids, not 8 for each of the {sum(counts.values())} it needs")
         if dst.host_places is not None and src.host_places is not None and dst.dtype == src.dtype:
-            copy_host_blocks(dst.host_places, src.host_places, _plan(counts, tables, handle.blocks))
+            copy_host_blocks(dst.host_places, src.host_places, _plan(counts, tables, blocks))
         else:
-            _copy_on_devices(dst, src, counts, tables, handle.blocks)
+            _copy_on_devices(dst, src, counts, tables, _split(blocks, counts) if isinstance(blocks, bytes) else blocks)
     except (ValueError, struct.error) as exc:  # fewer ids than its length needs, or one past int64
         raise IndexError(f"the state's block ids do not fit its length or pools ({exc})") from None
 
@@ -85,12 +107,23 @@ def warm_up_host_copy(pools: KVPools) -> None:
 _W, _C, _H, _I, _P = POOL_KINDS  # (the plan spelled out: a loop over the kinds took 0.6 us more a handoff)
 
 
-def _plan(counts: dict[str, int], dst: dict[str, Sequence[int]], src: dict[str, Sequence[int]]) -> np.ndarray:
+def _plan(counts: dict[str, int], dst: dict[str, Sequence[int]], src: dict[str, Sequence[int]] | bytes) -> np.ndarray:
     """``copy_host_blocks``' plan: each kind's count, the lengths of each kind's list in ``dst``,
     then in ``src``, then the lists (int64; unsliced: the copy takes each one's first ``count``). One
     list, converted once: struct packs a list of ints in half numpy's time (np.array ~17 ns an id,
-    a 4k demo state has ~300)."""
+    a 4k demo state has ~300); ``src`` as ``ids_bytes``' bytes (its lists as long as the counts)
+    follows the packed ones as it is."""
     d, s = dst, src
+    if isinstance(s, bytes):  # (its lengths: the counts)
+        # fmt: off
+        head = [
+            counts[_W], counts[_C], counts[_H], counts[_I], counts[_P],
+            len(d[_W]), len(d[_C]), len(d[_H]), len(d[_I]), len(d[_P]),
+            counts[_W], counts[_C], counts[_H], counts[_I], counts[_P],
+            *d[_W], *d[_C], *d[_H], *d[_I], *d[_P],
+        ]
+        # fmt: on
+        return np.frombuffer(struct.pack(f"<{len(head)}q", *head) + s, dtype="<i8")
     # fmt: off
     plan = [
         counts[_W], counts[_C], counts[_H], counts[_I], counts[_P],
