@@ -129,6 +129,11 @@ class Settings(BaseSettings):
         description="KV handoff transport: shm (CPU, same host), cuda_ipc (same GPU), redis (any); "
         "unset: shm, cuda_ipc with DAYZERO_DEVICE=cuda",
     )
+    handoff_ids: Literal["lists", "bytes"] = Field(
+        default="lists",
+        description="how prefill's handoff message names the state's blocks: lists (every version reads them) "
+        "or bytes (int64: faster to parse and copy; decode workers before this version refuse them)",
+    )
     disconnect_grace_s: float = Field(
         default=5.0, ge=0, description="a disconnected stream is cancelled after (above EventSource's ~3 s retry)"
     )

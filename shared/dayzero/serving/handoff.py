@@ -25,7 +25,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
-from ..kv.handoff import LayoutMismatch, StateHandle, export_state, import_state
+from ..kv.handoff import LayoutMismatch, StateHandle, export_state, ids_bytes, import_state
 from ..kv.pools import KVPools
 from ..kv.shared import CudaSharedPools, SharedPools, sweep
 from ..shm import PARKED, SHM_DIR, parked_name
@@ -86,8 +86,14 @@ def drop_parked(store: Lifecycle, location: str) -> None:
     store.r.delete(location)
 
 
-def publish(pools: KVPools, seq_id: str, request_id: str, transport: str, store: Lifecycle, ttl_s: float) -> StateRef:
+def publish(
+    pools: KVPools, seq_id: str, request_id: str, transport: str, store: Lifecycle, ttl_s: float, ids: str = "lists"
+) -> StateRef:
+    """``seq_id``'s state for decode; its block ids as ``ids`` says (DAYZERO_HANDOFF_IDS: ``lists``, or
+    ``bytes``, which decode workers before them refuse)."""
     handle = export_state(pools, seq_id)
+    counts = pools.layout.blocks_of(handle.length)
+    blocks, block_ids = ({}, ids_bytes(handle.blocks, counts)) if ids == "bytes" else (handle.blocks, b"")
     location = pools.pool_id  # shm: the segment's name; cuda_ipc: the allocation's IPC handle
     if transport == "cuda_ipc":
         torch.cuda.synchronize(pools.device)  # decode reads from another process: the writes must have landed
@@ -101,7 +107,8 @@ def publish(pools: KVPools, seq_id: str, request_id: str, transport: str, store:
         dtype=str(pools.dtype).removeprefix("torch."),
         pool_blocks=pools.blocks,
         length=handle.length,
-        blocks=handle.blocks,
+        blocks=blocks,
+        block_ids=block_ids,
     )
 
 
@@ -153,7 +160,7 @@ class Receiver:
                 self._detach_swept()
                 self._attached[ref.location] = self._attach(ref, dst)
             src = self._attached[ref.location]
-            handle = StateHandle(ref.location, ref.layout_hash, ref.length, ref.blocks)
+            handle = StateHandle(ref.location, ref.layout_hash, ref.length, ref.blocks or ref.block_ids)
         import_state(dst, src, handle, seq_id)
         if ref.transport == "cuda_ipc":
             torch.cuda.synchronize(dst.device)  # prefill may reuse the blocks once the handoff is taken

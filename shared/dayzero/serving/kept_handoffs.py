@@ -29,7 +29,9 @@ class KeptHandoffs:
         rid, store, settings = job.request.request_id, self.r.store, self.r.settings
         with tracer.start_as_current_span("kv.export", attributes={"dayzero.transport": settings.handoff}):
             start = time.perf_counter()
-            ref = publish(self.r.pools, rid, rid, settings.handoff, store, settings.handoff_timeout_s)
+            ref = publish(
+                self.r.pools, rid, rid, settings.handoff, store, settings.handoff_timeout_s, settings.handoff_ids
+            )
             self.r.stats.add(handoff_seconds=time.perf_counter() - start)
         kept = settings.handoff != "redis"  # the state stays in this worker's blocks till decode has it
         if kept:

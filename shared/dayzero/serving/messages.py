@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
 
 from ..chat.grammar import holds_calls_only
 from ..params import MAX_LOGPROBS, SamplingParams
@@ -48,8 +48,19 @@ class GenerationRequest(Frozen):
         return self.tool_calls and grammar is not None and holds_calls_only(grammar.lark)
 
 
+def _empty(value: object) -> bool:
+    return not value
+
+
 class StateRef(Frozen):
-    """Where a prefilled sequence's attention state waits for decode (a lease on prefill's blocks)."""
+    """Where a prefilled sequence's attention state waits for decode (a lease on prefill's blocks).
+
+    Its block ids travel as ``blocks`` (lists: what every version reads) or ``block_ids`` (int64
+    bytes, kind after kind, base64 in JSON: ``kv.handoff.ids_bytes``; faster to parse, and copied as they are),
+    never both; a decode of a version before ``block_ids`` refuses a message with them (an unknown
+    field, or no ``blocks``), so prefill writes them only where DAYZERO_HANDOFF_IDS=bytes."""
+
+    model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
 
     transport: Literal["shm", "cuda_ipc", "redis"]
     location: str  # shared-memory segment name, CUDA IPC handle of the pools, or Redis key
@@ -58,8 +69,19 @@ class StateRef(Frozen):
     dtype: str
     pool_blocks: dict[str, int]  # block counts of the source pools (to attach to the segment)
     length: int = Field(ge=0)  # (below 0: blocks_of counts -1 compressed blocks, alloc refuses those unclearly)
-    blocks: dict[str, tuple[int, ...]]
+    blocks: dict[str, tuple[int, ...]] = Field(default={}, exclude_if=_empty)
+    block_ids: bytes = Field(default=b"", exclude_if=_empty)
     holder: str = ""  # the prefill worker keeping the blocks, told when decode has taken them
+
+    @field_validator("block_ids", mode="wrap")
+    @classmethod
+    def _kept_for_refusal(cls, value: object, handler: ValidatorFunctionWrapHandler) -> bytes:
+        """Ids that are no base64 are read as one byte, which no state's ids fit: the import refuses
+        them as it does ids that do not fit (decode gives the request back), not the whole message."""
+        try:
+            return handler(value)
+        except ValidationError:
+            return b"?"
 
 
 class TensorRef(Frozen):
