@@ -235,6 +235,22 @@ def test_a_worker_whose_pools_hold_less_than_the_context_is_a_warning(demo_dir, 
     assert prefill.pools.capacity_tokens() < 4096 and "DAYZERO_KV_BUDGET_MB" in warning
 
 
+def test_a_decode_worker_that_refuses_a_prefill_workers_block_ids_as_bytes_is_a_warning(demo_dir, gateway, registry):
+    """A prefill worker set to DAYZERO_HANDOFF_IDS=bytes beside a decode worker of the version before
+    it (its snapshot names no ``ids``): that decode worker refuses those handoffs' messages."""
+    prefill = _runtime(demo_dir, gateway, "prefill0@test", "prefill", handoff_ids="bytes")
+    upgraded = _runtime(demo_dir, gateway, "decode0@test", "decode")
+    status, body = _ready(gateway, [prefill, upgraded], registry)
+    assert status == 200 and "warnings" not in body, body
+    previous = _runtime(demo_dir, gateway, "decode1@test", "decode")
+    del previous.stats.serves["ids"]  # (what a worker of the previous version announces)
+    status, body = _ready(gateway, [prefill, upgraded, previous], registry)
+    assert status == 200, body
+    (warning,) = body["warnings"]
+    assert warning.startswith(f"decode worker {previous.name} is of a version before DAYZERO_HANDOFF_IDS")
+    assert prefill.name in warning and "DAYZERO_HANDOFF_IDS=lists" in warning
+
+
 def test_every_get_route_answers_head_as_get(gateway, registry):
     """Uptime monitors and load balancers probe with HEAD: it was 405 on /health and /ready, then on
     /metrics and /v1/models (every route GET serves, listed in the OpenAPI schema, is checked). An
