@@ -7,9 +7,13 @@ shared-memory segment, or on a GPU the CUDA IPC allocation: its exporter cannot 
 others copy the state into its own pools, what decode times as handoff_seconds), timed
 interleaved with a plain copy of as many bytes between two contiguous tensors on the same
 device, median of ``--runs`` (CUDA-synchronised). The 16-token state is the handoff's fixed
-cost: its copy is a few microseconds. The pools hold random values (the copy does
-not depend on them). ``--transport cuda_ipc`` needs a GPU (bench/gpu.sh runs it; without one: a message, exit 0). Run:
-``python bench/handoff.py [--runs 9] [--transport shm|cuda_ipc] [--profile] [--tokens 4096 65536]``.
+cost: its copy is a few microseconds. The decode side reads the state's message from its JSON
+each time, as decode's task does (``parse us``: outside handoff_seconds); ``--ids`` is how the
+message names the blocks (DAYZERO_HANDOFF_IDS: lists, or int64 bytes). The pools hold random
+values (the copy does not depend on them). ``--transport cuda_ipc`` needs a GPU (bench/gpu.sh
+runs it; without one: a message, exit 0). Run:
+``python bench/handoff.py [--runs 9] [--transport shm|cuda_ipc] [--ids lists|bytes] [--profile]
+[--tokens 4096]``.
 """
 
 from __future__ import annotations
@@ -39,20 +43,25 @@ def _config(name: str) -> ModelConfig:
 
 
 def _decode_side(
-    transport: str, layout: PoolLayout, dtype: torch.dtype, ref: StateRef, moved: int, runs: int, profiled: bool, out
+    transport: str, layout: PoolLayout, dtype: torch.dtype, message: str, moved: int, runs: int, profiled: bool, out
 ) -> None:
-    """In a process of its own, as decode: receive ``runs + 1`` times (the first a warm-up, which
-    attaches) interleaved with a plain copy of the ``moved`` bytes; puts (handoff s, copy s) medians
-    and, when ``profiled``, the profiler's table of one more receive."""
+    """In a process of its own, as decode: read the state's ``message`` and receive it ``runs + 1``
+    times (the first a warm-up, which attaches) interleaved with a plain copy of the ``moved`` bytes;
+    puts (handoff s, copy s, parse s) medians and, when ``profiled``, the profiler's table of one
+    more receive."""
     device = "cuda" if transport == "cuda_ipc" else "cpu"
     receiver = Receiver(store=None)  # (the store serves the redis transport only)
+    ref = StateRef.model_validate_json(message)
     dst = KVPools(layout, ref.pool_blocks, dtype, device)
     flat = torch.ones(moved, dtype=torch.uint8, device=device)
     target = torch.empty_like(flat)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    handoffs, copies = [], []
+    handoffs, copies, parses = [], [], []
     for _ in range(runs + 1):
         dst.release("d")
+        start = time.perf_counter()
+        ref = StateRef.model_validate_json(message)
+        parses.append(time.perf_counter() - start)
         sync()
         start = time.perf_counter()
         receiver.receive(ref, dst, "d")
@@ -65,7 +74,7 @@ def _decode_side(
     assert dst.sequence_bytes("d") == moved
     profile = _profiled(dst, receiver, ref, sync) if profiled else ""
     receiver.close()
-    out.put((statistics.median(handoffs[1:]), statistics.median(copies[1:]), profile))
+    out.put((*(statistics.median(times[1:]) for times in (handoffs, copies, parses)), profile))
 
 
 def _profiled(dst: KVPools, receiver: Receiver, ref: StateRef, sync) -> str:
@@ -83,9 +92,16 @@ def _profiled(dst: KVPools, receiver: Receiver, ref: StateRef, sync) -> str:
 
 
 def bandwidth(
-    cfg: ModelConfig, tokens: int, dtype: torch.dtype, runs: int, transport: str = "shm", profiled: bool = False
-) -> tuple[float, float, int, str]:
-    """(handoff bytes/s, plain copy bytes/s, bytes moved, profile) for one sequence of ``tokens`` tokens."""
+    cfg: ModelConfig,
+    tokens: int,
+    dtype: torch.dtype,
+    runs: int,
+    transport: str = "shm",
+    profiled: bool = False,
+    ids: str = "lists",
+) -> tuple[float, float, int, float, str]:
+    """(handoff bytes/s, plain copy bytes/s, bytes moved, message parse s, profile) for one sequence
+    of ``tokens`` tokens."""
     layout = PoolLayout.of(cfg, 16, str(dtype).removeprefix("torch."))
     blocks = KVPools.sized(layout, tokens, 1, dtype, device="meta").blocks
     if transport == "cuda_ipc":
@@ -100,13 +116,13 @@ def bandwidth(
         moved = src.sequence_bytes("s")
         context = multiprocessing.get_context("spawn")
         out = context.Queue()
-        ref = publish(src, "s", "bench", transport, store=None, ttl_s=600)
-        args = (transport, layout, dtype, ref, moved, runs, profiled, out)
+        message = publish(src, "s", "bench", transport, store=None, ttl_s=600, ids=ids).model_dump_json()
+        args = (transport, layout, dtype, message, moved, runs, profiled, out)
         child = context.Process(target=_decode_side, args=args)
         child.start()
-        handoff, copy, profile = out.get(timeout=600)
+        handoff, copy, parse, profile = out.get(timeout=600)
         child.join(60)
-        return moved / handoff, moved / copy, moved, profile
+        return moved / handoff, moved / copy, moved, parse, profile
     finally:
         del src
         if segment is not None:
@@ -123,22 +139,28 @@ def main() -> None:
     parser.add_argument(
         "--profile", action="store_true", help="cuda_ipc: after the table, one import profiled per case"
     )
+    parser.add_argument("--ids", choices=("lists", "bytes"), default="lists", help="how the message names the blocks")
     parser.add_argument("--tokens", type=int, nargs="+", help="only the cases of these sequence lengths (default: all)")
     args = parser.parse_args()
     if args.transport == "cuda_ipc":
         need_cuda("bench/handoff.py --transport cuda_ipc")
     torch.manual_seed(0)
     where = "GPU, CUDA IPC" if args.transport == "cuda_ipc" else "CPU, shared memory"
-    print(f"KV handoff (decode receives prefill's published state, in another process) vs a plain copy, {where}")
-    print("| model | dtype | tokens | state MB | handoff us | copy us | handoff GB/s | copy GB/s | GB/s ratio |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"KV handoff (decode receives prefill's published state, in another process) vs a plain copy, {where}, "
+        f"block ids as {args.ids}"
+    )
+    print("| model | dtype | tokens | state MB | parse us | handoff us | copy us | handoff GB/s | copy GB/s | ratio |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     profiles = []
     cases = GPU_CASES if args.transport == "cuda_ipc" else CASES
     for name, tokens in [(name, tokens) for name, tokens in cases if tokens in (args.tokens or [tokens])]:
         dtype = torch.float32 if name == "demo" else torch.bfloat16
-        handoff, copy, moved, profile = bandwidth(_config(name), tokens, dtype, args.runs, args.transport, args.profile)
+        handoff, copy, moved, parse, profile = bandwidth(
+            _config(name), tokens, dtype, args.runs, args.transport, args.profile, args.ids
+        )
         print(
-            f"| {name} | {str(dtype).removeprefix('torch.')} | {tokens} | {moved / 1e6:.2f} | "
+            f"| {name} | {str(dtype).removeprefix('torch.')} | {tokens} | {moved / 1e6:.2f} | {parse * 1e6:.1f} | "
             f"{moved / handoff * 1e6:.1f} | {moved / copy * 1e6:.1f} | "
             f"{handoff / 1e9:.2f} | {copy / 1e9:.2f} | {handoff / copy:.2f}x |"
         )
