@@ -229,6 +229,13 @@ def _field_part(part: object) -> bool:
     return text.isidentifier() and text not in _TYPE_TAGS
 
 
+def _codings(headers: list[tuple[bytes, bytes]]) -> list[str]:
+    """The codings a request's Content-Encoding names but identity, in order: its lines are one
+    list (RFC 9110 5.3; a gzip line followed by identity's was read as the last said)."""
+    named = b",".join(value for name, value in headers if name == b"content-encoding").decode("latin-1")
+    return [coding for part in named.split(",") if (coding := part.strip().lower()) not in ("", "identity")]
+
+
 class BodyLimit:
     """Refuses request bodies over ``limit`` bytes with 413, declared or chunked: the body is
     read (up to the limit) before the app sees it, so an oversized one never reaches a parser.
@@ -243,10 +250,9 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope.get("headers", []))
-        encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
-        if encoding not in ("", "identity"):
-            message = f"the body is sent with content-encoding {encoding!r}: send it uncompressed"
+        headers = scope.get("headers", [])
+        if codings := _codings(headers):
+            message = f"the body is sent with content-encoding {', '.join(codings)!r}: send it uncompressed"
             answer = error_response(
                 415,
                 message,
@@ -256,7 +262,7 @@ class BodyLimit:
             )  # (RFC 7694: the codings the server takes)
             await answer(scope, receive, send)
             return
-        declared = headers.get(b"content-length")
+        declared = dict(headers).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             await self._refuse(scope, receive, send)
             return
