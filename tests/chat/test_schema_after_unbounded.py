@@ -23,9 +23,16 @@ def _opened(pattern: str) -> dict:  # (more properties allowed: its lexer fails 
         ("^.*.{2000}$", 2000),
         ("^.+.{1,2000}$", 2000),  # (its larger bound)
         ("^.*.{2000,}$", 2000),  # (its least, none larger)
-        ("^.*-.{2000}$", 2000),  # (a character between, which the repeat reads too)
-        ("^(.*)x{2000}$", 2000),  # (within a group before it)
-        ("^(a|.*|b).{2000}$", 2000),
+        ("^.*-.{2000}$", 2001),  # (a character between, which the repeat reads too: counted)
+        ("^(.*)x{2000}$", 2001),  # (within a group before it)
+        ("^(a|.*|b).{2000}$", 2001),
+        ("^.*.{1000}.{1000}$", 2000),  # (counts added up in a run: one count's alone was read)
+        ("^.*(.{100}){20}$", 2000),  # (a group's repeats times its own counted run)
+        ("^.*.{700}.*.{700}$", 1401),  # (another repeat without bound: the run goes on)
+        ("^.*" + "." * 2000 + "$", 2000),  # (characters uncounted, one each)
+        ("^[a-z]*-[a-z]{2000}$", 0),  # (a "-" no repeat before it reads: it ends the run)
+        (r"^\d*\.\d{2000}$", 0),
+        ("^[a-z]*-?[a-z]{2000}$", 2000),  # (... not where it is optional)
         ("^.*(ab){1200}$", 1200),  # (a group's repeats)
         ("^(ab)*(ab){1200}$", 1200),
         ("^.*.{1000}$", 0),  # (within MOST_AFTER_UNBOUNDED: not read)
@@ -53,8 +60,13 @@ def test_counted_after_unbounded(regex, repeats):
         (_opened("^.*.{1200}$"), "a" * 1800),  # 1,060
         (_opened(r"^\w*\d{2000}$"), "1" * 2100),  # 1,063 (a closed object's writes it whole)
         (_opened("^.*(ab){1300}$"), "ab" * 1400),  # 2,125: its 1,062nd repeat
+        # each count within MOST_AFTER_UNBOUNDED, let through: 1,560 characters in, 1,069 in an open object
+        (strings({"pattern": "^.*.{1000}.{1000}$"}), "a" * 2100),
+        (strings({"pattern": "^.*(.{100}){20}$"}), "a" * 2100),
+        (_opened("^.*.{700}.*.{700}$"), "a" * 1600),
     ],
-    ids=["closed", "a_literal_before", "a_character_between", "open", "ascii_classes", "a_group"],
+    ids=["closed", "a_literal_before", "a_character_between", "open", "ascii_classes", "a_group"]
+    + ["counts_in_a_run", "a_counted_group_in_a_run", "two_unbounded_in_a_run"],
 )
 def test_a_count_after_an_unbounded_repeat_is_refused(schema, reply):
     """Each let through (counted within ``MOST_COUNTED_CHARS``, no group of varying length): every
@@ -72,8 +84,12 @@ def test_a_count_after_an_unbounded_repeat_is_refused(schema, reply):
         (_opened("^.{2000}.*$"), "a" * 2600),
         (_opened("^a*b{2000}$"), "a" * 100 + "b" * 2000),
         (_opened("^[a-z]*[0-9]{2000}$"), "x" * 100 + "1" * 2000),
+        # refused for its one count of 2,000 after an unbounded [a-z]*: its "-" ends that repeat
+        (_opened("^[a-z]*-[a-z]{2000}$"), "a" * 100 + "-" + "b" * 2000),
+        (_opened(r"^\d*\.\d{2000}$"), "1" * 100 + "." + "2" * 2000),
     ],
-    ids=["the_most", "the_most_groups", "the_count_first", "no_literal_in_common", "no_class_in_common"],
+    ids=["the_most", "the_most_groups", "the_count_first", "no_literal_in_common", "no_class_in_common"]
+    + ["a_character_ends_the_run", "a_decimal_point_ends_the_run"],
 )
 def test_what_a_reply_writes_whole_is_let_through(schema, reply):
     assert size_problem([schema], DEFAULTS) is None

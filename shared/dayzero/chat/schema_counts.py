@@ -121,8 +121,8 @@ class CountedChars:
             why = f"its repeats split a reply's text {_told(ways)} ways, at most {MOST_SPLITS} can be enforced"
             return f"a regular expression repeating a group of varying length: {why}"
         if (repeats := max(map(counted_after_unbounded, regexes(node)), default=0)) > MOST_AFTER_UNBOUNDED:
-            most, what = MOST_AFTER_UNBOUNDED, "a regular expression counting repeats after a repeat without bound"
-            return f"{what} of the same characters: {_told(repeats)} repeats, at most {most:,} can be enforced"
+            most, what = MOST_AFTER_UNBOUNDED, "a regular expression counting characters after a repeat without bound"
+            return f"{what} of the same characters: {_told(repeats)} in a run, at most {most:,} can be enforced"
         return None
 
 

@@ -27,7 +27,7 @@ from .schema_classes import CASELESS, characters, class_end
 # ways a regular expression's counted groups may split a reply's text among their repeats, in all
 # (a count of ~800 failed the lexer first: ``(.{2,3}){1000}``, 3,000 characters, writes whole at 667)
 MOST_SPLITS = 600
-# repeats one count may hold after a repeat without bound of characters it shares: past some, each
+# characters counted in a run after a repeat without bound of characters they share: past some, each
 # character written builds its lexer a branch more (``.*.{2000}``: ``.*.{2000} | .{1999} | ...``).
 # Measured (llguidance 1.9, the gateway's limits), a reply written on past the count: in a closed
 # object ``.*.{n}`` is written whole to n = 1,550 and fails 1,558 characters in from 1,600 (``a*.{n}``
@@ -41,7 +41,7 @@ _QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")  # {n}, {n,}, {n,m}
 # backslash, ``(\pL|..){1900}`` was lengths [2, 2], let through: every reply failed 332 bytes in)
 _ESCAPE = re.compile(r"\\(?:[xuUpP]\{[^}]*\}|x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|[pP].|.)", re.DOTALL)
 _FLAGS = re.compile(r"[A-Za-z-]*")  # (?flags) and (?flags:...): i, x, -x, ...
-_MOST_ATOMS_READ = 64  # atoms repeated without bound read before one count (4,000 distinct: 0.6 s)
+_MOST_ATOMS_READ = 64  # atoms one regex reads the characters of, at most (4,000 distinct: 0.6 s)
 _MOST_DIGITS = 12  # a count of more is read as 10^12 (Python reads no number of over 4,300 digits)
 
 
@@ -56,12 +56,38 @@ class _Group:
     # (its groups' too), and in the finished branches
     unbounded: set[str | None] = field(default_factory=set)
     unbounded_branches: set[str | None] = field(default_factory=set)
+    outer: frozenset[str | None] = frozenset()  # the enclosing groups' (live in this branch: ``outer_live``)
+    outer_live: bool = True
+    caseless: bool = False
+    read: set[str | None] = field(default_factory=set)  # the atoms whose characters were read (all groups')
+    # the expressions the last atom builds its lexer written after a repeat without bound of characters
+    # it shares: a character's count of it (1 uncounted), a group's repeats times its own counted run
+    # (``(.{100}){20}``: 2,000; ``(ab){1200}``: 1,200, its "a" and "b" told apart); whether counted
+    weight: float = 1
+    counted: bool = False
+    # their sum in this branch's run after a repeat without bound (the most of any run: ``after``, of
+    # counted atoms only: ``after_counted``); a character of none of them, not optional, ends the run
+    tail: tuple[float, float] = (0, 0)
+    after: float = 0
+    after_counted: float = 0
 
     def add(self, atom: tuple[float, float] | None) -> None:
         """Read ``atom`` after the last one (None: an anchor, a quantifier's end)."""
         if self.last is not None:
             self.sequence = (self.sequence[0] + self.last[0], self.sequence[1] + self.last[1])
+            self._follow(*self.last)
         self.last = atom
+
+    def _follow(self, lo: float, hi: float) -> None:
+        """Count the last atom, of ``lo``-``hi`` characters, into the run after a repeat without bound."""
+        before = self.unbounded | (self.outer if self.outer_live else frozenset())
+        if not before:
+            return
+        if _shared(self.text, before, self.caseless, self.read):
+            self.tail = (self.tail[0] + self.weight, self.tail[1] + self.weight * self.counted)
+            self.after, self.after_counted = max(self.after, self.tail[0]), max(self.after_counted, self.tail[1])
+        elif lo >= 1:  # (``[a-z]*-[a-z]{2000}``: past its "-", no repeat reads on: written whole)
+            self.unbounded, self.outer_live, self.tail = set(), False, (0, 0)
 
     def lengths(self) -> tuple[float, float]:
         self.add(None)
@@ -76,17 +102,19 @@ def split_ways(regex: str) -> int:
 
 
 def counted_after_unbounded(regex: str) -> int:
-    """The most repeats one count of ``regex`` holds after a repeat without bound that may read the
-    same characters (its own branch's, or an enclosing group's, before it), of those past
-    ``MOST_AFTER_UNBOUNDED`` (0: none): ``.*.{2000}`` 2,000, ``.*(ab){1200}`` 1,200,
-    ``[a-z]*[0-9]{2000}`` 0."""
+    """The most characters ``regex`` counts in a run after a repeat without bound that may read the
+    same characters (its own branch's, or an enclosing group's, before it): a count its repeats, a
+    group counted its repeats times its own counted run, all that follows added up till a character
+    no repeat reads (not optional) ends it; of those past ``MOST_AFTER_UNBOUNDED`` (0: none):
+    ``.*.{2000}`` 2,000, ``.*.{1000}.{1000}`` 2,000 (one count's alone was read: let through, every
+    reply failed 1,560 characters in), ``.*(ab){1200}`` 1,200, ``[a-z]*[0-9]{2000}`` and
+    ``[a-z]*-[a-z]{2000}`` 0 (the "-" ends it; refused, though written whole)."""
     return _read(regex)[1]
 
 
 @functools.lru_cache(maxsize=256)
 def _read(regex: str) -> tuple[int, int]:
-    groups, ways, after, i = [_Group()], 0, 0, 0
-    caseless = bool(CASELESS.search(regex))
+    groups, ways, after, i = [_Group(caseless=bool(CASELESS.search(regex)))], 0, 0, 0
     while i < len(regex):
         char, top = regex[i], groups[-1]
         if top.verbose and (char.isspace() or char == "#"):  # ((?x)(. |..){1900}: [2, 2] read, no ways)
@@ -94,21 +122,22 @@ def _read(regex: str) -> tuple[int, int]:
             i = line_end if line_end >= 0 else len(regex)
             continue
         if char == "{" and (count := _QUANTIFIER.match(regex, i)):
+            repeated = top.last is not None and count[2] == ""  # (without bound: {n,})
             if top.last is not None:
                 low = _number(count[1])
                 high = low if count[2] is None else _number(count[2]) if count[2] else math.inf
                 repeats = high if high < math.inf else low
                 ways += _ways(top.last, repeats)
-                if repeats > MOST_AFTER_UNBOUNDED and _shared(top.text, groups, caseless):
-                    after = max(after, repeats)
-                if high == math.inf:
-                    top.unbounded.add(top.text)
+                top.weight, top.counted = _times(top.weight, repeats), True  # (``.{2000,}``: its least)
                 top.last = (_times(top.last[0], low), _times(top.last[1], high))
             top.add(None)
+            if repeated:  # (after it is read: ``.*.{2000,}`` read after ``.*``'s)
+                top.unbounded.add(top.text)
             i = count.end()
             continue
         if char == "(":
-            groups.append(_Group(verbose=top.verbose))
+            outer = top.outer | top.unbounded if top.outer_live else frozenset(top.unbounded)
+            groups.append(_Group(verbose=top.verbose, outer=outer, caseless=top.caseless, read=top.read))
             if regex.startswith("?", i + 1):  # (?:, (?P<name>: read on past its ":" or ">"; (?i) to its ")"
                 ends = [j for j in map(regex.find, ":>)", (i,) * 3) if j >= 0]
                 end = min(ends, default=len(regex))
@@ -118,22 +147,26 @@ def _read(regex: str) -> tuple[int, int]:
                 i = end if regex[end : end + 1] in (":", ">") else end - 1
         elif char == ")" and len(groups) > 1:
             groups.pop()
-            groups[-1].add(top.lengths())
-            groups[-1].text = None
+            lengths = top.lengths()
+            after = max(after, top.after)
+            groups[-1].add(lengths)
+            groups[-1].text, groups[-1].counted = None, bool(top.after_counted)
+            groups[-1].weight = max(1, top.after_counted)
             groups[-1].unbounded |= top.unbounded | top.unbounded_branches  # (``(.*)x{2000}``: after it)
         elif char == "|":
             top.add(None)
             top.branches.append(top.sequence)
             top.sequence = (0, 0)
             top.unbounded_branches |= top.unbounded
-            top.unbounded = set()
+            top.unbounded, top.outer_live, top.tail = set(), True, (0, 0)
         elif char in "*+?":
+            repeated = top.last is not None and char != "?"
             if top.last is not None:
-                if char != "?":
-                    top.unbounded.add(top.text)
                 lo, hi = top.last
                 top.last = (0 if char != "+" else lo, hi if char == "?" else math.inf)
             top.add(None)  # (a lazy or possessive mark after it: nothing to repeat)
+            if repeated:
+                top.unbounded.add(top.text)
         elif char in "^$":
             top.add(None)
         else:
@@ -143,17 +176,20 @@ def _read(regex: str) -> tuple[int, int]:
             elif char == "\\":
                 i = _ESCAPE.match(regex, i).end() - 1 if i + 1 < len(regex) else i
             top.add((1, 1))
-            top.text = regex[start : i + 1]
+            top.text, top.weight, top.counted = regex[start : i + 1], 1, False
         i += 1
-    return ways, after
+    for group in groups:  # (its end, and groups left open)
+        group.add(None)
+        after = max(after, group.after)
+    return ways, int(after) if after > MOST_AFTER_UNBOUNDED else 0
 
 
-def _shared(atom: str | None, groups: list[_Group], caseless: bool) -> bool:
-    """Whether ``atom`` may read a character one of the atoms repeated without bound before it in
-    ``groups`` (those open) reads (``characters``); past ``_MOST_ATOMS_READ`` of them, taken as so
-    (each read costs Python a regex's compile)."""
-    before = {text for group in groups for text in group.unbounded}
-    if len(before) > _MOST_ATOMS_READ:
+def _shared(atom: str | None, before: set[str | None], caseless: bool, read: set[str | None]) -> bool:
+    """Whether ``atom`` may read a character one of the atoms repeated without bound ``before`` it
+    reads (``characters``); past ``_MOST_ATOMS_READ`` atoms ``read`` in one regex, taken as so (each
+    read costs Python a regex's compile: ``.*`` before 790 classes each of its own, 0.1 s)."""
+    read |= before | {atom}
+    if len(read) > _MOST_ATOMS_READ:
         return True
     return bool(characters(atom, caseless) & frozenset().union(*(characters(t, caseless) for t in before)))
 
