@@ -188,9 +188,15 @@ def _shared(atom: str | None, before: set[str | None], caseless: bool, read: set
     """Whether ``atom`` may read a character one of the atoms repeated without bound ``before`` it
     reads (``characters``); past ``_MOST_ATOMS_READ`` atoms ``read`` in one regex, taken as so (each
     read costs Python a regex's compile: ``.*`` before 790 classes each of its own, 0.1 s)."""
-    read |= before | {atom}
-    if len(read) > _MOST_ATOMS_READ:
-        return True
+    read.add(atom)
+    read |= before
+    return len(read) > _MOST_ATOMS_READ or _reads_of(atom, frozenset(before), caseless)
+
+
+@functools.lru_cache(maxsize=4096)
+def _reads_of(atom: str | None, before: frozenset[str | None], caseless: bool) -> bool:
+    """Whether ``atom`` may read a character one of ``before`` reads (``(a|.*|b).`` 400 times: each
+    atom's read once, 0.32 s -> 0.1 s of 5 such patterns, load 10)."""
     return bool(characters(atom, caseless) & frozenset().union(*(characters(t, caseless) for t in before)))
 
 
