@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dayzero.chat.grammar import grammar_problem, json_grammar, schema_problem, tool_calls_grammar
+from dayzero.chat.grammar import _byte_grammars, grammar_problem, json_grammar, schema_problem, tool_calls_grammar
 
 from ..conftest import FAILING_LATE, LATE_PATTERN, late
 
@@ -27,6 +27,14 @@ def grammars(codec):
 )
 def test_a_ref_cycle_that_never_produces_a_value_is_refused(schema):
     assert schema_problem(schema) == NOTHING
+
+
+def test_a_lexer_past_its_limits_is_not_read_as_nothing_satisfying_it():
+    """/(a+){300}/ ("a" * 300 satisfies it) fails llguidance's lexer; checked again, the compiled
+    grammar's copy (its lexer shared) fails at its first step: it was refused "nothing satisfies it"."""
+    lark = "start: /(a+){300}/\n"
+    for _ in range(2):
+        assert grammar_problem(lark, _byte_grammars()) == "lexer error: too many expressions constructed"
 
 
 def test_the_check_does_not_depend_on_the_vocabulary(grammars):

@@ -87,11 +87,14 @@ def grammar_problem(lark: str, grammars, steps: int = PROBE_STEPS, first: int | 
         return error_summary(matcher.get_error())
     for step in range(steps):
         mask = matcher.compute_logit_bias()  # [V] bytes, 200: allowed
-        if matcher.is_error():
+        if matcher.is_error():  # (a lexer past its limits at once: its own words; a copy of a grammar
+            # whose lexer failed before fails at its first step: /(a+){300}/ was "nothing satisfies it")
+            error = matcher.get_error()
+            lexer = error.startswith("lexer error")
             return (
                 "nothing satisfies it (such as a $ref that only refers to itself)"
-                if step == 0
-                else (error_summary(matcher.get_error()))
+                if step == 0 and not lexer
+                else (error_summary(error))
             )
         token = first if first is not None and mask[first] == 200 else next(_allowed(mask, tokenizer.eos_token), None)
         if token is None:  # complete: only the end is left
