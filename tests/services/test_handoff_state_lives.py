@@ -12,10 +12,11 @@ import redis
 
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.handoff import park
+from dayzero.serving.intake import Ticket
 from dayzero.serving.keys import key
 from dayzero.serving.lease import Heartbeat
 from dayzero.serving.lifecycle import Lifecycle
-from dayzero.serving.messages import PrefillJob
+from dayzero.serving.messages import GenerationRequest, PrefillJob, SamplingParams
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
 from dayzero.serving.scripts import HEARTBEAT, TAKE
@@ -136,3 +137,24 @@ def test_beats_name_a_redis_carried_state_no_more_once_decode_imported_it(demo_d
     assert any(named for i, named in beats if i < imported)  # (waiting, claimed: its state kept alive)
     after = [named for i, named in beats if i > imported]
     assert after and not any(after)  # (beats came while it generated, none named the state)
+
+
+def test_a_stale_delivery_claimed_beside_a_waiting_run_leaves_its_parked_state_kept_alive(redis_url):
+    """A decode worker holds run 1 of a request, its state parked in Redis and waiting (for blocks);
+    a stale message of run 0 comes to it (the dead run's, delivered again), whose claim is refused:
+    run 1's state is still parked and its beats keep it alive (the refused claim dropped it from the
+    beats: it lapsed with the handoff's timeout, before decode imported it)."""
+    store, stop = Lifecycle(redis.Redis.from_url(redis_url)), threading.Event()
+    store.r.set(key("attempt", "stale-beside"), 1)
+    park(store, "kvstate", "stale-beside", b"state", 0.2)
+    store.r.set(key("lease", "stale-beside"), "handoff", px=200)
+    beat = Heartbeat(store, "decode0", 0.4, stop)
+    request = GenerationRequest(request_id="stale-beside", prompt_ids=(0, 5), sampling=SamplingParams(), created=0)
+    run, stale = (Ticket(PrefillJob(request=request, attempt=attempt)) for attempt in (1, 0))
+    try:
+        assert beat.claim(run, lambda ticket: None, handed_off=True, parked=True)
+        assert not beat.claim(stale, lambda ticket: None, handed_off=True, parked=True)
+        time.sleep(1.0)  # five times the state's own TTL: only run 1's beats keep it
+        assert store.r.get(key("kvstate", "stale-beside")) == b"state"
+    finally:
+        stop.set()

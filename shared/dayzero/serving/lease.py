@@ -149,7 +149,7 @@ class Heartbeat:
                     taken = Take.STALE  # stopping: its message left the queue unclaimed; the reaper re-runs it
                     break
         if taken != Take.CLAIMED:
-            self.state_gone(rid)  # (never beaten)
+            self.state_gone(rid, claim_refused=True)  # (never beaten)
         if taken == Take.CLAIMED:
             with self._lock:
                 self._runs[rid] = attempt
@@ -201,11 +201,14 @@ class Heartbeat:
         with self._lock:
             self._parked.add(request_id)
 
-    def state_gone(self, request_id: str) -> None:
+    def state_gone(self, request_id: str, claim_refused: bool = False) -> None:
         """The request's state is no more in Redis for this worker to keep (read out of it, or its claim
-        failed): the beats name it no more (each read it, a missing key, while its request generated)."""
+        failed): the beats name it no more (each read it, a missing key, while its request generated).
+        ``claim_refused``: unless this worker holds a run of it (a stale delivery refused beside the
+        run it claimed, whose state still waits: unbeaten, it lapsed before decode imported it)."""
         with self._lock:
-            self._parked.discard(request_id)
+            if not (claim_refused and request_id in self._runs):
+                self._parked.discard(request_id)
 
     def release(self, request_id: str, attempt: int | None = None) -> None:
         """No more beats for ``request_id``: none in flight can overwrite what its owner writes next
