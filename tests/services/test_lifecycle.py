@@ -187,6 +187,15 @@ def test_heartbeat_refreshes_only_its_own_leases_and_names_the_ones_it_lost(redi
     assert store.heartbeat([], "decode0", 30, {}) == []
 
 
+def _two_leases_of_5_s(redis_url: str) -> tuple[Lifecycle, list[str]]:
+    """Leases k1 and k2 held by decode0, 5 s left each; -> the store and their HEARTBEAT keys."""
+    store = Lifecycle(redis.Redis.from_url(redis_url))
+    for rid in ("k1", "k2"):
+        store.take(rid, 0, "decode0", 30)
+        store.r.pexpire(key("lease", rid), 5_000)
+    return store, [key(family, rid) for rid in ("k1", "k2") for family in ("lease", "attempt", "done", "queued", "req")]
+
+
 @pytest.mark.parametrize(
     "leases, tail",
     [(2, [0]), (1, [0] * 2), (3, [0] * 3), (2, [0] * 3), ("x", [0] * 2)],  # the keys are two leases of 5
@@ -195,11 +204,7 @@ def test_a_heartbeat_whose_keys_are_not_whole_leases_is_refused_and_refreshes_no
     """A lease count that disagreed with the keys read one request's keys as another's (a lease key taken
     for a parked state, a lease refreshed for a run it was not given) and left leases unread and not
     lost. Now the script refuses and writes nothing."""
-    store = Lifecycle(redis.Redis.from_url(redis_url))
-    for rid in ("k1", "k2"):
-        store.take(rid, 0, "decode0", 30)
-        store.r.pexpire(key("lease", rid), 5_000)
-    keys = [key(family, rid) for rid in ("k1", "k2") for family in ("lease", "attempt", "done", "queued", "req")]
+    store, keys = _two_leases_of_5_s(redis_url)
     with pytest.raises(redis.ResponseError, match="are not .* leases of 5 keys"):
         store._heartbeat(keys=keys, args=["decode0", 30_000, leases, *tail])
     assert all(store.r.pttl(key("lease", rid)) <= 5_000 for rid in ("k1", "k2"))  # neither refreshed
@@ -209,11 +214,7 @@ def test_a_heartbeat_whose_keys_are_not_whole_leases_is_refused_and_refreshes_no
 def test_a_heartbeat_naming_a_state_by_no_lease_of_its_own_is_refused(redis_url, of):
     """A parked state named by a lease the beat does not hold (0, past the last, not a number) would be
     kept alive for no request, or not at all: refused, nothing written."""
-    store = Lifecycle(redis.Redis.from_url(redis_url))
-    for rid in ("k1", "k2"):
-        store.take(rid, 0, "decode0", 30)
-        store.r.pexpire(key("lease", rid), 5_000)
-    keys = [key(family, rid) for rid in ("k1", "k2") for family in ("lease", "attempt", "done", "queued", "req")]
+    store, keys = _two_leases_of_5_s(redis_url)
     with pytest.raises(redis.ResponseError, match="named by their lease"):
         store._heartbeat(keys=[*keys, key("kvstate", "k1")], args=["decode0", 30_000, 2, 0, 0, of])
     assert all(store.r.pttl(key("lease", rid)) <= 5_000 for rid in ("k1", "k2"))
