@@ -84,7 +84,21 @@ async def _reaper(gw: Gateway) -> None:
 
     def one_pass(past_before: set[str], rerun: bool, back_since: float) -> set[str]:
         """One pass; ``past_before``: the stages past the no-worker bound at the last one. -> those now.
-        ``back_since``: when its passes came back from one that failed on Redis (gateways.stamp)."""
+        ``back_since``: when its passes came back from one that failed on Redis (gateways.stamp). The
+        stamp goes last: as the pass's first command it took a frozen Redis's stall, the sweep's own
+        read answered at once, and it re-ran a live worker's lease that lapsed in the freeze. A pass
+        Redis answered with a refusal stamps too (an ACL's NOPERM at a step of every pass: the gateway
+        serves on, a resume may come to it, and it never stamped; writes refused: nobody stamps)."""
+        try:
+            past = steps_of_a_pass(past_before, rerun)
+        except redis.ResponseError:
+            with contextlib.suppress(redis.RedisError):
+                stamp(store.r, gw.bus.gateway, clock.now(), back_since, gone_after_s(period))
+            raise
+        stamp(store.r, gw.bus.gateway, clock.now(), back_since, gone_after_s(period))
+        return set(past)
+
+    def steps_of_a_pass(past_before: set[str], rerun: bool) -> dict[str, float]:
         if rerun:  # (Stalled: failed)
             steps.run("re-run", sweep, store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period, period / 2)
         unserved, bound = unserved_stages(store.r, QUEUES), gw.settings.no_worker_timeout_s
@@ -96,10 +110,7 @@ async def _reaper(gw: Gateway) -> None:
         steps.run("end of unserved waits", end_unserved, store, lambda stage: gw.bus.unserved.get(stage, 0.0), bound)
         if time.time() >= started + gw.settings.disconnect_grace_s:  # (left by a gateway that stopped)
             steps.run("cancel of left requests", cancel_left, store.r, store.ttl_s)
-        # last: as the pass's first command it took a frozen Redis's stall, the sweep's own read answered
-        # at once, and it re-ran a live worker's lease that lapsed in the freeze
-        stamp(store.r, gw.bus.gateway, clock.now(), back_since, gone_after_s(period))
-        return set(past)
+        return past
 
     period, started, steps = gw.settings.lease_s / 2, time.time(), PassSteps()
     refused = RefusedCredentials(gw.settings.credentials_refused_s, "gateway")  # (its passes: 503s for ever)

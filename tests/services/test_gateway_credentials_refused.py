@@ -6,9 +6,13 @@ dropped them). Real processes: Redis and a gateway."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import redis
@@ -70,27 +74,37 @@ def test_a_gateway_whose_user_is_refused_a_command_midrun_serves_on_and_says_so_
     past DAYZERO_CREDENTIALS_REFUSED_S and was started again every 30 s, its open streams ended each
     time, and met the same ACL again. Now it serves on: one line in its log, /ready's reason while it
     lasts, one line once the ACL allows the command again."""
-    port, log = free_port(), tmp_path / "gateway.log"
-    ready = f"http://127.0.0.1:{port}/ready"
-    with scratch_redis(tmp_path) as redis_port:
-        server = redis.Redis(port=redis_port)
-        grants = {"enabled": True, "passwords": ["+pw"], "keys": ["*"], "channels": ["*"]}
+    env = {"DAYZERO_CREDENTIALS_REFUSED_S": str(REFUSED_S)}
+    with gateway_of_an_acl_user(tiny_checkpoint, tmp_path, env) as (server, grants, gateway, ready, log):
+        assert wait_until(lambda: _answers(ready), 120), log.read_text()[-3000:]
+        server.acl_setuser("dz", commands=["+@all", "-smembers"], **grants)  # (the sweep's)
+        assert wait_until(lambda: "user a command" in _ready_reason(ready), 30), log.read_text()[-3000:]
+        assert "'smembers'" in _ready_reason(ready) and "ACL GETUSER dz" in _ready_reason(ready)
+        assert not wait_until(lambda: gateway.poll() is not None, 3 * REFUSED_S), log.read_text()[-3000:]
         server.acl_setuser("dz", commands=["+@all"], **grants)
-        env = {**os.environ, **SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(tiny_checkpoint), "DAYZERO_PORT": str(port)}
-        env |= {"DAYZERO_REDIS_URL": f"redis://dz:pw@127.0.0.1:{redis_port}/0"}
-        env |= {"DAYZERO_CREDENTIALS_REFUSED_S": str(REFUSED_S)}
-        gateway = spawn([sys.executable, "-m", "dayzero.cli", "serve", "gateway"], log, env)
-        try:
-            assert wait_until(lambda: _answers(ready), 120), log.read_text()[-3000:]
-            server.acl_setuser("dz", commands=["+@all", "-smembers"], **grants)  # (the sweep's)
-            assert wait_until(lambda: "user a command" in _ready_reason(ready), 30), log.read_text()[-3000:]
-            assert "'smembers'" in _ready_reason(ready) and "ACL GETUSER dz" in _ready_reason(ready)
-            assert not wait_until(lambda: gateway.poll() is not None, 3 * REFUSED_S), log.read_text()[-3000:]
-            server.acl_setuser("dz", commands=["+@all"], **grants)
-            assert wait_until(lambda: "user a command" not in _ready_reason(ready), 30), log.read_text()[-3000:]
-        finally:
-            terminate([gateway], 10)
+        assert wait_until(lambda: "user a command" not in _ready_reason(ready), 30), log.read_text()[-3000:]
     text = log.read_text(errors="replace")
     assert text.count("is refused a command dayzero sends") == 1, text[-3000:]
     assert text.count("takes the gateway's commands again") == 1, text[-3000:]
     assert "Redis has refused this gateway's credentials" not in text, text[-3000:]
+
+
+@contextlib.contextmanager
+def gateway_of_an_acl_user(
+    checkpoint: Path, tmp_path: Path, env: dict[str, str]
+) -> Iterator[tuple[redis.Redis, dict, subprocess.Popen, str, Path]]:
+    """A gateway process (settings ``env`` more) whose Redis user ``dz`` an ACL grants every command,
+    on a Redis of its own; -> that Redis (its default user), the user's grants, the gateway, its
+    /ready's URL and its log. Stopped after."""
+    port, log = free_port(), tmp_path / "gateway.log"
+    with scratch_redis(tmp_path) as redis_port:
+        server = redis.Redis(port=redis_port)
+        grants = {"enabled": True, "passwords": ["+pw"], "keys": ["*"], "channels": ["*"]}
+        server.acl_setuser("dz", commands=["+@all"], **grants)
+        env = {**os.environ, **SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(checkpoint), "DAYZERO_PORT": str(port), **env}
+        env |= {"DAYZERO_REDIS_URL": f"redis://dz:pw@127.0.0.1:{redis_port}/0"}
+        gateway = spawn([sys.executable, "-m", "dayzero.cli", "serve", "gateway"], log, env)
+        try:
+            yield server, grants, gateway, f"http://127.0.0.1:{port}/ready", log
+        finally:
+            terminate([gateway], 10)

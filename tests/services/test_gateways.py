@@ -12,6 +12,9 @@ import redis.asyncio as aioredis
 from dayzero.serving.gateways import forget, others_run, stamp
 from dayzero.serving.keys import key
 
+from .conftest import wait_until
+from .test_gateway_credentials_refused import _answers, _ready_reason, gateway_of_an_acl_user
+
 GONE_S = 15.0
 
 
@@ -40,3 +43,17 @@ def test_a_gateway_sees_the_others_and_not_itself(redis_url):
         return seen
 
     assert asyncio.run(run()) == [False, False, True, True, False]
+
+
+def test_a_gateway_whose_user_an_acl_refuses_a_command_of_its_passes_still_stamps(tiny_checkpoint, tmp_path):
+    """An ACL takes a command of the reaper's passes from the gateway's user (NOPERM on SMEMBERS, the
+    end of overdue waits' read, at every pass): it serves on (a resume may come to it), but each pass
+    ended at the refusal before its stamp, and another gateway found none: a cancel Redis refused
+    there went at once under a resume here. Redis answered the pass: the gateway still stamps.
+    Real processes: Redis and a gateway."""
+    with gateway_of_an_acl_user(tiny_checkpoint, tmp_path, {}) as (server, grants, _, ready, log):
+        assert wait_until(lambda: _answers(ready), 120), log.read_text()[-3000:]
+        server.acl_setuser("dz", commands=["+@all", "-smembers"], **grants)
+        assert wait_until(lambda: "user a command" in _ready_reason(ready), 30), log.read_text()[-3000:]
+        server.delete(key("gateways"))
+        assert wait_until(lambda: server.zcard(key("gateways")) == 1, 5), log.read_text()[-3000:]
