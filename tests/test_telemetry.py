@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import time
 
 import pytest
 
@@ -61,3 +63,28 @@ def test_the_sdks_endpoint_without_a_scheme_is_refused_at_start(name, monkeypatc
     sdk_endpoint_checked(Settings(trace_exporter="otlp-http"), os.environ)  # (a scheme has no case: taken, was refused)
     setup_tracing(Settings(trace_exporter="otlp-http"), "gateway")
     assert len(installed) == 1
+
+
+def test_the_last_flush_waits_for_a_silent_collector_flush_within_s_at_most(monkeypatch):
+    """``force_flush``'s timeout is not the BatchSpanProcessor's (SDK 1.45 drops it): a collector that
+    accepts and never answers held a process's last flush for the exporter's own timeout (10 s by
+    default, past FLUSH_WITHIN_S; 20 s here), past a stop's grace."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from dayzero import telemetry
+
+    monkeypatch.setattr(telemetry, "FLUSH_WITHIN_S", 0.5)
+    with socket.socket() as silent:  # (its backlog accepts the connection; nobody answers)
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{silent.getsockname()[1]}/v1/traces", timeout=20)
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=600_000))
+        monkeypatch.setattr(telemetry.trace, "get_tracer_provider", lambda: provider)
+        provider.get_tracer("test").start_span("batched").end()
+        began = time.monotonic()
+        telemetry.flush_spans()
+        waited = time.monotonic() - began
+    assert waited < 10, f"the flush waited {waited:.0f} s"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from urllib.parse import urlsplit, urlunsplit
@@ -99,8 +100,10 @@ def flush_spans() -> None:
     last act before an exit that runs no exit handlers (where the SDK would flush them): uvicorn ends
     its process with the SIGTERM it caught, and ``os._exit`` (a refusal of Redis's, a failed group)."""
     provider = trace.get_tracer_provider()
-    if isinstance(provider, TracerProvider):
-        provider.force_flush(timeout_millis=int(FLUSH_WITHIN_S * 1000))
+    if isinstance(provider, TracerProvider):  # (the batch processor drops force_flush's timeout: bounded here)
+        flush = threading.Thread(target=provider.force_flush, name="span-flush", daemon=True)
+        flush.start()
+        flush.join(FLUSH_WITHIN_S)
 
 
 def carrier() -> dict[str, str]:
