@@ -21,6 +21,7 @@ from dayzero.serving.records import Token
 
 from .context import Gateway
 from .errors import QUEUE_UNAVAILABLE, APIError, error_body
+from .readiness import refused_reason
 from .subscription import Closed, Subscription
 
 log = logging.getLogger("dayzero.gateway")
@@ -126,6 +127,15 @@ async def refuse_unserved(gw: Gateway, images: bool) -> None:
     if unserved is not None:
         message = no_worker_message(*unserved, bound)
         raise APIError(503, message, "service_unavailable", code="no_worker", headers={"Retry-After": "1"})
+
+
+def refuse_unbounded(gw: Gateway) -> None:
+    """503 at once while Redis refuses the reaper's user a command (NOPERM: /ready's reason): no pass
+    ends a request past DAYZERO_NO_WORKER_TIMEOUT_S or the task time limit, and one that no worker
+    took waited for ever; the streams already open are served on."""
+    if gw.command_refused is not None:
+        message = f"{refused_reason(gw.command_refused, 'user a command')}; retry on another gateway"
+        raise APIError(503, message, "service_unavailable", code=QUEUE_UNAVAILABLE, headers={"Retry-After": "1"})
 
 
 def _failure(event: Token, request: GenerationRequest) -> APIError:

@@ -18,7 +18,7 @@ from .bodies import collect
 from .context import Gateway
 from .errors import APIError
 from .event_streams import event_stream
-from .outcome import refuse_unserved
+from .outcome import refuse_unbounded, refuse_unserved
 
 
 async def admit(
@@ -43,6 +43,7 @@ async def admit(
             )
     if gw.bus.hub.open + len(requests) > gw.settings.max_streams:
         _refuse(gw, "too many open streams; retry shortly", "too_many_streams")
+    refuse_unbounded(gw)
     await refuse_unserved(gw, bool(images))
     sent = time.time_ns()  # (a worker may start the task before the submit returns: stamped at its send)
     if not await gw.bus.submit(requests, spans, images, owner, watchers):
