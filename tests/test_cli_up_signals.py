@@ -175,3 +175,23 @@ def test_a_stop_between_a_childs_fork_and_its_record_still_stops_that_child(tmp_
         for proc in forked:
             proc.kill()
             proc.wait()
+
+
+_SIGINT_SEEN = """
+import signal
+import dayzero.cli
+
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # (as a shell starts a background job: `dayzero quantize ... &`)
+dayzero.cli.main = lambda argv: print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN) or 0
+from dayzero.__main__ import main
+
+main([])
+"""
+
+
+def test_the_entry_point_gives_a_command_the_sigint_it_inherited():
+    """The entry point handles SIGINT while it imports the commands, and left it handled: a background
+    job's command that handles no SIGINT of its own (quantize, generate: not up, not a server) died of
+    the Ctrl-C its shell meant for the foreground (Python keeps an inherited SIG_IGN)."""
+    said = subprocess.run([sys.executable, "-c", _SIGINT_SEEN], capture_output=True, text=True, timeout=120)
+    assert (said.returncode, said.stdout) == (0, "True\n"), said.stderr[-2000:]

@@ -10,12 +10,14 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # (the disposition Python gives a foreground run)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)  # (the disposition of a foreground run)
     try:
         from .cli import main as run
     except KeyboardInterrupt:  # as cli.main says it
         print("\ninterrupted", file=sys.stderr)
         return 130
+    if inherited is not None:  # (a background job's SIG_IGN: a command that handles no SIGINT keeps it)
+        signal.signal(signal.SIGINT, inherited)
     return run(argv)
 
 
