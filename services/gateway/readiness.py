@@ -24,7 +24,7 @@ import redis
 from starlette.concurrency import run_in_threadpool
 
 from dayzero.redis_clients import unreached
-from dayzero.redis_refusals import refused_for_good
+from dayzero.redis_refusals import command_refused, refused_for_good
 from dayzero.serving.broker import writes_refused
 from dayzero.serving.keys import key
 from dayzero.serving.liveness import FRESH_S, seen_stages, serving, wake_stampers
@@ -54,7 +54,7 @@ def _redis_reason(url: str, exc: redis.RedisError) -> str:
     credentials are good), in redis_refusals.refused_for_good's line (it said "unreachable"), writes
     refused, else unreachable."""
     if (refused := refused_for_good(url, exc)) is not None:
-        what = "user a command" if isinstance(exc, redis.exceptions.NoPermissionError) else "credentials"
+        what = "user a command" if command_refused(exc) else "credentials"
         return refused_reason(refused, what)
     if isinstance(exc, redis.ResponseError) and writes_refused(exc):
         return f"redis refuses writes: {exc}"

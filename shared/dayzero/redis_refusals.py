@@ -22,6 +22,16 @@ REFUSED_EXIT = 3  # a service that cannot serve with its settings (a worker's fa
 # what Redis answers credentials no wait mends: a wrong password (or none where one is asked; a
 # sentinel's too: SentinelRefused), a command the URL's user may not run (an ACL without PING...)
 REFUSED_FOR_GOOD = (redis.AuthenticationError, redis.exceptions.NoPermissionError)
+# a command refused where redis-py raises another error: a Lua script's call (Redis 6's words), a transaction's
+REFUSED_INSIDE = ("can't run this command or subcommand", "NOPERM")
+
+
+def command_refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing the URL's user a command (NOPERM), in a script or a transaction too
+    (the reaper's passes failed on those without a line, and /ready called that Redis unreachable)."""
+    if isinstance(exc, redis.exceptions.NoPermissionError):
+        return True
+    return isinstance(exc, redis.ResponseError) and any(said in str(exc) for said in REFUSED_INSIDE)
 
 
 def refused_for_good(url: str, exc: redis.RedisError) -> str | None:
@@ -34,7 +44,7 @@ def refused_for_good(url: str, exc: redis.RedisError) -> str | None:
     if isinstance(exc, redis.AuthenticationError):  # (a ConnectionError to redis-py)
         why = "password refused" if password_of(url) else "it asks for a password, and the URL gives none"
         return f"{why} ({exc})"
-    if isinstance(exc, redis.exceptions.NoPermissionError):
+    if command_refused(exc):
         where = sentinel_address(url)
         user = (where.username if where else redis.connection.parse_url(url).get("username")) or "default"
         return f"its user {user!r} is refused a command dayzero sends ({exc}; ACL GETUSER {user} lists what it may run)"
@@ -108,7 +118,7 @@ class CommandRefused:
 
     def tried(self, exc: Exception) -> bool:
         """Whether ``exc`` is such a refusal (said if it is the first of its run)."""
-        if not isinstance(exc, redis.exceptions.NoPermissionError):
+        if not command_refused(exc):
             return False
         if self.reason is None:
             self.reason = refused_for_good(self.url, exc)

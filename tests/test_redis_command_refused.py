@@ -1,0 +1,35 @@
+"""A command the gateway's Redis user is refused, met where redis-py raises no NoPermissionError: in a
+Lua script of the reaper's (Redis 6: "The user executing the script can't run this command"), or in
+a transaction (ExecAbortError: "Transaction discarded because of: NOPERM ..."). The reaper's passes
+failed on it without a line, /ready said "redis unreachable" (or named no refusal) and a request no
+worker took waited for ever. Real Redis, its ACL."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from dayzero.procs import scratch_redis
+from dayzero.redis_refusals import CommandRefused
+
+GRANTS = {"enabled": True, "passwords": ["+pw"], "keys": ["*"], "channels": ["*"]}
+SENT = {
+    "get": lambda r: r.eval("return redis.call('get', KEYS[1])", 1, "x"),  # (the reaper's scripts read so)
+    "exec": lambda r: r.pipeline(transaction=True).set("x", 1).get("x").execute(),
+    "smembers": lambda r: r.smembers("x"),  # (NoPermissionError: taken before too)
+}
+
+
+@pytest.mark.parametrize("command", SENT)
+def test_a_command_refused_in_a_script_or_a_transaction_is_said_as_refused(command, tmp_path):
+    with scratch_redis(tmp_path) as port:
+        redis.Redis(port=port).acl_setuser("dz", commands=["+@all", f"-{command}"], **GRANTS)
+        url = f"redis://dz:pw@127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(url)
+        with pytest.raises(redis.RedisError) as refused:
+            SENT[command](client)
+        client.close()
+    said = CommandRefused(url)
+    assert said.tried(refused.value), refused.value
+    assert "its user 'dz' is refused a command dayzero sends" in said.reason and "ACL GETUSER dz" in said.reason
+    assert not CommandRefused(url).tried(redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'"))
