@@ -19,7 +19,7 @@ import redis
 
 from dayzero.procs import free_port, scratch_redis, spawn, terminate
 
-from .conftest import SETTINGS_ENV, wait_until
+from .conftest import MODEL, SETTINGS_ENV, wait_until
 from .otlp import otlp_collector
 
 REFUSED_S = 2.0  # DAYZERO_CREDENTIALS_REFUSED_S here
@@ -73,13 +73,16 @@ def test_a_gateway_whose_user_is_refused_a_command_midrun_serves_on_and_says_so_
     """An ACL that takes a command of the reaper's passes from the gateway's user (NOPERM): it exited 3
     past DAYZERO_CREDENTIALS_REFUSED_S and was started again every 30 s, its open streams ended each
     time, and met the same ACL again. Now it serves on: one line in its log, /ready's reason while it
-    lasts, one line once the ACL allows the command again."""
-    env = {"DAYZERO_CREDENTIALS_REFUSED_S": str(REFUSED_S)}
+    lasts, one line once the ACL allows the command again. A new request meanwhile is answered 503 at
+    once, /ready's reason its message: admitted, no pass would end it past DAYZERO_NO_WORKER_TIMEOUT_S
+    (nor the task time limit), and one no worker took waited for ever (past the client's 15 s here)."""
+    env = {"DAYZERO_CREDENTIALS_REFUSED_S": str(REFUSED_S), "DAYZERO_NO_WORKER_TIMEOUT_S": "1"}
     with gateway_of_an_acl_user(tiny_checkpoint, tmp_path, env) as (server, grants, gateway, ready, log):
         assert wait_until(lambda: _answers(ready), 120), log.read_text()[-3000:]
         server.acl_setuser("dz", commands=["+@all", "-smembers"], **grants)  # (the sweep's)
         assert wait_until(lambda: "user a command" in _ready_reason(ready), 30), log.read_text()[-3000:]
         assert "'smembers'" in _ready_reason(ready) and "ACL GETUSER dz" in _ready_reason(ready)
+        _assert_refused_at_once(ready.removesuffix("/ready"))
         assert not wait_until(lambda: gateway.poll() is not None, 3 * REFUSED_S), log.read_text()[-3000:]
         server.acl_setuser("dz", commands=["+@all"], **grants)
         assert wait_until(lambda: "user a command" not in _ready_reason(ready), 30), log.read_text()[-3000:]
@@ -108,3 +111,15 @@ def gateway_of_an_acl_user(
             yield server, grants, gateway, f"http://127.0.0.1:{port}/ready", log
         finally:
             terminate([gateway], 10)
+
+
+def _assert_refused_at_once(url: str) -> None:
+    body = {"model": MODEL, "prompt": [0, 5, 6, 7], "max_tokens": 4}
+    try:
+        answer = httpx.post(f"{url}/v1/completions", json=body, timeout=15)
+    except httpx.ReadTimeout:
+        raise AssertionError("admitted, it waited past 15 s for a worker (bound: 1 s)") from None
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "1", answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "service_unavailable" and error["code"] == "queue_unavailable", error
+    assert "'smembers'" in error["message"] and "ACL GETUSER dz" in error["message"], error
