@@ -6,6 +6,12 @@ import os
 
 import torch
 
+# The settings' variables (DAYZERO_*, REDIS_URL) of the shell pytest runs in, out of every test and what it
+# starts: a shell that serves dayzero (DAYZERO_API_KEYS, DAYZERO_REDIS_URL, DAYZERO_CHECKPOINT) failed the
+# tests that expect the defaults, the services' too (their gateways answered 401), and a session's stack.
+for _name in [name for name in os.environ if name.startswith("DAYZERO_") or name == "REDIS_URL"]:
+    del os.environ[_name]
+
 if not torch.cuda.is_available():  # kernels run in Triton's interpreter on CPU; set before triton loads
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -14,7 +20,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any
+from typing import Any  # noqa: E402
 
 import psutil  # noqa: E402
 import pytest  # noqa: E402
@@ -103,16 +109,6 @@ def mtp_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def codec() -> TextCodec:
     """The demo tokenizer (V4's special tokens, byte-level BPE) for a model of 512 rows."""
     return TextCodec(build_tokenizer(512), tokens={"eos_token": "<｜end▁of▁sentence｜>"})
-
-
-@pytest.fixture
-def without_dayzero_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The settings' environment variables (DAYZERO_*, REDIS_URL) of the shell pytest runs in, out of
-    this test's process and of what it starts: the commands read them (``Settings()``), and a shell that
-    serves dayzero (DAYZERO_API_KEYS, DAYZERO_REDIS_URL, DAYZERO_CHECKPOINT) failed tests that expect
-    the defaults."""
-    for name in [name for name in os.environ if name.startswith("DAYZERO_") or name == "REDIS_URL"]:
-        monkeypatch.delenv(name)
 
 
 def run_dayzero(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -15,8 +15,6 @@ from dayzero.kernels import attention
 
 from .conftest import run_dayzero
 
-pytestmark = pytest.mark.usefixtures("without_dayzero_environment")  # (the commands read the settings' variables)
-
 
 def test_demo_checkpoint_generate_and_align(tmp_path):
     out = tmp_path / "demo"

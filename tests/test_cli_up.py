@@ -13,8 +13,6 @@ from dayzero import cli
 
 from .conftest import run_dayzero
 
-pytestmark = pytest.mark.usefixtures("without_dayzero_environment")  # (the commands read the settings' variables)
-
 
 def test_up_and_serve_help_list_every_setting_within_a_readable_width():
     """Each setting with its default; argparse prints the settings (and up's description) as they

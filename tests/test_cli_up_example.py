@@ -12,8 +12,6 @@ import pytest
 from dayzero import cli_up
 from dayzero.settings import Settings
 
-pytestmark = pytest.mark.usefixtures("without_dayzero_environment")  # (the commands read the settings' variables)
-
 UNAUTHORIZED = b'{"error": {"message": "missing or invalid API key", "code": "invalid_api_key"}}'
 FAILED_STREAM = (
     b'data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}\n\n'
