@@ -3,13 +3,11 @@ dayzero.chat)."""
 
 from __future__ import annotations
 
-import json
-
 from starlette.concurrency import run_in_threadpool
 
 from dayzero.chat.auto_grammar import auto_calls_grammar
 from dayzero.chat.call_parameters import value_definitions
-from dayzero.chat.dsml import to_json
+from dayzero.chat.dsml import render_calls, to_json
 from dayzero.chat.encoding import ChatOptions
 from dayzero.chat.grammar import (
     Unenforceable,
@@ -112,14 +110,12 @@ def _field_holding_a_lone_surrogate(body: ChatPrompt) -> str:
 
 
 def _as_rendered(text: str, where: tuple) -> str:
-    """A field's text as the prompt holds it: a past call's arguments decoded from JSON (their
-    ``"\\ud800"``, plain ASCII as sent, is a lone surrogate there; the field was never named)."""
+    """A field's text as the prompt holds it: a past call's arguments as its block renders them (an
+    object's values decoded from JSON: their ``"\\ud800"``, plain ASCII as sent, is a lone surrogate
+    there; the field was never named. Other JSON is rendered as sent: ``["\\ud800"]`` is ASCII)."""
     if "tool_calls" not in where or where[-2:] != ("function", "arguments"):
         return text
-    try:
-        return to_json(json.loads(text))
-    except (ValueError, RecursionError):  # rendered as it is
-        return text
+    return render_calls([{"function": {"name": "", "arguments": text}}])
 
 
 def _enforced_tools(body: Sampling) -> list[dict]:

@@ -141,10 +141,10 @@ def test_an_empty_body_is_told_what_it_needs(gateway, path, needed):
 CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
-def _past_call(arguments: str) -> dict:
-    """A chat whose assistant turn called f with ``arguments``, answered."""
+def _past_call(arguments: str, result: str = "r") -> dict:
+    """A chat whose assistant turn called f with ``arguments``, answered with ``result``."""
     called = {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "arguments": arguments}}]}
-    answer = {"role": "tool", "tool_call_id": "c1", "content": "r"}
+    answer = {"role": "tool", "tool_call_id": "c1", "content": result}
     return {"model": MODEL, "messages": [{"role": "user", "content": "q"}, called, answer]}
 
 
@@ -170,8 +170,10 @@ def _tool(parameters: dict) -> dict:
         ),
         (_past_call('{"a": "\ud800"}'), "messages[1].tool_calls[0].function.arguments"),
         (_past_call('{"a": "\\ud800"}'), "messages[1].tool_calls[0].function.arguments"),  # (JSON's escape)
+        # arguments that are JSON but no object are rendered as sent (ASCII): the result holds it
+        (_past_call('["\\ud800"]', result="\ud800"), "messages[2].content"),
     ],
-    ids=["content", "tool", "tool_key", "part", "call_arguments", "escaped_in_call_arguments"],
+    ids=["content", "tool", "tool_key", "part", "call_arguments", "escaped_in_call_arguments", "escaped_in_a_list"],
 )
 def test_a_lone_surrogate_is_refused_in_the_field_that_holds_it(gateway, body, param):
     """The tokenizer refuses the whole rendered prompt: every field's was refused as "messages" (a
