@@ -166,3 +166,16 @@ def test_a_run_of_marks_starts_streams_but_for_its_end(run, thinking):
     assert "".join(p.reasoning for p in parts) == whole.reasoning
     assert "".join(p.content for p in parts) == whole.content
     assert not any(mark in part for mark in (THINK, END_THINK) for part in (whole.reasoning, whole.content))
+
+
+@pytest.mark.parametrize("tools", [False, True])
+def test_a_mark_completed_across_released_text_loses_its_held_rest_only(tools):
+    """``<thin`` then four ``</thin`` (29 characters of starts: past the 28 held, so ``<thin`` is
+    released), the four closed and dropped, then ``k>``: ``<think>`` completes across the released
+    ``<thin``, and only its ``k>`` is dropped; the answer holds no ``<think>``, streamed or whole
+    (random texts never reached it: the release of a start nested past the cap, then its rest)."""
+    text = "<thin" + "</thin" * 4 + "k>" * 4 + "k>x"
+    stream = AssistantStream(thinking=False, tools=tools)
+    parts = [stream.feed(c) for c in text] + [stream.finish(stopped=True)]
+    whole = parse_message(text, thinking=False, stopped=True, tools=tools)
+    assert "".join(p.content for p in parts) == whole.content == "<thinx"
