@@ -115,7 +115,7 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
             print(f"worker metrics (DAYZERO_METRICS_PORT, one port each): {ports}", file=sys.stderr)
         began = time.monotonic()  # each waiting line says how long (a wait without --ready-timeout has no end)
         show = lambda body: print(f"waiting ({time.monotonic() - began:.0f} s): {body.get('reason')}", file=sys.stderr)
-        restarted = lambda name: print(f"{name} {stack.child(name).why}; restarted", file=sys.stderr)
+        restarted = lambda name: print(stack.child(name).restart_said(), file=sys.stderr)
         stack.wait_ready(args.ready_timeout or None, show, on_restart=restarted)
         print(
             f"ready: send OpenAI-style requests to {stack.url}/v1/chat/completions (model "

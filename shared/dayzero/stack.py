@@ -5,6 +5,9 @@ Each service runs the same entry point as its container under docker compose
 its other ranks and takes them down with it). A child that dies is restarted, the embedded Redis included
 (the gateway and the workers reconnect by themselves), and so is a frozen worker (SIGSTOPped, or
 hung in a step past its bound): its liveness stamps (dayzero.serving.liveness) stopped.
+A child that exits soon after its start (within ``RAN_A_WHILE_S``: a setting or a Redis user
+it cannot start with) again and again waits before its next start, twice as long each time; one
+exit so (a kill), or one after a while, is started again at once.
 Every child dies with the supervisor (see dayzero.procs). ``stop`` goes in order: the gateway
 first (it stops admitting and ends its open streams with an error event), then the workers, Redis last.
 """
@@ -44,6 +47,9 @@ from .stack_start import REDIS_ANSWER_WITHIN_S, StartFailed, answering
 STOP_TIMEOUT_S = 10.0  # per group (gateway, workers, redis) before SIGKILL
 LEFT_GROUP_S = 5.0  # what is left of an exited child's process group is SIGKILLed after
 WRITE_CHECK_TTL_S = 10  # up's own write beside its read of the stamps (key up:{process}) lapses after
+RAN_A_WHILE_S = 60.0  # a child's second exit in a row sooner after its start waits (each start imports torch)
+FIRST_WAIT_S = 1.0  # that wait, doubled at each exit so after it, up to
+LONGEST_WAIT_S = 60.0
 
 
 @dataclass
@@ -55,6 +61,28 @@ class Child:
     env: dict[str, str] = field(default_factory=dict)  # its own settings beside the stack's
     why: str = "exited"  # why it was last restarted
     started: float = 0.0  # when its process was spawned (time.time())
+    quick_exits: int = 0  # its exits in a row, each within RAN_A_WHILE_S of its start
+    wait_s: float = 0.0  # how long it waits to start again after its last exit (0: at once)
+    due: float | None = None  # when it starts again (time.monotonic()), while it waits
+
+    def exited(self) -> None:
+        """Its process exited: when it starts again. At once after a run of ``RAN_A_WHILE_S`` (a crash
+        mid-run) or a first quick exit (a kill); after a wait from the second quick exit in a row on,
+        twice the last one's (a child refused at its start check was started again every 10-17 s for
+        ever)."""
+        self.quick_exits = 0 if time.time() - self.started >= RAN_A_WHILE_S else self.quick_exits + 1
+        doubled = min(LONGEST_WAIT_S, max(FIRST_WAIT_S, 2 * self.wait_s))
+        self.wait_s = doubled if self.quick_exits > 1 else 0.0
+        self.due = time.monotonic() + self.wait_s if self.wait_s else None
+
+    def restart_said(self) -> str:
+        """The supervisor's line for its restart."""
+        if self.due is None:
+            return f"{self.name} {self.why}; restarted"
+        return (
+            f"{self.name} {self.why}, {self.quick_exits} times in a row within {RAN_A_WHILE_S:g} s of its "
+            f"start; starting it again in {self.wait_s:g} s"
+        )
 
 
 @dataclass
@@ -184,20 +212,27 @@ class Stack:
 
     def supervise(self) -> list[str]:
         """Restart children that exited (Redis on its own port; what is left of their process group
-        SIGKILLed) and frozen workers (``frozen``: each SIGKILLed first, with its process group, a
-        tensor-parallel worker's other ranks in it);
+        SIGKILLed; one that keeps exiting soon after its start once its wait is over) and frozen workers
+        (``frozen``: each SIGKILLed first, with its process group, a tensor-parallel worker's other
+        ranks in it);
         returns their names (each one's ``why``)."""
         restarted, frozen = [], {c.name: c for c in self.frozen()}
         for child in frozen.values():
             kill_group(child.proc)
         for child in self.children:
-            if child.proc is not None and child.proc.poll() is not None:
+            if child.due is not None:  # (exited, waiting to start again)
+                if time.monotonic() >= child.due:
+                    child.due = None
+                    self._spawn(child)
+            elif child.proc is not None and child.proc.poll() is not None:
                 self._left[child.proc.pid] = time.monotonic() + LEFT_GROUP_S
                 froze = f"froze (no liveness stamp for {self.frozen_s:g} s)"
                 child.why = froze if child.name in frozen else exited(child.proc.returncode)
                 child.restarts += 1
                 restarted.append(child.name)
-                self._spawn(child)
+                child.exited()
+                if child.due is None:
+                    self._spawn(child)
         gone = {pgid for pgid, at in self._left.items() if group_gone(pgid, at)}
         unlink_pools_by(gone)  # (its rank 0's pid: the segment's creator)
         self._left = {pgid: at for pgid, at in self._left.items() if pgid not in gone}
