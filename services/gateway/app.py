@@ -72,8 +72,8 @@ async def _reaper(gw: Gateway) -> None:
     back off after a long refusal (liveness.wake_stampers): they stamp again before the next. Nothing
     is re-run for a lease after a failed pass (or one Redis answered a quarter lease late: frozen within
     the command timeout, it fails nothing): a live worker's lease that lapsed in the outage is its to
-    take back (lease.py); re-run at once, each outage past a lease cost a re-prefill per request. Each
-    pass stamps this gateway among those on the Redis (dayzero.serving.gateways: alone, a cancel Redis
+    take back (lease.py); re-run at once, each outage past a lease cost a re-prefill per request. Its start
+    and each pass stamp this gateway among those on the Redis (dayzero.serving.gateways: alone, a cancel Redis
     refused goes at once); its other steps go on their own (pass_steps.py)."""
     messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
     store = gw.bus.store
@@ -118,6 +118,10 @@ async def _reaper(gw: Gateway) -> None:
     failed_at = None  # when the first of the passes that failed on Redis failed (Redis's time; count_again)
     wait_s, past, rerun_from = period, set(), 0.0  # (the stages past the bound at the last pass; monotonic)
     back_since = clock.now()  # (Redis's time)
+    # among the gateways at once (its first pass is a period away): meanwhile another gateway whose cancel
+    # Redis refused took itself for the only one and cancelled at once what a resume here could take
+    with contextlib.suppress(redis.RedisError):  # (Redis down or refusing writes: the passes stamp it)
+        await run_in_threadpool(stamp, store.r, gw.bus.gateway, back_since, back_since, gone_after_s(period))
     while True:
         await asyncio.sleep(wait_s)
         try:

@@ -1,6 +1,7 @@
 """The gateways on a Redis (dayzero.serving.gateways), against a real Redis: a gateway that died
 without leaving goes once its stamp is old, but not while the passes have just come back from an
-outage (nobody could stamp then); a gateway that stops leaves at once."""
+outage (nobody could stamp then); a gateway that stops leaves at once; one that starts is among
+them at once."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import redis.asyncio as aioredis
 from dayzero.serving.gateways import forget, others_run, stamp
 from dayzero.serving.keys import key
 
-from .conftest import wait_until
+from .conftest import start_gateway_alone, wait_until
 from .test_gateway_credentials_refused import _answers, _ready_reason, gateway_of_an_acl_user
 
 GONE_S = 15.0
@@ -57,3 +58,16 @@ def test_a_gateway_whose_user_an_acl_refuses_a_command_of_its_passes_still_stamp
         assert wait_until(lambda: "user a command" in _ready_reason(ready), 30), log.read_text()[-3000:]
         server.delete(key("gateways"))
         assert wait_until(lambda: server.zcard(key("gateways")) == 1, 5), log.read_text()[-3000:]
+
+
+def test_a_gateway_is_among_the_gateways_as_it_starts(demo_dir, tmp_path):
+    """It stamped itself first at the end of its reaper's first pass (half a lease in: 1.5 s by
+    default, 30 s here): meanwhile another gateway whose client left while Redis refused writes took
+    itself for the only one, and cancelled at once a stream that a resume on this one could take.
+    A real gateway and its Redis."""
+    stack = start_gateway_alone(demo_dir, tmp_path, {"DAYZERO_LEASE_S": "60"})
+    try:
+        r = redis.Redis.from_url(stack.redis_url)
+        assert wait_until(lambda: r.zcard(key("gateways")) == 1, 5), stack.log_tail("gateway")
+    finally:
+        stack.stop()

@@ -1,7 +1,7 @@
 """The gateways that share a Redis: each stamps itself in ``dz:gateways`` (a sorted set, gateway ->
-Redis's unix time of its last stamp) at each of its reaper's passes and leaves it when it stops. A
-leave whose cancel Redis refused asks whether another gateway runs (services/gateway/leaving.py):
-only a resume there can be retrying a watch Redis refused too, which the cancel, deferred
+Redis's unix time of its last stamp) as it starts and at each of its reaper's passes, and leaves it
+when it stops. A leave whose cancel Redis refused asks whether another gateway runs
+(services/gateway/leaving.py): only a resume there can be retrying a watch Redis refused too, which the cancel, deferred
 DAYZERO_REFUSED_CANCEL_AFTER_S, waits for; alone on its Redis a gateway cancels at once (a lone
 gateway on a Redis of the user's waited the 7 s: 360 tokens decoded for nobody against 54,
 bench/refused_stream_cancel.py).
