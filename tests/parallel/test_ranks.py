@@ -8,6 +8,9 @@ test_tensor_parallel (ranks sum in another order).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -26,6 +29,8 @@ from dayzero.parallel.wire import Message, receive, send
 from dayzero.sampling import PromptLogprobs
 from dayzero.serving.prefill_batch import BatchInput, prefill_chunks
 from dayzero.serving.ranks import Ranks
+
+from ..services.otlp import otlp_collector
 
 TOL = 1e-5
 STEPS = 6
@@ -88,6 +93,31 @@ def test_a_follower_whose_leader_falls_silent_ends_through_on_group_failure(tmp_
     marker = tmp_path / "failed"
     assert run_group(2, _silent_leader, str(marker), timeout=5.0) == "leader"
     assert marker.read_text() == "GroupFailed"
+
+
+_EXITS_ON_A_FAILED_GROUP = """
+from dayzero.parallel.collectives import GroupFailed
+from dayzero.serving.ranks import exit_group
+from dayzero.settings import Settings
+from dayzero.telemetry import setup_tracing, tracer
+
+setup_tracing(Settings(trace_exporter="otlp-http", trace_endpoint="{collector}/v1/traces"), "decode")
+with tracer.start_as_current_span("decode step"):
+    pass
+exit_group(GroupFailed("rank 1 stopped answering"))
+"""
+
+
+def test_a_rank_whose_group_failed_exports_its_batched_spans_as_it_exits_4():
+    """exit_group ends the process through os._exit, which runs no exit handlers (where the SDK
+    exports the last batch): the spans still batched were dropped. A process and an OTLP collector."""
+    with otlp_collector() as (collector, spans):
+        env = {**os.environ, "OTEL_BSP_SCHEDULE_DELAY": "600000"}  # no timed export: only a flush sends the batch
+        script = _EXITS_ON_A_FAILED_GROUP.format(collector=collector)
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 4, done.stderr[-3000:]
+    assert "the tensor-parallel group failed (rank 1 stopped answering)" in done.stderr
+    assert spans == ["decode step"]
 
 
 def _follower_compiled(group, marker: str) -> None:

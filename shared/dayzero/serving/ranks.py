@@ -34,6 +34,7 @@ from ..model.weights import Transformer
 from ..parallel.collectives import Group, GroupFailed
 from ..parallel.wire import Message, receive, send
 from ..sampling import PromptLogprobs
+from ..telemetry import flush_spans
 from .handoff import pack_state, unpack_state
 from .prefill_batch import BatchInput, prefill_chunks
 
@@ -55,6 +56,7 @@ class Op(IntEnum):
 
 def exit_group(exc: GroupFailed) -> None:
     log.critical("the tensor-parallel group failed (%s); exiting so that it restarts", exc)
+    flush_spans()  # (os._exit runs no exit handlers: the spans still batched for export were dropped)
     logging.shutdown()
     os._exit(4)
 
