@@ -18,7 +18,7 @@ from dayzero.serving import liveness
 from dayzero.serving.keys import key
 from dayzero.serving.liveness import Pulse, connect
 from dayzero.settings import Settings
-from services.gateway import app as gateway_app
+from services.gateway import reaping
 from services.gateway.app import make_app
 
 from .conftest import MODEL, wait_until
@@ -42,7 +42,7 @@ def _counted(client: redis.Redis) -> float:
 def test_an_outage_between_two_passes_ends_nothing_at_a_stage_whose_worker_got_ready_during_it(
     redis_url, demo_dir, monkeypatch
 ):
-    monkeypatch.setattr(gateway_app, "RESTAMPED_S", 2.0)  # (the stamp below falls in it, whatever the load)
+    monkeypatch.setattr(reaping, "RESTAMPED_S", 2.0)  # (the stamp below falls in it, whatever the load)
     client = redis.Redis.from_url(redis_url)
     client.flushdb()  # (another test's request or count)
     settings = Settings(redis_url=redis_url, checkpoint=demo_dir, lease_s=LEASE_S, no_worker_timeout_s=BOUND_S)

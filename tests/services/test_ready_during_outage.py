@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from dayzero.serving.keys import key
 from dayzero.serving.liveness import Pulse, connect
 from dayzero.settings import Settings
-from services.gateway import app as gateway_app
+from services.gateway import reaping
 from services.gateway.app import make_app
 
 from .conftest import MODEL, wait_until
@@ -42,7 +42,7 @@ def _counted_since(client: redis.Redis, when: float) -> bool:
 def test_a_worker_ready_during_an_outage_keeps_what_waits_when_the_first_pass_comes_before_its_stamp(
     redis_url, demo_dir, monkeypatch
 ):
-    monkeypatch.setattr(gateway_app, "RESTAMPED_S", 2.0)  # (the stamp below falls in it, whatever the load)
+    monkeypatch.setattr(reaping, "RESTAMPED_S", 2.0)  # (the stamp below falls in it, whatever the load)
     client = redis.Redis.from_url(redis_url)
     settings = Settings(redis_url=redis_url, checkpoint=demo_dir, lease_s=LEASE_S, no_worker_timeout_s=BOUND_S)
     worker = Pulse(connect(redis_url), "prefill")  # (started once the test lets it stamp)

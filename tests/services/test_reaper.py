@@ -135,7 +135,7 @@ def test_the_gateway_s_reaper_outlives_a_pass_that_fails(demo_dir, redis_url, mo
     good (no re-run, no time limit, no no-worker end again, nothing said). It logs and passes again."""
     from fastapi.testclient import TestClient
 
-    from services.gateway import app
+    from services.gateway import app, reaping
 
     passes = []
 
@@ -145,7 +145,7 @@ def test_the_gateway_s_reaper_outlives_a_pass_that_fails(demo_dir, redis_url, mo
             raise RuntimeError("a bug in one pass")
         return []
 
-    monkeypatch.setattr(app, "sweep", failing_once)
+    monkeypatch.setattr(reaping, "sweep", failing_once)
     with TestClient(app.make_app(Settings(checkpoint=demo_dir, redis_url=redis_url, lease_s=0.1))):
         assert wait_until(lambda: len(passes) >= 3, 30)
     assert "the reaper's re-run failed" in caplog.text and "a bug in one pass" in caplog.text
@@ -160,7 +160,7 @@ def test_a_reaper_step_that_fails_every_pass_skips_none_after_it_and_is_logged_o
     logged once."""
     from fastapi.testclient import TestClient
 
-    from services.gateway import app
+    from services.gateway import app, reaping
 
     class FailingWaits:
         def __init__(self, *args) -> None:
@@ -170,9 +170,9 @@ def test_a_reaper_step_that_fails_every_pass_skips_none_after_it_and_is_logged_o
             raise RuntimeError("a record the pass cannot read")
 
     unserved_passes, left_passes = [], []
-    monkeypatch.setattr(app, "OverdueWaits", FailingWaits)
-    monkeypatch.setattr(app, "end_unserved", lambda *args: unserved_passes.append(args))
-    monkeypatch.setattr(app, "cancel_left", lambda *args: left_passes.append(args))
+    monkeypatch.setattr(reaping, "OverdueWaits", FailingWaits)
+    monkeypatch.setattr(reaping, "end_unserved", lambda *args: unserved_passes.append(args))
+    monkeypatch.setattr(reaping, "cancel_left", lambda *args: left_passes.append(args))
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, lease_s=0.1, disconnect_grace_s=0)
     with caplog.at_level("WARNING", "dayzero.gateway"), TestClient(app.make_app(settings)):
         assert wait_until(lambda: len(unserved_passes) >= 3 and len(left_passes) >= 3, 30)
