@@ -132,7 +132,8 @@ class Settings(BaseSettings):
     handoff_ids: Literal["lists", "bytes"] = Field(
         default="lists",
         description="how prefill's handoff message names the state's blocks: lists (every version reads them) "
-        "or bytes (int64: faster to parse and copy; decode workers before this version refuse them)",
+        "or bytes (int64, a longer message: quicker to parse past a few hundred tokens, and to copy; decode workers "
+        "before this version refuse them)",
     )
     disconnect_grace_s: float = Field(
         default=5.0, ge=0, description="a disconnected stream is cancelled after (above EventSource's ~3 s retry)"
