@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -76,6 +77,7 @@ class RequestReadDeadline(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.logger = _UnlessHeadOver(self.logger, self)
         self._arm(self.read_s)
 
     def on_message_begin(self) -> None:
@@ -182,6 +184,22 @@ class RequestReadDeadline(HttpToolsProtocol):
         self.transport.close()
         if self._heard:
             self.error_sent(body["error"])
+
+
+class _UnlessHeadOver:
+    """uvicorn's logger for one connection, less its warning for a parse this protocol stopped itself
+    (a whole head over the bound, refused 431: "Invalid HTTP request received." said the head was
+    malformed; counted in dayzero_request_errors_total, as a head refused before its end is)."""
+
+    def __init__(self, logger: logging.Logger, protocol: RequestReadDeadline) -> None:
+        self._logger, self._protocol = logger, protocol
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._logger, name)
+
+    def warning(self, *args: object, **kwargs: object) -> None:
+        if not self._protocol._head_over:
+            self._logger.warning(*args, **kwargs)
 
 
 def request_read_deadline(max_body_bytes: int, error_sent: Callable[[dict], None]) -> type[RequestReadDeadline]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -194,11 +195,28 @@ def test_a_head_over_the_bound_is_refused_before_it_ends(server, start, unit):
 
 
 def test_a_whole_head_over_the_bound_is_refused(server):
-    """Sent in one read (none of whose bytes the reads' count sees): refused for the head as parsed."""
+    """Sent in one read (none of whose bytes the reads' count sees): refused for the head as parsed,
+    counted, and not logged as malformed (uvicorn warned "Invalid HTTP request received." for each)."""
     SENT.clear()
-    received = _exchange(server, [b"GET / HTTP/1.1\r\n" + _headers(HEAD_BYTES // 11 + 1) + b"\r\n"], pause_s=0)
+    warned = _Records()
+    logging.getLogger("uvicorn.error").addHandler(warned)
+    try:
+        received = _exchange(server, [b"GET / HTTP/1.1\r\n" + _headers(HEAD_BYTES // 11 + 1) + b"\r\n"], pause_s=0)
+        _exchange(server, [b"POST / HTTP/1.1\r\nhost: x\r\nContent-Length: -1\r\n\r\n"], pause_s=0)  # malformed
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(warned)
     assert received.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"), received
-    assert [error["code"] for error in SENT] == ["headers_too_large"]
+    assert [error["code"] for error in SENT] == ["headers_too_large", "bad_http"]
+    assert [record.getMessage() for record in warned.records] == ["Invalid HTTP request received."]  # the 400's
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 def test_a_head_within_the_bound_is_answered_and_the_next_is_counted_afresh(server):
