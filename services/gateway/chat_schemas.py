@@ -12,7 +12,7 @@ from dayzero.chat.auto_grammar import strict_tools
 from dayzero.chat.call_parameters import parameters_problem
 from dayzero.chat.schema_size import MOST_TOOLS
 
-from .schemas import MAX_TEXT, ResponseFormat, Sampling, _Body, field_error, json_reply
+from .schemas import MAX_TEXT, ResponseFormat, Sampling, Text, _Body, field_error, json_reply
 from .thinking_mode import ChatTemplateKwargs, Effort, ThinkingSwitch, thinking_conflict, v4_effort
 from .tool_results import unanswered_result
 
@@ -72,7 +72,8 @@ class ToolCall(_Body):
 class Message(_Body):
     list_limits = {"content": MAX_PARTS}
     role: Literal["system", "user", "assistant", "developer", "tool", "latest_reminder"]
-    content: str | Annotated[list[Part], Field(min_length=1)] | None = Field(default=None, max_length=MAX_TEXT)
+    # each kind its own bound (one on the union told a long string "at most 1048576 items")
+    content: Text | Annotated[list[Part], Field(min_length=1)] | None = None
     reasoning_content: str | None = Field(default=None, max_length=MAX_TEXT)  # an assistant's (DeepSeek's field)
     tool_calls: list[ToolCall] | None = Field(default=None, max_length=128)
     tool_call_id: str | None = Field(default=None, max_length=256)

@@ -15,8 +15,9 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dayzero.serving.outage_log import LOGGED_EVERY_S, OutageLog
-from dayzero.settings_help import validation_message
 from dayzero.tokenizer import NoTokenizerError
+
+from .error_text import shortened, validation_why
 
 QUEUE_UNAVAILABLE = "queue_unavailable"  # Redis unreachable, or refusing what the request needs
 log = logging.getLogger("dayzero.gateway")
@@ -62,8 +63,9 @@ def param_path(parts: Iterable[str | int]) -> str:
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
-    """OpenAI's error shape (also the data of a stream's error event); no memory addresses."""
-    return {"error": {"message": _ADDRESS.sub("", message), "type": type_, "param": param, "code": code}}
+    """OpenAI's error shape (also the data of a stream's error event); no memory addresses, no
+    number's thousands of digits."""
+    return {"error": {"message": shortened(_ADDRESS.sub("", message)), "type": type_, "param": param, "code": code}}
 
 
 def error_response(
@@ -97,7 +99,7 @@ def install(app: FastAPI) -> None:
             message = f"the body must be JSON sent with content-type: application/json (got {sent})"
             return error_response(400, message, "invalid_request_error")
         param = param_path(_field_path(first.get("loc", ()), exc.body)) or None
-        why = validation_message(first)
+        why = validation_why(first)
         if param is None:  # the body's own (none, or not an object): no parameter to code
             return error_response(
                 400, _no_body(request) if first.get("type") == "missing" else why, "invalid_request_error"

@@ -87,7 +87,8 @@ def _spec(
     if min(prompt_ids) < 0 or max(prompt_ids) >= gw.vocab_size:  # (2 M ids: 42 ms of CPU, 80 in a Python loop)
         raise APIError(400, f"prompt token ids must be in [0, {gw.vocab_size})", param="prompt")
     if max_tokens is not None and max_tokens > s.max_tokens_limit:
-        raise APIError(400, f"{limit_param} {max_tokens} exceeds the limit {s.max_tokens_limit}", param=limit_param)
+        message = f"{limit_param} {max_tokens} exceeds the limit {s.max_tokens_limit}"
+        raise APIError(400, message, param=limit_param, code="invalid_value")  # OpenAI's code (it was null)
     if max_tokens is not None and len(prompt_ids) + max_tokens > limit:
         raise APIError(
             400,

@@ -124,6 +124,7 @@ _PROMPT_KINDS = {str: "text", list: "ids"}  # what each of several prompts may b
 _PROMPT_NAMES = {"text": "a string", "ids": "a token-id list", "neither": "neither a string nor a token-id list"}
 
 StopString = Annotated[str, Field(min_length=1, max_length=256)]
+Text = Annotated[str, Field(max_length=MAX_TEXT)]  # a prompt's, a message's content
 
 
 def _decimal_token_id(key: object) -> object:
@@ -219,6 +220,7 @@ class Sampling(_EngineExtensions):
 
 
 class CompletionRequest(Sampling):
+    list_limits = {"prompt": MAX_TEXT}  # its token ids (several prompts: MAX_PROMPTS)
     tools: list[dict] | None = Field(default=None, max_length=128)
     tool_choice: str | dict | None = None
 
@@ -236,9 +238,7 @@ class CompletionRequest(Sampling):
             raise ValueError("tool_choice is a chat completions parameter")
         return value
 
-    prompt: str | list[int] | list[Annotated[str, Field(max_length=MAX_TEXT)]] | list[list[int]] = Field(
-        max_length=MAX_TEXT
-    )
+    prompt: Text | list[int] | list[Text] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False  # the completion starts with the prompt (and, with logprobs, the prompt's logprobs)
 
