@@ -18,6 +18,7 @@ from dayzero.serving.outage_log import LOGGED_EVERY_S, OutageLog
 from dayzero.tokenizer import NoTokenizerError
 
 from .error_text import shortened, validation_why
+from .methods import methods_taken
 
 QUEUE_UNAVAILABLE = "queue_unavailable"  # Redis unreachable, or refusing what the request needs
 log = logging.getLogger("dayzero.gateway")
@@ -109,11 +110,12 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        message = str(exc.detail)
+        message, headers = str(exc.detail), exc.headers
         if exc.status_code == 405:  # OpenAI's words, and the methods it takes (Starlette's: "Method Not Allowed")
-            taken = (exc.headers or {}).get("Allow", "")
+            taken = ", ".join(methods_taken(request.app.router.routes, request.scope))
             message = f"Invalid method for URL ({request.method} {request.url.path}): it takes {taken}"
-        return error_response(exc.status_code, message, type_, headers=exc.headers)  # 405's Allow
+            headers = {**(headers or {}), "Allow": taken}
+        return error_response(exc.status_code, message, type_, headers=headers)
 
     @app.exception_handler(NoTokenizerError)
     async def no_tokenizer(_: Request, exc: NoTokenizerError) -> JSONResponse:
