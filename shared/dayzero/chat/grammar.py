@@ -87,20 +87,22 @@ def grammar_problem(lark: str, grammars, steps: int = PROBE_STEPS, first: int | 
         return error_summary(matcher.get_error())
     for step in range(steps):
         mask = matcher.compute_logit_bias()  # [V] bytes, 200: allowed
-        if matcher.is_error():  # (a lexer past its limits at once: its own words; a copy of a grammar
-            # whose lexer failed before fails at its first step: /(a+){300}/ was "nothing satisfies it")
-            error = matcher.get_error()
-            lexer = error.startswith("lexer error")
-            return (
-                "nothing satisfies it (such as a $ref that only refers to itself)"
-                if step == 0 and not lexer
-                else (error_summary(error))
-            )
+        if matcher.is_error():
+            return _walk_failed(matcher.get_error(), first_step=step == 0)
         token = first if first is not None and mask[first] == 200 else next(_allowed(mask, tokenizer.eos_token), None)
         if token is None:  # complete: only the end is left
             return None
         matcher.consume_token(token)  # (a lexer past its limits fails here: on a token its mask allowed)
-    return error_summary(matcher.get_error()) if matcher.is_error() else None
+    return _walk_failed(matcher.get_error(), first_step=False) if matcher.is_error() else None
+
+
+def _walk_failed(error: str, first_step: bool) -> str:
+    """Why a walk failed: the lexer past its limits (at the first step too, once an earlier walk of
+    the grammar built the states they share: it was told NOTHING), nothing allowed at the first step,
+    or llguidance's why."""
+    if error.startswith(_LEXER_ERROR):
+        return UNWRITABLE.format(error_summary(error))
+    return NOTHING if first_step else error_summary(error)
 
 
 def _allowed(mask: bytes, end: int):
@@ -118,6 +120,15 @@ def error_summary(error: str) -> str:
     located = _LOCATED.match(error)
     summary = (located[1] if located else error.splitlines()[0]).strip()
     return next((ours for theirs, ours in _OURS.items() if theirs in summary), summary)
+
+
+NOTHING = "nothing satisfies it (such as a $ref that only refers to itself)"
+# a pattern such as ^(ab)*(ab){1000}$, satisfiable, past what the lexer may build (parser_limits)
+UNWRITABLE = (
+    "values may satisfy it, but the grammar engine cannot write one: its lexer is past its limits ({}); "
+    "simplify its patterns or repeats"
+)
+_LEXER_ERROR = "lexer error"
 
 
 # llguidance's words the client cannot act on (an option of its API), in theirs
