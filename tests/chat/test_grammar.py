@@ -34,7 +34,8 @@ def test_a_lexer_past_its_limits_is_not_read_as_nothing_satisfying_it():
     grammar's copy (its lexer shared) fails at its first step: it was refused "nothing satisfies it"."""
     lark = "start: /(a+){300}/\n"
     for _ in range(2):
-        assert grammar_problem(lark, _byte_grammars()) == "lexer error: too many expressions constructed"
+        problem = grammar_problem(lark, _byte_grammars())
+        assert "lexer error: too many expressions constructed" in problem and "nothing satisfies" not in problem
 
 
 def test_the_check_does_not_depend_on_the_vocabulary(grammars):
