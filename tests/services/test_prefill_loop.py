@@ -164,6 +164,29 @@ def test_the_blocks_of_a_handoff_whose_request_was_re_run_are_freed_at_once(demo
     assert set(runtime.pools.sequences) == {"next"}
 
 
+def test_a_handoff_whose_claiming_decode_died_is_freed_once_the_reaper_re_runs_it(demo_dir, redis_url):
+    """Decode claimed a handoff (its import may be under way, reading these blocks) and died: its
+    lease lapses unrenewed. Prefill cannot tell a dead claimer from a frozen one till the reaper
+    re-runs the request (its attempt bumped: a late import is stale), so it keeps the blocks till
+    then, and frees them at its next iteration after, not at the handoff's timeout (600 s here)."""
+    loop, _ = one_sequence_loop(demo_dir, redis_url, "prefill14@test")
+    runtime, store, rid = loop.r, Lifecycle.connect(redis_url), "claimer-died"
+    try:
+        ticket = loop.intake.submit(admitted(store, rid))
+        loop._iteration()
+        assert ticket.done.is_set() and rid in runtime.pools.sequences
+        assert store.take(rid, 0, "decode0@test", 0.2, handed_off=True) == Take.CLAIMED
+        deadline = time.time() + 10
+        while store.r.exists(key("lease", rid)) and time.time() < deadline:  # no beat: the claimer died
+            loop._iteration()
+        assert rid in runtime.pools.sequences  # its lease lapsed, not re-run yet: kept (the fence)
+        assert store.rerun_orphan(rid, 60, 60) == 1
+        loop._iteration()
+    finally:
+        loop.stop.set()
+    assert rid not in runtime.pools.sequences
+
+
 def test_a_handoff_decode_claimed_keeps_its_blocks_past_the_handoff_timeout(demo_dir, redis_url):
     """Decode claims a handoff as its message arrives and copies the state once its pools have room,
     which may come after DAYZERO_HANDOFF_TIMEOUT_S: prefill freed the blocks at the timeout, the next
