@@ -6,6 +6,9 @@ import os
 
 import pytest
 
+from dayzero.settings import Settings
+from dayzero.settings_help import settings_help
+
 from .conftest import run_dayzero
 
 
@@ -23,3 +26,25 @@ def test_checkpoint_help_names_the_variable_that_is_its_default(command, tmp_pat
         env={**os.environ, "DAYZERO_CHECKPOINT": str(gone)},
     )
     assert ran.returncode == 2 and f"checkpoint directory {gone} does not exist" in ran.stderr
+
+
+def _settings_entry(name: str) -> str:
+    """One DAYZERO_* entry of ``--help``'s settings list, its wrapped lines joined."""
+    entry = settings_help().split(f"  {name} ", 1)[1].split("\n  DAYZERO_", 1)[0]
+    return " ".join(entry.split())
+
+
+def test_settings_help_states_no_default_that_another_setting_changes():
+    """``up --help`` said DAYZERO_HANDOFF's default was shm, which DAYZERO_DEVICE=cuda makes cuda_ipc, and
+    DAYZERO_MAX_CONTEXT's 65536, which a model of a shorter context serves as its own."""
+    handoff = _settings_entry("DAYZERO_HANDOFF")
+    assert f"(default {Settings().handoff})" not in handoff
+    assert f"{Settings(device='cuda').handoff} with DAYZERO_DEVICE=cuda" in handoff
+    assert "the model's own context when shorter" in _settings_entry("DAYZERO_MAX_CONTEXT")
+
+
+def test_quantize_help_names_the_in_its_out_refers_to():
+    """OUT's help said "not IN" under a usage line that named them ``input output`` (the README's IN OUT)."""
+    helped = run_dayzero("quantize", "--help").stdout
+    usage = " ".join(helped.split("\n\n", 1)[0].split())
+    assert "(not IN," in helped and usage.endswith(" IN OUT")

@@ -159,8 +159,9 @@ def parser() -> argparse.ArgumentParser:
     al.set_defaults(run=cmd_align)
 
     quant = sub.add_parser("quantize", help="write a checkpoint in the release's FP8 / FP4 formats from a float one")
-    quant.add_argument("input", help="float checkpoint directory")
-    quant.add_argument("output", type=cli_args.out_dir, help="directory to write (not IN, inside it or around it)")
+    quant.add_argument("input", metavar="IN", help="float checkpoint directory")
+    out_help = "directory to write (not IN, inside it or around it)"
+    quant.add_argument("output", metavar="OUT", type=cli_args.out_dir, help=out_help)
     quant.add_argument(
         "--experts",
         choices=["fp4", "fp8"],

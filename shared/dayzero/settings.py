@@ -126,8 +126,7 @@ class Settings(BaseSettings):
     handoff_timeout_s: float = Field(default=60.0, gt=0, description="a handoff decode has not taken after this lapses")
     handoff: Literal["shm", "cuda_ipc", "redis"] = Field(
         default="shm",
-        description="KV handoff transport: shm (CPU, same host), cuda_ipc (same GPU), redis (any); "
-        "unset: shm, cuda_ipc with DAYZERO_DEVICE=cuda",
+        description="KV handoff transport: shm (CPU, same host), cuda_ipc (same GPU), redis (any)",
     )
     handoff_ids: Literal["lists", "bytes"] = Field(
         default="lists",
@@ -139,7 +138,10 @@ class Settings(BaseSettings):
         default=5.0, ge=0, description="a disconnected stream is cancelled after (above EventSource's ~3 s retry)"
     )
     refused_cancel_after_s: float = Field(
-        default=7.0, ge=0, description="a refused stream cancel goes this long after (0: at once, a lone gateway)"
+        default=7.0,
+        ge=0,
+        description="a stream cancel Redis refused goes this long after while another gateway runs on the Redis "
+        "(a resume there may take the stream back); alone: at once; 0: at once always",
     )
     gateway_redis_timeout_s: float = Field(default=10.0, gt=0, description="the gateway's Redis commands fail after")
     sse_retry_ms: int = Field(default=1000, ge=0, description="reconnect delay sent to SSE clients (retry:)")

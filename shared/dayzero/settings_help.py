@@ -18,6 +18,12 @@ from .settings import Settings
 HELP_WIDTH = 100  # columns of the --help texts argparse prints unwrapped (the settings, a long description)
 COMPOSE_VARIABLES = ("DAYZERO_CHECKPOINT_DIR",)  # read by docker-compose.yml on the host, not by dayzero
 SECRETS = ("api_keys",)  # settings whose refused values are not printed (they were, keys and all)
+# defaults that follow another setting or the checkpoint: --help said "(default shm)" of a handoff that is
+# cuda_ipc with DAYZERO_DEVICE=cuda, and "(default 65536)" of a context that is the model's when shorter
+FOLLOWING_DEFAULTS = {
+    "handoff": "the device's own: shm, cuda_ipc with DAYZERO_DEVICE=cuda",
+    "max_context": "65536, or the model's own context when shorter",
+}
 
 
 def unknown_settings(environ: Mapping[str, str]) -> list[str]:
@@ -38,7 +44,8 @@ def settings_help(width: int = HELP_WIDTH) -> str:
     wrapped to ``width`` columns under its description."""
     lines = ["settings (environment variables):"]
     for name, field in Settings.model_fields.items():
-        default = "" if field.default is None else f" (default {field.default})"
+        shown = FOLLOWING_DEFAULTS.get(name, field.default)
+        default = "" if shown is None else f" (default {shown})"
         variable, text = f"  DAYZERO_{name.upper():<28} ", f"{field.description}{default}"
         lines += textwrap.wrap(text, width, initial_indent=variable, subsequent_indent=" " * len(variable))
     return "\n".join(lines)
