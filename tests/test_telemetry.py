@@ -88,3 +88,37 @@ def test_the_last_flush_waits_for_a_silent_collector_flush_within_s_at_most(monk
         telemetry.flush_spans()
         waited = time.monotonic() - began
     assert waited < 10, f"the flush waited {waited:.0f} s"
+
+
+def test_a_process_ended_while_its_collector_is_silent_ends_within_flush_within_s(tmp_path):
+    """``procs.end_process`` (a worker's stop) runs the exit handlers after the bounded flush: the SDK's
+    own (TracerProvider.shutdown) waited on the export the flush left hanging, the exporter's timeout
+    (20 s here) in all, past FLUSH_WITHIN_S."""
+    import subprocess
+    import sys
+
+    with socket.socket() as silent:  # (its backlog accepts the connection; nobody answers)
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        ends = (
+            "from opentelemetry import trace\n"
+            "from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter\n"
+            "from opentelemetry.sdk.trace import TracerProvider\n"
+            "from opentelemetry.sdk.trace.export import BatchSpanProcessor\n"
+            "from dayzero import procs, telemetry\n"
+            "telemetry.FLUSH_WITHIN_S = 0.5\n"
+            f"url = 'http://127.0.0.1:{silent.getsockname()[1]}/v1/traces'\n"
+            "exporter = OTLPSpanExporter(endpoint=url, timeout=20)\n"
+            "provider = TracerProvider()\n"
+            "provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=600_000))\n"
+            "trace.set_tracer_provider(provider)\n"
+            "provider.get_tracer('test').start_span('batched').end()\n"
+            "procs.end_process(0)\n"
+        )
+        script = tmp_path / "ends.py"
+        script.write_text(ends)
+        began = time.monotonic()
+        ended = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+        waited = time.monotonic() - began
+    assert ended.returncode == 0, ended.stderr
+    assert waited < 10, f"the process took {waited:.0f} s to end"

@@ -8,6 +8,7 @@ official FastAPI and Celery instrumentations add their server and task spans.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -104,6 +105,8 @@ def flush_spans() -> None:
         flush = threading.Thread(target=provider.force_flush, name="span-flush", daemon=True)
         flush.start()
         flush.join(FLUSH_WITHIN_S)
+        if flush.is_alive():  # (the SDK's exit handler, end_process runs it, waited on the same export: 10 s more)
+            atexit.unregister(provider.shutdown)
 
 
 def carrier() -> dict[str, str]:
