@@ -21,7 +21,6 @@ from dayzero.serving.records import Token
 
 from .context import Gateway
 from .errors import QUEUE_UNAVAILABLE, APIError, error_body
-from .readiness import refused_reason
 from .subscription import Closed, Subscription
 
 log = logging.getLogger("dayzero.gateway")
@@ -132,9 +131,11 @@ async def refuse_unserved(gw: Gateway, images: bool) -> None:
 def refuse_unbounded(gw: Gateway) -> None:
     """503 at once while Redis refuses the reaper's user a command (NOPERM: /ready's reason): no pass
     ends a request past DAYZERO_NO_WORKER_TIMEOUT_S or the task time limit, and one that no worker
-    took waited for ever; the streams already open are served on."""
+    took waited for ever; the streams already open are served on. The client is told no more than of a
+    Redis that fails (errors.py): the reason, /ready's and the log's, names the Redis user, its ACL and
+    the setting (it was this answer's message, to every client)."""
     if gw.command_refused is not None:
-        message = f"{refused_reason(gw.command_refused, 'user a command')}; retry on another gateway"
+        message = "the request queue is unavailable on this gateway; retry on another"
         raise APIError(503, message, "service_unavailable", code=QUEUE_UNAVAILABLE, headers={"Retry-After": "1"})
 
 

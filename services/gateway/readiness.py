@@ -40,7 +40,7 @@ ANSWER_WITHIN_S = 1.0  # /ready's write unanswered this long: its answer is 503,
 async def readiness(gw: Gateway) -> tuple[dict, int]:
     """``/ready``'s body and status (200 or 503)."""
     if gw.command_refused is not None:  # (the reaper's passes fail on it; /ready's own commands may not)
-        return {"ready": False, "reason": refused_reason(gw.command_refused, "user a command")}, 503
+        return {"ready": False, "reason": _refused_reason(gw.command_refused, "user a command")}, 503
     try:
         return await _readiness(gw)
     except TimeoutError:
@@ -55,14 +55,13 @@ def _redis_reason(url: str, exc: redis.RedisError) -> str:
     refused, else unreachable."""
     if (refused := refused_for_good(url, exc)) is not None:
         what = "user a command" if command_refused(exc) else "credentials"
-        return refused_reason(refused, what)
+        return _refused_reason(refused, what)
     if isinstance(exc, redis.ResponseError) and writes_refused(exc):
         return f"redis refuses writes: {exc}"
     return f"redis unreachable: {unreached(url, exc)}"
 
 
-def refused_reason(refused: str, what: str) -> str:
-    """/ready's reason for a Redis that refuses the gateway ``what`` (also an admission's 503 message)."""
+def _refused_reason(refused: str, what: str) -> str:
     return f"redis refuses DAYZERO_REDIS_URL's {what}: {refused}"
 
 
