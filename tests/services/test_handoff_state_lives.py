@@ -158,3 +158,31 @@ def test_a_stale_delivery_claimed_beside_a_waiting_run_leaves_its_parked_state_k
         assert store.r.get(key("kvstate", "stale-beside")) == b"state"
     finally:
         stop.set()
+
+
+def test_a_stale_delivery_refused_beside_a_generating_run_adds_no_state_to_its_beats(redis_url):
+    """A decode worker holds run 1 of a request whose state decode imported (read out of Redis: its
+    beats name it no more); a stale message of run 0 comes (parked, as every handoff's), its claim
+    refused: 4fb0b05 kept the request among the parked by its run, and the beats named the missing
+    state again while it generated (a PTTL on a missing key per beat: what 0baed68 ended)."""
+    store, stop, named = Lifecycle(redis.Redis.from_url(redis_url)), threading.Event(), []
+    store.r.set(key("attempt", "stale-generating"), 1)
+    park(store, "kvstate", "stale-generating", b"state", 5.0)
+    store.r.set(key("lease", "stale-generating"), "handoff", px=5000)
+    beats = store.heartbeat
+    store.heartbeat = lambda rids, owner, lease_s, runs, parked=(): (
+        named.append(set(parked)) or beats(rids, owner, lease_s, runs, parked)
+    )
+    beat = Heartbeat(store, "decode0", 0.2, stop)
+    request = GenerationRequest(request_id="stale-generating", prompt_ids=(0, 5), sampling=SamplingParams(), created=0)
+    run, stale = (Ticket(PrefillJob(request=request, attempt=attempt)) for attempt in (1, 0))
+    try:
+        assert beat.claim(run, lambda ticket: None, handed_off=True, parked=True)
+        store.r.delete(key("kvstate", "stale-generating"))  # (decode imported it)
+        beat.state_gone("stale-generating")
+        assert not beat.claim(stale, lambda ticket: None, handed_off=True, parked=True)
+        named.clear()
+        time.sleep(0.6)  # (three beats)
+        assert named and not any(named), named
+    finally:
+        stop.set()

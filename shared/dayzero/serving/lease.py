@@ -136,6 +136,8 @@ class Heartbeat:
         first two and the last (no run will read what the message carries) after ``dropped(ticket)``.
         ``parked``: its state waits in Redis; this claim and every beat keep it alive till ``state_gone``."""
         rid, attempt = ticket.job.request.request_id, ticket.job.attempt
+        with self._lock:  # (a run held here whose state waits: a refused claim beside it leaves it named)
+            kept = rid in self._parked
         if parked:
             self.state_parked(rid)
         while True:
@@ -148,8 +150,8 @@ class Heartbeat:
                 if self._stop.wait(0.5):
                     taken = Take.STALE  # stopping: its message left the queue unclaimed; the reaper re-runs it
                     break
-        if taken != Take.CLAIMED:
-            self.state_gone(rid, claim_refused=True)  # (never beaten)
+        if taken != Take.CLAIMED and not kept:
+            self.state_gone(rid)  # (never beaten)
         if taken == Take.CLAIMED:
             with self._lock:
                 self._runs[rid] = attempt
@@ -201,14 +203,11 @@ class Heartbeat:
         with self._lock:
             self._parked.add(request_id)
 
-    def state_gone(self, request_id: str, claim_refused: bool = False) -> None:
+    def state_gone(self, request_id: str) -> None:
         """The request's state is no more in Redis for this worker to keep (read out of it, or its claim
-        failed): the beats name it no more (each read it, a missing key, while its request generated).
-        ``claim_refused``: unless this worker holds a run of it (a stale delivery refused beside the
-        run it claimed, whose state still waits: unbeaten, it lapsed before decode imported it)."""
+        failed): the beats name it no more (each read it, a missing key, while its request generated)."""
         with self._lock:
-            if not (claim_refused and request_id in self._runs):
-                self._parked.discard(request_id)
+            self._parked.discard(request_id)
 
     def release(self, request_id: str, attempt: int | None = None) -> None:
         """No more beats for ``request_id``: none in flight can overwrite what its owner writes next
