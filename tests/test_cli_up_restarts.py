@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from dayzero import stack as stack_module
 from dayzero.procs import free_port
 from dayzero.stack import Stack
-
-pytestmark = pytest.mark.usefixtures("without_dayzero_environment")
 
 NONE = {"vision": 0, "prefill": 0, "decode": 0}
 REFUSED = {"DAYZERO_MAX_BATCH": "0"}  # the gateway exits 2 as it starts
