@@ -1,4 +1,4 @@
-"""Round trips to Redis per gateway reaper pass (services/gateway/app.py's ``one_pass``), no request
+"""Round trips to Redis per gateway reaper pass (services/gateway/reaping.py's ``one_pass``), no request
 in flight, by how the stages are served: each stage proven (a process ready a minute), one young
 (ready 2 s), decode without a worker, none served (a gateway alone). A round trip is one send on a
 connection (a pipeline's or a script's: one), and a pass's median time: the stages' no-worker counts

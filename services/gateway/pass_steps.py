@@ -2,7 +2,7 @@
 record it cannot read) is logged once, with its trace, and the pass goes on to the next step. As
 one block, the first step failing skipped the ones after it at every pass (the ends of the waits
 at a stage nobody serves, the cancels a stopped gateway left), logged at every pass. A Redis error
-ends the pass (the others would fail too: app.py's reaper counts the outage)."""
+ends the pass (the others would fail too: reaping.py's loop counts the outage)."""
 
 from __future__ import annotations
 
