@@ -124,3 +124,13 @@ def test_a_bounded_string_with_a_lone_surrogate_is_told_so(gateway):
     error = r.json()["error"]
     assert error["param"] == "messages[0].content[0].text", error
     assert error["message"] == "messages[0].content[0].text: the text has a lone surrogate '\\ud800' (not Unicode)"
+
+
+def test_a_clients_string_quoted_in_a_message_keeps_its_digits(gateway):
+    """Numbers over 20 digits are cut in a message, but not inside a string the client sent: an unknown
+    model 'm' + 25 ones was named 'm11111111111111111111... (25 digits)', a name it never sent."""
+    name = "m" + "1" * 25
+    r = gateway.post("/v1/chat/completions", json={"model": name, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "model_not_found"
+    assert f"'{name}'" in r.json()["error"]["message"], r.text
