@@ -75,6 +75,8 @@ def test_256_concurrent_streams_each_complete_or_get_429(stack):
         if r.status_code == 429:
             return "refused" if r.headers["retry-after"] and '"rate_limit_error"' in "".join(lines) else "?"
         data = [line for line in lines if line.startswith("data:")]
+        if r.status_code != 200 or len(data) < 2:  # (say what came instead)
+            return f"{r.status_code}: {lines[:4]}"
         final = json.loads(data[-2][5:])
         finished = "choices" in final and final["choices"][0]["finish_reason"]  # else an error event: say which
         return "completed" if data[-1] == "data: [DONE]" and finished else str(final)
