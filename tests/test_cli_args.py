@@ -69,7 +69,7 @@ def test_sizes_counts_and_ports_out_of_range_are_usage_errors(argv, error, capsy
         (["demo-checkpoint", "{file}"], "out"),
         (["train-demo", "{file}", "--steps", "1"], "out"),
         (["train-demo", "{dir}/out", "--float", "{file}/float"], "--float"),
-        (["quantize", "{dir}", "{file}"], "output"),
+        (["quantize", "{dir}", "{file}"], "OUT"),
         (["up", "--log-dir", "{file}/logs"], "--log-dir"),
     ],
 )
