@@ -1,6 +1,7 @@
 """A command the gateway's Redis user is refused, met where redis-py raises no NoPermissionError: in a
 Lua script of the reaper's (Redis 6: "The user executing the script can't run this command"), or in
-a transaction (ExecAbortError: "Transaction discarded because of: NOPERM ..."). The reaper's passes
+a transaction (ExecAbortError: "Transaction discarded because of: NOPERM ..."), or its MULTI alone
+(Redis runs the commands one by one and answers EXEC "EXEC without MULTI"). The reaper's passes
 failed on it without a line, /ready said "redis unreachable" (or named no refusal) and a request no
 worker took waited for ever. Real Redis, its ACL."""
 
@@ -13,9 +14,16 @@ from dayzero.procs import scratch_redis
 from dayzero.redis_refusals import CommandRefused
 
 GRANTS = {"enabled": True, "passwords": ["+pw"], "keys": ["*"], "channels": ["*"]}
+
+
+def _transaction(r: redis.Redis) -> None:
+    r.pipeline(transaction=True).set("x", 1).get("x").execute()
+
+
 SENT = {
     "get": lambda r: r.eval("return redis.call('get', KEYS[1])", 1, "x"),  # (the reaper's scripts read so)
-    "exec": lambda r: r.pipeline(transaction=True).set("x", 1).get("x").execute(),
+    "exec": _transaction,
+    "multi": _transaction,  # (its MULTI alone: "EXEC without MULTI")
     "smembers": lambda r: r.smembers("x"),  # (NoPermissionError: taken before too)
 }
 
@@ -32,4 +40,5 @@ def test_a_command_refused_in_a_script_or_a_transaction_is_said_as_refused(comma
     said = CommandRefused(url)
     assert said.tried(refused.value), refused.value
     assert "its user 'dz' is refused a command dayzero sends" in said.reason and "ACL GETUSER dz" in said.reason
+    assert command == "get" or f"'{command}'" in said.reason  # (the one to grant; Redis 6's script error names none)
     assert not CommandRefused(url).tried(redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'"))

@@ -24,12 +24,20 @@ REFUSED_EXIT = 3  # a service that cannot serve with its settings (a worker's fa
 REFUSED_FOR_GOOD = (redis.AuthenticationError, redis.exceptions.NoPermissionError)
 # a command refused where redis-py raises another error: a Lua script's call (Redis 6's words), a transaction's
 REFUSED_INSIDE = ("can't run this command or subcommand", "NOPERM")
+# a transaction's EXEC after its MULTI was refused (redis-py sends every transaction's MULTI itself and
+# raises EXEC's answer, not MULTI's NOPERM; the commands between ran one by one, outside a transaction)
+MULTI_REFUSED = "EXEC without MULTI"
+
+
+def _multi_refused(exc: BaseException) -> bool:
+    return isinstance(exc, redis.ResponseError) and str(exc) == MULTI_REFUSED
 
 
 def command_refused(exc: BaseException) -> bool:
     """Whether ``exc`` is Redis refusing the URL's user a command (NOPERM), in a script or a transaction too
-    (the reaper's passes failed on those without a line, and /ready called that Redis unreachable)."""
-    if isinstance(exc, redis.exceptions.NoPermissionError):
+    (the reaper's passes failed on those without a line, and /ready called that Redis unreachable), its
+    MULTI alone too (``MULTI_REFUSED``: the same, and a request no worker took waited for ever)."""
+    if isinstance(exc, redis.exceptions.NoPermissionError) or _multi_refused(exc):
         return True
     return isinstance(exc, redis.ResponseError) and any(said in str(exc) for said in REFUSED_INSIDE)
 
@@ -47,7 +55,12 @@ def refused_for_good(url: str, exc: redis.RedisError) -> str | None:
     if command_refused(exc):
         where = sentinel_address(url)
         user = (where.username if where else redis.connection.parse_url(url).get("username")) or "default"
-        return f"its user {user!r} is refused a command dayzero sends ({exc}; ACL GETUSER {user} lists what it may run)"
+        said = (
+            f"'multi', which opens every transaction: Redis answered its EXEC \"{exc}\"" if _multi_refused(exc) else exc
+        )
+        return (
+            f"its user {user!r} is refused a command dayzero sends ({said}; ACL GETUSER {user} lists what it may run)"
+        )
     return None
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 import redis
 
 from dayzero.procs import free_port, scratch_redis, spawn, terminate
@@ -69,20 +70,25 @@ def _ready_reason(url: str) -> str:
         return ""
 
 
-def test_a_gateway_whose_user_is_refused_a_command_midrun_serves_on_and_says_so_once(tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize("command", ["smembers", "multi"])  # (the sweep's; every transaction's first)
+def test_a_gateway_whose_user_is_refused_a_command_midrun_serves_on_and_says_so_once(
+    tiny_checkpoint, tmp_path, command
+):
     """An ACL that takes a command of the reaper's passes from the gateway's user (NOPERM): it exited 3
     past DAYZERO_CREDENTIALS_REFUSED_S and was started again every 30 s, its open streams ended each
     time, and met the same ACL again. Now it serves on: one line in its log, /ready's reason while it
     lasts, one line once the ACL allows the command again. A new request meanwhile is answered 503 at
     once (its message names no user, ACL or setting: /ready's reason did, to every client): admitted,
     no pass would end it past DAYZERO_NO_WORKER_TIMEOUT_S (nor the task time limit), and one no worker
-    took waited for ever (past the client's 15 s here)."""
+    took waited for ever (past the client's 15 s here). MULTI refused alone: Redis runs the transaction's
+    commands one by one and answers its EXEC "EXEC without MULTI", which was not taken for a refusal
+    (/ready said "redis unreachable", a new request was admitted and waited for ever)."""
     env = {"DAYZERO_CREDENTIALS_REFUSED_S": str(REFUSED_S), "DAYZERO_NO_WORKER_TIMEOUT_S": "1"}
     with gateway_of_an_acl_user(tiny_checkpoint, tmp_path, env) as (server, grants, gateway, ready, log):
         assert wait_until(lambda: _answers(ready), 120), log.read_text()[-3000:]
-        server.acl_setuser("dz", commands=["+@all", "-smembers"], **grants)  # (the sweep's)
-        assert wait_until(lambda: "user a command" in _ready_reason(ready), 30), log.read_text()[-3000:]
-        assert "'smembers'" in _ready_reason(ready) and "ACL GETUSER dz" in _ready_reason(ready)
+        server.acl_setuser("dz", commands=["+@all", f"-{command}"], **grants)
+        assert wait_until(lambda: "user a command" in _ready_reason(ready), 30), _ready_reason(ready)
+        assert f"'{command}'" in _ready_reason(ready) and "ACL GETUSER dz" in _ready_reason(ready)
         _assert_refused_at_once(ready.removesuffix("/ready"))
         assert not wait_until(lambda: gateway.poll() is not None, 3 * REFUSED_S), log.read_text()[-3000:]
         server.acl_setuser("dz", commands=["+@all"], **grants)
