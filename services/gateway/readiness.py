@@ -38,10 +38,13 @@ ANSWER_WITHIN_S = 1.0  # /ready's write unanswered this long: its answer is 503,
 
 
 async def readiness(gw: Gateway) -> tuple[dict, int]:
-    """``/ready``'s body and status (200 or 503)."""
-    if gw.command_refused is not None:  # (the reaper's passes fail on it; /ready's own commands may not)
-        return {"ready": False, "reason": _refused_reason(gw.command_refused, "user a command")}, 503
+    """``/ready``'s body and status (200 or 503). A command refused the reaper's passes is the reason
+    once Redis takes /ready's write: before it, Redis down after such a refusal was still told as the
+    refusal, not as unreachable (the passes failing on the outage keep the refusal for after it)."""
     try:
+        await asyncio.wait_for(gw.bus.r.set(key("writable"), 1, px=WRITE_PROBE_TTL_MS), ANSWER_WITHIN_S)
+        if gw.command_refused is not None:  # (the reaper's passes fail on it; /ready's own commands may not)
+            return {"ready": False, "reason": _refused_reason(gw.command_refused, "user a command")}, 503
         return await _readiness(gw)
     except TimeoutError:
         return {"ready": False, "reason": f"redis unanswered for {ANSWER_WITHIN_S:g} s (frozen or unreachable)"}, 503
@@ -66,9 +69,8 @@ def _refused_reason(refused: str, what: str) -> str:
 
 
 async def _readiness(gw: Gateway) -> tuple[dict, int]:
-    # A Redis that answers reads and refuses writes (at its maxmemory, a replica, too few replicas)
-    # admits no request; its stamps are writes too: ready for their 3 s, then "no live worker".
-    await asyncio.wait_for(gw.bus.r.set(key("writable"), 1, px=WRITE_PROBE_TTL_MS), ANSWER_WITHIN_S)
+    # (after /ready's write: a Redis that answers reads and refuses writes (at its maxmemory, a replica,
+    # too few replicas) admits no request; its stamps are writes too: ready for their 3 s, then "no live worker")
     live = await gw.bus.live_workers(("vision",) if gw.image_token is not None else ())
     workers = await run_in_threadpool(lambda: {stage: len(serving(gw.bus.store.r, stage)) for stage in live})
     body: dict = {"ready": True, "workers": workers}

@@ -1,0 +1,66 @@
+"""What /ready and the log say of a command the gateway's Redis user is refused (an ACL's NOPERM), met
+by its reaper's passes, while the passes that send it come and go, and while Redis goes and comes back.
+A real Redis and its ACL, the gateway in-process (its reaper's loop as it runs), no workers."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import redis
+from fastapi.testclient import TestClient
+
+from dayzero.procs import free_port, start_redis
+from dayzero.settings import Settings
+from services.gateway.app import make_app
+
+from .conftest import wait_until
+
+GRANTS = {"enabled": True, "passwords": ["+pw"], "keys": ["*"], "channels": ["*"]}
+LEASE_S = 0.4  # a reaper pass every 0.2 s; after a failed one, no re-run for 0.4 s
+
+
+def _reason(gateway: TestClient) -> str:
+    return gateway.get("/ready").json().get("reason", "")
+
+
+@contextlib.contextmanager
+def _redis(port: int, log: Path, commands: list[str]) -> Iterator[tuple[subprocess.Popen, redis.Redis]]:
+    """A Redis on ``port`` whose user ``dz`` an ACL grants ``commands``; -> its process and its default
+    user's client. Stopped after (unless the test stopped it)."""
+    server = start_redis(port, log)
+    try:
+        client = redis.Redis(port=port)
+        client.acl_setuser("dz", commands=commands, **GRANTS)
+        yield server, client
+    finally:
+        server.terminate()
+        server.wait()
+
+
+@contextlib.contextmanager
+def _gateway(port: int, checkpoint: Path) -> Iterator[TestClient]:
+    url = f"redis://dz:pw@127.0.0.1:{port}/0"
+    settings = Settings(redis_url=url, checkpoint=checkpoint, lease_s=LEASE_S, credentials_refused_s=600)
+    with TestClient(make_app(settings)) as gateway:
+        yield gateway
+
+
+def test_ready_says_an_outage_after_a_refusal_then_the_refusal_again_then_no_refusal(demo_dir, tmp_path):
+    """Redis down after an ACL refused the reaper's sweep a command: /ready kept the refusal's reason
+    for the whole outage (the passes failing on it leave the refusal as it was), where it now says
+    Redis is unreachable; back, the refusal again (the same ACL), then none once the ACL allows it."""
+    port, log = free_port(), tmp_path / "redis.log"
+    with _redis(port, log, ["+@all"]) as (server, client), _gateway(port, demo_dir) as gateway:
+        client.acl_setuser("dz", commands=["+@all", "-smembers"], **GRANTS)  # (the sweep's, and others')
+        assert wait_until(lambda: "user a command" in _reason(gateway), 15), _reason(gateway)
+        server.terminate()
+        server.wait()
+        assert wait_until(lambda: _reason(gateway).startswith("redis unreachable"), 15), _reason(gateway)
+        with _redis(port, log, ["+@all", "-smembers"]) as (_, client):
+            assert wait_until(lambda: "user a command" in _reason(gateway), 15), _reason(gateway)
+            assert "'smembers'" in _reason(gateway)
+            client.acl_setuser("dz", commands=["+@all"], **GRANTS)
+            assert wait_until(lambda: _reason(gateway).startswith("no live worker"), 15), _reason(gateway)
