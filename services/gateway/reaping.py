@@ -103,6 +103,7 @@ async def reap(gw: Gateway) -> None:
         await run_in_threadpool(stamp, store.r, gw.bus.gateway, back_since, back_since, gone_after_s(period))
     while True:
         await asyncio.sleep(wait_s)
+        steps.begin()
         try:
             if failed_at is not None:
                 rerun_from = time.monotonic() + gw.settings.lease_s  # (the live workers beat within a lease)
@@ -111,9 +112,9 @@ async def reap(gw: Gateway) -> None:
             found = await run_in_threadpool(one_pass, past, time.monotonic() >= rerun_from, back_since)
             wait_s, past, failed_at = RESTAMPED_S if found - past else period, found, None
             refused.taken()
-            command.taken()
+            command.taken(steps.ran)
         except redis.RedisError as exc:  # Redis down or refusing writes: /ready says so; sweep when it is back
-            if not command.tried(exc):
+            if not command.tried(exc, steps.failed_at):
                 refused.tried(exc)  # (its credentials refused for DAYZERO_CREDENTIALS_REFUSED_S: the gateway exits 3)
             failed_at = clock.now() if failed_at is None else failed_at  # (its own pass counted before)
             wait_s, past = period, set()

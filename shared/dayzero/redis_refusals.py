@@ -123,16 +123,20 @@ class CommandRefused:
     its reaper's passes. It exited 3 past DAYZERO_CREDENTIALS_REFUSED_S as a worker that cannot reach
     its queue does, and was started again every 30 s, its open streams ended each time: the same user
     meets the same ACL after a restart, and an ACL change mends it live. Said once when first met and
-    once when a pass goes through again; ``reason`` (``refused_for_good``'s line) meanwhile: /ready's."""
+    once when the steps it was refused at go through again; ``reason`` (``refused_for_good``'s line)
+    meanwhile: /ready's. A pass that skipped such a step (the re-run's, for a lease after a failed pass)
+    took it back, and the next that ran it said it again: both lines every few passes, /ready flapping."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.reason: str | None = None
+        self._refused_at: set[str | None] = set()  # the steps it was refused at (None: a part of every pass)
 
-    def tried(self, exc: Exception) -> bool:
-        """Whether ``exc`` is such a refusal (said if it is the first of its run)."""
+    def tried(self, exc: Exception, step: str | None = None) -> bool:
+        """Whether ``exc``, met at ``step``, is such a refusal (said if it is the first of its run)."""
         if not command_refused(exc):
             return False
+        self._refused_at.add(step)
         if self.reason is None:
             self.reason = refused_for_good(self.url, exc)
             log.error(
@@ -142,7 +146,8 @@ class CommandRefused:
             )
         return True
 
-    def taken(self) -> None:
-        if self.reason is not None:
+    def taken(self, ran: set[str]) -> None:
+        """A pass went through, running the steps ``ran``."""
+        if self.reason is not None and all(step is None or step in ran for step in self._refused_at):
             log.warning("the Redis at %s takes the gateway's commands again", without_password(self.url))
-            self.reason = None
+            self.reason, self._refused_at = None, set()

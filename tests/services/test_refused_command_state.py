@@ -5,7 +5,9 @@ A real Redis and its ACL, the gateway in-process (its reaper's loop as it runs),
 from __future__ import annotations
 
 import contextlib
+import logging
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +15,9 @@ import redis
 from fastapi.testclient import TestClient
 
 from dayzero.procs import free_port, start_redis
+from dayzero.serving.keys import key
 from dayzero.settings import Settings
+from services.gateway import reaping
 from services.gateway.app import make_app
 
 from .conftest import wait_until
@@ -24,6 +28,15 @@ LEASE_S = 0.4  # a reaper pass every 0.2 s; after a failed one, no re-run for 0.
 
 def _reason(gateway: TestClient) -> str:
     return gateway.get("/ready").json().get("reason", "")
+
+
+def _reasons_for(gateway: TestClient, seconds: float) -> list[str]:
+    """/ready's reasons, asked every 0.1 s for ``seconds``."""
+    reasons, until = [], time.monotonic() + seconds
+    while time.monotonic() < until:
+        reasons.append(_reason(gateway))
+        time.sleep(0.1)
+    return reasons
 
 
 @contextlib.contextmanager
@@ -64,3 +77,31 @@ def test_ready_says_an_outage_after_a_refusal_then_the_refusal_again_then_no_ref
             assert "'smembers'" in _reason(gateway)
             client.acl_setuser("dz", commands=["+@all"], **GRANTS)
             assert wait_until(lambda: _reason(gateway).startswith("no live worker"), 15), _reason(gateway)
+
+
+def test_a_command_refused_at_a_step_some_passes_skip_is_said_once_and_kept_till_it_goes_through(
+    demo_dir, tmp_path, monkeypatch, caplog
+):
+    """A command only the re-run step sends (as a sweep's re-runs do; a stand-in's LRANGE here), which
+    the passes skip for a lease after one that failed: the first pass that skipped it took the refusal
+    back ("takes the gateway's commands again", /ready healthy), the next that ran it said it again,
+    every few passes. Now it is said once and kept, /ready's reason throughout, till the step goes through."""
+    sweep = reaping.sweep
+
+    def sweep_sending_its_own_command(store, *args):
+        store.r.lrange(key("sweep-only"), 0, 0)
+        return sweep(store, *args)
+
+    monkeypatch.setattr(reaping, "sweep", sweep_sending_its_own_command)
+    caplog.set_level(logging.WARNING, "dayzero.redis")
+    port = free_port()
+    with _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client), _gateway(port, demo_dir) as gateway:
+        client.acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
+        assert wait_until(lambda: "user a command" in _reason(gateway), 15), _reason(gateway)
+        reasons = _reasons_for(gateway, 3.0)  # (15 passes, 7 leases)
+        client.acl_setuser("dz", commands=["+@all"], **GRANTS)
+        assert wait_until(lambda: "user a command" not in _reason(gateway), 15), _reason(gateway)
+    assert all("'lrange'" in reason for reason in reasons), reasons
+    said = [record.getMessage() for record in caplog.records]
+    assert sum("is refused a command dayzero sends" in line for line in said) == 1, said
+    assert sum("takes the gateway's commands again" in line for line in said) == 1, said
