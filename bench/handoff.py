@@ -9,10 +9,10 @@ interleaved with a plain copy of as many bytes between two contiguous tensors on
 device, median of ``--runs`` (CUDA-synchronised). The 16-token state is the handoff's fixed
 cost: its copy is a few microseconds. The decode side reads the state's message from its JSON
 each time, as decode's task does (``parse us``: outside handoff_seconds); ``--ids`` is how the
-message names the blocks (DAYZERO_HANDOFF_IDS: lists, or int64 bytes). The pools hold random
+message names the blocks (DAYZERO_HANDOFF_IDS: int64 bytes, the default, or lists). The pools hold random
 values (the copy does not depend on them). ``--transport cuda_ipc`` needs a GPU (bench/gpu.sh
 runs it; without one: a message, exit 0). Run:
-``python bench/handoff.py [--runs 9] [--transport shm|cuda_ipc] [--ids lists|bytes] [--profile]
+``python bench/handoff.py [--runs 9] [--transport shm|cuda_ipc] [--ids bytes|lists] [--profile]
 [--tokens 4096]``.
 """
 
@@ -98,7 +98,7 @@ def bandwidth(
     runs: int,
     transport: str = "shm",
     profiled: bool = False,
-    ids: str = "lists",
+    ids: str = "bytes",
 ) -> tuple[float, float, int, float, str]:
     """(handoff bytes/s, plain copy bytes/s, bytes moved, message parse s, profile) for one sequence
     of ``tokens`` tokens."""
@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument(
         "--profile", action="store_true", help="cuda_ipc: after the table, one import profiled per case"
     )
-    parser.add_argument("--ids", choices=("lists", "bytes"), default="lists", help="how the message names the blocks")
+    parser.add_argument("--ids", choices=("bytes", "lists"), default="bytes", help="how the message names the blocks")
     parser.add_argument("--tokens", type=int, nargs="+", help="only the cases of these sequence lengths (default: all)")
     args = parser.parse_args()
     if args.transport == "cuda_ipc":

@@ -144,12 +144,12 @@ def compare(serves: dict[str, dict[str, dict]], context: int) -> tuple[str, list
 
 def _refused_block_ids(serves: dict[str, dict[str, dict]]) -> list[str]:
     """Decode workers of a version before DAYZERO_HANDOFF_IDS (their snapshots name no ``ids``) beside
-    prefill workers that write block ids as bytes: they refuse those handoffs' messages."""
+    prefill workers that write block ids as bytes (its default): they refuse those handoffs' messages."""
     writers = sorted(process for process, s in serves["prefill"].items() if s.get("ids") == "bytes")
     return [
         f"decode worker {process} is of a version before DAYZERO_HANDOFF_IDS: it refuses the handoffs of prefill "
-        f"worker {', '.join(writers)} (block ids as bytes; those requests are re-run): upgrade it, or set "
-        "DAYZERO_HANDOFF_IDS=lists on the prefill workers till every decode worker is"
+        f"worker {', '.join(writers)} (block ids as bytes, the default; those requests are re-run): upgrade it, or "
+        "set DAYZERO_HANDOFF_IDS=lists on the prefill workers till every decode worker is"
         for process, s in sorted(serves["decode"].items())
         if writers and "layout" in s and "ids" not in s
     ]

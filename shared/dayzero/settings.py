@@ -129,10 +129,10 @@ class Settings(BaseSettings):
         description="KV handoff transport: shm (CPU, same host), cuda_ipc (same GPU), redis (any)",
     )
     handoff_ids: Literal["lists", "bytes"] = Field(
-        default="lists",
-        description="how prefill's handoff message names the state's blocks: lists (every version reads them) "
-        "or bytes (int64, a longer message: quicker to parse past a few hundred tokens, and to copy; decode workers "
-        "before this version refuse them)",
+        default="bytes",
+        description="how prefill's handoff message names the state's blocks: bytes (int64, a longer message: "
+        "quicker to parse past a few hundred tokens, and to copy; decode workers read them since the release "
+        "before this one) or lists (what every version reads: set it while an older decode worker runs)",
     )
     disconnect_grace_s: float = Field(
         default=5.0, ge=0, description="a disconnected stream is cancelled after (above EventSource's ~3 s retry)"

@@ -1,15 +1,28 @@
 """Messages and records across versions (a rolling upgrade: gateways and workers of two versions
-read each other's JSON). The previous version's models forbid a field they do not know, so what this
-version writes must hold none of theirs; what it reads may hold fields of a later version.
+read each other's JSON). The models of the version before ``Grammar.param`` and ``StateRef.block_ids``
+forbid a field they do not know, so what this version writes for them (DAYZERO_HANDOFF_IDS=lists) must
+hold none of theirs; the version after them (the previous release) reads ``block_ids``, which this
+version writes by default (``bytes``); what it reads may hold fields of a later version.
 
-``PREVIOUS`` is a decode job as the version before ``Grammar.param`` wrote it (its own output)."""
+``PREVIOUS`` is a decode job as the version before ``Grammar.param`` wrote it (its own output);
+``PREVIOUS_BYTES`` the same job as the previous release wrote it with DAYZERO_HANDOFF_IDS=bytes (its
+one block id, 1, as int64 little-endian, base64)."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+import torch
+
+from dayzero.config import ModelConfig
+from dayzero.kv.pools import pools_for
 from dayzero.params import Grammar, SamplingParams
+from dayzero.serving.handoff import publish
 from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob, StateRef, prefill_job_json
+from dayzero.settings import Settings
+
+from ..conftest import tiny_config
 
 PREVIOUS = (
     '{"request":{"request_id":"r1","kind":"chat","prompt_ids":[0,5],"sampling":{"max_tokens":8,'
@@ -21,9 +34,11 @@ PREVIOUS = (
     '"host":"h","layout_hash":"abc","dtype":"float32","pool_blocks":{"window":4},"length":2,'
     '"blocks":{"window":[1]},"holder":""},"attempt":0}'
 )
+PREVIOUS_BYTES = PREVIOUS.replace('"blocks":{"window":[1]}', '"block_ids":"AQAAAAAAAAA="')
+IDS = {"lists": {"blocks": {"window": (1,)}}, "bytes": {"block_ids": b"\x01" + bytes(7)}}
 
 
-def _job(param: str | None) -> DecodeJob:
+def _job(param: str | None, ids: str = "lists") -> DecodeJob:
     sampling = SamplingParams(max_tokens=8, grammar=Grammar('start: "{}"', 7, param))
     request = GenerationRequest(
         request_id="r1", kind="chat", prompt_ids=(0, 5), sampling=sampling, created=1.0, tool_calls=True
@@ -36,7 +51,7 @@ def _job(param: str | None) -> DecodeJob:
         dtype="float32",
         pool_blocks={"window": 4},
         length=2,
-        blocks={"window": (1,)},
+        **IDS[ids],
     )
     return DecodeJob(request=request, generated=(9,), state=state)
 
@@ -48,10 +63,12 @@ def _keys(value: object, at: str = "") -> set[str]:
     return set()
 
 
-def test_the_previous_versions_job_reads_as_it_was_written():
-    """A previous gateway's or prefill worker's message: its grammar names no field (its 400's param null)."""
-    job = DecodeJob.model_validate_json(PREVIOUS)
-    assert job == _job(None)
+@pytest.mark.parametrize(("written", "ids"), [(PREVIOUS, "lists"), (PREVIOUS_BYTES, "bytes")])
+def test_the_previous_versions_job_reads_as_it_was_written(written, ids):
+    """A previous gateway's or prefill worker's message: its grammar names no field (its 400's param
+    null); its block ids as lists (every version before ``bytes`` became the default) or as bytes."""
+    job = DecodeJob.model_validate_json(written)
+    assert job == _job(None, ids)
     assert job.request.sampling.grammar == Grammar('start: "{}"', 7)
 
 
@@ -64,6 +81,19 @@ def test_what_this_version_writes_the_previous_one_reads():
     assert _keys(written) == _keys(json.loads(PREVIOUS))
     record = _job("response_format").request.model_dump_json()
     assert _keys(json.loads(prefill_job_json(record))) <= _keys(json.loads(PREVIOUS))
+
+
+@pytest.mark.parametrize(("ids", "reader"), [("default", PREVIOUS_BYTES), ("lists", PREVIOUS)])
+def test_a_published_state_holds_only_the_fields_its_decode_reads(ids, reader):
+    """Prefill's state as DAYZERO_HANDOFF_IDS says: by default (bytes) the fields of the previous
+    release's, whose decode reads ``block_ids``; ``lists`` those of the version before it, whose
+    decode refuses ``block_ids`` (an unknown field, and no ``blocks``)."""
+    setting = Settings.model_fields["handoff_ids"].default if ids == "default" else ids
+    pools = pools_for(ModelConfig.from_dict(tiny_config()), torch.float32, 64)
+    pools.reserve("s", 9)
+    pools.sequences["s"].length = 9
+    written = json.loads(publish(pools, "s", "r", "shm", None, ttl_s=30, ids=setting).model_dump_json())
+    assert set(written) == set(json.loads(reader)["state"])
 
 
 def test_a_later_versions_fields_are_ignored():

@@ -236,19 +236,23 @@ def test_a_worker_whose_pools_hold_less_than_the_context_is_a_warning(demo_dir, 
 
 
 def test_a_decode_worker_that_refuses_a_prefill_workers_block_ids_as_bytes_is_a_warning(demo_dir, gateway, registry):
-    """A prefill worker set to DAYZERO_HANDOFF_IDS=bytes beside a decode worker of the version before
-    it (its snapshot names no ``ids``): that decode worker refuses those handoffs' messages."""
-    prefill = _runtime(demo_dir, gateway, "prefill0@test", "prefill", handoff_ids="bytes")
+    """A prefill worker of the default DAYZERO_HANDOFF_IDS (bytes) beside a decode worker of a version
+    before the setting (its snapshot names no ``ids``): that decode worker refuses those handoffs'
+    messages. A prefill worker set to ``lists`` writes what it reads: no warning."""
+    prefill = _runtime(demo_dir, gateway, "prefill0@test", "prefill")
     upgraded = _runtime(demo_dir, gateway, "decode0@test", "decode")
     status, body = _ready(gateway, [prefill, upgraded], registry)
     assert status == 200 and "warnings" not in body, body
-    previous = _runtime(demo_dir, gateway, "decode1@test", "decode")
-    del previous.stats.serves["ids"]  # (what a worker of the previous version announces)
-    status, body = _ready(gateway, [prefill, upgraded, previous], registry)
+    older = _runtime(demo_dir, gateway, "decode1@test", "decode")
+    del older.stats.serves["ids"]  # (what a worker of a version before the setting announces)
+    status, body = _ready(gateway, [prefill, upgraded, older], registry)
     assert status == 200, body
     (warning,) = body["warnings"]
-    assert warning.startswith(f"decode worker {previous.name} is of a version before DAYZERO_HANDOFF_IDS")
+    assert warning.startswith(f"decode worker {older.name} is of a version before DAYZERO_HANDOFF_IDS")
     assert prefill.name in warning and "DAYZERO_HANDOFF_IDS=lists" in warning
+    prefill.stats.serves["ids"] = "lists"  # (the setting, as that worker announces it)
+    status, body = _ready(gateway, [prefill, upgraded, older], registry)
+    assert status == 200 and "warnings" not in body, body
 
 
 def test_every_get_route_answers_head_as_get(gateway, registry):

@@ -87,10 +87,10 @@ def drop_parked(store: Lifecycle, location: str) -> None:
 
 
 def publish(
-    pools: KVPools, seq_id: str, request_id: str, transport: str, store: Lifecycle, ttl_s: float, ids: str = "lists"
+    pools: KVPools, seq_id: str, request_id: str, transport: str, store: Lifecycle, ttl_s: float, ids: str = "bytes"
 ) -> StateRef:
-    """``seq_id``'s state for decode; its block ids as ``ids`` says (DAYZERO_HANDOFF_IDS: ``lists``, or
-    ``bytes``, which decode workers before them refuse)."""
+    """``seq_id``'s state for decode; its block ids as ``ids`` says (DAYZERO_HANDOFF_IDS: ``bytes``, or
+    ``lists``, which decode workers of a version before ``bytes`` need)."""
     handle = export_state(pools, seq_id)
     counts = pools.layout.blocks_of(handle.length)
     blocks, block_ids = ({}, ids_bytes(handle.blocks, counts)) if ids == "bytes" else (handle.blocks, b"")

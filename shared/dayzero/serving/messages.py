@@ -55,10 +55,11 @@ def _empty(value: object) -> bool:
 class StateRef(Frozen):
     """Where a prefilled sequence's attention state waits for decode (a lease on prefill's blocks).
 
-    Its block ids travel as ``blocks`` (lists: what every version reads) or ``block_ids`` (int64
-    bytes, kind after kind, base64 in JSON: ``kv.handoff.ids_bytes``; faster to parse, and copied as they are),
-    never both; a decode of a version before ``block_ids`` refuses a message with them (an unknown
-    field, or no ``blocks``), so prefill writes them only where DAYZERO_HANDOFF_IDS=bytes."""
+    Its block ids travel as ``block_ids`` (int64 bytes, kind after kind, base64 in JSON:
+    ``kv.handoff.ids_bytes``; faster to parse, and copied as they are: DAYZERO_HANDOFF_IDS=bytes, the
+    default) or ``blocks`` (lists: what every version reads, ``lists``), never both. Decode reads
+    either; a decode of a version before ``block_ids`` (two releases back) refuses a message with them
+    (an unknown field, or no ``blocks``): ``lists`` is for a fleet that still runs one."""
 
     model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
 
