@@ -6,11 +6,15 @@ Redis and a gateway that cannot start (a bad setting)."""
 
 from __future__ import annotations
 
+import re
 import time
 
-from dayzero import stack as stack_module
+import pytest
+import redis
+
+from dayzero import stack_child
 from dayzero.procs import free_port
-from dayzero.stack import Stack
+from dayzero.stack import Stack, StartFailed
 
 NONE = {"vision": 0, "prefill": 0, "decode": 0}
 REFUSED = {"DAYZERO_MAX_BATCH": "0"}  # the gateway exits 2 as it starts
@@ -43,7 +47,7 @@ def test_a_child_exiting_as_it_starts_again_and_again_waits_twice_as_long_each_t
         lines, waits = _supervised(stack, "gateway", 4, 90)
     finally:
         stack.stop()
-    waiting = "gateway exited (code 2), {} times in a row within 60 s of its start; starting it again in {} s"
+    waiting = "gateway exited (code 2), {} times in a row before it had run 60 s ready; starting it again in {} s"
     assert lines == ["gateway exited (code 2); restarted", *(waiting.format(n, 2 ** (n - 2)) for n in (2, 3, 4))]
     assert [round(w) for w in waits] == [0, 1, 2, 4], waits  # (each pass 50 ms apart)
 
@@ -51,7 +55,7 @@ def test_a_child_exiting_as_it_starts_again_and_again_waits_twice_as_long_each_t
 def test_a_child_that_ran_a_while_starts_again_at_once_its_wait_forgotten(tmp_path, monkeypatch):
     """A crash mid-run is restarted as before, in the pass that sees it, and its next quick exits
     count from one."""
-    monkeypatch.setattr(stack_module, "RAN_A_WHILE_S", 3.0)
+    monkeypatch.setattr(stack_child, "RAN_A_WHILE_S", 3.0)
     stack = Stack(NONE, free_port(), tmp_path / "logs", dict(REFUSED))
     stack.start()
     redis = stack.child("redis")
@@ -59,7 +63,9 @@ def test_a_child_that_ran_a_while_starts_again_at_once_its_wait_forgotten(tmp_pa
         for _ in range(2):  # quick exits: the first restarted at once, the second after a wait
             redis.proc.kill()
             lines, waits = _supervised(stack, "redis", 1, 30)
-        assert lines == ["redis exited (SIGKILL), 2 times in a row within 3 s of its start; starting it again in 1 s"]
+        assert lines == [
+            "redis exited (SIGKILL), 2 times in a row before it had run 3 s ready; starting it again in 1 s"
+        ]
         assert waits[0] >= 1.0
         time.sleep(3.5)
         was = redis.proc
@@ -71,6 +77,58 @@ def test_a_child_that_ran_a_while_starts_again_at_once_its_wait_forgotten(tmp_pa
         for _ in range(2):  # quick again: the first wait again, not a doubled one
             redis.proc.kill()
             lines, _ = _supervised(stack, "redis", 1, 30)
-        assert lines == ["redis exited (SIGKILL), 2 times in a row within 3 s of its start; starting it again in 1 s"]
+        assert lines == [
+            "redis exited (SIGKILL), 2 times in a row before it had run 3 s ready; starting it again in 1 s"
+        ]
     finally:
         stack.stop()
+
+
+def test_a_child_whose_start_takes_longer_than_a_while_and_exits_soon_after_it_is_ready_waits(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
+    """A gateway whose start takes longer than ``RAN_A_WHILE_S``, killed soon after it answers, twice (a
+    worker whose weights load for minutes and that exits at its warm-up: an ACL refusing a script load,
+    out of memory). Counted from its spawn, each run was a while and it was started again at once, for
+    ever; counted from when it was ready, the second such exit waits."""
+    monkeypatch.setattr(stack_child, "RAN_A_WHILE_S", 4.0)
+    stack = Stack(NONE, free_port(), tmp_path / "logs", {"DAYZERO_CHECKPOINT": str(tiny_checkpoint)})
+    stack.start()
+    gateway = stack.child("gateway")
+    try:
+        for _ in range(2):
+            stack.until_ready("gateway", 120)
+            time.sleep(max(0.0, gateway.started + 4.2 - time.monotonic()))  # its start: longer than a while
+            assert time.monotonic() - gateway.ready_at < 4.0, "the gateway was ready as it was spawned"
+            gateway.proc.kill()
+            gateway.proc.wait()
+            lines, waits = _supervised(stack, "gateway", 1, 30)
+    finally:
+        stack.stop()
+    assert lines == ["gateway exited (SIGKILL), 2 times in a row before it had run 4 s ready; starting it again in 1 s"]
+    assert waits[0] >= 1.0
+
+
+def test_until_ready_starts_a_child_waiting_after_its_quick_exits_and_says_why_one_cannot_run(tmp_path):
+    """One ``supervise()`` only notes a second quick exit (the child starts once its wait is over): the
+    tests that killed Redis twice within a minute of its start each looped on ``supervise()`` their own
+    way, and one went on with no Redis. ``until_ready`` supervises until the child runs ready again, and
+    a child that cannot (a gateway refused at its start) is a StartFailed naming why."""
+    stack = Stack(NONE, free_port(), tmp_path / "logs", dict(REFUSED))
+    stack.start()
+    redis_child = stack.child("redis")
+    try:
+        for _ in range(2):
+            redis_child.proc.kill()
+            redis_child.proc.wait()
+            assert "redis" in stack.supervise()
+        assert redis_child.proc.poll() is not None, "not a second quick exit: started at once"
+        stack.until_ready("redis", 30)
+        assert redis_child.proc.poll() is None and redis.Redis(port=stack.redis_port).ping()
+        with pytest.raises(StartFailed) as failed:
+            stack.until_ready("gateway", 3)
+    finally:
+        stack.stop()
+    said = r"gateway did not run ready within 3 s \(gateway exited \(code 2\)[;,] .*\); the end of its log:\n"
+    assert re.match(said, str(failed.value)), failed.value
+    assert "DAYZERO_MAX_BATCH" in str(failed.value)

@@ -5,15 +5,15 @@ Each service runs the same entry point as its container under docker compose
 its other ranks and takes them down with it). A child that dies is restarted, the embedded Redis included
 (the gateway and the workers reconnect by themselves), and so is a frozen worker (SIGSTOPped, or
 hung in a step past its bound): its liveness stamps (dayzero.serving.liveness) stopped.
-A child that exits soon after its start (within ``RAN_A_WHILE_S``: a setting or a Redis user
-it cannot start with) again and again waits before its next start, twice as long each time; one
-exit so (a kill), or one after a while, is started again at once.
+A child that exits before it has run a while ready, again and again, waits before its next start,
+twice as long each time (stack_child.py); ``until_ready`` supervises until one runs ready again.
 Every child dies with the supervisor (see dayzero.procs). ``stop`` goes in order: the gateway
 first (it stops admitting and ends its open streams with an error event), then the workers, Redis last.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -40,49 +40,14 @@ from .procs import (
 )
 from .service_commands import SERVICES, inherited, service_argv
 from .serving.keys import key
-from .serving.liveness import STAMP_EVERY_S, connect, process_id, seen
+from .serving.liveness import STAMP_EVERY_S, connect, process_id, seen, seen_stages
 from .shm import unlink_parked_by, unlink_pools_by
+from .stack_child import Child
 from .stack_start import REDIS_ANSWER_WITHIN_S, StartFailed, answering
 
 STOP_TIMEOUT_S = 10.0  # per group (gateway, workers, redis) before SIGKILL
 LEFT_GROUP_S = 5.0  # what is left of an exited child's process group is SIGKILLed after
 WRITE_CHECK_TTL_S = 10  # up's own write beside its read of the stamps (key up:{process}) lapses after
-RAN_A_WHILE_S = 60.0  # a child's second exit in a row sooner after its start waits (each start imports torch)
-FIRST_WAIT_S = 1.0  # that wait, doubled at each exit so after it, up to
-LONGEST_WAIT_S = 60.0
-
-
-@dataclass
-class Child:
-    name: str
-    service: str  # one of SERVICES, or "redis" (the embedded one)
-    proc: object | None = None  # subprocess.Popen
-    restarts: int = 0
-    env: dict[str, str] = field(default_factory=dict)  # its own settings beside the stack's
-    why: str = "exited"  # why it was last restarted
-    started: float = 0.0  # when its process was spawned (time.time())
-    quick_exits: int = 0  # its exits in a row, each within RAN_A_WHILE_S of its start
-    wait_s: float = 0.0  # how long it waits to start again after its last exit (0: at once)
-    due: float | None = None  # when it starts again (time.monotonic()), while it waits
-
-    def exited(self) -> None:
-        """Its process exited: when it starts again. At once after a run of ``RAN_A_WHILE_S`` (a crash
-        mid-run) or a first quick exit (a kill); after a wait from the second quick exit in a row on,
-        twice the last one's (a child refused at its start check was started again every 10-17 s for
-        ever)."""
-        self.quick_exits = 0 if time.time() - self.started >= RAN_A_WHILE_S else self.quick_exits + 1
-        doubled = min(LONGEST_WAIT_S, max(FIRST_WAIT_S, 2 * self.wait_s))
-        self.wait_s = doubled if self.quick_exits > 1 else 0.0
-        self.due = time.monotonic() + self.wait_s if self.wait_s else None
-
-    def restart_said(self) -> str:
-        """The supervisor's line for its restart."""
-        if self.due is None:
-            return f"{self.name} {self.why}; restarted"
-        return (
-            f"{self.name} {self.why}, {self.quick_exits} times in a row within {RAN_A_WHILE_S:g} s of its "
-            f"start; starting it again in {self.wait_s:g} s"
-        )
 
 
 @dataclass
@@ -149,12 +114,13 @@ class Stack:
             self.metrics_ports[child.name] = int(base) + i
 
     def _spawn(self, child: Child) -> None:
-        log, child.started = self.log_dir / f"{child.name}.log", time.time()
+        log, child.started, child.ready_at = self.log_dir / f"{child.name}.log", time.monotonic(), None
         argv = service_argv(child.service, self.ranks.get(child.service, 1))
         cmd = [sys.executable, "-m", "dayzero.cli", *argv, "--name", child.name]
         with stops_held():  # (a stop before ``child.proc`` is set would leave the child out of ``stop``)
             if child.service == "redis":
-                child.proc = start_redis(self.redis_port, log)
+                child.proc = start_redis(self.redis_port, log)  # (returns once it accepts: ready)
+                child.ready_at = time.monotonic()
                 return
             child.proc = spawn(cmd, log, {**self.env, **child.env})
         if child.service == "vision":
@@ -179,31 +145,58 @@ class Stack:
         every_s: float = 10,
         on_restart: Callable[[str], None] | None = None,
     ) -> None:
-        """Until ``/ready`` answers 200 (``timeout_s`` None: no limit). ``on_wait(body)`` gets
-        ``/ready``'s latest answer every ``every_s``; ``on_restart(name)`` each child restarted
-        meanwhile; a child that exits ``start_exits`` times first is a failed start
+        """Until ``/ready`` answers 200 (``timeout_s`` None: no limit), supervising meanwhile.
+        ``on_wait(body)`` gets ``/ready``'s latest answer every ``every_s``; ``on_restart(name)`` each
+        child restarted meanwhile; a child that exits ``start_exits`` times first is a failed start
         (StartFailed, with the end of its log)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         reported, body = time.monotonic(), {}
-        while deadline is None or time.monotonic() < deadline:
-            for name in self.supervise():
-                if self.child(name).restarts >= self.start_exits:
-                    tail = self.log_tail(name)
-                    raise StartFailed(f"{name} keeps exiting while starting; the end of its log:\n{tail}")
-                if on_restart is not None:
-                    on_restart(name)
+
+        def restarted(name: str) -> None:
+            if self.child(name).restarts >= self.start_exits:
+                tail = self.log_tail(name)
+                raise StartFailed(f"{name} keeps exiting while starting; the end of its log:\n{tail}")
+            if on_restart is not None:
+                on_restart(name)
+
+        def ready() -> bool:
+            nonlocal reported, body
             try:
                 answer = httpx.get(f"{self.url}/ready", timeout=2)
                 if answer.status_code == 200:
-                    return
+                    return True
                 body = answer.json()
             except (httpx.HTTPError, ValueError):
                 body = {"reason": "the gateway is starting"}
             if on_wait is not None and time.monotonic() - reported >= every_s:
                 reported = time.monotonic()
                 on_wait(body)
+            return False
+
+        if not self._supervised_until(ready, timeout_s, restarted):
+            raise TimeoutError(f"the stack was not ready within {timeout_s} s (logs in {self.log_dir})")
+
+    def until_ready(self, name: str, within_s: float = 120) -> None:
+        """Supervise as ``up``'s loop does until child ``name`` (its exit waited for) runs ready again: its wait
+        after a second quick exit over (one ``supervise()`` only notes it), started, seen ready. StartFailed,
+        with its last restart and the end of its log, if not within ``within_s``."""
+        child = self.child(name)
+        running = lambda: child.proc.poll() is None and child.ready_at is not None
+        if not self._supervised_until(running, within_s, lambda _: None):
+            said = child.restart_said() if child.restarts else f"{name} starting"
+            tail = self.log_tail(name)
+            raise StartFailed(f"{name} did not run ready within {within_s:g} s ({said}); the end of its log:\n{tail}")
+
+    def _supervised_until(self, done: Callable[[], bool], timeout_s: float | None, on_restart: Callable) -> bool:
+        """``supervise()`` every pass (``on_restart`` with each child it restarted) until ``done()``;
+        False if not within ``timeout_s`` (None: no limit)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while deadline is None or time.monotonic() < deadline:
+            for name in self.supervise():
+                on_restart(name)
+            if done():
+                return True
             time.sleep(0.3)
-        raise TimeoutError(f"the stack was not ready within {timeout_s} s (logs in {self.log_dir})")
+        return False
 
     def log_tail(self, name: str, lines: int = 15) -> str:
         path = self.log_dir / f"{name}.log"
@@ -212,10 +205,10 @@ class Stack:
 
     def supervise(self) -> list[str]:
         """Restart children that exited (Redis on its own port; what is left of their process group
-        SIGKILLed; one that keeps exiting soon after its start once its wait is over) and frozen workers
-        (``frozen``: each SIGKILLed first, with its process group, a tensor-parallel worker's other
-        ranks in it);
-        returns their names (each one's ``why``)."""
+        SIGKILLed; one that keeps exiting before it has run a while ready once its wait is over) and frozen
+        workers (``frozen``: each SIGKILLed first, with its process group, a tensor-parallel worker's other
+        ranks in it); returns their names (each one's ``why``)."""
+        self._see_ready()
         restarted, frozen = [], {c.name: c for c in self.frozen()}
         for child in frozen.values():
             kill_group(child.proc)
@@ -238,6 +231,25 @@ class Stack:
         self._left = {pgid: at for pgid, at in self._left.items() if pgid not in gone}
         return restarted
 
+    def _see_ready(self) -> None:
+        """Note when each running child not seen ready yet is (``Child.ready_at``): the gateway once it
+        answers ``/health``, a worker once its ready stamp names its process (dayzero.serving.liveness);
+        the embedded Redis is once it accepts (``_spawn``). Nothing is seen while Redis cannot be read."""
+        starting = [c for c in self.children if c.ready_at is None and c.proc is not None and c.proc.poll() is None]
+        stages = tuple({c.service for c in starting} & set(SERVICES[1:]))
+        found, now = {}, time.monotonic()
+        if stages and self.redis_url is not None:
+            self._liveness = self._liveness or connect(self.redis_url)
+            with contextlib.suppress(redis.RedisError):
+                found = seen_stages(self._liveness, stages)
+        host = socket.gethostname()
+        for child in starting:
+            if child.service == "gateway":
+                with contextlib.suppress(httpx.HTTPError):
+                    child.ready_at = now if httpx.get(f"{self.url}/health", timeout=1).status_code == 200 else None
+            elif child.service in found and process_id(child.proc.pid, host) in found[child.service].ready:
+                child.ready_at = now
+
     def frozen(self) -> list[Child]:
         """The running workers whose last liveness stamp is older than ``frozen_s``: SIGSTOPped, or
         hung in a step past its bound. A worker that has not stamped yet (starting) is left
@@ -248,20 +260,20 @@ class Stack:
         if not self.frozen_s or self.redis_url is None:
             return []
         self._liveness = self._liveness or connect(self.redis_url)
-        began = time.time()
+        began = time.monotonic()
         try:
             found = {stage: seen(self._liveness, stage) for stage in SERVICES[1:]}
-            self._liveness.set(key("up", process_id()), began, ex=WRITE_CHECK_TTL_S)
+            self._liveness.set(key("up", process_id()), time.time(), ex=WRITE_CHECK_TTL_S)
         except redis.RedisError:
             found = None
-        now = time.time()
+        now = time.monotonic()
         if found is None or now - began > STAMP_EVERY_S:  # Redis down, frozen or refusing writes: no worker could stamp
             self._unread_at = now
             return []
         host, frozen = socket.gethostname(), []
         for child in self.children:
             if child.service in found and child.proc is not None and child.proc.poll() is None:
-                read = found[child.service]  # (stamped by Redis's clock: on this host's, as old as there)
+                read = found[child.service]  # (how old by Redis's clock: as old on this host's monotonic one)
                 stamped = now - read.now + read.alive.get(process_id(child.proc.pid, host), float("-inf"))
                 if stamped >= child.started and now - max(stamped, self._unread_at) > self.frozen_s:
                     frozen.append(child)

@@ -35,7 +35,7 @@ def _frozen_redis_and_a_quiet_worker(tmp_path):
     server = start_redis(port, tmp_path / "redis.log")
     url = f"redis://127.0.0.1:{port}/0"
     client = connect(url)
-    started = time.time()
+    started = time.monotonic()
     worker = subprocess.Popen(["sleep", "300"])
     child = Child("prefill0", "prefill", proc=worker, started=started)
     stack = Stack({}, 0, tmp_path, redis_url=url, children=[child], frozen_s=FROZEN_S)

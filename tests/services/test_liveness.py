@@ -104,7 +104,7 @@ def test_redis_refusing_writes_past_the_frozen_bound_freezes_no_worker_for_up(re
     all five). No stamp ages while Redis refuses up's own write; a worker SIGSTOPped once writes
     are back is still found frozen."""
     client = redis.Redis.from_url(redis_url)
-    started = time.time()
+    started = time.monotonic()
     worker = subprocess.Popen([sys.executable, "-c", PULSE, redis_url])
     child = Child("prefill0", "prefill", proc=worker, started=started)
     stack = Stack({}, 0, tmp_path, redis_url=redis_url, children=[child], frozen_s=2.0)

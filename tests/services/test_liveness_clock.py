@@ -68,7 +68,7 @@ def test_a_worker_whose_clock_is_behind_is_healthy_while_it_stamps_and_frozen_on
     client = redis.Redis.from_url(redis_url)
     client.delete(key("alive", "prefill"), key("ready", "prefill"))
     monkeypatch.setenv("DAYZERO_REDIS_URL", redis_url)
-    started = time.time()
+    started = time.monotonic()
     worker = subprocess.Popen([sys.executable, "-c", SKEWED_CLOCK.format(skew=-10) + PULSE, redis_url])
     child = Child("prefill0", "prefill", proc=worker, started=started)
     stack = Stack({}, 0, tmp_path, redis_url=redis_url, children=[child], frozen_s=2.0)
