@@ -37,6 +37,7 @@ from .tokenize_routes import tokenize_router
 
 log = logging.getLogger("dayzero.gateway")
 START_CLOCK_S = 1.0  # the start, or a POST before it is known, waits this long at most for Redis's TIME
+REAPER_END_S = 5.0  # a stop waits no longer for the reaper's pass in flight (a frozen Redis: its stamp goes once old)
 SCRAPE_REDIS_S = 1.0  # each of a scrape's two Redis reads gives up after this (Prometheus waits 5 s here)
 
 
@@ -155,8 +156,9 @@ def make_app(settings: Settings) -> FastAPI:
         reaper = asyncio.create_task(reap(gw))
         await run_in_threadpool(lambda: None)  # anyio's backend and thread pool start on first use (~25 ms)
         yield
-        reaper.cancel()
-        await gw.bus.close()
+        reaper.cancel()  # its stamp in flight (a thread's) lands first: after the leave, it counted the gateway on
+        await asyncio.wait({reaper}, timeout=REAPER_END_S)
+        await gw.bus.close()  # (leaves the gateways on the Redis)
         await run_in_threadpool(flush_spans)  # (the streams' spans have ended by now)
 
     app = FastAPI(

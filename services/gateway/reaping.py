@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 import redis
 from starlette.concurrency import run_in_threadpool
@@ -32,6 +33,20 @@ RERUN_TRANSIT_S = 30.0  # a re-run's mark until its message is pushed: a sweep's
 RESTAMPED_S = 2 * STAMP_RETRY_S
 
 
+async def in_thread(call: Callable, *args: object) -> object:
+    """``call(*args)`` in the thread pool; cancelled, this returns once the thread has (a cancel ended
+    the await at once, the thread ran on: the reaper's stamp in flight at a gateway's stop landed
+    after its leave of the gateways, and counted it running for ``GONE_MIN_S``)."""
+    running = asyncio.ensure_future(run_in_threadpool(call, *args))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        await asyncio.wait({running})
+        if not running.cancelled():
+            running.exception()  # (its failure, Redis down at the stop, is retrieved: no "never retrieved" line)
+        raise
+
+
 async def reap(gw: Gateway) -> None:
     """Re-run requests whose worker stopped heartbeating, end those waiting at a stage that no live
     worker has served for DAYZERO_NO_WORKER_TIMEOUT_S, or waiting anywhere in a queue past
@@ -53,7 +68,8 @@ async def reap(gw: Gateway) -> None:
     the command timeout, it fails nothing): a live worker's lease that lapsed in the outage is its to
     take back (lease.py); re-run at once, each outage past a lease cost a re-prefill per request. Its start
     and each pass stamp this gateway among those on the Redis (dayzero.serving.gateways: alone, a cancel Redis
-    refused goes at once); its other steps go on their own (pass_steps.py)."""
+    refused goes at once), in a thread a cancel waits for (``in_thread``: the stop's leave comes after);
+    its other steps go on their own (pass_steps.py)."""
     messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
     store = gw.bus.store
     overdue = OverdueWaits(store, gw.settings.task_time_limit_s, gw.codec)
@@ -100,7 +116,7 @@ async def reap(gw: Gateway) -> None:
     # among the gateways at once (its first pass is a period away): meanwhile another gateway whose cancel
     # Redis refused took itself for the only one and cancelled at once what a resume here could take
     with contextlib.suppress(redis.RedisError):  # (Redis down or refusing writes: the passes stamp it)
-        await run_in_threadpool(stamp, store.r, gw.bus.gateway, back_since, back_since, gone_after_s(period))
+        await in_thread(stamp, store.r, gw.bus.gateway, back_since, back_since, gone_after_s(period))
     while True:
         await asyncio.sleep(wait_s)
         steps.begin()
@@ -108,8 +124,8 @@ async def reap(gw: Gateway) -> None:
             if failed_at is not None:
                 rerun_from = time.monotonic() + gw.settings.lease_s  # (the live workers beat within a lease)
                 back_since = clock.now()
-                await run_in_threadpool(count_again, store.r, QUEUES, failed_at)
-            found = await run_in_threadpool(one_pass, past, time.monotonic() >= rerun_from, back_since)
+                await in_thread(count_again, store.r, QUEUES, failed_at)
+            found = await in_thread(one_pass, past, time.monotonic() >= rerun_from, back_since)
             wait_s, past, failed_at = RESTAMPED_S if found - past else period, found, None
             refused.taken()
             command.taken(steps.ran)
