@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from dayzero.demo import write_demo_checkpoint
 from dayzero.procs import free_port
 from dayzero.settings import Settings
-from dayzero.stack import Stack
+from dayzero.stack import Stack, StartFailed
 from services.gateway.app import make_app
 
 from ..conftest import shared
@@ -81,15 +81,12 @@ def start_gateway_alone(demo_dir, log_dir, extra=None) -> Stack:
     env = {**SETTINGS_ENV, "DAYZERO_CHECKPOINT": str(demo_dir), **(extra or {})}
     stack = Stack({"vision": 0, "prefill": 0, "decode": 0}, free_port(), log_dir, env)
     stack.start()
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"{stack.url}/health", timeout=2).status_code == 200:
-                return stack
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    stack.stop()
-    raise AssertionError("the gateway did not answer /health within 60 s")
+    try:
+        stack.until_ready("gateway", 60)  # (it answers /health)
+    except StartFailed:
+        stack.stop()
+        raise
+    return stack
 
 
 FULL_COUNTS = {"vision": 1, "prefill": 1, "decode": 2}

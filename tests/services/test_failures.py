@@ -152,8 +152,8 @@ def test_killed_decode_worker_requests_complete_elsewhere_without_gaps(stack):
     assert killed is not None and killed.name.startswith("decode")
     assert "".join(text) == expected  # nothing lost, nothing repeated
     assert ids == sorted(set(ids)) and ids[-1] == 120
-    stack.supervise()  # restart the killed worker for the tests that follow
-    stack.wait_ready()
+    killed.proc.wait(30)
+    stack.until_ready(killed.name)  # started again for the tests that follow
 
 
 def test_killed_prefill_worker_requests_are_retried_those_waiting_in_it_too(stack):
@@ -183,13 +183,13 @@ def test_killed_prefill_worker_requests_are_retried_those_waiting_in_it_too(stac
     assert owner, "the prefill worker never took a request"
     child = stack.child(owner.split("@")[0])
     os.killpg(child.proc.pid, signal.SIGKILL)
-    deadline = time.time() + 150
-    while any(t.is_alive() for t in threads) and time.time() < deadline:
-        stack.supervise()  # as `dayzero up` does: restart the dead worker
-        threads[0].join(0.5)
+    child.proc.wait(30)
+    deadline = time.monotonic() + 150
+    stack.until_ready(child.name, 150)  # as `dayzero up` does: restart the dead worker
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
     assert [t.is_alive() for t in threads] == [False] * 3, "a request waited on past the deadline"
     assert [(x["choices"][0]["finish_reason"], x["usage"]["completion_tokens"]) for x in results] == [("length", 8)] * 3
-    stack.wait_ready()
 
 
 def _ends_while_redis_is_frozen(stack) -> dict:
@@ -270,7 +270,7 @@ def test_a_worker_stopping_leaves_the_registry_at_once(stack):
     assert child.proc.wait(30) == 0
     assert process.encode() not in r.hkeys("dz:workers:decode") and not r.exists(f"dz:usage:{process}")
     assert stack.supervise() == ["decode1"]
-    stack.wait_ready()
+    stack.until_ready("decode1")
 
 
 def test_a_body_s_client_that_left_cancels_at_once_a_stream_s_after_the_grace(text_dir, tmp_path):

@@ -131,11 +131,11 @@ def _left_stream(stack) -> tuple[str, str]:
 
 
 def _redis_back(stack) -> None:
-    """The killed Redis started again on its port, ``supervise()`` called as ``up``'s loop calls it: the
-    module's gateway keeps one Redis whose kills come within a minute of its start, and from the
-    second such exit up waits before the next start (1 s, doubled)."""
+    """The killed Redis started again on its port: the module's gateway keeps one Redis whose kills come
+    within a minute of its start, and from the second such exit up waits before the next start (1 s,
+    doubled), which ``until_ready`` waits out."""
     assert stack.supervise() == ["redis"]
-    assert wait_until(lambda: not stack.supervise() and stack.child("redis").due is None, 70)
+    stack.until_ready("redis", 70)
 
 
 class Resumed(threading.Thread):
