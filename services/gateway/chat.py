@@ -223,7 +223,7 @@ def _enforced_schemas(body: ChatPrompt) -> list[dict]:
 def _check_size(gw: Gateway, schemas: list, param: str) -> None:
     """The schemas one grammar would enforce, measured before anything compiles them: past a limit,
     400 in milliseconds (llguidance's compile of 8,000 properties took seconds of CPU, then refused)."""
-    if problem := size_problem(schemas, gw.settings.schema_limits()):
+    if problem := size_problem(schemas, gw.settings.schema_limits(), calls=param == "tools"):
         raise APIError(400, f"cannot enforce this schema: too big: {problem}", param=param)
 
 

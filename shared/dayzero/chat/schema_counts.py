@@ -12,7 +12,13 @@ import re
 from collections.abc import Iterable
 
 from .schema_classes import CASELESS, class_end, posix_spelled
-from .schema_splits import MOST_AFTER_UNBOUNDED, MOST_SPLITS, counted_after_unbounded, split_ways
+from .schema_splits import (
+    MOST_AFTER_UNBOUNDED,
+    MOST_AFTER_UNBOUNDED_CLOSED,
+    MOST_SPLITS,
+    counted_after_unbounded,
+    split_ways,
+)
 
 # characters the counts of one request's grammar may spell, in all: llguidance's lexer builds ~9
 # states a character counted (a string's character, ``.``: UTF-8's bytes) under ``parser_limits``'
@@ -95,6 +101,7 @@ class CountedChars:
     def __init__(self) -> None:
         self._seen: set[tuple] = set()
         self.total = 0
+        self._after_unbounded = 0  # the longest run past MOST_AFTER_UNBOUNDED (within the closed bound)
 
     def problem(self, node: dict) -> str | None:
         """A count of ``node`` past ``MOST_COUNTED_CHARS`` alone, or with the counts seen before it
@@ -120,10 +127,26 @@ class CountedChars:
         if (ways := sum(map(split_ways, regexes(node)))) > MOST_SPLITS:
             why = f"its repeats split a reply's text {_told(ways)} ways, at most {MOST_SPLITS} can be enforced"
             return f"a regular expression repeating a group of varying length: {why}"
-        if (repeats := max(map(counted_after_unbounded, regexes(node)), default=0)) > MOST_AFTER_UNBOUNDED:
-            most, what = MOST_AFTER_UNBOUNDED, "a regular expression counting characters after a repeat without bound"
-            return f"{what} of the same characters: {_told(repeats)} in a run, at most {most:,} can be enforced"
+        if (repeats := max(map(counted_after_unbounded, regexes(node)), default=0)) > MOST_AFTER_UNBOUNDED_CLOSED:
+            most, opened = MOST_AFTER_UNBOUNDED_CLOSED, MOST_AFTER_UNBOUNDED
+            why = (
+                f"at most {most:,} can be enforced ({opened:,} in a grammar holding an object open to other properties)"
+            )
+            return f"{_AFTER_UNBOUNDED}: {_told(repeats)} in a run, {why}"
+        self._after_unbounded = max(self._after_unbounded, repeats)
         return None
+
+    def open_problem(self) -> str | None:
+        """A count after a repeat without bound past what a grammar holding an object open to other
+        properties writes (within what a closed one's does: ``problem`` let it through), or None."""
+        if (repeats := self._after_unbounded) <= MOST_AFTER_UNBOUNDED:
+            return None
+        most, closed = MOST_AFTER_UNBOUNDED, MOST_AFTER_UNBOUNDED_CLOSED
+        why = f"at most {most:,} can be enforced in a grammar holding an object open to other properties"
+        return f"{_AFTER_UNBOUNDED}: {_told(repeats)} in a run, {why} ({closed:,} where every object is closed)"
+
+
+_AFTER_UNBOUNDED = "a regular expression counting characters after a repeat without bound of the same characters"
 
 
 def string_lexeme(node: dict) -> str:

@@ -54,7 +54,7 @@ _WHAT = {
 }
 
 
-def size_problem(schemas: list, limits: SchemaLimits) -> str | None:
+def size_problem(schemas: list, limits: SchemaLimits, calls: bool = False) -> str | None:
     """Why ``schemas`` (counted together: one grammar enforces them all) are too big to compile
     (None: they are not). Each subschema is counted as llguidance builds it (``schema_merge``): a
     plain ``$ref`` is not followed (its definition is counted where it stands), so a recursive
@@ -62,8 +62,10 @@ def size_problem(schemas: list, limits: SchemaLimits) -> str | None:
     counted merged, each copy where it is made; the walk stops at the first limit passed (an enum
     of a million numbers is not read to its end). Nor may they hold an object, or a union of
     objects, past a row of llguidance's parser (``schema_rows``: there a union's ``$ref``'d
-    branches are followed, each definition once)."""
+    branches are followed, each definition once). ``calls``: tools' parameters (their calls' grammar
+    is no JSON object: bounded as one holding an open object, as unmeasured)."""
     used, merged, counted = dict.fromkeys(SETTINGS, 0), Merged(limits.nodes), CountedChars()
+    opened = calls  # whether the grammar holds an object open to other properties (its lexer holds less)
 
     def past(name: str, count: int) -> bool:
         used[name] += count
@@ -73,6 +75,7 @@ def size_problem(schemas: list, limits: SchemaLimits) -> str | None:
         for node in _schema_nodes(schemas, merged):
             if past("nodes", 1 + _required_only(node)):
                 return _message("nodes", limits)
+            opened = opened or open_object(node)
             if not isinstance(node, dict):
                 continue
             if any(past("literal_chars", _chars(value)) for value in _literals(node)):
@@ -84,6 +87,8 @@ def size_problem(schemas: list, limits: SchemaLimits) -> str | None:
             if isinstance(named := node.get("patternProperties"), dict) and len(named) > MOST_PATTERN_NAMES:
                 most = MOST_PATTERN_NAMES
                 return f"an object of {len(named):,} patternProperties: at most {most} in one can be enforced"
+        if opened and (problem := counted.open_problem()):
+            return problem
         for schema in schemas:  # within the limits: so many subschemas at most to look at again
             rows = RowCheck(schema, merged)  # its $refs point into it (a tool's: into its parameters)
             if problem := next(filter(None, map(rows.problem, _objects(schema, merged))), None):
@@ -166,6 +171,19 @@ def _copied(written: object, copies: tuple | None) -> tuple:
 
 def _objects(schema: object, merged: Merged) -> Iterator[dict]:
     return (node for node in _schema_nodes([schema], merged) if isinstance(node, dict))
+
+
+def open_object(node: object) -> bool:
+    """Whether ``node`` admits an object open to other properties (additionalProperties not false;
+    ``true`` and ``{}``: any value, such an object too). A $ref or union without a type is its
+    subschemas' (each walked); an enum or const writes its values as they are."""
+    if not isinstance(node, dict):
+        return node is True
+    if {"enum", "const"} & node.keys() or "type" not in node and {"$ref", "anyOf", "oneOf", "allOf"} & node.keys():
+        return False
+    kind = node.get("type", "object")
+    objects = kind == "object" or isinstance(kind, list) and "object" in kind
+    return objects and node.get("additionalProperties") is not False
 
 
 def _required_only(node: object) -> int:

@@ -35,7 +35,10 @@ MOST_SPLITS = 600
 # (additionalProperties) sooner: ``.*.{1000}`` whole, ``.*.{1200}`` 1,060 in (``\w*\d{2000}``,
 # ``[[:alpha:]]*[[:alpha:]]{2000}``, ``.*.{2000,}``, ``.*.{1,2000}`` ~1,060; ``.*(ab){1300}`` 2,125,
 # its 1,062nd repeat). None shared, none: ``a*b{2000}``, ``[a-z]*[0-9]{2000}`` written whole
-MOST_AFTER_UNBOUNDED = 1_000
+# A grammar holding no object open to other properties (a closed one, a string, an array) writes more:
+# ``.*.{1550}`` whole in a closed object, 1,600 at the top or in an array (a closed object beside an
+# open one: ``.*.{1300}`` 1,115 in, as the open one's own)
+MOST_AFTER_UNBOUNDED, MOST_AFTER_UNBOUNDED_CLOSED = 1_000, 1_500
 _QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")  # {n}, {n,}, {n,m}
 # an escape of one character: \x{10000}, \x61, \u0061, \U00000061, \p{L}, \pL (read a character a
 # backslash, ``(\pL|..){1900}`` was lengths [2, 2], let through: every reply failed 332 bytes in)
@@ -70,13 +73,50 @@ class _Group:
     tail: tuple[float, float] = (0, 0)
     after: float = 0
     after_counted: float = 0
+    # read for the group repeated: the texts of its atoms of one character (its nested groups' too),
+    # what a branch counts before its first repeat without bound (``head``; the most of any branch:
+    # ``heads``), and the runs its branches end in after one still live (``tails``)
+    atoms: set[str] = field(default_factory=set)
+    head: float = 0
+    head_done: bool = False
+    heads: float = 0
+    head_atoms: set[str | None] = field(default_factory=set)  # (all branches')
+    tails: float = 0
+    live_at_end: set[str | None] = field(default_factory=set)
+    # the last atom's, a group's: (``tails``, ``heads``) where its next repeat goes on a run (``wrapped``)
+    wraps: tuple[float, float] = (0, 0)
 
     def add(self, atom: tuple[float, float] | None) -> None:
         """Read ``atom`` after the last one (None: an anchor, a quantifier's end)."""
         if self.last is not None:
             self.sequence = (self.sequence[0] + self.last[0], self.sequence[1] + self.last[1])
             self._follow(*self.last)
+            self.head_done = self.head_done or self.last[1] == math.inf
+            if not self.head_done:
+                self.head += self.last[1]
+                self.head_atoms.add(self.text)
         self.last = atom
+
+    def end_branch(self) -> None:
+        """Note what the branch read ends in (``heads``, ``tails``, ``live_at_end``), before the next."""
+        self.add(None)
+        self.heads = max(self.heads, self.head)
+        if self.unbounded:
+            self.tails, self.live_at_end = max(self.tails, self.tail[0]), self.live_at_end | self.unbounded
+        self.head, self.head_done = 0, False
+
+    def wrapped(self) -> tuple[float, float]:
+        """Where the group's next repeat goes on a run after a repeat without bound ((0, 0): it does
+        not): what a branch ends in after one still live (``tails``), and what a branch counts before
+        its first (``heads``), read by it (``(.{2000}.*){2}``: (0, 2,000); a second repeat reads the
+        run on: 2,000, ``.*.{2000}``'s; a read of none: ``(.*){1900}`` none, ``(a.*){2}`` 1)."""
+        if (
+            not self.live_at_end
+            or not self.heads
+            or not _group_shares(self.head_atoms, self.live_at_end, self.caseless)
+        ):
+            return 0, 0
+        return self.tails, self.heads
 
     def _follow(self, lo: float, hi: float) -> None:
         """Count the last atom, of ``lo``-``hi`` characters, into the run after a repeat without bound."""
@@ -90,9 +130,28 @@ class _Group:
             self.unbounded, self.outer_live, self.tail = set(), False, (0, 0)
 
     def lengths(self) -> tuple[float, float]:
-        self.add(None)
+        self.end_branch()
         branches = [*self.branches, self.sequence]
         return min(lo for lo, _ in branches), max(hi for _, hi in branches)
+
+
+def _run_repeated(wraps: tuple[float, float], repeats: float) -> float:
+    """The run after a group's first repeat without bound, the group repeated ``repeats`` times (at
+    least twice; ``wraps``: ``_Group.wrapped``'s): its tail, then the head and tail of each repeat more."""
+    tails, heads = wraps
+    return tails + _times(repeats - 1, heads + tails) if heads and repeats >= 2 else 0
+
+
+def _group_shares(atoms: set[str | None], live: set[str | None], caseless: bool) -> bool:
+    """Whether ``atoms`` read a character of the repeats ``live`` (past ``_MOST_ATOMS_READ``: taken as so)."""
+    if len(atoms) > _MOST_ATOMS_READ:
+        return True
+    return any(_reads_of(atom, frozenset(live), caseless) for atom in atoms)
+
+
+def _group_text(atoms: set[str]) -> str | None:
+    """A group's text as one character it reads, any of its ``atoms`` (None: any character)."""
+    return "(?:" + "|".join(sorted(atoms)) + ")" if atoms and len(atoms) <= _MOST_ATOMS_READ else None
 
 
 def split_ways(regex: str) -> int:
@@ -129,6 +188,7 @@ def _read(regex: str) -> tuple[int, int]:
                 repeats = high if high < math.inf else low
                 ways += _ways(top.last, repeats)
                 top.weight, top.counted = _times(top.weight, repeats), True  # (``.{2000,}``: its least)
+                after = max(after, _run_repeated(top.wraps, high if high < math.inf else max(low, 2)))
                 top.last = (_times(top.last[0], low), _times(top.last[1], high))
             top.add(None)
             if repeated:  # (after it is read: ``.*.{2000,}`` read after ``.*``'s)
@@ -150,11 +210,14 @@ def _read(regex: str) -> tuple[int, int]:
             lengths = top.lengths()
             after = max(after, top.after)
             groups[-1].add(lengths)
-            groups[-1].text, groups[-1].counted = None, bool(top.after_counted)
+            groups[-1].atoms |= top.atoms
+            # (its atoms' characters: ``(b)*a{2000}`` read as any, refused, though written whole)
+            groups[-1].text, groups[-1].counted = _group_text(top.atoms), bool(top.after_counted)
+            groups[-1].wraps = top.wrapped()
             groups[-1].weight = max(1, top.after_counted)
             groups[-1].unbounded |= top.unbounded | top.unbounded_branches  # (``(.*)x{2000}``: after it)
         elif char == "|":
-            top.add(None)
+            top.end_branch()
             top.branches.append(top.sequence)
             top.sequence = (0, 0)
             top.unbounded_branches |= top.unbounded
@@ -164,6 +227,7 @@ def _read(regex: str) -> tuple[int, int]:
             if top.last is not None:
                 lo, hi = top.last
                 top.last = (0 if char != "+" else lo, hi if char == "?" else math.inf)
+                after = max(after, _run_repeated(top.wraps, 2 if repeated else 0))
             top.add(None)  # (a lazy or possessive mark after it: nothing to repeat)
             if repeated:
                 top.unbounded.add(top.text)
@@ -176,7 +240,8 @@ def _read(regex: str) -> tuple[int, int]:
             elif char == "\\":
                 i = _ESCAPE.match(regex, i).end() - 1 if i + 1 < len(regex) else i
             top.add((1, 1))
-            top.text, top.weight, top.counted = regex[start : i + 1], 1, False
+            top.text, top.weight, top.counted, top.wraps = regex[start : i + 1], 1, False, (0, 0)
+            top.atoms.add(top.text)
         i += 1
     for group in groups:  # (its end, and groups left open)
         group.add(None)

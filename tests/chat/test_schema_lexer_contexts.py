@@ -1,0 +1,70 @@
+"""Schemas whose admission depended on where a pattern stands, checked against llguidance itself:
+a group repeating a run without bound, a repeated group read as any character, the open and the
+closed grammar's bound on a count after a repeat without bound, and a pattern the walk of the
+whole grammar never reaches (an optional property of an open object)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dayzero.chat.grammar import schema_problem
+from dayzero.chat.schema_size import size_problem
+
+from .lexer_replies import DEFAULTS, fails_mid_reply, strings
+
+
+def _admitted(schema: dict) -> str | None:
+    """Why the gateway refuses ``schema`` (None: it admits it)."""
+    return size_problem([schema], DEFAULTS) or schema_problem(schema)
+
+
+def test_a_group_whose_next_repeat_goes_on_a_run_is_refused():
+    """Counted 4,000 (within MOST_COUNTED_CHARS), no count after ``.*`` in the group: let through,
+    and every reply failed 3,850 bytes in, its second ``.{2000}`` after the first repeat's ``.*``."""
+    schema = {"type": "string", "pattern": "^(.{2000}.*){2}$"}
+    assert fails_mid_reply(schema, "a" * 4100)
+    assert "after a repeat without bound" in (_admitted(schema) or "")
+
+
+def test_a_repeated_group_is_read_by_its_own_characters():
+    """``(b)*`` was read as any character, the ``a{2000}`` after it refused; llguidance writes it whole."""
+    schema = {"type": "string", "pattern": "^(b)*a{2000}$"}
+    assert not fails_mid_reply(schema, "b" * 100 + "a" * 2000)
+    assert _admitted(schema) is None
+
+
+def test_a_closed_grammar_takes_a_longer_count_after_a_repeat_without_bound():
+    """The bound was an open object's (1,000): a closed grammar writes ``.*.{1300}`` whole; beside an
+    open object it fails (1,115 bytes in), refused, the error naming the open object's bound."""
+    closed = strings({"pattern": "^.*.{1300}$"})
+    assert not fails_mid_reply(closed, {"s0": "a" * 1500})
+    assert _admitted(closed) is None
+    beside_open = {**closed, "properties": {**closed["properties"], "o": {"type": "object"}}}
+    assert fails_mid_reply(beside_open, {"s0": "a" * 1500})
+    problem = size_problem([beside_open], DEFAULTS) or ""
+    assert "at most 1,000 can be enforced in a grammar holding an object open to other properties" in problem
+
+
+def test_past_the_closed_bound_the_error_names_both():
+    closed = strings({"pattern": "^.*.{1600}$"})
+    assert fails_mid_reply(closed, {"s0": "a" * 1800})
+    problem = size_problem([closed], DEFAULTS) or ""
+    assert "at most 1,500 can be enforced (1,000 in a grammar holding an object open" in problem, problem
+
+
+@pytest.mark.parametrize("where", ["properties", "$ref"])
+def test_an_optional_propertys_pattern_the_walk_never_reaches_is_refused(where):
+    """The walk wrote a key of its own in the open object, never "x": let through, every reply that
+    wrote "x" failed 4 bytes in."""
+    string = {"type": "string", "pattern": "^(a+){50}$"}
+    value = string if where == "properties" else {"$ref": "#/$defs/s"}
+    schema = {"type": "object", "properties": {"x": value}, "$defs": {"s": string}}
+    # (admitted first: the walk of a grammar whose lexer a reply grew fails at its first step)
+    assert "the pattern '^(a+){50}$' of an optional property" in (_admitted(schema) or "")
+    assert fails_mid_reply(schema, {"x": "a" * 60})
+
+
+def test_the_same_pattern_where_llguidance_writes_it_is_admitted():
+    required = {"type": "object", "properties": {"x": {"type": "string", "pattern": "^(a+){50}$"}}, "required": ["x"]}
+    assert _admitted(required) is None
+    assert not fails_mid_reply(required, {"x": "a" * 60})
