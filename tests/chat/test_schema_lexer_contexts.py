@@ -9,6 +9,7 @@ import pytest
 
 from dayzero.chat.grammar import schema_problem
 from dayzero.chat.schema_size import size_problem
+from dayzero.chat.schema_splits import counted_after_unbounded
 
 from .lexer_replies import DEFAULTS, fails_mid_reply, strings
 
@@ -18,12 +19,27 @@ def _admitted(schema: dict) -> str | None:
     return size_problem([schema], DEFAULTS) or schema_problem(schema)
 
 
+@pytest.mark.parametrize(
+    "regex, run",
+    [
+        ("^(.{2000}.*){2}$", 2000),  # (the second repeat's count after the first's .*)
+        ("^(.{1000}.*.{500}){2}$", 2000),  # (its tail, the next repeat's head, its tail again)
+        ("^(b{2000}a*){2}$", 0),  # (the head reads no character of the repeat: b{2000} written whole)
+        ("^(.{500}.*){3}$", 0),  # (1,000: within the bound)
+        ("^(b)*a{2000}$", 0),  # (a repeated group reads its own characters, not any)
+        ("^(ab)*(ab){1200}$", 1200),
+    ],
+)
+def test_counted_after_unbounded_across_a_groups_repeats(regex, run):
+    assert counted_after_unbounded(regex) == run
+
+
 def test_a_group_whose_next_repeat_goes_on_a_run_is_refused():
-    """Counted 4,000 (within MOST_COUNTED_CHARS), no count after ``.*`` in the group: let through,
-    and every reply failed 3,850 bytes in, its second ``.{2000}`` after the first repeat's ``.*``."""
+    """Counted 4,000 (within MOST_COUNTED_CHARS), no count after ``.*`` within the group: let through,
+    and every reply failed 3,850 bytes in, the second repeat's ``.{2000}`` after the first's ``.*``."""
     schema = {"type": "string", "pattern": "^(.{2000}.*){2}$"}
-    assert fails_mid_reply(schema, "a" * 4100)
     assert "after a repeat without bound" in (_admitted(schema) or "")
+    assert fails_mid_reply(schema, "a" * 4100)
 
 
 def test_a_repeated_group_is_read_by_its_own_characters():

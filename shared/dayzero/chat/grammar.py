@@ -20,7 +20,6 @@ from .schema_discriminator import without_discriminators
 from .schema_endless import endless_problem
 from .schema_openapi import as_llguidance, grammar_cap
 from .schema_rows import ROW_ITEMS
-from .schema_unreached import unreached_patterns
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # llguidance's errors: "at LINE(COL): what\n   LINE | the grammar's line\n   ^" (the grammar is ours)
@@ -55,30 +54,13 @@ SCHEMA_PROBE_STEPS = 256
 def schema_problem(schema: dict, steps: int = SCHEMA_PROBE_STEPS) -> str | None:
     """Why constrained decoding cannot enforce the JSON schema ``schema`` (None: it can), walked
     ``steps`` bytes, or with no finite value (``endless_problem``: failing wherever a reply reaches it),
-    or a pattern the walk never reaches failing where it stands (``unreached_patterns``)."""
+    or a pattern the walk never reaches failing where it stands (``unreached_problem``)."""
     walk = {"steps": steps, "first": ord('"')}  # (the byte vocabulary's quote: a string ends soon)
     walked = bound_problem(schema) or grammar_problem(json_grammar(schema), _byte_grammars(), **walk)
     walked = walked or endless_problem(schema)  # (what it found past the bytes walked)
-    return walked or next(filter(None, (_pattern_problem(*found) for found in unreached_patterns(schema))), None)
+    from .schema_unreached import unreached_problem  # (it walks this module's grammars)
 
-
-@functools.lru_cache(maxsize=1024)
-def _pattern_problem(pattern: str, additional: bool) -> str | None:
-    """Why llguidance fails a reply writing a string of ``pattern`` in an object open to other
-    properties, as an optional property's value or (``additional``) another property's, when its
-    first byte is to be written (None: it does not)."""
-    string = {"type": "string", "pattern": pattern}
-    schema = {"type": "object", **({"additionalProperties": string} if additional else {"properties": {"x": string}})}
-    matcher = _byte_grammars().matcher(json_grammar(schema))
-    for byte in (*b'{"x": "', None):  # (each step's mask computed, as in decoding)
-        matcher.compute_logit_bias()
-        if byte is not None and not matcher.is_error():
-            matcher.consume_token(byte)
-        if matcher.is_error():
-            where = "a value of other properties" if additional else "an optional property"
-            shown = pattern if len(pattern) <= 60 else pattern[:57] + "..."
-            return f"the pattern {shown!r} of {where}: " + _walk_failed(matcher.get_error(), first_step=False)
-    return None
+    return walked or unreached_problem(schema)
 
 
 @functools.cache

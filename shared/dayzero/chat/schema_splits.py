@@ -171,9 +171,15 @@ def counted_after_unbounded(regex: str) -> int:
     return _read(regex)[1]
 
 
+def counts_unbounded_group(regex: str) -> bool:
+    """Whether ``regex`` counts repeats of a group that repeats without bound within (``(a+){50}``)."""
+    return _read(regex)[2]
+
+
 @functools.lru_cache(maxsize=256)
-def _read(regex: str) -> tuple[int, int]:
+def _read(regex: str) -> tuple[int, int, bool]:
     groups, ways, after, i = [_Group(caseless=bool(CASELESS.search(regex)))], 0, 0, 0
+    unbounded_counted = False  # a count of a group repeating without bound (``(a+){50}``)
     while i < len(regex):
         char, top = regex[i], groups[-1]
         if top.verbose and (char.isspace() or char == "#"):  # ((?x)(. |..){1900}: [2, 2] read, no ways)
@@ -187,6 +193,7 @@ def _read(regex: str) -> tuple[int, int]:
                 high = low if count[2] is None else _number(count[2]) if count[2] else math.inf
                 repeats = high if high < math.inf else low
                 ways += _ways(top.last, repeats)
+                unbounded_counted = unbounded_counted or top.last[1] == math.inf and repeats > 1
                 top.weight, top.counted = _times(top.weight, repeats), True  # (``.{2000,}``: its least)
                 after = max(after, _run_repeated(top.wraps, high if high < math.inf else max(low, 2)))
                 top.last = (_times(top.last[0], low), _times(top.last[1], high))
@@ -246,7 +253,7 @@ def _read(regex: str) -> tuple[int, int]:
     for group in groups:  # (its end, and groups left open)
         group.add(None)
         after = max(after, group.after)
-    return ways, int(after) if after > MOST_AFTER_UNBOUNDED else 0
+    return ways, int(after) if after > MOST_AFTER_UNBOUNDED else 0, unbounded_counted
 
 
 def _shared(atom: str | None, before: set[str | None], caseless: bool, read: set[str | None]) -> bool:

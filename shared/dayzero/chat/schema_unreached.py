@@ -3,43 +3,89 @@ optional property's, or an ``additionalProperties``' value, of an object open to
 The walk writes the lowest byte each step allows, and there that is a key of its own ("  ..."),
 written on to the walk's end: ``{"x": {"pattern": "^(a+){45}$"}}`` optional was let through, and
 every reply that wrote "x" failed 4 bytes in ("too many expressions constructed"; as a required
-property llguidance wrote ``(a+){50}`` whole). So each is walked alone, where it stands."""
+property llguidance wrote ``(a+){50}`` whole). So each is walked to its first byte, where it stands
+(``grammar.schema_problem``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from .grammar import _byte_grammars, _walk_failed, json_grammar
 from .schema_bounds import schemas_within
 from .schema_merge import resolve
 from .schema_size import open_object
-from .schema_splits import split_ways
+from .schema_splits import counts_unbounded_group
 
-# regular expressions one schema's check walks alone at most (~5-20 ms each, cached by their text):
-# past it, the rest are left to the walk of the whole grammar
-MOST_WALKED_ALONE = 32
+# patterns one schema's check walks at most (one grammar: ~0.05 s for 33, load 14; each compiled
+# alone 0.3 s): past it, the rest are left to the walk of the whole grammar (its walks are cached by
+# the schema's text: ``schema_walks``)
+MOST_WALKED = 64
 _MOST_LINKS = 8  # $refs followed to a property's schema
+
+
+def unreached_problem(schema: object) -> str | None:
+    """Why llguidance fails a reply at the first byte of a pattern of ``schema`` the walk of its
+    grammar never reaches (``unreached_patterns``), walked where it stands (None: it does not)."""
+    return _patterns_problem(tuple(unreached_patterns(schema)))
 
 
 def unreached_patterns(schema: object) -> Iterator[tuple[str, bool]]:
     """The patterns of strings the walk of ``schema``'s grammar writes no byte of, each once and at
-    most ``MOST_WALKED_ALONE``: (the pattern, whether an additionalProperties' value, else an
-    optional property's), of those repeating a counted group of varying length (``split_ways``: what
-    builds llguidance's lexer expressions without end, ``(a+){n}``)."""
+    most ``MOST_WALKED``: (the pattern, whether an additionalProperties' value, else an
+    optional property's), of those counting a group that repeats without bound (``(a+){n}``: what
+    builds llguidance's lexer expressions past its fuel; ``(a|bb){300}``, ``(ab|c+){100}`` written whole)."""
     seen: set[tuple[str, bool]] = set()
     for node in schemas_within(schema):
         if not isinstance(node, dict) or not open_object(node):
             continue
         properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-        required = set(node.get("required") or ()) if isinstance(node.get("required"), list) else set()
+        required = {r for r in node["required"] if isinstance(r, str)} if isinstance(node.get("required"), list) else ()
         values = [(v, False) for k, v in properties.items() if k not in required]
         values.append((node.get("additionalProperties"), True))
         for value, additional in values:
             pattern = _followed(schema, value).get("pattern") if isinstance(value, dict) else None
-            if isinstance(pattern, str) and (pattern, additional) not in seen and split_ways(pattern):
+            if isinstance(pattern, str) and (pattern, additional) not in seen and counts_unbounded_group(pattern):
                 seen.add((pattern, additional))
                 yield pattern, additional
-                if len(seen) >= MOST_WALKED_ALONE:
+                if len(seen) >= MOST_WALKED:
                     return
+
+
+def _patterns_problem(patterns: tuple[tuple[str, bool], ...]) -> str | None:
+    """Why llguidance fails a reply writing a string of one of ``patterns`` where it stands in an
+    object open to other properties, when its first byte is to be written (None: it does not): each
+    an optional property's (one grammar holds them all: one compile, 32 compiled each took 0.15-0.3 s
+    of CPU, load 14), or (its flag) another property's value (each alone: nested in a property, it
+    failed where the object's own did not)."""
+    optional = [pattern for pattern, additional in patterns if not additional]
+    properties = {f"x{i}": {"type": "string", "pattern": pattern} for i, pattern in enumerate(optional)}
+    walks = [
+        ({"type": "object", "properties": properties}, [(f'{{"x{i}": "', p, False) for i, p in enumerate(optional)])
+    ]
+    walks += [
+        ({"type": "object", "additionalProperties": {"type": "string", "pattern": p}}, [('{"k": "', p, True)])
+        for p, additional in patterns
+        if additional
+    ]
+    for schema, prefixes in walks:
+        start = _byte_grammars().matcher(json_grammar(schema))
+        for prefix, pattern, additional in prefixes:
+            if error := None if start.is_error() else _first_byte_error(start.deep_copy(), prefix):
+                where = "a value of other properties" if additional else "an optional property"
+                shown = pattern if len(pattern) <= 60 else pattern[:57] + "..."
+                return f"the pattern {shown!r} of {where}: " + _walk_failed(error, first_step=False)
+    return None
+
+
+def _first_byte_error(matcher, prefix: str) -> str | None:
+    """llguidance's error writing ``prefix`` and computing the mask after it (None: none)."""
+    for byte in (*prefix.encode(), None):  # (each step's mask computed, as in decoding)
+        matcher.compute_logit_bias()
+        if byte is not None and not matcher.is_error():
+            matcher.consume_token(byte)
+        if matcher.is_error():
+            return matcher.get_error()
+    return None
 
 
 def _followed(root: object, value: dict) -> dict:
