@@ -13,6 +13,8 @@ from dayzero.chat.schema_splits import counted_after_unbounded
 
 from .lexer_replies import DEFAULTS, fails_mid_reply, strings
 
+_FIFTY = {"type": "string", "pattern": "^(a+){50}$"}
+
 
 def _admitted(schema: dict) -> str | None:
     """Why the gateway refuses ``schema`` (None: it admits it)."""
@@ -72,15 +74,21 @@ def test_past_the_closed_bound_the_error_names_both():
 def test_an_optional_propertys_pattern_the_walk_never_reaches_is_refused(where):
     """The walk wrote a key of its own in the open object, never "x": let through, every reply that
     wrote "x" failed 4 bytes in."""
-    string = {"type": "string", "pattern": "^(a+){50}$"}
-    value = string if where == "properties" else {"$ref": "#/$defs/s"}
-    schema = {"type": "object", "properties": {"x": value}, "$defs": {"s": string}}
+    value = _FIFTY if where == "properties" else {"$ref": "#/$defs/s"}
+    schema = {"type": "object", "properties": {"x": value}, "$defs": {"s": _FIFTY}}
     # (admitted first: the walk of a grammar whose lexer a reply grew fails at its first step)
     assert "the pattern '^(a+){50}$' of an optional property" in (_admitted(schema) or "")
     assert fails_mid_reply(schema, {"x": "a" * 60})
 
 
-def test_the_same_pattern_where_llguidance_writes_it_is_admitted():
-    required = {"type": "object", "properties": {"x": {"type": "string", "pattern": "^(a+){50}$"}}, "required": ["x"]}
-    assert _admitted(required) is None
-    assert not fails_mid_reply(required, {"x": "a" * 60})
+@pytest.mark.parametrize(
+    "schema, reply",
+    [
+        ({"type": "object", "properties": {"x": _FIFTY}, "required": ["x"]}, {"x": "a" * 60}),
+        ({"type": "object", "additionalProperties": _FIFTY}, {"k": "a" * 60}),
+    ],
+    ids=["required", "other_properties"],
+)
+def test_the_same_pattern_where_llguidance_writes_it_is_admitted(schema, reply):
+    assert _admitted(schema) is None
+    assert not fails_mid_reply(schema, reply)
