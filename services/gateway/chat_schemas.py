@@ -7,6 +7,7 @@ import json
 from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from dayzero.chat.auto_grammar import strict_tools
 from dayzero.chat.call_parameters import parameters_problem
@@ -73,11 +74,20 @@ class Message(_Body):
     list_limits = {"content": MAX_PARTS}
     role: Literal["system", "user", "assistant", "developer", "tool", "latest_reminder"]
     # each kind its own bound (one on the union told a long string "at most 1048576 items")
-    content: Text | Annotated[list[Part], Field(min_length=1)] | None = None
+    content: Text | Annotated[list[Part], Field(min_length=1)] | None = Field(default=None, validate_default=True)
     reasoning_content: str | None = Field(default=None, max_length=MAX_TEXT)  # an assistant's (DeepSeek's field)
     tool_calls: list[ToolCall] | None = Field(default=None, max_length=128)
     tool_call_id: str | None = Field(default=None, max_length=256)
     prefix: bool | None = None  # DeepSeek's chat prefix completion: the answer's beginning, continued
+
+    @field_validator("content")
+    @classmethod
+    def _content_unless_an_assistant_s(cls, content: object, info: ValidationInfo) -> object:
+        """Required but of an assistant (OpenAI's rule); left out or null it was served as an empty turn."""
+        role = info.data.get("role")
+        if content is None and role not in (None, "assistant"):
+            raise PydanticCustomError("missing", "a {role} message needs content", {"role": role})
+        return content
 
 
 class Function(_Body):

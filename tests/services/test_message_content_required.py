@@ -1,0 +1,66 @@
+"""A system, developer, user or tool message without content (left out, or null as a client writes an
+unset variable) is refused as OpenAI's API refuses it: 400 ``missing_required_parameter`` naming
+``messages[i].content``. It was served as an empty turn (a user message of nothing, a tool result of
+nothing), the client's mistake unseen. An assistant message may still leave it out beside its calls,
+or with nothing (OpenAI's and DeepSeek's shape). In-process gateway on a real Redis: each request here
+is refused before it queues, /tokenize too (it renders the same chat)."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from dayzero.settings import Settings
+from services.gateway.app import make_app
+
+from .conftest import MODEL
+
+CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+ASKED = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [CALL]}]
+
+
+@pytest.fixture(scope="module")
+def http(demo_dir, redis_url):
+    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:
+        yield client
+
+
+@pytest.fixture
+def client(http):
+    return openai.OpenAI(base_url=f"{http.base_url}/v1", api_key="k", http_client=http, max_retries=0)
+
+
+def _without_content(role: str, null: bool) -> tuple[list[dict], int]:
+    """A chat whose message of ``role`` has no content (null, or left out), and that message's index."""
+    message = {"role": role, **({"content": None} if null else {})}
+    if role == "tool":
+        return [*ASKED, {**message, "tool_call_id": "call_1"}], 2
+    return [message, {"role": "user", "content": "hi"}] if role != "user" else [message], 0
+
+
+@pytest.mark.parametrize("null", [False, True], ids=["left_out", "null"])
+@pytest.mark.parametrize("role", ["system", "developer", "user", "tool"])
+def test_a_message_without_content_is_refused_naming_it(client, http, role, null):
+    messages, i = _without_content(role, null)
+    tokenized = http.post("/tokenize", json={"model": MODEL, "messages": messages})
+    assert tokenized.status_code == 400 and tokenized.json()["error"]["param"] == f"messages[{i}].content"
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert refused.value.param == f"messages[{i}].content", refused.value.body
+    assert refused.value.code == "missing_required_parameter"
+    assert f"a {role} message needs content" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    "assistant",
+    [{"role": "assistant", "tool_calls": [CALL]}, {"role": "assistant", "content": None}, {"role": "assistant"}],
+    ids=["calls", "null", "left_out"],
+)
+def test_an_assistant_message_may_leave_its_content_out(http, assistant):
+    messages = [{"role": "user", "content": "hi"}, assistant, {"role": "user", "content": "again"}]
+    if "tool_calls" in assistant:
+        messages.insert(2, {"role": "tool", "tool_call_id": "call_1", "content": "done"})
+    tokenized = http.post("/tokenize", json={"model": MODEL, "messages": messages})
+    assert tokenized.status_code == 200, tokenized.text
