@@ -22,7 +22,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from dayzero.params import MAX_BIAS, MAX_PENALTY, MIN_TEMPERATURE, MIN_TOP_P
 
-from .unsupported import ENGINE_EXTENSIONS, UNSUPPORTED
+from .unsupported import ENGINE_EXTENSIONS, UNSUPPORTED, VLLM_ONLY
 
 MAX_STOP = 16  # stop strings per request (OpenAI takes 4)
 MAX_TEXT = 1 << 20
@@ -112,6 +112,14 @@ class ResponseFormat(_Body):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk (it was ignored: none but the last had any)
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _usage_at_the_end_only(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(f"continuous_usage_stats {VLLM_ONLY}; use include_usage")
+        return value
 
 
 # the first fields of a request (of equally deep errors one of theirs is named, as when they were

@@ -44,6 +44,12 @@ def gateway(demo_dir, redis_url):
             f"skip_special_tokens: skip_special_tokens false {VLLM_ONLY}",
         ),
         ({"regex": 5}, "regex", f"regex: regex {SGLANG_ONLY}; use response_format"),
+        # vLLM's usage in every chunk (it was ignored: no chunk but the last had any)
+        (
+            {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+            "stream_options.continuous_usage_stats",
+            f"stream_options.continuous_usage_stats: continuous_usage_stats {VLLM_ONLY}; use include_usage",
+        ),
         # beside another field's error as deep: the OpenAI field's in field order, the extension's first
         ({"temperature": 5, "best_of": 2}, "temperature", TEMPERATURE),
         ({"temperature": 5, "min_tokens": 3}, "min_tokens", f"min_tokens: min_tokens other than 0 {VLLM_ONLY}"),
@@ -66,7 +72,12 @@ def test_what_an_unimplemented_field_is_told(gateway, fields, param, message):
 
 
 @pytest.mark.parametrize(
-    "fields", [{"best_of": 1, "suffix": ""}, {"min_tokens": 0, "skip_special_tokens": True, "regex": None}]
+    "fields",
+    [
+        {"best_of": 1, "suffix": ""},
+        {"min_tokens": 0, "skip_special_tokens": True, "regex": None},
+        {"stream": True, "stream_options": {"continuous_usage_stats": False}},
+    ],
 )
 def test_defaults_ask_for_nothing_and_pass(gateway, fields):
     r = gateway.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1, "n": 0, **fields})
