@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dayzero.settings import Settings
-from services.gateway.errors import param_path
+from services.gateway.error_fields import param_path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -24,7 +24,8 @@ from dayzero.params import Grammar, is_unicode
 
 from .chat_schemas import ChatPrompt, NamedToolChoice
 from .context import ENCODED_ON_THE_LOOP, Gateway, tokenizing
-from .errors import APIError, param_path
+from .error_fields import INVALID_UNICODE, param_path
+from .errors import APIError
 from .images import IMAGE_TAG, Prompt, expand_placeholders, render_chat
 from .schemas import Sampling, json_reply
 
@@ -40,10 +41,10 @@ def chat_prompt(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
         with tokenizing("messages"):  # a chat far over the context is refused from its size, untokenized
             ids = gw.codec.chat_ids(prompt.messages, options, gw.context_limit)
     except APIError as refused:
-        if refused.code is not None:  # (the context's)
+        if refused.code != INVALID_UNICODE:  # (the context's)
             raise
         where = _field_holding_a_lone_surrogate(body)  # the text's: looked for only now
-        raise APIError(400, f"{where}: {refused.message}", param=where) from None
+        raise APIError(400, f"{where}: {refused.message}", param=where, code=refused.code) from None
     if gw.image_token is not None:  # every placeholder must be an attached image's, none typed in text
         try:
             ids = expand_placeholders(ids, gw.image_token, prompt.patches, "messages")

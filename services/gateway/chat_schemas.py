@@ -13,7 +13,7 @@ from dayzero.chat.auto_grammar import strict_tools
 from dayzero.chat.call_parameters import parameters_problem
 from dayzero.chat.schema_size import MOST_TOOLS
 
-from .schemas import MAX_TEXT, ResponseFormat, Sampling, Text, _Body, field_error, json_reply
+from .schemas import MAX_TEXT, ResponseFormat, Sampling, Text, _Body, field_error, json_reply, too_many
 from .thinking_mode import ChatTemplateKwargs, Effort, ThinkingSwitch, thinking_conflict, v4_effort
 from .tool_results import unanswered_result
 
@@ -146,9 +146,7 @@ class ChatPrompt(_Body):
         if isinstance(value, list) and len(value) <= MAX_MESSAGES:
             fields = [m.get(name) for m in value if isinstance(m, dict) for name in ("content", "tool_calls")]
             if (parts := sum(len(f) for f in fields if isinstance(f, list))) > MAX_REQUEST_PARTS:
-                raise ValueError(
-                    f"at most {MAX_REQUEST_PARTS} content parts and tool calls in all messages, not {parts}"
-                )
+                raise too_many(f"at most {MAX_REQUEST_PARTS} content parts and tool calls in all messages, not {parts}")
         return value
 
     @field_validator("messages")

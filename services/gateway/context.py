@@ -16,6 +16,7 @@ from dayzero.settings import Settings
 from dayzero.tokenizer import IdsOnlyCodec, InvalidTextError, PromptTooLongError, TextCodec
 
 from .bus import Bus
+from .error_fields import INVALID_UNICODE
 from .errors import APIError
 from .metrics import GatewayMetrics
 
@@ -54,7 +55,7 @@ def tokenizing(param: str) -> Iterator[None]:
     try:
         yield
     except InvalidTextError as exc:
-        raise APIError(400, str(exc), param=param) from None
+        raise APIError(400, str(exc), param=param, code=INVALID_UNICODE) from None
     except PromptTooLongError as exc:
         raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
 

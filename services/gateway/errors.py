@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Iterable
 
 import redis
 from fastapi import FastAPI, Request
@@ -17,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from dayzero.serving.outage_log import LOGGED_EVERY_S, OutageLog
 from dayzero.tokenizer import NoTokenizerError
 
+from .error_fields import field_path, param_path, specificity, validation_code
 from .error_text import shortened, validation_why
 from .methods import methods_taken
 
@@ -57,12 +57,6 @@ class APIError(Exception):
 _ADDRESS = re.compile(r" (object )?at 0x[0-9a-fA-F]+")
 
 
-def param_path(parts: Iterable[str | int]) -> str:
-    """A field's path as OpenAI's ``param`` writes it: ``messages[0].content`` (it was dotted:
-    ``messages.0.content``, as pydantic's locations are)."""
-    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in parts).removeprefix(".")
-
-
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
     """OpenAI's error shape (also the data of a stream's error event); no memory addresses, no
     number's thousands of digits."""
@@ -88,7 +82,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         found = exc.errors() or [{"msg": "invalid request", "loc": ()}]
-        first = max(found, key=_specificity)
+        first = max(found, key=specificity)
         if first.get("type") == "json_invalid":  # its location is a character, not a field
             where, why = first["loc"][-1], first.get("ctx", {}).get("error", "")
             message = f"the body is not valid JSON: {why} (at character {where})"
@@ -99,13 +93,13 @@ def install(app: FastAPI) -> None:
             sent = request.headers.get("content-type", "none")
             message = f"the body must be JSON sent with content-type: application/json (got {sent})"
             return error_response(400, message, "invalid_request_error")
-        param = param_path(_field_path(first.get("loc", ()), exc.body)) or None
+        param = param_path(field_path(first.get("loc", ()), exc.body)) or None
         why = validation_why(first)
         if param is None:  # the body's own (none, or not an object): no parameter to code
             return error_response(
                 400, _no_body(request) if first.get("type") == "missing" else why, "invalid_request_error"
             )
-        return error_response(400, f"{param}: {why}", "invalid_request_error", param, _code(first))
+        return error_response(400, f"{param}: {why}", "invalid_request_error", param, validation_code(first))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -159,31 +153,6 @@ class CatchAll:
             await error_response(500, "internal error", "server_error")(scope, receive, send)
 
 
-_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "body"}
-# the code OpenAI's API gives a body's invalid field, by pydantic's error type (with a bound: by the
-# bound's kind, integer or decimal); null for the others, as OpenAI's for many (a logit_bias key)
-_CODES = {
-    "missing": "missing_required_parameter",
-    "literal_error": "invalid_value",
-    "string_too_long": "string_above_max_length",
-    "string_pattern_mismatch": "invalid_value",  # (a tool's name)
-    "too_long": "array_above_max_length",
-}
-_BOUNDS = {"greater_than_equal": "below_min", "less_than_equal": "above_max"}  # (the bounds fields use)
-
-
-def _code(error: dict) -> str | None:
-    """OpenAI's ``code`` for a validation error: ``invalid_type``, ``integer_below_min_value``,
-    ``decimal_above_max_value``, ... (they were all null)."""
-    kind = error.get("type", "")
-    if kind in _BOUNDS:
-        bound = next(iter(error.get("ctx", {}).values()), None)
-        return f"{'decimal' if isinstance(bound, float) else 'integer'}_{_BOUNDS[kind]}_value"
-    if kind == "too_short":  # OpenAI's for empty messages (a list's least length is 1 here)
-        return "empty_array" if error.get("ctx", {}).get("min_length") == 1 else None
-    return "invalid_type" if kind.endswith("_type") else _CODES.get(kind)
-
-
 def _no_body(request: Request) -> str:
     """What an empty body is told: the fields the route's body needs (pydantic said "Field required")."""
     body = request.scope["route"].body_field.field_info.annotation
@@ -191,46 +160,6 @@ def _no_body(request: Request) -> str:
     either = " or ".join(getattr(body, "one_of", ()))  # (/tokenize's: messages or prompt)
     message = f"the request has no body: send a JSON object with {', '.join(needed)}"
     return f"{message}, and {either}" if either else message
-
-
-def _specificity(error: dict) -> tuple[int, bool]:
-    """The deepest error is the most specific of a union's; of equally deep ones, a value's fault
-    (a lone surrogate in a string) says more than another member's type ("not an integer")."""
-    return len(error.get("loc", ())), not error.get("type", "").endswith("_type")
-
-
-def _field_path(loc: tuple, body: object) -> list:
-    """The fields and indexes of ``loc`` (pydantic's error location) that lead into the body as sent:
-    a union member's tag is left out though it may look like a field ("messages[0].content[0].text.text"
-    named a text part's text with its tag "text"; "tool_choice.NamedToolChoice.function"), and the last
-    part kept where the object it is in lacks it (a missing field). Of the ways to read ``loc``, the one that
-    follows the body furthest."""
-    parts = [part for part in loc if _field_part(part)]
-
-    def read(i: int, within: object) -> tuple[int, list]:  # (parts followed into the body, path)
-        if i == len(parts):
-            return 0, []
-        part, ways = parts[i], [read(i + 1, within)]  # the part as a tag
-        if isinstance(within, dict) and part in within or isinstance(within, list) and _indexes(part, within):
-            followed, path = read(i + 1, within[part])
-            ways.append((followed + 1, [part, *path]))
-        elif i == len(parts) - 1 and isinstance(within, dict):  # (a field a string lacks is a tag)
-            ways.append((0, [part]))
-        return max(ways, key=lambda way: (way[0], len(way[1])))
-
-    return read(0, body)[1]
-
-
-def _indexes(part: object, items: list) -> bool:
-    return isinstance(part, int) and 0 <= part < len(items)
-
-
-def _field_part(part: object) -> bool:
-    """Location parts that name a field or an index (not pydantic's union-member tags)."""
-    if isinstance(part, int):
-        return True
-    text = str(part)
-    return text.isidentifier() and text not in _TYPE_TAGS
 
 
 def _codings(headers: list[tuple[bytes, bytes]]) -> list[str]:

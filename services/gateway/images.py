@@ -23,7 +23,8 @@ from dayzero.vision.images import (
 )
 
 from .chat_schemas import Message
-from .errors import APIError, param_path
+from .error_fields import param_path
+from .errors import APIError
 
 IMAGE_TAG = IMAGE
 

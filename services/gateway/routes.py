@@ -24,7 +24,8 @@ from .access import bearer, key_accepted, may_read
 from .chat import check_tool_set, enforced, prompted
 from .chat_schemas import ChatCompletionRequest, ChatPrompt
 from .context import Gateway, encoded, tokenizing
-from .errors import APIError, param_path
+from .error_fields import param_path
+from .errors import APIError
 from .images import expand_placeholders
 from .json_body import ParsingRoute
 from .responses import respond, resumed

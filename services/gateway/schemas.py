@@ -72,10 +72,14 @@ class _Body(BaseModel):
             limit = limit or next((m.max_length for m in field.metadata if isinstance(m, MaxLen)), None)
             if limit is not None and len(value) > limit:
                 # (pydantic's type for a list past max_length: its code is OpenAI's array_above_max_length)
-                raise PydanticCustomError(
-                    "too_long", "at most {limit} items, not {count}", {"limit": limit, "count": len(value)}
-                )
+                raise too_many(f"at most {limit} items, not {len(value)}")
         return value
+
+
+def too_many(message: str) -> PydanticCustomError:
+    """A list past its bound, refused in a check of the field's own (pydantic's type for a list past its
+    max_length: its code is OpenAI's array_above_max_length; a ValueError's was null)."""
+    return PydanticCustomError("too_long", "{message}", {"message": message})
 
 
 def _integral(model: type[BaseModel], name: str, value: object) -> object:
@@ -133,6 +137,9 @@ _PROMPT_NAMES = {"text": "a string", "ids": "a token-id list", "neither": "neith
 
 StopString = Annotated[str, Field(min_length=1, max_length=256)]
 Text = Annotated[str, Field(max_length=MAX_TEXT)]  # a prompt's, a message's content
+# one of several prompts' token ids, bounded as one prompt's are (list_limits; pydantic stops at the
+# bound): they were bounded by the body's size alone (8 MiB: 4 M one-digit ids)
+TokenIds = Annotated[list[int], Field(max_length=MAX_TEXT)]
 
 
 def _decimal_token_id(key: object) -> object:
@@ -196,7 +203,7 @@ class Sampling(_EngineExtensions):
     @classmethod
     def _few_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
         if isinstance(value, list) and len(value) > MAX_STOP:  # each is matched at every token
-            raise ValueError(f"at most {MAX_STOP} stop strings, not {len(value)}")
+            raise too_many(f"at most {MAX_STOP} stop strings, not {len(value)}")
         return value
 
     @field_validator(*UNSUPPORTED)
@@ -246,7 +253,7 @@ class CompletionRequest(Sampling):
             raise ValueError("tool_choice is a chat completions parameter")
         return value
 
-    prompt: Text | list[int] | list[Text] | list[list[int]]
+    prompt: Text | list[int] | list[Text] | list[TokenIds]
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False  # the completion starts with the prompt (and, with logprobs, the prompt's logprobs)
 
@@ -262,7 +269,7 @@ class CompletionRequest(Sampling):
         if not isinstance(value, list) or not value or isinstance(value[0], int):
             return value  # one text, or one prompt of token ids (pydantic names a stray item in it)
         if len(value) > MAX_PROMPTS:
-            raise ValueError(f"at most {MAX_PROMPTS} prompts in one request")
+            raise too_many(f"at most {MAX_PROMPTS} prompts in one request, not {len(value)}")
         kinds = [_PROMPT_KINDS.get(type(item), "neither") for item in value]
         if (odd := next((i for i, kind in enumerate(kinds) if kind != kinds[0]), None)) is not None:
             raise PydanticCustomError(

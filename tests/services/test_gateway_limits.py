@@ -274,7 +274,7 @@ def test_content_parts_and_tool_calls_are_bounded_in_all_messages_together(lone_
             "message": message,
             "type": "invalid_request_error",
             "param": "messages",
-            "code": None,
+            "code": "array_above_max_length",
         }
 
 

@@ -1,0 +1,93 @@
+"""What a body's validation error names: the field as OpenAI's ``param`` writes it, and OpenAI's ``code``."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+
+INVALID_UNICODE = "invalid_unicode"  # text with a lone surrogate: no tokenizer takes it
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "body"}
+_KEY_TAG = "[key]"  # pydantic's, after a map's key that was refused (not its value)
+_NAME = re.compile(r"[^\W\d][\w-]*")  # a map's key written after a dot
+# the code OpenAI's API gives a body's invalid field, by pydantic's error type (with a bound: by the
+# bound's kind, integer or decimal); null for the others, as OpenAI's for many (a logit_bias key)
+_CODES = {
+    "missing": "missing_required_parameter",
+    "literal_error": "invalid_value",
+    "string_too_long": "string_above_max_length",
+    "string_pattern_mismatch": "invalid_value",  # (a tool's name)
+    "string_unicode": INVALID_UNICODE,  # (a bounded string's; an unbounded one's is the tokenizer's)
+    "too_long": "array_above_max_length",
+}
+_BOUNDS = {"greater_than_equal": "below_min", "less_than_equal": "above_max"}  # (the bounds fields use)
+
+
+def param_path(parts: Iterable[str | int]) -> str:
+    """A field's path as OpenAI's ``param`` writes it: ``messages[0].content``, ``metadata.topic`` (it
+    was dotted: ``messages.0.content``, as pydantic's locations are). A map's key that is no name is
+    written as a JSON string in brackets: ``metadata["a.b]"]`` (``metadata.a.b]`` read as two fields)."""
+    return "".join(_step(part) for part in parts).removeprefix(".")
+
+
+def _step(part: str | int) -> str:
+    if isinstance(part, int):
+        return f"[{part}]"
+    return f".{part}" if _NAME.fullmatch(part) else f"[{json.dumps(part, ensure_ascii=False)}]"
+
+
+def validation_code(error: dict) -> str | None:
+    """OpenAI's ``code`` for a validation error: ``invalid_type``, ``integer_below_min_value``,
+    ``decimal_above_max_value``, ``empty_string``, ... (they were all null)."""
+    kind = error.get("type", "")
+    if kind in _BOUNDS:
+        bound = next(iter(error.get("ctx", {}).values()), None)
+        return f"{'decimal' if isinstance(bound, float) else 'integer'}_{_BOUNDS[kind]}_value"
+    least = error.get("ctx", {}).get("min_length")
+    if kind == "too_short":  # OpenAI's for empty messages (a list's least length is 1 here)
+        return "empty_array" if least == 1 else None
+    if kind == "string_too_short":  # (an empty stop string)
+        return "empty_string" if least == 1 else "string_below_min_length"
+    return "invalid_type" if kind.endswith("_type") else _CODES.get(kind)
+
+
+def specificity(error: dict) -> tuple[int, bool]:
+    """The deepest error is the most specific of a union's; of equally deep ones, a value's fault
+    (a lone surrogate in a string) says more than another member's type ("not an integer")."""
+    return len(error.get("loc", ())), not error.get("type", "").endswith("_type")
+
+
+def field_path(loc: tuple, body: object) -> list:
+    """The fields, indexes and map keys of ``loc`` (pydantic's error location) that lead into the body as
+    sent: a union member's tag is left out though it may look like a field ("messages[0].content[0].text.text"
+    named a text part's text with its tag "text"; "tool_choice.NamedToolChoice.function"), and the last
+    field kept where the object it is in lacks it (a missing field). A refused key names its map; a map's
+    value, its key (a key that was no name, "a.b", was left out: the map was named). Of the ways to read
+    ``loc``, the one that follows the body furthest."""
+    parts = list(loc)
+
+    def read(i: int, within: object) -> tuple[int, list]:  # (parts followed into the body, path)
+        if i == len(parts) or parts[i] == _KEY_TAG:
+            return 0, []
+        part, ways = parts[i], [read(i + 1, within)]  # the part as a tag
+        refused_key = parts[i + 1 : i + 2] == [_KEY_TAG]
+        if isinstance(within, dict) and part in within and not refused_key or _indexes(part, within):
+            followed, path = read(i + 1, within[part])
+            ways.append((followed + 1, [part, *path]))
+        elif isinstance(within, dict) and _field_part(part) and not any(map(_field_part, parts[i + 1 :])):
+            ways.append((0, [part]))  # (a field a string lacks is a tag)
+        return max(ways, key=lambda way: (way[0], len(way[1])))
+
+    return read(0, body)[1]
+
+
+def _indexes(part: object, items: object) -> bool:
+    return isinstance(items, list) and isinstance(part, int) and 0 <= part < len(items)
+
+
+def _field_part(part: object) -> bool:
+    """Location parts that may name a field or an index (not pydantic's union-member tags)."""
+    if isinstance(part, int):
+        return True
+    text = str(part)
+    return text.isidentifier() and text not in _TYPE_TAGS

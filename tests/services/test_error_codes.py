@@ -1,0 +1,107 @@
+"""Each refusal of a body's field says what is wrong in its ``code`` (a lone surrogate, a list past its
+bound, an empty string: they were null), and names the field as OpenAI's ``param`` writes it, a map's
+key too (the gateway in-process, on a real Redis: every request here is refused before it queues)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dayzero.settings import Settings
+from services.gateway.app import make_app
+
+from .conftest import MODEL, chat
+
+TEXT = 1 << 20  # token ids one prompt takes (as characters its text)
+
+
+@pytest.fixture(scope="module")
+def gateway(demo_dir, redis_url):
+    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:
+        yield client
+
+
+def _error(gateway, path: str, body: dict) -> dict:
+    """The error of ``body`` sent as json.dumps writes it (a lone surrogate as ``"\\ud800"``)."""
+    r = gateway.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    return r.json()["error"]
+
+
+def _tool(properties: dict) -> dict:
+    parameters = {"type": "object", "properties": properties}
+    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
+
+
+def _completion(prompt: object, **kw) -> dict:
+    return {"model": MODEL, "prompt": prompt, "max_tokens": 1, **kw}
+
+
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "code"),
+    [
+        (CHAT, chat("a \ud800"), "messages[0].content", "invalid_unicode"),
+        (COMPLETIONS, _completion("a \ud800"), "prompt", "invalid_unicode"),
+        (
+            CHAT,
+            chat("hi", tools=[_tool({"x": {"type": "string", "description": "\ud800"}})]),
+            "tools[0].function.parameters.properties.x.description",
+            "invalid_unicode",
+        ),
+        (COMPLETIONS, _completion(["a"] * 33), "prompt", "array_above_max_length"),
+        (CHAT, chat("hi", stop=[f"s{i}" for i in range(17)]), "stop", "array_above_max_length"),
+        (CHAT, chat("hi", stop=""), "stop", "empty_string"),
+        (CHAT, chat("hi", stop=["a", ""]), "stop[1]", "empty_string"),
+    ],
+    ids=[
+        "surrogate in content",
+        "surrogate in a prompt",
+        "surrogate in a tool (tokenized)",
+        "33 prompts",
+        "17 stops",
+        "empty stop",
+        "empty stop of several",
+    ],
+)
+def test_a_refused_field_is_coded(gateway, path, body, param, code):
+    error = _error(gateway, path, body)
+    assert (error["param"], error["code"]) == (param, code), error
+
+
+def test_one_of_several_prompts_of_token_ids_is_bounded_as_one_prompt_is(gateway):
+    """They were bounded by the body's size alone (8 MiB: 4 M one-digit ids, each validated)."""
+    error = _error(gateway, COMPLETIONS, _completion([[1, 2], [1] * (TEXT + 1)]))
+    assert (error["param"], error["code"]) == ("prompt[1]", "array_above_max_length"), error
+    one = _error(gateway, COMPLETIONS, _completion([1] * (TEXT + 1)))  # (the bound of a single prompt)
+    assert (one["param"], one["code"]) == ("prompt", "array_above_max_length"), one
+
+
+@pytest.mark.parametrize(
+    ("metadata", "param"),
+    [
+        ({"topic": 1}, "metadata.topic"),  # (OpenAI's form: "metadata.response_format")
+        ({"str": 1}, "metadata.str"),  # a key spelled as a type's tag (it named the map)
+        ({"a]b.c": 1}, 'metadata["a]b.c"]'),  # (it named the map: "metadata.a]b.c" reads as two fields)
+        ({'say "hi"': 1}, 'metadata["say \\"hi\\""]'),
+    ],
+)
+def test_a_maps_value_is_named_by_its_key_written_so_it_reads_as_one(gateway, metadata, param):
+    error = _error(gateway, CHAT, chat("hi", metadata=metadata))
+    assert (error["param"], error["code"]) == (param, "invalid_type"), error
+
+
+def test_a_refused_key_names_its_map(gateway):
+    error = _error(gateway, CHAT, chat("hi", logit_bias={"05": 1}))  # (token 5's spelling is "5")
+    assert error["param"] == "logit_bias", error
+
+
+def test_a_lone_surrogate_in_a_key_names_the_object_it_is_in_with_its_path_escaped(gateway):
+    properties = {"a.b": {"type": "object", "properties": {"\ud800": {"type": "string"}}}}
+    error = _error(gateway, CHAT, chat("hi", tools=[_tool(properties)]))
+    assert error["param"] == 'tools[0].function.parameters.properties["a.b"].properties', error
+    assert error["code"] == "invalid_unicode", error
