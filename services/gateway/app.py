@@ -166,6 +166,7 @@ def make_app(settings: Settings) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
         description="OpenAI-compatible gateway of the dayzero pipeline",
+        redirect_slashes=False,  # /health/ is no route (OpenAI's 404), not a 307 to /health
     )
     errors.install(app)
     if settings.trace_exporter != "none":  # only then: off, its wrappers would still run on every message

@@ -104,12 +104,14 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        message, headers = str(exc.detail), exc.headers
+        message, headers, code = str(exc.detail), exc.headers, None
+        if exc.status_code == 404:  # no route: OpenAI's words (Starlette's: "Not Found")
+            message, code = f"Invalid URL ({request.method} {request.url.path})", "unknown_url"
         if exc.status_code == 405:  # OpenAI's words, and the methods it takes (Starlette's: "Method Not Allowed")
             taken = ", ".join(methods_taken(request.app.router.routes, request.scope))
             message = f"Invalid method for URL ({request.method} {request.url.path}): it takes {taken}"
             headers = {**(headers or {}), "Allow": taken}
-        return error_response(exc.status_code, message, type_, headers=headers)
+        return error_response(exc.status_code, message, type_, code=code, headers=headers)
 
     @app.exception_handler(NoTokenizerError)
     async def no_tokenizer(_: Request, exc: NoTokenizerError) -> JSONResponse:
@@ -169,6 +171,13 @@ def _codings(headers: list[tuple[bytes, bytes]]) -> list[str]:
     return [coding for part in named.split(",") if (coding := part.strip().lower()) not in ("", "identity")]
 
 
+def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a request comes with a body: a length but 0, or chunked (RFC 9112 6.3: neither, none;
+    a GET with a stray Content-Encoding was refused 415 for a body it never sent)."""
+    named = dict(headers)
+    return named.get(b"content-length", b"0").strip() != b"0" or b"transfer-encoding" in named
+
+
 class BodyLimit:
     """Refuses request bodies over ``limit`` bytes with 413, declared or chunked: the body is
     read (up to the limit) before the app sees it, so an oversized one never reaches a parser.
@@ -184,7 +193,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         headers = scope.get("headers", [])
-        if codings := _codings(headers):
+        if (codings := _codings(headers)) and _has_body(headers):
             message = f"the body is sent with content-encoding {', '.join(codings)!r}: send it uncompressed"
             answer = error_response(
                 415,

@@ -71,3 +71,10 @@ def test_an_integer_longer_than_python_converts_is_refused_saying_so(gateway):
     assert r.json()["error"] == {"message": message, "type": "invalid_request_error", "param": None, "code": None}
     r = _post(gateway, json.dumps(chat("hi")).replace('"temperature": 0', f'"max_tokens": {"9" * limit}').encode())
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text  # parsed: over its bound
+
+
+@pytest.mark.parametrize("path", ["/health", "/v1/models"])
+def test_a_request_with_no_body_is_not_refused_for_a_stray_content_encoding(gateway, path):
+    """Nothing is sent to decode: a GET naming gzip was refused 415 unsupported_content_encoding."""
+    r = gateway.get(path, headers={"content-encoding": "gzip"})
+    assert r.status_code == 200, r.text

@@ -1,5 +1,6 @@
 """Every route the gateway serves, asked with each method it does not take: a 405 that says so in
-OpenAI's shape and words, with the methods it takes in Allow (the gateway in-process, on a real Redis)."""
+OpenAI's shape and words, with the methods it takes in Allow; a URL no route serves, a 404 in its
+words (the gateway in-process, on a real Redis)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,23 @@ def test_each_route_answers_each_method_it_does_not_take_with_a_405_naming_it(ga
             assert r.json() == {
                 "error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}
             }, (method, path)
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/health/"), ("GET", "/ready/"), ("POST", "/v1/chat/completions/"), ("GET", "/nothing")],
+)
+def test_a_url_no_route_serves_is_a_404_naming_it(gateway, method, path):
+    """A path with a slash more was redirected (307 to the path without it): OpenAI's API answers
+    404 ("Invalid URL (POST /v1/chat/completions/)"). The 404's message was Starlette's "Not Found",
+    its code null."""
+    r = gateway.request(method, path, follow_redirects=False)
+    assert r.status_code == 404 and "location" not in r.headers, (r.status_code, r.headers)
+    assert r.json() == {
+        "error": {
+            "message": f"Invalid URL ({method} {path})",
+            "type": "not_found_error",
+            "param": None,
+            "code": "unknown_url",
+        }
+    }
