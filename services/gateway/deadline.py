@@ -23,7 +23,13 @@ over it (its end is not waited for). httptools bounds none (h11, uvicorn's other
 a head over 16 KiB): 20 MB sent as 2 million headers in 7 s were taken whole, the gateway's memory
 179 -> 475 MB (kept after), its event loop held ~7 s for every other client; one header's value is
 gathered by copying it whole at each read (25 MB: 5.3 s of the loop's time; 90 MB in the 30 s a
-head has)."""
+head has).
+
+Such a refusal (a 408, a 431, a malformed request's 400) comes while the client may still be sending:
+closed at once, the connection was reset by the client's next bytes (unread: the kernel answers them
+with a reset), and a client still sending saw the reset after the answer or instead of it (RFC 9112
+9.6: a reset may erase the answer before the client reads it). The answer is now followed by a
+half-close, the client's bytes read and dropped (bounded: ``DRAIN_*``), then the close."""
 
 from __future__ import annotations
 
@@ -43,6 +49,9 @@ BODY_BYTES_PER_S = 64 << 10  # a slow mobile link: an 8 MiB body gets 30 + 128 s
 WRITE_STALL_S = 60.0  # an answer's buffered bytes untaken this long: the client is gone or stalled
 STOP_LINGER_S = 0.5  # a connection idle when the server begins to stop waits this long for a request on its way
 MAX_HEAD_BYTES = 64 << 10  # a request's line and headers (nginx's default buffers: 32 KiB)
+# after a refusal it sends itself, what the client still sends is read and dropped (nginx's lingering
+# close): until its end, DRAIN_IDLE_S without a byte, DRAIN_S in all or DRAIN_BYTES, whichever first
+DRAIN_IDLE_S, DRAIN_S, DRAIN_BYTES = 1.0, 5.0, 8 << 20
 
 
 class _HeadTooLarge(Exception):
@@ -66,8 +75,19 @@ class RequestReadDeadline(HttpToolsProtocol):
     _head_open = _head_began = False  # a request's head is being read; it began in the read at hand
     _head_bytes = 0  # the head's bytes read so far
     _head_over = False  # a whole head was over the bound (``on_headers_complete`` stopped the parse)
+    drain_idle_s, drain_s, drain_bytes = DRAIN_IDLE_S, DRAIN_S, DRAIN_BYTES
+    _draining: asyncio.TimerHandle | None = None  # refused: the close, once the client's bytes stop
+    _drain_ends = 0.0  # (the loop's time)
+    _drained = 0  # bytes dropped since the refusal
 
     def data_received(self, data: bytes) -> None:
+        if self._draining is not None:  # refused: nothing more is parsed
+            self._drained += len(data)
+            if self._drained > self.drain_bytes:
+                self.transport.close()
+            else:
+                self._drain_on()
+            return
         self._heard, self._head_began = True, False
         super().data_received(data)
         if self._head_open and not self._head_began and not self.transport.is_closing():  # all of it head
@@ -115,6 +135,8 @@ class RequestReadDeadline(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._disarm_stall()
+        if self._draining is not None:
+            self._draining.cancel()
         if self._lingers is not None:
             self._lingers.cancel()
         super().connection_lost(exc)
@@ -181,9 +203,22 @@ class RequestReadDeadline(HttpToolsProtocol):
         text = json.dumps(body)
         head = f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n"
         self.transport.write(f"{head}content-length: {len(text)}\r\n\r\n{text}".encode())
-        self.transport.close()
+        self._disarm()
+        if self.transport.can_write_eof():  # (a TCP socket's can)
+            self.transport.write_eof()  # the answer, then our end: the client's end closes the connection
+            self._drain_ends = self.loop.time() + self.drain_s
+            self._drain_on()
+        else:
+            self.transport.close()
         if self._heard:
             self.error_sent(body["error"])
+
+    def _drain_on(self) -> None:
+        """(Re)arm the close of a refused connection: ``drain_idle_s`` from now, not past its end."""
+        if self._draining is not None:
+            self._draining.cancel()
+        wait_s = min(self.drain_idle_s, self._drain_ends - self.loop.time())
+        self._draining = self.loop.call_later(max(wait_s, 0.0), self.transport.close)
 
 
 class _UnlessHeadOver:
