@@ -1,5 +1,6 @@
 """The README against the code it describes: its error table lists every status the gateway answers
-with an error body, and its settings table gives each setting the default the code has."""
+with an error body, and its settings table gives each setting the default the code has; docs/metrics.md
+names every error code the gateway sends."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dayzero.settings import Settings
-from services.gateway.error_fields import param_path
+from services.gateway.error_fields import param_path, validation_code
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -78,3 +79,68 @@ def test_readme_writes_param_paths_as_the_gateway_does():
     for path in paths:
         parts = [int(part) if part.isdigit() else part for part in re.findall(r"[a-z_]+|\d+", path)]
         assert param_path(parts) == path
+
+
+SHARED = ROOT / "shared" / "dayzero"
+CODE_SOURCES = [*GATEWAY.glob("*.py"), *(SHARED / "serving").glob("*.py"), SHARED / "guided.py"]
+
+
+def _assigned(target: ast.expr, value: ast.expr) -> list[tuple[str, ast.expr]]:
+    """(the name or attribute assigned, its value) of an assignment, each of a tuple's."""
+    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
+        return [pair for t, v in zip(target.elts, value.elts, strict=True) for pair in _assigned(t, v)]
+    name = getattr(target, "id", getattr(target, "attr", None))
+    return [(name, value)] if name is not None else []
+
+
+def _sent_codes() -> set[str]:
+    """The error codes written in the gateway's and the serving loops' code: ``code="..."``, a constant
+    given as ``code=NAME``, a literal given a function's ``code`` parameter or assigned to ``code`` (or
+    ``self.code``), a table's of codes; and those validation_code builds for pydantic's bound, length and
+    type errors."""
+    codes, names, constants = set(), set(), {}
+    trees = [ast.parse(path.read_text()) for path in CODE_SOURCES]
+    with_code = {  # a function's name: the position of its ``code`` parameter
+        node.name: [arg.arg for arg in node.args.args].index("code")
+        for tree in trees
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and "code" in [arg.arg for arg in node.args.args]
+    }
+    for node in (node for tree in trees for node in ast.walk(tree)):
+        given = []
+        if isinstance(node, ast.Call):
+            given = [keyword.value for keyword in node.keywords if keyword.arg == "code"]
+            at = with_code.get(getattr(node.func, "id", getattr(node.func, "attr", None)))
+            given += node.args[at : at + 1] if at is not None else []
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            for target, value in _assigned(node.targets[0], node.value):
+                if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                    constants.setdefault(target, value.value)
+                given += [value] if target == "code" or target.endswith("CODES") else []
+        for value in given:
+            inner = value.values if isinstance(value, ast.Dict) else [value]
+            inner = [
+                part for item in inner for part in ([item.body, item.orelse] if isinstance(item, ast.IfExp) else [item])
+            ]
+            codes |= {item.value for item in inner if isinstance(item, ast.Constant) and isinstance(item.value, str)}
+            names |= {item.id for item in inner if isinstance(item, ast.Name)}
+    codes |= {constants[name] for name in names if name in constants}
+    bounds = [
+        {"type": kind, "ctx": {"bound": bound}}
+        for kind in ("greater_than_equal", "less_than_equal")
+        for bound in (1, 1.0)
+    ]
+    lengths = [{"type": kind, "ctx": {"min_length": 1}} for kind in ("too_short", "string_too_short")]
+    errors = [*bounds, *lengths, {"type": "string_too_short", "ctx": {"min_length": 2}}, {"type": "int_type"}]
+    return (codes | {validation_code(error) for error in errors}) - {""}
+
+
+def test_the_metrics_doc_names_every_error_code_the_gateway_sends():
+    """dayzero_request_errors_total's row listed some and ended in "...": a code seen on a dashboard
+    was explained nowhere."""
+    row = next(
+        line for line in (ROOT / "docs" / "metrics.md").read_text().splitlines() if "request_errors_total" in line
+    )
+    assert "..." not in row and "\u2026" not in row
+    named = set(re.findall(r"`([a-z_]+)`", row))
+    assert len(_sent_codes()) > 30 and _sent_codes() - named == set()
