@@ -19,6 +19,8 @@ import uvicorn
 from dayzero.procs import free_port
 from services.gateway.deadline import RequestReadDeadline
 
+from .protocol_server import serving
+
 READ_S = 0.5
 HEAD_BYTES = 1024
 
@@ -59,18 +61,8 @@ async def _slow_stream(scope, receive, send) -> None:
 
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
-    config = uvicorn.Config(_slow_stream, port=port, http=_Quick, lifespan="off", log_level="warning")
-    running = uvicorn.Server(config)
-    thread = threading.Thread(target=running.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 10
-    while not running.started and time.time() < deadline:
-        time.sleep(0.02)
-    yield port
-    running.should_exit = True
-    thread.join(10)
-    assert not thread.is_alive()
+    with serving(_slow_stream, _Quick) as port:
+        yield port
 
 
 def _exchange(port: int, parts: list[bytes], pause_s: float) -> bytes:

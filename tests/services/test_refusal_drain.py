@@ -11,10 +11,10 @@ import threading
 import time
 
 import pytest
-import uvicorn
 
-from dayzero.procs import free_port
 from services.gateway.deadline import RequestReadDeadline
+
+from .protocol_server import serving
 
 DRAIN_IDLE_S, DRAIN_S, DRAIN_BYTES = 0.3, 1.5, 256 << 10
 
@@ -33,17 +33,8 @@ async def _answer(scope, receive, send) -> None:
 
 @pytest.fixture(scope="module")
 def server():
-    config = uvicorn.Config(_answer, port=free_port(), http=_Quick, lifespan="off", log_level="error")
-    running = uvicorn.Server(config)
-    thread = threading.Thread(target=running.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 10
-    while not running.started and time.time() < deadline:
-        time.sleep(0.02)
-    yield config.port
-    running.should_exit = True
-    thread.join(10)
-    assert not thread.is_alive()
+    with serving(_answer, _Quick) as port:
+        yield port
 
 
 REFUSED = {  # a request the connection refuses before its end, and its code
