@@ -19,6 +19,7 @@ _CODES = {
     "string_pattern_mismatch": "invalid_value",  # (a tool's name)
     "string_unicode": INVALID_UNICODE,  # (a bounded string's; an unbounded one's is the tokenizer's)
     "too_long": "array_above_max_length",
+    "too_many_properties": "object_above_max_properties",  # (a map's: schemas._Body)
 }
 _BOUNDS = {"greater_than_equal": "below_min", "less_than_equal": "above_max"}  # (the bounds fields use)
 

@@ -65,13 +65,19 @@ class _Body(BaseModel):
     def _not_too_many(cls, value: object, info: ValidationInfo) -> object:
         """A list or map longer than its field takes is refused before its items are validated:
         pydantic checks a list's max_length after them (2 M one-token prompts, 190 k content parts:
-        seconds of the event loop each); a map's, told with its count as a list's is."""
+        seconds of the event loop each); a map's, told with its count in properties, as OpenAI's API
+        tells it (code object_above_max_properties: it was a list's, array_above_max_length)."""
         if isinstance(value, list | dict) and info.field_name is not None:
             field = cls.model_fields[info.field_name]
             limit = cls.list_limits.get(info.field_name)
             limit = limit or next((m.max_length for m in field.metadata if isinstance(m, MaxLen)), None)
+            if limit is not None and len(value) > limit and isinstance(value, dict):
+                raise PydanticCustomError(
+                    "too_many_properties",
+                    "at most {limit} properties, not {count}",
+                    {"limit": limit, "count": len(value)},
+                )
             if limit is not None and len(value) > limit:
-                # (pydantic's type for a list past max_length: its code is OpenAI's array_above_max_length)
                 raise too_many(f"at most {limit} items, not {len(value)}")
         return value
 

@@ -91,20 +91,21 @@ def test_defaults_ask_for_nothing_and_pass(gateway, fields):
         (chat("x", n=9), "n", "integer_above_max_value"),
         (chat("x", temperature=2.5), "temperature", "decimal_above_max_value"),  # OpenAI's, for 2.1
         (chat("x", temperature=-1), "temperature", "decimal_below_min_value"),  # a decimal field, an integer sent
-        (chat("x", logit_bias={"5": 101}), "logit_bias", "decimal_above_max_value"),
+        (chat("x", logit_bias={"5": 101}), 'logit_bias["5"]', "decimal_above_max_value"),  # (its key: was the map)
         (chat("x", max_tokens="4"), "max_tokens", "invalid_type"),
         (chat("x", stream="yes"), "stream", "invalid_type"),
         ({"messages": [{"role": "user", "content": "x"}]}, "model", "missing_required_parameter"),  # no model
         (chat("x", reasoning_effort="extreme"), "reasoning_effort", "invalid_value"),
         (chat("x", user="u" * 257), "user", "string_above_max_length"),
         (chat("x", logit_bias={"05": 1}), "logit_bias", None),  # OpenAI's own for a key that is no token id
-        (chat("x", stop=["s"] * 17), "stop", None),  # a check of this server's own
+        (chat("x", stop=["s"] * 17), "stop", "array_above_max_length"),  # a check of this server's own (was null)
         # OpenAI's (they were null, a tool's under param "tools"; a list past its bound, read before its
         # items, as pydantic's past max_length)
         ({"model": MODEL, "messages": []}, "messages", "empty_array"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "q"}] * 257}, "messages", "array_above_max_length"),
-        (chat("x", logit_bias={str(i): 1 for i in range(301)}), "logit_bias", "array_above_max_length"),
-        (chat("x", metadata={f"k{i}": "v" for i in range(17)}), "metadata", "array_above_max_length"),
+        # a map's, as OpenAI's API codes metadata's ("too many properties"; they were array_above_max_length)
+        (chat("x", logit_bias={str(i): 1 for i in range(301)}), "logit_bias", "object_above_max_properties"),
+        (chat("x", metadata={f"k{i}": "v" for i in range(17)}), "metadata", "object_above_max_properties"),
         (
             chat("x", tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]),
             "tools",

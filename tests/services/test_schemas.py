@@ -253,7 +253,7 @@ def test_a_map_over_its_bound_is_refused_before_its_items_are_validated(field, l
     with pytest.raises(ValidationError) as refused:
         ChatCompletionRequest.model_validate(body)
     errors = [(e["loc"], e["msg"]) for e in refused.value.errors()]
-    assert errors == [((field,), f"at most {limit} items, not {limit + 1}")]
+    assert errors == [((field,), f"at most {limit} properties, not {limit + 1}")]  # (in OpenAI's words)
 
 
 @pytest.mark.parametrize(
