@@ -1,0 +1,31 @@
+"""The gateway's connects to Redis are bounded (2 s) by a timer on its event loop. A loop held past the
+bound (a burst of requests parsed on a starved host) found the connect answered and its timer due at
+once, and ran the timer first: a connect Redis had answered in a millisecond failed ("Timeout
+connecting to server"), and the request waiting on it got 503 ``queue_unavailable`` while Redis served
+every other (test_256_concurrent_streams_each_complete_or_get_429, CI at load ~12). The commands'
+client connects once more then (``bus.command_client``); a connect timed out on time
+(an unreachable Redis) does not (test_partitioned_cancel.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from dayzero.settings import Settings
+from services.gateway.bus import command_client
+
+HELD_S = 3.0  # the loop held past the connect's bound (2 s) and its lateness (0.5 s), within the commands' (10 s)
+
+
+def test_a_connect_timed_out_by_a_held_event_loop_is_made_again(redis_url):
+    async def ping_with_the_loop_held() -> bool:
+        client = command_client(Settings(redis_url=redis_url))
+        try:
+            ping = asyncio.create_task(client.ping())
+            await asyncio.sleep(0)  # the ping's first wait: its connect, under the connect's timer
+            time.sleep(HELD_S)  # the loop held (as by other requests' work): the answer and the timer both due
+            return await ping
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(ping_with_the_loop_held()) is True
