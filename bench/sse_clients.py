@@ -42,22 +42,43 @@ def stream_once(client: httpx.Client, url: str, prompt: list[int]) -> dict:
     return {"rid": r.headers["x-request-id"], "send": sent, "first": first}
 
 
+class ClosedIdle(ConnectionError):
+    """The server closed a kept-alive connection before answering a byte."""
+
+
 class RawClient:
     """A streamed request over one keep-alive socket; ``answer``: the last answer's bytes."""
 
     def __init__(self, url: str) -> None:
         host, port = url.removeprefix("http://").split(":")
-        self.host, self.sock = host, socket.create_connection((host, int(port)))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.host, self.address = host, (host, int(port))
+        self._connect()
         self.answer = b""
 
+    def _connect(self) -> None:
+        self.sock = socket.create_connection(self.address)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def stream(self, prompt: list[int]) -> dict:
+        """One streamed request; sent again on a new connection if the server had closed this one
+        unread (idle past uvicorn's keep-alive timeout, 5 s: the other stack's warm-up on a loaded
+        machine ended hops_ab.py and ttft_ab.py with ConnectionError)."""
+        try:
+            return self._stream(prompt)
+        except ClosedIdle:
+            self.sock.close()
+            self._connect()
+            return self._stream(prompt)
+
+    def _stream(self, prompt: list[int]) -> dict:
         body = json.dumps(completion_body(prompt)).encode()
         head = f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}\r\ncontent-type: application/json\r\n"
         sent, stamps, data = time.time_ns(), [], b""
         self.sock.sendall(f"{head}content-length: {len(body)}\r\n\r\n".encode() + body)
         while not data.endswith(ANSWER_END):  # (an answer of another shape never ends so: refused below)
             received = self.sock.recv(65536)
+            if not received and not data:
+                raise ClosedIdle("the server had closed the connection")
             if not received:
                 raise ConnectionError(f"the server closed the connection mid-answer: {data[:300]!r}")
             data += received
