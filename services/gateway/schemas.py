@@ -126,8 +126,9 @@ class StreamOptions(_Body):
 
     @field_validator("continuous_usage_stats")
     @classmethod
-    def _usage_at_the_end_only(cls, value: bool) -> bool:
-        if value:
+    def _usage_at_the_end_only(cls, value: bool, info: ValidationInfo) -> bool:
+        """Refused where it asks for something: vLLM repeats usage only in a stream that asks for it."""
+        if value and info.data.get("include_usage"):
             raise ValueError(f"continuous_usage_stats {VLLM_ONLY}; use include_usage")
         return value
 

@@ -77,6 +77,9 @@ def test_what_an_unimplemented_field_is_told(gateway, fields, param, message):
         {"best_of": 1, "suffix": ""},
         {"min_tokens": 0, "skip_special_tokens": True, "regex": None},
         {"stream": True, "stream_options": {"continuous_usage_stats": False}},
+        # without include_usage vLLM sends no usage to repeat: true asks for nothing (it was refused)
+        {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+        {"stream": True, "stream_options": {"include_usage": False, "continuous_usage_stats": True}},
     ],
 )
 def test_defaults_ask_for_nothing_and_pass(gateway, fields):
