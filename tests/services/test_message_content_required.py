@@ -1,9 +1,10 @@
 """A system, developer, user or tool message without content (left out, or null as a client writes an
 unset variable) is refused as OpenAI's API refuses it: 400 ``missing_required_parameter`` naming
-``messages[i].content``. It was served as an empty turn (a user message of nothing, a tool result of
-nothing), the client's mistake unseen. An assistant message may still leave it out beside its calls,
-or with nothing (OpenAI's and DeepSeek's shape). In-process gateway on a real Redis: each request here
-is refused before it queues, /tokenize too (it renders the same chat)."""
+``messages[i].content``; so is V4's latest_reminder (a reminder of nothing). It was served as an empty
+turn (a user message of nothing, a tool result of nothing), the client's mistake unseen. An assistant
+message may still leave it out beside its calls (OpenAI's shape), or with nothing: OpenAI's reference
+asks content of one without calls, but vLLM renders it, so it is not refused here. In-process gateway
+on a real Redis: each request here is refused before it queues, /tokenize too (it renders the same chat)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def _without_content(role: str, null: bool) -> tuple[list[dict], int]:
 
 
 @pytest.mark.parametrize("null", [False, True], ids=["left_out", "null"])
-@pytest.mark.parametrize("role", ["system", "developer", "user", "tool"])
+@pytest.mark.parametrize("role", ["system", "developer", "user", "tool", "latest_reminder"])
 def test_a_message_without_content_is_refused_naming_it(client, http, role, null):
     messages, i = _without_content(role, null)
     tokenized = http.post("/tokenize", json={"model": MODEL, "messages": messages})
