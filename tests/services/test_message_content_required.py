@@ -1,10 +1,11 @@
 """A system, developer, user or tool message without content (left out, or null as a client writes an
 unset variable) is refused as OpenAI's API refuses it: 400 ``missing_required_parameter`` naming
-``messages[i].content``; so is V4's latest_reminder (a reminder of nothing). It was served as an empty
-turn (a user message of nothing, a tool result of nothing), the client's mistake unseen. An assistant
-message may still leave it out beside its calls (OpenAI's shape), or with nothing: OpenAI's reference
-asks content of one without calls, but vLLM renders it, so it is not refused here. In-process gateway
-on a real Redis: each request here is refused before it queues, /tokenize too (it renders the same chat)."""
+``messages[i].content`` (OpenAI's own for one left out; a null it calls an invalid value); so is V4's
+latest_reminder (a reminder of nothing). It was served as an empty turn (a user message of nothing, a
+tool result of nothing), the client's mistake unseen. An assistant message may still leave it out
+beside its calls (OpenAI's shape), or with nothing: OpenAI's reference asks content of one without
+calls, but vLLM renders it, so it is not refused here. In-process gateway on a real Redis: each
+request here is refused before it queues, /tokenize too (it renders the same chat)."""
 
 from __future__ import annotations
 
