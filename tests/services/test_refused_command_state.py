@@ -105,3 +105,24 @@ def test_a_command_refused_at_a_step_some_passes_skip_is_said_once_and_kept_till
     said = [record.getMessage() for record in caplog.records]
     assert sum("is refused a command dayzero sends" in line for line in said) == 1, said
     assert sum("takes the gateway's commands again" in line for line in said) == 1, said
+
+
+def test_a_refusal_met_at_a_step_is_taken_back_once_redis_takes_it_though_the_step_fails_otherwise(
+    demo_dir, tmp_path, monkeypatch
+):
+    """A step refused a command (LRANGE, a stand-in's) that, once the ACL allows it, fails past it on
+    something else every pass (a record it cannot read: logged once, the other steps go on). The
+    refusal was kept till that step went through, so for ever: /ready said the user was refused a
+    command Redis now took, and every new request was answered 503. It is taken back at once now."""
+
+    def sweep_failing_past_its_own_command(store, *args):
+        store.r.lrange(key("sweep-only"), 0, 0)
+        raise ValueError("a record the sweep cannot read")
+
+    monkeypatch.setattr(reaping, "sweep", sweep_failing_past_its_own_command)
+    port = free_port()
+    with _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client), _gateway(port, demo_dir) as gateway:
+        client.acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
+        assert wait_until(lambda: "user a command" in _reason(gateway), 15), _reason(gateway)
+        client.acl_setuser("dz", commands=["+@all"], **GRANTS)
+        assert wait_until(lambda: _reason(gateway).startswith("no live worker"), 15), _reason(gateway)
