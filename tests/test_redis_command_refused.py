@@ -7,11 +7,16 @@ worker took waited for ever. Real Redis, its ACL."""
 
 from __future__ import annotations
 
+import logging
+import threading
+
 import pytest
 import redis
 
 from dayzero.procs import scratch_redis
 from dayzero.redis_refusals import CommandRefused
+from dayzero.serving.intake import run_loop
+from dayzero.serving.lifecycle import Lifecycle
 
 GRANTS = {"enabled": True, "passwords": ["+pw"], "keys": ["*"], "channels": ["*"]}
 
@@ -42,3 +47,24 @@ def test_a_command_refused_in_a_script_or_a_transaction_is_said_as_refused(comma
     assert "its user 'dz' is refused a command dayzero sends" in said.reason and "ACL GETUSER dz" in said.reason
     assert command == "get" or f"'{command}'" in said.reason  # (the one to grant; Redis 6's script error names none)
     assert not CommandRefused(url).tried(redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'"))
+
+
+def test_a_worker_loop_refused_multi_says_the_refusal_not_an_outage(tmp_path, caplog):
+    """A worker whose user an ACL refuses MULTI alone: its loop's transaction (a prefill worker's
+    handoff releases here) failed on "EXEC without MULTI", logged as "redis unavailable (EXEC without
+    MULTI); retrying", an outage that never ends, naming no refusal. The line names 'multi' and the ACL."""
+    with scratch_redis(tmp_path) as port:
+        redis.Redis(port=port).acl_setuser("dz", commands=["+@all", "-multi"], **GRANTS)
+        client = redis.Redis.from_url(f"redis://dz:pw@127.0.0.1:{port}/0")
+        store, stop = Lifecycle(client), threading.Event()
+
+        def iteration() -> None:
+            stop.set()  # (one pass: the loop ends after this one's failure)
+            store.released("prefill0", {})
+
+        caplog.set_level(logging.WARNING, "dayzero.test")
+        run_loop(stop, iteration, logging.getLogger("dayzero.test"), lambda: None)
+        client.close()
+    (line,) = [record.getMessage() for record in caplog.records]
+    assert line.startswith("redis unavailable (Redis refuses the user a command ('multi'"), line
+    assert "ACL GETUSER" in line, line

@@ -42,6 +42,21 @@ def command_refused(exc: BaseException) -> bool:
     return isinstance(exc, redis.ResponseError) and any(said in str(exc) for said in REFUSED_INSIDE)
 
 
+def refused_words(exc: BaseException) -> str:
+    """A refused command's words in ``exc``: a refused MULTI's too (its EXEC's answer names no refusal)."""
+    if _multi_refused(exc):
+        return f"'multi', which opens every transaction: Redis answered its EXEC \"{exc}\""
+    return str(exc)
+
+
+def told(exc: BaseException) -> BaseException | str:
+    """``exc`` as a line of an outage says it: a command refused the user as that, with where to look (a
+    worker's loop said a refused MULTI as "redis unavailable (EXEC without MULTI)"); else as it is."""
+    if not command_refused(exc):
+        return exc
+    return f"Redis refuses the user a command ({refused_words(exc)}; ACL GETUSER lists what it may run)"
+
+
 def refused_for_good(url: str, exc: redis.RedisError) -> str | None:
     """Why the Redis at ``url`` refuses its clients (``exc``) where no wait mends it, in one line: a
     wrong password, none given where one is asked, a command the URL's user may not run (an ACL
@@ -55,9 +70,7 @@ def refused_for_good(url: str, exc: redis.RedisError) -> str | None:
     if command_refused(exc):
         where = sentinel_address(url)
         user = (where.username if where else redis.connection.parse_url(url).get("username")) or "default"
-        said = (
-            f"'multi', which opens every transaction: Redis answered its EXEC \"{exc}\"" if _multi_refused(exc) else exc
-        )
+        said = refused_words(exc)
         return (
             f"its user {user!r} is refused a command dayzero sends ({said}; ACL GETUSER {user} lists what it may run)"
         )

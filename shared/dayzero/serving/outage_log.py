@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..redis_refusals import told
+
 LOGGED_EVERY_S = 10.0  # a failure that repeats: a line at most this often, with the count since
 
 
@@ -65,8 +67,8 @@ class OutageLog:
 
     def failed(self, *args: Any) -> None:
         with self._lock:
-            if self._said_now():
-                self.log.warning(self.first, *args)
+            if self._said_now():  # (a refused command: said as one, not as Redis unavailable)
+                self.log.warning(self.first, *(told(a) if isinstance(a, BaseException) else a for a in args))
 
     def passes(self) -> bool:
         """``failed`` for a failure that says itself (a log record: ``BrokerOutageFilter``): whether
