@@ -89,6 +89,8 @@ def test_a_gateway_whose_user_is_refused_a_command_midrun_serves_on_and_says_so_
         server.acl_setuser("dz", commands=["+@all", f"-{command}"], **grants)
         assert wait_until(lambda: "user a command" in _ready_reason(ready), 30), _ready_reason(ready)
         assert f"'{command}'" in _ready_reason(ready) and "ACL GETUSER dz" in _ready_reason(ready)
+        # (/ready's own reads meet a refused MULTI: its reason may come before the reaper's pass, which admission reads)
+        assert wait_until(lambda: "is refused a command dayzero sends" in log.read_text(), 30), log.read_text()[-3000:]
         _assert_refused_at_once(ready.removesuffix("/ready"))
         assert not wait_until(lambda: gateway.poll() is not None, 3 * REFUSED_S), log.read_text()[-3000:]
         server.acl_setuser("dz", commands=["+@all"], **grants)
