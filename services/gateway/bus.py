@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 
 import redis
 import redis.asyncio as aioredis
 from celery import Celery
 from opentelemetry import trace
-from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import NoBackoff
 from starlette.concurrency import run_in_threadpool
 
 from dayzero.redis_clients import async_client
@@ -27,44 +24,17 @@ from dayzero.serving.watching import Watching
 from dayzero.settings import Settings
 from dayzero.telemetry import carrier
 
+from .held_loop import CONNECT_S, HeldLoopRetry
 from .leaving import Leaving
 from .streams import StreamHub
 
 FORGET_S = 1.0  # a stopping gateway's leave of the gateways on its Redis waits no longer (down, frozen)
 
 
-CONNECT_S = 2.0  # a connect Redis has not answered this long fails (an unreachable host)
-LATE_S = 0.5  # a connect's timer that ran this late: the event loop was held, not Redis slow
-CONNECT_TIMED_OUT = "Timeout connecting to server"  # redis-py's error for a connect past its bound
-
-
-class _HeldLoopRetry(AsyncRetry):
-    """Once more: a command on a connection Redis closed (it restarted), and a connect whose timer ran
-    ``LATE_S`` late. The connect's bound is a timer on the event loop, and a loop held past it (a
-    burst of requests parsed on a starved host) found the connect answered and the timer due at once,
-    and ran the timer first: the request got 503 ``queue_unavailable`` from a Redis that had answered
-    in a millisecond (test_held_loop_connect.py). Not a connect timed out on time (an unreachable
-    Redis: one bound, as before), nor a command that timed out (a frozen Redis: the commands' bound)."""
-
-    def __init__(self) -> None:
-        super().__init__(NoBackoff(), 1, (redis.ConnectionError, redis.TimeoutError))
-
-    async def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
-        began = time.monotonic()
-
-        def again(error: Exception) -> bool:
-            if is_retryable is not None and not is_retryable(error):
-                return False
-            late = str(error) == CONNECT_TIMED_OUT and time.monotonic() - began > CONNECT_S + LATE_S
-            return isinstance(error, redis.ConnectionError) or late
-
-        return await super().call_with_retry(do, fail, again, with_failure_count)
-
-
 def command_client(settings: Settings) -> aioredis.Redis:
     """The gateway's client for short commands (token streams go through the hub): a bounded pool that
     waits, never fails; a command on a connection Redis closed, or whose connect the event loop timed
-    out, goes once more (``_HeldLoopRetry``)."""
+    out, goes once more (``HeldLoopRetry``)."""
     return async_client(
         settings.redis_url,
         blocking=True,
@@ -72,7 +42,7 @@ def command_client(settings: Settings) -> aioredis.Redis:
         timeout=10,
         socket_connect_timeout=CONNECT_S,
         socket_timeout=settings.gateway_redis_timeout_s,  # (a frozen Redis: the command fails, 503 or tried again)
-        retry=_HeldLoopRetry(),
+        retry=HeldLoopRetry(closed=True),
     )
 
 

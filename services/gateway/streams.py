@@ -37,6 +37,7 @@ from dayzero.serving.broker import AsyncUnblockedIsLostParser
 from dayzero.serving.keys import key
 from dayzero.serving.records import Token, decode
 
+from .held_loop import CONNECT_S, HeldLoopRetry
 from .restarts import RedisRestarted, not_held, run_id
 from .subscription import BACKLOG, Closed, Subscription, entry_order
 from .unclosed import unclosed_ends
@@ -53,9 +54,10 @@ class StreamHub:
         timeout = block_ms / 1000 + READ_MARGIN_S  # (none: a frozen Redis held every open stream for ever)
         self.r = async_client(
             url,
-            socket_connect_timeout=2,
+            socket_connect_timeout=CONNECT_S,
             socket_timeout=timeout,
             max_connections=1,
+            retry=HeldLoopRetry(closed=False),  # (a connect its own loop timed out ended every open stream)
             parser_class=AsyncUnblockedIsLostParser,  # an UNBLOCKED read: its connection lost (Redis closes it)
         )
         self.commands, self.block_ms = commands, block_ms

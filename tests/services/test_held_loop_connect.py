@@ -13,6 +13,8 @@ import time
 
 from dayzero.settings import Settings
 from services.gateway.bus import command_client
+from services.gateway.restarts import run_id
+from services.gateway.streams import StreamHub
 
 HELD_S = 3.0  # the loop held past the connect's bound (2 s) and its lateness (0.5 s), within the commands' (10 s)
 
@@ -29,3 +31,25 @@ def test_a_connect_timed_out_by_a_held_event_loop_is_made_again(redis_url):
             await client.aclose()
 
     assert asyncio.run(ping_with_the_loop_held()) is True
+
+
+def test_the_stream_readers_connect_timed_out_by_a_held_event_loop_ends_no_stream(redis_url):
+    """The hub's reader connects again when its streams resume after its connection closed (Redis's
+    idle ``timeout``, a restart): the same held loop ended every open stream there (a TimeoutError
+    is a lost Redis: streams.py), where the read, its connect made again, goes on."""
+
+    async def subscribed_after_the_hold() -> bool:
+        commands = command_client(Settings(redis_url=redis_url))
+        hub = StreamHub(redis_url, commands, block_ms=200)
+        hub.run_id = await run_id(commands)  # a reader ran before: the next one asks nothing first
+        try:
+            async with hub.subscribe("held-loop") as sub:
+                await asyncio.sleep(0)  # the reader's first wait: its read's connect, under the connect's timer
+                time.sleep(HELD_S)  # the loop held: the answer and the timer both due
+                await asyncio.sleep(0.5)  # the reader goes on: a read, or the streams ended
+                return sub in hub.subs
+        finally:
+            await hub.close()
+            await commands.aclose()
+
+    assert asyncio.run(subscribed_after_the_hold()) is True
