@@ -233,7 +233,7 @@ class Stack:
 
     def _see_ready(self) -> None:
         """Note when each running child not seen ready yet is (``Child.ready_at``): the gateway once it
-        answers ``/health``, a worker once its ready stamp names its process (dayzero.serving.liveness);
+        answers ``/health``, a worker once a ready stamp since its spawn names its process (liveness.py);
         the embedded Redis is once it accepts (``_spawn``). Nothing is seen while Redis cannot be read."""
         starting = [c for c in self.children if c.ready_at is None and c.proc is not None and c.proc.poll() is None]
         stages = tuple({c.service for c in starting} & set(SERVICES[1:]))
@@ -247,8 +247,10 @@ class Stack:
             if child.service == "gateway":
                 with contextlib.suppress(httpx.HTTPError):
                     child.ready_at = now if httpx.get(f"{self.url}/health", timeout=1).status_code == 200 else None
-            elif child.service in found and process_id(child.proc.pid, host) in found[child.service].ready:
-                child.ready_at = now
+            elif child.service in found:  # (ready since before its spawn: another process's, a pid used again)
+                read = found[child.service]
+                since = read.ready.get(process_id(child.proc.pid, host), float("-inf"))
+                child.ready_at = now if now - read.now + since >= child.started else None
 
     def frozen(self) -> list[Child]:
         """The running workers whose last liveness stamp is older than ``frozen_s``: SIGSTOPped, or
