@@ -157,8 +157,8 @@ def make_app(settings: Settings) -> FastAPI:
         await run_in_threadpool(lambda: None)  # anyio's backend and thread pool start on first use (~25 ms)
         yield
         reaper.cancel()  # its stamp in flight (a thread's) lands first: after the leave, it counted the gateway on
-        await asyncio.wait({reaper}, timeout=REAPER_END_S)
-        await gw.bus.close()  # (leaves the gateways on the Redis)
+        reaped = asyncio.ensure_future(asyncio.wait({reaper}, timeout=REAPER_END_S))  # (the streams end meanwhile)
+        await gw.bus.close(stamped=reaped)  # (leaves the gateways on the Redis)
         await run_in_threadpool(flush_spans)  # (the streams' spans have ended by now)
 
     app = FastAPI(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Awaitable
 
 import redis
 import redis.asyncio as aioredis
@@ -108,11 +109,14 @@ class Bus:
             for stage in (*extra_stages, "prefill", "decode")
         }
 
-    async def close(self) -> None:
+    async def close(self, stamped: Awaitable | None = None) -> None:
         """Stop reading streams; requests nobody reads any more are cancelled, at their grace's end when
-        their clients may resume them (by whichever gateway runs then)."""
+        their clients may resume them (by whichever gateway runs then). The leave of the gateways waits for
+        ``stamped`` (the reaper's stamp in flight: landed after, it counted this gateway on), nothing else."""
         await self.hub.close()
         await self.leaving.close()
+        if stamped is not None:
+            await stamped
         with contextlib.suppress(redis.RedisError, TimeoutError):  # (else its stamp goes once old: gateways.py)
             await asyncio.wait_for(forget(self.r, self.gateway), FORGET_S)
         await self.r.aclose()
