@@ -143,8 +143,11 @@ class RequestReadDeadline(HttpToolsProtocol):
 
     def shutdown(self) -> None:
         """The server begins to stop: uvicorn's, at once for a connection with a request under way (it
-        closes after its answer), after ``stop_linger_s`` for one without (a request on its way is answered)."""
-        if self.cycle is None or self.cycle.response_complete:
+        closes after its answer), after ``stop_linger_s`` for one without (a request on its way is answered);
+        a refused one closes at once (nothing more is answered on it: its drain held the stop)."""
+        if self._draining is not None:
+            self.transport.close()
+        elif self.cycle is None or self.cycle.response_complete:
             self._lingers = self.loop.call_later(self.stop_linger_s, super().shutdown)
         else:
             super().shutdown()
@@ -204,6 +207,9 @@ class RequestReadDeadline(HttpToolsProtocol):
         head = f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n"
         self.transport.write(f"{head}content-length: {len(text)}\r\n\r\n{text}".encode())
         self._disarm()
+        if self.cycle is not None and not self.cycle.response_complete:  # its app: the client is gone, as
+            self.cycle.disconnected = True  # on a close (its send wrote after the end: "Cannot call write()
+            self.cycle.message_event.set()  # after write_eof()", logged as the app's error)
         if self.transport.can_write_eof():  # (a TCP socket's can)
             self.transport.write_eof()  # the answer, then our end: the client's end closes the connection
             self._drain_ends = self.loop.time() + self.drain_s

@@ -5,6 +5,7 @@ uvicorn server on a real socket)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -24,7 +25,18 @@ class _Quick(RequestReadDeadline):
     drain_idle_s, drain_s, drain_bytes = DRAIN_IDLE_S, DRAIN_S, DRAIN_BYTES
 
 
+RAISED_LATE: list[str] = []  # the errors the sends of /late's answers raised
+
+
 async def _answer(scope, receive, send) -> None:
+    if scope["path"] == "/late":  # answered without its body being read (as GET /health), a moment on
+        await asyncio.sleep(0.05)
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+        except RuntimeError as exc:
+            RAISED_LATE.append(repr(exc))
+        return
     while (await receive()).get("more_body"):
         pass
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
@@ -101,3 +113,59 @@ def test_the_drain_ends_past_its_time(server):
     received, ended, lasted = _refused_sending(server, first, b"x" * 10_000, 100, DRAIN_IDLE_S / 3)
     assert received.startswith(b"HTTP/1.1 431"), received
     assert DRAIN_S - 0.2 < lasted < DRAIN_S + 2, (ended, lasted)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GET /late HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",  # its own body malformed
+        b"GET /late HTTP/1.1\r\nhost: x\r\n\r\nBAD REQUEST\r\n\r\n",  # a malformed request after it
+    ],
+    ids=["malformed body", "malformed next request"],
+)
+def test_a_request_refused_while_its_app_answers_is_gone_for_the_app(server, raw):
+    """The app of a request under way when the connection refused it (a 400 for its body, or for the
+    request after it) answered during the drain: its send raised "Cannot call write() after write_eof()",
+    logged with its traceback as an exception of the app (the gateway's CatchAll logged it as an
+    internal error, and its 500 raised again). It is now told its client is gone, as it was when the
+    refusal closed the connection at once."""
+    RAISED_LATE.clear()
+    with socket.create_connection(("127.0.0.1", server), timeout=10) as s:
+        s.sendall(raw)
+        received = b""
+        while data := s.recv(65536):
+            received += data
+        time.sleep(DRAIN_IDLE_S + 0.3)  # (the client keeps its end open: the drain ends at its idle bound)
+    assert received.startswith(b"HTTP/1.1 400 Bad Request") and received.count(b"HTTP/1.1") == 1, received
+    assert RAISED_LATE == [], RAISED_LATE  # (its sends return: nothing is sent)
+
+
+def test_a_server_stopping_closes_a_draining_connection_at_once():
+    """A refused connection whose request was under way (its body malformed) held the server's stop
+    until its drain ended (a client trickling bytes: DRAIN_S, 5 s at the gateway's bounds; the stop
+    waits for every connection). Nothing more is answered on it: it closes as the stop begins."""
+
+    class _Long(_Quick):
+        drain_s = 8.0
+
+    stopping = threading.Event()
+    with socket.socket() as s:
+        with serving(_answer, _Long) as port:
+            s.connect(("127.0.0.1", port))
+            s.sendall(REFUSED["malformed"][0])
+            assert s.recv(65536).startswith(b"HTTP/1.1 400"), "refused"
+
+            def trickle() -> None:
+                try:
+                    while not stopping.is_set():
+                        s.sendall(b"x")
+                        time.sleep(DRAIN_IDLE_S / 3)
+                except OSError:
+                    pass
+
+            threading.Thread(target=trickle, daemon=True).start()
+            time.sleep(DRAIN_IDLE_S * 2)  # draining, past its idle bound: the trickle keeps it open
+            began = time.monotonic()
+        stopped_s = time.monotonic() - began  # (the block's end stops the server and waits for it)
+        stopping.set()
+    assert stopped_s < _Long.drain_s / 2, stopped_s  # (~0.2 s; it was ~8)
