@@ -210,6 +210,7 @@ class RequestReadDeadline(HttpToolsProtocol):
         if self.cycle is not None and not self.cycle.response_complete:  # its app: the client is gone, as
             self.cycle.disconnected = True  # on a close (its send wrote after the end: "Cannot call write()
             self.cycle.message_event.set()  # after write_eof()", logged as the app's error)
+        self.flow.resume_reading()  # (paused while its app took no body: the drain reads on)
         if self.transport.can_write_eof():  # (a TCP socket's can)
             self.transport.write_eof()  # the answer, then our end: the client's end closes the connection
             self._drain_ends = self.loop.time() + self.drain_s

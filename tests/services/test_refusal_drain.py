@@ -169,3 +169,22 @@ def test_a_server_stopping_closes_a_draining_connection_at_once():
         stopped_s = time.monotonic() - began  # (the block's end stops the server and waits for it)
         stopping.set()
     assert stopped_s < _Long.drain_s / 2, stopped_s  # (~0.2 s; it was ~8)
+
+
+async def _busy(scope, receive, send) -> None:
+    await asyncio.sleep(2.5)  # takes none of its body for now (busy elsewhere): uvicorn stops reading
+
+
+def test_a_request_refused_while_its_body_waits_for_its_app_is_drained_too():
+    """A body the app takes none of fills uvicorn's buffer, which stops the reading: a 408 then began
+    a drain that read nothing, and closed DRAIN_IDLE_S later on the client's unread bytes, a reset (its
+    next send failed: BrokenPipeError). The refusal reads on."""
+
+    class _Hasty(_Quick):
+        read_s = 0.5
+
+    first = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 1000000\r\n\r\n" + b"x" * (128 << 10)
+    with serving(_busy, _Hasty) as port:
+        received, ended, lasted = _refused_sending(port, first, b"x" * (64 << 10), 4096, 0.1)
+    assert received.startswith(b"HTTP/1.1 408"), received
+    assert ended == "eof" and lasted == float("inf"), (ended, lasted)  # (all of it sent)
