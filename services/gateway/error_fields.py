@@ -65,9 +65,14 @@ def field_path(loc: tuple, body: object) -> list:
     field kept where the object it is in lacks it (a missing field). A refused key names its map; a map's
     value, its key (a key that was no name, "a.b", was left out: the map was named). Of the ways to read
     ``loc``, the one that follows the body furthest."""
-    parts = list(loc)
+    parts, known = list(loc), {}  # (each part is read as a tag and as a field: known ways, not 2**len)
 
     def read(i: int, within: object) -> tuple[int, list]:  # (parts followed into the body, path)
+        if (i, id(within)) not in known:
+            known[i, id(within)] = ways_from(i, within)
+        return known[i, id(within)]
+
+    def ways_from(i: int, within: object) -> tuple[int, list]:
         if i == len(parts) or parts[i] == _KEY_TAG:
             return 0, []
         part, ways = parts[i], [read(i + 1, within)]  # the part as a tag
