@@ -4,6 +4,7 @@ state following each accepted token (references: the tokenizer's own token strin
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import jsonschema_rs
@@ -123,3 +124,41 @@ def test_the_cpu_and_the_device_ways_of_masking_agree(codec):
     by_numpy, by_torch = allowed_logits(logits, guides, eos=1), allowed_logits(logits.bfloat16(), guides, eos=1)
     assert torch.equal(by_numpy == float("-inf"), by_torch == float("-inf"))
     assert torch.equal(by_numpy[1], logits[1]) and (by_numpy[2] > float("-inf")).nonzero().flatten().tolist() == [1]
+
+
+def test_a_grammar_whose_lexer_replies_filled_is_compiled_anew(codec, monkeypatch):
+    """Every matcher of a compiled grammar shares its lexer (llguidance's ``deep_copy``), whose states
+    each reply grows: a schema each of whose replies a fresh compile writes whole failed every
+    request once many had filled it (a ``[ab]*a[ab]{20}`` reply of 300 characters, the 83rd request
+    under the default limits, byte vocabulary), while the grammar stayed cached. The request that
+    finds it full retires the compile: the next one's matcher is a fresh compile's."""
+    import llguidance
+
+    from dayzero import grammars as compiled_grammars
+    from dayzero.grammars import Grammars
+    from dayzero.guided import fill_masks
+
+    few = llguidance.LLParserLimits(initial_lexer_fuel=200_000, step_lexer_fuel=100_000, max_lexer_states=3_000)
+    monkeypatch.setattr(compiled_grammars, "parser_limits", lambda: few)
+    schema = {"type": "string", "pattern": "^[ab]*a[ab]{20}$"}
+    grammars, lark, texts = Grammars(codec.guidance), json_grammar(schema), random.Random(0)
+
+    def write(text: str, compiled: Grammars = grammars) -> None:
+        guide = Guide(compiled, Grammar(lark))
+        for token in codec.encode(json.dumps(text + "a" + "b" * 20))[1:]:
+            fill_masks([guide])
+            guide.accept(token)
+
+    served = 0
+    while served < 200:
+        try:
+            write(text := "".join(texts.choice("ab") for _ in range(100)))
+        except GrammarFailed as failed:
+            assert "lexer error: too many states" in str(failed)
+            write(text, Grammars(codec.guidance))  # (alone on a compile of its own: written whole)
+            break
+        served += 1
+    else:
+        raise AssertionError("no reply filled the shared lexer")
+    assert served > 0  # (the first reply, alone on the compile, was written whole)
+    write("ab" * 50)  # the next request: a fresh compile's lexer

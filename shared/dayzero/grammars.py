@@ -54,6 +54,15 @@ class Grammars:
                 self._compiled[lark] = (future, self._compiled[lark][1], True)
         return matcher
 
+    def retire(self, lark: str, compiled: Future | None) -> None:
+        """Drop ``compiled``, ``lark``'s compile, if cached: a matcher of it failed on its lexer. Every
+        copy shares the compile's lexer, whose states each reply grows (llguidance's ``deep_copy``):
+        once replies filled it past ``max_lexer_states`` every request of the grammar failed, each
+        of which a fresh compile writes whole, while the grammar stayed cached. The next compiles anew."""
+        with self._lock:
+            if compiled is not None and self._compiled.get(lark, (None,))[0] is compiled:
+                del self._compiled[lark]
+
     def _compiling(self, lark: str) -> Future:
         now = time.monotonic()
         with self._lock:

@@ -17,7 +17,7 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-from .chat.grammar import error_summary
+from .chat.grammar import LEXER_ERROR, error_summary
 from .grammars import Grammars
 from .params import Grammar
 
@@ -58,6 +58,8 @@ class Guide:
 
     def __init__(self, grammars: Grammars, grammar: Grammar, compiled: Future | None = None) -> None:
         self.matcher = grammars.matcher(grammar.lark, compiled)  # (``compiled``: Grammars.compiled's, held)
+        self._grammars, self._lark = grammars, grammar.lark
+        self._compiled = compiled if compiled is not None else grammars.compiled(grammar.lark)  # (retired if full)
         self.words = (grammars.tokenizer.vocab_size + 31) // 32  # the mask's int32 words: the tokenizer's vocabulary
         if self.matcher.is_error():
             raise ValueError(f"invalid grammar: {error_summary(self.matcher.get_error())}")
@@ -71,7 +73,9 @@ class Guide:
             if not self.matcher.is_error() and not self.matcher.is_stopped():
                 self.matcher.consume_token(token)  # a token it refuses leaves it in its error state
             if self.matcher.is_error():
-                raise GrammarFailed(error_summary(self.matcher.get_error()))
+                if (error := self.matcher.get_error()).startswith(LEXER_ERROR):  # (its lexer, every copy's)
+                    self._grammars.retire(self._lark, self._compiled)
+                raise GrammarFailed(error_summary(error))
         elif token == self._after:
             self.active = True
 

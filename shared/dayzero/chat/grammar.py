@@ -104,7 +104,7 @@ def _walk_failed(error: str, first_step: bool) -> str:
     """Why a walk failed: the lexer past its limits (at the first step too, once an earlier walk of
     the grammar built the states they share: it was told NOTHING), nothing allowed at the first step,
     or llguidance's why."""
-    if error.startswith(_LEXER_ERROR):
+    if error.startswith(LEXER_ERROR):
         return UNWRITABLE.format(error_summary(error))
     return NOTHING if first_step else error_summary(error)
 
@@ -132,7 +132,7 @@ UNWRITABLE = (
     "values may satisfy it, but the grammar engine cannot write one: its lexer is past its limits ({}); "
     "simplify its patterns or repeats"
 )
-_LEXER_ERROR = "lexer error"
+LEXER_ERROR = "lexer error"
 
 
 # llguidance's words the client cannot act on (an option of its API), in theirs
