@@ -92,3 +92,19 @@ def test_an_optional_propertys_pattern_the_walk_never_reaches_is_refused(where):
 def test_the_same_pattern_where_llguidance_writes_it_is_admitted(schema, reply):
     assert _admitted(schema) is None
     assert not fails_mid_reply(schema, reply)
+
+
+@pytest.mark.parametrize(
+    "schema, reply",
+    [
+        ({"type": "object", "properties": {"x": {"type": "array", "items": _FIFTY}}}, {"x": ["a" * 60]}),
+        ({"type": "object", "properties": {"x": {"anyOf": [_FIFTY, {"type": "integer"}]}}}, {"x": "a" * 60}),
+        ({"type": "object", "patternProperties": {"^x": _FIFTY}}, {"x": "a" * 60}),
+    ],
+    ids=["array_items", "anyOf_branch", "patternProperties"],
+)
+def test_a_pattern_the_walk_never_reaches_within_an_optional_value_is_refused(schema, reply):
+    """Only an optional property's own pattern was walked: as an array's items, a union's branch, or
+    a patternProperties' value it was let through, and every reply writing it failed at its first byte."""
+    assert "the pattern '^(a+){50}$' of an optional property" in (_admitted(schema) or "")  # (first: as above)
+    assert fails_mid_reply(schema, reply)

@@ -40,15 +40,31 @@ def unreached_patterns(schema: object) -> Iterator[tuple[str, bool]]:
             continue
         properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
         required = {r for r in node["required"] if isinstance(r, str)} if isinstance(node.get("required"), list) else ()
-        values = [(v, False) for k, v in properties.items() if k not in required]
+        named = node.get("patternProperties") if isinstance(node.get("patternProperties"), dict) else {}
+        values = [(v, False) for k, v in properties.items() if k not in required] + [(v, False) for v in named.values()]
         values.append((node.get("additionalProperties"), True))
         for value, additional in values:
-            pattern = _followed(schema, value).get("pattern") if isinstance(value, dict) else None
-            if isinstance(pattern, str) and (pattern, additional) not in seen and counts_unbounded_group(pattern):
-                seen.add((pattern, additional))
-                yield pattern, additional
-                if len(seen) >= MOST_WALKED:
-                    return
+            for pattern in _patterns_in(schema, value):
+                if (pattern, additional) not in seen and counts_unbounded_group(pattern):
+                    seen.add((pattern, additional))
+                    yield pattern, additional
+                    if len(seen) >= MOST_WALKED:
+                        return
+
+
+def _patterns_in(root: object, value: object, depth: int = 0) -> Iterator[str]:
+    """The patterns of the strings ``value`` may be, or hold as an array's items or a union's
+    branches (an optional property's ``[{"pattern": "^(a+){50}$"}]`` or anyOf of one failed as its
+    own did, let through); not within an object's properties (each object is walked as its own)."""
+    value = _followed(root, value) if isinstance(value, dict) else None
+    if value is None or depth > _MOST_LINKS:
+        return
+    if isinstance(pattern := value.get("pattern"), str):
+        yield pattern
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems", "items"):
+        within = value.get(key)
+        for member in within if isinstance(within, list) else [within]:
+            yield from _patterns_in(root, member, depth + 1)
 
 
 def _patterns_problem(patterns: tuple[tuple[str, bool], ...]) -> str | None:
@@ -71,7 +87,7 @@ def _patterns_problem(patterns: tuple[tuple[str, bool], ...]) -> str | None:
         start = _byte_grammars().matcher(json_grammar(schema))
         for prefix, pattern, additional in prefixes:
             if error := None if start.is_error() else _first_byte_error(start.deep_copy(), prefix):
-                where = "a value of other properties" if additional else "an optional property"
+                where = "a value of other properties" if additional else "an optional property (or patternProperties')"
                 shown = pattern if len(pattern) <= 60 else pattern[:57] + "..."
                 return f"the pattern {shown!r} of {where}: " + _walk_failed(error, first_step=False)
     return None
