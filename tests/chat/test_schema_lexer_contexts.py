@@ -108,3 +108,13 @@ def test_a_pattern_the_walk_never_reaches_within_an_optional_value_is_refused(sc
     a patternProperties' value it was let through, and every reply writing it failed at its first byte."""
     assert "the pattern '^(a+){50}$' of an optional property" in (_admitted(schema) or "")  # (first: as above)
     assert fails_mid_reply(schema, reply)
+
+
+def test_more_patterns_the_walk_never_reaches_than_are_walked_is_refused():
+    """Past the 64 walked, the rest were let through (the walk of the whole grammar reaches none):
+    64 optional patterns of (a+){2} before an optional (a+){50}, every reply writing it failed."""
+    properties = {f"p{i}": {"type": "string", "pattern": f"^b{i}(a+){{2}}$"} for i in range(64)}
+    schema = {"type": "object", "properties": {**properties, "x": _FIFTY}}
+    assert "more than 64 patterns repeating a group that repeats without bound" in (_admitted(schema) or "")
+    assert fails_mid_reply(schema, {"x": "a" * 60})
+    assert _admitted({**schema, "properties": properties}) is None  # (64: each walked)

@@ -17,21 +17,25 @@ from .schema_size import open_object
 from .schema_splits import counts_unbounded_group
 
 # patterns one schema's check walks at most (one grammar: ~0.05 s for 33, load 14; each compiled
-# alone 0.3 s): past it, the rest are left to the walk of the whole grammar (its walks are cached by
-# the schema's text: ``schema_walks``)
+# alone 0.3 s): past it, the schema is refused (the walk of its whole grammar reaches none of them:
+# 64 such patterns before an optional ``(a+){50}`` let it through, every reply writing it failed)
 MOST_WALKED = 64
 _MOST_LINKS = 8  # $refs followed to a property's schema
 
 
 def unreached_problem(schema: object) -> str | None:
     """Why llguidance fails a reply at the first byte of a pattern of ``schema`` the walk of its
-    grammar never reaches (``unreached_patterns``), walked where it stands (None: it does not)."""
-    return _patterns_problem(tuple(unreached_patterns(schema)))
+    grammar never reaches (``unreached_patterns``), walked where it stands (None: it does not), or
+    that it holds more of them than are walked."""
+    if len(patterns := tuple(unreached_patterns(schema))) > MOST_WALKED:
+        what = "patterns repeating a group that repeats without bound (such as (a+){2})"
+        return f"more than {MOST_WALKED} {what} in objects open to other properties: at most {MOST_WALKED} are checked"
+    return _patterns_problem(patterns)
 
 
 def unreached_patterns(schema: object) -> Iterator[tuple[str, bool]]:
     """The patterns of strings the walk of ``schema``'s grammar writes no byte of, each once and at
-    most ``MOST_WALKED``: (the pattern, whether an additionalProperties' value, else an
+    most one past ``MOST_WALKED``: (the pattern, whether an additionalProperties' value, else an
     optional property's), of those counting a group that repeats without bound (``(a+){n}``: what
     builds llguidance's lexer expressions past its fuel; ``(a|bb){300}``, ``(ab|c+){100}`` written whole)."""
     seen: set[tuple[str, bool]] = set()
@@ -48,7 +52,7 @@ def unreached_patterns(schema: object) -> Iterator[tuple[str, bool]]:
                 if (pattern, additional) not in seen and counts_unbounded_group(pattern):
                     seen.add((pattern, additional))
                     yield pattern, additional
-                    if len(seen) >= MOST_WALKED:
+                    if len(seen) > MOST_WALKED:  # (one past: refused)
                         return
 
 
