@@ -118,3 +118,16 @@ def test_more_patterns_the_walk_never_reaches_than_are_walked_is_refused():
     assert "more than 64 patterns repeating a group that repeats without bound" in (_admitted(schema) or "")
     assert fails_mid_reply(schema, {"x": "a" * 60})
     assert _admitted({**schema, "properties": properties}) is None  # (64: each walked)
+
+
+_ANY_ITEMS = [{"type": "array"}, {"type": ["array", "null"], "prefixItems": [{"type": "integer"}]}]
+
+
+@pytest.mark.parametrize("array", _ANY_ITEMS)
+def test_an_array_of_any_items_holds_objects_open_to_other_properties(array):
+    """An array without ``items`` holds any value, objects open to other properties too: counted as
+    closed, ``.*.{1300}`` beside it was let through, and failed 1,115 bytes in."""
+    closed = strings({"pattern": "^.*.{1300}$"})
+    schema = {**closed, "properties": {**closed["properties"], "o": array}}
+    assert fails_mid_reply(schema, {"s0": "a" * 1500})
+    assert "in a grammar holding an object open to other properties" in (size_problem([schema], DEFAULTS) or "")

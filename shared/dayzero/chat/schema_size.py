@@ -175,15 +175,18 @@ def _objects(schema: object, merged: Merged) -> Iterator[dict]:
 
 def open_object(node: object) -> bool:
     """Whether ``node`` admits an object open to other properties (additionalProperties not false;
-    ``true`` and ``{}``: any value, such an object too). A $ref or union without a type is its
-    subschemas' (each walked); an enum or const writes its values as they are."""
+    ``true`` and ``{}``: any value, such an object too; an array of any items: such items). A $ref
+    or union without a type is its subschemas' (each walked); an enum or const writes its values
+    as they are."""
     if not isinstance(node, dict):
         return node is True
     if {"enum", "const"} & node.keys() or "type" not in node and {"$ref", "anyOf", "oneOf", "allOf"} & node.keys():
         return False
-    kind = node.get("type", "object")
-    objects = kind == "object" or isinstance(kind, list) and "object" in kind
-    return objects and node.get("additionalProperties") is not False
+    kinds = node.get("type", "object")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    if "array" in kinds and node.get("items", True) is True:  # (items of any value: such objects too)
+        return True
+    return "object" in kinds and node.get("additionalProperties") is not False
 
 
 def _required_only(node: object) -> int:
