@@ -131,3 +131,12 @@ def test_an_array_of_any_items_holds_objects_open_to_other_properties(array):
     schema = {**closed, "properties": {**closed["properties"], "o": array}}
     assert fails_mid_reply(schema, {"s0": "a" * 1500})
     assert "in a grammar holding an object open to other properties" in (size_problem([schema], DEFAULTS) or "")
+
+
+@pytest.mark.parametrize("pattern", ["^((.{1600}.*)){2}$", "^((?:.{1600}.*)?){2}$"])
+def test_a_group_whose_next_repeat_goes_on_a_run_is_refused_nested(pattern):
+    """The group's head was read only of its own atoms: nested in another group, ``.{1600}`` its
+    head no more, let through, and every reply failed, the second repeat's count after the first's ``.*``."""
+    schema = strings({"pattern": pattern})
+    assert "after a repeat without bound" in (_admitted(schema) or "")
+    assert fails_mid_reply(schema, {"s0": "a" * 3400})

@@ -85,12 +85,17 @@ class _Group:
     live_at_end: set[str | None] = field(default_factory=set)
     # the last atom's, a group's: (``tails``, ``heads``) where its next repeat goes on a run (``wrapped``)
     wraps: tuple[float, float] = (0, 0)
+    # the last atom's, a group's: its ``heads`` and ``head_atoms`` (``((.{1600}.*)){2}``: the outer's head)
+    lead: float = 0
+    lead_atoms: set[str | None] = field(default_factory=set)
 
     def add(self, atom: tuple[float, float] | None) -> None:
         """Read ``atom`` after the last one (None: an anchor, a quantifier's end)."""
         if self.last is not None:
             self.sequence = (self.sequence[0] + self.last[0], self.sequence[1] + self.last[1])
             self._follow(*self.last)
+            if not self.head_done and self.last[1] == math.inf:
+                self.head, self.head_atoms = self.head + self.lead, self.head_atoms | self.lead_atoms
             self.head_done = self.head_done or self.last[1] == math.inf
             if not self.head_done:
                 self.head += self.last[1]
@@ -221,6 +226,7 @@ def _read(regex: str) -> tuple[int, int, bool]:
             # (its atoms' characters: ``(b)*a{2000}`` read as any, refused, though written whole)
             groups[-1].text, groups[-1].counted = _group_text(top.atoms), bool(top.after_counted)
             groups[-1].wraps = top.wrapped()
+            groups[-1].lead, groups[-1].lead_atoms = top.heads, top.head_atoms
             groups[-1].weight = max(1, top.after_counted)
             groups[-1].unbounded |= top.unbounded | top.unbounded_branches  # (``(.*)x{2000}``: after it)
         elif char == "|":
@@ -248,6 +254,7 @@ def _read(regex: str) -> tuple[int, int, bool]:
                 i = _ESCAPE.match(regex, i).end() - 1 if i + 1 < len(regex) else i
             top.add((1, 1))
             top.text, top.weight, top.counted, top.wraps = regex[start : i + 1], 1, False, (0, 0)
+            top.lead = 0
             top.atoms.add(top.text)
         i += 1
     for group in groups:  # (its end, and groups left open)
