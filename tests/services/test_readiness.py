@@ -251,6 +251,7 @@ def test_a_decode_worker_that_refuses_a_prefill_workers_block_ids_as_bytes_is_a_
     assert warning.startswith(f"decode worker {older.name} is of a version before DAYZERO_HANDOFF_IDS")
     assert prefill.name in warning and "DAYZERO_HANDOFF_IDS=lists" in warning
     prefill.stats.serves["ids"] = "lists"  # (the setting, as that worker announces it)
+    prefill.presence.beat(lambda: prefill.snapshot(1))  # (announce skips a beat within a quarter lease)
     status, body = _ready(gateway, [prefill, upgraded, older], registry)
     assert status == 200 and "warnings" not in body, body
 
