@@ -1,6 +1,6 @@
 """A handoff message's block ids, through its JSON as decode reads it: as lists (DAYZERO_HANDOFF_IDS
-=lists: the message holds the fields the previous version knows) or as int64 bytes (``bytes``: base64
-under ``block_ids``, no lists); decode takes either. Bytes that are no base64, or do not fit the
+=lists: the message holds the fields a decode two releases back knows) or as int64 bytes (``bytes``, the
+default: base64 under ``block_ids``, no lists); decode takes either. Bytes that are no base64, or do not fit the
 state, raise a LookupError where the state is received (decode gives the request back to be re-run
 and releases its blocks), as lists that do not fit do: not a refusal of the whole message."""
 
@@ -55,7 +55,7 @@ def _received(src: KVPools, receiver: Receiver, message: dict) -> KVPools:
 def test_a_state_sent_as_bytes_is_received_as_its_lists_are(source):
     src, receiver = source
     lists, packed = _sent(src, "lists"), _sent(src, "bytes")
-    assert "blocks" in lists and "block_ids" not in lists  # what a decode of the previous version reads
+    assert "blocks" in lists and "block_ids" not in lists  # what a decode two releases back reads
     assert "block_ids" in packed and "blocks" not in packed
     assert set(lists) - {"blocks"} == set(packed) - {"block_ids"}
     for message in (lists, packed):
