@@ -6,13 +6,15 @@ are; a process of its own then receives it as decode does (its first receive att
 shared-memory segment, or on a GPU the CUDA IPC allocation: its exporter cannot open it; the
 others copy the state into its own pools, what decode times as handoff_seconds), timed
 interleaved with a plain copy of as many bytes between two contiguous tensors on the same
-device, median of ``--runs`` (CUDA-synchronised). The 16-token state is the handoff's fixed
-cost: its copy is a few microseconds. The decode side reads the state's message from its JSON
+device, median of ``--runs`` after ``--warmup`` receives not counted (CUDA-synchronised; the first
+attaches; a decode worker imports thousands of states: the warm ones are its steady state, and
+``--warmup 1`` a fresh process's first). The 16-token state is the handoff's fixed cost: its copy
+is a few microseconds. The decode side reads the state's message from its JSON
 each time, as decode's task does (``parse us``: outside handoff_seconds); ``--ids`` is how the
 message names the blocks (DAYZERO_HANDOFF_IDS: int64 bytes, the default, or lists). The pools hold random
 values (the copy does not depend on them). ``--transport cuda_ipc`` needs a GPU (bench/gpu.sh
 runs it; without one: a message, exit 0). Run:
-``python bench/handoff.py [--runs 9] [--transport shm|cuda_ipc] [--ids bytes|lists] [--profile]
+``python bench/handoff.py [--runs 9] [--warmup 10] [--transport shm|cuda_ipc] [--ids bytes|lists] [--profile]
 [--tokens 4096]``.
 """
 
@@ -43,12 +45,20 @@ def _config(name: str) -> ModelConfig:
 
 
 def _decode_side(
-    transport: str, layout: PoolLayout, dtype: torch.dtype, message: str, moved: int, runs: int, profiled: bool, out
+    transport: str,
+    layout: PoolLayout,
+    dtype: torch.dtype,
+    message: str,
+    moved: int,
+    runs: int,
+    warmup: int,
+    profiled: bool,
+    out,
 ) -> None:
-    """In a process of its own, as decode: read the state's ``message`` and receive it ``runs + 1``
-    times (the first a warm-up, which attaches) interleaved with a plain copy of the ``moved`` bytes;
-    puts (handoff s, copy s, parse s) medians and, when ``profiled``, the profiler's table of one
-    more receive."""
+    """In a process of its own, as decode: read the state's ``message`` and receive it
+    ``warmup + runs`` times (the first attaches; the ``warmup`` first are not counted) interleaved
+    with a plain copy of the ``moved`` bytes; puts (handoff s, copy s, parse s) medians and, when
+    ``profiled``, the profiler's table of one more receive."""
     device = "cuda" if transport == "cuda_ipc" else "cpu"
     receiver = Receiver(store=None)  # (the store serves the redis transport only)
     ref = StateRef.model_validate_json(message)
@@ -57,7 +67,7 @@ def _decode_side(
     target = torch.empty_like(flat)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     handoffs, copies, parses = [], [], []
-    for _ in range(runs + 1):
+    for _ in range(warmup + runs):
         dst.release("d")
         start = time.perf_counter()
         ref = StateRef.model_validate_json(message)
@@ -74,7 +84,7 @@ def _decode_side(
     assert dst.sequence_bytes("d") == moved
     profile = _profiled(dst, receiver, ref, sync) if profiled else ""
     receiver.close()
-    out.put((*(statistics.median(times[1:]) for times in (handoffs, copies, parses)), profile))
+    out.put((*(statistics.median(times[warmup:]) for times in (handoffs, copies, parses)), profile))
 
 
 def _profiled(dst: KVPools, receiver: Receiver, ref: StateRef, sync) -> str:
@@ -99,6 +109,7 @@ def bandwidth(
     transport: str = "shm",
     profiled: bool = False,
     ids: str = "bytes",
+    warmup: int = 10,
 ) -> tuple[float, float, int, float, str]:
     """(handoff bytes/s, plain copy bytes/s, bytes moved, message parse s, profile) for one sequence
     of ``tokens`` tokens."""
@@ -117,7 +128,7 @@ def bandwidth(
         context = multiprocessing.get_context("spawn")
         out = context.Queue()
         message = publish(src, "s", "bench", transport, store=None, ttl_s=600, ids=ids).model_dump_json()
-        args = (transport, layout, dtype, message, moved, runs, profiled, out)
+        args = (transport, layout, dtype, message, moved, runs, warmup, profiled, out)
         child = context.Process(target=_decode_side, args=args)
         child.start()
         handoff, copy, parse, profile = out.get(timeout=600)
@@ -135,6 +146,9 @@ def bandwidth(
 def main() -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument(
+        "--warmup", type=int, default=10, help="receives not counted before the runs (the first attaches): at least 1"
+    )
     parser.add_argument("--transport", choices=("shm", "cuda_ipc"), default="shm")
     parser.add_argument(
         "--profile", action="store_true", help="cuda_ipc: after the table, one import profiled per case"
@@ -142,13 +156,15 @@ def main() -> None:
     parser.add_argument("--ids", choices=("bytes", "lists"), default="bytes", help="how the message names the blocks")
     parser.add_argument("--tokens", type=int, nargs="+", help="only the cases of these sequence lengths (default: all)")
     args = parser.parse_args()
+    if args.warmup < 1:
+        parser.error("--warmup: at least 1 (the first receive attaches the state's memory)")
     if args.transport == "cuda_ipc":
         need_cuda("bench/handoff.py --transport cuda_ipc")
     torch.manual_seed(0)
     where = "GPU, CUDA IPC" if args.transport == "cuda_ipc" else "CPU, shared memory"
     print(
         f"KV handoff (decode receives prefill's published state, in another process) vs a plain copy, {where}, "
-        f"block ids as {args.ids}"
+        f"block ids as {args.ids}, median of {args.runs} after {args.warmup} not counted"
     )
     print("| model | dtype | tokens | state MB | parse us | handoff us | copy us | handoff GB/s | copy GB/s | ratio |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -157,7 +173,7 @@ def main() -> None:
     for name, tokens in [(name, tokens) for name, tokens in cases if tokens in (args.tokens or [tokens])]:
         dtype = torch.float32 if name == "demo" else torch.bfloat16
         handoff, copy, moved, parse, profile = bandwidth(
-            _config(name), tokens, dtype, args.runs, args.transport, args.profile, args.ids
+            _config(name), tokens, dtype, args.runs, args.transport, args.profile, args.ids, args.warmup
         )
         print(
             f"| {name} | {str(dtype).removeprefix('torch.')} | {tokens} | {moved / 1e6:.2f} | {parse * 1e6:.1f} | "
