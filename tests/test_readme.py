@@ -132,6 +132,7 @@ def _sent_codes() -> set[str]:
     ]
     lengths = [{"type": kind, "ctx": {"min_length": 1}} for kind in ("too_short", "string_too_short")]
     errors = [*bounds, *lengths, {"type": "string_too_short", "ctx": {"min_length": 2}}, {"type": "int_type"}]
+    errors += [{"type": "finite_number"}]  # (any type without a code of its own)
     return (codes | {validation_code(error) for error in errors}) - {""}
 
 

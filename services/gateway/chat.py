@@ -49,7 +49,7 @@ def chat_prompt(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
         try:
             ids = expand_placeholders(ids, gw.image_token, prompt.patches, "messages")
         except APIError as refused:  # the field the tag was typed into, looked for only now
-            raise APIError(400, refused.message, param=_field_holding_the_tag(options)) from None
+            raise APIError(400, refused.message, param=_field_holding_the_tag(options), code=refused.code) from None
     return ids, prompt
 
 
@@ -59,6 +59,8 @@ async def prompted(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
     prompt is (``context.encoded``), for less than the thread pool's hop and back."""
     return chat_prompt(gw, body) if _short_text(body) else await run_in_threadpool(chat_prompt, gw, body)
 
+
+UNENFORCEABLE = "unsupported_schema"  # a schema (response_format, a tool's) no grammar here enforces
 
 # A short chat's messages and content parts in all (a message's string content: one part): each
 # costs its rendering whatever its text (~3 us a message, ~0.4 us a part: 256 empty messages, or 4,096
@@ -158,23 +160,24 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
             )
             param = "tools"
         except Unenforceable as exc:
-            raise APIError(400, f"cannot enforce this schema: {exc}", param="tools") from None
+            raise APIError(400, f"cannot enforce this schema: {exc}", param="tools", code=UNENFORCEABLE) from None
     elif schema is not None:
         _check_size(gw, [schema], "response_format")
         if problem := walked_schemas().problem(schema):
-            raise APIError(400, f"cannot enforce this schema: {problem}", param="response_format")
+            raise APIError(400, f"cannot enforce this schema: {problem}", param="response_format", code=UNENFORCEABLE)
         lark, param = json_grammar(schema), "response_format"
     else:
         return None
     enforced = [p for _, _, p in body.enforced_parameters()] if param == "tools" else [schema]
     if gw.codec.has_tokenizer and (token := spelled_token(enforced, gw.codec.special_texts)):
         message = f"cannot enforce this schema: it spells the special token {token}, which a reply cannot write as text"
-        raise APIError(400, message, param=param)
+        raise APIError(400, message, param=param, code=UNENFORCEABLE)
     after = None  # (under "auto" the grammar holds the thought too: its text is free, a block is not)
     if thinking and not auto_strict and (after := gw.codec.token_id(END_THINK)) is None:
-        raise APIError(400, f"thinking mode with a constrained answer needs {END_THINK} as one token", param=param)
+        message = f"thinking mode with a constrained answer needs {END_THINK} as one token"
+        raise APIError(400, message, param=param, code=UNENFORCEABLE)
     if problem := grammar_problem(lark, gw.codec.grammars):
-        raise APIError(400, f"cannot enforce this schema: {problem}", param=param)
+        raise APIError(400, f"cannot enforce this schema: {problem}", param=param, code=UNENFORCEABLE)
     return Grammar(lark, after, param)
 
 
@@ -202,7 +205,7 @@ def check_tool_set(gw: Gateway, body: ChatPrompt) -> None:
         )
     if more_nodes_than(_parameters(body.offered_tools()), limit := gw.context_limit):
         message = f"the tools are too big: more than {limit:,} subschemas, each at least one token of the prompt, "
-        raise APIError(400, message + f"whose context holds {limit:,}", param="tools")
+        raise APIError(400, message + f"whose context holds {limit:,}", param="tools", code="context_length_exceeded")
 
 
 def _parameters(tools: list[dict]) -> list[dict]:
@@ -225,7 +228,7 @@ def _check_size(gw: Gateway, schemas: list, param: str) -> None:
     """The schemas one grammar would enforce, measured before anything compiles them: past a limit,
     400 in milliseconds (llguidance's compile of 8,000 properties took seconds of CPU, then refused)."""
     if problem := size_problem(schemas, gw.settings.schema_limits(), calls=param == "tools"):
-        raise APIError(400, f"cannot enforce this schema: too big: {problem}", param=param)
+        raise APIError(400, f"cannot enforce this schema: too big: {problem}", param=param, code=UNENFORCEABLE)
 
 
 def _check_tools(body: ChatPrompt) -> None:
@@ -235,4 +238,5 @@ def _check_tools(body: ChatPrompt) -> None:
     for i, name, parameters in enforced:
         if problem := walked_schemas().problem(parameters, tool_probe_steps(len(enforced))):
             where = param_path(("tools", i, "function", "parameters"))
-            raise APIError(400, f"{where}: cannot enforce the parameters of tool {name!r}: {problem}", param=where)
+            message = f"{where}: cannot enforce the parameters of tool {name!r}: {problem}"
+            raise APIError(400, message, param=where, code=UNENFORCEABLE)

@@ -13,7 +13,7 @@ from dayzero.chat.auto_grammar import strict_tools
 from dayzero.chat.call_parameters import parameters_problem
 from dayzero.chat.schema_size import MOST_TOOLS
 
-from .schemas import MAX_TEXT, ResponseFormat, Sampling, Text, _Body, field_error, json_reply, too_many
+from .schemas import MAX_TEXT, ResponseFormat, Sampling, Text, _Body, coded, field_error, json_reply
 from .thinking_mode import ChatTemplateKwargs, Effort, ThinkingSwitch, thinking_conflict, v4_effort
 from .tool_results import unanswered_result
 
@@ -146,7 +146,9 @@ class ChatPrompt(_Body):
         if isinstance(value, list) and len(value) <= MAX_MESSAGES:
             fields = [m.get(name) for m in value if isinstance(m, dict) for name in ("content", "tool_calls")]
             if (parts := sum(len(f) for f in fields if isinstance(f, list))) > MAX_REQUEST_PARTS:
-                raise too_many(f"at most {MAX_REQUEST_PARTS} content parts and tool calls in all messages, not {parts}")
+                raise coded(
+                    "too_long", f"at most {MAX_REQUEST_PARTS} content parts and tool calls in all messages, not {parts}"
+                )
         return value
 
     @field_validator("messages")
@@ -271,7 +273,7 @@ class ChatCompletionRequest(Sampling, ChatPrompt):
     @classmethod
     def _no_echo(cls, value: bool) -> bool:
         if value:
-            raise ValueError("echo is a completions parameter; chat completions do not echo")
+            raise coded("unsupported_parameter", "echo is a completions parameter; chat completions do not echo")
         return value
 
     @field_validator("top_logprobs")

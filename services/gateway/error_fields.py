@@ -11,7 +11,7 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "body"}
 _KEY_TAG = "[key]"  # pydantic's, after a map's key that was refused (not its value)
 _NAME = re.compile(r"[^\W\d][\w-]*")  # a map's key written after a dot
 # the code OpenAI's API gives a body's invalid field, by pydantic's error type (with a bound: by the
-# bound's kind, integer or decimal); null for the others, as OpenAI's for many (a logit_bias key)
+# bound's kind, integer or decimal)
 _CODES = {
     "missing": "missing_required_parameter",
     "literal_error": "invalid_value",
@@ -20,6 +20,11 @@ _CODES = {
     "string_unicode": INVALID_UNICODE,  # (a bounded string's; an unbounded one's is the tokenizer's)
     "too_long": "array_above_max_length",
     "too_many_properties": "object_above_max_properties",  # (a map's: schemas._Body)
+    "value_error": "invalid_value",  # a check of the server's own (a ValueError's; OpenAI's null for some)
+    # the server's own checks named by OpenAI's code (schemas.coded): a parameter of the other
+    # endpoint, a value of a parameter this server does not implement (null was theirs)
+    "unsupported_parameter": "unsupported_parameter",
+    "unsupported_value": "unsupported_value",
 }
 _BOUNDS = {"greater_than_equal": "below_min", "less_than_equal": "above_max"}  # (the bounds fields use)
 
@@ -37,19 +42,19 @@ def _step(part: str | int) -> str:
     return f".{part}" if _NAME.fullmatch(part) else f"[{json.dumps(part, ensure_ascii=False)}]"
 
 
-def validation_code(error: dict) -> str | None:
+def validation_code(error: dict) -> str:
     """OpenAI's ``code`` for a validation error: ``invalid_type``, ``integer_below_min_value``,
-    ``decimal_above_max_value``, ``empty_string``, ... (they were all null)."""
+    ``decimal_above_max_value``, ``empty_string``, ... (they were all null), else ``invalid_value``."""
     kind = error.get("type", "")
     if kind in _BOUNDS:
         bound = next(iter(error.get("ctx", {}).values()), None)
         return f"{'decimal' if isinstance(bound, float) else 'integer'}_{_BOUNDS[kind]}_value"
     least = error.get("ctx", {}).get("min_length")
-    if kind == "too_short":  # OpenAI's for empty messages (a list's least length is 1 here)
-        return "empty_array" if least == 1 else None
+    if kind == "too_short" and least == 1:  # OpenAI's for empty messages (a list's least length is 1 here)
+        return "empty_array"
     if kind == "string_too_short":  # (an empty stop string)
         return "empty_string" if least == 1 else "string_below_min_length"
-    return "invalid_type" if kind.endswith("_type") else _CODES.get(kind)
+    return "invalid_type" if kind.endswith("_type") else _CODES.get(kind, "invalid_value")  # (not a finite number...)
 
 
 def specificity(error: dict) -> tuple[int, bool]:

@@ -21,6 +21,7 @@ from .error_text import shortened, validation_why
 from .methods import methods_taken
 
 QUEUE_UNAVAILABLE = "queue_unavailable"  # Redis unreachable, or refusing what the request needs
+INVALID_JSON = "invalid_json"  # a body that does not parse (OpenAI's code is null; json_body's checks too)
 log = logging.getLogger("dayzero.gateway")
 
 
@@ -86,19 +87,18 @@ def install(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":  # its location is a character, not a field
             where, why = first["loc"][-1], first.get("ctx", {}).get("error", "")
             message = f"the body is not valid JSON: {why} (at character {where})"
-            return error_response(400, message, "invalid_request_error")
+            return error_response(400, message, "invalid_request_error", code=INVALID_JSON)
         # a body left as bytes: FastAPI reads JSON only under a JSON content-type (a text/plain post
         # is one a browser page may send across origins unasked, so it stays unread)
         if isinstance(first.get("input"), bytes):
             sent = request.headers.get("content-type", "none")
             message = f"the body must be JSON sent with content-type: application/json (got {sent})"
-            return error_response(400, message, "invalid_request_error")
+            return error_response(400, message, "invalid_request_error", code="unsupported_content_type")
         param = param_path(field_path(first.get("loc", ()), exc.body)) or None
         why = validation_why(first)
-        if param is None:  # the body's own (none, or not an object): no parameter to code
-            return error_response(
-                400, _no_body(request) if first.get("type") == "missing" else why, "invalid_request_error"
-            )
+        if param is None:  # the body's own (none: missing_required_parameter; not an object: invalid_type)
+            message = _no_body(request) if first.get("type") == "missing" else why
+            return error_response(400, message, "invalid_request_error", code=validation_code(first))
         return error_response(400, f"{param}: {why}", "invalid_request_error", param, validation_code(first))
 
     @app.exception_handler(HTTPException)
@@ -110,7 +110,9 @@ def install(app: FastAPI) -> None:
         if exc.status_code == 405:  # OpenAI's words, and the methods it takes (Starlette's: "Method Not Allowed")
             taken = ", ".join(methods_taken(request.app.router.routes, request.scope))
             message = f"Invalid method for URL ({request.method} {request.url.path}): it takes {taken}"
-            headers = {**(headers or {}), "Allow": taken}
+            headers, code = {**(headers or {}), "Allow": taken}, "method_not_allowed"
+        if exc.status_code == 400:  # the body's parse (json_body: not UTF-8, nested too deep, an endless integer)
+            code = INVALID_JSON
         return error_response(exc.status_code, message, type_, code=code, headers=headers)
 
     @app.exception_handler(NoTokenizerError)

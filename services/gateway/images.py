@@ -49,7 +49,7 @@ def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, v
             if isinstance(part, str) or part.type == "text":
                 value = part if isinstance(part, str) else part.text
                 if IMAGE_TAG in value:
-                    raise APIError(400, f"message text must not contain {IMAGE_TAG}", param=where)
+                    raise APIError(400, f"message text must not contain {IMAGE_TAG}", param=where, code="invalid_value")
                 text.append(value)
                 continue
             if not vision:
@@ -114,4 +114,4 @@ def expand_placeholders(ids: list[int], image_token: int, patches: list[int], pa
         return expand(ids, image_token, patches)
     except ValueError as exc:
         why = f"{IMAGE_TAG} stands for an attached image and must not appear in text"
-        raise APIError(400, f"{exc}: {why}", param=param) from exc
+        raise APIError(400, f"{exc}: {why}", param=param, code="invalid_value") from exc

@@ -78,14 +78,15 @@ class _Body(BaseModel):
                     {"limit": limit, "count": len(value)},
                 )
             if limit is not None and len(value) > limit:
-                raise too_many(f"at most {limit} items, not {len(value)}")
+                raise coded("too_long", f"at most {limit} items, not {len(value)}")
         return value
 
 
-def too_many(message: str) -> PydanticCustomError:
-    """A list past its bound, refused in a check of the field's own (pydantic's type for a list past its
-    max_length: its code is OpenAI's array_above_max_length; a ValueError's was null)."""
-    return PydanticCustomError("too_long", "{message}", {"message": message})
+def coded(kind: str, message: str) -> PydanticCustomError:
+    """A check of the field's own refused as pydantic's error type ``kind``, which error_fields codes:
+    ``too_long`` (a list past its bound: array_above_max_length), ``unsupported_parameter``,
+    ``unsupported_value``, ``invalid_type`` (a ValueError's code: invalid_value)."""
+    return PydanticCustomError(kind, "{message}", {"message": message})
 
 
 def _integral(model: type[BaseModel], name: str, value: object) -> object:
@@ -129,7 +130,7 @@ class StreamOptions(_Body):
     def _usage_at_the_end_only(cls, value: bool, info: ValidationInfo) -> bool:
         """Refused where it asks for something: vLLM repeats usage only in a stream that asks for it."""
         if value and info.data.get("include_usage"):
-            raise ValueError(f"continuous_usage_stats {VLLM_ONLY}; use include_usage")
+            raise coded("unsupported_value", f"continuous_usage_stats {VLLM_ONLY}; use include_usage")
         return value
 
 
@@ -210,7 +211,7 @@ class Sampling(_EngineExtensions):
     @classmethod
     def _few_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
         if isinstance(value, list) and len(value) > MAX_STOP:  # each is matched at every token
-            raise too_many(f"at most {MAX_STOP} stop strings, not {len(value)}")
+            raise coded("too_long", f"at most {MAX_STOP} stop strings, not {len(value)}")
         return value
 
     @field_validator(*UNSUPPORTED)
@@ -218,7 +219,7 @@ class Sampling(_EngineExtensions):
     def _unsupported(cls, value: object, info: ValidationInfo) -> object:
         accepted, why = UNSUPPORTED[info.field_name]
         if not accepted(value):  # null never gets here: it is the default
-            raise ValueError(f"{info.field_name} {why}")
+            raise coded("unsupported_value", f"{info.field_name} {why}")
         return value
 
     @field_validator("stream_options")
@@ -250,14 +251,14 @@ class CompletionRequest(Sampling):
     @classmethod
     def _chat_only(cls, value: list[dict] | None) -> list[dict] | None:
         if value:
-            raise ValueError("tools are a chat completions parameter")
+            raise coded("unsupported_parameter", "tools are a chat completions parameter")
         return value
 
     @field_validator("tool_choice")
     @classmethod
     def _no_tool_choice(cls, value: object) -> object:
         if value not in (None, "none"):
-            raise ValueError("tool_choice is a chat completions parameter")
+            raise coded("unsupported_parameter", "tool_choice is a chat completions parameter")
         return value
 
     prompt: Text | list[int] | list[Text] | list[TokenIds]
@@ -276,11 +277,11 @@ class CompletionRequest(Sampling):
         if not isinstance(value, list) or not value or isinstance(value[0], int):
             return value  # one text, or one prompt of token ids (pydantic names a stray item in it)
         if len(value) > MAX_PROMPTS:
-            raise too_many(f"at most {MAX_PROMPTS} prompts in one request, not {len(value)}")
+            raise coded("too_long", f"at most {MAX_PROMPTS} prompts in one request, not {len(value)}")
         kinds = [_PROMPT_KINDS.get(type(item), "neither") for item in value]
         if (odd := next((i for i, kind in enumerate(kinds) if kind != kinds[0]), None)) is not None:
             raise PydanticCustomError(
-                "value_error",
+                "invalid_type",
                 "prompt {odd} is {kind} and prompt 0 {first}: the prompts must all be strings or all token-id lists",
                 {"odd": odd, "kind": _PROMPT_NAMES[kinds[odd]], "first": _PROMPT_NAMES[kinds[0]]},
             )

@@ -38,5 +38,5 @@ async def detokenize(body: DetokenizeRequest, gw: GatewayDep):
         limit = f"{n} token ids; the context limit is {gw.context_limit}"
         raise APIError(400, limit, param="tokens", code="context_length_exceeded")
     if body.tokens and not (min(body.tokens) >= 0 and max(body.tokens) < gw.vocab_size):  # (in C, not a generator)
-        raise APIError(400, f"token ids must be in [0, {gw.vocab_size})", param="tokens")
+        raise APIError(400, f"token ids must be in [0, {gw.vocab_size})", param="tokens", code="invalid_value")
     return {"prompt": gw.codec.decode_all(body.tokens)}

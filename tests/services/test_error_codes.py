@@ -105,3 +105,71 @@ def test_a_lone_surrogate_in_a_key_names_the_object_it_is_in_with_its_path_escap
     error = _error(gateway, CHAT, chat("hi", tools=[_tool(properties)]))
     assert error["param"] == 'tools[0].function.parameters.properties["a.b"].properties', error
     assert error["code"] == "invalid_unicode", error
+
+
+JSON = {"content-type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "content", "headers", "status", "code"),
+    [
+        # the body's own faults (no field to name: they were null)
+        ("GET", COMPLETIONS, None, {}, 405, "method_not_allowed"),
+        ("POST", COMPLETIONS, b'{"model": "x", bad}', JSON, 400, "invalid_json"),
+        ("POST", COMPLETIONS, b'{"model": "\xff"}', JSON, 400, "invalid_json"),  # not UTF-8
+        ("POST", COMPLETIONS, b"[" * 5000 + b"]" * 5000, JSON, 400, "invalid_json"),  # nested too deep
+        ("POST", COMPLETIONS, b'{"n": 1' + b"0" * 5000 + b"}", JSON, 400, "invalid_json"),  # an endless integer
+        ("POST", COMPLETIONS, b'{"model": "x"}', {"content-type": "text/plain"}, 400, "unsupported_content_type"),
+        ("POST", COMPLETIONS, b"", JSON, 400, "missing_required_parameter"),
+        ("POST", COMPLETIONS, b"[]", JSON, 400, "invalid_type"),
+        ("POST", COMPLETIONS, b"null", JSON, 400, "invalid_type"),
+        # the server's own checks of a field (they were null)
+        ("POST", COMPLETIONS, _completion(["a", [1]]), JSON, 400, "invalid_type"),  # mixed prompt kinds
+        ("POST", COMPLETIONS, _completion("a", tools=[_tool({})]), JSON, 400, "unsupported_parameter"),
+        ("POST", COMPLETIONS, _completion("a", tool_choice="auto"), JSON, 400, "unsupported_parameter"),
+        ("POST", CHAT, chat("a", echo=True), JSON, 400, "unsupported_parameter"),
+        ("POST", COMPLETIONS, _completion("a", best_of=2), JSON, 400, "unsupported_value"),
+        ("POST", COMPLETIONS, _completion("a", min_tokens=3), JSON, 400, "unsupported_value"),
+        ("POST", CHAT, chat("a", top_logprobs=2), JSON, 400, "invalid_value"),
+        ("POST", CHAT, chat("a", tool_choice="required"), JSON, 400, "invalid_value"),
+        ("POST", CHAT, chat("a", stream_options={"include_usage": True}), JSON, 400, "invalid_value"),
+        ("POST", CHAT, chat("a", logit_bias={"05": 1}), JSON, 400, "invalid_value"),
+        ("POST", CHAT, chat("a", response_format={"type": "json_schema"}), JSON, 400, "invalid_value"),
+        ("POST", COMPLETIONS, _completion([10**6]), JSON, 400, "invalid_value"),  # a token id past the vocabulary
+        ("POST", COMPLETIONS, _completion("a", logit_bias={"1000000": 1}), JSON, 400, "invalid_value"),
+        ("POST", "/detokenize", {"model": MODEL, "tokens": [10**6]}, JSON, 400, "invalid_value"),
+        ("GET", "/v1/requests/nobody/stream", None, {}, 404, "request_not_found"),
+    ],
+    ids=[
+        "405",
+        "not JSON",
+        "not UTF-8",
+        "nested too deep",
+        "endless integer",
+        "not sent as JSON",
+        "empty body",
+        "a list",
+        "null",
+        "mixed prompts",
+        "tools in completions",
+        "tool_choice in completions",
+        "echo in chat",
+        "best_of 2",
+        "min_tokens 3",
+        "top_logprobs without logprobs",
+        "tool_choice without tools",
+        "stream_options without stream",
+        "logit_bias key 05",
+        "json_schema without its schema",
+        "prompt id past the vocabulary",
+        "logit_bias id past the vocabulary",
+        "detokenize id past the vocabulary",
+        "unknown request",
+    ],
+)
+def test_every_refusal_carries_a_code(gateway, method, path, content, headers, status, code):
+    """Each 4xx names its fault in ``code`` (these were null): OpenAI's where one fits."""
+    sent = json.dumps(content) if isinstance(content, dict) else content
+    r = gateway.request(method, path, content=sent, headers=headers)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["code"] == code, r.json()

@@ -239,7 +239,8 @@ def test_a_body_that_is_not_utf8_is_told_what_and_where(gateway, body, what, cha
     assert r.status_code == 400, r.text
     sequence = f"in the sequence that begins with byte 0x{body[byte]:02x}"
     expected = f"the body is not UTF-8: {what} {sequence} (at character {character}, byte {byte})"
-    assert r.json()["error"] == {"message": expected, "type": "invalid_request_error", "param": None, "code": None}
+    error = {"message": expected, "type": "invalid_request_error", "param": None, "code": "invalid_json"}
+    assert r.json()["error"] == error
 
 
 BEFORE_THE_NESTING = ["", '{"model": "m", "x": "[[[{{\ud800", "prompt": ']  # a lone surrogate's UTF-8: json takes it

@@ -167,7 +167,7 @@ def test_a_body_that_is_not_json_is_refused_saying_where(lone_gateway):
         "message": "the body is not valid JSON: Expecting property name enclosed in double quotes (at character 15)",
         "type": "invalid_request_error",
         "param": None,
-        "code": None,
+        "code": "invalid_json",
     }
 
 

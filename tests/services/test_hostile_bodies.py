@@ -68,7 +68,8 @@ def test_an_integer_longer_than_python_converts_is_refused_saying_so(gateway):
     )
     assert r.status_code == 400, r.text
     message = f"the body has an integer of more than {limit} digits (the most this server parses)"
-    assert r.json()["error"] == {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": "invalid_json"}
+    assert r.json()["error"] == error
     r = _post(gateway, json.dumps(chat("hi")).replace('"temperature": 0', f'"max_tokens": {"9" * limit}').encode())
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text  # parsed: over its bound
 

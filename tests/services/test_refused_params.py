@@ -62,7 +62,8 @@ def test_unimplemented_chat_parameters_are_refused_when_they_ask_for_something(s
     r = httpx.post(url, json=chat("x", max_tokens=1, **{field: refused}, **COMMON), timeout=30)
     assert r.status_code == 400, r.text
     message = f"{field}: {field} {why}"  # the gateway's "<param>: <why>", as for every invalid field
-    assert r.json() == {"error": {"message": message, "type": "invalid_request_error", "param": field, "code": None}}
+    error = {"message": message, "type": "invalid_request_error", "param": field, "code": "unsupported_value"}
+    assert r.json() == {"error": error}
 
 
 VLLM_ONLY = "(vLLM's) is not supported by this server"
@@ -103,7 +104,12 @@ def test_engine_extensions_that_change_the_reply_are_refused(stack, field, defau
         assert r.status_code == 400, r.text
         message = f"{field}: {field} {why}"
         assert r.json() == {
-            "error": {"message": message, "type": "invalid_request_error", "param": field, "code": None}
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": field,
+                "code": "unsupported_value",
+            }
         }
 
 

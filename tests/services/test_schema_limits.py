@@ -67,6 +67,8 @@ def _refused(client, body: dict, path: str = "/v1/chat/completions") -> dict:
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error"
     assert "too big: more than " in error["message"]  # a forced tool's: "the tools are too big: ..."
+    unenforceable = error["message"].startswith("cannot enforce this schema")
+    assert error["code"] == ("unsupported_schema" if unenforceable else "context_length_exceeded"), error  # (was null)
     return error
 
 
@@ -165,6 +167,7 @@ def test_the_offered_tools_are_bounded_by_the_context_before_the_prompt_is_rende
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == "tools" and "more than 100 subschemas" in error["message"], error
+    assert error["code"] == "context_length_exceeded", error  # (was null)
 
 
 def test_offered_tools_are_not_held_to_the_compile_limits(small_limits, short_context):

@@ -45,7 +45,12 @@ def test_each_route_answers_each_method_it_does_not_take_with_a_405_naming_it(ga
                 continue  # (no body)
             message = f"Invalid method for URL ({method} {path}): it takes {r.headers['allow']}"
             assert r.json() == {
-                "error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "method_not_allowed",
+                }
             }, (method, path)
 
 
