@@ -77,7 +77,7 @@ def test_align_refuses_decode_steps_past_the_model_s_context(tiny_checkpoint, ca
     ("option", "message"),
     [
         (["--max-tokens", "0"], "--max-tokens must be >= 1"),
-        (["--top-p", "2"], "--top-p must be in [0.001, 1]"),
+        (["--top-p", "2"], "--top-p must be in [0, 1]"),
         (["--seed", "-1"], "--seed must be in [0, 17592186044416]"),
     ],
 )

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dayzero.params import MIN_TOP_P, SamplingParams
+from dayzero.params import SamplingParams
 from dayzero.sampling import sample
 
 
@@ -56,10 +56,16 @@ def test_penalties_subtract_presence_once_and_frequency_per_occurrence(counts, p
     assert sample(_logits(), params, None, counts) == expected
 
 
-def test_the_smallest_top_p_allowed_keeps_the_best_token():
-    logits = torch.tensor([0.0, 3.0, 1.0])
-    params = SamplingParams(max_tokens=1, temperature=1.0, top_p=MIN_TOP_P)
-    assert sample(logits, params, torch.Generator().manual_seed(0)) == 1
+@pytest.mark.parametrize("top_p", [0.0, 1e-3, 1e-310])  # (1e-310: 0 in float32)
+def test_a_top_p_of_0_keeps_only_the_most_likely_token(top_p):
+    """OpenAI takes top_p in [0, 1] (it was refused below 1e-3, as vLLM does): 0 keeps the best token
+    alone, whatever the temperature and the draw; of tokens equally likely, the first, as greedy's."""
+    from dayzero.sampling import distribution
+
+    for logits, best in ((torch.tensor([0.0, 3.0, 1.0, 2.9]), 1), (torch.tensor([1.0, 2.0, 2.0, 0.0]), 1)):
+        params = SamplingParams(max_tokens=1, temperature=2.0, top_p=top_p)
+        assert (distribution(logits, params) > 0).tolist() == [i == best for i in range(4)]  # (unnormalised)
+        assert {sample(logits, params, torch.Generator().manual_seed(seed)) for seed in range(20)} == {best}
 
 
 def _one_row(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

@@ -20,7 +20,7 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from dayzero.params import MAX_BIAS, MAX_PENALTY, MIN_TEMPERATURE, MIN_TOP_P
+from dayzero.params import MAX_BIAS, MAX_PENALTY, MIN_TEMPERATURE
 
 from .unsupported import ENGINE_EXTENSIONS, UNSUPPORTED, VLLM_ONLY
 
@@ -166,7 +166,7 @@ class Sampling(_EngineExtensions):
     model: str = Field(max_length=256)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)  # 0 (greedy) or at least MIN_TEMPERATURE
-    top_p: float = Field(default=1.0, ge=MIN_TOP_P, le=1.0)
+    top_p: float = Field(default=1.0, ge=0.0, le=1.0)  # 0: the most likely token alone (sampling)
     top_k: int = Field(default=0, ge=-1, le=1_000_000)  # 0 or -1 (vLLM's, SGLang's): every token
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # OpenAI's int64 (routes reduce it)
     stop: StopString | list[StopString] | None = None

@@ -16,7 +16,6 @@ from pydantic import Field
 # token i of a seeded request draws from seed * 1_000_003 + i, which must fit torch's 64-bit seed.
 MAX_TEMPERATURE = 100.0
 MIN_TEMPERATURE = 1e-3
-MIN_TOP_P = 1e-3
 MAX_SEED = 2**44
 MAX_PENALTY = 2.0
 MAX_BIAS = 100.0
@@ -41,7 +40,7 @@ class Grammar:
 class SamplingParams:
     max_tokens: int = 64
     temperature: float = 0.0  # 0 = greedy, else at least MIN_TEMPERATURE
-    top_p: float = 1.0
+    top_p: float = 1.0  # in [0, 1] as OpenAI's; 0 keeps the most likely token alone (vLLM's least: 1e-3)
     top_k: int = 0  # 0 = no limit
     seed: int | None = None
     stop: tuple[str, ...] = ()
@@ -66,7 +65,7 @@ def _checks(p: SamplingParams) -> list[tuple[bool, str]]:
             not (p.temperature == 0.0 or MIN_TEMPERATURE <= p.temperature <= MAX_TEMPERATURE),
             f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]",
         ),
-        (not MIN_TOP_P <= p.top_p <= 1.0, f"top_p must be in [{MIN_TOP_P}, 1]"),
+        (not 0.0 <= p.top_p <= 1.0, "top_p must be in [0, 1]"),
         (p.top_k < 0, "top_k must be >= 0"),
         (p.seed is not None and not 0 <= p.seed <= MAX_SEED, f"seed must be in [0, {MAX_SEED}]"),
         (any(not s for s in p.stop), "stop strings must not be empty"),

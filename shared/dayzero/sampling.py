@@ -68,7 +68,8 @@ def distributions(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
         top_p = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device=device)
         sorted_probs, order = sort_descending(probs)
         before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
-        sorted_probs = sorted_probs.masked_fill((before >= top_p[:, None]) & (before > 0), 0.0)  # keep the best
+        # keep the best (top_p 0: it alone; of equal ones the first, as greedy's argmax: the sort is stable)
+        sorted_probs = sorted_probs.masked_fill((before >= top_p[:, None]) & (before > 0), 0.0)
         probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
     if greedy:
         probs[greedy] = torch.nn.functional.one_hot(logits[greedy].argmax(dim=-1), vocab).float()

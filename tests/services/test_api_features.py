@@ -209,3 +209,14 @@ def test_bodies_carry_the_fields_openai_lists_as_null(stack):
     r = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["logprobs"] is None, r.json()
+
+
+def test_a_top_p_of_0_samples_the_greedy_completion(stack, reference):
+    """OpenAI takes top_p 0 (it was a 400: at least 1e-3, as vLLM's): the most likely token alone,
+    so any temperature and seed give the greedy completion (the engine's, run in-process)."""
+    ids = prompt_ids(5)
+    for sampling in ({"temperature": 1.5, "seed": 3}, {"temperature": 2.0}):
+        body = {"model": MODEL, "prompt": ids, "max_tokens": 8, "ignore_eos": True, "top_p": 0, **sampling}
+        r = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == reference(ids, 8)
