@@ -17,6 +17,9 @@ from dayzero.procs import scratch_redis
 from dayzero.redis_refusals import CommandRefused
 from dayzero.serving.intake import run_loop
 from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.scripts import Take
+
+from .services.lifecycle_requests import request
 
 GRANTS = {"enabled": True, "passwords": ["+pw"], "keys": ["*"], "channels": ["*"]}
 
@@ -52,15 +55,16 @@ def test_a_command_refused_in_a_script_or_a_transaction_is_said_as_refused(comma
 def test_a_worker_loop_refused_multi_says_the_refusal_not_an_outage(tmp_path, caplog):
     """A worker whose user an ACL refuses MULTI alone: its loop's transaction (a prefill worker's
     handoff releases here) failed on "EXEC without MULTI", logged as "redis unavailable (EXEC without
-    MULTI); retrying", an outage that never ends, naming no refusal. The line names 'multi' and the ACL."""
+    MULTI); retrying", an outage that never ends, naming no refusal. The line names 'multi' and the ACL
+    (a transaction of its own: the handoff release sends none now, the next test)."""
     with scratch_redis(tmp_path) as port:
         redis.Redis(port=port).acl_setuser("dz", commands=["+@all", "-multi"], **GRANTS)
         client = redis.Redis.from_url(f"redis://dz:pw@127.0.0.1:{port}/0")
-        store, stop = Lifecycle(client), threading.Event()
+        stop = threading.Event()
 
         def iteration() -> None:
             stop.set()  # (one pass: the loop ends after this one's failure)
-            store.released("prefill0", {})
+            _transaction(client)
 
         caplog.set_level(logging.WARNING, "dayzero.test")
         run_loop(stop, iteration, logging.getLogger("dayzero.test"), lambda: None)
@@ -68,3 +72,20 @@ def test_a_worker_loop_refused_multi_says_the_refusal_not_an_outage(tmp_path, ca
     (line,) = [record.getMessage() for record in caplog.records]
     assert line.startswith("redis unavailable (Redis refuses the user a command ('multi'"), line
     assert "ACL GETUSER" in line, line
+
+
+def test_a_prefill_worker_refused_multi_still_frees_the_blocks_decode_took(tmp_path):
+    """A prefill worker whose user an ACL refuses MULTI alone: its release of the handoffs decode took
+    read and deleted its inbox in a transaction; the read and the delete ran one by one, EXEC failed
+    "EXEC without MULTI" and the reply was lost, the notices with it: the blocks stayed kept till each
+    request ended, not freed once decode had copied them. Each notice is read now."""
+    with scratch_redis(tmp_path) as port:
+        redis.Redis(port=port).acl_setuser("dz", commands=["+@all", "-multi"], **GRANTS)
+        store = Lifecycle(redis.Redis.from_url(f"redis://dz:pw@127.0.0.1:{port}/0"))
+        for rid in ("taken", "waits"):
+            store.admit(request(rid), [], "", 60)
+        assert store.take_handoffs([("taken", 0, "prefill0")], "decode0", 30) == {"taken": Take.CLAIMED}
+        held = {"taken": 0, "waits": 0}
+        assert store.released("prefill0", held) == {"taken"}
+        assert store.released("prefill0", {"waits": 0}) == set()  # (read once)
+        store.r.close()

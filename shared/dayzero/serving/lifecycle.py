@@ -51,7 +51,18 @@ from .keys import HANDOFF_OWNER, QUEUES, key
 from .messages import GenerationRequest
 from .queue_scripts import ADMIT, ENQUEUE, RERUN
 from .records import ending
-from .scripts import HAND_BACK, HAND_OFF, HAND_ON, HEARTBEAT, TAKE, TAKE_HANDOFFS, Take, parked_state, push_keys
+from .scripts import (
+    HAND_BACK,
+    HAND_OFF,
+    HAND_ON,
+    HEARTBEAT,
+    RELEASED,
+    TAKE,
+    TAKE_HANDOFFS,
+    Take,
+    parked_state,
+    push_keys,
+)
 from .stream_scripts import APPEND, SETTLE, SETTLED_SAYS, Settled, entry_args
 from .token_stream import TokenStream
 
@@ -69,7 +80,8 @@ class Lifecycle(TokenStream):
         self._rerun, self._enqueue = client.register_script(RERUN), client.register_script(ENQUEUE)
         self._take_handoffs, self._hand_back = client.register_script(TAKE_HANDOFFS), client.register_script(HAND_BACK)
         self._append, self._settle = client.register_script(APPEND), client.register_script(SETTLE)
-        self._hand_on = client.register_script(HAND_ON)
+        self._hand_on, self._released = client.register_script(HAND_ON), client.register_script(RELEASED)
+        self._read_inbox: dict[str, list[bytes]] = {}  # per holder: the ids its last ``released`` read
 
     def load_scripts(self) -> None:
         """Load the Lua scripts now, not on a request's way (a first call finds one missing, loads it
@@ -187,13 +199,14 @@ class Lifecycle(TokenStream):
         free: decode has taken them (told through the holder's inbox since the last call), a client
         cancelled them, their run is over (the request ended, or was re-run since: decode died
         before it took the state), or they are ``lapsed`` (past their deadline) and no decode worker
-        has claimed them. One round trip."""
+        has claimed them. One round trip (``RELEASED``: an inbox's notice leaves it only at the call after
+        the one that read it, so none is lost with a reply)."""
         rids = list(held)
-        pipe = self.r.pipeline()  # MULTI: nothing pushed between the inbox's read and its delete is lost
-        pipe.lrange(key("taken", holder), 0, -1)
-        pipe.delete(key("taken", holder))
-        pipe.mget([key(family, rid) for rid in rids for family in ("cancel", "done", "attempt", "lease")])
-        inbox, _, marks = pipe.execute()
+        keys = [key("taken", holder)] + [
+            key(family, rid) for rid in rids for family in ("cancel", "done", "attempt", "lease")
+        ]
+        inbox, marks = self._released(keys=keys, args=self._read_inbox.get(holder, []))
+        self._read_inbox[holder] = inbox  # (acted on by the caller: they leave the inbox at the next call)
         over = zip(rids, marks[::4], marks[1::4], marks[2::4], marks[3::4], strict=True)
         unclaimed = (None, HANDOFF_OWNER.encode())
         return {rid.decode() for rid in inbox} | {

@@ -170,6 +170,22 @@ return 1
 )
 
 
+# KEYS: a prefill worker's inbox of the handoffs decode took (TAKE_HANDOFFS), then the marks it reads
+# of the handoffs it keeps; ARGV: the ids it read from the inbox at its last call and has acted on.
+# Those leave the inbox, then its rest is read, with the marks: {inbox, marks}. An id leaves only at the
+# call after its read: a reply lost (or a retried call) loses no notice, each read at least once. A
+# transaction read and deleted the inbox: with MULTI refused (an ACL) both ran alone, EXEC failed and
+# the notices were gone, the blocks kept till the request ended.
+RELEASED = (
+    CURRENT_RUN
+    + """
+for _, rid in ipairs(ARGV) do
+    redis.call('LREM', KEYS[1], 1, rid)
+end
+return {redis.call('LRANGE', KEYS[1], 0, -1), #KEYS > 1 and mget(2, #KEYS) or {}}
+"""
+)
+
 # KEYS per handoff: attempt, done, lease, handoff, cancel, its holder's inbox; ARGV: the owner, lease
 # ms, the inboxes' s, the handoff's lease owner, then per handoff: its run's attempt, the request's
 # id for the holder's inbox ('': no holder). Decode has imported the states: each current run's
