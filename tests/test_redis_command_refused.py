@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from dayzero.procs import scratch_redis
-from dayzero.redis_refusals import CommandRefused
+from dayzero.redis_refusals import command_refused, refused_command, refused_for_good
 from dayzero.serving.intake import run_loop
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.scripts import Take
@@ -45,11 +45,12 @@ def test_a_command_refused_in_a_script_or_a_transaction_is_said_as_refused(comma
         with pytest.raises(redis.RedisError) as refused:
             SENT[command](client)
         client.close()
-    said = CommandRefused(url)
-    assert said.tried(refused.value), refused.value
-    assert "its user 'dz' is refused a command dayzero sends" in said.reason and "ACL GETUSER dz" in said.reason
-    assert command == "get" or f"'{command}'" in said.reason  # (the one to grant; Redis 6's script error names none)
-    assert not CommandRefused(url).tried(redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'"))
+    assert command_refused(refused.value), refused.value
+    said = refused_for_good(url, refused.value)
+    assert "its user 'dz' is refused a command dayzero sends" in said and "ACL GETUSER dz" in said
+    assert command == "get" or f"'{command}'" in said  # (the one to grant; Redis 6's script error names none)
+    assert refused_command(refused.value) in (command, "unnamed")  # (the refusals' record's name)
+    assert not command_refused(redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'"))
 
 
 def test_a_worker_loop_refused_multi_says_the_refusal_not_an_outage(tmp_path, caplog):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import redis
 from starlette.concurrency import run_in_threadpool
 
-from dayzero.redis_refusals import CommandRefused, RefusedCredentials
+from dayzero.redis_refusals import RefusedCredentials
 from dayzero.serving import redis_clock as clock
 from dayzero.serving.gateways import gone_after_s, stamp
 from dayzero.serving.keys import QUEUES
@@ -25,6 +25,7 @@ from dayzero.serving.watching import cancel_left
 
 from .context import Gateway
 from .pass_steps import PassSteps
+from .refused_commands import RefusedCommands, SentCommands
 
 log = logging.getLogger("dayzero.gateway")
 RERUN_TRANSIT_S = 30.0  # a re-run's mark until its message is pushed: a sweep's round trips, with room
@@ -77,7 +78,7 @@ async def reap(gw: Gateway) -> None:
     def send(job: PrefillJob, stage: str) -> None:
         store.enqueue(job.request.request_id, stage, messages[stage](job), gw.settings.visibility_timeout_s)
 
-    def one_pass(past_before: set[str], rerun: bool, back_since: float) -> set[str]:
+    def one_pass(past_before: set[str], rerun: bool, back_since: float, answered: set[str]) -> set[str]:
         """One pass; ``past_before``: the stages past the no-worker bound at the last one. -> those now.
         ``back_since``: when its passes came back from one that failed on Redis (gateways.stamp). The
         stamp goes last: as the pass's first command it took a frozen Redis's stall, the sweep's own
@@ -85,7 +86,8 @@ async def reap(gw: Gateway) -> None:
         Redis answered with a refusal stamps too (an ACL's NOPERM at a step of every pass: the gateway
         serves on, a resume may come to it, and it never stamped; writes refused: nobody stamps)."""
         try:
-            past = steps_of_a_pass(past_before, rerun)
+            with sent.recording(answered):
+                past = steps_of_a_pass(past_before, rerun)
         except redis.ResponseError:
             with contextlib.suppress(redis.RedisError):
                 stamp(store.r, gw.bus.gateway, clock.now(), back_since, gone_after_s(period))
@@ -109,7 +111,8 @@ async def reap(gw: Gateway) -> None:
 
     period, started, steps = gw.settings.lease_s / 2, time.time(), PassSteps()
     refused = RefusedCredentials(gw.settings.credentials_refused_s, "gateway")  # (its passes: 503s for ever)
-    command = CommandRefused(gw.settings.redis_url)  # (NOPERM: no exit, a restart meets the same ACL)
+    # (NOPERM: no exit, a restart meets the same ACL; the record shared by the gateways on the Redis)
+    command, sent = RefusedCommands(gw.settings.redis_url, store.r, period), SentCommands(store.r)
     failed_at = None  # when the first of the passes that failed on Redis failed (Redis's time; count_again)
     wait_s, past, rerun_from = period, set(), 0.0  # (the stages past the bound at the last pass; monotonic)
     back_since = clock.now()  # (Redis's time)
@@ -119,18 +122,20 @@ async def reap(gw: Gateway) -> None:
         await in_thread(stamp, store.r, gw.bus.gateway, back_since, back_since, gone_after_s(period))
     while True:
         await asyncio.sleep(wait_s)
-        steps.begin()
+        answered: set[str] = set()  # (the commands Redis answered in the pass: a refusal of one is cleared)
         try:
             if failed_at is not None:
                 rerun_from = time.monotonic() + gw.settings.lease_s  # (the live workers beat within a lease)
                 back_since = clock.now()
                 await in_thread(count_again, store.r, QUEUES, failed_at)
-            found = await in_thread(one_pass, past, time.monotonic() >= rerun_from, back_since)
+            found = await in_thread(one_pass, past, time.monotonic() >= rerun_from, back_since, answered)
             wait_s, past, failed_at = RESTAMPED_S if found - past else period, found, None
             refused.taken()
-            command.taken(steps.ran)
+            await in_thread(command.settle, answered)
         except redis.RedisError as exc:  # Redis down or refusing writes: /ready says so; sweep when it is back
-            if not command.tried(exc, steps.failed_at):
+            if command.tried(exc):
+                await in_thread(command.settle, answered)
+            else:
                 refused.tried(exc)  # (its credentials refused for DAYZERO_CREDENTIALS_REFUSED_S: the gateway exits 3)
             failed_at = clock.now() if failed_at is None else failed_at  # (its own pass counted before)
             wait_s, past = period, set()

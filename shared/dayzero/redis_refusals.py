@@ -2,12 +2,13 @@
 none given where one is asked, a command the URL's user may not run. A service that meets one at
 its start ends (``refusal_at_start``); one that meets it for DAYZERO_CREDENTIALS_REFUSED_S while
 serving exits to be started again with its current settings, but for a gateway refused one command
-(``CommandRefused``: it serves on, and says so)."""
+(gateway/refused_commands.py: it serves on, and says so)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 
 import redis
@@ -40,6 +41,16 @@ def command_refused(exc: BaseException) -> bool:
     if isinstance(exc, redis.exceptions.NoPermissionError) or _multi_refused(exc):
         return True
     return isinstance(exc, redis.ResponseError) and any(said in str(exc) for said in REFUSED_INSIDE)
+
+
+def refused_command(exc: BaseException) -> str:
+    """The command ``exc`` (``command_refused``) names: 'multi' for a refused MULTI's EXEC, the one
+    Redis 7's NOPERM names ('client|kill' for a subcommand), else 'unnamed' (Redis 6's words in a
+    script name none)."""
+    if _multi_refused(exc):
+        return "multi"
+    named = re.search(r"'([\w|-]+)' command", str(exc))
+    return named.group(1).lower() if named else "unnamed"
 
 
 def refused_words(exc: BaseException) -> str:
@@ -129,38 +140,3 @@ class RefusedCredentials:
             flush_spans()  # (os._exit runs no exit handlers: the last batch of spans was dropped)
             logging.shutdown()
             os._exit(REFUSED_EXIT)
-
-
-class CommandRefused:
-    """A command the gateway's Redis user is refused while it serves (an ACL without it: NOPERM), met by
-    its reaper's passes. It exited 3 past DAYZERO_CREDENTIALS_REFUSED_S as a worker that cannot reach
-    its queue does, and was started again every 30 s, its open streams ended each time: the same user
-    meets the same ACL after a restart, and an ACL change mends it live. Said once when first met and
-    once when the steps it was refused at go through again; ``reason`` (``refused_for_good``'s line)
-    meanwhile: /ready's. A pass that skipped such a step (the re-run's, for a lease after a failed pass)
-    took it back, and the next that ran it said it again: both lines every few passes, /ready flapping."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.reason: str | None = None
-        self._refused_at: set[str | None] = set()  # the steps it was refused at (None: a part of every pass)
-
-    def tried(self, exc: Exception, step: str | None = None) -> bool:
-        """Whether ``exc``, met at ``step``, is such a refusal (said if it is the first of its run)."""
-        if not command_refused(exc):
-            return False
-        self._refused_at.add(step)
-        if self.reason is None:
-            self.reason = refused_for_good(self.url, exc)
-            log.error(
-                "%s: the gateway serves on, without its reaper's passes (requests of dead workers are not run "
-                "again, nor are waits past their bounds ended), till the ACL allows the command",
-                refusal_said(self.url, self.reason),
-            )
-        return True
-
-    def taken(self, ran: set[str]) -> None:
-        """A pass went through, running the steps ``ran``."""
-        if self.reason is not None and all(step is None or step in ran for step in self._refused_at):
-            log.warning("the Redis at %s takes the gateway's commands again", without_password(self.url))
-            self.reason, self._refused_at = None, set()

@@ -126,3 +126,36 @@ def test_a_refusal_met_at_a_step_is_taken_back_once_redis_takes_it_though_the_st
         assert wait_until(lambda: "user a command" in _reason(gateway), 15), _reason(gateway)
         client.acl_setuser("dz", commands=["+@all"], **GRANTS)
         assert wait_until(lambda: _reason(gateway).startswith("no live worker"), 15), _reason(gateway)
+
+
+def test_two_gateways_say_a_refusal_their_sweep_meets_after_its_lock_steadily_till_it_is_allowed(
+    demo_dir, tmp_path, monkeypatch
+):
+    """Two gateways on one Redis, whose sweep sends a refused command (a stand-in's LRANGE) once it holds
+    the sweep's lock: the one that found the lock held sent none of the sweep's commands yet counted the
+    sweep as run, and took the refusal back; both /ready flapped. The refusal is one record for both
+    now: said throughout by each, and gone from both once the ACL allows it."""
+    sweep = reaping.sweep
+
+    def sweep_sending_its_own_command_under_the_lock(store, send, transit_s, lock_ms, *args):
+        if not store.r.set(key("reaper"), 1, px=int(LEASE_S * 1000), nx=True):  # (held past the other's pass)
+            return []  # (the other gateway sweeps)
+        store.r.lrange(key("sweep-only"), 0, 0)
+        store.r.delete(key("reaper"))  # (the real sweep's lock again: it takes it the same way)
+        return sweep(store, send, transit_s, lock_ms, *args)
+
+    monkeypatch.setattr(reaping, "sweep", sweep_sending_its_own_command_under_the_lock)
+    port = free_port()
+    with (
+        _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client),
+        _gateway(port, demo_dir) as first,
+        _gateway(port, demo_dir) as second,
+    ):
+        client.acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
+        assert wait_until(lambda: "'lrange'" in _reason(first) and "'lrange'" in _reason(second), 15)
+        reasons, until = [], time.monotonic() + 3.0  # (15 passes of each)
+        while time.monotonic() < until:
+            reasons += [_reason(first), _reason(second)]
+        client.acl_setuser("dz", commands=["+@all"], **GRANTS)
+        assert wait_until(lambda: not any("user a command" in _reason(gw) for gw in (first, second)), 15)
+    assert all("'lrange'" in reason for reason in reasons), reasons

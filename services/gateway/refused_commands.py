@@ -1,0 +1,109 @@
+"""The commands Redis refuses the gateways' user (an ACL without them: NOPERM), one record for every
+gateway on the Redis: ``refused`` (keys.py), command -> its line and until when it holds (Redis's
+time). The gateway that meets a refusal records it, for ``HELD_PASSES`` reaper periods, again each
+time it meets it; one whose pass sees that command answered (any gateway's) clears it; each reads
+the record at every pass: /ready's reason, and admission's 503. Each gateway kept its own, taken
+back by a pass that ran the step it was met at: with several gateways, a sweep whose lock another
+held sent none of its commands yet counted as run (and a step sends some only for some data: a
+re-run's only with requests under way), so the refusal came and went every few passes, /ready
+flapping. Not counting such a sweep kept a stale refusal, and its 503s, on a gateway that rarely
+got the lock."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Iterator
+
+import redis
+
+from dayzero.redis_clients import without_password
+from dayzero.redis_refusals import command_refused, refusal_said, refused_command, refused_for_good
+from dayzero.serving import redis_clock as clock
+from dayzero.serving.keys import key
+
+log = logging.getLogger("dayzero.redis")
+HELD_PASSES = 5  # a record's life, in reaper periods: past a lease of passes that skip its step (2 periods)
+
+
+class SentCommands:
+    """The commands Redis answered without an error on ``client`` in the thread that
+    records (``recording``): the client's commands are seen where they all go (``execute_command``,
+    a script's EVALSHA too), the steps left as they are. Other threads (requests) are not recorded."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._local = threading.local()
+        execute = client.execute_command
+
+        def execute_recorded(*args: object, **options: object) -> object:
+            answer = execute(*args, **options)
+            if (sent := getattr(self._local, "sent", None)) is not None:
+                sent.add(str(args[0]).lower())
+            return answer
+
+        client.execute_command = execute_recorded
+
+    @contextlib.contextmanager
+    def recording(self, sent: set[str]) -> Iterator[None]:
+        """The commands answered in this block go to ``sent``."""
+        self._local.sent = sent
+        try:
+            yield
+        finally:
+            self._local.sent = None
+
+
+class RefusedCommands:
+    """This gateway's view of the record: ``reason`` (a refused command's line; None: none refused)."""
+
+    def __init__(self, url: str, client: redis.Redis, period_s: float) -> None:
+        self.url, self.r, self.held_s = url, client, HELD_PASSES * period_s
+        self.reason: str | None = None
+        self._met: dict[str, str] = {}  # this pass's refusals: command -> its line
+        self._record: dict[str, str] = {}  # the record at the last read: command -> its line
+
+    def tried(self, exc: Exception) -> bool:
+        """Whether ``exc`` is such a refusal (met this pass: ``settle`` records it)."""
+        if not command_refused(exc):
+            return False
+        self._met[refused_command(exc)] = refused_for_good(self.url, exc) or str(exc)
+        return True
+
+    def settle(self, answered: set[str]) -> str | None:
+        """A pass ended, Redis having answered ``answered`` (without an error): its refusals recorded, the
+        commands it saw answered cleared, the record read. -> ``reason``."""
+        met, self._met = self._met, {}
+        try:
+            record = self._settled(met, answered - met.keys())
+        except redis.RedisError:  # (down, or refusing the record's commands: the last read's, and this pass's)
+            record = {**self._record, **met}
+        self._say(record)
+        self._record = record
+        self.reason = record[min(record)] if record else None
+        return self.reason
+
+    def _settled(self, met: dict[str, str], answered: set[str]) -> dict[str, str]:
+        now, refused = clock.now(), key("refused")
+        pipe = self.r.pipeline(transaction=False)  # (no MULTI: a refused one is a refusal to record too)
+        for command, line in met.items():
+            pipe.hset(refused, command, json.dumps({"line": line, "until": now + self.held_s}))
+        if met:
+            pipe.pexpire(refused, int(self.held_s * 1000))
+        if answered:
+            pipe.hdel(refused, *answered)
+        pipe.hgetall(refused)
+        found = pipe.execute()[-1]
+        entries = {command.decode(): json.loads(entry) for command, entry in found.items()}
+        return {command: entry["line"] for command, entry in entries.items() if entry["until"] > now}
+
+    def _say(self, record: dict[str, str]) -> None:
+        for command in sorted(record.keys() - self._record.keys()):
+            log.error(
+                "%s: the gateway serves on, without its reaper's passes (requests of dead workers are not run "
+                "again, nor are waits past their bounds ended), till the ACL allows the command",
+                refusal_said(self.url, record[command]),
+            )
+        if self._record and not record:
+            log.warning("the Redis at %s takes the gateway's commands again", without_password(self.url))
