@@ -162,3 +162,31 @@ def test_a_grammar_whose_lexer_replies_filled_is_compiled_anew(codec, monkeypatc
         raise AssertionError("no reply filled the shared lexer")
     assert served > 0  # (the first reply, alone on the compile, was written whole)
     write("ab" * 50)  # the next request: a fresh compile's lexer
+
+
+def test_a_request_holding_a_retired_compile_takes_a_fresh_one(codec):
+    """A request waiting for a place holds its grammar's compile (``Runtime.grammar_ready``): one
+    retired meanwhile, its lexer filled by another request's reply, failed each such request at the
+    first state its reply needed. Ready again, it holds the fresh compile."""
+    import time
+    from types import SimpleNamespace
+
+    from dayzero.grammars import Grammars
+    from dayzero.serving.runtime import Runtime
+
+    grammars, lark = Grammars(codec.guidance), json_grammar({"type": "string"})
+    runtime = SimpleNamespace(codec=SimpleNamespace(grammars=grammars, has_tokenizer=True))
+    request = SimpleNamespace(sampling=SimpleNamespace(grammar=Grammar(lark)))
+    ticket = SimpleNamespace(job=SimpleNamespace(request=request), grammar=None)
+
+    def ready() -> None:
+        deadline = time.monotonic() + 60
+        while not Runtime.grammar_ready(runtime, ticket):
+            assert time.monotonic() < deadline, "the grammar never compiled"
+            time.sleep(0.01)
+
+    ready()
+    held = ticket.grammar
+    grammars.retire(lark, held)  # (another request's matcher of it failed on its lexer)
+    ready()
+    assert ticket.grammar is not held and ticket.grammar is grammars.compiled(lark)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from concurrent.futures import Future
 
@@ -28,6 +29,7 @@ class Grammars:
         self._cached, self._kept_s, self._most = cached, kept_s, max(cached, most)
         self._threads = threading.BoundedSemaphore(threads)  # compiles at once
         self._compiled: OrderedDict[str, tuple[Future, float, bool]] = OrderedDict()  # (compile, last use, seen done)
+        self._retired: weakref.WeakSet[Future] = weakref.WeakSet()  # compiles whose lexer a reply filled
         self._lock = threading.Lock()
 
     def ready(self, lark: str) -> bool:
@@ -58,10 +60,19 @@ class Grammars:
         """Drop ``compiled``, ``lark``'s compile, if cached: a matcher of it failed on its lexer. Every
         copy shares the compile's lexer, whose states each reply grows (llguidance's ``deep_copy``):
         once replies filled it past ``max_lexer_states`` every request of the grammar failed, each
-        of which a fresh compile writes whole, while the grammar stayed cached. The next compiles anew."""
+        of which a fresh compile writes whole, while the grammar stayed cached. The next compiles anew;
+        a request holding it meanwhile takes the fresh one (``retired``)."""
         with self._lock:
-            if compiled is not None and self._compiled.get(lark, (None,))[0] is compiled:
+            if compiled is None:
+                return
+            self._retired.add(compiled)
+            if self._compiled.get(lark, (None,))[0] is compiled:
                 del self._compiled[lark]
+
+    def retired(self, compiled: Future) -> bool:
+        """Whether ``compiled`` was retired (``retire``): a request holding it asks ``compiled`` again."""
+        with self._lock:
+            return compiled in self._retired
 
     def _compiling(self, lark: str) -> Future:
         now = time.monotonic()

@@ -120,11 +120,13 @@ class Runtime:
         compiled, or refused); the first call starts compiling it, off the serving loop: a loop
         leaves such a request waiting meanwhile, and the others go on. Once compiled, the ticket
         holds it (``grammar``) till its completion is built: the cache may drop it meanwhile (more
-        than 256 grammars in use), and the build compiled it again, on the loop, the batch frozen."""
+        than 256 grammars in use), and the build compiled it again, on the loop, the batch frozen. One
+        retired meanwhile (its lexer filled by a reply: ``Grammars.retire``) is asked for again: held,
+        it failed the request at the first lexer state its reply needed."""
         grammar = ticket.job.request.sampling.grammar
         if grammar is None or not self.codec.has_tokenizer:
             return True
-        if ticket.grammar is None:
+        if ticket.grammar is None or self.codec.grammars.retired(ticket.grammar):
             ticket.grammar = self.codec.grammars.compiled(grammar.lark)
         return ticket.grammar is not None
 
