@@ -94,18 +94,33 @@ def test_the_same_pattern_where_llguidance_writes_it_is_admitted(schema, reply):
     assert not fails_mid_reply(schema, reply)
 
 
+def _nested(schema: dict, depth: int) -> dict:
+    """``schema`` as the one branch of ``depth`` anyOfs within each other."""
+    for _ in range(depth):
+        schema = {"anyOf": [schema]}
+    return schema
+
+
+def _links(schema: dict, links: int) -> dict:
+    """$defs d0 .. d{links - 1}: each a $ref to the next, the last ``schema``."""
+    return {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(links - 1)} | {f"d{links - 1}": schema}
+
+
 @pytest.mark.parametrize(
     "schema, reply",
     [
         ({"type": "object", "properties": {"x": {"type": "array", "items": _FIFTY}}}, {"x": ["a" * 60]}),
         ({"type": "object", "properties": {"x": {"anyOf": [_FIFTY, {"type": "integer"}]}}}, {"x": "a" * 60}),
         ({"type": "object", "patternProperties": {"^x": _FIFTY}}, {"x": "a" * 60}),
+        ({"type": "object", "properties": {"x": _nested(_FIFTY, 9)}}, {"x": "a" * 60}),
+        ({"type": "object", "properties": {"x": {"$ref": "#/$defs/d0"}}, "$defs": _links(_FIFTY, 9)}, {"x": "a" * 60}),
     ],
-    ids=["array_items", "anyOf_branch", "patternProperties"],
+    ids=["array_items", "anyOf_branch", "patternProperties", "nine_deep", "nine_links"],
 )
 def test_a_pattern_the_walk_never_reaches_within_an_optional_value_is_refused(schema, reply):
     """Only an optional property's own pattern was walked: as an array's items, a union's branch, or
-    a patternProperties' value it was let through, and every reply writing it failed at its first byte."""
+    a patternProperties' value it was let through, and every reply writing it failed at its first byte;
+    so was one nested in 9 unions or at the end of 9 $refs (past a depth of 8 none was read)."""
     assert "the pattern '^(a+){50}$' of an optional property" in (_admitted(schema) or "")  # (first: as above)
     assert fails_mid_reply(schema, reply)
 

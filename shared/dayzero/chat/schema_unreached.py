@@ -20,7 +20,6 @@ from .schema_splits import counts_unbounded_group
 # alone 0.3 s): past it, the schema is refused (the walk of its whole grammar reaches none of them:
 # 64 such patterns before an optional ``(a+){50}`` let it through, every reply writing it failed)
 MOST_WALKED = 64
-_MOST_LINKS = 8  # $refs followed to a property's schema
 
 
 def unreached_problem(schema: object) -> str | None:
@@ -56,19 +55,25 @@ def unreached_patterns(schema: object) -> Iterator[tuple[str, bool]]:
                         return
 
 
-def _patterns_in(root: object, value: object, depth: int = 0) -> Iterator[str]:
+def _patterns_in(root: object, value: object) -> Iterator[str]:
     """The patterns of the strings ``value`` may be, or hold as an array's items or a union's
     branches (an optional property's ``[{"pattern": "^(a+){50}$"}]`` or anyOf of one failed as its
-    own did, let through); not within an object's properties (each object is walked as its own)."""
-    value = _followed(root, value) if isinstance(value, dict) else None
-    if value is None or depth > _MOST_LINKS:
-        return
-    if isinstance(pattern := value.get("pattern"), str):
-        yield pattern
-    for key in ("anyOf", "oneOf", "allOf", "prefixItems", "items"):
-        within = value.get(key)
-        for member in within if isinstance(within, list) else [within]:
-            yield from _patterns_in(root, member, depth + 1)
+    own did, let through), however deep and however many $refs away (each subschema once: a $ref
+    cycle ends; past 8 deep or 8 links one was never read, let through, and failed as its own did);
+    not within an object's properties (each object is walked as its own)."""
+    seen, nodes = set(), [value]
+    while nodes:
+        node = nodes.pop()
+        if not isinstance(node, dict) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(pattern := node.get("pattern"), str):
+            yield pattern
+        if isinstance(ref := node.get("$ref"), str):
+            nodes.append(resolve(root, ref))
+        for key in ("anyOf", "oneOf", "allOf", "prefixItems", "items"):
+            within = node.get(key)
+            nodes.extend(within if isinstance(within, list) else [within])
 
 
 def _patterns_problem(patterns: tuple[tuple[str, bool], ...]) -> str | None:
@@ -106,12 +111,3 @@ def _first_byte_error(matcher, prefix: str) -> str | None:
         if matcher.is_error():
             return matcher.get_error()
     return None
-
-
-def _followed(root: object, value: dict) -> dict:
-    """``value``, or the schema its $ref chain ends at (a few links)."""
-    for _ in range(_MOST_LINKS):
-        if not isinstance(ref := value.get("$ref"), str) or not isinstance(target := resolve(root, ref), dict):
-            break
-        value = target
-    return value
