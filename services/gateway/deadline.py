@@ -71,6 +71,7 @@ class RequestReadDeadline(HttpToolsProtocol):
     _deadline: asyncio.TimerHandle | None = None
     _stalled: asyncio.TimerHandle | None = None  # armed while the transport's buffer is full
     _lingers: asyncio.TimerHandle | None = None  # the server stops: this idle connection closes then
+    _stopping = False  # the server began to stop: a refusal closes at once, no drain holds the stop
     _heard = False  # whether its client sent a byte: a browser's preconnect sends none, and is not counted
     _head_open = _head_began = False  # a request's head is being read; it began in the read at hand
     _head_bytes = 0  # the head's bytes read so far
@@ -144,7 +145,9 @@ class RequestReadDeadline(HttpToolsProtocol):
     def shutdown(self) -> None:
         """The server begins to stop: uvicorn's, at once for a connection with a request under way (it
         closes after its answer), after ``stop_linger_s`` for one without (a request on its way is answered);
-        a refused one closes at once (nothing more is answered on it: its drain held the stop)."""
+        a refused one closes at once (nothing more is answered on it: its drain held the stop), as one
+        refused from now on does."""
+        self._stopping = True
         if self._draining is not None:
             self.transport.close()
         elif self.cycle is None or self.cycle.response_complete:
@@ -211,7 +214,7 @@ class RequestReadDeadline(HttpToolsProtocol):
             self.cycle.disconnected = True  # on a close (its send wrote after the end: "Cannot call write()
             self.cycle.message_event.set()  # after write_eof()", logged as the app's error)
         self.flow.resume_reading()  # (paused while its app took no body: the drain reads on)
-        if self.transport.can_write_eof():  # (a TCP socket's can)
+        if self.transport.can_write_eof() and not self._stopping:  # (a TCP socket's can)
             self.transport.write_eof()  # the answer, then our end: the client's end closes the connection
             self._drain_ends = self.loop.time() + self.drain_s
             self._drain_on()

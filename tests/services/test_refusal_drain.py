@@ -188,3 +188,34 @@ def test_a_request_refused_while_its_body_waits_for_its_app_is_drained_too():
         received, ended, lasted = _refused_sending(port, first, b"x" * (64 << 10), 4096, 0.1)
     assert received.startswith(b"HTTP/1.1 408"), received
     assert ended == "eof" and lasted == float("inf"), (ended, lasted)  # (all of it sent)
+
+
+def test_a_refusal_made_while_the_server_stops_closes_at_once():
+    """A request whose body was still coming when the stop began (its answer awaited: the stop waits
+    for it) got its 408 during the stop: its drain began then, the stop already told, and held the
+    stop until the drain ended (a client trickling bytes: DRAIN_S, 5 s at the gateway's bounds, its
+    whole grace). A refusal made while the server stops closes at once."""
+
+    class _Long(_Quick):
+        read_s, drain_s = 0.5, 8.0
+
+    stopping = threading.Event()
+    with socket.socket() as s:
+        with serving(_answer, _Long) as port:
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\nx")
+
+            def trickle() -> None:  # (its body, then the drain's bytes: each within the drain's idle bound)
+                try:
+                    while not stopping.is_set():
+                        s.sendall(b"x")
+                        time.sleep(DRAIN_IDLE_S / 3)
+                except OSError:
+                    pass
+
+            threading.Thread(target=trickle, daemon=True).start()
+            time.sleep(0.1)  # (its head read: the request is under way as the stop begins)
+            began = time.monotonic()
+        stopped_s = time.monotonic() - began  # (the 408 comes at read_s, during the stop)
+        stopping.set()
+    assert stopped_s < _Long.drain_s / 2, stopped_s  # (~read_s; it was read_s + drain_s)
