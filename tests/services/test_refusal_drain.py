@@ -140,6 +140,16 @@ def test_a_request_refused_while_its_app_answers_is_gone_for_the_app(server, raw
     assert RAISED_LATE == [], RAISED_LATE  # (its sends return: nothing is sent)
 
 
+def _trickle(s: socket.socket, stopping: threading.Event) -> None:
+    """A byte at a time on ``s``, each within the drain's idle bound, till ``stopping`` or a failed send."""
+    try:
+        while not stopping.is_set():
+            s.sendall(b"x")
+            time.sleep(DRAIN_IDLE_S / 3)
+    except OSError:
+        pass
+
+
 def test_a_server_stopping_closes_a_draining_connection_at_once():
     """A refused connection whose request was under way (its body malformed) held the server's stop
     until its drain ended (a client trickling bytes: DRAIN_S, 5 s at the gateway's bounds; the stop
@@ -154,16 +164,7 @@ def test_a_server_stopping_closes_a_draining_connection_at_once():
             s.connect(("127.0.0.1", port))
             s.sendall(REFUSED["malformed"][0])
             assert s.recv(65536).startswith(b"HTTP/1.1 400"), "refused"
-
-            def trickle() -> None:
-                try:
-                    while not stopping.is_set():
-                        s.sendall(b"x")
-                        time.sleep(DRAIN_IDLE_S / 3)
-                except OSError:
-                    pass
-
-            threading.Thread(target=trickle, daemon=True).start()
+            threading.Thread(target=_trickle, args=(s, stopping), daemon=True).start()
             time.sleep(DRAIN_IDLE_S * 2)  # draining, past its idle bound: the trickle keeps it open
             began = time.monotonic()
         stopped_s = time.monotonic() - began  # (the block's end stops the server and waits for it)
@@ -204,16 +205,8 @@ def test_a_refusal_made_while_the_server_stops_closes_at_once():
         with serving(_answer, _Long) as port:
             s.connect(("127.0.0.1", port))
             s.sendall(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\nx")
-
-            def trickle() -> None:  # (its body, then the drain's bytes: each within the drain's idle bound)
-                try:
-                    while not stopping.is_set():
-                        s.sendall(b"x")
-                        time.sleep(DRAIN_IDLE_S / 3)
-                except OSError:
-                    pass
-
-            threading.Thread(target=trickle, daemon=True).start()
+            # (its body, then the drain's bytes)
+            threading.Thread(target=_trickle, args=(s, stopping), daemon=True).start()
             time.sleep(0.1)  # (its head read: the request is under way as the stop begins)
             began = time.monotonic()
         stopped_s = time.monotonic() - began  # (the 408 comes at read_s, during the stop)
