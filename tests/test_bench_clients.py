@@ -115,3 +115,36 @@ def _raised(call, *args) -> type | None:
     except Exception as exc:
         return type(exc)
     return None
+
+
+def test_raw_client_sends_its_next_request_on_a_new_connection_once_the_server_closed_the_idle_one():
+    """uvicorn closes a kept-alive connection idle for 5 s (the other stack's warm-up in hops_ab.py): the
+    next request went on the closed one and ended in ConnectionError. Each is sent once, here on a new
+    connection; the server above, which read the request before closing, got it once too."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    requests, closed = [], threading.Event()
+    threading.Thread(target=_answer_then_close_idle, args=(listener, requests, closed), daemon=True).start()
+    client = RawClient(f"http://127.0.0.1:{listener.getsockname()[1]}")
+    client.sock.settimeout(10)
+    try:
+        assert client.stream([0, 5, 7])["rid"] == "cmpl-1"
+        assert closed.wait(10)
+        assert client.stream([0, 5, 7])["rid"] == "cmpl-1"  # (before: ConnectionError, b'')
+    finally:
+        client.close()
+        listener.close()
+    assert len(requests) == 2
+
+
+def _answer_then_close_idle(listener: socket.socket, requests: list, closed: threading.Event) -> None:
+    """Two connections, each answering one request then closed (as uvicorn's keep-alive timeout does)."""
+    for _ in range(2):
+        conn = listener.accept()[0]
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data or not data.endswith(b"}"):
+                data += conn.recv(65536)
+            requests.append(data)
+            conn.sendall(ANSWER)
+            conn.shutdown(socket.SHUT_WR)
+        closed.set()
