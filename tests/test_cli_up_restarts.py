@@ -7,8 +7,10 @@ Redis and a gateway that cannot start (a bad setting)."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 
+import httpx
 import pytest
 import redis
 
@@ -132,3 +134,46 @@ def test_until_ready_starts_a_child_waiting_after_its_quick_exits_and_says_why_o
     said = r"gateway did not run ready within 3 s \(gateway exited \(code 2\)[;,] .*\); the end of its log:\n"
     assert re.match(said, str(failed.value)), failed.value
     assert "DAYZERO_MAX_BATCH" in str(failed.value)
+
+
+def test_up_s_loop_sees_a_child_ready_for_a_few_seconds_so_its_exit_after_a_while_restarts_it_at_once(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
+    """A child's run counts from when up saw it ready: a loop whose passes came seldom never saw one ready
+    for less than their period, and its exits, each after a while ready, counted as quick (the second
+    waited). A gateway ready (answering /health) for a few seconds past ``RAN_A_WHILE_S``, then killed,
+    twice, under up's own loop (``supervised_until``): each restarted at once."""
+    monkeypatch.setattr(stack_child, "RAN_A_WHILE_S", 2.0)
+    stack = Stack(NONE, free_port(), tmp_path / "logs", {"DAYZERO_CHECKPOINT": str(tiny_checkpoint)})
+    gateway, lines, killed = None, [], []
+
+    def kill_each_after_a_while_ready() -> None:
+        for _ in range(2):
+            proc = gateway.proc
+            while not _answers(f"{stack.url}/health") or proc.poll() is not None:  # (its own probe, not up's)
+                time.sleep(0.05)
+                proc = gateway.proc
+            time.sleep(stack_child.RAN_A_WHILE_S + 2.0)  # (up's pass may see it ready up to a pass later)
+            proc.kill()
+            killed.append(proc)
+            while gateway.proc is proc:
+                time.sleep(0.05)
+
+    stack.start()
+    gateway = stack.child("gateway")
+    killer = threading.Thread(target=kill_each_after_a_while_ready, daemon=True)
+    killer.start()
+    try:
+        said = lambda name: lines.append(stack.child(name).restart_said())
+        assert stack.supervised_until(lambda: len(lines) == 2, 180, said), lines
+        killer.join(10)
+    finally:
+        stack.stop()
+    assert len(killed) == 2 and lines == ["gateway exited (SIGKILL); restarted"] * 2
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False

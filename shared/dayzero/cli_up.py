@@ -125,12 +125,13 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
         if args.example:
             _example(stack.url, settings)
         watch = RedisWatch(redis_url, lambda line: print(line, file=sys.stderr)) if redis_url else None
-        while True:
-            for name in stack.supervise():
-                restarted(name)
+
+        def watched() -> bool:  # (never done: up supervises until a stop)
             if watch is not None:
                 watch.check()
-            time.sleep(0.5)
+            return False
+
+        stack.supervised_until(watched, None, restarted)
     except _Stop:
         print("stopping: gateway, then workers, then redis", file=sys.stderr)
     except (StartFailed, TimeoutError) as exc:

@@ -47,6 +47,7 @@ from .stack_start import REDIS_ANSWER_WITHIN_S, StartFailed, answering
 
 STOP_TIMEOUT_S = 10.0  # per group (gateway, workers, redis) before SIGKILL
 LEFT_GROUP_S = 5.0  # what is left of an exited child's process group is SIGKILLed after
+SUPERVISE_EVERY_S = 0.3  # between up's passes of supervise(): a child ready for longer is seen ready
 WRITE_CHECK_TTL_S = 10  # up's own write beside its read of the stamps (key up:{process}) lapses after
 
 
@@ -173,7 +174,7 @@ class Stack:
                 on_wait(body)
             return False
 
-        if not self._supervised_until(ready, timeout_s, restarted):
+        if not self.supervised_until(ready, timeout_s, restarted):
             raise TimeoutError(f"the stack was not ready within {timeout_s} s (logs in {self.log_dir})")
 
     def until_ready(self, name: str, within_s: float = 120) -> None:
@@ -182,21 +183,21 @@ class Stack:
         with its last restart and the end of its log, if not within ``within_s``."""
         child = self.child(name)
         running = lambda: child.proc.poll() is None and child.ready_at is not None
-        if not self._supervised_until(running, within_s, lambda _: None):
+        if not self.supervised_until(running, within_s, lambda _: None):
             said = child.restart_said() if child.restarts else f"{name} starting"
             tail = self.log_tail(name)
             raise StartFailed(f"{name} did not run ready within {within_s:g} s ({said}); the end of its log:\n{tail}")
 
-    def _supervised_until(self, done: Callable[[], bool], timeout_s: float | None, on_restart: Callable) -> bool:
-        """``supervise()`` every pass (``on_restart`` with each child it restarted) until ``done()``;
-        False if not within ``timeout_s`` (None: no limit)."""
+    def supervised_until(self, done: Callable[[], bool], timeout_s: float | None, on_restart: Callable) -> bool:
+        """up's one loop: ``supervise()`` every ``SUPERVISE_EVERY_S`` (``on_restart`` with each child restarted)
+        until ``done()``, False if not within ``timeout_s`` (None: no limit)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while deadline is None or time.monotonic() < deadline:
             for name in self.supervise():
                 on_restart(name)
             if done():
                 return True
-            time.sleep(0.3)
+            time.sleep(SUPERVISE_EVERY_S)
         return False
 
     def log_tail(self, name: str, lines: int = 15) -> str:
