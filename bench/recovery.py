@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=1, help="prefill workers")
     ap.add_argument("--kill", default="prefill0,decode0", help="the workers SIGKILLed together, comma-separated")
     args = ap.parse_args()
-    runs, killed, done = [], [], threading.Event()
+    runs, killed, restarted, done = [], [], [], threading.Event()
     workers = {"vision": 0, "prefill": args.prefill, "decode": 1}
     with scratch() as tmp, demo_stack(tmp, workers, {"OMP_NUM_THREADS": "1"}) as stack:
 
@@ -101,16 +101,17 @@ def main() -> None:
             killed.append(time.time())
             for name in args.kill.split(","):
                 os.killpg(stack.child(name).proc.pid, signal.SIGKILL)
-            while not done.wait(0.5):
-                stack.supervise()
+            stack.supervised_until(done.is_set, None, lambda name: restarted.append(name))  # up's loop
 
+        supervisor = threading.Thread(target=kill_then_supervise, daemon=True)
+        supervisor.start()
         try:
-            threading.Thread(target=kill_then_supervise, daemon=True).start()
             asyncio.run(until_after(clients(stack.url, args.clients, args.requests, runs), killed, args.wait))
             time.sleep(1)
             stuck = leftovers(redis.Redis.from_url(stack.redis_url))
         finally:
             done.set()  # no restarts while the stack stops
+            supervisor.join(10)
     at = killed[0]
     in_flight = [(start, end) for start, end, _ in runs if start < at and (end is None or end > at)]
     after = [end - at for _, end in in_flight if end is not None]
@@ -119,7 +120,7 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---:|")
     cells = " | ".join(f"{pct(after, q):.1f} s" for q in (0.5, 0.9, 1.0))
     print(f"| {args.clients} | {len(in_flight)} | {cells} | {sum(end is None for _, end, _ in runs)} |")
-    print("outcomes:", dict(outcomes))
+    print("outcomes:", dict(outcomes), "restarted:", ", ".join(restarted))
     for row in stuck:
         print("left in Redis:", row)
 

@@ -71,8 +71,6 @@ def stops(work: Path, n: int) -> list[float]:
     with served(checkpoint, work / "logs") as stack:
         for i in range(n):
             name = ("decode0", "prefill0")[i % 2]
-            log = stack.log_dir / f"{name}.log"
-            readied = log.read_text().count(" ready.")
             time.sleep(random.uniform(0, 1))
             proc = stack.child(name).proc
             began = time.monotonic()
@@ -80,11 +78,7 @@ def stops(work: Path, n: int) -> list[float]:
             proc.wait(timeout=60)
             took.append(time.monotonic() - began)
             print(f"stop {i}: {name} {took[-1]:.2f} s", flush=True)
-            while stack.supervise() != [name]:
-                time.sleep(0.05)
-            while log.read_text().count(" ready.") == readied:
-                stack.supervise()
-                time.sleep(0.2)
+            stack.until_ready(name, 300)  # (a stop is a quick exit: from the second one in a row on, a wait first)
     return took
 
 

@@ -248,6 +248,7 @@ def test_redis_frozen_ends_open_requests_restarted_gives_503_then_recovers(text_
         down = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=30)
         assert down.status_code == 503 and down.json()["error"]["type"] == "service_unavailable"
         assert stack.supervise() == ["redis"]  # restarted on its own port
+        stack.until_ready("redis", 60)
         stack.wait_ready(timeout_s=60)  # the same processes reconnect
         after = httpx.post(f"{stack.url}/v1/chat/completions", json=chat("after", max_tokens=4), timeout=60)
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4

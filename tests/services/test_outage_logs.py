@@ -54,7 +54,8 @@ def test_a_redis_outage_is_a_few_lines_in_each_workers_log(text_dir, tmp_path):
         backs = [(log, PLACES[place][2]) for log in (decode, prefill) for place in _counted(log)]
         connected = {log: log.read_text().count(CELERY_BACK) for log in (decode, prefill)}
         assert stack.supervise() == ["redis"]
-        stack.wait_ready(timeout_s=60)
+        stack.until_ready("redis", 60)
+        stack.wait_ready(timeout_s=60)  # the workers reconnected
         for log, back in backs:
             assert wait_until(lambda log=log, back=back: back in log.read_text(), 30), back
         for log, before in connected.items():  # (Celery's next try: within a second)

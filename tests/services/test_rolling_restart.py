@@ -41,7 +41,8 @@ def _read_until_stopped(url: str, gateway, max_tokens: int = LONG["max_tokens"])
 def _restarted(stack, grace_s: float) -> None:
     stack.child("gateway").env = {"DAYZERO_DISCONNECT_GRACE_S": str(grace_s)}
     assert stack.supervise() == ["gateway"]
-    stack.wait_ready(timeout_s=120)
+    stack.until_ready("gateway", 120)  # (a StartFailed naming its exits and log if it cannot)
+    stack.wait_ready(timeout_s=60)  # its reaper has read the workers: it admits
 
 
 def _resumed_to_its_end(url: str, rid: str, token: str, seen: list[str]) -> None:

@@ -38,6 +38,7 @@ def test_a_worker_started_while_redis_refuses_writes_waits_and_then_serves(text_
             # loaded, at its consumer's start: it waits (was: Celery's "Unrecoverable error", the process ended)
             assert wait_until(lambda: started.poll() is not None or waits in log.read_text(errors="replace"), 120)
             assert not wait_until(lambda: started.poll() is not None, 2), log.read_text(errors="replace")[-3000:]
+        stack.until_ready("prefill0", 60)
         stack.wait_ready(timeout_s=60)
         assert started.poll() is None and prefill.restarts == 1  # the same process serves: nothing restarted it
         answer = httpx.post(f"{stack.url}/v1/completions", json=BODY, timeout=60)
