@@ -255,12 +255,10 @@ class Stack:
                 child.ready_at = now if now - read.now + since >= child.started else None
 
     def frozen(self) -> list[Child]:
-        """The running workers whose last liveness stamp is older than ``frozen_s``: SIGSTOPped, or
-        hung in a step past its bound. A worker that has not stamped yet (starting) is left
-        alone (a stamp from before its spawn is another process's: a pid used again), and no stamp
-        ages while Redis cannot be read, answers slowly (a frozen Redis continued), or refuses
-        writes (at its maxmemory, a read-only replica, writes paused): the stamps are writes, and
-        every worker was found frozen and killed at once."""
+        """The running workers whose last liveness stamp is older than ``frozen_s``: SIGSTOPped, or hung in a
+        step past its bound. One not stamped yet (starting; a stamp from before its spawn is a pid used again)
+        is left alone, and no stamp ages while Redis cannot be read, answers slowly (a frozen Redis continued)
+        or refuses writes (maxmemory, a replica, paused): the stamps are writes (all were killed at once)."""
         if not self.frozen_s or self.redis_url is None:
             return []
         self._liveness = self._liveness or connect(self.redis_url)
