@@ -172,3 +172,14 @@ def test_a_row_without_mass_fails_alone_in_its_batch():
     steps = next_steps(rows(3), logits)
     assert isinstance(steps[1], ValueError)
     assert [steps[0].token, steps[2].token] == [next_steps(rows(1), logits[i : i + 1])[0].token for i in (0, 2)]
+
+
+@pytest.mark.parametrize(("best", "temperature"), [(2.9506571292877197, 0.7), (3.567232847213745, 1.3)])
+def test_a_top_p_of_0_takes_greedys_token_where_two_logits_are_an_ulp_apart(best, temperature):
+    """The greedy answer is the argmax of the logits; their softmax at a temperature rounds two logits
+    an ulp apart to one probability, of which the nucleus kept the first: the lower one."""
+    logits = torch.tensor([0.0, best, 0.5, 0.0])
+    logits[3] = torch.nextafter(logits[1], torch.tensor(float("inf")))  # the best, by a hair
+    params = SamplingParams(max_tokens=1, temperature=temperature, top_p=0.0, seed=1)
+    assert sample(logits, params, torch.Generator().manual_seed(1)) == 3
+    assert sample(logits, params, None) == 3  # (unseeded: the batch's draw)

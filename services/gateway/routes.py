@@ -102,8 +102,8 @@ def _spec(
     default = min(s.max_tokens_limit, limit - len(prompt_ids))
     return SamplingParams(
         max_tokens=max_tokens or default,
-        temperature=body.temperature,
-        top_p=body.top_p,
+        temperature=0.0 if body.top_p == 0.0 else body.temperature,  # (greedy's token: what top_p 0 keeps,
+        top_p=body.top_p or 1.0,  # sent so that a worker of the previous release, whose least was 1e-3, reads it)
         top_k=body.top_k,
         seed=None if body.seed is None else body.seed % (MAX_SEED + 1),  # any int64 OpenAI takes, as a seed ours
         stop=body.stops(),

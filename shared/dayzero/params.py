@@ -52,6 +52,12 @@ class SamplingParams:
     logprobs: int | None = None  # report each token's log-probability and this many top alternatives
     grammar: Grammar | None = None  # constrained decoding: only tokens the grammar allows
 
+    @property
+    def greedy(self) -> bool:
+        """The argmax of the logits alone: temperature 0, or top_p 0 (its nucleus: the best token; a
+        softmax at a temperature may round the best two logits to one probability)."""
+        return self.temperature == 0.0 or self.top_p == 0.0
+
     def __post_init__(self) -> None:
         problem = next((message for broken, message in _checks(self) if broken), None)
         if problem:

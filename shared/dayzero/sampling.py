@@ -56,8 +56,8 @@ def distributions(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     """Each row's distribution [R, V] fp32 under its own temperature, top-k and top-p, every row at
     once (``logits`` [R, V] with bias and penalties applied); a greedy row: all mass on its argmax."""
     vocab, device = logits.shape[-1], logits.device
-    greedy = [i for i, p in enumerate(params) if p.temperature == 0.0]
-    temperature = torch.tensor([p.temperature or 1.0 for p in params], device=device)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    temperature = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)
     logits = logits.float() / temperature[:, None]
     if any(p.top_k for p in params):
         k = torch.tensor([min(p.top_k or vocab, vocab) - 1 for p in params], device=device)
@@ -68,8 +68,7 @@ def distributions(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
         top_p = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device=device)
         sorted_probs, order = sort_descending(probs)
         before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
-        # keep the best (top_p 0: it alone; of equal ones the first, as greedy's argmax: the sort is stable)
-        sorted_probs = sorted_probs.masked_fill((before >= top_p[:, None]) & (before > 0), 0.0)
+        sorted_probs = sorted_probs.masked_fill((before >= top_p[:, None]) & (before > 0), 0.0)  # keep the best
         probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
     if greedy:
         probs[greedy] = torch.nn.functional.one_hot(logits[greedy].argmax(dim=-1), vocab).float()
@@ -141,7 +140,7 @@ def sample_rows(
             logits[i] = _adjusted(logits[i], params[i], counts[i])
     refuse_nan(logits)
     tokens = logits.argmax(dim=-1).tolist()
-    drawn = [i for i, p in enumerate(params) if p.temperature != 0.0]
+    drawn = [i for i, p in enumerate(params) if not p.greedy]
     if drawn:
         probs = distributions(logits[drawn], [params[i] for i in drawn])
         unseeded = [j for j, i in enumerate(drawn) if generators[i] is None]

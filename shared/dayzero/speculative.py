@@ -147,7 +147,7 @@ def _draft(
                 c = completions[s]
                 q = distribution(logits[r], c.params, c.counts)
                 try:
-                    token = int(q.argmax()) if c.params.temperature == 0.0 else draw(q, generators[s])
+                    token = int(q.argmax()) if c.params.greedy else draw(q, generators[s])
                 except ValueError:  # NaN draft logits: no more drafts (its verify fails it if the model is NaN too)
                     ks[s] = depth
                     continue
@@ -188,7 +188,7 @@ def _accept(
             if nan[i]:
                 raise ValueError(NAN_LOGITS)
             p = distribution(logits[i], params, completion.counts)
-            kept, token = verify_draft(p, q, token, params.temperature == 0.0, gen)
+            kept, token = verify_draft(p, q, token, params.greedy, gen)
             steps.append(completion.emit(token, logits[i]))
             if not kept or steps[-1].finish_reason:
                 return Outcome(steps, len(drafts), i + int(kept))

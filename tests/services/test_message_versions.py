@@ -108,3 +108,22 @@ def test_a_later_versions_fields_are_ignored():
     assert DecodeJob.model_validate_json(json.dumps(later)) == _job(None)
     prefill = {"request": later["request"], "attempt": 1, "next": {"any": "shape"}}
     assert PrefillJob.model_validate_json(json.dumps(prefill)).request == _job(None).request
+
+
+def test_a_top_p_of_0_is_sent_as_what_the_previous_release_reads():
+    """The previous release's workers refuse a top_p below 1e-3 (its SamplingParams check: the whole
+    job fails to parse); top_p 0 keeps greedy's token alone, so the gateway sends it as greedy."""
+    from types import SimpleNamespace
+
+    from services.gateway.routes import _spec
+    from services.gateway.schemas import CompletionRequest
+
+    settings = SimpleNamespace(model_name="m", max_tokens_limit=64)
+    gw = SimpleNamespace(settings=settings, context_limit=100, codec=SimpleNamespace(has_tokenizer=False), vocab_size=9)
+    body = CompletionRequest(model="m", prompt=[1, 2], top_p=0, temperature=1.5, seed=3)
+    sent = json.loads(
+        GenerationRequest(
+            request_id="r", kind="completion", prompt_ids=(1, 2), sampling=_spec(gw, body, [1, 2], 8), created=1.0
+        ).model_dump_json()
+    )["sampling"]
+    assert 1e-3 <= sent["top_p"] <= 1.0 and sent["temperature"] == 0.0, sent
