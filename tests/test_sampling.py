@@ -70,8 +70,9 @@ def test_a_top_p_of_0_keeps_only_the_most_likely_token(top_p):
 
 def _one_row(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """A row's distribution written out: temperature, the top-k's k-th value, softmax, the top-p
-    nucleus (tokens whose strictly-higher mass is below top_p, the best always); greedy: one-hot."""
-    if p.temperature == 0.0:
+    nucleus (tokens whose strictly-higher mass is below top_p, the best always); greedy (temperature 0,
+    or top_p 0: the best alone): one-hot."""
+    if p.temperature == 0.0 or p.top_p == 0.0:
         return torch.nn.functional.one_hot(logits.argmax(), logits.shape[0]).double()
     x = logits.double() / p.temperature
     if p.top_k:
@@ -90,7 +91,7 @@ def test_a_batch_of_rows_samples_each_under_its_own_parameters():
     from dayzero.sampling import distributions, sample_rows
 
     gen = torch.Generator().manual_seed(5)
-    logits = torch.randn(6, 40, generator=gen) * 3
+    logits = torch.randn(7, 40, generator=gen) * 3
     params = [
         SamplingParams(),
         SamplingParams(temperature=0.7),
@@ -98,14 +99,15 @@ def test_a_batch_of_rows_samples_each_under_its_own_parameters():
         SamplingParams(temperature=0.9, top_p=0.6),
         SamplingParams(temperature=1.1, top_k=12, top_p=0.8, seed=4),
         SamplingParams(temperature=2.0, top_k=3, top_p=0.5),
+        SamplingParams(temperature=1.5, top_p=0.0),  # (the best token alone, beside nuclei of 0.6 and 0.5)
     ]
     got = distributions(logits, params)
     for row, p in enumerate(params):
         assert torch.allclose(got[row].double(), _one_row(logits[row], p), atol=1e-6), row
     for _ in range(20):
-        generators = [None, None, None, None, torch.Generator().manual_seed(7), None]
-        tokens = sample_rows(logits, params, generators, [None] * 6)
-        assert tokens[0] == int(logits[0].argmax())
+        generators = [None, None, None, None, torch.Generator().manual_seed(7), None, None]
+        tokens = sample_rows(logits, params, generators, [None] * 7)
+        assert tokens[0] == int(logits[0].argmax()) and tokens[6] == int(logits[6].argmax())
         assert all(got[row, token] > 0 for row, token in enumerate(tokens))
         assert tokens[4] == sample(logits[4], params[4], torch.Generator().manual_seed(7))
 
