@@ -33,12 +33,12 @@ def test_taking_handoffs_says_which_were_cancelled_and_which_runs_are_over(redis
     taken = store.take_handoffs(handoffs, "decode0", 30)
     assert taken == {"kept": Take.CLAIMED, "gone": Take.CANCELLED, "rerun": Take.STALE, "held": Take.STALE}
     assert store.owner("gone") == store.owner("kept") == "decode0"
-    assert store.r.lrange(key("taken", "prefill0"), 0, -1) == [b"gone"]  # only a current run's holder is told
+    assert store.r.lrange(key("taken", "prefill0"), 0, -1) == [b"gone 0"]  # only a current run's holder is told
     assert store.owner("rerun") is None and store.owner("held") == "decode9"  # nothing written for them
     assert store.r.exists(key("handoff", "rerun"), key("handoff", "held")) == 2
     assert store.take_handoffs([], "decode0", 30) == {}
     store.take_handoffs([("x", 0, "prefill1"), ("y", 0, "prefill1")], "decode0", 30)
-    assert store.r.lrange(key("taken", "prefill1"), 0, -1) == [b"x", b"y"]  # one holder's, in order
+    assert store.r.lrange(key("taken", "prefill1"), 0, -1) == [b"x 0", b"y 0"]  # one holder's, in order
 
 
 def test_a_steps_arrivals_are_admitted_in_one_round_trip_older_runs_and_duplicates_dropped(demo_dir, redis_url):

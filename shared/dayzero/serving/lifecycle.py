@@ -196,11 +196,13 @@ class Lifecycle(TokenStream):
 
     def released(self, holder: str, held: Mapping[str, int], lapsed: Collection[str] = ()) -> set[str]:
         """Of the handoffs whose blocks ``holder`` keeps (``held``: request -> attempt), those it may
-        free: decode has taken them (told through the holder's inbox since the last call), a client
-        cancelled them, their run is over (the request ended, or was re-run since: decode died
-        before it took the state), or they are ``lapsed`` (past their deadline) and no decode worker
-        has claimed them. One round trip (``RELEASED``: an inbox's notice leaves it only at the call after
-        the one that read it, so none is lost with a reply)."""
+        free: decode has taken the run held (told through the holder's inbox since the last call: an
+        older run's notice, read once the request was re-run and prefilled here again, freed the new
+        run's blocks before decode took them), a client cancelled them, their run is over (the request
+        ended, or was re-run since: decode died before it took the state), or they are ``lapsed``
+        (past their deadline) and no decode worker has claimed them. One round trip (``RELEASED``: an
+        inbox's notice leaves it only at the call after the one that read it, so none is lost with a
+        reply)."""
         rids = list(held)
         keys = [key("taken", holder)] + [
             key(family, rid) for rid in rids for family in ("cancel", "done", "attempt", "lease")
@@ -209,7 +211,7 @@ class Lifecycle(TokenStream):
         self._read_inbox[holder] = inbox  # (acted on by the caller: they leave the inbox at the next call)
         over = zip(rids, marks[::4], marks[1::4], marks[2::4], marks[3::4], strict=True)
         unclaimed = (None, HANDOFF_OWNER.encode())
-        return {rid.decode() for rid in inbox} | {
+        return {rid for rid, run in map(_notice, inbox) if held.get(rid) == run} | {
             rid
             for rid, cancel, done, attempt, lease in over
             if cancel or done or held[rid] < int(attempt or 0) or (rid in lapsed and lease in unclaimed)
@@ -290,3 +292,9 @@ class Lifecycle(TokenStream):
         keys += [k for queue in QUEUES for k in (queue, key("pushed", queue))]
         args = [int(queued_s * 1000), rid, HANDOFF_OWNER, int(sighting_s * 1000)]
         return int(self._rerun(keys=keys, args=args))
+
+
+def _notice(notice: bytes) -> tuple[str, int]:
+    """A holder's inbox's notice (TAKE_HANDOFFS) -> the request and the run of it decode took."""
+    rid, _, run = notice.decode().rpartition(" ")
+    return rid, int(run)

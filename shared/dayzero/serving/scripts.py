@@ -189,8 +189,9 @@ return {redis.call('LRANGE', KEYS[1], 0, -1), #KEYS > 1 and mget(2, #KEYS) or {}
 # KEYS per handoff: attempt, done, lease, handoff, cancel, its holder's inbox; ARGV: the owner, lease
 # ms, the inboxes' s, the handoff's lease owner, then per handoff: its run's attempt, the request's
 # id for the holder's inbox ('': no holder). Decode has imported the states: each current run's
-# handoff is decode's now (its lease renewed, its holder told). The answer, per handoff (``Take``):
-# 0 the run is over or someone else holds the lease (nothing written), 2 taken but cancelled, 3 taken.
+# handoff is decode's now (its lease renewed, its holder told '{id} {attempt}': the run it took).
+# The answer, per handoff (``Take``): 0 the run is over or someone else holds the lease (nothing
+# written), 2 taken but cancelled, 3 taken.
 TAKE_HANDOFFS = (
     CURRENT_RUN
     + """
@@ -203,7 +204,7 @@ for i = 0, #KEYS / 6 - 1 do
         redis.call('DEL', KEYS[k + 4])
         redis.call('SET', KEYS[k + 3], ARGV[1], 'PX', ARGV[2])
         if rid ~= '' then
-            redis.call('RPUSH', KEYS[k + 6], rid)
+            redis.call('RPUSH', KEYS[k + 6], rid .. ' ' .. run)
             redis.call('EXPIRE', KEYS[k + 6], ARGV[3])
         end
         taken[i + 1] = redis.call('EXISTS', KEYS[k + 5]) == 1 and 2 or 3
