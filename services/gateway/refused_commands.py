@@ -1,13 +1,15 @@
 """The commands Redis refuses the gateways' user (an ACL without them: NOPERM), one record for every
-gateway on the Redis: ``refused`` (keys.py), command -> its line and until when it holds (Redis's
-time). The gateway that meets a refusal records it, for ``HELD_PASSES`` reaper periods, again each
-time it meets it; one whose pass sees that command answered (any gateway's) clears it; each reads
-the record at every pass: /ready's reason, and admission's 503. Each gateway kept its own, taken
-back by a pass that ran the step it was met at: with several gateways, a sweep whose lock another
-held sent none of its commands yet counted as run (and a step sends some only for some data: a
-re-run's only with requests under way), so the refusal came and went every few passes, /ready
-flapping. Not counting such a sweep kept a stale refusal, and its 503s, on a gateway that rarely
-got the lock."""
+gateway on the Redis that runs as that user: ``refused:{user}`` (keys.py), command -> its line and
+until when it holds (Redis's time). The gateway that meets a refusal records it, for
+``HELD_PASSES`` reaper periods, again each time it meets it; one whose pass sees that command
+answered (any gateway's of the user) clears it; each reads the record at every pass: /ready's
+reason, and admission's 503. Each gateway kept its own, taken back by a pass that ran the step it
+was met at: with several gateways, a sweep whose lock another held sent none of its commands yet
+counted as run (and a step sends some only for some data: a re-run's only with requests under way),
+so the refusal came and went every few passes, /ready flapping. Not counting such a sweep kept a
+stale refusal, and its 503s, on a gateway that rarely got the lock. One record for all users had a
+gateway whose user the ACL allows the command read another's refusal (503s while the other held
+the sweep's lock), and clear it when it swept (the other's /ready healthy meanwhile)."""
 
 from __future__ import annotations
 
@@ -60,6 +62,7 @@ class RefusedCommands:
 
     def __init__(self, url: str, client: redis.Redis, period_s: float) -> None:
         self.url, self.r, self.held_s = url, client, HELD_PASSES * period_s
+        self.key = key("refused", client.connection_pool.connection_kwargs.get("username") or "default")
         self.reason: str | None = None
         self._met: dict[str, str] = {}  # this pass's refusals: command -> its line
         self._record: dict[str, str] = {}  # the record at the last read: command -> its line
@@ -85,7 +88,7 @@ class RefusedCommands:
         return self.reason
 
     def _settled(self, met: dict[str, str], answered: set[str]) -> dict[str, str]:
-        now, refused = clock.now(), key("refused")
+        now, refused = clock.now(), self.key
         pipe = self.r.pipeline(transaction=False)  # (no MULTI: a refused one is a refusal to record too)
         for command, line in met.items():
             pipe.hset(refused, command, json.dumps({"line": line, "until": now + self.held_s}))

@@ -54,8 +54,8 @@ def _redis(port: int, log: Path, commands: list[str]) -> Iterator[tuple[subproce
 
 
 @contextlib.contextmanager
-def _gateway(port: int, checkpoint: Path) -> Iterator[TestClient]:
-    url = f"redis://dz:pw@127.0.0.1:{port}/0"
+def _gateway(port: int, checkpoint: Path, user: str = "dz") -> Iterator[TestClient]:
+    url = f"redis://{user}:pw@127.0.0.1:{port}/0"
     settings = Settings(redis_url=url, checkpoint=checkpoint, lease_s=LEASE_S, credentials_refused_s=600)
     with TestClient(make_app(settings)) as gateway:
         yield gateway
@@ -159,3 +159,30 @@ def test_two_gateways_say_a_refusal_their_sweep_meets_after_its_lock_steadily_ti
         client.acl_setuser("dz", commands=["+@all"], **GRANTS)
         assert wait_until(lambda: not any("user a command" in _reason(gw) for gw in (first, second)), 15)
     assert all("'lrange'" in reason for reason in reasons), reasons
+
+
+def test_a_refusal_of_one_gateways_user_is_not_said_by_a_gateway_running_as_another(demo_dir, tmp_path, monkeypatch):
+    """Two gateways on one Redis as two users, the ACL refusing one of them LRANGE, which only its passes
+    send (a stand-in's: a step sends some commands only for some data, a re-run's only with requests
+    under way): the record was one for every gateway, so the other, whose user may run it and whose
+    passes sent none, said the first's refusal, and answered its new requests 503. Each user's
+    refusals are its own record now."""
+    sweep = reaping.sweep
+
+    def sweep_sending_lrange_as_dz(store, *args):
+        if store.r.connection_pool.connection_kwargs["username"] == "dz":
+            store.r.lrange(key("sweep-only"), 0, 0)
+        return sweep(store, *args)
+
+    monkeypatch.setattr(reaping, "sweep", sweep_sending_lrange_as_dz)
+    port = free_port()
+    with _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client):
+        client.acl_setuser("dz2", commands=["+@all"], **GRANTS)
+        with _gateway(port, demo_dir) as refused, _gateway(port, demo_dir, "dz2") as allowed:
+            client.acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
+            assert wait_until(lambda: "'lrange'" in _reason(refused), 15), _reason(refused)
+            reasons, until = [], time.monotonic() + 3.0  # (15 passes of each)
+            while time.monotonic() < until:
+                reasons.append((_reason(refused), _reason(allowed)))
+    assert all("'lrange'" in said for said, _ in reasons), reasons
+    assert not any("user a command" in said for _, said in reasons), reasons

@@ -6,7 +6,7 @@ stamp_now (liveness.py), unserved:{stage}, restart:{stage}, counted:{stage} (no_
 up:{process} `dayzero up`'s check that Redis takes writes (stack.py), writable /ready's
 (gateway/readiness.py), tensor:{key} parked image embeddings (handoff.py), wake:{gateway} the stream
 reader's wake-up, reaper (its lock: reaper.py), gateways the gateways that run on the Redis (gateways.py),
-refused the commands Redis refuses their user (gateway/refused_commands.py).
+refused:{user} the commands Redis refuses the gateways' user (gateway/refused_commands.py).
 """
 
 from __future__ import annotations
