@@ -80,8 +80,12 @@ class RefusedCommands:
         met, self._met = self._met, {}
         try:
             record = self._settled(met, answered - met.keys())
-        except redis.RedisError:  # (down, or refusing the record's commands: the last read's, and this pass's)
-            record = {**self._record, **met}
+        except redis.RedisError as exc:  # (down, or refusing the record's commands: the last read's, and this
+            # pass's, less what it saw answered; a refusal of the record's own said: the last read's was
+            # kept for ever, naming a command Redis took again, the refused one never said)
+            self.tried(exc)
+            kept = {command: line for command, line in self._record.items() if command not in answered}
+            record, self._met = {**kept, **met, **self._met}, {}
         self._say(record)
         self._record = record
         self.reason = record[min(record)] if record else None

@@ -161,6 +161,28 @@ def test_two_gateways_say_a_refusal_their_sweep_meets_after_its_lock_steadily_ti
     assert all("'lrange'" in reason for reason in reasons), reasons
 
 
+def test_a_refusal_the_record_cannot_be_cleared_of_is_taken_back_and_the_records_own_said(
+    demo_dir, tmp_path, monkeypatch
+):
+    """The ACL refusing the record's HDEL too: the pass that could not clear the record kept the last
+    read's refusals, so once the ACL allowed LRANGE (a stand-in's) /ready named it refused for ever, and
+    never the HDEL Redis refused. A command answered is taken back, the record's own refusal said."""
+    sweep = reaping.sweep
+
+    def sweep_sending_its_own_command(store, *args):
+        store.r.lrange(key("sweep-only"), 0, 0)
+        return sweep(store, *args)
+
+    monkeypatch.setattr(reaping, "sweep", sweep_sending_its_own_command)
+    port = free_port()
+    with _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client), _gateway(port, demo_dir) as gateway:
+        client.acl_setuser("dz", commands=["+@all", "-lrange", "-hdel"], **GRANTS)
+        assert wait_until(lambda: "user a command" in _reason(gateway), 15), _reason(gateway)
+        client.acl_setuser("dz", commands=["+@all", "-hdel"], **GRANTS)
+        assert wait_until(lambda: "'lrange'" not in _reason(gateway), 15), _reason(gateway)
+        assert "'hdel'" in _reason(gateway), _reason(gateway)
+
+
 def test_a_refusal_of_one_gateways_user_is_not_said_by_a_gateway_running_as_another(demo_dir, tmp_path, monkeypatch):
     """Two gateways on one Redis as two users, the ACL refusing one of them LRANGE, which only its passes
     send (a stand-in's: a step sends some commands only for some data, a re-run's only with requests
