@@ -71,3 +71,5 @@ def test_a_notice_of_an_older_run_frees_none_of_the_run_held(redis_url):
     assert store.released("prefill8", {"o-rerun": 1}) == set()
     assert store.take_handoffs([("o-rerun", 1, "prefill8")], "decode1", 30) == {"o-rerun": Take.CLAIMED}
     assert store.released("prefill8", {"o-rerun": 1}) == {"o-rerun"}
+    store.r.rpush(key("taken", "prefill8"), "o-rerun")  # (a decode worker of a version before: no run named)
+    assert store.released("prefill8", {"o-rerun": 1}) == {"o-rerun"}

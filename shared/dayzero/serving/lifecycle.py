@@ -211,7 +211,7 @@ class Lifecycle(TokenStream):
         self._read_inbox[holder] = inbox  # (acted on by the caller: they leave the inbox at the next call)
         over = zip(rids, marks[::4], marks[1::4], marks[2::4], marks[3::4], strict=True)
         unclaimed = (None, HANDOFF_OWNER.encode())
-        return {rid for rid, run in map(_notice, inbox) if held.get(rid) == run} | {
+        return {rid for rid, run in map(_notice, inbox) if rid in held and run in (held[rid], None)} | {
             rid
             for rid, cancel, done, attempt, lease in over
             if cancel or done or held[rid] < int(attempt or 0) or (rid in lapsed and lease in unclaimed)
@@ -294,7 +294,7 @@ class Lifecycle(TokenStream):
         return int(self._rerun(keys=keys, args=args))
 
 
-def _notice(notice: bytes) -> tuple[str, int]:
-    """A holder's inbox's notice (TAKE_HANDOFFS) -> the request and the run of it decode took."""
+def _notice(notice: bytes) -> tuple[str, int | None]:
+    """An inbox's notice (TAKE_HANDOFFS) -> the request, the run decode took (None: an older version's)."""
     rid, _, run = notice.decode().rpartition(" ")
-    return rid, int(run)
+    return (rid, int(run)) if rid else (run, None)
