@@ -145,3 +145,12 @@ def test_the_metrics_doc_names_every_error_code_the_gateway_sends():
     assert "..." not in row and "\u2026" not in row
     named = set(re.findall(r"`([a-z_]+)`", row))
     assert len(_sent_codes()) > 30 and _sent_codes() - named == set()
+
+
+def test_readme_quotes_up_s_line_for_a_child_waiting_after_quick_exits_as_up_prints_it():
+    """The README quoted "4 times in a row within 60 s of its start": up counts a run from when it first saw
+    the child ready (stack_child.py) and says so."""
+    from dayzero.stack_child import Child
+
+    child = Child("decode0", "decode", why="exited (code 3)", quick_exits=4, wait_s=4.0, due=0.0)
+    assert child.restart_said() in " ".join(README.split()), child.restart_said()
