@@ -29,7 +29,9 @@ Such a refusal (a 408, a 431, a malformed request's 400) comes while the client 
 closed at once, the connection was reset by the client's next bytes (unread: the kernel answers them
 with a reset), and a client still sending saw the reset after the answer or instead of it (RFC 9112
 9.6: a reset may erase the answer before the client reads it). The answer is now followed by a
-half-close, the client's bytes read and dropped (bounded: ``DRAIN_*``), then the close."""
+half-close, the client's bytes read and dropped (bounded: ``DRAIN_*``), then the close. A request
+refused behind others pipelined on its connection waits for their answers (HTTP/1.1 answers in order),
+nothing more read meanwhile."""
 
 from __future__ import annotations
 
@@ -80,8 +82,12 @@ class RequestReadDeadline(HttpToolsProtocol):
     _draining: asyncio.TimerHandle | None = None  # refused: the close, once the client's bytes stop
     _drain_ends = 0.0  # (the loop's time)
     _drained = 0  # bytes dropped since the refusal
+    _held: tuple[str, dict] | None = None  # a refusal (status, body) waiting for the answers before it
 
     def data_received(self, data: bytes) -> None:
+        if self._held is not None:  # refused, the answers before its own still going out: nothing more is
+            self.flow.pause_reading()  # parsed, nor read till then (uvicorn reads on after each answer)
+            return
         if self._draining is not None:  # refused: nothing more is parsed
             self._drained += len(data)
             if self._drained > self.drain_bytes:
@@ -120,9 +126,14 @@ class RequestReadDeadline(HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
+        super().on_response_complete()  # (starts the next request waiting its turn, if any)
+        if self.transport.is_closing():
+            return
+        if self._held is None:
             self._arm(self.read_s)  # the next request on this connection
+        elif not self.pipeline and (self.cycle.response_complete or self.cycle.disconnected):  # (or refused)
+            self._unset_keepalive_if_required()  # the refusal's turn (uvicorn's idle close would cut its drain)
+            self._send_refusal(*self._held)
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -203,16 +214,32 @@ class RequestReadDeadline(HttpToolsProtocol):
         )
 
     def _refuse(self, status: str, body: dict) -> None:
-        """Answer ``status`` with the error ``body`` and close the connection; counted where its client
-        sent something (an idle connection opened ahead of a request it never made is no error of
-        a client's: each page a browser preconnected from counted a 408 after 30 s)."""
+        """Answer ``status`` with the error ``body`` and close the connection, once the requests before
+        the refused one are answered (HTTP/1.1 answers in order: a malformed request pipelined behind
+        one under way was answered first, in its place, and the earlier answer never went out)."""
+        self._disarm()
+        cycle = self.cycle  # the refused request's, while its body arrives; else the last one parsed
+        own = cycle if cycle is not None and not cycle.response_complete and cycle.more_body else None
+        earlier = bool(self.pipeline) or (cycle is not None and cycle is not own and not cycle.response_complete)
+        if own is not None:  # its app: the client is gone, as on a close (its send wrote after the end:
+            own.disconnected = True  # "Cannot call write() after write_eof()", logged as the app's error)
+            own.message_event.set()
+            if self.pipeline and self.pipeline[0][0] is own:  # waiting its turn (the last parsed: leftmost)
+                self.pipeline.popleft()
+        if earlier:
+            self._held = (status, body)
+            self.flow.pause_reading()
+        else:
+            self._send_refusal(status, body)
+
+    def _send_refusal(self, status: str, body: dict) -> None:
+        """The refusal's answer, then the close; counted where its client sent something (an idle
+        connection opened ahead of a request it never made is no error of a client's: each page a
+        browser preconnected from counted a 408 after 30 s)."""
+        self._held = None
         text = json.dumps(body)
         head = f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n"
         self.transport.write(f"{head}content-length: {len(text)}\r\n\r\n{text}".encode())
-        self._disarm()
-        if self.cycle is not None and not self.cycle.response_complete:  # its app: the client is gone, as
-            self.cycle.disconnected = True  # on a close (its send wrote after the end: "Cannot call write()
-            self.cycle.message_event.set()  # after write_eof()", logged as the app's error)
         self.flow.resume_reading()  # (paused while its app took no body: the drain reads on)
         if self.transport.can_write_eof() and not self._stopping:  # (a TCP socket's can)
             self.transport.write_eof()  # the answer, then our end: the client's end closes the connection

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -115,29 +116,46 @@ def test_the_drain_ends_past_its_time(server):
     assert DRAIN_S - 0.2 < lasted < DRAIN_S + 2, (ended, lasted)
 
 
-@pytest.mark.parametrize(
-    "raw",
-    [
-        b"GET /late HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",  # its own body malformed
-        b"GET /late HTTP/1.1\r\nhost: x\r\n\r\nBAD REQUEST\r\n\r\n",  # a malformed request after it
-    ],
-    ids=["malformed body", "malformed next request"],
-)
-def test_a_request_refused_while_its_app_answers_is_gone_for_the_app(server, raw):
-    """The app of a request under way when the connection refused it (a 400 for its body, or for the
-    request after it) answered during the drain: its send raised "Cannot call write() after write_eof()",
-    logged with its traceback as an exception of the app (the gateway's CatchAll logged it as an
-    internal error, and its 500 raised again). It is now told its client is gone, as it was when the
-    refusal closed the connection at once."""
+def test_a_request_refused_while_its_app_answers_is_gone_for_the_app(server):
+    """The app of a request under way when the connection refused it (a 400 for its body) answered
+    during the drain: its send raised "Cannot call write() after write_eof()", logged with its traceback
+    as an exception of the app (the gateway's CatchAll logged it as an internal error, and its 500
+    raised again). It is now told its client is gone, as it was when the refusal closed the connection
+    at once."""
     RAISED_LATE.clear()
     with socket.create_connection(("127.0.0.1", server), timeout=10) as s:
-        s.sendall(raw)
+        s.sendall(b"GET /late HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n")
         received = b""
         while data := s.recv(65536):
             received += data
         time.sleep(DRAIN_IDLE_S + 0.3)  # (the client keeps its end open: the drain ends at its idle bound)
     assert received.startswith(b"HTTP/1.1 400 Bad Request") and received.count(b"HTTP/1.1") == 1, received
     assert RAISED_LATE == [], RAISED_LATE  # (its sends return: nothing is sent)
+
+
+PIPELINED = {  # what follows a request answered a moment on (GET /late) in the same write: the answers
+    "a malformed request": (b"BAD REQUEST\r\n\r\n", [b"200", b"400"]),
+    "a request, then a malformed one": (b"GET / HTTP/1.1\r\nhost: x\r\n\r\nBAD\r\n\r\n", [b"200", b"200", b"400"]),
+    "a request with a malformed body": (REFUSED["malformed"][0], [b"200", b"400"]),
+    "a head over the bound": (b"GET / HTTP/1.1\r\nx-big: " + b"a" * 4096 + b"\r\n\r\n", [b"200", b"431"]),
+}
+
+
+@pytest.mark.parametrize("case", PIPELINED)
+def test_requests_pipelined_before_a_refused_one_are_answered_first(server, case):
+    """HTTP/1.1 answers a connection's requests in order. A request refused while one before it was
+    still being answered got its 400 (or 431) at once, in the earlier one's place (the client read it
+    as that request's answer), and the earlier answer never went out (its app's send raised, the
+    transport closed). The refusal now waits for the answers before it, then closes as before: its
+    client still sending reads them all and a clean end."""
+    RAISED_LATE.clear()
+    after, statuses = PIPELINED[case]
+    first = b"GET /late HTTP/1.1\r\nhost: x\r\n\r\n" + after
+    received, ended, lasted = _refused_sending(server, first, b"x" * (128 << 10), 16384, 0)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", received) == statuses, received
+    assert received.endswith(b"}") and received.count(b"\r\n\r\nok") == len(statuses) - 1, received
+    assert ended == "eof" and lasted == float("inf"), (ended, lasted)  # (all 128 KiB sent)
+    assert RAISED_LATE == [], RAISED_LATE
 
 
 def _trickle(s: socket.socket, stopping: threading.Event) -> None:
