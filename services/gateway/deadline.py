@@ -126,12 +126,13 @@ class RequestReadDeadline(HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
+        last = not self.pipeline  # none waiting its turn: the answer just out was the last before a held refusal
         super().on_response_complete()  # (starts the next request waiting its turn, if any)
         if self.transport.is_closing():
             return
         if self._held is None:
             self._arm(self.read_s)  # the next request on this connection
-        elif not self.pipeline and (self.cycle.response_complete or self.cycle.disconnected):  # (or refused)
+        elif last:  # (not the last parsed's state: a refused one with its body under way is that, never run)
             self._unset_keepalive_if_required()  # the refusal's turn (uvicorn's idle close would cut its drain)
             self._send_refusal(*self._held)
 

@@ -137,6 +137,10 @@ PIPELINED = {  # what follows a request answered a moment on (GET /late) in the 
     "a malformed request": (b"BAD REQUEST\r\n\r\n", [b"200", b"400"]),
     "a request, then a malformed one": (b"GET / HTTP/1.1\r\nhost: x\r\n\r\nBAD\r\n\r\n", [b"200", b"200", b"400"]),
     "a request with a malformed body": (REFUSED["malformed"][0], [b"200", b"400"]),
+    "a request, then one with a malformed body": (
+        b"GET / HTTP/1.1\r\nhost: x\r\n\r\n" + REFUSED["malformed"][0],
+        [b"200", b"200", b"400"],
+    ),
     "a head over the bound": (b"GET / HTTP/1.1\r\nx-big: " + b"a" * 4096 + b"\r\n\r\n", [b"200", b"431"]),
 }
 
