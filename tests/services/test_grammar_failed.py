@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import llguidance
 import pytest
 from fastapi.testclient import TestClient
 
@@ -36,6 +38,20 @@ def _last(store: Lifecycle, rid: str) -> dict[bytes, bytes]:
     return last
 
 
+def _prefilled(
+    settings: Settings, store: Lifecycle, rid: str, sampling: SamplingParams, prompt: int
+) -> list[DecodeJob]:
+    """Request ``rid`` admitted and prefilled (its first token streamed): the decode job prefill sent."""
+    request = GenerationRequest(
+        request_id=rid, prompt_ids=tuple(prompt_ids(prompt)), sampling=sampling, created=time.time()
+    )
+    store.admit(request, [], "", 60)
+    sent: list[DecodeJob] = []
+    prefill = Runtime.load(settings, f"prefill-{rid}@test", "prefill", False)
+    run_jobs(PrefillLoop(prefill, recording(sent)), [PrefillJob(request=request)])
+    return sent
+
+
 def test_a_grammar_failing_mid_reply_ends_its_stream_with_its_why(demo_dir, redis_url, caplog):
     """... as the client's error: counted as a grammar failure, not decode's, and logged at INFO (a
     client sending such schemas at will inflated the decode failures and the ERROR log)."""
@@ -43,15 +59,7 @@ def test_a_grammar_failing_mid_reply_ends_its_stream_with_its_why(demo_dir, redi
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
     store = Lifecycle.connect(redis_url)
     sampling = SamplingParams(max_tokens=400, temperature=1.0, seed=3, grammar=Grammar(json_grammar(LATE_PATTERN)))
-    request = GenerationRequest(
-        request_id="late-1", prompt_ids=tuple(prompt_ids(0)), sampling=sampling, created=time.time()
-    )
-    store.admit(request, [], "", 60)
-    sent: list[DecodeJob] = []
-    run_jobs(
-        PrefillLoop(Runtime.load(settings, "prefill7@test", "prefill", False), recording(sent)),
-        [PrefillJob(request=request)],
-    )
+    sent = _prefilled(settings, store, "late-1", sampling, 0)
     decode = Runtime.load(settings, "decode7@test", "decode", False)
     run_jobs(DecodeLoop(decode), sent)
     last = _last(store, "late-1")
@@ -90,6 +98,53 @@ def test_a_grammar_failing_at_its_first_token_ends_in_prefill(demo_dir, redis_ur
     assert failed and all(r.levelno == logging.INFO and not r.exc_info for r in failed), [
         (r.levelname, r.getMessage()) for r in failed
     ]
+
+
+def _fill_lexer(grammars, lark: str) -> None:
+    """Replies written through copies of ``lark``'s compile, each step's mask computed (as decode
+    does: every copy grows the compile's one lexer), until the lexer is full. No ``Guide`` fails on
+    it, so the compile is not retired: the next request that needs a state of it fails."""
+    texts = random.Random(0)
+    for _ in range(200):
+        matcher = grammars.matcher(lark)
+        for token in grammars.tokenizer.tokenize_str(json.dumps("".join(texts.choice("ab") for _ in range(100)))):
+            matcher.compute_logit_bias()
+            if matcher.is_error():
+                return
+            matcher.consume_token(token)
+    raise AssertionError("no reply filled the lexer")
+
+
+def test_a_grammar_failing_as_decode_replays_the_first_token_ends_as_a_steps_failure(
+    demo_dir, redis_url, caplog, monkeypatch
+):
+    """Decode rebuilds a request's grammar state from prefill's first token; a lexer failing there
+    (here, decode's compile full: llguidance's states at its limit) ended the request "sampling
+    failed: GrammarFailed" without a code, a 500, logged at ERROR. It ends as a step's failure of
+    its grammar: its why under ``grammar_failed``, counted as one, logged at INFO."""
+    from dayzero import grammars as compiled_grammars
+
+    caplog.set_level(logging.INFO, logger="dayzero.decode")
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store = Lifecycle.connect(redis_url)
+    lark = json_grammar({"type": "string", "pattern": "^[ab]*a[ab]{20}$"})
+    sampling = SamplingParams(max_tokens=8, temperature=1.0, seed=0, grammar=Grammar(lark))
+    sent = _prefilled(settings, store, "replay-1", sampling, 2)
+    few = llguidance.LLParserLimits(initial_lexer_fuel=200_000, step_lexer_fuel=100_000, max_lexer_states=3_000)
+    monkeypatch.setattr(compiled_grammars, "parser_limits", lambda: few)  # (decode's compile: full sooner)
+    decode = Runtime.load(settings, "decode9@test", "decode", False)
+    _fill_lexer(decode.codec.grammars, lark)
+    run_jobs(DecodeLoop(decode), sent)
+    last = _last(store, "replay-1")
+    assert (store.done("replay-1"), last.get(b"c"), len(store.streamed_tokens("replay-1"))) == (
+        "error",
+        b"grammar_failed",
+        1,
+    )
+    assert last[b"e"].decode().startswith("its grammar failed mid-reply: lexer error: too many states"), last
+    assert decode.stats.snapshot()["counters"].get("grammar_failures") == 1
+    failed = [r for r in caplog.records if "replay-1" in r.getMessage()]
+    assert failed and all(r.levelno == logging.INFO for r in failed), [(r.levelname, r.getMessage()) for r in failed]
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from ..guided import by_its_schema, failure
 from ..kv.handoff import LayoutMismatch
 from ..kv.pools import OutOfBlocks
 from .active import Active, admit_state
@@ -94,5 +95,9 @@ def _start(loop: DecodeLoop, ticket: Ticket[DecodeJob]) -> None:
         loop.active[rid] = Active.start(loop.r, ticket, loop.limit)
     except Exception as exc:  # noqa: BLE001 - its own sampling (a grammar refused): it fails alone
         loop.r.ranks.release(rid)
-        log.error("request %s: sampling failed: %r", rid, exc)
-        loop._settle(ticket, "error", f"sampling failed: {type(exc).__name__}", len(ticket.job.generated))
+        schemas = by_its_schema(exc)  # (its grammar failed replaying its tokens: ends as a step's would)
+        log.log(logging.INFO if schemas else logging.ERROR, "request %s: sampling failed: %r", rid, exc)
+        if schemas:
+            loop.r.stats.add(grammar_failures=1)
+        message, code = failure(exc, "sampling failed")
+        loop._settle(ticket, "error", message, len(ticket.job.generated), code=code)
