@@ -13,6 +13,7 @@ import torch
 
 from dayzero.chat.grammar import json_grammar
 from dayzero.completion import Completion
+from dayzero.grammars import Grammars
 from dayzero.guided import GRAMMAR_FAILED, Grammar, GrammarFailed, Guide, allowed_logits
 from dayzero.params import SamplingParams
 
@@ -59,6 +60,15 @@ def test_a_grammar_after_a_token_leaves_the_text_before_it_free_but_unended(code
     guide.accept(end_think)
     allowed = allowed_logits(logits, [guide], eos=1)[0] > float("-inf")
     assert {codec.decode_all([int(i)]) for i in torch.nonzero(allowed)} <= {"o", "ok"}
+
+
+def test_a_guide_looks_its_grammar_up_once(codec, monkeypatch):
+    """(It looked it up twice: for its matcher, then for the compile it retires when its lexer fills.)"""
+    grammars, looked_up = Grammars(codec.guidance), []
+    compiling = grammars._compiling
+    monkeypatch.setattr(grammars, "_compiling", lambda lark: looked_up.append(lark) or compiling(lark))
+    Guide(grammars, Grammar('start: "ok"'))
+    assert looked_up == ['start: "ok"']
 
 
 def test_an_invalid_grammar_is_named_without_the_grammar_text(codec):
@@ -135,7 +145,6 @@ def test_a_grammar_whose_lexer_replies_filled_is_compiled_anew(codec, monkeypatc
     import llguidance
 
     from dayzero import grammars as compiled_grammars
-    from dayzero.grammars import Grammars
     from dayzero.guided import fill_masks
 
     few = llguidance.LLParserLimits(initial_lexer_fuel=200_000, step_lexer_fuel=100_000, max_lexer_states=3_000)
@@ -171,7 +180,6 @@ def test_a_request_holding_a_retired_compile_takes_a_fresh_one(codec):
     import time
     from types import SimpleNamespace
 
-    from dayzero.grammars import Grammars
     from dayzero.serving.runtime import Runtime
 
     grammars, lark = Grammars(codec.guidance), json_grammar({"type": "string"})

@@ -7,7 +7,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 
 from .chat.grammar import parser_limits
 
@@ -45,16 +45,18 @@ class Grammars:
         return future if future.done() else None
 
     def matcher(self, lark: str, compiled: Future | None = None):
-        """A matcher of ``lark`` at its start, the caller's own (from ``compiled``, if given; else waits
-        for the compile if not ready: a matcher in its error state when the grammar is refused)."""
-        if compiled is not None:
-            return compiled.result().deep_copy()
+        """A matcher of ``lark`` at its start, the caller's own (from ``compiled``, if given; else from
+        ``finished(lark)``'s: a matcher in its error state when the grammar is refused)."""
+        return (compiled if compiled is not None else self.finished(lark)).result().deep_copy()
+
+    def finished(self, lark: str) -> Future:
+        """``lark``'s compile, done (or failed): waits for it if it is not."""
         future = self._compiling(lark)
-        matcher = future.result().deep_copy()
+        wait([future])
         with self._lock:  # (seen done: it may go)
             if lark in self._compiled and self._compiled[lark][0] is future:
                 self._compiled[lark] = (future, self._compiled[lark][1], True)
-        return matcher
+        return future
 
     def retire(self, lark: str, compiled: Future | None) -> None:
         """Drop ``compiled``, ``lark``'s compile, if cached: a matcher of it failed on its lexer. Every

@@ -57,9 +57,10 @@ class Guide:
     """One request's grammar state, advanced by each accepted token."""
 
     def __init__(self, grammars: Grammars, grammar: Grammar, compiled: Future | None = None) -> None:
-        self.matcher = grammars.matcher(grammar.lark, compiled)  # (``compiled``: Grammars.compiled's, held)
         self._grammars, self._lark = grammars, grammar.lark
-        self._compiled = compiled if compiled is not None else grammars.compiled(grammar.lark)  # (retired if full)
+        # (``compiled``: Grammars.compiled's, held; the one a lexer filled by replies retires: ``accept``)
+        self._compiled = compiled if compiled is not None else grammars.finished(grammar.lark)
+        self.matcher = grammars.matcher(grammar.lark, self._compiled)
         self.words = (grammars.tokenizer.vocab_size + 31) // 32  # the mask's int32 words: the tokenizer's vocabulary
         if self.matcher.is_error():
             raise ValueError(f"invalid grammar: {error_summary(self.matcher.get_error())}")
