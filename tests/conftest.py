@@ -242,3 +242,35 @@ FAILING_LATE = [
         "additionalProperties": False,
     },
 ]
+
+
+# A pattern each random a/b reply writes new lexer states of (2^21 of them): replies fill a shared lexer
+AB_PATTERN = {"type": "string", "pattern": "^[ab]*a[ab]{20}$"}
+
+
+def few_lexer_states(monkeypatch, states: int) -> None:
+    """Grammars compiled from here on hold at most ``states`` lexer states: a few replies fill one."""
+    import llguidance
+
+    from dayzero import grammars
+
+    few = llguidance.LLParserLimits(initial_lexer_fuel=200_000, step_lexer_fuel=100_000, max_lexer_states=states)
+    monkeypatch.setattr(grammars, "parser_limits", lambda: few)
+
+
+def fill_lexer(grammars, lark: str) -> None:
+    """Replies written through copies of ``lark``'s compile, each step's mask computed (as decode
+    does: every copy grows the compile's one lexer), until the lexer is full. No ``Guide`` fails on
+    it, so the compile is not retired: the next request that needs a state of it fails."""
+    import json
+    import random
+
+    texts = random.Random(0)
+    for _ in range(200):
+        matcher = grammars.matcher(lark)
+        for token in grammars.tokenizer.tokenize_str(json.dumps("".join(texts.choice("ab") for _ in range(100)))):
+            matcher.compute_logit_bias()
+            if matcher.is_error():
+                return
+            matcher.consume_token(token)
+    raise AssertionError("no reply filled the lexer")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import time
 
 import jsonschema_rs
 import pytest
@@ -17,7 +18,7 @@ from dayzero.grammars import Grammars
 from dayzero.guided import GRAMMAR_FAILED, Grammar, GrammarFailed, Guide, allowed_logits
 from dayzero.params import SamplingParams
 
-from .conftest import FAILING_LATE, LATE_PATTERN
+from .conftest import AB_PATTERN, FAILING_LATE, LATE_PATTERN, build_tokenizer, few_lexer_states, fill_lexer
 
 VOCAB = 512  # the model's rows (the demo tokenizer has fewer tokens: the rest is padding)
 
@@ -142,15 +143,10 @@ def test_a_grammar_whose_lexer_replies_filled_is_compiled_anew(codec, monkeypatc
     request once many had filled it (a ``[ab]*a[ab]{20}`` reply of 300 characters, the 83rd request
     under the default limits, byte vocabulary), while the grammar stayed cached. The request that
     finds it full retires the compile: the next one's matcher is a fresh compile's."""
-    import llguidance
-
-    from dayzero import grammars as compiled_grammars
     from dayzero.guided import fill_masks
 
-    few = llguidance.LLParserLimits(initial_lexer_fuel=200_000, step_lexer_fuel=100_000, max_lexer_states=3_000)
-    monkeypatch.setattr(compiled_grammars, "parser_limits", lambda: few)
-    schema = {"type": "string", "pattern": "^[ab]*a[ab]{20}$"}
-    grammars, lark, texts = Grammars(codec.guidance), json_grammar(schema), random.Random(0)
+    few_lexer_states(monkeypatch, 3_000)
+    grammars, lark, texts = Grammars(codec.guidance), json_grammar(AB_PATTERN), random.Random(0)
 
     def write(text: str, compiled: Grammars = grammars) -> None:
         guide = Guide(compiled, Grammar(lark))
@@ -173,11 +169,45 @@ def test_a_grammar_whose_lexer_replies_filled_is_compiled_anew(codec, monkeypatc
     write("ab" * 50)  # the next request: a fresh compile's lexer
 
 
+def test_a_completion_meeting_a_full_lexer_carries_on_as_on_a_compile_of_its_own(monkeypatch):
+    """Its compile's lexer full (other replies filled it), the completion's step fails (the mask
+    computed on it: the end it forced), and the request failed as its schema's. Now the step is held
+    (``LexerFilled``) and sampled again from the same logits on a fresh compile once ready (off the
+    caller's thread): the tokens are those it writes on an unfilled compile, none lost."""
+    from dayzero.guided import LexerFilled
+    from dayzero.tokenizer import TextCodec
+
+    few_lexer_states(monkeypatch, 3_000)
+    lark = json_grammar(AB_PATTERN)
+
+    def write(codec: TextCodec) -> tuple[list[int], int]:
+        """The completion's tokens, and how many of its steps were held."""
+        params = SamplingParams(max_tokens=40, temperature=1.0, seed=0, grammar=Grammar(lark))
+        completion, logits = Completion(codec, params, (1,), 4, 4096), torch.Generator().manual_seed(0)
+        tokens, held, step = [], 0, None
+        while step is None or not step.finish_reason:
+            try:
+                step = completion.next(torch.randn(VOCAB, generator=logits))
+            except LexerFilled:
+                held += 1
+                while (step := completion.resume()) is None:
+                    time.sleep(0.01)  # (its fresh compile, in a thread)
+            tokens.append(step.token)
+        return tokens, held
+
+    def fresh() -> TextCodec:  # (grammars of its own)
+        return TextCodec(build_tokenizer(512), tokens={"eos_token": "<｜end▁of▁sentence｜>"})
+
+    filled = fresh()
+    fill_lexer(filled.grammars, lark)
+    (carried_on, held), (unfilled, _) = write(filled), write(fresh())
+    assert held == 1 and carried_on == unfilled
+
+
 def test_a_request_holding_a_retired_compile_takes_a_fresh_one(codec):
     """A request waiting for a place holds its grammar's compile (``Runtime.grammar_ready``): one
     retired meanwhile, its lexer filled by another request's reply, failed each such request at the
     first state its reply needed. Ready again, it holds the fresh compile."""
-    import time
     from types import SimpleNamespace
 
     from dayzero.serving.runtime import Runtime

@@ -15,7 +15,7 @@ import torch
 
 from .chat.reasoning import ReasoningCount
 from .config import ModelConfig
-from .guided import Guide, allowed_logits
+from .guided import Guide, LexerFilled, allowed_logits
 from .sampling import SamplingParams, logprobs_of, sample, sample_rows
 from .stream_decoder import StreamDecoder
 from .tokenizer import TextCodec
@@ -106,6 +106,7 @@ class Completion:
         self.counts: Counter[int] = Counter()  # generated tokens, for the penalties
         self._text, self._stops = StreamDecoder(codec), StopMatcher(params.stop, params.stop_bounds)
         self.guide = Guide(codec.grammars, params.grammar, compiled) if params.grammar is not None else None
+        self.held: torch.Tensor | None = None  # [V]: a step's logits, while its grammar takes a fresh compile
         for token in generated:  # replay: rebuild the text and stop-string state, output discarded
             self.accept(token)
 
@@ -133,6 +134,16 @@ class Completion:
         if isinstance(step, Exception):
             raise step
         return step
+
+    def resume(self) -> Step | None:
+        """The step its full lexer held (``held``: ``LexerFilled``), sampled from the same logits once
+        a fresh compile of its grammar is ready (None while it compiles): the position the model
+        stepped is not lost, and the token it was forced to (the end an empty mask allows) never
+        streamed. Raises as ``next`` does."""
+        if not self.guide.renew():
+            return None
+        logits, self.held = self.held, None
+        return self.next(logits)
 
     def emit(self, token: int, logits: torch.Tensor) -> Step:
         """Accept ``token`` and attach its logprobs (from the raw ``logits`` [V]) when asked for."""
@@ -181,6 +192,9 @@ def next_steps(completions: list[Completion], logits: torch.Tensor) -> list[Step
         try:
             token = c.sample(allowed[i]) if tokens[i] is None else tokens[i]
             steps.append(c.emit(token, logits[i]))  # accepted, its logprobs from the unmasked logits
+        except LexerFilled as exc:  # (its state as before the step: ``resume`` samples the row again)
+            c.held = logits[i].clone()  # (a view would hold the batch's logits)
+            steps.append(exc)
         except Exception as exc:  # noqa: BLE001 - handed to the caller, which settles that request
             steps.append(exc)
     return steps

@@ -63,7 +63,8 @@ class Grammars:
         copy shares the compile's lexer, whose states each reply grows (llguidance's ``deep_copy``):
         once replies filled it past ``max_lexer_states`` every request of the grammar failed, each
         of which a fresh compile writes whole, while the grammar stayed cached. The next compiles anew;
-        a request holding it meanwhile takes the fresh one (``retired``)."""
+        a request holding it meanwhile takes the fresh one (``retired``), and so does the one that
+        found it full (``Guide.renew``)."""
         with self._lock:
             if compiled is None:
                 return

@@ -38,6 +38,13 @@ class GrammarFailed(ValueError):
         super().__init__(f"{what}: {why}")
 
 
+class LexerFilled(GrammarFailed):
+    """Its compile's lexer is full: every matcher of a compile shares its lexer, whose states the
+    replies grow (llguidance's ``deep_copy``), so this is other requests' doing as much as its own.
+    The request can carry on on a fresh compile (``Guide.renew``: decode's steps); where nothing
+    renews it (prefill's first token, decode's replay at admission) it ends as its grammar's failure."""
+
+
 _REFUSED = "doesn't satisfy the grammar"  # llguidance's error for a token it refuses ("Parser Error: token ...")
 
 
@@ -66,19 +73,45 @@ class Guide:
             raise ValueError(f"invalid grammar: {error_summary(self.matcher.get_error())}")
         self._after = grammar.after
         self.active = grammar.after is None
+        self._consumed: list[int] = []  # the tokens its matcher took: replayed into a fresh compile's
+        self._renewed_at = -1  # len(_consumed) when it last took a fresh compile (``renew``)
 
     def accept(self, token: int) -> None:
         """Advance by ``token``; ``GrammarFailed`` when the grammar has failed (its mask admitted
-        nothing: ``token`` is the end that forced) or fails on it (it is not streamed)."""
+        nothing: ``token`` is the end that forced) or fails on it (it is not streamed):
+        ``LexerFilled`` when its compile's lexer is full (``renew`` carries on)."""
         if self.active:
             if not self.matcher.is_error() and not self.matcher.is_stopped():
                 self.matcher.consume_token(token)  # a token it refuses leaves it in its error state
             if self.matcher.is_error():
-                if (error := self.matcher.get_error()).startswith(LEXER_ERROR):  # (its lexer, every copy's)
-                    self._grammars.retire(self._lark, self._compiled)
-                raise GrammarFailed(error_summary(error))
+                self._failed()
+            self._consumed.append(token)
         elif token == self._after:
             self.active = True
+
+    def renew(self) -> bool:
+        """Take a fresh compile of its grammar once one is ready (False while it compiles, off the
+        loop: the first call starts it), replaying the tokens it took into its copy. Failing there
+        too, or again before another token, the grammar fails by itself (``GrammarFailed``: a reply
+        that alone fills a fresh lexer)."""
+        compiled = self._grammars.compiled(self._lark)  # (never the one retired: it left the cache)
+        if compiled is None:
+            return False
+        self.matcher, self._compiled = self._grammars.matcher(self._lark, compiled), compiled
+        self.matcher.consume_tokens(self._consumed)
+        self._renewed_at = len(self._consumed)
+        if self.matcher.is_error():
+            self._failed()
+        return True
+
+    def _failed(self) -> None:
+        """Raise its matcher's error: a lexer's retires the compile (every copy's lexer), and is the
+        request's own only once a fresh compile failed at the same token."""
+        error = self.matcher.get_error()
+        if not error.startswith(LEXER_ERROR):
+            raise GrammarFailed(error_summary(error))
+        self._grammars.retire(self._lark, self._compiled)
+        raise (GrammarFailed if self._renewed_at == len(self._consumed) else LexerFilled)(error_summary(error))
 
 
 @functools.cache

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import llguidance
 import pytest
 from fastapi.testclient import TestClient
 
@@ -27,7 +25,7 @@ from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 from services.gateway.app import make_app
 
-from ..conftest import FAILING_LATE, LATE_PATTERN, late
+from ..conftest import AB_PATTERN, FAILING_LATE, LATE_PATTERN, few_lexer_states, fill_lexer, late
 from .conftest import MODEL, prompt_ids, recording, run_jobs, wait_until
 
 WHY = "its grammar failed mid-reply: lexer error: too many expressions constructed"
@@ -100,21 +98,6 @@ def test_a_grammar_failing_at_its_first_token_ends_in_prefill(demo_dir, redis_ur
     ]
 
 
-def _fill_lexer(grammars, lark: str) -> None:
-    """Replies written through copies of ``lark``'s compile, each step's mask computed (as decode
-    does: every copy grows the compile's one lexer), until the lexer is full. No ``Guide`` fails on
-    it, so the compile is not retired: the next request that needs a state of it fails."""
-    texts = random.Random(0)
-    for _ in range(200):
-        matcher = grammars.matcher(lark)
-        for token in grammars.tokenizer.tokenize_str(json.dumps("".join(texts.choice("ab") for _ in range(100)))):
-            matcher.compute_logit_bias()
-            if matcher.is_error():
-                return
-            matcher.consume_token(token)
-    raise AssertionError("no reply filled the lexer")
-
-
 def test_a_grammar_failing_as_decode_replays_the_first_token_ends_as_a_steps_failure(
     demo_dir, redis_url, caplog, monkeypatch
 ):
@@ -122,18 +105,15 @@ def test_a_grammar_failing_as_decode_replays_the_first_token_ends_as_a_steps_fai
     (here, decode's compile full: llguidance's states at its limit) ended the request "sampling
     failed: GrammarFailed" without a code, a 500, logged at ERROR. It ends as a step's failure of
     its grammar: its why under ``grammar_failed``, counted as one, logged at INFO."""
-    from dayzero import grammars as compiled_grammars
-
     caplog.set_level(logging.INFO, logger="dayzero.decode")
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
     store = Lifecycle.connect(redis_url)
-    lark = json_grammar({"type": "string", "pattern": "^[ab]*a[ab]{20}$"})
+    lark = json_grammar(AB_PATTERN)
     sampling = SamplingParams(max_tokens=8, temperature=1.0, seed=0, grammar=Grammar(lark))
     sent = _prefilled(settings, store, "replay-1", sampling, 2)
-    few = llguidance.LLParserLimits(initial_lexer_fuel=200_000, step_lexer_fuel=100_000, max_lexer_states=3_000)
-    monkeypatch.setattr(compiled_grammars, "parser_limits", lambda: few)  # (decode's compile: full sooner)
+    few_lexer_states(monkeypatch, 3_000)  # (decode's compile: full sooner)
     decode = Runtime.load(settings, "decode9@test", "decode", False)
-    _fill_lexer(decode.codec.grammars, lark)
+    fill_lexer(decode.codec.grammars, lark)
     run_jobs(DecodeLoop(decode), sent)
     last = _last(store, "replay-1")
     assert (store.done("replay-1"), last.get(b"c"), len(store.streamed_tokens("replay-1"))) == (

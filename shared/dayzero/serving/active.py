@@ -12,7 +12,7 @@ from opentelemetry import trace
 
 from ..completion import Completion, Step
 from ..config import ModelConfig
-from ..guided import by_its_schema, failure
+from ..guided import LexerFilled, by_its_schema, failure
 from ..telemetry import continued, tracer
 from . import redis_clock as clock
 from .handoff import Receiver
@@ -80,7 +80,19 @@ class Active:
     def stepping(self) -> bool:
         """The next step decodes it: not ended, no token of its waiting for an append (so at most one
         step's tokens wait in memory however long Redis refuses them)."""
-        return self.end is None and not self.unsent
+        return self.end is None and not self.unsent and self.completion.held is None
+
+    def resume(self, batch: int) -> None:
+        """Queue the step its full lexer held (if one is) once a fresh compile of its grammar is ready
+        (compiled off the loop: the batch steps on meanwhile, this row out of it)."""
+        if self.end is not None or self.completion.held is None:
+            return
+        try:
+            step = self.completion.resume()
+        except Exception as exc:  # noqa: BLE001 - its grammar failed on the fresh compile too: it fails alone
+            step = exc
+        if step is not None:
+            self.queue([step], batch)
 
     def queue(self, steps: list[Step | Exception], batch: int) -> None:
         """Queue this step's tokens (``steps``: its own, a sampling failure last) for its stream, and
@@ -88,6 +100,9 @@ class Active:
         rid = self.ticket.job.request.request_id
         first = self.completion.count - sum(isinstance(s, Step) for s in steps)
         for index, step in enumerate(steps, first):
+            if isinstance(step, LexerFilled) and self.completion.held is not None:
+                log.info("request %s: its grammar's lexer is full; waiting for a fresh compile", rid)
+                return
             if isinstance(step, Exception):
                 level = logging.INFO if by_its_schema(step) else logging.ERROR  # (a client's schema: its own end)
                 log.log(level, "request %s: sampling failed: %r", rid, step)

@@ -175,9 +175,13 @@ class DecodeLoop:
     def _step(self) -> None:
         """Decode the requests that step (the others wait for their tokens' append, or their end),
         then append every request's unsent tokens."""
+        for active in self.active.values():
+            active.resume(len(self.active))  # (a row whose grammar's lexer filled: on a fresh compile, once ready)
         ids = [rid for rid, active in self.active.items() if active.stepping]
         if ids:
             self._decode(ids)
+        elif not any(active.unsent for active in self.active.values()):
+            self.stop.wait(0.01)  # every row waits for a compile: the loop polls, not spins
         self._append()
 
     def _decode(self, ids: list[str]) -> None:
