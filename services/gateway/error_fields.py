@@ -19,10 +19,10 @@ _CODES = {
     "string_pattern_mismatch": "invalid_value",  # (a tool's name)
     "string_unicode": INVALID_UNICODE,  # (a bounded string's; an unbounded one's is the tokenizer's)
     "too_long": "array_above_max_length",
-    "too_many_properties": "object_above_max_properties",  # (a map's: schemas._Body)
+    "too_many_properties": "object_above_max_properties",  # (a map's: body_model._Body)
     "extra_forbidden": "unknown_parameter",  # a key an object of fixed keys lacks (chat_template_kwargs.foo)
     "value_error": "invalid_value",  # a check of the server's own (a ValueError's; OpenAI's null for some)
-    # the server's own checks named by OpenAI's code (schemas.coded): a parameter of the other
+    # the server's own checks named by OpenAI's code (body_model.coded): a parameter of the other
     # endpoint, a value of a parameter this server does not implement (null was theirs)
     "unsupported_parameter": "unsupported_parameter",
     "unsupported_value": "unsupported_value",

@@ -22,9 +22,9 @@ from dayzero.vision.images import (
     target_size,
 )
 
-from .chat_schemas import Message
 from .error_fields import param_path
 from .errors import APIError
+from .message_schemas import Message
 
 IMAGE_TAG = IMAGE
 

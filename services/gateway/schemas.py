@@ -2,99 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, Literal
 
-from annotated_types import MaxLen
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     Strict,
-    ValidationError,
     ValidationInfo,
     create_model,
     field_validator,
     model_validator,
 )
 from pydantic.json_schema import SkipJsonSchema
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import PydanticCustomError
 
 from dayzero.params import MAX_BIAS, MAX_PENALTY, MIN_TEMPERATURE
 
+from .body_model import _Body, coded, field_error
 from .unsupported import ENGINE_EXTENSIONS, UNSUPPORTED, VLLM_ONLY
 
 MAX_STOP = 16  # stop strings per request (OpenAI takes 4)
 MAX_TEXT = 1 << 20
 MAX_CHOICES = 8  # n
 MAX_PROMPTS = 32  # prompts in one completions request
-# lists and maps of bodies' fields, bounded before their items are validated
-BOUNDED = ("messages", "content", "tool_calls", "tools", "functions", "tokens", "prompt", "logit_bias", "metadata")
-
-
-def field_error(model: type, where: tuple, message: str, value: object = None) -> ValidationError:
-    """A check across fields (a model validator's) refused in the name of the field ``where`` (the
-    error body's ``param``), as a field's own check is."""
-    error = PydanticCustomError("value_error", "{message}", {"message": message})
-    return ValidationError.from_exception_data(model.__name__, [InitErrorDetails(type=error, loc=where, input=value)])
 
 
 def json_reply(body: Any) -> bool:
     """Whether a request (a completion's or a chat's) asks for a JSON reply: a grammar enforces it."""
     return body.response_format is not None and body.response_format.schema_() is not None
-
-
-class _Body(BaseModel):
-    # "max_tokens": "4" is refused, not coerced; NaN and infinities are refused as not finite
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
-
-    list_limits: ClassVar[dict[str, int]] = {}  # a list field's bound where its max_length is another's
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_the_default(cls, data: object) -> object:
-        """A field given as null takes its default (OpenAI declares its optional fields nullable); an
-        integer field takes an integral number written as 16.0 (JSON has one number type: JSON Schema's
-        integer admits it, as OpenAI and vLLM do), not 16.5 nor "16"."""
-        if not isinstance(data, dict):
-            return data
-        return {k: _integral(cls, k, v) for k, v in data.items() if v is not None}
-
-    @field_validator(*BOUNDED, mode="before", check_fields=False)
-    @classmethod
-    def _not_too_many(cls, value: object, info: ValidationInfo) -> object:
-        """A list or map longer than its field takes is refused before its items are validated:
-        pydantic checks a list's max_length after them (2 M one-token prompts, 190 k content parts:
-        seconds of the event loop each); a map's, told with its count in properties, as OpenAI's API
-        tells it (code object_above_max_properties: it was a list's, array_above_max_length)."""
-        if isinstance(value, list | dict) and info.field_name is not None:
-            field = cls.model_fields[info.field_name]
-            limit = cls.list_limits.get(info.field_name)
-            limit = limit or next((m.max_length for m in field.metadata if isinstance(m, MaxLen)), None)
-            if limit is not None and len(value) > limit and isinstance(value, dict):
-                raise PydanticCustomError(
-                    "too_many_properties",
-                    "at most {limit} properties, not {count}",
-                    {"limit": limit, "count": len(value)},
-                )
-            if limit is not None and len(value) > limit:
-                raise coded("too_long", f"at most {limit} items, not {len(value)}")
-        return value
-
-
-def coded(kind: str, message: str) -> PydanticCustomError:
-    """A check of the field's own refused as pydantic's error type ``kind``, which error_fields codes:
-    ``too_long`` (a list past its bound: array_above_max_length), ``unsupported_parameter``,
-    ``unsupported_value``, ``invalid_type`` (a ValueError's code: invalid_value)."""
-    return PydanticCustomError(kind, "{message}", {"message": message})
-
-
-def _integral(model: type[BaseModel], name: str, value: object) -> object:
-    if isinstance(value, float) and value.is_integer() and name in model.model_fields:
-        kind = model.model_fields[name].annotation
-        if kind is int or int in get_args(kind):
-            return int(value)
-    return value
 
 
 class JSONSchemaFormat(_Body):

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import ConfigDict
 
-from .schemas import _Body
+from .body_model import _Body
 
 Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra"]  # OpenAI's, DeepSeek's
 # DeepSeek's API table (api-docs.deepseek.com, guides/thinking_mode): each effort -> the level V4 reads

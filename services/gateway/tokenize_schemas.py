@@ -6,8 +6,10 @@ from typing import ClassVar
 
 from pydantic import BaseModel, Field, model_validator
 
-from .chat_schemas import MAX_MESSAGES, ChatPrompt, Message
-from .schemas import MAX_TEXT, _Body, field_error
+from .body_model import _Body, field_error
+from .chat_schemas import MAX_MESSAGES, ChatPrompt
+from .message_schemas import Message
+from .schemas import MAX_TEXT
 
 
 class TokenizeRequest(ChatPrompt):

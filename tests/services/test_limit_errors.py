@@ -12,7 +12,7 @@ from annotated_types import MaxLen
 from fastapi.testclient import TestClient
 
 from dayzero.settings import Settings
-from services.gateway import schemas
+from services.gateway import body_model
 from services.gateway.app import make_app  # (imports every body's model)
 
 from .conftest import MODEL
@@ -35,7 +35,7 @@ def test_no_field_bounds_several_kinds_of_value_with_one_limit():
     """A limit on a union is pydantic's "at most N items" for a string too (a message's content over
     1 MiB was told "at most 1048576 items", code array_above_max_length): each kind bounds itself."""
     shared = []
-    for model in _bodies(schemas._Body):
+    for model in _bodies(body_model._Body):
         for name, field in model.model_fields.items():
             kinds = [kind for kind in get_args(field.annotation) if kind is not type(None)]
             several = get_origin(field.annotation) in (Union, type(int | str)) and len(kinds) > 1
