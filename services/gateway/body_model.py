@@ -13,10 +13,12 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 BOUNDED = ("messages", "content", "tool_calls", "tools", "functions", "tokens", "prompt", "logit_bias", "metadata")
 
 
-def field_error(model: type, where: tuple, message: str, value: object = None) -> ValidationError:
+def field_error(
+    model: type, where: tuple, message: str, value: object = None, kind: str = "value_error"
+) -> ValidationError:
     """A check across fields (a model validator's) refused in the name of the field ``where`` (the
-    error body's ``param``), as a field's own check is."""
-    error = PydanticCustomError("value_error", "{message}", {"message": message})
+    error body's ``param``), as a field's own check is; ``kind`` as in ``coded``."""
+    error = PydanticCustomError(kind, "{message}", {"message": message})
     return ValidationError.from_exception_data(model.__name__, [InitErrorDetails(type=error, loc=where, input=value)])
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from .body_model import _Body
+from .body_model import _Body, field_error
 from .schemas import MAX_TEXT, Text
 
 MAX_PARTS = 1024  # content parts of a message (its images are bounded further)
@@ -61,6 +61,11 @@ class ToolCall(_Body):
     function: FunctionCall
 
 
+# the fields each role needs, and what each holds
+NEEDED = {"content": ("system", "user", "developer", "tool", "latest_reminder"), "tool_call_id": ("tool",)}
+NEEDED_KINDS = {"content": "a string or an array of content parts", "tool_call_id": "the id of the call it answers"}
+
+
 class Message(_Body):
     list_limits = {"content": MAX_PARTS}
     role: Literal["system", "user", "assistant", "developer", "tool", "latest_reminder"]
@@ -68,14 +73,28 @@ class Message(_Body):
     content: Text | Annotated[list[Part], Field(min_length=1)] | None = Field(default=None, validate_default=True)
     reasoning_content: str | None = Field(default=None, max_length=MAX_TEXT)  # an assistant's (DeepSeek's field)
     tool_calls: list[ToolCall] | None = Field(default=None, max_length=128)
-    tool_call_id: str | None = Field(default=None, max_length=256)
+    tool_call_id: str | None = Field(default=None, max_length=256, validate_default=True)
     prefix: bool | None = None  # DeepSeek's chat prefix completion: the answer's beginning, continued
 
-    @field_validator("content")
+    @model_validator(mode="before")
     @classmethod
-    def _content_unless_an_assistant_s(cls, content: object, info: ValidationInfo) -> object:
-        """Required but of an assistant (OpenAI's rule); left out or null it was served as an empty turn."""
+    def _needed_fields_are_not_null(cls, data: object) -> object:
+        """A field the role needs, sent as null, is of the wrong type (OpenAI: "expected a string,
+        got null"), not left out; checked before _Body takes a null as the default (left out)."""
+        role = data.get("role") if isinstance(data, dict) else None
+        if null := next((f for f, roles in NEEDED.items() if role in roles and f in data and data[f] is None), None):
+            message = f"a {role} message needs {null}: {NEEDED_KINDS[null]}, not null"
+            raise field_error(cls, (null,), message, None, kind="invalid_type")
+        return data
+
+    @field_validator("content", "tool_call_id")
+    @classmethod
+    def _needed_by_the_role(cls, value: object, info: ValidationInfo) -> object:
+        """Content but of an assistant's, a tool result's call id (OpenAI's rules): left out, a
+        message was served as an empty turn, a result without an id as the first call's."""
         role = info.data.get("role")
-        if content is None and role not in (None, "assistant"):
-            raise PydanticCustomError("missing", "a {role} message needs content", {"role": role})
-        return content
+        if value is None and role in NEEDED[info.field_name]:
+            raise PydanticCustomError(
+                "missing", "a {role} message needs {field}", {"role": role, "field": info.field_name}
+            )
+        return value

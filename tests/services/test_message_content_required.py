@@ -1,7 +1,9 @@
 """A system, developer, user or tool message without content (left out, or null as a client writes an
-unset variable) is refused as OpenAI's API refuses it: 400 ``missing_required_parameter`` naming
-``messages[i].content`` (OpenAI's own for one left out; a null it calls an invalid value); so is V4's
-latest_reminder (a reminder of nothing). It was served as an empty turn (a user message of nothing, a
+unset variable) is refused as OpenAI's API refuses it: 400 naming ``messages[i].content``, code
+``missing_required_parameter`` for one left out and ``invalid_type`` for a null (OpenAI: "expected a
+string, got null"; it was missing_required_parameter too); so is V4's latest_reminder (a reminder of
+nothing). A tool message without its ``tool_call_id`` likewise (it was served as the first call's
+result: the encoder sorts the results by their calls' ids). It was served as an empty turn (a user message of nothing, a
 tool result of nothing), the client's mistake unseen. An assistant message may still leave it out
 beside its calls (OpenAI's shape), or with nothing: OpenAI's reference asks content of one without
 calls, but vLLM renders it, so it is not refused here. In-process gateway on a real Redis: each
@@ -51,8 +53,21 @@ def test_a_message_without_content_is_refused_naming_it(client, http, role, null
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
     assert refused.value.param == f"messages[{i}].content", refused.value.body
-    assert refused.value.code == "missing_required_parameter"
+    assert refused.value.code == ("invalid_type" if null else "missing_required_parameter")
     assert f"a {role} message needs content" in refused.value.message
+
+
+@pytest.mark.parametrize("null", [False, True], ids=["left_out", "null"])
+def test_a_tool_message_without_its_call_id_is_refused_naming_it(client, http, null):
+    messages = [*ASKED, {"role": "tool", "content": "done", **({"tool_call_id": None} if null else {})}]
+    tokenized = http.post("/tokenize", json={"model": MODEL, "messages": messages})
+    assert tokenized.status_code == 400 and tokenized.json()["error"]["param"] == "messages[2].tool_call_id"
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert refused.value.param == "messages[2].tool_call_id", refused.value.body
+    assert refused.value.code == ("invalid_type" if null else "missing_required_parameter")
+    assert "a tool message needs tool_call_id" in refused.value.message
 
 
 @pytest.mark.parametrize(

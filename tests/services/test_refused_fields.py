@@ -234,7 +234,10 @@ ASKED = [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [
             [{"role": "tool", "tool_call_id": "c1", "content": "r"}, {"role": "user", "content": "q"}],
             "messages[0].role",
         ),
-        ([*ASKED[:1], {"role": "assistant", "content": "a"}, {"role": "tool", "content": "r"}], "messages[2].role"),
+        (
+            [*ASKED[:1], {"role": "assistant", "content": "a"}, {"role": "tool", "tool_call_id": "c1", "content": "r"}],
+            "messages[2].role",
+        ),
         ([*ASKED, {"role": "tool", "tool_call_id": "zz", "content": "r"}], "messages[2].tool_call_id"),
         (
             [*ASKED, {"role": "tool", "tool_call_id": "c1", "content": "r"}, {"role": "assistant", "content": "a"}]
