@@ -98,3 +98,15 @@ class Message(_Body):
                 "missing", "a {role} message needs {field}", {"role": role, "field": info.field_name}
             )
         return value
+
+    @field_validator("content")
+    @classmethod
+    def _images_are_a_user_s(cls, content: object, info: ValidationInfo) -> object:
+        """Only a user message holds images (OpenAI's rule: the other roles' parts are text); one in a
+        system or assistant message was encoded and shown to the model in that turn."""
+        role, parts = info.data.get("role"), content if isinstance(content, list) else []
+        image = next((i for i, part in enumerate(parts) if isinstance(part, ImagePart)), None)
+        if role not in (None, "user") and image is not None:
+            message = f"image_url parts are only allowed in messages with role 'user', not {role!r}"
+            raise field_error(cls, (image, "type"), message, "image_url")
+        return content

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from dayzero.settings import Settings
 from services.gateway.app import make_app
 
-from .conftest import MODEL
+from .conftest import MODEL, data_url
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 ASKED = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [CALL]}]
@@ -81,3 +81,28 @@ def test_an_assistant_message_may_leave_its_content_out(http, assistant):
         messages.insert(2, {"role": "tool", "tool_call_id": "call_1", "content": "done"})
     tokenized = http.post("/tokenize", json={"model": MODEL, "messages": messages})
     assert tokenized.status_code == 200, tokenized.text
+
+
+def _with_image(role: str) -> tuple[list[dict], int]:
+    """A chat whose message of ``role`` holds an image part, and that message's index."""
+    parts = [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": data_url(16, 16, 3)}}]
+    message = {"role": role, "content": parts}
+    if role == "tool":
+        return [*ASKED, {**message, "tool_call_id": "call_1"}], 2
+    if role == "assistant":
+        return [{"role": "user", "content": "hi"}, message, {"role": "user", "content": "again"}], 1
+    return [message, {"role": "user", "content": "hi"}] if role != "user" else [message], 0
+
+
+@pytest.mark.parametrize("role", ["system", "developer", "assistant", "tool", "latest_reminder"])
+def test_an_image_outside_a_user_message_is_refused_naming_its_part(http, role):
+    """OpenAI's rule ("Image URLs are only allowed for messages with role 'user'": openai/openai-node#1030):
+    such an image was encoded and shown to the model inside a system prompt or a reply."""
+    messages, i = _with_image(role)
+    for path, fields in (("/v1/chat/completions", {"max_tokens": 10**6}), ("/tokenize", {})):
+        r = http.post(path, json={"model": MODEL, "messages": messages, **fields})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert (error["param"], error["code"]) == (f"messages[{i}].content[1].type", "invalid_value"), error
+        assert f"only allowed in messages with role 'user', not '{role}'" in error["message"]
+    assert http.post("/tokenize", json={"model": MODEL, "messages": _with_image("user")[0]}).status_code == 200
