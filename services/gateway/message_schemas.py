@@ -56,7 +56,7 @@ class FunctionCall(_Body):
 
 
 class ToolCall(_Body):
-    id: str | None = Field(default=None, max_length=256)
+    id: str = Field(max_length=256)  # (OpenAI requires it: a tool message answers it)
     type: Literal["function"] = "function"
     function: FunctionCall
 

@@ -1,27 +1,45 @@
-"""Which tool message answers no call: OpenAI and DeepSeek refuse one ("Messages with role 'tool'
-must be a response to a preceding message with 'tool_calls'"); rendered, it showed the model a
-result of a call it never made, or (an id no call has) put the results out of their calls' order."""
+"""Whether the tool results of a chat answer its calls as OpenAI and DeepSeek require: the tool
+messages right after an assistant message with tool_calls answer each of its calls, by id, and no
+tool message stands elsewhere ("Messages with role 'tool' must be a response to a preceding message
+with 'tool_calls'"; "An assistant message with 'tool_calls' must be followed by tool messages
+responding to each 'tool_call_id'"). Rendered, a call left unanswered showed the model a call whose
+result never came; a result that answers no call, a result of a call it never made (or, its id
+unknown, the results out of their calls' order)."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
 
+class _Call(Protocol):
+    id: str
+
+
 class _Message(Protocol):
     role: str
-    tool_calls: list | None
+    tool_calls: list[_Call] | None
     tool_call_id: str | None
 
 
 def unanswered_result(messages: list[_Message]) -> tuple[tuple[int, str], str] | None:
-    """(index, field) of the first tool message that answers no call of the assistant message
-    before it, and why; None when each does."""
-    calls: set[str | None] | None = None  # the latest assistant message's call ids (None: it made none)
+    """(index, field) of the first message that breaks the rule, and why; None when none does."""
+    asker, asked, waiting = None, set(), []  # the assistant message the tool messages answer, its call ids
     for i, m in enumerate(messages):
-        if m.role == "assistant":
-            calls = {c.id for c in m.tool_calls} if m.tool_calls else None
-        elif m.role == "tool" and calls is None:
-            return (i, "role"), "a tool message must answer the tool_calls of an assistant message before it"
-        elif m.role == "tool" and m.tool_call_id is not None and None not in calls and m.tool_call_id not in calls:
-            return (i, "tool_call_id"), f"{m.tool_call_id!r} is the id of no call of the assistant message before it"
-    return None
+        if m.role == "tool":
+            if asker is None:
+                return (i, "role"), "a tool message must answer the tool_calls of the assistant message right before it"
+            if m.tool_call_id not in asked:
+                why = f"{m.tool_call_id!r} is the id of no call of the assistant message before it"
+                return (i, "tool_call_id"), why
+            waiting = [id_ for id_ in waiting if id_ != m.tool_call_id]
+            continue
+        if waiting:
+            return _unanswered(asker, waiting)
+        calls = (m.tool_calls or []) if m.role == "assistant" else []
+        asker, asked, waiting = (i if calls else None), {c.id for c in calls}, [c.id for c in calls]
+    return _unanswered(asker, waiting) if waiting else None
+
+
+def _unanswered(asker: int, waiting: list[str]) -> tuple[tuple[int, str], str]:
+    why = "an assistant message's tool_calls must each be answered by a tool message right after it: "
+    return (asker, "tool_calls"), why + f"none answers {', '.join(map(repr, waiting))}"

@@ -109,6 +109,7 @@ def test_a_short_text_chat_is_rendered_on_the_loop_and_any_other_off_it(monkeypa
     short = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     call = {"id": "c", "function": {"name": "f", "arguments": "{}"}}
+    answer = {"role": "tool", "tool_call_id": "c", "content": "r"}  # (a call must be answered)
     bodies = [
         {"messages": short},
         {"messages": [{"role": "user", "content": "x" * ENCODED_ON_THE_LOOP}]},
@@ -117,7 +118,7 @@ def test_a_short_text_chat_is_rendered_on_the_loop_and_any_other_off_it(monkeypa
         {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "reasoning_content": "y" * 300}]},
         {"messages": short, "tools": [_TOOL]},
         {"messages": short, "response_format": {"type": "json_object"}},
-        {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [call]}]},
+        {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [call]}, answer]},
     ]
 
     async def all_of_them() -> threading.Thread:

@@ -261,7 +261,7 @@ def test_content_parts_and_tool_calls_are_bounded_in_all_messages_together(lone_
     is refused, counted before validation."""
     empty, call = {"type": "text", "text": ""}, {"id": "c", "type": "function", "function": {"name": "f"}}
     messages = [{"role": "user", "content": [empty] * 1024}] * 3 + [{"role": "user", "content": [empty] * 1023}]
-    messages.append({"role": "assistant", "tool_calls": [call]})
+    messages += [{"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c", "content": ""}]
     body = {"model": MODEL, "messages": messages}
     at_bound = httpx.post(f"{lone_gateway.url}/tokenize", json=body, headers=KEY, timeout=30)  # rendered, counted:
     assert at_bound.json()["error"]["code"] == "context_length_exceeded", at_bound.text  # 8,249 tokens, over 4,096

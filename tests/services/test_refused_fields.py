@@ -257,3 +257,43 @@ def test_a_tool_message_that_answers_no_call_is_refused(gateway, messages, param
     answered = [*ASKED, {"role": "tool", "tool_call_id": "c1", "content": "r"}, {"role": "user", "content": "more"}]
     r = gateway.post("/tokenize", json={"model": MODEL, "messages": answered})
     assert r.status_code == 200, r.text
+
+
+TWO_CALLS = [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [CALL, {**CALL, "id": "c2"}]}]
+
+
+@pytest.mark.parametrize(
+    ("messages", "unanswered"),
+    [
+        (ASKED, "'c1'"),  # the chat's last message
+        ([*ASKED, {"role": "user", "content": "and?"}], "'c1'"),
+        ([*ASKED, {"role": "user", "content": "and?"}, {"role": "tool", "tool_call_id": "c1", "content": "r"}], "'c1'"),
+        (
+            [*TWO_CALLS, {"role": "tool", "tool_call_id": "c2", "content": "r"}, {"role": "user", "content": "q"}],
+            "'c1'",
+        ),
+    ],
+    ids=["last", "then_a_user", "answered_after_a_user", "one_of_two"],
+)
+def test_a_call_no_tool_message_answers_next_is_refused(gateway, messages, unanswered):
+    """As OpenAI refuses it ("An assistant message with 'tool_calls' must be followed by tool messages
+    responding to each 'tool_call_id'": BerriAI/litellm#10083). The encoder writes the results in the
+    calls' order without their ids: c2's lone result was read as c1's; with none, the prompt ended on
+    the calls' end of sentence, no assistant turn opened."""
+    for path, fields in (("/v1/chat/completions", {"max_tokens": 10**6}), ("/tokenize", {})):
+        r = gateway.post(path, json={"model": MODEL, "messages": messages, **fields})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert (error["param"], error["code"]) == ("messages[1].tool_calls", "invalid_value"), error
+        assert error["message"].endswith(f"none answers {unanswered}"), error
+    answered = [*TWO_CALLS, *({"role": "tool", "tool_call_id": c, "content": "r"} for c in ("c2", "c1"))]
+    assert gateway.post("/tokenize", json={"model": MODEL, "messages": answered}).status_code == 200
+
+
+def test_a_history_call_without_an_id_is_refused(gateway):
+    """OpenAI requires a call's id (a tool message answers it); a call without one was taken."""
+    called = {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    r = gateway.post("/tokenize", json={"model": MODEL, "messages": [{"role": "user", "content": "q"}, called]})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["param"], error["code"]) == ("messages[1].tool_calls[0].id", "missing_required_parameter"), error

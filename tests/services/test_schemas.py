@@ -212,7 +212,8 @@ def test_fields_within_their_bounds_pass():
 
 def _history_call(name: str, arguments: str) -> dict:
     call = {"id": "c1", "type": "function", "function": {"name": name, "arguments": arguments}}
-    return {**CHAT, "messages": [*CHAT["messages"], {"role": "assistant", "tool_calls": [call]}]}
+    answered = [{"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c1", "content": "r"}]
+    return {**CHAT, "messages": [*CHAT["messages"], *answered]}
 
 
 @pytest.mark.parametrize(
@@ -240,7 +241,7 @@ def test_history_calls_the_reply_parser_can_produce_pass(name, arguments):
     """Names and keys holding neither a quote nor a ``<`` are what chat/dsml.py reads from replies
     (an empty name included); arguments that are no JSON object render as one parameter."""
     body = ChatCompletionRequest.model_validate(_history_call(name, arguments))
-    assert body.messages[-1].tool_calls[0].function.name == name
+    assert body.messages[-2].tool_calls[0].function.name == name
 
 
 @pytest.mark.parametrize(("field", "limit"), [("logit_bias", 300), ("metadata", 16)])
