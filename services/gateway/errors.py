@@ -103,9 +103,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         message, headers, code = str(exc.detail), exc.headers, None
-        if exc.status_code == 404:  # no route: OpenAI's words (Starlette's: "Not Found")
+        if exc.status_code == 404:  # no route: OpenAI's words and type (Starlette's: "Not Found")
             message, code = f"Invalid URL ({request.method} {request.url.path})", "unknown_url"
         if exc.status_code == 405:  # OpenAI's words, and the methods it takes (Starlette's: "Method Not Allowed")
             taken = ", ".join(methods_taken(request.app.router.routes, request.scope))
@@ -113,7 +112,7 @@ def install(app: FastAPI) -> None:
             headers, code = {**(headers or {}), "Allow": taken}, "method_not_allowed"
         if exc.status_code == 400:  # the body's parse (json_body: not UTF-8, nested too deep, an endless integer)
             code = INVALID_JSON
-        return error_response(exc.status_code, message, type_, code=code, headers=headers)
+        return error_response(exc.status_code, message, "invalid_request_error", code=code, headers=headers)
 
     @app.exception_handler(NoTokenizerError)
     async def no_tokenizer(_: Request, exc: NoTokenizerError) -> JSONResponse:

@@ -225,7 +225,7 @@ async def resume(request_id: str, gw: GatewayDep, http: Request, last_event_id: 
         request = await run_in_threadpool(gw.bus.store.request, request_id) if readable else None
         if request is None:
             message = f"no stream of request {request_id!r} to read (unknown, expired, or answered in one body)"
-            raise APIError(404, message, "not_found_error", code="request_not_found")
+            raise APIError(404, message, code="request_not_found")  # (OpenAI types its 404s invalid_request_error)
         after = last_event_id or "0-0"
         if not valid_entry_id(after):
             message = "Last-Event-ID must be a stream entry id like '12-0'"
@@ -256,7 +256,6 @@ async def model(model: str, gw: GatewayDep):
         raise APIError(
             404,
             f"no model {model!r}; this server serves {gw.settings.model_name!r}",
-            "not_found_error",
             param="model",
             code="model_not_found",
         )

@@ -45,7 +45,7 @@ def test_a_stream_is_readable_only_by_the_key_that_created_it(lone_gateway):
         rid = r.headers["x-request-id"]
     resume = f"{lone_gateway.url}/v1/requests/{rid}/stream"
     refused = httpx.get(resume, headers={**OTHER, "Last-Event-ID": "0-0"}, timeout=10)
-    assert refused.status_code == 404 and refused.json()["error"]["type"] == "not_found_error"
+    assert refused.status_code == 404 and refused.json()["error"]["type"] == "invalid_request_error"
     with httpx.stream("GET", resume, headers=KEY, timeout=10) as r:
         assert r.status_code == 200
         first = next(line for line in r.iter_lines() if line)

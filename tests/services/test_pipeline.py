@@ -101,7 +101,7 @@ def test_resume_with_last_event_id_gives_exactly_the_rest(stack):
     url = f"{stack.url}/v1/requests/{rid}/stream"
     for stranger in ({}, {"X-Resume-Token": "guess"}):  # the id alone (it is in every log) reads nothing
         refused = httpx.get(url, headers={"Last-Event-ID": "0-0", **stranger}, timeout=10)
-        assert refused.status_code == 404 and refused.json()["error"]["type"] == "not_found_error"
+        assert refused.status_code == 404 and refused.json()["error"]["type"] == "invalid_request_error"
     with httpx.stream("GET", url, headers={"Last-Event-ID": cut, "X-Resume-Token": token}, timeout=60) as r:
         resumed = [(i, d) for i, d in sse_events(r) if d != "[DONE]"]
     # the whole stream is there at once: the gateway may send several tokens in one chunk

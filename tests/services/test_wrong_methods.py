@@ -67,8 +67,18 @@ def test_a_url_no_route_serves_is_a_404_naming_it(gateway, method, path):
     assert r.json() == {
         "error": {
             "message": f"Invalid URL ({method} {path})",
-            "type": "not_found_error",
+            "type": "invalid_request_error",
             "param": None,
             "code": "unknown_url",
         }
     }
+
+
+def test_a_model_this_server_does_not_serve_is_a_404_typed_as_openai_types_it(gateway):
+    """OpenAI answers an unknown model 404 invalid_request_error, code model_not_found ("The model
+    `x` does not exist or you do not have access to it."); it was typed not_found_error, a type
+    OpenAI's API does not send."""
+    r = gateway.get("/v1/models/other")
+    assert r.status_code == 404, r.text
+    error = r.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "model_not_found", "model")
