@@ -197,7 +197,7 @@ async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
             if scored and len(ids) > MAX_ECHO_LOGPROB_TOKENS:
                 limit = MAX_ECHO_LOGPROB_TOKENS
                 message = f"echo with logprobs takes prompts of up to {limit} tokens"
-                raise APIError(400, message, param="prompt", code="context_length_exceeded")
+                raise APIError(400, message, param="prompt", code="unsupported_value")  # (a bound of ours, in context)
         echo = {"echo": body.echo, "prompt_logprobs": spec.logprobs if scored else None}
         echo["usage_in_stream"] = body.usage_in_stream()
         requests.append(_new_request(ids, spec, "completion", **echo))

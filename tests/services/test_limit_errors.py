@@ -134,3 +134,19 @@ def test_a_clients_string_quoted_in_a_message_keeps_its_digits(gateway):
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == "model_not_found"
     assert f"'{name}'" in r.json()["error"]["message"], r.text
+
+
+def test_echo_with_logprobs_over_its_prompt_bound_is_unsupported_not_over_the_context(gateway):
+    """The prompt's logprobs travel in one stream entry, so echo with logprobs takes prompts of up to
+    32,768 tokens, a bound of this server's, under a 65,536-token context: it was coded
+    context_length_exceeded, which tells a client to shorten a prompt that fits the context."""
+    body = {"model": MODEL, "prompt": [5] * 32769, "echo": True, "logprobs": 1, "max_tokens": 1}
+    r = gateway.post("/v1/completions", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["param"], error["code"]) == ("prompt", "unsupported_value"), error
+    assert "echo with logprobs takes prompts of up to 32768 tokens" in error["message"], error
+    assert (
+        gateway.post("/v1/completions", json={**body, "logprobs": None, "max_tokens": 10**6}).json()["error"]["param"]
+        == "max_tokens"
+    )  # (without logprobs the prompt passes, to be refused for max_tokens: never queued)
