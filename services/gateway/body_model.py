@@ -31,12 +31,14 @@ class _Body(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _null_is_the_default(cls, data: object) -> object:
-        """A field given as null takes its default (OpenAI declares its optional fields nullable); an
-        integer field takes an integral number written as 16.0 (JSON has one number type: JSON Schema's
-        integer admits it, as OpenAI and vLLM do), not 16.5 nor "16"."""
+        """A field given as null takes its default (OpenAI declares its optional fields nullable); a
+        required one keeps it, refused as of the wrong type (OpenAI's invalid_type: "expected a string,
+        got null"; it was told missing, as if left out). An integer field takes an integral number
+        written as 16.0 (JSON has one number type: JSON Schema's integer admits it, as OpenAI and vLLM
+        do), not 16.5 nor "16"."""
         if not isinstance(data, dict):
             return data
-        return {k: _integral(cls, k, v) for k, v in data.items() if v is not None}
+        return {k: _integral(cls, k, v) for k, v in data.items() if v is not None or _required(cls, k)}
 
     @field_validator(*BOUNDED, mode="before", check_fields=False)
     @classmethod
@@ -65,6 +67,12 @@ def coded(kind: str, message: str) -> PydanticCustomError:
     ``too_long`` (a list past its bound: array_above_max_length), ``unsupported_parameter``,
     ``unsupported_value``, ``invalid_type`` (a ValueError's code: invalid_value)."""
     return PydanticCustomError(kind, "{message}", {"message": message})
+
+
+def _required(model: type[BaseModel], key: str) -> bool:
+    """Whether the body's key (a field's name or alias) names a field without a default."""
+    field = model.model_fields.get(key) or next((f for f in model.model_fields.values() if f.alias == key), None)
+    return field is not None and field.is_required()
 
 
 def _integral(model: type[BaseModel], name: str, value: object) -> object:

@@ -99,6 +99,11 @@ def test_defaults_ask_for_nothing_and_pass(gateway, fields):
         (chat("x", max_tokens="4"), "max_tokens", "invalid_type"),
         (chat("x", stream="yes"), "stream", "invalid_type"),
         ({"messages": [{"role": "user", "content": "x"}]}, "model", "missing_required_parameter"),  # no model
+        # a required field sent as null is of the wrong type, as a needed content's null is (it was told
+        # missing, as if left out)
+        ({"model": None, "messages": [{"role": "user", "content": "x"}]}, "model", "invalid_type"),
+        ({"model": MODEL, "messages": None}, "messages", "invalid_type"),
+        (chat("x", tools=[{"type": "function", "function": None}]), "tools[0].function", "invalid_type"),
         (chat("x", reasoning_effort="extreme"), "reasoning_effort", "invalid_value"),
         (chat("x", user="u" * 257), "user", "string_above_max_length"),
         (chat("x", logit_bias={"05": 1}), "logit_bias", "invalid_value"),  # a key that is no token id (was null)
