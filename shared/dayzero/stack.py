@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -39,16 +38,15 @@ from .procs import (
     terminate,
 )
 from .service_commands import SERVICES, inherited, service_argv
-from .serving.keys import key
-from .serving.liveness import STAMP_EVERY_S, connect, process_id, seen, seen_stages
+from .serving.liveness import connect
 from .shm import unlink_parked_by, unlink_pools_by
 from .stack_child import Child
+from .stack_stamps import StampRead, read_stamps
 from .stack_start import REDIS_ANSWER_WITHIN_S, StartFailed, answering
 
 STOP_TIMEOUT_S = 10.0  # per group (gateway, workers, redis) before SIGKILL
 LEFT_GROUP_S = 5.0  # what is left of an exited child's process group is SIGKILLed after
 SUPERVISE_EVERY_S = 0.3  # between up's passes of supervise(): a child ready for longer is seen ready
-WRITE_CHECK_TTL_S = 10  # up's own write beside its read of the stamps (key up:{process}) lapses after
 
 
 @dataclass
@@ -210,8 +208,9 @@ class Stack:
         SIGKILLed; one that keeps exiting before it has run a while ready once its wait is over) and frozen
         workers (``frozen``: each SIGKILLed first, with its process group, a tensor-parallel worker's other
         ranks in it); returns their names (each one's ``why``)."""
-        self._see_ready()
-        restarted, frozen = [], {c.name: c for c in self.frozen()}
+        read = self.read_stamps()
+        self._see_ready(read)
+        restarted, frozen = [], {c.name: c for c in self.frozen(read)}
         for child in frozen.values():
             kill_group(child.proc)
         for child in self.children:
@@ -233,51 +232,47 @@ class Stack:
         self._left = {pgid: at for pgid, at in self._left.items() if pgid not in gone}
         return restarted
 
-    def _see_ready(self) -> None:
+    def read_stamps(self) -> StampRead | None:
+        """This pass's one read of the stamps (stack_stamps.py): when a worker starts (``_see_ready``) or
+        frozen ones are restarted (``frozen_s``); a late one marks ``_unread_at``. None: no read needed."""
+        starting = any(c.ready_at is None and c.service in SERVICES[1:] for c in self.children)
+        if self.redis_url is None or not (starting or self.frozen_s):
+            return None
+        self._liveness = self._liveness or connect(self.redis_url)
+        read = read_stamps(self._liveness, write_check=bool(self.frozen_s))
+        if read.late:
+            self._unread_at = read.at
+        return read
+
+    def _see_ready(self, read: StampRead | None) -> None:
         """Note when each running child not seen ready yet is (``Child.ready_at``): the gateway once it
         answers ``/health``, a worker once a ready stamp since its spawn names its process (liveness.py);
         the embedded Redis is once it accepts (``_spawn``). Nothing is seen while Redis cannot be read."""
         starting = [c for c in self.children if c.ready_at is None and c.proc is not None and c.proc.poll() is None]
-        stages = tuple({c.service for c in starting} & set(SERVICES[1:]))
-        found, now = {}, time.monotonic()
-        if stages and self.redis_url is not None:
-            self._liveness = self._liveness or connect(self.redis_url)
-            with contextlib.suppress(redis.RedisError):
-                found = seen_stages(self._liveness, stages)
-        host = socket.gethostname()
         for child in starting:
             if child.service == "gateway":
                 with contextlib.suppress(httpx.HTTPError):
-                    child.ready_at = now if httpx.get(f"{self.url}/health", timeout=1).status_code == 200 else None
-            elif child.service in found:  # (ready since before its spawn: another process's, a pid used again)
-                read = found[child.service]
-                since = read.ready.get(process_id(child.proc.pid, host), float("-inf"))
-                child.ready_at = now if now - read.now + since >= child.started else None
+                    ready = httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+                    child.ready_at = time.monotonic() if ready else None
+            elif read is not None and child.service in read.stages:
+                since = read.stamped(child, "ready")  # (before its spawn: another process's, a pid used again)
+                child.ready_at = read.at if since is not None and since >= child.started else None
 
-    def frozen(self) -> list[Child]:
-        """The running workers whose last liveness stamp is older than ``frozen_s``: SIGSTOPped, or hung in a
-        step past its bound. One not stamped yet (starting; a stamp from before its spawn is a pid used again)
-        is left alone, and no stamp ages while Redis cannot be read, answers slowly (a frozen Redis continued)
-        or refuses writes (maxmemory, a replica, paused): the stamps are writes (all were killed at once)."""
-        if not self.frozen_s or self.redis_url is None:
+    def frozen(self, read: StampRead | None = None) -> list[Child]:
+        """The running workers whose last liveness stamp is older than ``frozen_s``, by ``read`` (this
+        pass's; None: a read of its own): SIGSTOPped, or hung in a step past its bound. One not stamped yet
+        (starting; a stamp from before its spawn is a pid used again) is left alone, and no stamp ages while
+        Redis cannot be read, answers slowly (a frozen Redis continued) or refuses writes (``StampRead.late``:
+        the stamps are writes; all workers were killed at once when it answered again)."""
+        read = (read or self.read_stamps()) if self.frozen_s else None
+        if read is None or read.late:
             return []
-        self._liveness = self._liveness or connect(self.redis_url)
-        began = time.monotonic()
-        try:
-            found = {stage: seen(self._liveness, stage) for stage in SERVICES[1:]}
-            self._liveness.set(key("up", process_id()), time.time(), ex=WRITE_CHECK_TTL_S)
-        except redis.RedisError:
-            found = None
-        now = time.monotonic()
-        if found is None or now - began > STAMP_EVERY_S:  # Redis down, frozen or refusing writes: no worker could stamp
-            self._unread_at = now
-            return []
-        host, frozen = socket.gethostname(), []
+        frozen = []
         for child in self.children:
-            if child.service in found and child.proc is not None and child.proc.poll() is None:
-                read = found[child.service]  # (how old by Redis's clock: as old on this host's monotonic one)
-                stamped = now - read.now + read.alive.get(process_id(child.proc.pid, host), float("-inf"))
-                if stamped >= child.started and now - max(stamped, self._unread_at) > self.frozen_s:
+            if child.service in read.stages and child.proc is not None and child.proc.poll() is None:
+                stamped = read.stamped(child)  # (None: not stamped yet; before its spawn: a pid used again)
+                aged_s = -1.0 if stamped is None or stamped < child.started else read.at - max(stamped, self._unread_at)
+                if aged_s > self.frozen_s:
                     frozen.append(child)
         return frozen
 

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import time
 
+from dayzero.procs import scratch_redis
 from dayzero.serving.keys import key
 from dayzero.serving.liveness import STAMP, connect, process_id
 from dayzero.stack import Child, Stack
@@ -41,3 +42,28 @@ def test_a_ready_stamp_from_before_a_workers_spawn_is_not_its_own(redis_url, tmp
         worker.kill()
         worker.wait()
         client.delete(*keys)
+
+
+def test_one_read_of_the_stamps_a_pass_serves_both_the_ready_and_the_frozen_check(tmp_path):
+    """A ``supervise()`` pass read the starting workers' stamps (``_see_ready``: one round trip), then
+    every stage's again for ``frozen`` (one per stage): four reads of Redis's time a pass. One read
+    (``stack_stamps.read_stamps``) serves both now: Redis's own count of TIME calls says so."""
+    with scratch_redis(tmp_path) as port:
+        url = f"redis://127.0.0.1:{port}/0"
+        client = connect(url)
+        worker = subprocess.Popen(["sleep", "300"])
+        try:
+            child = Child("prefill0", "prefill", proc=worker, started=time.monotonic())
+            stack = Stack({}, 0, tmp_path, redis_url=url, children=[child], frozen_s=30.0)
+            keys = [key("alive", "prefill"), key("ready", "prefill"), key("stamp_now")]
+            client.register_script(STAMP)(keys=keys, args=[process_id(worker.pid, socket.gethostname()), "now", ""])
+            reads = []
+            for _ in range(2):  # starting (seen ready in the first), then running
+                client.config_resetstat()
+                stack.supervise()
+                reads.append(client.info("commandstats").get("cmdstat_time", {}).get("calls", 0))
+            assert child.ready_at is not None
+            assert reads == [1, 1], f"reads of the stamps in each of two passes: {reads}"
+        finally:
+            worker.kill()
+            worker.wait()
