@@ -144,10 +144,11 @@ class Stack:
         every_s: float = 10,
         on_restart: Callable[[str], None] | None = None,
     ) -> None:
-        """Until ``/ready`` answers 200 and no child waits to start again (another worker of its stage answers
-        /ready for it), supervising (``timeout_s`` None: no limit). ``on_wait(body)``: ``/ready``'s latest answer
-        (or the waiting child's line) every ``every_s``; ``on_restart(name)``: each child restarted meanwhile; a
-        child that exits ``start_exits`` times first is a failed start (StartFailed, with the end of its log)."""
+        """Until ``/ready`` answers 200 and no child is held back after quick exits, waiting or started and
+        not ready yet (``Child.held_back``: another worker of its stage answers /ready for it), supervising
+        (``timeout_s`` None: no limit). ``on_wait(body)``: ``/ready``'s latest answer (or the held child's
+        line) every ``every_s``; ``on_restart(name)``: each child restarted meanwhile; a child that exits
+        ``start_exits`` times first is a failed start (StartFailed, with the end of its log)."""
         reported, body = time.monotonic(), {}
 
         def restarted(name: str) -> None:
@@ -161,7 +162,7 @@ class Stack:
             nonlocal reported, body
             try:
                 answer = httpx.get(f"{self.url}/ready", timeout=2)
-                waiting = next((c for c in self.children if c.due is not None), None)
+                waiting = next((c for c in self.children if c.held_back()), None)
                 if answer.status_code == 200 and waiting is None:
                     return True
                 body = answer.json() if waiting is None else {"reason": waiting.restart_said()}

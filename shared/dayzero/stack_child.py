@@ -44,11 +44,18 @@ class Child:
         self.due = time.monotonic() + self.wait_s if self.wait_s else None
         self.ready_at = None
 
+    def held_back(self) -> bool:
+        """Waiting out its wait after quick exits, or started after it and not seen ready yet (up's
+        ``wait_ready`` returned once it was started: its stage served by another worker, it still loading)."""
+        return self.due is not None or (self.wait_s > 0 and self.ready_at is None)
+
     def restart_said(self) -> str:
-        """The supervisor's line for its restart."""
-        if self.due is None:
-            return f"{self.name} {self.why}; restarted"
-        return (
-            f"{self.name} {self.why}, {self.quick_exits} times in a row before it had run {RAN_A_WHILE_S:g} s "
-            f"ready; starting it again in {self.wait_s:g} s"
-        )
+        """The supervisor's line for its restart (started again after its wait: that it is not ready yet)."""
+        if self.due is not None:
+            return (
+                f"{self.name} {self.why}, {self.quick_exits} times in a row before it had run {RAN_A_WHILE_S:g} s "
+                f"ready; starting it again in {self.wait_s:g} s"
+            )
+        if self.held_back():
+            return f"{self.name} {self.why}; started again after a wait of {self.wait_s:g} s, not ready yet"
+        return f"{self.name} {self.why}; restarted"
