@@ -101,8 +101,8 @@ def main() -> None:
             killed.append(time.time())
             for name in args.kill.split(","):
                 os.killpg(stack.child(name).proc.pid, signal.SIGKILL)
-            # up's loop, to the end: what it restarts dies with this thread (procs.die_with: PR_SET_PDEATHSIG),
-            # so a thread that stopped once they ran ready left no worker (requests ended 60 s on: 503 no_worker)
+            # up's loop, to the end, as up runs it (a thread that ended once they ran ready took the workers
+            # it restarted with it before procs.Spawner: PR_SET_PDEATHSIG, requests ended 60 s on: 503 no_worker)
             stack.supervised_until(done.is_set, None, lambda name: restarted.append(name))
 
         supervisor = threading.Thread(target=kill_then_supervise, daemon=True)

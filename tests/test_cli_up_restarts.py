@@ -177,3 +177,23 @@ def _answers(url: str) -> bool:
         return httpx.get(url, timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_child_restarted_by_a_supervising_thread_outlives_that_thread(tmp_path):
+    """Every child asks for SIGKILL when the *thread* that forked it ends (procs.die_with,
+    PR_SET_PDEATHSIG): a child restarted by a ``supervise()`` in a thread that then returned died with it
+    (bench/recovery.py's restarted workers, -9). The stack forks every child on a thread of its own."""
+    stack = Stack(NONE, free_port(), tmp_path / "logs", dict(REFUSED))
+    stack.start()
+    redis_child = stack.child("redis")
+    try:
+        redis_child.proc.kill()
+        redis_child.proc.wait()
+        supervisor = threading.Thread(target=stack.supervise)
+        supervisor.start()
+        supervisor.join()
+        time.sleep(0.5)  # (the death signal is sent as the thread ends)
+        assert redis_child.proc.poll() is None, f"redis restarted by the thread ended {redis_child.proc.returncode}"
+        assert redis.Redis(port=stack.redis_port).ping()
+    finally:
+        stack.stop()

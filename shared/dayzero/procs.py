@@ -23,12 +23,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn, TypeVar
 
 PR_SET_PDEATHSIG = 1
+T = TypeVar("T")
 
 
 def die_with(parent: int) -> None:
@@ -76,7 +78,7 @@ def stops_held() -> Iterator[None]:
 def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``cmd`` in its own session, output appended to ``log``, killed when we die.
 
-    The kernel ties the child to the forking *thread*: spawn from a thread that outlives it."""
+    The kernel ties the child to the forking *thread*: spawn from a thread that outlives it (``Spawner``)."""
     with log.open("ab") as out:
         return subprocess.Popen(
             cmd,
@@ -86,6 +88,26 @@ def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subpr
             start_new_session=True,
             preexec_fn=functools.partial(die_with, os.getpid()),
         )
+
+
+class Spawner:
+    """Starts child processes on one thread of its own, which lives until ``close``: the kernel sends a
+    child its death signal (``die_with``) when the *thread* that forked it ends, so a child started by a
+    supervising thread that then returned was SIGKILLed with it (bench/recovery.py: its restarted workers)."""
+
+    def __init__(self) -> None:
+        self._thread: ThreadPoolExecutor | None = None
+
+    def __call__(self, start: Callable[..., T], *args: Any) -> T:
+        """``start(*args)`` (``spawn``, ``start_redis``) run on the spawner's thread -> its result."""
+        self._thread = self._thread or ThreadPoolExecutor(1, thread_name_prefix="spawner")
+        return self._thread.submit(start, *args).result()
+
+    def close(self) -> None:
+        """End its thread (a child it started that still runs dies with it); a later call starts another."""
+        if self._thread is not None:
+            self._thread.shutdown()
+            self._thread = None
 
 
 def terminate(procs: list[subprocess.Popen], timeout_s: float) -> list[subprocess.Popen]:

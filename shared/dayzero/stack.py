@@ -7,8 +7,9 @@ its other ranks and takes them down with it). A child that dies is restarted, th
 hung in a step past its bound): its liveness stamps (dayzero.serving.liveness) stopped.
 A child that exits before it has run a while ready, again and again, waits before its next start,
 twice as long each time (stack_child.py); ``until_ready`` supervises until one runs ready again.
-Every child dies with the supervisor (see dayzero.procs). ``stop`` goes in order: the gateway
-first (it stops admitting and ends its open streams with an error event), then the workers, Redis last.
+Every child dies with the supervisor, whichever thread started it (procs.Spawner). ``stop`` goes in
+order: the gateway first (it stops admitting and ends its open streams with an error event), then the
+workers, Redis last.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import httpx
 import redis
 
 from .procs import (
+    Spawner,
     UnbindableHost,
     exited,
     free_port,
@@ -68,6 +70,7 @@ class Stack:
     _liveness: redis.Redis | None = None
     _unread_at: float = 0.0  # when Redis last could not be read or written: no stamp counts as older than that
     _left: dict[int, float] = field(default_factory=dict)  # exited children's process groups -> when to kill the rest
+    _spawner: Spawner = field(default_factory=Spawner)  # forks every child: whichever thread supervises
 
     def start(self) -> None:
         try:
@@ -118,10 +121,10 @@ class Stack:
         cmd = [sys.executable, "-m", "dayzero.cli", *argv, "--name", child.name]
         with stops_held():  # (a stop before ``child.proc`` is set would leave the child out of ``stop``)
             if child.service == "redis":
-                child.proc = start_redis(self.redis_port, log)  # (returns once it accepts: ready)
+                child.proc = self._spawner(start_redis, self.redis_port, log)  # (returns once it accepts: ready)
                 child.ready_at = time.monotonic()
                 return
-            child.proc = spawn(cmd, log, {**self.env, **child.env})
+            child.proc = self._spawner(spawn, cmd, log, {**self.env, **child.env})
         if child.service == "vision":
             self.vision_pids.add(child.proc.pid)
 
@@ -293,4 +296,5 @@ class Stack:
         unlink_pools_by([*self.pids(), *self._left])  # (every child exited: SIGKILLed with its group if not)
         if self.redis_port is not None:
             unlink_parked_by(self.vision_pids)
+        self._spawner.close()
         return killed
