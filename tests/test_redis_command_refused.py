@@ -13,8 +13,8 @@ import threading
 import pytest
 import redis
 
-from dayzero.procs import scratch_redis
-from dayzero.redis_refusals import command_refused, refused_command, refused_for_good
+from dayzero.procs import free_port, scratch_redis, start_redis
+from dayzero.redis_refusals import command_refused, refused_command, refused_for_good, told
 from dayzero.serving.intake import run_loop
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.scripts import Take
@@ -90,3 +90,22 @@ def test_a_prefill_worker_refused_multi_still_frees_the_blocks_decode_took(tmp_p
         assert store.released("prefill0", held) == {"taken"}
         assert store.released("prefill0", {"waits": 0}) == set()  # (read once)
         store.r.close()
+
+
+def test_a_multi_renamed_away_is_said_with_the_config_beside_the_acl(tmp_path):
+    """A server whose config disabled MULTI (rename-command MULTI ""): Redis answers a transaction's EXEC
+    "EXEC without MULTI" as when an ACL refuses MULTI, and the line sent the reader to the ACL alone,
+    which then allows everything. Both lines (a service's end and /ready's, a worker loop's) name both."""
+    port = free_port()
+    server = start_redis(port, tmp_path / "redis.log", "--rename-command", "MULTI", "")
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(url)
+        with pytest.raises(redis.RedisError) as refused:
+            _transaction(client)
+        client.close()
+    finally:
+        server.terminate()
+        server.wait()
+    for said in (refused_for_good(url, refused.value), told(refused.value)):
+        assert "'multi'" in said and "ACL GETUSER" in said and "rename-command" in said, said

