@@ -28,6 +28,19 @@ from dayzero.serving.keys import key
 
 log = logging.getLogger("dayzero.redis")
 HELD_PASSES = 5  # a record's life, in reaper periods: past a lease of passes that skip its step (2 periods)
+# A refusal's entry written, its life (``until``) and the record's lengthened, never shortened: gateways
+# of one user with different leases wrote their own, so the shortest lease's 5 periods cut the others'
+# (their next pass to meet it was later: /ready healthy between). ARGV: the record's life (ms), then
+# command, entry (JSON) pairs.
+MEET = """
+for i = 2, #ARGV, 2 do
+  local found = redis.call('hget', KEYS[1], ARGV[i])
+  if not found or cjson.decode(found)['until'] < cjson.decode(ARGV[i + 1])['until'] then
+    redis.call('hset', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+if redis.call('pttl', KEYS[1]) < tonumber(ARGV[1]) then redis.call('pexpire', KEYS[1], ARGV[1]) end
+"""
 
 
 class SentCommands:
@@ -94,10 +107,11 @@ class RefusedCommands:
     def _settled(self, met: dict[str, str], answered: set[str]) -> dict[str, str]:
         now, refused = clock.now(), self.key
         pipe = self.r.pipeline(transaction=False)  # (no MULTI: a refused one is a refusal to record too)
-        for command, line in met.items():
-            pipe.hset(refused, command, json.dumps({"line": line, "until": now + self.held_s}))
         if met:
-            pipe.pexpire(refused, int(self.held_s * 1000))
+            entries = [
+                (command, json.dumps({"line": line, "until": now + self.held_s})) for command, line in met.items()
+            ]
+            pipe.eval(MEET, 1, refused, int(self.held_s * 1000), *(part for entry in entries for part in entry))
         if answered:
             pipe.hdel(refused, *answered)
         pipe.hgetall(refused)

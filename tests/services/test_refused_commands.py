@@ -1,0 +1,38 @@
+"""The refusals' record (refused_commands.py) as the gateways of one Redis user keep it: met, held,
+cleared, read. A real Redis and its ACL; the record's own objects, no gateway around them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from dayzero.procs import scratch_redis
+from services.gateway.refused_commands import RefusedCommands
+
+GRANTS = {"enabled": True, "passwords": ["+pw"], "keys": ["*"], "channels": ["*"]}
+
+
+def _refusal(client: redis.Redis) -> redis.RedisError:
+    """The NOPERM Redis answers ``client`` (an ACL without LRANGE)."""
+    with pytest.raises(redis.RedisError) as refused:
+        client.lrange("sweep-only", 0, 0)
+    return refused.value
+
+
+def test_a_gateway_with_a_shorter_lease_leaves_a_longer_ones_refusal_its_life(tmp_path):
+    """Two gateways of one user, periods of 60 s and 0.2 s, both meeting the refusal: the shorter's
+    write set the record's life (and its entry's) to its own 1 s, so 1 s on the longer one read no
+    refusal, 4 minutes before its next pass would meet it again. Neither is shortened now."""
+    with scratch_redis(tmp_path) as port:
+        redis.Redis(port=port).acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
+        url = f"redis://dz:pw@127.0.0.1:{port}/0"
+        long, short = (RefusedCommands(url, redis.Redis.from_url(url), period) for period in (60.0, 0.2))
+        for gateway in (long, short):
+            assert gateway.tried(_refusal(gateway.r))
+            assert "'lrange'" in gateway.settle(set())
+        time.sleep(1.5)  # (past the shorter one's 5 periods)
+        assert "'lrange'" in (long.settle(set()) or ""), long.key
+        long.r.close()
+        short.r.close()
