@@ -25,7 +25,8 @@ from dayzero.serving.watching import cancel_left
 
 from .context import Gateway
 from .pass_steps import PassSteps
-from .refused_commands import RefusedCommands, SentCommands
+from .refused_commands import RefusedCommands
+from .sent_commands import PassCommands, SentCommands
 
 log = logging.getLogger("dayzero.gateway")
 RERUN_TRANSIT_S = 30.0  # a re-run's mark until its message is pushed: a sweep's round trips, with room
@@ -78,7 +79,7 @@ async def reap(gw: Gateway) -> None:
     def send(job: PrefillJob, stage: str) -> None:
         store.enqueue(job.request.request_id, stage, messages[stage](job), gw.settings.visibility_timeout_s)
 
-    def one_pass(past_before: set[str], rerun: bool, back_since: float, answered: set[str]) -> set[str]:
+    def one_pass(past_before: set[str], rerun: bool, back_since: float, this_pass: PassCommands) -> set[str]:
         """One pass; ``past_before``: the stages past the no-worker bound at the last one. -> those now.
         ``back_since``: when its passes came back from one that failed on Redis (gateways.stamp). The
         stamp goes last: as the pass's first command it took a frozen Redis's stall, the sweep's own
@@ -86,7 +87,7 @@ async def reap(gw: Gateway) -> None:
         Redis answered with a refusal stamps too (an ACL's NOPERM at a step of every pass: the gateway
         serves on, a resume may come to it, and it never stamped; writes refused: nobody stamps)."""
         try:
-            with sent.recording(answered):
+            with sent.recording(this_pass):
                 past = steps_of_a_pass(past_before, rerun)
         except redis.ResponseError:
             with contextlib.suppress(redis.RedisError):
@@ -122,19 +123,19 @@ async def reap(gw: Gateway) -> None:
         await in_thread(stamp, store.r, gw.bus.gateway, back_since, back_since, gone_after_s(period))
     while True:
         await asyncio.sleep(wait_s)
-        answered: set[str] = set()  # (the commands Redis answered in the pass: a refusal of one is cleared)
+        this_pass = PassCommands()  # (those Redis answered in the pass: a refusal of one is cleared)
         try:
             if failed_at is not None:
                 rerun_from = time.monotonic() + gw.settings.lease_s  # (the live workers beat within a lease)
                 back_since = clock.now()
                 await in_thread(count_again, store.r, QUEUES, failed_at)
-            found = await in_thread(one_pass, past, time.monotonic() >= rerun_from, back_since, answered)
+            found = await in_thread(one_pass, past, time.monotonic() >= rerun_from, back_since, this_pass)
             wait_s, past, failed_at = RESTAMPED_S if found - past else period, found, None
             refused.taken()
-            await in_thread(command.settle, answered)
+            await in_thread(command.settle, this_pass.answered)
         except redis.RedisError as exc:  # Redis down or refusing writes: /ready says so; sweep when it is back
-            if command.tried(exc):
-                await in_thread(command.settle, answered)
+            if command.tried(exc, this_pass.name_of(exc)):
+                await in_thread(command.settle, this_pass.answered)
             else:
                 refused.tried(exc)  # (its credentials refused for DAYZERO_CREDENTIALS_REFUSED_S: the gateway exits 3)
             failed_at = clock.now() if failed_at is None else failed_at  # (its own pass counted before)

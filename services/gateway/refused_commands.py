@@ -1,6 +1,6 @@
 """The commands Redis refuses the gateways' user (an ACL without them: NOPERM), one record for every
-gateway on the Redis that runs as that user: ``refused:{user}`` (keys.py), command -> its line and
-until when it holds (Redis's time). The gateway that meets a refusal records it, for
+gateway on the Redis that runs as that user: ``refused:{user}`` (keys.py), command (as sent:
+sent_commands.py) -> its line and until when it holds (Redis's time). The gateway that meets a refusal records it, for
 ``HELD_PASSES`` reaper periods, again each time it meets it; one whose pass sees that command
 answered (any gateway's of the user) clears it; each reads the record at every pass: /ready's
 reason, and admission's 503. Each gateway kept its own, taken back by a pass that ran the step it
@@ -13,11 +13,8 @@ the sweep's lock), and clear it when it swept (the other's /ready healthy meanwh
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import threading
-from collections.abc import Iterator
 
 import redis
 
@@ -43,33 +40,6 @@ if redis.call('pttl', KEYS[1]) < tonumber(ARGV[1]) then redis.call('pexpire', KE
 """
 
 
-class SentCommands:
-    """The commands Redis answered without an error on ``client`` in the thread that
-    records (``recording``): the client's commands are seen where they all go (``execute_command``,
-    a script's EVALSHA too), the steps left as they are. Other threads (requests) are not recorded."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self._local = threading.local()
-        execute = client.execute_command
-
-        def execute_recorded(*args: object, **options: object) -> object:
-            answer = execute(*args, **options)
-            if (sent := getattr(self._local, "sent", None)) is not None:
-                sent.add(str(args[0]).lower())
-            return answer
-
-        client.execute_command = execute_recorded
-
-    @contextlib.contextmanager
-    def recording(self, sent: set[str]) -> Iterator[None]:
-        """The commands answered in this block go to ``sent``."""
-        self._local.sent = sent
-        try:
-            yield
-        finally:
-            self._local.sent = None
-
-
 class RefusedCommands:
     """This gateway's view of the record: ``reason`` (a refused command's line; None: none refused)."""
 
@@ -80,11 +50,12 @@ class RefusedCommands:
         self._met: dict[str, str] = {}  # this pass's refusals: command -> its line
         self._record: dict[str, str] = {}  # the record at the last read: command -> its line
 
-    def tried(self, exc: Exception) -> bool:
-        """Whether ``exc`` is such a refusal (met this pass: ``settle`` records it)."""
+    def tried(self, exc: Exception, sent_as: str | None = None) -> bool:
+        """Whether ``exc`` is such a refusal (met this pass: ``settle`` records it), under ``sent_as``: the
+        name its command was sent under (sent_commands.py), else the one Redis names."""
         if not command_refused(exc):
             return False
-        self._met[refused_command(exc)] = refused_for_good(self.url, exc) or str(exc)
+        self._met[sent_as or refused_command(exc)] = refused_for_good(self.url, exc) or str(exc)
         return True
 
     def settle(self, answered: set[str]) -> str | None:

@@ -11,13 +11,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import redis
 from fastapi.testclient import TestClient
 
 from dayzero.procs import free_port, start_redis
 from dayzero.serving.keys import key
 from dayzero.settings import Settings
-from services.gateway import reaping
+from services.gateway import reaping, refused_commands
 from services.gateway.app import make_app
 
 from .conftest import wait_until
@@ -208,3 +209,34 @@ def test_a_refusal_of_one_gateways_user_is_not_said_by_a_gateway_running_as_anot
                 reasons.append((_reason(refused), _reason(allowed)))
     assert all("'lrange'" in said for said, _ in reasons), reasons
     assert not any("user a command" in said for _, said in reasons), reasons
+
+
+LRANGE_IN_A_SCRIPT = "return redis.call('lrange', KEYS[1], 0, 0)"
+# what the sweep stand-in sends -> the ACL rules that refuse it (Redis 6: a subcommand only as allowed)
+SENT_AND_REFUSED = {
+    "script load": (lambda r: r.script_load("return 1"), ["+@all", "-script", "+script|exists"]),
+    "lrange in a script": (lambda r: r.register_script(LRANGE_IN_A_SCRIPT)([key("sweep-only")]), ["+@all", "-lrange"]),
+}
+
+
+@pytest.mark.parametrize("sent", SENT_AND_REFUSED)
+def test_a_subcommands_or_a_scripts_refusal_is_cleared_once_redis_answers_it(sent, demo_dir, tmp_path, monkeypatch):
+    """A refusal of a subcommand (named 'script|load' by Redis 7, 'script' by Redis 6; answered as 'script
+    load') or of a command a Lua script calls (named as called, or 'unnamed': Redis 6; answered as
+    'evalsha'): its answer, the ACL lifted, never cleared it, only its lapse. The lapse put out of reach
+    (1,000 periods), /ready is healthy again once Redis answers what was refused."""
+    send, refusing = SENT_AND_REFUSED[sent]
+    sweep = reaping.sweep
+
+    def sweep_sending_its_own_command(store, *args):
+        send(store.r)
+        return sweep(store, *args)
+
+    monkeypatch.setattr(reaping, "sweep", sweep_sending_its_own_command)
+    monkeypatch.setattr(refused_commands, "HELD_PASSES", 1000)
+    port = free_port()
+    with _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client), _gateway(port, demo_dir) as gateway:
+        client.acl_setuser("dz", commands=refusing, **GRANTS)
+        assert wait_until(lambda: "user a command" in _reason(gateway), 15), _reason(gateway)
+        client.acl_setuser("dz", commands=["+@all"], **GRANTS)
+        assert wait_until(lambda: _reason(gateway).startswith("no live worker"), 15), _reason(gateway)

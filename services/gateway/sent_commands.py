@@ -1,0 +1,70 @@
+"""The commands the reaper's passes send, by the names the refusals' record keeps them under
+(refused_commands.py): a command Redis answered clears its refusal, so both are named alike. A
+refusal was named as Redis names it and an answer as redis-py sends it: a subcommand's refusal
+('script|load' to Redis 7, 'script' to Redis 6) never met its answer ('script load'), nor did one met
+in a Lua script (the command the script called, or 'unnamed': Redis 6) its script's answer
+('evalsha'); such a refusal, lifted, held till it lapsed (5 periods: 1,500 s at a 600 s lease)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import redis
+
+from dayzero.redis_refusals import command_refused
+
+
+def sent_name(args: tuple[object, ...]) -> str:
+    """A command's name as sent (``execute_command``'s ``args``): a subcommand joined as the ACL joins it
+    ('script|load'; redis-py sends 'SCRIPT LOAD'), a script by its SHA ('evalsha|<sha>': answered, it
+    ran whatever it calls)."""
+    name = str(args[0]).lower().replace(" ", "|")
+    return f"{name}|{args[1]}" if name == "evalsha" else name
+
+
+@dataclass(slots=True)
+class PassCommands:
+    """One pass's commands (``sent_name``): those Redis answered, and the refusals it met as they were sent."""
+
+    answered: set[str] = field(default_factory=set)
+    refused: list[tuple[BaseException, str]] = field(default_factory=list)
+
+    def name_of(self, refusal: BaseException) -> str | None:
+        """The name ``refusal``'s command was sent under in this pass; None: not one of its commands."""
+        return next((name for met, name in self.refused if met is refusal), None)
+
+
+class SentCommands:
+    """The commands sent on ``client`` in the thread that records (``recording``): the client's commands
+    are seen where they all go (``execute_command``, a script's EVALSHA too), the steps left as they are.
+    Other threads (requests) are not recorded."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._local = threading.local()
+        execute = client.execute_command
+
+        def execute_recorded(*args: object, **options: object) -> object:
+            commands: PassCommands | None = getattr(self._local, "commands", None)
+            try:
+                answer = execute(*args, **options)
+            except redis.RedisError as exc:
+                if commands is not None and command_refused(exc):
+                    commands.refused.append((exc, sent_name(args)))
+                raise
+            if commands is not None:
+                commands.answered.add(sent_name(args))
+            return answer
+
+        client.execute_command = execute_recorded
+
+    @contextlib.contextmanager
+    def recording(self, commands: PassCommands) -> Iterator[None]:
+        """The commands sent in this block go to ``commands``."""
+        self._local.commands = commands
+        try:
+            yield
+        finally:
+            self._local.commands = None
