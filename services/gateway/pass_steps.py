@@ -20,17 +20,19 @@ class PassSteps:
     def __init__(self) -> None:
         self._failing: set[str] = set()  # the steps whose last run raised (logged once)
 
-    def run(self, step: str, work: Callable[..., Any], *args: Any) -> None:
-        """``work(*args)``; a failure other than Redis's logged (once until it goes through again)."""
+    def run(self, step: str, work: Callable[..., Any], *args: Any) -> Any:
+        """``work(*args)``'s answer; a failure other than Redis's logged (once until it goes through
+        again): None."""
         try:
-            work(*args)
+            answer = work(*args)
         except redis.RedisError:
             raise
         except Exception:
             if step not in self._failing:
                 log.exception("the reaper's %s failed; it is tried again each pass, the other steps go on", step)
                 self._failing.add(step)
-            return
+            return None
         if step in self._failing:
             log.warning("the reaper's %s went through again", step)
             self._failing.discard(step)
+        return answer

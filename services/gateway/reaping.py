@@ -30,6 +30,7 @@ from .sent_commands import PassCommands, SentCommands
 
 log = logging.getLogger("dayzero.gateway")
 RERUN_TRANSIT_S = 30.0  # a re-run's mark until its message is pushed: a sweep's round trips, with room
+RERUN = "re-run"  # the step that sweeps: skipped for a lease after a failed pass, and while another gateway sweeps
 # The workers' stamps after Redis's return come within a stamp's retry and its round trip: a stage a
 # reaper pass first finds past its no-worker bound is looked at again this long after, and ends nothing before.
 RESTAMPED_S = 2 * STAMP_RETRY_S
@@ -88,7 +89,7 @@ async def reap(gw: Gateway) -> None:
         serves on, a resume may come to it, and it never stamped; writes refused: nobody stamps)."""
         try:
             with sent.recording(this_pass):
-                past = steps_of_a_pass(past_before, rerun)
+                past = steps_of_a_pass(past_before, rerun, this_pass)
         except redis.ResponseError:
             with contextlib.suppress(redis.RedisError):
                 stamp(store.r, gw.bus.gateway, clock.now(), back_since, gone_after_s(period))
@@ -96,9 +97,15 @@ async def reap(gw: Gateway) -> None:
         stamp(store.r, gw.bus.gateway, clock.now(), back_since, gone_after_s(period))
         return set(past)
 
-    def steps_of_a_pass(past_before: set[str], rerun: bool) -> dict[str, float]:
-        if rerun:  # (Stalled: failed)
-            steps.run("re-run", sweep, store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period, period / 2)
+    def steps_of_a_pass(past_before: set[str], rerun: bool, this_pass: PassCommands) -> dict[str, float]:
+        swept = None  # (skipped, another gateway's, or failed otherwise: it told nothing of a refusal met there)
+        if rerun:
+            with this_pass.at(RERUN):  # (Stalled: failed)
+                swept = steps.run(
+                    RERUN, sweep, store, send, RERUN_TRANSIT_S, int(period * 900), 10 * period, period / 2
+                )
+        if swept is None:
+            this_pass.skipped.add(RERUN)
         unserved, bound = unserved_stages(store.r, QUEUES), gw.settings.no_worker_timeout_s
         past = {stage: seconds for stage, seconds in unserved.items() if seconds > bound}
         if past.keys() - past_before:  # (looked at again RESTAMPED_S on: its workers backing off stamp now)
@@ -132,10 +139,10 @@ async def reap(gw: Gateway) -> None:
             found = await in_thread(one_pass, past, time.monotonic() >= rerun_from, back_since, this_pass)
             wait_s, past, failed_at = RESTAMPED_S if found - past else period, found, None
             refused.taken()
-            await in_thread(command.settle, this_pass.answered)
+            await in_thread(command.settle, this_pass)
         except redis.RedisError as exc:  # Redis down or refusing writes: /ready says so; sweep when it is back
-            if command.tried(exc, this_pass.name_of(exc)):
-                await in_thread(command.settle, this_pass.answered)
+            if command.tried(exc, this_pass.sent_as(exc)):
+                await in_thread(command.settle, this_pass)
             else:
                 refused.tried(exc)  # (its credentials refused for DAYZERO_CREDENTIALS_REFUSED_S: the gateway exits 3)
             failed_at = clock.now() if failed_at is None else failed_at  # (its own pass counted before)

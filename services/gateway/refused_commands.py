@@ -1,20 +1,25 @@
 """The commands Redis refuses the gateways' user (an ACL without them: NOPERM), one record for every
 gateway on the Redis that runs as that user: ``refused:{user}`` (keys.py), command (as sent:
-sent_commands.py) -> its line and until when it holds (Redis's time). The gateway that meets a refusal records it, for
-``HELD_PASSES`` reaper periods, again each time it meets it; one whose pass sees that command
-answered (any gateway's of the user) clears it; each reads the record at every pass: /ready's
-reason, and admission's 503. Each gateway kept its own, taken back by a pass that ran the step it
-was met at: with several gateways, a sweep whose lock another held sent none of its commands yet
-counted as run (and a step sends some only for some data: a re-run's only with requests under way),
-so the refusal came and went every few passes, /ready flapping. Not counting such a sweep kept a
-stale refusal, and its 503s, on a gateway that rarely got the lock. One record for all users had a
-gateway whose user the ACL allows the command read another's refusal (503s while the other held
-the sweep's lock), and clear it when it swept (the other's /ready healthy meanwhile)."""
+sent_commands.py) -> its line, the step of a pass it was met at, and until when it holds (Redis's
+time). The gateway that meets a refusal records it, for ``HELD_PASSES`` reaper periods, again each
+time it meets it; one whose pass sees that command answered (any gateway's of the user) clears it;
+one whose pass skipped the step it was met at holds it (lengthens it as a meeting does); each reads
+the record at every pass: /ready's reason, and admission's 503. Each gateway kept its own, taken
+back by a pass that ran the step it was met at: with several gateways, a sweep whose lock another
+held sent none of its commands yet counted as run (and a step sends some only for some data: a
+re-run's only with requests under way), so the refusal came and went every few passes, /ready
+flapping. One record for all users had a gateway whose user the ACL allows the command read
+another's refusal (503s while the other held the sweep's lock), and clear it when it swept. One
+record a user, lapsing 5 periods after its last meeting, still flapped on a gateway that rarely won
+the sweep's lock from another user's: held now, a refusal lifted meanwhile is said till a gateway of
+the user sweeps again (its answer clears it)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+from dataclasses import dataclass
 
 import redis
 
@@ -23,21 +28,39 @@ from dayzero.redis_refusals import command_refused, refusal_said, refused_comman
 from dayzero.serving import redis_clock as clock
 from dayzero.serving.keys import key
 
+from .sent_commands import PassCommands, Sent
+
 log = logging.getLogger("dayzero.redis")
-HELD_PASSES = 5  # a record's life, in reaper periods: past a lease of passes that skip its step (2 periods)
-# A refusal's entry written, its life (``until``) and the record's lengthened, never shortened: gateways
-# of one user with different leases wrote their own, so the shortest lease's 5 periods cut the others'
-# (their next pass to meet it was later: /ready healthy between). ARGV: the record's life (ms), then
-# command, entry (JSON) pairs.
-MEET = """
-for i = 2, #ARGV, 2 do
+HELD_PASSES = 5  # a refusal's life, in reaper periods, at passes that run its step and send it no more
+# A refusal's entry written (met) or its life lengthened (held: where it is still), its life (``until``)
+# and the record's never shortened: gateways of one user with different leases wrote their own, so the
+# shortest lease's 5 periods cut the others' (their next pass to meet it was later: /ready healthy
+# between). ARGV: the record's life (ms), then command, entry (JSON), 'met' or 'held' triples.
+LENGTHEN = """
+for i = 2, #ARGV, 3 do
   local found = redis.call('hget', KEYS[1], ARGV[i])
-  if not found or cjson.decode(found)['until'] < cjson.decode(ARGV[i + 1])['until'] then
+  if found then
+    if cjson.decode(found)['until'] < cjson.decode(ARGV[i + 1])['until'] then
+      redis.call('hset', KEYS[1], ARGV[i], ARGV[i + 1])
+    end
+  elseif ARGV[i + 2] == 'met' then
     redis.call('hset', KEYS[1], ARGV[i], ARGV[i + 1])
   end
 end
 if redis.call('pttl', KEYS[1]) < tonumber(ARGV[1]) then redis.call('pexpire', KEYS[1], ARGV[1]) end
 """
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A command's refusal: its line, and the step of a pass it was met at (sent_commands.Sent)."""
+
+    line: str
+    step: str | None
+
+
+def _entry(refusal: Refusal, until: float) -> str:
+    return json.dumps({"line": refusal.line, "step": refusal.step, "until": until})
 
 
 class RefusedCommands:
@@ -47,55 +70,64 @@ class RefusedCommands:
         self.url, self.r, self.held_s = url, client, HELD_PASSES * period_s
         self.key = key("refused", client.connection_pool.connection_kwargs.get("username") or "default")
         self.reason: str | None = None
-        self._met: dict[str, str] = {}  # this pass's refusals: command -> its line
-        self._record: dict[str, str] = {}  # the record at the last read: command -> its line
+        self._met: dict[str, Refusal] = {}  # this pass's refusals, by command
+        self._record: dict[str, Refusal] = {}  # the record at the last read, by command
 
-    def tried(self, exc: Exception, sent_as: str | None = None) -> bool:
-        """Whether ``exc`` is such a refusal (met this pass: ``settle`` records it), under ``sent_as``: the
-        name its command was sent under (sent_commands.py), else the one Redis names."""
+    def tried(self, exc: Exception, sent: Sent | None = None) -> bool:
+        """Whether ``exc`` is such a refusal (met this pass: ``settle`` records it), under the name its
+        command was ``sent`` under (sent_commands.py), else the one Redis names."""
         if not command_refused(exc):
             return False
-        self._met[sent_as or refused_command(exc)] = refused_for_good(self.url, exc) or str(exc)
+        line = refused_for_good(self.url, exc) or str(exc)
+        self._met[sent.name if sent else refused_command(exc)] = Refusal(line, sent.step if sent else None)
         return True
 
-    def settle(self, answered: set[str]) -> str | None:
-        """A pass ended, Redis having answered ``answered`` (without an error): its refusals recorded, the
-        commands it saw answered cleared, the record read. -> ``reason``."""
+    def settle(self, this_pass: PassCommands) -> str | None:
+        """A pass ended: its refusals recorded, the commands it saw answered cleared, those met at a step
+        it skipped held (a sweep whose lock another gateway held told nothing of one: it lapsed there, and
+        a gateway that rarely won the lock said it every few passes, /ready flapping), the record read.
+        -> ``reason``."""
         met, self._met = self._met, {}
+        answered = this_pass.answered - met.keys()
+        held = {
+            command: refusal
+            for command, refusal in self._record.items()
+            if refusal.step in this_pass.skipped and command not in met.keys() | answered
+        }
         try:
-            record = self._settled(met, answered - met.keys())
+            record = self._settled(met, held, answered)
         except redis.RedisError as exc:  # (down, or refusing the record's commands: the last read's, and this
             # pass's, less what it saw answered; a refusal of the record's own said: the last read's was
             # kept for ever, naming a command Redis took again, the refused one never said)
             self.tried(exc)
-            kept = {command: line for command, line in self._record.items() if command not in answered}
+            kept = {command: refusal for command, refusal in self._record.items() if command not in answered}
             record, self._met = {**kept, **met, **self._met}, {}
         self._say(record)
         self._record = record
-        self.reason = record[min(record)] if record else None
+        self.reason = record[min(record)].line if record else None
         return self.reason
 
-    def _settled(self, met: dict[str, str], answered: set[str]) -> dict[str, str]:
+    def _settled(self, met: dict[str, Refusal], held: dict[str, Refusal], answered: set[str]) -> dict[str, Refusal]:
         now, refused = clock.now(), self.key
         pipe = self.r.pipeline(transaction=False)  # (no MULTI: a refused one is a refusal to record too)
-        if met:
-            entries = [
-                (command, json.dumps({"line": line, "until": now + self.held_s})) for command, line in met.items()
-            ]
-            pipe.eval(MEET, 1, refused, int(self.held_s * 1000), *(part for entry in entries for part in entry))
+        until = now + self.held_s
+        written = [(command, _entry(refusal, until), "met") for command, refusal in met.items()]
+        written += [(command, _entry(refusal, until), "held") for command, refusal in held.items()]
+        if written:
+            pipe.eval(LENGTHEN, 1, refused, int(self.held_s * 1000), *itertools.chain.from_iterable(written))
         if answered:
             pipe.hdel(refused, *answered)
         pipe.hgetall(refused)
         found = pipe.execute()[-1]
         entries = {command.decode(): json.loads(entry) for command, entry in found.items()}
-        return {command: entry["line"] for command, entry in entries.items() if entry["until"] > now}
+        return {c: Refusal(entry["line"], entry.get("step")) for c, entry in entries.items() if entry["until"] > now}
 
-    def _say(self, record: dict[str, str]) -> None:
+    def _say(self, record: dict[str, Refusal]) -> None:
         for command in sorted(record.keys() - self._record.keys()):
             log.error(
                 "%s: the gateway serves on, without its reaper's passes (requests of dead workers are not run "
                 "again, nor are waits past their bounds ended), till the ACL allows the command",
-                refusal_said(self.url, record[command]),
+                refusal_said(self.url, record[command].line),
             )
         if self._record and not record:
             log.warning("the Redis at %s takes the gateway's commands again", without_password(self.url))

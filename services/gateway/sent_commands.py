@@ -25,16 +25,37 @@ def sent_name(args: tuple[object, ...]) -> str:
     return f"{name}|{args[1]}" if name == "evalsha" else name
 
 
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A refused command as sent: its name (``sent_name``), and the step of the pass it was sent at (None:
+    outside one that a pass may skip)."""
+
+    name: str
+    step: str | None
+
+
 @dataclass(slots=True)
 class PassCommands:
-    """One pass's commands (``sent_name``): those Redis answered, and the refusals it met as they were sent."""
+    """One pass's commands (``sent_name``): those Redis answered, the refusals it met as they were sent,
+    and the steps it skipped (``skipped``: a refusal met at one is held, the pass told nothing of it)."""
 
     answered: set[str] = field(default_factory=set)
-    refused: list[tuple[BaseException, str]] = field(default_factory=list)
+    refused: list[tuple[BaseException, Sent]] = field(default_factory=list)
+    skipped: set[str] = field(default_factory=set)
+    step: str | None = None  # (the skippable step running: ``at``)
 
-    def name_of(self, refusal: BaseException) -> str | None:
-        """The name ``refusal``'s command was sent under in this pass; None: not one of its commands."""
-        return next((name for met, name in self.refused if met is refusal), None)
+    def sent_as(self, refusal: BaseException) -> Sent | None:
+        """How ``refusal``'s command was sent in this pass; None: not one of its commands."""
+        return next((sent for met, sent in self.refused if met is refusal), None)
+
+    @contextlib.contextmanager
+    def at(self, step: str) -> Iterator[None]:
+        """The commands of this block are sent at ``step``, one a pass may skip."""
+        self.step = step
+        try:
+            yield
+        finally:
+            self.step = None
 
 
 class SentCommands:
@@ -52,7 +73,7 @@ class SentCommands:
                 answer = execute(*args, **options)
             except redis.RedisError as exc:
                 if commands is not None and command_refused(exc):
-                    commands.refused.append((exc, sent_name(args)))
+                    commands.refused.append((exc, Sent(sent_name(args), commands.step)))
                 raise
             if commands is not None:
                 commands.answered.add(sent_name(args))

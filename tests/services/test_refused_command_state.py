@@ -140,7 +140,7 @@ def test_two_gateways_say_a_refusal_their_sweep_meets_after_its_lock_steadily_ti
 
     def sweep_sending_its_own_command_under_the_lock(store, send, transit_s, lock_ms, *args):
         if not store.r.set(key("reaper"), 1, px=int(LEASE_S * 1000), nx=True):  # (held past the other's pass)
-            return []  # (the other gateway sweeps)
+            return None  # (the other gateway sweeps)
         store.r.lrange(key("sweep-only"), 0, 0)
         store.r.delete(key("reaper"))  # (the real sweep's lock again: it takes it the same way)
         return sweep(store, send, transit_s, lock_ms, *args)
@@ -240,3 +240,33 @@ def test_a_subcommands_or_a_scripts_refusal_is_cleared_once_redis_answers_it(sen
         assert wait_until(lambda: "user a command" in _reason(gateway), 15), _reason(gateway)
         client.acl_setuser("dz", commands=["+@all"], **GRANTS)
         assert wait_until(lambda: _reason(gateway).startswith("no live worker"), 15), _reason(gateway)
+
+
+def test_a_refusal_met_under_the_sweeps_lock_is_said_steadily_while_another_gateway_holds_the_lock(
+    demo_dir, tmp_path, monkeypatch
+):
+    """The ACL refusing the gateway LRANGE, which the sweep sends (a stand-in's) only under its lock, and
+    another gateway (another user's: the test's client here) holding that lock: the gateway met the
+    refusal only at the sweeps it won, and the record lapsed 5 periods on; its /ready flapped
+    healthy/refused (two gateways as two users, 10 s of /ready: 84 of 173 and 39 of 170 healthy). A
+    pass whose sweep another gateway took tells nothing of the refusal: held, till the sweep answers it."""
+    sweep = reaping.sweep
+
+    def sweep_sending_lrange_under_its_lock(store, send, transit_s, lock_ms, *args):
+        if not store.r.set(key("reaper"), 1, px=lock_ms, nx=True):  # (the real sweep's lock, as it takes it)
+            return None
+        store.r.lrange(key("sweep-only"), 0, 0)
+        store.r.delete(key("reaper"))
+        return sweep(store, send, transit_s, lock_ms, *args)
+
+    monkeypatch.setattr(reaping, "sweep", sweep_sending_lrange_under_its_lock)
+    port = free_port()
+    with _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client), _gateway(port, demo_dir) as gateway:
+        client.acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
+        assert wait_until(lambda: "'lrange'" in _reason(gateway), 15), _reason(gateway)
+        client.set(key("reaper"), "another gateway", px=60_000)
+        reasons = _reasons_for(gateway, 3.0)  # (15 periods)
+        client.acl_setuser("dz", commands=["+@all"], **GRANTS)
+        client.delete(key("reaper"))
+        assert wait_until(lambda: _reason(gateway).startswith("no live worker"), 15), _reason(gateway)
+    assert all("'lrange'" in said for said in reasons), [said[:40] for said in reasons]

@@ -36,8 +36,9 @@ def sweep(
     lock_ms: int,
     sighting_s: float,
     stalled_s: float | None = None,
-) -> list[str]:
-    """One pass over the unfinished requests; returns the ids re-enqueued. ``stalled_s``: Redis
+) -> list[str] | None:
+    """One pass over the unfinished requests; returns the ids re-enqueued (None: another gateway holds
+    the sweep's lock, nothing was looked at). ``stalled_s``: Redis
     answering the lock and the list of requests later than this raises ``Stalled``, nothing re-run
     (a freeze within the client's timeout fails no call: a lease that lapsed in it is its worker's).
 
@@ -49,7 +50,7 @@ def sweep(
     """
     began = time.monotonic()
     if not store.r.set(key("reaper"), 1, px=lock_ms, nx=True):  # one gateway sweeps at a time
-        return []  # another gateway swept just now
+        return None  # another gateway swept just now
     active, took = store.active(), time.monotonic() - began
     if stalled_s is not None and took > stalled_s:
         raise Stalled(f"Redis answered the sweep's first round trips in {took:.1f} s")
