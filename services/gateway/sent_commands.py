@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import redis
@@ -60,12 +60,14 @@ class PassCommands:
 
 class SentCommands:
     """The commands sent on ``client`` in the thread that records (``recording``): the client's commands
-    are seen where they all go (``execute_command``, a script's EVALSHA too), the steps left as they are.
-    Other threads (requests) are not recorded."""
+    are seen where they all go (``execute_command``, a script's EVALSHA too; a pipeline's ``execute``:
+    a transaction's MULTI and EXEC too), the steps left as they are. Other threads (requests) are not
+    recorded. A pipeline's commands went unseen: a refused MULTI (the gateway's stamp, the stamps'
+    read: transactions), lifted, held till it lapsed."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._local = threading.local()
-        execute = client.execute_command
+        execute, pipeline = client.execute_command, client.pipeline
 
         def execute_recorded(*args: object, **options: object) -> object:
             commands: PassCommands | None = getattr(self._local, "commands", None)
@@ -79,7 +81,26 @@ class SentCommands:
                 commands.answered.add(sent_name(args))
             return answer
 
-        client.execute_command = execute_recorded
+        def pipeline_recorded(*args: object, **options: object) -> redis.client.Pipeline:
+            pipe = pipeline(*args, **options)
+            pipe.execute = self._recorded(pipe)
+            return pipe
+
+        client.execute_command, client.pipeline = execute_recorded, pipeline_recorded
+
+    def _recorded(self, pipe: redis.client.Pipeline) -> Callable[..., list]:
+        """``pipe.execute``, its answered commands recorded (a refusal: as Redis names it, refused_commands.py)."""
+        execute = pipe.execute
+
+        def execute_recorded(raise_on_error: bool = True) -> list:
+            sent = [sent_name(args) for args, _ in pipe.command_stack] + (["multi", "exec"] if pipe.transaction else [])
+            answers = execute(raise_on_error)
+            if (commands := getattr(self._local, "commands", None)) is not None:
+                failed = {name for name, answer in zip(sent, answers, strict=False) if isinstance(answer, Exception)}
+                commands.answered |= set(sent) - failed
+            return answers
+
+        return execute_recorded
 
     @contextlib.contextmanager
     def recording(self, commands: PassCommands) -> Iterator[None]:

@@ -216,6 +216,7 @@ LRANGE_IN_A_SCRIPT = "return redis.call('lrange', KEYS[1], 0, 0)"
 SENT_AND_REFUSED = {
     "script load": (lambda r: r.script_load("return 1"), ["+@all", "-script", "+script|exists"]),
     "lrange in a script": (lambda r: r.register_script(LRANGE_IN_A_SCRIPT)([key("sweep-only")]), ["+@all", "-lrange"]),
+    "multi": (lambda r: None, ["+@all", "-multi"]),  # (the transaction that stamps the gateway, each pass)
 }
 
 
@@ -238,6 +239,7 @@ def test_a_subcommands_or_a_scripts_refusal_is_cleared_once_redis_answers_it(sen
     with _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client), _gateway(port, demo_dir) as gateway:
         client.acl_setuser("dz", commands=refusing, **GRANTS)
         assert wait_until(lambda: "user a command" in _reason(gateway), 15), _reason(gateway)
+        assert wait_until(lambda: client.exists(key("refused", "dz")), 15)  # (recorded, not only this pass's)
         client.acl_setuser("dz", commands=["+@all"], **GRANTS)
         assert wait_until(lambda: _reason(gateway).startswith("no live worker"), 15), _reason(gateway)
 
