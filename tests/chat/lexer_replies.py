@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 
-from dayzero.chat.grammar import _byte_grammars, json_grammar
+from dayzero.chat.dsml import render_calls, to_json
+from dayzero.chat.grammar import _byte_grammars, dsml_symbol, json_grammar, tool_calls_grammar
 from dayzero.chat.schema_size import SchemaLimits
+from dayzero.chat.tokens import DSML
 
 DEFAULTS = SchemaLimits(nodes=3000, literal_chars=100_000, pattern_chars=20_000)
 
@@ -19,9 +21,19 @@ def strings(*counts: dict) -> dict:
 def fails_mid_reply(schema: dict, reply: dict) -> bool:
     """Whether llguidance (the gateway's limits) fails writing ``reply`` a byte a step, each step's
     mask computed as in decoding (where its lexer builds its states)."""
-    matcher = _byte_grammars().matcher(json_grammar(schema))
+    return _fails_writing(json_grammar(schema), json.dumps(reply, ensure_ascii=False))
+
+
+def call_fails_mid_reply(tools: list[dict], name: str, arguments: dict) -> bool:
+    """``fails_mid_reply`` of a forced call (tool_choice naming ``name``) writing ``arguments``."""
+    block = render_calls([{"function": {"name": name, "arguments": to_json(arguments)}}])
+    return _fails_writing(tool_calls_grammar(tools, dsml_symbol(None, DSML), one=name), block)
+
+
+def _fails_writing(lark: str, text: str) -> bool:
+    matcher = _byte_grammars().matcher(lark)
     assert not matcher.is_error()
-    for byte in json.dumps(reply, ensure_ascii=False).encode():  # (as a model writes: UTF-8, no escapes)
+    for byte in text.encode():  # (as a model writes: UTF-8, no escapes)
         matcher.compute_logit_bias()
         matcher.consume_token(byte)
         if matcher.is_error():

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from dayzero.chat.schema_size import size_problem
-from dayzero.chat.schema_splits import MOST_AFTER_UNBOUNDED, counted_after_unbounded
+from dayzero.chat.schema_splits import MOST_AFTER_UNBOUNDED, MOST_AFTER_UNBOUNDED_CALLS, counted_after_unbounded
 
-from .lexer_replies import DEFAULTS, fails_mid_reply, strings
+from .lexer_replies import DEFAULTS, call_fails_mid_reply, fails_mid_reply, strings
 
 
 def _opened(pattern: str) -> dict:  # (more properties allowed: its lexer fails sooner than a closed one's)
@@ -35,7 +35,8 @@ def _opened(pattern: str) -> dict:  # (more properties allowed: its lexer fails 
         ("^[a-z]*-?[a-z]{2000}$", 2000),  # (... not where it is optional)
         ("^.*(ab){1200}$", 1200),  # (a group's repeats)
         ("^(ab)*(ab){1200}$", 1200),
-        ("^.*.{1000}$", 0),  # (within MOST_AFTER_UNBOUNDED: not read)
+        ("^.*.{1000}$", 1000),
+        (f"^.*.{{{MOST_AFTER_UNBOUNDED_CALLS}}}$", 0),  # (within the least bound, forced calls': not read)
         (r"^\w*\d{2000}$", 2000),
         ("^[[:alpha:]]*[[:alpha:]]{2000}$", 2000),
         ("(?i)^k*K{2000}$", 2000),  # (case-insensitive: the same letter)
@@ -94,3 +95,16 @@ def test_a_count_after_an_unbounded_repeat_is_refused(schema, reply):
 def test_what_a_reply_writes_whole_is_let_through(schema, reply):
     assert size_problem([schema], DEFAULTS) is None
     assert not fails_mid_reply(schema, {"s0": reply})
+
+
+@pytest.mark.parametrize("count, written_whole", [(MOST_AFTER_UNBOUNDED_CALLS, True), (900, False)])
+def test_a_forced_calls_count_after_an_unbounded_repeat_is_bounded_by_its_grammar(count, written_whole):
+    """A forced tool's parameters were bounded as an open object's (1,000): ``.*.{900}`` in a
+    parameter's closed object was let through, and every call writing on past it failed 862
+    characters in (its calls grammar writes ``.*.{852}`` whole alone, 660 among 32 tools)."""
+    parameters = {"type": "object", "properties": {"o": strings({"pattern": f"^.*.{{{count}}}$"})}, "required": ["o"]}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+    assert call_fails_mid_reply(tools, "f", {"o": {"s0": "a" * (count + 300)}}) is not written_whole
+    problem = size_problem([parameters], DEFAULTS, calls=True)
+    assert (problem is None) is written_whole, problem
+    assert written_whole or f"at most {MOST_AFTER_UNBOUNDED_CALLS} can be enforced in forced tool calls" in problem

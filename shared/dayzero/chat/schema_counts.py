@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from .schema_classes import CASELESS, class_end, posix_spelled
 from .schema_splits import (
     MOST_AFTER_UNBOUNDED,
+    MOST_AFTER_UNBOUNDED_CALLS,
     MOST_AFTER_UNBOUNDED_CLOSED,
     MOST_SPLITS,
     counted_after_unbounded,
@@ -101,7 +102,7 @@ class CountedChars:
     def __init__(self) -> None:
         self._seen: set[tuple] = set()
         self.total = 0
-        self._after_unbounded = 0  # the longest run past MOST_AFTER_UNBOUNDED (within the closed bound)
+        self._after_unbounded = 0  # the longest run past MOST_AFTER_UNBOUNDED_CALLS (within the closed bound)
 
     def problem(self, node: dict) -> str | None:
         """A count of ``node`` past ``MOST_COUNTED_CHARS`` alone, or with the counts seen before it
@@ -136,14 +137,17 @@ class CountedChars:
         self._after_unbounded = max(self._after_unbounded, repeats)
         return None
 
-    def open_problem(self) -> str | None:
+    def open_problem(self, calls: bool = False) -> str | None:
         """A count after a repeat without bound past what a grammar holding an object open to other
-        properties writes (within what a closed one's does: ``problem`` let it through), or None."""
-        if (repeats := self._after_unbounded) <= MOST_AFTER_UNBOUNDED:
+        properties writes (within what a closed one's does: ``problem`` let it through), or None;
+        ``calls``: forced calls' grammar, which writes less (``MOST_AFTER_UNBOUNDED_CALLS``)."""
+        most = MOST_AFTER_UNBOUNDED_CALLS if calls else MOST_AFTER_UNBOUNDED
+        if (repeats := self._after_unbounded) <= most:
             return None
-        most, closed = MOST_AFTER_UNBOUNDED, MOST_AFTER_UNBOUNDED_CLOSED
-        why = f"at most {most:,} can be enforced in a grammar holding an object open to other properties"
-        return f"{_AFTER_UNBOUNDED}: {_told(repeats)} in a run, {why} ({closed:,} where every object is closed)"
+        closed = MOST_AFTER_UNBOUNDED_CLOSED
+        where = "in forced tool calls" if calls else "in a grammar holding an object open to other properties"
+        where += "" if calls else f" ({closed:,} where every object is closed)"
+        return f"{_AFTER_UNBOUNDED}: {_told(repeats)} in a run, at most {most:,} can be enforced {where}"
 
 
 _AFTER_UNBOUNDED = "a regular expression counting characters after a repeat without bound of the same characters"

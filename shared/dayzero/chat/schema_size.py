@@ -63,7 +63,8 @@ def size_problem(schemas: list, limits: SchemaLimits, calls: bool = False) -> st
     of a million numbers is not read to its end). Nor may they hold an object, or a union of
     objects, past a row of llguidance's parser (``schema_rows``: there a union's ``$ref``'d
     branches are followed, each definition once). ``calls``: tools' parameters (their calls' grammar
-    is no JSON object: bounded as one holding an open object, as unmeasured)."""
+    is no JSON object: bounded as one holding an open object, and a count after a repeat without
+    bound by what that grammar writes, less: ``MOST_AFTER_UNBOUNDED_CALLS``)."""
     used, merged, counted = dict.fromkeys(SETTINGS, 0), Merged(limits.nodes), CountedChars()
     opened = calls  # whether the grammar holds an object open to other properties (its lexer holds less)
 
@@ -87,7 +88,7 @@ def size_problem(schemas: list, limits: SchemaLimits, calls: bool = False) -> st
             if isinstance(named := node.get("patternProperties"), dict) and len(named) > MOST_PATTERN_NAMES:
                 most = MOST_PATTERN_NAMES
                 return f"an object of {len(named):,} patternProperties: at most {most} in one can be enforced"
-        if opened and (problem := counted.open_problem()):
+        if opened and (problem := counted.open_problem(calls)):
             return problem
         for schema in schemas:  # within the limits: so many subschemas at most to look at again
             rows = RowCheck(schema, merged)  # its $refs point into it (a tool's: into its parameters)

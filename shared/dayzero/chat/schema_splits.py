@@ -39,6 +39,11 @@ MOST_SPLITS = 600
 # ``.*.{1550}`` whole in a closed object, 1,600 at the top or in an array (a closed object beside an
 # open one: ``.*.{1300}`` 1,115 in, as the open one's own)
 MOST_AFTER_UNBOUNDED, MOST_AFTER_UNBOUNDED_CLOSED = 1_000, 1_500
+# forced calls' grammar (tool_calls_grammar: tool_choice named or required, bounded as holding an open
+# object) writes less: a parameter's ``.*.{n}`` whole to 852 in a closed object, fails 862 characters
+# in from 862 (731 and 737 in an open one; under "auto" 840 / 720); beside other tools holding open
+# objects, whatever their own: 671 whole among 8 tools, 660 among 32 and 128 (668 fail)
+MOST_AFTER_UNBOUNDED_CALLS = 600
 _QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")  # {n}, {n,}, {n,m}
 # an escape of one character: \x{10000}, \x61, \u0061, \U00000061, \p{L}, \pL (read a character a
 # backslash, ``(\pL|..){1900}`` was lengths [2, 2], let through: every reply failed 332 bytes in)
@@ -64,7 +69,7 @@ def counted_after_unbounded(regex: str) -> int:
     """The most characters ``regex`` counts in a run after a repeat without bound that may read the
     same characters (its own branch's, or an enclosing group's, before it): a count its repeats, a
     group counted its repeats times its own counted run, all that follows added up till a character
-    no repeat reads (not optional) ends it; of those past ``MOST_AFTER_UNBOUNDED`` (0: none):
+    no repeat reads (not optional) ends it; of those past ``MOST_AFTER_UNBOUNDED_CALLS`` (0: none):
     ``.*.{2000}`` 2,000, ``.*.{1000}.{1000}`` 2,000 (one count's alone was read: let through, every
     reply failed 1,560 characters in), ``.*(ab){1200}`` 1,200, ``[a-z]*[0-9]{2000}`` and
     ``[a-z]*-[a-z]{2000}`` 0 (the "-" ends it; refused, though written whole)."""
@@ -155,7 +160,7 @@ def _read(regex: str) -> tuple[int, int, bool]:
     for group in groups:  # (its end, and groups left open)
         group.add(None)
         after = max(after, group.after)
-    return ways, int(after) if after > MOST_AFTER_UNBOUNDED else 0, unbounded_counted
+    return ways, int(after) if after > MOST_AFTER_UNBOUNDED_CALLS else 0, unbounded_counted
 
 
 def _ways(lengths: tuple[float, float], repeats: float) -> int:
