@@ -108,3 +108,19 @@ def test_a_forced_calls_count_after_an_unbounded_repeat_is_bounded_by_its_gramma
     problem = size_problem([parameters], DEFAULTS, calls=True)
     assert (problem is None) is written_whole, problem
     assert written_whole or f"at most {MOST_AFTER_UNBOUNDED_CALLS} can be enforced in forced tool calls" in problem
+
+
+def _beside_patterns(count: int, patterns: int) -> dict:
+    schema = _opened(f"^.*.{{{count}}}$")
+    schema["properties"] |= {f"p{i}": {"type": "string", "pattern": f"^x{i}[a-z]+$"} for i in range(patterns)}
+    return schema
+
+
+@pytest.mark.parametrize("count, patterns, written_whole", [(1000, 1, False), (MOST_AFTER_UNBOUNDED, 40, True)])
+def test_an_open_objects_other_patterns_take_from_its_bound(count, patterns, written_whole):
+    """The open bound (1,000) was measured in an object of no other pattern: beside one (``^x0[a-z]+$``)
+    ``.*.{1000}`` was let through, and every reply writing on past it failed; beside 10 to 160 such
+    patterns ``.*.{887}`` is written whole, 893 fails."""
+    schema = _beside_patterns(count, patterns)
+    assert fails_mid_reply(schema, {"s0": "a" * (count + 300)}) is not written_whole
+    assert (size_problem([schema], DEFAULTS) is None) is written_whole
