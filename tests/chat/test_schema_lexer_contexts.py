@@ -155,3 +155,16 @@ def test_a_group_whose_next_repeat_goes_on_a_run_is_refused_nested(pattern):
     schema = strings({"pattern": pattern})
     assert "after a repeat without bound" in (_admitted(schema) or "")
     assert fails_mid_reply(schema, {"s0": "a" * 3400})
+
+
+@pytest.mark.parametrize("repeats, written", [(39, True), (40, False), (41, False)])
+def test_a_pattern_properties_value_is_walked_behind_a_key_its_name_matches(repeats, written):
+    """Walked behind "x0" (an optional property's key), ``(a+){40}`` and ``{41}`` of the value of
+    ``^[a-z]{3,}_(foo|bar)$`` were let through; behind a key that name matches (as a reply writes
+    it) every reply failed at the value's first byte (behind "x": from 42)."""
+    value = {"type": "string", "pattern": f"^(a+){{{repeats}}}$"}
+    schema = {"type": "object", "patternProperties": {"^[a-z]{3,}_(foo|bar)$": value}}
+    problem = _admitted(schema)  # (first: as above)
+    assert (problem is None) is written, problem
+    assert written or "of an optional property (of patternProperties' '^[a-z]{3,}_(foo|bar)$')" in problem
+    assert fails_mid_reply(schema, {"abc_foo": "a" * (repeats + 5)}) is not written

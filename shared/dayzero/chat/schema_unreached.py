@@ -9,8 +9,9 @@ property llguidance wrote ``(a+){50}`` whole). So each is walked to its first by
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
-from .grammar import _byte_grammars, _walk_failed, json_grammar
+from .grammar import _allowed, _byte_grammars, _walk_failed, json_grammar
 from .schema_bounds import schemas_within
 from .schema_merge import resolve
 from .schema_size import open_object
@@ -20,6 +21,7 @@ from .schema_splits import counts_unbounded_group
 # alone 0.3 s): past it, the schema is refused (the walk of its whole grammar reaches none of them:
 # 64 such patterns before an optional ``(a+){50}`` let it through, every reply writing it failed)
 MOST_WALKED = 64
+_KEY_BYTES = 256  # bytes of a key walked for a patternProperties' name (the schema walk's own)
 
 
 def unreached_problem(schema: object) -> str | None:
@@ -32,25 +34,35 @@ def unreached_problem(schema: object) -> str | None:
     return _patterns_problem(patterns)
 
 
-def unreached_patterns(schema: object) -> Iterator[tuple[str, bool]]:
-    """The patterns of strings the walk of ``schema``'s grammar writes no byte of, each once and at
-    most one past ``MOST_WALKED``: (the pattern, whether an additionalProperties' value, else an
-    optional property's), of those counting a group that repeats without bound (``(a+){n}``: what
-    builds llguidance's lexer expressions past its fuel; ``(a|bb){300}``, ``(ab|c+){100}`` written whole)."""
-    seen: set[tuple[str, bool]] = set()
+class Unreached(NamedTuple):
+    """A pattern the walk never reaches, and where it stands: a value of other properties
+    (``additional``), of a patternProperties' name (``named``), else of an optional property."""
+
+    pattern: str
+    additional: bool = False
+    named: str | None = None
+
+
+def unreached_patterns(schema: object) -> Iterator[Unreached]:
+    """The patterns of strings the walk of ``schema``'s grammar writes no byte of, each once where
+    it stands and at most one past ``MOST_WALKED``, of those counting a group that repeats without
+    bound (``(a+){n}``: what builds llguidance's lexer expressions past its fuel; ``(a|bb){300}``,
+    ``(ab|c+){100}`` written whole)."""
+    seen: set[Unreached] = set()
     for node in schemas_within(schema):
         if not isinstance(node, dict) or not open_object(node):
             continue
         properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
         required = {r for r in node["required"] if isinstance(r, str)} if isinstance(node.get("required"), list) else ()
         named = node.get("patternProperties") if isinstance(node.get("patternProperties"), dict) else {}
-        values = [(v, False) for k, v in properties.items() if k not in required] + [(v, False) for v in named.values()]
-        values.append((node.get("additionalProperties"), True))
-        for value, additional in values:
+        values = [(v, Unreached("")) for k, v in properties.items() if k not in required]
+        values += [(v, Unreached("", named=k)) for k, v in named.items()]
+        values.append((node.get("additionalProperties"), Unreached("", additional=True)))
+        for value, where in values:
             for pattern in _patterns_in(schema, value):
-                if (pattern, additional) not in seen and counts_unbounded_group(pattern):
-                    seen.add((pattern, additional))
-                    yield pattern, additional
+                if (found := where._replace(pattern=pattern)) not in seen and counts_unbounded_group(pattern):
+                    seen.add(found)
+                    yield found
                     if len(seen) > MOST_WALKED:  # (one past: refused)
                         return
 
@@ -76,29 +88,62 @@ def _patterns_in(root: object, value: object) -> Iterator[str]:
             nodes.extend(within if isinstance(within, list) else [within])
 
 
-def _patterns_problem(patterns: tuple[tuple[str, bool], ...]) -> str | None:
+def _patterns_problem(patterns: tuple[Unreached, ...]) -> str | None:
     """Why llguidance fails a reply writing a string of one of ``patterns`` where it stands in an
     object open to other properties, when its first byte is to be written (None: it does not): each
-    an optional property's (one grammar holds them all: one compile, 32 compiled each took 0.15-0.3 s
-    of CPU, load 14), or (its flag) another property's value (each alone: nested in a property, it
-    failed where the object's own did not)."""
-    optional = [pattern for pattern, additional in patterns if not additional]
-    properties = {f"x{i}": {"type": "string", "pattern": pattern} for i, pattern in enumerate(optional)}
-    walks = [
-        ({"type": "object", "properties": properties}, [(f'{{"x{i}": "', p, False) for i, p in enumerate(optional)])
-    ]
-    walks += [
-        ({"type": "object", "additionalProperties": {"type": "string", "pattern": p}}, [('{"k": "', p, True)])
-        for p, additional in patterns
-        if additional
-    ]
-    for schema, prefixes in walks:
+    an optional property's or a patternProperties' (one grammar holds them all: one compile, 32
+    compiled each took 0.15-0.3 s of CPU, load 14), or another property's value (each alone: nested
+    in a property, it failed where the object's own did not)."""
+    for schema, prefixes in _walks(patterns):
         start = _byte_grammars().matcher(json_grammar(schema))
-        for prefix, pattern, additional in prefixes:
+        for prefix, found in prefixes:
             if error := None if start.is_error() else _first_byte_error(start.deep_copy(), prefix):
-                where = "a value of other properties" if additional else "an optional property (or patternProperties')"
-                shown = pattern if len(pattern) <= 60 else pattern[:57] + "..."
+                where = "a value of other properties" if found.additional else "an optional property"
+                where += f" (of patternProperties' {found.named!r})" if found.named is not None else ""
+                shown = found.pattern if len(found.pattern) <= 60 else found.pattern[:57] + "..."
                 return f"the pattern {shown!r} of {where}: " + _walk_failed(error, first_step=False)
+    return None
+
+
+def _walks(patterns: tuple[Unreached, ...]) -> list[tuple[dict, list[tuple[str, Unreached]]]]:
+    """The objects ``_patterns_problem`` walks, each with the prefixes leading to its patterns'
+    first bytes: one of the optional properties' and patternProperties' values, and one each for the
+    other properties'. A patternProperties' value is walked behind a key its name matches, where one
+    is found (behind "x" ``(a+){40}`` was let through, failing every reply behind the key of
+    ``^[a-z]{3,}_(foo|bar)$``), and as a property's too (behind ``^a{200}$``'s key alone ``(a+){42}``
+    was let through, failing every reply where the object held another property: as a property's,
+    refused)."""
+    properties, named, prefixes = {}, {}, []
+    for found in (found for found in patterns if not found.additional):
+        value = {"type": "string", "pattern": found.pattern}
+        if found.named is not None and found.named not in named and (key := _key_of(found.named)):
+            named[found.named] = value
+            prefixes.append((f'{{{key}: "', found))
+        properties[name := f"x{len(properties)}"] = value
+        prefixes.append((f'{{"{name}": "', found))
+    walks = [({"type": "object", "properties": properties, "patternProperties": named}, prefixes)]
+    others = [found for found in patterns if found.additional]
+    return walks + [
+        ({"type": "object", "additionalProperties": {"type": "string", "pattern": found.pattern}}, [('{"k": "', found)])
+        for found in others
+    ]
+
+
+def _key_of(name: str) -> str | None:
+    """A key (a JSON string, as written) that the patternProperties' ``name`` matches: llguidance's
+    walk of a string of that pattern, its lowest byte each step ('"' where it may end), within
+    ``_KEY_BYTES`` (None: none)."""
+    matcher, end = _byte_grammars().matcher(json_grammar({"type": "string", "pattern": name})), ord('"')
+    written = bytearray()
+    for _ in range(_KEY_BYTES):
+        mask = matcher.compute_logit_bias()
+        token = end if mask[end] == 200 else next(_allowed(mask, _byte_grammars().tokenizer.eos_token), None)
+        if matcher.is_error() or token is None:
+            return None
+        matcher.consume_token(token)
+        written.append(token)
+        if len(written) > 1 and token == end:
+            return written.decode("utf-8", "replace")
     return None
 
 
