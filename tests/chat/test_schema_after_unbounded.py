@@ -8,7 +8,12 @@ from __future__ import annotations
 import pytest
 
 from dayzero.chat.schema_size import size_problem
-from dayzero.chat.schema_splits import MOST_AFTER_UNBOUNDED, MOST_AFTER_UNBOUNDED_CALLS, counted_after_unbounded
+from dayzero.chat.schema_splits import (
+    MOST_AFTER_UNBOUNDED,
+    MOST_AFTER_UNBOUNDED_CALLS,
+    MOST_AFTER_UNBOUNDED_CLOSED,
+    counted_after_unbounded,
+)
 
 from .lexer_replies import DEFAULTS, call_fails_mid_reply, fails_mid_reply, strings
 
@@ -110,17 +115,27 @@ def test_a_forced_calls_count_after_an_unbounded_repeat_is_bounded_by_its_gramma
     assert written_whole or f"at most {MOST_AFTER_UNBOUNDED_CALLS} can be enforced in forced tool calls" in problem
 
 
-def _beside_patterns(count: int, patterns: int) -> dict:
-    schema = _opened(f"^.*.{{{count}}}$")
+def _beside_patterns(count: int, patterns: int, closed: bool) -> dict:
+    schema = _opened(f"^.*.{{{count}}}$") | ({"additionalProperties": False} if closed else {})
     schema["properties"] |= {f"p{i}": {"type": "string", "pattern": f"^x{i}[a-z]+$"} for i in range(patterns)}
     return schema
 
 
-@pytest.mark.parametrize("count, patterns, written_whole", [(1000, 1, False), (MOST_AFTER_UNBOUNDED, 40, True)])
-def test_an_open_objects_other_patterns_take_from_its_bound(count, patterns, written_whole):
-    """The open bound (1,000) was measured in an object of no other pattern: beside one (``^x0[a-z]+$``)
-    ``.*.{1000}`` was let through, and every reply writing on past it failed; beside 10 to 160 such
-    patterns ``.*.{887}`` is written whole, 893 fails."""
-    schema = _beside_patterns(count, patterns)
+@pytest.mark.parametrize(
+    "count, patterns, closed, written_whole",
+    [
+        (1000, 1, False, False),
+        (MOST_AFTER_UNBOUNDED, 40, False, True),
+        (1400, 1, True, False),
+        (MOST_AFTER_UNBOUNDED_CLOSED, 40, True, True),
+    ],
+    ids=["open_past", "open_the_most", "closed_past", "closed_the_most"],
+)
+def test_an_objects_other_patterns_take_from_its_bound(count, patterns, closed, written_whole):
+    """The bounds (1,000 open, 1,500 closed) were measured in an object of no other pattern: beside
+    one (``^x0[a-z]+$``) ``.*.{1000}`` in an open object, ``.*.{1400}`` in a closed one, were let
+    through, and every reply writing on past them failed; beside 10 to 160 such patterns
+    ``.*.{887}`` is written whole in an open object (893 fails), ``.*.{1127}`` in a closed one."""
+    schema = _beside_patterns(count, patterns, closed)
     assert fails_mid_reply(schema, {"s0": "a" * (count + 300)}) is not written_whole
     assert (size_problem([schema], DEFAULTS) is None) is written_whole

@@ -9,7 +9,7 @@ import pytest
 
 from dayzero.chat.grammar import schema_problem
 from dayzero.chat.schema_size import size_problem
-from dayzero.chat.schema_splits import MOST_AFTER_UNBOUNDED, counted_after_unbounded
+from dayzero.chat.schema_splits import MOST_AFTER_UNBOUNDED, MOST_AFTER_UNBOUNDED_CLOSED, counted_after_unbounded
 
 from .lexer_replies import DEFAULTS, fails_mid_reply, strings
 
@@ -52,22 +52,24 @@ def test_a_repeated_group_is_read_by_its_own_characters():
 
 
 def test_a_closed_grammar_takes_a_longer_count_after_a_repeat_without_bound():
-    """The bound was an open object's: a closed grammar writes ``.*.{1300}`` whole; beside an
-    open object it fails (1,115 bytes in), refused, the error naming the open object's bound."""
-    closed = strings({"pattern": "^.*.{1300}$"})
+    """The bound was an open object's: a closed grammar writes ``.*.{1100}`` whole; beside an
+    open object ``.*.{1300}`` fails (1,115 bytes in), refused, the error naming the open object's bound."""
+    closed = strings({"pattern": f"^.*.{{{MOST_AFTER_UNBOUNDED_CLOSED}}}$"})
     assert not fails_mid_reply(closed, {"s0": "a" * 1500})
     assert _admitted(closed) is None
-    beside_open = {**closed, "properties": {**closed["properties"], "o": {"type": "object"}}}
+    beside_open = strings({"pattern": "^.*.{1300}$"})
+    beside_open["properties"]["o"] = {"type": "object"}
     assert fails_mid_reply(beside_open, {"s0": "a" * 1500})
     problem = size_problem([beside_open], DEFAULTS) or ""
-    assert f"at most {MOST_AFTER_UNBOUNDED:,} can be enforced in a grammar holding an object open" in problem
+    assert f"({MOST_AFTER_UNBOUNDED:,} in a grammar holding an object open to other properties)" in problem
 
 
 def test_past_the_closed_bound_the_error_names_both():
     closed = strings({"pattern": "^.*.{1600}$"})
     assert fails_mid_reply(closed, {"s0": "a" * 1800})
     problem = size_problem([closed], DEFAULTS) or ""
-    assert f"at most 1,500 can be enforced ({MOST_AFTER_UNBOUNDED:,} in a grammar holding an object open" in problem
+    most, opened = MOST_AFTER_UNBOUNDED_CLOSED, MOST_AFTER_UNBOUNDED
+    assert f"at most {most:,} can be enforced ({opened:,} in a grammar holding an object open" in problem
 
 
 @pytest.mark.parametrize("where", ["properties", "$ref"])
