@@ -49,6 +49,10 @@ def _refused(argv: list[str], capsys) -> str:
         (["train-demo", "out", "--threads", "0"], "argument --threads: must be at least 1, got 0"),
         (["train-demo", "out", "--minutes", "-1"], "argument --minutes: must be a number above 0, got -1"),
         (["train-demo", "out", "--minutes", "0"], "argument --minutes: must be a number above 0, got 0"),
+        # text that is no number names the number it should be (was "invalid positive_float value")
+        (["train-demo", "out", "--minutes", "ten"], "argument --minutes: invalid float value: 'ten'"),
+        (["alive", "decode", "--within", "x"], "argument --within: invalid float value: 'x'"),
+        (["up", "--ready-timeout", "x"], "argument --ready-timeout: invalid float value: 'x'"),
         (["demo-checkpoint", "out", "--shards", "0"], "argument --shards: must be at least 1, got 0"),
         (["demo-checkpoint", "out", "--shards", "-2"], "argument --shards: must be at least 1, got -2"),
         (["quantize", "in", "out", "--shards", "0"], "argument --shards: must be at least 1, got 0"),

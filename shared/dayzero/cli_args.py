@@ -9,16 +9,27 @@ import os
 from pathlib import Path
 
 
+def _reads_as(kind: str):
+    """Names a check after the number it reads: argparse's "invalid KIND value: 'x'" for text that is
+    no number (the check's own name, "invalid positive_float value", was printed)."""
+
+    def named(check):
+        check.__name__ = kind
+        return check
+
+    return named
+
+
 def at_least(least: int):
     """An integer ``least`` or more (``positive = at_least(1)``, ``count = at_least(0)``)."""
 
+    @_reads_as("int")
     def check(text: str) -> int:
         value = int(text)
         if value < least:
             raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
         return value
 
-    check.__name__ = "int"  # argparse's "invalid int value" for text that is no integer
     return check
 
 
@@ -43,6 +54,7 @@ def seed(text: str) -> int:
     return value
 
 
+@_reads_as("float")
 def positive_float(text: str) -> float:
     """A finite number above 0 (minutes, seconds, ...)."""
     value = float(text)
@@ -51,6 +63,7 @@ def positive_float(text: str) -> float:
     return value
 
 
+@_reads_as("float")
 def non_negative_float(text: str) -> float:
     """A finite number of 0 or more (a size in GiB, ...)."""
     value = float(text)
