@@ -13,12 +13,19 @@ from .procs import end_process
 from .settings import Settings
 from .settings_help import settings_help
 
+# the services no --tensor-parallel splits, and why
+UNSPLIT = {"gateway": "the gateway runs no model", "vision": "vision runs on one device"}
+
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     """One service in the foreground: the entry point of both ``dayzero up`` and docker compose."""
     from .telemetry import sdk_endpoint_checked
 
     sdk_endpoint_checked(settings, os.environ)  # (a worker sets its tracer up in Celery's worker_init)
+    # the gateway's flag alone (a DAYZERO_TENSOR_PARALLEL beside it is the workers'): it was ignored
+    tp = args.tensor_parallel or (1 if args.service == "gateway" else settings.tensor_parallel)
+    if tp > 1 and args.service in UNSPLIT:
+        raise ValueError(f"--tensor-parallel is for prefill and decode workers; {UNSPLIT[args.service]}")
     if args.service == "gateway":
         _gateway_redis_refusal_checked(settings.redis_url)
         import uvicorn
@@ -42,7 +49,6 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         )
         return 0
     settings.require_device()
-    tp = args.tensor_parallel or settings.tensor_parallel
     if args.service in ("prefill", "decode"):
         from .parallel.group import run_group
         from .parallel.launch import launch_from
@@ -59,8 +65,6 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
                 tp, serve_rank, args.service, settings, name, timeout=timeout, launch=launch, device=settings.device
             )
             end_process(code or 0)  # (rank 0's worker's, or a torchrun follower's: None)
-    elif tp > 1:
-        raise ValueError(f"--tensor-parallel is for prefill and decode workers; {args.service} runs on one device")
     end_process(_run_worker(args.service, settings, args.name))
 
 

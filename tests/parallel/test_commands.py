@@ -73,6 +73,16 @@ def test_serve_refuses_groups_it_cannot_run_before_starting_anything(checkpoint_
     assert "WORLD_SIZE is 4" in err and "--tensor-parallel is 2" in err
 
 
+def test_serve_gateway_refuses_tensor_parallel_before_it_serves(monkeypatch, capsys):
+    """``serve gateway --tensor-parallel 2`` served on, the flag ignored (``serve vision`` refused it)."""
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("the gateway served"))
+    monkeypatch.setenv("DAYZERO_REDIS_URL", "redis://127.0.0.1:1/0")  # (nothing to reach: none is asked)
+    assert cli.main(["serve", "gateway", "--tensor-parallel", "2"]) == 2
+    assert "--tensor-parallel is for prefill and decode workers; the gateway runs no model" in capsys.readouterr().err
+
+
 def test_ranks_that_do_not_meet_are_one_line_not_a_traceback(checkpoint_factory, tmp_path):
     """Rank 0 of 2 under torchrun's variables, rank 1 never started: one line naming the address
     and the timeout, exit 1 (it was torch's 33-line DistStoreError traceback)."""
