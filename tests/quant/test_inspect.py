@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from dayzero import cli
 from dayzero.checkpoint import CheckpointError, load_model
 from dayzero.quant.inspect import inspect
 
@@ -106,7 +107,6 @@ def test_released_configs_by_name_say_how_many_h200s_they_need():
 
 def test_a_config_that_does_not_describe_the_weights_is_refused_as_generate_refuses_it(tiny_checkpoint, tmp_path):
     """A config without hidden_size counts a 4096-wide model: the weights' headers say 32."""
-    from dayzero import cli
 
     ckpt = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
     config = json.loads((ckpt / "config.json").read_text())
@@ -130,7 +130,6 @@ def test_a_config_that_does_not_describe_the_weights_is_refused_as_generate_refu
 )
 def test_a_plan_the_model_could_never_serve_is_refused(option, message, capsys):
     """(They were planned: a context past the model's, experts that do not split over the devices.)"""
-    from dayzero import cli
 
     assert cli.main(["inspect", "deepseek-v4-flash", *option]) == 2
     assert capsys.readouterr().err == f"error: {message}\n"
@@ -149,3 +148,12 @@ def test_a_config_without_weights_says_the_plan_is_the_config_s_alone(tmp_path):
         "tensors by dtype   none: no weights read (the plan is the config's alone, with the release's FP4 experts)"
         in text
     )
+
+
+def test_inspect_of_a_name_it_does_not_know_names_the_released_configs(capsys):
+    """A released model's name as its hub spells it was "no config.json at deepseek-ai/DeepSeek-V4-Flash",
+    which did not say that ``inspect`` also takes ``deepseek-v4-flash``."""
+
+    assert cli.main(["inspect", "deepseek-ai/DeepSeek-V4-Flash"]) == 2
+    err = capsys.readouterr().err
+    assert "at deepseek-ai/DeepSeek-V4-Flash, nor a released config: deepseek-v4-flash, deepseek-v4-pro" in err

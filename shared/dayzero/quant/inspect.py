@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..checkpoint import check_split, packed_experts
-from ..config import ModelConfig
+from ..config import ConfigError, ModelConfig
 from ..kv.layout import GROWING_POOLS, PoolLayout
 from ..model.weights import skeleton
 from ..parallel import ParallelError, check_divisible
@@ -177,6 +177,15 @@ def _total(cfg: ModelConfig, total: int, routed: int, batch: int, context: int, 
     return sum(memory_plan(cfg, total, routed, batch, context, devices, cache, fp4).values()) * GIB
 
 
+def _config(path: str | Path) -> ModelConfig:
+    """A released config by its name, else a checkpoint directory's or a config.json's."""
+    if str(path) in PRESETS:
+        return ModelConfig.from_dict(PRESETS[str(path)])
+    if str(path) and not Path(path).exists():  # a name mistyped (deepseek-ai/DeepSeek-V4-Flash) was "no config.json"
+        raise ConfigError(f"no checkpoint or config.json at {path}, nor a released config: {', '.join(PRESETS)}")
+    return ModelConfig.from_file(path)
+
+
 def inspect(
     path: str | Path,
     batch: int = 1,
@@ -185,7 +194,7 @@ def inspect(
     expert_cache_gib: float = 0.0,
     tensor_parallel: int = 1,
 ) -> Report:
-    cfg = ModelConfig.from_dict(PRESETS[str(path)]) if str(path) in PRESETS else ModelConfig.from_file(path)
+    cfg = _config(path)
     longest = cfg.max_position_embeddings
     context = min(65536, longest) if context is None else context
     if context > longest:
