@@ -41,7 +41,11 @@ class Doctor(GatewayProbe):
     """The checks, each a method that returns its detail or raises (``run`` runs them in order)."""
 
     def check_ready(self) -> str:
-        answer = self.http.get("/v1/models", timeout=self.ready_wait_s)
+        try:
+            answer = self.http.get("/v1/models", timeout=self.ready_wait_s)
+        except httpx.TransportError as exc:  # nothing answers there (it said "ConnectError: ...", no URL)
+            why = f"{type(exc).__name__}: {exc}"
+            raise AssertionError(f"GET {self.root}/v1/models: {why}; is the gateway running at {self.root}?") from None
         if answer.status_code == 401:  # the gateway refusing a key (it was asked whether this is the gateway)
             keyed = "Authorization" in self.http.headers
             why = "the gateway refuses the --api-key given" if keyed else "the gateway asks for an API key (--api-key)"

@@ -58,9 +58,13 @@ def test_doctor_passes_a_healthy_stack_without_a_tokenizer_with_what_needs_text_
 
 
 def test_doctor_fails_with_exit_1_when_nothing_answers():
-    out = _doctor(f"http://127.0.0.1:{free_port()}")
-    report = json.loads(out.stdout)
-    assert out.returncode == 1 and report["checks"][0]["status"] == "fail"
+    """The failure names the URL it asked (it was "ConnectError: [Errno 111] Connection refused")."""
+    url = f"http://127.0.0.1:{free_port()}"
+    out = _doctor(url)
+    (check,) = json.loads(out.stdout)["checks"]
+    assert out.returncode == 1 and check["status"] == "fail"
+    assert check["detail"].startswith(f"GET {url}/v1/models: ConnectError: ")
+    assert check["detail"].endswith(f"; is the gateway running at {url}?")
 
 
 def test_doctor_takes_the_openai_base_url_and_names_a_wrong_one(stack):
@@ -128,7 +132,8 @@ def test_doctor_gives_up_on_a_gateway_that_never_answers():
             timeout=60,
         )
     (check,) = json.loads(out.stdout)["checks"]
-    assert out.returncode == 1 and check["status"] == "fail" and check["detail"].startswith("ReadTimeout")
+    assert out.returncode == 1 and check["status"] == "fail"
+    assert check["detail"].startswith(f"GET {url}/v1/models: ReadTimeout")
     assert check["seconds"] < 5
 
 
