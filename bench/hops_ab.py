@@ -31,6 +31,8 @@ from dayzero.demo import write_demo_checkpoint
 
 PIPELINE = "TTFT less forward + first-token sampling"
 INTAKE = "prefill intake (task -> forward starts: claim + loop pickup)"  # (a tree from before the claim's mark has it)
+# the worker's whole share up to the forward, whichever thread starts the task span (a tree that claims before it)
+QUEUED_TO_FORWARD = "enqueue sent -> forward starts (queue hop + intake)"
 
 
 def main() -> None:
@@ -68,13 +70,15 @@ def table(args, marked: list[list[dict]]) -> None:
             row = {**hops(m), "TTFT": (m["first"] - m["send"]) / 1e6}
             if m["task"] is not None and m["forward"] is not None:
                 row[INTAKE] = (m["forward"] - m["task"]) / 1e6
+            if m["queued"] is not None and m["forward"] is not None:
+                row[QUEUED_TO_FORWARD] = (m["forward"] - m["queued"]) / 1e6
             if m["forward"] is not None and m["published"] is not None:
                 row[PIPELINE] = row["TTFT"] - (m["published"] - m["forward"]) / 1e6
             rows[i].append(row)
     print(f"\nA streamed {args.prompt_tokens}-token completion of 2 tokens, alternated; requests with spans: ", end="")
     print(" / ".join(str(len(r)) for r in rows))
     print(f"A: {args.trees[0]}, B: {args.trees[1]}\n| ms (p50) | A | B | B - A |\n|---|---:|---:|---:|")
-    for name in [h[0] for h in HOPS] + [INTAKE, "TTFT", PIPELINE]:
+    for name in [h[0] for h in HOPS] + [INTAKE, QUEUED_TO_FORWARD, "TTFT", PIPELINE]:
         a, b = ([r[name] for r in tree if name in r] for tree in rows)
         if a or b:
             p50 = [f"{statistics.median(v):.2f}" if v else "-" for v in (a, b)]
