@@ -244,8 +244,8 @@ class Stack:
             return None
         self._liveness = self._liveness or connect(self.redis_url)
         read = read_stamps(self._liveness, write_check=bool(self.frozen_s))
-        if read.late:
-            self._unread_at = read.at
+        if read.late:  # (till its write's answer too: a write held, CLIENT PAUSE WRITE, held the stamps)
+            self._unread_at = time.monotonic()
         return read
 
     def _see_ready(self, read: StampRead | None) -> None:

@@ -116,3 +116,20 @@ def test_a_read_redis_answers_late_ages_no_stamp_meanwhile(tmp_path):
         _found_frozen(stack, child)
     finally:
         _stop(worker, server)
+
+
+def test_writes_held_then_answered_age_no_stamp_meanwhile(tmp_path):
+    """Redis holding writes (CLIENT PAUSE WRITE) answers up's read at once and its write check when the
+    pause ends: no worker could stamp till then (the stamps are writes too). ``_unread_at`` was the
+    read's answer: the pause aged the stamp, and the next read found the worker frozen."""
+    server, worker, child, stack, stamp = _frozen_redis_and_a_quiet_worker(tmp_path)
+    try:
+        stamp()
+        stack.frozen_s = 1.5  # (below the pause, 1.8 s, itself within up's read timeout)
+        connect(stack.redis_url).execute_command("CLIENT", "PAUSE", 1800, "WRITE")
+        began = time.monotonic()
+        assert stack.frozen() == []
+        assert time.monotonic() - began > 1.0, "the write check was not held by the pause"
+        assert stack.frozen() == [], "the stamp aged through a pause of writes, while no worker could stamp"
+    finally:
+        _stop(worker, server)
