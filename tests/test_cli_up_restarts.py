@@ -7,6 +7,7 @@ Redis and a gateway that cannot start (a bad setting)."""
 from __future__ import annotations
 
 import re
+import subprocess
 import threading
 import time
 
@@ -14,9 +15,10 @@ import httpx
 import pytest
 import redis
 
+import dayzero.stack
 from dayzero import stack_child
 from dayzero.procs import free_port
-from dayzero.stack import Stack, StartFailed
+from dayzero.stack import Child, Stack, StartFailed
 
 NONE = {"vision": 0, "prefill": 0, "decode": 0}
 REFUSED = {"DAYZERO_MAX_BATCH": "0"}  # the gateway exits 2 as it starts
@@ -195,5 +197,26 @@ def test_a_child_restarted_by_a_supervising_thread_outlives_that_thread(tmp_path
         time.sleep(0.5)  # (the death signal is sent as the thread ends)
         assert redis_child.proc.poll() is None, f"redis restarted by the thread ended {redis_child.proc.returncode}"
         assert redis.Redis(port=stack.redis_port).ping()
+    finally:
+        stack.stop()
+
+
+def test_a_worker_restarted_by_a_supervising_thread_outlives_that_thread(tmp_path, monkeypatch):
+    """As Redis above, through ``procs.spawn``: the gateway's and the workers' way (the test above passed
+    with their spawn called on the supervising thread). The worker is a ``sleep`` here (``stack.spawn``
+    patched: still called on the stack's spawner)."""
+    spawn = dayzero.stack.spawn
+    monkeypatch.setattr(dayzero.stack, "spawn", lambda cmd, log, env: spawn(["sleep", "300"], log))
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    child = Child("prefill0", "prefill", proc=exited)
+    stack = Stack({}, 0, tmp_path, children=[child])
+    try:
+        supervisor = threading.Thread(target=stack.supervise)
+        supervisor.start()
+        supervisor.join()
+        time.sleep(0.5)  # (the death signal is sent as the thread ends)
+        assert child.proc is not exited, "prefill0 was not restarted"
+        assert child.proc.poll() is None, f"prefill0 restarted by the thread ended {child.proc.returncode}"
     finally:
         stack.stop()
