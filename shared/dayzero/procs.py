@@ -96,18 +96,18 @@ class Spawner:
     supervising thread that then returned was SIGKILLed with it (bench/recovery.py: its restarted workers)."""
 
     def __init__(self) -> None:
-        self._thread: ThreadPoolExecutor | None = None
+        # (made here, not at a first call: two threads' first calls made two, and the one dropped ended its
+        # thread and the child it forked; its thread starts at the first submit)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="spawner")
 
     def __call__(self, start: Callable[..., T], *args: Any) -> T:
         """``start(*args)`` (``spawn``, ``start_redis``) run on the spawner's thread -> its result."""
-        self._thread = self._thread or ThreadPoolExecutor(1, thread_name_prefix="spawner")
         return self._thread.submit(start, *args).result()
 
     def close(self) -> None:
         """End its thread (a child it started that still runs dies with it); a later call starts another."""
-        if self._thread is not None:
-            self._thread.shutdown()
-            self._thread = None
+        ended, self._thread = self._thread, ThreadPoolExecutor(1, thread_name_prefix="spawner")
+        ended.shutdown()
 
 
 def terminate(procs: list[subprocess.Popen], timeout_s: float) -> list[subprocess.Popen]:

@@ -94,7 +94,7 @@ def test_redis_unreadable_past_the_bound_then_back_ages_no_stamp_meanwhile(tmp_p
 def test_a_read_redis_answers_late_ages_no_stamp_meanwhile(tmp_path):
     """Redis frozen for less than up's read timeout, the read sent meanwhile answered at SIGCONT: the
     stamp it returns aged through the freeze, past the bound, while no worker could stamp. That read
-    counts as one of a Redis up could not read (``now - began > STAMP_EVERY_S``), and so does the
+    counts as one of a Redis up could not read (a read and its write check over ``STAMP_EVERY_S``), and so does the
     next; the worker is found frozen only once the bound has passed since."""
     server, worker, child, stack, stamp = _frozen_redis_and_a_quiet_worker(tmp_path)
     try:
