@@ -87,15 +87,21 @@ async def reap(gw: Gateway) -> None:
         read answered at once, and it re-ran a live worker's lease that lapsed in the freeze. A pass
         Redis answered with a refusal stamps too (an ACL's NOPERM at a step of every pass: the gateway
         serves on, a resume may come to it, and it never stamped; writes refused: nobody stamps)."""
-        try:
-            with sent.recording(this_pass):
+        with sent.recording(this_pass):  # (the stamp too: its refusal is cleared by its answer alone)
+            try:
                 past = steps_of_a_pass(past_before, rerun, this_pass)
-        except redis.ResponseError:
-            with contextlib.suppress(redis.RedisError):
-                stamp(store.r, gw.bus.gateway, clock.now(), back_since, gone_after_s(period))
-            raise
-        stamp(store.r, gw.bus.gateway, clock.now(), back_since, gone_after_s(period))
+            except redis.ResponseError:
+                with contextlib.suppress(redis.RedisError):
+                    stamp(store.r, gw.bus.gateway, clock.now(), back_since, gone_after_s(period))
+                raise
+            stamp(store.r, gw.bus.gateway, clock.now(), back_since, gone_after_s(period))
         return set(past)
+
+    def counted_again(failed_at: float, this_pass: PassCommands) -> None:
+        """``count_again``, its commands recorded as the pass's: a refusal met in it (its script's),
+        unrecorded, was never seen answered once the ACL allowed it, held till it lapsed."""
+        with sent.recording(this_pass):
+            count_again(store.r, QUEUES, failed_at)
 
     def steps_of_a_pass(past_before: set[str], rerun: bool, this_pass: PassCommands) -> dict[str, float]:
         swept = None  # (skipped, another gateway's, or failed otherwise: it told nothing of a refusal met there)
@@ -135,7 +141,7 @@ async def reap(gw: Gateway) -> None:
             if failed_at is not None:
                 rerun_from = time.monotonic() + gw.settings.lease_s  # (the live workers beat within a lease)
                 back_since = clock.now()
-                await in_thread(count_again, store.r, QUEUES, failed_at)
+                await in_thread(counted_again, failed_at, this_pass)
             found = await in_thread(one_pass, past, time.monotonic() >= rerun_from, back_since, this_pass)
             wait_s, past, failed_at = RESTAMPED_S if found - past else period, found, None
             refused.taken()

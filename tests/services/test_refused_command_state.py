@@ -217,6 +217,7 @@ SENT_AND_REFUSED = {
     "script load": (lambda r: r.script_load("return 1"), ["+@all", "-script", "+script|exists"]),
     "lrange in a script": (lambda r: r.register_script(LRANGE_IN_A_SCRIPT)([key("sweep-only")]), ["+@all", "-lrange"]),
     "multi": (lambda r: None, ["+@all", "-multi"]),  # (the transaction that stamps the gateway, each pass)
+    "zadd": (lambda r: None, ["+@all", "-zadd"]),  # (the gateway's stamp alone sends it: after the pass's steps)
 }
 
 
@@ -272,3 +273,19 @@ def test_a_refusal_met_under_the_sweeps_lock_is_said_steadily_while_another_gate
         client.delete(key("reaper"))
         assert wait_until(lambda: _reason(gateway).startswith("no live worker"), 15), _reason(gateway)
     assert all("'lrange'" in said for said in reasons), [said[:40] for said in reasons]
+
+
+def test_a_refusal_met_counting_again_after_a_failed_pass_is_cleared_once_redis_answers_it(
+    demo_dir, tmp_path, monkeypatch
+):
+    """TIME refused (the stamps' read: every pass fails), then HKEYS, which only the no-worker counts' begin
+    again after a failed pass sends (count_again's script): its commands went unrecorded, so its refusal
+    ('unnamed': Redis 6's words in a script) was never seen answered once the ACL allowed it (the lapse
+    put at 1,000 periods: for ever)."""
+    monkeypatch.setattr(refused_commands, "HELD_PASSES", 1000)
+    port = free_port()
+    with _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client), _gateway(port, demo_dir) as gateway:
+        client.acl_setuser("dz", commands=["+@all", "-time", "-hkeys"], **GRANTS)
+        assert wait_until(lambda: client.hlen(key("refused", "dz")) == 2, 15), client.hgetall(key("refused", "dz"))
+        client.acl_setuser("dz", commands=["+@all"], **GRANTS)
+        assert wait_until(lambda: _reason(gateway).startswith("no live worker"), 15), _reason(gateway)
