@@ -13,7 +13,8 @@ from .procs import end_process
 from .settings import Settings
 from .settings_help import settings_help
 
-# the services no --tensor-parallel splits, and why
+# the services no --tensor-parallel splits, and why: they refuse the flag; a DAYZERO_TENSOR_PARALLEL
+# beside them is the prefill / decode workers' (compose's one environment for every worker)
 UNSPLIT = {"gateway": "the gateway runs no model", "vision": "vision runs on one device"}
 
 
@@ -22,8 +23,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from .telemetry import sdk_endpoint_checked
 
     sdk_endpoint_checked(settings, os.environ)  # (a worker sets its tracer up in Celery's worker_init)
-    # the gateway's flag alone (a DAYZERO_TENSOR_PARALLEL beside it is the workers'): it was ignored
-    tp = args.tensor_parallel or (1 if args.service == "gateway" else settings.tensor_parallel)
+    tp = args.tensor_parallel or (1 if args.service in UNSPLIT else settings.tensor_parallel)
     if tp > 1 and args.service in UNSPLIT:
         raise ValueError(f"--tensor-parallel is for prefill and decode workers; {UNSPLIT[args.service]}")
     if args.service == "gateway":

@@ -14,8 +14,8 @@ def service_argv(service: str, ranks: int = 1) -> list[str]:
 
 def inherited(environ: dict[str, str]) -> dict[str, str]:
     """The environment the children get from ``up``'s, less a group size and torchrun's variables:
-    each worker's ranks are its own (``ranks``), else every child would be a rank of one group
-    (and vision refuses to be one)."""
+    each worker's ranks are its own (``ranks``), else every prefill and decode child would be a
+    rank of one group."""
     from .parallel.launch import VARIABLES as RENDEZVOUS
 
     return {k: v for k, v in environ.items() if k not in ("DAYZERO_TENSOR_PARALLEL", *RENDEZVOUS)}

@@ -83,6 +83,29 @@ def test_serve_gateway_refuses_tensor_parallel_before_it_serves(monkeypatch, cap
     assert "--tensor-parallel is for prefill and decode workers; the gateway runs no model" in capsys.readouterr().err
 
 
+def test_a_tensor_parallel_setting_for_every_service_starts_the_gateway_and_vision(monkeypatch):
+    """Compose's one environment for every worker with DAYZERO_TENSOR_PARALLEL=4 (ranks per prefill /
+    decode worker): vision was refused, exit 2 for ever under restart, naming a --tensor-parallel its
+    command never gave; the gateway serves (the flag alone is refused)."""
+    import uvicorn
+
+    from dayzero import cli_services
+
+    class Started(Exception):
+        pass
+
+    def started(*a, **k):
+        raise Started
+
+    monkeypatch.setenv("DAYZERO_TENSOR_PARALLEL", "4")
+    monkeypatch.setattr(cli_services, "_gateway_redis_refusal_checked", lambda url: None)
+    monkeypatch.setattr(uvicorn, "run", started)
+    monkeypatch.setattr(cli_services, "_run_worker", started)
+    for service in ("gateway", "vision"):
+        with pytest.raises(Started):
+            cli.main(["serve", service])
+
+
 def test_ranks_that_do_not_meet_are_one_line_not_a_traceback(checkpoint_factory, tmp_path):
     """Rank 0 of 2 under torchrun's variables, rank 1 never started: one line naming the address
     and the timeout, exit 1 (it was torch's 33-line DistStoreError traceback)."""
