@@ -47,6 +47,8 @@ def validation_code(error: dict) -> str:
     """OpenAI's ``code`` for a validation error: ``invalid_type``, ``integer_below_min_value``,
     ``decimal_above_max_value``, ``empty_string``, ... (they were all null), else ``invalid_value``."""
     kind = error.get("type", "")
+    if kind == "literal_error" and "input" in error and error["input"] is None:
+        return "invalid_type"  # a required field of fixed values (a role) sent as null, as others
     if kind in _BOUNDS:
         bound = next(iter(error.get("ctx", {}).values()), None)
         return f"{'decimal' if isinstance(bound, float) else 'integer'}_{_BOUNDS[kind]}_value"

@@ -104,6 +104,9 @@ def test_defaults_ask_for_nothing_and_pass(gateway, fields):
         ({"model": None, "messages": [{"role": "user", "content": "x"}]}, "model", "invalid_type"),
         ({"model": MODEL, "messages": None}, "messages", "invalid_type"),
         (chat("x", tools=[{"type": "function", "function": None}]), "tools[0].function", "invalid_type"),
+        # (a required field of fixed values too: it was invalid_value, "Input should be 'system', ...")
+        ({"model": MODEL, "messages": [{"role": None, "content": "x"}]}, "messages[0].role", "invalid_type"),
+        (chat("x", tools=[{"type": None, "function": {"name": "f"}}]), "tools[0].type", "invalid_type"),
         (chat("x", reasoning_effort="extreme"), "reasoning_effort", "invalid_value"),
         (chat("x", user="u" * 257), "user", "string_above_max_length"),
         (chat("x", logit_bias={"05": 1}), "logit_bias", "invalid_value"),  # a key that is no token id (was null)
