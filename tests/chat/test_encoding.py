@@ -146,6 +146,22 @@ def test_tool_calls_and_results():
     assert _tool_round(True) == f"{head}<think>two cities</think>{block}{E}{results}{A}<think>"
 
 
+def test_a_result_whose_call_id_is_empty_keeps_its_calls_place():
+    """An id is any string, "" too (the gateway takes it): the results are ranked by their calls' ids,
+    and a call with id "" was ranked as the first call (its result answered out of order was shown
+    as the first call's)."""
+    calls = [
+        {"id": i, "type": "function", "function": {"name": n, "arguments": "{}"}} for i, n in (("a", "f"), ("", "g"))
+    ]
+    chat = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "", "content": "g's"},
+        {"role": "tool", "tool_call_id": "a", "content": "f's"},
+    ]
+    assert encode_chat(chat).endswith(f"{U}<tool_result>f's</tool_result>\n\n<tool_result>g's</tool_result>{A}</think>")
+
+
 def test_images_developer_and_latest_reminder():
     chat = [
         {"role": "developer", "content": "Answer in French."},

@@ -118,7 +118,7 @@ def _merge_tool_results(messages: list[dict]) -> list[dict]:
     for m in messages:
         role = m["role"]
         if role == "assistant" and m.get("tool_calls"):
-            order = {c.get("id"): i for i, c in enumerate(m["tool_calls"]) if c.get("id")}
+            order = {c.get("id"): i for i, c in enumerate(m["tool_calls"]) if c.get("id") is not None}  # ("" is an id)
         if role not in ("user", "tool"):
             turns.append(m)
             continue
