@@ -146,6 +146,7 @@ SMOKE = {
     "guided.py": ["--steps", "2"],
     "literal_steps.py": ["--runs", "1", "--steps", "2", "--chars", "50"],
     "reply_parse.py": ["--kb", "1", "--runs", "1"],
+    "body_validate.py": ["--keys", "1000", "--runs", "1"],
     "guided_compile.py": ["--properties", "10", "--enum-chars", "100"],
     "kernels.py": ["--smoke", "--runs", "1"],
     "host_syncs.py": ["--steps", "1", "--batch", "1", "--prompt-tokens", "16"],
