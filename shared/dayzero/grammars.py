@@ -30,6 +30,7 @@ class Grammars:
         self._threads = threading.BoundedSemaphore(threads)  # compiles at once
         self._compiled: OrderedDict[str, tuple[Future, float, bool]] = OrderedDict()  # (compile, last use, seen done)
         self._retired: weakref.WeakSet[Future] = weakref.WeakSet()  # compiles whose lexer a reply filled
+        self._copies: weakref.WeakKeyDictionary[Future, int] = weakref.WeakKeyDictionary()  # matchers of each
         self._lock = threading.Lock()
 
     def ready(self, lark: str) -> bool:
@@ -47,7 +48,17 @@ class Grammars:
     def matcher(self, lark: str, compiled: Future | None = None):
         """A matcher of ``lark`` at its start, the caller's own (from ``compiled``, if given; else from
         ``finished(lark)``'s: a matcher in its error state when the grammar is refused)."""
-        return (compiled if compiled is not None else self.finished(lark)).result().deep_copy()
+        compiled = compiled if compiled is not None else self.finished(lark)
+        matcher = compiled.result().deep_copy()
+        with self._lock:
+            self._copies[compiled] = self._copies.get(compiled, 0) + 1
+        return matcher
+
+    def copied(self, compiled: Future) -> bool:
+        """Whether a matcher was copied from ``compiled`` (``matcher``): its lexer, shared, holds
+        that matcher's states too."""
+        with self._lock:
+            return compiled in self._copies
 
     def finished(self, lark: str) -> Future:
         """``lark``'s compile, done (or failed): waits for it if it is not."""

@@ -75,6 +75,7 @@ class Guide:
         self.active = grammar.after is None
         self._consumed: list[int] = []  # the tokens its matcher took: replayed into a fresh compile's
         self._renewed_at = -1  # len(_consumed) when it last took a fresh compile (``renew``)
+        self._shared_at = -1  # len(_consumed) when it last renewed onto a compile others share
 
     def accept(self, token: int) -> None:
         """Advance by ``token``; ``GrammarFailed`` when the grammar has failed (its mask admitted
@@ -92,14 +93,19 @@ class Guide:
     def renew(self) -> bool:
         """Take a fresh compile of its grammar once one is ready (False while it compiles, off the
         loop: the first call starts it), replaying the tokens it took into its copy. Failing there
-        too, or again before another token, the grammar fails by itself (``GrammarFailed``: a reply
-        that alone fills a fresh lexer)."""
+        too, or again before another token, on a compile no other matcher was copied from, the
+        grammar fails by itself (``GrammarFailed``: a reply that alone fills a fresh lexer); on one
+        others share, it is ``LexerFilled`` again (that compile retired), once per token: failing so
+        twice at one token is its own (K bad replies at once wait for 2 compiles, not K in turn)."""
         compiled = self._grammars.compiled(self._lark)  # (never the one retired: it left the cache)
         if compiled is None:
             return False
+        # (a compile others copied is no fresh one: their replies' states fill its lexer too)
+        fresh = not self._grammars.copied(compiled) or self._shared_at == len(self._consumed)
+        self._shared_at = -1 if fresh else len(self._consumed)
         self.matcher, self._compiled = self._grammars.matcher(self._lark, compiled), compiled
         self.matcher.consume_tokens(self._consumed)
-        self._renewed_at = len(self._consumed)
+        self._renewed_at = len(self._consumed) if fresh else -1
         if self.matcher.is_error():
             self._failed()
         return True

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
+
 from dayzero.chat.grammar import json_grammar
 from dayzero.params import Grammar, SamplingParams
 from dayzero.serving.decode_loop import DecodeLoop
@@ -22,21 +24,30 @@ from dayzero.settings import Settings
 from ..conftest import AB_PATTERN, few_lexer_states
 from .conftest import prompt_ids, recording, run_jobs
 
-REQUESTS = 12
 
-
-def test_requests_meeting_a_full_lexer_carry_on_on_a_fresh_compile(demo_dir, redis_url, monkeypatch):
-    few_lexer_states(monkeypatch, 400)
+@pytest.mark.parametrize(
+    ("count", "states", "tokens"),
+    [
+        (12, 400, 48),
+        # each reply alone fits a fresh lexer of 300 states (filled300-15's writes none full), but a held
+        # row renewing onto a compile others copied (and grew) meanwhile failed there as its schema's
+        (16, 300, 64),
+    ],
+)
+def test_requests_meeting_a_full_lexer_carry_on_on_a_fresh_compile(
+    demo_dir, redis_url, monkeypatch, count, states, tokens
+):
+    few_lexer_states(monkeypatch, states)
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
     store, lark = Lifecycle.connect(redis_url), json_grammar(AB_PATTERN)
     requests = [
         GenerationRequest(
-            request_id=f"filled-{i}",
+            request_id=f"filled{states}-{i}",  # (each case its own streams)
             prompt_ids=tuple(prompt_ids(i)),
-            sampling=SamplingParams(max_tokens=48, temperature=1.0, seed=i, grammar=Grammar(lark)),
+            sampling=SamplingParams(max_tokens=tokens, temperature=1.0, seed=i, grammar=Grammar(lark)),
             created=time.time(),
         )
-        for i in range(REQUESTS)
+        for i in range(count)
     ]
     for request in requests:
         store.admit(request, [], "", 60)
