@@ -12,6 +12,7 @@ from dayzero.chat.schema_splits import (
     MOST_AFTER_UNBOUNDED,
     MOST_AFTER_UNBOUNDED_CALLS,
     MOST_AFTER_UNBOUNDED_CLOSED,
+    MOST_AFTER_UNBOUNDED_WIDE,
     counted_after_unbounded,
 )
 
@@ -41,7 +42,7 @@ def _opened(pattern: str) -> dict:  # (more properties allowed: its lexer fails 
         ("^.*(ab){1200}$", 1200),  # (a group's repeats)
         ("^(ab)*(ab){1200}$", 1200),
         ("^.*.{1000}$", 1000),
-        (f"^.*.{{{MOST_AFTER_UNBOUNDED_CALLS}}}$", 0),  # (within the least bound, forced calls': not read)
+        (f"^.*.{{{MOST_AFTER_UNBOUNDED_WIDE}}}$", 0),  # (within the least bound: not read)
         (r"^\w*\d{2000}$", 2000),
         ("^[[:alpha:]]*[[:alpha:]]{2000}$", 2000),
         ("(?i)^k*K{2000}$", 2000),  # (case-insensitive: the same letter)

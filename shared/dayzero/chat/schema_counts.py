@@ -18,6 +18,7 @@ from .schema_splits import (
     MOST_AFTER_UNBOUNDED_CLOSED,
     MOST_SPLITS,
     counted_after_unbounded,
+    most_after_unbounded,
     split_ways,
 )
 
@@ -102,7 +103,7 @@ class CountedChars:
     def __init__(self) -> None:
         self._seen: set[tuple] = set()
         self.total = 0
-        self._after_unbounded = 0  # the longest run past MOST_AFTER_UNBOUNDED_CALLS (within the closed bound)
+        self._after_unbounded = 0  # the longest run past MOST_AFTER_UNBOUNDED_WIDE (within the closed bound)
 
     def problem(self, node: dict) -> str | None:
         """A count of ``node`` past ``MOST_COUNTED_CHARS`` alone, or with the counts seen before it
@@ -147,6 +148,14 @@ class CountedChars:
         closed = MOST_AFTER_UNBOUNDED_CLOSED
         where = "in forced tool calls" if calls else "in a grammar holding an object open to other properties"
         where += "" if calls else f" ({closed:,} where every object is closed)"
+        return f"{_AFTER_UNBOUNDED}: {_told(repeats)} in a run, at most {most:,} can be enforced {where}"
+
+    def wide_problem(self, spelled: int, opened: bool) -> str | None:
+        """A count after a repeat without bound past what a grammar whose names, enum and const
+        strings and patterns spell ``spelled`` distinct bytes writes (``most_after_unbounded``), or None."""
+        if (repeats := self._after_unbounded) <= (most := most_after_unbounded(spelled, opened)):
+            return None
+        where = f"in a grammar whose names, enum values and patterns spell {spelled} distinct bytes"
         return f"{_AFTER_UNBOUNDED}: {_told(repeats)} in a run, at most {most:,} can be enforced {where}"
 
 

@@ -9,10 +9,11 @@ with sibling keywords make), not as written. The gateway refuses a schema past t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .dsml import to_json
+from .dsml import render_calls, to_json
 from .schema_counts import CountedChars, regexes
 from .schema_keywords import LISTS, own_resource, schema_values, values_within, within_keywords
 from .schema_merge import MOST_NESTED, Circular, Merged, TooBig, TooDeep, resolve
@@ -31,6 +32,9 @@ MOST_PATTERN_NAMES = 100
 # name of 50,000 characters: the lexer's state limit; a const of ~103,000, a pattern of 7,000-9,000
 # literal characters: "too many expressions"), a 400 after a 200 stream began
 MOST_LITERAL_BYTES = 4_000
+_REGEX, _QUANTIFIER = "a regular expression", re.compile(r"\{\d+(?:,\d*)?\}")
+# the bytes a forced call's DSML tags spell (its grammar's own literals: its lexer's alphabet)
+_CALL_BYTES = frozenset(render_calls([{"function": {"name": "f", "arguments": '{"a": "", "b": 1}'}}]).encode())
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ def size_problem(schemas: list, limits: SchemaLimits, calls: bool = False) -> st
     bound by what that grammar writes, less: ``MOST_AFTER_UNBOUNDED_CALLS``)."""
     used, merged, counted = dict.fromkeys(SETTINGS, 0), Merged(limits.nodes), CountedChars()
     opened = calls  # whether the grammar holds an object open to other properties (its lexer holds less)
+    spelled: set[int] = set()  # the bytes its names, enum and const strings and patterns spell (256: a format)
 
     def past(name: str, count: int) -> bool:
         used[name] += count
@@ -83,12 +88,15 @@ def size_problem(schemas: list, limits: SchemaLimits, calls: bool = False) -> st
                 return _message("literal_chars", limits)
             if past("pattern_chars", _pattern_chars(node)):
                 return _message("pattern_chars", limits)
+            spelled.update(range(256) if "format" in node else _spelled(node))
             if problem := counted.problem(node) or _long_string(node):  # (a count names its own problem)
                 return problem
             if isinstance(named := node.get("patternProperties"), dict) and len(named) > MOST_PATTERN_NAMES:
                 most = MOST_PATTERN_NAMES
                 return f"an object of {len(named):,} patternProperties: at most {most} in one can be enforced"
         if opened and (problem := counted.open_problem(calls)):
+            return problem
+        if problem := counted.wide_problem(len(spelled | (_CALL_BYTES if calls else set())), opened):
             return problem
         for schema in schemas:  # within the limits: so many subschemas at most to look at again
             rows = RowCheck(schema, merged)  # its $refs point into it (a tool's: into its parameters)
@@ -241,8 +249,15 @@ def written_literals(node: dict) -> dict[str, list[str]]:
         "a property name": list(properties) if isinstance(properties, dict) else [],
         "a required name": [n for n in required if isinstance(n, str)] if isinstance(required, list) else [],
         "an enum or const string": list(_strings(list(_literals(node)))),
-        "a regular expression": regexes(node),
+        _REGEX: regexes(node),
     }
+
+
+def _spelled(node: dict) -> set[int]:
+    """The UTF-8 bytes of ``node``'s ``written_literals`` (what its lexer's alphabet tells apart; a
+    count's digits none: ``{600}`` is no character of it)."""
+    texts = [_QUANTIFIER.sub("", t) if kind == _REGEX else t for kind, ts in written_literals(node).items() for t in ts]
+    return {byte for text in texts for byte in text.encode(errors="surrogatepass")}
 
 
 def _strings(values: list) -> Iterator[str]:

@@ -47,6 +47,18 @@ MOST_AFTER_UNBOUNDED, MOST_AFTER_UNBOUNDED_CLOSED = 850, 1_100
 # in from 862 (731 and 737 in an open one; under "auto" 840 / 720); beside other tools holding open
 # objects, whatever their own: 671 whole among 8 tools, 660 among 32 and 128 (668 fail)
 MOST_AFTER_UNBOUNDED_CALLS = 600
+# and every bound above was measured in a grammar whose names, enum and const strings and patterns
+# spell few distinct bytes (its lexer's alphabet, a count's digits none: 25, beside ``^x0[a-z]+$`` to
+# ``^x39[a-z]+$``). Each byte more it tells apart takes from them: a closed object of 30 common
+# property names, 4 formats and an enum wrote ``.*.{534}`` whole (open: 525; every reply past ~535
+# characters failed, ``.*.{600}`` admitted under each bound); beside 22 common names (49 bytes) a
+# closed object 709 whole, 725 failed, an open one 646, 662; beside printable ASCII (94) 459 and 451
+# whole, beside ASCII and Latin (162) 271 whole, 287 failed; beside 207 bytes (ASCII, UTF-8 of each
+# length) 228 whole in a closed object, an open one and a forced call alike, 237 failed. So a run is
+# bounded by ``scale / (base + bytes)`` through the bound at 25 and under what 49 wrote whole (closed:
+# 1,100 and 709; open 850 and 620), below every point above, never under 200 (``most_after_unbounded``)
+MOST_AFTER_UNBOUNDED_WIDE = 200
+_ALPHABET_FIT = {False: (47_870, 18.5), True: (55_000, 39.7)}  # (closed, open): scale, base
 _QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")  # {n}, {n,}, {n,m}
 # an escape of one character: \x{10000}, \x61, \u0061, \U00000061, \p{L}, \pL (read a character a
 # backslash, ``(\pL|..){1900}`` was lengths [2, 2], let through: every reply failed 332 bytes in)
@@ -72,7 +84,7 @@ def counted_after_unbounded(regex: str) -> int:
     """The most characters ``regex`` counts in a run after a repeat without bound that may read the
     same characters (its own branch's, or an enclosing group's, before it): a count its repeats, a
     group counted its repeats times its own counted run, all that follows added up till a character
-    no repeat reads (not optional) ends it; of those past ``MOST_AFTER_UNBOUNDED_CALLS`` (0: none):
+    no repeat reads (not optional) ends it; of those past ``MOST_AFTER_UNBOUNDED_WIDE`` (0: none):
     ``.*.{2000}`` 2,000, ``.*.{1000}.{1000}`` 2,000 (one count's alone was read: let through, every
     reply failed 1,560 characters in), ``.*(ab){1200}`` 1,200, ``[a-z]*[0-9]{2000}`` and
     ``[a-z]*-[a-z]{2000}`` 0 (the "-" ends it; refused, though written whole)."""
@@ -163,7 +175,15 @@ def _read(regex: str) -> tuple[int, int, bool]:
     for group in groups:  # (its end, and groups left open)
         group.add(None)
         after = max(after, group.after)
-    return ways, int(after) if after > MOST_AFTER_UNBOUNDED_CALLS else 0, unbounded_counted
+    return ways, int(after) if after > MOST_AFTER_UNBOUNDED_WIDE else 0, unbounded_counted
+
+
+def most_after_unbounded(spelled: int, opened: bool) -> int:
+    """The most characters a run after a repeat without bound may count in a grammar whose names,
+    enum and const strings and patterns spell ``spelled`` distinct bytes (``opened``: holding an
+    object open to other properties, or forced calls)."""
+    fits = [_ALPHABET_FIT[False], _ALPHABET_FIT[True]][: 1 + opened]  # (an open one's: the closed one's too)
+    return max(MOST_AFTER_UNBOUNDED_WIDE, min(int(scale / (base + spelled)) for scale, base in fits))
 
 
 def _ways(lengths: tuple[float, float], repeats: float) -> int:

@@ -1,0 +1,96 @@
+"""The bounds on a count after a repeat without bound (``schema_splits``) against the bytes a grammar's
+names, enum and const strings and patterns spell (its lexer's alphabet), checked against llguidance
+itself: measured beside 25, each taken from by every byte more told apart."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from dayzero.chat.schema_size import _spelled, size_problem
+from dayzero.chat.schema_splits import MOST_AFTER_UNBOUNDED_WIDE, most_after_unbounded
+
+from .lexer_replies import DEFAULTS, call_fails_mid_reply, fails_mid_reply
+
+_ASCII = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '"\\<')  # (no "<": a call's parameter)
+_NAMES = ["id", "user_name", "firstName", "lastName", "emailAddress", "phone_number", "createdAt", "zipCode"]
+_NAMES += ["country", "unitPrice", "totalAmount", "orderItems", "trackingNumber", "isVerified", "jobTitle"]
+_NAMES += ["websiteURL", "avatar_url", "X-Request-ID", "taxRate", "discountCode", "QA/Review", "v2.1"]
+_WIDE = [  # every printable ASCII character, 2-, 3- and 4-byte UTF-8 ones
+    "^" + re.escape(_ASCII) + "$",
+    "^" + "".join(map(chr, range(0xA1, 0x800))) + "$",
+    "^" + "".join(chr(c) for c in range(0x800, 0x10000, 0x40) if not 0xD800 <= c < 0xE000) + "$",
+    "^" + "".join(map(chr, range(0x10000, 0x110000, 0x1000))) + "$",
+]
+
+
+def _beside(count: int, others: dict, closed: bool) -> dict:
+    counted = {"type": "string", "pattern": f"^.*.{{{count}}}$"}
+    schema = {"type": "object", "properties": {"s0": counted, **others}, "required": ["s0"]}
+    return schema | ({"additionalProperties": False} if closed else {})
+
+
+def _bytes(schema: dict, others: dict) -> int:
+    return len(set().union(*map(_spelled, [schema, schema["properties"]["s0"], *others.values()])))
+
+
+_COMMON = {name: {"type": "string"} for name in _NAMES}
+_ENUM = {"k": {"enum": [_ASCII]}}
+
+
+@pytest.mark.parametrize(
+    "others, count, closed, whole",
+    [(_COMMON, 725, True, 709), (_COMMON, 662, False, 646), (_ENUM, 600, True, 459), (_ENUM, 600, False, 451)],
+    ids=["names", "names_open", "enum", "enum_open"],
+)
+def test_a_count_within_the_bounds_beside_many_bytes_is_refused(others, count, closed, whole):
+    """Each count was within its bound (850 open, 1,100 closed), measured beside 25 bytes; beside common
+    property names (52 bytes), or an enum of printable ASCII (91), it was admitted and every reply
+    failed; what the grammar writes whole there (measured: ``whole``) is admitted."""
+    schema = _beside(count, others, closed)
+    assert fails_mid_reply(schema, {"s0": "a" * (count + 300)})
+    assert "can be enforced in a grammar whose names, enum values and patterns spell" in (
+        size_problem([schema], DEFAULTS) or ""
+    )
+    most = most_after_unbounded(_bytes(schema, others), opened=not closed)
+    assert most <= whole
+    assert size_problem([_beside(most, others, closed)], DEFAULTS) is None
+    assert not fails_mid_reply(_beside(most, others, closed), {"s0": "a" * (most + 300)})
+
+
+def _call(count: int) -> tuple[list[dict], dict]:
+    parameters = {"type": "object", "properties": {"o": _beside(count, {}, closed=True), **_ENUM}, "required": ["o"]}
+    return [{"type": "function", "function": {"name": "f", "parameters": parameters}}], parameters
+
+
+def test_a_forced_calls_count_beside_many_bytes_is_refused():
+    """Within forced calls' bound (600), ``.*.{450}`` beside an enum of printable ASCII was admitted,
+    and every call writing on past it failed; the bound there is admitted and written whole."""
+    tools, parameters = _call(450)
+    assert call_fails_mid_reply(tools, "f", {"o": {"s0": "a" * 750}})
+    problem = size_problem([parameters], DEFAULTS, calls=True) or ""
+    assert "can be enforced in a grammar whose names, enum values and patterns spell" in problem, problem
+    most = int(re.search(r"at most (\d+) can be enforced", problem)[1])
+    tools, parameters = _call(most)
+    assert size_problem([parameters], DEFAULTS, calls=True) is None
+    assert not call_fails_mid_reply(tools, "f", {"o": {"s0": "a" * (most + 300)}})
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_the_wide_bound_is_written_whole_beside_every_byte(closed):
+    """Beside every printable ASCII character and UTF-8 ones of each length, the least bound is
+    admitted and written whole (228 was, 237 failed)."""
+    wide = {f"w{i}": {"type": "string", "pattern": p} for i, p in enumerate(_WIDE)}
+    schema = _beside(MOST_AFTER_UNBOUNDED_WIDE, wide, closed)
+    assert size_problem([schema], DEFAULTS) is None
+    assert not fails_mid_reply(schema, {"s0": "a" * (MOST_AFTER_UNBOUNDED_WIDE + 300)})
+
+
+def test_a_format_counts_as_every_byte():
+    """A format's regular expression tells many bytes apart: beside date-time and uri, ``.*.{1100}``
+    in a closed object (its bound) failed every reply."""
+    formats = {"d": {"type": "string", "format": "date-time"}, "u": {"type": "string", "format": "uri"}}
+    schema = _beside(1100, formats, closed=True)
+    assert fails_mid_reply(schema, {"s0": "a" * 1400})
+    assert f"at most {MOST_AFTER_UNBOUNDED_WIDE} can be enforced" in (size_problem([schema], DEFAULTS) or "")
