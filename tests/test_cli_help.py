@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -48,3 +49,26 @@ def test_quantize_help_names_the_in_its_out_refers_to():
     helped = run_dayzero("quantize", "--help").stdout
     usage = " ".join(helped.split("\n\n", 1)[0].split())
     assert "(not IN," in helped and usage.endswith(" IN OUT")
+
+
+def _readme_synopsis() -> dict[str, str]:
+    """The README's command block: each ``dayzero COMMAND ...`` line (continuations joined, comments cut)."""
+    from .test_readme import README
+
+    block = README.split("```sh\ndayzero up", 1)[1].split("```", 1)[0]
+    lines = ("dayzero up" + block).replace("\\\n", " ").splitlines()
+    synopsis = [line.split("#", 1)[0].strip() for line in lines if line.startswith("dayzero ")]
+    return {line.split()[1]: line for line in synopsis if not line.split()[1].startswith("-")}
+
+
+@pytest.mark.parametrize("command", sorted(_readme_synopsis()))
+def test_help_names_each_option_s_value_as_the_readme_does(command):
+    """``doctor --help`` showed ``--timeout TIMEOUT --api-key API_KEY``, ``inspect --help`` ``--batch BATCH``,
+    where the README writes S, KEY and B: one option, two names for its value."""
+    from dayzero.cli import parser
+
+    usage = " ".join(parser()._subparsers._group_actions[0].choices[command].format_usage().split())
+    options = re.findall(r"(--[a-z-]+) ([^\s\[\]()-][^\s\[\]()]*)", _readme_synopsis()[command])
+    assert options, command
+    shown = {f"{option} {value}" for option, value in options} - set(re.findall(r"--[a-z-]+ [^\s\[\]()]+", usage))
+    assert shown == set(), usage

@@ -114,17 +114,21 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "out", type=cli_args.out_dir, help="directory to write (config.json, model.safetensors, tokenizer.json, ...)"
     )
-    demo.add_argument("--seed", type=cli_args.seed, default=0, help="random seed of the weights (default 0)")
+    demo.add_argument(
+        "--seed", type=cli_args.seed, default=0, metavar="N", help="random seed of the weights (default 0)"
+    )
     demo.add_argument("--vision", action="store_true", help="add a tiny vision tower (visual.*) and the image token")
     demo.add_argument("--fp4", action="store_true", help="the release's formats: FP4 experts, FP8 dense, E8M0 scales")
-    demo.add_argument("--shards", type=cli_args.positive, default=1, help=shards_help)
+    demo.add_argument("--shards", type=cli_args.positive, default=1, metavar="N", help=shards_help)
     demo.set_defaults(run=cmd_demo_checkpoint)
     add_train_demo(sub)
 
     def prompt_args(cmd: argparse.ArgumentParser, required: bool) -> None:
         group = cmd.add_mutually_exclusive_group(required=required)
-        group.add_argument("--prompt", help="prompt text (tokenized with the checkpoint's tokenizer.json)")
-        group.add_argument("--prompt-ids", help="prompt as comma-separated token ids, e.g. 1,2,3")
+        group.add_argument(
+            "--prompt", metavar="TEXT", help="prompt text (tokenized with the checkpoint's tokenizer.json)"
+        )
+        group.add_argument("--prompt-ids", metavar="1,2,3", help="prompt as comma-separated token ids, e.g. 1,2,3")
 
     def tensor_parallel(cmd: argparse.ArgumentParser, what: str) -> None:
         cmd.add_argument(
@@ -136,24 +140,26 @@ def parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="stream a completion to the terminal")
     gen.add_argument("--checkpoint", metavar="DIR", help=cli_args.CHECKPOINT_HELP)
     prompt_args(gen, required=True)
-    gen.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate (default 64)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
-    gen.add_argument("--top-k", type=int, default=0, help="sample among the k best tokens (0 = all)")
-    gen.add_argument("--seed", type=int, help="sampling seed, for repeatable samples")
-    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--max-tokens", type=int, default=64, metavar="N", help="most tokens to generate (default 64)")
+    gen.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1.0)")
+    gen.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the k best tokens (0 = all)")
+    gen.add_argument("--seed", type=int, metavar="S", help="sampling seed, for repeatable samples")
+    gen.add_argument("--stop", action="append", default=[], metavar="STR", help="stop string (repeatable)")
     gen.add_argument("--stats", action="store_true", help="end with one JSON line of token counts and speeds")
     tensor_parallel(gen, "run the model on N ranks (local ones: gloo on CPU), as one group" + joining)
     timeout = "ranks that do not all meet, or a collective left waiting by a silent rank, fail after S s (default 120)"
     gen.add_argument("--group-timeout", type=cli_args.positive_float, default=120.0, metavar="S", help=timeout)
     spec = "tokens the MTP layer drafts per step (default: DAYZERO_SPECULATIVE_TOKENS, 0)"
-    gen.add_argument("--speculative-tokens", type=int, choices=(0, 1, 2), help=spec)
+    gen.add_argument("--speculative-tokens", type=int, choices=(0, 1, 2), metavar="0|1|2", help=spec)
     gen.set_defaults(run=cmd_generate)
 
     al = sub.add_parser("align", help="compare logits with transformers' DeepseekV4ForCausalLM (fp32)")
     al.add_argument("checkpoint", help="checkpoint directory")
     prompt_args(al, required=False)
-    al.add_argument("--tokens", type=cli_args.positive, default=8, help="greedy decode steps to compare (default 8)")
+    al.add_argument(
+        "--tokens", type=cli_args.positive, default=8, metavar="N", help="greedy decode steps to compare (default 8)"
+    )
     al.add_argument("--json", action="store_true", help="print one JSON object")
     tensor_parallel(al, "run dayzero's side on N ranks (gloo on CPU), as one group" + joining)
     al.set_defaults(run=cmd_align)
@@ -166,22 +172,25 @@ def parser() -> argparse.ArgumentParser:
         "--experts",
         choices=["fp4", "fp8"],
         default="fp4",
+        metavar="fp4|fp8",
         help="routed experts: fp4 (MXFP4, the Instruct releases; default) or fp8 (the Base releases)",
     )
-    quant.add_argument("--shards", type=cli_args.positive, default=1, help=shards_help)
+    quant.add_argument("--shards", type=cli_args.positive, default=1, metavar="N", help=shards_help)
     quant.set_defaults(run=cmd_quantize)
 
     insp = sub.add_parser("inspect", help="parameter counts, dtypes and a memory plan (headers + config only)")
     insp.add_argument(
         "path", help="checkpoint directory, config.json, or a released config: deepseek-v4-flash, deepseek-v4-pro"
     )
-    insp.add_argument("--batch", type=cli_args.positive, default=1, help="concurrent sequences (default 1)")
+    insp.add_argument(
+        "--batch", type=cli_args.positive, default=1, metavar="B", help="concurrent sequences (default 1)"
+    )
     context = "tokens per sequence (default 65536, or the model's context if shorter)"
-    insp.add_argument("--context", type=cli_args.positive, help=context)
+    insp.add_argument("--context", type=cli_args.positive, metavar="L", help=context)
     devices = "devices the experts are spread over (default 1)"
-    insp.add_argument("--devices", type=cli_args.positive, default=1, help=devices)
+    insp.add_argument("--devices", type=cli_args.positive, default=1, metavar="N", help=devices)
     cache = "dequantized expert cache budget (default 0)"
-    insp.add_argument("--expert-cache-gib", type=cli_args.non_negative_float, default=0.0, help=cache)
+    insp.add_argument("--expert-cache-gib", type=cli_args.non_negative_float, default=0.0, metavar="G", help=cache)
     insp.add_argument("--json", action="store_true", help="print one JSON object")
     tensor_parallel(insp, "also print the per-rank bytes of an N-rank tensor-parallel group")
     insp.set_defaults(run=cmd_inspect)
@@ -192,9 +201,10 @@ def parser() -> argparse.ArgumentParser:
         "--timeout",
         type=cli_args.positive_float,
         default=60.0,
+        metavar="S",
         help="seconds to wait for each answer (default 60; the first, readiness, at most 10)",
     )
-    doctor.add_argument("--api-key", help="Bearer key, when the gateway requires one")
+    doctor.add_argument("--api-key", metavar="KEY", help="Bearer key, when the gateway requires one")
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
     doctor.set_defaults(run=cmd_doctor)
 

@@ -219,7 +219,9 @@ def add_up_command(sub, with_settings: dict) -> None:
     )
     vision = "vision workers (default: 1 if the checkpoint has a vision tower, else 0)"
     up.add_argument("--vision", type=cli_args.count, metavar="N", help=vision)
-    up.add_argument("--port", type=cli_args.port, help="gateway port, 1-65535 (default: DAYZERO_PORT or 8000)")
+    up.add_argument(
+        "--port", type=cli_args.port, metavar="1-65535", help="gateway port, 1-65535 (default: DAYZERO_PORT or 8000)"
+    )
     logs = "where each service writes its log (default ./logs)"
     up.add_argument("--log-dir", type=cli_args.out_dir, default="logs", metavar="DIR", help=logs)
     up.add_argument("--example", action="store_true", help="once ready, stream one example request")

@@ -28,13 +28,13 @@ def add_train_demo(sub: argparse._SubParsersAction) -> None:
     out = "directory to write (the committed model is dayzero/train/demo_model)"
     cmd.add_argument("out", type=cli_args.out_dir, help=out)
     steps = f"optimizer steps (default {defaults.steps})"
-    cmd.add_argument("--steps", type=cli_args.positive, default=defaults.steps, help=steps)
+    cmd.add_argument("--steps", type=cli_args.positive, default=defaults.steps, metavar="N", help=steps)
     minutes = "stop early after this much wall time (default: no limit; not reproducible)"
-    cmd.add_argument("--minutes", type=cli_args.positive_float, help=minutes)
+    cmd.add_argument("--minutes", type=cli_args.positive_float, metavar="M", help=minutes)
     floats = "also keep the float weights (before FP4 / FP8) in this directory"
-    cmd.add_argument("--float", type=cli_args.out_dir, help=floats)
+    cmd.add_argument("--float", type=cli_args.out_dir, metavar="DIR", help=floats)
     seed = "corpus split, init and batches (default 0)"
-    cmd.add_argument("--seed", type=cli_args.seed, default=defaults.seed, help=seed)
+    cmd.add_argument("--seed", type=cli_args.seed, default=defaults.seed, metavar="S", help=seed)
     threads = "torch threads (default 1; results depend on it)"
-    cmd.add_argument("--threads", type=cli_args.positive, default=defaults.threads, help=threads)
+    cmd.add_argument("--threads", type=cli_args.positive, default=defaults.threads, metavar="T", help=threads)
     cmd.set_defaults(run=cmd_train_demo)
