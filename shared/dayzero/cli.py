@@ -79,7 +79,9 @@ def cmd_quantize(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
     from .quant.inspect import inspect, render
 
-    report = inspect(args.path, args.batch, args.context, args.devices, args.expert_cache_gib, args.tensor_parallel)
+    report = inspect(
+        args.path, args.batch, args.context, args.devices, args.expert_cache_gib, args.tensor_parallel, settings.dtype
+    )
     print(json.dumps(report.to_dict()) if args.json else render(report))
     return 0
 

@@ -31,14 +31,15 @@ def test_generate_on_two_ranks_prints_what_one_rank_prints(checkpoint_factory, c
 
 
 def test_inspect_prints_per_rank_bytes_and_the_smallest_group():
-    one = inspect("deepseek-v4-pro", batch=8, context=65536)
-    eight = inspect("deepseek-v4-pro", batch=8, context=65536, tensor_parallel=8)
+    bf16 = {"batch": 8, "context": 65536, "dtype": "bfloat16"}  # as the peers serve Pro (float32 needs more)
+    one = inspect("deepseek-v4-pro", **bf16)
+    eight = inspect("deepseek-v4-pro", tensor_parallel=8, **bf16)
     tp = eight.tensor_parallel
     # the experts split 8 ways; the attention state is every rank's whole (replicated)
     assert tp["gib_per_rank"]["routed_experts"] * 8 == pytest.approx(one.memory_gib["packed_weights"], rel=0.05)
     assert tp["gib_per_rank"]["attention_state_replicated"] == pytest.approx(one.memory_gib["attention_pools"])
     assert tp["fits_h200"] and tp["smallest_fitting_h200_group"] == 8  # peers serve Pro on 8 H200
-    flash = inspect("deepseek-v4-flash", batch=8, context=65536, tensor_parallel=2).tensor_parallel
+    flash = inspect("deepseek-v4-flash", tensor_parallel=2, **bf16).tensor_parallel
     assert flash["smallest_fitting_h200_group"] == 2 and flash["fits_h200"]
     with pytest.raises(ParallelError, match="cannot be split over 3 ranks"):
         inspect("deepseek-v4-flash", tensor_parallel=3)

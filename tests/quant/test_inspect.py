@@ -157,3 +157,23 @@ def test_inspect_of_a_name_it_does_not_know_names_the_released_configs(capsys):
     assert cli.main(["inspect", "deepseek-ai/DeepSeek-V4-Flash"]) == 2
     err = capsys.readouterr().err
     assert "at deepseek-ai/DeepSeek-V4-Flash, nor a released config: deepseek-v4-flash, deepseek-v4-pro" in err
+
+
+@pytest.mark.parametrize(("dtype", "torch_dtype"), [(None, torch.float32), ("bfloat16", torch.bfloat16)])
+def test_the_plan_holds_the_weights_in_the_dtype_the_run_loads_them_in(
+    dtype, torch_dtype, checkpoint_factory, monkeypatch, capsys
+):
+    """The plan held the dense weights in bf16 always, while DAYZERO_DTYPE (float32 unless set) is what
+    they load in: a default run's were half what it holds, and a float32 checkpoint was said to be
+    "dense bf16 (FP8 dequantized at load)"."""
+    checkpoint = checkpoint_factory("wide_vocab", vocab_size=1 << 16)  # 16 MiB of float32 weights (GiB: 4 decimals)
+    monkeypatch.delenv("DAYZERO_DTYPE", raising=False)
+    if dtype:
+        monkeypatch.setenv("DAYZERO_DTYPE", dtype)
+    assert cli.main(["inspect", str(checkpoint), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    model = load_model(checkpoint, torch_dtype, progress=False)
+    held = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if not name.startswith("mtp."))
+    fp32 = sum(p.numel() * 2 for p in model.parameters() if p.dtype != torch_dtype)  # (hyper-connections': fp32)
+    assert report["memory_gib"]["packed_weights"] == pytest.approx((held - fp32) / (1 << 30), rel=0.01)
+    assert report["plan"]["dense"] == f"{dtype or 'float32'} (DAYZERO_DTYPE)"  # float weights: no FP8 to dequantize

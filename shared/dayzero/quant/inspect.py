@@ -19,6 +19,7 @@ from ..kv.layout import GROWING_POOLS, PoolLayout
 from ..model.weights import skeleton
 from ..parallel import ParallelError, check_divisible
 from ..parallel.shard import split_dim
+from ..settings import Settings
 
 GIB = 1 << 30
 H200_BYTES = 141e9  # one H200's HBM, as sold (about 131 GiB)
@@ -46,6 +47,17 @@ PRESETS: dict[str, dict] = {
         "num_nextn_predict_layers": 1,
     },
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """What each sequence and weight takes: ``width`` bytes a value of DAYZERO_DTYPE, which the dense
+    weights, experts not kept in FP4, the dequant workspace and the attention state are held in."""
+
+    batch: int
+    context: int
+    fp4: bool  # routed experts kept packed (FP4), dequantized per call
+    width: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,50 +91,45 @@ def count_params(cfg: ModelConfig) -> tuple[int, int, int]:
 
 
 def memory_plan(
-    cfg: ModelConfig,
-    total: int,
-    routed: int,
-    batch: int,
-    context: int,
-    devices: int,
-    expert_cache_gib: float,
-    fp4: bool,
+    cfg: ModelConfig, total: int, routed: int, serving: Serving, devices: int, expert_cache_gib: float
 ) -> dict[str, float]:
-    """GiB per device by region (bf16 serving; experts FP4 when ``fp4``; experts split over devices)."""
-    experts_bytes = routed * _expert_bytes_per_value(fp4)
-    dense_bytes = (total - routed) * 2
-    workspace = _workspace(cfg, batch, cfg.n_routed_experts) if fp4 else 0
-    per_token, window = _state_bytes(cfg)
-    pools = batch * (context * per_token + window)
+    """GiB per device by region (experts FP4 when ``serving.fp4``; experts split over devices)."""
+    batch, width = serving.batch, serving.width
+    experts_bytes = routed * _expert_bytes_per_value(serving)
+    dense_bytes = (total - routed) * width
+    workspace = _workspace(cfg, serving, cfg.n_routed_experts) if serving.fp4 else 0
+    per_token, window = _state_bytes(cfg, width)
+    pools = batch * (serving.context * per_token + window)
     hyper = batch * cfg.hc_mult * cfg.hidden_size * 4 * 2  # residual streams + mixed copy, fp32
-    activations = 2048 * cfg.hidden_size * 2 * 8  # one prefill chunk, a few live [T, hidden] buffers
+    activations = 2048 * cfg.hidden_size * width * 8  # one prefill chunk, a few live [T, hidden] buffers
     return {
         "packed_weights": (experts_bytes / devices + dense_bytes) / GIB,
         "dequant_workspace": workspace / GIB,
-        "expert_cache": expert_cache_gib if fp4 else 0.0,
+        "expert_cache": expert_cache_gib if serving.fp4 else 0.0,
         "attention_pools": pools / devices / GIB,
         "hyper_connection_state": hyper / GIB,
         "activations": activations / GIB,
     }
 
 
-def _expert_bytes_per_value(fp4: bool) -> float:
-    return 0.5 + 1 / 32 if fp4 else 2.0  # FP4: half a byte and a 1-byte scale per 32; else bf16
+def _expert_bytes_per_value(serving: Serving) -> float:
+    return 0.5 + 1 / 32 if serving.fp4 else serving.width  # FP4: half a byte and a 1-byte scale per 32
 
 
-def _workspace(cfg: ModelConfig, batch: int, experts: int) -> int:
-    """bf16 dequantized experts of one MoE call: at most the experts a batch routes to."""
-    return min(experts, batch * cfg.num_experts_per_tok) * 3 * cfg.moe_intermediate_size * cfg.hidden_size * 2
+def _workspace(cfg: ModelConfig, serving: Serving, experts: int) -> int:
+    """Dequantized experts of one MoE call: at most the experts a batch routes to."""
+    routed = min(experts, serving.batch * cfg.num_experts_per_tok)
+    return routed * 3 * cfg.moe_intermediate_size * cfg.hidden_size * serving.width
 
 
-def _state_bytes(cfg: ModelConfig) -> tuple[float, float]:
-    """Attention state of one sequence (bf16): (bytes per token, fixed bytes: window + compressor)."""
-    layout = PoolLayout.of(cfg, 64, "bfloat16")
-    per_token = sum(layout.row_bytes(p, 2) / layout.rate(p) for p in GROWING_POOLS)
-    return per_token, layout.window_capacity * layout.row_bytes("window", 2) + layout.row_bytes("compressor", 4)
+def _state_bytes(cfg: ModelConfig, width: int) -> tuple[float, float]:
+    """Attention state of one sequence: (bytes per token, fixed bytes: window + compressor)."""
+    layout = PoolLayout.of(cfg, 64, "bfloat16" if width == 2 else "float32")
+    per_token = sum(layout.row_bytes(p, width) / layout.rate(p) for p in GROWING_POOLS)
+    return per_token, layout.window_capacity * layout.row_bytes("window", width) + layout.row_bytes("compressor", 4)
 
 
-def rank_plan(cfg: ModelConfig, ranks: int, batch: int, context: int, fp4: bool) -> dict[str, float]:
+def rank_plan(cfg: ModelConfig, ranks: int, serving: Serving) -> dict[str, float]:
     """Bytes one rank of a ``ranks``-way tensor-parallel group holds, by region (dayzero.parallel.shard):
     its routed experts, its slices of the split dense weights, the replicated dense weights, the
     attention state (replicated: every rank holds every sequence's whole state), the dequant
@@ -132,49 +139,49 @@ def rank_plan(cfg: ModelConfig, ranks: int, batch: int, context: int, fp4: bool)
         if name.endswith(("tid2eid", "gate.bias")):
             continue
         if ".ffn.experts." in name:
-            regions["routed_experts"] += t.numel() * _expert_bytes_per_value(fp4) / ranks
+            regions["routed_experts"] += t.numel() * _expert_bytes_per_value(serving) / ranks
         elif split_dim(name) is not None:
-            regions["dense_split"] += t.numel() * 2 / ranks
+            regions["dense_split"] += t.numel() * serving.width / ranks
         else:
-            regions["dense_replicated"] += t.numel() * 2
-    per_token, window = _state_bytes(cfg)
-    regions["attention_state_replicated"] = batch * (context * per_token + window)
-    regions["dequant_workspace"] = _workspace(cfg, batch, cfg.n_routed_experts // ranks) if fp4 else 0
-    regions["hyper_connection_state"] = batch * cfg.hc_mult * cfg.hidden_size * 4 * 2
-    regions["activations"] = 2048 * cfg.hidden_size * 2 * 8
+            regions["dense_replicated"] += t.numel() * serving.width
+    per_token, window = _state_bytes(cfg, serving.width)
+    regions["attention_state_replicated"] = serving.batch * (serving.context * per_token + window)
+    regions["dequant_workspace"] = _workspace(cfg, serving, cfg.n_routed_experts // ranks) if serving.fp4 else 0
+    regions["hyper_connection_state"] = serving.batch * cfg.hc_mult * cfg.hidden_size * 4 * 2
+    regions["activations"] = 2048 * cfg.hidden_size * serving.width * 8
     return regions
 
 
-def ranks_needed(cfg: ModelConfig, batch: int, context: int, fp4: bool, limit: int = 64) -> int | None:
+def ranks_needed(cfg: ModelConfig, serving: Serving, limit: int = 64) -> int | None:
     """The smallest tensor-parallel size that splits the config and fits each rank in one H200."""
     for n in range(1, limit + 1):
         try:
             check_divisible(cfg, n)
         except ParallelError:
             continue
-        if sum(rank_plan(cfg, n, batch, context, fp4).values()) <= H200_BYTES:
+        if sum(rank_plan(cfg, n, serving).values()) <= H200_BYTES:
             return n
     return None
 
 
-def tensor_parallel_report(cfg: ModelConfig, ranks: int, batch: int, context: int, fp4: bool) -> dict:
+def tensor_parallel_report(cfg: ModelConfig, ranks: int, serving: Serving) -> dict:
     """What ``inspect --tensor-parallel N`` prints: GiB per rank by region, the attention state per
     token (replicated on every rank), and the smallest group that fits on H200s."""
     check_divisible(cfg, ranks)
-    plan = rank_plan(cfg, ranks, batch, context, fp4)
+    plan = rank_plan(cfg, ranks, serving)
     return {
         "ranks": ranks,
         "gib_per_rank": {k: round(v / GIB, 4) for k, v in plan.items()},
         "total_gib_per_rank": round(sum(plan.values()) / GIB, 3),
-        "attention_state_bytes_per_token": round(_state_bytes(cfg)[0], 1),
+        "attention_state_bytes_per_token": round(_state_bytes(cfg, serving.width)[0], 1),
         "fits_h200": sum(plan.values()) <= H200_BYTES,
-        "smallest_fitting_h200_group": ranks_needed(cfg, batch, context, fp4),
+        "smallest_fitting_h200_group": ranks_needed(cfg, serving),
     }
 
 
-def _total(cfg: ModelConfig, total: int, routed: int, batch: int, context: int, devices: int, cache: float, fp4: bool):
+def _total(cfg: ModelConfig, total: int, routed: int, serving: Serving, devices: int, cache: float) -> float:
     """Bytes one device holds when the experts and sequences are spread over ``devices``."""
-    return sum(memory_plan(cfg, total, routed, batch, context, devices, cache, fp4).values()) * GIB
+    return sum(memory_plan(cfg, total, routed, serving, devices, cache).values()) * GIB
 
 
 def _config(path: str | Path) -> ModelConfig:
@@ -193,7 +200,9 @@ def inspect(
     devices: int = 1,
     expert_cache_gib: float = 0.0,
     tensor_parallel: int = 1,
+    dtype: str = Settings.model_fields["dtype"].default,
 ) -> Report:
+    """``dtype``: DAYZERO_DTYPE of the run planned for (the settings object's)."""
     cfg = _config(path)
     longest = cfg.max_position_embeddings
     context = min(65536, longest) if context is None else context
@@ -210,24 +219,19 @@ def inspect(
         dtypes.update(e.dtype_name for e in headers.entries)
         unmapped = [e.key for e in headers.unused]
     fp4 = packed_experts(cfg) if dtypes else True  # a bare config: plan for the published FP4 experts
-    memory = memory_plan(cfg, total, routed, batch, context, devices, expert_cache_gib, fp4)
-    needed = next(
-        (
-            n
-            for n in range(1, 257)
-            if _total(cfg, total, routed, batch, context, n, expert_cache_gib, fp4) <= H200_BYTES
-        ),
-        None,
-    )
+    serving = Serving(batch, context, fp4, 2 if dtype == "bfloat16" else 4)
+    memory = memory_plan(cfg, total, routed, serving, devices, expert_cache_gib)
+    fits = (n for n in range(1, 257) if _total(cfg, total, routed, serving, n, expert_cache_gib) <= H200_BYTES)
+    fp8 = "float8_e4m3fn" in dtypes or not dtypes  # (a bare config: the release's FP8 dense weights)
     plan = {
         "batch": batch,
         "context": context,
         "devices": devices,
-        "experts": "fp4" if fp4 else "bf16",
-        "dense": "bf16 (FP8 dequantized at load)",
+        "experts": "fp4" if fp4 else dtype,
+        "dense": f"{dtype} (DAYZERO_DTYPE{'; FP8 dequantized at load' if fp8 else ''})",
         "total_gib": round(sum(memory.values()), 3),
         "fits_one_h200": sum(memory.values()) * GIB <= H200_BYTES,
-        "h200s_needed": needed or "more than 256",
+        "h200s_needed": next(fits, None) or "more than 256",
     }
     embedding = cfg.vocab_size * cfg.hidden_size
     return Report(
@@ -239,7 +243,7 @@ def inspect(
         unmapped,
         {k: round(v, 4) for k, v in memory.items()},
         plan,
-        tensor_parallel_report(cfg, tensor_parallel, batch, context, fp4) if tensor_parallel > 1 else {},
+        tensor_parallel_report(cfg, tensor_parallel, serving) if tensor_parallel > 1 else {},
     )
 
 
