@@ -177,3 +177,13 @@ def test_the_plan_holds_the_weights_in_the_dtype_the_run_loads_them_in(
     fp32 = sum(p.numel() * 2 for p in model.parameters() if p.dtype != torch_dtype)  # (hyper-connections': fp32)
     assert report["memory_gib"]["packed_weights"] == pytest.approx((held - fp32) / (1 << 30), rel=0.01)
     assert report["plan"]["dense"] == f"{dtype or 'float32'} (DAYZERO_DTYPE)"  # float weights: no FP8 to dequantize
+
+
+def test_a_tiny_model_s_counts_are_not_rounded_to_nothing(tiny_checkpoint):
+    """A model of 437,677 parameters was "437,677 (0.00 B)": the count in billions alone."""
+    from dayzero.quant.inspect import render
+
+    report = inspect(tiny_checkpoint)
+    total, active = render(report).splitlines()[:2]
+    assert report.total_params < 1e6 and total.endswith(f"({report.total_params / 1e3:.2f} K)")
+    assert active.startswith(f"active per token   {report.active_params:,} ({report.active_params / 1e3:.2f} K; ")

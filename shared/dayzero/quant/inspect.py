@@ -247,11 +247,19 @@ def inspect(
     )
 
 
+def _scaled(count: int) -> str:
+    """``count`` in the largest unit it reaches: 284.33 B, 1.57 T, 437.68 K (a tiny model's was 0.00 B)."""
+    for unit, name in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if count >= unit:
+            return f"{count / unit:.2f} {name}"
+    return str(count)
+
+
 def render(report: Report) -> str:
     lines = [
-        f"total parameters   {report.total_params:,} ({report.total_params / 1e9:.2f} B)",
-        f"active per token   {report.active_params:,} ({report.active_params / 1e9:.2f} B; "
-        f"{report.active_params_without_embedding / 1e9:.2f} B without the embedding table)",
+        f"total parameters   {report.total_params:,} ({_scaled(report.total_params)})",
+        f"active per token   {report.active_params:,} ({_scaled(report.active_params)}; "
+        f"{_scaled(report.active_params_without_embedding)} without the embedding table)",
         f"routed experts     {report.routed_expert_params:,}",
         "tensors by dtype   "
         + (
