@@ -58,9 +58,12 @@ def _refused(argv: list[str], capsys) -> str:
         (["quantize", "in", "out", "--shards", "0"], "argument --shards: must be at least 1, got 0"),
         (  # was "error: Overflow when unpacking long long", once the corpus was split
             ["train-demo", "out", "--seed", str(1 << 64)],
-            f"argument --seed: must be from 0 to 2**63 - 1, got {1 << 64}",
+            f"argument --seed: must be a 64-bit integer, from -2**63 to 2**63 - 1, got {1 << 64}",
         ),
-        (["demo-checkpoint", "out", "--seed", "-1"], "argument --seed: must be from 0 to 2**63 - 1, got -1"),
+        (
+            ["demo-checkpoint", "out", "--seed", str(-(1 << 63) - 1)],
+            f"argument --seed: must be a 64-bit integer, from -2**63 to 2**63 - 1, got {-(1 << 63) - 1}",
+        ),
     ],
 )
 def test_sizes_counts_and_ports_out_of_range_are_usage_errors(argv, error, capsys):

@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from dayzero.chat import dsml
 from dayzero.chat.encoding import continues_reasoning
-from dayzero.params import MAX_SEED, Grammar, SamplingParams
+from dayzero.params import Grammar, SamplingParams, sampler_seed
 from dayzero.serving import redis_clock as clock
 from dayzero.serving.messages import GenerationRequest
 
@@ -105,7 +105,7 @@ def _spec(
         temperature=0.0 if body.top_p == 0.0 else body.temperature,  # (greedy's token: what top_p 0 keeps,
         top_p=body.top_p or 1.0,  # sent so that a worker of the previous release, whose least was 1e-3, reads it)
         top_k=body.top_k,
-        seed=None if body.seed is None else body.seed % (MAX_SEED + 1),  # any int64 OpenAI takes, as a seed ours
+        seed=None if body.seed is None else sampler_seed(body.seed),  # any int64 OpenAI takes, as a seed ours
         stop=body.stops(),
         ignore_eos=body.ignore_eos,
         logit_bias=tuple(sorted(_bias(gw, body).items())),
@@ -153,7 +153,7 @@ def _choices(requests: list[GenerationRequest], n: int) -> list[GenerationReques
     for p, request in enumerate(requests):
         for j in range(n):
             seed = request.sampling.seed
-            sampling = replace(request.sampling, seed=(seed + j) % (MAX_SEED + 1) if seed is not None else None)
+            sampling = replace(request.sampling, seed=sampler_seed(seed + j) if seed is not None else None)
             update = {"request_id": uuid.uuid4().hex, "sampling": sampling, "prompt_index": p}
             out.append(request.model_copy(update=update))
     return [r.model_copy(update={"response_id": out[0].request_id, "choice": i}) for i, r in enumerate(out)]

@@ -16,7 +16,7 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
-from dayzero.params import MAX_BIAS, MAX_PENALTY, MIN_TEMPERATURE
+from dayzero.params import MAX_BIAS, MAX_PENALTY, MIN_TEMPERATURE, SEED_RANGE
 
 from .body_model import _Body, coded, field_error
 from .unsupported import ENGINE_EXTENSIONS, UNSUPPORTED, VLLM_ONLY
@@ -103,7 +103,7 @@ class Sampling(_EngineExtensions):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)  # 0 (greedy) or at least MIN_TEMPERATURE
     top_p: float = Field(default=1.0, ge=0.0, le=1.0)  # 0: the most likely token alone (sampling)
     top_k: int = Field(default=0, ge=-1, le=1_000_000)  # 0 or -1 (vLLM's, SGLang's): every token
-    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # OpenAI's int64 (routes reduce it)
+    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])  # OpenAI's int64 (routes reduce it)
     stop: StopString | list[StopString] | None = None
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False

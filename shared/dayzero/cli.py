@@ -145,8 +145,12 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", type=int, default=64, metavar="N", help="most tokens to generate (default 64)")
     gen.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
     gen.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1.0)")
-    gen.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the k best tokens (0 = all)")
-    gen.add_argument("--seed", type=int, metavar="S", help="sampling seed, for repeatable samples")
+    gen.add_argument(
+        "--top-k", type=cli_args.top_k, default=0, metavar="K", help="sample among the k best tokens (0 or -1 = all)"
+    )
+    gen.add_argument(
+        "--seed", type=cli_args.seed, metavar="S", help="sampling seed (any 64-bit integer), for repeatable samples"
+    )
     gen.add_argument("--stop", action="append", default=[], metavar="STR", help="stop string (repeatable)")
     gen.add_argument("--stats", action="store_true", help="end with one JSON line of token counts and speeds")
     tensor_parallel(gen, "run the model on N ranks (local ones: gloo on CPU), as one group" + joining)

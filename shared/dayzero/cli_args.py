@@ -8,6 +8,8 @@ import math
 import os
 from pathlib import Path
 
+from .params import SEED_RANGE
+
 
 def _reads_as(kind: str):
     """Names a check after the number it reads: argparse's "invalid KIND value: 'x'" for text that is
@@ -46,12 +48,23 @@ def port(text: str) -> int:
     return value
 
 
+@_reads_as("int")
 def seed(text: str) -> int:
-    """A random seed torch takes, with the small offsets the builders add to it."""
+    """A seed in the API's range (any int64): torch takes it, with the small offsets the builders
+    add to it; ``generate`` reduces it as the API does (params.sampler_seed)."""
     value = int(text)
-    if not 0 <= value < 1 << 63:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 2**63 - 1, got {value}")
+    if not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+        raise argparse.ArgumentTypeError(f"must be a 64-bit integer, from -2**63 to 2**63 - 1, got {value}")
     return value
+
+
+@_reads_as("int")
+def top_k(text: str) -> int:
+    """``--top-k`` as the API reads ``top_k``: a count, or 0 or -1 (vLLM's, SGLang's) for every token."""
+    value = int(text)
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"must be -1 or 0 (every token) or a count, got {value}")
+    return max(value, 0)
 
 
 @_reads_as("float")

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from .config import ModelConfig
+from .params import sampler_seed
 from .settings import Settings
 
 
@@ -40,6 +41,20 @@ def prompt_of(args: argparse.Namespace, checkpoint: Path) -> list[int]:
     return ids
 
 
+def _check_room(prompt_tokens: int, max_tokens: int, cfg: ModelConfig, settings: Settings) -> None:
+    """What the API answers 400 to, refused as it words it: a --max-tokens past DAYZERO_MAX_TOKENS_LIMIT,
+    or past the context after the prompt (it ran on, silently, to the end of the context)."""
+    from .completion import context_limit  # (torch: not for --help)
+
+    if max_tokens > settings.max_tokens_limit:
+        raise ValueError(
+            f"--max-tokens {max_tokens} exceeds the limit {settings.max_tokens_limit} (DAYZERO_MAX_TOKENS_LIMIT)"
+        )
+    limit = context_limit(cfg, settings.max_context)
+    if prompt_tokens + max_tokens > limit:
+        raise ValueError(f"prompt ({prompt_tokens}) + --max-tokens ({max_tokens}) exceeds the context limit {limit}")
+
+
 def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     from .checkpoint import check_split
     from .checkpoint_files import checkpoint_directory
@@ -53,9 +68,11 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     if args.tensor_parallel > 1:
         check_split(checkpoint, [args.tensor_parallel])  # before any rank starts
     prompt = prompt_of(args, checkpoint)
+    _check_room(len(prompt), args.max_tokens, ModelConfig.from_file(checkpoint), settings)
     if args.stop and not load_codec(checkpoint).has_tokenizer:
         raise ValueError("--stop needs text, and this checkpoint has no tokenizer.json")
-    launch, seed = launch_from(os.environ, settings.device), args.seed  # torchrun's variables, if set
+    launch = launch_from(os.environ, settings.device)  # torchrun's variables, if set
+    seed = None if args.seed is None else sampler_seed(args.seed)  # as the API reduces it
     if seed is None and launch is not None and args.temperature > 0:  # no way to agree on a random one
         raise ValueError("ranks started by torchrun sample alike only with one --seed: pass --seed")
     if seed is None and args.tensor_parallel > 1:  # every rank samples alike from the same logits

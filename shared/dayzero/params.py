@@ -21,6 +21,15 @@ MAX_PENALTY = 2.0
 MAX_BIAS = 100.0
 MAX_LOGPROBS = 20
 
+SEED_RANGE = (-(2**63), 2**63 - 1)  # a seed as sent: OpenAI's int64, the API's and the command line's
+
+
+def sampler_seed(seed: int) -> int:
+    """A seed as sent (in SEED_RANGE) as one the sampler takes, in [0, MAX_SEED]: the API and
+    ``dayzero generate`` draw alike for one seed."""
+    return seed % (MAX_SEED + 1)
+
+
 Logprob = tuple[float, tuple[tuple[int, float], ...]]  # a token's log-probability, the top (token, logprob)s
 
 
