@@ -261,3 +261,37 @@ def test_a_free_port_on_an_ipv6_host_is_free():
         taken.bind(("::1", port))
         taken.listen()
         assert port_in_use("::1", port)
+
+
+def test_a_second_up_on_a_log_dir_in_use_is_refused_naming_the_first(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """Two ``up`` with one --log-dir (./logs by default) appended into the same service logs and redis.log."""
+    import os
+
+    from dayzero import stack
+    from dayzero.procs import free_port
+
+    logs, seconds = tmp_path / "logs", []
+    closed = f"redis://127.0.0.1:{free_port()}/0"  # (a second up let through gives up on it, starting nothing)
+
+    def wait_ready(self, timeout_s, on_wait, on_restart=None):  # the first up, running: a second one starts
+        argv = ["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(logs), "--ready-timeout", "1"]
+        seconds.append(run_dayzero(*argv, env={**os.environ, "DAYZERO_REDIS_URL": closed}))
+        raise TimeoutError("enough")
+
+    monkeypatch.setattr(stack.Stack, "start", lambda self: None)
+    monkeypatch.setattr(stack.Stack, "wait_ready", wait_ready)
+    monkeypatch.setenv("DAYZERO_REDIS_URL", closed)
+    assert cli.main(["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(logs)]) == 1
+    second = seconds[0]
+    assert second.returncode == 2 and second.stderr == (
+        f"error: --log-dir {logs} is in use by a running dayzero up (pid {os.getpid()}): stop it, or give this "
+        "one another --log-dir\n"
+    )
+    capsys.readouterr()
+
+    def start(self):
+        raise stack.StartFailed("started")
+
+    monkeypatch.setattr(stack.Stack, "start", start)  # the first has ended: its lock with it
+    assert cli.main(["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(logs)]) == 1
+    assert capsys.readouterr().err.endswith("error: started\n")

@@ -4,6 +4,7 @@ SIGTERM stops them in order."""
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
 from . import cli_args
 from .config import ModelConfig
@@ -96,6 +98,7 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
     planned_pools(settings, config, strict=True)  # pools too small: one line, not a crash loop or 500s
     load_codec(checkpoint)  # a damaged tokenizer: one line here, not a gateway's restart loop
     _make_log_dir(args.log_dir)
+    claim = _claim_log_dir(args.log_dir)  # held until up returns (the children do not inherit it)
     counts = {"vision": vision, "prefill": args.prefill, "decode": args.decode}
     port = settings.port if args.port is None else args.port
     redis_url = os.environ.get("DAYZERO_REDIS_URL") or os.environ.get("REDIS_URL")  # else an embedded one
@@ -142,6 +145,7 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
         if watch is not None:  # (its client's connection was left open)
             watch.close()
         killed = stack.stop()
+        claim.close()
         if killed:
             print(f"stopped; killed {', '.join(killed)} (still running after SIGTERM)", file=sys.stderr)
     return 0
@@ -154,6 +158,27 @@ def _make_log_dir(path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"--log-dir {path} cannot be made: {exc.strerror}") from None
+
+
+def _claim_log_dir(path: Path) -> TextIO:
+    """An exclusive lock on ``path``/up.lock, which names this up's pid: a second up on the same
+    --log-dir appended to the first's service logs and redis.log. Released when the file closes
+    or this process ends, however it ends."""
+    claim = (path / "up.lock").open("a+")
+    try:
+        fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        claim.seek(0)
+        holder = claim.read().strip() or "unknown"
+        claim.close()
+        raise ValueError(
+            f"--log-dir {path} is in use by a running dayzero up (pid {holder}): stop it, or give this one "
+            "another --log-dir"
+        ) from None
+    claim.truncate(0)
+    claim.write(f"{os.getpid()}\n")
+    claim.flush()
+    return claim
 
 
 def _ranks(n: int) -> str:
