@@ -20,6 +20,8 @@ from .host_copy import copy_host_blocks
 from .layout import POOL_KINDS
 from .pools import KVPools
 
+_INT64 = np.dtype("<i8")  # (np.frombuffer(data, _INT64): ~0.2 us less than dtype="<i8", a keyword and a name)
+
 
 class LayoutMismatch(ValueError):
     """Source and destination pools are laid out differently: copying would corrupt state."""
@@ -40,8 +42,12 @@ def ids_bytes(blocks: dict[str, Sequence[int]], counts: dict[str, int]) -> bytes
 
 
 def _split(data: bytes, counts: dict[str, int]) -> dict[str, list[int]]:
-    """``ids_bytes``' lists again (the copy between devices takes lists)."""
-    ids, at, lists = np.frombuffer(data, dtype="<i8").tolist(), 0, {}
+    """``ids_bytes``' lists again (the copy between devices takes lists); bytes of another count
+    than ``counts``' ids raise ValueError (the lists cut from them could not say: an id more would
+    be left out)."""
+    if len(data) != 8 * sum(counts.values()):
+        raise ValueError(f"{len(data)} bytes of block ids, not 8 for each of the {sum(counts.values())} it needs")
+    ids, at, lists = np.frombuffer(data, _INT64).tolist(), 0, {}
     for kind in POOL_KINDS:
         lists[kind], at = ids[at : at + counts[kind]], at + counts[kind]
     return lists
@@ -68,9 +74,7 @@ def import_state(dst: KVPools, src: KVPools, handle: StateHandle, seq_id: str) -
     if held:
         tables = {kind: tables[kind][: counts[kind]] for kind in POOL_KINDS}
     blocks = handle.blocks
-    try:
-        if isinstance(blocks, bytes) and len(blocks) != 8 * sum(counts.values()):
-            raise ValueError(f"{len(blocks)} bytes of block ids, not 8 for each of the {sum(counts.values())} it needs")
+    try:  # (host pools: copy_host_blocks checks the plan's length, where ``blocks``' bytes must fit)
         if dst.host_places is not None and src.host_places is not None and dst.dtype == src.dtype:
             copy_host_blocks(dst.host_places, src.host_places, _plan(counts, tables, blocks))
         else:
@@ -113,17 +117,16 @@ def _plan(counts: dict[str, int], dst: dict[str, Sequence[int]], src: dict[str, 
     list, converted once: struct packs a list of ints in half numpy's time (np.array ~17 ns an id,
     a 4k demo state has ~300); ``src`` as ``ids_bytes``' bytes (its lists as long as the counts)
     follows the packed ones as it is."""
-    d, s = dst, src
-    if isinstance(s, bytes):  # (its lengths: the counts)
+    c, d, s = counts, dst, src
+    if isinstance(s, bytes):  # (its lengths: the counts; the head packed as arguments: no list of it first)
+        lengths = len(d[_W]), len(d[_C]), len(d[_H]), len(d[_I]), len(d[_P])
         # fmt: off
-        head = [
-            counts[_W], counts[_C], counts[_H], counts[_I], counts[_P],
-            len(d[_W]), len(d[_C]), len(d[_H]), len(d[_I]), len(d[_P]),
-            counts[_W], counts[_C], counts[_H], counts[_I], counts[_P],
+        head = struct.pack(
+            f"<{15 + sum(lengths)}q", c[_W], c[_C], c[_H], c[_I], c[_P], *lengths, c[_W], c[_C], c[_H], c[_I], c[_P],
             *d[_W], *d[_C], *d[_H], *d[_I], *d[_P],
-        ]
+        )
         # fmt: on
-        return np.frombuffer(struct.pack(f"<{len(head)}q", *head) + s, dtype="<i8")
+        return np.frombuffer(head + s, _INT64)
     # fmt: off
     plan = [
         counts[_W], counts[_C], counts[_H], counts[_I], counts[_P],
