@@ -6,7 +6,9 @@ are; a process of its own then receives it as decode does (its first receive att
 shared-memory segment, or on a GPU the CUDA IPC allocation: its exporter cannot open it; the
 others copy the state into its own pools, what decode times as handoff_seconds), timed
 interleaved with a plain copy of as many bytes between two contiguous tensors on the same
-device, median of ``--runs`` after ``--warmup`` receives not counted (CUDA-synchronised; the first
+device (``copy``: torch's, on a CPU with torch's threads, two by default; ``memcpy``: on a CPU one thread's,
+libc's memmove, which is what the handoff's compiled copy is; on a GPU the two are one device copy),
+median of ``--runs`` after ``--warmup`` receives not counted (CUDA-synchronised; the first
 attaches; a decode worker imports thousands of states: the warm ones are its steady state, and
 ``--warmup 1`` a fresh process's first). The 16-token state is the handoff's fixed cost: its copy
 is a few microseconds. The decode side reads the state's message from its JSON
@@ -20,6 +22,7 @@ runs it; without one: a message, exit 0). Run:
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import statistics
 import time
@@ -57,7 +60,7 @@ def _decode_side(
 ) -> None:
     """In a process of its own, as decode: read the state's ``message`` and receive it
     ``warmup + runs`` times (the first attaches; the ``warmup`` first are not counted) interleaved
-    with a plain copy of the ``moved`` bytes; puts (handoff s, copy s, parse s) medians and, when
+    with plain copies of the ``moved`` bytes; puts (handoff s, copy s, memcpy s, parse s) medians and, when
     ``profiled``, the profiler's table of one more receive."""
     device = "cuda" if transport == "cuda_ipc" else "cpu"
     receiver = Receiver(store=None)  # (the store serves the redis transport only)
@@ -66,7 +69,7 @@ def _decode_side(
     flat = torch.ones(moved, dtype=torch.uint8, device=device)
     target = torch.empty_like(flat)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    handoffs, copies, parses = [], [], []
+    handoffs, copies, memcpys, parses = [], [], [], []
     for _ in range(warmup + runs):
         dst.release("d")
         start = time.perf_counter()
@@ -81,10 +84,15 @@ def _decode_side(
         target.copy_(flat)
         sync()
         copies.append(time.perf_counter() - start)
+        if device == "cpu":
+            start = time.perf_counter()
+            ctypes.memmove(target.data_ptr(), flat.data_ptr(), moved)
+            memcpys.append(time.perf_counter() - start)
     assert dst.sequence_bytes("d") == moved
     profile = _profiled(dst, receiver, ref, sync) if profiled else ""
     receiver.close()
-    out.put((*(statistics.median(times[warmup:]) for times in (handoffs, copies, parses)), profile))
+    memcpys = memcpys or copies  # (a GPU's device copy is its memcpy)
+    out.put((*(statistics.median(times[warmup:]) for times in (handoffs, copies, memcpys, parses)), profile))
 
 
 def _profiled(dst: KVPools, receiver: Receiver, ref: StateRef, sync) -> str:
@@ -110,9 +118,9 @@ def bandwidth(
     profiled: bool = False,
     ids: str = "bytes",
     warmup: int = 10,
-) -> tuple[float, float, int, float, str]:
-    """(handoff bytes/s, plain copy bytes/s, bytes moved, message parse s, profile) for one sequence
-    of ``tokens`` tokens."""
+) -> tuple[float, float, float, int, float, str]:
+    """(handoff bytes/s, plain copy bytes/s, one-thread memcpy bytes/s, bytes moved, message parse s,
+    profile) for one sequence of ``tokens`` tokens."""
     layout = PoolLayout.of(cfg, 16, str(dtype).removeprefix("torch."))
     blocks = KVPools.sized(layout, tokens, 1, dtype, device="meta").blocks
     if transport == "cuda_ipc":
@@ -131,9 +139,9 @@ def bandwidth(
         args = (transport, layout, dtype, message, moved, runs, warmup, profiled, out)
         child = context.Process(target=_decode_side, args=args)
         child.start()
-        handoff, copy, parse, profile = out.get(timeout=600)
+        handoff, copy, memcpy, parse, profile = out.get(timeout=600)
         child.join(60)
-        return moved / handoff, moved / copy, moved, parse, profile
+        return moved / handoff, moved / copy, moved / memcpy, moved, parse, profile
     finally:
         del src
         if segment is not None:
@@ -166,19 +174,22 @@ def main() -> None:
         f"KV handoff (decode receives prefill's published state, in another process) vs a plain copy, {where}, "
         f"block ids as {args.ids}, median of {args.runs} after {args.warmup} not counted"
     )
-    print("| model | dtype | tokens | state MB | parse us | handoff us | copy us | handoff GB/s | copy GB/s | ratio |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| model | dtype | tokens | state MB | parse us | handoff us | copy us | memcpy us | handoff GB/s | copy GB/s "
+        "| ratio (vs copy) | vs memcpy |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     profiles = []
     cases = GPU_CASES if args.transport == "cuda_ipc" else CASES
     for name, tokens in [(name, tokens) for name, tokens in cases if tokens in (args.tokens or [tokens])]:
         dtype = torch.float32 if name == "demo" else torch.bfloat16
-        handoff, copy, moved, parse, profile = bandwidth(
+        handoff, copy, memcpy, moved, parse, profile = bandwidth(
             _config(name), tokens, dtype, args.runs, args.transport, args.profile, args.ids, args.warmup
         )
         print(
             f"| {name} | {str(dtype).removeprefix('torch.')} | {tokens} | {moved / 1e6:.2f} | {parse * 1e6:.1f} | "
-            f"{moved / handoff * 1e6:.1f} | {moved / copy * 1e6:.1f} | "
-            f"{handoff / 1e9:.2f} | {copy / 1e9:.2f} | {handoff / copy:.2f}x |"
+            f"{moved / handoff * 1e6:.1f} | {moved / copy * 1e6:.1f} | {moved / memcpy * 1e6:.1f} | "
+            f"{handoff / 1e9:.2f} | {copy / 1e9:.2f} | {handoff / copy:.2f}x | {handoff / memcpy:.2f}x |"
         )
         profiles.append(f"\n{name}, {tokens} tokens: one import\n{profile}" if profile else "")
     print("".join(profiles), end="")

@@ -205,7 +205,7 @@ def main() -> None:
         print(
             f"throughput {tokens / wall:.1f} tokens/s, {len(ok) / wall:.2f} requests/s, failed {len(results) - len(ok)}"
         )
-        handoff, copy, moved, _, _ = bandwidth(ModelConfig.from_file(checkpoint), 4096, torch.float32, runs=5)
+        handoff, copy, _, moved, _, _ = bandwidth(ModelConfig.from_file(checkpoint), 4096, torch.float32, runs=5)
         print(
             f"KV handoff of a 4096-token sequence ({moved / 1e6:.2f} MB): {handoff / 1e9:.2f} GB/s vs plain "
             f"memory copy {copy / 1e9:.2f} GB/s ({handoff / copy:.2f}x)"
