@@ -20,7 +20,7 @@ from dayzero.serving.liveness import STAMP_RETRY_S, wake_stampers
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.no_worker_count import count_again, unserved_stages
 from dayzero.serving.queue import composer
-from dayzero.serving.reaper import OverdueWaits, end_unserved, sweep
+from dayzero.serving.reaper import OverdueWaits, end_unserved, lock_left_s, sweep
 from dayzero.serving.watching import cancel_left
 
 from .context import Gateway
@@ -103,6 +103,16 @@ async def reap(gw: Gateway) -> None:
         with sent.recording(this_pass):
             count_again(store.r, QUEUES, failed_at)
 
+    def swept_next(rerun: bool, wait_s: float, this_pass: PassCommands) -> float:
+        """The wait before the next pass: to the sweep's lock's lapse where this one found it another's
+        and held a refusal met under it (it met that refusal only at the sweeps it won: lifted, it was
+        said for as long as its passes took to drift into the lock's lapse, 40 periods on a fresh
+        gateway, 503s throughout). One round trip more, only then; recorded (a refusal of it is settled)."""
+        if not (rerun and RERUN in command.held_at):
+            return wait_s
+        with sent.recording(this_pass):
+            return min(wait_s, lock_left_s(store.r))
+
     def steps_of_a_pass(past_before: set[str], rerun: bool, this_pass: PassCommands) -> dict[str, float]:
         swept = None  # (skipped, another gateway's, or failed otherwise: it told nothing of a refusal met there)
         if rerun:
@@ -142,10 +152,12 @@ async def reap(gw: Gateway) -> None:
                 rerun_from = time.monotonic() + gw.settings.lease_s  # (the live workers beat within a lease)
                 back_since = clock.now()
                 await in_thread(counted_again, failed_at, this_pass)
-            found = await in_thread(one_pass, past, time.monotonic() >= rerun_from, back_since, this_pass)
+            rerun = time.monotonic() >= rerun_from
+            found = await in_thread(one_pass, past, rerun, back_since, this_pass)
             wait_s, past, failed_at = RESTAMPED_S if found - past else period, found, None
             refused.taken()
             await in_thread(command.settle, this_pass)
+            wait_s = await in_thread(swept_next, rerun, wait_s, this_pass)
         except redis.RedisError as exc:  # Redis down or refusing writes: /ready says so; sweep when it is back
             if command.tried(exc, this_pass.sent_as(exc)):
                 await in_thread(command.settle, this_pass)

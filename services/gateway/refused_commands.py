@@ -64,12 +64,14 @@ def _entry(refusal: Refusal, until: float) -> str:
 
 
 class RefusedCommands:
-    """This gateway's view of the record: ``reason`` (a refused command's line; None: none refused)."""
+    """This gateway's view of the record: ``reason`` (a refused command's line; None: none refused), and
+    ``held_at``: the steps the last pass skipped that a refusal it held was met at."""
 
     def __init__(self, url: str, client: redis.Redis, period_s: float) -> None:
         self.url, self.r, self.held_s = url, client, HELD_PASSES * period_s
         self.key = key("refused", client.connection_pool.connection_kwargs.get("username") or "default")
         self.reason: str | None = None
+        self.held_at: set[str | None] = set()
         self._met: dict[str, Refusal] = {}  # this pass's refusals, by command
         self._record: dict[str, Refusal] = {}  # the record at the last read, by command
 
@@ -94,6 +96,7 @@ class RefusedCommands:
             for command, refusal in self._record.items()
             if refusal.step in this_pass.skipped and command not in met.keys() | answered
         }
+        self.held_at = {refusal.step for refusal in held.values()}
         try:
             record = self._settled(met, held, answered)
         except redis.RedisError as exc:  # (down, or refusing the record's commands: the last read's, and this

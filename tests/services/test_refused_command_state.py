@@ -55,9 +55,9 @@ def _redis(port: int, log: Path, commands: list[str]) -> Iterator[tuple[subproce
 
 
 @contextlib.contextmanager
-def _gateway(port: int, checkpoint: Path, user: str = "dz") -> Iterator[TestClient]:
+def _gateway(port: int, checkpoint: Path, user: str = "dz", lease_s: float = LEASE_S) -> Iterator[TestClient]:
     url = f"redis://{user}:pw@127.0.0.1:{port}/0"
-    settings = Settings(redis_url=url, checkpoint=checkpoint, lease_s=LEASE_S, credentials_refused_s=600)
+    settings = Settings(redis_url=url, checkpoint=checkpoint, lease_s=lease_s, credentials_refused_s=600)
     with TestClient(make_app(settings)) as gateway:
         yield gateway
 
@@ -245,6 +245,18 @@ def test_a_subcommands_or_a_scripts_refusal_is_cleared_once_redis_answers_it(sen
         assert wait_until(lambda: _reason(gateway).startswith("no live worker"), 15), _reason(gateway)
 
 
+SWEEP = reaping.sweep  # (the real one, which the stand-ins call: tests patch reaping's)
+
+
+def sweep_sending_lrange_under_its_lock(store, send, transit_s, lock_ms, *args):
+    """A sweep that sends LRANGE once it holds the sweep's lock (taken as the real one takes it)."""
+    if not store.r.set(key("reaper"), 1, px=lock_ms, nx=True):
+        return None
+    store.r.lrange(key("sweep-only"), 0, 0)
+    store.r.delete(key("reaper"))
+    return SWEEP(store, send, transit_s, lock_ms, *args)
+
+
 def test_a_refusal_met_under_the_sweeps_lock_is_said_steadily_while_another_gateway_holds_the_lock(
     demo_dir, tmp_path, monkeypatch
 ):
@@ -253,15 +265,6 @@ def test_a_refusal_met_under_the_sweeps_lock_is_said_steadily_while_another_gate
     refusal only at the sweeps it won, and the record lapsed 5 periods on; its /ready flapped
     healthy/refused (two gateways as two users, 10 s of /ready: 84 of 173 and 39 of 170 healthy). A
     pass whose sweep another gateway took tells nothing of the refusal: held, till the sweep answers it."""
-    sweep = reaping.sweep
-
-    def sweep_sending_lrange_under_its_lock(store, send, transit_s, lock_ms, *args):
-        if not store.r.set(key("reaper"), 1, px=lock_ms, nx=True):  # (the real sweep's lock, as it takes it)
-            return None
-        store.r.lrange(key("sweep-only"), 0, 0)
-        store.r.delete(key("reaper"))
-        return sweep(store, send, transit_s, lock_ms, *args)
-
     monkeypatch.setattr(reaping, "sweep", sweep_sending_lrange_under_its_lock)
     port = free_port()
     with _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client), _gateway(port, demo_dir) as gateway:

@@ -23,6 +23,7 @@ from .time_limit import overdue, past_limit
 
 log = logging.getLogger("dayzero.reaper")
 MAX_ATTEMPTS = 4
+LOCK_LAPSE_MARGIN_S = 0.001  # (PTTL is in whole ms: a try that came before the lapse tries again at once)
 
 
 class Stalled(redis.RedisError):
@@ -78,6 +79,13 @@ def sweep(
             send(job, "vision" if request.images else "prefill")
         rerun.append(rid)
     return rerun
+
+
+def lock_left_s(r: redis.Redis) -> float:
+    """How long the sweep's lock is held yet (0: free). A gateway that tries it then wins the sweep
+    before its holder's next try (a tenth of a period on, at the same lease): trying a period after
+    the last, it won only where its pass happened to fall in that tenth."""
+    return max(r.pttl(key("reaper")), 0) / 1000 + LOCK_LAPSE_MARGIN_S
 
 
 def no_worker_message(stage: str, unserved_s: float, bound_s: float) -> str:

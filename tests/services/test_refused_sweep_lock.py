@@ -1,0 +1,76 @@
+"""A refusal met under the sweep's lock, lifted while another user's gateway holds that lock at the
+refused gateway's passes (its own period, the lock taken for 0.9 of it: the refused gateway wins only
+in the tenth after the lock lapses). A real Redis and its ACL, the gateway in-process, the other
+gateway a thread that takes the lock as the sweep does."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+import redis
+
+from dayzero.procs import free_port
+from dayzero.serving.keys import key
+from services.gateway import reaping
+
+from .conftest import wait_until
+from .test_refused_command_state import GRANTS, _gateway, _reason, _redis, sweep_sending_lrange_under_its_lock
+
+LEASE_S = 1.0  # a period of 0.5 s: the refused gateway's pass drifts a few ms a period against the other's
+PERIOD_S = LEASE_S / 2
+LOCK_MS = int(PERIOD_S * 900)  # (as reaping.py takes it)
+
+
+@contextlib.contextmanager
+def _other_gateway_sweeping(client: redis.Redis, first_s: float) -> Iterator[list[bool]]:
+    """Another gateway's sweeps: the lock taken at ``first_s`` (monotonic), then each period after (NX,
+    as sweep() takes it). -> whether each take won, as they come. Stopped after."""
+    takes, stop = [], threading.Event()
+
+    def sweeps() -> None:
+        k = 0
+        while not stop.wait(max(0.0, first_s + k * PERIOD_S - time.monotonic())):
+            takes.append(bool(client.set(key("reaper"), "other", px=LOCK_MS, nx=k > 0)))  # (the first: it has it)
+            k += 1
+
+    thread = threading.Thread(target=sweeps)
+    thread.start()
+    try:
+        yield takes
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_a_lifted_refusal_is_cleared_within_a_few_periods_while_another_users_gateway_sweeps(
+    demo_dir, tmp_path, monkeypatch
+):
+    """The other gateway takes the lock just before each of this one's tries: this gateway
+    skipped the sweep where the refusal was met, held it, and met the lock's tenth-of-a-period window
+    only as its pass drifted into it (a fresh gateway, real Redis: 40 periods; 5-13 min at the default
+    lease). Its pass after one that found the lock held is timed to the lock's expiry now: the refusal,
+    lifted, is cleared within a few of the other's sweeps."""
+    tries = []
+
+    def sweep_tried_at(*args):
+        tries.append(time.monotonic())
+        return sweep_sending_lrange_under_its_lock(*args)
+
+    monkeypatch.setattr(reaping, "sweep", sweep_tried_at)
+    port = free_port()
+    with (
+        _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client),
+        _gateway(port, demo_dir, lease_s=LEASE_S) as gateway,
+    ):
+        client.acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
+        assert wait_until(lambda: "'lrange'" in _reason(gateway), 15), _reason(gateway)
+        # (the refused sweep failed its pass: re-runs off for a lease, this gateway's next try 3 periods on)
+        with _other_gateway_sweeping(client, tries[-1] + 2.9 * PERIOD_S) as takes:
+            assert wait_until(lambda: takes, 15)
+            client.acl_setuser("dz", commands=["+@all"], **GRANTS)
+            assert wait_until(lambda: "user a command" not in _reason(gateway) or len(takes) > 6, 30)
+            sweeps_till_cleared = len(takes)
+    assert sweeps_till_cleared <= 6, (sweeps_till_cleared, takes)
