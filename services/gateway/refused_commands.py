@@ -70,6 +70,7 @@ class RefusedCommands:
     def __init__(self, url: str, client: redis.Redis, period_s: float) -> None:
         self.url, self.r, self.held_s = url, client, HELD_PASSES * period_s
         self.key = key("refused", client.connection_pool.connection_kwargs.get("username") or "default")
+        self._lengthen = client.register_script(LENGTHEN)
         self.reason: str | None = None
         self.held_at: set[str | None] = set()
         self._met: dict[str, Refusal] = {}  # this pass's refusals, by command
@@ -112,18 +113,30 @@ class RefusedCommands:
 
     def _settled(self, met: dict[str, Refusal], held: dict[str, Refusal], answered: set[str]) -> dict[str, Refusal]:
         now, refused = clock.now(), self.key
-        pipe = self.r.pipeline(transaction=False)  # (no MULTI: a refused one is a refusal to record too)
         until = now + self.held_s
         written = [(command, _entry(refusal, until), "met") for command, refusal in met.items()]
         written += [(command, _entry(refusal, until), "held") for command, refusal in held.items()]
         if written:
-            pipe.eval(LENGTHEN, 1, refused, int(self.held_s * 1000), *itertools.chain.from_iterable(written))
+            self._lengthened([int(self.held_s * 1000), *itertools.chain.from_iterable(written)])
+        pipe = self.r.pipeline(transaction=False)  # (no MULTI: a refused one is a refusal to record too)
         if answered:
             pipe.hdel(refused, *answered)
         pipe.hgetall(refused)
         found = pipe.execute()[-1]
         entries = {command.decode(): json.loads(entry) for command, entry in found.items()}
         return {c: Refusal(entry["line"], entry.get("step")) for c, entry in entries.items() if entry["until"] > now}
+
+    def _lengthened(self, args: list[object]) -> None:
+        """LENGTHEN with ``args``: EVALSHA (NOSCRIPT: loaded, sent again, as redis-py does), else EVAL where
+        the ACL refuses one of those (Redis keeps an EVAL's script: the next EVALSHA finds it). As EVAL
+        alone, an ACL refusing EVAL (the gateway's other scripts go as EVALSHA) refused every write of the
+        record: each gateway kept the refusals it met, the others of its user never saw them."""
+        try:
+            self._lengthen([self.key], args)
+        except redis.ResponseError as exc:
+            if not command_refused(exc):
+                raise
+            self.r.eval(LENGTHEN, 1, self.key, *args)
 
     def _say(self, record: dict[str, Refusal]) -> None:
         for command in sorted(record.keys() - self._record.keys()):

@@ -37,3 +37,22 @@ def test_a_gateway_with_a_shorter_lease_leaves_a_longer_ones_refusal_its_life(tm
         assert "'lrange'" in (long.settle(PassCommands()) or ""), long.key
         long.r.close()
         short.r.close()
+
+
+def test_an_acl_refusing_eval_but_allowing_evalsha_leaves_the_record_shared(tmp_path):
+    """LENGTHEN went as EVAL: an ACL that refused EVAL (and allowed EVALSHA, as the gateway's other
+    scripts go) refused every write of the record, so a refusal met stayed this gateway's own, the
+    other gateways of the user never saw it, and /ready named EVAL. It goes as EVALSHA now."""
+    with scratch_redis(tmp_path) as port:
+        admin = redis.Redis(port=port)
+        admin.acl_setuser("dz", commands=["+@all", "-lrange", "-eval"], **GRANTS)
+        url = f"redis://dz:pw@127.0.0.1:{port}/0"
+        met, other = (RefusedCommands(url, redis.Redis.from_url(url), 60.0) for _ in range(2))
+        assert met.tried(_refusal(met.r))
+        assert "'lrange'" in (met.settle(PassCommands()) or ""), met.reason
+        admin.script_flush()  # (Redis lost it: NOSCRIPT, loaded and sent again)
+        assert met.tried(_refusal(met.r))
+        assert "'lrange'" in (met.settle(PassCommands()) or ""), met.reason
+        assert "'lrange'" in (other.settle(PassCommands()) or ""), other.reason
+        met.r.close()
+        other.r.close()
