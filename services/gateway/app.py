@@ -93,17 +93,19 @@ _ERROR = {
 
 def _openapi_as_served(app: FastAPI, names: list[str]) -> None:
     """The OpenAPI schema as the gateway answers: the served model ids listed (clients and fuzzers
-    see what is valid; validation still answers any other name with 400 model_not_found), and an
+    see what is valid; the routes still answer any other name with 404 model_not_found), and an
     invalid body's 400 with OpenAI's error body where FastAPI documents its own 422 (never sent),
-    a path parameter's 404 too."""
+    a 404 where a path parameter or the body names what may not be there (a model)."""
     build = app.openapi
 
     def openapi() -> dict:
         schema = build()
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for component in components.values():
+        modelled = set()  # the bodies that name a model
+        for name, component in components.items():
             if "model" in component.get("properties", {}):
                 component["properties"]["model"]["enum"] = names
+                modelled.add(f"#/components/schemas/{name}")
         components.pop("HTTPValidationError", None)
         components.pop("ValidationError", None)
         components["Error"] = _ERROR
@@ -113,11 +115,16 @@ def _openapi_as_served(app: FastAPI, names: list[str]) -> None:
                 responses = operation.setdefault("responses", {})
                 if responses.pop("422", None) is not None:
                     responses["400"] = {"description": "invalid request", **answer}
-                if "{" in path:
+                if "{" in path or _body_schema(operation).get("$ref") in modelled:
                     responses["404"] = {"description": "not found", **answer}
         return schema
 
     app.openapi = openapi
+
+
+def _body_schema(operation: dict) -> dict:
+    """The schema of an operation's JSON body ({} for one that takes none)."""
+    return operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
 
 
 def make_app(settings: Settings) -> FastAPI:

@@ -59,13 +59,11 @@ Authorized = Depends(authorize)
 
 
 def served(gw: Gateway, model: str) -> None:
+    """A model this server does not serve is OpenAI's 404 model_not_found (vLLM's too): the openai
+    client raises NotFoundError for it (a 400 raised BadRequestError)."""
     if model != gw.settings.model_name:
-        raise APIError(
-            400,
-            f"unknown model {model!r}; this server serves {gw.settings.model_name!r}",
-            param="model",
-            code="model_not_found",
-        )
+        message = f"The model {model!r} does not exist; this server serves {gw.settings.model_name!r}"
+        raise APIError(404, message, param="model", code="model_not_found")
 
 
 def _spec(
@@ -252,13 +250,7 @@ async def models(gw: GatewayDep):
 
 @router.get("/v1/models/{model:path}", dependencies=[Authorized])
 async def model(model: str, gw: GatewayDep):
-    if model != gw.settings.model_name:
-        raise APIError(
-            404,
-            f"no model {model!r}; this server serves {gw.settings.model_name!r}",
-            param="model",
-            code="model_not_found",
-        )
+    served(gw, model)
     return _model_card(gw)
 
 

@@ -38,13 +38,13 @@ def test_an_access_line_ends_with_the_ids_of_the_requests_it_answered(gateway):
         assert r.status_code == 200
         ids = r.headers["x-request-id"]  # one per choice
     refused = httpx.post(f"{gateway.url}/v1/completions", json={"model": "nope", "prompt": "x"}, timeout=30)
-    assert refused.status_code == 400 and "x-request-id" not in refused.headers
+    assert refused.status_code == 404 and "x-request-id" not in refused.headers
     lines = wait_until(
         lambda: len(_access_lines(gateway, "/v1/completions")) >= 2 and _access_lines(gateway, "/v1/completions"), 10
     )
     assert lines, "no access line"
     assert lines[0].endswith(f" 200 OK request {ids}")
-    assert lines[1].endswith(" 400 Bad Request")  # refused before admission: no request to name
+    assert lines[1].endswith(" 404 Not Found")  # refused before admission: no request to name
 
 
 def test_a_pipelined_probe_after_an_api_response_names_no_request(gateway):

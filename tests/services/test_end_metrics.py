@@ -151,7 +151,7 @@ def test_the_errors_sent_are_counted_by_their_code(gateway):
     came in a 200). Before, only the HTTP status and a finish "error" were counted."""
     client, store = gateway
     before = _errors(client)
-    assert client.post("/v1/completions", json={"model": "nope", "prompt": "x"}).status_code == 400
+    assert client.post("/v1/completions", json={"model": "nope", "prompt": "x"}).status_code == 404
     assert client.post("/v1/completions", json={"model": MODEL, "prompt": [0, 5], "top_p": 7}).status_code == 400
     refused_key = {
         "model": MODEL,
@@ -189,11 +189,11 @@ def test_metrics_are_served_while_redis_is_down(demo_dir):
         client = TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=f"redis://127.0.0.1:{port}/0")))
         with client:
             assert "dayzero_queue_reachable 1.0" in client.get("/metrics").text
-            client.post("/v1/completions", json={"model": "nope", "prompt": "x"})  # a 400 to count
+            client.post("/v1/completions", json={"model": "nope", "prompt": "x"})  # a 404 to count
             redis.Redis(port=port).shutdown(nosave=True)
             r = client.get("/metrics")
     assert r.status_code == 200 and "dayzero_queue_reachable 0.0" in r.text
-    assert 'dayzero_http_responses_total{status="400"} 1.0' in r.text and "dayzero_queue_depth{" not in r.text
+    assert 'dayzero_http_responses_total{status="404"} 1.0' in r.text and "dayzero_queue_depth{" not in r.text
 
 
 def test_requests_after_redis_came_back_do_not_meet_its_closed_connections(demo_dir, tmp_path):

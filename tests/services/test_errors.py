@@ -192,7 +192,8 @@ def test_an_unexpected_failure_is_a_counted_500_that_keeps_the_connection(caplog
 
 
 def test_the_openapi_document_says_what_the_gateway_answers(gateway):
-    """400 with OpenAI's error body where FastAPI documents a 422 it never sends; 404 for a path's id."""
+    """400 with OpenAI's error body where FastAPI documents a 422 it never sends; 404 for a path's id,
+    and for a body's model this server does not serve."""
     schema = gateway.get("/openapi.json").json()
     assert '"422"' not in json.dumps(schema) and "HTTPValidationError" not in schema["components"]["schemas"]
     refused = schema["paths"]["/v1/chat/completions"]["post"]["responses"]["400"]
@@ -204,6 +205,8 @@ def test_the_openapi_document_says_what_the_gateway_answers(gateway):
         "code",
     ]
     assert "404" in schema["paths"]["/v1/requests/{request_id}/stream"]["get"]["responses"]
+    for path in ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"):  # a model not served
+        assert "404" in schema["paths"][path]["post"]["responses"], path
 
 
 def test_a_request_redis_cannot_queue_is_a_503_with_the_code_its_stream_would_end_with(gateway, redis_url):

@@ -56,7 +56,7 @@ def test_a_compressed_body_is_refused_as_such(gateway, codings, body):
 def test_a_body_in_no_coding_is_read(gateway, codings):
     """Read and answered as usual: here refused for its model's name."""
     r = _post(gateway, json.dumps(chat("hi", model="nope")).encode(), *codings)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model", r.text
 
 
 def test_an_integer_longer_than_python_converts_is_refused_saying_so(gateway):

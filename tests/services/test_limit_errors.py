@@ -131,7 +131,7 @@ def test_a_clients_string_quoted_in_a_message_keeps_its_digits(gateway):
     model 'm' + 25 ones was named 'm11111111111111111111... (25 digits)', a name it never sent."""
     name = "m" + "1" * 25
     r = gateway.post("/v1/chat/completions", json={"model": name, "messages": [{"role": "user", "content": "hi"}]})
-    assert r.status_code == 400, r.text
+    assert r.status_code == 404, r.text
     assert r.json()["error"]["code"] == "model_not_found"
     assert f"'{name}'" in r.json()["error"]["message"], r.text
 

@@ -29,7 +29,7 @@ def test_documented_names_are_scraped_from_a_running_stack(stack):
     content = [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": data_url(30, 30, 9)}}]
     body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 3, "ignore_eos": True}
     assert httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=60).status_code == 200  # (to decode)
-    httpx.post(f"{stack.url}/v1/completions", json={"model": "nope", "prompt": "x"}, timeout=30)  # a 400
+    httpx.post(f"{stack.url}/v1/completions", json={"model": "nope", "prompt": "x"}, timeout=30)  # a 404
     time.sleep(1.0)  # a heartbeat publishes the workers' snapshots
     text = httpx.get(f"{stack.url}/metrics", timeout=30).text
     documented = _documented()

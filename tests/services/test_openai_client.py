@@ -44,3 +44,15 @@ def test_a_token_limit_too_large_is_refused_naming_the_field_sent(client, field)
         client.chat.completions.create(model=MODEL, messages=long, **{field: 2000})
     assert refused.value.param == field and refused.value.code == "context_length_exceeded"
     assert f"+ {field} (2000) exceeds the context limit 4096" in refused.value.message
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_model_not_served_raises_the_clients_not_found_error(client, endpoint):
+    """OpenAI (and vLLM) answer a model they do not serve 404: code written for OpenAI catches
+    NotFoundError. The gateway's 400 raised BadRequestError."""
+    with pytest.raises(openai.NotFoundError) as refused:
+        if endpoint == "chat":
+            client.chat.completions.create(model="nope", messages=HI)
+        else:
+            client.completions.create(model="nope", prompt="hi")
+    assert (refused.value.code, refused.value.param) == ("model_not_found", "model")

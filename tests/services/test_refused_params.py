@@ -197,7 +197,7 @@ def test_summed_image_pixels_are_refused_from_the_headers_before_decoding():
 @pytest.mark.parametrize(
     ("body", "status", "param"),
     [
-        (chat("x", model="other"), 400, "model"),
+        (chat("x", model="other"), 404, "model"),
         (chat("x", temperature=5), 400, "temperature"),
         (chat("x", max_tokens=0), 400, "max_tokens"),
         (chat("x", max_tokens="4"), 400, "max_tokens"),  # strict types: no coercion

@@ -74,11 +74,22 @@ def test_a_url_no_route_serves_is_a_404_naming_it(gateway, method, path):
     }
 
 
-def test_a_model_this_server_does_not_serve_is_a_404_typed_as_openai_types_it(gateway):
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/v1/models/other", None),
+        ("POST", "/v1/chat/completions", {"model": "other", "messages": [{"role": "user", "content": "hi"}]}),
+        ("POST", "/v1/completions", {"model": "other", "prompt": "hi"}),
+        ("POST", "/tokenize", {"model": "other", "prompt": "hi"}),
+        ("POST", "/detokenize", {"model": "other", "tokens": [1]}),
+    ],
+)
+def test_a_model_this_server_does_not_serve_is_a_404_typed_as_openai_types_it(gateway, method, path, body):
     """OpenAI answers an unknown model 404 invalid_request_error, code model_not_found ("The model
-    `x` does not exist or you do not have access to it."); it was typed not_found_error, a type
-    OpenAI's API does not send."""
-    r = gateway.get("/v1/models/other")
+    `x` does not exist or you do not have access to it."), a completion's as a model card's; it was
+    typed not_found_error, a type OpenAI's API does not send, and the POSTs answered 400."""
+    r = gateway.request(method, path, json=body)
     assert r.status_code == 404, r.text
     error = r.json()["error"]
     assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "model_not_found", "model")
+    assert error["message"].startswith("The model 'other' does not exist"), error
