@@ -60,7 +60,8 @@ Authorized = Depends(authorize)
 
 def served(gw: Gateway, model: str) -> None:
     """A model this server does not serve is OpenAI's 404 model_not_found (vLLM's too): the openai
-    client raises NotFoundError for it (a 400 raised BadRequestError)."""
+    client raises NotFoundError for it (a 400 raised BadRequestError). First in a route: before a
+    prompt is rendered, its images decoded or its grammar compiled, for nothing."""
     if model != gw.settings.model_name:
         message = f"The model {model!r} does not exist; this server serves {gw.settings.model_name!r}"
         raise APIError(404, message, param="model", code="model_not_found")
@@ -76,7 +77,6 @@ def _spec(
 ) -> SamplingParams:
     """``limit_param``: the field ``max_tokens`` came from (chat's max_completion_tokens, or max_tokens)."""
     s = gw.settings
-    served(gw, body.model)
     limit = gw.context_limit
     if not prompt_ids:
         raise APIError(400, "the prompt is empty", param="prompt", code="invalid_value")
@@ -159,8 +159,9 @@ def _choices(requests: list[GenerationRequest], n: int) -> list[GenerationReques
 
 @router.post("/v1/chat/completions", dependencies=[Authorized])
 async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Request):
+    served(gw, body.model)
     thinking, _ = body.thinking()
-    # first: a tool set or schema too big is refused in milliseconds, before it compiles or its text is rendered
+    # a tool set or schema too big is refused in milliseconds, before it compiles or its text is rendered
     check_tool_set(gw, body)
     rule = await enforced(gw, body, thinking)
     ids, prompt = await prompted(gw, body)  # (images are decoded, long text tokenized: off the event loop)
@@ -179,6 +180,7 @@ async def chat_completions(body: ChatCompletionRequest, gw: GatewayDep, http: Re
 
 @router.post("/v1/completions", dependencies=[Authorized])
 async def completions(body: CompletionRequest, gw: GatewayDep, http: Request):
+    served(gw, body.model)
     scored = body.echo and body.logprobs is not None
     rule = await enforced(gw, body)  # once for all prompts
     requests, prompts = [], body.prompts()

@@ -93,3 +93,13 @@ def test_a_model_this_server_does_not_serve_is_a_404_typed_as_openai_types_it(ga
     error = r.json()["error"]
     assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "model_not_found", "model")
     assert error["message"].startswith("The model 'other' does not exist"), error
+
+
+def test_a_model_not_served_is_refused_before_its_prompt_is_rendered(gateway):
+    """The model is checked first: a prompt was rendered, its images decoded and its text tokenized
+    for a request refused anyway (a 2.4 MB chat of a 768x768 image and 20,000 words: its refusal took
+    128 ms, 48 ms now), and an image that does not decode was the refusal's reason."""
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = {"model": "other", "messages": [{"role": "user", "content": [image]}]}
+    r = gateway.post("/v1/chat/completions", json=body)
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "model_not_found"), r.text
