@@ -4,7 +4,8 @@ tool message stands elsewhere ("Messages with role 'tool' must be a response to 
 with 'tool_calls'"; "An assistant message with 'tool_calls' must be followed by tool messages
 responding to each 'tool_call_id'"). Rendered, a call left unanswered showed the model a call whose
 result never came; a result that answers no call, a result of a call it never made (or, its id
-unknown, the results out of their calls' order)."""
+unknown, the results out of their calls' order); a second result of one call (OpenAI: "Duplicate
+value for 'tool_call_id'"), two results where the call had one."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ def unanswered_result(messages: list[_Message]) -> tuple[tuple[int, str], str] |
                 return (i, "role"), "a tool message must answer the tool_calls of the assistant message right before it"
             if m.tool_call_id not in asked:
                 why = f"{m.tool_call_id!r} is the id of no call of the assistant message before it"
+                return (i, "tool_call_id"), why
+            if m.tool_call_id not in waiting:
+                why = f"{m.tool_call_id!r} is answered twice (duplicate value for 'tool_call_id')"
                 return (i, "tool_call_id"), why
             waiting = [id_ for id_ in waiting if id_ != m.tool_call_id]
             continue

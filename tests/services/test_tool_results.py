@@ -95,3 +95,25 @@ def test_a_history_call_without_an_id_is_refused(gateway):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert (error["param"], error["code"]) == ("messages[1].tool_calls[0].id", "missing_required_parameter"), error
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [*ASKED, *({"role": "tool", "tool_call_id": "c1", "content": r} for r in ("x", "y"))],
+        [*TWO_CALLS, *({"role": "tool", "tool_call_id": c, "content": "r"} for c in ("c1", "c2", "c1"))],
+    ],
+    ids=["twice", "after_the_other"],
+)
+def test_a_second_result_of_one_call_is_refused(gateway, messages):
+    """As OpenAI refuses it (400 "Duplicate value for 'tool_call_id' of 'call_...', in messages[7] and
+    messages[8]": agno-agi/agno#5116; DeepSeek's API too); both results were rendered, the model shown
+    two answers to one call."""
+    for path, fields in (("/v1/chat/completions", {"max_tokens": 10**6}), ("/tokenize", {})):
+        r = gateway.post(path, json={"model": MODEL, "messages": messages, **fields})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert (error["param"], error["code"]) == (f"messages[{len(messages) - 1}].tool_call_id", "invalid_value"), (
+            error
+        )
+        assert error["message"].endswith("'c1' is answered twice (duplicate value for 'tool_call_id')"), error
