@@ -94,3 +94,25 @@ def test_a_format_counts_as_every_byte():
     schema = _beside(1100, formats, closed=True)
     assert fails_mid_reply(schema, {"s0": "a" * 1400})
     assert f"at most {MOST_AFTER_UNBOUNDED_WIDE} can be enforced" in (size_problem([schema], DEFAULTS) or "")
+
+
+_CODED = "^[" + "".join(f"\\u{c:04x}" for c in range(0x100, 0x800, 3)) + "]+$"  # (27 bytes as written)
+
+
+@pytest.mark.parametrize(
+    "pattern, count", [(r"^\p{L}+$", 400), (r"^[\p{L} .'-]+$", 400), (_CODED, 800)], ids=["letters", "name", "coded"]
+)
+@pytest.mark.parametrize("closed", [True, False])
+def test_a_count_beside_escapes_telling_many_bytes_apart_is_refused(pattern, count, closed):
+    """A Unicode class, or characters coded by escapes, spell few bytes as written (13, 18, 27) but
+    tell many apart: ``count`` was admitted (1,100 closed, 850 open; 1,052 and 824) and every reply
+    failed; refused now, and the bound admitted there written whole."""
+    others = {"n": {"type": "string", "pattern": pattern}}
+    schema = _beside(count, others, closed)
+    assert fails_mid_reply(schema, {"s0": "a" * (count + 300)})
+    assert "can be enforced in a grammar whose names, enum values and patterns spell" in (
+        size_problem([schema], DEFAULTS) or ""
+    )
+    most = most_after_unbounded(_bytes(schema, others), opened=not closed)
+    assert size_problem([_beside(most, others, closed)], DEFAULTS) is None
+    assert not fails_mid_reply(_beside(most, others, closed), {"s0": "a" * (most + 300)})

@@ -33,6 +33,11 @@ MOST_PATTERN_NAMES = 100
 # literal characters: "too many expressions"), a 400 after a 200 stream began
 MOST_LITERAL_BYTES = 4_000
 _REGEX, _QUANTIFIER = "a regular expression", re.compile(r"\{\d+(?:,\d*)?\}")
+# an escape of a Unicode class (\p{L}, \pL, \P{..}: beside ``^\p{L}+$``, 13 bytes spelled, ``.*.{400}`` failed
+# every reply, 300 whole) or coding a character (\x61, \x{10000}, \u0061, \U00000061: its bytes told apart)
+_ESCAPED = re.compile(
+    r"\\(?:([pP])|x\{([0-9A-Fa-f]{1,8})\}|x([0-9A-Fa-f]{2})|u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8})|.)", re.DOTALL
+)
 # the bytes a forced call's DSML tags spell (its grammar's own literals: its lexer's alphabet)
 _CALL_BYTES = frozenset(render_calls([{"function": {"name": "f", "arguments": '{"a": "", "b": 1}'}}]).encode())
 
@@ -256,8 +261,15 @@ def written_literals(node: dict) -> dict[str, list[str]]:
 def _spelled(node: dict) -> set[int]:
     """The UTF-8 bytes of ``node``'s ``written_literals`` (what its lexer's alphabet tells apart; a
     count's digits none: ``{600}`` is no character of it)."""
-    texts = [_QUANTIFIER.sub("", t) if kind == _REGEX else t for kind, ts in written_literals(node).items() for t in ts]
-    return {byte for text in texts for byte in text.encode(errors="surrogatepass")}
+    literals = written_literals(node)
+    texts = [_QUANTIFIER.sub("", t) if kind == _REGEX else t for kind, ts in literals.items() for t in ts]
+    spelled = {byte for text in texts for byte in text.encode(errors="surrogatepass")}
+    for escape in (e for regex in literals[_REGEX] for e in _ESCAPED.finditer(regex)):
+        if escape[1]:  # (a Unicode class: every byte, as a format)
+            return set(range(256))
+        if code := next(filter(None, escape.groups()[1:]), None):  # (the character it codes)
+            spelled.update(chr(min(int(code, 16), 0x10FFFF)).encode(errors="surrogatepass"))
+    return spelled
 
 
 def _strings(values: list) -> Iterator[str]:
