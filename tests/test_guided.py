@@ -195,13 +195,48 @@ def test_a_completion_meeting_a_full_lexer_carries_on_as_on_a_compile_of_its_own
             tokens.append(step.token)
         return tokens, held
 
-    def fresh() -> TextCodec:  # (grammars of its own)
-        return TextCodec(build_tokenizer(512), tokens={"eos_token": "<｜end▁of▁sentence｜>"})
-
-    filled = fresh()
+    filled = _fresh_codec()
     fill_lexer(filled.grammars, lark)
-    (carried_on, held), (unfilled, _) = write(filled), write(fresh())
+    (carried_on, held), (unfilled, _) = write(filled), write(_fresh_codec())
     assert held == 1 and carried_on == unfilled
+
+
+def _fresh_codec():
+    """A codec with grammars of its own."""
+    from dayzero.tokenizer import TextCodec
+
+    return TextCodec(build_tokenizer(512), tokens={"eos_token": "<｜end▁of▁sentence｜>"})
+
+
+def test_a_completion_rebuilt_on_a_full_lexer_waits_for_a_fresh_compile_then_carries_on(monkeypatch):
+    """Decode rebuilds a request's completion from the tokens it streamed: its compile's lexer full,
+    the replay failed the request as its schema's (a 400 at admission). Now the completion waits
+    (``waiting``; ``next`` raises ``LexerFilled``, where nothing renews it: prefill's re-run) and,
+    once ``resume`` took a fresh compile, writes what one rebuilt on an unfilled compile writes."""
+    from dayzero.guided import LexerFilled
+
+    few_lexer_states(monkeypatch, 3_000)
+    lark = json_grammar(AB_PATTERN)
+    params = SamplingParams(max_tokens=40, temperature=1.0, seed=0, grammar=Grammar(lark))
+    first = torch.randn(VOCAB, generator=torch.Generator().manual_seed(1))  # [V]: prefill's logits
+    streamed = [Completion(_fresh_codec(), params, (1,), 4, 4096).next(first).token]
+
+    def rest(completion: Completion) -> list[int]:
+        logits, tokens = torch.Generator().manual_seed(0), [-1]
+        while completion.remaining() > 0 and tokens[-1] != 1:
+            tokens.append(completion.next(torch.randn(VOCAB, generator=logits)).token)
+        return tokens[1:]
+
+    filled = _fresh_codec()
+    fill_lexer(filled.grammars, lark)
+    rebuilt = Completion(filled, params, (1,), 4, 4096, tuple(streamed))
+    assert rebuilt.waiting and rebuilt.count == 1 and rebuilt.held is None
+    with pytest.raises(LexerFilled):
+        rebuilt.next(first)
+    while rebuilt.waiting:
+        assert rebuilt.resume() is None  # (no step held: the row steps again once renewed)
+        time.sleep(0.01)  # (its fresh compile, in a thread)
+    assert rest(rebuilt) == rest(Completion(_fresh_codec(), params, (1,), 4, 4096, tuple(streamed)))
 
 
 def test_a_request_holding_a_retired_compile_takes_a_fresh_one(codec):

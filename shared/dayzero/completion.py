@@ -108,7 +108,16 @@ class Completion:
         self.guide = Guide(codec.grammars, params.grammar, compiled) if params.grammar is not None else None
         self.held: torch.Tensor | None = None  # [V]: a step's logits, while its grammar takes a fresh compile
         for token in generated:  # replay: rebuild the text and stop-string state, output discarded
-            self.accept(token)
+            try:
+                self.accept(token)
+            except LexerFilled:  # (its guide keeps the token for a fresh compile: ``waiting``, ``resume``)
+                self.accept(token)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether its grammar waits for a fresh compile (its lexer filled: a step's, ``held``, or a
+        replay's): it samples nothing till ``resume``."""
+        return self.guide is not None and self.guide.filled is not None
 
     def usage(self) -> dict:
         """The token counts a finished stream's last entry carries; thinking mode adds OpenAI's
@@ -129,7 +138,10 @@ class Completion:
         return min(self.params.max_tokens - self.count, self.limit - self.prompt_tokens - self.count)
 
     def next(self, logits: torch.Tensor) -> Step:
-        """Sample from ``logits`` [V] (within the grammar, if any) and accept the token."""
+        """Sample from ``logits`` [V] (within the grammar, if any) and accept the token; raises
+        ``LexerFilled`` while ``waiting`` (where nothing renews its grammar: prefill's re-run)."""
+        if self.waiting:
+            raise self.guide.filled
         step = next_steps([self], logits[None])[0]
         if isinstance(step, Exception):
             raise step
@@ -137,10 +149,10 @@ class Completion:
 
     def resume(self) -> Step | None:
         """The step its full lexer held (``held``: ``LexerFilled``), sampled from the same logits once
-        a fresh compile of its grammar is ready (None while it compiles): the position the model
-        stepped is not lost, and the token it was forced to (the end an empty mask allows) never
-        streamed. Raises as ``next`` does."""
-        if not self.guide.renew():
+        a fresh compile of its grammar is ready (None while it compiles, or with no step held: a
+        replay's, which steps again): the position the model stepped is not lost, and the token it
+        was forced to (the end an empty mask allows) never streamed. Raises as ``next`` does."""
+        if not self.guide.renew() or self.held is None:
             return None
         logits, self.held = self.held, None
         return self.next(logits)

@@ -41,8 +41,8 @@ class GrammarFailed(ValueError):
 class LexerFilled(GrammarFailed):
     """Its compile's lexer is full: every matcher of a compile shares its lexer, whose states the
     replies grow (llguidance's ``deep_copy``), so this is other requests' doing as much as its own.
-    The request can carry on on a fresh compile (``Guide.renew``: decode's steps); where nothing
-    renews it (prefill's first token, decode's replay at admission) it ends as its grammar's failure."""
+    The request can carry on on a fresh compile (``Guide.renew``: decode's steps, and decode's replay
+    at admission); where nothing renews it (prefill's first token) it ends as its grammar's failure."""
 
 
 _REFUSED = "doesn't satisfy the grammar"  # llguidance's error for a token it refuses ("Parser Error: token ...")
@@ -76,12 +76,16 @@ class Guide:
         self._consumed: list[int] = []  # the tokens its matcher took: replayed into a fresh compile's
         self._renewed_at = -1  # len(_consumed) when it last took a fresh compile (``renew``)
         self._shared_at = -1  # len(_consumed) when it last renewed onto a compile others share
+        self.filled: LexerFilled | None = None  # its compile's lexer filled: it waits for a fresh one (``renew``)
 
     def accept(self, token: int) -> None:
         """Advance by ``token``; ``GrammarFailed`` when the grammar has failed (its mask admitted
         nothing: ``token`` is the end that forced) or fails on it (it is not streamed):
-        ``LexerFilled`` when its compile's lexer is full (``renew`` carries on)."""
-        if self.active:
+        ``LexerFilled`` when its compile's lexer is full (``renew`` carries on). While it waits for a
+        fresh compile, ``token`` is only kept for it (a replay's: the tokens streamed before)."""
+        if self.filled is not None:
+            self._consumed.append(token)
+        elif self.active:
             if not self.matcher.is_error() and not self.matcher.is_stopped():
                 self.matcher.consume_token(token)  # a token it refuses leaves it in its error state
             if self.matcher.is_error():
@@ -105,7 +109,7 @@ class Guide:
         self._shared_at = -1 if fresh else len(self._consumed)
         self.matcher, self._compiled = self._grammars.matcher(self._lark, compiled), compiled
         self.matcher.consume_tokens(self._consumed)
-        self._renewed_at = len(self._consumed) if fresh else -1
+        self._renewed_at, self.filled = (len(self._consumed) if fresh else -1), None
         if self.matcher.is_error():
             self._failed()
         return True
@@ -117,7 +121,10 @@ class Guide:
         if not error.startswith(LEXER_ERROR):
             raise GrammarFailed(error_summary(error))
         self._grammars.retire(self._lark, self._compiled)
-        raise (GrammarFailed if self._renewed_at == len(self._consumed) else LexerFilled)(error_summary(error))
+        if self._renewed_at == len(self._consumed):
+            raise GrammarFailed(error_summary(error))
+        self.filled = LexerFilled(error_summary(error))
+        raise self.filled
 
 
 @functools.cache

@@ -79,13 +79,15 @@ class Active:
     @property
     def stepping(self) -> bool:
         """The next step decodes it: not ended, no token of its waiting for an append (so at most one
-        step's tokens wait in memory however long Redis refuses them)."""
-        return self.end is None and not self.unsent and self.completion.held is None
+        step's tokens wait in memory however long Redis refuses them), its grammar waiting for no
+        fresh compile."""
+        return self.end is None and not self.unsent and not self.completion.waiting
 
     def resume(self, batch: int) -> None:
         """Queue the step its full lexer held (if one is) once a fresh compile of its grammar is ready
-        (compiled off the loop: the batch steps on meanwhile, this row out of it)."""
-        if self.end is not None or self.completion.held is None:
+        (compiled off the loop: the batch steps on meanwhile, this row out of it); a row whose replay
+        at admission filled its lexer holds no step: it steps again."""
+        if self.end is not None or not self.completion.waiting:
             return
         try:
             step = self.completion.resume()
@@ -100,7 +102,7 @@ class Active:
         rid = self.ticket.job.request.request_id
         first = self.completion.count - sum(isinstance(s, Step) for s in steps)
         for index, step in enumerate(steps, first):
-            if isinstance(step, LexerFilled) and self.completion.held is not None:
+            if isinstance(step, LexerFilled):
                 log.info("request %s: its grammar's lexer is full; waiting for a fresh compile", rid)
                 return
             if isinstance(step, Exception):
