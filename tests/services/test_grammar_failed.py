@@ -128,6 +128,27 @@ def test_a_lexer_filled_as_decode_replays_the_first_token_carries_on_on_a_fresh_
     assert all(r.levelno == logging.INFO for r in logged), [(r.levelname, r.getMessage()) for r in logged]
 
 
+def test_a_replay_its_grammar_refuses_at_admission_counts_as_decodes_failure(demo_dir, redis_url, caplog):
+    """A streamed token its grammar refuses (the server's fault: it allowed no such token) fails the
+    request at decode's admission as it fails a step: logged at ERROR and counted as decode's failure
+    (admission logged it and counted nothing: ``dayzero_operator_failures_total`` missed it)."""
+    caplog.set_level(logging.INFO, logger="dayzero.decode")
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store = Lifecycle.connect(redis_url)
+    sampling = SamplingParams(max_tokens=8, grammar=Grammar(json_grammar(AB_PATTERN)))
+    (job,) = _prefilled(settings, store, "refused-1", sampling, 3)
+    decode = Runtime.load(settings, "decode10@test", "decode", False)
+    refused = decode.codec.grammars.tokenizer.tokenize_str("x")  # (the reply opens with '"')
+    run_jobs(DecodeLoop(decode), [job.model_copy(update={"generated": tuple(refused)})])
+    last = _last(store, "refused-1")
+    assert (store.done("refused-1"), last.get(b"c", b"")) == ("error", b""), last
+    assert last[b"e"].decode().startswith("the grammar refused the token sampled"), last
+    snapshot = decode.stats.snapshot()
+    assert (snapshot["counters"].get("grammar_failures"), snapshot["failures"].get("decode")) == (0, 1), snapshot
+    failed = [r for r in caplog.records if "refused-1" in r.getMessage()]
+    assert failed and all(r.levelno == logging.ERROR for r in failed), [(r.levelname, r.getMessage()) for r in failed]
+
+
 @pytest.fixture(scope="module")
 def gateway(demo_dir, redis_url):
     with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:

@@ -42,6 +42,19 @@ def admit_state(runtime: Runtime, receiver: Receiver, job: DecodeJob, total: int
     r.stats.add(queued_requests=1, queue_seconds=clock.now() - job.request.created)
 
 
+def failed_alone(runtime: Runtime, rid: str, exc: Exception) -> tuple[str, str]:
+    """Log and count ``exc``, which failed request ``rid``'s own sampling (at admission or a step):
+    its schema's failure is the client's error (INFO, ``grammar_failures``: a client can send such
+    schemas at will), any other decode's (ERROR, a decode failure). -> its end's message and code."""
+    schemas = by_its_schema(exc)
+    log.log(logging.INFO if schemas else logging.ERROR, "request %s: sampling failed: %r", rid, exc)
+    if schemas:
+        runtime.stats.add(grammar_failures=1)
+    else:
+        runtime.stats.fail("decode")
+    return failure(exc, "sampling failed")
+
+
 @dataclass
 class Active:
     ticket: Ticket[DecodeJob]
@@ -52,9 +65,9 @@ class Active:
     # its tokens not on its stream yet, in order: the step's, until its append lands (one that raised,
     # Redis lost or refusing for a moment, leaves them here for the next append to send first)
     unsent: list[Token] = field(default_factory=list)
-    # (reason, message) once a step ended it: its last token's finish reason, or "error" and why its
-    # own sampling failed; it is settled once its tokens are on its stream, and never stepped again
-    end: tuple[str, str, str] | None = None
+    # (reason, failure) once a step ended it: its last token's finish reason (no failure), or "error"
+    # and what failed its own sampling; it is settled once its tokens are on its stream, never stepped again
+    end: tuple[str, Exception | None] | None = None
 
     @classmethod
     def start(cls, runtime: Runtime, ticket: Ticket[DecodeJob], limit: int) -> Active:
@@ -106,9 +119,7 @@ class Active:
                 log.info("request %s: its grammar's lexer is full; waiting for a fresh compile", rid)
                 return
             if isinstance(step, Exception):
-                level = logging.INFO if by_its_schema(step) else logging.ERROR  # (a client's schema: its own end)
-                log.log(level, "request %s: sampling failed: %r", rid, step)
-                self.end = ("error", *failure(step, "sampling failed"))
+                self.end = ("error", step)
                 return
             usage = self.completion.usage() if step.finish_reason else None  # (the step is its last token)
             self.unsent.append(Token.of(rid, index, step, usage))
@@ -117,7 +128,7 @@ class Active:
                 self.first_seen = True
             self.next_token = step.token
             if step.finish_reason:
-                self.end = (step.finish_reason, "", "")
+                self.end = (step.finish_reason, None)
                 return
 
     def end_span(self, reason: str, cfg: ModelConfig, length: int, message: str = "", code: str = "") -> None:

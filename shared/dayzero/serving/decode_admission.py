@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from ..guided import by_its_schema, failure
 from ..kv.handoff import LayoutMismatch
 from ..kv.pools import OutOfBlocks
-from .active import Active, admit_state
+from .active import Active, admit_state, failed_alone
 from .intake import Ticket
 from .messages import SAME_LAYOUT, DecodeJob
 from .scripts import Take
@@ -95,9 +94,5 @@ def _start(loop: DecodeLoop, ticket: Ticket[DecodeJob]) -> None:
         loop.active[rid] = Active.start(loop.r, ticket, loop.limit)
     except Exception as exc:  # noqa: BLE001 - its own sampling (a grammar refused): it fails alone
         loop.r.ranks.release(rid)
-        schemas = by_its_schema(exc)  # (its grammar failed replaying its tokens: ends as a step's would)
-        log.log(logging.INFO if schemas else logging.ERROR, "request %s: sampling failed: %r", rid, exc)
-        if schemas:
-            loop.r.stats.add(grammar_failures=1)
-        message, code = failure(exc, "sampling failed")
+        message, code = failed_alone(loop.r, rid, exc)  # (as a step's failure would end it)
         loop._settle(ticket, "error", message, len(ticket.job.generated), code=code)

@@ -16,9 +16,8 @@ import time
 import redis
 
 from ..completion import context_limit, next_steps
-from ..guided import GRAMMAR_FAILED
 from ..speculative import Acceptance, Speculation, decode_round
-from .active import Active
+from .active import Active, failed_alone
 from .decode_admission import admit
 from .decode_stats import record_step
 from .handoff import Receiver
@@ -218,12 +217,9 @@ class DecodeLoop:
             self._finish(rid, "cancelled", index=self.active[rid].streamed)
         for active in self.active.values():
             active.unsent.clear()  # on their streams
-        for rid, (reason, message, code) in [(rid, a.end) for rid, a in self.active.items() if a.end is not None]:
-            if reason != "error":
+        for rid, (reason, exc) in [(rid, a.end) for rid, a in self.active.items() if a.end is not None]:
+            if exc is None:
                 self._finish(rid, reason)  # (its last token carried the finish)
                 continue
-            if code == GRAMMAR_FAILED:  # its schema's: the client's error, not decode's
-                self.r.stats.add(grammar_failures=1)
-            else:
-                self.r.stats.fail("decode")  # its own sampling (the step's call is counted)
+            message, code = failed_alone(self.r, rid, exc)  # its own sampling (the step's call is counted)
             self._finish(rid, "error", index=self.active[rid].completion.count, message=message, code=code)
