@@ -74,3 +74,25 @@ def test_a_lifted_refusal_is_cleared_within_a_few_periods_while_another_users_ga
             assert wait_until(lambda: "user a command" not in _reason(gateway) or len(takes) > 6, 30)
             sweeps_till_cleared = len(takes)
     assert sweeps_till_cleared <= 6, (sweeps_till_cleared, takes)
+
+
+def test_a_sweep_lock_without_expiry_does_not_spin_the_refused_gateways_passes(demo_dir, tmp_path, monkeypatch):
+    """The pass after a lost sweep waits to the lock's lapse (PTTL); a lock without one (PTTL -1: set
+    by hand, or PERSISTed) read as free: the next pass 1 ms on, lost again, for as long as the lock
+    stays (a refused gateway: hundreds of passes a second, ten round trips each). It waits a period."""
+    tries = []
+
+    def sweep_tried_at(*args):
+        tries.append(time.monotonic())
+        return sweep_sending_lrange_under_its_lock(*args)
+
+    monkeypatch.setattr(reaping, "sweep", sweep_tried_at)
+    port = free_port()
+    with _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client), _gateway(port, demo_dir) as gateway:
+        client.acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
+        assert wait_until(lambda: "'lrange'" in _reason(gateway), 15), _reason(gateway)
+        client.set(key("reaper"), "held by hand")  # (no expiry)
+        time.sleep(3.0)  # (re-runs off for a lease after the refused pass, then a try each period: ~12)
+        since = time.monotonic() - 2.0
+        recent = [at for at in tries if at >= since]
+    assert len(recent) <= 15, len(recent)
