@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import pytest
 import redis
 
 from dayzero.procs import free_port
@@ -45,21 +46,25 @@ def _other_gateway_sweeping(client: redis.Redis, first_s: float) -> Iterator[lis
         thread.join()
 
 
-def test_a_lifted_refusal_is_cleared_within_a_few_periods_while_another_users_gateway_sweeps(
-    demo_dir, tmp_path, monkeypatch
-):
+@pytest.fixture
+def tries(monkeypatch) -> list[float]:
+    """When each of the gateway's sweeps was tried (the stand-in sweep: LRANGE sent under its lock)."""
+    tried = []
+
+    def sweep_tried_at(*args):
+        tried.append(time.monotonic())
+        return sweep_sending_lrange_under_its_lock(*args)
+
+    monkeypatch.setattr(reaping, "sweep", sweep_tried_at)
+    return tried
+
+
+def test_a_lifted_refusal_is_cleared_within_a_few_periods_while_another_users_gateway_sweeps(demo_dir, tmp_path, tries):
     """The other gateway takes the lock just before each of this one's tries: this gateway
     skipped the sweep where the refusal was met, held it, and met the lock's tenth-of-a-period window
     only as its pass drifted into it (a fresh gateway, real Redis: 40 periods; 5-13 min at the default
     lease). Its pass after one that found the lock held is timed to the lock's expiry now: the refusal,
     lifted, is cleared within a few of the other's sweeps."""
-    tries = []
-
-    def sweep_tried_at(*args):
-        tries.append(time.monotonic())
-        return sweep_sending_lrange_under_its_lock(*args)
-
-    monkeypatch.setattr(reaping, "sweep", sweep_tried_at)
     port = free_port()
     with (
         _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client),
@@ -76,17 +81,10 @@ def test_a_lifted_refusal_is_cleared_within_a_few_periods_while_another_users_ga
     assert sweeps_till_cleared <= 6, (sweeps_till_cleared, takes)
 
 
-def test_a_sweep_lock_without_expiry_does_not_spin_the_refused_gateways_passes(demo_dir, tmp_path, monkeypatch):
+def test_a_sweep_lock_without_expiry_does_not_spin_the_refused_gateways_passes(demo_dir, tmp_path, tries):
     """The pass after a lost sweep waits to the lock's lapse (PTTL); a lock without one (PTTL -1: set
     by hand, or PERSISTed) read as free: the next pass 1 ms on, lost again, for as long as the lock
     stays (a refused gateway: hundreds of passes a second, ten round trips each). It waits a period."""
-    tries = []
-
-    def sweep_tried_at(*args):
-        tries.append(time.monotonic())
-        return sweep_sending_lrange_under_its_lock(*args)
-
-    monkeypatch.setattr(reaping, "sweep", sweep_tried_at)
     port = free_port()
     with _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client), _gateway(port, demo_dir) as gateway:
         client.acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
