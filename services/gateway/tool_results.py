@@ -32,10 +32,10 @@ def unanswered_result(messages: list[_Message]) -> tuple[tuple[int, str], str] |
             if m.tool_call_id not in asked:
                 why = f"{m.tool_call_id!r} is the id of no call of the assistant message before it"
                 return (i, "tool_call_id"), why
-            if m.tool_call_id not in waiting:
+            if m.tool_call_id not in waiting:  # (an id two calls share: a result each)
                 why = f"{m.tool_call_id!r} is answered twice (duplicate value for 'tool_call_id')"
                 return (i, "tool_call_id"), why
-            waiting = [id_ for id_ in waiting if id_ != m.tool_call_id]
+            waiting.remove(m.tool_call_id)
             continue
         if waiting:
             return _unanswered(asker, waiting)

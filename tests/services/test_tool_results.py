@@ -117,3 +117,27 @@ def test_a_second_result_of_one_call_is_refused(gateway, messages):
             error
         )
         assert error["message"].endswith("'c1' is answered twice (duplicate value for 'tool_call_id')"), error
+
+
+SAME_ID = [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [CALL, CALL]}]
+
+
+def test_calls_that_share_an_id_are_answered_one_result_each(gateway):
+    """Some models and adapters give two calls of one turn the same id ("" too: an id); the encoder
+    writes the results in call order without ids, so two results answer them, rendered as two calls'
+    (c1 and c2). The second was refused as 'answered twice' (the first result took every call of its
+    id off the wait), and one result was taken for both, the second call left unanswered. An id a new
+    assistant turn reuses (call_0 each turn, as agent frameworks number them) is answered afresh."""
+    results = [{"role": "tool", "tool_call_id": "c1", "content": r} for r in ("x", "y")]
+    shared = gateway.post("/tokenize", json={"model": MODEL, "messages": [*SAME_ID, *results]})
+    two = [*TWO_CALLS, results[0], {**results[1], "tool_call_id": "c2"}]
+    assert shared.status_code == 200, shared.text
+    assert shared.json() == gateway.post("/tokenize", json={"model": MODEL, "messages": two}).json()
+    r = gateway.post("/tokenize", json={"model": MODEL, "messages": [*SAME_ID, results[0]]})
+    error = r.json()["error"]
+    assert (r.status_code, error["param"]) == (400, "messages[1].tool_calls"), r.text
+    assert error["message"].endswith("none answers 'c1'"), error
+    r = gateway.post("/tokenize", json={"model": MODEL, "messages": [*SAME_ID, *results, results[0]]})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "messages[4].tool_call_id"), r.text
+    again = [*ASKED, results[0], ASKED[1], results[1], {"role": "user", "content": "q"}]
+    assert gateway.post("/tokenize", json={"model": MODEL, "messages": again}).status_code == 200
