@@ -175,6 +175,11 @@ def _claim_log_dir(path: Path) -> TextIO:
             f"--log-dir {path} is in use by a running dayzero up (pid {holder}): stop it, or give this one "
             "another --log-dir"
         ) from None
+    except OSError as exc:  # a filesystem without flock (NFSv3 without lockd: ENOLCK): the check, not up, is lost
+        print(
+            f"warning: --log-dir {path} cannot be locked ({exc.strerror}): a second up on it is not refused",
+            file=sys.stderr,
+        )
     claim.truncate(0)
     claim.write(f"{os.getpid()}\n")
     claim.flush()
