@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dayzero import checkpoint, cli
@@ -58,3 +60,21 @@ def test_any_64_bit_seed_is_taken_and_reduced_as_the_api_reduces_it(tiny_checkpo
         assert f"argument --seed: must be a 64-bit integer, from -2**63 to 2**63 - 1, got {1 << 63}" in (
             capsys.readouterr().err
         )
+
+
+@pytest.mark.parametrize(
+    ("env", "prompt", "made"),
+    [({"DAYZERO_MAX_TOKENS_LIMIT": "5"}, "1,2", 5), ({"DAYZERO_MAX_CONTEXT": "40"}, ",".join(["3"] * 33), 7)],
+)
+def test_max_tokens_left_out_is_what_the_limit_and_the_context_leave(
+    env, prompt, made, tiny_checkpoint, capsys, monkeypatch
+):
+    """Left out, --max-tokens was 64 and checked as if given: DAYZERO_MAX_TOKENS_LIMIT=5 or a prompt within 64
+    tokens of the context was refused ("--max-tokens 64 exceeds the limit 5"), where the API, given no
+    max_tokens, takes both and fills what the limit and the context leave."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    argv = ["generate", "--checkpoint", str(tiny_checkpoint), "--prompt-ids", prompt, "--stats"]
+    assert cli.main([*argv, "--temperature", "0"]) == 0, capsys.readouterr().err
+    stats = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert stats["completion_tokens"] == made, stats  # what the limit or the context leaves (greedy: no EOS)

@@ -142,7 +142,12 @@ def parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="stream a completion to the terminal")
     gen.add_argument("--checkpoint", metavar="DIR", help=cli_args.CHECKPOINT_HELP)
     prompt_args(gen, required=True)
-    gen.add_argument("--max-tokens", type=int, default=64, metavar="N", help="most tokens to generate (default 64)")
+    gen.add_argument(
+        "--max-tokens",
+        type=int,
+        metavar="N",
+        help="most tokens to generate (default 64, or what DAYZERO_MAX_TOKENS_LIMIT or the context leaves)",
+    )
     gen.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
     gen.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1.0)")
     gen.add_argument(

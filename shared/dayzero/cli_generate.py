@@ -15,6 +15,8 @@ from .config import ModelConfig
 from .params import sampler_seed
 from .settings import Settings
 
+DEFAULT_MAX_TOKENS = 64  # --max-tokens left out, where the limit and the context leave that many
+
 
 def _ids(text: str) -> list[int]:
     items = [t for t in (t.strip() for t in text.split(",")) if t]
@@ -41,18 +43,22 @@ def prompt_of(args: argparse.Namespace, checkpoint: Path) -> list[int]:
     return ids
 
 
-def _check_room(prompt_tokens: int, max_tokens: int, cfg: ModelConfig, settings: Settings) -> None:
-    """What the API answers 400 to, refused as it words it: a --max-tokens past DAYZERO_MAX_TOKENS_LIMIT,
-    or past the context after the prompt (it ran on, silently, to the end of the context)."""
+def _room(prompt_tokens: int, max_tokens: int | None, cfg: ModelConfig, settings: Settings) -> int:
+    """``--max-tokens`` as the API takes ``max_tokens``: one past DAYZERO_MAX_TOKENS_LIMIT, or past the
+    context after the prompt, refused in its words (it ran on, silently, to the end of the context);
+    left out, 64 or what the limit and the context leave (as the API's default, which fills them)."""
     from .completion import context_limit  # (torch: not for --help)
 
+    limit = context_limit(cfg, settings.max_context)
+    if max_tokens is None:  # (a prompt without room: the engine's "the prompt has N tokens; the context ...")
+        return max(1, min(DEFAULT_MAX_TOKENS, settings.max_tokens_limit, limit - prompt_tokens))
     if max_tokens > settings.max_tokens_limit:
         raise ValueError(
             f"--max-tokens {max_tokens} exceeds the limit {settings.max_tokens_limit} (DAYZERO_MAX_TOKENS_LIMIT)"
         )
-    limit = context_limit(cfg, settings.max_context)
     if prompt_tokens + max_tokens > limit:
         raise ValueError(f"prompt ({prompt_tokens}) + --max-tokens ({max_tokens}) exceeds the context limit {limit}")
+    return max_tokens
 
 
 def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
@@ -68,7 +74,7 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     if args.tensor_parallel > 1:
         check_split(checkpoint, [args.tensor_parallel])  # before any rank starts
     prompt = prompt_of(args, checkpoint)
-    _check_room(len(prompt), args.max_tokens, ModelConfig.from_file(checkpoint), settings)
+    max_tokens = _room(len(prompt), args.max_tokens, ModelConfig.from_file(checkpoint), settings)
     if args.stop and not load_codec(checkpoint).has_tokenizer:
         raise ValueError("--stop needs text, and this checkpoint has no tokenizer.json")
     launch = launch_from(os.environ, settings.device)  # torchrun's variables, if set
@@ -79,7 +85,7 @@ def cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         seed = random.randrange(1 << 31)
     try:
         params = SamplingParams(
-            max_tokens=args.max_tokens,
+            max_tokens=max_tokens,
             temperature=args.temperature,
             top_p=args.top_p,
             top_k=args.top_k,
