@@ -239,6 +239,35 @@ def test_a_completion_rebuilt_on_a_full_lexer_waits_for_a_fresh_compile_then_car
     assert rest(rebuilt) == rest(Completion(_fresh_codec(), params, (1,), 4, 4096, tuple(streamed)))
 
 
+def test_a_replay_renewed_with_no_step_held_is_not_blamed_for_a_lexer_others_fill(monkeypatch):
+    """A completion rebuilt on a full lexer renews with no step held: its next token is first tried
+    at its next step, after the rows renewed beside it copied the fresh compile and grew its lexer
+    (their replays, their masks). Filled so, its step failed the request as its schema's
+    (``GrammarFailed``, a 400), where a held step's retry, taken in ``resume`` before others copy,
+    is ``LexerFilled``: it is held too, and carries on on a fresh compile."""
+    from dayzero.guided import LexerFilled
+
+    few_lexer_states(monkeypatch, 3_000)
+    lark = json_grammar(AB_PATTERN)
+    params = SamplingParams(max_tokens=40, temperature=1.0, seed=0, grammar=Grammar(lark))
+    first = torch.randn(VOCAB, generator=torch.Generator().manual_seed(1))
+    streamed = (Completion(_fresh_codec(), params, (1,), 4, 4096).next(first).token,)
+    filled = _fresh_codec()
+    fill_lexer(filled.grammars, lark)
+    rebuilt = Completion(filled, params, (1,), 4, 4096, streamed)
+    while rebuilt.waiting:
+        assert rebuilt.resume() is None
+        time.sleep(0.01)
+    fill_lexer(filled.grammars, lark)  # (the rows renewed beside it, on the same fresh compile)
+    logits = torch.Generator().manual_seed(0)
+    with pytest.raises(LexerFilled):
+        for _ in range(40):
+            rebuilt.next(torch.randn(VOCAB, generator=logits))
+    while (step := rebuilt.resume()) is None:
+        time.sleep(0.01)
+    assert rebuilt.count == 2 and step.token != 1
+
+
 def test_a_request_holding_a_retired_compile_takes_a_fresh_one(codec):
     """A request waiting for a place holds its grammar's compile (``Runtime.grammar_ready``): one
     retired meanwhile, its lexer filled by another request's reply, failed each such request at the

@@ -152,7 +152,7 @@ class Completion:
         a fresh compile of its grammar is ready (None while it compiles, or with no step held: a
         replay's, which steps again): the position the model stepped is not lost, and the token it
         was forced to (the end an empty mask allows) never streamed. Raises as ``next`` does."""
-        if not self.guide.renew() or self.held is None:
+        if not self.guide.renew(held=self.held is not None) or self.held is None:
             return None
         logits, self.held = self.held, None
         return self.next(logits)

@@ -94,10 +94,11 @@ class Guide:
         elif token == self._after:
             self.active = True
 
-    def renew(self) -> bool:
+    def renew(self, held: bool = True) -> bool:
         """Take a fresh compile of its grammar once one is ready (False while it compiles, off the
         loop: the first call starts it), replaying the tokens it took into its copy. Failing there
-        too, or again before another token, on a compile no other matcher was copied from, the
+        too, or again before another token (``held``: the step that failed is taken next, before
+        others copy it), on a compile no other matcher was copied from, the
         grammar fails by itself (``GrammarFailed``: a reply that alone fills a fresh lexer); on one
         others share, it is ``LexerFilled`` again (that compile retired), once per token: failing so
         twice at one token is its own (K bad replies at once wait for 2 compiles, not K in turn)."""
@@ -112,6 +113,8 @@ class Guide:
         self._renewed_at, self.filled = (len(self._consumed) if fresh else -1), None
         if self.matcher.is_error():
             self._failed()
+        if not held:  # (a replay's: its next token is a step's, first tried after others copied this compile)
+            self._renewed_at = -1
         return True
 
     def _failed(self) -> None:
