@@ -71,13 +71,7 @@ def reference_model(path: Path):
         extra["quantization_config"] = FineGrainedFP8Config(
             dequantize=True, expert_dtype=quant.get("expert_dtype", "fp8"), scale_fmt=quant.get("scale_fmt", "float")
         )
-
-    class TextReference(DeepseekV4ForCausalLM):
-        # the vision tower is no part of the text model: its weights were a 16-row "UNEXPECTED" load
-        # report, "not ok if you expect identical arch", on every align of a checkpoint with one
-        _keys_to_ignore_on_load_unexpected = [r"^visual\."]
-
-    return TextReference.from_pretrained(str(path), dtype=torch.float32, **extra).eval()
+    return DeepseekV4ForCausalLM.from_pretrained(str(path), dtype=torch.float32, **extra).eval()
 
 
 class EarliestTies:
