@@ -32,17 +32,21 @@ from .sent_commands import PassCommands, Sent
 
 log = logging.getLogger("dayzero.redis")
 HELD_PASSES = 5  # a refusal's life, in reaper periods, at passes that run its step and send it no more
-# A refusal's entry written (met) or its life lengthened (held: where it is still), its life (``until``)
-# and the record's never shortened: gateways of one user with different leases wrote their own, so the
-# shortest lease's 5 periods cut the others' (their next pass to meet it was later: /ready healthy
-# between). ARGV: the record's life (ms), then command, entry (JSON), 'met' or 'held' triples.
+# A refusal's entry written (met) or merged where it is (met or held: its life and line, the longer
+# lived's; its step, the new one's, else the one it had), its life (``until``) and the record's never
+# shortened: gateways of one user with different leases wrote their own, so the shortest lease's 5
+# periods cut the others' (their next pass to meet it was later: /ready healthy between). A later life
+# written whole dropped the step another had met it at (a meeting no step placed: None; a gateway from
+# before steps): the passes that skip that step no longer held it, and it lapsed with that life, the
+# ACL unchanged. ARGV: the record's life (ms), then command, entry (JSON), 'met' or 'held' triples.
 LENGTHEN = """
 for i = 2, #ARGV, 3 do
-  local found = redis.call('hget', KEYS[1], ARGV[i])
+  local found, entry = redis.call('hget', KEYS[1], ARGV[i]), cjson.decode(ARGV[i + 1])
   if found then
-    if cjson.decode(found)['until'] < cjson.decode(ARGV[i + 1])['until'] then
-      redis.call('hset', KEYS[1], ARGV[i], ARGV[i + 1])
-    end
+    local was = cjson.decode(found)
+    if entry['step'] == cjson.null then entry['step'] = was['step'] end
+    if was['until'] > entry['until'] then entry['line'], entry['until'] = was['line'], was['until'] end
+    redis.call('hset', KEYS[1], ARGV[i], cjson.encode(entry))
   elseif ARGV[i + 2] == 'met' then
     redis.call('hset', KEYS[1], ARGV[i], ARGV[i + 1])
   end

@@ -3,14 +3,19 @@ cleared, read. A real Redis and its ACL; the record's own objects, no gateway ar
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Callable
 
 import pytest
 import redis
 
 from dayzero.procs import scratch_redis
+from dayzero.serving import redis_clock
+from dayzero.serving.keys import key
+from services.gateway.reaping import RERUN
 from services.gateway.refused_commands import RefusedCommands
-from services.gateway.sent_commands import PassCommands
+from services.gateway.sent_commands import PassCommands, Sent
 
 GRANTS = {"enabled": True, "passwords": ["+pw"], "keys": ["*"], "channels": ["*"]}
 
@@ -56,3 +61,45 @@ def test_an_acl_refusing_eval_but_allowing_evalsha_leaves_the_record_shared(tmp_
         assert "'lrange'" in (other.settle(PassCommands()) or ""), other.reason
         met.r.close()
         other.r.close()
+
+
+def _url(port: int) -> str:
+    return f"redis://dz:pw@127.0.0.1:{port}/0"
+
+
+def _met_outside_a_step(port: int, refusal: redis.RedisError) -> None:
+    """A gateway of a longer lease (its life 2 s) meeting the refusal where no step placed it (None)."""
+    stepless = RefusedCommands(_url(port), redis.Redis.from_url(_url(port)), 0.4)
+    assert stepless.tried(refusal)
+    stepless.settle(PassCommands())
+    stepless.r.close()
+
+
+def _written_without_a_step(port: int, refusal: redis.RedisError) -> None:
+    """A gateway from before the steps (its MEET script) writing the entry whole: line and life, 2 s."""
+    admin, record = redis.Redis(port=port), key("refused", "dz")
+    admin.hset(record, "lrange", json.dumps({"line": str(refusal), "until": redis_clock.now() + 2.0}))
+    admin.pexpire(record, 2000)
+    admin.close()
+
+
+@pytest.mark.parametrize("writer", [_met_outside_a_step, _written_without_a_step])
+def test_a_later_write_without_a_step_keeps_the_step_the_refusal_was_met_at(
+    writer: Callable[[int, redis.RedisError], None], tmp_path
+):
+    """A gateway met LRANGE under the sweep (its step: re-run), then its passes skip the sweep (another's
+    lock) and hold it. Another gateway's later, longer write carrying no step replaced the entry whole:
+    the step gone, the holding gateway's next pass held nothing, and the refusal lapsed with the other's
+    life (1 s on: /ready healthy, admitting, the ACL unchanged). The entry keeps its step now."""
+    with scratch_redis(tmp_path) as port:
+        redis.Redis(port=port).acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
+        at_sweep = RefusedCommands(_url(port), redis.Redis.from_url(_url(port)), 0.1)
+        assert at_sweep.tried(_refusal(at_sweep.r), Sent("lrange", RERUN))
+        assert "'lrange'" in (at_sweep.settle(PassCommands()) or "")
+        writer(port, _refusal(at_sweep.r))
+        said, until = [], time.monotonic() + 3.0  # (past the other's 2 s)
+        while time.monotonic() < until:
+            said.append(at_sweep.settle(PassCommands(skipped={RERUN})) or "")
+            time.sleep(0.1)
+        at_sweep.r.close()
+    assert all("'lrange'" in line for line in said), said
