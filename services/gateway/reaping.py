@@ -107,8 +107,9 @@ async def reap(gw: Gateway) -> None:
         """The wait before the next pass: to the sweep's lock's lapse where this one found it another's
         and held a refusal met under it (it met that refusal only at the sweeps it won: lifted, it was
         said for as long as its passes took to drift into the lock's lapse, 40 periods on a fresh
-        gateway, 503s throughout). One round trip more, only then; recorded (a refusal of it is settled)."""
-        if not (rerun and RERUN in command.held_at):
+        gateway, 503s throughout). One round trip more, only then; one of the pass's commands, before it
+        settles (read after, its answer went unsettled: a refusal of it cleared only by its lapse)."""
+        if not (rerun and RERUN in command.held_at(this_pass)):
             return wait_s
         with sent.recording(this_pass):
             return min(wait_s, lock_left_s(store.r))
@@ -156,8 +157,8 @@ async def reap(gw: Gateway) -> None:
             found = await in_thread(one_pass, past, rerun, back_since, this_pass)
             wait_s, past, failed_at = RESTAMPED_S if found - past else period, found, None
             refused.taken()
-            await in_thread(command.settle, this_pass)
             wait_s = await in_thread(swept_next, rerun, wait_s, this_pass)
+            await in_thread(command.settle, this_pass)
         except redis.RedisError as exc:  # Redis down or refusing writes: /ready says so; sweep when it is back
             if command.tried(exc, this_pass.sent_as(exc)):
                 await in_thread(command.settle, this_pass)

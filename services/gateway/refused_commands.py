@@ -68,15 +68,13 @@ def _entry(refusal: Refusal, until: float) -> str:
 
 
 class RefusedCommands:
-    """This gateway's view of the record: ``reason`` (a refused command's line; None: none refused), and
-    ``held_at``: the steps the last pass skipped that a refusal it held was met at."""
+    """This gateway's view of the record: ``reason`` (a refused command's line; None: none refused)."""
 
     def __init__(self, url: str, client: redis.Redis, period_s: float) -> None:
         self.url, self.r, self.held_s = url, client, HELD_PASSES * period_s
         self.key = key("refused", client.connection_pool.connection_kwargs.get("username") or "default")
         self._lengthen = client.register_script(LENGTHEN)
         self.reason: str | None = None
-        self.held_at: set[str | None] = set()
         self._met: dict[str, Refusal] = {}  # this pass's refusals, by command
         self._record: dict[str, Refusal] = {}  # the record at the last read, by command
 
@@ -89,19 +87,25 @@ class RefusedCommands:
         self._met[sent.name if sent else refused_command(exc)] = Refusal(line, sent.step if sent else None)
         return True
 
+    def held_at(self, this_pass: PassCommands) -> set[str | None]:
+        """The steps ``this_pass`` skipped that a refusal of the last read was met at (``settle`` holds it)."""
+        return {refusal.step for refusal in self._held(this_pass).values()}
+
+    def _held(self, this_pass: PassCommands) -> dict[str, Refusal]:
+        """The last read's refusals met at a step ``this_pass`` skipped, neither met nor seen answered in it."""
+        told = self._met.keys() | this_pass.answered
+        return {
+            c: refusal for c, refusal in self._record.items() if refusal.step in this_pass.skipped and c not in told
+        }
+
     def settle(self, this_pass: PassCommands) -> str | None:
         """A pass ended: its refusals recorded, the commands it saw answered cleared, those met at a step
         it skipped held (a sweep whose lock another gateway held told nothing of one: it lapsed there, and
         a gateway that rarely won the lock said it every few passes, /ready flapping), the record read.
         -> ``reason``."""
+        held = self._held(this_pass)
         met, self._met = self._met, {}
         answered = this_pass.answered - met.keys()
-        held = {
-            command: refusal
-            for command, refusal in self._record.items()
-            if refusal.step in this_pass.skipped and command not in met.keys() | answered
-        }
-        self.held_at = {refusal.step for refusal in held.values()}
         try:
             record = self._settled(met, held, answered)
         except redis.RedisError as exc:  # (down, or refusing the record's commands: the last read's, and this

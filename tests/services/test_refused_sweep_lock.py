@@ -15,7 +15,7 @@ import redis
 
 from dayzero.procs import free_port
 from dayzero.serving.keys import key
-from services.gateway import reaping
+from services.gateway import reaping, refused_commands
 
 from .conftest import wait_until
 from .test_refused_command_state import GRANTS, _gateway, _reason, _redis, sweep_sending_lrange_under_its_lock
@@ -94,3 +94,20 @@ def test_a_sweep_lock_without_expiry_does_not_spin_the_refused_gateways_passes(d
         since = time.monotonic() - 2.0
         recent = [at for at in tries if at >= since]
     assert len(recent) <= 15, len(recent)
+
+
+def test_a_refused_pttl_is_cleared_once_redis_answers_it(demo_dir, tmp_path, tries, monkeypatch):
+    """The lock's PTTL, read after the pass settled its commands, went unsettled when answered: refused
+    once, it was cleared only by its lapse (5 periods; 1,000 here: for ever), /ready refused and every
+    new request 503 though Redis answered it at every pass that held the sweep's refusal."""
+    monkeypatch.setattr(refused_commands, "HELD_PASSES", 1000)
+    port, record = free_port(), key("refused", "dz")
+    with _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client), _gateway(port, demo_dir) as gateway:
+        client.acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
+        assert wait_until(lambda: "'lrange'" in _reason(gateway), 15), _reason(gateway)
+        client.set(key("reaper"), "another gateway", px=60_000)
+        client.acl_setuser("dz", commands=["+@all", "-lrange", "-pttl"], **GRANTS)
+        assert wait_until(lambda: client.hexists(record, "pttl"), 15), client.hkeys(record)
+        client.acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
+        assert wait_until(lambda: not client.hexists(record, "pttl"), 15), client.hkeys(record)
+        assert "'lrange'" in _reason(gateway), _reason(gateway)
