@@ -248,13 +248,23 @@ def test_a_subcommands_or_a_scripts_refusal_is_cleared_once_redis_answers_it(sen
 SWEEP = reaping.sweep  # (the real one, which the stand-ins call: tests patch reaping's)
 
 
-def sweep_sending_lrange_under_its_lock(store, send, transit_s, lock_ms, *args):
-    """A sweep that sends LRANGE once it holds the sweep's lock (taken as the real one takes it)."""
-    if not store.r.set(key("reaper"), 1, px=lock_ms, nx=True):
-        return None
-    store.r.lrange(key("sweep-only"), 0, 0)
-    store.r.delete(key("reaper"))
-    return SWEEP(store, send, transit_s, lock_ms, *args)
+class _SendingLrangeFirst:
+    """``store`` whose requests' list (the sweep's first read under its lock) is read after an LRANGE."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    def active(self) -> list[str]:
+        self.store.r.lrange(key("sweep-only"), 0, 0)
+        return self.store.active()
+
+
+def sweep_sending_lrange_under_its_lock(store, *args):
+    """The sweep, sending LRANGE once it holds its lock (the lock's refused sweeps: the real one's)."""
+    return SWEEP(_SendingLrangeFirst(store), *args)
 
 
 def test_a_refusal_met_under_the_sweeps_lock_is_said_steadily_while_another_gateway_holds_the_lock(

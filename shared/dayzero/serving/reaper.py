@@ -8,13 +8,16 @@ no-op, and the attempt counter makes a late redelivery of the old task stale.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import secrets
 import time
 from collections.abc import Callable
 
 import redis
 
+from ..redis_refusals import command_refused
 from ..telemetry import continued
 from ..tokenizer import IdsOnlyCodec, TextCodec
 from .keys import QUEUES, key
@@ -24,6 +27,8 @@ from .time_limit import overdue, past_limit
 
 log = logging.getLogger("dayzero.reaper")
 MAX_ATTEMPTS = 4
+# the sweep's lock deleted where it holds ``ARGV[1]`` (its taker's: one taken since is another's)
+GIVE_BACK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 LOCK_LAPSE_MARGIN_S = 0.001  # (PTTL is in whole ms: a try that came before the lapse tries again at once)
 
 
@@ -49,10 +54,37 @@ def sweep(
     that dies in between leaves a request the next sweep after that re-runs again. A message a
     worker took off its queue and never claimed is re-run by the next sweep that finds it so
     within ``sighting_s`` (above the sweeps' period): the first may be just ahead of a live claim.
+    A command refused its user (an ACL's NOPERM) gives the lock back (``_give_back``).
     """
-    began = time.monotonic()
-    if not store.r.set(key("reaper"), 1, px=lock_ms, nx=True):  # one gateway sweeps at a time
+    began, token = time.monotonic(), secrets.token_hex(8)
+    if not store.r.set(key("reaper"), token, px=lock_ms, nx=True):  # one gateway sweeps at a time
         return None  # another gateway swept just now
+    try:
+        return _rerun_orphans(store, send, transit_s, sighting_s, stalled_s, began)
+    except redis.RedisError as exc:
+        if command_refused(exc):
+            _give_back(store.r, token)
+        raise
+
+
+def _give_back(r: redis.Redis, token: str) -> None:
+    """The sweep's lock, where still this sweep's (``token``), given back: its user was refused a
+    command, which another gateway's may run. Kept (0.9 of a period), nobody swept that period: the
+    refused gateway's pass timed to the lock's lapse (``lock_left_s``) won a third of the sweeps, each
+    refused. A refusal of this too leaves the lock to lapse."""
+    with contextlib.suppress(redis.RedisError):
+        r.register_script(GIVE_BACK)([key("reaper")], [token])
+
+
+def _rerun_orphans(
+    store: Lifecycle,
+    send: Callable[[PrefillJob, str], None],
+    transit_s: float,
+    sighting_s: float,
+    stalled_s: float | None,
+    began: float,
+) -> list[str]:
+    """``sweep``'s pass under its lock (taken at ``began``, monotonic)."""
     active, took = store.active(), time.monotonic() - began
     if stalled_s is not None and took > stalled_s:
         raise Stalled(f"Redis answered the sweep's first round trips in {took:.1f} s")
