@@ -60,6 +60,25 @@ def validation_code(error: dict) -> str:
     return "invalid_type" if kind.endswith("_type") else _CODES.get(kind, "invalid_value")  # (not a finite number...)
 
 
+def tag_error(error: dict) -> dict:
+    """A tagged union's refused tag (a content part's ``type``) as the tag field's own error, as OpenAI
+    tells it: left out, ``missing`` (OpenAI: "Missing required parameter: 'messages[2].content[0].type'");
+    of another value, that field's ``literal_error`` ("Input should be 'text' or 'image_url'"; null is
+    invalid_type there, as for every required field of fixed values). pydantic names the part and
+    calls each invalid_value: "Input tag 'None' found using 'type' does not match any of the expected tags"."""
+    kind, ctx = error.get("type"), error.get("ctx", {})
+    tag = str(ctx.get("discriminator", "")).strip("'")  # (pydantic quotes a field's name; a function's is no name)
+    if kind not in ("union_tag_not_found", "union_tag_invalid") or not tag.isidentifier():
+        return error
+    where = (*error.get("loc", ()), tag)
+    if kind == "union_tag_not_found":
+        return {"type": "missing", "loc": where, "msg": "Field required"}
+    tags, _, last = ctx["expected_tags"].rpartition(", ")
+    told = f"{tags} or {last}" if tags else last
+    value = error["input"].get(tag) if isinstance(error.get("input"), dict) else None
+    return {"type": "literal_error", "loc": where, "msg": f"Input should be {told}", "input": value}
+
+
 def specificity(error: dict) -> tuple[int, bool]:
     """The deepest error is the most specific of a union's; of equally deep ones, a value's fault
     (a lone surrogate in a string) says more than another member's type ("not an integer")."""

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from dayzero.serving.outage_log import LOGGED_EVERY_S, OutageLog
 from dayzero.tokenizer import NoTokenizerError
 
-from .error_fields import field_path, param_path, specificity, validation_code
+from .error_fields import field_path, param_path, specificity, tag_error, validation_code
 from .error_text import shortened, validation_why
 from .methods import methods_taken
 
@@ -82,7 +82,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        found = exc.errors() or [{"msg": "invalid request", "loc": ()}]
+        found = [tag_error(error) for error in exc.errors()] or [{"msg": "invalid request", "loc": ()}]
         first = max(found, key=specificity)
         if first.get("type") == "json_invalid":  # its location is a character, not a field
             where, why = first["loc"][-1], first.get("ctx", {}).get("error", "")

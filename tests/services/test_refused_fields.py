@@ -107,6 +107,11 @@ def test_defaults_ask_for_nothing_and_pass(gateway, fields):
         # (a required field of fixed values too: it was invalid_value, "Input should be 'system', ...")
         ({"model": MODEL, "messages": [{"role": None, "content": "x"}]}, "messages[0].role", "invalid_type"),
         (chat("x", tools=[{"type": None, "function": {"name": "f"}}]), "tools[0].type", "invalid_type"),
+        # a content part's type, the tag of its kind, as OpenAI tells it ("Missing required parameter:
+        # 'messages[2].content[0].type'"): all three named the part, invalid_value
+        (chat([{"type": None, "text": "a"}]), "messages[0].content[0].type", "invalid_type"),
+        (chat([{"text": "a"}]), "messages[0].content[0].type", "missing_required_parameter"),
+        (chat([{"type": "input_audio", "input_audio": {}}]), "messages[0].content[0].type", "invalid_value"),
         (chat("x", reasoning_effort="extreme"), "reasoning_effort", "invalid_value"),
         (chat("x", user="u" * 257), "user", "string_above_max_length"),
         (chat("x", logit_bias={"05": 1}), "logit_bias", "invalid_value"),  # a key that is no token id (was null)
