@@ -9,6 +9,7 @@ value for 'tool_call_id'"), two results where the call had one."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Protocol
 
 
@@ -23,8 +24,10 @@ class _Message(Protocol):
 
 
 def unanswered_result(messages: list[_Message]) -> tuple[tuple[int, str], str] | None:
-    """(index, field) of the first message that breaks the rule, and why; None when none does."""
-    asker, asked, waiting = None, set(), []  # the assistant message the tool messages answer, its call ids
+    """(index, field) of the first message that breaks the rule, and why; None when none does. The
+    rule is by id, as OpenAI's ("responding to each 'tool_call_id'"): calls that share an id (some
+    models and adapters write them) are answered by one result, or by one each, not by more."""
+    asker, asked, answered = None, Counter(), Counter()  # the assistant message answered; its calls, results by id
     for i, m in enumerate(messages):
         if m.role == "tool":
             if asker is None:
@@ -32,18 +35,21 @@ def unanswered_result(messages: list[_Message]) -> tuple[tuple[int, str], str] |
             if m.tool_call_id not in asked:
                 why = f"{m.tool_call_id!r} is the id of no call of the assistant message before it"
                 return (i, "tool_call_id"), why
-            if m.tool_call_id not in waiting:  # (an id two calls share: a result each)
-                why = f"{m.tool_call_id!r} is answered twice (duplicate value for 'tool_call_id')"
+            if (sharing := asked[m.tool_call_id]) == answered[m.tool_call_id]:
+                times = "twice" if sharing == 1 else f"{sharing + 1} times for its {sharing} calls"
+                why = f"{m.tool_call_id!r} is answered {times} (duplicate value for 'tool_call_id')"
                 return (i, "tool_call_id"), why
-            waiting.remove(m.tool_call_id)
+            answered[m.tool_call_id] += 1
             continue
-        if waiting:
-            return _unanswered(asker, waiting)
+        if unanswered := _unanswered(asker, asked, answered):
+            return unanswered
         calls = (m.tool_calls or []) if m.role == "assistant" else []
-        asker, asked, waiting = (i if calls else None), {c.id for c in calls}, [c.id for c in calls]
-    return _unanswered(asker, waiting) if waiting else None
+        asker, asked, answered = (i if calls else None), Counter(c.id for c in calls), Counter()
+    return _unanswered(asker, asked, answered)
 
 
-def _unanswered(asker: int, waiting: list[str]) -> tuple[tuple[int, str], str]:
+def _unanswered(asker: int | None, asked: Counter, answered: Counter) -> tuple[tuple[int, str], str] | None:
+    if not (waiting := [call_id for call_id in asked if not answered[call_id]]):
+        return None
     why = "an assistant message's tool_calls must each be answered by a tool message right after it: "
     return (asker, "tool_calls"), why + f"none answers {', '.join(map(repr, waiting))}"
