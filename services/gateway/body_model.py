@@ -39,8 +39,12 @@ class _Body(BaseModel):
         do), not 16.5 nor "16"."""
         if not isinstance(data, dict):
             return data
-        required = _required(cls)
-        return {k: _integral(cls, k, v) for k, v in data.items() if v is not None or k in required}
+        required, integers = _required(cls), _integers(cls)
+        return {
+            k: int(v) if k in integers and isinstance(v, float) and v.is_integer() else v
+            for k, v in data.items()
+            if v is not None or k in required
+        }
 
     @field_validator(*BOUNDED, mode="before", check_fields=False)
     @classmethod
@@ -78,9 +82,9 @@ def _required(model: type[BaseModel]) -> frozenset[str]:
     return frozenset(key for name, f in model.model_fields.items() if f.is_required() for key in (name, f.alias) if key)
 
 
-def _integral(model: type[BaseModel], name: str, value: object) -> object:
-    if isinstance(value, float) and value.is_integer() and name in model.model_fields:
-        kind = model.model_fields[name].annotation
-        if kind is int or int in get_args(kind):
-            return int(value)
-    return value
+@cache
+def _integers(model: type[BaseModel]) -> frozenset[str]:
+    """The body's fields that take an integer: read once a model (``model_fields``, a property, was
+    read for each key holding an integral float: 300 k unknown keys holding 1.0, 0.2 s)."""
+    fields = model.model_fields.items()
+    return frozenset(name for name, f in fields if f.annotation is int or int in get_args(f.annotation))
