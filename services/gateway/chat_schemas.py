@@ -87,13 +87,18 @@ class ChatPrompt(_Body):
     @field_validator("messages")
     @classmethod
     def _prefix_ends_the_chat(cls, messages: list[Message] | None) -> list[Message] | None:
+        """Refused naming the message's prefix (it named "messages", the index in pydantic's dotted
+        words: "messages: 0.prefix: ...")."""
         for i, m in enumerate(messages or []):
             if not m.prefix:
                 continue
             if m.role != "assistant" or i != len(messages) - 1:
-                raise ValueError(f"{i}.prefix: only the last message, an assistant's, can be a prefix")
-            if m.tool_calls:
-                raise ValueError(f"{i}.prefix: a prefix holds text, not tool_calls")
+                why = "only the last message, an assistant's, can be a prefix"
+            elif m.tool_calls:
+                why = "a prefix holds text, not tool_calls"
+            else:
+                continue
+            raise field_error(cls, ("messages", i, "prefix"), why, True)
         return messages
 
     @field_validator("messages")

@@ -19,6 +19,7 @@ from .conftest import MODEL, chat
 VLLM_ONLY = "(vLLM's) is not supported by this server"
 SGLANG_ONLY = "(SGLang's) is not supported by this server"
 TEMPERATURE = "temperature: Input should be less than or equal to 2"
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +113,23 @@ def test_defaults_ask_for_nothing_and_pass(gateway, fields):
         (chat([{"type": None, "text": "a"}]), "messages[0].content[0].type", "invalid_type"),
         (chat([{"text": "a"}]), "messages[0].content[0].type", "missing_required_parameter"),
         (chat([{"type": "input_audio", "input_audio": {}}]), "messages[0].content[0].type", "invalid_value"),
+        # a prefix where none can be, named as the message's (it was "messages", told "0.prefix: ...")
+        (
+            {
+                "model": MODEL,
+                "messages": [{"role": "assistant", "content": "a", "prefix": True}, *chat("q")["messages"]],
+            },
+            "messages[0].prefix",
+            "invalid_value",
+        ),
+        (
+            {
+                "model": MODEL,
+                "messages": [*chat("q")["messages"], {"role": "assistant", "prefix": True, "tool_calls": [CALL]}],
+            },
+            "messages[1].prefix",
+            "invalid_value",
+        ),
         (chat("x", reasoning_effort="extreme"), "reasoning_effort", "invalid_value"),
         (chat("x", user="u" * 257), "user", "string_above_max_length"),
         (chat("x", logit_bias={"05": 1}), "logit_bias", "invalid_value"),  # a key that is no token id (was null)
