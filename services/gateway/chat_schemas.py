@@ -202,6 +202,7 @@ MetadataKey, MetadataValue = Annotated[str, Field(max_length=64)], Annotated[str
 class ChatCompletionRequest(Sampling, ChatPrompt):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=16)  # OpenAI's; ignored
+    store: bool | None = None  # OpenAI's (stored completions, metadata's use): ignored, as vLLM does; typed
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False

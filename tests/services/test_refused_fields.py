@@ -132,6 +132,8 @@ def test_defaults_ask_for_nothing_and_pass(gateway, fields):
         ),
         (chat("x", reasoning_effort="extreme"), "reasoning_effort", "invalid_value"),
         (chat("x", user="u" * 257), "user", "string_above_max_length"),
+        (chat("x", store="yes"), "store", "invalid_type"),  # (it was taken, as an unknown key: a 200)
+        (chat("x", store=True, n=0), "n", "integer_below_min_value"),  # store true taken (ignored, as vLLM does)
         (chat("x", logit_bias={"05": 1}), "logit_bias", "invalid_value"),  # a key that is no token id (was null)
         (chat("x", stop=["s"] * 17), "stop", "array_above_max_length"),  # a check of this server's own (was null)
         # OpenAI's (they were null, a tool's under param "tools"; a list past its bound, read before its
