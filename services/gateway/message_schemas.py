@@ -22,7 +22,8 @@ class TextPart(_Body):
 
 class ImageURL(_Body):
     url: str = Field(max_length=16 << 20)
-    detail: str | None = Field(default=None, max_length=16)  # OpenAI's auto | low | high: accepted, ignored
+    # OpenAI's (its API's enum): accepted, ignored; another value was taken too (OpenAI: invalid_value)
+    detail: Literal["auto", "low", "high"] | None = None
 
 
 class ImagePart(_Body):

@@ -113,6 +113,12 @@ def test_defaults_ask_for_nothing_and_pass(gateway, fields):
         (chat([{"type": None, "text": "a"}]), "messages[0].content[0].type", "invalid_type"),
         (chat([{"text": "a"}]), "messages[0].content[0].type", "missing_required_parameter"),
         (chat([{"type": "input_audio", "input_audio": {}}]), "messages[0].content[0].type", "invalid_value"),
+        # an image's detail of none of OpenAI's values (auto, low, high; it was taken and ignored)
+        (
+            chat([{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA", "detail": "ultra"}}]),
+            "messages[0].content[0].image_url.detail",
+            "invalid_value",
+        ),
         # a prefix where none can be, named as the message's (it was "messages", told "0.prefix: ...")
         (
             {
