@@ -73,8 +73,8 @@ def test_sizes_counts_and_ports_out_of_range_are_usage_errors(argv, error, capsy
 @pytest.mark.parametrize(
     ("argv", "argument"),
     [
-        (["demo-checkpoint", "{file}"], "out"),
-        (["train-demo", "{file}", "--steps", "1"], "out"),
+        (["demo-checkpoint", "{file}"], "OUT"),
+        (["train-demo", "{file}", "--steps", "1"], "OUT"),
         (["train-demo", "{dir}/out", "--float", "{file}/float"], "--float"),
         (["quantize", "{dir}", "{file}"], "OUT"),
         (["up", "--log-dir", "{file}/logs"], "--log-dir"),

@@ -114,7 +114,10 @@ def parser() -> argparse.ArgumentParser:
     shards_help = "weights in N files with an index (default 1; at most one file per tensor)"
     demo = sub.add_parser("demo-checkpoint", help="write the tiny random-weight DeepSeek-V4 checkpoint")
     demo.add_argument(
-        "out", type=cli_args.out_dir, help="directory to write (config.json, model.safetensors, tokenizer.json, ...)"
+        "out",
+        type=cli_args.out_dir,
+        metavar="OUT",
+        help="directory to write (config.json, model.safetensors, tokenizer.json, ...)",
     )
     demo.add_argument(
         "--seed", type=cli_args.seed, default=0, metavar="N", help="random seed of the weights (default 0)"
@@ -166,7 +169,7 @@ def parser() -> argparse.ArgumentParser:
     gen.set_defaults(run=cmd_generate)
 
     al = sub.add_parser("align", help="compare logits with transformers' DeepseekV4ForCausalLM (fp32)")
-    al.add_argument("checkpoint", help="checkpoint directory")
+    al.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint directory")
     prompt_args(al, required=False)
     al.add_argument(
         "--tokens", type=cli_args.positive, default=8, metavar="N", help="greedy decode steps to compare (default 8)"
@@ -191,7 +194,9 @@ def parser() -> argparse.ArgumentParser:
 
     insp = sub.add_parser("inspect", help="parameter counts, dtypes and a memory plan (headers + config only)")
     insp.add_argument(
-        "path", help="checkpoint directory, config.json, or a released config: deepseek-v4-flash, deepseek-v4-pro"
+        "path",
+        metavar="CHECKPOINT|CONFIG|deepseek-v4-flash|deepseek-v4-pro",
+        help="checkpoint directory, config.json, or a released config by its name",
     )
     insp.add_argument(
         "--batch", type=cli_args.positive, default=1, metavar="B", help="concurrent sequences (default 1)"
@@ -207,7 +212,7 @@ def parser() -> argparse.ArgumentParser:
     insp.set_defaults(run=cmd_inspect)
 
     doctor = sub.add_parser("doctor", help="check a running deployment end to end (exit 1 on any failure)")
-    doctor.add_argument("url", help="the gateway, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)")
+    doctor.add_argument("url", metavar="URL", help="the gateway, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)")
     doctor.add_argument(
         "--timeout",
         type=cli_args.positive_float,

@@ -155,6 +155,7 @@ def add_service_commands(sub) -> None:
     serve.add_argument(
         "service",
         choices=["gateway", "vision", "prefill", "decode"],
+        metavar="gateway|vision|prefill|decode",
         help="the service: the HTTP gateway, or the vision, prefill or decode stage's worker",
     )
     serve.add_argument("--name", help="worker name (default: the service name)")
@@ -176,7 +177,8 @@ def add_service_commands(sub) -> None:
         "a rank stopped (its Celery still answers a ping). Exit 0 while Redis cannot be read: no worker can stamp "
         "then, so a wrong DAYZERO_REDIS_URL passes too (compose's healthcheck also pings Celery).",
     )
-    alive.add_argument("stage", choices=["vision", "prefill", "decode"], help="the stage whose worker runs here")
+    stages = ["vision", "prefill", "decode"]
+    alive.add_argument("stage", choices=stages, metavar="|".join(stages), help="the stage whose worker runs here")
     alive.add_argument(
         "--within",
         type=cli_args.positive_float,

@@ -26,7 +26,7 @@ def add_train_demo(sub: argparse._SubParsersAction) -> None:
         "train-demo", help="train the tiny DeepSeek-V4 (+ MTP) on Python's reference manual, release layout"
     )
     out = "directory to write (the committed model is dayzero/train/demo_model)"
-    cmd.add_argument("out", type=cli_args.out_dir, help=out)
+    cmd.add_argument("out", type=cli_args.out_dir, metavar="OUT", help=out)
     steps = f"optimizer steps (default {defaults.steps})"
     cmd.add_argument("--steps", type=cli_args.positive, default=defaults.steps, metavar="N", help=steps)
     minutes = "stop early after this much wall time (default: no limit; not reproducible)"
