@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -85,3 +86,17 @@ def test_help_s_usage_line_is_the_readme_s(command):
     usage = parser()._subparsers._group_actions[0].choices[command].format_usage()
     shown = _positionals_and_options(" ".join(usage.split()[1:]))
     assert shown == _positionals_and_options(_readme_synopsis()[command])
+
+
+@pytest.mark.parametrize(("variable", "value"), [("DAYZERO_DTYPE", "bfloat16"), ("DAYZERO_SPECULATIVE_TOKENS", "2")])
+def test_inspect_help_names_each_setting_its_plan_follows(variable, value, mtp_checkpoint):
+    """``inspect --help`` named no setting, while its plan follows DAYZERO_DTYPE (the weights' and state's
+    width) and DAYZERO_SPECULATIVE_TOKENS (the MTP layer's state): the same command planned differently
+    in two shells, nothing on screen saying why."""
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("DAYZERO_")}
+    planned = [
+        json.loads(run_dayzero("inspect", str(mtp_checkpoint), "--json", env=env).stdout)
+        for env in (plain, {**plain, variable: value})
+    ]
+    assert planned[0] != planned[1]  # the setting changes the plan
+    assert variable in " ".join(run_dayzero("inspect", "--help").stdout.split())

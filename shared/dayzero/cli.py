@@ -79,9 +79,8 @@ def cmd_quantize(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
     from .quant.inspect import inspect, render
 
-    report = inspect(
-        args.path, args.batch, args.context, args.devices, args.expert_cache_gib, args.tensor_parallel, settings.dtype
-    )
+    sizes = (args.batch, args.context, args.devices, args.expert_cache_gib, args.tensor_parallel)
+    report = inspect(args.path, *sizes, settings.dtype, settings.speculative_tokens)
     print(json.dumps(report.to_dict()) if args.json else render(report))
     return 0
 
@@ -192,7 +191,17 @@ def parser() -> argparse.ArgumentParser:
     quant.add_argument("--shards", type=cli_args.positive, default=1, metavar="N", help=shards_help)
     quant.set_defaults(run=cmd_quantize)
 
-    insp = sub.add_parser("inspect", help="parameter counts, dtypes and a memory plan (headers + config only)")
+    defaults = Settings.model_fields
+    insp = sub.add_parser(
+        "inspect",
+        help="parameter counts, dtypes and a memory plan (headers + config only)",
+        description="Parameter counts, tensor dtypes and a memory plan, from the safetensors headers and the "
+        f"config (no weights read). The plan is for a run of the settings in the environment: DAYZERO_DTYPE "
+        f"({defaults['dtype'].default} unless set), which the dense weights, experts not kept in FP4 and the "
+        f"attention state are held in, and DAYZERO_SPECULATIVE_TOKENS ({defaults['speculative_tokens'].default} "
+        "unless set), above 0 the MTP layer's state per sequence too (its weights are counted whenever the "
+        "checkpoint ships it).",
+    )
     insp.add_argument(
         "path",
         metavar="CHECKPOINT|CONFIG|deepseek-v4-flash|deepseek-v4-pro",

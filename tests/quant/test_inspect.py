@@ -173,7 +173,7 @@ def test_the_plan_holds_the_weights_in_the_dtype_the_run_loads_them_in(
     assert cli.main(["inspect", str(checkpoint), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     model = load_model(checkpoint, torch_dtype, progress=False)
-    held = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if not name.startswith("mtp."))
+    held = sum(p.numel() * p.element_size() for p in model.parameters())
     fp32 = sum(p.numel() * 2 for p in model.parameters() if p.dtype != torch_dtype)  # (hyper-connections': fp32)
     assert report["memory_gib"]["packed_weights"] == pytest.approx((held - fp32) / (1 << 30), rel=0.01)
     assert report["plan"]["dense"] == f"{dtype or 'float32'} (DAYZERO_DTYPE)"  # float weights: no FP8 to dequantize
@@ -187,3 +187,27 @@ def test_a_tiny_model_s_counts_are_not_rounded_to_nothing(tiny_checkpoint):
     total, active = render(report).splitlines()[:2]
     assert report.total_params < 1e6 and total.endswith(f"({report.total_params / 1e3:.2f} K)")
     assert active.startswith(f"active per token   {report.active_params:,} ({report.active_params / 1e3:.2f} K; ")
+
+
+@pytest.mark.parametrize("speculative", [0, 2])
+def test_the_plan_holds_the_mtp_layer_the_checkpoint_ships(speculative, mtp_checkpoint, monkeypatch, capsys):
+    """The plan left the MTP layer out (transformers' count does not build it), while the loader holds
+    its weights whenever the checkpoint ships it (V4-Flash's: 6.6B parameters, a whole MoE layer) and
+    each sequence holds its window and pending streams under speculative decoding."""
+    from safetensors.torch import load_file
+
+    monkeypatch.delenv("DAYZERO_DTYPE", raising=False)  # float32: the tiny checkpoint's own dtype
+    monkeypatch.setenv("DAYZERO_SPECULATIVE_TOKENS", str(speculative))
+    assert cli.main(["inspect", str(mtp_checkpoint), "--json", "--batch", "3"]) == 0
+    mtp = json.loads(capsys.readouterr().out)["mtp"]
+    tensors = {k: t for k, t in load_file(mtp_checkpoint / "model.safetensors").items() if k.startswith("mtp.")}
+    # every mtp.* tensor stored (float32), but the routing correction bias (a buffer: out of every layer's count)
+    shipped = sum(t.nbytes for k, t in tensors.items() if not k.endswith("gate.bias"))
+    assert tensors and mtp["layers"] == 1 and mtp["weight_bytes"] == shipped
+    config = json.loads((mtp_checkpoint / "config.json").read_text())
+    window_rows = -(-(config["sliding_window"] - 1) // 64) * 64  # the plan's pools: blocks of 64 rows
+    streams = config["hc_mult"] * config["hidden_size"]  # the hyper-connection streams the MTP layer reads next
+    state = (window_rows * config["head_dim"] + streams) * 4 if speculative else 0
+    assert mtp["state_bytes_per_sequence"] == state
+    report = cli.main(["inspect", str(mtp_checkpoint)]) == 0 and capsys.readouterr().out
+    assert f"MTP layers         1: {shipped // 4:,} parameters" in report
