@@ -7,6 +7,9 @@ shows up at 1e-3 or more.
 
 from __future__ import annotations
 
+import logging
+import re
+
 import pytest
 import torch
 
@@ -80,3 +83,36 @@ def test_align_tells_indexer_ties_from_errors(checkpoint_factory, monkeypatch):
 
     monkeypatch.setattr(align_module, "load_model", flipped)
     assert not align_module.align(path, prompt, tokens=4).ok
+
+
+def test_the_reference_s_load_report_leaves_out_the_vision_tower_and_keeps_a_real_unexpected_key(tmp_path):
+    """``align`` of a checkpoint with a vision tower (``demo-checkpoint --vision``, the built-in model)
+    printed transformers' load report of the reference: 16 rows of ``visual.*`` weights "UNEXPECTED",
+    "not ok if you expect identical arch", while the text model has no tower. A key the text model
+    should have read is still reported."""
+    from safetensors.torch import load_file, save_file
+
+    from dayzero.demo import write_demo_checkpoint
+
+    def logged_loading(path) -> str:
+        """What transformers logs while the reference loads (its own handler's stream and its logger's
+        propagation depend on what ran before)."""
+        reports = []
+        handler = logging.Handler()
+        handler.emit = lambda record: reports.append(record.getMessage())
+        log = logging.getLogger("transformers.modeling_utils")
+        log.addHandler(handler)
+        try:
+            reference_model(path)
+        finally:
+            log.removeHandler(handler)
+        return "\n".join(reports)
+
+    path = write_demo_checkpoint(tmp_path / "vision", vision=True)
+    assert "LOAD REPORT" not in logged_loading(path)  # the tower's rows were all of it
+    tensors = load_file(path / "model.safetensors")
+    assert any(name.startswith("visual.") for name in tensors)
+    save_file({**tensors, "layers.0.stray.weight": torch.zeros(2)}, path / "model.safetensors", {"format": "pt"})
+    report = logged_loading(path)
+    assert "LOAD REPORT" in report and "visual." not in report
+    assert re.search(r"^layers\.0\.stray\.weight +\| UNEXPECTED", report, re.MULTILINE), report
