@@ -48,24 +48,38 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
             timeout_graceful_shutdown=grace,
         )
         return 0
-    settings.require_device()
+    launch = None  # (vision: one rank, whatever torchrun's variables say)
     if args.service in ("prefill", "decode"):
-        from .parallel.group import run_group
         from .parallel.launch import launch_from
 
         launch = launch_from(os.environ, settings.device)  # torchrun's variables: one rank of its group
         if tp > 1 or launch is not None:
-            if settings.speculative_tokens:  # the followers would need each round's accepted drafts
-                raise ValueError("DAYZERO_SPECULATIVE_TOKENS runs on one rank for now: set it to 0 for a group")
-            from .checkpoint import check_split
+            _refused_in_a_group(args.service, settings)  # before the device is looked at: nothing runs
+    settings.require_device()
+    if tp > 1 or launch is not None:
+        from .checkpoint import check_split
+        from .parallel.group import run_group
 
-            check_split(settings.checkpoint_dir(), [tp])  # before any rank starts
-            timeout, name = settings.group_timeout_s, args.name
-            code = run_group(
-                tp, serve_rank, args.service, settings, name, timeout=timeout, launch=launch, device=settings.device
-            )
-            end_process(code or 0)  # (rank 0's worker's, or a torchrun follower's: None)
+        check_split(settings.checkpoint_dir(), [tp])  # before any rank starts
+        timeout, name = settings.group_timeout_s, args.name
+        code = run_group(
+            tp, serve_rank, args.service, settings, name, timeout=timeout, launch=launch, device=settings.device
+        )
+        end_process(code or 0)  # (rank 0's worker's, or a torchrun follower's: None)
     end_process(_run_worker(args.service, settings, args.name))
+
+
+def _refused_in_a_group(service: str, settings: Settings) -> None:
+    """A ValueError for the settings a worker of several ranks cannot run with, before anything starts."""
+    if settings.speculative_tokens:  # the followers would need each round's accepted drafts
+        raise ValueError("DAYZERO_SPECULATIVE_TOKENS runs on one rank for now: set it to 0 for a group")
+    if settings.decode_graphs and service == "decode":
+        # a group's step all-reduces across the ranks: rank 0's warm-up captured its graphs alone (the
+        # others wait for a message, not a collective), and a replay waiting on a dead rank never times out
+        raise ValueError(
+            "DAYZERO_DECODE_GRAPHS runs on one rank: unset it to serve decode with --tensor-parallel "
+            "(or DAYZERO_TENSOR_PARALLEL, or torchrun) over several ranks"
+        )
 
 
 def _gateway_redis_refusal_checked(url: str) -> None:

@@ -141,3 +141,26 @@ def test_ranks_that_do_not_meet_are_one_line_not_a_traceback(checkpoint_factory,
     assert len(lines) == 1 and lines[0].startswith(
         f"error: rank 0 of 2: the group did not meet at 127.0.0.1:{port} within 3 s"
     )
+
+
+@pytest.mark.parametrize("group", ["flag", "torchrun"])
+def test_serve_decode_refuses_decode_graphs_in_a_group(group, monkeypatch, capsys):
+    """DAYZERO_DECODE_GRAPHS with DAYZERO_TENSOR_PARALLEL=2 was refused, with ``serve decode --tensor-parallel
+    2`` (or under torchrun) it started: rank 0's warm-up captures the graphs of steps that all-reduce
+    while the other ranks wait in a broadcast for its next message. Refused before the device is looked
+    at; a prefill group, whose steps no graph replays, is not."""
+    from dayzero.settings import Settings
+
+    def device_looked_at(settings) -> None:
+        raise ValueError("the device was looked at")
+
+    monkeypatch.setattr(Settings, "require_device", device_looked_at)
+    graphs = {"DAYZERO_DEVICE": "cuda", "DAYZERO_ATTENTION_BACKEND": "triton", "DAYZERO_DECODE_GRAPHS": "1"}
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    for name, value in {**graphs, **(torchrun if group == "torchrun" else {})}.items():
+        monkeypatch.setenv(name, value)
+    flag = ["--tensor-parallel", "2"] if group == "flag" else []
+    assert cli.main(["serve", "decode", *flag]) == 2
+    assert "error: DAYZERO_DECODE_GRAPHS runs on one rank" in capsys.readouterr().err
+    assert cli.main(["serve", "prefill", *flag]) == 2
+    assert "error: the device was looked at" in capsys.readouterr().err
