@@ -113,7 +113,7 @@ def rank_plan(cfg: ModelConfig, ranks: int, serving: Serving) -> dict[str, float
             regions["dense_split"] += values * serving.width / ranks
         else:
             regions["dense_replicated"] += values * serving.width
-    per_token, window = _state_bytes(cfg, serving)
+    per_token, window = _state_bytes(cfg, replace(serving, mtp_state=False))  # (a group drafts no tokens)
     regions["attention_state_replicated"] = serving.batch * (serving.context * per_token + window)
     regions["dequant_workspace"] = _workspace(cfg, serving, cfg.n_routed_experts // ranks) if serving.fp4 else 0
     regions["hyper_connection_state"] = serving.batch * cfg.hc_mult * cfg.hidden_size * 4 * 2
