@@ -1,9 +1,9 @@
 """What a schema's size check says of it beside what it costs: for schemas built to slip past a count
 of subschemas as written (a $ref with sibling keywords, an allOf of unions, a union with siblings, a
 forced tool's properties referring to a shared definition, objects merged past a row of
-llguidance's parser, an object of hundreds of short patternProperties), the subschemas as written,
-the check's verdict (``size_problem`` under the default limits; a tool: the gateway's
-``_enforced_schemas``), llguidance's compile of the grammar in a fresh process (seconds, peak RSS,
+llguidance's parser, an object of hundreds of short patternProperties or of tens of long ones),
+the subschemas as written, the check's verdict (``size_problem`` under the default limits; a tool: the
+gateway's ``_enforced_schemas``), llguidance's compile of the grammar in a fresh process (seconds, peak RSS,
 the symbols of the grammar it built: its size, its verdict), and whether a reply fails mid-way (the
 row cases: the gateway's first-steps check passes them). The first row, a schema as written at the
 default limit of subschemas, is the size that limit admits.
@@ -70,6 +70,8 @@ def cases() -> dict[str, tuple[str, dict]]:
     )
     defs = {f"d{i}": _object(200, f"x{i}_") for i in range(2)}
     named = lambda count: {f"^q{j}$": {"type": "integer"} for j in range(count)}  # noqa: E731
+    # (told apart at their end only: every pair of names read whole by llguidance's overlap check)
+    long_named = lambda count, shared: {f"^{'a' * shared}{j:02d}$": {"type": "integer"} for j in range(count)}  # noqa: E731
     return {
         "as written: 2,999 required": ("json", _object(2999, required=True)),
         "ref+sibling 20 x 490": ("json", refs(20, 490, {"type": "object"})),
@@ -89,6 +91,8 @@ def cases() -> dict[str, tuple[str, dict]]:
         "474 optional + 100 patterns": ("json", _late(_object(474) | {"patternProperties": named(100)})),
         "200 patterns": ("json", {"type": "object", "patternProperties": named(200)}),
         "400 patterns": ("json", {"type": "object", "patternProperties": named(400)}),
+        "64 patterns of 144 bytes": ("json", {"type": "object", "patternProperties": long_named(64, 140)}),
+        "31 patterns of 104 bytes": ("json", {"type": "object", "patternProperties": long_named(31, 100)}),
     }
 
 

@@ -69,3 +69,11 @@ def test_a_bound_a_ref_reaches_in_data_is_still_refused(capped_gateway):
     schema = {"type": "object", "properties": {"a": {"$ref": "#/x-range"}}, "required": ["a"]}
     schema["x-range"] = {"type": "integer", "minimum": NEAR_LEAST_I64}
     assert "64-bit range" in _refused(_post(capped_gateway, schema))
+
+
+def test_long_pattern_names_past_the_pairs_bound_are_refused(capped_gateway):
+    """64 patternProperties' names of 144 bytes, within the 10,000 characters of patterns: llguidance
+    checks each pair for an overlap (580,608 bytes read); a 400 naming the bound, before any compile."""
+    names = {f"^{'a' * 140}{i:02d}$": {"type": "integer"} for i in range(64)}
+    message = _refused(_post(capped_gateway, {"type": "object", "patternProperties": names}))
+    assert "580,608 bytes read" in message and "at most 100,000 can be enforced" in message, message

@@ -17,12 +17,10 @@ from .dsml import render_calls, to_json
 from .schema_counts import CountedChars, regexes
 from .schema_keywords import LISTS, own_resource, schema_values, values_within, within_keywords
 from .schema_merge import MOST_NESTED, Circular, Merged, TooBig, TooDeep, resolve
+from .schema_names import names_problem
 from .schema_rows import RowCheck
 
 MOST_TOOLS = 1024  # tools a request may ever offer (the ceiling of DAYZERO_MAX_TOOLS)
-# patternProperties' names in one object: llguidance's compile grows steeply in them, whatever their
-# length (names such as "^q17$", all 5 characters: 100 took 0.05-0.4 s, 200 0.8-6.7 s, 400 25-63 s)
-MOST_PATTERN_NAMES = 100
 # UTF-8 bytes of one string a grammar spells (a property name, an enum or const string: JSON-escaped,
 # as a reply writes it) and of one regular expression's text. llguidance's lexer pays at each decode
 # step for every byte of a literal still to write: one row's mask ~0.22 ms per 1,000 bytes at the
@@ -96,9 +94,8 @@ def size_problem(schemas: list, limits: SchemaLimits, calls: bool = False) -> st
             spelled.update(_spelled(node), _FORMAT_BYTES if "format" in node else ())
             if problem := counted.problem(node) or _long_string(node):  # (a count names its own problem)
                 return problem
-            if isinstance(named := node.get("patternProperties"), dict) and len(named) > MOST_PATTERN_NAMES:
-                most = MOST_PATTERN_NAMES
-                return f"an object of {len(named):,} patternProperties: at most {most} in one can be enforced"
+            if problem := names_problem(node):
+                return problem
         if opened and (problem := counted.open_problem(calls)):
             return problem
         if problem := counted.wide_problem(len(spelled | (_CALL_BYTES if calls else set())), opened):

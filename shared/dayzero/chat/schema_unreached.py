@@ -14,6 +14,7 @@ from typing import NamedTuple
 from .grammar import _allowed, _byte_grammars, _walk_failed, json_grammar
 from .schema_bounds import schemas_within
 from .schema_merge import resolve
+from .schema_names import MOST_PAIR_BYTES, pair_bytes
 from .schema_size import open_object
 from .schema_splits import counts_unbounded_group
 
@@ -107,21 +108,27 @@ def _patterns_problem(patterns: tuple[Unreached, ...]) -> str | None:
 
 def _walks(patterns: tuple[Unreached, ...]) -> list[tuple[dict, list[tuple[str, Unreached]]]]:
     """The objects ``_patterns_problem`` walks, each with the prefixes leading to its patterns'
-    first bytes: one of the optional properties' and patternProperties' values, and one each for the
-    other properties'. A patternProperties' value is walked behind a key its name matches, where one
+    first bytes: the optional properties' and patternProperties' values, in objects whose names
+    llguidance's overlap check reads within ``MOST_PAIR_BYTES`` (64 objects of one long name each,
+    walked as one object of 64: its compile the cost of one refused), and one each for the other
+    properties'. A patternProperties' value is walked behind a key its name matches, where one
     is found (behind "x" ``(a+){40}`` was let through, failing every reply behind the key of
     ``^[a-z]{3,}_(foo|bar)$``), and as a property's too (behind ``^a{200}$``'s key alone ``(a+){42}``
     was let through, failing every reply where the object held another property: as a property's,
     refused)."""
+    walks: list[tuple[dict, list[tuple[str, Unreached]]]] = []
     properties, named, prefixes = {}, {}, []
     for found in (found for found in patterns if not found.additional):
         value = {"type": "string", "pattern": found.pattern}
         if found.named is not None and found.named not in named and (key := _key_of(found.named)):
+            if pair_bytes([*named, found.named]) > MOST_PAIR_BYTES:  # (the next object's)
+                walks.append(({"type": "object", "properties": properties, "patternProperties": named}, prefixes))
+                properties, named, prefixes = {}, {}, []
             named[found.named] = value
             prefixes.append((f'{{{key}: "', found))
         properties[name := f"x{len(properties)}"] = value
         prefixes.append((f'{{"{name}": "', found))
-    walks = [({"type": "object", "properties": properties, "patternProperties": named}, prefixes)]
+    walks.append(({"type": "object", "properties": properties, "patternProperties": named}, prefixes))
     others = [found for found in patterns if found.additional]
     return walks + [
         ({"type": "object", "additionalProperties": {"type": "string", "pattern": found.pattern}}, [('{"k": "', found)])
