@@ -125,3 +125,28 @@ def test_a_count_beside_escapes_telling_many_bytes_apart_is_refused(pattern, cou
     most = most_after_unbounded(_bytes(schema, others), opened=not closed)
     assert size_problem([_beside(most, others, closed)], DEFAULTS) is None
     assert not fails_mid_reply(_beside(most, others, closed), {"s0": "a" * (most + 300)})
+
+
+_CJK = "".join(chr(c) for c in range(0x4E00, 0x4E00 + 10 * 37, 37))  # (10 characters, 3 bytes each)
+_CYRILLIC = "".join(map(chr, range(0x410, 0x450)))  # (А-я, 2 bytes each)
+
+
+@pytest.mark.parametrize(
+    "text, count, closed",
+    [(_ASCII[:15], 1100, True), (_ASCII[:52], 640, True), (_CJK, 850, False), (_CYRILLIC, 470, False)],
+    ids=["punctuation_closed", "ascii_closed", "cjk_open", "cyrillic_open"],
+)
+def test_a_count_the_fit_through_25_bytes_admitted_is_refused(text, count, closed):
+    """Swept beside enums of 18 to 73 bytes: the fit through the bounds at 25 admitted ``count`` (1,100
+    and 651 closed, 850 and 488 open) where llguidance wrote 1,083 (punctuation, 18 bytes), 626 (ASCII,
+    55), 777 (CJK, 23), 446 (Cyrillic, 73) whole and failed every reply past; refused now, and the bound
+    there admitted and written whole."""
+    others = {"k": {"enum": [text]}}
+    schema = _beside(count, others, closed)
+    assert fails_mid_reply(schema, {"s0": "a" * (count + 300)})
+    assert "can be enforced in a grammar whose names, enum values and patterns spell" in (
+        size_problem([schema], DEFAULTS) or ""
+    )
+    most = most_after_unbounded(_bytes(schema, others), opened=not closed)
+    assert size_problem([_beside(most, others, closed)], DEFAULTS) is None
+    assert not fails_mid_reply(_beside(most, others, closed), {"s0": "a" * (most + 300)})
