@@ -35,6 +35,19 @@ def _bytes(schema: dict, others: dict) -> int:
     return len(set().union(*map(_spelled, [schema, schema["properties"]["s0"], *others.values()])))
 
 
+def _refused_and_the_bound_written_whole(count: int, others: dict, closed: bool) -> None:
+    """``.*.{count}`` beside ``others`` fails a reply past it (llguidance) and is refused; the bound
+    there is admitted and written whole."""
+    schema = _beside(count, others, closed)
+    assert fails_mid_reply(schema, {"s0": "a" * (count + 300)})
+    assert "can be enforced in a grammar whose names, enum values and patterns spell" in (
+        size_problem([schema], DEFAULTS) or ""
+    )
+    most = most_after_unbounded(_bytes(schema, others), opened=not closed)
+    assert size_problem([_beside(most, others, closed)], DEFAULTS) is None
+    assert not fails_mid_reply(_beside(most, others, closed), {"s0": "a" * (most + 300)})
+
+
 _COMMON = {name: {"type": "string"} for name in _NAMES}
 _ENUM = {"k": {"enum": [_ASCII]}}
 
@@ -117,14 +130,7 @@ def test_a_count_beside_escapes_telling_many_bytes_apart_is_refused(pattern, cou
     tell many apart: ``count`` was admitted (1,100 closed, 850 open; 1,052 and 824) and every reply
     failed; refused now, and the bound admitted there written whole."""
     others = {"n": {"type": "string", "pattern": pattern}}
-    schema = _beside(count, others, closed)
-    assert fails_mid_reply(schema, {"s0": "a" * (count + 300)})
-    assert "can be enforced in a grammar whose names, enum values and patterns spell" in (
-        size_problem([schema], DEFAULTS) or ""
-    )
-    most = most_after_unbounded(_bytes(schema, others), opened=not closed)
-    assert size_problem([_beside(most, others, closed)], DEFAULTS) is None
-    assert not fails_mid_reply(_beside(most, others, closed), {"s0": "a" * (most + 300)})
+    _refused_and_the_bound_written_whole(count, others, closed)
 
 
 _CJK = "".join(chr(c) for c in range(0x4E00, 0x4E00 + 10 * 37, 37))  # (10 characters, 3 bytes each)
@@ -142,11 +148,4 @@ def test_a_count_the_fit_through_25_bytes_admitted_is_refused(text, count, close
     55), 777 (CJK, 23), 446 (Cyrillic, 73) whole and failed every reply past; refused now, and the bound
     there admitted and written whole."""
     others = {"k": {"enum": [text]}}
-    schema = _beside(count, others, closed)
-    assert fails_mid_reply(schema, {"s0": "a" * (count + 300)})
-    assert "can be enforced in a grammar whose names, enum values and patterns spell" in (
-        size_problem([schema], DEFAULTS) or ""
-    )
-    most = most_after_unbounded(_bytes(schema, others), opened=not closed)
-    assert size_problem([_beside(most, others, closed)], DEFAULTS) is None
-    assert not fails_mid_reply(_beside(most, others, closed), {"s0": "a" * (most + 300)})
+    _refused_and_the_bound_written_whole(count, others, closed)
