@@ -132,3 +132,34 @@ def test_a_sweep_refused_a_command_gives_its_lock_back(tmp_path):
         assert admin.get(key("reaper")) == b"another gateway"
         store.r.close()
         admin.close()
+
+
+class _LockTakenBeforeItsFirstRead:
+    """``store`` whose sweep's lock lapses and another gateway takes it just before the requests' list is
+    read (a sweep slower than its lock: 0.9 of a period)."""
+
+    def __init__(self, store: Lifecycle, admin: redis.Redis) -> None:
+        self.store, self.admin = store, admin
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    def active(self) -> list[str]:
+        self.admin.set(key("reaper"), "another gateway", px=60_000)
+        return self.store.active()
+
+
+def test_a_refused_sweep_leaves_a_lock_another_gateway_took_meanwhile(tmp_path):
+    """The give-back deletes the lock only where it is still this sweep's: one that lapsed mid-sweep and
+    was taken by another gateway is that one's (deleted, a third gateway could sweep beside it). The
+    give-back test above takes no lock another holds (its sweep returns None): a DEL of whatever the lock
+    holds passed it."""
+    with scratch_redis(tmp_path) as port:
+        admin = redis.Redis(port=port)
+        admin.acl_setuser("dz", commands=["+@all", "-smembers"], **GRANTS)
+        store = Lifecycle(redis.Redis.from_url(f"redis://dz:pw@127.0.0.1:{port}/0"))
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            sweep(_LockTakenBeforeItsFirstRead(store, admin), lambda job, stage: None, 30.0, 60_000, 10.0)
+        assert admin.get(key("reaper")) == b"another gateway"
+        store.r.close()
+        admin.close()
