@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -17,9 +17,11 @@ from dayzero.procs import free_port, scratch_redis
 from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.reaper import sweep
+from dayzero.serving.scripts import Take
 from services.gateway import reaping, refused_commands
 
 from .conftest import wait_until
+from .lifecycle_requests import request
 from .test_refused_command_state import GRANTS, _gateway, _reason, _redis, sweep_sending_lrange_under_its_lock
 
 LEASE_S = 1.0  # a period of 0.5 s: the refused gateway's pass drifts a few ms a period against the other's
@@ -134,19 +136,18 @@ def test_a_sweep_refused_a_command_gives_its_lock_back(tmp_path):
         admin.close()
 
 
-class _LockTakenBeforeItsFirstRead:
-    """``store`` whose sweep's lock lapses and another gateway takes it just before the requests' list is
-    read (a sweep slower than its lock: 0.9 of a period)."""
+class _ActiveRead:
+    """``store`` whose sweep runs ``before`` just before it reads its requests' list, read in id order."""
 
-    def __init__(self, store: Lifecycle, admin: redis.Redis) -> None:
-        self.store, self.admin = store, admin
+    def __init__(self, store: Lifecycle, before: Callable[[], object] = lambda: None) -> None:
+        self.store, self.before = store, before
 
     def __getattr__(self, name: str):
         return getattr(self.store, name)
 
     def active(self) -> list[str]:
-        self.admin.set(key("reaper"), "another gateway", px=60_000)
-        return self.store.active()
+        self.before()
+        return sorted(self.store.active())
 
 
 def test_a_refused_sweep_leaves_a_lock_another_gateway_took_meanwhile(tmp_path):
@@ -158,8 +159,34 @@ def test_a_refused_sweep_leaves_a_lock_another_gateway_took_meanwhile(tmp_path):
         admin = redis.Redis(port=port)
         admin.acl_setuser("dz", commands=["+@all", "-smembers"], **GRANTS)
         store = Lifecycle(redis.Redis.from_url(f"redis://dz:pw@127.0.0.1:{port}/0"))
+        taken = _ActiveRead(store, lambda: admin.set(key("reaper"), "another gateway", px=60_000))
         with pytest.raises(redis.exceptions.NoPermissionError):
-            sweep(_LockTakenBeforeItsFirstRead(store, admin), lambda job, stage: None, 30.0, 60_000, 10.0)
+            sweep(taken, lambda job, stage: None, 30.0, 60_000, 10.0)
         assert admin.get(key("reaper")) == b"another gateway"
         store.r.close()
         admin.close()
+
+
+def test_a_refused_sweep_that_sighted_a_request_keeps_its_lock(tmp_path):
+    """A sweep's first sighting of a message taken off its queue and not yet claimed re-runs nothing: a
+    live worker's claim may be just behind its pop, and the next sweep (the lock's 0.9 of a period on)
+    re-runs it. A sweep refused a command after such a sighting (ACL -mget: the re-run's cancel check)
+    gave its lock back, and another user's gateway sweeping just after re-ran the request, its live
+    worker's claim stale (prefilled twice). It keeps the lock; one refused before it looked at any
+    request gives it back (above)."""
+    with scratch_redis(tmp_path) as port:
+        admin = Lifecycle(redis.Redis(port=port))
+        admin.r.acl_setuser("dz", commands=["+@all", "-mget"], **GRANTS)
+        admin.admit(request("a-live"), [], "", 60)
+        admin.enqueue("a-live", "prefill", "a-live", 60)
+        assert admin.r.rpop("prefill") == b"a-live"  # a live worker took it, its claim not yet made
+        admin.admit(request("b-dead"), [], "", 60)
+        admin.take("b-dead", 0, "decode0", 30)
+        admin.r.delete(key("lease", "b-dead"))  # its worker died
+        store = Lifecycle(redis.Redis.from_url(f"redis://dz:pw@127.0.0.1:{port}/0"))
+        with pytest.raises(redis.exceptions.NoPermissionError):  # (a-live sighted, b-dead's re-run refused)
+            sweep(_ActiveRead(store), lambda job, stage: None, 30.0, 60_000, 60.0)
+        assert sweep(_ActiveRead(admin), lambda job, stage: None, 30.0, 60_000, 60.0) is None
+        assert admin.take("a-live", 0, "prefill1", 30) == Take.CLAIMED
+        store.r.close()
+        admin.r.close()

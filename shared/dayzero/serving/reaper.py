@@ -54,15 +54,19 @@ def sweep(
     that dies in between leaves a request the next sweep after that re-runs again. A message a
     worker took off its queue and never claimed is re-run by the next sweep that finds it so
     within ``sighting_s`` (above the sweeps' period): the first may be just ahead of a live claim.
-    A command refused its user (an ACL's NOPERM) gives the lock back (``_give_back``).
+    A command refused its user (an ACL's NOPERM) before the sweep looked at a request gives the lock
+    back (``_give_back``); after, it is kept: a sighting among those looked at is re-run by the next
+    sweep, which the lock keeps a period away (given back, another gateway's at once re-ran a message
+    whose live worker's claim was just behind its pop: prefilled twice).
     """
     began, token = time.monotonic(), secrets.token_hex(8)
     if not store.r.set(key("reaper"), token, px=lock_ms, nx=True):  # one gateway sweeps at a time
         return None  # another gateway swept just now
+    looked: list[str] = []  # the requests whose re-run step ran (a first sighting among them)
     try:
-        return _rerun_orphans(store, send, transit_s, sighting_s, stalled_s, began)
+        return _rerun_orphans(store, send, transit_s, sighting_s, stalled_s, began, looked)
     except redis.RedisError as exc:
-        if command_refused(exc):
+        if command_refused(exc) and not looked:
             _give_back(store.r, token)
         raise
 
@@ -83,14 +87,17 @@ def _rerun_orphans(
     sighting_s: float,
     stalled_s: float | None,
     began: float,
+    looked: list[str],
 ) -> list[str]:
-    """``sweep``'s pass under its lock (taken at ``began``, monotonic)."""
+    """``sweep``'s pass under its lock (taken at ``began``, monotonic); each request whose re-run step
+    ran goes to ``looked``."""
     active, took = store.active(), time.monotonic() - began
     if stalled_s is not None and took > stalled_s:
         raise Stalled(f"Redis answered the sweep's first round trips in {took:.1f} s")
     rerun = []
     for rid in active:
         attempt = store.rerun_orphan(rid, transit_s, sighting_s)
+        looked.append(rid)
         request = store.request(rid) if attempt else None
         if request is None:
             continue
