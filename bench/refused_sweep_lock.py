@@ -31,7 +31,8 @@ from dayzero.serving import reaper
 from dayzero.settings import Settings
 from services.gateway import reaping
 from services.gateway.app import make_app
-from tests.services.test_refused_command_state import GRANTS, sweep_sending_lrange_under_its_lock
+from tests.services.sweep_stand_ins import sweep_sending_lrange_under_its_lock
+from tests.services.test_refused_command_state import GRANTS
 
 WATCH_S, CAP_PERIODS = 5.0, 150  # (/ready watched while refused; the wait once lifted, in periods)
 KEPT, GIVE_BACK = (lambda r, token: None), reaper._give_back

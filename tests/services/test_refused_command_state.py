@@ -22,6 +22,7 @@ from services.gateway import reaping, refused_commands
 from services.gateway.app import make_app
 
 from .conftest import wait_until
+from .sweep_stand_ins import sweep_sending_lrange_under_its_lock
 
 GRANTS = {"enabled": True, "passwords": ["+pw"], "keys": ["*"], "channels": ["*"]}
 LEASE_S = 0.4  # a reaper pass every 0.2 s; after a failed one, no re-run for 0.4 s
@@ -243,28 +244,6 @@ def test_a_subcommands_or_a_scripts_refusal_is_cleared_once_redis_answers_it(sen
         assert wait_until(lambda: client.exists(key("refused", "dz")), 15)  # (recorded, not only this pass's)
         client.acl_setuser("dz", commands=["+@all"], **GRANTS)
         assert wait_until(lambda: _reason(gateway).startswith("no live worker"), 15), _reason(gateway)
-
-
-SWEEP = reaping.sweep  # (the real one, which the stand-ins call: tests patch reaping's)
-
-
-class _SendingLrangeFirst:
-    """``store`` whose requests' list (the sweep's first read under its lock) is read after an LRANGE."""
-
-    def __init__(self, store) -> None:
-        self.store = store
-
-    def __getattr__(self, name: str):
-        return getattr(self.store, name)
-
-    def active(self) -> list[str]:
-        self.store.r.lrange(key("sweep-only"), 0, 0)
-        return self.store.active()
-
-
-def sweep_sending_lrange_under_its_lock(store, *args):
-    """The sweep, sending LRANGE once it holds its lock (the lock's refused sweeps: the real one's)."""
-    return SWEEP(_SendingLrangeFirst(store), *args)
 
 
 def test_a_refusal_met_under_the_sweeps_lock_is_said_steadily_while_another_gateway_holds_the_lock(

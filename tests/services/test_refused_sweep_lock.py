@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -22,7 +22,8 @@ from services.gateway import reaping, refused_commands
 
 from .conftest import wait_until
 from .lifecycle_requests import request
-from .test_refused_command_state import GRANTS, _gateway, _reason, _redis, sweep_sending_lrange_under_its_lock
+from .sweep_stand_ins import ActiveRead, sweep_sending_lrange_under_its_lock
+from .test_refused_command_state import GRANTS, _gateway, _reason, _redis
 
 LEASE_S = 1.0  # a period of 0.5 s: the refused gateway's pass drifts a few ms a period against the other's
 PERIOD_S = LEASE_S / 2
@@ -136,20 +137,6 @@ def test_a_sweep_refused_a_command_gives_its_lock_back(tmp_path):
         admin.close()
 
 
-class _ActiveRead:
-    """``store`` whose sweep runs ``before`` just before it reads its requests' list, read in id order."""
-
-    def __init__(self, store: Lifecycle, before: Callable[[], object] = lambda: None) -> None:
-        self.store, self.before = store, before
-
-    def __getattr__(self, name: str):
-        return getattr(self.store, name)
-
-    def active(self) -> list[str]:
-        self.before()
-        return sorted(self.store.active())
-
-
 def test_a_refused_sweep_leaves_a_lock_another_gateway_took_meanwhile(tmp_path):
     """The give-back deletes the lock only where it is still this sweep's: one that lapsed mid-sweep and
     was taken by another gateway is that one's (deleted, a third gateway could sweep beside it). The
@@ -159,7 +146,7 @@ def test_a_refused_sweep_leaves_a_lock_another_gateway_took_meanwhile(tmp_path):
         admin = redis.Redis(port=port)
         admin.acl_setuser("dz", commands=["+@all", "-smembers"], **GRANTS)
         store = Lifecycle(redis.Redis.from_url(f"redis://dz:pw@127.0.0.1:{port}/0"))
-        taken = _ActiveRead(store, lambda: admin.set(key("reaper"), "another gateway", px=60_000))
+        taken = ActiveRead(store, lambda: admin.set(key("reaper"), "another gateway", px=60_000))
         with pytest.raises(redis.exceptions.NoPermissionError):
             sweep(taken, lambda job, stage: None, 30.0, 60_000, 10.0)
         assert admin.get(key("reaper")) == b"another gateway"
@@ -185,8 +172,8 @@ def test_a_refused_sweep_that_sighted_a_request_keeps_its_lock(tmp_path):
         admin.r.delete(key("lease", "b-dead"))  # its worker died
         store = Lifecycle(redis.Redis.from_url(f"redis://dz:pw@127.0.0.1:{port}/0"))
         with pytest.raises(redis.exceptions.NoPermissionError):  # (a-live sighted, b-dead's re-run refused)
-            sweep(_ActiveRead(store), lambda job, stage: None, 30.0, 60_000, 60.0)
-        assert sweep(_ActiveRead(admin), lambda job, stage: None, 30.0, 60_000, 60.0) is None
+            sweep(ActiveRead(store), lambda job, stage: None, 30.0, 60_000, 60.0)
+        assert sweep(ActiveRead(admin), lambda job, stage: None, 30.0, 60_000, 60.0) is None
         assert admin.take("a-live", 0, "prefill1", 30) == Take.CLAIMED
         store.r.close()
         admin.r.close()
