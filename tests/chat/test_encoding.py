@@ -162,6 +162,21 @@ def test_a_result_whose_call_id_is_empty_keeps_its_calls_place():
     assert encode_chat(chat).endswith(f"{U}<tool_result>f's</tool_result>\n\n<tool_result>g's</tool_result>{A}</think>")
 
 
+def test_results_of_calls_that_share_an_id_keep_their_calls_places():
+    """Calls of one turn may share an id (the gateway takes one result for the id, or one each): the
+    id's k-th result answers its k-th call. Each was ranked at the id's last call: calls f, g, h with
+    ids a, b, a answered in order showed g's result first (as f's), and a's one result after g's."""
+    ids = (("a", "f"), ("b", "g"), ("a", "h"))
+    calls = [{"id": i, "type": "function", "function": {"name": n, "arguments": "{}"}} for i, n in ids]
+    asked = [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": calls}]
+    results = [{"role": "tool", "tool_call_id": i, "content": f"{n}'s"} for i, n in ids]
+    blocks = "\n\n".join(f"<tool_result>{n}'s</tool_result>" for n in "fgh")
+    assert encode_chat([*asked, *results]).endswith(f"{U}{blocks}{A}</think>")
+    assert encode_chat([*asked, results[1], results[0], results[2]]).endswith(f"{U}{blocks}{A}</think>")
+    one = f"{U}<tool_result>f's</tool_result>\n\n<tool_result>g's</tool_result>{A}</think>"
+    assert encode_chat([*asked, *results[:2]]).endswith(one)
+
+
 def test_images_developer_and_latest_reminder():
     chat = [
         {"role": "developer", "content": "Answer in French."},

@@ -114,11 +114,14 @@ def _merge_tool_results(messages: list[dict]) -> list[dict]:
     """Runs of user and tool messages become one user turn of blocks; tool results follow the
     order of the calls in the assistant turn before them."""
     turns: list[dict] = []
-    order: dict[str, int] = {}  # call id -> its place in the latest assistant turn with calls
+    places: dict[str, list[int]] = {}  # call id -> its places in the latest assistant turn with calls
     for m in messages:
         role = m["role"]
         if role == "assistant" and m.get("tool_calls"):
-            order = {c.get("id"): i for i, c in enumerate(m["tool_calls"]) if c.get("id") is not None}  # ("" is an id)
+            places = {}
+            for i, call in enumerate(m["tool_calls"]):
+                if call.get("id") is not None:  # ("" is an id)
+                    places.setdefault(call["id"], []).append(i)
         if role not in ("user", "tool"):
             turns.append(m)
             continue
@@ -129,7 +132,9 @@ def _merge_tool_results(messages: list[dict]) -> list[dict]:
             parts = m.get("content")
             turn["blocks"].extend(parts if isinstance(parts, list) else [parts or ""])
         else:
-            turn["calls"].append((order.get(m.get("tool_call_id"), 0), len(turn["blocks"])))
+            # calls that share an id: the id's k-th result answers its k-th call (each took its last call's place)
+            ranks = places.get(m.get("tool_call_id"), [0])
+            turn["calls"].append((ranks.pop(0) if len(ranks) > 1 else ranks[0], len(turn["blocks"])))
             turn["blocks"].append(f"<tool_result>{text_of(m.get('content'))}</tool_result>")
     for turn in turns:
         if turn["role"] == "user" and len(turn.get("calls", ())) > 1:
