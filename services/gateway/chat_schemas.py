@@ -203,6 +203,10 @@ class ChatCompletionRequest(Sampling, ChatPrompt):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=16)  # OpenAI's; ignored
     store: bool | None = None  # OpenAI's (stored completions, metadata's use): ignored, as vLLM does; typed
+    # OpenAI's too, ignored and typed as its schema types them (as undeclared keys any value was taken)
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False

@@ -139,7 +139,10 @@ def test_defaults_ask_for_nothing_and_pass(gateway, fields):
         (chat("x", reasoning_effort="extreme"), "reasoning_effort", "invalid_value"),
         (chat("x", user="u" * 257), "user", "string_above_max_length"),
         (chat("x", store="yes"), "store", "invalid_type"),  # (it was taken, as an unknown key: a 200)
-        (chat("x", store=True, n=0), "n", "integer_below_min_value"),  # store true taken (ignored, as vLLM does)
+        # OpenAI's, ignored: any value was taken (undeclared keys)
+        (chat("x", service_tier="fast"), "service_tier", "invalid_value"),
+        (chat("x", prompt_cache_key=5), "prompt_cache_key", "invalid_type"),
+        (chat("x", safety_identifier=["u"]), "safety_identifier", "invalid_type"),
         (chat("x", logit_bias={"05": 1}), "logit_bias", "invalid_value"),  # a key that is no token id (was null)
         (chat("x", stop=["s"] * 17), "stop", "array_above_max_length"),  # a check of this server's own (was null)
         # OpenAI's (they were null, a tool's under param "tools"; a list past its bound, read before its
@@ -169,6 +172,21 @@ def test_an_invalid_field_is_coded_as_openai_codes_it(gateway, body, param, code
 
 
 @pytest.mark.parametrize(
+    "fields",
+    [
+        {"store": True},
+        {"store": False, "service_tier": None},
+        {"service_tier": "flex", "prompt_cache_key": "k", "safety_identifier": "u1"},
+    ],
+)
+def test_openai_s_ignored_parameters_are_taken(gateway, fields):
+    """Refused past the body's checks, for a max_tokens over the limit (store true was asserted beside
+    n 0, whose error is told whatever store's is: a store true refused passed it)."""
+    r = gateway.post("/v1/chat/completions", json=chat("x", max_tokens=10**6, **fields))
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "max_tokens"), r.text
+
+
+@pytest.mark.parametrize(
     ("body", "code"),
     [(b"", "missing_required_parameter"), (b"null", "invalid_type"), (b"[]", "invalid_type")],
     ids=["empty", "null", "list"],
@@ -194,9 +212,6 @@ def test_an_empty_body_is_told_what_it_needs(gateway, path, needed):
     r = gateway.post(path, content=b"", headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"] == f"the request has no body: send a JSON object with {needed}", r.text
-
-
-CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
 def _past_call(arguments: str, result: str = "r") -> dict:
