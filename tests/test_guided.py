@@ -66,8 +66,8 @@ def test_a_grammar_after_a_token_leaves_the_text_before_it_free_but_unended(code
 def test_a_guide_looks_its_grammar_up_once(codec, monkeypatch):
     """(It looked it up twice: for its matcher, then for the compile it retires when its lexer fills.)"""
     grammars, looked_up = Grammars(codec.guidance), []
-    compiling = grammars._compiling
-    monkeypatch.setattr(grammars, "_compiling", lambda lark: looked_up.append(lark) or compiling(lark))
+    compiling = grammars.compiling
+    monkeypatch.setattr(grammars, "compiling", lambda lark: looked_up.append(lark) or compiling(lark))
     Guide(grammars, Grammar('start: "ok"'))
     assert looked_up == ['start: "ok"']
 

@@ -7,7 +7,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 
 from .chat.grammar import parser_limits
 
@@ -42,16 +42,19 @@ class Grammars:
         (``matcher(lark, compiled)``): the cache may drop it meanwhile (``most`` others used since),
         and the matcher would wait for a compile again. None while it compiles (the first call
         starts it)."""
-        future = self._compiling(lark)
+        future = self.compiling(lark)
         return future if future.done() else None
 
     def matcher(self, lark: str, compiled: Future | None = None):
-        """A matcher of ``lark`` at its start, the caller's own (from ``compiled``, if given; else from
-        ``finished(lark)``'s: a matcher in its error state when the grammar is refused)."""
-        compiled = compiled if compiled is not None else self.finished(lark)
+        """A matcher of ``lark`` at its start, the caller's own, copied from ``compiled`` (if given;
+        else ``compiling(lark)``'s), waited for if it compiles (a matcher in its error state when the
+        grammar is refused)."""
+        compiled = compiled if compiled is not None else self.compiling(lark)
         matcher = compiled.result().deep_copy()
         with self._lock:
             self._copies[compiled] = self._copies.get(compiled, 0) + 1
+            if lark in self._compiled and self._compiled[lark][0] is compiled:  # (seen done: it may go)
+                self._compiled[lark] = (compiled, self._compiled[lark][1], True)
         return matcher
 
     def copied(self, compiled: Future) -> bool:
@@ -59,15 +62,6 @@ class Grammars:
         that matcher's states too."""
         with self._lock:
             return compiled in self._copies
-
-    def finished(self, lark: str) -> Future:
-        """``lark``'s compile, done (or failed): waits for it if it is not."""
-        future = self._compiling(lark)
-        wait([future])
-        with self._lock:  # (seen done: it may go)
-            if lark in self._compiled and self._compiled[lark][0] is future:
-                self._compiled[lark] = (future, self._compiled[lark][1], True)
-        return future
 
     def retire(self, lark: str, compiled: Future | None) -> None:
         """Drop ``compiled``, ``lark``'s compile, if cached: a matcher of it failed on its lexer. Every
@@ -88,7 +82,8 @@ class Grammars:
         with self._lock:
             return compiled in self._retired
 
-    def _compiling(self, lark: str) -> Future:
+    def compiling(self, lark: str) -> Future:
+        """``lark``'s compile, done or not (the first call starts it): ``matcher`` waits for it."""
         now = time.monotonic()
         with self._lock:
             future, _, seen = self._compiled.pop(lark, (None, now, False))

@@ -66,7 +66,7 @@ class Guide:
     def __init__(self, grammars: Grammars, grammar: Grammar, compiled: Future | None = None) -> None:
         self._grammars, self._lark = grammars, grammar.lark
         # (``compiled``: Grammars.compiled's, held; the one a lexer filled by replies retires: ``accept``)
-        self._compiled = compiled if compiled is not None else grammars.finished(grammar.lark)
+        self._compiled = compiled if compiled is not None else grammars.compiling(grammar.lark)
         self.matcher = grammars.matcher(grammar.lark, self._compiled)
         self.words = (grammars.tokenizer.vocab_size + 31) // 32  # the mask's int32 words: the tokenizer's vocabulary
         if self.matcher.is_error():
