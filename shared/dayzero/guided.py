@@ -74,8 +74,9 @@ class Guide:
         self._after = grammar.after
         self.active = grammar.after is None
         self._consumed: list[int] = []  # the tokens its matcher took: replayed into a fresh compile's
-        self._renewed_at = -1  # len(_consumed) when it last took a fresh compile (``renew``)
-        self._shared_at = -1  # len(_consumed) when it last renewed onto a compile others share
+        # (len(_consumed), own) at its last ``renew``, while it decides whose a lexer's failure at that
+        # token is: its own (a fresh compile), or not (one others copied: their states in its lexer)
+        self._renewed: tuple[int, bool] | None = None
         self.filled: LexerFilled | None = None  # its compile's lexer filled: it waits for a fresh one (``renew``)
 
     def accept(self, token: int) -> None:
@@ -105,16 +106,17 @@ class Guide:
         compiled = self._grammars.compiled(self._lark)  # (never the one retired: it left the cache)
         if compiled is None:
             return False
-        # (a compile others copied is no fresh one: their replies' states fill its lexer too)
-        fresh = not self._grammars.copied(compiled) or self._shared_at == len(self._consumed)
-        self._shared_at = -1 if fresh else len(self._consumed)
+        at = len(self._consumed)
+        # (a compile others copied is no fresh one, unless it renewed at this token on one already)
+        own = not self._grammars.copied(compiled) or self._renewed == (at, False)
+        self._renewed = (at, own)
         self.matcher, self._compiled = self._grammars.matcher(self._lark, compiled), compiled
         self.matcher.consume_tokens(self._consumed)
-        self._renewed_at, self.filled = (len(self._consumed) if fresh else -1), None
+        self.filled = None
         if self.matcher.is_error():
             self._failed()
-        if not held:  # (a replay's: its next token is a step's, first tried after others copied this compile)
-            self._renewed_at = -1
+        if not held and own:  # (a replay's: its next token is a step's, tried after others copied it)
+            self._renewed = None
         return True
 
     def _failed(self) -> None:
@@ -124,7 +126,7 @@ class Guide:
         if not error.startswith(LEXER_ERROR):
             raise GrammarFailed(error_summary(error))
         self._grammars.retire(self._lark, self._compiled)
-        if self._renewed_at == len(self._consumed):
+        if self._renewed == (len(self._consumed), True):
             raise GrammarFailed(error_summary(error))
         self.filled = LexerFilled(error_summary(error))
         raise self.filled
