@@ -57,11 +57,11 @@ class Grammars:
                 self._compiled[lark] = (compiled, self._compiled[lark][1], True)
         return matcher
 
-    def copied(self, compiled: Future) -> bool:
-        """Whether a matcher was copied from ``compiled`` (``matcher``): its lexer, shared, holds
-        that matcher's states too."""
+    def copies(self, compiled: Future) -> int:
+        """How many matchers were copied from ``compiled`` (``matcher``): its lexer, shared, holds
+        the states of each."""
         with self._lock:
-            return compiled in self._copies
+            return self._copies.get(compiled, 0)
 
     def retire(self, lark: str, compiled: Future | None) -> None:
         """Drop ``compiled``, ``lark``'s compile, if cached: a matcher of it failed on its lexer. Every

@@ -97,18 +97,18 @@ class Guide:
 
     def renew(self, held: bool = True) -> bool:
         """Take a fresh compile of its grammar once one is ready (False while it compiles, off the
-        loop: the first call starts it), replaying the tokens it took into its copy. Failing there
-        too, or again before another token (``held``: the step that failed is taken next, before
-        others copy it), on a compile no other matcher was copied from, the
-        grammar fails by itself (``GrammarFailed``: a reply that alone fills a fresh lexer); on one
-        others share, it is ``LexerFilled`` again (that compile retired), once per token: failing so
-        twice at one token is its own (K bad replies at once wait for 2 compiles, not K in turn)."""
+        loop: the first call starts it), replaying the tokens it took into its copy. A lexer's failure
+        on a compile no other matcher was copied from is the grammar's own (``GrammarFailed``: a reply
+        that alone fills a fresh lexer, ``_failed``); on one others share, it is ``LexerFilled`` again
+        (that compile retired), once per token: failing so twice at one token is its own (K bad replies
+        at once wait for 2 compiles, not K in turn). ``held``: the step that failed is taken next,
+        before others copy this compile (not: a replay's, whose next token is a later step's)."""
         compiled = self._grammars.compiled(self._lark)  # (never the one retired: it left the cache)
         if compiled is None:
             return False
         at = len(self._consumed)
         # (a compile others copied is no fresh one, unless it renewed at this token on one already)
-        own = not self._grammars.copied(compiled) or self._renewed == (at, False)
+        own = not self._grammars.copies(compiled) or self._renewed == (at, False)
         self._renewed = (at, own)
         self.matcher, self._compiled = self._grammars.matcher(self._lark, compiled), compiled
         self.matcher.consume_tokens(self._consumed)
@@ -121,12 +121,13 @@ class Guide:
 
     def _failed(self) -> None:
         """Raise its matcher's error: a lexer's retires the compile (every copy's lexer), and is the
-        request's own only once a fresh compile failed at the same token."""
+        request's own on a compile no other matcher was copied from (its lexer holds this reply's
+        states alone), or at the token of a renew that counts as fresh."""
         error = self.matcher.get_error()
         if not error.startswith(LEXER_ERROR):
             raise GrammarFailed(error_summary(error))
         self._grammars.retire(self._lark, self._compiled)
-        if self._renewed == (len(self._consumed), True):
+        if self._grammars.copies(self._compiled) == 1 or self._renewed == (len(self._consumed), True):
             raise GrammarFailed(error_summary(error))
         self.filled = LexerFilled(error_summary(error))
         raise self.filled

@@ -7,6 +7,7 @@ Redis, a real runtime and llguidance, its lexer limit lowered so that a few repl
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 
@@ -21,7 +22,7 @@ from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
-from ..conftest import AB_PATTERN, few_lexer_states
+from ..conftest import AB_PATTERN, few_lexer_states, fill_lexer
 from .conftest import prompt_ids, recording, run_jobs
 
 
@@ -67,3 +68,48 @@ def test_requests_meeting_a_full_lexer_carry_on_on_a_fresh_compile(
         assert end in ("length", "stop"), (rid, end, text)
         assert re.fullmatch(r'"[ab]*' if end == "length" else f'"{AB_PATTERN["pattern"][1:-1]}"', text), (end, text)
     assert decode.stats.snapshot()["counters"].get("grammar_failures") == 0
+
+
+def test_a_reply_that_fills_a_fresh_lexer_by_itself_after_its_replay_fails_as_its_schemas(
+    demo_dir, redis_url, monkeypatch, caplog
+):
+    """Decode's rebuild of prefill's first token meets a lexer others filled and waits for a fresh
+    compile; its reply then fills a fresh lexer of 300 states by itself (its quote kept out by
+    ``logit_bias``: no reply of 400 characters fits). That is the schema's failure (``grammar_failed``,
+    a 400), counted as a grammar failure and logged at INFO, its end next to its last streamed token.
+    It was blamed on a shared lexer (``LexerFilled``) unless it failed at the very token it renewed
+    at: each fresh compile, filled by this reply alone, was retired for another that let ~40 more
+    tokens through (11 compiles, the row waiting for each)."""
+    caplog.set_level(logging.INFO, logger="dayzero.decode")
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store, lark, rid = Lifecycle.connect(redis_url), json_grammar(AB_PATTERN), "filled-alone"
+    decode = Runtime.load(settings, "decode-alone@test", "decode", False)
+    (quote,) = decode.codec.grammars.tokenizer.tokenize_str('"')
+    sampling = SamplingParams(
+        max_tokens=400, temperature=1.0, seed=0, grammar=Grammar(lark), logit_bias=((quote, -100.0),)
+    )
+    request = GenerationRequest(request_id=rid, prompt_ids=tuple(prompt_ids(4)), sampling=sampling, created=time.time())
+    store.admit(request, [], "", 60)
+    sent: list[DecodeJob] = []
+    run_jobs(
+        PrefillLoop(Runtime.load(settings, "prefill-alone@test", "prefill", False), recording(sent)),
+        [PrefillJob(request=request)],
+    )
+    few_lexer_states(monkeypatch, 300)
+    grammars, retired = decode.codec.grammars, []
+    retire = grammars.retire
+    monkeypatch.setattr(grammars, "retire", lambda lark, compiled: retired.append(compiled) or retire(lark, compiled))
+    fill_lexer(grammars, lark)
+    run_jobs(DecodeLoop(decode), sent)
+    (_, last), *_ = store.r.xrevrange(f"dz:tokens:{rid}", count=1)
+    streamed = store.streamed_tokens(rid)
+    text = decode.codec.decode_all(streamed)
+    assert (store.done(rid), last.get(b"c")) == ("error", b"grammar_failed"), (last, text)
+    assert last[b"e"].decode().startswith("its grammar failed mid-reply: lexer error: too many states"), last
+    assert int(last[b"i"]) == len(streamed) and 20 < len(streamed) < 400, (last, len(streamed))
+    assert re.fullmatch(r'"[ab]*', text), text
+    assert len(retired) == 2, "the compile others filled, then the fresh one its reply filled"
+    snapshot = decode.stats.snapshot()
+    assert (snapshot["counters"].get("grammar_failures"), snapshot["failures"].get("decode", 0)) == (1, 0), snapshot
+    logged = [r for r in caplog.records if rid in r.getMessage()]
+    assert logged and all(r.levelno == logging.INFO for r in logged), [(r.levelname, r.getMessage()) for r in logged]
