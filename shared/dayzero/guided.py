@@ -12,7 +12,9 @@ executor, outside the GIL) into one bitmask [R, ceil(V/32)] int32, then applied 
 from __future__ import annotations
 
 import functools
+import logging
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +22,9 @@ import torch
 from .chat.grammar import LEXER_ERROR, error_summary
 from .grammars import Grammars
 from .params import Grammar
+
+if TYPE_CHECKING:
+    from .serving.metrics import WorkerStats
 
 GRAMMAR_FAILED = "grammar_failed"  # the code of a request's end its grammar failed by itself (the gateway's 400)
 
@@ -48,16 +53,20 @@ class LexerFilled(GrammarFailed):
 _REFUSED = "doesn't satisfy the grammar"  # llguidance's error for a token it refuses ("Parser Error: token ...")
 
 
-def by_its_schema(exc: Exception) -> bool:
-    """Whether ``exc`` failed a request by its own schema (a client's error: counted as one, logged
-    at INFO, for a client can send such schemas at will), not by the server."""
-    return isinstance(exc, GrammarFailed) and exc.code == GRAMMAR_FAILED
-
-
-def failure(exc: Exception, what: str) -> tuple[str, str]:
-    """The message and code of the end of a request ``exc`` failed (``what``: "sampling failed", ...):
-    a failed grammar's own (it says why), else the exception's type."""
-    return (str(exc), exc.code) if isinstance(exc, GrammarFailed) else (f"{what}: {type(exc).__name__}", "")
+def failed_alone(stats: WorkerStats, rid: str, exc: Exception, what: str) -> tuple[str, str]:
+    """Log and count ``exc``, which failed request ``rid``'s own sampling (or handoff) in the stage
+    ``stats`` counts for (``what``: "sampling failed", ...): its schema's failure is the client's error
+    (INFO, ``grammar_failures``: a client can send such schemas at will), any other the stage's (ERROR
+    with its stack, an operator failure). -> its end's message and code: a failed grammar's own (it
+    says why), else ``what`` and the exception's type."""
+    log = logging.getLogger(f"dayzero.{stats.stage}")
+    if isinstance(exc, GrammarFailed) and exc.code == GRAMMAR_FAILED:
+        log.info("request %s: %s: %s", rid, what, exc)
+        stats.add(grammar_failures=1)
+        return str(exc), exc.code
+    log.error("request %s: %s", rid, what, exc_info=exc)
+    stats.fail(stats.stage)
+    return (str(exc), "") if isinstance(exc, GrammarFailed) else (f"{what}: {type(exc).__name__}", "")
 
 
 class Guide:

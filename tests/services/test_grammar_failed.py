@@ -51,26 +51,42 @@ def _prefilled(
     return sent
 
 
-def test_a_grammar_failing_mid_reply_ends_its_stream_with_its_why(demo_dir, redis_url, caplog):
+@pytest.mark.parametrize("leaves", [False, True])
+def test_a_grammar_failing_mid_reply_ends_its_stream_with_its_why(demo_dir, redis_url, caplog, leaves):
     """... as the client's error: counted as a grammar failure, not decode's, and logged at INFO (a
-    client sending such schemas at will inflated the decode failures and the ERROR log)."""
+    client sending such schemas at will inflated the decode failures and the ERROR log). Its client
+    leaving as the failing step's append goes out (``leaves``: the cancel mark read with it ends the
+    request), the failure was neither logged nor counted: it is, as it fails."""
     caplog.set_level(logging.INFO, logger="dayzero.decode")
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
-    store = Lifecycle.connect(redis_url)
+    store, rid = Lifecycle.connect(redis_url), f"late-{leaves}"
     sampling = SamplingParams(max_tokens=400, temperature=1.0, seed=3, grammar=Grammar(json_grammar(LATE_PATTERN)))
-    sent = _prefilled(settings, store, "late-1", sampling, 0)
-    decode = Runtime.load(settings, "decode7@test", "decode", False)
-    run_jobs(DecodeLoop(decode), sent)
-    last = _last(store, "late-1")
-    assert store.done("late-1") == "error", last
-    assert (last[b"e"].decode(), last[b"c"]) == (WHY, b"grammar_failed")
-    streamed = len(store.streamed_tokens("late-1"))
-    assert streamed > 8
-    assert int(last[b"i"]) == streamed, last  # next to its last token (one further: the token it failed on counted)
+    sent = _prefilled(settings, store, rid, sampling, 0)
+    decode = Runtime.load(settings, f"decode7-{leaves}@test", "decode", False)
+    loop, append = DecodeLoop(decode), decode.store.append
+
+    def leaving(tokens, *args):
+        if any(active.end is not None for active in loop.active.values()):
+            store.cancel(rid)
+        return append(tokens, *args)
+
+    if leaves:
+        decode.store.append = leaving
+    run_jobs(loop, sent)
+    last = _last(store, rid)
+    if leaves:
+        assert store.done(rid) == "cancelled", last
+    else:
+        assert store.done(rid) == "error", last
+        assert (last[b"e"].decode(), last[b"c"]) == (WHY, b"grammar_failed")
+        streamed = len(store.streamed_tokens(rid))
+        assert streamed > 8
+        assert int(last[b"i"]) == streamed, last  # next to its last token (one further: the token it failed on counted)
     snapshot = decode.stats.snapshot()
     assert (snapshot["counters"].get("grammar_failures"), snapshot["failures"].get("decode", 0)) == (1, 0), snapshot
-    failed = [r for r in caplog.records if "late-1" in r.getMessage()]
+    failed = [r for r in caplog.records if rid in r.getMessage()]
     assert failed and all(r.levelno == logging.INFO for r in failed), [(r.levelname, r.getMessage()) for r in failed]
+    assert [r for r in failed if WHY in r.getMessage()], [r.getMessage() for r in failed]
 
 
 def test_a_grammar_failing_at_its_first_token_ends_in_prefill(demo_dir, redis_url, caplog):

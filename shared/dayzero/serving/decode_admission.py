@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from ..guided import failed_alone
 from ..kv.handoff import LayoutMismatch
 from ..kv.pools import OutOfBlocks
-from .active import Active, admit_state, failed_alone
+from .active import Active, admit_state
 from .intake import Ticket
 from .messages import SAME_LAYOUT, DecodeJob
 from .scripts import Take
@@ -94,5 +95,5 @@ def _start(loop: DecodeLoop, ticket: Ticket[DecodeJob]) -> None:
         loop.active[rid] = Active.start(loop.r, ticket, loop.limit)
     except Exception as exc:  # noqa: BLE001 - its own sampling (a grammar refused): it fails alone
         loop.r.ranks.release(rid)
-        message, code = failed_alone(loop.r, rid, exc)  # (as a step's failure would end it)
+        message, code = failed_alone(loop.r.stats, rid, exc, "sampling failed")  # (as a step's failure ends it)
         loop._settle(ticket, "error", message, len(ticket.job.generated), code=code)

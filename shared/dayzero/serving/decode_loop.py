@@ -17,7 +17,7 @@ import redis
 
 from ..completion import context_limit, next_steps
 from ..speculative import Acceptance, Speculation, decode_round
-from .active import Active, failed_alone
+from .active import Active
 from .decode_admission import admit
 from .decode_stats import record_step
 from .handoff import Receiver
@@ -217,9 +217,9 @@ class DecodeLoop:
             self._finish(rid, "cancelled", index=self.active[rid].streamed)
         for active in self.active.values():
             active.unsent.clear()  # on their streams
-        for rid, (reason, exc) in [(rid, a.end) for rid, a in self.active.items() if a.end is not None]:
-            if exc is None:
+        for rid, (reason, message, code) in [(rid, a.end) for rid, a in self.active.items() if a.end is not None]:
+            if reason != "error":
                 self._finish(rid, reason)  # (its last token carried the finish)
                 continue
-            message, code = failed_alone(self.r, rid, exc)  # its own sampling (the step's call is counted)
+            # its own sampling (logged and counted as it failed; the step's call is counted)
             self._finish(rid, "error", index=self.active[rid].completion.count, message=message, code=code)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import redis
 from opentelemetry import trace
 
-from ..guided import by_its_schema, failure
+from ..guided import failed_alone
 from ..telemetry import continued, tracer
 from .intake import Ticket
 from .kept_handoffs import KeptHandoffs
@@ -113,17 +113,11 @@ class FirstTokens:
 
     def _fail(self, ticket: Ticket[PrefillJob], exc: Exception) -> None:
         rid = ticket.job.request.request_id
-        if by_its_schema(exc):  # the client's error, not prefill's
-            log.info("request %s failed after its prefill: %s", rid, exc)
-            self.r.stats.add(grammar_failures=1)
-        else:
-            log.exception("request %s failed after its prefill", rid)
-            self.r.stats.fail("prefill")
+        message, code = failed_alone(self.r.stats, rid, exc, "failed after prefill")
         self.handed_off.forget(rid)
         self.r.ranks.release(rid)
         self.kept.drop(ticket)  # (its blocks freed: Redis failing the end puts it back to be prefilled again)
         streamed = len(self.r.store.streamed_tokens(rid))  # its first token may have gone out already
-        message, code = failure(exc, "failed after prefill")
         mark_failed(trace.get_current_span(), message, code)  # its prefill.forward
         self.settle(ticket, "error", message, streamed, code=code)
 
