@@ -10,6 +10,7 @@ window ring, compressed entries (CSA and HCA), indexer keys, compressor running 
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -31,14 +32,14 @@ class StateHandle(NamedTuple):  # (a tuple: each handoff makes one, a frozen dat
     pool_id: str
     layout_hash: str
     length: int
-    blocks: dict[str, tuple[int, ...]] | bytes  # bytes: ``ids_bytes``'
+    blocks: dict[str, Sequence[int]] | bytes  # a sequence's tables (int64 arrays), a message's lists, or ``ids_bytes``'
 
 
-def ids_bytes(blocks: dict[str, Sequence[int]], counts: dict[str, int]) -> bytes:
-    """The first ``counts[kind]`` ids of each kind's list, kind after kind (``POOL_KINDS``' order),
-    as int64 little-endian: the ids a state of those counts needs, split again by the counts."""
-    ids = [i for kind in POOL_KINDS for i in blocks[kind][: counts[kind]]]
-    return struct.pack(f"<{len(ids)}q", *ids)
+def ids_bytes(blocks: dict[str, array], counts: dict[str, int]) -> bytes:
+    """The first ``counts[kind]`` ids of each kind's table, kind after kind (``POOL_KINDS``' order),
+    as int64 (native order, little-endian where dayzero runs; ids as bytes only name blocks on the
+    same host): the ids a state of those counts needs, split again by the counts."""
+    return b"".join([blocks[kind][: counts[kind]] for kind in POOL_KINDS])
 
 
 def _split(data: bytes, counts: dict[str, int]) -> dict[str, list[int]]:
@@ -54,10 +55,8 @@ def _split(data: bytes, counts: dict[str, int]) -> dict[str, list[int]]:
 
 
 def export_state(pools: KVPools, seq_id: str) -> StateHandle:
-    seq = pools.sequences[seq_id]
-    return StateHandle(
-        pools.pool_id, pools.layout_hash, seq.length, {kind: tuple(ids) for kind, ids in seq.tables.items()}
-    )
+    seq = pools.sequences[seq_id]  # (its tables copied: the handle names the blocks of this moment)
+    return StateHandle(pools.pool_id, pools.layout_hash, seq.length, {kind: ids[:] for kind, ids in seq.tables.items()})
 
 
 def import_state(dst: KVPools, src: KVPools, handle: StateHandle, seq_id: str) -> None:
@@ -84,7 +83,7 @@ def import_state(dst: KVPools, src: KVPools, handle: StateHandle, seq_id: str) -
 
 
 def _copy_on_devices(
-    dst: KVPools, src: KVPools, counts: dict[str, int], tables: dict[str, list[int]], blocks: dict[str, Sequence[int]]
+    dst: KVPools, src: KVPools, counts: dict[str, int], tables: dict[str, array], blocks: dict[str, Sequence[int]]
 ) -> None:
     """import_state's copy between pools on any devices, kind by kind (``copy_blocks`` checks each
     kind's ids first: on a GPU an id past its pool was a device-side assert, a negative one read
@@ -104,39 +103,32 @@ def warm_up_host_copy(pools: KVPools) -> None:
     1-2 s from the cache, ~10 s compiling, on a loaded host. The plan is ``_plan``'s (a read-only
     array: numba compiles another copy for a writable one)."""
     if pools.host_places is not None:
-        none = dict.fromkeys(POOL_KINDS, ())
-        copy_host_blocks(pools.host_places, pools.host_places, _plan(dict.fromkeys(POOL_KINDS, 0), none, none))
+        none = {kind: array("q") for kind in POOL_KINDS}
+        copy_host_blocks(pools.host_places, pools.host_places, _plan(dict.fromkeys(POOL_KINDS, 0), none, b""))
 
 
 _W, _C, _H, _I, _P = POOL_KINDS  # (the plan spelled out: a loop over the kinds took 0.6 us more a handoff)
 
 
-def _plan(counts: dict[str, int], dst: dict[str, Sequence[int]], src: dict[str, Sequence[int]] | bytes) -> np.ndarray:
+def _plan(counts: dict[str, int], dst: dict[str, array], src: dict[str, Sequence[int]] | bytes) -> np.ndarray:
     """``copy_host_blocks``' plan: each kind's count, the lengths of each kind's list in ``dst``,
-    then in ``src``, then the lists (int64; unsliced: the copy takes each one's first ``count``). One
-    list, converted once: struct packs a list of ints in half numpy's time (np.array ~17 ns an id,
-    a 4k demo state has ~300); ``src`` as ``ids_bytes``' bytes (its lists as long as the counts)
-    follows the packed ones as it is."""
-    c, d, s = counts, dst, src
-    if isinstance(s, bytes):  # (its lengths: the counts; the head packed as arguments: no list of it first)
-        lengths = len(d[_W]), len(d[_C]), len(d[_H]), len(d[_I]), len(d[_P])
-        # fmt: off
-        head = struct.pack(
-            f"<{15 + sum(lengths)}q", c[_W], c[_C], c[_H], c[_I], c[_P], *lengths, c[_W], c[_C], c[_H], c[_I], c[_P],
-            *d[_W], *d[_C], *d[_H], *d[_I], *d[_P],
-        )
-        # fmt: on
-        return np.frombuffer(head + s, _INT64)
+    then in ``src``, then the lists (int64; unsliced: the copy takes each one's first ``count``).
+    ``dst``'s tables are int64 arrays, joined as they are; ``src`` as ``ids_bytes``' bytes (its
+    lists as long as the counts) too; a message's lists are packed (struct: half numpy's time)."""
+    c, d = counts, dst
+    if isinstance(src, bytes):
+        src_lengths, src_ids = (c[_W], c[_C], c[_H], c[_I], c[_P]), src
+    else:
+        s = src
+        src_lengths = len(s[_W]), len(s[_C]), len(s[_H]), len(s[_I]), len(s[_P])
+        src_ids = struct.pack(f"<{sum(src_lengths)}q", *s[_W], *s[_C], *s[_H], *s[_I], *s[_P])
     # fmt: off
-    plan = [
-        counts[_W], counts[_C], counts[_H], counts[_I], counts[_P],
-        len(d[_W]), len(d[_C]), len(d[_H]), len(d[_I]), len(d[_P]),
-        len(s[_W]), len(s[_C]), len(s[_H]), len(s[_I]), len(s[_P]),
-        *d[_W], *d[_C], *d[_H], *d[_I], *d[_P],
-        *s[_W], *s[_C], *s[_H], *s[_I], *s[_P],
-    ]
+    head = struct.pack(
+        "<15q", c[_W], c[_C], c[_H], c[_I], c[_P], len(d[_W]), len(d[_C]), len(d[_H]), len(d[_I]), len(d[_P]),
+        *src_lengths,
+    )
     # fmt: on
-    return np.frombuffer(struct.pack(f"{len(plan)}q", *plan), dtype=np.int64)
+    return np.frombuffer(b"".join((head, d[_W], d[_C], d[_H], d[_I], d[_P], src_ids)), _INT64)
 
 
 def _stretch(ids: Sequence[int]) -> bool:

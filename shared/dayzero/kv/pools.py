@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import uuid
+from array import array
 from collections.abc import Callable
 from types import MappingProxyType
 
@@ -150,7 +151,7 @@ class KVPools:
         allocators = self.allocators
         return all([allocators[k].free >= n for k, n in need.items()])  # (a list: no generator to start)
 
-    def reserve(self, seq_id: str, total_tokens: int) -> dict[str, list[int]]:
+    def reserve(self, seq_id: str, total_tokens: int) -> dict[str, array]:
         """Allocate what ``seq_id`` needs to hold ``total_tokens``; all or nothing. -> the blocks added."""
         if total_tokens > self._capacity:
             raise OutOfBlocks(
@@ -162,7 +163,7 @@ class KVPools:
             return {}  # (most decode steps)
         added = take(self.allocators, self._missing(seq, total_tokens), total_tokens)
         if seq is None:  # (its tables copies of the blocks added: those are the caller's)
-            tables = {kind: [*blocks] for kind, blocks in added.items()}
+            tables = {kind: blocks[:] for kind, blocks in added.items()}
             seq = self.sequences[seq_id] = SequenceBlocks(tables=tables)
         else:
             for kind, blocks in added.items():
@@ -191,7 +192,7 @@ class KVPools:
         """The step's first ``n`` tokens of ``seq_id`` are kept: its length grows by ``n``."""
         self.sequences[seq_id].length += n
 
-    def rollback(self, seq_id: str, added: dict[str, list[int]]) -> None:
+    def rollback(self, seq_id: str, added: dict[str, array]) -> None:
         """Return the blocks of ``added`` (what a ``reserve`` allocated) that the committed length
         does not need; blocks reserved earlier stay."""
         seq = self.sequences[seq_id]

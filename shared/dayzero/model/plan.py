@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -116,13 +117,16 @@ class StepPlan:
         return [r + n - 1 for r, n in zip(self.batch.row0s, self.batch.news, strict=True)]
 
 
-def _host_table(blocks: list[list[int]], width: int = 0) -> np.ndarray:
-    """Block lists -> [B, max(width, longest)] int32, zero-padded."""
+def _host_table(blocks: list[array], width: int = 0) -> np.ndarray:
+    """Block tables (int64 arrays) -> [B, max(width, longest)] int32, zero-padded: each row its
+    table's bytes then zero bytes, one conversion (not one an id: 8 sequences of 64k tokens were
+    ~0.3 ms a step)."""
     width = max(1, width, max(map(len, blocks)))
-    return np.array([ids + [0] * (width - len(ids)) for ids in blocks], dtype=np.int32)
+    rows = b"".join([part for ids in blocks for part in (ids, bytes(8 * (width - len(ids))))])
+    return np.frombuffer(rows, np.int64).reshape(len(blocks), width).astype(np.int32)  # [B, width]
 
 
-def _table(blocks: list[list[int]], device: torch.device, width: int = 0) -> torch.Tensor:
+def _table(blocks: list[array], device: torch.device, width: int = 0) -> torch.Tensor:
     return from_host(_host_table(blocks, width), device)
 
 

@@ -41,7 +41,8 @@ def pack_state(pools: KVPools, seq_id: str) -> bytes:
     carrier = KVPools.sized(pools.layout, max(handle.length, 1), 1, pools.dtype)
     import_state(carrier, pools, handle, "s")
     own = export_state(carrier, "s")
-    header = {"blocks": carrier.blocks, "pool_id": own.pool_id, "length": own.length, "tables": own.blocks}
+    tables = {kind: ids.tolist() for kind, ids in own.blocks.items()}
+    header = {"blocks": carrier.blocks, "pool_id": own.pool_id, "length": own.length, "tables": tables}
     tensors = {f"t{i}": t.contiguous() for i, t in enumerate(carrier.tensors())}
     return save(tensors, metadata={"dayzero_state": json.dumps(header), "layout_hash": own.layout_hash})
 
@@ -93,7 +94,10 @@ def publish(
     ``lists``, which decode workers of a version before ``bytes`` need)."""
     handle = export_state(pools, seq_id)
     counts = pools.layout.blocks_of(handle.length)
-    blocks, block_ids = ({}, ids_bytes(handle.blocks, counts)) if ids == "bytes" else (handle.blocks, b"")
+    if ids == "bytes":
+        blocks, block_ids = {}, ids_bytes(handle.blocks, counts)
+    else:
+        blocks, block_ids = {kind: tuple(table) for kind, table in handle.blocks.items()}, b""
     location = pools.pool_id  # shm: the segment's name; cuda_ipc: the allocation's IPC handle
     if transport == "cuda_ipc":
         torch.cuda.synchronize(pools.device)  # decode reads from another process: the writes must have landed
