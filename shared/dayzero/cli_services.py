@@ -11,6 +11,7 @@ from . import cli_args
 from .cli_up import add_up_command
 from .procs import end_process
 from .settings import Settings
+from .settings_checks import refused_in_a_group
 from .settings_help import settings_help
 
 # the services no --tensor-parallel splits, and why: they refuse the flag; a DAYZERO_TENSOR_PARALLEL
@@ -54,7 +55,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
         launch = launch_from(os.environ, settings.device)  # torchrun's variables: one rank of its group
         if tp > 1 or launch is not None:
-            _refused_in_a_group(args.service, settings)  # before the device is looked at: nothing runs
+            refused_in_a_group(args.service, settings)  # before the device is looked at: nothing runs
     settings.require_device()
     if tp > 1 or launch is not None:
         from .checkpoint import check_split
@@ -67,19 +68,6 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         )
         end_process(code or 0)  # (rank 0's worker's, or a torchrun follower's: None)
     end_process(_run_worker(args.service, settings, args.name))
-
-
-def _refused_in_a_group(service: str, settings: Settings) -> None:
-    """A ValueError for the settings a worker of several ranks cannot run with, before anything starts."""
-    if settings.speculative_tokens:  # the followers would need each round's accepted drafts
-        raise ValueError("DAYZERO_SPECULATIVE_TOKENS runs on one rank for now: set it to 0 for a group")
-    if settings.decode_graphs and service == "decode":
-        # a group's step all-reduces across the ranks: rank 0's warm-up captured its graphs alone (the
-        # others wait for a message, not a collective), and a replay waiting on a dead rank never times out
-        raise ValueError(
-            "DAYZERO_DECODE_GRAPHS runs on one rank: unset it to serve decode with --tensor-parallel "
-            "(or DAYZERO_TENSOR_PARALLEL, or torchrun) over several ranks"
-        )
 
 
 def _gateway_redis_refusal_checked(url: str) -> None:

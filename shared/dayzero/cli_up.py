@@ -21,6 +21,7 @@ from .config import ModelConfig
 from .redis_clients import without_password
 from .redis_watch import RedisWatch
 from .settings import Settings
+from .settings_checks import refused_in_a_group
 from .settings_help import HELP_WIDTH
 
 
@@ -79,6 +80,9 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
     from .stack import Stack, StartFailed
     from .tokenizer import load_codec
 
+    for service, ranks in (("prefill", args.prefill_tp), ("decode", args.decode_tp)):
+        if ranks > 1:  # its child's serve would refuse, restarted until up gave up
+            refused_in_a_group(service, settings)
     settings.require_device()
     env = {}
     if args.checkpoint:

@@ -72,6 +72,20 @@ def fits_device(settings: Settings) -> None:
         )
 
 
+def refused_in_a_group(service: str, settings: Settings) -> None:
+    """A ValueError for the settings a worker of several ranks cannot run with, before anything starts
+    (``serve`` of one, ``up``'s --prefill-tp / --decode-tp before its stack)."""
+    if settings.speculative_tokens:  # the followers would need each round's accepted drafts
+        raise ValueError("DAYZERO_SPECULATIVE_TOKENS runs on one rank for now: set it to 0 for a group")
+    if settings.decode_graphs and service == "decode":
+        # a group's step all-reduces across the ranks: rank 0's warm-up captured its graphs alone (the
+        # others wait for a message, not a collective), and a replay waiting on a dead rank never times out
+        raise ValueError(
+            "DAYZERO_DECODE_GRAPHS runs on one rank: unset it to serve decode with --tensor-parallel "
+            "(or DAYZERO_TENSOR_PARALLEL, or torchrun) over several ranks"
+        )
+
+
 def a_chunk_fits_a_step(settings: Settings) -> None:
     """A prompt's chunk runs within one prefill step: one larger than the step cannot (the step
     would pass its bound, or the chunk never fit)."""

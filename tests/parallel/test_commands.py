@@ -164,3 +164,34 @@ def test_serve_decode_refuses_decode_graphs_in_a_group(group, monkeypatch, capsy
     assert "error: DAYZERO_DECODE_GRAPHS runs on one rank" in capsys.readouterr().err
     assert cli.main(["serve", "prefill", *flag]) == 2
     assert "error: the device was looked at" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("env", "flag", "refusal"),
+    [
+        ("DAYZERO_DECODE_GRAPHS", "--decode-tp", "DAYZERO_DECODE_GRAPHS runs on one rank"),
+        ("DAYZERO_SPECULATIVE_TOKENS", "--prefill-tp", "DAYZERO_SPECULATIVE_TOKENS runs on one rank"),
+        ("DAYZERO_DECODE_GRAPHS", "--prefill-tp", None),  # a prefill group replays no graph
+    ],
+)
+def test_up_refuses_a_group_its_worker_would_refuse_before_the_stack_starts(
+    env, flag, refusal, checkpoint_factory, tmp_path, monkeypatch, capsys
+):
+    """``up --decode-tp 2`` with DAYZERO_DECODE_GRAPHS (or a group with DAYZERO_SPECULATIVE_TOKENS)
+    started the stack: its worker's ``serve --tensor-parallel 2`` exited 2 at each start, restarted
+    until up gave up ("keeps exiting while starting"). Refused as the worker refuses, before the stack."""
+    from dayzero import stack
+    from dayzero.settings import Settings
+
+    def started(self) -> None:
+        raise ValueError("the stack started")
+
+    monkeypatch.setattr(Settings, "require_device", lambda settings: None)  # (the check is before it)
+    monkeypatch.setattr(stack.Stack, "start", started)
+    for name, value in {"DAYZERO_DEVICE": "cuda", "DAYZERO_ATTENTION_BACKEND": "triton", env: "1"}.items():
+        monkeypatch.setenv(name, value)
+    ckpt, logs = checkpoint_factory("tiny"), tmp_path / "logs"
+    assert cli.main(["up", "--checkpoint", str(ckpt), flag, "2", "--log-dir", str(logs)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {refusal or 'the stack started'}"), err
+    assert logs.exists() == (refusal is None)
