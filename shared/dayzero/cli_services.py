@@ -54,8 +54,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         from .parallel.launch import launch_from
 
         launch = launch_from(os.environ, settings.device)  # torchrun's variables: one rank of its group
-        if tp > 1 or launch is not None:
-            refused_in_a_group(args.service, settings)  # before the device is looked at: nothing runs
+        if tp > 1 or launch is not None:  # (before the device is looked at: nothing runs)
+            refused_in_a_group(args.service, settings, launch.config.world_size if launch else tp)
     settings.require_device()
     if tp > 1 or launch is not None:
         from .checkpoint import check_split

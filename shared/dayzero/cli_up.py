@@ -82,7 +82,7 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
 
     for service, ranks in (("prefill", args.prefill_tp), ("decode", args.decode_tp)):
         if ranks > 1:  # its child's serve would refuse, restarted until up gave up
-            refused_in_a_group(service, settings)
+            refused_in_a_group(service, settings, ranks)
     settings.require_device()
     env = {}
     if args.checkpoint:

@@ -72,12 +72,12 @@ def fits_device(settings: Settings) -> None:
         )
 
 
-def refused_in_a_group(service: str, settings: Settings) -> None:
-    """A ValueError for the settings a worker of several ranks cannot run with, before anything starts
-    (``serve`` of one, ``up``'s --prefill-tp / --decode-tp before its stack)."""
+def refused_in_a_group(service: str, settings: Settings, ranks: int) -> None:
+    """A ValueError for the settings a worker of ``ranks`` ranks cannot run with, before anything starts
+    (``serve`` of a group, torchrun's of one too; ``up``'s --prefill-tp / --decode-tp before its stack)."""
     if settings.speculative_tokens:  # the followers would need each round's accepted drafts
         raise ValueError("DAYZERO_SPECULATIVE_TOKENS runs on one rank for now: set it to 0 for a group")
-    if settings.decode_graphs and service == "decode":
+    if settings.decode_graphs and service == "decode" and ranks > 1:  # (one rank: no collective, no follower)
         # a group's step all-reduces across the ranks: rank 0's warm-up captured its graphs alone (the
         # others wait for a message, not a collective), and a replay waiting on a dead rank never times out
         raise ValueError(

@@ -143,12 +143,13 @@ def test_ranks_that_do_not_meet_are_one_line_not_a_traceback(checkpoint_factory,
     )
 
 
-@pytest.mark.parametrize("group", ["flag", "torchrun"])
+@pytest.mark.parametrize("group", ["flag", "torchrun", "torchrun of one"])
 def test_serve_decode_refuses_decode_graphs_in_a_group(group, monkeypatch, capsys):
     """DAYZERO_DECODE_GRAPHS with DAYZERO_TENSOR_PARALLEL=2 was refused, with ``serve decode --tensor-parallel
     2`` (or under torchrun) it started: rank 0's warm-up captures the graphs of steps that all-reduce
     while the other ranks wait in a broadcast for its next message. Refused before the device is looked
-    at; a prefill group, whose steps no graph replays, is not."""
+    at; a prefill group, whose steps no graph replays, is not, nor a torchrun of one rank (WORLD_SIZE=1:
+    no collective, no follower; it was refused "runs on one rank")."""
     from dayzero.settings import Settings
 
     def device_looked_at(settings) -> None:
@@ -156,12 +157,14 @@ def test_serve_decode_refuses_decode_graphs_in_a_group(group, monkeypatch, capsy
 
     monkeypatch.setattr(Settings, "require_device", device_looked_at)
     graphs = {"DAYZERO_DEVICE": "cuda", "DAYZERO_ATTENTION_BACKEND": "triton", "DAYZERO_DECODE_GRAPHS": "1"}
-    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
-    for name, value in {**graphs, **(torchrun if group == "torchrun" else {})}.items():
+    world = "1" if group == "torchrun of one" else "2"
+    torchrun = {"RANK": "0", "WORLD_SIZE": world, "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    for name, value in {**graphs, **(torchrun if group.startswith("torchrun") else {})}.items():
         monkeypatch.setenv(name, value)
     flag = ["--tensor-parallel", "2"] if group == "flag" else []
     assert cli.main(["serve", "decode", *flag]) == 2
-    assert "error: DAYZERO_DECODE_GRAPHS runs on one rank" in capsys.readouterr().err
+    refused = "DAYZERO_DECODE_GRAPHS runs on one rank" if world == "2" else "the device was looked at"
+    assert f"error: {refused}" in capsys.readouterr().err
     assert cli.main(["serve", "prefill", *flag]) == 2
     assert "error: the device was looked at" in capsys.readouterr().err
 
@@ -191,6 +194,7 @@ def test_up_refuses_a_group_its_worker_would_refuse_before_the_stack_starts(
     for name, value in {"DAYZERO_DEVICE": "cuda", "DAYZERO_ATTENTION_BACKEND": "triton", env: "1"}.items():
         monkeypatch.setenv(name, value)
     ckpt, logs = checkpoint_factory("tiny"), tmp_path / "logs"
+    capsys.readouterr()  # (the checkpoint's writing, when this test made it)
     assert cli.main(["up", "--checkpoint", str(ckpt), flag, "2", "--log-dir", str(logs)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {refusal or 'the stack started'}"), err
