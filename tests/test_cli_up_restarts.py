@@ -223,3 +223,34 @@ def test_a_worker_restarted_by_a_supervising_thread_outlives_that_thread(tmp_pat
         assert child.proc.poll() is None, f"prefill0 restarted by the thread ended {child.proc.returncode}"
     finally:
         stack.stop()
+
+
+def test_a_pass_from_another_thread_while_the_stack_stops_restarts_nothing(tmp_path, monkeypatch):
+    """``stop`` SIGTERMs the workers and waits for them; a ``supervise()`` from another thread meanwhile
+    (bench/recovery.py's supervising thread) found the one that had ended and started it again: a worker
+    started by the stop. Here decode0 ignores SIGTERM (``stop`` waits ``stop_timeout_s`` on it) while
+    prefill0 ends at once; the workers restarted are ``sleep``s (``stack.spawn`` patched)."""
+    spawn, restarted = dayzero.stack.spawn, []
+
+    def restart(cmd: list[str], log, env) -> subprocess.Popen:
+        restarted.append(spawn(["sleep", "300"], log))
+        return restarted[-1]
+
+    monkeypatch.setattr(dayzero.stack, "spawn", restart)
+    quick = Child("prefill0", "prefill", proc=spawn(["sleep", "300"], tmp_path / "prefill0.log"))
+    slow = Child("decode0", "decode", proc=spawn(["sh", "-c", "trap '' TERM; sleep 300"], tmp_path / "decode0.log"))
+    stack = Stack({}, 0, tmp_path, children=[quick, slow], stop_timeout_s=3.0)
+    stopping = threading.Thread(target=stack.stop)
+    stopping.start()
+    try:
+        passes = []
+        while stopping.is_alive():
+            passes += stack.supervise()
+            time.sleep(0.05)
+        assert quick.proc.poll() is not None and slow.proc.poll() is not None
+        assert passes == [] and restarted == [], f"restarted while the stack stopped: {passes}"
+    finally:
+        stopping.join()
+        for proc in restarted:
+            proc.kill()
+            proc.wait()

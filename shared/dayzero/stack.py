@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,8 +72,11 @@ class Stack:
     _unread_at: float = 0.0  # when Redis last could not be read or written: no stamp counts as older than that
     _left: dict[int, float] = field(default_factory=dict)  # exited children's process groups -> when to kill the rest
     _spawner: Spawner = field(default_factory=Spawner)  # forks every child: whichever thread supervises
+    _passes: threading.Lock = field(default_factory=threading.Lock)  # a supervise() pass, or stop()'s start
+    _stopping: bool = False  # stop() began: no pass restarts a child
 
     def start(self) -> None:
+        self._stopping = False
         try:
             taken = port_in_use(self.host, self.port)
         except UnbindableHost as exc:
@@ -211,7 +215,12 @@ class Stack:
         """Restart children that exited (Redis on its own port; what is left of their process group
         SIGKILLed; one that keeps exiting before it has run a while ready once its wait is over) and frozen
         workers (``frozen``: each SIGKILLed first, with its process group, a tensor-parallel worker's other
-        ranks in it); returns their names (each one's ``why``)."""
+        ranks in it); returns their names (each one's ``why``). Nothing once ``stop`` began (a pass from
+        another thread restarted the children stop's SIGTERM had ended)."""
+        with self._passes:
+            return [] if self._stopping else self._supervised()
+
+    def _supervised(self) -> list[str]:
         read = self.read_stamps()
         self._see_ready(read)
         restarted, frozen = [], {c.name: c for c in self.frozen(read)}
@@ -287,7 +296,10 @@ class Stack:
         """Gateway, then workers, then Redis: each group SIGTERMed, SIGKILLed after ``stop_timeout_s``.
         The pool segments of the workers killed so go too (``unlink_pools_by``), and with its own
         Redis the image embeddings its vision workers parked (the requests queued to read them went
-        with the Redis). Returns the names of the children SIGKILLed."""
+        with the Redis). Returns the names of the children SIGKILLed. (A ``supervise`` pass under way
+        in another thread ends first; none restarts a child after.)"""
+        with self._passes:
+            self._stopping = True
         killed = []
         for group in (("gateway",), ("vision", "prefill", "decode"), ("redis",)):
             members = [c for c in self.children if c.service in group and c.proc is not None]
