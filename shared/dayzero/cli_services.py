@@ -108,15 +108,14 @@ def _run_worker(service: str, settings: Settings, name: str | None, group=None) 
 def serve_rank(group, service: str, settings: Settings, name: str | None) -> int | None:
     """One rank of a prefill or decode group: rank 0 is the stage's worker (Celery, Redis, the
     loop); the others load their share of the model and do each step rank 0 tells them. They
-    ignore SIGTERM and end with rank 0 (its stop message, or its death). -> rank 0's exit code."""
+    ignore SIGTERM and end with rank 0 (its stop message, or its death: a local rank dies with it from
+    its start, ``parallel.group``). -> rank 0's exit code."""
     if group.config.rank == 0:
         return _run_worker(service, settings, name, group)
     import logging
 
-    from .procs import die_with
     from .serving.rank_loading import load_ranks
 
-    die_with(os.getppid())
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s] {service} rank {group.config.rank}: %(message)s")

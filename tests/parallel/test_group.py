@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -86,3 +90,66 @@ def test_a_spawned_rank_runs_its_exit_handlers_and_skips_the_interpreter_teardow
     assert run_group(2, _marking_its_exit, tmp_path, timeout=30.0) == 0
     assert (tmp_path / "exit-handlers").exists()
     assert not (tmp_path / "torn-down").exists()
+
+
+class _StartsOnceTold:
+    """An argument whose unpickling, in a spawned rank, writes the rank's pid to ``out``/rank1.pid and
+    waits for ``out``/go: a rank held in its start, before anything of its own has run."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def __reduce__(self):
+        return (_started_once_told, (self.out,))
+
+
+def _started_once_told(out: Path) -> _StartsOnceTold:
+    (out / "rank1.pid").write_text(str(os.getpid()))
+    while not (out / "go").exists():
+        time.sleep(0.05)
+    return _StartsOnceTold(out)
+
+
+def _held(group, told: _StartsOnceTold) -> None:
+    """Rank 1 ignores SIGINT and SIGTERM as a worker's followers do (``serve_rank``: torch's own death
+    signal for a spawned rank is SIGINT) and says it runs; both ranks wait (for rank 0's SIGKILL)."""
+    if group.config.rank == 1:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        (told.out / "running").touch()
+    time.sleep(300)
+
+
+RANK0 = (  # rank 0 of a group of 2 whose rank 1 starts once told, as a process of its own (argv[1]: the folder)
+    "import sys; from pathlib import Path; from dayzero.parallel.group import run_group; "
+    "from tests.parallel.test_group import _held, _StartsOnceTold; "
+    "run_group(2, _held, _StartsOnceTold(Path(sys.argv[1])), timeout=30.0)"
+)
+
+
+@pytest.mark.parametrize("killed", ["while rank 1 starts", "while rank 1 runs"])
+def test_a_spawned_rank_exits_once_rank_0_is_sigkilled(tmp_path, killed):
+    """Rank 0 SIGKILLed (the OOM killer, up's kill of a frozen worker) left its spawned ranks running: a
+    tensor-parallel worker's followers ignore SIGTERM and wait on it (one still starting waited
+    ``START_SECONDS`` for its port). ``serve_rank``'s ``die_with(os.getppid())`` came only once the group
+    had met, and its check compared the parent with itself: a rank 0 gone before it went unseen."""
+    from ..services.conftest import wait_until
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    rank0, rank1 = subprocess.Popen([sys.executable, "-c", RANK0, str(tmp_path)], env=env), None
+    try:
+        assert wait_until(lambda: (tmp_path / "rank1.pid").exists() or rank0.poll() is not None, 120)
+        rank1 = psutil.Process(int((tmp_path / "rank1.pid").read_text()))
+        if killed == "while rank 1 runs":
+            (tmp_path / "go").touch()
+            assert wait_until(lambda: (tmp_path / "running").exists(), 120), "rank 1 did not run"
+        rank0.kill()
+        rank0.wait()
+        (tmp_path / "go").touch()
+        gone = lambda: not rank1.is_running() or rank1.status() == psutil.STATUS_ZOMBIE  # noqa: E731
+        assert wait_until(gone, 60), f"rank 1 still runs 60 s after rank 0's SIGKILL ({killed})"
+    finally:
+        rank0.kill()
+        rank0.wait()
+        if rank1 is not None and rank1.is_running():
+            rank1.kill()

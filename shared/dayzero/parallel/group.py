@@ -4,7 +4,8 @@ of a group started elsewhere (torchrun on each host, ``dayzero.parallel.launch``
 ``run_group(n, fn, *args)`` calls ``fn(group, *args)`` on every rank with its ``Group`` and returns
 rank 0's result. Local ranks: rank 0 in this process, ranks 1.. spawned, a torch.distributed
 process group over 127.0.0.1 on a free port, each rank its share of the CPU threads; the spawned
-ranks are joined (each ends as soon as its work returns), or terminated when rank 0 fails. The
+ranks are joined (each ends as soon as its work returns), or terminated when rank 0 fails, and die
+with rank 0 (SIGKILLed, the OOM killer's). The
 meeting begins once every spawned rank has started (up to ``START_SECONDS``; one that dies
 starting fails it at once): ``timeout`` bounds the meeting and the collectives, not the ranks'
 start (spawn, imports), which a loaded host slows past any bound kept short to notice a silent
@@ -29,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..procs import end_process, free_port
+from ..procs import die_with, end_process, free_port
 from .collectives import Group
 from .config import ParallelConfig
 from .launch import Launch, store_gone
@@ -181,10 +182,20 @@ def _local(
 
 
 def _spawned(
-    index: int, started, ports, world_size: int, timeout: float, cuda: bool, fn: Callable[..., Any], args: tuple
+    index: int,
+    rank0: int,
+    started,
+    ports,
+    world_size: int,
+    timeout: float,
+    cuda: bool,
+    fn: Callable[..., Any],
+    args: tuple,
 ):
-    """Rank ``index + 1``: imported and unpickled, it says so, and meets the others at the port rank 0
-    picks once every rank has (an orphan whose rank 0 went gives up after ``START_SECONDS``)."""
+    """Rank ``index + 1``: imported and unpickled, it dies with rank 0 (pid ``rank0``, its parent; one
+    gone already, while this rank started: it exits at once), says it started, and meets the others at
+    the port rank 0 picks once every rank has."""
+    die_with(rank0)
     started.put(index)
     try:
         port = ports.get(timeout=START_SECONDS)
@@ -233,7 +244,7 @@ def run_group(
     started, ports = spawn.Queue(), spawn.Queue()
     context = mp.start_processes(
         _spawned,
-        (started, ports, world_size, timeout, cuda, fn, args),
+        (os.getpid(), started, ports, world_size, timeout, cuda, fn, args),
         nprocs=world_size - 1,
         join=False,
         start_method="spawn",
