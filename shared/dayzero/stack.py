@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import redis
 
 from .procs import (
     Spawner,
@@ -44,7 +43,7 @@ from .service_commands import SERVICES, inherited, service_argv
 from .serving.liveness import connect
 from .shm import unlink_parked_by, unlink_pools_by
 from .stack_child import Child
-from .stack_stamps import StampRead, read_stamps
+from .stack_stamps import StampRead, StampReader
 from .stack_start import REDIS_ANSWER_WITHIN_S, StartFailed, answering
 
 STOP_TIMEOUT_S = 10.0  # per group (gateway, workers, redis) before SIGKILL
@@ -68,7 +67,7 @@ class Stack:
     start_exits: int = 3  # DAYZERO_START_EXITS: exits of one child before the stack is ready that are a failed start
     frozen_s: float = 0.0  # DAYZERO_FROZEN_WORKER_S: a worker whose liveness stamp is older is restarted (0: never)
     stop_timeout_s: float = STOP_TIMEOUT_S  # per group at ``stop``, before SIGKILL
-    _liveness: redis.Redis | None = None
+    _stamps: StampReader | None = None  # (made at the first read)
     _unread_at: float = 0.0  # when Redis last could not be read or written: no stamp counts as older than that
     _left: dict[int, float] = field(default_factory=dict)  # exited children's process groups -> when to kill the rest
     _spawner: Spawner = field(default_factory=Spawner)  # forks every child: whichever thread supervises
@@ -251,8 +250,8 @@ class Stack:
         starting = any(c.ready_at is None and c.service in SERVICES[1:] for c in self.children)
         if self.redis_url is None or not (starting or self.frozen_s):
             return None
-        self._liveness = self._liveness or connect(self.redis_url)
-        read = read_stamps(self._liveness, write_check=bool(self.frozen_s))
+        self._stamps = self._stamps or StampReader(connect(self.redis_url))
+        read = self._stamps.read(write_check=bool(self.frozen_s))
         if read.late:  # (till its write's answer too: a write held, CLIENT PAUSE WRITE, held the stamps)
             self._unread_at = time.monotonic()
         return read

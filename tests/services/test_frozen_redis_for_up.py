@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 
+import dayzero.stack_stamps
 from dayzero.procs import free_port, start_redis
 from dayzero.serving.keys import key
 from dayzero.serving.liveness import STAMP, connect, process_id
@@ -62,6 +63,15 @@ def _found_frozen(stack: Stack, child: Child) -> None:
     raise AssertionError(f"not found frozen; Redis last unread {unread:.2f} s ago; reads:\n" + "\n".join(reads))
 
 
+def _clocks_dated(stack: Stack) -> None:
+    """Reads until one is quick enough to date Redis's clock against this host's (``StampReader``): a
+    late round trip is judged by Redis's clock from then on."""
+    deadline = time.monotonic() + 30
+    while stack.frozen() == [] and stack._stamps.offset_s is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stack._stamps.offset_s is not None, "no read of the stamps was quick in 30 s"
+
+
 def _stop(*procs: subprocess.Popen) -> None:
     for proc in procs:
         proc.send_signal(signal.SIGCONT)
@@ -99,6 +109,7 @@ def test_a_read_redis_answers_late_ages_no_stamp_meanwhile(tmp_path):
     server, worker, child, stack, stamp = _frozen_redis_and_a_quiet_worker(tmp_path)
     try:
         stamp()
+        _clocks_dated(stack)  # (the read is judged by Redis's clock: it ran at SIGCONT, 1.5 s after its send)
         time.sleep(FROZEN_S - 0.5)  # (a stamp period and a loaded scheduler's delay)
         server.send_signal(signal.SIGSTOP)
         # frozen 1.5 s: the read, sent just after, must outlast STAMP_EVERY_S (1 s) by a loaded scheduler's
@@ -131,5 +142,29 @@ def test_writes_held_then_answered_age_no_stamp_meanwhile(tmp_path):
         assert stack.frozen() == []
         assert time.monotonic() - began > 1.0, "the write check was not held by the pause"
         assert stack.frozen() == [], "the stamp aged through a pause of writes, while no worker could stamp"
+    finally:
+        _stop(worker, server)
+
+
+def test_up_s_own_thread_held_after_redis_answered_is_not_taken_for_a_frozen_redis(tmp_path, monkeypatch):
+    """A starved host held up's thread after Redis had answered (CI, nice 12 beside 12 burners: reads of
+    1.0-3.9 s): each read counted as one a frozen Redis answered late, ``_unread_at`` moved every pass,
+    and a frozen worker was never found. Here every read is held 1.5 s after Redis's answer
+    (``seen_stages`` wrapped), Redis healthy: no read counts late, and the quiet worker is found frozen."""
+    server, worker, child, stack, stamp = _frozen_redis_and_a_quiet_worker(tmp_path)
+    seen_stages = dayzero.stack_stamps.seen_stages
+
+    def held(client, stages):
+        found = seen_stages(client, stages)
+        time.sleep(1.5)  # (over STAMP_EVERY_S, within up's read timeout)
+        return found
+
+    try:
+        stamp()
+        _clocks_dated(stack)
+        monkeypatch.setattr(dayzero.stack_stamps, "seen_stages", held)
+        held_from = time.monotonic()
+        _found_frozen(stack, child)
+        assert stack._unread_at < held_from, "a read held by up's own thread counted as one Redis answered late"
     finally:
         _stop(worker, server)

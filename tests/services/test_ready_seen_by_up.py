@@ -47,7 +47,8 @@ def test_a_ready_stamp_from_before_a_workers_spawn_is_not_its_own(redis_url, tmp
 def test_one_read_of_the_stamps_a_pass_serves_both_the_ready_and_the_frozen_check(tmp_path):
     """A ``supervise()`` pass read the starting workers' stamps (``_see_ready``: one round trip), then
     every stage's again for ``frozen`` (one per stage): four reads of Redis's time a pass. One read
-    (``stack_stamps.read_stamps``) serves both now: Redis's own count of TIME calls says so."""
+    (``stack_stamps.StampReader``) serves both now: Redis's own count of TIME calls says so (two: the
+    read's and its write check's, which dates when Redis ran it)."""
     with scratch_redis(tmp_path) as port:
         url = f"redis://127.0.0.1:{port}/0"
         client = connect(url)
@@ -63,7 +64,7 @@ def test_one_read_of_the_stamps_a_pass_serves_both_the_ready_and_the_frozen_chec
                 stack.supervise()
                 reads.append(client.info("commandstats").get("cmdstat_time", {}).get("calls", 0))
             assert child.ready_at is not None
-            assert reads == [1, 1], f"reads of the stamps in each of two passes: {reads}"
+            assert reads == [2, 2], f"TIME calls in each of two passes: {reads}"
         finally:
             worker.kill()
             worker.wait()
