@@ -23,6 +23,16 @@ def _value(i: int, repeats: int = 2) -> dict:
     return {"type": "string", "pattern": f"^(a+){{{repeats}}}b{i}$"}
 
 
+def _fails_behind(schema: dict, prefix: str) -> bool:
+    """Whether llguidance's lexer fails computing the mask after writing ``prefix`` a byte a step."""
+    matcher = _byte_grammars().matcher(json_grammar(schema))
+    for byte in prefix.encode():
+        matcher.compute_logit_bias()
+        matcher.consume_token(byte)
+    matcher.compute_logit_bias()
+    return matcher.is_error() and "too many" in matcher.get_error()
+
+
 def test_long_names_past_the_pairs_bound_are_refused_naming_it():
     """64 names of 144 bytes (within the 10,000 characters of patterns and the 100 names): each
     pair read, 63 x 9,216 = 580,608 bytes (schema_problem: 0.7 s of CPU idle, 7.2 s at load ~14);
@@ -54,9 +64,21 @@ def test_the_walk_of_names_in_many_objects_holds_each_object_within_the_bound():
     assert len(walks) > 1 and max(read) <= MOST_PAIR_BYTES, read
     assert sum(len(walk["patternProperties"]) for walk, _ in walks) == 64
     assert names[63] in (schema_problem(schema) or "")
-    matcher = _byte_grammars().matcher(json_grammar(schema))
-    for byte in ('{"o63": ' + json.dumps({names[63][1:-1]: ""})[:-2]).encode():
-        matcher.compute_logit_bias()
-        matcher.consume_token(byte)
-    matcher.compute_logit_bias()
-    assert matcher.is_error() and "too many" in matcher.get_error()
+    assert _fails_behind(schema, '{"o63": ' + json.dumps({names[63][1:-1]: ""})[:-2])
+
+
+def test_a_name_walked_apart_is_walked_beside_the_other_objects_names():
+    """50 names of 19 Cyrillic letters (98,000 bytes read by their pairs: within the bound) in one
+    object and ``^b$`` in another: walked apart (one object of the 51 read past it), ``(a+){30}`` behind
+    "b" alone was written whole (so to 40), but the schema's grammar tells the Cyrillic names' bytes
+    apart and llguidance fails every reply there; walked beside the others' names, it is refused."""
+    letters = [chr(0x400 + c) for c in range(50 * 19)]
+    names = ["^" + "".join(letters[19 * i : 19 * (i + 1)]) + "$" for i in range(50)]
+    wide = {"type": "object", "patternProperties": {name: _value(i) for i, name in enumerate(names)}}
+    short = {"type": "object", "patternProperties": {"^b$": {"type": "string", "pattern": "^(a+){30}$"}}}
+    schema = {"type": "object", "properties": {"b": short, "w": wide}}
+    walks = _walks(tuple(unreached_patterns(schema)))
+    assert [list(walk["patternProperties"]) for walk, _ in walks][-1] == ["^b$"]  # (walked apart)
+    assert size_problem([schema], DEFAULTS) is None
+    assert "^(a+){30}$" in (schema_problem(schema) or "")
+    assert _fails_behind(schema, '{"b": {"b": "')

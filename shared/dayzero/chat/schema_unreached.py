@@ -110,7 +110,8 @@ def _walks(patterns: tuple[Unreached, ...]) -> list[tuple[dict, list[tuple[str, 
     """The objects ``_patterns_problem`` walks, each with the prefixes leading to its patterns'
     first bytes: the optional properties' and patternProperties' values, in objects whose names
     llguidance's overlap check reads within ``MOST_PAIR_BYTES`` (64 objects of one long name each,
-    walked as one object of 64: its compile the cost of one refused), and one each for the other
+    walked as one object of 64: its compile the cost of one refused; each holds the names the others
+    do as its values' patterns, no pair checked: its lexer's alphabet the schema's), and one each for the other
     properties'. A patternProperties' value is walked behind a key its name matches, where one
     is found (behind "x" ``(a+){40}`` was let through, failing every reply behind the key of
     ``^[a-z]{3,}_(foo|bar)$``), and as a property's too (behind ``^a{200}$``'s key alone ``(a+){42}``
@@ -129,6 +130,13 @@ def _walks(patterns: tuple[Unreached, ...]) -> list[tuple[dict, list[tuple[str, 
         properties[name := f"x{len(properties)}"] = value
         prefixes.append((f'{{"{name}": "', found))
     walks.append(({"type": "object", "properties": properties, "patternProperties": named}, prefixes))
+    if len(walks) > 1:  # (each holds the others' names as values' patterns: the schema's grammar tells
+        # their bytes apart, and so its lexer's alphabet: behind a short name alone ``(a+){30}`` was written
+        # whole in a walk, every reply failed in the schema beside 50 Cyrillic names in another object)
+        names = [name for walk, _ in walks for name in walk["patternProperties"]]
+        for walk, _ in walks:
+            apart = (name for name in names if name not in walk["patternProperties"])
+            walk["properties"] |= {f"y{i}": {"type": "string", "pattern": name} for i, name in enumerate(apart)}
     others = [found for found in patterns if found.additional]
     return walks + [
         ({"type": "object", "additionalProperties": {"type": "string", "pattern": found.pattern}}, [('{"k": "', found)])
