@@ -149,3 +149,24 @@ def test_a_count_the_fit_through_25_bytes_admitted_is_refused(text, count, close
     there admitted and written whole."""
     others = {"k": {"enum": [text]}}
     _refused_and_the_bound_written_whole(count, others, closed)
+
+
+_CASELESS_CYRILLIC = "(?i)^" + "".join(map(chr, range(0x430, 0x450))) + "$"  # (а-я: А-Я read too)
+_CASELESS_GREEK = "(?i)^" + "".join(map(chr, range(0x3B1, 0x3CA))) + "$"  # (α-ω: Α-Ω read too)
+
+
+@pytest.mark.parametrize(
+    "others, count, closed",
+    [
+        ({"n": {"type": "string", "pattern": _CASELESS_CYRILLIC}}, 663, True),
+        ({"n": {"type": "string", "pattern": _CASELESS_CYRILLIC}}, 562, False),
+        ({"n": {"type": "string", "pattern": _CASELESS_GREEK}, "e": {"enum": [_CASELESS_CYRILLIC[5:-1]]}}, 636, True),
+    ],
+    ids=["cyrillic_closed", "cyrillic_open", "greek_beside_cyrillic"],
+)
+def test_a_count_beside_a_caseless_pattern_counts_its_other_cases(others, count, closed):
+    """A caseless pattern of Cyrillic or Greek letters tells their upper case's UTF-8 bytes apart too,
+    spelled or not: counted as spelled (45, 48 bytes), ``count`` was admitted and every reply failed
+    (Cyrillic, closed: 513 written whole, 520 failed); refused now, and the bound there written whole.
+    ASCII letters' other case reads alike (``(?i)^[a-z]{26}``-like: 790 whole beside 34 bytes)."""
+    _refused_and_the_bound_written_whole(count, others, closed)

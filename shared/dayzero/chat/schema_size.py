@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .dsml import render_calls, to_json
+from .schema_classes import CASELESS, other_cases
 from .schema_counts import CountedChars, regexes
 from .schema_keywords import LISTS, own_resource, schema_values, values_within, within_keywords
 from .schema_merge import MOST_NESTED, Circular, Merged, TooBig, TooDeep, resolve
@@ -265,6 +266,7 @@ def _spelled(node: dict) -> set[int]:
     count's digits none: ``{600}`` is no character of it)."""
     literals = written_literals(node)
     texts = [_QUANTIFIER.sub("", t) if kind == _REGEX else t for kind, ts in literals.items() for t in ts]
+    texts += [other_cases(t) for t in literals[_REGEX] if CASELESS.search(t)]  # (its other cases told apart)
     spelled = {byte for text in texts for byte in text.encode(errors="surrogatepass")}
     for escape in (e for regex in literals[_REGEX] for e in _ESCAPED.finditer(regex)):
         if escape[1]:  # (a Unicode class: every byte, as a format)
