@@ -170,3 +170,16 @@ def test_a_pattern_properties_value_is_walked_behind_a_key_its_name_matches(repe
     assert (problem is None) is written, problem
     assert written or "of an optional property (of patternProperties' '^[a-z]{3,}_(foo|bar)$')" in problem
     assert fails_mid_reply(schema, {"abc_foo": "a" * (repeats + 5)}) is not written
+
+
+def test_a_pattern_the_walk_never_reaches_is_walked_beside_the_schemas_literals():
+    """Beside an enum of 950 Cyrillic letters (its grammar's lexer tells their bytes apart),
+    ``(a+){30}`` behind an open object's optional key was walked in an object of its own and let
+    through, and every reply writing it failed at its first byte; walked beside the schema's
+    literals it is refused. Behind the key alone (no enum) it is written whole."""
+    optional = {"type": "object", "properties": {"b": {"type": "string", "pattern": "^(a+){30}$"}}}
+    enum = {"enum": ["".join(chr(c) for c in range(0x400, 0x400 + 950))]}
+    schema = {"type": "object", "properties": {"o": optional, "e": enum}}
+    assert "the pattern '^(a+){30}$' of an optional property" in (_admitted(schema) or "")
+    assert fails_mid_reply(schema, {"o": {"b": "a" * 40}})
+    assert _admitted(optional) is None and not fails_mid_reply(optional, {"b": "a" * 40})

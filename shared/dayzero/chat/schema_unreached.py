@@ -15,7 +15,7 @@ from .grammar import _allowed, _byte_grammars, _walk_failed, json_grammar
 from .schema_bounds import schemas_within
 from .schema_merge import resolve
 from .schema_names import MOST_PAIR_BYTES, pair_bytes
-from .schema_size import open_object
+from .schema_size import _REGEX, open_object, written_literals
 from .schema_splits import counts_unbounded_group
 
 # patterns one schema's check walks at most (one grammar: ~0.05 s for 33, load 14; each compiled
@@ -32,7 +32,18 @@ def unreached_problem(schema: object) -> str | None:
     if len(patterns := tuple(unreached_patterns(schema))) > MOST_WALKED:
         what = "patterns repeating a group that repeats without bound (such as (a+){2})"
         return f"more than {MOST_WALKED} {what} in objects open to other properties: at most {MOST_WALKED} are checked"
-    return _patterns_problem(patterns)
+    return _patterns_problem(patterns, _alphabet(schema) if patterns else "")
+
+
+def _alphabet(schema: object) -> str:
+    """The characters ``schema``'s property names and enum and const strings spell, each once: its
+    grammar's lexer tells them apart, and a walked object holds them (a const string), so its lexer's
+    alphabet is as large (beside an enum of 950 Cyrillic letters ``(a+){30}`` behind an open object's
+    optional key was written whole in a walk of its own, and every reply failed there). Not its
+    patterns' text: "^(a+){50}$" spells no "(" the lexer tells apart (the names walked: their own)."""
+    nodes = (node for node in schemas_within(schema) if isinstance(node, dict))
+    texts = (t for node in nodes for kind, ts in written_literals(node).items() if kind != _REGEX for t in ts)
+    return "".join(sorted(set("".join(texts))))
 
 
 class Unreached(NamedTuple):
@@ -89,13 +100,13 @@ def _patterns_in(root: object, value: object) -> Iterator[str]:
             nodes.extend(within if isinstance(within, list) else [within])
 
 
-def _patterns_problem(patterns: tuple[Unreached, ...]) -> str | None:
+def _patterns_problem(patterns: tuple[Unreached, ...], alphabet: str) -> str | None:
     """Why llguidance fails a reply writing a string of one of ``patterns`` where it stands in an
     object open to other properties, when its first byte is to be written (None: it does not): each
     an optional property's or a patternProperties' (one grammar holds them all: one compile, 32
     compiled each took 0.15-0.3 s of CPU, load 14), or another property's value (each alone: nested
     in a property, it failed where the object's own did not)."""
-    for schema, prefixes in _walks(patterns):
+    for schema, prefixes in _walks(patterns, alphabet):
         start = _byte_grammars().matcher(json_grammar(schema))
         for prefix, found in prefixes:
             if error := None if start.is_error() else _first_byte_error(start.deep_copy(), prefix):
@@ -106,7 +117,7 @@ def _patterns_problem(patterns: tuple[Unreached, ...]) -> str | None:
     return None
 
 
-def _walks(patterns: tuple[Unreached, ...]) -> list[tuple[dict, list[tuple[str, Unreached]]]]:
+def _walks(patterns: tuple[Unreached, ...], alphabet: str = "") -> list[tuple[dict, list[tuple[str, Unreached]]]]:
     """The objects ``_patterns_problem`` walks, each with the prefixes leading to its patterns'
     first bytes: the optional properties' and patternProperties' values, in objects whose names
     llguidance's overlap check reads within ``MOST_PAIR_BYTES`` (64 objects of one long name each,
@@ -138,10 +149,13 @@ def _walks(patterns: tuple[Unreached, ...]) -> list[tuple[dict, list[tuple[str, 
             apart = (name for name in names if name not in walk["patternProperties"])
             walk["properties"] |= {f"y{i}": {"type": "string", "pattern": name} for i, name in enumerate(apart)}
     others = [found for found in patterns if found.additional]
-    return walks + [
+    walks += [
         ({"type": "object", "additionalProperties": {"type": "string", "pattern": found.pattern}}, [('{"k": "', found)])
         for found in others
     ]
+    for walk, _ in walks if alphabet else ():  # (the schema's alphabet: ``_alphabet``)
+        walk["properties"] = walk.get("properties", {}) | {"~": {"const": alphabet}}
+    return walks
 
 
 def _key_of(name: str) -> str | None:
