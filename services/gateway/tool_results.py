@@ -26,7 +26,8 @@ class _Message(Protocol):
 def unanswered_result(messages: list[_Message]) -> tuple[tuple[int, str], str] | None:
     """(index, field) of the first message that breaks the rule, and why; None when none does. The
     rule is by id, as OpenAI's ("responding to each 'tool_call_id'"): calls that share an id (some
-    models and adapters write them) are answered by one result, or by one each, not by more."""
+    models and adapters write them) are answered by one result, or by one each, not by more (the
+    encoder shows each call the id's result of its rank, else its last: chat/encoding.py)."""
     asker, asked, answered = None, Counter(), Counter()  # the assistant message answered; its calls, results by id
     for i, m in enumerate(messages):
         if m.role == "tool":

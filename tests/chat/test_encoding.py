@@ -173,8 +173,33 @@ def test_results_of_calls_that_share_an_id_keep_their_calls_places():
     blocks = "\n\n".join(f"<tool_result>{n}'s</tool_result>" for n in "fgh")
     assert encode_chat([*asked, *results]).endswith(f"{U}{blocks}{A}</think>")
     assert encode_chat([*asked, results[1], results[0], results[2]]).endswith(f"{U}{blocks}{A}</think>")
-    one = f"{U}<tool_result>f's</tool_result>\n\n<tool_result>g's</tool_result>{A}</think>"
-    assert encode_chat([*asked, *results[:2]]).endswith(one)
+
+
+def test_one_result_of_calls_that_share_an_id_answers_each_of_them():
+    """One result answers all the calls of its id (OpenAI's rule is by id; the gateway takes it): it
+    was rendered once, after g's, so the model saw h's invoke with no result. Each call shows it now,
+    in its place; a user's text after the results stays after them."""
+    calls = [
+        {"id": i, "type": "function", "function": {"name": n, "arguments": json.dumps({"city": c})}}
+        for i, n, c in (("a", "f", "Paris"), ("b", "g", "Rome"), ("a", "h", "Oslo"))
+    ]
+    chat = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "b", "content": "rain"},
+        {"role": "tool", "tool_call_id": "a", "content": "sun"},
+        {"role": "user", "content": "and?"},
+    ]
+    want = (
+        f"{B}{U}q{A}</think>\n\n<{D}tool_calls>\n"
+        f'<{D}invoke name="f">\n<{D}parameter name="city" string="true">Paris</{D}parameter>\n</{D}invoke>\n'
+        f'<{D}invoke name="g">\n<{D}parameter name="city" string="true">Rome</{D}parameter>\n</{D}invoke>\n'
+        f'<{D}invoke name="h">\n<{D}parameter name="city" string="true">Oslo</{D}parameter>\n</{D}invoke>\n'
+        f"</{D}tool_calls>{E}"
+        f"{U}<tool_result>sun</tool_result>\n\n<tool_result>rain</tool_result>\n\n<tool_result>sun</tool_result>"
+        f"\n\nand?{A}</think>"
+    )
+    assert encode_chat(chat) == want
 
 
 def test_images_developer_and_latest_reminder():

@@ -125,17 +125,20 @@ SAME_ID = [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls":
 def test_calls_that_share_an_id_are_answered_by_one_result_or_one_each(gateway):
     """Some models and adapters give two calls of one turn the same id ("" too: an id). OpenAI's rule is
     by id ("tool messages responding to each 'tool_call_id'"; the calls left waiting are listed by id):
-    one result answers the id, and it was refused here ("none answers 'c1'"). The encoder writes the
-    results in call order without ids, so two results answer them too, rendered as two calls' (c1 and
-    c2); a third is refused. An id a new assistant turn reuses (call_0 each turn, as agent frameworks
-    number them) is answered afresh."""
+    one result answers the id, and it was refused here ("none answers 'c1'"); it is rendered as each
+    call's (it was rendered once: the second call showed no result). The encoder writes the results in
+    call order without ids, so two results answer them too, rendered as two calls' (c1 and c2); a third
+    is refused. An id a new assistant turn reuses (call_0 each turn, as agent frameworks number them) is
+    answered afresh."""
     results = [{"role": "tool", "tool_call_id": "c1", "content": r} for r in ("x", "y", "z")]
     shared = gateway.post("/tokenize", json={"model": MODEL, "messages": [*SAME_ID, *results[:2]]})
     two = [*TWO_CALLS, results[0], {**results[1], "tool_call_id": "c2"}]
     assert shared.status_code == 200, shared.text
     assert shared.json() == gateway.post("/tokenize", json={"model": MODEL, "messages": two}).json()
     r = gateway.post("/tokenize", json={"model": MODEL, "messages": [*SAME_ID, results[0]]})
+    each = [*TWO_CALLS, results[0], {**results[0], "tool_call_id": "c2"}]
     assert r.status_code == 200, r.text
+    assert r.json() == gateway.post("/tokenize", json={"model": MODEL, "messages": each}).json()
     r = gateway.post("/tokenize", json={"model": MODEL, "messages": [*SAME_ID, *results]})
     error = r.json()["error"]
     assert (r.status_code, error["param"], error["code"]) == (400, "messages[4].tool_call_id", "invalid_value"), r.text

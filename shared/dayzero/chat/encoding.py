@@ -11,8 +11,9 @@ turn ``<｜User｜>`` + text, and where the assistant speaks next ``<｜Assistan
 (chat) or ``<think>`` (thinking: for the last user turn, or every turn when tools are defined);
 assistant turns = [reasoning + ``</think>``] + content + [DSML tool calls] + EOS, the reasoning
 kept only after the last user turn unless tools are defined (then old developer turns stay
-too); tool results merge into the user turn as ``<tool_result>`` blocks in the calls' order. A
-prefix turn has no EOS, and in thinking mode a prefix of reasoning alone no ``</think>``.
+too); tool results merge into the user turn as ``<tool_result>`` blocks in the calls' order, one
+per call (calls that share an id may be answered by one result). A prefix turn has no EOS, and in
+thinking mode a prefix of reasoning alone no ``</think>``.
 """
 
 from __future__ import annotations
@@ -112,37 +113,57 @@ def _with_system(turns: list[dict], options: ChatOptions) -> list[dict]:
 
 def _merge_tool_results(messages: list[dict]) -> list[dict]:
     """Runs of user and tool messages become one user turn of blocks; tool results follow the
-    order of the calls in the assistant turn before them."""
+    order of the calls in the assistant turn before them, one per call answered."""
     turns: list[dict] = []
-    places: dict[str, list[int]] = {}  # call id -> its places in the latest assistant turn with calls
+    call_ids: list[str] = []  # the ids of the latest assistant turn's calls, in order
     for m in messages:
         role = m["role"]
         if role == "assistant" and m.get("tool_calls"):
-            places = {}
-            for i, call in enumerate(m["tool_calls"]):
-                if call.get("id") is not None:  # ("" is an id)
-                    places.setdefault(call["id"], []).append(i)
+            call_ids = [call["id"] for call in m["tool_calls"] if call.get("id") is not None]  # ("" is an id)
         if role not in ("user", "tool"):
             turns.append(m)
             continue
         if not turns or turns[-1]["role"] != "user":
-            turns.append({"role": "user", "blocks": [], "calls": []})
+            turns.append({"role": "user", "blocks": [], "results": [], "call_ids": call_ids})
         turn = turns[-1]
         if role == "user":
             parts = m.get("content")
             turn["blocks"].extend(parts if isinstance(parts, list) else [parts or ""])
         else:
-            # calls that share an id: the id's k-th result answers its k-th call (each took its last call's place)
-            ranks = places.get(m.get("tool_call_id"), [0])
-            turn["calls"].append((ranks.pop(0) if len(ranks) > 1 else ranks[0], len(turn["blocks"])))
-            turn["blocks"].append(f"<tool_result>{text_of(m.get('content'))}</tool_result>")
+            turn["results"].append((m.get("tool_call_id"), f"<tool_result>{text_of(m.get('content'))}</tool_result>"))
+            turn["blocks"].append(None)  # a result's place
     for turn in turns:
-        if turn["role"] == "user" and len(turn.get("calls", ())) > 1:
-            slots = [slot for _, slot in turn["calls"]]
-            ranked = [turn["blocks"][slot] for _, slot in sorted(turn["calls"], key=lambda c: c[0])]
-            for slot, block in zip(slots, ranked, strict=True):
-                turn["blocks"][slot] = block
+        if turn["role"] == "user":
+            turn["blocks"] = _in_places(turn["blocks"], _in_call_order(turn["results"], turn["call_ids"]))
     return turns
+
+
+def _in_call_order(results: list[tuple[str | None, str]], call_ids: list[str]) -> list[str]:
+    """The results (id, block) ranked by the calls they answer. Calls may share an id (the gateway
+    takes one result for the id, or one each): the id's k-th call is answered by its k-th result,
+    else by its last, so each call shows a result; a result past its id's calls ranks at the last of
+    them, one of no call first."""
+    places: dict[str | None, list[int]] = {}
+    for rank, call_id in enumerate(call_ids):
+        places.setdefault(call_id, []).append(rank)
+    answers: dict[str | None, list[int]] = {}  # id -> the indices of its results
+    for i, (call_id, _) in enumerate(results):
+        answers.setdefault(call_id, []).append(i)
+    ranked = []  # (rank, result index)
+    for call_id, indices in answers.items():
+        ranks = places.get(call_id, [0])
+        ranked += [(ranks[min(k, len(ranks) - 1)], i) for k, i in enumerate(indices)]
+        ranked += [(rank, indices[-1]) for rank in ranks[len(indices) :]]
+    return [results[i][1] for _, i in sorted(ranked)]
+
+
+def _in_places(blocks: list[str | None], results: list[str]) -> list[str]:
+    """The results put at the places (None) the tool messages held, in order; those past the last
+    place (results that answer several calls) after it."""
+    last = max((i for i, block in enumerate(blocks) if block is None), default=len(blocks))
+    ordered = iter(results)
+    head = [next(ordered) if block is None else block for block in blocks[:last]]
+    return [*head, *ordered, *blocks[last + 1 :]]
 
 
 def _last_user(turns: list[dict]) -> int:
