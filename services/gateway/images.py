@@ -24,7 +24,7 @@ from dayzero.vision.images import (
 
 from .error_fields import param_path
 from .errors import APIError
-from .message_schemas import Message
+from .message_schemas import Message, part_text
 
 IMAGE_TAG = IMAGE
 
@@ -46,8 +46,7 @@ def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, v
         parts = m.content if isinstance(m.content, list) else [m.content or ""]
         text, where = [], param_path(("messages", i, "content"))
         for part in parts:
-            if isinstance(part, str) or part.type == "text":
-                value = part if isinstance(part, str) else part.text
+            if (value := part_text(part)) is not None:
                 if IMAGE_TAG in value:
                     raise APIError(400, f"message text must not contain {IMAGE_TAG}", param=where, code="invalid_value")
                 text.append(value)

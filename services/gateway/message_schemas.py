@@ -31,7 +31,25 @@ class ImagePart(_Body):
     image_url: ImageURL
 
 
-Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+class RefusalPart(_Body):
+    """An assistant's refusal in the history (OpenAI's assistant content parts are text or refusal),
+    rendered as its text, as vLLM renders it."""
+
+    type: Literal["refusal"]
+    refusal: str = Field(max_length=MAX_TEXT)
+
+
+Part = Annotated[TextPart | ImagePart | RefusalPart, Field(discriminator="type")]
+# the content part types each role takes (OpenAI's: images are a user's, refusals an assistant's)
+PART_TYPES = {"user": ("text", "image_url"), "assistant": ("text", "refusal")}
+OTHER_ROLES_PART_TYPES = ("text",)
+
+
+def part_text(part: str | Part) -> str | None:
+    """The text a part renders as; None for an image."""
+    if isinstance(part, str):
+        return part
+    return part.text if isinstance(part, TextPart) else part.refusal if isinstance(part, RefusalPart) else None
 
 
 class FunctionCall(_Body):
@@ -100,14 +118,25 @@ class Message(_Body):
             )
         return value
 
-    @field_validator("content")
+    @field_validator("content", mode="before")
     @classmethod
-    def _images_are_a_user_s(cls, content: object, info: ValidationInfo) -> object:
-        """Only a user message holds images (OpenAI's rule: the other roles' parts are text); one in a
-        system or assistant message was encoded and shown to the model in that turn."""
-        role, parts = info.data.get("role"), content if isinstance(content, list) else []
-        image = next((i for i, part in enumerate(parts) if isinstance(part, ImagePart)), None)
-        if role not in (None, "user") and image is not None:
-            message = f"image_url parts are only allowed in messages with role 'user', not {role!r}"
-            raise field_error(cls, (image, "type"), message, "image_url")
+    def _parts_fit_the_role(cls, content: object, info: ValidationInfo) -> object:
+        """A part of a type the role does not take (OpenAI's rule: a user's parts are text or images,
+        an assistant's text or refusals, the others' text), told the role's types: an image in a
+        system or assistant message was encoded and shown to the model in that turn, and a type of
+        no part was told every role's. Read before the parts are validated; a list past its bound is
+        refused unread."""
+        role = info.data.get("role")
+        if role is None or not isinstance(content, list) or len(content) > MAX_PARTS:
+            return content
+        types = PART_TYPES.get(role, OTHER_ROLES_PART_TYPES)
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if not isinstance(kind, str) or kind in types:
+                continue  # (no type, or a null one: the union tells it)
+            told = " or ".join(map(repr, types))
+            message = f"content parts of a message with role {role!r} are of type {told}, not {kind!r}"
+            if owner := next((owner for owner, owned in PART_TYPES.items() if kind in owned), None):
+                message += f" ({kind} parts are only allowed in messages with role {owner!r})"
+            raise field_error(cls, (j, "type"), message, kind)
         return content
