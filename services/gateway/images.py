@@ -43,25 +43,28 @@ def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, v
     worker thread: decoding is slow)."""
     turns, images = [], []
     for i, m in enumerate(messages):
-        parts = m.content if isinstance(m.content, list) else [m.content or ""]
-        text, where = [], param_path(("messages", i, "content"))
-        for part in parts:
+        listed = isinstance(m.content, list)
+        parts = m.content if listed else [m.content or ""]
+        text = []
+        for j, part in enumerate(parts):
+            where = ("messages", i, "content", j) if listed else ("messages", i, "content")  # the part's
             if (value := part_text(part)) is not None:
-                if IMAGE_TAG in value:
-                    raise APIError(400, f"message text must not contain {IMAGE_TAG}", param=where, code="invalid_value")
+                if IMAGE_TAG in value:  # (a part's text is in the field its type names: text, refusal)
+                    param = param_path(where if isinstance(part, str) else (*where, part.type))
+                    raise APIError(400, f"message text must not contain {IMAGE_TAG}", param=param, code="invalid_value")
                 text.append(value)
                 continue
             if not vision:
                 raise APIError(
                     400,
                     "this checkpoint has no vision tower: image_url parts are not supported",
-                    param=where,
+                    param=param_path((*where, "type")),
                     code="images_unsupported",
                 )
-            images.append((part.image_url.url, where))
+            images.append((part.image_url.url, param_path((*where, "image_url", "url"))))
             text.append(IMAGE_TAG)
         extra = m.model_dump(include={"reasoning_content", "tool_calls", "tool_call_id", "prefix"}, exclude_none=True)
-        turns.append({"role": m.role, "content": text if isinstance(m.content, list) else text[0], **extra})
+        turns.append({"role": m.role, "content": text if listed else text[0], **extra})
     data, patches = _checked_images(images, limits, spec)
     return Prompt(turns, data, patches)
 

@@ -62,7 +62,7 @@ def test_an_unreadable_image_is_refused_without_internal_names(gateway):
     url = "data:image/png;base64," + base64.b64encode(b"plain text, not a picture").decode()
     content = [{"type": "image_url", "image_url": {"url": url}}]
     error = _error(gateway, {"model": MODEL, "messages": [{"role": "user", "content": content}]})
-    assert error["code"] == "invalid_image" and error["param"] == "messages[0].content"
+    assert error["code"] == "invalid_image" and error["param"] == "messages[0].content[0].image_url.url"
     assert error["message"].startswith("not a readable image") and "<" not in error["message"], error
 
 

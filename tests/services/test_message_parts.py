@@ -1,7 +1,8 @@
-"""A message's content parts (services/gateway/message_schemas.py): the types each role takes, as
-OpenAI's API types them (a user's text or image_url, an assistant's text or refusal, the other roles'
-text). The gateway in-process on a real Redis: each request here is refused before it queues, and
-/tokenize renders the chat as the generating routes do."""
+"""A message's content parts (services/gateway/message_schemas.py, images.py): the types each role
+takes, as OpenAI's API types them (a user's text or image_url, an assistant's text or refusal, the
+other roles' text), and a refused part named by its own field. The gateway in-process on a real Redis
+(each request here is refused before it queues; /tokenize renders the chat as the generating routes
+do), or render_chat alone."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from dayzero.settings import Settings
+from dayzero.vision.images import ImageLimits, PatchSpec
 from services.gateway.app import make_app
+from services.gateway.chat_schemas import ChatCompletionRequest
+from services.gateway.errors import APIError
+from services.gateway.images import render_chat
 
-from .conftest import MODEL
+from .conftest import MODEL, data_url
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
@@ -86,3 +91,43 @@ def test_a_part_of_a_type_its_role_does_not_take_is_told_the_role_s_types(http, 
     assert (r.status_code, error["param"], error["code"]) == (400, f"messages[{i}].content[1].type", "invalid_value")
     param = f"messages[{i}].content[1].type"
     assert error["message"] == f"{param}: content parts of a message with role {role!r} are of type {told}"
+
+
+def _rendered(messages: list[dict], vision: bool = True):
+    body = ChatCompletionRequest(model=MODEL, messages=messages)
+    return render_chat(body.messages, ImageLimits(), PatchSpec(), vision)
+
+
+def test_a_refused_image_or_text_is_named_by_its_part():
+    """An image refused (not base64, not an image, a remote host) or a part's text holding the image
+    placeholder named the message's content, messages[1].content, whichever of its parts it was: now
+    the part's own field, as a part's refused type is named (OpenAI names the part:
+    'messages[0].content[1].type')."""
+    image = {"type": "image_url", "image_url": {"url": data_url(16, 16, 1)}}
+    text = {"type": "text", "text": "see"}
+    for url in ("data:image/png;base64,@@", "data:image/png;base64,AAAA", "https://example.com/a.png"):
+        chat = [
+            {"role": "user", "content": "q"},
+            {"role": "user", "content": [text, image, {**image, "image_url": {"url": url}}]},
+        ]
+        with pytest.raises(APIError) as refused:
+            _rendered(chat)
+        assert (refused.value.code, refused.value.param) == ("invalid_image", "messages[1].content[2].image_url.url")
+    tag = "<｜deepseek_image｜>"
+    for content, param in (
+        ([text, {"type": "text", "text": f"a {tag}"}], "messages[0].content[1].text"),
+        (f"a {tag}", "messages[0].content"),  # (a string: no part)
+    ):
+        with pytest.raises(APIError) as refused:
+            _rendered([{"role": "user", "content": content}])
+        assert (refused.value.code, refused.value.param) == ("invalid_value", param)
+    assistant = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": tag}]},
+    ]
+    with pytest.raises(APIError) as refused:
+        _rendered(assistant)
+    assert refused.value.param == "messages[1].content[0].refusal"
+    with pytest.raises(APIError) as refused:
+        _rendered([{"role": "user", "content": [text, image]}], vision=False)
+    assert (refused.value.code, refused.value.param) == ("images_unsupported", "messages[0].content[1].type")

@@ -151,7 +151,7 @@ def test_one_image_over_the_pixel_limit_is_too_many_image_pixels(stack):
     assert r.json()["error"] == {
         "message": "image of 7000x6000 pixels exceeds the limit of 40000000",
         "type": "invalid_request_error",
-        "param": "messages[0].content",
+        "param": "messages[0].content[1].image_url.url",
         "code": "too_many_image_pixels",
     }
 
@@ -166,7 +166,7 @@ def test_the_per_image_limit_holds_in_process_and_at_pillows_bomb_check():
     with pytest.raises(APIError) as over:
         render_chat(messages, ImageLimits(max_pixels=500), PatchSpec(), True)
     refused = (over.value.status, over.value.param, over.value.code)
-    assert refused == (400, "messages[0].content", "too_many_image_pixels")
+    assert refused == (400, "messages[0].content[2].image_url.url", "too_many_image_pixels")  # the second's
     assert over.value.message == "image of 30x20 pixels exceeds the limit of 500"
     assert len(render_chat(messages, ImageLimits(max_pixels=600), PatchSpec(), True).images) == 2
     with pytest.raises(TooManyPixels, match="exceeds the limit of 40000000 decoded pixels"):
@@ -189,7 +189,7 @@ def test_summed_image_pixels_are_refused_from_the_headers_before_decoding():
     assert over.value.message == "1200 image pixels (width x height, summed) in one request; the limit is 1199"
     with pytest.raises(APIError) as at_budget:
         _rendered(cut, ImageLimits(max_total_pixels=1200))
-    assert (at_budget.value.code, at_budget.value.param) == ("invalid_image", "messages[0].content")
+    assert (at_budget.value.code, at_budget.value.param) == ("invalid_image", "messages[0].content[1].image_url.url")
     whole = [data_url(20, 20, i) for i in range(3)]
     assert len(_rendered(whole, ImageLimits(max_total_pixels=1200)).images) == 3
 
@@ -234,7 +234,7 @@ def test_summed_image_pixels_are_refused_from_the_headers_before_decoding():
                 ],
             },
             400,
-            "messages[0].content",
+            "messages[0].content[0].image_url.url",
         ),
     ],
 )
