@@ -21,6 +21,16 @@ MAX_MESSAGES = 256
 # content parts and tool calls of all messages together: each is a model validated on the event loop
 # before anything else runs (256 messages of 1,024 parts, 7.9 MB, stalled every stream ~2 s)
 MAX_REQUEST_PARTS = 4096
+# OpenAI's newer forms of a tool and a tool choice, by their type: none is served here (its calls are
+# functions', all its tools callable); each was told invalid_value ("Input should be 'function'")
+CUSTOM_TOOLS = "(a custom tool: free-form input) is not supported by this server: its tools are functions"
+UNSUPPORTED_CHOICES = {
+    "custom": CUSTOM_TOOLS,
+    "allowed_tools": (
+        '(a subset of the tools callable) is not supported by this server: send those tools alone, tool_choice "auto"'
+        ' or "required"'
+    ),
+}
 
 
 class Function(_Body):
@@ -116,10 +126,21 @@ class ChatPrompt(_Body):
     @classmethod
     def _tool_definitions(cls, value: list[dict] | None) -> list[dict] | None:
         # a tool's own error keeps its place and kind (param tools[0].function.name, a code)
+        customs = [i for i, tool in enumerate(value or []) if isinstance(tool, dict) and tool.get("type") == "custom"]
+        if customs:
+            raise field_error(cls, (customs[0], "type"), f"type 'custom' {CUSTOM_TOOLS}", "custom", "unsupported_value")
         names = [t.function.name for t in _TOOLS.validate_python(value or [])]
         if len(set(names)) < len(names):
             raise ValueError("tool names must be unique")
         return value
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _choice_of_a_form_served(cls, choice: object) -> object:
+        form = choice.get("type") if isinstance(choice, dict) else None
+        if isinstance(form, str) and form in UNSUPPORTED_CHOICES:
+            raise field_error(cls, ("type",), f"type {form!r} {UNSUPPORTED_CHOICES[form]}", form, "unsupported_value")
+        return choice
 
     @field_validator("tool_choice")
     @classmethod

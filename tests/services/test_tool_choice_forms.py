@@ -1,0 +1,63 @@
+"""OpenAI's newer forms of a tool choice and a tool, as openai-python types them
+(ChatCompletionAllowedToolChoiceParam: {"type": "allowed_tools", "allowed_tools": {"mode", "tools"}};
+ChatCompletionNamedToolChoiceCustomParam: {"type": "custom", "custom": {"name"}};
+ChatCompletionCustomToolParam: {"type": "custom", "custom": {"name", ...}}): this server serves none
+of them, and says so (unsupported_value naming the form), as it does for OpenAI's parameters it does
+not implement. The gateway in-process on a real Redis: each request here is refused before it queues."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dayzero.settings import Settings
+from services.gateway.app import make_app
+
+from .conftest import MODEL
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+ALLOWED = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [NAMED]}}
+CUSTOM_TOOL = {"type": "custom", "custom": {"name": "grep", "description": "free text in"}}
+
+
+@pytest.fixture(scope="module")
+def gateway(demo_dir, redis_url):
+    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "told"),
+    [
+        ({"tools": [WEATHER], "tool_choice": ALLOWED}, "tool_choice.type", "type 'allowed_tools'"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "custom", "custom": {"name": "grep"}}},
+            "tool_choice.type",
+            "type 'custom'",
+        ),
+        ({"tools": [WEATHER, CUSTOM_TOOL]}, "tools[1].type", "type 'custom'"),
+        (
+            {"tools": [CUSTOM_TOOL], "tool_choice": {"type": "custom", "custom": {"name": "grep"}}},
+            "tools[0].type",
+            "type 'custom'",
+        ),
+    ],
+    ids=["allowed_tools", "custom choice", "custom tool", "custom tool and choice"],
+)
+def test_openai_s_newer_tool_forms_are_unsupported_values(gateway, fields, param, told):
+    """Each was a 400 invalid_value, "Input should be 'function'" (the client told its request was
+    malformed, not that the server lacks the form)."""
+    for path in ("/v1/chat/completions", "/tokenize"):
+        r = gateway.post(path, json={"model": MODEL, "messages": [{"role": "user", "content": "q"}], **fields})
+        error = r.json()["error"]
+        assert (r.status_code, error["param"], error["code"]) == (400, param, "unsupported_value"), error
+        assert error["message"].startswith(f"{param}: {told} (") and "not supported by this server" in error["message"]
+
+
+def test_a_function_tool_choice_is_still_served(gateway):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "q"}], "tools": [WEATHER], "tool_choice": NAMED}
+    assert gateway.post("/tokenize", json=body).status_code == 200
+    wrong = {**body, "tool_choice": {"type": "functions", "function": {"name": "get_weather"}}}
+    error = gateway.post("/tokenize", json=wrong).json()["error"]
+    assert (error["param"], error["code"]) == ("tool_choice.type", "invalid_value"), error
