@@ -7,11 +7,8 @@ do), or render_chat alone."""
 from __future__ import annotations
 
 import pytest
-from fastapi.testclient import TestClient
 
-from dayzero.settings import Settings
 from dayzero.vision.images import ImageLimits, PatchSpec
-from services.gateway.app import make_app
 from services.gateway.chat_schemas import ChatCompletionRequest
 from services.gateway.errors import APIError
 from services.gateway.images import render_chat
@@ -21,19 +18,13 @@ from .conftest import MODEL, data_url
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
-@pytest.fixture(scope="module")
-def http(demo_dir, redis_url):
-    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:
-        yield client
-
-
-def _tokens(http, messages: list[dict]) -> list[int]:
-    r = http.post("/tokenize", json={"model": MODEL, "messages": messages})
+def _tokens(capped_gateway, messages: list[dict]) -> list[int]:
+    r = capped_gateway.post("/tokenize", json={"model": MODEL, "messages": messages})
     assert r.status_code == 200, r.text
     return r.json()["tokens"]
 
 
-def test_an_assistant_s_refusal_part_is_rendered_as_its_text(http):
+def test_an_assistant_s_refusal_part_is_rendered_as_its_text(capped_gateway):
     """OpenAI's assistant content parts are text or refusal (``{"type": "refusal", "refusal": ...}``: a
     client sends its model's refusal back in the history), and vLLM renders a refusal as text; it was
     a 400 ("Input should be 'text' or 'image_url'"). Rendered as the text would be, joined to a text
@@ -47,9 +38,9 @@ def test_an_assistant_s_refusal_part_is_rendered_as_its_text(http):
         ]
 
     refusal = {"type": "refusal", "refusal": "I can't help with that."}
-    assert _tokens(http, chat([refusal])) == _tokens(http, chat("I can't help with that."))
+    assert _tokens(capped_gateway, chat([refusal])) == _tokens(capped_gateway, chat("I can't help with that."))
     both = [{"type": "text", "text": "Sorry."}, refusal]
-    assert _tokens(http, chat(both)) == _tokens(http, chat("Sorry.\n\nI can't help with that."))
+    assert _tokens(capped_gateway, chat(both)) == _tokens(capped_gateway, chat("Sorry.\n\nI can't help with that."))
 
 
 REFUSALS_ARE_AN_ASSISTANT_S = " (refusal parts are only allowed in messages with role 'assistant')"
@@ -75,7 +66,7 @@ REFUSALS_ARE_AN_ASSISTANT_S = " (refusal parts are only allowed in messages with
         ),
     ],
 )
-def test_a_part_of_a_type_its_role_does_not_take_is_told_the_role_s_types(http, role, part, told):
+def test_a_part_of_a_type_its_role_does_not_take_is_told_the_role_s_types(capped_gateway, role, part, told):
     """A part's type outside its role's was told every role's types whatever the role ("Input should be
     'text' or 'image_url'": a system message told of images, an assistant's not of refusals); a refusal
     outside an assistant message is refused as OpenAI's types refuse it."""
@@ -86,7 +77,7 @@ def test_a_part_of_a_type_its_role_does_not_take_is_told_the_role_s_types(http, 
     else:
         messages = [{"role": "user", "content": "q"}, message, {"role": "user", "content": "ok"}]
     i = 2 if role == "tool" else 1
-    r = http.post("/tokenize", json={"model": MODEL, "messages": messages})
+    r = capped_gateway.post("/tokenize", json={"model": MODEL, "messages": messages})
     error = r.json()["error"]
     assert (r.status_code, error["param"], error["code"]) == (400, f"messages[{i}].content[1].type", "invalid_value")
     param = f"messages[{i}].content[1].type"

@@ -8,10 +8,6 @@ not implement. The gateway in-process on a real Redis: each request here is refu
 from __future__ import annotations
 
 import pytest
-from fastapi.testclient import TestClient
-
-from dayzero.settings import Settings
-from services.gateway.app import make_app
 
 from .conftest import MODEL
 
@@ -19,12 +15,6 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 ALLOWED = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [NAMED]}}
 CUSTOM_TOOL = {"type": "custom", "custom": {"name": "grep", "description": "free text in"}}
-
-
-@pytest.fixture(scope="module")
-def gateway(demo_dir, redis_url):
-    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:
-        yield client
 
 
 @pytest.mark.parametrize(
@@ -45,19 +35,19 @@ def gateway(demo_dir, redis_url):
     ],
     ids=["allowed_tools", "custom choice", "custom tool", "custom tool and choice"],
 )
-def test_openai_s_newer_tool_forms_are_unsupported_values(gateway, fields, param, told):
+def test_openai_s_newer_tool_forms_are_unsupported_values(capped_gateway, fields, param, told):
     """Each was a 400 invalid_value, "Input should be 'function'" (the client told its request was
     malformed, not that the server lacks the form)."""
     for path in ("/v1/chat/completions", "/tokenize"):
-        r = gateway.post(path, json={"model": MODEL, "messages": [{"role": "user", "content": "q"}], **fields})
+        r = capped_gateway.post(path, json={"model": MODEL, "messages": [{"role": "user", "content": "q"}], **fields})
         error = r.json()["error"]
         assert (r.status_code, error["param"], error["code"]) == (400, param, "unsupported_value"), error
         assert error["message"].startswith(f"{param}: {told} (") and "not supported by this server" in error["message"]
 
 
-def test_a_function_tool_choice_is_still_served(gateway):
+def test_a_function_tool_choice_is_still_served(capped_gateway):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "q"}], "tools": [WEATHER], "tool_choice": NAMED}
-    assert gateway.post("/tokenize", json=body).status_code == 200
+    assert capped_gateway.post("/tokenize", json=body).status_code == 200
     wrong = {**body, "tool_choice": {"type": "functions", "function": {"name": "get_weather"}}}
-    error = gateway.post("/tokenize", json=wrong).json()["error"]
+    error = capped_gateway.post("/tokenize", json=wrong).json()["error"]
     assert (error["param"], error["code"]) == ("tool_choice.type", "invalid_value"), error
