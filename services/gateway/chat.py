@@ -27,6 +27,7 @@ from .context import ENCODED_ON_THE_LOOP, Gateway, tokenizing
 from .error_fields import INVALID_UNICODE, param_path
 from .errors import APIError
 from .images import IMAGE_TAG, Prompt, expand_placeholders, render_chat
+from .message_schemas import part_text
 from .schemas import Sampling, json_reply
 
 
@@ -80,9 +81,10 @@ def _short_text(body: ChatPrompt) -> bool:
         count += len(parts)
         if count > RENDERED_ON_THE_LOOP or message.tool_calls:
             return False
-        if any(not isinstance(part, str) and part.type != "text" for part in parts):
+        texts = [part_text(part) for part in parts]
+        if None in texts:  # an image
             return False
-        size += sum(len(part if isinstance(part, str) else part.text) for part in parts)
+        size += sum(len(text) for text in texts)
         size += len(message.reasoning_content or "")
     return size <= ENCODED_ON_THE_LOOP
 

@@ -95,8 +95,9 @@ def test_a_chat_body_takes_the_hop_exactly_when_the_real_grammar_enforces_someth
 
 def test_a_short_text_chat_is_rendered_on_the_loop_and_any_other_off_it(monkeypatch):
     """A chat of short text alone renders and tokenizes on the event loop, as a completion's short
-    prompt does (it took the thread pool's hop and back for ~60 us of work); an image, long text,
-    tools, a reply schema or a call in the history still go off the loop."""
+    prompt does (it took the thread pool's hop and back for ~60 us of work), an assistant's refusal
+    part as text; an image, long text, tools, a reply schema or a call in the history still go off
+    the loop."""
     from services.gateway.chat_schemas import ChatCompletionRequest
 
     threads = []
@@ -108,11 +109,13 @@ def test_a_short_text_chat_is_rendered_on_the_loop_and_any_other_off_it(monkeypa
     monkeypatch.setattr(chat, "chat_prompt", chat_prompt)
     short = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    refusal = {"type": "refusal", "refusal": "no"}  # (text, as a text part)
     call = {"id": "c", "function": {"name": "f", "arguments": "{}"}}
     answer = {"role": "tool", "tool_call_id": "c", "content": "r"}  # (a call must be answered)
     bodies = [
         {"messages": short},
         {"messages": [{"role": "user", "content": "x" * ENCODED_ON_THE_LOOP}]},
+        {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [refusal]}]},
         {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, image]}]},
         {"messages": [{"role": "user", "content": "x" * (ENCODED_ON_THE_LOOP + 1)}]},
         {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "reasoning_content": "y" * 300}]},
@@ -127,7 +130,7 @@ def test_a_short_text_chat_is_rendered_on_the_loop_and_any_other_off_it(monkeypa
         return threading.current_thread()
 
     loop = asyncio.run(all_of_them())
-    assert [thread is loop for thread in threads] == [True, True] + [False] * 6
+    assert [thread is loop for thread in threads] == [True, True, True] + [False] * 6
 
 
 def test_a_chat_of_many_empty_messages_or_parts_is_rendered_off_the_loop(monkeypatch):
