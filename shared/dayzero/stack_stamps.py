@@ -49,6 +49,7 @@ class StampRead(NamedTuple):
 # up's write check (KEYS: its key; ARGV: the seconds it lapses after) -> Redis's time as it ran
 WRITE_CHECK = NOW + "redis.call('SET', KEYS[1], now, 'EX', ARGV[1])\nreturn now\n"
 DATES_CLOCKS_S = 0.5  # a round trip this quick may date Redis's clock against this host's (off by half of it at most)
+CLOCK_RESOLUTION_S = 1e-3  # beside the offset's error (TIME's microseconds, time.time()'s, float sums: far less)
 REDATED_AFTER_S = 60.0  # the quickest round trip of about this long dates them (a clock that drifts or steps)
 
 
@@ -90,9 +91,16 @@ class StampReader:
         """How long after its send (``sent``, this host's time.time()) Redis ran a round trip (``ran``, its
         TIME) that took ``took_s`` to answer: the whole round trip until the clocks are dated. One quicker
         than ``DATES_CLOCKS_S`` and than the one that dated them (or that one older than
-        ``REDATED_AFTER_S``) dates them again, Redis's reading taken at its middle."""
+        ``REDATED_AFTER_S``) dates them again, Redis's reading taken at its middle. One that Redis ran
+        before its send or after its answer by the dated clocks (past their error, half the dating round
+        trip) says a clock stepped (NTP, on either host of a remote Redis): the offset is dropped and the
+        whole round trip counts (stepped ahead, a read answered late counted 0 s and the stamps aged by a
+        frozen Redis found every worker frozen; stepped back, every read counted late till a re-dating)."""
+        slack_s = self._dated_by[0] / 2 + CLOCK_RESOLUTION_S  # (the offset's error)
+        if self.offset_s is not None and not -slack_s <= ran - sent - self.offset_s <= took_s + slack_s:
+            self.offset_s, self._dated_by = None, (math.inf, 0.0)
         dated_by_s, dated_at = self._dated_by
         recent_s = dated_by_s if time.monotonic() - dated_at < REDATED_AFTER_S else math.inf
         if took_s <= min(recent_s, DATES_CLOCKS_S):
             self.offset_s, self._dated_by = ran - (sent + took_s / 2), (took_s, time.monotonic())
-        return took_s if self.offset_s is None else max(0.0, ran - sent - self.offset_s)
+        return took_s if self.offset_s is None else min(took_s, max(0.0, ran - sent - self.offset_s))

@@ -15,6 +15,9 @@ import socket
 import subprocess
 import threading
 import time
+import types
+
+import pytest
 
 import dayzero.stack_stamps
 from dayzero.procs import free_port, start_redis
@@ -72,6 +75,14 @@ def _clocks_dated(stack: Stack) -> None:
     assert stack._stamps.offset_s is not None, "no read of the stamps was quick in 30 s"
 
 
+def _clock_stepped(monkeypatch, by_s: float) -> None:
+    """This host's clock (time.time(), up's side of the dated clocks) steps ``by_s`` against Redis's: an
+    NTP step on either host of a remote Redis. (Only StampReader's view of it: the rest of the test keeps
+    the true clock.)"""
+    stepped = types.SimpleNamespace(time=lambda: time.time() + by_s, monotonic=time.monotonic, sleep=time.sleep)
+    monkeypatch.setattr(dayzero.stack_stamps, "time", stepped)
+
+
 def _stop(*procs: subprocess.Popen) -> None:
     for proc in procs:
         proc.send_signal(signal.SIGCONT)
@@ -101,15 +112,19 @@ def test_redis_unreadable_past_the_bound_then_back_ages_no_stamp_meanwhile(tmp_p
         _stop(worker, server)
 
 
-def test_a_read_redis_answers_late_ages_no_stamp_meanwhile(tmp_path):
+@pytest.mark.parametrize("stepped_s", [0.0, 5.0], ids=["clocks_steady", "clock_stepped_ahead"])
+def test_a_read_redis_answers_late_ages_no_stamp_meanwhile(tmp_path, monkeypatch, stepped_s):
     """Redis frozen for less than up's read timeout, the read sent meanwhile answered at SIGCONT: the
     stamp it returns aged through the freeze, past the bound, while no worker could stamp. That read
     counts as one of a Redis up could not read (a read and its write check over ``STAMP_EVERY_S``), and so does the
-    next; the worker is found frozen only once the bound has passed since."""
+    next; the worker is found frozen only once the bound has passed since. So too once this host's clock
+    stepped 5 s ahead of Redis's after the clocks were dated: by the stale offset Redis ran the read 3.5 s
+    before its send, counted 0 s late, and the quiet worker was found frozen at SIGCONT."""
     server, worker, child, stack, stamp = _frozen_redis_and_a_quiet_worker(tmp_path)
     try:
         stamp()
         _clocks_dated(stack)  # (the read is judged by Redis's clock: it ran at SIGCONT, 1.5 s after its send)
+        _clock_stepped(monkeypatch, stepped_s)
         time.sleep(FROZEN_S - 0.5)  # (a stamp period and a loaded scheduler's delay)
         server.send_signal(signal.SIGSTOP)
         # frozen 1.5 s: the read, sent just after, must outlast STAMP_EVERY_S (1 s) by a loaded scheduler's
@@ -166,5 +181,23 @@ def test_up_s_own_thread_held_after_redis_answered_is_not_taken_for_a_frozen_red
         held_from = time.monotonic()
         _found_frozen(stack, child)
         assert stack._unread_at < held_from, "a read held by up's own thread counted as one Redis answered late"
+    finally:
+        _stop(worker, server)
+
+
+def test_a_clock_stepped_back_after_dating_does_not_defer_the_frozen_check(tmp_path, monkeypatch):
+    """The clocks dated, this host's clock steps 5 s behind Redis's, Redis healthy: by the stale offset
+    every round trip ran 5 s after its send, each read counted late and moved ``_unread_at`` until a
+    re-dating (a quicker round trip, or ``REDATED_AFTER_S``: 60 s): the quiet worker was not found frozen
+    meanwhile. Now the first read after the step drops the offset (Redis ran it after its answer), and
+    the next quick one dates the clocks again."""
+    server, worker, child, stack, stamp = _frozen_redis_and_a_quiet_worker(tmp_path)
+    try:
+        stamp()
+        _clocks_dated(stack)
+        # (no later round trip quicker than the one that dated them, as on a loaded host: none re-dates them)
+        stack._stamps._dated_by = (0.0, time.monotonic())
+        _clock_stepped(monkeypatch, -5.0)
+        _found_frozen(stack, child)
     finally:
         _stop(worker, server)
