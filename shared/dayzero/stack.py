@@ -43,7 +43,7 @@ from .service_commands import SERVICES, inherited, service_argv
 from .serving.liveness import connect
 from .shm import unlink_parked_by, unlink_pools_by
 from .stack_child import Child
-from .stack_stamps import StampRead, StampReader
+from .stack_stamps import StampRead, StampReader, stale
 from .stack_start import REDIS_ANSWER_WITHIN_S, StartFailed, answering
 
 STOP_TIMEOUT_S = 10.0  # per group (gateway, workers, redis) before SIGKILL
@@ -267,26 +267,15 @@ class Stack:
                     ready = httpx.get(f"{self.url}/health", timeout=1).status_code == 200
                     child.ready_at = time.monotonic() if ready else None
             elif read is not None and child.service in read.stages:
-                since = read.stamped(child, "ready")  # (before its spawn: another process's, a pid used again)
-                child.ready_at = read.at if since is not None and since >= child.started else None
+                child.ready_at = read.ready_seen(child)
 
     def frozen(self, read: StampRead | None = None) -> list[Child]:
-        """The running workers whose last liveness stamp is older than ``frozen_s``, by ``read`` (this
-        pass's; None: a read of its own): SIGSTOPped, or hung in a step past its bound. One not stamped yet
-        (starting; a stamp from before its spawn is a pid used again) is left alone, and no stamp ages while
-        Redis cannot be read, answers slowly (a frozen Redis continued) or refuses writes (``StampRead.late``:
-        the stamps are writes; all workers were killed at once when it answered again)."""
+        """The running workers whose last liveness stamp is older than ``frozen_s`` (``stack_stamps.stale``),
+        by ``read`` (this pass's; None: a read of its own): SIGSTOPped, or hung in a step past its bound. No
+        stamp ages while Redis cannot be read, answers late or refuses writes (``StampRead.late``: the stamps
+        are writes; all workers were killed at once when it answered again)."""
         read = (read or self.read_stamps()) if self.frozen_s else None
-        if read is None or read.late:
-            return []
-        frozen = []
-        for child in self.children:
-            if child.service in read.stages and child.proc is not None and child.proc.poll() is None:
-                stamped = read.stamped(child)  # (None: not stamped yet; before its spawn: a pid used again)
-                aged_s = -1.0 if stamped is None or stamped < child.started else read.at - max(stamped, self._unread_at)
-                if aged_s > self.frozen_s:
-                    frozen.append(child)
-        return frozen
+        return [] if read is None or read.late else stale(read, self.children, self.frozen_s, self._unread_at)
 
     def child(self, name: str) -> Child:
         return next(c for c in self.children if c.name == name)

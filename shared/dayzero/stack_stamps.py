@@ -45,6 +45,26 @@ class StampRead(NamedTuple):
         at = None if found is None else getattr(found, family).get(process_id(child.proc.pid, socket.gethostname()))
         return None if at is None else self.at - found.now + at
 
+    def ready_seen(self, child: Child) -> float | None:
+        """``at`` if ``child`` stamped ready since its spawn, else None (a ready stamp from before it is
+        another process's: a pid used again)."""
+        since = self.stamped(child, "ready")
+        return self.at if since is not None and since >= child.started else None
+
+
+def stale(read: StampRead, children: list[Child], bound_s: float, unread_at: float) -> list[Child]:
+    """The running workers of ``children`` whose last stamp by ``read`` is older than ``bound_s``, none
+    older than ``unread_at`` (when Redis last could not be read or written: no worker could stamp). One
+    not stamped yet (starting), or last by a process of its pid before its spawn (a pid used again), is not."""
+    found = []
+    for child in children:
+        if child.service in read.stages and child.proc is not None and child.proc.poll() is None:
+            stamped = read.stamped(child)  # (None: not stamped yet)
+            aged_s = -1.0 if stamped is None or stamped < child.started else read.at - max(stamped, unread_at)
+            if aged_s > bound_s:
+                found.append(child)
+    return found
+
 
 # up's write check (KEYS: its key; ARGV: the seconds it lapses after) -> Redis's time as it ran
 WRITE_CHECK = NOW + "redis.call('SET', KEYS[1], now, 'EX', ARGV[1])\nreturn now\n"
