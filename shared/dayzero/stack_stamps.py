@@ -95,7 +95,7 @@ class StampReader:
     def read(self, write_check: bool) -> StampRead:
         began, sent, stages, refused = time.monotonic(), time.time(), {}, False
         with contextlib.suppress(redis.RedisError):
-            stages = seen_stages(self.client, SERVICES[1:])
+            stages = seen_stages(self.client, SERVICES[1:], forget=False)  # (the gateway's reads forget)
         at = time.monotonic()  # (the stamps' ages date from here: the write's round trip left out)
         ran_late_s = [self._ran_after(next(iter(stages.values())).now, sent, at - began)] if stages else []
         try:

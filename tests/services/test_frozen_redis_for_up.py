@@ -22,7 +22,7 @@ import pytest
 import dayzero.stack_stamps
 from dayzero.procs import free_port, start_redis
 from dayzero.serving.keys import key
-from dayzero.serving.liveness import STAMP, connect, process_id
+from dayzero.serving.liveness import FORGET_S, STAMP, connect, process_id
 from dayzero.stack import Child, Stack
 
 FROZEN_S = 2.0  # DAYZERO_FROZEN_WORKER_S here
@@ -144,13 +144,21 @@ def test_a_read_redis_answers_late_ages_no_stamp_meanwhile(tmp_path, monkeypatch
         _stop(worker, server)
 
 
-def test_writes_held_then_answered_age_no_stamp_meanwhile(tmp_path):
+@pytest.mark.parametrize("forgettable", [False, True], ids=["no_stamp_to_forget", "a_stamp_to_forget"])
+def test_writes_held_then_answered_age_no_stamp_meanwhile(tmp_path, forgettable):
     """Redis holding writes (CLIENT PAUSE WRITE) answers up's read at once and its write check when the
     pause ends: no worker could stamp till then (the stamps are writes too). ``_unread_at`` was the
-    read's answer: the pause aged the stamp, and the next read found the worker frozen."""
+    read's answer: the pause aged the stamp, and the next read found the worker frozen. So too with a
+    stamp past ``FORGET_S`` in the hash (a restarted worker's old pid): the read's own removal of it (an
+    HDEL, after the read's TIME) was held by the pause, and the write check sent after ran at once: by
+    Redis's clock neither was late."""
     server, worker, child, stack, stamp = _frozen_redis_and_a_quiet_worker(tmp_path)
     try:
         stamp()
+        _clocks_dated(stack)
+        if forgettable:
+            client = connect(stack.redis_url)
+            client.hset(key("alive", "prefill"), "elsewhere:1", client.time()[0] - FORGET_S - 60)
         stack.frozen_s = 1.5  # (below the pause, 1.8 s, itself within up's read timeout)
         connect(stack.redis_url).execute_command("CLIENT", "PAUSE", 1800, "WRITE")
         began = time.monotonic()
@@ -169,8 +177,8 @@ def test_up_s_own_thread_held_after_redis_answered_is_not_taken_for_a_frozen_red
     server, worker, child, stack, stamp = _frozen_redis_and_a_quiet_worker(tmp_path)
     seen_stages = dayzero.stack_stamps.seen_stages
 
-    def held(client, stages):
-        found = seen_stages(client, stages)
+    def held(client, stages, **options):
+        found = seen_stages(client, stages, **options)
         time.sleep(1.5)  # (over STAMP_EVERY_S, within up's read timeout)
         return found
 

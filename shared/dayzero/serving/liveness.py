@@ -225,11 +225,12 @@ def seen(client: redis.Redis, stage: str) -> Seen:
     return seen_stages(client, (stage,))[stage]
 
 
-def seen_stages(client: redis.Redis, stages: tuple[str, ...]) -> dict[str, Seen]:
+def seen_stages(client: redis.Redis, stages: tuple[str, ...], forget: bool = True) -> dict[str, Seen]:
     """Each of ``stages``' stamps and Redis's time, in one round trip; stamps older than ``FORGET_S``
-    leave the hash, but a ready process's (the time it served is left out of its stage's no-worker
-    count: no_worker_count.unserved_stages forgets them once no count runs), and ready entries of
-    processes without a stamp theirs."""
+    are left out and (``forget``) leave the hash, but a ready process's (the time it served is left out
+    of its stage's no-worker count: no_worker_count.unserved_stages forgets them once no count runs), and
+    ready entries of processes without a stamp theirs. (``forget`` False: a read that writes nothing,
+    which Redis holding writes does not hold: up's, stack_stamps.py.)"""
     now, hashes = hashes_at(client, *(key(family, stage) for stage in stages for family in ("alive", "ready")))
     found = {}
     for stage, alive, ready in zip(stages, hashes[::2], hashes[1::2], strict=True):
@@ -238,7 +239,7 @@ def seen_stages(client: redis.Redis, stages: tuple[str, ...]) -> dict[str, Seen]
         stamped = {p: t for p, t in stamped.items() if now - t <= FORGET_S or p in ready_since}
         gone = {p.decode() for p in alive} - stamped.keys(), ready_since.keys() - stamped.keys()
         for family, processes in zip(("alive", "ready"), gone, strict=True):
-            if processes:
+            if processes and forget:
                 client.hdel(key(family, stage), *processes)
         found[stage] = Seen(now, stamped, {p: since for p, since in ready_since.items() if p in stamped})
     return found
