@@ -139,7 +139,7 @@ class Completion:
 
     def next(self, logits: torch.Tensor) -> Step:
         """Sample from ``logits`` [V] (within the grammar, if any) and accept the token; raises
-        ``LexerFilled`` while ``waiting`` (where nothing renews its grammar: prefill's re-run)."""
+        ``LexerFilled`` while ``waiting`` (``resume`` first)."""
         if self.waiting:
             raise self.guide.filled
         step = next_steps([self], logits[None])[0]

@@ -46,8 +46,8 @@ class GrammarFailed(ValueError):
 class LexerFilled(GrammarFailed):
     """Its compile's lexer is full: every matcher of a compile shares its lexer, whose states the
     replies grow (llguidance's ``deep_copy``), so this is other requests' doing as much as its own.
-    The request can carry on on a fresh compile (``Guide.renew``: decode's steps, and decode's replay
-    at admission); where nothing renews it (prefill's first token) it ends as its grammar's failure."""
+    The request carries on on a fresh compile (``Guide.renew``: decode's steps and its replay at
+    admission, prefill's first token and a re-run's replay before it)."""
 
 
 _REFUSED = "doesn't satisfy the grammar"  # llguidance's error for a token it refuses ("Parser Error: token ...")

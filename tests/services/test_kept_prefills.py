@@ -26,7 +26,7 @@ def test_a_retry_falling_due_while_taken_is_in_one_list(monkeypatch):
     readings = iter([99.9, 100.1, 100.1, 100.1])  # (each read of the clock: the retry falls due meanwhile)
     monkeypatch.setattr(kept_prefills.time, "monotonic", lambda: next(readings))
     pending = [ticket]
-    due, waiting = kept.take(pending)
+    due, waiting = kept.take(pending, set())
     assert pending == [] and (due, waiting) in (([ticket], []), ([], [ticket]))
 
 
@@ -37,4 +37,4 @@ def test_take_keeps_the_order_and_leaves_the_prompts_not_prefilled(monkeypatch):
     monkeypatch.setattr(kept_prefills.time, "monotonic", lambda: 10.0)
     kept.retry_later([c])  # (c waits till 10.5)
     pending = [a, b, c]
-    assert kept.take(pending) == ([a], [c]) and pending == [b]
+    assert kept.take(pending, set()) == ([a], [c]) and pending == [b]

@@ -11,11 +11,11 @@ from collections.abc import Callable
 import redis
 from opentelemetry import trace
 
-from ..guided import failed_alone
+from ..guided import LexerFilled, failed_alone
 from ..telemetry import continued, tracer
 from .intake import Ticket
 from .kept_handoffs import KeptHandoffs
-from .kept_prefills import RETRY_S, KeptPrefills
+from .kept_prefills import RETRY_S, KeptPrefills, Prefilled
 from .lease import Heartbeat
 from .messages import DecodeJob, PrefillJob
 from .outage_log import OutageLog
@@ -84,8 +84,8 @@ class FirstTokens:
     ) -> list[Ticket[PrefillJob]]:
         """``send`` each ticket. Redis failing one: it and those after it (not tried: a lost Redis would
         time each one out) stay kept and go again ``RETRY_S`` later, their leases beaten meanwhile, while
-        the loop serves the others (it paused as a whole: no other prompt advanced). -> those, for the
-        loop's ``pending``."""
+        the loop serves the others (it paused as a whole: no other prompt advanced). -> those, and those
+        whose grammar waits for a fresh compile (``_first``), for the loop's ``pending``."""
         for i, ticket in enumerate(tickets):
             try:
                 send(ticket)
@@ -96,14 +96,13 @@ class FirstTokens:
                 self._sends_failed.failed(exc, ", ".join(rids))
                 self.kept.retry_later(unsent)
                 self.heartbeat.hold(rids, {t.job.request.request_id: t.job.attempt for t in unsent})
-                return unsent
-        return []
+                return [t for t in tickets[:i] if not t.done.is_set()] + unsent
+        return [t for t in tickets if not t.done.is_set()]
 
     def send(self, ticket: Ticket[PrefillJob]) -> None:
         """A prefilled request's first token, then its handoff (what of them is not out yet). Redis
         failing raises (the loop puts it back); any other error fails this request alone."""
         self.heartbeat.moved()  # (a large batch's handoffs, each a state export, take long together)
-        self.heartbeat.release(ticket.job.request.request_id, ticket.job.attempt)  # (a re-run here keeps its beats)
         try:
             self._emit(ticket)
         except redis.RedisError:
@@ -121,15 +120,39 @@ class FirstTokens:
         mark_failed(trace.get_current_span(), message, code)  # its prefill.forward
         self.settle(ticket, "error", message, streamed, code=code)
 
+    def _first(self, ticket: Ticket[PrefillJob], prefilled: Prefilled) -> Token | None:
+        """Its first token: sampled from its logits, or the one whose append Redis failed (``unsent``).
+        None while its grammar waits for a fresh compile (its lexer filled by other replies, met by its
+        replay or its sample: ``LexerFilled``), its completion kept for the next try (``again``, once
+        the loop sees that compile ready), its lease beaten meanwhile."""
+        job, logits = ticket.job, prefilled.logits
+        rid = job.request.request_id
+        completion = prefilled.completion or self.r.completion(ticket, job.generated, self.limit)
+        unsent = self.kept.unsent.get((rid, job.attempt))
+        try:
+            step = completion.resume() if completion.waiting else None  # (a held sample's step, once renewed)
+            if step is None and not completion.waiting:
+                step = completion.next(logits) if unsent is None else completion.emit(unsent, logits)
+        except LexerFilled:
+            step = None
+        if step is None and prefilled.completion is None:
+            log.info("request %s: its grammar's lexer is full; waiting for a fresh compile", rid)
+            trace.get_current_span().add_event("lexer_filled")  # (its first token comes in a prefill.resend)
+        prefilled.completion = completion if step is None else None
+        if step is None:
+            return None
+        usage = completion.usage() if step.finish_reason else None
+        return Token.of(rid, completion.count - 1, step, usage, prefilled.prompt_logprobs)
+
     def _emit(self, ticket: Ticket[PrefillJob]) -> None:
         job, store, prefilled = ticket.job, self.r.store, self.kept.of(ticket)
         rid = job.request.request_id
-        if not prefilled.streamed:
-            completion, logits = self.r.completion(ticket, job.generated, self.limit), prefilled.logits
-            kept = self.kept.unsent.pop((rid, job.attempt), None)
-            step = completion.next(logits) if kept is None else completion.emit(kept, logits)
-            usage = completion.usage() if step.finish_reason else None
-            first = Token.of(rid, completion.count - 1, step, usage, prefilled.prompt_logprobs)
+        first = None if prefilled.streamed else self._first(ticket, prefilled)
+        if first is None and not prefilled.streamed:
+            return  # (its grammar compiles: ``again`` sends it once the loop sees it compiled)
+        self.heartbeat.release(rid, job.attempt)  # (a re-run here keeps its beats)
+        if first is not None:
+            self.kept.unsent.pop((rid, job.attempt), None)
             try:
                 appended = store.append([first], {rid: job.attempt}, self.r.name, [rid])
                 if appended.refused:  # re-run meanwhile
@@ -137,14 +160,14 @@ class FirstTokens:
                 elif appended.cancelled:  # its client left during the forward: no token, no handoff
                     self.r.ranks.release(rid)
                     self.settle(ticket, "cancelled")
-                elif step.finish_reason:
+                elif first.finish_reason:
                     self.r.ranks.release(rid)
-                    store.settle(rid, job.attempt, self.r.name, step.finish_reason)
+                    store.settle(rid, job.attempt, self.r.name, first.finish_reason)
             except redis.RedisError:  # the retry sends this token again (a replay of it, if it landed, is skipped)
-                self.kept.unsent[rid, job.attempt] = step.token
+                self.kept.unsent[rid, job.attempt] = first.token
                 raise
-            if not (appended.refused or appended.cancelled or step.finish_reason):  # its first token is out
-                ticket.job = job.model_copy(update={"generated": (*job.generated, step.token)})
+            if not (appended.refused or appended.cancelled or first.finish_reason):  # its first token is out
+                ticket.job = job.model_copy(update={"generated": (*job.generated, first.token)})
                 prefilled.streamed = True  # a retry after Redis fails below hands it off
         if prefilled.streamed:
             self.handed_off.hand_off(ticket.job, self.decode_message)

@@ -9,13 +9,16 @@ sends that token, never a new sample). The blocks go as the request is handed to
 first token the last, a cancel, DAYZERO_TASK_TIME_LIMIT_S, a failure), or its run is found over (the
 reaper re-ran it): whichever comes first, the loop frees them; nothing else is held meanwhile.
 A prompt whose send Redis failed waits ``RETRY_S`` for the next try, alone: the loop serves the
-others meanwhile (their chunks, their sends).
+others meanwhile (their chunks, their sends); so does one whose first token waits for a fresh
+compile of its grammar (its lexer filled by other replies: ``Prefilled.completion``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Container
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,6 +26,9 @@ from ..params import Logprob
 from .intake import Ticket
 from .messages import PrefillJob
 from .ranks import Ranks
+
+if TYPE_CHECKING:
+    from ..completion import Completion
 
 
 @dataclass(slots=True)
@@ -32,6 +38,9 @@ class Prefilled:
     prompt_logprobs: list[Logprob] | None
     streamed: bool = False  # its first token is on the stream: its handoff is what is left to send
     retry_at: float = 0.0  # (time.monotonic()) its last send Redis failed: not sent again before this
+    # its first token's completion while its grammar waits for a fresh compile (its lexer filled by
+    # other replies: ``Completion.waiting``), kept whole: a rebuild would forget whose that failure is
+    completion: Completion | None = None
 
 
 RETRY_S = 0.5  # a send Redis failed goes again after this (the loop's pause for any other Redis failure)
@@ -81,14 +90,19 @@ class KeptPrefills:
         """Whether ``ticket`` is prefilled here and waits for its send's retry (``retry_later``)."""
         return self.holds(ticket) and self.of(ticket).retry_at > time.monotonic()
 
-    def take(self, pending: list[Ticket[PrefillJob]]) -> tuple[list[Ticket[PrefillJob]], list[Ticket[PrefillJob]]]:
+    def take(
+        self, pending: list[Ticket[PrefillJob]], compiled: Container[int]
+    ) -> tuple[list[Ticket[PrefillJob]], list[Ticket[PrefillJob]]]:
         """The tickets of ``pending`` that are prefilled (sent again, never prefilled again), taken out of
-        it in order: (those to send now, those waiting for their retry)."""
+        it in order: (those to send now, those waiting for their retry or, with a ``completion`` kept,
+        for their grammar's fresh compile: ``id(ticket)`` not in ``compiled``)."""
         kept = [t for t in pending if self.holds(t)]
         pending[:] = [t for t in pending if not self.holds(t)]
         now, due, waiting = time.monotonic(), [], []  # (one reading of the clock: read once per list, a retry
         for ticket in kept:  # falling due in between put its ticket in neither, lost)
-            (waiting if self.of(ticket).retry_at > now else due).append(ticket)
+            state = self.of(ticket)
+            compiling = state.completion is not None and id(ticket) not in compiled
+            (waiting if state.retry_at > now or compiling else due).append(ticket)
         return due, waiting
 
     def requests(self) -> set[str]:

@@ -81,8 +81,8 @@ class PrefillLoop:
         if self.pending:
             end_overdue(self.pending, self.r, self._settle)
             first_come(self.pending)
-            resend, retrying = self.kept.take(self.pending)  # prefilled already: sent again, not prefilled
             goes = {id(t) for t in (*ready, *compiled(arrived, self.r))}
+            resend, retrying = self.kept.take(self.pending, goes)  # prefilled already: sent again, not prefilled
             ready, compiling = (
                 [t for t in self.pending if id(t) in goes],
                 [t for t in self.pending if id(t) not in goes],
