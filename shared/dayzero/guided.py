@@ -63,10 +63,16 @@ def failed_alone(stats: WorkerStats, rid: str, exc: Exception, what: str) -> tup
     if isinstance(exc, GrammarFailed) and exc.code == GRAMMAR_FAILED:
         log.info("request %s: %s: %s", rid, what, exc)
         stats.add(grammar_failures=1)
-        return str(exc), exc.code
-    log.error("request %s: %s", rid, what, exc_info=exc)
-    stats.fail(stats.stage)
-    return (str(exc), "") if isinstance(exc, GrammarFailed) else (f"{what}: {type(exc).__name__}", "")
+    else:
+        log.error("request %s: %s", rid, what, exc_info=exc)
+        stats.fail(stats.stage)
+    return failure(exc, what)
+
+
+def failure(exc: Exception, what: str) -> tuple[str, str]:
+    """The message and code of the end ``exc`` gives its request (``failed_alone``'s): a failed
+    grammar's own (it says why), else ``what`` and the exception's type."""
+    return (str(exc), exc.code) if isinstance(exc, GrammarFailed) else (f"{what}: {type(exc).__name__}", "")
 
 
 class Guide:

@@ -12,13 +12,12 @@ from opentelemetry import trace
 
 from ..completion import Completion, Step
 from ..config import ModelConfig
-from ..guided import LexerFilled, failed_alone
+from ..guided import LexerFilled
 from ..telemetry import continued, tracer
 from . import redis_clock as clock
 from .handoff import Receiver
 from .intake import Ticket
 from .messages import DecodeJob
-from .metrics import WorkerStats
 from .prefilling import mark_failed
 from .records import Token
 from .runtime import Runtime
@@ -49,14 +48,14 @@ class Active:
     completion: Completion
     next_token: int
     span: trace.Span
-    stats: WorkerStats  # (its own sampling's failure is logged and counted as it fails: ``queue``)
     first_seen: bool = False
     # its tokens not on its stream yet, in order: the step's, until its append lands (one that raised,
     # Redis lost or refusing for a moment, leaves them here for the next append to send first)
     unsent: list[Token] = field(default_factory=list)
-    # (reason, message, code) once a step ended it: its last token's finish reason, or "error" and
-    # its failure's message and code; it is settled once its tokens are on its stream, never stepped again
-    end: tuple[str, str, str] | None = None
+    # (reason, failure) once a step ended it: its last token's finish reason (no failure), or "error"
+    # and what failed its own sampling; it is settled once its tokens are on its stream, never stepped
+    # again (its failure logged and counted as this worker ends it: ``DecodeLoop._finish``)
+    end: tuple[str, Exception | None] | None = None
 
     @classmethod
     def start(cls, runtime: Runtime, ticket: Ticket[DecodeJob], limit: int) -> Active:
@@ -71,7 +70,7 @@ class Active:
                 "dayzero.images": job.request.images,
             }
             span = tracer.start_span("decode.generate", attributes=attributes)
-        return cls(ticket, completion, job.generated[-1], span, runtime.stats)
+        return cls(ticket, completion, job.generated[-1], span)
 
     @property
     def streamed(self) -> int:
@@ -100,8 +99,7 @@ class Active:
 
     def queue(self, steps: list[Step | Exception], batch: int) -> None:
         """Queue this step's tokens (``steps``: its own, a sampling failure last) for its stream, and
-        its end when one of them ends it (a finish reason, or its sampling failed: it fails alone,
-        logged and counted now, whatever ends it: a cancel read with this step's append, its lease lost)."""
+        its end when one of them ends it (a finish reason, or its sampling failed: it fails alone)."""
         rid = self.ticket.job.request.request_id
         first = self.completion.count - sum(isinstance(s, Step) for s in steps)
         for index, step in enumerate(steps, first):
@@ -109,7 +107,7 @@ class Active:
                 log.info("request %s: its grammar's lexer is full; waiting for a fresh compile", rid)
                 return
             if isinstance(step, Exception):
-                self.end = ("error", *failed_alone(self.stats, rid, step, "sampling failed"))
+                self.end = ("error", step)
                 return
             usage = self.completion.usage() if step.finish_reason else None  # (the step is its last token)
             self.unsent.append(Token.of(rid, index, step, usage))
@@ -118,7 +116,7 @@ class Active:
                 self.first_seen = True
             self.next_token = step.token
             if step.finish_reason:
-                self.end = (step.finish_reason, "", "")
+                self.end = (step.finish_reason, None)
                 return
 
     def end_span(self, reason: str, cfg: ModelConfig, length: int, message: str = "", code: str = "") -> None:

@@ -16,6 +16,7 @@ import time
 import redis
 
 from ..completion import context_limit, next_steps
+from ..guided import failed_alone, failure
 from ..speculative import Acceptance, Speculation, decode_round
 from .active import Active
 from .decode_admission import admit
@@ -26,6 +27,7 @@ from .lease import Heartbeat
 from .messages import DecodeJob
 from .room import Arrivals, Room
 from .runtime import Runtime
+from .stream_scripts import Settled
 from .time_limit import overdue
 from .waiting import end_overdue
 
@@ -134,23 +136,32 @@ class DecodeLoop:
         index: int | None = None,
         usage: dict | None = None,
         code: str = "",
-    ) -> None:
+    ) -> Settled:
         rid, attempt = ticket.job.request.request_id, ticket.job.attempt
         self.heartbeat.release(rid)
-        self.r.store.settle(rid, attempt, self.r.name, reason, index, message, usage, code)
+        settled = self.r.store.settle(rid, attempt, self.r.name, reason, index, message, usage, code)
         ticket.done.set()
+        return settled
 
     def _tokens(self, job: DecodeJob) -> int:
         """What a request reserves: its prompt and whole completion, within the context limit."""
         return min(self.limit, len(job.request.prompt_ids) + job.request.sampling.max_tokens)
 
     def _finish(self, rid: str, reason: str, index: int | None = None, message: str = "", **end: dict | str) -> None:
-        """End active request ``rid`` (``end``: its ``usage``, its error's ``code``)."""
+        """End active request ``rid`` (``end``: its ``usage``, its error's ``code``); an "error" end
+        with no ``message`` is its own sampling's failure's (``Active.end``), which is logged and counted
+        once this worker writes its end, cancelled meanwhile or not: not where its run was re-run
+        meanwhile (the settle STALE: the re-run's end is the one written, and counted)."""
         self.heartbeat.release(rid)  # no beat in flight outlives its end
         active = self.active.pop(rid)
+        failed = active.end[1] if active.end is not None else None
+        if failed is not None and reason == "error" and not message:
+            message, code = failure(failed, "sampling failed")
+            end = {**end, "code": code}
         active.end_span(reason, self.r.model.cfg, self.r.pools.length(rid), message, str(end.get("code", "")))
         self.r.ranks.release(rid)
-        self._settle(active.ticket, reason, message, index=index, **end)
+        if self._settle(active.ticket, reason, message, index=index, **end) and failed is not None:
+            failed_alone(self.r.stats, rid, failed, "sampling failed")
 
     def _cancel(self) -> None:
         """Act on the cancel marks of every active and waiting request: read with the last step's
@@ -217,9 +228,8 @@ class DecodeLoop:
             self._finish(rid, "cancelled", index=self.active[rid].streamed)
         for active in self.active.values():
             active.unsent.clear()  # on their streams
-        for rid, (reason, message, code) in [(rid, a.end) for rid, a in self.active.items() if a.end is not None]:
-            if reason != "error":
+        for rid, (reason, failed) in [(rid, a.end) for rid, a in self.active.items() if a.end is not None]:
+            if failed is None:
                 self._finish(rid, reason)  # (its last token carried the finish)
                 continue
-            # its own sampling (logged and counted as it failed; the step's call is counted)
-            self._finish(rid, "error", index=self.active[rid].completion.count, message=message, code=code)
+            self._finish(rid, "error", index=self.active[rid].completion.count)  # its own sampling's failure
