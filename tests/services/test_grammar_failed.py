@@ -19,7 +19,6 @@ from fastapi.testclient import TestClient
 from dayzero.chat.grammar import json_grammar
 from dayzero.params import Grammar, SamplingParams
 from dayzero.serving.decode_loop import DecodeLoop
-from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
@@ -241,34 +240,3 @@ def test_one_failing_twelve_properties_in_is_refused_at_admission(gateway):
     assert r.status_code == 400, r.text
     message = r.json()["error"]["message"]
     assert r.json()["error"]["param"] == "response_format" and "error" in message and "too big" not in message, r.text
-
-
-def test_a_grammar_failing_in_a_run_whose_lease_was_lost_is_counted_by_its_re_run_alone(demo_dir, redis_url):
-    """Its lease lapses as its step fails (this worker stalled; the reaper re-runs it): this run's end
-    is never written (its settle STALE), the re-run's is (the client's one 400), and counted there.
-    This worker counted it too (as it failed; before, as it settled it): one failure counted twice."""
-    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
-    store, rid = Lifecycle.connect(redis_url), "late-lapsed"
-    sampling = SamplingParams(max_tokens=400, temperature=1.0, seed=3, grammar=Grammar(json_grammar(LATE_PATTERN)))
-    sent = _prefilled(settings, store, rid, sampling, 0)
-    stale = Runtime.load(settings, "decode-stale@test", "decode", False)
-    loop, append, reruns = DecodeLoop(stale), stale.store.append, []
-
-    def lapsed(tokens, *args):
-        if not reruns and any(active.end is not None for active in loop.active.values()):
-            store.r.delete(key("lease", rid))  # (its lease lapsed: the reaper re-runs it)
-            reruns.append(store.rerun_orphan(rid, 60, 60))
-        return append(tokens, *args)
-
-    stale.store.append = lapsed
-    run_jobs(loop, sent)
-    assert reruns[0] > 0 and store.done(rid) is None
-    rerun: list[DecodeJob] = []
-    job = PrefillJob(request=sent[0].request, generated=tuple(store.streamed_tokens(rid)), attempt=reruns[0])
-    prefill = Runtime.load(settings, "prefill-rerun@test", "prefill", False)
-    run_jobs(PrefillLoop(prefill, recording(rerun)), [job])
-    decode = Runtime.load(settings, "decode-rerun@test", "decode", False)
-    run_jobs(DecodeLoop(decode), rerun)
-    assert (store.done(rid), _last(store, rid)[b"c"]) == ("error", b"grammar_failed")
-    counts = [r.stats.snapshot()["counters"].get("grammar_failures") for r in (stale, prefill, decode)]
-    assert (counts[0], sum(counts)) == (0, 1), counts  # (the re-run fails as it samples: prefill's)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from ..guided import failed_alone
+from ..guided import failed_alone, failure
 from ..kv.handoff import LayoutMismatch
 from ..kv.pools import OutOfBlocks
 from .active import Active, admit_state
@@ -95,5 +95,6 @@ def _start(loop: DecodeLoop, ticket: Ticket[DecodeJob]) -> None:
         loop.active[rid] = Active.start(loop.r, ticket, loop.limit)
     except Exception as exc:  # noqa: BLE001 - its own sampling (a grammar refused): it fails alone
         loop.r.ranks.release(rid)
-        message, code = failed_alone(loop.r.stats, rid, exc, "sampling failed")  # (as a step's failure ends it)
-        loop._settle(ticket, "error", message, len(ticket.job.generated), code=code)
+        message, code = failure(exc, "sampling failed")  # (as a step's failure ends it)
+        if loop._settle(ticket, "error", message, len(ticket.job.generated), code=code):
+            failed_alone(loop.r.stats, rid, exc, "sampling failed")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import redis
 from opentelemetry import trace
 
-from ..guided import LexerFilled, failed_alone
+from ..guided import LexerFilled, failed_alone, failure
 from ..telemetry import continued, tracer
 from .intake import Ticket
 from .kept_handoffs import KeptHandoffs
@@ -22,6 +22,7 @@ from .outage_log import OutageLog
 from .prefilling import Prefilling, end_failed, mark_failed
 from .records import Token
 from .runtime import Runtime
+from .stream_scripts import Settled
 
 log = logging.getLogger("dayzero.prefill")
 
@@ -34,7 +35,7 @@ class FirstTokens:
         handed_off: KeptHandoffs,
         heartbeat: Heartbeat,
         decode_message: Callable[[DecodeJob], str],  # a job -> its message on decode's queue
-        settle: Callable[..., None],  # the loop's: (ticket, reason, message, index, code=)
+        settle: Callable[..., Settled],  # the loop's: (ticket, reason, message, index, code=)
         limit: int,  # the context's
     ) -> None:
         self.r, self.kept, self.handed_off, self.heartbeat = runtime, kept, handed_off, heartbeat
@@ -112,13 +113,14 @@ class FirstTokens:
 
     def _fail(self, ticket: Ticket[PrefillJob], exc: Exception) -> None:
         rid = ticket.job.request.request_id
-        message, code = failed_alone(self.r.stats, rid, exc, "failed after prefill")
+        message, code = failure(exc, "failed after prefill")
         self.handed_off.forget(rid)
         self.r.ranks.release(rid)
         self.kept.drop(ticket)  # (its blocks freed: Redis failing the end puts it back to be prefilled again)
         streamed = len(self.r.store.streamed_tokens(rid))  # its first token may have gone out already
         mark_failed(trace.get_current_span(), message, code)  # its prefill.forward
-        self.settle(ticket, "error", message, streamed, code=code)
+        if self.settle(ticket, "error", message, streamed, code=code):  # (STALE: its re-run's end, and count)
+            failed_alone(self.r.stats, rid, exc, "failed after prefill")
 
     def _first(self, ticket: Ticket[PrefillJob], prefilled: Prefilled) -> Token | None:
         """Its first token: sampled from its logits, or the one whose append Redis failed (``unsent``).

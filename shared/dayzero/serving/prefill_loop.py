@@ -34,6 +34,7 @@ from .prefill_batch import forward_of
 from .prefilling import Prefilling, batch_input, end_failed, forward_span, plan_step, take_batch, tokens_of
 from .room import Room
 from .runtime import Runtime
+from .stream_scripts import Settled
 from .waiting import compiled, end_overdue, first_come
 
 log = logging.getLogger("dayzero.prefill")
@@ -167,19 +168,20 @@ class PrefillLoop:
         index: int | None = None,
         usage: dict | None = None,
         code: str = "",
-    ) -> None:
+    ) -> Settled:
         """End a request without handing it to decode (freeing its parked image embeddings, and once
         its end is written, the blocks its kept prefill holds); its stream closes at ``index``
-        (default: after the tokens it came with)."""
+        (default: after the tokens it came with). -> what the settle did (STALE: nothing written)."""
         job, store = ticket.job, self.r.store
         rid = job.request.request_id
         self.heartbeat.release(rid)
         if job.embeddings is not None:
             discard_tensor(job.embeddings, store)
         end = len(job.generated) if index is None else index
-        store.settle(rid, job.attempt, self.r.name, reason, end, message, usage, code)
+        settled = store.settle(rid, job.attempt, self.r.name, reason, end, message, usage, code)
         self.kept.drop(ticket)  # (Redis failing: kept, and the end tried again, its token the same)
         ticket.done.set()
+        return settled
 
     def _admit(self, taken: list[Ticket[PrefillJob]]) -> list[Ticket[PrefillJob]]:
         """Reserve the taken requests' blocks, first come first served (waiting.py): one the free blocks
