@@ -3,39 +3,71 @@
 A connect's bound (``CONNECT_S``) is a timer on the event loop, and a loop held past it (a burst of
 requests parsed on a starved host) found the connect answered and the timer due at once, and ran the
 timer first: redis-py's "Timeout connecting to server" from a Redis that had answered in a
-millisecond (test_held_loop_connect.py). Such a connect, its timer ``LATE_S`` late, is made once more;
-not a connect timed out on time (an unreachable Redis: one bound), nor a command that timed out (a
-frozen Redis: the commands' bound)."""
+millisecond (test_held_loop_connect.py). Such a connect is made once more: one whose try's own
+callback, due at the bound, ran ``LATE_S`` late (the loop was held at the bound, however long the try
+took); not a connect timed out on time (an unreachable Redis: one bound), nor a command that timed out
+(a frozen Redis: the commands' bound)."""
 
 from __future__ import annotations
 
-import time
+import asyncio
 
 import redis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 
 CONNECT_S = 2.0  # a connect Redis has not answered this long fails (an unreachable host)
-LATE_S = 0.5  # a connect's timer that ran this late: the event loop was held, not Redis slow
+LATE_S = 0.05  # a callback due at the bound that ran this late: the loop was held (a free one: ~6 ms at load 7)
 CONNECT_TIMED_OUT = "Timeout connecting to server"  # redis-py's error for a connect past its bound
 
 
+class AtTheBound:
+    """When the event loop ran a callback due ``CONNECT_S`` after a try began: the connect's timer
+    (set as the try connects) falls due with it, so the callback's lateness is the timer's."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop, self.due = loop, loop.time() + CONNECT_S
+        self.ran: float | None = None
+        self.handle = loop.call_at(self.due, self.run)
+
+    def run(self) -> None:
+        self.ran = self.loop.time()
+
+    def held(self) -> bool:
+        """Whether a connect timing out now is the one this bound watched, and the loop was held at
+        it: the callback ran late, less than ``CONNECT_S`` ago (a connect made after it, as by the
+        client's own retry, times out ``CONNECT_S`` after it at the soonest)."""
+        if self.ran is None:
+            return False  # the try ended before its bound
+        return self.ran - self.due > LATE_S and self.loop.time() - self.ran < CONNECT_S
+
+
 class HeldLoopRetry(AsyncRetry):
-    """Once more: a connect whose timer ran ``LATE_S`` late; with ``closed``, also a command on a
-    connection Redis closed (it restarted). The stream hub's reader goes without ``closed``: it reads
-    a closed connection as news of Redis (a restart ends the streams it lost: streams.py)."""
+    """Once more: a connect the loop timed out while held at its bound; with ``closed``, also a
+    command on a connection Redis closed (it restarted). The stream hub's reader goes without
+    ``closed``: it reads a closed connection as news of Redis (a restart ends the streams it lost:
+    streams.py)."""
 
     def __init__(self, closed: bool) -> None:
         super().__init__(NoBackoff(), 1, (redis.ConnectionError, redis.TimeoutError))
         self.closed = closed
 
     async def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
-        began = time.monotonic()
+        loop = asyncio.get_running_loop()
+        bound: AtTheBound | None = None
+
+        async def one_try():
+            nonlocal bound
+            bound = AtTheBound(loop)
+            try:
+                return await do()
+            finally:
+                bound.handle.cancel()  # (ran already, or never needed)
 
         def again(error: Exception) -> bool:
             if is_retryable is not None and not is_retryable(error):
                 return False
-            late = str(error) == CONNECT_TIMED_OUT and time.monotonic() - began > CONNECT_S + LATE_S
-            return (self.closed and isinstance(error, redis.ConnectionError)) or late
+            held = str(error) == CONNECT_TIMED_OUT and bound is not None and bound.held()
+            return (self.closed and isinstance(error, redis.ConnectionError)) or held
 
-        return await super().call_with_retry(do, fail, again, with_failure_count)
+        return await super().call_with_retry(one_try, fail, again, with_failure_count)

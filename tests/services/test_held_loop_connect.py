@@ -11,12 +11,16 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+import redis
+
 from dayzero.settings import Settings
 from services.gateway.bus import command_client
+from services.gateway.held_loop import CONNECT_S, CONNECT_TIMED_OUT, HeldLoopRetry
 from services.gateway.restarts import run_id
 from services.gateway.streams import StreamHub
 
-HELD_S = 3.0  # the loop held past the connect's bound (2 s) and its lateness (0.5 s), within the commands' (10 s)
+HELD_S = 2.25  # the loop held past the connect's bound (2 s), less than its bound and the old lateness (0.5 s)
 
 
 def test_a_connect_timed_out_by_a_held_event_loop_is_made_again(redis_url):
@@ -53,3 +57,27 @@ def test_the_stream_readers_connect_timed_out_by_a_held_event_loop_ends_no_strea
             await commands.aclose()
 
     assert asyncio.run(subscribed_after_the_hold()) is True
+
+
+def test_a_connect_made_again_that_times_out_on_time_is_not_made_a_third_time():
+    """A command's try reconnects inside the connect's own tries (redis-py nests them), and the
+    command's retry judged the connect its inner retry had made again by the first's hold: an
+    unreachable Redis, met by a held loop, cost a third connect (its bound more)."""
+    connects = 0
+
+    async def connect() -> None:
+        nonlocal connects
+        connects += 1
+        if connects == 1:
+            asyncio.get_running_loop().call_soon(time.sleep, HELD_S)  # the loop held past the connect's bound
+        await asyncio.sleep(CONNECT_S)  # Redis unreachable: the connect's timer runs (late, the first)
+        raise redis.TimeoutError(CONNECT_TIMED_OUT)
+
+    async def command() -> None:
+        retry = HeldLoopRetry(closed=True)
+        connecting = lambda: retry.call_with_retry(connect, lambda error: asyncio.sleep(0))
+        await retry.call_with_retry(connecting, lambda error: asyncio.sleep(0))
+
+    with pytest.raises(redis.TimeoutError):
+        asyncio.run(command())
+    assert connects == 2
