@@ -88,11 +88,15 @@ def test_help_s_usage_line_is_the_readme_s(command):
     assert shown == _positionals_and_options(_readme_synopsis()[command])
 
 
-@pytest.mark.parametrize(("variable", "value"), [("DAYZERO_DTYPE", "bfloat16"), ("DAYZERO_SPECULATIVE_TOKENS", "2")])
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("DAYZERO_DTYPE", "bfloat16"), ("DAYZERO_SPECULATIVE_TOKENS", "2"), ("DAYZERO_BLOCK_SIZE", "1000")],
+)
 def test_inspect_help_names_each_setting_its_plan_follows(variable, value, mtp_checkpoint):
     """``inspect --help`` named no setting, while its plan follows DAYZERO_DTYPE (the weights' and state's
-    width) and DAYZERO_SPECULATIVE_TOKENS (the MTP layer's state): the same command planned differently
-    in two shells, nothing on screen saying why."""
+    width), DAYZERO_SPECULATIVE_TOKENS (the MTP layer's state) and DAYZERO_BLOCK_SIZE (the pools' blocks:
+    1000 rows, a tiny model's state that shows in GiB): the same command planned differently in two
+    shells, nothing on screen saying why."""
     plain = {k: v for k, v in os.environ.items() if not k.startswith("DAYZERO_")}
     planned = [
         json.loads(run_dayzero("inspect", str(mtp_checkpoint), "--json", env=env).stdout)

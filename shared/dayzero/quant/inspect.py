@@ -21,6 +21,7 @@ from .memory_plan import (
     GIB,
     H200_BYTES,
     Serving,
+    WeightBytes,
     device_bytes,
     memory_plan,
     mtp_plan,
@@ -98,9 +99,10 @@ def inspect(
     tensor_parallel: int = 1,
     dtype: str = Settings.model_fields["dtype"].default,
     speculative_tokens: int = Settings.model_fields["speculative_tokens"].default,
+    block_size: int = Settings.model_fields["block_size"].default,
 ) -> Report:
-    """``dtype``, ``speculative_tokens``: DAYZERO_DTYPE and DAYZERO_SPECULATIVE_TOKENS of the run planned
-    for (the settings object's)."""
+    """``dtype``, ``speculative_tokens``, ``block_size``: DAYZERO_DTYPE, DAYZERO_SPECULATIVE_TOKENS and
+    DAYZERO_BLOCK_SIZE of the run planned for (the settings object's)."""
     cfg = _config(path)
     longest = cfg.max_position_embeddings
     context = min(65536, longest) if context is None else context
@@ -120,11 +122,11 @@ def inspect(
         mtp_layers = headers.mtp_layers  # the loader holds those shipped, declared or not
     fp4 = packed_experts(cfg) if dtypes else True  # a bare config: plan for the published FP4 experts
     speculating = speculative_tokens > 0 and mtp_layers > 0
-    serving = Serving(batch, context, fp4, 2 if dtype == "bfloat16" else 4, mtp_layers, speculating)
+    serving = Serving(batch, context, fp4, 2 if dtype == "bfloat16" else 4, block_size, mtp_layers, speculating)
     mtp = mtp_plan(cfg, serving)
-    held, experts = total + mtp["params"], routed + mtp["routed_expert_params"]
-    memory = memory_plan(cfg, held, experts, serving, devices, expert_cache_gib)
-    fits = (n for n in range(1, 257) if device_bytes(cfg, held, experts, serving, n, expert_cache_gib) <= H200_BYTES)
+    weights = WeightBytes.of(cfg, serving)
+    memory = memory_plan(cfg, weights, serving, devices, expert_cache_gib)
+    fits = (n for n in range(1, 257) if device_bytes(cfg, weights, serving, n, expert_cache_gib) <= H200_BYTES)
     fp8 = "float8_e4m3fn" in dtypes or not dtypes  # (a bare config: the release's FP8 dense weights)
     plan = {
         "batch": batch,

@@ -1,5 +1,7 @@
 """The memory plan of ``dayzero inspect``: the bytes a device (or one rank of a tensor-parallel group)
-holds by region, from the config's shapes alone."""
+holds by region, from the config's shapes alone: the weights as the loader keeps them
+(checkpoint.load_model), the attention state in the blocks of DAYZERO_BLOCK_SIZE rows the runtime's
+pools hold it in (kv.pools)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from ..config import ModelConfig
 from ..kv.layout import GROWING_POOLS, PoolLayout
-from ..model.weights import skeleton
+from ..model.weights import is_fp32_param, skeleton
 from ..parallel import ParallelError, check_divisible
 from ..parallel.shard import split_dim
 
@@ -19,12 +21,15 @@ H200_BYTES = 141e9  # one H200's HBM, as sold (about 131 GiB)
 @dataclass(frozen=True, slots=True)
 class Serving:
     """What each sequence and weight takes: ``width`` bytes a value of DAYZERO_DTYPE, which the dense
-    weights, experts not kept in FP4, the dequant workspace and the attention state are held in."""
+    weights (but the fp32 ones: norms, hyper-connections, sinks, biases), experts not kept in FP4, the
+    dequant workspace and the attention state are held in; ``block_size`` rows a pool block
+    (DAYZERO_BLOCK_SIZE)."""
 
     batch: int
     context: int
     fp4: bool  # routed experts kept packed (FP4), dequantized per call
     width: int
+    block_size: int
     mtp_layers: int = 0  # the MTP layers shipped: the loader holds their weights
     mtp_state: bool = False  # DAYZERO_SPECULATIVE_TOKENS > 0: each sequence holds the MTP layer's state too
 
@@ -37,6 +42,34 @@ def parameters(cfg: ModelConfig, mtp_layers: int = 0) -> Iterator[tuple[str, int
             yield name, t.numel()
 
 
+def held_weights(cfg: ModelConfig, serving: Serving) -> Iterator[tuple[str, int]]:
+    """(name, bytes) of each tensor the loader holds, buffers included: integer ones (packed experts
+    and their scales, the hash-routing table) as they are, the fp32 ones in fp32, the rest in
+    DAYZERO_DTYPE (checkpoint.load_model)."""
+    model = skeleton(cfg, packed_experts=serving.fp4, mtp_layers=serving.mtp_layers)
+    for name, t in model.state_dict().items():
+        kept = serving.width if t.is_floating_point() and not is_fp32_param(name) else t.element_size()
+        yield name, t.numel() * kept
+
+
+@dataclass(frozen=True, slots=True)
+class WeightBytes:
+    """Bytes of the weights the loader holds: the routed experts' (spread over devices), the rest's."""
+
+    experts: int
+    rest: int
+
+    @staticmethod
+    def of(cfg: ModelConfig, serving: Serving) -> WeightBytes:
+        experts = rest = 0
+        for name, size in held_weights(cfg, serving):
+            if ".ffn.experts." in name:
+                experts += size
+            else:
+                rest += size
+        return WeightBytes(experts, rest)
+
+
 def mtp_plan(cfg: ModelConfig, serving: Serving) -> dict[str, int]:
     """What the MTP layers add to the plan (none: transformers' count leaves them out): their
     parameters and bytes (in ``packed_weights``), and the bytes each sequence holds for them (in
@@ -47,28 +80,27 @@ def mtp_plan(cfg: ModelConfig, serving: Serving) -> dict[str, int]:
         if name.startswith("mtp."):
             params += values
             routed += values if ".ffn.experts." in name else 0
-    state = _state_bytes(cfg, serving)[1] - _state_bytes(cfg, replace(serving, mtp_state=False))[1]
+    state = _sequence_bytes(cfg, serving) - _sequence_bytes(cfg, replace(serving, mtp_state=False))
     return {
         "layers": serving.mtp_layers,
         "params": params,
         "routed_expert_params": routed,
-        "weight_bytes": round(_weight_bytes(params, routed, serving)),
-        "state_bytes_per_sequence": round(state),
+        "weight_bytes": sum(size for name, size in held_weights(cfg, serving) if name.startswith("mtp.")),
+        "state_bytes_per_sequence": state,
     }
 
 
 def memory_plan(
-    cfg: ModelConfig, total: int, routed: int, serving: Serving, devices: int, expert_cache_gib: float
+    cfg: ModelConfig, weights: WeightBytes, serving: Serving, devices: int, expert_cache_gib: float
 ) -> dict[str, float]:
     """GiB per device by region (experts FP4 when ``serving.fp4``; experts split over devices)."""
     batch, width = serving.batch, serving.width
     workspace = _workspace(cfg, serving, cfg.n_routed_experts) if serving.fp4 else 0
-    per_token, window = _state_bytes(cfg, serving)
-    pools = batch * (serving.context * per_token + window)
+    pools = batch * _sequence_bytes(cfg, serving)
     hyper = batch * cfg.hc_mult * cfg.hidden_size * 4 * 2  # residual streams + mixed copy, fp32
     activations = 2048 * cfg.hidden_size * width * 8  # one prefill chunk, a few live [T, hidden] buffers
     return {
-        "packed_weights": _weight_bytes(total, routed, serving, devices) / GIB,
+        "packed_weights": (weights.experts / devices + weights.rest) / GIB,
         "dequant_workspace": workspace / GIB,
         "expert_cache": expert_cache_gib if serving.fp4 else 0.0,
         "attention_pools": pools / devices / GIB,
@@ -77,27 +109,31 @@ def memory_plan(
     }
 
 
-def _weight_bytes(params: int, routed: int, serving: Serving, devices: int = 1) -> float:
-    """Bytes of ``params`` parameters, ``routed`` of them routed experts' spread over ``devices``."""
-    return routed * _expert_bytes_per_value(serving) / devices + (params - routed) * serving.width
-
-
-def _expert_bytes_per_value(serving: Serving) -> float:
-    return 0.5 + 1 / 32 if serving.fp4 else serving.width  # FP4: half a byte and a 1-byte scale per 32
-
-
 def _workspace(cfg: ModelConfig, serving: Serving, experts: int) -> int:
     """Dequantized experts of one MoE call: at most the experts a batch routes to."""
     routed = min(experts, serving.batch * cfg.num_experts_per_tok)
     return routed * 3 * cfg.moe_intermediate_size * cfg.hidden_size * serving.width
 
 
-def _state_bytes(cfg: ModelConfig, serving: Serving) -> tuple[float, float]:
-    """Attention state of one sequence: (bytes per token, fixed bytes: window + compressor)."""
-    width = serving.width
-    layout = PoolLayout.of(cfg, 64, "bfloat16" if width == 2 else "float32", mtp=serving.mtp_state)
-    per_token = sum(layout.row_bytes(p, width) / layout.rate(p) for p in GROWING_POOLS)
-    return per_token, layout.window_capacity * layout.row_bytes("window", width) + layout.row_bytes("compressor", 4)
+def _layout(cfg: ModelConfig, serving: Serving) -> PoolLayout:
+    dtype = "bfloat16" if serving.width == 2 else "float32"
+    return PoolLayout.of(cfg, serving.block_size, dtype, mtp=serving.mtp_state)
+
+
+def _sequence_bytes(cfg: ModelConfig, serving: Serving) -> int:
+    """Attention state of one sequence of ``serving.context`` tokens: the blocks the pools give it
+    (whole blocks of ``block_size`` rows: its window ring, its growing pools' entries rounded up) and
+    its compressor slot (fp32)."""
+    layout = _layout(cfg, serving)
+    blocks = layout.blocks_of(serving.context)
+    rows = sum(blocks[p] * layout.block_size * layout.row_bytes(p, serving.width) for p in ("window", *GROWING_POOLS))
+    return rows + blocks["compressor"] * layout.row_bytes("compressor", 4)
+
+
+def _bytes_per_token(cfg: ModelConfig, serving: Serving) -> float:
+    """Attention state one more token of a sequence adds, on average (its growing pools' entries)."""
+    layout = _layout(cfg, serving)
+    return sum(layout.row_bytes(p, serving.width) / layout.rate(p) for p in GROWING_POOLS)
 
 
 def rank_plan(cfg: ModelConfig, ranks: int, serving: Serving) -> dict[str, float]:
@@ -106,15 +142,15 @@ def rank_plan(cfg: ModelConfig, ranks: int, serving: Serving) -> dict[str, float
     attention state (replicated: every rank holds every sequence's whole state), the dequant
     workspace, and the hyper-connection state and activations (replicated, as ``memory_plan``)."""
     regions = {"routed_experts": 0.0, "dense_split": 0.0, "dense_replicated": 0.0}
-    for name, values in parameters(cfg, serving.mtp_layers):
+    for name, size in held_weights(cfg, serving):
         if ".ffn.experts." in name:
-            regions["routed_experts"] += values * _expert_bytes_per_value(serving) / ranks
+            regions["routed_experts"] += size / ranks
         elif split_dim(name) is not None:
-            regions["dense_split"] += values * serving.width / ranks
+            regions["dense_split"] += size / ranks
         else:
-            regions["dense_replicated"] += values * serving.width
-    per_token, window = _state_bytes(cfg, replace(serving, mtp_state=False))  # (a group drafts no tokens)
-    regions["attention_state_replicated"] = serving.batch * (serving.context * per_token + window)
+            regions["dense_replicated"] += size
+    state = _sequence_bytes(cfg, replace(serving, mtp_state=False))  # (a group drafts no tokens)
+    regions["attention_state_replicated"] = serving.batch * state
     regions["dequant_workspace"] = _workspace(cfg, serving, cfg.n_routed_experts // ranks) if serving.fp4 else 0
     regions["hyper_connection_state"] = serving.batch * cfg.hc_mult * cfg.hidden_size * 4 * 2
     regions["activations"] = 2048 * cfg.hidden_size * serving.width * 8
@@ -142,12 +178,12 @@ def tensor_parallel_report(cfg: ModelConfig, ranks: int, serving: Serving) -> di
         "ranks": ranks,
         "gib_per_rank": {k: round(v / GIB, 4) for k, v in plan.items()},
         "total_gib_per_rank": round(sum(plan.values()) / GIB, 3),
-        "attention_state_bytes_per_token": round(_state_bytes(cfg, serving)[0], 1),
+        "attention_state_bytes_per_token": round(_bytes_per_token(cfg, serving), 1),
         "fits_h200": sum(plan.values()) <= H200_BYTES,
         "smallest_fitting_h200_group": ranks_needed(cfg, serving),
     }
 
 
-def device_bytes(cfg: ModelConfig, total: int, routed: int, serving: Serving, devices: int, cache: float) -> float:
+def device_bytes(cfg: ModelConfig, weights: WeightBytes, serving: Serving, devices: int, cache: float) -> float:
     """Bytes one device holds when the experts and sequences are spread over ``devices``."""
-    return sum(memory_plan(cfg, total, routed, serving, devices, cache).values()) * GIB
+    return sum(memory_plan(cfg, weights, serving, devices, cache).values()) * GIB
