@@ -125,18 +125,19 @@ class Message(_Body):
         an assistant's text or refusals, the others' text), told the role's types: an image in a
         system or assistant message was encoded and shown to the model in that turn, and a type of
         no part was told every role's. Read before the parts are validated; a list past its bound is
-        refused unread."""
+        refused unread. A type of no string (3, a list, null) is told them too: the union told every
+        role's; null keeps its code (a required field's null: invalid_type)."""
         role = info.data.get("role")
         if role is None or not isinstance(content, list) or len(content) > MAX_PARTS:
             return content
         types = PART_TYPES.get(role, OTHER_ROLES_PART_TYPES)
         for j, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if not isinstance(kind, str) or kind in types:
-                continue  # (no type, or a null one: the union tells it)
+            if not isinstance(part, dict) or "type" not in part or (kind := part["type"]) in types:
+                continue  # (no object, no type: the union tells it)
             told = " or ".join(map(repr, types))
-            message = f"content parts of a message with role {role!r} are of type {told}, not {kind!r}"
+            shown = repr(kind) if isinstance(kind, str) else json.dumps(kind)  # (3, ["text"], null: as sent)
+            message = f"content parts of a message with role {role!r} are of type {told}, not {shown}"
             if owner := next((owner for owner, owned in PART_TYPES.items() if kind in owned), None):
                 message += f" ({kind} parts are only allowed in messages with role {owner!r})"
-            raise field_error(cls, (j, "type"), message, kind)
+            raise field_error(cls, (j, "type"), message, kind, "invalid_type" if kind is None else "value_error")
         return content

@@ -6,6 +6,8 @@ do), or render_chat alone."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dayzero.vision.images import ImageLimits, PatchSpec
@@ -82,6 +84,29 @@ def test_a_part_of_a_type_its_role_does_not_take_is_told_the_role_s_types(capped
     assert (r.status_code, error["param"], error["code"]) == (400, f"messages[{i}].content[1].type", "invalid_value")
     param = f"messages[{i}].content[1].type"
     assert error["message"] == f"{param}: content parts of a message with role {role!r} are of type {told}"
+
+
+@pytest.mark.parametrize(
+    ("role", "kind", "code"),
+    [("system", 3, "invalid_value"), ("tool", ["text"], "invalid_value"), ("user", None, "invalid_type")],
+)
+def test_a_part_type_of_no_string_is_told_the_role_s_types(capped_gateway, role, kind, code):
+    """A type that is no string (3, a list, null) was told every role's types, as before the check by
+    role: a system message "Input should be 'text', 'image_url' or 'refusal'" (images and refusals are
+    no system's). Told its role's now, each with the code it had (null: a required field's invalid_type)."""
+    message = {"role": role, "content": [{"type": "text", "text": "see"}, {"type": kind, "text": "a"}]}
+    if role == "tool":
+        messages = [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [CALL]}]
+        messages += [{**message, "tool_call_id": "call_1"}]
+    else:
+        messages = [message, {"role": "user", "content": "ok"}]
+    i = 2 if role == "tool" else 0
+    error = capped_gateway.post("/tokenize", json={"model": MODEL, "messages": messages}).json()["error"]
+    param = f"messages[{i}].content[1].type"
+    assert (error["param"], error["code"]) == (param, code), error
+    told = "'text' or 'image_url'" if role == "user" else "'text'"
+    told = f"content parts of a message with role {role!r} are of type {told}, not {json.dumps(kind)}"
+    assert error["message"] == f"{param}: {told}"
 
 
 def _rendered(messages: list[dict], vision: bool = True):
