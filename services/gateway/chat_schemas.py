@@ -128,6 +128,7 @@ class ChatPrompt(_Body):
         # a tool's own error keeps its place and kind (param tools[0].function.name, a code)
         customs = [i for i, tool in enumerate(value or []) if isinstance(tool, dict) and tool.get("type") == "custom"]
         if customs:
+            _TOOLS.validate_python(value[: customs[0]])  # a tool before it told its own error first
             raise field_error(cls, (customs[0], "type"), f"type 'custom' {CUSTOM_TOOLS}", "custom", "unsupported_value")
         names = [t.function.name for t in _TOOLS.validate_python(value or [])]
         if len(set(names)) < len(names):

@@ -51,3 +51,14 @@ def test_a_function_tool_choice_is_still_served(capped_gateway):
     wrong = {**body, "tool_choice": {"type": "functions", "function": {"name": "get_weather"}}}
     error = capped_gateway.post("/tokenize", json=wrong).json()["error"]
     assert (error["param"], error["code"]) == ("tool_choice.type", "invalid_value"), error
+
+
+def test_a_tool_before_a_custom_one_is_told_its_own_error(capped_gateway):
+    """A malformed function tool before a custom one was hidden by it: the custom tool was told first
+    (tools[1].type), where before the custom check the first tool's name was (tools[0].function.name);
+    a custom tool first is still told first."""
+    bad = {"type": "function", "function": {"name": "get weather"}}  # (a space: no tool name)
+    for tools, param in (([bad, CUSTOM_TOOL], "tools[0].function.name"), ([CUSTOM_TOOL, bad], "tools[0].type")):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "q"}], "tools": tools}
+        error = capped_gateway.post("/tokenize", json=body).json()["error"]
+        assert error["param"] == param, error
