@@ -4,9 +4,21 @@ them, for the tests of what one grammar's lexer holds (schema_counts, schema_spl
 from __future__ import annotations
 
 import json
+import os
+import re
+import tempfile
+
+import llguidance
 
 from dayzero.chat.dsml import render_calls, to_json
-from dayzero.chat.grammar import _byte_grammars, dsml_symbol, json_grammar, tool_calls_grammar
+from dayzero.chat.grammar import (
+    _byte_grammars,
+    _byte_tokenizer,
+    dsml_symbol,
+    json_grammar,
+    parser_limits,
+    tool_calls_grammar,
+)
 from dayzero.chat.schema_size import SchemaLimits
 from dayzero.chat.tokens import DSML
 
@@ -54,3 +66,18 @@ def longest_reply_fails(schema: dict) -> bool:
             return False
         matcher.consume_token(ord("a") if ord("a") in allowed else allowed[0])
     raise AssertionError("no end within 20,000 bytes")
+
+
+def llguidance_classes(lark: str) -> int:
+    """The byte classes llguidance's lexer tells apart in ``lark`` (its "alphabet size", which its
+    verbose log, written to the process's standard error, reports as it compiles)."""
+    with tempfile.TemporaryFile() as log:
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            llguidance.LLMatcher(_byte_tokenizer(), lark, log_level=2, limits=parser_limits())
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        log.seek(0)
+        return int(re.search(rb"alphabet size: (\d+)", log.read())[1])

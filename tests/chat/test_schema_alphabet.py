@@ -1,6 +1,6 @@
-"""The bounds on a count after a repeat without bound (``schema_splits``) against the bytes a grammar's
-names, enum and const strings and patterns spell (its lexer's alphabet), checked against llguidance
-itself: measured beside 25, each taken from by every byte more told apart."""
+"""The bounds on a count after a repeat without bound (``schema_splits``) against the byte classes a
+grammar's lexemes tell apart (its lexer's alphabet, ``schema_alphabet``), checked against llguidance
+itself: its own count of them, and the replies it writes whole."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import re
 
 import pytest
 
-from dayzero.chat.schema_size import _spelled, size_problem
+from dayzero.chat.grammar import json_grammar
+from dayzero.chat.schema_size import size_problem
 from dayzero.chat.schema_splits import MOST_AFTER_UNBOUNDED_WIDE, most_after_unbounded
 
-from .lexer_replies import DEFAULTS, call_fails_mid_reply, fails_mid_reply
+from .lexer_replies import DEFAULTS, call_fails_mid_reply, fails_mid_reply, llguidance_classes
 
 _ASCII = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '"\\<')  # (no "<": a call's parameter)
 _NAMES = ["id", "user_name", "firstName", "lastName", "emailAddress", "phone_number", "createdAt", "zipCode"]
@@ -31,21 +32,28 @@ def _beside(count: int, others: dict, closed: bool) -> dict:
     return schema | ({"additionalProperties": False} if closed else {})
 
 
-def _bytes(schema: dict, others: dict) -> int:
-    return len(set().union(*map(_spelled, [schema, schema["properties"]["s0"], *others.values()])))
+_REFUSED = "can be enforced in a grammar whose names, values and patterns tell"
 
 
-def _refused_and_the_bound_written_whole(count: int, others: dict, closed: bool) -> None:
+def _bound(schema: dict) -> int:
+    """The most ``schema``'s refusal lets its run count."""
+    return int(
+        re.search(r"at most ([\d,]+) can be enforced", size_problem([schema], DEFAULTS) or "")[1].replace(",", "")
+    )
+
+
+def _refused_and_the_bound_written_whole(count: int, others: dict, closed: bool, counted: bool = True) -> int:
     """``.*.{count}`` beside ``others`` fails a reply past it (llguidance) and is refused; the bound
-    there is admitted and written whole."""
+    there is admitted and written whole, and (``counted``) is the bound by llguidance's own count of
+    the grammar's byte classes. The bound."""
     schema = _beside(count, others, closed)
     assert fails_mid_reply(schema, {"s0": "a" * (count + 300)})
-    assert "can be enforced in a grammar whose names, enum values and patterns spell" in (
-        size_problem([schema], DEFAULTS) or ""
-    )
-    most = most_after_unbounded(_bytes(schema, others), opened=not closed)
+    assert _REFUSED in (size_problem([schema], DEFAULTS) or "")
+    most = _bound(schema)
+    assert not counted or most == most_after_unbounded(llguidance_classes(json_grammar(schema)))
     assert size_problem([_beside(most, others, closed)], DEFAULTS) is None
     assert not fails_mid_reply(_beside(most, others, closed), {"s0": "a" * (most + 300)})
+    return most
 
 
 _COMMON = {name: {"type": "string"} for name in _NAMES}
@@ -61,15 +69,7 @@ def test_a_count_within_the_bounds_beside_many_bytes_is_refused(others, count, c
     """Each count was within its bound (850 open, 1,100 closed), measured beside 25 bytes; beside common
     property names (52 bytes), or an enum of printable ASCII (91), it was admitted and every reply
     failed; what the grammar writes whole there (measured: ``whole``) is admitted."""
-    schema = _beside(count, others, closed)
-    assert fails_mid_reply(schema, {"s0": "a" * (count + 300)})
-    assert "can be enforced in a grammar whose names, enum values and patterns spell" in (
-        size_problem([schema], DEFAULTS) or ""
-    )
-    most = most_after_unbounded(_bytes(schema, others), opened=not closed)
-    assert most <= whole
-    assert size_problem([_beside(most, others, closed)], DEFAULTS) is None
-    assert not fails_mid_reply(_beside(most, others, closed), {"s0": "a" * (most + 300)})
+    assert _refused_and_the_bound_written_whole(count, others, closed) <= whole
 
 
 def _call(count: int) -> tuple[list[dict], dict]:
@@ -83,7 +83,7 @@ def test_a_forced_calls_count_beside_many_bytes_is_refused():
     tools, parameters = _call(450)
     assert call_fails_mid_reply(tools, "f", {"o": {"s0": "a" * 750}})
     problem = size_problem([parameters], DEFAULTS, calls=True) or ""
-    assert "can be enforced in a grammar whose names, enum values and patterns spell" in problem, problem
+    assert _REFUSED in problem, problem
     most = int(re.search(r"at most (\d+) can be enforced", problem)[1])
     tools, parameters = _call(most)
     assert size_problem([parameters], DEFAULTS, calls=True) is None
@@ -103,19 +103,13 @@ def test_the_wide_bound_is_written_whole_beside_every_byte(closed):
 @pytest.mark.parametrize("closed", [True, False])
 def test_a_format_counts_as_printable_ascii(closed):
     """A format's regular expression tells many bytes apart: beside date-time and uri, ``.*.{1100}``
-    in a closed object (its bound) failed every reply; counted as every byte it bounded the run at
-    200 beside any format, where llguidance writes 700 whole (open) and 900 (closed): counted as
-    printable ASCII, its bound is admitted and written whole."""
+    in a closed object, ``.*.{850}`` in an open one (their bounds) failed every reply; counted as
+    every byte it bounded the run at 200 beside any format, where llguidance writes 700 whole (open)
+    and 900 (closed): its bytes counted each a class of its own (printable ASCII: more than its
+    regular expressions tell apart, so not llguidance's count), the bound is admitted and written whole."""
     formats = {"d": {"type": "string", "format": "date-time"}, "u": {"type": "string", "format": "uri"}}
-    past = _beside(1100, formats, closed)
-    assert fails_mid_reply(past, {"s0": "a" * 1400})
-    assert size_problem([past], DEFAULTS) is not None
-    spelled = set().union(*map(_spelled, [past, past["properties"]["s0"], *formats.values()]), range(0x20, 0x7F))
-    most = most_after_unbounded(len(spelled), not closed)
+    most = _refused_and_the_bound_written_whole(1100 if closed else 850, formats, closed, counted=False)
     assert most > MOST_AFTER_UNBOUNDED_WIDE + 150  # (not the floor: the formats' bytes counted, not all 256)
-    schema = _beside(most, formats, closed)
-    assert size_problem([schema], DEFAULTS) is None
-    assert not fails_mid_reply(schema, {"s0": "a" * (most + 300)})
 
 
 _CODED = "^[" + "".join(f"\\u{c:04x}" for c in range(0x100, 0x800, 3)) + "]+$"  # (27 bytes as written)
@@ -128,9 +122,10 @@ _CODED = "^[" + "".join(f"\\u{c:04x}" for c in range(0x100, 0x800, 3)) + "]+$"  
 def test_a_count_beside_escapes_telling_many_bytes_apart_is_refused(pattern, count, closed):
     """A Unicode class, or characters coded by escapes, spell few bytes as written (13, 18, 27) but
     tell many apart: ``count`` was admitted (1,100 closed, 850 open; 1,052 and 824) and every reply
-    failed; refused now, and the bound admitted there written whole."""
+    failed; refused now, and the bound admitted there written whole (a Unicode class is not followed:
+    counted as every byte, the least bound)."""
     others = {"n": {"type": "string", "pattern": pattern}}
-    _refused_and_the_bound_written_whole(count, others, closed)
+    _refused_and_the_bound_written_whole(count, others, closed, counted=pattern == _CODED)
 
 
 _CJK = "".join(chr(c) for c in range(0x4E00, 0x4E00 + 10 * 37, 37))  # (10 characters, 3 bytes each)

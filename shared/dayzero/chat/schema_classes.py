@@ -29,8 +29,6 @@ POSIX = {
 }
 _POSIX = re.compile(r"\[:(\^?)([a-z]*):\]")
 CASELESS = re.compile(r"\(\?[a-zA-Z]*i")  # an i flag: (?i), (?ix:...)
-# what a caseless match reads beside a letter's upper and lower case (Unicode's folding: (?i)k the Kelvin sign)
-_FOLDED = {"k": "\u212a", "s": "\u017f", "\u00e5": "\u212b", "\u03c9": "\u2126"}
 # characters an atom is tried on: ASCII, and some outside it (a Kelvin sign, an emoji, ...)
 _TRIED = [chr(c) for c in range(128)] + ["\u00e9", "\u212a", "\u017f", "\u4e2d", "\u0660", "\U0001f600"]
 _ALL = frozenset(_TRIED)
@@ -82,11 +80,3 @@ def characters(atom: str | None, caseless: bool) -> frozenset[str]:
     except (re.error, OverflowError, RecursionError):
         return _ALL
     return frozenset(c for c in _TRIED if reading.fullmatch(c)) or _ALL
-
-
-def other_cases(text: str) -> str:
-    """The characters outside ASCII a caseless match of ``text`` reads beside its own: each one's
-    other cases (``(?i)я`` reads Я, ``(?i)k`` the Kelvin sign; "ß"'s upper case "SS" is no one
-    character). An ASCII letter's other case is its own byte class's (a and A read alike), none more."""
-    cases = (case for char in set(text) for case in (char.lower(), char.upper(), _FOLDED.get(char.lower(), "")))
-    return "".join(case for case in cases if len(case) == 1 and not case.isascii())

@@ -9,7 +9,7 @@ llguidance's 50,000 states (``parser_limits``) ~5,560 bytes in: a 400 after a 20
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .schema_classes import CASELESS, class_end, posix_spelled
 from .schema_splits import (
@@ -150,12 +150,15 @@ class CountedChars:
         where += "" if calls else f" ({closed:,} where every object is closed)"
         return f"{_AFTER_UNBOUNDED}: {_told(repeats)} in a run, at most {most:,} can be enforced {where}"
 
-    def wide_problem(self, spelled: int, opened: bool) -> str | None:
-        """A count after a repeat without bound past what a grammar whose names, enum and const
-        strings and patterns spell ``spelled`` distinct bytes writes (``most_after_unbounded``), or None."""
-        if (repeats := self._after_unbounded) <= (most := most_after_unbounded(spelled, opened)):
+    def wide_problem(self, count_classes: Callable[[], int]) -> str | None:
+        """A count after a repeat without bound past what a grammar whose lexemes tell apart the byte
+        classes ``count_classes`` counts (``schema_alphabet``; counted only where a run is past the least
+        bound) writes (``most_after_unbounded``), or None."""
+        if not (repeats := self._after_unbounded):
             return None
-        where = f"in a grammar whose names, enum values and patterns spell {spelled} distinct bytes"
+        if repeats <= (most := most_after_unbounded(classes := count_classes())):
+            return None
+        where = f"in a grammar whose names, values and patterns tell {classes} byte classes apart"
         return f"{_AFTER_UNBOUNDED}: {_told(repeats)} in a run, at most {most:,} can be enforced {where}"
 
 

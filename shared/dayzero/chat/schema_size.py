@@ -9,12 +9,11 @@ with sibling keywords make), not as written. The gateway refuses a schema past t
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .dsml import render_calls, to_json
-from .schema_classes import CASELESS, other_cases
+from .dsml import to_json
+from .schema_alphabet import Alphabet
 from .schema_counts import CountedChars, regexes
 from .schema_keywords import LISTS, own_resource, schema_values, values_within, within_keywords
 from .schema_merge import MOST_NESTED, Circular, Merged, TooBig, TooDeep, resolve
@@ -31,14 +30,7 @@ MOST_TOOLS = 1024  # tools a request may ever offer (the ceiling of DAYZERO_MAX_
 # name of 50,000 characters: the lexer's state limit; a const of ~103,000, a pattern of 7,000-9,000
 # literal characters: "too many expressions"), a 400 after a 200 stream began
 MOST_LITERAL_BYTES = 4_000
-_REGEX, _QUANTIFIER = "a regular expression", re.compile(r"\{\d+(?:,\d*)?\}")
-# an escape of a Unicode class (\p{L}, \pL, \P{..}: beside ``^\p{L}+$``, 13 bytes spelled, ``.*.{400}`` failed
-# every reply, 300 whole) or coding a character (\x61, \x{10000}, \u0061, \U00000061: its bytes told apart)
-_ESCAPED = re.compile(
-    r"\\(?:([pP])|x\{([0-9A-Fa-f]{1,8})\}|x([0-9A-Fa-f]{2})|u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8})|.)", re.DOTALL
-)
-# the bytes a forced call's DSML tags spell (its grammar's own literals: its lexer's alphabet)
-_CALL_BYTES = frozenset(render_calls([{"function": {"name": "f", "arguments": '{"a": "", "b": 1}'}}]).encode())
+_REGEX = "a regular expression"
 
 
 @dataclass(frozen=True)
@@ -75,7 +67,6 @@ def size_problem(schemas: list, limits: SchemaLimits, calls: bool = False) -> st
     bound by what that grammar writes, less: ``MOST_AFTER_UNBOUNDED_CALLS``)."""
     used, merged, counted = dict.fromkeys(SETTINGS, 0), Merged(limits.nodes), CountedChars()
     opened = calls  # whether the grammar holds an object open to other properties (its lexer holds less)
-    spelled: set[int] = set()  # the bytes its names, enum and const strings and patterns spell
 
     def past(name: str, count: int) -> bool:
         used[name] += count
@@ -92,14 +83,13 @@ def size_problem(schemas: list, limits: SchemaLimits, calls: bool = False) -> st
                 return _message("literal_chars", limits)
             if past("pattern_chars", _pattern_chars(node)):
                 return _message("pattern_chars", limits)
-            spelled.update(_spelled(node), _FORMAT_BYTES if "format" in node else ())
             if problem := counted.problem(node) or _long_string(node):  # (a count names its own problem)
                 return problem
             if problem := names_problem(node):
                 return problem
         if opened and (problem := counted.open_problem(calls)):
             return problem
-        if problem := counted.wide_problem(len(spelled | (_CALL_BYTES if calls else set())), opened):
+        if problem := counted.wide_problem(lambda: byte_classes(schemas, limits, calls)):
             return problem
         for schema in schemas:  # within the limits: so many subschemas at most to look at again
             rows = RowCheck(schema, merged)  # its $refs point into it (a tool's: into its parameters)
@@ -112,6 +102,18 @@ def size_problem(schemas: list, limits: SchemaLimits, calls: bool = False) -> st
     except TooDeep:
         return f"allOf, or $ref / anyOf / oneOf with other keywords, merged within each other over {MOST_NESTED} deep"
     return None
+
+
+def byte_classes(schemas: list, limits: SchemaLimits, calls: bool = False) -> int:
+    """The byte classes the lexemes of the grammar enforcing ``schemas`` tell apart (``schema_alphabet``;
+    ``calls``: forced calls' grammar), its subschemas as llguidance builds them (within ``limits``)."""
+    alphabet = Alphabet(calls)
+    for node in _schema_nodes(schemas, Merged(limits.nodes)):
+        if node is True:  # (any value)
+            alphabet.add_node({}, [], opened=True)
+        elif isinstance(node, dict):
+            alphabet.add_node(node, regexes(node), open_object(node))
+    return alphabet.classes()
 
 
 def more_nodes_than(schemas: list, most: int) -> bool:
@@ -254,26 +256,6 @@ def written_literals(node: dict) -> dict[str, list[str]]:
         "an enum or const string": list(_strings(list(_literals(node)))),
         _REGEX: regexes(node),
     }
-
-
-# a format's regular expression tells printable ASCII apart (all 256 bounded ``.*.{n}`` at 200 beside any
-# format; llguidance wrote 900 whole beside date-time and uuid, or email, 700 beside date-time and uri, open)
-_FORMAT_BYTES = range(0x20, 0x7F)
-
-
-def _spelled(node: dict) -> set[int]:
-    """The UTF-8 bytes of ``node``'s ``written_literals`` (what its lexer's alphabet tells apart; a
-    count's digits none: ``{600}`` is no character of it)."""
-    literals = written_literals(node)
-    texts = [_QUANTIFIER.sub("", t) if kind == _REGEX else t for kind, ts in literals.items() for t in ts]
-    texts += [other_cases(t) for t in literals[_REGEX] if CASELESS.search(t)]  # (its other cases told apart)
-    spelled = {byte for text in texts for byte in text.encode(errors="surrogatepass")}
-    for escape in (e for regex in literals[_REGEX] for e in _ESCAPED.finditer(regex)):
-        if escape[1]:  # (a Unicode class: every byte, as a format)
-            return set(range(256))
-        if code := next(filter(None, escape.groups()[1:]), None):  # (the character it codes)
-            spelled.update(chr(min(int(code, 16), 0x10FFFF)).encode(errors="surrogatepass"))
-    return spelled
 
 
 def _strings(values: list) -> Iterator[str]:

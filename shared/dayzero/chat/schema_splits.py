@@ -55,15 +55,16 @@ MOST_AFTER_UNBOUNDED_CALLS = 600
 # closed object 709 whole, 725 failed, an open one 646, 662; beside printable ASCII (94) 459 and 451
 # whole, beside ASCII and Latin (162) 271 whole, 287 failed; beside 207 bytes (ASCII, UTF-8 of each
 # length) 228 whole in a closed object, an open one and a forced call alike, 237 failed. Swept (llguidance
-# 1.9.1, 62 points at 12-91 bytes: printable ASCII, letters and names, Cyrillic, CJK), the longest run
-# written whole is ~49,400 over the lexer's alphabet (its byte classes, as llguidance's log counts them:
-# 77-111 at 57-90 bytes), within 1%, open or closed; the alphabet is the bytes spelled and up to 27 more
-# (closed; 15-24 past 55 bytes of ASCII), 41 (open; 17-39 of ASCII). So ``scale / (classes + bytes)``,
-# 2% under, bounds a run (``most_after_unbounded``), never under 200. The fit before, through the bounds
-# at 25, admitted what failed from 18 bytes to 75 (punctuation, closed, 18 bytes: 1,100 admitted, 1,083
-# whole; CJK, open, 23 bytes: 850 admitted, 777 whole; Cyrillic, open, 73: 488 admitted, 446 whole)
+# 1.9.1, 40 points at 77-113 byte classes: printable ASCII, letters and names, Cyrillic, CJK; open and
+# closed), the longest run written whole is 49,140-49,856 over the byte classes its lexer tells apart
+# (as its log counts them: ``schema_alphabet`` counts the same), the shortest failed 49,680-50,264 over
+# them; beside 40 ``^xN[a-z]+$`` (44 classes closed, 57 open) 1,127 and 887 whole (49,588, 50,559),
+# beside printable ASCII and UTF-8 of each length (212) 232 whole, open or closed (49,184). So
+# ``48,400 / classes`` bounds a run (``most_after_unbounded``: 1.5% under the least written whole),
+# never under 200. Counted as the bytes spelled, a pattern's syntax (``^ [ - ] + $``) took from it:
+# 756 beside those 40 in an open object, 949 closed
 MOST_AFTER_UNBOUNDED_WIDE = 200
-_RUN_SCALE, _OTHER_CLASSES = 48_400, {False: 28, True: 41}  # (closed, open)
+_RUN_SCALE = 48_400
 _QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")  # {n}, {n,}, {n,m}
 # an escape of one character: \x{10000}, \x61, \u0061, \U00000061, \p{L}, \pL (read a character a
 # backslash, ``(\pL|..){1900}`` was lengths [2, 2], let through: every reply failed 332 bytes in)
@@ -183,11 +184,10 @@ def _read(regex: str) -> tuple[int, int, bool]:
     return ways, int(after) if after > MOST_AFTER_UNBOUNDED_WIDE else 0, unbounded_counted
 
 
-def most_after_unbounded(spelled: int, opened: bool) -> int:
-    """The most characters a run after a repeat without bound may count in a grammar whose names,
-    enum and const strings and patterns spell ``spelled`` distinct bytes (``opened``: holding an
-    object open to other properties, or forced calls)."""
-    return max(MOST_AFTER_UNBOUNDED_WIDE, int(_RUN_SCALE / (_OTHER_CLASSES[opened] + spelled)))
+def most_after_unbounded(classes: int) -> int:
+    """The most characters a run after a repeat without bound may count in a grammar whose lexemes
+    tell ``classes`` byte classes apart (``schema_alphabet``)."""
+    return max(MOST_AFTER_UNBOUNDED_WIDE, _RUN_SCALE // classes)
 
 
 def _ways(lengths: tuple[float, float], repeats: float) -> int:
