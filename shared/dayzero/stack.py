@@ -250,7 +250,7 @@ class Stack:
         starting = any(c.ready_at is None and c.service in SERVICES[1:] for c in self.children)
         if self.redis_url is None or not (starting or self.frozen_s):
             return None
-        self._stamps = self._stamps or StampReader(connect(self.redis_url))
+        self._stamps = self._stamps or StampReader(connect(self.redis_url), same_clock=self.redis_port is not None)
         read = self._stamps.read(write_check=bool(self.frozen_s))
         if read.late:  # (till its write's answer too: a write held, CLIENT PAUSE WRITE, held the stamps)
             self._unread_at = time.monotonic()

@@ -82,10 +82,13 @@ class StampReader:
     trip (``offset_s``), the read's and the write's added. up's own thread held after Redis answered (a
     starved host: reads of 1.0-3.9 s, each taken for a frozen Redis, deferred the frozen check for good)
     is not Redis's; held between taking the send's time and sending, it is counted as Redis's (a frozen
-    worker found a pass later)."""
+    worker found a pass later). ``same_clock`` (up's own Redis, a child on this host): Redis's TIME is this
+    host's time.time(), no offset to date; a remote one's is dated by a round trip of ``DATES_CLOCKS_S`` at
+    most (a host starved of every such one judges whole round trips)."""
 
     client: redis.Redis
-    offset_s: float | None = None  # Redis's clock less this host's (None: no quick round trip yet; ~0 on one host)
+    same_clock: bool = False
+    offset_s: float | None = None  # Redis's clock less this host's (None: no quick round trip yet; unused: same_clock)
     _dated_by: tuple[float, float] = (math.inf, 0.0)  # the round trip that dated them: (its length, when)
     _write_check: Script = field(init=False)
 
@@ -116,6 +119,8 @@ class StampReader:
         trip) says a clock stepped (NTP, on either host of a remote Redis): the offset is dropped and the
         whole round trip counts (stepped ahead, a read answered late counted 0 s and the stamps aged by a
         frozen Redis found every worker frozen; stepped back, every read counted late till a re-dating)."""
+        if self.same_clock:  # (up's starved thread dated nothing: every read counted late, no worker found frozen)
+            return min(took_s, max(0.0, ran - sent))
         slack_s = self._dated_by[0] / 2 + CLOCK_RESOLUTION_S  # (the offset's error)
         if self.offset_s is not None and not -slack_s <= ran - sent - self.offset_s <= took_s + slack_s:
             self.offset_s, self._dated_by = None, (math.inf, 0.0)

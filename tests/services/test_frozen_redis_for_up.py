@@ -18,6 +18,7 @@ import time
 import types
 
 import pytest
+from redis.commands.core import Script
 
 import dayzero.stack_stamps
 from dayzero.procs import free_port, start_redis
@@ -81,6 +82,18 @@ def _clock_stepped(monkeypatch, by_s: float) -> None:
     the true clock.)"""
     stepped = types.SimpleNamespace(time=lambda: time.time() + by_s, monotonic=time.monotonic, sleep=time.sleep)
     monkeypatch.setattr(dayzero.stack_stamps, "time", stepped)
+
+
+def _held_after_answer(call):
+    """``call``, up's thread held 1.5 s after Redis answered it (a starved host): over STAMP_EVERY_S,
+    within up's read timeout."""
+
+    def held(*args, **options):
+        answer = call(*args, **options)
+        time.sleep(1.5)
+        return answer
+
+    return held
 
 
 def _stop(*procs: subprocess.Popen) -> None:
@@ -175,17 +188,10 @@ def test_up_s_own_thread_held_after_redis_answered_is_not_taken_for_a_frozen_red
     and a frozen worker was never found. Here every read is held 1.5 s after Redis's answer
     (``seen_stages`` wrapped), Redis healthy: no read counts late, and the quiet worker is found frozen."""
     server, worker, child, stack, stamp = _frozen_redis_and_a_quiet_worker(tmp_path)
-    seen_stages = dayzero.stack_stamps.seen_stages
-
-    def held(client, stages, **options):
-        found = seen_stages(client, stages, **options)
-        time.sleep(1.5)  # (over STAMP_EVERY_S, within up's read timeout)
-        return found
-
     try:
         stamp()
         _clocks_dated(stack)
-        monkeypatch.setattr(dayzero.stack_stamps, "seen_stages", held)
+        monkeypatch.setattr(dayzero.stack_stamps, "seen_stages", _held_after_answer(dayzero.stack_stamps.seen_stages))
         held_from = time.monotonic()
         _found_frozen(stack, child)
         assert stack._unread_at < held_from, "a read held by up's own thread counted as one Redis answered late"
@@ -206,6 +212,23 @@ def test_a_clock_stepped_back_after_dating_does_not_defer_the_frozen_check(tmp_p
         # (no later round trip quicker than the one that dated them, as on a loaded host: none re-dates them)
         stack._stamps._dated_by = (0.0, time.monotonic())
         _clock_stepped(monkeypatch, -5.0)
+        _found_frozen(stack, child)
+    finally:
+        _stop(worker, server)
+
+
+def test_up_starved_from_its_first_read_on_its_own_redis_still_finds_a_frozen_worker(tmp_path, monkeypatch):
+    """up's own Redis (``redis_port``: a child of up, on this host's clock) and up starved from the start:
+    its read and its write check each held 1.5 s after Redis answered (CI's reads took 1.0-3.9 s), so no
+    round trip is quick enough (``DATES_CLOCKS_S``) to date Redis's clock against this host's. Each read
+    counted whole, late, moved ``_unread_at``: the quiet worker was never found frozen. Redis on this host
+    has no offset to date: each round trip is judged by its TIME from the first."""
+    server, worker, child, stack, stamp = _frozen_redis_and_a_quiet_worker(tmp_path)
+    stack.redis_port = connect(stack.redis_url).connection_pool.connection_kwargs["port"]  # (up's own Redis)
+    try:
+        stamp()
+        monkeypatch.setattr(dayzero.stack_stamps, "seen_stages", _held_after_answer(dayzero.stack_stamps.seen_stages))
+        monkeypatch.setattr(Script, "__call__", _held_after_answer(Script.__call__))  # (the write check)
         _found_frozen(stack, child)
     finally:
         _stop(worker, server)
