@@ -55,11 +55,16 @@ class StampRead(NamedTuple):
 def stale(read: StampRead, children: list[Child], bound_s: float, unread_at: float) -> list[Child]:
     """The running workers of ``children`` whose last stamp by ``read`` is older than ``bound_s``, none
     older than ``unread_at`` (when Redis last could not be read or written: no worker could stamp). One
-    not stamped yet (starting), or last by a process of its pid before its spawn (a pid used again), is not."""
+    not stamped yet (starting), or last by a process of its pid before its spawn (a pid used again), is not.
+    A ready one's stamp that Redis lost (restarted: it holds none) is the last one read (``Child.stamped``):
+    a running worker stamps again at once, a hung one was taken for one starting, never found frozen."""
     found = []
     for child in children:
         if child.service in read.stages and child.proc is not None and child.proc.poll() is None:
             stamped = read.stamped(child)  # (None: not stamped yet)
+            if stamped is None and child.ready_at is not None:
+                stamped = child.stamped
+            child.stamped = stamped
             aged_s = -1.0 if stamped is None or stamped < child.started else read.at - max(stamped, unread_at)
             if aged_s > bound_s:
                 found.append(child)

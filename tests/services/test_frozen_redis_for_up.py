@@ -232,3 +232,21 @@ def test_up_starved_from_its_first_read_on_its_own_redis_still_finds_a_frozen_wo
         _found_frozen(stack, child)
     finally:
         _stop(worker, server)
+
+
+def test_a_worker_hung_as_its_redis_restarts_is_still_found_frozen(tmp_path):
+    """A restarted Redis (up restarts its own; an operator a remote one) holds no stamp: a running worker
+    stamps again at once (Pulse), a hung one never does. Its missing stamp was taken for one not stamped
+    yet (a starting worker's): never found frozen. A ready worker's lost stamp ages from the last one up read."""
+    server, worker, child, stack, stamp = _frozen_redis_and_a_quiet_worker(tmp_path)
+    port = connect(stack.redis_url).connection_pool.connection_kwargs["port"]
+    try:
+        stamp()
+        child.ready_at = time.monotonic()  # (up saw it ready)
+        assert stack.frozen() == []
+        server.kill()
+        server.wait()
+        server = start_redis(port, tmp_path / "restarted.log")  # (empty: no stamp)
+        _found_frozen(stack, child)
+    finally:
+        _stop(worker, server)
