@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
@@ -41,6 +43,9 @@ FORM = f"{SENTINEL_SCHEME}://[[user]:password@]host[:port][,host2[:port]...]/mas
 QUERY_KEYS = ("sentinel_password", "sentinel_username")
 BROKER_QUERY_PREFIX = "ssl_"  # the query keys of a plain URL that kombu takes too (its ssl options)
 _SENTINEL_ASKED_S = 2.0  # how long a question to one sentinel may take (the next is asked then)
+# called as an asyncio sentinel connection's connect to the master begins, its timer set then: after the
+# sentinels were asked (up to _SENTINEL_ASKED_S each), not as its try began (services/gateway/held_loop.py)
+CONNECT_BEGINS: ContextVar[tuple[Callable[[], None], ...]] = ContextVar("connect_begins", default=())
 
 
 def _keys_taken() -> frozenset[str]:
@@ -221,6 +226,11 @@ class _RefusalSaidAsyncSentinelConnection(AsyncSentinelConnection):
             if _refusal_among(exc) and (refused := await asyncio.to_thread(_refused_by_sentinels, _sentinels_of(self))):
                 raise SentinelRefused(refused) from exc
             raise
+
+    async def connect_to(self, address: tuple[str, int]) -> None:
+        for begins in CONNECT_BEGINS.get():
+            begins()
+        await super().connect_to(address)
 
 
 def sync_client(url: str, **kwargs: Any) -> redis.Redis:

@@ -9,6 +9,7 @@ client connects once more then (``bus.command_client``); a connect timed out on 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
@@ -19,6 +20,8 @@ from services.gateway.bus import command_client
 from services.gateway.held_loop import CONNECT_S, CONNECT_TIMED_OUT, HeldLoopRetry
 from services.gateway.restarts import run_id
 from services.gateway.streams import StreamHub
+
+from .sentinel_group import MASTER_NAME, sentinel_group
 
 HELD_S = 2.25  # the loop held past the connect's bound (2 s), less than its bound and the old lateness (0.5 s)
 
@@ -81,3 +84,28 @@ def test_a_connect_made_again_that_times_out_on_time_is_not_made_a_third_time():
     with pytest.raises(redis.TimeoutError):
         asyncio.run(command())
     assert connects == 2
+
+
+def test_a_sentinel_connection_s_connect_timed_out_by_a_held_event_loop_is_made_again(tmp_path):
+    """A sentinel connection's try asks the sentinels before it connects to the master: the first one
+    unreachable (here: its connect accepted, never answered), the master's connect began 2 s into the
+    try, and its timer, run by the loop held at it, was judged by the try's bound, which had run on
+    time: "Timeout connecting to server" (a 503) while the master answered in a millisecond."""
+    with sentinel_group(tmp_path) as group, socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        sentinels = f"127.0.0.1:{silent.getsockname()[1]},127.0.0.1:{group.sentinel_port}"
+
+        async def ping_with_the_loop_held() -> bool:
+            client = command_client(Settings(redis_url=f"redis+sentinel://{sentinels}/{MASTER_NAME}/0"))
+            try:
+                ping = asyncio.create_task(client.ping())
+                connections = client.connection_pool._get_in_use_connections
+                while not ping.done() and all(c.port != group.master_port for c in connections()):
+                    await asyncio.sleep(0)  # the sentinels asked (the silent one 2 s), the master's connect made
+                time.sleep(HELD_S)  # the loop held: the master's answer and the connect's timer both due
+                return await ping
+            finally:
+                await client.aclose()
+
+        assert asyncio.run(ping_with_the_loop_held()) is True
