@@ -96,6 +96,9 @@ def test_released_configs_by_name_say_how_many_h200s_they_need():
     pro = inspect("deepseek-v4-pro", batch=1, context=65536)
     assert abs(pro.total_params / 1.6e12 - 1) < 0.03  # published 1.6T; unknown Pro fields are Flash's
     assert pro.plan["h200s_needed"] >= 8  # peers serve Pro on 8 H200
+    # the count named is one --devices takes (it divides the experts: 15 of Pro's 384 was refused), and fits
+    needed = inspect("deepseek-v4-pro", batch=1, context=65536, devices=pro.plan["h200s_needed"])
+    assert needed.plan["fits_one_h200"] is True
     out = subprocess.run(
         [sys.executable, "-m", "dayzero.cli", "inspect", "deepseek-v4-pro", "--context", "1048576"],
         capture_output=True,

@@ -126,7 +126,8 @@ def inspect(
     mtp = mtp_plan(cfg, serving)
     weights = WeightBytes.of(cfg, serving)
     memory = memory_plan(cfg, weights, serving, devices, expert_cache_gib)
-    fits = (n for n in range(1, 257) if device_bytes(cfg, weights, serving, n, expert_cache_gib) <= H200_BYTES)
+    counts = (n for n in range(1, 257) if cfg.n_routed_experts % n == 0)  # those --devices takes
+    fits = (n for n in counts if device_bytes(cfg, weights, serving, n, expert_cache_gib) <= H200_BYTES)
     fp8 = "float8_e4m3fn" in dtypes or not dtypes  # (a bare config: the release's FP8 dense weights)
     plan = {
         "batch": batch,
