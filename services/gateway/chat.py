@@ -151,7 +151,8 @@ def grammar(gw: Gateway, body: Sampling, thinking: bool = False) -> Grammar | No
     auto_strict = bool(calls) and choice in (None, "auto")  # (a strict tool's calls, enforced under auto)
     if calls:
         named = choice.function.name if isinstance(choice, NamedToolChoice) else None
-        _check_size(gw, _enforced_schemas(body), "tools")
+        names = tuple(t["function"]["name"] for t in (body.tools or [] if auto_strict else calls))  # (spelled)
+        _check_size(gw, _enforced_schemas(body), "tools", names)
         _check_tools(body)
         try:
             dsml, parallel = dsml_symbol(gw.codec.token_id(DSML), DSML), body.parallel_tool_calls is not False
@@ -226,10 +227,11 @@ def _enforced_schemas(body: ChatPrompt) -> list[dict]:
     return schemas
 
 
-def _check_size(gw: Gateway, schemas: list, param: str) -> None:
+def _check_size(gw: Gateway, schemas: list, param: str, calls: tuple[str, ...] = ()) -> None:
     """The schemas one grammar would enforce, measured before anything compiles them: past a limit,
-    400 in milliseconds (llguidance's compile of 8,000 properties took seconds of CPU, then refused)."""
-    if problem := size_problem(schemas, gw.settings.schema_limits(), calls=param == "tools"):
+    400 in milliseconds (llguidance's compile of 8,000 properties took seconds of CPU, then refused).
+    ``calls``: the names of the tools whose calls the grammar writes (under "auto", every tool's)."""
+    if problem := size_problem(schemas, gw.settings.schema_limits(), calls):
         raise APIError(400, f"cannot enforce this schema: too big: {problem}", param=param, code=UNENFORCEABLE)
 
 

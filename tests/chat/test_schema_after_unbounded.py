@@ -111,7 +111,7 @@ def test_a_forced_calls_count_after_an_unbounded_repeat_is_bounded_by_its_gramma
     parameters = {"type": "object", "properties": {"o": strings({"pattern": f"^.*.{{{count}}}$"})}, "required": ["o"]}
     tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
     assert call_fails_mid_reply(tools, "f", {"o": {"s0": "a" * (count + 300)}}) is not written_whole
-    problem = size_problem([parameters], DEFAULTS, calls=True)
+    problem = size_problem([parameters], DEFAULTS, calls=("f",))
     assert (problem is None) is written_whole, problem
     assert written_whole or f"at most {MOST_AFTER_UNBOUNDED_CALLS} can be enforced in forced tool calls" in problem
 

@@ -5,12 +5,14 @@ itself: its own count of them, and the replies it writes whole."""
 from __future__ import annotations
 
 import re
+import string
 
 import pytest
 
-from dayzero.chat.grammar import json_grammar
-from dayzero.chat.schema_size import size_problem
+from dayzero.chat.grammar import dsml_symbol, json_grammar, tool_calls_grammar
+from dayzero.chat.schema_size import byte_classes, size_problem
 from dayzero.chat.schema_splits import MOST_AFTER_UNBOUNDED_WIDE, most_after_unbounded
+from dayzero.chat.tokens import DSML
 
 from .lexer_replies import DEFAULTS, call_fails_mid_reply, fails_mid_reply, llguidance_classes
 
@@ -82,12 +84,38 @@ def test_a_forced_calls_count_beside_many_bytes_is_refused():
     and every call writing on past it failed; the bound there is admitted and written whole."""
     tools, parameters = _call(450)
     assert call_fails_mid_reply(tools, "f", {"o": {"s0": "a" * 750}})
-    problem = size_problem([parameters], DEFAULTS, calls=True) or ""
+    problem = size_problem([parameters], DEFAULTS, calls=("f",)) or ""
     assert _REFUSED in problem, problem
     most = int(re.search(r"at most (\d+) can be enforced", problem)[1])
     tools, parameters = _call(most)
-    assert size_problem([parameters], DEFAULTS, calls=True) is None
+    assert size_problem([parameters], DEFAULTS, calls=("f",)) is None
     assert not call_fails_mid_reply(tools, "f", {"o": {"s0": "a" * (most + 300)}})
+
+
+# a tool's name of bytes no DSML tag spells (its calls' tag spells it: ``invoke name="..."``)
+_LONG_NAME = string.ascii_uppercase + string.digits + "-hjqwxyzbd"
+
+
+def test_a_forced_calls_tool_name_is_counted():
+    """A forced call's tag spells its tool's name, each byte a class of its own: beside a name of 46
+    bytes no tag spells, ``.*.{600}`` (forced calls' bound) was admitted (69 classes counted, 93 by
+    llguidance) and every call writing on past 560 failed; refused now, and the bound there admitted
+    and written whole."""
+
+    def call(count: int) -> tuple[list[dict], dict]:
+        parameters = {"type": "object", "properties": {"o": _beside(count, {}, closed=True)}, "required": ["o"]}
+        return [{"type": "function", "function": {"name": _LONG_NAME, "parameters": parameters}}], parameters
+
+    tools, parameters = call(600)
+    assert call_fails_mid_reply(tools, _LONG_NAME, {"o": {"s0": "a" * 900}})
+    lark = tool_calls_grammar(tools, dsml_symbol(None, DSML), one=_LONG_NAME)
+    assert byte_classes([parameters], DEFAULTS, calls=(_LONG_NAME,)) >= llguidance_classes(lark)
+    problem = size_problem([parameters], DEFAULTS, calls=(_LONG_NAME,)) or ""
+    assert _REFUSED in problem, problem
+    most = int(re.search(r"at most (\d+) can be enforced", problem)[1])
+    tools, parameters = call(most)
+    assert size_problem([parameters], DEFAULTS, calls=(_LONG_NAME,)) is None
+    assert not call_fails_mid_reply(tools, _LONG_NAME, {"o": {"s0": "a" * (most + 300)}})
 
 
 @pytest.mark.parametrize("closed", [True, False])

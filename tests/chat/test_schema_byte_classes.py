@@ -22,12 +22,16 @@ _PATTERNS = {
     "utf8_ranges": ["^[😀-🙏€-₿]+$", "^[а-я]+$"],
     "coded": ["^[" + "".join(f"\\u{c:04x}" for c in range(0x100, 0x800, 3)) + "]+$"],  # (one lead byte, many last)
     "wide": _WIDE,
+    "coded_braces": [r"^(?:\u{4E2D}|\u{6587}|\U{1F600}|\u{44F})+$"],  # (\u{..}, \U{..}: Rust's, any digits)
+    "unanchored": ["[a-f]+q", "^x[0-9]"],  # (within any characters: .*[a-f]+q.*, their escapes too)
 }
 _OTHERS = {
     **{name: {f"p{i}": {"type": "string", "pattern": p} for i, p in enumerate(ps)} for name, ps in _PATTERNS.items()},
     "names": {name: {"type": "string"} for name in _NAMES},
     "cyrillic_enum": {"k": {"enum": ["".join(map(chr, range(0x410, 0x450)))]}},
     "cjk_names": {chr(c) + chr(c + 1): {"type": "integer"} for c in range(0x4E00, 0x4E00 + 30 * 37, 37)},
+    "bounded_pattern": {"p": {"type": "string", "pattern": "^[a-z]+$", "minLength": 3}},  # (and .{3,})
+    "tab_value": {"k": {"enum": ["x\ty"]}},  # (\t, and \u0009 read too)
     "values": {
         "n": {"type": "number"},
         "b": {"type": "boolean"},

@@ -5,6 +5,8 @@ max_tokens past the context, never queued."""
 
 from __future__ import annotations
 
+import string
+
 import pytest
 
 from dayzero.chat.schema_splits import MOST_AFTER_UNBOUNDED
@@ -12,6 +14,7 @@ from dayzero.chat.schema_splits import MOST_AFTER_UNBOUNDED
 from .conftest import CAPPED_CONTEXT, MODEL
 
 NEAR_LEAST_I64 = -(2**63) + 1  # a bound llguidance crashed on (schema_bounds)
+LONG_NAME = string.ascii_uppercase + string.digits + "-hjqwxyzbd"  # (a tool's name: bytes no DSML tag spells)
 
 
 def _post(gateway, schema: dict):
@@ -77,3 +80,22 @@ def test_long_pattern_names_past_the_pairs_bound_are_refused(capped_gateway):
     names = {f"^{'a' * 140}{i:02d}$": {"type": "integer"} for i in range(64)}
     message = _refused(_post(capped_gateway, {"type": "object", "patternProperties": names}))
     assert "580,608 bytes read" in message and "at most 100,000 can be enforced" in message, message
+
+
+def _forced_call(gateway, name: str, count: int):
+    run = {"type": "string", "pattern": f"^.*.{{{count}}}$"}
+    closed = {"type": "object", "properties": {"s0": run}, "required": ["s0"], "additionalProperties": False}
+    parameters = {"type": "object", "properties": {"o": closed}, "required": ["o"]}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": CAPPED_CONTEXT}
+    tools = [{"type": "function", "function": {"name": name, "parameters": parameters}}]
+    return gateway.post("/v1/chat/completions", json={**chat, "tools": tools, "tool_choice": "required"})
+
+
+def test_a_forced_calls_tool_name_counts_toward_its_bound(capped_gateway):
+    """A forced call's tag spells its tool's name: ``.*.{600}`` (forced calls' bound) beside a name of
+    46 bytes no tag spells was let through, and every call writing on past 560 failed; refused now,
+    where beside the name "f" it is let through."""
+    refused = _forced_call(capped_gateway, LONG_NAME, 600)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools", refused.text
+    assert "byte classes apart" in refused.json()["error"]["message"]
+    assert _let_through(_forced_call(capped_gateway, "f", 600))

@@ -13,6 +13,7 @@ counted its own class), none under. A pattern this reader does not follow (a Uni
 from __future__ import annotations
 
 import functools
+import re
 import string
 
 from .dsml import render_calls, to_json
@@ -22,19 +23,25 @@ _SURROGATES = (0xD800, 0xDFFF)
 # the bytes a forced call's DSML tags spell
 _CALL_BYTES = frozenset(render_calls([{"function": {"name": "f", "arguments": '{"a": "", "b": 1}'}}]).encode())
 _SHORT_ESCAPES = {0x22: '"', 0x5C: "\\", 0x08: "b", 0x0C: "f", 0x0A: "n", 0x0D: "r", 0x09: "t"}
+_SHORT_CODES = {escape: code for code, escape in _SHORT_ESCAPES.items()}
+# a control character a literal's JSON text escapes (``\\t``, ``\\u001f``; DEL as it is), which llguidance
+# also reads coded, in either case (``\\u0009``, ``\\u001F``)
+_CONTROL = re.compile(r"(?<!\\)(?:\\\\)*\\(?:([bfnrt])|u(00[01][0-9a-f]))|\x7f")
+_ANCHORED = re.compile(r"(?:\(\?[A-Za-z-]*\))*\^.*(?<!\\)(?:\\\\)*\$", re.DOTALL)  # ((?i)^...$, not ...\$)
 _KINDS = ["object", "array", "string", "number", "integer", "boolean", "null"]  # (no type: any)
 
 
 class Alphabet:
     """The byte classes of one grammar's lexemes, added lexeme by lexeme."""
 
-    def __init__(self, calls: bool = False) -> None:
-        """``calls``: forced calls' grammar (its DSML tags, a string parameter's raw text but "<")."""
+    def __init__(self, calls: tuple[str, ...] = ()) -> None:
+        """``calls``: the names of the tools whose calls the grammar writes (their tags: DSML's and
+        each name's, ``invoke name="..."``; a string parameter's raw text but "<")."""
         self.masks: set[int] = {_mask(" \n\r\t")}  # its byte sets, as 256-bit masks (white space)
         self.add_bytes(b'{},: "')  # (punctuation; the separators ", " and ": ")
         self.masks |= _utf8_masks(tuple(_without(ANY)))  # (the string rule of dayzero's grammar, unescaped)
         if calls:
-            self.add_bytes(_CALL_BYTES)
+            self.add_bytes(_CALL_BYTES | frozenset("".join(calls).encode()))
             self.masks |= _utf8_masks(tuple(complement([(ord("<"), ord("<"))])))
         self.every_byte = False
 
@@ -54,7 +61,11 @@ class Alphabet:
 
     def add_literal(self, value: object) -> None:
         """A value a grammar writes as it is (a name, an enum or const value): its JSON text's bytes."""
-        self.add_bytes(to_json(value).encode(errors="surrogatepass"))
+        text = to_json(value)
+        self.add_bytes(text.encode(errors="surrogatepass"))
+        for control in _CONTROL.finditer(text):  # (its control characters coded too: \t as \u0009)
+            code = _SHORT_CODES[control[1]] if control[1] else int(control[2], 16) if control[2] else 0x7F
+            self.add_bytes(f"u{code:04x}{code:04X}".encode())
 
     def add_pattern(self, regex: str) -> None:
         try:
@@ -82,7 +93,7 @@ class Alphabet:
         kinds = set(kinds if isinstance(kinds, list) else [kinds])
         if "format" in node:  # (its regular expression: each printable ASCII byte counted its own)
             self.add_bytes(bytes(range(0x20, 0x7F)))
-        if "string" in kinds and not {"pattern", "format", "enum", "const"} & node.keys():
+        if "string" in kinds and (not {"pattern", "format", "enum", "const"} & node.keys() or _any_within(node)):
             self.add_any_string()
         if kinds & {"number", "integer"}:
             bounded = bool({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"} & node.keys())
@@ -137,6 +148,14 @@ def _escape_masks(ascii_characters: frozenset[int]) -> frozenset[int]:
     if 0x7F in ascii_characters:  # (\u007F)
         masks |= set(map(_mask, ["u", "0", "7", "Ff"]))
     return frozenset(masks - {0})
+
+
+def _any_within(node: dict) -> bool:
+    """Whether llguidance writes ``node``'s pattern within a string of any characters: a pattern not
+    anchored at both ends (``ab``: ``.*ab.*``), or beside a length (``.{3,9}``, intersected)."""
+    if not isinstance(pattern := node.get("pattern"), str):
+        return False
+    return not _ANCHORED.fullmatch(pattern) or bool({"minLength", "maxLength"} & node.keys())
 
 
 def _values(node: dict) -> list:

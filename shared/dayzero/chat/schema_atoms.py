@@ -17,7 +17,8 @@ _SPACE: Ranges = [(0x09, 0x0D), (0x20, 0x20), (0x85, 0x85), (0xA0, 0xA0), (0x168
 _SPACE += [(0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000)]
 _CLASSES = {"d": [(0x30, 0x39)], "w": [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)], "s": _SPACE}
 _CONTROLS = {"n": 0x0A, "t": 0x09, "r": 0x0D, "f": 0x0C, "v": 0x0B, "a": 0x07, "e": 0x1B, "0": 0x00}
-_CODED = re.compile(r"x\{([0-9A-Fa-f]{1,8})\}|x([0-9A-Fa-f]{2})|u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8})")
+# a coded character: \x{10FFFF}, \u{7FFF}, \U{7F} (any digits), \x7F, \u007F, \U0000007F
+_CODED = re.compile(r"[xuU]\{([0-9A-Fa-f]{1,8})\}|x([0-9A-Fa-f]{2})|u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8})")
 _POSIX = re.compile(r"\[:(\^?)([a-z]+):\]")
 _POSIX_RANGES = {"alnum": "09AZaz", "alpha": "AZaz", "digit": "09", "lower": "az", "upper": "AZ", "xdigit": "09AFaf"}
 _POSIX_RANGES |= {"word": "09AZ__az", "space": "\t\r  ", "blank": "\t\t  ", "punct": "!/:@[`{~", "graph": "!~"}

@@ -54,7 +54,7 @@ _WHAT = {
 }
 
 
-def size_problem(schemas: list, limits: SchemaLimits, calls: bool = False) -> str | None:
+def size_problem(schemas: list, limits: SchemaLimits, calls: tuple[str, ...] = ()) -> str | None:
     """Why ``schemas`` (counted together: one grammar enforces them all) are too big to compile
     (None: they are not). Each subschema is counted as llguidance builds it (``schema_merge``): a
     plain ``$ref`` is not followed (its definition is counted where it stands), so a recursive
@@ -62,11 +62,12 @@ def size_problem(schemas: list, limits: SchemaLimits, calls: bool = False) -> st
     counted merged, each copy where it is made; the walk stops at the first limit passed (an enum
     of a million numbers is not read to its end). Nor may they hold an object, or a union of
     objects, past a row of llguidance's parser (``schema_rows``: there a union's ``$ref``'d
-    branches are followed, each definition once). ``calls``: tools' parameters (their calls' grammar
-    is no JSON object: bounded as one holding an open object, and a count after a repeat without
-    bound by what that grammar writes, less: ``MOST_AFTER_UNBOUNDED_CALLS``)."""
+    branches are followed, each definition once). ``calls``: the names of the tools whose calls the
+    grammar writes, ``schemas`` their parameters (their calls' grammar is no JSON object: bounded as
+    one holding an open object, and a count after a repeat without bound by what that grammar
+    writes, less: ``MOST_AFTER_UNBOUNDED_CALLS``)."""
     used, merged, counted = dict.fromkeys(SETTINGS, 0), Merged(limits.nodes), CountedChars()
-    opened = calls  # whether the grammar holds an object open to other properties (its lexer holds less)
+    opened = bool(calls)  # whether the grammar holds an object open to other properties (its lexer holds less)
 
     def past(name: str, count: int) -> bool:
         used[name] += count
@@ -87,7 +88,7 @@ def size_problem(schemas: list, limits: SchemaLimits, calls: bool = False) -> st
                 return problem
             if problem := names_problem(node):
                 return problem
-        if opened and (problem := counted.open_problem(calls)):
+        if opened and (problem := counted.open_problem(bool(calls))):
             return problem
         if problem := counted.wide_problem(lambda: byte_classes(schemas, limits, calls)):
             return problem
@@ -104,9 +105,10 @@ def size_problem(schemas: list, limits: SchemaLimits, calls: bool = False) -> st
     return None
 
 
-def byte_classes(schemas: list, limits: SchemaLimits, calls: bool = False) -> int:
+def byte_classes(schemas: list, limits: SchemaLimits, calls: tuple[str, ...] = ()) -> int:
     """The byte classes the lexemes of the grammar enforcing ``schemas`` tell apart (``schema_alphabet``;
-    ``calls``: forced calls' grammar), its subschemas as llguidance builds them (within ``limits``)."""
+    ``calls``: the names of the tools whose calls it writes), its subschemas as llguidance builds
+    them (within ``limits``)."""
     alphabet = Alphabet(calls)
     for node in _schema_nodes(schemas, Merged(limits.nodes)):
         if node is True:  # (any value)
