@@ -144,7 +144,7 @@ def make_app(settings: Settings) -> FastAPI:
             cfg.raw.get("image_token_id") if "vision_config" in cfg.raw else None,
             cfg.eos_token_ids[0],
             vision_config=cfg.raw.get("vision_config") or {},
-            fingerprint=system_fingerprint(cfg.raw),
+            fingerprint=system_fingerprint(cfg.raw, settings.speculative_tokens),
         )
         if gw.codec.has_tokenizer:  # load the template renderer now, fail early
             gw.codec.chat_ids([{"role": "user", "content": "hi"}])

@@ -42,10 +42,11 @@ class Gateway:
         return min(self.settings.max_context, self.max_positions)
 
 
-def system_fingerprint(config: dict) -> str:
-    """OpenAI's ``system_fingerprint``: the backend a reply came from, dayzero's version and the
-    checkpoint's config (a change to either may change what a seed draws)."""
-    backend = json.dumps([version("dayzero"), config], sort_keys=True, default=str)
+def system_fingerprint(config: dict, speculative_tokens: int) -> str:
+    """OpenAI's ``system_fingerprint``: the backend a reply came from, dayzero's version, the
+    checkpoint's config and the drafts per decode step (a change to any may change what a seed
+    draws: speculation's accept-or-resample draws take the seed's randomness otherwise)."""
+    backend = json.dumps([version("dayzero"), config, speculative_tokens], sort_keys=True, default=str)
     return "fp_" + hashlib.sha256(backend.encode()).hexdigest()[:12]
 
 
