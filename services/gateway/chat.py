@@ -77,11 +77,11 @@ def _short_text(body: ChatPrompt) -> bool:
         return False
     size = count = 0
     for message in body.messages:
-        parts = message.content if isinstance(message.content, list) else [message.content or ""]
+        parts = message.rendered_parts()
         count += len(parts)
         if count > RENDERED_ON_THE_LOOP or message.tool_calls:
             return False
-        texts = [part_text(part) for part in parts]
+        texts = [part_text(part) for _, part in parts]
         if None in texts:  # an image
             return False
         size += sum(len(text) for text in texts)

@@ -38,16 +38,14 @@ class Prompt:
 
 def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, vision: bool) -> Prompt:
     """Messages as plain dicts for the chat encoding (a list content as its part strings, each
-    image one placeholder tag), with their images checked: the count first, then each image's
-    size from its header and the request's summed pixels, and only then the pixels (call it in a
-    worker thread: decoding is slow)."""
+    image one placeholder tag; a refusal as a part: Message.rendered_parts), with their images
+    checked: the count first, then each image's size from its header and the request's summed
+    pixels, and only then the pixels (call it in a worker thread: decoding is slow)."""
     turns, images = [], []
     for i, m in enumerate(messages):
-        listed = isinstance(m.content, list)
-        parts = m.content if listed else [m.content or ""]
         text = []
-        for j, part in enumerate(parts):
-            where = ("messages", i, "content", j) if listed else ("messages", i, "content")  # the part's
+        for place, part in m.rendered_parts():
+            where = ("messages", i, *place)  # the part's
             if (value := part_text(part)) is not None:
                 if IMAGE_TAG in value:  # (a part's text is in the field its type names: text, refusal)
                     param = param_path(where if isinstance(part, str) else (*where, part.type))
@@ -64,6 +62,7 @@ def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, v
             images.append((part.image_url.url, param_path((*where, "image_url", "url"))))
             text.append(IMAGE_TAG)
         extra = m.model_dump(include={"reasoning_content", "tool_calls", "tool_call_id", "prefix"}, exclude_none=True)
+        listed = isinstance(m.content, list) or len(text) > 1  # (a content and a refusal: two parts)
         turns.append({"role": m.role, "content": text if listed else text[0], **extra})
     data, patches = _checked_images(images, limits, spec)
     return Prompt(turns, data, patches)

@@ -1,5 +1,5 @@
-"""A chat's messages: their content parts (text, images), an assistant's calls in the history, and
-what each role must carry."""
+"""A chat's messages: their content parts (text, images), an assistant's refusal and calls in the
+history, and what each role must carry."""
 
 from __future__ import annotations
 
@@ -91,6 +91,7 @@ class Message(_Body):
     # each kind its own bound (one on the union told a long string "at most 1048576 items")
     content: Text | Annotated[list[Part], Field(min_length=1)] | None = Field(default=None, validate_default=True)
     reasoning_content: str | None = Field(default=None, max_length=MAX_TEXT)  # an assistant's (DeepSeek's field)
+    refusal: str | None = Field(default=None, max_length=MAX_TEXT)  # an assistant's (OpenAI's field): rendered_parts
     tool_calls: list[ToolCall] | None = Field(default=None, max_length=128)
     tool_call_id: str | None = Field(default=None, max_length=256, validate_default=True)
     prefix: bool | None = None  # DeepSeek's chat prefix completion: the answer's beginning, continued
@@ -141,3 +142,25 @@ class Message(_Body):
                 message += f" ({kind} parts are only allowed in messages with role {owner!r})"
             raise field_error(cls, (j, "type"), message, kind, "invalid_type" if kind is None else "value_error")
         return content
+
+    @field_validator("refusal")
+    @classmethod
+    def _refusal_is_an_assistant_s(cls, refusal: str | None, info: ValidationInfo) -> str | None:
+        """OpenAI's assistant messages carry a refusal (no other role's does: as a refusal part)."""
+        if refusal is not None and info.data.get("role") != "assistant":
+            raise ValueError(f"only an assistant message carries a refusal, not a {info.data.get('role')} message")
+        return refusal
+
+    def rendered_parts(self) -> list[tuple[tuple[str | int, ...], str | Part]]:
+        """The parts the turn renders, each with its field in the message: a string content is one
+        part, ``("content",)``, a list's each ``("content", j)``; then the refusal, ``("refusal",)``, as a
+        refusal part renders. OpenAI's SDK returns a refusal with content null, and a client sends it
+        back so (it was ignored: an empty turn); with content too (OpenAI never sends both) it follows
+        the content, as a refusal part follows a text part."""
+        if isinstance(self.content, list):
+            placed = [(("content", j), part) for j, part in enumerate(self.content)]
+        elif self.content is not None or self.refusal is None:
+            placed = [(("content",), self.content or "")]
+        else:
+            placed = []
+        return placed + ([(("refusal",), self.refusal)] if self.refusal is not None else [])

@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from dayzero.chat.encoding import encode_chat
 from dayzero.vision.images import ImageLimits, PatchSpec
 from services.gateway.chat_schemas import ChatCompletionRequest
 from services.gateway.errors import APIError
@@ -43,6 +44,39 @@ def test_an_assistant_s_refusal_part_is_rendered_as_its_text(capped_gateway):
     assert _tokens(capped_gateway, chat([refusal])) == _tokens(capped_gateway, chat("I can't help with that."))
     both = [{"type": "text", "text": "Sorry."}, refusal]
     assert _tokens(capped_gateway, chat(both)) == _tokens(capped_gateway, chat("Sorry.\n\nI can't help with that."))
+
+
+def test_an_assistant_s_refusal_field_is_rendered_as_its_text(capped_gateway):
+    """OpenAI's SDK returns a refusal as the message's ``refusal`` field with content null, and a client
+    sends the message back so: the field was ignored (an unknown key), the turn rendered empty. Rendered
+    as a refusal part is, its text the turn's; with a content too (OpenAI never sends both) after it,
+    as a refusal part after a text part."""
+
+    def chat(**assistant: object) -> list[dict]:
+        return [{"role": "user", "content": "q"}, {"role": "assistant", **assistant}, {"role": "user", "content": "ok"}]
+
+    refused = "I can't help with that."
+    expected = (
+        "<｜begin▁of▁sentence｜><｜User｜>q<｜Assistant｜></think>I can't help with that.<｜end▁of▁sentence｜>"
+        "<｜User｜>ok<｜Assistant｜></think>"
+    )
+    assert encode_chat(_rendered(chat(content=None, refusal=refused)).messages) == expected
+    tokens = _tokens(capped_gateway, chat(content=None, refusal=refused))
+    assert tokens == _tokens(capped_gateway, chat(content=refused))
+    assert tokens != _tokens(capped_gateway, chat(content=None))
+    both = _tokens(capped_gateway, chat(content="Sorry.", refusal=refused))
+    assert both == _tokens(capped_gateway, chat(content=f"Sorry.\n\n{refused}"))
+    text, part = {"type": "text", "text": "Sorry."}, {"type": "refusal", "refusal": "no"}
+    after_parts = _tokens(capped_gateway, chat(content=[text, part], refusal="x"))
+    assert after_parts == _tokens(capped_gateway, chat(content=[text, part, {"type": "text", "text": "x"}]))
+
+
+def test_a_refusal_outside_an_assistant_message_is_refused(capped_gateway):
+    """OpenAI's refusal is an assistant message's field (as a refusal part is an assistant's)."""
+    messages = [{"role": "user", "content": "q", "refusal": "no"}]
+    r = capped_gateway.post("/tokenize", json={"model": MODEL, "messages": messages})
+    error = r.json()["error"]
+    assert (r.status_code, error["param"], error["code"]) == (400, "messages[0].refusal", "invalid_value"), error
 
 
 REFUSALS_ARE_AN_ASSISTANT_S = " (refusal parts are only allowed in messages with role 'assistant')"
@@ -137,13 +171,13 @@ def test_a_refused_image_or_text_is_named_by_its_part():
         with pytest.raises(APIError) as refused:
             _rendered([{"role": "user", "content": content}])
         assert (refused.value.code, refused.value.param) == ("invalid_value", param)
-    assistant = [
-        {"role": "user", "content": "q"},
-        {"role": "assistant", "content": [{"type": "refusal", "refusal": tag}]},
-    ]
-    with pytest.raises(APIError) as refused:
-        _rendered(assistant)
-    assert refused.value.param == "messages[1].content[0].refusal"
+    for assistant, param in (
+        ({"content": [{"type": "refusal", "refusal": tag}]}, "messages[1].content[0].refusal"),
+        ({"content": None, "refusal": tag}, "messages[1].refusal"),  # (the message's field: its own)
+    ):
+        with pytest.raises(APIError) as refused:
+            _rendered([{"role": "user", "content": "q"}, {"role": "assistant", **assistant}])
+        assert refused.value.param == param
     with pytest.raises(APIError) as refused:
         _rendered([{"role": "user", "content": [text, image]}], vision=False)
     assert (refused.value.code, refused.value.param) == ("images_unsupported", "messages[0].content[1].type")
