@@ -43,6 +43,13 @@ Part = Annotated[TextPart | ImagePart | RefusalPart, Field(discriminator="type")
 # the content part types each role takes (OpenAI's: images are a user's, refusals an assistant's)
 PART_TYPES = {"user": ("text", "image_url"), "assistant": ("text", "refusal")}
 OTHER_ROLES_PART_TYPES = ("text",)
+# OpenAI's user content parts this server does not serve (no audio encoder, no file reader), by type;
+# each was told as if of no OpenAI type (invalid_value, "... are of type 'text' or 'image_url'")
+UNSERVED_PART_TYPES = {"input_audio": "(audio input)", "file": "(a file's contents)"}
+# the role whose messages alone take a part type, named to a part sent in another role's (text: every role's)
+PART_OWNERS = dict.fromkeys(UNSERVED_PART_TYPES, "user") | {
+    kind: role for role, kinds in PART_TYPES.items() for kind in kinds if kind != "text"
+}
 
 
 def part_text(part: str | Part) -> str | None:
@@ -136,9 +143,12 @@ class Message(_Body):
             if not isinstance(part, dict) or "type" not in part or (kind := part["type"]) in types:
                 continue  # (no object, no type: the union tells it)
             told = " or ".join(map(repr, types))
+            if role == "user" and kind in UNSERVED_PART_TYPES:  # (OpenAI's: valid, not served here)
+                message = f"type {kind!r} {UNSERVED_PART_TYPES[kind]} is not supported by this server: send {told}"
+                raise field_error(cls, (j, "type"), message, kind, "unsupported_value")
             shown = repr(kind) if isinstance(kind, str) else json.dumps(kind)  # (3, ["text"], null: as sent)
             message = f"content parts of a message with role {role!r} are of type {told}, not {shown}"
-            if owner := next((owner for owner, owned in PART_TYPES.items() if kind in owned), None):
+            if owner := PART_OWNERS.get(kind) if isinstance(kind, str) else None:
                 message += f" ({kind} parts are only allowed in messages with role {owner!r})"
             raise field_error(cls, (j, "type"), message, kind, "invalid_type" if kind is None else "value_error")
         return content

@@ -79,21 +79,46 @@ def test_a_refusal_outside_an_assistant_message_is_refused(capped_gateway):
     assert (r.status_code, error["param"], error["code"]) == (400, "messages[0].refusal", "invalid_value"), error
 
 
+@pytest.mark.parametrize(
+    ("part", "told"),
+    [
+        ({"type": "input_audio", "input_audio": {}}, "(audio input)"),
+        ({"type": "file", "file": {}}, "(a file's contents)"),
+    ],
+)
+def test_a_user_s_audio_or_file_part_is_told_unsupported(capped_gateway, part, told):
+    """OpenAI's user content parts are text, image_url, input_audio or file: an audio or file part was
+    told invalid_value, "of type 'text' or 'image_url'", as if of no OpenAI type; it is valid there,
+    only not served here (unsupported_value, as a custom tool or an allowed_tools choice is)."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": "see"}, part]}]
+    r = capped_gateway.post("/tokenize", json={"model": MODEL, "messages": messages})
+    error = r.json()["error"]
+    param = "messages[0].content[1].type"
+    assert (r.status_code, error["param"], error["code"]) == (400, param, "unsupported_value"), error
+    told = f"type {part['type']!r} {told} is not supported by this server: send 'text' or 'image_url'"
+    assert error["message"] == f"{param}: {told}"
+
+
 REFUSALS_ARE_AN_ASSISTANT_S = " (refusal parts are only allowed in messages with role 'assistant')"
+AUDIO_IS_A_USER_S = " (input_audio parts are only allowed in messages with role 'user')"
 
 
 @pytest.mark.parametrize(
     ("role", "part", "told"),
     [
-        ("system", {"type": "input_audio", "input_audio": {}}, "'text', not 'input_audio'"),
+        ("system", {"type": "input_audio", "input_audio": {}}, "'text', not 'input_audio'" + AUDIO_IS_A_USER_S),
         ("developer", {"type": "refusal", "refusal": "no"}, "'text', not 'refusal'" + REFUSALS_ARE_AN_ASSISTANT_S),
         (
             "user",
             {"type": "refusal", "refusal": "no"},
             "'text' or 'image_url', not 'refusal'" + REFUSALS_ARE_AN_ASSISTANT_S,
         ),
-        ("user", {"type": "file", "file": {}}, "'text' or 'image_url', not 'file'"),
-        ("assistant", {"type": "input_audio", "input_audio": {}}, "'text' or 'refusal', not 'input_audio'"),
+        ("user", {"type": "video_url", "video_url": {}}, "'text' or 'image_url', not 'video_url'"),  # (vLLM's)
+        (
+            "assistant",
+            {"type": "file", "file": {}},
+            "'text' or 'refusal', not 'file' (file parts are only allowed in messages with role 'user')",
+        ),
         ("tool", {"type": "refusal", "refusal": "no"}, "'text', not 'refusal'" + REFUSALS_ARE_AN_ASSISTANT_S),
         (
             "latest_reminder",

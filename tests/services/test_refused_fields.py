@@ -112,7 +112,9 @@ def test_defaults_ask_for_nothing_and_pass(gateway, fields):
         # 'messages[2].content[0].type'"): all three named the part, invalid_value
         (chat([{"type": None, "text": "a"}]), "messages[0].content[0].type", "invalid_type"),
         (chat([{"text": "a"}]), "messages[0].content[0].type", "missing_required_parameter"),
-        (chat([{"type": "input_audio", "input_audio": {}}]), "messages[0].content[0].type", "invalid_value"),
+        # OpenAI's type, not served here (it was invalid_value, "of type 'text' or 'image_url'")
+        (chat([{"type": "input_audio", "input_audio": {}}]), "messages[0].content[0].type", "unsupported_value"),
+        (chat([{"type": "video_url", "video_url": {}}]), "messages[0].content[0].type", "invalid_value"),
         # an image's detail of none of OpenAI's values (auto, low, high; it was taken and ignored)
         (
             chat([{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA", "detail": "ultra"}}]),
