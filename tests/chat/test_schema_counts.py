@@ -23,6 +23,8 @@ from .lexer_replies import DEFAULTS, fails_mid_reply, strings
         ("(abc){2000}", 2000),  # a group with no count of its own: its count alone
         ("[a-z{5}]{7}", 7),  # a class is one character
         (r"\{5}", 0),  # an escaped brace counts nothing
+        (r"\x{800}\u{900}\U{5000}\p{Greek}", 0),  # a coded character's digits (a class's name) count nothing
+        (r"\x{800}{3}\x41{2}", 5),  # its count after it
         ("abc", 0),
         ("a{" + "9" * 4400 + "}", 10**12),  # (Python reads no number of over 4,300 digits)
         ("(" * 44 + "a" + ("){" + "9" * 100 + "}") * 44, 10**12),  # (nor writes one: 4,400 digits)
@@ -65,6 +67,14 @@ def test_counts_are_summed_once_a_lexeme_and_across_schemas():
     other = {"minLength": MOST_COUNTED_CHARS // 2}
     assert size_problem([strings(half), strings(other)], DEFAULTS) is not None
     assert size_problem([strings(other), strings(other)], DEFAULTS) is None
+
+
+def test_coded_characters_are_admitted_and_written():
+    """Their digits are no count: ``^\\x{800}\\x{900}\\x{5000}\\x{6000}$`` was refused as counting
+    12,700 repeats, a 400 for a pattern of four characters that llguidance compiles and writes."""
+    schema = strings({"pattern": r"^\x{800}\x{900}\x{5000}\x{6000}$"})
+    assert size_problem([schema], DEFAULTS) is None
+    assert not fails_mid_reply(schema, {"s0": "\u0800\u0900\u5000\u6000"})
 
 
 def test_the_most_let_through_is_written_whole():

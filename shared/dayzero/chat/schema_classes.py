@@ -28,6 +28,9 @@ POSIX = {
     "xdigit": "0-9A-Fa-f",
 }
 _POSIX = re.compile(r"\[:(\^?)([a-z]*):\]")
+# an escape of one character: \x{10000}, \x61, \u0061, \U00000061, \p{L}, \pL (read a character a
+# backslash, ``(\pL|..){1900}`` was lengths [2, 2], let through: every reply failed 332 bytes in)
+_ESCAPE = re.compile(r"\\(?:[xuUpP]\{[^}]*\}|x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|[pP].|.)", re.DOTALL)
 CASELESS = re.compile(r"\(\?[a-zA-Z]*i")  # an i flag: (?i), (?ix:...)
 # characters an atom is tried on: ASCII, and some outside it (a Kelvin sign, an emoji, ...)
 _TRIED = [chr(c) for c in range(128)] + ["\u00e9", "\u212a", "\u017f", "\u4e2d", "\u0660", "\U0001f600"]
@@ -52,6 +55,14 @@ def class_end(regex: str, start: int) -> int:
                 return i + 1
         i += 1
     return len(regex)
+
+
+def escape_end(regex: str, start: int) -> int:
+    """Where the escape of one character at ``start`` (its backslash) ends: past its coded
+    character's digits too (``\\x{800}``: not a character counted 800 times), or its class's name
+    (``\\p{Greek}``); the text's end where nothing follows the backslash."""
+    escape = _ESCAPE.match(regex, start)
+    return escape.end() if escape else len(regex)
 
 
 def posix_spelled(text: str) -> str | None:

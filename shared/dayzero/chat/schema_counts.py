@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 
-from .schema_classes import CASELESS, class_end, posix_spelled
+from .schema_classes import CASELESS, class_end, escape_end, posix_spelled
 from .schema_splits import (
     MOST_AFTER_UNBOUNDED,
     MOST_AFTER_UNBOUNDED_CALLS,
@@ -84,9 +84,9 @@ def _counted(regex: str, weigh: bool) -> int:
             spelled = posix_spelled(regex[i:end]) if narrow and len(groups) == 1 else None
             last = NARROW_STATES if spelled is not None and _NARROW_CLASS.fullmatch(spelled) else wide
             i = end - 1
-        elif char == "\\":
-            i += 1
-            last = NARROW_STATES if narrow and len(groups) == 1 and regex[i : i + 1] in _NARROW_ESCAPES else wide
+        elif char == "\\":  # (one character: \x{800}'s digits its code, not a count)
+            narrow_escape = narrow and len(groups) == 1 and regex[i + 1 : i + 2] in _NARROW_ESCAPES
+            last, i = NARROW_STATES if narrow_escape else wide, escape_end(regex, i) - 1
         elif char in "|*+?^$":
             last = 0
         i += 1

@@ -21,7 +21,7 @@ import functools
 import math
 import re
 
-from .schema_classes import CASELESS, class_end
+from .schema_classes import CASELESS, class_end, escape_end
 from .schema_groups import Group, group_text
 
 # ways a regular expression's counted groups may split a reply's text among their repeats, in all
@@ -66,9 +66,6 @@ MOST_AFTER_UNBOUNDED_CALLS = 600
 MOST_AFTER_UNBOUNDED_WIDE = 200
 _RUN_SCALE = 48_400
 _QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")  # {n}, {n,}, {n,m}
-# an escape of one character: \x{10000}, \x61, \u0061, \U00000061, \p{L}, \pL (read a character a
-# backslash, ``(\pL|..){1900}`` was lengths [2, 2], let through: every reply failed 332 bytes in)
-_ESCAPE = re.compile(r"\\(?:[xuUpP]\{[^}]*\}|x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|[pP].|.)", re.DOTALL)
 _FLAGS = re.compile(r"[A-Za-z-]*")  # (?flags) and (?flags:...): i, x, -x, ...
 _MOST_DIGITS = 12  # a count of more is read as 10^12 (Python reads no number of over 4,300 digits)
 
@@ -172,7 +169,7 @@ def _read(regex: str) -> tuple[int, int, bool]:
             if char == "[":
                 i = class_end(regex, i) - 1
             elif char == "\\":
-                i = _ESCAPE.match(regex, i).end() - 1 if i + 1 < len(regex) else i
+                i = escape_end(regex, i) - 1
             top.add((1, 1))
             top.text, top.weight, top.counted, top.wraps = regex[start : i + 1], 1, False, (0, 0)
             top.lead = 0
