@@ -32,7 +32,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from .checkpoint_checks import INTEGER_DTYPES, check_headers
+from .checkpoint_checks import check_headers
 from .checkpoint_files import (
     CheckpointError,
     Entry,
@@ -44,7 +44,7 @@ from .checkpoint_files import (
     unused_patterns,
 )
 from .config import ModelConfig
-from .model.weights import Transformer, is_fp32_param, pin_attributes, skeleton
+from .model.weights import Transformer, held_dtype, pin_attributes, skeleton
 from .parallel import Group, ParallelConfig, check_divisible
 from .parallel.shard import check_blocks, local_index, owns_expert, shard_skeleton, split_dim
 from .quant.experts import ExpertConverter
@@ -207,12 +207,9 @@ def load_model(
     model, placed = _layout(root, cfg, spec, group.config)
     layout = model.state_dict()
 
-    def target_dtype(name: str) -> torch.dtype:
-        if layout[name].dtype in INTEGER_DTYPES:
-            return layout[name].dtype
-        return torch.float32 if is_fp32_param(name) else dtype
-
-    tensors = {name: torch.empty(t.shape, dtype=target_dtype(name), device=device) for name, t in layout.items()}
+    tensors = {
+        name: torch.empty(t.shape, dtype=held_dtype(name, t.dtype, dtype), device=device) for name, t in layout.items()
+    }
     fp8 = _read(placed, tensors, spec, group.config, progress, on_progress)
     model.load_state_dict(tensors, assign=True, strict=True)
     _check_hash_tables(model, cfg.n_routed_experts)

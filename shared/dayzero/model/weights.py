@@ -191,6 +191,16 @@ def is_fp32_param(name: str) -> bool:
     return name.endswith(FP32_SUFFIXES)
 
 
+def held_dtype(name: str, laid_out: torch.dtype, dtype: torch.dtype) -> torch.dtype:
+    """The dtype the loader holds tensor ``name`` in (``laid_out``: the skeleton's): an integer one
+    (packed experts and their scales, the hash-routing table) as laid out, an fp32 parameter
+    (``is_fp32_param``: norms, hyper-connections, sinks, biases) in fp32, the rest in ``dtype``
+    (DAYZERO_DTYPE)."""
+    if not laid_out.is_floating_point:
+        return laid_out
+    return torch.float32 if is_fp32_param(name) else dtype
+
+
 def skeleton(cfg: ModelConfig, packed_experts: bool = False, mtp_layers: int = 0) -> Transformer:
     """The module tree on the meta device: names, shapes, no memory."""
     with torch.device("meta"):

@@ -8,9 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+import torch
+
 from ..config import ModelConfig
 from ..kv.layout import GROWING_POOLS, PoolLayout
-from ..model.weights import is_fp32_param, skeleton
+from ..model.weights import held_dtype, skeleton
 from ..parallel import ParallelError, check_divisible
 from ..parallel.shard import split_dim
 
@@ -43,13 +45,12 @@ def parameters(cfg: ModelConfig, mtp_layers: int = 0) -> Iterator[tuple[str, int
 
 
 def held_weights(cfg: ModelConfig, serving: Serving) -> Iterator[tuple[str, int]]:
-    """(name, bytes) of each tensor the loader holds, buffers included: integer ones (packed experts
-    and their scales, the hash-routing table) as they are, the fp32 ones in fp32, the rest in
-    DAYZERO_DTYPE (checkpoint.load_model)."""
+    """(name, bytes) of each tensor the loader holds, buffers included, each in the dtype the loader
+    holds it in (``held_dtype``: checkpoint.load_model's)."""
     model = skeleton(cfg, packed_experts=serving.fp4, mtp_layers=serving.mtp_layers)
+    dtype = getattr(torch, _dtype(serving))
     for name, t in model.state_dict().items():
-        kept = serving.width if t.is_floating_point() and not is_fp32_param(name) else t.element_size()
-        yield name, t.numel() * kept
+        yield name, t.numel() * held_dtype(name, t.dtype, dtype).itemsize
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +116,13 @@ def _workspace(cfg: ModelConfig, serving: Serving, experts: int) -> int:
     return routed * 3 * cfg.moe_intermediate_size * cfg.hidden_size * serving.width
 
 
+def _dtype(serving: Serving) -> str:
+    """DAYZERO_DTYPE's name, of ``serving.width`` bytes a value."""
+    return "bfloat16" if serving.width == 2 else "float32"
+
+
 def _layout(cfg: ModelConfig, serving: Serving) -> PoolLayout:
-    dtype = "bfloat16" if serving.width == 2 else "float32"
-    return PoolLayout.of(cfg, serving.block_size, dtype, mtp=serving.mtp_state)
+    return PoolLayout.of(cfg, serving.block_size, _dtype(serving), mtp=serving.mtp_state)
 
 
 def _sequence_bytes(cfg: ModelConfig, serving: Serving) -> int:
