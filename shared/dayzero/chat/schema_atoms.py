@@ -10,6 +10,8 @@ import bisect
 import functools
 import re
 
+from .schema_classes import QUANTIFIER
+
 Ranges = list[tuple[int, int]]  # code points, [first, last] each
 ANY: Ranges = [(0, 0x10FFFF)]
 # Unicode's white space (Rust's ``\s``; ``\d`` and ``\w`` are ASCII to llguidance: ``[0-9]``, ``[0-9A-Z_a-z]``)
@@ -24,7 +26,6 @@ _POSIX_RANGES = {"alnum": "09AZaz", "alpha": "AZaz", "digit": "09", "lower": "az
 _POSIX_RANGES |= {"word": "09AZ__az", "space": "\t\r  ", "blank": "\t\t  ", "punct": "!/:@[`{~", "graph": "!~"}
 _POSIX_RANGES |= {"print": " ~", "cntrl": "\x00\x1f\x7f\x7f", "ascii": "\x00\x7f"}
 _SYNTAX = set("^$|()*+?")
-_QUANTIFIER = re.compile(r"\{\d+(?:,\d*)?\}")
 _GROUP_HEAD = re.compile(r"\(\?(?:[:=!]|P?<[A-Za-z_]\w*>|<[=!]|([A-Za-z-]*)[:)])")  # (flags: group 1)
 
 
@@ -52,7 +53,7 @@ def atoms(regex: str) -> list[Ranges]:
             i = head.end() if head else i + 1
         elif char == ")":
             flags, i = flags[:-1] or [""], i + 1
-        elif char == "{" and (count := _QUANTIFIER.match(regex, i)):
+        elif char == "{" and (count := QUANTIFIER.match(regex, i)):
             i = count.end()
         else:
             dot = ANY if "s" in flags[-1] else complement([(0x0A, 0x0A)])

@@ -31,6 +31,7 @@ _POSIX = re.compile(r"\[:(\^?)([a-z]*):\]")
 # an escape of one character: \x{10000}, \x61, \u0061, \U00000061, \p{L}, \pL (read a character a
 # backslash, ``(\pL|..){1900}`` was lengths [2, 2], let through: every reply failed 332 bytes in)
 _ESCAPE = re.compile(r"\\(?:[xuUpP]\{[^}]*\}|x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|[pP].|.)", re.DOTALL)
+QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")  # a quantifier's {n}, {n,}, {n,m}
 CASELESS = re.compile(r"\(\?[a-zA-Z]*i")  # an i flag: (?i), (?ix:...)
 # characters an atom is tried on: ASCII, and some outside it (a Kelvin sign, an emoji, ...)
 _TRIED = [chr(c) for c in range(128)] + ["\u00e9", "\u212a", "\u017f", "\u4e2d", "\u0660", "\U0001f600"]

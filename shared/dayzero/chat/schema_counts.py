@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 
-from .schema_classes import CASELESS, class_end, escape_end, posix_spelled
+from .schema_classes import CASELESS, QUANTIFIER, class_end, escape_end, posix_spelled
 from .schema_splits import (
     MOST_AFTER_UNBOUNDED,
     MOST_AFTER_UNBOUNDED_CALLS,
@@ -36,7 +36,6 @@ MOST_TOLD = 10**12
 # ``.{n}`` fails at byte 5,554, ``[a-z]{n}`` at 49,985 of the 50,000, a reply of [a-z]{6000} walked
 # in 0.06 s); a ninth of a character counted
 STATES_PER_CHAR, NARROW_STATES = 9, 1
-_QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")  # a quantifier's {n}, {n,}, {n,m}
 # a class of ASCII characters only (none negated, nor \s, \p, \W, \D, \S: they hold others; nor
 # \x{..}, \u: [\x{10000}-\x{10FFFF}]{30000} failed a reply 33,319 bytes in; \x00-\x7F are ASCII)
 _NARROW_CLASS = re.compile(r"\[(?!\^)\]?(?:\\(?:x[0-7][0-9A-Fa-f]|(?![WDSsPpxuU])[!-~])|[ -\[\^-~])*\]")
@@ -67,7 +66,7 @@ def _counted(regex: str, weigh: bool) -> int:
     i = 0
     while i < len(regex):
         char = regex[i]
-        if char == "{" and (count := _QUANTIFIER.match(regex, i)):
+        if char == "{" and (count := QUANTIFIER.match(regex, i)):
             groups[-1] += max(_bound(count[1]), _bound(count[2] or "0")) * last - added
             last, i = 0, count.end()
             continue

@@ -21,7 +21,7 @@ import functools
 import math
 import re
 
-from .schema_classes import CASELESS, class_end, escape_end
+from .schema_classes import CASELESS, QUANTIFIER, class_end, escape_end
 from .schema_groups import Group, group_text
 
 # ways a regular expression's counted groups may split a reply's text among their repeats, in all
@@ -65,7 +65,6 @@ MOST_AFTER_UNBOUNDED_CALLS = 600
 # 756 beside those 40 in an open object, 949 closed
 MOST_AFTER_UNBOUNDED_WIDE = 200
 _RUN_SCALE = 48_400
-_QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")  # {n}, {n,}, {n,m}
 _FLAGS = re.compile(r"[A-Za-z-]*")  # (?flags) and (?flags:...): i, x, -x, ...
 _MOST_DIGITS = 12  # a count of more is read as 10^12 (Python reads no number of over 4,300 digits)
 
@@ -109,7 +108,7 @@ def _read(regex: str) -> tuple[int, int, bool]:
             line_end = regex.find("\n", i) if char == "#" else i + 1
             i = line_end if line_end >= 0 else len(regex)
             continue
-        if char == "{" and (count := _QUANTIFIER.match(regex, i)):
+        if char == "{" and (count := QUANTIFIER.match(regex, i)):
             repeated = top.last is not None and count[2] == ""  # (without bound: {n,})
             if top.last is not None:
                 low = _number(count[1])
