@@ -53,24 +53,27 @@ class LexerFilled(GrammarFailed):
 _REFUSED = "doesn't satisfy the grammar"  # llguidance's error for a token it refuses ("Parser Error: token ...")
 
 
-def failed_alone(stats: WorkerStats, rid: str, exc: Exception, what: str) -> tuple[str, str]:
-    """Log and count ``exc``, which failed request ``rid``'s own sampling (or handoff) in the stage
-    ``stats`` counts for (``what``: "sampling failed", ...): its schema's failure is the client's error
-    (INFO, ``grammar_failures``: a client can send such schemas at will), any other the stage's (ERROR
-    with its stack, an operator failure). -> its end's message and code: a failed grammar's own (it
-    says why), else ``what`` and the exception's type."""
+def failed_alone(stats: WorkerStats, rid: str, exc: Exception, what: str, counted: bool) -> None:
+    """Log ``exc``, which failed request ``rid``'s own sampling (or handoff) in the stage ``stats``
+    counts for (``what``: "sampling failed", ...), and count it where this worker wrote its end
+    (``counted``: not where its settle was STALE, the request re-run since, whose end counts it):
+    its schema's failure is the client's error (INFO, ``grammar_failures``: a client can send such
+    schemas at will), any other the stage's (ERROR with its stack, an operator failure: logged here
+    even uncounted, the re-run's end says nothing of it)."""
     log = logging.getLogger(f"dayzero.{stats.stage}")
+    stale = "" if counted else " (its run was re-run meanwhile: its end is the re-run's)"
     if isinstance(exc, GrammarFailed) and exc.code == GRAMMAR_FAILED:
-        log.info("request %s: %s: %s", rid, what, exc)
-        stats.add(grammar_failures=1)
+        log.info("request %s: %s: %s%s", rid, what, exc, stale)
+        if counted:
+            stats.add(grammar_failures=1)
     else:
-        log.error("request %s: %s", rid, what, exc_info=exc)
-        stats.fail(stats.stage)
-    return failure(exc, what)
+        log.error("request %s: %s%s", rid, what, stale, exc_info=exc)
+        if counted:
+            stats.fail(stats.stage)
 
 
 def failure(exc: Exception, what: str) -> tuple[str, str]:
-    """The message and code of the end ``exc`` gives its request (``failed_alone``'s): a failed
+    """The message and code of the end ``exc`` gives its request (``failed_alone``'s ``exc``): a failed
     grammar's own (it says why), else ``what`` and the exception's type."""
     return (str(exc), exc.code) if isinstance(exc, GrammarFailed) else (f"{what}: {type(exc).__name__}", "")
 

@@ -5,6 +5,7 @@ in-process on a real Redis and a real runtime."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 from dayzero.chat.grammar import json_grammar
@@ -104,3 +105,27 @@ def test_a_replay_its_grammar_refuses_at_admission_as_its_lease_lapsed_counts_no
     assert reruns[0] > 0 and store.done(rid) is None
     snapshot = decode.stats.snapshot()
     assert (snapshot["counters"].get("grammar_failures"), snapshot["failures"].get("decode", 0)) == (0, 0), snapshot
+
+
+def test_a_server_error_in_a_run_whose_lease_lapsed_is_logged_not_counted(demo_dir, redis_url, caplog):
+    """The handoff fails (a server error: the worker's bug, not the request's) as its lease lapses: its
+    end is STALE (the re-run's end counts), but the error and its stack are logged here all the same.
+    Counted only where the settle wrote, it was logged only there too: the stale worker's error vanished."""
+    caplog.set_level(logging.INFO, logger="dayzero.prefill")
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store, rid = Lifecycle.connect(redis_url), "export-lapsed"
+    request = GenerationRequest(
+        request_id=rid, prompt_ids=tuple(prompt_ids(1)), sampling=SamplingParams(max_tokens=8), created=time.time()
+    )
+    store.admit(request, [], "", 60)
+    stale = Runtime.load(settings, "prefill-export-lapsed@test", "prefill", False)
+    reruns = _lapsing_as_it_settles(stale, store, rid)
+
+    def broken(job: DecodeJob) -> str:
+        raise RuntimeError("export broke")
+
+    run_jobs(PrefillLoop(stale, broken), [PrefillJob(request=request)])
+    assert reruns[0] > 0 and store.done(rid) is None
+    assert stale.stats.snapshot()["failures"].get("prefill", 0) == 0
+    logged = [r for r in caplog.records if rid in r.getMessage() and r.levelno == logging.ERROR]
+    assert [r.exc_info[1].args for r in logged] == [("export broke",)], [r.getMessage() for r in caplog.records]

@@ -96,5 +96,5 @@ def _start(loop: DecodeLoop, ticket: Ticket[DecodeJob]) -> None:
     except Exception as exc:  # noqa: BLE001 - its own sampling (a grammar refused): it fails alone
         loop.r.ranks.release(rid)
         message, code = failure(exc, "sampling failed")  # (as a step's failure ends it)
-        if loop._settle(ticket, "error", message, len(ticket.job.generated), code=code):
-            failed_alone(loop.r.stats, rid, exc, "sampling failed")
+        settled = loop._settle(ticket, "error", message, len(ticket.job.generated), code=code)
+        failed_alone(loop.r.stats, rid, exc, "sampling failed", counted=bool(settled))

@@ -149,7 +149,7 @@ class DecodeLoop:
 
     def _finish(self, rid: str, reason: str, index: int | None = None, message: str = "", **end: dict | str) -> None:
         """End active request ``rid`` (``end``: its ``usage``, its error's ``code``); an "error" end
-        with no ``message`` is its own sampling's failure's (``Active.end``), which is logged and counted
+        with no ``message`` is its own sampling's failure's (``Active.end``), which is logged, and counted
         once this worker writes its end, cancelled meanwhile or not: not where its run was re-run
         meanwhile (the settle STALE: the re-run's end is the one written, and counted)."""
         self.heartbeat.release(rid)  # no beat in flight outlives its end
@@ -160,8 +160,9 @@ class DecodeLoop:
             end = {**end, "code": code}
         active.end_span(reason, self.r.model.cfg, self.r.pools.length(rid), message, str(end.get("code", "")))
         self.r.ranks.release(rid)
-        if self._settle(active.ticket, reason, message, index=index, **end) and failed is not None:
-            failed_alone(self.r.stats, rid, failed, "sampling failed")
+        settled = self._settle(active.ticket, reason, message, index=index, **end)
+        if failed is not None:
+            failed_alone(self.r.stats, rid, failed, "sampling failed", counted=bool(settled))
 
     def _cancel(self) -> None:
         """Act on the cancel marks of every active and waiting request: read with the last step's

@@ -119,8 +119,8 @@ class FirstTokens:
         self.kept.drop(ticket)  # (its blocks freed: Redis failing the end puts it back to be prefilled again)
         streamed = len(self.r.store.streamed_tokens(rid))  # its first token may have gone out already
         mark_failed(trace.get_current_span(), message, code)  # its prefill.forward
-        if self.settle(ticket, "error", message, streamed, code=code):  # (STALE: its re-run's end, and count)
-            failed_alone(self.r.stats, rid, exc, "failed after prefill")
+        settled = self.settle(ticket, "error", message, streamed, code=code)  # (STALE: its re-run's end, and count)
+        failed_alone(self.r.stats, rid, exc, "failed after prefill", counted=bool(settled))
 
     def _first(self, ticket: Ticket[PrefillJob], prefilled: Prefilled) -> Token | None:
         """Its first token: sampled from its logits, or the one whose append Redis failed (``unsent``).
