@@ -147,12 +147,13 @@ class Completion:
             raise step
         return step
 
-    def resume(self) -> Step | None:
+    def resume(self, compiled: Future | None = None) -> Step | None:
         """The step its full lexer held (``held``: ``LexerFilled``), sampled from the same logits once
         a fresh compile of its grammar is ready (None while it compiles, or with no step held: a
         replay's, which steps again): the position the model stepped is not lost, and the token it
-        was forced to (the end an empty mask allows) never streamed. Raises as ``next`` does."""
-        if not self.guide.renew(held=self.held is not None) or self.held is None:
+        was forced to (the end an empty mask allows) never streamed. Raises as ``next`` does.
+        ``compiled``: the fresh compile the caller saw ready and holds (``Guide.renew``)."""
+        if not self.guide.renew(held=self.held is not None, compiled=compiled) or self.held is None:
             return None
         logits, self.held = self.held, None
         return self.next(logits)

@@ -16,6 +16,7 @@ import pytest
 
 from dayzero.chat.grammar import json_grammar
 from dayzero.params import Grammar, SamplingParams
+from dayzero.serving import prefill_loop
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob
@@ -191,3 +192,57 @@ def test_prefill_meeting_a_lexer_others_filled_carries_on_on_a_fresh_compile(
     assert len(retired) == 1 and prefill.stats.snapshot()["counters"].get("grammar_failures") == 0
     text = decode.codec.decode_all([t for t in unfilled if t not in decode.model.cfg.eos_token_ids])
     assert re.fullmatch(r'"[ab]*"?', text) and text.startswith(stalled_run), text
+
+
+def test_prefill_waiting_for_a_fresh_compile_takes_the_one_it_saw_ready(demo_dir, redis_url, monkeypatch):
+    """A first token waiting for a fresh compile is resent once the loop sees that compile ready (the
+    ticket holds it: ``grammar_ready``). The cache may drop it before the resend takes it (more than 256
+    grammars in use: others asked for in the same pass, ``compiled(arrived)``): the resend renewed from
+    the cache, not the compile it was let through for, so it compiled the grammar once more, and the
+    ticket, still holding a ready compile, was resent on every pass till that compile ended (a spin)."""
+    few_lexer_states(monkeypatch, 300)
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store, lark, rid = Lifecycle.connect(redis_url), json_grammar(AB_PATTERN), "filled-evicted"
+    prefill = Runtime.load(settings, "prefill-evicted@test", "prefill", False)
+    grammars = prefill.codec.grammars
+    fill_lexer(grammars, lark)
+    gates, compiles, compile_ = [threading.Event(), threading.Event()], [], grammars._compile
+
+    def held(lark: str, future) -> None:  # (each fresh compile waits for its gate)
+        compiles.append(lark)
+        gates[len(compiles) - 1].wait(60) and compile_(lark, future)
+
+    monkeypatch.setattr(grammars, "_compile", held)
+    sampling = SamplingParams(max_tokens=40, temperature=1.0, seed=5, grammar=Grammar(lark))
+    request = GenerationRequest(request_id=rid, prompt_ids=tuple(prompt_ids(2)), sampling=sampling, created=time.time())
+    store.admit(request, [], "", 60)
+    sent: list[DecodeJob] = []
+    loop, resent, evicted = PrefillLoop(prefill, recording(sent)), [], []
+    again, compiled = loop.sender.again, prefill_loop.compiled
+    monkeypatch.setattr(loop.sender, "again", lambda tickets: resent.extend(t.job for t in tickets) or again(tickets))
+
+    def dropped_after(tickets, runtime):  # (the cache drops it once the loop saw it ready: others asked since)
+        ready = compiled(tickets, runtime)
+        if not evicted and any(t.job.request.request_id == rid and loop.kept.holds(t) for t in ready):
+            evicted.append(grammars._compiled.pop(lark))
+        return ready
+
+    monkeypatch.setattr(prefill_loop, "compiled", dropped_after)
+    filled = loop.intake.submit(PrefillJob(request=request))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        while not compiles:  # its first sample met the full lexer: a fresh compile started
+            assert not filled.done.wait(0.01), store.stream(rid)
+        gates[0].set()
+        for _ in range(6000):  # (till it is handed off, or a second compile starts)
+            if filled.done.wait(0.01) or len(compiles) > 1:
+                break
+        time.sleep(0.2)  # (a second compile, held: the loop resends meanwhile)
+        gates[1].set()
+        assert filled.done.wait(60)
+    finally:
+        loop.stop.set()
+        thread.join(30)
+    assert evicted and store.done(rid) is None and [j.request.request_id for j in sent] == [rid], store.stream(rid)
+    assert (len(compiles), [j.request.request_id for j in resent]) == (1, [rid]), (len(compiles), len(resent))

@@ -132,7 +132,8 @@ class FirstTokens:
         completion = prefilled.completion or self.r.completion(ticket, job.generated, self.limit)
         unsent = self.kept.unsent.get((rid, job.attempt))
         try:
-            step = completion.resume() if completion.waiting else None  # (a held sample's step, once renewed)
+            # (a held sample's step, once renewed: on the compile the loop saw ready, ``ticket.grammar``)
+            step = completion.resume(ticket.grammar) if completion.waiting else None
             if step is None and not completion.waiting:
                 step = completion.next(logits) if unsent is None else completion.emit(unsent, logits)
         except LexerFilled:
