@@ -42,6 +42,21 @@ def _lapsing_as_it_settles(runtime: Runtime, store: Lifecycle, rid: str) -> list
     return reruns
 
 
+def _decoded_lapsing_as_it_fails(runtime: Runtime, store: Lifecycle, rid: str, jobs: list[DecodeJob]) -> list[int]:
+    """``jobs`` decoded on ``runtime``, ``rid``'s lease lapsing and the request re-run (``_lapse``) as the
+    append after the step that ended it goes out (its failure's): -> the re-runs' attempts."""
+    loop, append, reruns = DecodeLoop(runtime), runtime.store.append, []
+
+    def lapsed(tokens, *args):
+        if not reruns and any(active.end is not None for active in loop.active.values()):
+            reruns.append(_lapse(store, rid))
+        return append(tokens, *args)
+
+    runtime.store.append = lapsed
+    run_jobs(loop, jobs)
+    return reruns
+
+
 def test_a_grammar_failing_in_a_run_whose_lease_was_lost_is_counted_by_its_re_run_alone(demo_dir, redis_url):
     """Its lease lapses as its step fails (this worker stalled; the reaper re-runs it): this run's end
     is never written (its settle STALE), the re-run's is (the client's one 400), and counted there.
@@ -51,15 +66,7 @@ def test_a_grammar_failing_in_a_run_whose_lease_was_lost_is_counted_by_its_re_ru
     sampling = SamplingParams(max_tokens=400, temperature=1.0, seed=3, grammar=Grammar(json_grammar(LATE_PATTERN)))
     sent = _prefilled(settings, store, rid, sampling, 0)
     stale = Runtime.load(settings, "decode-stale@test", "decode", False)
-    loop, append, reruns = DecodeLoop(stale), stale.store.append, []
-
-    def lapsed(tokens, *args):
-        if not reruns and any(active.end is not None for active in loop.active.values()):
-            reruns.append(_lapse(store, rid))
-        return append(tokens, *args)
-
-    stale.store.append = lapsed
-    run_jobs(loop, sent)
+    reruns = _decoded_lapsing_as_it_fails(stale, store, rid, sent)
     assert reruns[0] > 0 and store.done(rid) is None
     rerun: list[DecodeJob] = []
     job = PrefillJob(request=sent[0].request, generated=tuple(store.streamed_tokens(rid)), attempt=reruns[0])
@@ -129,3 +136,30 @@ def test_a_server_error_in_a_run_whose_lease_lapsed_is_logged_not_counted(demo_d
     assert stale.stats.snapshot()["failures"].get("prefill", 0) == 0
     logged = [r for r in caplog.records if rid in r.getMessage() and r.levelno == logging.ERROR]
     assert [r.exc_info[1].args for r in logged] == [("export broke",)], [r.getMessage() for r in caplog.records]
+
+
+def test_a_sampling_error_in_a_decode_run_found_re_run_is_logged_not_counted(demo_dir, redis_url, monkeypatch, caplog):
+    """A decode step's sampling raises (a server error) as the request's lease lapses and the reaper
+    re-runs it: this run's settle is STALE, nothing counted here, but the error and its stack are
+    logged (c7bdd19 moved its log from the failing step to ``_finish``'s written end: a stale run's
+    error left no line)."""
+    from dayzero.completion import Completion
+
+    caplog.set_level(logging.INFO, logger="dayzero.decode")
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store, rid = Lifecycle.connect(redis_url), "sampling-lapsed"
+    sent = _prefilled(settings, store, rid, SamplingParams(max_tokens=8, ignore_eos=True), 0)
+    emit = Completion.emit
+
+    def broken(self, token, logits):
+        if self.count >= 3:
+            raise RuntimeError("sampling broke")
+        return emit(self, token, logits)
+
+    monkeypatch.setattr(Completion, "emit", broken)
+    stale = Runtime.load(settings, "decode-sampling-lapsed@test", "decode", False)
+    reruns = _decoded_lapsing_as_it_fails(stale, store, rid, sent)
+    assert reruns[0] > 0 and store.done(rid) is None
+    assert stale.stats.snapshot()["failures"].get("decode", 0) == 0
+    logged = [r for r in caplog.records if rid in r.getMessage() and r.levelno == logging.ERROR]
+    assert [r.exc_info[1].args for r in logged] == [("sampling broke",)], [r.getMessage() for r in caplog.records]
