@@ -87,7 +87,7 @@ async def _readiness(gw: Gateway) -> tuple[dict, int]:
         return body, 503
     snapshots = await run_in_threadpool(gw.bus.registry.snapshots_of, [p for s in HANDOFF for p in live[s]])
     serves = {stage: {p: snapshots[p].get("serves", {}) for p in live[stage] if p in snapshots} for stage in HANDOFF}
-    unshared, warnings = compare(serves, gw.context_limit)
+    unshared, warnings = compare(serves, gw.context_limit, gw.settings.speculative_tokens)
     if warnings:
         body["warnings"] = warnings
     if unshared:
@@ -118,9 +118,10 @@ def _loading(gw: Gateway) -> dict[str, int]:
     return {worker: found[worker]["percent"] for worker in latest.values() if loading(found[worker])}
 
 
-def compare(serves: dict[str, dict[str, dict]], context: int) -> tuple[str, list[str]]:
-    """What the workers of the two stages (``{stage: {process: serves}}``) disagree on: a reason not
-    to be ready ("" if none) and warnings. A worker whose snapshot has not arrived yet is left out."""
+def compare(serves: dict[str, dict[str, dict]], context: int, drafts: int) -> tuple[str, list[str]]:
+    """What the workers of the two stages (``{stage: {process: serves}}``) disagree on, with each other
+    or with the gateway's context and drafts per step: a reason not to be ready ("" if none) and
+    warnings. A worker whose snapshot has not arrived yet is left out."""
     layouts = {stage: {s["layout"] for s in workers.values() if "layout" in s} for stage, workers in serves.items()}
     if all(layouts.values()) and not set.intersection(*layouts.values()):
         shown = "; ".join(f"{stage} {', '.join(sorted(found))}" for stage, found in layouts.items())
@@ -138,6 +139,13 @@ def compare(serves: dict[str, dict[str, dict]], context: int) -> tuple[str, list
                     f"{stage} worker {process} serves {s['context']} tokens of context, the gateway admits {context}: "
                     "longer requests end early or fail (start every process with the same DAYZERO_MAX_CONTEXT, "
                     "and a DAYZERO_KV_BUDGET_MB whose pools hold it)"
+                )
+            if stage == "decode" and s.get("drafts", drafts) != drafts:  # (a version before "drafts": unknown)
+                warnings.append(
+                    f"decode worker {process} drafts {s['drafts']} tokens a step, the gateway's "
+                    f"DAYZERO_SPECULATIVE_TOKENS is {drafts}: the system_fingerprint of the replies it decodes "
+                    "names the gateway's count, yet a seed draws otherwise (start every process with the same "
+                    "DAYZERO_SPECULATIVE_TOKENS)"
                 )
     return "", warnings + _refused_block_ids(serves)
 

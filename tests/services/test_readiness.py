@@ -225,6 +225,18 @@ def test_a_decode_worker_of_a_shorter_context_than_the_gateway_admits_is_a_warni
     assert "DAYZERO_MAX_CONTEXT" in warning
 
 
+def test_decode_workers_drafting_otherwise_than_the_gateway_is_a_warning(demo_dir, gateway, registry):
+    """The gateway's system_fingerprint hashes its own DAYZERO_SPECULATIVE_TOKENS (0 here), decode
+    draws by its own (2): a seed drew otherwise under the same fingerprint, and nothing said so."""
+    prefill = _runtime(demo_dir, gateway, "prefill0@test", "prefill", speculative_tokens=2)
+    decode = _runtime(demo_dir, gateway, "decode0@test", "decode", speculative_tokens=2)
+    status, body = _ready(gateway, [prefill, decode], registry)
+    assert status == 200, body
+    (warning,) = body["warnings"]
+    said = f"decode worker {decode.name} drafts 2 tokens a step, the gateway's DAYZERO_SPECULATIVE_TOKENS is 0"
+    assert said in warning, warning
+
+
 def test_a_worker_whose_pools_hold_less_than_the_context_is_a_warning(demo_dir, gateway, registry):
     """Started by hand with a budget too small for the context: only its own log said so."""
     prefill = _runtime(demo_dir, gateway, "prefill0@test", "prefill", kv_budget_mb=1, max_batch=40)

@@ -102,8 +102,14 @@ class Runtime:
         runtime.stats.set(weights_checked=model.weight_check.tensors, tensor_parallel=ranks.size)
         runtime.stats.add(grammar_failures=0)  # (scraped from the start: a rate over it needs its zero)
         context = min(context_limit(model.cfg, settings.max_context), ranks.pools.capacity_tokens())  # (budget.py)
-        # /ready compares stages ("ids": a worker of a version that reads block ids as bytes, and how it writes them)
-        runtime.stats.serves = {"layout": ranks.pools.layout_hash, "context": context, "ids": settings.handoff_ids}
+        # /ready compares stages ("ids": a worker of a version that reads block ids as bytes, and how it writes them;
+        # "drafts": what a seed draws, named by the gateway's system_fingerprint from its own setting)
+        runtime.stats.serves = {
+            "layout": ranks.pools.layout_hash,
+            "context": context,
+            "ids": settings.handoff_ids,
+            "drafts": settings.speculative_tokens,
+        }
         runtime.weight_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
         return runtime
 
