@@ -142,13 +142,13 @@ class Message(_Body):
         for j, part in enumerate(content):
             if not isinstance(part, dict) or "type" not in part or (kind := part["type"]) in types:
                 continue  # (no object, no type: the union tells it)
-            told = " or ".join(map(repr, types))
-            if role == "user" and kind in UNSERVED_PART_TYPES:  # (OpenAI's: valid, not served here)
+            told, named = " or ".join(map(repr, types)), isinstance(kind, str)  # (a list, an object: no key)
+            if role == "user" and named and kind in UNSERVED_PART_TYPES:  # (OpenAI's: valid, not served here)
                 message = f"type {kind!r} {UNSERVED_PART_TYPES[kind]} is not supported by this server: send {told}"
                 raise field_error(cls, (j, "type"), message, kind, "unsupported_value")
-            shown = repr(kind) if isinstance(kind, str) else json.dumps(kind)  # (3, ["text"], null: as sent)
+            shown = repr(kind) if named else json.dumps(kind)  # (3, ["text"], null: as sent)
             message = f"content parts of a message with role {role!r} are of type {told}, not {shown}"
-            if owner := PART_OWNERS.get(kind) if isinstance(kind, str) else None:
+            if owner := PART_OWNERS.get(kind) if named else None:
                 message += f" ({kind} parts are only allowed in messages with role {owner!r})"
             raise field_error(cls, (j, "type"), message, kind, "invalid_type" if kind is None else "value_error")
         return content

@@ -147,7 +147,13 @@ def test_a_part_of_a_type_its_role_does_not_take_is_told_the_role_s_types(capped
 
 @pytest.mark.parametrize(
     ("role", "kind", "code"),
-    [("system", 3, "invalid_value"), ("tool", ["text"], "invalid_value"), ("user", None, "invalid_type")],
+    [
+        ("system", 3, "invalid_value"),
+        ("tool", ["text"], "invalid_value"),
+        ("user", None, "invalid_type"),
+        ("user", ["input_audio"], "invalid_value"),  # (a user's was looked up among the unserved types: a 500)
+        ("user", {"type": "file"}, "invalid_value"),
+    ],
 )
 def test_a_part_type_of_no_string_is_told_the_role_s_types(capped_gateway, role, kind, code):
     """A type that is no string (3, a list, null) was told every role's types, as before the check by
