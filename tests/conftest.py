@@ -258,6 +258,18 @@ def few_lexer_states(monkeypatch, states: int) -> None:
     monkeypatch.setattr(grammars, "parser_limits", lambda: few)
 
 
+def ready_compile(grammars, lark: str):
+    """``lark``'s compile once done (compiled in a thread: the first call starts it), as a serving
+    loop holds it once it saw it ready (``Runtime.grammar_ready``)."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while (compiled := grammars.compiled(lark)) is None:
+        assert time.monotonic() < deadline, "the grammar never compiled"
+        time.sleep(0.01)
+    return compiled
+
+
 def fill_lexer(grammars, lark: str) -> None:
     """Replies written through copies of ``lark``'s compile, each step's mask computed (as decode
     does: every copy grows the compile's one lexer), until the lexer is full. No ``Guide`` fails on

@@ -18,7 +18,15 @@ from dayzero.grammars import Grammars
 from dayzero.guided import GRAMMAR_FAILED, Grammar, GrammarFailed, Guide, allowed_logits
 from dayzero.params import SamplingParams
 
-from .conftest import AB_PATTERN, FAILING_LATE, LATE_PATTERN, build_tokenizer, few_lexer_states, fill_lexer
+from .conftest import (
+    AB_PATTERN,
+    FAILING_LATE,
+    LATE_PATTERN,
+    build_tokenizer,
+    few_lexer_states,
+    fill_lexer,
+    ready_compile,
+)
 
 VOCAB = 512  # the model's rows (the demo tokenizer has fewer tokens: the rest is padding)
 
@@ -190,8 +198,7 @@ def test_a_completion_meeting_a_full_lexer_carries_on_as_on_a_compile_of_its_own
                 step = completion.next(torch.randn(VOCAB, generator=logits))
             except LexerFilled:
                 held += 1
-                while (step := completion.resume()) is None:
-                    time.sleep(0.01)  # (its fresh compile, in a thread)
+                step = completion.resume(ready_compile(codec.grammars, lark))  # (its fresh compile, in a thread)
             tokens.append(step.token)
         return tokens, held
 
@@ -233,9 +240,8 @@ def test_a_completion_rebuilt_on_a_full_lexer_waits_for_a_fresh_compile_then_car
     assert rebuilt.waiting and rebuilt.count == 1 and rebuilt.held is None
     with pytest.raises(LexerFilled):
         rebuilt.next(first)
-    while rebuilt.waiting:
-        assert rebuilt.resume() is None  # (no step held: the row steps again once renewed)
-        time.sleep(0.01)  # (its fresh compile, in a thread)
+    assert rebuilt.resume(ready_compile(filled.grammars, lark)) is None  # (no step held: it steps again)
+    assert not rebuilt.waiting
     assert rest(rebuilt) == rest(Completion(_fresh_codec(), params, (1,), 4, 4096, tuple(streamed)))
 
 
@@ -255,16 +261,13 @@ def test_a_replay_renewed_with_no_step_held_is_not_blamed_for_a_lexer_others_fil
     filled = _fresh_codec()
     fill_lexer(filled.grammars, lark)
     rebuilt = Completion(filled, params, (1,), 4, 4096, streamed)
-    while rebuilt.waiting:
-        assert rebuilt.resume() is None
-        time.sleep(0.01)
+    assert rebuilt.resume(ready_compile(filled.grammars, lark)) is None and not rebuilt.waiting
     fill_lexer(filled.grammars, lark)  # (the rows renewed beside it, on the same fresh compile)
     logits = torch.Generator().manual_seed(0)
     with pytest.raises(LexerFilled):
         for _ in range(40):
             rebuilt.next(torch.randn(VOCAB, generator=logits))
-    while (step := rebuilt.resume()) is None:
-        time.sleep(0.01)
+    step = rebuilt.resume(ready_compile(filled.grammars, lark))
     assert rebuilt.count == 2 and step.token != 1
 
 

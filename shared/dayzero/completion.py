@@ -147,13 +147,14 @@ class Completion:
             raise step
         return step
 
-    def resume(self, compiled: Future | None = None) -> Step | None:
-        """The step its full lexer held (``held``: ``LexerFilled``), sampled from the same logits once
-        a fresh compile of its grammar is ready (None while it compiles, or with no step held: a
-        replay's, which steps again): the position the model stepped is not lost, and the token it
-        was forced to (the end an empty mask allows) never streamed. Raises as ``next`` does.
-        ``compiled``: the fresh compile the caller saw ready and holds (``Guide.renew``)."""
-        if not self.guide.renew(held=self.held is not None, compiled=compiled) or self.held is None:
+    def resume(self, compiled: Future) -> Step | None:
+        """The step its full lexer held (``held``: ``LexerFilled``), sampled from the same logits on
+        ``compiled``, a fresh compile of its grammar the caller saw ready and holds (``Guide.renew``;
+        None with no step held: a replay's, which steps again): the position the model stepped is not
+        lost, and the token it was forced to (the end an empty mask allows) never streamed. Raises as
+        ``next`` does."""
+        self.guide.renew(compiled, held=self.held is not None)
+        if self.held is None:
             return None
         logits, self.held = self.held, None
         return self.next(logits)

@@ -113,20 +113,15 @@ class Guide:
         elif token == self._after:
             self.active = True
 
-    def renew(self, held: bool = True, compiled: Future | None = None) -> bool:
-        """Take a fresh compile of its grammar once one is ready (False while it compiles, off the
-        loop: the first call starts it), replaying the tokens it took into its copy. A lexer's failure
-        on a compile no other matcher was copied from is the grammar's own (``GrammarFailed``: a reply
-        that alone fills a fresh lexer, ``_failed``); on one others share, it is ``LexerFilled`` again
-        (that compile retired), once per token: failing so twice at one token is its own (K bad replies
-        at once wait for 2 compiles, not K in turn). ``held``: the step that failed is taken next,
-        before others copy this compile (not: a replay's, whose next token is a later step's).
-        ``compiled``: a fresh compile the caller holds (prefill's ticket: the cache may drop it once
-        seen ready, and asked again it compiled anew), unless retired."""
-        if compiled is None or self._grammars.retired(compiled):
-            compiled = self._grammars.compiled(self._lark)  # (never the one retired: it left the cache)
-        if compiled is None:
-            return False
+    def renew(self, compiled: Future, held: bool = True) -> None:
+        """Take ``compiled``, a fresh compile of its grammar that the caller saw ready and holds
+        (``Runtime.grammar_ready``: the cache may drop it once seen ready, and asked again it compiled
+        anew), replaying the tokens it took into its copy. A lexer's failure on a compile no other
+        matcher was copied from is the grammar's own (``GrammarFailed``: a reply that alone fills a
+        fresh lexer, ``_failed``); on one others share, it is ``LexerFilled`` again (that compile
+        retired), once per token: failing so twice at one token is its own (K bad replies at once
+        wait for 2 compiles, not K in turn). ``held``: the step that failed is taken next, before
+        others copy this compile (not: a replay's, whose next token is a later step's)."""
         at = len(self._consumed)
         # (a compile others copied is no fresh one, unless it renewed at this token on one already)
         own = not self._grammars.copies(compiled) or self._renewed == (at, False)
@@ -138,7 +133,6 @@ class Guide:
             self._failed()
         if not held and own:  # (a replay's: its next token is a step's, tried after others copied it)
             self._renewed = None
-        return True
 
     def _failed(self) -> None:
         """Raise its matcher's error: a lexer's retires the compile (every copy's lexer), and is the

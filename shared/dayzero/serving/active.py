@@ -84,14 +84,15 @@ class Active:
         fresh compile."""
         return self.end is None and not self.unsent and not self.completion.waiting
 
-    def resume(self, batch: int) -> None:
+    def resume(self, runtime: Runtime, batch: int) -> None:
         """Queue the step its full lexer held (if one is) once a fresh compile of its grammar is ready
-        (compiled off the loop: the batch steps on meanwhile, this row out of it); a row whose replay
-        at admission filled its lexer holds no step: it steps again."""
-        if self.end is not None or not self.completion.waiting:
+        (compiled off the loop: the batch steps on meanwhile, this row out of it), on the compile its
+        ticket holds (``Runtime.grammar_ready``, as prefill's first token); a row whose replay at
+        admission filled its lexer holds no step: it steps again."""
+        if self.end is not None or not self.completion.waiting or not runtime.grammar_ready(self.ticket):
             return
         try:
-            step = self.completion.resume()
+            step = self.completion.resume(self.ticket.grammar)
         except Exception as exc:  # noqa: BLE001 - its grammar failed on the fresh compile too: it fails alone
             step = exc
         if step is not None:

@@ -186,8 +186,8 @@ class DecodeLoop:
     def _step(self) -> None:
         """Decode the requests that step (the others wait for their tokens' append, or their end),
         then append every request's unsent tokens."""
-        for active in self.active.values():
-            active.resume(len(self.active))  # (a row whose grammar's lexer filled: on a fresh compile, once ready)
+        for active in self.active.values():  # (a row whose grammar's lexer filled: on a fresh compile, once ready)
+            active.resume(self.r, len(self.active))
         ids = [rid for rid, active in self.active.items() if active.stepping]
         if ids:
             self._decode(ids)

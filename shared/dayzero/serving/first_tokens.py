@@ -133,7 +133,8 @@ class FirstTokens:
         unsent = self.kept.unsent.get((rid, job.attempt))
         try:
             # (a held sample's step, once renewed: on the compile the loop saw ready, ``ticket.grammar``)
-            step = completion.resume(ticket.grammar) if completion.waiting else None
+            ready = completion.waiting and self.r.grammar_ready(ticket)  # (not one its replay just retired)
+            step = completion.resume(ticket.grammar) if ready else None
             if step is None and not completion.waiting:
                 step = completion.next(logits) if unsent is None else completion.emit(unsent, logits)
         except LexerFilled:
