@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dayzero.chat.grammar import json_grammar
+from dayzero.chat.schema_openapi import KNOWN_FORMATS
 from dayzero.chat.schema_size import byte_classes, size_problem
 from dayzero.chat.schema_splits import MOST_AFTER_UNBOUNDED_WIDE
 
@@ -58,6 +59,24 @@ def test_the_classes_counted_are_llguidances(others, closed):
     a literal's, ranges of a class or of ``.`` as UTF-8 writes them, JSON's escapes, a number's and a
     string's own rules), exactly, beside names, values and patterns of each kind."""
     schema = _beside(1000, others, closed)
+    assert byte_classes([schema], DEFAULTS) == llguidance_classes(json_grammar(schema))
+
+
+_FORMATTED = {  # (a format beside a length: within a string of any characters, ``.{5,}``, intersected)
+    **{name: {"type": "string", "format": name} for name in sorted(KNOWN_FORMATS)},
+    "date_at_least_5": {"type": "string", "format": "date", "minLength": 5},
+    "uuid_at_most_50": {"type": "string", "format": "uuid", "maxLength": 50},
+    "unknown": {"type": "string", "format": "int64"},  # (dropped: any string)
+}
+
+
+@pytest.mark.parametrize("closed", [True, False], ids=["closed", "open"])
+@pytest.mark.parametrize("formatted", _FORMATTED.values(), ids=_FORMATTED.keys())
+def test_a_formats_classes_are_llguidances(formatted, closed):
+    """A string format is written by llguidance's regular expression for it, which tells 32-48 classes
+    apart beside the run (closed; 47-58 open): counted as printable ASCII (108), the run beside any
+    format was refused past 448. Counted by its expression's byte sets: llguidance's count, never under."""
+    schema = _beside(1000, {"f": formatted}, closed)
     assert byte_classes([schema], DEFAULTS) == llguidance_classes(json_grammar(schema))
 
 

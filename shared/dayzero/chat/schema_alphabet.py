@@ -6,9 +6,10 @@ lexemes are its names, enum and const values and patterns as JSON strings write 
 rules its types use (a string's, a number's, an open object's any value). Swept against llguidance
 1.9.1's own count (140 schemas: enums, names and patterns of ASCII, Cyrillic, CJK, classes, case
 folding, escapes, numbers; open and closed), 132 were counted exactly, 4 two or three classes over
-(a bounded integer's digits, each its own; case folding), formats 45-64 over (a format's bytes each
-counted its own class), none under. A pattern this reader does not follow (a Unicode class
-``\\p{L}``, a class within a class) is counted as telling all 256 bytes apart."""
+(a bounded integer's digits, each its own; case folding), none under; a format is counted by the
+byte sets of llguidance's regular expression for it (exactly, each alone beside a run: it was
+counted as printable ASCII, 45-64 classes over). A pattern this reader does not follow (a Unicode
+class ``\\p{L}``, a class within a class) is counted as telling all 256 bytes apart."""
 
 from __future__ import annotations
 
@@ -28,6 +29,22 @@ _SHORT_CODES = {escape: code for code, escape in _SHORT_ESCAPES.items()}
 # also reads coded, in either case (``\\u0009``, ``\\u001F``)
 _CONTROL = re.compile(r"(?<!\\)(?:\\\\)*\\(?:([bfnrt])|u(00[01][0-9a-f]))|\x7f")
 _ANCHORED = re.compile(r"(?:\(\?[A-Za-z-]*\))*\^.*(?<!\\)(?:\\\\)*\$", re.DOTALL)  # ((?i)^...$, not ...\$)
+# the byte sets each string format's regular expression tells apart, as atoms of one (its literal
+# bytes, then its classes): read off llguidance 1.9's expressions (parser/src/json/formats.rs), the
+# formats it enforces (schema_openapi.KNOWN_FORMATS; it writes one it does not know, dropped, as any string)
+_FORMAT_CLASSES = {
+    "date": r"-0123[01][02][12][469][13578][1-9][0-9]",
+    "date-time": r"-\.01236:[+\-][01][02][12][Tt][Zz][469][0-3][13578][0-5][1-9][0-9]",
+    "duration": r"DHMPSTWY[0-9]",
+    "email": r"\.125@\[\][0-4][0-5][1-9][0-9][0-9A-Za-z][\-0-9A-Za-z][!#$%&'*+\-/0-9=?A-Z\^_`a-z{|}~]",
+    "hostname": r"\.[0-9A-Za-z][\-0-9A-Za-z]",
+    "ipv4": r"\.125[0-4][0-5][1-9][0-9]",
+    "ipv6": r":[0-9A-Fa-f]",
+    "time": r"\.026:[+\-][01][Zz][0-3][0-5][0-9]",
+    "uri": r"#%\./125:\?@\[\]v[0-4][0-5][1-9][0-9][0-9A-Fa-f][A-Za-z][+\-.0-9A-Za-z][!$&'()*+,\-.0-9;=A-Z_a-z~]"
+    r"[!$&'()*+,\-.0-9:;=A-Z_a-z~][!$&'()*+,\-.0-9:;=@A-Z_a-z~][!$&'()*+,\-./0-9:;=?@A-Z_a-z~]",
+    "uuid": r"-[0-9A-Fa-f]",
+}
 _KINDS = ["object", "array", "string", "number", "integer", "boolean", "null"]  # (no type: any)
 
 
@@ -91,9 +108,11 @@ class Alphabet:
             self.add_pattern(regex)
         kinds = node.get("type", [] if {"enum", "const", "$ref", "anyOf", "oneOf", "allOf"} & node.keys() else _KINDS)
         kinds = set(kinds if isinstance(kinds, list) else [kinds])
-        if "format" in node:  # (its regular expression: each printable ASCII byte counted its own)
-            self.add_bytes(bytes(range(0x20, 0x7F)))
-        if "string" in kinds and (not {"pattern", "format", "enum", "const"} & node.keys() or _any_within(node)):
+        formatted = _FORMAT_CLASSES.get(node["format"]) if isinstance(node.get("format"), str) else None
+        if formatted is not None:
+            self.add_pattern(formatted)
+        written = formatted is not None or {"pattern", "enum", "const"} & node.keys()  # (else any string)
+        if "string" in kinds and (not written or _any_within(node, formatted is not None)):
             self.add_any_string()
         if kinds & {"number", "integer"}:
             bounded = bool({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"} & node.keys())
@@ -150,12 +169,15 @@ def _escape_masks(ascii_characters: frozenset[int]) -> frozenset[int]:
     return frozenset(masks - {0})
 
 
-def _any_within(node: dict) -> bool:
-    """Whether llguidance writes ``node``'s pattern within a string of any characters: a pattern not
-    anchored at both ends (``ab``: ``.*ab.*``), or beside a length (``.{3,9}``, intersected)."""
-    if not isinstance(pattern := node.get("pattern"), str):
-        return False
-    return not _ANCHORED.fullmatch(pattern) or bool({"minLength", "maxLength"} & node.keys())
+def _any_within(node: dict, formatted: bool) -> bool:
+    """Whether llguidance writes ``node``'s pattern (``formatted``: or its format's) within a string
+    of any characters: a pattern not anchored at both ends (``ab``: ``.*ab.*``), or either beside a
+    length (``.{3,9}``, intersected)."""
+    pattern = node.get("pattern")
+    lengths = bool({"minLength", "maxLength"} & node.keys())
+    if isinstance(pattern, str):
+        return not _ANCHORED.fullmatch(pattern) or lengths
+    return formatted and lengths
 
 
 def _values(node: dict) -> list:
