@@ -68,8 +68,8 @@ class Grammars:
         copy shares the compile's lexer, whose states each reply grows (llguidance's ``deep_copy``):
         once replies filled it past ``max_lexer_states`` every request of the grammar failed, each
         of which a fresh compile writes whole, while the grammar stayed cached. The next compiles anew;
-        a request holding it meanwhile takes the fresh one (``retired``), and so does the one that
-        found it full (``Guide.renew``)."""
+        a request holding it meanwhile takes the fresh one (``retired``: ``Runtime.grammar_ready``),
+        and so does the one that found it full (renewed on it: ``Guide.renew``)."""
         with self._lock:
             if compiled is None:
                 return
