@@ -45,8 +45,11 @@ class Gateway:
 def system_fingerprint(config: dict, speculative_tokens: int) -> str:
     """OpenAI's ``system_fingerprint``: the backend a reply came from, dayzero's version, the
     checkpoint's config and the drafts per decode step (a change to any may change what a seed
-    draws: speculation's accept-or-resample draws take the seed's randomness otherwise)."""
-    backend = json.dumps([version("dayzero"), config, speculative_tokens], sort_keys=True, default=str)
+    draws: speculation's accept-or-resample draws take the seed's randomness otherwise). A gateway
+    that never drafts (0) hashes only the version and the config: its fingerprint is the one it had
+    before the drafts were hashed, so clients comparing fingerprints see no change of backend."""
+    drafts = [speculative_tokens] if speculative_tokens else []
+    backend = json.dumps([version("dayzero"), config, *drafts], sort_keys=True, default=str)
     return "fp_" + hashlib.sha256(backend.encode()).hexdigest()[:12]
 
 

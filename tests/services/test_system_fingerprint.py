@@ -5,9 +5,11 @@ process-salted hash, Python's ``hash()``, would differ per process)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import version
 
 import httpx
 from fastapi.testclient import TestClient
@@ -44,6 +46,16 @@ def test_the_fingerprint_changes_with_the_drafts_per_step(demo_dir, redis_url):
     the module bytrationalize ..." not, under one fingerprint. So each count has its own."""
     fingerprints = {_fingerprint_of(demo_dir, redis_url, drafts) for drafts in (0, 1, 2)}
     assert len(fingerprints) == 3, fingerprints
+
+
+def test_a_gateway_that_never_drafts_keeps_the_fingerprint_it_had_before_drafts_were_hashed(demo_dir, redis_url):
+    """Before the drafts per step were hashed (7d09c5f) the fingerprint was sha256 of the JSON of
+    [dayzero's version, config.json] (sorted keys), its first 12 hex digits after "fp_"; a gateway on
+    0 drafts draws as it did then, so a client comparing fingerprints must see the same backend."""
+    config = json.loads((demo_dir / "config.json").read_text())
+    backend = json.dumps([version("dayzero"), config], sort_keys=True)
+    before = "fp_" + hashlib.sha256(backend.encode()).hexdigest()[:12]
+    assert _fingerprint_of(demo_dir, redis_url, speculative_tokens=0) == before
 
 
 def _fingerprints(url: str, body: dict, route: str) -> set[str]:
