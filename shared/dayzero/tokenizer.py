@@ -3,7 +3,8 @@ chats -> prompt ids through the checkpoint's chat template or DeepSeek-V4's own 
 
 A chat template (``tokenizer_config.json``'s ``chat_template``, or ``chat_template.jinja``)
 is rendered as transformers' ``apply_chat_template`` renders it (its own Jinja renderer), so a
-checkpoint gets exactly the prompt format its authors ship. A checkpoint without one (as
+checkpoint gets exactly the prompt format its authors ship (a message's content parts as the template
+takes them: ``dayzero.chat.template_content``). A checkpoint without one (as
 DeepSeek-V4 is released) gets V4's encoding (``dayzero.chat.encoding``).
 
 Decoded text drops special tokens (as transformers' ``skip_special_tokens`` and vLLM do), except
@@ -169,11 +170,13 @@ class TextCodec:
             return encode_chat(messages, options)
         from transformers.utils.chat_template_utils import render_jinja_template
 
-        flat = [{**m, "content": "".join(m["content"])} if isinstance(m.get("content"), list) else m for m in messages]
+        from .chat.template_content import for_template  # (jinja2, as transformers: loaded on first use)
+
+        shaped = for_template(messages, self.chat_template)  # a list content: parts or one string
         kwargs = {"thinking": options.thinking, "reasoning_effort": options.effort, **self._tokens}
         prefix = bool(messages and messages[-1].get("prefix"))  # the answer's beginning, continued
         (text,), _ = render_jinja_template(
-            conversations=[flat],
+            conversations=[shaped],
             tools=list(options.tools) or None,
             chat_template=self.chat_template,
             add_generation_prompt=not prefix,

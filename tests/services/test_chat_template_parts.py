@@ -1,0 +1,78 @@
+"""A message of several text parts, on a checkpoint that ships a Jinja chat template: transformers'
+``apply_chat_template`` hands the template the parts as sent, so a template that loops over a
+message's content joins them its own way, and dayzero's prompt must be transformers' for the same
+messages. A template that prints the content as a string would print a list's Python repr there;
+vLLM joins the text parts by a newline for it ("string" content format), and so does dayzero: the
+parts were joined with nothing ("Hello" and "world" read "Helloworld"). Checked through /tokenize
+(the gateway in-process, no workers), against transformers on a template this test writes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dayzero.settings import Settings
+from services.gateway.app import make_app
+
+from .conftest import MODEL
+
+END = "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+AS_A_STRING = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}" + END
+# the parts, each its own way to the content (Qwen2-VL's template loops as the first does)
+OVER_THE_PARTS = {
+    "indexed": "{% for m in messages %}[{{ m['role'] }}]{% for p in m['content'] %}<{{ p['text'] }}>{% endfor %}",
+    "attribute": "{% for m in messages %}[{{ m.role }}]{% for p in m.content %}{{ p.text }}{% endfor %}",
+    "set": "{% for m in messages %}{% set c = m['content'] %}[{{ m['role'] }}]{% for p in c %}{{ p['text'] }}|"
+    "{% endfor %}",
+    "string or parts": (
+        "{% for m in messages %}[{{ m['role'] }}]{% if m['content'] is string %}{{ m['content'] }}"
+        "{% else %}{% for p in m['content'] %}{{ p['text'] }} {% endfor %}{% endif %}"
+    ),
+}
+PARTS = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]
+CHAT = [
+    {"role": "system", "content": [{"type": "text", "text": "Be"}, {"type": "text", "text": "brief."}]},
+    {"role": "user", "content": PARTS},
+    {"role": "assistant", "content": [{"type": "text", "text": "Hi"}, {"type": "refusal", "refusal": "no"}]},
+    {"role": "user", "content": "one string"},
+]
+
+
+def _templated(demo_dir, tmp_path, template: str):
+    copy = shutil.copytree(demo_dir, tmp_path / "templated")
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    (copy / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    return copy
+
+
+def _tokenized(checkpoint, redis_url, messages: list[dict]) -> list[int]:
+    with TestClient(make_app(Settings(checkpoint=checkpoint, redis_url=redis_url))) as gateway:
+        r = gateway.post("/tokenize", json={"model": MODEL, "messages": messages})
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]
+
+
+def _transformers(checkpoint, messages: list[dict]) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+@pytest.mark.parametrize("form", list(OVER_THE_PARTS))
+def test_a_template_over_the_parts_gets_them_as_transformers_gives_them(demo_dir, redis_url, tmp_path, form):
+    checkpoint = _templated(demo_dir, tmp_path, OVER_THE_PARTS[form] + END)
+    # OpenAI's refusal part is an assistant's text in the history (vLLM's rendering)
+    as_text = [{"type": "text", "text": "Hi"}, {"type": "text", "text": "no"}]
+    reference = [*CHAT[:2], {**CHAT[2], "content": as_text}, CHAT[3]]
+    assert _tokenized(checkpoint, redis_url, CHAT) == _transformers(checkpoint, reference)
+
+
+def test_a_template_taking_a_string_gets_the_parts_joined_by_a_newline(demo_dir, redis_url, tmp_path):
+    checkpoint = _templated(demo_dir, tmp_path, AS_A_STRING)
+    texts = ["Be\nbrief.", "Hello\nworld", "Hi\nno", "one string"]
+    joined = [{**m, "content": text} for m, text in zip(CHAT, texts, strict=True)]
+    assert _tokenized(checkpoint, redis_url, CHAT) == _transformers(checkpoint, joined)
