@@ -79,7 +79,7 @@ def _short_text(body: ChatPrompt) -> bool:
     for message in body.messages:
         parts = message.rendered_parts()
         count += len(parts)
-        if count > RENDERED_ON_THE_LOOP or message.tool_calls:
+        if count > RENDERED_ON_THE_LOOP or message.calls():
             return False
         texts = [part_text(part) for _, part in parts]
         if None in texts:  # an image
@@ -118,7 +118,8 @@ def _as_rendered(text: str, where: tuple) -> str:
     """A field's text as the prompt holds it: a past call's arguments as its block renders them (an
     object's values decoded from JSON: their ``"\\ud800"``, plain ASCII as sent, is a lone surrogate
     there; the field was never named. Other JSON is rendered as sent: ``["\\ud800"]`` is ASCII)."""
-    if "tool_calls" not in where or where[-2:] != ("function", "arguments"):
+    legacy = where[-2:] == ("function_call", "arguments")  # (an assistant's deprecated call)
+    if not legacy and ("tool_calls" not in where or where[-2:] != ("function", "arguments")):
         return text
     return render_calls([{"function": {"name": "", "arguments": text}}])
 

@@ -104,8 +104,8 @@ class ChatPrompt(_Body):
                 continue
             if m.role != "assistant" or i != len(messages) - 1:
                 why = "only the last message, an assistant's, can be a prefix"
-            elif m.tool_calls:
-                why = "a prefix holds text, not tool_calls"
+            elif m.calls():
+                why = f"a prefix holds text, not {m.calls_field}"
             else:
                 continue
             raise field_error(cls, ("messages", i, "prefix"), why, True)

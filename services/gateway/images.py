@@ -61,9 +61,8 @@ def render_chat(messages: list[Message], limits: ImageLimits, spec: PatchSpec, v
                 )
             images.append((part.image_url.url, param_path((*where, "image_url", "url"))))
             text.append(IMAGE_TAG)
-        extra = m.model_dump(include={"reasoning_content", "tool_calls", "tool_call_id", "prefix"}, exclude_none=True)
         listed = isinstance(m.content, list) or len(text) > 1  # (a content and a refusal: two parts)
-        turns.append({"role": m.role, "content": text if listed else text[0], **extra})
+        turns.append({**m.rendered_fields(), "content": text if listed else text[0]})
     data, patches = _checked_images(images, limits, spec)
     return Prompt(turns, data, patches)
 

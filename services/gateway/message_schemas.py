@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from .body_model import _Body, field_error
+from .body_model import _Body, coded, field_error
 from .schemas import MAX_TEXT, Text
 
 MAX_PARTS = 1024  # content parts of a message (its images are bounded further)
@@ -88,19 +88,35 @@ class ToolCall(_Body):
 
 
 # the fields each role needs, and what each holds
-NEEDED = {"content": ("system", "user", "developer", "tool", "latest_reminder"), "tool_call_id": ("tool",)}
-NEEDED_KINDS = {"content": "a string or an array of content parts", "tool_call_id": "the id of the call it answers"}
+NEEDED = {
+    "content": ("system", "user", "developer", "tool", "latest_reminder"),
+    "tool_call_id": ("tool",),
+    "name": ("function",),
+}
+NEEDED_KINDS = {
+    "content": "a string or an array of content parts",
+    "tool_call_id": "the id of the call it answers",
+    "name": "the name of the function whose result it is",
+}
+# the field of a result's message that names the call it answers: a tool's, a function's (OpenAI's deprecated role)
+ANSWERING = {"tool": "tool_call_id", "function": "name"}
 
 
 class Message(_Body):
     list_limits = {"content": MAX_PARTS}
-    role: Literal["system", "user", "assistant", "developer", "tool", "latest_reminder"]
+    role: Literal["system", "user", "assistant", "developer", "tool", "latest_reminder", "function"]
     # each kind its own bound (one on the union told a long string "at most 1048576 items")
     content: Text | Annotated[list[Part], Field(min_length=1)] | None = Field(default=None, validate_default=True)
     reasoning_content: str | None = Field(default=None, max_length=MAX_TEXT)  # an assistant's (DeepSeek's field)
     refusal: str | None = Field(default=None, max_length=MAX_TEXT)  # an assistant's (OpenAI's field): rendered_parts
     tool_calls: list[ToolCall] | None = Field(default=None, max_length=128)
+    # an assistant's one call in OpenAI's deprecated form, rendered as that call (calls())
+    function_call: FunctionCall | None = None
     tool_call_id: str | None = Field(default=None, max_length=256, validate_default=True)
+    # a participant's name (given to a Jinja template; V4's encoding, as DeepSeek's, has no place for
+    # one); a function message's: the function's, which answers the call of that name (calls())
+    name: str | None = Field(default=None, max_length=256, validate_default=True)
+    audio: dict | None = None  # an assistant's past audio reply (OpenAI's): refused, no audio is made here
     prefix: bool | None = None  # DeepSeek's chat prefix completion: the answer's beginning, continued
 
     @model_validator(mode="before")
@@ -114,11 +130,12 @@ class Message(_Body):
             raise field_error(cls, (null,), message, None, kind="invalid_type")
         return data
 
-    @field_validator("content", "tool_call_id")
+    @field_validator("content", "tool_call_id", "name")
     @classmethod
     def _needed_by_the_role(cls, value: object, info: ValidationInfo) -> object:
-        """Content but of an assistant's, a tool result's call id (OpenAI's rules): left out, a
-        message was served as an empty turn, a result without an id as the first call's."""
+        """Content but of an assistant's, a tool result's call id, a function result's name (OpenAI's
+        rules): left out, a message was served as an empty turn, a result without an id as the first
+        call's."""
         role = info.data.get("role")
         if value is None and role in NEEDED[info.field_name]:
             raise PydanticCustomError(
@@ -160,6 +177,49 @@ class Message(_Body):
         if refusal is not None and info.data.get("role") != "assistant":
             raise ValueError(f"only an assistant message carries a refusal, not a {info.data.get('role')} message")
         return refusal
+
+    @field_validator("function_call")
+    @classmethod
+    def _one_form_of_calls(cls, call: FunctionCall, info: ValidationInfo) -> FunctionCall:
+        """An assistant's, in place of tool_calls (it was dropped: the turn rendered empty)."""
+        if (role := info.data.get("role")) != "assistant":
+            raise ValueError(f"only an assistant message carries a function_call, not a {role} message")
+        if info.data.get("tool_calls"):
+            raise ValueError("an assistant message carries its calls in tool_calls or in function_call, not both")
+        return call
+
+    @field_validator("audio")
+    @classmethod
+    def _no_audio_reply(cls, audio: dict) -> dict:
+        """A reference to an audio reply of an earlier turn (OpenAI's ``{"id"}``): this server never
+        made one to render (it was dropped: the turn rendered empty)."""
+        raise coded("unsupported_value", "audio replies are not supported by this server: send the reply's text")
+
+    @property
+    def calls_field(self) -> str:
+        return "function_call" if self.function_call is not None else "tool_calls"
+
+    def calls(self) -> list[ToolCall]:
+        """An assistant's calls: its tool_calls, or its function_call as one call whose id is the
+        function's name (a function message answers it by that name, as OpenAI's deprecated
+        functions protocol pairs them)."""
+        if self.function_call is not None:
+            return [ToolCall(id=self.function_call.name, function=self.function_call)]
+        return self.tool_calls or []
+
+    def answered_call(self) -> str | None:
+        """The id of the call a result's message answers (a function message's: its name)."""
+        return getattr(self, ANSWERING[self.role]) if self.role in ANSWERING else None
+
+    def rendered_fields(self) -> dict:
+        """The fields the turn renders besides its content, in OpenAI's current form: a function_call
+        as tool_calls, a function message as the tool message answering it."""
+        fields = self.model_dump(include={"reasoning_content", "name", "prefix"}, exclude_none=True)
+        if calls := self.calls():
+            fields["tool_calls"] = [call.model_dump() for call in calls]
+        if (answered := self.answered_call()) is not None:
+            fields["tool_call_id"] = answered
+        return {**fields, "role": "tool" if self.role in ANSWERING else self.role}
 
     def rendered_parts(self) -> list[tuple[tuple[str | int, ...], str | Part]]:
         """The parts the turn renders, each with its field in the message: a string content is one

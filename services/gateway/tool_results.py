@@ -5,12 +5,16 @@ with 'tool_calls'"; "An assistant message with 'tool_calls' must be followed by 
 responding to each 'tool_call_id'"). Rendered, a call left unanswered showed the model a call whose
 result never came; a result that answers no call, a result of a call it never made (or, its id
 unknown, the results out of their calls' order); a second result of one call (OpenAI: "Duplicate
-value for 'tool_call_id'"), two results where the call had one."""
+value for 'tool_call_id'"), two results where the call had one. OpenAI's deprecated form, an assistant's
+function_call answered by a function message naming it, is held to the same rule (its call's id is the
+function's name: message_schemas.Message.calls)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from typing import Protocol
+
+from .message_schemas import ANSWERING
 
 
 class _Call(Protocol):
@@ -19,8 +23,10 @@ class _Call(Protocol):
 
 class _Message(Protocol):
     role: str
-    tool_calls: list[_Call] | None
-    tool_call_id: str | None
+    calls_field: str  # the field its calls are in
+
+    def calls(self) -> list[_Call]: ...
+    def answered_call(self) -> str | None: ...
 
 
 def unanswered_result(messages: list[_Message]) -> tuple[tuple[int, str], str] | None:
@@ -29,28 +35,30 @@ def unanswered_result(messages: list[_Message]) -> tuple[tuple[int, str], str] |
     models and adapters write them) are answered by one result, or by one each, not by more (the
     encoder shows each call the id's result of its rank, else its last: chat/encoding.py)."""
     asker, asked, answered = None, Counter(), Counter()  # the assistant message answered; its calls, results by id
+    asker_field = "tool_calls"
     for i, m in enumerate(messages):
-        if m.role == "tool":
+        if field := ANSWERING.get(m.role):
+            call_id = m.answered_call()
             if asker is None:
-                return (i, "role"), "a tool message must answer the tool_calls of the assistant message right before it"
-            if m.tool_call_id not in asked:
-                why = f"{m.tool_call_id!r} is the id of no call of the assistant message before it"
-                return (i, "tool_call_id"), why
-            if (sharing := asked[m.tool_call_id]) == answered[m.tool_call_id]:
+                return (i, "role"), f"a {m.role} message must answer the calls of the assistant message right before it"
+            if call_id not in asked:
+                what = "name" if field == "name" else "id"
+                return (i, field), f"{call_id!r} is the {what} of no call of the assistant message before it"
+            if (sharing := asked[call_id]) == answered[call_id]:
                 times = "twice" if sharing == 1 else f"{sharing + 1} times for its {sharing} calls"
-                why = f"{m.tool_call_id!r} is answered {times} (duplicate value for 'tool_call_id')"
-                return (i, "tool_call_id"), why
-            answered[m.tool_call_id] += 1
+                return (i, field), f"{call_id!r} is answered {times} (duplicate value for {field!r})"
+            answered[call_id] += 1
             continue
-        if unanswered := _unanswered(asker, asked, answered):
+        if unanswered := _unanswered(asker, asker_field, asked, answered):
             return unanswered
-        calls = (m.tool_calls or []) if m.role == "assistant" else []
+        calls = m.calls() if m.role == "assistant" else []
         asker, asked, answered = (i if calls else None), Counter(c.id for c in calls), Counter()
-    return _unanswered(asker, asked, answered)
+        asker_field = m.calls_field
+    return _unanswered(asker, asker_field, asked, answered)
 
 
-def _unanswered(asker: int | None, asked: Counter, answered: Counter) -> tuple[tuple[int, str], str] | None:
+def _unanswered(asker: int | None, field: str, asked: Counter, answered: Counter) -> tuple[tuple[int, str], str] | None:
     if not (waiting := [call_id for call_id in asked if not answered[call_id]]):
         return None
-    why = "an assistant message's tool_calls must each be answered by a tool message right after it: "
-    return (asker, "tool_calls"), why + f"none answers {', '.join(map(repr, waiting))}"
+    why = f"each call of an assistant message ({field}) must be answered by a tool message right after it: "
+    return (asker, field), why + f"none answers {', '.join(map(repr, waiting))}"
