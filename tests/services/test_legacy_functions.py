@@ -79,6 +79,16 @@ def test_what_cannot_be_rendered_is_refused_naming_the_field(gateway, messages, 
     assert (error["param"], error["code"]) == (param, code), error
 
 
+def test_a_lone_surrogate_in_a_function_calls_arguments_is_named_there(gateway):
+    """Its arguments render decoded from JSON, as a tool call's do: ``"\\ud800"`` (ASCII as sent) is a
+    lone surrogate in the prompt, refused naming the field, not all of ``messages``."""
+    call = {**LEGACY_CALL, "function_call": {"name": "mul", "arguments": '{"a": "\\ud800"}'}}
+    body = json.dumps({"model": MODEL, "messages": [ASK, call, LEGACY[2]]})
+    r = gateway.post("/tokenize", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "messages[1].function_call.arguments", r.text
+
+
 NAMED = [{"role": "system", "content": "Be brief.", "name": "rules"}, {**ASK, "name": "ann"}]
 TEMPLATE = (
     "{% for m in messages %}[{{ m['role'] }}{% if m['name'] %} {{ m['name'] }}{% endif %}]{{ m['content'] }}"
