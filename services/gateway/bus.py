@@ -11,6 +11,8 @@ import redis
 import redis.asyncio as aioredis
 from celery import Celery
 from opentelemetry import trace
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from starlette.concurrency import run_in_threadpool
 
 from dayzero.redis_clients import async_client
@@ -25,7 +27,7 @@ from dayzero.serving.watching import Watching
 from dayzero.settings import Settings
 from dayzero.telemetry import carrier
 
-from .held_loop import CONNECT_S, HeldLoopRetry
+from .held_loop import CONNECT_S, HeldLoopConnect
 from .leaving import Leaving
 from .streams import StreamHub
 
@@ -34,8 +36,8 @@ FORGET_S = 1.0  # a stopping gateway's leave of the gateways on its Redis waits 
 
 def command_client(settings: Settings) -> aioredis.Redis:
     """The gateway's client for short commands (token streams go through the hub): a bounded pool that
-    waits, never fails; a command on a connection Redis closed, or whose connect the event loop timed
-    out, goes once more (``HeldLoopRetry``)."""
+    waits, never fails; a command on a connection Redis closed goes once more, a connect the event
+    loop timed out is made once more (``HeldLoopConnect``)."""
     return async_client(
         settings.redis_url,
         blocking=True,
@@ -43,7 +45,8 @@ def command_client(settings: Settings) -> aioredis.Redis:
         timeout=10,
         socket_connect_timeout=CONNECT_S,
         socket_timeout=settings.gateway_redis_timeout_s,  # (a frozen Redis: the command fails, 503 or tried again)
-        retry=HeldLoopRetry(closed=True),
+        connection_mixin=HeldLoopConnect,
+        retry=Retry(NoBackoff(), 1, (redis.ConnectionError,)),  # (a TimeoutError: a frozen Redis, not tried again)
     )
 
 

@@ -31,13 +31,15 @@ from collections.abc import AsyncIterator
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from dayzero.redis_clients import async_client
 from dayzero.serving.broker import AsyncUnblockedIsLostParser
 from dayzero.serving.keys import key
 from dayzero.serving.records import Token, decode
 
-from .held_loop import CONNECT_S, HeldLoopRetry
+from .held_loop import CONNECT_S, HeldLoopConnect
 from .restarts import RedisRestarted, not_held, run_id
 from .subscription import BACKLOG, Closed, Subscription, entry_order
 from .unclosed import unclosed_ends
@@ -57,7 +59,8 @@ class StreamHub:
             socket_connect_timeout=CONNECT_S,
             socket_timeout=timeout,
             max_connections=1,
-            retry=HeldLoopRetry(closed=False),  # (a connect its own loop timed out ended every open stream)
+            connection_mixin=HeldLoopConnect,  # (a connect its own loop timed out ended every open stream)
+            retry=Retry(NoBackoff(), 0, ()),  # none: a closed connection is news of Redis (a restart ends streams)
             parser_class=AsyncUnblockedIsLostParser,  # an UNBLOCKED read: its connection lost (Redis closes it)
         )
         self.commands, self.block_ms = commands, block_ms

@@ -19,16 +19,16 @@ reaches the new master. kombu's own form (``sentinel://h:p;sentinel://h2:p`` and
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import re
-from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.connection import parse_url as parse_async_url
 from redis.asyncio.sentinel import MasterNotFoundError as AsyncMasterNotFoundError
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
@@ -43,9 +43,6 @@ FORM = f"{SENTINEL_SCHEME}://[[user]:password@]host[:port][,host2[:port]...]/mas
 QUERY_KEYS = ("sentinel_password", "sentinel_username")
 BROKER_QUERY_PREFIX = "ssl_"  # the query keys of a plain URL that kombu takes too (its ssl options)
 _SENTINEL_ASKED_S = 2.0  # how long a question to one sentinel may take (the next is asked then)
-# called as an asyncio sentinel connection's connect to the master begins, its timer set then: after the
-# sentinels were asked (up to _SENTINEL_ASKED_S each), not as its try began (services/gateway/held_loop.py)
-CONNECT_BEGINS: ContextVar[tuple[Callable[[], None], ...]] = ContextVar("connect_begins", default=())
 
 
 def _keys_taken() -> frozenset[str]:
@@ -227,11 +224,6 @@ class _RefusalSaidAsyncSentinelConnection(AsyncSentinelConnection):
                 raise SentinelRefused(refused) from exc
             raise
 
-    async def connect_to(self, address: tuple[str, int]) -> None:
-        for begins in CONNECT_BEGINS.get():
-            begins()
-        await super().connect_to(address)
-
 
 def sync_client(url: str, **kwargs: Any) -> redis.Redis:
     """A client of the Redis (the current master) at ``url``; ``kwargs``: its connections'."""
@@ -247,20 +239,36 @@ class _BlockingSentinelPool(AsyncSentinelPool, aioredis.BlockingConnectionPool):
     """A sentinel's master pool that waits for a free connection (``max_connections``), never fails."""
 
 
-def async_client(url: str, *, blocking: bool = False, **kwargs: Any) -> aioredis.Redis:
+def async_client(
+    url: str, *, blocking: bool = False, connection_mixin: type | None = None, **kwargs: Any
+) -> aioredis.Redis:
     """An asyncio client of the Redis (the current master) at ``url``; ``blocking``: its pool waits
-    for a free connection past ``max_connections`` (``timeout`` s at most) instead of failing."""
+    for a free connection past ``max_connections`` (``timeout`` s at most) instead of failing;
+    ``connection_mixin``: first among its connections' bases, whichever class ``url`` asks for (the
+    gateway's held-loop connect: services/gateway/held_loop.py)."""
     where = sentinel_address(url)
     if where is None:
+        chosen = parse_async_url(url).get("connection_class", aioredis.Connection)  # (TLS: rediss://)
+        kwargs = {"connection_class": _mixed(connection_mixin, chosen), **kwargs}
         if blocking:
             return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(url, **kwargs))
         return aioredis.Redis.from_url(url, **kwargs)
     sentinel = AsyncSentinel(list(where.sentinels), sentinel_kwargs=where.sentinel_kwargs())
     pool_class = _BlockingSentinelPool if blocking else AsyncSentinelPool
-    connections = {"connection_class": _RefusalSaidAsyncSentinelConnection, **where.connection_kwargs()}
+    connection_class = _mixed(connection_mixin, _RefusalSaidAsyncSentinelConnection)
+    connections = {"connection_class": connection_class, **where.connection_kwargs()}
     return sentinel.master_for(
         where.master_name, aioredis.Redis, connection_pool_class=pool_class, **connections, **kwargs
     )
+
+
+@functools.cache
+def _mixed(mixin: type | None, connection_class: type) -> type:
+    """``connection_class`` with ``mixin`` first among its bases (its methods first, their ``super()``
+    ``connection_class``'s); itself without one."""
+    if mixin is None:
+        return connection_class
+    return type(f"{mixin.__name__}{connection_class.__name__}", (mixin, connection_class), {})
 
 
 def unreached(url: str, exc: redis.RedisError) -> str:

@@ -16,8 +16,9 @@ import pytest
 import redis
 
 from dayzero.settings import Settings
+from services.gateway import held_loop
 from services.gateway.bus import command_client
-from services.gateway.held_loop import CONNECT_S, CONNECT_TIMED_OUT, HeldLoopRetry
+from services.gateway.held_loop import CONNECT_S
 from services.gateway.restarts import run_id
 from services.gateway.streams import StreamHub
 
@@ -62,28 +63,57 @@ def test_the_stream_readers_connect_timed_out_by_a_held_event_loop_ends_no_strea
     assert asyncio.run(subscribed_after_the_hold()) is True
 
 
-def test_a_connect_made_again_that_times_out_on_time_is_not_made_a_third_time():
+def test_a_connect_made_again_that_times_out_on_time_is_not_made_a_third_time(monkeypatch):
     """A command's try reconnects inside the connect's own tries (redis-py nests them), and the
     command's retry judged the connect its inner retry had made again by the first's hold: an
-    unreachable Redis, met by a held loop, cost a third connect (its bound more)."""
+    unreachable Redis (its connect never answered), met by a held loop, cost a third connect."""
     connects = 0
 
-    async def connect() -> None:
+    async def unanswered(**address) -> None:
         nonlocal connects
         connects += 1
         if connects == 1:
             asyncio.get_running_loop().call_soon(time.sleep, HELD_S)  # the loop held past the connect's bound
-        await asyncio.sleep(CONNECT_S)  # Redis unreachable: the connect's timer runs (late, the first)
-        raise redis.TimeoutError(CONNECT_TIMED_OUT)
+        await asyncio.sleep(10 * CONNECT_S)  # Redis unreachable: the connect's timer ends it (late, the first)
 
     async def command() -> None:
-        retry = HeldLoopRetry(closed=True)
-        connecting = lambda: retry.call_with_retry(connect, lambda error: asyncio.sleep(0))
-        await retry.call_with_retry(connecting, lambda error: asyncio.sleep(0))
+        client = command_client(Settings(redis_url="redis://127.0.0.1:1/0"))  # (its connects: ``unanswered``)
+        try:
+            await client.ping()
+        finally:
+            await client.aclose()
 
+    monkeypatch.setattr(asyncio, "open_connection", unanswered)
     with pytest.raises(redis.TimeoutError):
         asyncio.run(command())
     assert connects == 2
+
+
+def test_a_command_over_an_open_connection_sets_no_connect_bound(redis_url, monkeypatch):
+    """The bound that watches for a held loop is the connect's alone. Each command set two (each a
+    timer set and cancelled, in the retry's every try): its own try's, and the pool's ``connect`` of
+    its connection, open already."""
+    bounds = 0
+
+    class Counted(held_loop.AtTheBound):
+        def __init__(self, *args) -> None:
+            nonlocal bounds
+            bounds += 1
+            super().__init__(*args)
+
+    async def commands() -> tuple[int, int]:
+        client = command_client(Settings(redis_url=redis_url))
+        try:
+            await client.ping()  # the connection made: its connect's bound
+            opened = bounds
+            for _ in range(100):
+                await client.get("held-loop-absent")
+            return opened, bounds
+        finally:
+            await client.aclose()
+
+    monkeypatch.setattr(held_loop, "AtTheBound", Counted)
+    assert asyncio.run(commands()) == (1, 1)
 
 
 def test_a_sentinel_connection_s_connect_timed_out_by_a_held_event_loop_is_made_again(tmp_path):
