@@ -17,14 +17,12 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 from options import bench_parser
+from tree_ab import alternated, print_rounds
 
 
 async def _reads(url: str, n: int) -> list[float]:
@@ -70,31 +68,10 @@ def main() -> None:
     if args.child:  # a tree's process: its median, in us
         print(statistics.median(asyncio.run(_reads(args.child, args.entries))) * 1e6)
         return
-    from dayzero.procs import scratch_redis
-
     trees = [tree.resolve() for tree in args.trees]
-    medians: dict[Path, list[float]] = {tree: [] for tree in trees}
-    with tempfile.TemporaryDirectory() as tmp, scratch_redis(Path(tmp)) as port:
-        for r in range(args.rounds):
-            for tree in trees if r % 2 == 0 else trees[::-1]:
-                env = {**os.environ, "PYTHONPATH": f"{tree / 'shared'}:{tree}", "OMP_NUM_THREADS": "1"}
-                argv = [sys.executable, __file__, *map(str, trees), "--entries", str(args.entries)]
-                out = subprocess.run(
-                    [*argv, "--child", f"redis://127.0.0.1:{port}/0"],
-                    env=env,
-                    cwd=tmp,
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                )
-                medians[tree].append(float(out.stdout.strip().splitlines()[-1]))
-    load = os.getloadavg()
+    medians = alternated(__file__, trees, args.rounds, ["--entries", str(args.entries)])
     print(f"XADD sent -> the gateway's subscriber has the entry, us; p50 of {args.entries} entries a round, ")
-    print(f"{args.rounds} rounds alternated; load average after: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n")
-    rounds = " | ".join(f"round {r + 1}" for r in range(args.rounds))
-    print(f"| tree | {rounds} | median |\n|---|{'---:|' * (args.rounds + 1)}")
-    for tree, values in medians.items():
-        print(f"| {tree} | {' | '.join(f'{v:.0f}' for v in values)} | {statistics.median(values):.0f} |")
+    print_rounds(medians, digits=0)
 
 
 if __name__ == "__main__":
