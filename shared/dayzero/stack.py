@@ -251,7 +251,7 @@ class Stack:
         if self.redis_url is None or not (starting or self.frozen_s):
             return None
         self._stamps = self._stamps or StampReader(connect(self.redis_url), same_clock=self.redis_port is not None)
-        read = self._stamps.read(write_check=bool(self.frozen_s))
+        read = self._stamps.read(bool(self.frozen_s), self.children)
         if read.late:  # (till its write's answer too: a write held, CLIENT PAUSE WRITE, held the stamps)
             self._unread_at = time.monotonic()
         return read

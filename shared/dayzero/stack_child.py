@@ -28,7 +28,6 @@ class Child:
     why: str = "exited"  # why it was last restarted
     started: float = 0.0  # when its process was spawned (time.monotonic())
     ready_at: float | None = None  # when up first saw that process ready (time.monotonic()); None: not yet
-    stamped: float | None = None  # its last liveness stamp up read (time.monotonic()): one a new Redis lost ages on
     quick_exits: int = 0  # its exits in a row, each before it had run RAN_A_WHILE_S ready
     wait_s: float = 0.0  # how long it waits to start again after its last exit (0: at once)
     due: float | None = None  # when it starts again (time.monotonic()), while it waits

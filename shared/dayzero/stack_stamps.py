@@ -11,7 +11,9 @@ import contextlib
 import math
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import NamedTuple
 
 import redis
@@ -26,23 +28,30 @@ from .stack_child import Child
 WRITE_CHECK_TTL_S = 10  # up's own write beside its read of the stamps (key up:{process}) lapses after
 
 
+def process_of(child: Child) -> str:
+    """``child``'s running process as its stamps name it (up's children run on this host)."""
+    return process_id(child.proc.pid, socket.gethostname())
+
+
 class StampRead(NamedTuple):
     """One read of the stamps: ``stages`` ({} when Redis could not be read), ``began`` and ``at`` (when
     it was sent and answered, time.monotonic()), ``late``: unreadable, run by Redis (its write too)
     over ``STAMP_EVERY_S`` after its send by Redis's clock (a frozen Redis continued, writes held), or
     its write refused (maxmemory, a replica): no worker could stamp meanwhile, for the stamps are
-    writes too."""
+    writes too. ``last``: the last stamp read of each watched child's process (time.monotonic()), this
+    read's or, where Redis holds none (a new Redis lost it), an earlier one's (``StampReader``)."""
 
     stages: dict[str, Seen]
     began: float
     at: float
     late: bool
+    last: Mapping[str, float] = MappingProxyType({})
 
     def stamped(self, child: Child, family: str = "alive") -> float | None:
         """When ``child``'s process last stamped (``family`` "ready": since when it is ready), on this
         host's monotonic clock (how old by Redis's clock: as old on this one); None if it has not."""
         found = self.stages.get(child.service)
-        at = None if found is None else getattr(found, family).get(process_id(child.proc.pid, socket.gethostname()))
+        at = None if found is None else getattr(found, family).get(process_of(child))
         return None if at is None else self.at - found.now + at
 
     def ready_seen(self, child: Child) -> float | None:
@@ -56,15 +65,15 @@ def stale(read: StampRead, children: list[Child], bound_s: float, unread_at: flo
     """The running workers of ``children`` whose last stamp by ``read`` is older than ``bound_s``, none
     older than ``unread_at`` (when Redis last could not be read or written: no worker could stamp). One
     not stamped yet (starting), or last by a process of its pid before its spawn (a pid used again), is not.
-    A ready one's stamp that Redis lost (restarted: it holds none) is the last one read (``Child.stamped``):
-    a running worker stamps again at once, a hung one was taken for one starting, never found frozen."""
+    A ready one's stamp that Redis lost (restarted: it holds none) is the last one read (``StampRead.last``):
+    a running worker stamps again at once, a hung one was taken for one starting, never found frozen.
+    A judgement only: the same arguments give the same answer, and nothing is written."""
     found = []
     for child in children:
         if child.service in read.stages and child.proc is not None and child.proc.poll() is None:
             stamped = read.stamped(child)  # (None: not stamped yet)
             if stamped is None and child.ready_at is not None:
-                stamped = child.stamped
-            child.stamped = stamped
+                stamped = read.last.get(process_of(child))
             aged_s = -1.0 if stamped is None or stamped < child.started else read.at - max(stamped, unread_at)
             if aged_s > bound_s:
                 found.append(child)
@@ -81,51 +90,72 @@ REDATED_AFTER_S = 60.0  # the quickest round trip of about this long dates them 
 @dataclass(slots=True)
 class StampReader:
     """Reads every stage's stamps in one round trip, then (``write_check``: for the frozen check) makes a
-    write of up's own, which a Redis refusing the workers' stamps refuses too. Whether Redis ran a round
-    trip late (frozen, holding writes) is judged by Redis's own clock: how long after its send Redis ran
-    it (its TIME less this host's time at the send), less that difference in the quickest recent round
-    trip (``offset_s``), the read's and the write's added. up's own thread held after Redis answered (a
-    starved host: reads of 1.0-3.9 s, each taken for a frozen Redis, deferred the frozen check for good)
-    is not Redis's; held between taking the send's time and sending, it is counted as Redis's (a frozen
-    worker found a pass later). ``same_clock`` (up's own Redis, a child on this host): Redis's TIME is this
-    host's time.time(), no offset to date; a remote one's is dated by a round trip of ``DATES_CLOCKS_S`` at
-    most (a host starved of every such one judges whole round trips)."""
+    write of up's own, which a Redis refusing the workers' stamps refuses too, and keeps the last stamp
+    read of each of up's workers (``StampRead.last``). Whether Redis ran a round trip late (frozen,
+    holding writes) is judged by Redis's own clock (``_late_by``): how long after its send Redis ran it
+    (its TIME less this host's time at the send, less ``offset_s``), the read's and the write's added.
+    up's own thread held after Redis answered (a starved host: reads of 1.0-3.9 s, each taken for a
+    frozen Redis, deferred the frozen check for good) is not Redis's; held between taking the send's time
+    and sending, it is counted as Redis's (a frozen worker found a pass later). ``same_clock`` (up's own
+    Redis, a child on this host): Redis's TIME is this host's time.time(), its offset 0 for good; a remote
+    one's is dated by a round trip of ``DATES_CLOCKS_S`` at most (``_date``; a host starved of every such
+    one judges whole round trips)."""
 
     client: redis.Redis
     same_clock: bool = False
-    offset_s: float | None = None  # Redis's clock less this host's (None: no quick round trip yet; unused: same_clock)
+    offset_s: float | None = None  # Redis's clock less this host's (None: no quick round trip yet; 0: same_clock)
     _dated_by: tuple[float, float] = (math.inf, 0.0)  # the round trip that dated them: (its length, when)
+    _last: dict[str, float] = field(default_factory=dict)  # watched process -> its last stamp read (new each read)
     _write_check: Script = field(init=False)
 
     def __post_init__(self) -> None:
         self._write_check = self.client.register_script(WRITE_CHECK)
+        self.offset_s = 0.0 if self.same_clock else self.offset_s
 
-    def read(self, write_check: bool) -> StampRead:
+    def read(self, write_check: bool, children: list[Child]) -> StampRead:
+        """The stamps, ``last`` kept for ``children``'s processes."""
         began, sent, stages, refused = time.monotonic(), time.time(), {}, False
         with contextlib.suppress(redis.RedisError):
             stages = seen_stages(self.client, SERVICES[1:], forget=False)  # (the gateway's reads forget)
         at = time.monotonic()  # (the stamps' ages date from here: the write's round trip left out)
-        ran_late_s = [self._ran_after(next(iter(stages.values())).now, sent, at - began)] if stages else []
+        late_s = [self._late_by(next(iter(stages.values())).now, sent, at - began)] if stages else []
         try:
             if write_check and stages:
                 began_write, sent = time.monotonic(), time.time()
                 ran = float(self._write_check(keys=[key("up", process_id())], args=[WRITE_CHECK_TTL_S]))
-                ran_late_s.append(self._ran_after(ran, sent, time.monotonic() - began_write))
+                late_s.append(self._late_by(ran, sent, time.monotonic() - began_write))
         except redis.RedisError:
             refused = True
-        return StampRead(stages, began, at, not stages or refused or sum(ran_late_s) > STAMP_EVERY_S)
+        late = not stages or refused or sum(late_s) > STAMP_EVERY_S
+        return self._remembered(StampRead(stages, began, at, late), children)
 
-    def _ran_after(self, ran: float, sent: float, took_s: float) -> float:
+    def _remembered(self, read: StampRead, children: list[Child]) -> StampRead:
+        """``read`` with ``last``: for each of ``children``'s processes, its stamp in ``read``, or where
+        ``read`` holds none the one kept; the processes of no child (exited, restarted) forgotten."""
+        last = {}
+        for child in children:
+            if child.proc is not None:
+                process, stamped = process_of(child), read.stamped(child)
+                last[process] = self._last.get(process) if stamped is None else stamped
+        self._last = {process: at for process, at in last.items() if at is not None}
+        return read._replace(last=self._last)
+
+    def _late_by(self, ran: float, sent: float, took_s: float) -> float:
         """How long after its send (``sent``, this host's time.time()) Redis ran a round trip (``ran``, its
-        TIME) that took ``took_s`` to answer: the whole round trip until the clocks are dated. One quicker
-        than ``DATES_CLOCKS_S`` and than the one that dated them (or that one older than
-        ``REDATED_AFTER_S``) dates them again, Redis's reading taken at its middle. One that Redis ran
-        before its send or after its answer by the dated clocks (past their error, half the dating round
-        trip) says a clock stepped (NTP, on either host of a remote Redis): the offset is dropped and the
-        whole round trip counts (stepped ahead, a read answered late counted 0 s and the stamps aged by a
-        frozen Redis found every worker frozen; stepped back, every read counted late till a re-dating)."""
-        if self.same_clock:  # (up's starved thread dated nothing: every read counted late, no worker found frozen)
-            return min(took_s, max(0.0, ran - sent))
+        TIME) that took ``took_s`` to answer, by Redis's clock: its TIME less ``sent`` and the clocks'
+        offset, within the round trip; the whole round trip while the offset is unknown."""
+        if not self.same_clock:  # (up's starved thread dated nothing: every read counted late, no worker found frozen)
+            self._date(ran, sent, took_s)
+        return took_s if self.offset_s is None else min(took_s, max(0.0, ran - sent - self.offset_s))
+
+    def _date(self, ran: float, sent: float, took_s: float) -> None:
+        """A remote Redis's ``offset_s`` by a round trip (as ``_late_by``'s). One quicker than
+        ``DATES_CLOCKS_S`` and than the one that dated them (or that one older than ``REDATED_AFTER_S``)
+        dates them again, Redis's reading taken at its middle. One that Redis ran before its send or after
+        its answer by the dated clocks (past their error, half the dating round trip) says a clock stepped
+        (NTP, on either host): the offset is dropped (stepped ahead, a read answered late counted 0 s and the
+        stamps aged by a frozen Redis found every worker frozen; stepped back, every read counted late till
+        a re-dating)."""
         slack_s = self._dated_by[0] / 2 + CLOCK_RESOLUTION_S  # (the offset's error)
         if self.offset_s is not None and not -slack_s <= ran - sent - self.offset_s <= took_s + slack_s:
             self.offset_s, self._dated_by = None, (math.inf, 0.0)
@@ -133,4 +163,3 @@ class StampReader:
         recent_s = dated_by_s if time.monotonic() - dated_at < REDATED_AFTER_S else math.inf
         if took_s <= min(recent_s, DATES_CLOCKS_S):
             self.offset_s, self._dated_by = ran - (sent + took_s / 2), (took_s, time.monotonic())
-        return took_s if self.offset_s is None else min(took_s, max(0.0, ran - sent - self.offset_s))
