@@ -1,6 +1,5 @@
-"""``stack_stamps.stale``: up's judgement of which workers are frozen, by one read of their stamps. A
-judgement only: it wrote ``Child.stamped`` (the last stamp read, which a restarted Redis loses), so the
-same question asked twice could be answered from what the first asking had written."""
+"""``stack_stamps``: up's judgement of which workers are frozen, by one read of their stamps
+(``stale``), and how late Redis ran each round trip by its own clock (``StampReader``)."""
 
 from __future__ import annotations
 
@@ -9,9 +8,12 @@ import os
 import socket
 import types
 
+import pytest
+import redis
+
 from dayzero.serving.liveness import Seen, process_id
 from dayzero.stack_child import Child
-from dayzero.stack_stamps import StampRead, stale
+from dayzero.stack_stamps import StampRead, StampReader, stale
 
 BOUND_S = 30.0  # DAYZERO_FROZEN_WORKER_S
 
@@ -23,10 +25,12 @@ def _running(name: str, started: float, ready_at: float | None) -> Child:
 
 
 def test_stale_asked_twice_gives_one_answer_and_changes_no_child():
-    """A ready worker whose stamp is 40 s old by Redis's clock (read at monotonic 1000 s, Redis's time
-    5000 s, the stamp at 4960 s: 960 s monotonic), spawned at 900 s, and a starting one spawned at 990 s
-    (the stamp is from before its spawn: another process's under its pid): the first is frozen, the
-    second not, and both stay as they were."""
+    """A judgement only: it wrote ``Child.stamped`` (the last stamp read, which a restarted Redis loses),
+    so the same question asked twice could be answered from what the first asking had written. A ready
+    worker whose stamp is 40 s old by Redis's clock (read at monotonic 1000 s, Redis's time 5000 s, the
+    stamp at 4960 s: 960 s monotonic), spawned at 900 s, and a starting one spawned at 990 s (the stamp
+    is from before its spawn: another process's under its pid): the first is frozen, the second not,
+    and both stay as they were."""
     process = process_id(os.getpid(), socket.gethostname())
     read = StampRead({"prefill": Seen(5000.0, {process: 4960.0}, {process: 4950.0})}, 999.9, 1000.0, False)
     hung, starting = _running("prefill0", 900.0, 950.0), _running("prefill1", 990.0, None)
@@ -34,3 +38,20 @@ def test_stale_asked_twice_gives_one_answer_and_changes_no_child():
     answers = [stale(read, [hung, starting], BOUND_S, 0.0) for _ in range(2)]
     assert answers == [[hung], [hung]]
     assert [hung, starting] == before, "stale() wrote to a Child"
+
+
+def test_a_redis_0_6_s_away_is_judged_by_its_clock_and_a_frozen_one_still_counts_late():
+    """Round trips to a remote Redis (its clock 7 s ahead of this host's; late_by(its TIME as it ran, this
+    host's time at the send, the round trip's length)): 0.6 s each, 0.3 s each way. The first counts
+    whole (nothing dated yet); the second dates the clocks (within 0.5 s of the quickest before it: an
+    absolute 0.5 s never dated them, each counted 0.6 s, a read and its write 1.2 s: late, every pass)
+    and ran 0.3 s after its send; one Redis held 1.5 s ran 1.8 s after, and dates nothing. A first round
+    trip held 1.8 s by a frozen Redis counts whole: with nothing quicker before it, it dates nothing."""
+    far = StampReader(redis.Redis(port=1))  # (no command is sent)
+    sent = 1000.0
+    assert far._late_by(sent + 7.3, sent, 0.6) == pytest.approx(0.6)
+    assert far._late_by(sent + 7.3, sent, 0.6) == pytest.approx(0.3)
+    assert far._late_by(sent + 8.8, sent, 2.1) == pytest.approx(1.8)
+    assert far._late_by(sent + 7.3, sent, 0.6) == pytest.approx(0.3)
+    frozen_at_first = StampReader(redis.Redis(port=1))
+    assert frozen_at_first._late_by(sent + 7.0 + 1.7, sent, 1.8) == pytest.approx(1.8)

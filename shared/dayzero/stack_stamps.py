@@ -82,7 +82,9 @@ def stale(read: StampRead, children: list[Child], bound_s: float, unread_at: flo
 
 # up's write check (KEYS: its key; ARGV: the seconds it lapses after) -> Redis's time as it ran
 WRITE_CHECK = NOW + "redis.call('SET', KEYS[1], now, 'EX', ARGV[1])\nreturn now\n"
-DATES_CLOCKS_S = 0.5  # a round trip this quick may date Redis's clock against this host's (off by half of it at most)
+# a round trip within this of the quickest before it (the network's share) may date Redis's clock against
+# this host's: off by half of it at most, by half this on a path as long both ways
+DATES_CLOCKS_S = 0.5
 CLOCK_RESOLUTION_S = 1e-3  # beside the offset's error (TIME's microseconds, time.time()'s, float sums: far less)
 REDATED_AFTER_S = 60.0  # the quickest round trip of about this long dates them (a clock that drifts or steps)
 
@@ -98,13 +100,13 @@ class StampReader:
     frozen Redis, deferred the frozen check for good) is not Redis's; held between taking the send's time
     and sending, it is counted as Redis's (a frozen worker found a pass later). ``same_clock`` (up's own
     Redis, a child on this host): Redis's TIME is this host's time.time(), its offset 0 for good; a remote
-    one's is dated by a round trip of ``DATES_CLOCKS_S`` at most (``_date``; a host starved of every such
-    one judges whole round trips)."""
+    one's is dated by a round trip within ``DATES_CLOCKS_S`` of the quickest (``_date``)."""
 
     client: redis.Redis
     same_clock: bool = False
     offset_s: float | None = None  # Redis's clock less this host's (None: no quick round trip yet; 0: same_clock)
     _dated_by: tuple[float, float] = (math.inf, 0.0)  # the round trip that dated them: (its length, when)
+    _quickest_s: float | None = None  # the quickest round trip so far (None: none yet)
     _last: dict[str, float] = field(default_factory=dict)  # watched process -> its last stamp read (new each read)
     _write_check: Script = field(init=False)
 
@@ -149,17 +151,21 @@ class StampReader:
         return took_s if self.offset_s is None else min(took_s, max(0.0, ran - sent - self.offset_s))
 
     def _date(self, ran: float, sent: float, took_s: float) -> None:
-        """A remote Redis's ``offset_s`` by a round trip (as ``_late_by``'s). One quicker than
-        ``DATES_CLOCKS_S`` and than the one that dated them (or that one older than ``REDATED_AFTER_S``)
-        dates them again, Redis's reading taken at its middle. One that Redis ran before its send or after
-        its answer by the dated clocks (past their error, half the dating round trip) says a clock stepped
-        (NTP, on either host): the offset is dropped (stepped ahead, a read answered late counted 0 s and the
-        stamps aged by a frozen Redis found every worker frozen; stepped back, every read counted late till
-        a re-dating)."""
+        """A remote Redis's ``offset_s`` by a round trip (as ``_late_by``'s). One within ``DATES_CLOCKS_S`` of
+        the quickest before it (the first: under it), and quicker than the one that dated them (or that one
+        older than ``REDATED_AFTER_S``), dates them again, Redis's reading taken at its middle; one a frozen
+        Redis held dates nothing. (Only one under 0.5 s dated them: a Redis 0.6 s away never was, each read
+        and write counted whole, 1.2 s, late, and no frozen worker was ever found.) One that Redis ran before
+        its send or after its answer by the dated clocks (past their error, half the dating round trip) says
+        a clock stepped (NTP, on either host): the offset is dropped (stepped ahead, a read answered late
+        counted 0 s and the stamps aged by a frozen Redis found every worker frozen; stepped back, every read
+        counted late till a re-dating)."""
         slack_s = self._dated_by[0] / 2 + CLOCK_RESOLUTION_S  # (the offset's error)
         if self.offset_s is not None and not -slack_s <= ran - sent - self.offset_s <= took_s + slack_s:
             self.offset_s, self._dated_by = None, (math.inf, 0.0)
         dated_by_s, dated_at = self._dated_by
         recent_s = dated_by_s if time.monotonic() - dated_at < REDATED_AFTER_S else math.inf
-        if took_s <= min(recent_s, DATES_CLOCKS_S):
+        quickest_s = 0.0 if self._quickest_s is None else self._quickest_s
+        if took_s <= min(recent_s, quickest_s + DATES_CLOCKS_S):
             self.offset_s, self._dated_by = ran - (sent + took_s / 2), (took_s, time.monotonic())
+        self._quickest_s = took_s if self._quickest_s is None else min(self._quickest_s, took_s)

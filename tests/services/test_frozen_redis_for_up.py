@@ -96,6 +96,19 @@ def _held_after_answer(call):
     return held
 
 
+def _far_away(call, one_way_s: float):
+    """``call`` across a network of ``one_way_s`` each way: Redis runs it ``one_way_s`` after its send,
+    up has its answer as long after that."""
+
+    def far(*args, **options):
+        time.sleep(one_way_s)
+        answer = call(*args, **options)
+        time.sleep(one_way_s)
+        return answer
+
+    return far
+
+
 def _stop(*procs: subprocess.Popen) -> None:
     for proc in procs:
         proc.send_signal(signal.SIGCONT)
@@ -247,6 +260,22 @@ def test_a_worker_hung_as_its_redis_restarts_is_still_found_frozen(tmp_path):
         server.kill()
         server.wait()
         server = start_redis(port, tmp_path / "restarted.log")  # (empty: no stamp)
+        _found_frozen(stack, child)
+    finally:
+        _stop(worker, server)
+
+
+def test_a_remote_redis_600_ms_away_still_finds_a_frozen_worker(tmp_path, monkeypatch):
+    """A remote Redis whose every round trip takes 0.6 s (0.3 s each way: a satellite link, a far VPN),
+    healthy. Only a round trip under 0.5 s dated Redis's clock: none did, each read and its write check
+    counted whole (1.2 s, over ``STAMP_EVERY_S``), every read counted late and moved ``_unread_at``, and
+    the quiet worker was never found frozen (the frozen check silently off). By Redis's clock each ran
+    0.3 s after its send: no read is late, and the worker is found frozen."""
+    server, worker, child, stack, stamp = _frozen_redis_and_a_quiet_worker(tmp_path)
+    try:
+        stamp()
+        monkeypatch.setattr(dayzero.stack_stamps, "seen_stages", _far_away(dayzero.stack_stamps.seen_stages, 0.3))
+        monkeypatch.setattr(Script, "__call__", _far_away(Script.__call__, 0.3))  # (the write check)
         _found_frozen(stack, child)
     finally:
         _stop(worker, server)
