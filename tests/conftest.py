@@ -270,6 +270,19 @@ def ready_compile(grammars, lark: str):
     return compiled
 
 
+def seen_ready(runtime, ticket) -> None:
+    """Until ``runtime`` sees ``ticket``'s grammar compiled (``Runtime.grammar_ready``: the ticket
+    holds that compile), as a serving loop asks once a pass; a compile that never ends fails."""
+    import time
+
+    from dayzero.serving.runtime import Runtime
+
+    deadline = time.monotonic() + 60
+    while not Runtime.grammar_ready(runtime, ticket):
+        assert time.monotonic() < deadline, "the grammar never compiled"
+        time.sleep(0.01)
+
+
 def fill_lexer(grammars, lark: str) -> None:
     """Replies written through copies of ``lark``'s compile, each step's mask computed (as decode
     does: every copy grows the compile's one lexer), until the lexer is full. No ``Guide`` fails on

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import time
 
 import jsonschema_rs
 import pytest
@@ -26,6 +25,7 @@ from .conftest import (
     few_lexer_states,
     fill_lexer,
     ready_compile,
+    seen_ready,
 )
 
 VOCAB = 512  # the model's rows (the demo tokenizer has fewer tokens: the rest is padding)
@@ -277,21 +277,13 @@ def test_a_request_holding_a_retired_compile_takes_a_fresh_one(codec):
     first state its reply needed. Ready again, it holds the fresh compile."""
     from types import SimpleNamespace
 
-    from dayzero.serving.runtime import Runtime
-
     grammars, lark = Grammars(codec.guidance), json_grammar({"type": "string"})
     runtime = SimpleNamespace(codec=SimpleNamespace(grammars=grammars, has_tokenizer=True))
     request = SimpleNamespace(sampling=SimpleNamespace(grammar=Grammar(lark)))
     ticket = SimpleNamespace(job=SimpleNamespace(request=request), grammar=None)
 
-    def ready() -> None:
-        deadline = time.monotonic() + 60
-        while not Runtime.grammar_ready(runtime, ticket):
-            assert time.monotonic() < deadline, "the grammar never compiled"
-            time.sleep(0.01)
-
-    ready()
+    seen_ready(runtime, ticket)
     held = ticket.grammar
     grammars.retire(lark, held)  # (another request's matcher of it failed on its lexer)
-    ready()
+    seen_ready(runtime, ticket)
     assert ticket.grammar is not held and ticket.grammar is grammars.compiled(lark)

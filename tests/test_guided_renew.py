@@ -5,7 +5,6 @@ tokenizer, llguidance's lexer limit lowered so that one reply fills it."""
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from types import SimpleNamespace
 
@@ -22,7 +21,7 @@ from dayzero.serving.active import Active
 from dayzero.serving.intake import Ticket
 from dayzero.serving.runtime import Runtime
 
-from .conftest import AB_PATTERN, few_lexer_states, fill_lexer, ready_compile
+from .conftest import AB_PATTERN, few_lexer_states, fill_lexer, ready_compile, seen_ready
 from .test_guided import VOCAB, _fresh_codec
 
 
@@ -69,8 +68,7 @@ def test_a_decode_row_renews_on_the_compile_its_ticket_holds_not_the_caches(monk
     assert row.completion.waiting  # (its replay met the full lexer: that compile retired)
     runtime = SimpleNamespace(codec=codec)
     runtime.grammar_ready = partial(Runtime.grammar_ready, runtime)
-    while not runtime.grammar_ready(ticket):  # the loop sees a fresh compile ready: the ticket holds it
-        time.sleep(0.01)
+    seen_ready(runtime, ticket)  # the loop sees a fresh compile ready: the ticket holds it
     ready_compile(grammars, json_grammar({"type": "string"}))  # (another grammar used: the cache drops it)
     fill_lexer(grammars, lark)  # (compiled anew, others' replies fill that one)
     row.resume(runtime, 1)
