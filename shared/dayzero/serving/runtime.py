@@ -125,10 +125,11 @@ class Runtime:
         """Whether ``ticket``'s completion can be built without waiting for its grammar (none, or
         compiled, or refused); the first call starts compiling it, off the serving loop: a loop
         leaves such a request waiting meanwhile, and the others go on. Once compiled, the ticket
-        holds it (``grammar``) till its completion is built: the cache may drop it meanwhile (more
-        than 256 grammars in use), and the build compiled it again, on the loop, the batch frozen. One
-        retired meanwhile (its lexer filled by a reply: ``Grammars.retire``) is asked for again: held,
-        it failed the request at the first lexer state its reply needed."""
+        holds it (``grammar``) for its completion's build and every renew after (a row waiting on a
+        full lexer renews on it): the cache may drop it meanwhile (more than 256 grammars in use), and
+        the build compiled it again, on the loop, the batch frozen. One retired meanwhile (its lexer
+        filled by a reply: ``Grammars.retire``) is asked for again: held, it failed the request at the
+        first lexer state its reply needed."""
         grammar = ticket.job.request.sampling.grammar
         if grammar is None or not self.codec.has_tokenizer:
             return True
