@@ -1,8 +1,9 @@
 """A request's completion: sampling, text deltas, and when it ends (EOS, stop string, length).
 
 Rebuildable from the tokens streamed so far (``generated``), so another worker can take a
-request over after a failure; with a seed, token ``i`` is drawn from its own generator
-(seed, i), so a replayed request samples the same continuation.
+request over after a failure; with a seed, the step that emits token ``i`` first (a speculative
+round: every draw of it) draws from its own generator (seed, i), so a re-run that steps on from
+the same token (``prefill_batch.prefilled_ids``) samples the same continuation.
 """
 
 from __future__ import annotations

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
 
 import httpx
 import pytest
+import redis
 from fastapi.testclient import TestClient
 
 from dayzero.demo import write_demo_checkpoint
 from dayzero.procs import free_port
 from dayzero.settings import Settings
 from dayzero.stack import Stack, StartFailed
+from dayzero.stack_child import Child
 from services.gateway.app import make_app
 
 from ..conftest import shared
@@ -154,6 +158,30 @@ def stream_text(url: str, body: dict, timeout: float = 120) -> tuple[str, list[s
             if choice["finish_reason"]:
                 final = data
     return "".join(text), ids, final, usage
+
+
+def stream_killing_its_worker(
+    stack: Stack, body: dict, after: int | None, back: bool = False
+) -> tuple[str, list[int], Child | None]:
+    """A streamed completion's text and its events' token indices, the worker holding its lease
+    SIGKILLed once ``after`` events came (None: never), and that child. The stack starts it again:
+    with ``back``, before the stream is read on (a stage's only worker: the re-run waits for it)."""
+    text, indices, killed = [], [], None
+    with httpx.stream("POST", f"{stack.url}/v1/completions", json={**body, "stream": True}, timeout=120) as resp:
+        rid = resp.headers["x-request-id"]
+        for event_id, data in sse_events(resp):
+            if data == "[DONE]":
+                break
+            text.append(data["choices"][0]["text"])
+            indices.append(int(event_id.split("-")[0]))
+            if len(indices) == after:
+                owner = redis.Redis.from_url(stack.redis_url).get(f"dz:lease:{rid}").decode()  # "decode1@host:ab12cd"
+                killed = stack.child(owner.split("@")[0])
+                os.killpg(killed.proc.pid, signal.SIGKILL)
+                if back:
+                    killed.proc.wait(30)
+                    stack.until_ready(killed.name)
+    return "".join(text), indices, killed
 
 
 def pool_usage(stack: Stack) -> dict[str, dict]:

@@ -15,7 +15,18 @@ import redis
 
 from dayzero.serving.registry import Registry
 
-from .conftest import FULL_COUNTS, MODEL, USAGE, chat, pool_usage, sse_events, start_stack, stream_text, wait_until
+from .conftest import (
+    FULL_COUNTS,
+    MODEL,
+    USAGE,
+    chat,
+    pool_usage,
+    sse_events,
+    start_stack,
+    stream_killing_its_worker,
+    stream_text,
+    wait_until,
+)
 
 
 @pytest.fixture(scope="module")
@@ -134,23 +145,11 @@ def _handoffs_waiting(stack) -> dict[str, dict]:
 
 
 def test_killed_decode_worker_requests_complete_elsewhere_without_gaps(stack):
-    r = redis.Redis.from_url(stack.redis_url)
     body = {"model": MODEL, "prompt": [0, 9, 8, 7, 6], "max_tokens": 120, "temperature": 0, "ignore_eos": True}
     expected = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
-    text, ids, killed = [], [], None
-    with httpx.stream("POST", f"{stack.url}/v1/completions", json={**body, "stream": True}, timeout=120) as resp:
-        rid = resp.headers["x-request-id"]
-        for event_id, data in sse_events(resp):
-            if data == "[DONE]":
-                break
-            text.append(data["choices"][0]["text"])
-            ids.append(int(event_id.split("-")[0]))
-            if len(ids) == 10 and killed is None:
-                owner = r.get(f"dz:lease:{rid}").decode()  # e.g. "decode1@host:ab12cd"
-                killed = stack.child(owner.split("@")[0])
-                os.killpg(killed.proc.pid, signal.SIGKILL)
+    text, ids, killed = stream_killing_its_worker(stack, body, after=10)
     assert killed is not None and killed.name.startswith("decode")
-    assert "".join(text) == expected  # nothing lost, nothing repeated
+    assert text == expected  # nothing lost, nothing repeated
     assert ids == sorted(set(ids)) and ids[-1] == 120
     killed.proc.wait(30)
     stack.until_ready(killed.name)  # started again for the tests that follow

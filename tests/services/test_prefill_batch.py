@@ -15,8 +15,15 @@ from dayzero.model.plan import AttentionOptions
 from dayzero.params import SamplingParams
 from dayzero.sampling import PromptLogprobs
 from dayzero.serving.messages import GenerationRequest, PrefillJob
-from dayzero.serving.prefill_batch import BatchInput, echo_of, forward_of, input_embeddings, prefill_chunks
-from dayzero.serving.prefilling import Prefilling, plan_step
+from dayzero.serving.prefill_batch import (
+    BatchInput,
+    echo_of,
+    forward_of,
+    input_embeddings,
+    prefill_chunks,
+    prefilled_ids,
+)
+from dayzero.serving.prefilling import Prefilling, plan_step, tokens_of
 from dayzero.vision.encoder import multimodal_prompt
 
 
@@ -42,6 +49,14 @@ def test_the_echo_is_scored_once_not_on_a_rerun():
     assert echo_of(_job((1, 2))) is None
     assert echo_of(_job((1, 2), prompt_logprobs=3)).top == 3
     assert echo_of(_job((1, 2), generated=(7,), prompt_logprobs=3)) is None  # its first token went out already
+
+
+def test_a_rerun_prefills_the_tokens_it_streamed_but_the_last_which_decode_feeds():
+    """The last streamed token is decode's pending one: the lost run's next round starts from it."""
+    rerun = _job((1, 2, 3), generated=(7, 8, 9))
+    assert prefilled_ids(rerun) == (1, 2, 3, 7, 8) and tokens_of(rerun) == 5
+    assert prefilled_ids(_job((1, 2, 3), generated=(7,))) == prefilled_ids(_job((1, 2, 3))) == (1, 2, 3)
+    assert forward_of(rerun) == forward_of(_job((1, 2, 3), generated=(7, 8, 4)))  # one state, a handoff each
 
 
 def test_input_embeddings_equal_the_encoders_multimodal_prompt(tmp_path):

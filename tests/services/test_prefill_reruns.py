@@ -212,7 +212,8 @@ def test_a_re_run_of_a_request_whose_handoff_it_still_holds_runs_again(demo_dir,
     finally:
         loop.stop.set()
         thread.join(5)
-    assert [(job.attempt, len(job.generated)) for job in sent] == [(0, 1), (1, 2)]
+    assert [(job.attempt, len(job.generated)) for job in sent] == [(0, 1), (1, 1)]  # (decode feeds its token)
+    assert len(store.streamed_tokens("again")) == 1  # the re-run's prefill samples none
     assert store.owner("again") == "handoff" and store.r.llen("decode") == 1
 
 

@@ -16,7 +16,7 @@ from dayzero.sampling import SamplingParams
 from dayzero.settings import BUILT_IN_MODEL
 from dayzero.tokenizer import load_codec
 
-from .conftest import MODEL, prompt_ids, start_stack, wait_until
+from .conftest import MODEL, prompt_ids, start_stack, stream_killing_its_worker, wait_until
 from .in_process import engine_completer, engine_steps
 from .test_metrics import SPECULATIVE, _documented
 
@@ -91,3 +91,25 @@ def test_speculative_worker_serves_each_feature_as_plain_decoding(speculating):
                 assert max(abs(a - s.logprob) for a, s in zip(served, steps, strict=True)) < LOGPROB_TOL
         assert out["usage"]["completion_tokens"] == len(steps) * body.get("n", 1)
     assert finishes == {"stop", "length"}
+
+
+@pytest.mark.slow
+def test_a_seeded_stream_re_run_after_its_decode_worker_died_continues_as_undisturbed(speculating):
+    """A seeded sampled stream whose speculating decode worker is SIGKILLed mid-stream is re-run from
+    the tokens it streamed and goes on with the very tokens, in the very rounds, of the same request
+    undisturbed (was: a plain draw for its next token, from another generator). A greedy stream and
+    an unseeded sampled one that the worker took down with it finish too, without gaps; the greedy
+    one as undisturbed."""
+    body = {"model": MODEL, "prompt": "Lists are mutable sequences", "max_tokens": 80, "ignore_eos": True}
+    seeded, greedy, unseeded = {**body, "temperature": 0.9, "seed": 42}, {**body, "temperature": 0}, body
+    with futures.ThreadPoolExecutor(2) as pool:
+        alone = [pool.submit(stream_killing_its_worker, speculating, b, None) for b in (seeded, greedy)]
+        undisturbed, greedy_undisturbed = (f.result()[:2] for f in alone)
+        others = [pool.submit(stream_killing_its_worker, speculating, b, None) for b in (greedy, unseeded)]
+        *re_run, killed = stream_killing_its_worker(speculating, seeded, after=8, back=True)
+        re_run_greedy, re_run_unseeded = (f.result()[:2] for f in others)
+    assert killed is not None and killed.name == "decode0"
+    assert tuple(re_run) == undisturbed  # the text, and the rounds' chunks: the same last index in each
+    assert len(undisturbed[1]) > 8 and undisturbed[1][-1] == 80
+    assert re_run_greedy == greedy_undisturbed
+    assert re_run_unseeded[1] == sorted(set(re_run_unseeded[1])) and re_run_unseeded[1][-1] == 80

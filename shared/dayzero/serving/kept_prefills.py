@@ -36,7 +36,7 @@ class Prefilled:
     ticket: Ticket[PrefillJob]
     logits: torch.Tensor  # [V]: the next token's, at the prompt's last position
     prompt_logprobs: list[Logprob] | None
-    streamed: bool = False  # its first token is on the stream: its handoff is what is left to send
+    streamed: bool = False  # its first token (a re-run's: its last) is on the stream: its handoff is left to send
     retry_at: float = 0.0  # (time.monotonic()) its last send Redis failed: not sent again before this
     # its first token's completion while its grammar waits for a fresh compile (its lexer filled by
     # other replies: ``Completion.waiting``), kept whole: a rebuild would forget whose that failure is
@@ -57,9 +57,15 @@ class KeptPrefills:
     def __bool__(self) -> bool:
         return bool(self.states)
 
-    def keep(self, ticket: Ticket[PrefillJob], logits: torch.Tensor, prompt_logprobs: list[Logprob] | None) -> None:
+    def keep(
+        self,
+        ticket: Ticket[PrefillJob],
+        logits: torch.Tensor,
+        prompt_logprobs: list[Logprob] | None,
+        streamed: bool = False,  # a re-run's: no first token to sample, its handoff alone to send
+    ) -> None:
         """``ticket``'s prompt is prefilled (its blocks hold its state): kept till it is ``sent``."""
-        self.states[_run(ticket)] = Prefilled(ticket, logits, prompt_logprobs)
+        self.states[_run(ticket)] = Prefilled(ticket, logits, prompt_logprobs, streamed)
 
     def of(self, ticket: Ticket[PrefillJob]) -> Prefilled:
         return self.states[_run(ticket)]

@@ -23,8 +23,8 @@ from .messages import PrefillJob
 
 @dataclass(frozen=True, slots=True)
 class BatchInput:
-    """One request's input, or a chunk of it: its sequence id, its tokens (prompt + tokens already
-    streamed; the first ``prompt_length`` are the prompt), its images' merged patches [patches,
+    """One request's input, or a chunk of it: its sequence id, its tokens (``prefilled_ids``; the
+    first ``prompt_length`` are the prompt), its images' merged patches [patches,
     hidden] at the prompt's placeholders when it has images, its prompt logprobs when asked for,
     and, for a chunk that does not end its input, the token after it."""
 
@@ -55,14 +55,21 @@ class BatchInput:
         return BatchInput(self.seq_id, self.tokens[begin:end], images, self.echo, rows, after)
 
 
+def prefilled_ids(job: PrefillJob) -> tuple[int, ...]:
+    """The tokens a request's prefill runs: its prompt, then the tokens a re-run streamed already
+    but the last, which decode feeds as its pending token, as the lost run's next round would have
+    (so a seeded run's draws resume where they were: a speculative round's start included)."""
+    return (*job.request.prompt_ids, *job.generated[:-1])
+
+
 def forward_of(job: PrefillJob) -> tuple | None:
-    """What requests sharing one forward have alike: identical text inputs (prompt + tokens
-    streamed) asking for the same prompt logprobs (the choices of an ``n`` > 1 request) run once;
-    image prompts (None) always run alone."""
+    """What requests sharing one forward have alike: identical text inputs (``prefilled_ids``)
+    asking for the same prompt logprobs (the choices of an ``n`` > 1 request) run once; image
+    prompts (None) always run alone."""
     if job.embeddings is not None:
         return None
     echo = echo_of(job)
-    return (*job.request.prompt_ids, *job.generated), echo.top if echo else None
+    return prefilled_ids(job), echo.top if echo else None
 
 
 def echo_of(job: PrefillJob) -> PromptLogprobs | None:

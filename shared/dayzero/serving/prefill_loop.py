@@ -1,7 +1,8 @@
 """The prefill stage's loop: pack waiting prompts, run prefill, stream the first token, hand off.
 
-Each prompt is ``prompt + tokens already streamed`` (non-empty only when a request is
-re-run after a worker failure), prefilled a chunk per step (prefilling.py plans the steps): each
+Each prompt is ``prompt + tokens already streamed but the last`` (non-empty only when a request
+is re-run after a worker failure: no token is sampled here, decode feeds the last one streamed as
+a decode round would have), prefilled a chunk per step (prefilling.py plans the steps): each
 step packs the prompts under way with newly arrived ones, up to DAYZERO_MAX_PREFILL_TOKENS, so a
 short prompt does not wait for a long one to end, and a prompt whose client cancelled it stops
 between two chunks. The first sampled token is appended to the request's stream at once (time to
@@ -270,9 +271,10 @@ class PrefillLoop:
 
     def _finish(self, prefilled: Prefilling, logits) -> None:
         """A prompt's last chunk ran: the requests sharing its forward get its state, kept with its
-        logits till each one's first token and handoff are out."""
+        logits till each one's first token and handoff are out (a re-run's handoff alone: the last token
+        it streamed is decode's to feed, ``prefilled_ids``)."""
         source, echo = prefilled.request_ids[0], prefilled.input.echo
         for rid in prefilled.request_ids[1:]:
             self.r.ranks.copy(source, rid)
         for ticket in prefilled.tickets:
-            self.kept.keep(ticket, logits, echo.scores if echo else None)
+            self.kept.keep(ticket, logits, echo.scores if echo else None, streamed=bool(ticket.job.generated))

@@ -15,7 +15,7 @@ from .handoff import take_tensor
 from .intake import Ticket
 from .lifecycle import Lifecycle
 from .messages import PrefillJob
-from .prefill_batch import BatchInput, echo_of, forward_of
+from .prefill_batch import BatchInput, echo_of, forward_of, prefilled_ids
 
 
 @dataclass(slots=True)
@@ -44,8 +44,8 @@ class Prefilling:
 
 
 def tokens_of(job: PrefillJob) -> int:
-    """A prompt's tokens, and those a re-run streamed already: what it prefills and its blocks hold."""
-    return len(job.request.prompt_ids) + len(job.generated)
+    """What a request prefills and its blocks hold (``prefilled_ids``)."""
+    return len(prefilled_ids(job))
 
 
 def batch_input(ticket: Ticket[PrefillJob], store: Lifecycle) -> BatchInput:
@@ -55,7 +55,7 @@ def batch_input(ticket: Ticket[PrefillJob], store: Lifecycle) -> BatchInput:
     rid, prompt = job.request.request_id, list(job.request.prompt_ids)
     if job.embeddings is not None and ticket.images is None:
         ticket.images = take_tensor(job.embeddings, store)
-    return BatchInput(rid, [*prompt, *job.generated], ticket.images, echo_of(job), len(prompt))
+    return BatchInput(rid, list(prefilled_ids(job)), ticket.images, echo_of(job), len(prompt))
 
 
 def forward_span(job: PrefillJob, batch: int) -> trace.Span:
@@ -68,7 +68,7 @@ def forward_span(job: PrefillJob, batch: int) -> trace.Span:
                 "dayzero.request_id": job.request.request_id,
                 "dayzero.batch_size": batch,
                 "dayzero.prompt_tokens": len(job.request.prompt_ids),
-                "dayzero.streamed_tokens": len(job.generated),  # a re-run's: prefilled after its prompt
+                "dayzero.streamed_tokens": len(job.generated),  # a re-run's: after its prompt (the last fed by decode)
                 "dayzero.images": job.request.images,
                 "dayzero.attempt": job.attempt,
             },
