@@ -3,6 +3,7 @@ and decoded output without special tokens other than the output protocol's marke
 
 from __future__ import annotations
 
+import codecs
 import random
 
 import pytest
@@ -105,21 +106,53 @@ def test_decoded_output_keeps_the_markers_the_answer_parser_reads(codec):
     assert codec.decode_all(codec.encode("<｜User｜>x")) == "<｜begin▁of▁sentence｜><｜User｜>x"  # prompts: all kept
 
 
-def test_stream_decoding_releases_what_decoding_everything_so_far_releases(codec):
-    """The incremental decoder against its twin: decode all ids at every token, release the new
-    text unless it ends in a cut UTF-8 character. Random ids cut characters and hide special tokens."""
+def _cut_short(codec, ids: list[int]) -> bool:
+    """Whether the UTF-8 of ``ids`` ends in a character cut short: a lead byte short of the
+    continuations it announces (what Python's incremental UTF-8 decoder holds back)."""
+    held = codecs.getincrementaldecoder("utf-8")("replace")
+    held.decode(b"".join(codec.token_piece(t)[1] for t in ids if codec.decode([t])))
+    return bool(held.getstate()[0])
+
+
+def _utf8_released(codec, ids: list[int]) -> str:
+    """What a stream of ``ids`` may have released by now: the text of its longest head whose UTF-8
+    ends in no cut character. A byte that begins no character is U+FFFD for good."""
+    head = next(k for k in range(len(ids), -1, -1) if not _cut_short(codec, ids[:k]))
+    return codec.decode(ids[:head])
+
+
+def _byte_token(codec, byte: int) -> int:
+    """The token of the byte-level vocabulary that stands for ``byte`` alone."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return codec.token_id(bytes_to_unicode()[byte])
+
+
+def test_stream_decoding_releases_all_but_a_cut_character(codec):
+    """The incremental decoder against Python's UTF-8 decoder, at every token. Random ids cut
+    characters, write stray continuation bytes and hide special tokens."""
     rng = random.Random(0)
     text = "dayzero: héllo — 4 bits, 深度求索 🚀🚀 <think>plan</think> done"
     streams = [codec.encode(text)[1:]] + [[rng.randrange(codec.vocab_size) for _ in range(300)] for _ in range(5)]
     for ids in streams:
-        stream, released, twin = StreamDecoder(codec), "", []
+        stream, released = StreamDecoder(codec), ""
         for i, token in enumerate(ids):
-            so_far = codec.decode(ids[: i + 1])
-            twin.append("" if so_far.endswith("\ufffd") else so_far[len(released) :])
-            released += twin[-1]
-            assert stream.push(token) == twin[-1], (i, twin[-1])
+            released += stream.push(token)
+            assert released == _utf8_released(codec, ids[: i + 1]), i
     whole = StreamDecoder(codec)
     assert "".join(whole.push(t) for t in codec.encode(text)[1:]) == text
+
+
+def test_stray_bytes_stream_at_once_and_a_cut_character_waits(codec):
+    """A byte that begins no character (0xB2) is U+FFFD whatever follows: released with its token.
+    Every text ending in U+FFFD was held for the next token, so a run of them released nothing at
+    all: 1,000 such tokens streamed no text, their reply's content was "" (and each step decoded
+    the whole run again)."""
+    stray, lead, mid, last = (_byte_token(codec, b) for b in (0xB2, 0xE4, 0xB8, 0xAD))
+    stream = StreamDecoder(codec)
+    assert [stream.push(stray) for _ in range(3)] == [b"\xb2".decode(errors="replace")] * 3
+    assert [stream.push(t) for t in (lead, mid, last)] == ["", "", b"\xe4\xb8\xad".decode()]  # 中
+    assert [stream.push(t) for t in (lead, codec.token_id("A"))] == ["", b"\xe4A".decode(errors="replace")]
 
 
 def test_a_damaged_tokenizer_config_is_named(tmp_path):

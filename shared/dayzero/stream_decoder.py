@@ -9,7 +9,8 @@ if TYPE_CHECKING:
 
 
 class StreamDecoder:
-    """Turns a growing list of ids into text deltas, holding back incomplete UTF-8.
+    """Turns a growing list of ids into text deltas, holding back incomplete UTF-8 (a character
+    cut short, not a stray byte: that one is U+FFFD whatever follows).
 
     Each push decodes only the ids since the last text it released, after those of the release
     before (a decoder may render a token by its neighbours, e.g. a word's leading space): the cost
@@ -25,7 +26,8 @@ class StreamDecoder:
         self._ids.append(token)
         before = self._codec.decode(self._ids[self._context : self._released])
         text = self._codec.decode(self._ids[self._context :])
-        if len(text) <= len(before) or text.endswith("\ufffd"):  # a multi-byte character is not complete yet
+        cut = text.endswith("\ufffd") and self._codec.cut_short(self._ids[self._released :])
+        if len(text) <= len(before) or cut:  # a multi-byte character is not complete yet
             return ""
         self._context, self._released = self._released, len(self._ids)
         return text[len(before) :]

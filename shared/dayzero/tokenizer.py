@@ -19,6 +19,7 @@ tokenized); tokenizing itself runs without the GIL (the gateway's event loop goe
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import functools
 import json
@@ -138,6 +139,17 @@ class TextCodec:
             return text, text.encode()
         piece, byte = self._tok.id_to_token(token) or "", byte_level_values()
         return text, bytes(byte[c] for c in piece) if all(c in byte for c in piece) else text.encode()
+
+    def cut_short(self, ids: list[int]) -> bool:
+        """Whether the text of ``ids`` ends in a character a later token may still complete: its
+        UTF-8 a lead byte short of the continuations it announces. A byte that begins no character
+        (a stray continuation) is U+FFFD for good. A tokenizer that is not lossless byte-level
+        names no token's bytes: any U+FFFD may be one still to complete."""
+        if self.max_token_bytes is None:
+            return True
+        tail = codecs.getincrementaldecoder("utf-8")("replace")  # (it holds back exactly a cut character)
+        tail.decode(b"".join(self.token_piece(i)[1] for i in ids if i not in self._hidden))
+        return bool(tail.getstate()[0])
 
     @functools.cached_property
     def guidance(self):
