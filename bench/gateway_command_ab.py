@@ -58,7 +58,7 @@ def main() -> None:
     medians = alternated(__file__, trees, args.rounds, options)
     what = "the client process's CPU time per GET" if args.cpu else "a GET's round trip, p50"
     print(f"A GET on the gateway's command client, its connection open: {what}, us, of {args.gets} a round; ")
-    print_rounds(medians, digits=1)
+    print_rounds(trees, medians, digits=1)
 
 
 if __name__ == "__main__":

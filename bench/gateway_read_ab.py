@@ -71,7 +71,7 @@ def main() -> None:
     trees = [tree.resolve() for tree in args.trees]
     medians = alternated(__file__, trees, args.rounds, ["--entries", str(args.entries)])
     print(f"XADD sent -> the gateway's subscriber has the entry, us; p50 of {args.entries} entries a round, ")
-    print_rounds(medians, digits=0)
+    print_rounds(trees, medians, digits=0)
 
 
 if __name__ == "__main__":

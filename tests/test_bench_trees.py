@@ -4,6 +4,7 @@ measured the install's gateway from any checkout unless PYTHONPATH was set)."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -27,3 +28,23 @@ def test_body_parse_imports_the_gateway_of_its_own_tree(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert MARK in done.stdout, done.stdout
     assert "| token ids | parsed |" in done.stdout, done.stdout
+
+
+def test_a_tree_compared_with_itself_is_two_rows_of_its_rounds(tmp_path, monkeypatch, capsys):
+    """bench/tree_ab.py (gateway_read_ab.py's and gateway_command_ab.py's runner) run with one tree
+    twice (the noise an A/B carries): its numbers were kept by tree, so both processes' went to one
+    row, twice the rounds long (and "2 rounds alternated" for one), its median of both."""
+    import dayzero.procs
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    from tree_ab import alternated, print_rounds
+
+    monkeypatch.setattr(dayzero.procs, "scratch_redis", lambda folder: contextlib.nullcontext(1))  # (none asked)
+    child = tmp_path / "child.py"
+    child.write_text("print(7)\n")
+    numbers = alternated(str(child), [tmp_path, tmp_path], 1, [])
+    assert numbers == [[7.0], [7.0]]
+    print_rounds([tmp_path, tmp_path], numbers, digits=0)
+    out = capsys.readouterr().out
+    assert out.startswith("1 rounds alternated"), out
+    assert out.count(f"| {tmp_path} | 7 | 7 |") == 2, out

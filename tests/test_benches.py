@@ -24,7 +24,15 @@ import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 # modules the benches import, not benches
-HELPERS = {"attention_prefill.py", "demo_stack.py", "options.py", "peak_rss.py", "sse_clients.py", "timing.py"}
+HELPERS = {
+    "attention_prefill.py",
+    "demo_stack.py",
+    "options.py",
+    "peak_rss.py",
+    "sse_clients.py",
+    "timing.py",
+    "tree_ab.py",
+}
 BENCHES = sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS)
 WORK_S = 20  # a --help still running after this is doing its work: ended (its test fails), the rest go on
 SMOKE_S = 300  # a smoke run still running after this hangs (each takes seconds): ended, named, the rest go on
@@ -154,6 +162,7 @@ SMOKE = {
     "redis_parsers.py": ["--batch", "1", "--calls", "5"],
     "reaper_round_trips.py": ["--passes", "1"],
     "gateway_read_ab.py": [str(BENCH.parent), str(BENCH.parent), "--rounds", "1", "--entries", "2"],
+    "gateway_command_ab.py": [str(BENCH.parent), str(BENCH.parent), "--rounds", "1", "--gets", "2", "--cpu"],
     "prefill_starvation.py": ["--loads", "1.0", "--horizon", "50", "--seeds", "1", "--long", "300", "--long-at", "10"],
 }
 # What needs a CUDA GPU, on a host without one: a line saying so, exit 0 (bench/options.py's need_cuda)
