@@ -11,9 +11,10 @@ import types
 import pytest
 import redis
 
+import dayzero.stack_stamps
 from dayzero.serving.liveness import Seen, process_id
 from dayzero.stack_child import Child
-from dayzero.stack_stamps import StampRead, StampReader, stale
+from dayzero.stack_stamps import REDATED_AFTER_S, StampRead, StampReader, stale
 
 BOUND_S = 30.0  # DAYZERO_FROZEN_WORKER_S
 
@@ -55,3 +56,36 @@ def test_a_redis_0_6_s_away_is_judged_by_its_clock_and_a_frozen_one_still_counts
     assert far._late_by(sent + 7.3, sent, 0.6) == pytest.approx(0.3)
     frozen_at_first = StampReader(redis.Redis(port=1))
     assert frozen_at_first._late_by(sent + 7.0 + 1.7, sent, 1.8) == pytest.approx(1.8)
+
+
+def test_a_redis_that_moved_far_away_is_dated_again(monkeypatch):
+    """Dated over a 1 ms path, then the path is 0.6 s (a sentinel failover to a far replica, a VPN's
+    other route) and Redis's clock 0.5 s ahead of the old one's: the offset is dropped (a step). The
+    quickest round trip ever (1 ms) was kept for good: no 0.6 s one was within 0.5 s of it, none dated
+    the clocks again, each read and its write counted whole (1.2 s, late) every pass, for ever (10 min
+    here): the frozen check silently off. The quickest ages like the dating round trip (``REDATED_AFTER_S``):
+    within a minute a read and its write count 0.3 s each."""
+    clock = [1000.0]  # this host's time.monotonic()
+    monkeypatch.setattr(dayzero.stack_stamps, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    moved, sent = StampReader(redis.Redis(port=1)), 5000.0  # (no command is sent)
+    assert moved._late_by(sent + 7.0005, sent, 0.001) == pytest.approx(0.0005)
+    passes = []
+    for _ in range(10):
+        clock[0] += REDATED_AFTER_S
+        passes.append(sum(moved._late_by(sent + 7.5 + 0.3, sent, 0.6) for _ in range(2)))  # (a read, its write)
+    assert passes[0] == pytest.approx(1.2)  # (the step; the 1 ms quickest still the minute before's)
+    assert passes[1:] == pytest.approx([0.6] * 9)
+
+
+def test_a_round_trip_held_as_the_quickest_ages_dates_nothing(monkeypatch):
+    """A Redis dated over a 1 ms path that, a minute on (the quickest's age), holds two round trips
+    1.9 s each (frozen; under the client's 2 s timeout): the 1 ms one still counts for the minute after,
+    so neither dates the clocks and each counts 1.9 s (a quickest forgotten at its age took the first for
+    the quickest and let the second date them, counted 0.95 s: a read held 1.9 s by a frozen Redis not
+    late)."""
+    clock = [1000.0]
+    monkeypatch.setattr(dayzero.stack_stamps, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    near, sent = StampReader(redis.Redis(port=1)), 5000.0  # (no command is sent)
+    assert near._late_by(sent + 7.0005, sent, 0.001) == pytest.approx(0.0005)
+    clock[0] += REDATED_AFTER_S
+    assert [near._late_by(sent + 7.0 + 1.9, sent, took_s) for took_s in (1.9, 1.95)] == pytest.approx([1.9, 1.9])

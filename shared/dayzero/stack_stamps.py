@@ -106,7 +106,8 @@ class StampReader:
     same_clock: bool = False
     offset_s: float | None = None  # Redis's clock less this host's (None: no quick round trip yet; 0: same_clock)
     _dated_by: tuple[float, float] = (math.inf, 0.0)  # the round trip that dated them: (its length, when)
-    _quickest_s: float | None = None  # the quickest round trip so far (None: none yet)
+    # the quickest round trips: this window's (``REDATED_AFTER_S`` long), the one before's, when this one began
+    _quickest: tuple[float, float, float] = (math.inf, math.inf, 0.0)
     _last: dict[str, float] = field(default_factory=dict)  # watched process -> its last stamp read (new each read)
     _write_check: Script = field(init=False)
 
@@ -155,17 +156,23 @@ class StampReader:
         the quickest before it (the first: under it), and quicker than the one that dated them (or that one
         older than ``REDATED_AFTER_S``), dates them again, Redis's reading taken at its middle; one a frozen
         Redis held dates nothing. (Only one under 0.5 s dated them: a Redis 0.6 s away never was, each read
-        and write counted whole, 1.2 s, late, and no frozen worker was ever found.) One that Redis ran before
-        its send or after its answer by the dated clocks (past their error, half the dating round trip) says
-        a clock stepped (NTP, on either host): the offset is dropped (stepped ahead, a read answered late
-        counted 0 s and the stamps aged by a frozen Redis found every worker frozen; stepped back, every read
-        counted late till a re-dating)."""
+        and write counted whole, 1.2 s, late, and no frozen worker was ever found.) The quickest is of the
+        last one or two ``REDATED_AFTER_S`` (kept for good, a Redis whose path went from 1 ms to 0.6 s and
+        whose clock then stepped was never dated again: every read late, the frozen check off for good; one
+        held by a frozen Redis as a window begins still dates nothing: the window before's counts). One that
+        Redis ran before its send or after its answer by the dated clocks (past their error, half the dating
+        round trip) says a clock stepped (NTP, on either host): the offset is dropped (stepped ahead, a read
+        answered late counted 0 s and the stamps aged by a frozen Redis found every worker frozen; stepped
+        back, every read counted late till a re-dating)."""
         slack_s = self._dated_by[0] / 2 + CLOCK_RESOLUTION_S  # (the offset's error)
         if self.offset_s is not None and not -slack_s <= ran - sent - self.offset_s <= took_s + slack_s:
             self.offset_s, self._dated_by = None, (math.inf, 0.0)
-        dated_by_s, dated_at = self._dated_by
-        recent_s = dated_by_s if time.monotonic() - dated_at < REDATED_AFTER_S else math.inf
-        quickest_s = 0.0 if self._quickest_s is None else self._quickest_s
-        if took_s <= min(recent_s, quickest_s + DATES_CLOCKS_S):
-            self.offset_s, self._dated_by = ran - (sent + took_s / 2), (took_s, time.monotonic())
-        self._quickest_s = took_s if self._quickest_s is None else min(self._quickest_s, took_s)
+        now, (dated_by_s, dated_at) = time.monotonic(), self._dated_by
+        recent_s = dated_by_s if now - dated_at < REDATED_AFTER_S else math.inf
+        this_s, before_s, begun = self._quickest
+        if now - begun >= REDATED_AFTER_S:  # (a new window: the path may have changed, a failover to a far replica)
+            this_s, before_s, begun = math.inf, this_s if now - begun < 2 * REDATED_AFTER_S else math.inf, now
+        quickest_s = min(this_s, before_s)
+        if took_s <= min(recent_s, (0.0 if quickest_s == math.inf else quickest_s) + DATES_CLOCKS_S):
+            self.offset_s, self._dated_by = ran - (sent + took_s / 2), (took_s, now)
+        self._quickest = (min(this_s, took_s), before_s, begun)
