@@ -46,14 +46,15 @@ def test_a_redis_0_6_s_away_is_judged_by_its_clock_and_a_frozen_one_still_counts
     host's time at the send, the round trip's length)): 0.6 s each, 0.3 s each way. The first counts
     whole (nothing dated yet); the second dates the clocks (within 0.5 s of the quickest before it: an
     absolute 0.5 s never dated them, each counted 0.6 s, a read and its write 1.2 s: late, every pass)
-    and ran 0.3 s after its send; one Redis held 1.5 s ran 1.8 s after, and dates nothing. A first round
-    trip held 1.8 s by a frozen Redis counts whole: with nothing quicker before it, it dates nothing."""
+    and ran 0.3 s after its send, the way there: 0 s late; one Redis held 1.5 s ran 1.8 s after, counts
+    1.5 s, and dates nothing. A first round trip held 1.8 s by a frozen Redis counts whole: with nothing
+    quicker before it, it dates nothing."""
     far = StampReader(redis.Redis(port=1))  # (no command is sent)
     sent = 1000.0
     assert far._late_by(sent + 7.3, sent, 0.6) == pytest.approx(0.6)
-    assert far._late_by(sent + 7.3, sent, 0.6) == pytest.approx(0.3)
-    assert far._late_by(sent + 8.8, sent, 2.1) == pytest.approx(1.8)
-    assert far._late_by(sent + 7.3, sent, 0.6) == pytest.approx(0.3)
+    assert far._late_by(sent + 7.3, sent, 0.6) == pytest.approx(0.0)
+    assert far._late_by(sent + 8.8, sent, 2.1) == pytest.approx(1.5)
+    assert far._late_by(sent + 7.3, sent, 0.6) == pytest.approx(0.0)
     frozen_at_first = StampReader(redis.Redis(port=1))
     assert frozen_at_first._late_by(sent + 7.0 + 1.7, sent, 1.8) == pytest.approx(1.8)
 
@@ -64,17 +65,17 @@ def test_a_redis_that_moved_far_away_is_dated_again(monkeypatch):
     quickest round trip ever (1 ms) was kept for good: no 0.6 s one was within 0.5 s of it, none dated
     the clocks again, each read and its write counted whole (1.2 s, late) every pass, for ever (10 min
     here): the frozen check silently off. The quickest ages like the dating round trip (``REDATED_AFTER_S``):
-    within a minute a read and its write count 0.3 s each."""
+    within a minute a read and its write are judged by Redis's clock again (0 s late past the way there)."""
     clock = [1000.0]  # this host's time.monotonic()
     monkeypatch.setattr(dayzero.stack_stamps, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     moved, sent = StampReader(redis.Redis(port=1)), 5000.0  # (no command is sent)
-    assert moved._late_by(sent + 7.0005, sent, 0.001) == pytest.approx(0.0005)
+    assert moved._late_by(sent + 7.0005, sent, 0.001) == pytest.approx(0.0)
     passes = []
     for _ in range(10):
         clock[0] += REDATED_AFTER_S
         passes.append(sum(moved._late_by(sent + 7.5 + 0.3, sent, 0.6) for _ in range(2)))  # (a read, its write)
     assert passes[0] == pytest.approx(1.2)  # (the step; the 1 ms quickest still the minute before's)
-    assert passes[1:] == pytest.approx([0.6] * 9)
+    assert passes[1:] == pytest.approx([0.0] * 9)
 
 
 def test_a_round_trip_held_as_the_quickest_ages_dates_nothing(monkeypatch):
@@ -86,6 +87,20 @@ def test_a_round_trip_held_as_the_quickest_ages_dates_nothing(monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr(dayzero.stack_stamps, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     near, sent = StampReader(redis.Redis(port=1)), 5000.0  # (no command is sent)
-    assert near._late_by(sent + 7.0005, sent, 0.001) == pytest.approx(0.0005)
+    assert near._late_by(sent + 7.0005, sent, 0.001) == pytest.approx(0.0)
     clock[0] += REDATED_AFTER_S
-    assert [near._late_by(sent + 7.0 + 1.9, sent, took_s) for took_s in (1.9, 1.95)] == pytest.approx([1.9, 1.9])
+    late_s = [near._late_by(sent + 7.0 + 1.9, sent, took_s) for took_s in (1.9, 1.95)]
+    assert late_s == pytest.approx([1.9, 1.9], abs=1e-3)  # (less the way there: 0.5 ms)
+
+
+def test_a_healthy_redis_1_1_s_away_is_not_late_and_a_held_one_is():
+    """A remote Redis 1.1 s away (0.55 s each way), healthy: once dated each round trip ran 0.55 s after
+    its send by Redis's clock, the way there. Counted, a read and its write were 1.1 s late, over
+    ``STAMP_EVERY_S``, every pass: the frozen check silently off (as at 0.6 s before the quickest dated
+    the clocks). Past the way there they count 0 s; a read and its write Redis held 0.8 s each (1.9 s round
+    trips, under the client's 2 s timeout) count 1.6 s: late."""
+    far, sent = StampReader(redis.Redis(port=1)), 5000.0  # (no command is sent)
+    assert far._late_by(sent + 7.55, sent, 1.1) == pytest.approx(1.1)  # (nothing dated yet: whole)
+    passes = [sum(far._late_by(sent + 7.55, sent, 1.1) for _ in range(2)) for _ in range(3)]
+    assert passes == pytest.approx([0.0] * 3)
+    assert sum(far._late_by(sent + 7.55 + 0.8, sent, 1.9) for _ in range(2)) == pytest.approx(1.6)

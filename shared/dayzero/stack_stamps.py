@@ -35,11 +35,12 @@ def process_of(child: Child) -> str:
 
 class StampRead(NamedTuple):
     """One read of the stamps: ``stages`` ({} when Redis could not be read), ``began`` and ``at`` (when
-    it was sent and answered, time.monotonic()), ``late``: unreadable, run by Redis (its write too)
-    over ``STAMP_EVERY_S`` after its send by Redis's clock (a frozen Redis continued, writes held), or
-    its write refused (maxmemory, a replica): no worker could stamp meanwhile, for the stamps are
-    writes too. ``last``: the last stamp read of each watched child's process (time.monotonic()), this
-    read's or, where Redis holds none (a new Redis lost it), an earlier one's (``StampReader``)."""
+    it was sent and answered, time.monotonic()), ``late``: unreadable, run by Redis (its write too) over
+    ``STAMP_EVERY_S`` after its send by Redis's clock, the network's way there left out (a frozen Redis
+    continued, writes held), or its write refused (maxmemory, a replica): no worker could stamp meanwhile,
+    for the stamps are writes too. ``last``: the last stamp read of each watched child's process
+    (time.monotonic()), this read's or, where Redis holds none (a new Redis lost it), an earlier one's
+    (``StampReader``)."""
 
     stages: dict[str, Seen]
     began: float
@@ -145,11 +146,14 @@ class StampReader:
 
     def _late_by(self, ran: float, sent: float, took_s: float) -> float:
         """How long after its send (``sent``, this host's time.time()) Redis ran a round trip (``ran``, its
-        TIME) that took ``took_s`` to answer, by Redis's clock: its TIME less ``sent`` and the clocks'
-        offset, within the round trip; the whole round trip while the offset is unknown."""
+        TIME) that took ``took_s`` to answer, by Redis's clock, past the network's way there (a remote
+        Redis's: half the quickest round trip): its TIME less ``sent``, the clocks' offset and that way,
+        within the round trip; the whole round trip while the offset is unknown. (The way there counted, a
+        healthy Redis 1.1 s away counted 0.55 s a trip, 1.1 s a read and its write: every read late.)"""
         if not self.same_clock:  # (up's starved thread dated nothing: every read counted late, no worker found frozen)
             self._date(ran, sent, took_s)
-        return took_s if self.offset_s is None else min(took_s, max(0.0, ran - sent - self.offset_s))
+        way_s = 0.0 if self.same_clock else min(self._quickest[:2]) / 2  # (finite once a round trip was made)
+        return took_s if self.offset_s is None else min(took_s, max(0.0, ran - sent - self.offset_s - way_s))
 
     def _date(self, ran: float, sent: float, took_s: float) -> None:
         """A remote Redis's ``offset_s`` by a round trip (as ``_late_by``'s). One within ``DATES_CLOCKS_S`` of

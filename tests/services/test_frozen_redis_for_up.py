@@ -265,17 +265,19 @@ def test_a_worker_hung_as_its_redis_restarts_is_still_found_frozen(tmp_path):
         _stop(worker, server)
 
 
-def test_a_remote_redis_600_ms_away_still_finds_a_frozen_worker(tmp_path, monkeypatch):
+@pytest.mark.parametrize("one_way_s", [0.3, 0.55])
+def test_a_remote_redis_far_away_still_finds_a_frozen_worker(tmp_path, monkeypatch, one_way_s):
     """A remote Redis whose every round trip takes 0.6 s (0.3 s each way: a satellite link, a far VPN),
     healthy. Only a round trip under 0.5 s dated Redis's clock: none did, each read and its write check
     counted whole (1.2 s, over ``STAMP_EVERY_S``), every read counted late and moved ``_unread_at``, and
     the quiet worker was never found frozen (the frozen check silently off). By Redis's clock each ran
-    0.3 s after its send: no read is late, and the worker is found frozen."""
+    0.3 s after its send, the way there: no read is late, and the worker is found frozen. At 0.55 s each
+    way the way there counted, 1.1 s a read and its write: every read late again, never found frozen."""
     server, worker, child, stack, stamp = _frozen_redis_and_a_quiet_worker(tmp_path)
     try:
         stamp()
-        monkeypatch.setattr(dayzero.stack_stamps, "seen_stages", _far_away(dayzero.stack_stamps.seen_stages, 0.3))
-        monkeypatch.setattr(Script, "__call__", _far_away(Script.__call__, 0.3))  # (the write check)
+        monkeypatch.setattr(dayzero.stack_stamps, "seen_stages", _far_away(dayzero.stack_stamps.seen_stages, one_way_s))
+        monkeypatch.setattr(Script, "__call__", _far_away(Script.__call__, one_way_s))  # (the write check)
         _found_frozen(stack, child)
     finally:
         _stop(worker, server)
