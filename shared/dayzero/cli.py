@@ -80,7 +80,7 @@ def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
     from .quant.inspect import inspect, render
 
     sizes = (args.batch, args.context, args.devices, args.expert_cache_gib, args.tensor_parallel)
-    report = inspect(args.path, *sizes, settings.dtype, settings.speculative_tokens, settings.block_size)
+    report = inspect(args.path, *sizes, settings)
     print(json.dumps(report.to_dict()) if args.json else render(report))
     return 0
 
@@ -200,8 +200,11 @@ def parser() -> argparse.ArgumentParser:
         f"({defaults['dtype'].default} unless set), which the dense weights, experts not kept in FP4 and the "
         f"attention state are held in, and DAYZERO_SPECULATIVE_TOKENS ({defaults['speculative_tokens'].default} "
         "unless set), above 0 the MTP layer's state per sequence too (its weights are counted whenever the "
-        f"checkpoint ships it), and DAYZERO_BLOCK_SIZE ({defaults['block_size'].default} unless set), the rows of "
-        "the pool blocks the attention state is held in (a sequence holds whole blocks).",
+        f"checkpoint ships it), DAYZERO_BLOCK_SIZE ({defaults['block_size'].default} unless set), the rows of "
+        "the pool blocks the attention state is held in (a sequence holds whole blocks), and the pools a worker "
+        f"allocates: DAYZERO_KV_BUDGET_MB ({defaults['kv_budget_mb'].default} unless set), with the windows of "
+        f"DAYZERO_MAX_BATCH ({defaults['max_batch'].default} unless set) sequences, one more under "
+        "DAYZERO_DECODE_GRAPHS (its padding rows; the graphs' own memory is not planned).",
     )
     insp.add_argument(
         "path",

@@ -9,6 +9,7 @@ import pytest
 from dayzero import cli
 from dayzero.parallel import ParallelError
 from dayzero.quant.inspect import inspect
+from dayzero.settings import Settings
 
 from .test_tensor_parallel import TP4
 
@@ -31,7 +32,8 @@ def test_generate_on_two_ranks_prints_what_one_rank_prints(checkpoint_factory, c
 
 
 def test_inspect_prints_per_rank_bytes_and_the_smallest_group():
-    bf16 = {"batch": 8, "context": 65536, "dtype": "bfloat16"}  # as the peers serve Pro (float32 needs more)
+    # as the peers serve Pro (float32 needs more)
+    bf16 = {"batch": 8, "context": 65536, "settings": Settings(dtype="bfloat16")}
     one = inspect("deepseek-v4-pro", **bf16)
     eight = inspect("deepseek-v4-pro", tensor_parallel=8, **bf16)
     tp = eight.tensor_parallel

@@ -12,6 +12,7 @@ import torch
 
 from dayzero import cli
 from dayzero.checkpoint import CheckpointError, load_model
+from dayzero.model.weights import skeleton
 from dayzero.quant.inspect import inspect
 
 
@@ -215,3 +216,53 @@ def test_the_plan_holds_the_mtp_layer_the_checkpoint_ships(speculative, mtp_chec
     assert mtp["state_bytes_per_sequence"] == state
     report = cli.main(["inspect", str(mtp_checkpoint)]) == 0 and capsys.readouterr().out
     assert f"MTP layers         1: {params:,} parameters" in report
+
+
+def test_a_kv_budget_over_what_fits_raises_the_h200s_needed(capsys):
+    """The plan left DAYZERO_KV_BUDGET_MB out: V4-Flash at a 64 GiB budget needed "2" H200s, while each
+    worker allocates the whole budget: 140 GiB of FP4 experts over 2 devices and 28 GiB of the rest
+    (float32) is 98 GiB each, and 64 more is past an H200's 131.3 GiB."""
+    from dayzero.settings import Settings
+
+    small = inspect("deepseek-v4-flash", settings=Settings(kv_budget_mb=4096))
+    assert small.plan["h200s_needed"] == 2 and small.memory_gib["attention_pools"] == pytest.approx(4, abs=0.01)
+    large = inspect("deepseek-v4-flash", settings=Settings(kv_budget_mb=64 << 10))
+    assert large.memory_gib["attention_pools"] == pytest.approx(64, abs=0.01)
+    needed = large.plan["h200s_needed"]
+    assert (
+        needed > 2
+        and inspect("deepseek-v4-flash", devices=needed, settings=Settings(kv_budget_mb=64 << 10)).plan["fits_one_h200"]
+    )
+    fewer = max(n for n in range(1, needed) if 256 % n == 0)  # the next count --devices takes below it
+    assert not inspect("deepseek-v4-flash", devices=fewer, settings=Settings(kv_budget_mb=64 << 10)).plan[
+        "fits_one_h200"
+    ]
+
+
+def test_the_kv_pools_line_says_what_attention_pools_counts(monkeypatch, capsys):
+    """The default budget cannot hold 16 of V4-Flash's windows (a worker refuses to start); a budget
+    under --batch's state is what --batch needs, not what is counted; decode graphs' own memory is out."""
+    assert cli.main(["inspect", "deepseek-v4-flash"]) == 0
+    assert "KV pools           none: a worker refuses to start (DAYZERO_KV_BUDGET_MB=256 cannot hold" in (
+        capsys.readouterr().out
+    )
+    for name, value in {"DAYZERO_KV_BUDGET_MB": "4096", "DAYZERO_DEVICE": "cuda"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("DAYZERO_ATTENTION_BACKEND", "triton")
+    monkeypatch.setenv("DAYZERO_DECODE_GRAPHS", "1")
+    assert cli.main(["inspect", "deepseek-v4-flash", "--batch", "8", "--context", "1000000"]) == 0
+    out = capsys.readouterr().out
+    assert "bytes a worker allocates (DAYZERO_KV_BUDGET_MB 4096, windows for 17 sequences)" in out
+    assert "of --batch 8 at --context 1000000, which attention_pools counts" in out
+    assert "the graphs' own memory (each captured bucket's activations and logits) is not in the plan" in out
+
+
+def test_the_plan_builds_the_model_s_skeleton_once(monkeypatch):
+    """It was built four times a plan (~0.15 s each for V4-Flash), and again for each group size a
+    --tensor-parallel plan tried: seven for Flash's."""
+    from dayzero.quant import memory_plan
+
+    built = []
+    monkeypatch.setattr(memory_plan, "skeleton", lambda *a, **k: built.append(1) or skeleton(*a, **k))
+    inspect("deepseek-v4-flash", tensor_parallel=8)
+    assert len(built) == 1

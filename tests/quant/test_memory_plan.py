@@ -3,13 +3,16 @@ a tiny model ``load_model`` built, and of the pools ``pools_for`` carved (sums o
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
+from dayzero import cli
 from dayzero.checkpoint import load_model, packed_experts
 from dayzero.config import ModelConfig
 from dayzero.kv.pools import pools_for
-from dayzero.quant.memory_plan import GIB, Serving, WeightBytes, memory_plan
+from dayzero.quant.memory_plan import GIB, ModelTensors, Serving, WeightBytes, memory_plan
 
 from .test_fp4_model import fp4_checkpoint  # noqa: F401 - the fixture: a tiny checkpoint, its experts FP4
 
@@ -18,7 +21,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 def planned_bytes(cfg: ModelConfig, serving: Serving) -> dict[str, float]:
     """The plan's regions in bytes (one device, no expert cache)."""
-    plan = memory_plan(cfg, WeightBytes.of(cfg, serving), serving, devices=1, expert_cache_gib=0.0)
+    plan = memory_plan(cfg, WeightBytes.of(ModelTensors.of(cfg, serving)), serving, devices=1, expert_cache_gib=0.0)
     return {region: gib * GIB for region, gib in plan.items()}
 
 
@@ -52,3 +55,33 @@ def test_the_planned_pools_are_the_bytes_the_runtime_s_pools_take(context, mtp, 
     held = sum(t.nbytes for t in pools.tensors())
     serving = Serving(batch, context, False, torch.finfo(dtype).bits // 8, block_size, int(mtp), mtp_state=mtp)
     assert planned_bytes(cfg, serving)["attention_pools"] == held
+
+
+GRAPHS = {"DAYZERO_DECODE_GRAPHS": "1", "DAYZERO_DEVICE": "cuda", "DAYZERO_ATTENTION_BACKEND": "triton"}
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_the_planned_pools_are_the_pools_a_worker_of_the_same_settings_allocates(
+    graphs, tiny_checkpoint, monkeypatch, capsys
+):
+    """The plan ignored DAYZERO_KV_BUDGET_MB: a worker allocates pools of the whole budget whatever
+    the batch (and under DAYZERO_DECODE_GRAPHS one more sequence's window, the padding rows'), while
+    the plan counted --batch's sequences alone: 0.0002 GiB planned where a worker held 0.0312."""
+    from dayzero.parallel.collectives import Group
+    from dayzero.serving.rank_loading import load_ranks
+    from dayzero.settings import Settings
+
+    env = {"DAYZERO_KV_BUDGET_MB": "32", "DAYZERO_MAX_BATCH": "3", "DAYZERO_BLOCK_SIZE": "4"}
+    for name, value in (env | (GRAPHS if graphs else {})).items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["inspect", str(tiny_checkpoint), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    settings = Settings(checkpoint=tiny_checkpoint).model_copy(update={"device": "cpu"})  # (allocated here)
+    ranks, _ = load_ranks(settings, Group(), shared=False)
+    held = sum(t.nbytes for t in ranks.pools.tensors())
+    assert report["kv_pools"]["bytes"] == held and held > 31 << 20  # the budget's, not the batch's
+    assert report["kv_pools"]["windows"] == 3 + graphs  # DAYZERO_MAX_BATCH, and the graphs' padding rows
+    assert report["memory_gib"]["attention_pools"] == round(held / GIB, 4)
+    monkeypatch.delenv("DAYZERO_KV_BUDGET_MB")  # 256, the default: more than the 32 planned above
+    assert cli.main(["inspect", str(tiny_checkpoint), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory_gib"]["attention_pools"] == pytest.approx(0.25, abs=1e-3)

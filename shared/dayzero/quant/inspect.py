@@ -16,16 +16,18 @@ from pathlib import Path
 
 from ..checkpoint import check_split, packed_experts
 from ..config import ConfigError, ModelConfig
+from ..serving.budget import budget_pools
 from ..settings import Settings
 from .memory_plan import (
     GIB,
     H200_BYTES,
+    ModelTensors,
     Serving,
     WeightBytes,
+    batch_state_bytes,
     device_bytes,
     memory_plan,
     mtp_plan,
-    parameters,
     tensor_parallel_report,
 )
 
@@ -66,15 +68,18 @@ class Report:
     plan: dict[str, float | int | str]
     tensor_parallel: dict = field(default_factory=dict)  # inspect(..., tensor_parallel=N), N > 1
     mtp: dict = field(default_factory=dict)  # the MTP layers' share of the plan (memory_plan.mtp_plan)
+    kv_pools: dict = field(default_factory=dict)  # the pools a worker allocates (kv_pools_of)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def count_params(cfg: ModelConfig) -> tuple[int, int, int]:
-    """(total, active per token, routed experts) parameter counts."""
+def count_params(cfg: ModelConfig, tensors: ModelTensors) -> tuple[int, int, int]:
+    """(total, active per token, routed experts) parameter counts (the MTP layers' aside)."""
     total = routed = 0
-    for name, values in parameters(cfg):
+    for name, values in tensors.params:
+        if name.startswith("mtp."):
+            continue
         total += values
         routed += values if ".ffn.experts." in name else 0
     active = total - routed + routed * cfg.num_experts_per_tok // cfg.n_routed_experts
@@ -90,6 +95,18 @@ def _config(path: str | Path) -> ModelConfig:
     return ModelConfig.from_file(path)
 
 
+def kv_pools_of(cfg: ModelConfig, settings: Settings) -> dict:
+    """The pools a worker of ``settings`` allocates (``budget_pools``, as the runtime sizes them):
+    their bytes and the longest sequence they hold; ``refused``, the worker's error where the budget
+    cannot hold DAYZERO_MAX_BATCH sequences' windows (no worker starts: 0 bytes)."""
+    kv = {"budget_mb": settings.kv_budget_mb, "windows": settings.max_batch + settings.decode_graphs}
+    try:
+        pools = budget_pools(settings, cfg)
+    except ValueError as exc:
+        return kv | {"bytes": 0, "capacity_tokens": 0, "refused": str(exc)}
+    return kv | {"bytes": sum(t.nbytes for t in pools.tensors()), "capacity_tokens": pools.capacity_tokens()}
+
+
 def inspect(
     path: str | Path,
     batch: int = 1,
@@ -97,12 +114,12 @@ def inspect(
     devices: int = 1,
     expert_cache_gib: float = 0.0,
     tensor_parallel: int = 1,
-    dtype: str = Settings.model_fields["dtype"].default,
-    speculative_tokens: int = Settings.model_fields["speculative_tokens"].default,
-    block_size: int = Settings.model_fields["block_size"].default,
+    settings: Settings | None = None,
 ) -> Report:
-    """``dtype``, ``speculative_tokens``, ``block_size``: DAYZERO_DTYPE, DAYZERO_SPECULATIVE_TOKENS and
-    DAYZERO_BLOCK_SIZE of the run planned for (the settings object's)."""
+    """The plan of a run of ``settings`` (the defaults, not the environment's, unless given): its
+    DAYZERO_DTYPE, DAYZERO_SPECULATIVE_TOKENS, DAYZERO_BLOCK_SIZE, and the pools of DAYZERO_KV_BUDGET_MB,
+    DAYZERO_MAX_BATCH and DAYZERO_DECODE_GRAPHS."""
+    settings = settings or Settings.model_construct()
     cfg = _config(path)
     longest = cfg.max_position_embeddings
     context = min(65536, longest) if context is None else context
@@ -111,7 +128,6 @@ def inspect(
     if cfg.n_routed_experts % devices:
         raise ValueError(f"--devices {devices} does not divide the model's {cfg.n_routed_experts} routed experts")
     path = Path(path)
-    total, active, routed = count_params(cfg)
     dtypes: Counter[str] = Counter()
     unmapped: list[str] = []
     mtp_layers = cfg.num_nextn_predict_layers  # a bare config: the layers it declares, as the releases ship them
@@ -121,10 +137,13 @@ def inspect(
         unmapped = [e.key for e in headers.unused]
         mtp_layers = headers.mtp_layers  # the loader holds those shipped, declared or not
     fp4 = packed_experts(cfg) if dtypes else True  # a bare config: plan for the published FP4 experts
-    speculating = speculative_tokens > 0 and mtp_layers > 0
-    serving = Serving(batch, context, fp4, 2 if dtype == "bfloat16" else 4, block_size, mtp_layers, speculating)
-    mtp = mtp_plan(cfg, serving)
-    weights = WeightBytes.of(cfg, serving)
+    speculating = settings.speculative_tokens > 0 and mtp_layers > 0
+    width = 2 if settings.dtype == "bfloat16" else 4
+    kv = kv_pools_of(cfg, settings)
+    serving = Serving(batch, context, fp4, width, settings.block_size, mtp_layers, speculating, kv["bytes"])
+    tensors = ModelTensors.of(cfg, serving)  # (the one skeleton built: ~0.15 s for V4-Flash's)
+    total, active, routed = count_params(cfg, tensors)
+    weights = WeightBytes.of(tensors)
     memory = memory_plan(cfg, weights, serving, devices, expert_cache_gib)
     counts = (n for n in range(1, 257) if cfg.n_routed_experts % n == 0)  # those --devices takes
     fits = (n for n in counts if device_bytes(cfg, weights, serving, n, expert_cache_gib) <= H200_BYTES)
@@ -133,8 +152,8 @@ def inspect(
         "batch": batch,
         "context": context,
         "devices": devices,
-        "experts": "fp4" if fp4 else dtype,
-        "dense": f"{dtype} (DAYZERO_DTYPE{'; FP8 dequantized at load' if fp8 else ''})",
+        "experts": "fp4" if fp4 else settings.dtype,
+        "dense": f"{settings.dtype} (DAYZERO_DTYPE{'; FP8 dequantized at load' if fp8 else ''})",
         "total_gib": round(sum(memory.values()), 3),
         "fits_one_h200": sum(memory.values()) * GIB <= H200_BYTES,
         "h200s_needed": next(fits, None) or "more than 256",
@@ -149,8 +168,9 @@ def inspect(
         unmapped,
         {k: round(v, 4) for k, v in memory.items()},
         plan,
-        tensor_parallel_report(cfg, tensor_parallel, serving) if tensor_parallel > 1 else {},
-        mtp | {"speculative_tokens": speculative_tokens},
+        tensor_parallel_report(cfg, tensor_parallel, serving, tensors) if tensor_parallel > 1 else {},
+        mtp_plan(cfg, serving, tensors) | {"speculative_tokens": settings.speculative_tokens},
+        kv | {"batch_bytes": batch_state_bytes(cfg, serving) // devices, "decode_graphs": settings.decode_graphs},
     )
 
 
@@ -177,6 +197,27 @@ def _mtp_line(mtp: dict) -> str:
     )
 
 
+def _kv_lines(kv: dict, plan: dict) -> list[str]:
+    """What the attention_pools region counts: the pools a worker allocates, or the batch's state."""
+    asked = f"--batch {plan['batch']} at --context {plan['context']}"
+    if "refused" in kv:
+        pools = f"none: a worker refuses to start ({kv['refused']}); attention_pools counts {asked}"
+    else:
+        pools = (
+            f"{kv['bytes']:,} bytes a worker allocates (DAYZERO_KV_BUDGET_MB {kv['budget_mb']}, windows for "
+            f"{kv['windows']} sequences), one sequence up to {kv['capacity_tokens']:,} tokens"
+        )
+        if kv["batch_bytes"] > kv["bytes"]:
+            pools += f"; under the {kv['batch_bytes']:,} bytes of {asked}, which attention_pools counts"
+    lines = [f"KV pools           {pools}"]
+    if kv["decode_graphs"]:
+        lines.append(
+            "CUDA graphs        DAYZERO_DECODE_GRAPHS: their padding rows' window is in the KV pools; the "
+            "graphs' own memory (each captured bucket's activations and logits) is not in the plan"
+        )
+    return lines
+
+
 def render(report: Report) -> str:
     lines = [
         f"total parameters   {report.total_params:,} ({_scaled(report.total_params)})",
@@ -196,6 +237,7 @@ def render(report: Report) -> str:
         + ")",
     ]
     lines += [f"  {region:<24} {gib:10.3f}" for region, gib in report.memory_gib.items()]
+    lines += _kv_lines(report.kv_pools, report.plan)
     tp = report.tensor_parallel
     if tp:
         lines.append(

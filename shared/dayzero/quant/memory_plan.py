@@ -1,11 +1,10 @@
 """The memory plan of ``dayzero inspect``: the bytes a device (or one rank of a tensor-parallel group)
 holds by region, from the config's shapes alone: the weights as the loader keeps them
 (checkpoint.load_model), the attention state in the blocks of DAYZERO_BLOCK_SIZE rows the runtime's
-pools hold it in (kv.pools)."""
+pools hold it in (kv.pools), or the pools a worker allocates for DAYZERO_KV_BUDGET_MB where those are more."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -15,6 +14,7 @@ from ..kv.layout import GROWING_POOLS, PoolLayout
 from ..model.weights import held_dtype, skeleton
 from ..parallel import ParallelError, check_divisible
 from ..parallel.shard import split_dim
+from .experts import PackedExperts
 
 GIB = 1 << 30
 H200_BYTES = 141e9  # one H200's HBM, as sold (about 131 GiB)
@@ -34,23 +34,34 @@ class Serving:
     block_size: int
     mtp_layers: int = 0  # the MTP layers shipped: the loader holds their weights
     mtp_state: bool = False  # DAYZERO_SPECULATIVE_TOKENS > 0: each sequence holds the MTP layer's state too
+    pool_bytes: int = 0  # the pools a worker allocates whatever its sequences (serving.budget.budget_pools)
 
 
-def parameters(cfg: ModelConfig, mtp_layers: int = 0) -> Iterator[tuple[str, int]]:
-    """(name, values) of each parameter of the model the loader builds with ``mtp_layers`` MTP layers
-    (``mtp.N.*`` after the main model's); the buffers (routing correction bias, hash-routing table) aside."""
-    for name, t in skeleton(cfg, mtp_layers=mtp_layers).state_dict().items():
-        if not name.endswith(("tid2eid", "gate.bias")):
-            yield name, t.numel()
+@dataclass(frozen=True, slots=True)
+class ModelTensors:
+    """The model the loader builds, from one skeleton (a meta module tree, built once for the whole
+    plan): ``params``, (name, values) of each parameter, routed experts as float weights (the count's
+    convention), the buffers (routing correction bias, hash-routing table) aside; ``held``, (name,
+    bytes) of each tensor the loader holds, buffers included, each in the dtype it holds it in
+    (``held_dtype``), the routed experts packed when ``serving.fp4``. MTP layers: ``mtp.N.*``."""
 
+    params: tuple[tuple[str, int], ...]
+    held: tuple[tuple[str, int], ...]
 
-def held_weights(cfg: ModelConfig, serving: Serving) -> Iterator[tuple[str, int]]:
-    """(name, bytes) of each tensor the loader holds, buffers included, each in the dtype the loader
-    holds it in (``held_dtype``: checkpoint.load_model's)."""
-    model = skeleton(cfg, packed_experts=serving.fp4, mtp_layers=serving.mtp_layers)
-    dtype = getattr(torch, _dtype(serving))
-    for name, t in model.state_dict().items():
-        yield name, t.numel() * held_dtype(name, t.dtype, dtype).itemsize
+    @staticmethod
+    def of(cfg: ModelConfig, serving: Serving) -> ModelTensors:
+        model = skeleton(cfg, mtp_layers=serving.mtp_layers)
+        tensors = model.state_dict()
+        params = tuple((n, t.numel()) for n, t in tensors.items() if not n.endswith(("tid2eid", "gate.bias")))
+        if serving.fp4:  # the module the loader builds in their place (one, on meta: only its shapes are read)
+            with torch.device("meta"):
+                packed = PackedExperts(cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+            for block in (*model.layers, *model.mtp):
+                block.ffn.experts = packed
+            tensors = model.state_dict()
+        dtype = getattr(torch, _dtype(serving))
+        held = tuple((n, t.numel() * held_dtype(n, t.dtype, dtype).itemsize) for n, t in tensors.items())
+        return ModelTensors(params, held)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +72,9 @@ class WeightBytes:
     rest: int
 
     @staticmethod
-    def of(cfg: ModelConfig, serving: Serving) -> WeightBytes:
+    def of(tensors: ModelTensors) -> WeightBytes:
         experts = rest = 0
-        for name, size in held_weights(cfg, serving):
+        for name, size in tensors.held:
             if ".ffn.experts." in name:
                 experts += size
             else:
@@ -71,13 +82,13 @@ class WeightBytes:
         return WeightBytes(experts, rest)
 
 
-def mtp_plan(cfg: ModelConfig, serving: Serving) -> dict[str, int]:
+def mtp_plan(cfg: ModelConfig, serving: Serving, tensors: ModelTensors) -> dict[str, int]:
     """What the MTP layers add to the plan (none: transformers' count leaves them out): their
     parameters and bytes (in ``packed_weights``), and the bytes each sequence holds for them (in
     ``attention_pools``: the MTP layer's window and the streams it has yet to read; 0 without
     speculative decoding)."""
     params = routed = 0
-    for name, values in parameters(cfg, serving.mtp_layers):
+    for name, values in tensors.params:
         if name.startswith("mtp."):
             params += values
             routed += values if ".ffn.experts." in name else 0
@@ -86,7 +97,7 @@ def mtp_plan(cfg: ModelConfig, serving: Serving) -> dict[str, int]:
         "layers": serving.mtp_layers,
         "params": params,
         "routed_expert_params": routed,
-        "weight_bytes": sum(size for name, size in held_weights(cfg, serving) if name.startswith("mtp.")),
+        "weight_bytes": sum(size for name, size in tensors.held if name.startswith("mtp.")),
         "state_bytes_per_sequence": state,
     }
 
@@ -94,20 +105,27 @@ def mtp_plan(cfg: ModelConfig, serving: Serving) -> dict[str, int]:
 def memory_plan(
     cfg: ModelConfig, weights: WeightBytes, serving: Serving, devices: int, expert_cache_gib: float
 ) -> dict[str, float]:
-    """GiB per device by region (experts FP4 when ``serving.fp4``; experts split over devices)."""
+    """GiB per device by region (experts FP4 when ``serving.fp4``; experts split over devices). The
+    attention pools: the ones a worker allocates (``serving.pool_bytes``), or the batch's sequences'
+    state where that is more (what a budget that holds them allocates)."""
     batch, width = serving.batch, serving.width
     workspace = _workspace(cfg, serving, cfg.n_routed_experts) if serving.fp4 else 0
-    pools = batch * _sequence_bytes(cfg, serving)
+    pools = batch_state_bytes(cfg, serving)
     hyper = batch * cfg.hc_mult * cfg.hidden_size * 4 * 2  # residual streams + mixed copy, fp32
     activations = 2048 * cfg.hidden_size * width * 8  # one prefill chunk, a few live [T, hidden] buffers
     return {
         "packed_weights": (weights.experts / devices + weights.rest) / GIB,
         "dequant_workspace": workspace / GIB,
         "expert_cache": expert_cache_gib if serving.fp4 else 0.0,
-        "attention_pools": pools / devices / GIB,
+        "attention_pools": max(serving.pool_bytes, pools / devices) / GIB,
         "hyper_connection_state": hyper / GIB,
         "activations": activations / GIB,
     }
+
+
+def batch_state_bytes(cfg: ModelConfig, serving: Serving) -> int:
+    """Attention state of the batch's ``serving.batch`` sequences of ``serving.context`` tokens."""
+    return serving.batch * _sequence_bytes(cfg, serving)
 
 
 def _workspace(cfg: ModelConfig, serving: Serving, experts: int) -> int:
@@ -141,13 +159,14 @@ def _bytes_per_token(cfg: ModelConfig, serving: Serving) -> float:
     return sum(layout.row_bytes(p, serving.width) / layout.rate(p) for p in GROWING_POOLS)
 
 
-def rank_plan(cfg: ModelConfig, ranks: int, serving: Serving) -> dict[str, float]:
+def rank_plan(cfg: ModelConfig, ranks: int, serving: Serving, tensors: ModelTensors) -> dict[str, float]:
     """Bytes one rank of a ``ranks``-way tensor-parallel group holds, by region (dayzero.parallel.shard):
     its routed experts, its slices of the split dense weights, the replicated dense weights, the
-    attention state (replicated: every rank holds every sequence's whole state), the dequant
+    attention state (replicated: every rank holds every sequence's whole state; the pools it allocates
+    where those are more, as ``memory_plan``), the dequant
     workspace, and the hyper-connection state and activations (replicated, as ``memory_plan``)."""
     regions = {"routed_experts": 0.0, "dense_split": 0.0, "dense_replicated": 0.0}
-    for name, size in held_weights(cfg, serving):
+    for name, size in tensors.held:
         if ".ffn.experts." in name:
             regions["routed_experts"] += size / ranks
         elif split_dim(name) is not None:
@@ -155,37 +174,37 @@ def rank_plan(cfg: ModelConfig, ranks: int, serving: Serving) -> dict[str, float
         else:
             regions["dense_replicated"] += size
     state = _sequence_bytes(cfg, replace(serving, mtp_state=False))  # (a group drafts no tokens)
-    regions["attention_state_replicated"] = serving.batch * state
+    regions["attention_state_replicated"] = max(serving.pool_bytes, serving.batch * state)
     regions["dequant_workspace"] = _workspace(cfg, serving, cfg.n_routed_experts // ranks) if serving.fp4 else 0
     regions["hyper_connection_state"] = serving.batch * cfg.hc_mult * cfg.hidden_size * 4 * 2
     regions["activations"] = 2048 * cfg.hidden_size * serving.width * 8
     return regions
 
 
-def ranks_needed(cfg: ModelConfig, serving: Serving, limit: int = 64) -> int | None:
+def ranks_needed(cfg: ModelConfig, serving: Serving, tensors: ModelTensors, limit: int = 64) -> int | None:
     """The smallest tensor-parallel size that splits the config and fits each rank in one H200."""
     for n in range(1, limit + 1):
         try:
             check_divisible(cfg, n)
         except ParallelError:
             continue
-        if sum(rank_plan(cfg, n, serving).values()) <= H200_BYTES:
+        if sum(rank_plan(cfg, n, serving, tensors).values()) <= H200_BYTES:
             return n
     return None
 
 
-def tensor_parallel_report(cfg: ModelConfig, ranks: int, serving: Serving) -> dict:
+def tensor_parallel_report(cfg: ModelConfig, ranks: int, serving: Serving, tensors: ModelTensors) -> dict:
     """What ``inspect --tensor-parallel N`` prints: GiB per rank by region, the attention state per
     token (replicated on every rank), and the smallest group that fits on H200s."""
     check_divisible(cfg, ranks)
-    plan = rank_plan(cfg, ranks, serving)
+    plan = rank_plan(cfg, ranks, serving, tensors)
     return {
         "ranks": ranks,
         "gib_per_rank": {k: round(v / GIB, 4) for k, v in plan.items()},
         "total_gib_per_rank": round(sum(plan.values()) / GIB, 3),
         "attention_state_bytes_per_token": round(_bytes_per_token(cfg, serving), 1),
         "fits_h200": sum(plan.values()) <= H200_BYTES,
-        "smallest_fitting_h200_group": ranks_needed(cfg, serving),
+        "smallest_fitting_h200_group": ranks_needed(cfg, serving, tensors),
     }
 
 

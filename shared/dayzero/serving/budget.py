@@ -21,28 +21,35 @@ def torch_dtype(settings: Settings) -> torch.dtype:
     return torch.bfloat16 if settings.dtype == "bfloat16" else torch.float32
 
 
-def planned_pools(settings: Settings, cfg: ModelConfig, strict: bool = False) -> KVPools:
-    """The pools of ``DAYZERO_KV_BUDGET_MB`` on the meta device; ValueError naming the variables when
-    the budget cannot hold ``DAYZERO_MAX_BATCH`` sequences' windows. Pools shorter than one sequence
-    of the context limit (its requests would fail after admission): ValueError too when ``strict``
-    (``up``), else a warning (a worker started by hand)."""
+def budget_pools(settings: Settings, cfg: ModelConfig) -> KVPools:
+    """The pools of ``DAYZERO_KV_BUDGET_MB`` on the meta device, as a worker sizes them (``inspect``
+    plans them too): windows for ``DAYZERO_MAX_BATCH`` sequences (one more, the padding rows, under
+    DAYZERO_DECODE_GRAPHS), the rest of the budget to the growing pools. ValueError naming the
+    variables when the budget cannot hold those windows."""
     layout = PoolLayout.of(cfg, settings.block_size, settings.dtype, mtp=settings.speculative_tokens > 0)
     sequences = settings.max_batch + settings.decode_graphs  # decode graphs' padding rows: a sequence of their own
-    budget, dtype = f"DAYZERO_KV_BUDGET_MB={settings.kv_budget_mb}", torch_dtype(settings)
     try:
-        pools = KVPools.from_budget(layout, settings.kv_budget_mb << 20, sequences, dtype, device="meta")
+        return KVPools.from_budget(layout, settings.kv_budget_mb << 20, sequences, torch_dtype(settings), device="meta")
     except ValueError:
         raise ValueError(
-            f"{budget} cannot hold the sliding windows of DAYZERO_MAX_BATCH={settings.max_batch} sequences in "
-            f"blocks of DAYZERO_BLOCK_SIZE={settings.block_size} rows: raise the budget, or lower the batch or "
-            "the block size"
+            f"DAYZERO_KV_BUDGET_MB={settings.kv_budget_mb} cannot hold the sliding windows of "
+            f"DAYZERO_MAX_BATCH={settings.max_batch} sequences in blocks of DAYZERO_BLOCK_SIZE={settings.block_size} "
+            "rows: raise the budget, or lower the batch or the block size"
         ) from None
+
+
+def planned_pools(settings: Settings, cfg: ModelConfig, strict: bool = False) -> KVPools:
+    """``budget_pools``, checked against the context limit: pools shorter than one sequence of it
+    (its requests would fail after admission) are a ValueError when ``strict`` (``up``), else a
+    warning (a worker started by hand)."""
+    pools = budget_pools(settings, cfg)
     limit = context_limit(cfg, settings.max_context)
     if pools.capacity_tokens() < limit:
         short = (
-            f"{budget} holds {pools.capacity_tokens()} tokens of one sequence, under the context limit of "
-            f"{limit} (DAYZERO_MAX_CONTEXT, at most the model's {cfg.max_position_embeddings}): such a request "
-            "would fail once admitted; raise DAYZERO_KV_BUDGET_MB or lower DAYZERO_MAX_CONTEXT"
+            f"DAYZERO_KV_BUDGET_MB={settings.kv_budget_mb} holds {pools.capacity_tokens()} tokens of one sequence, "
+            f"under the context limit of {limit} (DAYZERO_MAX_CONTEXT, at most the model's "
+            f"{cfg.max_position_embeddings}): such a request would fail once admitted; raise DAYZERO_KV_BUDGET_MB "
+            "or lower DAYZERO_MAX_CONTEXT"
         )
         if strict:
             raise ValueError(short)
