@@ -140,6 +140,25 @@ def test_a_damaged_config_is_one_line_naming_the_key(command, tiny_checkpoint, t
     assert not (tmp_path / "logs").exists()
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["inspect", "{ckpt}"],
+        ["generate", "--checkpoint", "{ckpt}", "--prompt-ids", "1"],
+        ["align", "{ckpt}"],
+    ],
+)
+def test_a_config_json_that_is_a_directory_is_one_line_naming_it(command, tiny_checkpoint, tmp_path, capsys):
+    """It was "error: [Errno 21] Is a directory: '.../config.json'" and exit 1, the code of the host's
+    faults (a full disk), for an input error."""
+    ckpt = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    (ckpt / "config.json").unlink()
+    (ckpt / "config.json").mkdir()
+    assert cli.main([a.format(ckpt=ckpt) for a in command]) == 2
+    config = ckpt / "config.json"
+    assert capsys.readouterr().err == f"error: {config} is not a file: give a checkpoint directory or its config.json\n"
+
+
 @pytest.mark.parametrize("command", [["inspect", "{ckpt}"], ["up", "--checkpoint", "{ckpt}", "--log-dir", "{logs}"]])
 def test_a_size_left_out_of_the_config_is_named_beside_its_tensor(command, tiny_checkpoint, tmp_path, capsys):
     """A key left out takes transformers' default (V4-Flash's 64 heads): the first tensor to

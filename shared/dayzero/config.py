@@ -102,6 +102,8 @@ class ModelConfig:
             path = path / "config.json"
         if not path.exists():
             raise ConfigError(f"no config.json at {path}")
+        if not path.is_file():  # (a directory there was "[Errno 21] Is a directory", exit 1: the host's fault)
+            raise ConfigError(f"{path} is not a file: give a checkpoint directory or its config.json")
         try:
             return _parse(json.loads(path.read_text()))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # (not UTF-8: a weights file given as the config)
