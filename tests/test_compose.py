@@ -88,14 +88,28 @@ def test_each_worker_computes_on_its_own_gpus_with_a_handoff_that_fits():
         assert {s["environment"]["DAYZERO_HANDOFF"] for s in workers.values()} == {"redis"}
 
 
+def _settings(service: dict) -> Settings:
+    """The settings a worker container runs with (its environment; compose's ${...} defaults aside)."""
+    env = service["environment"]
+    return Settings(**{k.removeprefix("DAYZERO_").lower(): v for k, v in env.items() if "${" not in str(v)})
+
+
 def test_the_groups_split_and_fit_deepseek_v4_flash_on_h200s():
+    """Each group's pools too: under the default DAYZERO_KV_BUDGET_MB (256) a worker refused to start,
+    the windows of DAYZERO_MAX_BATCH V4-Flash sequences being more than the budget (18 MiB each in bf16:
+    the window ring and the compressors' state), and the plan, which left the budget out, said they fit."""
     from dayzero.quant.inspect import inspect
 
     for name, svc in _workers(_compose()["services"]).items():
         if svc["command"][2] in ("prefill", "decode"):  # inspect refuses a size that does not split the model
-            report = inspect("deepseek-v4-flash", 1, 65536, 1, 0.0, _ranks(svc)).to_dict()["tensor_parallel"]
-            assert report["fits_h200"], f"{name}: {report['total_gib_per_rank']} GiB per rank"
-            assert _ranks(svc) >= report["smallest_fitting_h200_group"]
+            settings = _settings(svc)
+            report = inspect("deepseek-v4-flash", 1, 65536, 1, 0.0, _ranks(svc), settings)
+            kv, tp = report.kv_pools, report.tensor_parallel
+            assert "refused" not in kv, f"{name}: {kv['refused']}"
+            assert kv["capacity_tokens"] >= settings.max_context  # what `up` asks of a worker's pools
+            assert tp["gib_per_rank"]["attention_state_replicated"] * (1 << 30) >= kv["bytes"] * 0.999
+            assert tp["fits_h200"], f"{name}: {tp['total_gib_per_rank']} GiB per rank"
+            assert _ranks(svc) >= tp["smallest_fitting_h200_group"]
 
 
 def test_restart_policies_and_healthchecks_that_test_their_own_container():
