@@ -21,6 +21,7 @@ from .conftest import MODEL
 
 END = "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
 AS_A_STRING = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}" + END
+LOOP = "{% macro parts(c) %}{% for p in c %}<{{ p['text'] }}>{% endfor %}{% endmacro %}{% for m in messages %}"
 # the parts, each its own way to the content (Qwen2-VL's template loops as the first does)
 OVER_THE_PARTS = {
     "indexed": "{% for m in messages %}[{{ m['role'] }}]{% for p in m['content'] %}<{{ p['text'] }}>{% endfor %}",
@@ -31,6 +32,25 @@ OVER_THE_PARTS = {
         "{% for m in messages %}[{{ m['role'] }}]{% if m['content'] is string %}{{ m['content'] }}"
         "{% else %}{% for p in m['content'] %}{{ p['text'] }} {% endfor %}{% endif %}"
     ),
+    # through a macro, a with, a slice, a .get, a filter taking items: each was given one string, and a
+    # loop over it iterated its characters (the words lost) or printed it joined by a newline
+    "macro": LOOP + "[{{ m['role'] }}]{{ parts(m['content']) }}",
+    "macro keyword": LOOP + "[{{ m['role'] }}]{{ parts(c=m.content) }}",
+    # GLM-4.5's: a macro given the content, printing a string, looping over parts
+    "string or parts in a macro": (
+        "{% macro visible(c) %}{% if c is string %}{{ c }}{% else %}{% for p in c %}{{ p.text }}{% endfor %}"
+        "{% endif %}{% endmacro %}{% for m in messages %}[{{ m.role }}]{{ visible(m.content) }}"
+    ),
+    # Kimi-K2's: a macro given the message, reading msg.get('content')
+    "macro over the message": (
+        "{% macro content_of(msg) %}{% set c = msg.get('content') %}{% if c is string %}{{ c }}{% else %}"
+        "{% for p in c %}{{ p['text'] }}{% endfor %}{% endif %}{% endmacro %}"
+        "{% for m in messages %}[{{ m['role'] }}]{{ content_of(m) }}"
+    ),
+    "with": "{% for m in messages %}[{{ m['role'] }}]{% with c = m['content'] %}{% for p in c %}{{ p['text'] }}/"
+    "{% endfor %}{% endwith %}",
+    "slice": "{% for m in messages %}[{{ m['role'] }}]{% for p in m['content'][:8] %}<{{ p['text'] }}>{% endfor %}",
+    "mapped": "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] | map(attribute='text') | join('|') }}",
 }
 PARTS = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]
 CHAT = [

@@ -18,30 +18,67 @@ CONTENT = "content"
 PART_SEPARATOR = "\n"  # vLLM's, between the text parts of a message given to a template taking strings
 
 
+# filters that take their input item by item: over a string's characters they read nothing, so a
+# content given to one (``m['content'] | map(attribute='text') | join``) is read as parts
+ITEM_FILTERS = {"map", "selectattr", "rejectattr"}
+
+
 def _is_content(node: nodes.Node, aliases: set[str]) -> bool:
-    """``x['content']``, ``x.content``, a name set to either, or any of them through a filter."""
+    """``x['content']``, ``x.content``, ``x.get('content')``, a slice of one, a name bound to any
+    (a set, a with, a macro's parameter), or any of them through a filter."""
     while isinstance(node, nodes.Filter) and node.node is not None:
         node = node.node
+    if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice):  # x['content'][:n]
+        return _is_content(node.node, aliases)
     if isinstance(node, nodes.Getitem):
-        return isinstance(node.arg, nodes.Const) and node.arg.value == CONTENT
+        return _is_const_content(node.arg)
     if isinstance(node, nodes.Getattr):
         return node.attr == CONTENT
+    if isinstance(node, nodes.Call) and isinstance(node.node, nodes.Getattr) and node.node.attr == "get":
+        return bool(node.args) and _is_const_content(node.args[0])
     return isinstance(node, nodes.Name) and node.name in aliases
+
+
+def _is_const_content(node: nodes.Node) -> bool:
+    return isinstance(node, nodes.Const) and node.value == CONTENT
+
+
+def _bindings(root: nodes.Template) -> list[tuple[nodes.Node, nodes.Node]]:
+    """(target, value) of every name a template binds: its sets, withs, and each macro call's
+    arguments to the macro's parameters (by place, then by keyword)."""
+    bound = [(a.target, a.node) for a in root.find_all(nodes.Assign)]
+    bound += [pair for w in root.find_all(nodes.With) for pair in zip(w.targets, w.values, strict=False)]
+    macros = {m.name: m.args for m in root.find_all(nodes.Macro)}
+    for call in root.find_all(nodes.Call):
+        params = macros.get(call.node.name, []) if isinstance(call.node, nodes.Name) else []
+        by_name = {p.name: p for p in params}
+        bound += list(zip(params, call.args, strict=False))
+        bound += [(by_name[kw.key], kw.value) for kw in call.kwargs if kw.key in by_name]
+    return bound
+
+
+def _content_aliases(root: nodes.Template) -> set[str]:
+    """The names bound to a content, directly or through other such names (to a fixed point)."""
+    bound = [(target.name, value) for target, value in _bindings(root) if isinstance(target, nodes.Name)]
+    aliases: set[str] = set()
+    while grown := {name for name, value in bound if name not in aliases and _is_content(value, aliases)}:
+        aliases |= grown
+    return aliases
 
 
 @functools.cache
 def reads_content_parts(template: str) -> bool:
     """Whether ``template`` loops over a message's content (``{% for part in message['content'] %}``,
-    directly or through ``{% set c = message.content %}``): then it takes a list of parts."""
+    directly, through ``{% set c = message.content %}`` or a macro given it) or filters it item by
+    item: then it takes a list of parts."""
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
     # parsed by transformers' own environment: its extensions ({% generation %}, loop controls) parse
     root = _compile_jinja_template(template).environment.parse(template)
-    aliases: set[str] = set()
-    for assign in root.find_all(nodes.Assign):
-        if isinstance(assign.target, nodes.Name) and _is_content(assign.node, aliases):
-            aliases.add(assign.target.name)
-    return any(_is_content(loop.iter, aliases) for loop in root.find_all(nodes.For))
+    aliases = _content_aliases(root)
+    if any(_is_content(loop.iter, aliases) for loop in root.find_all(nodes.For)):
+        return True
+    return any(f.name in ITEM_FILTERS and _is_content(f, aliases) for f in root.find_all(nodes.Filter))
 
 
 def for_template(messages: list[dict], template: str) -> list[dict]:
