@@ -42,8 +42,7 @@ def unanswered_result(messages: list[_Message]) -> tuple[tuple[int, str], str] |
             if asker is None:
                 return (i, "role"), f"a {m.role} message must answer the calls of the assistant message right before it"
             if call_id not in asked:
-                what = "name" if field == "name" else "id"
-                return (i, field), f"{call_id!r} is the {what} of no call of the assistant message before it"
+                return (i, field), _answers_no_call(call_id, field, asker_field)
             if (sharing := asked[call_id]) == answered[call_id]:
                 times = "twice" if sharing == 1 else f"{sharing + 1} times for its {sharing} calls"
                 return (i, field), f"{call_id!r} is answered {times} (duplicate value for {field!r})"
@@ -57,8 +56,21 @@ def unanswered_result(messages: list[_Message]) -> tuple[tuple[int, str], str] |
     return _unanswered(asker, asker_field, asked, answered)
 
 
+# the message answering each form of calls: a tool_calls' call by its id, a function_call by its name
+ANSWERED_BY = {"tool_calls": "a tool message", "function_call": "a function message"}
+
+
+def _answers_no_call(call_id: str, field: str, asker_field: str) -> str:
+    """Why a result's id (a function message's name) answers no call of the assistant message before it."""
+    if field == "name" and asker_field == "tool_calls":  # (its calls' function names are not their ids)
+        why = "its tool_calls are answered by tool messages, by id"
+        return f"{call_id!r} names no function_call of the assistant message before it: {why}"
+    what = "name" if field == "name" else "id"
+    return f"{call_id!r} is the {what} of no call of the assistant message before it"
+
+
 def _unanswered(asker: int | None, field: str, asked: Counter, answered: Counter) -> tuple[tuple[int, str], str] | None:
     if not (waiting := [call_id for call_id in asked if not answered[call_id]]):
         return None
-    why = f"each call of an assistant message ({field}) must be answered by a tool message right after it: "
+    why = f"each call of an assistant message ({field}) must be answered by {ANSWERED_BY[field]} right after it: "
     return (asker, field), why + f"none answers {', '.join(map(repr, waiting))}"

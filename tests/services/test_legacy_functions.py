@@ -109,3 +109,21 @@ def test_a_participants_name_is_given_to_a_template_as_transformers_gives_it(dem
         NAMED, add_generation_prompt=True, tokenize=True, return_dict=False
     )
     assert r.json()["tokens"] == list(reference)
+
+
+TOOL_CALL = CURRENT[1]["tool_calls"][0]
+
+
+@pytest.mark.parametrize(
+    ("messages", "told"),
+    [
+        # a function message answering a tool call by its function's name: that call's function is named so
+        ([ASK, {**CURRENT[1], "tool_calls": [{**TOOL_CALL, "id": "call_1"}]}, LEGACY[2]], "answered by tool messages"),
+        (UNANSWERED, "answered by a function message"),  # (not a tool message: the call is a function_call)
+    ],
+    ids=["function message for a tool call", "function_call unanswered"],
+)
+def test_a_refusal_names_the_message_that_answers_the_form_of_call(gateway, messages, told):
+    r = _tokenize(gateway, messages)
+    assert r.status_code == 400, r.text
+    assert told in r.json()["error"]["message"], r.text
