@@ -21,6 +21,7 @@ from dayzero.chat.schema_size import more_nodes_than, size_problem
 from dayzero.chat.schema_walks import tool_probe_steps, walked_schemas
 from dayzero.chat.tokens import DSML, END_THINK, THINK
 from dayzero.params import Grammar, is_unicode
+from dayzero.tokenizer import ChatTemplateError
 
 from .chat_schemas import ChatPrompt, NamedToolChoice
 from .context import ENCODED_ON_THE_LOOP, Gateway, tokenizing
@@ -41,6 +42,8 @@ def chat_prompt(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
     try:
         with tokenizing("messages"):  # a chat far over the context is refused from its size, untokenized
             ids = gw.codec.chat_ids(prompt.messages, options, gw.context_limit)
+    except ChatTemplateError as refused:  # (a Jinja template's: it was a 500)
+        raise APIError(400, str(refused), param="messages", code="invalid_value") from None
     except APIError as refused:
         if refused.code != INVALID_UNICODE:  # (the context's)
             raise

@@ -187,20 +187,31 @@ class TextCodec:
         shaped = for_template(messages, self.chat_template)  # a list content: parts or one string
         kwargs = {"thinking": options.thinking, "reasoning_effort": options.effort, **self._tokens}
         prefix = bool(messages and messages[-1].get("prefix"))  # the answer's beginning, continued
-        (text,), _ = render_jinja_template(
-            conversations=[shaped],
-            tools=list(options.tools) or None,
-            chat_template=self.chat_template,
-            add_generation_prompt=not prefix,
-            continue_final_message=prefix,
-            **kwargs,
-        )
+        from jinja2 import TemplateError
+
+        try:
+            (text,), _ = render_jinja_template(
+                conversations=[shaped],
+                tools=list(options.tools) or None,
+                chat_template=self.chat_template,
+                add_generation_prompt=not prefix,
+                continue_final_message=prefix,
+                **kwargs,
+            )
+        except TemplateError as refused:  # its raise_exception ("roles must alternate"), an undefined's use
+            raise ChatTemplateError(f"the checkpoint's chat template refused the messages: {refused}") from None
+        except ValueError as refused:  # transformers': a prefix the template does not print, to continue
+            raise ChatTemplateError(f"the checkpoint's chat template cannot continue the prefix: {refused}") from None
         return text
 
     def chat_ids(self, messages: list[dict], options: ChatOptions = CHAT_MODE, limit: int | None = None) -> list[int]:
         """A chat as prompt ids (the prompt text places its own special tokens: none are added);
         ``limit`` as for ``encode``."""
         return self._ids(self.chat_prompt(messages, options), False, limit)
+
+
+class ChatTemplateError(ValueError):
+    """The checkpoint's Jinja chat template refused a chat (the chat's fault, not the server's)."""
 
 
 class NoTokenizerError(ValueError):
