@@ -49,6 +49,8 @@ OVER_THE_PARTS = {
     ),
     "with": "{% for m in messages %}[{{ m['role'] }}]{% with c = m['content'] %}{% for p in c %}{{ p['text'] }}/"
     "{% endfor %}{% endwith %}",
+    "namespace": "{% set ns = namespace(c=none) %}{% for m in messages %}{% set ns.c = m['content'] %}"
+    "[{{ m['role'] }}]{% for p in ns.c %}<{{ p['text'] }}>{% endfor %}",
     "slice": "{% for m in messages %}[{{ m['role'] }}]{% for p in m['content'][:8] %}<{{ p['text'] }}>{% endfor %}",
     "mapped": "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] | map(attribute='text') | join('|') }}",
 }

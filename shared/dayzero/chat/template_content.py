@@ -25,18 +25,29 @@ ITEM_FILTERS = {"map", "selectattr", "rejectattr"}
 
 def _is_content(node: nodes.Node, aliases: set[str]) -> bool:
     """``x['content']``, ``x.content``, ``x.get('content')``, a slice of one, a name bound to any
-    (a set, a with, a macro's parameter), or any of them through a filter."""
+    (a set, a with, a macro's parameter, a namespace's attribute), or any of them through a filter."""
     while isinstance(node, nodes.Filter) and node.node is not None:
         node = node.node
     if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice):  # x['content'][:n]
         return _is_content(node.node, aliases)
     if isinstance(node, nodes.Getitem):
         return _is_const_content(node.arg)
-    if isinstance(node, nodes.Getattr):
-        return node.attr == CONTENT
+    if isinstance(node, nodes.Getattr):  # (ns.c: a namespace's attribute set to a content)
+        return node.attr == CONTENT or _bound_name(node) in aliases
     if isinstance(node, nodes.Call) and isinstance(node.node, nodes.Getattr) and node.node.attr == "get":
         return bool(node.args) and _is_const_content(node.args[0])
-    return isinstance(node, nodes.Name) and node.name in aliases
+    return _bound_name(node) in aliases
+
+
+def _bound_name(node: nodes.Node) -> str | None:
+    """The name a set or a read gives a value: ``c``, or ``ns.c`` for a namespace's attribute."""
+    if isinstance(node, nodes.Name):
+        return node.name
+    if isinstance(node, nodes.NSRef):
+        return f"{node.name}.{node.attr}"
+    if isinstance(node, nodes.Getattr) and isinstance(node.node, nodes.Name):
+        return f"{node.node.name}.{node.attr}"
+    return None
 
 
 def _is_const_content(node: nodes.Node) -> bool:
@@ -59,7 +70,7 @@ def _bindings(root: nodes.Template) -> list[tuple[nodes.Node, nodes.Node]]:
 
 def _content_aliases(root: nodes.Template) -> set[str]:
     """The names bound to a content, directly or through other such names (to a fixed point)."""
-    bound = [(target.name, value) for target, value in _bindings(root) if isinstance(target, nodes.Name)]
+    bound = [(name, value) for target, value in _bindings(root) if (name := _bound_name(target)) is not None]
     aliases: set[str] = set()
     while grown := {name for name, value in bound if name not in aliases and _is_content(value, aliases)}:
         aliases |= grown
