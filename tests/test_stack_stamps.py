@@ -12,7 +12,7 @@ import pytest
 import redis
 
 import dayzero.stack_stamps
-from dayzero.serving.liveness import Seen, process_id
+from dayzero.serving.liveness import STAMP_EVERY_S, Seen, process_id
 from dayzero.stack_child import Child
 from dayzero.stack_stamps import REDATED_AFTER_S, StampRead, StampReader, stale
 
@@ -104,3 +104,18 @@ def test_a_healthy_redis_1_1_s_away_is_not_late_and_a_held_one_is():
     passes = [sum(far._late_by(sent + 7.55, sent, 1.1) for _ in range(2)) for _ in range(3)]
     assert passes == pytest.approx([0.0] * 3)
     assert sum(far._late_by(sent + 7.55 + 0.8, sent, 1.9) for _ in range(2)) == pytest.approx(1.6)
+
+
+def test_a_first_round_trip_held_takes_no_more_than_half_a_later_hold():
+    """Redis 1 ms away; up's first round trip held 0.45 s (a frozen Redis, or up's thread between its
+    send's time and the send, spawning its children), then a read a frozen Redis held 1.4 s, its write not
+    held. Dated by the first, the offset took half its hold (0.225 s) and half of it as the quickest, the way
+    there, took the other half: the read counted 1.4 - 0.45 = 0.95 s, with its write under ``STAMP_EVERY_S``,
+    not late (by the offset alone, 1.175 s: late). A round trip within ``DATES_CLOCKS_S`` of the quickest
+    dates them: the lateness is off by its hold, so that is 0.25 s, as the offset alone was: the first
+    (0.45 s) dates nothing, the read counts whole, the write (1 ms) dates them and counts 0 s."""
+    held, sent = StampReader(redis.Redis(port=1)), 5000.0  # (no command is sent; Redis's clock 7 s ahead)
+    first_s = held._late_by(sent + 7.0 + 0.4505, sent, 0.451)
+    read_s, write_s = held._late_by(sent + 7.0 + 1.4005, sent, 1.401), held._late_by(sent + 7.0005, sent, 0.001)
+    assert (first_s, read_s, write_s) == pytest.approx((0.451, 1.401, 0.0))  # (nothing dated by the read: whole)
+    assert read_s + write_s > STAMP_EVERY_S

@@ -84,8 +84,10 @@ def stale(read: StampRead, children: list[Child], bound_s: float, unread_at: flo
 # up's write check (KEYS: its key; ARGV: the seconds it lapses after) -> Redis's time as it ran
 WRITE_CHECK = NOW + "redis.call('SET', KEYS[1], now, 'EX', ARGV[1])\nreturn now\n"
 # a round trip within this of the quickest before it (the network's share) may date Redis's clock against
-# this host's: off by half of it at most, by half this on a path as long both ways
-DATES_CLOCKS_S = 0.5
+# this host's: off by half of it at most, by half this on a path as long both ways. A lateness (less the way
+# there, half the quickest) as much, or all this where the held one that dates them is the quickest (the
+# first): half its hold in the offset, half in the way. (0.5 s: a read held 1.4 s counted 0.95 s, not late.)
+DATES_CLOCKS_S = 0.25
 CLOCK_RESOLUTION_S = 1e-3  # beside the offset's error (TIME's microseconds, time.time()'s, float sums: far less)
 REDATED_AFTER_S = 60.0  # the quickest round trip of about this long dates them (a clock that drifts or steps)
 
