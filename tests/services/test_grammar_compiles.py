@@ -15,9 +15,11 @@ import pytest
 from dayzero.grammars import Grammars
 from dayzero.params import Grammar, SamplingParams
 from dayzero.serving.decode_loop import DecodeLoop
+from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
+from dayzero.serving.records import Token
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
@@ -92,6 +94,29 @@ def test_prefill_serves_the_others_while_a_requests_grammar_compiles(demo_dir, r
     assert [job.request.request_id for job in sent] == ["plain2", "guided2"]
     assert len(store.streamed_tokens("guided2")) == 1
     runtime.close()
+
+
+def test_a_guided_re_run_is_prefilled_and_handed_off_without_its_grammar(demo_dir, redis_url, held_compile):
+    """A re-run samples nothing in prefill: decode replays the tokens it streamed (its grammar's state
+    among them) and feeds the last. Its prefill waited for a compile it never used (held here: never
+    handed off), then decode compiled it again."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url)
+    store, sent, rid = Lifecycle.connect(redis_url), [], "guided-rerun"
+    runtime = Runtime.load(settings, "prefill-guided-rerun@test", "prefill", False)
+    loop = PrefillLoop(runtime, recording(sent))
+    sampling = SamplingParams(max_tokens=4)
+    request = _guided(GenerationRequest(request_id=rid, prompt_ids=(0, 5, 6), sampling=sampling, created=time.time()))
+    store.admit(request, [], "", 60)
+    store.r.set(key("attempt", rid), 1)  # re-run after its decode worker died, a token streamed
+    store.append([Token(rid, 0, 7, "a")], {rid: 1}, "")
+    try:
+        ticket = loop.intake.submit(PrefillJob(request=request, generated=(7,), attempt=1))
+        _iterate(loop, ticket.done.is_set, 40)
+        assert [(job.attempt, job.generated) for job in sent] == [(1, (7,))]
+        assert ticket.grammar is None and store.owner(rid) == "handoff"
+    finally:
+        held_compile.set()
+        runtime.close()
 
 
 def _tiny_cache(runtime: Runtime, monkeypatch) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Container
 from typing import Protocol, TypeVar
 
 from .intake import Ticket
-from .messages import GenerationRequest
+from .messages import GenerationRequest, PrefillJob
 from .runtime import Runtime
 from .time_limit import overdue, past_limit
 
@@ -43,9 +43,10 @@ def first_come(tickets: list[Ticket[J]]) -> None:
     tickets.sort(key=lambda ticket: ticket.job.request.created)
 
 
-def compiled(tickets: list[Ticket[J]], runtime: Runtime) -> list[Ticket[J]]:
-    """The tickets (in order) whose requests need not wait for a grammar's compile (runtime.py)."""
-    return [t for t in tickets if runtime.grammar_ready(t)]
+def compiled(tickets: list[Ticket[PrefillJob]], runtime: Runtime) -> list[Ticket[PrefillJob]]:
+    """The prompts (in order) that need not wait for a grammar's compile (runtime.py): a re-run's never
+    does, its prefill samples nothing (decode replays its tokens and feeds the last: ``prefilled_ids``)."""
+    return [t for t in tickets if t.job.generated or runtime.grammar_ready(t)]
 
 
 def end_overdue(tickets: list[Ticket[J]], runtime: Runtime, settle: Callable[..., object]) -> None:
