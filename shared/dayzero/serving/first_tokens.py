@@ -125,8 +125,8 @@ class FirstTokens:
     def _first(self, ticket: Ticket[PrefillJob], prefilled: Prefilled) -> Token | None:
         """Its first token: sampled from its logits, or the one whose append Redis failed (``unsent``).
         None while its grammar waits for a fresh compile (its lexer filled by other replies, met by its
-        replay or its sample: ``LexerFilled``), its completion kept for the next try (``again``, once
-        the loop sees that compile ready), its lease beaten meanwhile."""
+        sample: ``LexerFilled``; a re-run, whose replay is decode's, samples nothing here), its completion
+        kept for the next try (``again``, once the loop sees that compile ready), its lease beaten meanwhile."""
         job, logits = ticket.job, prefilled.logits
         rid = job.request.request_id
         completion = prefilled.completion or self.r.completion(ticket, job.generated, self.limit)
