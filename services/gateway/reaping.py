@@ -108,11 +108,18 @@ async def reap(gw: Gateway) -> None:
         and held a refusal met under it (it met that refusal only at the sweeps it won: lifted, it was
         said for as long as its passes took to drift into the lock's lapse, 40 periods on a fresh
         gateway, 503s throughout). One round trip more, only then; one of the pass's commands, before it
-        settles (read after, its answer went unsettled: a refusal of it cleared only by its lapse)."""
+        settles (read after, its answer went unsettled: a refusal of it cleared only by its lapse). Its
+        refusal (PTTL, an ACL's NOPERM) is met and the wait kept: raised, it failed a pass whose steps had
+        gone through (counted an outage: re-runs off for a lease, the no-worker counts begun again)."""
         if not (rerun and RERUN in command.held_at(this_pass)):
             return wait_s
         with sent.recording(this_pass):
-            return min(wait_s, lock_left_s(store.r))
+            try:
+                return min(wait_s, lock_left_s(store.r))
+            except redis.ResponseError as exc:
+                if not command.tried(exc, this_pass.sent_as(exc)):
+                    raise
+                return wait_s
 
     def steps_of_a_pass(past_before: set[str], rerun: bool, this_pass: PassCommands) -> dict[str, float]:
         swept = None  # (skipped, another gateway's, or failed otherwise: it told nothing of a refusal met there)

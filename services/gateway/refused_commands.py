@@ -38,7 +38,9 @@ HELD_PASSES = 5  # a refusal's life, in reaper periods, at passes that run its s
 # periods cut the others' (their next pass to meet it was later: /ready healthy between). A later life
 # written whole dropped the step another had met it at (a meeting no step placed: None; a gateway from
 # before steps): the passes that skip that step no longer held it, and it lapsed with that life, the
-# ACL unchanged. ARGV: the record's life (ms), then command, entry (JSON), 'met' or 'held' triples.
+# ACL unchanged. The record lives as long as its longest-lived entry: read from the entries, not from its
+# TTL (a PTTL the ACL refused failed the write: the refusal went unshared, and said twice, the script's
+# too). ARGV: Redis's time now (s), then command, entry (JSON), 'met' or 'held' triples.
 LENGTHEN = """
 for i = 2, #ARGV, 3 do
   local found, entry = redis.call('hget', KEYS[1], ARGV[i]), cjson.decode(ARGV[i + 1])
@@ -51,7 +53,9 @@ for i = 2, #ARGV, 3 do
     redis.call('hset', KEYS[1], ARGV[i], ARGV[i + 1])
   end
 end
-if redis.call('pttl', KEYS[1]) < tonumber(ARGV[1]) then redis.call('pexpire', KEYS[1], ARGV[1]) end
+local last = tonumber(ARGV[1])
+for _, found in ipairs(redis.call('hvals', KEYS[1])) do last = math.max(last, cjson.decode(found)['until']) end
+if last > tonumber(ARGV[1]) then redis.call('pexpire', KEYS[1], math.ceil((last - tonumber(ARGV[1])) * 1000)) end
 """
 
 
@@ -125,7 +129,7 @@ class RefusedCommands:
         written = [(command, _entry(refusal, until), "met") for command, refusal in met.items()]
         written += [(command, _entry(refusal, until), "held") for command, refusal in held.items()]
         if written:
-            self._lengthened([int(self.held_s * 1000), *itertools.chain.from_iterable(written)])
+            self._lengthened([repr(now), *itertools.chain.from_iterable(written)])
         pipe = self.r.pipeline(transaction=False)  # (no MULTI: a refused one is a refusal to record too)
         if answered:
             pipe.hdel(refused, *answered)

@@ -6,6 +6,7 @@ gateway a thread that takes the lock as the sweep does."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -116,6 +117,31 @@ def test_a_refused_pttl_is_cleared_once_redis_answers_it(demo_dir, tmp_path, tri
         client.acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
         assert wait_until(lambda: not client.hexists(record, "pttl"), 15), client.hkeys(record)
         assert "'lrange'" in _reason(gateway), _reason(gateway)
+
+
+def test_a_refused_pttl_fails_no_pass_and_is_said_once(demo_dir, tmp_path, tries, monkeypatch, caplog):
+    """The lock's PTTL times only the next pass (a refusal met under the lock held, the lock another's):
+    refused, it failed the pass whose steps had all gone through, counted an outage (the no-worker
+    counts begun again at the next, re-runs off for a lease, the stages past their bound forgotten).
+    The record's write (LENGTHEN) read its TTL too: refused there, the script's refusal was said beside
+    PTTL's. Now the next pass comes a period on, as it would without the read, and the refusal is said once."""
+    counted_again = []
+    monkeypatch.setattr(reaping, "count_again", lambda *args: counted_again.append(args))
+    caplog.set_level(logging.WARNING, "dayzero.redis")
+    port, record = free_port(), key("refused", "dz")
+    with _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client), _gateway(port, demo_dir) as gateway:
+        client.acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
+        assert wait_until(lambda: "'lrange'" in _reason(gateway), 15), _reason(gateway)
+        client.set(key("reaper"), "another gateway", px=60_000)
+        client.acl_setuser("dz", commands=["+@all", "-lrange", "-pttl"], **GRANTS)
+        assert wait_until(lambda: client.hexists(record, "pttl"), 15), client.hkeys(record)
+        counted_again.clear()  # (the lrange-refused sweeps' outages: counted before the lock was held)
+        tried = len(tries)
+        assert wait_until(lambda: len(tries) >= tried + 4, 15), tries
+        assert client.hexists(record, "pttl"), client.hkeys(record)
+    assert counted_again == []
+    said = [record.getMessage() for record in caplog.records if "is refused a command" in record.getMessage()]
+    assert len(said) == 2 and "'lrange'" in said[0] and "'pttl'" in said[1], said
 
 
 def test_a_sweep_refused_a_command_gives_its_lock_back(tmp_path):
