@@ -136,7 +136,14 @@ class RefusedCommands:
         pipe.hgetall(refused)
         found = pipe.execute()[-1]
         entries = {command.decode(): json.loads(entry) for command, entry in found.items()}
-        return {c: Refusal(entry["line"], entry.get("step")) for c, entry in entries.items() if entry["until"] > now}
+        # (an entry read without a step keeps the one this gateway knew: a gateway from before the steps
+        # (MEET) wrote it whole between LENGTHEN and this read, and the next pass held nothing: lapsed)
+        known = {c: refusal.step for was in (self._record, held, met) for c, refusal in was.items() if refusal.step}
+        return {
+            c: Refusal(entry["line"], entry.get("step") or known.get(c))
+            for c, entry in entries.items()
+            if entry["until"] > now
+        }
 
     def _lengthened(self, args: list[object]) -> None:
         """LENGTHEN with ``args``: EVALSHA (NOSCRIPT: loaded, sent again, as redis-py does), else EVAL where

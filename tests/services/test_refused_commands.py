@@ -103,3 +103,30 @@ def test_a_later_write_without_a_step_keeps_the_step_the_refusal_was_met_at(
             time.sleep(0.1)
         at_sweep.r.close()
     assert all("'lrange'" in line for line in said), said
+
+
+def test_a_write_without_a_step_between_the_lengthen_and_the_read_keeps_the_step(tmp_path, monkeypatch):
+    """A gateway holding LRANGE's refusal (met under the sweep; its passes skip the sweep) lengthens its
+    entry, then reads the record; a gateway from before the steps (MEET) writing the entry whole, longer
+    lived, between the two: the read took the entry without its step, the next pass held nothing, and
+    the refusal lapsed with the other's life (2 s on: /ready healthy, admitting, the ACL unchanged). The
+    holding gateway keeps the step it knew, and its next pass writes it back."""
+    with scratch_redis(tmp_path) as port:
+        redis.Redis(port=port).acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
+        at_sweep = RefusedCommands(_url(port), redis.Redis.from_url(_url(port)), 0.1)
+        assert at_sweep.tried(_refusal(at_sweep.r), Sent("lrange", RERUN))
+        assert "'lrange'" in (at_sweep.settle(PassCommands()) or "")
+        lengthen = at_sweep._lengthened
+
+        def lengthened_then_written_whole(args: list[object]) -> None:
+            lengthen(args)
+            monkeypatch.setattr(at_sweep, "_lengthened", lengthen)  # (once)
+            _written_without_a_step(port, _refusal(at_sweep.r))
+
+        monkeypatch.setattr(at_sweep, "_lengthened", lengthened_then_written_whole)
+        said, until = [], time.monotonic() + 3.0  # (past the other's 2 s)
+        while time.monotonic() < until:
+            said.append(at_sweep.settle(PassCommands(skipped={RERUN})) or "")
+            time.sleep(0.1)
+        at_sweep.r.close()
+    assert all("'lrange'" in line for line in said), said
