@@ -15,9 +15,10 @@ import pytest
 import redis
 
 from dayzero.procs import free_port, scratch_redis
+from dayzero.redis_refusals import command_refused
 from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
-from dayzero.serving.reaper import sweep
+from dayzero.serving.reaper import MAX_ATTEMPTS, sweep
 from dayzero.serving.scripts import Take
 from services.gateway import reaping, refused_commands
 
@@ -201,5 +202,30 @@ def test_a_refused_sweep_that_sighted_a_request_keeps_its_lock(tmp_path):
             sweep(ActiveRead(store), lambda job, stage: None, 30.0, 60_000, 60.0)
         assert sweep(ActiveRead(admin), lambda job, stage: None, 30.0, 60_000, 60.0) is None
         assert admin.take("a-live", 0, "prefill1", 30) == Take.CLAIMED
+        store.r.close()
+        admin.r.close()
+
+
+def test_a_rerun_refused_its_records_pttl_writes_nothing(tmp_path):
+    """The re-run script read the request's record TTL (its attempt's life) after its writes: refused
+    (ACL -pttl), it had dropped the dead worker's lease, marked the request queued and counted an
+    attempt, and sent nothing; each sweep after the mark's lapse counted one more, and once the ACL
+    allowed PTTL the request ended 'failed on several workers', never run again. Refused there, it
+    writes nothing now: the sweep once the ACL allows PTTL re-runs it as attempt 1."""
+    with scratch_redis(tmp_path) as port:
+        admin = Lifecycle(redis.Redis(port=port))
+        admin.r.acl_setuser("dz", commands=["+@all", "-pttl"], **GRANTS)
+        admin.admit(request("dead"), [], "", 60)
+        admin.take("dead", 0, "decode0", 30)
+        admin.r.delete(key("lease", "dead"))  # its worker died
+        store, sent = Lifecycle(redis.Redis.from_url(f"redis://dz:pw@127.0.0.1:{port}/0")), []
+        for _ in range(MAX_ATTEMPTS + 1):  # (a queued mark of 1 ms: lapsed at the next sweep)
+            with pytest.raises(redis.ResponseError) as refused:
+                sweep(store, lambda job, stage: sent.append(job.attempt), 0.001, 60_000, 10.0)
+            assert command_refused(refused.value), refused.value
+            assert wait_until(lambda: not admin.r.exists(key("queued", "dead")), 5)
+        admin.r.acl_setuser("dz", commands=["+@all"], **GRANTS)
+        assert sweep(store, lambda job, stage: sent.append(job.attempt), 30.0, 60_000, 10.0) == ["dead"]
+        assert sent == [1]
         store.r.close()
         admin.r.close()

@@ -89,7 +89,9 @@ push(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2])
 # request that nobody holds (the handoff's lease counts only while decode's message waits) and
 # whose message no longer waits in its queue is queued again (-> its new attempt; its message is
 # the caller's to push); one that ended or whose record expired leaves the active set (-> 0); any
-# other is left alone (-> 0). The attempt lives as long as the request's record. A message that
+# other is left alone (-> 0). The attempt lives as long as the request's record, whose TTL is read before
+# the re-run's writes: read after, a refusal of it (ACL -pttl) left the lease dropped and an attempt counted,
+# nothing sent, one more at each sweep (the request ended 'failed on several workers', never run again). A message that
 # left its queue unclaimed is re-run only when a sweep finds it so a second time with the same
 # mark (the ``orphan`` sighting): a live worker's claim may be just behind its pop, and the first
 # sweep's re-run would prefill the request twice. The run re-run is over: its state parked in Redis
@@ -127,9 +129,10 @@ if left and redis.call('GET', KEYS[8]) ~= left then
     redis.call('SET', KEYS[8], left, 'PX', ARGV[4])
     return 0
 end
+local record_ms = redis.call('PTTL', KEYS[2])
 redis.call('DEL', KEYS[4], KEYS[7], KEYS[8], KEYS[9])
 redis.call('SET', KEYS[3], 1, 'PX', ARGV[1])
-local attempt, record_ms = redis.call('INCR', KEYS[5]), redis.call('PTTL', KEYS[2])
+local attempt = redis.call('INCR', KEYS[5])
 if record_ms > 0 then
     redis.call('PEXPIRE', KEYS[5], record_ms)
 end
