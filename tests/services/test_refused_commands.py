@@ -83,6 +83,26 @@ def _written_without_a_step(port: int, refusal: redis.RedisError) -> None:
     admin.close()
 
 
+def _met_at_the_sweep(port: int) -> RefusedCommands:
+    """A gateway (period 0.1 s) that met LRANGE under the sweep (its step: re-run) and recorded it."""
+    redis.Redis(port=port).acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
+    at_sweep = RefusedCommands(_url(port), redis.Redis.from_url(_url(port)), 0.1)
+    assert at_sweep.tried(_refusal(at_sweep.r), Sent("lrange", RERUN))
+    assert "'lrange'" in (at_sweep.settle(PassCommands()) or "")
+    return at_sweep
+
+
+def _said_skipping_the_sweep(at_sweep: RefusedCommands) -> list[str]:
+    """``at_sweep``'s reasons at passes 0.1 s apart that skip the sweep, for 3 s (past another's 2 s
+    write); its client closed after."""
+    said, until = [], time.monotonic() + 3.0
+    while time.monotonic() < until:
+        said.append(at_sweep.settle(PassCommands(skipped={RERUN})) or "")
+        time.sleep(0.1)
+    at_sweep.r.close()
+    return said
+
+
 @pytest.mark.parametrize("writer", [_met_outside_a_step, _written_without_a_step])
 def test_a_later_write_without_a_step_keeps_the_step_the_refusal_was_met_at(
     writer: Callable[[int, redis.RedisError], None], tmp_path
@@ -92,16 +112,9 @@ def test_a_later_write_without_a_step_keeps_the_step_the_refusal_was_met_at(
     the step gone, the holding gateway's next pass held nothing, and the refusal lapsed with the other's
     life (1 s on: /ready healthy, admitting, the ACL unchanged). The entry keeps its step now."""
     with scratch_redis(tmp_path) as port:
-        redis.Redis(port=port).acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
-        at_sweep = RefusedCommands(_url(port), redis.Redis.from_url(_url(port)), 0.1)
-        assert at_sweep.tried(_refusal(at_sweep.r), Sent("lrange", RERUN))
-        assert "'lrange'" in (at_sweep.settle(PassCommands()) or "")
+        at_sweep = _met_at_the_sweep(port)
         writer(port, _refusal(at_sweep.r))
-        said, until = [], time.monotonic() + 3.0  # (past the other's 2 s)
-        while time.monotonic() < until:
-            said.append(at_sweep.settle(PassCommands(skipped={RERUN})) or "")
-            time.sleep(0.1)
-        at_sweep.r.close()
+        said = _said_skipping_the_sweep(at_sweep)
     assert all("'lrange'" in line for line in said), said
 
 
@@ -112,10 +125,7 @@ def test_a_write_without_a_step_between_the_lengthen_and_the_read_keeps_the_step
     the refusal lapsed with the other's life (2 s on: /ready healthy, admitting, the ACL unchanged). The
     holding gateway keeps the step it knew, and its next pass writes it back."""
     with scratch_redis(tmp_path) as port:
-        redis.Redis(port=port).acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
-        at_sweep = RefusedCommands(_url(port), redis.Redis.from_url(_url(port)), 0.1)
-        assert at_sweep.tried(_refusal(at_sweep.r), Sent("lrange", RERUN))
-        assert "'lrange'" in (at_sweep.settle(PassCommands()) or "")
+        at_sweep = _met_at_the_sweep(port)
         lengthen = at_sweep._lengthened
 
         def lengthened_then_written_whole(args: list[object]) -> None:
@@ -124,9 +134,5 @@ def test_a_write_without_a_step_between_the_lengthen_and_the_read_keeps_the_step
             _written_without_a_step(port, _refusal(at_sweep.r))
 
         monkeypatch.setattr(at_sweep, "_lengthened", lengthened_then_written_whole)
-        said, until = [], time.monotonic() + 3.0  # (past the other's 2 s)
-        while time.monotonic() < until:
-            said.append(at_sweep.settle(PassCommands(skipped={RERUN})) or "")
-            time.sleep(0.1)
-        at_sweep.r.close()
+        said = _said_skipping_the_sweep(at_sweep)
     assert all("'lrange'" in line for line in said), said

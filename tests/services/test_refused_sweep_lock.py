@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from fastapi.testclient import TestClient
 
 from dayzero.procs import free_port, scratch_redis
 from dayzero.redis_refusals import command_refused
@@ -30,6 +31,7 @@ from .test_refused_command_state import GRANTS, _gateway, _reason, _redis
 LEASE_S = 1.0  # a period of 0.5 s: the refused gateway's pass drifts a few ms a period against the other's
 PERIOD_S = LEASE_S / 2
 LOCK_MS = int(PERIOD_S * 900)  # (as reaping.py takes it)
+RECORD = key("refused", "dz")  # (the refusals' record of the gateway's user)
 
 
 @contextlib.contextmanager
@@ -103,20 +105,28 @@ def test_a_sweep_lock_without_expiry_does_not_spin_the_refused_gateways_passes(d
     assert len(recent) <= 15, len(recent)
 
 
-def test_a_refused_pttl_is_cleared_once_redis_answers_it(demo_dir, tmp_path, tries, monkeypatch):
-    """The lock's PTTL, read after the pass settled its commands, went unsettled when answered: refused
-    once, it was cleared only by its lapse (5 periods; 1,000 here: for ever), /ready refused and every
-    new request 503 though Redis answered it at every pass that held the sweep's refusal."""
-    monkeypatch.setattr(refused_commands, "HELD_PASSES", 1000)
-    port, record = free_port(), key("refused", "dz")
+@contextlib.contextmanager
+def _pttl_refused_under_anothers_lock(demo_dir, tmp_path) -> Iterator[tuple[redis.Redis, TestClient]]:
+    """The gateway refused LRANGE under the sweep's lock, then the lock another's and PTTL refused too,
+    till that refusal is in the record. -> the default user's client, the gateway."""
+    port = free_port()
     with _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client), _gateway(port, demo_dir) as gateway:
         client.acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
         assert wait_until(lambda: "'lrange'" in _reason(gateway), 15), _reason(gateway)
         client.set(key("reaper"), "another gateway", px=60_000)
         client.acl_setuser("dz", commands=["+@all", "-lrange", "-pttl"], **GRANTS)
-        assert wait_until(lambda: client.hexists(record, "pttl"), 15), client.hkeys(record)
+        assert wait_until(lambda: client.hexists(RECORD, "pttl"), 15), client.hkeys(RECORD)
+        yield client, gateway
+
+
+def test_a_refused_pttl_is_cleared_once_redis_answers_it(demo_dir, tmp_path, tries, monkeypatch):
+    """The lock's PTTL, read after the pass settled its commands, went unsettled when answered: refused
+    once, it was cleared only by its lapse (5 periods; 1,000 here: for ever), /ready refused and every
+    new request 503 though Redis answered it at every pass that held the sweep's refusal."""
+    monkeypatch.setattr(refused_commands, "HELD_PASSES", 1000)
+    with _pttl_refused_under_anothers_lock(demo_dir, tmp_path) as (client, gateway):
         client.acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
-        assert wait_until(lambda: not client.hexists(record, "pttl"), 15), client.hkeys(record)
+        assert wait_until(lambda: not client.hexists(RECORD, "pttl"), 15), client.hkeys(RECORD)
         assert "'lrange'" in _reason(gateway), _reason(gateway)
 
 
@@ -129,19 +139,13 @@ def test_a_refused_pttl_fails_no_pass_and_is_said_once(demo_dir, tmp_path, tries
     counted_again = []
     monkeypatch.setattr(reaping, "count_again", lambda *args: counted_again.append(args))
     caplog.set_level(logging.WARNING, "dayzero.redis")
-    port, record = free_port(), key("refused", "dz")
-    with _redis(port, tmp_path / "redis.log", ["+@all"]) as (_, client), _gateway(port, demo_dir) as gateway:
-        client.acl_setuser("dz", commands=["+@all", "-lrange"], **GRANTS)
-        assert wait_until(lambda: "'lrange'" in _reason(gateway), 15), _reason(gateway)
-        client.set(key("reaper"), "another gateway", px=60_000)
-        client.acl_setuser("dz", commands=["+@all", "-lrange", "-pttl"], **GRANTS)
-        assert wait_until(lambda: client.hexists(record, "pttl"), 15), client.hkeys(record)
+    with _pttl_refused_under_anothers_lock(demo_dir, tmp_path) as (client, _):
         counted_again.clear()  # (the lrange-refused sweeps' outages: counted before the lock was held)
         tried = len(tries)
         assert wait_until(lambda: len(tries) >= tried + 4, 15), tries
-        assert client.hexists(record, "pttl"), client.hkeys(record)
+        assert client.hexists(RECORD, "pttl"), client.hkeys(RECORD)
     assert counted_again == []
-    said = [record.getMessage() for record in caplog.records if "is refused a command" in record.getMessage()]
+    said = [line.getMessage() for line in caplog.records if "is refused a command" in line.getMessage()]
     assert len(said) == 2 and "'lrange'" in said[0] and "'pttl'" in said[1], said
 
 
