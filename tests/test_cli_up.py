@@ -119,7 +119,10 @@ def test_up_refuses_weights_its_workers_could_not_load(damage, message, tiny_che
             {"DAYZERO_KV_BUDGET_MB": "1", "DAYZERO_MAX_BATCH": "4096"},
             "DAYZERO_KV_BUDGET_MB=1 cannot hold the sliding windows of DAYZERO_MAX_BATCH=4096 sequences",
         ),
-        ({"DAYZERO_BLOCK_SIZE": "100000"}, "DAYZERO_KV_BUDGET_MB=256 cannot hold the sliding windows of "),
+        (
+            {"DAYZERO_BLOCK_SIZE": "100000", "DAYZERO_KV_BUDGET_MB": "256"},
+            "DAYZERO_KV_BUDGET_MB=256 cannot hold the sliding windows of ",
+        ),
         ({"DAYZERO_KV_BUDGET_MB": "1"}, "DAYZERO_KV_BUDGET_MB=1 holds 3907 tokens of one sequence, under the context"),
     ],
 )

@@ -95,7 +95,7 @@ def _settings(service: dict) -> Settings:
 
 
 def test_the_groups_split_and_fit_deepseek_v4_flash_on_h200s():
-    """Each group's pools too: under the default DAYZERO_KV_BUDGET_MB (256) a worker refused to start,
+    """Each group's pools too: under a DAYZERO_KV_BUDGET_MB of 256 (the default once) a worker refused to start,
     the windows of DAYZERO_MAX_BATCH V4-Flash sequences being more than the budget (18 MiB each in bf16:
     the window ring and the compressors' state), and the plan, which left the budget out, said they fit."""
     from dayzero.quant.inspect import inspect

@@ -118,7 +118,15 @@ class Settings(BaseSettings):
     max_prefill_tokens: int = Field(
         default=8192, ge=1, description="prompt tokens per packed prefill step, every prompt's chunk together"
     )
-    kv_budget_mb: int = Field(default=256, ge=1, description="attention-state memory per worker")
+    kv_budget_mb: int | None = Field(default=None, ge=1, description="attention-state memory per worker")
+    kv_memory_fraction: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="unset DAYZERO_KV_BUDGET_MB on CUDA: the share of the device memory free after a worker's "
+        "weights its attention state takes (the rest: activations, the expert cache); workers sharing a device "
+        "each take this share of what is free as they load",
+    )
     block_size: int = Field(default=16, ge=1, description="rows per pool block")
     lease_s: float = Field(  # (at most 600: workers beat every quarter lease, and a registry forgets one silent 600 s)
         default=3.0, gt=0, le=600, description="a worker that stops heartbeating loses its requests after this"

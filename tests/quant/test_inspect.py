@@ -240,8 +240,13 @@ def test_a_kv_budget_over_what_fits_raises_the_h200s_needed(capsys):
 
 
 def test_the_kv_pools_line_says_what_attention_pools_counts(monkeypatch, capsys):
-    """The default budget cannot hold 16 of V4-Flash's windows (a worker refuses to start); a budget
-    under --batch's state is what --batch needs, not what is counted; decode graphs' own memory is out."""
+    """A budget of 256 MiB cannot hold 16 of V4-Flash's windows (a worker refuses to start), while the
+    default holds them; a budget under --batch's state is what --batch needs, not what is counted;
+    decode graphs' own memory is out."""
+    assert cli.main(["inspect", "deepseek-v4-flash"]) == 0
+    held = "16 sequences' windows and one sequence of 65536 tokens"
+    assert f"bytes a worker allocates (a budget of the least that holds {held}" in capsys.readouterr().out
+    monkeypatch.setenv("DAYZERO_KV_BUDGET_MB", "256")
     assert cli.main(["inspect", "deepseek-v4-flash"]) == 0
     assert "KV pools           none: a worker refuses to start (DAYZERO_KV_BUDGET_MB=256 cannot hold" in (
         capsys.readouterr().out
@@ -252,7 +257,7 @@ def test_the_kv_pools_line_says_what_attention_pools_counts(monkeypatch, capsys)
     monkeypatch.setenv("DAYZERO_DECODE_GRAPHS", "1")
     assert cli.main(["inspect", "deepseek-v4-flash", "--batch", "8", "--context", "1000000"]) == 0
     out = capsys.readouterr().out
-    assert "bytes a worker allocates (DAYZERO_KV_BUDGET_MB 4096, windows for 17 sequences)" in out
+    assert "bytes a worker allocates (a budget of DAYZERO_KV_BUDGET_MB=4096, windows for 17 sequences)" in out
     assert "of --batch 8 at --context 1000000, which attention_pools counts" in out
     assert "the graphs' own memory (each captured bucket's activations and logits) is not in the plan" in out
 

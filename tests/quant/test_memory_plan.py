@@ -82,6 +82,7 @@ def test_the_planned_pools_are_the_pools_a_worker_of_the_same_settings_allocates
     assert report["kv_pools"]["bytes"] == held and held > 31 << 20  # the budget's, not the batch's
     assert report["kv_pools"]["windows"] == 3 + graphs  # DAYZERO_MAX_BATCH, and the graphs' padding rows
     assert report["memory_gib"]["attention_pools"] == round(held / GIB, 4)
-    monkeypatch.delenv("DAYZERO_KV_BUDGET_MB")  # 256, the default: more than the 32 planned above
-    assert cli.main(["inspect", str(tiny_checkpoint), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["memory_gib"]["attention_pools"] == pytest.approx(0.25, abs=1e-3)
+    monkeypatch.delenv("DAYZERO_KV_BUDGET_MB")  # unset: 256 MiB on CPU, more than the 32 planned above; on
+    assert cli.main(["inspect", str(tiny_checkpoint), "--json"]) == 0  # CUDA the least (a share of the device after)
+    planned = json.loads(capsys.readouterr().out)["memory_gib"]["attention_pools"]
+    assert planned < 1 / 1024 if graphs else planned == pytest.approx(0.25, abs=1e-3)

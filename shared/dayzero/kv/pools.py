@@ -52,6 +52,13 @@ def _compressor_tensors(
     return storage, views
 
 
+def _bytes_per_sequence_and_token(layout: PoolLayout, dtype: torch.dtype) -> tuple[int, float]:
+    """Bytes of one sequence's window and compressor slot; bytes a token adds to the growing pools."""
+    elem = torch.finfo(dtype).bits // 8
+    per_seq = layout.window_capacity * layout.row_bytes("window", elem) + layout.row_bytes("compressor", 4)
+    return per_seq, sum(layout.row_bytes(p, elem) / layout.rate(p) for p in GROWING_POOLS)
+
+
 class KVPools:
     """Storage and allocators of every pool; sequences are keyed by an id of the caller's."""
 
@@ -110,10 +117,8 @@ class KVPools:
         cls, layout: PoolLayout, budget_bytes: int, max_sequences: int, dtype: torch.dtype, device="cpu"
     ) -> KVPools:
         """Window and compressor pools for ``max_sequences``; the rest of the budget to the growing pools."""
-        elem = torch.finfo(dtype).bits // 8
-        per_seq = layout.window_capacity * layout.row_bytes("window", elem) + layout.row_bytes("compressor", 4)
+        per_seq, per_token = _bytes_per_sequence_and_token(layout, dtype)
         growing = budget_bytes - max_sequences * per_seq
-        per_token = sum(layout.row_bytes(p, elem) / layout.rate(p) for p in GROWING_POOLS)
         if growing <= 0:
             raise ValueError(f"attention-state budget {budget_bytes} B cannot hold {max_sequences} sequences")
         tokens = growing / per_token if per_token else 0
@@ -121,6 +126,13 @@ class KVPools:
         for pool in GROWING_POOLS:
             blocks[pool] = math.ceil(tokens / layout.rate(pool) / layout.block_size)
         return cls(layout, blocks, dtype, device)
+
+    @staticmethod
+    def least_budget(layout: PoolLayout, max_tokens: int, max_sequences: int, dtype: torch.dtype) -> int:
+        """The least budget ``from_budget`` turns into pools of ``max_sequences`` windows and one
+        sequence of ``max_tokens`` (a growing pool of ``ceil(tokens / rate / block_size)`` blocks)."""
+        per_seq, per_token = _bytes_per_sequence_and_token(layout, dtype)
+        return max_sequences * per_seq + max(1, math.ceil(max_tokens * per_token))
 
     @classmethod
     def sized(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..checkpoint import check_split, packed_experts
 from ..config import ConfigError, ModelConfig
-from ..serving.budget import budget_pools
+from ..serving.budget import MIB, budget_pools
 from ..settings import Settings
 from .memory_plan import (
     GIB,
@@ -101,10 +101,11 @@ def kv_pools_of(cfg: ModelConfig, settings: Settings) -> dict:
     cannot hold DAYZERO_MAX_BATCH sequences' windows (no worker starts: 0 bytes)."""
     kv = {"budget_mb": settings.kv_budget_mb, "windows": settings.max_batch + settings.decode_graphs}
     try:
-        pools = budget_pools(settings, cfg)
+        pools, budget = budget_pools(settings, cfg)
     except ValueError as exc:
         return kv | {"bytes": 0, "capacity_tokens": 0, "refused": str(exc)}
-    return kv | {"bytes": sum(t.nbytes for t in pools.tensors()), "capacity_tokens": pools.capacity_tokens()}
+    held = {"bytes": sum(t.nbytes for t in pools.tensors()), "capacity_tokens": pools.capacity_tokens()}
+    return kv | held | {"budget_mb": round(budget.bytes / MIB, 1), "budget": budget.chosen_by}
 
 
 def inspect(
@@ -204,7 +205,7 @@ def _kv_lines(kv: dict, plan: dict) -> list[str]:
         pools = f"none: a worker refuses to start ({kv['refused']}); attention_pools counts {asked}"
     else:
         pools = (
-            f"{kv['bytes']:,} bytes a worker allocates (DAYZERO_KV_BUDGET_MB {kv['budget_mb']}, windows for "
+            f"{kv['bytes']:,} bytes a worker allocates (a budget of {kv['budget']}, windows for "
             f"{kv['windows']} sequences), one sequence up to {kv['capacity_tokens']:,} tokens"
         )
         if kv["batch_bytes"] > kv["bytes"]:

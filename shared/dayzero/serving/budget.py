@@ -1,9 +1,14 @@
 """The attention-state pools a worker's settings give it, sized before anything is loaded (``up``
-refuses what its workers could not start with, in one line naming the variables)."""
+refuses what its workers could not start with, in one line naming the variables).
+
+The budget: DAYZERO_KV_BUDGET_MB where set; else, on CUDA, DAYZERO_KV_MEMORY_FRACTION of the memory
+free after the weights (``device_budget``); else (CPU, or a plan made before any weights are loaded)
+the least that holds the windows and one sequence of the context limit, or 256 MiB if more."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -15,34 +20,90 @@ from ..settings import Settings
 
 log = logging.getLogger("dayzero.worker")
 
+LEAST_HOST_BUDGET = 256 << 20  # the CPU default's floor: room for more than one sequence of a small model
+MIB = 1 << 20
+
 
 def torch_dtype(settings: Settings) -> torch.dtype:
     """DAYZERO_DTYPE as torch's: the weights' compute and the pools' dtype."""
     return torch.bfloat16 if settings.dtype == "bfloat16" else torch.float32
 
 
-def budget_pools(settings: Settings, cfg: ModelConfig) -> KVPools:
-    """The pools of ``DAYZERO_KV_BUDGET_MB`` on the meta device, as a worker sizes them (``inspect``
-    plans them too): windows for ``DAYZERO_MAX_BATCH`` sequences (one more, the padding rows, under
-    DAYZERO_DECODE_GRAPHS), the rest of the budget to the growing pools. ValueError naming the
-    variables when the budget cannot hold those windows."""
+@dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """A CUDA worker's memory, measured around the loading of its weights."""
+
+    free_bytes: int  # free on the device before the weights
+    weight_bytes: int  # what loading them took
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    bytes: int
+    chosen_by: str  # how, for the worker's log and inspect: "DAYZERO_KV_BUDGET_MB=256", ...
+
+
+def device_budget(free_bytes: int, weight_bytes: int, fraction: float) -> int:
+    """Attention-state bytes on a device that had ``free_bytes`` free before ``weight_bytes`` of
+    weights: ``fraction`` of what the weights left (the rest: activations, the expert cache)."""
+    return int(max(free_bytes - weight_bytes, 0) * fraction)
+
+
+def _budget(settings: Settings, layout: PoolLayout, limit: int, memory: DeviceMemory | None) -> Budget:
+    """The budget of the module docstring's rule. ValueError naming the numbers where the device's
+    share cannot hold the windows and one sequence of ``limit`` tokens."""
+    if settings.kv_budget_mb is not None:
+        return Budget(settings.kv_budget_mb * MIB, f"DAYZERO_KV_BUDGET_MB={settings.kv_budget_mb}")
+    sequences = settings.max_batch + settings.decode_graphs
+    least = KVPools.least_budget(layout, limit, sequences, torch_dtype(settings))
+    held = f"{sequences} sequences' windows and one sequence of {limit} tokens"
+    if memory is None and settings.device != "cpu":  # a plan (up, inspect): the least the worker will take
+        return Budget(least, f"at least the {least / MIB:.1f} MiB that hold {held}, on CUDA")
+    if memory is None:
+        if least >= LEAST_HOST_BUDGET:
+            return Budget(least, f"the least that holds {held}")
+        return Budget(LEAST_HOST_BUDGET, f"256 MiB, more than the {least / MIB:.1f} MiB that hold {held}")
+    fraction = settings.kv_memory_fraction
+    share = device_budget(memory.free_bytes, memory.weight_bytes, fraction)
+    of = (
+        f"DAYZERO_KV_MEMORY_FRACTION={fraction} of the {memory.free_bytes / MIB:.0f} MiB free on the device "
+        f"less {memory.weight_bytes / MIB:.0f} MiB of weights"
+    )
+    if share < least:
+        raise ValueError(
+            f"{of} is {share / MIB:.1f} MiB of attention state, under the {least / MIB:.1f} MiB that hold {held} "
+            "(DAYZERO_MAX_BATCH, DAYZERO_MAX_CONTEXT): raise the fraction, free the device, set "
+            "DAYZERO_KV_BUDGET_MB, or lower the batch or the context"
+        )
+    return Budget(share, of)
+
+
+def budget_pools(settings: Settings, cfg: ModelConfig, memory: DeviceMemory | None = None) -> tuple[KVPools, Budget]:
+    """The pools of the budget on the meta device, as a worker sizes them (``inspect`` and ``up``
+    plan them too, without ``memory``): windows for ``DAYZERO_MAX_BATCH`` sequences (one more, the
+    padding rows, under DAYZERO_DECODE_GRAPHS), the rest of the budget to the growing pools.
+    ValueError naming the variables when the budget cannot hold those windows."""
     layout = PoolLayout.of(cfg, settings.block_size, settings.dtype, mtp=settings.speculative_tokens > 0)
     sequences = settings.max_batch + settings.decode_graphs  # decode graphs' padding rows: a sequence of their own
+    budget = _budget(settings, layout, context_limit(cfg, settings.max_context), memory)
     try:
-        return KVPools.from_budget(layout, settings.kv_budget_mb << 20, sequences, torch_dtype(settings), device="meta")
+        pools = KVPools.from_budget(layout, budget.bytes, sequences, torch_dtype(settings), device="meta")
     except ValueError:
         raise ValueError(
             f"DAYZERO_KV_BUDGET_MB={settings.kv_budget_mb} cannot hold the sliding windows of "
             f"DAYZERO_MAX_BATCH={settings.max_batch} sequences in blocks of DAYZERO_BLOCK_SIZE={settings.block_size} "
             "rows: raise the budget, or lower the batch or the block size"
         ) from None
+    return pools, budget
 
 
-def planned_pools(settings: Settings, cfg: ModelConfig, strict: bool = False) -> KVPools:
+def planned_pools(
+    settings: Settings, cfg: ModelConfig, strict: bool = False, memory: DeviceMemory | None = None
+) -> tuple[KVPools, Budget]:
     """``budget_pools``, checked against the context limit: pools shorter than one sequence of it
-    (its requests would fail after admission) are a ValueError when ``strict`` (``up``), else a
-    warning (a worker started by hand)."""
-    pools = budget_pools(settings, cfg)
+    (its requests would fail after admission; only an explicit DAYZERO_KV_BUDGET_MB can be) are a
+    ValueError when ``strict`` (``up``), else a warning (a worker started by hand)."""
+    pools, budget = budget_pools(settings, cfg, memory)
     limit = context_limit(cfg, settings.max_context)
     if pools.capacity_tokens() < limit:
         short = (
@@ -54,4 +115,4 @@ def planned_pools(settings: Settings, cfg: ModelConfig, strict: bool = False) ->
         if strict:
             raise ValueError(short)
         log.warning("%s", short)
-    return pools
+    return pools, budget

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 
 import redis
+import torch
 
 from ..checkpoint import load_model
 from ..kv.pools import KVPools
@@ -17,7 +18,7 @@ from ..model.plan import AttentionOptions
 from ..parallel.collectives import Group
 from ..settings import Settings
 from ..speculative import speculation_problem
-from .budget import planned_pools, torch_dtype
+from .budget import MIB, DeviceMemory, device_budget, planned_pools, torch_dtype
 from .liveness import process_id
 from .ranks import KEEPALIVE_S, Ranks
 from .registry import Registry
@@ -57,6 +58,9 @@ def load_ranks(
 ) -> tuple[Ranks, Segment | None]:
     """This rank's share of the model and its pools (``shared``: another process can read them)."""
     dtype = torch_dtype(settings)
+    device = torch.device(group.device)
+    measured = device.type == "cuda" and settings.kv_budget_mb is None  # (the budget: a share of what is left)
+    free = _free_bytes(device) if measured else 0
     model = load_model(
         settings.checkpoint_dir(),
         dtype,
@@ -68,7 +72,14 @@ def load_ranks(
     )
     if settings.speculative_tokens and (problem := speculation_problem(model, settings.speculative_tokens)):
         raise ValueError(f"DAYZERO_SPECULATIVE_TOKENS {problem}")
-    sized = planned_pools(settings, model.cfg)
+    memory = _agreed(DeviceMemory(free, free - _free_bytes(device)), group, settings) if measured else None
+    sized, budget = planned_pools(settings, model.cfg, memory=memory)
+    log.info(
+        "attention-state budget %.1f MiB (%s), %d tokens of one sequence",
+        budget.bytes / MIB,
+        budget.chosen_by,
+        sized.capacity_tokens(),
+    )
     layout = sized.layout
     segment = None
     if shared and settings.handoff == "shm":
@@ -84,3 +95,15 @@ def load_ranks(
     options = attention_options(settings)
     ranks = Ranks(group, model, pools, options, keepalive_s=keepalive, decode_graphs=settings.decode_graphs)
     return ranks, segment
+
+
+def _free_bytes(device: torch.device) -> int:
+    torch.cuda.empty_cache()  # (what loading freed is free, not held by torch's allocator)
+    return torch.cuda.mem_get_info(device)[0]
+
+
+def _agreed(memory: DeviceMemory, group: Group, settings: Settings) -> DeviceMemory:
+    """The measurement of the rank with the least budget: a group's ranks carve the same pools."""
+    every = group.all_gather(torch.tensor([[memory.free_bytes, memory.weight_bytes]], device=group.device), dim=0)
+    least = min(every.tolist(), key=lambda m: device_budget(*m, settings.kv_memory_fraction))
+    return DeviceMemory(*least)
