@@ -76,3 +76,28 @@ def test_a_shared_stack_starts_once_and_stops_after_its_last_user(pytester, monk
     events = (pytester.path / "events").read_text().split("\n")[:-1]
     assert [e.split()[1] for e in events] == ["start", *["use"] * 8, "stop"]
     assert len({e.split()[0] for e in events}) == 1  # one worker
+
+
+SLOW = """
+import pytest
+from conftest import note
+
+
+@pytest.mark.slow
+def test_slow():
+    note("slow")
+"""
+
+
+def test_a_file_marked_slow_goes_out_before_files_of_more_tests(pytester, monkeypatch):
+    """By test count alone (xdist's ``loadfile``) the file of one slow test went out last: run alone
+    at the end while the other workers idled."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    pytester.makeconftest(CONFTEST)
+    for n in range(3):
+        pytester.makepyfile(**{f"test_user{n}": USER.format(n=n)})
+    pytester.makepyfile(test_zslow=SLOW)
+    result = pytester.runpytest_subprocess("-n", "1", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=7)
+    events = (pytester.path / "events").read_text().split("\n")[:-1]
+    assert [e.split()[1] for e in events] == ["slow", "start", *["use"] * 6, "stop"]

@@ -9,8 +9,12 @@ another user, stop the stack, then serve that user a stopped one; a second worke
 would start a stack of its own. (``--dist loadgroup``'s marks do nothing on pytest 9: xdist 3.8
 renames a test through ``item._nodeid``, which pytest 9 no longer reads.)
 
-Only the workers see fixtures, the controller only test ids: the workers write each file's group
-to a file the controller names, whose scheduler reads it.
+The groups holding a test marked ``slow`` go out first (then the rest, most tests first, as
+``loadfile``): handed out by test count, a file of one 40 s test went last and ran alone at the end
+while the other worker idled.
+
+Only the workers see fixtures and marks, the controller only test ids: the workers write each file's
+group, and the slow groups, to a file the controller names, whose scheduler reads it.
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ def file_groups(items) -> dict[str, str]:
     return {f: group(f) for f in {item.nodeid.split("::", 1)[0] for item in items}}
 
 
+def slow_groups(items, groups: dict[str, str]) -> list[str]:
+    """The groups (of ``file_groups``) that hold a test marked ``slow``."""
+    return sorted({groups[item.nodeid.split("::", 1)[0]] for item in items if item.get_closest_marker("slow")})
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     config = node.config
@@ -62,7 +71,8 @@ def pytest_collection_modifyitems(config, items):
     path = getattr(config, "workerinput", {}).get(GROUPS)
     if path:  # every worker collects the same items: the last one's write stands
         staged = Path(f"{path}.{os.getpid()}")
-        staged.write_text(json.dumps(file_groups(items)))
+        groups = file_groups(items)
+        staged.write_text(json.dumps({"groups": groups, "slow": slow_groups(items, groups)}))
         staged.replace(path)
 
 
@@ -73,12 +83,18 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadFileScheduling
 
     class StackGroupScheduling(LoadFileScheduling):
-        groups: dict[str, str] | None = None
+        written: dict | None = None  # the workers' groups.json
 
         def _split_scope(self, nodeid: str) -> str:
-            if self.groups is None:  # (asked once every worker has collected)
-                self.groups = json.loads((config.stash[GROUPS_DIR] / "groups.json").read_text())
+            if self.written is None:  # (asked once every worker has collected)
+                self.written = json.loads((config.stash[GROUPS_DIR] / "groups.json").read_text())
             file = super()._split_scope(nodeid)
-            return self.groups.get(file, file)
+            return self.written["groups"].get(file, file)
+
+        def _assign_work_unit(self, node) -> None:
+            slow = next((group for group in self.workqueue if group in self.written["slow"]), None)
+            if slow is not None:
+                self.workqueue.move_to_end(slow, last=False)
+            super()._assign_work_unit(node)
 
     return StackGroupScheduling(config, log)
