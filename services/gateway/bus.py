@@ -56,7 +56,8 @@ class Bus:
         # Celery builds its message machinery on first use (~3.5 ms): here, not in the first request
         self.messages = {stage: TaskMessages(celery, stage) for stage in ("vision", "prefill")}
         self.r = command_client(settings)
-        self.hub = StreamHub(settings.redis_url, self.r, block_ms=int(settings.keepalive_s * 1000))
+        block_ms, margin_s = int(settings.keepalive_s * 1000), settings.gateway_redis_timeout_s  # (its reads' bound)
+        self.hub = StreamHub(settings.redis_url, self.r, block_ms=block_ms, read_margin_s=margin_s)
         self.watching = Watching(self.r, settings.stream_ttl_s, settings.visibility_timeout_s)
         self.store = Lifecycle.connect(settings.redis_url, settings.stream_ttl_s)  # sync, for the thread pool
         self.registry = Registry(self.store.r)

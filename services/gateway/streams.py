@@ -7,7 +7,7 @@ stream at once) by appending to this gateway's own wake stream, which every read
 last wake-up it saw (not ``$``: a wake-up that reaches Redis just before the read would be missed,
 and the new stream left unread until another stream's entry or the block's end). A lost Redis ends
 every open subscription with the error (the stream's reader turns it into an error event), and so
-does a Redis that stops answering (frozen, its host unreachable) for ``READ_MARGIN_S`` past the
+does a Redis that stops answering (frozen, its host unreachable) for ``read_margin_s`` past the
 block. A read Redis ends while it answers (``UNBLOCKED``, its connection closed: it became a
 replica, a failover's old master) is read again: the streams go on (their wake-ups refused
 meanwhile, polled). A Redis that restarted in between (another run_id) is read again too, but each
@@ -52,8 +52,10 @@ POLL_S = 0.1  # a subscription whose wake-up Redis refused is read this often ti
 class StreamHub:
     """``reader``'s one connection blocks in XREAD; ``commands`` (a shared pool) sends the wake-ups."""
 
-    def __init__(self, url: str, commands: aioredis.Redis, block_ms: int = 5000) -> None:
-        timeout = block_ms / 1000 + READ_MARGIN_S  # (none: a frozen Redis held every open stream for ever)
+    def __init__(
+        self, url: str, commands: aioredis.Redis, block_ms: int = 5000, read_margin_s: float = READ_MARGIN_S
+    ) -> None:
+        timeout = block_ms / 1000 + read_margin_s  # (none: a frozen Redis held every open stream for ever)
         self.r = async_client(
             url,
             socket_connect_timeout=CONNECT_S,

@@ -151,7 +151,9 @@ class Settings(BaseSettings):
         description="a stream cancel Redis refused goes this long after while another gateway runs on the Redis "
         "(a resume there may take the stream back); alone: at once; 0: at once always",
     )
-    gateway_redis_timeout_s: float = Field(default=10.0, gt=0, description="the gateway's Redis commands fail after")
+    gateway_redis_timeout_s: float = Field(
+        default=10.0, gt=0, description="the gateway's Redis commands (its streams' reads: past their block) fail after"
+    )
     sse_retry_ms: int = Field(default=1000, ge=0, description="reconnect delay sent to SSE clients (retry:)")
     shutdown_grace_s: float = Field(default=5.0, gt=0, description="SIGTERM: a process ends within this")
     keepalive_s: float = Field(default=10.0, gt=0, description="SSE comment interval while waiting")

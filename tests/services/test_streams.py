@@ -13,7 +13,10 @@ import redis
 import redis.asyncio as aioredis
 
 from dayzero.serving.keys import key
+from dayzero.serving.queue import make_celery
 from dayzero.serving.records import Token, encode
+from dayzero.settings import Settings
+from services.gateway.bus import Bus
 from services.gateway.streams import StreamHub
 from services.gateway.subscription import BACKLOG, Subscription, valid_entry_id
 
@@ -277,3 +280,18 @@ def test_a_stream_whose_wake_up_redis_refuses_is_read_before_the_hub_s_block_end
     there, came = asyncio.run(scenario())
     assert there is not None and there.text == "a"
     assert came is not None and came.text == "b"
+
+
+def test_the_gateways_stream_reads_are_bounded_past_their_block_by_its_commands_bound(redis_url):
+    """A gateway's blocked read unanswered DAYZERO_GATEWAY_REDIS_TIMEOUT_S past its block (the keep-alive)
+    ends its streams (was 10 s whatever the setting: tests of a hung Redis waited it out)."""
+    settings = Settings(redis_url=redis_url, keepalive_s=1.5, gateway_redis_timeout_s=3.0)
+
+    async def read_bound() -> float:
+        bus = Bus(settings, make_celery(settings))
+        try:
+            return bus.hub.r.connection_pool.connection_kwargs["socket_timeout"]
+        finally:
+            await bus.close()
+
+    assert asyncio.run(read_bound()) == 1.5 + 3.0
