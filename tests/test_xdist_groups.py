@@ -88,16 +88,31 @@ def test_slow():
     note("slow")
 """
 
+FAST = """
+from conftest import note
 
-def test_a_file_marked_slow_goes_out_before_files_of_more_tests(pytester, monkeypatch):
+
+def test_{n}_a():
+    note("fast")
+
+
+def test_{n}_b():
+    note("fast")
+
+
+def test_{n}_c():
+    note("fast")
+"""
+
+
+def test_a_shared_stack_and_a_file_marked_slow_go_out_before_files_of_more_tests(pytester, monkeypatch):
     """By test count alone (xdist's ``loadfile``) the file of one slow test went out last: run alone
     at the end while the other workers idled."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     pytester.makeconftest(CONFTEST)
-    for n in range(3):
-        pytester.makepyfile(**{f"test_user{n}": USER.format(n=n)})
+    pytester.makepyfile(test_fast0=FAST.format(n=0), test_fast1=FAST.format(n=1), test_user=USER.format(n=0))
     pytester.makepyfile(test_zslow=SLOW)
     result = pytester.runpytest_subprocess("-n", "1", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=7)
+    result.assert_outcomes(passed=9)
     events = (pytester.path / "events").read_text().split("\n")[:-1]
-    assert [e.split()[1] for e in events] == ["slow", "start", *["use"] * 6, "stop"]
+    assert [e.split()[1] for e in events] == ["start", "use", "use", "stop", "slow", *["fast"] * 6]

@@ -9,9 +9,9 @@ another user, stop the stack, then serve that user a stopped one; a second worke
 would start a stack of its own. (``--dist loadgroup``'s marks do nothing on pytest 9: xdist 3.8
 renames a test through ``item._nodeid``, which pytest 9 no longer reads.)
 
-The groups holding a test marked ``slow`` go out first (then the rest, most tests first, as
-``loadfile``): handed out by test count, a file of one 40 s test went last and ran alone at the end
-while the other worker idled.
+The groups holding a test marked ``slow``, or sharing a session stack, go out first, then the rest
+(each most tests first, as ``loadfile``): handed out by test count, a file of one 40 s test went
+last and ran alone at the end while the other worker idled.
 
 Only the workers see fixtures and marks, the controller only test ids: the workers write each file's
 group, and the slow groups, to a file the controller names, whose scheduler reads it.
@@ -53,8 +53,10 @@ def file_groups(items) -> dict[str, str]:
 
 
 def slow_groups(items, groups: dict[str, str]) -> list[str]:
-    """The groups (of ``file_groups``) that hold a test marked ``slow``."""
-    return sorted({groups[item.nodeid.split("::", 1)[0]] for item in items if item.get_closest_marker("slow")})
+    """The groups (of ``file_groups``) that hold a test marked ``slow`` or share a session stack (the
+    suite's largest groups)."""
+    slow = {item for item in items if item.get_closest_marker("slow") or session_stacks_used(item)}
+    return sorted({groups[item.nodeid.split("::", 1)[0]] for item in slow})
 
 
 @pytest.hookimpl(optionalhook=True)
