@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).parents[2] / "bench"
 KERNELS = ("prefill_kernel", "decode_split_kernel", "_scores_kernel", "_mix_kernel", "_grouped_kernel")
 MODEL_ONLY = ("_compress_kernel", "_write_kernel")
+pytestmark = pytest.mark.slow  # (each compiles kernels for sm_90: tens of seconds)
 
 
 def _python(*args: str) -> subprocess.CompletedProcess:

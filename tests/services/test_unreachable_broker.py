@@ -21,7 +21,10 @@ from .reconnecting import QUEUE, touching_app
 from .test_reconnect import ROOT
 from .unreachable import netns_usable, partition_usable, unreachable_redis
 
-pytestmark = pytest.mark.skipif(not netns_usable(), reason="needs root and ip netns (a Redis made unreachable)")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not netns_usable(), reason="needs root and ip netns (a Redis made unreachable)"),
+]
 CUT_S = 30.0  # Redis's replies retransmitted ~25 s into it, next at ~51 s; kombu's check every 25 s
 SERVED_WITHIN_S = 10.0  # after Redis is reachable again (its bounds: a 2 s connect, a read 6-11 s overdue)
 WAYS = {"link-down": False, "partitioned": True}  # way -> unreachable_redis's ``partitioned``
