@@ -78,6 +78,30 @@ def test_a_shared_stack_starts_once_and_stops_after_its_last_user(pytester, monk
     assert len({e.split()[0] for e in events}) == 1  # one worker
 
 
+# the hooks and a session stack, without the suite's conftest (torch, transformers: seconds to import)
+LIGHT_CONFTEST = """
+from pathlib import Path
+
+import pytest
+
+from tests.xdist_groups import pytest_collection_modifyitems, pytest_configure_node, pytest_xdist_make_scheduler
+
+
+def note(what):
+    with (Path(__file__).parent / "events").open("a") as f:
+        f.write(f"- {what}\\n")
+
+
+@pytest.fixture(scope="session")
+def session_stacks():
+    return []
+
+
+@pytest.fixture(scope="session")
+def idle_stack(session_stacks):
+    note("start")
+"""
+
 SLOW = """
 import pytest
 from conftest import note
@@ -109,10 +133,10 @@ def test_a_shared_stack_and_a_file_marked_slow_go_out_before_files_of_more_tests
     """By test count alone (xdist's ``loadfile``) the file of one slow test went out last: run alone
     at the end while the other workers idled."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    pytester.makeconftest(CONFTEST)
+    pytester.makeconftest(LIGHT_CONFTEST)
     pytester.makepyfile(test_fast0=FAST.format(n=0), test_fast1=FAST.format(n=1), test_user=USER.format(n=0))
     pytester.makepyfile(test_zslow=SLOW)
     result = pytester.runpytest_subprocess("-n", "1", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=9)
     events = (pytester.path / "events").read_text().split("\n")[:-1]
-    assert [e.split()[1] for e in events] == ["start", "use", "use", "stop", "slow", *["fast"] * 6]
+    assert [e.split()[1] for e in events] == ["start", "use", "use", "slow", *["fast"] * 6]
