@@ -20,8 +20,14 @@ from .conftest import MODEL, sse_events, start_stack, wait_until
 
 LONG = {"model": MODEL, "prompt": [0, 5, 6], "max_tokens": 2000, "ignore_eos": True, "stream": True}
 # no lease lapses in the freeze (a re-run is another story); a grace longer than the test: only the
-# gateway's own end of the stream cancels the request in time
-SETTINGS = {"DAYZERO_LEASE_S": "30", "DAYZERO_DISCONNECT_GRACE_S": "60", "DAYZERO_KEEPALIVE_S": "1.0"}
+# gateway's own end of the stream cancels the request in time; a read unanswered 4 s past its block
+# ends the stream (the gateway's commands' bound, 10 s by default: waited out for nothing)
+SETTINGS = {
+    "DAYZERO_LEASE_S": "30",
+    "DAYZERO_DISCONNECT_GRACE_S": "60",
+    "DAYZERO_KEEPALIVE_S": "1.0",
+    "DAYZERO_GATEWAY_REDIS_TIMEOUT_S": "4",
+}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +64,7 @@ def test_a_stream_ended_for_a_hung_redis_has_its_request_cancelled_once_redis_is
     assert reader.decoding.wait(60)
     stack.redis.send_signal(signal.SIGSTOP)
     try:
-        reader.join(40)  # the read unanswered past its block + 10 s: the stream ends
+        reader.join(40)  # the read unanswered past its block + 4 s: the stream ends
     finally:
         stack.redis.send_signal(signal.SIGCONT)
     assert not reader.is_alive() and reader.error == "queue_unavailable"
