@@ -7,7 +7,7 @@ import codecs
 import random
 
 import pytest
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from dayzero.demo import build_tokenizer, write_demo_checkpoint
 from dayzero.stream_decoder import StreamDecoder
@@ -106,19 +106,16 @@ def test_decoded_output_keeps_the_markers_the_answer_parser_reads(codec):
     assert codec.decode_all(codec.encode("<｜User｜>x")) == "<｜begin▁of▁sentence｜><｜User｜>x"  # prompts: all kept
 
 
-def _cut_short(codec, ids: list[int]) -> bool:
-    """Whether the UTF-8 of ``ids`` ends in a character cut short: a lead byte short of the
-    continuations it announces (what Python's incremental UTF-8 decoder holds back)."""
-    held = codecs.getincrementaldecoder("utf-8")("replace")
-    held.decode(b"".join(codec.token_piece(t)[1] for t in ids if codec.decode([t])))
-    return bool(held.getstate()[0])
-
-
 def _utf8_released(codec, ids: list[int]) -> str:
-    """What a stream of ``ids`` may have released by now: the text of its longest head whose UTF-8
-    ends in no cut character. A byte that begins no character is U+FFFD for good."""
-    head = next(k for k in range(len(ids), -1, -1) if not _cut_short(codec, ids[:k]))
-    return codec.decode(ids[:head])
+    """What a stream of ``ids`` may have released by now: the text of their bytes but for the one
+    U+FFFD of a character cut short, a tail Python's incremental UTF-8 decoder holds back (it holds
+    a surrogate's first two bytes, ED A0..BF, too: their first U+FFFD is for good). A byte that
+    begins no character is U+FFFD for good."""
+    utf8 = b"".join(codec.token_piece(t)[1] for t in ids if codec.decode([t]))
+    held = codecs.getincrementaldecoder("utf-8")("replace")
+    held.decode(utf8)
+    text = utf8.decode(errors="replace")
+    return text[:-1] if held.getstate()[0] else text
 
 
 def _byte_token(codec, byte: int) -> int:
@@ -130,10 +127,12 @@ def _byte_token(codec, byte: int) -> int:
 
 def test_stream_decoding_releases_all_but_a_cut_character(codec):
     """The incremental decoder against Python's UTF-8 decoder, at every token. Random ids cut
-    characters, write stray continuation bytes and hide special tokens."""
+    characters, write stray continuation bytes and runs of lead bytes, and hide special tokens."""
     rng = random.Random(0)
     text = "dayzero: héllo — 4 bits, 深度求索 🚀🚀 <think>plan</think> done"
     streams = [codec.encode(text)[1:]] + [[rng.randrange(codec.vocab_size) for _ in range(300)] for _ in range(5)]
+    edges = [_byte_token(codec, b) for b in (0x41, 0x80, 0xA0, 0xBF, 0xC0, 0xC2, 0xE0, 0xE4, 0xED, 0xF0, 0xF4, 0xF5)]
+    streams += [[rng.choice(edges) for _ in range(300)]]  # lead bytes' runs, surrogates, bytes UTF-8 never has
     for ids in streams:
         stream, released = StreamDecoder(codec), ""
         for i, token in enumerate(ids):
@@ -153,6 +152,34 @@ def test_stray_bytes_stream_at_once_and_a_cut_character_waits(codec):
     assert [stream.push(stray) for _ in range(3)] == [b"\xb2".decode(errors="replace")] * 3
     assert [stream.push(t) for t in (lead, mid, last)] == ["", "", b"\xe4\xb8\xad".decode()]  # 中
     assert [stream.push(t) for t in (lead, codec.token_id("A"))] == ["", b"\xe4A".decode(errors="replace")]
+
+
+def test_a_run_of_lead_bytes_streams_all_but_its_last(codec, monkeypatch):
+    """Each lead byte (0xE4) ends the one before as U+FFFD for good, and only the last may still
+    complete: it alone waits. The whole run was held (1,000 such tokens streamed no text, their
+    reply's content was ""), and each step read the bytes of every token held again."""
+    lead, a = _byte_token(codec, 0xE4), codec.token_id("A")
+    stream = StreamDecoder(codec)
+    assert [stream.push(lead) for _ in range(3)] == ["", "\ufffd", "\ufffd"]
+    assert stream.push(a) == "\ufffdA"
+    pieces = []
+    monkeypatch.setattr(codec, "token_piece", lambda t, piece=codec.token_piece: pieces.append(t) or piece(t))
+    stream = StreamDecoder(codec)
+    assert "".join(stream.push(lead) for _ in range(200)) == "\ufffd" * 199
+    assert len(pieces) <= 4 * 200  # the last 4 bytes decide: was 19,900 (every held token's, at each)
+
+
+def test_a_byte_fallback_character_waits_for_its_last_byte():
+    """A tokenizer that is not byte-level (sentencepiece's byte fallback: <0xE4> tokens) renders a
+    group of bytes that is not UTF-8 as U+FFFD each: nothing of it streams till a token ends it."""
+    vocab = {f"<0x{b:02X}>": b for b in range(256)} | {"A": 256}
+    tokenizer = Tokenizer(models.BPE(vocab, [], byte_fallback=True))
+    tokenizer.decoder = decoders.ByteFallback()
+    codec = TextCodec(tokenizer)
+    assert codec.max_token_bytes is None
+    stream = StreamDecoder(codec)
+    assert [stream.push(t) for t in (0xE4, 0xB8, 0xAD)] == ["", "", "中"]
+    assert [stream.push(t) for t in (256, 0xE4, 0xE4, 256)] == ["A", "", "", "\ufffd\ufffdA"]
 
 
 def test_a_damaged_tokenizer_config_is_named(tmp_path):

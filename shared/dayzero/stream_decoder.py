@@ -10,7 +10,9 @@ if TYPE_CHECKING:
 
 class StreamDecoder:
     """Turns a growing list of ids into text deltas, holding back incomplete UTF-8 (a character
-    cut short, not a stray byte: that one is U+FFFD whatever follows).
+    cut short, not a stray byte: that one is U+FFFD whatever follows). What precedes a cut
+    character streams at once: a run of lead bytes, each ending the one before, streams all but
+    its last.
 
     Each push decodes only the ids since the last text it released, after those of the release
     before (a decoder may render a token by its neighbours, e.g. a word's leading space): the cost
@@ -21,13 +23,19 @@ class StreamDecoder:
         self._ids: list[int] = []
         self._context = 0  # ids[_context:_released] decoded as the context of what follows
         self._released = 0  # the ids up to here are out as text
+        self._shown = 0  # characters of the text of ids[_released:] out already (before a cut character)
 
     def push(self, token: int) -> str:
         self._ids.append(token)
         before = self._codec.decode(self._ids[self._context : self._released])
         text = self._codec.decode(self._ids[self._context :])
-        cut = text.endswith("\ufffd") and self._codec.cut_short(self._ids[self._released :])
-        if len(text) <= len(before) or cut:  # a multi-byte character is not complete yet
+        held = text[len(before) :]  # the text of ids[_released:]: _shown of it out, before a cut character
+        if not held:  # (no text yet: a special token left out)
             return ""
-        self._context, self._released = self._released, len(self._ids)
-        return text[len(before) :]
+        end = len(held) - self._codec.unsettled(self._ids[self._released :], held)
+        delta = held[self._shown : end]
+        if end < len(held):  # a multi-byte character is not complete yet
+            self._shown += len(delta)
+            return delta
+        self._context, self._released, self._shown = self._released, len(self._ids), 0
+        return delta

@@ -140,16 +140,23 @@ class TextCodec:
         piece, byte = self._tok.id_to_token(token) or "", byte_level_values()
         return text, bytes(byte[c] for c in piece) if all(c in byte for c in piece) else text.encode()
 
-    def cut_short(self, ids: list[int]) -> bool:
-        """Whether the text of ``ids`` ends in a character a later token may still complete: its
-        UTF-8 a lead byte short of the continuations it announces. A byte that begins no character
-        (a stray continuation) is U+FFFD for good. A tokenizer that is not lossless byte-level
-        names no token's bytes: any U+FFFD may be one still to complete."""
+    def unsettled(self, ids: list[int], text: str) -> int:
+        """How many characters at the end of ``text`` (the text of ``ids``) a later token may still
+        change: one U+FFFD where its UTF-8 ends in a character cut short (a lead byte short of the
+        continuations it announces); a byte that begins no character is U+FFFD for good. A tokenizer
+        that is not lossless byte-level names no token's bytes: all of a text ending in U+FFFD."""
+        if not text.endswith("\ufffd"):
+            return 0
         if self.max_token_bytes is None:
-            return True
-        tail = codecs.getincrementaldecoder("utf-8")("replace")  # (it holds back exactly a cut character)
-        tail.decode(b"".join(self.token_piece(i)[1] for i in ids if i not in self._hidden))
-        return bool(tail.getstate()[0])
+            return len(text)
+        tail = b""  # a cut character is at most 3 bytes, and a lead byte begins a character: the last 4 decide
+        for token in reversed(ids):
+            if len(tail) >= 4:
+                break
+            tail = (b"" if token in self._hidden else self.token_piece(token)[1]) + tail
+        held = codecs.getincrementaldecoder("utf-8")("replace")  # (it holds back exactly a cut character)
+        held.decode(tail[-4:])
+        return 1 if held.getstate()[0] else 0
 
     @functools.cached_property
     def guidance(self):
