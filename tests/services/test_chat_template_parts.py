@@ -53,6 +53,14 @@ OVER_THE_PARTS = {
     "[{{ m['role'] }}]{% for p in ns.c %}<{{ p['text'] }}>{% endfor %}",
     "slice": "{% for m in messages %}[{{ m['role'] }}]{% for p in m['content'][:8] %}<{{ p['text'] }}>{% endfor %}",
     "mapped": "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] | map(attribute='text') | join('|') }}",
+    # reading the parts with no loop, or through a conditional: each was given one string (its first part's
+    # text read as its first character's, empty; the loop over "[]" an empty one)
+    "first part": (
+        "{% for m in messages %}[{{ m['role'] }}]{% if m['content'] is string %}{{ m['content'] }}"
+        "{% else %}{{ m['content'][0]['text'] }}{% endif %}"
+    ),
+    "conditional set": "{% for m in messages %}{% set c = m['content'] if m['content'] is not none else [] %}"
+    "[{{ m['role'] }}]{% for p in c %}<{{ p['text'] }}>{% endfor %}",
 }
 PARTS = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]
 CHAT = [
@@ -93,8 +101,26 @@ def test_a_template_over_the_parts_gets_them_as_transformers_gives_them(demo_dir
     assert _tokenized(checkpoint, redis_url, CHAT) == _transformers(checkpoint, reference)
 
 
-def test_a_template_taking_a_string_gets_the_parts_joined_by_a_newline(demo_dir, redis_url, tmp_path):
-    checkpoint = _templated(demo_dir, tmp_path, AS_A_STRING)
+# Mistral's way: a string added to the content (a list there raises)
+CONCATENATING = "{% for m in messages %}{{ '[' + m['role'] + ']' + m['content'] }}" + END
+
+
+@pytest.mark.parametrize("template", [AS_A_STRING, CONCATENATING], ids=["printed", "concatenated"])
+def test_a_template_taking_a_string_gets_the_parts_joined_by_a_newline(demo_dir, redis_url, tmp_path, template):
+    checkpoint = _templated(demo_dir, tmp_path, template)
     texts = ["Be\nbrief.", "Hello\nworld", "Hi\nno", "one string"]
     joined = [{**m, "content": text} for m, text in zip(CHAT, texts, strict=True)]
     assert _tokenized(checkpoint, redis_url, CHAT) == _transformers(checkpoint, joined)
+
+
+def test_a_template_printing_one_role_as_a_string_gets_that_role_joined(demo_dir, redis_url, tmp_path):
+    # Llama-2's way: the system's content printed as a string, the other roles' looped over
+    template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}<<{{ m['content'] }}>>{% else %}[{{ m['role'] }}]"
+        "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}<{{ p['text'] }}>"
+        "{% endfor %}{% endif %}{% endif %}" + END
+    )
+    checkpoint = _templated(demo_dir, tmp_path, template)
+    as_text = [{"type": "text", "text": "Hi"}, {"type": "text", "text": "no"}]
+    reference = [{**CHAT[0], "content": "Be\nbrief."}, CHAT[1], {**CHAT[2], "content": as_text}, CHAT[3]]
+    assert _tokenized(checkpoint, redis_url, CHAT) == _transformers(checkpoint, reference)
