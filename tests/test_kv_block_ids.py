@@ -6,12 +6,14 @@ LookupError (decode gives the request back to be re-run), as lists that do not f
 from __future__ import annotations
 
 import struct
+from array import array
 
+import numpy as np
 import pytest
 import torch
 
 from dayzero.config import ModelConfig
-from dayzero.kv.handoff import export_state, ids_bytes, import_state
+from dayzero.kv.handoff import _plan, export_state, ids_bytes, import_state
 from dayzero.kv.layout import POOL_KINDS
 from dayzero.kv.pools import KVPools, pools_for
 
@@ -79,3 +81,20 @@ def test_ids_as_bytes_that_do_not_fit_raise_a_lookup_error(bad, on_host):
         import_state(dst, src, handle._replace(blocks=data), "moved")
     dst.release("moved")  # (what decode's refusal does: the request's blocks go back)
     assert {kind: a.free for kind, a in dst.allocators.items()} == free
+
+
+@pytest.mark.parametrize("as_bytes", [True, False])
+def test_the_copy_plan_is_counts_lengths_then_ids_as_host_copy_reads_it(as_bytes):
+    """``_plan`` as ``copy_host_blocks``' docstring lays it out, written by hand: the counts, dst's
+    lengths, src's lengths (bytes: the counts; a message's lists: their own), dst's ids, src's."""
+    counts = dict(zip(POOL_KINDS, (2, 1, 0, 1, 1), strict=True))
+    dst = {kind: array("q", ids) for kind, ids in zip(POOL_KINDS, ([5, 6], [9], [], [3], [0]), strict=True)}
+    lists = dict(zip(POOL_KINDS, ([1, 2, 7], [4], [8], [2], [1]), strict=True))
+    head = [2, 1, 0, 1, 1, 2, 1, 0, 1, 1]
+    if as_bytes:
+        want = [*head, 2, 1, 0, 1, 1, 5, 6, 9, 3, 0, 1, 2, 4, 2, 1]
+        plan = _plan(counts, dst, ids_bytes({kind: array("q", ids) for kind, ids in lists.items()}, counts))
+    else:
+        want = [*head, 3, 1, 1, 1, 1, 5, 6, 9, 3, 0, 1, 2, 7, 4, 8, 2, 1]
+        plan = _plan(counts, dst, lists)
+    assert plan.dtype == np.int64 and plan.tolist() == want

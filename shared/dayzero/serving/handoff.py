@@ -25,7 +25,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
-from ..kv.handoff import LayoutMismatch, StateHandle, export_state, ids_bytes, import_state
+from ..kv.handoff import LayoutMismatch, StateHandle, copy_state, export_state, ids_bytes, import_state
 from ..kv.pools import KVPools
 from ..kv.shared import CudaSharedPools, SharedPools, sweep
 from ..shm import PARKED, SHM_DIR, parked_name
@@ -156,16 +156,15 @@ class Receiver:
             data = self.store.r.getdel(ref.location)
             if data is None:
                 raise LookupError(f"handoff state {ref.location} expired")
-            src, handle = unpack_state(data, dst)
+            import_state(dst, *unpack_state(data, dst), seq_id)
         else:
             if not is_this_host(ref.host):
                 raise elsewhere(f"{ref.transport} state", ref.host, "prefill")
-            if ref.location not in self._attached:
+            src = self._attached.get(ref.location)
+            if src is None:
                 self._detach_swept()
-                self._attached[ref.location] = self._attach(ref, dst)
-            src = self._attached[ref.location]
-            handle = StateHandle(ref.location, ref.layout_hash, ref.length, ref.blocks or ref.block_ids)
-        import_state(dst, src, handle, seq_id)
+                src = self._attached[ref.location] = self._attach(ref, dst)
+            copy_state(dst, src, ref.length, ref.blocks or ref.block_ids, seq_id)  # (attached in dst's layout)
         if ref.transport == "cuda_ipc":
             torch.cuda.synchronize(dst.device)  # prefill may reuse the blocks once the handoff is taken
 
