@@ -173,22 +173,27 @@ class Completion:
             self.guide.accept(token)
         self.count += 1
         self.counts[token] += 1
-        if token in self.eos_ids and not self.params.ignore_eos:
-            return Step(token, self._stops.flush()[0], "stop")
-        text = self._text.push(token)
-        answer = self._reasoning.add(text)  # None: still in the thought, where no stop string matches
-        if answer is None:
-            released, stopped = text, False
-        else:  # the stop strings see the answer from its start: a call block's opening bounds them
-            answered, stopped = self._stops.feed(answer)
-            earlier = len(answer) - len(text)  # > 0: the answer began in texts released as the thought's
-            released = text[: max(0, -earlier)] + answered[max(0, earlier) :]
+        if token in self.eos_ids and not self.params.ignore_eos:  # (a character it cut short: U+FFFD)
+            released, _ = self._release(self._text.flush(), tokens=0)
+            return Step(token, released + self._stops.flush()[0], "stop")
+        last = self.count >= self.params.max_tokens or self.prompt_tokens + self.count >= self.limit
+        released, stopped = self._release(self._text.push(token) + (self._text.flush() if last else ""))
         if stopped:
             return Step(token, released, "stop")
-        if self.count >= self.params.max_tokens or self.prompt_tokens + self.count >= self.limit:
+        if last:
             tail, stopped = self._stops.flush()
             return Step(token, released + tail, "stop" if stopped else "length")
         return Step(token, released)
+
+    def _release(self, text: str, tokens: int = 1) -> tuple[str, bool]:
+        """What ``text``, released by ``tokens`` tokens, streams, and whether a stop string ended it."""
+        answer = self._reasoning.add(text, tokens)  # None: still in the thought, where no stop string matches
+        if answer is None:
+            return text, False
+        # the stop strings see the answer from its start: a call block's opening bounds them
+        answered, stopped = self._stops.feed(answer)
+        earlier = len(answer) - len(text)  # > 0: the answer began in texts released as the thought's
+        return text[: max(0, -earlier)] + answered[max(0, earlier) :], stopped
 
 
 def next_steps(completions: list[Completion], logits: torch.Tensor) -> list[Step | Exception]:

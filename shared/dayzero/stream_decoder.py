@@ -10,9 +10,9 @@ if TYPE_CHECKING:
 
 class StreamDecoder:
     """Turns a growing list of ids into text deltas, holding back incomplete UTF-8 (a character
-    cut short, not a stray byte: that one is U+FFFD whatever follows). What precedes a cut
-    character streams at once: a run of lead bytes, each ending the one before, streams all but
-    its last.
+    cut short, not a stray byte: that one is U+FFFD whatever follows) till a later token or
+    ``flush`` at the end. What precedes a cut character streams at once: a run of lead bytes, each
+    ending the one before, streams all but its last.
 
     Each push decodes only the ids since the last text it released, after those of the release
     before (a decoder may render a token by its neighbours, e.g. a word's leading space): the cost
@@ -39,3 +39,12 @@ class StreamDecoder:
             return delta
         self._context, self._released, self._shown = self._released, len(self._ids), 0
         return delta
+
+    def flush(self) -> str:
+        """The text held back, at the end: a character still cut short is U+FFFD, as decoding the
+        ids whole gives it (and Python's UTF-8 decoder with errors="replace" at its final byte)."""
+        before = self._codec.decode(self._ids[self._context : self._released])
+        held = self._codec.decode(self._ids[self._context :])[len(before) :]
+        shown, self._shown = self._shown, 0
+        self._context = self._released = len(self._ids)
+        return held[shown:]

@@ -53,6 +53,30 @@ def test_logprobs_in_bodies_and_streams_match_the_engine(stack, demo_dir):
     ] * 4
 
 
+def test_a_character_cut_short_at_the_end_is_u_fffd_in_bodies_and_streams(stack, demo_dir):
+    """Forced onto 中's lead byte (token 170, 0xE4), max_tokens ends the text inside a character:
+    its text, whole and streamed, is transformers' decode of the ids (Python's bytes.decode with
+    errors="replace"); the last byte was dropped ("" for max_tokens 1). A stop string matches it."""
+    from transformers import AutoTokenizer
+
+    decoded = AutoTokenizer.from_pretrained(str(demo_dir)).decode([170] * 3, skip_special_tokens=True)
+    assert decoded == b"\xe4\xe4\xe4".decode(errors="replace") == "\ufffd" * 3
+    forced = {"model": MODEL, "prompt": prompt_ids(5), "logit_bias": {"170": 100}, "ignore_eos": True}
+    for max_tokens, stop, text, finish in (
+        (1, None, "\ufffd", "length"),
+        (3, None, decoded, "length"),
+        (3, ["\ufffd" * 3], "", "stop"),
+    ):
+        body = {**forced, "max_tokens": max_tokens, "stop": stop}
+        whole = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+        streamed, _, final, _ = stream_text(f"{stack.url}/v1/completions", body)
+        assert (
+            (whole["text"], whole["finish_reason"])
+            == (streamed, final["choices"][0]["finish_reason"])
+            == (text, finish)
+        )
+
+
 def test_echo_returns_the_prompt_and_its_logprobs(stack, demo_dir):
     from dayzero.model.forward import score
 

@@ -49,13 +49,14 @@ class ReasoningCount:
         self.tokens = 0
         self._thought = ReasoningSplitter(thinking)
 
-    def add(self, text: str) -> str | None:
-        """One more token, which released ``text``: the answer it begins or goes on with (``text``
-        once the thought is over, or outside thinking mode), None while the thought goes on. The
-        answer may begin before ``text``: a call block that ends the thought is found once its
-        opening is whole, in texts of earlier tokens too (released as the thought's meanwhile)."""
+    def add(self, text: str, tokens: int = 1) -> str | None:
+        """``tokens`` more tokens (0: the text an end releases, an EOS's held characters), which
+        released ``text``: the answer it begins or goes on with (``text`` once the thought is over,
+        or outside thinking mode), None while the thought goes on. The answer may begin before
+        ``text``: a call block that ends the thought is found once its opening is whole, in texts of
+        earlier tokens too (released as the thought's meanwhile)."""
         if not self._thought.thinking:
             return text
-        self.tokens += 1
+        self.tokens += tokens
         _, answer = self._thought.feed(text)
         return None if self._thought.thinking else answer
