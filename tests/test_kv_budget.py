@@ -60,27 +60,54 @@ def test_an_explicit_budget_keeps_its_exact_meaning(tiny_checkpoint):
 
 
 @pytest.mark.parametrize(
-    ("free", "weights", "fraction", "budget"),
+    ("total", "own", "fraction", "budget"),
     [
-        (80 * GIB, 20 * GIB, 0.8, 48 * GIB),  # 0.8 of the 60 GiB left
-        (1000, 100, 0.5, 450),
-        (141 * GIB, 141 * GIB, 0.9, 0),  # nothing left
-        (10 * GIB, 12 * GIB, 0.9, 0),  # weights measured over the free memory (another process freed some)
+        (80 * GIB, 20 * GIB, 0.8, 44 * GIB),  # 64 GiB of the device for this worker, 20 of them its weights
+        (1000, 100, 0.5, 400),
+        (80 * GIB, 10 * GIB, 0.4, 22 * GIB),  # one of two workers on the GPU: 32 GiB its share
+        (141 * GIB, 130 * GIB, 0.9, 0),  # its weights are more than its share
     ],
 )
-def test_the_cuda_budget_is_a_share_of_what_the_weights_left(free, weights, fraction, budget):
-    assert device_budget(free, weights, fraction) == budget
+def test_the_cuda_budget_is_a_share_of_the_whole_device_less_what_the_worker_holds(total, own, fraction, budget):
+    """As vLLM's gpu_memory_utilization: the fraction is of the device's total, weights and attention
+    state together. It was a fraction of the memory free after the weights, measured around the load:
+    a prefill and a decode worker loading side by side on one GPU (``up``'s default, cuda_ipc) each saw
+    it free before the other allocated, and each took 0.8 of it; and the other's allocations during the
+    load counted as this one's weights."""
+    assert device_budget(total, own, fraction) == budget
+
+
+def test_two_workers_loading_side_by_side_on_one_gpu_fit_in_it_together():
+    """Whatever order the two loads and measurements run in: neither reads what the other holds."""
+    total, weights, fraction = 80 * GIB, 10 * GIB, 0.8 / 2  # up's split for one GPU's prefill and decode
+    each = device_budget(total, weights, fraction)
+    assert 2 * (weights + each) <= 0.8 * total
 
 
 def test_a_cuda_worker_takes_its_share_or_refuses_naming_the_numbers():
     settings = Settings(device="cuda", dtype="bfloat16", kv_memory_fraction=0.5)
-    pools, budget = budget_pools(settings, _flash(), DeviceMemory(free_bytes=100 * GIB, weight_bytes=60 * GIB))
+    pools, budget = budget_pools(settings, _flash(), DeviceMemory(total_bytes=100 * GIB, own_bytes=30 * GIB))
     assert budget.bytes == 20 * GIB and abs(sum(t.nbytes for t in pools.tensors()) - 20 * GIB) < 4 * MIB
     with pytest.raises(ValueError) as refused:
-        budget_pools(settings, _flash(), DeviceMemory(free_bytes=61 * GIB, weight_bytes=60 * GIB))
+        budget_pools(settings, _flash(), DeviceMemory(total_bytes=100 * GIB, own_bytes=int(49.5 * GIB)))
     message = str(refused.value)
     assert message.startswith(
-        "DAYZERO_KV_MEMORY_FRACTION=0.5 of the 62464 MiB free on the device less 61440 MiB of weights is 512.0 MiB "
-        "of attention state, under the "
+        "DAYZERO_KV_MEMORY_FRACTION=0.5 of the device's 102400 MiB less the 50688 MiB this worker holds (its "
+        "weights) is 512.0 MiB of attention state, under the "
     )
     assert "that hold 16 sequences' windows and one sequence of 65536 tokens" in message
+
+
+def test_a_cuda_worker_measures_the_devices_total_and_its_own_not_what_is_free(monkeypatch):
+    """What another process on the GPU allocates or frees meanwhile (free memory falling from 70 to
+    30 GiB) changes nothing: the device's 80 GiB and this process's reserved 10 GiB."""
+    import torch
+
+    from dayzero.serving import rank_loading
+
+    free = iter([70 * GIB, 30 * GIB])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (next(free), 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 10 * GIB)
+    for _ in range(2):
+        assert rank_loading._device_memory(torch.device("cuda")) == DeviceMemory(80 * GIB, 10 * GIB)

@@ -204,7 +204,7 @@ def parser() -> argparse.ArgumentParser:
         "the pool blocks the attention state is held in (a sequence holds whole blocks), and the pools a worker "
         "allocates: DAYZERO_KV_BUDGET_MB (unless set, on CPU the least holding the windows and one sequence of the "
         "context limit, or 256 MiB if more; on CUDA that least, the worker taking DAYZERO_KV_MEMORY_FRACTION of "
-        "the memory free after its weights where more), with the windows of "
+        "the device's memory less its weights where more), with the windows of "
         f"DAYZERO_MAX_BATCH ({defaults['max_batch'].default} unless set) sequences, one more under "
         "DAYZERO_DECODE_GRAPHS (its padding rows; the graphs' own memory is not planned).",
     )

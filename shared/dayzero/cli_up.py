@@ -77,6 +77,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
 def _up(args: argparse.Namespace, settings: Settings) -> int:
     from .checkpoint import check_split
     from .checkpoint_files import checkpoint_directory
+    from .device_shares import kv_fractions
     from .stack import Stack, StartFailed
     from .tokenizer import load_codec
 
@@ -100,14 +101,15 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
     from .serving.budget import planned_pools
 
     planned_pools(settings, config, strict=True)  # pools too small: one line, not a crash loop or 500s
+    counts = {"vision": vision, "prefill": args.prefill, "decode": args.decode}
+    ranks = {"prefill": args.prefill_tp, "decode": args.decode_tp}
+    shares = kv_fractions(settings, counts, ranks)  # workers sharing a GPU: each its share of it
     load_codec(checkpoint)  # a damaged tokenizer: one line here, not a gateway's restart loop
     _make_log_dir(args.log_dir)
     claim = _claim_log_dir(args.log_dir)  # held until up returns (the children do not inherit it)
-    counts = {"vision": vision, "prefill": args.prefill, "decode": args.decode}
     port = settings.port if args.port is None else args.port
     redis_url = os.environ.get("DAYZERO_REDIS_URL") or os.environ.get("REDIS_URL")  # else an embedded one
-    ranks = {"prefill": args.prefill_tp, "decode": args.decode_tp}
-    stack = Stack(counts, port, args.log_dir, env, redis_url=redis_url, host=settings.host, ranks=ranks)
+    stack = Stack(counts, port, args.log_dir, env, redis_url, settings.host, ranks, service_env=shares)
     stack.frozen_s, stack.start_exits = settings.frozen_worker_s, settings.start_exits
     watch = None
     try:

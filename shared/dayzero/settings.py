@@ -123,9 +123,9 @@ class Settings(BaseSettings):
         default=0.8,
         gt=0,
         le=1,
-        description="unset DAYZERO_KV_BUDGET_MB on CUDA: the share of the device memory free after a worker's "
-        "weights its attention state takes (the rest: activations, the expert cache); workers sharing a device "
-        "each take this share of what is free as they load",
+        description="unset DAYZERO_KV_BUDGET_MB on CUDA: the share of the device's whole memory a worker's weights "
+        "and attention state take together (the rest: activations, the expert cache); unset, up splits it between "
+        "the prefill and decode workers it places on one GPU, set, it is each worker's own",
     )
     block_size: int = Field(default=16, ge=1, description="rows per pool block")
     lease_s: float = Field(  # (at most 600: workers beat every quarter lease, and a registry forgets one silent 600 s)

@@ -24,8 +24,8 @@ FOLLOWING_DEFAULTS = {
     "handoff": "the device's own: shm, cuda_ipc with DAYZERO_DEVICE=cuda",
     "max_context": "65536, or the model's own context when shorter",
     "kv_budget_mb": "on CPU the least holding DAYZERO_MAX_BATCH windows and one sequence of the context limit, "
-    "or 256 if more; on CUDA DAYZERO_KV_MEMORY_FRACTION of the memory free after the weights, a worker refusing "
-    "to start where that is less than the CPU's least",
+    "or 256 if more; on CUDA DAYZERO_KV_MEMORY_FRACTION of the device less what the worker's weights hold, "
+    "one refusing to start where that is less than the CPU's least",
 }
 
 

@@ -60,6 +60,7 @@ class Stack:
     redis_url: str | None = None
     host: str = "127.0.0.1"  # where the gateway binds (DAYZERO_HOST)
     ranks: dict[str, int] = field(default_factory=dict)  # tensor-parallel ranks per prefill / decode worker
+    service_env: dict[str, dict[str, str]] = field(default_factory=dict)  # a service's workers' own (device_shares)
     children: list[Child] = field(default_factory=list)
     redis_port: int | None = None
     metrics_ports: dict[str, int] = field(default_factory=dict)  # DAYZERO_METRICS_PORT: worker -> its port
@@ -85,7 +86,7 @@ class Stack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.redis_url is not None:
             answering(self.redis_url, REDIS_ANSWER_WITHIN_S)
-        if self.redis_url is None:  # (embedded)
+        else:  # (embedded)
             self.redis_port = free_port()
             self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
             self.children = [Child("redis", "redis")]
@@ -93,9 +94,8 @@ class Stack:
         self.env = {**inherited(os.environ), **self.env, **own}
         self.children.append(Child("gateway", "gateway"))
         for service in ("vision", "prefill", "decode"):
-            self.children += [
-                Child(f"{service}{i}", service) for i in range(self.counts.get(service, int(service != "vision")))
-            ]
+            n, theirs = self.counts.get(service, int(service != "vision")), self.service_env.get(service, {})
+            self.children += [Child(f"{service}{i}", service, env=dict(theirs)) for i in range(n)]
         self._metrics_ports()
         for child in self.children:
             self._spawn(child)
@@ -115,7 +115,7 @@ class Stack:
                     f"port {int(base) + i} (DAYZERO_METRICS_PORT + {i}, {child.name}'s /metrics) is already in use; "
                     f"stop that process or choose another DAYZERO_METRICS_PORT"
                 )
-            child.env = {"DAYZERO_METRICS_PORT": str(int(base) + i)}
+            child.env["DAYZERO_METRICS_PORT"] = str(int(base) + i)
             self.metrics_ports[child.name] = int(base) + i
 
     def _spawn(self, child: Child) -> None:

@@ -1,9 +1,10 @@
 """The attention-state pools a worker's settings give it, sized before anything is loaded (``up``
 refuses what its workers could not start with, in one line naming the variables).
 
-The budget: DAYZERO_KV_BUDGET_MB where set; else, on CUDA, DAYZERO_KV_MEMORY_FRACTION of the memory
-free after the weights (``device_budget``); else (CPU, or a plan made before any weights are loaded)
-the least that holds the windows and one sequence of the context limit, or 256 MiB if more."""
+The budget: DAYZERO_KV_BUDGET_MB where set; else, on CUDA, DAYZERO_KV_MEMORY_FRACTION of the device's
+whole memory less what this worker holds once its weights are loaded (``device_budget``, as vLLM's
+gpu_memory_utilization); else (CPU, or a plan made before any weights are loaded) the least that holds
+the windows and one sequence of the context limit, or 256 MiB if more."""
 
 from __future__ import annotations
 
@@ -31,10 +32,10 @@ def torch_dtype(settings: Settings) -> torch.dtype:
 
 @dataclass(frozen=True, slots=True)
 class DeviceMemory:
-    """A CUDA worker's memory, measured around the loading of its weights."""
+    """A CUDA worker's device once its weights are loaded: nothing another process holds or frees counts."""
 
-    free_bytes: int  # free on the device before the weights
-    weight_bytes: int  # what loading them took
+    total_bytes: int  # the device's whole memory (torch.cuda.mem_get_info's total)
+    own_bytes: int  # what this process's allocator holds: its weights and buffers (torch.cuda.memory_reserved)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +44,12 @@ class Budget:
     chosen_by: str  # how, for the worker's log and inspect: "DAYZERO_KV_BUDGET_MB=256", ...
 
 
-def device_budget(free_bytes: int, weight_bytes: int, fraction: float) -> int:
-    """Attention-state bytes on a device that had ``free_bytes`` free before ``weight_bytes`` of
-    weights: ``fraction`` of what the weights left (the rest: activations, the expert cache)."""
-    return int(max(free_bytes - weight_bytes, 0) * fraction)
+def device_budget(total_bytes: int, own_bytes: int, fraction: float) -> int:
+    """Attention-state bytes of a worker whose weights and attention state together take ``fraction``
+    of a device of ``total_bytes`` and which holds ``own_bytes`` once loaded (the rest of the device:
+    activations, the expert cache, other workers' shares). Free memory is not read: two workers loading
+    on one GPU each saw it before the other allocated, and each took 0.8 of it."""
+    return max(int(total_bytes * fraction) - own_bytes, 0)
 
 
 def _budget(settings: Settings, layout: PoolLayout, limit: int, memory: DeviceMemory | None) -> Budget:
@@ -64,16 +67,16 @@ def _budget(settings: Settings, layout: PoolLayout, limit: int, memory: DeviceMe
             return Budget(least, f"the least that holds {held}")
         return Budget(LEAST_HOST_BUDGET, f"256 MiB, more than the {least / MIB:.1f} MiB that hold {held}")
     fraction = settings.kv_memory_fraction
-    share = device_budget(memory.free_bytes, memory.weight_bytes, fraction)
+    share = device_budget(memory.total_bytes, memory.own_bytes, fraction)
     of = (
-        f"DAYZERO_KV_MEMORY_FRACTION={fraction} of the {memory.free_bytes / MIB:.0f} MiB free on the device "
-        f"less {memory.weight_bytes / MIB:.0f} MiB of weights"
+        f"DAYZERO_KV_MEMORY_FRACTION={fraction} of the device's {memory.total_bytes / MIB:.0f} MiB less the "
+        f"{memory.own_bytes / MIB:.0f} MiB this worker holds (its weights)"
     )
     if share < least:
         raise ValueError(
             f"{of} is {share / MIB:.1f} MiB of attention state, under the {least / MIB:.1f} MiB that hold {held} "
-            "(DAYZERO_MAX_BATCH, DAYZERO_MAX_CONTEXT): raise the fraction, free the device, set "
-            "DAYZERO_KV_BUDGET_MB, or lower the batch or the context"
+            "(DAYZERO_MAX_BATCH, DAYZERO_MAX_CONTEXT): raise the fraction (up splits it between the workers it "
+            "places on one GPU), set DAYZERO_KV_BUDGET_MB, or lower the batch or the context"
         )
     return Budget(share, of)
 

@@ -59,8 +59,7 @@ def load_ranks(
     """This rank's share of the model and its pools (``shared``: another process can read them)."""
     dtype = torch_dtype(settings)
     device = torch.device(group.device)
-    measured = device.type == "cuda" and settings.kv_budget_mb is None  # (the budget: a share of what is left)
-    free = _free_bytes(device) if measured else 0
+    measured = device.type == "cuda" and settings.kv_budget_mb is None  # (the budget: a share of the device)
     model = load_model(
         settings.checkpoint_dir(),
         dtype,
@@ -72,7 +71,7 @@ def load_ranks(
     )
     if settings.speculative_tokens and (problem := speculation_problem(model, settings.speculative_tokens)):
         raise ValueError(f"DAYZERO_SPECULATIVE_TOKENS {problem}")
-    memory = _agreed(DeviceMemory(free, free - _free_bytes(device)), group, settings) if measured else None
+    memory = _agreed(_device_memory(device), group, settings) if measured else None
     sized, budget = planned_pools(settings, model.cfg, memory=memory)
     log.info(
         "attention-state budget %.1f MiB (%s), %d tokens of one sequence",
@@ -97,13 +96,15 @@ def load_ranks(
     return ranks, segment
 
 
-def _free_bytes(device: torch.device) -> int:
-    torch.cuda.empty_cache()  # (what loading freed is free, not held by torch's allocator)
-    return torch.cuda.mem_get_info(device)[0]
+def _device_memory(device: torch.device) -> DeviceMemory:
+    """The device's whole memory and this process's own (never what is free: a worker loading beside
+    it on the same GPU, as ``up`` places them, would count as this one's weights)."""
+    torch.cuda.empty_cache()  # (what loading freed is given back, not held by torch's allocator)
+    return DeviceMemory(torch.cuda.mem_get_info(device)[1], torch.cuda.memory_reserved(device))
 
 
 def _agreed(memory: DeviceMemory, group: Group, settings: Settings) -> DeviceMemory:
     """The measurement of the rank with the least budget: a group's ranks carve the same pools."""
-    every = group.all_gather(torch.tensor([[memory.free_bytes, memory.weight_bytes]], device=group.device), dim=0)
+    every = group.all_gather(torch.tensor([[memory.total_bytes, memory.own_bytes]], device=group.device), dim=0)
     least = min(every.tolist(), key=lambda m: device_budget(*m, settings.kv_memory_fraction))
     return DeviceMemory(*least)
