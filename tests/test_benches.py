@@ -201,6 +201,7 @@ def test_bench_needing_cuda_says_so_on_a_cpu(ran, name):
     assert "needs a CUDA GPU and this host has none" in got["output"], got["output"][-3000:]
 
 
+@pytest.mark.slow
 def test_stack_bench_runs():
     """``bench/serve.py`` at its smallest on a stack of its own (``demo_stack``): started, served, stopped."""
     args = ["--requests", "2", "--rate", "50", "--prompt-tokens", "8", "--max-tokens", "2"]

@@ -16,6 +16,7 @@ from dayzero.kernels import attention
 from .conftest import run_dayzero
 
 
+@pytest.mark.slow
 def test_demo_checkpoint_generate_and_align(tmp_path):
     out = tmp_path / "demo"
     made = run_dayzero("demo-checkpoint", str(out), "--seed", "3")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from os import umask
 
+import pytest
 import torch
 
 from dayzero import cli
@@ -13,6 +14,7 @@ from dayzero.quant.shards import write_shards
 from .conftest import run_dayzero
 
 
+@pytest.mark.slow
 def test_demo_checkpoint_carries_the_released_special_tokens(tmp_path):
     from tokenizers import Tokenizer
 

@@ -20,6 +20,7 @@ def _full(model, ids, options=AttentionOptions(), device="cpu"):
     return score(model, pools_for(model.cfg, torch.float32, len(ids), device=device), "full", ids, options)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_decode_steps_equal_full_forward(tiny_checkpoint, backend, device, tol):
     """On a GPU host the Triton backend is compiled (it takes device tensors) and dots in TF32."""

@@ -77,6 +77,7 @@ def test_the_release_layout_is_what_the_fixture_writes(release):
     assert tensors["mtp.0.ffn.experts.2.w3.weight"].dtype == torch.int8 and "mtp.0.e_proj.scale" in tensors
 
 
+@pytest.mark.slow
 def test_release_matches_transformers_through_align_and_generates_ids(release):
     al = _cli("align", str(release), "--prompt-ids", ",".join(map(str, random_ids(140, 96, 1))), "--tokens", "3")
     assert al.returncode == 0, al.stdout + al.stderr

@@ -99,6 +99,7 @@ def test_greedy_equals_plain_decoding(model, references, batch, k):
     assert acceptance.steps and sum(acceptance.drafted) > 0
 
 
+@pytest.mark.slow
 def test_greedy_equals_plain_decoding_on_the_triton_kernels(model):
     """The Triton kernels (interpreted here, compiled on a GPU) under speculation: the verify's few
     rows per sequence through the prefill kernel and the window-write kernel, the compressors

@@ -11,6 +11,7 @@ import signal
 import time
 
 import httpx
+import pytest
 import redis
 
 from dayzero.serving.keys import key
@@ -52,6 +53,7 @@ def _resumed_to_its_end(url: str, rid: str, token: str, seen: list[str]) -> None
     assert numbers == sorted(set(numbers)) and numbers[-1] == LONG["max_tokens"]  # in order, to its end
 
 
+@pytest.mark.slow
 def test_streams_a_stopped_gateway_ended_resume_on_the_next_one_and_one_left_is_cancelled(text_dir, tmp_path):
     settings = {"DAYZERO_MAX_TOKENS_LIMIT": str(LONGEST), "DAYZERO_DISCONNECT_GRACE_S": "60"}
     stack = start_stack(text_dir, tmp_path, {"vision": 0, "prefill": 1, "decode": 1}, settings)

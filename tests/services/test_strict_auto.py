@@ -39,6 +39,7 @@ def _valid_weather(args: dict) -> bool:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("thinking", [False, True], ids=["chat", "thinking"])
 def test_streamed_replies_under_auto_are_text_or_calls_that_follow_the_strict_schema(stack, thinking):
     opening = post(stack, "/tokenize", {"prompt": f"<{D}"}).json()["tokens"][-2:]  # "<", the marker
