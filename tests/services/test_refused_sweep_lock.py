@@ -210,6 +210,17 @@ def test_a_refused_sweep_that_sighted_a_request_keeps_its_lock(tmp_path):
         admin.r.close()
 
 
+def orphan_of_a_dead_worker(port: int, refused: str) -> tuple[Lifecycle, Lifecycle]:
+    """Request ``dead`` taken by a decode worker that died (its lease gone), and the ACL user dz refused
+    the command ``refused``. -> the admin's store, and dz's."""
+    admin = Lifecycle(redis.Redis(port=port))
+    admin.r.acl_setuser("dz", commands=["+@all", f"-{refused}"], **GRANTS)
+    admin.admit(request("dead"), [], "", 60)
+    admin.take("dead", 0, "decode0", 30)
+    admin.r.delete(key("lease", "dead"))
+    return admin, Lifecycle(redis.Redis.from_url(f"redis://dz:pw@127.0.0.1:{port}/0"))
+
+
 def test_a_rerun_refused_its_records_pttl_writes_nothing(tmp_path):
     """The re-run script read the request's record TTL (its attempt's life) after its writes: refused
     (ACL -pttl), it had dropped the dead worker's lease, marked the request queued and counted an
@@ -217,12 +228,8 @@ def test_a_rerun_refused_its_records_pttl_writes_nothing(tmp_path):
     allowed PTTL the request ended 'failed on several workers', never run again. Refused there, it
     writes nothing now: the sweep once the ACL allows PTTL re-runs it as attempt 1."""
     with scratch_redis(tmp_path) as port:
-        admin = Lifecycle(redis.Redis(port=port))
-        admin.r.acl_setuser("dz", commands=["+@all", "-pttl"], **GRANTS)
-        admin.admit(request("dead"), [], "", 60)
-        admin.take("dead", 0, "decode0", 30)
-        admin.r.delete(key("lease", "dead"))  # its worker died
-        store, sent = Lifecycle(redis.Redis.from_url(f"redis://dz:pw@127.0.0.1:{port}/0")), []
+        admin, store = orphan_of_a_dead_worker(port, "pttl")
+        sent = []
         for _ in range(MAX_ATTEMPTS + 1):  # (a queued mark of 1 ms: lapsed at the next sweep)
             with pytest.raises(redis.ResponseError) as refused:
                 sweep(store, lambda job, stage: sent.append(job.attempt), 0.001, 60_000, 10.0)
@@ -231,5 +238,21 @@ def test_a_rerun_refused_its_records_pttl_writes_nothing(tmp_path):
         admin.r.acl_setuser("dz", commands=["+@all"], **GRANTS)
         assert sweep(store, lambda job, stage: sent.append(job.attempt), 30.0, 60_000, 10.0) == ["dead"]
         assert sent == [1]
+        store.r.close()
+        admin.r.close()
+
+
+def test_a_rerun_refused_its_attempts_pexpire_counts_nothing(tmp_path):
+    """The re-run script counted the attempt (INCR) and then gave it the record's life (PEXPIRE):
+    refused that (ACL -pexpire), it had dropped the lease, marked the request queued and counted an
+    attempt, sending nothing, one more at each sweep after the mark's lapse: the request ended 'failed on
+    several workers' without a re-run. The attempt is one SET with its life now: the sweep re-runs it."""
+    with scratch_redis(tmp_path) as port:
+        admin, store = orphan_of_a_dead_worker(port, "pexpire")
+        sent = []
+        assert sweep(store, lambda job, stage: sent.append(job.attempt), 30.0, 60_000, 10.0) == ["dead"]
+        assert sent == [1]
+        record_ms = admin.r.pttl(key("req", "dead"))  # (first: the attempt's, read after, is no longer)
+        assert 0 < admin.r.pttl(key("attempt", "dead")) <= record_ms
         store.r.close()
         admin.r.close()

@@ -91,7 +91,9 @@ push(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2])
 # the caller's to push); one that ended or whose record expired leaves the active set (-> 0); any
 # other is left alone (-> 0). The attempt lives as long as the request's record, whose TTL is read before
 # the re-run's writes: read after, a refusal of it (ACL -pttl) left the lease dropped and an attempt counted,
-# nothing sent, one more at each sweep (the request ended 'failed on several workers', never run again). A message that
+# nothing sent, one more at each sweep (the request ended 'failed on several workers', never run again). Its
+# writes are DEL then SETs (the attempt's with its life: INCR then PEXPIRE, a refused PEXPIRE (ACL -pexpire)
+# counted the attempt and failed the same way): a refusal of either writes no attempt. A message that
 # left its queue unclaimed is re-run only when a sweep finds it so a second time with the same
 # mark (the ``orphan`` sighting): a live worker's claim may be just behind its pop, and the first
 # sweep's re-run would prefill the request twice. The run re-run is over: its state parked in Redis
@@ -129,12 +131,13 @@ if left and redis.call('GET', KEYS[8]) ~= left then
     redis.call('SET', KEYS[8], left, 'PX', ARGV[4])
     return 0
 end
-local record_ms = redis.call('PTTL', KEYS[2])
+local record_ms, attempt = redis.call('PTTL', KEYS[2]), tonumber(redis.call('GET', KEYS[5]) or 0) + 1
 redis.call('DEL', KEYS[4], KEYS[7], KEYS[8], KEYS[9])
 redis.call('SET', KEYS[3], 1, 'PX', ARGV[1])
-local attempt = redis.call('INCR', KEYS[5])
 if record_ms > 0 then
-    redis.call('PEXPIRE', KEYS[5], record_ms)
+    redis.call('SET', KEYS[5], attempt, 'PX', record_ms)
+else
+    redis.call('SET', KEYS[5], attempt, 'KEEPTTL')
 end
 return attempt
 """
