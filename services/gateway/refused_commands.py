@@ -40,8 +40,12 @@ HELD_PASSES = 5  # a refusal's life, in reaper periods, at passes that run its s
 # before steps): the passes that skip that step no longer held it, and it lapsed with that life, the
 # ACL unchanged. The record lives as long as its longest-lived entry: read from the entries, not from its
 # TTL (a PTTL the ACL refused failed the write: the refusal went unshared, and said twice, the script's
-# too). ARGV: Redis's time now (s), then command, entry (JSON), 'met' or 'held' triples.
+# too), with HGETALL before the writes (the record's read sends it anyway: HVALS after the HSETs was one
+# more command an ACL could refuse, failing the write the same way). ARGV: Redis's time now (s), then
+# command, entry (JSON), 'met' or 'held' triples.
 LENGTHEN = """
+local record, last = redis.call('hgetall', KEYS[1]), tonumber(ARGV[1])
+for i = 2, #record, 2 do last = math.max(last, cjson.decode(record[i])['until']) end
 for i = 2, #ARGV, 3 do
   local found, entry = redis.call('hget', KEYS[1], ARGV[i]), cjson.decode(ARGV[i + 1])
   if found then
@@ -52,9 +56,8 @@ for i = 2, #ARGV, 3 do
   elseif ARGV[i + 2] == 'met' then
     redis.call('hset', KEYS[1], ARGV[i], ARGV[i + 1])
   end
+  if found or ARGV[i + 2] == 'met' then last = math.max(last, entry['until']) end
 end
-local last = tonumber(ARGV[1])
-for _, found in ipairs(redis.call('hvals', KEYS[1])) do last = math.max(last, cjson.decode(found)['until']) end
 if last > tonumber(ARGV[1]) then redis.call('pexpire', KEYS[1], math.ceil((last - tonumber(ARGV[1])) * 1000)) end
 """
 

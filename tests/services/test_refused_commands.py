@@ -4,6 +4,7 @@ cleared, read. A real Redis and its ACL; the record's own objects, no gateway ar
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 
@@ -136,3 +137,23 @@ def test_a_write_without_a_step_between_the_lengthen_and_the_read_keeps_the_step
         monkeypatch.setattr(at_sweep, "_lengthened", lengthened_then_written_whole)
         said = _said_skipping_the_sweep(at_sweep)
     assert all("'lrange'" in line for line in said), said
+
+
+def test_a_record_write_sends_no_command_the_read_does_not(tmp_path, caplog):
+    """LENGTHEN read the entries' lives with HVALS after its HSETs: an ACL refusing HVALS (an
+    allow-list written for the gateway's commands before) failed the write there, the record left
+    without a TTL and the script's refusal said beside the command's. It reads them with the read's
+    own HGETALL, before its writes."""
+    with scratch_redis(tmp_path) as port:
+        admin = redis.Redis(port=port)
+        admin.acl_setuser("dz", commands=["+@all", "-lrange", "-hvals"], **GRANTS)
+        url = f"redis://dz:pw@127.0.0.1:{port}/0"
+        met = RefusedCommands(url, redis.Redis.from_url(url), 60.0)
+        caplog.set_level(logging.ERROR, "dayzero.redis")
+        assert met.tried(_refusal(met.r))
+        assert "'lrange'" in (met.settle(PassCommands()) or ""), met.reason
+        assert admin.pttl(met.key) > 0
+        said = [line.getMessage() for line in caplog.records if "is refused a command" in line.getMessage()]
+        assert len(said) == 1 and "'lrange'" in said[0], said
+        met.r.close()
+        admin.close()
