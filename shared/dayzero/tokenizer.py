@@ -191,7 +191,8 @@ class TextCodec:
 
         from .chat.template_content import for_template  # (jinja2, as transformers: loaded on first use)
 
-        shaped = for_template(messages, self.chat_template, self._tokens)  # a list content: parts or one string
+        # a list content: parts or one string
+        shaped = for_template(messages, self.chat_template, self._tokens, bool(options.tools))
         kwargs = {"thinking": options.thinking, "reasoning_effort": options.effort, **self._tokens}
         prefix = bool(messages and messages[-1].get("prefix"))  # the answer's beginning, continued
         from jinja2 import TemplateError

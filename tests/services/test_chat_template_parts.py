@@ -78,18 +78,18 @@ def _templated(demo_dir, tmp_path, template: str):
     return copy
 
 
-def _tokenized(checkpoint, redis_url, messages: list[dict]) -> list[int]:
+def _tokenized(checkpoint, redis_url, messages: list[dict], **body) -> list[int]:
     with TestClient(make_app(Settings(checkpoint=checkpoint, redis_url=redis_url))) as gateway:
-        r = gateway.post("/tokenize", json={"model": MODEL, "messages": messages})
+        r = gateway.post("/tokenize", json={"model": MODEL, "messages": messages, **body})
     assert r.status_code == 200, r.text
     return r.json()["tokens"]
 
 
-def _transformers(checkpoint, messages: list[dict]) -> list[int]:
+def _transformers(checkpoint, messages: list[dict], **kwargs) -> list[int]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False, **kwargs))
 
 
 @pytest.mark.parametrize("form", list(OVER_THE_PARTS))
@@ -124,3 +124,20 @@ def test_a_template_printing_one_role_as_a_string_gets_that_role_joined(demo_dir
     as_text = [{"type": "text", "text": "Hi"}, {"type": "text", "text": "no"}]
     reference = [{**CHAT[0], "content": "Be\nbrief."}, CHAT[1], {**CHAT[2], "content": as_text}, CHAT[3]]
     assert _tokenized(checkpoint, redis_url, CHAT) == _transformers(checkpoint, reference)
+
+
+def test_a_template_printing_a_content_as_a_string_when_there_are_tools_gets_it_joined(demo_dir, redis_url, tmp_path):
+    # Llama-3.2-Vision's way: with tools, the first user's content goes into the tools block through |trim (a
+    # string); without, it is looped over. Probed without tools, it was given the parts: their Python repr printed
+    template = (
+        "{% if tools %}{% set first = messages[0]['content'] | trim %}{% set messages = messages[1:] %}[user]"
+        "{% for t in tools %}{{ t['function']['name'] }};{% endfor %}{{ first }}{% endif %}"
+        "{% for m in messages %}[{{ m['role'] }}]{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+        "{% for p in m['content'] %}<{{ p['text'] }}>{% endfor %}{% endif %}" + END
+    )
+    checkpoint = _templated(demo_dir, tmp_path, template)
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    chat = [{"role": "user", "content": PARTS}]
+    joined = [{"role": "user", "content": "Hello\nworld"}]
+    assert _tokenized(checkpoint, redis_url, chat, tools=tools) == _transformers(checkpoint, joined, tools=tools)
+    assert _tokenized(checkpoint, redis_url, chat) == _transformers(checkpoint, chat)  # no tools: the parts

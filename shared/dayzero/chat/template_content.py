@@ -12,7 +12,9 @@ Which a template reads is seen by rendering it, once per template and role: a ch
 that role holds two text parts of marker texts no template prints by chance. Their texts in the
 prompt: the template read the parts (a list's repr or JSON escapes the markers' NULs, so neither
 shows them); absent, or the template raising on parts: it takes a string. So a template looping over
-a user's parts but printing a system's content as a string gets the parts for the user only.
+a user's parts but printing a system's content as a string gets the parts for the user only. A chat
+offering tools is probed with a tool (Llama-3.2-Vision's template prints the first user's content as a
+string into its tools block, and loops over it when there are none).
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ PART_SEPARATOR = "\n"  # vLLM's, between the text parts of a message given to a 
 PROBE_TEXTS = ("\x00#1\x00", "\x00#2\x00")
 PROBE_ASK = {"role": "user", "content": "?"}
 OPENING_ROLES = ("system", "developer")  # a probe puts them first, as templates expect them
+# a tool of every field a template may read (one looping over its parameters' properties too)
+PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "probe",
+        "description": "",
+        "parameters": {"type": "object", "properties": {}, "required": []},
+    },
+}
 
 
 def _probe_chat(role: str) -> list[dict]:
@@ -39,29 +50,35 @@ def _probe_chat(role: str) -> list[dict]:
 
 
 @functools.cache
-def reads_content_parts(template: str, role: str, tokens: tuple[tuple[str, str], ...]) -> bool:
+def reads_content_parts(template: str, role: str, tokens: tuple[tuple[str, str], ...], tools: bool) -> bool:
     """Whether ``template`` prints the texts of a ``role`` message's parts given as OpenAI's parts
-    (``tokens``: the special-token strings it is rendered with, ``bos_token``...)."""
+    (``tokens``: the special-token strings it is rendered with, ``bos_token``...; ``tools``: in a chat
+    offering tools)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
     try:
         (prompt,), _ = render_jinja_template(
-            conversations=[_probe_chat(role)], chat_template=template, add_generation_prompt=True, **dict(tokens)
+            conversations=[_probe_chat(role)],
+            tools=[PROBE_TOOL] if tools else None,
+            chat_template=template,
+            add_generation_prompt=True,
+            **dict(tokens),
         )
     except Exception:  # any error of the template's own code on parts (a str + list...): it takes a string
         return False
     return any(text in prompt for text in PROBE_TEXTS)
 
 
-def for_template(messages: list[dict], template: str, tokens: dict[str, str]) -> list[dict]:
-    """``messages`` (a list content: its part strings) as ``template`` takes them: OpenAI's text
-    parts for a role whose parts it reads, else one string of the parts joined by ``PART_SEPARATOR``."""
+def for_template(messages: list[dict], template: str, tokens: dict[str, str], tools: bool) -> list[dict]:
+    """``messages`` (a list content: its part strings) as ``template`` takes them (in a chat offering
+    ``tools`` or not): OpenAI's text parts for a role whose parts it reads, else one string of the
+    parts joined by ``PART_SEPARATOR``."""
     rendered_with = tuple(sorted(tokens.items()))
     shaped = []
     for m in messages:
         texts = m.get(CONTENT)
         if isinstance(texts, list):
-            parts = reads_content_parts(template, m["role"], rendered_with)
+            parts = reads_content_parts(template, m["role"], rendered_with, tools)
             content = [{"type": "text", "text": t} for t in texts] if parts else PART_SEPARATOR.join(texts)
             m = {**m, CONTENT: content}
         shaped.append(m)
