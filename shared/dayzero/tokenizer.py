@@ -210,6 +210,8 @@ class TextCodec:
             raise ChatTemplateError(f"the checkpoint's chat template refused the messages: {refused}") from None
         except ValueError as refused:  # transformers': a prefix the template does not print, to continue
             raise ChatTemplateError(f"the checkpoint's chat template cannot continue the prefix: {refused}") from None
+        except TypeError as failed:  # its operation on the chat's values (parts joined to a string)
+            raise ChatTemplateError(f"the checkpoint's chat template failed on the messages: {failed}") from None
         return text
 
     def chat_ids(self, messages: list[dict], options: ChatOptions = CHAT_MODE, limit: int | None = None) -> list[int]:

@@ -1,7 +1,9 @@
 """A checkpoint's Jinja chat template that refuses a chat (its ``raise_exception``, as Mistral's and
-Llama 2's "roles must alternate" do) or cannot continue a prefix (transformers' continue_final_message
-finds the prefix's text nowhere in the prompt): a 400 naming the messages, with the template's reason.
-Each was a 500 "internal error". Checked through /tokenize (the gateway in-process, no workers)."""
+Llama 2's "roles must alternate" do), cannot continue a prefix (transformers' continue_final_message
+finds the prefix's text nowhere in the prompt) or fails on the chat's values (a TypeError: parts joined
+to a string by a template that loops over the first message's only): a 400 naming the messages, with
+the template's reason. Each was a 500 "internal error". Checked through /tokenize (the gateway
+in-process, no workers)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,13 @@ ALTERNATING = (
 NO_ASSISTANT_TEXT = (
     "{% for m in messages %}[{{ m['role'] }}]{% if m['role'] != 'assistant' %}{{ m['content'] }}{% endif %}" + END
 )
+# the first message's parts looped over, a later one's content joined to a string: a TypeError on parts
+FIRST_AS_PARTS = (
+    "{% for m in messages %}{% if loop.first %}{% for p in m['content'] %}{{ p.text }}{% endfor %}"
+    "{% else %}{{ '[' + m['content'] + ']' }}{% endif %}" + END
+)
 ASK = {"role": "user", "content": "q"}
+PARTS = {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
 
 
 @pytest.mark.parametrize(
@@ -33,8 +41,9 @@ ASK = {"role": "user", "content": "q"}
     [
         (ALTERNATING, [ASK, ASK], "roles must alternate"),
         (NO_ASSISTANT_TEXT, [ASK, {"role": "assistant", "content": "Hello", "prefix": True}], "continue the prefix"),
+        (FIRST_AS_PARTS, [PARTS, {"role": "assistant", "content": "x"}, PARTS], "failed on the messages"),
     ],
-    ids=["raise_exception", "prefix not printed"],
+    ids=["raise_exception", "prefix not printed", "parts joined to a string"],
 )
 def test_a_template_refusing_the_chat_is_a_400_naming_the_messages(
     demo_dir, redis_url, tmp_path, template, messages, told
