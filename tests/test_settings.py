@@ -202,6 +202,16 @@ def test_a_browser_reconnect_arrives_inside_the_cancel_grace():
     assert settings.sse_retry_ms < settings.disconnect_grace_s * 1000  # and sooner with our retry:
 
 
+def test_a_kv_budget_given_in_bytes_is_refused_not_a_machine_out_of_memory(monkeypatch):
+    """DAYZERO_KV_BUDGET_MB=8589934592 (8 GiB written in bytes): ``inspect`` (which now sizes the pools a
+    worker allocates), ``up``'s check and a worker built the pools' block lists for 8 EiB: ``inspect
+    deepseek-v4-flash`` grew past 9 GB of memory in a minute, where it had printed its plan in a second."""
+    monkeypatch.setenv("DAYZERO_KV_BUDGET_MB", str(8 << 30))
+    with pytest.raises(ValueError, match=r"^DAYZERO_KV_BUDGET_MB='8589934592': Input should be less than or equal to"):
+        settings_from_env()
+    assert Settings(kv_budget_mb=1 << 20).kv_budget_mb == 1 << 20  # 1 TiB: more than any one device holds
+
+
 def test_a_decode_batch_past_what_was_tested_is_refused():
     with pytest.raises(ValidationError, match="max_batch"):
         Settings(max_batch=4097)

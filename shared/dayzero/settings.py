@@ -118,7 +118,11 @@ class Settings(BaseSettings):
     max_prefill_tokens: int = Field(
         default=8192, ge=1, description="prompt tokens per packed prefill step, every prompt's chunk together"
     )
-    kv_budget_mb: int | None = Field(default=None, ge=1, description="attention-state memory per worker")
+    kv_budget_mb: int | None = (
+        Field(  # (at most 1 TiB: the pools' block lists are built from it, 8 bytes a block, ~1 s a TiB)
+            default=None, ge=1, le=1 << 20, description="attention-state memory per worker"
+        )
+    )
     kv_memory_fraction: float = Field(
         default=0.8,
         gt=0,
