@@ -48,3 +48,25 @@ def test_a_tree_compared_with_itself_is_two_rows_of_its_rounds(tmp_path, monkeyp
     out = capsys.readouterr().out
     assert out.startswith("1 rounds alternated"), out
     assert out.count(f"| {tmp_path} | 7 | 7 |") == 2, out
+
+
+def test_inspect_plan_times_the_inspect_of_the_trees_it_names(tmp_path):
+    """bench/inspect_plan.py without --trees timed the venv's editable install (the main checkout) from
+    any clone, under "this tree"; with --trees, each tree's own."""
+    cli = "import pathlib\npathlib.Path(__file__).parents[2].joinpath('imported').touch()\nmain = lambda argv: 0\n"
+    trees = [tmp_path / name for name in ("self", "a", "b")]
+    for tree in trees:
+        (tree / "shared" / "dayzero").mkdir(parents=True)
+        (tree / "shared" / "dayzero" / "__init__.py").write_text("")
+        (tree / "shared" / "dayzero" / "cli.py").write_text(cli)
+    (trees[0] / "bench").mkdir()
+    for name in ("inspect_plan.py", "options.py"):
+        shutil.copy(BENCH / name, trees[0] / "bench")
+    cmd = [sys.executable, "bench/inspect_plan.py", "--runs", "1"]
+    done = subprocess.run(cmd, cwd=trees[0], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "this tree" in done.stdout and [t.name for t in trees if (t / "imported").exists()] == ["self"]
+    (trees[0] / "imported").unlink()
+    done = subprocess.run([*cmd, "--trees", *map(str, trees[1:])], cwd=trees[0], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [t.name for t in trees if (t / "imported").exists()] == ["a", "b"]
