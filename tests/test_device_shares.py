@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -57,6 +59,18 @@ def test_no_split_for_a_worker_alone_on_its_devices():
 def test_a_set_fraction_the_workers_on_one_device_cannot_all_take_is_refused():
     with pytest.raises(ValueError, match=r"=0.8 is each worker's share of its GPU, and up places 2 .* cuda:0"):
         kv_fractions(Settings(device="cuda", kv_memory_fraction=0.8), ONE_EACH, {})
+
+
+@pytest.mark.parametrize("workers", [2, 3, 6, 7, 9, 11, 12, 15])
+def test_the_fraction_a_refusal_names_is_taken(workers):
+    """The refusal's "set it to X or less" is a fraction up takes: 1/6 printed as 0.17 was refused itself
+    (6 x 0.17 = 1.02 of the GPU)."""
+    counts = {"prefill": workers // 2, "decode": workers - workers // 2}
+    with pytest.raises(ValueError, match=rf"places {workers} prefill and decode") as refused:
+        kv_fractions(Settings(device="cuda", kv_memory_fraction=0.9), counts, {})
+    named = float(re.search(r"set it to ([0-9.]+) or less", str(refused.value)).group(1))
+    assert 0 < named <= 1 / workers
+    assert kv_fractions(Settings(device="cuda", kv_memory_fraction=named), counts, {}) == {}
 
 
 def test_up_gives_each_worker_on_one_gpu_its_share(tiny_checkpoint, tmp_path, monkeypatch, capsys):

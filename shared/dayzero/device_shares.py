@@ -10,6 +10,7 @@ tower comes out of what the fraction leaves.)"""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from .settings import Settings
@@ -35,9 +36,10 @@ def kv_fractions(settings: Settings, counts: dict[str, int], ranks: dict[str, in
     if "kv_memory_fraction" in settings.model_fields_set:
         device, most = workers.most_common(1)[0]
         if fraction * most > 1:
+            at_most = math.floor(100 / most) / 100  # (rounded down: 1/6 as 0.17 was refused in its turn)
             raise ValueError(
                 f"DAYZERO_KV_MEMORY_FRACTION={fraction} is each worker's share of its GPU, and up places {most} "
-                f"prefill and decode workers on cuda:{device}: set it to {1 / most:.2f} or less (unset, up splits "
+                f"prefill and decode workers on cuda:{device}: set it to {at_most:.2f} or less (unset, up splits "
                 "its default between them)"
             )
         return {}
