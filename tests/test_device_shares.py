@@ -54,6 +54,10 @@ def test_no_split_for_a_worker_alone_on_its_devices():
     env = kv_fractions(Settings(device="cuda"), {"prefill": 1, "decode": 1}, {"prefill": 2, "decode": 2})
     assert env == {"prefill": {"DAYZERO_KV_MEMORY_FRACTION": "0.4"}, "decode": {"DAYZERO_KV_MEMORY_FRACTION": "0.4"}}
     assert kv_fractions(Settings(device="cuda"), {"prefill": 1, "decode": 0}, {}) == {}
+    # up's own placement: prefill on cuda:2, decode's 2 ranks on cuda:0-1; no GPU holds two workers (a split
+    # by the number of workers, not their devices, gave each 0.4)
+    apart = kv_fractions(Settings(device="cuda:2"), ONE_EACH, {"decode": 2})
+    assert apart == {}
 
 
 def test_a_set_fraction_the_workers_on_one_device_cannot_all_take_is_refused():
