@@ -261,26 +261,26 @@ def few_lexer_states(monkeypatch, states: int) -> None:
 def ready_compile(grammars, lark: str):
     """``lark``'s compile once done (compiled in a thread: the first call starts it), as a serving
     loop holds it once it saw it ready (``Runtime.grammar_ready``)."""
-    import time
-
-    deadline = time.monotonic() + 60
-    while (compiled := grammars.compiled(lark)) is None:
-        assert time.monotonic() < deadline, "the grammar never compiled"
-        time.sleep(0.01)
-    return compiled
+    return _within_a_minute(lambda: grammars.compiled(lark))
 
 
 def seen_ready(runtime, ticket) -> None:
     """Until ``runtime`` sees ``ticket``'s grammar compiled (``Runtime.grammar_ready``: the ticket
     holds that compile), as a serving loop asks once a pass; a compile that never ends fails."""
-    import time
-
     from dayzero.serving.runtime import Runtime
 
+    _within_a_minute(lambda: Runtime.grammar_ready(runtime, ticket))
+
+
+def _within_a_minute(ready):
+    """``ready()``'s first true answer, asked every 10 ms; a grammar compiling for a minute fails."""
+    import time
+
     deadline = time.monotonic() + 60
-    while not Runtime.grammar_ready(runtime, ticket):
+    while not (answer := ready()):
         assert time.monotonic() < deadline, "the grammar never compiled"
         time.sleep(0.01)
+    return answer
 
 
 def fill_lexer(grammars, lark: str) -> None:
