@@ -173,17 +173,25 @@ class Completion:
             self.guide.accept(token)
         self.count += 1
         self.counts[token] += 1
-        if token in self.eos_ids and not self.params.ignore_eos:  # (a character it cut short: U+FFFD)
-            released, _ = self._release(self._text.flush(), tokens=0)
-            return Step(token, released + self._stops.flush()[0], "stop")
-        last = self.count >= self.params.max_tokens or self.prompt_tokens + self.count >= self.limit
-        released, stopped = self._release(self._text.push(token) + (self._text.flush() if last else ""))
+        if token in self.eos_ids and not self.params.ignore_eos:
+            return Step(token, self.end()[0], "stop")
+        released, stopped = self._release(self._text.push(token))
         if stopped:
             return Step(token, released, "stop")
-        if last:
-            tail, stopped = self._stops.flush()
+        if self.count >= self.params.max_tokens or self.prompt_tokens + self.count >= self.limit:
+            tail, stopped = self.end()
             return Step(token, released + tail, "stop" if stopped else "length")
         return Step(token, released)
+
+    def end(self) -> tuple[str, bool]:
+        """The text held back, at an end (EOS, a token limit, the time limit's): the decoder's (a
+        character cut short: U+FFFD), through the thought's split and the stop strings, then what
+        the stop strings held; and whether a stop string ended it."""
+        released, stopped = self._release(self._text.flush(), tokens=0)
+        if stopped:
+            return released, True
+        tail, stopped = self._stops.flush()
+        return released + tail, stopped
 
     def _release(self, text: str, tokens: int = 1) -> tuple[str, bool]:
         """What ``text``, released by ``tokens`` tokens, streams, and whether a stop string ended it."""

@@ -256,3 +256,33 @@ def test_a_request_handed_to_a_frozen_decode_worker_ends_at_the_time_limit(limit
         assert 1 <= usage["completion_tokens"] < 60 and usage["prompt_tokens"] == 4
     finally:
         decode_worker.send_signal(signal.SIGCONT)
+
+
+def test_a_request_past_the_time_limit_ends_with_the_text_it_held_back(demo_dir, redis_url, monkeypatch):
+    """Forced onto 中's lead byte (token 170, 0xE4) with a stop string "\\ufffd!" that "\\ufffd" may
+    begin: its text is held back (a cut character, then a stop string's start). Ended by the time
+    limit, its stream's text is the ids' decode, as a token limit would leave it: the held "\\ufffd"
+    was dropped ("" streamed, then an ending without text)."""
+    import dayzero.serving.decode_loop as decode_loop
+
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    sampling = SamplingParams(max_tokens=50, ignore_eos=True, logit_bias=((170, 100.0),), stop=("\ufffd!",))
+    request = GenerationRequest(request_id="held", prompt_ids=(0, 5, 6), sampling=sampling, created=time.time())
+    store, sent = Lifecycle.connect(settings.redis_url), []
+    store.admit(request, [], "", 60)
+    prefill = PrefillLoop(Runtime.load(settings, "prefill-held@test", "prefill", False), recording(sent))
+    run_jobs(prefill, [PrefillJob(request=request)])
+    runtime = Runtime.load(settings, "decode-held@test", "decode", False)
+    loop = DecodeLoop(runtime)
+    ticket = loop.intake.submit(sent[0])
+    loop.waiting.extend(loop.intake.drain(0))
+    admit(loop)
+    loop._step()  # a second lead byte: the first is U+FFFD, held as a stop string's start
+    monkeypatch.setattr(decode_loop, "overdue", lambda created, limit_s: True)
+    loop._end_overdue()
+    entries = [decode("held", fields) for _, fields in store.r.xrange(key("tokens", "held"))]
+    ids = [t.token for t in entries if t.token >= 0]
+    assert ids == [170, 170] and store.done("held") == "length" and ticket.done.is_set()
+    assert "".join(t.text for t in entries) == runtime.codec.decode(ids) == "\ufffd\ufffd"
+    loop.stop.set()  # (its heartbeat thread)
+    runtime.close()

@@ -104,14 +104,16 @@ class DecodeLoop:
 
     def _end_overdue(self) -> None:
         """A request admitted longer ago than ``task_time_limit_s`` ends as a token limit would
-        (finish reason "length", its text kept, its usage counted): an error would lose a
-        non-streamed answer's text and make OpenAI's clients run it all again. One waiting for
-        blocks ends alike, with the tokens it has streamed (waiting.py)."""
+        (finish reason "length", its text kept, that held back too: ``Completion.end``; its usage
+        counted): an error would lose a non-streamed answer's text and make OpenAI's clients run it
+        all again. One waiting for blocks ends alike, with the tokens it has streamed (waiting.py)."""
         limit_s = self.r.settings.task_time_limit_s
         for rid in [rid for rid, a in self.active.items() if overdue(a.ticket.job.request.created, limit_s)]:
             log.warning("request %s: past DAYZERO_TASK_TIME_LIMIT_S; ending it", rid)
             completion = self.active[rid].completion
-            self._finish(rid, "length", index=self.active[rid].streamed, usage=completion.usage())
+            text, stopped = completion.end()
+            reason, usage = "stop" if stopped else "length", completion.usage()
+            self._finish(rid, reason, index=self.active[rid].streamed, usage=usage, text=text)
         end_overdue(self.waiting, self.r, self._settle)
 
     def _drop(self, rid: str) -> None:
@@ -136,10 +138,11 @@ class DecodeLoop:
         index: int | None = None,
         usage: dict | None = None,
         code: str = "",
+        text: str = "",
     ) -> Settled:
         rid, attempt = ticket.job.request.request_id, ticket.job.attempt
         self.heartbeat.release(rid)
-        settled = self.r.store.settle(rid, attempt, self.r.name, reason, index, message, usage, code)
+        settled = self.r.store.settle(rid, attempt, self.r.name, reason, index, message, usage, code, text)
         ticket.done.set()
         return settled
 
@@ -148,7 +151,7 @@ class DecodeLoop:
         return min(self.limit, len(job.request.prompt_ids) + job.request.sampling.max_tokens)
 
     def _finish(self, rid: str, reason: str, index: int | None = None, message: str = "", **end: dict | str) -> None:
-        """End active request ``rid`` (``end``: its ``usage``, its error's ``code``); an "error" end
+        """End active request ``rid`` (``end``: its ``usage``, its error's ``code``, held ``text``); an "error" end
         with no ``message`` is its own sampling's failure's (``Active.end``), which is logged, and counted
         once this worker writes its end, cancelled meanwhile or not: not where its run was re-run
         meanwhile (the settle STALE: the re-run's end is the one written, and counted)."""

@@ -228,18 +228,18 @@ class Lifecycle(TokenStream):
         message: str = "",
         usage: dict | None = None,
         code: str = "",
+        text: str = "",
     ) -> Settled:
         """End the request for run ``attempt`` held by ``owner`` ("": the reaper, nobody's lease): its
-        stream closes at ``end_at`` with ``reason`` (None: its last token already carried the finish
-        reason), it leaves the active set, its lease goes; its record stays as long as its stream.
-        STALE (falsy), nothing written: the run is over or someone else's (a stalled worker's, re-run
-        since). Any other: ended, and how its stream closed (``Settled``; one that is not CLOSED is
-        logged). One atomic round trip."""
+        stream closes at ``end_at`` with ``reason`` and ``text`` (None: its last token carried them), it
+        leaves the active set, its lease goes; its record stays as long as its stream. STALE (falsy),
+        nothing written: the run is over or someone else's (a stalled worker's, re-run since). Any
+        other: ended, and how its stream closed (``Settled``; one not CLOSED is logged). One round trip."""
         keys = [key(family, rid) for family in ("attempt", "done", "lease", "tokens", "queued")] + [key("active")]
         keys += [key(family, rid) for family in ("req", "access", "images", "kvstate", "unclosed")]
         args = [attempt, owner, self.ttl_s, rid, reason]
         if end_at is not None:
-            args += entry_args(ending(rid, end_at, reason, message, usage, code))
+            args += entry_args(ending(rid, end_at, reason, message, usage, code, text))
         settled = Settled(self._settle(keys=keys, args=args))
         if settled not in (Settled.STALE, Settled.CLOSED):
             trace.get_current_span().add_event("stream_end", {"dayzero.settled": settled.name})

@@ -52,10 +52,17 @@ def entry_id(index: int) -> str:
 
 
 def ending(
-    request_id: str, index: int, reason: str, message: str = "", usage: dict | None = None, code: str = ""
+    request_id: str,
+    index: int,
+    reason: str,
+    message: str = "",
+    usage: dict | None = None,
+    code: str = "",
+    text: str = "",
 ) -> Token:
-    """The entry that closes a stream without a token (cancelled, error, a time limit's length) at ``index``."""
-    return Token(request_id, index, -1, "", reason, usage, error=message, code=code)
+    """The entry that closes a stream without a token (cancelled, error, a time limit's length) at
+    ``index``; ``text``: what its completion held back till then (a time limit's)."""
+    return Token(request_id, index, -1, text, reason, usage, error=message, code=code)
 
 
 def encode(t: Token) -> dict[str, str | int]:
