@@ -179,14 +179,25 @@ class Shape:
             tops = [None] + [{name(t): v for t, v in alts} for _, alts in first] + tops
         offsets = []  # where each token's text begins; a character's bytes over several tokens: its start
         for token in ids:
-            offsets.append(self.offset)
-            self.offset += len(self.utf8.decode(self._shown_bytes(token)))
+            raw = self._shown_bytes(token)
+            offsets.append(self.offset + self._cut_before(raw[:1]))
+            self.offset += len(self.utf8.decode(raw))
         return {
             "tokens": [name(t) for t in ids],
             "token_logprobs": logprobs,
             "top_logprobs": tops,
             "text_offset": offsets,
         }
+
+    def _cut_before(self, first: bytes) -> int:
+        """Characters the text gains before ``first`` (a token's first byte) begins its own: the
+        U+FFFD of held bytes it does not continue (a run of lead bytes, a cut character then "b");
+        none where it goes on with them (a character's later bytes: its start)."""
+        held = self.utf8.getstate()[0]  # (bytes Python's decoder still holds: ED BE as well, not yet U+FFFD)
+        if not held or not first:
+            return 0
+        alone = len(held.decode(errors="replace"))
+        return alone if len((held + first).decode(errors="replace")) > alone else 0  # else: it continues them
 
     def _legacy_name(self, token: int) -> str:
         """A token's name in the completions format, where names key ``top_logprobs``: its text, or
