@@ -48,3 +48,12 @@ class StreamDecoder:
         shown, self._shown = self._shown, 0
         self._context = self._released = len(self._ids)
         return held[shown:]
+
+
+def held_back(codec: TextCodec, ids: list[int]) -> str:
+    """The text a completion that streamed ``ids`` still holds back (a character cut short, U+FFFD),
+    released by an end that is no token's: the time limit's, for a request not generating."""
+    decoder = StreamDecoder(codec)
+    for token in ids:
+        decoder.push(token)
+    return decoder.flush()

@@ -286,3 +286,33 @@ def test_a_request_past_the_time_limit_ends_with_the_text_it_held_back(demo_dir,
     assert "".join(t.text for t in entries) == runtime.codec.decode(ids) == "\ufffd\ufffd"
     loop.stop.set()  # (its heartbeat thread)
     runtime.close()
+
+
+def test_a_request_waiting_past_the_time_limit_ends_with_the_character_it_held_back(codec):
+    """One that streamed 中's lead byte (0xE4, its text "" held) and then waited (a queue, a peer's
+    room, blocks) ends with that byte's U+FFFD, as a token limit would: its ending had no text."""
+    from types import SimpleNamespace
+
+    from dayzero.serving.time_limit import past_limit
+    from dayzero.serving.waiting import end_overdue
+
+    from ..test_tokenizer import _byte_token
+
+    streamed = codec.encode("Hi", special=False) + [_byte_token(codec, 0xE4)]
+    request = GenerationRequest(request_id="w", prompt_ids=(0, 5), sampling=SamplingParams(max_tokens=9), created=0.0)
+    assert past_limit(codec, request, streamed, 1.0).text == "\ufffd" == codec.decode(streamed)[2:]
+    settled = []
+    runtime = SimpleNamespace(
+        settings=SimpleNamespace(task_time_limit_s=1.0),
+        stats=SimpleNamespace(stage="decode"),
+        codec=codec,
+        store=SimpleNamespace(streamed_tokens=lambda rid: streamed),
+    )
+    tickets = [SimpleNamespace(job=SimpleNamespace(request=request))]
+    end_overdue(tickets, runtime, lambda ticket, *args, **end: settled.append((args, end)))
+    assert settled == [
+        (
+            ("length", ""),
+            {"index": 3, "usage": {"prompt_tokens": 2, "completion_tokens": 3}, "code": "", "text": "\ufffd"},
+        )
+    ]

@@ -169,6 +169,7 @@ class PrefillLoop:
         index: int | None = None,
         usage: dict | None = None,
         code: str = "",
+        text: str = "",
     ) -> Settled:
         """End a request without handing it to decode (freeing its parked image embeddings, and once
         its end is written, the blocks its kept prefill holds); its stream closes at ``index``
@@ -179,7 +180,7 @@ class PrefillLoop:
         if job.embeddings is not None:
             discard_tensor(job.embeddings, store)
         end = len(job.generated) if index is None else index
-        settled = store.settle(rid, job.attempt, self.r.name, reason, end, message, usage, code)
+        settled = store.settle(rid, job.attempt, self.r.name, reason, end, message, usage, code, text)
         self.kept.drop(ticket)  # (Redis failing: kept, and the end tried again, its token the same)
         ticket.done.set()
         return settled

@@ -199,7 +199,7 @@ class OverdueWaits:
             if request is None:  # its record expired meanwhile (rerun_orphan drops it)
                 continue
             end = past_limit(self.codec, request, tokens, self.limit_s)
-            if store.settle(rid, attempt, owner, end.reason, end.index, end.message, end.usage, end.code):
+            if store.settle(rid, attempt, owner, end.reason, end.index, end.message, end.usage, end.code, end.text):
                 log.warning("request %s: waited in a queue past DAYZERO_TASK_TIME_LIMIT_S; ended it", rid)
                 ended.append(rid)
         return ended

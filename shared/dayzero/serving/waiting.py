@@ -54,13 +54,13 @@ def end_overdue(tickets: list[Ticket[J]], runtime: Runtime, settle: Callable[...
     out: one that has streamed tokens (any decode holds; a re-run in prefill) with "length", one that
     has streamed none (in prefill) with a 503 ``overloaded`` (time_limit.py), after the tokens its
     stream holds (read from it: a job's own may lack one whose append landed though Redis failed to
-    answer, and is retried). ``settle(ticket, reason, message, index=, usage=, code=)``: the loop's."""
+    answer, and is retried). ``settle(ticket, reason, message, index=, usage=, code=, text=)``: the loop's."""
     limit_s, stage = runtime.settings.task_time_limit_s, runtime.stats.stage
     for ticket in [t for t in tickets if overdue(t.job.request.created, limit_s)]:
         request = ticket.job.request
         log.warning("request %s: waited in %s past DAYZERO_TASK_TIME_LIMIT_S; ending it", request.request_id, stage)
         end = past_limit(runtime.codec, request, runtime.store.streamed_tokens(request.request_id), limit_s)
-        settle(ticket, end.reason, end.message, index=end.index, usage=end.usage, code=end.code)
+        settle(ticket, end.reason, end.message, index=end.index, usage=end.usage, code=end.code, text=end.text)
         tickets.remove(ticket)  # (once settled: Redis failing leaves it for the next try)
 
 
