@@ -102,7 +102,7 @@ class ModelConfig:
             path = path / "config.json"
         if not path.exists():
             raise ConfigError(f"no config.json at {path}")
-        if not path.is_file():  # (a directory there was "[Errno 21] Is a directory", exit 1: the host's fault)
+        if path.is_dir():  # (was "[Errno 21] Is a directory", exit 1: the host's fault; a FIFO is read as a file)
             raise ConfigError(f"{path} is not a file: give a checkpoint directory or its config.json")
         try:
             return _parse(json.loads(path.read_text()))
