@@ -27,9 +27,7 @@ class StreamDecoder:
 
     def push(self, token: int) -> str:
         self._ids.append(token)
-        before = self._codec.decode(self._ids[self._context : self._released])
-        text = self._codec.decode(self._ids[self._context :])
-        held = text[len(before) :]  # the text of ids[_released:]: _shown of it out, before a cut character
+        held = self._held()
         if not held:  # (no text yet: a special token left out)
             return ""
         end = len(held) - self._codec.unsettled(self._ids[self._released :], held)
@@ -43,11 +41,16 @@ class StreamDecoder:
     def flush(self) -> str:
         """The text held back, at the end: a character still cut short is U+FFFD, as decoding the
         ids whole gives it (and Python's UTF-8 decoder with errors="replace" at its final byte)."""
-        before = self._codec.decode(self._ids[self._context : self._released])
-        held = self._codec.decode(self._ids[self._context :])[len(before) :]
+        held = self._held()
         shown, self._shown = self._shown, 0
         self._context = self._released = len(self._ids)
         return held[shown:]
+
+    def _held(self) -> str:
+        """The text of ``ids[_released:]``, decoded after the release before it (``_shown`` of it out
+        already, before a cut character)."""
+        before = self._codec.decode(self._ids[self._context : self._released])
+        return self._codec.decode(self._ids[self._context :])[len(before) :]
 
 
 def held_back(codec: TextCodec, ids: list[int]) -> str:

@@ -52,12 +52,11 @@ def device_budget(total_bytes: int, own_bytes: int, fraction: float) -> int:
     return max(int(total_bytes * fraction) - own_bytes, 0)
 
 
-def _budget(settings: Settings, layout: PoolLayout, limit: int, memory: DeviceMemory | None) -> Budget:
+def _budget(settings: Settings, layout: PoolLayout, sequences: int, limit: int, memory: DeviceMemory | None) -> Budget:
     """The budget of the module docstring's rule. ValueError naming the numbers where the device's
-    share cannot hold the windows and one sequence of ``limit`` tokens."""
+    share cannot hold ``sequences`` windows and one sequence of ``limit`` tokens."""
     if settings.kv_budget_mb is not None:
         return Budget(settings.kv_budget_mb * MIB, f"DAYZERO_KV_BUDGET_MB={settings.kv_budget_mb}")
-    sequences = settings.max_batch + settings.decode_graphs
     least = KVPools.least_budget(layout, limit, sequences, torch_dtype(settings))
     held = f"{sequences} sequences' windows and one sequence of {limit} tokens"
     if memory is None and settings.device != "cpu":  # a plan (up, inspect): the least the worker will take
@@ -88,7 +87,7 @@ def budget_pools(settings: Settings, cfg: ModelConfig, memory: DeviceMemory | No
     ValueError naming the variables when the budget cannot hold those windows."""
     layout = PoolLayout.of(cfg, settings.block_size, settings.dtype, mtp=settings.speculative_tokens > 0)
     sequences = settings.max_batch + settings.decode_graphs  # decode graphs' padding rows: a sequence of their own
-    budget = _budget(settings, layout, context_limit(cfg, settings.max_context), memory)
+    budget = _budget(settings, layout, sequences, context_limit(cfg, settings.max_context), memory)
     try:
         pools = KVPools.from_budget(layout, budget.bytes, sequences, torch_dtype(settings), device="meta")
     except ValueError:
