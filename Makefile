@@ -20,7 +20,7 @@ install: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check shared services tests bench
 	$(BIN)/ruff format --check shared services tests bench
-	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(BIN)/pytest -q -n 2
+	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(BIN)/pytest -q -n 3
 
 run: $(STAMP)
 	$(BIN)/dayzero up --example
