@@ -31,6 +31,10 @@ GROUPS = "stack_groups"  # the workers' input: where they write each file's grou
 GROUPS_DIR = pytest.StashKey[Path]()
 
 
+def file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def session_stacks_used(item) -> set[str]:
     """The session stacks ``item`` uses (a module's own fixture of the same name hides one)."""
     defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
@@ -48,15 +52,15 @@ def file_groups(items) -> dict[str, str]:
 
     for item in items:
         for stack in session_stacks_used(item):
-            joined[group(f"stack:{stack}")] = group(item.nodeid.split("::", 1)[0])
-    return {f: group(f) for f in {item.nodeid.split("::", 1)[0] for item in items}}
+            joined[group(f"stack:{stack}")] = group(file_of(item.nodeid))
+    return {f: group(f) for f in {file_of(item.nodeid) for item in items}}
 
 
 def slow_groups(items, groups: dict[str, str]) -> list[str]:
     """The groups (of ``file_groups``) that hold a test marked ``slow`` or share a session stack (the
     suite's largest groups)."""
     slow = {item for item in items if item.get_closest_marker("slow") or session_stacks_used(item)}
-    return sorted({groups[item.nodeid.split("::", 1)[0]] for item in slow})
+    return sorted({groups[file_of(item.nodeid)] for item in slow})
 
 
 @pytest.hookimpl(optionalhook=True)
