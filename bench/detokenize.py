@@ -18,7 +18,7 @@ from pathlib import Path
 
 from options import bench_parser
 
-from dayzero.completion import StopMatcher
+from dayzero.completion_text import StopMatcher
 from dayzero.demo import write_demo_checkpoint
 from dayzero.stream_decoder import StreamDecoder
 from dayzero.tokenizer import TextCodec

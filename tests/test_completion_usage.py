@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dayzero.completion import Completion
 from dayzero.params import SamplingParams
-from dayzero.usage import streamed_usage
+from dayzero.serving.messages import GenerationRequest
+from dayzero.serving.time_limit import past_limit
 
 EOS = (1,)
 
@@ -44,4 +45,11 @@ def test_the_gateway_counts_a_streamed_request_as_its_completion_would(codec):
     block = codec.encode("\n\n<｜DSML｜tool_calls>")
     for tokens in (thought, thought + [codec.token_id("</think>")] + answer, thought + block + answer):
         for thinking in (True, False):
-            assert streamed_usage(codec, 7, tokens, thinking) == _run(codec, tokens, thinking)
+            request = GenerationRequest(
+                request_id="r",
+                prompt_ids=(0,) * 7,
+                sampling=SamplingParams(max_tokens=99),
+                created=0.0,
+                thinking=thinking,
+            )
+            assert past_limit(codec, request, tokens, 1.0).usage == _run(codec, tokens, thinking)

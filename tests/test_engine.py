@@ -10,7 +10,8 @@ import torch
 
 from dayzero.chat import dsml
 from dayzero.checkpoint import load_model
-from dayzero.completion import Completion, StopMatcher
+from dayzero.completion import Completion
+from dayzero.completion_text import StopMatcher
 from dayzero.demo import write_demo_checkpoint
 from dayzero.engine import Timings, generate
 from dayzero.kv.pools import pools_for

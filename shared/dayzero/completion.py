@@ -14,11 +14,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .chat.reasoning import ReasoningCount
+from .completion_text import CompletionText
 from .config import ModelConfig
 from .guided import Guide, LexerFilled, allowed_logits
 from .sampling import SamplingParams, logprobs_of, sample, sample_rows
-from .stream_decoder import StreamDecoder
 from .tokenizer import TextCodec
 from .usage import usage_counts
 
@@ -32,56 +31,6 @@ class Step:
     finish_reason: str | None = None  # "stop" (EOS or stop string) | "length" | None
     logprob: float | None = None  # when the request asked for logprobs
     top: tuple[tuple[int, float], ...] = ()  # (token, logprob) of the most likely tokens
-
-
-class StopMatcher:
-    """Releases text while holding back any suffix that could still become a stop string.
-
-    Stop strings match the reply's text up to the first ``bound`` (a tool-call block's opening:
-    its markup and calls are no text of the reply's), none after it. Text that may begin a bound is
-    held until the next characters decide, and a stop string that reaches into a bound matches not."""
-
-    def __init__(self, stops: tuple[str, ...], bounds: tuple[str, ...] = ()) -> None:
-        self._stops, self._bounds = stops, bounds
-        self._pending = ""
-        self._bounded = False  # a bound was reached: no stop string matches from there on
-
-    def feed(self, delta: str) -> tuple[str, bool]:
-        text = self._pending + delta
-        if self._bounded:
-            self._pending = ""
-            return text, False
-        at = min((i for i in (text.find(b) for b in self._bounds) if i >= 0), default=len(text))
-        undecided = 0 if at < len(text) else max((self._held(text, b) for b in self._bounds), default=0)
-        free = text[: at - undecided]  # the text stop strings may match in
-        hits = [i for i in (free.find(s) for s in self._stops) if i >= 0]
-        if hits:
-            self._pending = ""
-            return text[: min(hits)], True
-        if at < len(text):
-            self._pending, self._bounded = "", True
-            return text, False
-        hold = max((self._held(free, s) for s in self._stops), default=0) + undecided
-        self._pending = text[len(text) - hold :] if hold else ""
-        return text[: len(text) - hold], False
-
-    @staticmethod
-    def _held(text: str, stop: str) -> int:
-        """The length of the longest end of ``text`` that ``stop`` begins with, shorter than it:
-        only the places where its first character appears are tried."""
-        at = text.find(stop[0], max(0, len(text) - len(stop) + 1))
-        while at >= 0:
-            if stop.startswith(text[at:]):
-                return len(text) - at
-            at = text.find(stop[0], at + 1)
-        return 0
-
-    def flush(self) -> tuple[str, bool]:
-        """The text held back, at the end: up to a stop string in it (one a bound might have
-        followed), and whether there was one."""
-        text, self._pending = self._pending, ""
-        hits = [i for i in (text.find(s) for s in self._stops) if i >= 0]
-        return (text[: min(hits)], True) if hits else (text, False)
 
 
 def context_limit(cfg: ModelConfig, max_context: int | None) -> int:
@@ -103,9 +52,8 @@ class Completion:
         self.params, self.eos_ids, self.prompt_tokens, self.limit = params, eos_ids, prompt_tokens, limit
         self.count = 0
         self.thinking = thinking  # a chat in thinking mode: its reasoning tokens are counted
-        self._reasoning = ReasoningCount(thinking)
         self.counts: Counter[int] = Counter()  # generated tokens, for the penalties
-        self._text, self._stops = StreamDecoder(codec), StopMatcher(params.stop, params.stop_bounds)
+        self._text = CompletionText(codec, params, thinking)
         self.guide = Guide(codec.grammars, params.grammar, compiled) if params.grammar is not None else None
         self.held: torch.Tensor | None = None  # [V]: a step's logits, while its grammar takes a fresh compile
         for token in generated:  # replay: rebuild the text and stop-string state, output discarded
@@ -123,7 +71,7 @@ class Completion:
     def usage(self) -> dict:
         """The token counts a finished stream's last entry carries; thinking mode adds OpenAI's
         ``completion_tokens_details.reasoning_tokens``."""
-        return usage_counts(self.prompt_tokens, self.count, self._reasoning.tokens if self.thinking else None)
+        return usage_counts(self.prompt_tokens, self.count, self._text.reasoning.tokens if self.thinking else None)
 
     def generator(self) -> torch.Generator | None:
         """The generator of token ``count`` (seed, count), or None without a seed."""
@@ -175,7 +123,7 @@ class Completion:
         self.counts[token] += 1
         if token in self.eos_ids and not self.params.ignore_eos:
             return Step(token, self.end()[0], "stop")
-        released, stopped = self._release(self._text.push(token))
+        released, stopped = self._text.push(token)
         if stopped:
             return Step(token, released, "stop")
         if self.count >= self.params.max_tokens or self.prompt_tokens + self.count >= self.limit:
@@ -184,24 +132,8 @@ class Completion:
         return Step(token, released)
 
     def end(self) -> tuple[str, bool]:
-        """The text held back, at an end (EOS, a token limit, the time limit's): the decoder's (a
-        character cut short: U+FFFD), through the thought's split and the stop strings, then what
-        the stop strings held; and whether a stop string ended it."""
-        released, stopped = self._release(self._text.flush(), tokens=0)
-        if stopped:
-            return released, True
-        tail, stopped = self._stops.flush()
-        return released + tail, stopped
-
-    def _release(self, text: str, tokens: int = 1) -> tuple[str, bool]:
-        """What ``text``, released by ``tokens`` tokens, streams, and whether a stop string ended it."""
-        answer = self._reasoning.add(text, tokens)  # None: still in the thought, where no stop string matches
-        if answer is None:
-            return text, False
-        # the stop strings see the answer from its start: a call block's opening bounds them
-        answered, stopped = self._stops.feed(answer)
-        earlier = len(answer) - len(text)  # > 0: the answer began in texts released as the thought's
-        return text[: max(0, -earlier)] + answered[max(0, earlier) :], stopped
+        """The text held back, at an end (``CompletionText.end``), and whether a stop string ended it."""
+        return self._text.end()
 
 
 def next_steps(completions: list[Completion], logits: torch.Tensor) -> list[Step | Exception]:

@@ -51,12 +51,3 @@ class StreamDecoder:
         already, before a cut character)."""
         before = self._codec.decode(self._ids[self._context : self._released])
         return self._codec.decode(self._ids[self._context :])[len(before) :]
-
-
-def held_back(codec: TextCodec, ids: list[int]) -> str:
-    """The text a completion that streamed ``ids`` still holds back (a character cut short, U+FFFD),
-    released by an end that is no token's: the time limit's, for a request not generating."""
-    decoder = StreamDecoder(codec)
-    for token in ids:
-        decoder.push(token)
-    return decoder.flush()

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..stream_decoder import held_back
+from ..completion_text import CompletionText
 from ..tokenizer import IdsOnlyCodec, TextCodec
-from ..usage import streamed_usage
+from ..usage import usage_counts
 from . import redis_clock as clock
 from .messages import GenerationRequest
 
@@ -26,7 +26,7 @@ class LimitEnd:
     message: str = ""
     usage: dict | None = None
     code: str = ""
-    text: str = ""  # what its completion held back (a character cut short: U+FFFD)
+    text: str = ""  # what its completion held back (a character cut short: U+FFFD; a stop string's start)
 
 
 def overdue(created: float, limit_s: float) -> bool:
@@ -41,14 +41,18 @@ def past_limit(
     ``streamed`` (read from it, not from a job's own count: a token whose append landed though Redis's
     answer was lost is its client's too): it goes after them.
 
-    One that has streamed tokens ends as a token limit would: finish reason "length", its text kept
-    (and the character cut short it held back: U+FFFD), its usage counted from them as its completion
-    would count them (thinking mode's reasoning tokens too: usage.py) (an error would lose a
-    non-streamed answer's text and make OpenAI's clients run it all again). One that has streamed
-    none ends with a 503 ``overloaded`` (a "length" without text would say it had run): its client
-    may retry it when there is room."""
+    One that has streamed tokens ends as a token limit would, its text kept and ended as its
+    completion's end would end it (``CompletionText.end``: the character cut short it held back as
+    U+FFFD, the stop strings' held text, finish reason "stop" where a stop string ends in it, else
+    "length"), its usage counted from them as its completion would count them (thinking mode's
+    reasoning tokens too) (an error would lose a non-streamed answer's text and make OpenAI's
+    clients run it all again). One that has streamed none ends with a 503 ``overloaded`` (a
+    "length" without text would say it had run): its client may retry it when there is room."""
     if streamed:
-        usage = streamed_usage(codec, len(request.prompt_ids), streamed, request.thinking)
-        return LimitEnd("length", len(streamed), usage=usage, text=held_back(codec, list(streamed)))
+        text = CompletionText.replayed(codec, request.sampling, request.thinking, streamed)
+        ending, stopped = text.end()
+        reasoning = text.reasoning.tokens if request.thinking else None
+        usage = usage_counts(len(request.prompt_ids), len(streamed), reasoning)
+        return LimitEnd("stop" if stopped else "length", len(streamed), usage=usage, text=ending)
     message = f"no room for the request within DAYZERO_TASK_TIME_LIMIT_S={limit_s:g} s; retry later"
     return LimitEnd("error", 0, message, code=OVERLOADED)

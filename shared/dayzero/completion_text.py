@@ -1,0 +1,107 @@
+"""A completion's text as its tokens come: the decoder's deltas (stream_decoder.py), thinking
+mode's split (no stop string matches in the thought) and the stop strings, and the text an end
+releases. Torch-free: the gateway's reaper replays it over the tokens a request streamed to end one
+that waited past the time limit as its completion would have ended (time_limit.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .chat.reasoning import ReasoningCount
+from .params import SamplingParams
+from .stream_decoder import StreamDecoder
+from .tokenizer import IdsOnlyCodec, TextCodec
+
+
+class StopMatcher:
+    """Releases text while holding back any suffix that could still become a stop string.
+
+    Stop strings match the reply's text up to the first ``bound`` (a tool-call block's opening:
+    its markup and calls are no text of the reply's), none after it. Text that may begin a bound is
+    held until the next characters decide, and a stop string that reaches into a bound matches not."""
+
+    def __init__(self, stops: tuple[str, ...], bounds: tuple[str, ...] = ()) -> None:
+        self._stops, self._bounds = stops, bounds
+        self._pending = ""
+        self._bounded = False  # a bound was reached: no stop string matches from there on
+
+    def feed(self, delta: str) -> tuple[str, bool]:
+        text = self._pending + delta
+        if self._bounded:
+            self._pending = ""
+            return text, False
+        at = min((i for i in (text.find(b) for b in self._bounds) if i >= 0), default=len(text))
+        undecided = 0 if at < len(text) else max((self._held(text, b) for b in self._bounds), default=0)
+        free = text[: at - undecided]  # the text stop strings may match in
+        hits = [i for i in (free.find(s) for s in self._stops) if i >= 0]
+        if hits:
+            self._pending = ""
+            return text[: min(hits)], True
+        if at < len(text):
+            self._pending, self._bounded = "", True
+            return text, False
+        hold = max((self._held(free, s) for s in self._stops), default=0) + undecided
+        self._pending = text[len(text) - hold :] if hold else ""
+        return text[: len(text) - hold], False
+
+    @staticmethod
+    def _held(text: str, stop: str) -> int:
+        """The length of the longest end of ``text`` that ``stop`` begins with, shorter than it:
+        only the places where its first character appears are tried."""
+        at = text.find(stop[0], max(0, len(text) - len(stop) + 1))
+        while at >= 0:
+            if stop.startswith(text[at:]):
+                return len(text) - at
+            at = text.find(stop[0], at + 1)
+        return 0
+
+    def flush(self) -> tuple[str, bool]:
+        """The text held back, at the end: up to a stop string in it (one a bound might have
+        followed), and whether there was one."""
+        text, self._pending = self._pending, ""
+        hits = [i for i in (text.find(s) for s in self._stops) if i >= 0]
+        return (text[: min(hits)], True) if hits else (text, False)
+
+
+class CompletionText:
+    """The text a completion's tokens release: each token's delta, held back while it may still be
+    a character's first bytes, a thought's end or a stop string's start; and whether a stop string
+    ended it."""
+
+    def __init__(self, codec: TextCodec | IdsOnlyCodec, params: SamplingParams, thinking: bool) -> None:
+        self._decoder, self._stops = StreamDecoder(codec), StopMatcher(params.stop, params.stop_bounds)
+        self.reasoning = ReasoningCount(thinking)  # its reasoning tokens (thinking mode), as they come
+
+    @classmethod
+    def replayed(
+        cls, codec: TextCodec | IdsOnlyCodec, params: SamplingParams, thinking: bool, ids: Sequence[int]
+    ) -> CompletionText:
+        """The text state after ``ids``, none of which ended it (what they released is out already)."""
+        text = cls(codec, params, thinking)
+        for token in ids:
+            text.push(token)
+        return text
+
+    def push(self, token: int) -> tuple[str, bool]:
+        """What one more token releases, and whether a stop string ended it there."""
+        return self._release(self._decoder.push(token))
+
+    def end(self) -> tuple[str, bool]:
+        """The text held back, at an end (EOS, a token limit, the time limit's): the decoder's (a
+        character cut short: U+FFFD), through the thought's split and the stop strings, then what
+        the stop strings held; and whether a stop string ended it."""
+        released, stopped = self._release(self._decoder.flush(), tokens=0)
+        if stopped:
+            return released, True
+        tail, stopped = self._stops.flush()
+        return released + tail, stopped
+
+    def _release(self, text: str, tokens: int = 1) -> tuple[str, bool]:
+        """What ``text``, released by ``tokens`` tokens, streams, and whether a stop string ended it."""
+        answer = self.reasoning.add(text, tokens)  # None: still in the thought, where no stop string matches
+        if answer is None:
+            return text, False
+        # the stop strings see the answer from its start: a call block's opening bounds them
+        answered, stopped = self._stops.feed(answer)
+        earlier = len(answer) - len(text)  # > 0: the answer began in texts released as the thought's
+        return text[: max(0, -earlier)] + answered[max(0, earlier) :], stopped
