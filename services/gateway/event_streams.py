@@ -128,6 +128,10 @@ async def _chunks(
                 return
             yield KEEP_ALIVE
             continue
+        if event.finish_reason == "error" and event.text:  # what its tokens held back, read before the error
+            chunk = shape.chunk(event.text, None, tokens=held)
+            if chunk is not None:
+                yield ServerSentEvent(id=event.entry_id, data=json.dumps(chunk))
         progress.see(event)
         if event.finish_reason:
             chunk = shape.chunk(event.text, event.finish_reason, tokens=[*held, event])

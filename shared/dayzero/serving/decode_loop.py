@@ -236,4 +236,7 @@ class DecodeLoop:
             if failed is None:
                 self._finish(rid, reason)  # (its last token carried the finish)
                 continue
-            self._finish(rid, "error", index=self.active[rid].completion.count)  # its own sampling's failure
+            # its own sampling's failure (its grammar's: the client reads the text before the error,
+            # which ends with what its tokens held back, a character cut short as U+FFFD)
+            completion = self.active[rid].completion
+            self._finish(rid, "error", index=completion.count, text=completion.end()[0])

@@ -1,0 +1,73 @@
+"""A request whose own sampling fails mid-reply (its grammar: a 400 ``grammar_failed``, after a 200
+stream began) ends with the text its tokens held back (a character cut short: U+FFFD), and a
+stream's client reads it before the error event: the text it read is the decode of the tokens
+streamed, as at every other end a client reads. (A cancel ends with none: a request is cancelled
+once its readers have left.) The loops run in-process on a real Redis, the gateway in-process."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fastapi.testclient import TestClient
+
+from dayzero.completion import Completion
+from dayzero.guided import GrammarFailed
+from dayzero.params import SamplingParams
+from dayzero.serving.decode_loop import DecodeLoop
+from dayzero.serving.keys import key
+from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.messages import GenerationRequest, PrefillJob
+from dayzero.serving.prefill_loop import PrefillLoop
+from dayzero.serving.records import decode
+from dayzero.serving.runtime import Runtime
+from dayzero.settings import Settings
+from services.gateway.app import make_app
+
+from .conftest import MODEL, recording, run_jobs
+
+WHY = "lexer error: too many expressions constructed"  # (llguidance's, as it fails by itself)
+
+
+def test_a_grammar_failing_after_a_lead_byte_ends_with_its_u_fffd(demo_dir, redis_url, monkeypatch):
+    """Forced onto 中's lead byte (token 170, 0xE4), its grammar failing at the third token: two
+    streamed, the second held (a character cut short). Its error ending dropped it: the stream's
+    texts joined to "\\ufffd" where the two tokens decode to "\\ufffd\\ufffd"."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    sampling = SamplingParams(max_tokens=50, ignore_eos=True, logit_bias=((170, 100.0),))
+    request = GenerationRequest(request_id="cut", prompt_ids=(0, 5, 6), sampling=sampling, created=time.time())
+    store, sent = Lifecycle.connect(settings.redis_url), []
+    store.admit(request, [], "", 60)
+    run_jobs(
+        PrefillLoop(Runtime.load(settings, "prefill-cut@test", "prefill", False), recording(sent)),
+        [PrefillJob(request=request)],
+    )
+    emit = Completion.emit
+
+    def failing(completion: Completion, token, logits):
+        if completion.count >= 2:
+            raise GrammarFailed(WHY)
+        return emit(completion, token, logits)
+
+    monkeypatch.setattr(Completion, "emit", failing)
+    runtime = Runtime.load(settings, "decode-cut@test", "decode", False)
+    run_jobs(DecodeLoop(runtime), sent)
+    entries = [decode("cut", fields) for _, fields in store.r.xrange(key("tokens", "cut"))]
+    ids = [t.token for t in entries if t.token >= 0]
+    assert ids == [170, 170] and (store.done("cut"), entries[-1].code) == ("error", "grammar_failed")
+    assert "".join(t.text for t in entries) == runtime.codec.decode(ids) == "\ufffd\ufffd"
+    runtime.close()
+
+
+def test_a_stream_reads_the_failures_text_before_its_error_event(demo_dir, redis_url):
+    """Ended as decode ends it after a held lead byte (text "\\ufffd"): the stream's chunks carry it,
+    then the error event (the text was never sent)."""
+    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:
+        store = Lifecycle.connect(redis_url, 60)
+        body = {"model": MODEL, "prompt": [0, 5], "max_tokens": 3, "stream": True}
+        with client.stream("POST", "/v1/completions", json=body) as r:
+            rid = r.headers["x-request-id"]
+            assert store.settle(rid, 0, "", "error", end_at=0, message=WHY, code="grammar_failed", text="\ufffd")
+            data = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data:")]
+    assert [json.loads(d)["choices"][0]["text"] for d in data[:-2]] == ["\ufffd"]
+    assert json.loads(data[-2])["error"]["code"] == "grammar_failed" and data[-1] == "[DONE]"
