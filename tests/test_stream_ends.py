@@ -5,11 +5,20 @@ stream is transformers' decode of the same ids."""
 
 from __future__ import annotations
 
+import random
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, normalizers
+from transformers import PreTrainedTokenizerFast
+
 from dayzero.completion import Completion
 from dayzero.params import SamplingParams
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.time_limit import past_limit
+from dayzero.stream_decoder import StreamDecoder
+from dayzero.tokenizer import TextCodec
 
+from .test_engine import _until_finished
 from .test_tokenizer import _byte_token
 
 EOS = (1,)
@@ -18,17 +27,11 @@ EOS = (1,)
 def _streamed(codec, sampling: SamplingParams, ids: list[int]) -> tuple[str, str | None]:
     """The text a completion streams for ``ids`` (the last of them ends it, or none does) and its
     finish reason."""
-    completion, text = Completion(codec, sampling, EOS, 2, 4096), ""
-    for token in ids:
-        step = completion.accept(token)
-        text += step.text
-        if step.finish_reason:
-            return text, step.finish_reason
-    return text, None
+    return _until_finished(Completion(codec, sampling, EOS, 2, 4096), ids)
 
 
 def test_a_stop_string_the_cut_characters_u_fffd_completes_ends_every_end_alike(codec):
-    """"Hi" then 中's lead byte (0xE4, a character cut short: U+FFFD at the end) with stop
+    """ "Hi" then 中's lead byte (0xE4, a character cut short: U+FFFD at the end) with stop
     "i\\ufffd": the text "Hi\\ufffd" holds it, so the answer is "H", finish "stop", by a token limit
     and by the time limit on a request that waited (it had streamed "H" and held the rest; its
     ending carried "i\\ufffd" past the stop string, finish "length")."""
@@ -45,7 +48,7 @@ def test_a_stop_string_the_cut_characters_u_fffd_completes_ends_every_end_alike(
 
 
 def test_a_request_that_waited_ends_with_the_stop_strings_held_text(codec):
-    """"Hi" with stop "ix": "i" is held as the stop string's start; a request that waited past the
+    """ "Hi" with stop "ix": "i" is held as the stop string's start; a request that waited past the
     time limit ends with it, as a token limit does ("Hi", finish "length")."""
     ids = codec.encode("Hi", special=False)
     sampling = SamplingParams(max_tokens=9, stop=("ix",))
@@ -54,3 +57,50 @@ def test_a_request_that_waited_ends_with_the_stop_strings_held_text(codec):
     end = past_limit(codec, request, ids, 1.0)
     assert (streamed + end.text, end.reason) == ("Hi", "length")
     assert _streamed(codec, SamplingParams(max_tokens=len(ids), stop=("ix",)), ids) == ("Hi", "length")
+
+
+@pytest.fixture(scope="module")
+def fallback() -> Tokenizer:
+    """A Llama-style byte-fallback tokenizer: sentencepiece's ``<0x00>``..``<0xFF>`` byte tokens, ``▁``
+    for spaces, and the decoder transformers' Llama and Mistral tokenizer.json files carry."""
+    pieces = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), "▁", "a", "▁Hi", "中", "é", "!"]
+    model = models.BPE(vocab={p: i for i, p in enumerate(pieces)}, merges=[], byte_fallback=True, unk_token="<unk>")
+    tokenizer = Tokenizer(model)
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    tokenizer.decoder = decoders.Sequence(steps)
+    return tokenizer
+
+
+def _stream(codec: TextCodec, ids: list[int]) -> tuple[str, str]:
+    """The text streamed for ``ids``, and what the end's flush adds."""
+    decoder = StreamDecoder(codec)
+    streamed = "".join(decoder.push(token) for token in ids)
+    return streamed, decoder.flush()
+
+
+def test_a_byte_fallback_stream_is_transformers_decode_at_every_token(fallback):
+    """A run of byte tokens decodes whole (transformers' decode: its UTF-8, or one U+FFFD per byte
+    where it is not valid UTF-8): "中" then a lead byte is four U+FFFD, not "中" and one. The stream
+    released "中" as its run completed; now it holds a run till a token that is no byte ends it."""
+    codec, transformers = TextCodec(fallback), PreTrainedTokenizerFast(tokenizer_object=fallback)
+    byte = [fallback.token_to_id(f"<0x{b:02X}>") for b in range(256)]
+    zh = [byte[b] for b in "中".encode()]
+    hi, a = fallback.token_to_id("▁Hi"), fallback.token_to_id("a")
+    assert transformers.decode([hi, *zh, byte[0xE4]]) == "Hi\ufffd\ufffd\ufffd\ufffd"
+    assert _stream(codec, [hi, *zh, byte[0xE4]]) == ("Hi", "\ufffd\ufffd\ufffd\ufffd")
+    assert _stream(codec, [*zh, *zh, a]) == ("中中a", "")
+    rng = random.Random(0)
+    choices = [*byte, *zh * 8, hi, a, *(fallback.token_to_id(p) for p in ("▁", "中", "é", "!"))]
+    for _ in range(300):
+        ids = [rng.choice(choices) for _ in range(rng.randint(1, 8))]
+        streamed, flushed = _stream(codec, ids)
+        assert streamed + flushed == transformers.decode(ids), ids
+        assert transformers.decode(ids).startswith(streamed), ids  # nothing streamed that a later token changes
+
+
+def test_a_byte_fallback_tokens_logprob_bytes_are_its_byte(fallback):
+    """``<0xE4>`` stands for the byte 0xE4 (its bytes were its name's: b"<0xE4>")."""
+    codec = TextCodec(fallback)
+    assert codec.token_piece(fallback.token_to_id("<0xE4>")) == ("\ufffd", b"\xe4")
+    assert codec.token_piece(fallback.token_to_id("<0x41>")) == ("A", b"A")

@@ -171,15 +171,16 @@ def test_a_run_of_lead_bytes_streams_all_but_its_last(codec, monkeypatch):
 
 def test_a_byte_fallback_character_waits_for_its_last_byte():
     """A tokenizer that is not byte-level (sentencepiece's byte fallback: <0xE4> tokens) renders a
-    group of bytes that is not UTF-8 as U+FFFD each: nothing of it streams till a token ends it."""
+    run of byte tokens whole, one that is not UTF-8 as U+FFFD each (a later byte turns a whole 中
+    into three): nothing of a run streams till a token that is no byte ends it."""
     vocab = {f"<0x{b:02X}>": b for b in range(256)} | {"A": 256}
     tokenizer = Tokenizer(models.BPE(vocab, [], byte_fallback=True))
     tokenizer.decoder = decoders.ByteFallback()
     codec = TextCodec(tokenizer)
     assert codec.max_token_bytes is None
     stream = StreamDecoder(codec)
-    assert [stream.push(t) for t in (0xE4, 0xB8, 0xAD)] == ["", "", "中"]
-    assert [stream.push(t) for t in (256, 0xE4, 0xE4, 256)] == ["A", "", "", "\ufffd\ufffdA"]
+    assert [stream.push(t) for t in (0xE4, 0xB8, 0xAD, 256)] == ["", "", "", "中A"]
+    assert [stream.push(t) for t in (0xE4, 0xE4, 256)] == ["", "", "\ufffd\ufffdA"]
 
 
 def test_a_damaged_tokenizer_config_is_named(tmp_path):

@@ -1,10 +1,12 @@
 """What a byte-level tokenizer (GPT-2's byte alphabet, as DeepSeek's) guarantees: the most UTF-8
-bytes one token can stand for, and the byte each character of its vocabulary writes."""
+bytes one token can stand for, and the byte each character of its vocabulary writes; and a
+byte-fallback tokenizer's byte tokens (sentencepiece's ``<0xE4>``, as Llama's and Mistral's)."""
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 
 from tokenizers import Tokenizer, pre_tokenizers
 
@@ -40,3 +42,14 @@ def byte_level_values() -> dict[str, int]:
     kept = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
     moved = [b for b in range(256) if b not in kept]
     return {chr(b): b for b in kept} | {chr(256 + i): b for i, b in enumerate(moved)}
+
+
+def fallback_bytes(tokenizer: Tokenizer) -> dict[int, int]:
+    """A byte-fallback tokenizer's byte tokens -> the byte each stands for: the ``<0xE4>`` tokens
+    its ``ByteFallback`` decoder reads (a run of them decodes whole: its UTF-8, or one U+FFFD per
+    byte where the run is not valid UTF-8); empty without that decoder."""
+    decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
+    if "ByteFallback" not in {d.get("type") for d in decoder.get("decoders", [decoder])}:
+        return {}
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    return {i: int(piece[3:5], 16) for piece, i in vocab.items() if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", piece)}

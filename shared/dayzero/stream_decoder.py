@@ -10,9 +10,10 @@ if TYPE_CHECKING:
 
 class StreamDecoder:
     """Turns a growing list of ids into text deltas, holding back incomplete UTF-8 (a character
-    cut short, not a stray byte: that one is U+FFFD whatever follows) till a later token or
-    ``flush`` at the end. What precedes a cut character streams at once: a run of lead bytes, each
-    ending the one before, streams all but its last.
+    cut short, not a stray byte: that one is U+FFFD whatever follows), and a byte-fallback
+    tokenizer's run of byte tokens (``TextCodec.open_run``), till a later token or ``flush`` at the
+    end. What precedes a cut character streams at once: a run of lead bytes, each ending the one
+    before, streams all but its last.
 
     Each push decodes only the ids since the last text it released, after those of the release
     before (a decoder may render a token by its neighbours, e.g. a word's leading space): the cost
@@ -27,6 +28,8 @@ class StreamDecoder:
 
     def push(self, token: int) -> str:
         self._ids.append(token)
+        if self._codec.open_run(self._ids[self._released :]):  # (decoded once it ends: a run decodes whole)
+            return ""
         held = self._held()
         if not held:  # (no text yet: a special token left out)
             return ""

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from .byte_level import byte_level_values, max_token_bytes
+from .byte_level import byte_level_values, fallback_bytes, max_token_bytes
 from .chat.encoding import CHAT_MODE, ChatOptions, encode_chat
 from .chat.prompts import effort_table_of
 from .chat.tokens import OUTPUT_MARKERS
@@ -68,6 +68,7 @@ class TextCodec:
         special |= {i for t in self._tokens.values() if (i := tokenizer.token_to_id(t)) is not None}
         self._hidden = special - {tokenizer.token_to_id(t) for t in OUTPUT_MARKERS}  # left out of decoded text
         self.max_token_bytes = max_token_bytes(tokenizer)
+        self._fallback_bytes = fallback_bytes(tokenizer)  # byte token -> its byte (a byte-fallback tokenizer)
 
     @classmethod
     def from_checkpoint(cls, root: str | Path) -> TextCodec:
@@ -137,8 +138,18 @@ class TextCodec:
         text = self._tok.decode([token], skip_special_tokens=False)
         if "\ufffd" not in text:
             return text, text.encode()
+        if token in self._fallback_bytes:  # a byte-fallback tokenizer's <0xE4>
+            return text, bytes([self._fallback_bytes[token]])
         piece, byte = self._tok.id_to_token(token) or "", byte_level_values()
         return text, bytes(byte[c] for c in piece) if all(c in byte for c in piece) else text.encode()
+
+    def open_run(self, ids: list[int]) -> bool:
+        """Whether the last token of ``ids`` shown is a byte-fallback tokenizer's byte (``<0xE4>``):
+        a later byte token may still change all of its run's text (one U+FFFD per byte where the
+        run is not UTF-8: the run decodes whole), so none of it is settled, whatever it decodes to."""
+        if not self._fallback_bytes:
+            return False
+        return next((t for t in reversed(ids) if t not in self._hidden), None) in self._fallback_bytes
 
     def unsettled(self, ids: list[int], text: str) -> int:
         """How many characters at the end of ``text`` (the text of ``ids``) a later token may still
@@ -254,6 +265,9 @@ class IdsOnlyCodec:
 
     def decode(self, ids: list[int]) -> str:
         return ""
+
+    def open_run(self, ids: list[int]) -> bool:
+        return False
 
     def decode_all(self, ids: list[int]) -> str:
         raise NoTokenizerError("this checkpoint has no tokenizer.json: token ids cannot be turned into text")
