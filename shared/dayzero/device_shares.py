@@ -5,15 +5,15 @@ of its device's memory (serving/budget.py). ``up`` runs every worker on the same
 on DAYZERO_DEVICE (``cuda``: cuda:0), a group's rank r on cuda:r. Each prefill and decode worker gets
 the fraction split over the workers on its most crowded device (0.8 / 2 for one GPU's prefill and
 decode), in its own environment; a fraction the user set is each worker's own, refused where the
-workers on one device would take more than all of it. (Vision workers hold no attention state: their
-tower comes out of what the fraction leaves.)"""
+workers on one device would take more than MOST_KV_MEMORY_FRACTION of it (one worker's own bound).
+(Vision workers hold no attention state: their tower comes out of what the fraction leaves.)"""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
 
-from .settings import Settings
+from .settings import MOST_KV_MEMORY_FRACTION, Settings
 
 KV_WORKERS = ("prefill", "decode")  # the services that size pools from the fraction
 
@@ -35,8 +35,8 @@ def kv_fractions(settings: Settings, counts: dict[str, int], ranks: dict[str, in
     fraction = settings.kv_memory_fraction
     if "kv_memory_fraction" in settings.model_fields_set:
         device, most = workers.most_common(1)[0]
-        if fraction * most > 1:
-            at_most = math.floor(100 / most) / 100  # (rounded down: 1/6 as 0.17 was refused in its turn)
+        if fraction * most > MOST_KV_MEMORY_FRACTION:
+            at_most = math.floor(100 * MOST_KV_MEMORY_FRACTION / most) / 100  # (rounded down: 0.17 x 6 was refused)
             raise ValueError(
                 f"DAYZERO_KV_MEMORY_FRACTION={fraction} is each worker's share of its GPU, and up places {most} "
                 f"prefill and decode workers on cuda:{device}: set it to {at_most:.2f} or less (unset, up splits "

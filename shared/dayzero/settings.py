@@ -15,6 +15,10 @@ from .redis_clients import sentinel_address
 from .vision.images import ImageLimits, PatchSpec
 
 BUILT_IN_MODEL = Path(__file__).parent / "train" / "demo_model"  # written by ``dayzero train-demo``, shipped
+# the most of a GPU its workers' weights and attention state may take together: the fraction counts what torch's
+# allocator reserves, and each process's CUDA context (~0.5 GiB), cuBLAS and NCCL workspaces and the activations
+# lie outside it (vLLM takes up to 1.0 of what it measures, those included): 4 GiB of an 80 GiB H100 left for them
+MOST_KV_MEMORY_FRACTION = 0.95
 
 
 _GEOMETRY = {  # PatchSpec's field: the vision_config key naming it
@@ -126,7 +130,7 @@ class Settings(BaseSettings):
     kv_memory_fraction: float = Field(
         default=0.8,
         gt=0,
-        le=1,
+        le=MOST_KV_MEMORY_FRACTION,
         description="unset DAYZERO_KV_BUDGET_MB on CUDA: the share of the device's whole memory a worker's weights "
         "and attention state take together (the rest: activations, the expert cache); unset, up splits it between "
         "the prefill and decode workers it places on one GPU, set, it is each worker's own",

@@ -18,7 +18,7 @@ from ..model.plan import AttentionOptions
 from ..parallel.collectives import Group
 from ..settings import Settings
 from ..speculative import speculation_problem
-from .budget import MIB, DeviceMemory, device_budget, planned_pools, torch_dtype
+from .budget import MIB, Budget, DeviceMemory, device_budget, planned_pools, torch_dtype
 from .liveness import process_id
 from .ranks import KEEPALIVE_S, Ranks
 from .registry import Registry
@@ -79,21 +79,43 @@ def load_ranks(
         budget.chosen_by,
         sized.capacity_tokens(),
     )
-    layout = sized.layout
-    segment = None
-    if shared and settings.handoff == "shm":
-        swept = sweep_stale()
-        if swept:
-            log.warning("unlinked %d pool segment(s) left by dead workers: %s", len(swept), swept)
-        pools, segment = SharedPools.create(layout, sized.blocks, dtype)
-    elif shared and settings.handoff == "cuda_ipc":
-        pools = CudaSharedPools.create(layout, sized.blocks, dtype, group.device)
-    else:
-        pools = KVPools(layout, sized.blocks, dtype, group.device)
+    try:
+        pools, segment = _allocated(settings, sized, dtype, group.device, shared)
+    except torch.OutOfMemoryError:
+        raise ValueError(_no_room(sized, budget, device)) from None
     keepalive = min(KEEPALIVE_S, settings.group_timeout_s / 4)
     options = attention_options(settings)
     ranks = Ranks(group, model, pools, options, keepalive_s=keepalive, decode_graphs=settings.decode_graphs)
     return ranks, segment
+
+
+def _allocated(
+    settings: Settings, sized: KVPools, dtype: torch.dtype, device: str, shared: bool
+) -> tuple[KVPools, Segment | None]:
+    """The pools ``sized`` plans (on the meta device), allocated of the kind the handoff reads."""
+    layout = sized.layout
+    if shared and settings.handoff == "shm":
+        swept = sweep_stale()
+        if swept:
+            log.warning("unlinked %d pool segment(s) left by dead workers: %s", len(swept), swept)
+        return SharedPools.create(layout, sized.blocks, dtype)
+    if shared and settings.handoff == "cuda_ipc":
+        return CudaSharedPools.create(layout, sized.blocks, dtype, device), None
+    return KVPools(layout, sized.blocks, dtype, device), None
+
+
+def _no_room(sized: KVPools, budget: Budget, device: torch.device) -> str:
+    """Why the pools were not allocated, in one line: another process holds the memory the budget
+    counted on (free memory is not read to size them: ``_device_memory``), or the budget is too large."""
+    planned = sum(t.nbytes for t in sized.tensors())
+    free = ""
+    if device.type == "cuda":  # (read now, for the message alone)
+        free_bytes, total_bytes = torch.cuda.mem_get_info(device)
+        free = f", where {free_bytes / MIB:.0f} MiB of its {total_bytes / MIB:.0f} MiB are free"
+    return (
+        f"the attention pools' {planned / MIB:.1f} MiB ({budget.chosen_by}) do not fit on {device}{free}: another "
+        "process may hold its memory: free it, or lower DAYZERO_KV_BUDGET_MB or, unset, DAYZERO_KV_MEMORY_FRACTION"
+    )
 
 
 def _device_memory(device: torch.device) -> DeviceMemory:

@@ -1,0 +1,56 @@
+"""What a worker refuses to start with about its attention pools: memory its device does not have
+(serving/rank_loading.py), a share of the device no worker can take (settings.py, device_shares.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from dayzero.device_shares import kv_fractions
+from dayzero.kv import pools
+from dayzero.parallel.collectives import Group
+from dayzero.serving.rank_loading import load_ranks
+from dayzero.settings import Settings
+
+ONE_EACH = {"vision": 0, "prefill": 1, "decode": 1}
+
+
+def test_pools_the_device_cannot_hold_are_a_one_line_refusal_naming_the_budget(tiny_checkpoint, monkeypatch):
+    """Another process holding the GPU's memory (free memory is not read when sizing): the pools'
+    allocation ran out of memory, and the worker died on torch's traceback naming no setting."""
+
+    planned_on = pools.zeros_on  # (the plan's pools, on the meta device, hold no memory)
+
+    def out_of_memory(device):
+        def allocate(shape, dtype):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 MiB.")
+
+        return planned_on(device) if torch.device(device).type == "meta" else allocate
+
+    monkeypatch.setattr(pools, "zeros_on", out_of_memory)
+    with pytest.raises(ValueError) as refused:
+        load_ranks(Settings(checkpoint=tiny_checkpoint, kv_budget_mb=4), Group(), shared=False)
+    message = str(refused.value)
+    assert "\n" not in message and refused.value.__cause__ is None and refused.value.__suppress_context__
+    assert "(DAYZERO_KV_BUDGET_MB=4) do not fit on cpu" in message
+    assert "DAYZERO_KV_MEMORY_FRACTION" in message
+    planned = float(re.search(r"pools' ([0-9.]+) MiB", message).group(1))
+    assert 3.9 <= planned <= 4.0  # the 4 MiB budget, less what whole blocks leave over
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.96])
+def test_a_fraction_that_fills_the_gpu_is_refused(fraction):
+    """The fraction is of what torch's allocator holds; each process's CUDA context, the libraries'
+    workspaces and the activations lie outside it: all of the device was accepted and cannot run."""
+    with pytest.raises(ValueError, match="DAYZERO_KV_MEMORY_FRACTION|kv_memory_fraction"):
+        Settings(device="cuda", kv_memory_fraction=fraction)
+    assert Settings(device="cuda", kv_memory_fraction=0.95).kv_memory_fraction == 0.95
+
+
+def test_workers_sharing_a_gpu_may_not_fill_it_together():
+    """Two workers on one GPU at 0.5 each took all of it (accepted: 2 x 0.5 was not over 1)."""
+    with pytest.raises(ValueError, match=r"up places 2 prefill and decode workers on cuda:0: set it to 0.47 or less"):
+        kv_fractions(Settings(device="cuda", kv_memory_fraction=0.5), ONE_EACH, {})
+    assert kv_fractions(Settings(device="cuda", kv_memory_fraction=0.47), ONE_EACH, {}) == {}
