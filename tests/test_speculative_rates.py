@@ -43,9 +43,13 @@ def _step(model, tokens: int):
 
 def test_drafts_wider_than_a_compressor_window_are_named(rate_two, mtp_checkpoint):
     model = load_model(rate_two, progress=False)
-    assert speculation_problem(model, 1) is None
-    assert speculation_problem(model, 2) == "of 2 makes steps of 3 positions, more than the compress rate 2"
-    assert speculation_problem(load_model(mtp_checkpoint, progress=False), 2) is None  # rates 4 and 8
+    assert speculation_problem(model.cfg, len(model.mtp), 1) is None
+    assert (
+        speculation_problem(model.cfg, len(model.mtp), 2)
+        == "of 2 makes steps of 3 positions, more than the compress rate 2"
+    )
+    shipped = load_model(mtp_checkpoint, progress=False)
+    assert speculation_problem(shipped.cfg, len(shipped.mtp), 2) is None  # rates 4 and 8
     _step(model, 1)
     with pytest.raises(ValueError, match="at most one compressor window"):  # what the check spares a worker
         _step(model, 2)

@@ -132,7 +132,7 @@ def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: S
         group=group,
     )
     context, k = min(settings.max_context, model.cfg.max_position_embeddings), settings.speculative_tokens
-    if k and (problem := speculation_problem(model, k)):
+    if k and (problem := speculation_problem(model.cfg, len(model.mtp), k)):
         raise ValueError(f"--speculative-tokens {problem}")
     pools = pools_for(model.cfg, torch_dtype(settings), context, mtp=k > 0, device=group.device)
     timings, speculation = Timings(), Speculation(k) if k else None

@@ -16,8 +16,11 @@ from pathlib import Path
 
 from ..checkpoint import check_split, packed_experts
 from ..config import ConfigError, ModelConfig
+from ..device_shares import KV_WORKERS
 from ..serving.budget import MIB, budget_pools
 from ..settings import Settings
+from ..settings_checks import refused_in_a_group
+from ..speculative import speculation_refused
 from .memory_plan import (
     GIB,
     H200_BYTES,
@@ -95,12 +98,18 @@ def _config(path: str | Path) -> ModelConfig:
     return ModelConfig.from_file(path)
 
 
-def kv_pools_of(cfg: ModelConfig, settings: Settings) -> dict:
+def kv_pools_of(cfg: ModelConfig, settings: Settings, mtp_layers: int, tensor_parallel: int = 1) -> dict:
     """The pools a worker of ``settings`` allocates (``budget_pools``, as the runtime sizes them):
-    their bytes and the longest sequence they hold; ``refused``, the worker's error where the budget
-    cannot hold DAYZERO_MAX_BATCH sequences' windows (no worker starts: 0 bytes)."""
+    their bytes and the longest sequence they hold; ``refused``, the worker's own error where it
+    would not start (no worker starts: 0 bytes): drafts the checkpoint's ``mtp_layers`` cannot make,
+    settings a group of ``tensor_parallel`` ranks refuses, a budget that cannot hold DAYZERO_MAX_BATCH
+    sequences' windows."""
     kv = {"budget_mb": settings.kv_budget_mb, "windows": settings.max_batch + settings.decode_graphs}
     try:
+        if refused := speculation_refused(cfg, mtp_layers, settings.speculative_tokens):
+            raise ValueError(refused)
+        for service in KV_WORKERS if tensor_parallel > 1 else ():
+            refused_in_a_group(service, settings, tensor_parallel)
         pools, budget = budget_pools(settings, cfg)
     except ValueError as exc:
         return kv | {"bytes": 0, "capacity_tokens": 0, "refused": str(exc)}
@@ -140,7 +149,7 @@ def inspect(
     fp4 = packed_experts(cfg) if dtypes else True  # a bare config: plan for the published FP4 experts
     speculating = settings.speculative_tokens > 0 and mtp_layers > 0
     width = 2 if settings.dtype == "bfloat16" else 4
-    kv = kv_pools_of(cfg, settings)
+    kv = kv_pools_of(cfg, settings, mtp_layers, tensor_parallel)
     serving = Serving(batch, context, fp4, width, settings.block_size, mtp_layers, speculating, kv["bytes"])
     tensors = ModelTensors.of(cfg, serving)  # (the one skeleton built: ~0.15 s for V4-Flash's)
     total, active, routed = count_params(cfg, tensors)

@@ -17,7 +17,7 @@ from ..kv.shared import CudaSharedPools, Segment, SharedPools, sweep_stale
 from ..model.plan import AttentionOptions
 from ..parallel.collectives import Group
 from ..settings import Settings
-from ..speculative import speculation_problem
+from ..speculative import speculation_refused
 from .budget import MIB, Budget, DeviceMemory, device_budget, planned_pools, torch_dtype
 from .liveness import process_id
 from .ranks import KEEPALIVE_S, Ranks
@@ -69,8 +69,8 @@ def load_ranks(
         on_progress=on_progress,
         group=group,
     )
-    if settings.speculative_tokens and (problem := speculation_problem(model, settings.speculative_tokens)):
-        raise ValueError(f"DAYZERO_SPECULATIVE_TOKENS {problem}")
+    if refused := speculation_refused(model.cfg, len(model.mtp), settings.speculative_tokens):
+        raise ValueError(refused)
     memory = _agreed(_device_memory(device), group, settings) if measured else None
     sized, budget = planned_pools(settings, model.cfg, memory=memory)
     log.info(
