@@ -41,10 +41,9 @@ def encoded(codec, monkeypatch):
 
 
 def test_a_prompt_past_the_limit_is_refused_from_its_head(codec, encoded):
-    """Under its byte bound (29 bytes a token) it was tokenized whole (6,000 characters: 3,001
-    tokens) to be refused; now its head alone is (2,048 characters), and the error still says at
-    least how many."""
-    text = "x " * 3_000  # 6,000 bytes: the byte bound proves 207 tokens, not 256
+    """Under its byte bound it was tokenized whole (6,000 characters: 6,001 tokens) to be refused; now
+    its head alone is (2,048 characters), and the error still says at least how many."""
+    text = "<x " * 2_000  # 6,000 bytes, a "<" (an added token's start, up to 29 bytes) in each 3: 207 tokens proved
     with pytest.raises(PromptTooLongError) as refused:
         codec.encode(text, LIMIT)
     assert encoded and max(encoded) <= HEAD < len(text), encoded

@@ -16,6 +16,7 @@ from dayzero.tokenizer import InvalidTextError, PromptTooLongError, TextCodec
 # the demo vocabulary's longest string: <｜begin▁of▁sentence｜>, "<" 1 + "｜" 3 + "begin" 5 + "▁" 3
 # + "of" 2 + "▁" 3 + "sentence" 8 + "｜" 3 + ">" 1 bytes
 DEMO_MAX_TOKEN_BYTES = 29
+DEMO_PLAIN_TOKEN_BYTES = 12  # its longest model token: "Ġpunctuation", " punctuation" (Ġ: a space's byte)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,8 @@ def test_a_prompt_with_a_lone_surrogate_is_refused_as_invalid_text(codec):
 
 
 def test_the_byte_bound_of_a_lossless_byte_level_tokenizer(codec):
-    assert codec.max_token_bytes == DEMO_MAX_TOKEN_BYTES
+    bound = codec.token_bytes
+    assert (bound.plain, bound.added, bound.added_starts) == (DEMO_PLAIN_TOKEN_BYTES, DEMO_MAX_TOKEN_BYTES, "<｜")
     for text in ["a" * 1000, "hello world " * 50, "中文字符" * 40, "🙂" * 30, "<｜User｜>" * 20, ""]:
         assert len(codec.encode(text)) >= -(-len(text.encode()) // DEMO_MAX_TOKEN_BYTES)  # it is a lower bound
 
@@ -52,16 +54,16 @@ def test_tokenizers_that_may_drop_or_merge_text_get_no_byte_bound():
     normalized.normalizer = normalizers.NFKC()  # "ﬁ" (3 bytes) becomes "fi" (2)
     words = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()  # spaces dropped, a long unknown word one token
-    assert TextCodec(normalized).max_token_bytes is None
-    assert TextCodec(words).max_token_bytes is None
+    assert TextCodec(normalized).token_bytes is None
+    assert TextCodec(words).token_bytes is None
 
 
 def test_a_prompt_whose_size_proves_it_too_long_is_refused_untokenized(codec):
     limit = 100
     with pytest.raises(PromptTooLongError) as refused:
-        codec.encode("x" * (DEMO_MAX_TOKEN_BYTES * limit), limit)  # at least 100 tokens
+        codec.encode("x" * (DEMO_PLAIN_TOKEN_BYTES * limit), limit)  # at least 100 tokens
     assert (refused.value.tokens, refused.value.limit) == (100, 100)
-    assert len(codec.encode("x" * (DEMO_MAX_TOKEN_BYTES * (limit - 1)), limit)) >= limit - 1  # bound 99: counted
+    assert len(codec.encode("x" * (DEMO_PLAIN_TOKEN_BYTES * (limit - 1)), limit)) >= limit - 1  # bound 99: counted
 
 
 def test_a_chat_of_nine_800_kb_messages_is_refused_from_its_size(codec):
@@ -69,7 +71,8 @@ def test_a_chat_of_nine_800_kb_messages_is_refused_from_its_size(codec):
     with pytest.raises(PromptTooLongError) as refused:
         codec.chat_ids([{"role": "user", "content": text}] * 9, limit=4096)
     # BOS 29 + <｜User｜> 12 + 9 x 800008 + 8 "\n\n" 16 + <｜Assistant｜> 17 + </think> 8 = 7200154 bytes
-    assert refused.value.tokens == -(-7200154 // DEMO_MAX_TOKEN_BYTES) == 248282
+    # of which at most 10 added tokens (where its 4 "<" and 6 "｜" are) of at most 29 bytes, the rest 12 a token
+    assert refused.value.tokens == 10 + -(-(7200154 - 10 * DEMO_MAX_TOKEN_BYTES) // DEMO_PLAIN_TOKEN_BYTES) == 599999
 
 
 def test_decoded_output_leaves_out_special_tokens(codec):
@@ -177,7 +180,7 @@ def test_a_byte_fallback_character_waits_for_its_last_byte():
     tokenizer = Tokenizer(models.BPE(vocab, [], byte_fallback=True))
     tokenizer.decoder = decoders.ByteFallback()
     codec = TextCodec(tokenizer)
-    assert codec.max_token_bytes is None
+    assert codec.token_bytes is None
     stream = StreamDecoder(codec)
     assert [stream.push(t) for t in (0xE4, 0xB8, 0xAD, 256)] == ["", "", "", "中A"]
     assert [stream.push(t) for t in (0xE4, 0xE4, 256)] == ["", "", "\ufffd\ufffdA"]

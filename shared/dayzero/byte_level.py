@@ -1,27 +1,52 @@
-"""What a byte-level tokenizer (GPT-2's byte alphabet, as DeepSeek's) guarantees: the most UTF-8
-bytes one token can stand for, and the byte each character of its vocabulary writes; and a
-byte-fallback tokenizer's byte tokens (sentencepiece's ``<0xE4>``, as Llama's and Mistral's)."""
+"""What a byte-level tokenizer (GPT-2's byte alphabet, as DeepSeek's) guarantees: the fewest tokens a
+text can have, from the most UTF-8 bytes one token can stand for, and the byte each character of its
+vocabulary writes; and a byte-fallback tokenizer's byte tokens (sentencepiece's ``<0xE4>``, as Llama's
+and Mistral's)."""
 
 from __future__ import annotations
 
 import functools
 import json
 import re
+from dataclasses import dataclass
 
 from tokenizers import Tokenizer, pre_tokenizers
 
 KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Split", "Digits", "Punctuation"}  # split text, drop none of it
 
 
-def max_token_bytes(tokenizer: Tokenizer) -> int | None:
-    """The most UTF-8 bytes of text one token can stand for, when the tokenizer is lossless
-    byte-level (then a text of B bytes has at least B / this many tokens); None otherwise.
+@dataclass(frozen=True, slots=True)
+class TokenBytes:
+    """The most UTF-8 bytes of text one token of a lossless byte-level tokenizer stands for: a token of
+    its model (``plain``: a byte for each character of its string; the string's own UTF-8 counted "Ġ",
+    a space, as 2) or an added token (``added``: its own text, matched only where the text holds it,
+    so only where one of ``added_starts``, their first characters, is)."""
+
+    plain: int
+    added: int
+    added_starts: str
+
+    def least_tokens(self, text: str, size: int) -> int:
+        """At least how many tokens ``text`` of ``size`` UTF-8 bytes has: ``plain`` bytes a token, but
+        for the added tokens that may begin at each of its ``added_starts`` (``added`` bytes, 1 token)."""
+        starts = sum(map(text.count, self.added_starts))  # (the most added tokens it can hold)
+
+        def least(added: int) -> int:  # tokens with ``added`` of them added ones, taking the most bytes they can
+            return added + -(-max(size - added * self.added, 0) // self.plain)
+
+        # least() falls with each added token while one takes more bytes than a plain one, else it rises
+        return min(least(0), least(min(starts, -(-size // max(self.added, 1)))))
+
+
+def token_bytes(tokenizer: Tokenizer, spec: dict) -> TokenBytes | None:
+    """What one token can stand for (``TokenBytes``), when the tokenizer is lossless byte-level (then
+    no text has fewer tokens than ``TokenBytes.least_tokens``); None otherwise.
 
     Byte-level: no normalizer, pre-tokenizers that split without dropping, ByteLevel's 256 byte
     characters all in the vocabulary, added tokens that absorb no neighbouring spaces. Then each
-    byte of the text lands in exactly one token, written as one character of its vocabulary string
-    (an added token as its own text), so no token stands for more bytes than its string has."""
-    spec = json.loads(tokenizer.to_str())
+    byte of the text lands in exactly one token: a model token, whose string is ByteLevel's characters
+    (one a byte; a string with any other character is never formed), or an added one, as its own text.
+    ``spec``: the tokenizer's JSON (``tokenizer_spec``)."""
     normalizer, pre = spec.get("normalizer"), spec.get("pre_tokenizer") or {}
     splitters = pre.get("pretokenizers", [pre])
     vocab = tokenizer.get_vocab(with_added_tokens=True)
@@ -32,7 +57,18 @@ def max_token_bytes(tokenizer: Tokenizer) -> int | None:
         and all(c in vocab for c in pre_tokenizers.ByteLevel.alphabet())
         and not any(t.lstrip or t.rstrip for t in tokenizer.get_added_tokens_decoder().values())
     )
-    return max(len(t.encode()) for t in vocab) if lossless else None
+    if not lossless:
+        return None
+    alphabet = byte_level_values()
+    added = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.content]
+    plain = max(len(t) for t in tokenizer.get_vocab(with_added_tokens=False) if all(c in alphabet for c in t))
+    starts = "".join(sorted({t[0] for t in added}))
+    return TokenBytes(plain, max((len(t.encode()) for t in added), default=0), starts)
+
+
+def tokenizer_spec(tokenizer: Tokenizer) -> dict:
+    """The tokenizer's JSON (its normalizer, pre-tokenizers, decoder), parsed once for both readers."""
+    return json.loads(tokenizer.to_str())
 
 
 @functools.cache
@@ -44,11 +80,11 @@ def byte_level_values() -> dict[str, int]:
     return {chr(b): b for b in kept} | {chr(256 + i): b for i, b in enumerate(moved)}
 
 
-def fallback_bytes(tokenizer: Tokenizer) -> dict[int, int]:
+def fallback_bytes(tokenizer: Tokenizer, spec: dict) -> dict[int, int]:
     """A byte-fallback tokenizer's byte tokens -> the byte each stands for: the ``<0xE4>`` tokens
     its ``ByteFallback`` decoder reads (a run of them decodes whole: its UTF-8, or one U+FFFD per
-    byte where the run is not valid UTF-8); empty without that decoder."""
-    decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
+    byte where the run is not valid UTF-8); empty without that decoder. ``spec``: as ``token_bytes``'s."""
+    decoder = spec.get("decoder") or {}
     if "ByteFallback" not in {d.get("type") for d in decoder.get("decoders", [decoder])}:
         return {}
     vocab = tokenizer.get_vocab(with_added_tokens=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from .byte_level import byte_level_values, fallback_bytes, max_token_bytes
+from .byte_level import byte_level_values, fallback_bytes, token_bytes, tokenizer_spec
 from .chat.encoding import CHAT_MODE, ChatOptions, encode_chat
 from .chat.prompts import effort_table_of
 from .chat.tokens import OUTPUT_MARKERS
@@ -67,8 +67,9 @@ class TextCodec:
         special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
         special |= {i for t in self._tokens.values() if (i := tokenizer.token_to_id(t)) is not None}
         self._hidden = special - {tokenizer.token_to_id(t) for t in OUTPUT_MARKERS}  # left out of decoded text
-        self.max_token_bytes = max_token_bytes(tokenizer)
-        self._fallback_bytes = fallback_bytes(tokenizer)  # byte token -> its byte (a byte-fallback tokenizer)
+        spec = tokenizer_spec(tokenizer)
+        self.token_bytes = token_bytes(tokenizer, spec)  # (None: no bound from a text's size)
+        self._fallback_bytes = fallback_bytes(tokenizer, spec)  # byte token -> its byte (a byte-fallback tokenizer)
 
     @classmethod
     def from_checkpoint(cls, root: str | Path) -> TextCodec:
@@ -112,11 +113,10 @@ class TextCodec:
             size = len(text.encode())  # [UTF-8 bytes]
         except UnicodeEncodeError as exc:
             raise InvalidTextError(f"the text has a lone surrogate {text[exc.start]!r} (not Unicode)") from None
-        at_least = -(-size // self.max_token_bytes) if self.max_token_bytes else 0
-        if limit is not None and at_least >= limit:
+        if limit is not None and self.token_bytes and (at_least := self.token_bytes.least_tokens(text, size)) >= limit:
             raise PromptTooLongError(at_least, limit)
         count = functools.partial(self._count, add_special_tokens=add_special_tokens)
-        if limit is not None and self.max_token_bytes and (from_head := tokens_of_head(text, limit, count)):
+        if limit is not None and self.token_bytes and (from_head := tokens_of_head(text, limit, count)):
             raise PromptTooLongError(from_head, limit)
         return self._tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids  # GIL released
 
@@ -158,7 +158,7 @@ class TextCodec:
         that is not lossless byte-level names no token's bytes: all of a text ending in U+FFFD."""
         if not text.endswith("\ufffd"):
             return 0
-        if self.max_token_bytes is None:
+        if self.token_bytes is None:
             return len(text)
         tail = b""  # a cut character is at most 3 bytes, and a lead byte begins a character: the last 4 decide
         for token in reversed(ids):

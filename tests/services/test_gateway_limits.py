@@ -215,8 +215,9 @@ def test_a_chat_far_over_the_context_is_refused_from_its_size(lone_gateway):
     body = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "x" * 300_000}]}
     r = httpx.post(f"{lone_gateway.url}/v1/chat/completions", json=body, headers=KEY, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
-    # BOS 29 + <｜User｜> 12 + 300000 + <｜Assistant｜> 17 + </think> 8 bytes; no demo token is over 29 bytes
-    at_least = -(-(29 + 12 + 300_000 + 17 + 8) // 29)
+    # BOS 29 + <｜User｜> 12 + 300000 + <｜Assistant｜> 17 + </think> 8 bytes; no demo model token stands for
+    # over 12 bytes (" punctuation"), and at most 10 added ones (at its 4 "<" and 6 "｜") of at most 29
+    at_least = 10 + -(-(29 + 12 + 300_000 + 17 + 8 - 10 * 29) // 12)
     assert r.json()["error"]["message"] == f"the prompt has at least {at_least} tokens; the context limit is 4096"
     assert r.json()["error"]["param"] == "messages"
 

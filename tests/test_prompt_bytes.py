@@ -1,0 +1,64 @@
+"""A prompt too long by its UTF-8 size alone is refused before tokenizing (byte_level.TokenBytes): the
+bound counts the bytes a token stands for, not its vocabulary string's UTF-8 ("Ġ", a space, is 2 bytes
+there), and the added tokens' longer texts only where the text can hold one."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dayzero.demo import DEMO_CONFIG, build_tokenizer
+from dayzero.tokenizer import PromptTooLongError, TextCodec
+
+LIMIT = 1000
+
+
+@pytest.fixture(scope="module")
+def codec():
+    return TextCodec(build_tokenizer(DEMO_CONFIG["vocab_size"]))  # the demo checkpoint's
+
+
+def test_a_prompt_without_spaces_past_the_byte_bound_is_refused_untokenized(codec, monkeypatch):
+    """12,000 bytes of "x" (no space: no head to cut) against a context of 1,000: the demo's longest
+    model token stands for 12 bytes (" punctuation"), so it has at least 1,000 tokens. The bound was
+    29 bytes a token (its vocabulary's longest string, the added <｜begin▁of▁sentence｜>), proving 414:
+    the whole text was tokenized to be refused (the gateway's 1 MiB "x" prompt: 1.3 s)."""
+    tokenized, tokenizer = [], codec._tok
+
+    class Seen:  # the texts the tokenizer is given
+        def encode_batch_fast(self, texts, **kw):
+            tokenized.extend(texts)
+            return tokenizer.encode_batch_fast(texts, **kw)
+
+    monkeypatch.setattr(codec, "_tok", Seen())
+    with pytest.raises(PromptTooLongError) as refused:
+        codec.encode("x" * (12 * LIMIT), LIMIT)
+    assert (refused.value.tokens, refused.value.limit) == (LIMIT, LIMIT) and not tokenized
+    assert len(codec.encode("x" * (12 * LIMIT))) >= LIMIT  # (the bound holds: each "x" is a token)
+
+
+PIECES = [
+    "x" * 40,
+    " ",
+    "\n\n",
+    "123456",
+    "中文字符",
+    "🙂",
+    "<",
+    "｜",
+    "<｜User｜>",
+    "<｜begin▁of▁sentence｜>",
+    " punctuation",
+]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_bound_never_passes_the_tokens_a_text_has(codec, seed):
+    """Random texts of long runs, spaces, digits, CJK, emoji, lone "<" and "｜", added tokens and the
+    longest model token, counted by the tokenizer itself."""
+    rng = random.Random(seed)
+    text = "".join(rng.choice(PIECES) for _ in range(rng.randrange(1, 400)))
+    for special in (True, False):
+        tokens = len(codec.encode(text, special=special))
+        assert codec.token_bytes.least_tokens(text, len(text.encode())) <= tokens
