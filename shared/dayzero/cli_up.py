@@ -111,6 +111,7 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
     redis_url = os.environ.get("DAYZERO_REDIS_URL") or os.environ.get("REDIS_URL")  # else an embedded one
     stack = Stack(counts, port, args.log_dir, env, redis_url, settings.host, ranks, service_env=shares)
     stack.frozen_s, stack.start_exits = settings.frozen_worker_s, settings.start_exits
+    stack.redis_answer_within_s = settings.redis_answer_within_s
     watch = None
     try:
         stack.start()

@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from . import settings_checks as checks
 from .chat.schema_size import MOST_TOOLS, SchemaLimits
 from .redis_clients import sentinel_address
+from .stack_start import REDIS_ANSWER_WITHIN_S
 from .vision.images import ImageLimits, PatchSpec
 
 BUILT_IN_MODEL = Path(__file__).parent / "train" / "demo_model"  # written by ``dayzero train-demo``, shipped
@@ -180,6 +181,11 @@ class Settings(BaseSettings):
         "hung in a step past its bound (a loading worker stamps; a long forward does not stop it; 0: never)",
     )
     start_exits: int = Field(default=3, ge=1, description="dayzero up gives up on a child exiting this often unready")
+    redis_answer_within_s: float = Field(
+        default=REDIS_ANSWER_WITHIN_S,
+        gt=0,
+        description="dayzero up gives up on an external Redis (DAYZERO_REDIS_URL) that has not answered a ping by then",
+    )
     credentials_refused_s: float = Field(
         default=30.0,
         gt=0,

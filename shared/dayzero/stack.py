@@ -66,6 +66,7 @@ class Stack:
     metrics_ports: dict[str, int] = field(default_factory=dict)  # DAYZERO_METRICS_PORT: worker -> its port
     vision_pids: set[int] = field(default_factory=set)  # every vision process started (restarts too)
     start_exits: int = 3  # DAYZERO_START_EXITS: exits of one child before the stack is ready that are a failed start
+    redis_answer_within_s: float = REDIS_ANSWER_WITHIN_S  # DAYZERO_REDIS_ANSWER_WITHIN_S: an external one's ping
     frozen_s: float = 0.0  # DAYZERO_FROZEN_WORKER_S: a worker whose liveness stamp is older is restarted (0: never)
     stop_timeout_s: float = STOP_TIMEOUT_S  # per group at ``stop``, before SIGKILL
     _stamps: StampReader | None = None  # (made at the first read)
@@ -85,7 +86,7 @@ class Stack:
             raise StartFailed(f"port {self.port} is already in use on {self.host}; stop that process or pass --port")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.redis_url is not None:
-            answering(self.redis_url, REDIS_ANSWER_WITHIN_S)
+            answering(self.redis_url, self.redis_answer_within_s)
         else:  # (embedded)
             self.redis_port = free_port()
             self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
