@@ -224,7 +224,10 @@ def _ends_while_redis_is_frozen(stack) -> dict:
 
 
 def test_redis_frozen_ends_open_requests_restarted_gives_503_then_recovers(text_dir, tmp_path):
-    stack = start_stack(text_dir, tmp_path, {"vision": 0, "prefill": 1, "decode": 1})
+    # (the gateway gives up on the frozen Redis after 4 s, not 10; the decode worker stopped with the
+    # long generation still running exits 1 s after its SIGTERM, not 5: both well within stop's 10 s)
+    bounds = {"DAYZERO_GATEWAY_REDIS_TIMEOUT_S": "4", "DAYZERO_SHUTDOWN_GRACE_S": "1"}
+    stack = start_stack(text_dir, tmp_path, {"vision": 0, "prefill": 1, "decode": 1}, bounds)
     killed = None
     try:
         ends = _ends_while_redis_is_frozen(stack)
@@ -277,7 +280,8 @@ def test_a_body_s_client_that_left_cancels_at_once_a_stream_s_after_the_grace(te
     """A request answered in one body could wait out the grace as a stream's does, though nobody can
     resume it (its id comes with the body): a client that timed out and retried had its copies
     decode side by side for the grace period (5 s by default; 30 here)."""
-    grace = {"DAYZERO_DISCONNECT_GRACE_S": "30"}
+    # (its stream still decodes at the stop: the worker exits 1 s after its SIGTERM, not 5)
+    grace = {"DAYZERO_DISCONNECT_GRACE_S": "30", "DAYZERO_SHUTDOWN_GRACE_S": "1"}
     stack = start_stack(text_dir, tmp_path, {"vision": 0, "prefill": 1, "decode": 1}, grace)
     try:
         r = redis.Redis.from_url(stack.redis_url)
