@@ -48,7 +48,7 @@ def test_streamed_replies_under_auto_are_text_or_calls_that_follow_the_strict_sc
     sampling = {"temperature": 1.0, "logit_bias": {str(token): 4 for token in opening + ending}}
     mode = {"chat_template_kwargs": {"thinking": thinking}}
     bodies = [{"model": MODEL, **ask(tools=[STRICT_WEATHER, NOTE], seed=s, **sampling, **mode)} for s in SEEDS]
-    with ThreadPoolExecutor(4) as pool:
+    with ThreadPoolExecutor(len(bodies)) as pool:  # (all in flight, decoded together)
         replies = list(pool.map(lambda b: _streamed(stack, b), bodies))
     for content, calls, finish in replies:
         assert D not in content
