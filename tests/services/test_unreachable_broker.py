@@ -15,6 +15,7 @@ import time
 from contextlib import ExitStack
 
 import pytest
+import redis
 
 from .conftest import stopped, wait_until
 from .reconnecting import QUEUE, touching_app
@@ -28,6 +29,12 @@ pytestmark = [
 CUT_S = 30.0  # Redis's replies retransmitted ~25 s into it, next at ~51 s; kombu's check every 25 s
 SERVED_WITHIN_S = 10.0  # after Redis is reachable again (its bounds: a 2 s connect, a read 6-11 s overdue)
 WAYS = {"link-down": False, "partitioned": True}  # way -> unreachable_redis's ``partitioned``
+
+
+def reading(url: str) -> bool:
+    """Whether a client of the Redis at ``url`` waits in a blocked queue read (a worker's BRPOP)."""
+    with redis.Redis.from_url(url) as r:
+        return any(c["cmd"] == "brpop" and "b" in c["flags"] for c in r.client_list())
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +53,8 @@ def reconnects(tmp_path_factory) -> dict[str, tuple[float, str]]:
             cleanup.callback(stopped, workers[way])
         for way in ways:
             assert wait_until(lambda way=way: "ready." in logs[way].read_text(), 60), logs[way].read_text()
-        time.sleep(2.0)  # (their queue reads blocked in Redis)
+        for way in ways:  # (their queue reads blocked in Redis)
+            assert wait_until(lambda way=way: reading(servers[way].url), 30), logs[way].read_text()
         for way in ways:
             servers[way].cut()
         time.sleep(CUT_S)
