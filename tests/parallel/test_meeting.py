@@ -17,16 +17,23 @@ import torch
 import torch.distributed as dist
 
 from dayzero.parallel.config import ParallelConfig
-from dayzero.parallel.group import FORM_S, RendezvousFailed, run_group
+from dayzero.parallel.group import RendezvousFailed, run_group
 from dayzero.parallel.launch import Launch
-from dayzero.parallel.meeting import SILENT_S
+from dayzero.parallel.meeting import POLL_S
 from dayzero.procs import free_port
 
 from .test_restarts import RANK_SUM, RUN_S, _agent_store, _rank, _results
 
-TIMEOUT_S = 60  # the group timeout: far past meeting.SILENT_S, so a start failing first did not wait it out
+TIMEOUT_S = 60  # the group timeout: far past SILENT_S and FORM_S, so a start failing first did not wait it out
+SILENT_S, FORM_S = 2.0, 3.0  # the ranks' meeting.SILENT_S and group.FORM_S (5 and 15 s): the waits these tests see out
+SMALL_BOUNDS = f"""
+import dayzero.parallel.group as group, dayzero.parallel.meeting as meeting
+meeting.SILENT_S, meeting.SILENT_BEATS, group.FORM_S = {SILENT_S}, {round(SILENT_S / POLL_S)}, {FORM_S}
+"""
+RANK = SMALL_BOUNDS + RANK_SUM
 DIES_AS_THE_GROUP_FORMS = (
-    """
+    SMALL_BOUNDS
+    + """
 import os
 import dayzero.parallel.group as group
 meet = group.join_meeting
@@ -57,7 +64,7 @@ def test_a_rank_that_came_to_the_meeting_and_died_fails_the_others_start():
     timeout in gloo for rank 2 (20.7 s at a 20 s timeout) and then blamed the timeout."""
     port = free_port()
     agent = _agent_store(port)
-    ranks = [_rank(0, 0, port, TIMEOUT_S, world_size=3), _rank(1, 0, port, TIMEOUT_S, world_size=3)]
+    ranks = [_rank(r, 0, port, TIMEOUT_S, world_size=3, script=RANK) for r in (0, 1)]
     try:
         _until_in_meeting(agent, 1)
         ranks[1].kill()
@@ -78,7 +85,7 @@ def test_ranks_stalled_together_do_not_take_each_other_for_silent():
     in beats of its own, not in time alone; the group forms once rank 2 comes."""
     port = free_port()
     agent = _agent_store(port)
-    ranks = [_rank(r, 0, port, TIMEOUT_S, world_size=3) for r in (0, 1)]
+    ranks = [_rank(r, 0, port, TIMEOUT_S, world_size=3, script=RANK) for r in (0, 1)]
     try:
         for rank in (0, 1):
             _until_in_meeting(agent, rank)
@@ -90,8 +97,8 @@ def test_ranks_stalled_together_do_not_take_each_other_for_silent():
         time.sleep(SILENT_S + 1.0)
         for process in ranks:
             os.kill(process.pid, signal.SIGCONT)
-            time.sleep(1.0)  # rank 0 beats ~10 times before rank 1 goes on
-        ranks.append(_rank(2, 0, port, TIMEOUT_S, world_size=3))
+            time.sleep(0.5)  # rank 0 beats ~5 times before rank 1 goes on
+        ranks.append(_rank(2, 0, port, TIMEOUT_S, world_size=3, script=RANK))
     finally:
         results = _results(ranks)
     assert [(code, out) for code, out, _ in results] == [(0, "6\n")] * 3, [err[-3000:] for _, _, err in results]
@@ -104,42 +111,42 @@ def test_a_rank_that_comes_to_a_dead_rank_0s_meeting_fails_its_start():
     to the dead address for several group timeouts (104 s at a 20 s timeout): its torchrun saw nothing."""
     port = free_port()
     agent = _agent_store(port)
-    first = _rank(0, 0, port, TIMEOUT_S)
+    first = _rank(0, 0, port, TIMEOUT_S, script=RANK)
     try:
         _until_in_meeting(agent, 0)
         first.kill()
     finally:
         _results([first])
-    [(code, _, err)] = _results([_rank(1, 0, port, TIMEOUT_S)])
+    [(code, _, err)] = _results([_rank(1, 0, port, TIMEOUT_S, script=RANK)])
     assert code == 1, err[-3000:]
     assert "(rank 0 came to meeting 1 and then gave no sign" in err, err[-3000:]
     del agent
 
 
 def test_a_rank_waits_one_timeout_in_all_not_one_per_step():
-    """Rank 1 (this process) with a 6 s timeout: the store comes up 3 s into its start, rank 0's meeting
-    opens at 8 s and rank 0 never forms the group. Each step had the whole timeout: rank 1 waited for
-    the store (3 s), joined the meeting (at 8 s) and waited in gloo until 14 s for rank 0's address,
-    then blamed gloo's wait. The start's deadline ends the meeting's wait at 6 s."""
+    """Rank 1 (this process) with a 3 s timeout: the store comes up 1.5 s into its start, rank 0's
+    meeting opens at 4 s and rank 0 never forms the group. Each step had the whole timeout: rank 1
+    waited for the store (1.5 s), joined the meeting (at 4 s) and waited in gloo until 7 s for rank 0's
+    address, then blamed gloo's wait. The start's deadline ends the meeting's wait at 3 s."""
     port, stores = free_port(), []
-    store_up = threading.Timer(3.0, lambda: stores.append(_agent_store(port)))
+    store_up = threading.Timer(1.5, lambda: stores.append(_agent_store(port)))
 
     def open_meeting() -> None:  # as rank 0's start does
         stores[0].add("dayzero/meetings", 1)
         stores[0].set("dayzero/meeting1/opened", b"")
 
-    opened = threading.Timer(8.0, open_meeting)
+    opened = threading.Timer(4.0, open_meeting)
     launch = Launch(ParallelConfig(2, 1), master_port=port, agent_store=True)
     store_up.start()
     opened.start()
     try:
         with pytest.raises(RendezvousFailed) as failed:
-            run_group(2, _backend_timeout, launch=launch, timeout=6.0)
+            run_group(2, _backend_timeout, launch=launch, timeout=3.0)
     finally:
         store_up.join()
         opened.cancel()
         opened.join()
-    assert "within 6 s (rank 0 started no new meeting of the group (none opened))" in str(failed.value)
+    assert "within 3 s (rank 0 started no new meeting of the group (none opened))" in str(failed.value)
     stores.clear()  # the store's server ends
 
 
@@ -151,7 +158,7 @@ def test_a_rank_that_dies_as_the_group_forms_fails_the_others_start_before_the_t
     port = free_port()
     agent = _agent_store(port)
     started = time.monotonic()
-    ranks = [_rank(0, 0, port, TIMEOUT_S), _rank(1, 0, port, TIMEOUT_S, script=DIES_AS_THE_GROUP_FORMS)]
+    ranks = [_rank(0, 0, port, TIMEOUT_S, script=RANK), _rank(1, 0, port, TIMEOUT_S, script=DIES_AS_THE_GROUP_FORMS)]
     [(code, _, err), (died, _, _)] = _results(ranks)
     took = time.monotonic() - started
     assert (code, died) == (1, 9), err[-3000:]
