@@ -22,6 +22,7 @@ from dayzero.stack import Child, Stack, StartFailed
 
 NONE = {"vision": 0, "prefill": 0, "decode": 0}
 REFUSED = {"DAYZERO_MAX_BATCH": "0"}  # the gateway exits 2 as it starts
+FIRST_WAIT_S = 0.25  # stack_child.FIRST_WAIT_S here (1 s): the waits these tests see out
 
 
 def _supervised(stack: Stack, name: str, restarts: int, within_s: float) -> tuple[list[str], list[float]]:
@@ -45,24 +46,27 @@ def _supervised(stack: Stack, name: str, restarts: int, within_s: float) -> tupl
     raise AssertionError(f"{name}: {lines}")
 
 
-def test_a_child_exiting_as_it_starts_again_and_again_waits_twice_as_long_each_time(tmp_path):
+def test_a_child_exiting_as_it_starts_again_and_again_waits_twice_as_long_each_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(stack_child, "FIRST_WAIT_S", FIRST_WAIT_S)
     stack = Stack(NONE, free_port(), tmp_path / "logs", dict(REFUSED))
     stack.start()
     try:
         lines, waits = _supervised(stack, "gateway", 4, 90)
     finally:
         stack.stop()
-    waiting = "gateway exited (code 2), {} times in a row before it had run 60 s ready; starting it again in {} s"
-    assert lines == ["gateway exited (code 2); restarted", *(waiting.format(n, 2 ** (n - 2)) for n in (2, 3, 4))]
+    waiting = "gateway exited (code 2), {} times in a row before it had run 60 s ready; starting it again in {:g} s"
+    doubled = {n: FIRST_WAIT_S * 2 ** (n - 2) for n in (2, 3, 4)}  # its nth exit in a row: 0.25, 0.5, 1 s
+    assert lines == ["gateway exited (code 2); restarted", *(waiting.format(n, w) for n, w in doubled.items())]
     # started at once, then not before each wait the lines name (a CI run at load ~10 measured from the pass's
-    # end: 1.75, 2.75, 5.0 s, rounded 2, 3, 5)
-    assert waits[0] < 1.0 and all(w >= least for w, least in zip(waits[1:], (1, 2, 4), strict=True)), waits
+    # end, at a first wait of 1 s: 1.75, 2.75, 5.0 s, rounded 2, 3, 5)
+    assert waits[0] < 1.0 and all(w >= least for w, least in zip(waits[1:], doubled.values(), strict=True)), waits
 
 
 def test_a_child_that_ran_a_while_starts_again_at_once_its_wait_forgotten(tmp_path, monkeypatch):
     """A crash mid-run is restarted as before, in the pass that sees it, and its next quick exits
     count from one."""
-    monkeypatch.setattr(stack_child, "RAN_A_WHILE_S", 3.0)
+    monkeypatch.setattr(stack_child, "RAN_A_WHILE_S", 1.5)
+    monkeypatch.setattr(stack_child, "FIRST_WAIT_S", FIRST_WAIT_S)
     stack = Stack(NONE, free_port(), tmp_path / "logs", dict(REFUSED))
     stack.start()
     redis = stack.child("redis")
@@ -71,10 +75,10 @@ def test_a_child_that_ran_a_while_starts_again_at_once_its_wait_forgotten(tmp_pa
             redis.proc.kill()
             lines, waits = _supervised(stack, "redis", 1, 30)
         assert lines == [
-            "redis exited (SIGKILL), 2 times in a row before it had run 3 s ready; starting it again in 1 s"
+            "redis exited (SIGKILL), 2 times in a row before it had run 1.5 s ready; starting it again in 0.25 s"
         ]
-        assert waits[0] >= 1.0
-        time.sleep(3.5)
+        assert waits[0] >= FIRST_WAIT_S
+        time.sleep(2.0)
         was = redis.proc
         was.kill()
         was.wait()
@@ -85,7 +89,7 @@ def test_a_child_that_ran_a_while_starts_again_at_once_its_wait_forgotten(tmp_pa
             redis.proc.kill()
             lines, _ = _supervised(stack, "redis", 1, 30)
         assert lines == [
-            "redis exited (SIGKILL), 2 times in a row before it had run 3 s ready; starting it again in 1 s"
+            "redis exited (SIGKILL), 2 times in a row before it had run 1.5 s ready; starting it again in 0.25 s"
         ]
     finally:
         stack.stop()
@@ -98,29 +102,33 @@ def test_a_child_whose_start_takes_longer_than_a_while_and_exits_soon_after_it_i
     worker whose weights load for minutes and that exits at its warm-up: an ACL refusing a script load,
     out of memory). Counted from its spawn, each run was a while and it was started again at once, for
     ever; counted from when it was ready, the second such exit waits."""
-    monkeypatch.setattr(stack_child, "RAN_A_WHILE_S", 4.0)
+    monkeypatch.setattr(stack_child, "RAN_A_WHILE_S", 2.0)
+    monkeypatch.setattr(stack_child, "FIRST_WAIT_S", FIRST_WAIT_S)
     stack = Stack(NONE, free_port(), tmp_path / "logs", {"DAYZERO_CHECKPOINT": str(tiny_checkpoint)})
     stack.start()
     gateway = stack.child("gateway")
     try:
         for _ in range(2):
             stack.until_ready("gateway", 120)
-            time.sleep(max(0.0, gateway.started + 4.2 - time.monotonic()))  # its start: longer than a while
-            assert time.monotonic() - gateway.ready_at < 4.0, "the gateway was ready as it was spawned"
+            time.sleep(max(0.0, gateway.started + 2.2 - time.monotonic()))  # its start: longer than a while
+            assert time.monotonic() - gateway.ready_at < 2.0, "the gateway was ready as it was spawned"
             gateway.proc.kill()
             gateway.proc.wait()
             lines, waits = _supervised(stack, "gateway", 1, 30)
     finally:
         stack.stop()
-    assert lines == ["gateway exited (SIGKILL), 2 times in a row before it had run 4 s ready; starting it again in 1 s"]
-    assert waits[0] >= 1.0
+    assert lines == [
+        "gateway exited (SIGKILL), 2 times in a row before it had run 2 s ready; starting it again in 0.25 s"
+    ]
+    assert waits[0] >= FIRST_WAIT_S
 
 
-def test_until_ready_starts_a_child_waiting_after_its_quick_exits_and_says_why_one_cannot_run(tmp_path):
+def test_until_ready_starts_a_child_waiting_after_its_quick_exits_and_says_why_one_cannot_run(tmp_path, monkeypatch):
     """One ``supervise()`` only notes a second quick exit (the child starts once its wait is over): the
     tests that killed Redis twice within a minute of its start each looped on ``supervise()`` their own
     way, and one went on with no Redis. ``until_ready`` supervises until the child runs ready again, and
     a child that cannot (a gateway refused at its start) is a StartFailed naming why."""
+    monkeypatch.setattr(stack_child, "FIRST_WAIT_S", FIRST_WAIT_S)
     stack = Stack(NONE, free_port(), tmp_path / "logs", dict(REFUSED))
     stack.start()
     redis_child = stack.child("redis")
@@ -148,7 +156,7 @@ def test_up_s_loop_sees_a_child_ready_for_a_few_seconds_so_its_exit_after_a_whil
     for less than their period, and its exits, each after a while ready, counted as quick (the second
     waited). A gateway ready (answering /health) for a few seconds past ``RAN_A_WHILE_S``, then killed,
     twice, under up's own loop (``supervised_until``): each restarted at once."""
-    monkeypatch.setattr(stack_child, "RAN_A_WHILE_S", 2.0)
+    monkeypatch.setattr(stack_child, "RAN_A_WHILE_S", 1.0)
     stack = Stack(NONE, free_port(), tmp_path / "logs", {"DAYZERO_CHECKPOINT": str(tiny_checkpoint)})
     gateway, lines, killed = None, [], []
 
@@ -239,7 +247,7 @@ def test_a_pass_from_another_thread_while_the_stack_stops_restarts_nothing(tmp_p
     monkeypatch.setattr(dayzero.stack, "spawn", restart)
     quick = Child("prefill0", "prefill", proc=spawn(["sleep", "300"], tmp_path / "prefill0.log"))
     slow = Child("decode0", "decode", proc=spawn(["sh", "-c", "trap '' TERM; sleep 300"], tmp_path / "decode0.log"))
-    stack = Stack({}, 0, tmp_path, children=[quick, slow], stop_timeout_s=3.0)
+    stack = Stack({}, 0, tmp_path, children=[quick, slow], stop_timeout_s=1.0)
     stopping = threading.Thread(target=stack.stop)
     stopping.start()
     try:

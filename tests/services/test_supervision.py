@@ -18,6 +18,7 @@ import psutil
 import pytest
 import torch
 
+import dayzero.stack
 from dayzero.procs import consecutive_ports, free_port, spawn
 from dayzero.stack import Child, Stack
 
@@ -213,10 +214,11 @@ def test_a_worker_sigtermed_while_it_starts_ends_at_once_and_unlinks_its_pool_se
             segment.unlink()
 
 
-def test_restarting_a_child_that_exited_kills_what_is_left_of_its_process_group(tmp_path):
+def test_restarting_a_child_that_exited_kills_what_is_left_of_its_process_group(tmp_path, monkeypatch):
     """A tensor-parallel rank stopped (or hung) before it could die with its rank 0 (die_with)
     outlived it for good, in the dead rank 0's process group: a stopped rank is left here by a
     child that then exits."""
+    monkeypatch.setattr(dayzero.stack, "LEFT_GROUP_S", 0.5)  # (5 s: the grace this test waits out)
     stack = Stack({"prefill": 0, "decode": 0}, free_port(), tmp_path, redis_port=free_port())
     rank_pid = tmp_path / "rank.pid"
     script = f"sleep 60 & echo $! > {rank_pid}; kill -STOP $!; exit 3"
