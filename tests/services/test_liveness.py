@@ -64,24 +64,26 @@ def test_a_long_step_keeps_stamping_a_step_past_its_bound_stops_until_it_ends(re
     assert pulse.process not in stamps(client, "decode")  # a stopping worker leaves at once
 
 
-def test_a_stopped_child_rank_stops_the_stamps_until_it_is_continued(redis_url):
+def test_a_stopped_child_rank_stops_the_stamps_until_it_is_continued(redis_url, monkeypatch):
     """A tensor-parallel worker's other ranks are its rank 0's children: one SIGSTOPped hangs the
     group's next collective until the group's timeout (120 s), so the worker is as good as frozen."""
+    every_s = 0.5  # liveness.STAMP_EVERY_S here (1 s): the periods this test waits out
+    monkeypatch.setattr(liveness, "STAMP_EVERY_S", every_s)
     client = redis.Redis.from_url(redis_url)
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     pulse = Pulse(connect(redis_url), "decode").start()
     stamped = lambda: stamps(client, "decode").get(pulse.process, 0.0)  # noqa: E731
     try:
         first = wait_until(stamped, 5)
-        assert not stopped_child() and wait_until(lambda: stamped() > first, 3 * STAMP_EVERY_S)
+        assert not stopped_child() and wait_until(lambda: stamped() > first, 3 * every_s)
         rank.send_signal(signal.SIGSTOP)
         assert wait_until(stopped_child, 5)
-        time.sleep(2 * STAMP_EVERY_S)  # a stamp under way when it stopped lands
+        time.sleep(2 * every_s)  # a stamp under way when it stopped lands
         last = stamped()
-        time.sleep(2 * STAMP_EVERY_S)
+        time.sleep(2 * every_s)
         assert stamped() == last
         rank.send_signal(signal.SIGCONT)
-        assert wait_until(lambda: stamped() > last, 3 * STAMP_EVERY_S)
+        assert wait_until(lambda: stamped() > last, 3 * every_s)
     finally:
         pulse.stop()
         rank.kill()
