@@ -84,7 +84,7 @@ def test_the_first_worker_ready_restarts_the_count_so_its_death_waits_for_its_re
     client = redis.Redis.from_url(redis_url)
     client.delete("dz:unserved:prefill", "dz:restart:prefill", "dz:alive:prefill", "dz:ready:prefill")
     assert unserved_for(client, "prefill") < 1.0  # no process yet: the count starts
-    time.sleep(3.0)  # (a long first load)
+    time.sleep(1.0)  # (a long first load: with the worker's 1 s, 2 s before it is ready)
     counts = _unserved_while(client, threading.Thread(target=_crashing_worker, args=(redis_url, 1.0, 1.5)))
     assert 0.0 in counts
     assert wait_until(lambda: unserved_for(client, "prefill") > 0.0, FRESH_S + 2)  # (its stamp stale)
