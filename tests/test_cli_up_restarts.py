@@ -246,7 +246,11 @@ def test_a_pass_from_another_thread_while_the_stack_stops_restarts_nothing(tmp_p
 
     monkeypatch.setattr(dayzero.stack, "spawn", restart)
     quick = Child("prefill0", "prefill", proc=spawn(["sleep", "300"], tmp_path / "prefill0.log"))
-    slow = Child("decode0", "decode", proc=spawn(["sh", "-c", "trap '' TERM; sleep 300"], tmp_path / "decode0.log"))
+    ignoring = spawn(["sh", "-c", "trap '' TERM; echo ignoring; sleep 300"], tmp_path / "decode0.log")
+    slow = Child("decode0", "decode", proc=ignoring)
+    deadline = time.monotonic() + 30
+    while "ignoring" not in (tmp_path / "decode0.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.02)  # (a SIGTERM before its trap ended it at once: no stop waited on it)
     stack = Stack({}, 0, tmp_path, children=[quick, slow], stop_timeout_s=1.0)
     stopping = threading.Thread(target=stack.stop)
     stopping.start()
