@@ -128,8 +128,9 @@ async def _chunks(
                 return
             yield KEEP_ALIVE
             continue
-        if event.finish_reason == "error" and event.text:  # what its tokens held back, read before the error
-            chunk = shape.chunk(event.text, None, tokens=held)
+        # what its tokens held back, and a chat's parser (a "<" that may open a tag), read before the error
+        if event.finish_reason == "error" and (event.text or request.kind == "chat"):
+            chunk = shape.chunk(event.text, None, tokens=held, cut=True)
             if chunk is not None:
                 yield ServerSentEvent(id=event.entry_id, data=json.dumps(chunk))
         progress.see(event)

@@ -66,10 +66,13 @@ class Shape:
         finish: str | None,
         role: bool = False,
         tokens: list[Token] = (),
+        cut: bool = False,
     ) -> dict | None:
-        """The next chunk of a stream (None: nothing to say yet, e.g. text that may open a tag)."""
+        """The next chunk of a stream (None: nothing to say yet, e.g. text that may open a tag);
+        ``cut``: the last before an error, which releases what a chat's parser holds (as "length")."""
         if self.kind == "chat":
-            delta = {"role": "assistant", "content": "", "refusal": None} if role else self._delta(text or "", finish)
+            opened = {"role": "assistant", "content": "", "refusal": None}
+            delta = opened if role else self._delta(text or "", finish, cut)
             if not (delta or finish or role or (self.logprobs and tokens)):
                 return None
             choice, finish = {"index": self.choice, "delta": delta}, self._finish(finish, self.ended)
@@ -124,11 +127,11 @@ class Shape:
             echoed = list(self.prompt) if self.prompt is not None else []
             choice["token_ids"] = echoed + [t.token for t in tokens if t.token >= 0]  # not an ending's -1
 
-    def _delta(self, text: str, finish: str | None) -> dict:
+    def _delta(self, text: str, finish: str | None, cut: bool = False) -> dict:
         """What ``text`` adds; ``finish``: it is the last, and why (a call left open at a "stop"
-        ends there, one cut by "length" stays without arguments)."""
+        ends there, one cut by "length" or an error (``cut``) stays without arguments)."""
         parts = self.parts.feed(text)
-        if finish is not None:
+        if finish is not None or cut:
             parts = parts.then(self.parts.finish(stopped=finish == "stop"))
         delta: dict = {}
         if parts.reasoning:

@@ -19,7 +19,7 @@ from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest, PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
-from dayzero.serving.records import decode
+from dayzero.serving.records import Token, decode
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 from services.gateway.app import make_app
@@ -71,3 +71,18 @@ def test_a_stream_reads_the_failures_text_before_its_error_event(demo_dir, redis
             data = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data:")]
     assert [json.loads(d)["choices"][0]["text"] for d in data[:-2]] == ["\ufffd"]
     assert json.loads(data[-2])["error"]["code"] == "grammar_failed" and data[-1] == "[DONE]"
+
+
+def test_a_chat_stream_reads_the_text_its_parser_held_before_the_error_event(demo_dir, redis_url):
+    """A chat's content that ends in "<" (it may open ``<think>``: the stream's parser holds it) when
+    its grammar fails: the client reads it before the error event, as a "length" end releases it."""
+    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as client:
+        store = Lifecycle.connect(redis_url, 60)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+        with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            rid = r.headers["x-request-id"]
+            store.append([Token(rid, 0, 7, "a <")], {rid: 0}, "")
+            assert store.settle(rid, 0, "", "error", end_at=1, message=WHY, code="grammar_failed")
+            data = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(d["choices"][0]["delta"].get("content", "") for d in data[:-1]) == "a <"
+    assert data[-1]["error"]["code"] == "grammar_failed"
