@@ -104,3 +104,5 @@ def test_a_byte_fallback_tokens_logprob_bytes_are_its_byte(fallback):
     codec = TextCodec(fallback)
     assert codec.token_piece(fallback.token_to_id("<0xE4>")) == ("\ufffd", b"\xe4")
     assert codec.token_piece(fallback.token_to_id("<0x41>")) == ("A", b"A")
+    # its decoder strips one leading space of a text: <0x20> alone decodes to "", its byte is b" "
+    assert codec.token_piece(fallback.token_to_id("<0x20>")) == (" ", b" ")

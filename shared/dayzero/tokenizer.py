@@ -135,11 +135,12 @@ class TextCodec:
         """One token as logprobs name it: its own text, special tokens included, and the bytes it
         stands for. A token holding part of a character's UTF-8 shows U+FFFD as text, and its
         bytes are that part (the entries' bytes concatenate to the output's UTF-8)."""
+        if token in self._fallback_bytes:  # a byte-fallback tokenizer's <0xE4> (<0x20> alone: stripped as a lead space)
+            byte = bytes([self._fallback_bytes[token]])
+            return byte.decode(errors="replace"), byte
         text = self._tok.decode([token], skip_special_tokens=False)
         if "\ufffd" not in text:
             return text, text.encode()
-        if token in self._fallback_bytes:  # a byte-fallback tokenizer's <0xE4>
-            return text, bytes([self._fallback_bytes[token]])
         piece, byte = self._tok.id_to_token(token) or "", byte_level_values()
         return text, bytes(byte[c] for c in piece) if all(c in byte for c in piece) else text.encode()
 
