@@ -30,3 +30,14 @@ def test_importing_a_worker_module_builds_no_app_and_reads_no_settings():
         "print([n for m in mods for n, v in vars(m).items() if isinstance(v, Celery)])"
     )
     assert out.strip() == "[]"
+
+
+def test_the_vision_process_imports_neither_the_language_model_nor_triton():
+    out = _fresh_python(  # what ``dayzero serve vision`` imports: the command line, then its worker module
+        "import sys\n"
+        "import dayzero.cli\n"
+        "import services.vision.worker\n"
+        "names = ('triton', 'dayzero.model.forward', 'dayzero.kernels', 'dayzero.serving.runtime')\n"
+        "print(sorted(m for m in names if m in sys.modules))"
+    )
+    assert out.strip() == "[]"

@@ -11,7 +11,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 from celery import signals
@@ -27,7 +27,9 @@ from .liveness import Pulse, connect
 from .metrics import serve_metrics
 from .outage_log import BrokerOutageFilter
 from .queue_reads import QueueReads
-from .runtime import Runtime
+
+if TYPE_CHECKING:  # (vision's worker builds no Runtime: its import, the model's and the kernels', is a loop stage's)
+    from .runtime import Runtime
 
 log = logging.getLogger("dayzero.worker")
 # Celery's INFO line per task received (formatted and written before the task is handed to a thread)
@@ -138,6 +140,8 @@ def loop_stage(
     ``group``: the worker is rank 0 of that tensor-parallel group."""
 
     def build(name: str) -> LoopStage:
+        from .runtime import Runtime
+
         runtime = Runtime.load(settings, name, stage, shared=shared_pools, group=group)
         runtime.warm_up(decode=stage == "decode")  # before it announces itself: the first request waits for none
         return LoopStage(runtime, make_loop(runtime))
