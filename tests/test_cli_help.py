@@ -88,19 +88,36 @@ def test_help_s_usage_line_is_the_readme_s(command):
     assert shown == _positionals_and_options(_readme_synopsis()[command])
 
 
+def _plan(checkpoint, env: dict[str, str]) -> dict:
+    return json.loads(run_dayzero("inspect", str(checkpoint), "--json", env=env).stdout)
+
+
+@pytest.fixture(scope="module")
+def plain_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("DAYZERO_")}  # no setting of the shell's
+
+
+@pytest.fixture(scope="module")
+def plain_plan(mtp_checkpoint, plain_env) -> dict:
+    """``inspect``'s plan with no DAYZERO_* set (each run starts torch: once for the module)."""
+    return _plan(mtp_checkpoint, plain_env)
+
+
+@pytest.fixture(scope="module")
+def inspect_help() -> str:
+    return " ".join(run_dayzero("inspect", "--help").stdout.split())
+
+
 @pytest.mark.parametrize(
     ("variable", "value"),
     [("DAYZERO_DTYPE", "bfloat16"), ("DAYZERO_SPECULATIVE_TOKENS", "2"), ("DAYZERO_BLOCK_SIZE", "1000")],
 )
-def test_inspect_help_names_each_setting_its_plan_follows(variable, value, mtp_checkpoint):
+def test_inspect_help_names_each_setting_its_plan_follows(
+    variable, value, mtp_checkpoint, plain_env, plain_plan, inspect_help
+):
     """``inspect --help`` named no setting, while its plan follows DAYZERO_DTYPE (the weights' and state's
     width), DAYZERO_SPECULATIVE_TOKENS (the MTP layer's state) and DAYZERO_BLOCK_SIZE (the pools' blocks:
     1000 rows, a tiny model's state that shows in GiB): the same command planned differently in two
     shells, nothing on screen saying why."""
-    plain = {k: v for k, v in os.environ.items() if not k.startswith("DAYZERO_")}
-    planned = [
-        json.loads(run_dayzero("inspect", str(mtp_checkpoint), "--json", env=env).stdout)
-        for env in (plain, {**plain, variable: value})
-    ]
-    assert planned[0] != planned[1]  # the setting changes the plan
-    assert variable in " ".join(run_dayzero("inspect", "--help").stdout.split())
+    assert _plan(mtp_checkpoint, {**plain_env, variable: value}) != plain_plan  # the setting changes the plan
+    assert variable in inspect_help
