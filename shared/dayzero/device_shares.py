@@ -35,7 +35,7 @@ def kv_fractions(settings: Settings, counts: dict[str, int], ranks: dict[str, in
     fraction = settings.kv_memory_fraction
     if "kv_memory_fraction" in settings.model_fields_set:
         device, most = workers.most_common(1)[0]
-        if fraction * most > MOST_KV_MEMORY_FRACTION:
+        if fraction * most > MOST_KV_MEMORY_FRACTION + 1e-9:  # (19 x 0.05 is 0.9500000000000001 in floats)
             at_most = math.floor(100 * MOST_KV_MEMORY_FRACTION / most) / 100  # (rounded down: 0.17 x 6 was refused)
             raise ValueError(
                 f"DAYZERO_KV_MEMORY_FRACTION={fraction} is each worker's share of its GPU, and up places {most} "
