@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 from dayzero.demo import DEMO_CONFIG, build_tokenizer
 from dayzero.tokenizer import PromptTooLongError, TextCodec
@@ -62,3 +63,18 @@ def test_the_bound_never_passes_the_tokens_a_text_has(codec, seed):
     for special in (True, False):
         tokens = len(codec.encode(text, special=special))
         assert codec.token_bytes.least_tokens(text, len(text.encode())) <= tokens
+
+
+@pytest.mark.parametrize("model", ["WordLevel", "WordPiece"])
+def test_a_word_model_over_byte_level_gets_no_bound(model):
+    """A word model emits one [UNK] for a whole word it lacks, however long: 5,000 "x" are 1 token, and
+    the bound (5 bytes a token: "[UNK]" taken as a model token's bytes) refused it against 100 as 1,000."""
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))} | {"[UNK]": 256}
+    if model == "WordLevel":
+        words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    else:
+        words = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+    words.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    codec = TextCodec(words)
+    assert codec.encode("x" * 5000, 100) == [vocab["[UNK]"]]
+    assert codec.token_bytes is None

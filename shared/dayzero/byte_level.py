@@ -42,16 +42,18 @@ def token_bytes(tokenizer: Tokenizer, spec: dict) -> TokenBytes | None:
     """What one token can stand for (``TokenBytes``), when the tokenizer is lossless byte-level (then
     no text has fewer tokens than ``TokenBytes.least_tokens``); None otherwise.
 
-    Byte-level: no normalizer, pre-tokenizers that split without dropping, ByteLevel's 256 byte
-    characters all in the vocabulary, added tokens that absorb no neighbouring spaces. Then each
-    byte of the text lands in exactly one token: a model token, whose string is ByteLevel's characters
-    (one a byte; a string with any other character is never formed), or an added one, as its own text.
+    Byte-level: a BPE model (a word model's one [UNK] stands for a word of any length), no normalizer,
+    pre-tokenizers that split without dropping, ByteLevel's 256 byte characters all in the vocabulary,
+    added tokens that absorb no neighbouring spaces. Then each byte of the text lands in exactly one
+    token: a model token, whose string is ByteLevel's characters (one a byte; a string with any other
+    character is never formed), or an added one, as its own text.
     ``spec``: the tokenizer's JSON (``tokenizer_spec``)."""
     normalizer, pre = spec.get("normalizer"), spec.get("pre_tokenizer") or {}
     splitters = pre.get("pretokenizers", [pre])
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     lossless = (
-        (normalizer is None or normalizer.get("normalizers") == [])  # none, or an empty Sequence
+        (spec.get("model") or {}).get("type") == "BPE"  # (a word model's [UNK] stands for a whole word)
+        and (normalizer is None or normalizer.get("normalizers") == [])  # none, or an empty Sequence
         and "ByteLevel" in {p.get("type") for p in splitters}
         and all(p.get("type") in KEEPING_PRE_TOKENIZERS and p.get("behavior") != "Removed" for p in splitters)
         and all(c in vocab for c in pre_tokenizers.ByteLevel.alphabet())
