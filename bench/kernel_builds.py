@@ -16,6 +16,7 @@ import os
 import sys
 import tempfile
 from dataclasses import dataclass
+from functools import cache
 
 from options import bench_parser
 
@@ -137,9 +138,10 @@ def _model_steps() -> None:
         decode(model, pools, ["s"], [token], options)
 
 
+@cache
 def launches() -> dict[str, list[Launch]]:
     """Per shape family, the distinct launches of every bench/kernels.py case (bf16 and fp32
-    pools), and the built-in model's."""
+    pools), and the built-in model's (recorded once a process)."""
     families = {
         "tiny": (SMOKE, SMOKE_MOE, (64, 3, 12)),
         "V4-Flash": (FLASH, {**FLASH_MOE, "experts": 8}, (512, 2, 64)),  # experts: a runtime size
