@@ -17,24 +17,28 @@ from .conftest import run_dayzero
 
 
 @pytest.mark.slow
-def test_demo_checkpoint_generate_and_align(tmp_path):
+def test_demo_checkpoint_generate_and_align(tmp_path, capsys):
+    """In this process (cli.main, as ``python -m dayzero.cli`` calls it): a process each paid torch's
+    and transformers' imports three times (the commands' own processes run in other tests)."""
     out = tmp_path / "demo"
-    made = run_dayzero("demo-checkpoint", str(out), "--seed", "3")
-    assert made.returncode == 0, made.stderr
+    assert cli.main(["demo-checkpoint", str(out), "--seed", "3"]) == 0, capsys.readouterr().err
     assert {p.name for p in out.iterdir()} >= {
         "config.json",
         "model.safetensors",
         "tokenizer.json",
         "generation_config.json",
     }
-    gen = run_dayzero("generate", "--checkpoint", str(out), "--prompt-ids", "0,5,6,7", "--max-tokens", "6", "--stats")
-    assert gen.returncode == 0, gen.stderr
-    stats = json.loads(gen.stdout.strip().splitlines()[-1])
+    capsys.readouterr()
+    gen = cli.main(["generate", "--checkpoint", str(out), "--prompt-ids", "0,5,6,7", "--max-tokens", "6", "--stats"])
+    printed = capsys.readouterr()
+    assert gen == 0, printed.err
+    stats = json.loads(printed.out.strip().splitlines()[-1])
     assert stats["prompt_tokens"] == 4 and stats["completion_tokens"] == 6
     assert stats["prefill_tokens_per_s"] > 0 and stats["decode_tokens_per_s"] > 0
-    al = run_dayzero("align", str(out), "--tokens", "4", "--json")
-    assert al.returncode == 0, al.stderr
-    report = json.loads(al.stdout)
+    al = cli.main(["align", str(out), "--tokens", "4", "--json"])
+    printed = capsys.readouterr()
+    assert al == 0, printed.err
+    report = json.loads(printed.out)
     assert report["greedy_match"] and report["max_abs_err"] < 1e-4 and len(report["steps"]) == 4
     assert len(report["layers"]) == 4 and max(report["layers"]) < 1e-4
     assert report["sparse_vs_dense_max_abs"] > 0  # demo: top-k 4 < entries of a 64-token prompt

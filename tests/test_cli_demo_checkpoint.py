@@ -15,11 +15,11 @@ from .conftest import run_dayzero
 
 
 @pytest.mark.slow
-def test_demo_checkpoint_carries_the_released_special_tokens(tmp_path):
+def test_demo_checkpoint_carries_the_released_special_tokens(tmp_path, capsys):
+    """In this process (cli.main, as ``python -m dayzero.cli`` calls it: a process of its own runs below)."""
     from tokenizers import Tokenizer
 
-    made = run_dayzero("demo-checkpoint", str(tmp_path / "d"), "--fp4", "--shards", "2")
-    assert made.returncode == 0, made.stderr
+    assert cli.main(["demo-checkpoint", str(tmp_path / "d"), "--fp4", "--shards", "2"]) == 0, capsys.readouterr().err
     assert len(list((tmp_path / "d").glob("model-0000?-of-00002.safetensors"))) == 2
     tok = Tokenizer.from_file(str(tmp_path / "d" / "tokenizer.json"))
     released = [
@@ -35,8 +35,10 @@ def test_demo_checkpoint_carries_the_released_special_tokens(tmp_path):
     assert None not in ids and ids[:2] == [0, 1]  # BOS 0, EOS 1 as in the release
     assert tok.token_to_id("<|begin▁of▁sentence|>") is None  # no ASCII look-alikes
     assert tok.encode("<｜User｜>hi<｜Assistant｜></think>", add_special_tokens=False).ids[0] == ids[2]
-    al = run_dayzero("align", str(tmp_path / "d"), "--tokens", "2", "--json")  # transformers loads it too
-    assert al.returncode == 0 and json.loads(al.stdout)["ok"], al.stdout + al.stderr
+    capsys.readouterr()
+    al = cli.main(["align", str(tmp_path / "d"), "--tokens", "2", "--json"])  # transformers loads it too
+    printed = capsys.readouterr()
+    assert al == 0 and json.loads(printed.out)["ok"], printed.out + printed.err
 
 
 def test_demo_checkpoint_replaces_an_older_sharded_one_with_the_umask_s_modes(tmp_path):
