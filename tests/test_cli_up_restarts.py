@@ -7,6 +7,7 @@ Redis and a gateway that cannot start (a bad setting)."""
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -259,7 +260,7 @@ def test_a_pass_from_another_thread_while_the_stack_stops_restarts_nothing(tmp_p
         while stopping.is_alive():
             passes += stack.supervise()
             time.sleep(0.05)
-        assert quick.proc.poll() is not None and slow.proc.poll() is not None
+        assert quick.proc.poll() is not None and slow.proc.poll() == -signal.SIGKILL, "no stop waited on decode0"
         assert passes == [] and restarted == [], f"restarted while the stack stopped: {passes}"
     finally:
         stopping.join()
