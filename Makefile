@@ -14,9 +14,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Two test processes (pytest-xdist; tests/xdist_groups.py keeps a file, and the files that share a
-# stack, in one), one torch intra-op thread each: several torch processes run at once on CI's two
-# cores (stack workers, in-process references), where two threads each spin-wait against the others.
+# Three test processes on two cores (a quarter of the suite waits: stacks starting, bounds running
+# out), pytest-xdist (tests/xdist_groups.py keeps a file, and the files that share a stack, in one),
+# one torch intra-op thread each: several torch processes run at once on CI's two cores (stack
+# workers, in-process references), where two threads each spin-wait against the others.
 test: $(STAMP)
 	$(BIN)/ruff check shared services tests bench
 	$(BIN)/ruff format --check shared services tests bench
