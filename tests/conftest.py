@@ -28,11 +28,15 @@ import pytest  # noqa: E402
 from dayzero.demo import add_mtp, build_tokenizer, write_checkpoint  # noqa: E402
 from dayzero.tokenizer import TextCodec  # noqa: E402
 
+from .triton_interpreter import install as install_interpreter_patches  # noqa: E402
 from .xdist_groups import (  # noqa: E402, F401 - hooks: each file, and the files sharing a stack, in one worker
     pytest_collection_modifyitems,
     pytest_configure_node,
     pytest_xdist_make_scheduler,
 )
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    install_interpreter_patches()
 
 TINY: dict[str, Any] = {
     "model_type": "deepseek_v4",
