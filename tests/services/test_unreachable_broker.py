@@ -27,6 +27,7 @@ pytestmark = [
     pytest.mark.skipif(not netns_usable(), reason="needs root and ip netns (a Redis made unreachable)"),
 ]
 CUT_S = 30.0  # Redis's replies retransmitted ~25 s into it, next at ~51 s; kombu's check every 25 s
+SETTLE_S = 2.0  # after the workers' reads block, before the cut (the phase of kombu's check: below)
 SERVED_WITHIN_S = 10.0  # after Redis is reachable again (its bounds: a 2 s connect, a read 6-11 s overdue)
 WAYS = {"link-down": False, "partitioned": True}  # way -> unreachable_redis's ``partitioned``
 
@@ -55,6 +56,10 @@ def reconnects(tmp_path_factory) -> dict[str, tuple[float, str]]:
             assert wait_until(lambda way=way: "ready." in logs[way].read_text(), 60), logs[way].read_text()
         for way in ways:  # (their queue reads blocked in Redis)
             assert wait_until(lambda way=way: reading(servers[way].url), 30), logs[way].read_text()
+        # and SETTLE_S on: cut at once (the reads block by "ready."), kombu's own BRPOP check (every
+        # 25 s, its default: a worker without the hang bounds) fell ~1 s after the mend, and link-down
+        # passed without them (served 0.6-1 s after; 18 s with this)
+        time.sleep(SETTLE_S)
         for way in ways:
             servers[way].cut()
         time.sleep(CUT_S)
