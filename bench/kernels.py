@@ -19,9 +19,8 @@ from options import bench_parser, need_cuda
 from timing import median_seconds
 
 from dayzero.kernels import CompressedKeys, RaggedBatch, indexer_topk, sparse_attention_decode, sparse_attention_prefill
-from dayzero.kernels.expert_mlp import swiglu
 from dayzero.kernels.hyper import hyper_merge, hyper_mix
-from dayzero.kernels.moe import grouped_mxfp4_matmul
+from dayzero.kernels.moe import grouped_mxfp4_matmul, swiglu
 from dayzero.kernels.norms import rms_norm, rms_scale
 from dayzero.kernels.rope import rotate
 

@@ -10,8 +10,9 @@ import torch
 
 from dayzero.config import ModelConfig
 from dayzero.kv.handoff import copy_blocks, export_state, import_state
-from dayzero.kv.host_copy import copy_host_blocks, places_of
+from dayzero.kv.host_copy import copy_host_blocks
 from dayzero.kv.layout import POOL_KINDS
+from dayzero.kv.places import places_of
 from dayzero.kv.pools import pools_for
 
 from .conftest import tiny_config

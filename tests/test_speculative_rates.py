@@ -19,7 +19,8 @@ from dayzero.parallel import Group
 from dayzero.sampling import SamplingParams
 from dayzero.serving.rank_loading import load_ranks
 from dayzero.settings import Settings
-from dayzero.speculative import Speculation, speculation_problem, speculative_step
+from dayzero.speculative import Speculation, speculative_step
+from dayzero.speculative_checks import speculation_problem
 from dayzero.tokenizer import IdsOnlyCodec
 
 from .conftest import random_ids, tiny_config

@@ -119,7 +119,8 @@ def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: S
     from .kv.pools import pools_for
     from .serving.budget import torch_dtype
     from .serving.rank_loading import attention_options
-    from .speculative import Speculation, speculation_problem
+    from .speculative import Speculation
+    from .speculative_checks import speculation_problem
     from .tokenizer import load_codec
 
     codec, printing = load_codec(checkpoint), group.config.rank == 0

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 import torch
 
 from .completion import Completion, Step, next_steps
-from .config import ModelConfig
 from .kv.pools import KVPools
 from .kv.snapshot import Snapshot
 from .model.forward import decode, head, run_layers
@@ -103,23 +102,6 @@ class Acceptance:
         """Acceptance rate per draft position, and tokens per drafting step (1 + accepted drafts)."""
         rates = [a / d if d else 0.0 for a, d in zip(self.accepted, self.drafted, strict=True)]
         return {"acceptance_rate": rates, "mean_accepted_length": self.emitted / self.steps if self.steps else 0.0}
-
-
-def speculation_problem(cfg: ModelConfig, mtp_layers: int, tokens: int) -> str | None:
-    """Why drafting ``tokens`` per step cannot run on a model of ``cfg`` with ``mtp_layers`` MTP layers
-    loaded (None: it can); checked at startup, and by ``inspect`` from the checkpoint's headers."""
-    if not mtp_layers:
-        return "needs a checkpoint with an MTP layer (mtp.0.*)"
-    rate = min({cfg.compress_rate(i) for i in range(cfg.num_layers + mtp_layers)} - {0}, default=tokens + 1)
-    if tokens + 1 > rate:  # a verify step may span one compressor window at most (kv.snapshot)
-        return f"of {tokens} makes steps of {tokens + 1} positions, more than the compress rate {rate}"
-    return None
-
-
-def speculation_refused(cfg: ModelConfig, mtp_layers: int, tokens: int) -> str | None:
-    """A worker's refusal to start with DAYZERO_SPECULATIVE_TOKENS=``tokens`` (None: it starts)."""
-    problem = tokens and speculation_problem(cfg, mtp_layers, tokens)
-    return f"DAYZERO_SPECULATIVE_TOKENS {problem}" if problem else None
 
 
 def _budget(completion: Completion, k: int) -> int:

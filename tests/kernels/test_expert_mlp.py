@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dayzero.kernels.expert_mlp import expert_mlp, expert_mlp_mxfp4, expert_mlp_stacked, pads_cheaply
+from dayzero.kernels.expert_mlp import expert_mlp, expert_mlp_stacked, pads_cheaply, swiglu_torch
+from dayzero.kernels.moe import expert_mlp_mxfp4, swiglu
 from dayzero.quant.formats import dequant_mxfp4, quant_mxfp4
 
 LIMIT = 7.0
@@ -62,7 +63,6 @@ def test_the_swiglu_kernel_matches_the_twin_and_the_definition(device):
     """silu(min(gate, limit)) * clamp(up, -limit, limit) elementwise, one launch (the grouped
     path's and the shared expert's), over more elements than one program takes, values past the
     limit on both sides included."""
-    from dayzero.kernels.expert_mlp import swiglu, swiglu_torch
 
     gen = torch.Generator().manual_seed(3)
     gate, up = torch.randn(3, 1500, generator=gen) * 6, torch.randn(3, 1500, generator=gen) * 6
@@ -75,8 +75,6 @@ def test_the_swiglu_kernel_matches_the_twin_and_the_definition(device):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 needs a compiled kernel (the interpreter's is wrong)")
 def test_the_swiglu_kernel_rounds_bf16_as_the_twin_does():
-    from dayzero.kernels.expert_mlp import swiglu, swiglu_torch
-
     gen = torch.Generator().manual_seed(4)
     gate, up = ((torch.randn(64, 2048, generator=gen) * 6).to("cuda", torch.bfloat16) for _ in range(2))
     got, twin = swiglu(gate, up, LIMIT, "triton"), swiglu_torch(gate, up, LIMIT)

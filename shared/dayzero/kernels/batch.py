@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 import torch
 
 Backend = Literal["torch", "triton"]
+T = TypeVar("T")
 
 
 def from_host(values: np.ndarray, device: torch.device | str) -> torch.Tensor:
@@ -21,6 +23,17 @@ def from_host(values: np.ndarray, device: torch.device | str) -> torch.Tensor:
     if kind != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)  # (pinned: held until the copy is done)
+
+
+def kept_view(owner: object, name: str, viewed: tuple[torch.Tensor, ...], make: Callable[[], T]) -> T:
+    """``make()`` (views of the tensors ``viewed``), made once and kept on ``owner`` as ``name`` with
+    the addresses it views: made afresh when one of them was given new memory (``param.data = ...``,
+    a move); in-place changes show through the views kept."""
+    at = tuple(tensor.data_ptr() for tensor in viewed)
+    kept = owner.__dict__.get(name)
+    if kept is None or kept[0] != at:
+        kept = owner.__dict__[name] = at, make()
+    return kept[1]
 
 
 def dot_side(n: int) -> int:

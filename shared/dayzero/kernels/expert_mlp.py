@@ -1,4 +1,5 @@
-"""The routed experts' clamped SwiGLU MLP over rows sorted by expert, for both weight formats.
+"""The routed experts' clamped SwiGLU MLP over rows sorted by expert, from float weights, in torch
+(the MXFP4 weights' grouped kernel and the SwiGLU kernel: ``kernels.moe``).
 
 xs      [P, H]   rows sorted by expert (``counts[e]`` rows for local expert e, in order)
 counts  [E]      long
@@ -11,46 +12,15 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
-
-from .batch import Backend
-from .moe import grouped_mxfp4_matmul
 
 Weights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # float (w1 [I, H], w2 [H, I], w3 [I, H])
 # The multiply-adds padding may add per expert and still cost less than the three matmul calls it
 # saves (~10 us each on a CPU core): about what a core does in one such call
 PADDING_PER_EXPERT = 1 << 18
-SWIGLU_BLOCK = 1024  # elements a program
 
 
 def swiglu_torch(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
     return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
-
-
-@triton.jit
-def _swiglu_kernel(gate_ptr, up_ptr, out_ptr, n, limit, BLOCK: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = i < n
-    gate = tl.minimum(tl.load(gate_ptr + i, mask=ok, other=0.0).to(tl.float32), limit)
-    up = tl.load(up_ptr + i, mask=ok, other=0.0).to(tl.float32)
-    up = tl.minimum(tl.maximum(up, -limit), limit)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)  # rounded, as the twin's
-    tl.store(out_ptr + i, (silu * up).to(out_ptr.dtype.element_ty), mask=ok)
-
-
-def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float, backend: Backend = "torch") -> torch.Tensor:
-    """silu(min(gate, limit)) * clamp(up, -limit, limit), elementwise (the triton backend: one launch
-    for the twin's four: clamp, silu, clamp, multiply)."""
-    if gate.shape != up.shape or gate.dtype != up.dtype:
-        raise ValueError(f"bad gate {tuple(gate.shape)} {gate.dtype} / up {tuple(up.shape)} {up.dtype}")
-    if backend == "torch":
-        return swiglu_torch(gate, up, limit)
-    gate, up = gate.contiguous(), up.contiguous()
-    out = torch.empty_like(gate)
-    if out.numel():
-        _swiglu_kernel[(triton.cdiv(out.numel(), SWIGLU_BLOCK),)](gate, up, out, out.numel(), limit, BLOCK=SWIGLU_BLOCK)
-    return out
 
 
 def expert_mlp(
@@ -65,7 +35,7 @@ def expert_mlp(
         start += sizes[e]
         w1, w2, w3 = mats[e]
         x = xs[rows]
-        out[rows] = F.linear(swiglu(F.linear(x, w1), F.linear(x, w3), limit), w2)
+        out[rows] = F.linear(swiglu_torch(F.linear(x, w1), F.linear(x, w3), limit), w2)
     return out
 
 
@@ -96,19 +66,5 @@ def expert_mlp_stacked(
     slot = torch.arange(xs.shape[0], device=xs.device) - first[expert]  # [P] each row's place in its expert's
     rows = xs.new_zeros(experts, busiest, xs.shape[1])
     rows[expert, slot] = xs
-    hidden = swiglu(torch.bmm(rows, w1.transpose(1, 2)), torch.bmm(rows, w3.transpose(1, 2)), limit)
+    hidden = swiglu_torch(torch.bmm(rows, w1.transpose(1, 2)), torch.bmm(rows, w3.transpose(1, 2)), limit)
     return torch.bmm(hidden, w2.transpose(1, 2))[expert, slot]
-
-
-def expert_mlp_mxfp4(
-    xs: torch.Tensor, counts: torch.Tensor, most: int, packed: dict[str, torch.Tensor], limit: float, backend: Backend
-) -> torch.Tensor:
-    """The same from MXFP4 weights through the grouped kernel (``packed``: w1, w1_scale, ... as
-    PackedExperts holds them; no expert has more than ``most`` rows): no dequantized weight is
-    ever materialised, nothing is read back to the host."""
-    offsets = torch.zeros(counts.numel() + 1, dtype=torch.int32, device=xs.device)
-    offsets[1:] = counts.cumsum(0)
-    gate = grouped_mxfp4_matmul(xs, packed["w1"], packed["w1_scale"], offsets, most, backend)
-    up = grouped_mxfp4_matmul(xs, packed["w3"], packed["w3_scale"], offsets, most, backend)
-    hidden = swiglu(gate, up, limit, backend)
-    return grouped_mxfp4_matmul(hidden, packed["w2"], packed["w2_scale"], offsets, most, backend).to(xs.dtype)

@@ -5,6 +5,9 @@
   scales   [E, N, K/32]   uint8 UE8M0 exponents
   offsets  [E + 1]        int32: expert e owns rows offsets[e]:offsets[e+1] (may be empty)
 out[m, n] = sum_k x[m, k] * W_e[n, k] for the expert e owning row m. Output [M, N] fp32.
+
+And what runs the routed experts' MLP from those weights (``expert_mlp_mxfp4``): the clamped
+SwiGLU between the matmuls as one kernel (``swiglu``; its twin ``expert_mlp.swiglu_torch``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ import triton.language as tl
 
 from ..quant.formats import dequant_mxfp4
 from .batch import Backend
+from .expert_mlp import swiglu_torch
+
+SWIGLU_BLOCK = 1024  # elements a program
 
 
 def grouped_mxfp4_matmul_torch(
@@ -116,3 +122,42 @@ def grouped_mxfp4_matmul(
         BK=bk,
     )
     return out
+
+
+@triton.jit
+def _swiglu_kernel(gate_ptr, up_ptr, out_ptr, n, limit, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n
+    gate = tl.minimum(tl.load(gate_ptr + i, mask=ok, other=0.0).to(tl.float32), limit)
+    up = tl.load(up_ptr + i, mask=ok, other=0.0).to(tl.float32)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)  # rounded, as the twin's
+    tl.store(out_ptr + i, (silu * up).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float, backend: Backend = "torch") -> torch.Tensor:
+    """silu(min(gate, limit)) * clamp(up, -limit, limit), elementwise (the triton backend: one launch
+    for the twin's four: clamp, silu, clamp, multiply)."""
+    if gate.shape != up.shape or gate.dtype != up.dtype:
+        raise ValueError(f"bad gate {tuple(gate.shape)} {gate.dtype} / up {tuple(up.shape)} {up.dtype}")
+    if backend == "torch":
+        return swiglu_torch(gate, up, limit)
+    gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty_like(gate)
+    if out.numel():
+        _swiglu_kernel[(triton.cdiv(out.numel(), SWIGLU_BLOCK),)](gate, up, out, out.numel(), limit, BLOCK=SWIGLU_BLOCK)
+    return out
+
+
+def expert_mlp_mxfp4(
+    xs: torch.Tensor, counts: torch.Tensor, most: int, packed: dict[str, torch.Tensor], limit: float, backend: Backend
+) -> torch.Tensor:
+    """The same from MXFP4 weights through the grouped kernel (``packed``: w1, w1_scale, ... as
+    PackedExperts holds them; no expert has more than ``most`` rows): no dequantized weight is
+    ever materialised, nothing is read back to the host."""
+    offsets = torch.zeros(counts.numel() + 1, dtype=torch.int32, device=xs.device)
+    offsets[1:] = counts.cumsum(0)
+    gate = grouped_mxfp4_matmul(xs, packed["w1"], packed["w1_scale"], offsets, most, backend)
+    up = grouped_mxfp4_matmul(xs, packed["w3"], packed["w3_scale"], offsets, most, backend)
+    hidden = swiglu(gate, up, limit, backend)
+    return grouped_mxfp4_matmul(hidden, packed["w2"], packed["w2_scale"], offsets, most, backend).to(xs.dtype)

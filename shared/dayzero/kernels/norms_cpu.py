@@ -8,14 +8,11 @@ value), the sum left to right where torch's runs in vector lanes: they agree to 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
-
 import numba
 import numpy as np
 import torch
 
-T = TypeVar("T")
+from .batch import kept_view
 
 
 @numba.njit(cache=True)
@@ -52,17 +49,6 @@ def weight_array(weight: torch.Tensor) -> np.ndarray:
     to, resolve_conj, resolve_neg), ~130 a demo decode step for weights that never change. One that
     requires grad is not kept (``.numpy()`` refuses it, as before)."""
     return weight.numpy() if weight.requires_grad else kept_view(weight, "_host_view", (weight,), weight.numpy)
-
-
-def kept_view(owner: object, name: str, viewed: tuple[torch.Tensor, ...], make: Callable[[], T]) -> T:
-    """``make()`` (views of the tensors ``viewed``), made once and kept on ``owner`` as ``name`` with
-    the addresses it views: made afresh when one of them was given new memory (``param.data = ...``,
-    a move); in-place changes show through the views kept."""
-    at = tuple(tensor.data_ptr() for tensor in viewed)
-    kept = owner.__dict__.get(name)
-    if kept is None or kept[0] != at:
-        kept = owner.__dict__[name] = at, make()
-    return kept[1]
 
 
 def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

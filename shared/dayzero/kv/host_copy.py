@@ -3,7 +3,7 @@ state, the blocks of each counted off one id list, each stretch of consecutive b
 a layer. Python's per-copy cost (a numpy slice assignment ~1.3 us, five a handoff, or a gather
 and a scatter when the ids do not count up) was most of a small state's handoff.
 
-A host pool's storage is described once, when its pools are built, as ``places``: int64
+A host pool's storage is described once, when its pools are built, as ``places`` (kv.places): int64
 [kinds, 5] rows (address, blocks, layers, bytes between layers, bytes of a block in a layer), in
 ``POOL_KINDS`` order; the copy moves bytes, so any dtype. The addresses hold while the pools
 keep their tensors (for life: no pool's storage is ever replaced). ``copy_blocks`` (kv.handoff)
@@ -12,29 +12,11 @@ is its torch twin: the same blocks for tensors on any device.
 
 from __future__ import annotations
 
-import math
-
 import numba
-import numpy as np
-import torch
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
-
-PLACE_FIELDS = ("address", "blocks", "layers", "layer_stride", "block_bytes")
-
-
-def places_of(tensors: list[torch.Tensor]) -> np.ndarray:
-    """``places`` of pool tensors [layers, blocks, ...], each contiguous (int64 [len(tensors), 5])."""
-    rows = []
-    for tensor in tensors:
-        if not tensor.is_contiguous() or tensor.device.type != "cpu":
-            raise ValueError(f"a host pool tensor must be contiguous on the CPU, not {tensor.device} {tensor.stride()}")
-        layers, blocks = tensor.shape[:2]
-        block_bytes = math.prod(tensor.shape[2:]) * tensor.element_size()
-        rows.append((tensor.data_ptr(), blocks, layers, blocks * block_bytes, block_bytes))
-    return np.array(rows, dtype=np.int64).reshape(len(rows), len(PLACE_FIELDS))
 
 
 @intrinsic

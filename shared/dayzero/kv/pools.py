@@ -26,8 +26,8 @@ import torch
 
 from ..config import ModelConfig
 from .blocks import BlockAllocator, OutOfBlocks, SequenceBlocks, take
-from .host_copy import places_of
 from .layout import GROWING_POOLS, POOL_KINDS, PoolLayout
+from .places import places_of
 
 Allocate = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
 

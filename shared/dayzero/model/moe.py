@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..kernels.batch import Backend, from_host
-from ..kernels.expert_mlp import swiglu
+from ..kernels.moe import swiglu
 from ..parallel import Group
 from .weights import MoE
 

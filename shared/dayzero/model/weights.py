@@ -13,9 +13,8 @@ import torch
 from torch import nn
 
 from ..config import CSA, SLIDING, ModelConfig
-from ..kernels.batch import Backend
+from ..kernels.batch import Backend, kept_view
 from ..kernels.expert_mlp import expert_mlp, expert_mlp_stacked, pads_cheaply
-from ..kernels.norms_cpu import kept_view
 from ..parallel import Group
 from ..quant.experts import PackedExperts
 

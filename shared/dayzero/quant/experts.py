@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from .. import kernels
 from ..kernels.batch import Backend
-from ..kernels.expert_mlp import expert_mlp, expert_mlp_mxfp4
+from ..kernels.expert_mlp import expert_mlp
 from .formats import dequant_mxfp4
 
 
@@ -50,7 +51,7 @@ class PackedExperts(nn.Module):
         """The MoE's RoutedExperts: the grouped MXFP4 kernel on a GPU, else the hit experts
         dequantized through the converter (workspace + cache)."""
         if backend == "triton":
-            return expert_mlp_mxfp4(xs, counts, most, dict(self.named_buffers()), limit, backend)
+            return kernels.expert_mlp_mxfp4(xs, counts, most, dict(self.named_buffers()), limit, backend)
         return expert_mlp(xs, counts.tolist(), lambda ids: self.converter.weights(self, ids), limit)
 
 

@@ -20,7 +20,7 @@ from ..device_shares import KV_WORKERS
 from ..serving.budget import MIB, budget_pools
 from ..settings import Settings
 from ..settings_checks import refused_in_a_group
-from ..speculative import speculation_refused
+from ..speculative_checks import speculation_refused
 from .memory_plan import (
     GIB,
     H200_BYTES,

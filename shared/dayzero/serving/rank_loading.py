@@ -17,7 +17,7 @@ from ..kv.shared import CudaSharedPools, Segment, SharedPools, sweep_stale
 from ..model.plan import AttentionOptions
 from ..parallel.collectives import Group
 from ..settings import Settings
-from ..speculative import speculation_refused
+from ..speculative_checks import speculation_refused
 from .budget import MIB, Budget, DeviceMemory, device_budget, planned_pools, torch_dtype
 from .liveness import process_id
 from .ranks import KEEPALIVE_S, Ranks
