@@ -27,16 +27,17 @@ def test_decode_steps_equal_full_forward(tiny_checkpoint, backend, device, tol):
     device = device if backend == "triton" else "cpu"
     model = load_model(tiny_checkpoint, device=device, progress=False)
     options = AttentionOptions(backend=backend)
-    # interpreted kernels are slow: 12 steps (positions 21..32), the fewest that close blocks of both
+    # interpreted kernels are slow: 12 steps (positions 22..33), the fewest that close blocks of both
     # compressors (CSA 4, HCA 8) twice, a step reading what a step closed, and wrap the window's ring
-    # of one 16-row block (position 32 goes to slot 0)
-    n = 90 if backend == "torch" else 34
+    # of one 16-row block: position 32 goes to slot 0, which step 33 reads (a step attends to its own
+    # row before writing it, so the wrapping write shows only in the next step)
+    n = 90 if backend == "torch" else 35
     ids = random_ids(n, model.cfg.vocab_size, seed=5)
     full = _full(model, ids, device=device)
     pools = pools_for(model.cfg, torch.float32, n, device=device)
-    first = prefill(model, pools, ["s"], [ids[:21]], options)[0]  # 21: mid-window of every compressor
-    errors = [(first - full[20]).abs().max().item()]
-    for t in range(21, n - 1):  # decode steps crossing CSA (4) and HCA (8) boundaries
+    first = prefill(model, pools, ["s"], [ids[:22]], options)[0]  # 22: mid-window of every compressor
+    errors = [(first - full[21]).abs().max().item()]
+    for t in range(22, n - 1):  # decode steps crossing CSA (4) and HCA (8) boundaries
         logits = decode(model, pools, ["s"], [ids[t]], options)[0]
         errors.append((logits - full[t]).abs().max().item())
     assert pools.length("s") == n - 1
