@@ -22,19 +22,23 @@ def _row_stats_kernel(x_ptr, out_ptr, D: tl.constexpr):
     tl.store(out_ptr + row * 2 + 1, tl.max(x, axis=0))
 
 
-def _scans(rows: int) -> int:
-    """Launch the kernel over ``rows`` programs (checking its sums and maxima) -> the module scans it took."""
+def _scanned(rows: int) -> list[object]:
+    """Launch the kernel over ``rows`` programs (checking its sums and maxima) -> the modules it scanned."""
     scans = []
     scan = interpreter._patch_builtin
     x = torch.arange(rows * 8, dtype=torch.float32).view(rows, 8)
     out = torch.empty(rows, 2)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(interpreter, "_patch_builtin", lambda *args: scans.append(args) or scan(*args))
+        patch.setattr(interpreter, "_patch_builtin", lambda pkg, *args: scans.append(pkg) or scan(pkg, *args))
         _row_stats_kernel[(rows,)](x, out, D=8)
     assert torch.equal(out, torch.stack([x.sum(1), x.amax(1)], dim=1))
-    return len(scans)
+    return scans
 
 
 def test_a_launch_patches_as_often_for_one_program_as_for_eight():
-    _scans(1)  # a process's first launch scans fewer modules (3 fewer here, either way): not the count compared
-    assert _scans(1) == _scans(8)  # unpatched: 16 and 100, a device function's call a scan of its module
+    _scanned(1)  # a process's first launch scans fewer modules (3 fewer here, either way): not the ones compared
+    one, eight = _scanned(1), _scanned(8)
+    assert eight == one  # unpatched: 16 and 100 scans, a device function's call a scan of its module
+    # tl.sum's module (triton.language.standard) names the language ``core``, the kernel's ``tl``: a device
+    # function's module is still patched at its first call in a launch
+    assert tl.core in one
