@@ -7,7 +7,7 @@ building a grammar's lexer costs under dayzero's limits (``chat.grammar.parser_l
 llguidance's defaults, for schemas in use and for a pathological pattern (a byte vocabulary: the
 lexer's cost does not depend on it), matched over a valid text.
 
-    .venv/bin/python bench/guided.py [--steps 40] [--threads 1]
+    .venv/bin/python bench/guided.py [--steps 40] [--threads 1] [--batches 1 8 32] [--pattern REGEX]
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ TOOL = {
         },
     },
 }
+# a pattern whose lexer exhausts its fuel under both limits (each cell ERR)
+PATHOLOGICAL = "^((a{1000}){1000}){100}$"
 STRICT_TOOL = {"type": "function", "function": {**TOOL["function"], "strict": True}}
 
 
@@ -104,6 +106,8 @@ def main() -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=1)  # torch's; llguidance's pool is its own
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="rows a step (default 1 8 32)")
+    parser.add_argument("--pattern", default=PATHOLOGICAL, help=f"the pathological pattern (default {PATHOLOGICAL})")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     eos = {"eos_token": SPECIAL_TOKENS[1]}
@@ -125,16 +129,17 @@ def main() -> None:
         auto = Grammar(auto_calls_grammar([STRICT_TOOL], dsml_symbol(codec.token_id(DSML), DSML), _kept(codec)))
         grammars["auto, strict tool: text"] = auto
         grammars["auto, strict tool: its call"] = auto, f"Sure.\n\n<{DSML}tool_calls>\n"
-        for (name, grammar), batch in itertools.product(grammars.items(), (1, 8, 32)):
+        for (name, grammar), batch in itertools.product(grammars.items(), args.batches):
             grammar, opening = grammar if isinstance(grammar, tuple) else (grammar, "")
             build, fill, apply = step_ms(codec, grammar, batch, args.steps, opening)
             print(f"| {label} | {name} | {batch} | {build:.2f} | {fill:.2f} | {apply:.2f} |")
     print(json.dumps({"torch_threads": torch.get_num_threads()}))
-    lexer_costs()
+    lexer_costs(args.pattern)
 
 
-def lexer_costs() -> None:
-    """Each grammar built and matched over its text, byte by byte: seconds, and whether it held."""
+def lexer_costs(pattern: str) -> None:
+    """Each grammar built and matched over its text, byte by byte: seconds, and whether it held
+    (``pattern``: one whose lexer exhausts its fuel, its text a prefix of what it matches)."""
     import llguidance
 
     tools = [
@@ -163,10 +168,7 @@ def lexer_costs() -> None:
             json_grammar({"type": "string", "pattern": r"^[a-z0-9._+-]+@[a-z0-9.-]+\.[a-z]{2,}$"}),
             '"a.b@c.org"',
         ),
-        "pattern ^((a{1000}){1000}){100}$": (
-            json_grammar({"type": "string", "pattern": "^((a{1000}){1000}){100}$"}),
-            '"aaaa',
-        ),
+        f"pattern {pattern}": (json_grammar({"type": "string", "pattern": pattern}), '"aaaa'),
     }
     print("\nbuilding and matching a grammar (byte vocabulary), s; ERR: llguidance gave up")
     print("| grammar | dayzero's limits | llguidance's defaults |\n|---|--:|--:|")
