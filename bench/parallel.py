@@ -6,7 +6,8 @@ of rank 0's model (experts and the rest), collectives per layer per decode step 
 dayzero.parallel.Group), and the median decode step with the part of it spent inside
 collectives, and what a worker group adds to each step: rank 0 broadcasting the step's plan
 (dayzero.serving.ranks). Gloo on a shared 2-core machine is slow: the collective share is the
-figure to watch. One rank is timed with all the threads and with one (a rank of two gets one).
+figure to watch. One rank is timed with all the threads and with one (a rank of two gets one;
+one row where torch has one thread).
 ``--layers`` and ``--experts`` size the model (bench/moe.py's ``sized``).
 Run: ``python bench/parallel.py [--batch 4] [--prompt-tokens 64] [--steps 24] [--layers 4] [--experts 64]``.
 """
@@ -90,8 +91,9 @@ def main() -> None:
         )
         print("|---|---|---|---|---|---|---|")
         threads = torch.get_num_threads()
-        for n, label in ((1, f"1 ({threads} threads)"), (1, "1 (1 thread)"), (2, "2 (1 thread each)")):
-            torch.set_num_threads(threads if "threads" in label else 1)
+        runs = [(1, threads, f"1 ({threads} threads)"), (1, 1, "1 (1 thread)"), (2, 1, "2 (1 thread each)")]
+        for n, rank_threads, label in runs[1:] if threads == 1 else runs:  # (one thread: the first two repeat)
+            torch.set_num_threads(rank_threads)
             r = run_group(n, rank_run, path, *sizes)  # two ranks: run_group gives each its share of the threads
             share = r["comm_ms"] / r["step_ms"]
             print(
