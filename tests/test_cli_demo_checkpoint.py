@@ -12,10 +12,11 @@ from dayzero import cli
 from dayzero.quant.shards import write_shards
 
 from .conftest import run_dayzero
+from .transformers_logs import transformers_loggers_on_closed_streams
 
 
 @pytest.mark.slow
-def test_demo_checkpoint_carries_the_released_special_tokens(tmp_path, capsys):
+def test_demo_checkpoint_carries_the_released_special_tokens(tmp_path, transformers_logs, capsys):
     """In this process (cli.main, as ``python -m dayzero.cli`` calls it: a process of its own runs below)."""
     from tokenizers import Tokenizer
 
@@ -39,6 +40,11 @@ def test_demo_checkpoint_carries_the_released_special_tokens(tmp_path, capsys):
     al = cli.main(["align", str(tmp_path / "d"), "--tokens", "2", "--json"])  # transformers loads it too
     printed = capsys.readouterr()
     assert al == 0 and json.loads(printed.out)["ok"], printed.out + printed.err
+
+
+def test_transformers_still_logs_after_the_commands_above_ran_in_this_process(transformers_logs):
+    """(After the test above, as the file runs:) transformers' handlers write to no closed capsys stream."""
+    assert transformers_loggers_on_closed_streams(transformers_logs) == []
 
 
 def test_demo_checkpoint_replaces_an_older_sharded_one_with_the_umask_s_modes(tmp_path):
