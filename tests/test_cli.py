@@ -14,11 +14,11 @@ from dayzero import cli
 from dayzero.kernels import attention
 
 from .conftest import run_dayzero
-from .transformers_logs import transformers_loggers_on_closed_streams
+from .in_process import shown_warnings, transformers_loggers_on_closed_streams
 
 
 @pytest.mark.slow
-def test_demo_checkpoint_generate_and_align(tmp_path, transformers_logs, capsys):
+def test_demo_checkpoint_generate_and_align(tmp_path, transformers_logs, capsys, recwarn):
     """In this process (cli.main, as ``python -m dayzero.cli`` calls it): a process each paid torch's
     and transformers' imports three times (the commands' own processes run in other tests)."""
     out = tmp_path / "demo"
@@ -43,6 +43,7 @@ def test_demo_checkpoint_generate_and_align(tmp_path, transformers_logs, capsys)
     assert report["greedy_match"] and report["max_abs_err"] < 1e-4 and len(report["steps"]) == 4
     assert len(report["layers"]) == 4 and max(report["layers"]) < 1e-4
     assert report["sparse_vs_dense_max_abs"] > 0  # demo: top-k 4 < entries of a 64-token prompt
+    assert shown_warnings(recwarn) == []  # on a process's stderr, which the assertions above read
 
 
 def test_transformers_still_logs_after_the_commands_above_ran_in_this_process(transformers_logs):

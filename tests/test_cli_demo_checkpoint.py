@@ -12,11 +12,11 @@ from dayzero import cli
 from dayzero.quant.shards import write_shards
 
 from .conftest import run_dayzero
-from .transformers_logs import transformers_loggers_on_closed_streams
+from .in_process import shown_warnings, transformers_loggers_on_closed_streams
 
 
 @pytest.mark.slow
-def test_demo_checkpoint_carries_the_released_special_tokens(tmp_path, transformers_logs, capsys):
+def test_demo_checkpoint_carries_the_released_special_tokens(tmp_path, transformers_logs, capsys, recwarn):
     """In this process (cli.main, as ``python -m dayzero.cli`` calls it: a process of its own runs below)."""
     from tokenizers import Tokenizer
 
@@ -40,6 +40,7 @@ def test_demo_checkpoint_carries_the_released_special_tokens(tmp_path, transform
     al = cli.main(["align", str(tmp_path / "d"), "--tokens", "2", "--json"])  # transformers loads it too
     printed = capsys.readouterr()
     assert al == 0 and json.loads(printed.out)["ok"], printed.out + printed.err
+    assert shown_warnings(recwarn) == []  # on a process's stderr, which the assertions above read
 
 
 def test_transformers_still_logs_after_the_commands_above_ran_in_this_process(transformers_logs):

@@ -25,6 +25,7 @@ from dayzero.quant.formats import dequant_fp8, dequant_mxfp4
 from dayzero.quant.quantize import quantize_checkpoint
 
 from .conftest import random_ids, tiny_config
+from .in_process import shown_warnings
 from .quant.test_fp4_model import FP4_CONFIG
 
 RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
@@ -79,7 +80,7 @@ def test_the_release_layout_is_what_the_fixture_writes(release):
 
 
 @pytest.mark.slow
-def test_release_matches_transformers_through_align_and_generates_ids(release, capsys):
+def test_release_matches_transformers_through_align_and_generates_ids(release, capsys, recwarn):
     """In this process (cli.main, as ``python -m dayzero.cli`` calls it): a process each paid torch's
     import four times (test_fp8_experts_as_the_base_releases_ship_them runs one of its own)."""
     ids = ",".join(map(str, random_ids(140, 96, 1)))
@@ -98,6 +99,7 @@ def test_release_matches_transformers_through_align_and_generates_ids(release, c
     text = cli.main(["generate", "--checkpoint", str(release), "--prompt", "hi", "--max-tokens", "2"])
     printed = capsys.readouterr()
     assert text == 2 and "no tokenizer.json" in printed.err and "Traceback" not in printed.err
+    assert shown_warnings(recwarn) == []  # on a process's stderr, which the assertions above read
 
 
 def test_e8m0_uint8_and_float32_scales_load_the_same_numbers(release, tmp_path):

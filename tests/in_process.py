@@ -1,8 +1,11 @@
-"""The log handlers transformers makes as it loads, made before any test's ``capsys`` (conftest's fixture)."""
+"""Commands run through cli.main in the test's process, as ``python -m dayzero.cli`` would run them: the log
+handlers transformers makes as it loads made before any test's ``capsys`` (conftest's fixture), and the
+warnings such a process would print to stderr (pytest records them instead)."""
 
 from __future__ import annotations
 
 import logging
+import warnings
 
 import pytest
 
@@ -23,3 +26,13 @@ def transformers_loggers_on_closed_streams(transformers_logs: None) -> list[str]
     in its process asks: ``capsys`` closed that test's stream)."""
     assert all(logging.getLogger(n).handlers for n in LOGGERS)
     return [n for n in LOGGERS for h in logging.getLogger(n).handlers if getattr(h, "stream", None) and h.stream.closed]
+
+
+# the categories Python's default filters hide from a process's stderr
+UNSHOWN = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+
+
+def shown_warnings(recorded: list[warnings.WarningMessage]) -> list[str]:
+    """What of the test's recorded warnings (``recwarn``) ``python -m dayzero.cli`` prints to stderr: the
+    subprocess tests' "stderr is the one error line" and "no Traceback" saw them, capsys does not."""
+    return [f"{w.category.__name__}: {w.message}" for w in recorded if not issubclass(w.category, UNSHOWN)]
