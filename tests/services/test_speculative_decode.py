@@ -96,8 +96,8 @@ def test_speculative_worker_serves_each_feature_as_plain_decoding(speculating):
 @pytest.mark.slow
 def test_a_seeded_stream_re_run_after_its_decode_worker_died_continues_as_undisturbed(speculating):
     """A seeded sampled stream whose speculating decode worker is SIGKILLed mid-stream is re-run from
-    the tokens it streamed and goes on with the very tokens, in the very rounds, of the same request
-    undisturbed (was: a plain draw for its next token, from another generator). A greedy stream and
+    the tokens it streamed and goes on with the very tokens of the same request undisturbed (was: a
+    plain draw for its next token, from another generator: other text). A greedy stream and
     an unseeded sampled one that the worker took down with it finish too, without gaps; the greedy
     one as undisturbed."""
     body = {"model": MODEL, "prompt": "Lists are mutable sequences", "max_tokens": 80, "ignore_eos": True}
@@ -109,7 +109,9 @@ def test_a_seeded_stream_re_run_after_its_decode_worker_died_continues_as_undist
         *re_run, killed = stream_killing_its_worker(speculating, seeded, after=8, back=True)
         re_run_greedy, re_run_unseeded = (f.result()[:2] for f in others)
     assert killed is not None and killed.name == "decode0"
-    assert tuple(re_run) == undisturbed  # the text, and the rounds' chunks: the same last index in each
+    # the text, and the last index (the chunks' other bounds are the gateway's: what arrived together
+    # while it lagged is one chunk, event_streams.py; under load a re-run's first chunk held tokens 1-2)
+    assert (re_run[0], re_run[1][-1]) == (undisturbed[0], undisturbed[1][-1])
     assert len(undisturbed[1]) > 8 and undisturbed[1][-1] == 80
-    assert re_run_greedy == greedy_undisturbed
+    assert (re_run_greedy[0], re_run_greedy[1][-1]) == (greedy_undisturbed[0], greedy_undisturbed[1][-1])
     assert re_run_unseeded[1] == sorted(set(re_run_unseeded[1])) and re_run_unseeded[1][-1] == 80
