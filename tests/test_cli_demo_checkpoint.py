@@ -12,7 +12,7 @@ from dayzero import cli
 from dayzero.quant.shards import write_shards
 
 from .conftest import run_dayzero
-from .in_process import shown_warnings, transformers_loggers_on_closed_streams
+from .transformers_logs import shown_warnings, transformers_loggers_on_closed_streams
 
 
 @pytest.mark.slow
