@@ -17,11 +17,11 @@ from dayzero.grammars import Grammars
 from dayzero.guided import GRAMMAR_FAILED, Grammar, GrammarFailed, Guide, allowed_logits
 from dayzero.params import SamplingParams
 
-from .conftest import (
+from .conftest import build_tokenizer
+from .grammar_cases import (
     AB_PATTERN,
     FAILING_LATE,
     LATE_PATTERN,
-    build_tokenizer,
     few_lexer_states,
     fill_lexer,
     ready_compile,

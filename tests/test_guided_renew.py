@@ -21,7 +21,7 @@ from dayzero.serving.active import Active
 from dayzero.serving.intake import Ticket
 from dayzero.serving.runtime import Runtime
 
-from .conftest import AB_PATTERN, few_lexer_states, fill_lexer, ready_compile, seen_ready
+from .grammar_cases import AB_PATTERN, few_lexer_states, fill_lexer, ready_compile, seen_ready
 from .test_guided import VOCAB, _fresh_codec
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from dayzero.chat.grammar import _byte_grammars, grammar_problem, json_grammar, schema_problem, tool_calls_grammar
 
-from ..conftest import FAILING_LATE, LATE_PATTERN, late
+from ..grammar_cases import FAILING_LATE, LATE_PATTERN, late
 
 NOTHING = "nothing satisfies it (such as a $ref that only refers to itself)"
 CYCLE = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}  # the QA report's

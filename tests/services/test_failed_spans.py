@@ -24,7 +24,7 @@ from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
-from ..conftest import FAILING_LATE, LATE_PATTERN
+from ..grammar_cases import FAILING_LATE, LATE_PATTERN
 from .conftest import prompt_ids, recording, run_jobs
 from .test_one_fails_alone import POISON
 

@@ -26,7 +26,7 @@ from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 from services.gateway.app import make_app
 
-from ..conftest import AB_PATTERN, FAILING_LATE, LATE_PATTERN, few_lexer_states, fill_lexer, late
+from ..grammar_cases import AB_PATTERN, FAILING_LATE, LATE_PATTERN, few_lexer_states, fill_lexer, late
 from .conftest import MODEL, prompt_ids, recording, run_jobs, wait_until
 
 WHY = "its grammar failed mid-reply: lexer error: too many expressions constructed"

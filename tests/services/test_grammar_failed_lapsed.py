@@ -18,7 +18,7 @@ from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
-from ..conftest import AB_PATTERN, FAILING_LATE, LATE_PATTERN
+from ..grammar_cases import AB_PATTERN, FAILING_LATE, LATE_PATTERN
 from .conftest import prompt_ids, recording, run_jobs
 from .test_grammar_failed import _last, _prefilled
 

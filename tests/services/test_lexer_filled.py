@@ -24,7 +24,7 @@ from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings
 
-from ..conftest import AB_PATTERN, few_lexer_states, fill_lexer
+from ..grammar_cases import AB_PATTERN, few_lexer_states, fill_lexer
 from .conftest import prompt_ids, recording, run_jobs
 
 
