@@ -3,7 +3,7 @@
 An FP4-expert / FP8-dense checkpoint (bench/moe.py's shape, 64 experts) on N = 1 and 2 local
 ranks (rank 0 here, rank 1 spawned, each with its share of the CPU threads): resident bytes
 of rank 0's model (experts and the rest), collectives per layer per decode step (counted by
-dayzero.parallel.Group), and the median decode step with the part of it spent inside
+dayzero.parallel.Group), and the median decode step (after an untimed first) with the part of it spent inside
 collectives, and what a worker group adds to each step: rank 0 broadcasting the step's plan
 (dayzero.serving.ranks). Gloo on a shared 2-core machine is slow: the collective share is the
 figure to watch. One rank is timed with all the threads and with one (a rank of two gets one;
@@ -39,9 +39,10 @@ def rank_run(group, path: Path, batch: int, prompt: int, decode_steps: int) -> d
     experts = sum(t.numel() * t.element_size() for n, t in state if ".ffn.experts." in n)
     total = sum(t.numel() * t.element_size() for _, t in state)
     seqs = [f"s{i}" for i in range(batch)]
-    pools = pools_for(model.cfg, torch.float32, prompt + decode_steps + 2, max_sequences=batch)
+    pools = pools_for(model.cfg, torch.float32, prompt + decode_steps + 3, max_sequences=batch)
     prompts = [[(7 * i + j) % model.cfg.vocab_size for j in range(prompt)] for i in range(batch)]
     tokens = prefill(model, pools, seqs, prompts).argmax(-1).tolist()
+    tokens = decode(model, pools, seqs, tokens).argmax(-1).tolist()  # untimed: the process's first decode's cost
     steps, comm = [], []
     counts_before = sum(group.counts.values())
     for _ in range(decode_steps):
