@@ -56,6 +56,24 @@ def test_a_lease_longer_than_the_registry_remembers_a_worker_is_refused(monkeypa
         settings_from_env()
 
 
+FLOAT_SETTINGS = [name for name, field in Settings.model_fields.items() if field.annotation is float]
+
+
+@pytest.mark.parametrize("name", FLOAT_SETTINGS)
+@pytest.mark.parametrize("raw", ["inf", "-inf", "nan", "1e400"])
+def test_a_float_setting_that_is_not_finite_is_refused(monkeypatch, name, raw):
+    """DAYZERO_REDIS_ANSWER_WITHIN_S=inf was accepted (up waited for ever on a Redis that never answered),
+    as was inf for every float setting bounded only below; nan was refused as not "greater than 0"."""
+    monkeypatch.setenv(f"DAYZERO_{name.upper()}", raw)
+    with pytest.raises(ValueError) as error:
+        settings_from_env()
+    assert str(error.value) == f"DAYZERO_{name.upper()}='{raw}': Input should be a finite number"
+
+
+def test_the_float_settings_checked_include_the_timeouts_and_the_fraction():
+    assert {"redis_answer_within_s", "kv_memory_fraction", "prefill_pass_s", "lease_s"} <= set(FLOAT_SETTINGS)
+
+
 @pytest.mark.parametrize("url", ["sentinel://127.0.0.1:26379", "unix:///run/redis.sock", "127.0.0.1:6379"])
 def test_a_redis_url_dayzero_cannot_serve_with_is_refused_at_start(monkeypatch, url):
     """redis-py (the gateway's and the stages' clients) reads no sentinel:// URL (kombu's form: no

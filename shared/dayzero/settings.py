@@ -35,7 +35,9 @@ def _served_redis_url(url: str) -> str:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="DAYZERO_", frozen=True)
+    # (no float setting is infinite or NaN: DAYZERO_REDIS_ANSWER_WITHIN_S=inf waited for ever, =nan was refused
+    # as not "greater than 0")
+    model_config = SettingsConfigDict(env_prefix="DAYZERO_", frozen=True, allow_inf_nan=False)
 
     cache_dir: Path = Field(default=Path.home() / ".cache" / "dayzero", description="where the demo checkpoint lives")
     dtype: str = Field(
