@@ -31,8 +31,9 @@ def test_checkpoint_help_names_the_variable_that_is_its_default(command, tmp_pat
 
 
 def _settings_entry(name: str) -> str:
-    """One DAYZERO_* entry of ``--help``'s settings list, its wrapped lines joined."""
-    entry = settings_help().split(f"  {name} ", 1)[1].split("\n  DAYZERO_", 1)[0]
+    """One DAYZERO_* entry of ``--help``'s settings list, its wrapped lines joined (an entry starts a line:
+    another's text may name it)."""
+    entry = settings_help().split(f"\n  {name} ", 1)[1].split("\n  DAYZERO_", 1)[0]
     return " ".join(entry.split())
 
 
@@ -43,6 +44,17 @@ def test_settings_help_states_no_default_that_another_setting_changes():
     assert f"(default {Settings().handoff})" not in handoff
     assert f"{Settings(device='cuda').handoff} with DAYZERO_DEVICE=cuda" in handoff
     assert "the model's own context when shorter" in _settings_entry("DAYZERO_MAX_CONTEXT")
+
+
+def test_settings_help_states_the_largest_kv_memory_fraction_a_worker_starts_with():
+    """``--help`` said nothing of DAYZERO_KV_MEMORY_FRACTION's bound: 0.96 or 1.0 (vLLM's largest) were
+    refused at start with a bound the help never named."""
+    stated = re.search(r"at most ([0-9.]+),", _settings_entry("DAYZERO_KV_MEMORY_FRACTION"))
+    assert stated, _settings_entry("DAYZERO_KV_MEMORY_FRACTION")
+    most = float(stated.group(1))
+    assert Settings(device="cuda", kv_memory_fraction=most).kv_memory_fraction == most
+    with pytest.raises(ValueError, match="less than or equal to"):
+        Settings(device="cuda", kv_memory_fraction=most + 0.01)
 
 
 def test_quantize_help_names_the_in_its_out_refers_to():
