@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import re
+from multiprocessing import shared_memory
 
 import pytest
 import torch
 
 from dayzero.device_shares import kv_fractions
 from dayzero.kv import pools
+from dayzero.kv import shared as kv_shared
 from dayzero.parallel.collectives import Group
 from dayzero.serving.rank_loading import load_ranks
 from dayzero.settings import Settings
@@ -17,17 +19,25 @@ from dayzero.settings import Settings
 ONE_EACH = {"vision": 0, "prefill": 1, "decode": 1}
 
 
-def test_pools_the_device_cannot_hold_are_a_one_line_refusal_naming_the_budget(tiny_checkpoint, monkeypatch):
-    """Another process holding the GPU's memory (free memory is not read when sizing): the pools'
-    allocation ran out of memory, and the worker died on torch's traceback naming no setting."""
+def _cuda_out_of_memory():
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 MiB.")
+
+
+def _host_out_of_memory():
+    """torch's own CPU allocator failure: malloc of 2^60 bytes fails at once (no address space holds it)."""
+    return torch.empty(1 << 60, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("fail", [_cuda_out_of_memory, _host_out_of_memory])
+def test_pools_the_device_cannot_hold_are_a_one_line_refusal_naming_the_budget(fail, tiny_checkpoint, monkeypatch):
+    """Another process holding the GPU's memory (free memory is not read when sizing), or a
+    DAYZERO_KV_BUDGET_MB past the host's (plain pools: generate, a decode worker): the pools' allocation
+    failed, and the worker died on torch's traceback naming no setting (on CPU a RuntimeError)."""
 
     planned_on = pools.zeros_on  # (the plan's pools, on the meta device, hold no memory)
 
     def out_of_memory(device):
-        def allocate(shape, dtype):
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 MiB.")
-
-        return planned_on(device) if torch.device(device).type == "meta" else allocate
+        return planned_on(device) if torch.device(device).type == "meta" else lambda shape, dtype: fail()
 
     monkeypatch.setattr(pools, "zeros_on", out_of_memory)
     with pytest.raises(ValueError) as refused:
@@ -38,6 +48,27 @@ def test_pools_the_device_cannot_hold_are_a_one_line_refusal_naming_the_budget(t
     assert "DAYZERO_KV_MEMORY_FRACTION" in message
     planned = float(re.search(r"pools' ([0-9.]+) MiB", message).group(1))
     assert 3.9 <= planned <= 4.0  # the 4 MiB budget, less what whole blocks leave over
+
+
+def test_a_shared_pool_larger_than_dev_shm_is_refused_before_its_segment_is_made(tiny_checkpoint, monkeypatch):
+    """A prefill worker's pools (DAYZERO_HANDOFF=shm) past what /dev/shm holds (docker's default: 64 MiB,
+    here 60 of them free, under the default 256 MiB budget): the segment was made (a sparse file) and zeroed
+    until the tmpfs ran out of pages: the worker died of a SIGBUS (exit 135, the demo model in a 64 MiB tmpfs),
+    the host's other segments failing meanwhile."""
+
+    def made(*args, **kwargs):
+        pytest.fail("the segment was made: it would fill /dev/shm")
+
+    monkeypatch.setattr(shared_memory, "SharedMemory", made)
+    monkeypatch.setattr(kv_shared, "room", lambda: (60 << 20, 64 << 20))  # (free, size) of a container's
+    with pytest.raises(ValueError) as refused:
+        load_ranks(Settings(checkpoint=tiny_checkpoint, handoff="shm"), Group(), shared=True)
+    message = str(refused.value)
+    assert "\n" not in message and refused.value.__cause__ is None and refused.value.__suppress_context__
+    assert ") do not fit in /dev/shm, where 60 MiB of its 64 MiB are free" in message
+    assert "lower DAYZERO_KV_BUDGET_MB, or give /dev/shm more room (docker: --shm-size)" in message
+    planned = float(re.search(r"pools' ([0-9.]+) MiB \(256 MiB, more than", message).group(1))
+    assert 255 <= planned <= 256  # the default budget, less what whole blocks leave over
 
 
 @pytest.mark.parametrize("fraction", [1.0, 0.96])

@@ -56,6 +56,13 @@ def unlink_pools_by(pids: Iterable[int], folder: Path = SHM_DIR) -> list[str]:
     return _unlink_matching([f"{POOL}-{pid}-*" for pid in set(pids) if gone(pid)], folder)
 
 
+def room(folder: Path = SHM_DIR) -> tuple[int, int]:
+    """The bytes a new segment in ``folder``'s filesystem may take now, and its whole size (a tmpfs:
+    the host's memory, its size a share of it: half by default, docker's 64 MiB)."""
+    stats = os.statvfs(folder)
+    return stats.f_bavail * stats.f_frsize, stats.f_blocks * stats.f_frsize
+
+
 def gone(pid: int) -> bool:
     """Whether no live process has this pid: none (exited and reaped), or its exited process not
     reaped yet (a zombie: its parent, or an init that reaps nothing, has not waited for it)."""

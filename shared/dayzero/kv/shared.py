@@ -16,13 +16,26 @@ import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 from torch.storage import TypedStorage
 
-from ..shm import POOL, SHM_DIR, gone
+from ..shm import POOL, SHM_DIR, gone, room
 from .layout import PoolLayout
 from .pools import KVPools
 
 _ALIGN = 64
 PREFIX = POOL
 Segment = shared_memory.SharedMemory
+# what a pool segment leaves free in /dev/shm for the host's other segments: image embeddings parked for
+# prefill (a request's 8 images of 256 tokens of V4-Flash's 4096 floats: 32 MiB), two requests' worth
+SHM_HEADROOM = 64 << 20
+
+
+class NoShmRoom(MemoryError):
+    """A pool segment larger than what /dev/shm has free (less ``SHM_HEADROOM``), refused before it is
+    created: made, its zeroing would fill the filesystem (a SIGBUS where the pages ran out, and the
+    host's other segments failing meanwhile)."""
+
+    def __init__(self, size: int, free: int, total: int) -> None:
+        super().__init__(f"a segment of {size} bytes where {free} of {total} are free")
+        self.size, self.free, self.total = size, free, total
 
 
 class _Carver:
@@ -53,8 +66,11 @@ class SharedPools:
     def create(
         layout: PoolLayout, blocks: dict[str, int], dtype: torch.dtype
     ) -> tuple[KVPools, shared_memory.SharedMemory]:
+        size, (free, total) = segment_bytes(layout, blocks, dtype), room()
+        if size + SHM_HEADROOM > free:
+            raise NoShmRoom(size, free, total)
         name = f"{PREFIX}-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # the creator's pid: see sweep_stale
-        shm = shared_memory.SharedMemory(name=name, create=True, size=segment_bytes(layout, blocks, dtype))
+        shm = shared_memory.SharedMemory(name=name, create=True, size=size)
         buffer = torch.frombuffer(shm.buf, dtype=torch.uint8)
         buffer.zero_()
         return KVPools(layout, blocks, dtype, allocate=_Carver(buffer), pool_id=shm.name), shm

@@ -13,10 +13,11 @@ import torch
 
 from ..checkpoint import load_model
 from ..kv.pools import KVPools
-from ..kv.shared import CudaSharedPools, Segment, SharedPools, sweep_stale
+from ..kv.shared import SHM_HEADROOM, CudaSharedPools, NoShmRoom, Segment, SharedPools, sweep_stale
 from ..model.plan import AttentionOptions
 from ..parallel.collectives import Group
 from ..settings import Settings
+from ..shm import SHM_DIR
 from ..speculative_checks import speculation_refused
 from .budget import MIB, Budget, DeviceMemory, device_budget, planned_pools, torch_dtype
 from .liveness import process_id
@@ -24,6 +25,7 @@ from .ranks import KEEPALIVE_S, Ranks
 from .registry import Registry
 
 log = logging.getLogger("dayzero.worker")
+CPU_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"  # (torch's RuntimeError, from malloc's ENOMEM)
 
 
 def attention_options(settings: Settings) -> AttentionOptions:
@@ -81,8 +83,10 @@ def load_ranks(
     )
     try:
         pools, segment = _allocated(settings, sized, dtype, group.device, shared)
-    except torch.OutOfMemoryError:
-        raise ValueError(_no_room(sized, budget, device)) from None
+    except (RuntimeError, MemoryError) as exc:
+        if not _out_of_memory(exc):
+            raise
+        raise ValueError(_no_room(sized, budget, device, exc)) from None
     keepalive = min(KEEPALIVE_S, settings.group_timeout_s / 4)
     options = attention_options(settings)
     ranks = Ranks(group, model, pools, options, keepalive_s=keepalive, decode_graphs=settings.decode_graphs)
@@ -104,10 +108,22 @@ def _allocated(
     return KVPools(layout, sized.blocks, dtype, device), None
 
 
-def _no_room(sized: KVPools, budget: Budget, device: torch.device) -> str:
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether allocating the pools failed for want of memory: CUDA's, the host's (torch's CPU allocator
+    raises a RuntimeError of several lines), or /dev/shm's room (``NoShmRoom``)."""
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or CPU_ALLOCATION_FAILED in str(exc)
+
+
+def _no_room(sized: KVPools, budget: Budget, device: torch.device, exc: BaseException) -> str:
     """Why the pools were not allocated, in one line: another process holds the memory the budget
     counted on (free memory is not read to size them: ``_device_memory``), or the budget is too large."""
     planned = sum(t.nbytes for t in sized.tensors())
+    if isinstance(exc, NoShmRoom):
+        return (
+            f"the attention pools' {planned / MIB:.1f} MiB ({budget.chosen_by}) do not fit in {SHM_DIR}, where "
+            f"{exc.free / MIB:.0f} MiB of its {exc.total / MIB:.0f} MiB are free (a pool leaves {SHM_HEADROOM // MIB} "
+            f"MiB for other segments): lower DAYZERO_KV_BUDGET_MB, or give {SHM_DIR} more room (docker: --shm-size)"
+        )
     free = ""
     if device.type == "cuda":  # (read now, for the message alone)
         free_bytes, total_bytes = torch.cuda.mem_get_info(device)
