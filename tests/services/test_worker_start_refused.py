@@ -6,6 +6,7 @@ processes: Redis, a gateway, a prefill worker restarted during the refusal, a de
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ import pytest
 import redis
 
 from dayzero.procs import free_port, scratch_redis, spawn, start_redis, terminate
+from dayzero.serving.worker import exit_on_failure
 
 from .conftest import MODEL, SETTINGS_ENV, start_stack, wait_until
 from .test_decode_appends import writes_refused
@@ -129,3 +131,40 @@ def test_a_worker_given_the_sdks_endpoint_without_a_scheme_ends_its_start_in_one
     err = done.stderr.strip()
     assert done.returncode == 2 and len(err.splitlines()) == 1, err[-3000:]
     assert err.startswith("error: OTEL_EXPORTER_OTLP_ENDPOINT='collector:4318' is no URL"), err
+
+
+class _Exited(Exception):
+    pass
+
+
+def _exit(code: int):
+    raise _Exited(code)
+
+
+def _refused(message: str):
+    raise ValueError(message)
+
+
+def _failed(message: str):
+    raise RuntimeError(message)
+
+
+@pytest.mark.parametrize(("fail", "traceback"), [(_refused, False), (_failed, True)])
+def test_a_start_refused_is_one_line_and_an_unexpected_failure_keeps_its_traceback(
+    fail, traceback, caplog, monkeypatch
+):
+    """A worker refusing its pools (DAYZERO_KV_BUDGET_MB past what the device holds: a one-line ValueError)
+    logged 'the prefill worker cannot start' under a traceback ending in that line: the 15 lines of its
+    log ``up`` shows held the traceback. A refusal is its line alone; an error nobody foresaw keeps its
+    traceback, where the bug is."""
+    monkeypatch.setattr(os, "_exit", _exit)
+    monkeypatch.setattr(logging, "shutdown", lambda: None)  # (the test's own handlers stay open)
+    receiver = exit_on_failure(lambda: fail("the attention pools' 4.0 MiB do not fit"), "prefill", "")
+    with caplog.at_level(logging.ERROR, logger="dayzero.worker"), pytest.raises(_Exited) as exited:
+        receiver()
+    assert exited.value.args == (3,)  # (REFUSED_EXIT: up restarts it, compose too)
+    [record] = caplog.records
+    assert record.getMessage() == "the prefill worker cannot start" + (
+        "" if traceback else ": the attention pools' 4.0 MiB do not fit"
+    )
+    assert (record.exc_info is not None) == traceback

@@ -48,22 +48,25 @@ def _without_cancel_warning(**_: object) -> None:
 
 def exit_on_failure(start: Callable[..., None], stage: str, url: str) -> Callable[..., None]:
     """A ``worker_init`` receiver that ends the process when the start fails: Celery would log
-    nothing and serve on without a runtime (a silent hang); ``dayzero up`` reports the exits. The
-    Redis at ``url`` refusing the worker for good is said in one line (its traceback followed it)."""
+    nothing and serve on without a runtime (a silent hang); ``dayzero up`` reports the exits. A
+    refusal is said in one line (its traceback followed it, and filled the end of the log ``up``
+    shows): the Redis at ``url`` refusing the worker for good, or a ValueError, dayzero's refusals'
+    type (the CLI's too), whose message says what to change; any other error keeps its traceback."""
 
     def receiver(*args: object, **kwargs: object) -> None:
         try:
             start(*args, **kwargs)
+            return
         except REFUSED_FOR_GOOD as exc:
             log.error(
                 "the %s worker cannot start: %s", stage, refusal_said(url, refused_for_good(url, exc) or str(exc))
             )
-            logging.shutdown()
-            os._exit(REFUSED_EXIT)
+        except ValueError as exc:  # (the pools' memory, the checkpoint, the settings of a group)
+            log.error("the %s worker cannot start: %s", stage, exc)
         except Exception:
             log.exception("the %s worker cannot start", stage)
-            logging.shutdown()
-            os._exit(REFUSED_EXIT)
+        logging.shutdown()
+        os._exit(REFUSED_EXIT)
 
     return receiver
 
