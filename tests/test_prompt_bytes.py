@@ -1,6 +1,6 @@
 """A prompt too long by its UTF-8 size alone is refused before tokenizing (byte_level.TokenBytes): the
 bound counts the bytes a token stands for, not its vocabulary string's UTF-8 ("Ġ", a space, is 2 bytes
-there), and the added tokens' longer texts only where the text can hold one."""
+there), and the added tokens' longer texts only where the text holds one."""
 
 from __future__ import annotations
 
@@ -39,6 +39,26 @@ def test_a_prompt_without_spaces_past_the_byte_bound_is_refused_untokenized(code
     assert len(codec.encode("x" * (12 * LIMIT))) >= LIMIT  # (the bound holds: each "x" is a token)
 
 
+def test_a_prompt_full_of_angle_brackets_past_the_byte_bound_is_refused_untokenized(codec, monkeypatch):
+    """HTML: a "<" in every 4 bytes, none of them an added token's text. The bound let each "<" begin
+    an added token of 29 bytes (all of DeepSeek's but one begin with "<"), proving 414 tokens of
+    12,000 bytes, and the whole text was tokenized to be refused; only the added tokens the text
+    holds count now: none, so 12 bytes a token, 1,000."""
+    tokenized, tokenizer = [], codec._tok
+
+    class Seen:
+        def encode_batch_fast(self, texts, **kw):
+            tokenized.extend(texts)
+            return tokenizer.encode_batch_fast(texts, **kw)
+
+    monkeypatch.setattr(codec, "_tok", Seen())
+    text = "<b>x</b>" * (12 * LIMIT // 8)
+    with pytest.raises(PromptTooLongError) as refused:
+        codec.encode(text, LIMIT)
+    assert (refused.value.tokens, refused.value.limit) == (LIMIT, LIMIT) and not tokenized
+    assert len(codec.encode(text)) >= LIMIT
+
+
 PIECES = [
     "x" * 40,
     " ",
@@ -50,19 +70,35 @@ PIECES = [
     "｜",
     "<｜User｜>",
     "<｜begin▁of▁sentence｜>",
+    "｜DSML｜",
+    "</think>",
+    "<div>",
     " punctuation",
 ]
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_the_bound_never_passes_the_tokens_a_text_has(codec, seed):
-    """Random texts of long runs, spaces, digits, CJK, emoji, lone "<" and "｜", added tokens and the
-    longest model token, counted by the tokenizer itself."""
+    """Random texts of long runs, spaces, digits, CJK, emoji, lone "<" and "｜", HTML, added tokens and
+    the longest model token, counted by the tokenizer itself; the rough bound under the finer one."""
     rng = random.Random(seed)
     text = "".join(rng.choice(PIECES) for _ in range(rng.randrange(1, 400)))
     for special in (True, False):
         tokens = len(codec.encode(text, special=special))
-        assert codec.token_bytes.least_tokens(text, len(text.encode())) <= tokens
+        rough = codec.token_bytes.least_tokens(text, len(text.encode()), enough=0)  # (its first stage alone)
+        assert rough <= codec.token_bytes.least_tokens(text, len(text.encode())) <= tokens
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_added_tokens_found_are_those_the_tokenizer_finds(codec, seed):
+    """The bound's added tokens (its own finder) against the tokenizer's: the same texts, in order."""
+    rng = random.Random(seed)
+    text = "".join(rng.choice(PIECES) for _ in range(rng.randrange(1, 400)))
+    added = codec._tok.get_added_tokens_decoder()
+    own = [added[i].content for i in codec.encode(text, special=False) if i in added]
+    finder = codec.token_bytes.added_finder
+    found = [t.content for i in finder.encode(text).ids if (t := finder.get_added_tokens_decoder().get(i))]
+    assert found == own
 
 
 @pytest.mark.parametrize("model", ["WordLevel", "WordPiece"])

@@ -3,6 +3,7 @@ tokenized (the demo tokenizer: byte-level BPE, GPT-style pre-tokenizing regex)."
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 
@@ -40,10 +41,12 @@ def encoded(codec, monkeypatch):
     return given
 
 
-def test_a_prompt_past_the_limit_is_refused_from_its_head(codec, encoded):
+def test_a_prompt_past_the_limit_is_refused_from_its_head(codec, encoded, monkeypatch):
     """Under its byte bound it was tokenized whole (6,000 characters: 6,001 tokens) to be refused; now
     its head alone is (2,048 characters), and the error still says at least how many."""
-    text = "<x " * 2_000  # 6,000 bytes, a "<" (an added token's start, up to 29 bytes) in each 3: 207 tokens proved
+    # a model token of 64 bytes (as a real vocabulary's run of "="): 6,000 bytes prove 94 tokens
+    monkeypatch.setattr(codec, "token_bytes", dataclasses.replace(codec.token_bytes, plain=64))
+    text = "<x " * 2_000
     with pytest.raises(PromptTooLongError) as refused:
         codec.encode(text, LIMIT)
     assert encoded and max(encoded) <= HEAD < len(text), encoded

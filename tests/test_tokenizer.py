@@ -45,6 +45,7 @@ def test_a_prompt_with_a_lone_surrogate_is_refused_as_invalid_text(codec):
 def test_the_byte_bound_of_a_lossless_byte_level_tokenizer(codec):
     bound = codec.token_bytes
     assert (bound.plain, bound.added, bound.added_starts) == (DEMO_PLAIN_TOKEN_BYTES, DEMO_MAX_TOKEN_BYTES, "<｜")
+    assert bound.least_tokens("<｜User｜>" * 20, 20 * 12) == 20  # the added tokens it holds, one each
     for text in ["a" * 1000, "hello world " * 50, "中文字符" * 40, "🙂" * 30, "<｜User｜>" * 20, ""]:
         assert len(codec.encode(text)) >= -(-len(text.encode()) // DEMO_MAX_TOKEN_BYTES)  # it is a lower bound
 

@@ -113,7 +113,12 @@ class TextCodec:
             size = len(text.encode())  # [UTF-8 bytes]
         except UnicodeEncodeError as exc:
             raise InvalidTextError(f"the text has a lone surrogate {text[exc.start]!r} (not Unicode)") from None
-        if limit is not None and self.token_bytes and (at_least := self.token_bytes.least_tokens(text, size)) >= limit:
+        if (
+            limit is not None
+            and size >= limit  # (fewer bytes prove nothing: a token holds a byte at least)
+            and self.token_bytes
+            and (at_least := self.token_bytes.least_tokens(text, size, limit)) >= limit
+        ):
             raise PromptTooLongError(at_least, limit)
         count = functools.partial(self._count, add_special_tokens=add_special_tokens)
         if limit is not None and self.token_bytes and (from_head := tokens_of_head(text, limit, count)):
