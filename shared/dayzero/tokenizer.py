@@ -94,6 +94,8 @@ class TextCodec:
             tokenizer = Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception
             raise ValueError(f"{path} is not valid: {exc}") from exc
+        tokenizer.no_truncation()  # (its ``truncation`` cut a prompt to fit, unsaid: it is refused instead)
+        tokenizer.no_padding()  # (its ``padding`` filled a prompt with pad tokens)
         encoding = root / "encoding" / "encoding_dsv4.py"  # shipped beside the weights by DeepSeek
         efforts = effort_table_of(encoding.read_text() if encoding.exists() else None)
         return cls(tokenizer, template, tokens, efforts)
