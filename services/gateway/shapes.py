@@ -3,9 +3,10 @@
 Chat: ``choices[0].logprobs = {"content": [{token, logprob, bytes, top_logprobs}]}``.
 Completions: ``choices[0].logprobs = {tokens, token_logprobs, top_logprobs, text_offset}``;
 with ``echo`` the text and the logprobs start with the prompt's (its first token's are null).
-A token's string is its own decoding (a piece of a multi-byte character shows as U+FFFD in chat's
-entries, beside its bytes; in the completions format, whose ``top_logprobs`` it keys, as OpenAI
-names it: ``bytes:\\xe4\\xb8``);
+A token's string is its text as the response shows it ("▁world": " world", but "world" where it
+begins the text, as a sentencepiece decoder strips it there); a piece of a multi-byte character
+shows as U+FFFD in chat's entries, beside its bytes, and in the completions format, whose
+``top_logprobs`` it keys, as OpenAI names it: ``bytes:\\xe4\\xb8``;
 logprobs are the model's, before logit bias, penalties and temperature.
 
 A chat's text is split as DeepSeek-V4 writes it (dayzero.chat.output): the reasoning before
@@ -45,6 +46,7 @@ class Shape:
         self.prompt = request.prompt_ids if request.echo else None  # still to be echoed
         self.offset = 0  # characters of text covered by earlier chunks' logprobs
         self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")  # holds a character's first bytes
+        self.opening = True  # no token shown yet: the next one begins the text (``token_piece``'s opening)
         self.thinking, self.tools, self.rid = request.thinking, request.tool_calls, request.request_id
         self.calls_only = request.calls_only
         self.parts = AssistantStream(self.thinking, self.tools, self.calls_only)  # a chat stream's text so far
@@ -90,11 +92,12 @@ class Shape:
         return body
 
     def replay(self, token: Token) -> None:
-        """A token a resumed stream sent before: it moves the chat's split, or the completion's
-        text offsets (its echoed prompt's first), on; nothing is emitted."""
+        """A token a resumed stream sent before: it moves the chat's split, and its logprobs'
+        place (past the text's opening; the completion's text offsets, its echoed prompt's
+        first) on; nothing is emitted."""
         if self.kind == "chat":
             self._delta(token.text, None)
-        elif self.logprobs:
+        if self.logprobs:
             self._logprobs([token])
         self.prompt = None
 
@@ -162,31 +165,44 @@ class Shape:
         return self.codec.decode(list(self.prompt)) if self.prompt is not None else ""
 
     def _logprobs(self, tokens: list[Token]) -> dict:
-        """Each token named by its own text, special tokens included (``token_piece``); text
+        """Each token named by its own text as the response shows it, special tokens included
+        (``token_piece``: the first shown has no lead space where the decoder drops it); text
         offsets count the text the response shows, where special tokens are left out."""
         tokens = [t for t in tokens if t.logprob is not None]
         piece = self.codec.token_piece
         if self.kind == "chat":
+            opens = self._openings([t.token for t in tokens])
             return {
                 "content": [
-                    {**_entry(piece(t.token), t.logprob), "top_logprobs": [_entry(piece(k), lp) for k, lp in t.top]}
-                    for t in tokens
+                    {
+                        **_entry(piece(t.token, o), t.logprob),
+                        "top_logprobs": [_entry(piece(k, o), lp) for k, lp in t.top],
+                    }
+                    for t, o in zip(tokens, opens, strict=True)
                 ]
             }
-        ids, logprobs, name = [t.token for t in tokens], [t.logprob for t in tokens], self._legacy_name
-        tops: list[dict | None] = [{name(tok): lp for tok, lp in t.top} for t in tokens]
+        ids, logprobs, alternatives = [t.token for t in tokens], [t.logprob for t in tokens], [t.top for t in tokens]
         first = tokens[0].prompt if tokens and tokens[0].index == 0 else None
+        opens = []
         if self.prompt is not None and first is not None:  # echo: the prompt's tokens come first
             ids = list(self.prompt) + ids
             logprobs = [None] + [lp for lp, _ in first] + logprobs  # nothing predicts the first token
-            tops = [None] + [{name(t): v for t, v in alts} for _, alts in first] + tops
+            alternatives = [None] + [alts for _, alts in first] + alternatives
+            opens = self._openings(list(self.prompt))
+            self.opening = True  # the completion's text is decoded on its own: it begins a text again
+        opens += self._openings(ids[len(opens) :])
+        name = self._legacy_name
+        tops = [
+            None if alts is None else {name(t, o): v for t, v in alts}
+            for alts, o in zip(alternatives, opens, strict=True)
+        ]
         offsets = []  # where each token's text begins; a character's bytes over several tokens: its start
-        for token in ids:
-            raw = self._shown_bytes(token)
+        for token, opening in zip(ids, opens, strict=True):
+            raw = self.codec.token_piece(token, opening)[1] if self.codec.shown(token) else b""
             offsets.append(self.offset + self._cut_before(raw[:1]))
             self.offset += len(self.utf8.decode(raw))
         return {
-            "tokens": [name(t) for t in ids],
+            "tokens": [name(t, o) for t, o in zip(ids, opens, strict=True)],
             "token_logprobs": logprobs,
             "top_logprobs": tops,
             "text_offset": offsets,
@@ -202,18 +218,22 @@ class Shape:
         alone = len(held.decode(errors="replace"))
         return alone if len((held + first).decode(errors="replace")) > alone else 0  # else: it continues them
 
-    def _legacy_name(self, token: int) -> str:
+    def _openings(self, ids: list[int]) -> list[bool]:
+        """Whether each of ``ids`` begins the text (no token shown before it), moving on past them."""
+        opens = []
+        for token in ids:
+            opens.append(self.opening)
+            self.opening = self.opening and not self.codec.shown(token)
+        return opens
+
+    def _legacy_name(self, token: int, opening: bool) -> str:
         """A token's name in the completions format, where names key ``top_logprobs``: its text, or
         for a piece of a character (U+FFFD as text) its bytes as OpenAI writes them, ``bytes:\\xe4``
         (two such pieces were one key, and one of them was lost)."""
-        text, raw = self.codec.token_piece(token)
+        text, raw = self.codec.token_piece(token, opening)
         if "\ufffd" not in text or raw == text.encode():
             return text
         return "bytes:" + "".join(chr(b) if 0x20 <= b < 0x7F and b != 0x5C else f"\\x{b:02x}" for b in raw)
-
-    def _shown_bytes(self, token: int) -> bytes:
-        """The UTF-8 ``token`` adds to the text the response shows (none: a special token left out)."""
-        return self.codec.token_piece(token)[1] if self.codec.decode([token]) else b""
 
 
 def _entry(piece: tuple[str, bytes], logprob: float) -> dict:

@@ -31,6 +31,7 @@ from .byte_level import byte_level_values, fallback_bytes, token_bytes, tokenize
 from .chat.encoding import CHAT_MODE, ChatOptions, encode_chat
 from .chat.prompts import effort_table_of
 from .chat.tokens import OUTPUT_MARKERS
+from .lead_space import inner_tokenizer
 from .prompt_head import tokens_of_head
 
 _TEMPLATE_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -70,6 +71,7 @@ class TextCodec:
         spec = tokenizer_spec(tokenizer)
         self.token_bytes = token_bytes(tokenizer, spec)  # (None: no bound from a text's size)
         self._fallback_bytes = fallback_bytes(tokenizer, spec)  # byte token -> its byte (a byte-fallback tokenizer)
+        self._inner = inner_tokenizer(tokenizer, spec)  # decodes a token as it reads after other text
 
     @classmethod
     def from_checkpoint(cls, root: str | Path) -> TextCodec:
@@ -138,14 +140,23 @@ class TextCodec:
         """Every token's text, special tokens included (what the model was given)."""
         return self._tok.decode(ids, skip_special_tokens=False)
 
-    def token_piece(self, token: int) -> tuple[str, bytes]:
-        """One token as logprobs name it: its own text, special tokens included, and the bytes it
-        stands for. A token holding part of a character's UTF-8 shows U+FFFD as text, and its
-        bytes are that part (the entries' bytes concatenate to the output's UTF-8)."""
-        if token in self._fallback_bytes:  # a byte-fallback tokenizer's <0xE4> (<0x20> alone: stripped as a lead space)
+    def shown(self, token: int) -> bool:
+        """Whether decoded text holds ``token`` (special tokens are left out: ``decode``)."""
+        return token not in self._hidden
+
+    def token_piece(self, token: int, opening: bool = False) -> tuple[str, bytes]:
+        """One token as logprobs name it: its text where it follows other text (``opening``: where it
+        begins one, as a sentencepiece decoder drops a lead space there: "▁world" reads "world"),
+        special tokens included, and the bytes it stands for. A token holding part of a character's
+        UTF-8 shows U+FFFD as text, and its bytes are that part (the entries' bytes concatenate to
+        the output's UTF-8)."""
+        decoding = self._tok if opening else self._inner
+        if token in self._fallback_bytes:  # a byte-fallback tokenizer's <0xE4>
             byte = bytes([self._fallback_bytes[token]])
+            if opening and not decoding.decode([token]):  # <0x20> beginning a text: dropped as a lead space
+                return "", b""
             return byte.decode(errors="replace"), byte
-        text = self._tok.decode([token], skip_special_tokens=False)
+        text = decoding.decode([token], skip_special_tokens=False)
         if "\ufffd" not in text:
             return text, text.encode()
         piece, byte = self._tok.id_to_token(token) or "", byte_level_values()
@@ -280,10 +291,13 @@ class IdsOnlyCodec:
     def decode_all(self, ids: list[int]) -> str:
         raise NoTokenizerError("this checkpoint has no tokenizer.json: token ids cannot be turned into text")
 
+    def shown(self, token: int) -> bool:
+        return False
+
     def token_id(self, token: str) -> int | None:
         return None
 
-    def token_piece(self, token: int) -> tuple[str, bytes]:
+    def token_piece(self, token: int, opening: bool = False) -> tuple[str, bytes]:
         return "", b""
 
 

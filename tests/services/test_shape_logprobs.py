@@ -8,6 +8,7 @@ import time
 from dayzero.params import SamplingParams
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.records import Token
+from dayzero.tokenizer import TextCodec
 from services.gateway.shapes import Shape
 
 
@@ -46,3 +47,79 @@ def test_text_offsets_start_past_the_u_fffd_of_bytes_a_token_does_not_continue(c
         body = Shape(request, "m", codec).body(codec.decode(ids), "length", {}, tokens)["choices"][0]
         assert body["logprobs"]["text_offset"] == offsets, ids
         assert body["text"][offsets[-1] :] == codec.decode(ids[-1:])  # the last token's text, at its offset
+
+
+def _llama_request(kind: str = "completion", prompt: tuple[int, ...] = (1,), echo: bool = False) -> GenerationRequest:
+    sampling = SamplingParams(max_tokens=20, logprobs=1)
+    return GenerationRequest(
+        request_id="r", kind=kind, prompt_ids=prompt, sampling=sampling, created=time.time(), echo=echo
+    )
+
+
+def test_a_sentencepiece_completions_tokens_and_offsets_are_its_texts(tmp_path):
+    """Llama's decoder strips a text's lead space, and each token was decoded alone: "▁world" was
+    named "world" and the offsets ran one short per word after the first (text_offset [0, 5, 10,
+    ...] in "Hello world  2023 中!"). Offsets against transformers' decode of each prefix (a token
+    inside 中: 中's start), names against the returned text at them (OpenAI's and vLLM's)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from ..test_lead_space import SAMPLE, llama_style
+
+    tokenizer = llama_style()
+    reference, codec = PreTrainedTokenizerFast(tokenizer_object=tokenizer), TextCodec(tokenizer)
+    ids = reference.encode(SAMPLE, add_special_tokens=False)
+    tokens = [Token("r", i, t, "", None, logprob=-0.1, top=((t, -0.1),)) for i, t in enumerate(ids)]
+    body = Shape(_llama_request(), "m", codec).body(codec.decode(ids), "length", {}, tokens)["choices"][0]
+    prefixes = [reference.decode(ids[:i]) for i in range(len(ids))]
+    assert body["text"] == reference.decode(ids) == SAMPLE
+    assert body["logprobs"]["text_offset"] == [len(p) if "\ufffd" not in p else SAMPLE.index("中") for p in prefixes]
+    names, offsets = body["logprobs"]["tokens"], body["logprobs"]["text_offset"]
+    assert names[:4] == ["Hello", " world", " ", " "]  # were "Hello", "world", "", ""
+    for name, top, at in zip(names, body["logprobs"]["top_logprobs"], offsets, strict=True):
+        assert name.startswith("bytes:") or SAMPLE[at:].startswith(name)
+        assert list(top) == [name]
+    # echo: the prompt's text, then the completion's, each decoded on its own as the body shows them
+    prompt = [(-0.2, ((ids[1], -0.2),))]  # (the first token has none)
+    tokens = [
+        Token("r", i, t, "", None, logprob=-0.1, prompt=prompt if i == 0 else None) for i, t in enumerate(ids[2:])
+    ]
+    echo = _llama_request(prompt=tuple(ids[:2]), echo=True)
+    body = Shape(echo, "m", codec).body(codec.decode(ids[2:]), "length", {}, tokens)["choices"][0]
+    names, offsets = body["logprobs"]["tokens"], body["logprobs"]["text_offset"]
+    assert body["text"] == reference.decode(ids[:2]) + reference.decode(ids[2:]) and names[:4] == [
+        "Hello",
+        " world",
+        "",
+        " ",
+    ]
+    assert all(n.startswith("bytes:") or body["text"][at:].startswith(n) for n, at in zip(names, offsets, strict=True))
+    assert body["logprobs"]["top_logprobs"][1] == {" world": -0.2}
+
+
+def test_a_sentencepiece_chats_entries_are_its_texts_in_a_stream_and_a_resumed_one():
+    """A chat's entries named "▁world" "world" too: their bytes joined to "Helloworld2023...",
+    not the content's UTF-8. The first entry alone begins the text, in the stream's first chunk,
+    not in a resumed stream's (the replayed tokens before it)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from ..test_lead_space import SAMPLE, llama_style
+
+    tokenizer = llama_style()
+    reference, codec = PreTrainedTokenizerFast(tokenizer_object=tokenizer), TextCodec(tokenizer)
+    ids = reference.encode(SAMPLE, add_special_tokens=False)
+    tokens = [
+        Token("r", i, t, reference.decode(ids[: i + 1])[len(reference.decode(ids[:i])) :], None, logprob=-0.1)
+        for i, t in enumerate(ids)
+    ]
+    shape = Shape(_llama_request("chat"), "m", codec)
+    entries = [
+        e
+        for c in (tokens[:2], tokens[2:])
+        for e in shape.chunk("", None, tokens=c)["choices"][0]["logprobs"]["content"]
+    ]
+    assert [e["token"] for e in entries[:4]] == ["Hello", " world", " ", " "]  # were "Hello", "world", "", ""
+    assert bytes(b for e in entries for b in e["bytes"]) == SAMPLE.encode()
+    resumed = Shape(_llama_request("chat"), "m", codec)
+    for token in tokens[:1]:
+        resumed.replay(token)
+    assert resumed.chunk("", None, tokens=tokens[1:])["choices"][0]["logprobs"]["content"] == entries[1:]
