@@ -123,6 +123,11 @@ def run_dayzero(*args: str, env: dict | None = None) -> subprocess.CompletedProc
     )
 
 
+def fresh_python(code: str) -> str:
+    """What ``code`` prints, run by a fresh interpreter (what a process imports, from nothing)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
+
+
 def random_ids(n: int, vocab: int, seed: int) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (n,), generator=gen).tolist()

@@ -194,7 +194,7 @@ def test_segments_of_dead_workers_are_swept(tmp_path):
     import os
     import subprocess
 
-    from dayzero.kv.shared import sweep_stale
+    from dayzero.shm import sweep_stale
 
     dead = subprocess.Popen(["true"])
     dead.wait()  # a pid that has exited (and been reaped)

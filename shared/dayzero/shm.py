@@ -14,7 +14,7 @@ import glob
 import os
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
@@ -61,6 +61,35 @@ def room(folder: Path = SHM_DIR) -> tuple[int, int]:
     the host's memory, its size a share of it: half by default, docker's 64 MiB)."""
     stats = os.statvfs(folder)
     return stats.f_bavail * stats.f_frsize, stats.f_blocks * stats.f_frsize
+
+
+def sweep(prefix: str, expired: Callable[[int], bool], folder: Path = SHM_DIR) -> list[str]:
+    """Unlink the segments ``{prefix}-{number}-...`` whose number ``expired`` says is past."""
+    removed = []
+    for path in folder.glob(f"{prefix}-*"):
+        try:
+            number = int(path.name.removeprefix(f"{prefix}-").split("-")[0])
+        except ValueError:
+            continue
+        if expired(number):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
+
+
+def sweep_stale(folder: Path = SHM_DIR) -> list[str]:
+    """Unlink pool segments whose creating process is gone (a worker killed before it could).
+
+    A decode worker already attached keeps its mapping; one not yet attached fails its
+    handoff, and the request is re-run from its prompt by the reaper.
+    """
+    return sweep(POOL, gone, folder)
+
+
+def unlink_own(folder: Path = SHM_DIR) -> list[str]:
+    """Unlink the pool segments this process created: it ends before its runtime could close them
+    (SIGTERM while it starts). Safe in a signal handler: a segment being created is found by name."""
+    return sweep(POOL, os.getpid().__eq__, folder)
 
 
 def gone(pid: int) -> bool:

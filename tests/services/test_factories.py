@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-
-def _fresh_python(code: str) -> str:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
+from ..conftest import fresh_python
 
 
 def test_the_gateway_process_imports_neither_torch_nor_triton():
-    out = _fresh_python(  # what ``dayzero serve gateway`` imports: the command line, then the app
+    out = fresh_python(  # what ``dayzero serve gateway`` imports: the command line, then the app
         "import sys\n"
         "import dayzero.cli\n"
         "from services.gateway.app import make_app\n"
@@ -21,7 +16,7 @@ def test_the_gateway_process_imports_neither_torch_nor_triton():
 
 
 def test_importing_a_worker_module_builds_no_app_and_reads_no_settings():
-    out = _fresh_python(
+    out = fresh_python(
         "import os, sys\n"
         "os.environ['DAYZERO_PORT'] = 'not a port'  # a Settings() at import would fail on this\n"
         "import services.prefill.worker, services.decode.worker, services.vision.worker\n"
@@ -33,11 +28,25 @@ def test_importing_a_worker_module_builds_no_app_and_reads_no_settings():
 
 
 def test_the_vision_process_imports_neither_the_language_model_nor_triton():
-    out = _fresh_python(  # what ``dayzero serve vision`` imports: the command line, then its worker module
+    out = fresh_python(  # what ``dayzero serve vision`` imports: the command line, then its worker module
         "import sys\n"
         "import dayzero.cli\n"
         "import services.vision.worker\n"
         "names = ('triton', 'dayzero.model.forward', 'dayzero.kernels', 'dayzero.serving.runtime')\n"
         "print(sorted(m for m in names if m in sys.modules))"
+    )
+    assert out.strip() == "[]"
+
+
+def test_the_vision_process_imports_no_kv_pool_nor_numba():
+    """The vision worker parks its images' embeddings and holds no attention state, yet it imported
+    dayzero.kv (serving.worker -> kv.shared for its SIGTERM unlink; serving.handoff, where the parking
+    lived beside the KV handoff, -> kv.handoff -> kv.host_copy) and with it numba: ~0.3 s of CPU each start."""
+    out = fresh_python(
+        "import sys\n"
+        "import dayzero.cli\n"
+        "import services.vision.worker\n"
+        "heavy = ('numba', 'llvmlite', 'dayzero.kv')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))"
     )
     assert out.strip() == "[]"

@@ -13,9 +13,10 @@ from dayzero.kv.layout import PoolLayout
 from dayzero.kv.pools import KVPools, pools_for
 from dayzero.kv.shared import SharedPools
 from dayzero.model.forward import prefill
-from dayzero.serving import handoff
-from dayzero.serving.handoff import Receiver, discard_tensor, publish, publish_tensor, take_tensor
+from dayzero.serving import parked
+from dayzero.serving.handoff import Receiver, publish
 from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.parked import discard_tensor, publish_tensor, take_tensor
 
 from ..conftest import random_ids
 
@@ -28,12 +29,12 @@ def store(redis_url):
 @pytest.fixture
 def read_before_a_rename(monkeypatch):
     """This process read its host's name before the host was renamed to what it is now."""
-    handoff.this_host.cache_clear()
+    parked.this_host.cache_clear()
     with monkeypatch.context() as patched:
         patched.setattr(socket, "gethostname", lambda: "its-name-before")
-        handoff.this_host()
+        parked.this_host()
     yield
-    handoff.this_host.cache_clear()
+    parked.this_host.cache_clear()
 
 
 def test_publish_reads_the_hosts_name_once(tiny_checkpoint, store, monkeypatch):

@@ -11,12 +11,12 @@ import time
 import redis
 
 from dayzero.serving.decode_loop import DecodeLoop
-from dayzero.serving.handoff import park
 from dayzero.serving.intake import Ticket
 from dayzero.serving.keys import key
 from dayzero.serving.lease import Heartbeat
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest, PrefillJob, SamplingParams
+from dayzero.serving.parked import park
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
 from dayzero.serving.scripts import HEARTBEAT, TAKE

@@ -9,10 +9,12 @@ from dayzero.checkpoint import load_model
 from dayzero.kv.handoff import LayoutMismatch
 from dayzero.kv.layout import PoolLayout
 from dayzero.kv.pools import KVPools, pools_for
-from dayzero.kv.shared import SHM_DIR, CudaSharedPools, SharedPools
+from dayzero.kv.shared import CudaSharedPools, SharedPools
 from dayzero.model.forward import decode, prefill
-from dayzero.serving.handoff import Receiver, discard_tensor, publish, publish_tensor, sweep_parked, take_tensor
+from dayzero.serving.handoff import Receiver, publish
 from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.parked import discard_tensor, publish_tensor, sweep_parked, take_tensor
+from dayzero.shm import SHM_DIR
 
 from ..conftest import random_ids
 

@@ -11,10 +11,10 @@ import time
 import torch
 
 from dayzero.params import SamplingParams
-from dayzero.serving.handoff import publish_tensor
 from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import DecodeJob, GenerationRequest, PrefillJob, TensorRef
+from dayzero.serving.parked import publish_tensor
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.runtime import Runtime
 from dayzero.settings import Settings

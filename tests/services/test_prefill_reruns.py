@@ -225,7 +225,8 @@ def test_a_delivery_no_run_takes_frees_its_parked_image_embeddings(demo_dir, red
     to it."""
     import torch
 
-    from dayzero.serving.handoff import SHM_DIR, publish_tensor
+    from dayzero.serving.parked import publish_tensor
+    from dayzero.shm import SHM_DIR
 
     runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill9@test", "prefill", False)
     loop, store = PrefillLoop(runtime, recording([])), Lifecycle.connect(redis_url)

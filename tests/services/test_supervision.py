@@ -145,7 +145,7 @@ def test_a_stack_stopping_with_its_redis_unlinks_the_embeddings_its_vision_worke
     """Requests queued for prefill went with the Redis, so nobody could read their image embeddings:
     they stayed in /dev/shm until a vision worker swept them past their deadline (an hour later, at
     the next start)."""
-    from dayzero.serving.handoff import publish_tensor
+    from dayzero.serving.parked import publish_tensor
     from dayzero.shm import SHM_DIR, parked_name
     from dayzero.stack import Stack
 

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import time
 
-from dayzero.kv.shared import SHM_DIR
 from dayzero.params import SamplingParams
-from dayzero.serving.handoff import discard_tensor, take_tensor
 from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest, PrefillJob
+from dayzero.serving.parked import discard_tensor, take_tensor
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.reaper import sweep
 from dayzero.serving.runtime import Runtime
 from dayzero.serving.scripts import Take
 from dayzero.serving.vision_stage import VisionStage
 from dayzero.settings import Settings
+from dayzero.shm import SHM_DIR
 
 from ..vision.conftest import encoded
 from .conftest import recording, run_jobs, wait_until

@@ -8,15 +8,13 @@ import json
 import math
 import os
 import uuid
-from collections.abc import Callable
 from multiprocessing import resource_tracker, shared_memory
-from pathlib import Path
 
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 from torch.storage import TypedStorage
 
-from ..shm import POOL, SHM_DIR, gone, room
+from ..shm import POOL, room
 from .layout import PoolLayout
 from .pools import KVPools
 
@@ -69,7 +67,7 @@ class SharedPools:
         size, (free, total) = segment_bytes(layout, blocks, dtype), room()
         if size + SHM_HEADROOM > free:
             raise NoShmRoom(size, free, total)
-        name = f"{PREFIX}-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # the creator's pid: see sweep_stale
+        name = f"{PREFIX}-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # the creator's pid: see shm.sweep_stale
         shm = shared_memory.SharedMemory(name=name, create=True, size=size)
         buffer = torch.frombuffer(shm.buf, dtype=torch.uint8)
         buffer.zero_()
@@ -121,32 +119,3 @@ _IPC_FIELDS = (
     "event_handle",
     "event_sync_required",
 )
-
-
-def sweep(prefix: str, expired: Callable[[int], bool], folder: Path = SHM_DIR) -> list[str]:
-    """Unlink the segments ``{prefix}-{number}-...`` whose number ``expired`` says is past."""
-    removed = []
-    for path in folder.glob(f"{prefix}-*"):
-        try:
-            number = int(path.name.removeprefix(f"{prefix}-").split("-")[0])
-        except ValueError:
-            continue
-        if expired(number):
-            path.unlink(missing_ok=True)
-            removed.append(path.name)
-    return removed
-
-
-def sweep_stale(folder: Path = SHM_DIR) -> list[str]:
-    """Unlink pool segments whose creating process is gone (a worker killed before it could).
-
-    A decode worker already attached keeps its mapping; one not yet attached fails its
-    handoff, and the request is re-run from its prompt by the reaper.
-    """
-    return sweep(PREFIX, gone, folder)
-
-
-def unlink_own(folder: Path = SHM_DIR) -> list[str]:
-    """Unlink the pool segments this process created: it ends before its runtime could close them
-    (SIGTERM while it starts). Safe in a signal handler: a segment being created is found by name."""
-    return sweep(PREFIX, os.getpid().__eq__, folder)

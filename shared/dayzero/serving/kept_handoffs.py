@@ -10,8 +10,9 @@ from collections.abc import Callable
 
 from ..kv.pools import OutOfBlocks
 from ..telemetry import tracer
-from .handoff import drop_parked, publish
+from .handoff import publish
 from .messages import DecodeJob, PrefillJob
+from .parked import drop_parked
 from .runtime import Runtime
 
 log = logging.getLogger("dayzero.prefill")

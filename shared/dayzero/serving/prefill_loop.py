@@ -25,12 +25,12 @@ from ..completion import context_limit
 from ..kv.pools import OutOfBlocks
 from . import redis_clock as clock
 from .first_tokens import FirstTokens
-from .handoff import discard_tensor, drop_embeddings
 from .intake import Intake, Ticket, run_loop
 from .kept_handoffs import KeptHandoffs
 from .kept_prefills import KeptPrefills
 from .lease import Heartbeat
 from .messages import DecodeJob, PrefillJob
+from .parked import discard_tensor, drop_embeddings
 from .prefill_batch import forward_of
 from .prefilling import Prefilling, batch_input, end_failed, forward_span, plan_step, take_batch, tokens_of
 from .room import Room

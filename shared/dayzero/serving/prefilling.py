@@ -11,10 +11,10 @@ from opentelemetry import trace
 from ..guided import GRAMMAR_FAILED
 from ..telemetry import continued, tracer
 from . import redis_clock as clock
-from .handoff import take_tensor
 from .intake import Ticket
 from .lifecycle import Lifecycle
 from .messages import PrefillJob
+from .parked import take_tensor
 from .prefill_batch import BatchInput, echo_of, forward_of, prefilled_ids
 
 

@@ -13,11 +13,11 @@ import torch
 
 from ..checkpoint import load_model
 from ..kv.pools import KVPools
-from ..kv.shared import SHM_HEADROOM, CudaSharedPools, NoShmRoom, Segment, SharedPools, sweep_stale
+from ..kv.shared import SHM_HEADROOM, CudaSharedPools, NoShmRoom, Segment, SharedPools
 from ..model.plan import AttentionOptions
 from ..parallel.collectives import Group
 from ..settings import Settings
-from ..shm import SHM_DIR
+from ..shm import SHM_DIR, sweep_stale
 from ..speculative_checks import speculation_refused
 from .budget import MIB, Budget, DeviceMemory, device_budget, planned_pools, torch_dtype
 from .liveness import process_id

@@ -20,13 +20,13 @@ from ..telemetry import continued
 from ..vision.encoder import VisionEncoder, load_tower
 from ..vision.images import ImageError
 from . import redis_clock as clock
-from .handoff import discard_tensor, publish_tensor, sweep_parked
 from .intake import Ticket
 from .lease import Heartbeat
 from .lifecycle import Lifecycle
 from .messages import PrefillJob
 from .metrics import WorkerStats
 from .outage_log import OutageLog
+from .parked import discard_tensor, publish_tensor, sweep_parked
 from .registry import Presence, Registry, process_name
 
 log = logging.getLogger("dayzero.vision")

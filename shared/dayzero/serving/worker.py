@@ -18,10 +18,10 @@ from celery import signals
 from celery.exceptions import CPendingDeprecationWarning
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
-from ..kv.shared import unlink_own
 from ..parallel.collectives import Group
 from ..redis_refusals import REFUSED_EXIT, REFUSED_FOR_GOOD, refusal_said, refused_for_good
 from ..settings import Settings
+from ..shm import unlink_own
 from ..telemetry import flush_spans, setup_tracing
 from .liveness import Pulse, connect
 from .metrics import serve_metrics
