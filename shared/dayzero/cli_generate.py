@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from .config import ModelConfig
+from .config import ModelConfig, context_limit
 from .params import sampler_seed
 from .settings import Settings
 
@@ -47,7 +47,6 @@ def _room(prompt_tokens: int, max_tokens: int | None, cfg: ModelConfig, settings
     """``--max-tokens`` as the API takes ``max_tokens``: one past DAYZERO_MAX_TOKENS_LIMIT, or past the
     context after the prompt, refused in its words (it ran on, silently, to the end of the context);
     left out, 64 or what the limit and the context leave (as the API's default, which fills them)."""
-    from .completion import context_limit  # (torch: not for --help)
 
     limit = context_limit(cfg, settings.max_context)
     if max_tokens is None:  # (a prompt without room: the engine's "the prompt has N tokens; the context ...")

@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 import torch
 
 from .completion_text import CompletionText
-from .config import ModelConfig
 from .guided import Guide, LexerFilled, allowed_logits
 from .sampling import SamplingParams, logprobs_of, sample, sample_rows
 from .tokenizer import TextCodec
@@ -31,10 +30,6 @@ class Step:
     finish_reason: str | None = None  # "stop" (EOS or stop string) | "length" | None
     logprob: float | None = None  # when the request asked for logprobs
     top: tuple[tuple[int, float], ...] = ()  # (token, logprob) of the most likely tokens
-
-
-def context_limit(cfg: ModelConfig, max_context: int | None) -> int:
-    return min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
 
 
 class Completion:

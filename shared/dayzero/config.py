@@ -130,6 +130,12 @@ SIZE_KEYS = (
 )
 
 
+def context_limit(cfg: ModelConfig, max_context: int | None) -> int:
+    """Tokens a prompt plus its completion may take: DAYZERO_MAX_CONTEXT (``max_context``; None or 0:
+    unset), never past the model's own context."""
+    return min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
+
+
 def _ratio_types(raw: dict[str, Any], n: int, rates: dict[str, int]) -> list[str] | None:
     """``compress_ratios`` (each layer's compression rate: 0 sliding, the CSA rate, the HCA rate) as
     layer types: n entries, or n + 1 with the MTP layer's last (the releases)."""

@@ -7,7 +7,8 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .completion import Completion, Step, context_limit
+from .completion import Completion, Step
+from .config import context_limit
 from .kv.pools import KVPools
 from .model.forward import decode, prefill
 from .model.plan import AttentionOptions

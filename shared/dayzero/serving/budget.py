@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..completion import context_limit
-from ..config import ModelConfig
+from ..config import ModelConfig, context_limit
 from ..kv.layout import PoolLayout
 from ..kv.pools import KVPools
 from ..settings import Settings

@@ -15,7 +15,8 @@ import time
 
 import redis
 
-from ..completion import context_limit, next_steps
+from ..completion import next_steps
+from ..config import context_limit
 from ..guided import failed_alone, failure
 from ..speculative import Acceptance, Speculation, decode_round
 from .active import Active

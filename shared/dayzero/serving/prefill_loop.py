@@ -21,7 +21,7 @@ from collections.abc import Callable, Container
 
 import redis
 
-from ..completion import context_limit
+from ..config import context_limit
 from ..kv.pools import OutOfBlocks
 from . import redis_clock as clock
 from .first_tokens import FirstTokens

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import redis
 
-from ..completion import Completion, context_limit
+from ..completion import Completion
+from ..config import context_limit
 from ..kv.handoff import warm_up_host_copy
 from ..kv.pools import KVPools, OutOfBlocks
 from ..kv.shared import Segment
