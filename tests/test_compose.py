@@ -11,7 +11,7 @@ import yaml
 from celery import Celery
 
 from dayzero.cli import parser
-from dayzero.redis_clients import sentinel_address
+from dayzero.redis_urls import sentinel_address
 from dayzero.service_commands import SERVICES, service_argv
 from dayzero.serving.queue import make_celery
 from dayzero.settings import Settings

@@ -19,3 +19,26 @@ def test_the_kv_budget_imports_no_completion():
     ``context_limit``, and with it the tokenizer, the guided-decoding grammars and sampling."""
     heavy = ("dayzero.completion", "dayzero.guided", "dayzero.sampling", "dayzero.tokenizer", "tokenizers")
     assert _loaded("import dayzero.serving.budget", heavy) == []
+
+
+RUN_COMMANDS = """
+import contextlib, io
+from dayzero import cli
+from dayzero.procs import free_port
+runs = [["--help"], ["inspect", "--help"], ["inspect", "deepseek-v4-flash"], ["doctor", f"http://127.0.0.1:{free_port()}"]]
+codes = []
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    for argv in runs:
+        try:
+            codes.append(cli.main(argv))
+        except SystemExit as exit:  # (--help's)
+            codes.append(exit.code)
+assert codes == [0, 0, 0, 1], codes  # (doctor: no gateway at that port)
+"""
+
+
+def test_help_inspect_and_doctor_import_neither_redis_nor_pillow():
+    """Every command imported redis-py, and with it the OpenTelemetry SDK (redis-py's observability), for
+    ``Settings``' check of DAYZERO_REDIS_URL (and ``up``'s Redis watch, imported with the parser), and
+    Pillow for the image limits' dataclasses: ``--help``, ``inspect`` and ``doctor`` use none of them."""
+    assert _loaded(RUN_COMMANDS, ("redis", "PIL", "opentelemetry")) == []

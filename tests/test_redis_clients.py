@@ -12,15 +12,8 @@ from kombu.utils.url import parse_url
 from pydantic import ValidationError
 
 from dayzero.procs import free_port
-from dayzero.redis_clients import (
-    _KEYS_TAKEN,
-    SentinelAddress,
-    async_client,
-    sentinel_address,
-    sync_client,
-    unreached,
-    without_password,
-)
+from dayzero.redis_clients import async_client, sync_client, unreached
+from dayzero.redis_urls import SentinelAddress, query_keys_taken, sentinel_address, without_password
 from dayzero.serving import broker
 from dayzero.serving.queue import make_celery
 from dayzero.settings import Settings
@@ -129,11 +122,15 @@ URL_QUERY_KEYS_TAKEN = {
 
 def test_the_query_keys_a_url_takes_are_redis_py_8_2s():
     """The keys whose value may hold an @ (not a cut password's) are read from redis-py's signatures
-    at import: an upgrade that adds or drops one changes which URLs start. It shows here first."""
-    added, dropped = sorted(_KEYS_TAKEN - URL_QUERY_KEYS_TAKEN), sorted(URL_QUERY_KEYS_TAKEN - _KEYS_TAKEN)
+    (at the first URL whose query holds an @): an upgrade that adds or drops one changes which URLs
+    start. It shows here first."""
+    added, dropped = (
+        sorted(query_keys_taken() - URL_QUERY_KEYS_TAKEN),
+        sorted(URL_QUERY_KEYS_TAKEN - query_keys_taken()),
+    )
     assert not added and not dropped, (
         f"redis-py {redis.__version__} changed the query keys a Redis URL takes: added {added}, dropped {dropped}; "
-        "check what each does in a URL (redis_clients._userinfo_cut, Settings' refusals), then update this list"
+        "check what each does in a URL (redis_urls._userinfo_cut, Settings' refusals), then update this list"
     )
 
 

@@ -17,7 +17,7 @@ import redis
 from dayzero import cli
 from dayzero.procs import free_port, scratch_redis
 from dayzero.redis_clients import async_client
-from dayzero.stack_start import REDIS_ANSWER_WITHIN_S
+from dayzero.settings import REDIS_ANSWER_WITHIN_S
 
 REFUSALS = [
     (":wrong@", ":***@", "password refused"),

@@ -49,7 +49,7 @@ def test_a_lost_redis_is_one_line_and_its_return_another(tmp_path, monkeypatch):
 
 
 def test_up_watches_the_redis_it_was_given_once_ready(tiny_checkpoint, tmp_path, monkeypatch):
-    from dayzero import cli, cli_up, stack
+    from dayzero import cli, cli_up, redis_watch, stack
 
     watched, closed = [], []
 
@@ -65,7 +65,7 @@ def test_up_watches_the_redis_it_was_given_once_ready(tiny_checkpoint, tmp_path,
 
     for name, stub in {"start": None, "wait_ready": None, "supervise": [], "stop": []}.items():
         monkeypatch.setattr(stack.Stack, name, lambda self, *_, stub=stub, **__: stub)
-    monkeypatch.setattr(cli_up, "RedisWatch", Watch)
+    monkeypatch.setattr(redis_watch, "RedisWatch", Watch)  # (up imports it where it watches)
     monkeypatch.delenv("REDIS_URL", raising=False)
     monkeypatch.setenv("DAYZERO_REDIS_URL", "redis://10.0.0.2:6379/0")
     assert cli.main(["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(tmp_path / "logs")]) == 0
@@ -107,7 +107,7 @@ print(time.time(), flush=True)
 def test_up_exits_without_waiting_for_a_ping_in_flight():
     """up's loop ends (Ctrl-C) while a ping waits on three frozen sentinels (2 s each): the process
     exits then. The pinger was an executor's thread, which Python joins at exit: up's exit waited 6 s."""
-    from dayzero.redis_clients import _SENTINEL_ASKED_S
+    from dayzero.redis_urls import _SENTINEL_ASKED_S
 
     done = subprocess.run([sys.executable, "-c", _SILENT_SENTINELS], capture_output=True, text=True, timeout=60)
     exited = time.time()

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import redis
 
-from dayzero.redis_clients import without_password
 from dayzero.redis_refusals import command_refused, refusal_said, refused_command, refused_for_good
+from dayzero.redis_urls import without_password
 from dayzero.serving import redis_clock as clock
 from dayzero.serving.keys import key
 

@@ -18,8 +18,7 @@ from typing import TextIO
 
 from . import cli_args
 from .config import ModelConfig
-from .redis_clients import without_password
-from .redis_watch import RedisWatch
+from .redis_urls import without_password
 from .settings import Settings
 from .settings_checks import refused_in_a_group
 from .settings_help import HELP_WIDTH
@@ -78,6 +77,7 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
     from .checkpoint import check_split
     from .checkpoint_files import checkpoint_directory
     from .device_shares import kv_fractions
+    from .redis_watch import RedisWatch
     from .stack import Stack, StartFailed
     from .tokenizer import load_codec
 

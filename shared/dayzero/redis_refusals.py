@@ -15,7 +15,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .redis_clients import SentinelRefused, password_of, sentinel_address, sync_client, without_password
+from .redis_clients import SentinelRefused, password_of, sync_client
+from .redis_urls import sentinel_address, without_password
 
 log = logging.getLogger("dayzero.redis")
 REFUSED_EXIT = 3  # a service that cannot serve with its settings (a worker's failed start too)

@@ -13,7 +13,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .redis_clients import sync_client, unreached, without_password
+from .redis_clients import sync_client, unreached
+from .redis_urls import without_password
 
 CHECK_EVERY_S = 1.0  # a ping at most this often; each waits as long at most (a frozen Redis)
 

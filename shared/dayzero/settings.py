@@ -4,22 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from . import settings_checks as checks
 from .chat.schema_size import MOST_TOOLS, SchemaLimits
-from .redis_clients import sentinel_address
-from .stack_start import REDIS_ANSWER_WITHIN_S
-from .vision.images import ImageLimits, PatchSpec
+from .redis_urls import sentinel_address
+
+if TYPE_CHECKING:  # (Pillow: imported where the image limits are built, the gateway and vision, not by every command)
+    from .vision.images import ImageLimits, PatchSpec
 
 BUILT_IN_MODEL = Path(__file__).parent / "train" / "demo_model"  # written by ``dayzero train-demo``, shipped
 # the most of a GPU its workers' weights and attention state may take together: the fraction counts what torch's
 # allocator reserves, and each process's CUDA context (~0.5 GiB), cuBLAS and NCCL workspaces and the activations
 # lie outside it (vLLM takes up to 1.0 of what it measures, those included): 4 GiB of an 80 GiB H100 left for them
 MOST_KV_MEMORY_FRACTION = 0.95
+REDIS_ANSWER_WITHIN_S = 10.0  # an external Redis that has not answered a ping by then is a failed start
 
 
 _GEOMETRY = {  # PatchSpec's field: the vision_config key naming it
@@ -256,6 +258,8 @@ class Settings(BaseSettings):
         checks.device_on_this_host(self.device)
 
     def image_limits(self) -> ImageLimits:
+        from .vision.images import ImageLimits
+
         return ImageLimits(
             max_bytes=self.image_max_bytes,
             max_pixels=self.image_max_pixels,
@@ -274,6 +278,8 @@ class Settings(BaseSettings):
     def patch_spec(self, vision_config: Mapping | None = None) -> PatchSpec:
         """The resize budget of these settings on the patch geometry of the checkpoint's
         ``vision_config`` (PatchSpec's, Qwen2.5-VL's 14 / 2x2 / 2, where it names none)."""
+        from .vision.images import PatchSpec
+
         vision = vision_config or {}
         named = {field: int(vision[key]) for field, key in _GEOMETRY.items() if key in vision}
         return PatchSpec(max_pixels=self.image_resize_max_pixels, **named)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from .redis_clients import without_password
+from .redis_urls import without_password
 from .settings import Settings
 
 HELP_WIDTH = 100  # columns of the --help texts argparse prints unwrapped (the settings, a long description)

@@ -41,10 +41,11 @@ from .procs import (
 )
 from .service_commands import SERVICES, inherited, service_argv
 from .serving.liveness import connect
+from .settings import REDIS_ANSWER_WITHIN_S
 from .shm import unlink_parked_by, unlink_pools_by
 from .stack_child import Child
 from .stack_stamps import StampRead, StampReader, stale
-from .stack_start import REDIS_ANSWER_WITHIN_S, StartFailed, answering
+from .stack_start import StartFailed, answering
 
 STOP_TIMEOUT_S = 10.0  # per group (gateway, workers, redis) before SIGKILL
 LEFT_GROUP_S = 5.0  # what is left of an exited child's process group is SIGKILLed after

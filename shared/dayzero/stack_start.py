@@ -7,10 +7,9 @@ import time
 
 import redis
 
-from .redis_clients import sync_client, unreached, without_password
+from .redis_clients import sync_client, unreached
 from .redis_refusals import refused_for_good
-
-REDIS_ANSWER_WITHIN_S = 10.0  # an external Redis that has not answered a ping by then is a failed start
+from .redis_urls import without_password
 
 
 class StartFailed(RuntimeError):

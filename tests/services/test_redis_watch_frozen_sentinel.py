@@ -8,7 +8,7 @@ import signal
 import time
 
 from dayzero import redis_watch
-from dayzero.redis_clients import _SENTINEL_ASKED_S
+from dayzero.redis_urls import _SENTINEL_ASKED_S
 from dayzero.redis_watch import RedisWatch
 
 from .sentinel_group import sentinel_group

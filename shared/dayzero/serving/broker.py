@@ -38,7 +38,8 @@ from kombu.transport import virtual
 from redis.asyncio.connection import DefaultParser as AsyncDefaultParser
 from redis.connection import DefaultParser
 
-from ..redis_clients import RefusalSaidSentinelConnection, sentinel_address
+from ..redis_clients import RefusalSaidSentinelConnection
+from ..redis_urls import sentinel_address
 from .outage_log import OutageLog
 
 log = logging.getLogger("dayzero.worker")
