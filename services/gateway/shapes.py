@@ -97,7 +97,9 @@ class Shape:
         first) on; nothing is emitted."""
         if self.kind == "chat":
             self._delta(token.text, None)
-        if self.logprobs:
+            if self.logprobs and token.logprob is not None:  # (its entry is not built: only its place)
+                self._openings([token.token])
+        elif self.logprobs:
             self._logprobs([token])
         self.prompt = None
 

@@ -123,3 +123,22 @@ def test_a_sentencepiece_chats_entries_are_its_texts_in_a_stream_and_a_resumed_o
     for token in tokens[:1]:
         resumed.replay(token)
     assert resumed.chunk("", None, tokens=tokens[1:])["choices"][0]["logprobs"]["content"] == entries[1:]
+
+
+def test_a_resumed_chats_replay_names_no_token(codec, monkeypatch):
+    """A resumed chat's replayed tokens only move its split and its logprobs' opening on: each built
+    its entry and its top_logprobs' (1 + top_logprobs decodes a token, 21 with 20 alternatives, on
+    the gateway's event loop, for any tokenizer: DeepSeek's byte-level one has no opening) and
+    dropped them. The entries after the replay are the live stream's."""
+    ids = codec.encode("The quick brown fox", special=False)
+    tokens = [
+        Token("r", i, t, codec.decode([t]), None, logprob=-0.1, top=((t, -0.1), (1, -2.0))) for i, t in enumerate(ids)
+    ]
+    live = Shape(_llama_request("chat"), "m", codec).chunk("", None, tokens=tokens)["choices"][0]["logprobs"]
+    resumed, named = Shape(_llama_request("chat"), "m", codec), []
+    piece = codec.token_piece
+    monkeypatch.setattr(codec, "token_piece", lambda token, opening=False: named.append(token) or piece(token, opening))
+    for token in tokens[:2]:
+        resumed.replay(token)
+    assert named == []  # were 6: each replayed token and its 2 alternatives
+    assert resumed.chunk("", None, tokens=tokens[2:])["choices"][0]["logprobs"]["content"] == live["content"][2:]
