@@ -101,6 +101,20 @@ def test_the_added_tokens_found_are_those_the_tokenizer_finds(codec, seed):
     assert found == own
 
 
+def test_an_added_token_of_the_finders_own_word_is_not_each_stretch():
+    """An added token "\\x00" took the id of the finder's one word (each stretch of text between added
+    tokens), so every stretch counted as an added token of 1 byte: 1,000 " punctuation<｜User｜>" (2,001
+    tokens with BOS, a 12-byte model token and an added one each) were bounded at 2,917, refused
+    against a context of 2,002."""
+    tokenizer = build_tokenizer(DEMO_CONFIG["vocab_size"])
+    tokenizer.add_tokens(["\x00"])
+    codec = TextCodec(tokenizer)
+    text = " punctuation<｜User｜>" * 1000
+    tokens = len(codec.encode(text))
+    assert tokens == 2001 and codec.token_bytes.least_tokens(text, len(text.encode())) <= tokens
+    assert len(codec.encode(text, tokens + 1)) == tokens
+
+
 @pytest.mark.parametrize("model", ["WordLevel", "WordPiece"])
 def test_a_word_model_over_byte_level_gets_no_bound(model):
     """A word model emits one [UNK] for a whole word it lacks, however long: 5,000 "x" are 1 token, and

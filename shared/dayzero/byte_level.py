@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from tokenizers import Tokenizer, pre_tokenizers
 
 KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Split", "Digits", "Punctuation"}  # split text, drop none of it
+STRETCH = 0  # ``added_finder``'s id for a stretch of text between added tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,15 +78,16 @@ def token_bytes(tokenizer: Tokenizer, spec: dict) -> TokenBytes | None:
     plain = max(len(t) for t in tokenizer.get_vocab(with_added_tokens=False) if all(c in alphabet for c in t))
     starts = "".join(sorted({t[0] for t in added}))
     finder = added_finder(tokenizer, spec)
-    added_bytes = {i: len(t.content.encode()) for i, t in finder.get_added_tokens_decoder().items()}
+    # an added token "\x00" takes the stretches' id (its model's one word): counted with them, as model bytes
+    added_bytes = {i: len(t.content.encode()) for i, t in finder.get_added_tokens_decoder().items() if i != STRETCH}
     return TokenBytes(plain, max(added_bytes.values(), default=0), starts, finder, added_bytes)
 
 
 def added_finder(tokenizer: Tokenizer, spec: dict) -> Tokenizer:
     """``tokenizer``'s added tokens (its own matcher: the same tokens found in a text; ids of its own)
-    over a model that reads each stretch of text between them as one token, 0: a text's added tokens
+    over a model that reads each stretch of text between them as one token, ``STRETCH``: a text's added tokens
     for ~30 ms a MiB, with nothing else tokenized. ``spec``: its JSON, without a normalizer."""
-    model = {"type": "WordLevel", "vocab": {"\x00": 0}, "unk_token": "\x00"}
+    model = {"type": "WordLevel", "vocab": {"\x00": STRETCH}, "unk_token": "\x00"}
     parts = {"pre_tokenizer": None, "post_processor": None, "decoder": None, "truncation": None, "padding": None}
     finder = Tokenizer.from_str(json.dumps(spec | parts | {"model": model}))
     finder.encode_special_tokens = tokenizer.encode_special_tokens  # (True: special tokens read as text)
