@@ -4,6 +4,7 @@ there), and the added tokens' longer texts only where the text holds one."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -99,6 +100,39 @@ def test_the_added_tokens_found_are_those_the_tokenizer_finds(codec, seed):
     finder = codec.token_bytes.added_finder
     found = [t.content for i in finder.encode(text).ids if (t := finder.get_added_tokens_decoder().get(i))]
     assert found == own
+
+
+def test_a_prompt_its_added_tokens_cannot_prove_long_is_not_searched_for_them(codec, monkeypatch):
+    """1,120 bytes of "hello <b> world " against 1,000: its 70 "<", each at most an added token of 7
+    bytes (the demo's fewest, "<think>"), prove 123 tokens at most, yet the text was searched for its
+    added tokens before it was tokenized whole (a 300 KB chat of short turns on bench/prompt_bound's
+    tokenizer: 31 ms before its 212 ms tokenizing, proving 21,216 against 131,072)."""
+    searched, finder = [], codec.token_bytes.added_finder
+
+    class Finder:
+        def encode_batch_fast(self, texts, **kw):
+            searched.extend(texts)
+            return finder.encode_batch_fast(texts, **kw)
+
+    text = "hello <b> world " * 70
+    monkeypatch.setattr(codec, "token_bytes", dataclasses.replace(codec.token_bytes, added_finder=Finder()))
+    assert len(codec.encode(text, LIMIT)) < LIMIT and not searched
+    with pytest.raises(PromptTooLongError):  # (where they can prove it, they are searched for)
+        codec.encode("<b>x</b>" * (12 * LIMIT // 8), LIMIT)
+    assert searched
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_prompt_is_refused_by_the_bound_as_by_all_its_added_tokens(codec, seed):
+    """Skipping the search where it cannot prove ``enough`` refuses what the search refuses, no more:
+    random texts as above, and ones dense in the shortest added tokens (more tokens than 12 bytes each)."""
+    rng, bound = random.Random(seed), codec.token_bytes
+    for pieces in (PIECES, ["<think>", "</think>", "<", "x" * 11]):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 400)))
+        size = len(text.encode())
+        fine = bound.least_tokens(text, size)
+        for enough in {0, 1, fine - 1, fine, fine + 1, rng.randrange(1, size + 2), size + 1}:
+            assert (bound.least_tokens(text, size, enough) >= enough) == (fine >= enough), (text, enough)
 
 
 def test_an_added_token_of_the_finders_own_word_is_not_each_stretch():

@@ -23,18 +23,21 @@ class TokenBytes:
     a space, as 2) or an added token (``added``: its own text, matched only where the text holds it,
     so only where one of ``added_starts``, their first characters, is); and the added tokens as it
     finds them in a text (``added_finder``: its added tokens over a model that reads all other text as
-    one token; ``added_bytes``: the finder's added token ids -> their texts' UTF-8 bytes)."""
+    one token; ``added_bytes``: the finder's added token ids -> their texts' UTF-8 bytes, the fewest of
+    them ``added_fewest``)."""
 
     plain: int
     added: int
     added_starts: str
     added_finder: Tokenizer
     added_bytes: dict[int, int]
+    added_fewest: int
 
     def least_tokens(self, text: str, size: int, enough: int | None = None) -> int:
         """At least how many tokens ``text`` of ``size`` UTF-8 bytes has: ``plain`` bytes a token but
         for its added tokens, one each. Roughly first (an added token of ``added`` bytes may begin at
-        each of its ``added_starts``); unless that proves ``enough``, the added tokens the text holds."""
+        each of its ``added_starts``); unless that proves ``enough``, or the added tokens it may hold
+        cannot (each of ``added_fewest`` bytes), the added tokens the text holds."""
         starts = sum(map(text.count, self.added_starts))  # (the most added tokens it can hold)
 
         def least(added: int, added_size: int) -> int:  # with ``added`` added tokens of ``added_size`` bytes
@@ -43,7 +46,9 @@ class TokenBytes:
         # least() falls with each added token while one takes more bytes than a plain one, else it rises
         most = min(starts, -(-size // max(self.added, 1)))
         rough = min(least(0, 0), least(most, most * self.added))
-        if not starts or (enough is not None and rough >= enough):
+        held = min(starts, size // max(self.added_fewest, 1))  # (the most it can hold, each of the fewest bytes)
+        best = max(least(0, 0), least(held, held * self.added_fewest))  # (the most the added tokens found prove)
+        if not starts or (enough is not None and not rough < enough <= best):
             return rough
         ids = self.added_finder.encode_batch_fast([text], add_special_tokens=False)[0].ids  # [pieces]
         found = [self.added_bytes[i] for i in ids if i in self.added_bytes]
@@ -80,7 +85,8 @@ def token_bytes(tokenizer: Tokenizer, spec: dict) -> TokenBytes | None:
     finder = added_finder(tokenizer, spec)
     # an added token "\x00" takes the stretches' id (its model's one word): counted with them, as model bytes
     added_bytes = {i: len(t.content.encode()) for i, t in finder.get_added_tokens_decoder().items() if i != STRETCH}
-    return TokenBytes(plain, max(added_bytes.values(), default=0), starts, finder, added_bytes)
+    fewest = min(filter(None, added_bytes.values()), default=0)  # (an empty added token is never found)
+    return TokenBytes(plain, max(added_bytes.values(), default=0), starts, finder, added_bytes, fewest)
 
 
 def added_finder(tokenizer: Tokenizer, spec: dict) -> Tokenizer:
