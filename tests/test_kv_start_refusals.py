@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 from multiprocessing import shared_memory
 
@@ -15,6 +17,7 @@ from dayzero.kv import shared as kv_shared
 from dayzero.parallel.collectives import Group
 from dayzero.serving.rank_loading import load_ranks
 from dayzero.settings import Settings
+from dayzero.shm import SHM_DIR
 
 ONE_EACH = {"vision": 0, "prefill": 1, "decode": 1}
 
@@ -69,6 +72,24 @@ def test_a_shared_pool_larger_than_dev_shm_is_refused_before_its_segment_is_made
     assert "lower DAYZERO_KV_BUDGET_MB, or give /dev/shm more room (docker: --shm-size)" in message
     planned = float(re.search(r"pools' ([0-9.]+) MiB \(256 MiB, more than", message).group(1))
     assert 255 <= planned <= 256  # the default budget, less what whole blocks leave over
+
+
+def test_a_segment_whose_room_went_while_it_was_made_is_refused_and_unlinked(tiny_checkpoint, monkeypatch):
+    """Two prefill workers (up --prefill 2) each read the room of a 200 MiB /dev/shm before either made its
+    120 MiB segment: both passed the check, both zeroed theirs, both died of a SIGBUS (exit -7, a 200 MiB
+    tmpfs in a mount namespace). The pages are taken at once (fallocate: ENOSPC, not a SIGBUS, where
+    they are gone since): here another segment took them after the check."""
+    rooms = iter([(1 << 40, 1 << 40), (40 << 20, 200 << 20)])  # (free, size): at the check, then after the other's
+
+    def taken_meanwhile(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(kv_shared, "room", lambda: next(rooms))
+    monkeypatch.setattr(os, "posix_fallocate", taken_meanwhile)
+    with pytest.raises(ValueError) as refused:
+        load_ranks(Settings(checkpoint=tiny_checkpoint, handoff="shm"), Group(), shared=True)
+    assert ") do not fit in /dev/shm, where 40 MiB of its 200 MiB are free" in str(refused.value)
+    assert not list(SHM_DIR.glob(f"{kv_shared.PREFIX}-{os.getpid()}-*"))  # (unlinked: no 256 MiB left behind)
 
 
 @pytest.mark.parametrize("fraction", [1.0, 0.96])

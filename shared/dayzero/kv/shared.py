@@ -4,6 +4,7 @@ its IPC handle (on one GPU)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -69,6 +70,7 @@ class SharedPools:
             raise NoShmRoom(size, free, total)
         name = f"{PREFIX}-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # the creator's pid: see shm.sweep_stale
         shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+        _reserve(shm)
         buffer = torch.frombuffer(shm.buf, dtype=torch.uint8)
         buffer.zero_()
         return KVPools(layout, blocks, dtype, allocate=_Carver(buffer), pool_id=shm.name), shm
@@ -82,6 +84,20 @@ class SharedPools:
             resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001 - keep ours from unlinking it
         buffer = torch.frombuffer(shm.buf, dtype=torch.uint8)
         return KVPools(layout, blocks, dtype, allocate=_Carver(buffer), pool_id=name), shm
+
+
+def _reserve(shm: Segment) -> None:
+    """Take the new segment's pages now (tmpfs: all or none, ENOSPC where they are not there): the room
+    read before it was made may be gone, another worker's segment made meanwhile (``up --prefill 2``:
+    both read the room, both zeroed theirs, both died of a SIGBUS); then refused, the segment unlinked."""
+    try:
+        os.posix_fallocate(shm._fd, 0, shm.size)  # noqa: SLF001 - the segment's own descriptor
+    except OSError as exc:
+        shm.close()
+        shm.unlink()
+        if exc.errno != errno.ENOSPC:
+            raise
+        raise NoShmRoom(shm.size, *room()) from None
 
 
 class CudaSharedPools:
