@@ -16,6 +16,7 @@ from dayzero.kv import pools
 from dayzero.kv import shared as kv_shared
 from dayzero.parallel.collectives import Group
 from dayzero.serving.rank_loading import load_ranks
+from dayzero.serving.worker import refused_by_dayzero
 from dayzero.settings import Settings
 from dayzero.shm import SHM_DIR
 
@@ -89,6 +90,7 @@ def test_a_segment_whose_room_went_while_it_was_made_is_refused_and_unlinked(tin
     with pytest.raises(ValueError) as refused:
         load_ranks(Settings(checkpoint=tiny_checkpoint, handoff="shm"), Group(), shared=True)
     assert ") do not fit in /dev/shm, where 40 MiB of its 200 MiB are free" in str(refused.value)
+    assert refused_by_dayzero(refused.value)  # (the worker's start says it in one line)
     assert not list(SHM_DIR.glob(f"{kv_shared.PREFIX}-{os.getpid()}-*"))  # (unlinked: no 256 MiB left behind)
 
 

@@ -6,6 +6,7 @@ processes: Redis, a gateway, a prefill worker restarted during the refusal, a de
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import shutil
@@ -17,6 +18,7 @@ import httpx
 import pytest
 import redis
 
+from dayzero.parallel.launch import launch_from
 from dayzero.procs import free_port, scratch_redis, spawn, start_redis, terminate
 from dayzero.serving.worker import exit_on_failure
 
@@ -141,30 +143,36 @@ def _exit(code: int):
     raise _Exited(code)
 
 
-def _refused(message: str):
-    raise ValueError(message)
+def _refused():
+    launch_from({"RANK": "0"}, "cpu")  # dayzero's own refusal (a ValueError): what to set
 
 
-def _failed(message: str):
-    raise RuntimeError(message)
+def _failed():
+    raise RuntimeError("the attention pools' 4.0 MiB do not fit")
 
 
-@pytest.mark.parametrize(("fail", "traceback"), [(_refused, False), (_failed, True)])
+def _library_failed():
+    ipaddress.ip_address("redis-host")  # a bug under the start: the standard library's ValueError
+
+
+@pytest.mark.parametrize(("fail", "traceback"), [(_refused, False), (_failed, True), (_library_failed, True)])
 def test_a_start_refused_is_one_line_and_an_unexpected_failure_keeps_its_traceback(
     fail, traceback, caplog, monkeypatch
 ):
     """A worker refusing its pools (DAYZERO_KV_BUDGET_MB past what the device holds: a one-line ValueError)
     logged 'the prefill worker cannot start' under a traceback ending in that line: the 15 lines of its
     log ``up`` shows held the traceback. A refusal is its line alone; an error nobody foresaw keeps its
-    traceback, where the bug is."""
+    traceback, where the bug is, a library's ValueError too (it was one line naming no file: "'redis-host'
+    does not appear to be an IPv4 or IPv6 address")."""
     monkeypatch.setattr(os, "_exit", _exit)
     monkeypatch.setattr(logging, "shutdown", lambda: None)  # (the test's own handlers stay open)
-    receiver = exit_on_failure(lambda: fail("the attention pools' 4.0 MiB do not fit"), "prefill", "")
+    with pytest.raises(Exception) as raised:
+        fail()
+    receiver = exit_on_failure(fail, "prefill", "")
     with caplog.at_level(logging.ERROR, logger="dayzero.worker"), pytest.raises(_Exited) as exited:
         receiver()
     assert exited.value.args == (3,)  # (REFUSED_EXIT: up restarts it, compose too)
     [record] = caplog.records
-    assert record.getMessage() == "the prefill worker cannot start" + (
-        "" if traceback else ": the attention pools' 4.0 MiB do not fit"
-    )
+    said = "the prefill worker cannot start"
+    assert record.getMessage() == (said if traceback else f"{said}: {raised.value}")
     assert (record.exc_info is not None) == traceback

@@ -11,6 +11,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
@@ -38,6 +39,7 @@ PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
 # Celery 5's warning at a worker's first lost broker connection (9 lines) that Celery 6 cancels the
 # tasks running then by default: dayzero's settings keep them running (queue.make_celery, broker.QoS)
 CANCEL_AT_CONNECTION_LOSS = r"\s*In Celery 5.1 we introduced an optional breaking change"
+OWN = str(Path(__file__).resolve().parent.parent) + os.sep  # dayzero's package: where its refusals are raised
 LOOP_END_S = 2.0  # a stop waits this long at most for the loop to end (a step under way finishes first)
 
 
@@ -50,8 +52,9 @@ def exit_on_failure(start: Callable[..., None], stage: str, url: str) -> Callabl
     """A ``worker_init`` receiver that ends the process when the start fails: Celery would log
     nothing and serve on without a runtime (a silent hang); ``dayzero up`` reports the exits. A
     refusal is said in one line (its traceback followed it, and filled the end of the log ``up``
-    shows): the Redis at ``url`` refusing the worker for good, or a ValueError, dayzero's refusals'
-    type (the CLI's too), whose message says what to change; any other error keeps its traceback."""
+    shows): the Redis at ``url`` refusing the worker for good, or a ValueError dayzero raised, its
+    refusals' type (the CLI's too), whose message says what to change; any other error keeps its
+    traceback, a library's ValueError too (``refused_by_dayzero``)."""
 
     def receiver(*args: object, **kwargs: object) -> None:
         try:
@@ -61,14 +64,24 @@ def exit_on_failure(start: Callable[..., None], stage: str, url: str) -> Callabl
             log.error(
                 "the %s worker cannot start: %s", stage, refusal_said(url, refused_for_good(url, exc) or str(exc))
             )
-        except ValueError as exc:  # (the pools' memory, the checkpoint, the settings of a group)
-            log.error("the %s worker cannot start: %s", stage, exc)
-        except Exception:
-            log.exception("the %s worker cannot start", stage)
+        except Exception as exc:
+            if refused_by_dayzero(exc):  # (the pools' memory, the checkpoint, the settings of a group)
+                log.error("the %s worker cannot start: %s", stage, exc)
+            else:
+                log.exception("the %s worker cannot start", stage)
         logging.shutdown()
         os._exit(REFUSED_EXIT)
 
     return receiver
+
+
+def refused_by_dayzero(exc: BaseException) -> bool:
+    """A ValueError dayzero's own code raised (its refusals' type: the message says what to change), not
+    one a library raised under it (torch's, Triton's, the standard library's: a bug, its traceback says where)."""
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return isinstance(exc, ValueError) and frame is not None and frame.tb_frame.f_code.co_filename.startswith(OWN)
 
 
 class Stage(Protocol):
