@@ -124,13 +124,14 @@ def _no_room(sized: KVPools, budget: Budget, device: torch.device, exc: BaseExce
             f"{exc.free / MIB:.0f} MiB of its {exc.total / MIB:.0f} MiB are free (a pool leaves {SHM_HEADROOM // MIB} "
             f"MiB for other segments): lower DAYZERO_KV_BUDGET_MB, or give {SHM_DIR} more room (docker: --shm-size)"
         )
-    free = ""
+    free, fraction = "", ""  # (the fraction is read on CUDA alone: budget.py)
     if device.type == "cuda":  # (read now, for the message alone)
         free_bytes, total_bytes = torch.cuda.mem_get_info(device)
         free = f", where {free_bytes / MIB:.0f} MiB of its {total_bytes / MIB:.0f} MiB are free"
+        fraction = " or, unset, DAYZERO_KV_MEMORY_FRACTION"
     return (
         f"the attention pools' {planned / MIB:.1f} MiB ({budget.chosen_by}) do not fit on {device}{free}: another "
-        "process may hold its memory: free it, or lower DAYZERO_KV_BUDGET_MB or, unset, DAYZERO_KV_MEMORY_FRACTION"
+        f"process may hold its memory: free it, or lower DAYZERO_KV_BUDGET_MB{fraction}"
     )
 
 
