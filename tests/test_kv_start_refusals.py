@@ -11,14 +11,18 @@ from multiprocessing import shared_memory
 import pytest
 import torch
 
+from dayzero.config import ModelConfig
 from dayzero.device_shares import kv_fractions
 from dayzero.kv import pools
 from dayzero.kv import shared as kv_shared
+from dayzero.kv.layout import POOL_KINDS, PoolLayout
 from dayzero.parallel.collectives import Group
 from dayzero.serving.rank_loading import load_ranks
 from dayzero.serving.worker import refused_by_dayzero
 from dayzero.settings import Settings
 from dayzero.shm import SHM_DIR
+
+from .conftest import tiny_config
 
 ONE_EACH = {"vision": 0, "prefill": 1, "decode": 1}
 
@@ -93,6 +97,23 @@ def test_a_segment_whose_room_went_while_it_was_made_is_refused_and_unlinked(tin
     assert ") do not fit in /dev/shm, where 40 MiB of its 200 MiB are free" in str(refused.value)
     assert refused_by_dayzero(refused.value)  # (the worker's start says it in one line)
     assert not list(SHM_DIR.glob(f"{kv_shared.PREFIX}-{os.getpid()}-*"))  # (unlinked: no 256 MiB left behind)
+
+
+def test_a_segment_on_a_filesystem_without_fallocate_is_still_made(monkeypatch):
+    """posix_fallocate refused for want of support (musl calls the syscall alone: EOPNOTSUPP) is no refusal:
+    the segment's zeroing takes its pages, as before."""
+
+    def unsupported(fd, offset, length):
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+    monkeypatch.setattr(os, "posix_fallocate", unsupported)
+    layout = PoolLayout.of(ModelConfig.from_dict(tiny_config()), 3, "float32")
+    made, segment = kv_shared.SharedPools.create(layout, {kind: 2 for kind in POOL_KINDS}, torch.float32)
+    try:
+        assert segment.size == kv_shared.segment_bytes(layout, made.blocks, torch.float32)
+    finally:
+        segment.close()
+        segment.unlink()
 
 
 @pytest.mark.parametrize("fraction", [1.0, 0.96])

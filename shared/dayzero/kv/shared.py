@@ -93,10 +93,10 @@ def _reserve(shm: Segment) -> None:
     try:
         os.posix_fallocate(shm._fd, 0, shm.size)  # noqa: SLF001 - the segment's own descriptor
     except OSError as exc:
+        if exc.errno != errno.ENOSPC:  # (a filesystem without fallocate: its zeroing takes the pages)
+            return
         shm.close()
         shm.unlink()
-        if exc.errno != errno.ENOSPC:
-            raise
         raise NoShmRoom(shm.size, *room()) from None
 
 
