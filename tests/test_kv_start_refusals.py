@@ -80,6 +80,19 @@ def test_a_shared_pool_larger_than_dev_shm_is_refused_before_its_segment_is_made
     assert 255 <= planned <= 256  # the default budget, less what whole blocks leave over
 
 
+def test_a_budget_that_fits_a_small_dev_shm_is_not_refused(tiny_checkpoint, monkeypatch):
+    """docker's default /dev/shm (64 MiB, here 60 of them free): the 64 MiB kept for other segments took all
+    of it, and DAYZERO_KV_BUDGET_MB=4 was refused (base 654a55c made the 4 MiB segment; 'lower
+    DAYZERO_KV_BUDGET_MB' could never help). A smaller /dev/shm keeps half of it."""
+    monkeypatch.setattr(kv_shared, "room", lambda: (60 << 20, 64 << 20))  # (free, size) of a container's
+    _, segment = load_ranks(Settings(checkpoint=tiny_checkpoint, handoff="shm", kv_budget_mb=4), Group(), shared=True)
+    try:
+        assert 3 << 20 < segment.size <= 4 << 20
+    finally:
+        segment.close()
+        segment.unlink()
+
+
 def test_a_segment_whose_room_went_while_it_was_made_is_refused_and_unlinked(tiny_checkpoint, monkeypatch):
     """Two prefill workers (up --prefill 2) each read the room of a 200 MiB /dev/shm before either made its
     120 MiB segment: both passed the check, both zeroed theirs, both died of a SIGBUS (exit -7, a 200 MiB

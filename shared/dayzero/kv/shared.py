@@ -27,14 +27,20 @@ Segment = shared_memory.SharedMemory
 SHM_HEADROOM = 64 << 20
 
 
+def headroom(total: int) -> int:
+    """What a pool leaves free of a /dev/shm of ``total`` bytes: ``SHM_HEADROOM``, or half of a smaller
+    one (docker's default 64 MiB: all of it was kept, and no budget, however low, was let in)."""
+    return min(SHM_HEADROOM, total // 2)
+
+
 class NoShmRoom(MemoryError):
-    """A pool segment larger than what /dev/shm has free (less ``SHM_HEADROOM``), refused before it is
+    """A pool segment larger than what /dev/shm has free (less ``headroom``), refused before it is
     created: made, its zeroing would fill the filesystem (a SIGBUS where the pages ran out, and the
     host's other segments failing meanwhile)."""
 
     def __init__(self, size: int, free: int, total: int) -> None:
         super().__init__(f"a segment of {size} bytes where {free} of {total} are free")
-        self.size, self.free, self.total = size, free, total
+        self.size, self.free, self.total, self.headroom = size, free, total, headroom(total)
 
 
 class _Carver:
@@ -66,7 +72,7 @@ class SharedPools:
         layout: PoolLayout, blocks: dict[str, int], dtype: torch.dtype
     ) -> tuple[KVPools, shared_memory.SharedMemory]:
         size, (free, total) = segment_bytes(layout, blocks, dtype), room()
-        if size + SHM_HEADROOM > free:
+        if size + headroom(total) > free:
             raise NoShmRoom(size, free, total)
         name = f"{PREFIX}-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # the creator's pid: see shm.sweep_stale
         shm = shared_memory.SharedMemory(name=name, create=True, size=size)

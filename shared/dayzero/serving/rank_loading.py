@@ -13,7 +13,7 @@ import torch
 
 from ..checkpoint import load_model
 from ..kv.pools import KVPools
-from ..kv.shared import SHM_HEADROOM, CudaSharedPools, NoShmRoom, Segment, SharedPools
+from ..kv.shared import CudaSharedPools, NoShmRoom, Segment, SharedPools
 from ..model.plan import AttentionOptions
 from ..parallel.collectives import Group
 from ..settings import Settings
@@ -121,7 +121,7 @@ def _no_room(sized: KVPools, budget: Budget, device: torch.device, exc: BaseExce
     if isinstance(exc, NoShmRoom):
         return (
             f"the attention pools' {planned / MIB:.1f} MiB ({budget.chosen_by}) do not fit in {SHM_DIR}, where "
-            f"{exc.free / MIB:.0f} MiB of its {exc.total / MIB:.0f} MiB are free (a pool leaves {SHM_HEADROOM // MIB} "
+            f"{exc.free / MIB:.0f} MiB of its {exc.total / MIB:.0f} MiB are free (a pool leaves {exc.headroom // MIB} "
             f"MiB for other segments): lower DAYZERO_KV_BUDGET_MB, or give {SHM_DIR} more room (docker: --shm-size)"
         )
     free, fraction = "", ""  # (the fraction is read on CUDA alone: budget.py)
