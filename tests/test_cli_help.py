@@ -46,15 +46,36 @@ def test_settings_help_states_no_default_that_another_setting_changes():
     assert "the model's own context when shorter" in _settings_entry("DAYZERO_MAX_CONTEXT")
 
 
-def test_settings_help_states_the_largest_kv_memory_fraction_a_worker_starts_with():
-    """``--help`` said nothing of DAYZERO_KV_MEMORY_FRACTION's bound: 0.96 or 1.0 (vLLM's largest) were
-    refused at start with a bound the help never named."""
-    stated = re.search(r"at most ([0-9.]+),", _settings_entry("DAYZERO_KV_MEMORY_FRACTION"))
-    assert stated, _settings_entry("DAYZERO_KV_MEMORY_FRACTION")
-    most = float(stated.group(1))
-    assert Settings(device="cuda", kv_memory_fraction=most).kv_memory_fraction == most
-    with pytest.raises(ValueError, match="less than or equal to"):
-        Settings(device="cuda", kv_memory_fraction=most + 0.01)
+BOUND = (  # "1 to 4096", "at least 784", "above 0", "above 0, at most 600", "at most 2"
+    r"(?:(?P<from>[0-9.]+) to (?P<to>[0-9.]+)|(?:at least (?P<least>[0-9.]+)|above (?P<above>[0-9.]+))"
+    r"(?:, at most (?P<most>[0-9.]+))?|at most (?P<only_most>[0-9.]+))"
+)
+# settings the others' checks would refuse at some edge: CUDA (a memory fraction), a chunk no larger than a step
+EDGE_SETTINGS = {"device": "cuda", "prefill_chunk_size": 1}
+
+
+@pytest.mark.parametrize(
+    "name", [n for n, f in Settings.model_fields.items() if f.metadata and f.annotation in (int, float, int | None)]
+)
+def test_settings_help_states_each_bound_a_value_is_refused_past(name):
+    """``--help`` named a bound only where a description happened to (DAYZERO_KV_MEMORY_FRACTION's 0.95,
+    DAYZERO_LEASE_S's 600, DAYZERO_MAX_BATCH's 4096 were refused at start with bounds it never named): each
+    bound it states holds a value at it (or just past an open one) and refuses one past it."""
+    entry = _settings_entry(f"DAYZERO_{name.upper()}")
+    stated = re.search(rf"\({BOUND}(?:; default [^)]*)?\)$", entry)
+    assert stated, entry
+    number = float if Settings.model_fields[name].annotation is float else int
+    step = 0.01 if number is float else 1
+    low = stated["from"] or stated["least"]
+    high = stated["to"] or stated["most"] or stated["only_most"]
+    edges = [(number(low), number(low) - step)] if low else []
+    edges += [(number(stated["above"]) + step, number(stated["above"]))] if stated["above"] else []
+    edges += [(number(high), number(high) + step)] if high else []
+    assert edges
+    for held, refused in edges:
+        assert getattr(Settings(**EDGE_SETTINGS | {name: held}), name) == held
+        with pytest.raises(ValueError, match="greater than|less than"):
+            Settings(**EDGE_SETTINGS | {name: refused})
 
 
 def test_quantize_help_names_the_in_its_out_refers_to():

@@ -138,8 +138,8 @@ class Settings(BaseSettings):
         le=MOST_KV_MEMORY_FRACTION,
         description="unset DAYZERO_KV_BUDGET_MB on CUDA: the share of the device's whole memory a worker's weights "
         "and attention state take together (the rest: activations, the expert cache); unset, up splits it between "
-        "the prefill and decode workers it places on one GPU, set, it is each worker's own; at most "
-        f"{MOST_KV_MEMORY_FRACTION}, the workers on one GPU together (CUDA contexts and workspaces lie outside it)",
+        "the prefill and decode workers it places on one GPU, set, it is each worker's own; the workers on one GPU "
+        "together take at most the bound (CUDA contexts and workspaces lie outside it)",
     )
     block_size: int = Field(default=16, ge=1, description="rows per pool block")
     lease_s: float = Field(  # (at most 600: workers beat every quarter lease, and a registry forgets one silent 600 s)

@@ -9,6 +9,7 @@ import re
 import textwrap
 from collections.abc import Mapping
 
+import annotated_types
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
@@ -48,10 +49,21 @@ def settings_help(width: int = HELP_WIDTH) -> str:
     lines = ["settings (environment variables):"]
     for name, field in Settings.model_fields.items():
         shown = FOLLOWING_DEFAULTS.get(name, field.default)
-        default = "" if shown is None else f" (default {shown})"
-        variable, text = f"  DAYZERO_{name.upper():<28} ", f"{field.description}{default}"
+        said = [s for s in (_bounds(field.metadata), None if shown is None else f"default {shown}") if s]
+        variable, text = f"  DAYZERO_{name.upper():<28} ", field.description + (f" ({'; '.join(said)})" if said else "")
         lines += textwrap.wrap(text, width, initial_indent=variable, subsequent_indent=" " * len(variable))
     return "\n".join(lines)
+
+
+def _bounds(constraints: list) -> str:
+    """A setting's range as its validation refuses values outside it ("1 to 4096", "above 0, at most 600",
+    "at least 784"); empty for none (the help named a bound only where its text happened to)."""
+    low = {type(c): c for c in constraints if isinstance(c, (annotated_types.Ge, annotated_types.Gt))}
+    high = {type(c): c for c in constraints if isinstance(c, annotated_types.Le)}
+    if annotated_types.Ge in low and high:
+        return f"{low[annotated_types.Ge].ge} to {high[annotated_types.Le].le}"
+    said = [f"at least {c.ge}" if isinstance(c, annotated_types.Ge) else f"above {c.gt}" for c in low.values()]
+    return ", ".join(said + [f"at most {c.le}" for c in high.values()])
 
 
 def settings_from_env() -> Settings:
