@@ -106,3 +106,32 @@ def test_a_byte_fallback_tokens_logprob_bytes_are_its_byte(fallback):
     assert codec.token_piece(fallback.token_to_id("<0x41>")) == ("A", b"A")
     # its decoder strips one leading space of a text: <0x20> alone decodes to "", its byte is b" "
     assert codec.token_piece(fallback.token_to_id("<0x20>")) == (" ", b" ")
+
+
+def test_a_stop_string_a_run_of_byte_tokens_completes_ends_on_its_last_byte(fallback):
+    """Stop "中", written as its three byte tokens after "Hi" and "文" (three more): the text of
+    the ids first holds it at the seventh token (transformers' decode of each prefix), so the
+    completion ends there, 7 tokens counted, as a byte-level tokenizer's ends on the token that
+    completes a stop string. The held run ended it one token late (8 counted, the text the same),
+    and missed it in a run a later byte turns to U+FFFD each (中, then 0xE4: it ends on 中's last)."""
+    codec, transformers = TextCodec(fallback), PreTrainedTokenizerFast(tokenizer_object=fallback)
+    byte = [fallback.token_to_id(f"<0x{b:02X}>") for b in range(256)]
+    hi, a = fallback.token_to_id("▁Hi"), fallback.token_to_id("a")
+    wen, zh = [byte[b] for b in "文".encode()], [byte[b] for b in "中".encode()]
+    for ids, text, tokens in (([hi, *wen, *zh, a], "Hi文", 7), ([*zh, byte[0xE4], a], "", 3)):
+        assert next(k for k in range(len(ids) + 1) if "中" in transformers.decode(ids[:k])) == tokens
+        completion = Completion(codec, SamplingParams(max_tokens=50, stop=("中",)), EOS, 2, 4096)
+        assert _until_finished(completion, ids) == (text, "stop")
+        assert completion.usage()["completion_tokens"] == tokens
+
+
+def test_a_run_of_byte_tokens_that_is_not_utf8_streams_at_once(fallback):
+    """500 byte tokens 0x80 (a byte no UTF-8 character begins with): transformers' decode is one
+    U+FFFD a byte whatever follows, so each streams with its token. The run was held whole till
+    a token that is no byte (or the end) came: 500 tokens streamed no text."""
+    codec, transformers = TextCodec(fallback), PreTrainedTokenizerFast(tokenizer_object=fallback)
+    ids = [fallback.token_to_id("<0x80>")] * 500
+    assert transformers.decode(ids) == "\ufffd" * 500
+    decoder = StreamDecoder(codec)
+    assert [decoder.push(token) for token in ids] == ["\ufffd"] * 500
+    assert decoder.flush() == ""

@@ -5,6 +5,7 @@ and Mistral's)."""
 
 from __future__ import annotations
 
+import codecs
 import functools
 import json
 import re
@@ -123,3 +124,40 @@ def fallback_bytes(tokenizer: Tokenizer, spec: dict) -> dict[int, int]:
         return {}
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     return {i: int(piece[3:5], 16) for piece, i in vocab.items() if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", piece)}
+
+
+def open_run(ids: list[int], fallback: dict[int, int], hidden: set[int]) -> bool:
+    """Whether ``ids`` end in a run of byte tokens (``fallback``'s, as ``fallback_bytes`` gives them;
+    the ``hidden`` tokens, left out of the text, skipped) whose bytes may still be UTF-8: a later
+    byte token may still change all of its run's text (one U+FFFD per byte where the run is not
+    UTF-8: the run decodes whole), so none of it is settled. A run not UTF-8 already is settled."""
+    run = bytearray()  # its bytes, the last first
+    for token in reversed(ids if fallback else ()):
+        if token in fallback:
+            run.append(fallback[token])
+        elif token not in hidden:
+            break
+    try:
+        codecs.utf_8_decode(bytes(run[::-1]), "strict", False)  # (a character cut short: no error)
+    except UnicodeDecodeError:
+        return False
+    return bool(run)
+
+
+def run_break(ids: list[int], fallback: dict[int, int], hidden: set[int]) -> int:
+    """Where to begin decoding the run of byte tokens that ends ``ids``, not UTF-8 (not an
+    ``open_run``), for its later bytes to decode as in the whole run (one U+FFFD each): the last
+    place in it from which its bytes are not UTF-8 either (a byte no character begins with, or a
+    character that breaks off). ``len(ids)`` where none is (no such run ends ``ids``)."""
+    tail = bytearray()  # the run's bytes, the last first
+    for at in range(len(ids) - 1, -1, -1):
+        if ids[at] in hidden:
+            continue
+        if (byte := fallback.get(ids[at])) is None:
+            break
+        tail.append(byte)
+        try:  # (the bytes after the character at ``at`` may still be UTF-8: that character decides)
+            codecs.utf_8_decode(bytes(tail[-1:-5:-1]), "strict", False)
+        except UnicodeDecodeError:
+            return at
+    return len(ids)

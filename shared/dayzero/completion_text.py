@@ -5,6 +5,7 @@ that waited past the time limit as its completion would have ended (time_limit.p
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 from .chat.reasoning import ReasoningCount
@@ -21,7 +22,7 @@ class StopMatcher:
     held until the next characters decide, and a stop string that reaches into a bound matches not."""
 
     def __init__(self, stops: tuple[str, ...], bounds: tuple[str, ...] = ()) -> None:
-        self._stops, self._bounds = stops, bounds
+        self.stops, self._bounds = stops, bounds
         self._pending = ""
         self._bounded = False  # a bound was reached: no stop string matches from there on
 
@@ -33,14 +34,14 @@ class StopMatcher:
         at = min((i for i in (text.find(b) for b in self._bounds) if i >= 0), default=len(text))
         undecided = 0 if at < len(text) else max((self._held(text, b) for b in self._bounds), default=0)
         free = text[: at - undecided]  # the text stop strings may match in
-        hits = [i for i in (free.find(s) for s in self._stops) if i >= 0]
+        hits = [i for i in (free.find(s) for s in self.stops) if i >= 0]
         if hits:
             self._pending = ""
             return text[: min(hits)], True
         if at < len(text):
             self._pending, self._bounded = "", True
             return text, False
-        hold = max((self._held(free, s) for s in self._stops), default=0) + undecided
+        hold = max((self._held(free, s) for s in self.stops), default=0) + undecided
         self._pending = text[len(text) - hold :] if hold else ""
         return text[: len(text) - hold], False
 
@@ -59,7 +60,7 @@ class StopMatcher:
         """The text held back, at the end: up to a stop string in it (one a bound might have
         followed), and whether there was one."""
         text, self._pending = self._pending, ""
-        hits = [i for i in (text.find(s) for s in self._stops) if i >= 0]
+        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
         return (text[: min(hits)], True) if hits else (text, False)
 
 
@@ -83,8 +84,19 @@ class CompletionText:
         return text
 
     def push(self, token: int) -> tuple[str, bool]:
-        """What one more token releases, and whether a stop string ended it there."""
-        return self._release(self._decoder.push(token))
+        """What one more token releases, and whether a stop string ended it there: one the text it
+        holds completes (a byte-fallback tokenizer's run of byte tokens, held till it ends) ends it
+        on this token, as the text of its ids up to here holds it."""
+        delta = self._decoder.push(token)
+        released, stopped = self._release(delta)
+        if stopped or delta or not self._stops.stops or self.reasoning.thinking:
+            return released, stopped
+        probe = copy.copy(self._stops)  # (its state is immutable values: a copy is a snapshot)
+        ending, stopped = probe.feed(self._decoder.ending())
+        if not stopped:
+            return released, False
+        self._stops = probe
+        return released + ending, True
 
     def end(self) -> tuple[str, bool]:
         """The text held back, at an end (EOS, a token limit, the time limit's): the decoder's (a

@@ -11,9 +11,10 @@ if TYPE_CHECKING:
 class StreamDecoder:
     """Turns a growing list of ids into text deltas, holding back incomplete UTF-8 (a character
     cut short, not a stray byte: that one is U+FFFD whatever follows), and a byte-fallback
-    tokenizer's run of byte tokens (``TextCodec.open_run``), till a later token or ``flush`` at the
-    end. What precedes a cut character streams at once: a run of lead bytes, each ending the one
-    before, streams all but its last.
+    tokenizer's run of byte tokens while its bytes may still be UTF-8 (``TextCodec.open_run``), till
+    a later token or ``flush`` at the end. What precedes a cut character streams at once: a run of
+    lead bytes, each ending the one before, streams all but its last (and a run of byte tokens
+    that is not UTF-8 all but a cut character: it is one U+FFFD a byte, whatever follows).
 
     Each push decodes only the ids since the last text it released, after those of the release
     before (a decoder may render a token by its neighbours, e.g. a word's leading space): the cost
@@ -28,7 +29,7 @@ class StreamDecoder:
 
     def push(self, token: int) -> str:
         self._ids.append(token)
-        if self._codec.open_run(self._ids[self._released :]):  # (decoded once it ends: a run decodes whole)
+        if self._codec.open_run(self._ids[self._context :]):  # (decoded once it ends: a run decodes whole)
             return ""
         held = self._held()
         if not held:  # (no text yet: a special token left out)
@@ -38,8 +39,21 @@ class StreamDecoder:
         if end < len(held):  # a multi-byte character is not complete yet
             self._shown += len(delta)
             return delta
-        self._context, self._released, self._shown = self._released, len(self._ids), 0
+        # (a run of byte tokens not UTF-8, settled: its later bytes decode from where it breaks)
+        pending = self._ids[self._context :]
+        broken = self._codec.run_break(pending)
+        self._context = self._context + broken if broken < len(pending) else self._released
+        self._released, self._shown = len(self._ids), 0
         return delta
+
+    def ending(self) -> str:
+        """What ``flush`` would release were the ids to end here, or "" while a later token may still
+        change its end (a character cut short): a stop string in it ends the completion here (the
+        text of a run of byte tokens, held while a later byte may make it U+FFFD each)."""
+        held = self._held()
+        if not held or self._codec.unsettled(self._ids[self._released :], held):
+            return ""
+        return held[self._shown :]
 
     def flush(self) -> str:
         """The text held back, at the end: a character still cut short is U+FFFD, as decoding the

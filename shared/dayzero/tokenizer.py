@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from .byte_level import byte_level_values, fallback_bytes, token_bytes, tokenizer_spec
+from .byte_level import byte_level_values, fallback_bytes, open_run, run_break, token_bytes, tokenizer_spec
 from .chat.encoding import CHAT_MODE, ChatOptions, encode_chat
 from .chat.prompts import effort_table_of
 from .chat.tokens import OUTPUT_MARKERS
@@ -163,21 +163,23 @@ class TextCodec:
         return text, bytes(byte[c] for c in piece) if all(c in byte for c in piece) else text.encode()
 
     def open_run(self, ids: list[int]) -> bool:
-        """Whether the last token of ``ids`` shown is a byte-fallback tokenizer's byte (``<0xE4>``):
-        a later byte token may still change all of its run's text (one U+FFFD per byte where the
-        run is not UTF-8: the run decodes whole), so none of it is settled, whatever it decodes to."""
-        if not self._fallback_bytes:
-            return False
-        return next((t for t in reversed(ids) if t not in self._hidden), None) in self._fallback_bytes
+        """Whether ``ids`` end in a byte-fallback tokenizer's run of byte tokens (``<0xE4>``) whose
+        bytes may still be UTF-8: none of its text is settled, whatever it decodes to (``byte_level.open_run``)."""
+        return open_run(ids, self._fallback_bytes, self._hidden)
+
+    def run_break(self, ids: list[int]) -> int:
+        """Where to decode the rest of a run of byte tokens that is not UTF-8 from (``byte_level.run_break``)."""
+        return run_break(ids, self._fallback_bytes, self._hidden)
 
     def unsettled(self, ids: list[int], text: str) -> int:
         """How many characters at the end of ``text`` (the text of ``ids``) a later token may still
         change: one U+FFFD where its UTF-8 ends in a character cut short (a lead byte short of the
         continuations it announces); a byte that begins no character is U+FFFD for good. A tokenizer
-        that is not lossless byte-level names no token's bytes: all of a text ending in U+FFFD."""
+        neither lossless byte-level nor byte-fallback names no token's bytes: all of a text ending
+        in U+FFFD."""
         if not text.endswith("\ufffd"):
             return 0
-        if self.token_bytes is None:
+        if self.token_bytes is None and not self._fallback_bytes:
             return len(text)
         tail = b""  # a cut character is at most 3 bytes, and a lead byte begins a character: the last 4 decide
         for token in reversed(ids):

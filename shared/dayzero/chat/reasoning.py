@@ -49,6 +49,11 @@ class ReasoningCount:
         self.tokens = 0
         self._thought = ReasoningSplitter(thinking)
 
+    @property
+    def thinking(self) -> bool:
+        """Still inside the thought (thinking mode, its end not reached yet)."""
+        return self._thought.thinking
+
     def add(self, text: str, tokens: int = 1) -> str | None:
         """``tokens`` more tokens (0: the text an end releases, an EOS's held characters), which
         released ``text``: the answer it begins or goes on with (``text`` once the thought is over,
