@@ -29,19 +29,32 @@ from .conftest import MODEL, recording, run_jobs
 WHY = "lexer error: too many expressions constructed"  # (llguidance's, as it fails by itself)
 
 
+def _prefilled_onto_a_lead_byte(demo_dir, redis_url, rid: str) -> tuple[Lifecycle, Runtime, list]:
+    """Request ``rid`` forced onto 中's lead byte (token 170, 0xE4) and prefilled (its first token
+    streamed): its store, a decode runtime, and its decode jobs."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    sampling = SamplingParams(max_tokens=50, ignore_eos=True, logit_bias=((170, 100.0),))
+    request = GenerationRequest(request_id=rid, prompt_ids=(0, 5, 6), sampling=sampling, created=time.time())
+    store, sent = Lifecycle.connect(settings.redis_url), []
+    store.admit(request, [], "", 60)
+    run_jobs(
+        PrefillLoop(Runtime.load(settings, f"prefill-{rid}@test", "prefill", False), recording(sent)),
+        [PrefillJob(request=request)],
+    )
+    return store, Runtime.load(settings, f"decode-{rid}@test", "decode", False), sent
+
+
+def _streamed(store: Lifecycle, rid: str) -> tuple[list[int], str, Token]:
+    """The ids on ``rid``'s stream, its texts joined, and its last entry."""
+    entries = [decode(rid, fields) for _, fields in store.r.xrange(key("tokens", rid))]
+    return [t.token for t in entries if t.token >= 0], "".join(t.text for t in entries), entries[-1]
+
+
 def test_a_grammar_failing_after_a_lead_byte_ends_with_its_u_fffd(demo_dir, redis_url, monkeypatch):
     """Forced onto 中's lead byte (token 170, 0xE4), its grammar failing at the third token: two
     streamed, the second held (a character cut short). Its error ending dropped it: the stream's
     texts joined to "\\ufffd" where the two tokens decode to "\\ufffd\\ufffd"."""
-    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
-    sampling = SamplingParams(max_tokens=50, ignore_eos=True, logit_bias=((170, 100.0),))
-    request = GenerationRequest(request_id="cut", prompt_ids=(0, 5, 6), sampling=sampling, created=time.time())
-    store, sent = Lifecycle.connect(settings.redis_url), []
-    store.admit(request, [], "", 60)
-    run_jobs(
-        PrefillLoop(Runtime.load(settings, "prefill-cut@test", "prefill", False), recording(sent)),
-        [PrefillJob(request=request)],
-    )
+    store, runtime, sent = _prefilled_onto_a_lead_byte(demo_dir, redis_url, "cut")
     emit = Completion.emit
 
     def failing(completion: Completion, token, logits):
@@ -50,12 +63,32 @@ def test_a_grammar_failing_after_a_lead_byte_ends_with_its_u_fffd(demo_dir, redi
         return emit(completion, token, logits)
 
     monkeypatch.setattr(Completion, "emit", failing)
-    runtime = Runtime.load(settings, "decode-cut@test", "decode", False)
     run_jobs(DecodeLoop(runtime), sent)
-    entries = [decode("cut", fields) for _, fields in store.r.xrange(key("tokens", "cut"))]
-    ids = [t.token for t in entries if t.token >= 0]
-    assert ids == [170, 170] and (store.done("cut"), entries[-1].code) == ("error", "grammar_failed")
-    assert "".join(t.text for t in entries) == runtime.codec.decode(ids) == "\ufffd\ufffd"
+    ids, text, last = _streamed(store, "cut")
+    assert ids == [170, 170] and (store.done("cut"), last.code) == ("error", "grammar_failed")
+    assert text == runtime.codec.decode(ids) == "\ufffd\ufffd"
+    runtime.close()
+
+
+def test_a_failed_decode_step_ends_with_the_u_fffd_its_tokens_held(demo_dir, redis_url, monkeypatch):
+    """Forced onto 中's lead byte, the batch's second decode step failing (every active request ends
+    "error": ``DecodeLoop._fail``): two tokens streamed, the second held (a character cut short).
+    Its error ending dropped it: the texts joined to "\\ufffd" where the two tokens decode to
+    "\\ufffd\\ufffd", as a request's own sampling failure now ends."""
+    store, runtime, sent = _prefilled_onto_a_lead_byte(demo_dir, redis_url, "step")
+    decode_step, steps = runtime.ranks.decode, []
+
+    def failing(ids, tokens):
+        steps.append(ids)
+        if len(steps) >= 2:
+            raise RuntimeError("device lost")
+        return decode_step(ids, tokens)
+
+    monkeypatch.setattr(runtime.ranks, "decode", failing)
+    run_jobs(DecodeLoop(runtime), sent)
+    ids, text, last = _streamed(store, "step")
+    assert ids == [170, 170] and (store.done("step"), last.error) == ("error", "decode failed: RuntimeError")
+    assert text == runtime.codec.decode(ids) == "\ufffd\ufffd"
     runtime.close()
 
 
