@@ -12,6 +12,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers
 from transformers import PreTrainedTokenizerFast
 
 from dayzero.completion import Completion
+from dayzero.completion_text import CompletionText
 from dayzero.params import SamplingParams
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.time_limit import past_limit
@@ -135,3 +136,52 @@ def test_a_run_of_byte_tokens_that_is_not_utf8_streams_at_once(fallback):
     decoder = StreamDecoder(codec)
     assert [decoder.push(token) for token in ids] == ["\ufffd"] * 500
     assert decoder.flush() == ""
+
+
+def _pushed(codec, sampling: SamplingParams, thinking: bool, ids: list[int]) -> tuple[str, str, int]:
+    """What pushing ``ids`` one by one streams, what its end then releases, and its reasoning tokens."""
+    text = CompletionText(codec, sampling, thinking)
+    streamed = "".join(text.push(token)[0] for token in ids)
+    return streamed, text.end()[0], text.reasoning.tokens
+
+
+def test_a_long_replay_decodes_its_stream_in_chunks_and_ends_as_its_pushes(codec, monkeypatch):
+    """A 3,000-token thinking-mode stream (a 1,200-token thought, ``</think>``, an answer ending in
+    a stop string's start and 中's lead byte): the time limit's replay ends it as its pushes one by
+    one do (the held "i" of stop "ix" and U+FFFD; 1,201 reasoning tokens: the thought and
+    ``</think>``), the stream and the ending together transformers-exact (the demo tokenizer's
+    decode with the thought's marker kept). It decoded the stream token by token (6,000 decodes, 16
+    us a token in the reaper's thread): now in chunks of 256, a few dozen."""
+    words = codec.encode("The quick brown fox jumps over the lazy dog. ", special=False)
+    thought = (words * 200)[:1200]
+    answer = (words * 200)[: 3000 - 1203] + codec.encode(" Hi", special=False)[-1:] + [_byte_token(codec, 0xE4)]
+    ids = [*thought, codec.token_id("</think>"), *answer]
+    sampling = SamplingParams(max_tokens=5000, stop=("ix",))
+    streamed, ending, reasoning = _pushed(codec, sampling, True, ids)
+    assert (ending, reasoning) == ("i\ufffd", 1201) and streamed + ending == codec.decode(ids)
+    calls = []
+    monkeypatch.setattr(codec, "decode", lambda ids, decode=codec.decode: calls.append(ids) or decode(ids))
+    request = GenerationRequest(request_id="w", prompt_ids=(0, 5), sampling=sampling, created=0.0, thinking=True)
+    end = past_limit(codec, request, ids, 1.0)
+    assert (end.text, end.reason, end.usage["completion_tokens_details"]["reasoning_tokens"]) == (
+        ending,
+        "length",
+        1201,
+    )
+    assert len(calls) < 100
+
+
+def test_a_byte_fallback_replay_ends_as_its_pushes_whatever_its_chunks_cut(fallback):
+    """Random byte-fallback streams of 600 tokens, runs of byte tokens crossing the replay's chunks:
+    the replay's ending is that of the pushes one by one, and with what they streamed, transformers'
+    decode of the ids."""
+    codec, transformers = TextCodec(fallback), PreTrainedTokenizerFast(tokenizer_object=fallback)
+    byte = [fallback.token_to_id(f"<0x{b:02X}>") for b in range(256)]
+    zh = [byte[b] for b in "中".encode()]
+    choices = [*byte[0x80:0xF5], *zh * 40, *(fallback.token_to_id(p) for p in ("▁", "a", "中", "é", "!"))]
+    rng, sampling = random.Random(0), SamplingParams(max_tokens=5000, stop=("!a!",))
+    for _ in range(20):
+        ids = [rng.choice(choices) for _ in range(600)]
+        streamed, ending, _ = _pushed(codec, sampling, False, ids)
+        assert streamed + ending == transformers.decode(ids).split("!a!")[0]
+        assert CompletionText.replayed(codec, sampling, False, ids).end()[0] == ending

@@ -64,6 +64,9 @@ class StopMatcher:
         return (text[: min(hits)], True) if hits else (text, False)
 
 
+REPLAY_CHUNK = 256  # tokens a replay pushes at once (one by one, a long stream held the GIL ~20 us a token)
+
+
 class CompletionText:
     """The text a completion's tokens release: each token's delta, held back while it may still be
     a character's first bytes, a thought's end or a stop string's start; and whether a stop string
@@ -77,11 +80,30 @@ class CompletionText:
     def replayed(
         cls, codec: TextCodec | IdsOnlyCodec, params: SamplingParams, thinking: bool, ids: Sequence[int]
     ) -> CompletionText:
-        """The text state after ``ids``, none of which ended it (what they released is out already)."""
+        """The text state after ``ids``, none of which ended it (what they released is out already):
+        ``REPLAY_CHUNK`` of them at a time (one decode, one stop-string match), as their pushes one by
+        one would leave it (``_replay``)."""
         text = cls(codec, params, thinking)
-        for token in ids:
-            text.push(token)
+        for at in range(0, len(ids), REPLAY_CHUNK):
+            text._replay(list(ids[at : at + REPLAY_CHUNK]))
         return text
+
+    def _replay(self, ids: list[int]) -> None:
+        """Push ``ids`` at once where that leaves the state their pushes one by one leave: their text
+        all settled at their end (``StreamDecoder.push_all``), and no thought ending among them (each
+        token up to the one whose text ends it is a reasoning token); else each half so."""
+        if len(ids) == 1:
+            self.push(ids[0])
+            return
+        mark, stops, reasoning = self._decoder.mark(), copy.copy(self._stops), copy.deepcopy(self.reasoning)
+        thinking = self.reasoning.thinking
+        self._release(self._decoder.push_all(ids), len(ids))
+        if self._decoder.settled and (self.reasoning.thinking or not thinking):
+            return
+        self._decoder.rewind(mark)
+        self._stops, self.reasoning = stops, reasoning
+        self._replay(ids[: len(ids) // 2])
+        self._replay(ids[len(ids) // 2 :])
 
     def push(self, token: int) -> tuple[str, bool]:
         """What one more token releases, and whether a stop string ended it there: one the text it

@@ -28,7 +28,13 @@ class StreamDecoder:
         self._shown = 0  # characters of the text of ids[_released:] out already (before a cut character)
 
     def push(self, token: int) -> str:
-        self._ids.append(token)
+        return self.push_all([token])
+
+    def push_all(self, ids: list[int]) -> str:
+        """What pushing ``ids`` releases, in one: where all of their text is settled at their end
+        (``settled``), the state is that of pushing them one by one (a replay's way through a long
+        stream: one decode of them); where it is not, what it holds may start earlier (``rewind`` it)."""
+        self._ids.extend(ids)
         if self._codec.open_run(self._ids[self._context :]):  # (decoded once it ends: a run decodes whole)
             return ""
         held = self._held()
@@ -45,6 +51,20 @@ class StreamDecoder:
         self._context = self._context + broken if broken < len(pending) else self._released
         self._released, self._shown = len(self._ids), 0
         return delta
+
+    @property
+    def settled(self) -> bool:
+        """Whether all of the ids' text is out (none held back)."""
+        return self._released == len(self._ids)
+
+    def mark(self) -> tuple[int, int, int, int]:
+        """Its state, for ``rewind``."""
+        return len(self._ids), self._context, self._released, self._shown
+
+    def rewind(self, mark: tuple[int, int, int, int]) -> None:
+        """Back to the state ``mark`` took: the ids pushed since are dropped."""
+        count, self._context, self._released, self._shown = mark
+        del self._ids[count:]
 
     def ending(self) -> str:
         """What ``flush`` would release were the ids to end here, or "" while a later token may still
