@@ -185,3 +185,17 @@ def test_a_byte_fallback_replay_ends_as_its_pushes_whatever_its_chunks_cut(fallb
         streamed, ending, _ = _pushed(codec, sampling, False, ids)
         assert streamed + ending == transformers.decode(ids).split("!a!")[0]
         assert CompletionText.replayed(codec, sampling, False, ids).end()[0] == ending
+
+
+def test_a_long_run_of_byte_tokens_is_not_decoded_again_at_every_byte(fallback, monkeypatch):
+    """中 500 times as 1,500 byte tokens, stop "中x": the stop-string probe decodes a held run only
+    while it is short (``ENDING_TOKENS``); it decoded all of it at every byte (about 1.1 million
+    ids in all, seconds), and the run still streams whole, transformers-exact, at its end."""
+    codec = TextCodec(fallback)
+    ids = [fallback.token_to_id(f"<0x{b:02X}>") for b in ("中" * 500).encode()]
+    decoded = []
+    monkeypatch.setattr(codec, "decode", lambda ids, decode=codec.decode: decoded.append(len(ids)) or decode(ids))
+    text = CompletionText(codec, SamplingParams(max_tokens=5000, stop=("中x",)), False)
+    assert [text.push(token) for token in ids] == [("", False)] * len(ids)
+    assert text.end() == ("中" * 500, False)
+    assert sum(decoded) < 20 * len(ids)

@@ -126,16 +126,20 @@ def fallback_bytes(tokenizer: Tokenizer, spec: dict) -> dict[int, int]:
     return {i: int(piece[3:5], 16) for piece, i in vocab.items() if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", piece)}
 
 
-def open_run(ids: list[int], fallback: dict[int, int], hidden: set[int]) -> bool:
+def open_run(ids: list[int], fallback: dict[int, int], hidden: set[int], known: int = 0) -> bool:
     """Whether ``ids`` end in a run of byte tokens (``fallback``'s, as ``fallback_bytes`` gives them;
     the ``hidden`` tokens, left out of the text, skipped) whose bytes may still be UTF-8: a later
     byte token may still change all of its run's text (one U+FFFD per byte where the run is not
-    UTF-8: the run decodes whole), so none of it is settled. A run not UTF-8 already is settled."""
+    UTF-8: the run decodes whole), so none of it is settled. A run not UTF-8 already is settled.
+    ``known``: ``ids[:known]`` end in such a run (the last call's answer): its bytes before its last
+    character are UTF-8, so only those from that character on are read (a long run costs no more)."""
     run = bytearray()  # its bytes, the last first
-    for token in reversed(ids if fallback else ()):
-        if token in fallback:
-            run.append(fallback[token])
-        elif token not in hidden:
+    for at in range(len(ids) - 1, -1, -1):
+        if (byte := fallback.get(ids[at])) is not None:
+            run.append(byte)
+            if at < known and not 0x80 <= byte < 0xC0:  # (the last character that begins in the known run)
+                break
+        elif ids[at] not in hidden:
             break
     try:
         codecs.utf_8_decode(bytes(run[::-1]), "strict", False)  # (a character cut short: no error)

@@ -8,6 +8,9 @@ if TYPE_CHECKING:
     from .tokenizer import TextCodec
 
 
+ENDING_TOKENS = 64  # the most held tokens ``ending`` decodes (a sentencepiece run is a word's bytes)
+
+
 class StreamDecoder:
     """Turns a growing list of ids into text deltas, holding back incomplete UTF-8 (a character
     cut short, not a stray byte: that one is U+FFFD whatever follows), and a byte-fallback
@@ -26,6 +29,7 @@ class StreamDecoder:
         self._context = 0  # ids[_context:_released] decoded as the context of what follows
         self._released = 0  # the ids up to here are out as text
         self._shown = 0  # characters of the text of ids[_released:] out already (before a cut character)
+        self._open = 0  # ids[_context:] up to here end in an open run of byte tokens (TextCodec.open_run)
 
     def push(self, token: int) -> str:
         return self.push_all([token])
@@ -35,8 +39,11 @@ class StreamDecoder:
         (``settled``), the state is that of pushing them one by one (a replay's way through a long
         stream: one decode of them); where it is not, what it holds may start earlier (``rewind`` it)."""
         self._ids.extend(ids)
-        if self._codec.open_run(self._ids[self._context :]):  # (decoded once it ends: a run decodes whole)
+        pending = self._ids[self._context :]
+        if self._codec.open_run(pending, self._open):  # (decoded once it ends: a run decodes whole)
+            self._open = len(pending)
             return ""
+        self._open = 0
         held = self._held()
         if not held:  # (no text yet: a special token left out)
             return ""
@@ -46,7 +53,6 @@ class StreamDecoder:
             self._shown += len(delta)
             return delta
         # (a run of byte tokens not UTF-8, settled: its later bytes decode from where it breaks)
-        pending = self._ids[self._context :]
         broken = self._codec.run_break(pending)
         self._context = self._context + broken if broken < len(pending) else self._released
         self._released, self._shown = len(self._ids), 0
@@ -57,19 +63,23 @@ class StreamDecoder:
         """Whether all of the ids' text is out (none held back)."""
         return self._released == len(self._ids)
 
-    def mark(self) -> tuple[int, int, int, int]:
+    def mark(self) -> tuple[int, ...]:
         """Its state, for ``rewind``."""
-        return len(self._ids), self._context, self._released, self._shown
+        return len(self._ids), self._context, self._released, self._shown, self._open
 
-    def rewind(self, mark: tuple[int, int, int, int]) -> None:
+    def rewind(self, mark: tuple[int, ...]) -> None:
         """Back to the state ``mark`` took: the ids pushed since are dropped."""
-        count, self._context, self._released, self._shown = mark
+        count, self._context, self._released, self._shown, self._open = mark
         del self._ids[count:]
 
     def ending(self) -> str:
         """What ``flush`` would release were the ids to end here, or "" while a later token may still
         change its end (a character cut short): a stop string in it ends the completion here (the
-        text of a run of byte tokens, held while a later byte may make it U+FFFD each)."""
+        text of a run of byte tokens, held while a later byte may make it U+FFFD each). "" too where
+        more than ``ENDING_TOKENS`` are held (a run that long: its stop strings match once it ends;
+        each call decodes what is held)."""
+        if len(self._ids) - self._released > ENDING_TOKENS:
+            return ""
         held = self._held()
         if not held or self._codec.unsettled(self._ids[self._released :], held):
             return ""
@@ -81,6 +91,7 @@ class StreamDecoder:
         held = self._held()
         shown, self._shown = self._shown, 0
         self._context = self._released = len(self._ids)
+        self._open = 0
         return held[shown:]
 
     def _held(self) -> str:

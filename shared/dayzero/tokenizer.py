@@ -162,10 +162,10 @@ class TextCodec:
         piece, byte = self._tok.id_to_token(token) or "", byte_level_values()
         return text, bytes(byte[c] for c in piece) if all(c in byte for c in piece) else text.encode()
 
-    def open_run(self, ids: list[int]) -> bool:
+    def open_run(self, ids: list[int], known: int = 0) -> bool:
         """Whether ``ids`` end in a byte-fallback tokenizer's run of byte tokens (``<0xE4>``) whose
         bytes may still be UTF-8: none of its text is settled, whatever it decodes to (``byte_level.open_run``)."""
-        return open_run(ids, self._fallback_bytes, self._hidden)
+        return bool(self._fallback_bytes) and open_run(ids, self._fallback_bytes, self._hidden, known)
 
     def run_break(self, ids: list[int]) -> int:
         """Where to decode the rest of a run of byte tokens that is not UTF-8 from (``byte_level.run_break``)."""
@@ -287,7 +287,7 @@ class IdsOnlyCodec:
     def decode(self, ids: list[int]) -> str:
         return ""
 
-    def open_run(self, ids: list[int]) -> bool:
+    def open_run(self, ids: list[int], known: int = 0) -> bool:
         return False
 
     def decode_all(self, ids: list[int]) -> str:
