@@ -169,7 +169,7 @@ class TextCodec:
 
     def run_break(self, ids: list[int]) -> int:
         """Where to decode the rest of a run of byte tokens that is not UTF-8 from (``byte_level.run_break``)."""
-        return run_break(ids, self._fallback_bytes, self._hidden)
+        return run_break(ids, self._fallback_bytes, self._hidden) if self._fallback_bytes else len(ids)
 
     def unsettled(self, ids: list[int], text: str) -> int:
         """How many characters at the end of ``text`` (the text of ``ids``) a later token may still
