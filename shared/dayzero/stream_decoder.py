@@ -60,8 +60,9 @@ class StreamDecoder:
 
     @property
     def settled(self) -> bool:
-        """Whether all of the ids' text is out (none held back)."""
-        return self._released == len(self._ids)
+        """Whether none of the ids' text is held back (out, or no text yet: special tokens left out,
+        an ids-only codec's): their pushes one by one leave the state ``push_all`` left."""
+        return not self._open and (self._released == len(self._ids) or not self._held())
 
     def mark(self) -> tuple[int, ...]:
         """Its state, for ``rewind``."""
