@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from dayzero.config import ModelConfig
+from dayzero.config import ModelConfig, context_limit
 from dayzero.redis_clients import sync_client
 from dayzero.serving import redis_clock as clock
 from dayzero.serving.metrics import QueueDepthCollector, SnapshotCollector
@@ -139,7 +139,7 @@ def make_app(settings: Settings) -> FastAPI:
             Bus(settings, make_celery(settings)),
             load_codec(path),
             GatewayMetrics(),
-            cfg.max_position_embeddings,
+            context_limit(cfg, settings.max_context),
             cfg.vocab_size,
             cfg.raw.get("image_token_id") if "vision_config" in cfg.raw else None,
             cfg.eos_token_ids[0],

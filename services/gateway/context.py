@@ -27,7 +27,7 @@ class Gateway:
     bus: Bus
     codec: TextCodec | IdsOnlyCodec
     metrics: GatewayMetrics
-    max_positions: int
+    context_limit: int  # tokens a prompt plus its completion may take (config.context_limit)
     vocab_size: int
     image_token: int | None  # None: the checkpoint has no vision tower
     eos_token: int
@@ -35,11 +35,6 @@ class Gateway:
     vision_config: dict = field(default_factory=dict)  # the checkpoint's: its patch geometry sizes the images
     fingerprint: str | None = None  # OpenAI's system_fingerprint (system_fingerprint())
     command_refused: str | None = None  # a command its Redis user is refused (NOPERM), met by the reaper: /ready's
-
-    @property
-    def context_limit(self) -> int:
-        """Tokens a prompt plus its completion may take."""
-        return min(self.settings.max_context, self.max_positions)
 
 
 def system_fingerprint(config: dict, speculative_tokens: int) -> str:

@@ -131,7 +131,7 @@ def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: S
         expert_cache_bytes=settings.expert_cache_mb << 20,
         group=group,
     )
-    context, k = min(settings.max_context, model.cfg.max_position_embeddings), settings.speculative_tokens
+    context, k = context_limit(model.cfg, settings.max_context), settings.speculative_tokens
     if k and (problem := speculation_problem(model.cfg, len(model.mtp), k)):
         raise ValueError(f"--speculative-tokens {problem}")
     pools = pools_for(model.cfg, torch_dtype(settings), context, mtp=k > 0, device=group.device)
