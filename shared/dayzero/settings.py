@@ -24,13 +24,6 @@ MOST_KV_MEMORY_FRACTION = 0.95
 REDIS_ANSWER_WITHIN_S = 10.0  # an external Redis that has not answered a ping by then is a failed start
 
 
-_GEOMETRY = {  # PatchSpec's field: the vision_config key naming it
-    "patch_size": "patch_size",
-    "merge_size": "spatial_merge_size",
-    "temporal_patch_size": "temporal_patch_size",
-}
-
-
 def _served_redis_url(url: str) -> str:
     sentinel_address(url)  # (its ValueError for any other URL: kombu reads no unix://)
     return url
@@ -280,9 +273,7 @@ class Settings(BaseSettings):
         ``vision_config`` (PatchSpec's, Qwen2.5-VL's 14 / 2x2 / 2, where it names none)."""
         from .vision.images import PatchSpec
 
-        vision = vision_config or {}
-        named = {field: int(vision[key]) for field, key in _GEOMETRY.items() if key in vision}
-        return PatchSpec(max_pixels=self.image_resize_max_pixels, **named)
+        return PatchSpec.of(vision_config or {}, self.image_resize_max_pixels)
 
     def checkpoint_dir(self) -> Path:
         """The configured checkpoint, else the trained demo model the package ships, else a random

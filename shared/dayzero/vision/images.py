@@ -13,6 +13,7 @@ import binascii
 import io
 import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -47,6 +48,19 @@ class PatchSpec:
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 1280
 
+    @classmethod
+    def of(cls, vision_config: Mapping, max_pixels: int) -> PatchSpec:
+        """The geometry a checkpoint's ``vision_config`` names (these defaults where it names none), resized
+        to at most ``max_pixels``."""
+        named = {field: int(vision_config[key]) for field, key in _GEOMETRY.items() if key in vision_config}
+        return cls(max_pixels=max_pixels, **named)
+
+
+_GEOMETRY = {  # PatchSpec's field: the vision_config key naming it
+    "patch_size": "patch_size",
+    "merge_size": "spatial_merge_size",
+    "temporal_patch_size": "temporal_patch_size",
+}
 
 DRAFT_MARGIN = 2  # a JPEG is decoded at no less than this many times its target size (see ``decode``)
 
