@@ -4,7 +4,7 @@ table. The others, no request's:
 workers:{stage}, usage:{worker}, loading:{worker} (registry.py), alive:{stage}, ready:{stage},
 stamp_now (liveness.py), unserved:{stage}, restart:{stage}, counted:{stage} (no_worker_count.py),
 up:{process} `dayzero up`'s check that Redis takes writes (stack.py), writable /ready's
-(gateway/readiness.py), tensor:{key} parked image embeddings (handoff.py), wake:{gateway} the stream
+(gateway/readiness.py), tensor:{key} parked image embeddings (parked.py), wake:{gateway} the stream
 reader's wake-up, reaper (its lock: reaper.py), gateways the gateways that run on the Redis (gateways.py),
 refused:{user} the commands Redis refuses the gateways' user (gateway/refused_commands.py).
 """

@@ -1,7 +1,7 @@
 """A request's life in Redis: its states, every key that holds them, and the only functions that
 move a request from one state to the next (the token stream's: token_stream.py, its base). No other
 module writes these keys but watching.py, the gateway's asynchronous side of the same transitions,
-and handoff.py the bytes it parks (kvstate).
+and parked.py the bytes a stage parks (kvstate, handoff.py's).
 
     admit ─> queued ─> [vision] ─> prefill ─> handed off ─> decoding ─> finished
                ^          │           │           │  ^          │     ├─> cancelled
