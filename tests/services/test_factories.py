@@ -27,26 +27,18 @@ def test_importing_a_worker_module_builds_no_app_and_reads_no_settings():
     assert out.strip() == "[]"
 
 
-def test_the_vision_process_imports_neither_the_language_model_nor_triton():
-    out = fresh_python(  # what ``dayzero serve vision`` imports: the command line, then its worker module
-        "import sys\n"
-        "import dayzero.cli\n"
-        "import services.vision.worker\n"
-        "names = ('triton', 'dayzero.model.forward', 'dayzero.kernels', 'dayzero.serving.runtime')\n"
-        "print(sorted(m for m in names if m in sys.modules))"
-    )
-    assert out.strip() == "[]"
-
-
-def test_the_vision_process_imports_no_kv_pool_nor_numba():
-    """The vision worker parks its images' embeddings and holds no attention state, yet it imported
-    dayzero.kv (serving.worker -> kv.shared for its SIGTERM unlink; serving.handoff, where the parking
-    lived beside the KV handoff, -> kv.handoff -> kv.host_copy) and with it numba: ~0.3 s of CPU each start."""
+def test_the_vision_process_imports_neither_the_language_model_nor_numba():
+    """What ``dayzero serve vision`` imports: the command line, then its worker module. It encodes images
+    and parks their embeddings, with no attention state, yet it imported dayzero.kv (serving.worker ->
+    kv.shared for its SIGTERM unlink; serving.handoff, where the parking lived beside the KV handoff, ->
+    kv.handoff -> kv.host_copy) and with it numba: ~0.3 s of CPU each start. (One interpreter for both
+    lists: each fresh one costs ~4 s of the test run.)"""
     out = fresh_python(
         "import sys\n"
         "import dayzero.cli\n"
         "import services.vision.worker\n"
-        "heavy = ('numba', 'llvmlite', 'dayzero.kv')\n"
+        "heavy = ('triton', 'dayzero.model.forward', 'dayzero.kernels', 'dayzero.serving.runtime', 'numba', 'llvmlite',"
+        " 'dayzero.kv')\n"
         "print(sorted(m for m in sys.modules if m.startswith(heavy)))"
     )
     assert out.strip() == "[]"
