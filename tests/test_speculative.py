@@ -90,6 +90,16 @@ def _oracle(references, prompts, pools: KVPools, wrong: bool):
     return propose
 
 
+def _first_right(references, prompts, pools: KVPools):
+    """Drafts whose first token is the true greedy continuation (accepted) and the rest not (rejected)."""
+    right, wrong = _oracle(references, prompts, pools, False), _oracle(references, prompts, pools, True)
+
+    def propose(seq_ids: list[str], drafts: list[list[int]]) -> list[list[int]]:
+        return [[r[0], *w[1:]] for r, w in zip(right(seq_ids, drafts), wrong(seq_ids, drafts), strict=True)]
+
+    return propose
+
+
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("k", [1, 2])
 def test_greedy_equals_plain_decoding(model, references, batch, k):
@@ -100,20 +110,21 @@ def test_greedy_equals_plain_decoding(model, references, batch, k):
 
 
 @pytest.mark.slow
-def test_greedy_equals_plain_decoding_on_the_triton_kernels(model):
-    """The Triton kernels (interpreted here, compiled on a GPU) under speculation: the verify's few
-    rows per sequence through the prefill kernel and the window-write kernel, the compressors
-    folded a column of rows at a time, the rollback; prompts cross window and compressor bounds (5
-    tokens, drafts all rejected: each sequence commits the row that completes a block of both
-    compressors, 15 and 7, and has it verified and rolled back once before)."""
-    options, prompts, ids, tokens = AttentionOptions(backend="triton"), _prompts(model, 2), ["s0", "s1"], 5
-    pools = pools_for(model.cfg, torch.float32, 64, max_sequences=2)
-    plain = [[int(t)] for t in prefill(model, pools, ids, prompts, options).argmax(-1)]
-    for _ in range(tokens - 1):
-        for row, t in zip(plain, decode(model, pools, ids, [r[-1] for r in plain], options).argmax(-1), strict=True):
-            row.append(int(t))
-    out, acceptance, _ = _speculate(model, prompts, Speculation(2), replace(GREEDY, max_tokens=tokens), None, options)
-    assert out == plain and sum(acceptance.drafted) > 0
+def test_greedy_equals_plain_decoding_on_the_triton_kernels(model, references):
+    """The Triton kernels (interpreted here, compiled on a GPU) under speculation emit plain greedy
+    decoding's tokens (the torch twins', which the kernels' plain decode equals: test_forward): the
+    verify's few rows per sequence through the prefill kernel and the window-write kernel, the
+    compressors folded a column of rows at a time, the commit of a kept draft's row, the rollback.
+    Each step's first draft is the true token and its second not (5 tokens in 2 steps): each
+    sequence (prompts 13 and 5) has the row that completes a block of both compressors (15, 7)
+    verified and rolled back, then commits it; the longer one's second verify wraps its window ring."""
+    prompts, tokens = _prompts(model, 2), 5
+    pools = pools_for(model.cfg, torch.float32, 64, max_sequences=2, mtp=True)
+    spec = Speculation(2, _first_right(references[8], prompts, pools))
+    params, options = replace(GREEDY, max_tokens=tokens), AttentionOptions(backend="triton")
+    out, acceptance, _ = _speculate(model, prompts, spec, params, pools, options)
+    assert out == [r[:tokens] for r in references[8][:2]]
+    assert acceptance.drafted == [4, 2] and acceptance.accepted == [4, 0]  # the last step has room for one draft
 
 
 @pytest.mark.parametrize("wrong", [False, True])
@@ -176,14 +187,7 @@ def test_rejected_drafts_leave_no_state(model, references, first_right):
     that never saw the drafts; steps cross the window and both compressors' boundaries."""
     prompts, refs = _prompts(model, 3), references[8][:3]
     pools = pools_for(model.cfg, torch.float32, 64, max_sequences=3, mtp=True)
-    wrong = _oracle(refs, prompts, pools, wrong=True)
-    right = _oracle(refs, prompts, pools, wrong=False)
-
-    def propose(seq_ids, drafts):
-        if not first_right:
-            return wrong(seq_ids, drafts)
-        return [[r[0], *w[1:]] for r, w in zip(right(seq_ids, drafts), wrong(seq_ids, drafts), strict=True)]
-
+    propose = _first_right(refs, prompts, pools) if first_right else _oracle(refs, prompts, pools, wrong=True)
     ids = ["s0", "s1", "s2"]
     completions = [_completion(p, GREEDY) for p in prompts]
     out = [[c.next(row).token] for c, row in zip(completions, prefill(model, pools, ids, prompts), strict=True)]
