@@ -57,12 +57,13 @@ def _completion(prompt: list[int], params: SamplingParams) -> Completion:
     return Completion(IdsOnlyCodec(), params, (), len(prompt), 1 << 20)
 
 
-def _speculate(model, prompts, spec, params=GREEDY, pools=None, options=AttentionOptions()):
-    """Prefill, then speculative steps until every completion ends -> (tokens, acceptance, pools)."""
+def _speculate(model, prompts, spec, params=GREEDY, pools=None, options=AttentionOptions(), prefill_options=None):
+    """Prefill (with ``prefill_options``, else ``options``), then speculative steps until every
+    completion ends -> (tokens, acceptance, pools)."""
     ids = [f"s{i}" for i in range(len(prompts))]
     pools = pools or pools_for(model.cfg, torch.float32, 64, max_sequences=len(prompts), mtp=True)
     completions = [_completion(p, params) for p in prompts]
-    logits = prefill(model, pools, ids, prompts, options)
+    logits = prefill(model, pools, ids, prompts, prefill_options or options)
     out = [[c.next(row).token] for c, row in zip(completions, logits, strict=True)]
     acceptance = Acceptance()
     while any(c.count < params.max_tokens for c in completions):
@@ -113,8 +114,10 @@ def test_greedy_equals_plain_decoding(model, references, batch, k):
 def test_greedy_equals_plain_decoding_on_the_triton_kernels(model, references):
     """The Triton kernels (interpreted here, compiled on a GPU) under speculation emit plain greedy
     decoding's tokens (the torch twins', which the kernels' plain decode equals: test_forward): the
-    verify's few rows per sequence through the prefill kernel and the window-write kernel, the
-    compressors folded a column of rows at a time, the commit of a kept draft's row, the rollback.
+    drafts, the verify's few rows per sequence through the prefill kernel and the window-write
+    kernel, the compressors folded a column of rows at a time, the commit of a kept draft's row, the
+    rollback. The prompts are prefilled by the twins (the kernels' prefill: test_forward, the pools
+    the same layout), the steps after it run on the kernels.
     Each step's first draft is the true token and its second not (5 tokens in 2 steps): each
     sequence (prompts 13 and 5) has the row that completes a block of both compressors (15, 7)
     verified and rolled back, then commits it; the longer one's second verify wraps its window ring."""
@@ -122,7 +125,7 @@ def test_greedy_equals_plain_decoding_on_the_triton_kernels(model, references):
     pools = pools_for(model.cfg, torch.float32, 64, max_sequences=2, mtp=True)
     spec = Speculation(2, _first_right(references[8], prompts, pools))
     params, options = replace(GREEDY, max_tokens=tokens), AttentionOptions(backend="triton")
-    out, acceptance, _ = _speculate(model, prompts, spec, params, pools, options)
+    out, acceptance, _ = _speculate(model, prompts, spec, params, pools, options, AttentionOptions())
     assert out == [r[:tokens] for r in references[8][:2]]
     assert acceptance.drafted == [4, 2] and acceptance.accepted == [4, 0]  # the last step has room for one draft
 
