@@ -96,7 +96,7 @@ def _first_right(references, prompts, pools: KVPools):
     right, wrong = _oracle(references, prompts, pools, False), _oracle(references, prompts, pools, True)
 
     def propose(seq_ids: list[str], drafts: list[list[int]]) -> list[list[int]]:
-        return [[r[0], *w[1:]] for r, w in zip(right(seq_ids, drafts), wrong(seq_ids, drafts), strict=True)]
+        return [[*r[:1], *w[1:]] for r, w in zip(right(seq_ids, drafts), wrong(seq_ids, drafts), strict=True)]
 
     return propose
 
