@@ -22,13 +22,13 @@ from tokenizers import Tokenizer
 from dayzero.checkpoint import load_model
 from dayzero.completion import Completion
 from dayzero.demo import write_demo_checkpoint
+from dayzero.ids_only_codec import IdsOnlyCodec
 from dayzero.kv.pools import pools_for
 from dayzero.model.forward import prefill
 from dayzero.model.plan import AttentionOptions
 from dayzero.sampling import SamplingParams
 from dayzero.settings import BUILT_IN_MODEL, Settings
 from dayzero.speculative import Acceptance, Speculation, decode_round
-from dayzero.tokenizer import IdsOnlyCodec
 from dayzero.train.corpus import split
 from dayzero.train.data import documents, token_stream, windows
 

@@ -163,7 +163,7 @@ def test_a_row_without_mass_fails_instead_of_drawing_a_token():
 def test_a_row_without_mass_fails_alone_in_its_batch():
     """The batch falls back to row by row: the others draw exactly what they draw alone (seeded)."""
     from dayzero.completion import Completion, next_steps
-    from dayzero.tokenizer import IdsOnlyCodec
+    from dayzero.ids_only_codec import IdsOnlyCodec
 
     def rows(n: int) -> list[Completion]:
         params = SamplingParams(temperature=1.0, seed=3, max_tokens=8)

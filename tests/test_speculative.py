@@ -12,13 +12,13 @@ import torch
 from dayzero.checkpoint import load_model
 from dayzero.completion import Completion
 from dayzero.demo import add_mtp, write_checkpoint
+from dayzero.ids_only_codec import IdsOnlyCodec
 from dayzero.kv.handoff import export_state, import_state
 from dayzero.kv.pools import KVPools, pools_for
 from dayzero.model.forward import decode, prefill
 from dayzero.model.plan import AttentionOptions
 from dayzero.sampling import SamplingParams
 from dayzero.speculative import Acceptance, Speculation, speculative_step
-from dayzero.tokenizer import IdsOnlyCodec
 
 from .conftest import random_ids, tiny_config
 

@@ -13,11 +13,11 @@ import torch
 
 from dayzero.checkpoint import load_model
 from dayzero.completion import Completion, next_steps
+from dayzero.ids_only_codec import IdsOnlyCodec
 from dayzero.kv.pools import pools_for
 from dayzero.model.forward import decode, prefill
 from dayzero.sampling import SamplingParams
 from dayzero.speculative import Speculation, speculative_step
-from dayzero.tokenizer import IdsOnlyCodec
 
 from .conftest import random_ids
 

@@ -13,6 +13,7 @@ from dayzero.checkpoint import load_model
 from dayzero.completion import Completion
 from dayzero.config import CSA, HCA
 from dayzero.demo import add_mtp, write_checkpoint
+from dayzero.ids_only_codec import IdsOnlyCodec
 from dayzero.kv.pools import pools_for
 from dayzero.model.forward import prefill
 from dayzero.parallel import Group
@@ -21,7 +22,6 @@ from dayzero.serving.rank_loading import load_ranks
 from dayzero.settings import Settings
 from dayzero.speculative import Speculation, speculative_step
 from dayzero.speculative_checks import speculation_problem
-from dayzero.tokenizer import IdsOnlyCodec
 
 from .conftest import random_ids, tiny_config
 

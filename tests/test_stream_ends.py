@@ -13,11 +13,12 @@ from transformers import PreTrainedTokenizerFast
 
 from dayzero.completion import Completion
 from dayzero.completion_text import CompletionText
+from dayzero.ids_only_codec import IdsOnlyCodec
 from dayzero.params import SamplingParams
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.time_limit import past_limit
 from dayzero.stream_decoder import StreamDecoder
-from dayzero.tokenizer import IdsOnlyCodec, TextCodec
+from dayzero.tokenizer import TextCodec
 
 from .test_engine import _until_finished
 from .test_tokenizer import _byte_token

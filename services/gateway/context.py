@@ -12,8 +12,9 @@ from importlib.metadata import version
 
 from starlette.concurrency import run_in_threadpool
 
+from dayzero.ids_only_codec import IdsOnlyCodec
 from dayzero.settings import Settings
-from dayzero.tokenizer import IdsOnlyCodec, InvalidTextError, PromptTooLongError, TextCodec
+from dayzero.tokenizer import InvalidTextError, PromptTooLongError, TextCodec
 
 from .bus import Bus
 from .error_fields import INVALID_UNICODE

@@ -13,8 +13,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dayzero.ids_only_codec import NoTokenizerError
 from dayzero.serving.outage_log import LOGGED_EVERY_S, OutageLog
-from dayzero.tokenizer import NoTokenizerError
 
 from .error_fields import field_path, param_path, specificity, tag_error, validation_code
 from .error_text import shortened, validation_why

@@ -21,9 +21,10 @@ from __future__ import annotations
 import codecs
 
 from dayzero.chat.output import AssistantStream, parse_message
+from dayzero.ids_only_codec import IdsOnlyCodec
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.records import Token
-from dayzero.tokenizer import IdsOnlyCodec, TextCodec
+from dayzero.tokenizer import TextCodec
 
 from .outcome import Usage
 

@@ -9,9 +9,10 @@ import copy
 from collections.abc import Sequence
 
 from .chat.reasoning import ReasoningCount
+from .ids_only_codec import IdsOnlyCodec
 from .params import SamplingParams
 from .stream_decoder import StreamDecoder
-from .tokenizer import IdsOnlyCodec, TextCodec
+from .tokenizer import TextCodec
 
 
 class StopMatcher:

@@ -6,6 +6,7 @@ import time
 
 import redis
 
+from dayzero.ids_only_codec import IdsOnlyCodec
 from dayzero.params import SamplingParams
 from dayzero.serving.keys import HANDOFF_OWNER, key
 from dayzero.serving.lifecycle import Lifecycle
@@ -14,7 +15,6 @@ from dayzero.serving.reaper import MAX_ATTEMPTS, OverdueWaits, end_unserved, swe
 from dayzero.serving.records import Token
 from dayzero.serving.scripts import Take
 from dayzero.settings import Settings
-from dayzero.tokenizer import IdsOnlyCodec
 
 from .conftest import wait_until
 from .prefill_jobs import handed_off

@@ -17,9 +17,10 @@ from collections.abc import Callable
 
 import redis
 
+from ..ids_only_codec import IdsOnlyCodec
 from ..redis_refusals import command_refused
 from ..telemetry import continued
-from ..tokenizer import IdsOnlyCodec, TextCodec
+from ..tokenizer import TextCodec
 from .keys import QUEUES, key
 from .lifecycle import Lifecycle
 from .messages import PrefillJob

@@ -10,6 +10,7 @@ import redis
 
 from ..completion import Completion
 from ..config import context_limit
+from ..ids_only_codec import IdsOnlyCodec
 from ..kv.handoff import warm_up_host_copy
 from ..kv.pools import KVPools, OutOfBlocks
 from ..kv.shared import Segment
@@ -18,7 +19,7 @@ from ..model.weights import Transformer
 from ..parallel.collectives import Group
 from ..redis_refusals import REFUSED_FOR_GOOD
 from ..settings import Settings
-from ..tokenizer import IdsOnlyCodec, TextCodec, load_codec
+from ..tokenizer import TextCodec, load_codec
 from .intake import Ticket
 from .lifecycle import Lifecycle
 from .metrics import WorkerStats

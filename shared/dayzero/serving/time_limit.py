@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..completion_text import CompletionText
-from ..tokenizer import IdsOnlyCodec, TextCodec
+from ..ids_only_codec import IdsOnlyCodec
+from ..tokenizer import TextCodec
 from ..usage import usage_counts
 from . import redis_clock as clock
 from .messages import GenerationRequest
