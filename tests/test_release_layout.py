@@ -25,8 +25,8 @@ from dayzero.quant.formats import dequant_fp8, dequant_mxfp4
 from dayzero.quant.quantize import quantize_checkpoint
 
 from .conftest import random_ids, tiny_config
-from .in_process import shown_warnings
 from .quant.test_fp4_model import FP4_CONFIG
+from .transformers_logs import shown_warnings
 
 RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
 RELEASE = tiny_config(**FP4_CONFIG, compress_rates=RATES, layer_types=["sliding_attention", *RATES])
