@@ -7,9 +7,10 @@ import os
 import re
 
 import pytest
+from pydantic import Field
 
 from dayzero.settings import Settings
-from dayzero.settings_help import settings_help
+from dayzero.settings_help import _bounds, settings_help
 
 from .conftest import run_dayzero
 
@@ -51,7 +52,7 @@ BOUND = (  # "1 to 4096", "at least 784", "above 0", "above 0, at most 600", "at
     r"(?:, at most (?P<most>[0-9.]+))?|at most (?P<only_most>[0-9.]+))"
 )
 # settings the others' checks would refuse at some edge: CUDA (a memory fraction), a chunk no larger than a step
-EDGE_SETTINGS = {"device": "cuda", "prefill_chunk_size": 1}
+EDGE_SETTINGS = {"device": "cuda", "prefill_chunk_size": 1, "max_prefill_tokens": 10**9}
 
 
 @pytest.mark.parametrize(
@@ -60,7 +61,8 @@ EDGE_SETTINGS = {"device": "cuda", "prefill_chunk_size": 1}
 def test_settings_help_states_each_bound_a_value_is_refused_past(name):
     """``--help`` named a bound only where a description happened to (DAYZERO_KV_MEMORY_FRACTION's 0.95,
     DAYZERO_LEASE_S's 600, DAYZERO_MAX_BATCH's 4096 were refused at start with bounds it never named): each
-    bound it states holds a value at it (or just past an open one) and refuses one past it."""
+    bound it states holds a value at it (or just past an open one) and refuses one past it; a side it states
+    no bound on holds a value far out (a bound left out of the text: "above 0" for DAYZERO_LEASE_S's range)."""
     entry = _settings_entry(f"DAYZERO_{name.upper()}")
     stated = re.search(rf"\({BOUND}(?:; default [^)]*)?\)$", entry)
     assert stated, entry
@@ -72,10 +74,24 @@ def test_settings_help_states_each_bound_a_value_is_refused_past(name):
     edges += [(number(stated["above"]) + step, number(stated["above"]))] if stated["above"] else []
     edges += [(number(high), number(high) + step)] if high else []
     assert edges
+    assert not high or len(re.findall(rf"(?<![0-9.]){re.escape(high)}(?![0-9.])", entry)) == 1, entry  # said once
+    edges += [] if high else [(number(10**9), None)]
+    edges += [] if low or stated["above"] else [(number(-(10**9)), None)]
     for held, refused in edges:
         assert getattr(Settings(**EDGE_SETTINGS | {name: held}), name) == held
+        if refused is None:
+            continue
         with pytest.raises(ValueError, match="greater than|less than"):
             Settings(**EDGE_SETTINGS | {name: refused})
+
+
+@pytest.mark.parametrize(
+    ("limits", "said"), [({"gt": 0, "lt": 1}, "above 0, below 1"), ({"ge": 1, "lt": 8}, "at least 1, below 8")]
+)
+def test_a_bound_of_each_kind_is_stated(limits, said):
+    """A setting's ``lt`` was left out of its help ("above 0" for a range above 0, below 1): none has one
+    yet, the next would have been refused at start past a bound --help never named."""
+    assert _bounds(Field(**limits).metadata) == said
 
 
 def test_quantize_help_names_the_in_its_out_refers_to():

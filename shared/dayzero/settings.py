@@ -56,7 +56,7 @@ class Settings(BaseSettings):
         default=40_000_000,
         ge=1,
         le=89_478_485,  # Pillow's own decompression-bomb bound (Image.MAX_IMAGE_PIXELS) refuses past it anyway
-        description="decoded pixels per image (bomb guard; at most Pillow's 89478485)",
+        description="decoded pixels per image (bomb guard; the most is Pillow's own bound)",
     )
     image_max_count: int = Field(default=8, ge=0, description="images per request")
     image_max_total_pixels: int = Field(
@@ -100,7 +100,7 @@ class Settings(BaseSettings):
     max_streams: int = Field(default=1024, ge=1, description="open streams (and waiting bodies) before 429")
     max_request_bytes: int = Field(default=8 << 20, ge=1024, description="largest request body")
     max_tokens_limit: int = Field(default=4096, ge=1, description="most completion tokens a request may ask for")
-    max_tools: int = Field(default=128, ge=0, le=MOST_TOOLS, description=f"tools a chat may offer (<= {MOST_TOOLS})")
+    max_tools: int = Field(default=128, ge=0, le=MOST_TOOLS, description="tools a chat may offer")
     # llguidance's compile grows about quadratically in a schema's properties (8,000: up to 26 s of CPU, then refused)
     guided_max_schema_nodes: int = Field(
         default=3000,

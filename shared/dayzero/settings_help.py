@@ -55,15 +55,21 @@ def settings_help(width: int = HELP_WIDTH) -> str:
     return "\n".join(lines)
 
 
+BOUND_WORDS = {  # a numeric constraint kind (pydantic's ge, gt, le, lt) -> its words, lower bounds first
+    annotated_types.Ge: "at least",
+    annotated_types.Gt: "above",
+    annotated_types.Le: "at most",
+    annotated_types.Lt: "below",
+}
+
+
 def _bounds(constraints: list) -> str:
     """A setting's range as its validation refuses values outside it ("1 to 4096", "above 0, at most 600",
-    "at least 784"); empty for none (the help named a bound only where its text happened to)."""
-    low = {type(c): c for c in constraints if isinstance(c, (annotated_types.Ge, annotated_types.Gt))}
-    high = {type(c): c for c in constraints if isinstance(c, annotated_types.Le)}
-    if annotated_types.Ge in low and high:
-        return f"{low[annotated_types.Ge].ge} to {high[annotated_types.Le].le}"
-    said = [f"at least {c.ge}" if isinstance(c, annotated_types.Ge) else f"above {c.gt}" for c in low.values()]
-    return ", ".join(said + [f"at most {c.le}" for c in high.values()])
+    "at least 784", "below 1"); empty for none (the help named a bound only where its text happened to)."""
+    bound = {type(c): getattr(c, type(c).__name__.lower()) for c in constraints if type(c) in BOUND_WORDS}
+    if annotated_types.Ge in bound and annotated_types.Le in bound:
+        return f"{bound[annotated_types.Ge]} to {bound[annotated_types.Le]}"
+    return ", ".join(f"{words} {bound[kind]}" for kind, words in BOUND_WORDS.items() if kind in bound)
 
 
 def settings_from_env() -> Settings:
