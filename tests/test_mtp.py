@@ -46,11 +46,14 @@ def _reference_mtp(checkpoint, tmp_path):
     return ref, {k[6:]: v for k, v in tensors.items() if k.startswith("mtp.0.") and k[6:].startswith(MTP_ONLY[:4])}
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 @torch.inference_mode()
-def test_mtp_forward_matches_transformers_parts(model, mtp_checkpoint, tmp_path):
+def test_mtp_forward_matches_transformers_parts(model, mtp_checkpoint, tmp_path, backend):
     """Our MTP layer over a prompt (fed each position's main streams and the next token) against
     transformers' decoder layer, RMSNorm and hc head on the same weights. fp32, the same maths in
-    another summation order: 1e-5, as the main model's alignment."""
+    another summation order: 1e-5, as the main model's alignment. The MTP layer runs on each backend
+    (the main layers on the twins): its prefill on the kernels, a prompt's rows past the window, is in
+    no other test (test_speculative's Triton run prefills on the twins and replaces its drafts)."""
     from transformers.masking_utils import create_sliding_window_causal_mask
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4RMSNorm
 
@@ -59,7 +62,7 @@ def test_mtp_forward_matches_transformers_parts(model, mtp_checkpoint, tmp_path)
     pools = pools_for(cfg, torch.float32, 32, mtp=True)
     pools.reserve("s", len(ids))
     streams = run_layers(model, plan_step(cfg, pools, ["s"], [0], [ids], AttentionOptions()), pools)
-    plan = plan_step(cfg, pools, ["s"], [0], [ids[1:]], AttentionOptions())
+    plan = plan_step(cfg, pools, ["s"], [0], [ids[1:]], AttentionOptions(backend=backend))
     ours = lm_logits(model, mtp_forward(model, plan, pools, streams[:-1])[1])
 
     def norm(name: str, x: torch.Tensor) -> torch.Tensor:
