@@ -78,8 +78,9 @@ class StreamDecoder:
         change its end (a character cut short): a stop string in it ends the completion here (the
         text of a run of byte tokens, held while a later byte may make it U+FFFD each). "" too where
         more than ``ENDING_TOKENS`` are held (a run that long: its stop strings match once it ends;
-        each call decodes what is held)."""
-        if len(self._ids) - self._released > ENDING_TOKENS:
+        each call decodes what is held). Only an open run's text is ever settled yet held: none else
+        is decoded (a byte-level tokenizer's cut character, a special token, is "" at no cost)."""
+        if not self._open or len(self._ids) - self._released > ENDING_TOKENS:
             return ""
         held = self._held()
         if not held or self._codec.unsettled(self._ids[self._released :], held):
