@@ -91,7 +91,8 @@ class CompletionText:
 
     def _replay(self, ids: list[int]) -> None:
         """Push ``ids`` at once where that leaves the state their pushes one by one leave: their text
-        all settled at their end (``StreamDecoder.push_all``), and no thought ending among them (each
+        all settled at their end or all in a run of byte tokens held before them
+        (``StreamDecoder.push_all``, ``settled_since``), and no thought ending among them (each
         token up to the one whose text ends it is a reasoning token); else each half so."""
         if len(ids) == 1:
             self.push(ids[0])
@@ -99,7 +100,7 @@ class CompletionText:
         mark, stops, reasoning = self._decoder.mark(), copy.copy(self._stops), copy.deepcopy(self.reasoning)
         thinking = self.reasoning.thinking
         self._release(self._decoder.push_all(ids), len(ids))
-        if self._decoder.settled and (self.reasoning.thinking or not thinking):
+        if self._decoder.settled_since(mark) and (self.reasoning.thinking or not thinking):
             return
         self._decoder.rewind(mark)
         self._stops, self.reasoning = stops, reasoning

@@ -35,9 +35,9 @@ class StreamDecoder:
         return self.push_all([token])
 
     def push_all(self, ids: list[int]) -> str:
-        """What pushing ``ids`` releases, in one: where all of their text is settled at their end
-        (``settled``), the state is that of pushing them one by one (a replay's way through a long
-        stream: one decode of them); where it is not, what it holds may start earlier (``rewind`` it)."""
+        """What pushing ``ids`` releases, in one: where it is ``settled_since`` the mark before them,
+        the state is that of pushing them one by one (a replay's way through a long stream: one
+        decode of them); where it is not, what it holds may start earlier (``rewind`` it)."""
         self._ids.extend(ids)
         pending = self._ids[self._context :]
         if self._codec.open_run(pending, self._open):  # (decoded once it ends: a run decodes whole)
@@ -58,11 +58,14 @@ class StreamDecoder:
         self._released, self._shown = len(self._ids), 0
         return delta
 
-    @property
-    def settled(self) -> bool:
-        """Whether none of the ids' text is held back (out, or no text yet: special tokens left out,
-        an ids-only codec's): their pushes one by one leave the state ``push_all`` left."""
-        return not self._open and (self._released == len(self._ids) or not self._held())
+    def settled_since(self, mark: tuple[int, ...]) -> bool:
+        """Whether the pushes one by one of the ids since ``mark`` leave the state ``push_all`` left:
+        none of their text held back (out, or no text yet: special tokens left out, an ids-only
+        codec's), or all of them going on with the run of byte tokens open at ``mark`` (each push
+        held all of it: a long run's replay is not split down to single pushes)."""
+        if self._open:
+            return mark[4] > 0 and self._codec.in_run(self._ids[mark[0] :])
+        return self._released == len(self._ids) or not self._held()
 
     def mark(self) -> tuple[int, ...]:
         """Its state, for ``rewind``."""

@@ -168,6 +168,10 @@ class TextCodec:
         bytes may still be UTF-8: none of its text is settled, whatever it decodes to (``byte_level.open_run``)."""
         return bool(self._fallback_bytes) and open_run(ids, self._fallback_bytes, self._hidden, known)
 
+    def in_run(self, ids: list[int]) -> bool:
+        """Whether ``ids`` are all byte tokens or left out: a run of byte tokens goes on through them."""
+        return all(i in self._fallback_bytes or i in self._hidden for i in ids)
+
     def run_break(self, ids: list[int]) -> int:
         """Where to decode the rest of a run of byte tokens that is not UTF-8 from (``byte_level.run_break``)."""
         return run_break(ids, self._fallback_bytes, self._hidden) if self._fallback_bytes else len(ids)
