@@ -1,6 +1,6 @@
-"""Speculative decoding with the MTP layer: the same greedy output as plain decoding (drafts
-accepted, rejected, crossing window and compressor boundaries), every kind of state rolled
-back, and the sampled distribution unchanged."""
+"""Speculative decoding with the MTP layer: the same greedy output as plain decoding, its tokens and
+their logprobs (drafts accepted, rejected, crossing window and compressor boundaries), every kind
+of state rolled back, and the sampled distribution unchanged."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from dayzero.checkpoint import load_model
-from dayzero.completion import Completion
+from dayzero.completion import Completion, Step
 from dayzero.demo import add_mtp, write_checkpoint
 from dayzero.ids_only_codec import IdsOnlyCodec
 from dayzero.kv.handoff import export_state, import_state
 from dayzero.kv.pools import KVPools, pools_for
 from dayzero.model.forward import decode, prefill
 from dayzero.model.plan import AttentionOptions
+from dayzero.params import MAX_LOGPROBS
 from dayzero.sampling import SamplingParams
 from dayzero.speculative import Acceptance, Speculation, speculative_step
 
@@ -25,6 +26,12 @@ from .conftest import random_ids, tiny_config
 LENGTHS = (13, 5, 22, 9, 30, 2, 17, 11)  # different phases of the window (8) and compressors (4, 8)
 TOKENS = 24
 GREEDY = SamplingParams(max_tokens=TOKENS, ignore_eos=True)
+SCORED = replace(GREEDY, logprobs=MAX_LOGPROBS)  # each step's logprob and top alternatives, from its logits
+# fp32 on the CPU, the same maths as plain decoding in another summation order (a verify's k + 1
+# rows at once, the kernels beside their torch twins): measured <= 1e-6 (2 ulp of a logprob near -4.6).
+# A state error shows far above it: a window row written a slot off, a step's own rows read without
+# its batch offset, a kept draft's row left uncommitted moved logprobs by 0.02-0.06, every argmax kept.
+LOGPROB_TOL = 1e-4
 STATE_TOL = 1e-5  # the same rows computed by the prefill and decode kernels: rounding-level
 
 
@@ -37,41 +44,60 @@ def _prompts(model, batch: int) -> list[list[int]]:
     return [random_ids(n, model.cfg.vocab_size, seed=40 + i) for i, n in enumerate(LENGTHS[:batch])]
 
 
-def _greedy(model, prompts: list[list[int]]) -> list[list[int]]:
-    """Plain batched greedy decoding: TOKENS tokens per prompt."""
+def _greedy(model, prompts: list[list[int]]) -> tuple[list[list[int]], torch.Tensor]:
+    """Plain batched greedy decoding: TOKENS tokens per prompt, and the log-probabilities each
+    was chosen from [B, TOKENS, V]."""
     ids = [f"s{i}" for i in range(len(prompts))]
     pools = pools_for(model.cfg, torch.float32, 64, max_sequences=len(prompts))
-    out = [[int(t)] for t in prefill(model, pools, ids, prompts).argmax(-1)]
+    logits = [prefill(model, pools, ids, prompts)]
     for _ in range(TOKENS - 1):
-        for row, t in zip(out, decode(model, pools, ids, [r[-1] for r in out]).argmax(-1), strict=True):
-            row.append(int(t))
-    return out
+        logits.append(decode(model, pools, ids, logits[-1].argmax(-1).tolist()))
+    steps = torch.stack(logits, dim=1)  # [B, TOKENS, V]
+    return steps.argmax(-1).tolist(), steps.log_softmax(-1)
 
 
 @pytest.fixture(scope="module")
-def references(model):
+def plain(model):
+    """Batch size -> plain greedy decoding's tokens and logprobs."""
     return {batch: _greedy(model, _prompts(model, batch)) for batch in (1, 8)}
+
+
+@pytest.fixture(scope="module")
+def references(plain):
+    return {batch: tokens for batch, (tokens, _) in plain.items()}
+
+
+def _assert_plain(steps: list[list[Step]], run: tuple[list[list[int]], torch.Tensor], count: int = TOKENS) -> None:
+    """Each sequence's steps are the first ``count`` of plain greedy decoding's ``run``: its tokens,
+    and each token's logprob and top alternatives' within LOGPROB_TOL (read at the ids the step
+    reports: near ties may order them either way)."""
+    tokens, logprobs = run
+    assert [[s.token for s in row] for row in steps] == [t[:count] for t in tokens[: len(steps)]]
+    ids = torch.tensor([[[s.token, *(t for t, _ in s.top)] for s in row] for row in steps])  # [B, count, 1 + top]
+    got = torch.tensor([[[s.logprob, *(v for _, v in s.top)] for s in row] for row in steps])
+    expected = logprobs[: len(steps), :count].gather(2, ids)
+    torch.testing.assert_close(got, expected, atol=LOGPROB_TOL, rtol=0)
 
 
 def _completion(prompt: list[int], params: SamplingParams) -> Completion:
     return Completion(IdsOnlyCodec(), params, (), len(prompt), 1 << 20)
 
 
-def _speculate(model, prompts, spec, params=GREEDY, pools=None, options=AttentionOptions(), prefill_options=None):
+def _speculate(model, prompts, spec, params=SCORED, pools=None, options=AttentionOptions(), prefill_options=None):
     """Prefill (with ``prefill_options``, else ``options``), then speculative steps until every
-    completion ends -> (tokens, acceptance, pools)."""
+    completion ends -> (steps, acceptance, pools)."""
     ids = [f"s{i}" for i in range(len(prompts))]
     pools = pools or pools_for(model.cfg, torch.float32, 64, max_sequences=len(prompts), mtp=True)
     completions = [_completion(p, params) for p in prompts]
     logits = prefill(model, pools, ids, prompts, prefill_options or options)
-    out = [[c.next(row).token] for c, row in zip(completions, logits, strict=True)]
+    out = [[c.next(row)] for c, row in zip(completions, logits, strict=True)]
     acceptance = Acceptance()
     while any(c.count < params.max_tokens for c in completions):
         live = [i for i, c in enumerate(completions) if c.count < params.max_tokens]
-        pending, chosen = [out[i][-1] for i in live], [completions[i] for i in live]
+        pending, chosen = [out[i][-1].token for i in live], [completions[i] for i in live]
         outcomes = speculative_step(model, pools, [ids[i] for i in live], pending, chosen, spec, options)
         for i, outcome in zip(live, outcomes, strict=True):
-            out[i] += [s.token for s in outcome.steps]
+            out[i] += outcome.steps
             acceptance.add(outcome)
     return out, acceptance, pools
 
@@ -103,43 +129,43 @@ def _first_right(references, prompts, pools: KVPools):
 
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("k", [1, 2])
-def test_greedy_equals_plain_decoding(model, references, batch, k):
+def test_greedy_equals_plain_decoding(model, plain, batch, k):
     """The MTP layer's own drafts (random weights: some accepted, most not)."""
-    out, acceptance, _ = _speculate(model, _prompts(model, batch), Speculation(k))
-    assert out == references[batch]
+    steps, acceptance, _ = _speculate(model, _prompts(model, batch), Speculation(k))
+    _assert_plain(steps, plain[batch])
     assert acceptance.steps and sum(acceptance.drafted) > 0
 
 
 @pytest.mark.slow
-def test_greedy_equals_plain_decoding_on_the_triton_kernels(model, references):
+def test_greedy_equals_plain_decoding_on_the_triton_kernels(model, plain):
     """The Triton kernels (interpreted here, compiled on a GPU) under speculation emit plain greedy
-    decoding's tokens (the torch twins', which the kernels' plain decode equals: test_forward): the
-    drafts, the verify's few rows per sequence through the prefill kernel and the window-write
-    kernel, the compressors folded a column of rows at a time, the commit of a kept draft's row, the
-    rollback. The prompts are prefilled by the twins (the kernels' prefill: test_forward, the pools
+    decoding's tokens and logprobs (the torch twins', which the kernels' plain decode equals:
+    test_forward): the drafts, the verify's few rows per sequence through the prefill kernel and the
+    window-write kernel, the compressors folded a column of rows at a time, the commit of a kept
+    draft's row, the rollback. The prompts are prefilled by the twins (the kernels' prefill: test_forward, the pools
     the same layout), the steps after it run on the kernels.
     Each step's first draft is the true token and its second not (5 tokens in 2 steps): each
     sequence (prompts 13 and 5) has the row that completes a block of both compressors (15, 7)
     verified and rolled back, then commits it; the longer one's second verify wraps its window ring."""
     prompts, tokens = _prompts(model, 2), 5
     pools = pools_for(model.cfg, torch.float32, 64, max_sequences=2, mtp=True)
-    spec = Speculation(2, _first_right(references[8], prompts, pools))
-    params, options = replace(GREEDY, max_tokens=tokens), AttentionOptions(backend="triton")
-    out, acceptance, _ = _speculate(model, prompts, spec, params, pools, options, AttentionOptions())
-    assert out == [r[:tokens] for r in references[8][:2]]
+    spec = Speculation(2, _first_right(plain[8][0], prompts, pools))
+    params, options = replace(SCORED, max_tokens=tokens), AttentionOptions(backend="triton")
+    steps, acceptance, _ = _speculate(model, prompts, spec, params, pools, options, AttentionOptions())
+    _assert_plain(steps, plain[8], tokens)
     assert acceptance.drafted == [4, 2] and acceptance.accepted == [4, 0]  # the last step has room for one draft
 
 
 @pytest.mark.parametrize("wrong", [False, True])
 @pytest.mark.parametrize("k", [1, 2])
-def test_forced_acceptance_and_rejection(model, references, k, wrong):
+def test_forced_acceptance_and_rejection(model, plain, k, wrong):
     """Drafts replaced by the true continuation (runs of k accepted every step) or by wrong tokens
     (every draft rejected): the output is the same either way."""
     prompts = _prompts(model, 8)
     pools = pools_for(model.cfg, torch.float32, 64, max_sequences=8, mtp=True)
-    spec = Speculation(k, _oracle(references[8], prompts, pools, wrong))
-    out, acceptance, _ = _speculate(model, prompts, spec, pools=pools)
-    assert out == references[8]
+    spec = Speculation(k, _oracle(plain[8][0], prompts, pools, wrong))
+    steps, acceptance, _ = _speculate(model, prompts, spec, pools=pools)
+    _assert_plain(steps, plain[8])
     assert sum(acceptance.accepted) == (0 if wrong else sum(acceptance.drafted))
     if not wrong:  # k + 1 tokens per step until the budget runs short
         assert acceptance.emitted / acceptance.steps > k
@@ -281,21 +307,24 @@ def test_eos_inside_an_accepted_run_ends_there(model, references, stop_at):
 @pytest.mark.parametrize("k", [1, 2])
 def test_the_trained_models_drafts_are_accepted_and_change_nothing(k):
     """On the shipped trained model the MTP layer's drafts are right often enough to be kept (its
-    t+2 guess is right ~30% of the time on held-out text), and greedy output is plain decoding's."""
+    t+2 guess is right ~30% of the time on held-out text), and greedy output is plain decoding's:
+    the tokens, and each one's logprob within LOGPROB_TOL."""
     from dayzero.engine import Timings, generate
     from dayzero.settings import BUILT_IN_MODEL
     from dayzero.tokenizer import load_codec
 
     model, codec = load_model(BUILT_IN_MODEL, progress=False), load_codec(BUILT_IN_MODEL)
-    prompt, params = codec.encode('The "if" statement is used for'), SamplingParams(max_tokens=48, ignore_eos=True)
+    prompt = codec.encode('The "if" statement is used for')
+    params = SamplingParams(max_tokens=48, ignore_eos=True, logprobs=0)
 
-    def run(speculation: Speculation | None) -> tuple[list[int], Timings]:
+    def run(speculation: Speculation | None) -> tuple[list[Step], Timings]:
         timings = Timings()
         pools = pools_for(model.cfg, torch.float32, 128, mtp=speculation is not None)
-        steps = generate(model, codec, pools, prompt, params, timings, speculation=speculation)
-        return [s.token for s in steps], timings
+        return list(generate(model, codec, pools, prompt, params, timings, speculation=speculation)), timings
 
     plain, _ = run(None)
     fast, timings = run(Speculation(k))
-    assert fast == plain
+    assert [s.token for s in fast] == [s.token for s in plain]
+    logprobs = torch.tensor([[s.logprob for s in fast], [s.logprob for s in plain]])
+    torch.testing.assert_close(logprobs[0], logprobs[1], atol=LOGPROB_TOL, rtol=0)
     assert timings.summary()["mean_accepted_length"] > 1.05  # drafts were kept, not only made
