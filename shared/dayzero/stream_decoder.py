@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .ids_only_codec import IdsOnlyCodec
     from .tokenizer import TextCodec
 
 
@@ -23,7 +24,7 @@ class StreamDecoder:
     before (a decoder may render a token by its neighbours, e.g. a word's leading space): the cost
     per token stays flat however long the output grows."""
 
-    def __init__(self, codec: TextCodec) -> None:
+    def __init__(self, codec: TextCodec | IdsOnlyCodec) -> None:
         self._codec = codec
         self._ids: list[int] = []
         self._context = 0  # ids[_context:_released] decoded as the context of what follows
@@ -38,6 +39,8 @@ class StreamDecoder:
         """What pushing ``ids`` releases, in one: where it is ``settled_since`` the mark before them,
         the state is that of pushing them one by one (a replay's way through a long stream: one
         decode of them); where it is not, what it holds may start earlier (``rewind`` it)."""
+        if not self._codec.has_tokenizer:  # (an ids-only codec's: no text, so nothing held, no id kept)
+            return ""
         self._ids.extend(ids)
         pending = self._ids[self._context :]
         if self._codec.open_run(pending, self._open):  # (decoded once it ends: a run decodes whole)
