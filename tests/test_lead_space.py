@@ -20,6 +20,7 @@ def llama_style() -> Tokenizer:
     pieces += ["".join(pair) for pair in merges]
     model = models.BPE({p: i for i, p in enumerate(pieces)}, merges, unk_token="<unk>", byte_fallback=True)
     tokenizer = Tokenizer(model)
+    tokenizer.add_special_tokens(pieces[:3])  # (as Llama's added_tokens mark them: left out of decoded text)
     tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     tokenizer.decoder = decoders.Sequence(steps)

@@ -4,7 +4,8 @@ Chat: ``choices[0].logprobs = {"content": [{token, logprob, bytes, top_logprobs}
 Completions: ``choices[0].logprobs = {tokens, token_logprobs, top_logprobs, text_offset}``;
 with ``echo`` the text and the logprobs start with the prompt's (its first token's are null).
 A token's string is its text as the response shows it ("▁world": " world", but "world" where it
-begins the text, as a sentencepiece decoder strips it there); a piece of a multi-byte character
+begins the text, as a sentencepiece decoder strips it there: a completion's text follows its
+prompt's, so only where the prompt shows no text); a piece of a multi-byte character
 shows as U+FFFD in chat's entries, beside its bytes, and in the completions format, whose
 ``top_logprobs`` it keys, as OpenAI names it: ``bytes:\\xe4\\xb8``;
 logprobs are the model's, before logit bias, penalties and temperature.
@@ -47,7 +48,9 @@ class Shape:
         self.prompt = request.prompt_ids if request.echo else None  # still to be echoed
         self.offset = 0  # characters of text covered by earlier chunks' logprobs
         self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")  # holds a character's first bytes
-        self.opening = True  # no token shown yet: the next one begins the text (``token_piece``'s opening)
+        # no token shown yet: the next one begins the text (``token_piece``'s opening, for logprobs'
+        # names); a completion's text follows its prompt's where that shows any (lead_space.prompt_lead)
+        self.opening = self.logprobs and not any(map(codec.shown, request.prompt_ids))
         self.thinking, self.tools, self.rid = request.thinking, request.tool_calls, request.request_id
         self.calls_only = request.calls_only
         self.parts = AssistantStream(self.thinking, self.tools, self.calls_only)  # a chat stream's text so far
@@ -191,8 +194,8 @@ class Shape:
             ids = list(self.prompt) + ids
             logprobs = [None] + [lp for lp, _ in first] + logprobs  # nothing predicts the first token
             alternatives = [None] + [alts for _, alts in first] + alternatives
-            opens = self._openings(list(self.prompt))
-            self.opening = True  # the completion's text is decoded on its own: it begins a text again
+            self.opening = True  # the prompt's first shown token begins the text
+            opens = self._openings(list(self.prompt))  # (then the completion's follow them, as ``__init__`` says)
         opens += self._openings(ids[len(opens) :])
         name = self._legacy_name
         tops = [

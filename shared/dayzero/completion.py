@@ -9,6 +9,7 @@ the same token (``prefill_batch.prefilled_ids``) samples the same continuation.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
@@ -43,12 +44,13 @@ class Completion:
         generated: tuple[int, ...] = (),
         thinking: bool = False,
         compiled: Future | None = None,  # the grammar's, held since it was ready (Grammars.compiled)
+        prompt_ids: Sequence[int] = (),  # the prompt's: the text reads as it does after them (CompletionText)
     ) -> None:
         self.params, self.eos_ids, self.prompt_tokens, self.limit = params, eos_ids, prompt_tokens, limit
         self.count = 0
         self.thinking = thinking  # a chat in thinking mode: its reasoning tokens are counted
         self.counts: Counter[int] = Counter()  # generated tokens, for the penalties
-        self._text = CompletionText(codec, params, thinking)
+        self._text = CompletionText(codec, params, thinking, prompt_ids)
         self.guide = Guide(codec.grammars, params.grammar, compiled) if params.grammar is not None else None
         self.held: torch.Tensor | None = None  # [V]: a step's logits, while its grammar takes a fresh compile
         for token in generated:  # replay: rebuild the text and stop-string state, output discarded

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from .chat.reasoning import ReasoningCount
 from .ids_only_codec import IdsOnlyCodec
+from .lead_space import prompt_lead
 from .params import SamplingParams
 from .stream_decoder import StreamDecoder
 from .tokenizer import TextCodec
@@ -73,18 +74,28 @@ class CompletionText:
     a character's first bytes, a thought's end or a stop string's start; and whether a stop string
     ended it."""
 
-    def __init__(self, codec: TextCodec | IdsOnlyCodec, params: SamplingParams, thinking: bool) -> None:
-        self._decoder, self._stops = StreamDecoder(codec), StopMatcher(params.stop, params.stop_bounds)
+    def __init__(
+        self, codec: TextCodec | IdsOnlyCodec, params: SamplingParams, thinking: bool, prompt: Sequence[int] = ()
+    ) -> None:
+        """``prompt``: the ids the completion follows; its text reads as it does after them (a
+        sentencepiece decoder keeps its lead space: ``lead_space.prompt_lead``)."""
+        self._decoder = StreamDecoder(codec, prompt_lead(codec, prompt))
+        self._stops = StopMatcher(params.stop, params.stop_bounds)
         self.reasoning = ReasoningCount(thinking)  # its reasoning tokens (thinking mode), as they come
 
     @classmethod
     def replayed(
-        cls, codec: TextCodec | IdsOnlyCodec, params: SamplingParams, thinking: bool, ids: Sequence[int]
+        cls,
+        codec: TextCodec | IdsOnlyCodec,
+        params: SamplingParams,
+        thinking: bool,
+        ids: Sequence[int],
+        prompt: Sequence[int] = (),
     ) -> CompletionText:
-        """The text state after ``ids``, none of which ended it (what they released is out already):
-        ``REPLAY_CHUNK`` of them at a time (one decode, one stop-string match), as their pushes one by
-        one would leave it (``_replay``)."""
-        text = cls(codec, params, thinking)
+        """The text state after ``ids`` (following ``prompt``), none of which ended it (what they
+        released is out already): ``REPLAY_CHUNK`` of them at a time (one decode, one stop-string
+        match), as their pushes one by one would leave it (``_replay``)."""
+        text = cls(codec, params, thinking, prompt)
         for at in range(0, len(ids), REPLAY_CHUNK):
             text._replay(list(ids[at : at + REPLAY_CHUNK]))
         return text

@@ -60,7 +60,7 @@ def generate(
     timings = timings if timings is not None else Timings()
     timings.prompt_tokens = len(prompt)
     seq = uuid.uuid4().hex
-    completion = Completion(codec, params, model.cfg.eos_token_ids, len(prompt), limit)
+    completion = Completion(codec, params, model.cfg.eos_token_ids, len(prompt), limit, prompt_ids=prompt)
     try:
         start = time.perf_counter()
         logits = prefill(model, pools, [seq], [prompt], options)[0]

@@ -15,6 +15,7 @@ class IdsOnlyCodec:
 
     chat_template = None
     has_tokenizer = False
+    drops_lead_space = False
 
     def encode(self, text: str, limit: int | None = None, special: bool = True) -> list[int]:
         raise NoTokenizerError("this checkpoint has no tokenizer.json: send the prompt as token ids")

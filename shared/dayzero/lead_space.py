@@ -1,12 +1,19 @@
 """A sentencepiece decoder's lead space: the space it drops where a decoded text begins (Llama's and
 Mistral's ``Strip(" ", 1, 0)`` after ``Fuse``, ``Metaspace``'s prefix space), so that "▁world"
-decoded alone reads "world" while the same token reads " world" after other text."""
+decoded alone reads "world" while the same token reads " world" after other text; and the prompt's
+ids a completion's text is decoded after, so that it keeps that space after the prompt (``prompt_lead``)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
+
+if TYPE_CHECKING:
+    from .ids_only_codec import IdsOnlyCodec
+    from .tokenizer import TextCodec
 
 
 def inner_tokenizer(tokenizer: Tokenizer, spec: dict) -> Tokenizer:
@@ -29,3 +36,27 @@ def _keeping_lead_space(step: dict) -> dict:
     if step.get("type") == "Metaspace" and step.get("prepend_scheme", "always") != "never":
         return {**step, "prepend_scheme": "never"}
     return step
+
+
+LEAD_TOKENS = 4  # the most prompt tokens a completion is decoded after (a character's UTF-8: 4 bytes at most)
+
+
+def prompt_lead(codec: TextCodec | IdsOnlyCodec, prompt: Sequence[int]) -> list[int]:
+    """The prompt's last ids a completion's text is decoded after (``StreamDecoder``'s ``after``),
+    so that it reads as it does after the prompt: "▁world" after "Hello" is " world", as transformers'
+    decode of prompt and completion together gives it. Its last shown tokens from the last one that
+    begins a character (a run of byte tokens decodes whole: its UTF-8 from there), ``LEAD_TOKENS``
+    at most. None where the decoder drops no lead space (byte-level ones, as DeepSeek's: the
+    completion decodes alone, as it reads anyway), nor where the prompt shows no text (the completion
+    begins it: its lead space dropped, as in transformers' decode)."""
+    if not codec.drops_lead_space:
+        return []
+    lead: list[int] = []
+    for token in reversed(prompt):
+        if not codec.shown(token):  # (left out of the text: a BOS, a template's special token)
+            continue
+        lead.append(token)
+        first = codec.token_piece(token)[1][:1]
+        if len(lead) == LEAD_TOKENS or not first or not 0x80 <= first[0] < 0xC0:  # (0x80-0xBF: a continuation)
+            break
+    return lead[::-1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,11 +25,13 @@ class StreamDecoder:
     before (a decoder may render a token by its neighbours, e.g. a word's leading space): the cost
     per token stays flat however long the output grows."""
 
-    def __init__(self, codec: TextCodec | IdsOnlyCodec) -> None:
+    def __init__(self, codec: TextCodec | IdsOnlyCodec, after: Sequence[int] = ()) -> None:
+        """``after``: the ids whose text its own follows, never released (the prompt's last:
+        ``lead_space.prompt_lead``), decoded as the context of its first."""
         self._codec = codec
-        self._ids: list[int] = []
+        self._ids: list[int] = list(after)
         self._context = 0  # ids[_context:_released] decoded as the context of what follows
-        self._released = 0  # the ids up to here are out as text
+        self._released = len(after)  # the ids up to here are out as text
         self._shown = 0  # characters of the text of ids[_released:] out already (before a cut character)
         self._open = 0  # ids[_context:] up to here end in an open run of byte tokens (TextCodec.open_run)
 

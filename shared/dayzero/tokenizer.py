@@ -73,6 +73,7 @@ class TextCodec:
         self.token_bytes = token_bytes(tokenizer, spec)  # (None: no bound from a text's size)
         self._fallback_bytes = fallback_bytes(tokenizer, spec)  # byte token -> its byte (a byte-fallback tokenizer)
         self._inner = inner_tokenizer(tokenizer, spec)  # decodes a token as it reads after other text
+        self.drops_lead_space = self._inner is not tokenizer  # a text's lead space (lead_space.py)
 
     @classmethod
     def from_checkpoint(cls, root: str | Path) -> TextCodec:

@@ -78,28 +78,23 @@ def test_a_sentencepiece_completions_tokens_and_offsets_are_its_texts(tmp_path):
     for name, top, at in zip(names, body["logprobs"]["top_logprobs"], offsets, strict=True):
         assert name.startswith("bytes:") or SAMPLE[at:].startswith(name)
         assert list(top) == [name]
-    # echo: the prompt's text, then the completion's, each decoded on its own as the body shows them
-    prompt = [(-0.2, ((ids[1], -0.2),))]  # (the first token has none)
-    tokens = [
-        Token("r", i, t, "", None, logprob=-0.1, prompt=prompt if i == 0 else None) for i, t in enumerate(ids[2:])
-    ]
-    echo = _llama_request(prompt=tuple(ids[:2]), echo=True)
-    body = Shape(echo, "m", codec).body(codec.decode(ids[2:]), "length", {}, tokens)["choices"][0]
-    names, offsets = body["logprobs"]["tokens"], body["logprobs"]["text_offset"]
-    assert body["text"] == reference.decode(ids[:2]) + reference.decode(ids[2:]) and names[:4] == [
-        "Hello",
-        " world",
-        "",
-        " ",
-    ]
-    assert all(n.startswith("bytes:") or body["text"][at:].startswith(n) for n, at in zip(names, offsets, strict=True))
-    assert body["logprobs"]["top_logprobs"][1] == {" world": -0.2}
+    # a prompt "Hello" and its completion, echoed and not: the completion's text follows the prompt's
+    # (transformers' decode of both: " world  2023 中!", as the decode service makes it), its first
+    # token no longer begins the text: named " world" (was "world", and the echo "Helloworld  ...")
+    completion = reference.decode(ids)[len(reference.decode(ids[:1])) :]
+    tokens = [Token("r", i, t, "", None, logprob=-0.1, prompt=[] if i == 0 else None) for i, t in enumerate(ids[1:])]
+    for echo, text, skipped in ((True, SAMPLE, 0), (False, completion, 1)):
+        request = _llama_request(prompt=tuple(ids[:1]), echo=echo)
+        body = Shape(request, "m", codec).body(completion, "length", {}, tokens)["choices"][0]
+        assert body["text"] == text
+        assert body["logprobs"]["tokens"] == names[skipped:]
+        assert body["logprobs"]["text_offset"] == [at - len(SAMPLE) + len(text) for at in offsets[skipped:]]
 
 
 def test_a_sentencepiece_chats_entries_are_its_texts_in_a_stream_and_a_resumed_one():
     """A chat's entries named "▁world" "world" too: their bytes joined to "Helloworld2023...",
     not the content's UTF-8. The first entry alone begins the text, in the stream's first chunk,
-    not in a resumed stream's (the replayed tokens before it)."""
+    not in a resumed stream's (the replayed tokens before it), nor after a prompt that shows text."""
     from transformers import PreTrainedTokenizerFast
 
     from ..test_lead_space import SAMPLE, llama_style
@@ -123,6 +118,9 @@ def test_a_sentencepiece_chats_entries_are_its_texts_in_a_stream_and_a_resumed_o
     for token in tokens[:1]:
         resumed.replay(token)
     assert resumed.chunk("", None, tokens=tokens[1:])["choices"][0]["logprobs"]["content"] == entries[1:]
+    # after a prompt that shows text (a template's "[/INST]"), the reply's first token follows it
+    after = Shape(_llama_request("chat", prompt=(1, ids[0])), "m", codec).chunk("", None, tokens=tokens[1:])
+    assert after["choices"][0]["logprobs"]["content"] == entries[1:]
 
 
 def test_a_resumed_chats_replay_names_no_token(codec, monkeypatch):

@@ -121,7 +121,7 @@ class Runtime:
         request, cfg = ticket.job.request, self.model.cfg
         prompt, thinking = len(request.prompt_ids), request.thinking
         args = (self.codec, request.sampling, cfg.eos_token_ids, prompt, limit, generated, thinking)
-        return Completion(*args, compiled=ticket.grammar)
+        return Completion(*args, compiled=ticket.grammar, prompt_ids=request.prompt_ids)
 
     def grammar_ready(self, ticket: Ticket) -> bool:
         """Whether ``ticket``'s completion can be built without waiting for its grammar (none, or

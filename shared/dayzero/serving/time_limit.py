@@ -50,7 +50,7 @@ def past_limit(
     clients run it all again). One that has streamed none ends with a 503 ``overloaded`` (a
     "length" without text would say it had run): its client may retry it when there is room."""
     if streamed:
-        text = CompletionText.replayed(codec, request.sampling, request.thinking, streamed)
+        text = CompletionText.replayed(codec, request.sampling, request.thinking, streamed, request.prompt_ids)
         ending, stopped = text.end()
         reasoning = text.reasoning.tokens if request.thinking else None
         usage = usage_counts(len(request.prompt_ids), len(streamed), reasoning)
