@@ -114,3 +114,19 @@ def test_the_decode_services_completion_follows_its_requests_prompt():
     runtime = SimpleNamespace(codec=codec, model=SimpleNamespace(cfg=SimpleNamespace(eos_token_ids=EOS)))
     ticket = SimpleNamespace(job=SimpleNamespace(request=request), grammar=None)
     assert Runtime.completion(runtime, ticket, (), 4096).accept(ids[1]).text == " world"
+
+
+def test_an_id_the_tokenizer_lacks_shows_no_text_before_the_completion():
+    """A model's vocabulary padded past its tokenizer's (Phi-3's 32,064 rows over 32,011 tokens):
+    the gateway takes prompt ids up to the model's, and such an id decodes to nothing. A prompt
+    "Hello" then one was decoded after that id alone, so "▁world" lost its space ("world"; was
+    " world" in transformers' decode of both, past the prompt's); a prompt of BOS and one shows
+    no text, and the completion begins it."""
+    tokenizer = llama_style()
+    reference, codec = PreTrainedTokenizerFast(tokenizer_object=tokenizer), TextCodec(tokenizer)
+    padded = tokenizer.get_vocab_size() + 5  # (no token of the tokenizer's)
+    hello, world = reference.encode("Hello world", add_special_tokens=False)
+    for prompt in ([BOS, hello, padded], [BOS, hello, padded, padded], [BOS, padded]):
+        assert "".join(_live(codec, prompt, [world, padded, world])) == _after(reference, prompt, [world, world])
+    assert _after(reference, [BOS, hello, padded], [world]) == " world"
+    assert prompt_lead(codec, [BOS, padded]) == []

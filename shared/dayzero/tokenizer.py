@@ -143,8 +143,9 @@ class TextCodec:
         return self._tok.decode(ids, skip_special_tokens=False)
 
     def shown(self, token: int) -> bool:
-        """Whether decoded text holds ``token`` (special tokens are left out: ``decode``)."""
-        return token not in self._hidden
+        """Whether decoded text holds ``token`` (special tokens are left out: ``decode``; an id the
+        tokenizer lacks, as a model's vocabulary padded past it has, decodes to nothing)."""
+        return token not in self._hidden and self._tok.id_to_token(token) is not None
 
     def token_piece(self, token: int, opening: bool = False) -> tuple[str, bytes]:
         """One token as logprobs name it: its text where it follows other text (``opening``: where it

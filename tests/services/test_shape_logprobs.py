@@ -140,3 +140,21 @@ def test_a_resumed_chats_replay_names_no_token(codec, monkeypatch):
         resumed.replay(token)
     assert named == []  # were 6: each replayed token and its 2 alternatives
     assert resumed.chunk("", None, tokens=tokens[2:])["choices"][0]["logprobs"]["content"] == live["content"][2:]
+
+
+def test_a_completion_after_a_prompt_showing_no_text_begins_it_whatever_ids_it_holds():
+    """A prompt of BOS and an id past the tokenizer's (a model's padded vocabulary: the gateway
+    takes it) shows no text, so the completion's "▁world" begins the text: "world" as its text
+    reads; it was named " world" at offset 0, one character past the text."""
+    from transformers import PreTrainedTokenizerFast
+
+    from ..test_lead_space import llama_style
+
+    tokenizer = llama_style()
+    reference, codec = PreTrainedTokenizerFast(tokenizer_object=tokenizer), TextCodec(tokenizer)
+    ids, padded = reference.encode("world world", add_special_tokens=False), tokenizer.get_vocab_size() + 5
+    tokens = [Token("r", i, t, "", None, logprob=-0.1) for i, t in enumerate(ids)]
+    body = Shape(_llama_request(prompt=(1, padded)), "m", codec).body("world world", "length", {}, tokens)
+    logprobs = body["choices"][0]["logprobs"]
+    assert reference.decode([1, padded, *ids], skip_special_tokens=True) == "world world"
+    assert (logprobs["tokens"], logprobs["text_offset"]) == (["world", " world"], [0, 5])  # was " world" first
