@@ -17,6 +17,10 @@ from .test_speculative import GREEDY, _completion, _first_right, _oracle, _promp
 model, plain, references = test_speculative.model, test_speculative.plain, test_speculative.references
 
 STATE_TOL = 1e-5  # the same rows computed by the prefill and decode kernels: rounding-level
+# Block sizes: the window ring holds the window's last 7 rows in whole blocks. On blocks of 16 it has
+# 9 slots spare, so a slot a rejected draft wrote held a row no later step reads; on blocks of 7 none
+# (DeepSeek's window of 128 on blocks of 16: one), so the rows it overwrote are read again.
+BLOCK_SIZES = (16, 7)
 
 
 def _live_state(pools: KVPools, seq: str) -> dict[str, torch.Tensor]:
@@ -49,21 +53,23 @@ def _live_state(pools: KVPools, seq: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def _fresh_state(model, tokens: list[int]) -> dict[str, torch.Tensor]:
+def _fresh_state(model, tokens: list[int], block_size: int) -> dict[str, torch.Tensor]:
     """The state of a sequence that only ever saw ``tokens``."""
-    pools = pools_for(model.cfg, torch.float32, 64, mtp=True)
+    pools = pools_for(model.cfg, torch.float32, 64, block_size=block_size, mtp=True)
     prefill(model, pools, ["r"], [tokens])
     return _live_state(pools, "r")
 
 
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("first_right", [False, True])
-def test_rejected_drafts_leave_no_state(model, references, first_right):
+def test_rejected_drafts_leave_no_state(model, references, first_right, block_size):
     """After every step with rejected drafts (k = 2: both, or the second), each sequence's whole
     attention state (window rings of the main and MTP layers, compressor buffers and overlaps,
     compressed entries, indexer keys, pending streams, length, blocks) equals that of a sequence
-    that never saw the drafts; steps cross the window and both compressors' boundaries."""
+    that never saw the drafts; steps cross the window and both compressors' boundaries, on a window
+    ring with spare slots and on one without."""
     prompts, refs = _prompts(model, 3), references[8][:3]
-    pools = pools_for(model.cfg, torch.float32, 64, max_sequences=3, mtp=True)
+    pools = pools_for(model.cfg, torch.float32, 64, max_sequences=3, block_size=block_size, mtp=True)
     propose = _first_right(refs, prompts, pools) if first_right else _oracle(refs, prompts, pools, wrong=True)
     ids = ["s0", "s1", "s2"]
     completions = [_completion(p, GREEDY) for p in prompts]
@@ -74,7 +80,7 @@ def test_rejected_drafts_leave_no_state(model, references, first_right):
         for i, outcome in enumerate(outcomes):
             out[i] += [s.token for s in outcome.steps]
             assert outcome.accepted == int(first_right)
-            expected = _fresh_state(model, prompts[i] + out[i][:-1])
+            expected = _fresh_state(model, prompts[i] + out[i][:-1], block_size)
             got = _live_state(pools, ids[i])
             for name, value in expected.items():
                 assert got[name].shape == value.shape, name
