@@ -69,13 +69,15 @@ def references(plain):
 def _assert_plain(steps: list[list[Step]], run: tuple[list[list[int]], torch.Tensor], count: int = TOKENS) -> None:
     """Each sequence's steps are the first ``count`` of plain greedy decoding's ``run``: its tokens,
     and each token's logprob and top alternatives' within LOGPROB_TOL (read at the ids the step
-    reports: near ties may order them either way)."""
+    reports: near ties may order them either way), the alternatives' values plain's top values."""
     tokens, logprobs = run
     assert [[s.token for s in row] for row in steps] == [t[:count] for t in tokens[: len(steps)]]
     ids = torch.tensor([[[s.token, *(t for t, _ in s.top)] for s in row] for row in steps])  # [B, count, 1 + top]
     got = torch.tensor([[[s.logprob, *(v for _, v in s.top)] for s in row] for row in steps])
     expected = logprobs[: len(steps), :count].gather(2, ids)
     torch.testing.assert_close(got, expected, atol=LOGPROB_TOL, rtol=0)
+    top = got[..., 1:].sort(-1, descending=True).values  # the alternatives are plain's best, whatever their ties' order
+    torch.testing.assert_close(top, logprobs[: len(steps), :count].topk(top.shape[-1]).values, atol=LOGPROB_TOL, rtol=0)
 
 
 def _completion(prompt: list[int], params: SamplingParams) -> Completion:
