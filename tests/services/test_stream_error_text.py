@@ -119,3 +119,28 @@ def test_a_chat_stream_reads_the_text_its_parser_held_before_the_error_event(dem
             data = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines() if line.startswith("data: {")]
     assert "".join(d["choices"][0]["delta"].get("content", "") for d in data[:-1]) == "a <"
     assert data[-1]["error"]["code"] == "grammar_failed"
+
+
+def test_a_step_failing_after_its_sampling_ends_where_its_stream_does(demo_dir, redis_url, monkeypatch):
+    """The second decode step failing after its tokens were sampled (its metrics' record raising):
+    the error ended the stream at the sampled count (index 3 after tokens 0-1: a token its client
+    never read) with that token's held text. Its tokens are queued before anything else can fail
+    now: given up with the step, the end where the stream's tokens end (its text at most theirs:
+    the text they held is the completion's with the given-up one's, and is not sent)."""
+    from dayzero.serving import decode_loop
+
+    store, runtime, sent = _prefilled_onto_a_lead_byte(demo_dir, redis_url, "late")
+    record, steps = decode_loop.record_step, []
+
+    def failing(*args):
+        steps.append(args)
+        if len(steps) >= 2:
+            raise RuntimeError("metrics lost")
+        return record(*args)
+
+    monkeypatch.setattr(decode_loop, "record_step", failing)
+    run_jobs(DecodeLoop(runtime), sent)
+    ids, text, last = _streamed(store, "late")
+    assert (store.done("late"), last.error) == ("error", "decode failed: RuntimeError")
+    assert last.index == len(ids) and runtime.codec.decode(ids).startswith(text)
+    runtime.close()

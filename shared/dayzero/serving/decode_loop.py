@@ -215,13 +215,13 @@ class DecodeLoop:
         else:
             model, pools, options = self.r.model, self.r.pools, self.r.options
             rounds, acceptance = decode_round(model, pools, ids, tokens, completions, self.speculation, options)
+        for rid, steps in zip(ids, rounds, strict=True):  # (queued first: a failure after is no gap in a stream)
+            self.active[rid].queue(steps, len(ids))
         record_step(self.r, ids, sum(len(steps) for steps in rounds), time.perf_counter() - start)
         if self.speculation is not None:
             self.acceptance.merge(acceptance)
             self.r.stats.add(**acceptance.counters())
             self.r.stats.set(**self.acceptance.gauges())
-        for rid, steps in zip(ids, rounds, strict=True):
-            self.active[rid].queue(steps, len(ids))
 
     def _append(self) -> None:
         """Append every request's unsent tokens, in order, and read the cancel marks: one round trip
