@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from fastapi.testclient import TestClient
 
+from dayzero import speculative
 from dayzero.completion import Completion
 from dayzero.guided import GrammarFailed
 from dayzero.params import SamplingParams
+from dayzero.serving import decode_loop
 from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
@@ -29,10 +32,10 @@ from .conftest import MODEL, recording, run_jobs
 WHY = "lexer error: too many expressions constructed"  # (llguidance's, as it fails by itself)
 
 
-def _prefilled_onto_a_lead_byte(demo_dir, redis_url, rid: str) -> tuple[Lifecycle, Runtime, list]:
+def _prefilled_onto_a_lead_byte(demo_dir, redis_url, rid: str, k: int = 0) -> tuple[Lifecycle, Runtime, list]:
     """Request ``rid`` forced onto 中's lead byte (token 170, 0xE4) and prefilled (its first token
-    streamed): its store, a decode runtime, and its decode jobs."""
-    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    streamed): its store, a decode runtime (speculating ``k`` tokens), and its decode jobs."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis", speculative_tokens=k)
     sampling = SamplingParams(max_tokens=50, ignore_eos=True, logit_bias=((170, 100.0),))
     request = GenerationRequest(request_id=rid, prompt_ids=(0, 5, 6), sampling=sampling, created=time.time())
     store, sent = Lifecycle.connect(settings.redis_url), []
@@ -121,26 +124,32 @@ def test_a_chat_stream_reads_the_text_its_parser_held_before_the_error_event(dem
     assert data[-1]["error"]["code"] == "grammar_failed"
 
 
-def test_a_step_failing_after_its_sampling_ends_where_its_stream_does(demo_dir, redis_url, monkeypatch):
-    """The second decode step failing after its tokens were sampled (its metrics' record raising):
-    the error ended the stream at the sampled count (index 3 after tokens 0-1: a token its client
-    never read) with that token's held text. Its tokens are queued before anything else can fail
-    now: given up with the step, the end where the stream's tokens end (its text at most theirs:
-    the text they held is the completion's with the given-up one's, and is not sent)."""
-    from dayzero.serving import decode_loop
-
-    store, runtime, sent = _prefilled_onto_a_lead_byte(demo_dir, redis_url, "late")
-    record, steps = decode_loop.record_step, []
+@pytest.mark.parametrize(
+    ("module", "name", "k"),
+    [(decode_loop, "record_step", 0), (speculative, "follow", 2)],
+    ids=["its_metrics_record", "a_speculative_rounds_mtp_catch_up"],
+)
+def test_a_step_failing_after_its_sampling_ends_where_its_stream_does(
+    demo_dir, redis_url, monkeypatch, module, name, k
+):
+    """The second decode step failing after its tokens were sampled (its metrics' record raising,
+    or speculating, its round's MTP catch-up, before the loop queued them): the error ended the
+    stream at the completion's count (index 3 after tokens 0-1, 7 after 0-3: tokens its client
+    never read) with their held text. Now given up with the step: the end where the stream's
+    tokens end, its text none (the completion's held text is the given-up tokens' too)."""
+    store, runtime, sent = _prefilled_onto_a_lead_byte(demo_dir, redis_url, name, k)
+    real, calls = getattr(module, name), []
 
     def failing(*args):
-        steps.append(args)
-        if len(steps) >= 2:
-            raise RuntimeError("metrics lost")
-        return record(*args)
+        calls.append(args)
+        if len(calls) >= 2:
+            raise RuntimeError("step failed")
+        return real(*args)
 
-    monkeypatch.setattr(decode_loop, "record_step", failing)
+    monkeypatch.setattr(module, name, failing)
     run_jobs(DecodeLoop(runtime), sent)
-    ids, text, last = _streamed(store, "late")
-    assert (store.done("late"), last.error) == ("error", "decode failed: RuntimeError")
-    assert last.index == len(ids) and runtime.codec.decode(ids).startswith(text)
+    ids, text, last = _streamed(store, name)
+    assert (store.done(name), last.error, len(calls)) == ("error", "decode failed: RuntimeError", 2)
+    assert len(ids) >= 2 and set(ids) == {170} and last.index == len(ids)
+    assert text == "\ufffd" * (len(ids) - 1)  # the last streamed lead byte held, and given up
     runtime.close()

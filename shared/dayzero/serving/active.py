@@ -56,6 +56,9 @@ class Active:
     # and what failed its own sampling; it is settled once its tokens are on its stream, never stepped
     # again (its failure logged and counted as this worker ends it: ``DecodeLoop._finish``)
     end: tuple[str, Exception | None] | None = None
+    # its tokens queued for its stream (on it or unsent): the completion holds more where a step
+    # failed between its sampling and its queue (a speculative round's commit or MTP catch-up)
+    queued: int = 0
 
     @classmethod
     def start(cls, runtime: Runtime, ticket: Ticket[DecodeJob], limit: int) -> Active:
@@ -70,12 +73,13 @@ class Active:
                 "dayzero.images": job.request.images,
             }
             span = tracer.start_span("decode.generate", attributes=attributes)
-        return cls(ticket, completion, job.generated[-1], span)
+        return cls(ticket, completion, job.generated[-1], span, queued=completion.count)
 
     @property
     def streamed(self) -> int:
-        """Its tokens on its stream: where an end that gives up the unsent ones closes it (no gap)."""
-        return self.completion.count - len(self.unsent)
+        """Its tokens on its stream: where an end that gives up the others (unsent, or sampled and
+        never queued) closes it (no gap)."""
+        return self.queued - len(self.unsent)
 
     @property
     def stepping(self) -> bool:
@@ -112,6 +116,7 @@ class Active:
                 return
             usage = self.completion.usage() if step.finish_reason else None  # (the step is its last token)
             self.unsent.append(Token.of(rid, index, step, usage))
+            self.queued = index + 1
             if not self.first_seen:
                 self.span.add_event("first_token", {"index": index, "batch_size": batch})
                 self.first_seen = True

@@ -184,13 +184,14 @@ class DecodeLoop:
     def _fail(self, exc: Exception) -> None:
         """A failed step ends every active request with an error, after the text its streamed tokens
         held back (a character cut short as U+FFFD, a stop string's start), as its own sampling's
-        failure ends: its client read the text before the error (none where tokens of its wait
-        unsent: what the completion holds is theirs too, and they are given up)."""
+        failure ends: its client read the text before the error (none where the completion holds
+        tokens past its stream, unsent or sampled by the failed step: that text is theirs too, and
+        they are given up)."""
         log.exception("decode step failed: requests %s fail", ", ".join(self.active))
         self.r.stats.call("decode", failed=True)
         message = f"decode failed: {type(exc).__name__}"
         for rid, active in list(self.active.items()):
-            text = "" if active.unsent else active.completion.end()[0]
+            text = "" if active.streamed < active.completion.count else active.completion.end()[0]
             self._finish(rid, "error", index=active.streamed, message=message, text=text)
 
     def _step(self) -> None:
