@@ -58,7 +58,10 @@ class Active:
     end: tuple[str, Exception | None] | None = None
     # its tokens queued for its stream (on it or unsent): the completion holds more where a step
     # failed between its sampling and its queue (a speculative round's commit or MTP catch-up)
-    queued: int = 0
+    queued: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.queued = self.completion.count  # (those it came with: on its stream)
 
     @classmethod
     def start(cls, runtime: Runtime, ticket: Ticket[DecodeJob], limit: int) -> Active:
@@ -73,7 +76,7 @@ class Active:
                 "dayzero.images": job.request.images,
             }
             span = tracer.start_span("decode.generate", attributes=attributes)
-        return cls(ticket, completion, job.generated[-1], span, queued=completion.count)
+        return cls(ticket, completion, job.generated[-1], span)
 
     @property
     def streamed(self) -> int:
