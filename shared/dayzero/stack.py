@@ -1,15 +1,13 @@
 """``dayzero up``: Redis, the gateway and N workers per stage as plain processes on one machine.
 
-Each service runs the same entry point as its container under docker compose
-(``dayzero serve <service>``; a tensor-parallel worker is one child, its rank 0, which starts
-its other ranks and takes them down with it). A child that dies is restarted, the embedded Redis included
-(the gateway and the workers reconnect by themselves), and so is a frozen worker (SIGSTOPped, or
-hung in a step past its bound): its liveness stamps (dayzero.serving.liveness) stopped.
-A child that exits before it has run a while ready, again and again, waits before its next start,
-twice as long each time (stack_child.py); ``until_ready`` supervises until one runs ready again.
-Every child dies with the supervisor, whichever thread started it (procs.Spawner). ``stop`` goes in
-order: the gateway first (it stops admitting and ends its open streams with an error event), then the
-workers, Redis last.
+Each service runs the same entry point as its container under docker compose (``dayzero serve <service>``; a
+tensor-parallel worker is one child, its rank 0, which starts its other ranks and takes them down with it). A child
+that dies is restarted, the embedded Redis included (the gateway and the workers reconnect by themselves), and so is
+a frozen worker (SIGSTOPped, or hung in a step past its bound): its liveness stamps (dayzero.serving.liveness)
+stopped. A child that exits before it has run a while ready, again and again, waits before its next start, twice as
+long each time (stack_child.py); ``until_ready`` supervises until one runs ready again. Every child dies with the
+supervisor, whichever thread started it (procs.Spawner). ``stop`` goes in order: the gateway first (it stops
+admitting and ends its open streams with an error event), then the workers, Redis last.
 """
 
 from __future__ import annotations
