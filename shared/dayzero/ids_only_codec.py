@@ -37,9 +37,6 @@ class IdsOnlyCodec:
     def decode(self, ids: list[int]) -> str:
         return ""
 
-    def open_run(self, ids: list[int], known: int = 0) -> bool:
-        return False
-
     def decode_all(self, ids: list[int]) -> str:
         raise NoTokenizerError("this checkpoint has no tokenizer.json: token ids cannot be turned into text")
 
