@@ -29,8 +29,8 @@ def cmd_demo_checkpoint(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
     from .align import align
+    from .model.plan import AttentionOptions
     from .parallel.launch import launch_from
-    from .serving.rank_loading import attention_options
 
     checkpoint = checkpoint_directory(args.checkpoint)
     cfg = ModelConfig.from_file(checkpoint)
@@ -44,7 +44,7 @@ def cmd_align(args: argparse.Namespace, settings: Settings) -> int:
             f"(max_position_embeddings {cfg.max_position_embeddings})"
         )
     launch = launch_from(os.environ, "cpu")  # torchrun's variables, if set; the comparison is fp32 on the CPU
-    report = align(checkpoint, prompt, args.tokens, attention_options(settings), args.tensor_parallel, launch)
+    report = align(checkpoint, prompt, args.tokens, AttentionOptions.of(settings), args.tensor_parallel, launch)
     if launch is not None and launch.config.rank:  # every rank compares; rank 0 prints
         return 0 if report.ok else 1
     if args.json:

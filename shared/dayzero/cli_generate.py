@@ -116,8 +116,8 @@ def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: S
     from .checkpoint import load_model
     from .engine import Timings, generate
     from .kv.pools import pools_for
+    from .model.plan import AttentionOptions
     from .serving.budget import torch_dtype
-    from .serving.rank_loading import attention_options
     from .speculative import Speculation
     from .speculative_checks import speculation_problem
     from .tokenizer import load_codec
@@ -136,7 +136,7 @@ def _generate_on(group, checkpoint: Path, prompt: list[int], params, settings: S
         raise ValueError(f"--speculative-tokens {problem}")
     pools = pools_for(model.cfg, torch_dtype(settings), context, mtp=k > 0, device=group.device)
     timings, speculation = Timings(), Speculation(k) if k else None
-    options = attention_options(settings)
+    options = AttentionOptions.of(settings)
     steps = generate(model, codec, pools, prompt, params, timings, settings.max_context, options, speculation)
     for i, step in enumerate(steps):  # text, or the ids when the checkpoint has no tokenizer
         if printing:

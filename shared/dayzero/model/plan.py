@@ -6,6 +6,7 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,11 +19,19 @@ from ..kv.layout import GROWING_POOLS
 from ..kv.pools import KVPools
 from .rope import RopeTable, cos_sin, inv_freq
 
+if TYPE_CHECKING:
+    from ..settings import Settings
+
 
 @dataclass(frozen=True, slots=True)
 class AttentionOptions:
     backend: Backend = "torch"
     sparse: bool = True  # CSA layers attend to the indexer's top-k; False: to every causal entry
+
+    @classmethod
+    def of(cls, settings: Settings) -> AttentionOptions:
+        """DAYZERO_ATTENTION_BACKEND and DAYZERO_SPARSE_ATTENTION."""
+        return cls(settings.attention_backend, settings.sparse_attention)
 
 
 @lru_cache(maxsize=16)

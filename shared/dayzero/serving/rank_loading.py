@@ -28,10 +28,6 @@ log = logging.getLogger("dayzero.worker")
 CPU_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"  # (torch's RuntimeError, from malloc's ENOMEM)
 
 
-def attention_options(settings: Settings) -> AttentionOptions:
-    return AttentionOptions(settings.attention_backend, settings.sparse_attention)
-
-
 class LoadProgress:
     """Weight loading, reported every few percent to the log and to Redis (``/ready`` shows it)."""
 
@@ -88,7 +84,7 @@ def load_ranks(
             raise
         raise ValueError(_no_room(sized, budget, device, exc)) from None
     keepalive = min(KEEPALIVE_S, settings.group_timeout_s / 4)
-    options = attention_options(settings)
+    options = AttentionOptions.of(settings)
     ranks = Ranks(group, model, pools, options, keepalive_s=keepalive, decode_graphs=settings.decode_graphs)
     return ranks, segment
 
