@@ -106,6 +106,11 @@ def tokenizer_spec(tokenizer: Tokenizer) -> dict:
     return json.loads(tokenizer.to_str())
 
 
+def decoder_steps(decoder: dict) -> list[dict]:
+    """A tokenizer JSON's decoder as its steps: a ``Sequence``'s ``decoders``, else the decoder alone."""
+    return decoder.get("decoders", [decoder])
+
+
 @functools.cache
 def byte_level_values() -> dict[str, int]:
     """ByteLevel's vocabulary characters -> the bytes they write (GPT-2's table: printable bytes
@@ -120,7 +125,7 @@ def fallback_bytes(tokenizer: Tokenizer, spec: dict) -> dict[int, int]:
     its ``ByteFallback`` decoder reads (a run of them decodes whole: its UTF-8, or one U+FFFD per
     byte where the run is not valid UTF-8); empty without that decoder. ``spec``: as ``token_bytes``'s."""
     decoder = spec.get("decoder") or {}
-    if "ByteFallback" not in {d.get("type") for d in decoder.get("decoders", [decoder])}:
+    if "ByteFallback" not in {d.get("type") for d in decoder_steps(decoder)}:
         return {}
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     return {i: int(piece[3:5], 16) for piece, i in vocab.items() if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", piece)}

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer
 
+from .byte_level import decoder_steps
+
 if TYPE_CHECKING:
     from .ids_only_codec import IdsOnlyCodec
     from .tokenizer import TextCodec
@@ -21,7 +23,7 @@ def inner_tokenizer(tokenizer: Tokenizer, spec: dict) -> Tokenizer:
     does after other text. The tokenizer itself where its decoder drops none (byte-level ones, as
     DeepSeek's). ``spec``: the tokenizer's JSON (``byte_level.tokenizer_spec``)."""
     decoder = spec.get("decoder") or {}
-    steps = decoder.get("decoders", [decoder])
+    steps = decoder_steps(decoder)
     kept = [_keeping_lead_space(step) for step in steps]
     if kept == steps:
         return tokenizer
