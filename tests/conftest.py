@@ -28,6 +28,8 @@ import pytest  # noqa: E402
 from dayzero.demo import add_mtp, build_tokenizer, write_checkpoint  # noqa: E402
 from dayzero.tokenizer import TextCodec  # noqa: E402
 
+pytest_plugins = ["tests.speculative_cases"]  # the speculative tests' fixtures: mtp_model, plain_greedy, plain_tokens
+
 from .transformers_logs import transformers_logs  # noqa: E402, F401 - a fixture
 from .triton_interpreter import install as install_interpreter_patches  # noqa: E402
 from .xdist_groups import (  # noqa: E402, F401 - hooks: each file, and the files sharing a stack, in one worker

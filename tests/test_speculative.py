@@ -14,56 +14,22 @@ from dayzero.completion import Completion, Step
 from dayzero.demo import add_mtp, write_checkpoint
 from dayzero.ids_only_codec import IdsOnlyCodec
 from dayzero.kv.handoff import export_state, import_state
-from dayzero.kv.pools import KVPools, pools_for
-from dayzero.model.forward import decode, prefill
+from dayzero.kv.pools import pools_for
+from dayzero.model.forward import prefill
 from dayzero.model.plan import AttentionOptions
 from dayzero.params import MAX_LOGPROBS
 from dayzero.sampling import SamplingParams
 from dayzero.speculative import Acceptance, Speculation, speculative_step
 
 from .conftest import random_ids, tiny_config
+from .speculative_cases import GREEDY, TOKENS, completion_of, first_right_drafts, oracle_drafts, prompts_of
 
-LENGTHS = (13, 5, 22, 9, 30, 2, 17, 11)  # different phases of the window (8) and compressors (4, 8)
-TOKENS = 24
-GREEDY = SamplingParams(max_tokens=TOKENS, ignore_eos=True)
 SCORED = replace(GREEDY, logprobs=MAX_LOGPROBS)  # each step's logprob and top alternatives, from its logits
 # fp32 on the CPU, the same maths as plain decoding in another summation order (a verify's k + 1
 # rows at once, the kernels beside their torch twins): measured <= 1e-6 (2 ulp of a logprob near -4.6).
 # A state error shows far above it: a window row written a slot off, a step's own rows read without
 # its batch offset, a kept draft's row left uncommitted moved logprobs by 0.02-0.06, every argmax kept.
 LOGPROB_TOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def model(mtp_checkpoint):
-    return load_model(mtp_checkpoint, progress=False)
-
-
-def _prompts(model, batch: int) -> list[list[int]]:
-    return [random_ids(n, model.cfg.vocab_size, seed=40 + i) for i, n in enumerate(LENGTHS[:batch])]
-
-
-def _greedy(model, prompts: list[list[int]]) -> tuple[list[list[int]], torch.Tensor]:
-    """Plain batched greedy decoding: TOKENS tokens per prompt, and the log-probabilities each
-    was chosen from [B, TOKENS, V]."""
-    ids = [f"s{i}" for i in range(len(prompts))]
-    pools = pools_for(model.cfg, torch.float32, 64, max_sequences=len(prompts))
-    logits = [prefill(model, pools, ids, prompts)]
-    for _ in range(TOKENS - 1):
-        logits.append(decode(model, pools, ids, logits[-1].argmax(-1).tolist()))
-    steps = torch.stack(logits, dim=1)  # [B, TOKENS, V]
-    return steps.argmax(-1).tolist(), steps.log_softmax(-1)
-
-
-@pytest.fixture(scope="module")
-def plain(model):
-    """Batch size -> plain greedy decoding's tokens and logprobs."""
-    return {batch: _greedy(model, _prompts(model, batch)) for batch in (1, 8)}
-
-
-@pytest.fixture(scope="module")
-def references(plain):
-    return {batch: tokens for batch, (tokens, _) in plain.items()}
 
 
 def _assert_plain(steps: list[list[Step]], run: tuple[list[list[int]], torch.Tensor], count: int = TOKENS) -> None:
@@ -80,16 +46,12 @@ def _assert_plain(steps: list[list[Step]], run: tuple[list[list[int]], torch.Ten
     torch.testing.assert_close(top, logprobs[: len(steps), :count].topk(top.shape[-1]).values, atol=LOGPROB_TOL, rtol=0)
 
 
-def _completion(prompt: list[int], params: SamplingParams) -> Completion:
-    return Completion(IdsOnlyCodec(), params, (), len(prompt), 1 << 20)
-
-
 def _speculate(model, prompts, spec, params=SCORED, pools=None, options=AttentionOptions(), prefill_options=None):
     """Prefill (with ``prefill_options``, else ``options``), then speculative steps until every
     completion ends -> (steps, acceptance, pools)."""
     ids = [f"s{i}" for i in range(len(prompts))]
     pools = pools or pools_for(model.cfg, torch.float32, 64, max_sequences=len(prompts), mtp=True)
-    completions = [_completion(p, params) for p in prompts]
+    completions = [completion_of(p, params) for p in prompts]
     logits = prefill(model, pools, ids, prompts, prefill_options or options)
     out = [[c.next(row)] for c, row in zip(completions, logits, strict=True)]
     acceptance = Acceptance()
@@ -103,42 +65,17 @@ def _speculate(model, prompts, spec, params=SCORED, pools=None, options=Attentio
     return out, acceptance, pools
 
 
-def _oracle(references, prompts, pools: KVPools, wrong: bool):
-    """Drafts that are the true greedy continuation (always accepted) or never it (always rejected)."""
-
-    def propose(seq_ids: list[str], drafts: list[list[int]]) -> list[list[int]]:
-        out = []
-        for seq, d in zip(seq_ids, drafts, strict=True):
-            i = int(seq[1:])
-            done = pools.length(seq) - len(prompts[i]) + 1  # tokens emitted so far
-            true = references[i][done : done + len(d)]
-            out.append([(t + 1) % 96 for t in true] if wrong else true)
-        return out
-
-    return propose
-
-
-def _first_right(references, prompts, pools: KVPools):
-    """Drafts whose first token is the true greedy continuation (accepted) and the rest not (rejected)."""
-    right, wrong = _oracle(references, prompts, pools, False), _oracle(references, prompts, pools, True)
-
-    def propose(seq_ids: list[str], drafts: list[list[int]]) -> list[list[int]]:
-        return [[*r[:1], *w[1:]] for r, w in zip(right(seq_ids, drafts), wrong(seq_ids, drafts), strict=True)]
-
-    return propose
-
-
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("k", [1, 2])
-def test_greedy_equals_plain_decoding(model, plain, batch, k):
+def test_greedy_equals_plain_decoding(mtp_model, plain_greedy, batch, k):
     """The MTP layer's own drafts (random weights: some accepted, most not)."""
-    steps, acceptance, _ = _speculate(model, _prompts(model, batch), Speculation(k))
-    _assert_plain(steps, plain[batch])
+    steps, acceptance, _ = _speculate(mtp_model, prompts_of(mtp_model, batch), Speculation(k))
+    _assert_plain(steps, plain_greedy[batch])
     assert acceptance.steps and sum(acceptance.drafted) > 0
 
 
 @pytest.mark.slow
-def test_greedy_equals_plain_decoding_on_the_triton_kernels(model, plain):
+def test_greedy_equals_plain_decoding_on_the_triton_kernels(mtp_model, plain_greedy):
     """The Triton kernels (interpreted here, compiled on a GPU) under speculation emit plain greedy
     decoding's tokens and logprobs (the torch twins', which the kernels' plain decode equals:
     test_forward): the drafts, the verify's few rows per sequence through the prefill kernel and the
@@ -148,25 +85,25 @@ def test_greedy_equals_plain_decoding_on_the_triton_kernels(model, plain):
     Each step's first draft is the true token and its second not (5 tokens in 2 steps): each
     sequence (prompts 13 and 5) has the row that completes a block of both compressors (15, 7)
     verified and rolled back, then commits it; the longer one's second verify wraps its window ring."""
-    prompts, tokens = _prompts(model, 2), 5
-    pools = pools_for(model.cfg, torch.float32, 64, max_sequences=2, mtp=True)
-    spec = Speculation(2, _first_right(plain[8][0], prompts, pools))
+    prompts, tokens = prompts_of(mtp_model, 2), 5
+    pools = pools_for(mtp_model.cfg, torch.float32, 64, max_sequences=2, mtp=True)
+    spec = Speculation(2, first_right_drafts(plain_greedy[8][0], prompts, pools))
     params, options = replace(SCORED, max_tokens=tokens), AttentionOptions(backend="triton")
-    steps, acceptance, _ = _speculate(model, prompts, spec, params, pools, options, AttentionOptions())
-    _assert_plain(steps, plain[8], tokens)
+    steps, acceptance, _ = _speculate(mtp_model, prompts, spec, params, pools, options, AttentionOptions())
+    _assert_plain(steps, plain_greedy[8], tokens)
     assert acceptance.drafted == [4, 2] and acceptance.accepted == [4, 0]  # the last step has room for one draft
 
 
 @pytest.mark.parametrize("wrong", [False, True])
 @pytest.mark.parametrize("k", [1, 2])
-def test_forced_acceptance_and_rejection(model, plain, k, wrong):
+def test_forced_acceptance_and_rejection(mtp_model, plain_greedy, k, wrong):
     """Drafts replaced by the true continuation (runs of k accepted every step) or by wrong tokens
     (every draft rejected): the output is the same either way."""
-    prompts = _prompts(model, 8)
-    pools = pools_for(model.cfg, torch.float32, 64, max_sequences=8, mtp=True)
-    spec = Speculation(k, _oracle(plain[8][0], prompts, pools, wrong))
-    steps, acceptance, _ = _speculate(model, prompts, spec, pools=pools)
-    _assert_plain(steps, plain[8])
+    prompts = prompts_of(mtp_model, 8)
+    pools = pools_for(mtp_model.cfg, torch.float32, 64, max_sequences=8, mtp=True)
+    spec = Speculation(k, oracle_drafts(plain_greedy[8][0], prompts, pools, wrong))
+    steps, acceptance, _ = _speculate(mtp_model, prompts, spec, pools=pools)
+    _assert_plain(steps, plain_greedy[8])
     assert sum(acceptance.accepted) == (0 if wrong else sum(acceptance.drafted))
     if not wrong:  # k + 1 tokens per step until the budget runs short
         assert acceptance.emitted / acceptance.steps > k
@@ -207,7 +144,7 @@ def test_sampling_distribution_is_unchanged(small_vocab, k):
         import_state(pools, pools, export_state(pools, ids[0]), seq)
     completions = []
     for i in range(SAMPLES):
-        c = _completion(prompt, replace(params, seed=i))
+        c = completion_of(prompt, replace(params, seed=i))
         c.accept(first)
         completions.append(c)
 
@@ -224,18 +161,18 @@ def test_sampling_distribution_is_unchanged(small_vocab, k):
 
 
 @pytest.mark.parametrize("stop_at", [4, 5])
-def test_eos_inside_an_accepted_run_ends_there(model, references, stop_at):
+def test_eos_inside_an_accepted_run_ends_there(mtp_model, plain_tokens, stop_at):
     """Runs of k = 2 accepted drafts: an EOS that arrives as the first or the second token of a run
     ends the completion on it; no token after it is emitted."""
-    prompts, ref = _prompts(model, 1), references[1][0]
+    prompts, ref = prompts_of(mtp_model, 1), plain_tokens[1][0]
     eos = ref[stop_at]
     end = ref.index(eos)
-    pools = pools_for(model.cfg, torch.float32, 64, mtp=True)
-    spec = Speculation(2, _oracle(references[1], prompts, pools, wrong=False))
+    pools = pools_for(mtp_model.cfg, torch.float32, 64, mtp=True)
+    spec = Speculation(2, oracle_drafts(plain_tokens[1], prompts, pools, wrong=False))
     completion = Completion(IdsOnlyCodec(), replace(GREEDY, ignore_eos=False), (eos,), len(prompts[0]), 1 << 20)
-    steps = [completion.next(prefill(model, pools, ["s0"], prompts)[0])]
+    steps = [completion.next(prefill(mtp_model, pools, ["s0"], prompts)[0])]
     while not steps[-1].finish_reason:
-        steps += speculative_step(model, pools, ["s0"], [steps[-1].token], [completion], spec)[0].steps
+        steps += speculative_step(mtp_model, pools, ["s0"], [steps[-1].token], [completion], spec)[0].steps
     assert [s.token for s in steps] == ref[: end + 1]
     assert steps[-1].finish_reason == "stop" and completion.count == end + 1
 

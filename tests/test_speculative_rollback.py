@@ -10,11 +10,7 @@ from dayzero.kv.pools import KVPools, pools_for
 from dayzero.model.forward import prefill
 from dayzero.speculative import Speculation, speculative_step
 
-from . import test_speculative
-from .test_speculative import GREEDY, _completion, _first_right, _oracle, _prompts
-
-# its fixtures, built for this module too
-model, plain, references = test_speculative.model, test_speculative.plain, test_speculative.references
+from .speculative_cases import GREEDY, completion_of, first_right_drafts, oracle_drafts, prompts_of
 
 STATE_TOL = 1e-5  # the same rows computed by the prefill and decode kernels: rounding-level
 # Block sizes: the window ring holds the window's last 7 rows in whole blocks. On blocks of 16 it has
@@ -62,25 +58,27 @@ def _fresh_state(model, tokens: list[int], block_size: int) -> dict[str, torch.T
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("first_right", [False, True])
-def test_rejected_drafts_leave_no_state(model, references, first_right, block_size):
+def test_rejected_drafts_leave_no_state(mtp_model, plain_tokens, first_right, block_size):
     """After every step with rejected drafts (k = 2: both, or the second), each sequence's whole
     attention state (window rings of the main and MTP layers, compressor buffers and overlaps,
     compressed entries, indexer keys, pending streams, length, blocks) equals that of a sequence
     that never saw the drafts; steps cross the window and both compressors' boundaries, on a window
     ring with spare slots and on one without."""
-    prompts, refs = _prompts(model, 3), references[8][:3]
-    pools = pools_for(model.cfg, torch.float32, 64, max_sequences=3, block_size=block_size, mtp=True)
-    propose = _first_right(refs, prompts, pools) if first_right else _oracle(refs, prompts, pools, wrong=True)
+    prompts, refs = prompts_of(mtp_model, 3), plain_tokens[8][:3]
+    pools = pools_for(mtp_model.cfg, torch.float32, 64, max_sequences=3, block_size=block_size, mtp=True)
+    propose = (
+        first_right_drafts(refs, prompts, pools) if first_right else oracle_drafts(refs, prompts, pools, wrong=True)
+    )
     ids = ["s0", "s1", "s2"]
-    completions = [_completion(p, GREEDY) for p in prompts]
-    out = [[c.next(row).token] for c, row in zip(completions, prefill(model, pools, ids, prompts), strict=True)]
+    completions = [completion_of(p, GREEDY) for p in prompts]
+    out = [[c.next(row).token] for c, row in zip(completions, prefill(mtp_model, pools, ids, prompts), strict=True)]
     used = pools.usage()
     for _ in range(10):
-        outcomes = speculative_step(model, pools, ids, [o[-1] for o in out], completions, Speculation(2, propose))
+        outcomes = speculative_step(mtp_model, pools, ids, [o[-1] for o in out], completions, Speculation(2, propose))
         for i, outcome in enumerate(outcomes):
             out[i] += [s.token for s in outcome.steps]
             assert outcome.accepted == int(first_right)
-            expected = _fresh_state(model, prompts[i] + out[i][:-1], block_size)
+            expected = _fresh_state(mtp_model, prompts[i] + out[i][:-1], block_size)
             got = _live_state(pools, ids[i])
             for name, value in expected.items():
                 assert got[name].shape == value.shape, name
