@@ -141,6 +141,24 @@ def test_up_refuses_pools_its_workers_could_not_serve_from(env, message, tmp_pat
     assert not (tmp_path / "logs").exists()
 
 
+def test_up_refuses_prefill_pools_dev_shm_cannot_hold_before_starting_anything(
+    tiny_checkpoint, tmp_path, capsys, monkeypatch
+):
+    """docker's 64 MiB /dev/shm and the default 256 MiB budget: up started the stack, the prefill worker
+    loaded its weights and was refused, three times, before up gave up (exit 1 after 24 s, the demo model)."""
+    from dayzero import stack
+    from dayzero.serving import pool_room
+
+    monkeypatch.setattr(stack.Stack, "start", lambda self: pytest.fail("up started a stack"))
+    monkeypatch.setattr(pool_room, "room", lambda folder: (64 << 20, 64 << 20))
+    monkeypatch.delenv("DAYZERO_KV_BUDGET_MB", raising=False)
+    assert cli.main(["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(tmp_path / "logs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the attention pools of 1 prefill worker, 1 x 25") and len(err.splitlines()) == 1
+    assert "do not fit in /dev/shm, where 64 MiB of its 64 MiB are free" in err and "--shm-size=" in err
+    assert not (tmp_path / "logs").exists()
+
+
 @pytest.mark.parametrize(
     ("url", "starred", "why"),
     [

@@ -13,10 +13,12 @@ import torch
 
 from dayzero.config import ModelConfig
 from dayzero.device_shares import kv_fractions
+from dayzero.host_memory import HostRoom
 from dayzero.kv import pools
 from dayzero.kv import shared as kv_shared
 from dayzero.kv.layout import POOL_KINDS, PoolLayout
 from dayzero.parallel.collectives import Group
+from dayzero.serving import pool_room
 from dayzero.serving.rank_loading import load_ranks
 from dayzero.serving.worker import refused_by_dayzero
 from dayzero.settings import Settings
@@ -59,6 +61,33 @@ def test_pools_the_device_cannot_hold_are_a_one_line_refusal_naming_the_budget(f
     assert 3.9 <= planned <= 4.0  # the 4 MiB budget, less what whole blocks leave over
 
 
+def test_pools_on_cpu_past_the_hosts_available_memory_are_refused_before_they_are_zeroed(tiny_checkpoint, monkeypatch):
+    """A budget between the host's free memory and its total: the allocation passed (overcommit), and the
+    kernel's OOM killer ended the worker as it zeroed the pools (SIGKILL, -9: no line said why; ``up``
+    restarted it). Pools of DAYZERO_KV_BUDGET_MB=4 (3.9-4 MiB: whole blocks) where 3 MiB are available
+    are refused; where 4 MiB are, they are made (nothing kept beyond MemAvailable: it counts the kernel's
+    reserve out already)."""
+
+    def zeroed(device):
+        return pytest.fail("the pools were zeroed") if torch.device(device).type == "cpu" else planned_on(device)
+
+    planned_on, said = pools.zeros_on, "this host's memory, where 3 MiB are available"
+    monkeypatch.setattr(pool_room, "host_room", lambda: HostRoom(3 << 20, said))
+    monkeypatch.setattr(pools, "zeros_on", zeroed)
+    with pytest.raises(ValueError) as refused:
+        load_ranks(Settings(checkpoint=tiny_checkpoint, kv_budget_mb=4), Group(), shared=False)
+    assert refused_by_dayzero(refused.value)  # (the worker's start says it in one line)
+    assert re.fullmatch(
+        rf"the attention pools' (3\.9|4\.0) MiB \(DAYZERO_KV_BUDGET_MB=4\) do not fit in {said}: lower "
+        r"DAYZERO_KV_BUDGET_MB, or give it more memory \(docker: --memory\)",
+        str(refused.value),
+    )
+    monkeypatch.setattr(pools, "zeros_on", planned_on)
+    monkeypatch.setattr(pool_room, "host_room", lambda: HostRoom(4 << 20, said))
+    ranks, _ = load_ranks(Settings(checkpoint=tiny_checkpoint, kv_budget_mb=4), Group(), shared=False)
+    assert ranks.pools.storage_bytes() <= 4 << 20
+
+
 def test_a_shared_pool_larger_than_dev_shm_is_refused_before_its_segment_is_made(tiny_checkpoint, monkeypatch):
     """A prefill worker's pools (DAYZERO_HANDOFF=shm) past what /dev/shm holds (docker's default: 64 MiB,
     here 60 of them free, under the default 256 MiB budget): the segment was made (a sparse file) and zeroed
@@ -75,9 +104,12 @@ def test_a_shared_pool_larger_than_dev_shm_is_refused_before_its_segment_is_made
     message = str(refused.value)
     assert "\n" not in message and refused.value.__cause__ is None and refused.value.__suppress_context__
     assert ") do not fit in /dev/shm, where 60 MiB of its 64 MiB are free" in message
-    assert "lower DAYZERO_KV_BUDGET_MB, or give /dev/shm more room (docker: --shm-size)" in message
     planned = float(re.search(r"pools' ([0-9.]+) MiB \(256 MiB, more than", message).group(1))
     assert 255 <= planned <= 256  # the default budget, less what whole blocks leave over
+    room = int(
+        re.search(r"lower DAYZERO_KV_BUDGET_MB, or give /dev/shm (\d+) MiB \(docker: --shm-size=\1m\)$", message)[1]
+    )
+    assert 4 + 255 + 64 <= room <= 4 + 256 + 64 + 1  # what others hold, the segment, 64 MiB left, rounded up
 
 
 def test_a_budget_that_fits_a_small_dev_shm_is_not_refused(tiny_checkpoint, monkeypatch):

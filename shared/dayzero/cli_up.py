@@ -99,10 +99,13 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
     # what the workers could not load ends here, not in a restart loop
     check_split(checkpoint, (args.prefill_tp, args.decode_tp), config)
     from .serving.budget import planned_pools
+    from .serving.pool_room import stack_pools_refused
 
-    planned_pools(settings, config, strict=True)  # pools too small: one line, not a crash loop or 500s
+    pools, budget = planned_pools(settings, config, strict=True)  # pools too small: one line, not a crash loop or 500s
     counts = {"vision": vision, "prefill": args.prefill, "decode": args.decode}
     ranks = {"prefill": args.prefill_tp, "decode": args.decode_tp}
+    if refused := stack_pools_refused(settings, pools, budget, counts, ranks):  # not each worker, once loaded
+        raise ValueError(refused)
     shares = kv_fractions(settings, counts, ranks)  # workers sharing a GPU: each its share of it
     load_codec(checkpoint)  # a damaged tokenizer: one line here, not a gateway's restart loop
     _make_log_dir(args.log_dir)

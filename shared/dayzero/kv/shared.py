@@ -33,6 +33,11 @@ def headroom(total: int) -> int:
     return min(SHM_HEADROOM, total // 2)
 
 
+def shm_fits(size: int, free: int, total: int) -> bool:
+    """Whether segments of ``size`` bytes in all fit where ``free`` of ``total`` are free, ``headroom`` left."""
+    return size + headroom(total) <= free
+
+
 class NoShmRoom(MemoryError):
     """A pool segment larger than what /dev/shm has free (less ``headroom``), refused before it is
     created: made, its zeroing would fill the filesystem (a SIGBUS where the pages ran out, and the
@@ -40,7 +45,7 @@ class NoShmRoom(MemoryError):
 
     def __init__(self, size: int, free: int, total: int) -> None:
         super().__init__(f"a segment of {size} bytes where {free} of {total} are free")
-        self.size, self.free, self.total, self.headroom = size, free, total, headroom(total)
+        self.size, self.free, self.total = size, free, total
 
 
 class _Carver:
@@ -72,7 +77,7 @@ class SharedPools:
         layout: PoolLayout, blocks: dict[str, int], dtype: torch.dtype
     ) -> tuple[KVPools, shared_memory.SharedMemory]:
         size, (free, total) = segment_bytes(layout, blocks, dtype), room()
-        if size + headroom(total) > free:
+        if not shm_fits(size, free, total):
             raise NoShmRoom(size, free, total)
         name = f"{PREFIX}-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # the creator's pid: see shm.sweep_stale
         shm = shared_memory.SharedMemory(name=name, create=True, size=size)

@@ -17,10 +17,11 @@ from ..kv.shared import CudaSharedPools, NoShmRoom, Segment, SharedPools
 from ..model.plan import AttentionOptions
 from ..parallel.collectives import Group
 from ..settings import Settings
-from ..shm import SHM_DIR, sweep_stale
+from ..shm import sweep_stale
 from ..speculative_checks import speculation_refused
 from .budget import MIB, Budget, DeviceMemory, device_budget, planned_pools, torch_dtype
 from .liveness import process_id
+from .pool_room import host_pools_refused, shm_refusal
 from .ranks import KEEPALIVE_S, Ranks
 from .registry import Registry
 
@@ -77,6 +78,8 @@ def load_ranks(
         budget.chosen_by,
         sized.capacity_tokens(),
     )
+    if device.type == "cpu" and (refused := host_pools_refused(sized, budget)):  # (shm's pages are memory too)
+        raise ValueError(refused)
     try:
         pools, segment = _allocated(settings, sized, dtype, group.device, shared)
     except (RuntimeError, MemoryError) as exc:
@@ -115,11 +118,7 @@ def _no_room(sized: KVPools, budget: Budget, device: torch.device, exc: BaseExce
     counted on (free memory is not read to size them: ``_device_memory``), or the budget is too large."""
     planned = sum(t.nbytes for t in sized.tensors())
     if isinstance(exc, NoShmRoom):
-        return (
-            f"the attention pools' {planned / MIB:.1f} MiB ({budget.chosen_by}) do not fit in {SHM_DIR}, where "
-            f"{exc.free / MIB:.0f} MiB of its {exc.total / MIB:.0f} MiB are free (a pool leaves {exc.headroom // MIB} "
-            f"MiB for other segments): lower DAYZERO_KV_BUDGET_MB, or give {SHM_DIR} more room (docker: --shm-size)"
-        )
+        return shm_refusal(f"the attention pools' {planned / MIB:.1f} MiB", exc.size, budget, exc.free, exc.total)
     free, fraction = "", ""  # (the fraction is read on CUDA alone: budget.py)
     if device.type == "cuda":  # (read now, for the message alone)
         free_bytes, total_bytes = torch.cuda.mem_get_info(device)

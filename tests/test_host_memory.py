@@ -1,0 +1,71 @@
+"""What new memory the host, or its container, can take now (host_memory.py), read from files laid out as
+/proc/meminfo and a cgroup's (v2, v1) are; the numbers are the files', summed by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dayzero.host_memory import host_room
+
+MIB = 1 << 20
+MEMINFO = "MemTotal:       24683772 kB\nMemFree:         1000000 kB\nMemAvailable:    2097152 kB\nSwapFree: {swap} kB\n"
+
+
+def _meminfo(folder: Path, swap_kib: int = 0) -> Path:
+    path = folder / "meminfo"
+    path.write_text(MEMINFO.format(swap=swap_kib))
+    return path
+
+
+def _cgroup(folder: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
+
+
+def test_the_host_room_is_memavailable_with_free_swap(tmp_path):
+    """2097152 KiB available (2048 MiB) and 524288 KiB of free swap (512 MiB): zeroing into swap is no OOM kill."""
+    room = host_room(_meminfo(tmp_path, swap_kib=524288), tmp_path / "no-cgroup")
+    assert room.bytes == (2048 + 512) * MIB
+    assert room.said == "this host's memory, where 2560 MiB are available"
+
+
+def test_a_cgroup_v2_limit_under_the_host_room_is_what_counts(tmp_path):
+    """memory.max 1024 MiB, 900 MiB of it used, 100 + 50 MiB of that page cache (reclaimable): 124 + 150 MiB left."""
+    cgroup = _cgroup(
+        tmp_path / "cg",
+        {
+            "memory.max": f"{1024 * MIB}\n",
+            "memory.current": f"{900 * MIB}\n",
+            "memory.stat": f"anon 1\nactive_file {100 * MIB}\ninactive_file {50 * MIB}\n",
+        },
+    )
+    room = host_room(_meminfo(tmp_path), cgroup)
+    assert room.bytes == 274 * MIB
+    assert room.said == "this container's memory, where 274 MiB of its 1024 MiB limit are free"
+
+
+def test_a_cgroup_v1_limit_counts_and_an_unlimited_one_does_not(tmp_path):
+    """v1's files under memory/; its "no limit" is 2^63 less a page (this machine's own cgroup)."""
+    v1 = {
+        "memory/memory.limit_in_bytes": f"{512 * MIB}\n",
+        "memory/memory.usage_in_bytes": f"{500 * MIB}\n",
+        "memory/memory.stat": "cache 0\nactive_file 0\ninactive_file 0\n",
+    }
+    assert host_room(_meminfo(tmp_path), _cgroup(tmp_path / "v1", v1)).bytes == 12 * MIB
+    unlimited = {**v1, "memory/memory.limit_in_bytes": "9223372036854771712\n"}
+    assert host_room(_meminfo(tmp_path), _cgroup(tmp_path / "v1max", unlimited)).bytes == 2048 * MIB
+    v2_max = {"memory.max": "max\n", "memory.current": "1\n", "memory.stat": "active_file 0\n"}
+    assert host_room(_meminfo(tmp_path), _cgroup(tmp_path / "v2max", v2_max)).bytes == 2048 * MIB
+
+
+def test_a_cgroup_limit_above_the_host_room_changes_nothing(tmp_path):
+    cgroup = _cgroup(
+        tmp_path / "cg", {"memory.max": f"{8192 * MIB}\n", "memory.current": "0\n", "memory.stat": "active_file 0\n"}
+    )
+    assert host_room(_meminfo(tmp_path), cgroup).said == "this host's memory, where 2048 MiB are available"
+
+
+def test_no_meminfo_is_no_room_known(tmp_path):
+    assert host_room(tmp_path / "absent", tmp_path) is None
