@@ -8,6 +8,7 @@ from pathlib import Path
 from dayzero.host_memory import host_room
 
 MIB = 1 << 20
+NO_SELF = Path("/nonexistent/self/cgroup")  # no /proc/self/cgroup: the mount's roots are read
 MEMINFO = "MemTotal:       24683772 kB\nMemFree:         1000000 kB\nMemAvailable:    2097152 kB\nSwapFree: {swap} kB\n"
 
 
@@ -26,7 +27,7 @@ def _cgroup(folder: Path, files: dict[str, str]) -> Path:
 
 def test_the_host_room_is_memavailable_with_free_swap(tmp_path):
     """2097152 KiB available (2048 MiB) and 524288 KiB of free swap (512 MiB): zeroing into swap is no OOM kill."""
-    room = host_room(_meminfo(tmp_path, swap_kib=524288), tmp_path / "no-cgroup")
+    room = host_room(_meminfo(tmp_path, swap_kib=524288), tmp_path / "no-cgroup", NO_SELF)
     assert room.bytes == (2048 + 512) * MIB
     assert room.said == "this host's memory, where 2560 MiB are available"
 
@@ -41,7 +42,7 @@ def test_a_cgroup_v2_limit_under_the_host_room_is_what_counts(tmp_path):
             "memory.stat": f"anon 1\nactive_file {100 * MIB}\ninactive_file {50 * MIB}\n",
         },
     )
-    room = host_room(_meminfo(tmp_path), cgroup)
+    room = host_room(_meminfo(tmp_path), cgroup, NO_SELF)
     assert room.bytes == 274 * MIB
     assert room.said == "this container's memory, where 274 MiB of its 1024 MiB limit are free"
 
@@ -53,19 +54,47 @@ def test_a_cgroup_v1_limit_counts_and_an_unlimited_one_does_not(tmp_path):
         "memory/memory.usage_in_bytes": f"{500 * MIB}\n",
         "memory/memory.stat": "cache 0\nactive_file 0\ninactive_file 0\n",
     }
-    assert host_room(_meminfo(tmp_path), _cgroup(tmp_path / "v1", v1)).bytes == 12 * MIB
+    assert host_room(_meminfo(tmp_path), _cgroup(tmp_path / "v1", v1), NO_SELF).bytes == 12 * MIB
     unlimited = {**v1, "memory/memory.limit_in_bytes": "9223372036854771712\n"}
-    assert host_room(_meminfo(tmp_path), _cgroup(tmp_path / "v1max", unlimited)).bytes == 2048 * MIB
+    assert host_room(_meminfo(tmp_path), _cgroup(tmp_path / "v1max", unlimited), NO_SELF).bytes == 2048 * MIB
     v2_max = {"memory.max": "max\n", "memory.current": "1\n", "memory.stat": "active_file 0\n"}
-    assert host_room(_meminfo(tmp_path), _cgroup(tmp_path / "v2max", v2_max)).bytes == 2048 * MIB
+    assert host_room(_meminfo(tmp_path), _cgroup(tmp_path / "v2max", v2_max), NO_SELF).bytes == 2048 * MIB
 
 
 def test_a_cgroup_limit_above_the_host_room_changes_nothing(tmp_path):
     cgroup = _cgroup(
         tmp_path / "cg", {"memory.max": f"{8192 * MIB}\n", "memory.current": "0\n", "memory.stat": "active_file 0\n"}
     )
-    assert host_room(_meminfo(tmp_path), cgroup).said == "this host's memory, where 2048 MiB are available"
+    assert host_room(_meminfo(tmp_path), cgroup, NO_SELF).said == "this host's memory, where 2048 MiB are available"
+
+
+def test_the_tightest_limit_of_this_process_cgroup_and_those_above_it_counts(tmp_path):
+    """/proc/self/cgroup names v1's memory cgroup /outer/inner: inner's limit leaves 300 MiB, outer's (over
+    both) 100 MiB; the root's is unset. A path the mount lacks (docker's /docker/<id>: the container's own
+    cgroup is the mount's root) falls back to the root."""
+    cgroup = _cgroup(
+        tmp_path / "cg",
+        {
+            **_limits("memory/outer", limit=1024, usage=924),
+            **_limits("memory/outer/inner", limit=512, usage=212),
+        },
+    )
+    own = tmp_path / "self-cgroup"
+    own.write_text("5:cpu,cpuacct:/elsewhere\n4:memory:/outer/inner\n0::/\n")
+    assert host_room(_meminfo(tmp_path), cgroup, own).bytes == 100 * MIB
+    own.write_text("4:memory:/docker/0123abcd\n")
+    cgroup = _cgroup(tmp_path / "docker", _limits("memory", limit=700, usage=100))
+    assert host_room(_meminfo(tmp_path), cgroup, own).bytes == 600 * MIB
+
+
+def _limits(folder: str, limit: int, usage: int) -> dict[str, str]:
+    """v1's files of a cgroup ``folder`` with ``limit`` and ``usage`` MiB, no page cache."""
+    return {
+        f"{folder}/memory.limit_in_bytes": f"{limit * MIB}\n",
+        f"{folder}/memory.usage_in_bytes": f"{usage * MIB}\n",
+        f"{folder}/memory.stat": "active_file 0\ninactive_file 0\n",
+    }
 
 
 def test_no_meminfo_is_no_room_known(tmp_path):
-    assert host_room(tmp_path / "absent", tmp_path) is None
+    assert host_room(tmp_path / "absent", tmp_path, NO_SELF) is None

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MEMINFO = Path("/proc/meminfo")
-CGROUP = Path("/sys/fs/cgroup")  # a container's own cgroup (its namespace's root): v2 files, or v1's memory/
+CGROUP = Path("/sys/fs/cgroup")  # v2's files, or v1's under memory/
+OWN_CGROUP = Path("/proc/self/cgroup")
+V2, V1 = ("memory.max", "memory.current"), ("memory.limit_in_bytes", "memory.usage_in_bytes")
 KIB = 1 << 10
 MIB = 1 << 20
 
@@ -19,18 +21,19 @@ class HostRoom:
     said: str  # where the number comes from, for a refusal: "this host's memory, where ... MiB are available"
 
 
-def host_room(meminfo: Path = MEMINFO, cgroup: Path = CGROUP) -> HostRoom | None:
-    """The room of the module docstring (None without /proc/meminfo: not Linux). The cgroup's is its
-    limit less its usage, its page cache counted back (reclaimable, as MemAvailable counts it)."""
+def host_room(meminfo: Path = MEMINFO, cgroup: Path = CGROUP, own: Path = OWN_CGROUP) -> HostRoom | None:
+    """The room of the module docstring (None without /proc/meminfo: not Linux). A cgroup's is its limit less
+    its usage, its page cache counted back (reclaimable, as MemAvailable counts it): the tightest of this
+    process's cgroup (``own``: /proc/self/cgroup) and those above it."""
     try:
         fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
         available, swap = (int(fields[key].split()[0]) * KIB for key in ("MemAvailable", "SwapFree"))
     except (OSError, KeyError, ValueError):
         return None
     room = HostRoom(available + swap, f"this host's memory, where {(available + swap) / MIB:.0f} MiB are available")
-    limited = _cgroup_room(cgroup)
-    if limited is not None and limited[0] + swap < room.bytes:
-        left, limit = limited
+    limits = [limit for folder, files in _cgroup_folders(cgroup, own) if (limit := _limit_room(folder, *files))]
+    if limits and min(limits)[0] + swap < room.bytes:
+        left, limit = min(limits)
         said = (
             f"this container's memory, where {(left + swap) / MIB:.0f} MiB of its {limit / MIB:.0f} MiB limit are free"
         )
@@ -38,21 +41,35 @@ def host_room(meminfo: Path = MEMINFO, cgroup: Path = CGROUP) -> HostRoom | None
     return room
 
 
-def _cgroup_room(cgroup: Path) -> tuple[int, int] | None:
-    """(bytes the limit leaves, the limit) of cgroup v2 (memory.max) or v1 (memory/memory.limit_in_bytes);
-    None where no limit is set (v2's "max", v1's 2^63 less a page) or none is readable."""
-    for folder, limit_file, usage_file in (
-        (cgroup, "memory.max", "memory.current"),
-        (cgroup / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes"),
-    ):
-        try:
-            limit_text = (folder / limit_file).read_text().strip()
-            if limit_text == "max" or int(limit_text) >= 1 << 62:
-                return None
-            usage, limit = int((folder / usage_file).read_text()), int(limit_text)
-            stats = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines())
-        except (OSError, ValueError):
-            continue
-        cache = int(stats.get("active_file", 0)) + int(stats.get("inactive_file", 0))
-        return max(limit - usage + cache, 0), limit
-    return None
+def _cgroup_folders(cgroup: Path, own: Path) -> list[tuple[Path, tuple[str, str]]]:
+    """This process's memory cgroup folders, its own and each above it to the mount's root, with their limit and
+    usage files: v2's ("0::/path") and v1's memory controller's. A path not under the mount (a container's own
+    cgroup mounted as the root) is its root; without /proc/self/cgroup, the roots."""
+    try:
+        lines = [line.split(":", 2) for line in own.read_text().splitlines()]
+    except OSError:
+        lines = []
+    owned = [(cgroup, V2, path) for _, controllers, path in lines if not controllers]
+    owned += [(cgroup / "memory", V1, path) for _, controllers, path in lines if "memory" in controllers.split(",")]
+    folders = []
+    for root, files, path in owned or [(cgroup, V2, "/"), (cgroup / "memory", V1, "/")]:
+        folder = root / path.strip("/")
+        while folder != root and not folder.is_dir():
+            folder = folder.parent
+        folders += [(f, files) for f in (folder, *folder.parents) if f.is_relative_to(root)]
+    return folders
+
+
+def _limit_room(folder: Path, limit_file: str, usage_file: str) -> tuple[int, int] | None:
+    """(bytes ``folder``'s limit leaves, the limit); None where none is set (v2's "max", v1's 2^63 less a
+    page) or it is not readable."""
+    try:
+        limit_text = (folder / limit_file).read_text().strip()
+        if limit_text == "max" or int(limit_text) >= 1 << 62:
+            return None
+        usage, limit = int((folder / usage_file).read_text()), int(limit_text)
+        stats = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines())
+    except (OSError, ValueError):
+        return None
+    cache = int(stats.get("active_file", 0)) + int(stats.get("inactive_file", 0))
+    return max(limit - usage + cache, 0), limit
