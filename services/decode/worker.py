@@ -26,7 +26,7 @@ def make_worker(settings: Settings, group: Group | None = None) -> Celery:
     def make_loop(runtime: Runtime) -> DecodeLoop:  # what its pools cannot hold yet goes to a peer with room
         return DecodeLoop(runtime, Room(runtime, prefetch, to_decode(runtime, composer(app, "decode"))))
 
-    stage = StageWorker(settings, "decode", loop_stage("decode", settings, False, make_loop, group), reads)
+    stage = StageWorker(settings, "decode", loop_stage("decode", settings, False, make_loop, app, group), reads)
 
     @app.task(name=TASKS["decode"])
     def decode(job_json: str) -> None:

@@ -19,7 +19,7 @@ from dayzero.serving.keys import QUEUES
 from dayzero.serving.liveness import STAMP_RETRY_S, wake_stampers
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.no_worker_count import count_again, unserved_stages
-from dayzero.serving.queue import composer
+from dayzero.serving.queue import rerun_messages
 from dayzero.serving.reaper import OverdueWaits, end_unserved, lock_left_s, sweep
 from dayzero.serving.watching import cancel_left
 
@@ -73,7 +73,7 @@ async def reap(gw: Gateway) -> None:
     and each pass stamp this gateway among those on the Redis (dayzero.serving.gateways: alone, a cancel Redis
     refused goes at once), in a thread a cancel waits for (``in_thread``: the stop's leave comes after);
     its other steps go on their own (pass_steps.py)."""
-    messages = {stage: composer(gw.bus.celery, stage) for stage in ("vision", "prefill")}  # where re-runs start
+    messages = rerun_messages(gw.bus.celery)
     store = gw.bus.store
     overdue = OverdueWaits(store, gw.settings.task_time_limit_s, gw.codec)
 

@@ -28,7 +28,7 @@ def make_worker(settings: Settings, group: Group | None = None) -> Celery:
         room = Room(runtime, prefetch, to_prefill(runtime, composer(app, "prefill")))
         return PrefillLoop(runtime, composer(app, "decode"), room)
 
-    stage = StageWorker(settings, "prefill", loop_stage("prefill", settings, shared, make_loop, group), reads)
+    stage = StageWorker(settings, "prefill", loop_stage("prefill", settings, shared, make_loop, app, group), reads)
 
     @app.task(name=TASKS["prefill"])
     def prefill(job_json: str) -> None:

@@ -161,10 +161,10 @@ def stream_text(url: str, body: dict, timeout: float = 120) -> tuple[str, list[s
 
 
 def stream_killing_its_worker(
-    stack: Stack, body: dict, after: int | None, back: bool = False
+    stack: Stack, body: dict, after: int | None, back: bool = False, sig: int = signal.SIGKILL
 ) -> tuple[str, list[int], Child | None]:
-    """A streamed completion's text and its events' token indices, the worker holding its lease
-    SIGKILLed once ``after`` events came (None: never), and that child. The stack starts it again:
+    """A streamed completion's text and its events' token indices, the worker holding its lease sent
+    ``sig`` once ``after`` events came (None: never), and that child. The stack starts it again:
     with ``back``, before the stream is read on (a stage's only worker: the re-run waits for it)."""
     text, indices, killed = [], [], None
     with httpx.stream("POST", f"{stack.url}/v1/completions", json={**body, "stream": True}, timeout=120) as resp:
@@ -177,7 +177,7 @@ def stream_killing_its_worker(
             if len(indices) == after:
                 owner = redis.Redis.from_url(stack.redis_url).get(f"dz:lease:{rid}").decode()  # "decode1@host:ab12cd"
                 killed = stack.child(owner.split("@")[0])
-                os.killpg(killed.proc.pid, signal.SIGKILL)
+                os.killpg(killed.proc.pid, sig)
                 if back:
                     killed.proc.wait(30)
                     stack.until_ready(killed.name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import redis
 
@@ -22,6 +23,7 @@ from ..speculative import Acceptance, Speculation, decode_round
 from .active import Active
 from .decode_admission import admit
 from .decode_stats import record_step
+from .hand_back import hand_back
 from .handoff import Receiver
 from .intake import Intake, Ticket, run_loop
 from .lease import Heartbeat
@@ -102,6 +104,21 @@ class DecodeLoop:
                 self.waiting = self.room.hand_back(self.waiting, self._tokens, self.heartbeat)
             self.r.stats.set(waiting_requests=len(self.waiting), **self.arrivals.gauges())
             self.r.announce(len(self.active) or 1)
+
+    def hand_back(self, rerun: Callable[[str, int], bool]) -> None:
+        """Stopping, its loop ended (or its step abandoned: what that writes after is stale): each request
+        it holds goes to a live peer (hand_back.py). A generating one is re-run from the tokens streamed
+        (``rerun(request, attempt)``), a waiting handoff goes back to decode's queue's front (``Room.push``:
+        its state kept in prefill's blocks; else re-run too). Its blocks go with the process."""
+        for active in self.active.values():
+            active.span.add_event("handed_back", {"completion_tokens": active.completion.count})
+            active.span.end()
+        generating, waiting = [a.ticket for a in self.active.values()], [*self.waiting, *self.intake.drain(0)]
+        self.active, self.waiting = {}, []
+        hand_back(generating, self.heartbeat, rerun)
+        hand_back(waiting, self.heartbeat, rerun, self.room.push if self.room is not None else None)
+        for ticket, _ in self.room.held if self.room is not None else []:  # (handed back before: messages held)
+            ticket.done.set()
 
     def _end_overdue(self) -> None:
         """A request admitted longer ago than ``task_time_limit_s`` ends as a token limit would

@@ -49,7 +49,7 @@ from ..redis_clients import sync_client
 from .admission import Queue, Record, admission
 from .keys import HANDOFF_OWNER, QUEUES, key
 from .messages import GenerationRequest
-from .queue_scripts import ADMIT, ENQUEUE, RERUN
+from .queue_scripts import ADMIT, ENQUEUE, RERUN, RERUN_HELD
 from .records import ending
 from .scripts import (
     HAND_BACK,
@@ -81,6 +81,7 @@ class Lifecycle(TokenStream):
         self._take_handoffs, self._hand_back = client.register_script(TAKE_HANDOFFS), client.register_script(HAND_BACK)
         self._append, self._settle = client.register_script(APPEND), client.register_script(SETTLE)
         self._hand_on, self._released = client.register_script(HAND_ON), client.register_script(RELEASED)
+        self._rerun_held = client.register_script(RERUN_HELD)
         self._read_inbox: dict[str, list[bytes]] = {}  # per holder: the ids its last ``released`` read
 
     def load_scripts(self) -> None:
@@ -292,6 +293,13 @@ class Lifecycle(TokenStream):
         keys += [k for queue in QUEUES for k in (queue, key("pushed", queue))]
         args = [int(queued_s * 1000), rid, HANDOFF_OWNER, int(sighting_s * 1000)]
         return int(self._rerun(keys=keys, args=args))
+
+    def rerun_held(self, rid: str, attempt: int, owner: str, queued_s: float) -> int:
+        """``owner`` (a stopping worker) gives up its run ``attempt``: the request is re-run as
+        ``rerun_orphan`` re-runs one whose lease lapsed, at once (its new attempt: the caller sends it);
+        0, nothing written: the run is over or someone else's, or the request ended. One atomic step."""
+        keys = [key(family, rid) for family in ("done", "req", "queued", "lease", "attempt", "handoff", "orphan")]
+        return int(self._rerun_held(keys=[*keys, key("kvstate", rid)], args=[int(queued_s * 1000), attempt, owner]))
 
 
 def _notice(notice: bytes) -> tuple[str, int | None]:

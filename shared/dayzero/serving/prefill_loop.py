@@ -25,6 +25,7 @@ from ..config import context_limit
 from ..kv.pools import OutOfBlocks
 from . import redis_clock as clock
 from .first_tokens import FirstTokens
+from .hand_back import hand_back
 from .intake import Intake, Ticket, run_loop
 from .kept_handoffs import KeptHandoffs
 from .kept_prefills import KeptPrefills
@@ -107,6 +108,17 @@ class PrefillLoop:
         self.r.stats.set(waiting_requests=len(self.pending))  # (peers read it: room.py)
         self.r.announce(waiting)  # (a round trip every lease / 4) likewise
         self.r.ranks.keepalive()  # idle, or every request waiting for blocks: the other ranks still hear
+
+    def hand_back(self, rerun: Callable[[str, int], bool]) -> None:
+        """Stopping, its loop ended (or its step abandoned: what that writes after is stale): each prompt
+        it holds (waiting, under way, prefilled with its first token or handoff unsent) is re-run by a live
+        peer (``rerun(request, attempt)``, hand_back.py); one handed to decode is decode's. Its blocks,
+        and the handoffs' it keeps, go with the process."""
+        for prefilling in self.running:
+            end_failed(prefilling.spans, "handed back: its worker stopped", prefilling.done)
+        held = [*self.pending, *(t for p in self.running for t in p.tickets), *self.intake.drain(0)]
+        self.pending, self.running = [], []
+        hand_back(held, self.heartbeat, rerun)
 
     def _held(self) -> Container[str]:
         """The requests no peer may take: holding blocks here, or with a first token kept unsent."""

@@ -110,3 +110,8 @@ def composer(app: Celery, stage: str) -> Callable[[BaseModel], str]:
         return messages(job.model_dump_json(), carrier())
 
     return compose
+
+
+def rerun_messages(app: Celery) -> dict[str, Callable[[BaseModel], str]]:
+    """Where a re-run starts (vision with images, else prefill): each stage's job -> its message."""
+    return {stage: composer(app, stage) for stage in ("vision", "prefill")}

@@ -83,6 +83,23 @@ push(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2])
 )
 
 
+# ``next_run``: the request's next run (RERUN's, RERUN_HELD's): its attempt counted, living as its record,
+# its lease, handoff, orphan sighting and parked state dropped, queued for ``queued_ms`` (its message on the way).
+NEXT_RUN = """
+local function next_run(req, queued, lease, attempt, handoff, orphan, kvstate, queued_ms)
+    local record_ms, run = redis.call('PTTL', req), tonumber(redis.call('GET', attempt) or 0) + 1
+    redis.call('DEL', lease, handoff, orphan, kvstate)
+    redis.call('SET', queued, 1, 'PX', queued_ms)
+    if record_ms > 0 then
+        redis.call('SET', attempt, run, 'PX', record_ms)
+    else
+        redis.call('SET', attempt, run, 'KEEPTTL')
+    end
+    return run
+end
+"""
+
+
 # KEYS: done, req, queued, lease, attempt, active, handoff, orphan, kvstate, then each stage's queue
 # and its pushed count; ARGV: queued ms, the request's id, the handoff's lease owner, a sighting's ms.
 # The reaper's check and re-run in one step, so no transition can come between them: an unfinished
@@ -99,7 +116,9 @@ push(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2])
 # sweep's re-run would prefill the request twice. The run re-run is over: its state parked in Redis
 # (a handoff's, claimed by a decode worker that died, or lost with its message) goes with it, read by
 # nobody (it stayed till its TTL, the handoff's timeout, or till the new run's prefill parked anew).
-RERUN = """
+RERUN = (
+    NEXT_RUN
+    + """
 local function waits(mark)
     local queue, count = string.match(mark, '^(.+):(%d+)$')
     for i = 10, #KEYS, 2 do
@@ -131,13 +150,25 @@ if left and redis.call('GET', KEYS[8]) ~= left then
     redis.call('SET', KEYS[8], left, 'PX', ARGV[4])
     return 0
 end
-local record_ms, attempt = redis.call('PTTL', KEYS[2]), tonumber(redis.call('GET', KEYS[5]) or 0) + 1
-redis.call('DEL', KEYS[4], KEYS[7], KEYS[8], KEYS[9])
-redis.call('SET', KEYS[3], 1, 'PX', ARGV[1])
-if record_ms > 0 then
-    redis.call('SET', KEYS[5], attempt, 'PX', record_ms)
-else
-    redis.call('SET', KEYS[5], attempt, 'KEEPTTL')
-end
-return attempt
+return next_run(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[7], KEYS[8], KEYS[9], ARGV[1])
 """
+)
+
+
+# KEYS: done, req, queued, lease, attempt, handoff, orphan, kvstate; ARGV: queued ms, the run's attempt,
+# its owner. A live worker that stops gives up the run it holds: the re-run RERUN makes of a lapsed
+# lease (-> its new attempt; its message is the caller's to push), made at once, fenced: only while
+# the request is unfinished, its record there, the run the current one and its lease the owner's (-> 0,
+# nothing written). The stopping worker's writes after it are stale (the attempt), its beats too.
+RERUN_HELD = (
+    NEXT_RUN
+    + """
+if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 0 then
+    return 0
+end
+if redis.call('GET', KEYS[4]) ~= ARGV[3] or tonumber(redis.call('GET', KEYS[5]) or 0) ~= tonumber(ARGV[2]) then
+    return 0
+end
+return next_run(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV[1])
+"""
+)

@@ -95,31 +95,40 @@ def _rerun_orphans(
     active, took = store.active(), time.monotonic() - began
     if stalled_s is not None and took > stalled_s:
         raise Stalled(f"Redis answered the sweep's first round trips in {took:.1f} s")
-    rerun = []
+    rerun_ids = []
     for rid in active:
         attempt = store.rerun_orphan(rid, transit_s, sighting_s)
         looked.append(rid)
-        request = store.request(rid) if attempt else None
-        if request is None:
-            continue
-        tokens, ended = store.stream(rid)
-        if ended:  # its worker died after streaming the end, before recording it: nothing to re-run
-            store.settle(rid, attempt, "", ended)
-            continue
-        generated = tuple(tokens)
-        if store.cancelled([rid]):  # its client left: no run for it (the next stage would end it)
-            store.settle(rid, attempt, "", "cancelled", len(generated))
-            continue
-        if attempt > MAX_ATTEMPTS:
-            log.error("request %s lost its worker %d times; ending it with an error", rid, attempt)
-            store.settle(rid, attempt, "", "error", len(generated), "the request failed on several workers")
-            continue
-        log.warning("request %s lost its worker; re-running from token %d (attempt %d)", rid, len(generated), attempt)
-        job = PrefillJob(request=request, generated=generated, attempt=attempt)
-        with continued(request.trace):  # its message's task span, and the stages' spans, join its trace
-            send(job, "vision" if request.images else "prefill")
-        rerun.append(rid)
-    return rerun
+        if attempt and rerun(store, send, rid, attempt, "lost its worker"):
+            rerun_ids.append(rid)
+    return rerun_ids
+
+
+def rerun(store: Lifecycle, send: Callable[[PrefillJob, str], None], rid: str, attempt: int, why: str) -> bool:
+    """Send run ``attempt`` of the request (its re-run step taken: ``Lifecycle.rerun_orphan``, ``rerun_held``)
+    from the tokens its stream holds to its first stage (vision with images), or end it: its stream ended,
+    its client cancelled it, or it was re-run MAX_ATTEMPTS times (``why``: what befell it, logged). Whether
+    it was sent."""
+    request = store.request(rid)
+    if request is None:
+        return False
+    tokens, ended = store.stream(rid)
+    if ended:  # its worker died after streaming the end, before recording it: nothing to re-run
+        store.settle(rid, attempt, "", ended)
+        return False
+    generated = tuple(tokens)
+    if store.cancelled([rid]):  # its client left: no run for it (the next stage would end it)
+        store.settle(rid, attempt, "", "cancelled", len(generated))
+        return False
+    if attempt > MAX_ATTEMPTS:
+        log.error("request %s %s, %d runs in all; ending it with an error", rid, why, attempt)
+        store.settle(rid, attempt, "", "error", len(generated), "the request failed on several workers")
+        return False
+    log.warning("request %s %s; re-running from token %d (attempt %d)", rid, why, len(generated), attempt)
+    job = PrefillJob(request=request, generated=generated, attempt=attempt)
+    with continued(request.trace):  # its message's task span, and the stages' spans, join its trace
+        send(job, "vision" if request.images else "prefill")
+    return True
 
 
 def lock_left_s(r: redis.Redis) -> float:

@@ -89,6 +89,9 @@ class VisionStage:
     def stuck(self) -> bool:
         return self.heartbeat.stuck()
 
+    def hand_back(self) -> None:
+        """Nothing held but the encodes on the tasks' threads (each a moment): the warm shutdown waits for them."""
+
     def close(self) -> None:
         """Nothing to free: parked embeddings belong to their readers (or the sweep)."""
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
-from celery import signals
+from celery import Celery, signals
 from celery.exceptions import CPendingDeprecationWarning
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
@@ -27,6 +27,7 @@ from ..telemetry import flush_spans, setup_tracing
 from .liveness import Pulse, connect
 from .metrics import serve_metrics
 from .outage_log import BrokerOutageFilter
+from .queue import rerun_messages
 from .queue_reads import QueueReads
 
 if TYPE_CHECKING:  # (vision's worker builds no Runtime: its import, the model's and the kernels', is a loop stage's)
@@ -105,15 +106,21 @@ class Stage(Protocol):
         """A step has run past its bound, or the loop stalled between steps (its leases lapse): the
         worker is as good as frozen."""
 
+    def hand_back(self) -> None:
+        """Stopping, its loop ended: every request it holds goes to a live peer of the stage at once (not
+        at its lease's lapse, after the grace), and the tasks waiting on them end."""
+
     def close(self) -> None: ...
 
 
 @dataclass
 class LoopStage:
-    """A prefill or decode loop over its runtime, as a Stage."""
+    """A prefill or decode loop over its runtime, as a Stage; ``rerun``: its stop's hand back of a run it
+    holds (hand_back.handing_back)."""
 
     runtime: Runtime
-    loop: Any  # PrefillLoop | DecodeLoop: intake, stop, run_forever
+    loop: Any  # PrefillLoop | DecodeLoop: intake, stop, run_forever, hand_back
+    rerun: Callable[[str, int], bool]
 
     @property
     def name(self) -> str:
@@ -145,22 +152,35 @@ class LoopStage:
     def stuck(self) -> bool:
         return self.loop.heartbeat.stuck()
 
+    def hand_back(self) -> None:
+        self.loop.hand_back(self.rerun)
+
     def close(self) -> None:
         self.runtime.close()
 
 
 def loop_stage(
-    stage: str, settings: Settings, shared_pools: bool, make_loop: Callable[[Runtime], Any], group: Group | None = None
+    stage: str,
+    settings: Settings,
+    shared_pools: bool,
+    make_loop: Callable[[Runtime], Any],
+    app: Celery,
+    group: Group | None = None,
 ):
-    """The ``build`` of a StageWorker whose stage is a loop over a Runtime (prefill, decode);
-    ``group``: the worker is rank 0 of that tensor-parallel group."""
+    """The ``build`` of a StageWorker whose stage is a loop over a Runtime (prefill, decode), its
+    Celery ``app`` (its stop re-runs what it holds: ``queue.rerun_messages``); ``group``: the worker
+    is rank 0 of that tensor-parallel group."""
 
     def build(name: str) -> LoopStage:
+        from .hand_back import handing_back
         from .runtime import Runtime
 
         runtime = Runtime.load(settings, name, stage, shared=shared_pools, group=group)
         runtime.warm_up(decode=stage == "decode")  # before it announces itself: the first request waits for none
-        return LoopStage(runtime, make_loop(runtime))
+        s = runtime.settings
+        messages = rerun_messages(app)
+        rerun = handing_back(runtime.store, runtime.name, messages, s.visibility_timeout_s, s.shutdown_grace_s)
+        return LoopStage(runtime, make_loop(runtime), rerun)
 
     return build
 
@@ -238,6 +258,17 @@ class StageWorker:
                 self.reads.end_now_or_next(self._pulse.r)
         if self.running is not None:  # (after the watchdog: Redis unreachable, leaving may wait its timeouts)
             self.running.leave()
+            self._hand_back()
+
+    def _hand_back(self) -> None:
+        """The loop ends after its step under way (within ``LOOP_END_S``: a longer one is abandoned,
+        what it writes after the hand back is stale), then the requests it held go to live peers at
+        once (``Stage.hand_back``): their streams went on only after the grace, the lease's lapse and
+        a sweep (~8 s), and the warm shutdown, its tasks ended with them, ends now."""
+        self.running.stop.set()
+        if self._loop is not None:
+            self._loop.join(LOOP_END_S)
+        self.running.hand_back()
 
     def _stop(self, **_: object) -> None:
         """End the loop; a group's, waited for (within ``LOOP_END_S``): as it ends it tells the other
