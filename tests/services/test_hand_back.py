@@ -20,6 +20,7 @@ from dayzero.serving.records import Token
 from dayzero.serving.scripts import Take
 
 from .conftest import MODEL, recording, start_stack, stream_killing_its_worker
+from .prefill_jobs import admitted, one_sequence_loop
 
 
 def _generating(store: Lifecycle, rid: str, tokens: list[int]) -> None:
@@ -57,6 +58,21 @@ def test_a_run_over_or_someone_else_s_is_not_handed_back(redis_url):
     assert [rerun(rid, 0) for rid in ("h-other", "h-rerun", "h-ended")] == [False, False, False] and not sent
     assert [int(store.r.get(key("attempt", rid)) or 0) for rid in ("h-other", "h-rerun")] == [0, 1]
     assert store.owner("h-other") == "decode1"
+
+
+def test_a_stopping_prefill_worker_re_runs_the_prompts_it_claimed(demo_dir, redis_url):
+    """Claimed, not prefilled yet (waiting in its intake): each re-run at once at prefill's front, its task
+    ended; their leases were left to lapse and a sweep."""
+    loop, _ = one_sequence_loop(demo_dir, redis_url, "prefill40@test")
+    store, sent, name = loop.r.store, [], loop.r.name
+    store.r.delete("prefill")
+    tickets = [loop.intake.submit(admitted(store, rid)) for rid in ("h-p1", "h-p2")]
+    assert [store.owner(rid) for rid in ("h-p1", "h-p2")] == [name, name]  # (claimed)
+    loop.stop.set()  # (its loop, never run, ended)
+    loop.hand_back(handing_back(store, name, {"prefill": recording(sent, "prefill")}, 60, 5))
+    assert [(job.request.request_id, job.attempt, job.generated) for job in sent] == [("h-p1", 1, ()), ("h-p2", 1, ())]
+    assert all(ticket.done.is_set() for ticket in tickets) and store.r.llen("prefill") == 2
+    assert [store.owner(rid) for rid in ("h-p1", "h-p2")] == [None, None]
 
 
 @pytest.fixture(scope="module")
