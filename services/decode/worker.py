@@ -7,12 +7,13 @@ from celery import Celery, signals
 
 from dayzero.parallel.collectives import Group
 from dayzero.serving.decode_loop import DecodeLoop
+from dayzero.serving.loop_stage import loop_stage
 from dayzero.serving.messages import DecodeJob
 from dayzero.serving.queue import TASKS, composer, make_celery
 from dayzero.serving.queue_reads import QueueReads
 from dayzero.serving.room import Prefetch, Room, to_decode
 from dayzero.serving.runtime import Runtime
-from dayzero.serving.worker import StageWorker, loop_stage
+from dayzero.serving.worker import StageWorker
 from dayzero.settings import Settings
 
 

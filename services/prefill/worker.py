@@ -5,13 +5,14 @@ from __future__ import annotations
 from celery import Celery, signals
 
 from dayzero.parallel.collectives import Group
+from dayzero.serving.loop_stage import loop_stage
 from dayzero.serving.messages import PrefillJob
 from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.queue import TASKS, composer, make_celery
 from dayzero.serving.queue_reads import QueueReads
 from dayzero.serving.room import Prefetch, Room, to_prefill
 from dayzero.serving.runtime import Runtime
-from dayzero.serving.worker import StageWorker, loop_stage
+from dayzero.serving.worker import StageWorker
 from dayzero.settings import Settings
 
 

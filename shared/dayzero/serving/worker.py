@@ -10,16 +10,14 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import redis
-from celery import Celery, signals
+from celery import signals
 from celery.exceptions import CPendingDeprecationWarning
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
-from ..parallel.collectives import Group
 from ..redis_refusals import REFUSED_EXIT, REFUSED_FOR_GOOD, refusal_said, refused_for_good
 from ..settings import Settings
 from ..shm import unlink_own
@@ -27,11 +25,7 @@ from ..telemetry import flush_spans, setup_tracing
 from .liveness import Pulse, connect
 from .metrics import serve_metrics
 from .outage_log import BrokerOutageFilter
-from .queue import rerun_messages
 from .queue_reads import QueueReads
-
-if TYPE_CHECKING:  # (vision's worker builds no Runtime: its import, the model's and the kernels', is a loop stage's)
-    from .runtime import Runtime
 
 log = logging.getLogger("dayzero.worker")
 # Celery's INFO line per task received (formatted and written before the task is handed to a thread)
@@ -111,78 +105,6 @@ class Stage(Protocol):
         at its lease's lapse, after the grace), and the tasks waiting on them end."""
 
     def close(self) -> None: ...
-
-
-@dataclass
-class LoopStage:
-    """A prefill or decode loop over its runtime, as a Stage; ``rerun``: its stop's hand back of a run it
-    holds (hand_back.handing_back)."""
-
-    runtime: Runtime
-    loop: Any  # PrefillLoop | DecodeLoop: intake, stop, run_forever, hand_back
-    rerun: Callable[[str, int], bool]
-
-    @property
-    def name(self) -> str:
-        return self.runtime.name
-
-    @property
-    def stop(self) -> threading.Event:
-        return self.loop.stop
-
-    @property
-    def grouped(self) -> bool:
-        return self.runtime.ranks.size > 1
-
-    def run_forever(self) -> None:
-        try:
-            self.loop.run_forever()
-        finally:
-            self.runtime.ranks.stop()  # from the loop's thread, the one that talks to the other ranks
-
-    def handle(self, job: Any) -> None:
-        self.loop.intake.submit(job).done.wait()
-
-    def snapshot(self) -> dict:
-        return self.runtime.snapshot(1)
-
-    def leave(self) -> None:
-        self.runtime.presence.leave()
-
-    def stuck(self) -> bool:
-        return self.loop.heartbeat.stuck()
-
-    def hand_back(self) -> None:
-        self.loop.hand_back(self.rerun)
-
-    def close(self) -> None:
-        self.runtime.close()
-
-
-def loop_stage(
-    stage: str,
-    settings: Settings,
-    shared_pools: bool,
-    make_loop: Callable[[Runtime], Any],
-    app: Celery,
-    group: Group | None = None,
-):
-    """The ``build`` of a StageWorker whose stage is a loop over a Runtime (prefill, decode), its
-    Celery ``app`` (its stop re-runs what it holds: ``queue.rerun_messages``); ``group``: the worker
-    is rank 0 of that tensor-parallel group."""
-
-    def build(name: str) -> LoopStage:
-        from .hand_back import handing_back
-        from .runtime import Runtime
-
-        runtime = Runtime.load(settings, name, stage, shared=shared_pools, group=group)
-        runtime.warm_up(decode=stage == "decode")  # before it announces itself: the first request waits for none
-        s = runtime.settings
-        messages = rerun_messages(app)
-        rerun = handing_back(runtime.store, runtime.name, messages, s.visibility_timeout_s, s.shutdown_grace_s)
-        return LoopStage(runtime, make_loop(runtime), rerun)
-
-    return build
 
 
 class StageWorker:
