@@ -132,6 +132,15 @@ class Completion:
         """The text held back, at an end (``CompletionText.end``), and whether a stop string ended it."""
         return self._text.end()
 
+    def text_mark(self) -> tuple[tuple, ...]:
+        """Its text's state, for ``end_at`` (``CompletionText.mark``)."""
+        return self._text.mark()
+
+    def end_at(self, mark: tuple[tuple, ...]) -> tuple[str, bool]:
+        """``end`` where ``mark`` was taken: the tokens accepted since are given up (their text too)."""
+        self._text.rewind(mark)
+        return self._text.end()
+
 
 def next_steps(completions: list[Completion], logits: torch.Tensor) -> list[Step | Exception]:
     """One step of a batch: ``logits`` [B, V], row ``i`` for ``completions[i]``; the grammars' masks

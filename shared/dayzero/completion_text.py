@@ -5,7 +5,6 @@ that waited past the time limit as its completion would have ended (time_limit.p
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 
 from .chat.reasoning import ReasoningCount
@@ -46,6 +45,14 @@ class StopMatcher:
         hold = max((self._held(free, s) for s in self.stops), default=0) + undecided
         self._pending = text[len(text) - hold :] if hold else ""
         return text[: len(text) - hold], False
+
+    def mark(self) -> tuple[str, bool]:
+        """Its state, for ``rewind``."""
+        return self._pending, self._bounded
+
+    def rewind(self, mark: tuple[str, bool]) -> None:
+        """Back to the state ``mark`` took."""
+        self._pending, self._bounded = mark
 
     @staticmethod
     def _held(text: str, stop: str) -> int:
@@ -108,13 +115,11 @@ class CompletionText:
         if len(ids) == 1:
             self.push(ids[0])
             return
-        mark, stops, reasoning = self._decoder.mark(), copy.copy(self._stops), copy.deepcopy(self.reasoning)
-        thinking = self.reasoning.thinking
+        mark, thinking = self.mark(), self.reasoning.thinking
         self._release(self._decoder.push_all(ids), len(ids))
-        if self._decoder.settled_since(mark) and (self.reasoning.thinking or not thinking):
+        if self._decoder.settled_since(mark[0]) and (self.reasoning.thinking or not thinking):
             return
-        self._decoder.rewind(mark)
-        self._stops, self.reasoning = stops, reasoning
+        self.rewind(mark)
         self._replay(ids[: len(ids) // 2])
         self._replay(ids[len(ids) // 2 :])
 
@@ -126,12 +131,23 @@ class CompletionText:
         released, stopped = self._release(delta)
         if stopped or delta or not self._stops.stops or self.reasoning.thinking:
             return released, stopped
-        probe = copy.copy(self._stops)  # (its state is immutable values: a copy is a snapshot)
-        ending, stopped = probe.feed(self._decoder.ending())
+        stops = self._stops.mark()
+        ending, stopped = self._stops.feed(self._decoder.ending())
         if not stopped:
+            self._stops.rewind(stops)  # (a probe: its text is still held)
             return released, False
-        self._stops = probe
         return released + ending, True
+
+    def mark(self) -> tuple[tuple, ...]:
+        """Its state, for ``rewind``: a few values, no copies (the decode loop takes one each step)."""
+        return self._decoder.mark(), self._stops.mark(), self.reasoning.mark()
+
+    def rewind(self, mark: tuple[tuple, ...]) -> None:
+        """Back to the state ``mark`` took: the ids pushed since are dropped."""
+        decoder, stops, reasoning = mark
+        self._decoder.rewind(decoder)
+        self._stops.rewind(stops)
+        self.reasoning.rewind(reasoning)
 
     def end(self) -> tuple[str, bool]:
         """The text held back, at an end (EOS, a token limit, the time limit's): the decoder's (a

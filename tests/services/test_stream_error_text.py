@@ -10,7 +10,9 @@ import json
 import time
 
 import pytest
+import redis
 from fastapi.testclient import TestClient
+from transformers import PreTrainedTokenizerFast
 
 from dayzero import speculative
 from dayzero.completion import Completion
@@ -136,7 +138,8 @@ def test_a_step_failing_after_its_sampling_ends_where_its_stream_does(
     or speculating, its round's MTP catch-up, before the loop queued them): the error ended the
     stream at the completion's count (index 3 after tokens 0-1, 7 after 0-3: tokens its client
     never read) with their held text. Now given up with the step: the end where the stream's
-    tokens end, its text none (the completion's held text is the given-up tokens' too)."""
+    tokens end, and its text what they held (the last lead byte's U+FFFD: the texts joined are
+    transformers' decode of the ids; it was none, one U+FFFD short)."""
     store, runtime, sent = _prefilled_onto_a_lead_byte(demo_dir, redis_url, name, k)
     real, calls = getattr(module, name), []
 
@@ -151,5 +154,34 @@ def test_a_step_failing_after_its_sampling_ends_where_its_stream_does(
     ids, text, last = _streamed(store, name)
     assert (store.done(name), last.error, len(calls)) == ("error", "decode failed: RuntimeError", 2)
     assert len(ids) >= 2 and set(ids) == {170} and last.index == len(ids)
-    assert text == "\ufffd" * (len(ids) - 1)  # the last streamed lead byte held, and given up
+    assert text == _transformers(demo_dir).decode(ids) == "\ufffd" * len(ids)
     runtime.close()
+
+
+def test_a_failure_after_a_refused_append_ends_with_what_the_streamed_tokens_held(demo_dir, redis_url, monkeypatch):
+    """The second step's append refused (Redis unavailable for a moment: its token stays unsent),
+    then the next append failing otherwise (every active request ends "error", the unsent token
+    given up): the streamed tokens 170 170 held their last lead byte, so the texts joined were
+    "\ufffd" where transformers decodes them to "\ufffd\ufffd"."""
+    store, runtime, sent = _prefilled_onto_a_lead_byte(demo_dir, redis_url, "refused")
+    append, calls = runtime.store.append, []
+
+    def refusing(*args):
+        calls.append(args)
+        if len(calls) == 2:
+            raise redis.ConnectionError("Redis is loading the dataset in memory")
+        if len(calls) == 3:
+            raise RuntimeError("append failed")
+        return append(*args)
+
+    monkeypatch.setattr(runtime.store, "append", refusing)
+    run_jobs(DecodeLoop(runtime), sent)
+    ids, text, last = _streamed(store, "refused")
+    assert (store.done("refused"), last.error, ids) == ("error", "decode failed: RuntimeError", [170, 170])
+    assert text == _transformers(demo_dir).decode(ids) == "\ufffd\ufffd"
+    runtime.close()
+
+
+def _transformers(demo_dir) -> PreTrainedTokenizerFast:
+    """The demo checkpoint's tokenizer as transformers loads it (the reference decode)."""
+    return PreTrainedTokenizerFast(tokenizer_file=str(demo_dir / "tokenizer.json"))

@@ -54,6 +54,14 @@ class ReasoningCount:
         """Still inside the thought (thinking mode, its end not reached yet)."""
         return self._thought.thinking
 
+    def mark(self) -> tuple[int, bool, str]:
+        """Its state, for ``rewind``."""
+        return self.tokens, self._thought.thinking, self._thought._held
+
+    def rewind(self, mark: tuple[int, bool, str]) -> None:
+        """Back to the state ``mark`` took."""
+        self.tokens, self._thought.thinking, self._thought._held = mark
+
     def add(self, text: str, tokens: int = 1) -> str | None:
         """``tokens`` more tokens (0: the text an end releases, an EOS's held characters), which
         released ``text``: the answer it begins or goes on with (``text`` once the thought is over,

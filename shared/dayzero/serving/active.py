@@ -59,9 +59,13 @@ class Active:
     # its tokens queued for its stream (on it or unsent): the completion holds more where a step
     # failed between its sampling and its queue (a speculative round's commit or MTP catch-up)
     queued: int = field(init=False)
+    # its completion's text state where its stream ends (``Completion.text_mark``), taken as each step
+    # begins while no token of its waits for an append: a failure gives up the tokens past it
+    at_stream: tuple[tuple, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         self.queued = self.completion.count  # (those it came with: on its stream)
+        self.at_stream = self.completion.text_mark()
 
     @classmethod
     def start(cls, runtime: Runtime, ticket: Ticket[DecodeJob], limit: int) -> Active:
@@ -83,6 +87,19 @@ class Active:
         """Its tokens on its stream: where an end that gives up the others (unsent, or sampled and
         never queued) closes it (no gap)."""
         return self.queued - len(self.unsent)
+
+    def mark_stream(self) -> None:
+        """Take ``at_stream`` as a step begins (its tokens are all on its stream, or wait still for
+        the append of an earlier step's, which the mark before that step ends at)."""
+        if not self.unsent:
+            self.at_stream = self.completion.text_mark()
+
+    def failed_text(self) -> str:
+        """The text its streamed tokens held back, at a failure that gives up the rest (unsent, or
+        sampled and never queued): ``Completion.end`` where its stream ends."""
+        if self.streamed < self.completion.count:
+            return self.completion.end_at(self.at_stream)[0]
+        return self.completion.end()[0]
 
     @property
     def stepping(self) -> bool:

@@ -201,20 +201,20 @@ class DecodeLoop:
     def _fail(self, exc: Exception) -> None:
         """A failed step ends every active request with an error, after the text its streamed tokens
         held back (a character cut short as U+FFFD, a stop string's start), as its own sampling's
-        failure ends: its client read the text before the error (none where the completion holds
-        tokens past its stream, unsent or sampled by the failed step: that text is theirs too, and
-        they are given up)."""
+        failure ends: its client read the text before the error. Tokens past its stream (unsent, or
+        sampled by the failed step) are given up, and the text is as its stream's tokens end it
+        (``Active.failed_text``)."""
         log.exception("decode step failed: requests %s fail", ", ".join(self.active))
         self.r.stats.call("decode", failed=True)
         message = f"decode failed: {type(exc).__name__}"
         for rid, active in list(self.active.items()):
-            text = "" if active.streamed < active.completion.count else active.completion.end()[0]
-            self._finish(rid, "error", index=active.streamed, message=message, text=text)
+            self._finish(rid, "error", index=active.streamed, message=message, text=active.failed_text())
 
     def _step(self) -> None:
         """Decode the requests that step (the others wait for their tokens' append, or their end),
         then append every request's unsent tokens."""
         for active in self.active.values():  # (a row whose grammar's lexer filled: on a fresh compile, once ready)
+            active.mark_stream()
             active.resume(self.r, len(self.active))
         ids = [rid for rid, active in self.active.items() if active.stepping]
         if ids:
