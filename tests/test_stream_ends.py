@@ -127,6 +127,31 @@ def test_a_stop_string_a_run_of_byte_tokens_completes_ends_on_its_last_byte(fall
         assert completion.usage()["completion_tokens"] == tokens
 
 
+def test_a_stop_string_inside_a_long_run_of_byte_tokens_ends_on_its_last_byte(fallback, codec):
+    """Stop "中" after "Hi" and 文 40 times, all in byte tokens (one run of 126): transformers' decode
+    of the ids first holds "中" at token 124, and the completion ends there, as one of DeepSeek's
+    byte-level tokenizer (the demo's) ends on the token whose text first holds it. The probe read a
+    held run of 64 tokens at most (``ENDING_TOKENS``): the stop string ended it as the run did, at
+    the "a" after it (128 tokens counted, the text the same)."""
+    reference, byte = PreTrainedTokenizerFast(tokenizer_object=fallback), _bytes(fallback)
+    written = "文" * 40 + "中文"
+    runs = [fallback.token_to_id("▁Hi"), *(byte[b] for b in written.encode()), fallback.token_to_id("a")]
+    byte_level = codec.encode("Hi" + written + "a", special=False)
+    ends = []
+    for text_codec, ids, decode in ((TextCodec(fallback), runs, reference.decode), (codec, byte_level, codec.decode)):
+        completion = Completion(text_codec, SamplingParams(max_tokens=500, stop=("中",)), EOS, 2, 4096)
+        assert _until_finished(completion, ids) == ("Hi" + "文" * 40, "stop")
+        ends.append(
+            (completion.usage()["completion_tokens"], next(k for k in range(len(ids)) if "中" in decode(ids[:k])))
+        )
+    assert ends[0] == (124, 124) and ends[1][0] == ends[1][1] < len(byte_level)
+
+
+def _bytes(fallback: Tokenizer) -> list[int]:
+    """The byte-fallback tokenizer's byte tokens, by byte."""
+    return [fallback.token_to_id(f"<0x{b:02X}>") for b in range(256)]
+
+
 def test_a_run_of_byte_tokens_that_is_not_utf8_streams_at_once(fallback):
     """500 byte tokens 0x80 (a byte no UTF-8 character begins with): transformers' decode is one
     U+FFFD a byte whatever follows, so each streams with its token. The run was held whole till
@@ -189,9 +214,10 @@ def test_a_byte_fallback_replay_ends_as_its_pushes_whatever_its_chunks_cut(fallb
 
 
 def test_a_long_run_of_byte_tokens_is_not_decoded_again_at_every_byte(fallback, monkeypatch):
-    """中 500 times as 1,500 byte tokens, stop "中x": the stop-string probe decodes a held run only
-    while it is short (``ENDING_TOKENS``); it decoded all of it at every byte (about 1.1 million
-    ids in all, seconds), and the run still streams whole, transformers-exact, at its end."""
+    """中 500 times as 1,500 byte tokens, stop "中x": the stop-string probe decodes a held run from
+    its character before last at each byte (``StreamDecoder.ending``); it decoded all of it at
+    every byte (about 1.1 million ids in all, seconds), and the run still streams whole,
+    transformers-exact, at its end."""
     codec = TextCodec(fallback)
     ids = [fallback.token_to_id(f"<0x{b:02X}>") for b in ("中" * 500).encode()]
     decoded = []

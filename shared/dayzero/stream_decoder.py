@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from .tokenizer import TextCodec
 
 
-ENDING_TOKENS = 64  # the most held tokens ``ending`` decodes (a sentencepiece run is a word's bytes)
+NO_RUN = ((-1, -1), 0, 0, "")  # ``_run`` before an open run's text is decoded
 
 
 class StreamDecoder:
@@ -34,6 +34,9 @@ class StreamDecoder:
         self._released = len(after)  # the ids up to here are out as text
         self._shown = 0  # characters of the text of ids[_released:] out already (before a cut character)
         self._open = 0  # ids[_context:] up to here end in an open run of byte tokens (TextCodec.open_run)
+        # an open run's text as ``ending`` last read it whole: ((_context, _released) then, start, upto,
+        # the text of ids[_released:upto], which ends where a character does; start: where it did before)
+        self._run: tuple[tuple[int, int], int, int, str] = NO_RUN
 
     def push(self, token: int) -> str:
         return self.push_all([token])
@@ -81,20 +84,27 @@ class StreamDecoder:
         """Back to the state ``mark`` took: the ids pushed since are dropped."""
         count, self._context, self._released, self._shown, self._open = mark
         del self._ids[count:]
+        self._run = NO_RUN
 
     def ending(self) -> str:
         """What ``flush`` would release were the ids to end here, or "" while a later token may still
         change its end (a character cut short): a stop string in it ends the completion here (the
-        text of a run of byte tokens, held while a later byte may make it U+FFFD each). "" too where
-        more than ``ENDING_TOKENS`` are held (a run that long: its stop strings match once it ends;
-        each call decodes what is held). Only an open run's text is ever settled yet held: none else
-        is decoded (a byte-level tokenizer's cut character, a special token, is "" at no cost)."""
-        if not self._open or len(self._ids) - self._released > ENDING_TOKENS:
+        text of a run of byte tokens, held while a later byte may make it U+FFFD each). Only an open
+        run's text is ever settled yet held: none else is decoded (a byte-level tokenizer's cut
+        character, a special token, is "" at no cost); and a run's only from the character before
+        its last (``_run``): a call costs no more however long the run grows."""
+        if not self._open:
             return ""
-        held = self._held()
-        if not held or self._codec.unsettled(self._ids[self._released :], held):
+        key = (self._context, self._released)
+        known, start, upto, text = self._run
+        if known != key:  # (a run opened since: its text from the context on)
+            start, upto, text = self._context, self._released, ""
+        # (a valid run's UTF-8 splits where a character begins: its text is that of its parts)
+        text += self._codec.decode(self._ids[start:])[len(self._codec.decode(self._ids[start:upto])) :]
+        if not text or self._codec.unsettled(self._ids[start:], text):
             return ""
-        return held[self._shown :]
+        self._run = key, upto, len(self._ids), text
+        return text[self._shown :]
 
     def flush(self) -> str:
         """The text held back, at the end: a character still cut short is U+FFFD, as decoding the
