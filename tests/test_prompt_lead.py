@@ -45,7 +45,7 @@ def test_a_completion_reads_as_it_does_after_its_prompt_at_every_split():
     of the text): the completion's text is transformers' decode of both past the prompt's ("
     world  2023 中!" after "Hello": it was "world  2023 中!"), and one rebuilt from its first tokens
     (another worker's) releases the rest as it does. A prompt that ends in a character cut short
-    is left out: its own text ends in U+FFFD, which the whole's does not."""
+    is left out: its own text ends in U+FFFD, which the whole's does not (test_prompt_cut.py)."""
     tokenizer = llama_style()
     reference, codec = PreTrainedTokenizerFast(tokenizer_object=tokenizer), TextCodec(tokenizer)
     ids = reference.encode(SAMPLE, add_special_tokens=False)
@@ -93,7 +93,7 @@ def test_a_byte_level_decoder_decodes_a_completion_alone_as_before(codec, monkey
     """DeepSeek's byte-level decoder drops no lead space: no prompt id is decoded with the
     completion (the same decodes, the same text, as without the prompt)."""
     prompt, completion = codec.encode("Hello"), codec.encode(" world, again", special=False)
-    assert prompt_lead(codec, prompt) == []
+    assert prompt_lead(codec, prompt) == ([], 0)
     decodes = []
     monkeypatch.setattr(codec, "decode", lambda ids, decode=codec.decode: decodes.append(list(ids)) or decode(ids))
     texts = []
@@ -129,4 +129,4 @@ def test_an_id_the_tokenizer_lacks_shows_no_text_before_the_completion():
     for prompt in ([BOS, hello, padded], [BOS, hello, padded, padded], [BOS, padded]):
         assert "".join(_live(codec, prompt, [world, padded, world])) == _after(reference, prompt, [world, world])
     assert _after(reference, [BOS, hello, padded], [world]) == " world"
-    assert prompt_lead(codec, [BOS, padded]) == []
+    assert prompt_lead(codec, [BOS, padded]) == ([], 0)

@@ -85,8 +85,9 @@ class CompletionText:
         self, codec: TextCodec | IdsOnlyCodec, params: SamplingParams, thinking: bool, prompt: Sequence[int] = ()
     ) -> None:
         """``prompt``: the ids the completion follows; its text reads as it does after them (a
-        sentencepiece decoder keeps its lead space: ``lead_space.prompt_lead``)."""
-        self._decoder = StreamDecoder(codec, prompt_lead(codec, prompt))
+        sentencepiece decoder keeps its lead space; a character they cut short is its own once its
+        tokens complete it: ``lead_space.prompt_lead``)."""
+        self._decoder = StreamDecoder(codec, *prompt_lead(codec, prompt))
         self._stops = StopMatcher(params.stop, params.stop_bounds)
         self.reasoning = ReasoningCount(thinking)  # its reasoning tokens (thinking mode), as they come
 

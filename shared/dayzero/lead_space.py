@@ -5,6 +5,7 @@ ids a completion's text is decoded after, so that it keeps that space after the 
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -43,16 +44,29 @@ def _keeping_lead_space(step: dict) -> dict:
 LEAD_TOKENS = 4  # the most prompt tokens a completion is decoded after (a character's UTF-8: 4 bytes at most)
 
 
-def prompt_lead(codec: TextCodec | IdsOnlyCodec, prompt: Sequence[int]) -> list[int]:
+def prompt_lead(codec: TextCodec | IdsOnlyCodec, prompt: Sequence[int]) -> tuple[list[int], int]:
     """The prompt's last ids a completion's text is decoded after (``StreamDecoder``'s ``after``),
     so that it reads as it does after the prompt: "▁world" after "Hello" is " world", as transformers'
     decode of prompt and completion together gives it. Its last shown tokens from the last one that
     begins a character (a run of byte tokens decodes whole: its UTF-8 from there), ``LEAD_TOKENS``
     at most. None where the decoder drops no lead space (byte-level ones, as DeepSeek's: the
-    completion decodes alone, as it reads anyway), nor where the prompt shows no text (the completion
-    begins it: its lead space dropped, as in transformers' decode)."""
-    if not codec.drops_lead_space:
-        return []
+    completion decodes alone, as it reads anyway) unless the prompt ends in a character cut short,
+    nor where the prompt shows no text (the completion begins it: its lead space dropped, as in
+    transformers' decode).
+
+    And the characters ending their text that are a character cut short (``StreamDecoder``'s
+    ``cut``): the completion's where its tokens complete it, as vLLM's detokenizer primed with the
+    prompt holds it for them; one U+FFFD a byte in a run of byte tokens, else one. A prompt ending in
+    a run of byte tokens that is not UTF-8 has none: its ids from where the run breaks
+    (``TextCodec.run_break``) lead, and the completion's bytes go on with it, one U+FFFD each."""
+    if not codec.has_tokenizer:
+        return [], 0
+    tail = list(prompt[-LEAD_TOKENS:])
+    while len(tail) < len(prompt) and codec.in_run(tail):  # (the run of byte tokens that ends it, whole)
+        tail = list(prompt[-2 * len(tail) :])
+    if not codec.open_run(tail) and (broken := codec.run_break(tail)) < len(tail):
+        # a run of byte tokens that is not UTF-8: the completion's bytes go on with it, one U+FFFD each
+        return [token for token in tail[broken:] if codec.shown(token)], 0
     lead: list[int] = []
     for token in reversed(prompt):
         if not codec.shown(token):  # (left out of the text: a BOS, a template's special token)
@@ -61,4 +75,9 @@ def prompt_lead(codec: TextCodec | IdsOnlyCodec, prompt: Sequence[int]) -> list[
         first = codec.token_piece(token)[1][:1]
         if len(lead) == LEAD_TOKENS or not first or not 0x80 <= first[0] < 0xC0:  # (0x80-0xBF: a continuation)
             break
-    return lead[::-1]
+    lead.reverse()
+    utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+    utf8.decode(b"".join(codec.token_piece(token)[1] for token in lead))
+    held = len(utf8.getstate()[0])  # [bytes] of a character cut short
+    cut = held and (held if codec.open_run(lead) else 1)
+    return (lead, cut) if codec.drops_lead_space or cut else ([], 0)

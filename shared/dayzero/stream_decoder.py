@@ -25,13 +25,16 @@ class StreamDecoder:
     before (a decoder may render a token by its neighbours, e.g. a word's leading space): the cost
     per token stays flat however long the output grows."""
 
-    def __init__(self, codec: TextCodec | IdsOnlyCodec, after: Sequence[int] = ()) -> None:
+    def __init__(self, codec: TextCodec | IdsOnlyCodec, after: Sequence[int] = (), cut: int = 0) -> None:
         """``after``: the ids whose text its own follows, never released (the prompt's last:
-        ``lead_space.prompt_lead``), decoded as the context of its first."""
+        ``lead_space.prompt_lead``), decoded as the context of its first; ``cut``: the characters
+        that end their text where it ends in a character cut short (U+FFFD, one a byte in a run of
+        byte tokens), which its own ids may complete: that character is then theirs."""
         self._codec = codec
         self._ids: list[int] = list(after)
         self._context = 0  # ids[_context:_released] decoded as the context of what follows
         self._released = len(after)  # the ids up to here are out as text
+        self._cut = cut  # characters ending the text of ids[_context:_released] a character cut short
         self._shown = 0  # characters of the text of ids[_released:] out already (before a cut character)
         self._open = 0  # ids[_context:] up to here end in an open run of byte tokens (TextCodec.open_run)
         # an open run's text as ``ending`` last read it whole: ((_context, _released) then, start, upto,
@@ -64,7 +67,7 @@ class StreamDecoder:
         # (a run of byte tokens not UTF-8, settled: its later bytes decode from where it breaks)
         broken = self._codec.run_break(pending)
         self._context = self._context + broken if broken < len(pending) else self._released
-        self._released, self._shown = len(self._ids), 0
+        self._released, self._shown, self._cut = len(self._ids), 0, 0
         return delta
 
     def settled_since(self, mark: tuple[int, ...]) -> bool:
@@ -78,11 +81,11 @@ class StreamDecoder:
 
     def mark(self) -> tuple[int, ...]:
         """Its state, for ``rewind``."""
-        return len(self._ids), self._context, self._released, self._shown, self._open
+        return len(self._ids), self._context, self._released, self._shown, self._open, self._cut
 
     def rewind(self, mark: tuple[int, ...]) -> None:
         """Back to the state ``mark`` took: the ids pushed since are dropped."""
-        count, self._context, self._released, self._shown, self._open = mark
+        count, self._context, self._released, self._shown, self._open, self._cut = mark
         del self._ids[count:]
         self._run = NO_RUN
 
@@ -97,13 +100,14 @@ class StreamDecoder:
             return ""
         key = (self._context, self._released)
         known, start, upto, text = self._run
-        if known != key:  # (a run opened since: its text from the context on)
-            start, upto, text = self._context, self._released, ""
-        # (a valid run's UTF-8 splits where a character begins: its text is that of its parts)
-        text += self._codec.decode(self._ids[start:])[len(self._codec.decode(self._ids[start:upto])) :]
+        if known == key:  # (a valid run's UTF-8 splits where a character begins: its text is its parts')
+            text += self._codec.decode(self._ids[start:])[len(self._codec.decode(self._ids[start:upto])) :]
+            start = upto
+        else:  # (a run opened since)
+            start, text = self._context, self._held()
         if not text or self._codec.unsettled(self._ids[start:], text):
             return ""
-        self._run = key, upto, len(self._ids), text
+        self._run = key, start, len(self._ids), text
         return text[self._shown :]
 
     def flush(self) -> str:
@@ -112,11 +116,20 @@ class StreamDecoder:
         held = self._held()
         shown, self._shown = self._shown, 0
         self._context = self._released = len(self._ids)
-        self._open = 0
+        self._open = self._cut = 0
         return held[shown:]
 
     def _held(self) -> str:
         """The text of ``ids[_released:]``, decoded after the release before it (``_shown`` of it out
-        already, before a cut character)."""
+        already, before a cut character): what it adds to that text. Where it rewrites that text (the
+        prompt's end, ``after``), what they decode to in it: the character the prompt cut short
+        (``_cut``) that they complete; or one U+FFFD a byte of theirs where they turn a run of byte
+        tokens from the prompt's UTF-8 into bytes that are not (transformers' decode of both turns the
+        prompt's bytes too, one U+FFFD each: no text that follows the prompt's can match it)."""
         before = self._codec.decode(self._ids[self._context : self._released])
-        return self._codec.decode(self._ids[self._context :])[len(before) :]
+        text = self._codec.decode(self._ids[self._context :])
+        if text.startswith(before):
+            return text[len(before) :]
+        if self._cut:
+            return text[len(before) - self._cut :]
+        return self._codec.decode(self._ids[self._released :])
