@@ -148,6 +148,8 @@ def make_app(settings: Settings) -> FastAPI:
         )
         if gw.codec.has_tokenizer:  # load the template renderer now, fail early
             gw.codec.chat_ids([{"role": "user", "content": "hi"}])
+            gw.codec.shown(0)  # its id set, now: on a first logprobs request it walked the vocabulary
+            # on the loop every stream shares (~0.3 s at 129k ids)
         else:
             log.warning("%s has no tokenizer.json: serving token-id prompts only", path)
         app.state.gateway = gw

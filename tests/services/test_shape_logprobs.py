@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import time
 
+from fastapi.testclient import TestClient
+
 from dayzero.params import SamplingParams
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.records import Token
+from dayzero.settings import Settings
 from dayzero.tokenizer import TextCodec
+from services.gateway.app import make_app
 from services.gateway.shapes import Shape
 
 
@@ -158,3 +162,11 @@ def test_a_completion_after_a_prompt_showing_no_text_begins_it_whatever_ids_it_h
     logprobs = body["choices"][0]["logprobs"]
     assert reference.decode([1, padded, *ids], skip_special_tokens=True) == "world world"
     assert (logprobs["tokens"], logprobs["text_offset"]) == (["world", " world"], [0, 5])  # was " world" first
+
+
+def test_the_gateway_builds_the_shown_tokens_before_it_serves(demo_dir, redis_url):
+    """``TextCodec.shown``'s id set (which tokens a text shows: logprobs' bytes, a prompt's lead) is
+    built as the gateway starts: built by the first logprobs request, it walked the vocabulary (~0.3 s at
+    129k ids) on the event loop every stream shares."""
+    with TestClient(make_app(Settings(checkpoint=demo_dir, redis_url=redis_url))) as gateway:
+        assert "_shown_ids" in vars(gateway.app.state.gateway.codec)
