@@ -85,6 +85,16 @@ def test_decoded_output_leaves_out_special_tokens(codec):
     )
 
 
+def test_a_token_is_shown_where_decoded_text_holds_it(codec):
+    """``shown`` as ``decode`` writes each id: special tokens and ids past the tokenizer (a model's
+    vocabulary padded past it) nothing; every other id its text, the first of a piece that a Unigram
+    vocabulary lists twice too (camembert's does: ``get_vocab``, a piece -> id map, keeps the last)."""
+    repeating = TextCodec(Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0), ("b", -2.0), ("a", -3.0)], 0, False)))
+    for each in (codec, repeating):
+        ids = range(each.vocab_size + 8)
+        assert [each.shown(t) for t in ids] == [bool(each.decode([t])) for t in ids]
+
+
 def test_a_tokens_piece_is_its_own_text_and_the_bytes_it_stands_for(codec):
     """Every token of the vocabulary against transformers' byte-level table, the special ones
     named by their text; a character split over tokens shows U+FFFD per part while the parts'

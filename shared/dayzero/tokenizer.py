@@ -145,12 +145,14 @@ class TextCodec:
     def shown(self, token: int) -> bool:
         """Whether decoded text holds ``token`` (special tokens are left out: ``decode``; an id the
         tokenizer lacks, as a model's vocabulary padded past it has, decodes to nothing)."""
-        return token in self._shown_ids
+        return token in self._shown_ids or (token not in self._hidden and self._tok.id_to_token(token) is not None)
 
     @functools.cached_property
     def _shown_ids(self) -> frozenset[int]:
-        """``shown``'s ids, once (a lookup per token; the tokenizer's ``id_to_token`` cost ~3x as much): on
-        first use, as walking a 129k vocabulary adds ~0.1 s to a codec that may never be asked."""
+        """``shown``'s ids but those ``get_vocab`` (a piece -> id map) leaves out, once (a lookup per token;
+        the tokenizer's ``id_to_token`` cost ~3x as much): a piece a Unigram vocabulary lists twice (as
+        camembert's does) keeps one id there, and the tokenizer answers for the other. On first use, as
+        walking a 129k vocabulary adds ~0.1 s to a codec that may never be asked (the gateway's start asks)."""
         return frozenset(self._tok.get_vocab(with_added_tokens=True).values()) - self._hidden
 
     def token_piece(self, token: int, opening: bool = False) -> tuple[str, bytes]:
