@@ -6,8 +6,9 @@ added in all, each but ``｜DSML｜`` beginning with "<"). Median of ``--runs``,
 Rows: 1 MiB of space-free HTML (a "<" in every 4 bytes, no added token's text: the bound that let
 each "<" begin a 33-byte added token proved 31,776 tokens, so it was tokenized whole to be refused,
 the "whole" column); the cost of finding the added tokens a 1 MiB text holds (ASCII; UCS-2 with CJK
-and a chat's markers; 46,602 added tokens); space-free text under the bound (base64, CJK), tokenized
-whole before the count refuses it.
+and a chat's markers; 46,602 added tokens); space-free text under the bound (base64, CJK, digits,
+minified JSON): tokenized whole before the count refused it, now in pieces until they pass the limit
+where it has digit edges (``dayzero.prompt_pieces``: base64, JSON; CJK and digits still whole).
 Run: ``python bench/prompt_bound.py [--limit 65536] [--runs 5]``.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
 import random
 
 from options import bench_parser
@@ -58,12 +60,19 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     b64 = base64.b64encode(rng.randbytes(args.limit * bound.plain)).decode()
     cjk = "".join(chr(rng.randrange(0x4E00, 0x9FA5)) for _ in range(args.limit * bound.plain // 3))
+    digits = "".join(rng.choice("0123456789") for _ in range(args.limit * bound.plain))
+    records = [
+        {"id": rng.randrange(10**6), "k": f"v{rng.randrange(99)}"} for _ in range(args.limit * bound.plain // 20)
+    ]
+    minified = json.dumps(records, separators=(",", ":"))
     texts = {
         "HTML, no spaces": repeated("<tr><td>cell</td><td>12</td></tr>", MIB),
         "chat of CJK and English": "<｜User｜>" + repeated("中文字符 and words, ", MIB) + "<｜Assistant｜></think>",
         "46,602 added tokens": repeated("<｜User｜>hi<｜place▁holder▁no▁7｜>", MIB),
         "base64, just under the bound": b64[: (args.limit - 1) * bound.plain],
         "CJK, just under the bound": cjk[: (args.limit - 1) * bound.plain // 3],
+        "digits, just under the bound": digits[: (args.limit - 1) * bound.plain],
+        "minified JSON, just under the bound": minified[: (args.limit - 1) * bound.plain],
     }
     for name, text in texts.items():
         size = len(text.encode())

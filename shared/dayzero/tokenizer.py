@@ -14,7 +14,8 @@ markup are how the model structures its answer, and the gateway parses them out.
 Prompt text is refused before tokenizing when it is not Unicode the tokenizer can take (a lone
 UTF-16 surrogate, as JSON's ``"\ud800"`` decodes) or when its UTF-8 size alone proves it longer
 than a limit, and a long one when its head alone does (``dayzero.prompt_head``: only the head is
-tokenized); tokenizing itself runs without the GIL (the gateway's event loop goes on meanwhile).
+tokenized) or its first pieces do (``dayzero.prompt_pieces``: space-free text); tokenizing itself
+runs without the GIL (the gateway's event loop goes on meanwhile).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .chat.tokens import OUTPUT_MARKERS
 from .ids_only_codec import IdsOnlyCodec
 from .lead_space import inner_tokenizer
 from .prompt_head import tokens_of_head
+from .prompt_pieces import piece_cuts
 
 _TEMPLATE_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -71,6 +73,7 @@ class TextCodec:
         self._hidden = special - {tokenizer.token_to_id(t) for t in OUTPUT_MARKERS}  # left out of decoded text
         spec = tokenizer_spec(tokenizer)
         self.token_bytes = token_bytes(tokenizer, spec)  # (None: no bound from a text's size)
+        self.piece_cuts = piece_cuts(tokenizer, spec)  # (None: a long prompt is tokenized whole)
         self._fallback_bytes = fallback_bytes(tokenizer, spec)  # byte token -> its byte (a byte-fallback tokenizer)
         self._inner = inner_tokenizer(tokenizer, spec)  # decodes a token as it reads after other text
         self.drops_lead_space = self._inner is not tokenizer  # a text's lead space (lead_space.py)
@@ -110,8 +113,8 @@ class TextCodec:
 
     def encode(self, text: str, limit: int | None = None, special: bool = True) -> list[int]:
         """Prompt ids (BOS added; ``special`` False: none); PromptTooLongError when the text's size
-        alone (untokenized) or its head's tokens (``prompt_head``) prove it has ``limit`` tokens or
-        more (the exact count is the caller's)."""
+        alone (untokenized), its head's tokens (``prompt_head``) or its first pieces' (``prompt_pieces``)
+        prove it has ``limit`` tokens or more (the exact count is the caller's)."""
         return self._ids(text, special, limit)
 
     def _ids(self, text: str, add_special_tokens: bool, limit: int | None) -> list[int]:
@@ -129,6 +132,11 @@ class TextCodec:
         count = functools.partial(self._count, add_special_tokens=add_special_tokens)
         if limit is not None and self.token_bytes and (from_head := tokens_of_head(text, limit, count)):
             raise PromptTooLongError(from_head, limit)
+        if limit is not None and self.piece_cuts:  # (its pieces tokenize as it does: prompt_pieces.py)
+            ids, whole = self.piece_cuts.ids_until(self._tok, text, limit, add_special_tokens)
+            if not whole:
+                raise PromptTooLongError(len(ids), limit)
+            return ids
         return self._tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids  # GIL released
 
     def _count(self, text: str, add_special_tokens: bool) -> int:

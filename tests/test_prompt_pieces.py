@@ -1,0 +1,145 @@
+"""A long prompt is tokenized in pieces cut at digit edges, and refused once they reach the limit; a
+prompt under it gets the ids the tokenizer gives the whole text (the demo tokenizer: GPT-2's regex;
+one under DeepSeek-V3's pre-tokenizers, trained under them, with V3's added tokens holding digits)."""
+
+from __future__ import annotations
+
+import base64
+import random
+
+import pytest
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors, trainers
+
+from dayzero import prompt_pieces
+from dayzero.chat.tokens import BOS, EOS
+from dayzero.demo import DEMO_CONFIG, SPECIAL_TOKENS, build_tokenizer
+from dayzero.tokenizer import PromptTooLongError, TextCodec
+
+# DeepSeek-V3's tokenizer.json pre-tokenizers: digits in threes, CJK runs, then words and punctuation
+V3_SPLITS = (
+    r"\p{N}{1,3}",
+    "[一-龥぀-ゟ゠-ヿ]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
+    " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+)
+V3_ADDED = [f"<｜place▁holder▁no▁{i}｜>" for i in range(20)]  # (digits inside added tokens)
+TOKEN_AT_EDGES = "<img7>"  # an added token an edge ("g7", "7>") would cut, but for its characters
+PIECES = [
+    *("ab", "Zq", "0", "12", "345", "6789", "+", "/", "=", ",", ":", "{", "}", "[", "]", '"', "'", "'s", "x1", "1x"),
+    *(
+        ".5",
+        "-3",
+        " ",
+        "  ",
+        "\n",
+        " 7",
+        "中文",
+        "²",
+        "½",
+        "é",
+        "<｜User｜>",
+        "<｜place▁holder▁no▁17｜>",
+        "<｜",
+        "｜>",
+        TOKEN_AT_EDGES,
+        "img7",
+        "7>",
+    ),
+]
+
+
+def v3_like() -> Tokenizer:
+    """Byte-level BPE under V3's pre-tokenizers, trained on random text of ``PIECES`` (merges of
+    digits in threes, of " 7", of "'s"...): a cut where V3 does not split changes its tokens."""
+    tokenizer = Tokenizer(models.BPE())
+    splits = [pre_tokenizers.Split(Regex(p), "isolated") for p in V3_SPLITS]
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([*splits, byte_level])
+    rng = random.Random(0)
+    texts = ["".join(rng.choice(PIECES) for _ in range(200)) for _ in range(50)]
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=1000, initial_alphabet=alphabet, show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    tokenizer.add_special_tokens([*SPECIAL_TOKENS, *V3_ADDED, TOKEN_AT_EDGES])
+    return tokenizer
+
+
+@pytest.fixture(scope="module", params=["demo", "demo, EOS after", "v3"])
+def codec(request):
+    if request.param == "v3":
+        return TextCodec(v3_like())
+    tokenizer = build_tokenizer(DEMO_CONFIG["vocab_size"])
+    tokenizer.add_special_tokens([TOKEN_AT_EDGES])
+    if request.param == "demo, EOS after":  # (a template with special tokens on both sides)
+        specials = [(BOS, tokenizer.token_to_id(BOS)), (EOS, tokenizer.token_to_id(EOS))]
+        tokenizer.post_processor = processors.TemplateProcessing(single=f"{BOS} $A {EOS}", special_tokens=specials)
+    return TextCodec(tokenizer)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_pieces_tokenize_as_the_whole_text(codec, seed, monkeypatch):
+    """Pieces of at least 3 characters, so a text is cut at nearly each of its digit edges: random texts
+    of base64-like runs, digits, JSON punctuation, spaces before digits, "'s", CJK, "²" (a digit to
+    the tokenizer's \\p{N}, not to ASCII) and added tokens with digits in them, against the ids the
+    tokenizer gives the whole text."""
+    monkeypatch.setattr(prompt_pieces, "PIECE_CHARACTERS", 3)
+    rng = random.Random(seed)
+    text = "".join(rng.choice(PIECES) for _ in range(rng.randrange(1, 300)))
+    for special in (True, False):
+        assert codec.encode(text, 1 << 30, special) == codec._tok.encode(text, add_special_tokens=special).ids
+
+
+@pytest.mark.parametrize("kind", ["base64", "minified JSON"])
+def test_space_free_text_past_the_limit_is_refused_from_its_first_pieces(codec, kind, monkeypatch):
+    """Under the byte bound (a model token of 12 bytes: 12 a token of the limit) and with no space for
+    a head: base64 of 8 characters a token of the limit was tokenized whole to be refused (786,420
+    characters against 65,536 on the demo: 0.4 s); now pieces until they pass the limit: less than
+    half of it (a token of the limit takes at most 2 characters, and a piece 1,024 here)."""
+    monkeypatch.setattr(prompt_pieces, "PIECE_CHARACTERS", 1024)
+    limit, rng = 4096, random.Random(1)
+    if kind == "base64":
+        text = base64.b64encode(rng.randbytes(limit * 6)).decode()  # (8 characters a token of the limit)
+    else:
+        text = ",".join(f'{{"id":{rng.randrange(10**6)},"k":"v{rng.randrange(99)}"}}' for _ in range(limit // 3))
+    given, tokenizer = [], codec._tok
+
+    class Seen:  # the texts the tokenizer is given
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def encode_batch_fast(self, texts, **kw):
+            given.extend(texts)
+            return tokenizer.encode_batch_fast(texts, **kw)
+
+    monkeypatch.setattr(codec, "_tok", Seen())
+    with pytest.raises(PromptTooLongError) as refused:
+        codec.encode(text, limit)
+    monkeypatch.undo()
+    assert given and sum(map(len, given)) < len(text) // 2, (sum(map(len, given)), len(text))
+    assert limit <= refused.value.tokens <= len(codec.encode(text)), refused.value.tokens
+
+
+@pytest.mark.parametrize(
+    "pre",
+    [
+        pre_tokenizers.ByteLevel(add_prefix_space=True),  # (each piece would begin with a space)
+        pre_tokenizers.Metaspace(),
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(), pre_tokenizers.ByteLevel()]),  # (not V3's Split)
+        pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(V3_SPLITS[2]), "isolated"), pre_tokenizers.ByteLevel()]),
+    ],
+)
+def test_other_pre_tokenizers_are_tokenized_whole(pre):
+    """Where a digit edge is not known to split as the whole text does, no piece is cut."""
+    tokenizer = build_tokenizer(DEMO_CONFIG["vocab_size"])
+    tokenizer.pre_tokenizer = pre
+    assert TextCodec(tokenizer).piece_cuts is None
+
+
+def test_an_added_token_that_stands_alone_as_a_word_leaves_the_text_whole():
+    """A ``single_word`` added token is matched by what stands beside it: cut before it, a piece
+    begins with it (no word character before) where the whole text had one."""
+    from tokenizers import AddedToken
+
+    tokenizer = build_tokenizer(DEMO_CONFIG["vocab_size"])
+    tokenizer.add_tokens([AddedToken("7x", single_word=True)])
+    assert TextCodec(tokenizer).piece_cuts is None
