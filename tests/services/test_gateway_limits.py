@@ -3,7 +3,9 @@ checks of bodies and prompts."""
 
 from __future__ import annotations
 
+import base64
 import json
+import random
 import time
 
 import httpx
@@ -220,6 +222,21 @@ def test_a_chat_far_over_the_context_is_refused_from_its_size(lone_gateway):
     at_least = 10 + -(-(29 + 12 + 300_000 + 17 + 8 - 10 * 29) // 12)
     assert r.json()["error"]["message"] == f"the prompt has at least {at_least} tokens; the context limit is 4096"
     assert r.json()["error"]["param"] == "messages"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_space_free_prompt_over_the_context_is_refused_from_its_first_pieces(lone_gateway, path):
+    """40,000 characters of base64 against 4,096: under the byte bound (49,152 bytes at 12 a token) and
+    no space for a head, it was tokenized whole and refused by its count ("the prompt has 39,6xx
+    tokens"); now by its first piece's tokens (dayzero.prompt_pieces), the same 400 otherwise."""
+    prompt = base64.b64encode(random.Random(0).randbytes(30_000)).decode()
+    body = {"model": MODEL, "max_tokens": 3}
+    body |= {"prompt": prompt} if path == "/v1/completions" else {"messages": [{"role": "user", "content": prompt}]}
+    r = httpx.post(f"{lone_gateway.url}{path}", json=body, headers=KEY, timeout=30)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["code"] == "context_length_exceeded", r.text
+    assert error["type"] == "invalid_request_error" and error["param"] == ("prompt" if "prompt" in body else "messages")
+    assert error["message"].startswith("the prompt has at least ") and error["message"].endswith(" limit is 4096")
 
 
 @pytest.mark.parametrize("prompt", [[5] * 5000, "hello " * 5000])
