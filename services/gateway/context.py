@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import version
 
-from starlette.concurrency import run_in_threadpool
+import anyio
+import anyio.to_thread
 
 from dayzero.ids_only_codec import IdsOnlyCodec
 from dayzero.settings import Settings
@@ -36,6 +38,10 @@ class Gateway:
     vision_config: dict = field(default_factory=dict)  # the checkpoint's: its patch geometry sizes the images
     fingerprint: str | None = None  # OpenAI's system_fingerprint (system_fingerprint())
     command_refused: str | None = None  # a command its Redis user is refused (NOPERM), met by the reaper: /ready's
+    # prompt texts tokenized at once off the loop (``encoded``): one a CPU this process may run on
+    tokenizing: anyio.CapacityLimiter = field(
+        default_factory=lambda: anyio.CapacityLimiter(len(os.sched_getaffinity(0)))
+    )
 
 
 def system_fingerprint(config: dict, speculative_tokens: int) -> str:
@@ -68,7 +74,10 @@ ENCODED_ON_THE_LOOP = 256
 
 
 async def encoded(gw: Gateway, text: str, limit: int | None, special: bool = True) -> list[int]:
-    """``gw.codec.encode(text, limit, special)``, off the event loop unless ``text`` is short."""
+    """``gw.codec.encode(text, limit, special)``, off the event loop unless ``text`` is short: on at
+    most ``gw.tokenizing`` threads at once (one a CPU), the others waiting for one. Taking the thread
+    pool's (40), 40 long prompts at once (a second of CPU each) held it all: every request's own hops
+    (the bus's Redis reads) waited seconds for a thread."""
     if len(text) <= ENCODED_ON_THE_LOOP:
         return gw.codec.encode(text, limit, special)
-    return await run_in_threadpool(gw.codec.encode, text, limit, special)
+    return await anyio.to_thread.run_sync(gw.codec.encode, text, limit, special, limiter=gw.tokenizing)

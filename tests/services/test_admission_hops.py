@@ -9,6 +9,8 @@ import itertools
 import threading
 from types import SimpleNamespace
 
+import anyio
+
 from services.gateway import chat
 from services.gateway.context import ENCODED_ON_THE_LOOP, encoded
 from services.gateway.schemas import CompletionRequest
@@ -27,7 +29,7 @@ class _Codec:
 
 def test_short_text_is_encoded_on_the_loop_and_long_text_off_it():
     codec = _Codec()
-    gw = SimpleNamespace(codec=codec)
+    gw = SimpleNamespace(codec=codec, tokenizing=anyio.CapacityLimiter(1))
 
     async def both() -> tuple[list[int], list[int], threading.Thread]:
         short = await encoded(gw, "x" * ENCODED_ON_THE_LOOP, 10)
