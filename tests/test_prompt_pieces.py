@@ -93,7 +93,7 @@ def test_pieces_tokenize_as_the_whole_text(codec, seed, monkeypatch):
 def test_space_free_text_past_the_limit_is_refused_from_its_first_pieces(codec, kind, monkeypatch):
     """Under the byte bound (a model token of 12 bytes: 12 a token of the limit) and with no space for
     a head: base64 of 8 characters a token of the limit was tokenized whole to be refused (786,420
-    characters against 65,536 on the demo: 0.4 s); now pieces until they pass the limit: less than
+    characters against 65,536 on the demo: 0.5 s); now pieces until they pass the limit: less than
     half of it (a token of the limit takes at most 2 characters, and a piece 1,024 here)."""
     monkeypatch.setattr(prompt_pieces, "PIECE_CHARACTERS", 1024)
     limit, rng = 4096, random.Random(1)

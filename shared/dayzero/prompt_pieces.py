@@ -1,6 +1,6 @@
 """A long prompt tokenized in pieces, refused once their tokens reach the limit: space-free text under
 the byte bound (base64, minified JSON) was tokenized whole to be refused (786,420 characters of base64
-against a context of 65,536 on the demo tokenizer: 0.4 s), where the first pieces prove it.
+against a context of 65,536 on the demo tokenizer: 0.5 s), where the first pieces prove it.
 
 A piece ends where an ASCII digit meets another printable ASCII character that is not a space (a
 "digit edge"). There the pieces tokenize as the whole text does (their ids, concatenated, are the
@@ -13,7 +13,8 @@ whole text's) when the tokenizer has no normalizer and
   no space, ends or begins a match of its own (``\\p{L}+``, ``[^\\s\\p{L}\\p{N}]+``, ``'s``) that
   looks no further;
 and its added tokens cannot span the edge: one of its two characters is in none of them (their
-matcher takes the leftmost longest; none strips spaces or wants a word on its own). A text with no
+matcher takes the leftmost longest; none strips spaces or wants a word on its own). The pieces' ids
+are joined between the special tokens the post-processor's template adds. A text with no
 digit edge past its first ``PIECE_CHARACTERS`` (random CJK, a digit string) is one piece, as before.
 """
 
