@@ -14,8 +14,9 @@ whole text's) when the tokenizer has no normalizer and
   looks no further;
 and its added tokens cannot span the edge: one of its two characters is in none of them (their
 matcher takes the leftmost longest; none strips spaces or wants a word on its own). The pieces' ids
-are joined between the special tokens the post-processor's template adds. A text with no
-digit edge past its first ``PIECE_CHARACTERS`` (random CJK, a digit string) is one piece, as before.
+are joined between the special tokens the post-processor's template adds. Text with no
+digit edge in the ``CUT_SEARCH`` characters past a piece's first ``PIECE_CHARACTERS`` is one piece
+(random CJK, a digit string: the whole text, as before).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tokenizers import Tokenizer
 from .byte_level import KEEPING_PRE_TOKENIZERS
 
 PIECE_CHARACTERS = 1 << 14  # a piece is at least this long (~10 ms to tokenize), but for the last
+CUT_SEARCH = 4 * PIECE_CHARACTERS  # characters searched for its end (none: the rest is one piece)
 DIGITS_FIRST = {"type": "Split", "pattern": {"Regex": r"\p{N}{1,3}"}, "behavior": "Isolated", "invert": False}
 _OTHERS = "".join(sorted(set(string.printable) - set(string.digits) - set(string.whitespace)))
 
@@ -38,7 +40,7 @@ class PieceCuts:
     """Where a text may be cut into pieces that tokenize as the whole (``piece_cuts``), and the ids
     the post-processor puts around a text's (``before``, ``after``: its template's special tokens)."""
 
-    edges: re.Pattern[str]  # matches (empty) at each digit edge no added token can span
+    edges: re.Pattern[str]  # matches the two characters of each digit edge no added token can span
     before: list[int]
     after: list[int]
 
@@ -55,8 +57,8 @@ class PieceCuts:
         start = 0
         while start < len(text) and len(ids) + added < limit:
             at_least = start + PIECE_CHARACTERS
-            cut = self.edges.search(text, at_least) if at_least < len(text) else None
-            end = cut.start() if cut else len(text)
+            cut = self.edges.search(text, at_least - 1, at_least + CUT_SEARCH) if at_least < len(text) else None
+            end = cut.start() + 1 if cut else len(text)  # (between its two characters)
             ids += tokenizer.encode_batch_fast([text[start:end]], add_special_tokens=False)[0].ids  # GIL released
             start = end
         return ids + (self.after if add_special_tokens else []), start == len(text)
@@ -87,7 +89,7 @@ def piece_cuts(tokenizer: Tokenizer, spec: dict) -> PieceCuts | None:
     free_digits = re.escape("".join(c for c in string.digits if c not in in_added))
     free_others = re.escape("".join(c for c in _OTHERS if c not in in_added))
     sides = [(free_digits, others), (digits, free_others), (free_others, digits), (others, free_digits)]
-    edges = "|".join(f"(?<=[{before}])(?=[{after}])" for before, after in sides if before and after)
+    edges = "|".join(f"[{before}][{after}]" for before, after in sides if before and after)
     return PieceCuts(re.compile(edges), *around) if edges else None
 
 
