@@ -5,6 +5,7 @@ one under DeepSeek-V3's pre-tokenizers, trained under them, with V3's added toke
 from __future__ import annotations
 
 import base64
+import functools
 import random
 
 import pytest
@@ -23,9 +24,34 @@ V3_SPLITS = (
     " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
 )
 V3_ADDED = [f"<｜place▁holder▁no▁{i}｜>" for i in range(20)]  # (digits inside added tokens)
-TOKEN_AT_EDGES = "<img7>"  # an added token an edge ("g7", "7>") would cut, but for its characters
+LIMIT = 4096
+ENDING_IN_DIGITS = "page12"
+TOKEN_AT_EDGES = "<img2024>"  # an added token edges ("g2", "4>") and runs ("202|4") would cut, unchecked
 PIECES = [
-    *("ab", "Zq", "0", "12", "345", "6789", "+", "/", "=", ",", ":", "{", "}", "[", "]", '"', "'", "'s", "x1", "1x"),
+    *(
+        "31415926535",
+        "2718281828459045",
+        "ab",
+        "Zq",
+        "0",
+        "12",
+        "345",
+        "6789",
+        "+",
+        "/",
+        "=",
+        ",",
+        ":",
+        "{",
+        "}",
+        "[",
+        "]",
+        '"',
+        "'",
+        "'s",
+        "x1",
+        "1x",
+    ),
     *(
         ".5",
         "-3",
@@ -42,13 +68,15 @@ PIECES = [
         "<｜",
         "｜>",
         TOKEN_AT_EDGES,
-        "img7",
-        "7>",
+        "img2024",
+        "2024>",
+        ENDING_IN_DIGITS,
     ),
 ]
 
 
-def v3_like() -> Tokenizer:
+@functools.cache
+def v3_like(*added: str) -> Tokenizer:
     """Byte-level BPE under V3's pre-tokenizers, trained on random text of ``PIECES`` (merges of
     digits in threes, of " 7", of "'s"...): a cut where V3 does not split changes its tokens."""
     tokenizer = Tokenizer(models.BPE())
@@ -60,14 +88,14 @@ def v3_like() -> Tokenizer:
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     trainer = trainers.BpeTrainer(vocab_size=1000, initial_alphabet=alphabet, show_progress=False)
     tokenizer.train_from_iterator(texts, trainer=trainer)
-    tokenizer.add_special_tokens([*SPECIAL_TOKENS, *V3_ADDED, TOKEN_AT_EDGES])
+    tokenizer.add_special_tokens([*SPECIAL_TOKENS, *V3_ADDED, TOKEN_AT_EDGES, *added])
     return tokenizer
 
 
-@pytest.fixture(scope="module", params=["demo", "demo, EOS after", "v3"])
+@pytest.fixture(scope="module", params=["demo", "demo, EOS after", "v3", "v3, an added token ending in digits"])
 def codec(request):
-    if request.param == "v3":
-        return TextCodec(v3_like())
+    if request.param.startswith("v3"):  # (a digit run after one begins where it ends: none is cut)
+        return TextCodec(v3_like(*[ENDING_IN_DIGITS] * request.param.endswith("digits")))
     tokenizer = build_tokenizer(DEMO_CONFIG["vocab_size"])
     tokenizer.add_special_tokens([TOKEN_AT_EDGES])
     if request.param == "demo, EOS after":  # (a template with special tokens on both sides)
@@ -76,13 +104,15 @@ def codec(request):
     return TextCodec(tokenizer)
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_pieces_tokenize_as_the_whole_text(codec, seed, monkeypatch):
-    """Pieces of at least 3 characters, so a text is cut at nearly each of its digit edges: random texts
-    of base64-like runs, digits, JSON punctuation, spaces before digits, "'s", CJK, "²" (a digit to
-    the tokenizer's \\p{N}, not to ASCII) and added tokens with digits in them, against the ids the
-    tokenizer gives the whole text."""
-    monkeypatch.setattr(prompt_pieces, "PIECE_CHARACTERS", 3)
+@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("piece", [3, 16])
+def test_pieces_tokenize_as_the_whole_text(codec, piece, seed, monkeypatch):
+    """Pieces of at least 3 characters, so a text is cut at nearly each of its digit edges, or 16 (a
+    piece's end searched for past an added token's digits): random texts of base64-like runs, digit
+    runs, JSON punctuation, spaces before digits, "'s", CJK, "²" (a digit to the tokenizer's \\p{N},
+    not to ASCII) and added tokens with digits in them, against the ids the tokenizer gives the whole
+    text."""
+    monkeypatch.setattr(prompt_pieces, "PIECE_CHARACTERS", piece)
     rng = random.Random(seed)
     text = "".join(rng.choice(PIECES) for _ in range(rng.randrange(1, 300)))
     for special in (True, False):
@@ -95,12 +125,24 @@ def test_space_free_text_past_the_limit_is_refused_from_its_first_pieces(codec, 
     a head: base64 of 8 characters a token of the limit was tokenized whole to be refused (786,420
     characters against 65,536 on the demo: 0.5 s); now pieces until they pass the limit: less than
     half of it (a token of the limit takes at most 2 characters, and a piece 1,024 here)."""
-    monkeypatch.setattr(prompt_pieces, "PIECE_CHARACTERS", 1024)
-    limit, rng = 4096, random.Random(1)
+    rng = random.Random(1)
     if kind == "base64":
-        text = base64.b64encode(rng.randbytes(limit * 6)).decode()  # (8 characters a token of the limit)
+        text = base64.b64encode(rng.randbytes(LIMIT * 6)).decode()  # (8 characters a token of the limit)
     else:
-        text = ",".join(f'{{"id":{rng.randrange(10**6)},"k":"v{rng.randrange(99)}"}}' for _ in range(limit // 3))
+        text = ",".join(f'{{"id":{rng.randrange(10**6)},"k":"v{rng.randrange(99)}"}}' for _ in range(LIMIT // 3))
+    _refused_after_reading_less_than_half(codec, text, monkeypatch)
+
+
+def test_a_digit_string_past_the_limit_is_refused_from_its_first_pieces_under_v3(monkeypatch):
+    """A run of digits is one pre-token under GPT-2's regex, but V3 splits it in threes from its
+    start: 24,576 digits (16,385 tokens) were tokenized whole to be refused; now pieces of it, cut a
+    multiple of 3 digits into it."""
+    text = "x" + "".join(random.Random(2).choice("0123456789") for _ in range(LIMIT * 6))
+    _refused_after_reading_less_than_half(TextCodec(v3_like()), text, monkeypatch)
+
+
+def _refused_after_reading_less_than_half(codec: TextCodec, text: str, monkeypatch) -> None:
+    monkeypatch.setattr(prompt_pieces, "PIECE_CHARACTERS", 1024)
     given, tokenizer = [], codec._tok
 
     class Seen:  # the texts the tokenizer is given
@@ -113,10 +155,10 @@ def test_space_free_text_past_the_limit_is_refused_from_its_first_pieces(codec, 
 
     monkeypatch.setattr(codec, "_tok", Seen())
     with pytest.raises(PromptTooLongError) as refused:
-        codec.encode(text, limit)
+        codec.encode(text, LIMIT)
     monkeypatch.undo()
     assert given and sum(map(len, given)) < len(text) // 2, (sum(map(len, given)), len(text))
-    assert limit <= refused.value.tokens <= len(codec.encode(text)), refused.value.tokens
+    assert LIMIT <= refused.value.tokens <= len(codec.encode(text)), refused.value.tokens
 
 
 @pytest.mark.parametrize(

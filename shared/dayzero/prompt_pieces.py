@@ -14,9 +14,10 @@ whole text's) when the tokenizer has no normalizer and
   looks no further;
 and its added tokens cannot span the edge: one of its two characters is in none of them (their
 matcher takes the leftmost longest; none strips spaces or wants a word on its own). The pieces' ids
-are joined between the special tokens the post-processor's template adds. Text with no
-digit edge in the ``CUT_SEARCH`` characters past a piece's first ``PIECE_CHARACTERS`` is one piece
-(random CJK, a digit string: the whole text, as before).
+are joined between the special tokens the post-processor's template adds. Under ``\\p{N}{1,3}``
+a run of digits is cut at a multiple of 3 digits into it too (``PieceCuts.group_cut``). Text with no
+cut in the ``CUT_SEARCH`` characters past a piece's first ``PIECE_CHARACTERS`` is one piece (random
+CJK; a digit string under GPT-2's regex, one pre-token: the whole text, as before).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class PieceCuts:
     edges: re.Pattern[str]  # matches the two characters of each digit edge no added token can span
     before: list[int]
     after: list[int]
+    in_runs: int | None  # digits of a run a cut in it follows at least (``group_cut``); None: no such cut
 
     def ids_until(
         self, tokenizer: Tokenizer, text: str, limit: int, add_special_tokens: bool
@@ -57,11 +59,28 @@ class PieceCuts:
         start = 0
         while start < len(text) and len(ids) + added < limit:
             at_least = start + PIECE_CHARACTERS
-            cut = self.edges.search(text, at_least - 1, at_least + CUT_SEARCH) if at_least < len(text) else None
-            end = cut.start() + 1 if cut else len(text)  # (between its two characters)
+            if at_least >= len(text):
+                end = len(text)
+            elif (end := self.group_cut(text, start, at_least)) is None:
+                cut = self.edges.search(text, at_least - 1, at_least + CUT_SEARCH)
+                end = cut.start() + 1 if cut else len(text)  # (between its two characters)
             ids += tokenizer.encode_batch_fast([text[start:end]], add_special_tokens=False)[0].ids  # GIL released
             start = end
         return ids + (self.after if add_special_tokens else []), start == len(text)
+
+    def group_cut(self, text: str, start: int, at_least: int) -> int | None:
+        """A cut from ``at_least`` on in the run of ASCII digits that reaches it, where ``\\p{N}{1,3}``
+        splits it: a multiple of 3 digits into the run (from ``start``, a cut, where the run began
+        before it), and ``in_runs`` digits in at least; None where ``text[at_least - 1]`` is no
+        digit, or the run may begin with a digit that is not ASCII."""
+        if self.in_runs is None:
+            return None
+        head = text[start:at_least]
+        run = at_least - (len(head) - len(head.rstrip(string.digits)))  # (where the run begins)
+        if run == at_least or (run > start and not text[run - 1].isascii()):
+            return None
+        cut = run + -(-max(at_least - run, self.in_runs) // 3) * 3
+        return cut if cut < len(text) and not text[at_least : cut + 1].strip(string.digits) else None
 
 
 def piece_cuts(tokenizer: Tokenizer, spec: dict) -> PieceCuts | None:
@@ -90,7 +109,12 @@ def piece_cuts(tokenizer: Tokenizer, spec: dict) -> PieceCuts | None:
     free_others = re.escape("".join(c for c in _OTHERS if c not in in_added))
     sides = [(free_digits, others), (digits, free_others), (free_others, digits), (others, free_digits)]
     edges = "|".join(f"[{before}][{after}]" for before, after in sides if before and after)
-    return PieceCuts(re.compile(edges), *around) if edges else None
+    # inside a run of ASCII digits longer than any in an added token, none of which a digit begins or ends,
+    # no added token fits (its run, between other characters, would be the text's)
+    longest = max((len(r) for t in added for r in re.findall("[0-9]+", t.content)), default=0)
+    ends = any(t.content[:1] in string.digits or t.content[-1:] in string.digits for t in added if t.content)
+    in_runs = max(longest, 1) if digits_first and not ends else None
+    return PieceCuts(re.compile(edges), *around, in_runs) if edges else None
 
 
 def specials_around(post: dict | None) -> tuple[list[int], list[int]] | None:
