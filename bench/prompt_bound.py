@@ -8,7 +8,7 @@ each "<" begin a 33-byte added token proved 31,776 tokens, so it was tokenized w
 the "whole" column); the cost of finding the added tokens a 1 MiB text holds (ASCII; UCS-2 with CJK
 and a chat's markers; 46,602 added tokens); space-free text under the bound (base64, CJK, digits,
 minified JSON): tokenized whole before the count refused it, now in pieces until they pass the limit
-where it has digit edges (``dayzero.prompt_pieces``: base64, JSON; CJK and digits still whole).
+where it can be cut (``dayzero.prompt_pieces``: base64, JSON, digits in threes; CJK still whole).
 Run: ``python bench/prompt_bound.py [--limit 65536] [--runs 5]``.
 """
 
