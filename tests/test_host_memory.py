@@ -87,12 +87,31 @@ def test_the_tightest_limit_of_this_process_cgroup_and_those_above_it_counts(tmp
     assert host_room(_meminfo(tmp_path), cgroup, own).bytes == 600 * MIB
 
 
-def _limits(folder: str, limit: int, usage: int) -> dict[str, str]:
-    """v1's files of a cgroup ``folder`` with ``limit`` and ``usage`` MiB, no page cache."""
+def test_a_v1_cgroup_above_this_process_counts_back_the_page_cache_its_children_hold(tmp_path):
+    """v1's usage is hierarchical, its memory.stat's active_file the folder's own pages alone (total_active_file:
+    its children's too). /outer (1200 MiB limit, 1199 used) holds no page of its own; /outer/inner (no limit), this
+    process's, holds 982 MiB of page cache: 1 + 982 MiB are free. Read from active_file, 1 MiB was, and pools of
+    600 MiB were refused there (measured: in such a cgroup they were made and zeroed, nothing killed)."""
+    total = f"total_active_file {700 * MIB}\ntotal_inactive_file {282 * MIB}\n"
+    cgroup = _cgroup(
+        tmp_path / "cg",
+        {
+            **_limits("memory/outer", limit=1200, usage=1199, stat="active_file 0\ninactive_file 0\n" + total),
+            **_limits("memory/outer/inner", limit=1 << 43, usage=1190, stat=total.replace("total_", "") + total),
+        },
+    )
+    own = tmp_path / "self-cgroup"
+    own.write_text("4:memory:/outer/inner\n")
+    room = host_room(_meminfo(tmp_path), cgroup, own)
+    assert room.said == "this container's memory, where 983 MiB of its 1200 MiB limit are free"
+
+
+def _limits(folder: str, limit: int, usage: int, stat: str = "active_file 0\ninactive_file 0\n") -> dict[str, str]:
+    """v1's files of a cgroup ``folder`` with ``limit`` and ``usage`` MiB, no page cache unless ``stat`` says."""
     return {
         f"{folder}/memory.limit_in_bytes": f"{limit * MIB}\n",
         f"{folder}/memory.usage_in_bytes": f"{usage * MIB}\n",
-        f"{folder}/memory.stat": "active_file 0\ninactive_file 0\n",
+        f"{folder}/memory.stat": stat,
     }
 
 

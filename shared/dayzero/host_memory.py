@@ -71,5 +71,7 @@ def _limit_room(folder: Path, limit_file: str, usage_file: str) -> tuple[int, in
         stats = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines())
     except (OSError, ValueError):
         return None
-    cache = int(stats.get("active_file", 0)) + int(stats.get("inactive_file", 0))
+    # (v1's active_file counts the folder's own pages alone, its total_active_file those below it too, as its
+    # usage does: a cgroup above this process's holds its page cache in its children's)
+    cache = sum(int(stats.get(f"total_{lru}", stats.get(lru, 0))) for lru in ("active_file", "inactive_file"))
     return max(limit - usage + cache, 0), limit
