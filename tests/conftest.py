@@ -112,6 +112,19 @@ def mtp_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture
+def roomy_host(monkeypatch):
+    """``up``'s pool room check (serving/pool_room.py) sees a /dev/shm and host memory of 1 TiB, all free, and
+    sweeps nothing: an ``up`` in this process testing something else is this machine's no more (a CI container's
+    64 MiB /dev/shm refused the default 256 MiB pools with exit 2). A test may patch ``room`` over it."""
+    from dayzero.host_memory import HostRoom
+    from dayzero.serving import pool_room
+
+    monkeypatch.setattr(pool_room, "room", lambda folder: (1 << 40, 1 << 40))
+    monkeypatch.setattr(pool_room, "sweep_stale", lambda folder: [])
+    monkeypatch.setattr(pool_room, "host_room", lambda: HostRoom(1 << 40, "this test's 1 TiB"))
+
+
 @pytest.fixture(scope="session")
 def codec() -> TextCodec:
     """The demo tokenizer (V4's special tokens, byte-level BPE) for a model of 512 rows."""

@@ -13,6 +13,10 @@ from dayzero import cli
 
 from .conftest import run_dayzero
 
+pytestmark = pytest.mark.usefixtures("roomy_host")  # (up's pool room check: not this machine's)
+# an up run as a command: pools that fit docker's 64 MiB /dev/shm (up's room check is not what it tests)
+FITS_A_SMALL_SHM = {"DAYZERO_KV_BUDGET_MB": "8"}
+
 
 def test_up_and_serve_help_list_every_setting_within_a_readable_width():
     """Each setting with its default; argparse prints the settings (and up's description) as they
@@ -180,7 +184,7 @@ def test_up_gives_up_on_a_redis_it_is_given_that_does_not_answer(url, starred, w
     from dayzero.procs import free_port
 
     closed, logs = free_port(), tmp_path / "logs"
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | FITS_A_SMALL_SHM
     env["DAYZERO_REDIS_URL"] = url.format(port=closed)
     env["DAYZERO_REDIS_ANSWER_WITHIN_S"] = "1"  # (its default, 10 s, waited out here)
     argv = [sys.executable, "-m", "dayzero.cli", "up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(logs)]
@@ -296,7 +300,7 @@ def test_a_second_up_on_a_log_dir_in_use_is_refused_naming_the_first(tiny_checkp
 
     def wait_ready(self, timeout_s, on_wait, on_restart=None):  # the first up, running: a second one starts
         argv = ["up", "--checkpoint", str(tiny_checkpoint), "--log-dir", str(logs), "--ready-timeout", "1"]
-        seconds.append(run_dayzero(*argv, env={**os.environ, "DAYZERO_REDIS_URL": closed}))
+        seconds.append(run_dayzero(*argv, env={**os.environ, **FITS_A_SMALL_SHM, "DAYZERO_REDIS_URL": closed}))
         raise TimeoutError("enough")
 
     monkeypatch.setattr(stack.Stack, "start", lambda self: None)

@@ -30,6 +30,8 @@ REFUSALS = [
     ),
 ]
 
+pytestmark = pytest.mark.usefixtures("roomy_host")  # (up's pool room check: not this machine's)
+
 
 def _guarded(port: int) -> None:
     """A password for the default user, and a user ``noping`` whose password is "wrong", without PING."""
