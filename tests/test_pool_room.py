@@ -39,7 +39,7 @@ def test_prefill_workers_whose_segments_do_not_fit_dev_shm_together_are_refused(
     assert "\n" not in message
     assert message.startswith("the attention pools of 2 prefill workers, 2 x ")
     assert "(DAYZERO_KV_BUDGET_MB=20) do not fit in /dev/shm, where 64 MiB of its 64 MiB are free" in message
-    assert "lower DAYZERO_KV_BUDGET_MB or run fewer prefill workers (--prefill)" in message
+    assert "lower DAYZERO_KV_BUDGET_MB or --prefill, or give /dev/shm " in message
     size = int(re.search(r"--shm-size=(\d+)m\)$", message).group(1))
     assert 2 * 19 + 64 <= size <= 2 * 20 + 64 + 1  # two segments of 19-20 MiB, 64 MiB left, rounded up
     assert _refused(Settings(handoff="redis", kv_budget_mb=20), TWO_PREFILL) is None  # (no segment)
@@ -82,12 +82,29 @@ def test_every_ranks_pools_past_the_host_memory_are_refused(monkeypatch):
     assert "\n" not in message
     assert re.fullmatch(
         r"the attention pools of 4 prefill and decode ranks, 4 x (3\.9|4\.0) MiB before any weights "
-        rf"\(DAYZERO_KV_BUDGET_MB=4\) do not fit in {said}: lower DAYZERO_KV_BUDGET_MB or run fewer workers "
-        r"\(--prefill, --decode\), or give it more memory \(docker: --memory\)",
+        rf"\(DAYZERO_KV_BUDGET_MB=4\) do not fit in {said}: lower DAYZERO_KV_BUDGET_MB, --prefill-tp or "
+        r"--decode-tp, or give it more memory \(docker: --memory\)",
         message,
     )
     monkeypatch.setattr(pool_room, "host_room", lambda: HostRoom(16 * MIB, said))
     assert _refused(Settings(handoff="redis", kv_budget_mb=4), ONE_EACH, ranks) is None
+
+
+def test_a_refusal_names_only_the_flags_that_can_be_lowered(monkeypatch):
+    """Each of up's --prefill, --decode and their -tp is at least 1 (--prefill 0: an argparse error): one
+    prefill worker refused by /dev/shm was told to run fewer prefill workers (--prefill), and pools of one
+    prefill worker of 2 ranks and a decode worker refused by the host's memory named --prefill and --decode,
+    not --prefill-tp."""
+    monkeypatch.setattr(pool_room, "room", lambda folder: (64 * MIB, 64 * MIB))
+    monkeypatch.setattr(pool_room, "host_room", lambda: HostRoom(MIB, "this host's memory, where 1 MiB are available"))
+    shm = _refused(Settings(handoff="shm", kv_budget_mb=40), ONE_EACH)
+    assert "MiB for other segments): lower DAYZERO_KV_BUDGET_MB, or give /dev/shm " in shm
+    host = _refused(Settings(handoff="redis", kv_budget_mb=4), ONE_EACH, {"prefill": 2, "decode": 1})
+    assert host.endswith(
+        "1 MiB are available: lower DAYZERO_KV_BUDGET_MB or --prefill-tp, or give it more memory (docker: --memory)"
+    )
+    single = _refused(Settings(handoff="redis", kv_budget_mb=4), ONE_EACH, {"prefill": 1, "decode": 1})
+    assert "lower DAYZERO_KV_BUDGET_MB, or give it more memory" in single
 
 
 def test_pools_on_cuda_are_not_the_hosts(monkeypatch):

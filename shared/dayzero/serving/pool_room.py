@@ -69,14 +69,26 @@ def stack_pools_refused(
         free, total = room(folder)
         if not shm_fits(segments * size, free, total):
             what = f"the attention pools of {_prefill_workers(segments)}, {segments} x {size / MIB:.1f} MiB"
-            return shm_refusal(what, segments * size, budget, free, total, " or run fewer prefill workers (--prefill)")
+            return shm_refusal(what, segments * size, budget, free, total, _fewer({"--prefill": segments}))
     every = sum(counts[stage] * ranks.get(stage, 1) for stage in ("prefill", "decode"))
     each, left = pools.storage_bytes(), host_room()
     if left is None or every * each <= left.bytes:
         return None
     what = f"the attention pools of {every} prefill and decode ranks, {every} x {each / MIB:.1f} MiB before any weights"
-    return memory_refusal(what, budget, left, more=" or run fewer workers (--prefill, --decode)")
+    flags = {
+        f"--{stage}{tp}": n
+        for stage in ("prefill", "decode")
+        for tp, n in (("", counts[stage]), ("-tp", ranks.get(stage, 1)))
+    }
+    return memory_refusal(what, budget, left, _fewer(flags))
 
 
 def _prefill_workers(n: int) -> str:
     return f"{n} prefill workers" if n > 1 else "1 prefill worker"
+
+
+def _fewer(flags: dict[str, int]) -> str:
+    """What follows "lower DAYZERO_KV_BUDGET_MB" in a refusal: those of up's ``flags`` (flag: its value) that
+    can be lowered (each is at least 1: --prefill 0 is refused), e.g. ", --prefill-tp or --decode-tp"."""
+    lowered = [flag for flag, n in flags.items() if n > 1]
+    return "".join(f", {flag}" for flag in lowered[:-1]) + (f" or {lowered[-1]}" if lowered else "")
