@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import subprocess
 from multiprocessing import shared_memory
 
 import pytest
@@ -86,6 +87,26 @@ def test_pools_on_cpu_past_the_hosts_available_memory_are_refused_before_they_ar
     monkeypatch.setattr(pool_room, "host_room", lambda: HostRoom(4 << 20, said))
     ranks, _ = load_ranks(Settings(checkpoint=tiny_checkpoint, kv_budget_mb=4), Group(), shared=False)
     assert ranks.pools.storage_bytes() <= 4 << 20
+
+
+def test_a_dead_workers_segment_is_swept_before_the_hosts_memory_is_read(tiny_checkpoint, monkeypatch):
+    """A killed prefill worker's segment holds its pages (tmpfs: no reclaim frees them) until the next start
+    sweeps it; the memory check read the room before that sweep and refused pools that fit once it was done
+    (a 1500 MiB cgroup, a dead worker's 600 MiB segment: 900 MiB pools refused, "595 MiB ... free"). Here
+    3 MiB are available while the dead worker's segment is there, 5 MiB once it is swept: 4 MiB pools fit."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = SHM_DIR / f"{kv_shared.PREFIX}-{dead.pid}-0badc0de"
+    stale.write_bytes(bytes(1 << 20))
+    room = {True: HostRoom(3 << 20, "3 MiB"), False: HostRoom(5 << 20, "5 MiB")}
+    monkeypatch.setattr(pool_room, "host_room", lambda: room[stale.exists()])
+    try:
+        _, segment = load_ranks(Settings(checkpoint=tiny_checkpoint, handoff="shm", kv_budget_mb=4), Group(), True)
+    finally:
+        stale.unlink(missing_ok=True)
+    segment.close()
+    segment.unlink()
+    assert 3 << 20 < segment.size <= 4 << 20
 
 
 def test_a_shared_pool_larger_than_dev_shm_is_refused_before_its_segment_is_made(tiny_checkpoint, monkeypatch):

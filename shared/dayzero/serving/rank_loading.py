@@ -78,6 +78,8 @@ def load_ranks(
         budget.chosen_by,
         sized.capacity_tokens(),
     )
+    if shared and settings.handoff == "shm" and (swept := sweep_stale()):  # (their pages: memory host_room counts)
+        log.warning("unlinked %d pool segment(s) left by dead workers: %s", len(swept), swept)
     if device.type == "cpu" and (refused := host_pools_refused(sized, budget)):  # (shm's pages are memory too)
         raise ValueError(refused)
     try:
@@ -97,10 +99,7 @@ def _allocated(
 ) -> tuple[KVPools, Segment | None]:
     """The pools ``sized`` plans (on the meta device), allocated of the kind the handoff reads."""
     layout = sized.layout
-    if shared and settings.handoff == "shm":
-        swept = sweep_stale()
-        if swept:
-            log.warning("unlinked %d pool segment(s) left by dead workers: %s", len(swept), swept)
+    if shared and settings.handoff == "shm":  # (dead workers' segments swept: load_ranks)
         return SharedPools.create(layout, sized.blocks, dtype)
     if shared and settings.handoff == "cuda_ipc":
         return CudaSharedPools.create(layout, sized.blocks, dtype, device), None
