@@ -61,6 +61,31 @@ def test_a_cgroup_v1_limit_counts_and_an_unlimited_one_does_not(tmp_path):
     assert host_room(_meminfo(tmp_path), _cgroup(tmp_path / "v2max", v2_max), NO_SELF).bytes == 2048 * MIB
 
 
+def test_free_swap_counts_up_to_what_the_cgroup_may_still_swap(tmp_path):
+    """The host's 8192 MiB of free swap were added to a cgroup's room whatever its own swap limit: v2's
+    memory.max 1024 MiB (1000 used) and memory.swap.max 0 (a pod's) said "8216 MiB of its 1024 MiB limit are
+    free", and pools of 4 GiB were let in to be OOM-killed at 1 GiB. Docker's --memory 1g (swap.max 1024 MiB,
+    100 swapped): 24 + 924 MiB; v1's memsw (memory and swap: 768 MiB limit, 600 used, over memory's 512 and 500):
+    12 + (256 - 100) MiB; no memory limit but no swap: MemAvailable alone."""
+    v2 = {"memory.max": f"{1024 * MIB}\n", "memory.current": f"{1000 * MIB}\n", "memory.stat": "active_file 0\n"}
+    no_swap = _cgroup(tmp_path / "pod", {**v2, "memory.swap.max": "0\n", "memory.swap.current": "0\n"})
+    meminfo = _meminfo(tmp_path, swap_kib=8192 * 1024)
+    assert (
+        host_room(meminfo, no_swap, NO_SELF).said
+        == "this container's memory, where 24 MiB of its 1024 MiB limit are free"
+    )
+    swap = {"memory.swap.max": f"{1024 * MIB}\n", "memory.swap.current": f"{100 * MIB}\n"}
+    assert host_room(meminfo, _cgroup(tmp_path / "docker", {**v2, **swap}), NO_SELF).bytes == (24 + 924) * MIB
+    v1 = {
+        **_limits("memory", limit=512, usage=500),
+        "memory/memory.memsw.limit_in_bytes": f"{768 * MIB}\n",
+        "memory/memory.memsw.usage_in_bytes": f"{600 * MIB}\n",
+    }
+    assert host_room(meminfo, _cgroup(tmp_path / "v1", v1), NO_SELF).bytes == (12 + 156) * MIB
+    unlimited = {"memory.max": "max\n", "memory.current": "1\n", "memory.swap.max": "0\n", "memory.swap.current": "0\n"}
+    assert host_room(meminfo, _cgroup(tmp_path / "nolimit", unlimited), NO_SELF).bytes == 2048 * MIB
+
+
 def test_a_cgroup_limit_above_the_host_room_changes_nothing(tmp_path):
     cgroup = _cgroup(
         tmp_path / "cg", {"memory.max": f"{8192 * MIB}\n", "memory.current": "0\n", "memory.stat": "active_file 0\n"}

@@ -10,7 +10,9 @@ from pathlib import Path
 MEMINFO = Path("/proc/meminfo")
 CGROUP = Path("/sys/fs/cgroup")  # v2's files, or v1's under memory/
 OWN_CGROUP = Path("/proc/self/cgroup")
-V2, V1 = ("memory.max", "memory.current"), ("memory.limit_in_bytes", "memory.usage_in_bytes")
+# (limit, usage, swap limit, swap usage): v2's swap files count swap alone, v1's memsw memory and swap together
+V2 = ("memory.max", "memory.current", "memory.swap.max", "memory.swap.current")
+V1 = ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.memsw.limit_in_bytes", "memory.memsw.usage_in_bytes")
 KIB = 1 << 10
 MIB = 1 << 20
 
@@ -24,14 +26,17 @@ class HostRoom:
 def host_room(meminfo: Path = MEMINFO, cgroup: Path = CGROUP, own: Path = OWN_CGROUP) -> HostRoom | None:
     """The room of the module docstring (None without /proc/meminfo: not Linux). A cgroup's is its limit less
     its usage, its page cache counted back (reclaimable, as MemAvailable counts it): the tightest of this
-    process's cgroup (``own``: /proc/self/cgroup) and those above it."""
+    process's cgroup (``own``: /proc/self/cgroup) and those above it. Free swap counts up to what each of them
+    lets it still swap (docker's --memory-swap, v2's memory.swap.max: 0 in many a pod)."""
     try:
         fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
         available, swap = (int(fields[key].split()[0]) * KIB for key in ("MemAvailable", "SwapFree"))
     except (OSError, KeyError, ValueError):
         return None
+    folders = _cgroup_folders(cgroup, own)
+    swap = min([swap, *(left for folder, files in folders if (left := _swap_room(folder, *files)) is not None)])
     room = HostRoom(available + swap, f"this host's memory, where {(available + swap) / MIB:.0f} MiB are available")
-    limits = [limit for folder, files in _cgroup_folders(cgroup, own) if (limit := _limit_room(folder, *files))]
+    limits = [limit for folder, files in folders if (limit := _limit_room(folder, *files[:2]))]
     if limits and min(limits)[0] + swap < room.bytes:
         left, limit = min(limits)
         said = (
@@ -41,7 +46,7 @@ def host_room(meminfo: Path = MEMINFO, cgroup: Path = CGROUP, own: Path = OWN_CG
     return room
 
 
-def _cgroup_folders(cgroup: Path, own: Path) -> list[tuple[Path, tuple[str, str]]]:
+def _cgroup_folders(cgroup: Path, own: Path) -> list[tuple[Path, tuple[str, ...]]]:
     """This process's memory cgroup folders, its own and each above it to the mount's root, with their limit and
     usage files: v2's ("0::/path") and v1's memory controller's. A path not under the mount (a container's own
     cgroup mounted as the root) is its root; without /proc/self/cgroup, the roots."""
@@ -61,17 +66,33 @@ def _cgroup_folders(cgroup: Path, own: Path) -> list[tuple[Path, tuple[str, str]
 
 
 def _limit_room(folder: Path, limit_file: str, usage_file: str) -> tuple[int, int] | None:
-    """(bytes ``folder``'s limit leaves, the limit); None where none is set (v2's "max", v1's 2^63 less a
-    page) or it is not readable."""
+    """(bytes ``folder``'s limit leaves, the limit); None where none is set or it is not readable."""
     try:
-        limit_text = (folder / limit_file).read_text().strip()
-        if limit_text == "max" or int(limit_text) >= 1 << 62:
-            return None
-        usage, limit = int((folder / usage_file).read_text()), int(limit_text)
+        limit, usage = _bytes(folder / limit_file), _bytes(folder / usage_file)
         stats = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines())
     except (OSError, ValueError):
+        return None
+    if limit is None or usage is None:
         return None
     # (v1's active_file counts the folder's own pages alone, its total_active_file those below it too, as its
     # usage does: a cgroup above this process's holds its page cache in its children's)
     cache = sum(int(stats.get(f"total_{lru}", stats.get(lru, 0))) for lru in ("active_file", "inactive_file"))
     return max(limit - usage + cache, 0), limit
+
+
+def _swap_room(folder: Path, limit_file: str, usage_file: str, swap_limit_file: str, swap_file: str) -> int | None:
+    """The swap ``folder``'s cgroup may still take: its swap limit less its swap in use (v1's memsw files count
+    memory and swap together: its memory's taken out); None where none is set or it is not readable."""
+    try:
+        swap_limit, swapped = _bytes(folder / swap_limit_file), _bytes(folder / swap_file)
+        if swap_limit is not None and swap_limit_file.startswith("memory.memsw."):  # (v1)
+            swap_limit, swapped = swap_limit - _bytes(folder / limit_file), swapped - _bytes(folder / usage_file)
+    except (OSError, ValueError, TypeError):
+        return None
+    return None if swap_limit is None or swapped is None else max(swap_limit - swapped, 0)
+
+
+def _bytes(path: Path) -> int | None:
+    """A cgroup file's number of bytes; None for no limit (v2's "max", v1's 2^63 less a page)."""
+    text = path.read_text().strip()
+    return None if text == "max" or int(text) >= 1 << 62 else int(text)
