@@ -9,7 +9,16 @@ import torch
 from dayzero.kernels.rope import rotate, rotate_torch
 
 
-@pytest.mark.parametrize(("shape", "half"), [((5, 4, 32), 8), ((6, 24), 12), ((3, 2, 20), 3)])  # heads; a row; D=20
+@pytest.mark.parametrize(
+    ("shape", "half"),
+    [
+        ((5, 4, 32), 8),  # heads
+        ((6, 24), 12),  # a row a token
+        ((3, 2, 20), 3),  # D=20
+        ((5, 67, 40), 12),  # 67 heads: a program's rows end inside a token, the last program's part empty
+        ((3, 64, 512), 32),  # DeepSeek-V4-Flash's query: 64 heads of 512, 64 rope channels
+    ],
+)
 def test_rope_kernel_matches_the_twin_and_the_rotation_by_hand(shape, half, device, tol):
     gen = torch.Generator().manual_seed(41)
     x = torch.randn(shape, generator=gen)
