@@ -42,6 +42,28 @@ def dot_side(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
+ROW_TILE = 4096  # elements a program of a row-wise kernel holds at most (its rows x the padded width)
+
+
+@dataclass(frozen=True, slots=True)
+class RowTile:
+    """A row-wise kernel's program (rope, the RMS norms): ``rows`` consecutive rows of ``side``
+    channels (the width's next power of two), at most ``ROW_TILE`` elements unless one row is wider,
+    over ``warps`` warps. One program a row cost Triton's interpreter (the CPU tests) ~3 ms each,
+    a tiny model's query of 12 tokens x 4 heads 48 of them."""
+
+    rows: int
+    side: int
+    warps: int
+
+    @staticmethod
+    def of(rows: int, width: int, per_thread: int) -> RowTile:
+        """For ``rows`` >= 1 rows of ``width`` channels, ``per_thread`` elements a thread (at most 16 warps)."""
+        side = 1 << (width - 1).bit_length()
+        block = min(1 << (rows - 1).bit_length(), max(1, ROW_TILE // side))
+        return RowTile(block, side, min(16, max(1, block * side // (32 * per_thread))))
+
+
 @dataclass(frozen=True, slots=True)
 class RaggedBatch:
     """Sequence ``s`` owns packed rows ``[row0[s], row0[s] + new[s])`` at positions from ``start[s]``.

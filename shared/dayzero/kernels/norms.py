@@ -7,8 +7,9 @@
 
 The torch twin is the definition: about nine small ops a call, and a decode step has seven norms
 a layer, so on a GPU they are ~60 launches a layer (~2,600 a step at V4-Flash's 43) where the
-kernel is seven, one program a row. On the CPU steps of few fp32 rows take compiled loops
-(``norms_cpu``) with the twin's arithmetic.
+kernel is seven, a program taking consecutive rows (``batch.RowTile``: a token's heads, or several
+tokens). On the CPU steps of few fp32 rows take compiled loops (``norms_cpu``) with the twin's
+arithmetic.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .batch import Backend
+from .batch import Backend, RowTile
 from .hyper_cpu import fits_cpu
 from .norms_cpu import rms_norm_cpu, rms_scale_cpu
 
@@ -50,17 +51,18 @@ def rms_scale_torch(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @triton.jit
-def _rms_kernel(x_ptr, weight_ptr, out_ptr, D, eps, WEIGHTED: tl.constexpr, BD: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    d = tl.arange(0, BD)
-    ok = d < D
-    x = tl.load(x_ptr + row * D + d, mask=ok, other=0.0).to(tl.float32)
-    r = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
-    if WEIGHTED:
-        y = tl.load(weight_ptr + d, mask=ok, other=0.0).to(tl.float32) * (x * r)
+def _rms_kernel(x_ptr, weight_ptr, out_ptr, rows, D, eps, WEIGHTED: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr):
+    """Program: ROWS consecutive rows of D (a token's heads, or several tokens' rows)."""
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # [R]
+    d = tl.arange(0, BD)  # [BD]
+    ok = (row < rows)[:, None] & (d < D)[None, :]  # [R, BD]
+    x = tl.load(x_ptr + row[:, None] * D + d[None, :], mask=ok, other=0.0).to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]  # [R, 1]
+    if WEIGHTED:  # (the row starts [R, 1] and the weight broadcast late: fewer registers for one wide row)
+        y = (x * r) * tl.load(weight_ptr + d, mask=d < D, other=0.0).to(tl.float32)[None, :]
     else:  # the scale rounded to x's dtype first, as the twin multiplies in it
         y = x * r.to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + row * D + d, y.to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(out_ptr + row[:, None] * D + d[None, :], y.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -68,16 +70,18 @@ def _launch(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.T
     rows = x.reshape(-1, width).contiguous()
     out = torch.empty_like(rows)
     if rows.shape[0]:
-        side = triton.next_power_of_2(width)
-        _rms_kernel[(rows.shape[0],)](
+        tile = RowTile.of(rows.shape[0], width, per_thread=16)
+        _rms_kernel[(triton.cdiv(rows.shape[0], tile.rows),)](
             rows,
             rows if weight is None else weight.contiguous(),
             out,
+            rows.shape[0],
             width,
             eps,
             WEIGHTED=weight is not None,
-            BD=side,
-            num_warps=max(1, min(16, side // 512)),
+            ROWS=tile.rows,
+            BD=tile.side,
+            num_warps=tile.warps,
         )
     return out.view(x.shape)
 

@@ -7,10 +7,8 @@
 The twin multiplies an fp32 copy of ``x`` by the rotation as complex numbers in place (three
 launches for a bf16 ``x``, two for fp32); the kernel reads the row once and writes it once (a
 layer rotates its queries, its KV and its output, and in CSA layers the indexer's queries). A
-program takes consecutive rows, a token's heads or several tokens, up to ``TILE`` elements: one
-program a row cost the interpreter (the CPU tests) a fixed ~3 ms each, 48 for a tiny model's query
-of 12 tokens, and a GPU launch a program of 512 channels per head. On the CPU steps of few fp32
-tokens take a compiled loop with the twin's arithmetic (``rope_cpu``).
+program takes consecutive rows, a token's heads or several tokens (``batch.RowTile``). On the CPU
+steps of few fp32 tokens take a compiled loop with the twin's arithmetic (``rope_cpu``).
 """
 
 from __future__ import annotations
@@ -20,11 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .batch import Backend
+from .batch import Backend, RowTile
 from .hyper_cpu import fits_cpu
 from .rope_cpu import rotate_cpu
-
-TILE = 4096  # elements a program holds at most (its rows x the padded row width), 8 a thread
 
 
 def rotate_torch(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
@@ -71,10 +67,10 @@ def rotate(
     rows = x.contiguous()
     out = torch.empty_like(rows)
     if rows.numel():
-        side, count = triton.next_power_of_2(dim), rows.numel() // dim
-        block = min(triton.next_power_of_2(count), max(1, TILE // side))
+        count = rows.numel() // dim
+        tile = RowTile.of(count, dim, per_thread=8)
         table = torch.view_as_real(rotation.contiguous())  # [T, half, 2] fp32: cos, sin
-        _rope_kernel[(triton.cdiv(count, block),)](
+        _rope_kernel[(triton.cdiv(count, tile.rows),)](
             rows,
             table,
             out,
@@ -82,8 +78,8 @@ def rotate(
             count // rows.shape[0],
             dim,
             half,
-            ROWS=block,
-            BD=side,
-            num_warps=min(16, max(1, block * side // 256)),
+            ROWS=tile.rows,
+            BD=tile.side,
+            num_warps=tile.warps,
         )
     return out
