@@ -50,17 +50,20 @@ class RowTile:
     """A row-wise kernel's program (rope, the RMS norms): ``rows`` consecutive rows of ``side``
     channels (the width's next power of two), at most ``ROW_TILE`` elements unless one row is wider,
     over ``warps`` warps. One program a row cost Triton's interpreter (the CPU tests) ~3 ms each,
-    a tiny model's query of 12 tokens x 4 heads 48 of them."""
+    a tiny model's query of 12 tokens x 4 heads 48 of them. The tile depends on the width alone, not
+    on how many rows a call has: a row's RMS sum is added in the same order whatever the batch (a
+    tile shrunk to a call's rows changed the warps, and with them a 1024-wide row's sum order on
+    sm_90, between one token and four), and a width compiles once."""
 
     rows: int
     side: int
     warps: int
 
     @staticmethod
-    def of(rows: int, width: int, per_thread: int) -> RowTile:
-        """For ``rows`` >= 1 rows of ``width`` channels, ``per_thread`` elements a thread (at most 16 warps)."""
+    def of(width: int, per_thread: int) -> RowTile:
+        """For rows of ``width`` channels, ``per_thread`` elements a thread (at most 16 warps)."""
         side = 1 << (width - 1).bit_length()
-        block = min(1 << (rows - 1).bit_length(), max(1, ROW_TILE // side))
+        block = max(1, ROW_TILE // side)
         return RowTile(block, side, min(16, max(1, block * side // (32 * per_thread))))
 
 

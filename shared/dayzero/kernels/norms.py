@@ -70,7 +70,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.T
     rows = x.reshape(-1, width).contiguous()
     out = torch.empty_like(rows)
     if rows.shape[0]:
-        tile = RowTile.of(rows.shape[0], width, per_thread=16)
+        tile = RowTile.of(width, per_thread=16)
         _rms_kernel[(triton.cdiv(rows.shape[0], tile.rows),)](
             rows,
             rows if weight is None else weight.contiguous(),

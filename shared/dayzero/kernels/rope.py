@@ -68,7 +68,7 @@ def rotate(
     out = torch.empty_like(rows)
     if rows.numel():
         count = rows.numel() // dim
-        tile = RowTile.of(count, dim, per_thread=8)
+        tile = RowTile.of(dim, per_thread=8)
         table = torch.view_as_real(rotation.contiguous())  # [T, half, 2] fp32: cos, sin
         _rope_kernel[(triton.cdiv(count, tile.rows),)](
             rows,
