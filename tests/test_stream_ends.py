@@ -21,6 +21,7 @@ from dayzero.stream_decoder import StreamDecoder
 from dayzero.tokenizer import TextCodec
 
 from .test_engine import _until_finished
+from .test_lead_space import llama_style
 from .test_tokenizer import _byte_token
 
 EOS = (1,)
@@ -145,6 +146,20 @@ def test_a_stop_string_inside_a_long_run_of_byte_tokens_ends_on_its_last_byte(fa
             (completion.usage()["completion_tokens"], next(k for k in range(len(ids)) if "中" in decode(ids[:k])))
         )
     assert ends[0] == (124, 124) and ends[1][0] == ends[1][1] < len(byte_level)
+
+
+@pytest.mark.parametrize(("stop", "text"), [("文", "中 "), (" 文", "中")])
+def test_a_space_after_a_left_out_token_in_a_run_of_byte_tokens_reaches_the_stop_strings(stop, text):
+    """中, <s> (left out of the text), " 文" in byte tokens, then "d": transformers' decode is "中 文d",
+    and the stop string first in it on 文's last byte (token 8) ends the text there. The probe decoded
+    the run on from <s>, whose decode drops the space after it as a lead space: "中" and " 文" late."""
+    tokenizer = llama_style()
+    byte, s = _bytes(tokenizer), tokenizer.token_to_id("<s>")
+    ids = [*(byte[b] for b in "中".encode()), s, *(byte[b] for b in " 文".encode()), tokenizer.token_to_id("d")]
+    assert PreTrainedTokenizerFast(tokenizer_object=tokenizer).decode(ids, skip_special_tokens=True) == "中 文d"
+    completion = Completion(TextCodec(tokenizer), SamplingParams(max_tokens=50, stop=(stop,)), (2,), 2, 4096)
+    assert _until_finished(completion, ids) == (text, "stop")
+    assert completion.usage()["completion_tokens"] == 8
 
 
 def _bytes(fallback: Tokenizer) -> list[int]:

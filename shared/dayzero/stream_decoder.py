@@ -102,7 +102,8 @@ class StreamDecoder:
         known, start, upto, text = self._run
         if known == key:  # (a valid run's UTF-8 splits where a character begins: its text is its parts')
             text += self._codec.decode(self._ids[start:])[len(self._codec.decode(self._ids[start:upto])) :]
-            start = upto
+            # (not past left-out tokens alone: a decode from there would strip the next byte's space as a lead space)
+            start = upto if any(map(self._codec.shown, self._ids[upto:])) else start
         else:  # (a run opened since)
             start, text = self._context, self._held()
         if not text or self._codec.unsettled(self._ids[start:], text):
