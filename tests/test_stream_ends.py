@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers
 from transformers import PreTrainedTokenizerFast
 
 from dayzero.completion import Completion
-from dayzero.completion_text import CompletionText
+from dayzero.completion_text import CompletionText, StopMatcher
 from dayzero.ids_only_codec import IdsOnlyCodec
 from dayzero.params import SamplingParams
 from dayzero.serving.messages import GenerationRequest
@@ -150,9 +150,8 @@ def test_a_stop_string_inside_a_long_run_of_byte_tokens_ends_on_its_last_byte(fa
 
 @pytest.mark.parametrize(("stop", "text"), [("文", "中 "), (" 文", "中")])
 def test_a_space_after_a_left_out_token_in_a_run_of_byte_tokens_reaches_the_stop_strings(stop, text):
-    """中, <s> (left out of the text), " 文" in byte tokens, then "d": transformers' decode is "中 文d",
-    and the stop string first in it on 文's last byte (token 8) ends the text there. The probe decoded
-    the run on from <s>, whose decode drops the space after it as a lead space: "中" and " 文" late."""
+    """中, <s> (left out), " 文" in byte tokens, "d": the stop ends "中 文d" (transformers' decode) on 文's
+    last byte, token 8. The probe decoded on from <s>, dropping the space after it: "中", " 文" late."""
     tokenizer = llama_style()
     byte, s = _bytes(tokenizer), tokenizer.token_to_id("<s>")
     ids = [*(byte[b] for b in "中".encode()), s, *(byte[b] for b in " 文".encode()), tokenizer.token_to_id("d")]
@@ -232,15 +231,16 @@ def test_a_long_run_of_byte_tokens_is_not_decoded_again_at_every_byte(fallback, 
     """中 500 times as 1,500 byte tokens, stop "中x": the stop-string probe decodes a held run from
     its character before last at each byte (``StreamDecoder.ending``); it decoded all of it at
     every byte (about 1.1 million ids in all, seconds), and the run still streams whole,
-    transformers-exact, at its end."""
-    codec = TextCodec(fallback)
+    transformers-exact, at its end. The stop strings read each character once as the probe's and
+    once at the end: the probe fed them all of the run's text at every byte (125,750 characters)."""
+    codec, decoded, fed, feed = TextCodec(fallback), [], [], StopMatcher.feed
     ids = [fallback.token_to_id(f"<0x{b:02X}>") for b in ("中" * 500).encode()]
-    decoded = []
     monkeypatch.setattr(codec, "decode", lambda ids, decode=codec.decode: decoded.append(len(ids)) or decode(ids))
+    monkeypatch.setattr(StopMatcher, "feed", lambda self, text: fed.append(text) or feed(self, text))
     text = CompletionText(codec, SamplingParams(max_tokens=5000, stop=("中x",)), False)
     assert [text.push(token) for token in ids] == [("", False)] * len(ids)
     assert text.end() == ("中" * 500, False)
-    assert sum(decoded) < 20 * len(ids)
+    assert sum(decoded) < 20 * len(ids) and sum(map(len, fed)) == 2 * 500
 
 
 def test_an_ids_only_replay_takes_its_tokens_in_chunks(monkeypatch):

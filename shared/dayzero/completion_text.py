@@ -90,6 +90,8 @@ class CompletionText:
         self._decoder = StreamDecoder(codec, *prompt_lead(codec, prompt))
         self._stops = StopMatcher(params.stop, params.stop_bounds)
         self.reasoning = ReasoningCount(thinking)  # its reasoning tokens (thinking mode), as they come
+        # the stop strings' probe of a held run's text (``push``): their state after it, and what it released
+        self._probe: tuple[tuple[str, bool], list[str]] = (self._stops.mark(), [])
 
     @classmethod
     def replayed(
@@ -132,12 +134,21 @@ class CompletionText:
         released, stopped = self._release(delta)
         if stopped or delta or not self._stops.stops or self.reasoning.thinking:
             return released, stopped
-        stops = self._stops.mark()
-        ending, stopped = self._stops.feed(self._decoder.ending())
-        if not stopped:
-            self._stops.rewind(stops)  # (a probe: its text is still held)
+        ending, whole = self._decoder.ending()
+        if not ending:
             return released, False
-        return released + ending, True
+        stops = self._stops.mark()
+        if whole:  # (a probe of the run's text: the stop strings' state after it, and what it released)
+            self._probe = stops, []
+        else:  # (its text goes on: the probe too)
+            self._stops.rewind(self._probe[0])
+        out, stopped = self._stops.feed(ending)
+        if stopped:
+            return released + "".join(self._probe[1]) + out, True
+        self._probe[1].append(out)
+        self._probe = self._stops.mark(), self._probe[1]
+        self._stops.rewind(stops)  # (its text is still held)
+        return released, False
 
     def mark(self) -> tuple[tuple, ...]:
         """Its state, for ``rewind``: a few values, no copies (the decode loop takes one each step)."""

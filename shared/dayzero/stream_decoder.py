@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from .tokenizer import TextCodec
 
 
-NO_RUN = ((-1, -1), 0, 0, "")  # ``_run`` before an open run's text is decoded
+NO_RUN = ((-1, -1, -1), 0, 0)  # ``_run`` before an open run's text is read
 
 
 class StreamDecoder:
@@ -37,9 +37,10 @@ class StreamDecoder:
         self._cut = cut  # characters ending the text of ids[_context:_released] a character cut short
         self._shown = 0  # characters of the text of ids[_released:] out already (before a cut character)
         self._open = 0  # ids[_context:] up to here end in an open run of byte tokens (TextCodec.open_run)
-        # an open run's text as ``ending`` last read it whole: ((_context, _released) then, start, upto,
-        # the text of ids[_released:upto], which ends where a character does; start: where it did before)
-        self._run: tuple[tuple[int, int], int, int, str] = NO_RUN
+        # where ``ending`` last read an open run's text to: ((_context, _released, _shown) then, start,
+        # upto): ids[:upto] end where a character does, and so do ids[:start], before it (its decode from
+        # there on gives what later ids add)
+        self._run: tuple[tuple[int, int, int], int, int] = NO_RUN
 
     def push(self, token: int) -> str:
         return self.push_all([token])
@@ -89,27 +90,29 @@ class StreamDecoder:
         del self._ids[count:]
         self._run = NO_RUN
 
-    def ending(self) -> str:
-        """What ``flush`` would release were the ids to end here, or "" while a later token may still
-        change its end (a character cut short): a stop string in it ends the completion here (the
-        text of a run of byte tokens, held while a later byte may make it U+FFFD each). Only an open
-        run's text is ever settled yet held: none else is decoded (a byte-level tokenizer's cut
-        character, a special token, is "" at no cost); and a run's only from the character before
-        its last (``_run``): a call costs no more however long the run grows."""
+    def ending(self) -> tuple[str, bool]:
+        """What ``flush`` would release were the ids to end here, as (text, whole): all of it (whole)
+        where this is the first call to read the open run's text (since its release or a ``rewind``),
+        else what it adds to the text the calls before returned; "" while a later token may still
+        change its end (a character cut short): a stop string in it ends the completion here (the text
+        of a run of byte tokens, held while a later byte may make it U+FFFD each). Only an open run's
+        text is ever settled yet held: none else is decoded (a byte-level tokenizer's cut character, a
+        special token, is "" at no cost); and a run's only from the character before its last
+        (``_run``): a call costs no more however long the run grows, nor does what it returns."""
         if not self._open:
-            return ""
-        key = (self._context, self._released)
-        known, start, upto, text = self._run
+            return "", True
+        key = (self._context, self._released, self._shown)
+        known, start, upto = self._run
         if known == key:  # (a valid run's UTF-8 splits where a character begins: its text is its parts')
-            text += self._codec.decode(self._ids[start:])[len(self._codec.decode(self._ids[start:upto])) :]
+            text = self._codec.decode(self._ids[start:])[len(self._codec.decode(self._ids[start:upto])) :]
             # (not past left-out tokens alone: a decode from there would strip the next byte's space as a lead space)
             start = upto if any(map(self._codec.shown, self._ids[upto:])) else start
         else:  # (a run opened since)
-            start, text = self._context, self._held()
+            start, text = self._context, self._held()[self._shown :]
         if not text or self._codec.unsettled(self._ids[start:], text):
-            return ""
-        self._run = key, start, len(self._ids), text
-        return text[self._shown :]
+            return "", known != key
+        self._run = key, start, len(self._ids)
+        return text, known != key
 
     def flush(self) -> str:
         """The text held back, at the end: a character still cut short is U+FFFD, as decoding the
