@@ -158,26 +158,32 @@ def test_a_step_failing_after_its_sampling_ends_where_its_stream_does(
     runtime.close()
 
 
-def test_a_failure_after_a_refused_append_ends_with_what_the_streamed_tokens_held(demo_dir, redis_url, monkeypatch):
-    """The second step's append refused (Redis unavailable for a moment: its token stays unsent),
-    then the next append failing otherwise (every active request ends "error", the unsent token
-    given up): the streamed tokens 170 170 held their last lead byte, so the texts joined were
-    "\ufffd" where transformers decodes them to "\ufffd\ufffd"."""
-    store, runtime, sent = _prefilled_onto_a_lead_byte(demo_dir, redis_url, "refused")
-    append, calls = runtime.store.append, []
+@pytest.mark.parametrize("failing", ["append", "record_step"])
+def test_a_failure_gives_up_the_text_of_the_tokens_past_the_stream(demo_dir, redis_url, monkeypatch, failing):
+    """Tokens 170 170 streamed (their last lead byte held), then "a" sampled and given up: its append
+    refused (Redis unavailable for a moment: it stays unsent) and the next one failing otherwise, or
+    its step's metrics record failing before its append. The texts joined are what transformers
+    decodes the streamed ids to, "\ufffd\ufffd": the text state where the stream ends is ended, not
+    the completion's ("a" after the lead byte: its U+FFFD was a's never-streamed delta, the end "").
+    Lead bytes alone were given up before, where the end reads the same either way."""
+    store, runtime, sent = _prefilled_onto_a_lead_byte(demo_dir, redis_url, failing)
+    emit, a, calls = Completion.emit, runtime.codec.encode("a", special=False), []
+    monkeypatch.setattr(Completion, "emit", lambda c, token, logits: emit(c, a[0] if c.count >= 2 else token, logits))
+    owner = runtime.store if failing == "append" else decode_loop
+    real = getattr(owner, failing)
 
     def refusing(*args):
         calls.append(args)
-        if len(calls) == 2:
+        if len(calls) == 2 and failing == "append":
             raise redis.ConnectionError("Redis is loading the dataset in memory")
-        if len(calls) == 3:
-            raise RuntimeError("append failed")
-        return append(*args)
+        if len(calls) == 2 + (failing == "append"):
+            raise RuntimeError("failed")
+        return real(*args)
 
-    monkeypatch.setattr(runtime.store, "append", refusing)
+    monkeypatch.setattr(owner, failing, refusing)
     run_jobs(DecodeLoop(runtime), sent)
-    ids, text, last = _streamed(store, "refused")
-    assert (store.done("refused"), last.error, ids) == ("error", "decode failed: RuntimeError", [170, 170])
+    ids, text, last = _streamed(store, failing)
+    assert (store.done(failing), last.error, ids) == ("error", "decode failed: RuntimeError", [170, 170])
     assert text == _transformers(demo_dir).decode(ids) == "\ufffd\ufffd"
     runtime.close()
 
