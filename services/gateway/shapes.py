@@ -23,6 +23,7 @@ import codecs
 
 from dayzero.chat.output import AssistantStream, parse_message
 from dayzero.ids_only_codec import IdsOnlyCodec
+from dayzero.lead_space import prompt_lead
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.records import Token
 from dayzero.tokenizer import TextCodec
@@ -48,6 +49,9 @@ class Shape:
         self.prompt = request.prompt_ids if request.echo else None  # still to be echoed
         self.offset = 0  # characters of text covered by earlier chunks' logprobs
         self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")  # holds a character's first bytes
+        # the prompt ends in a character cut short, its bytes held here till the completion's complete or
+        # break it: its text is then the completion's, else the prompt's U+FFFD (lead_space.prompt_lead)
+        self.cut = self.logprobs and not request.echo and _held_cut(self.utf8, codec, request.prompt_ids)
         # no token shown yet: the next one begins the text (``token_piece``'s opening, for logprobs'
         # names); a completion's text follows its prompt's where that shows any (lead_space.prompt_lead)
         self.opening = self.logprobs and not any(map(codec.shown, request.prompt_ids))
@@ -205,8 +209,11 @@ class Shape:
         offsets = []  # where each token's text begins; a character's bytes over several tokens: its start
         for token, opening in zip(ids, opens, strict=True):
             raw = self.codec.token_piece(token, opening)[1] if self.codec.shown(token) else b""
-            offsets.append(self.offset + self._cut_before(raw[:1]))
-            self.offset += len(self.utf8.decode(raw))
+            before, text = self._cut_before(raw[:1]), self.utf8.decode(raw)
+            prompts = int(self.cut and text.startswith("\ufffd"))  # (the prompt's cut character, broken)
+            self.cut = self.cut and not (before or text)
+            offsets.append(self.offset + max(0, before - prompts))
+            self.offset += len(text) - prompts
         return {
             "tokens": [name(t, o) for t, o in zip(ids, opens, strict=True)],
             "token_logprobs": logprobs,
@@ -244,3 +251,11 @@ class Shape:
 
 def _entry(piece: tuple[str, bytes], logprob: float) -> dict:
     return {"token": piece[0], "logprob": logprob, "bytes": list(piece[1])}
+
+
+def _held_cut(utf8: codecs.IncrementalDecoder, codec: TextCodec | IdsOnlyCodec, prompt: tuple[int, ...]) -> bool:
+    """Whether ``prompt`` ends in a character cut short whose bytes ``utf8`` now holds."""
+    lead, cut = prompt_lead(codec, prompt)
+    if cut:
+        utf8.decode(b"".join(codec.token_piece(token)[1] for token in lead))
+    return bool(cut and utf8.getstate()[0])

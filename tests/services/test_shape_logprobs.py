@@ -7,6 +7,7 @@ import time
 
 from fastapi.testclient import TestClient
 
+from dayzero.completion import Completion
 from dayzero.params import SamplingParams
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.records import Token
@@ -51,6 +52,23 @@ def test_text_offsets_start_past_the_u_fffd_of_bytes_a_token_does_not_continue(c
         body = Shape(request, "m", codec).body(codec.decode(ids), "length", {}, tokens)["choices"][0]
         assert body["logprobs"]["text_offset"] == offsets, ids
         assert body["text"][offsets[-1] :] == codec.decode(ids[-1:])  # the last token's text, at its offset
+
+
+def test_text_offsets_after_a_prompt_cut_inside_a_character_index_the_completions_text(codec):
+    """ "Hi 🙂a" cut into prompt and completion at each token: where the prompt ends inside 🙂, the
+    completion's text begins with it once its bytes complete it ("🙂a": lead_space.prompt_lead), and
+    its bytes' offsets are its start, 0, then "a" at 1. They counted one U+FFFD a byte, as in the
+    text it had before ("a" at 3 and 2, past the text's end, after 1 and 2 of its 4 bytes)."""
+    ids = codec.encode("Hi 🙂a", special=False)
+    sampling = SamplingParams(max_tokens=9, logprobs=0)
+    for at in range(1, len(ids)):
+        prompt, ids_ = ids[:at], ids[at:]
+        completion = Completion(codec, sampling, (1,), at, 4096, prompt_ids=prompt)
+        text = "".join(completion.accept(token).text for token in ids_) + completion.end()[0]
+        request = GenerationRequest(request_id="r", prompt_ids=tuple(prompt), sampling=sampling, created=time.time())
+        tokens = [Token("r", i, token, "", None, logprob=-0.1) for i, token in enumerate(ids_)]
+        offsets = Shape(request, "m", codec).body(text, "length", {}, tokens)["choices"][0]["logprobs"]["text_offset"]
+        assert text[offsets[-1] :] == "a" and "Hi 🙂a".endswith(text), (at, text, offsets)
 
 
 def _llama_request(kind: str = "completion", prompt: tuple[int, ...] = (1,), echo: bool = False) -> GenerationRequest:
