@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import signal
+import threading
 
 import httpx
 import pytest
@@ -73,6 +74,35 @@ def test_a_stopping_prefill_worker_re_runs_the_prompts_it_claimed(demo_dir, redi
     assert [(job.request.request_id, job.attempt, job.generated) for job in sent] == [("h-p1", 1, ()), ("h-p2", 1, ())]
     assert all(ticket.done.is_set() for ticket in tickets) and store.r.llen("prefill") == 2
     assert [store.owner(rid) for rid in ("h-p1", "h-p2")] == [None, None]
+
+
+def test_a_stopping_prefill_worker_re_runs_the_prompt_its_abandoned_step_holds(demo_dir, redis_url):
+    """A forward still under way past LOOP_END_S (its step abandoned): its prompt, out of ``running`` for
+    the step, was not handed back (its lease left to lapse, its task to the grace), and the step, once
+    it returned, streamed its first token and handed it off to decode, its state in the blocks of a
+    process about to exit. Now it is re-run at once, and what the step writes after is stale."""
+    loop, to_decode = one_sequence_loop(demo_dir, redis_url, "prefill41@test")
+    store, sent, name = loop.r.store, [], loop.r.name
+    store.r.delete("prefill")
+    entered, release, forward = threading.Event(), threading.Event(), loop.r.ranks.prefill
+
+    def held_forward(chunks):
+        entered.set()
+        release.wait(60)
+        return forward(chunks)
+
+    loop.r.ranks.prefill = held_forward
+    ticket = loop.intake.submit(admitted(store, "h-p3"))
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    assert entered.wait(60)
+    loop.stop.set()  # (the forward under way: the stop's join gave up on it)
+    loop.hand_back(handing_back(store, name, {"prefill": recording(sent, "prefill")}, 60, 5))
+    release.set()
+    thread.join(60)
+    assert [(job.request.request_id, job.attempt) for job in sent] == [("h-p3", 1)] and ticket.done.is_set()
+    assert store.r.xlen(key("tokens", "h-p3")) == 0 and not to_decode  # the old run's first token and handoff
+    assert store.owner("h-p3") is None
 
 
 @pytest.fixture(scope="module")

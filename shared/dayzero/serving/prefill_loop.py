@@ -55,6 +55,7 @@ class PrefillLoop:
         )
         self.pending: list[Ticket[PrefillJob]] = []
         self.running: list[Prefilling] = []  # prompts under way, a chunk per step
+        self.stepping: list[Prefilling] = []  # those in the step under way (out of ``running`` till it ends)
         self.handed_off = KeptHandoffs(runtime)
         self.kept = KeptPrefills(runtime.ranks)  # prefilled, their first token or handoff not out yet
         self.starved = False  # the last batch admitted nothing: its requests wait for blocks
@@ -116,9 +117,10 @@ class PrefillLoop:
         and the handoffs' it keeps, go with the process."""
         for prefilling in self.running:
             end_failed(prefilling.spans, "handed back: its worker stopped", prefilling.done)
-        held = [*self.pending, *(t for p in self.running for t in p.tickets), *self.intake.drain(0)]
+        prompts = [*self.running, *self.stepping]  # (a step abandoned under way: its prompts too, its writes stale)
+        held = [*self.pending, *(t for p in prompts for t in p.tickets if not t.done.is_set()), *self.intake.drain(0)]
         self.pending, self.running = [], []
-        hand_back(held, self.heartbeat, rerun)
+        hand_back({id(t): t for t in held}.values(), self.heartbeat, rerun)
 
     def _held(self) -> Container[str]:
         """The requests no peer may take: holding blocks here, or with a first token kept unsent."""
@@ -257,6 +259,7 @@ class PrefillLoop:
         first token of each that ends and hand it to decode."""
         rows, chunks = plan_step(self.running, self.r.settings.prefill_chunk_size, self.r.settings.max_prefill_tokens)
         self.running = [p for p in self.running if all(p is not q for q in rows)]  # (a failed forward ends rows)
+        self.stepping = rows
         self.r.stats.add(steps=1)
         self.r.stats.set(batch_size=len(rows))
         self.r.stats.call("prefill")
@@ -281,6 +284,8 @@ class PrefillLoop:
             for p in (p for p in rows if all(p is not q for q in self.running)):  # (not the prompts going on)
                 end_failed(p.spans, f"prefill failed: {type(exc).__name__}", p.done)
             raise
+        finally:
+            self.stepping = []
 
     def _finish(self, prefilled: Prefilling, logits) -> None:
         """A prompt's last chunk ran: the requests sharing its forward get its state, kept with its
