@@ -4,6 +4,7 @@ or someone else's."""
 
 from __future__ import annotations
 
+import logging
 import re
 import signal
 import threading
@@ -13,15 +14,18 @@ import pytest
 import redis
 
 from dayzero.params import SamplingParams
+from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.hand_back import handing_back
 from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.messages import GenerationRequest
 from dayzero.serving.records import Token
+from dayzero.serving.runtime import Runtime
 from dayzero.serving.scripts import Take
+from dayzero.settings import Settings
 
 from .conftest import MODEL, recording, start_stack, stream_killing_its_worker
-from .prefill_jobs import admitted, one_sequence_loop
+from .prefill_jobs import admitted, handed_off, one_sequence_loop
 
 
 def _generating(store: Lifecycle, rid: str, tokens: list[int]) -> None:
@@ -103,6 +107,41 @@ def test_a_stopping_prefill_worker_re_runs_the_prompt_its_abandoned_step_holds(d
     assert [(job.request.request_id, job.attempt) for job in sent] == [("h-p3", 1)] and ticket.done.is_set()
     assert store.r.xlen(key("tokens", "h-p3")) == 0 and not to_decode  # the old run's first token and handoff
     assert store.owner("h-p3") is None
+
+
+def test_a_decode_step_abandoned_at_the_stop_ends_without_failing(demo_dir, redis_url, caplog):
+    """A decode step still under way past LOOP_END_S: its batch is handed back under it (``active``
+    emptied). Its end read the emptied batch (a KeyError) and logged a failed decode step, counted as
+    one (the worker's failures metric); now it ends as it is: stale, its tokens never appended."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
+    store, jobs = handed_off(settings, ("h-d1",), max_tokens=50)
+    runtime = Runtime.load(settings, "decode40@test", "decode", False)
+    loop, entered, release, steps = DecodeLoop(runtime), threading.Event(), threading.Event(), []
+    decode = runtime.ranks.decode
+
+    def held_step(ids, tokens):
+        steps.append(ids)
+        if len(steps) == 3:  # (two tokens decoded and streamed after prefill's)
+            entered.set()
+            release.wait(60)
+        return decode(ids, tokens)
+
+    runtime.ranks.decode = held_step
+    tickets = [loop.intake.submit(job) for job in jobs]
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    assert entered.wait(60)
+    loop.stop.set()
+    sent: list = []
+    loop.hand_back(handing_back(store, runtime.name, {"prefill": recording(sent, "prefill")}, 60, 5))
+    release.set()
+    thread.join(60)
+    streamed = tuple(store.stream("h-d1")[0])
+    assert len(streamed) == 3 and [(job.attempt, job.generated) for job in sent] == [(1, streamed)]
+    assert all(ticket.done.is_set() for ticket in tickets)
+    assert runtime.stats.snapshot()["failures"] == {}
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    runtime.close()
 
 
 @pytest.fixture(scope="module")

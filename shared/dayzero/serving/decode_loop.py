@@ -49,6 +49,7 @@ class DecodeLoop:
         self.active: dict[str, Active] = {}
         self.receiver = Receiver(runtime.store)
         self.stop = threading.Event()
+        self.handed_back = False  # stopping, its requests went to live peers (``hand_back``)
         self.limit = context_limit(runtime.model.cfg, runtime.settings.max_context)
         k = runtime.settings.speculative_tokens
         self.speculation, self.acceptance = (Speculation(k) if k else None), Acceptance()
@@ -82,7 +83,8 @@ class DecodeLoop:
             except redis.RedisError:
                 raise
             except Exception as exc:  # a failed step ends the batch's requests, never the loop
-                self._fail(exc)
+                if not self.handed_back:  # (else the stop's abandoned step, its batch handed back under it)
+                    self._fail(exc)
         else:  # no batch: the step gauges say so (not the last step's size and rate for ever)
             self.r.stats.set(batch_size=0, tokens_per_s=0.0)
         self._beat()
@@ -114,7 +116,7 @@ class DecodeLoop:
             active.span.add_event("handed_back", {"completion_tokens": active.completion.count})
             active.span.end()
         generating, waiting = [a.ticket for a in self.active.values()], [*self.waiting, *self.intake.drain(0)]
-        self.active, self.waiting = {}, []
+        self.active, self.waiting, self.handed_back = {}, [], True
         hand_back(generating, self.heartbeat, rerun)
         hand_back(waiting, self.heartbeat, rerun, self.room.push if self.room is not None else None)
         for ticket, _ in self.room.held if self.room is not None else []:  # (handed back before: messages held)
