@@ -8,6 +8,7 @@ import logging
 import re
 import signal
 import threading
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -18,7 +19,9 @@ from dayzero.serving.decode_loop import DecodeLoop
 from dayzero.serving.hand_back import handing_back
 from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
+from dayzero.serving.loop_stage import LoopStage
 from dayzero.serving.messages import GenerationRequest
+from dayzero.serving.reaper import MAX_ATTEMPTS
 from dayzero.serving.records import Token
 from dayzero.serving.runtime import Runtime
 from dayzero.serving.scripts import Take
@@ -63,6 +66,37 @@ def test_a_run_over_or_someone_else_s_is_not_handed_back(redis_url):
     assert [rerun(rid, 0) for rid in ("h-other", "h-rerun", "h-ended")] == [False, False, False] and not sent
     assert [int(store.r.get(key("attempt", rid)) or 0) for rid in ("h-other", "h-rerun")] == [0, 1]
     assert store.owner("h-other") == "decode1"
+
+
+def test_a_clean_stop_s_hand_back_is_no_failed_run(redis_url):
+    """A rolling restart: each worker the request lands on stops, its loop ended, and hands it back. Each
+    hand back counted as a failed run: the fifth stop ended it with "the request failed on several
+    workers". Spared, they count no more; a frozen worker's (its loop stuck in a step) still do."""
+    store, sent = Lifecycle(redis.Redis.from_url(redis_url)), []
+    messages = {"prefill": recording(sent, "prefill")}
+    _generating(store, "h-roll", [7])
+    runs, handed = 0, True
+    while handed:
+        if runs:
+            assert store.take("h-roll", runs, f"decode{runs}", 30) == Take.CLAIMED
+        handed = handing_back(store, f"decode{runs}", messages, 60, 5)("h-roll", runs, runs <= MAX_ATTEMPTS + 1)
+        runs += 1
+    spared = MAX_ATTEMPTS + 2
+    assert (runs, store.spared("h-roll")) == (spared + MAX_ATTEMPTS + 1, spared)  # then MAX_ATTEMPTS re-runs
+    assert store.done("h-roll") == "error" and len(sent) == spared + MAX_ATTEMPTS
+
+
+def test_a_loop_stage_spares_the_runs_of_a_loop_that_ended():
+    """What a stopping worker's loop stage tells its hand back: spared once its loop ended, not while
+    the loop is stuck in a step (the join gave up on it)."""
+    told: list = []
+    loop = SimpleNamespace(run_forever=lambda: None, hand_back=lambda rerun: rerun("r", 3))
+    runtime = SimpleNamespace(ranks=SimpleNamespace(stop=lambda: None))
+    stuck, ended = (LoopStage(runtime, loop, lambda *run: told.append(run) or True) for _ in range(2))
+    ended.run_forever()
+    stuck.hand_back()
+    ended.hand_back()
+    assert told == [("r", 3, False), ("r", 3, True)]
 
 
 def test_a_stopping_prefill_worker_re_runs_the_prompts_it_claimed(demo_dir, redis_url):

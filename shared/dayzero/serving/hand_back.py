@@ -20,8 +20,8 @@ log = logging.getLogger("dayzero.serving")
 
 def handing_back(
     store: Lifecycle, owner: str, messages: Mapping[str, Callable[[PrefillJob], str]], queued_s: float, grace_s: float
-) -> Callable[[str, int], bool]:
-    """``owner``'s hand back of a run it holds, ``(request, attempt)`` -> whether it was re-run: at once,
+) -> Callable[[str, int, bool], bool]:
+    """``owner``'s hand back of a run it holds, ``(request, attempt, spared)`` -> whether it was re-run: at once,
     as a sweep re-runs a lapsed lease (``reaper.rerun``: from the tokens streamed, attempt + 1), its message
     at the front of its first stage's queue, the next read's (``messages``: a stage's job -> its message),
     its queued mark held ``queued_s`` (the broker's visibility). Till the push the mark holds ``grace_s``:
@@ -30,8 +30,8 @@ def handing_back(
     def send(job: PrefillJob, stage: str) -> None:
         store.hand_on(job.request.request_id, job.attempt, "", stage, messages[stage](job), queued_s, front=True)
 
-    def hand_back(rid: str, attempt: int) -> bool:
-        run = store.rerun_held(rid, attempt, owner, grace_s)
+    def hand_back(rid: str, attempt: int, spared: bool = False) -> bool:  # spared: a clean stop's (no failure)
+        run = store.rerun_held(rid, attempt, owner, grace_s, spared)
         return bool(run) and rerun(store, send, rid, run, "was handed back by its stopping worker")
 
     return hand_back

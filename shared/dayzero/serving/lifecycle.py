@@ -17,8 +17,8 @@ queued         req:{id} the request JSON, images:{id} its image bytes, active (t
                lapses with the broker's visibility timeout); orphan:{id} the mark of a message a
                sweep found taken off its queue and unclaimed (the next such sweep re-runs the request)
 vision,        lease:{id} = the worker, kept alive by heartbeats; attempt:{id} the run it is on (an
-prefill,       older delivery is stale)
-decoding
+prefill,       older delivery is stale); spared:{id} its runs stopping workers gave up, their loops
+decoding       ended (no failure: MAX_ATTEMPTS counts the others)
 handed off     handoff:{id} ("decode:{n}", counted as queued marks are) and lease:{id} = "handoff":
                prefill's blocks wait for decode to take them (decode's claim takes the lease; a
                claimer whose pools cannot hold it yet may hand it back: the same lease and mark,

@@ -25,7 +25,8 @@ class LoopStage:
 
     runtime: Runtime
     loop: Any  # PrefillLoop | DecodeLoop: intake, stop, run_forever, hand_back
-    rerun: Callable[[str, int], bool]
+    rerun: Callable[[str, int, bool], bool]
+    ended: bool = False  # its loop ended (not one abandoned under a step: a stop's runs given up are no failure)
 
     @property
     def name(self) -> str:
@@ -42,6 +43,7 @@ class LoopStage:
     def run_forever(self) -> None:
         try:
             self.loop.run_forever()
+            self.ended = True
         finally:
             self.runtime.ranks.stop()  # from the loop's thread, the one that talks to the other ranks
 
@@ -58,7 +60,8 @@ class LoopStage:
         return self.loop.heartbeat.stuck()
 
     def hand_back(self) -> None:
-        self.loop.hand_back(self.rerun)
+        spared = self.ended  # (a loop stuck in a step, a stop of a frozen worker: its runs count as failed)
+        self.loop.hand_back(lambda rid, attempt: self.rerun(rid, attempt, spared))
 
     def close(self) -> None:
         self.runtime.close()

@@ -155,11 +155,12 @@ return next_run(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[7], KEYS[8], KEYS[9], A
 )
 
 
-# KEYS: done, req, queued, lease, attempt, handoff, orphan, kvstate; ARGV: queued ms, the run's attempt,
-# its owner. A live worker that stops gives up the run it holds: the re-run RERUN makes of a lapsed
-# lease (-> its new attempt; its message is the caller's to push), made at once, fenced: only while
-# the request is unfinished, its record there, the run the current one and its lease the owner's (-> 0,
-# nothing written). The stopping worker's writes after it are stale (the attempt), its beats too.
+# KEYS: done, req, queued, lease, attempt, handoff, orphan, kvstate, spared; ARGV: queued ms, the run's
+# attempt, its owner, "1" if spared. A live worker that stops gives up the run it holds: the re-run RERUN
+# makes of a lapsed lease (-> its new attempt; its message is the caller's to push), made at once, fenced:
+# only while the request is unfinished, its record there, the run the current one and its lease the
+# owner's (-> 0, nothing written). The stopping worker's writes after it are stale (the attempt), its
+# beats too. A spared run (its worker's loop ended: no failure) is counted in spared, as attempt lives.
 RERUN_HELD = (
     NEXT_RUN
     + """
@@ -168,6 +169,14 @@ if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 0 then
 end
 if redis.call('GET', KEYS[4]) ~= ARGV[3] or tonumber(redis.call('GET', KEYS[5]) or 0) ~= tonumber(ARGV[2]) then
     return 0
+end
+if ARGV[4] == '1' then
+    local record_ms, spared = redis.call('PTTL', KEYS[2]), tonumber(redis.call('GET', KEYS[9]) or 0) + 1
+    if record_ms > 0 then
+        redis.call('SET', KEYS[9], spared, 'PX', record_ms)
+    else
+        redis.call('SET', KEYS[9], spared, 'KEEPTTL')
+    end
 end
 return next_run(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV[1])
 """

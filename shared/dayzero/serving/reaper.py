@@ -107,7 +107,7 @@ def _rerun_orphans(
 def rerun(store: Lifecycle, send: Callable[[PrefillJob, str], None], rid: str, attempt: int, why: str) -> bool:
     """Send run ``attempt`` of the request (its re-run step taken: ``Lifecycle.rerun_orphan``, ``rerun_held``)
     from the tokens its stream holds to its first stage (vision with images), or end it: its stream ended,
-    its client cancelled it, or it was re-run MAX_ATTEMPTS times (``why``: what befell it, logged). Whether
+    its client cancelled it, or its runs failed MAX_ATTEMPTS times (``why``: what befell it, logged). Whether
     it was sent."""
     request = store.request(rid)
     if request is None:
@@ -120,7 +120,7 @@ def rerun(store: Lifecycle, send: Callable[[PrefillJob, str], None], rid: str, a
     if store.cancelled([rid]):  # its client left: no run for it (the next stage would end it)
         store.settle(rid, attempt, "", "cancelled", len(generated))
         return False
-    if attempt > MAX_ATTEMPTS:
+    if attempt - store.spared(rid) > MAX_ATTEMPTS:  # (failed runs: a clean stop's hand back is none)
         log.error("request %s %s, %d runs in all; ending it with an error", rid, why, attempt)
         store.settle(rid, attempt, "", "error", len(generated), "the request failed on several workers")
         return False

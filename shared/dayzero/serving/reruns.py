@@ -50,9 +50,15 @@ class Reruns:
         args = [int(queued_s * 1000), rid, HANDOFF_OWNER, int(sighting_s * 1000)]
         return int(self._rerun(keys=keys, args=args))
 
-    def rerun_held(self, rid: str, attempt: int, owner: str, queued_s: float) -> int:
+    def rerun_held(self, rid: str, attempt: int, owner: str, queued_s: float, spared: bool = False) -> int:
         """``owner`` (a stopping worker) gives up its run ``attempt``: the request is re-run as
         ``rerun_orphan`` re-runs one whose lease lapsed, at once (its new attempt: the caller sends it);
-        0, nothing written: the run is over or someone else's, or the request ended. One atomic step."""
+        0, nothing written: the run is over or someone else's, or the request ended. ``spared``: the run
+        did not fail (its worker's loop ended), counted in ``spared``. One atomic step."""
         keys = [key(family, rid) for family in ("done", "req", "queued", "lease", "attempt", "handoff", "orphan")]
-        return int(self._rerun_held(keys=[*keys, key("kvstate", rid)], args=[int(queued_s * 1000), attempt, owner]))
+        args = [int(queued_s * 1000), attempt, owner, int(spared)]
+        return int(self._rerun_held(keys=[*keys, key("kvstate", rid), key("spared", rid)], args=args))
+
+    def spared(self, rid: str) -> int:
+        """How many of the request's runs were given up by stopping workers whose loops had ended: no failure."""
+        return int(self.r.get(key("spared", rid)) or 0)
