@@ -114,6 +114,20 @@ def test_a_stopping_prefill_worker_re_runs_the_prompts_it_claimed(demo_dir, redi
     assert [store.owner(rid) for rid in ("h-p1", "h-p2")] == [None, None]
 
 
+def test_a_delivery_claimed_after_the_hand_back_is_handed_back_too(demo_dir, redis_url):
+    """A task thread whose message came as the stop did claims it after the loop handed back what it held:
+    it waited in an intake no loop drains (its task held the warm shutdown to the grace, its lease left
+    to lapse for a sweep). Now it is re-run at once on that thread, its task ended."""
+    loop, _ = one_sequence_loop(demo_dir, redis_url, "prefill42@test")
+    store, sent, name = loop.r.store, [], loop.r.name
+    store.r.delete("prefill")
+    loop.stop.set()
+    loop.hand_back(handing_back(store, name, {"prefill": recording(sent, "prefill")}, 60, 5))
+    ticket = loop.intake.submit(admitted(store, "h-late"))
+    assert ticket.done.is_set() and [(job.request.request_id, job.attempt) for job in sent] == [("h-late", 1)]
+    assert store.owner("h-late") is None and store.r.llen("prefill") == 1
+
+
 def test_a_stopping_prefill_worker_re_runs_the_prompt_its_abandoned_step_holds(demo_dir, redis_url):
     """A forward still under way past LOOP_END_S (its step abandoned): its prompt, out of ``running`` for
     the step, was not handed back (its lease left to lapse, its task to the grace), and the step, once

@@ -115,10 +115,12 @@ class DecodeLoop:
         for active in self.active.values():
             active.span.add_event("handed_back", {"completion_tokens": active.completion.count})
             active.span.end()
-        generating, waiting = [a.ticket for a in self.active.values()], [*self.waiting, *self.intake.drain(0)]
+        push = self.room.push if self.room is not None else None
+        late = self.intake.close(lambda ticket: hand_back([ticket], self.heartbeat, rerun, push))
+        generating, waiting = [a.ticket for a in self.active.values()], [*self.waiting, *late]
         self.active, self.waiting, self.handed_back = {}, [], True
         hand_back(generating, self.heartbeat, rerun)
-        hand_back(waiting, self.heartbeat, rerun, self.room.push if self.room is not None else None)
+        hand_back(waiting, self.heartbeat, rerun, push)
         for ticket, _ in self.room.held if self.room is not None else []:  # (handed back before: messages held)
             ticket.done.set()
 

@@ -37,12 +37,27 @@ class Intake(Generic[Job]):
     def __init__(self, claim: Callable[[Ticket[Job]], bool] = lambda ticket: True) -> None:
         self._queue: queue.Queue[Ticket[Job]] = queue.Queue()
         self._claim = claim
+        self._lock = threading.Lock()  # (a submit's put, or its hand back, and ``close``: one or the other)
+        self._closed: Callable[[Ticket[Job]], None] | None = None
 
     def submit(self, job: Job) -> Ticket[Job]:
         ticket = Ticket(job)
         if self._claim(ticket):
-            self._queue.put(ticket)
+            with self._lock:
+                closed = self._closed
+                if closed is None:
+                    self._queue.put(ticket)
+            if closed is not None:  # (its loop handed back what it held: no loop takes it)
+                closed(ticket)
         return ticket
+
+    def close(self, hand_back: Callable[[Ticket[Job]], None]) -> list[Ticket[Job]]:
+        """Stopping, the loop hands back what it holds: -> the tickets waiting; one claimed from now (a
+        delivery under way as the stop came) goes to ``hand_back`` on its task's thread, not to a queue
+        no loop drains (its task held the warm shutdown to the grace, its lease left to lapse)."""
+        with self._lock:
+            self._closed = hand_back
+            return self.drain(0)
 
     def drain(self, wait_s: float) -> list[Ticket[Job]]:
         """Everything waiting; blocks up to ``wait_s`` for the first one."""

@@ -118,7 +118,8 @@ class PrefillLoop:
         for prefilling in self.running:
             end_failed(prefilling.spans, "handed back: its worker stopped", prefilling.done)
         prompts = [*self.running, *self.stepping]  # (a step abandoned under way: its prompts too, its writes stale)
-        held = [*self.pending, *(t for p in prompts for t in p.tickets if not t.done.is_set()), *self.intake.drain(0)]
+        late = self.intake.close(lambda ticket: hand_back([ticket], self.heartbeat, rerun))
+        held = [*self.pending, *(t for p in prompts for t in p.tickets if not t.done.is_set()), *late]
         self.pending, self.running = [], []
         hand_back({id(t): t for t in held}.values(), self.heartbeat, rerun)
 
