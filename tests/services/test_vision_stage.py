@@ -55,7 +55,7 @@ def test_stage_encodes_then_hands_the_request_to_prefill(demo_dir, redis_url, ca
         assert len(sent) == 1 and store.done("img-3") == "error"
         assert "request img-3: image refused" in caplog.text
     finally:
-        stage.stop.set()  # its heartbeat thread ends
+        stage.close()  # its heartbeat thread ends
 
 
 def test_an_encode_hung_past_the_group_timeout_lets_its_lease_lapse(demo_dir, redis_url):
@@ -76,8 +76,35 @@ def test_an_encode_hung_past_the_group_timeout_lets_its_lease_lapse(demo_dir, re
         stage.handle(PrefillJob(request=_request("img-hung", 1)))
         assert lapsed == [True]
     finally:
-        stage.stop.set()
+        stage.close()
         for job in sent:  # (a returning encode hands on: its embeddings were parked)
+            discard_tensor(job.embeddings, store)
+
+
+def test_an_encode_under_way_at_the_stop_keeps_its_lease(demo_dir, redis_url):
+    """SIGTERM (``StageWorker._hand_back``: the stage's stop, its hand back) while an encode runs: the
+    warm shutdown waits for it, so its lease is beaten on. The stop ended the heartbeat's thread: the
+    lease of an encode longer than a lease lapsed under it, and a sweep ran it a second time."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url, lease_s=0.4)
+    sent: list[PrefillJob] = []
+    stage = VisionStage(settings, "vision5@test", recording(sent, "prefill"))
+    store, lapsed = Lifecycle.connect(redis_url), []
+    fast = stage.encoder.embeddings
+
+    def stopped_meanwhile(images):
+        stage.stop.set()
+        stage.hand_back()
+        lapsed.append(wait_until(lambda: store.owner("img-stop") is None, 4 * settings.lease_s))
+        return fast(images)
+
+    stage.encoder.embeddings = stopped_meanwhile
+    try:
+        store.admit(_request("img-stop", 1), [encoded(28, 28, seed=4)], "", 60)
+        stage.handle(PrefillJob(request=_request("img-stop", 1)))
+        assert lapsed == [False] and [job.request.request_id for job in sent] == ["img-stop"]
+    finally:
+        stage.close()
+        for job in sent:
             discard_tensor(job.embeddings, store)
 
 
@@ -102,7 +129,7 @@ def test_an_encode_whose_run_moved_on_hands_nothing_on(demo_dir, redis_url):
     try:
         stage.handle(_register(redis_url, "img-late"))
     finally:
-        stage.stop.set()
+        stage.close()
     assert store.owner("img-late") == "prefill1@elsewhere" and store.r.llen("prefill") == queued
     assert not (SHM_DIR / sent[0].embeddings.location).exists()
 
@@ -122,7 +149,7 @@ def test_a_rerun_unlinks_the_embeddings_its_lost_run_parked(demo_dir, redis_url)
         assert store.rerun_orphan("img-lost", 60, 60) == 1
         stage.handle(job.model_copy(update={"attempt": 1}))
     finally:
-        stage.stop.set()
+        stage.close()
     lost, rerun = (SHM_DIR / job.embeddings.location for job in sent)
     assert not lost.exists() and rerun.exists()
     discard_tensor(sent[1].embeddings, store)
@@ -146,7 +173,7 @@ def test_prefill_frees_the_embeddings_of_a_request_cancelled_in_its_queue(demo_d
     try:
         stage.handle(_register(redis_url, "cancelled-img"))
     finally:
-        stage.stop.set()  # its heartbeat thread ends
+        stage.close()  # its heartbeat thread ends
     parked = sent[0].embeddings
     assert (SHM_DIR / parked.location).exists()
     store = Lifecycle.connect(redis_url)

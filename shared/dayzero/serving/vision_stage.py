@@ -49,9 +49,10 @@ class VisionStage:
         self.presence = Presence(Registry(self.store.r), "vision", self.name)
         self.stats = WorkerStats("vision")
         self._lock = threading.Lock()
-        self.stop = threading.Event()
+        self.stop = threading.Event()  # (its presence's beats; a SIGTERM sets it as the encodes go on)
+        self._closed = threading.Event()  # the leases' beats end with the process: ``close``
         # (an encode past the group timeout is hung: the leases lapse)
-        self.heartbeat = Heartbeat(self.store, self.name, settings.lease_s, self.stop, settings.group_timeout_s)
+        self.heartbeat = Heartbeat(self.store, self.name, settings.lease_s, self._closed, settings.group_timeout_s)
 
     def run_forever(self) -> None:
         """Heartbeats (the work itself arrives through ``handle``) and the sweep of parked embeddings."""
@@ -90,10 +91,12 @@ class VisionStage:
         return self.heartbeat.stuck()
 
     def hand_back(self) -> None:
-        """Nothing held but the encodes on the tasks' threads (each a moment): the warm shutdown waits for them."""
+        """Nothing held but the encodes on the tasks' threads (each a moment): the warm shutdown waits for
+        them, their leases beaten till ``close``."""
 
     def close(self) -> None:
-        """Nothing to free: parked embeddings belong to their readers (or the sweep)."""
+        """The leases' beats end (parked embeddings belong to their readers, or the sweep)."""
+        self._closed.set()
 
     def handle(self, job: PrefillJob) -> None:
         """Claim the request (``Heartbeat.claim``: its lease kept alive until it is handed on or
