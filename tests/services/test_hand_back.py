@@ -21,8 +21,10 @@ from dayzero.serving.keys import key
 from dayzero.serving.lifecycle import Lifecycle
 from dayzero.serving.loop_stage import LoopStage
 from dayzero.serving.messages import GenerationRequest
+from dayzero.serving.prefill_loop import PrefillLoop
 from dayzero.serving.reaper import MAX_ATTEMPTS
 from dayzero.serving.records import Token
+from dayzero.serving.room import Prefetch, Room, to_prefill
 from dayzero.serving.runtime import Runtime
 from dayzero.serving.scripts import Take
 from dayzero.settings import Settings
@@ -126,6 +128,22 @@ def test_a_delivery_claimed_after_the_hand_back_is_handed_back_too(demo_dir, red
     ticket = loop.intake.submit(admitted(store, "h-late"))
     assert ticket.done.is_set() and [(job.request.request_id, job.attempt) for job in sent] == [("h-late", 1)]
     assert store.owner("h-late") is None and store.r.llen("prefill") == 1
+
+
+def test_a_stopping_prefill_worker_lets_go_of_what_it_handed_to_a_peer(demo_dir, redis_url):
+    """A prompt its Room handed to a peer with room keeps its task (its message held a while, let go by
+    the loop's next ``consume``): with the loop ended nothing let it go, and Celery's warm shutdown
+    waited for it till the grace (decode's hand back let go of its own). Now its task ends with the rest."""
+    runtime = Runtime.load(Settings(checkpoint=demo_dir, redis_url=redis_url), "prefill43@test", "prefill", False)
+    pushed, sent = [], []
+    room = Room(runtime, Prefetch(), to_prefill(runtime, recording(pushed, "prefill")))
+    loop, store = PrefillLoop(runtime, recording([]), room), runtime.store
+    ticket = loop.intake.submit(admitted(store, "h-held"))
+    assert loop.intake.drain(0) == [ticket] and room._hand_back(ticket, loop.heartbeat)  # (Room.share's)
+    loop.stop.set()
+    loop.hand_back(handing_back(store, runtime.name, {"prefill": recording(sent, "prefill")}, 60, 5))
+    assert ticket.done.is_set() and len(pushed) == 1 and not sent  # (the peer's now: not re-run)
+    runtime.close()
 
 
 def test_a_stopping_prefill_worker_re_runs_the_prompt_its_abandoned_step_holds(demo_dir, redis_url):

@@ -28,7 +28,7 @@ from .handoff import Receiver
 from .intake import Intake, Ticket, run_loop
 from .lease import Heartbeat
 from .messages import DecodeJob
-from .room import Arrivals, Room
+from .room import Arrivals, Room, let_go
 from .runtime import Runtime
 from .stream_scripts import Settled
 from .time_limit import overdue
@@ -121,8 +121,7 @@ class DecodeLoop:
         self.active, self.waiting, self.handed_back = {}, [], True
         hand_back(generating, self.heartbeat, rerun)
         hand_back(waiting, self.heartbeat, rerun, push)
-        for ticket, _ in self.room.held if self.room is not None else []:  # (handed back before: messages held)
-            ticket.done.set()
+        let_go(self.room)  # (handed back before: messages held)
 
     def _end_overdue(self) -> None:
         """A request admitted longer ago than ``task_time_limit_s`` ends as a token limit would

@@ -34,7 +34,7 @@ from .messages import DecodeJob, PrefillJob
 from .parked import discard_tensor, drop_embeddings
 from .prefill_batch import forward_of
 from .prefilling import Prefilling, batch_input, end_failed, forward_span, plan_step, take_batch, tokens_of
-from .room import Room
+from .room import Room, let_go
 from .runtime import Runtime
 from .stream_scripts import Settled
 from .waiting import compiled, end_overdue, first_come
@@ -122,6 +122,7 @@ class PrefillLoop:
         held = [*self.pending, *(t for p in prompts for t in p.tickets if not t.done.is_set()), *late]
         self.pending, self.running = [], []
         hand_back({id(t): t for t in held}.values(), self.heartbeat, rerun)
+        let_go(self.room)  # (handed to peers before: their messages held, their tasks waited for the grace)
 
     def _held(self) -> Container[str]:
         """The requests no peer may take: holding blocks here, or with a first token kept unsent."""

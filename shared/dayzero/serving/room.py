@@ -247,6 +247,13 @@ class Room(Generic[J]):
         return pushed
 
 
+def let_go(room: Room | None) -> None:
+    """Stopping: the tasks of the tickets ``room`` handed to peers (``Room.held``: their messages held a
+    while, else let go by ``consume``, which no loop calls now) end now, not at the grace."""
+    for ticket, _ in room.held if room is not None else []:
+        ticket.done.set()
+
+
 class Arrivals:
     """What a decode worker admitted over its current beat, as its peers read it (``Room.hand_back``'s
     estimate of their room): the tokens (``dayzero_admitted_tokens``) and the blocks per pool
