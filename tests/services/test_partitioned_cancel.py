@@ -3,8 +3,9 @@ its request cancelled as soon as Redis answers again (was: at its unwatch's next
 tries doubling to 5 s, each try a 2 s connect: 4-7 s after Redis was back, ~150-190 of the demo's tokens
 decoded for nobody after a 30 s partition, bench/hung_redis.py --faults partitioned). Real Redis in a
 network namespace (tests/services/unreachable.py: root, ``ip`` and ``tc``), a gateway, a prefill and a
-decode worker; ``ss`` shows the gateway's connects to Redis (its tries), so Redis comes back just as one
-has failed."""
+decode worker. Redis comes back just as the unwatch's fifth try has failed (its next 3.2 s or more
+away): the first ends with the gateway's log line, the others are the gateway's connects that ``ss``
+shows lasting the connect's bound (the probe's own PINGs give up on theirs sooner)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 import redis
 
 from dayzero.serving.keys import key
+from services.gateway.held_loop import CONNECT_S
+from services.gateway.leaving import PROBE_S
 
 from .conftest import start_stack, wait_until
 from .test_lost_stream_cancel import SETTINGS, Reader
@@ -25,19 +28,38 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not partition_usable(), reason="needs root, ip netns and tc (a partitioned Redis)"),
 ]
-FAILED_CONNECTS = 5  # the gateway's tries that failed on a connect: the pause after the last is 3.2 s or more
+FAILED_TRIES = 5  # the unwatch's: the pause after the last is 3.2 s (0.2 s doubling)
 CANCELLED_WITHIN_S = 2.5  # (a PING a second at most till Redis answers, then the unwatch and the cancel)
+# A connect under way this long is a try's, timed out at CONNECT_S; the probe's are cancelled at PROBE_S.
+TRY_CONNECT_S = (PROBE_S + CONNECT_S) / 2
+POLL_S = 0.05
 
 
-def connecting(pid: int, host: str) -> bool:
-    """Whether process ``pid`` has a connect to ``host`` under way (its SYN unanswered)."""
+def connects(pid: int, host: str) -> set[str]:
+    """The local ports of process ``pid``'s connects to ``host`` under way (their SYNs unanswered)."""
     out = subprocess.run(["ss", "-tnpH", "state", "syn-sent", "dst", host], capture_output=True, text=True).stdout
-    return f"pid={pid}," in out
+    return {line.split()[2].rsplit(":", 1)[1] for line in out.splitlines() if f"pid={pid}," in line}
+
+
+def failed_try_connects(pid: int, host: str, count: int, timeout_s: float) -> bool:
+    """Whether ``count`` of ``pid``'s connects to ``host`` that lasted ``TRY_CONNECT_S`` or more ended
+    (from now) within ``timeout_s``; True once the last of them has."""
+    began: dict[str, float] = {}  # connects under way: when first seen, by local port
+    deadline = time.monotonic() + timeout_s
+    while count and time.monotonic() < deadline:
+        now, under_way = time.monotonic(), connects(pid, host)
+        for port in began.keys() - under_way:
+            if now - began.pop(port) >= TRY_CONNECT_S:
+                count -= 1
+        began.update({port: now for port in under_way - began.keys()})
+        time.sleep(POLL_S)
+    return not count
 
 
 def test_a_stream_ended_by_a_partition_has_its_request_cancelled_once_redis_answers(text_dir, tmp_path):
     with unreachable_redis(tmp_path / "redis.log", partitioned=True) as server:
-        settings = {**SETTINGS, "DAYZERO_LEASE_S": "90"}  # (no lease lapses in the partition)
+        # no lease lapses in the partition, and the reaper's first pass (its 2 s connects) comes 45 s on, after it
+        settings = {**SETTINGS, "DAYZERO_LEASE_S": "90"}
         stack = start_stack(
             text_dir, tmp_path, {"vision": 0, "prefill": 1, "decode": 1}, settings, redis_url=server.url
         )
@@ -49,9 +71,9 @@ def test_a_stream_ended_by_a_partition_has_its_request_cancelled_once_redis_answ
             server.cut()
             try:
                 reader.join(40)  # the read unanswered past its block + 4 s (SETTINGS): the stream ends
-                for _ in range(FAILED_CONNECTS):  # its leave's unwatch tried again and again
-                    assert wait_until(lambda: connecting(gateway, host), 30)
-                    assert wait_until(lambda: not connecting(gateway, host), 10)
+                failed = f"request {reader.rid}: its unwatch failed"  # (its first try: a command's or a connect's)
+                assert wait_until(lambda: failed in stack.log_tail("gateway", 200), 30)
+                assert failed_try_connects(gateway, host, FAILED_TRIES - 1, 40)  # its leave's unwatch tried again
             finally:
                 server.mend()
             back, r = time.monotonic(), redis.Redis.from_url(server.url)
