@@ -3,6 +3,7 @@ dayzero.chat)."""
 
 from __future__ import annotations
 
+import anyio.to_thread
 from starlette.concurrency import run_in_threadpool
 
 from dayzero.chat.auto_grammar import auto_calls_grammar
@@ -58,10 +59,13 @@ def chat_prompt(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
 
 
 async def prompted(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
-    """``chat_prompt``, off the event loop (images decode there, long text tokenizes there) unless
-    the chat is short text alone: rendered and tokenized on the loop, as a completion's short
-    prompt is (``context.encoded``), for less than the thread pool's hop and back."""
-    return chat_prompt(gw, body) if _short_text(body) else await run_in_threadpool(chat_prompt, gw, body)
+    """``chat_prompt``, off the event loop (images decode there, long text tokenizes there) on
+    ``gw.tokenizing``'s threads, as a completion's long prompt (``context.encoded``: the thread pool
+    every request's hops share stays free), unless the chat is short text alone: rendered and
+    tokenized on the loop, as a completion's short prompt is, for less than a thread's hop and back."""
+    if _short_text(body):
+        return chat_prompt(gw, body)
+    return await anyio.to_thread.run_sync(chat_prompt, gw, body, limiter=gw.tokenizing)
 
 
 UNENFORCEABLE = "unsupported_schema"  # a schema (response_format, a tool's) no grammar here enforces

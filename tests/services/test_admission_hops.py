@@ -126,9 +126,11 @@ def test_a_short_text_chat_is_rendered_on_the_loop_and_any_other_off_it(monkeypa
         {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [call]}, answer]},
     ]
 
+    gw = SimpleNamespace(tokenizing=anyio.CapacityLimiter(1))
+
     async def all_of_them() -> threading.Thread:
         for fields in bodies:
-            await chat.prompted(None, ChatCompletionRequest(model="m", **fields))
+            await chat.prompted(gw, ChatCompletionRequest(model="m", **fields))
         return threading.current_thread()
 
     loop = asyncio.run(all_of_them())
@@ -160,9 +162,11 @@ def test_a_chat_of_many_empty_messages_or_parts_is_rendered_off_the_loop(monkeyp
         {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [empty] * most}]},
     ]
 
+    gw = SimpleNamespace(tokenizing=anyio.CapacityLimiter(1))
+
     async def all_of_them() -> threading.Thread:
         for fields in bodies:
-            await chat.prompted(None, ChatCompletionRequest(model="m", **fields))
+            await chat.prompted(gw, ChatCompletionRequest(model="m", **fields))
         return threading.current_thread()
 
     loop = asyncio.run(all_of_them())
