@@ -93,6 +93,23 @@ def start_gateway_alone(demo_dir, log_dir, extra=None) -> Stack:
     return stack
 
 
+@pytest.fixture(scope="module")
+def lone_gateway(demo_dir, tmp_path_factory):
+    extra = {
+        "DAYZERO_MAX_QUEUED": "2",
+        "DAYZERO_API_KEYS": "sesame, other",  # a comma-separated list
+        "DAYZERO_METRICS_AUTH": "true",
+        "DAYZERO_IMAGE_MAX_COUNT": "2",
+        "DAYZERO_MAX_REQUEST_BYTES": str(1 << 20),  # room for a chat far over the context
+        "DAYZERO_NO_WORKER_TIMEOUT_S": "3600",  # requests wait here for workers that never come
+    }
+    stack = start_gateway_alone(demo_dir, tmp_path_factory.mktemp("logs"), extra)
+    yield stack
+    stack.stop()
+
+
+KEY = {"Authorization": "Bearer sesame"}  # (one of the API keys lone_gateway accepts)
+
 FULL_COUNTS = {"vision": 1, "prefill": 1, "decode": 2}
 
 
