@@ -21,26 +21,16 @@ import random
 
 from options import bench_parser
 from prompt_head import median_ms
-from tokenizers import Regex, pre_tokenizers
 
-from dayzero.demo import DEMO_CONFIG, build_tokenizer
+from dayzero.demo import DEMO_CONFIG, build_tokenizer, deepseek_v3_pre_tokenizer
 from dayzero.tokenizer import TextCodec
 
 MIB = 1 << 20
-# DeepSeek-V3's tokenizer.json pre-tokenizers: digits in threes, CJK runs, then words and punctuation
-DEEPSEEK_SPLITS = (
-    r"\p{N}{1,3}",
-    "[一-龥぀-ゟ゠-ヿ]+",
-    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
-    " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
-)
 
 
 def deepseek_like() -> TextCodec:
     tokenizer = build_tokenizer(DEMO_CONFIG["vocab_size"])
-    splits = [pre_tokenizers.Split(Regex(p), "isolated") for p in DEEPSEEK_SPLITS]
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([*splits, byte_level])
+    tokenizer.pre_tokenizer = deepseek_v3_pre_tokenizer()
     tokenizer.add_special_tokens([f"<｜place▁holder▁no▁{i}｜>" for i in range(800)])
     return TextCodec(tokenizer)
 

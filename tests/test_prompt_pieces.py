@@ -13,16 +13,9 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors, tra
 
 from dayzero import prompt_pieces
 from dayzero.chat.tokens import BOS, EOS
-from dayzero.demo import DEMO_CONFIG, SPECIAL_TOKENS, build_tokenizer
+from dayzero.demo import DEEPSEEK_V3_SPLITS, DEMO_CONFIG, SPECIAL_TOKENS, build_tokenizer, deepseek_v3_pre_tokenizer
 from dayzero.tokenizer import PromptTooLongError, TextCodec
 
-# DeepSeek-V3's tokenizer.json pre-tokenizers: digits in threes, CJK runs, then words and punctuation
-V3_SPLITS = (
-    r"\p{N}{1,3}",
-    "[一-龥぀-ゟ゠-ヿ]+",
-    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
-    " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
-)
 V3_ADDED = [f"<｜place▁holder▁no▁{i}｜>" for i in range(20)]  # (digits inside added tokens)
 LIMIT = 4096
 ENDING_IN_DIGITS = "page12"
@@ -80,9 +73,7 @@ def v3_like(*added: str) -> Tokenizer:
     """Byte-level BPE under V3's pre-tokenizers, trained on random text of ``PIECES`` (merges of
     digits in threes, of " 7", of "'s"...): a cut where V3 does not split changes its tokens."""
     tokenizer = Tokenizer(models.BPE())
-    splits = [pre_tokenizers.Split(Regex(p), "isolated") for p in V3_SPLITS]
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([*splits, byte_level])
+    tokenizer.pre_tokenizer = deepseek_v3_pre_tokenizer()
     rng = random.Random(0)
     texts = ["".join(rng.choice(PIECES) for _ in range(200)) for _ in range(50)]
     alphabet = pre_tokenizers.ByteLevel.alphabet()
@@ -167,7 +158,9 @@ def _refused_after_reading_less_than_half(codec: TextCodec, text: str, monkeypat
         pre_tokenizers.ByteLevel(add_prefix_space=True),  # (each piece would begin with a space)
         pre_tokenizers.Metaspace(),
         pre_tokenizers.Sequence([pre_tokenizers.Digits(), pre_tokenizers.ByteLevel()]),  # (not V3's Split)
-        pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(V3_SPLITS[2]), "isolated"), pre_tokenizers.ByteLevel()]),
+        pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(DEEPSEEK_V3_SPLITS[2]), "isolated"), pre_tokenizers.ByteLevel()]
+        ),
     ],
 )
 def test_other_pre_tokenizers_are_tokenized_whole(pre):

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from .chat.tokens import BOS, EOS, IMAGE, SPECIAL_TOKENS
 from .checkpoint_files import canonical_name
@@ -91,6 +91,21 @@ def build_tokenizer(vocab_size: int, texts: list[str] | None = None) -> Tokenize
     tok.train_from_iterator(texts or [_CORPUS] * 4, trainer=trainer)
     tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, 0)])
     return tok
+
+
+# DeepSeek-V3's tokenizer.json pre-tokenizers: digits in threes, CJK runs, then words and punctuation
+DEEPSEEK_V3_SPLITS = (
+    r"\p{N}{1,3}",
+    "[一-龥぀-ゟ゠-ヿ]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
+    " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+)
+
+
+def deepseek_v3_pre_tokenizer() -> pre_tokenizers.Sequence:
+    """DeepSeek-V3's pre-tokenizer: each of ``DEEPSEEK_V3_SPLITS`` isolated, then ByteLevel's bytes (no regex)."""
+    splits = [pre_tokenizers.Split(Regex(p), "isolated") for p in DEEPSEEK_V3_SPLITS]
+    return pre_tokenizers.Sequence([*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
 
 
 def randomize_zero_inits(model: torch.nn.Module, seed: int) -> None:
