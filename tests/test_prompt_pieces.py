@@ -178,3 +178,14 @@ def test_an_added_token_that_stands_alone_as_a_word_leaves_the_text_whole():
     tokenizer = build_tokenizer(DEMO_CONFIG["vocab_size"])
     tokenizer.add_tokens([AddedToken("7x", single_word=True)])
     assert TextCodec(tokenizer).piece_cuts is None
+
+
+@pytest.mark.parametrize("template", [f"{BOS} $A $A", BOS])
+def test_a_template_holding_the_text_other_than_once_leaves_it_whole(template):
+    """The template's special tokens are joined around the pieces' ids: with the text twice in it (or
+    not at all) there is no such before and after. The codec failed to load (TypeError, ValueError),
+    where it had encoded such a tokenizer's prompts as the tokenizer does."""
+    tokenizer = build_tokenizer(DEMO_CONFIG["vocab_size"])
+    tokenizer.post_processor = processors.TemplateProcessing(single=template, special_tokens=[(BOS, 0)])
+    codec, text = TextCodec(tokenizer), "x1" * prompt_pieces.PIECE_CHARACTERS
+    assert codec.piece_cuts is None and codec.encode(text, 1 << 30) == tokenizer.encode(text).ids

@@ -119,7 +119,8 @@ def piece_cuts(tokenizer: Tokenizer, spec: dict) -> PieceCuts | None:
 
 def specials_around(post: dict | None) -> tuple[list[int], list[int]] | None:
     """The ids a post-processor puts before and after a text's: a template's special tokens on
-    either side of its sequence; none for no post-processor or ByteLevel's; None for another."""
+    either side of its sequence; none for no post-processor or ByteLevel's; None for another, or a
+    template that holds the text other than once ("$A $A", none: no before and after)."""
     if post is None or post.get("type") == "ByteLevel":
         return [], []
     if post.get("type") != "TemplateProcessing":
@@ -127,5 +128,7 @@ def specials_around(post: dict | None) -> tuple[list[int], list[int]] | None:
     items = [
         post["special_tokens"][i["SpecialToken"]["id"]]["ids"] if "SpecialToken" in i else None for i in post["single"]
     ]
+    if items.count(None) != 1:
+        return None
     at = items.index(None)  # (the sequence's place)
     return [i for ids in items[:at] for i in ids], [i for ids in items[at + 1 :] for i in ids]
