@@ -25,7 +25,7 @@ from dayzero.params import Grammar, is_unicode
 from dayzero.tokenizer import ChatTemplateError
 
 from .chat_schemas import ChatPrompt, NamedToolChoice
-from .context import ENCODED_ON_THE_LOOP, Gateway, tokenizing
+from .context import ENCODED_ON_THE_LOOP, TOKENIZED_APART, Gateway, tokenizing, tokenizing_threads
 from .error_fields import INVALID_UNICODE, param_path
 from .errors import APIError
 from .images import IMAGE_TAG, Prompt, expand_placeholders, render_chat
@@ -59,13 +59,28 @@ def chat_prompt(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
 
 
 async def prompted(gw: Gateway, body: ChatPrompt) -> tuple[list[int], Prompt]:
-    """``chat_prompt``, off the event loop (images decode there, long text tokenizes there) on
-    ``gw.tokenizing``'s threads, as a completion's long prompt (``context.encoded``: the thread pool
-    every request's hops share stays free), unless the chat is short text alone: rendered and
-    tokenized on the loop, as a completion's short prompt is, for less than a thread's hop and back."""
+    """``chat_prompt``, off the event loop (images decode there, long text tokenizes there), a long
+    chat on ``gw.tokenizing``'s threads as a completion's long prompt (``context.encoded``), unless
+    the chat is short text alone: rendered and tokenized on the loop, as a completion's short prompt
+    is, for less than the thread pool's hop and back."""
     if _short_text(body):
         return chat_prompt(gw, body)
-    return await anyio.to_thread.run_sync(chat_prompt, gw, body, limiter=gw.tokenizing)
+    return await anyio.to_thread.run_sync(chat_prompt, gw, body, limiter=tokenizing_threads(gw, _long(body)))
+
+
+def _long(body: ChatPrompt) -> bool:
+    """Over ``TOKENIZED_APART`` characters of text (content, reasoning, calls' arguments), or with
+    an image, tools or a reply schema: work its text does not measure (decoding, rendering)."""
+    if body.tools or (body.response_format and body.response_format.schema_() is not None):
+        return True
+    size = 0
+    for message in body.messages:
+        texts = [part_text(part) for _, part in message.rendered_parts()]
+        if None in texts:  # an image
+            return True
+        size += sum(map(len, texts)) + len(message.reasoning_content or "")
+        size += sum(len(call.function.arguments) for call in message.calls())
+    return size > TOKENIZED_APART
 
 
 UNENFORCEABLE = "unsupported_schema"  # a schema (response_format, a tool's) no grammar here enforces

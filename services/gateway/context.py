@@ -73,11 +73,24 @@ def tokenizing(param: str) -> Iterator[None]:
 ENCODED_ON_THE_LOOP = 256
 
 
+# Text past this many characters (~10 ms to tokenize, and more) is tokenized on ``Gateway.tokenizing``'s
+# threads, shorter text on the thread pool's, as the bus's hops are: with every text on the limiter, a
+# prompt of 1,000 characters waited behind 40 long ones for them all (16 s; 2.9 s on the pool)
+TOKENIZED_APART = 1 << 14
+
+
+def tokenizing_threads(gw: Gateway, long: bool) -> anyio.CapacityLimiter | None:
+    """``gw.tokenizing`` for long text (one thread a CPU: the rest wait their turn), else None (the
+    thread pool's 40, which a long prompt would hold for seconds)."""
+    return gw.tokenizing if long else None
+
+
 async def encoded(gw: Gateway, text: str, limit: int | None, special: bool = True) -> list[int]:
-    """``gw.codec.encode(text, limit, special)``, off the event loop unless ``text`` is short: on at
-    most ``gw.tokenizing`` threads at once (one a CPU), the others waiting for one. Taking the thread
-    pool's (40), 40 long prompts at once (a second of CPU each) held it all: every request's own hops
-    (the bus's Redis reads) waited seconds for a thread."""
+    """``gw.codec.encode(text, limit, special)``, off the event loop unless ``text`` is short, long
+    text on ``gw.tokenizing``'s threads (``tokenizing_threads``). Taking the thread pool's (40), 40
+    long prompts at once (a second of CPU each) held it all: every request's own hops (the bus's
+    Redis reads) waited seconds for a thread."""
     if len(text) <= ENCODED_ON_THE_LOOP:
         return gw.codec.encode(text, limit, special)
-    return await anyio.to_thread.run_sync(gw.codec.encode, text, limit, special, limiter=gw.tokenizing)
+    threads = tokenizing_threads(gw, len(text) > TOKENIZED_APART)
+    return await anyio.to_thread.run_sync(gw.codec.encode, text, limit, special, limiter=threads)
