@@ -38,7 +38,7 @@ class Gateway:
     vision_config: dict = field(default_factory=dict)  # the checkpoint's: its patch geometry sizes the images
     fingerprint: str | None = None  # OpenAI's system_fingerprint (system_fingerprint())
     command_refused: str | None = None  # a command its Redis user is refused (NOPERM), met by the reaper: /ready's
-    # prompt texts tokenized at once off the loop (``encoded``): one a CPU this process may run on
+    # long prompt texts and chats tokenized at once (``tokenizing_threads``): one a CPU this process may run on
     tokenizing: anyio.CapacityLimiter = field(
         default_factory=lambda: anyio.CapacityLimiter(len(os.sched_getaffinity(0)))
     )
