@@ -84,8 +84,8 @@ def test_text_of_ordinary_length_does_not_wait_behind_the_long(monkeypatch):
 
 
 def test_a_chat_is_long_by_its_text_or_by_work_its_text_does_not_measure():
-    """Content, reasoning and calls' arguments count together; an image (decoded), tools or a reply
-    schema (rendered) make a chat long whatever its text."""
+    """Content, reasoning and calls' arguments count together; an image (decoded), tools, a reply
+    schema (rendered) or more than ``LONG_PARTS`` parts make a chat long whatever its text."""
     half = "x" * (TOKENIZED_APART // 2)
     call = {"id": "c", "function": {"name": "f", "arguments": f'{{"a": "{half}"}}'}}
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
@@ -99,13 +99,15 @@ def test_a_chat_is_long_by_its_text_or_by_work_its_text_does_not_measure():
         "image": ([{"role": "user", "content": [{"type": "text", "text": "hi"}, image]}], {}),
         "tools": ([{"role": "user", "content": "hi"}], {"tools": [tool]}),
         "schema": ([{"role": "user", "content": "hi"}], {"response_format": schema}),
+        "parts": ([{"role": "user", "content": [{"type": "text", "text": ""}] * (chat.LONG_PARTS + 1)}], {}),
+        "few parts": ([{"role": "user", "content": [{"type": "text", "text": ""}] * chat.LONG_PARTS}], {}),
     }
     answer = {"role": "tool", "tool_call_id": "c", "content": ""}
     long = {
         name: chat._long(ChatCompletionRequest(model="m", messages=[*m, answer] if name == "arguments" else m, **kw))
         for name, (m, kw) in turns.items()
     }
-    assert long == {name: name != "ordinary" for name in turns}
+    assert long == {name: name not in ("ordinary", "few parts") for name in turns}
 
 
 def _while_blocked(codec: _Blocked, prompt, meanwhile) -> tuple[bool, list, object]:
