@@ -29,8 +29,10 @@ def test_a_stopped_gateway_exports_its_batched_spans(demo_dir, tmp_path, path):
 
 
 def test_a_worker_ending_after_its_shutdown_grace_exports_its_batched_spans(text_dir, tmp_path):
-    """A decode worker still generating when SIGTERM's grace runs out ends with os._exit, which runs
-    no exit handlers: its finished requests' spans, still batched, were lost; it flushes them first."""
+    """A decode worker still stopping when SIGTERM's grace runs out ends with os._exit, which runs
+    no exit handlers: its finished requests' spans, still batched, were lost; it flushes them first.
+    Its stop hands its generation back to Redis at once (well within the grace), so here Redis is
+    frozen (SIGSTOP) as the stop comes: the hand back waits on it past the grace."""
     with otlp_collector() as (endpoint, names):
         env = {
             "DAYZERO_TRACE_EXPORTER": "otlp-http",
@@ -48,8 +50,12 @@ def test_a_worker_ending_after_its_shutdown_grace_exports_its_batched_spans(text
                 for _ in range(5):  # tokens past the first: from decode
                     next(events)
                 decode = stack.child("decode0").proc
-                decode.send_signal(signal.SIGTERM)  # while it generates
-                decode.wait(timeout=60)
+                stack.redis.send_signal(signal.SIGSTOP)
+                try:
+                    decode.send_signal(signal.SIGTERM)  # while it generates
+                    decode.wait(timeout=60)
+                finally:
+                    stack.redis.send_signal(signal.SIGCONT)
         finally:
             stack.stop()
     assert "still stopping after 1 s; exiting" in (tmp_path / "decode0.log").read_text()
