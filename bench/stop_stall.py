@@ -50,6 +50,8 @@ def stopped_mid_stream(stack, r: redis.Redis) -> tuple[str, float, float, str, s
                 name = r.get(key("lease", rid)).decode().split("@")[0]
                 stopping = threading.Thread(target=stop, args=(stack.child(name),))
                 stopping.start()
+    if len(text) < AT:  # (ended by its stop string or the model's end: nothing was stopped)
+        raise SystemExit(f"the stream ended after {len(text)} tokens, before the stop at token {AT}")
     stopping.join()
     gap = max(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
     return "".join(text), gap, stop_s[0], name, rid
