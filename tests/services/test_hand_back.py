@@ -88,6 +88,19 @@ def test_a_clean_stop_s_hand_back_is_no_failed_run(redis_url):
     assert store.done("h-roll") == "error" and len(sent) == spared + MAX_ATTEMPTS
 
 
+def test_a_spared_count_lives_as_the_record_then_as_the_stream(redis_url):
+    """The count of a request's spared runs lives as its record while it runs, and is shortened with it
+    (and its attempt) to the stream's life when it ends: it lived on for the record's whole life (here
+    4 min against the stream's 1, 40 against 10 by default), a key per request a rolling restart handed back."""
+    store, sent = Lifecycle(redis.Redis.from_url(redis_url), stream_ttl_s=60), []
+    _generating(store, "h-life", [7])
+    assert handing_back(store, "decode0", {"prefill": recording(sent, "prefill")}, 60, 5)("h-life", 0, True)
+    record_s = store.r.ttl(key("req", "h-life"))
+    assert record_s > 60 and record_s - 2 <= store.r.ttl(key("spared", "h-life")) <= record_s
+    assert store.take("h-life", 1, "decode1", 30) == Take.CLAIMED and store.settle("h-life", 1, "decode1", "length", 1)
+    assert 0 < store.r.ttl(key("spared", "h-life")) <= store.r.ttl(key("req", "h-life")) <= 60
+
+
 def test_a_loop_stage_spares_the_runs_of_a_loop_that_ended():
     """What a stopping worker's loop stage tells its hand back: spared once its loop ended, not while
     the loop is stuck in a step (the join gave up on it)."""

@@ -239,7 +239,7 @@ class Lifecycle(TokenStream, Reruns):
         nothing written: the run is over or someone else's (a stalled worker's, re-run since). Any
         other: ended, and how its stream closed (``Settled``; one not CLOSED is logged). One round trip."""
         keys = [key(family, rid) for family in ("attempt", "done", "lease", "tokens", "queued")] + [key("active")]
-        keys += [key(family, rid) for family in ("req", "access", "images", "kvstate", "unclosed")]
+        keys += [key(family, rid) for family in ("req", "access", "images", "kvstate", "unclosed", "spared")]
         args = [attempt, owner, self.ttl_s, rid, reason]
         if end_at is not None:
             args += entry_args(ending(rid, end_at, reason, message, usage, code, text))

@@ -182,12 +182,12 @@ end
 )
 
 
-# KEYS: attempt, done, lease, stream, queued, active, req, access, images, kvstate, unclosed; ARGV:
+# KEYS: attempt, done, lease, stream, queued, active, req, access, images, kvstate, unclosed, spared; ARGV:
 # the run's attempt, the writer, the record's s, the request's id, the reason, then the entry that
 # closes the stream (``close_stream``). The request ends: done (the reason; a stream that had ended
 # already, the finish its readers were given: a cancel after a finish that landed unanswered is no
 # cancel), out of the active set, no lease, no queued mark, no parked state (a handoff no decode
-# worker took), its record (and its attempt) kept as long as its stream, which expires whether it
+# worker took), its record (and its attempt, its spared count) kept as long as its stream, which expires whether it
 # could be closed or not (the caller learns which: ``Settled``); an end its stream could not take is
 # kept as unclosed (its fields: the gateway gives it to the stream's readers, its code and usage too).
 # 0: nothing written, the run is over or someone else's (a stalled worker's end of a request re-run since).
@@ -203,7 +203,7 @@ if closed == 4 and #ARGV >= 6 then  -- (pcall: the end's own write refused, the 
 end
 redis.call('SREM', KEYS[6], ARGV[4])
 redis.call('DEL', KEYS[3], KEYS[5], KEYS[10])
-for _, i in ipairs({1, 4, 7, 8, 9}) do  -- (the stream too: one left unclosed lived for ever)
+for _, i in ipairs({1, 4, 7, 8, 9, 12}) do  -- (the stream too: one left unclosed lived for ever)
     redis.call('EXPIRE', KEYS[i], ARGV[3])
 end
 return closed
