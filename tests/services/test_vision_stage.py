@@ -3,7 +3,10 @@ embeddings whose request ends before prefill reads them (real Redis, in-process 
 
 from __future__ import annotations
 
+import threading
 import time
+
+import redis
 
 from dayzero.params import SamplingParams
 from dayzero.serving.keys import key
@@ -106,6 +109,31 @@ def test_an_encode_under_way_at_the_stop_keeps_its_lease(demo_dir, redis_url):
         stage.close()
         for job in sent:
             discard_tensor(job.embeddings, store)
+
+
+def test_a_claim_redis_refuses_is_given_up_at_the_stop(demo_dir, redis_url):
+    """SIGTERM while Redis refuses a delivery's take (restarting, or at its memory limit): the claim is
+    given up (its message left to the reaper) and the task ends, as prefill's and decode's do. With the
+    leases' beats kept to ``close`` the claim was retried till then: the warm shutdown waited for the
+    task, and ``close`` comes after it (or with the grace's watchdog)."""
+    settings = Settings(checkpoint=demo_dir, redis_url=redis_url)
+    stage, tries = VisionStage(settings, "vision6@test", recording([], "prefill")), []
+
+    def refused(*_):
+        tries.append(1)
+        raise redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'.")
+
+    stage.store.take = refused
+    handled = threading.Thread(target=stage.handle, args=(PrefillJob(request=_request("img-refused", 1)),))
+    try:
+        stage.stop.set()
+        stage.hand_back()
+        handled.start()
+        handled.join(30)
+        assert tries and not handled.is_alive()
+    finally:
+        stage.close()
+        handled.join(30)
 
 
 def test_an_encode_whose_run_moved_on_hands_nothing_on(demo_dir, redis_url):

@@ -21,8 +21,9 @@ log = logging.getLogger("dayzero.lease")
 
 class Heartbeat:
     """Refreshes the leases (owned by ``owner``) of the requests it holds, every third of a lease,
-    on one thread that starts with the first ``holding`` and ends when ``stop`` is set: a batch
-    starts no thread of its own. A claimed run's lease that lapsed (Redis out, or a step run, past a
+    on one thread that starts with the first ``holding`` and ends when ``stop`` is set (``beats_until``
+    if given: a stop that gives up claims and keeps beating the work under way): a batch starts no
+    thread of its own. A claimed run's lease that lapsed (Redis out, or a step run, past a
     lease) is taken back if no re-run of it began: else each outage longer than a lease re-ran it.
 
     A ``step`` (or ``holding``) block running past ``stuck_s`` (a forward that never returns: a
@@ -47,8 +48,10 @@ class Heartbeat:
         stop: threading.Event,
         stuck_s: float | None = None,
         stalled_s: float | None = None,
+        beats_until: threading.Event | None = None,
     ) -> None:
         self._store, self._owner, self._lease_s, self._stop, self._stuck_s = store, owner, lease_s, stop, stuck_s
+        self._beats_until = stop if beats_until is None else beats_until
         self._stalled_s = stalled_s
         self._ids: set[str] = set()
         self._parked: set[str] = set()  # of those, the requests whose states wait in Redis (till read)
@@ -94,7 +97,7 @@ class Heartbeat:
         return since, why % limit
 
     def _beat(self) -> None:
-        while not self._stop.wait(self._lease_s / 3):
+        while not self._beats_until.wait(self._lease_s / 3):
             with self._lock:
                 stuck = self._stuck()
                 if stuck is not None:

@@ -49,10 +49,11 @@ class VisionStage:
         self.presence = Presence(Registry(self.store.r), "vision", self.name)
         self.stats = WorkerStats("vision")
         self._lock = threading.Lock()
-        self.stop = threading.Event()  # (its presence's beats; a SIGTERM sets it as the encodes go on)
+        self.stop = threading.Event()  # (its presence's beats, its claims; a SIGTERM sets it as the encodes go on)
         self._closed = threading.Event()  # the leases' beats end with the process: ``close``
         # (an encode past the group timeout is hung: the leases lapse)
-        self.heartbeat = Heartbeat(self.store, self.name, settings.lease_s, self._closed, settings.group_timeout_s)
+        lease_s, hung_s = settings.lease_s, settings.group_timeout_s
+        self.heartbeat = Heartbeat(self.store, self.name, lease_s, self.stop, hung_s, beats_until=self._closed)
 
     def run_forever(self) -> None:
         """Heartbeats (the work itself arrives through ``handle``) and the sweep of parked embeddings."""
