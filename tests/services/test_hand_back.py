@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 import signal
+import sys
 import threading
 from types import SimpleNamespace
 
@@ -186,6 +187,40 @@ def test_a_stopping_prefill_worker_re_runs_the_prompt_its_abandoned_step_holds(d
     assert [(job.request.request_id, job.attempt) for job in sent] == [("h-p3", 1)] and ticket.done.is_set()
     assert store.r.xlen(key("tokens", "h-p3")) == 0 and not to_decode  # the old run's first token and handoff
     assert store.owner("h-p3") is None
+
+
+def test_a_stop_between_a_step_s_plan_and_its_forward_re_runs_the_step_s_prompts(demo_dir, redis_url):
+    """The hand back comes as the loop thread has just taken the step's prompts out of ``running``
+    (the join gave up on it): they were in no list the hand back reads, ``stepping`` not set yet, so
+    they were left to their leases' lapse and their tasks to the grace. Held there by a tracer."""
+    loop, to_decode = one_sequence_loop(demo_dir, redis_url, "prefill44@test")
+    store, sent, name = loop.r.store, [], loop.r.name
+    store.r.delete("prefill")
+    between, release = threading.Event(), threading.Event()
+
+    def in_step(frame, event, _):  # a line of ``_step`` once its prompts are out of ``running``: held once
+        rows = frame.f_locals.get("rows")
+        if event == "line" and rows and not between.is_set() and not any(p is q for p in rows for q in loop.running):
+            between.set()
+            release.wait(60)
+        return in_step
+
+    def traced():
+        sys.settrace(lambda frame, *_: in_step if frame.f_code is PrefillLoop._step.__code__ else None)
+        loop.run_forever()
+
+    ticket = loop.intake.submit(admitted(store, "h-p4"))
+    thread = threading.Thread(target=traced)
+    thread.start()
+    try:
+        assert between.wait(60)
+        loop.stop.set()
+        loop.hand_back(handing_back(store, name, {"prefill": recording(sent, "prefill")}, 60, 5))
+    finally:
+        release.set()
+        thread.join(60)
+    assert [(job.request.request_id, job.attempt) for job in sent] == [("h-p4", 1)] and ticket.done.is_set()
+    assert not to_decode and store.owner("h-p4") is None
 
 
 def test_a_decode_step_abandoned_at_the_stop_ends_without_failing(demo_dir, redis_url, caplog):

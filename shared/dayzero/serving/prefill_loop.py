@@ -260,8 +260,8 @@ class PrefillLoop:
         """Prefill the next chunk of the prompts under way the step's plan runs (prefilling.py); emit the
         first token of each that ends and hand it to decode."""
         rows, chunks = plan_step(self.running, self.r.settings.prefill_chunk_size, self.r.settings.max_prefill_tokens)
+        self.stepping = rows  # (first: a hand back between the two reads them in one list or both)
         self.running = [p for p in self.running if all(p is not q for q in rows)]  # (a failed forward ends rows)
-        self.stepping = rows
         self.r.stats.add(steps=1)
         self.r.stats.set(batch_size=len(rows))
         self.r.stats.call("prefill")
