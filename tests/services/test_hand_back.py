@@ -223,19 +223,19 @@ def test_a_stop_between_a_step_s_plan_and_its_forward_re_runs_the_step_s_prompts
     assert not to_decode and store.owner("h-p4") is None
 
 
-def test_a_decode_step_abandoned_at_the_stop_ends_without_failing(demo_dir, redis_url, caplog):
-    """A decode step still under way past LOOP_END_S: its batch is handed back under it (``active``
-    emptied). Its end read the emptied batch (a KeyError) and logged a failed decode step, counted as
-    one (the worker's failures metric); now it ends as it is: stale, its tokens never appended."""
+def _decode_held_at_third_step(demo_dir, redis_url, name: str, rids: tuple[str, ...], max_tokens: int):
+    """A decode loop over ``rids`` (prefilled, handed off through Redis) on its thread, held in its third
+    step (two tokens decoded and streamed after prefill's). -> the store, the loop, its tickets, its
+    thread, the step's release, each step's requests."""
     settings = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="redis")
-    store, jobs = handed_off(settings, ("h-d1",), max_tokens=50)
-    runtime = Runtime.load(settings, "decode40@test", "decode", False)
+    store, jobs = handed_off(settings, rids, max_tokens=max_tokens)
+    runtime = Runtime.load(settings, name, "decode", False)
     loop, entered, release, steps = DecodeLoop(runtime), threading.Event(), threading.Event(), []
     decode = runtime.ranks.decode
 
     def held_step(ids, tokens):
         steps.append(ids)
-        if len(steps) == 3:  # (two tokens decoded and streamed after prefill's)
+        if len(steps) == 3:
             entered.set()
             release.wait(60)
         return decode(ids, tokens)
@@ -245,6 +245,17 @@ def test_a_decode_step_abandoned_at_the_stop_ends_without_failing(demo_dir, redi
     thread = threading.Thread(target=loop.run_forever)
     thread.start()
     assert entered.wait(60)
+    return store, loop, tickets, thread, release, steps
+
+
+def test_a_decode_step_abandoned_at_the_stop_ends_without_failing(demo_dir, redis_url, caplog):
+    """A decode step still under way past LOOP_END_S: its batch is handed back under it (``active``
+    emptied). Its end read the emptied batch (a KeyError) and logged a failed decode step, counted as
+    one (the worker's failures metric); now it ends as it is: stale, its tokens never appended."""
+    store, loop, tickets, thread, release, _ = _decode_held_at_third_step(
+        demo_dir, redis_url, "decode40@test", ("h-d1",), 50
+    )
+    runtime = loop.r
     loop.stop.set()
     sent: list = []
     loop.hand_back(handing_back(store, runtime.name, {"prefill": recording(sent, "prefill")}, 60, 5))
@@ -256,6 +267,46 @@ def test_a_decode_step_abandoned_at_the_stop_ends_without_failing(demo_dir, redi
     assert runtime.stats.snapshot()["failures"] == {}
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     runtime.close()
+
+
+def test_a_decode_step_that_ends_during_the_hand_back_leaves_it_whole(demo_dir, redis_url):
+    """The abandoned step returns while the hand back walks the batch (its spans' ends: an exporter's
+    moment) and ends two requests, out of ``active``: the walk raised "dictionary changed size during
+    iteration" out of the SIGTERM handler, before the intake was closed or anything handed back."""
+    rids = ("h-d2", "h-d3")  # (4 tokens: the held step is their last)
+    store, loop, tickets, thread, release, steps = _decode_held_at_third_step(
+        demo_dir, redis_url, "decode41@test", rids, 4
+    )
+    runtime = loop.r
+    assert len(steps[-1]) == 2
+    batch, first = loop.active, next(iter(loop.active.values()))
+
+    class Exporting:  # the first span's end: the step returns meanwhile, and ends what it ends
+        def __init__(self, span):
+            self.span = span
+
+        def __getattr__(self, name):
+            return getattr(self.span, name)
+
+        def end(self):
+            release.set()
+            ended = threading.Event()
+            while len(batch) == 2 and thread.is_alive() and not ended.wait(0.01):
+                pass
+            self.span.end()
+
+    first.span = Exporting(first.span)
+    loop.stop.set()
+    sent: list = []
+    try:
+        loop.hand_back(handing_back(store, runtime.name, {"prefill": recording(sent, "prefill")}, 60, 5))
+    finally:
+        release.set()
+        thread.join(60)
+        runtime.close()
+    assert all(ticket.done.is_set() for ticket in tickets)
+    assert [store.owner(rid) for rid in ("h-d2", "h-d3")] == [None, None]
+    assert all(store.done(rid) or any(job.request.request_id == rid for job in sent) for rid in ("h-d2", "h-d3"))
 
 
 @pytest.fixture(scope="module")

@@ -112,14 +112,15 @@ class DecodeLoop:
         it holds goes to a live peer (hand_back.py). A generating one is re-run from the tokens streamed
         (``rerun(request, attempt)``), a waiting handoff goes back to decode's queue's front (``Room.push``:
         its state kept in prefill's blocks; else re-run too). Its blocks go with the process."""
-        for active in self.active.values():
+        # (first, at once: an abandoned step that ends meanwhile reads an emptied batch, never the one walked here)
+        self.handed_back, batch, self.active = True, list(self.active.values()), {}
+        for active in batch:
             active.span.add_event("handed_back", {"completion_tokens": active.completion.count})
             active.span.end()
         push = self.room.push if self.room is not None else None
         late = self.intake.close(lambda ticket: hand_back([ticket], self.heartbeat, rerun, push))
-        generating, waiting = [a.ticket for a in self.active.values()], [*self.waiting, *late]
-        self.active, self.waiting, self.handed_back = {}, [], True
-        hand_back(generating, self.heartbeat, rerun)
+        waiting, self.waiting = [*self.waiting, *late], []
+        hand_back([a.ticket for a in batch], self.heartbeat, rerun)
         hand_back(waiting, self.heartbeat, rerun, push)
         let_go(self.room)  # (handed back before: messages held)
 
