@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from importlib.metadata import version
 import anyio
 import anyio.to_thread
 
+from dayzero.cgroups import usable_cpus
 from dayzero.ids_only_codec import IdsOnlyCodec
 from dayzero.settings import Settings
 from dayzero.tokenizer import InvalidTextError, PromptTooLongError, TextCodec
@@ -38,10 +38,9 @@ class Gateway:
     vision_config: dict = field(default_factory=dict)  # the checkpoint's: its patch geometry sizes the images
     fingerprint: str | None = None  # OpenAI's system_fingerprint (system_fingerprint())
     command_refused: str | None = None  # a command its Redis user is refused (NOPERM), met by the reaper: /ready's
-    # long prompt texts and chats tokenized at once (``tokenizing_threads``): one a CPU this process may run on
-    tokenizing: anyio.CapacityLimiter = field(
-        default_factory=lambda: anyio.CapacityLimiter(len(os.sched_getaffinity(0)))
-    )
+    # long prompt texts and chats tokenized at once (``tokenizing_threads``): one a CPU this process may use (its
+    # affinity, no more than its cgroup's CPU quota)
+    tokenizing: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(usable_cpus()))
 
 
 def system_fingerprint(config: dict, speculative_tokens: int) -> str:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cgroups import CGROUP, OWN_CGROUP, cgroup_folders
+
 MEMINFO = Path("/proc/meminfo")
-CGROUP = Path("/sys/fs/cgroup")  # v2's files, or v1's under memory/
-OWN_CGROUP = Path("/proc/self/cgroup")
 # (limit, usage, swap limit, swap usage): v2's swap files count swap alone, v1's memsw memory and swap together
 V2 = ("memory.max", "memory.current", "memory.swap.max", "memory.swap.current")
 V1 = ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.memsw.limit_in_bytes", "memory.memsw.usage_in_bytes")
@@ -33,7 +33,7 @@ def host_room(meminfo: Path = MEMINFO, cgroup: Path = CGROUP, own: Path = OWN_CG
         available, swap = (int(fields[key].split()[0]) * KIB for key in ("MemAvailable", "SwapFree"))
     except (OSError, KeyError, ValueError):
         return None
-    folders = _cgroup_folders(cgroup, own)
+    folders = [(folder, V2 if version == 2 else V1) for folder, version in cgroup_folders("memory", cgroup, own)]
     swap = min([swap, *(left for folder, files in folders if (left := _swap_room(folder, *files)) is not None)])
     room = HostRoom(available + swap, f"this host's memory, where {(available + swap) / MIB:.0f} MiB are available")
     limits = [limit for folder, files in folders if (limit := _limit_room(folder, *files[:2]))]
@@ -44,25 +44,6 @@ def host_room(meminfo: Path = MEMINFO, cgroup: Path = CGROUP, own: Path = OWN_CG
         )
         room = HostRoom(left + swap, said)
     return room
-
-
-def _cgroup_folders(cgroup: Path, own: Path) -> list[tuple[Path, tuple[str, ...]]]:
-    """This process's memory cgroup folders, its own and each above it to the mount's root, with their limit and
-    usage files: v2's ("0::/path") and v1's memory controller's. A path not under the mount (a container's own
-    cgroup mounted as the root) is its root; without /proc/self/cgroup, the roots."""
-    try:
-        lines = [line.split(":", 2) for line in own.read_text().splitlines()]
-    except OSError:
-        lines = []
-    owned = [(cgroup, V2, path) for _, controllers, path in lines if not controllers]
-    owned += [(cgroup / "memory", V1, path) for _, controllers, path in lines if "memory" in controllers.split(",")]
-    folders = []
-    for root, files, path in owned or [(cgroup, V2, "/"), (cgroup / "memory", V1, "/")]:
-        folder = root / path.strip("/")
-        while folder != root and not folder.is_dir():
-            folder = folder.parent
-        folders += [(f, files) for f in (folder, *folder.parents) if f.is_relative_to(root)]
-    return folders
 
 
 def _limit_room(folder: Path, limit_file: str, usage_file: str) -> tuple[int, int] | None:

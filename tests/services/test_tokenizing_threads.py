@@ -6,13 +6,16 @@ length stays on the pool: behind the long ones on their few threads, it waited f
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 import threading
 from types import SimpleNamespace
 
 import anyio
 from starlette.concurrency import run_in_threadpool
 
-from services.gateway import chat
+from dayzero.cgroups import usable_cpus
+from services.gateway import chat, context
 from services.gateway.chat_schemas import ChatCompletionRequest
 from services.gateway.context import TOKENIZED_APART, encoded
 
@@ -126,3 +129,15 @@ def _while_blocked(codec: _Blocked, prompt, meanwhile) -> tuple[bool, list, obje
         return waited.cancelled_caught, await prompts, done
 
     return asyncio.run(main())
+
+
+def test_the_gateways_tokenizing_threads_are_the_cpus_its_cgroup_quota_allows(tmp_path, monkeypatch):
+    """A 2-CPU pod (cpu.max "200000 100000") on a 64-core node: its affinity shows all 64, and 64
+    tokenizations ran at once, throttled by the quota; now 2 do."""
+    (tmp_path / "cpu.max").write_text("200000 100000\n")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(
+        context, "usable_cpus", functools.partial(usable_cpus, tmp_path, tmp_path / "no-self"), raising=False
+    )
+    gw = context.Gateway(None, None, None, None, context_limit=1, vocab_size=1, image_token=None, eos_token=0)
+    assert gw.tokenizing.total_tokens == 2
