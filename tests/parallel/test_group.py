@@ -5,6 +5,7 @@ a rank that dies while starting fails the group at once; a spawned rank ends whe
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import signal
 import subprocess
@@ -17,6 +18,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from dayzero.cgroups import usable_cpus
+from dayzero.parallel import group
 from dayzero.parallel.group import run_group
 
 TIMEOUT_S = 2.0  # the meeting's bound; a rank's start is made to take twice as long
@@ -153,3 +156,18 @@ def test_a_spawned_rank_exits_once_rank_0_is_sigkilled(tmp_path, killed):
         rank0.wait()
         if rank1 is not None and rank1.is_running():
             rank1.kill()
+
+
+def _threads(group) -> int:
+    return torch.get_num_threads()
+
+
+def test_each_local_rank_takes_its_share_of_the_cpus_the_cgroup_quota_allows(tmp_path, monkeypatch):
+    """A 4-CPU pod (cpu.max "400000 100000") on a 64-core node, 2 local ranks: 2 threads each, not
+    64 // 2 = 32 (os.cpu_count, the node's: 64 threads on 4 CPUs' quota, throttled)."""
+    (tmp_path / "cpu.max").write_text("400000 100000\n")
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    quota = functools.partial(usable_cpus, tmp_path, tmp_path / "no-self")
+    monkeypatch.setattr(group, "usable_cpus", quota, raising=False)
+    assert run_group(2, _threads) == 2  # rank 0's, in this process

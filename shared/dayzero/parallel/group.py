@@ -3,9 +3,9 @@ of a group started elsewhere (torchrun on each host, ``dayzero.parallel.launch``
 
 ``run_group(n, fn, *args)`` calls ``fn(group, *args)`` on every rank with its ``Group`` and returns
 rank 0's result. Local ranks: rank 0 in this process, ranks 1.. spawned, a torch.distributed
-process group over 127.0.0.1 on a free port, each rank its share of the CPU threads; the spawned
-ranks are joined (each ends as soon as its work returns), or terminated when rank 0 fails, and die
-with rank 0 (SIGKILLed, the OOM killer's). The
+process group over 127.0.0.1 on a free port, each rank its share of the CPU threads (of those its
+cgroup's CPU quota allows: ``usable_cpus``); the spawned ranks are joined (each ends as soon as its
+work returns), or terminated when rank 0 fails, and die with rank 0 (SIGKILLed, the OOM killer's). The
 meeting begins once every spawned rank has started (up to ``START_SECONDS``; one that dies
 starting fails it at once): ``timeout`` bounds the meeting and the collectives, not the ranks'
 start (spawn, imports), which a loaded host slows past any bound kept short to notice a silent
@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ..cgroups import usable_cpus
 from ..procs import die_with, end_process, free_port
 from .collectives import Group
 from .config import ParallelConfig
@@ -176,7 +177,7 @@ def _local(
     args: tuple,
     **teardown: Any,
 ) -> Any:
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    torch.set_num_threads(max(1, usable_cpus() // world_size))
     launch = Launch(ParallelConfig(world_size, rank), rank, cuda, "127.0.0.1", port)
     return _rank(launch, timeout, time.monotonic() + timeout, fn, args, **teardown)
 
