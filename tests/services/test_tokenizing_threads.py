@@ -136,8 +136,6 @@ def test_the_gateways_tokenizing_threads_are_the_cpus_its_cgroup_quota_allows(tm
     tokenizations ran at once, throttled by the quota; now 2 do."""
     (tmp_path / "cpu.max").write_text("200000 100000\n")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
-    monkeypatch.setattr(
-        context, "usable_cpus", functools.partial(usable_cpus, tmp_path, tmp_path / "no-self"), raising=False
-    )
+    monkeypatch.setattr(context, "usable_cpus", functools.partial(usable_cpus, tmp_path, tmp_path / "no-self"))
     gw = context.Gateway(None, None, None, None, context_limit=1, vocab_size=1, image_token=None, eos_token=0)
     assert gw.tokenizing.total_tokens == 2
