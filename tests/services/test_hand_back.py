@@ -101,8 +101,8 @@ def test_a_loop_stage_spares_the_runs_of_a_loop_that_ended():
     runtime = SimpleNamespace(ranks=SimpleNamespace(stop=lambda: None))
     stuck, ended = (LoopStage(runtime, loop, lambda *run: told.append(run) or True) for _ in range(2))
     ended.run_forever()
-    stuck.hand_back()
-    ended.hand_back()
+    stuck.hand_back(0)
+    ended.hand_back(0)
     assert told == [("r", 3, False), ("r", 3, True)]
 
 

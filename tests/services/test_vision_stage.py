@@ -96,7 +96,7 @@ def test_an_encode_under_way_at_the_stop_keeps_its_lease(demo_dir, redis_url):
 
     def stopped_meanwhile(images):
         stage.stop.set()
-        stage.hand_back()
+        stage.hand_back(0)
         lapsed.append(wait_until(lambda: store.owner("img-stop") is None, 4 * settings.lease_s))
         return fast(images)
 
@@ -127,7 +127,7 @@ def test_a_claim_redis_refuses_is_given_up_at_the_stop(demo_dir, redis_url):
     handled = threading.Thread(target=stage.handle, args=(PrefillJob(request=_request("img-refused", 1)),))
     try:
         stage.stop.set()
-        stage.hand_back()
+        stage.hand_back(0)
         handled.start()
         handled.join(30)
         assert tries and not handled.is_alive()

@@ -8,6 +8,8 @@ import logging
 import time
 from collections.abc import Callable
 
+import redis
+
 from ..kv.pools import OutOfBlocks
 from ..telemetry import tracer
 from .handoff import publish
@@ -16,6 +18,7 @@ from .parked import drop_parked
 from .runtime import Runtime
 
 log = logging.getLogger("dayzero.prefill")
+TAKEN_POLL_S = 0.01  # a stopping worker asks this often whether decode took what it keeps (a round trip each)
 
 
 class KeptHandoffs:
@@ -89,15 +92,34 @@ class KeptHandoffs:
         client cancelled, ended or re-ran); whether any were. A handoff decode claimed keeps its
         blocks past its timeout: decode copies them once its pools have room (a re-run, should
         decode die, frees them)."""
+        freed = self._let_go()
+        for rid in freed:
+            self.r.ranks.release(rid)
+        return bool(freed)
+
+    def wait_taken(self, until: float) -> None:
+        """Stopping (its loop ended, its ranks stopped): wait till decode has taken every handoff kept here
+        (or it is over, as ``reclaim`` frees them), till ``until`` (monotonic) at most: the blocks go with
+        the process, and decode's attach of one not taken fails (a lease's lapse and a re-run later).
+        Redis failing ends the wait (those left go to the reaper, as they did)."""
+        try:
+            while self.held and time.monotonic() < until:
+                self._let_go()  # (not released: the other ranks stopped listening, the process ends)
+                if self.held:
+                    time.sleep(TAKEN_POLL_S)
+        except redis.RedisError as exc:
+            log.warning("%d handoffs decode has not taken are left to the reaper: %s", len(self.held), exc)
+            return
+        if self.held:
+            log.warning("%d handoffs decode has not taken by the stop are left to the reaper", len(self.held))
+
+    def _let_go(self) -> list[str]:
+        """The handoffs no longer kept (``reclaim``'s), out of ``held``; their blocks still held."""
         if not self.held:
-            return False
-        now, freed = time.monotonic(), False
+            return []
+        now = time.monotonic()
         lapsed = {rid for rid, (deadline, _) in self.held.items() if deadline < now}
         free = self.r.store.released(self.r.name, {rid: attempt for rid, (_, attempt) in self.held.items()}, lapsed)
         for rid in lapsed - free:  # a decode worker claimed it: asked again a lease later
             self.held[rid] = (now + self.r.settings.lease_s, self.held[rid][1])
-        for rid in free:
-            if self.held.pop(rid, None) is not None:
-                self.r.ranks.release(rid)
-                freed = True
-        return freed
+        return [rid for rid in free if self.held.pop(rid, None) is not None]

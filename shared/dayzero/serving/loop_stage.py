@@ -15,17 +15,19 @@ from ..settings import Settings
 from .queue import rerun_messages
 
 if TYPE_CHECKING:  # (vision's worker builds no Runtime: its import, the model's and the kernels', is a loop stage's)
+    from .kept_handoffs import KeptHandoffs
     from .runtime import Runtime
 
 
 @dataclass
 class LoopStage:
     """A prefill or decode loop over its runtime, as a Stage; ``rerun``: its stop's hand back of a run it
-    holds (hand_back.handing_back)."""
+    holds (hand_back.handing_back); ``handoffs``: prefill's, kept till decode copies them."""
 
     runtime: Runtime
     loop: Any  # PrefillLoop | DecodeLoop: intake, stop, run_forever, hand_back
     rerun: Callable[[str, int, bool], bool]
+    handoffs: KeptHandoffs | None = None
     ended: bool = False  # its loop ended (not one abandoned under a step: a stop's runs given up are no failure)
 
     @property
@@ -59,9 +61,11 @@ class LoopStage:
     def stuck(self) -> bool:
         return self.loop.heartbeat.stuck()
 
-    def hand_back(self) -> None:
+    def hand_back(self, until: float) -> None:
         spared = self.ended  # (a loop stuck in a step, a stop of a frozen worker: its runs count as failed)
         self.loop.hand_back(lambda rid, attempt: self.rerun(rid, attempt, spared))
+        if self.handoffs is not None and self.ended:  # (a loop stuck in a step may still free them itself)
+            self.handoffs.wait_taken(until)
 
     def close(self) -> None:
         self.runtime.close()
@@ -88,6 +92,7 @@ def loop_stage(
         s = runtime.settings
         messages = rerun_messages(app)
         rerun = handing_back(runtime.store, runtime.name, messages, s.visibility_timeout_s, s.shutdown_grace_s)
-        return LoopStage(runtime, make_loop(runtime), rerun)
+        loop = make_loop(runtime)
+        return LoopStage(runtime, loop, rerun, loop.handed_off if stage == "prefill" else None)
 
     return build

@@ -113,8 +113,8 @@ class PrefillLoop:
     def hand_back(self, rerun: Callable[[str, int], bool]) -> None:
         """Stopping, its loop ended (or its step abandoned: what that writes after is stale): each prompt
         it holds (waiting, under way, prefilled with its first token or handoff unsent) is re-run by a live
-        peer (``rerun(request, attempt)``, hand_back.py); one handed to decode is decode's. Its blocks,
-        and the handoffs' it keeps, go with the process."""
+        peer (``rerun(request, attempt)``, hand_back.py); one handed to decode is decode's, its state kept
+        till decode copies it (``KeptHandoffs.wait_taken``), its blocks going with the process."""
         for prefilling in self.running:
             end_failed(prefilling.spans, "handed back: its worker stopped", prefilling.done)
         prompts = [*self.running, *self.stepping]  # (a step abandoned under way: its prompts too, its writes stale)

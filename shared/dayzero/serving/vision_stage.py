@@ -91,9 +91,9 @@ class VisionStage:
     def stuck(self) -> bool:
         return self.heartbeat.stuck()
 
-    def hand_back(self) -> None:
+    def hand_back(self, until: float) -> None:
         """Nothing held but the encodes on the tasks' threads (each a moment): the warm shutdown waits for
-        them, their leases beaten till ``close``."""
+        them, their leases beaten till ``close``; nothing kept for a peer (``until`` unused)."""
 
     def close(self) -> None:
         """The leases' beats end (parked embeddings belong to their readers, or the sweep)."""

@@ -36,6 +36,9 @@ PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
 CANCEL_AT_CONNECTION_LOSS = r"\s*In Celery 5.1 we introduced an optional breaking change"
 OWN = str(Path(__file__).resolve().parent.parent) + os.sep  # dayzero's package: where its refusals are raised
 LOOP_END_S = 2.0  # a stop waits this long at most for the loop to end (a step under way finishes first)
+# a hand back ends this long before the grace: Celery's warm shutdown then ends, and the stage closes
+# (its pool segment unlinked), before the watchdog's exit (an idle worker's whole stop took ~0.3 s)
+CLOSE_MARGIN_S = 1.0
 
 
 def _without_cancel_warning(**_: object) -> None:
@@ -100,9 +103,10 @@ class Stage(Protocol):
         """A step has run past its bound, or the loop stalled between steps (its leases lapse): the
         worker is as good as frozen."""
 
-    def hand_back(self) -> None:
+    def hand_back(self, until: float) -> None:
         """Stopping, its loop ended: every request it holds goes to a live peer of the stage at once (not
-        at its lease's lapse, after the grace), and the tasks waiting on them end."""
+        at its lease's lapse, after the grace), and the tasks waiting on them end; what it keeps for a
+        peer to copy (prefill's handoffs) waits till ``until`` (monotonic) at most for the copy."""
 
     def close(self) -> None: ...
 
@@ -158,6 +162,7 @@ class StageWorker:
         """SIGTERM: Celery's warm shutdown waits for running tasks (whole generations) and, with
         Redis down, for a reconnect that may never come; end the process after the grace period
         whatever it waits for (unfinished requests' leases lapse and the reaper re-runs them)."""
+        until = time.monotonic() + self.settings.shutdown_grace_s - CLOSE_MARGIN_S  # the hand back's end
 
         def exit_later() -> None:
             time.sleep(self.settings.shutdown_grace_s)
@@ -180,17 +185,18 @@ class StageWorker:
                 self.reads.end_now_or_next(self._pulse.r)
         if self.running is not None:  # (after the watchdog: Redis unreachable, leaving may wait its timeouts)
             self.running.leave()
-            self._hand_back()
+            self._hand_back(until)
 
-    def _hand_back(self) -> None:
+    def _hand_back(self, until: float) -> None:
         """The loop ends after its step under way (within ``LOOP_END_S``: a longer one is abandoned,
         what it writes after the hand back is stale), then the requests it held go to live peers at
         once (``Stage.hand_back``): their streams went on only after the grace, the lease's lapse and
-        a sweep (~8 s), and the warm shutdown, its tasks ended with them, ends now."""
+        a sweep (~8 s), and the warm shutdown, its tasks ended with them, ends now (``until`` its peers
+        have copied what it keeps for them)."""
         self.running.stop.set()
         if self._loop is not None:
             self._loop.join(LOOP_END_S)
-        self.running.hand_back()
+        self.running.hand_back(until)
 
     def _stop(self, **_: object) -> None:
         """End the loop; a group's, waited for (within ``LOOP_END_S``): as it ends it tells the other
