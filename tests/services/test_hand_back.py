@@ -106,6 +106,21 @@ def test_a_loop_stage_spares_the_runs_of_a_loop_that_ended():
     assert told == [("r", 3, False), ("r", 3, True)]
 
 
+def test_a_loop_stage_waits_for_its_kept_handoffs_after_its_hand_back_and_only_once_its_loop_ended():
+    """Prefill's stop: its re-runs go to peers first (at once), then it waits for decode's copies of what it
+    keeps (``KeptHandoffs.wait_taken``, till the bound it was given); a loop stuck in a step does not wait:
+    that loop may still change what it keeps while the wait reads it."""
+    told: list = []
+    loop = SimpleNamespace(run_forever=lambda: None, hand_back=lambda rerun: rerun("r", 3))
+    handoffs = SimpleNamespace(wait_taken=lambda until: told.append(("wait", until)))
+    runtime = SimpleNamespace(ranks=SimpleNamespace(stop=lambda: None))
+    stuck, ended = (LoopStage(runtime, loop, lambda *run: told.append(run) or True, handoffs) for _ in range(2))
+    ended.run_forever()
+    stuck.hand_back(7.5)
+    ended.hand_back(7.5)
+    assert told == [("r", 3, False), ("r", 3, True), ("wait", 7.5)]
+
+
 @pytest.fixture(scope="module")
 def stack(text_dir, tmp_path_factory):
     """Two decode workers: one stopped mid-stream, the other continues its request."""
