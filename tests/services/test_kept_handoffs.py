@@ -78,3 +78,21 @@ def test_a_stopping_prefill_worker_leaves_its_handoff_at_its_bound_or_with_redis
     stage.close()
     assert waited >= 0.3 and len(asked) == 1  # (not asked again till the bound)
     assert not reruns and stage.loop.handed_off.held
+
+
+def test_a_stop_past_its_bound_still_asks_once_what_decode_took(demo_dir, redis_url, caplog):
+    """The bound already past at the hand back (a grace of 1 s or less; leaving took that long): the
+    handoffs were not asked about at all, and every one decode had taken since the loop's last reclaim
+    was logged as 'not taken ... left to the reaper'. Asked once: the one decode took is let go."""
+    settings, reruns = Settings(checkpoint=demo_dir, redis_url=redis_url, handoff="shm"), []
+    stage, handed = _prefilled_stage(settings, "kept-taken", reruns)
+    decode = DecodeLoop(Runtime.load(settings, "decode-kept-taken@test", "decode", False))
+    try:
+        run_jobs(decode, handed)  # decode copies it before the stop's hand back
+    finally:
+        decode.r.close()
+    with caplog.at_level("WARNING", logger="dayzero.prefill"):
+        stage.hand_back(time.monotonic() - 1)
+    stage.close()
+    assert stage.runtime.store.done("kept-taken") == "length" and not reruns
+    assert not stage.loop.handed_off.held and "not taken" not in caplog.text

@@ -103,10 +103,11 @@ class KeptHandoffs:
         the process, and decode's attach of one not taken fails (a lease's lapse and a re-run later).
         Redis failing ends the wait (those left go to the reaper, as they did)."""
         try:
-            while self.held and time.monotonic() < until:
+            while self.held:  # asked once at least (``until`` past): decode took some since the loop's last reclaim
                 self._let_go()  # (not released: the other ranks stopped listening, the process ends)
-                if self.held:
-                    time.sleep(TAKEN_POLL_S)
+                if not self.held or time.monotonic() >= until:
+                    break
+                time.sleep(TAKEN_POLL_S)
         except redis.RedisError as exc:
             log.warning("%d handoffs decode has not taken are left to the reaper: %s", len(self.held), exc)
             return
